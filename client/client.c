@@ -1,0 +1,1129 @@
+/*
+ * client.c - libkvpool's public API: client life, the master connection,
+ * the peer table, and the put / get / exist / remove flows.
+ *
+ * Put (batch_put_from): PutStart -> the master allocates extents (PENDING)
+ * -> WRITE every replica through the transfer engine, CRC32C of the source
+ * computed on the way -> PutEnd(crc) for keys whose every replica landed,
+ * PutRevoke for the others. A key is visible only after PutEnd.
+ *
+ * Get (batch_get_into): GetReplicaList -> READ into the caller's buffer
+ * from a same-host replica first -> on a transfer error, the next replica
+ * -> CRC32C of what arrived compared with the one stored at PutEnd; a
+ * mismatch is KVP_ERR_CHECKSUM, never a success with wrong bytes.
+ *
+ * The master connection is one blocking socket behind a mutex. PENDING puts
+ * and mounted segments are bound to it on the master, so if it breaks the
+ * master revokes those puts and unmounts the segment; the client reconnects
+ * on the next call, remounts its segment (empty in the master's view) and
+ * retries the call once. A retried PutStart is therefore safe.
+ *
+ * Threads: every API call may come from any thread. Locks: master_lock
+ * (the control connection), peer_lock (peer table), buf_lock (registered
+ * buffers). No lock is held across a data transfer.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+#include "common/crc32c.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "common/util.h"
+#include "kvpool.pb-c.h"
+
+typedef struct reg_buf {
+    uintptr_t addr;
+    size_t len;
+    struct reg_buf *next;
+} reg_buf_t;
+
+struct kvp_client {
+    kvp_client_params_t params;
+    char master_host[256];
+    uint16_t master_port;
+    uint64_t client_id;
+
+    pthread_mutex_t master_lock;
+    int master_fd;
+    uint64_t next_req_id;
+
+    kvp_transfer_t xfer;
+
+    pthread_mutex_t peer_lock;
+    kvp_peer_t **peers;
+    size_t n_peers, cap_peers;
+    uint64_t last_sweep_ms;
+
+    /* own segment */
+    int seg_fd;
+    void *seg_base;
+    uint64_t seg_size;
+    char seg_name[300];
+    char seg_endpoint[280];
+    char seg_shm_path[64];
+    _Atomic uint64_t seg_id;
+    kvp_segment_server_t *seg_server;
+
+    pthread_mutex_t buf_lock;
+    reg_buf_t *bufs;
+};
+
+void kvp_client_params_init(kvp_client_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->size = sizeof(*p);
+    p->verify_crc = 1;
+}
+
+void kvp_put_config_init(kvp_put_config_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->size = sizeof(*c);
+    c->replica_num = 1;
+}
+
+const char *kvp_client_segment_name(const kvp_client_t *client)
+{
+    return client->seg_base ? client->seg_name : NULL;
+}
+
+/* ---------------- peers ---------------- */
+
+void kvp_peer_unref(kvp_peer_t *peer)
+{
+    if (atomic_fetch_sub(&peer->refs, 1) != 1)
+        return;
+    if (peer->shm_base != NULL && !peer->shm_own)
+        munmap(peer->shm_base, peer->size);
+    free(peer);
+}
+
+/* Drop mapped peers whose owner process is gone (their memfd would stay alive). */
+static void peers_sweep_locked(kvp_client_t *c)
+{
+    uint64_t now = kvp_now_ms();
+    if (now - c->last_sweep_ms < 2000)
+        return;
+    c->last_sweep_ms = now;
+    size_t w = 0;
+    for (size_t i = 0; i < c->n_peers; i++) {
+        kvp_peer_t *p = c->peers[i];
+        if (p->shm_base != NULL && !p->shm_own && access(p->shm_path, F_OK) != 0) {
+            kvp_peer_unref(p);
+            continue;
+        }
+        c->peers[w++] = p;
+    }
+    c->n_peers = w;
+}
+
+/* Learn segments from a master response. Caller holds no lock. */
+static void peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_t n)
+{
+    pthread_mutex_lock(&c->peer_lock);
+    peers_sweep_locked(c);
+    for (size_t i = 0; i < n; i++) {
+        const Kvpool__SegmentDesc *d = descs[i];
+        bool known = false;
+        for (size_t k = 0; k < c->n_peers && !known; k++)
+            known = c->peers[k]->segment_id == d->id;
+        if (known)
+            continue;
+        if (c->n_peers == c->cap_peers) {
+            size_t cap = c->cap_peers ? c->cap_peers * 2 : 16;
+            kvp_peer_t **pp = realloc(c->peers, cap * sizeof(*pp));
+            if (pp == NULL)
+                break;
+            c->peers = pp;
+            c->cap_peers = cap;
+        }
+        kvp_peer_t *p = calloc(1, sizeof(*p));
+        if (p == NULL)
+            break;
+        atomic_init(&p->refs, 1);
+        p->segment_id = d->id;
+        p->size = d->size;
+        p->owner_client_id = d->owner_client_id;
+        snprintf(p->name, sizeof(p->name), "%s", d->name);
+        snprintf(p->endpoint, sizeof(p->endpoint), "%s", d->tcp_endpoint);
+        snprintf(p->host_id, sizeof(p->host_id), "%s", d->host_id);
+        snprintf(p->shm_path, sizeof(p->shm_path), "%s", d->shm_path);
+        if (c->seg_base != NULL && d->id == atomic_load(&c->seg_id) &&
+            d->owner_client_id == c->client_id) {
+            p->shm_base = c->seg_base;
+            p->shm_own = true;
+        } else if (c->xfer.forced != KVP_TRANSPORT_TCP &&
+                   strcmp(p->host_id, c->xfer.host_id) == 0) {
+            kvp_shm_map_peer(p);
+        }
+        c->peers[c->n_peers++] = p;
+    }
+    pthread_mutex_unlock(&c->peer_lock);
+}
+
+/* Find a known peer and take a reference, or NULL. */
+static kvp_peer_t *peer_get(kvp_client_t *c, uint64_t segment_id)
+{
+    kvp_peer_t *found = NULL;
+    pthread_mutex_lock(&c->peer_lock);
+    for (size_t k = 0; k < c->n_peers; k++) {
+        if (c->peers[k]->segment_id == segment_id) {
+            found = c->peers[k];
+            atomic_fetch_add(&found->refs, 1);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->peer_lock);
+    return found;
+}
+
+/* ---------------- master connection ---------------- */
+
+static kvp_status_t mount_locked(kvp_client_t *c);
+
+static kvp_status_t master_connect_locked(kvp_client_t *c)
+{
+    int fd;
+    kvp_status_t st = kvp_tcp_connect(c->master_host, c->master_port, c->params.rpc_timeout_ms,
+                                      &fd);
+    if (st != KVP_OK) {
+        KVP_LOG_WARN("cannot connect to master %s:%u: %s", c->master_host, c->master_port,
+                     kvp_strerror(st));
+        return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
+    }
+    kvp_sock_set_timeout(fd, c->params.rpc_timeout_ms);
+    c->master_fd = fd;
+    if (c->seg_base != NULL) {
+        /* the master forgot our segment with the old connection: mount it again */
+        st = mount_locked(c);
+        if (st != KVP_OK) {
+            close(c->master_fd);
+            c->master_fd = -1;
+            return st;
+        }
+    }
+    return KVP_OK;
+}
+
+static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
+                                uint8_t **resp_p, size_t *resp_len_p)
+{
+    size_t len = req ? protobuf_c_message_get_packed_size(req) : 0;
+    if (len > KVP_RPC_MAX_BODY)
+        return KVP_ERR_FRAME_TOO_LARGE;
+    uint8_t *body = malloc(len ? len : 1);
+    if (body == NULL)
+        return KVP_ERR_NOMEM;
+    if (req)
+        protobuf_c_message_pack(req, body);
+    kvp_status_t st = KVP_ERR_CONNECT;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (c->master_fd < 0) {
+            st = master_connect_locked(c);
+            if (st != KVP_OK)
+                break;
+        }
+        st = kvp_rpc_call(c->master_fd, method, ++c->next_req_id, body, len, resp_p,
+                          resp_len_p);
+        if (st != KVP_ERR_IO && st != KVP_ERR_TIMEOUT && st != KVP_ERR_PROTOCOL &&
+            st != KVP_ERR_VERSION && st != KVP_ERR_CONNECT)
+            break;
+        /* the connection is unusable; the master drops what was bound to it */
+        close(c->master_fd);
+        c->master_fd = -1;
+        if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_VERSION)
+            break;
+    }
+    free(body);
+    return st;
+}
+
+static kvp_status_t call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
+                         uint8_t **resp_p, size_t *resp_len_p)
+{
+    pthread_mutex_lock(&c->master_lock);
+    kvp_status_t st = call_locked(c, method, req, resp_p, resp_len_p);
+    pthread_mutex_unlock(&c->master_lock);
+    return st;
+}
+
+static kvp_status_t mount_locked(kvp_client_t *c)
+{
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = c->seg_name;
+    d.medium = "dram";
+    d.size = c->seg_size;
+    d.owner_client_id = c->client_id;
+    d.host_id = c->xfer.host_id;
+    d.tcp_endpoint = c->seg_endpoint;
+    d.shm_path = c->seg_shm_path;
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = c->client_id;
+    req.segment = &d;
+    uint8_t *resp;
+    size_t rlen;
+    size_t len = kvpool__mount_request__get_packed_size(&req);
+    uint8_t *body = malloc(len ? len : 1);
+    if (body == NULL)
+        return KVP_ERR_NOMEM;
+    kvpool__mount_request__pack(&req, body);
+    kvp_status_t st = kvp_rpc_call(c->master_fd, KVP_RPC_MOUNT, ++c->next_req_id, body, len,
+                                   &resp, &rlen);
+    free(body);
+    if (st != KVP_OK)
+        return st;
+    Kvpool__MountResponse *mr = kvpool__mount_response__unpack(NULL, rlen, resp);
+    free(resp);
+    if (mr == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = mr->status;
+    if (st == KVP_OK) {
+        atomic_store(&c->seg_id, mr->segment_id);
+        kvp_segment_server_set_id(c->seg_server, mr->segment_id);
+        KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", c->seg_name,
+                     (unsigned long long)c->seg_size, (unsigned long long)mr->segment_id);
+    } else {
+        KVP_LOG_ERROR("master refused to mount segment %s: %s (%s)", c->seg_name,
+                      kvp_strerror(st), mr->message);
+    }
+    kvpool__mount_response__free_unpacked(mr, NULL);
+    return st;
+}
+
+/* ---------------- create / destroy ---------------- */
+
+static kvp_status_t segment_create(kvp_client_t *c)
+{
+    c->seg_size = c->params.segment_size;
+    c->seg_fd = memfd_create("kvpool-segment", MFD_CLOEXEC);
+    if (c->seg_fd < 0)
+        return kvp_status_from_errno(errno);
+    if (ftruncate(c->seg_fd, (off_t)c->seg_size) != 0) {
+        KVP_LOG_ERROR("cannot size a %llu-byte segment: %m", (unsigned long long)c->seg_size);
+        return kvp_status_from_errno(errno);
+    }
+    void *base = mmap(NULL, c->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED, c->seg_fd, 0);
+    if (base == MAP_FAILED)
+        return kvp_status_from_errno(errno);
+    c->seg_base = base;
+    snprintf(c->seg_shm_path, sizeof(c->seg_shm_path), "/proc/%d/fd/%d", (int)getpid(),
+             c->seg_fd);
+    const char *host = c->params.data_host ? c->params.data_host : "127.0.0.1";
+    uint16_t port;
+    kvp_status_t st = kvp_segment_server_create(base, c->seg_size, host, c->params.data_port,
+                                                &c->seg_server, &port);
+    if (st != KVP_OK)
+        return st;
+    snprintf(c->seg_endpoint, sizeof(c->seg_endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u",
+             host, port);
+    if (c->params.segment_name != NULL)
+        snprintf(c->seg_name, sizeof(c->seg_name), "%s", c->params.segment_name);
+    else
+        snprintf(c->seg_name, sizeof(c->seg_name), "%s", c->seg_endpoint);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t **client_p)
+{
+    kvp_log_init_from_env();
+    if (params == NULL || client_p == NULL || params->size < sizeof(size_t))
+        return KVP_ERR_INVALID_ARG;
+    kvp_client_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return KVP_ERR_NOMEM;
+    kvp_client_params_init(&c->params);
+    memcpy(&c->params, params, KVP_MIN(params->size, sizeof(c->params)));
+    c->params.size = sizeof(c->params);
+    c->master_fd = -1;
+    c->seg_fd = -1;
+    pthread_mutex_init(&c->master_lock, NULL);
+    pthread_mutex_init(&c->peer_lock, NULL);
+    pthread_mutex_init(&c->buf_lock, NULL);
+    c->client_id = kvp_random_u64();
+
+    kvp_status_t st = KVP_ERR_INVALID_ARG;
+    const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
+    if (master == NULL || master[0] == '\0')
+        master = "127.0.0.1:50051";
+    if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host), &c->master_port) !=
+        KVP_OK) {
+        KVP_LOG_ERROR("master address must be HOST:PORT, got '%s'", master);
+        goto err;
+    }
+    const char *tr = c->params.transport ? c->params.transport : getenv("KVPOOL_TRANSPORT");
+    if (tr == NULL || tr[0] == '\0' || strcmp(tr, "auto") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_AUTO;
+    } else if (strcmp(tr, "tcp") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_TCP;
+    } else if (strcmp(tr, "shm") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_SHM;
+    } else {
+        KVP_LOG_ERROR("unknown transport '%s' (auto, tcp, shm)", tr);
+        goto err;
+    }
+    if (c->params.rpc_timeout_ms == 0)
+        c->params.rpc_timeout_ms = 10000;
+    if (c->params.tcp_streams == 0)
+        c->params.tcp_streams = 2;
+    if (c->params.tcp_slice_bytes == 0)
+        c->params.tcp_slice_bytes = 1 << 20;
+    if (c->params.tcp_streams > 64 || c->params.tcp_slice_bytes < 4096)
+        goto err;
+    /* keep only what outlives the call: the strings are borrowed */
+    c->params.master_addr = NULL;
+    c->params.transport = NULL;
+    c->params.segment_name = c->params.segment_name; /* copied in segment_create */
+    c->xfer.timeout_ms = c->params.rpc_timeout_ms;
+    c->xfer.tcp_streams = c->params.tcp_streams;
+    c->xfer.tcp_slice = c->params.tcp_slice_bytes;
+    c->xfer.client_id = c->client_id;
+    kvp_host_id(c->xfer.host_id, sizeof(c->xfer.host_id));
+    st = kvp_transfer_init(&c->xfer);
+    if (st != KVP_OK)
+        goto err;
+
+    if (c->params.segment_size > 0) {
+        st = segment_create(c);
+        c->params.data_host = NULL;
+        c->params.segment_name = NULL;
+        if (st != KVP_OK)
+            goto err_xfer;
+    }
+    c->params.data_host = NULL;
+    c->params.segment_name = NULL;
+    pthread_mutex_lock(&c->master_lock);
+    st = master_connect_locked(c);
+    pthread_mutex_unlock(&c->master_lock);
+    if (st != KVP_OK)
+        goto err_seg;
+    *client_p = c;
+    return KVP_OK;
+
+err_seg:
+    kvp_segment_server_destroy(c->seg_server);
+    if (c->seg_base)
+        munmap(c->seg_base, c->seg_size);
+    if (c->seg_fd >= 0)
+        close(c->seg_fd);
+err_xfer:
+    kvp_transfer_cleanup(&c->xfer);
+err:
+    pthread_mutex_destroy(&c->master_lock);
+    pthread_mutex_destroy(&c->peer_lock);
+    pthread_mutex_destroy(&c->buf_lock);
+    free(c);
+    return st;
+}
+
+void kvp_client_destroy(kvp_client_t *c)
+{
+    if (c == NULL)
+        return;
+    pthread_mutex_lock(&c->master_lock);
+    if (c->seg_base != NULL && c->master_fd >= 0) {
+        Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
+        req.segment_id = atomic_load(&c->seg_id);
+        uint8_t *resp = NULL;
+        size_t rlen;
+        size_t len = kvpool__unmount_request__get_packed_size(&req);
+        uint8_t body[32];
+        kvpool__unmount_request__pack(&req, body);
+        if (kvp_rpc_call(c->master_fd, KVP_RPC_UNMOUNT, ++c->next_req_id, body, len, &resp,
+                         &rlen) == KVP_OK)
+            free(resp);
+    }
+    if (c->master_fd >= 0)
+        close(c->master_fd);
+    c->master_fd = -1;
+    pthread_mutex_unlock(&c->master_lock);
+    kvp_segment_server_destroy(c->seg_server);
+    for (size_t i = 0; i < c->n_peers; i++)
+        kvp_peer_unref(c->peers[i]);
+    free(c->peers);
+    kvp_transfer_cleanup(&c->xfer);
+    if (c->seg_base)
+        munmap(c->seg_base, c->seg_size);
+    if (c->seg_fd >= 0)
+        close(c->seg_fd);
+    while (c->bufs) {
+        reg_buf_t *b = c->bufs;
+        c->bufs = b->next;
+        free(b);
+    }
+    pthread_mutex_destroy(&c->master_lock);
+    pthread_mutex_destroy(&c->peer_lock);
+    pthread_mutex_destroy(&c->buf_lock);
+    free(c);
+}
+
+/* ---------------- registered buffers ---------------- */
+
+kvp_status_t kvp_register_buffer(kvp_client_t *c, void *addr, size_t len)
+{
+    if (c == NULL || addr == NULL || len == 0)
+        return KVP_ERR_INVALID_ARG;
+    uintptr_t a = (uintptr_t)addr;
+    kvp_status_t st = KVP_OK;
+    pthread_mutex_lock(&c->buf_lock);
+    for (reg_buf_t *b = c->bufs; b; b = b->next)
+        if (a < b->addr + b->len && b->addr < a + len)
+            st = KVP_ERR_EXISTS;
+    if (st == KVP_OK) {
+        reg_buf_t *b = malloc(sizeof(*b));
+        if (b == NULL) {
+            st = KVP_ERR_NOMEM;
+        } else {
+            *b = (reg_buf_t){.addr = a, .len = len, .next = c->bufs};
+            c->bufs = b;
+        }
+    }
+    pthread_mutex_unlock(&c->buf_lock);
+    return st;
+}
+
+kvp_status_t kvp_unregister_buffer(kvp_client_t *c, void *addr)
+{
+    if (c == NULL || addr == NULL)
+        return KVP_ERR_INVALID_ARG;
+    kvp_status_t st = KVP_ERR_NOT_FOUND;
+    pthread_mutex_lock(&c->buf_lock);
+    for (reg_buf_t **pp = &c->bufs; *pp; pp = &(*pp)->next) {
+        if ((*pp)->addr == (uintptr_t)addr) {
+            reg_buf_t *b = *pp;
+            *pp = b->next;
+            free(b);
+            st = KVP_OK;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&c->buf_lock);
+    return st;
+}
+
+/* ---------------- helpers for batches ---------------- */
+
+/* Check a batch's keys locally; valid ones are gathered into `idx`. */
+static size_t gather_valid(const char *const *keys, size_t n, size_t *idx, int32_t *early)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        early[i] = KVP_OK;
+        if (keys[i] == NULL || !kvp_key_valid(keys[i], strnlen(keys[i], KVP_MAX_KEY_LEN + 1))) {
+            early[i] = KVP_ERR_BAD_KEY;
+            continue;
+        }
+        idx[m++] = i;
+    }
+    return m;
+}
+
+static kvp_status_t first_error(const int32_t *st, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (st[i] < 0)
+            return (kvp_status_t)st[i];
+    return KVP_OK;
+}
+
+/* Send a KeysRequest-shaped RPC for keys[idx[0..m)], returning the body. */
+static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *const *keys,
+                              const size_t *idx, size_t m, bool force, uint8_t **resp_p,
+                              size_t *rlen_p)
+{
+    char **kp = malloc((m ? m : 1) * sizeof(*kp));
+    if (kp == NULL)
+        return KVP_ERR_NOMEM;
+    for (size_t j = 0; j < m; j++)
+        kp[j] = (char *)keys[idx[j]];
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    req.keys = kp;
+    req.n_keys = m;
+    req.force = force;
+    kvp_status_t st = call(c, method, &req.base, resp_p, rlen_p);
+    free(kp);
+    return st;
+}
+
+/* PutEnd or PutRevoke for a subset; per-key statuses go to out[idx[j]]. */
+static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
+                          const size_t *idx, const uint32_t *crcs, size_t m, int32_t *out)
+{
+    if (m == 0)
+        return;
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    kvp_status_t st;
+    if (method == KVP_RPC_PUT_END) {
+        char **kp = malloc(m * sizeof(*kp));
+        if (kp == NULL) {
+            st = KVP_ERR_NOMEM;
+            goto fail;
+        }
+        for (size_t j = 0; j < m; j++)
+            kp[j] = (char *)keys[idx[j]];
+        Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
+        req.keys = kp;
+        req.n_keys = m;
+        req.crc32c = (uint32_t *)crcs;
+        req.n_crc32c = m;
+        st = call(c, method, &req.base, &resp, &rlen);
+        free(kp);
+    } else {
+        st = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
+    }
+    if (st != KVP_OK)
+        goto fail;
+    Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
+    free(resp);
+    if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m) {
+        st = sr == NULL ? KVP_ERR_PROTOCOL : sr->status != KVP_OK ? sr->status : KVP_ERR_PROTOCOL;
+        if (sr)
+            kvpool__statuses_response__free_unpacked(sr, NULL);
+        goto fail;
+    }
+    if (method == KVP_RPC_PUT_END)
+        for (size_t j = 0; j < m; j++)
+            out[idx[j]] = sr->statuses[j];
+    kvpool__statuses_response__free_unpacked(sr, NULL);
+    return;
+fail:
+    if (method == KVP_RPC_PUT_END)
+        for (size_t j = 0; j < m; j++)
+            out[idx[j]] = st;
+    /* a failed revoke leaves PENDING objects the master reclaims with our connection */
+}
+
+/* ---------------- put ---------------- */
+
+kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys,
+                                const void *const *bufs, const size_t *sizes, size_t n,
+                                const kvp_put_config_t *config, kvp_status_t *results)
+{
+    if (c == NULL || keys == NULL || bufs == NULL || sizes == NULL || results == NULL ||
+        n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    if (n == 0)
+        return KVP_OK;
+    kvp_put_config_t cfg;
+    kvp_put_config_init(&cfg);
+    if (config != NULL)
+        memcpy(&cfg, config, KVP_MIN(config->size, sizeof(cfg)));
+    if (cfg.replica_num == 0 || cfg.replica_num > 8)
+        return KVP_ERR_INVALID_ARG;
+
+    int32_t *st = malloc(n * sizeof(*st));
+    size_t *idx = malloc(n * sizeof(*idx));
+    uint64_t *szs = malloc(n * sizeof(*szs));
+    char **kp = malloc(n * sizeof(*kp));
+    kvp_xfer_op_t *ops = NULL;
+    size_t *op_key = NULL;
+    uint32_t *crcs = NULL;
+    Kvpool__PutStartResponse *sr = NULL;
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    if (!st || !idx || !szs || !kp)
+        goto out_all;
+    size_t m = gather_valid(keys, n, idx, st);
+    size_t mm = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = idx[j];
+        if (sizes[i] == 0 || bufs[i] == NULL) {
+            st[i] = KVP_ERR_INVALID_ARG;
+            continue;
+        }
+        idx[mm] = i;
+        kp[mm] = (char *)keys[i];
+        szs[mm] = sizes[i];
+        mm++;
+    }
+    m = mm;
+    if (m == 0) {
+        rc = KVP_OK;
+        goto done;
+    }
+
+    Kvpool__PutConfig pc = KVPOOL__PUT_CONFIG__INIT;
+    pc.replica_num = cfg.replica_num;
+    pc.preferred_segment = "";
+    if (cfg.preferred_segment != NULL) {
+        if (strcmp(cfg.preferred_segment, KVP_SEGMENT_LOCAL) == 0)
+            pc.preferred_segment = c->seg_base ? c->seg_name : "";
+        else
+            pc.preferred_segment = (char *)cfg.preferred_segment;
+    }
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    req.keys = kp;
+    req.n_keys = m;
+    req.sizes = szs;
+    req.n_sizes = m;
+    req.config = &pc;
+    uint8_t *resp;
+    size_t rlen;
+    rc = call(c, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
+    if (rc != KVP_OK)
+        goto out_all;
+    sr = kvpool__put_start_response__unpack(NULL, rlen, resp);
+    free(resp);
+    if (sr == NULL || sr->status != KVP_OK || sr->n_results != m) {
+        rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
+        goto out_all;
+    }
+    peers_update(c, sr->segments, sr->n_segments);
+
+    size_t n_ops = 0;
+    for (size_t j = 0; j < m; j++)
+        if (sr->results[j]->status == KVP_OK)
+            n_ops += sr->results[j]->n_replicas;
+    ops = calloc(n_ops + 1, sizeof(*ops));
+    op_key = malloc((n_ops + 1) * sizeof(*op_key));
+    crcs = malloc(m * sizeof(*crcs));
+    if (!ops || !op_key || !crcs) {
+        rc = KVP_ERR_NOMEM;
+        /* what PutStart reserved is revoked below through the revoke list */
+    }
+    size_t k = 0;
+    for (size_t j = 0; j < m; j++) {
+        Kvpool__PutStartResult *r = sr->results[j];
+        st[idx[j]] = r->status;
+        if (r->status != KVP_OK || ops == NULL)
+            continue;
+        for (size_t q = 0; q < r->n_replicas; q++) {
+            kvp_peer_t *peer = peer_get(c, r->replicas[q]->segment_id);
+            if (peer == NULL) {
+                st[idx[j]] = KVP_ERR_PROTOCOL;
+                continue;
+            }
+            ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
+                                     .local = (void *)bufs[idx[j]],
+                                     .offset = r->replicas[q]->offset,
+                                     .length = r->replicas[q]->length,
+                                     .peer = peer,
+                                     .want_crc = q == 0};
+            op_key[k++] = j;
+        }
+    }
+    if (ops != NULL) {
+        kvp_transfer_run(&c->xfer, ops, k);
+        for (size_t q = 0; q < k; q++) {
+            size_t j = op_key[q];
+            if (ops[q].status != KVP_OK && st[idx[j]] == KVP_OK) {
+                st[idx[j]] = ops[q].status;
+                KVP_LOG_WARN("put %s: write to segment %s failed: %s", kp[j], ops[q].peer->name,
+                             kvp_strerror(ops[q].status));
+            }
+            if (ops[q].want_crc)
+                crcs[j] = ops[q].crc;
+            kvp_peer_unref(ops[q].peer);
+        }
+    }
+    /* finish: PutEnd for keys fully written, PutRevoke for the rest of what started */
+    size_t *end_idx = malloc(m * sizeof(*end_idx));
+    size_t *rev_idx = malloc(m * sizeof(*rev_idx));
+    uint32_t *end_crc = malloc(m * sizeof(*end_crc));
+    if (end_idx && rev_idx && end_crc) {
+        size_t ne = 0, nr = 0;
+        for (size_t j = 0; j < m; j++) {
+            if (sr->results[j]->status != KVP_OK)
+                continue;
+            if (st[idx[j]] == KVP_OK && ops != NULL) {
+                end_idx[ne] = idx[j];
+                end_crc[ne++] = crcs[j];
+            } else {
+                rev_idx[nr++] = idx[j];
+            }
+        }
+        end_or_revoke(c, KVP_RPC_PUT_END, keys, end_idx, end_crc, ne, st);
+        end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev_idx, NULL, nr, st);
+    } else {
+        for (size_t j = 0; j < m; j++)
+            if (st[idx[j]] == KVP_OK)
+                st[idx[j]] = KVP_ERR_NOMEM;
+        /* unfinished PENDING objects are reclaimed when they time out or we disconnect */
+    }
+    free(end_idx);
+    free(rev_idx);
+    free(end_crc);
+    if (rc == KVP_ERR_NOMEM)
+        goto out_all;
+done:
+    for (size_t i = 0; i < n; i++)
+        results[i] = (kvp_status_t)st[i];
+    rc = first_error(st, n);
+    goto out;
+out_all:
+    for (size_t i = 0; i < n; i++)
+        results[i] = st && st[i] != KVP_OK ? (kvp_status_t)st[i] : rc;
+    if (rc == KVP_OK)
+        rc = st ? first_error(st, n) : KVP_ERR_NOMEM;
+out:
+    if (sr)
+        kvpool__put_start_response__free_unpacked(sr, NULL);
+    free(ops);
+    free(op_key);
+    free(crcs);
+    free(st);
+    free(idx);
+    free(szs);
+    free(kp);
+    return rc;
+}
+
+kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t len,
+                     const kvp_put_config_t *config)
+{
+    kvp_status_t r;
+    return kvp_batch_put_from(c, &key, &buf, &len, 1, config, &r) == KVP_OK ? KVP_OK : r;
+}
+
+/* ---------------- get ---------------- */
+
+/* Order replicas: those this client reaches through shm first. */
+static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t *order)
+{
+    size_t a = 0, b = r->n_replicas;
+    size_t tmp[8];
+    size_t nt = 0;
+    for (size_t q = 0; q < r->n_replicas && q < 8; q++) {
+        kvp_peer_t *p = peer_get(c, r->replicas[q]->segment_id);
+        bool local = p != NULL && kvp_transfer_route(&c->xfer, p) == KVP_TRANSPORT_SHM;
+        if (p)
+            kvp_peer_unref(p);
+        if (local)
+            order[a++] = q;
+        else
+            tmp[nt++] = q;
+    }
+    for (size_t q = 0; q < nt; q++)
+        order[a + q] = tmp[q];
+    (void)b;
+}
+
+kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *const *bufs,
+                                const size_t *caps, size_t n, int64_t *results)
+{
+    if (c == NULL || keys == NULL || bufs == NULL || caps == NULL || results == NULL ||
+        n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    if (n == 0)
+        return KVP_OK;
+    int32_t *st = malloc(n * sizeof(*st));
+    size_t *idx = malloc(n * sizeof(*idx));
+    kvp_xfer_op_t *ops = NULL;
+    size_t *op_key = NULL;
+    size_t (*order)[8] = NULL;
+    unsigned *tried = NULL;
+    Kvpool__GetReplicaListResponse *gr = NULL;
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    if (!st || !idx)
+        goto out;
+    size_t m = gather_valid(keys, n, idx, st);
+    size_t mm = 0;
+    for (size_t j = 0; j < m; j++) {
+        if (bufs[idx[j]] == NULL)
+            st[idx[j]] = KVP_ERR_INVALID_ARG;
+        else
+            idx[mm++] = idx[j];
+    }
+    m = mm;
+    if (m > 0) {
+        uint8_t *resp;
+        size_t rlen;
+        rc = keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, idx, m, false, &resp, &rlen);
+        if (rc != KVP_OK)
+            goto out;
+        gr = kvpool__get_replica_list_response__unpack(NULL, rlen, resp);
+        free(resp);
+        if (gr == NULL || gr->status != KVP_OK || gr->n_results != m) {
+            rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
+            goto out;
+        }
+        peers_update(c, gr->segments, gr->n_segments);
+        ops = calloc(m, sizeof(*ops));
+        op_key = malloc(m * sizeof(*op_key));
+        order = malloc(m * sizeof(*order));
+        tried = calloc(m, sizeof(*tried));
+        rc = KVP_ERR_NOMEM;
+        if (!ops || !op_key || !order || !tried)
+            goto out;
+        for (size_t j = 0; j < m; j++) {
+            Kvpool__GetReplicaResult *r = gr->results[j];
+            st[idx[j]] = r->status;
+            if (r->status != KVP_OK)
+                continue;
+            if (r->n_replicas == 0 || r->n_replicas > 8) {
+                st[idx[j]] = KVP_ERR_PROTOCOL;
+                continue;
+            }
+            if (r->size > caps[idx[j]]) {
+                st[idx[j]] = KVP_ERR_BUFFER_TOO_SMALL;
+                continue;
+            }
+            order_replicas(c, r, order[j]);
+        }
+        /* one round per replica rank: keys whose read failed try their next replica */
+        for (unsigned round = 0; round < 8; round++) {
+            size_t k = 0;
+            for (size_t j = 0; j < m; j++) {
+                Kvpool__GetReplicaResult *r = gr->results[j];
+                if (r->status != KVP_OK || tried[j] != round || round >= r->n_replicas)
+                    continue;
+                if (st[idx[j]] != KVP_OK && round == 0)
+                    continue; /* too small, bad reply: no transfer at all */
+                if (round > 0 && st[idx[j]] == KVP_OK)
+                    continue; /* done */
+                Kvpool__Replica *rep = r->replicas[order[j][round]];
+                kvp_peer_t *peer = peer_get(c, rep->segment_id);
+                tried[j]++;
+                if (peer == NULL) {
+                    st[idx[j]] = KVP_ERR_PROTOCOL;
+                    continue;
+                }
+                ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_READ,
+                                         .local = bufs[idx[j]],
+                                         .offset = rep->offset,
+                                         .length = r->size,
+                                         .peer = peer,
+                                         .want_crc = c->params.verify_crc != 0};
+                op_key[k++] = j;
+            }
+            if (k == 0)
+                break;
+            kvp_transfer_run(&c->xfer, ops, k);
+            for (size_t q = 0; q < k; q++) {
+                size_t j = op_key[q];
+                kvp_status_t s = ops[q].status;
+                if (s == KVP_OK && ops[q].want_crc && ops[q].crc != gr->results[j]->crc32c) {
+                    KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s",
+                                 keys[idx[j]], ops[q].peer->name);
+                    s = KVP_ERR_CHECKSUM;
+                } else if (s != KVP_OK) {
+                    KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[idx[j]],
+                                 ops[q].peer->name, kvp_strerror(s));
+                }
+                st[idx[j]] = s;
+                kvp_peer_unref(ops[q].peer);
+            }
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        results[i] = st[i];
+    for (size_t j = 0; j < m; j++)
+        if (st[idx[j]] == KVP_OK)
+            results[idx[j]] = (int64_t)gr->results[j]->size;
+    rc = first_error(st, n);
+    if (gr)
+        kvpool__get_replica_list_response__free_unpacked(gr, NULL);
+    free(ops);
+    free(op_key);
+    free(order);
+    free(tried);
+    free(st);
+    free(idx);
+    return rc;
+out:
+    for (size_t i = 0; i < n; i++)
+        results[i] = st && st[i] != KVP_OK ? st[i] : rc;
+    if (gr)
+        kvpool__get_replica_list_response__free_unpacked(gr, NULL);
+    free(ops);
+    free(op_key);
+    free(order);
+    free(tried);
+    free(st);
+    free(idx);
+    return rc;
+}
+
+int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
+{
+    int64_t r;
+    kvp_status_t st = kvp_batch_get_into(c, &key, &buf, &cap, 1, &r);
+    return st == KVP_OK ? r : (r < 0 ? r : st);
+}
+
+/* ---------------- exist / remove / size / stat ---------------- */
+
+kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t n,
+                                int *results, size_t *prefix_len_p)
+{
+    if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    int32_t *st = malloc((n ? n : 1) * sizeof(*st));
+    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    if (!st || !idx)
+        goto out;
+    size_t m = gather_valid(keys, n, idx, st);
+    rc = KVP_OK;
+    if (m > 0) {
+        uint8_t *resp;
+        size_t rlen;
+        rc = keys_call(c, KVP_RPC_EXIST, keys, idx, m, false, &resp, &rlen);
+        if (rc != KVP_OK)
+            goto out;
+        Kvpool__ExistResponse *er = kvpool__exist_response__unpack(NULL, rlen, resp);
+        free(resp);
+        if (er == NULL || er->status != KVP_OK || er->n_exists != m) {
+            rc = er == NULL || er->status == KVP_OK ? KVP_ERR_PROTOCOL : er->status;
+            if (er)
+                kvpool__exist_response__free_unpacked(er, NULL);
+            goto out;
+        }
+        for (size_t j = 0; j < m; j++)
+            st[idx[j]] = er->exists[j];
+        kvpool__exist_response__free_unpacked(er, NULL);
+    }
+    size_t prefix = 0;
+    while (prefix < n && st[prefix] == 1)
+        prefix++;
+    for (size_t i = 0; i < n; i++)
+        results[i] = st[i];
+    if (prefix_len_p)
+        *prefix_len_p = prefix;
+out:
+    if (rc != KVP_OK)
+        for (size_t i = 0; i < n; i++)
+            results[i] = rc;
+    free(st);
+    free(idx);
+    return rc;
+}
+
+int kvp_is_exist(kvp_client_t *c, const char *key)
+{
+    int r;
+    kvp_status_t st = kvp_batch_is_exist(c, &key, 1, &r, NULL);
+    return st == KVP_OK ? r : st;
+}
+
+kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n,
+                              kvp_status_t *results)
+{
+    if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    int32_t *st = malloc((n ? n : 1) * sizeof(*st));
+    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    if (!st || !idx)
+        goto out;
+    size_t m = gather_valid(keys, n, idx, st);
+    rc = KVP_OK;
+    if (m > 0) {
+        uint8_t *resp;
+        size_t rlen;
+        rc = keys_call(c, KVP_RPC_REMOVE, keys, idx, m, false, &resp, &rlen);
+        if (rc != KVP_OK)
+            goto out;
+        Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
+        free(resp);
+        if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m) {
+            rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
+            if (sr)
+                kvpool__statuses_response__free_unpacked(sr, NULL);
+            goto out;
+        }
+        for (size_t j = 0; j < m; j++)
+            st[idx[j]] = sr->statuses[j];
+        kvpool__statuses_response__free_unpacked(sr, NULL);
+    }
+    for (size_t i = 0; i < n; i++)
+        results[i] = (kvp_status_t)st[i];
+    rc = first_error(st, n);
+    free(st);
+    free(idx);
+    return rc;
+out:
+    for (size_t i = 0; i < n; i++)
+        results[i] = rc;
+    free(st);
+    free(idx);
+    return rc;
+}
+
+kvp_status_t kvp_remove(kvp_client_t *c, const char *key)
+{
+    kvp_status_t r;
+    kvp_status_t st = kvp_batch_remove(c, &key, 1, &r);
+    return st == KVP_OK ? KVP_OK : r;
+}
+
+int64_t kvp_get_size(kvp_client_t *c, const char *key)
+{
+    if (c == NULL || key == NULL || !kvp_key_valid(key, strnlen(key, KVP_MAX_KEY_LEN + 1)))
+        return c == NULL ? KVP_ERR_INVALID_ARG : KVP_ERR_BAD_KEY;
+    size_t idx = 0;
+    uint8_t *resp;
+    size_t rlen;
+    kvp_status_t rc = keys_call(c, KVP_RPC_GET_SIZE, &key, &idx, 1, false, &resp, &rlen);
+    if (rc != KVP_OK)
+        return rc;
+    Kvpool__GetSizeResponse *gr = kvpool__get_size_response__unpack(NULL, rlen, resp);
+    free(resp);
+    int64_t out = KVP_ERR_PROTOCOL;
+    if (gr != NULL && gr->status != KVP_OK)
+        out = gr->status;
+    else if (gr != NULL && gr->n_sizes == 1)
+        out = gr->sizes[0];
+    if (gr)
+        kvpool__get_size_response__free_unpacked(gr, NULL);
+    return out;
+}
+
+kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
+{
+    if (c == NULL || stat_p == NULL)
+        return KVP_ERR_INVALID_ARG;
+    Kvpool__StatRequest req = KVPOOL__STAT_REQUEST__INIT;
+    uint8_t *resp;
+    size_t rlen;
+    kvp_status_t rc = call(c, KVP_RPC_STAT, &req.base, &resp, &rlen);
+    if (rc != KVP_OK)
+        return rc;
+    Kvpool__StatResponse *sr = kvpool__stat_response__unpack(NULL, rlen, resp);
+    free(resp);
+    if (sr == NULL)
+        return KVP_ERR_PROTOCOL;
+    kvp_pool_stat_t *s = calloc(1, sizeof(*s));
+    if (s != NULL)
+        s->segments = calloc(sr->n_segments + 1, sizeof(*s->segments));
+    if (s == NULL || s->segments == NULL) {
+        free(s);
+        kvpool__stat_response__free_unpacked(sr, NULL);
+        return KVP_ERR_NOMEM;
+    }
+    s->capacity = sr->capacity;
+    s->used = sr->used;
+    s->objects = sr->objects;
+    s->pending = sr->pending;
+    s->n_segments = sr->n_segments;
+    for (size_t i = 0; i < sr->n_segments; i++) {
+        const Kvpool__SegmentStat *ss = sr->segments[i];
+        kvp_segment_info_t *d = &s->segments[i];
+        if (ss->desc != NULL) {
+            d->id = ss->desc->id;
+            snprintf(d->name, sizeof(d->name), "%s", ss->desc->name);
+            snprintf(d->medium, sizeof(d->medium), "%s", ss->desc->medium);
+            snprintf(d->endpoint, sizeof(d->endpoint), "%s", ss->desc->tcp_endpoint);
+            d->size = ss->desc->size;
+        }
+        d->used = ss->used;
+        d->objects = ss->objects;
+    }
+    kvpool__stat_response__free_unpacked(sr, NULL);
+    *stat_p = s;
+    return KVP_OK;
+}
+
+void kvp_pool_stat_free(kvp_pool_stat_t *stat)
+{
+    if (stat == NULL)
+        return;
+    free(stat->segments);
+    free(stat);
+}

@@ -1,0 +1,187 @@
+/*
+ * kvpool.h - the public C API of libkvpool.
+ *
+ * A client connects to kvpool-master, optionally contributes memory to the
+ * pool by mounting a DRAM segment (which it then serves to peers), and moves
+ * object bytes itself: puts write straight from the caller's buffer into the
+ * extents the master allocated, gets read straight into the caller's buffer.
+ *
+ * Threading: every function may be called from any thread, concurrently, on
+ * the same client, except kvp_client_destroy (no call may be in flight).
+ *
+ * Errors: functions return kvp_status_t (0 = KVP_OK, negative = failure), or
+ * a non-negative size / a negative kvp_status_t where a size is returned.
+ * kvp_strerror() gives the text. The library never aborts or exits on bad
+ * input or a dead peer, and is silent unless KVPOOL_LOG_LEVEL is set.
+ */
+#ifndef KVPOOL_H
+#define KVPOOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_DEFAULT_MASTER_PORT 50051
+#define KVP_MAX_KEY_LEN 4096
+/* The most keys one batch call may carry (larger batches: split them). */
+#define KVP_MAX_BATCH 65536
+
+typedef struct kvp_client kvp_client_t;
+
+/*
+ * Client parameters. Initialise with kvp_client_params_init(), then set what
+ * you need. `size` lets the struct grow without breaking callers.
+ */
+typedef struct kvp_client_params {
+    size_t size;                /* sizeof(kvp_client_params_t), set by _init */
+    const char *master_addr;    /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
+    uint64_t segment_size;      /* bytes of DRAM to mount and serve; 0: mount nothing */
+    const char *transport;      /* "auto" | "tcp" | "shm"; NULL: $KVPOOL_TRANSPORT, else auto */
+    const char *data_host;      /* address the segment's data server binds and advertises;
+                                   NULL: 127.0.0.1 */
+    uint16_t data_port;         /* data server port; 0: any free port */
+    const char *segment_name;   /* name of the mounted segment; NULL: "<data_host>:<port>" */
+    uint32_t tcp_streams;       /* tcp connections used in parallel per peer per batch; 0: 2 */
+    uint64_t tcp_slice_bytes;   /* tcp stripe size for large objects; 0: 1 MiB */
+    uint32_t rpc_timeout_ms;    /* master RPC and data transfer timeout; 0: 10000 */
+    uint32_t verify_crc;        /* check CRC32C on every get; 1 by default */
+} kvp_client_params_t;
+
+/* Fill `params` with defaults (all fields above as documented). */
+void kvp_client_params_init(kvp_client_params_t *params);
+
+/*
+ * Connect to the master and, when params->segment_size > 0, allocate the
+ * segment (a memfd shared with same-host peers), start its data server and
+ * mount it. Outcomes: KVP_OK and *client_p set; KVP_ERR_CONNECT (master
+ * unreachable), KVP_ERR_INVALID_ARG (bad params), KVP_ERR_NOMEM, KVP_ERR_SYSTEM.
+ * `params` is borrowed for the call only.
+ */
+kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t **client_p);
+
+/*
+ * Unmount the segment (objects stored in it leave the pool), stop the data
+ * server, close every connection and free the client. NULL is ignored.
+ */
+void kvp_client_destroy(kvp_client_t *client);
+
+/* Name of this client's mounted segment, or NULL when it mounts none. */
+const char *kvp_client_segment_name(const kvp_client_t *client);
+
+/*
+ * Register a host buffer for transfers. Registration is optional on the tcp
+ * and shm transports (any readable/writable memory works) and is required
+ * for zero-copy on rdma; registering once avoids per-operation work there.
+ * Overlapping an existing registration returns KVP_ERR_EXISTS.
+ */
+kvp_status_t kvp_register_buffer(kvp_client_t *client, void *addr, size_t len);
+kvp_status_t kvp_unregister_buffer(kvp_client_t *client, void *addr);
+
+/* Where replicas go. Initialise with kvp_put_config_init(). */
+typedef struct kvp_put_config {
+    size_t size;                    /* sizeof(kvp_put_config_t) */
+    uint32_t replica_num;           /* extents on distinct segments; default 1 */
+    const char *preferred_segment;  /* segment name to place the first replica on, if it has
+                                       room; KVP_SEGMENT_LOCAL: this client's own segment;
+                                       NULL: placement by free space (weighted random) */
+} kvp_put_config_t;
+
+#define KVP_SEGMENT_LOCAL "@local"
+
+void kvp_put_config_init(kvp_put_config_t *config);
+
+/*
+ * Store one object. The bytes at [buf, buf+len) are read during the call only.
+ * Outcomes: KVP_OK; KVP_ERR_EXISTS (a complete object with this key exists);
+ * KVP_ERR_PENDING (another writer is putting it); KVP_ERR_POOL_FULL;
+ * KVP_ERR_TOO_LARGE; KVP_ERR_NO_SEGMENT; KVP_ERR_BAD_KEY; KVP_ERR_INVALID_ARG
+ * (len 0); transfer errors (KVP_ERR_IO, KVP_ERR_CONNECT, KVP_ERR_TIMEOUT,
+ * KVP_ERR_SEGMENT_GONE). On any failure nothing is visible under the key.
+ * config may be NULL (defaults).
+ */
+kvp_status_t kvp_put(kvp_client_t *client, const char *key, const void *buf, size_t len,
+                     const kvp_put_config_t *config);
+
+/*
+ * Read one object into [buf, buf+cap). Returns the object size (>= 1) or a
+ * negative kvp_status_t: KVP_ERR_NOT_FOUND, KVP_ERR_BUFFER_TOO_SMALL (nothing
+ * written to buf), KVP_ERR_CHECKSUM (the bytes in buf are not the object),
+ * transfer errors. Never returns success with wrong bytes.
+ */
+int64_t kvp_get_into(kvp_client_t *client, const char *key, void *buf, size_t cap);
+
+/*
+ * Batch put: keys[i] from bufs[i] of sizes[i], for i < n (n <= KVP_MAX_BATCH).
+ * results[i] receives each key's status. Returns KVP_OK when every key
+ * succeeded, otherwise the first failing key's status (or a whole-batch error
+ * such as KVP_ERR_CONNECT, in which case every results[i] carries it too).
+ */
+kvp_status_t kvp_batch_put_from(kvp_client_t *client, const char *const *keys,
+                                const void *const *bufs, const size_t *sizes, size_t n,
+                                const kvp_put_config_t *config, kvp_status_t *results);
+
+/*
+ * Batch get: keys[i] into bufs[i] of capacity caps[i]. results[i] receives
+ * the object's size or a negative status. Returns as kvp_batch_put_from.
+ */
+kvp_status_t kvp_batch_get_into(kvp_client_t *client, const char *const *keys,
+                                void *const *bufs, const size_t *caps, size_t n,
+                                int64_t *results);
+
+/*
+ * Which keys exist (complete objects; PENDING ones do not count). results[i]:
+ * 1 exists, 0 does not, negative: a status for that key (e.g. KVP_ERR_BAD_KEY).
+ * *prefix_len_p (may be NULL) receives the number of leading keys that all
+ * exist: the longest cached prefix of a request's block keys.
+ * Answered from master metadata only.
+ */
+kvp_status_t kvp_batch_is_exist(kvp_client_t *client, const char *const *keys, size_t n,
+                                int *results, size_t *prefix_len_p);
+
+/* 1 if the key exists, 0 if not, or a negative status. */
+int kvp_is_exist(kvp_client_t *client, const char *key);
+
+/* Remove one object. KVP_OK, KVP_ERR_NOT_FOUND, KVP_ERR_PENDING. */
+kvp_status_t kvp_remove(kvp_client_t *client, const char *key);
+
+/* Batch remove; results[i] per key; returns as kvp_batch_put_from. */
+kvp_status_t kvp_batch_remove(kvp_client_t *client, const char *const *keys, size_t n,
+                              kvp_status_t *results);
+
+/* Size of a complete object, or a negative status (KVP_ERR_NOT_FOUND). */
+int64_t kvp_get_size(kvp_client_t *client, const char *key);
+
+/* One mounted segment, as the master sees it. */
+typedef struct kvp_segment_info {
+    uint64_t id;
+    char name[256];
+    char medium[16];        /* "dram" */
+    char endpoint[256];     /* tcp data server "host:port" */
+    uint64_t size;
+    uint64_t used;
+    uint64_t objects;       /* replicas stored in the segment */
+} kvp_segment_info_t;
+
+typedef struct kvp_pool_stat {
+    uint64_t capacity;      /* sum of segment sizes */
+    uint64_t used;          /* bytes allocated (complete + pending) */
+    uint64_t objects;       /* complete objects */
+    uint64_t pending;       /* objects being written */
+    size_t n_segments;
+    kvp_segment_info_t *segments;
+} kvp_pool_stat_t;
+
+/* Pool-wide view from the master. Free with kvp_pool_stat_free(). */
+kvp_status_t kvp_pool_stat(kvp_client_t *client, kvp_pool_stat_t **stat_p);
+void kvp_pool_stat_free(kvp_pool_stat_t *stat);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,137 @@
+/*
+ * internal.h - libkvpool internals shared by client.c, master_conn.c,
+ * transfer.c, the transports and the segment server.
+ *
+ * Layering: client.c (API) -> master_conn.c (control RPC) and transfer.c
+ * (data engine) -> transport_{shm,tcp}.c through kvp_transport_ops_t.
+ * segment_server.c serves this client's own segment to remote peers.
+ */
+#ifndef KVP_CLIENT_INTERNAL_H
+#define KVP_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/include/kvpool.h"
+#include "common/status.h"
+
+/* ---- data-plane wire format (tcp transport, docs/protocol.md) ---- */
+#define KVP_DATA_MAGIC 0x4450564Bu /* "KVPD" little-endian */
+#define KVP_DATA_READ 1
+#define KVP_DATA_WRITE 2
+
+typedef struct kvp_data_req {
+    uint32_t magic;
+    uint16_t op;
+    uint16_t flags;
+    uint64_t segment_id;
+    uint64_t offset;
+    uint64_t length;
+} kvp_data_req_t; /* 32 bytes, little-endian host order (x86-64, aarch64) */
+
+typedef struct kvp_data_resp {
+    uint32_t magic;
+    int32_t status;
+    uint64_t length; /* READ: payload bytes that follow when status == 0 */
+} kvp_data_resp_t; /* 16 bytes */
+
+_Static_assert(sizeof(kvp_data_req_t) == 32, "data request header is 32 bytes");
+_Static_assert(sizeof(kvp_data_resp_t) == 16, "data response header is 16 bytes");
+
+/* ---- peers: what we know of a remote (or our own) segment ---- */
+typedef struct kvp_peer {
+    atomic_int refs;
+    uint64_t segment_id;
+    uint64_t size;
+    uint64_t owner_client_id;
+    char name[256];
+    char endpoint[256];      /* tcp host:port */
+    char host_id[128];
+    char shm_path[128];
+    /* shm mapping, set up once under the peer table lock */
+    void *shm_base;
+    bool shm_tried;
+    bool shm_own;            /* our own segment: memory not unmapped here */
+    bool gone;
+} kvp_peer_t;
+
+void kvp_peer_unref(kvp_peer_t *peer);
+
+/* ---- transfer engine ---- */
+typedef enum kvp_xfer_kind {
+    KVP_XFER_READ = KVP_DATA_READ,   /* segment -> local */
+    KVP_XFER_WRITE = KVP_DATA_WRITE, /* local -> segment */
+} kvp_xfer_kind_t;
+
+typedef struct kvp_xfer_op {
+    kvp_xfer_kind_t kind;
+    void *local;
+    uint64_t offset;
+    uint64_t length;
+    kvp_peer_t *peer;         /* borrowed for the call */
+    bool want_crc;            /* compute crc of the bytes moved into `crc` */
+    uint32_t crc;             /* out */
+    kvp_status_t status;      /* out */
+} kvp_xfer_op_t;
+
+typedef enum kvp_transport_id {
+    KVP_TRANSPORT_AUTO = 0,
+    KVP_TRANSPORT_TCP = 1,
+    KVP_TRANSPORT_SHM = 2,
+} kvp_transport_id_t;
+
+struct kvp_transfer;
+
+/* One data transport. transfer() moves every op (all of them use this transport). */
+typedef struct kvp_transport_ops {
+    const char *name;
+    kvp_status_t (*init)(struct kvp_transfer *xfer, void **ctx_p);
+    void (*cleanup)(void *ctx);
+    /* Blocking: returns when each op has its status. Thread-safe. */
+    void (*transfer)(void *ctx, kvp_xfer_op_t **ops, size_t n);
+} kvp_transport_ops_t;
+
+extern const kvp_transport_ops_t kvp_transport_tcp_ops;
+extern const kvp_transport_ops_t kvp_transport_shm_ops;
+
+typedef struct kvp_transfer {
+    kvp_transport_id_t forced;
+    char host_id[128];
+    uint64_t client_id;
+    uint32_t timeout_ms;
+    uint32_t tcp_streams;
+    uint64_t tcp_slice;
+    void *tcp_ctx;
+    void *shm_ctx;
+} kvp_transfer_t;
+
+kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer);
+void kvp_transfer_cleanup(kvp_transfer_t *xfer);
+/* Which transport an op to this peer uses (shm needs the same host and a mapping). */
+kvp_transport_id_t kvp_transfer_route(kvp_transfer_t *xfer, kvp_peer_t *peer);
+/* Run a batch of ops, each routed by kvp_transfer_route. Sets each op's status. */
+void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n);
+
+/* shm helpers used by the route decision */
+bool kvp_shm_map_peer(kvp_peer_t *peer);
+
+/* ---- segment server (this client's own segment) ---- */
+typedef struct kvp_segment_server kvp_segment_server_t;
+
+/*
+ * Start serving [base, base+size) as segment `segment_id` (set later with
+ * kvp_segment_server_set_id once the master assigned it) on host:port.
+ */
+kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host,
+                                       uint16_t port, kvp_segment_server_t **srv_p,
+                                       uint16_t *bound_port_p);
+void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
+void kvp_segment_server_destroy(kvp_segment_server_t *srv);
+
+/* The identity of this host for shm routing: boot id + pid namespace. */
+void kvp_host_id(char *buf, size_t len);
+
+#endif

@@ -1,0 +1,224 @@
+/*
+ * segment_server.c - serves this client's segment to tcp peers.
+ *
+ * Design: an accept thread plus one thread per connection, each in a
+ * blocking loop: read a 32-byte request header, check the extent lies
+ * inside the segment, then recv() a WRITE's payload straight into segment
+ * memory, or send() a READ's payload straight out of it. No object byte is
+ * buffered or copied in user space. Requests on one connection are handled
+ * in order, so a client pipelines by sending several headers ahead.
+ *
+ * Bad requests: a READ outside the segment gets an error response and the
+ * connection goes on; a bad WRITE (its payload cannot be placed) or a bad
+ * magic closes the connection, since the stream can no longer be trusted.
+ *
+ * Threads: accept thread and per-connection threads; the list of
+ * connections is guarded by `lock`. Stop: shutdown() every socket, join.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
+#include "client/internal.h"
+#include "common/log.h"
+#include "common/util.h"
+
+typedef struct srv_conn {
+    int fd;
+    pthread_t thread;
+    bool done;
+    struct srv_conn *next;
+    struct kvp_segment_server *srv;
+} srv_conn_t;
+
+struct kvp_segment_server {
+    uint8_t *base;
+    uint64_t size;
+    _Atomic uint64_t segment_id;
+    int listen_fd;
+    pthread_t accept_thread;
+    pthread_mutex_t lock;
+    srv_conn_t *conns;
+    bool stopping;
+};
+
+static kvp_status_t reply(int fd, int32_t status, uint64_t len)
+{
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = status, .length = len};
+    return kvp_send_all(fd, &r, sizeof(r));
+}
+
+static void *conn_main(void *arg)
+{
+    srv_conn_t *c = arg;
+    struct kvp_segment_server *srv = c->srv;
+    for (;;) {
+        kvp_data_req_t req;
+        if (kvp_recv_all(c->fd, &req, sizeof(req)) != KVP_OK)
+            break;
+        if (req.magic != KVP_DATA_MAGIC ||
+            (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
+            KVP_LOG_WARN("segment server: bad request header (magic %#x op %u); closing",
+                         req.magic, req.op);
+            break;
+        }
+        kvp_status_t st = KVP_OK;
+        if (req.segment_id != atomic_load(&srv->segment_id))
+            st = KVP_ERR_SEGMENT_GONE;
+        else if (req.length == 0 || req.offset > srv->size || req.length > srv->size - req.offset)
+            st = KVP_ERR_OUT_OF_RANGE;
+        if (req.op == KVP_DATA_WRITE) {
+            if (st != KVP_OK) {
+                reply(c->fd, st, 0);
+                break;
+            }
+            if (kvp_recv_all(c->fd, srv->base + req.offset, req.length) != KVP_OK)
+                break;
+            if (reply(c->fd, KVP_OK, 0) != KVP_OK)
+                break;
+        } else {
+            if (st != KVP_OK) {
+                if (reply(c->fd, st, 0) != KVP_OK)
+                    break;
+                continue;
+            }
+            kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = req.length};
+            struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
+                                   {.iov_base = srv->base + req.offset, .iov_len = req.length}};
+            if (kvp_sendv_all(c->fd, iov, 2) != KVP_OK)
+                break;
+        }
+    }
+    pthread_mutex_lock(&srv->lock);
+    c->done = true;
+    pthread_mutex_unlock(&srv->lock);
+    return NULL;
+}
+
+/* Join and free connections whose threads have finished. Caller holds lock. */
+static void reap_locked(struct kvp_segment_server *srv)
+{
+    srv_conn_t **pp = &srv->conns;
+    while (*pp) {
+        srv_conn_t *c = *pp;
+        if (c->done) {
+            *pp = c->next;
+            pthread_join(c->thread, NULL);
+            close(c->fd);
+            free(c);
+        } else {
+            pp = &c->next;
+        }
+    }
+}
+
+static void *accept_main(void *arg)
+{
+    struct kvp_segment_server *srv = arg;
+    for (;;) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED)
+                continue;
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                KVP_LOG_WARN("segment server: accept failed: %m");
+                usleep(10000);
+                continue;
+            }
+            break; /* listen socket shut down */
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        srv_conn_t *c = calloc(1, sizeof(*c));
+        pthread_mutex_lock(&srv->lock);
+        reap_locked(srv);
+        if (c == NULL || srv->stopping) {
+            pthread_mutex_unlock(&srv->lock);
+            free(c);
+            close(fd);
+            if (srv->stopping)
+                break;
+            continue;
+        }
+        c->fd = fd;
+        c->srv = srv;
+        if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
+            pthread_mutex_unlock(&srv->lock);
+            KVP_LOG_WARN("segment server: cannot start a connection thread");
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->next = srv->conns;
+        srv->conns = c;
+        pthread_mutex_unlock(&srv->lock);
+    }
+    return NULL;
+}
+
+kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host,
+                                       uint16_t port, kvp_segment_server_t **srv_p,
+                                       uint16_t *bound_port_p)
+{
+    struct kvp_segment_server *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return KVP_ERR_NOMEM;
+    srv->base = base;
+    srv->size = size;
+    atomic_store(&srv->segment_id, UINT64_MAX);
+    pthread_mutex_init(&srv->lock, NULL);
+    kvp_status_t status = kvp_tcp_listen(host, port, 256, &srv->listen_fd, bound_port_p);
+    if (status != KVP_OK)
+        goto err_free;
+    if (pthread_create(&srv->accept_thread, NULL, accept_main, srv) != 0) {
+        status = KVP_ERR_SYSTEM;
+        goto err_close;
+    }
+    *srv_p = srv;
+    return KVP_OK;
+
+err_close:
+    close(srv->listen_fd);
+err_free:
+    pthread_mutex_destroy(&srv->lock);
+    free(srv);
+    return status;
+}
+
+void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id)
+{
+    atomic_store(&srv->segment_id, segment_id);
+}
+
+void kvp_segment_server_destroy(kvp_segment_server_t *srv)
+{
+    if (srv == NULL)
+        return;
+    pthread_mutex_lock(&srv->lock);
+    srv->stopping = true;
+    pthread_mutex_unlock(&srv->lock);
+    shutdown(srv->listen_fd, SHUT_RDWR);
+    pthread_join(srv->accept_thread, NULL);
+    pthread_mutex_lock(&srv->lock);
+    for (srv_conn_t *c = srv->conns; c; c = c->next)
+        shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_unlock(&srv->lock);
+    /* wait for every connection thread to leave its loop */
+    for (;;) {
+        pthread_mutex_lock(&srv->lock);
+        reap_locked(srv);
+        bool empty = srv->conns == NULL;
+        pthread_mutex_unlock(&srv->lock);
+        if (empty)
+            break;
+        usleep(1000);
+    }
+    close(srv->listen_fd);
+    pthread_mutex_destroy(&srv->lock);
+    free(srv);
+}

@@ -1,0 +1,64 @@
+/*
+ * log.c - stderr logging with a level check and a component prefix.
+ *
+ * Thread-safe: one fprintf per line (stdio locks the stream).
+ */
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int kvp_log_level_g = KVP_LOG_OFF;
+static const char *log_component = "kvpool";
+
+static const char *const level_names[] = {"off", "error", "warn", "info", "debug"};
+
+void kvp_log_set_level(kvp_log_level_t level)
+{
+    kvp_log_level_g = level;
+}
+
+void kvp_log_set_component(const char *name)
+{
+    log_component = name;
+}
+
+bool kvp_log_parse_level(const char *text, kvp_log_level_t *level_p)
+{
+    for (int i = 0; i < (int)(sizeof(level_names) / sizeof(level_names[0])); i++) {
+        if (text != NULL && strcasecmp(text, level_names[i]) == 0) {
+            *level_p = (kvp_log_level_t)i;
+            return true;
+        }
+    }
+    return false;
+}
+
+void kvp_log_init_from_env(void)
+{
+    kvp_log_level_t level;
+    const char *env = getenv("KVPOOL_LOG_LEVEL");
+    if (env != NULL && kvp_log_parse_level(env, &level))
+        kvp_log_set_level(level);
+}
+
+void kvp_log_write(kvp_log_level_t level, const char *file, int line, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    const char *base = strrchr(file, '/');
+    fprintf(stderr, "%02d:%02d:%02d.%03ld %s %-5s %s (%s:%d)\n", tm.tm_hour, tm.tm_min,
+            tm.tm_sec, ts.tv_nsec / 1000000, log_component, level_names[level], msg,
+            base ? base + 1 : file, line);
+}

@@ -1,0 +1,118 @@
+/*
+ * main.c - kvpool-master: flags, readiness notification, run, clean exit.
+ *
+ *   kvpool-master [--listen HOST:PORT] [--ready-fd N] [--log-level LEVEL]
+ *
+ * --ready-fd N: once listening, write "HOST:PORT\n" (the bound address) to
+ * fd N and close it, so a supervisor or test learns readiness from a pipe,
+ * not from sleeps or log scraping.
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "master/server.h"
+
+#define DEFAULT_LISTEN "127.0.0.1:50051"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpool-master [options]\n"
+            "  --listen HOST:PORT   control-plane address (default " DEFAULT_LISTEN ";\n"
+            "                       port 0 picks a free port)\n"
+            "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
+            "                       listening, then close it\n"
+            "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
+            "  --version, --help\n");
+}
+
+int main(int argc, char **argv)
+{
+    const char *listen_addr = DEFAULT_LISTEN;
+    int ready_fd = -1;
+    kvp_log_set_component("kvpool-master");
+    kvp_log_set_level(KVP_LOG_INFO);
+    kvp_log_init_from_env();
+
+    static const struct option opts[] = {
+        {"listen", required_argument, NULL, 'l'},
+        {"ready-fd", required_argument, NULL, 'r'},
+        {"log-level", required_argument, NULL, 'v'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    int opt;
+    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'l':
+            listen_addr = optarg;
+            break;
+        case 'r': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end != '\0' || v < 0 || v > 65535) {
+                fprintf(stderr, "kvpool-master: --ready-fd needs a file descriptor number\n");
+                return 2;
+            }
+            ready_fd = (int)v;
+            break;
+        }
+        case 'v': {
+            kvp_log_level_t lvl;
+            if (!kvp_log_parse_level(optarg, &lvl)) {
+                fprintf(stderr, "kvpool-master: unknown log level '%s'\n", optarg);
+                return 2;
+            }
+            kvp_log_set_level(lvl);
+            break;
+        }
+        case 'h':
+            usage(stdout);
+            return 0;
+        case 'V':
+            printf("kvpool-master 0.1.0\n");
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvpool-master: unexpected argument '%s'\n", argv[optind]);
+        usage(stderr);
+        return 2;
+    }
+
+    char host[256];
+    uint16_t port;
+    if (kvp_parse_hostport(listen_addr, host, sizeof(host), &port) != KVP_OK) {
+        fprintf(stderr, "kvpool-master: --listen needs HOST:PORT, got '%s'\n", listen_addr);
+        return 2;
+    }
+    kvp_master_server_t *srv;
+    uint16_t bound;
+    kvp_status_t status = kvp_master_server_create(host, port, &srv, &bound);
+    if (status != KVP_OK) {
+        fprintf(stderr, "kvpool-master: cannot listen on %s: %s\n", listen_addr,
+                kvp_strerror(status));
+        return 1;
+    }
+    KVP_LOG_INFO("listening on %s:%u", host, bound);
+    if (ready_fd >= 0) {
+        char line[300];
+        int n = snprintf(line, sizeof(line), "%s:%u\n", host, bound);
+        if (write(ready_fd, line, (size_t)n) != n)
+            KVP_LOG_WARN("cannot write to --ready-fd %d: %m", ready_fd);
+        close(ready_fd);
+    }
+    status = kvp_master_server_run(srv);
+    kvp_master_server_destroy(srv);
+    KVP_LOG_INFO("stopped");
+    return status == KVP_OK ? 0 : 1;
+}

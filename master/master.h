@@ -1,0 +1,164 @@
+/*
+ * master.h - internal types of kvpool-master.
+ *
+ * Everything here is owned by the master's single loop thread: no locks.
+ *
+ *   segment table   slot array of mounted segments; id = generation<<32 | slot
+ *   object index    chained hash table key -> object (XXH3)
+ *   placement       chooses segments for a new object's replicas
+ *   service         RPC handlers over the three above
+ *   server          epoll loop, connections, framing
+ */
+#ifndef KVP_MASTER_MASTER_H
+#define KVP_MASTER_MASTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/offset_alloc.h"
+#include "common/status.h"
+
+typedef enum kvp_obj_state {
+    KVP_OBJ_PENDING = 1,
+    KVP_OBJ_COMPLETE = 2,
+} kvp_obj_state_t;
+
+#define KVP_MAX_REPLICAS 8
+
+typedef struct kvp_segment {
+    uint64_t id;
+    char *name;
+    char *medium;
+    char *host_id;
+    char *tcp_endpoint;
+    char *shm_path;
+    uint64_t size;
+    uint64_t owner_client_id;
+    uint64_t owner_conn_id;   /* connection that mounted it; its close unmounts it */
+    uint64_t objects;         /* replicas stored here */
+    kvp_offset_alloc_t *alloc;
+} kvp_segment_t;
+
+typedef struct kvp_replica {
+    uint64_t segment_id;
+    uint64_t offset;
+    uint32_t handle;          /* offset allocator handle */
+} kvp_replica_t;
+
+/*
+ * One object. Replicas and the key are stored inline after the header:
+ * data = kvp_replica_t[n_replicas] then key bytes (not NUL-terminated).
+ */
+typedef struct kvp_object {
+    struct kvp_object *hnext;   /* hash chain */
+    struct kvp_object *lprev;   /* pending list (PENDING objects only) */
+    struct kvp_object *lnext;
+    uint64_t hash;
+    uint64_t size;
+    uint64_t writer_conn_id;    /* PENDING: connection that started the put */
+    uint32_t crc32c;
+    uint8_t state;
+    uint8_t n_replicas;
+    uint16_t key_len;
+    kvp_replica_t replicas[];   /* followed by key bytes */
+} kvp_object_t;
+
+static inline const char *kvp_object_key(const kvp_object_t *obj)
+{
+    return (const char *)&obj->replicas[obj->n_replicas];
+}
+
+/* ---- segment table (segment_table.c) ---- */
+typedef struct kvp_segment_table {
+    kvp_segment_t **slots;
+    uint32_t *gens;
+    uint32_t n_slots;
+    uint32_t count;
+    uint64_t capacity;          /* sum of sizes */
+} kvp_segment_table_t;
+
+void kvp_segment_table_init(kvp_segment_table_t *table);
+void kvp_segment_table_cleanup(kvp_segment_table_t *table);
+/* Takes ownership of seg (allocated with calloc, strings strdup'd); assigns seg->id. */
+kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *seg);
+kvp_segment_t *kvp_segment_table_get(const kvp_segment_table_t *table, uint64_t id);
+kvp_segment_t *kvp_segment_table_find_name(const kvp_segment_table_t *table, const char *name);
+/* Remove and destroy. */
+void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg);
+void kvp_segment_destroy(kvp_segment_t *seg);
+uint64_t kvp_segment_used(const kvp_segment_t *seg);
+
+/* ---- object index (object_index.c) ---- */
+typedef struct kvp_object_index {
+    kvp_object_t **buckets;
+    uint64_t n_buckets;         /* power of two */
+    uint64_t count;             /* all objects */
+    uint64_t pending;           /* PENDING objects */
+    kvp_object_t *pending_head; /* list of PENDING objects */
+} kvp_object_index_t;
+
+kvp_status_t kvp_index_init(kvp_object_index_t *index);
+/* Frees every object (not their extents: the caller frees allocators). */
+void kvp_index_cleanup(kvp_object_index_t *index);
+uint64_t kvp_index_hash(const char *key, size_t len);
+kvp_object_t *kvp_index_lookup(const kvp_object_index_t *index, const char *key, size_t len,
+                               uint64_t hash);
+/* Insert a new object (key must not be present). */
+void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj);
+/* Unlink from the table (and the pending list); does not free. */
+void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj);
+void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state);
+/* Allocate an object with room for n replicas and the key. */
+kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
+
+/*
+ * Visit every object. When cb returns true the object is unlinked and its
+ * memory freed; cb must already have released whatever extents it still holds.
+ */
+typedef bool (*kvp_index_visit_cb_t)(kvp_object_t *obj, void *arg);
+void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb, void *arg);
+
+/* ---- placement (placement.c) ---- */
+typedef struct kvp_placement_req {
+    uint64_t size;
+    unsigned replica_num;
+    const kvp_segment_t *preferred;   /* may be NULL */
+} kvp_placement_req_t;
+
+/*
+ * Allocate up to replica_num extents for one object on distinct segments
+ * (distinct hosts first). Writes *n_p >= 1 replicas on success. Errors:
+ * KVP_ERR_NO_SEGMENT, KVP_ERR_TOO_LARGE (bigger than every segment),
+ * KVP_ERR_POOL_FULL.
+ */
+kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement_req_t *req,
+                                 uint64_t *rng_state, kvp_replica_t *out, unsigned *n_p);
+
+/* ---- the whole metadata state + handlers (service.c) ---- */
+typedef struct kvp_master_state {
+    kvp_segment_table_t segments;
+    kvp_object_index_t index;
+    uint64_t rng;
+} kvp_master_state_t;
+
+kvp_status_t kvp_master_state_init(kvp_master_state_t *st);
+void kvp_master_state_cleanup(kvp_master_state_t *st);
+
+/*
+ * Handle one request body for `method` from connection conn_id. On KVP_OK
+ * *resp_p is a malloc'd packed response (caller frees). A non-OK return is a
+ * frame-level error (undecodable body, unknown method): the caller replies
+ * with the status and `errmsg`.
+ */
+kvp_status_t kvp_service_handle(kvp_master_state_t *st, uint64_t conn_id, uint16_t method,
+                                const uint8_t *body, size_t body_len, uint8_t **resp_p,
+                                size_t *resp_len_p, char *errmsg, size_t errmsg_len);
+
+/* A connection closed: revoke its PENDING puts and unmount its segments. */
+void kvp_service_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
+
+/* Free every extent of obj and destroy it (obj must be unlinked). */
+void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj);
+
+#endif

@@ -1,0 +1,167 @@
+/*
+ * object_index.c - key -> object hash table.
+ *
+ * Chained buckets (power of two), XXH3-64 of the key, the full hash kept in
+ * the object so that a chain walk compares 8 bytes before the key and a
+ * resize never rehashes a key. The table doubles when count > buckets.
+ * PENDING objects are also on a doubly linked list so a dead writer's puts
+ * can be found without a scan.
+ *
+ * Thread: master loop only.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "master/master.h"
+
+kvp_status_t kvp_index_init(kvp_object_index_t *index)
+{
+    memset(index, 0, sizeof(*index));
+    index->n_buckets = 1024;
+    index->buckets = calloc(index->n_buckets, sizeof(*index->buckets));
+    return index->buckets ? KVP_OK : KVP_ERR_NOMEM;
+}
+
+void kvp_index_cleanup(kvp_object_index_t *index)
+{
+    for (uint64_t b = 0; b < index->n_buckets; b++) {
+        kvp_object_t *obj = index->buckets[b];
+        while (obj != NULL) {
+            kvp_object_t *next = obj->hnext;
+            free(obj);
+            obj = next;
+        }
+    }
+    free(index->buckets);
+    memset(index, 0, sizeof(*index));
+}
+
+uint64_t kvp_index_hash(const char *key, size_t len)
+{
+    return XXH3_64bits(key, len);
+}
+
+kvp_object_t *kvp_index_lookup(const kvp_object_index_t *index, const char *key, size_t len,
+                               uint64_t hash)
+{
+    for (kvp_object_t *obj = index->buckets[hash & (index->n_buckets - 1)]; obj != NULL;
+         obj = obj->hnext) {
+        if (obj->hash == hash && obj->key_len == len && memcmp(kvp_object_key(obj), key, len) == 0)
+            return obj;
+    }
+    return NULL;
+}
+
+static void grow(kvp_object_index_t *index)
+{
+    uint64_t n = index->n_buckets * 2;
+    kvp_object_t **nb = calloc(n, sizeof(*nb));
+    if (nb == NULL)
+        return; /* keep the old table: longer chains, still correct */
+    for (uint64_t b = 0; b < index->n_buckets; b++) {
+        kvp_object_t *obj = index->buckets[b];
+        while (obj != NULL) {
+            kvp_object_t *next = obj->hnext;
+            uint64_t nbk = obj->hash & (n - 1);
+            obj->hnext = nb[nbk];
+            nb[nbk] = obj;
+            obj = next;
+        }
+    }
+    free(index->buckets);
+    index->buckets = nb;
+    index->n_buckets = n;
+}
+
+static void pending_link(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    obj->lprev = NULL;
+    obj->lnext = index->pending_head;
+    if (index->pending_head)
+        index->pending_head->lprev = obj;
+    index->pending_head = obj;
+    index->pending++;
+}
+
+static void pending_unlink(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    if (obj->lprev)
+        obj->lprev->lnext = obj->lnext;
+    else
+        index->pending_head = obj->lnext;
+    if (obj->lnext)
+        obj->lnext->lprev = obj->lprev;
+    obj->lprev = obj->lnext = NULL;
+    index->pending--;
+}
+
+void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    if (index->count >= index->n_buckets)
+        grow(index);
+    uint64_t b = obj->hash & (index->n_buckets - 1);
+    obj->hnext = index->buckets[b];
+    index->buckets[b] = obj;
+    index->count++;
+    if (obj->state == KVP_OBJ_PENDING)
+        pending_link(index, obj);
+}
+
+void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    kvp_object_t **pp = &index->buckets[obj->hash & (index->n_buckets - 1)];
+    while (*pp != NULL && *pp != obj)
+        pp = &(*pp)->hnext;
+    if (*pp == NULL)
+        return;
+    *pp = obj->hnext;
+    obj->hnext = NULL;
+    index->count--;
+    if (obj->state == KVP_OBJ_PENDING)
+        pending_unlink(index, obj);
+}
+
+void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state)
+{
+    if (obj->state == state)
+        return;
+    if (obj->state == KVP_OBJ_PENDING)
+        pending_unlink(index, obj);
+    obj->state = (uint8_t)state;
+    if (state == KVP_OBJ_PENDING)
+        pending_link(index, obj);
+}
+
+kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)
+{
+    kvp_object_t *obj = malloc(sizeof(*obj) + n_replicas * sizeof(kvp_replica_t) + len);
+    if (obj == NULL)
+        return NULL;
+    memset(obj, 0, sizeof(*obj));
+    obj->hash = hash;
+    obj->key_len = (uint16_t)len;
+    obj->n_replicas = (uint8_t)n_replicas;
+    memcpy((char *)&obj->replicas[n_replicas], key, len);
+    return obj;
+}
+
+void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb, void *arg)
+{
+    for (uint64_t b = 0; b < index->n_buckets; b++) {
+        kvp_object_t **pp = &index->buckets[b];
+        while (*pp != NULL) {
+            kvp_object_t *obj = *pp;
+            if (cb(obj, arg)) {
+                *pp = obj->hnext;
+                obj->hnext = NULL;
+                index->count--;
+                if (obj->state == KVP_OBJ_PENDING)
+                    pending_unlink(index, obj);
+                free(obj);
+                continue;
+            }
+            pp = &obj->hnext;
+        }
+    }
+}

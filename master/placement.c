@@ -1,0 +1,132 @@
+/*
+ * placement.c - where a new object's replicas go.
+ *
+ * Replica 0 goes to the preferred segment when one is given and has room
+ * (locality: a client's own segment is served through shm). The rest are
+ * drawn at random weighted by free bytes among segments not chosen yet,
+ * first on hosts not used yet, then on any host. A segment whose allocator
+ * refuses (fragmentation) is dropped from the draw and the draw repeated.
+ *
+ * Thread: master loop only. O(segments) per replica.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "master/master.h"
+
+static uint64_t rng_next(uint64_t *s)
+{
+    /* xorshift64*: fast, good enough for weighting */
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static bool chosen(const kvp_replica_t *out, unsigned n, uint64_t id)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (out[i].segment_id == id)
+            return true;
+    return false;
+}
+
+static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, unsigned n,
+                      const kvp_segment_t *seg)
+{
+    for (unsigned i = 0; i < n; i++) {
+        const kvp_segment_t *o = kvp_segment_table_get(t, out[i].segment_id);
+        if (o != NULL && strcmp(o->host_id, seg->host_id) == 0)
+            return true;
+    }
+    return false;
+}
+
+static bool try_alloc(kvp_segment_t *seg, uint64_t size, kvp_replica_t *r)
+{
+    uint64_t off;
+    uint32_t h;
+    if (kvp_offset_alloc_alloc(seg->alloc, size, &off, &h) != KVP_OK)
+        return false;
+    r->segment_id = seg->id;
+    r->offset = off;
+    r->handle = h;
+    seg->objects++;
+    return true;
+}
+
+kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement_req_t *req,
+                                 uint64_t *rng_state, kvp_replica_t *out, unsigned *n_p)
+{
+    if (table->count == 0)
+        return KVP_ERR_NO_SEGMENT;
+    bool fits_any = false;
+    for (uint32_t i = 0; i < table->n_slots; i++)
+        if (table->slots[i] != NULL && table->slots[i]->size >= req->size)
+            fits_any = true;
+    if (!fits_any)
+        return KVP_ERR_TOO_LARGE;
+
+    unsigned want = req->replica_num ? req->replica_num : 1;
+    if (want > KVP_MAX_REPLICAS)
+        want = KVP_MAX_REPLICAS;
+    unsigned n = 0;
+    if (req->preferred != NULL)
+        n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
+
+    /* excluded[]: segments that refused this object (full or fragmented) */
+    uint64_t excluded[64];
+    unsigned n_excl = 0;
+    for (int distinct_hosts = 1; distinct_hosts >= 0 && n < want; distinct_hosts--) {
+        while (n < want) {
+            uint64_t total = 0;
+            for (uint32_t i = 0; i < table->n_slots; i++) {
+                kvp_segment_t *seg = table->slots[i];
+                if (seg == NULL || chosen(out, n, seg->id) ||
+                    (distinct_hosts && host_used(table, out, n, seg)))
+                    continue;
+                bool ex = false;
+                for (unsigned e = 0; e < n_excl; e++)
+                    ex |= excluded[e] == seg->id;
+                uint64_t free_b = seg->size - kvp_segment_used(seg);
+                if (!ex && free_b >= req->size)
+                    total += free_b;
+            }
+            if (total == 0)
+                break;
+            uint64_t pick = rng_next(rng_state) % total;
+            kvp_segment_t *sel = NULL;
+            for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
+                kvp_segment_t *seg = table->slots[i];
+                if (seg == NULL || chosen(out, n, seg->id) ||
+                    (distinct_hosts && host_used(table, out, n, seg)))
+                    continue;
+                bool ex = false;
+                for (unsigned e = 0; e < n_excl; e++)
+                    ex |= excluded[e] == seg->id;
+                uint64_t free_b = seg->size - kvp_segment_used(seg);
+                if (ex || free_b < req->size)
+                    continue;
+                if (pick < free_b)
+                    sel = seg;
+                else
+                    pick -= free_b;
+            }
+            if (sel == NULL)
+                break;
+            if (try_alloc(sel, req->size, &out[n])) {
+                n++;
+            } else if (n_excl < sizeof(excluded) / sizeof(excluded[0])) {
+                excluded[n_excl++] = sel->id;
+            } else {
+                break;
+            }
+        }
+    }
+    if (n == 0)
+        return KVP_ERR_POOL_FULL;
+    *n_p = n;
+    return KVP_OK;
+}

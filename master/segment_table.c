@@ -1,0 +1,104 @@
+/*
+ * segment_table.c - the mounted segments, in a slot array.
+ *
+ * A segment id is generation << 32 | slot: lookups are O(1), slots are
+ * reused after an unmount, and a stale id (from a replica list handed out
+ * before the unmount) never resolves to the segment now in its slot.
+ *
+ * Thread: master loop only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "master/master.h"
+
+void kvp_segment_table_init(kvp_segment_table_t *table)
+{
+    memset(table, 0, sizeof(*table));
+}
+
+void kvp_segment_destroy(kvp_segment_t *seg)
+{
+    if (seg == NULL)
+        return;
+    kvp_offset_alloc_destroy(seg->alloc);
+    free(seg->name);
+    free(seg->medium);
+    free(seg->host_id);
+    free(seg->tcp_endpoint);
+    free(seg->shm_path);
+    free(seg);
+}
+
+void kvp_segment_table_cleanup(kvp_segment_table_t *table)
+{
+    for (uint32_t i = 0; i < table->n_slots; i++)
+        kvp_segment_destroy(table->slots[i]);
+    free(table->slots);
+    free(table->gens);
+    memset(table, 0, sizeof(*table));
+}
+
+kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *seg)
+{
+    uint32_t slot = 0;
+    while (slot < table->n_slots && table->slots[slot] != NULL)
+        slot++;
+    if (slot == table->n_slots) {
+        uint32_t n = table->n_slots ? table->n_slots * 2 : 16;
+        kvp_segment_t **slots = realloc(table->slots, n * sizeof(*slots));
+        if (slots == NULL)
+            return KVP_ERR_NOMEM;
+        table->slots = slots;
+        uint32_t *gens = realloc(table->gens, n * sizeof(*gens));
+        if (gens == NULL)
+            return KVP_ERR_NOMEM;
+        table->gens = gens;
+        for (uint32_t i = table->n_slots; i < n; i++) {
+            slots[i] = NULL;
+            gens[i] = 0;
+        }
+        table->n_slots = n;
+    }
+    table->gens[slot]++;
+    seg->id = ((uint64_t)table->gens[slot] << 32) | slot;
+    table->slots[slot] = seg;
+    table->count++;
+    table->capacity += seg->size;
+    return KVP_OK;
+}
+
+kvp_segment_t *kvp_segment_table_get(const kvp_segment_table_t *table, uint64_t id)
+{
+    uint32_t slot = (uint32_t)id;
+    if (slot >= table->n_slots)
+        return NULL;
+    kvp_segment_t *seg = table->slots[slot];
+    return seg != NULL && seg->id == id ? seg : NULL;
+}
+
+kvp_segment_t *kvp_segment_table_find_name(const kvp_segment_table_t *table, const char *name)
+{
+    for (uint32_t i = 0; i < table->n_slots; i++) {
+        kvp_segment_t *seg = table->slots[i];
+        if (seg != NULL && strcmp(seg->name, name) == 0)
+            return seg;
+    }
+    return NULL;
+}
+
+void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg)
+{
+    uint32_t slot = (uint32_t)seg->id;
+    if (slot < table->n_slots && table->slots[slot] == seg) {
+        table->slots[slot] = NULL;
+        table->count--;
+        table->capacity -= seg->size;
+    }
+    kvp_segment_destroy(seg);
+}
+
+uint64_t kvp_segment_used(const kvp_segment_t *seg)
+{
+    return kvp_offset_alloc_used(seg->alloc);
+}

@@ -1,0 +1,392 @@
+/*
+ * server.c - the master's epoll loop: accept, read frames, dispatch, write.
+ *
+ * One thread owns everything (STYLE.md, Threads): connections, buffers and
+ * all metadata behind kvp_service_handle. Sockets are non-blocking; a
+ * connection's input is scanned for whole frames (bounded by
+ * KVP_RPC_MAX_BODY, checked from the header before any allocation) and its
+ * replies are queued in an output buffer flushed as the socket allows. A
+ * peer that sends a bad frame gets an error reply (when it speaks our
+ * magic) and is closed; a peer that stops reading its replies is closed
+ * when its queue passes KVP_MASTER_MAX_OUTBUF. Either way every other
+ * connection is unaffected. SIGTERM/SIGINT arrive on a signalfd and end
+ * the loop; everything is freed on the way out.
+ */
+#include "master/server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/rpc.h"
+#include "common/util.h"
+
+#define KVP_MASTER_MAX_OUTBUF (256u << 20)
+#define READ_CHUNK (256u << 10)
+
+typedef struct conn {
+    int fd;
+    uint64_t id;
+    uint8_t *in;
+    size_t in_len, in_cap;
+    uint8_t *out;
+    size_t out_len, out_off, out_cap;
+    bool want_out;       /* EPOLLOUT armed */
+    bool close_after;    /* close once the output queue is flushed */
+    struct conn *next;   /* all connections, for shutdown */
+    struct conn *prev;
+} conn_t;
+
+struct kvp_master_server {
+    int epfd;
+    int listen_fd;
+    int sig_fd;
+    uint64_t next_conn_id;
+    conn_t *conns;
+    unsigned n_conns;
+    kvp_master_state_t state;
+    bool stop;
+};
+
+static void conn_close(kvp_master_server_t *srv, conn_t *c)
+{
+    kvp_service_conn_closed(&srv->state, c->id);
+    epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        srv->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    srv->n_conns--;
+    KVP_LOG_DEBUG("connection %llu closed", (unsigned long long)c->id);
+    free(c->in);
+    free(c->out);
+    free(c);
+}
+
+static bool out_reserve(conn_t *c, size_t n)
+{
+    if (c->out_off > 0 && c->out_off == c->out_len)
+        c->out_off = c->out_len = 0;
+    if (c->out_len + n <= c->out_cap)
+        return true;
+    if (c->out_off > 0) {
+        memmove(c->out, c->out + c->out_off, c->out_len - c->out_off);
+        c->out_len -= c->out_off;
+        c->out_off = 0;
+        if (c->out_len + n <= c->out_cap)
+            return true;
+    }
+    if (c->out_len + n > KVP_MASTER_MAX_OUTBUF)
+        return false;
+    size_t cap = KVP_MAX(c->out_cap * 2, c->out_len + n);
+    uint8_t *p = realloc(c->out, cap);
+    if (p == NULL)
+        return false;
+    c->out = p;
+    c->out_cap = cap;
+    return true;
+}
+
+/* Queue one frame. false: the peer is not draining its replies, close it. */
+static bool queue_frame(conn_t *c, uint16_t method, uint64_t req_id, int32_t status,
+                        const void *body, size_t len)
+{
+    if (!out_reserve(c, KVP_RPC_HDR_LEN + len))
+        return false;
+    kvp_rpc_hdr_t h = {.method = method, .request_id = req_id, .body_len = (uint32_t)len,
+                       .status = status};
+    kvp_rpc_hdr_pack(&h, c->out + c->out_len);
+    if (len)
+        memcpy(c->out + c->out_len + KVP_RPC_HDR_LEN, body, len);
+    c->out_len += KVP_RPC_HDR_LEN + len;
+    return true;
+}
+
+static void set_events(kvp_master_server_t *srv, conn_t *c, bool want_out)
+{
+    if (c->want_out == want_out)
+        return;
+    struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.ptr = c};
+    epoll_ctl(srv->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    c->want_out = want_out;
+}
+
+/* Write what the socket takes. false: the connection failed, close it. */
+static bool flush_out(kvp_master_server_t *srv, conn_t *c)
+{
+    while (c->out_off < c->out_len) {
+        ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                set_events(srv, c, true);
+                return true;
+            }
+            return false;
+        }
+        c->out_off += (size_t)n;
+    }
+    c->out_off = c->out_len = 0;
+    set_events(srv, c, false);
+    return !c->close_after;
+}
+
+static void reply_error(conn_t *c, const kvp_rpc_hdr_t *h, kvp_status_t status, const char *msg)
+{
+    queue_frame(c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, status, msg,
+                strlen(msg));
+}
+
+/* Dispatch every whole frame in the input buffer. false: close the connection. */
+static bool process_input(kvp_master_server_t *srv, conn_t *c)
+{
+    size_t off = 0;
+    bool ok = true;
+    while (!c->close_after) {
+        kvp_rpc_hdr_t h;
+        size_t flen;
+        kvp_status_t s = kvp_rpc_frame_scan(c->in + off, c->in_len - off, KVP_RPC_MAX_BODY, &h,
+                                            &flen);
+        if (s == KVP_ERR_PENDING) {
+            /* Make room for the rest of this frame now that its size is known. */
+            if (flen > c->in_cap) {
+                uint8_t *p = realloc(c->in, flen);
+                if (p == NULL)
+                    return false;
+                c->in = p;
+                c->in_cap = flen;
+            }
+            break;
+        }
+        if (s == KVP_ERR_PROTOCOL) {
+            KVP_LOG_WARN("connection %llu: not a kvpool frame (bad magic); closing",
+                         (unsigned long long)c->id);
+            return false;
+        }
+        if (s != KVP_OK) {
+            char msg[128];
+            snprintf(msg, sizeof(msg), "%s (version %u, body %u bytes; this master speaks "
+                     "version %u, at most %u bytes)", kvp_strerror(s), h.version, h.body_len,
+                     KVP_RPC_VERSION, KVP_RPC_MAX_BODY);
+            KVP_LOG_WARN("connection %llu: %s; closing", (unsigned long long)c->id, msg);
+            reply_error(c, &h, s, msg);
+            c->close_after = true;
+            break;
+        }
+        uint8_t *resp = NULL;
+        size_t rlen = 0;
+        char errmsg[256] = "";
+        if (h.method & KVP_RPC_RESPONSE_BIT) {
+            s = KVP_ERR_PROTOCOL;
+            snprintf(errmsg, sizeof(errmsg), "a response frame sent to the master");
+        } else {
+            s = kvp_service_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
+                                   h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
+        }
+        if (s == KVP_OK)
+            ok = queue_frame(c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0,
+                             resp, rlen);
+        else
+            reply_error(c, &h, s, errmsg);
+        free(resp);
+        off += flen;
+        if (!ok)
+            return false;
+    }
+    if (off > 0) {
+        memmove(c->in, c->in + off, c->in_len - off);
+        c->in_len -= off;
+    }
+    return true;
+}
+
+static void on_readable(kvp_master_server_t *srv, conn_t *c)
+{
+    for (;;) {
+        if (c->in_cap - c->in_len < READ_CHUNK / 4) {
+            size_t cap = KVP_MAX(c->in_cap * 2, (size_t)READ_CHUNK);
+            if (cap > KVP_RPC_HDR_LEN + (size_t)KVP_RPC_MAX_BODY + READ_CHUNK)
+                cap = KVP_RPC_HDR_LEN + (size_t)KVP_RPC_MAX_BODY + READ_CHUNK;
+            if (cap > c->in_cap) {
+                uint8_t *p = realloc(c->in, cap);
+                if (p == NULL) {
+                    conn_close(srv, c);
+                    return;
+                }
+                c->in = p;
+                c->in_cap = cap;
+            }
+        }
+        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        if (n == 0) {
+            conn_close(srv, c);
+            return;
+        }
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                break;
+            conn_close(srv, c);
+            return;
+        }
+        c->in_len += (size_t)n;
+        if (!process_input(srv, c)) {
+            conn_close(srv, c);
+            return;
+        }
+        if (c->close_after)
+            break;
+    }
+    if (c->in_len == 0 && c->in_cap > 4 * READ_CHUNK) {
+        /* a big request went through: give its buffer back */
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+    }
+    if (!flush_out(srv, c))
+        conn_close(srv, c);
+}
+
+static void on_accept(kvp_master_server_t *srv)
+{
+    for (;;) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                KVP_LOG_WARN("accept failed: %m");
+            return;
+        }
+        conn_t *c = calloc(1, sizeof(*c));
+        if (c == NULL) {
+            close(fd);
+            continue;
+        }
+        c->fd = fd;
+        c->id = ++srv->next_conn_id;
+        struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            close(fd);
+            free(c);
+            continue;
+        }
+        c->next = srv->conns;
+        if (srv->conns)
+            srv->conns->prev = c;
+        srv->conns = c;
+        srv->n_conns++;
+        KVP_LOG_DEBUG("connection %llu accepted", (unsigned long long)c->id);
+    }
+}
+
+kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
+                                      kvp_master_server_t **srv_p, uint16_t *bound_port_p)
+{
+    kvp_master_server_t *srv = calloc(1, sizeof(*srv));
+    if (srv == NULL)
+        return KVP_ERR_NOMEM;
+    kvp_status_t status = kvp_master_state_init(&srv->state);
+    if (status != KVP_OK)
+        goto err_free;
+    status = kvp_tcp_listen(host, port, 1024, &srv->listen_fd, bound_port_p);
+    if (status != KVP_OK)
+        goto err_state;
+    if (fcntl(srv->listen_fd, F_SETFL, fcntl(srv->listen_fd, F_GETFL) | O_NONBLOCK) != 0) {
+        status = KVP_ERR_SYSTEM;
+        goto err_listen;
+    }
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &mask, NULL);
+    srv->sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    srv->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (srv->sig_fd < 0 || srv->epfd < 0) {
+        status = KVP_ERR_SYSTEM;
+        goto err_fds;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &srv->listen_fd};
+    epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->listen_fd, &ev);
+    ev.data.ptr = &srv->sig_fd;
+    epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->sig_fd, &ev);
+    *srv_p = srv;
+    return KVP_OK;
+
+err_fds:
+    if (srv->sig_fd >= 0)
+        close(srv->sig_fd);
+    if (srv->epfd >= 0)
+        close(srv->epfd);
+err_listen:
+    close(srv->listen_fd);
+err_state:
+    kvp_master_state_cleanup(&srv->state);
+err_free:
+    free(srv);
+    return status;
+}
+
+kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
+{
+    struct epoll_event evs[128];
+    while (!srv->stop) {
+        int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs), -1);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            KVP_LOG_ERROR("epoll_wait failed: %m");
+            return KVP_ERR_SYSTEM;
+        }
+        for (int i = 0; i < n; i++) {
+            void *p = evs[i].data.ptr;
+            if (p == &srv->listen_fd) {
+                on_accept(srv);
+            } else if (p == &srv->sig_fd) {
+                struct signalfd_siginfo si;
+                if (read(srv->sig_fd, &si, sizeof(si)) == sizeof(si)) {
+                    KVP_LOG_INFO("signal %u: shutting down", si.ssi_signo);
+                    srv->stop = true;
+                }
+            } else {
+                conn_t *c = p;
+                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                    on_readable(srv, c);
+                    /* c may be freed now: never touch it again in this iteration */
+                } else if (evs[i].events & EPOLLOUT) {
+                    if (!flush_out(srv, c))
+                        conn_close(srv, c);
+                }
+            }
+        }
+    }
+    return KVP_OK;
+}
+
+void kvp_master_server_destroy(kvp_master_server_t *srv)
+{
+    if (srv == NULL)
+        return;
+    while (srv->conns != NULL)
+        conn_close(srv, srv->conns);
+    close(srv->listen_fd);
+    close(srv->sig_fd);
+    close(srv->epfd);
+    kvp_master_state_cleanup(&srv->state);
+    free(srv);
+}

@@ -1,0 +1,21 @@
+/*
+ * server.h - the master's network loop (see server.c).
+ */
+#ifndef KVP_MASTER_SERVER_H
+#define KVP_MASTER_SERVER_H
+
+#include <stdint.h>
+
+#include "master/master.h"
+
+typedef struct kvp_master_server kvp_master_server_t;
+
+/* Listen on host:port (0: any free port) and block SIGTERM/SIGINT for the signalfd. */
+kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
+                                      kvp_master_server_t **srv_p, uint16_t *bound_port_p);
+/* Serve until SIGTERM or SIGINT. Runs on the calling thread. */
+kvp_status_t kvp_master_server_run(kvp_master_server_t *srv);
+/* Close every connection and free all metadata. */
+void kvp_master_server_destroy(kvp_master_server_t *srv);
+
+#endif
