@@ -777,8 +777,9 @@ out:
 kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t len,
                      const kvp_put_config_t *config)
 {
-    kvp_status_t r;
-    return kvp_batch_put_from(c, &key, &buf, &len, 1, config, &r) == KVP_OK ? KVP_OK : r;
+    kvp_status_t r = KVP_OK; /* stays OK if the batch refused its arguments outright */
+    kvp_status_t st = kvp_batch_put_from(c, &key, &buf, &len, 1, config, &r);
+    return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
 }
 
 /* ---------------- get ---------------- */
@@ -942,7 +943,7 @@ out:
 
 int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
 {
-    int64_t r;
+    int64_t r = 0;
     kvp_status_t st = kvp_batch_get_into(c, &key, &buf, &cap, 1, &r);
     return st == KVP_OK ? r : (r < 0 ? r : st);
 }
@@ -997,7 +998,7 @@ out:
 
 int kvp_is_exist(kvp_client_t *c, const char *key)
 {
-    int r;
+    int r = 0;
     kvp_status_t st = kvp_batch_is_exist(c, &key, 1, &r, NULL);
     return st == KVP_OK ? r : st;
 }
@@ -1048,9 +1049,9 @@ out:
 
 kvp_status_t kvp_remove(kvp_client_t *c, const char *key)
 {
-    kvp_status_t r;
+    kvp_status_t r = KVP_OK;
     kvp_status_t st = kvp_batch_remove(c, &key, 1, &r);
-    return st == KVP_OK ? KVP_OK : r;
+    return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
 }
 
 int64_t kvp_get_size(kvp_client_t *c, const char *key)

@@ -153,13 +153,6 @@ static void crc32c_zeros_init(uint32_t zeros[4][256], size_t len)
     }
 }
 
-static inline uint64_t crc32c_load64(const unsigned char *p)
-{
-    uint64_t w;
-    memcpy(&w, p, sizeof(w));
-    return w;
-}
-
 static inline uint32_t crc32c_shift(const uint32_t zeros[4][256], uint32_t crc)
 {
     return zeros[0][crc & 0xff] ^ zeros[1][(crc >> 8) & 0xff] ^ zeros[2][(crc >> 16) & 0xff] ^
@@ -181,33 +174,22 @@ crc32c_hw_rounds(uint32_t crc, const unsigned char **srcp, unsigned char **dstp,
     while (len >= 3 * block) {
         uint64_t c0 = crc, c1 = 0, c2 = 0;
         const unsigned char *end = p + block;
-        if (copy) {
-            /* 16-byte stores: half the store-queue entries of 8-byte ones, which keeps the
-             * copy out of store-queue stalls; the crc re-reads the words from L1 */
-            do {
-                __m128i v0 = _mm_loadu_si128((const __m128i *)p);
-                __m128i v1 = _mm_loadu_si128((const __m128i *)(p + block));
-                __m128i v2 = _mm_loadu_si128((const __m128i *)(p + 2 * block));
-                c0 = _mm_crc32_u64(c0, crc32c_load64(p));
-                c1 = _mm_crc32_u64(c1, crc32c_load64(p + block));
-                c2 = _mm_crc32_u64(c2, crc32c_load64(p + 2 * block));
-                c0 = _mm_crc32_u64(c0, crc32c_load64(p + 8));
-                c1 = _mm_crc32_u64(c1, crc32c_load64(p + block + 8));
-                c2 = _mm_crc32_u64(c2, crc32c_load64(p + 2 * block + 8));
-                _mm_storeu_si128((__m128i *)q, v0);
-                _mm_storeu_si128((__m128i *)(q + block), v1);
-                _mm_storeu_si128((__m128i *)(q + 2 * block), v2);
-                p += 16;
-                q += 16;
-            } while (p < end);
-        } else {
-            do {
-                c0 = _mm_crc32_u64(c0, crc32c_load64(p));
-                c1 = _mm_crc32_u64(c1, crc32c_load64(p + block));
-                c2 = _mm_crc32_u64(c2, crc32c_load64(p + 2 * block));
-                p += 8;
-            } while (p < end);
-        }
+        do {
+            uint64_t w0, w1, w2;
+            memcpy(&w0, p, 8);
+            memcpy(&w1, p + block, 8);
+            memcpy(&w2, p + 2 * block, 8);
+            c0 = _mm_crc32_u64(c0, w0);
+            c1 = _mm_crc32_u64(c1, w1);
+            c2 = _mm_crc32_u64(c2, w2);
+            if (copy) {
+                memcpy(q, &w0, 8);
+                memcpy(q + block, &w1, 8);
+                memcpy(q + 2 * block, &w2, 8);
+                q += 8;
+            }
+            p += 8;
+        } while (p < end);
         crc = crc32c_shift(zeros, (uint32_t)c0) ^ (uint32_t)c1;
         crc = crc32c_shift(zeros, crc) ^ (uint32_t)c2;
         p += 2 * block;

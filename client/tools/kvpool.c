@@ -1,0 +1,868 @@
+/*
+ * kvpool.c - the kvpool command-line tool: serve a DRAM segment, put, get and
+ * remove objects, test whether keys exist, show pool statistics.
+ *
+ * DESIGN
+ * One process per command, built only on the public API of kvpool.h (plus the
+ * size and host:port parsers of common/util.h). Global options are parsed with
+ * getopt_long("+") so parsing stops at the command name; the command then
+ * parses its own options from argv re-based at the command. Every command
+ * checks all of its input (numbers, sizes, files, fds) before it connects, so
+ * a usage mistake is reported at once and never waits on the master.
+ *
+ * Exit status: 0 success; 1 the operation failed ("kvpool: WHAT: WHY" on
+ * stderr); 2 usage error (the message and the usage text on stderr). `exist`
+ * follows test(1): 0 all keys exist, 1 some key does not, 2 error.
+ *
+ * `serve` blocks SIGINT and SIGTERM before kvp_client_create, so every library
+ * thread inherits the mask and only the main thread takes them, in sigwait();
+ * it then destroys the client, which unmounts the segment. `get` fetches the
+ * whole object before it creates anything, then writes a temporary file beside
+ * FILE and renames it over FILE: a failed get never leaves a partial FILE.
+ *
+ * Thread: single-threaded; the library runs its own threads.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/include/kvpool.h"
+#include "common/util.h"
+
+#define KVP_CLI_VERSION "0.1.0"
+#define KVP_CLI_STR_(x) #x
+#define KVP_CLI_STR(x) KVP_CLI_STR_(x)
+#define KVP_CLI_DEFAULT_MASTER "127.0.0.1:" KVP_CLI_STR(KVP_DEFAULT_MASTER_PORT)
+/* A get whose key is replaced by a larger object between size and read retries this often. */
+#define KVP_CLI_GET_ATTEMPTS 3
+
+enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
+
+typedef struct cli {
+    const char *master;     /* "host:port", already validated */
+    const char *transport;  /* NULL: library default */
+    uint32_t timeout_ms;    /* 0: library default */
+} cli_t;
+
+typedef struct command {
+    const char *name;
+    const char *args;
+    int (*run)(const cli_t *cli, const struct command *cmd, int argc, char **argv);
+} command_t;
+
+/* An input object: either a read-only mapping of a file or a malloc'd buffer. */
+typedef struct input {
+    void *data;
+    size_t len;
+    bool mapped;
+} input_t;
+
+static const char global_usage[] =
+    "usage: kvpool [--master HOST:PORT] [--transport auto|tcp|shm] [--timeout-ms N]\n"
+    "              COMMAND [ARGS]\n"
+    "\n"
+    "commands:\n"
+    "  serve --segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME]\n"
+    "        [--ready-fd N]      mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
+    "                            serve it until SIGINT or SIGTERM\n"
+    "  put [--replicas N] [--prefer SEGMENT] KEY FILE|-\n"
+    "                            store FILE (or stdin) under KEY\n"
+    "  get KEY [FILE|-]          write the object to FILE (default: stdout)\n"
+    "  exist KEY...              print KEY<TAB>yes|no; exit 0 if all exist, 1 if not\n"
+    "  rm KEY...                 remove objects\n"
+    "  stat [--json]             pool capacity, usage and segments\n"
+    "\n"
+    "global options:\n"
+    "  --master HOST:PORT        master address (default $KVPOOL_MASTER, else "
+    KVP_CLI_DEFAULT_MASTER ")\n"
+    "  --transport T             data transport: auto, tcp or shm (default auto)\n"
+    "  --timeout-ms N            master RPC and transfer timeout\n"
+    "  -h, --help, --version\n"
+    "\n"
+    "exit status: 0 success, 1 failure, 2 usage error\n";
+
+static int fail(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int usage_error(const command_t *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/*
+ * "kvpool: WHAT: WHY" on stderr, WHY being kvp_strerror() or strerror();
+ * returns the failure exit code.
+ */
+static int fail(const char *why, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvpool: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, ": %s\n", why);
+    va_end(ap);
+    return CLI_FAIL;
+}
+
+/* The message, then the command's usage line (or the whole text) on stderr. */
+static int usage_error(const command_t *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("kvpool: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    if (cmd != NULL)
+        fprintf(stderr, "usage: kvpool [GLOBAL OPTIONS] %s %s\n(see kvpool --help)\n", cmd->name,
+                cmd->args);
+    else
+        fputs(global_usage, stderr);
+    return CLI_USAGE;
+}
+
+/* Report a getopt error ('?' or ':'), naming the option that caused it. */
+static int option_error(const command_t *cmd, int opt, int argc, char **argv)
+{
+    char shortopt[3] = {'-', (char)optopt, '\0'};
+    const char *arg = argv[KVP_MAX(1, KVP_MIN(optind - 1, argc - 1))];
+    const char *name = strncmp(arg, "--", 2) != 0 && optopt != 0 ? shortopt : arg;
+    if (opt == ':')
+        return usage_error(cmd, "option '%s' needs an argument", name);
+    return usage_error(cmd, "unknown option '%s'", name);
+}
+
+/* Decimal unsigned integer in [0, max]; false on anything else. */
+static bool parse_uint(const char *text, uint64_t max, uint64_t *value_p)
+{
+    if (text == NULL || text[0] < '0' || text[0] > '9')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno != 0 || *end != '\0' || v > max)
+        return false;
+    *value_p = v;
+    return true;
+}
+
+/* "1.5 GiB"; below 1 KiB "512 B". */
+static const char *human_size(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    if (bytes < 1024) {
+        snprintf(buf, len, "%" PRIu64 " B", bytes);
+        return buf;
+    }
+    double v = (double)bytes / 1024.0;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < KVP_ARRAY_SIZE(units)) {
+        v /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+/* Connect; params NULL: no segment. Reports its own failure on stderr. */
+static kvp_status_t client_open(const cli_t *cli, kvp_client_params_t *params,
+                                kvp_client_t **client_p)
+{
+    kvp_client_params_t defaults;
+    if (params == NULL) {
+        kvp_client_params_init(&defaults);
+        params = &defaults;
+    }
+    params->master_addr = cli->master;
+    params->transport = cli->transport;
+    params->rpc_timeout_ms = cli->timeout_ms;
+    kvp_status_t status = kvp_client_create(params, client_p);
+    if (status == KVP_ERR_CONNECT)
+        fprintf(stderr,
+                "kvpool: cannot reach master %s: %s\n"
+                "kvpool: is kvpool-master running there? (set --master or $KVPOOL_MASTER)\n",
+                cli->master, kvp_strerror(status));
+    else if (status != KVP_OK)
+        fail(kvp_strerror(status), "cannot create a client for master %s", cli->master);
+    return status;
+}
+
+static bool write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return false;
+        p += n;
+        len -= (size_t)n;
+    }
+    return true;
+}
+
+/*
+ * Parse the options of a command that has none but --help. Returns true when
+ * the command must stop now, with its exit code in *rc_p.
+ */
+static bool parse_no_options(const command_t *cmd, int argc, char **argv, int *rc_p)
+{
+    static const struct option opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int opt = getopt_long(argc, argv, "+:h", opts, NULL);
+    if (opt == -1)
+        return false;
+    if (opt == 'h') {
+        fputs(global_usage, stdout);
+        *rc_p = CLI_OK;
+    } else {
+        *rc_p = option_error(cmd, opt, argc, argv);
+    }
+    return true;
+}
+
+/* ---- serve -------------------------------------------------------------- */
+
+static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"segment-size", required_argument, NULL, 's'},
+        {"data-host", required_argument, NULL, 'H'},
+        {"data-port", required_argument, NULL, 'p'},
+        {"name", required_argument, NULL, 'n'},
+        {"ready-fd", required_argument, NULL, 'r'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    kvp_client_params_t params;
+    kvp_client_params_init(&params);
+    uint64_t v;
+    int ready_fd = -1;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 's':
+            if (!kvp_parse_size(optarg, &params.segment_size) || params.segment_size == 0)
+                return usage_error(cmd, "--segment-size needs a size such as 64MiB, got '%s'",
+                                   optarg);
+            break;
+        case 'H':
+            params.data_host = optarg;
+            break;
+        case 'p':
+            if (!parse_uint(optarg, UINT16_MAX, &v))
+                return usage_error(cmd, "--data-port needs a port 0..65535, got '%s'", optarg);
+            params.data_port = (uint16_t)v;
+            break;
+        case 'n':
+            params.segment_name = optarg;
+            break;
+        case 'r':
+            if (!parse_uint(optarg, INT_MAX, &v))
+                return usage_error(cmd, "--ready-fd needs a file descriptor, got '%s'", optarg);
+            ready_fd = (int)v;
+            break;
+        case 'h':
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        default:
+            return option_error(cmd, opt, argc, argv);
+        }
+    }
+    if (optind < argc)
+        return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (params.segment_size == 0)
+        return usage_error(cmd, "serve needs --segment-size");
+    if (ready_fd >= 0 && fcntl(ready_fd, F_GETFD) < 0)
+        return usage_error(cmd, "--ready-fd %d is not an open file descriptor", ready_fd);
+
+    /* Before any library thread exists: they all inherit the blocked mask. */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    int err = pthread_sigmask(SIG_BLOCK, &mask, NULL);
+    if (err != 0)
+        return fail(strerror(err), "cannot block SIGINT/SIGTERM");
+
+    kvp_client_t *client;
+    if (client_open(cli, &params, &client) != KVP_OK)
+        return CLI_FAIL;
+    const char *name = kvp_client_segment_name(client);
+    if (name == NULL)
+        name = "(unnamed)";
+    printf("serving segment %s (%" PRIu64 " bytes) for master %s\n", name, params.segment_size,
+           cli->master);
+    fflush(stdout);
+    if (ready_fd >= 0) {
+        char line[512];
+        int n = snprintf(line, sizeof(line), "%s\n", name);
+        size_t len = n < 0 ? 0 : KVP_MIN((size_t)n, sizeof(line) - 1);
+        if (!write_all(ready_fd, line, len))
+            fprintf(stderr, "kvpool: cannot write to --ready-fd %d: %s\n", ready_fd,
+                    strerror(errno));
+        close(ready_fd);
+    }
+
+    int sig = 0;
+    while ((err = sigwait(&mask, &sig)) != 0) {
+        if (err != EINTR) {
+            fail(strerror(err), "sigwait");
+            break;
+        }
+    }
+    kvp_client_destroy(client);
+    return err == 0 ? CLI_OK : CLI_FAIL;
+}
+
+/* ---- put ---------------------------------------------------------------- */
+
+/* Read fd to its end into a malloc'd buffer (pipes, ttys, /proc files). */
+static int read_stream(int fd, const char *what, input_t *in)
+{
+    size_t cap = 1 << 20;
+    size_t len = 0;
+    char *buf = malloc(cap);
+    if (buf == NULL)
+        return fail(strerror(ENOMEM), "reading %s", what);
+    for (;;) {
+        if (len == cap) {
+            char *bigger = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (bigger == NULL) {
+                free(buf);
+                return fail(strerror(ENOMEM), "reading %s", what);
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+        ssize_t n = read(fd, buf + len, cap - len);
+        if (n == 0)
+            break;
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int e = errno;
+            free(buf);
+            return fail(strerror(e), "cannot read %s", what);
+        }
+        len += (size_t)n;
+    }
+    in->data = buf;
+    in->len = len;
+    in->mapped = false;
+    return CLI_OK;
+}
+
+/* Load FILE ("-": stdin) into `in`: regular files are mapped, the rest read. */
+static int input_load(const char *path, input_t *in)
+{
+    if (strcmp(path, "-") == 0)
+        return read_stream(STDIN_FILENO, "stdin", in);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return fail(strerror(errno), "cannot open '%s'", path);
+    struct stat st;
+    int rc;
+    if (fstat(fd, &st) < 0) {
+        rc = fail(strerror(errno), "cannot stat '%s'", path);
+    } else if (S_ISDIR(st.st_mode)) {
+        rc = fail(strerror(EISDIR), "cannot read '%s'", path);
+    } else if (S_ISREG(st.st_mode) && st.st_size > 0) {
+        if ((uint64_t)st.st_size > SIZE_MAX) {
+            rc = fail(strerror(EFBIG), "cannot map '%s'", path);
+        } else {
+            void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            if (p == MAP_FAILED) {
+                rc = fail(strerror(errno), "cannot map '%s'", path);
+            } else {
+                madvise(p, (size_t)st.st_size, MADV_SEQUENTIAL);
+                in->data = p;
+                in->len = (size_t)st.st_size;
+                in->mapped = true;
+                rc = CLI_OK;
+            }
+        }
+    } else {
+        /* Pipes, devices, and regular files that claim size 0 (/proc). */
+        char what[PATH_MAX + 2];
+        snprintf(what, sizeof(what), "'%s'", path);
+        rc = read_stream(fd, what, in);
+    }
+    close(fd);
+    return rc;
+}
+
+static void input_release(input_t *in)
+{
+    if (in->mapped)
+        munmap(in->data, in->len);
+    else
+        free(in->data);
+}
+
+static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"replicas", required_argument, NULL, 'r'},
+        {"prefer", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    kvp_put_config_t config;
+    kvp_put_config_init(&config);
+    uint64_t v;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'r':
+            if (!parse_uint(optarg, UINT32_MAX, &v) || v == 0)
+                return usage_error(cmd, "--replicas needs a count >= 1, got '%s'", optarg);
+            config.replica_num = (uint32_t)v;
+            break;
+        case 'p':
+            config.preferred_segment = optarg;
+            break;
+        case 'h':
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        default:
+            return option_error(cmd, opt, argc, argv);
+        }
+    }
+    if (argc - optind != 2)
+        return usage_error(cmd, "put needs KEY and FILE (or - for stdin)");
+    const char *key = argv[optind];
+    const char *path = argv[optind + 1];
+    /* Before reading what may be gigabytes of stdin. */
+    if (!kvp_key_valid(key, strlen(key)))
+        return fail(kvp_strerror(KVP_ERR_BAD_KEY), "put %s", key);
+
+    input_t in;
+    int rc = input_load(path, &in);
+    if (rc != CLI_OK)
+        return rc;
+    if (in.len == 0) {
+        input_release(&in);
+        fprintf(stderr, "kvpool: put %s: %s is empty: refusing to store an empty object\n", key,
+                strcmp(path, "-") == 0 ? "stdin" : path);
+        return CLI_FAIL;
+    }
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK) {
+        input_release(&in);
+        return CLI_FAIL;
+    }
+    kvp_status_t status = kvp_put(client, key, in.data, in.len, &config);
+    kvp_client_destroy(client);
+    input_release(&in);
+    if (status != KVP_OK)
+        return fail(kvp_strerror(status), "put %s", key);
+    return CLI_OK;
+}
+
+/* ---- get ---------------------------------------------------------------- */
+
+/*
+ * Write buf to path so that path either keeps its old content or holds all of
+ * buf: a temp file in the same directory, renamed over path. Non-regular
+ * targets (/dev/null, fifos) are written in place, never replaced.
+ */
+static int output_write(const char *path, const void *buf, size_t len)
+{
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return fail(strerror(EISDIR), "cannot write '%s'", path);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        int fd = open(path, O_WRONLY | O_CLOEXEC);
+        if (fd < 0)
+            return fail(strerror(errno), "cannot open '%s'", path);
+        bool ok = write_all(fd, buf, len);
+        int e = errno;
+        close(fd);
+        return ok ? CLI_OK : fail(strerror(e), "cannot write '%s'", path);
+    }
+    /* Replace what a symlink points to, not the link itself. */
+    char *target = realpath(path, NULL);
+    const char *dst = target != NULL ? target : path;
+    const char *slash = strrchr(dst, '/');
+    size_t dirlen = slash != NULL ? (size_t)(slash - dst) + 1 : 0;
+    const char *base = dst + dirlen;
+    size_t tlen = strlen(dst) + 32;
+    char *tmp = malloc(tlen);
+    if (tmp == NULL) {
+        free(target);
+        return fail(strerror(ENOMEM), "cannot write '%s'", path);
+    }
+    snprintf(tmp, tlen, "%.*s.%s.kvpool-XXXXXX", (int)dirlen, dst, base);
+
+    int rc = CLI_FAIL;
+    int fd = mkostemp(tmp, O_CLOEXEC);
+    if (fd < 0) {
+        fail(strerror(errno), "cannot create a temporary file for '%s'", path);
+        goto out_free;
+    }
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(fd, 0666 & ~mask) < 0 || !write_all(fd, buf, len)) {
+        fail(strerror(errno), "cannot write '%s'", tmp);
+        goto out_unlink;
+    }
+    if (close(fd) < 0) {
+        fd = -1;
+        fail(strerror(errno), "cannot write '%s'", tmp);
+        goto out_unlink;
+    }
+    fd = -1;
+    if (rename(tmp, dst) < 0) {
+        fail(strerror(errno), "cannot rename '%s' to '%s'", tmp, dst);
+        goto out_unlink;
+    }
+    rc = CLI_OK;
+    goto out_free;
+
+out_unlink:
+    if (fd >= 0)
+        close(fd);
+    unlink(tmp);
+out_free:
+    free(tmp);
+    free(target);
+    return rc;
+}
+
+static int cmd_get(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    int rc;
+    if (parse_no_options(cmd, argc, argv, &rc))
+        return rc;
+    if (argc - optind < 1 || argc - optind > 2)
+        return usage_error(cmd, "get needs KEY and optionally FILE");
+    const char *key = argv[optind];
+    const char *path = argc - optind == 2 ? argv[optind + 1] : "-";
+
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK)
+        return CLI_FAIL;
+    void *buf = NULL;
+    int64_t got = KVP_ERR_INTERNAL;
+    /* The key may be removed and re-put with another size between the calls. */
+    for (int attempt = 0; attempt < KVP_CLI_GET_ATTEMPTS; attempt++) {
+        int64_t size = kvp_get_size(client, key);
+        if (size < 0) {
+            got = size;
+            break;
+        }
+        if ((uint64_t)size > SIZE_MAX || (buf = malloc((size_t)size)) == NULL) {
+            kvp_client_destroy(client);
+            fprintf(stderr, "kvpool: get %s: cannot allocate %" PRId64 " bytes\n", key, size);
+            return CLI_FAIL;
+        }
+        got = kvp_get_into(client, key, buf, (size_t)size);
+        if (got != KVP_ERR_BUFFER_TOO_SMALL)
+            break;
+        free(buf);
+        buf = NULL;
+    }
+    kvp_client_destroy(client);
+    if (got < 0)
+        rc = fail(kvp_strerror((kvp_status_t)got), "get %s", key);
+    else if (strcmp(path, "-") == 0 && !write_all(STDOUT_FILENO, buf, (size_t)got))
+        /* A reader that went away (| head) is not worth a message. */
+        rc = errno == EPIPE ? CLI_FAIL : fail(strerror(errno), "get %s: writing stdout", key);
+    else if (strcmp(path, "-") == 0)
+        rc = CLI_OK;
+    else
+        rc = output_write(path, buf, (size_t)got);
+    free(buf);
+    return rc;
+}
+
+/* ---- exist, rm ---------------------------------------------------------- */
+
+static int cmd_exist(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    int rc;
+    if (parse_no_options(cmd, argc, argv, &rc))
+        return rc;
+    if (optind >= argc)
+        return usage_error(cmd, "%s needs at least one KEY", cmd->name);
+    const char *const *keys = (const char *const *)argv + optind;
+    size_t n = (size_t)(argc - optind);
+    int *results = malloc(n * sizeof(*results));
+    if (results == NULL)
+        return fail(strerror(ENOMEM), "exist");
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK) {
+        free(results);
+        return CLI_USAGE; /* an error, not an answer: same code as test(1) */
+    }
+    for (size_t off = 0; off < n; off += KVP_MAX_BATCH) {
+        size_t cnt = KVP_MIN(n - off, (size_t)KVP_MAX_BATCH);
+        for (size_t i = 0; i < cnt; i++)
+            results[off + i] = 2; /* not an answer: left unwritten by the library */
+        kvp_status_t status = kvp_batch_is_exist(client, keys + off, cnt, results + off, NULL);
+        for (size_t i = 0; i < cnt && status != KVP_OK; i++)
+            if (results[off + i] == 2)
+                results[off + i] = status;
+    }
+    kvp_client_destroy(client);
+    bool all = true, error = false;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] == 1) {
+            printf("%s\tyes\n", keys[i]);
+        } else if (results[i] == 0) {
+            printf("%s\tno\n", keys[i]);
+            all = false;
+        } else {
+            printf("%s\terror: %s\n", keys[i], kvp_strerror((kvp_status_t)results[i]));
+            error = true;
+        }
+    }
+    free(results);
+    if (fflush(stdout) != 0) {
+        fail(strerror(errno), "writing stdout");
+        return CLI_USAGE;
+    }
+    return error ? CLI_USAGE : all ? CLI_OK : CLI_FAIL;
+}
+
+static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    int rc;
+    if (parse_no_options(cmd, argc, argv, &rc))
+        return rc;
+    if (optind >= argc)
+        return usage_error(cmd, "%s needs at least one KEY", cmd->name);
+    const char *const *keys = (const char *const *)argv + optind;
+    size_t n = (size_t)(argc - optind);
+    kvp_status_t *results = malloc(n * sizeof(*results));
+    if (results == NULL)
+        return fail(strerror(ENOMEM), "rm");
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK) {
+        free(results);
+        return CLI_FAIL;
+    }
+    for (size_t off = 0; off < n; off += KVP_MAX_BATCH) {
+        size_t cnt = KVP_MIN(n - off, (size_t)KVP_MAX_BATCH);
+        for (size_t i = 0; i < cnt; i++)
+            results[off + i] = (kvp_status_t)1; /* not a status: unwritten */
+        kvp_status_t status = kvp_batch_remove(client, keys + off, cnt, results + off);
+        for (size_t i = 0; i < cnt; i++)
+            if ((int)results[off + i] == 1)
+                results[off + i] = status;
+    }
+    kvp_client_destroy(client);
+    rc = CLI_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] != KVP_OK) {
+            fprintf(stderr, "%s\t%s\n", keys[i], kvp_strerror(results[i]));
+            rc = CLI_FAIL;
+        }
+    }
+    free(results);
+    return rc;
+}
+
+/* ---- stat --------------------------------------------------------------- */
+
+/* A bounded char array from the library as a JSON string. */
+static void json_string(const char *s, size_t cap)
+{
+    putchar('"');
+    for (size_t i = 0; i < cap && s[i] != '\0'; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c < 0x20)
+            printf("\\u%04x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+}
+
+static void stat_print_json(const kvp_pool_stat_t *st)
+{
+    printf("{\"capacity\":%" PRIu64 ",\"used\":%" PRIu64 ",\"objects\":%" PRIu64
+           ",\"pending\":%" PRIu64 ",\"segments\":[",
+           st->capacity, st->used, st->objects, st->pending);
+    for (size_t i = 0; i < st->n_segments; i++) {
+        const kvp_segment_info_t *s = &st->segments[i];
+        printf("%s{\"id\":%" PRIu64 ",\"name\":", i > 0 ? "," : "", s->id);
+        json_string(s->name, sizeof(s->name));
+        fputs(",\"medium\":", stdout);
+        json_string(s->medium, sizeof(s->medium));
+        fputs(",\"endpoint\":", stdout);
+        json_string(s->endpoint, sizeof(s->endpoint));
+        printf(",\"size\":%" PRIu64 ",\"used\":%" PRIu64 ",\"objects\":%" PRIu64 "}", s->size,
+               s->used, s->objects);
+    }
+    fputs("]}\n", stdout);
+}
+
+static void stat_print_table(const kvp_pool_stat_t *st)
+{
+    char a[32], b[32];
+    double pct = st->capacity > 0 ? 100.0 * (double)st->used / (double)st->capacity : 0.0;
+    printf("capacity  %s\n", human_size(st->capacity, a, sizeof(a)));
+    printf("used      %s (%.1f%%)\n", human_size(st->used, a, sizeof(a)), pct);
+    printf("objects   %" PRIu64 "\n", st->objects);
+    printf("pending   %" PRIu64 "\n", st->pending);
+    printf("segments  %zu\n", st->n_segments);
+    if (st->n_segments == 0)
+        return;
+    int wname = 4, wmed = 6, wend = 8;
+    for (size_t i = 0; i < st->n_segments; i++) {
+        const kvp_segment_info_t *s = &st->segments[i];
+        wname = KVP_MAX(wname, (int)strnlen(s->name, sizeof(s->name)));
+        wmed = KVP_MAX(wmed, (int)strnlen(s->medium, sizeof(s->medium)));
+        wend = KVP_MAX(wend, (int)strnlen(s->endpoint, sizeof(s->endpoint)));
+    }
+    printf("\n%-*s  %-*s  %-*s  %10s  %10s  %s\n", wname, "NAME", wmed, "MEDIUM", wend,
+           "ENDPOINT", "SIZE", "USED", "OBJECTS");
+    for (size_t i = 0; i < st->n_segments; i++) {
+        const kvp_segment_info_t *s = &st->segments[i];
+        printf("%-*.*s  %-*.*s  %-*.*s  %10s  %10s  %" PRIu64 "\n", wname, wname, s->name, wmed,
+               wmed, s->medium, wend, wend, s->endpoint, human_size(s->size, a, sizeof(a)),
+               human_size(s->used, b, sizeof(b)), s->objects);
+    }
+}
+
+static int cmd_stat(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    bool json = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'j':
+            json = true;
+            break;
+        case 'h':
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        default:
+            return option_error(cmd, opt, argc, argv);
+        }
+    }
+    if (optind < argc)
+        return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK)
+        return CLI_FAIL;
+    kvp_pool_stat_t *st = NULL;
+    kvp_status_t status = kvp_pool_stat(client, &st);
+    kvp_client_destroy(client);
+    if (status != KVP_OK)
+        return fail(kvp_strerror(status), "stat");
+    if (json)
+        stat_print_json(st);
+    else
+        stat_print_table(st);
+    kvp_pool_stat_free(st);
+    if (fflush(stdout) != 0)
+        return fail(strerror(errno), "writing stdout");
+    return CLI_OK;
+}
+
+/* ---- main --------------------------------------------------------------- */
+
+static const command_t commands[] = {
+    {"serve", "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
+              "[--ready-fd N]",
+     cmd_serve},
+    {"put", "[--replicas N] [--prefer SEGMENT] KEY FILE|-", cmd_put},
+    {"get", "KEY [FILE|-]", cmd_get},
+    {"exist", "KEY...", cmd_exist},
+    {"rm", "KEY...", cmd_rm},
+    {"stat", "[--json]", cmd_stat},
+};
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"master", required_argument, NULL, 'm'},
+        {"transport", required_argument, NULL, 't'},
+        {"timeout-ms", required_argument, NULL, 'T'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    cli_t cli = {0};
+    const char *master_from = "--master";
+    uint64_t v;
+    int opt;
+
+    /* A closed stdout or ready pipe must be an error we report, not a silent death. */
+    signal(SIGPIPE, SIG_IGN);
+    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 'm':
+            cli.master = optarg;
+            break;
+        case 't':
+            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "tcp") != 0 &&
+                strcmp(optarg, "shm") != 0)
+                return usage_error(NULL, "--transport must be auto, tcp or shm, got '%s'",
+                                   optarg);
+            cli.transport = optarg;
+            break;
+        case 'T':
+            if (!parse_uint(optarg, UINT32_MAX, &v) || v == 0)
+                return usage_error(NULL, "--timeout-ms needs milliseconds >= 1, got '%s'",
+                                   optarg);
+            cli.timeout_ms = (uint32_t)v;
+            break;
+        case 'h':
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        case 'V':
+            printf("kvpool " KVP_CLI_VERSION "\n");
+            return CLI_OK;
+        default:
+            return option_error(NULL, opt, argc, argv);
+        }
+    }
+    if (cli.master == NULL) {
+        const char *env = getenv("KVPOOL_MASTER");
+        master_from = "$KVPOOL_MASTER";
+        cli.master = env != NULL && env[0] != '\0' ? env : KVP_CLI_DEFAULT_MASTER;
+    }
+    char host[256];
+    uint16_t port;
+    if (kvp_parse_hostport(cli.master, host, sizeof(host), &port) != KVP_OK)
+        return usage_error(NULL, "%s needs HOST:PORT, got '%s'", master_from, cli.master);
+
+    if (optind >= argc)
+        return usage_error(NULL, "no command given");
+    const char *name = argv[optind];
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(commands); i++) {
+        if (strcmp(name, commands[i].name) == 0) {
+            int cargc = argc - optind;
+            char **cargv = argv + optind;
+            optind = 0; /* glibc: re-initialise getopt for the command's argv */
+            return commands[i].run(&cli, &commands[i], cargc, cargv);
+        }
+    }
+    if (strcmp(name, "help") == 0) {
+        fputs(global_usage, stdout);
+        return CLI_OK;
+    }
+    return usage_error(NULL, "unknown command '%s'", name);
+}

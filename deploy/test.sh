@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build kvpool and run the default test suites (unit, integration) twice:
+# a normal build in build/ and an AddressSanitizer + UBSan build in
+# build-asan/. Ends with one plain line "N passed, N failed" (counts of
+# test programs over both builds); exits non-zero if anything failed.
+#
+#   deploy/test.sh            everything
+#   deploy/test.sh --no-asan  normal build only
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+asan=1
+[ "${1:-}" = "--no-asan" ] && asan=0
+
+deploy/install-deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+passed=0
+failed=0
+rc_all=0
+
+run_suite() { # builddir, setup args...
+  local dir=$1; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; failed=$((failed+1)); rc_all=1; return; }
+  fi
+  if ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
+    cat "$dir.ninja.log"; failed=$((failed+1)); rc_all=1; return
+  fi
+  meson test -C "$dir" --suite unit --suite integration --print-errorlogs \
+    --num-processes 2 2>&1 | tee "$dir/meson-test.out"
+  local rc=${PIPESTATUS[0]}
+  [ "$rc" -ne 0 ] && rc_all=1
+  v() { awk -v k="$1" -F: '$1==k {gsub(/ /,"",$2); print $2}' "$dir/meson-test.out" | tail -1; }
+  local ok fail xf up to
+  ok=$(v Ok); fail=$(v Fail); xf=$(v 'Expected Fail'); up=$(v 'Unexpected Pass'); to=$(v Timeout)
+  passed=$((passed + ${ok:-0} + ${xf:-0}))
+  failed=$((failed + ${fail:-0} + ${up:-0} + ${to:-0}))
+  if [ "$rc" -ne 0 ] && [ "${fail:-0}" = 0 ] && [ "${to:-0}" = 0 ]; then failed=$((failed+1)); fi
+}
+
+run_suite build
+if [ "$asan" = 1 ]; then
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+  export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+  run_suite build-asan -Db_sanitize=address,undefined -Dc_args=-fno-sanitize-recover=all \
+    -Db_lundef=false
+fi
+
+echo "$passed passed, $failed failed"
+exit $rc_all

@@ -1,0 +1,58 @@
+/*
+ * harness.h - start real kvpool processes for tests, the libuv way: a child
+ * tells us it is ready by writing a line to a pipe (--ready-fd 3); no sleeps,
+ * no log scraping. Every child is killed by its PID and reaped, and a
+ * non-zero exit (ASan/LSan findings, a crash) is reported to the caller.
+ */
+#ifndef KVP_TESTS_HARNESS_H
+#define KVP_TESTS_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct kvp_proc {
+    pid_t pid;
+    char ready[512];   /* the line the child wrote to its ready fd, without newline */
+} kvp_proc_t;
+
+/* Path of the master / CLI binaries, from $KVPOOL_MASTER_BIN / $KVPOOL_CLI_BIN. */
+const char *kvp_test_master_bin(void);
+const char *kvp_test_cli_bin(void);
+
+/*
+ * Start argv[0] with argv (NULL-terminated), its fd 3 the write end of a
+ * pipe; wait up to timeout_ms for one line on it. false on failure (the
+ * child, if started, is killed and reaped).
+ */
+bool kvp_proc_start(kvp_proc_t *p, char *const argv[], int timeout_ms);
+
+/* Start kvpool-master on 127.0.0.1:0; p->ready holds "127.0.0.1:PORT". */
+bool kvp_start_master(kvp_proc_t *p);
+
+/* Start `kvpool serve` with a segment; p->ready holds the segment name. */
+bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size,
+                       const char *transport);
+
+/*
+ * SIGTERM (or `sig`) the child and reap it, waiting up to timeout_ms then
+ * SIGKILL. Returns the exit status (0 = clean), 128+signal if it died of a
+ * signal other than the one sent, -1 if it had to be SIGKILLed.
+ */
+int kvp_proc_stop(kvp_proc_t *p, int sig, int timeout_ms);
+
+/* SIGKILL and reap (for fault tests). */
+void kvp_proc_kill9(kvp_proc_t *p);
+
+/* Run a command to completion with optional stdin file and stdout capture. */
+int kvp_run(char *const argv[], const char *stdin_path, char *out, size_t out_len,
+            int timeout_ms);
+
+/* Resident set size of a process in KiB, and its open fd count. */
+long kvp_proc_rss_kib(pid_t pid);
+int kvp_proc_fd_count(pid_t pid);
+
+/* Deterministic test pattern: byte i of object `seed`. */
+void kvp_fill_pattern(void *buf, size_t len, uint64_t seed);
+
+#endif
