@@ -532,16 +532,28 @@ static kvp_status_t first_error(const int32_t *st, size_t n)
     return KVP_OK;
 }
 
+/* Keys as the wire carries them: bytes with a length (pointing into the caller's strings). */
+static ProtobufCBinaryData *wire_keys(const char *const *keys, const size_t *idx, size_t m)
+{
+    ProtobufCBinaryData *kp = malloc((m ? m : 1) * sizeof(*kp));
+    if (kp == NULL)
+        return NULL;
+    for (size_t j = 0; j < m; j++) {
+        const char *k = idx ? keys[idx[j]] : keys[j];
+        kp[j].data = (uint8_t *)k;
+        kp[j].len = strlen(k);
+    }
+    return kp;
+}
+
 /* Send a KeysRequest-shaped RPC for keys[idx[0..m)], returning the body. */
 static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *const *keys,
                               const size_t *idx, size_t m, bool force, uint8_t **resp_p,
                               size_t *rlen_p)
 {
-    char **kp = malloc((m ? m : 1) * sizeof(*kp));
+    ProtobufCBinaryData *kp = wire_keys(keys, idx, m);
     if (kp == NULL)
         return KVP_ERR_NOMEM;
-    for (size_t j = 0; j < m; j++)
-        kp[j] = (char *)keys[idx[j]];
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
     req.keys = kp;
     req.n_keys = m;
@@ -561,13 +573,11 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
     size_t rlen = 0;
     kvp_status_t st;
     if (method == KVP_RPC_PUT_END) {
-        char **kp = malloc(m * sizeof(*kp));
+        ProtobufCBinaryData *kp = wire_keys(keys, idx, m);
         if (kp == NULL) {
             st = KVP_ERR_NOMEM;
             goto fail;
         }
-        for (size_t j = 0; j < m; j++)
-            kp[j] = (char *)keys[idx[j]];
         Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
         req.keys = kp;
         req.n_keys = m;
@@ -621,7 +631,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys,
     int32_t *st = malloc(n * sizeof(*st));
     size_t *idx = malloc(n * sizeof(*idx));
     uint64_t *szs = malloc(n * sizeof(*szs));
-    char **kp = malloc(n * sizeof(*kp));
+    ProtobufCBinaryData *kp = malloc(n * sizeof(*kp));
     kvp_xfer_op_t *ops = NULL;
     size_t *op_key = NULL;
     uint32_t *crcs = NULL;
@@ -638,7 +648,8 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys,
             continue;
         }
         idx[mm] = i;
-        kp[mm] = (char *)keys[i];
+        kp[mm].data = (uint8_t *)keys[i];
+        kp[mm].len = strlen(keys[i]);
         szs[mm] = sizes[i];
         mm++;
     }
@@ -714,7 +725,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys,
             size_t j = op_key[q];
             if (ops[q].status != KVP_OK && st[idx[j]] == KVP_OK) {
                 st[idx[j]] = ops[q].status;
-                KVP_LOG_WARN("put %s: write to segment %s failed: %s", kp[j], ops[q].peer->name,
+                KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]], ops[q].peer->name,
                              kvp_strerror(ops[q].status));
             }
             if (ops[q].want_crc)

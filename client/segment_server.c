@@ -94,6 +94,8 @@ static void *conn_main(void *arg)
                 break;
         }
     }
+    /* Tell the peer now; the fd itself is closed when the thread is reaped. */
+    shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&srv->lock);
     c->done = true;
     pthread_mutex_unlock(&srv->lock);

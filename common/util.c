@@ -86,10 +86,11 @@ kvp_status_t kvp_parse_hostport(const char *text, char *host, size_t host_len, u
     }
     if (hlen == 0 || hlen >= host_len)
         return KVP_ERR_INVALID_ARG;
-    char *end;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (errno != 0 || *end != '\0' || end == colon + 1 || port > 65535)
+    const char *ps = colon + 1;
+    if (*ps == '\0' || strspn(ps, "0123456789") != strlen(ps) || strlen(ps) > 5)
+        return KVP_ERR_INVALID_ARG; /* digits only: no sign, no blanks */
+    unsigned long port = strtoul(ps, NULL, 10);
+    if (port > 65535)
         return KVP_ERR_INVALID_ARG;
     memcpy(host, hstart, hlen);
     host[hlen] = '\0';

@@ -25,6 +25,10 @@ typedef enum kvp_obj_state {
 } kvp_obj_state_t;
 
 #define KVP_MAX_REPLICAS 8
+/* Extent granularity inside a segment (cache-line aligned extents). */
+#define KVP_SEGMENT_ALIGN 64u
+/* Smallest segment the master mounts. */
+#define KVP_SEGMENT_MIN_SIZE 4096u
 
 typedef struct kvp_segment {
     uint64_t id;
@@ -88,6 +92,11 @@ kvp_segment_t *kvp_segment_table_find_name(const kvp_segment_table_t *table, con
 void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg);
 void kvp_segment_destroy(kvp_segment_t *seg);
 uint64_t kvp_segment_used(const kvp_segment_t *seg);
+/* Bytes of the segment extents can use (its size rounded down to KVP_SEGMENT_ALIGN). */
+static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
+{
+    return seg->size / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN;
+}
 
 /* ---- object index (object_index.c) ---- */
 typedef struct kvp_object_index {

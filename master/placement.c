@@ -64,7 +64,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
         return KVP_ERR_NO_SEGMENT;
     bool fits_any = false;
     for (uint32_t i = 0; i < table->n_slots; i++)
-        if (table->slots[i] != NULL && table->slots[i]->size >= req->size)
+        if (table->slots[i] != NULL && kvp_segment_usable(table->slots[i]) >= req->size)
             fits_any = true;
     if (!fits_any)
         return KVP_ERR_TOO_LARGE;
@@ -90,7 +90,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
                 bool ex = false;
                 for (unsigned e = 0; e < n_excl; e++)
                     ex |= excluded[e] == seg->id;
-                uint64_t free_b = seg->size - kvp_segment_used(seg);
+                uint64_t free_b = kvp_segment_usable(seg) - kvp_segment_used(seg);
                 if (!ex && free_b >= req->size)
                     total += free_b;
             }
@@ -106,7 +106,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
                 bool ex = false;
                 for (unsigned e = 0; e < n_excl; e++)
                     ex |= excluded[e] == seg->id;
-                uint64_t free_b = seg->size - kvp_segment_used(seg);
+                uint64_t free_b = kvp_segment_usable(seg) - kvp_segment_used(seg);
                 if (ex || free_b < req->size)
                     continue;
                 if (pick < free_b)

@@ -123,17 +123,21 @@ static kvp_status_t check_batch(size_t n_keys)
     return n_keys > 65536 ? KVP_ERR_TOO_MANY : KVP_OK;
 }
 
-/* Validate a key off the wire and look it up. */
-static kvp_status_t key_lookup(kvp_master_state_t *st, const char *key, kvp_object_t **obj_p,
-                               uint64_t *hash_p)
+/*
+ * Validate a key off the wire and look it up. Keys travel as protobuf
+ * `bytes` with an explicit length, so a NUL inside one is seen (and refused)
+ * rather than silently shortening the key.
+ */
+static kvp_status_t key_lookup(kvp_master_state_t *st, const ProtobufCBinaryData *key,
+                               kvp_object_t **obj_p, uint64_t *hash_p)
 {
-    size_t len = strlen(key);
-    if (!kvp_key_valid(key, len))
+    const char *k = (const char *)key->data;
+    if (!kvp_key_valid(k, key->len))
         return KVP_ERR_BAD_KEY;
-    uint64_t h = kvp_index_hash(key, len);
+    uint64_t h = kvp_index_hash(k, key->len);
     if (hash_p)
         *hash_p = h;
-    *obj_p = kvp_index_lookup(&st->index, key, len, h);
+    *obj_p = kvp_index_lookup(&st->index, k, key->len, h);
     return KVP_OK;
 }
 
@@ -151,12 +155,12 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
     kvp_status_t status = KVP_ERR_INVALID_ARG;
     char host[256];
     uint16_t port;
-    if (d == NULL || d->size == 0 || d->name[0] == '\0' || strlen(d->name) > 255 ||
+    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->name[0] == '\0' || strlen(d->name) > 255 ||
         strcmp(d->medium, "dram") != 0 || d->host_id[0] == '\0' ||
         kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK) {
         snprintf(msg, sizeof(msg),
-                 "mount needs size > 0, a name of 1..255 bytes, medium \"dram\", a host id "
-                 "and a tcp endpoint host:port");
+                 "mount needs a size of at least %u bytes, a name of 1..255 bytes, medium \"dram\", a host id "
+                 "and a tcp endpoint host:port", KVP_SEGMENT_MIN_SIZE);
         goto out;
     }
     if (kvp_segment_table_find_name(&st->segments, d->name) != NULL) {
@@ -181,10 +185,11 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
         goto out;
     }
     /* 64-byte granularity: cache-line aligned extents, small metadata. */
-    status = kvp_offset_alloc_create(d->size, 64, &seg->alloc);
+    status = kvp_offset_alloc_create(d->size, KVP_SEGMENT_ALIGN, &seg->alloc);
     if (status == KVP_OK)
         status = kvp_segment_table_add(&st->segments, seg);
     if (status != KVP_OK) {
+        snprintf(msg, sizeof(msg), "cannot set up segment %s: %s", d->name, kvp_strerror(status));
         kvp_segment_destroy(seg);
         goto out;
     }
@@ -258,7 +263,8 @@ static kvp_status_t do_unmount(kvp_master_state_t *st, uint64_t conn_id, const u
     return KVP_OK;
 }
 
-static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
+                                  const ProtobufCBinaryData *key,
                                   uint64_t size, const kvp_placement_req_t *preq,
                                   kvp_object_t **obj_p)
 {
@@ -278,8 +284,7 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id, cons
     status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     if (status != KVP_OK)
         return status;
-    size_t klen = strlen(key);
-    obj = kvp_object_create(key, klen, hash, n);
+    obj = kvp_object_create((const char *)key->data, key->len, hash, n);
     if (obj == NULL) {
         for (unsigned i = 0; i < n; i++) {
             kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
@@ -340,7 +345,7 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
         kvpool__put_start_result__init(&res[i]);
         resptr[i] = &res[i];
         kvp_object_t *obj = NULL;
-        res[i].status = put_start_one(st, conn_id, req->keys[i], req->sizes[i], &preq, &obj);
+        res[i].status = put_start_one(st, conn_id, &req->keys[i], req->sizes[i], &preq, &obj);
         if (res[i].status != KVP_OK)
             continue;
         res[i].replicas = &repptr[nr];
@@ -378,13 +383,13 @@ pack:;
     *resp_p = buf;
     *resp_len_p = plen;
 out:
-    if (rc != KVP_OK && res != NULL) {
+    if (rc != KVP_OK && res != NULL && resptr != NULL) {
         /* Could not answer: undo the PENDING objects this call created. */
         for (size_t i = 0; i < req->n_keys; i++) {
             if (resptr[i] == NULL || res[i].status != KVP_OK)
                 continue;
             kvp_object_t *obj;
-            if (key_lookup(st, req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
+            if (key_lookup(st, &req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
                 obj->state == KVP_OBJ_PENDING && obj->writer_conn_id == conn_id) {
                 kvp_index_unlink(&st->index, obj);
                 kvp_object_release(st, obj);
@@ -412,10 +417,12 @@ static kvp_status_t pack_statuses(int32_t status, int32_t *statuses, size_t n, u
     return KVP_OK;
 }
 
-typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
+                                    const ProtobufCBinaryData *key,
                                     const Kvpool__PutEndRequest *end, size_t i, bool force);
 
-static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
+                         const ProtobufCBinaryData *key,
                                const Kvpool__PutEndRequest *end, size_t i, bool force)
 {
     (void)force;
@@ -434,7 +441,8 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id, const c
     return KVP_OK;
 }
 
-static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
+                         const ProtobufCBinaryData *key,
                                   const Kvpool__PutEndRequest *end, size_t i, bool force)
 {
     (void)end, (void)i, (void)force;
@@ -453,7 +461,8 @@ static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id, cons
     return KVP_OK;
 }
 
-static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
+                         const ProtobufCBinaryData *key,
                               const Kvpool__PutEndRequest *end, size_t i, bool force)
 {
     (void)conn_id, (void)end, (void)i, (void)force;
@@ -470,7 +479,8 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id, const ch
     return KVP_OK;
 }
 
-static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
+                         const ProtobufCBinaryData *key,
                              const Kvpool__PutEndRequest *end, size_t i, bool force)
 {
     (void)conn_id, (void)end, (void)i, (void)force;
@@ -486,7 +496,7 @@ static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t m
                             const uint8_t *body, size_t len, uint8_t **resp_p,
                             size_t *resp_len_p)
 {
-    char **keys;
+    ProtobufCBinaryData *keys;
     size_t n_keys;
     bool force = false;
     Kvpool__PutEndRequest *end = NULL;
@@ -521,7 +531,7 @@ static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t m
             goto out;
         }
         for (size_t i = 0; i < n_keys; i++)
-            out[i] = fn(st, conn_id, keys[i], end, i, force);
+            out[i] = fn(st, conn_id, &keys[i], end, i, force);
     }
     if (method == KVP_RPC_EXIST) {
         Kvpool__ExistResponse resp = KVPOOL__EXIST_RESPONSE__INIT;
@@ -578,7 +588,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             kvpool__get_replica_result__init(&res[i]);
             resptr[i] = &res[i];
             kvp_object_t *obj;
-            res[i].status = key_lookup(st, req->keys[i], &obj, NULL);
+            res[i].status = key_lookup(st, &req->keys[i], &obj, NULL);
             if (res[i].status != KVP_OK)
                 continue;
             if (obj == NULL || obj->state != KVP_OBJ_COMPLETE) {
@@ -649,7 +659,7 @@ static kvp_status_t do_get_size(kvp_master_state_t *st, const uint8_t *body, siz
         }
         for (size_t i = 0; i < req->n_keys; i++) {
             kvp_object_t *obj;
-            kvp_status_t s = key_lookup(st, req->keys[i], &obj, NULL);
+            kvp_status_t s = key_lookup(st, &req->keys[i], &obj, NULL);
             if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE))
                 s = KVP_ERR_NOT_FOUND;
             sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;

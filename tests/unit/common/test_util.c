@@ -284,6 +284,34 @@ static void test_hostport_bad(void **state)
                      KVP_ERR_INVALID_ARG);
 }
 
+/*
+ * util.h promises KVP_ERR_INVALID_ARG for anything but "host:port" /
+ * "[v6]:port": the port is decimal digits only, no sign or blanks.
+ */
+static void test_hostport_port_digits_only(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "host: 80",   /* leading blank */
+        "host:+80",   /* sign */
+        "host:-0",
+        "[::1]: 80",
+    };
+    int accepted = 0;
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(bad); i++) {
+        char host[64];
+        uint16_t port = 4242;
+        kvp_status_t st = kvp_parse_hostport(bad[i], host, sizeof(host), &port);
+        if (st != KVP_ERR_INVALID_ARG) {
+            print_error("kvp_parse_hostport(\"%s\") = %d (host \"%s\", port %u), want "
+                        "KVP_ERR_INVALID_ARG\n",
+                        bad[i], st, host, port);
+            accepted++;
+        }
+    }
+    assert_int_equal(accepted, 0);
+}
+
 /* ---- kvp_strerror ---- */
 
 static void test_strerror(void **state)
@@ -333,6 +361,7 @@ int main(void)
         cmocka_unit_test(test_parse_size_bad),
         cmocka_unit_test(test_hostport_ok),
         cmocka_unit_test(test_hostport_bad),
+        cmocka_unit_test(test_hostport_port_digits_only),
         cmocka_unit_test(test_strerror),
     };
     return cmocka_run_group_tests_name("util", tests, NULL, NULL);

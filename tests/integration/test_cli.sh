@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# test_cli.sh - the kvpool command-line tool end to end against a real
+# kvpool-master and a real `kvpool serve`, both on 127.0.0.1.
+#
+# Needs $KVPOOL_MASTER_BIN and $KVPOOL_CLI_BIN. Readiness comes from
+# --ready-fd 3 written into a fifo (no sleeps, no log scraping); every child
+# is killed by the PID we started it with and reaped; master and serve must
+# exit 0 on SIGTERM. Prints "ok N - what" per check, stops at the first
+# failure with "not ok N - what" and a non-zero exit.
+set -euo pipefail
+
+: "${KVPOOL_MASTER_BIN:?set KVPOOL_MASTER_BIN to the kvpool-master binary}"
+: "${KVPOOL_CLI_BIN:?set KVPOOL_CLI_BIN to the kvpool binary}"
+
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-cli-test.XXXXXX")
+mpid=""
+spid=""
+n=0
+
+cleanup() {
+    local rc=$?
+    for pid in "$spid" "$mpid"; do
+        if [[ -n "$pid" ]]; then
+            kill -KILL "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+        fi
+    done
+    rm -rf "$tmp"
+    exit "$rc"
+}
+trap cleanup EXIT
+
+ok() {
+    n=$((n + 1))
+    echo "ok $n - $1"
+}
+
+fail() {
+    n=$((n + 1))
+    echo "not ok $n - $1" >&2
+    shift
+    for f in "$@"; do
+        if [[ -s "$f" ]]; then
+            echo "--- $f:" >&2
+            head -c 4000 "$f" >&2
+        fi
+    done
+    exit 1
+}
+
+# Read the ready line a child writes on fd 3 into fifo $1 (its EOF if it dies first).
+read_ready() {
+    local line=""
+    if ! IFS= read -r -t 10 line <"$1"; then
+        return 1
+    fi
+    printf '%s' "$line"
+}
+
+# SIGTERM pid $1 and wait for it (bounded: SIGKILL after 10 s); returns its exit status.
+stop() {
+    local pid=$1 rc=0 wd
+    kill -TERM "$pid"
+    # the watchdog kills only if the process outlives the bound; its own sleep is its child
+    (
+        trap - EXIT # never the script's cleanup in here
+        sleep 10 &
+        s=$!
+        trap 'kill "$s" 2>/dev/null; exit 0' TERM
+        wait "$s"
+        kill -KILL "$pid" 2>/dev/null
+    ) >/dev/null 2>&1 &
+    wd=$!
+    wait "$pid" || rc=$?
+    kill -TERM "$wd" 2>/dev/null || true
+    wait "$wd" 2>/dev/null || true
+    return "$rc"
+}
+
+# Run the CLI, capturing stdout and stderr into $tmp/out and $tmp/err; sets $rc.
+cli() {
+    rc=0
+    "$KVPOOL_CLI_BIN" --master "$addr" --timeout-ms 5000 "$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+}
+
+# ---- start the master and a segment server ----------------------------------
+
+mkfifo "$tmp/master.ready" "$tmp/serve.ready"
+
+"$KVPOOL_MASTER_BIN" --listen 127.0.0.1:0 --ready-fd 3 --log-level warn \
+    3>"$tmp/master.ready" 2>"$tmp/master.log" &
+mpid=$!
+addr=$(read_ready "$tmp/master.ready") || fail "master reports ready" "$tmp/master.log"
+[[ "$addr" =~ ^127\.0\.0\.1:[0-9]+$ ]] || fail "master ready line is HOST:PORT (got '$addr')"
+ok "master listening on $addr"
+
+"$KVPOOL_CLI_BIN" --master "$addr" serve --segment-size 64MiB --ready-fd 3 \
+    3>"$tmp/serve.ready" >"$tmp/serve.out" 2>"$tmp/serve.log" &
+spid=$!
+segname=$(read_ready "$tmp/serve.ready") || fail "serve reports ready" "$tmp/serve.log"
+[[ -n "$segname" ]] || fail "serve ready line names the segment"
+ok "serve mounted segment $segname"
+
+# ---- put / get ---------------------------------------------------------------
+
+head -c $((3 << 20)) /dev/urandom >"$tmp/big"
+printf 'hello from stdin\n\0binary\xff\xfe tail' >"$tmp/small"
+
+cli put big/key "$tmp/big"
+[[ $rc -eq 0 ]] || fail "put a 3 MiB file (exit $rc)" "$tmp/err"
+ok "put a 3 MiB file"
+
+rc=0
+"$KVPOOL_CLI_BIN" --master "$addr" put small/key - <"$tmp/small" >"$tmp/out" 2>"$tmp/err" || rc=$?
+[[ $rc -eq 0 ]] || fail "put from stdin (exit $rc)" "$tmp/err"
+ok "put from stdin"
+
+cli get big/key "$tmp/big.out"
+[[ $rc -eq 0 ]] || fail "get to a file (exit $rc)" "$tmp/err"
+cmp "$tmp/big" "$tmp/big.out" || fail "get to a file returns the bytes put"
+[[ ! -s "$tmp/out" ]] || fail "get to a file writes nothing on stdout" "$tmp/out"
+ok "get to a file, byte-exact"
+
+cli get small/key
+[[ $rc -eq 0 ]] || fail "get to stdout (exit $rc)" "$tmp/err"
+cmp "$tmp/small" "$tmp/out" || fail "get to stdout returns the bytes put"
+ok "get to stdout, byte-exact"
+
+cli get big/key -
+[[ $rc -eq 0 ]] || fail "get to '-' (exit $rc)" "$tmp/err"
+cmp "$tmp/big" "$tmp/out" || fail "get to '-' returns the bytes put"
+ok "get to '-', byte-exact"
+
+# ---- exist ---------------------------------------------------------------------
+
+cli exist big/key small/key
+[[ $rc -eq 0 ]] || fail "exist with every key present exits 0 (exit $rc)" "$tmp/err"
+[[ "$(cat "$tmp/out")" == "$(printf 'big/key\tyes\nsmall/key\tyes')" ]] ||
+    fail "exist prints KEY<TAB>yes per key" "$tmp/out"
+ok "exist: all present, exit 0"
+
+cli exist big/key no/such/key small/key
+[[ $rc -eq 1 ]] || fail "exist with a missing key exits 1 (exit $rc)" "$tmp/err"
+[[ "$(cat "$tmp/out")" == "$(printf 'big/key\tyes\nno/such/key\tno\nsmall/key\tyes')" ]] ||
+    fail "exist prints KEY<TAB>no for the missing key, in order" "$tmp/out"
+ok "exist: one missing, exit 1"
+
+# ---- rm ----------------------------------------------------------------------
+
+cli rm small/key
+[[ $rc -eq 0 ]] || fail "rm (exit $rc)" "$tmp/err"
+ok "rm"
+
+cli get small/key "$tmp/small.out"
+[[ $rc -eq 1 ]] || fail "get of a removed key exits 1 (exit $rc)" "$tmp/err"
+[[ -s "$tmp/err" ]] || fail "get of a removed key says why on stderr"
+[[ ! -e "$tmp/small.out" ]] || fail "get of a removed key leaves no output file"
+[[ -z "$(find "$tmp" -name '*.kvpool-*')" ]] || fail "get of a removed key leaves no temp file"
+ok "get of a removed key fails: exit 1, message, no file"
+
+cli exist small/key
+[[ $rc -eq 1 ]] || fail "exist of a removed key exits 1 (exit $rc)" "$tmp/out" "$tmp/err"
+ok "exist of a removed key exits 1"
+
+cli rm small/key
+[[ $rc -eq 1 ]] || fail "rm of a missing key exits 1 (exit $rc)" "$tmp/err"
+[[ -s "$tmp/err" ]] || fail "rm of a missing key says why on stderr"
+ok "rm of a missing key fails"
+
+# ---- refused puts --------------------------------------------------------------
+
+head -c 1000 /dev/urandom >"$tmp/other"
+cli put big/key "$tmp/other"
+[[ $rc -eq 1 ]] || fail "put of an existing key exits 1 (exit $rc)" "$tmp/err"
+[[ -s "$tmp/err" ]] || fail "put of an existing key says why on stderr"
+cli get big/key "$tmp/big.out2"
+[[ $rc -eq 0 ]] && cmp -s "$tmp/big" "$tmp/big.out2" ||
+    fail "a refused put leaves the object unchanged" "$tmp/err"
+ok "put of an existing key fails, object unchanged"
+
+: >"$tmp/empty"
+cli put empty/key "$tmp/empty"
+[[ $rc -eq 1 ]] || fail "put of an empty file exits 1 (exit $rc)" "$tmp/err"
+[[ -s "$tmp/err" ]] || fail "put of an empty file says why on stderr"
+rc=0
+"$KVPOOL_CLI_BIN" --master "$addr" put empty/key - </dev/null >"$tmp/out" 2>"$tmp/err" || rc=$?
+[[ $rc -eq 1 ]] || fail "put of an empty stdin exits 1 (exit $rc)" "$tmp/err"
+cli exist empty/key
+[[ $rc -eq 1 ]] || fail "a refused empty put stores nothing" "$tmp/out"
+ok "put of an empty file or stdin fails"
+
+cli put missing/key "$tmp/does-not-exist"
+[[ $rc -ne 0 ]] || fail "put of a missing file fails"
+[[ -s "$tmp/err" ]] || fail "put of a missing file says why on stderr"
+ok "put of a missing file fails"
+
+# ---- stat ------------------------------------------------------------------------
+
+cli stat --json
+[[ $rc -eq 0 ]] || fail "stat --json (exit $rc)" "$tmp/err"
+json=$(cat "$tmp/out")
+[[ "$json" == \{*\} ]] || fail "stat --json prints one JSON object" "$tmp/out"
+[[ $(grep -o '"endpoint":' <<<"$json" | wc -l) -eq 1 ]] ||
+    fail "stat --json lists exactly one segment" "$tmp/out"
+grep -qF "\"name\":\"$segname\"" <<<"$json" || fail "stat --json names segment $segname" "$tmp/out"
+grep -qF '"capacity":67108864,' <<<"$json" || fail "stat --json capacity is 64 MiB" "$tmp/out"
+grep -qF '"objects":1,' <<<"$json" || fail "stat --json counts 1 object" "$tmp/out"
+grep -qF '"pending":0,' <<<"$json" || fail "stat --json counts 0 pending" "$tmp/out"
+ok "stat --json: one segment, one object"
+
+cli stat
+[[ $rc -eq 0 ]] || fail "stat (exit $rc)" "$tmp/err"
+grep -qE '^segments +1$' "$tmp/out" || fail "stat shows 1 segment" "$tmp/out"
+grep -qF "$segname" "$tmp/out" || fail "stat lists the segment by name" "$tmp/out"
+ok "stat table: one segment"
+
+cli rm big/key
+[[ $rc -eq 0 ]] || fail "rm the last key (exit $rc)" "$tmp/err"
+cli stat --json
+grep -qF '"used":0,"objects":0,"pending":0' "$tmp/out" || fail "the pool is empty after rm" "$tmp/out"
+ok "pool empty after removing everything"
+
+# ---- usage errors exit 2 ------------------------------------------------------
+
+cli get
+[[ $rc -eq 2 ]] || fail "get without a key is a usage error (exit $rc)" "$tmp/err"
+cli no-such-command
+[[ $rc -eq 2 ]] || fail "an unknown command is a usage error (exit $rc)" "$tmp/err"
+ok "usage errors exit 2"
+
+# ---- shutdown --------------------------------------------------------------------
+
+rc=0
+stop "$spid" || rc=$?
+spid=""
+[[ $rc -eq 0 ]] || fail "serve exits 0 on SIGTERM (exit $rc)" "$tmp/serve.log"
+ok "serve exits 0 on SIGTERM"
+
+cli stat --json
+[[ $rc -eq 0 ]] || fail "stat after serve stopped (exit $rc)" "$tmp/err"
+grep -qF '"segments":[]' "$tmp/out" || fail "the segment is gone once serve stopped" "$tmp/out"
+ok "segment unmounted when serve stops"
+
+rc=0
+stop "$mpid" || rc=$?
+mpid=""
+[[ $rc -eq 0 ]] || fail "master exits 0 on SIGTERM (exit $rc)" "$tmp/master.log"
+ok "master exits 0 on SIGTERM"
+
+cli get big/key "$tmp/nomaster.out"
+[[ $rc -ne 0 ]] || fail "get with the master down fails"
+[[ $rc -ne 2 ]] || fail "get with the master down is not a usage error" "$tmp/err"
+[[ -s "$tmp/err" ]] || fail "get with the master down says why on stderr"
+grep -qF "$addr" "$tmp/err" || fail "the message names the master address" "$tmp/err"
+[[ ! -e "$tmp/nomaster.out" ]] || fail "get with the master down leaves no output file"
+ok "get with the master down fails with a message (exit $rc)"
+
+echo "1..$n"
