@@ -961,49 +961,54 @@ int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
 
 /* ---------------- exist / remove / size / stat ---------------- */
 
+/*
+ * A per-key RPC answered with a StatusesResponse (EXIST, REMOVE). st[i]
+ * receives each key's answer (invalid keys answered locally). Returns a
+ * whole-call error (master unreachable, bad reply) or KVP_OK.
+ */
+static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *const *keys,
+                                  size_t n, int32_t *st)
+{
+    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
+    if (idx == NULL)
+        return KVP_ERR_NOMEM;
+    size_t m = gather_valid(keys, n, idx, st);
+    kvp_status_t rc = KVP_OK;
+    if (m > 0) {
+        uint8_t *resp;
+        size_t rlen;
+        rc = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
+        if (rc == KVP_OK) {
+            Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
+            free(resp);
+            if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m)
+                rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
+            else
+                for (size_t j = 0; j < m; j++)
+                    st[idx[j]] = sr->statuses[j];
+            if (sr)
+                kvpool__statuses_response__free_unpacked(sr, NULL);
+        }
+    }
+    free(idx);
+    return rc;
+}
+
 kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t n,
                                 int *results, size_t *prefix_len_p)
 {
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     int32_t *st = malloc((n ? n : 1) * sizeof(*st));
-    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
-    kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!st || !idx)
-        goto out;
-    size_t m = gather_valid(keys, n, idx, st);
-    rc = KVP_OK;
-    if (m > 0) {
-        uint8_t *resp;
-        size_t rlen;
-        rc = keys_call(c, KVP_RPC_EXIST, keys, idx, m, false, &resp, &rlen);
-        if (rc != KVP_OK)
-            goto out;
-        Kvpool__ExistResponse *er = kvpool__exist_response__unpack(NULL, rlen, resp);
-        free(resp);
-        if (er == NULL || er->status != KVP_OK || er->n_exists != m) {
-            rc = er == NULL || er->status == KVP_OK ? KVP_ERR_PROTOCOL : er->status;
-            if (er)
-                kvpool__exist_response__free_unpacked(er, NULL);
-            goto out;
-        }
-        for (size_t j = 0; j < m; j++)
-            st[idx[j]] = er->exists[j];
-        kvpool__exist_response__free_unpacked(er, NULL);
-    }
+    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_EXIST, keys, n, st) : KVP_ERR_NOMEM;
     size_t prefix = 0;
-    while (prefix < n && st[prefix] == 1)
-        prefix++;
     for (size_t i = 0; i < n; i++)
-        results[i] = st[i];
-    if (prefix_len_p)
+        results[i] = rc == KVP_OK ? st[i] : rc;
+    while (rc == KVP_OK && prefix < n && st[prefix] == 1)
+        prefix++;
+    if (rc == KVP_OK && prefix_len_p)
         *prefix_len_p = prefix;
-out:
-    if (rc != KVP_OK)
-        for (size_t i = 0; i < n; i++)
-            results[i] = rc;
     free(st);
-    free(idx);
     return rc;
 }
 
@@ -1020,41 +1025,12 @@ kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     int32_t *st = malloc((n ? n : 1) * sizeof(*st));
-    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
-    kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!st || !idx)
-        goto out;
-    size_t m = gather_valid(keys, n, idx, st);
-    rc = KVP_OK;
-    if (m > 0) {
-        uint8_t *resp;
-        size_t rlen;
-        rc = keys_call(c, KVP_RPC_REMOVE, keys, idx, m, false, &resp, &rlen);
-        if (rc != KVP_OK)
-            goto out;
-        Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
-        free(resp);
-        if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m) {
-            rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
-            if (sr)
-                kvpool__statuses_response__free_unpacked(sr, NULL);
-            goto out;
-        }
-        for (size_t j = 0; j < m; j++)
-            st[idx[j]] = sr->statuses[j];
-        kvpool__statuses_response__free_unpacked(sr, NULL);
-    }
+    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_REMOVE, keys, n, st) : KVP_ERR_NOMEM;
     for (size_t i = 0; i < n; i++)
-        results[i] = (kvp_status_t)st[i];
-    rc = first_error(st, n);
+        results[i] = rc == KVP_OK ? (kvp_status_t)st[i] : rc;
+    if (rc == KVP_OK)
+        rc = first_error(st, n);
     free(st);
-    free(idx);
-    return rc;
-out:
-    for (size_t i = 0; i < n; i++)
-        results[i] = rc;
-    free(st);
-    free(idx);
     return rc;
 }
 

@@ -44,6 +44,20 @@ static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, un
     return false;
 }
 
+/* Can `seg` take one more replica of req->size in this draw? Writes its free bytes. */
+static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, unsigned n,
+                     const kvp_segment_t *seg, bool distinct_hosts, const uint64_t *excluded,
+                     unsigned n_excl, uint64_t size, uint64_t *free_p)
+{
+    if (seg == NULL || chosen(out, n, seg->id) || (distinct_hosts && host_used(t, out, n, seg)))
+        return false;
+    for (unsigned e = 0; e < n_excl; e++)
+        if (excluded[e] == seg->id)
+            return false;
+    *free_p = kvp_segment_usable(seg) - kvp_segment_used(seg);
+    return *free_p >= size;
+}
+
 static bool try_alloc(kvp_segment_t *seg, uint64_t size, kvp_replica_t *r)
 {
     uint64_t off;
@@ -81,36 +95,21 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     unsigned n_excl = 0;
     for (int distinct_hosts = 1; distinct_hosts >= 0 && n < want; distinct_hosts--) {
         while (n < want) {
-            uint64_t total = 0;
-            for (uint32_t i = 0; i < table->n_slots; i++) {
-                kvp_segment_t *seg = table->slots[i];
-                if (seg == NULL || chosen(out, n, seg->id) ||
-                    (distinct_hosts && host_used(table, out, n, seg)))
-                    continue;
-                bool ex = false;
-                for (unsigned e = 0; e < n_excl; e++)
-                    ex |= excluded[e] == seg->id;
-                uint64_t free_b = kvp_segment_usable(seg) - kvp_segment_used(seg);
-                if (!ex && free_b >= req->size)
+            uint64_t total = 0, free_b;
+            for (uint32_t i = 0; i < table->n_slots; i++)
+                if (eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
+                             req->size, &free_b))
                     total += free_b;
-            }
             if (total == 0)
                 break;
             uint64_t pick = rng_next(rng_state) % total;
             kvp_segment_t *sel = NULL;
             for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
-                kvp_segment_t *seg = table->slots[i];
-                if (seg == NULL || chosen(out, n, seg->id) ||
-                    (distinct_hosts && host_used(table, out, n, seg)))
-                    continue;
-                bool ex = false;
-                for (unsigned e = 0; e < n_excl; e++)
-                    ex |= excluded[e] == seg->id;
-                uint64_t free_b = kvp_segment_usable(seg) - kvp_segment_used(seg);
-                if (ex || free_b < req->size)
+                if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
+                              req->size, &free_b))
                     continue;
                 if (pick < free_b)
-                    sel = seg;
+                    sel = table->slots[i];
                 else
                     pick -= free_b;
             }

@@ -118,6 +118,27 @@ static void seg_set_free(seg_set_t *s)
     free(s->ptrs);
 }
 
+/*
+ * Append obj's replicas to a response under construction: reps/repptr have
+ * room (sized by the caller), *nr counts what is used, segs collects the
+ * descriptors. false: out of memory.
+ */
+static bool add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
+                         Kvpool__Replica **repptr, size_t *nr, seg_set_t *segs)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        Kvpool__Replica *rep = &reps[*nr];
+        kvpool__replica__init(rep);
+        rep->segment_id = obj->replicas[r].segment_id;
+        rep->offset = obj->replicas[r].offset;
+        rep->length = obj->size;
+        repptr[(*nr)++] = rep;
+        if (!seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))
+            return false;
+    }
+    return true;
+}
+
 static kvp_status_t check_batch(size_t n_keys)
 {
     return n_keys > 65536 ? KVP_ERR_TOO_MANY : KVP_OK;
@@ -350,18 +371,9 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
             continue;
         res[i].replicas = &repptr[nr];
         res[i].n_replicas = obj->n_replicas;
-        for (unsigned r = 0; r < obj->n_replicas; r++) {
-            kvpool__replica__init(&reps[nr]);
-            reps[nr].segment_id = obj->replicas[r].segment_id;
-            reps[nr].offset = obj->replicas[r].offset;
-            reps[nr].length = obj->size;
-            repptr[nr] = &reps[nr];
-            nr++;
-            if (!seg_set_add(&segs, kvp_segment_table_get(&st->segments,
-                                                          obj->replicas[r].segment_id))) {
-                rc = KVP_ERR_NOMEM;
-                goto out;
-            }
+        if (!add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
         }
     }
     if (!seg_set_finish(&segs)) {
@@ -533,23 +545,7 @@ static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t m
         for (size_t i = 0; i < n_keys; i++)
             out[i] = fn(st, conn_id, &keys[i], end, i, force);
     }
-    if (method == KVP_RPC_EXIST) {
-        Kvpool__ExistResponse resp = KVPOOL__EXIST_RESPONSE__INIT;
-        resp.status = status;
-        resp.exists = out;
-        resp.n_exists = out ? n_keys : 0;
-        size_t plen = kvpool__exist_response__get_packed_size(&resp);
-        uint8_t *b = malloc(plen ? plen : 1);
-        if (b == NULL) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
-        kvpool__exist_response__pack(&resp, b);
-        *resp_p = b;
-        *resp_len_p = plen;
-    } else {
-        rc = pack_statuses(status, out, n_keys, resp_p, resp_len_p);
-    }
+    rc = pack_statuses(status, out, n_keys, resp_p, resp_len_p);
 out:
     free(out);
     if (end)
@@ -599,18 +595,9 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             res[i].crc32c = obj->crc32c;
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
-            for (unsigned r = 0; r < obj->n_replicas; r++) {
-                kvpool__replica__init(&reps[nr]);
-                reps[nr].segment_id = obj->replicas[r].segment_id;
-                reps[nr].offset = obj->replicas[r].offset;
-                reps[nr].length = obj->size;
-                repptr[nr] = &reps[nr];
-                nr++;
-                if (!seg_set_add(&segs, kvp_segment_table_get(&st->segments,
-                                                              obj->replicas[r].segment_id))) {
-                    rc = KVP_ERR_NOMEM;
-                    goto out;
-                }
+            if (!add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+                rc = KVP_ERR_NOMEM;
+                goto out;
             }
         }
         if (!seg_set_finish(&segs)) {

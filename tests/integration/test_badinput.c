@@ -405,11 +405,31 @@ static void test_bad_version(void **state)
     }
 }
 
+/* A "Name:  N kB" line of /proc/PID/status, in KiB; -1 if absent. */
+static long proc_status_kib(pid_t pid, const char *name)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return -1;
+    long kib = -1;
+    size_t nlen = strlen(name);
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, name, nlen) == 0 && sscanf(line + nlen, " %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
 static void test_frame_too_large(void **state)
 {
     env_t *e = *state;
     long rss0 = kvp_proc_rss_kib(e->master.pid);
     assert_true(rss0 > 0);
+    /* the peak address-space size: grows if the body were ever allocated, touched or not */
+    long peak0 = proc_status_kib(e->master.pid, "VmPeak:");
+    assert_true(peak0 > 0);
     static const uint32_t lens[] = {1u << 30, (64u << 20) + 1, 0xFFFFFFFFu};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
         uint8_t h[RPC_HDR];
@@ -424,6 +444,10 @@ static void test_frame_too_large(void **state)
     long rss1 = kvp_proc_rss_kib(e->master.pid);
     if (rss1 - rss0 > RSS_GROWTH_KIB)
         fail_msg("master RSS grew from %ld to %ld KiB", rss0, rss1);
+    long peak1 = proc_status_kib(e->master.pid, "VmPeak:");
+    if (peak1 - peak0 > 256 * 1024)
+        fail_msg("master VmPeak grew from %ld to %ld KiB: a huge body was allocated", peak0,
+                 peak1);
 }
 
 static void test_truncated(void **state)

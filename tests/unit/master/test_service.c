@@ -239,11 +239,11 @@ static int32_t exist1(kvp_master_state_t *st, const char *key)
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
     req.keys = bk(&key, 1);
     req.n_keys = 1;
-    Kvpool__ExistResponse *r =
-        call(st, C3, KVP_RPC_EXIST, &req.base, &kvpool__exist_response__descriptor);
+    Kvpool__StatusesResponse *r =
+        call(st, C3, KVP_RPC_EXIST, &req.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
-    assert_int_equal(r->n_exists, 1);
-    int32_t v = r->exists[0];
+    assert_int_equal(r->n_statuses, 1);
+    int32_t v = r->statuses[0];
     msg_free(r);
     return v;
 }
@@ -556,13 +556,13 @@ static void test_batch(void **state)
     const char *ek[] = {"done", "pend", "missing", "new1"};
     kr.keys = bk(ek, 4);
     kr.n_keys = 4;
-    Kvpool__ExistResponse *er =
-        call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__exist_response__descriptor);
-    assert_int_equal(er->n_exists, 4);
-    assert_int_equal(er->exists[0], 1);
-    assert_int_equal(er->exists[1], 0);
-    assert_int_equal(er->exists[2], 0);
-    assert_int_equal(er->exists[3], 1);
+    Kvpool__StatusesResponse *er =
+        call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
+    assert_int_equal(er->n_statuses, 4);
+    assert_int_equal(er->statuses[0], 1);
+    assert_int_equal(er->statuses[1], 0);
+    assert_int_equal(er->statuses[2], 0);
+    assert_int_equal(er->statuses[3], 1);
     msg_free(er);
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.objects, 3);
@@ -858,18 +858,18 @@ static void test_too_many_keys(void **state)
     Kvpool__KeysRequest kr = KVPOOL__KEYS_REQUEST__INIT;
     kr.keys = bk(keys, N);
     kr.n_keys = N;
-    Kvpool__ExistResponse *er =
-        call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__exist_response__descriptor);
+    Kvpool__StatusesResponse *er =
+        call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(er->status, KVP_ERR_TOO_MANY);
-    assert_int_equal(er->n_exists, 0);
+    assert_int_equal(er->n_statuses, 0);
     msg_free(er);
     assert_int_equal(stat_get(st).pending, 0);
     /* 65536 is still allowed */
     er = NULL;
     kr.n_keys = N - 1;
-    er = call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__exist_response__descriptor);
+    er = call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(er->status, KVP_OK);
-    assert_int_equal(er->n_exists, N - 1);
+    assert_int_equal(er->n_statuses, N - 1);
     msg_free(er);
     free(keys);
     free(sizes);
@@ -1005,10 +1005,10 @@ static void test_key_with_embedded_nul(void **state)
     assert_int_equal(handle_raw(st, C2, KVP_RPC_EXIST, exist_body, sizeof(exist_body), &resp,
                                 &rlen, err, sizeof(err)),
                      KVP_OK);
-    Kvpool__ExistResponse *er = kvpool__exist_response__unpack(NULL, rlen, resp);
+    Kvpool__StatusesResponse *er = kvpool__statuses_response__unpack(NULL, rlen, resp);
     free(resp);
     assert_non_null(er);
-    int32_t exist_answer = er->n_exists == 1 ? er->exists[0] : 99;
+    int32_t exist_answer = er->n_statuses == 1 ? er->statuses[0] : 99;
     msg_free(er);
 
     /* KeysRequest { keys: "k\0x" } as REMOVE: must not remove "k" */
