@@ -161,14 +161,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         kvp_status_t s = kvp_rpc_frame_scan(c->in + off, c->in_len - off, KVP_RPC_MAX_BODY, &h,
                                             &flen);
         if (s == KVP_ERR_PENDING) {
-            /* Make room for the rest of this frame now that its size is known. */
-            if (flen > c->in_cap) {
-                uint8_t *p = realloc(c->in, flen);
-                if (p == NULL)
-                    return false;
-                c->in = p;
-                c->in_cap = flen;
-            }
+            /* The buffer grows as bytes arrive (on_readable), not from what a header
+             * announces: a peer that sends a header and stalls pins no memory. */
             break;
         }
         if (s == KVP_ERR_PROTOCOL) {
