@@ -174,8 +174,8 @@ cli put big/key "$tmp/other"
 [[ $rc -eq 1 ]] || fail "put of an existing key exits 1 (exit $rc)" "$tmp/err"
 [[ -s "$tmp/err" ]] || fail "put of an existing key says why on stderr"
 cli get big/key "$tmp/big.out2"
-[[ $rc -eq 0 ]] && cmp -s "$tmp/big" "$tmp/big.out2" ||
-    fail "a refused put leaves the object unchanged" "$tmp/err"
+[[ $rc -eq 0 ]] || fail "get after a refused put (exit $rc)" "$tmp/err"
+cmp -s "$tmp/big" "$tmp/big.out2" || fail "a refused put leaves the object unchanged"
 ok "put of an existing key fails, object unchanged"
 
 : >"$tmp/empty"
