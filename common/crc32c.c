@@ -15,13 +15,18 @@
  * with four 256-entry tables (one per byte of the crc), built once per block
  * length (Mark Adler's method; no pclmulqdq needed). Two block lengths are
  * used: LONG (8 KiB, 24 KiB per round) for big objects and SHORT (256 B) for
- * the rest, so the merge costs a few percent at most.
+ * the rest; measured, 4 KiB buffers run at ~80% of the big-buffer speed.
  *
  * kvp_crc32c_copy runs the same three-chain loop but stores every 8-byte word
  * it has just loaded, so the data crosses the memory hierarchy once instead of
  * twice (memcpy, then crc over a destination that may no longer be cached).
- * Plain stores are used: on the machines measured (Zen 3) non-temporal stores
- * were not faster for 1..16 MiB, see the report in the test/bench notes.
+ * From 1 MiB up the stores are non-temporal (movnti): measured on Zen 3, out of
+ * cache, 13-14 GB/s instead of 9-10 (no read-for-ownership of dst), and equal
+ * when the buffers are cached; the destination then is not left in the cache,
+ * which is what we want for objects this big. Streamed stores are skipped when
+ * dst lies less than 512 bytes above src modulo 4 KiB: later loads alias them
+ * in the low 12 address bits and every one waits for a write-combining flush.
+ * The software path copies in 4 KiB chunks right after crc'ing them (from L1).
  *
  * Threads: every function is thread-safe. Tables and the CPU feature check are
  * set up once, on first use, under pthread_once; afterwards they are read-only.
@@ -39,9 +44,11 @@
 #endif
 
 #define KVP_CRC32C_POLY 0x82F63B78u
-#define KVP_CRC32C_LONG 8192  /* bytes per chain per round, big buffers */
-#define KVP_CRC32C_SHORT 256  /* bytes per chain per round, small buffers */
-#define KVP_CRC32C_SW_CHUNK 4096 /* copy granularity of the software copy path */
+#define KVP_CRC32C_LONG 8192         /* bytes per chain per round, big buffers */
+#define KVP_CRC32C_SHORT 256         /* bytes per chain per round, small buffers */
+#define KVP_CRC32C_SW_CHUNK 4096     /* copy granularity of the software copy path */
+#define KVP_CRC32C_NT_MIN (1u << 20) /* copies this big stream their stores past the cache */
+#define KVP_CRC32C_NT_ALIAS 512      /* ...unless dst is less than this above src mod 4 KiB */
 
 static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
 static uint32_t crc32c_table[8][256];
@@ -89,11 +96,14 @@ static uint32_t crc32c_sw_update(uint32_t crc, const unsigned char *p, size_t le
         len--;
     }
     while (len >= 8) {
-        uint64_t w = crc32c_load_le64(p) ^ crc;
-        crc = crc32c_table[7][w & 0xff] ^ crc32c_table[6][(w >> 8) & 0xff] ^
-              crc32c_table[5][(w >> 16) & 0xff] ^ crc32c_table[4][(w >> 24) & 0xff] ^
-              crc32c_table[3][(w >> 32) & 0xff] ^ crc32c_table[2][(w >> 40) & 0xff] ^
-              crc32c_table[1][(w >> 48) & 0xff] ^ crc32c_table[0][w >> 56];
+        uint64_t w = crc32c_load_le64(p);
+        uint32_t lo = (uint32_t)w ^ crc, hi = (uint32_t)(w >> 32);
+        /* a tree of xors, and the `hi` half does not wait for the previous crc */
+        uint32_t thi = (crc32c_table[3][hi & 0xff] ^ crc32c_table[2][(hi >> 8) & 0xff]) ^
+                       (crc32c_table[1][(hi >> 16) & 0xff] ^ crc32c_table[0][hi >> 24]);
+        uint32_t tlo = (crc32c_table[7][lo & 0xff] ^ crc32c_table[6][(lo >> 8) & 0xff]) ^
+                       (crc32c_table[5][(lo >> 16) & 0xff] ^ crc32c_table[4][lo >> 24]);
+        crc = tlo ^ thi;
         p += 8;
         len -= 8;
     }
@@ -160,12 +170,13 @@ static inline uint32_t crc32c_shift(const uint32_t zeros[4][256], uint32_t crc)
 }
 
 /*
- * Rounds of three chains over `block`-byte blocks, optionally storing each word to *dstp.
- * Always inlined so that `block` and `copy` are constants in each instance.
+ * Rounds of three chains over `block`-byte blocks, optionally storing each word to *dstp
+ * (with non-temporal stores when `nt`). Always inlined so that `block`, `copy` and `nt` are
+ * constants in each instance.
  */
 static inline __attribute__((always_inline)) KVP_TARGET_SSE42 uint32_t
 crc32c_hw_rounds(uint32_t crc, const unsigned char **srcp, unsigned char **dstp, size_t *lenp,
-                 const size_t block, const uint32_t zeros[4][256], const bool copy)
+                 const size_t block, const uint32_t zeros[4][256], const bool copy, const bool nt)
 {
     const unsigned char *p = *srcp;
     unsigned char *q = copy ? *dstp : NULL;
@@ -182,7 +193,12 @@ crc32c_hw_rounds(uint32_t crc, const unsigned char **srcp, unsigned char **dstp,
             c0 = _mm_crc32_u64(c0, w0);
             c1 = _mm_crc32_u64(c1, w1);
             c2 = _mm_crc32_u64(c2, w2);
-            if (copy) {
+            if (copy && nt) {
+                _mm_stream_si64((long long *)q, (long long)w0);
+                _mm_stream_si64((long long *)(q + block), (long long)w1);
+                _mm_stream_si64((long long *)(q + 2 * block), (long long)w2);
+                q += 8;
+            } else if (copy) {
                 memcpy(q, &w0, 8);
                 memcpy(q + block, &w1, 8);
                 memcpy(q + 2 * block, &w2, 8);
@@ -206,7 +222,8 @@ crc32c_hw_rounds(uint32_t crc, const unsigned char **srcp, unsigned char **dstp,
 }
 
 static inline __attribute__((always_inline)) KVP_TARGET_SSE42 uint32_t
-crc32c_hw_impl(uint32_t crc, unsigned char *q, const unsigned char *p, size_t len, const bool copy)
+crc32c_hw_impl(uint32_t crc, unsigned char *q, const unsigned char *p, size_t len, const bool copy,
+               const bool nt)
 {
     crc = ~crc;
 
@@ -218,8 +235,10 @@ crc32c_hw_impl(uint32_t crc, unsigned char *q, const unsigned char *p, size_t le
         len--;
     }
 
-    crc = crc32c_hw_rounds(crc, &p, &q, &len, KVP_CRC32C_LONG, crc32c_zeros_long, copy);
-    crc = crc32c_hw_rounds(crc, &p, &q, &len, KVP_CRC32C_SHORT, crc32c_zeros_short, copy);
+    crc = crc32c_hw_rounds(crc, &p, &q, &len, KVP_CRC32C_LONG, crc32c_zeros_long, copy, nt);
+    if (nt)
+        _mm_sfence(); /* order the streamed stores before anything the caller publishes */
+    crc = crc32c_hw_rounds(crc, &p, &q, &len, KVP_CRC32C_SHORT, crc32c_zeros_short, copy, false);
 
     uint64_t c = crc;
     while (len >= 8) {
@@ -245,13 +264,22 @@ crc32c_hw_impl(uint32_t crc, unsigned char *q, const unsigned char *p, size_t le
 
 static KVP_TARGET_SSE42 uint32_t crc32c_hw(uint32_t crc, const void *buf, size_t len)
 {
-    return crc32c_hw_impl(crc, NULL, buf, len, false);
+    return crc32c_hw_impl(crc, NULL, buf, len, false, false);
 }
 
 static KVP_TARGET_SSE42 uint32_t crc32c_hw_copy(uint32_t crc, void *dst, const void *src,
                                                 size_t len)
 {
-    return crc32c_hw_impl(crc, dst, src, len, true);
+    /*
+     * Non-temporal stores skip the read-for-ownership of dst: ~40% faster once the buffers
+     * are out of cache. They are avoided when dst sits just above src modulo 4 KiB: loads
+     * that alias a pending streamed store in the low 12 address bits stall for the whole
+     * write-combining flush (measured: 0.3 GB/s instead of 14).
+     */
+    uintptr_t dist = ((uintptr_t)dst - (uintptr_t)src) & 4095;
+    if (len >= KVP_CRC32C_NT_MIN && (dist == 0 || dist >= KVP_CRC32C_NT_ALIAS))
+        return crc32c_hw_impl(crc, dst, src, len, true, true);
+    return crc32c_hw_impl(crc, dst, src, len, true, false);
 }
 
 #endif /* KVP_CRC32C_X86 */

@@ -7,10 +7,11 @@
  * around the three-chain block boundaries, and a few large sizes. Data comes
  * from a fixed-seed xorshift generator so a failure reproduces.
  */
+#include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <setjmp.h>
+
 #include <cmocka.h>
 
 #include <stdio.h>
@@ -41,9 +42,21 @@ static void fill_random(unsigned char *p, size_t len)
 
 /* Lengths around the 3 x 256 and 3 x 8192 round sizes, plus big odd ones. */
 static const size_t big_lens[] = {
-    767,         768,         769,         3 * 768 + 5,     3 * 8192 - 1,  3 * 8192,
-    3 * 8192 + 1, 3 * 8192 + 771, 6 * 8192 + 13, 4096,      65536 + 3,     (1u << 20) + 7,
-    (1u << 20) + 1, (3u << 20) + 12345,
+    767,
+    768,
+    769,
+    3 * 768 + 5,
+    4096,
+    3 * 8192 - 1,
+    3 * 8192,
+    3 * 8192 + 1,
+    3 * 8192 + 771,
+    6 * 8192 + 13,
+    65536 + 3,
+    (1u << 20) - 1,
+    (1u << 20),
+    (1u << 20) + 7,
+    (3u << 20) + 12345,
 };
 #define N_BIG_LENS (sizeof(big_lens) / sizeof(big_lens[0]))
 
@@ -216,13 +229,44 @@ static void test_copy(void **state)
     free(dst);
 }
 
+/*
+ * Copies of 1 MiB and more take the streaming-store path unless dst lies just above src
+ * modulo 4 KiB; cover both sides of that choice, with odd lengths and unaligned ends.
+ */
+static void test_copy_large_distances(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {(1u << 20), (1u << 20) + 13, (2u << 20) + 4097};
+    static const size_t dists[] = {0, 8, 200, 511, 512, 2048, 4088};
+    size_t size = (2u << 20) + 4097 + 2 * 4096;
+    unsigned char *src = malloc(size), *dst = malloc(size + 4096);
+    assert_non_null(src);
+    assert_non_null(dst);
+    fill_random(src, size);
+
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        for (size_t k = 0; k < sizeof(dists) / sizeof(dists[0]); k++) {
+            size_t so = rng_next() % 4096;
+            /* dst offset such that (dst + d_o) - (src + so) == dists[k] modulo 4096 */
+            size_t d_o = (((uintptr_t)src + so + dists[k] - (uintptr_t)dst) & 4095);
+            check_copy(src + so, dst, d_o + lens[i] + 32, d_o, lens[i], (uint32_t)rng_next());
+        }
+    }
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_known_vectors),       cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_hw_available),        cmocka_unit_test(test_hw_matches_sw_small),
-        cmocka_unit_test(test_hw_matches_sw_large), cmocka_unit_test(test_chaining),
+        cmocka_unit_test(test_known_vectors),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_hw_available),
+        cmocka_unit_test(test_hw_matches_sw_small),
+        cmocka_unit_test(test_hw_matches_sw_large),
+        cmocka_unit_test(test_chaining),
         cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_copy_large_distances),
     };
     return cmocka_run_group_tests_name("crc32c", tests, NULL, NULL);
 }
