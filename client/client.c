@@ -191,8 +191,8 @@ static kvp_status_t mount_locked(kvp_client_t *c);
 static kvp_status_t master_connect_locked(kvp_client_t *c)
 {
     int fd;
-    kvp_status_t st = kvp_tcp_connect(c->master_host, c->master_port, c->params.rpc_timeout_ms,
-                                      &fd);
+    kvp_status_t st =
+        kvp_tcp_connect(c->master_host, c->master_port, c->params.rpc_timeout_ms, &fd);
     if (st != KVP_OK) {
         KVP_LOG_WARN("cannot connect to master %s:%u: %s", c->master_host, c->master_port,
                      kvp_strerror(st));
@@ -230,8 +230,7 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
             if (st != KVP_OK)
                 break;
         }
-        st = kvp_rpc_call(c->master_fd, method, ++c->next_req_id, body, len, resp_p,
-                          resp_len_p);
+        st = kvp_rpc_call(c->master_fd, method, ++c->next_req_id, body, len, resp_p, resp_len_p);
         if (st != KVP_ERR_IO && st != KVP_ERR_TIMEOUT && st != KVP_ERR_PROTOCOL &&
             st != KVP_ERR_VERSION && st != KVP_ERR_CONNECT)
             break;
@@ -274,8 +273,8 @@ static kvp_status_t mount_locked(kvp_client_t *c)
     if (body == NULL)
         return KVP_ERR_NOMEM;
     kvpool__mount_request__pack(&req, body);
-    kvp_status_t st = kvp_rpc_call(c->master_fd, KVP_RPC_MOUNT, ++c->next_req_id, body, len,
-                                   &resp, &rlen);
+    kvp_status_t st =
+        kvp_rpc_call(c->master_fd, KVP_RPC_MOUNT, ++c->next_req_id, body, len, &resp, &rlen);
     free(body);
     if (st != KVP_OK)
         return st;
@@ -290,8 +289,8 @@ static kvp_status_t mount_locked(kvp_client_t *c)
         KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", c->seg_name,
                      (unsigned long long)c->seg_size, (unsigned long long)mr->segment_id);
     } else {
-        KVP_LOG_ERROR("master refused to mount segment %s: %s (%s)", c->seg_name,
-                      kvp_strerror(st), mr->message);
+        KVP_LOG_ERROR("master refused to mount segment %s: %s (%s)", c->seg_name, kvp_strerror(st),
+                      mr->message);
     }
     kvpool__mount_response__free_unpacked(mr, NULL);
     return st;
@@ -313,8 +312,7 @@ static kvp_status_t segment_create(kvp_client_t *c)
     if (base == MAP_FAILED)
         return kvp_status_from_errno(errno);
     c->seg_base = base;
-    snprintf(c->seg_shm_path, sizeof(c->seg_shm_path), "/proc/%d/fd/%d", (int)getpid(),
-             c->seg_fd);
+    snprintf(c->seg_shm_path, sizeof(c->seg_shm_path), "/proc/%d/fd/%d", (int)getpid(), c->seg_fd);
     const char *host = c->params.data_host ? c->params.data_host : "127.0.0.1";
     uint16_t port;
     kvp_status_t st = kvp_segment_server_create(base, c->seg_size, host, c->params.data_port,
@@ -612,9 +610,9 @@ fail:
 
 /* ---------------- put ---------------- */
 
-kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys,
-                                const void *const *bufs, const size_t *sizes, size_t n,
-                                const kvp_put_config_t *config, kvp_status_t *results)
+kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const void *const *bufs,
+                                const size_t *sizes, size_t n, const kvp_put_config_t *config,
+                                kvp_status_t *results)
 {
     if (c == NULL || keys == NULL || bufs == NULL || sizes == NULL || results == NULL ||
         n > KVP_MAX_BATCH)
@@ -725,8 +723,8 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys,
             size_t j = op_key[q];
             if (ops[q].status != KVP_OK && st[idx[j]] == KVP_OK) {
                 st[idx[j]] = ops[q].status;
-                KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]], ops[q].peer->name,
-                             kvp_strerror(ops[q].status));
+                KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]],
+                             ops[q].peer->name, kvp_strerror(ops[q].status));
             }
             if (ops[q].want_crc)
                 crcs[j] = ops[q].crc;
@@ -828,7 +826,7 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
     size_t *idx = malloc(n * sizeof(*idx));
     kvp_xfer_op_t *ops = NULL;
     size_t *op_key = NULL;
-    size_t (*order)[8] = NULL;
+    size_t(*order)[8] = NULL;
     unsigned *tried = NULL;
     Kvpool__GetReplicaListResponse *gr = NULL;
     kvp_status_t rc = KVP_ERR_NOMEM;
@@ -911,8 +909,8 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                 size_t j = op_key[q];
                 kvp_status_t s = ops[q].status;
                 if (s == KVP_OK && ops[q].want_crc && ops[q].crc != gr->results[j]->crc32c) {
-                    KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s",
-                                 keys[idx[j]], ops[q].peer->name);
+                    KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[idx[j]],
+                                 ops[q].peer->name);
                     s = KVP_ERR_CHECKSUM;
                 } else if (s != KVP_OK) {
                     KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[idx[j]],
@@ -994,8 +992,8 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
     return rc;
 }
 
-kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t n,
-                                int *results, size_t *prefix_len_p)
+kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t n, int *results,
+                                size_t *prefix_len_p)
 {
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;

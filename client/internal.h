@@ -36,7 +36,7 @@ typedef struct kvp_data_resp {
     uint32_t magic;
     int32_t status;
     uint64_t length; /* READ: payload bytes that follow when status == 0 */
-} kvp_data_resp_t; /* 16 bytes */
+} kvp_data_resp_t;   /* 16 bytes */
 
 _Static_assert(sizeof(kvp_data_req_t) == 32, "data request header is 32 bytes");
 _Static_assert(sizeof(kvp_data_resp_t) == 16, "data response header is 16 bytes");
@@ -48,13 +48,13 @@ typedef struct kvp_peer {
     uint64_t size;
     uint64_t owner_client_id;
     char name[256];
-    char endpoint[256];      /* tcp host:port */
+    char endpoint[256]; /* tcp host:port */
     char host_id[128];
     char shm_path[128];
     /* shm mapping, set up once under the peer table lock */
     void *shm_base;
     bool shm_tried;
-    bool shm_own;            /* our own segment: memory not unmapped here */
+    bool shm_own; /* our own segment: memory not unmapped here */
     bool gone;
 } kvp_peer_t;
 
@@ -71,10 +71,10 @@ typedef struct kvp_xfer_op {
     void *local;
     uint64_t offset;
     uint64_t length;
-    kvp_peer_t *peer;         /* borrowed for the call */
-    bool want_crc;            /* compute crc of the bytes moved into `crc` */
-    uint32_t crc;             /* out */
-    kvp_status_t status;      /* out */
+    kvp_peer_t *peer;    /* borrowed for the call */
+    bool want_crc;       /* compute crc of the bytes moved into `crc` */
+    uint32_t crc;        /* out */
+    kvp_status_t status; /* out */
 } kvp_xfer_op_t;
 
 typedef enum kvp_transport_id {
@@ -125,9 +125,8 @@ typedef struct kvp_segment_server kvp_segment_server_t;
  * Start serving [base, base+size) as segment `segment_id` (set later with
  * kvp_segment_server_set_id once the master assigned it) on host:port.
  */
-kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host,
-                                       uint16_t port, kvp_segment_server_t **srv_p,
-                                       uint16_t *bound_port_p);
+kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host, uint16_t port,
+                                       kvp_segment_server_t **srv_p, uint16_t *bound_port_p);
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
 void kvp_segment_server_destroy(kvp_segment_server_t *srv);
 

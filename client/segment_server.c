@@ -61,10 +61,9 @@ static void *conn_main(void *arg)
         kvp_data_req_t req;
         if (kvp_recv_all(c->fd, &req, sizeof(req)) != KVP_OK)
             break;
-        if (req.magic != KVP_DATA_MAGIC ||
-            (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
-            KVP_LOG_WARN("segment server: bad request header (magic %#x op %u); closing",
-                         req.magic, req.op);
+        if (req.magic != KVP_DATA_MAGIC || (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
+            KVP_LOG_WARN("segment server: bad request header (magic %#x op %u); closing", req.magic,
+                         req.op);
             break;
         }
         kvp_status_t st = KVP_OK;
@@ -163,9 +162,8 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host,
-                                       uint16_t port, kvp_segment_server_t **srv_p,
-                                       uint16_t *bound_port_p)
+kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host, uint16_t port,
+                                       kvp_segment_server_t **srv_p, uint16_t *bound_port_p)
 {
     struct kvp_segment_server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)

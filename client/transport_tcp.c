@@ -57,27 +57,27 @@ typedef struct tcp_ctx {
 
 typedef struct slice {
     kvp_xfer_op_t *op;
-    uint64_t off;           /* within the op */
+    uint64_t off; /* within the op */
     uint64_t len;
     kvp_data_req_t hdr;
 } slice_t;
 
 typedef struct group {
     tcp_pool_t *pool;
-    slice_t **slices;       /* this group's slices, in order */
-    size_t n, next;         /* next: first unassigned */
-    unsigned live;          /* live connections */
+    slice_t **slices; /* this group's slices, in order */
+    size_t n, next;   /* next: first unassigned */
+    unsigned live;    /* live connections */
 } group_t;
 
 typedef struct xconn {
     int fd;
     group_t *g;
     slice_t *ring[PIPE_DEPTH];
-    unsigned head, count;   /* ring[head] is the oldest in flight */
-    unsigned sent;          /* how many of the ring are fully sent */
-    uint64_t send_off;      /* bytes of ring[head+sent] already sent (header+payload) */
+    unsigned head, count; /* ring[head] is the oldest in flight */
+    unsigned sent;        /* how many of the ring are fully sent */
+    uint64_t send_off;    /* bytes of ring[head+sent] already sent (header+payload) */
     kvp_data_resp_t resp;
-    uint64_t recv_off;      /* bytes of the oldest slice's response received */
+    uint64_t recv_off; /* bytes of the oldest slice's response received */
     bool dead;
 } xconn_t;
 
@@ -346,9 +346,11 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             s->op = op;
             s->off = off;
             s->len = KVP_MIN(slice_len, op->length - off);
-            s->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC, .op = (uint16_t)op->kind,
+            s->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC,
+                                      .op = (uint16_t)op->kind,
                                       .segment_id = op->peer->segment_id,
-                                      .offset = op->offset + off, .length = s->len};
+                                      .offset = op->offset + off,
+                                      .length = s->len};
             groups[g].n++;
         }
     }
@@ -391,8 +393,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             n_conns++;
         }
         if (groups[g].live == 0) {
-            KVP_LOG_WARN("tcp: cannot reach %s: %s", groups[g].pool->endpoint,
-                         kvp_strerror(last));
+            KVP_LOG_WARN("tcp: cannot reach %s: %s", groups[g].pool->endpoint, kvp_strerror(last));
             for (; groups[g].next < groups[g].n; groups[g].next++)
                 slice_fail(groups[g].slices[groups[g].next], last);
         }
@@ -410,8 +411,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
                 continue;
             }
             pfds[c].fd = x->fd;
-            pfds[c].events = (short)((x->sent > 0 ? POLLIN : 0) |
-                                     (x->sent < x->count ? POLLOUT : 0));
+            pfds[c].events =
+                (short)((x->sent > 0 ? POLLIN : 0) | (x->sent < x->count ? POLLOUT : 0));
             pfds[c].revents = 0;
             np++;
         }

@@ -58,7 +58,7 @@ void kvp_log_write(kvp_log_level_t level, const char *file, int line, const char
     struct tm tm;
     gmtime_r(&ts.tv_sec, &tm);
     const char *base = strrchr(file, '/');
-    fprintf(stderr, "%02d:%02d:%02d.%03ld %s %-5s %s (%s:%d)\n", tm.tm_hour, tm.tm_min,
-            tm.tm_sec, ts.tv_nsec / 1000000, log_component, level_names[level], msg,
-            base ? base + 1 : file, line);
+    fprintf(stderr, "%02d:%02d:%02d.%03ld %s %-5s %s (%s:%d)\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
+            ts.tv_nsec / 1000000, log_component, level_names[level], msg, base ? base + 1 : file,
+            line);
 }

@@ -102,8 +102,8 @@ kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const vo
     if (body_len > KVP_RPC_MAX_BODY)
         return KVP_ERR_FRAME_TOO_LARGE;
     uint8_t hb[KVP_RPC_HDR_LEN];
-    kvp_rpc_hdr_t hdr = {.method = method, .request_id = request_id,
-                         .body_len = (uint32_t)body_len};
+    kvp_rpc_hdr_t hdr = {
+        .method = method, .request_id = request_id, .body_len = (uint32_t)body_len};
     kvp_rpc_hdr_pack(&hdr, hb);
     struct iovec iov[2] = {{.iov_base = hb, .iov_len = sizeof(hb)},
                            {.iov_base = (void *)body, .iov_len = body_len}};
@@ -140,7 +140,8 @@ kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const vo
             KVP_LOG_WARN("master refused request (method %u): %s", method,
                          rb ? (char *)rb : kvp_strerror(rh.status));
             free(rb);
-            return rh.status < KVP_STATUS_MIN || rh.status > 0 ? KVP_ERR_PROTOCOL : (kvp_status_t)rh.status;
+            return rh.status < KVP_STATUS_MIN || rh.status > 0 ? KVP_ERR_PROTOCOL
+                                                               : (kvp_status_t)rh.status;
         }
         if (rh.method != (method | KVP_RPC_RESPONSE_BIT)) {
             free(rb);

@@ -98,8 +98,7 @@ kvp_status_t kvp_parse_hostport(const char *text, char *host, size_t host_len, u
     return KVP_OK;
 }
 
-static kvp_status_t resolve(const char *host, uint16_t port, int passive,
-                            struct addrinfo **res_p)
+static kvp_status_t resolve(const char *host, uint16_t port, int passive, struct addrinfo **res_p)
 {
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     if (passive)

@@ -8,6 +8,7 @@ PKGS=(
   protobuf-c-compiler libprotobuf-c-dev
   libjemalloc-dev libcmocka-dev libxxhash-dev
   libcurl4-openssl-dev libibverbs-dev librdmacm-dev
+  clang-format
 )
 
 missing=()

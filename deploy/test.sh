@@ -38,6 +38,17 @@ run_suite() { # builddir, setup args...
   if [ "$rc" -ne 0 ] && [ "${fail:-0}" = 0 ] && [ "${to:-0}" = 0 ]; then failed=$((failed+1)); fi
 }
 
+# Formatting (.clang-format) is part of the tests: one more check, counted like a test.
+if command -v clang-format >/dev/null && git rev-parse --git-dir >/dev/null 2>&1; then
+  if git ls-files -z '*.c' '*.h' | xargs -0 clang-format --dry-run --Werror 2>"format.log"; then
+    echo "format: OK"; passed=$((passed+1))
+  else
+    head -40 format.log; echo "format: FAIL (run: clang-format -i \$(git ls-files '*.c' '*.h'))"
+    failed=$((failed+1)); rc_all=1
+  fi
+  rm -f format.log
+fi
+
 run_suite build
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0

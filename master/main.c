@@ -21,14 +21,13 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvpool-master [options]\n"
-            "  --listen HOST:PORT   control-plane address (default " DEFAULT_LISTEN ";\n"
-            "                       port 0 picks a free port)\n"
-            "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
-            "                       listening, then close it\n"
-            "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
-            "  --version, --help\n");
+    fprintf(f, "usage: kvpool-master [options]\n"
+               "  --listen HOST:PORT   control-plane address (default " DEFAULT_LISTEN ";\n"
+               "                       port 0 picks a free port)\n"
+               "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
+               "                       listening, then close it\n"
+               "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
+               "  --version, --help\n");
 }
 
 int main(int argc, char **argv)
@@ -40,12 +39,9 @@ int main(int argc, char **argv)
     kvp_log_init_from_env();
 
     static const struct option opts[] = {
-        {"listen", required_argument, NULL, 'l'},
-        {"ready-fd", required_argument, NULL, 'r'},
-        {"log-level", required_argument, NULL, 'v'},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
+        {"listen", required_argument, NULL, 'l'},    {"ready-fd", required_argument, NULL, 'r'},
+        {"log-level", required_argument, NULL, 'v'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},         {NULL, 0, NULL, 0},
     };
     int opt;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {

@@ -39,15 +39,15 @@ typedef struct kvp_segment {
     char *shm_path;
     uint64_t size;
     uint64_t owner_client_id;
-    uint64_t owner_conn_id;   /* connection that mounted it; its close unmounts it */
-    uint64_t objects;         /* replicas stored here */
+    uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
+    uint64_t objects;       /* replicas stored here */
     kvp_offset_alloc_t *alloc;
 } kvp_segment_t;
 
 typedef struct kvp_replica {
     uint64_t segment_id;
     uint64_t offset;
-    uint32_t handle;          /* offset allocator handle */
+    uint32_t handle; /* offset allocator handle */
 } kvp_replica_t;
 
 /*
@@ -55,17 +55,17 @@ typedef struct kvp_replica {
  * data = kvp_replica_t[n_replicas] then key bytes (not NUL-terminated).
  */
 typedef struct kvp_object {
-    struct kvp_object *hnext;   /* hash chain */
-    struct kvp_object *lprev;   /* pending list (PENDING objects only) */
+    struct kvp_object *hnext; /* hash chain */
+    struct kvp_object *lprev; /* pending list (PENDING objects only) */
     struct kvp_object *lnext;
     uint64_t hash;
     uint64_t size;
-    uint64_t writer_conn_id;    /* PENDING: connection that started the put */
+    uint64_t writer_conn_id; /* PENDING: connection that started the put */
     uint32_t crc32c;
     uint8_t state;
     uint8_t n_replicas;
     uint16_t key_len;
-    kvp_replica_t replicas[];   /* followed by key bytes */
+    kvp_replica_t replicas[]; /* followed by key bytes */
 } kvp_object_t;
 
 static inline const char *kvp_object_key(const kvp_object_t *obj)
@@ -79,7 +79,7 @@ typedef struct kvp_segment_table {
     uint32_t *gens;
     uint32_t n_slots;
     uint32_t count;
-    uint64_t capacity;          /* sum of sizes */
+    uint64_t capacity; /* sum of sizes */
 } kvp_segment_table_t;
 
 void kvp_segment_table_init(kvp_segment_table_t *table);
@@ -132,7 +132,7 @@ void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb
 typedef struct kvp_placement_req {
     uint64_t size;
     unsigned replica_num;
-    const kvp_segment_t *preferred;   /* may be NULL */
+    const kvp_segment_t *preferred; /* may be NULL */
 } kvp_placement_req_t;
 
 /*

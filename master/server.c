@@ -40,9 +40,9 @@ typedef struct conn {
     size_t in_len, in_cap;
     uint8_t *out;
     size_t out_len, out_off, out_cap;
-    bool want_out;       /* EPOLLOUT armed */
-    bool close_after;    /* close once the output queue is flushed */
-    struct conn *next;   /* all connections, for shutdown */
+    bool want_out;     /* EPOLLOUT armed */
+    bool close_after;  /* close once the output queue is flushed */
+    struct conn *next; /* all connections, for shutdown */
     struct conn *prev;
 } conn_t;
 
@@ -105,8 +105,8 @@ static bool queue_frame(conn_t *c, uint16_t method, uint64_t req_id, int32_t sta
 {
     if (!out_reserve(c, KVP_RPC_HDR_LEN + len))
         return false;
-    kvp_rpc_hdr_t h = {.method = method, .request_id = req_id, .body_len = (uint32_t)len,
-                       .status = status};
+    kvp_rpc_hdr_t h = {
+        .method = method, .request_id = req_id, .body_len = (uint32_t)len, .status = status};
     kvp_rpc_hdr_pack(&h, c->out + c->out_len);
     if (len)
         memcpy(c->out + c->out_len + KVP_RPC_HDR_LEN, body, len);
@@ -158,8 +158,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
     while (!c->close_after) {
         kvp_rpc_hdr_t h;
         size_t flen;
-        kvp_status_t s = kvp_rpc_frame_scan(c->in + off, c->in_len - off, KVP_RPC_MAX_BODY, &h,
-                                            &flen);
+        kvp_status_t s =
+            kvp_rpc_frame_scan(c->in + off, c->in_len - off, KVP_RPC_MAX_BODY, &h, &flen);
         if (s == KVP_ERR_PENDING) {
             /* The buffer grows as bytes arrive (on_readable), not from what a header
              * announces: a peer that sends a header and stalls pins no memory. */
@@ -172,9 +172,10 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         }
         if (s != KVP_OK) {
             char msg[128];
-            snprintf(msg, sizeof(msg), "%s (version %u, body %u bytes; this master speaks "
-                     "version %u, at most %u bytes)", kvp_strerror(s), h.version, h.body_len,
-                     KVP_RPC_VERSION, KVP_RPC_MAX_BODY);
+            snprintf(msg, sizeof(msg),
+                     "%s (version %u, body %u bytes; this master speaks "
+                     "version %u, at most %u bytes)",
+                     kvp_strerror(s), h.version, h.body_len, KVP_RPC_VERSION, KVP_RPC_MAX_BODY);
             KVP_LOG_WARN("connection %llu: %s; closing", (unsigned long long)c->id, msg);
             reply_error(c, &h, s, msg);
             c->close_after = true;
@@ -191,8 +192,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                                    h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
         }
         if (s == KVP_OK)
-            ok = queue_frame(c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0,
-                             resp, rlen);
+            ok = queue_frame(c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0, resp,
+                             rlen);
         else
             reply_error(c, &h, s, errmsg);
         free(resp);
@@ -288,8 +289,8 @@ static void on_accept(kvp_master_server_t *srv)
     }
 }
 
-kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
-                                      kvp_master_server_t **srv_p, uint16_t *bound_port_p)
+kvp_status_t kvp_master_server_create(const char *host, uint16_t port, kvp_master_server_t **srv_p,
+                                      uint16_t *bound_port_p)
 {
     kvp_master_server_t *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)

@@ -176,12 +176,14 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
     kvp_status_t status = KVP_ERR_INVALID_ARG;
     char host[256];
     uint16_t port;
-    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->name[0] == '\0' || strlen(d->name) > 255 ||
-        strcmp(d->medium, "dram") != 0 || d->host_id[0] == '\0' ||
+    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->name[0] == '\0' ||
+        strlen(d->name) > 255 || strcmp(d->medium, "dram") != 0 || d->host_id[0] == '\0' ||
         kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK) {
         snprintf(msg, sizeof(msg),
-                 "mount needs a size of at least %u bytes, a name of 1..255 bytes, medium \"dram\", a host id "
-                 "and a tcp endpoint host:port", KVP_SEGMENT_MIN_SIZE);
+                 "mount needs a size of at least %u bytes, a name of 1..255 bytes, medium "
+                 "\"dram\", a host id "
+                 "and a tcp endpoint host:port",
+                 KVP_SEGMENT_MIN_SIZE);
         goto out;
     }
     if (kvp_segment_table_find_name(&st->segments, d->name) != NULL) {
@@ -216,8 +218,7 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
     }
     resp.segment_id = seg->id;
     KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s)", seg->name,
-                 (unsigned long long)seg->id, (unsigned long long)seg->size,
-                 seg->tcp_endpoint);
+                 (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint);
 out:
     resp.status = status;
     resp.message = msg;
@@ -259,8 +260,8 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg)
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
     if (seg->objects > 0)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
-    KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica",
-                 seg->name, (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
+    KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
+                 (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
     kvp_segment_table_remove(&st->segments, seg);
     return ctx.dropped;
 }
@@ -285,9 +286,8 @@ static kvp_status_t do_unmount(kvp_master_state_t *st, uint64_t conn_id, const u
 }
 
 static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
-                                  const ProtobufCBinaryData *key,
-                                  uint64_t size, const kvp_placement_req_t *preq,
-                                  kvp_object_t **obj_p)
+                                  const ProtobufCBinaryData *key, uint64_t size,
+                                  const kvp_placement_req_t *preq, kvp_object_t **obj_p)
 {
     kvp_object_t *obj;
     uint64_t hash;
@@ -434,8 +434,8 @@ typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
                                     const Kvpool__PutEndRequest *end, size_t i, bool force);
 
 static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
-                         const ProtobufCBinaryData *key,
-                               const Kvpool__PutEndRequest *end, size_t i, bool force)
+                               const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                               size_t i, bool force)
 {
     (void)force;
     kvp_object_t *obj;
@@ -454,8 +454,8 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
-                         const ProtobufCBinaryData *key,
-                                  const Kvpool__PutEndRequest *end, size_t i, bool force)
+                                  const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                                  size_t i, bool force)
 {
     (void)end, (void)i, (void)force;
     kvp_object_t *obj;
@@ -474,8 +474,8 @@ static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
-                         const ProtobufCBinaryData *key,
-                              const Kvpool__PutEndRequest *end, size_t i, bool force)
+                              const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                              size_t i, bool force)
 {
     (void)conn_id, (void)end, (void)i, (void)force;
     kvp_object_t *obj;
@@ -492,8 +492,8 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
-                         const ProtobufCBinaryData *key,
-                             const Kvpool__PutEndRequest *end, size_t i, bool force)
+                             const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                             size_t i, bool force)
 {
     (void)conn_id, (void)end, (void)i, (void)force;
     kvp_object_t *obj;
@@ -505,8 +505,7 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
 
 /* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one packer. */
 static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t method,
-                            const uint8_t *body, size_t len, uint8_t **resp_p,
-                            size_t *resp_len_p)
+                            const uint8_t *body, size_t len, uint8_t **resp_p, size_t *resp_len_p)
 {
     ProtobufCBinaryData *keys;
     size_t n_keys;

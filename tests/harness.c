@@ -85,17 +85,30 @@ bool kvp_proc_start(kvp_proc_t *p, char *const argv[], int timeout_ms)
 
 bool kvp_start_master(kvp_proc_t *p)
 {
-    char *argv[] = {(char *)kvp_test_master_bin(), "--listen", "127.0.0.1:0", "--ready-fd", "3",
-                    "--log-level", "warn", NULL};
+    char *argv[] = {(char *)kvp_test_master_bin(),
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--ready-fd",
+                    "3",
+                    "--log-level",
+                    "warn",
+                    NULL};
     return kvp_proc_start(p, argv, 10000);
 }
 
-bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size,
-                       const char *transport)
+bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size, const char *transport)
 {
-    char *argv[] = {(char *)kvp_test_cli_bin(), "--master", (char *)master, "--transport",
-                    (char *)(transport ? transport : "auto"), "serve", "--segment-size",
-                    (char *)size, "--ready-fd", "3", NULL};
+    char *argv[] = {(char *)kvp_test_cli_bin(),
+                    "--master",
+                    (char *)master,
+                    "--transport",
+                    (char *)(transport ? transport : "auto"),
+                    "serve",
+                    "--segment-size",
+                    (char *)size,
+                    "--ready-fd",
+                    "3",
+                    NULL};
     return kvp_proc_start(p, argv, 10000);
 }
 
@@ -150,8 +163,7 @@ void kvp_proc_kill9(kvp_proc_t *p)
     p->pid = 0;
 }
 
-int kvp_run(char *const argv[], const char *stdin_path, char *out, size_t out_len,
-            int timeout_ms)
+int kvp_run(char *const argv[], const char *stdin_path, char *out, size_t out_len, int timeout_ms)
 {
     int opipe[2] = {-1, -1};
     if (out != NULL && pipe2(opipe, O_CLOEXEC) != 0)

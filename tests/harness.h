@@ -13,7 +13,7 @@
 
 typedef struct kvp_proc {
     pid_t pid;
-    char ready[512];   /* the line the child wrote to its ready fd, without newline */
+    char ready[512]; /* the line the child wrote to its ready fd, without newline */
 } kvp_proc_t;
 
 /* Path of the master / CLI binaries, from $KVPOOL_MASTER_BIN / $KVPOOL_CLI_BIN. */
@@ -31,8 +31,7 @@ bool kvp_proc_start(kvp_proc_t *p, char *const argv[], int timeout_ms);
 bool kvp_start_master(kvp_proc_t *p);
 
 /* Start `kvpool serve` with a segment; p->ready holds the segment name. */
-bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size,
-                       const char *transport);
+bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size, const char *transport);
 
 /*
  * SIGTERM (or `sig`) the child and reap it, waiting up to timeout_ms then
@@ -45,8 +44,7 @@ int kvp_proc_stop(kvp_proc_t *p, int sig, int timeout_ms);
 void kvp_proc_kill9(kvp_proc_t *p);
 
 /* Run a command to completion with optional stdin file and stdout capture. */
-int kvp_run(char *const argv[], const char *stdin_path, char *out, size_t out_len,
-            int timeout_ms);
+int kvp_run(char *const argv[], const char *stdin_path, char *out, size_t out_len, int timeout_ms);
 
 /* Resident set size of a process in KiB, and its open fd count. */
 long kvp_proc_rss_kib(pid_t pid);

@@ -38,18 +38,18 @@ typedef struct kvp_client kvp_client_t;
  * you need. `size` lets the struct grow without breaking callers.
  */
 typedef struct kvp_client_params {
-    size_t size;                /* sizeof(kvp_client_params_t), set by _init */
-    const char *master_addr;    /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
-    uint64_t segment_size;      /* bytes of DRAM to mount and serve; 0: mount nothing */
-    const char *transport;      /* "auto" | "tcp" | "shm"; NULL: $KVPOOL_TRANSPORT, else auto */
-    const char *data_host;      /* address the segment's data server binds and advertises;
-                                   NULL: 127.0.0.1 */
-    uint16_t data_port;         /* data server port; 0: any free port */
-    const char *segment_name;   /* name of the mounted segment; NULL: "<data_host>:<port>" */
-    uint32_t tcp_streams;       /* tcp connections used in parallel per peer per batch; 0: 2 */
-    uint64_t tcp_slice_bytes;   /* tcp stripe size for large objects; 0: 1 MiB */
-    uint32_t rpc_timeout_ms;    /* master RPC and data transfer timeout; 0: 10000 */
-    uint32_t verify_crc;        /* check CRC32C on every get; 1 by default */
+    size_t size;              /* sizeof(kvp_client_params_t), set by _init */
+    const char *master_addr;  /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
+    uint64_t segment_size;    /* bytes of DRAM to mount and serve; 0: mount nothing */
+    const char *transport;    /* "auto" | "tcp" | "shm"; NULL: $KVPOOL_TRANSPORT, else auto */
+    const char *data_host;    /* address the segment's data server binds and advertises;
+                                 NULL: 127.0.0.1 */
+    uint16_t data_port;       /* data server port; 0: any free port */
+    const char *segment_name; /* name of the mounted segment; NULL: "<data_host>:<port>" */
+    uint32_t tcp_streams;     /* tcp connections used in parallel per peer per batch; 0: 2 */
+    uint64_t tcp_slice_bytes; /* tcp stripe size for large objects; 0: 1 MiB */
+    uint32_t rpc_timeout_ms;  /* master RPC and data transfer timeout; 0: 10000 */
+    uint32_t verify_crc;      /* check CRC32C on every get; 1 by default */
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -84,11 +84,11 @@ kvp_status_t kvp_unregister_buffer(kvp_client_t *client, void *addr);
 
 /* Where replicas go. Initialise with kvp_put_config_init(). */
 typedef struct kvp_put_config {
-    size_t size;                    /* sizeof(kvp_put_config_t) */
-    uint32_t replica_num;           /* extents on distinct segments; default 1 */
-    const char *preferred_segment;  /* segment name to place the first replica on, if it has
-                                       room; KVP_SEGMENT_LOCAL: this client's own segment;
-                                       NULL: placement by free space (weighted random) */
+    size_t size;                   /* sizeof(kvp_put_config_t) */
+    uint32_t replica_num;          /* extents on distinct segments; default 1 */
+    const char *preferred_segment; /* segment name to place the first replica on, if it has
+                                      room; KVP_SEGMENT_LOCAL: this client's own segment;
+                                      NULL: placement by free space (weighted random) */
 } kvp_put_config_t;
 
 #define KVP_SEGMENT_LOCAL "@local"
@@ -129,9 +129,8 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *client, const char *const *keys,
  * Batch get: keys[i] into bufs[i] of capacity caps[i]. results[i] receives
  * the object's size or a negative status. Returns as kvp_batch_put_from.
  */
-kvp_status_t kvp_batch_get_into(kvp_client_t *client, const char *const *keys,
-                                void *const *bufs, const size_t *caps, size_t n,
-                                int64_t *results);
+kvp_status_t kvp_batch_get_into(kvp_client_t *client, const char *const *keys, void *const *bufs,
+                                const size_t *caps, size_t n, int64_t *results);
 
 /*
  * Which keys exist (complete objects; PENDING ones do not count). results[i]:
@@ -160,18 +159,18 @@ int64_t kvp_get_size(kvp_client_t *client, const char *key);
 typedef struct kvp_segment_info {
     uint64_t id;
     char name[256];
-    char medium[16];        /* "dram" */
-    char endpoint[256];     /* tcp data server "host:port" */
+    char medium[16];    /* "dram" */
+    char endpoint[256]; /* tcp data server "host:port" */
     uint64_t size;
     uint64_t used;
-    uint64_t objects;       /* replicas stored in the segment */
+    uint64_t objects; /* replicas stored in the segment */
 } kvp_segment_info_t;
 
 typedef struct kvp_pool_stat {
-    uint64_t capacity;      /* sum of segment sizes */
-    uint64_t used;          /* bytes allocated (complete + pending) */
-    uint64_t objects;       /* complete objects */
-    uint64_t pending;       /* objects being written */
+    uint64_t capacity; /* sum of segment sizes */
+    uint64_t used;     /* bytes allocated (complete + pending) */
+    uint64_t objects;  /* complete objects */
+    uint64_t pending;  /* objects being written */
     size_t n_segments;
     kvp_segment_info_t *segments;
 } kvp_pool_stat_t;

@@ -10,34 +10,34 @@
 #include <stdint.h>
 
 /* X(name, value, message) */
-#define KVP_STATUS_LIST(X)                                                                          \
-    X(KVP_OK, 0, "success")                                                                         \
-    X(KVP_ERR_INVALID_ARG, -1, "invalid argument")                                                  \
-    X(KVP_ERR_NOMEM, -2, "out of memory")                                                           \
-    X(KVP_ERR_NOT_FOUND, -3, "key not found")                                                       \
-    X(KVP_ERR_EXISTS, -4, "key already exists")                                                     \
+#define KVP_STATUS_LIST(X)                                                                         \
+    X(KVP_OK, 0, "success")                                                                        \
+    X(KVP_ERR_INVALID_ARG, -1, "invalid argument")                                                 \
+    X(KVP_ERR_NOMEM, -2, "out of memory")                                                          \
+    X(KVP_ERR_NOT_FOUND, -3, "key not found")                                                      \
+    X(KVP_ERR_EXISTS, -4, "key already exists")                                                    \
     X(KVP_ERR_POOL_FULL, -5, "pool full: no segment has room for the object")                      \
-    X(KVP_ERR_TOO_LARGE, -6, "object larger than any mounted segment")                              \
-    X(KVP_ERR_NO_SEGMENT, -7, "no segment mounted in the pool")                                     \
-    X(KVP_ERR_BUFFER_TOO_SMALL, -8, "destination buffer smaller than the object")                   \
-    X(KVP_ERR_CHECKSUM, -9, "checksum mismatch: the bytes read are not the bytes written")          \
+    X(KVP_ERR_TOO_LARGE, -6, "object larger than any mounted segment")                             \
+    X(KVP_ERR_NO_SEGMENT, -7, "no segment mounted in the pool")                                    \
+    X(KVP_ERR_BUFFER_TOO_SMALL, -8, "destination buffer smaller than the object")                  \
+    X(KVP_ERR_CHECKSUM, -9, "checksum mismatch: the bytes read are not the bytes written")         \
     X(KVP_ERR_BAD_KEY, -10, "invalid key: must be 1..4096 bytes of UTF-8 with no NUL")             \
     X(KVP_ERR_PENDING, -11, "object is being written (PENDING)")                                   \
-    X(KVP_ERR_NOT_PENDING, -12, "object is not PENDING")                                            \
-    X(KVP_ERR_CONNECT, -13, "cannot connect to peer")                                               \
-    X(KVP_ERR_IO, -14, "I/O error on connection")                                                   \
-    X(KVP_ERR_TIMEOUT, -15, "operation timed out")                                                  \
+    X(KVP_ERR_NOT_PENDING, -12, "object is not PENDING")                                           \
+    X(KVP_ERR_CONNECT, -13, "cannot connect to peer")                                              \
+    X(KVP_ERR_IO, -14, "I/O error on connection")                                                  \
+    X(KVP_ERR_TIMEOUT, -15, "operation timed out")                                                 \
     X(KVP_ERR_PROTOCOL, -16, "protocol error: malformed or unexpected frame")                      \
-    X(KVP_ERR_VERSION, -17, "protocol version mismatch")                                            \
-    X(KVP_ERR_FRAME_TOO_LARGE, -18, "frame larger than the allowed maximum")                        \
-    X(KVP_ERR_SEGMENT_GONE, -19, "segment is gone (unmounted or its owner died)")                   \
-    X(KVP_ERR_OUT_OF_RANGE, -20, "extent outside the segment")                                      \
+    X(KVP_ERR_VERSION, -17, "protocol version mismatch")                                           \
+    X(KVP_ERR_FRAME_TOO_LARGE, -18, "frame larger than the allowed maximum")                       \
+    X(KVP_ERR_SEGMENT_GONE, -19, "segment is gone (unmounted or its owner died)")                  \
+    X(KVP_ERR_OUT_OF_RANGE, -20, "extent outside the segment")                                     \
     X(KVP_ERR_TRANSPORT, -21, "transport unavailable for this peer")                               \
-    X(KVP_ERR_UNKNOWN_METHOD, -22, "unknown RPC method")                                            \
-    X(KVP_ERR_TOO_MANY, -23, "batch has too many entries")                                          \
-    X(KVP_ERR_SYSTEM, -24, "system call failed")                                                    \
-    X(KVP_ERR_SHUTDOWN, -25, "shutting down")                                                       \
-    X(KVP_ERR_NOT_OWNER, -26, "caller does not own this object or segment")                         \
+    X(KVP_ERR_UNKNOWN_METHOD, -22, "unknown RPC method")                                           \
+    X(KVP_ERR_TOO_MANY, -23, "batch has too many entries")                                         \
+    X(KVP_ERR_SYSTEM, -24, "system call failed")                                                   \
+    X(KVP_ERR_SHUTDOWN, -25, "shutting down")                                                      \
+    X(KVP_ERR_NOT_OWNER, -26, "caller does not own this object or segment")                        \
     X(KVP_ERR_INTERNAL, -27, "internal error")
 
 typedef enum kvp_status {

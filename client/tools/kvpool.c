@@ -51,9 +51,9 @@
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
 typedef struct cli {
-    const char *master;     /* "host:port", already validated */
-    const char *transport;  /* NULL: library default */
-    uint32_t timeout_ms;    /* 0: library default */
+    const char *master;    /* "host:port", already validated */
+    const char *transport; /* NULL: library default */
+    uint32_t timeout_ms;   /* 0: library default */
 } cli_t;
 
 typedef struct command {
@@ -85,8 +85,8 @@ static const char global_usage[] =
     "  stat [--json]             pool capacity, usage and segments\n"
     "\n"
     "global options:\n"
-    "  --master HOST:PORT        master address (default $KVPOOL_MASTER, else "
-    KVP_CLI_DEFAULT_MASTER ")\n"
+    "  --master HOST:PORT        master address (default $KVPOOL_MASTER, "
+    "else " KVP_CLI_DEFAULT_MASTER ")\n"
     "  --transport T             data transport: auto, tcp or shm (default auto)\n"
     "  --timeout-ms N            master RPC and transfer timeout\n"
     "  -h, --help, --version\n"
@@ -730,8 +730,8 @@ static void stat_print_table(const kvp_pool_stat_t *st)
         wmed = KVP_MAX(wmed, (int)strnlen(s->medium, sizeof(s->medium)));
         wend = KVP_MAX(wend, (int)strnlen(s->endpoint, sizeof(s->endpoint)));
     }
-    printf("\n%-*s  %-*s  %-*s  %10s  %10s  %s\n", wname, "NAME", wmed, "MEDIUM", wend,
-           "ENDPOINT", "SIZE", "USED", "OBJECTS");
+    printf("\n%-*s  %-*s  %-*s  %10s  %10s  %s\n", wname, "NAME", wmed, "MEDIUM", wend, "ENDPOINT",
+           "SIZE", "USED", "OBJECTS");
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
         printf("%-*.*s  %-*.*s  %-*.*s  %10s  %10s  %" PRIu64 "\n", wname, wname, s->name, wmed,
@@ -784,8 +784,9 @@ static int cmd_stat(const cli_t *cli, const command_t *cmd, int argc, char **arg
 /* ---- main --------------------------------------------------------------- */
 
 static const command_t commands[] = {
-    {"serve", "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
-              "[--ready-fd N]",
+    {"serve",
+     "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
+     "[--ready-fd N]",
      cmd_serve},
     {"put", "[--replicas N] [--prefer SEGMENT] KEY FILE|-", cmd_put},
     {"get", "KEY [FILE|-]", cmd_get},
@@ -797,12 +798,9 @@ static const command_t commands[] = {
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"master", required_argument, NULL, 'm'},
-        {"transport", required_argument, NULL, 't'},
-        {"timeout-ms", required_argument, NULL, 'T'},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
+        {"master", required_argument, NULL, 'm'},     {"transport", required_argument, NULL, 't'},
+        {"timeout-ms", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},          {NULL, 0, NULL, 0},
     };
     cli_t cli = {0};
     const char *master_from = "--master";
@@ -819,14 +817,12 @@ int main(int argc, char **argv)
         case 't':
             if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "tcp") != 0 &&
                 strcmp(optarg, "shm") != 0)
-                return usage_error(NULL, "--transport must be auto, tcp or shm, got '%s'",
-                                   optarg);
+                return usage_error(NULL, "--transport must be auto, tcp or shm, got '%s'", optarg);
             cli.transport = optarg;
             break;
         case 'T':
             if (!parse_uint(optarg, UINT32_MAX, &v) || v == 0)
-                return usage_error(NULL, "--timeout-ms needs milliseconds >= 1, got '%s'",
-                                   optarg);
+                return usage_error(NULL, "--timeout-ms needs milliseconds >= 1, got '%s'", optarg);
             cli.timeout_ms = (uint32_t)v;
             break;
         case 'h':

@@ -74,7 +74,7 @@ typedef struct env {
     kvp_proc_t master;
     kvp_proc_t seg;
     kvp_client_t *client;
-    int master_fds;  /* the master's fd count with only the segment and client connected */
+    int master_fds; /* the master's fd count with only the segment and client connected */
     int round;
 } env_t;
 
@@ -397,8 +397,7 @@ static void test_bad_version(void **state)
         rpc_hdr(h, RPC_MAGIC, versions[i], M_PING, 0x1122334455667788ull + i, 0);
         int fd = connect_to(e->master.ready);
         send_bytes(fd, h, sizeof(h));
-        expect_error_frame(fd, M_PING, 0x1122334455667788ull + i, KVP_ERR_VERSION,
-                           "bad version");
+        expect_error_frame(fd, M_PING, 0x1122334455667788ull + i, KVP_ERR_VERSION, "bad version");
         expect_closed(fd, IO_TIMEOUT_MS, "after bad version");
         close(fd);
         round_trip(e);
@@ -446,8 +445,7 @@ static void test_frame_too_large(void **state)
         fail_msg("master RSS grew from %ld to %ld KiB", rss0, rss1);
     long peak1 = proc_status_kib(e->master.pid, "VmPeak:");
     if (peak1 - peak0 > 256 * 1024)
-        fail_msg("master VmPeak grew from %ld to %ld KiB: a huge body was allocated", peak0,
-                 peak1);
+        fail_msg("master VmPeak grew from %ld to %ld KiB: a huge body was allocated", peak0, peak1);
 }
 
 static void test_truncated(void **state)
@@ -721,8 +719,8 @@ static void test_data_read_errors(void **state)
     uint8_t req[DATA_REQ];
     /* past the end; at the end; straddling the end; offset + length wrapping */
     const uint64_t bad[][2] = {
-        {v.size + 4096, 64}, {v.size, 1}, {v.size - 10, 11}, {v.size - 1, UINT64_MAX},
-        {UINT64_MAX, 2}, {0, v.size + 1},
+        {v.size + 4096, 64},      {v.size, 1},     {v.size - 10, 11},
+        {v.size - 1, UINT64_MAX}, {UINT64_MAX, 2}, {0, v.size + 1},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         data_req(req, OP_READ, v.id, bad[i][0], bad[i][1]);

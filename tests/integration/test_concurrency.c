@@ -58,10 +58,10 @@ typedef struct worker {
     env_t *e;
     pthread_t thread;
     int id;
-    int run;                       /* key namespace and pattern seeds of this run */
-    bool own_client;               /* create and destroy a client of its own */
-    pthread_barrier_t *start;      /* all workers begin at once */
-    char fail[512];                /* first failure, "" if none */
+    int run;                  /* key namespace and pattern seeds of this run */
+    bool own_client;          /* create and destroy a client of its own */
+    pthread_barrier_t *start; /* all workers begin at once */
+    char fail[512];           /* first failure, "" if none */
 } worker_t;
 
 static int setup(void **state, const char *transport)
@@ -159,11 +159,11 @@ static bool one_round(worker_t *w, kvp_client_t *c, int it, uint8_t *src[N_KEYS]
     kvp_status_t res[N_KEYS];
     for (int k = 0; k < N_KEYS; k++)
         res[k] = (kvp_status_t)1;
-    kvp_status_t st = kvp_batch_put_from(c, keys, (const void *const *)src, sizes, N_KEYS, NULL,
-                                         res);
+    kvp_status_t st =
+        kvp_batch_put_from(c, keys, (const void *const *)src, sizes, N_KEYS, NULL, res);
     if (st != KVP_OK) {
-        failf(w, "it %d: batch_put_from: %s (per key %d %d %d %d)", it, kvp_strerror(st),
-              res[0], res[1], res[2], res[3]);
+        failf(w, "it %d: batch_put_from: %s (per key %d %d %d %d)", it, kvp_strerror(st), res[0],
+              res[1], res[2], res[3]);
         return false;
     }
     for (int k = 0; k < N_KEYS; k++)
@@ -201,8 +201,8 @@ static bool one_round(worker_t *w, kvp_client_t *c, int it, uint8_t *src[N_KEYS]
             size_t at = 0;
             while (dst[k][at] == src[k][at])
                 at++;
-            failf(w, "it %d: get %s (%zu B): bytes differ from offset %zu", it, keys[k],
-                  sizes[k], at);
+            failf(w, "it %d: get %s (%zu B): bytes differ from offset %zu", it, keys[k], sizes[k],
+                  at);
             return false;
         }
         for (size_t g = 0; g < GUARD; g++)

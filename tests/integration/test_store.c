@@ -109,9 +109,8 @@ static void test_batch_sizes(void **state)
         kvp_fill_pattern(src[i], sizes[i], (uint64_t)i + 1000);
         memset(dst[i], 0xAB, sizes[i] + 16);
     }
-    assert_int_equal(kvp_batch_put_from(e->client, keys, (const void *const *)src, sizes, N, NULL,
-                                        res),
-                     KVP_OK);
+    assert_int_equal(
+        kvp_batch_put_from(e->client, keys, (const void *const *)src, sizes, N, NULL, res), KVP_OK);
     for (int i = 0; i < N; i++)
         assert_int_equal(res[i], KVP_OK);
     assert_int_equal(kvp_batch_get_into(e->client, keys, dst, caps, N, got), KVP_OK);
@@ -230,8 +229,7 @@ static void test_bad_input(void **state)
     assert_int_equal(kvp_put(e->client, key, big, sizeof(big), NULL), KVP_OK);
     char small[100];
     memset(small, 0x5A, sizeof(small));
-    assert_int_equal(kvp_get_into(e->client, key, small, sizeof(small)),
-                     KVP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(kvp_get_into(e->client, key, small, sizeof(small)), KVP_ERR_BUFFER_TOO_SMALL);
     for (size_t i = 0; i < sizeof(small); i++)
         assert_int_equal((uint8_t)small[i], 0x5A);
     assert_int_equal(kvp_remove(e->client, key), KVP_OK);
@@ -331,8 +329,7 @@ static void test_replicas_and_preferred(void **state)
     }
     s = stat_of(e);
     for (size_t i = 0; i < s->n_segments; i++)
-        assert_int_equal(s->segments[i].objects,
-                         strcmp(s->segments[i].name, pref) == 0 ? 10 : 0);
+        assert_int_equal(s->segments[i].objects, strcmp(s->segments[i].name, pref) == 0 ? 10 : 0);
     kvp_pool_stat_free(s);
     for (int i = 0; i < 10; i++) {
         key_of(e, key, sizeof(key), "pref", i);
@@ -404,12 +401,9 @@ static void test_segment_death(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batch_sizes),
-        cmocka_unit_test(test_exist_prefix),
-        cmocka_unit_test(test_remove_and_duplicate),
-        cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_too_large_and_full),
-        cmocka_unit_test(test_replicas_and_preferred),
+        cmocka_unit_test(test_batch_sizes),          cmocka_unit_test(test_exist_prefix),
+        cmocka_unit_test(test_remove_and_duplicate), cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_too_large_and_full),   cmocka_unit_test(test_replicas_and_preferred),
         cmocka_unit_test(test_segment_death),
     };
     int fails = cmocka_run_group_tests_name("store_tcp", tests, setup_tcp, teardown);

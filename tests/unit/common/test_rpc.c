@@ -67,8 +67,7 @@ static void test_hdr_round_trip(void **state)
          .request_id = UINT64_MAX,
          .body_len = KVP_RPC_MAX_BODY,
          .status = KVP_ERR_INTERNAL},
-        {.method = 0xFFFF, .request_id = 0x8000000000000001ull, .body_len = 1,
-         .status = INT32_MIN},
+        {.method = 0xFFFF, .request_id = 0x8000000000000001ull, .body_len = 1, .status = INT32_MIN},
         {.method = 0, .request_id = 0, .body_len = 12345, .status = INT32_MAX},
     };
     for (size_t i = 0; i < KVP_ARRAY_SIZE(cases); i++) {
@@ -225,8 +224,8 @@ static void test_scan_byte_at_a_time(void **state)
             kvp_status_t st = kvp_rpc_frame_scan(prefix, len, KVP_RPC_MAX_BODY, &h, &fl);
             free(prefix);
             if (st != KVP_ERR_PENDING)
-                fail_msg("body %u: scan of %zu/%zu bytes = %d, want PENDING", bodies[b], len,
-                         flen, st);
+                fail_msg("body %u: scan of %zu/%zu bytes = %d, want PENDING", bodies[b], len, flen,
+                         st);
             /* the need is known once the header is in */
             if (len >= KVP_RPC_HDR_LEN)
                 assert_int_equal(fl, flen);
@@ -273,8 +272,7 @@ static void test_scan_back_to_back(void **state)
     /* first frame complete plus half a header of the second */
     assert_int_equal(kvp_rpc_frame_scan(buf, l1 + 12, KVP_RPC_MAX_BODY, &h, &fl), KVP_OK);
     assert_int_equal(fl, l1);
-    assert_int_equal(kvp_rpc_frame_scan(buf + l1, 12, KVP_RPC_MAX_BODY, &h, &fl),
-                     KVP_ERR_PENDING);
+    assert_int_equal(kvp_rpc_frame_scan(buf + l1, 12, KVP_RPC_MAX_BODY, &h, &fl), KVP_ERR_PENDING);
 }
 
 static void test_scan_rejects_garbage_early(void **state)
@@ -282,15 +280,16 @@ static void test_scan_rejects_garbage_early(void **state)
     (void)state;
     /* a wrong first byte is refused with just that byte */
     static const uint8_t starts[][4] = {
-        {'G', 'E', 'T', ' '}, {0x16, 0x03, 0x01, 0x00}, {0x00, 0x00, 0x00, 0x00},
+        {'G', 'E', 'T', ' '},
+        {0x16, 0x03, 0x01, 0x00},
+        {0x00, 0x00, 0x00, 0x00},
         {0x31, 0x50, 0x56, 0x4B}, /* magic in the wrong byte order */
     };
     for (size_t i = 0; i < KVP_ARRAY_SIZE(starts); i++) {
         for (size_t len = 1; len <= 4; len++) {
             kvp_rpc_hdr_t h;
             size_t fl;
-            if (kvp_rpc_frame_scan(starts[i], len, KVP_RPC_MAX_BODY, &h, &fl) !=
-                KVP_ERR_PROTOCOL)
+            if (kvp_rpc_frame_scan(starts[i], len, KVP_RPC_MAX_BODY, &h, &fl) != KVP_ERR_PROTOCOL)
                 fail_msg("garbage start %zu not refused after %zu bytes", i, len);
         }
     }
@@ -356,10 +355,10 @@ static void test_scan_random_garbage(void **state)
 /* ---- kvp_rpc_call over a socketpair ---- */
 
 typedef struct reply {
-    uint16_t method;      /* 0: request method | RESPONSE_BIT */
-    int64_t request_id;   /* -1: the request's id */
+    uint16_t method;    /* 0: request method | RESPONSE_BIT */
+    int64_t request_id; /* -1: the request's id */
     int32_t status;
-    const char *body;     /* may be NULL */
+    const char *body; /* may be NULL */
     size_t body_len;
 } reply_t;
 
@@ -427,8 +426,8 @@ static call_result_t run_call(responder_t *r, uint16_t method, uint64_t id, cons
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, responder_main, r), 0);
     call_result_t res = {.resp = (uint8_t *)"sentinel", .resp_len = 999};
-    res.status = kvp_rpc_call(sv[0], method, id, body, body ? strlen(body) : 0, &res.resp,
-                              &res.resp_len);
+    res.status =
+        kvp_rpc_call(sv[0], method, id, body, body ? strlen(body) : 0, &res.resp, &res.resp_len);
     assert_int_equal(pthread_join(th, NULL), 0);
     close(sv[0]);
     return res;
@@ -474,12 +473,13 @@ static void test_call_skips_stale_reply(void **state)
 {
     (void)state;
     responder_t r = {
-        .replies = {
-            {.request_id = 41, .body = "stale-one", .body_len = 9},
-            /* a stale error reply must not be taken as this call's error */
-            {.request_id = 40, .status = KVP_ERR_TIMEOUT, .body = "old", .body_len = 3},
-            {.request_id = -1, .body = "fresh", .body_len = 5},
-        },
+        .replies =
+            {
+                {.request_id = 41, .body = "stale-one", .body_len = 9},
+                /* a stale error reply must not be taken as this call's error */
+                {.request_id = 40, .status = KVP_ERR_TIMEOUT, .body = "old", .body_len = 3},
+                {.request_id = -1, .body = "fresh", .body_len = 5},
+            },
         .n_replies = 3,
     };
     call_result_t res = run_call(&r, KVP_RPC_GET_SIZE, 42, "q");
@@ -493,8 +493,10 @@ static void test_call_frame_error_status(void **state)
 {
     (void)state;
     responder_t r = {
-        .replies = {{.request_id = -1, .status = KVP_ERR_UNKNOWN_METHOD,
-                     .body = "unknown method 11", .body_len = 17}},
+        .replies = {{.request_id = -1,
+                     .status = KVP_ERR_UNKNOWN_METHOD,
+                     .body = "unknown method 11",
+                     .body_len = 17}},
         .n_replies = 1,
     };
     call_result_t res = run_call(&r, KVP_RPC_STAT, 3, NULL);
@@ -521,15 +523,16 @@ static void test_call_wrong_method(void **state)
     (void)state;
     /* right id, but the response is for another method (or lacks the response bit) */
     responder_t r = {
-        .replies = {{.method = KVP_RPC_PUT_END | KVP_RPC_RESPONSE_BIT, .request_id = -1,
-                     .body = "zz", .body_len = 2}},
+        .replies = {{.method = KVP_RPC_PUT_END | KVP_RPC_RESPONSE_BIT,
+                     .request_id = -1,
+                     .body = "zz",
+                     .body_len = 2}},
         .n_replies = 1,
     };
     call_result_t res = run_call(&r, KVP_RPC_PUT_START, 8, "a");
     assert_int_equal(res.status, KVP_ERR_PROTOCOL);
 
-    responder_t r2 = {.replies = {{.method = KVP_RPC_PUT_START, .request_id = -1}},
-                      .n_replies = 1};
+    responder_t r2 = {.replies = {{.method = KVP_RPC_PUT_START, .request_id = -1}}, .n_replies = 1};
     res = run_call(&r2, KVP_RPC_PUT_START, 9, "a");
     assert_int_equal(res.status, KVP_ERR_PROTOCOL);
 }
@@ -545,19 +548,20 @@ static void test_call_peer_close(void **state)
 
     /* the peer closes in the middle of the response header */
     responder_t r2 = {.replies = {{.request_id = -1, .body = "0123456789", .body_len = 10}},
-                      .n_replies = 1, .partial_reply = 10};
+                      .n_replies = 1,
+                      .partial_reply = 10};
     res = run_call(&r2, KVP_RPC_REMOVE, 11, "key");
     assert_int_equal(res.status, KVP_ERR_IO);
 
     /* ... and in the middle of the response body */
     responder_t r3 = {.replies = {{.request_id = -1, .body = "0123456789", .body_len = 10}},
-                      .n_replies = 1, .partial_reply = KVP_RPC_HDR_LEN + 4};
+                      .n_replies = 1,
+                      .partial_reply = KVP_RPC_HDR_LEN + 4};
     res = run_call(&r3, KVP_RPC_REMOVE, 12, "key");
     assert_int_equal(res.status, KVP_ERR_IO);
 
     /* a stale reply, then the close */
-    responder_t r4 = {.replies = {{.request_id = 1, .body = "old", .body_len = 3}},
-                      .n_replies = 1};
+    responder_t r4 = {.replies = {{.request_id = 1, .body = "old", .body_len = 3}}, .n_replies = 1};
     res = run_call(&r4, KVP_RPC_REMOVE, 13, "key");
     assert_int_equal(res.status, KVP_ERR_IO);
 }
@@ -569,7 +573,8 @@ static void test_call_bad_response_header(void **state)
     int sv[2];
     assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     kvp_sock_set_timeout(sv[0], 10000);
-    kvp_rpc_hdr_t h = {.method = KVP_RPC_STAT | KVP_RPC_RESPONSE_BIT, .request_id = 77,
+    kvp_rpc_hdr_t h = {.method = KVP_RPC_STAT | KVP_RPC_RESPONSE_BIT,
+                       .request_id = 77,
                        .body_len = KVP_RPC_MAX_BODY + 1};
     uint8_t hb[KVP_RPC_HDR_LEN];
     kvp_rpc_hdr_pack(&h, hb);

@@ -66,19 +66,19 @@ static void test_key_valid_utf8(void **state)
 {
     (void)state;
     KEY_OK("plain/ascii-key_0123:~");
-    KEY_OK("\x7F");                      /* DEL is ASCII, allowed */
-    KEY_OK("\xC2\x80");                  /* U+0080, smallest 2-byte */
-    KEY_OK("caf\xC3\xA9");               /* "café", 2-byte at the very end */
-    KEY_OK("\xDF\xBF");                  /* U+07FF, largest 2-byte */
-    KEY_OK("\xE0\xA0\x80");              /* U+0800, smallest 3-byte */
+    KEY_OK("\x7F");                     /* DEL is ASCII, allowed */
+    KEY_OK("\xC2\x80");                 /* U+0080, smallest 2-byte */
+    KEY_OK("caf\xC3\xA9");              /* "café", 2-byte at the very end */
+    KEY_OK("\xDF\xBF");                 /* U+07FF, largest 2-byte */
+    KEY_OK("\xE0\xA0\x80");             /* U+0800, smallest 3-byte */
     KEY_OK("\xE6\x97\xA5\xE6\x9C\xAC"); /* "日本" */
-    KEY_OK("\xED\x9F\xBF");              /* U+D7FF, just below the surrogates */
-    KEY_OK("\xEE\x80\x80");              /* U+E000, just above the surrogates */
-    KEY_OK("\xEF\xBF\xBF");              /* U+FFFF */
-    KEY_OK("\xF0\x90\x80\x80");          /* U+10000, smallest 4-byte */
-    KEY_OK("x\xF0\x9F\x98\x80y");        /* U+1F600 in the middle */
-    KEY_OK("\xF0\x9F\x98\x80");          /* 4-byte at the very end */
-    KEY_OK("\xF4\x8F\xBF\xBF");          /* U+10FFFF, the largest code point */
+    KEY_OK("\xED\x9F\xBF");             /* U+D7FF, just below the surrogates */
+    KEY_OK("\xEE\x80\x80");             /* U+E000, just above the surrogates */
+    KEY_OK("\xEF\xBF\xBF");             /* U+FFFF */
+    KEY_OK("\xF0\x90\x80\x80");         /* U+10000, smallest 4-byte */
+    KEY_OK("x\xF0\x9F\x98\x80y");       /* U+1F600 in the middle */
+    KEY_OK("\xF0\x9F\x98\x80");         /* 4-byte at the very end */
+    KEY_OK("\xF4\x8F\xBF\xBF");         /* U+10FFFF, the largest code point */
 }
 
 static void test_key_overlong(void **state)
@@ -97,13 +97,13 @@ static void test_key_overlong(void **state)
 static void test_key_surrogates_and_range(void **state)
 {
     (void)state;
-    KEY_BAD("\xED\xA0\x80");     /* U+D800 */
-    KEY_BAD("\xED\xAD\xBF");     /* U+DB7F */
-    KEY_BAD("\xED\xB0\x80");     /* U+DC00 */
-    KEY_BAD("\xED\xBF\xBF");     /* U+DFFF */
+    KEY_BAD("\xED\xA0\x80"); /* U+D800 */
+    KEY_BAD("\xED\xAD\xBF"); /* U+DB7F */
+    KEY_BAD("\xED\xB0\x80"); /* U+DC00 */
+    KEY_BAD("\xED\xBF\xBF"); /* U+DFFF */
     KEY_BAD("a\xED\xA0\x80z");
-    KEY_BAD("\xF4\x90\x80\x80"); /* U+110000 */
-    KEY_BAD("\xF7\xBF\xBF\xBF"); /* U+1FFFFF */
+    KEY_BAD("\xF4\x90\x80\x80");     /* U+110000 */
+    KEY_BAD("\xF7\xBF\xBF\xBF");     /* U+1FFFFF */
     KEY_BAD("\xF8\x88\x80\x80\x80"); /* 5-byte form */
     KEY_BAD("\xFC\x84\x80\x80\x80\x80");
     KEY_BAD("\xFE");
@@ -196,15 +196,14 @@ static void test_parse_size_bad(void **state)
         "0x10",
         "99999999999999999999T",
         "99999999999999999999",
-        "18446744073709551616",   /* UINT64_MAX + 1 */
-        "16777216T",              /* 2^64 exactly */
-        "17179869184G",           /* 2^64 */
+        "18446744073709551616", /* UINT64_MAX + 1 */
+        "16777216T",            /* 2^64 exactly */
+        "17179869184G",         /* 2^64 */
     };
     for (size_t i = 0; i < KVP_ARRAY_SIZE(bad); i++) {
         uint64_t v = 777;
         if (kvp_parse_size(bad[i], &v))
-            fail_msg("kvp_parse_size(\"%s\") accepted it as %llu", bad[i],
-                     (unsigned long long)v);
+            fail_msg("kvp_parse_size(\"%s\") accepted it as %llu", bad[i], (unsigned long long)v);
         /* out-parameter untouched on failure */
         assert_int_equal(v, 777);
     }
@@ -229,8 +228,7 @@ static void test_hostport_ok(void **state)
     assert_string_equal(host, "::1");
     assert_int_equal(port, 80);
 
-    assert_int_equal(kvp_parse_hostport("[fe80::1%eth0]:65535", host, sizeof(host), &port),
-                     KVP_OK);
+    assert_int_equal(kvp_parse_hostport("[fe80::1%eth0]:65535", host, sizeof(host), &port), KVP_OK);
     assert_string_equal(host, "fe80::1%eth0");
     assert_int_equal(port, 65535);
 
@@ -249,19 +247,13 @@ static void test_hostport_bad(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "127.0.0.1",       /* missing port */
-        "localhost",
-        "host:",           /* empty port */
-        ":80",             /* empty host */
-        "[]:80",           /* empty v6 host */
-        "host:70000",      /* port out of range */
-        "host:65536",
-        "host:-1",
-        "host:80x",
-        "host:x80",
-        "[::1]",           /* bracketed, no port */
-        "[::1]80",
-        "[::1:80",         /* no closing bracket */
+        "127.0.0.1",                                              /* missing port */
+        "localhost",  "host:",                                    /* empty port */
+        ":80",                                                    /* empty host */
+        "[]:80",                                                  /* empty v6 host */
+        "host:70000",                                             /* port out of range */
+        "host:65536", "host:-1", "host:80x", "host:x80", "[::1]", /* bracketed, no port */
+        "[::1]80",    "[::1:80",                                  /* no closing bracket */
         "",
     };
     for (size_t i = 0; i < KVP_ARRAY_SIZE(bad); i++) {
@@ -292,8 +284,8 @@ static void test_hostport_port_digits_only(void **state)
 {
     (void)state;
     static const char *const bad[] = {
-        "host: 80",   /* leading blank */
-        "host:+80",   /* sign */
+        "host: 80", /* leading blank */
+        "host:+80", /* sign */
         "host:-0",
         "[::1]: 80",
     };

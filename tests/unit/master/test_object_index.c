@@ -263,8 +263,8 @@ static void test_pending_list(void **state)
         assert_int_equal(idx.pending, pending[i] ? p - 1 : p);
         assert_false(on_pending_list(&idx, objs[i]));
         pending_walk(&idx);
-        assert_null(kvp_index_lookup(&idx, kvp_object_key(objs[i]), objs[i]->key_len,
-                                     objs[i]->hash));
+        assert_null(
+            kvp_index_lookup(&idx, kvp_object_key(objs[i]), objs[i]->key_len, objs[i]->hash));
         free(objs[i]);
         objs[i] = NULL;
     }
@@ -406,12 +406,9 @@ static void test_key_bytes(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_empty),
-        cmocka_unit_test(test_many_keys),
-        cmocka_unit_test(test_hash_collisions),
-        cmocka_unit_test(test_pending_list),
-        cmocka_unit_test(test_foreach_remove),
-        cmocka_unit_test(test_key_bytes),
+        cmocka_unit_test(test_empty),           cmocka_unit_test(test_many_keys),
+        cmocka_unit_test(test_hash_collisions), cmocka_unit_test(test_pending_list),
+        cmocka_unit_test(test_foreach_remove),  cmocka_unit_test(test_key_bytes),
     };
     return cmocka_run_group_tests_name("object_index", tests, NULL, NULL);
 }

@@ -52,8 +52,7 @@ static kvp_status_t handle_raw(kvp_master_state_t *st, uint64_t conn, uint16_t m
                                const uint8_t *body, size_t len, uint8_t **resp_p,
                                size_t *resp_len_p, char *errmsg, size_t errmsg_len)
 {
-    return kvp_service_handle(st, conn, method, body, len, resp_p, resp_len_p, errmsg,
-                              errmsg_len);
+    return kvp_service_handle(st, conn, method, body, len, resp_p, resp_len_p, errmsg, errmsg_len);
 }
 
 /* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
@@ -119,7 +118,7 @@ static void fill_desc(Kvpool__SegmentDesc *d)
 }
 
 static int32_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name, const char *host,
-                     uint64_t size, uint64_t *id_p)
+                         uint64_t size, uint64_t *id_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     char ep[64];
@@ -157,8 +156,8 @@ static ProtobufCBinaryData *bk(const char *const *keys, size_t n)
 
 static Kvpool__PutStartResponse *put_start(kvp_master_state_t *st, uint64_t conn,
                                            const char *const *keys, size_t n_keys,
-                                           const uint64_t *sizes, size_t n_sizes,
-                                           unsigned replicas, const char *preferred)
+                                           const uint64_t *sizes, size_t n_sizes, unsigned replicas,
+                                           const char *preferred)
 {
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
@@ -193,8 +192,8 @@ static int32_t put1(kvp_master_state_t *st, uint64_t conn, const char *key, uint
     return s;
 }
 
-static Kvpool__StatusesResponse *keys_call(kvp_master_state_t *st, uint64_t conn,
-                                           uint16_t method, const char *const *keys, size_t n)
+static Kvpool__StatusesResponse *keys_call(kvp_master_state_t *st, uint64_t conn, uint16_t method,
+                                           const char *const *keys, size_t n)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
     req.keys = bk(keys, n);
@@ -297,8 +296,11 @@ static stat_snap_t stat_get(kvp_master_state_t *st)
     Kvpool__StatResponse *r =
         call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
-    stat_snap_t s = {.capacity = r->capacity, .used = r->used, .objects = r->objects,
-                     .pending = r->pending, .n_segments = r->n_segments};
+    stat_snap_t s = {.capacity = r->capacity,
+                     .used = r->used,
+                     .objects = r->objects,
+                     .pending = r->pending,
+                     .n_segments = r->n_segments};
     uint64_t used = 0, cap = 0;
     for (size_t i = 0; i < r->n_segments; i++) {
         assert_non_null(r->segments[i]->desc);
@@ -356,15 +358,33 @@ static void test_mount_bad(void **state)
         Kvpool__SegmentDesc d;
         fill_desc(&d);
         switch (c) {
-        case 0: d.size = 0; break;
-        case 1: d.medium = (char *)"ssd"; break;
-        case 2: d.name = (char *)""; break;
-        case 3: d.host_id = (char *)""; break;
-        case 4: d.tcp_endpoint = (char *)"no-port"; break;
-        case 5: d.tcp_endpoint = (char *)""; break;
-        case 6: d.name = longname; break;
-        case 7: d.size = 32; break; /* below the 64-byte allocation granularity */
-        case 8: d.tcp_endpoint = (char *)"127.0.0.1:70000"; break;
+        case 0:
+            d.size = 0;
+            break;
+        case 1:
+            d.medium = (char *)"ssd";
+            break;
+        case 2:
+            d.name = (char *)"";
+            break;
+        case 3:
+            d.host_id = (char *)"";
+            break;
+        case 4:
+            d.tcp_endpoint = (char *)"no-port";
+            break;
+        case 5:
+            d.tcp_endpoint = (char *)"";
+            break;
+        case 6:
+            d.name = longname;
+            break;
+        case 7:
+            d.size = 32;
+            break; /* below the 64-byte allocation granularity */
+        case 8:
+            d.tcp_endpoint = (char *)"127.0.0.1:70000";
+            break;
         }
         char msg[256];
         uint64_t id = 12345;
@@ -882,8 +902,8 @@ static void test_undecodable_body(void **state)
     /* field 1, wire type 2, with a length running past the end of the buffer */
     static const uint8_t junk[] = {0x0A, 0x7F, 'a', 'b'};
     static const uint16_t methods[] = {
-        KVP_RPC_MOUNT,  KVP_RPC_UNMOUNT, KVP_RPC_PUT_START,        KVP_RPC_PUT_END,
-        KVP_RPC_PUT_REVOKE, KVP_RPC_EXIST, KVP_RPC_GET_REPLICA_LIST, KVP_RPC_REMOVE,
+        KVP_RPC_MOUNT,      KVP_RPC_UNMOUNT, KVP_RPC_PUT_START,        KVP_RPC_PUT_END,
+        KVP_RPC_PUT_REVOKE, KVP_RPC_EXIST,   KVP_RPC_GET_REPLICA_LIST, KVP_RPC_REMOVE,
         KVP_RPC_GET_SIZE,
     };
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
@@ -953,11 +973,12 @@ static void test_bad_keys(void **state)
     k4097[4097] = '\0';
 
     /* invalid UTF-8, overlong, surrogate, empty, too long; plus good neighbours */
-    const char *keys[] = {"good", "bad\xC3(", "\xC0\xAF", "\xED\xA0\x80", "", k4097,
-                          k4096, "caf\xC3\xA9"};
+    const char *keys[] = {"good", "bad\xC3(", "\xC0\xAF", "\xED\xA0\x80",
+                          "",     k4097,      k4096,      "caf\xC3\xA9"};
     const uint64_t sizes[] = {64, 64, 64, 64, 64, 64, 64, 64};
-    static const int32_t want[] = {KVP_OK, KVP_ERR_BAD_KEY, KVP_ERR_BAD_KEY, KVP_ERR_BAD_KEY,
-                                   KVP_ERR_BAD_KEY, KVP_ERR_BAD_KEY, KVP_OK, KVP_OK};
+    static const int32_t want[] = {KVP_OK,          KVP_ERR_BAD_KEY, KVP_ERR_BAD_KEY,
+                                   KVP_ERR_BAD_KEY, KVP_ERR_BAD_KEY, KVP_ERR_BAD_KEY,
+                                   KVP_OK,          KVP_OK};
     Kvpool__PutStartResponse *ps = put_start(st, C1, keys, 8, sizes, 8, 1, NULL);
     assert_int_equal(ps->status, KVP_OK);
     assert_int_equal(ps->n_results, 8);
@@ -1002,8 +1023,8 @@ static void test_key_with_embedded_nul(void **state)
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char err[256] = "";
-    assert_int_equal(handle_raw(st, C2, KVP_RPC_EXIST, exist_body, sizeof(exist_body), &resp,
-                                &rlen, err, sizeof(err)),
+    assert_int_equal(handle_raw(st, C2, KVP_RPC_EXIST, exist_body, sizeof(exist_body), &resp, &rlen,
+                                err, sizeof(err)),
                      KVP_OK);
     Kvpool__StatusesResponse *er = kvpool__statuses_response__unpack(NULL, rlen, resp);
     free(resp);
