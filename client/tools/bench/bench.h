@@ -1,0 +1,111 @@
+/*
+ * bench.h - shared pieces of kvpool-bench: options, result output (human
+ * table + JSON), the local cluster, timing and percentiles.
+ *
+ * Each mode lives in its own file (bench_<mode>.c) and exposes one entry
+ * point `int kvp_bench_<mode>(const kvp_bench_opts_t *o, kvp_bench_out_t *out)`
+ * returning 0 on success, non-zero on failure (message on stderr). A mode
+ * prints its own human-readable table to stdout (with a progress line on
+ * stderr while it runs) and adds one flat JSON object per figure through
+ * kvp_bench_result_*.
+ */
+#ifndef KVP_BENCH_H
+#define KVP_BENCH_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KVP_BENCH_MAX_LIST 16
+
+typedef struct kvp_bench_opts {
+    /* cluster */
+    const char *master;    /* running master HOST:PORT; NULL with local=true */
+    bool local;            /* start master + segments on loopback ourselves */
+    unsigned segments;     /* local: number of `kvpool serve` processes (default 1) */
+    uint64_t segment_size; /* local: bytes per segment (default 4 GiB) */
+    /* data mode */
+    const char *transports[KVP_BENCH_MAX_LIST]; /* "tcp", "shm" */
+    size_t n_transports;
+    uint64_t sizes[KVP_BENCH_MAX_LIST]; /* object sizes */
+    size_t n_sizes;
+    unsigned batches[KVP_BENCH_MAX_LIST];
+    size_t n_batches;
+    unsigned threads;  /* client threads (default 1) */
+    double duration_s; /* per measured point (default 2 s) */
+    bool no_crc;       /* also measure with CRC checks off (labelled) */
+    /* meta mode */
+    uint64_t meta_objects[KVP_BENCH_MAX_LIST]; /* resident object counts (10k, 1M, 10M) */
+    size_t n_meta_objects;
+    /* alloc mode */
+    uint64_t alloc_segment; /* arena size (default 64 GiB) */
+    /* trace mode */
+    const char *trace_path;
+    uint64_t block_bytes;                  /* default 256 KiB */
+    double capacities[KVP_BENCH_MAX_LIST]; /* fractions of unique blocks (default 0.1) */
+    size_t n_capacities;
+    uint64_t trace_limit; /* max requests replayed (0: all) */
+    /* output */
+    const char *json_path;
+    bool quiet; /* no progress line */
+} kvp_bench_opts_t;
+
+/* ---- results ---- */
+typedef struct kvp_bench_out kvp_bench_out_t;
+
+/* Start a result object (a flat JSON object); "mode" is set to `mode`. */
+void kvp_bench_result_begin(kvp_bench_out_t *out, const char *mode);
+void kvp_bench_result_str(kvp_bench_out_t *out, const char *key, const char *val);
+void kvp_bench_result_num(kvp_bench_out_t *out, const char *key, double val);
+void kvp_bench_result_int(kvp_bench_out_t *out, const char *key, int64_t val);
+void kvp_bench_result_end(kvp_bench_out_t *out);
+
+/*
+ * The machine's limits measured in this run by the limits mode, used by the
+ * data mode for pct_of_limit. 0 when not measured.
+ */
+double kvp_bench_limit_memcpy_gbps(uint64_t size);
+double kvp_bench_limit_tcp_gbps(uint64_t size, unsigned streams);
+void kvp_bench_limit_set_memcpy(uint64_t size, double gbps);
+void kvp_bench_limit_set_tcp(uint64_t size, unsigned streams, double gbps);
+/* Measure (once) the memcpy and loopback-tcp limits for a size and stream count. */
+void kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams);
+
+/* ---- local cluster ---- */
+typedef struct kvp_bench_cluster {
+    pid_t master_pid;
+    pid_t seg_pids[64];
+    unsigned n_segs;
+    char master_addr[128];
+} kvp_bench_cluster_t;
+
+/* Start a master and n segment servers of seg_size bytes on 127.0.0.1. */
+int kvp_bench_cluster_start(kvp_bench_cluster_t *c, unsigned n, uint64_t seg_size);
+/* SIGTERM everything by PID, reap. */
+void kvp_bench_cluster_stop(kvp_bench_cluster_t *c);
+/* Path of a sibling binary ("kvpool-master", "kvpool"): env, next to us, build tree, PATH. */
+const char *kvp_bench_find_bin(const char *name);
+/* PID of a running master we started (for RSS), or -1. */
+pid_t kvp_bench_master_pid(void);
+
+/* ---- timing, stats, progress ---- */
+double kvp_bench_now(void); /* monotonic seconds */
+/* Sort `v` in place and return the p-th percentile (0 <= p <= 100). */
+double kvp_bench_percentile(double *v, size_t n, double p);
+/* "\r<text>" on stderr unless quiet; kvp_bench_progress_done clears the line. */
+void kvp_bench_progress(const kvp_bench_opts_t *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void kvp_bench_progress_done(const kvp_bench_opts_t *o);
+
+/* Resident set size of a process in bytes (pid 0: self), -1 if unknown. */
+long long kvp_bench_rss_bytes(pid_t pid);
+
+/* ---- modes ---- */
+int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_alloc(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+
+#endif

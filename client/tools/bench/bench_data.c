@@ -1,0 +1,273 @@
+/*
+ * bench_data.c - batch_put_from / batch_get_into / batch_is_exist against
+ * the store, per transport x object size x batch size.
+ *
+ * Each client thread has its own kvp_client_t (as separate workers would)
+ * and loops until the point's duration is spent: put a batch of fresh keys
+ * (timed), check they exist (timed), read them back (timed; CRC32C checked,
+ * as users get it), remove them (not timed). Every object's first and last
+ * bytes are verified after the get. Reported per op: GB/s (10^9 B/s),
+ * objects/s, and batch latency p50/p99/p99.9 (and the same divided by the
+ * batch size, per object), next to the matching limit measured in the
+ * same run: memcpy for shm, a loopback socket pump with the same number of
+ * streams for tcp.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/include/kvpool.h"
+#include "client/tools/bench/bench.h"
+
+#define TCP_STREAMS 2 /* the client's default tcp_streams */
+
+typedef struct lat {
+    double *v;
+    size_t n, cap;
+} lat_t;
+
+static void lat_add(lat_t *l, double x)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        double *p = realloc(l->v, cap * sizeof(*p));
+        if (p == NULL)
+            return;
+        l->v = p;
+        l->cap = cap;
+    }
+    l->v[l->n++] = x;
+}
+
+enum { OP_PUT, OP_GET, OP_EXIST, N_OPS };
+static const char *const op_names[N_OPS] = {"put", "get", "exist"};
+
+typedef struct worker {
+    const kvp_bench_opts_t *o;
+    const char *transport;
+    uint64_t size;
+    unsigned batch;
+    unsigned id;
+    bool crc;
+    double t_start, t_end;
+    lat_t lat[N_OPS];
+    double busy[N_OPS];
+    uint64_t objs[N_OPS];
+    int failed;
+    char err[256];
+} worker_t;
+
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = w->o->master;
+    p.transport = w->transport;
+    p.verify_crc = w->crc;
+    kvp_client_t *c;
+    kvp_status_t st = kvp_client_create(&p, &c);
+    if (st != KVP_OK) {
+        snprintf(w->err, sizeof(w->err), "client: %s", kvp_strerror(st));
+        w->failed = 1;
+        return NULL;
+    }
+    unsigned b = w->batch;
+    char **keys = calloc(b, sizeof(*keys));
+    void **src = calloc(b, sizeof(*src)), **dst = calloc(b, sizeof(*dst));
+    size_t *sizes = calloc(b, sizeof(*sizes));
+    kvp_status_t *res = calloc(b, sizeof(*res));
+    int64_t *got = calloc(b, sizeof(*got));
+    int *ex = calloc(b, sizeof(*ex));
+    for (unsigned i = 0; i < b; i++) {
+        keys[i] = malloc(96);
+        src[i] = malloc(w->size);
+        dst[i] = malloc(w->size);
+        sizes[i] = w->size;
+        memset(src[i], (int)(i * 31 + w->id + 1), w->size);
+        memset(dst[i], 0, w->size);
+        kvp_register_buffer(c, src[i], w->size);
+        kvp_register_buffer(c, dst[i], w->size);
+    }
+    uint64_t iter = 0;
+    while (kvp_bench_now() < w->t_end && !w->failed) {
+        for (unsigned i = 0; i < b; i++)
+            snprintf(keys[i], 96, "bench@%s@t%u@%llu@%u", w->transport, w->id,
+                     (unsigned long long)iter, i);
+        iter++;
+        double t0 = kvp_bench_now();
+        st = kvp_batch_put_from(c, (const char *const *)keys, (const void *const *)src, sizes, b,
+                                NULL, res);
+        double t1 = kvp_bench_now();
+        if (st != KVP_OK) {
+            snprintf(w->err, sizeof(w->err), "put: %s", kvp_strerror(st));
+            w->failed = 1;
+            break;
+        }
+        size_t prefix = 0;
+        st = kvp_batch_is_exist(c, (const char *const *)keys, b, ex, &prefix);
+        double t2 = kvp_bench_now();
+        if (st != KVP_OK || prefix != b) {
+            snprintf(w->err, sizeof(w->err), "exist: %s (prefix %zu of %u)", kvp_strerror(st),
+                     prefix, b);
+            w->failed = 1;
+            break;
+        }
+        st = kvp_batch_get_into(c, (const char *const *)keys, dst, sizes, b, got);
+        double t3 = kvp_bench_now();
+        if (st != KVP_OK) {
+            snprintf(w->err, sizeof(w->err), "get: %s", kvp_strerror(st));
+            w->failed = 1;
+            break;
+        }
+        for (unsigned i = 0; i < b; i++) {
+            const char *s = src[i], *d = dst[i];
+            if (got[i] != (int64_t)w->size || d[0] != s[0] || d[w->size - 1] != s[w->size - 1]) {
+                snprintf(w->err, sizeof(w->err), "get returned wrong bytes for %s", keys[i]);
+                w->failed = 1;
+            }
+        }
+        kvp_batch_remove(c, (const char *const *)keys, b, res);
+        double d[N_OPS] = {t1 - t0, t3 - t2, t2 - t1};
+        for (int op = 0; op < N_OPS; op++) {
+            lat_add(&w->lat[op], d[op]);
+            w->busy[op] += d[op];
+            w->objs[op] += b;
+        }
+    }
+    for (unsigned i = 0; i < b; i++) {
+        kvp_unregister_buffer(c, src[i]);
+        kvp_unregister_buffer(c, dst[i]);
+        free(keys[i]);
+        free(src[i]);
+        free(dst[i]);
+    }
+    free(keys);
+    free(src);
+    free(dst);
+    free(sizes);
+    free(res);
+    free(got);
+    free(ex);
+    kvp_client_destroy(c);
+    return NULL;
+}
+
+static const char *fmt_size(uint64_t s, char *buf, size_t len)
+{
+    if (s >= (1 << 20) && s % (1 << 20) == 0)
+        snprintf(buf, len, "%lluMiB", (unsigned long long)(s >> 20));
+    else if (s >= 1024 && s % 1024 == 0)
+        snprintf(buf, len, "%lluKiB", (unsigned long long)(s >> 10));
+    else
+        snprintf(buf, len, "%lluB", (unsigned long long)s);
+    return buf;
+}
+
+static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char *transport,
+                     uint64_t size, unsigned batch, bool crc)
+{
+    unsigned nt = o->threads;
+    worker_t *w = calloc(nt, sizeof(*w));
+    pthread_t *th = calloc(nt, sizeof(*th));
+    double t0 = kvp_bench_now();
+    for (unsigned t = 0; t < nt; t++) {
+        w[t] = (worker_t){.o = o,
+                          .transport = transport,
+                          .size = size,
+                          .batch = batch,
+                          .id = t,
+                          .crc = crc,
+                          .t_start = t0,
+                          .t_end = t0 + o->duration_s};
+        pthread_create(&th[t], NULL, worker_main, &w[t]);
+    }
+    char sz[32];
+    kvp_bench_progress(o, "data: %s %s batch %u threads %u%s ...", transport,
+                       fmt_size(size, sz, sizeof(sz)), batch, nt, crc ? "" : " crc=off");
+    int rc = 0;
+    for (unsigned t = 0; t < nt; t++) {
+        pthread_join(th[t], NULL);
+        if (w[t].failed) {
+            fprintf(stderr, "kvpool-bench: data %s %llu: %s\n", transport, (unsigned long long)size,
+                    w[t].err);
+            rc = 1;
+        }
+    }
+    kvp_bench_progress_done(o);
+    double limit = strcmp(transport, "shm") == 0 ? kvp_bench_limit_memcpy_gbps(size)
+                                                 : kvp_bench_limit_tcp_gbps(size, TCP_STREAMS * nt);
+    for (int op = 0; op < N_OPS && rc == 0; op++) {
+        lat_t all = {0};
+        uint64_t objs = 0;
+        double busy = 0;
+        for (unsigned t = 0; t < nt; t++) {
+            for (size_t i = 0; i < w[t].lat[op].n; i++)
+                lat_add(&all, w[t].lat[op].v[i]);
+            objs += w[t].objs[op];
+            busy += w[t].busy[op];
+        }
+        /* rate = objects per second of time spent in this op, summed over threads */
+        double per_thread_s = busy / nt;
+        double objs_s = per_thread_s > 0 ? (double)objs / per_thread_s : 0;
+        double gbps = op == OP_EXIST ? 0 : objs_s * (double)size / 1e9;
+        double p50 = kvp_bench_percentile(all.v, all.n, 50) * 1e6;
+        double p99 = kvp_bench_percentile(all.v, all.n, 99) * 1e6;
+        double p999 = kvp_bench_percentile(all.v, all.n, 99.9) * 1e6;
+        double pct = op != OP_EXIST && limit > 0 ? gbps / limit * 100 : 0;
+        printf("%-4s %-5s %8s %5u %3u %-3s %8.2f %6.1f%% %10.0f %9.1f %9.1f %9.1f\n", transport,
+               op_names[op], fmt_size(size, sz, sizeof(sz)), batch, nt, crc ? "on" : "off", gbps,
+               pct, objs_s, p50, p99, p999);
+        kvp_bench_result_begin(out, "data");
+        kvp_bench_result_str(out, "op", op_names[op]);
+        kvp_bench_result_str(out, "transport", transport);
+        kvp_bench_result_int(out, "size", (int64_t)size);
+        kvp_bench_result_int(out, "batch", batch);
+        kvp_bench_result_int(out, "threads", nt);
+        kvp_bench_result_str(out, "crc", crc ? "on" : "off");
+        kvp_bench_result_num(out, "gbps", gbps);
+        kvp_bench_result_num(out, "objs_per_s", objs_s);
+        kvp_bench_result_num(out, "p50_us", p50);
+        kvp_bench_result_num(out, "p99_us", p99);
+        kvp_bench_result_num(out, "p999_us", p999);
+        kvp_bench_result_num(out, "obj_p50_us", p50 / batch);
+        kvp_bench_result_num(out, "obj_p99_us", p99 / batch);
+        kvp_bench_result_num(out, "obj_p999_us", p999 / batch);
+        kvp_bench_result_num(out, "limit_gbps", op == OP_EXIST ? 0 : limit);
+        kvp_bench_result_str(out, "limit",
+                             op == OP_EXIST                  ? "none"
+                             : strcmp(transport, "shm") == 0 ? "memcpy"
+                                                             : "tcp-pump");
+        kvp_bench_result_num(out, "pct_of_limit", pct);
+        kvp_bench_result_int(out, "batches", (int64_t)all.n);
+        kvp_bench_result_end(out);
+        free(all.v);
+    }
+    for (unsigned t = 0; t < nt; t++)
+        for (int op = 0; op < N_OPS; op++)
+            free(w[t].lat[op].v);
+    free(w);
+    free(th);
+    return rc;
+}
+
+int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+{
+    for (size_t s = 0; s < o->n_sizes; s++)
+        kvp_bench_limits_ensure(o, o->sizes[s], TCP_STREAMS * o->threads);
+    printf("== data: batch ops against %s (%u thread%s, %.1f s per point) ==\n", o->master,
+           o->threads, o->threads > 1 ? "s" : "", o->duration_s);
+    printf("%-4s %-5s %8s %5s %3s %-3s %8s %7s %10s %9s %9s %9s\n", "tr", "op", "size", "batch",
+           "thr", "crc", "GB/s", "%limit", "obj/s", "p50 us", "p99 us", "p99.9 us");
+    int rc = 0;
+    for (size_t t = 0; t < o->n_transports; t++)
+        for (size_t s = 0; s < o->n_sizes; s++)
+            for (size_t b = 0; b < o->n_batches; b++) {
+                rc |= run_point(o, out, o->transports[t], o->sizes[s], o->batches[b], true);
+                if (o->no_crc)
+                    rc |= run_point(o, out, o->transports[t], o->sizes[s], o->batches[b], false);
+            }
+    fflush(stdout);
+    return rc;
+}

@@ -1,0 +1,239 @@
+/*
+ * bench_limits.c - the machine's own ceilings, measured in the same run:
+ * single-thread memcpy bandwidth per object size, and loopback TCP
+ * bandwidth with a given number of streams (a plain socket pump written
+ * here, and iperf3 when it is installed).
+ *
+ * memcpy: copies `size` bytes between two working sets of 64 objects each
+ * (cycled), as a batch get copies into distinct buffers; bandwidth is bytes
+ * copied / time. TCP: `streams` connections over 127.0.0.1, one sender
+ * thread each sending `size`-byte messages, one receiver thread each
+ * receiving into a `size` buffer; bandwidth is bytes received / time.
+ */
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "client/tools/bench/bench.h"
+#include "common/util.h"
+
+#define WORKING_SET 64
+
+static double measure_memcpy(uint64_t size, double duration)
+{
+    size_t n = WORKING_SET;
+    /* keep the working set under 2 GiB for big objects */
+    while (n > 2 && (uint64_t)n * size > (1ull << 30))
+        n /= 2;
+    char **src = calloc(n, sizeof(*src)), **dst = calloc(n, sizeof(*dst));
+    for (size_t i = 0; i < n; i++) {
+        src[i] = malloc(size);
+        dst[i] = malloc(size);
+        memset(src[i], (int)i, size);
+        memset(dst[i], 0, size);
+    }
+    uint64_t bytes = 0;
+    double t0 = kvp_bench_now(), t;
+    size_t i = 0;
+    do {
+        for (int k = 0; k < 16; k++) {
+            memcpy(dst[i], src[i], size);
+            i = (i + 1) % n;
+            bytes += size;
+        }
+        t = kvp_bench_now();
+    } while (t - t0 < duration);
+    volatile char sink = dst[0][size - 1];
+    (void)sink;
+    for (size_t k = 0; k < n; k++) {
+        free(src[k]);
+        free(dst[k]);
+    }
+    free(src);
+    free(dst);
+    return (double)bytes / (t - t0) / 1e9;
+}
+
+typedef struct pump {
+    int fd;
+    uint64_t size;
+    double deadline;
+    uint64_t bytes;
+} pump_t;
+
+static void *sender(void *arg)
+{
+    pump_t *p = arg;
+    char *buf = malloc(p->size);
+    memset(buf, 7, p->size);
+    while (kvp_bench_now() < p->deadline)
+        if (kvp_send_all(p->fd, buf, p->size) != KVP_OK)
+            break;
+    shutdown(p->fd, SHUT_WR);
+    free(buf);
+    return NULL;
+}
+
+static void *receiver(void *arg)
+{
+    pump_t *p = arg;
+    char *buf = malloc(p->size);
+    for (;;) {
+        ssize_t n = recv(p->fd, buf, p->size, MSG_WAITALL);
+        if (n <= 0)
+            break;
+        p->bytes += (uint64_t)n;
+    }
+    free(buf);
+    return NULL;
+}
+
+static double measure_tcp(uint64_t size, unsigned streams, double duration)
+{
+    int lfd;
+    uint16_t port;
+    if (kvp_tcp_listen("127.0.0.1", 0, 64, &lfd, &port) != KVP_OK)
+        return 0;
+    pump_t *tx = calloc(streams, sizeof(*tx)), *rx = calloc(streams, sizeof(*rx));
+    pthread_t *tt = calloc(streams, sizeof(*tt)), *rt = calloc(streams, sizeof(*rt));
+    double t0 = kvp_bench_now();
+    unsigned ok = 0;
+    for (unsigned s = 0; s < streams; s++) {
+        int cfd, afd;
+        if (kvp_tcp_connect("127.0.0.1", port, 5000, &cfd) != KVP_OK)
+            break;
+        afd = accept(lfd, NULL, NULL);
+        if (afd < 0) {
+            close(cfd);
+            break;
+        }
+        tx[s] = (pump_t){.fd = cfd, .size = size, .deadline = t0 + duration};
+        rx[s] = (pump_t){.fd = afd, .size = size};
+        ok++;
+    }
+    t0 = kvp_bench_now();
+    for (unsigned s = 0; s < ok; s++) {
+        tx[s].deadline = t0 + duration;
+        pthread_create(&tt[s], NULL, sender, &tx[s]);
+        pthread_create(&rt[s], NULL, receiver, &rx[s]);
+    }
+    uint64_t bytes = 0;
+    for (unsigned s = 0; s < ok; s++) {
+        pthread_join(tt[s], NULL);
+        pthread_join(rt[s], NULL);
+        bytes += rx[s].bytes;
+        close(tx[s].fd);
+        close(rx[s].fd);
+    }
+    double t = kvp_bench_now() - t0;
+    close(lfd);
+    free(tx);
+    free(rx);
+    free(tt);
+    free(rt);
+    return ok == streams ? (double)bytes / t / 1e9 : 0;
+}
+
+/* iperf3 -P streams over loopback, when installed: GB/s received, or 0. */
+static double measure_iperf3(unsigned streams, double duration)
+{
+    if (system("command -v iperf3 >/dev/null 2>&1") != 0)
+        return 0;
+    int port = 20000 + (int)(getpid() % 20000);
+    pid_t srv = fork();
+    if (srv == 0) {
+        char p[16];
+        snprintf(p, sizeof(p), "%d", port);
+        int devnull = open("/dev/null", 1);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execlp("iperf3", "iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", p, (char *)NULL);
+        _exit(127);
+    }
+    usleep(300000);
+    char cmd[256];
+    snprintf(cmd, sizeof(cmd),
+             "iperf3 -c 127.0.0.1 -p %d -P %u -t %d -f g 2>/dev/null | "
+             "awk '/receiver/ {v=$(NF-2); u=$(NF-1)} END {print v, u}'",
+             port, streams, (int)(duration < 1 ? 1 : duration));
+    FILE *f = popen(cmd, "r");
+    double v = 0;
+    char unit[32] = "";
+    if (f != NULL) {
+        if (fscanf(f, "%lf %31s", &v, unit) != 2)
+            v = 0;
+        pclose(f);
+    }
+    kill(srv, SIGTERM);
+    waitpid(srv, NULL, 0);
+    /* Gbits/sec -> GB/s */
+    if (strncmp(unit, "Gbits", 5) == 0)
+        return v / 8;
+    if (strncmp(unit, "Mbits", 5) == 0)
+        return v / 8000;
+    return 0;
+}
+
+void kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams)
+{
+    double d = o->duration_s < 1 ? o->duration_s : 1;
+    if (kvp_bench_limit_memcpy_gbps(size) == 0) {
+        kvp_bench_progress(o, "limits: memcpy %llu B", (unsigned long long)size);
+        kvp_bench_limit_set_memcpy(size, measure_memcpy(size, d));
+    }
+    if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
+        kvp_bench_progress(o, "limits: tcp %u streams %llu B", streams, (unsigned long long)size);
+        kvp_bench_limit_set_tcp(size, streams, measure_tcp(size, streams, d));
+    }
+    kvp_bench_progress_done(o);
+}
+
+int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+{
+    printf("== limits: this machine's ceilings ==\n");
+    printf("%-10s %-8s %8s %12s\n", "limit", "streams", "size", "GB/s");
+    for (size_t i = 0; i < o->n_sizes; i++) {
+        uint64_t size = o->sizes[i];
+        kvp_bench_limits_ensure(o, size, 2);
+        kvp_bench_limits_ensure(o, size, 1);
+        double m = kvp_bench_limit_memcpy_gbps(size);
+        printf("%-10s %-8s %8llu %12.2f\n", "memcpy", "-", (unsigned long long)size, m);
+        kvp_bench_result_begin(out, "limits");
+        kvp_bench_result_str(out, "limit", "memcpy");
+        kvp_bench_result_int(out, "size", (int64_t)size);
+        kvp_bench_result_int(out, "streams", 0);
+        kvp_bench_result_num(out, "gbps", m);
+        kvp_bench_result_end(out);
+        for (unsigned s = 1; s <= 2; s++) {
+            double t = kvp_bench_limit_tcp_gbps(size, s);
+            printf("%-10s %-8u %8llu %12.2f\n", "tcp-pump", s, (unsigned long long)size, t);
+            kvp_bench_result_begin(out, "limits");
+            kvp_bench_result_str(out, "limit", "tcp");
+            kvp_bench_result_int(out, "size", (int64_t)size);
+            kvp_bench_result_int(out, "streams", s);
+            kvp_bench_result_num(out, "gbps", t);
+            kvp_bench_result_end(out);
+        }
+    }
+    for (unsigned s = 1; s <= 2; s++) {
+        double ip = measure_iperf3(s, o->duration_s);
+        if (ip > 0) {
+            printf("%-10s %-8u %8s %12.2f\n", "iperf3", s, "-", ip);
+            kvp_bench_result_begin(out, "limits");
+            kvp_bench_result_str(out, "limit", "iperf3");
+            kvp_bench_result_int(out, "streams", s);
+            kvp_bench_result_num(out, "gbps", ip);
+            kvp_bench_result_end(out);
+        } else if (s == 1) {
+            printf("(iperf3 not installed: apt-get install iperf3 to add its figure)\n");
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,656 @@
+/*
+ * bench_meta.c - `kvpool-bench meta`: master metadata speed and footprint.
+ *
+ * DESIGN
+ * Only the master is measured, so the bench talks raw control-plane RPC
+ * (common/rpc.h + protobuf-c) and no object byte ever moves. One connection
+ * mounts a large virtual segment (1 TiB of "dram" whose endpoint nobody
+ * dials); every put names it as the preferred segment with one replica, so
+ * extents land there even when real segments are mounted too. Closing that
+ * connection at the end makes the master unmount the segment and drop every
+ * object put here, which is the whole clean-up.
+ *
+ * For each resident count R (ascending): grow the population to R objects
+ * of 4 KiB with PutStart+PutEnd batches of 128, read the master's RSS
+ * (local cluster only) and report (RSS(R) - RSS(after mount)) / R, then
+ * measure for duration_s each:
+ *   put               PutStart+PutEnd of new keys; rounds of a few batches
+ *                     per thread between barriers, and only the put part of a
+ *                     round is timed: the keys are REMOVEd after each round so
+ *                     residency stays within ~10% of R;
+ *   exist             EXIST of 128 random resident keys;
+ *   get_replica_list  GET_REPLICA_LIST of 128 random resident keys.
+ * Object i's key is "model@tp_rank:0@pp_rank:0@group:0@" + 16 hex digits of a
+ * 64-bit bijective mix of i (50 bytes), so any thread can name any resident
+ * key without storing it. Keys for the put measurement use indices from
+ * 2^40 up, disjoint from the population.
+ *
+ * Threads: several client threads, each with its own connection (a blocking
+ * kvp_rpc_call per fd), so that on a small machine the client is not what
+ * limits the master's single loop. The caller's thread mounts, starts the
+ * workers per phase and joins them.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/tools/bench/bench.h"
+#include "common/rpc.h"
+#include "common/util.h"
+#include "kvpool.pb-c.h"
+
+#define META_BATCH 128u
+#define META_OBJ_SIZE 4096u
+#define META_SEG_SIZE (UINT64_C(1) << 40)
+#define META_KEY_PREFIX "model@tp_rank:0@pp_rank:0@group:0@"
+#define META_KEY_MAX 64u
+#define META_PUT_BASE (UINT64_C(1) << 40)
+#define META_RPC_TIMEOUT_MS 120000u
+#define META_MAX_THREADS 64u
+
+typedef enum meta_task {
+    TASK_FILL, /* put indices [lo, hi) of the population */
+    TASK_PUT,  /* put/remove rounds of new keys */
+    TASK_EXIST,
+    TASK_GET,
+} meta_task_t;
+
+typedef struct meta_shared {
+    const kvp_bench_opts_t *opts;
+    const char *seg_name;
+    meta_task_t task;
+    unsigned threads;
+    uint64_t resident; /* R: random reads draw from [0, R) */
+    uint64_t range_lo; /* TASK_FILL */
+    uint64_t range_hi;
+    unsigned put_batches;      /* TASK_PUT: batches per thread per round */
+    double deadline;           /* measured tasks stop here */
+    pthread_mutex_t gate_lock; /* workers start once the barrier is set up */
+    pthread_cond_t gate_cond;
+    bool gate_open;
+    pthread_barrier_t barrier; /* TASK_PUT rounds; counts the threads started */
+    atomic_uint_fast64_t done; /* keys done (fill progress) */
+    atomic_bool abort;
+    bool stop;       /* TASK_PUT: decided by thread 0 between barriers */
+    double put_time; /* TASK_PUT: timed seconds, thread 0 */
+    uint64_t put_keys;
+} meta_shared_t;
+
+typedef struct meta_worker {
+    meta_shared_t *sh;
+    unsigned id;
+    int fd;
+    uint64_t req_id;
+    uint64_t rng;
+    uint64_t keys;   /* keys completed in the measured task */
+    uint64_t misses; /* exist/get answers that did not find a resident key */
+    kvp_status_t status;
+    char keybuf[META_BATCH][META_KEY_MAX];
+    ProtobufCBinaryData keys_pb[META_BATCH];
+    uint64_t sizes[META_BATCH];
+    uint32_t crcs[META_BATCH];
+    uint8_t *req_buf;
+    size_t req_cap;
+} meta_worker_t;
+
+static uint64_t mix64(uint64_t x)
+{
+    /* splitmix64 finaliser: a bijection, so distinct indices give distinct keys */
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *s = x;
+    return x * 0x2545F4914F6CDD1Dull;
+}
+
+static size_t key_make(char *buf, uint64_t idx)
+{
+    static const char hex[] = "0123456789abcdef";
+    size_t n = sizeof(META_KEY_PREFIX) - 1;
+    memcpy(buf, META_KEY_PREFIX, n);
+    uint64_t h = mix64(idx);
+    for (int i = 15; i >= 0; i--) {
+        buf[n + (size_t)i] = hex[h & 0xf];
+        h >>= 4;
+    }
+    return n + 16;
+}
+
+static size_t key_len(void)
+{
+    return sizeof(META_KEY_PREFIX) - 1 + 16;
+}
+
+/* Fill the worker's key array with `n` keys of indices idx[0..n). */
+static void keys_set(meta_worker_t *w, const uint64_t *idx, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        w->keys_pb[i].data = (uint8_t *)w->keybuf[i];
+        w->keys_pb[i].len = key_make(w->keybuf[i], idx[i]);
+    }
+}
+
+/* Pack `msg`, call `method` on the worker's connection; *resp_p is malloc'd. */
+static kvp_status_t call(meta_worker_t *w, uint16_t method, const ProtobufCMessage *msg,
+                         uint8_t **resp_p, size_t *resp_len_p)
+{
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    if (n > w->req_cap) {
+        uint8_t *b = realloc(w->req_buf, n);
+        if (b == NULL)
+            return KVP_ERR_NOMEM;
+        w->req_buf = b;
+        w->req_cap = n;
+    }
+    protobuf_c_message_pack(msg, w->req_buf);
+    return kvp_rpc_call(w->fd, method, ++w->req_id, w->req_buf, n, resp_p, resp_len_p);
+}
+
+/* KeysRequest method (EXIST, REMOVE, PUT_END via its own message) -> per-key statuses. */
+static kvp_status_t call_statuses(meta_worker_t *w, uint16_t method, size_t n, int want,
+                                  uint64_t *bad_p)
+{
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    kvp_status_t st;
+    if (method == KVP_RPC_PUT_END) {
+        Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
+        req.n_keys = n;
+        req.keys = w->keys_pb;
+        req.n_crc32c = n;
+        req.crc32c = w->crcs;
+        st = call(w, method, &req.base, &resp, &len);
+    } else {
+        Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+        req.n_keys = n;
+        req.keys = w->keys_pb;
+        st = call(w, method, &req.base, &resp, &len);
+    }
+    if (st != KVP_OK)
+        return st;
+    Kvpool__StatusesResponse *r = kvpool__statuses_response__unpack(NULL, len, resp);
+    free(resp);
+    if (r == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = r->status;
+    if (st == KVP_OK && r->n_statuses != n)
+        st = KVP_ERR_PROTOCOL;
+    uint64_t bad = 0;
+    for (size_t i = 0; st == KVP_OK && i < n; i++)
+        if (r->statuses[i] != want)
+            bad++;
+    kvpool__statuses_response__free_unpacked(r, NULL);
+    if (st == KVP_OK && bad_p != NULL)
+        *bad_p += bad;
+    else if (st == KVP_OK && bad > 0)
+        st = KVP_ERR_INTERNAL;
+    return st;
+}
+
+/* PutStart + PutEnd of the keys already in the worker's key array. */
+static kvp_status_t put_batch(meta_worker_t *w, size_t n)
+{
+    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
+    cfg.replica_num = 1;
+    cfg.preferred_segment = (char *)w->sh->seg_name;
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    req.n_keys = n;
+    req.keys = w->keys_pb;
+    req.n_sizes = n;
+    req.sizes = w->sizes;
+    req.config = &cfg;
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    kvp_status_t st = call(w, KVP_RPC_PUT_START, &req.base, &resp, &len);
+    if (st != KVP_OK)
+        return st;
+    Kvpool__PutStartResponse *r = kvpool__put_start_response__unpack(NULL, len, resp);
+    free(resp);
+    if (r == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = r->status;
+    if (st == KVP_OK && r->n_results != n)
+        st = KVP_ERR_PROTOCOL;
+    for (size_t i = 0; st == KVP_OK && i < n; i++)
+        st = r->results[i]->status;
+    kvpool__put_start_response__free_unpacked(r, NULL);
+    if (st != KVP_OK)
+        return st;
+    return call_statuses(w, KVP_RPC_PUT_END, n, KVP_OK, NULL);
+}
+
+static kvp_status_t get_batch(meta_worker_t *w, size_t n)
+{
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    req.n_keys = n;
+    req.keys = w->keys_pb;
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    kvp_status_t st = call(w, KVP_RPC_GET_REPLICA_LIST, &req.base, &resp, &len);
+    if (st != KVP_OK)
+        return st;
+    Kvpool__GetReplicaListResponse *r = kvpool__get_replica_list_response__unpack(NULL, len, resp);
+    free(resp);
+    if (r == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = r->status;
+    if (st == KVP_OK && r->n_results != n)
+        st = KVP_ERR_PROTOCOL;
+    for (size_t i = 0; st == KVP_OK && i < n; i++)
+        if (r->results[i]->status != KVP_OK || r->results[i]->n_replicas == 0)
+            w->misses++;
+    kvpool__get_replica_list_response__free_unpacked(r, NULL);
+    return st;
+}
+
+/* Population indices [lo, hi) this worker owns: a contiguous slice. */
+static void slice(const meta_shared_t *sh, unsigned id, uint64_t *lo_p, uint64_t *hi_p)
+{
+    uint64_t span = sh->range_hi - sh->range_lo;
+    *lo_p = sh->range_lo + span * id / sh->threads;
+    *hi_p = sh->range_lo + span * (id + 1) / sh->threads;
+}
+
+static void fail(meta_worker_t *w, kvp_status_t st)
+{
+    if (w->status == KVP_OK)
+        w->status = st;
+    atomic_store(&w->sh->abort, true);
+}
+
+static void run_fill(meta_worker_t *w)
+{
+    meta_shared_t *sh = w->sh;
+    uint64_t lo, hi, idx[META_BATCH];
+    slice(sh, w->id, &lo, &hi);
+    double next_report = kvp_bench_now() + 0.5, t0 = kvp_bench_now();
+    uint64_t start_done = atomic_load(&sh->done);
+    for (uint64_t i = lo; i < hi && !atomic_load(&sh->abort);) {
+        size_t n = (size_t)KVP_MIN((uint64_t)META_BATCH, hi - i);
+        for (size_t k = 0; k < n; k++)
+            idx[k] = i + k;
+        keys_set(w, idx, n);
+        kvp_status_t st = put_batch(w, n);
+        if (st != KVP_OK) {
+            fail(w, st);
+            break;
+        }
+        i += n;
+        uint64_t done = atomic_fetch_add(&sh->done, n) + n;
+        double now;
+        if (w->id == 0 && (now = kvp_bench_now()) >= next_report) {
+            double total = (double)(sh->range_hi - sh->range_lo);
+            kvp_bench_progress(sh->opts, "meta: filling %" PRIu64 "/%.0f objects, %.0f objects/s",
+                               done, total, (double)(done - start_done) / (now - t0));
+            next_report = now + 0.5;
+        }
+    }
+}
+
+/* Rounds of put_batches puts per thread (timed between barriers), then removes. */
+static void run_put(meta_worker_t *w)
+{
+    meta_shared_t *sh = w->sh;
+    uint64_t base = META_PUT_BASE + ((uint64_t)w->id << 36), seq = 0;
+    uint64_t idx[META_BATCH];
+    for (;;) {
+        pthread_barrier_wait(&sh->barrier);
+        double t0 = kvp_bench_now();
+        uint64_t first = seq;
+        for (unsigned b = 0; b < sh->put_batches && !atomic_load(&sh->abort); b++) {
+            for (size_t k = 0; k < META_BATCH; k++)
+                idx[k] = base + seq + k;
+            keys_set(w, idx, META_BATCH);
+            kvp_status_t st = put_batch(w, META_BATCH);
+            if (st != KVP_OK) {
+                fail(w, st);
+                break;
+            }
+            seq += META_BATCH;
+        }
+        pthread_barrier_wait(&sh->barrier);
+        if (w->id == 0)
+            sh->put_time += kvp_bench_now() - t0;
+        w->keys += seq - first;
+        for (uint64_t s = first; s < seq && !atomic_load(&sh->abort); s += META_BATCH) {
+            for (size_t k = 0; k < META_BATCH; k++)
+                idx[k] = base + s + k;
+            keys_set(w, idx, META_BATCH);
+            kvp_status_t st = call_statuses(w, KVP_RPC_REMOVE, META_BATCH, KVP_OK, NULL);
+            if (st != KVP_OK)
+                fail(w, st);
+        }
+        pthread_barrier_wait(&sh->barrier);
+        if (w->id == 0)
+            sh->stop = atomic_load(&sh->abort) || kvp_bench_now() >= sh->deadline;
+        pthread_barrier_wait(&sh->barrier);
+        if (sh->stop)
+            break;
+    }
+}
+
+static void run_read(meta_worker_t *w, bool get)
+{
+    meta_shared_t *sh = w->sh;
+    uint64_t idx[META_BATCH];
+    while (!atomic_load(&sh->abort) && kvp_bench_now() < sh->deadline) {
+        for (size_t k = 0; k < META_BATCH; k++)
+            idx[k] = rng_next(&w->rng) % sh->resident;
+        keys_set(w, idx, META_BATCH);
+        kvp_status_t st = get ? get_batch(w, META_BATCH)
+                              : call_statuses(w, KVP_RPC_EXIST, META_BATCH, 1, &w->misses);
+        if (st != KVP_OK) {
+            fail(w, st);
+            break;
+        }
+        w->keys += META_BATCH;
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    meta_worker_t *w = arg;
+    pthread_mutex_lock(&w->sh->gate_lock);
+    while (!w->sh->gate_open)
+        pthread_cond_wait(&w->sh->gate_cond, &w->sh->gate_lock);
+    pthread_mutex_unlock(&w->sh->gate_lock);
+    switch (w->sh->task) {
+    case TASK_FILL:
+        run_fill(w);
+        break;
+    case TASK_PUT:
+        run_put(w);
+        break;
+    case TASK_EXIST:
+        run_read(w, false);
+        break;
+    case TASK_GET:
+        run_read(w, true);
+        break;
+    }
+    return NULL;
+}
+
+/* Run the shared task on every worker; returns the wall time, or < 0 on failure. */
+static double run_task(meta_shared_t *sh, meta_worker_t *ws, meta_task_t task)
+{
+    pthread_t tid[META_MAX_THREADS];
+    sh->task = task;
+    sh->stop = false;
+    sh->put_time = 0;
+    atomic_store(&sh->done, 0);
+    for (unsigned i = 0; i < sh->threads; i++) {
+        ws[i].keys = 0;
+        ws[i].misses = 0;
+    }
+    sh->gate_open = false;
+    unsigned started = 0;
+    for (; started < sh->threads; started++)
+        if (pthread_create(&tid[started], NULL, worker_main, &ws[started]) != 0)
+            break;
+    bool short_handed = started < sh->threads;
+    if (short_handed) {
+        /* the ones started see abort and return at once */
+        fprintf(stderr, "kvpool-bench meta: cannot start %u client threads\n", sh->threads);
+        atomic_store(&sh->abort, true);
+    }
+    if (started > 0)
+        pthread_barrier_init(&sh->barrier, NULL, started);
+    double t0 = kvp_bench_now();
+    pthread_mutex_lock(&sh->gate_lock);
+    sh->gate_open = true;
+    pthread_cond_broadcast(&sh->gate_cond);
+    pthread_mutex_unlock(&sh->gate_lock);
+    for (unsigned i = 0; i < started; i++)
+        pthread_join(tid[i], NULL);
+    if (started > 0)
+        pthread_barrier_destroy(&sh->barrier);
+    if (short_handed)
+        return -1;
+    double dt = kvp_bench_now() - t0;
+    for (unsigned i = 0; i < sh->threads; i++) {
+        if (ws[i].status != KVP_OK) {
+            fprintf(stderr, "kvpool-bench meta: client thread %u failed: %s\n", i,
+                    kvp_strerror(ws[i].status));
+            return -1;
+        }
+    }
+    return dt;
+}
+
+static kvp_status_t mount(int fd, const char *name, uint64_t *seg_id_p)
+{
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = (char *)name;
+    d.medium = "dram";
+    d.size = META_SEG_SIZE;
+    d.host_id = "bench";
+    d.tcp_endpoint = "127.0.0.1:1";
+    d.shm_path = "";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = kvp_random_u64();
+    req.segment = &d;
+    size_t n = kvpool__mount_request__get_packed_size(&req);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (buf == NULL)
+        return KVP_ERR_NOMEM;
+    kvpool__mount_request__pack(&req, buf);
+    uint8_t *resp = NULL;
+    size_t len = 0;
+    kvp_status_t st = kvp_rpc_call(fd, KVP_RPC_MOUNT, 1, buf, n, &resp, &len);
+    free(buf);
+    if (st != KVP_OK)
+        return st;
+    Kvpool__MountResponse *r = kvpool__mount_response__unpack(NULL, len, resp);
+    free(resp);
+    if (r == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = r->status;
+    if (st != KVP_OK)
+        fprintf(stderr, "kvpool-bench meta: mount refused: %s (%s)\n", kvp_strerror(st),
+                r->message);
+    else
+        *seg_id_p = r->segment_id;
+    kvpool__mount_response__free_unpacked(r, NULL);
+    return st;
+}
+
+static int connect_master(const char *addr, int *fd_p)
+{
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = kvp_parse_hostport(addr, host, sizeof(host), &port);
+    if (st == KVP_OK)
+        st = kvp_tcp_connect(host, port, 5000, fd_p);
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool-bench meta: cannot connect to the master at %s: %s\n", addr,
+                kvp_strerror(st));
+        return -1;
+    }
+    kvp_sock_set_timeout(*fd_p, META_RPC_TIMEOUT_MS);
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op, double kps,
+                   double bpo, long long rss, double fill_kps, uint64_t misses)
+{
+    printf("%10" PRIu64 " %-16s %12.0f %12.1f %8zu %8u %12.0f%s\n", sh->resident, op, kps, bpo,
+           key_len(), sh->threads, fill_kps, misses ? "  <- keys not found!" : "");
+    kvp_bench_result_begin(out, "meta");
+    kvp_bench_result_str(out, "op", op);
+    kvp_bench_result_int(out, "objects_resident", (int64_t)sh->resident);
+    kvp_bench_result_num(out, "keys_per_s", kps);
+    kvp_bench_result_num(out, "bytes_per_object", bpo);
+    kvp_bench_result_int(out, "key_bytes", (int64_t)key_len());
+    kvp_bench_result_int(out, "master_rss_bytes", rss);
+    kvp_bench_result_int(out, "object_size", META_OBJ_SIZE);
+    kvp_bench_result_int(out, "batch", META_BATCH);
+    kvp_bench_result_int(out, "threads", sh->threads);
+    kvp_bench_result_num(out, "fill_keys_per_s", fill_kps);
+    kvp_bench_result_int(out, "misses", (int64_t)misses);
+    kvp_bench_result_end(out);
+}
+
+static uint64_t sum_keys(const meta_worker_t *ws, unsigned n, uint64_t *misses_p)
+{
+    uint64_t k = 0, m = 0;
+    for (unsigned i = 0; i < n; i++) {
+        k += ws[i].keys;
+        m += ws[i].misses;
+    }
+    *misses_p = m;
+    return k;
+}
+
+int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+{
+    if (o->master == NULL) {
+        fprintf(stderr, "kvpool-bench meta: needs --master HOST:PORT or --local\n");
+        return 1;
+    }
+    uint64_t counts[KVP_BENCH_MAX_LIST];
+    size_t n_counts = 0;
+    for (size_t i = 0; i < o->n_meta_objects; i++)
+        if (o->meta_objects[i] > 0)
+            counts[n_counts++] = o->meta_objects[i];
+    if (n_counts == 0) {
+        fprintf(stderr, "kvpool-bench meta: no resident object counts given\n");
+        return 1;
+    }
+    qsort(counts, n_counts, sizeof(counts[0]), cmp_u64);
+
+    meta_shared_t sh = {
+        .opts = o, .gate_lock = PTHREAD_MUTEX_INITIALIZER, .gate_cond = PTHREAD_COND_INITIALIZER};
+    sh.threads = o->threads > 1 ? o->threads : 2;
+    if (sh.threads > META_MAX_THREADS)
+        sh.threads = META_MAX_THREADS;
+    double dur = o->duration_s > 0 ? o->duration_s : 2.0;
+    char seg_name[64];
+    snprintf(seg_name, sizeof(seg_name), "bench-meta-%ld", (long)getpid());
+    sh.seg_name = seg_name;
+
+    int rc = 1, mount_fd = -1;
+    meta_worker_t *ws = calloc(sh.threads, sizeof(*ws));
+    if (ws == NULL) {
+        fprintf(stderr, "kvpool-bench meta: out of memory\n");
+        return 1;
+    }
+    for (unsigned i = 0; i < sh.threads; i++)
+        ws[i].fd = -1;
+    if (connect_master(o->master, &mount_fd) != 0)
+        goto out;
+    uint64_t seg_id = 0;
+    if (mount(mount_fd, seg_name, &seg_id) != KVP_OK) {
+        fprintf(stderr, "kvpool-bench meta: cannot mount the virtual segment %s\n", seg_name);
+        goto out;
+    }
+    for (unsigned i = 0; i < sh.threads; i++) {
+        meta_worker_t *w = &ws[i];
+        w->sh = &sh;
+        w->id = i;
+        w->rng = mix64(0x5EED0000u + i) | 1;
+        for (size_t k = 0; k < META_BATCH; k++)
+            w->sizes[k] = META_OBJ_SIZE;
+        if (connect_master(o->master, &w->fd) != 0)
+            goto out;
+    }
+
+    pid_t mpid = kvp_bench_master_pid();
+    long long rss0 = mpid > 0 ? kvp_bench_rss_bytes(mpid) : -1;
+    printf("master metadata: %u client threads (one connection each), batches of %u, %u-byte "
+           "objects on virtual segment %s, %zu-byte keys, %.1f s per point\n",
+           sh.threads, META_BATCH, META_OBJ_SIZE, seg_name, key_len(), dur);
+    if (rss0 < 0)
+        printf("master RSS unknown (not a local master): bytes/object reported as -1\n");
+    printf("%10s %-16s %12s %12s %8s %8s %12s\n", "resident", "op", "keys/s", "B/object", "key B",
+           "threads", "fill keys/s");
+
+    uint64_t resident = 0;
+    for (size_t c = 0; c < n_counts; c++) {
+        uint64_t r = counts[c];
+        sh.resident = r;
+        sh.range_lo = resident;
+        sh.range_hi = r;
+        double fill_kps = 0;
+        if (r > resident) {
+            double dt = run_task(&sh, ws, TASK_FILL);
+            kvp_bench_progress_done(o);
+            if (dt < 0)
+                goto out;
+            fill_kps = (double)(r - resident) / dt;
+            if (fill_kps < 200e3)
+                fprintf(stderr,
+                        "kvpool-bench meta: filling ran at %.0f objects/s (%" PRIu64
+                        " objects in %.1f s)\n",
+                        fill_kps, r - resident, dt);
+        }
+        resident = r;
+
+        long long rss = rss0 >= 0 ? kvp_bench_rss_bytes(mpid) : -1;
+        double bpo = rss >= 0 && rss0 >= 0 ? (double)(rss - rss0) / (double)r : -1.0;
+        uint64_t misses;
+
+        /* put: rounds that keep the extra residency within ~10% of R */
+        uint64_t per_round = r / 10 / ((uint64_t)META_BATCH * sh.threads);
+        sh.put_batches = (unsigned)KVP_MAX(UINT64_C(1), KVP_MIN(per_round, UINT64_C(64)));
+        kvp_bench_progress(o, "meta: %" PRIu64 " resident: put", r);
+        sh.deadline = kvp_bench_now() + dur;
+        if (run_task(&sh, ws, TASK_PUT) < 0)
+            goto out;
+        kvp_bench_progress_done(o);
+        uint64_t k = sum_keys(ws, sh.threads, &misses);
+        report(out, &sh, "put", sh.put_time > 0 ? (double)k / sh.put_time : 0, bpo, rss, fill_kps,
+               misses);
+
+        kvp_bench_progress(o, "meta: %" PRIu64 " resident: exist", r);
+        sh.deadline = kvp_bench_now() + dur;
+        double dt = run_task(&sh, ws, TASK_EXIST);
+        kvp_bench_progress_done(o);
+        if (dt < 0)
+            goto out;
+        k = sum_keys(ws, sh.threads, &misses);
+        report(out, &sh, "exist", (double)k / dt, bpo, rss, fill_kps, misses);
+
+        kvp_bench_progress(o, "meta: %" PRIu64 " resident: get_replica_list", r);
+        sh.deadline = kvp_bench_now() + dur;
+        dt = run_task(&sh, ws, TASK_GET);
+        kvp_bench_progress_done(o);
+        if (dt < 0)
+            goto out;
+        k = sum_keys(ws, sh.threads, &misses);
+        report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses);
+        fflush(stdout);
+    }
+    rc = 0;
+out:
+    kvp_bench_progress_done(o);
+    for (unsigned i = 0; i < sh.threads; i++) {
+        if (ws[i].fd >= 0)
+            close(ws[i].fd);
+        free(ws[i].req_buf);
+    }
+    /* The master unmounts the segment and drops its objects when this closes. */
+    if (mount_fd >= 0)
+        close(mount_fd);
+    free(ws);
+    return rc;
+}

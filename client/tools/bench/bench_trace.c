@@ -1,0 +1,932 @@
+/*
+ * bench_trace.c - kvpool-bench trace: replay a FAST'25 Mooncake trace against
+ * the real store and compare its prefix hit rate with an exact LRU.
+ *
+ * DESIGN
+ * Input is JSONL, one request a line; only the `hash_ids` array is read (a
+ * small scanner: find "hash_ids", read the integers between the brackets;
+ * other fields may come in any order). A line without a well-formed array is
+ * skipped and counted. Each hash id is one KV block of o->block_bytes bytes,
+ * stored under the vLLM-like key "trace@tp_rank:0@pp_rank:0@group:0@<id>".
+ * While loading, hash ids are interned into dense block numbers 0..U-1 (an
+ * open-addressing hash map); everything after that is indexed by the dense
+ * number, so each LRU below is a doubly linked list threaded through arrays
+ * indexed by block (the hash map + list of an exact LRU, map lookups done once).
+ *
+ * Per request, as a serving engine would: batch_is_exist over its keys gives
+ * the cached prefix P; the P prefix blocks are read with batch_get_into and
+ * verified (first 16 and last 8 bytes encode the hash id; the store's CRC
+ * covers the rest); the blocks the store lacks are written with
+ * batch_put_from, in request order. Calls carry at most 128 keys.
+ *
+ * Eviction: the store has no eviction yet, so the bench is the cache policy
+ * ("client-lru"): it tracks what it stored in an exact LRU limited to
+ * capacity_blocks and removes LRU victims from the store before writing new
+ * blocks. A put refused with KVP_ERR_POOL_FULL (the pool is smaller than the
+ * capacity, fragmentation, another tenant) removes more LRU victims and is
+ * retried. The reference `lru_hit_rate` comes from the same LRU simulated
+ * without the store; both agree unless the store disagrees with the bench's
+ * bookkeeping (counted as `mismatches`) or POOL_FULL forced extra evictions.
+ *
+ * The bench holds no block contents beyond two reusable buffers of
+ * batch x block_bytes (one for puts, one for gets), registered once.
+ * Single-threaded: runs on the caller's thread.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "client/include/kvpool.h"
+#include "client/tools/bench/bench.h"
+
+#define TRACE_BATCH 128             /* keys per call */
+#define TRACE_BUF_MAX (64ull << 20) /* bytes per buffer: fewer keys per call for huge blocks */
+#define TRACE_KEY_LEN 80
+#define TRACE_KEY_PREFIX "trace@tp_rank:0@pp_rank:0@group:0@"
+#define TRACE_NIL UINT32_MAX
+#define TRACE_SALT 0x9e3779b97f4a7c15ull
+#define TRACE_MAX_REPORTS 5 /* detailed messages per error kind and run */
+#define TRACE_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+/* ---------------- trace loading ---------------- */
+
+typedef struct trace {
+    uint64_t *ids;  /* dense block -> hash id */
+    uint32_t *blks; /* dense blocks of all requests, concatenated */
+    size_t *off;    /* request r is blks[off[r] .. off[r+1]) */
+    size_t n_req, n_blks, n_uniq, max_len, malformed;
+    /* intern map: hash id -> dense block; slot empty when val == TRACE_NIL */
+    uint64_t *map_key;
+    uint32_t *map_val;
+    size_t map_cap; /* power of two */
+} trace_t;
+
+static size_t hash_u64(uint64_t x)
+{
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ull;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap)
+        return 0;
+    size_t n = *cap ? *cap : 1024;
+    while (n < need)
+        n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (q == NULL)
+        return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+static int map_resize(trace_t *t, size_t cap)
+{
+    uint64_t *k = malloc(cap * sizeof(*k));
+    uint32_t *v = malloc(cap * sizeof(*v));
+    if (k == NULL || v == NULL) {
+        free(k);
+        free(v);
+        return -1;
+    }
+    for (size_t i = 0; i < cap; i++)
+        v[i] = TRACE_NIL;
+    for (size_t i = 0; i < t->map_cap; i++) {
+        if (t->map_val[i] == TRACE_NIL)
+            continue;
+        size_t s = hash_u64(t->map_key[i]) & (cap - 1);
+        while (v[s] != TRACE_NIL)
+            s = (s + 1) & (cap - 1);
+        k[s] = t->map_key[i];
+        v[s] = t->map_val[i];
+    }
+    free(t->map_key);
+    free(t->map_val);
+    t->map_key = k;
+    t->map_val = v;
+    t->map_cap = cap;
+    return 0;
+}
+
+/* Dense block of hash id `id`, added when new; TRACE_NIL when out of memory. */
+static uint32_t intern(trace_t *t, uint64_t id, size_t *ids_cap)
+{
+    if ((t->n_uniq + 1) * 2 > t->map_cap && map_resize(t, t->map_cap ? t->map_cap * 2 : 4096))
+        return TRACE_NIL;
+    size_t s = hash_u64(id) & (t->map_cap - 1);
+    while (t->map_val[s] != TRACE_NIL) {
+        if (t->map_key[s] == id)
+            return t->map_val[s];
+        s = (s + 1) & (t->map_cap - 1);
+    }
+    if (t->n_uniq >= TRACE_NIL - 1 ||
+        grow((void **)&t->ids, ids_cap, t->n_uniq + 1, sizeof(*t->ids)))
+        return TRACE_NIL;
+    t->map_key[s] = id;
+    t->map_val[s] = (uint32_t)t->n_uniq;
+    t->ids[t->n_uniq] = id;
+    return (uint32_t)t->n_uniq++;
+}
+
+static const char *skip_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')
+        p++;
+    return p;
+}
+
+/*
+ * Read the integers of the line's "hash_ids" array into *tmp. Returns their
+ * count, or -1 when the line has no well-formed array of non-negative integers.
+ */
+static long parse_line(const char *line, uint64_t **tmp, size_t *tmp_cap)
+{
+    const char *p = strstr(line, "\"hash_ids\"");
+    if (p == NULL)
+        return -1;
+    p = skip_ws(p + strlen("\"hash_ids\""));
+    if (*p != ':')
+        return -1;
+    p = skip_ws(p + 1);
+    if (*p != '[')
+        return -1;
+    p = skip_ws(p + 1);
+    size_t n = 0;
+    if (*p == ']')
+        return 0;
+    for (;;) {
+        if (*p < '0' || *p > '9')
+            return -1;
+        uint64_t v = 0;
+        for (; *p >= '0' && *p <= '9'; p++) {
+            if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
+                return -1;
+            v = v * 10 + (uint64_t)(*p - '0');
+        }
+        if (grow((void **)tmp, tmp_cap, n + 1, sizeof(**tmp)))
+            return -1;
+        (*tmp)[n++] = v;
+        p = skip_ws(p);
+        if (*p == ']')
+            return (long)n;
+        if (*p != ',')
+            return -1;
+        p = skip_ws(p + 1);
+    }
+}
+
+static void trace_free(trace_t *t)
+{
+    free(t->ids);
+    free(t->blks);
+    free(t->off);
+    free(t->map_key);
+    free(t->map_val);
+}
+
+/* Load at most `limit` requests (0: all). Returns 0, or -1 with a message. */
+static int trace_load(trace_t *t, const char *path, uint64_t limit)
+{
+    memset(t, 0, sizeof(*t));
+    FILE *f = fopen(path, "re");
+    if (f == NULL) {
+        fprintf(stderr, "kvpool-bench: trace: cannot open %s: %m\n", path);
+        return -1;
+    }
+    char *line = NULL;
+    size_t line_cap = 0, ids_cap = 0, blks_cap = 0, off_cap = 0, tmp_cap = 0, lineno = 0;
+    uint64_t *tmp = NULL;
+    int rc = -1;
+    ssize_t len;
+    if (grow((void **)&t->off, &off_cap, 1, sizeof(*t->off)))
+        goto out;
+    t->off[0] = 0;
+    while ((limit == 0 || t->n_req < limit) && (len = getline(&line, &line_cap, f)) >= 0) {
+        lineno++;
+        if (*skip_ws(line) == '\0')
+            continue; /* blank line */
+        long n = (size_t)len == strlen(line) ? parse_line(line, &tmp, &tmp_cap) : -1;
+        if (n < 0) {
+            if (t->malformed++ < TRACE_MAX_REPORTS)
+                fprintf(stderr, "kvpool-bench: trace: %s:%zu: no well-formed hash_ids, skipped\n",
+                        path, lineno);
+            continue;
+        }
+        if (grow((void **)&t->blks, &blks_cap, t->n_blks + (size_t)n, sizeof(*t->blks)) ||
+            grow((void **)&t->off, &off_cap, t->n_req + 2, sizeof(*t->off)))
+            goto out_nomem;
+        for (long i = 0; i < n; i++) {
+            uint32_t b = intern(t, tmp[i], &ids_cap);
+            if (b == TRACE_NIL)
+                goto out_nomem;
+            t->blks[t->n_blks++] = b;
+        }
+        t->off[++t->n_req] = t->n_blks;
+        if ((size_t)n > t->max_len)
+            t->max_len = (size_t)n;
+    }
+    if (ferror(f)) {
+        fprintf(stderr, "kvpool-bench: trace: cannot read %s: %m\n", path);
+        goto out;
+    }
+    if (t->n_req == 0) {
+        fprintf(stderr, "kvpool-bench: trace: %s has no request with hash_ids\n", path);
+        goto out;
+    }
+    rc = 0;
+    goto out;
+out_nomem:
+    fprintf(stderr, "kvpool-bench: trace: out of memory loading %s\n", path);
+out:
+    free(tmp);
+    free(line);
+    fclose(f);
+    if (rc != 0)
+        trace_free(t);
+    return rc;
+}
+
+/* ---------------- exact LRU over dense blocks ---------------- */
+
+typedef struct lru {
+    uint32_t *prev, *next; /* towards MRU / towards LRU */
+    uint8_t *in;
+    uint32_t head, tail; /* MRU, LRU */
+    size_t count, cap;
+} lru_t;
+
+static int lru_init(lru_t *l, size_t n_blocks, size_t cap)
+{
+    l->prev = malloc(n_blocks * sizeof(*l->prev));
+    l->next = malloc(n_blocks * sizeof(*l->next));
+    l->in = calloc(n_blocks, 1);
+    l->head = l->tail = TRACE_NIL;
+    l->count = 0;
+    l->cap = cap;
+    return l->prev && l->next && l->in ? 0 : -1;
+}
+
+static void lru_cleanup(lru_t *l)
+{
+    free(l->prev);
+    free(l->next);
+    free(l->in);
+}
+
+static void lru_unlink(lru_t *l, uint32_t b)
+{
+    if (l->prev[b] != TRACE_NIL)
+        l->next[l->prev[b]] = l->next[b];
+    else
+        l->head = l->next[b];
+    if (l->next[b] != TRACE_NIL)
+        l->prev[l->next[b]] = l->prev[b];
+    else
+        l->tail = l->prev[b];
+    l->in[b] = 0;
+    l->count--;
+}
+
+static void lru_push_mru(lru_t *l, uint32_t b)
+{
+    l->prev[b] = TRACE_NIL;
+    l->next[b] = l->head;
+    if (l->head != TRACE_NIL)
+        l->prev[l->head] = b;
+    else
+        l->tail = b;
+    l->head = b;
+    l->in[b] = 1;
+    l->count++;
+}
+
+static void lru_touch(lru_t *l, uint32_t b)
+{
+    if (l->head == b)
+        return;
+    lru_unlink(l, b);
+    lru_push_mru(l, b);
+}
+
+/* Prefix hits of one request against the LRU alone, then the request's accesses. */
+static size_t lru_sim_request(lru_t *l, const uint32_t *blk, size_t n)
+{
+    size_t p = 0;
+    while (p < n && l->in[blk[p]])
+        p++;
+    if (l->cap == 0)
+        return p;
+    for (size_t i = 0; i < n; i++) {
+        if (l->in[blk[i]]) {
+            lru_touch(l, blk[i]);
+            continue;
+        }
+        while (l->count >= l->cap)
+            lru_unlink(l, l->tail);
+        lru_push_mru(l, blk[i]);
+    }
+    return p;
+}
+
+/* ---------------- the store replay ---------------- */
+
+typedef struct run {
+    const kvp_bench_opts_t *o;
+    const trace_t *t;
+    kvp_client_t *c;
+    uint64_t bb;   /* block bytes */
+    size_t batch;  /* keys per call */
+    uint8_t *pbuf; /* batch x bb: put sources */
+    uint8_t *gbuf; /* batch x bb: get destinations */
+    char (*keys)[TRACE_KEY_LEN];
+    const char **kp;
+    void **bp;
+    size_t *szs;
+    kvp_status_t *st;
+    int64_t *got;
+    int *ex;          /* max_len: is_exist answers of the current request */
+    uint32_t *victim; /* max_len: blocks to remove before this request's puts */
+    uint32_t *miss;   /* max_len: blocks to put, request order; TRACE_NIL: dropped */
+    uint32_t *tmp;    /* batch */
+    uint8_t *stored;  /* per block: the bench believes the store holds it */
+    uint32_t *pend;   /* per block: index in miss[] while waiting to be put, else TRACE_NIL */
+    lru_t lru;        /* what the bench keeps in the store, capacity_blocks */
+    /* counters of the current capacity */
+    uint64_t hits, total, bytes_read, bytes_written;
+    uint64_t get_errors, put_errors, other_errors, mismatches, pool_full_evictions;
+} run_t;
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+    memcpy(p, &v, sizeof(v));
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static void fill_keys(run_t *r, const uint32_t *blk, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        snprintf(r->keys[i], TRACE_KEY_LEN, TRACE_KEY_PREFIX "%" PRIu64, r->t->ids[blk[i]]);
+        r->kp[i] = r->keys[i];
+    }
+}
+
+/* The block's identity inside its bytes; the middle keeps the fill pattern. */
+static void stamp_block(const run_t *r, uint8_t *p, uint64_t id)
+{
+    put_u64(p, id);
+    put_u64(p + 8, id ^ TRACE_SALT);
+    if (r->bb >= 32)
+        put_u64(p + r->bb - 8, ~id);
+}
+
+static bool block_ok(const run_t *r, const uint8_t *p, uint64_t id)
+{
+    return get_u64(p) == id && get_u64(p + 8) == (id ^ TRACE_SALT) &&
+           (r->bb < 32 || get_u64(p + r->bb - 8) == ~id);
+}
+
+static void clear_stamp(const run_t *r, uint8_t *p)
+{
+    memset(p, 0, 16);
+    if (r->bb >= 32)
+        memset(p + r->bb - 8, 0, 8);
+}
+
+/* Statuses that describe one key; any other status carried by every key is the call's. */
+static bool per_key_status(kvp_status_t s)
+{
+    switch (s) {
+    case KVP_ERR_NOT_FOUND:
+    case KVP_ERR_EXISTS:
+    case KVP_ERR_POOL_FULL:
+    case KVP_ERR_PENDING:
+    case KVP_ERR_NOT_PENDING:
+    case KVP_ERR_BAD_KEY:
+    case KVP_ERR_TOO_LARGE:
+    case KVP_ERR_CHECKSUM:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Whole-call failures (master unreachable, ...) end the run: returns -1. */
+static int call_failed(kvp_status_t rc, const kvp_status_t *per_key, size_t n, const char *what)
+{
+    if (rc == KVP_OK || per_key_status(rc))
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (per_key[i] != rc)
+            return 0; /* a per-key failure: the caller counts it */
+    fprintf(stderr, "kvpool-bench: trace: %s failed: %s\n", what, kvp_strerror(rc));
+    return -1;
+}
+
+/* Remove blocks from the store (victims, or cleanup). */
+static int remove_blocks(run_t *r, const uint32_t *blk, size_t n)
+{
+    for (size_t s = 0; s < n; s += r->batch) {
+        size_t m = TRACE_MIN(r->batch, n - s);
+        fill_keys(r, blk + s, m);
+        kvp_status_t rc = kvp_batch_remove(r->c, r->kp, m, r->st);
+        if (call_failed(rc, r->st, m, "batch_remove"))
+            return -1;
+        for (size_t i = 0; i < m; i++) {
+            if (r->st[i] == KVP_ERR_NOT_FOUND)
+                r->mismatches++;
+            else if (r->st[i] != KVP_OK && r->other_errors++ < TRACE_MAX_REPORTS)
+                fprintf(stderr, "kvpool-bench: trace: remove %s: %s\n", r->keys[i],
+                        kvp_strerror(r->st[i]));
+        }
+    }
+    return 0;
+}
+
+/* Forget a block the bench will not keep (evicted, or its put failed). */
+static void drop_block(run_t *r, uint32_t b)
+{
+    if (r->lru.in[b])
+        lru_unlink(&r->lru, b);
+    if (r->pend[b] != TRACE_NIL)
+        r->miss[r->pend[b]] = TRACE_NIL;
+    r->pend[b] = TRACE_NIL;
+    r->stored[b] = 0;
+}
+
+/*
+ * The store refused `need` puts with POOL_FULL: evict that many more LRU
+ * blocks (skipping blocks still waiting to be put) and remove them.
+ * Returns how many were removed (0: nothing left to evict), -1 on failure.
+ */
+static long evict_more(run_t *r, size_t need)
+{
+    size_t k = 0;
+    uint32_t b = r->lru.tail;
+    while (b != TRACE_NIL && k < need && k < r->batch) {
+        uint32_t up = r->lru.prev[b];
+        if (r->pend[b] == TRACE_NIL) {
+            drop_block(r, b);
+            r->tmp[k++] = b;
+        }
+        b = up;
+    }
+    if (k > 0 && remove_blocks(r, r->tmp, k))
+        return -1;
+    r->pool_full_evictions += k;
+    return (long)k;
+}
+
+/* Put blk[0..n) (n <= batch), retrying POOL_FULL refusals after more evictions. */
+static int put_chunk(run_t *r, const uint32_t *blk, size_t n)
+{
+    uint32_t *left = r->tmp + r->batch; /* second half of tmp: keys still to put */
+    memcpy(left, blk, n * sizeof(*left));
+    while (n > 0) {
+        fill_keys(r, left, n);
+        for (size_t i = 0; i < n; i++) {
+            r->bp[i] = r->pbuf + i * r->bb;
+            stamp_block(r, r->bp[i], r->t->ids[left[i]]);
+            r->szs[i] = r->bb;
+        }
+        kvp_status_t rc =
+            kvp_batch_put_from(r->c, r->kp, (const void *const *)r->bp, r->szs, n, NULL, r->st);
+        if (call_failed(rc, r->st, n, "batch_put_from"))
+            return -1;
+        size_t full = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t b = left[i];
+            if (r->st[i] == KVP_OK || r->st[i] == KVP_ERR_EXISTS) {
+                r->pend[b] = TRACE_NIL;
+                if (r->st[i] == KVP_OK)
+                    r->bytes_written += r->bb;
+                else
+                    r->mismatches++;
+            } else if (r->st[i] == KVP_ERR_POOL_FULL) {
+                left[full++] = b;
+            } else {
+                if (r->put_errors++ < TRACE_MAX_REPORTS)
+                    fprintf(stderr, "kvpool-bench: trace: put %s: %s\n", r->keys[i],
+                            kvp_strerror(r->st[i]));
+                drop_block(r, b);
+            }
+        }
+        n = full;
+        if (n == 0)
+            break;
+        long k = evict_more(r, n);
+        if (k < 0)
+            return -1;
+        if (k == 0) {
+            /* nothing of ours left to evict: the pool is full of someone else's data */
+            if (r->put_errors < TRACE_MAX_REPORTS)
+                fprintf(stderr, "kvpool-bench: trace: pool full with nothing left to evict\n");
+            r->put_errors += n;
+            for (size_t i = 0; i < n; i++)
+                drop_block(r, left[i]);
+            break;
+        }
+    }
+    return 0;
+}
+
+/* Read blk[0..n) (n <= batch) and check each block is the one asked for. */
+static int get_chunk(run_t *r, const uint32_t *blk, size_t n)
+{
+    fill_keys(r, blk, n);
+    for (size_t i = 0; i < n; i++) {
+        r->bp[i] = r->gbuf + i * r->bb;
+        clear_stamp(r, r->bp[i]); /* a failed read must not pass on a stale block */
+        r->szs[i] = r->bb;
+    }
+    /* per-key results say it all; a whole-call failure shows up in every key */
+    (void)kvp_batch_get_into(r->c, r->kp, r->bp, r->szs, n, r->got);
+    for (size_t i = 0; i < n; i++) {
+        const char *why = NULL;
+        if (r->got[i] < 0)
+            why = kvp_strerror((kvp_status_t)r->got[i]);
+        else if ((uint64_t)r->got[i] != r->bb)
+            why = "wrong size";
+        else if (!block_ok(r, r->bp[i], r->t->ids[blk[i]]))
+            why = "wrong block content (not the block of this hash id)";
+        if (why == NULL) {
+            r->bytes_read += r->bb;
+        } else if (r->get_errors++ < TRACE_MAX_REPORTS) {
+            fprintf(stderr, "kvpool-bench: trace: get %s: %s\n", r->keys[i], why);
+        }
+    }
+    return 0;
+}
+
+/*
+ * One request: exist -> prefix P, read and verify the prefix, plan the LRU
+ * (the same steps as lru_sim_request), remove the victims, put the misses.
+ */
+static int run_request(run_t *r, const uint32_t *blk, size_t n)
+{
+    size_t p = 0;
+    bool in_prefix = true;
+    for (size_t s = 0; s < n; s += r->batch) {
+        size_t m = TRACE_MIN(r->batch, n - s), cp = 0;
+        fill_keys(r, blk + s, m);
+        kvp_status_t rc = kvp_batch_is_exist(r->c, r->kp, m, r->ex + s, &cp);
+        if (rc != KVP_OK) {
+            fprintf(stderr, "kvpool-bench: trace: batch_is_exist failed: %s\n", kvp_strerror(rc));
+            return -1;
+        }
+        if (in_prefix)
+            p += cp;
+        in_prefix = in_prefix && cp == m;
+    }
+    r->hits += p;
+    r->total += n;
+    for (size_t s = 0; s < p; s += r->batch)
+        if (get_chunk(r, blk + s, TRACE_MIN(r->batch, p - s)))
+            return -1;
+
+    /* reconcile the bench's view with the store's answers */
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = blk[i];
+        if (r->ex[i] == 1 && !r->stored[b]) {
+            r->mismatches++;
+            r->stored[b] = 1; /* someone else's copy: adopt it */
+        } else if (r->ex[i] == 0 && r->stored[b]) {
+            r->mismatches++;
+            r->stored[b] = 0; /* lost: it will be put again */
+        } else if (r->ex[i] < 0 && r->other_errors++ < TRACE_MAX_REPORTS) {
+            fprintf(stderr, "kvpool-bench: trace: exist %" PRIu64 ": %s\n", r->t->ids[b],
+                    kvp_strerror((kvp_status_t)r->ex[i]));
+        }
+    }
+    if (r->lru.cap == 0)
+        return 0;
+
+    size_t nv = 0, nm = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t b = blk[i];
+        if (r->lru.in[b]) {
+            lru_touch(&r->lru, b);
+        } else {
+            while (r->lru.count >= r->lru.cap) {
+                uint32_t v = r->lru.tail;
+                bool was_stored = r->stored[v] && r->pend[v] == TRACE_NIL;
+                drop_block(r, v); /* a victim still waiting for its put is just not put */
+                if (was_stored)
+                    r->victim[nv++] = v;
+            }
+            lru_push_mru(&r->lru, b);
+        }
+        if (!r->stored[b]) {
+            r->stored[b] = 1;
+            r->pend[b] = (uint32_t)nm;
+            r->miss[nm++] = b;
+        }
+    }
+    if (remove_blocks(r, r->victim, nv))
+        return -1;
+    size_t k = 0;
+    for (size_t i = 0; i < nm; i++) /* compact: victims dropped from miss[] */
+        if (r->miss[i] != TRACE_NIL) {
+            r->pend[r->miss[i]] = (uint32_t)k;
+            r->miss[k++] = r->miss[i];
+        }
+    for (size_t s = 0; s < k; s += r->batch) {
+        size_t m = TRACE_MIN(r->batch, k - s);
+        memcpy(r->tmp, r->miss + s, m * sizeof(*r->tmp));
+        if (put_chunk(r, r->tmp, m))
+            return -1;
+    }
+    return 0;
+}
+
+/* Remove everything the bench believes it stored and reset its bookkeeping. */
+static int remove_all(run_t *r)
+{
+    size_t k = 0;
+    int rc = 0;
+    for (size_t b = 0; b < r->t->n_uniq && rc == 0; b++) {
+        if (!r->stored[b])
+            continue;
+        r->tmp[k++] = (uint32_t)b;
+        if (k == r->batch) {
+            rc = remove_blocks(r, r->tmp, k);
+            k = 0;
+        }
+    }
+    if (rc == 0 && k > 0)
+        rc = remove_blocks(r, r->tmp, k);
+    memset(r->stored, 0, r->t->n_uniq);
+    for (size_t b = 0; b < r->t->n_uniq; b++)
+        r->pend[b] = TRACE_NIL;
+    r->lru.head = r->lru.tail = TRACE_NIL;
+    r->lru.count = 0;
+    memset(r->lru.in, 0, r->t->n_uniq);
+    return rc;
+}
+
+/* Remove every key of the trace (leftovers of an earlier run). Returns how many existed. */
+static long sweep_all(run_t *r)
+{
+    long found = 0;
+    for (size_t s = 0; s < r->t->n_uniq; s += r->batch) {
+        size_t m = TRACE_MIN(r->batch, r->t->n_uniq - s);
+        for (size_t i = 0; i < m; i++)
+            r->tmp[i] = (uint32_t)(s + i);
+        fill_keys(r, r->tmp, m);
+        kvp_status_t rc = kvp_batch_remove(r->c, r->kp, m, r->st);
+        if (call_failed(rc, r->st, m, "batch_remove"))
+            return -1;
+        for (size_t i = 0; i < m; i++)
+            found += r->st[i] == KVP_OK;
+    }
+    return found;
+}
+
+static void run_free(run_t *r)
+{
+    if (r->c != NULL) {
+        if (r->pbuf)
+            kvp_unregister_buffer(r->c, r->pbuf);
+        if (r->gbuf)
+            kvp_unregister_buffer(r->c, r->gbuf);
+        kvp_client_destroy(r->c);
+    }
+    free(r->pbuf);
+    free(r->gbuf);
+    free(r->keys);
+    free(r->kp);
+    free(r->bp);
+    free(r->szs);
+    free(r->st);
+    free(r->got);
+    free(r->ex);
+    free(r->victim);
+    free(r->miss);
+    free(r->tmp);
+    free(r->stored);
+    free(r->pend);
+    lru_cleanup(&r->lru);
+}
+
+static int run_init(run_t *r, const kvp_bench_opts_t *o, const trace_t *t)
+{
+    memset(r, 0, sizeof(*r));
+    r->o = o;
+    r->t = t;
+    r->bb = o->block_bytes ? o->block_bytes : 256 * 1024;
+    if (r->bb < 16) {
+        fprintf(stderr, "kvpool-bench: trace: block size must be >= 16 bytes\n");
+        return -1;
+    }
+    r->batch = (size_t)TRACE_MIN((uint64_t)TRACE_BATCH, TRACE_BUF_MAX / r->bb);
+    if (r->batch == 0)
+        r->batch = 1;
+    size_t len = t->max_len ? t->max_len : 1;
+    r->pbuf = malloc(r->batch * r->bb);
+    r->gbuf = malloc(r->batch * r->bb);
+    r->keys = malloc(r->batch * sizeof(*r->keys));
+    r->kp = malloc(r->batch * sizeof(*r->kp));
+    r->bp = malloc(r->batch * sizeof(*r->bp));
+    r->szs = malloc(r->batch * sizeof(*r->szs));
+    r->st = malloc(r->batch * sizeof(*r->st));
+    r->got = malloc(r->batch * sizeof(*r->got));
+    r->ex = malloc(len * sizeof(*r->ex));
+    r->victim = malloc(len * sizeof(*r->victim));
+    r->miss = malloc(len * sizeof(*r->miss));
+    r->tmp = malloc(2 * r->batch * sizeof(*r->tmp));
+    r->stored = calloc(t->n_uniq, 1);
+    r->pend = malloc(t->n_uniq * sizeof(*r->pend));
+    if (lru_init(&r->lru, t->n_uniq, 0) || !r->pbuf || !r->gbuf || !r->keys || !r->kp || !r->bp ||
+        !r->szs || !r->st || !r->got || !r->ex || !r->victim || !r->miss || !r->tmp || !r->stored ||
+        !r->pend) {
+        fprintf(stderr, "kvpool-bench: trace: out of memory\n");
+        return -1;
+    }
+    for (size_t b = 0; b < t->n_uniq; b++)
+        r->pend[b] = TRACE_NIL;
+    /* a cheap non-constant pattern once; each put only stamps the block's id */
+    for (size_t i = 0; i < r->batch * r->bb; i += 8) {
+        uint64_t v = (i * TRACE_SALT) ^ 0x5bd1e995;
+        memcpy(r->pbuf + i, &v, TRACE_MIN(8, r->batch * r->bb - i));
+    }
+    memset(r->gbuf, 0, r->batch * r->bb);
+
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = o->master;
+    p.transport = o->n_transports == 1 ? o->transports[0] : NULL;
+    kvp_status_t st = kvp_client_create(&p, &r->c);
+    if (st != KVP_OK) {
+        r->c = NULL;
+        fprintf(stderr, "kvpool-bench: trace: cannot connect to %s: %s\n",
+                o->master ? o->master : "the default master", kvp_strerror(st));
+        return -1;
+    }
+    /* optional on tcp/shm, done once so rdma would be zero-copy */
+    kvp_register_buffer(r->c, r->pbuf, r->batch * r->bb);
+    kvp_register_buffer(r->c, r->gbuf, r->batch * r->bb);
+    return 0;
+}
+
+static uint64_t pool_capacity(kvp_client_t *c)
+{
+    kvp_pool_stat_t *ps = NULL;
+    if (kvp_pool_stat(c, &ps) != KVP_OK || ps == NULL)
+        return 0;
+    uint64_t cap = ps->capacity;
+    kvp_pool_stat_free(ps);
+    return cap;
+}
+
+/* Replay the trace once at capacity `frac`. Returns 0, or -1 when the run had to stop. */
+static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t *out)
+{
+    const trace_t *t = r->t;
+    size_t cap = (size_t)(frac * (double)t->n_uniq);
+    if (cap == 0 && frac > 0)
+        cap = 1;
+    r->hits = r->total = r->bytes_read = r->bytes_written = 0;
+    r->get_errors = r->put_errors = r->other_errors = r->mismatches = 0;
+    r->pool_full_evictions = 0;
+    r->lru.cap = cap;
+
+    uint64_t pool = pool_capacity(r->c);
+    if (pool != 0 && (double)cap * (double)r->bb > (double)pool)
+        fprintf(stderr,
+                "kvpool-bench: trace: capacity %.3g = %zu blocks = %.2f GiB but the pool has "
+                "%.2f GiB: expect POOL_FULL evictions and hit_rate below lru_hit_rate "
+                "(give the local cluster more --segment-size)\n",
+                frac, cap, (double)cap * (double)r->bb / (1 << 30), (double)pool / (1 << 30));
+
+    double t0 = kvp_bench_now(), last = t0;
+    size_t done = 0;
+    int rc = 0;
+    for (; done < t->n_req; done++) {
+        if (run_request(r, t->blks + t->off[done], t->off[done + 1] - t->off[done])) {
+            rc = -1;
+            break;
+        }
+        double now = kvp_bench_now();
+        if (now - last >= 0.25) {
+            last = now;
+            kvp_bench_progress(r->o, "trace cap %.3g: %zu/%zu requests, hit rate %.4f", frac,
+                               done + 1, t->n_req,
+                               r->total ? (double)r->hits / (double)r->total : 0.0);
+        }
+    }
+    double elapsed = kvp_bench_now() - t0;
+    kvp_bench_progress_done(r->o);
+
+    /* the reference: the same LRU without the store, over the same requests */
+    lru_t sim;
+    uint64_t sim_hits = 0, sim_total = 0;
+    if (lru_init(&sim, t->n_uniq, cap)) {
+        lru_cleanup(&sim);
+        fprintf(stderr, "kvpool-bench: trace: out of memory\n");
+        return -1;
+    }
+    for (size_t q = 0; q < done; q++) {
+        size_t n = t->off[q + 1] - t->off[q];
+        sim_hits += lru_sim_request(&sim, t->blks + t->off[q], n);
+        sim_total += n;
+    }
+    lru_cleanup(&sim);
+
+    if (remove_all(r))
+        rc = -1;
+
+    double hit = r->total ? (double)r->hits / (double)r->total : 0;
+    double ref = sim_total ? (double)sim_hits / (double)sim_total : 0;
+    double rps = elapsed > 0 ? (double)done / elapsed : 0;
+    printf("%-24.24s %8.3g %10zu %9zu %8.4f %8.4f %9.1f %8.2f %9.2f %9.2f %7" PRIu64 "\n", name,
+           frac, cap, done, hit, ref, rps, elapsed, (double)r->bytes_read / 1e9,
+           (double)r->bytes_written / 1e9, r->get_errors);
+    if (r->put_errors || r->other_errors || r->mismatches || r->pool_full_evictions)
+        printf("  note: %" PRIu64 " put errors, %" PRIu64 " other errors, %" PRIu64
+               " store/bench mismatches, %" PRIu64 " extra evictions after POOL_FULL\n",
+               r->put_errors, r->other_errors, r->mismatches, r->pool_full_evictions);
+    fflush(stdout);
+
+    kvp_bench_result_begin(out, "trace");
+    kvp_bench_result_str(out, "trace", name);
+    kvp_bench_result_num(out, "capacity", frac);
+    kvp_bench_result_int(out, "capacity_blocks", (int64_t)cap);
+    kvp_bench_result_int(out, "block_bytes", (int64_t)r->bb);
+    kvp_bench_result_int(out, "requests", (int64_t)done);
+    kvp_bench_result_int(out, "blocks", (int64_t)r->total);
+    kvp_bench_result_int(out, "unique_blocks", (int64_t)t->n_uniq);
+    kvp_bench_result_num(out, "hit_rate", hit);
+    kvp_bench_result_num(out, "lru_hit_rate", ref);
+    kvp_bench_result_num(out, "requests_per_s", rps);
+    kvp_bench_result_num(out, "elapsed_s", elapsed);
+    kvp_bench_result_int(out, "bytes_read", (int64_t)r->bytes_read);
+    kvp_bench_result_int(out, "bytes_written", (int64_t)r->bytes_written);
+    kvp_bench_result_int(out, "get_errors", (int64_t)r->get_errors);
+    kvp_bench_result_int(out, "put_errors", (int64_t)r->put_errors);
+    kvp_bench_result_int(out, "other_errors", (int64_t)r->other_errors);
+    kvp_bench_result_int(out, "mismatches", (int64_t)r->mismatches);
+    kvp_bench_result_int(out, "pool_full_evictions", (int64_t)r->pool_full_evictions);
+    kvp_bench_result_int(out, "malformed_lines", (int64_t)t->malformed);
+    kvp_bench_result_str(out, "eviction", "client-lru");
+    kvp_bench_result_end(out);
+    return rc;
+}
+
+int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+{
+    if (o->trace_path == NULL) {
+        fprintf(stderr, "kvpool-bench: trace needs --trace FILE\n");
+        return 1;
+    }
+    const char *name = strrchr(o->trace_path, '/');
+    name = name ? name + 1 : o->trace_path;
+    trace_t t;
+    if (trace_load(&t, o->trace_path, o->trace_limit))
+        return 1;
+    run_t r;
+    int rc = 1;
+    if (run_init(&r, o, &t))
+        goto out;
+    printf("trace %s: %zu requests%s, %zu blocks, %zu unique, %zu malformed lines skipped; "
+           "blocks of %" PRIu64 " bytes; eviction client-lru (the bench removes LRU victims: "
+           "the store has no eviction yet)\n",
+           name, t.n_req, o->trace_limit ? " (limited)" : "", t.n_blks, t.n_uniq, t.malformed,
+           r.bb);
+    long left = sweep_all(&r);
+    if (left < 0)
+        goto out;
+    if (left > 0)
+        printf("  removed %ld blocks left in the store by an earlier run\n", left);
+    printf("%-24s %8s %10s %9s %8s %8s %9s %8s %9s %9s %7s\n", "trace", "capacity", "cap_blocks",
+           "requests", "hit", "lru_hit", "req/s", "time_s", "read_GB", "write_GB", "get_err");
+    double def_cap = 0.1;
+    const double *caps = o->n_capacities ? o->capacities : &def_cap;
+    size_t n_caps = o->n_capacities ? o->n_capacities : 1;
+    uint64_t get_errors = 0;
+    rc = 0;
+    for (size_t i = 0; i < n_caps && rc == 0; i++) {
+        rc = run_capacity(&r, caps[i], name, out) ? 1 : 0;
+        get_errors += r.get_errors;
+    }
+    if (rc == 0 && get_errors > 0) {
+        fprintf(stderr, "kvpool-bench: trace: %" PRIu64 " gets failed or returned wrong blocks\n",
+                get_errors);
+        rc = 1;
+    }
+out:
+    run_free(&r);
+    trace_free(&t);
+    return rc;
+}

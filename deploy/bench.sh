@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Run kvpool-bench's standard set on this machine (a few minutes on 2 cores)
+# and write bench-results.json plus a short Markdown summary
+# (bench-results.md). Nothing here is committed: both files are ignored.
+#
+#   deploy/bench.sh [OUTDIR]        (default: the repository root)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=${1:-$ROOT}
+mkdir -p "$OUT"
+
+deploy/install-deps.sh
+[ -f build/build.ninja ] || meson setup build >/dev/null
+ninja -C build >/dev/null
+BENCH=$ROOT/build/client/kvpool-bench
+TRACE=${KVPOOL_TRACE:-$ROOT/../shared/traces/synthetic_trace.jsonl}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+run() { # name, args...
+  local name=$1; shift
+  echo "== kvpool-bench $*" >&2
+  "$BENCH" "$@" --json "$tmp/$name.json"
+}
+
+run limits limits --sizes 4KiB,64KiB,1MiB,4MiB,16MiB
+run data   data --local --segment-size 4GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --batch 32 --no-crc
+run data4k data --local --segment-size 1GiB --sizes 4KiB --batch 128
+run alloc  alloc
+run meta   meta --local --objects 10000,1000000,10000000
+if [ -f "$TRACE" ]; then
+  run trace trace --local --segment-size 6GiB --trace "$TRACE" --capacity 0.1,0.25,0.5
+else
+  echo "no trace at $TRACE (set KVPOOL_TRACE): skipping the trace mode" >&2
+fi
+
+# Merge: one machine/params header (from the data run), every result.
+python3 - "$tmp" "$OUT/bench-results.json" "$OUT/bench-results.md" <<'PY'
+import json, sys, glob, os
+tmp, out_json, out_md = sys.argv[1:4]
+docs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(tmp + "/*.json"))}
+first = next(iter(docs.values()))
+merged = {"machine": first["machine"],
+          "params": {k: v["params"] for k, v in docs.items()},
+          "results": [r for v in docs.values() for r in v["results"]]}
+json.dump(merged, open(out_json, "w"), indent=1)
+R = merged["results"]
+md = ["# kvpool-bench results", "",
+      "Machine: %s, %d cores, %.0f GiB." % (first["machine"]["cpu"], first["machine"]["cores"],
+                                           first["machine"]["mem_bytes"] / 2**30), ""]
+md += ["## data", "", "| transport | op | size | batch | crc | GB/s | % of limit | obj/s | p50 us | p99 us | p99.9 us |",
+       "|---|---|---|---|---|---|---|---|---|---|---|"]
+for r in R:
+    if r["mode"] == "data":
+        md.append("| %s | %s | %d | %d | %s | %.2f | %.0f%% | %.0f | %.0f | %.0f | %.0f |" % (
+            r["transport"], r["op"], r["size"], r["batch"], r["crc"], r["gbps"],
+            r["pct_of_limit"], r["objs_per_s"], r["p50_us"], r["p99_us"], r["p999_us"]))
+md += ["", "## limits", "", "| limit | size | streams | GB/s |", "|---|---|---|---|"]
+for r in R:
+    if r["mode"] == "limits":
+        md.append("| %s | %s | %s | %.2f |" % (r["limit"], r.get("size", "-"), r["streams"], r["gbps"]))
+md += ["", "## meta", "", "| op | objects resident | keys/s | bytes/object |", "|---|---|---|---|"]
+for r in R:
+    if r["mode"] == "meta":
+        md.append("| %s | %d | %.0f | %.0f |" % (r["op"], r["objects_resident"], r["keys_per_s"], r["bytes_per_object"]))
+md += ["", "## alloc (worst utilisation and ns/alloc per workload)", "", "| workload | min utilisation | max ns/alloc |", "|---|---|---|"]
+wl = {}
+for r in R:
+    if r["mode"] == "alloc":
+        u, n = wl.get(r["workload"], (2.0, 0.0))
+        wl[r["workload"]] = (min(u, r["utilisation"]), max(n, r["ns_per_alloc"]))
+for k, (u, n) in wl.items():
+    md.append("| %s | %.4f | %.0f |" % (k, u, n))
+md += ["", "## trace", "", "| trace | capacity | hit rate | exact-LRU hit rate | requests/s |", "|---|---|---|---|---|"]
+for r in R:
+    if r["mode"] == "trace":
+        md.append("| %s | %g | %.4f | %.4f | %.1f |" % (r["trace"], r["capacity"], r["hit_rate"], r["lru_hit_rate"], r["requests_per_s"]))
+open(out_md, "w").write("\n".join(md) + "\n")
+print("\n".join(md))
+PY
+echo "wrote $OUT/bench-results.json and $OUT/bench-results.md" >&2
