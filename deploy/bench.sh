@@ -25,12 +25,15 @@ run() { # name, args...
 }
 
 run limits limits --sizes 4KiB,64KiB,1MiB,4MiB,16MiB
-run data   data --local --segment-size 4GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --batch 32 --no-crc
-run data4k data --local --segment-size 1GiB --sizes 4KiB --batch 128
+# Footprints stay under ~2.5 GiB in all: on this machine kind, touching more memory than
+# that makes every access ~25x slower (docs/benchmarks.md, "Memory footprint").
+run data   data --local --segment-size 1GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --batch 32 --no-crc
+run data4k data --local --segment-size 256MiB --sizes 4KiB --batch 128
 run alloc  alloc
 run meta   meta --local --objects 10000,1000000,10000000
 if [ -f "$TRACE" ]; then
-  run trace trace --local --segment-size 6GiB --trace "$TRACE" --capacity 0.1,0.25,0.5
+  run trace trace --local --segment-size 1536MiB --block-bytes 64KiB --trace "$TRACE" \
+    --capacity 0.1,0.25,0.5
 else
   echo "no trace at $TRACE (set KVPOOL_TRACE): skipping the trace mode" >&2
 fi

@@ -90,8 +90,10 @@ static void *worker_main(void *arg)
         kvp_register_buffer(c, src[i], w->size);
         kvp_register_buffer(c, dst[i], w->size);
     }
+    /* Round 0 is a warm-up (first touch of buffers and mappings) and is not counted;
+     * at least 3 rounds are measured even when they take longer than the duration. */
     uint64_t iter = 0;
-    while (kvp_bench_now() < w->t_end && !w->failed) {
+    while ((kvp_bench_now() < w->t_end || iter < 4) && !w->failed) {
         for (unsigned i = 0; i < b; i++)
             snprintf(keys[i], 96, "bench@%s@t%u@%llu@%u", w->transport, w->id,
                      (unsigned long long)iter, i);
@@ -129,6 +131,8 @@ static void *worker_main(void *arg)
             }
         }
         kvp_batch_remove(c, (const char *const *)keys, b, res);
+        if (iter == 1)
+            continue; /* the warm-up round */
         double d[N_OPS] = {t1 - t0, t3 - t2, t2 - t1};
         for (int op = 0; op < N_OPS; op++) {
             lat_add(&w->lat[op], d[op]);
