@@ -12,18 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "master/master.h"
-
-static uint64_t rng_next(uint64_t *s)
-{
-    /* xorshift64*: fast, good enough for weighting */
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
 
 static bool chosen(const kvp_replica_t *out, unsigned n, uint64_t id)
 {
@@ -102,7 +92,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
                     total += free_b;
             if (total == 0)
                 break;
-            uint64_t pick = rng_next(rng_state) % total;
+            uint64_t pick = kvp_rng_next(rng_state) % total;
             kvp_segment_t *sel = NULL;
             for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
                 if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,

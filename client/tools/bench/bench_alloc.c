@@ -67,20 +67,9 @@ typedef struct live_blk {
     uint32_t handle;
 } live_blk_t;
 
-static uint64_t rng_next(uint64_t *s)
-{
-    /* xorshift64*: deterministic, so runs are comparable */
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 static double rng_unit(uint64_t *s)
 {
-    return (double)(rng_next(s) >> 11) / 9007199254740992.0; /* [0, 1) */
+    return (double)(kvp_rng_next(s) >> 11) / 9007199254740992.0; /* [0, 1) */
 }
 
 static uint64_t churn_len(uint64_t *s)
@@ -266,7 +255,7 @@ static int churn(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     uint64_t seed = 0x9E3779B97F4A7C15ull;
     for (uint64_t i = 0; i < CHURN_STEPS; i++) {
         c.lens[i] = churn_len(&seed);
-        c.victim[i] = (uint32_t)rng_next(&seed);
+        c.victim[i] = (uint32_t)kvp_rng_next(&seed);
     }
     churn_res_t r;
     double ns[KVP_BENCH_ALLOC_RUNS];

@@ -106,16 +106,6 @@ static uint64_t mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
-static uint64_t rng_next(uint64_t *s)
-{
-    uint64_t x = *s;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *s = x;
-    return x * 0x2545F4914F6CDD1Dull;
-}
-
 static size_t key_make(char *buf, uint64_t idx)
 {
     static const char hex[] = "0123456789abcdef";
@@ -348,7 +338,7 @@ static void run_read(meta_worker_t *w, bool get)
     uint64_t idx[META_BATCH];
     while (!atomic_load(&sh->abort) && kvp_bench_now() < sh->deadline) {
         for (size_t k = 0; k < META_BATCH; k++)
-            idx[k] = rng_next(&w->rng) % sh->resident;
+            idx[k] = kvp_rng_next(&w->rng) % sh->resident;
         keys_set(w, idx, META_BATCH);
         kvp_status_t st = get ? get_batch(w, META_BATCH)
                               : call_statuses(w, KVP_RPC_EXIST, META_BATCH, 1, &w->misses);
