@@ -626,7 +626,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     kvp_put_config_init(&cfg);
     if (config != NULL)
         memcpy(&cfg, config, KVP_MIN(config->size, sizeof(cfg)));
-    if (cfg.replica_num == 0 || cfg.replica_num > 8)
+    if (cfg.replica_num == 0 || cfg.replica_num > 8 || cfg.pin > KVP_PIN_HARD)
         return KVP_ERR_INVALID_ARG;
 
     int32_t *st = malloc(n * sizeof(*st));
@@ -662,6 +662,8 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
 
     Kvpool__PutConfig pc = KVPOOL__PUT_CONFIG__INIT;
     pc.replica_num = cfg.replica_num;
+    pc.pin = cfg.pin;
+    pc.soft_pin_ttl_s = cfg.soft_pin_ttl_s;
     pc.preferred_segment = "";
     if (cfg.preferred_segment != NULL) {
         if (strcmp(cfg.preferred_segment, KVP_SEGMENT_LOCAL) == 0)
@@ -847,6 +849,9 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
     if (m > 0) {
         uint8_t *resp;
         size_t rlen;
+        /* the lease runs from the master's reply; measuring from before the request
+         * makes the client's view of it conservative */
+        uint64_t lease_start = kvp_now_ms();
         rc = keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, idx, m, false, &resp, &rlen);
         if (rc != KVP_OK)
             goto out;
@@ -908,9 +913,17 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
             if (k == 0)
                 break;
             kvp_transfer_run(&c->xfer, ops, k);
+            bool lease_over =
+                gr->lease_ttl_ms > 0 && kvp_now_ms() - lease_start >= gr->lease_ttl_ms;
             for (size_t q = 0; q < k; q++) {
                 size_t j = op_key[q];
                 kvp_status_t s = ops[q].status;
+                if (s == KVP_OK && lease_over) {
+                    /* the extent may have been reused after the lease: do not trust it */
+                    KVP_LOG_WARN("get %s: transfer outlasted the %u ms read lease", keys[idx[j]],
+                                 gr->lease_ttl_ms);
+                    s = KVP_ERR_LEASE_EXPIRED;
+                }
                 if (s == KVP_OK && ops[q].want_crc && ops[q].crc != gr->results[j]->crc32c) {
                     KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[idx[j]],
                                  ops[q].peer->name);
@@ -968,7 +981,7 @@ int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
  * whole-call error (master unreachable, bad reply) or KVP_OK.
  */
 static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *const *keys,
-                                  size_t n, int32_t *st)
+                                  size_t n, bool force, int32_t *st)
 {
     size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
     if (idx == NULL)
@@ -978,7 +991,7 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
     if (m > 0) {
         uint8_t *resp;
         size_t rlen;
-        rc = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
+        rc = keys_call(c, method, keys, idx, m, force, &resp, &rlen);
         if (rc == KVP_OK) {
             Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
             free(resp);
@@ -1001,7 +1014,7 @@ kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     int32_t *st = malloc((n ? n : 1) * sizeof(*st));
-    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_EXIST, keys, n, st) : KVP_ERR_NOMEM;
+    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_EXIST, keys, n, false, st) : KVP_ERR_NOMEM;
     size_t prefix = 0;
     for (size_t i = 0; i < n; i++)
         results[i] = rc == KVP_OK ? st[i] : rc;
@@ -1020,19 +1033,38 @@ int kvp_is_exist(kvp_client_t *c, const char *key)
     return st == KVP_OK ? r : st;
 }
 
-kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n,
-                              kvp_status_t *results)
+static kvp_status_t batch_remove(kvp_client_t *c, const char *const *keys, size_t n, bool force,
+                                 kvp_status_t *results)
 {
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     int32_t *st = malloc((n ? n : 1) * sizeof(*st));
-    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_REMOVE, keys, n, st) : KVP_ERR_NOMEM;
+    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_REMOVE, keys, n, force, st) : KVP_ERR_NOMEM;
     for (size_t i = 0; i < n; i++)
         results[i] = rc == KVP_OK ? (kvp_status_t)st[i] : rc;
     if (rc == KVP_OK)
         rc = first_error(st, n);
     free(st);
     return rc;
+}
+
+kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n,
+                              kvp_status_t *results)
+{
+    return batch_remove(c, keys, n, false, results);
+}
+
+kvp_status_t kvp_batch_remove_force(kvp_client_t *c, const char *const *keys, size_t n,
+                                    kvp_status_t *results)
+{
+    return batch_remove(c, keys, n, true, results);
+}
+
+kvp_status_t kvp_remove_force(kvp_client_t *c, const char *key)
+{
+    kvp_status_t r = KVP_OK;
+    kvp_status_t st = batch_remove(c, &key, 1, true, &r);
+    return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
 }
 
 kvp_status_t kvp_remove(kvp_client_t *c, const char *key)
@@ -1090,6 +1122,9 @@ kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->used = sr->used;
     s->objects = sr->objects;
     s->pending = sr->pending;
+    s->evicted_objects = sr->evicted_objects;
+    s->evicted_bytes = sr->evicted_bytes;
+    s->put_timeouts = sr->put_timeouts;
     s->n_segments = sr->n_segments;
     for (size_t i = 0; i < sr->n_segments; i++) {
         const Kvpool__SegmentStat *ss = sr->segments[i];

@@ -8,6 +8,7 @@
  * not from sleeps or log scraping.
  */
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,12 @@ static void usage(FILE *f)
                "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
                "                       listening, then close it\n"
                "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
+               "  --evict-high-watermark F  evict when used/capacity passes F (default 0.95)\n"
+               "  --evict-low-watermark F   ... down to F (default 0.85)\n"
+               "  --lease-ttl SECONDS  read lease granted to each get (default 5)\n"
+               "  --put-timeout SECONDS  revoke a put not ended by then (default 30)\n"
+               "  --soft-pin-ttl SECONDS  default soft pin lifetime (default 1800)\n"
+            "  --no-eviction        never evict: a full pool refuses puts\n"
                "  --version, --help\n");
 }
 
@@ -34,14 +41,25 @@ int main(int argc, char **argv)
 {
     const char *listen_addr = DEFAULT_LISTEN;
     int ready_fd = -1;
+    kvp_master_config_t cfg;
+    kvp_master_config_init(&cfg);
     kvp_log_set_component("kvpool-master");
     kvp_log_set_level(KVP_LOG_INFO);
     kvp_log_init_from_env();
 
     static const struct option opts[] = {
-        {"listen", required_argument, NULL, 'l'},    {"ready-fd", required_argument, NULL, 'r'},
-        {"log-level", required_argument, NULL, 'v'}, {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},         {NULL, 0, NULL, 0},
+        {"listen", required_argument, NULL, 'l'},
+        {"ready-fd", required_argument, NULL, 'r'},
+        {"log-level", required_argument, NULL, 'v'},
+        {"evict-high-watermark", required_argument, NULL, 'H'},
+        {"evict-low-watermark", required_argument, NULL, 'W'},
+        {"lease-ttl", required_argument, NULL, 'T'},
+        {"put-timeout", required_argument, NULL, 'P'},
+        {"soft-pin-ttl", required_argument, NULL, 'S'},
+        {"no-eviction", no_argument, NULL, 'N'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
     };
     int opt;
     while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -68,6 +86,35 @@ int main(int argc, char **argv)
             kvp_log_set_level(lvl);
             break;
         }
+        case 'H':
+        case 'W':
+        case 'T':
+        case 'P':
+        case 'S': {
+            char *end;
+            double v = strtod(optarg, &end);
+            bool frac = opt == 'H' || opt == 'W';
+            if (*end != '\0' || end == optarg || !(v >= 0) || (frac && v > 1) ||
+                (!frac && v > 86400 * 365)) {
+                fprintf(stderr, "kvpool-master: bad value '%s' for %s\n", optarg,
+                        frac ? "a watermark (0..1)" : "a time in seconds");
+                return 2;
+            }
+            if (opt == 'H')
+                cfg.evict_high = v;
+            else if (opt == 'W')
+                cfg.evict_low = v;
+            else if (opt == 'T')
+                cfg.lease_ttl_ms = (uint32_t)(v * 1000);
+            else if (opt == 'P')
+                cfg.put_timeout_ms = (uint32_t)(v * 1000);
+            else
+                cfg.soft_pin_ttl_s = (uint32_t)v;
+            break;
+        }
+        case 'N':
+            cfg.evict = false;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -93,7 +140,11 @@ int main(int argc, char **argv)
     }
     kvp_master_server_t *srv;
     uint16_t bound;
-    kvp_status_t status = kvp_master_server_create(host, port, &srv, &bound);
+    if (cfg.evict_low > cfg.evict_high) {
+        fprintf(stderr, "kvpool-master: --evict-low-watermark must not exceed the high one\n");
+        return 2;
+    }
+    kvp_status_t status = kvp_master_server_create(host, port, &cfg, &srv, &bound);
     if (status != KVP_OK) {
         fprintf(stderr, "kvpool-master: cannot listen on %s: %s\n", listen_addr,
                 kvp_strerror(status));

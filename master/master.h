@@ -24,6 +24,24 @@ typedef enum kvp_obj_state {
     KVP_OBJ_COMPLETE = 2,
 } kvp_obj_state_t;
 
+typedef enum kvp_pin {
+    KVP_PIN_NONE = 0,
+    KVP_PIN_SOFT = 1, /* evicted only when nothing else can be, until it expires */
+    KVP_PIN_HARD = 2, /* never evicted */
+} kvp_pin_t;
+
+/* Master settings (flags of kvpool-master; defaults in kvp_master_config_init). */
+typedef struct kvp_master_config {
+    bool evict;              /* false: a full pool refuses puts (store, not cache) */
+    double evict_high;       /* evict when used/capacity passes this (0.95) */
+    double evict_low;        /* ... down to this (0.85) */
+    uint32_t lease_ttl_ms;   /* read lease granted by GetReplicaList (5000) */
+    uint32_t put_timeout_ms; /* a PENDING put not ended by then is revoked (30000) */
+    uint32_t soft_pin_ttl_s; /* default soft pin lifetime (1800) */
+} kvp_master_config_t;
+
+void kvp_master_config_init(kvp_master_config_t *cfg);
+
 #define KVP_MAX_REPLICAS 8
 /* Extent granularity inside a segment (cache-line aligned extents). */
 #define KVP_SEGMENT_ALIGN 64u
@@ -56,15 +74,18 @@ typedef struct kvp_replica {
  */
 typedef struct kvp_object {
     struct kvp_object *hnext; /* hash chain */
-    struct kvp_object *lprev; /* pending list (PENDING objects only) */
+    struct kvp_object *lprev; /* PENDING: pending list; COMPLETE: LRU list */
     struct kvp_object *lnext;
     uint64_t hash;
     uint64_t size;
-    uint64_t writer_conn_id; /* PENDING: connection that started the put */
+    uint64_t writer_conn_id;   /* PENDING: connection that started the put */
+    uint64_t deadline_ms;      /* PENDING: put timeout; COMPLETE: read lease expiry */
+    uint32_t soft_pin_until_s; /* soft pin expiry (master clock, seconds); 0: none */
     uint32_t crc32c;
     uint8_t state;
     uint8_t n_replicas;
     uint16_t key_len;
+    uint8_t pin;              /* kvp_pin_t */
     kvp_replica_t replicas[]; /* followed by key bytes */
 } kvp_object_t;
 
@@ -99,12 +120,18 @@ static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
 }
 
 /* ---- object index (object_index.c) ---- */
+typedef struct kvp_object_list {
+    kvp_object_t *head; /* oldest (LRU end) */
+    kvp_object_t *tail; /* newest (MRU end) */
+} kvp_object_list_t;
+
 typedef struct kvp_object_index {
     kvp_object_t **buckets;
-    uint64_t n_buckets;         /* power of two */
-    uint64_t count;             /* all objects */
-    uint64_t pending;           /* PENDING objects */
-    kvp_object_t *pending_head; /* list of PENDING objects */
+    uint64_t n_buckets;             /* power of two */
+    uint64_t count;                 /* all objects */
+    uint64_t pending;               /* PENDING objects */
+    kvp_object_list_t pending_list; /* PENDING objects, oldest first (put timeouts) */
+    kvp_object_list_t lru;          /* COMPLETE objects, least recently used first */
 } kvp_object_index_t;
 
 kvp_status_t kvp_index_init(kvp_object_index_t *index);
@@ -118,6 +145,8 @@ void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj);
 /* Unlink from the table (and the pending list); does not free. */
 void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj);
 void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state);
+/* A COMPLETE object was used (put or read): it becomes the most recently used. */
+void kvp_index_touch(kvp_object_index_t *index, kvp_object_t *obj);
 /* Allocate an object with room for n replicas and the key. */
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
 
@@ -133,6 +162,8 @@ typedef struct kvp_placement_req {
     uint64_t size;
     unsigned replica_num;
     const kvp_segment_t *preferred; /* may be NULL */
+    unsigned pin;                   /* kvp_pin_t for the new object */
+    uint32_t soft_pin_ttl_s;        /* 0: the master's default */
 } kvp_placement_req_t;
 
 /*
@@ -145,10 +176,20 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
                                  uint64_t *rng_state, kvp_replica_t *out, unsigned *n_p);
 
 /* ---- the whole metadata state + handlers (service.c) ---- */
+typedef struct kvp_master_stats {
+    uint64_t evicted_objects;
+    uint64_t evicted_bytes;
+    uint64_t evictions;    /* eviction runs */
+    uint64_t put_timeouts; /* PENDING puts revoked by --put-timeout */
+} kvp_master_stats_t;
+
 typedef struct kvp_master_state {
     kvp_segment_table_t segments;
     kvp_object_index_t index;
+    kvp_master_config_t config;
+    kvp_master_stats_t stats;
     uint64_t rng;
+    uint64_t now_ms; /* the master clock: set by the loop before each event (tests set it) */
 } kvp_master_state_t;
 
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st);
@@ -169,5 +210,19 @@ void kvp_service_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
 
 /* Free every extent of obj and destroy it (obj must be unlinked). */
 void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj);
+
+/* ---- eviction and timers (eviction.c) ---- */
+/* Bytes allocated over all segments. */
+uint64_t kvp_master_used(const kvp_master_state_t *st);
+/*
+ * Free least-recently-used COMPLETE objects, skipping leased and hard-pinned
+ * ones (soft-pinned ones only when nothing else is left), until used bytes
+ * are at most `target`. Returns the bytes freed.
+ */
+uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target);
+/* Evict down to the low watermark if usage is above the high one. */
+void kvp_evict_if_needed(kvp_master_state_t *st);
+/* Revoke PENDING puts past their deadline. Returns how many. */
+unsigned kvp_expire_puts(kvp_master_state_t *st);
 
 #endif

@@ -4,8 +4,9 @@
  * Chained buckets (power of two), XXH3-64 of the key, the full hash kept in
  * the object so that a chain walk compares 8 bytes before the key and a
  * resize never rehashes a key. The table doubles when count > buckets.
- * PENDING objects are also on a doubly linked list so a dead writer's puts
- * can be found without a scan.
+ * Every object is also on one doubly linked list: PENDING objects on the
+ * pending list (oldest first: put timeouts, a dead writer's puts, no scan),
+ * COMPLETE objects on the LRU list (least recently used first: eviction).
  *
  * Thread: master loop only.
  */
@@ -74,26 +75,49 @@ static void grow(kvp_object_index_t *index)
     index->n_buckets = n;
 }
 
-static void pending_link(kvp_object_index_t *index, kvp_object_t *obj)
+static void list_append(kvp_object_list_t *l, kvp_object_t *obj)
 {
-    obj->lprev = NULL;
-    obj->lnext = index->pending_head;
-    if (index->pending_head)
-        index->pending_head->lprev = obj;
-    index->pending_head = obj;
-    index->pending++;
+    obj->lnext = NULL;
+    obj->lprev = l->tail;
+    if (l->tail)
+        l->tail->lnext = obj;
+    else
+        l->head = obj;
+    l->tail = obj;
 }
 
-static void pending_unlink(kvp_object_index_t *index, kvp_object_t *obj)
+static void list_remove(kvp_object_list_t *l, kvp_object_t *obj)
 {
     if (obj->lprev)
         obj->lprev->lnext = obj->lnext;
     else
-        index->pending_head = obj->lnext;
+        l->head = obj->lnext;
     if (obj->lnext)
         obj->lnext->lprev = obj->lprev;
+    else
+        l->tail = obj->lprev;
     obj->lprev = obj->lnext = NULL;
-    index->pending--;
+}
+
+/* Every object is on exactly one list: pending or LRU, by its state. */
+static void lists_link(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    if (obj->state == KVP_OBJ_PENDING) {
+        list_append(&index->pending_list, obj);
+        index->pending++;
+    } else {
+        list_append(&index->lru, obj);
+    }
+}
+
+static void lists_unlink(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    if (obj->state == KVP_OBJ_PENDING) {
+        list_remove(&index->pending_list, obj);
+        index->pending--;
+    } else {
+        list_remove(&index->lru, obj);
+    }
 }
 
 void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj)
@@ -104,8 +128,7 @@ void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj)
     obj->hnext = index->buckets[b];
     index->buckets[b] = obj;
     index->count++;
-    if (obj->state == KVP_OBJ_PENDING)
-        pending_link(index, obj);
+    lists_link(index, obj);
 }
 
 void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj)
@@ -118,19 +141,24 @@ void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj)
     *pp = obj->hnext;
     obj->hnext = NULL;
     index->count--;
-    if (obj->state == KVP_OBJ_PENDING)
-        pending_unlink(index, obj);
+    lists_unlink(index, obj);
 }
 
 void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state)
 {
     if (obj->state == state)
         return;
-    if (obj->state == KVP_OBJ_PENDING)
-        pending_unlink(index, obj);
+    lists_unlink(index, obj);
     obj->state = (uint8_t)state;
-    if (state == KVP_OBJ_PENDING)
-        pending_link(index, obj);
+    lists_link(index, obj);
+}
+
+void kvp_index_touch(kvp_object_index_t *index, kvp_object_t *obj)
+{
+    if (obj->state != KVP_OBJ_COMPLETE || index->lru.tail == obj)
+        return;
+    list_remove(&index->lru, obj);
+    list_append(&index->lru, obj);
 }
 
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)
@@ -156,8 +184,7 @@ void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb
                 *pp = obj->hnext;
                 obj->hnext = NULL;
                 index->count--;
-                if (obj->state == KVP_OBJ_PENDING)
-                    pending_unlink(index, obj);
+                lists_unlink(index, obj);
                 free(obj);
                 continue;
             }

@@ -32,6 +32,7 @@
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
+#define TICK_MS 500
 
 typedef struct conn {
     int fd;
@@ -289,8 +290,9 @@ static void on_accept(kvp_master_server_t *srv)
     }
 }
 
-kvp_status_t kvp_master_server_create(const char *host, uint16_t port, kvp_master_server_t **srv_p,
-                                      uint16_t *bound_port_p)
+kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
+                                      const kvp_master_config_t *config,
+                                      kvp_master_server_t **srv_p, uint16_t *bound_port_p)
 {
     kvp_master_server_t *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
@@ -298,6 +300,8 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port, kvp_maste
     kvp_status_t status = kvp_master_state_init(&srv->state);
     if (status != KVP_OK)
         goto err_free;
+    if (config != NULL)
+        srv->state.config = *config;
     status = kvp_tcp_listen(host, port, 1024, &srv->listen_fd, bound_port_p);
     if (status != KVP_OK)
         goto err_state;
@@ -340,14 +344,25 @@ err_free:
 kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
 {
     struct epoll_event evs[128];
+    uint64_t next_tick = 0;
     while (!srv->stop) {
-        int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs), -1);
+        /* Timers: twice a second, reclaim timed-out puts and keep usage under the high
+         * watermark (puts also check it, this catches quiet periods). */
+        srv->state.now_ms = kvp_now_ms();
+        if (srv->state.now_ms >= next_tick) {
+            kvp_expire_puts(&srv->state);
+            kvp_evict_if_needed(&srv->state);
+            next_tick = srv->state.now_ms + TICK_MS;
+        }
+        int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
+                           (int)(next_tick - srv->state.now_ms));
         if (n < 0) {
             if (errno == EINTR)
                 continue;
             KVP_LOG_ERROR("epoll_wait failed: %m");
             return KVP_ERR_SYSTEM;
         }
+        srv->state.now_ms = kvp_now_ms();
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
             if (p == &srv->listen_fd) {

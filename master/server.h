@@ -11,8 +11,10 @@
 typedef struct kvp_master_server kvp_master_server_t;
 
 /* Listen on host:port (0: any free port) and block SIGTERM/SIGINT for the signalfd. */
-kvp_status_t kvp_master_server_create(const char *host, uint16_t port, kvp_master_server_t **srv_p,
-                                      uint16_t *bound_port_p);
+/* config may be NULL (defaults); it is copied. */
+kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
+                                      const kvp_master_config_t *config,
+                                      kvp_master_server_t **srv_p, uint16_t *bound_port_p);
 /* Serve until SIGTERM or SIGINT. Runs on the calling thread. */
 kvp_status_t kvp_master_server_run(kvp_master_server_t *srv);
 /* Close every connection and free all metadata. */

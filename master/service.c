@@ -30,6 +30,8 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 {
     memset(st, 0, sizeof(*st));
     kvp_segment_table_init(&st->segments);
+    kvp_master_config_init(&st->config);
+    st->now_ms = kvp_now_ms();
     st->rng = kvp_random_u64();
     return kvp_index_init(&st->index);
 }
@@ -303,6 +305,16 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     kvp_placement_req_t r = *preq;
     r.size = size;
     status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
+    if (status == KVP_ERR_POOL_FULL) {
+        /* No room: evict now (down to the low watermark, and at least this object's
+         * worth) and try once more before failing. */
+        uint64_t used = kvp_master_used(st);
+        uint64_t need = size * (r.replica_num ? r.replica_num : 1);
+        uint64_t low = (uint64_t)(st->config.evict_low * (double)st->segments.capacity);
+        uint64_t target = used > need ? used - need : 0;
+        kvp_evict_to(st, target < low ? target : low);
+        status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
+    }
     if (status != KVP_OK)
         return status;
     obj = kvp_object_create((const char *)key->data, key->len, hash, n);
@@ -318,6 +330,12 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     obj->size = size;
     obj->state = KVP_OBJ_PENDING;
     obj->writer_conn_id = conn_id;
+    obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+    obj->pin = (uint8_t)preq->pin;
+    if (preq->pin == KVP_PIN_SOFT)
+        obj->soft_pin_until_s =
+            (uint32_t)(st->now_ms / 1000 +
+                       (preq->soft_pin_ttl_s ? preq->soft_pin_ttl_s : st->config.soft_pin_ttl_s));
     kvp_index_insert(&st->index, obj);
     *obj_p = obj;
     return KVP_OK;
@@ -346,6 +364,9 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
     kvp_placement_req_t preq = {.replica_num = 1};
     if (req->config != NULL) {
         preq.replica_num = req->config->replica_num ? req->config->replica_num : 1;
+        if (req->config->pin <= KVP_PIN_HARD)
+            preq.pin = req->config->pin;
+        preq.soft_pin_ttl_s = req->config->soft_pin_ttl_s;
         if (req->config->preferred_segment[0] != '\0')
             preq.preferred =
                 kvp_segment_table_find_name(&st->segments, req->config->preferred_segment);
@@ -380,6 +401,7 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
         rc = KVP_ERR_NOMEM;
         goto out;
     }
+    kvp_evict_if_needed(st);
     resp.n_results = n;
     resp.results = resptr;
     resp.n_segments = segs.n;
@@ -449,6 +471,7 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     if (obj->writer_conn_id != conn_id)
         return KVP_ERR_NOT_OWNER;
     obj->crc32c = end->crc32c[i];
+    obj->deadline_ms = 0; /* from now on: read lease expiry */
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
     return KVP_OK;
 }
@@ -486,6 +509,8 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_NOT_FOUND;
     if (obj->state == KVP_OBJ_PENDING)
         return KVP_ERR_PENDING;
+    if (obj->deadline_ms > st->now_ms && !force)
+        return KVP_ERR_LEASED;
     kvp_index_unlink(&st->index, obj);
     kvp_object_release(st, obj);
     return KVP_OK;
@@ -592,6 +617,11 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             }
             res[i].size = obj->size;
             res[i].crc32c = obj->crc32c;
+            /* a read lease: the extents stay put (no eviction, no plain remove) */
+            uint64_t until = st->now_ms + st->config.lease_ttl_ms;
+            if (obj->deadline_ms < until)
+                obj->deadline_ms = until;
+            kvp_index_touch(&st->index, obj);
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
             if (!add_replicas(st, obj, reps, repptr, &nr, &segs)) {
@@ -607,6 +637,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
         resp.results = resptr;
         resp.n_segments = segs.n;
         resp.segments = segs.ptrs;
+        resp.lease_ttl_ms = st->config.lease_ttl_ms;
     }
     size_t plen = kvpool__get_replica_list_response__get_packed_size(&resp);
     uint8_t *b = malloc(plen ? plen : 1);
@@ -697,6 +728,9 @@ static kvp_status_t do_stat(kvp_master_state_t *st, uint8_t **resp_p, size_t *re
     resp.used = used;
     resp.objects = st->index.count - st->index.pending;
     resp.pending = st->index.pending;
+    resp.evicted_objects = st->stats.evicted_objects;
+    resp.evicted_bytes = st->stats.evicted_bytes;
+    resp.put_timeouts = st->stats.put_timeouts;
     resp.n_segments = k;
     resp.segments = sp;
     size_t plen = kvpool__stat_response__get_packed_size(&resp);
@@ -764,7 +798,7 @@ kvp_status_t kvp_service_handle(kvp_master_state_t *st, uint64_t conn_id, uint16
 void kvp_service_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
     /* Revoke the connection's unfinished puts. */
-    kvp_object_t *obj = st->index.pending_head;
+    kvp_object_t *obj = st->index.pending_list.head;
     unsigned revoked = 0;
     while (obj != NULL) {
         kvp_object_t *next = obj->lnext;

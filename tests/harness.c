@@ -85,14 +85,25 @@ bool kvp_proc_start(kvp_proc_t *p, char *const argv[], int timeout_ms)
 
 bool kvp_start_master(kvp_proc_t *p)
 {
-    char *argv[] = {(char *)kvp_test_master_bin(),
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--ready-fd",
-                    "3",
-                    "--log-level",
-                    "warn",
-                    NULL};
+    /* No read leases by default: these tests remove what they just read. The lease
+     * tests start their master with kvp_start_master_args. */
+    char *args[] = {"--lease-ttl", "0", NULL};
+    return kvp_start_master_args(p, args);
+}
+
+bool kvp_start_master_args(kvp_proc_t *p, char *const extra[])
+{
+    char *argv[32] = {(char *)kvp_test_master_bin(),
+                      "--listen",
+                      "127.0.0.1:0",
+                      "--ready-fd",
+                      "3",
+                      "--log-level",
+                      "warn"};
+    int n = 7;
+    for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
     return kvp_proc_start(p, argv, 10000);
 }
 

@@ -27,8 +27,13 @@ const char *kvp_test_cli_bin(void);
  */
 bool kvp_proc_start(kvp_proc_t *p, char *const argv[], int timeout_ms);
 
-/* Start kvpool-master on 127.0.0.1:0; p->ready holds "127.0.0.1:PORT". */
+/*
+ * Start kvpool-master on 127.0.0.1:0 with --lease-ttl 0 (no read leases);
+ * p->ready holds "127.0.0.1:PORT". _args: the defaults plus extra flags
+ * (NULL-terminated), read leases included.
+ */
 bool kvp_start_master(kvp_proc_t *p);
+bool kvp_start_master_args(kvp_proc_t *p, char *const extra[]);
 
 /* Start `kvpool serve` with a segment; p->ready holds the segment name. */
 bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size, const char *transport);

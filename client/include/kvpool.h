@@ -82,13 +82,20 @@ const char *kvp_client_segment_name(const kvp_client_t *client);
 kvp_status_t kvp_register_buffer(kvp_client_t *client, void *addr, size_t len);
 kvp_status_t kvp_unregister_buffer(kvp_client_t *client, void *addr);
 
-/* Where replicas go. Initialise with kvp_put_config_init(). */
+/* Pinning: whether eviction may take the object (see docs/operations.md). */
+#define KVP_PIN_NONE 0
+#define KVP_PIN_SOFT 1 /* evicted only when nothing unpinned is left, until the pin expires */
+#define KVP_PIN_HARD 2 /* never evicted; removed only by remove */
+
+/* Where replicas go and how they are kept. Initialise with kvp_put_config_init(). */
 typedef struct kvp_put_config {
     size_t size;                   /* sizeof(kvp_put_config_t) */
     uint32_t replica_num;          /* extents on distinct segments; default 1 */
     const char *preferred_segment; /* segment name to place the first replica on, if it has
                                       room; KVP_SEGMENT_LOCAL: this client's own segment;
                                       NULL: placement by free space (weighted random) */
+    uint32_t pin;                  /* KVP_PIN_NONE (default), KVP_PIN_SOFT, KVP_PIN_HARD */
+    uint32_t soft_pin_ttl_s;       /* soft pin lifetime; 0: the master's default (30 min) */
 } kvp_put_config_t;
 
 #define KVP_SEGMENT_LOCAL "@local"
@@ -111,6 +118,7 @@ kvp_status_t kvp_put(kvp_client_t *client, const char *key, const void *buf, siz
  * Read one object into [buf, buf+cap). Returns the object size (>= 1) or a
  * negative kvp_status_t: KVP_ERR_NOT_FOUND, KVP_ERR_BUFFER_TOO_SMALL (nothing
  * written to buf), KVP_ERR_CHECKSUM (the bytes in buf are not the object),
+ * KVP_ERR_LEASE_EXPIRED (the transfer outlasted the read lease: retry),
  * transfer errors. Never returns success with wrong bytes.
  */
 int64_t kvp_get_into(kvp_client_t *client, const char *key, void *buf, size_t cap);
@@ -145,12 +153,21 @@ kvp_status_t kvp_batch_is_exist(kvp_client_t *client, const char *const *keys, s
 /* 1 if the key exists, 0 if not, or a negative status. */
 int kvp_is_exist(kvp_client_t *client, const char *key);
 
-/* Remove one object. KVP_OK, KVP_ERR_NOT_FOUND, KVP_ERR_PENDING. */
+/*
+ * Remove one object. KVP_OK, KVP_ERR_NOT_FOUND, KVP_ERR_PENDING, or
+ * KVP_ERR_LEASED while a reader holds a read lease on it (a get in the last
+ * lease-ttl seconds); kvp_remove_force removes it anyway (the reader's CRC
+ * check then reports the object gone rather than returning other bytes).
+ */
 kvp_status_t kvp_remove(kvp_client_t *client, const char *key);
+kvp_status_t kvp_remove_force(kvp_client_t *client, const char *key);
 
 /* Batch remove; results[i] per key; returns as kvp_batch_put_from. */
 kvp_status_t kvp_batch_remove(kvp_client_t *client, const char *const *keys, size_t n,
                               kvp_status_t *results);
+/* The same, also removing objects under a read lease. */
+kvp_status_t kvp_batch_remove_force(kvp_client_t *client, const char *const *keys, size_t n,
+                                    kvp_status_t *results);
 
 /* Size of a complete object, or a negative status (KVP_ERR_NOT_FOUND). */
 int64_t kvp_get_size(kvp_client_t *client, const char *key);
@@ -173,6 +190,9 @@ typedef struct kvp_pool_stat {
     uint64_t pending;  /* objects being written */
     size_t n_segments;
     kvp_segment_info_t *segments;
+    uint64_t evicted_objects; /* since the master started */
+    uint64_t evicted_bytes;
+    uint64_t put_timeouts; /* PENDING puts revoked by the put timeout */
 } kvp_pool_stat_t;
 
 /* Pool-wide view from the master. Free with kvp_pool_stat_free(). */

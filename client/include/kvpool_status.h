@@ -38,7 +38,9 @@
     X(KVP_ERR_SYSTEM, -24, "system call failed")                                                   \
     X(KVP_ERR_SHUTDOWN, -25, "shutting down")                                                      \
     X(KVP_ERR_NOT_OWNER, -26, "caller does not own this object or segment")                        \
-    X(KVP_ERR_INTERNAL, -27, "internal error")
+    X(KVP_ERR_INTERNAL, -27, "internal error")                                                     \
+    X(KVP_ERR_LEASED, -28, "object is being read (under a read lease); remove it with force")      \
+    X(KVP_ERR_LEASE_EXPIRED, -29, "read lease expired before the transfer finished")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(name, value, msg) name = value,
@@ -47,7 +49,7 @@ typedef enum kvp_status {
 } kvp_status_t;
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-27)
+#define KVP_STATUS_MIN (-29)
 
 /*
  * Human-readable text for a status. Always returns a static string, also for

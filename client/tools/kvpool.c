@@ -81,7 +81,7 @@ static const char global_usage[] =
     "                            store FILE (or stdin) under KEY\n"
     "  get KEY [FILE|-]          write the object to FILE (default: stdout)\n"
     "  exist KEY...              print KEY<TAB>yes|no; exit 0 if all exist, 1 if not\n"
-    "  rm KEY...                 remove objects\n"
+    "  rm [--force] KEY...       remove objects (--force: also ones being read)\n"
     "  stat [--json]             pool capacity, usage and segments\n"
     "\n"
     "global options:\n"
@@ -639,9 +639,23 @@ static int cmd_exist(const cli_t *cli, const command_t *cmd, int argc, char **ar
 
 static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
 {
-    int rc;
-    if (parse_no_options(cmd, argc, argv, &rc))
-        return rc;
+    static const struct option opts[] = {
+        {"force", no_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    bool force = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "+:fh", opts, NULL)) != -1) {
+        if (opt == 'f') {
+            force = true;
+        } else if (opt == 'h') {
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        } else {
+            return option_error(cmd, opt, argc, argv);
+        }
+    }
     if (optind >= argc)
         return usage_error(cmd, "%s needs at least one KEY", cmd->name);
     const char *const *keys = (const char *const *)argv + optind;
@@ -658,13 +672,14 @@ static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
         size_t cnt = KVP_MIN(n - off, (size_t)KVP_MAX_BATCH);
         for (size_t i = 0; i < cnt; i++)
             results[off + i] = (kvp_status_t)1; /* not a status: unwritten */
-        kvp_status_t status = kvp_batch_remove(client, keys + off, cnt, results + off);
+        kvp_status_t status = force ? kvp_batch_remove_force(client, keys + off, cnt, results + off)
+                                    : kvp_batch_remove(client, keys + off, cnt, results + off);
         for (size_t i = 0; i < cnt; i++)
             if ((int)results[off + i] == 1)
                 results[off + i] = status;
     }
     kvp_client_destroy(client);
-    rc = CLI_OK;
+    int rc = CLI_OK;
     for (size_t i = 0; i < n; i++) {
         if (results[i] != KVP_OK) {
             fprintf(stderr, "%s\t%s\n", keys[i], kvp_strerror(results[i]));
@@ -791,7 +806,7 @@ static const command_t commands[] = {
     {"put", "[--replicas N] [--prefer SEGMENT] KEY FILE|-", cmd_put},
     {"get", "KEY [FILE|-]", cmd_get},
     {"exist", "KEY...", cmd_exist},
-    {"rm", "KEY...", cmd_rm},
+    {"rm", "[--force] KEY...", cmd_rm},
     {"stat", "[--json]", cmd_stat},
 };
 

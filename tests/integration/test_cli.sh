@@ -87,7 +87,7 @@ cli() {
 
 mkfifo "$tmp/master.ready" "$tmp/serve.ready"
 
-"$KVPOOL_MASTER_BIN" --listen 127.0.0.1:0 --ready-fd 3 --log-level warn \
+"$KVPOOL_MASTER_BIN" --listen 127.0.0.1:0 --ready-fd 3 --log-level warn --lease-ttl 0 \
     3>"$tmp/master.ready" 2>"$tmp/master.log" &
 mpid=$!
 addr=$(read_ready "$tmp/master.ready") || fail "master reports ready" "$tmp/master.log"

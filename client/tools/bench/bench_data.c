@@ -130,7 +130,7 @@ static void *worker_main(void *arg)
                 w->failed = 1;
             }
         }
-        kvp_batch_remove(c, (const char *const *)keys, b, res);
+        kvp_batch_remove_force(c, (const char *const *)keys, b, res);
         if (iter == 1)
             continue; /* the warm-up round */
         double d[N_OPS] = {t1 - t0, t3 - t2, t2 - t1};

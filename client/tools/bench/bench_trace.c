@@ -441,7 +441,7 @@ static int remove_blocks(run_t *r, const uint32_t *blk, size_t n)
     for (size_t s = 0; s < n; s += r->batch) {
         size_t m = TRACE_MIN(r->batch, n - s);
         fill_keys(r, blk + s, m);
-        kvp_status_t rc = kvp_batch_remove(r->c, r->kp, m, r->st);
+        kvp_status_t rc = kvp_batch_remove_force(r->c, r->kp, m, r->st);
         if (call_failed(rc, r->st, m, "batch_remove"))
             return -1;
         for (size_t i = 0; i < m; i++) {
@@ -685,7 +685,7 @@ static long sweep_all(run_t *r)
         for (size_t i = 0; i < m; i++)
             r->tmp[i] = (uint32_t)(s + i);
         fill_keys(r, r->tmp, m);
-        kvp_status_t rc = kvp_batch_remove(r->c, r->kp, m, r->st);
+        kvp_status_t rc = kvp_batch_remove_force(r->c, r->kp, m, r->st);
         if (call_failed(rc, r->st, m, "batch_remove"))
             return -1;
         for (size_t i = 0; i < m; i++)

@@ -46,7 +46,7 @@ static uint64_t pending_walk(const kvp_object_index_t *idx)
 {
     uint64_t n = 0;
     const kvp_object_t *prev = NULL;
-    for (const kvp_object_t *o = idx->pending_head; o != NULL; o = o->lnext) {
+    for (const kvp_object_t *o = idx->pending_list.head; o != NULL; o = o->lnext) {
         assert_ptr_equal(o->lprev, prev);
         assert_int_equal(o->state, KVP_OBJ_PENDING);
         prev = o;
@@ -59,7 +59,7 @@ static uint64_t pending_walk(const kvp_object_index_t *idx)
 
 static bool on_pending_list(const kvp_object_index_t *idx, const kvp_object_t *obj)
 {
-    for (const kvp_object_t *o = idx->pending_head; o != NULL; o = o->lnext)
+    for (const kvp_object_t *o = idx->pending_list.head; o != NULL; o = o->lnext)
         if (o == obj)
             return true;
     return false;
@@ -72,7 +72,7 @@ static void test_empty(void **state)
     assert_int_equal(kvp_index_init(&idx), KVP_OK);
     assert_int_equal(idx.count, 0);
     assert_int_equal(idx.pending, 0);
-    assert_null(idx.pending_head);
+    assert_null(idx.pending_list.head);
     assert_null(lookup(&idx, "nothing"));
     /* hashing is deterministic and depends on the bytes */
     assert_true(kvp_index_hash("abc", 3) == kvp_index_hash("abc", 3));
@@ -273,7 +273,7 @@ static void test_pending_list(void **state)
         if (objs[i])
             kvp_index_set_state(&idx, objs[i], KVP_OBJ_COMPLETE);
     assert_int_equal(idx.pending, 0);
-    assert_null(idx.pending_head);
+    assert_null(idx.pending_list.head);
 
     /* an object created with state 0 becomes PENDING through set_state after insert */
     kvp_object_t *fresh = kvp_object_create("fresh", 5, kvp_index_hash("fresh", 5), 2);
@@ -282,7 +282,7 @@ static void test_pending_list(void **state)
     assert_int_equal(idx.pending, 0);
     kvp_index_set_state(&idx, fresh, KVP_OBJ_PENDING);
     assert_int_equal(idx.pending, 1);
-    assert_ptr_equal(idx.pending_head, fresh);
+    assert_ptr_equal(idx.pending_list.head, fresh);
     kvp_index_cleanup(&idx);
 }
 
@@ -369,7 +369,7 @@ static void test_foreach_remove(void **state)
     assert_int_equal(ctx.visits, N - want_removed);
     assert_int_equal(idx.count, 0);
     assert_int_equal(idx.pending, 0);
-    assert_null(idx.pending_head);
+    assert_null(idx.pending_list.head);
     assert_null(lookup(&idx, "obj:1"));
     kvp_index_cleanup(&idx);
 }

@@ -33,6 +33,9 @@ static int setup(void **state)
     if (st == NULL || kvp_master_state_init(st) != KVP_OK)
         return -1;
     st->rng = 0x5EED5EED5EED5EEDull; /* reproducible placement */
+    /* store semantics here: no eviction, no read leases (test_eviction.c covers both) */
+    st->config.evict = false;
+    st->config.lease_ttl_ms = 0;
     *state = st;
     return 0;
 }
