@@ -33,7 +33,7 @@ static void usage(FILE *f)
                "  --lease-ttl SECONDS  read lease granted to each get (default 5)\n"
                "  --put-timeout SECONDS  revoke a put not ended by then (default 30)\n"
                "  --soft-pin-ttl SECONDS  default soft pin lifetime (default 1800)\n"
-            "  --no-eviction        never evict: a full pool refuses puts\n"
+               "  --no-eviction        never evict: a full pool refuses puts\n"
                "  --version, --help\n");
 }
 
