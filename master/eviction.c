@@ -44,7 +44,8 @@ static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj, boo
         return false; /* under a read lease */
     if (obj->pin == KVP_PIN_HARD)
         return false;
-    if (obj->pin == KVP_PIN_SOFT && !take_soft && obj->soft_pin_until_s > st->now_ms / 1000)
+    if (obj->pin == KVP_PIN_SOFT && !take_soft &&
+        (uint64_t)obj->soft_pin_until_s * 1000 > st->now_ms)
         return false;
     return true;
 }

@@ -305,14 +305,18 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     kvp_placement_req_t r = *preq;
     r.size = size;
     status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
-    if (status == KVP_ERR_POOL_FULL) {
-        /* No room: evict now (down to the low watermark, and at least this object's
-         * worth) and try once more before failing. */
+    /* No room: evict now (down to the low watermark, and at least this object's worth)
+     * and try again. Free bytes are not a free extent: in a fragmented segment the
+     * freed space may be scattered, so keep evicting (LRU order) until the object fits
+     * or nothing evictable is left. */
+    uint64_t need = size * (r.replica_num ? r.replica_num : 1);
+    uint64_t low = (uint64_t)(st->config.evict_low * (double)st->segments.capacity);
+    while (status == KVP_ERR_POOL_FULL) {
         uint64_t used = kvp_master_used(st);
-        uint64_t need = size * (r.replica_num ? r.replica_num : 1);
-        uint64_t low = (uint64_t)(st->config.evict_low * (double)st->segments.capacity);
         uint64_t target = used > need ? used - need : 0;
-        kvp_evict_to(st, target < low ? target : low);
+        if (kvp_evict_to(st, target < low ? target : low) == 0)
+            break;
+        low = 0; /* after the first round, free just this object's worth at a time */
         status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     }
     if (status != KVP_OK)
@@ -332,10 +336,13 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     obj->writer_conn_id = conn_id;
     obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
     obj->pin = (uint8_t)preq->pin;
-    if (preq->pin == KVP_PIN_SOFT)
-        obj->soft_pin_until_s =
-            (uint32_t)(st->now_ms / 1000 +
-                       (preq->soft_pin_ttl_s ? preq->soft_pin_ttl_s : st->config.soft_pin_ttl_s));
+    if (preq->pin == KVP_PIN_SOFT) {
+        /* whole seconds, rounded up so a pin never ends early; saturating, so a huge
+         * TTL means "as long as possible" rather than wrapping to the past */
+        uint64_t ttl = preq->soft_pin_ttl_s ? preq->soft_pin_ttl_s : st->config.soft_pin_ttl_s;
+        uint64_t until = (st->now_ms + 999) / 1000 + ttl;
+        obj->soft_pin_until_s = until > UINT32_MAX ? UINT32_MAX : (uint32_t)until;
+    }
     kvp_index_insert(&st->index, obj);
     *obj_p = obj;
     return KVP_OK;
