@@ -36,44 +36,8 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/util.h"
+#include "client/client_priv.h"
 #include "kvpool.pb-c.h"
-
-typedef struct reg_buf {
-    uintptr_t addr;
-    size_t len;
-    struct reg_buf *next;
-} reg_buf_t;
-
-struct kvp_client {
-    kvp_client_params_t params;
-    char master_host[256];
-    uint16_t master_port;
-    uint64_t client_id;
-
-    pthread_mutex_t master_lock;
-    int master_fd;
-    uint64_t next_req_id;
-
-    kvp_transfer_t xfer;
-
-    pthread_mutex_t peer_lock;
-    kvp_peer_t **peers;
-    size_t n_peers, cap_peers;
-    uint64_t last_sweep_ms;
-
-    /* own segment */
-    int seg_fd;
-    void *seg_base;
-    uint64_t seg_size;
-    char seg_name[300];
-    char seg_endpoint[280];
-    char seg_shm_path[64];
-    _Atomic uint64_t seg_id;
-    kvp_segment_server_t *seg_server;
-
-    pthread_mutex_t buf_lock;
-    reg_buf_t *bufs;
-};
 
 void kvp_client_params_init(kvp_client_params_t *p)
 {
@@ -125,7 +89,7 @@ static void peers_sweep_locked(kvp_client_t *c)
 }
 
 /* Learn segments from a master response. Caller holds no lock. */
-static void peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_t n)
+void kvp_client_peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_t n)
 {
     pthread_mutex_lock(&c->peer_lock);
     peers_sweep_locked(c);
@@ -169,7 +133,7 @@ static void peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_t n)
 }
 
 /* Find a known peer and take a reference, or NULL. */
-static kvp_peer_t *peer_get(kvp_client_t *c, uint64_t segment_id)
+kvp_peer_t *kvp_client_peer_get(kvp_client_t *c, uint64_t segment_id)
 {
     kvp_peer_t *found = NULL;
     pthread_mutex_lock(&c->peer_lock);
@@ -186,8 +150,6 @@ static kvp_peer_t *peer_get(kvp_client_t *c, uint64_t segment_id)
 
 /* ---------------- master connection ---------------- */
 
-static kvp_status_t mount_locked(kvp_client_t *c);
-
 static kvp_status_t master_connect_locked(kvp_client_t *c)
 {
     int fd;
@@ -200,10 +162,12 @@ static kvp_status_t master_connect_locked(kvp_client_t *c)
     }
     kvp_sock_set_timeout(fd, c->params.rpc_timeout_ms);
     c->master_fd = fd;
-    if (c->seg_base != NULL) {
-        /* the master forgot our segment with the old connection: mount it again */
-        st = mount_locked(c);
-        if (st != KVP_OK) {
+    if (atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
+        /* The master forgot our segment with the old connection: mount it again. A
+         * refusal (the master has not yet seen the old connection close) is not the
+         * caller's error: the next heartbeat is told to remount and tries again. */
+        st = kvp_client_mount_locked(c);
+        if (st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL) {
             close(c->master_fd);
             c->master_fd = -1;
             return st;
@@ -244,8 +208,8 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
     return st;
 }
 
-static kvp_status_t call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
-                         uint8_t **resp_p, size_t *resp_len_p)
+kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
+                             uint8_t **resp_p, size_t *resp_len_p)
 {
     pthread_mutex_lock(&c->master_lock);
     kvp_status_t st = call_locked(c, method, req, resp_p, resp_len_p);
@@ -253,7 +217,7 @@ static kvp_status_t call(kvp_client_t *c, uint16_t method, const ProtobufCMessag
     return st;
 }
 
-static kvp_status_t mount_locked(kvp_client_t *c)
+kvp_status_t kvp_client_mount_locked(kvp_client_t *c)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = c->seg_name;
@@ -371,6 +335,10 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     }
     if (c->params.rpc_timeout_ms == 0)
         c->params.rpc_timeout_ms = 10000;
+    if (c->params.heartbeat_ms == 0)
+        c->params.heartbeat_ms = 1000;
+    if (c->params.drain_timeout_ms == 0)
+        c->params.drain_timeout_ms = 30000;
     if (c->params.tcp_streams == 0)
         c->params.tcp_streams = 2;
     if (c->params.tcp_slice_bytes == 0)
@@ -396,12 +364,15 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
         c->params.segment_name = NULL;
         if (st != KVP_OK)
             goto err_xfer;
+        atomic_store(&c->seg_state, KVP_SEG_MOUNTED);
     }
     c->params.data_host = NULL;
     c->params.segment_name = NULL;
     pthread_mutex_lock(&c->master_lock);
     st = master_connect_locked(c);
     pthread_mutex_unlock(&c->master_lock);
+    if (st == KVP_OK)
+        st = kvp_client_heartbeat_start(c);
     if (st != KVP_OK)
         goto err_seg;
     *client_p = c;
@@ -416,6 +387,8 @@ err_seg:
 err_xfer:
     kvp_transfer_cleanup(&c->xfer);
 err:
+    if (c->master_fd >= 0)
+        close(c->master_fd);
     pthread_mutex_destroy(&c->master_lock);
     pthread_mutex_destroy(&c->peer_lock);
     pthread_mutex_destroy(&c->buf_lock);
@@ -427,8 +400,10 @@ void kvp_client_destroy(kvp_client_t *c)
 {
     if (c == NULL)
         return;
+    kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
     pthread_mutex_lock(&c->master_lock);
-    if (c->seg_base != NULL && c->master_fd >= 0) {
+    int seg_state = atomic_load(&c->seg_state);
+    if ((seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) && c->master_fd >= 0) {
         Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
         req.segment_id = atomic_load(&c->seg_id);
         uint8_t *resp = NULL;
@@ -559,14 +534,15 @@ static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *cons
     req.keys = kp;
     req.n_keys = m;
     req.force = force;
-    kvp_status_t st = call(c, method, &req.base, resp_p, rlen_p);
+    kvp_status_t st = kvp_client_call(c, method, &req.base, resp_p, rlen_p);
     free(kp);
     return st;
 }
 
 /* PutEnd or PutRevoke for a subset; per-key statuses go to out[idx[j]]. */
 static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
-                          const size_t *idx, const uint32_t *crcs, size_t m, int32_t *out)
+                          const size_t *idx, const uint32_t *crcs, const uint32_t *masks, size_t m,
+                          int32_t *out)
 {
     if (m == 0)
         return;
@@ -584,7 +560,9 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
         req.n_keys = m;
         req.crc32c = (uint32_t *)crcs;
         req.n_crc32c = m;
-        st = call(c, method, &req.base, &resp, &rlen);
+        req.written_mask = (uint32_t *)masks;
+        req.n_written_mask = m;
+        st = kvp_client_call(c, method, &req.base, &resp, &rlen);
         free(kp);
     } else {
         st = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
@@ -617,6 +595,14 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
                                 const size_t *sizes, size_t n, const kvp_put_config_t *config,
                                 kvp_status_t *results)
 {
+    return kvp_batch_put_from_ex(c, keys, bufs, sizes, n, config, results, NULL);
+}
+
+kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
+                                   const void *const *bufs, const size_t *sizes, size_t n,
+                                   const kvp_put_config_t *config, kvp_status_t *results,
+                                   uint32_t *replicas_written)
+{
     if (c == NULL || keys == NULL || bufs == NULL || sizes == NULL || results == NULL ||
         n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
@@ -626,8 +612,11 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     kvp_put_config_init(&cfg);
     if (config != NULL)
         memcpy(&cfg, config, KVP_MIN(config->size, sizeof(cfg)));
-    if (cfg.replica_num == 0 || cfg.replica_num > 8 || cfg.pin > KVP_PIN_HARD)
+    if (cfg.replica_num == 0 || cfg.replica_num > 8 || cfg.pin > KVP_PIN_HARD ||
+        cfg.mode > KVP_PUT_UPSERT)
         return KVP_ERR_INVALID_ARG;
+    if (replicas_written != NULL)
+        memset(replicas_written, 0, n * sizeof(*replicas_written));
 
     int32_t *st = malloc(n * sizeof(*st));
     size_t *idx = malloc(n * sizeof(*idx));
@@ -635,7 +624,9 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     ProtobufCBinaryData *kp = malloc(n * sizeof(*kp));
     kvp_xfer_op_t *ops = NULL;
     size_t *op_key = NULL;
+    unsigned *op_rep = NULL;
     uint32_t *crcs = NULL;
+    uint32_t *masks = NULL;
     Kvpool__PutStartResponse *sr = NULL;
     kvp_status_t rc = KVP_ERR_NOMEM;
     if (!st || !idx || !szs || !kp)
@@ -664,6 +655,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     pc.replica_num = cfg.replica_num;
     pc.pin = cfg.pin;
     pc.soft_pin_ttl_s = cfg.soft_pin_ttl_s;
+    pc.upsert = cfg.mode == KVP_PUT_UPSERT;
     pc.preferred_segment = "";
     if (cfg.preferred_segment != NULL) {
         if (strcmp(cfg.preferred_segment, KVP_SEGMENT_LOCAL) == 0)
@@ -679,7 +671,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     req.config = &pc;
     uint8_t *resp;
     size_t rlen;
-    rc = call(c, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
+    rc = kvp_client_call(c, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
     if (rc != KVP_OK)
         goto out_all;
     sr = kvpool__put_start_response__unpack(NULL, rlen, resp);
@@ -688,7 +680,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
         rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
         goto out_all;
     }
-    peers_update(c, sr->segments, sr->n_segments);
+    kvp_client_peers_update(c, sr->segments, sr->n_segments);
 
     size_t n_ops = 0;
     for (size_t j = 0; j < m; j++)
@@ -696,8 +688,10 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
             n_ops += sr->results[j]->n_replicas;
     ops = calloc(n_ops + 1, sizeof(*ops));
     op_key = malloc((n_ops + 1) * sizeof(*op_key));
+    op_rep = malloc((n_ops + 1) * sizeof(*op_rep));
     crcs = malloc(m * sizeof(*crcs));
-    if (!ops || !op_key || !crcs) {
+    masks = calloc(m + 1, sizeof(*masks));
+    if (!ops || !op_key || !op_rep || !crcs || !masks) {
         rc = KVP_ERR_NOMEM;
         /* what PutStart reserved is revoked below through the revoke list */
     }
@@ -707,53 +701,83 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
         st[idx[j]] = r->status;
         if (r->status != KVP_OK || ops == NULL)
             continue;
+        if (r->n_replicas == 0 || r->n_replicas > 8) {
+            st[idx[j]] = KVP_ERR_PROTOCOL;
+            continue;
+        }
         for (size_t q = 0; q < r->n_replicas; q++) {
-            kvp_peer_t *peer = peer_get(c, r->replicas[q]->segment_id);
-            if (peer == NULL) {
-                st[idx[j]] = KVP_ERR_PROTOCOL;
-                continue;
-            }
+            kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[q]->segment_id);
+            if (peer == NULL)
+                continue; /* an unknown segment: that replica is not written */
             ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
                                      .local = (void *)bufs[idx[j]],
                                      .offset = r->replicas[q]->offset,
                                      .length = r->replicas[q]->length,
                                      .peer = peer,
                                      .want_crc = q == 0};
+            op_rep[k] = (unsigned)q;
             op_key[k++] = j;
         }
     }
     if (ops != NULL) {
         kvp_transfer_run(&c->xfer, ops, k);
+        /* best effort per replica: a key is stored if any replica was written */
+        int32_t *fail = malloc(m * sizeof(*fail));
+        for (size_t j = 0; fail != NULL && j < m; j++)
+            fail[j] = KVP_ERR_PROTOCOL; /* no replica reachable */
+        bool *have_crc = calloc(m + 1, sizeof(*have_crc));
         for (size_t q = 0; q < k; q++) {
             size_t j = op_key[q];
-            if (ops[q].status != KVP_OK && st[idx[j]] == KVP_OK) {
-                st[idx[j]] = ops[q].status;
+            if (ops[q].status == KVP_OK) {
+                masks[j] |= 1u << op_rep[q];
+                if (ops[q].want_crc && have_crc != NULL) {
+                    crcs[j] = ops[q].crc;
+                    have_crc[j] = true;
+                }
+            } else {
+                if (fail != NULL)
+                    fail[j] = ops[q].status;
                 KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]],
                              ops[q].peer->name, kvp_strerror(ops[q].status));
+                atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
             }
-            if (ops[q].want_crc)
-                crcs[j] = ops[q].crc;
             kvp_peer_unref(ops[q].peer);
         }
+        for (size_t j = 0; j < m; j++) {
+            if (st[idx[j]] != KVP_OK)
+                continue;
+            if (masks[j] == 0) {
+                st[idx[j]] = fail != NULL ? fail[j] : KVP_ERR_NOMEM;
+            } else if (have_crc == NULL || !have_crc[j]) {
+                /* the replica that computed the CRC on the way failed: compute it here */
+                crcs[j] = kvp_crc32c(0, bufs[idx[j]], sizes[idx[j]]);
+            }
+        }
+        free(fail);
+        free(have_crc);
     }
     /* finish: PutEnd for keys fully written, PutRevoke for the rest of what started */
     size_t *end_idx = malloc(m * sizeof(*end_idx));
     size_t *rev_idx = malloc(m * sizeof(*rev_idx));
     uint32_t *end_crc = malloc(m * sizeof(*end_crc));
-    if (end_idx && rev_idx && end_crc) {
+    uint32_t *end_mask = malloc(m * sizeof(*end_mask));
+    if (end_idx && rev_idx && end_crc && end_mask) {
         size_t ne = 0, nr = 0;
         for (size_t j = 0; j < m; j++) {
             if (sr->results[j]->status != KVP_OK)
                 continue;
             if (st[idx[j]] == KVP_OK && ops != NULL) {
                 end_idx[ne] = idx[j];
+                end_mask[ne] = masks[j];
+                if (replicas_written != NULL)
+                    replicas_written[idx[j]] = (uint32_t)__builtin_popcount(masks[j]);
                 end_crc[ne++] = crcs[j];
             } else {
                 rev_idx[nr++] = idx[j];
             }
         }
-        end_or_revoke(c, KVP_RPC_PUT_END, keys, end_idx, end_crc, ne, st);
-        end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev_idx, NULL, nr, st);
+        end_or_revoke(c, KVP_RPC_PUT_END, keys, end_idx, end_crc, end_mask, ne, st);
+        end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev_idx, NULL, NULL, nr, st);
     } else {
         for (size_t j = 0; j < m; j++)
             if (st[idx[j]] == KVP_OK)
@@ -763,6 +787,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     free(end_idx);
     free(rev_idx);
     free(end_crc);
+    free(end_mask);
     if (rc == KVP_ERR_NOMEM)
         goto out_all;
 done:
@@ -780,7 +805,9 @@ out:
         kvpool__put_start_response__free_unpacked(sr, NULL);
     free(ops);
     free(op_key);
+    free(op_rep);
     free(crcs);
+    free(masks);
     free(st);
     free(idx);
     free(szs);
@@ -798,25 +825,35 @@ kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t l
 
 /* ---------------- get ---------------- */
 
-/* Order replicas: those this client reaches through shm first. */
+/* How long a peer whose transfer failed is tried after the others. */
+#define PEER_SUSPECT_MS 10000
+
+/*
+ * Order replicas: same host (shm) first, then peers with no recent transfer
+ * failure, then the recently failed ones (they are still tried, last).
+ */
 static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t *order)
 {
-    size_t a = 0, b = r->n_replicas;
-    size_t tmp[8];
-    size_t nt = 0;
-    for (size_t q = 0; q < r->n_replicas && q < 8; q++) {
-        kvp_peer_t *p = peer_get(c, r->replicas[q]->segment_id);
-        bool local = p != NULL && kvp_transfer_route(&c->xfer, p) == KVP_TRANSPORT_SHM;
-        if (p)
+    size_t n = KVP_MIN(r->n_replicas, (size_t)8);
+    unsigned rank[8];
+    uint64_t now = kvp_now_ms();
+    for (size_t q = 0; q < n; q++) {
+        kvp_peer_t *p = kvp_client_peer_get(c, r->replicas[q]->segment_id);
+        rank[q] = 1;
+        if (p != NULL) {
+            uint64_t failed = atomic_load(&p->failed_ms);
+            if (failed != 0 && now - failed < PEER_SUSPECT_MS)
+                rank[q] = 2;
+            else if (kvp_transfer_route(&c->xfer, p) == KVP_TRANSPORT_SHM)
+                rank[q] = 0;
             kvp_peer_unref(p);
-        if (local)
-            order[a++] = q;
-        else
-            tmp[nt++] = q;
+        }
     }
-    for (size_t q = 0; q < nt; q++)
-        order[a + q] = tmp[q];
-    (void)b;
+    size_t k = 0;
+    for (unsigned want = 0; want < 3; want++)
+        for (size_t q = 0; q < n; q++)
+            if (rank[q] == want)
+                order[k++] = q;
 }
 
 kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *const *bufs,
@@ -861,7 +898,7 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
             rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
             goto out;
         }
-        peers_update(c, gr->segments, gr->n_segments);
+        kvp_client_peers_update(c, gr->segments, gr->n_segments);
         ops = calloc(m, sizeof(*ops));
         op_key = malloc(m * sizeof(*op_key));
         order = malloc(m * sizeof(*order));
@@ -896,7 +933,7 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                 if (round > 0 && st[idx[j]] == KVP_OK)
                     continue; /* done */
                 Kvpool__Replica *rep = r->replicas[order[j][round]];
-                kvp_peer_t *peer = peer_get(c, rep->segment_id);
+                kvp_peer_t *peer = kvp_client_peer_get(c, rep->segment_id);
                 tried[j]++;
                 if (peer == NULL) {
                     st[idx[j]] = KVP_ERR_PROTOCOL;
@@ -931,6 +968,8 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                 } else if (s != KVP_OK) {
                     KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[idx[j]],
                                  ops[q].peer->name, kvp_strerror(s));
+                    if (s != KVP_ERR_LEASE_EXPIRED)
+                        atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
                 }
                 st[idx[j]] = s;
                 kvp_peer_unref(ops[q].peer);
@@ -1103,7 +1142,7 @@ kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     Kvpool__StatRequest req = KVPOOL__STAT_REQUEST__INIT;
     uint8_t *resp;
     size_t rlen;
-    kvp_status_t rc = call(c, KVP_RPC_STAT, &req.base, &resp, &rlen);
+    kvp_status_t rc = kvp_client_call(c, KVP_RPC_STAT, &req.base, &resp, &rlen);
     if (rc != KVP_OK)
         return rc;
     Kvpool__StatResponse *sr = kvpool__stat_response__unpack(NULL, rlen, resp);
@@ -1125,6 +1164,7 @@ kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->evicted_objects = sr->evicted_objects;
     s->evicted_bytes = sr->evicted_bytes;
     s->put_timeouts = sr->put_timeouts;
+    s->moved_objects = sr->moved_objects;
     s->n_segments = sr->n_segments;
     for (size_t i = 0; i < sr->n_segments; i++) {
         const Kvpool__SegmentStat *ss = sr->segments[i];
@@ -1135,6 +1175,7 @@ kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
             snprintf(d->medium, sizeof(d->medium), "%s", ss->desc->medium);
             snprintf(d->endpoint, sizeof(d->endpoint), "%s", ss->desc->tcp_endpoint);
             d->size = ss->desc->size;
+            d->draining = ss->desc->draining;
         }
         d->used = ss->used;
         d->objects = ss->objects;

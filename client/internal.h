@@ -56,6 +56,7 @@ typedef struct kvp_peer {
     bool shm_tried;
     bool shm_own; /* our own segment: memory not unmapped here */
     bool gone;
+    _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
 } kvp_peer_t;
 
 void kvp_peer_unref(kvp_peer_t *peer);

@@ -43,7 +43,13 @@ typedef enum kvp_rpc_method {
     KVP_RPC_REMOVE = 9,
     KVP_RPC_GET_SIZE = 10,
     KVP_RPC_STAT = 11,
-    KVP_RPC_METHOD_MAX = 11,
+    KVP_RPC_HEARTBEAT = 12,
+    KVP_RPC_LIST = 13,
+    KVP_RPC_REMOVE_BY_REGEX = 14,
+    KVP_RPC_DRAIN = 15,
+    KVP_RPC_MOVE_START = 16,
+    KVP_RPC_MOVE_END = 17,
+    KVP_RPC_METHOD_MAX = 17,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {

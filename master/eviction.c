@@ -27,6 +27,8 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     cfg->lease_ttl_ms = 5000;
     cfg->put_timeout_ms = 30000;
     cfg->soft_pin_ttl_s = 1800;
+    cfg->client_ttl_ms = 10000;
+    cfg->lease_on_exist = false;
 }
 
 uint64_t kvp_master_used(const kvp_master_state_t *st)
@@ -107,6 +109,30 @@ unsigned kvp_expire_puts(kvp_master_state_t *st)
     if (n > 0) {
         st->stats.put_timeouts += n;
         KVP_LOG_INFO("revoked %u puts not ended within %u ms", n, st->config.put_timeout_ms);
+    }
+    return n;
+}
+
+void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (obj->state == KVP_OBJ_COMPLETE && obj->deadline_ms > st->now_ms)
+        kvp_object_list_append(&st->graveyard, obj);
+    else
+        kvp_object_release(st, obj);
+}
+
+unsigned kvp_graveyard_reap(kvp_master_state_t *st)
+{
+    unsigned n = 0;
+    kvp_object_t *obj = st->graveyard.head;
+    while (obj != NULL) {
+        kvp_object_t *next = obj->lnext;
+        if (obj->deadline_ms <= st->now_ms) {
+            kvp_object_list_remove(&st->graveyard, obj);
+            kvp_object_release(st, obj);
+            n++;
+        }
+        obj = next;
     }
     return n;
 }

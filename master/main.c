@@ -33,6 +33,9 @@ static void usage(FILE *f)
                "  --lease-ttl SECONDS  read lease granted to each get (default 5)\n"
                "  --put-timeout SECONDS  revoke a put not ended by then (default 30)\n"
                "  --soft-pin-ttl SECONDS  default soft pin lifetime (default 1800)\n"
+               "  --client-ttl SECONDS  drop a client silent this long: its segments are\n"
+               "                       unmounted, its puts revoked (default 10; 0: never)\n"
+               "  --lease-on-exist     exist grants read leases too (default: only get)\n"
                "  --no-eviction        never evict: a full pool refuses puts\n"
                "  --version, --help\n");
 }
@@ -57,6 +60,8 @@ int main(int argc, char **argv)
         {"put-timeout", required_argument, NULL, 'P'},
         {"soft-pin-ttl", required_argument, NULL, 'S'},
         {"no-eviction", no_argument, NULL, 'N'},
+        {"client-ttl", required_argument, NULL, 'C'},
+        {"lease-on-exist", no_argument, NULL, 'E'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -90,6 +95,7 @@ int main(int argc, char **argv)
         case 'W':
         case 'T':
         case 'P':
+        case 'C':
         case 'S': {
             char *end;
             double v = strtod(optarg, &end);
@@ -108,12 +114,17 @@ int main(int argc, char **argv)
                 cfg.lease_ttl_ms = (uint32_t)(v * 1000);
             else if (opt == 'P')
                 cfg.put_timeout_ms = (uint32_t)(v * 1000);
+            else if (opt == 'C')
+                cfg.client_ttl_ms = (uint32_t)(v * 1000);
             else
                 cfg.soft_pin_ttl_s = (uint32_t)v;
             break;
         }
         case 'N':
             cfg.evict = false;
+            break;
+        case 'E':
+            cfg.lease_on_exist = true;
             break;
         case 'h':
             usage(stdout);

@@ -38,6 +38,8 @@ typedef struct kvp_master_config {
     uint32_t lease_ttl_ms;   /* read lease granted by GetReplicaList (5000) */
     uint32_t put_timeout_ms; /* a PENDING put not ended by then is revoked (30000) */
     uint32_t soft_pin_ttl_s; /* default soft pin lifetime (1800) */
+    uint32_t client_ttl_ms;  /* a connection silent this long is dropped (10000; 0: never) */
+    bool lease_on_exist;     /* Exist grants read leases too (false) */
 } kvp_master_config_t;
 
 void kvp_master_config_init(kvp_master_config_t *cfg);
@@ -59,6 +61,7 @@ typedef struct kvp_segment {
     uint64_t owner_client_id;
     uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
     uint64_t objects;       /* replicas stored here */
+    bool draining;          /* no new replicas; the owner is asked to move objects away */
     kvp_offset_alloc_t *alloc;
 } kvp_segment_t;
 
@@ -147,6 +150,9 @@ void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj);
 void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state);
 /* A COMPLETE object was used (put or read): it becomes the most recently used. */
 void kvp_index_touch(kvp_object_index_t *index, kvp_object_t *obj);
+/* Doubly linked object lists (lprev/lnext): append at the tail, unlink anywhere. */
+void kvp_object_list_append(kvp_object_list_t *list, kvp_object_t *obj);
+void kvp_object_list_remove(kvp_object_list_t *list, kvp_object_t *obj);
 /* Allocate an object with room for n replicas and the key. */
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
 
@@ -157,6 +163,22 @@ kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsi
 typedef bool (*kvp_index_visit_cb_t)(kvp_object_t *obj, void *arg);
 void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb, void *arg);
 
+/*
+ * A copy in flight during a drain (MoveStart .. MoveEnd): a new extent `dest`
+ * for an object whose only replica is on segment `from`. The key is stored
+ * inline after the struct.
+ */
+typedef struct kvp_move {
+    struct kvp_move *next;
+    uint64_t conn_id; /* the draining owner's connection */
+    uint64_t from_segment_id;
+    uint64_t size;
+    kvp_replica_t dest;
+    uint32_t crc32c; /* the object's CRC when the move started */
+    uint16_t key_len;
+    char key[];
+} kvp_move_t;
+
 /* ---- placement (placement.c) ---- */
 typedef struct kvp_placement_req {
     uint64_t size;
@@ -164,6 +186,7 @@ typedef struct kvp_placement_req {
     const kvp_segment_t *preferred; /* may be NULL */
     unsigned pin;                   /* kvp_pin_t for the new object */
     uint32_t soft_pin_ttl_s;        /* 0: the master's default */
+    bool upsert;                    /* replace an existing object (PutStart only) */
 } kvp_placement_req_t;
 
 /*
@@ -181,6 +204,7 @@ typedef struct kvp_master_stats {
     uint64_t evicted_bytes;
     uint64_t evictions;    /* eviction runs */
     uint64_t put_timeouts; /* PENDING puts revoked by --put-timeout */
+    uint64_t moved;        /* objects moved off draining segments */
 } kvp_master_stats_t;
 
 typedef struct kvp_master_state {
@@ -190,6 +214,10 @@ typedef struct kvp_master_state {
     kvp_master_stats_t stats;
     uint64_t rng;
     uint64_t now_ms; /* the master clock: set by the loop before each event (tests set it) */
+    /* Objects removed (force remove, upsert) while under a read lease: unlinked from
+     * the index, extents kept until the lease ends (deadline_ms), oldest first. */
+    kvp_object_list_t graveyard;
+    kvp_move_t *moves; /* drain copies in flight */
 } kvp_master_state_t;
 
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st);
@@ -210,6 +238,16 @@ void kvp_service_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
 
 /* Free every extent of obj and destroy it (obj must be unlinked). */
 void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj);
+
+/*
+ * Release an unlinked object now, or, while a read lease on it runs, keep its
+ * extents in the graveyard until the lease ends: a leased extent is never
+ * freed or reused.
+ */
+void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj);
+
+/* Release graveyard objects whose lease has ended. Returns how many. */
+unsigned kvp_graveyard_reap(kvp_master_state_t *st);
 
 /* ---- eviction and timers (eviction.c) ---- */
 /* Bytes allocated over all segments. */

@@ -75,7 +75,7 @@ static void grow(kvp_object_index_t *index)
     index->n_buckets = n;
 }
 
-static void list_append(kvp_object_list_t *l, kvp_object_t *obj)
+void kvp_object_list_append(kvp_object_list_t *l, kvp_object_t *obj)
 {
     obj->lnext = NULL;
     obj->lprev = l->tail;
@@ -86,7 +86,7 @@ static void list_append(kvp_object_list_t *l, kvp_object_t *obj)
     l->tail = obj;
 }
 
-static void list_remove(kvp_object_list_t *l, kvp_object_t *obj)
+void kvp_object_list_remove(kvp_object_list_t *l, kvp_object_t *obj)
 {
     if (obj->lprev)
         obj->lprev->lnext = obj->lnext;
@@ -103,20 +103,20 @@ static void list_remove(kvp_object_list_t *l, kvp_object_t *obj)
 static void lists_link(kvp_object_index_t *index, kvp_object_t *obj)
 {
     if (obj->state == KVP_OBJ_PENDING) {
-        list_append(&index->pending_list, obj);
+        kvp_object_list_append(&index->pending_list, obj);
         index->pending++;
     } else {
-        list_append(&index->lru, obj);
+        kvp_object_list_append(&index->lru, obj);
     }
 }
 
 static void lists_unlink(kvp_object_index_t *index, kvp_object_t *obj)
 {
     if (obj->state == KVP_OBJ_PENDING) {
-        list_remove(&index->pending_list, obj);
+        kvp_object_list_remove(&index->pending_list, obj);
         index->pending--;
     } else {
-        list_remove(&index->lru, obj);
+        kvp_object_list_remove(&index->lru, obj);
     }
 }
 
@@ -157,8 +157,8 @@ void kvp_index_touch(kvp_object_index_t *index, kvp_object_t *obj)
 {
     if (obj->state != KVP_OBJ_COMPLETE || index->lru.tail == obj)
         return;
-    list_remove(&index->lru, obj);
-    list_append(&index->lru, obj);
+    kvp_object_list_remove(&index->lru, obj);
+    kvp_object_list_append(&index->lru, obj);
 }
 
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)

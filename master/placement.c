@@ -39,7 +39,8 @@ static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, uns
                      const kvp_segment_t *seg, bool distinct_hosts, const uint64_t *excluded,
                      unsigned n_excl, uint64_t size, uint64_t *free_p)
 {
-    if (seg == NULL || chosen(out, n, seg->id) || (distinct_hosts && host_used(t, out, n, seg)))
+    if (seg == NULL || seg->draining || chosen(out, n, seg->id) ||
+        (distinct_hosts && host_used(t, out, n, seg)))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
         if (excluded[e] == seg->id)
@@ -77,7 +78,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     if (want > KVP_MAX_REPLICAS)
         want = KVP_MAX_REPLICAS;
     unsigned n = 0;
-    if (req->preferred != NULL)
+    if (req->preferred != NULL && !req->preferred->draining)
         n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
 
     /* excluded[]: segments that refused this object (full or fragmented) */

@@ -41,9 +41,10 @@ typedef struct conn {
     size_t in_len, in_cap;
     uint8_t *out;
     size_t out_len, out_off, out_cap;
-    bool want_out;     /* EPOLLOUT armed */
-    bool close_after;  /* close once the output queue is flushed */
-    struct conn *next; /* all connections, for shutdown */
+    bool want_out;       /* EPOLLOUT armed */
+    bool close_after;    /* close once the output queue is flushed */
+    uint64_t last_rx_ms; /* when a byte last arrived: liveness for --client-ttl */
+    struct conn *next;   /* all connections, for shutdown */
     struct conn *prev;
 } conn_t;
 
@@ -240,6 +241,7 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             return;
         }
         c->in_len += (size_t)n;
+        c->last_rx_ms = srv->state.now_ms;
         if (!process_input(srv, c)) {
             conn_close(srv, c);
             return;
@@ -275,6 +277,7 @@ static void on_accept(kvp_master_server_t *srv)
         }
         c->fd = fd;
         c->id = ++srv->next_conn_id;
+        c->last_rx_ms = srv->state.now_ms;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
             close(fd);
@@ -341,6 +344,31 @@ err_free:
     return status;
 }
 
+/*
+ * Liveness: clients heartbeat every second, so a connection that has sent
+ * nothing for --client-ttl belongs to a dead, frozen or cut-off client. Closing
+ * it unmounts its segments and revokes its puts; a client that was only slow
+ * reconnects and remounts on its next heartbeat.
+ */
+static void expire_silent(kvp_master_server_t *srv)
+{
+    uint32_t ttl = srv->state.config.client_ttl_ms;
+    if (ttl == 0)
+        return;
+    conn_t *c = srv->conns;
+    while (c != NULL) {
+        conn_t *next = c->next;
+        uint64_t silent = srv->state.now_ms - c->last_rx_ms;
+        if (silent > ttl) {
+            KVP_LOG_WARN("connection %llu silent for %llu ms (client ttl %u ms): dropping it, "
+                         "its segments and its unfinished puts",
+                         (unsigned long long)c->id, (unsigned long long)silent, ttl);
+            conn_close(srv, c);
+        }
+        c = next;
+    }
+}
+
 kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
 {
     struct epoll_event evs[128];
@@ -350,7 +378,9 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
          * watermark (puts also check it, this catches quiet periods). */
         srv->state.now_ms = kvp_now_ms();
         if (srv->state.now_ms >= next_tick) {
+            expire_silent(srv);
             kvp_expire_puts(&srv->state);
+            kvp_graveyard_reap(&srv->state);
             kvp_evict_if_needed(&srv->state);
             next_tick = srv->state.now_ms + TICK_MS;
         }

@@ -16,6 +16,7 @@
  *
  * Thread: master loop only.
  */
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +26,7 @@
 #include "common/util.h"
 #include "kvpool.pb-c.h"
 #include "master/master.h"
+#include "master/service_internal.h"
 
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 {
@@ -38,6 +40,16 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 
 void kvp_master_state_cleanup(kvp_master_state_t *st)
 {
+    while (st->graveyard.head != NULL) {
+        kvp_object_t *obj = st->graveyard.head;
+        kvp_object_list_remove(&st->graveyard, obj);
+        free(obj);
+    }
+    while (st->moves != NULL) {
+        kvp_move_t *mv = st->moves;
+        st->moves = mv->next;
+        free(mv);
+    }
     kvp_index_cleanup(&st->index);
     kvp_segment_table_cleanup(&st->segments);
 }
@@ -54,27 +66,26 @@ void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj)
     free(obj);
 }
 
+/* Free one extent that belongs to no object (a failed move's destination). */
+void kvp_svc_extent_free(kvp_master_state_t *st, const kvp_replica_t *rep)
+{
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
+    if (seg != NULL) {
+        kvp_offset_alloc_free(seg->alloc, rep->handle);
+        seg->objects--;
+    }
+}
+
+/* Unlink a COMPLETE object from the index and retire it (graveyard while leased). */
+void kvp_svc_object_remove(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    kvp_index_unlink(&st->index, obj);
+    kvp_object_retire(st, obj);
+}
+
 /* ---- response packing helpers ---- */
 
-#define PACK_RESPONSE(type, msg, resp_p, len_p)                                                    \
-    do {                                                                                           \
-        size_t n_ = type##__get_packed_size(msg);                                                  \
-        uint8_t *b_ = malloc(n_ ? n_ : 1);                                                         \
-        if (b_ == NULL)                                                                            \
-            return KVP_ERR_NOMEM;                                                                  \
-        type##__pack(msg, b_);                                                                     \
-        *(resp_p) = b_;                                                                            \
-        *(len_p) = n_;                                                                             \
-    } while (0)
-
-/* Segment descriptors referenced by a response: a small set of unique ids. */
-typedef struct seg_set {
-    Kvpool__SegmentDesc *descs;
-    Kvpool__SegmentDesc **ptrs;
-    size_t n, cap;
-} seg_set_t;
-
-static void desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
+void kvp_svc_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
 {
     kvpool__segment_desc__init(d);
     d->id = seg->id;
@@ -85,9 +96,10 @@ static void desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
     d->host_id = seg->host_id;
     d->tcp_endpoint = seg->tcp_endpoint;
     d->shm_path = seg->shm_path;
+    d->draining = seg->draining;
 }
 
-static bool seg_set_add(seg_set_t *s, const kvp_segment_t *seg)
+bool kvp_svc_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg)
 {
     for (size_t i = 0; i < s->n; i++)
         if (s->descs[i].id == seg->id)
@@ -100,11 +112,11 @@ static bool seg_set_add(seg_set_t *s, const kvp_segment_t *seg)
         s->descs = d;
         s->cap = cap;
     }
-    desc_fill(&s->descs[s->n++], seg);
+    kvp_svc_desc_fill(&s->descs[s->n++], seg);
     return true;
 }
 
-static bool seg_set_finish(seg_set_t *s)
+bool kvp_svc_seg_set_finish(kvp_seg_set_t *s)
 {
     s->ptrs = malloc((s->n ? s->n : 1) * sizeof(*s->ptrs));
     if (s->ptrs == NULL)
@@ -114,7 +126,7 @@ static bool seg_set_finish(seg_set_t *s)
     return true;
 }
 
-static void seg_set_free(seg_set_t *s)
+void kvp_svc_seg_set_free(kvp_seg_set_t *s)
 {
     free(s->descs);
     free(s->ptrs);
@@ -125,8 +137,8 @@ static void seg_set_free(seg_set_t *s)
  * room (sized by the caller), *nr counts what is used, segs collects the
  * descriptors. false: out of memory.
  */
-static bool add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
-                         Kvpool__Replica **repptr, size_t *nr, seg_set_t *segs)
+bool kvp_svc_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
+                          Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs)
 {
     for (unsigned r = 0; r < obj->n_replicas; r++) {
         Kvpool__Replica *rep = &reps[*nr];
@@ -135,13 +147,13 @@ static bool add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool
         rep->offset = obj->replicas[r].offset;
         rep->length = obj->size;
         repptr[(*nr)++] = rep;
-        if (!seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))
+        if (!kvp_svc_seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))
             return false;
     }
     return true;
 }
 
-static kvp_status_t check_batch(size_t n_keys)
+kvp_status_t kvp_svc_check_batch(size_t n_keys)
 {
     return n_keys > 65536 ? KVP_ERR_TOO_MANY : KVP_OK;
 }
@@ -151,8 +163,8 @@ static kvp_status_t check_batch(size_t n_keys)
  * `bytes` with an explicit length, so a NUL inside one is seen (and refused)
  * rather than silently shortening the key.
  */
-static kvp_status_t key_lookup(kvp_master_state_t *st, const ProtobufCBinaryData *key,
-                               kvp_object_t **obj_p, uint64_t *hash_p)
+kvp_status_t kvp_svc_key_lookup(kvp_master_state_t *st, const ProtobufCBinaryData *key,
+                                kvp_object_t **obj_p, uint64_t *hash_p)
 {
     const char *k = (const char *)key->data;
     if (!kvp_key_valid(k, key->len))
@@ -225,7 +237,7 @@ out:
     resp.status = status;
     resp.message = msg;
     kvpool__mount_request__free_unpacked(req, NULL);
-    PACK_RESPONSE(kvpool__mount_response, &resp, resp_p, resp_len_p);
+    KVP_PACK_RESPONSE(kvpool__mount_response, &resp, resp_p, resp_len_p);
     return KVP_OK;
 }
 
@@ -283,8 +295,33 @@ static kvp_status_t do_unmount(kvp_master_state_t *st, uint64_t conn_id, const u
     else
         resp.objects_dropped = unmount_segment(st, seg);
     kvpool__unmount_request__free_unpacked(req, NULL);
-    PACK_RESPONSE(kvpool__unmount_response, &resp, resp_p, resp_len_p);
+    KVP_PACK_RESPONSE(kvpool__unmount_response, &resp, resp_p, resp_len_p);
     return KVP_OK;
+}
+
+/* Has obj a replica on a draining segment? (No new bytes go there.) */
+static bool on_draining(kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->draining)
+            return true;
+    }
+    return false;
+}
+
+static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placement_req_t *preq)
+{
+    obj->pin = (uint8_t)preq->pin;
+    obj->soft_pin_until_s = 0;
+    if (preq->pin == KVP_PIN_SOFT) {
+        /* whole seconds, rounded up so a pin never ends early; saturating, so a huge
+         * TTL means "as long as possible" rather than wrapping to the past */
+        uint64_t ttl = preq->soft_pin_ttl_s ? preq->soft_pin_ttl_s : st->config.soft_pin_ttl_s;
+        uint64_t until = (st->now_ms + 999) / 1000 + ttl;
+        obj->soft_pin_until_s = until > UINT32_MAX ? UINT32_MAX : (uint32_t)until;
+    }
 }
 
 static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
@@ -293,13 +330,31 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
 {
     kvp_object_t *obj;
     uint64_t hash;
-    kvp_status_t status = key_lookup(st, key, &obj, &hash);
+    kvp_status_t status = kvp_svc_key_lookup(st, key, &obj, &hash);
     if (status != KVP_OK)
         return status;
-    if (obj != NULL)
-        return obj->state == KVP_OBJ_COMPLETE ? KVP_ERR_EXISTS : KVP_ERR_PENDING;
     if (size == 0)
         return KVP_ERR_INVALID_ARG;
+    if (obj != NULL && obj->state != KVP_OBJ_COMPLETE)
+        return KVP_ERR_PENDING;
+    if (obj != NULL && !preq->upsert)
+        return KVP_ERR_EXISTS;
+    if (obj != NULL) {
+        /* Upsert. Same size and nobody reading: rewrite the extents in place (the
+         * object is PENDING, so invisible, while that happens). Otherwise the old
+         * object goes now (its extents stay until readers' leases end) and the new
+         * one gets extents of its own. Either way the key is absent until PutEnd,
+         * and absent for good if the new put fails. */
+        if (obj->size == size && obj->deadline_ms <= st->now_ms && !on_draining(st, obj)) {
+            kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
+            obj->writer_conn_id = conn_id;
+            obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+            set_pin(st, obj, preq);
+            *obj_p = obj;
+            return KVP_OK;
+        }
+        kvp_svc_object_remove(st, obj);
+    }
     kvp_replica_t reps[KVP_MAX_REPLICAS];
     unsigned n = 0;
     kvp_placement_req_t r = *preq;
@@ -335,14 +390,7 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     obj->state = KVP_OBJ_PENDING;
     obj->writer_conn_id = conn_id;
     obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
-    obj->pin = (uint8_t)preq->pin;
-    if (preq->pin == KVP_PIN_SOFT) {
-        /* whole seconds, rounded up so a pin never ends early; saturating, so a huge
-         * TTL means "as long as possible" rather than wrapping to the past */
-        uint64_t ttl = preq->soft_pin_ttl_s ? preq->soft_pin_ttl_s : st->config.soft_pin_ttl_s;
-        uint64_t until = (st->now_ms + 999) / 1000 + ttl;
-        obj->soft_pin_until_s = until > UINT32_MAX ? UINT32_MAX : (uint32_t)until;
-    }
+    set_pin(st, obj, preq);
     kvp_index_insert(&st->index, obj);
     *obj_p = obj;
     return KVP_OK;
@@ -359,10 +407,10 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
     Kvpool__PutStartResult **resptr = NULL;
     Kvpool__Replica *reps = NULL;
     Kvpool__Replica **repptr = NULL;
-    seg_set_t segs = {0};
+    kvp_seg_set_t segs = {0};
     kvp_status_t rc = KVP_OK;
 
-    resp.status = check_batch(req->n_keys);
+    resp.status = kvp_svc_check_batch(req->n_keys);
     if (resp.status == KVP_OK && req->n_sizes != req->n_keys)
         resp.status = KVP_ERR_INVALID_ARG;
     if (resp.status != KVP_OK)
@@ -374,6 +422,7 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
         if (req->config->pin <= KVP_PIN_HARD)
             preq.pin = req->config->pin;
         preq.soft_pin_ttl_s = req->config->soft_pin_ttl_s;
+        preq.upsert = req->config->upsert;
         if (req->config->preferred_segment[0] != '\0')
             preq.preferred =
                 kvp_segment_table_find_name(&st->segments, req->config->preferred_segment);
@@ -383,8 +432,10 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
     size_t n = req->n_keys;
     res = calloc(n ? n : 1, sizeof(*res));
     resptr = calloc(n ? n : 1, sizeof(*resptr));
-    reps = calloc(n * preq.replica_num + 1, sizeof(*reps));
-    repptr = calloc(n * preq.replica_num + 1, sizeof(*repptr));
+    /* an in-place upsert answers with the existing object's replicas */
+    size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num;
+    reps = calloc(n * per_key + 1, sizeof(*reps));
+    repptr = calloc(n * per_key + 1, sizeof(*repptr));
     if (!res || !resptr || !reps || !repptr) {
         rc = KVP_ERR_NOMEM;
         goto out;
@@ -399,12 +450,12 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
             continue;
         res[i].replicas = &repptr[nr];
         res[i].n_replicas = obj->n_replicas;
-        if (!add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+        if (!kvp_svc_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
             rc = KVP_ERR_NOMEM;
             goto out;
         }
     }
-    if (!seg_set_finish(&segs)) {
+    if (!kvp_svc_seg_set_finish(&segs)) {
         rc = KVP_ERR_NOMEM;
         goto out;
     }
@@ -430,14 +481,14 @@ out:
             if (resptr[i] == NULL || res[i].status != KVP_OK)
                 continue;
             kvp_object_t *obj;
-            if (key_lookup(st, &req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
+            if (kvp_svc_key_lookup(st, &req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
                 obj->state == KVP_OBJ_PENDING && obj->writer_conn_id == conn_id) {
                 kvp_index_unlink(&st->index, obj);
                 kvp_object_release(st, obj);
             }
         }
     }
-    seg_set_free(&segs);
+    kvp_svc_seg_set_free(&segs);
     free(res);
     free(resptr);
     free(reps);
@@ -447,14 +498,14 @@ out:
 }
 
 /* Pack a StatusesResponse from a per-key status array. */
-static kvp_status_t pack_statuses(int32_t status, int32_t *statuses, size_t n, uint8_t **resp_p,
-                                  size_t *resp_len_p)
+kvp_status_t kvp_svc_pack_statuses(int32_t status, int32_t *statuses, size_t n, uint8_t **resp_p,
+                                   size_t *resp_len_p)
 {
     Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
     resp.status = status;
     resp.statuses = statuses;
     resp.n_statuses = statuses ? n : 0;
-    PACK_RESPONSE(kvpool__statuses_response, &resp, resp_p, resp_len_p);
+    KVP_PACK_RESPONSE(kvpool__statuses_response, &resp, resp_p, resp_len_p);
     return KVP_OK;
 }
 
@@ -468,7 +519,7 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = kvp_svc_key_lookup(st, key, &obj, NULL);
     if (status != KVP_OK)
         return status;
     if (obj == NULL)
@@ -477,6 +528,26 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_NOT_PENDING;
     if (obj->writer_conn_id != conn_id)
         return KVP_ERR_NOT_OWNER;
+    if (end->n_written_mask > 0) {
+        /* best effort per replica: keep what was written, free the rest */
+        uint32_t mask = end->written_mask[i];
+        unsigned w = 0;
+        for (unsigned r = 0; r < obj->n_replicas; r++) {
+            if (mask & (1u << r))
+                obj->replicas[w++] = obj->replicas[r];
+            else
+                kvp_svc_extent_free(st, &obj->replicas[r]);
+        }
+        if (w == 0) {
+            kvp_index_unlink(&st->index, obj);
+            free(obj);
+            return KVP_ERR_IO;
+        }
+        if (w < obj->n_replicas) {
+            memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+            obj->n_replicas = (uint8_t)w;
+        }
+    }
     obj->crc32c = end->crc32c[i];
     obj->deadline_ms = 0; /* from now on: read lease expiry */
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
@@ -489,7 +560,7 @@ static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)end, (void)i, (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = kvp_svc_key_lookup(st, key, &obj, NULL);
     if (status != KVP_OK)
         return status;
     if (obj == NULL)
@@ -509,7 +580,7 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)conn_id, (void)end, (void)i, (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = kvp_svc_key_lookup(st, key, &obj, NULL);
     if (status != KVP_OK)
         return status;
     if (obj == NULL)
@@ -518,8 +589,7 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_PENDING;
     if (obj->deadline_ms > st->now_ms && !force)
         return KVP_ERR_LEASED;
-    kvp_index_unlink(&st->index, obj);
-    kvp_object_release(st, obj);
+    kvp_svc_object_remove(st, obj);
     return KVP_OK;
 }
 
@@ -529,10 +599,17 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)conn_id, (void)end, (void)i, (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = kvp_svc_key_lookup(st, key, &obj, NULL);
     if (status != KVP_OK)
         return status;
-    return obj != NULL && obj->state == KVP_OBJ_COMPLETE ? 1 : 0;
+    if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
+        return 0;
+    if (st->config.lease_on_exist) {
+        uint64_t until = st->now_ms + st->config.lease_ttl_ms;
+        if (obj->deadline_ms < until)
+            obj->deadline_ms = until;
+    }
+    return 1;
 }
 
 /* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one packer. */
@@ -562,8 +639,9 @@ static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t m
                      : method == KVP_RPC_PUT_REVOKE ? op_put_revoke
                      : method == KVP_RPC_REMOVE     ? op_remove
                                                     : op_exist;
-    int32_t status = check_batch(n_keys);
-    if (status == KVP_OK && end != NULL && end->n_crc32c != n_keys)
+    int32_t status = kvp_svc_check_batch(n_keys);
+    if (status == KVP_OK && end != NULL &&
+        (end->n_crc32c != n_keys || (end->n_written_mask != 0 && end->n_written_mask != n_keys)))
         status = KVP_ERR_INVALID_ARG;
     int32_t *out = NULL;
     kvp_status_t rc = KVP_OK;
@@ -576,7 +654,7 @@ static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t m
         for (size_t i = 0; i < n_keys; i++)
             out[i] = fn(st, conn_id, &keys[i], end, i, force);
     }
-    rc = pack_statuses(status, out, n_keys, resp_p, resp_len_p);
+    rc = kvp_svc_pack_statuses(status, out, n_keys, resp_p, resp_len_p);
 out:
     free(out);
     if (end)
@@ -597,10 +675,10 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
     Kvpool__GetReplicaResult **resptr = NULL;
     Kvpool__Replica *reps = NULL;
     Kvpool__Replica **repptr = NULL;
-    seg_set_t segs = {0};
+    kvp_seg_set_t segs = {0};
     kvp_status_t rc = KVP_OK;
     size_t n = req->n_keys;
-    resp.status = check_batch(n);
+    resp.status = kvp_svc_check_batch(n);
     if (resp.status == KVP_OK) {
         res = calloc(n ? n : 1, sizeof(*res));
         resptr = calloc(n ? n : 1, sizeof(*resptr));
@@ -615,7 +693,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             kvpool__get_replica_result__init(&res[i]);
             resptr[i] = &res[i];
             kvp_object_t *obj;
-            res[i].status = key_lookup(st, &req->keys[i], &obj, NULL);
+            res[i].status = kvp_svc_key_lookup(st, &req->keys[i], &obj, NULL);
             if (res[i].status != KVP_OK)
                 continue;
             if (obj == NULL || obj->state != KVP_OBJ_COMPLETE) {
@@ -631,12 +709,12 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             kvp_index_touch(&st->index, obj);
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
-            if (!add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+            if (!kvp_svc_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
                 rc = KVP_ERR_NOMEM;
                 goto out;
             }
         }
-        if (!seg_set_finish(&segs)) {
+        if (!kvp_svc_seg_set_finish(&segs)) {
             rc = KVP_ERR_NOMEM;
             goto out;
         }
@@ -656,7 +734,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
     *resp_p = b;
     *resp_len_p = plen;
 out:
-    seg_set_free(&segs);
+    kvp_svc_seg_set_free(&segs);
     free(res);
     free(resptr);
     free(reps);
@@ -674,7 +752,7 @@ static kvp_status_t do_get_size(kvp_master_state_t *st, const uint8_t *body, siz
     Kvpool__GetSizeResponse resp = KVPOOL__GET_SIZE_RESPONSE__INIT;
     int64_t *sizes = NULL;
     kvp_status_t rc = KVP_OK;
-    resp.status = check_batch(req->n_keys);
+    resp.status = kvp_svc_check_batch(req->n_keys);
     if (resp.status == KVP_OK) {
         sizes = malloc((req->n_keys ? req->n_keys : 1) * sizeof(*sizes));
         if (sizes == NULL) {
@@ -683,7 +761,7 @@ static kvp_status_t do_get_size(kvp_master_state_t *st, const uint8_t *body, siz
         }
         for (size_t i = 0; i < req->n_keys; i++) {
             kvp_object_t *obj;
-            kvp_status_t s = key_lookup(st, &req->keys[i], &obj, NULL);
+            kvp_status_t s = kvp_svc_key_lookup(st, &req->keys[i], &obj, NULL);
             if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE))
                 s = KVP_ERR_NOT_FOUND;
             sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;
@@ -723,7 +801,7 @@ static kvp_status_t do_stat(kvp_master_state_t *st, uint8_t **resp_p, size_t *re
         if (seg == NULL)
             continue;
         kvpool__segment_stat__init(&ss[k]);
-        desc_fill(&ds[k], seg);
+        kvp_svc_desc_fill(&ds[k], seg);
         ss[k].desc = &ds[k];
         ss[k].used = kvp_segment_used(seg);
         ss[k].objects = seg->objects;
@@ -738,6 +816,7 @@ static kvp_status_t do_stat(kvp_master_state_t *st, uint8_t **resp_p, size_t *re
     resp.evicted_objects = st->stats.evicted_objects;
     resp.evicted_bytes = st->stats.evicted_bytes;
     resp.put_timeouts = st->stats.put_timeouts;
+    resp.moved_objects = st->stats.moved;
     resp.n_segments = k;
     resp.segments = sp;
     size_t plen = kvpool__stat_response__get_packed_size(&resp);
@@ -790,6 +869,24 @@ kvp_status_t kvp_service_handle(kvp_master_state_t *st, uint64_t conn_id, uint16
     case KVP_RPC_STAT:
         status = do_stat(st, resp_p, resp_len_p);
         break;
+    case KVP_RPC_HEARTBEAT:
+        status = kvp_svc_heartbeat(st, conn_id, body, body_len, resp_p, resp_len_p);
+        break;
+    case KVP_RPC_LIST:
+        status = kvp_svc_list(st, body, body_len, resp_p, resp_len_p);
+        break;
+    case KVP_RPC_REMOVE_BY_REGEX:
+        status = kvp_svc_remove_by_regex(st, body, body_len, resp_p, resp_len_p);
+        break;
+    case KVP_RPC_DRAIN:
+        status = kvp_svc_drain(st, body, body_len, resp_p, resp_len_p);
+        break;
+    case KVP_RPC_MOVE_START:
+        status = kvp_svc_move_start(st, conn_id, body, body_len, resp_p, resp_len_p);
+        break;
+    case KVP_RPC_MOVE_END:
+        status = kvp_svc_move_end(st, conn_id, body, body_len, resp_p, resp_len_p);
+        break;
     default:
         snprintf(errmsg, errmsg_len, "unknown method %u", method);
         return KVP_ERR_UNKNOWN_METHOD;
@@ -804,6 +901,7 @@ kvp_status_t kvp_service_handle(kvp_master_state_t *st, uint64_t conn_id, uint16
 
 void kvp_service_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
+    kvp_svc_moves_conn_closed(st, conn_id);
     /* Revoke the connection's unfinished puts. */
     kvp_object_t *obj = st->index.pending_list.head;
     unsigned revoked = 0;

@@ -50,6 +50,9 @@ typedef struct kvp_client_params {
     uint64_t tcp_slice_bytes; /* tcp stripe size for large objects; 0: 1 MiB */
     uint32_t rpc_timeout_ms;  /* master RPC and data transfer timeout; 0: 10000 */
     uint32_t verify_crc;      /* check CRC32C on every get; 1 by default */
+    uint32_t heartbeat_ms;    /* liveness heartbeat to the master; 0: 1000 */
+    uint32_t drain_timeout_ms; /* a drain of our segment asked for by someone else
+                                  (kvp_request_drain, `kvpool drain`); 0: 30000 */
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -96,7 +99,18 @@ typedef struct kvp_put_config {
                                       NULL: placement by free space (weighted random) */
     uint32_t pin;                  /* KVP_PIN_NONE (default), KVP_PIN_SOFT, KVP_PIN_HARD */
     uint32_t soft_pin_ttl_s;       /* soft pin lifetime; 0: the master's default (30 min) */
+    uint32_t mode;                 /* KVP_PUT_INSERT (default) or KVP_PUT_UPSERT */
 } kvp_put_config_t;
+
+/*
+ * Put modes. INSERT fails with KVP_ERR_EXISTS when the key exists. UPSERT
+ * replaces it: an object of the same size that nobody is reading is
+ * rewritten in place; otherwise the new value gets new extents and the old
+ * ones are freed once readers' leases end. The key reads as absent while the
+ * new value is being written, and stays absent if that put fails.
+ */
+#define KVP_PUT_INSERT 0
+#define KVP_PUT_UPSERT 1
 
 #define KVP_SEGMENT_LOCAL "@local"
 
@@ -134,6 +148,17 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *client, const char *const *keys,
                                 const kvp_put_config_t *config, kvp_status_t *results);
 
 /*
+ * kvp_batch_put_from, also reporting replicas_written[i] (may be NULL): how
+ * many replicas key i was stored with. Multi-replica puts are best effort per
+ * replica: a key whose write reached 2 of 3 extents succeeds with 2 (the
+ * failed extent is freed); it fails only when no replica was written.
+ */
+kvp_status_t kvp_batch_put_from_ex(kvp_client_t *client, const char *const *keys,
+                                   const void *const *bufs, const size_t *sizes, size_t n,
+                                   const kvp_put_config_t *config, kvp_status_t *results,
+                                   uint32_t *replicas_written);
+
+/*
  * Batch get: keys[i] into bufs[i] of capacity caps[i]. results[i] receives
  * the object's size or a negative status. Returns as kvp_batch_put_from.
  */
@@ -169,6 +194,61 @@ kvp_status_t kvp_batch_remove(kvp_client_t *client, const char *const *keys, siz
 kvp_status_t kvp_batch_remove_force(kvp_client_t *client, const char *const *keys, size_t n,
                                     kvp_status_t *results);
 
+/*
+ * Remove every complete object whose key matches `pattern`, a POSIX extended
+ * regular expression (regcomp(3), REG_EXTENDED; "^prefix/" for a prefix).
+ * Objects being written are skipped, and so are objects under a read lease
+ * unless `force`. *removed_p (may be NULL) receives the count. An empty or
+ * invalid pattern is KVP_ERR_INVALID_ARG.
+ */
+kvp_status_t kvp_remove_by_regex(kvp_client_t *client, const char *pattern, int force,
+                                 uint64_t *removed_p);
+/* Remove every complete object in the pool (leased ones only with force). */
+kvp_status_t kvp_remove_all(kvp_client_t *client, int force, uint64_t *removed_p);
+
+/* One key as kvp_list_keys reports it. */
+typedef struct kvp_key_info {
+    char *key; /* NUL-terminated */
+    uint64_t size;
+    uint32_t complete;    /* 0: being written (PENDING) */
+    uint32_t n_replicas;  /* replicas; their segments in segment_ids */
+    uint64_t segment_ids[8];
+    uint32_t lease_ms;    /* read lease left, 0: none */
+    uint32_t pin;         /* KVP_PIN_* */
+} kvp_key_info_t;
+
+/*
+ * Keys matching `pattern` (POSIX extended regex; NULL or "": all), at most
+ * `max` of them (bounded output). *keys_p receives an array of *n_p entries,
+ * freed with kvp_key_list_free. The scan is not a snapshot: keys added or
+ * removed meanwhile may or may not appear; none present throughout is missed.
+ */
+kvp_status_t kvp_list_keys(kvp_client_t *client, const char *pattern, size_t max,
+                           kvp_key_info_t **keys_p, size_t *n_p);
+void kvp_key_list_free(kvp_key_info_t *keys, size_t n);
+
+/*
+ * Graceful leave: stop new placements on this client's segment, copy every
+ * object whose only replica is there to other segments (where space allows),
+ * then unmount it. Objects not moved within timeout_ms leave the pool.
+ * *moved_p / *lost_p (may be NULL) receive the counts. The segment's memory
+ * stays readable until kvp_client_destroy. KVP_ERR_INVALID_ARG: no segment.
+ */
+kvp_status_t kvp_drain(kvp_client_t *client, uint32_t timeout_ms, uint64_t *moved_p,
+                       uint64_t *lost_p);
+
+/*
+ * Ask the owner of segment `name` (any client) to drain it, as kvp_drain does;
+ * the owner starts within a heartbeat. KVP_ERR_SEGMENT_GONE: no such segment.
+ */
+kvp_status_t kvp_request_drain(kvp_client_t *client, const char *segment_name);
+
+/*
+ * 1 while this client's segment is mounted, 0 once drained (by kvp_drain or
+ * a drain requested from elsewhere) or when it mounts none.
+ */
+int kvp_client_segment_mounted(kvp_client_t *client);
+
 /* Size of a complete object, or a negative status (KVP_ERR_NOT_FOUND). */
 int64_t kvp_get_size(kvp_client_t *client, const char *key);
 
@@ -181,6 +261,7 @@ typedef struct kvp_segment_info {
     uint64_t size;
     uint64_t used;
     uint64_t objects; /* replicas stored in the segment */
+    int draining;     /* being drained: no new replicas go here */
 } kvp_segment_info_t;
 
 typedef struct kvp_pool_stat {
@@ -193,6 +274,7 @@ typedef struct kvp_pool_stat {
     uint64_t evicted_objects; /* since the master started */
     uint64_t evicted_bytes;
     uint64_t put_timeouts; /* PENDING puts revoked by the put timeout */
+    uint64_t moved_objects; /* objects moved off draining segments */
 } kvp_pool_stat_t;
 
 /* Pool-wide view from the master. Free with kvp_pool_stat_free(). */

@@ -75,13 +75,24 @@ static const char global_usage[] =
     "\n"
     "commands:\n"
     "  serve --segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME]\n"
-    "        [--ready-fd N]      mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
-    "                            serve it until SIGINT or SIGTERM\n"
-    "  put [--replicas N] [--prefer SEGMENT] KEY FILE|-\n"
-    "                            store FILE (or stdin) under KEY\n"
+    "        [--ready-fd N] [--drain-timeout SECONDS]\n"
+    "                            mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
+    "                            serve it until SIGINT or SIGTERM, then drain it: move\n"
+    "                            its objects to other segments (default 30 s; 0: no)\n"
+    "  put [--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-\n"
+    "                            store FILE (or stdin) under KEY (--upsert: replace)\n"
     "  get KEY [FILE|-]          write the object to FILE (default: stdout)\n"
     "  exist KEY...              print KEY<TAB>yes|no; exit 0 if all exist, 1 if not\n"
     "  rm [--force] KEY...       remove objects (--force: also ones being read)\n"
+    "  rm [--force] --regex RE | --all\n"
+    "                            remove every object whose key matches the POSIX\n"
+    "                            extended regex RE, or every object\n"
+    "  ls [--limit N] [--json] [RE]\n"
+    "                            keys (matching RE), sizes, replicas, lease, pin\n"
+    "                            (at most N, default 1000)\n"
+    "  drain [--wait SECONDS] SEGMENT\n"
+    "                            ask SEGMENT's owner to move its objects elsewhere and\n"
+    "                            unmount; wait for it (default 60 s)\n"
     "  stat [--json]             pool capacity, usage and segments\n"
     "\n"
     "global options:\n"
@@ -242,6 +253,7 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
         {"data-port", required_argument, NULL, 'p'},
         {"name", required_argument, NULL, 'n'},
         {"ready-fd", required_argument, NULL, 'r'},
+        {"drain-timeout", required_argument, NULL, 'd'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -249,6 +261,7 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
     kvp_client_params_init(&params);
     uint64_t v;
     int ready_fd = -1;
+    double drain_s = 30;
     int opt;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
@@ -273,6 +286,14 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
                 return usage_error(cmd, "--ready-fd needs a file descriptor, got '%s'", optarg);
             ready_fd = (int)v;
             break;
+        case 'd': {
+            char *end;
+            drain_s = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || !(drain_s >= 0) || drain_s > 86400)
+                return usage_error(cmd, "--drain-timeout needs seconds (0..86400), got '%s'",
+                                   optarg);
+            break;
+        }
         case 'h':
             fputs(global_usage, stdout);
             return CLI_OK;
@@ -297,6 +318,7 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
         return fail(strerror(err), "cannot block SIGINT/SIGTERM");
 
     kvp_client_t *client;
+    params.drain_timeout_ms = drain_s > 0 ? (uint32_t)(drain_s * 1000) : 30000;
     if (client_open(cli, &params, &client) != KVP_OK)
         return CLI_FAIL;
     const char *name = kvp_client_segment_name(client);
@@ -315,15 +337,43 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
         close(ready_fd);
     }
 
-    int sig = 0;
-    while ((err = sigwait(&mask, &sig)) != 0) {
-        if (err != EINTR) {
-            fail(strerror(err), "sigwait");
+    /* Wait for a signal; also stop once the segment was drained on request (kvpool drain). */
+    int rc = CLI_OK;
+    for (;;) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = 200 * 1000 * 1000};
+        int sig = sigtimedwait(&mask, NULL, &ts);
+        if (sig > 0)
+            break;
+        if (errno != EAGAIN && errno != EINTR) {
+            rc = fail(strerror(errno), "sigtimedwait");
             break;
         }
+        if (!kvp_client_segment_mounted(client)) {
+            printf("segment %s was drained on request: exiting\n", name);
+            fflush(stdout);
+            kvp_client_destroy(client);
+            return CLI_OK;
+        }
+    }
+    if (rc == CLI_OK && drain_s > 0 && kvp_client_segment_mounted(client)) {
+        uint64_t moved = 0, lost = 0;
+        uint64_t t0 = kvp_now_ms();
+        kvp_status_t st = kvp_drain(client, (uint32_t)(drain_s * 1000), &moved, &lost);
+        if (st == KVP_ERR_PENDING) {
+            /* a requested drain is already running: let it finish */
+            while (kvp_client_segment_mounted(client))
+                usleep(50 * 1000);
+            st = KVP_OK;
+        }
+        if (st != KVP_OK)
+            fprintf(stderr, "kvpool: drain of %s: %s\n", name, kvp_strerror(st));
+        printf("segment %s drained in %.1f s: %" PRIu64 " objects moved, %" PRIu64
+               " left the pool\n",
+               name, (double)(kvp_now_ms() - t0) / 1000.0, moved, lost);
+        fflush(stdout);
     }
     kvp_client_destroy(client);
-    return err == 0 ? CLI_OK : CLI_FAIL;
+    return rc;
 }
 
 /* ---- put ---------------------------------------------------------------- */
@@ -416,6 +466,7 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
     static const struct option opts[] = {
         {"replicas", required_argument, NULL, 'r'},
         {"prefer", required_argument, NULL, 'p'},
+        {"upsert", no_argument, NULL, 'u'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -432,6 +483,9 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
             break;
         case 'p':
             config.preferred_segment = optarg;
+            break;
+        case 'u':
+            config.mode = KVP_PUT_UPSERT;
             break;
         case 'h':
             fputs(global_usage, stdout);
@@ -463,11 +517,19 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
         input_release(&in);
         return CLI_FAIL;
     }
-    kvp_status_t status = kvp_put(client, key, in.data, in.len, &config);
+    const void *buf = in.data;
+    size_t len = in.len;
+    kvp_status_t result = KVP_OK;
+    uint32_t written = 0;
+    kvp_status_t status =
+        kvp_batch_put_from_ex(client, &key, &buf, &len, 1, &config, &result, &written);
     kvp_client_destroy(client);
     input_release(&in);
     if (status != KVP_OK)
-        return fail(kvp_strerror(status), "put %s", key);
+        return fail(kvp_strerror(result != KVP_OK ? result : status), "put %s", key);
+    if (written < config.replica_num)
+        fprintf(stderr, "kvpool: put %s: stored with %u of %u replicas\n", key, written,
+                config.replica_num);
     return CLI_OK;
 }
 
@@ -641,20 +703,44 @@ static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"force", no_argument, NULL, 'f'},
+        {"regex", required_argument, NULL, 'r'},
+        {"all", no_argument, NULL, 'a'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    bool force = false;
+    bool force = false, all = false;
+    const char *regex = NULL;
     int opt;
     while ((opt = getopt_long(argc, argv, "+:fh", opts, NULL)) != -1) {
         if (opt == 'f') {
             force = true;
+        } else if (opt == 'r') {
+            regex = optarg;
+        } else if (opt == 'a') {
+            all = true;
         } else if (opt == 'h') {
             fputs(global_usage, stdout);
             return CLI_OK;
         } else {
             return option_error(cmd, opt, argc, argv);
         }
+    }
+    if (regex != NULL || all) {
+        if (optind < argc || (regex != NULL && all))
+            return usage_error(cmd, "rm takes KEYs, --regex RE or --all, not several");
+        if (regex != NULL && regex[0] == '\0')
+            return usage_error(cmd, "--regex needs a non-empty pattern (--all removes all)");
+        kvp_client_t *client;
+        if (client_open(cli, NULL, &client) != KVP_OK)
+            return CLI_FAIL;
+        uint64_t removed = 0;
+        kvp_status_t st = all ? kvp_remove_all(client, force, &removed)
+                              : kvp_remove_by_regex(client, regex, force, &removed);
+        kvp_client_destroy(client);
+        if (st != KVP_OK)
+            return fail(kvp_strerror(st), "rm %s%s", all ? "--all" : "--regex ", all ? "" : regex);
+        printf("removed %" PRIu64 " objects\n", removed);
+        return CLI_OK;
     }
     if (optind >= argc)
         return usage_error(cmd, "%s needs at least one KEY", cmd->name);
@@ -690,8 +776,6 @@ static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
     return rc;
 }
 
-/* ---- stat --------------------------------------------------------------- */
-
 /* A bounded char array from the library as a JSON string. */
 static void json_string(const char *s, size_t cap)
 {
@@ -708,11 +792,166 @@ static void json_string(const char *s, size_t cap)
     putchar('"');
 }
 
+/* ---- ls ----------------------------------------------------------------- */
+
+static int cmd_ls(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"limit", required_argument, NULL, 'l'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    uint64_t limit = 1000;
+    bool json = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        if (opt == 'l') {
+            if (!parse_uint(optarg, 10000000, &limit) || limit == 0)
+                return usage_error(cmd, "--limit needs a count 1..10000000, got '%s'", optarg);
+        } else if (opt == 'j') {
+            json = true;
+        } else if (opt == 'h') {
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        } else {
+            return option_error(cmd, opt, argc, argv);
+        }
+    }
+    if (argc - optind > 1)
+        return usage_error(cmd, "ls takes at most one PATTERN");
+    const char *pattern = optind < argc ? argv[optind] : "";
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK)
+        return CLI_FAIL;
+    kvp_key_info_t *keys = NULL;
+    size_t n = 0;
+    kvp_status_t st = kvp_list_keys(client, pattern, (size_t)limit + 1, &keys, &n);
+    kvp_client_destroy(client);
+    if (st != KVP_OK)
+        return fail(kvp_strerror(st), "ls %s", pattern);
+    bool more = n > limit;
+    if (more)
+        n = (size_t)limit;
+    char a[32];
+    if (json)
+        fputs("[", stdout);
+    else if (n > 0)
+        printf("%-10s  %8s  %-5s  %8s  %s\n", "SIZE", "REPLICAS", "PIN", "LEASE", "KEY");
+    for (size_t i = 0; i < n; i++) {
+        const kvp_key_info_t *k = &keys[i];
+        const char *pin = k->pin == KVP_PIN_HARD ? "hard" : k->pin == KVP_PIN_SOFT ? "soft" : "-";
+        if (json) {
+            printf("%s{\"key\":", i > 0 ? "," : "");
+            json_string(k->key, strlen(k->key));
+            printf(",\"size\":%" PRIu64 ",\"replicas\":%u,\"complete\":%s,\"lease_ms\":%u,"
+                   "\"pin\":\"%s\"}",
+                   k->size, k->n_replicas, k->complete ? "true" : "false", k->lease_ms, pin);
+        } else {
+            char lease[32] = "-";
+            if (!k->complete)
+                snprintf(lease, sizeof(lease), "writing");
+            else if (k->lease_ms > 0)
+                snprintf(lease, sizeof(lease), "%.1fs", k->lease_ms / 1000.0);
+            printf("%-10s  %8u  %-5s  %8s  %s\n", human_size(k->size, a, sizeof(a)), k->n_replicas,
+                   pin, lease, k->key);
+        }
+    }
+    if (json)
+        fputs("]\n", stdout);
+    if (more)
+        fprintf(stderr, "kvpool: ls: showing the first %" PRIu64 " keys; more match (--limit)\n",
+                limit);
+    kvp_key_list_free(keys, more ? n + 1 : n);
+    if (fflush(stdout) != 0)
+        return fail(strerror(errno), "writing stdout");
+    return CLI_OK;
+}
+
+/* ---- drain -------------------------------------------------------------- */
+
+static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"wait", required_argument, NULL, 'w'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    double wait_s = 60;
+    int opt;
+    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
+        if (opt == 'w') {
+            char *end;
+            wait_s = strtod(optarg, &end);
+            if (end == optarg || *end != '\0' || !(wait_s >= 0) || wait_s > 86400)
+                return usage_error(cmd, "--wait needs seconds (0..86400), got '%s'", optarg);
+        } else if (opt == 'h') {
+            fputs(global_usage, stdout);
+            return CLI_OK;
+        } else {
+            return option_error(cmd, opt, argc, argv);
+        }
+    }
+    if (argc - optind != 1)
+        return usage_error(cmd, "drain needs one SEGMENT name (see kvpool stat)");
+    const char *name = argv[optind];
+    kvp_client_t *client;
+    if (client_open(cli, NULL, &client) != KVP_OK)
+        return CLI_FAIL;
+    uint64_t t0 = kvp_now_ms();
+    kvp_status_t st = kvp_request_drain(client, name);
+    if (st != KVP_OK) {
+        kvp_client_destroy(client);
+        return fail(kvp_strerror(st), "drain %s", name);
+    }
+    /* the owner drains and unmounts; watch for the segment to go */
+    int rc = CLI_FAIL;
+    uint64_t left = 0;
+    for (;;) {
+        kvp_pool_stat_t *ps = NULL;
+        st = kvp_pool_stat(client, &ps);
+        if (st != KVP_OK) {
+            fail(kvp_strerror(st), "drain %s: stat", name);
+            break;
+        }
+        bool present = false;
+        for (size_t i = 0; i < ps->n_segments; i++)
+            if (strcmp(ps->segments[i].name, name) == 0) {
+                present = true;
+                left = ps->segments[i].objects;
+            }
+        kvp_pool_stat_free(ps);
+        double dt = (double)(kvp_now_ms() - t0) / 1000.0;
+        if (!present) {
+            printf("segment %s drained and unmounted in %.1f s\n", name, dt);
+            rc = CLI_OK;
+            break;
+        }
+        if (dt >= wait_s) {
+            if (wait_s > 0)
+                fprintf(stderr,
+                        "kvpool: drain %s: still mounted after %.1f s (%" PRIu64
+                        " replicas left); the owner keeps draining\n",
+                        name, dt, left);
+            else
+                rc = CLI_OK, printf("drain of %s requested\n", name);
+            break;
+        }
+        usleep(100 * 1000);
+    }
+    kvp_client_destroy(client);
+    return rc;
+}
+
+/* ---- stat --------------------------------------------------------------- */
+
 static void stat_print_json(const kvp_pool_stat_t *st)
 {
     printf("{\"capacity\":%" PRIu64 ",\"used\":%" PRIu64 ",\"objects\":%" PRIu64
-           ",\"pending\":%" PRIu64 ",\"segments\":[",
-           st->capacity, st->used, st->objects, st->pending);
+           ",\"pending\":%" PRIu64 ",\"evicted_objects\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
+           ",\"put_timeouts\":%" PRIu64 ",\"moved_objects\":%" PRIu64 ",\"segments\":[",
+           st->capacity, st->used, st->objects, st->pending, st->evicted_objects, st->evicted_bytes,
+           st->put_timeouts, st->moved_objects);
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
         printf("%s{\"id\":%" PRIu64 ",\"name\":", i > 0 ? "," : "", s->id);
@@ -721,8 +960,9 @@ static void stat_print_json(const kvp_pool_stat_t *st)
         json_string(s->medium, sizeof(s->medium));
         fputs(",\"endpoint\":", stdout);
         json_string(s->endpoint, sizeof(s->endpoint));
-        printf(",\"size\":%" PRIu64 ",\"used\":%" PRIu64 ",\"objects\":%" PRIu64 "}", s->size,
-               s->used, s->objects);
+        printf(",\"size\":%" PRIu64 ",\"used\":%" PRIu64 ",\"objects\":%" PRIu64
+               ",\"draining\":%s}",
+               s->size, s->used, s->objects, s->draining ? "true" : "false");
     }
     fputs("]}\n", stdout);
 }
@@ -749,9 +989,9 @@ static void stat_print_table(const kvp_pool_stat_t *st)
            "SIZE", "USED", "OBJECTS");
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
-        printf("%-*.*s  %-*.*s  %-*.*s  %10s  %10s  %" PRIu64 "\n", wname, wname, s->name, wmed,
+        printf("%-*.*s  %-*.*s  %-*.*s  %10s  %10s  %" PRIu64 "%s\n", wname, wname, s->name, wmed,
                wmed, s->medium, wend, wend, s->endpoint, human_size(s->size, a, sizeof(a)),
-               human_size(s->used, b, sizeof(b)), s->objects);
+               human_size(s->used, b, sizeof(b)), s->objects, s->draining ? "  (draining)" : "");
     }
 }
 
@@ -801,12 +1041,14 @@ static int cmd_stat(const cli_t *cli, const command_t *cmd, int argc, char **arg
 static const command_t commands[] = {
     {"serve",
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
-     "[--ready-fd N]",
+     "[--ready-fd N] [--drain-timeout SECONDS]",
      cmd_serve},
-    {"put", "[--replicas N] [--prefer SEGMENT] KEY FILE|-", cmd_put},
+    {"put", "[--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-", cmd_put},
     {"get", "KEY [FILE|-]", cmd_get},
     {"exist", "KEY...", cmd_exist},
-    {"rm", "[--force] KEY...", cmd_rm},
+    {"rm", "[--force] KEY... | [--force] --regex RE | [--force] --all", cmd_rm},
+    {"ls", "[--limit N] [--json] [RE]", cmd_ls},
+    {"drain", "[--wait SECONDS] SEGMENT", cmd_drain},
     {"stat", "[--json]", cmd_stat},
 };
 

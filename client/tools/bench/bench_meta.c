@@ -458,6 +458,30 @@ static kvp_status_t mount(int fd, const char *name, uint64_t *seg_id_p)
     return st;
 }
 
+/* The mounting connection is otherwise idle: heartbeat on it so that the master's
+ * --client-ttl does not take the virtual segment away mid-run. */
+typedef struct pinger {
+    int fd;
+    atomic_bool stop;
+    pthread_t thread;
+    bool started;
+} pinger_t;
+
+static void *pinger_main(void *arg)
+{
+    pinger_t *p = arg;
+    uint64_t req_id = 1ull << 40;
+    while (!atomic_load(&p->stop)) {
+        for (int i = 0; i < 20 && !atomic_load(&p->stop); i++)
+            usleep(50 * 1000);
+        uint8_t *resp = NULL;
+        size_t rlen;
+        if (kvp_rpc_call(p->fd, KVP_RPC_HEARTBEAT, ++req_id, NULL, 0, &resp, &rlen) == KVP_OK)
+            free(resp);
+    }
+    return NULL;
+}
+
 static int connect_master(const char *addr, int *fd_p)
 {
     char host[256];
@@ -539,6 +563,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     sh.seg_name = seg_name;
 
     int rc = 1, mount_fd = -1;
+    pinger_t pinger = {.fd = -1};
     meta_worker_t *ws = calloc(sh.threads, sizeof(*ws));
     if (ws == NULL) {
         fprintf(stderr, "kvpool-bench meta: out of memory\n");
@@ -553,6 +578,8 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         fprintf(stderr, "kvpool-bench meta: cannot mount the virtual segment %s\n", seg_name);
         goto out;
     }
+    pinger.fd = mount_fd;
+    pinger.started = pthread_create(&pinger.thread, NULL, pinger_main, &pinger) == 0;
     for (unsigned i = 0; i < sh.threads; i++) {
         meta_worker_t *w = &ws[i];
         w->sh = &sh;
@@ -632,6 +659,10 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     }
     rc = 0;
 out:
+    if (pinger.started) {
+        atomic_store(&pinger.stop, true);
+        pthread_join(pinger.thread, NULL);
+    }
     kvp_bench_progress_done(o);
     for (unsigned i = 0; i < sh.threads; i++) {
         if (ws[i].fd >= 0)

@@ -1,0 +1,86 @@
+/*
+ * client_priv.h - the client object, shared by client.c (create, put, get,
+ * exist, remove) and admin.c (heartbeat, drain, list, bulk remove).
+ */
+#ifndef KVP_CLIENT_CLIENT_PRIV_H
+#define KVP_CLIENT_CLIENT_PRIV_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client/internal.h"
+#include "kvpool.pb-c.h"
+
+/* This client's own segment. */
+#define KVP_SEG_NONE 0     /* mounts nothing */
+#define KVP_SEG_MOUNTED 1  /* mounted (or to be remounted after a reconnect) */
+#define KVP_SEG_DRAINING 2 /* moving its objects away */
+#define KVP_SEG_DRAINED 3  /* unmounted for good; memory kept until destroy */
+
+typedef struct reg_buf {
+    uintptr_t addr;
+    size_t len;
+    struct reg_buf *next;
+} reg_buf_t;
+
+struct kvp_client {
+    kvp_client_params_t params;
+    char master_host[256];
+    uint16_t master_port;
+    uint64_t client_id;
+
+    pthread_mutex_t master_lock;
+    int master_fd;
+    uint64_t next_req_id;
+
+    kvp_transfer_t xfer;
+
+    pthread_mutex_t peer_lock;
+    kvp_peer_t **peers;
+    size_t n_peers, cap_peers;
+    uint64_t last_sweep_ms;
+
+    /* own segment */
+    int seg_fd;
+    void *seg_base;
+    uint64_t seg_size;
+    char seg_name[300];
+    char seg_endpoint[280];
+    char seg_shm_path[64];
+    _Atomic uint64_t seg_id;
+    kvp_segment_server_t *seg_server;
+
+    pthread_mutex_t buf_lock;
+    reg_buf_t *bufs;
+
+    /* liveness heartbeat (admin.c) */
+    pthread_t hb_thread;
+    bool hb_started;
+    pthread_mutex_t hb_lock;
+    pthread_cond_t hb_cond;
+    bool hb_stop;
+    /* own segment's state: KVP_SEG_* */
+    _Atomic int seg_state;
+    /* a drain asked for by someone else runs on its own thread */
+    pthread_t drain_thread;
+    _Atomic bool drain_running;
+    bool drain_thread_started;
+};
+
+/* Master RPC with reconnect (and remount of the segment) on a broken connection. */
+kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
+                             uint8_t **resp_p, size_t *resp_len_p);
+/* Mount the segment on the current master connection (master_lock held). */
+kvp_status_t kvp_client_mount_locked(kvp_client_t *c);
+/* Learn segment descriptors from a master response. */
+void kvp_client_peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_t n);
+/* A known peer with a reference taken (kvp_peer_unref), or NULL. */
+kvp_peer_t *kvp_client_peer_get(kvp_client_t *c, uint64_t segment_id);
+
+/* admin.c: start / stop the heartbeat thread. */
+kvp_status_t kvp_client_heartbeat_start(kvp_client_t *c);
+void kvp_client_heartbeat_stop(kvp_client_t *c);
+
+#endif
