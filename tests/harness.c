@@ -164,6 +164,27 @@ int kvp_proc_stop(kvp_proc_t *p, int sig, int timeout_ms)
     return -1;
 }
 
+int kvp_proc_wait_exit(kvp_proc_t *p, int timeout_ms)
+{
+    if (p->pid <= 0)
+        return -1;
+    int status = 0;
+    int w = wait_for(p->pid, &status, timeout_ms);
+    if (w != 0) {
+        if (w == 1)
+            fprintf(stderr, "harness: pid %d still running after %d ms; SIGKILL\n", (int)p->pid,
+                    timeout_ms);
+        kill(p->pid, SIGKILL);
+        wait_for(p->pid, &status, 5000);
+        p->pid = 0;
+        return -1;
+    }
+    p->pid = 0;
+    if (WIFEXITED(status))
+        return WEXITSTATUS(status);
+    return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
+}
+
 void kvp_proc_kill9(kvp_proc_t *p)
 {
     if (p->pid <= 0)

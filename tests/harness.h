@@ -45,6 +45,12 @@ bool kvp_start_segment(kvp_proc_t *p, const char *master, const char *size, cons
  */
 int kvp_proc_stop(kvp_proc_t *p, int sig, int timeout_ms);
 
+/*
+ * Wait up to timeout_ms for the child to exit by itself and reap it: its exit
+ * status, 128+signal, or -1 on timeout (it is then SIGKILLed).
+ */
+int kvp_proc_wait_exit(kvp_proc_t *p, int timeout_ms);
+
 /* SIGKILL and reap (for fault tests). */
 void kvp_proc_kill9(kvp_proc_t *p);
 
