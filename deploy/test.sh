@@ -26,7 +26,7 @@ run_suite() { # builddir, setup args...
   if ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
     cat "$dir.ninja.log"; failed=$((failed+1)); rc_all=1; return
   fi
-  meson test -C "$dir" --suite unit --suite integration --print-errorlogs \
+  meson test -C "$dir" --suite unit --suite integration --suite fault --print-errorlogs \
     --num-processes 2 2>&1 | tee "$dir/meson-test.out"
   local rc=${PIPESTATUS[0]}
   [ "$rc" -ne 0 ] && rc_all=1

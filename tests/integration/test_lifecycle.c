@@ -18,6 +18,7 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -207,6 +208,40 @@ static void test_upsert_leased(void **state)
 
 /* ---- best-effort replicas ---- */
 
+/* SIGSTOP pid and wait until every one of its threads is stopped (kill() does not wait). */
+static void freeze(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    uint64_t deadline = kvp_now_ms() + 5000;
+    for (;;) {
+        DIR *d = opendir(dir);
+        assert_non_null(d);
+        bool all = true;
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL && all) {
+            if (de->d_name[0] == '.')
+                continue;
+            char path[320], buf[512];
+            snprintf(path, sizeof(path), "%s/%s/stat", dir, de->d_name);
+            FILE *f = fopen(path, "r");
+            if (f == NULL)
+                continue;
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+            all = p != NULL && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+        }
+        closedir(d);
+        if (all)
+            return;
+        assert_true(kvp_now_ms() < deadline);
+        usleep(1000);
+    }
+}
+
 static void test_best_effort_replicas(void **state)
 {
     (void)state;
@@ -229,7 +264,7 @@ static void test_best_effort_replicas(void **state)
     assert_int_equal(written, 3);
 
     /* freeze one owner: the master still lists it, its data server never answers */
-    assert_int_equal(kill(e->seg[2].pid, SIGSTOP), 0);
+    freeze(e->seg[2].pid);
     kvp_fill_pattern(buf, OBJ, 11);
     uint64_t t0 = kvp_now_ms();
     assert_int_equal(kvp_batch_put_from_ex(e->client, &k1, &bp, &len, 1, &cfg, &res, &written),
