@@ -9,6 +9,10 @@ PKGS=(
   libjemalloc-dev libcmocka-dev libxxhash-dev
   libcurl4-openssl-dev libibverbs-dev librdmacm-dev
   clang-format
+  # deploy/fuzz.sh: clang-14 with libFuzzer and the sanitizer runtimes
+  # (libclang_rt.fuzzer/asan/ubsan, not pulled in without recommends), and
+  # llvm-symbolizer (package llvm) for symbolized crash stacks
+  clang libclang-rt-14-dev llvm
 )
 
 missing=()
