@@ -38,19 +38,19 @@ typedef struct kvp_client kvp_client_t;
  * you need. `size` lets the struct grow without breaking callers.
  */
 typedef struct kvp_client_params {
-    size_t size;              /* sizeof(kvp_client_params_t), set by _init */
-    const char *master_addr;  /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
-    uint64_t segment_size;    /* bytes of DRAM to mount and serve; 0: mount nothing */
-    const char *transport;    /* "auto" | "tcp" | "shm"; NULL: $KVPOOL_TRANSPORT, else auto */
-    const char *data_host;    /* address the segment's data server binds and advertises;
-                                 NULL: 127.0.0.1 */
-    uint16_t data_port;       /* data server port; 0: any free port */
-    const char *segment_name; /* name of the mounted segment; NULL: "<data_host>:<port>" */
-    uint32_t tcp_streams;     /* tcp connections used in parallel per peer per batch; 0: 2 */
-    uint64_t tcp_slice_bytes; /* tcp stripe size for large objects; 0: 1 MiB */
-    uint32_t rpc_timeout_ms;  /* master RPC and data transfer timeout; 0: 10000 */
-    uint32_t verify_crc;      /* check CRC32C on every get; 1 by default */
-    uint32_t heartbeat_ms;    /* liveness heartbeat to the master; 0: 1000 */
+    size_t size;               /* sizeof(kvp_client_params_t), set by _init */
+    const char *master_addr;   /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
+    uint64_t segment_size;     /* bytes of DRAM to mount and serve; 0: mount nothing */
+    const char *transport;     /* "auto" | "tcp" | "shm"; NULL: $KVPOOL_TRANSPORT, else auto */
+    const char *data_host;     /* address the segment's data server binds and advertises;
+                                  NULL: 127.0.0.1 */
+    uint16_t data_port;        /* data server port; 0: any free port */
+    const char *segment_name;  /* name of the mounted segment; NULL: "<data_host>:<port>" */
+    uint32_t tcp_streams;      /* tcp connections used in parallel per peer per batch; 0: 2 */
+    uint64_t tcp_slice_bytes;  /* tcp stripe size for large objects; 0: 1 MiB */
+    uint32_t rpc_timeout_ms;   /* master RPC and data transfer timeout; 0: 10000 */
+    uint32_t verify_crc;       /* check CRC32C on every get; 1 by default */
+    uint32_t heartbeat_ms;     /* liveness heartbeat to the master; 0: 1000 */
     uint32_t drain_timeout_ms; /* a drain of our segment asked for by someone else
                                   (kvp_request_drain, `kvpool drain`); 0: 30000 */
 } kvp_client_params_t;
@@ -210,11 +210,11 @@ kvp_status_t kvp_remove_all(kvp_client_t *client, int force, uint64_t *removed_p
 typedef struct kvp_key_info {
     char *key; /* NUL-terminated */
     uint64_t size;
-    uint32_t complete;    /* 0: being written (PENDING) */
-    uint32_t n_replicas;  /* replicas; their segments in segment_ids */
+    uint32_t complete;   /* 0: being written (PENDING) */
+    uint32_t n_replicas; /* replicas; their segments in segment_ids */
     uint64_t segment_ids[8];
-    uint32_t lease_ms;    /* read lease left, 0: none */
-    uint32_t pin;         /* KVP_PIN_* */
+    uint32_t lease_ms; /* read lease left, 0: none */
+    uint32_t pin;      /* KVP_PIN_* */
 } kvp_key_info_t;
 
 /*
@@ -273,7 +273,7 @@ typedef struct kvp_pool_stat {
     kvp_segment_info_t *segments;
     uint64_t evicted_objects; /* since the master started */
     uint64_t evicted_bytes;
-    uint64_t put_timeouts; /* PENDING puts revoked by the put timeout */
+    uint64_t put_timeouts;  /* PENDING puts revoked by the put timeout */
     uint64_t moved_objects; /* objects moved off draining segments */
 } kvp_pool_stat_t;
 

@@ -223,7 +223,7 @@ static void freeze(pid_t pid)
         while ((de = readdir(d)) != NULL && all) {
             if (de->d_name[0] == '.')
                 continue;
-            char path[320], buf[512];
+            char path[600], buf[512];
             snprintf(path, sizeof(path), "%s/%s/stat", dir, de->d_name);
             FILE *f = fopen(path, "r");
             if (f == NULL)
