@@ -5,7 +5,9 @@
 # test programs over both builds); exits non-zero if anything failed.
 #
 #   deploy/test.sh            everything
-#   deploy/test.sh --no-asan  normal build only
+#   deploy/test.sh --no-asan  normal build only (no sanitizers, no fuzzing)
+#
+# Suites: unit, integration, fault (tests/fault); then deploy/fuzz.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,19 @@ if [ "$asan" = 1 ]; then
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   run_suite build-asan -Db_sanitize=address,undefined -Dc_args=-fno-sanitize-recover=all \
     -Db_lundef=false
+fi
+
+# Fuzzing: the master's frame + message decoder under libFuzzer (clang, ASan,
+# UBSan, LSan) for a bounded time (KVPOOL_FUZZ_SECONDS, default 60; 0 skips),
+# counted as one test.
+fuzz_s=${KVPOOL_FUZZ_SECONDS:-60}
+if [ "$asan" = 1 ] && [ "$fuzz_s" != 0 ]; then
+  if deploy/fuzz.sh "$fuzz_s" 2>&1 | tee fuzz.out | tail -1 | grep -q '0 crashes$'; then
+    tail -1 fuzz.out; passed=$((passed+1))
+  else
+    tail -60 fuzz.out; echo "fuzz: FAIL"; failed=$((failed+1)); rc_all=1
+  fi
+  rm -f fuzz.out
 fi
 
 echo "$passed passed, $failed failed"

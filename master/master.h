@@ -49,6 +49,9 @@ void kvp_master_config_init(kvp_master_config_t *cfg);
 #define KVP_SEGMENT_ALIGN 64u
 /* Smallest segment the master mounts. */
 #define KVP_SEGMENT_MIN_SIZE 4096u
+/* Largest segment (1 PiB) and largest pool (2^62 bytes): sums of sizes never wrap. */
+#define KVP_SEGMENT_MAX_SIZE (1ull << 50)
+#define KVP_POOL_MAX_CAPACITY (1ull << 62)
 
 typedef struct kvp_segment {
     uint64_t id;

@@ -41,6 +41,9 @@ void kvp_segment_table_cleanup(kvp_segment_table_t *table)
 
 kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *seg)
 {
+    /* bounded so that the pool's capacity (an eviction input) can never wrap */
+    if (seg->size > KVP_SEGMENT_MAX_SIZE || table->capacity + seg->size > KVP_POOL_MAX_CAPACITY)
+        return KVP_ERR_TOO_LARGE;
     uint32_t slot = 0;
     while (slot < table->n_slots && table->slots[slot] != NULL)
         slot++;

@@ -190,13 +190,13 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
     kvp_status_t status = KVP_ERR_INVALID_ARG;
     char host[256];
     uint16_t port;
-    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->name[0] == '\0' ||
-        strlen(d->name) > 255 || strcmp(d->medium, "dram") != 0 || d->host_id[0] == '\0' ||
+    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->size > KVP_SEGMENT_MAX_SIZE ||
+        d->name[0] == '\0' || strlen(d->name) > 255 || strcmp(d->medium, "dram") != 0 ||
+        d->host_id[0] == '\0' ||
         kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK) {
         snprintf(msg, sizeof(msg),
-                 "mount needs a size of at least %u bytes, a name of 1..255 bytes, medium "
-                 "\"dram\", a host id "
-                 "and a tcp endpoint host:port",
+                 "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
+                 "\"dram\", a host id and a tcp endpoint host:port",
                  KVP_SEGMENT_MIN_SIZE);
         goto out;
     }

@@ -470,6 +470,93 @@ static void invalid(stream_t *s)
  * Reproducers of findings (tests/fuzz/crashes; see the README there). They
  * fail fuzz_master until the bug is fixed, so they are not seeds.
  */
+/* The methods added for liveness, listing, bulk remove, drain; upsert; written masks. */
+static void admin_methods(stream_t *s)
+{
+    Kvpool__HeartbeatRequest hb = KVPOOL__HEARTBEAT_REQUEST__INIT;
+    uint64_t ids[2] = {SEG0, 12345};
+    hb.client_id = 7;
+    hb.segment_ids = ids;
+    hb.n_segment_ids = 2;
+    frame(s, KVP_RPC_HEARTBEAT, C1, &hb.base);
+    frame(s, KVP_RPC_HEARTBEAT, C2, &hb.base);
+    emit(s, "heartbeat");
+
+    const char *keys[] = {"ls/a1", "ls/a2", "ls/b1"};
+    put_start_n(s, C1, keys, 3, 1000, NULL);
+    put_end_n(s, C1, keys, 3);
+    Kvpool__ListRequest lr = KVPOOL__LIST_REQUEST__INIT;
+    lr.pattern = "^ls/a";
+    lr.limit = 1;
+    frame(s, KVP_RPC_LIST, C1, &lr.base);
+    lr.pattern = "";
+    lr.segment_id = SEG0;
+    lr.cursor = 3;
+    frame(s, KVP_RPC_LIST, C2, &lr.base);
+    lr.pattern = "([";
+    frame(s, KVP_RPC_LIST, C2, &lr.base);
+    emit(s, "list");
+
+    put_start_n(s, C1, keys, 3, 1000, NULL);
+    put_end_n(s, C1, keys, 3);
+    Kvpool__RemoveByRegexRequest rr = KVPOOL__REMOVE_BY_REGEX_REQUEST__INIT;
+    rr.pattern = "a[12]$";
+    frame(s, KVP_RPC_REMOVE_BY_REGEX, C2, &rr.base);
+    rr.pattern = "";
+    rr.all = 1;
+    rr.force = 1;
+    frame(s, KVP_RPC_REMOVE_BY_REGEX, C2, &rr.base);
+    emit(s, "remove_by_regex");
+
+    /* a drain of fuzz-seg by its owner: move every object to a second segment */
+    mount_req(s, C2, "seg-b", "dram", 1u << 20);
+    put_start_n(s, C1, keys, 3, 3000, NULL);
+    put_end_n(s, C1, keys, 3);
+    Kvpool__DrainRequest dr = KVPOOL__DRAIN_REQUEST__INIT;
+    dr.segment_name = "fuzz-seg";
+    frame(s, KVP_RPC_DRAIN, C2, &dr.base);
+    frame(s, KVP_RPC_HEARTBEAT, C1, &hb.base);
+    ProtobufCBinaryData mk[3] = {bin(keys[0]), bin(keys[1]), bin(keys[2])};
+    Kvpool__MoveStartRequest ms = KVPOOL__MOVE_START_REQUEST__INIT;
+    ms.from_segment_id = SEG0;
+    ms.keys = mk;
+    ms.n_keys = 3;
+    frame(s, KVP_RPC_MOVE_START, C1, &ms.base);
+    Kvpool__MoveEndRequest me = KVPOOL__MOVE_END_REQUEST__INIT;
+    int32_t sts[3] = {0, -14, 0};
+    me.from_segment_id = SEG0;
+    me.keys = mk;
+    me.n_keys = 3;
+    me.statuses = sts;
+    me.n_statuses = 3;
+    frame(s, KVP_RPC_MOVE_END, C1, &me.base);
+    keys_n(s, KVP_RPC_GET_REPLICA_LIST, C2, keys, 3, 0);
+    unmount_req(s, C1, SEG0);
+    emit(s, "drain_move");
+
+    /* upsert in place and into new extents; best-effort PutEnd masks */
+    Kvpool__PutConfig up = KVPOOL__PUT_CONFIG__INIT;
+    up.upsert = 1;
+    up.replica_num = 2;
+    mount_req(s, C2, "seg-b", "dram", 1u << 20);
+    put_start_n(s, C1, keys, 3, 2000, &up);
+    ProtobufCBinaryData ek[3] = {bin(keys[0]), bin(keys[1]), bin(keys[2])};
+    uint32_t crcs[3] = {1, 2, 3}, masks[3] = {1, 2, 0};
+    Kvpool__PutEndRequest pe = KVPOOL__PUT_END_REQUEST__INIT;
+    pe.keys = ek;
+    pe.n_keys = 3;
+    pe.crc32c = crcs;
+    pe.n_crc32c = 3;
+    pe.written_mask = masks;
+    pe.n_written_mask = 3;
+    frame(s, KVP_RPC_PUT_END, C1, &pe.base);
+    put_start_n(s, C2, keys, 3, 2000, &up);
+    put_end_n(s, C2, keys, 3);
+    put_start_n(s, C1, keys, 3, 5000, &up);
+    put_end_n(s, C1, keys, 3);
+    emit(s, "upsert_masks");
+}
+
 static void crashes(stream_t *s)
 {
     /* Segment table capacity wraps: a mount of 2^64 - 1 MiB + 4 KiB next to the
@@ -484,7 +571,7 @@ static void crashes(stream_t *s)
     stat_req(s, C2 | EVICT);                  /* capacity 4096, used 128 KiB */
     keys_n(s, KVP_RPC_EXIST, C1, keys, 8, 0); /* all 0: evicted */
     stat_req(s, C1);
-    emit(s, "capacity_overflow");
+    emit(s, "regress_capacity_overflow");
 }
 
 int main(int argc, char **argv)
@@ -498,10 +585,10 @@ int main(int argc, char **argv)
     single_methods(&s);
     sequences(&s);
     invalid(&s);
-    if (argc == 3) {
-        out_dir = argv[2];
-        crashes(&s);
-    }
+    admin_methods(&s);
+    crashes(&s); /* fixed findings stay as regression seeds */
+    if (argc == 3)
+        out_dir = argv[2]; /* findings not fixed yet would be written here */
     free(s.buf);
     return 0;
 }

@@ -220,6 +220,52 @@ cli stat --json
 grep -qF '"used":0,"objects":0,"pending":0' "$tmp/out" || fail "the pool is empty after rm" "$tmp/out"
 ok "pool empty after removing everything"
 
+# ---- ls, upsert, rm --regex / --all, drain ---------------------------------------
+
+printf 'one' >"$tmp/v1"
+printf 'a second value' >"$tmp/v2"
+for k in ls/a1 ls/a2 ls/b1; do
+    cli put "$k" "$tmp/v1"
+    [[ $rc -eq 0 ]] || fail "put $k (exit $rc)" "$tmp/err"
+done
+cli ls '^ls/a'
+[[ $rc -eq 0 ]] || fail "ls (exit $rc)" "$tmp/err"
+[[ $(grep -cE ' ls/a[12]$' "$tmp/out") -eq 2 ]] || fail "ls '^ls/a' lists ls/a1 and ls/a2" "$tmp/out"
+! grep -qF 'ls/b1' "$tmp/out" || fail "ls '^ls/a' does not list ls/b1" "$tmp/out"
+cli ls --json --limit 1 '^ls/'
+[[ $rc -eq 0 ]] || fail "ls --json --limit 1 (exit $rc)" "$tmp/err"
+[[ $(grep -o '"key":' "$tmp/out" | wc -l) -eq 1 ]] || fail "--limit 1 lists one key" "$tmp/out"
+grep -qF '"size":3,' "$tmp/out" || fail "ls --json gives the size" "$tmp/out"
+grep -qF 'more match' "$tmp/err" || fail "ls says when more keys match than shown" "$tmp/err"
+ok "ls filters by regex, bounds its output, prints JSON"
+
+cli put ls/a1 "$tmp/v2"
+[[ $rc -eq 1 ]] || fail "put of an existing key fails (exit $rc)" "$tmp/err"
+cli put --upsert ls/a1 "$tmp/v2"
+[[ $rc -eq 0 ]] || fail "put --upsert replaces it (exit $rc)" "$tmp/err"
+cli get ls/a1 "$tmp/got"
+cmp -s "$tmp/got" "$tmp/v2" || fail "get after upsert returns the new bytes" "$tmp/got"
+ok "put --upsert replaces an existing key"
+
+cli rm --regex '^ls/a'
+[[ $rc -eq 0 ]] || fail "rm --regex (exit $rc)" "$tmp/err"
+grep -qF 'removed 2 objects' "$tmp/out" || fail "rm --regex removes 2" "$tmp/out"
+cli rm --regex '('
+[[ $rc -eq 1 ]] || fail "rm --regex with a bad regex fails (exit $rc)" "$tmp/err"
+cli rm --regex ''
+[[ $rc -eq 2 ]] || fail "rm --regex '' is a usage error (exit $rc)" "$tmp/err"
+cli rm --all
+[[ $rc -eq 0 ]] || fail "rm --all (exit $rc)" "$tmp/err"
+grep -qF 'removed 1 objects' "$tmp/out" || fail "rm --all removes the last one" "$tmp/out"
+cli exist ls/b1
+[[ $rc -eq 1 ]] || fail "ls/b1 is gone after rm --all (exit $rc)" "$tmp/out"
+ok "rm --regex and rm --all"
+
+cli drain no-such-segment
+[[ $rc -eq 1 ]] || fail "drain of an unknown segment fails (exit $rc)" "$tmp/err"
+grep -qF 'segment is gone' "$tmp/err" || fail "drain says why" "$tmp/err"
+ok "drain of an unknown segment fails with a reason"
+
 # ---- usage errors exit 2 ------------------------------------------------------
 
 cli get

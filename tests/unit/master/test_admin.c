@@ -95,8 +95,8 @@ static void msg_free(void *m)
     protobuf_c_message_free_unpacked((ProtobufCMessage *)m, NULL);
 }
 
-static uint64_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name, const char *host,
-                          uint64_t size)
+static Kvpool__MountResponse *mount_raw(kvp_master_state_t *st, uint64_t conn, const char *name,
+                                        const char *host, uint64_t size)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     char ep[64];
@@ -110,8 +110,13 @@ static uint64_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *nam
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = 1000 + conn;
     req.segment = &d;
-    Kvpool__MountResponse *r =
-        call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    return call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+}
+
+static uint64_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name, const char *host,
+                          uint64_t size)
+{
+    Kvpool__MountResponse *r = mount_raw(st, conn, name, host, size);
     assert_int_equal(r->status, KVP_OK);
     uint64_t id = r->segment_id;
     assert_true(id != 0);
@@ -1197,6 +1202,33 @@ static void test_cleanup_graveyard_and_moves(void **state)
     /* the fixture's kvp_master_state_cleanup frees it all (ASan/LSan check) */
 }
 
+/*
+ * Found by the fuzzer (tests/fuzz/crashes/capacity_overflow): a mount whose
+ * size made the pool's capacity wrap to a few KiB made every eviction check
+ * think the pool was over its watermark and evict everyone's objects.
+ */
+static void test_mount_size_bounds(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "ok", "h1", 1 << 20);
+    assert_int_equal(put1(st, C1, "keep", SZ).status, KVP_OK);
+    assert_int_equal(end1(st, C1, "keep", 1), KVP_OK);
+    static const uint64_t bad[] = {UINT64_MAX, UINT64_MAX - (1ull << 20) + 4096,
+                                   KVP_SEGMENT_MAX_SIZE + 1};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        Kvpool__MountResponse *r = mount_raw(st, C2, "evil", "h2", bad[i]);
+        assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+        assert_true(strlen(r->message) > 0);
+        msg_free(r);
+    }
+    assert_int_equal(st->segments.capacity, 1 << 20);
+    kvp_evict_if_needed(st);
+    assert_int_equal(exist1(st, "keep"), 1);
+    /* the largest segment is fine, and so is the pool's sum of them */
+    mount_seg(st, C2, "huge", "h2", KVP_SEGMENT_MAX_SIZE);
+    assert_int_equal(st->segments.capacity, KVP_SEGMENT_MAX_SIZE + (1 << 20));
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1213,6 +1245,7 @@ int main(void)
         T(test_list_long_chain),
         T(test_remove_by_regex),
         T(test_exist_lease),
+        T(test_mount_size_bounds),
         T(test_cleanup_graveyard_and_moves),
     };
 #undef T
