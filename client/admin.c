@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "client/client_priv.h"
 #include "common/log.h"
@@ -64,7 +65,7 @@ static void heartbeat_once(kvp_client_t *c)
     if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
         KVP_LOG_WARN("the master does not know segment %s: mounting it again (empty)", c->seg_name);
         pthread_mutex_lock(&c->master_lock);
-        if (c->master_fd >= 0)
+        if (c->master_fd >= 0 && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED)
             kvp_client_mount_locked(c);
         pthread_mutex_unlock(&c->master_lock);
     }
@@ -72,16 +73,20 @@ static void heartbeat_once(kvp_client_t *c)
         if (hr->drain_segment_ids[i] != atomic_load(&c->seg_id) ||
             atomic_load(&c->seg_state) != KVP_SEG_MOUNTED || atomic_load(&c->drain_running))
             continue;
-        if (c->drain_thread_started) {
-            pthread_join(c->drain_thread, NULL);
-            c->drain_thread_started = false;
+        pthread_mutex_lock(&c->hb_lock);
+        if (!c->hb_closing) {
+            if (c->drain_thread_started) {
+                pthread_join(c->drain_thread, NULL); /* the previous one has finished */
+                c->drain_thread_started = false;
+            }
+            KVP_LOG_INFO("drain of segment %s requested", c->seg_name);
+            atomic_store(&c->drain_running, true);
+            if (pthread_create(&c->drain_thread, NULL, drain_main, c) == 0)
+                c->drain_thread_started = true;
+            else
+                atomic_store(&c->drain_running, false);
         }
-        KVP_LOG_INFO("drain of segment %s requested", c->seg_name);
-        atomic_store(&c->drain_running, true);
-        if (pthread_create(&c->drain_thread, NULL, drain_main, c) == 0)
-            c->drain_thread_started = true;
-        else
-            atomic_store(&c->drain_running, false);
+        pthread_mutex_unlock(&c->hb_lock);
     }
     kvpool__heartbeat_response__free_unpacked(hr, NULL);
 }
@@ -131,6 +136,13 @@ void kvp_client_heartbeat_stop(kvp_client_t *c)
 {
     if (!c->hb_started)
         return;
+    /* A drain in progress finishes first, with heartbeats still going (the master
+     * would otherwise drop us mid-drain after --client-ttl). */
+    pthread_mutex_lock(&c->hb_lock);
+    c->hb_closing = true;
+    pthread_mutex_unlock(&c->hb_lock);
+    while (atomic_load(&c->drain_running))
+        usleep(10 * 1000);
     pthread_mutex_lock(&c->hb_lock);
     c->hb_stop = true;
     pthread_cond_signal(&c->hb_cond);
@@ -307,10 +319,15 @@ kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, 
         *lost_p = 0;
     if (c == NULL)
         return KVP_ERR_INVALID_ARG;
+    /* under master_lock: a reconnect's remount (which holds it) cannot slip a new
+     * segment id in between the state change and the id we drain */
+    pthread_mutex_lock(&c->master_lock);
     int expect = KVP_SEG_MOUNTED;
-    if (!atomic_compare_exchange_strong(&c->seg_state, &expect, KVP_SEG_DRAINING))
-        return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
+    bool ok = atomic_compare_exchange_strong(&c->seg_state, &expect, KVP_SEG_DRAINING);
     uint64_t seg_id = atomic_load(&c->seg_id);
+    pthread_mutex_unlock(&c->master_lock);
+    if (!ok)
+        return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
     uint64_t deadline = kvp_now_ms() + timeout_ms;
     kvp_status_t st;
     Kvpool__DrainRequest dreq = KVPOOL__DRAIN_REQUEST__INIT;

@@ -150,7 +150,8 @@ kvp_peer_t *kvp_client_peer_get(kvp_client_t *c, uint64_t segment_id)
 
 /* ---------------- master connection ---------------- */
 
-static kvp_status_t master_connect_locked(kvp_client_t *c)
+/* strict (kvp_client_create): any refusal of the mount is the caller's error. */
+static kvp_status_t master_connect_locked(kvp_client_t *c, bool strict)
 {
     int fd;
     kvp_status_t st =
@@ -167,7 +168,8 @@ static kvp_status_t master_connect_locked(kvp_client_t *c)
          * refusal (the master has not yet seen the old connection close) is not the
          * caller's error: the next heartbeat is told to remount and tries again. */
         st = kvp_client_mount_locked(c);
-        if (st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL) {
+        if (st != KVP_OK &&
+            (strict || st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL)) {
             close(c->master_fd);
             c->master_fd = -1;
             return st;
@@ -190,7 +192,7 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
     kvp_status_t st = KVP_ERR_CONNECT;
     for (int attempt = 0; attempt < 2; attempt++) {
         if (c->master_fd < 0) {
-            st = master_connect_locked(c);
+            st = master_connect_locked(c, false);
             if (st != KVP_OK)
                 break;
         }
@@ -369,7 +371,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     c->params.data_host = NULL;
     c->params.segment_name = NULL;
     pthread_mutex_lock(&c->master_lock);
-    st = master_connect_locked(c);
+    st = master_connect_locked(c, true);
     pthread_mutex_unlock(&c->master_lock);
     if (st == KVP_OK)
         st = kvp_client_heartbeat_start(c);

@@ -61,6 +61,7 @@ struct kvp_client {
     pthread_mutex_t hb_lock;
     pthread_cond_t hb_cond;
     bool hb_stop;
+    bool hb_closing; /* destroy began: start no new drain */
     /* own segment's state: KVP_SEG_* */
     _Atomic int seg_state;
     /* a drain asked for by someone else runs on its own thread */

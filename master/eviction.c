@@ -49,6 +49,14 @@ static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj, boo
     if (obj->pin == KVP_PIN_SOFT && !take_soft &&
         (uint64_t)obj->soft_pin_until_s * 1000 > st->now_ms)
         return false;
+    /* an object on a draining segment is being moved away: evicting it frees no room
+     * that new puts could use */
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->draining)
+            return false;
+    }
     return true;
 }
 

@@ -67,10 +67,18 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
 {
     if (table->count == 0)
         return KVP_ERR_NO_SEGMENT;
-    bool fits_any = false;
-    for (uint32_t i = 0; i < table->n_slots; i++)
-        if (table->slots[i] != NULL && kvp_segment_usable(table->slots[i]) >= req->size)
+    /* only segments that take new replicas count: not draining ones */
+    bool fits_any = false, any = false;
+    for (uint32_t i = 0; i < table->n_slots; i++) {
+        const kvp_segment_t *seg = table->slots[i];
+        if (seg == NULL || seg->draining)
+            continue;
+        any = true;
+        if (kvp_segment_usable(seg) >= req->size)
             fits_any = true;
+    }
+    if (!any)
+        return KVP_ERR_NO_SEGMENT;
     if (!fits_any)
         return KVP_ERR_TOO_LARGE;
 

@@ -359,6 +359,12 @@ static void expire_silent(kvp_master_server_t *srv)
     while (c != NULL) {
         conn_t *next = c->next;
         uint64_t silent = srv->state.now_ms - c->last_rx_ms;
+        char byte;
+        if (silent > ttl && recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
+            /* bytes are waiting: the loop was busy (a long request), not the client */
+            c->last_rx_ms = srv->state.now_ms;
+            silent = 0;
+        }
         if (silent > ttl) {
             KVP_LOG_WARN("connection %llu silent for %llu ms (client ttl %u ms): dropping it, "
                          "its segments and its unfinished puts",

@@ -247,21 +247,39 @@ typedef struct drop_ctx {
     uint64_t dropped;
 } drop_ctx_t;
 
-/* Drop the replica on ctx->segment_id; remove the object when none is left. */
+/*
+ * Drop the replica on ctx->segment_id; remove the object when none is left.
+ * A PENDING object keeps its replica positions (the dropped one becomes a
+ * tombstone, segment id 0): PutEnd's written_mask refers to them by index.
+ */
 static bool drop_replica_cb(kvp_object_t *obj, void *arg)
 {
     drop_ctx_t *ctx = arg;
+    unsigned live = 0;
+    bool hit = false;
+    for (unsigned i = 0; i < obj->n_replicas; i++) {
+        if (obj->replicas[i].segment_id == ctx->segment_id)
+            hit = true;
+        else if (obj->replicas[i].segment_id != 0)
+            live++;
+    }
+    if (!hit)
+        return false;
+    if (live == 0) {
+        ctx->dropped++;
+        return true; /* its only extent was on the segment being destroyed */
+    }
+    if (obj->state == KVP_OBJ_PENDING) {
+        for (unsigned i = 0; i < obj->n_replicas; i++)
+            if (obj->replicas[i].segment_id == ctx->segment_id)
+                obj->replicas[i].segment_id = 0;
+        return false;
+    }
     unsigned w = 0;
     for (unsigned i = 0; i < obj->n_replicas; i++) {
         if (obj->replicas[i].segment_id == ctx->segment_id)
             continue;
         obj->replicas[w++] = obj->replicas[i];
-    }
-    if (w == obj->n_replicas)
-        return false;
-    if (w == 0) {
-        ctx->dropped++;
-        return true; /* its only extent was on the segment being destroyed */
     }
     /* Shift the key down behind the shortened replica array. */
     memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
@@ -345,7 +363,8 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
          * object goes now (its extents stay until readers' leases end) and the new
          * one gets extents of its own. Either way the key is absent until PutEnd,
          * and absent for good if the new put fails. */
-        if (obj->size == size && obj->deadline_ms <= st->now_ms && !on_draining(st, obj)) {
+        if (obj->size == size && obj->deadline_ms <= st->now_ms && !on_draining(st, obj) &&
+            obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
             kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
             obj->writer_conn_id = conn_id;
             obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
@@ -528,25 +547,25 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_NOT_PENDING;
     if (obj->writer_conn_id != conn_id)
         return KVP_ERR_NOT_OWNER;
-    if (end->n_written_mask > 0) {
-        /* best effort per replica: keep what was written, free the rest */
-        uint32_t mask = end->written_mask[i];
-        unsigned w = 0;
-        for (unsigned r = 0; r < obj->n_replicas; r++) {
-            if (mask & (1u << r))
-                obj->replicas[w++] = obj->replicas[r];
-            else
-                kvp_svc_extent_free(st, &obj->replicas[r]);
-        }
-        if (w == 0) {
-            kvp_index_unlink(&st->index, obj);
-            free(obj);
-            return KVP_ERR_IO;
-        }
-        if (w < obj->n_replicas) {
-            memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
-            obj->n_replicas = (uint8_t)w;
-        }
+    /* Best effort per replica: keep what was written (bit r: replica r of PutStart's
+     * answer; no mask: all), free the rest, and drop tombstones of replicas whose
+     * segment went away meanwhile. */
+    uint32_t mask = end->n_written_mask > 0 ? end->written_mask[i] : UINT32_MAX;
+    unsigned w = 0;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (obj->replicas[r].segment_id != 0 && (mask & (1u << r)))
+            obj->replicas[w++] = obj->replicas[r];
+        else if (obj->replicas[r].segment_id != 0)
+            kvp_svc_extent_free(st, &obj->replicas[r]);
+    }
+    if (w == 0) {
+        kvp_index_unlink(&st->index, obj);
+        free(obj);
+        return KVP_ERR_IO;
+    }
+    if (w < obj->n_replicas) {
+        memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+        obj->n_replicas = (uint8_t)w;
     }
     obj->crc32c = end->crc32c[i];
     obj->deadline_ms = 0; /* from now on: read lease expiry */

@@ -74,7 +74,6 @@ static kvp_status_t pattern_compile(const char *pattern, regex_t *re, char *msg,
     if (rc != 0) {
         char err[160];
         regerror(rc, re, err, sizeof(err));
-        regfree(re);
         snprintf(msg, msg_len, "bad regular expression '%s': %s", pattern, err);
         return KVP_ERR_INVALID_ARG;
     }
@@ -186,8 +185,11 @@ kvp_status_t kvp_svc_list(kvp_master_state_t *st, const uint8_t *body, size_t le
             if (obj->state == KVP_OBJ_COMPLETE && obj->deadline_ms > st->now_ms)
                 e->lease_ms = (uint32_t)KVP_MIN(obj->deadline_ms - st->now_ms, UINT32_MAX);
             e->replicas = &repp[nr];
-            e->n_replicas = obj->n_replicas;
+            e->n_replicas = 0;
             for (unsigned r = 0; r < obj->n_replicas; r++) {
+                if (obj->replicas[r].segment_id == 0)
+                    continue; /* a PENDING object's replica whose segment went away */
+                e->n_replicas++;
                 kvpool__replica__init(&reps[nr]);
                 reps[nr].segment_id = obj->replicas[r].segment_id;
                 reps[nr].offset = obj->replicas[r].offset;

@@ -408,6 +408,15 @@ static void test_list_and_bulk_remove(void **state)
     char *flags[] = {"--lease-ttl", "0", NULL};
     const char *sizes[] = {"16MiB"};
     env_t *e = env_start(flags, 1, sizes, 10000);
+    /* a second segment under a name already mounted is refused at create */
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = e->master.ready;
+    p.segment_size = 4 << 20;
+    p.segment_name = e->seg[0].ready;
+    kvp_client_t *dup = NULL;
+    assert_int_equal(kvp_client_create(&p, &dup), KVP_ERR_EXISTS);
+    assert_null(dup);
     char key[32];
     for (unsigned i = 0; i < 30; i++) {
         snprintf(key, sizeof(key), "a/%u", i);

@@ -1203,6 +1203,62 @@ static void test_cleanup_graveyard_and_moves(void **state)
 }
 
 /*
+ * Review finding: a put while the only segment that could take it drains must
+ * fail at once (no segment / too large), not evict the whole pool trying.
+ */
+static void test_put_while_draining_evicts_nothing(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t a = mount_seg(st, C1, "big", "h1", MIB);
+    char key[32];
+    for (int i = 0; i < 20; i++) {
+        snprintf(key, sizeof(key), "o%d", i);
+        put_done(st, C1, key, SZ, 1, NULL, 1);
+    }
+    assert_int_equal(drain(st, C2, "big", 0, NULL, NULL), KVP_OK);
+    assert_int_equal(put1(st, C2, "new", SZ).status, KVP_ERR_NO_SEGMENT);
+    mount_seg(st, C3, "small", "h3", 64 * 1024);
+    assert_int_equal(put1(st, C2, "new2", 100 * 1024).status, KVP_ERR_TOO_LARGE);
+    assert_int_equal(st->stats.evicted_objects, 0);
+    assert_int_equal(seg_used(st, a), 20 * EXT);
+    assert_int_equal(exist1(st, "o7"), 1);
+}
+
+/*
+ * Review finding: a replica's segment unmounted while the put is PENDING must
+ * not shift the indices PutEnd's written_mask refers to.
+ */
+static void test_written_mask_after_unmount(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t a = mount_seg(st, C2, "a", "ha", MIB);
+    uint64_t b = mount_seg(st, C3, "b", "hb", MIB);
+    view_t v = put_cfg(st, C1, "k", SZ, 2, "a", false);
+    assert_int_equal(v.status, KVP_OK);
+    assert_int_equal(v.n, 2);
+    assert_int_equal(v.r[0].seg, a);
+    assert_int_equal(v.r[1].seg, b);
+    kvp_service_conn_closed(st, C2); /* a goes away while the put is PENDING */
+    uint32_t only_a = 1;             /* a written, b failed: nothing written survives */
+    assert_int_equal(end_mask1(st, C1, "k", 7, &only_a), KVP_ERR_IO);
+    assert_int_equal(exist1(st, "k"), 0);
+    assert_int_equal(seg_used(st, b), 0);
+
+    a = mount_seg(st, C2, "a", "ha", MIB);
+    v = put_cfg(st, C1, "k2", SZ, 2, "a", false);
+    assert_int_equal(v.status, KVP_OK);
+    kvp_service_conn_closed(st, C2);
+    uint32_t only_b = 2; /* b written: the object lives on b */
+    assert_int_equal(end_mask1(st, C1, "k2", 9, &only_b), KVP_OK);
+    view_t g = grl1(st, "k2");
+    assert_int_equal(g.status, KVP_OK);
+    assert_int_equal(g.n, 1);
+    assert_int_equal(g.r[0].seg, b);
+    assert_int_equal(g.r[0].off, v.r[1].off);
+    assert_int_equal(g.crc, 9);
+}
+
+/*
  * Found by the fuzzer (tests/fuzz/crashes/capacity_overflow): a mount whose
  * size made the pool's capacity wrap to a few KiB made every eviction check
  * think the pool was over its watermark and evict everyone's objects.
@@ -1246,6 +1302,8 @@ int main(void)
         T(test_remove_by_regex),
         T(test_exist_lease),
         T(test_mount_size_bounds),
+        T(test_put_while_draining_evicts_nothing),
+        T(test_written_mask_after_unmount),
         T(test_cleanup_graveyard_and_moves),
     };
 #undef T
