@@ -177,25 +177,27 @@ static void *call_unpack(kvp_client_t *c, uint16_t method, const ProtobufCMessag
 }
 
 /*
- * Move one page of listed objects. Returns how many were moved; *todo_p
+ * Move one page of listed objects. Returns how many were moved; *to_copy_p
  * counts the objects that needed a copy (moved or not), *failed_p those that
  * could not be moved.
  */
 static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListResponse *lr,
-                           uint64_t *todo_p, uint64_t *failed_p)
+                           uint64_t *to_copy_p, uint64_t *failed_p)
 {
     size_t n = lr->n_entries;
     ProtobufCBinaryData *keys = calloc(n + 1, sizeof(*keys));
     uint64_t *offs = calloc(n + 1, sizeof(*offs));
     size_t *ent = calloc(n + 1, sizeof(*ent));
     kvp_xfer_op_t *ops = calloc(n + 1, sizeof(*ops));
-    size_t *op_key = calloc(n + 1, sizeof(*op_key));
+    size_t *op_slot = calloc(n + 1, sizeof(*op_slot));
+    uint32_t *op_crc = calloc(n + 1, sizeof(*op_crc));
     int32_t *sts = calloc(n + 1, sizeof(*sts));
     uint64_t moved = 0;
     Kvpool__MoveStartResponse *mr = NULL;
-    if (!keys || !offs || !ent || !ops || !op_key || !sts)
+    size_t m = 0, k = 0;
+    kvp_status_t st;
+    if (!keys || !offs || !ent || !ops || !op_slot || !op_crc || !sts)
         goto out;
-    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         Kvpool__ListEntry *e = lr->entries[i];
         const Kvpool__Replica *mine = NULL;
@@ -216,18 +218,24 @@ static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListRespons
     req.from_segment_id = seg_id;
     req.keys = keys;
     req.n_keys = m;
-    kvp_status_t st;
     mr = call_unpack(c, KVP_RPC_MOVE_START, &req.base, &kvpool__move_start_response__descriptor,
                      &st);
     if (mr == NULL || mr->status != KVP_OK || mr->n_results != m) {
         KVP_LOG_WARN("drain %s: move start failed: %s", c->seg_name,
                      kvp_strerror(mr ? (mr->status ? mr->status : KVP_ERR_PROTOCOL) : st));
         *failed_p += m;
-        goto out;
+        if (mr == NULL || mr->status != KVP_OK)
+            goto out;
+        /* a malformed answer after the master recorded moves: give them all back */
+        for (size_t j = 0; j < m; j++)
+            sts[j] = KVP_ERR_PROTOCOL;
+        k = m;
+        goto end;
     }
     kvp_client_peers_update(c, mr->segments, mr->n_segments);
-    /* keys that got a destination, compacted to the front for MoveEnd */
-    size_t k = 0;
+    /* Keys that got a destination are compacted to keys[0..k) for MoveEnd; the
+     * writes to run are ops[0..w), op_slot[q] naming each one's key slot. */
+    size_t w = 0;
     for (size_t j = 0; j < m; j++) {
         Kvpool__PutStartResult *r = mr->results[j];
         if (r->status != KVP_OK || r->n_replicas != 1) {
@@ -235,49 +243,30 @@ static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListRespons
                 (*failed_p)++; /* NOT_FOUND: removed meanwhile, nothing to move */
             continue;          /* no copy needed (kept elsewhere), or no room / gone */
         }
-        (*todo_p)++;
-        Kvpool__ListEntry *e = lr->entries[ent[j]];
+        (*to_copy_p)++;
         kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[0]->segment_id);
         keys[k] = keys[j];
-        sts[k] = KVP_ERR_PROTOCOL;
-        if (peer != NULL)
-            ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
+        sts[k] = KVP_ERR_PROTOCOL; /* unless the write below succeeds */
+        if (peer != NULL) {
+            ops[w] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
                                      .local = (char *)c->seg_base + offs[j],
                                      .offset = r->replicas[0]->offset,
-                                     .length = e->size,
+                                     .length = lr->entries[ent[j]]->size,
                                      .peer = peer,
                                      .want_crc = true};
-        op_key[k] = ent[j];
+            op_slot[w] = k;
+            op_crc[w++] = lr->entries[ent[j]]->crc32c;
+        }
         k++;
     }
-    /* ops with no peer stay zeroed: run only the real ones */
-    size_t w = 0;
-    size_t *map = calloc(k + 1, sizeof(*map));
-    kvp_xfer_op_t *run = calloc(k + 1, sizeof(*run));
-    if (map == NULL || run == NULL) {
-        free(map);
-        free(run);
-        for (size_t q = 0; q < k; q++)
-            if (ops[q].peer)
-                kvp_peer_unref(ops[q].peer);
-        goto end;
-    }
-    for (size_t q = 0; q < k; q++)
-        if (ops[q].peer != NULL) {
-            run[w] = ops[q];
-            map[w++] = q;
-        }
-    kvp_transfer_run(&c->xfer, run, w);
+    kvp_transfer_run(&c->xfer, ops, w);
     for (size_t q = 0; q < w; q++) {
-        Kvpool__ListEntry *e = lr->entries[op_key[map[q]]];
-        kvp_status_t s = run[q].status;
-        if (s == KVP_OK && run[q].crc != e->crc32c)
+        kvp_status_t s = ops[q].status;
+        if (s == KVP_OK && ops[q].crc != op_crc[q])
             s = KVP_ERR_CHECKSUM; /* rewritten meanwhile: the master refuses the swap too */
-        sts[map[q]] = s;
-        kvp_peer_unref(run[q].peer);
+        sts[op_slot[q]] = s;
+        kvp_peer_unref(ops[q].peer);
     }
-    free(map);
-    free(run);
 end:;
     Kvpool__MoveEndRequest end = KVPOOL__MOVE_END_REQUEST__INIT;
     end.from_segment_id = seg_id;
@@ -306,7 +295,8 @@ out:
     free(offs);
     free(ent);
     free(ops);
-    free(op_key);
+    free(op_slot);
+    free(op_crc);
     free(sts);
     return moved;
 }
@@ -344,7 +334,7 @@ kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, 
     /* A pass sees every object present throughout; puts that were in flight when the
      * drain began finish later, so pass again while there is time and progress. */
     for (int pass = 0; pass < 3 && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
-        uint64_t cursor = 0, todo = 0, failed_before = failed;
+        uint64_t cursor = 0, to_copy = 0, failed_before = failed;
         do {
             Kvpool__ListRequest lreq = KVPOOL__LIST_REQUEST__INIT;
             lreq.pattern = "";
@@ -360,11 +350,11 @@ kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, 
                 kvpool__list_response__free_unpacked(lr, NULL);
                 break;
             }
-            moved += drain_page(c, seg_id, lr, &todo, &failed);
+            moved += drain_page(c, seg_id, lr, &to_copy, &failed);
             cursor = lr->next_cursor;
             kvpool__list_response__free_unpacked(lr, NULL);
         } while (cursor != 0 && kvp_now_ms() < deadline);
-        if (todo == 0 || failed > failed_before)
+        if (to_copy == 0 || failed > failed_before)
             break; /* nothing left, or no room elsewhere: more passes would not help */
     }
     if (st == KVP_ERR_SEGMENT_GONE)

@@ -165,6 +165,17 @@ static bool parse_uint(const char *text, uint64_t max, uint64_t *value_p)
     return true;
 }
 
+/* Seconds in [0, 86400], fractions allowed; false on anything else. */
+static bool parse_seconds(const char *text, double *value_p)
+{
+    char *end;
+    double v = strtod(text, &end);
+    if (end == text || *end != '\0' || !(v >= 0) || v > 86400)
+        return false;
+    *value_p = v;
+    return true;
+}
+
 /* "1.5 GiB"; below 1 KiB "512 B". */
 static const char *human_size(uint64_t bytes, char *buf, size_t len)
 {
@@ -286,14 +297,11 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
                 return usage_error(cmd, "--ready-fd needs a file descriptor, got '%s'", optarg);
             ready_fd = (int)v;
             break;
-        case 'd': {
-            char *end;
-            drain_s = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || !(drain_s >= 0) || drain_s > 86400)
+        case 'd':
+            if (!parse_seconds(optarg, &drain_s))
                 return usage_error(cmd, "--drain-timeout needs seconds (0..86400), got '%s'",
                                    optarg);
             break;
-        }
         case 'h':
             fputs(global_usage, stdout);
             return CLI_OK;
@@ -881,9 +889,7 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
     int opt;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         if (opt == 'w') {
-            char *end;
-            wait_s = strtod(optarg, &end);
-            if (end == optarg || *end != '\0' || !(wait_s >= 0) || wait_s > 86400)
+            if (!parse_seconds(optarg, &wait_s))
                 return usage_error(cmd, "--wait needs seconds (0..86400), got '%s'", optarg);
         } else if (opt == 'h') {
             fputs(global_usage, stdout);
@@ -927,14 +933,16 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
             rc = CLI_OK;
             break;
         }
+        if (dt >= wait_s && wait_s == 0) {
+            printf("drain of %s requested\n", name);
+            rc = CLI_OK;
+            break;
+        }
         if (dt >= wait_s) {
-            if (wait_s > 0)
-                fprintf(stderr,
-                        "kvpool: drain %s: still mounted after %.1f s (%" PRIu64
-                        " replicas left); the owner keeps draining\n",
-                        name, dt, left);
-            else
-                rc = CLI_OK, printf("drain of %s requested\n", name);
+            fprintf(stderr,
+                    "kvpool: drain %s: still mounted after %.1f s (%" PRIu64
+                    " replicas left); the owner keeps draining\n",
+                    name, dt, left);
             break;
         }
         usleep(100 * 1000);

@@ -31,6 +31,7 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/master.h"
+#include "tests/unit/master/svc_call.h"
 
 #define C1 1
 #define C2 2
@@ -67,33 +68,7 @@ static int teardown(void **state)
     return 0;
 }
 
-/* ---- request/response plumbing (as in test_service.c) ---- */
-
-static void *call(kvp_master_state_t *st, uint64_t conn, uint16_t method,
-                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc)
-{
-    size_t n = protobuf_c_message_get_packed_size(req);
-    uint8_t *body = malloc(n ? n : 1);
-    assert_non_null(body);
-    assert_int_equal(protobuf_c_message_pack(req, body), n);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    char err[256] = "";
-    kvp_status_t s = kvp_service_handle(st, conn, method, body, n, &resp, &rlen, err, sizeof(err));
-    free(body);
-    if (s != KVP_OK)
-        fail_msg("method %u: frame-level status %d (%s)", method, s, err);
-    assert_non_null(resp);
-    ProtobufCMessage *m = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
-    free(resp);
-    assert_non_null(m);
-    return m;
-}
-
-static void msg_free(void *m)
-{
-    protobuf_c_message_free_unpacked((ProtobufCMessage *)m, NULL);
-}
+/* ---- request/response plumbing (svc_call.h) ---- */
 
 static Kvpool__MountResponse *mount_raw(kvp_master_state_t *st, uint64_t conn, const char *name,
                                         const char *host, uint64_t size)
@@ -110,7 +85,7 @@ static Kvpool__MountResponse *mount_raw(kvp_master_state_t *st, uint64_t conn, c
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = 1000 + conn;
     req.segment = &d;
-    return call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
 }
 
 static uint64_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name, const char *host,
@@ -120,32 +95,11 @@ static uint64_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *nam
     assert_int_equal(r->status, KVP_OK);
     uint64_t id = r->segment_id;
     assert_true(id != 0);
-    msg_free(r);
+    svc_msg_free(r);
     return id;
 }
 
 /* Keys travel as protobuf bytes: build the array from C strings (reused buffer). */
-static ProtobufCBinaryData *wire_keys_buf;
-static size_t wire_keys_cap;
-static void wire_keys_free(void)
-{
-    free(wire_keys_buf);
-}
-static ProtobufCBinaryData *bk(const char *const *keys, size_t n)
-{
-    if (n > wire_keys_cap) {
-        if (wire_keys_buf == NULL)
-            atexit(wire_keys_free);
-        wire_keys_buf = realloc(wire_keys_buf, n * sizeof(*wire_keys_buf));
-        assert_non_null(wire_keys_buf);
-        wire_keys_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) {
-        wire_keys_buf[i].data = (uint8_t *)keys[i];
-        wire_keys_buf[i].len = strlen(keys[i]);
-    }
-    return wire_keys_buf;
-}
 
 /* What a client learns about one key: status, size, CRC, replicas. */
 typedef struct rep {
@@ -173,7 +127,7 @@ static view_t put_cfg(kvp_master_state_t *st, uint64_t conn, const char *key, ui
 {
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
-    req.keys = bk(&key, 1);
+    req.keys = svc_keys(&key, 1);
     req.n_keys = 1;
     req.sizes = &size;
     req.n_sizes = 1;
@@ -183,7 +137,7 @@ static view_t put_cfg(kvp_master_state_t *st, uint64_t conn, const char *key, ui
     cfg.upsert = upsert;
     req.config = &cfg;
     Kvpool__PutStartResponse *r =
-        call(st, conn, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+        svc_call(st, conn, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_results, 1);
     view_t v = {.status = r->results[0]->status, .size = size};
@@ -195,7 +149,7 @@ static view_t put_cfg(kvp_master_state_t *st, uint64_t conn, const char *key, ui
             described |= r->segments[s]->id == v.r[i].seg;
         assert_true(described);
     }
-    msg_free(r);
+    svc_msg_free(r);
     return v;
 }
 
@@ -215,13 +169,13 @@ static Kvpool__StatusesResponse *put_end(kvp_master_state_t *st, uint64_t conn,
                                          size_t n_masks)
 {
     Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
-    req.keys = bk(keys, n_keys);
+    req.keys = svc_keys(keys, n_keys);
     req.n_keys = n_keys;
     req.crc32c = (uint32_t *)crcs;
     req.n_crc32c = n_keys;
     req.written_mask = (uint32_t *)masks;
     req.n_written_mask = n_masks;
-    return call(st, conn, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
 }
 
 static int32_t end_mask1(kvp_master_state_t *st, uint64_t conn, const char *key, uint32_t crc,
@@ -231,7 +185,7 @@ static int32_t end_mask1(kvp_master_state_t *st, uint64_t conn, const char *key,
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -254,15 +208,15 @@ static int32_t keys1(kvp_master_state_t *st, uint64_t conn, uint16_t method, con
                      bool force)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(&key, 1);
+    req.keys = svc_keys(&key, 1);
     req.n_keys = 1;
     req.force = force;
     Kvpool__StatusesResponse *r =
-        call(st, conn, method, &req.base, &kvpool__statuses_response__descriptor);
+        svc_call(st, conn, method, &req.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -275,10 +229,10 @@ static int32_t exist1(kvp_master_state_t *st, const char *key)
 static view_t grl1(kvp_master_state_t *st, const char *key)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(&key, 1);
+    req.keys = svc_keys(&key, 1);
     req.n_keys = 1;
-    Kvpool__GetReplicaListResponse *r = call(st, C3, KVP_RPC_GET_REPLICA_LIST, &req.base,
-                                             &kvpool__get_replica_list_response__descriptor);
+    Kvpool__GetReplicaListResponse *r = svc_call(st, C3, KVP_RPC_GET_REPLICA_LIST, &req.base,
+                                                 &kvpool__get_replica_list_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_results, 1);
     Kvpool__GetReplicaResult *g = r->results[0];
@@ -286,7 +240,7 @@ static view_t grl1(kvp_master_state_t *st, const char *key)
     copy_reps(&v, g->replicas, g->n_replicas);
     if (v.status != KVP_OK)
         assert_int_equal(v.n, 0);
-    msg_free(r);
+    svc_msg_free(r);
     return v;
 }
 
@@ -298,10 +252,10 @@ static stat_snap_t stat_get(kvp_master_state_t *st)
 {
     Kvpool__StatRequest req = KVPOOL__STAT_REQUEST__INIT;
     Kvpool__StatResponse *r =
-        call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
+        svc_call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     stat_snap_t s = {r->used, r->objects, r->pending, r->moved_objects};
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -320,14 +274,14 @@ static int32_t heartbeat(kvp_master_state_t *st, uint64_t conn, const uint64_t *
     req.segment_ids = (uint64_t *)ids;
     req.n_segment_ids = n;
     Kvpool__HeartbeatResponse *r =
-        call(st, conn, KVP_RPC_HEARTBEAT, &req.base, &kvpool__heartbeat_response__descriptor);
+        svc_call(st, conn, KVP_RPC_HEARTBEAT, &req.base, &kvpool__heartbeat_response__descriptor);
     int32_t s = r->status;
     *remount_p = r->remount;
     assert_true(r->n_drain_segment_ids <= 16);
     *n_drain_p = r->n_drain_segment_ids;
     for (size_t i = 0; i < r->n_drain_segment_ids; i++)
         drain[i] = r->drain_segment_ids[i];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -340,13 +294,13 @@ static int32_t drain(kvp_master_state_t *st, uint64_t conn, const char *name, ui
         req.segment_name = (char *)name;
     req.segment_id = id;
     Kvpool__DrainResponse *r =
-        call(st, conn, KVP_RPC_DRAIN, &req.base, &kvpool__drain_response__descriptor);
+        svc_call(st, conn, KVP_RPC_DRAIN, &req.base, &kvpool__drain_response__descriptor);
     int32_t s = r->status;
     if (id_p)
         *id_p = r->segment_id;
     if (msg)
         snprintf(msg, 256, "%s", r->message);
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -355,9 +309,10 @@ static Kvpool__MoveStartResponse *move_start(kvp_master_state_t *st, uint64_t co
 {
     Kvpool__MoveStartRequest req = KVPOOL__MOVE_START_REQUEST__INIT;
     req.from_segment_id = from;
-    req.keys = bk(keys, n);
+    req.keys = svc_keys(keys, n);
     req.n_keys = n;
-    return call(st, conn, KVP_RPC_MOVE_START, &req.base, &kvpool__move_start_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_MOVE_START, &req.base,
+                    &kvpool__move_start_response__descriptor);
 }
 
 /* Whole-request status of a one-key MoveStart. */
@@ -368,7 +323,7 @@ static int32_t move_start_status(kvp_master_state_t *st, uint64_t conn, uint64_t
     int32_t s = r->status;
     if (s != KVP_OK)
         assert_int_equal(r->n_results, 0);
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -378,11 +333,11 @@ static Kvpool__StatusesResponse *move_end(kvp_master_state_t *st, uint64_t conn,
 {
     Kvpool__MoveEndRequest req = KVPOOL__MOVE_END_REQUEST__INIT;
     req.from_segment_id = from;
-    req.keys = bk(keys, n_keys);
+    req.keys = svc_keys(keys, n_keys);
     req.n_keys = n_keys;
     req.statuses = (int32_t *)statuses;
     req.n_statuses = n_statuses;
-    return call(st, conn, KVP_RPC_MOVE_END, &req.base, &kvpool__statuses_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_MOVE_END, &req.base, &kvpool__statuses_response__descriptor);
 }
 
 static int32_t move_end1(kvp_master_state_t *st, uint64_t conn, uint64_t from, const char *key,
@@ -392,7 +347,7 @@ static int32_t move_end1(kvp_master_state_t *st, uint64_t conn, uint64_t from, c
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -404,7 +359,7 @@ static Kvpool__ListResponse *list(kvp_master_state_t *st, const char *pattern, u
     req.segment_id = seg;
     req.cursor = cursor;
     req.limit = limit;
-    return call(st, C3, KVP_RPC_LIST, &req.base, &kvpool__list_response__descriptor);
+    return svc_call(st, C3, KVP_RPC_LIST, &req.base, &kvpool__list_response__descriptor);
 }
 
 static Kvpool__RemoveByRegexResponse *rbr(kvp_master_state_t *st, const char *pattern, bool force,
@@ -414,8 +369,8 @@ static Kvpool__RemoveByRegexResponse *rbr(kvp_master_state_t *st, const char *pa
     req.pattern = (char *)pattern;
     req.force = force;
     req.all = all;
-    return call(st, C3, KVP_RPC_REMOVE_BY_REGEX, &req.base,
-                &kvpool__remove_by_regex_response__descriptor);
+    return svc_call(st, C3, KVP_RPC_REMOVE_BY_REGEX, &req.base,
+                    &kvpool__remove_by_regex_response__descriptor);
 }
 
 static unsigned graveyard_len(const kvp_master_state_t *st)
@@ -623,11 +578,11 @@ static void test_put_end_written_mask(void **state)
     Kvpool__StatusesResponse *r = put_end(st, C2, ab, 2, crcs, masks, 1);
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
     assert_int_equal(r->n_statuses, 0);
-    msg_free(r);
+    svc_msg_free(r);
     r = put_end(st, C2, ab, 2, crcs, masks, 3);
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
     assert_int_equal(r->n_statuses, 0);
-    msg_free(r);
+    svc_msg_free(r);
     s = stat_get(st);
     assert_int_equal(s.pending, 2); /* nothing was ended */
     r = put_end(st, C2, ab, 2, crcs, masks, 2);
@@ -635,7 +590,7 @@ static void test_put_end_written_mask(void **state)
     assert_int_equal(r->n_statuses, 2);
     assert_int_equal(r->statuses[0], KVP_OK);
     assert_int_equal(r->statuses[1], KVP_OK);
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(grl1(st, "a").crc, 1);
     assert_int_equal(grl1(st, "b").crc, 2);
     assert_int_equal(kvp_master_used(st), 5 * EXT);
@@ -684,11 +639,11 @@ static void test_heartbeat_and_drain(void **state)
     /* draining is visible in STAT's segment descriptors */
     Kvpool__StatRequest sreq = KVPOOL__STAT_REQUEST__INIT;
     Kvpool__StatResponse *sr =
-        call(st, C3, KVP_RPC_STAT, &sreq.base, &kvpool__stat_response__descriptor);
+        svc_call(st, C3, KVP_RPC_STAT, &sreq.base, &kvpool__stat_response__descriptor);
     assert_int_equal(sr->n_segments, 2);
     for (size_t i = 0; i < sr->n_segments; i++)
         assert_int_equal(sr->segments[i]->desc->draining, sr->segments[i]->desc->id == id1);
-    msg_free(sr);
+    svc_msg_free(sr);
 
     /* unknown name: refused with a message saying which */
     msg[0] = '\0';
@@ -785,7 +740,7 @@ static void test_move(void **state)
     for (size_t s = 0; s < r->n_segments; s++)
         b_described |= r->segments[s]->id == b;
     assert_true(b_described);
-    msg_free(r);
+    svc_msg_free(r);
     for (int i = 0; i < 9; i++) {
         if (i == 2) { /* dual: its replica on B keeps it */
             assert_int_equal(dest[i].status, KVP_OK);
@@ -871,7 +826,7 @@ static void test_move(void **state)
     Kvpool__StatusesResponse *er = move_end(st, C1, a, &k5, 1, sts, 2);
     assert_int_equal(er->status, KVP_ERR_INVALID_ARG);
     assert_int_equal(er->n_statuses, 0);
-    msg_free(er);
+    svc_msg_free(er);
     assert_int_equal(seg_used(st, a), 3 * EXT); /* k2, k5, dual */
     assert_int_equal(seg_used(st, b), 5 * EXT + 2048);
     assert_int_equal(stat_get(st).moved, 1);
@@ -954,7 +909,7 @@ static void test_list(void **state)
             assert_int_equal(en->lease_ms, i == 5 ? 3000 : 0);
         }
         cursor = r->next_cursor;
-        msg_free(r);
+        svc_msg_free(r);
         pages++;
         assert_true(pages < 100);
     } while (cursor != 0);
@@ -977,7 +932,7 @@ static void test_list(void **state)
             on2++;
         }
         cursor = r->next_cursor;
-        msg_free(r);
+        svc_msg_free(r);
     } while (cursor != 0);
     assert_int_equal(on2, LIST_N + LIST_N / 10);
     /* nothing of b is on s1 */
@@ -985,24 +940,24 @@ static void test_list(void **state)
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_entries, 0);
     assert_int_equal(r->next_cursor, 0);
-    msg_free(r);
+    svc_msg_free(r);
 
     /* refusals */
     r = list(st, "(", 0, 0, 10);
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
     assert_true(r->message[0] != '\0');
     assert_int_equal(r->n_entries, 0);
-    msg_free(r);
+    svc_msg_free(r);
     r = list(st, "", 0, st->index.n_buckets + 1, 10);
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
     assert_int_equal(r->n_entries, 0);
-    msg_free(r);
+    svc_msg_free(r);
     /* the end of the table is an empty last page */
     r = list(st, "", 0, st->index.n_buckets, 10);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_entries, 0);
     assert_int_equal(r->next_cursor, 0);
-    msg_free(r);
+    svc_msg_free(r);
 }
 
 /*
@@ -1059,7 +1014,7 @@ static void test_list_long_chain(void **state)
             assert_int_equal(en->replicas[1]->length, 64 + at);
         }
     }
-    msg_free(r);
+    svc_msg_free(r);
 }
 
 /* ---- 10. remove by regex ---- */
@@ -1087,7 +1042,7 @@ static void test_remove_by_regex(void **state)
     assert_int_equal(r->removed, 10);
     assert_int_equal(r->skipped_leased, 1);
     assert_int_equal(r->skipped_pending, 1);
-    msg_free(r);
+    svc_msg_free(r);
     for (int i = 0; i < 30; i++) {
         snprintf(key, sizeof(key), "a/%d", i);
         bool gone = (i == 1 || (i >= 10 && i < 20)) && i != 12;
@@ -1101,7 +1056,7 @@ static void test_remove_by_regex(void **state)
     assert_int_equal(r->removed, 1);
     assert_int_equal(r->skipped_leased, 0);
     assert_int_equal(r->skipped_pending, 1);
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(exist1(st, "a/12"), 0);
     assert_int_equal(grl1(st, "a/12").status, KVP_ERR_NOT_FOUND);
     assert_int_equal(kvp_master_used(st), 31 * 64);
@@ -1116,16 +1071,16 @@ static void test_remove_by_regex(void **state)
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
     assert_true(r->message[0] != '\0');
     assert_int_equal(r->removed, 0);
-    msg_free(r);
+    svc_msg_free(r);
     r = rbr(st, "[", false, false);
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
     assert_true(r->message[0] != '\0');
     assert_int_equal(r->removed, 0);
-    msg_free(r);
+    svc_msg_free(r);
     r = rbr(st, "^zzz", false, false);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->removed, 0);
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(kvp_master_used(st), 30 * 64);
 
     /* all: everything but the PENDING and the leased */
@@ -1135,7 +1090,7 @@ static void test_remove_by_regex(void **state)
     assert_int_equal(r->removed, 28); /* a/0, a/2..9, a/20..29, every b but b/3 */
     assert_int_equal(r->skipped_leased, 1);
     assert_int_equal(r->skipped_pending, 1);
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(exist1(st, "b/3"), 1);
     assert_int_equal(kvp_master_used(st), 2 * 64);
     stat_snap_t s = stat_get(st);
@@ -1165,7 +1120,7 @@ static void test_exist_lease(void **state)
     Kvpool__ListResponse *r = list(st, "^k2$", 0, 0, 10);
     assert_int_equal(r->n_entries, 1);
     assert_int_equal(r->entries[0]->lease_ms, 5000);
-    msg_free(r);
+    svc_msg_free(r);
     st->now_ms = 5999;
     assert_int_equal(keys1(st, C2, KVP_RPC_REMOVE, "k2", false), KVP_ERR_LEASED);
     st->now_ms = 6000;
@@ -1195,7 +1150,7 @@ static void test_cleanup_graveyard_and_moves(void **state)
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->results[0]->n_replicas, 1);
     assert_int_equal(r->results[1]->n_replicas, 1);
-    msg_free(r);
+    svc_msg_free(r);
     assert_non_null(st->moves);
     assert_non_null(st->moves->next);
     assert_int_equal(kvp_master_used(st), 7 * EXT + 3008); /* 3000 rounded to 64 */
@@ -1275,7 +1230,7 @@ static void test_mount_size_bounds(void **state)
         Kvpool__MountResponse *r = mount_raw(st, C2, "evil", "h2", bad[i]);
         assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
         assert_true(strlen(r->message) > 0);
-        msg_free(r);
+        svc_msg_free(r);
     }
     assert_int_equal(st->segments.capacity, 1 << 20);
     kvp_evict_if_needed(st);

@@ -31,6 +31,7 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/master.h"
+#include "tests/unit/master/svc_call.h"
 
 #define C1 1
 #define C2 2
@@ -103,34 +104,7 @@ static const char **keyset(fixture_t *fx, const char *prefix, size_t n)
     return ptrs;
 }
 
-/* ---- request/response plumbing (as in test_service.c) ---- */
-
-/* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
-static void *call(kvp_master_state_t *st, uint64_t conn, uint16_t method,
-                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc)
-{
-    size_t n = protobuf_c_message_get_packed_size(req);
-    uint8_t *body = malloc(n ? n : 1);
-    assert_non_null(body);
-    assert_int_equal(protobuf_c_message_pack(req, body), n);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    char err[256] = "";
-    kvp_status_t s = kvp_service_handle(st, conn, method, body, n, &resp, &rlen, err, sizeof(err));
-    free(body);
-    if (s != KVP_OK)
-        fail_msg("method %u: frame-level status %d (%s)", method, s, err);
-    assert_non_null(resp);
-    ProtobufCMessage *m = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
-    free(resp);
-    assert_non_null(m);
-    return m;
-}
-
-static void msg_free(void *m)
-{
-    protobuf_c_message_free_unpacked((ProtobufCMessage *)m, NULL);
-}
+/* ---- request/response plumbing (svc_call.h) ---- */
 
 static int32_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name, const char *host,
                          uint64_t size, uint64_t *id_p)
@@ -148,36 +122,15 @@ static int32_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name
     req.client_id = 1000 + conn;
     req.segment = &d;
     Kvpool__MountResponse *r =
-        call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+        svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
     int32_t status = r->status;
     if (id_p)
         *id_p = r->segment_id;
-    msg_free(r);
+    svc_msg_free(r);
     return status;
 }
 
 /* Keys travel as protobuf bytes: build the array from C strings (reused buffer). */
-static ProtobufCBinaryData *wire_keys_buf;
-static size_t wire_keys_cap;
-static void wire_keys_free(void)
-{
-    free(wire_keys_buf);
-}
-static ProtobufCBinaryData *bk(const char *const *keys, size_t n)
-{
-    if (n > wire_keys_cap) {
-        if (wire_keys_buf == NULL)
-            atexit(wire_keys_free);
-        wire_keys_buf = realloc(wire_keys_buf, n * sizeof(*wire_keys_buf));
-        assert_non_null(wire_keys_buf);
-        wire_keys_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) {
-        wire_keys_buf[i].data = (uint8_t *)keys[i];
-        wire_keys_buf[i].len = strlen(keys[i]);
-    }
-    return wire_keys_buf;
-}
 
 /* Sizes and CRCs of a batch: a reused, zeroed buffer (one batch at a time). */
 static void *scratch_buf;
@@ -206,7 +159,7 @@ static Kvpool__PutStartResponse *put_start(kvp_master_state_t *st, uint64_t conn
 {
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
-    req.keys = bk(keys, n_keys);
+    req.keys = svc_keys(keys, n_keys);
     req.n_keys = n_keys;
     req.sizes = (uint64_t *)sizes;
     req.n_sizes = n_sizes;
@@ -214,7 +167,8 @@ static Kvpool__PutStartResponse *put_start(kvp_master_state_t *st, uint64_t conn
     cfg.pin = pin;
     cfg.soft_pin_ttl_s = soft_pin_ttl_s;
     req.config = &cfg;
-    return call(st, conn, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_PUT_START, &req.base,
+                    &kvpool__put_start_response__descriptor);
 }
 
 /* One key: its per-key status. */
@@ -231,7 +185,7 @@ static int32_t put1_pin(kvp_master_state_t *st, uint64_t conn, const char *key, 
     } else {
         assert_int_equal(r->results[0]->n_replicas, 0);
     }
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -244,10 +198,10 @@ static Kvpool__StatusesResponse *keys_call(kvp_master_state_t *st, uint64_t conn
                                            const char *const *keys, size_t n, bool force)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(keys, n);
+    req.keys = svc_keys(keys, n);
     req.n_keys = n;
     req.force = force;
-    return call(st, conn, method, &req.base, &kvpool__statuses_response__descriptor);
+    return svc_call(st, conn, method, &req.base, &kvpool__statuses_response__descriptor);
 }
 
 static int32_t keys1(kvp_master_state_t *st, uint64_t conn, uint16_t method, const char *key,
@@ -257,7 +211,7 @@ static int32_t keys1(kvp_master_state_t *st, uint64_t conn, uint16_t method, con
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -266,11 +220,11 @@ static Kvpool__StatusesResponse *put_end(kvp_master_state_t *st, uint64_t conn,
                                          const uint32_t *crcs, size_t n_crcs)
 {
     Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
-    req.keys = bk(keys, n_keys);
+    req.keys = svc_keys(keys, n_keys);
     req.n_keys = n_keys;
     req.crc32c = (uint32_t *)crcs;
     req.n_crc32c = n_crcs;
-    return call(st, conn, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
 }
 
 static int32_t end1(kvp_master_state_t *st, uint64_t conn, const char *key, uint32_t crc)
@@ -279,7 +233,7 @@ static int32_t end1(kvp_master_state_t *st, uint64_t conn, const char *key, uint
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -299,7 +253,7 @@ static void start_batch(kvp_master_state_t *st, uint64_t conn, const char *const
             bad = i;
             bad_status = r->results[i]->status;
         }
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(whole, KVP_OK);
     assert_int_equal(n_results, n);
     if (bad < n)
@@ -320,7 +274,7 @@ static void end_batch(kvp_master_state_t *st, uint64_t conn, const char *const *
             bad = i;
             bad_status = r->statuses[i];
         }
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(whole, KVP_OK);
     assert_int_equal(n_statuses, n);
     if (bad < n)
@@ -345,7 +299,7 @@ static void exist_many(kvp_master_state_t *st, const char *const *keys, size_t n
     size_t n_statuses = r->n_statuses;
     for (size_t i = 0; i < n_statuses && i < n; i++)
         out[i] = r->statuses[i];
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(whole, KVP_OK);
     assert_int_equal(n_statuses, n);
 }
@@ -375,10 +329,10 @@ static Kvpool__GetReplicaListResponse *replicas(kvp_master_state_t *st, const ch
                                                 size_t n)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(keys, n);
+    req.keys = svc_keys(keys, n);
     req.n_keys = n;
-    return call(st, C3, KVP_RPC_GET_REPLICA_LIST, &req.base,
-                &kvpool__get_replica_list_response__descriptor);
+    return svc_call(st, C3, KVP_RPC_GET_REPLICA_LIST, &req.base,
+                    &kvpool__get_replica_list_response__descriptor);
 }
 
 /* Per-key status of GET_REPLICA_LIST for one key; *lease_ttl_p gets the granted lease. */
@@ -394,7 +348,7 @@ static int32_t read1(kvp_master_state_t *st, const char *key, uint32_t *lease_tt
         assert_int_equal(r->results[0]->n_replicas, 0);
     if (lease_ttl_p)
         *lease_ttl_p = r->lease_ttl_ms;
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -407,7 +361,7 @@ static stat_snap_t stat_get(kvp_master_state_t *st)
 {
     Kvpool__StatRequest req = KVPOOL__STAT_REQUEST__INIT;
     Kvpool__StatResponse *r =
-        call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
+        svc_call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     stat_snap_t s = {.capacity = r->capacity,
                      .used = r->used,
@@ -416,7 +370,7 @@ static stat_snap_t stat_get(kvp_master_state_t *st)
                      .evicted_objects = r->evicted_objects,
                      .evicted_bytes = r->evicted_bytes,
                      .put_timeouts = r->put_timeouts};
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -544,7 +498,7 @@ static void lru_read(kvp_master_state_t *st, lru_ref_t *ref, uint64_t *rng, unsi
         if (want == KVP_OK)
             assert_int_equal(r->results[j]->size, OBJ);
     }
-    msg_free(r);
+    svc_msg_free(r);
     /* a batch touches its keys in request order: the last one read is the most recent */
     for (size_t j = 0; j < m; j++)
         if (ref->resident[nums[j]])

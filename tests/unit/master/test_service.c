@@ -22,6 +22,7 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/master.h"
+#include "tests/unit/master/svc_call.h"
 
 #define C1 1
 #define C2 2
@@ -58,33 +59,6 @@ static kvp_status_t handle_raw(kvp_master_state_t *st, uint64_t conn, uint16_t m
     return kvp_service_handle(st, conn, method, body, len, resp_p, resp_len_p, errmsg, errmsg_len);
 }
 
-/* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
-static void *call(kvp_master_state_t *st, uint64_t conn, uint16_t method,
-                  const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc)
-{
-    size_t n = protobuf_c_message_get_packed_size(req);
-    uint8_t *body = malloc(n ? n : 1);
-    assert_non_null(body);
-    assert_int_equal(protobuf_c_message_pack(req, body), n);
-    uint8_t *resp = NULL;
-    size_t rlen = 0;
-    char err[256] = "";
-    kvp_status_t s = handle_raw(st, conn, method, body, n, &resp, &rlen, err, sizeof(err));
-    free(body);
-    if (s != KVP_OK)
-        fail_msg("method %u: frame-level status %d (%s)", method, s, err);
-    assert_non_null(resp);
-    ProtobufCMessage *m = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
-    free(resp);
-    assert_non_null(m);
-    return m;
-}
-
-static void msg_free(void *m)
-{
-    protobuf_c_message_free_unpacked((ProtobufCMessage *)m, NULL);
-}
-
 /* Mount; *msg_p (optional, 256 bytes) gets the response's message. */
 static int32_t mount_desc_msg(kvp_master_state_t *st, uint64_t conn, Kvpool__SegmentDesc *d,
                               uint64_t *id_p, char *msg_p)
@@ -93,13 +67,13 @@ static int32_t mount_desc_msg(kvp_master_state_t *st, uint64_t conn, Kvpool__Seg
     req.client_id = 1000 + conn;
     req.segment = d;
     Kvpool__MountResponse *r =
-        call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+        svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
     int32_t status = r->status;
     if (id_p)
         *id_p = r->segment_id;
     if (msg_p)
         snprintf(msg_p, 256, "%s", r->message);
-    msg_free(r);
+    svc_msg_free(r);
     return status;
 }
 
@@ -136,26 +110,6 @@ static int32_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name
 }
 
 /* Keys travel as protobuf bytes: build the array from C strings (reused buffer). */
-static ProtobufCBinaryData *wire_keys_buf;
-static size_t wire_keys_cap;
-static void wire_keys_free(void)
-{
-    free(wire_keys_buf);
-}
-static ProtobufCBinaryData *bk(const char *const *keys, size_t n)
-{
-    if (n > wire_keys_cap) {
-        if (wire_keys_buf == NULL)
-            atexit(wire_keys_free);
-        wire_keys_buf = realloc(wire_keys_buf, n * sizeof(*wire_keys_buf));
-        wire_keys_cap = n;
-    }
-    for (size_t i = 0; i < n; i++) {
-        wire_keys_buf[i].data = (uint8_t *)keys[i];
-        wire_keys_buf[i].len = strlen(keys[i]);
-    }
-    return wire_keys_buf;
-}
 
 static Kvpool__PutStartResponse *put_start(kvp_master_state_t *st, uint64_t conn,
                                            const char *const *keys, size_t n_keys,
@@ -164,7 +118,7 @@ static Kvpool__PutStartResponse *put_start(kvp_master_state_t *st, uint64_t conn
 {
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
-    req.keys = bk(keys, n_keys);
+    req.keys = svc_keys(keys, n_keys);
     req.n_keys = n_keys;
     req.sizes = (uint64_t *)sizes;
     req.n_sizes = n_sizes;
@@ -172,7 +126,8 @@ static Kvpool__PutStartResponse *put_start(kvp_master_state_t *st, uint64_t conn
     if (preferred)
         cfg.preferred_segment = (char *)preferred;
     req.config = &cfg;
-    return call(st, conn, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_PUT_START, &req.base,
+                    &kvpool__put_start_response__descriptor);
 }
 
 /* One key: its per-key status; *rep_p gets the first replica when OK. */
@@ -191,7 +146,7 @@ static int32_t put1(kvp_master_state_t *st, uint64_t conn, const char *key, uint
     } else {
         assert_int_equal(r->results[0]->n_replicas, 0);
     }
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -199,9 +154,9 @@ static Kvpool__StatusesResponse *keys_call(kvp_master_state_t *st, uint64_t conn
                                            const char *const *keys, size_t n)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(keys, n);
+    req.keys = svc_keys(keys, n);
     req.n_keys = n;
-    return call(st, conn, method, &req.base, &kvpool__statuses_response__descriptor);
+    return svc_call(st, conn, method, &req.base, &kvpool__statuses_response__descriptor);
 }
 
 static int32_t keys1(kvp_master_state_t *st, uint64_t conn, uint16_t method, const char *key)
@@ -210,7 +165,7 @@ static int32_t keys1(kvp_master_state_t *st, uint64_t conn, uint16_t method, con
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -219,11 +174,11 @@ static Kvpool__StatusesResponse *put_end(kvp_master_state_t *st, uint64_t conn,
                                          const uint32_t *crcs, size_t n_crcs)
 {
     Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
-    req.keys = bk(keys, n_keys);
+    req.keys = svc_keys(keys, n_keys);
     req.n_keys = n_keys;
     req.crc32c = (uint32_t *)crcs;
     req.n_crc32c = n_crcs;
-    return call(st, conn, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
+    return svc_call(st, conn, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
 }
 
 static int32_t end1(kvp_master_state_t *st, uint64_t conn, const char *key, uint32_t crc)
@@ -232,35 +187,35 @@ static int32_t end1(kvp_master_state_t *st, uint64_t conn, const char *key, uint
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
 static int32_t exist1(kvp_master_state_t *st, const char *key)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(&key, 1);
+    req.keys = svc_keys(&key, 1);
     req.n_keys = 1;
     Kvpool__StatusesResponse *r =
-        call(st, C3, KVP_RPC_EXIST, &req.base, &kvpool__statuses_response__descriptor);
+        svc_call(st, C3, KVP_RPC_EXIST, &req.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t v = r->statuses[0];
-    msg_free(r);
+    svc_msg_free(r);
     return v;
 }
 
 static int64_t size1(kvp_master_state_t *st, const char *key)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(&key, 1);
+    req.keys = svc_keys(&key, 1);
     req.n_keys = 1;
     Kvpool__GetSizeResponse *r =
-        call(st, C3, KVP_RPC_GET_SIZE, &req.base, &kvpool__get_size_response__descriptor);
+        svc_call(st, C3, KVP_RPC_GET_SIZE, &req.base, &kvpool__get_size_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_sizes, 1);
     int64_t v = r->sizes[0];
-    msg_free(r);
+    svc_msg_free(r);
     return v;
 }
 
@@ -268,10 +223,10 @@ static Kvpool__GetReplicaListResponse *replicas(kvp_master_state_t *st, const ch
                                                 size_t n)
 {
     Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = bk(keys, n);
+    req.keys = svc_keys(keys, n);
     req.n_keys = n;
-    return call(st, C3, KVP_RPC_GET_REPLICA_LIST, &req.base,
-                &kvpool__get_replica_list_response__descriptor);
+    return svc_call(st, C3, KVP_RPC_GET_REPLICA_LIST, &req.base,
+                    &kvpool__get_replica_list_response__descriptor);
 }
 
 /* Per-key status of GET_REPLICA_LIST for one key. */
@@ -283,7 +238,7 @@ static int32_t replicas1_status(kvp_master_state_t *st, const char *key)
     int32_t s = r->results[0]->status;
     if (s != KVP_OK)
         assert_int_equal(r->results[0]->n_replicas, 0);
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -297,7 +252,7 @@ static stat_snap_t stat_get(kvp_master_state_t *st)
 {
     Kvpool__StatRequest req = KVPOOL__STAT_REQUEST__INIT;
     Kvpool__StatResponse *r =
-        call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
+        svc_call(st, C3, KVP_RPC_STAT, &req.base, &kvpool__stat_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     stat_snap_t s = {.capacity = r->capacity,
                      .used = r->used,
@@ -314,7 +269,7 @@ static stat_snap_t stat_get(kvp_master_state_t *st)
     /* the totals agree with the per-segment rows */
     assert_int_equal(used, s.used);
     assert_int_equal(cap, s.capacity);
-    msg_free(r);
+    svc_msg_free(r);
     return s;
 }
 
@@ -402,9 +357,9 @@ static void test_mount_bad(void **state)
     /* no segment at all in the request */
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     Kvpool__MountResponse *r =
-        call(st, C1, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+        svc_call(st, C1, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
     assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
-    msg_free(r);
+    svc_msg_free(r);
 
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.n_segments, 0);
@@ -455,7 +410,7 @@ static void test_put_lifecycle(void **state)
     assert_string_equal(ps->segments[0]->name, "seg-a");
     assert_string_equal(ps->segments[0]->tcp_endpoint, "10.0.0.1:7000");
     assert_string_equal(ps->segments[0]->host_id, "host1");
-    msg_free(ps);
+    svc_msg_free(ps);
 
     assert_int_equal(exist1(st, k), 0);
     assert_int_equal(replicas1_status(st, k), KVP_ERR_NOT_FOUND);
@@ -494,7 +449,7 @@ static void test_put_lifecycle(void **state)
     assert_int_equal(gr->n_segments, 1);
     assert_true(gr->segments[0]->id == seg_id);
     assert_string_equal(gr->segments[0]->shm_path, "/dev/shm/kvp-seg");
-    msg_free(gr);
+    svc_msg_free(gr);
     s = stat_get(st);
     assert_int_equal(s.pending, 0);
     assert_int_equal(s.objects, 1);
@@ -548,7 +503,7 @@ static void test_batch(void **state)
         assert_int_equal(ps->results[i]->status, want[i]);
     assert_int_equal(ps->results[0]->replicas[0]->length, 100);
     assert_int_equal(ps->results[3]->replicas[0]->length, 200);
-    msg_free(ps);
+    svc_msg_free(ps);
 
     const char *end_keys[] = {"new1", "new2", "pend", "done"};
     const uint32_t crcs[] = {11, 22, 33, 44};
@@ -559,7 +514,7 @@ static void test_batch(void **state)
     assert_int_equal(r->statuses[1], KVP_OK);
     assert_int_equal(r->statuses[2], KVP_ERR_NOT_OWNER);
     assert_int_equal(r->statuses[3], KVP_ERR_NOT_PENDING);
-    msg_free(r);
+    svc_msg_free(r);
 
     /* crc of each key is its own */
     const char *q[] = {"new2", "missing", "new1"};
@@ -572,21 +527,21 @@ static void test_batch(void **state)
     assert_int_equal(gr->results[2]->status, KVP_OK);
     assert_int_equal(gr->results[2]->crc32c, 11);
     assert_int_equal(gr->results[2]->size, 100);
-    msg_free(gr);
+    svc_msg_free(gr);
 
     /* EXIST for several keys */
     Kvpool__KeysRequest kr = KVPOOL__KEYS_REQUEST__INIT;
     const char *ek[] = {"done", "pend", "missing", "new1"};
-    kr.keys = bk(ek, 4);
+    kr.keys = svc_keys(ek, 4);
     kr.n_keys = 4;
     Kvpool__StatusesResponse *er =
-        call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
+        svc_call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(er->n_statuses, 4);
     assert_int_equal(er->statuses[0], 1);
     assert_int_equal(er->statuses[1], 0);
     assert_int_equal(er->statuses[2], 0);
     assert_int_equal(er->statuses[3], 1);
-    msg_free(er);
+    svc_msg_free(er);
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.objects, 3);
     assert_int_equal(s.pending, 1);
@@ -708,20 +663,20 @@ static void test_unmount_keeps_other_replicas(void **state)
                 off_b[i] = ps->results[i]->replicas[r]->offset;
     }
     assert_int_equal(ps->n_segments, 2);
-    msg_free(ps);
+    svc_msg_free(ps);
     const uint32_t crcs[] = {1, 2, 3};
     Kvpool__StatusesResponse *er = put_end(st, C2, keys, 3, crcs, 3);
     for (int i = 0; i < 3; i++)
         assert_int_equal(er->statuses[i], KVP_OK);
-    msg_free(er);
+    svc_msg_free(er);
 
     /* unmount by someone else than the owner: refused */
     Kvpool__UnmountRequest ur = KVPOOL__UNMOUNT_REQUEST__INIT;
     ur.segment_id = seg_a;
     Kvpool__UnmountResponse *um =
-        call(st, C2, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
+        svc_call(st, C2, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
     assert_int_equal(um->status, KVP_ERR_NOT_OWNER);
-    msg_free(um);
+    svc_msg_free(um);
     assert_int_equal(stat_get(st).n_segments, 2);
 
     /* seg-a's owner goes away: every object keeps its seg-b replica */
@@ -737,16 +692,16 @@ static void test_unmount_keeps_other_replicas(void **state)
     }
     assert_int_equal(gr->n_segments, 1);
     assert_true(gr->segments[0]->id == seg_b);
-    msg_free(gr);
+    svc_msg_free(gr);
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.n_segments, 1);
     assert_int_equal(s.objects, 3);
     assert_int_equal(s.seg_objects_sum, 3);
 
     /* the stale id of seg-a is gone for an explicit unmount too */
-    um = call(st, C1, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
+    um = svc_call(st, C1, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
     assert_int_equal(um->status, KVP_ERR_SEGMENT_GONE);
-    msg_free(um);
+    svc_msg_free(um);
 
     /* removing them frees seg-b completely */
     for (int i = 0; i < 3; i++)
@@ -759,10 +714,10 @@ static void test_unmount_keeps_other_replicas(void **state)
     assert_int_equal(put1(st, C2, "only-b", 64, NULL), KVP_OK);
     assert_int_equal(end1(st, C2, "only-b", 0), KVP_OK);
     ur.segment_id = seg_b;
-    um = call(st, C3, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
+    um = svc_call(st, C3, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
     assert_int_equal(um->status, KVP_OK);
     assert_int_equal(um->objects_dropped, 1);
-    msg_free(um);
+    svc_msg_free(um);
     assert_int_equal(exist1(st, "only-b"), 0);
     assert_int_equal(stat_get(st).n_segments, 0);
 }
@@ -781,14 +736,14 @@ static void test_preferred_segment(void **state)
         Kvpool__PutStartResponse *ps = put_start(st, C2, &kp, 1, &sz, 1, 1, "seg-b");
         assert_int_equal(ps->results[0]->status, KVP_OK);
         assert_true(ps->results[0]->replicas[0]->segment_id == seg_b);
-        msg_free(ps);
+        svc_msg_free(ps);
     }
     /* an unknown preferred name is ignored, not an error */
     const char *kp = "q";
     uint64_t sz = 64;
     Kvpool__PutStartResponse *ps = put_start(st, C2, &kp, 1, &sz, 1, 1, "no-such-seg");
     assert_int_equal(ps->results[0]->status, KVP_OK);
-    msg_free(ps);
+    svc_msg_free(ps);
 }
 
 static void test_pool_full(void **state)
@@ -808,7 +763,7 @@ static void test_pool_full(void **state)
     assert_int_equal(ps->results[1]->status, KVP_OK);
     assert_int_equal(ps->results[2]->status, KVP_ERR_POOL_FULL);
     assert_int_equal(ps->results[2]->n_replicas, 0);
-    msg_free(ps);
+    svc_msg_free(ps);
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.pending, 2); /* the refused key left nothing behind */
     assert_int_equal(s.used, 64 * 1024);
@@ -819,7 +774,7 @@ static void test_pool_full(void **state)
     Kvpool__StatusesResponse *r = put_end(st, C1, keys, 2, crcs, 2);
     assert_int_equal(r->statuses[0], KVP_OK);
     assert_int_equal(r->statuses[1], KVP_OK);
-    msg_free(r);
+    svc_msg_free(r);
     assert_int_equal(put1(st, C2, "d", 64, NULL), KVP_ERR_POOL_FULL);
     s = stat_get(st);
     assert_int_equal(s.pending, 0);
@@ -840,7 +795,7 @@ static void test_mismatched_arrays(void **state)
         Kvpool__PutStartResponse *ps = put_start(st, C1, keys, 2, sizes, ns, 1, NULL);
         assert_int_equal(ps->status, KVP_ERR_INVALID_ARG);
         assert_int_equal(ps->n_results, 0);
-        msg_free(ps);
+        svc_msg_free(ps);
     }
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.pending, 0);
@@ -849,13 +804,13 @@ static void test_mismatched_arrays(void **state)
     /* PutEnd with a crc array of the wrong length: nothing is completed */
     Kvpool__PutStartResponse *ps = put_start(st, C1, keys, 2, sizes, 2, 1, NULL);
     assert_int_equal(ps->status, KVP_OK);
-    msg_free(ps);
+    svc_msg_free(ps);
     const uint32_t crcs[] = {1, 2, 3};
     for (size_t nc = 1; nc <= 3; nc += 2) {
         Kvpool__StatusesResponse *r = put_end(st, C1, keys, 2, crcs, nc);
         assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
         assert_int_equal(r->n_statuses, 0);
-        msg_free(r);
+        svc_msg_free(r);
     }
     assert_int_equal(stat_get(st).pending, 2);
     assert_int_equal(exist1(st, "m1"), 0);
@@ -877,23 +832,23 @@ static void test_too_many_keys(void **state)
     Kvpool__PutStartResponse *ps = put_start(st, C1, keys, N, sizes, N, 1, NULL);
     assert_int_equal(ps->status, KVP_ERR_TOO_MANY);
     assert_int_equal(ps->n_results, 0);
-    msg_free(ps);
+    svc_msg_free(ps);
     Kvpool__KeysRequest kr = KVPOOL__KEYS_REQUEST__INIT;
-    kr.keys = bk(keys, N);
+    kr.keys = svc_keys(keys, N);
     kr.n_keys = N;
     Kvpool__StatusesResponse *er =
-        call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
+        svc_call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(er->status, KVP_ERR_TOO_MANY);
     assert_int_equal(er->n_statuses, 0);
-    msg_free(er);
+    svc_msg_free(er);
     assert_int_equal(stat_get(st).pending, 0);
     /* 65536 is still allowed */
     er = NULL;
     kr.n_keys = N - 1;
-    er = call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
+    er = svc_call(st, C3, KVP_RPC_EXIST, &kr.base, &kvpool__statuses_response__descriptor);
     assert_int_equal(er->status, KVP_OK);
     assert_int_equal(er->n_statuses, N - 1);
-    msg_free(er);
+    svc_msg_free(er);
     free(keys);
     free(sizes);
 }
@@ -925,7 +880,7 @@ static void test_undecodable_body(void **state)
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     const char *k = "truncated-key";
     uint64_t sz = 64;
-    req.keys = bk(&k, 1);
+    req.keys = svc_keys(&k, 1);
     req.n_keys = 1;
     req.sizes = &sz;
     req.n_sizes = 1;
@@ -988,7 +943,7 @@ static void test_bad_keys(void **state)
     for (int i = 0; i < 8; i++)
         if (ps->results[i]->status != want[i])
             fail_msg("key %d: status %d, want %d", i, ps->results[i]->status, want[i]);
-    msg_free(ps);
+    svc_msg_free(ps);
     assert_int_equal(stat_get(st).pending, 3);
 
     /* every per-key method says BAD_KEY for the same key */
@@ -1033,7 +988,7 @@ static void test_key_with_embedded_nul(void **state)
     free(resp);
     assert_non_null(er);
     int32_t exist_answer = er->n_statuses == 1 ? er->statuses[0] : 99;
-    msg_free(er);
+    svc_msg_free(er);
 
     /* KeysRequest { keys: "k\0x" } as REMOVE: must not remove "k" */
     resp = NULL;
@@ -1044,7 +999,7 @@ static void test_key_with_embedded_nul(void **state)
     free(resp);
     assert_non_null(rr);
     int32_t remove_answer = rr->n_statuses == 1 ? rr->statuses[0] : 99;
-    msg_free(rr);
+    svc_msg_free(rr);
     int32_t k_still_there = exist1(st, "k");
 
     if (exist_answer != KVP_ERR_BAD_KEY || remove_answer != KVP_ERR_BAD_KEY || k_still_there != 1)

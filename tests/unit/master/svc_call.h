@@ -1,0 +1,25 @@
+/*
+ * svc_call.h - request/response plumbing shared by the master's handler
+ * unit tests (test_service.c, test_eviction.c, test_admin.c): pack a
+ * protobuf request, run it through kvp_service_handle, unpack the reply.
+ */
+#ifndef KVP_TESTS_UNIT_MASTER_SVC_CALL_H
+#define KVP_TESTS_UNIT_MASTER_SVC_CALL_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "master/master.h"
+
+/* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
+void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,
+               const ProtobufCMessageDescriptor *resp_desc);
+
+/* Free a message svc_call returned. */
+void svc_msg_free(void *msg);
+
+/* Keys as wire bytes (pointing into the strings); valid until the next call. */
+ProtobufCBinaryData *svc_keys(const char *const *keys, size_t n);
+
+#endif
