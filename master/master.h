@@ -60,6 +60,9 @@ typedef struct kvp_segment {
     char *host_id;
     char *tcp_endpoint;
     char *shm_path;
+    char *rdma_endpoint; /* "" when the owner serves no rdma */
+    uint64_t rdma_addr;
+    uint32_t rdma_rkey;
     uint64_t size;
     uint64_t owner_client_id;
     uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */

@@ -27,6 +27,7 @@ void kvp_segment_destroy(kvp_segment_t *seg)
     free(seg->host_id);
     free(seg->tcp_endpoint);
     free(seg->shm_path);
+    free(seg->rdma_endpoint);
     free(seg);
 }
 

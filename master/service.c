@@ -96,6 +96,9 @@ void kvp_svc_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
     d->host_id = seg->host_id;
     d->tcp_endpoint = seg->tcp_endpoint;
     d->shm_path = seg->shm_path;
+    d->rdma_endpoint = seg->rdma_endpoint;
+    d->rdma_addr = seg->rdma_addr;
+    d->rdma_rkey = seg->rdma_rkey;
     d->draining = seg->draining;
 }
 
@@ -193,10 +196,13 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
     if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->size > KVP_SEGMENT_MAX_SIZE ||
         d->name[0] == '\0' || strlen(d->name) > 255 || strcmp(d->medium, "dram") != 0 ||
         d->host_id[0] == '\0' ||
-        kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK) {
+        kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK ||
+        (d->rdma_endpoint[0] != '\0' &&
+         kvp_parse_hostport(d->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)) {
         snprintf(msg, sizeof(msg),
                  "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
-                 "\"dram\", a host id and a tcp endpoint host:port",
+                 "\"dram\", a host id, a tcp endpoint host:port and an empty or host:port "
+                 "rdma endpoint",
                  KVP_SEGMENT_MIN_SIZE);
         goto out;
     }
@@ -214,10 +220,14 @@ static kvp_status_t do_mount(kvp_master_state_t *st, uint64_t conn_id, const uin
     seg->host_id = strdup(d->host_id);
     seg->tcp_endpoint = strdup(d->tcp_endpoint);
     seg->shm_path = strdup(d->shm_path);
+    seg->rdma_endpoint = strdup(d->rdma_endpoint);
+    seg->rdma_addr = d->rdma_addr;
+    seg->rdma_rkey = d->rdma_rkey;
     seg->size = d->size;
     seg->owner_client_id = req->client_id;
     seg->owner_conn_id = conn_id;
-    if (!seg->name || !seg->medium || !seg->host_id || !seg->tcp_endpoint || !seg->shm_path) {
+    if (!seg->name || !seg->medium || !seg->host_id || !seg->tcp_endpoint || !seg->shm_path ||
+        !seg->rdma_endpoint) {
         kvp_segment_destroy(seg);
         goto out;
     }

@@ -106,6 +106,9 @@ static int32_t mount_seg(kvp_master_state_t *st, uint64_t conn, const char *name
     d.host_id = (char *)host;
     d.tcp_endpoint = ep;
     d.shm_path = (char *)"/dev/shm/kvp-seg";
+    d.rdma_endpoint = (char *)"169.254.77.1:7001";
+    d.rdma_addr = 0x7f0000001000ull + conn;
+    d.rdma_rkey = 0x1234u + (uint32_t)conn;
     return mount_desc(st, conn, &d, id_p);
 }
 
@@ -312,7 +315,7 @@ static void test_mount_bad(void **state)
     memset(longname, 'n', 256);
     longname[256] = '\0';
 
-    for (int c = 0; c < 9; c++) {
+    for (int c = 0; c < 10; c++) {
         Kvpool__SegmentDesc d;
         fill_desc(&d);
         switch (c) {
@@ -342,6 +345,9 @@ static void test_mount_bad(void **state)
             break; /* below the 64-byte allocation granularity */
         case 8:
             d.tcp_endpoint = (char *)"127.0.0.1:70000";
+            break;
+        case 9:
+            d.rdma_endpoint = (char *)"169.254.77.1"; /* no port */
             break;
         }
         char msg[256];
@@ -449,6 +455,10 @@ static void test_put_lifecycle(void **state)
     assert_int_equal(gr->n_segments, 1);
     assert_true(gr->segments[0]->id == seg_id);
     assert_string_equal(gr->segments[0]->shm_path, "/dev/shm/kvp-seg");
+    /* what an rdma peer needs comes back as mounted */
+    assert_string_equal(gr->segments[0]->rdma_endpoint, "169.254.77.1:7001");
+    assert_true(gr->segments[0]->rdma_addr == 0x7f0000001000ull + C1);
+    assert_int_equal(gr->segments[0]->rdma_rkey, 0x1234u + C1);
     svc_msg_free(gr);
     s = stat_get(st);
     assert_int_equal(s.pending, 0);
