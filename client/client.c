@@ -119,11 +119,14 @@ void kvp_client_peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_
         snprintf(p->endpoint, sizeof(p->endpoint), "%s", d->tcp_endpoint);
         snprintf(p->host_id, sizeof(p->host_id), "%s", d->host_id);
         snprintf(p->shm_path, sizeof(p->shm_path), "%s", d->shm_path);
+        snprintf(p->rdma_endpoint, sizeof(p->rdma_endpoint), "%s", d->rdma_endpoint);
+        p->rdma_addr = d->rdma_addr;
+        p->rdma_rkey = d->rdma_rkey;
         if (c->seg_base != NULL && d->id == atomic_load(&c->seg_id) &&
             d->owner_client_id == c->client_id) {
             p->shm_base = c->seg_base;
             p->shm_own = true;
-        } else if (c->xfer.forced != KVP_TRANSPORT_TCP &&
+        } else if (c->xfer.forced != KVP_TRANSPORT_TCP && c->xfer.forced != KVP_TRANSPORT_RDMA &&
                    strcmp(p->host_id, c->xfer.host_id) == 0) {
             kvp_shm_map_peer(p);
         }
@@ -229,6 +232,9 @@ kvp_status_t kvp_client_mount_locked(kvp_client_t *c)
     d.host_id = c->xfer.host_id;
     d.tcp_endpoint = c->seg_endpoint;
     d.shm_path = c->seg_shm_path;
+    d.rdma_endpoint = c->seg_rdma_endpoint;
+    d.rdma_addr = c->seg_rdma_addr;
+    d.rdma_rkey = c->seg_rdma_rkey;
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = c->client_id;
     req.segment = &d;
@@ -290,6 +296,11 @@ static kvp_status_t segment_create(kvp_client_t *c)
         return st;
     snprintf(c->seg_endpoint, sizeof(c->seg_endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u",
              host, port);
+    st = kvp_transfer_serve_segment(&c->xfer, base, c->seg_size, c->seg_rdma_endpoint,
+                                    sizeof(c->seg_rdma_endpoint), &c->seg_rdma_addr,
+                                    &c->seg_rdma_rkey);
+    if (st != KVP_OK)
+        return st;
     if (c->params.segment_name != NULL)
         snprintf(c->seg_name, sizeof(c->seg_name), "%s", c->params.segment_name);
     else
@@ -331,10 +342,30 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
         c->xfer.forced = KVP_TRANSPORT_TCP;
     } else if (strcmp(tr, "shm") == 0) {
         c->xfer.forced = KVP_TRANSPORT_SHM;
+    } else if (strcmp(tr, "rdma") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_RDMA;
     } else {
-        KVP_LOG_ERROR("unknown transport '%s' (auto, tcp, shm)", tr);
+        KVP_LOG_ERROR("unknown transport '%s' (auto, tcp, shm, rdma)", tr);
         goto err;
     }
+    const char *rdev =
+        c->params.rdma_devices ? c->params.rdma_devices : getenv("KVPOOL_RDMA_DEVICE");
+    const char *rhost = c->params.rdma_host ? c->params.rdma_host : getenv("KVPOOL_RDMA_HOST");
+    if ((rdev && strlen(rdev) >= sizeof(c->xfer.rdma_devices)) ||
+        (rhost && strlen(rhost) >= sizeof(c->xfer.rdma_host))) {
+        KVP_LOG_ERROR("rdma device list or host too long");
+        goto err;
+    }
+    snprintf(c->xfer.rdma_devices, sizeof(c->xfer.rdma_devices), "%s", rdev ? rdev : "");
+    snprintf(c->xfer.rdma_host, sizeof(c->xfer.rdma_host), "%s", rhost ? rhost : "");
+    if (c->params.rdma_qps_per_peer > 16 ||
+        (c->params.rdma_slice_bytes != 0 &&
+         (c->params.rdma_slice_bytes < 4096 || c->params.rdma_slice_bytes > (1u << 30)))) {
+        KVP_LOG_ERROR("rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB");
+        goto err;
+    }
+    c->xfer.rdma_qps = c->params.rdma_qps_per_peer;
+    c->xfer.rdma_slice = c->params.rdma_slice_bytes;
     if (c->params.rpc_timeout_ms == 0)
         c->params.rpc_timeout_ms = 10000;
     if (c->params.heartbeat_ms == 0)
@@ -350,6 +381,8 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     /* keep only what outlives the call: the strings are borrowed */
     c->params.master_addr = NULL;
     c->params.transport = NULL;
+    c->params.rdma_devices = NULL;
+    c->params.rdma_host = NULL;
     c->params.segment_name = c->params.segment_name; /* copied in segment_create */
     c->xfer.timeout_ms = c->params.rpc_timeout_ms;
     c->xfer.tcp_streams = c->params.tcp_streams;
@@ -458,8 +491,13 @@ kvp_status_t kvp_register_buffer(kvp_client_t *c, void *addr, size_t len)
         if (b == NULL) {
             st = KVP_ERR_NOMEM;
         } else {
-            *b = (reg_buf_t){.addr = a, .len = len, .next = c->bufs};
-            c->bufs = b;
+            st = kvp_transfer_register(&c->xfer, addr, len);
+            if (st == KVP_OK) {
+                *b = (reg_buf_t){.addr = a, .len = len, .next = c->bufs};
+                c->bufs = b;
+            } else {
+                free(b);
+            }
         }
     }
     pthread_mutex_unlock(&c->buf_lock);
@@ -476,6 +514,7 @@ kvp_status_t kvp_unregister_buffer(kvp_client_t *c, void *addr)
         if ((*pp)->addr == (uintptr_t)addr) {
             reg_buf_t *b = *pp;
             *pp = b->next;
+            kvp_transfer_unregister(&c->xfer, addr);
             free(b);
             st = KVP_OK;
             break;

@@ -49,6 +49,9 @@ struct kvp_client {
     char seg_name[300];
     char seg_endpoint[280];
     char seg_shm_path[64];
+    char seg_rdma_endpoint[64]; /* "" when the segment is not served over rdma */
+    uint64_t seg_rdma_addr;
+    uint32_t seg_rdma_rkey;
     _Atomic uint64_t seg_id;
     kvp_segment_server_t *seg_server;
 

@@ -51,6 +51,9 @@ typedef struct kvp_peer {
     char endpoint[256]; /* tcp host:port */
     char host_id[128];
     char shm_path[128];
+    char rdma_endpoint[64]; /* rdma_cm ipv4:port, "" when the owner serves no rdma */
+    uint64_t rdma_addr;     /* the segment's byte 0 in the owner */
+    uint32_t rdma_rkey;
     /* shm mapping, set up once under the peer table lock */
     void *shm_base;
     bool shm_tried;
@@ -82,6 +85,7 @@ typedef enum kvp_transport_id {
     KVP_TRANSPORT_AUTO = 0,
     KVP_TRANSPORT_TCP = 1,
     KVP_TRANSPORT_SHM = 2,
+    KVP_TRANSPORT_RDMA = 3,
 } kvp_transport_id_t;
 
 struct kvp_transfer;
@@ -97,6 +101,23 @@ typedef struct kvp_transport_ops {
 
 extern const kvp_transport_ops_t kvp_transport_tcp_ops;
 extern const kvp_transport_ops_t kvp_transport_shm_ops;
+extern const kvp_transport_ops_t kvp_transport_rdma_ops;
+
+/* ---- rdma transport extras (transport_rdma.c), on its ctx ---- */
+typedef struct kvp_dmabuf {
+    int fd;
+    uint64_t offset; /* of the registered address within the dma-buf */
+} kvp_dmabuf_t;
+/* Register [addr, addr+len) for local access (dmabuf: device memory exported
+ * as a dma-buf, else NULL). KVP_ERR_EXISTS if it overlaps a registration. */
+kvp_status_t kvp_rdma_transport_reg(void *ctx, void *addr, size_t len, const void *dmabuf);
+kvp_status_t kvp_rdma_transport_dereg(void *ctx, void *addr);
+/* Is [addr, addr+len) inside one registered region (zero-copy possible)? */
+bool kvp_rdma_transport_covers(void *ctx, const void *addr, size_t len);
+/* Register the segment for remote READ+WRITE, listen for peers; out: the
+ * descriptor's rdma endpoint, address and rkey. */
+kvp_status_t kvp_rdma_transport_serve(void *ctx, void *base, uint64_t size, char *endpoint,
+                                      size_t endpoint_len, uint64_t *addr_p, uint32_t *rkey_p);
 
 typedef struct kvp_transfer {
     kvp_transport_id_t forced;
@@ -105,8 +126,18 @@ typedef struct kvp_transfer {
     uint32_t timeout_ms;
     uint32_t tcp_streams;
     uint64_t tcp_slice;
+    char rdma_devices[256]; /* device list, "" = auto */
+    char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
+    uint32_t rdma_qps;      /* QPs per peer */
+    uint64_t rdma_slice;    /* stripe size */
+    char rdma_error[512];   /* why rdma is not available */
+    bool gpu;               /* the CUDA driver is loaded: check for device pointers */
     void *tcp_ctx;
     void *shm_ctx;
+    void *rdma_ctx; /* NULL: no rdma */
+    pthread_mutex_t stage_lock;
+    struct kvp_stager *stager_host; /* unregistered host memory on rdma */
+    struct kvp_stager *stager_gpu;  /* device memory the transport cannot reach */
 } kvp_transfer_t;
 
 kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer);
@@ -115,6 +146,14 @@ void kvp_transfer_cleanup(kvp_transfer_t *xfer);
 kvp_transport_id_t kvp_transfer_route(kvp_transfer_t *xfer, kvp_peer_t *peer);
 /* Run a batch of ops, each routed by kvp_transfer_route. Sets each op's status. */
 void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n);
+/* kvp_register_buffer's transport side: rdma registration (GPU memory: by
+ * dma-buf, else directly, else it will be staged). */
+kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len);
+void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr);
+/* Serve our segment over rdma too (when the rdma transport is up). */
+kvp_status_t kvp_transfer_serve_segment(kvp_transfer_t *xfer, void *base, uint64_t size,
+                                        char *endpoint, size_t endpoint_len, uint64_t *addr_p,
+                                        uint32_t *rkey_p);
 
 /* shm helpers used by the route decision */
 bool kvp_shm_map_peer(kvp_peer_t *peer);

@@ -93,10 +93,13 @@ const char *kvp_rdma_last_error(void)
 /* Record the error text for this thread; returns -err for `return fail(...)`. */
 __attribute__((format(printf, 2, 3))) static int fail(int err, const char *fmt, ...)
 {
+    /* format into a copy: the arguments may include err_text itself */
+    char buf[sizeof(err_text)];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err_text, sizeof(err_text), fmt, ap);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
+    memcpy(err_text, buf, sizeof(buf));
     return err > 0 ? -err : (err < 0 ? err : -EIO);
 }
 
@@ -313,6 +316,31 @@ const kvp_rdma_dev_info_t *kvp_rdma_dev_info(const kvp_rdma_dev_t *dev)
     return &dev->info;
 }
 
+int kvp_rdma_dev_ipv4(const kvp_rdma_dev_t *dev, char *buf, size_t len)
+{
+    struct ibv_port_attr pa;
+    if (ibv_query_port(dev->ctx, dev->info.port, &pa) != 0)
+        return fail(errno, "%s: ibv_query_port: %s", dev->info.name, strerror(errno));
+    static const uint8_t v4mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    for (int i = 0; i < pa.gid_tbl_len; i++) {
+        struct ibv_gid_entry e;
+        if (ibv_query_gid_ex(dev->ctx, dev->info.port, (uint32_t)i, &e, 0) != 0)
+            continue;
+        if (e.gid_type != IBV_GID_TYPE_ROCE_V2 || memcmp(e.gid.raw, v4mapped, 12) != 0)
+            continue;
+        if (inet_ntop(AF_INET, e.gid.raw + 12, buf, (socklen_t)len) == NULL)
+            return fail(errno, "inet_ntop: %s", strerror(errno));
+        return 0;
+    }
+    return fail(ENOENT, "%s port %u has no RoCE v2 GID with an IPv4 address", dev->info.name,
+                dev->info.port);
+}
+
+unsigned kvp_rdma_dev_cq_depth(const kvp_rdma_dev_t *dev)
+{
+    return (unsigned)dev->cq->cqe;
+}
+
 int kvp_rdma_dev_fd(const kvp_rdma_dev_t *dev)
 {
     return dev->ch->fd;
@@ -333,6 +361,30 @@ int kvp_rdma_mr_reg(kvp_rdma_dev_t *dev, void *addr, size_t len, bool remote, kv
         int rc = fail(errno, "%s: ibv_reg_mr(%p, %zu bytes, %s): %s%s", dev->info.name, addr, len,
                       remote ? "remote read+write" : "local", strerror(errno),
                       errno == ENOMEM ? " (memlock limit? see ulimit -l)" : "");
+        free(mr);
+        return rc;
+    }
+    mr->addr = addr;
+    mr->len = len;
+    mr->lkey = mr->mr->lkey;
+    mr->rkey = mr->mr->rkey;
+    *mr_p = mr;
+    return 0;
+}
+
+int kvp_rdma_mr_reg_dmabuf(kvp_rdma_dev_t *dev, void *addr, size_t len, int fd, uint64_t offset,
+                           bool remote, kvp_rdma_mr_t **mr_p)
+{
+    kvp_rdma_mr_t *mr = calloc(1, sizeof(*mr));
+    if (mr == NULL)
+        return fail(ENOMEM, "out of memory");
+    int access = IBV_ACCESS_LOCAL_WRITE;
+    if (remote)
+        access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    mr->mr = ibv_reg_dmabuf_mr(dev->pd, offset, len, (uintptr_t)addr, fd, access);
+    if (mr->mr == NULL) {
+        int rc = fail(errno, "%s: ibv_reg_dmabuf_mr(fd %d, %zu bytes): %s", dev->info.name, fd, len,
+                      strerror(errno));
         free(mr);
         return rc;
     }
@@ -689,6 +741,31 @@ const void *kvp_rdma_qp_peer_pdata(const kvp_rdma_qp_t *qp, size_t *len_p)
 bool kvp_rdma_qp_in_error(const kvp_rdma_qp_t *qp)
 {
     return atomic_load(&qp->error) || atomic_load(&qp->disconnected);
+}
+
+int kvp_rdma_qp_flush(kvp_rdma_qp_t *qp)
+{
+    atomic_store(&qp->error, true);
+    struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
+    int rc = ibv_modify_qp(qp->ibqp, &attr, IBV_QP_STATE);
+    if (rc != 0)
+        return fail(rc < 0 ? -rc : rc, "ibv_modify_qp(QP %u -> ERR): %s", qp->ibqp->qp_num,
+                    strerror(rc < 0 ? -rc : rc));
+    return 0;
+}
+
+void kvp_rdma_qp_poll_cm(kvp_rdma_qp_t *qp)
+{
+    if (qp->own_ch == NULL)
+        return;
+    struct rdma_cm_event *ev;
+    struct pollfd pfd = {.fd = qp->own_ch->fd, .events = POLLIN};
+    while (poll(&pfd, 1, 0) == 1 && rdma_get_cm_event(qp->own_ch, &ev) == 0) {
+        if (ev->event == RDMA_CM_EVENT_DISCONNECTED || ev->event == RDMA_CM_EVENT_DEVICE_REMOVAL ||
+            ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT)
+            atomic_store(&qp->disconnected, true);
+        rdma_ack_cm_event(ev);
+    }
 }
 
 const char *kvp_rdma_qp_state_str(kvp_rdma_qp_t *qp)

@@ -113,12 +113,22 @@ int kvp_rdma_dev_open(const kvp_rdma_dev_params_t *params, kvp_rdma_dev_t **dev_
 /* Every QP, listener and MR of the device must be gone. */
 void kvp_rdma_dev_close(kvp_rdma_dev_t *dev);
 const kvp_rdma_dev_info_t *kvp_rdma_dev_info(const kvp_rdma_dev_t *dev);
+/* The IPv4 address (dotted, into buf) of the first RoCE v2 GID of the
+ * device's port: the address rdma_cm peers reach it at. -ENOENT if none
+ * (InfiniBand, or no IPv4 on the netdev). */
+int kvp_rdma_dev_ipv4(const kvp_rdma_dev_t *dev, char *buf, size_t len);
+/* The CQ's depth: the most completions it can hold. */
+unsigned kvp_rdma_dev_cq_depth(const kvp_rdma_dev_t *dev);
 /* fd of the completion channel (readable when kvp_rdma_wait would wake). */
 int kvp_rdma_dev_fd(const kvp_rdma_dev_t *dev);
 
 /* Register [addr, addr+len): local write always (READ lands there); remote
  * READ+WRITE too when `remote`. The memory stays the caller's. */
 int kvp_rdma_mr_reg(kvp_rdma_dev_t *dev, void *addr, size_t len, bool remote, kvp_rdma_mr_t **mr_p);
+/* Register device memory exported as a dma-buf (fd, offset of addr in it);
+ * addr is the address WRs use for it. */
+int kvp_rdma_mr_reg_dmabuf(kvp_rdma_dev_t *dev, void *addr, size_t len, int fd, uint64_t offset,
+                           bool remote, kvp_rdma_mr_t **mr_p);
 void kvp_rdma_mr_dereg(kvp_rdma_mr_t *mr);
 
 /* Listen on ipv4:port (port 0: any; the bound port goes to *port_p). */
@@ -141,6 +151,14 @@ void kvp_rdma_qp_destroy(kvp_rdma_qp_t *qp);
 const void *kvp_rdma_qp_peer_pdata(const kvp_rdma_qp_t *qp, size_t *len_p);
 /* True after an error completion on this QP (it must be reconnected). */
 bool kvp_rdma_qp_in_error(const kvp_rdma_qp_t *qp);
+/* Move the QP to the error state: the device executes nothing more of it
+ * and completes everything in flight as flushed. Used when a peer stops
+ * answering, so the caller's buffers are never touched after it gives up. */
+int kvp_rdma_qp_flush(kvp_rdma_qp_t *qp);
+/* Connector side: consume the QP's pending rdma_cm events without waiting
+ * (a DISCONNECTED marks it in error). Accepted QPs' events are consumed by
+ * kvp_rdma_accept. Call from the thread that posts on the QP. */
+void kvp_rdma_qp_poll_cm(kvp_rdma_qp_t *qp);
 /* The QP's state as the device sees it ("RTS", "ERR", ...), or NULL. */
 const char *kvp_rdma_qp_state_str(kvp_rdma_qp_t *qp);
 /* WRs posted and not yet completed. */

@@ -23,6 +23,12 @@ const char *kvp_test_master_bin(void)
     return p ? p : "kvpool-master";
 }
 
+const char *kvp_test_transport(void)
+{
+    const char *t = getenv("KVPOOL_TRANSPORT");
+    return t != NULL && t[0] != '\0' ? t : NULL;
+}
+
 const char *kvp_test_cli_bin(void)
 {
     const char *p = getenv("KVPOOL_CLI_BIN");

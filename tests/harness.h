@@ -19,6 +19,9 @@ typedef struct kvp_proc {
 /* Path of the master / CLI binaries, from $KVPOOL_MASTER_BIN / $KVPOOL_CLI_BIN. */
 const char *kvp_test_master_bin(void);
 const char *kvp_test_cli_bin(void);
+/* The transport a suite is re-run with: $KVPOOL_TRANSPORT when set (the rdma
+ * suite sets "rdma" inside the Soft-RoCE VM), else NULL. */
+const char *kvp_test_transport(void);
 
 /*
  * Start argv[0] with argv (NULL-terminated), its fd 3 the write end of a

@@ -41,7 +41,9 @@ typedef struct kvp_client_params {
     size_t size;               /* sizeof(kvp_client_params_t), set by _init */
     const char *master_addr;   /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
     uint64_t segment_size;     /* bytes of DRAM to mount and serve; 0: mount nothing */
-    const char *transport;     /* "auto" | "tcp" | "shm"; NULL: $KVPOOL_TRANSPORT, else auto */
+    const char *transport;     /* "auto" | "tcp" | "shm" | "rdma"; NULL: $KVPOOL_TRANSPORT,
+                                  else auto (shm on the same host, else rdma when both
+                                  sides have it, else tcp) */
     const char *data_host;     /* address the segment's data server binds and advertises;
                                   NULL: 127.0.0.1 */
     uint16_t data_port;        /* data server port; 0: any free port */
@@ -53,6 +55,12 @@ typedef struct kvp_client_params {
     uint32_t heartbeat_ms;     /* liveness heartbeat to the master; 0: 1000 */
     uint32_t drain_timeout_ms; /* a drain of our segment asked for by someone else
                                   (kvp_request_drain, `kvpool drain`); 0: 30000 */
+    const char *rdma_devices;  /* RDMA devices to try, "rxe0,mlx5_0"; NULL: $KVPOOL_RDMA_DEVICE,
+                                  else any with an ACTIVE port */
+    const char *rdma_host;     /* IPv4 the segment's rdma_cm listener binds and advertises;
+                                  NULL: $KVPOOL_RDMA_HOST, else the device's own address */
+    uint32_t rdma_qps_per_peer; /* RC QPs per peer, 1..16; 0: 2 */
+    uint64_t rdma_slice_bytes;  /* rdma stripe size, 4 KiB..1 GiB; 0: 256 KiB */
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -77,10 +85,15 @@ void kvp_client_destroy(kvp_client_t *client);
 const char *kvp_client_segment_name(const kvp_client_t *client);
 
 /*
- * Register a host buffer for transfers. Registration is optional on the tcp
- * and shm transports (any readable/writable memory works) and is required
- * for zero-copy on rdma; registering once avoids per-operation work there.
- * Overlapping an existing registration returns KVP_ERR_EXISTS.
+ * Register a buffer for transfers: host memory, or CUDA device memory (found
+ * through the CUDA driver, loaded with dlopen when present). On rdma the
+ * region is registered with the NIC once, so transfers to and from it are
+ * zero-copy; an unregistered host buffer still works there but is copied
+ * through registered staging buffers. GPU memory goes NIC-direct when the
+ * driver exports a dma-buf or GPUDirect peer memory works, else (and on tcp
+ * and shm always) through pinned host staging buffers, pipelined. On tcp and
+ * shm registering host memory is optional. Overlapping an existing
+ * registration returns KVP_ERR_EXISTS; KVP_ERR_TRANSPORT if the NIC refuses it.
  */
 kvp_status_t kvp_register_buffer(kvp_client_t *client, void *addr, size_t len);
 kvp_status_t kvp_unregister_buffer(kvp_client_t *client, void *addr);

@@ -51,9 +51,11 @@
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
 typedef struct cli {
-    const char *master;    /* "host:port", already validated */
-    const char *transport; /* NULL: library default */
-    uint32_t timeout_ms;   /* 0: library default */
+    const char *master;       /* "host:port", already validated */
+    const char *transport;    /* NULL: library default */
+    uint32_t timeout_ms;      /* 0: library default */
+    const char *rdma_devices; /* NULL: library default */
+    const char *rdma_host;
 } cli_t;
 
 typedef struct command {
@@ -70,7 +72,7 @@ typedef struct input {
 } input_t;
 
 static const char global_usage[] =
-    "usage: kvpool [--master HOST:PORT] [--transport auto|tcp|shm] [--timeout-ms N]\n"
+    "usage: kvpool [--master HOST:PORT] [--transport auto|tcp|shm|rdma] [--timeout-ms N]\n"
     "              COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
@@ -98,7 +100,12 @@ static const char global_usage[] =
     "global options:\n"
     "  --master HOST:PORT        master address (default $KVPOOL_MASTER, "
     "else " KVP_CLI_DEFAULT_MASTER ")\n"
-    "  --transport T             data transport: auto, tcp or shm (default auto)\n"
+    "  --transport T             data transport: auto, tcp, shm or rdma (default auto:\n"
+    "                            shm on one host, else rdma if both sides have it, else tcp)\n"
+    "  --rdma-device LIST        RDMA devices to try, e.g. rxe0,mlx5_0 (default\n"
+    "                            $KVPOOL_RDMA_DEVICE, else any with an active port)\n"
+    "  --rdma-host IPV4          address serve's rdma listener binds and advertises\n"
+    "                            (default $KVPOOL_RDMA_HOST, else the device's own)\n"
     "  --timeout-ms N            master RPC and transfer timeout\n"
     "  -h, --help, --version\n"
     "\n"
@@ -206,6 +213,8 @@ static kvp_status_t client_open(const cli_t *cli, kvp_client_params_t *params,
     params->master_addr = cli->master;
     params->transport = cli->transport;
     params->rpc_timeout_ms = cli->timeout_ms;
+    params->rdma_devices = cli->rdma_devices;
+    params->rdma_host = cli->rdma_host;
     kvp_status_t status = kvp_client_create(params, client_p);
     if (status == KVP_ERR_CONNECT)
         fprintf(stderr,
@@ -1065,7 +1074,8 @@ int main(int argc, char **argv)
     static const struct option opts[] = {
         {"master", required_argument, NULL, 'm'},     {"transport", required_argument, NULL, 't'},
         {"timeout-ms", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},          {NULL, 0, NULL, 0},
+        {"version", no_argument, NULL, 'V'},          {"rdma-device", required_argument, NULL, 'D'},
+        {"rdma-host", required_argument, NULL, 'H'},  {NULL, 0, NULL, 0},
     };
     cli_t cli = {0};
     const char *master_from = "--master";
@@ -1081,9 +1091,16 @@ int main(int argc, char **argv)
             break;
         case 't':
             if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "tcp") != 0 &&
-                strcmp(optarg, "shm") != 0)
-                return usage_error(NULL, "--transport must be auto, tcp or shm, got '%s'", optarg);
+                strcmp(optarg, "shm") != 0 && strcmp(optarg, "rdma") != 0)
+                return usage_error(NULL, "--transport must be auto, tcp, shm or rdma, got '%s'",
+                                   optarg);
             cli.transport = optarg;
+            break;
+        case 'D':
+            cli.rdma_devices = optarg;
+            break;
+        case 'H':
+            cli.rdma_host = optarg;
             break;
         case 'T':
             if (!parse_uint(optarg, UINT32_MAX, &v) || v == 0)

@@ -95,6 +95,11 @@ static int setup_shm(void **state)
     return setup(state, "shm");
 }
 
+static int setup_forced(void **state)
+{
+    return setup(state, kvp_test_transport());
+}
+
 static int teardown(void **state)
 {
     env_t *e = *state;
@@ -399,6 +404,8 @@ int main(void)
         cmocka_unit_test(test_own_clients),
         cmocka_unit_test(test_mixed),
     };
+    if (kvp_test_transport() != NULL) /* the same suite on the transport under test */
+        return cmocka_run_group_tests_name("concurrency_forced", tests, setup_forced, teardown);
     int fails = cmocka_run_group_tests_name("concurrency_tcp", tests, setup_tcp, teardown);
     fails += cmocka_run_group_tests_name("concurrency_shm", tests, setup_shm, teardown);
     return fails;

@@ -63,6 +63,11 @@ static int setup_shm(void **state)
     return setup(state, "shm");
 }
 
+static int setup_forced(void **state)
+{
+    return setup(state, kvp_test_transport());
+}
+
 static int teardown(void **state)
 {
     env_t *e = *state;
@@ -408,6 +413,8 @@ int main(void)
         cmocka_unit_test(test_too_large_and_full),   cmocka_unit_test(test_replicas_and_preferred),
         cmocka_unit_test(test_segment_death),
     };
+    if (kvp_test_transport() != NULL) /* the same suite on the transport under test */
+        return cmocka_run_group_tests_name("store_forced", tests, setup_forced, teardown);
     int fails = cmocka_run_group_tests_name("store_tcp", tests, setup_tcp, teardown);
     fails += cmocka_run_group_tests_name("store_shm", tests, setup_shm, teardown);
     return fails;

@@ -1,0 +1,971 @@
+/*
+ * transport_rdma.c - the rdma transport: one-sided RDMA READ/WRITE straight
+ * between the caller's registered memory and the peer's segment.
+ *
+ * Design (docs/architecture.md, "The rdma path"):
+ *   - One device per client (client/rdma_verbs.c: device, PD, one CQ with a
+ *     completion channel). The device is opened at client create: a device
+ *     list ("rxe0,mlx5_0") or auto, port ACTIVE, a RoCE v2 GID for the
+ *     listen address, the MTU known.
+ *   - Registration once: the client's own segment is registered with remote
+ *     READ+WRITE when it is created, and its descriptor (rdma_endpoint,
+ *     rdma_addr, rdma_rkey) goes to the master; each kvp_register_buffer
+ *     region is registered locally. Nothing is registered per operation; an
+ *     op whose local buffer is not registered is staged by transfer.c.
+ *   - Connections: the segment owner listens with rdma_cm on its rdma
+ *     endpoint (an accept thread takes connections and reaps disconnected
+ *     ones; the owner's CPU never touches a transfer). A client connects
+ *     lazily on first use, `qps` RC QPs per peer endpoint, and keeps them.
+ *     The owner answers a connect with its segment's address and rkey; a
+ *     mismatch with the descriptor means the descriptor is stale
+ *     (KVP_ERR_SEGMENT_GONE).
+ *   - Data path: every op is cut into slices of at most `slice` bytes;
+ *     slices go round-robin over the peer's QPs ("lanes"), so one large
+ *     object is striped over all of them and many small ones spread too.
+ *     Each lane posts chains of up to KVP_RDMA_MAX_CHAIN WRs with one
+ *     doorbell, only the last signaled, while its send queue has room
+ *     (bounded in-flight per QP) and the device CQ has room for every WR
+ *     posted (a flush completes every WR).
+ *   - Completion: one thread per device polls the CQ, spins briefly after
+ *     work, then sleeps on the completion channel. A WR's wr_id is its
+ *     slice; a chain's end finishes its chain record and wakes the batch.
+ *   - Errors: an error completion fails the ops of its slice's chain with
+ *     a status (remote access -> KVP_ERR_OUT_OF_RANGE, retry exceeded ->
+ *     KVP_ERR_CONNECT, flushed/other -> KVP_ERR_IO); the QP is then in
+ *     error and the next batch to that peer replaces it (reconnects). A
+ *     batch that sees no completion for timeout_ms moves its QPs to the
+ *     error state (every WR flushes; the device will not touch the caller's
+ *     buffers afterwards), fails what is left with KVP_ERR_TIMEOUT, and
+ *     returns once the flushes are back.
+ *
+ * Lifetime: a lane QP (rqp_t) is referenced by its peer slot and by every
+ * batch using it; a batch drops its reference only when all its chains are
+ * complete, so the last unref (which destroys the QP) finds nothing in flight.
+ *
+ * Threads: transfer() from any client thread; posting on a QP under its
+ * post_lock; the completion thread owns the CQ and writes op statuses and
+ * chain records under ctx->done_lock; peers and slots under ctx->lock; the
+ * MR table under mr_lock (read-mostly).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/internal.h"
+#include "client/rdma_verbs.h"
+#include "common/log.h"
+#include "common/util.h"
+
+#define MAX_QPS_PER_PEER 16
+#define CONN_MAGIC 0x5250564Bu /* "KVPR" */
+#define CONN_VERSION 1
+#define SPIN_POLLS 64
+#define FLUSH_WAIT_MS 5000
+
+/* Private data of the owner's accept: what the connector must see. */
+typedef struct accept_pdata {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t addr;
+    uint64_t size;
+    uint32_t rkey;
+    uint32_t pad;
+} accept_pdata_t;
+
+typedef struct connect_pdata {
+    uint32_t magic;
+    uint32_t version;
+} connect_pdata_t;
+
+typedef struct rqp {
+    atomic_int refs;
+    kvp_rdma_qp_t *qp;
+    pthread_mutex_t post_lock;
+} rqp_t;
+
+typedef struct rpeer {
+    char endpoint[64];
+    uint64_t addr;
+    uint32_t rkey;
+    rqp_t *slot[MAX_QPS_PER_PEER];
+    struct rpeer *next;
+} rpeer_t;
+
+typedef struct mr_ent {
+    uintptr_t addr;
+    size_t len;
+    kvp_rdma_mr_t *mr;
+} mr_ent_t;
+
+typedef struct accepted {
+    kvp_rdma_qp_t *qp;
+    struct accepted *next;
+} accepted_t;
+
+typedef struct rdma_ctx {
+    kvp_transfer_t *xfer;
+    kvp_rdma_dev_t *dev;
+    unsigned nqp;
+    uint64_t slice;
+    unsigned cq_depth;
+
+    pthread_mutex_t lock; /* peers and their slots */
+    rpeer_t *peers;
+
+    pthread_rwlock_t mr_lock;
+    mr_ent_t *mrs; /* sorted by addr, disjoint */
+    size_t n_mrs, cap_mrs;
+
+    pthread_t cq_thread;
+    atomic_bool stop;
+    pthread_mutex_t done_lock; /* op statuses, chain records, batch counters */
+    pthread_cond_t done_cond;
+    unsigned wr_inflight; /* WRs posted on the device and not completed */
+
+    /* the segment we serve */
+    kvp_rdma_mr_t *seg_mr;
+    kvp_rdma_listener_t *lst;
+    accept_pdata_t seg_pdata;
+    pthread_t acc_thread;
+    bool acc_started;
+    accepted_t *accepted;
+
+    /* batches given up on while flushes were outstanding: freed at cleanup */
+    struct rbatch *orphans;
+} rdma_ctx_t;
+
+struct rchain;
+
+typedef struct rslice {
+    kvp_xfer_op_t *op;
+    struct rchain *chain;
+    uint64_t off; /* within the op */
+    uint32_t len;
+    uint32_t lane;
+} rslice_t;
+
+typedef struct rchain {
+    struct rbatch *b;
+    uint32_t lane;
+    uint32_t beg, end; /* slice range (batch order) */
+    uint32_t nwr;
+    kvp_status_t err;
+} rchain_t;
+
+typedef struct lane {
+    rpeer_t *rp;
+    unsigned slot;
+    rqp_t *q;
+    kvp_peer_t *peer;
+    uint32_t beg, end, next; /* its slices in the batch's order */
+    bool dead;
+} lane_t;
+
+typedef struct rbatch {
+    rslice_t *slices;
+    rchain_t *chains;
+    lane_t *lanes;
+    size_t n_slices, n_chains, n_lanes;
+    unsigned chains_out; /* posted, not completed (done_lock) */
+    uint64_t progress;   /* completions seen (done_lock) */
+    kvp_status_t flush_status;
+    struct rbatch *next;
+} rbatch_t;
+
+/* ------------------------------------------------------------ utilities */
+
+static kvp_status_t map_wc(kvp_rdma_wc_status_t s)
+{
+    switch (s) {
+    case KVP_RDMA_WC_OK:
+        return KVP_OK;
+    case KVP_RDMA_WC_REMOTE_ACCESS:
+        return KVP_ERR_OUT_OF_RANGE;
+    case KVP_RDMA_WC_RETRY_EXCEEDED:
+        return KVP_ERR_CONNECT;
+    default:
+        return KVP_ERR_IO;
+    }
+}
+
+static void op_fail(kvp_xfer_op_t *op, kvp_status_t st)
+{
+    if (op->status == KVP_OK)
+        op->status = st;
+}
+
+static void rqp_unref(rqp_t *q)
+{
+    if (q == NULL || atomic_fetch_sub(&q->refs, 1) != 1)
+        return;
+    kvp_rdma_qp_destroy(q->qp);
+    pthread_mutex_destroy(&q->post_lock);
+    free(q);
+}
+
+/* ----------------------------------------------------------- MR table */
+
+/* Index of the entry containing addr, or -1. mr_lock held. */
+static ssize_t mr_find_locked(rdma_ctx_t *ctx, uintptr_t addr)
+{
+    size_t lo = 0, hi = ctx->n_mrs;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (ctx->mrs[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return -1;
+    mr_ent_t *e = &ctx->mrs[lo - 1];
+    return addr - e->addr < e->len ? (ssize_t)(lo - 1) : -1;
+}
+
+static kvp_status_t mr_insert(rdma_ctx_t *ctx, void *addr, size_t len, kvp_rdma_mr_t *mr)
+{
+    uintptr_t a = (uintptr_t)addr;
+    kvp_status_t st = KVP_OK;
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    size_t pos = 0;
+    while (pos < ctx->n_mrs && ctx->mrs[pos].addr < a)
+        pos++;
+    if ((pos > 0 && ctx->mrs[pos - 1].addr + ctx->mrs[pos - 1].len > a) ||
+        (pos < ctx->n_mrs && ctx->mrs[pos].addr < a + len)) {
+        st = KVP_ERR_EXISTS;
+    } else if (ctx->n_mrs == ctx->cap_mrs) {
+        size_t cap = ctx->cap_mrs ? ctx->cap_mrs * 2 : 8;
+        mr_ent_t *t = realloc(ctx->mrs, cap * sizeof(*t));
+        if (t == NULL) {
+            st = KVP_ERR_NOMEM;
+        } else {
+            ctx->mrs = t;
+            ctx->cap_mrs = cap;
+        }
+    }
+    if (st == KVP_OK) {
+        memmove(&ctx->mrs[pos + 1], &ctx->mrs[pos], (ctx->n_mrs - pos) * sizeof(*ctx->mrs));
+        ctx->mrs[pos] = (mr_ent_t){.addr = a, .len = len, .mr = mr};
+        ctx->n_mrs++;
+    }
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    return st;
+}
+
+kvp_status_t kvp_rdma_transport_reg(void *vctx, void *addr, size_t len, const void *dmabuf)
+{
+    rdma_ctx_t *ctx = vctx;
+    kvp_rdma_mr_t *mr;
+    int rc;
+    const kvp_dmabuf_t *db = dmabuf;
+    if (db != NULL)
+        rc = kvp_rdma_mr_reg_dmabuf(ctx->dev, addr, len, db->fd, db->offset, false, &mr);
+    else
+        rc = kvp_rdma_mr_reg(ctx->dev, addr, len, false, &mr);
+    if (rc != 0) {
+        KVP_LOG_WARN("rdma: cannot register %zu bytes at %p: %s", len, addr, kvp_rdma_last_error());
+        return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
+    }
+    kvp_status_t st = mr_insert(ctx, addr, len, mr);
+    if (st != KVP_OK)
+        kvp_rdma_mr_dereg(mr);
+    return st;
+}
+
+kvp_status_t kvp_rdma_transport_dereg(void *vctx, void *addr)
+{
+    rdma_ctx_t *ctx = vctx;
+    kvp_rdma_mr_t *mr = NULL;
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    for (size_t i = 0; i < ctx->n_mrs; i++) {
+        if (ctx->mrs[i].addr == (uintptr_t)addr && ctx->mrs[i].mr != ctx->seg_mr) {
+            mr = ctx->mrs[i].mr;
+            memmove(&ctx->mrs[i], &ctx->mrs[i + 1], (ctx->n_mrs - i - 1) * sizeof(*ctx->mrs));
+            ctx->n_mrs--;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    if (mr == NULL)
+        return KVP_ERR_NOT_FOUND;
+    kvp_rdma_mr_dereg(mr);
+    return KVP_OK;
+}
+
+bool kvp_rdma_transport_covers(void *vctx, const void *addr, size_t len)
+{
+    rdma_ctx_t *ctx = vctx;
+    uintptr_t a = (uintptr_t)addr;
+    pthread_rwlock_rdlock(&ctx->mr_lock);
+    ssize_t i = mr_find_locked(ctx, a);
+    bool ok = i >= 0 && len <= ctx->mrs[i].len - (a - ctx->mrs[i].addr);
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    return ok;
+}
+
+/* lkey covering [addr, addr+len); the caller checked coverage. */
+static uint32_t lkey_of(rdma_ctx_t *ctx, const void *addr)
+{
+    pthread_rwlock_rdlock(&ctx->mr_lock);
+    ssize_t i = mr_find_locked(ctx, (uintptr_t)addr);
+    uint32_t lkey = i >= 0 ? ctx->mrs[i].mr->lkey : 0;
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    return lkey;
+}
+
+/* ------------------------------------------------------ completion thread */
+
+/* done_lock held */
+static void handle_wc(rdma_ctx_t *ctx, const kvp_rdma_wc_t *wc)
+{
+    rslice_t *s = (rslice_t *)(uintptr_t)wc->wr_id;
+    rchain_t *ch = s->chain;
+    rbatch_t *b = ch->b;
+    b->progress++;
+    if (wc->status != KVP_RDMA_WC_OK) {
+        kvp_status_t st = b->flush_status != KVP_OK && wc->status == KVP_RDMA_WC_FLUSHED
+                              ? b->flush_status
+                              : map_wc(wc->status);
+        if (ch->err == KVP_OK || (ch->err == KVP_ERR_IO && st != KVP_ERR_IO))
+            ch->err = st;
+        if (wc->status != KVP_RDMA_WC_FLUSHED)
+            KVP_LOG_WARN("rdma: %s of %u bytes on segment %s failed: %s (ibv status %d)",
+                         s->op->kind == KVP_XFER_READ ? "READ" : "WRITE", s->len, s->op->peer->name,
+                         kvp_rdma_wc_status_str(wc->status), wc->ibv_status);
+    }
+    if (!wc->chain_end)
+        return;
+    /* the whole chain is finished: account it, fail its ops on error */
+    if (ch->err != KVP_OK)
+        for (uint32_t i = ch->beg; i < ch->end; i++)
+            op_fail(b->slices[i].op, ch->err);
+    ctx->wr_inflight -= ch->nwr;
+    b->chains_out--;
+}
+
+static void *cq_thread_main(void *arg)
+{
+    rdma_ctx_t *ctx = arg;
+    kvp_rdma_wc_t wcs[64];
+    unsigned idle = 0;
+    while (!atomic_load(&ctx->stop)) {
+        int n = idle < SPIN_POLLS ? kvp_rdma_poll(ctx->dev, wcs, 64)
+                                  : kvp_rdma_wait(ctx->dev, wcs, 64, 100);
+        if (n < 0) {
+            KVP_LOG_ERROR("rdma: completion queue: %s", kvp_rdma_last_error());
+            usleep(10000);
+            continue;
+        }
+        if (n == 0) {
+            idle++;
+            continue;
+        }
+        idle = 0;
+        pthread_mutex_lock(&ctx->done_lock);
+        for (int i = 0; i < n; i++)
+            handle_wc(ctx, &wcs[i]);
+        pthread_cond_broadcast(&ctx->done_cond);
+        pthread_mutex_unlock(&ctx->done_lock);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------- segment serving */
+
+static void reap_accepted(rdma_ctx_t *ctx)
+{
+    for (accepted_t **pp = &ctx->accepted; *pp;) {
+        accepted_t *a = *pp;
+        if (kvp_rdma_qp_in_error(a->qp)) {
+            *pp = a->next;
+            kvp_rdma_qp_destroy(a->qp); /* passive side: never any work on it */
+            free(a);
+        } else {
+            pp = &a->next;
+        }
+    }
+}
+
+static void *accept_thread_main(void *arg)
+{
+    rdma_ctx_t *ctx = arg;
+    while (!atomic_load(&ctx->stop)) {
+        kvp_rdma_qp_t *qp;
+        int rc = kvp_rdma_accept(ctx->lst, 200, &ctx->seg_pdata, sizeof(ctx->seg_pdata), &qp);
+        reap_accepted(ctx);
+        if (rc == -ETIMEDOUT)
+            continue;
+        if (rc != 0) {
+            KVP_LOG_WARN("rdma: accept: %s", kvp_rdma_last_error());
+            usleep(50000);
+            continue;
+        }
+        accepted_t *a = malloc(sizeof(*a));
+        if (a == NULL) {
+            kvp_rdma_qp_destroy(qp);
+            continue;
+        }
+        a->qp = qp;
+        a->next = ctx->accepted;
+        ctx->accepted = a;
+    }
+    return NULL;
+}
+
+/* Take the segment's MR out of the table and deregister it. */
+static void seg_unregister(rdma_ctx_t *ctx)
+{
+    if (ctx->seg_mr == NULL)
+        return;
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    for (size_t i = 0; i < ctx->n_mrs; i++) {
+        if (ctx->mrs[i].mr == ctx->seg_mr) {
+            memmove(&ctx->mrs[i], &ctx->mrs[i + 1], (ctx->n_mrs - i - 1) * sizeof(*ctx->mrs));
+            ctx->n_mrs--;
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    kvp_rdma_mr_dereg(ctx->seg_mr);
+    ctx->seg_mr = NULL;
+}
+
+kvp_status_t kvp_rdma_transport_serve(void *vctx, void *base, uint64_t size, char *endpoint,
+                                      size_t endpoint_len, uint64_t *addr_p, uint32_t *rkey_p)
+{
+    rdma_ctx_t *ctx = vctx;
+    char ip[64];
+    if (ctx->xfer->rdma_host[0] != '\0') {
+        snprintf(ip, sizeof(ip), "%s", ctx->xfer->rdma_host);
+    } else if (kvp_rdma_dev_ipv4(ctx->dev, ip, sizeof(ip)) != 0) {
+        KVP_LOG_ERROR("rdma: no address to serve the segment on (%s); set rdma_host / "
+                      "KVPOOL_RDMA_HOST",
+                      kvp_rdma_last_error());
+        return KVP_ERR_TRANSPORT;
+    }
+    int rc = kvp_rdma_mr_reg(ctx->dev, base, size, true, &ctx->seg_mr);
+    if (rc != 0) {
+        KVP_LOG_ERROR("rdma: cannot register the segment: %s", kvp_rdma_last_error());
+        return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
+    }
+    kvp_status_t st = mr_insert(ctx, base, size, ctx->seg_mr);
+    if (st != KVP_OK)
+        goto err_dereg;
+    uint16_t port;
+    rc = kvp_rdma_listen(ctx->dev, ip, 0, 128, &ctx->lst, &port);
+    if (rc != 0) {
+        KVP_LOG_ERROR("rdma: cannot listen on %s: %s", ip, kvp_rdma_last_error());
+        st = KVP_ERR_TRANSPORT;
+        goto err_remove;
+    }
+    ctx->seg_pdata = (accept_pdata_t){.magic = CONN_MAGIC,
+                                      .version = CONN_VERSION,
+                                      .addr = (uintptr_t)base,
+                                      .size = size,
+                                      .rkey = ctx->seg_mr->rkey};
+    if (pthread_create(&ctx->acc_thread, NULL, accept_thread_main, ctx) != 0) {
+        st = KVP_ERR_SYSTEM;
+        goto err_listen;
+    }
+    ctx->acc_started = true;
+    snprintf(endpoint, endpoint_len, "%s:%u", ip, port);
+    *addr_p = (uintptr_t)base;
+    *rkey_p = ctx->seg_mr->rkey;
+    KVP_LOG_INFO("rdma: serving the segment on %s (device %s, rkey %#x)", endpoint,
+                 kvp_rdma_dev_info(ctx->dev)->name, ctx->seg_mr->rkey);
+    return KVP_OK;
+
+err_listen:
+    kvp_rdma_listener_destroy(ctx->lst);
+    ctx->lst = NULL;
+err_remove:
+    seg_unregister(ctx);
+    return st;
+err_dereg:
+    kvp_rdma_mr_dereg(ctx->seg_mr);
+    ctx->seg_mr = NULL;
+    return st;
+}
+
+/* ------------------------------------------------------------ connections */
+
+static rpeer_t *rpeer_get_locked(rdma_ctx_t *ctx, const kvp_peer_t *peer)
+{
+    for (rpeer_t *rp = ctx->peers; rp; rp = rp->next)
+        if (strcmp(rp->endpoint, peer->rdma_endpoint) == 0)
+            return rp;
+    rpeer_t *rp = calloc(1, sizeof(*rp));
+    if (rp == NULL)
+        return NULL;
+    snprintf(rp->endpoint, sizeof(rp->endpoint), "%s", peer->rdma_endpoint);
+    rp->next = ctx->peers;
+    ctx->peers = rp;
+    return rp;
+}
+
+/* Connect one QP to the peer's endpoint and check that the owner serves the
+ * segment the descriptor names. */
+static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **q_p)
+{
+    char host[64];
+    uint16_t port;
+    if (kvp_parse_hostport(peer->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)
+        return KVP_ERR_TRANSPORT;
+    connect_pdata_t cp = {.magic = CONN_MAGIC, .version = CONN_VERSION};
+    kvp_rdma_qp_t *qp;
+    int rc =
+        kvp_rdma_connect(ctx->dev, host, port, (int)ctx->xfer->timeout_ms, &cp, sizeof(cp), &qp);
+    if (rc != 0) {
+        KVP_LOG_WARN("rdma: cannot connect to segment %s at %s: %s", peer->name,
+                     peer->rdma_endpoint, kvp_rdma_last_error());
+        return rc == -ETIMEDOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
+    }
+    size_t len;
+    const accept_pdata_t *ap = kvp_rdma_qp_peer_pdata(qp, &len);
+    if (len < sizeof(*ap) || ap->magic != CONN_MAGIC || ap->version != CONN_VERSION) {
+        KVP_LOG_WARN("rdma: %s is not a kvpool segment (bad accept data)", peer->rdma_endpoint);
+        kvp_rdma_qp_destroy(qp);
+        return KVP_ERR_PROTOCOL;
+    }
+    if (ap->addr != peer->rdma_addr || ap->rkey != peer->rdma_rkey || ap->size < peer->size) {
+        KVP_LOG_WARN("rdma: %s now serves another segment than %s (restarted?)",
+                     peer->rdma_endpoint, peer->name);
+        kvp_rdma_qp_destroy(qp);
+        return KVP_ERR_SEGMENT_GONE;
+    }
+    rqp_t *q = calloc(1, sizeof(*q));
+    if (q == NULL) {
+        kvp_rdma_qp_destroy(qp);
+        return KVP_ERR_NOMEM;
+    }
+    atomic_init(&q->refs, 1);
+    q->qp = qp;
+    pthread_mutex_init(&q->post_lock, NULL);
+    *q_p = q;
+    return KVP_OK;
+}
+
+/* A usable QP in slot `slot` of rp (reconnecting one that failed), with a
+ * reference for the caller. */
+static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
+                                 const kvp_peer_t *peer, rqp_t **q_p)
+{
+    pthread_mutex_lock(&ctx->lock);
+    rqp_t *q = rp->slot[slot];
+    if (q != NULL) {
+        pthread_mutex_lock(&q->post_lock);
+        kvp_rdma_qp_poll_cm(q->qp);
+        bool bad = kvp_rdma_qp_in_error(q->qp);
+        pthread_mutex_unlock(&q->post_lock);
+        if (bad || rp->addr != peer->rdma_addr || rp->rkey != peer->rdma_rkey) {
+            rp->slot[slot] = NULL;
+            rqp_unref(q); /* destroyed once batches still on it are done */
+            q = NULL;
+        }
+    }
+    kvp_status_t st = KVP_OK;
+    if (q == NULL) {
+        /* connect under the lock: concurrent batches to a new peer wait for
+         * one connection instead of racing to make several */
+        st = qp_connect(ctx, peer, &q);
+        if (st == KVP_OK) {
+            rp->slot[slot] = q;
+            rp->addr = peer->rdma_addr;
+            rp->rkey = peer->rdma_rkey;
+        }
+    }
+    if (st == KVP_OK) {
+        atomic_fetch_add(&q->refs, 1);
+        *q_p = q;
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    return st;
+}
+
+/* ---------------------------------------------------------------- batches */
+
+/* Build lanes and slices: ops grouped by endpoint, slices round-robin over
+ * the endpoint's QPs, each lane's slices contiguous. */
+static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, rbatch_t *b)
+{
+    size_t n_slices = 0;
+    for (size_t i = 0; i < n; i++)
+        n_slices += (ops[i]->length + ctx->slice - 1) / ctx->slice;
+    /* lanes: at most nqp per distinct endpoint */
+    b->lanes = calloc(n * ctx->nqp < 64 ? n * ctx->nqp : 64, sizeof(*b->lanes));
+    size_t lanes_cap = n * ctx->nqp < 64 ? n * ctx->nqp : 64;
+    b->slices = malloc((n_slices ? n_slices : 1) * sizeof(*b->slices));
+    uint32_t *lane_of = malloc((n_slices ? n_slices : 1) * sizeof(*lane_of));
+    if (b->lanes == NULL || b->slices == NULL || lane_of == NULL) {
+        free(lane_of);
+        return KVP_ERR_NOMEM;
+    }
+    /* pass 1: lane of every slice */
+    pthread_mutex_lock(&ctx->lock);
+    size_t k = 0;
+    unsigned rr = 0;
+    rpeer_t *last_rp = NULL;
+    size_t last_base = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvp_xfer_op_t *op = ops[i];
+        rpeer_t *rp = rpeer_get_locked(ctx, op->peer);
+        if (rp == NULL) {
+            pthread_mutex_unlock(&ctx->lock);
+            free(lane_of);
+            return KVP_ERR_NOMEM;
+        }
+        size_t base;
+        if (rp == last_rp) {
+            base = last_base;
+        } else {
+            base = SIZE_MAX;
+            for (size_t l = 0; l < b->n_lanes; l += ctx->nqp)
+                if (b->lanes[l].rp == rp)
+                    base = l;
+            if (base == SIZE_MAX) {
+                if (b->n_lanes + ctx->nqp > lanes_cap) {
+                    size_t cap = lanes_cap * 2 + ctx->nqp;
+                    lane_t *t = realloc(b->lanes, cap * sizeof(*t));
+                    if (t == NULL) {
+                        pthread_mutex_unlock(&ctx->lock);
+                        free(lane_of);
+                        return KVP_ERR_NOMEM;
+                    }
+                    b->lanes = t;
+                    lanes_cap = cap;
+                }
+                base = b->n_lanes;
+                for (unsigned q = 0; q < ctx->nqp; q++)
+                    b->lanes[base + q] =
+                        (lane_t){.rp = rp, .slot = q, .peer = op->peer, .beg = 0, .end = 0};
+                b->n_lanes += ctx->nqp;
+            }
+            last_rp = rp;
+            last_base = base;
+        }
+        for (uint64_t off = 0; off < op->length; off += ctx->slice) {
+            uint64_t len = op->length - off < ctx->slice ? op->length - off : ctx->slice;
+            uint32_t lane = (uint32_t)(base + rr++ % ctx->nqp);
+            lane_of[k] = lane;
+            b->slices[k++] = (rslice_t){.op = op, .off = off, .len = (uint32_t)len, .lane = lane};
+            b->lanes[lane].end++; /* count for now */
+        }
+    }
+    pthread_mutex_unlock(&ctx->lock);
+    /* pass 2: counting sort by lane */
+    uint32_t at = 0;
+    for (size_t l = 0; l < b->n_lanes; l++) {
+        uint32_t cnt = b->lanes[l].end;
+        b->lanes[l].beg = b->lanes[l].next = at;
+        b->lanes[l].end = at; /* grows back while placing */
+        at += cnt;
+    }
+    rslice_t *sorted = malloc((n_slices ? n_slices : 1) * sizeof(*sorted));
+    if (sorted == NULL) {
+        free(lane_of);
+        return KVP_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n_slices; i++)
+        sorted[b->lanes[lane_of[i]].end++] = b->slices[i];
+    free(b->slices);
+    free(lane_of);
+    b->slices = sorted;
+    b->n_slices = n_slices;
+    b->chains = calloc(n_slices ? n_slices : 1, sizeof(*b->chains));
+    return b->chains ? KVP_OK : KVP_ERR_NOMEM;
+}
+
+static void batch_free(rbatch_t *b)
+{
+    free(b->slices);
+    free(b->chains);
+    free(b->lanes);
+    free(b);
+}
+
+/* Fail a lane's unposted slices. done_lock held. */
+static void lane_fail_rest(rbatch_t *b, lane_t *l, kvp_status_t st)
+{
+    for (; l->next < l->end; l->next++)
+        op_fail(b->slices[l->next].op, st);
+    l->dead = true;
+}
+
+/* Post as much of the lane as its QP and the CQ take. Returns true if it
+ * posted anything. done_lock NOT held. */
+static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
+{
+    bool posted = false;
+    while (!l->dead && l->next < l->end) {
+        /* skip slices of ops that already failed */
+        pthread_mutex_lock(&ctx->done_lock);
+        while (l->next < l->end && b->slices[l->next].op->status != KVP_OK)
+            l->next++;
+        uint32_t beg = l->next;
+        uint32_t n = l->end - beg < KVP_RDMA_MAX_CHAIN ? l->end - beg : KVP_RDMA_MAX_CHAIN;
+        bool cq_room = ctx->wr_inflight + n <= ctx->cq_depth;
+        if (cq_room && n > 0)
+            ctx->wr_inflight += n; /* reserve */
+        pthread_mutex_unlock(&ctx->done_lock);
+        if (n == 0 || !cq_room)
+            break;
+        kvp_rdma_wr_t wrs[KVP_RDMA_MAX_CHAIN];
+        rchain_t *ch = &b->chains[b->n_chains];
+        *ch = (rchain_t){
+            .b = b, .lane = (uint32_t)(l - b->lanes), .beg = beg, .end = beg + n, .nwr = n};
+        for (uint32_t i = 0; i < n; i++) {
+            rslice_t *s = &b->slices[beg + i];
+            s->chain = ch;
+            wrs[i] = (kvp_rdma_wr_t){.local = (char *)s->op->local + s->off,
+                                     .lkey = lkey_of(ctx, (char *)s->op->local + s->off),
+                                     .len = s->len,
+                                     .remote = l->peer->rdma_addr + s->op->offset + s->off,
+                                     .rkey = l->peer->rdma_rkey,
+                                     .wr_id = (uintptr_t)s};
+        }
+        kvp_rdma_op_t op =
+            b->slices[beg].op->kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
+        /* one chain carries one kind: cut it where the kind changes */
+        for (uint32_t i = 1; i < n; i++) {
+            kvp_rdma_op_t o2 =
+                b->slices[beg + i].op->kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
+            if (o2 != op) {
+                pthread_mutex_lock(&ctx->done_lock);
+                ctx->wr_inflight -= n - i;
+                pthread_mutex_unlock(&ctx->done_lock);
+                n = i;
+                ch->end = beg + n;
+                ch->nwr = n;
+                break;
+            }
+        }
+        pthread_mutex_lock(&l->q->post_lock);
+        int rc = kvp_rdma_post_chain(l->q->qp, op, wrs, n);
+        unsigned inflight_now = rc == 0 ? 0 : kvp_rdma_qp_inflight(l->q->qp);
+        pthread_mutex_unlock(&l->q->post_lock);
+        pthread_mutex_lock(&ctx->done_lock);
+        if (rc == 0) {
+            b->n_chains++;
+            b->chains_out++;
+            l->next = beg + n;
+            posted = true;
+        } else {
+            ctx->wr_inflight -= n;
+            if (rc == -EAGAIN) {
+                pthread_mutex_unlock(&ctx->done_lock);
+                (void)inflight_now;
+                break;
+            }
+            /* -ENOTCONN (QP in error) or a post failure: this lane is done;
+             * the next batch reconnects */
+            lane_fail_rest(b, l, rc == -ENOTCONN ? KVP_ERR_CONNECT : KVP_ERR_IO);
+        }
+        pthread_mutex_unlock(&ctx->done_lock);
+    }
+    return posted;
+}
+
+static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
+{
+    rdma_ctx_t *ctx = vctx;
+    for (size_t i = 0; i < n; i++)
+        ops[i]->status = KVP_OK;
+    rbatch_t *b = calloc(1, sizeof(*b));
+    kvp_status_t st = b ? batch_build(ctx, ops, n, b) : KVP_ERR_NOMEM;
+    if (st != KVP_OK) {
+        for (size_t i = 0; i < n; i++)
+            ops[i]->status = st;
+        if (b)
+            batch_free(b);
+        return;
+    }
+    /* connect (or reuse) every lane's QP; a peer that cannot be reached
+     * fails its ops here, before anything is posted */
+    for (size_t i = 0; i < b->n_lanes; i++) {
+        lane_t *l = &b->lanes[i];
+        if (l->beg == l->end || l->dead)
+            continue;
+        st = lane_acquire(ctx, l->rp, l->slot, l->peer, &l->q);
+        if (st != KVP_OK) {
+            pthread_mutex_lock(&ctx->done_lock);
+            lane_fail_rest(b, l, st);
+            pthread_mutex_unlock(&ctx->done_lock);
+            /* the peer's other lanes would fail the same way */
+            for (size_t j = i + 1; j < b->n_lanes && b->lanes[j].rp == l->rp; j++) {
+                pthread_mutex_lock(&ctx->done_lock);
+                lane_fail_rest(b, &b->lanes[j], st);
+                pthread_mutex_unlock(&ctx->done_lock);
+            }
+        }
+    }
+    uint64_t last_progress = 0, last_ms = kvp_now_ms();
+    bool flushed = false;
+    for (;;) {
+        bool pending = false;
+        for (size_t i = 0; i < b->n_lanes; i++) {
+            lane_t *l = &b->lanes[i];
+            if (l->dead || l->next >= l->end)
+                continue;
+            lane_post(ctx, b, l);
+            pending |= !l->dead && l->next < l->end;
+        }
+        pthread_mutex_lock(&ctx->done_lock);
+        if (b->chains_out == 0 && !pending) {
+            pthread_mutex_unlock(&ctx->done_lock);
+            break;
+        }
+        if (b->chains_out > 0 || pending) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 20 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            if (b->progress == last_progress)
+                pthread_cond_timedwait(&ctx->done_cond, &ctx->done_lock, &ts);
+        }
+        uint64_t now = kvp_now_ms();
+        if (b->progress != last_progress) {
+            last_progress = b->progress;
+            last_ms = now;
+        } else if (!flushed && now - last_ms >= ctx->xfer->timeout_ms) {
+            /* the peer stopped answering: stop the device from touching our
+             * buffers, fail what is left, collect the flushes */
+            flushed = true;
+            b->flush_status = KVP_ERR_TIMEOUT;
+            for (size_t i = 0; i < b->n_lanes; i++) {
+                lane_t *l = &b->lanes[i];
+                if (!l->dead)
+                    lane_fail_rest(b, l, KVP_ERR_TIMEOUT);
+            }
+            pthread_mutex_unlock(&ctx->done_lock);
+            KVP_LOG_WARN("rdma: no completion for %u ms; flushing the batch's QPs",
+                         ctx->xfer->timeout_ms);
+            for (size_t i = 0; i < b->n_lanes; i++)
+                if (b->lanes[i].q != NULL) {
+                    pthread_mutex_lock(&b->lanes[i].q->post_lock);
+                    kvp_rdma_qp_flush(b->lanes[i].q->qp);
+                    pthread_mutex_unlock(&b->lanes[i].q->post_lock);
+                }
+            last_ms = kvp_now_ms();
+            continue;
+        } else if (flushed && now - last_ms >= FLUSH_WAIT_MS) {
+            /* flushes never came back: keep the batch's memory alive (the
+             * completion thread may still see it) and give up on it */
+            for (size_t i = 0; i < n; i++)
+                op_fail(ops[i], KVP_ERR_TIMEOUT);
+            b->next = ctx->orphans;
+            ctx->orphans = b;
+            pthread_mutex_unlock(&ctx->done_lock);
+            KVP_LOG_ERROR("rdma: flushed work did not complete within %d ms; abandoning it",
+                          FLUSH_WAIT_MS);
+            return;
+        }
+        pthread_mutex_unlock(&ctx->done_lock);
+    }
+    for (size_t i = 0; i < b->n_lanes; i++)
+        rqp_unref(b->lanes[i].q);
+    batch_free(b);
+}
+
+/* --------------------------------------------------------- init / cleanup */
+
+static kvp_status_t rdma_init(kvp_transfer_t *xfer, void **ctx_p)
+{
+    rdma_ctx_t *ctx = calloc(1, sizeof(*ctx));
+    if (ctx == NULL)
+        return KVP_ERR_NOMEM;
+    ctx->xfer = xfer;
+    ctx->nqp = xfer->rdma_qps ? xfer->rdma_qps : 2;
+    if (ctx->nqp > MAX_QPS_PER_PEER)
+        ctx->nqp = MAX_QPS_PER_PEER;
+    ctx->slice = xfer->rdma_slice ? xfer->rdma_slice : 256 * 1024;
+    kvp_rdma_dev_params_t dp = {
+        .device_names = xfer->rdma_devices[0] ? xfer->rdma_devices : NULL,
+        .ipv4 = xfer->rdma_host[0] ? xfer->rdma_host : NULL,
+        .cq_depth = 8192,
+        .qp_depth = 256,
+    };
+    int rc = kvp_rdma_dev_open(&dp, &ctx->dev);
+    if (rc != 0) {
+        snprintf(xfer->rdma_error, sizeof(xfer->rdma_error), "%s", kvp_rdma_last_error());
+        free(ctx);
+        return KVP_ERR_TRANSPORT;
+    }
+    ctx->cq_depth = kvp_rdma_dev_cq_depth(ctx->dev);
+    pthread_mutex_init(&ctx->lock, NULL);
+    pthread_rwlock_init(&ctx->mr_lock, NULL);
+    pthread_mutex_init(&ctx->done_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_cond_init(&ctx->done_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    if (pthread_create(&ctx->cq_thread, NULL, cq_thread_main, ctx) != 0) {
+        pthread_cond_destroy(&ctx->done_cond);
+        pthread_mutex_destroy(&ctx->done_lock);
+        pthread_rwlock_destroy(&ctx->mr_lock);
+        pthread_mutex_destroy(&ctx->lock);
+        kvp_rdma_dev_close(ctx->dev);
+        free(ctx);
+        return KVP_ERR_SYSTEM;
+    }
+    const kvp_rdma_dev_info_t *info = kvp_rdma_dev_info(ctx->dev);
+    KVP_LOG_INFO("rdma: device %s port %u, MTU %u, %u QPs per peer, %llu-byte slices", info->name,
+                 info->port, info->active_mtu, ctx->nqp, (unsigned long long)ctx->slice);
+    *ctx_p = ctx;
+    return KVP_OK;
+}
+
+static void rdma_cleanup(void *vctx)
+{
+    rdma_ctx_t *ctx = vctx;
+    if (ctx == NULL)
+        return;
+    atomic_store(&ctx->stop, true);
+    if (ctx->acc_started)
+        pthread_join(ctx->acc_thread, NULL);
+    while (ctx->accepted) {
+        accepted_t *a = ctx->accepted;
+        ctx->accepted = a->next;
+        kvp_rdma_qp_destroy(a->qp);
+        free(a);
+    }
+    kvp_rdma_listener_destroy(ctx->lst);
+    pthread_join(ctx->cq_thread, NULL);
+    while (ctx->peers) {
+        rpeer_t *rp = ctx->peers;
+        ctx->peers = rp->next;
+        for (unsigned i = 0; i < MAX_QPS_PER_PEER; i++)
+            rqp_unref(rp->slot[i]);
+        free(rp);
+    }
+    while (ctx->orphans) {
+        rbatch_t *b = ctx->orphans;
+        ctx->orphans = b->next;
+        for (size_t i = 0; i < b->n_lanes; i++)
+            rqp_unref(b->lanes[i].q);
+        batch_free(b);
+    }
+    seg_unregister(ctx);
+    for (size_t i = 0; i < ctx->n_mrs; i++)
+        kvp_rdma_mr_dereg(ctx->mrs[i].mr);
+    free(ctx->mrs);
+    kvp_rdma_dev_close(ctx->dev);
+    pthread_cond_destroy(&ctx->done_cond);
+    pthread_mutex_destroy(&ctx->done_lock);
+    pthread_rwlock_destroy(&ctx->mr_lock);
+    pthread_mutex_destroy(&ctx->lock);
+    free(ctx);
+}
+
+const kvp_transport_ops_t kvp_transport_rdma_ops = {
+    .name = "rdma",
+    .init = rdma_init,
+    .cleanup = rdma_cleanup,
+    .transfer = rdma_transfer,
+};
