@@ -26,8 +26,11 @@ typedef struct kvp_bench_opts {
     unsigned segments;     /* local: number of `kvpool serve` processes (default 1) */
     uint64_t segment_size; /* local: bytes per segment (default 4 GiB) */
     /* data mode */
-    const char *transports[KVP_BENCH_MAX_LIST]; /* "tcp", "shm" */
+    const char *transports[KVP_BENCH_MAX_LIST]; /* "tcp", "shm", "rdma" */
     size_t n_transports;
+    /* rdma limits measured outside (perftest ib_write_bw / ib_read_bw in the
+     * same session, GB/s): put is compared with write, get with read */
+    double rdma_write_gbps, rdma_read_gbps;
     uint64_t sizes[KVP_BENCH_MAX_LIST]; /* object sizes */
     size_t n_sizes;
     unsigned batches[KVP_BENCH_MAX_LIST];

@@ -396,7 +396,9 @@ static void usage(FILE *f)
            "  --segments N           local segments (default 1)\n"
            "  --segment-size SIZE    bytes per local segment (default 4GiB)\n"
            "data:\n"
-           "  --transport LIST       tcp,shm (default both)\n"
+           "  --transport LIST       tcp,shm,rdma (default tcp,shm)\n"
+           "  --rdma-write-limit G   GB/s of ib_write_bw in this session: rdma puts' %%limit\n"
+           "  --rdma-read-limit G    GB/s of ib_read_bw in this session: rdma gets' %%limit\n"
            "  --sizes LIST           object sizes (default 4KiB,64KiB,1MiB,4MiB,16MiB)\n"
            "  --batch LIST           keys per batch (default 32)\n"
            "  --threads N            client threads (default 1)\n"
@@ -548,6 +550,8 @@ int main(int argc, char **argv)
         {"threads", required_argument, NULL, 'T'},
         {"duration", required_argument, NULL, 'd'},
         {"no-crc", no_argument, NULL, 'C'},
+        {"rdma-write-limit", required_argument, NULL, 'W'},
+        {"rdma-read-limit", required_argument, NULL, 'R'},
         {"objects", required_argument, NULL, 'o'},
         {"alloc-arena", required_argument, NULL, 'A'},
         {"trace", required_argument, NULL, 'r'},
@@ -586,9 +590,11 @@ int main(int argc, char **argv)
             o.n_transports = 0;
             for (char *save = NULL, *tok = strtok_r(tbuf, ",", &save);
                  tok && o.n_transports < KVP_BENCH_MAX_LIST; tok = strtok_r(NULL, ",", &save)) {
-                if (strcmp(tok, "tcp") && strcmp(tok, "shm"))
+                if (strcmp(tok, "tcp") && strcmp(tok, "shm") && strcmp(tok, "rdma"))
                     goto bad;
-                o.transports[o.n_transports++] = strcmp(tok, "tcp") == 0 ? "tcp" : "shm";
+                o.transports[o.n_transports++] = strcmp(tok, "tcp") == 0   ? "tcp"
+                                                 : strcmp(tok, "shm") == 0 ? "shm"
+                                                                           : "rdma";
             }
             if (o.n_transports == 0)
                 goto bad;
@@ -619,6 +625,12 @@ int main(int argc, char **argv)
             break;
         case 'C':
             o.no_crc = true;
+            break;
+        case 'W':
+        case 'R':
+            *(opt == 'W' ? &o.rdma_write_gbps : &o.rdma_read_gbps) = strtod(optarg, NULL);
+            if (!(*(opt == 'W' ? &o.rdma_write_gbps : &o.rdma_read_gbps) > 0))
+                goto bad;
             break;
         case 'o':
             if (parse_list_u64(optarg, o.meta_objects, &o.n_meta_objects, false) != 0)

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# deploy/bench-rdma.sh - the rdma target of issue 4, in one Soft-RoCE VM
+# session (tests/rdma/rxe-vm.sh): perftest's ib_write_bw and ib_read_bw with
+# 1 MiB messages on rxe0, then `kvpool-bench data --transport rdma` with 1 MiB
+# objects (a master and one segment owner in the same guest), its puts
+# compared with ib_write_bw and its gets with ib_read_bw.
+#
+#   deploy/bench-rdma.sh [OUTDIR]     (default build-rdma/)
+#
+# Writes OUTDIR/bench-rdma.json (kvpool-bench's JSON, limits included) and
+# OUTDIR/bench-rdma.txt (perftest's and kvpool-bench's output). Under TCG
+# (no hardware KVM) the absolute figures are those of an emulated CPU (tens
+# of MB/s): what compares is kvpool against perftest on the same device.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=$(realpath -m "${1:-build-rdma}")
+mkdir -p "$OUT" build-rdma
+[ -f build-rdma/build.ninja ] || meson setup build-rdma >/dev/null
+ninja -C build-rdma >/dev/null
+tests/rdma/rxe-vm.sh build
+
+cat >build-rdma/bench-rdma-guest.sh <<'EOF'
+# runs inside the guest: $1 = output dir
+set -u
+out=$1
+G=$RXE_GID_INDEX
+bw() { # verb: prints GB/s (10^9 B/s) of 1 MiB messages, one QP, perftest defaults
+  local verb=$1 port=$2
+  "ib_${verb}_bw" -d "$RXE_DEV" -x "$G" -s 1048576 -n 200 -p "$port" \
+    >"$out/perftest-$verb-server.txt" 2>&1 &
+  local srv=$!
+  sleep 1
+  "ib_${verb}_bw" -d "$RXE_DEV" -x "$G" -s 1048576 -n 200 -p "$port" 127.0.0.1 \
+    >"$out/perftest-$verb.txt" 2>&1
+  wait "$srv"
+  # the result row: "#bytes #iterations BW peak[MB/sec] BW average[MB/sec] MsgRate[Mpps]",
+  # perftest's MB being 2^20 bytes
+  awk '$1 == 1048576 && NF >= 5 { printf "%.6f\n", $4 * 1048576 / 1e9 }' "$out/perftest-$verb.txt" | tail -n 1
+}
+w=$(bw write 18515)
+r=$(bw read 18516)
+echo "perftest ib_write_bw 1 MiB: $w GB/s"
+echo "perftest ib_read_bw  1 MiB: $r GB/s"
+[ -n "$w" ] && [ -n "$r" ] || { cat "$out"/perftest-*.txt; exit 1; }
+build-rdma/client/kvpool-bench data --local --transport rdma --segment-size 256MiB \
+  --sizes 1MiB --batch 8 --duration 4 --no-crc \
+  --rdma-write-limit "$w" --rdma-read-limit "$r" --json "$out/bench-rdma.json" --quiet
+EOF
+tests/rdma/rxe-vm.sh run bash build-rdma/bench-rdma-guest.sh "$OUT" 2>&1 | tee "$OUT/bench-rdma.txt"
+echo "results: $OUT/bench-rdma.json, $OUT/bench-rdma.txt"
