@@ -4,7 +4,7 @@
 # tests/rdma/rxe-vm.sh (one boot for the whole suite). Ends with one plain
 # line "N passed, N failed"; exits non-zero if anything failed.
 #
-#   deploy/test-rdma.sh
+#   deploy/test-rdma.sh          (KVPOOL_RDMA_BUILD=DIR: build there instead)
 #
 # How: the tests are built on the host; `meson introspect --tests` gives the
 # rdma suite's commands and environments, written into one runner script
@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t0=$SECONDS
-dir=build-rdma
+dir=${KVPOOL_RDMA_BUILD:-build-rdma}
 summary() {
     echo "took $((SECONDS - t0))s (build, VM boot and tests)"
     echo "$1 passed, $2 failed"

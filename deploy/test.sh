@@ -4,15 +4,25 @@
 # build-asan/. Ends with one plain line "N passed, N failed" (counts of
 # test programs over both builds); exits non-zero if anything failed.
 #
-#   deploy/test.sh            everything
+#   deploy/test.sh            unit, integration, fault (+ ASan/UBSan), fuzzing
+#   deploy/test.sh --rdma     the same, then the rdma suite on real verbs in a
+#                             Soft-RoCE VM (deploy/test-rdma.sh; what CI runs)
 #   deploy/test.sh --no-asan  normal build only (no sanitizers, no fuzzing)
 #
-# Suites: unit, integration, fault (tests/fault); then deploy/fuzz.sh.
+# Suites: unit, integration, fault (tests/fault); then deploy/fuzz.sh; with
+# --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 asan=1
-[ "${1:-}" = "--no-asan" ] && asan=0
+rdma=0
+for arg in "$@"; do
+  case $arg in
+    --no-asan) asan=0 ;;
+    --rdma) rdma=1 ;;
+    *) echo "usage: deploy/test.sh [--rdma] [--no-asan]" >&2; exit 2 ;;
+  esac
+done
 
 deploy/install-deps.sh || { echo "0 passed, 1 failed"; exit 1; }
 
@@ -70,6 +80,21 @@ if [ "$asan" = 1 ] && [ "$fuzz_s" != 0 ]; then
     tail -60 fuzz.out; echo "fuzz: FAIL"; failed=$((failed+1)); rc_all=1
   fi
   rm -f fuzz.out
+fi
+
+# RDMA: the rdma suite inside a Soft-RoCE VM, on the normal build (build/).
+# The VM image is built once into build-rdma-vm/ (Debian packages; ~1-2 min).
+if [ "$rdma" = 1 ]; then
+  KVPOOL_RDMA_BUILD=build deploy/test-rdma.sh 2>&1 | tee rdma.out
+  [ "${PIPESTATUS[0]}" -ne 0 ] && rc_all=1
+  res=$(tail -n 1 rdma.out)
+  if [[ $res =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    failed=$((failed + 1)); rc_all=1
+  fi
+  rm -f rdma.out
 fi
 
 echo "$passed passed, $failed failed"
