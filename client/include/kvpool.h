@@ -38,27 +38,27 @@ typedef struct kvp_client kvp_client_t;
  * you need. `size` lets the struct grow without breaking callers.
  */
 typedef struct kvp_client_params {
-    size_t size;               /* sizeof(kvp_client_params_t), set by _init */
-    const char *master_addr;   /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
-    uint64_t segment_size;     /* bytes of DRAM to mount and serve; 0: mount nothing */
-    const char *transport;     /* "auto" | "tcp" | "shm" | "rdma"; NULL: $KVPOOL_TRANSPORT,
-                                  else auto (shm on the same host, else rdma when both
-                                  sides have it, else tcp) */
-    const char *data_host;     /* address the segment's data server binds and advertises;
-                                  NULL: 127.0.0.1 */
-    uint16_t data_port;        /* data server port; 0: any free port */
-    const char *segment_name;  /* name of the mounted segment; NULL: "<data_host>:<port>" */
-    uint32_t tcp_streams;      /* tcp connections used in parallel per peer per batch; 0: 2 */
-    uint64_t tcp_slice_bytes;  /* tcp stripe size for large objects; 0: 1 MiB */
-    uint32_t rpc_timeout_ms;   /* master RPC and data transfer timeout; 0: 10000 */
-    uint32_t verify_crc;       /* check CRC32C on every get; 1 by default */
-    uint32_t heartbeat_ms;     /* liveness heartbeat to the master; 0: 1000 */
-    uint32_t drain_timeout_ms; /* a drain of our segment asked for by someone else
-                                  (kvp_request_drain, `kvpool drain`); 0: 30000 */
-    const char *rdma_devices;  /* RDMA devices to try, "rxe0,mlx5_0"; NULL: $KVPOOL_RDMA_DEVICE,
-                                  else any with an ACTIVE port */
-    const char *rdma_host;     /* IPv4 the segment's rdma_cm listener binds and advertises;
-                                  NULL: $KVPOOL_RDMA_HOST, else the device's own address */
+    size_t size;                /* sizeof(kvp_client_params_t), set by _init */
+    const char *master_addr;    /* "host:port"; NULL: $KVPOOL_MASTER, else 127.0.0.1:50051 */
+    uint64_t segment_size;      /* bytes of DRAM to mount and serve; 0: mount nothing */
+    const char *transport;      /* "auto" | "tcp" | "shm" | "rdma"; NULL: $KVPOOL_TRANSPORT,
+                                   else auto (shm on the same host, else rdma when both
+                                   sides have it, else tcp) */
+    const char *data_host;      /* address the segment's data server binds and advertises;
+                                   NULL: 127.0.0.1 */
+    uint16_t data_port;         /* data server port; 0: any free port */
+    const char *segment_name;   /* name of the mounted segment; NULL: "<data_host>:<port>" */
+    uint32_t tcp_streams;       /* tcp connections used in parallel per peer per batch; 0: 2 */
+    uint64_t tcp_slice_bytes;   /* tcp stripe size for large objects; 0: 1 MiB */
+    uint32_t rpc_timeout_ms;    /* master RPC and data transfer timeout; 0: 10000 */
+    uint32_t verify_crc;        /* check CRC32C on every get; 1 by default */
+    uint32_t heartbeat_ms;      /* liveness heartbeat to the master; 0: 1000 */
+    uint32_t drain_timeout_ms;  /* a drain of our segment asked for by someone else
+                                   (kvp_request_drain, `kvpool drain`); 0: 30000 */
+    const char *rdma_devices;   /* RDMA devices to try, "rxe0,mlx5_0"; NULL: $KVPOOL_RDMA_DEVICE,
+                                   else any with an ACTIVE port */
+    const char *rdma_host;      /* IPv4 the segment's rdma_cm listener binds and advertises;
+                                   NULL: $KVPOOL_RDMA_HOST, else the device's own address */
     uint32_t rdma_qps_per_peer; /* RC QPs per peer, 1..16; 0: 2 */
     uint64_t rdma_slice_bytes;  /* rdma stripe size, 4 KiB..1 GiB; 0: 256 KiB */
 } kvp_client_params_t;

@@ -239,6 +239,57 @@ static void test_bad_rkey_mid_chain(void **state)
     assert_true(kvp_rdma_qp_in_error(f->cli_qp));
 }
 
+/* The device's own address; a QP moved to ERR by hand (what a transfer that
+ * timed out does): its chain still ends exactly once, nothing stays in
+ * flight, and the QP refuses more work. */
+static void test_flush(void **state)
+{
+    fixture_t *f = *state;
+    char ip[64];
+    assert_int_equal(kvp_rdma_dev_ipv4(f->dev, ip, sizeof(ip)), 0);
+    assert_string_equal(ip, test_ip);
+    assert_true(kvp_rdma_dev_cq_depth(f->dev) >= 1024);
+
+    kvp_rdma_qp_poll_cm(f->cli_qp); /* nothing pending: still usable */
+    assert_false(kvp_rdma_qp_in_error(f->cli_qp));
+    kvp_rdma_wr_t w[SLICES];
+    kvp_rdma_wc_t wc[SLICES + 1];
+    fill_chain(f, w, 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, SLICES), 0);
+    assert_int_equal(kvp_rdma_qp_flush(f->cli_qp), 0);
+    int n = wait_chain(f, f->cli_qp, wc, SLICES + 1);
+    for (int i = 0; i < n; i++)
+        assert_true(wc[i].status == KVP_RDMA_WC_OK || wc[i].status == KVP_RDMA_WC_FLUSHED);
+    assert_int_equal(wc[n - 1].wr_id, 100 + SLICES - 1);
+    assert_int_equal(kvp_rdma_qp_inflight(f->cli_qp), 0);
+    assert_true(kvp_rdma_qp_in_error(f->cli_qp));
+    assert_string_equal(kvp_rdma_qp_state_str(f->cli_qp), "ERR");
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1), -ENOTCONN);
+}
+
+/* The passive side goes away: the connector learns it from rdma_cm. */
+static void test_disconnect_seen(void **state)
+{
+    fixture_t *f = *state;
+    kvp_rdma_qp_destroy(f->srv_qp); /* rdma_disconnect */
+    f->srv_qp = NULL;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        kvp_rdma_qp_poll_cm(f->cli_qp);
+        if (kvp_rdma_qp_in_error(f->cli_qp))
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if ((t.tv_sec - t0.tv_sec) * 1000 + (t.tv_nsec - t0.tv_nsec) / 1000000 > TIMEOUT_MS)
+            fail_msg("the disconnect was not seen within %d ms", TIMEOUT_MS);
+        struct timespec ten_ms = {0, 10 * 1000 * 1000};
+        nanosleep(&ten_ms, NULL);
+    }
+    kvp_rdma_wr_t w[SLICES];
+    fill_chain(f, w, 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1), -ENOTCONN);
+}
+
 /* Bounded in-flight work and argument checks, without the network. */
 static void test_limits(void **state)
 {
@@ -282,6 +333,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bad_rkey, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_rkey_mid_chain, setup, teardown),
         cmocka_unit_test_setup_teardown(test_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_flush, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_disconnect_seen, setup, teardown),
     };
     return cmocka_run_group_tests_name("rdma_verbs", tests, NULL, NULL);
 }

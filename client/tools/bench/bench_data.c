@@ -201,9 +201,10 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
     }
     kvp_bench_progress_done(o);
     bool rdma = strcmp(transport, "rdma") == 0;
-    double limit = rdma                          ? 0
-                   : strcmp(transport, "shm") == 0 ? kvp_bench_limit_memcpy_gbps(size)
-                                                   : kvp_bench_limit_tcp_gbps(size, TCP_STREAMS * nt);
+    double limit = rdma ? 0
+                   : strcmp(transport, "shm") == 0
+                       ? kvp_bench_limit_memcpy_gbps(size)
+                       : kvp_bench_limit_tcp_gbps(size, TCP_STREAMS * nt);
     for (int op = 0; op < N_OPS && rc == 0; op++) {
         lat_t all = {0};
         uint64_t objs = 0;
