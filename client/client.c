@@ -37,6 +37,7 @@
 #include "common/rpc.h"
 #include "common/util.h"
 #include "client/client_priv.h"
+#include "client/gpu.h"
 #include "kvpool.pb-c.h"
 
 void kvp_client_params_init(kvp_client_params_t *p)
@@ -398,7 +399,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
         c->params.data_host = NULL;
         c->params.segment_name = NULL;
         if (st != KVP_OK)
-            goto err_xfer;
+            goto err_seg;
         atomic_store(&c->seg_state, KVP_SEG_MOUNTED);
     }
     c->params.data_host = NULL;
@@ -415,12 +416,12 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
 
 err_seg:
     kvp_segment_server_destroy(c->seg_server);
+    kvp_transfer_cleanup(&c->xfer); /* deregisters the segment before it is unmapped */
     if (c->seg_base)
         munmap(c->seg_base, c->seg_size);
     if (c->seg_fd >= 0)
         close(c->seg_fd);
-err_xfer:
-    kvp_transfer_cleanup(&c->xfer);
+    goto err;
 err:
     if (c->master_fd >= 0)
         close(c->master_fd);
@@ -746,6 +747,9 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
             st[idx[j]] = KVP_ERR_PROTOCOL;
             continue;
         }
+        /* device memory: the CPU cannot checksum it afterwards, so every
+         * replica's staged transfer computes the CRC on the way */
+        bool gpu = c->xfer.gpu && kvp_gpu_is_device_ptr(bufs[idx[j]]);
         for (size_t q = 0; q < r->n_replicas; q++) {
             kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[q]->segment_id);
             if (peer == NULL)
@@ -755,7 +759,7 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
                                      .offset = r->replicas[q]->offset,
                                      .length = r->replicas[q]->length,
                                      .peer = peer,
-                                     .want_crc = q == 0};
+                                     .want_crc = q == 0 || gpu};
             op_rep[k] = (unsigned)q;
             op_key[k++] = j;
         }
@@ -790,7 +794,8 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
             if (masks[j] == 0) {
                 st[idx[j]] = fail != NULL ? fail[j] : KVP_ERR_NOMEM;
             } else if (have_crc == NULL || !have_crc[j]) {
-                /* the replica that computed the CRC on the way failed: compute it here */
+                /* the replica that computed the CRC on the way failed: compute it here
+                 * (host memory only: device buffers had every replica compute it) */
                 crcs[j] = kvp_crc32c(0, bufs[idx[j]], sizes[idx[j]]);
             }
         }

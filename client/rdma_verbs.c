@@ -654,8 +654,11 @@ int kvp_rdma_accept(kvp_rdma_listener_t *lst, int timeout_ms, const void *pdata,
         if (ev->event != RDMA_CM_EVENT_CONNECT_REQUEST) {
             /* An event of a QP accepted earlier (its id's context). */
             kvp_rdma_qp_t *old = ev->id != lst->id ? ev->id->context : NULL;
-            if (old != NULL && (ev->event == RDMA_CM_EVENT_DISCONNECTED ||
-                                ev->event == RDMA_CM_EVENT_CONNECT_ERROR))
+            if (old != NULL &&
+                (ev->event == RDMA_CM_EVENT_DISCONNECTED ||
+                 ev->event == RDMA_CM_EVENT_CONNECT_ERROR ||
+                 ev->event == RDMA_CM_EVENT_UNREACHABLE || ev->event == RDMA_CM_EVENT_REJECTED ||
+                 ev->event == RDMA_CM_EVENT_TIMEWAIT_EXIT))
                 atomic_store(&old->disconnected, true);
             rdma_ack_cm_event(ev);
             continue;
@@ -788,8 +791,13 @@ unsigned kvp_rdma_qp_inflight(const kvp_rdma_qp_t *qp)
 
 /* ------------------------------------------------------------- data path */
 
-int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t *wrs, size_t n)
+int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t *wrs, size_t n,
+                        size_t *posted_p)
 {
+    size_t posted_dummy;
+    if (posted_p == NULL)
+        posted_p = &posted_dummy;
+    *posted_p = 0;
     if (n == 0 || n > KVP_RDMA_MAX_CHAIN)
         return fail(EINVAL, "a chain has 1..%d WRs, not %zu", KVP_RDMA_MAX_CHAIN, n);
     if (op != KVP_RDMA_WRITE && op != KVP_RDMA_READ)
@@ -830,6 +838,7 @@ int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t
     int rc = ibv_post_send(qp->ibqp, w, &bad);
     if (rc == 0) {
         atomic_store(&qp->posted, posted + n);
+        *posted_p = n;
         return 0;
     }
     if (rc < 0)
@@ -840,6 +849,7 @@ int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t
          * end and flush the QP so those WRs complete and are accounted. */
         qp->slots[(posted + k - 1) % qp->depth].last = true;
         atomic_store(&qp->posted, posted + k);
+        *posted_p = k;
         atomic_store(&qp->error, true);
         struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
         ibv_modify_qp(qp->ibqp, &attr, IBV_QP_STATE);

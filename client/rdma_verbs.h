@@ -166,9 +166,13 @@ unsigned kvp_rdma_qp_inflight(const kvp_rdma_qp_t *qp);
 
 /* Post n (1..KVP_RDMA_MAX_CHAIN) WRs of one op as one chain, one doorbell,
  * last WR signaled. -EAGAIN: the send queue has no room (poll first);
- * -ENOTCONN: the QP is in error; other: ibv_post_send failed (nothing
- * posted). */
-int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t *wrs, size_t n);
+ * -ENOTCONN: the QP is in error; other: ibv_post_send failed. *posted_p
+ * (may be NULL) receives how many WRs went out: n on success, 0 on most
+ * failures, k in 1..n-1 when the device took only the first k: those k
+ * then form a chain of their own (WR k-1 is its end) and are flushed, so
+ * they still complete. */
+int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t *wrs, size_t n,
+                        size_t *posted_p);
 
 /* Non-blocking: up to max completions into wcs. Returns the count (>= 0) or
  * a negative errno. */

@@ -165,7 +165,15 @@ kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len)
                      addr);
         return KVP_OK;
     }
-    return kvp_rdma_transport_reg(xfer->rdma_ctx, addr, len, NULL);
+    kvp_status_t st = kvp_rdma_transport_reg(xfer->rdma_ctx, addr, len, NULL);
+    if (st != KVP_OK && st != KVP_ERR_EXISTS && xfer->forced != KVP_TRANSPORT_RDMA) {
+        /* auto: the buffer still works, its rdma transfers are staged */
+        KVP_LOG_WARN("rdma: %zu bytes at %p not registered (%s; memlock limit?); its rdma "
+                     "transfers are copied through staging buffers",
+                     len, addr, kvp_strerror(st));
+        return KVP_OK;
+    }
+    return st;
 }
 
 void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr)
@@ -263,7 +271,10 @@ static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, boo
             b = gpu ? B_STAGE_GPU : B_TCP;
             break;
         case KVP_TRANSPORT_RDMA:
-            if (kvp_rdma_transport_covers(xfer->rdma_ctx, op->local, op->length))
+            /* device memory with a CRC wanted: the CPU cannot read it, the
+             * stager checksums its host copies */
+            if (kvp_rdma_transport_covers(xfer->rdma_ctx, op->local, op->length) &&
+                !(gpu && op->want_crc))
                 b = B_RDMA;
             else
                 b = gpu ? B_STAGE_GPU : B_STAGE_HOST;

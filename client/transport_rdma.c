@@ -89,6 +89,7 @@ typedef struct rqp {
 
 typedef struct rpeer {
     char endpoint[64];
+    pthread_mutex_t conn_lock; /* slot[], addr, rkey; held across a connect */
     uint64_t addr;
     uint32_t rkey;
     rqp_t *slot[MAX_QPS_PER_PEER];
@@ -162,6 +163,7 @@ typedef struct lane {
     rqp_t *q;
     kvp_peer_t *peer;
     uint32_t beg, end, next; /* its slices in the batch's order */
+    unsigned out;            /* chains posted, not completed (done_lock) */
     bool dead;
 } lane_t;
 
@@ -173,6 +175,7 @@ typedef struct rbatch {
     unsigned chains_out; /* posted, not completed (done_lock) */
     uint64_t progress;   /* completions seen (done_lock) */
     kvp_status_t flush_status;
+    bool orphaned; /* given up on: its ops belong to the caller again */
     struct rbatch *next;
 } rbatch_t;
 
@@ -326,6 +329,14 @@ static void handle_wc(rdma_ctx_t *ctx, const kvp_rdma_wc_t *wc)
     rchain_t *ch = s->chain;
     rbatch_t *b = ch->b;
     b->progress++;
+    if (b->orphaned) { /* accounting only: the ops are no longer ours to touch */
+        if (wc->chain_end) {
+            ctx->wr_inflight -= ch->nwr;
+            b->chains_out--;
+            b->lanes[ch->lane].out--;
+        }
+        return;
+    }
     if (wc->status != KVP_RDMA_WC_OK) {
         kvp_status_t st = b->flush_status != KVP_OK && wc->status == KVP_RDMA_WC_FLUSHED
                               ? b->flush_status
@@ -345,6 +356,7 @@ static void handle_wc(rdma_ctx_t *ctx, const kvp_rdma_wc_t *wc)
             op_fail(b->slices[i].op, ch->err);
     ctx->wr_inflight -= ch->nwr;
     b->chains_out--;
+    b->lanes[ch->lane].out--;
 }
 
 static void *cq_thread_main(void *arg)
@@ -502,6 +514,7 @@ static rpeer_t *rpeer_get_locked(rdma_ctx_t *ctx, const kvp_peer_t *peer)
     if (rp == NULL)
         return NULL;
     snprintf(rp->endpoint, sizeof(rp->endpoint), "%s", peer->rdma_endpoint);
+    pthread_mutex_init(&rp->conn_lock, NULL);
     rp->next = ctx->peers;
     ctx->peers = rp;
     return rp;
@@ -554,7 +567,8 @@ static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **
 static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
                                  const kvp_peer_t *peer, rqp_t **q_p)
 {
-    pthread_mutex_lock(&ctx->lock);
+    /* per peer: a peer that does not answer stalls only batches to it */
+    pthread_mutex_lock(&rp->conn_lock);
     rqp_t *q = rp->slot[slot];
     if (q != NULL) {
         pthread_mutex_lock(&q->post_lock);
@@ -569,8 +583,8 @@ static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
     }
     kvp_status_t st = KVP_OK;
     if (q == NULL) {
-        /* connect under the lock: concurrent batches to a new peer wait for
-         * one connection instead of racing to make several */
+        /* connect under the peer's lock: concurrent batches to a new peer
+         * wait for one connection instead of racing to make several */
         st = qp_connect(ctx, peer, &q);
         if (st == KVP_OK) {
             rp->slot[slot] = q;
@@ -582,7 +596,7 @@ static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
         atomic_fetch_add(&q->refs, 1);
         *q_p = q;
     }
-    pthread_mutex_unlock(&ctx->lock);
+    pthread_mutex_unlock(&rp->conn_lock);
     return st;
 }
 
@@ -619,12 +633,12 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
             return KVP_ERR_NOMEM;
         }
         size_t base;
-        if (rp == last_rp) {
+        if (rp == last_rp && b->lanes[last_base].peer == op->peer) {
             base = last_base;
         } else {
             base = SIZE_MAX;
             for (size_t l = 0; l < b->n_lanes; l += ctx->nqp)
-                if (b->lanes[l].rp == rp)
+                if (b->lanes[l].peer == op->peer)
                     base = l;
             if (base == SIZE_MAX) {
                 if (b->n_lanes + ctx->nqp > lanes_cap) {
@@ -723,8 +737,8 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
             wrs[i] = (kvp_rdma_wr_t){.local = (char *)s->op->local + s->off,
                                      .lkey = lkey_of(ctx, (char *)s->op->local + s->off),
                                      .len = s->len,
-                                     .remote = l->peer->rdma_addr + s->op->offset + s->off,
-                                     .rkey = l->peer->rdma_rkey,
+                                     .remote = s->op->peer->rdma_addr + s->op->offset + s->off,
+                                     .rkey = s->op->peer->rdma_rkey,
                                      .wr_id = (uintptr_t)s};
         }
         kvp_rdma_op_t op =
@@ -744,20 +758,27 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
             }
         }
         pthread_mutex_lock(&l->q->post_lock);
-        int rc = kvp_rdma_post_chain(l->q->qp, op, wrs, n);
-        unsigned inflight_now = rc == 0 ? 0 : kvp_rdma_qp_inflight(l->q->qp);
+        size_t k = 0;
+        int rc = kvp_rdma_post_chain(l->q->qp, op, wrs, n, &k);
         pthread_mutex_unlock(&l->q->post_lock);
         pthread_mutex_lock(&ctx->done_lock);
-        if (rc == 0) {
+        if (k > 0) {
+            /* all of it, or (post failure) its first k WRs as a chain of
+             * their own that the device completes (flushed) */
+            ch->end = beg + (uint32_t)k;
+            ch->nwr = (uint32_t)k;
+            ctx->wr_inflight -= n - (uint32_t)k;
             b->n_chains++;
             b->chains_out++;
-            l->next = beg + n;
+            l->out++;
+            l->next = beg + (uint32_t)k;
             posted = true;
         } else {
             ctx->wr_inflight -= n;
+        }
+        if (rc != 0) {
             if (rc == -EAGAIN) {
                 pthread_mutex_unlock(&ctx->done_lock);
-                (void)inflight_now;
                 break;
             }
             /* -ENOTCONN (QP in error) or a post failure: this lane is done;
@@ -795,7 +816,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
             lane_fail_rest(b, l, st);
             pthread_mutex_unlock(&ctx->done_lock);
             /* the peer's other lanes would fail the same way */
-            for (size_t j = i + 1; j < b->n_lanes && b->lanes[j].rp == l->rp; j++) {
+            for (size_t j = i + 1; j < b->n_lanes && b->lanes[j].peer == l->peer; j++) {
                 pthread_mutex_lock(&ctx->done_lock);
                 lane_fail_rest(b, &b->lanes[j], st);
                 pthread_mutex_unlock(&ctx->done_lock);
@@ -830,7 +851,9 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
                 pthread_cond_timedwait(&ctx->done_cond, &ctx->done_lock, &ts);
         }
         uint64_t now = kvp_now_ms();
-        if (b->progress != last_progress) {
+        if (b->progress != last_progress || b->chains_out == 0) {
+            /* progress, or nothing of ours on the wire (waiting for room
+             * that other batches hold): not a silent peer */
             last_progress = b->progress;
             last_ms = now;
         } else if (!flushed && now - last_ms >= ctx->xfer->timeout_ms) {
@@ -846,12 +869,16 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
             pthread_mutex_unlock(&ctx->done_lock);
             KVP_LOG_WARN("rdma: no completion for %u ms; flushing the batch's QPs",
                          ctx->xfer->timeout_ms);
-            for (size_t i = 0; i < b->n_lanes; i++)
-                if (b->lanes[i].q != NULL) {
+            for (size_t i = 0; i < b->n_lanes; i++) {
+                pthread_mutex_lock(&ctx->done_lock);
+                bool out = b->lanes[i].out > 0;
+                pthread_mutex_unlock(&ctx->done_lock);
+                if (out) { /* only QPs with our work still on them */
                     pthread_mutex_lock(&b->lanes[i].q->post_lock);
                     kvp_rdma_qp_flush(b->lanes[i].q->qp);
                     pthread_mutex_unlock(&b->lanes[i].q->post_lock);
                 }
+            }
             last_ms = kvp_now_ms();
             continue;
         } else if (flushed && now - last_ms >= FLUSH_WAIT_MS) {
@@ -859,6 +886,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
              * completion thread may still see it) and give up on it */
             for (size_t i = 0; i < n; i++)
                 op_fail(ops[i], KVP_ERR_TIMEOUT);
+            b->orphaned = true;
             b->next = ctx->orphans;
             ctx->orphans = b;
             pthread_mutex_unlock(&ctx->done_lock);
@@ -942,6 +970,7 @@ static void rdma_cleanup(void *vctx)
         ctx->peers = rp->next;
         for (unsigned i = 0; i < MAX_QPS_PER_PEER; i++)
             rqp_unref(rp->slot[i]);
+        pthread_mutex_destroy(&rp->conn_lock);
         free(rp);
     }
     while (ctx->orphans) {

@@ -172,7 +172,7 @@ static void test_write_read_chain(void **state)
     kvp_rdma_wc_t wc[SLICES + 1];
 
     fill_chain(f, w, 0);
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, SLICES), 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, SLICES, NULL), 0);
     assert_int_equal(kvp_rdma_qp_inflight(f->cli_qp), SLICES);
     /* Only the last WR is signaled: one completion for the chain. */
     assert_int_equal(wait_chain(f, f->cli_qp, wc, SLICES + 1), 1);
@@ -184,7 +184,7 @@ static void test_write_read_chain(void **state)
                             f->cli_buf + (size_t)i * SLICE, SLICE);
 
     fill_chain(f, w, BUF); /* read into the second half */
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, SLICES), 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, SLICES, NULL), 0);
     assert_int_equal(wait_chain(f, f->cli_qp, wc, SLICES + 1), 1);
     assert_int_equal(wc[0].status, KVP_RDMA_WC_OK);
     assert_memory_equal(f->cli_buf + BUF, f->cli_buf, BUF);
@@ -200,7 +200,7 @@ static void test_bad_rkey(void **state)
     kvp_rdma_wc_t wc[SLICES + 1];
     fill_chain(f, w, 0);
     w[0].rkey ^= 0xff; /* same MR index, wrong key */
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1), 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1, NULL), 0);
     assert_int_equal(wait_chain(f, f->cli_qp, wc, SLICES + 1), 1);
     print_message("bad rkey READ: %s (ibv status %d)\n", kvp_rdma_wc_status_str(wc[0].status),
                   wc[0].ibv_status);
@@ -211,7 +211,7 @@ static void test_bad_rkey(void **state)
     print_message("QP state after the error: %s\n", st ? st : kvp_rdma_last_error());
     assert_non_null(st);
     assert_string_equal(st, "ERR");
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w + 1, 1), -ENOTCONN);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w + 1, 1, NULL), -ENOTCONN);
     print_message("post on it: %s\n", kvp_rdma_last_error());
 }
 
@@ -224,7 +224,7 @@ static void test_bad_rkey_mid_chain(void **state)
     kvp_rdma_wc_t wc[SLICES + 1];
     fill_chain(f, w, 0);
     w[3].rkey ^= 0xff;
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, SLICES), 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, SLICES, NULL), 0);
     int n = wait_chain(f, f->cli_qp, wc, SLICES + 1);
     for (int i = 0; i < n; i++)
         print_message("wc %d: wr_id %llu %s%s\n", i, (unsigned long long)wc[i].wr_id,
@@ -255,7 +255,7 @@ static void test_flush(void **state)
     kvp_rdma_wr_t w[SLICES];
     kvp_rdma_wc_t wc[SLICES + 1];
     fill_chain(f, w, 0);
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, SLICES), 0);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, SLICES, NULL), 0);
     assert_int_equal(kvp_rdma_qp_flush(f->cli_qp), 0);
     int n = wait_chain(f, f->cli_qp, wc, SLICES + 1);
     for (int i = 0; i < n; i++)
@@ -264,7 +264,7 @@ static void test_flush(void **state)
     assert_int_equal(kvp_rdma_qp_inflight(f->cli_qp), 0);
     assert_true(kvp_rdma_qp_in_error(f->cli_qp));
     assert_string_equal(kvp_rdma_qp_state_str(f->cli_qp), "ERR");
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1), -ENOTCONN);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1, NULL), -ENOTCONN);
 }
 
 /* The passive side goes away: the connector learns it from rdma_cm. */
@@ -287,7 +287,7 @@ static void test_disconnect_seen(void **state)
     }
     kvp_rdma_wr_t w[SLICES];
     fill_chain(f, w, 0);
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1), -ENOTCONN);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_READ, w, 1, NULL), -ENOTCONN);
 }
 
 /* Bounded in-flight work and argument checks, without the network. */
@@ -296,9 +296,9 @@ static void test_limits(void **state)
     fixture_t *f = *state;
     kvp_rdma_wr_t w[SLICES];
     fill_chain(f, w, 0);
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, 0), -EINVAL);
-    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, KVP_RDMA_MAX_CHAIN + 1),
-                     -EINVAL);
+    assert_int_equal(kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, 0, NULL), -EINVAL);
+    assert_int_equal(
+        kvp_rdma_post_chain(f->cli_qp, KVP_RDMA_WRITE, w, KVP_RDMA_MAX_CHAIN + 1, NULL), -EINVAL);
     kvp_rdma_qp_t *qp = NULL;
     assert_int_not_equal(kvp_rdma_connect(f->dev, "127.0.0.1x", f->port, 1000, NULL, 0, &qp), 0);
     print_message("bad address: %s\n", kvp_rdma_last_error());
