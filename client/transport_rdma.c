@@ -147,6 +147,7 @@ typedef struct rslice {
     uint64_t off; /* within the op */
     uint32_t len;
     uint32_t lane;
+    uint32_t lkey; /* of the op's local buffer, looked up once per op */
 } rslice_t;
 
 typedef struct rchain {
@@ -310,7 +311,7 @@ bool kvp_rdma_transport_covers(void *vctx, const void *addr, size_t len)
     return ok;
 }
 
-/* lkey covering [addr, addr+len); the caller checked coverage. */
+/* lkey of the region holding addr; the caller checked coverage. */
 static uint32_t lkey_of(rdma_ctx_t *ctx, const void *addr)
 {
     pthread_rwlock_rdlock(&ctx->mr_lock);
@@ -609,9 +610,9 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
     size_t n_slices = 0;
     for (size_t i = 0; i < n; i++)
         n_slices += (ops[i]->length + ctx->slice - 1) / ctx->slice;
-    /* lanes: at most nqp per distinct endpoint */
-    b->lanes = calloc(n * ctx->nqp < 64 ? n * ctx->nqp : 64, sizeof(*b->lanes));
+    /* lanes: nqp per distinct segment; grown as segments show up */
     size_t lanes_cap = n * ctx->nqp < 64 ? n * ctx->nqp : 64;
+    b->lanes = calloc(lanes_cap, sizeof(*b->lanes));
     b->slices = malloc((n_slices ? n_slices : 1) * sizeof(*b->slices));
     uint32_t *lane_of = malloc((n_slices ? n_slices : 1) * sizeof(*lane_of));
     if (b->lanes == NULL || b->slices == NULL || lane_of == NULL) {
@@ -661,11 +662,13 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
             last_rp = rp;
             last_base = base;
         }
+        uint32_t lkey = lkey_of(ctx, op->local);
         for (uint64_t off = 0; off < op->length; off += ctx->slice) {
             uint64_t len = op->length - off < ctx->slice ? op->length - off : ctx->slice;
             uint32_t lane = (uint32_t)(base + rr++ % ctx->nqp);
             lane_of[k] = lane;
-            b->slices[k++] = (rslice_t){.op = op, .off = off, .len = (uint32_t)len, .lane = lane};
+            b->slices[k++] =
+                (rslice_t){.op = op, .off = off, .len = (uint32_t)len, .lane = lane, .lkey = lkey};
             b->lanes[lane].end++; /* count for now */
         }
     }
@@ -720,7 +723,11 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
         while (l->next < l->end && b->slices[l->next].op->status != KVP_OK)
             l->next++;
         uint32_t beg = l->next;
-        uint32_t n = l->end - beg < KVP_RDMA_MAX_CHAIN ? l->end - beg : KVP_RDMA_MAX_CHAIN;
+        /* a chain: up to KVP_RDMA_MAX_CHAIN slices of one kind (READ or WRITE) */
+        enum kvp_xfer_kind kind = beg < l->end ? b->slices[beg].op->kind : KVP_XFER_READ;
+        uint32_t n = 0;
+        while (n < KVP_RDMA_MAX_CHAIN && beg + n < l->end && b->slices[beg + n].op->kind == kind)
+            n++;
         bool cq_room = ctx->wr_inflight + n <= ctx->cq_depth;
         if (cq_room && n > 0)
             ctx->wr_inflight += n; /* reserve */
@@ -735,28 +742,13 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
             rslice_t *s = &b->slices[beg + i];
             s->chain = ch;
             wrs[i] = (kvp_rdma_wr_t){.local = (char *)s->op->local + s->off,
-                                     .lkey = lkey_of(ctx, (char *)s->op->local + s->off),
+                                     .lkey = s->lkey,
                                      .len = s->len,
                                      .remote = s->op->peer->rdma_addr + s->op->offset + s->off,
                                      .rkey = s->op->peer->rdma_rkey,
                                      .wr_id = (uintptr_t)s};
         }
-        kvp_rdma_op_t op =
-            b->slices[beg].op->kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
-        /* one chain carries one kind: cut it where the kind changes */
-        for (uint32_t i = 1; i < n; i++) {
-            kvp_rdma_op_t o2 =
-                b->slices[beg + i].op->kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
-            if (o2 != op) {
-                pthread_mutex_lock(&ctx->done_lock);
-                ctx->wr_inflight -= n - i;
-                pthread_mutex_unlock(&ctx->done_lock);
-                n = i;
-                ch->end = beg + n;
-                ch->nwr = n;
-                break;
-            }
-        }
+        kvp_rdma_op_t op = kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
         pthread_mutex_lock(&l->q->post_lock);
         size_t k = 0;
         int rc = kvp_rdma_post_chain(l->q->qp, op, wrs, n, &k);
@@ -929,10 +921,7 @@ static kvp_status_t rdma_init(kvp_transfer_t *xfer, void **ctx_p)
     pthread_mutex_init(&ctx->lock, NULL);
     pthread_rwlock_init(&ctx->mr_lock, NULL);
     pthread_mutex_init(&ctx->done_lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_cond_init(&ctx->done_cond, &ca);
-    pthread_condattr_destroy(&ca);
+    pthread_cond_init(&ctx->done_cond, NULL);
     if (pthread_create(&ctx->cq_thread, NULL, cq_thread_main, ctx) != 0) {
         pthread_cond_destroy(&ctx->done_cond);
         pthread_mutex_destroy(&ctx->done_lock);
