@@ -67,7 +67,7 @@ static void heartbeat_once(kvp_client_t *c)
         pthread_mutex_lock(&c->master_lock);
         if (c->master_fd >= 0 && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED)
             kvp_client_mount_locked(c);
-        pthread_mutex_unlock(&c->master_lock);
+        kvp_client_master_unlock(c);
     }
     for (size_t i = 0; i < hr->n_drain_segment_ids; i++) {
         if (hr->drain_segment_ids[i] != atomic_load(&c->seg_id) ||
@@ -315,7 +315,7 @@ kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, 
     int expect = KVP_SEG_MOUNTED;
     bool ok = atomic_compare_exchange_strong(&c->seg_state, &expect, KVP_SEG_DRAINING);
     uint64_t seg_id = atomic_load(&c->seg_id);
-    pthread_mutex_unlock(&c->master_lock);
+    kvp_client_master_unlock(c);
     if (!ok)
         return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
     uint64_t deadline = kvp_now_ms() + timeout_ms;

@@ -214,12 +214,90 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
     return st;
 }
 
+/*
+ * Send the queued lease releases (master_lock held). One-way: nothing is
+ * read back. With no connection, or when the send fails, they are dropped:
+ * the leases then end by their TTL (or died with the master).
+ */
+static void releases_flush_locked(kvp_client_t *c)
+{
+    pthread_mutex_lock(&c->rel_lock);
+    size_t n = c->rel_n;
+    uint64_t *ids = c->rel_ids;
+    size_t cap = c->rel_cap;
+    c->rel_ids = c->rel_send; /* the queue takes the idle buffer */
+    c->rel_cap = c->rel_send_cap;
+    c->rel_n = 0;
+    atomic_store(&c->rel_pending, 0);
+    pthread_mutex_unlock(&c->rel_lock);
+    c->rel_send = ids;
+    c->rel_send_cap = cap;
+    if (n == 0 || c->master_fd < 0)
+        return;
+    Kvpool__LeaseReleaseRequest req = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
+    req.lease_ids = ids;
+    req.n_lease_ids = n;
+    size_t len = kvpool__lease_release_request__get_packed_size(&req);
+    if (len > c->rel_body_cap) {
+        uint8_t *b = realloc(c->rel_body, len);
+        if (b == NULL)
+            return;
+        c->rel_body = b;
+        c->rel_body_cap = len;
+    }
+    kvpool__lease_release_request__pack(&req, c->rel_body);
+    if (kvp_rpc_send(c->master_fd, KVP_RPC_LEASE_RELEASE, ++c->next_req_id, c->rel_body, len) !=
+        KVP_OK) {
+        KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL", n);
+        close(c->master_fd);
+        c->master_fd = -1;
+    }
+}
+
+void kvp_client_master_unlock(kvp_client_t *c)
+{
+    pthread_mutex_unlock(&c->master_lock);
+    /* releases queued while we held the lock: their getter found it taken and left
+     * them to us (it checked after queueing, we check after unlocking) */
+    while (atomic_load(&c->rel_pending) > 0 && pthread_mutex_trylock(&c->master_lock) == 0) {
+        releases_flush_locked(c);
+        pthread_mutex_unlock(&c->master_lock);
+    }
+}
+
+void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n)
+{
+    if (n == 0)
+        return;
+    pthread_mutex_lock(&c->rel_lock);
+    if (c->rel_n + n > c->rel_cap) {
+        /* grows to the largest backlog once, then reused */
+        size_t cap = KVP_MAX(c->rel_cap * 2, KVP_MAX(c->rel_n + n, (size_t)256));
+        uint64_t *p = realloc(c->rel_ids, cap * sizeof(*p));
+        if (p == NULL) {
+            pthread_mutex_unlock(&c->rel_lock);
+            return; /* the leases end by their TTL */
+        }
+        c->rel_ids = p;
+        c->rel_cap = cap;
+    }
+    memcpy(c->rel_ids + c->rel_n, ids, n * sizeof(*ids));
+    c->rel_n += n;
+    atomic_store(&c->rel_pending, c->rel_n);
+    pthread_mutex_unlock(&c->rel_lock);
+    if (pthread_mutex_trylock(&c->master_lock) == 0) {
+        releases_flush_locked(c);
+        kvp_client_master_unlock(c);
+    }
+}
+
 kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
                              uint8_t **resp_p, size_t *resp_len_p)
 {
     pthread_mutex_lock(&c->master_lock);
+    releases_flush_locked(c); /* a release goes out before anything that follows it */
     kvp_status_t st = call_locked(c, method, req, resp_p, resp_len_p);
-    pthread_mutex_unlock(&c->master_lock);
+    kvp_client_master_unlock(c);
     return st;
 }
 
@@ -323,6 +401,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     c->master_fd = -1;
     c->seg_fd = -1;
     pthread_mutex_init(&c->master_lock, NULL);
+    pthread_mutex_init(&c->rel_lock, NULL);
     pthread_mutex_init(&c->peer_lock, NULL);
     pthread_mutex_init(&c->buf_lock, NULL);
     c->client_id = kvp_random_u64();
@@ -406,7 +485,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     c->params.segment_name = NULL;
     pthread_mutex_lock(&c->master_lock);
     st = master_connect_locked(c, true);
-    pthread_mutex_unlock(&c->master_lock);
+    kvp_client_master_unlock(c);
     if (st == KVP_OK)
         st = kvp_client_heartbeat_start(c);
     if (st != KVP_OK)
@@ -426,6 +505,7 @@ err:
     if (c->master_fd >= 0)
         close(c->master_fd);
     pthread_mutex_destroy(&c->master_lock);
+    pthread_mutex_destroy(&c->rel_lock);
     pthread_mutex_destroy(&c->peer_lock);
     pthread_mutex_destroy(&c->buf_lock);
     free(c);
@@ -438,6 +518,7 @@ void kvp_client_destroy(kvp_client_t *c)
         return;
     kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
     pthread_mutex_lock(&c->master_lock);
+    releases_flush_locked(c); /* the reads are over: nobody waits for a TTL */
     int seg_state = atomic_load(&c->seg_state);
     if ((seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) && c->master_fd >= 0) {
         Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
@@ -469,7 +550,11 @@ void kvp_client_destroy(kvp_client_t *c)
         c->bufs = b->next;
         free(b);
     }
+    free(c->rel_ids);
+    free(c->rel_send);
+    free(c->rel_body);
     pthread_mutex_destroy(&c->master_lock);
+    pthread_mutex_destroy(&c->rel_lock);
     pthread_mutex_destroy(&c->peer_lock);
     pthread_mutex_destroy(&c->buf_lock);
     free(c);
@@ -640,7 +725,7 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
     return kvp_batch_put_from_ex(c, keys, bufs, sizes, n, config, results, NULL);
 }
 
-kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
+static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
                                    const void *const *bufs, const size_t *sizes, size_t n,
                                    const kvp_put_config_t *config, kvp_status_t *results,
                                    uint32_t *replicas_written)
@@ -723,6 +808,15 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
         goto out_all;
     }
     kvp_client_peers_update(c, sr->segments, sr->n_segments);
+    if (sr->message != NULL && sr->message[0] != '\0') {
+        bool full = false;
+        for (size_t j = 0; j < m; j++)
+            full |= sr->results[j]->status == KVP_ERR_POOL_FULL;
+        if (full)
+            KVP_LOG_WARN("put: %s", sr->message);
+        else
+            KVP_LOG_DEBUG("put: waiting for reads in flight: %s", sr->message);
+    }
 
     size_t n_ops = 0;
     for (size_t j = 0; j < m; j++)
@@ -861,6 +955,73 @@ out:
     return rc;
 }
 
+/*
+ * A put whose keys found the pool full with the room held by reads in flight
+ * (KVP_ERR_POOL_BUSY) waits for those reads to end and asks again, for at
+ * most the RPC timeout; then the keys get KVP_ERR_POOL_FULL. Only the busy
+ * keys are retried; the allocations here are on that rare path only.
+ */
+kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
+                                   const void *const *bufs, const size_t *sizes, size_t n,
+                                   const kvp_put_config_t *config, kvp_status_t *results,
+                                   uint32_t *replicas_written)
+{
+    kvp_status_t rc = put_batch_once(c, keys, bufs, sizes, n, config, results, replicas_written);
+    size_t nb = 0;
+    for (size_t i = 0; rc != KVP_OK && rc != KVP_ERR_INVALID_ARG && i < n; i++)
+        nb += results[i] == KVP_ERR_POOL_BUSY;
+    if (nb == 0)
+        return rc;
+    uint64_t deadline =
+        kvp_now_ms() + (c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000);
+    size_t *at = malloc(nb * sizeof(*at));
+    const char **k2 = malloc(nb * sizeof(*k2));
+    const void **b2 = malloc(nb * sizeof(*b2));
+    size_t *s2 = malloc(nb * sizeof(*s2));
+    kvp_status_t *r2 = malloc(nb * sizeof(*r2));
+    uint32_t *w2 = malloc(nb * sizeof(*w2));
+    unsigned sleep_ms = 1;
+    while (nb > 0 && at && k2 && b2 && s2 && r2 && w2 && kvp_now_ms() < deadline) {
+        usleep(sleep_ms * 1000u);
+        sleep_ms = KVP_MIN(sleep_ms * 2, 50u);
+        size_t m = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (results[i] != KVP_ERR_POOL_BUSY)
+                continue;
+            at[m] = i;
+            k2[m] = keys[i];
+            b2[m] = bufs[i];
+            s2[m++] = sizes[i];
+        }
+        put_batch_once(c, k2, b2, s2, m, config, r2, w2);
+        nb = 0;
+        for (size_t j = 0; j < m; j++) {
+            results[at[j]] = r2[j];
+            if (replicas_written != NULL)
+                replicas_written[at[j]] = w2[j];
+            nb += r2[j] == KVP_ERR_POOL_BUSY;
+        }
+    }
+    free(at);
+    free(k2);
+    free(b2);
+    free(s2);
+    free(r2);
+    free(w2);
+    rc = KVP_OK;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] == KVP_ERR_POOL_BUSY) {
+            KVP_LOG_WARN("put %s: the pool stayed full of objects being read for the whole "
+                         "timeout",
+                         keys[i]);
+            results[i] = KVP_ERR_POOL_FULL;
+        }
+        if (rc == KVP_OK && results[i] != KVP_OK)
+            rc = results[i];
+    }
+    return rc;
+}
+
 kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t len,
                      const kvp_put_config_t *config)
 {
@@ -900,6 +1061,24 @@ static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t 
         for (size_t q = 0; q < n; q++)
             if (rank[q] == want)
                 order[k++] = q;
+}
+
+/* Every read of a GetReplicaList answer is over (done, failed or never started): hand its
+ * leases back. */
+static void release_leases(kvp_client_t *c, const Kvpool__GetReplicaListResponse *gr)
+{
+    uint64_t ids[256];
+    size_t k = 0;
+    for (size_t j = 0; gr != NULL && j < gr->n_results; j++) {
+        if (gr->results[j]->status != KVP_OK || gr->results[j]->lease_id == 0)
+            continue;
+        ids[k++] = gr->results[j]->lease_id;
+        if (k == KVP_ARRAY_SIZE(ids)) {
+            kvp_client_lease_release(c, ids, k);
+            k = 0;
+        }
+    }
+    kvp_client_lease_release(c, ids, k);
 }
 
 kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *const *bufs,
@@ -1022,6 +1201,7 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
             }
         }
     }
+    release_leases(c, gr);
     for (size_t i = 0; i < n; i++)
         results[i] = st[i];
     for (size_t j = 0; j < m; j++)
@@ -1038,6 +1218,7 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
     free(idx);
     return rc;
 out:
+    release_leases(c, gr);
     for (size_t i = 0; i < n; i++)
         results[i] = st && st[i] != KVP_OK ? st[i] : rc;
     if (gr)

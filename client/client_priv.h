@@ -35,6 +35,17 @@ struct kvp_client {
     int master_fd;
     uint64_t next_req_id;
 
+    /* read leases to hand back (one-way LeaseRelease), sent by whoever holds
+     * master_lock next: the releasing get itself when the lock is free */
+    pthread_mutex_t rel_lock;
+    uint64_t *rel_ids; /* queued (rel_lock) */
+    size_t rel_n, rel_cap;
+    uint64_t *rel_send; /* being sent (master_lock); swapped with rel_ids */
+    size_t rel_send_cap;
+    uint8_t *rel_body; /* packed request (master_lock) */
+    size_t rel_body_cap;
+    _Atomic size_t rel_pending;
+
     kvp_transfer_t xfer;
 
     pthread_mutex_t peer_lock;
@@ -76,6 +87,10 @@ struct kvp_client {
 /* Master RPC with reconnect (and remount of the segment) on a broken connection. */
 kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
                              uint8_t **resp_p, size_t *resp_len_p);
+/* Unlock master_lock, first sending the lease releases queued meanwhile. */
+void kvp_client_master_unlock(kvp_client_t *c);
+/* Hand back read leases after a get's transfers (no round trip: one-way, batched). */
+void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n);
 /* Mount the segment on the current master connection (master_lock held). */
 kvp_status_t kvp_client_mount_locked(kvp_client_t *c);
 /* Learn segment descriptors from a master response. */

@@ -96,8 +96,8 @@ kvp_status_t kvp_rpc_frame_scan(const uint8_t *buf, size_t len, uint32_t max_bod
     return len >= *frame_len_p ? KVP_OK : KVP_ERR_PENDING;
 }
 
-kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const void *body,
-                          size_t body_len, uint8_t **resp_p, size_t *resp_len_p)
+kvp_status_t kvp_rpc_send(int fd, uint16_t method, uint64_t request_id, const void *body,
+                          size_t body_len)
 {
     if (body_len > KVP_RPC_MAX_BODY)
         return KVP_ERR_FRAME_TOO_LARGE;
@@ -107,9 +107,16 @@ kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const vo
     kvp_rpc_hdr_pack(&hdr, hb);
     struct iovec iov[2] = {{.iov_base = hb, .iov_len = sizeof(hb)},
                            {.iov_base = (void *)body, .iov_len = body_len}};
-    kvp_status_t status = kvp_sendv_all(fd, iov, body_len ? 2 : 1);
+    return kvp_sendv_all(fd, iov, body_len ? 2 : 1);
+}
+
+kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const void *body,
+                          size_t body_len, uint8_t **resp_p, size_t *resp_len_p)
+{
+    kvp_status_t status = kvp_rpc_send(fd, method, request_id, body, body_len);
     if (status != KVP_OK)
         return status;
+    uint8_t hb[KVP_RPC_HDR_LEN];
 
     for (;;) {
         status = kvp_recv_all(fd, hb, sizeof(hb));

@@ -49,7 +49,8 @@ typedef enum kvp_rpc_method {
     KVP_RPC_DRAIN = 15,
     KVP_RPC_MOVE_START = 16,
     KVP_RPC_MOVE_END = 17,
-    KVP_RPC_METHOD_MAX = 17,
+    KVP_RPC_LEASE_RELEASE = 18, /* one-way: the master sends no response */
+    KVP_RPC_METHOD_MAX = 18,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {
@@ -80,6 +81,16 @@ kvp_status_t kvp_rpc_hdr_unpack(const uint8_t in[KVP_RPC_HDR_LEN], uint32_t max_
  */
 kvp_status_t kvp_rpc_frame_scan(const uint8_t *buf, size_t len, uint32_t max_body,
                                 kvp_rpc_hdr_t *hdr, size_t *frame_len_p);
+
+/* Methods the master never answers (the sender does not wait). */
+static inline int kvp_rpc_is_oneway(uint16_t method)
+{
+    return method == KVP_RPC_LEASE_RELEASE;
+}
+
+/* Send one frame and wait for nothing (one-way methods). Blocking. */
+kvp_status_t kvp_rpc_send(int fd, uint16_t method, uint64_t request_id, const void *body,
+                          size_t body_len);
 
 /*
  * Blocking call on a connected socket: send one request frame with `body`

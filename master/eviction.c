@@ -42,8 +42,8 @@ uint64_t kvp_master_used(const kvp_master_state_t *st)
 
 static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj, bool take_soft)
 {
-    if (obj->deadline_ms > st->now_ms)
-        return false; /* under a read lease */
+    if (kvp_leased(st, obj))
+        return false; /* being read */
     if (obj->pin == KVP_PIN_HARD)
         return false;
     if (obj->pin == KVP_PIN_SOFT && !take_soft &&
@@ -71,8 +71,7 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
         while (obj != NULL && used > target) {
             kvp_object_t *next = obj->lnext;
             if (evictable(st, obj, pass == 1)) {
-                uint64_t bytes = (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN *
-                                 KVP_SEGMENT_ALIGN * obj->n_replicas;
+                uint64_t bytes = kvp_object_bytes(obj);
                 kvp_index_unlink(&st->index, obj);
                 kvp_object_release(st, obj);
                 used = bytes < used ? used - bytes : 0;
@@ -117,30 +116,6 @@ unsigned kvp_expire_puts(kvp_master_state_t *st)
     if (n > 0) {
         st->stats.put_timeouts += n;
         KVP_LOG_INFO("revoked %u puts not ended within %u ms", n, st->config.put_timeout_ms);
-    }
-    return n;
-}
-
-void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj)
-{
-    if (obj->state == KVP_OBJ_COMPLETE && obj->deadline_ms > st->now_ms)
-        kvp_object_list_append(&st->graveyard, obj);
-    else
-        kvp_object_release(st, obj);
-}
-
-unsigned kvp_graveyard_reap(kvp_master_state_t *st)
-{
-    unsigned n = 0;
-    kvp_object_t *obj = st->graveyard.head;
-    while (obj != NULL) {
-        kvp_object_t *next = obj->lnext;
-        if (obj->deadline_ms <= st->now_ms) {
-            kvp_object_list_remove(&st->graveyard, obj);
-            kvp_object_release(st, obj);
-            n++;
-        }
-        obj = next;
     }
     return n;
 }

@@ -22,6 +22,9 @@
 typedef enum kvp_obj_state {
     KVP_OBJ_PENDING = 1,
     KVP_OBJ_COMPLETE = 2,
+    /* removed (force remove, upsert) while reads were in flight: out of the index, its
+     * extents kept by its lease until the last read ends (lease.c) */
+    KVP_OBJ_RETIRED = 3,
 } kvp_obj_state_t;
 
 typedef enum kvp_pin {
@@ -87,8 +90,14 @@ typedef struct kvp_object {
     struct kvp_object *lnext;
     uint64_t hash;
     uint64_t size;
-    uint64_t writer_conn_id;   /* PENDING: connection that started the put */
-    uint64_t deadline_ms;      /* PENDING: put timeout; COMPLETE: read lease expiry */
+    union {
+        uint64_t writer_conn_id; /* PENDING: connection that started the put */
+        struct {
+            uint32_t lease;  /* COMPLETE, RETIRED: lease slot + 1 (lease.c); 0: no read */
+            uint32_t policy; /* COMPLETE: eviction policy state (eviction.c) */
+        };
+    };
+    uint64_t deadline_ms;      /* PENDING: put timeout */
     uint32_t soft_pin_until_s; /* soft pin expiry (master clock, seconds); 0: none */
     uint32_t crc32c;
     uint8_t state;
@@ -101,6 +110,13 @@ typedef struct kvp_object {
 static inline const char *kvp_object_key(const kvp_object_t *obj)
 {
     return (const char *)&obj->replicas[obj->n_replicas];
+}
+
+/* Bytes obj's extents take in their segments (every replica, aligned). */
+static inline uint64_t kvp_object_bytes(const kvp_object_t *obj)
+{
+    return (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN *
+           obj->n_replicas;
 }
 
 /* ---- segment table (segment_table.c) ---- */
@@ -204,6 +220,32 @@ typedef struct kvp_placement_req {
 kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement_req_t *req,
                                  uint64_t *rng_state, kvp_replica_t *out, unsigned *n_p);
 
+/* ---- read leases (lease.c) ---- */
+/*
+ * One slot per object being read: how many reads are in flight (grants not
+ * yet released) and when the lease ends if nobody releases it (the safety
+ * net for a reader that dies). A lease id names a slot and its generation,
+ * so a late or duplicate release never ends someone else's lease.
+ */
+typedef struct kvp_lease {
+    kvp_object_t *obj;   /* NULL: free slot */
+    uint64_t expires_ms; /* TTL after the last grant */
+    uint64_t bytes;      /* extent bytes the lease holds (all replicas) */
+    uint32_t gen;        /* bumped at every allocation of the slot */
+    uint32_t readers;    /* grants not released */
+    uint32_t prev, next; /* live slots in expiry order / free list (next); UINT32_MAX: none */
+} kvp_lease_t;
+
+typedef struct kvp_lease_table {
+    kvp_lease_t *slots;
+    uint32_t n_slots;
+    uint32_t free_head;
+    uint32_t head, tail; /* live slots, earliest expiry first */
+    uint32_t live;
+    uint64_t bytes;             /* sum of live slots' bytes */
+    uint64_t released, expired; /* leases ended by release / by the TTL */
+} kvp_lease_table_t;
+
 /* ---- the whole metadata state + handlers (service.c) ---- */
 typedef struct kvp_master_stats {
     uint64_t evicted_objects;
@@ -220,9 +262,7 @@ typedef struct kvp_master_state {
     kvp_master_stats_t stats;
     uint64_t rng;
     uint64_t now_ms; /* the master clock: set by the loop before each event (tests set it) */
-    /* Objects removed (force remove, upsert) while under a read lease: unlinked from
-     * the index, extents kept until the lease ends (deadline_ms), oldest first. */
-    kvp_object_list_t graveyard;
+    kvp_lease_table_t leases;
     kvp_move_t *moves; /* drain copies in flight */
 } kvp_master_state_t;
 
@@ -246,14 +286,36 @@ void kvp_service_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
 void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj);
 
 /*
- * Release an unlinked object now, or, while a read lease on it runs, keep its
- * extents in the graveyard until the lease ends: a leased extent is never
- * freed or reused.
+ * Release an unlinked object now or, while reads of it are in flight, keep
+ * its extents (state RETIRED, held by its lease) until the last read ends:
+ * a leased extent is never freed or reused.
  */
 void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj);
 
-/* Release graveyard objects whose lease has ended. Returns how many. */
-unsigned kvp_graveyard_reap(kvp_master_state_t *st);
+/* ---- read leases (lease.c) ---- */
+void kvp_lease_table_init(kvp_lease_table_t *t);
+/* Frees the RETIRED objects leases still hold. */
+void kvp_lease_table_cleanup(kvp_lease_table_t *t);
+/*
+ * A read of obj (COMPLETE) starts: one more reader, expiry pushed to now +
+ * TTL. Returns the lease id to release, 0 when out of memory (the read then
+ * goes unleased: still CRC-checked).
+ */
+uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj);
+/* A read is over. Stale or unknown ids are ignored (false). */
+bool kvp_lease_release(kvp_master_state_t *st, uint64_t lease_id);
+/* End leases whose TTL passed (readers that died). Returns how many. */
+unsigned kvp_lease_expire(kvp_master_state_t *st);
+/* obj is going away (evicted, its last segment unmounted, ...): forget its lease, if any. */
+void kvp_lease_forget(kvp_master_state_t *st, kvp_object_t *obj);
+/* Is a read of obj in flight (a lease granted, not released, its TTL not over)? */
+static inline bool kvp_leased(const kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    return obj->state != KVP_OBJ_PENDING && obj->lease != 0 &&
+           st->leases.slots[obj->lease - 1].expires_ms > st->now_ms;
+}
+/* Milliseconds left on obj's lease (0: none). */
+uint64_t kvp_lease_left_ms(const kvp_master_state_t *st, const kvp_object_t *obj);
 
 /* ---- eviction and timers (eviction.c) ---- */
 /* Bytes allocated over all segments. */

@@ -193,11 +193,17 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             s = kvp_service_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
                                    h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
         }
-        if (s == KVP_OK)
+        if (kvp_rpc_is_oneway(h.method)) {
+            /* the sender waits for nothing: an error is only logged */
+            if (s != KVP_OK)
+                KVP_LOG_WARN("connection %llu: one-way method %u: %s", (unsigned long long)c->id,
+                             h.method, errmsg);
+        } else if (s == KVP_OK) {
             ok = queue_frame(c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0, resp,
                              rlen);
-        else
+        } else {
             reply_error(c, &h, s, errmsg);
+        }
         free(resp);
         off += flen;
         if (!ok)
@@ -386,7 +392,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         if (srv->state.now_ms >= next_tick) {
             expire_silent(srv);
             kvp_expire_puts(&srv->state);
-            kvp_graveyard_reap(&srv->state);
+            kvp_lease_expire(&srv->state);
             kvp_evict_if_needed(&srv->state);
             next_tick = srv->state.now_ms + TICK_MS;
         }

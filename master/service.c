@@ -33,6 +33,7 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     memset(st, 0, sizeof(*st));
     kvp_segment_table_init(&st->segments);
     kvp_master_config_init(&st->config);
+    kvp_lease_table_init(&st->leases);
     st->now_ms = kvp_now_ms();
     st->rng = kvp_random_u64();
     return kvp_index_init(&st->index);
@@ -40,11 +41,7 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 
 void kvp_master_state_cleanup(kvp_master_state_t *st)
 {
-    while (st->graveyard.head != NULL) {
-        kvp_object_t *obj = st->graveyard.head;
-        kvp_object_list_remove(&st->graveyard, obj);
-        free(obj);
-    }
+    kvp_lease_table_cleanup(&st->leases); /* first: it frees retired objects only */
     while (st->moves != NULL) {
         kvp_move_t *mv = st->moves;
         st->moves = mv->next;
@@ -56,6 +53,7 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
 
 void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj)
 {
+    kvp_lease_forget(st, obj);
     for (unsigned i = 0; i < obj->n_replicas; i++) {
         kvp_segment_t *seg = kvp_segment_table_get(&st->segments, obj->replicas[i].segment_id);
         if (seg != NULL) {
@@ -76,7 +74,7 @@ void kvp_svc_extent_free(kvp_master_state_t *st, const kvp_replica_t *rep)
     }
 }
 
-/* Unlink a COMPLETE object from the index and retire it (graveyard while leased). */
+/* Unlink a COMPLETE object from the index and retire it (kept while reads are in flight). */
 void kvp_svc_object_remove(kvp_master_state_t *st, kvp_object_t *obj)
 {
     kvp_index_unlink(&st->index, obj);
@@ -277,7 +275,8 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
         return false;
     if (live == 0) {
         ctx->dropped++;
-        return true; /* its only extent was on the segment being destroyed */
+        kvp_lease_forget(ctx->st, obj); /* its readers fail: the owner is gone */
+        return true;                    /* its only extent was on the segment being destroyed */
     }
     if (obj->state == KVP_OBJ_PENDING) {
         for (unsigned i = 0; i < obj->n_replicas; i++)
@@ -373,8 +372,9 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
          * object goes now (its extents stay until readers' leases end) and the new
          * one gets extents of its own. Either way the key is absent until PutEnd,
          * and absent for good if the new put fails. */
-        if (obj->size == size && obj->deadline_ms <= st->now_ms && !on_draining(st, obj) &&
+        if (obj->size == size && !kvp_leased(st, obj) && !on_draining(st, obj) &&
             obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
+            kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
             kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
             obj->writer_conn_id = conn_id;
             obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
@@ -403,6 +403,10 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
         low = 0; /* after the first round, free just this object's worth at a time */
         status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     }
+    /* Nothing evictable is left. If reads in flight hold enough room, it comes back
+     * when they end: the client waits and asks again (bounded by its timeout). */
+    if (status == KVP_ERR_POOL_FULL && st->leases.bytes >= need)
+        return KVP_ERR_POOL_BUSY;
     if (status != KVP_OK)
         return status;
     obj = kvp_object_create((const char *)key->data, key->len, hash, n);
@@ -425,6 +429,23 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     return KVP_OK;
 }
 
+/* What holds a pool that has no room left (PutStartResponse.message). */
+static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
+{
+    uint64_t pending = 0;
+    for (const kvp_object_t *o = st->index.pending_list.head; o != NULL; o = o->lnext)
+        pending += kvp_object_bytes(o);
+    uint64_t used = kvp_master_used(st);
+    uint64_t other = used - KVP_MIN(used, pending + st->leases.bytes);
+    snprintf(buf, len,
+             "pool full: %llu of %llu bytes used: %llu by reads in flight (%u objects), %llu by "
+             "puts not yet ended (%llu objects), %llu pinned, on draining segments or "
+             "unevictable; free room too fragmented for the object otherwise",
+             (unsigned long long)used, (unsigned long long)st->segments.capacity,
+             (unsigned long long)st->leases.bytes, st->leases.live, (unsigned long long)pending,
+             (unsigned long long)st->index.pending, (unsigned long long)other);
+}
+
 static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const uint8_t *body,
                                  size_t len, uint8_t **resp_p, size_t *resp_len_p)
 {
@@ -438,6 +459,7 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
     Kvpool__Replica **repptr = NULL;
     kvp_seg_set_t segs = {0};
     kvp_status_t rc = KVP_OK;
+    char full_msg[384] = "";
 
     resp.status = kvp_svc_check_batch(req->n_keys);
     if (resp.status == KVP_OK && req->n_sizes != req->n_keys)
@@ -475,6 +497,9 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
         resptr[i] = &res[i];
         kvp_object_t *obj = NULL;
         res[i].status = put_start_one(st, conn_id, &req->keys[i], req->sizes[i], &preq, &obj);
+        if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
+            full_msg[0] == '\0')
+            pool_full_message(st, full_msg, sizeof(full_msg));
         if (res[i].status != KVP_OK)
             continue;
         res[i].replicas = &repptr[nr];
@@ -493,6 +518,7 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
     resp.results = resptr;
     resp.n_segments = segs.n;
     resp.segments = segs.ptrs;
+    resp.message = full_msg;
 pack:;
     size_t plen = kvpool__put_start_response__get_packed_size(&resp);
     uint8_t *buf = malloc(plen ? plen : 1);
@@ -578,7 +604,9 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
         obj->n_replicas = (uint8_t)w;
     }
     obj->crc32c = end->crc32c[i];
-    obj->deadline_ms = 0; /* from now on: read lease expiry */
+    obj->deadline_ms = 0;
+    obj->lease = 0; /* from now on: lease slot and policy state, not the writer */
+    obj->policy = 0;
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
     return KVP_OK;
 }
@@ -616,7 +644,7 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_NOT_FOUND;
     if (obj->state == KVP_OBJ_PENDING)
         return KVP_ERR_PENDING;
-    if (obj->deadline_ms > st->now_ms && !force)
+    if (kvp_leased(st, obj) && !force)
         return KVP_ERR_LEASED;
     kvp_svc_object_remove(st, obj);
     return KVP_OK;
@@ -633,11 +661,8 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
         return status;
     if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
         return 0;
-    if (st->config.lease_on_exist) {
-        uint64_t until = st->now_ms + st->config.lease_ttl_ms;
-        if (obj->deadline_ms < until)
-            obj->deadline_ms = until;
-    }
+    if (st->config.lease_on_exist)
+        kvp_lease_grant(st, obj); /* nobody releases it: it ends by the TTL */
     return 1;
 }
 
@@ -731,10 +756,9 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             }
             res[i].size = obj->size;
             res[i].crc32c = obj->crc32c;
-            /* a read lease: the extents stay put (no eviction, no plain remove) */
-            uint64_t until = st->now_ms + st->config.lease_ttl_ms;
-            if (obj->deadline_ms < until)
-                obj->deadline_ms = until;
+            /* a read lease: the extents stay put (no eviction, no plain remove) until
+             * the client releases it after its transfer */
+            res[i].lease_id = kvp_lease_grant(st, obj);
             kvp_index_touch(&st->index, obj);
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
@@ -770,6 +794,18 @@ out:
     free(repptr);
     kvpool__keys_request__free_unpacked(req, NULL);
     return rc;
+}
+
+/* One-way: no response is packed. */
+static kvp_status_t do_lease_release(kvp_master_state_t *st, const uint8_t *body, size_t len)
+{
+    Kvpool__LeaseReleaseRequest *req = kvpool__lease_release_request__unpack(NULL, len, body);
+    if (req == NULL)
+        return KVP_ERR_PROTOCOL;
+    for (size_t i = 0; i < req->n_lease_ids; i++)
+        kvp_lease_release(st, req->lease_ids[i]);
+    kvpool__lease_release_request__free_unpacked(req, NULL);
+    return KVP_OK;
 }
 
 static kvp_status_t do_get_size(kvp_master_state_t *st, const uint8_t *body, size_t len,
@@ -915,6 +951,9 @@ kvp_status_t kvp_service_handle(kvp_master_state_t *st, uint64_t conn_id, uint16
         break;
     case KVP_RPC_MOVE_END:
         status = kvp_svc_move_end(st, conn_id, body, body_len, resp_p, resp_len_p);
+        break;
+    case KVP_RPC_LEASE_RELEASE:
+        status = do_lease_release(st, body, body_len);
         break;
     default:
         snprintf(errmsg, errmsg_len, "unknown method %u", method);

@@ -182,8 +182,8 @@ kvp_status_t kvp_svc_list(kvp_master_state_t *st, const uint8_t *body, size_t le
             e->state = obj->state;
             e->pin = obj->pin;
             e->crc32c = obj->crc32c;
-            if (obj->state == KVP_OBJ_COMPLETE && obj->deadline_ms > st->now_ms)
-                e->lease_ms = (uint32_t)KVP_MIN(obj->deadline_ms - st->now_ms, UINT32_MAX);
+            if (obj->state == KVP_OBJ_COMPLETE)
+                e->lease_ms = (uint32_t)KVP_MIN(kvp_lease_left_ms(st, obj), UINT32_MAX);
             e->replicas = &repp[nr];
             e->n_replicas = 0;
             for (unsigned r = 0; r < obj->n_replicas; r++) {
@@ -251,7 +251,7 @@ kvp_status_t kvp_svc_remove_by_regex(kvp_master_state_t *st, const uint8_t *body
                 resp.skipped_pending++;
                 continue;
             }
-            if (obj->deadline_ms > st->now_ms && !req->force) {
+            if (kvp_leased(st, obj) && !req->force) {
                 resp.skipped_leased++;
                 continue;
             }

@@ -55,7 +55,7 @@ kvp_status_t kvp_svc_key_lookup(kvp_master_state_t *st, const ProtobufCBinaryDat
 /* Free an extent that belongs to no object. */
 void kvp_svc_extent_free(kvp_master_state_t *st, const kvp_replica_t *rep);
 
-/* Unlink a COMPLETE object and retire it (kept in the graveyard while leased). */
+/* Unlink a COMPLETE object and retire it (kept while reads of it are in flight). */
 void kvp_svc_object_remove(kvp_master_state_t *st, kvp_object_t *obj);
 
 /* Pack a StatusesResponse. */

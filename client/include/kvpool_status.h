@@ -40,7 +40,9 @@
     X(KVP_ERR_NOT_OWNER, -26, "caller does not own this object or segment")                        \
     X(KVP_ERR_INTERNAL, -27, "internal error")                                                     \
     X(KVP_ERR_LEASED, -28, "object is being read (under a read lease); remove it with force")      \
-    X(KVP_ERR_LEASE_EXPIRED, -29, "read lease expired before the transfer finished")
+    X(KVP_ERR_LEASE_EXPIRED, -29, "read lease expired before the transfer finished")               \
+    X(KVP_ERR_POOL_BUSY, -30,                                                                      \
+      "pool full for now: the room is held by reads in flight (the client waits and retries)")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(name, value, msg) name = value,
@@ -49,7 +51,7 @@ typedef enum kvp_status {
 } kvp_status_t;
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-29)
+#define KVP_STATUS_MIN (-30)
 
 /*
  * Human-readable text for a status. Always returns a static string, also for

@@ -494,7 +494,7 @@ static void test_unknown_method(void **state)
 {
     env_t *e = *state;
     int fd = connect_to(e->master.ready);
-    static const uint16_t methods[] = {0, 18, 999, 0x7FFF};
+    static const uint16_t methods[] = {0, 19, 999, 0x7FFF};
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
         uint8_t frame[RPC_HDR + 5];
         rpc_hdr(frame, RPC_MAGIC, 1, methods[i], 100 + i, 5);
@@ -535,6 +535,16 @@ static void test_garbage_body(void **state)
         expect_error_frame(fd, m, 600 + m, KVP_ERR_PROTOCOL, "garbage body");
     }
     expect_ping_ok(fd, 700, "ping after garbage bodies");
+    /* LEASE_RELEASE (18) is one-way: a garbage body gets no answer at all (the sender
+     * waits for none), and neither do lease ids that were never granted; the
+     * connection stays usable and the next reply is the ping's */
+    rpc_hdr(frame, RPC_MAGIC, 1, 18, 750, 16);
+    send_bytes(fd, frame, sizeof(frame));
+    static const uint8_t bogus[] = {0x0a, 0x08, 1, 2, 3, 4, 5, 6, 7, 8}; /* lease_ids: 1 */
+    rpc_hdr(frame, RPC_MAGIC, 1, 18, 751, sizeof(bogus));
+    memcpy(frame + RPC_HDR, bogus, sizeof(bogus));
+    send_bytes(fd, frame, RPC_HDR + sizeof(bogus));
+    expect_ping_ok(fd, 752, "ping after one-way lease releases");
     /* pipelined: unknown method, garbage PUT_START, ping - in one write, answered in order */
     uint8_t pipe[3 * RPC_HDR + 16];
     rpc_hdr(pipe, RPC_MAGIC, 1, 4242, 801, 0);

@@ -681,11 +681,11 @@ static void test_force_remove_of_leased_key(void **state)
     assert_int_equal(s.objects, 0);
     assert_int_equal(s.evicted_objects, 0); /* a remove is not an eviction */
     st->now_ms = 5999;
-    assert_int_equal(kvp_graveyard_reap(st), 0);
+    assert_int_equal(kvp_lease_expire(st), 0);
     assert_int_equal(kvp_master_used(st), OBJ);
     /* ... and then is freed */
     st->now_ms = 6000;
-    assert_int_equal(kvp_graveyard_reap(st), 1);
+    assert_int_equal(kvp_lease_expire(st), 1);
     assert_int_equal(kvp_master_used(st), 0);
 }
 

@@ -1,0 +1,200 @@
+/*
+ * lease.c - read leases that end when the read ends.
+ *
+ * Design: GetReplicaList grants a lease on each object it answers; the
+ * client hands the lease back (LeaseRelease, one-way, no round trip on the
+ * get's path) as soon as its transfer is over, success or failure. An
+ * object under lease is not evicted and not removed without force; a
+ * forced remove (or an upsert) of an object being read retires it: out of
+ * the index at once, its extents kept until the last reader lets go. The
+ * TTL (--lease-ttl) only bounds a reader that dies or hangs mid-read.
+ *
+ * Per object under read there is one slot in a table (not one per reader):
+ * a reader count and an expiry, TTL after the latest grant. Slots of live
+ * leases sit on a list in expiry order (every grant has the same TTL, so a
+ * grant moves its slot to the tail), so the timer ends expired leases from
+ * the head: O(1) per grant, release and expiry. Whether an object is leased
+ * is decided by the clock (kvp_leased), so a lease the timer has not yet
+ * reaped is already over; whatever frees an object forgets its slot. A lease id is the slot's
+ * generation and index: a release that comes late (after the TTL ended the
+ * lease and the slot went to another object) names an old generation and
+ * is ignored. Generations start at a random value so ids from before a
+ * master restart do not match.
+ *
+ * Thread: master loop only.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/util.h"
+#include "master/master.h"
+
+#define NIL UINT32_MAX
+
+void kvp_lease_table_init(kvp_lease_table_t *t)
+{
+    memset(t, 0, sizeof(*t));
+    t->free_head = t->head = t->tail = NIL;
+}
+
+void kvp_lease_table_cleanup(kvp_lease_table_t *t)
+{
+    for (uint32_t i = 0; i < t->n_slots; i++)
+        if (t->slots[i].obj != NULL && t->slots[i].obj->state == KVP_OBJ_RETIRED)
+            free(t->slots[i].obj);
+    free(t->slots);
+    kvp_lease_table_init(t);
+}
+
+static void live_unlink(kvp_lease_table_t *t, uint32_t i)
+{
+    kvp_lease_t *l = &t->slots[i];
+    if (l->prev != NIL)
+        t->slots[l->prev].next = l->next;
+    else
+        t->head = l->next;
+    if (l->next != NIL)
+        t->slots[l->next].prev = l->prev;
+    else
+        t->tail = l->prev;
+}
+
+static void live_append(kvp_lease_table_t *t, uint32_t i)
+{
+    kvp_lease_t *l = &t->slots[i];
+    l->prev = t->tail;
+    l->next = NIL;
+    if (t->tail != NIL)
+        t->slots[t->tail].next = i;
+    else
+        t->head = i;
+    t->tail = i;
+}
+
+static bool grow(kvp_lease_table_t *t, uint64_t *rng)
+{
+    uint32_t n = t->n_slots ? t->n_slots * 2 : 256;
+    if (n <= t->n_slots)
+        return false;
+    kvp_lease_t *s = realloc(t->slots, (size_t)n * sizeof(*s));
+    if (s == NULL)
+        return false;
+    for (uint32_t i = t->n_slots; i < n; i++) {
+        memset(&s[i], 0, sizeof(s[i]));
+        s[i].gen = (uint32_t)kvp_rng_next(rng);
+        s[i].prev = NIL;
+        s[i].next = i + 1 < n ? i + 1 : t->free_head;
+    }
+    t->free_head = t->n_slots;
+    t->slots = s;
+    t->n_slots = n;
+    return true;
+}
+
+static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired);
+
+static uint64_t lease_id(const kvp_lease_table_t *t, uint32_t i)
+{
+    return (uint64_t)t->slots[i].gen << 32 | i;
+}
+
+uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    kvp_lease_table_t *t = &st->leases;
+    uint32_t i;
+    if (obj->lease != 0 && !kvp_leased(st, obj))
+        lease_end(st, obj->lease - 1, false); /* over by its TTL: its readers are gone */
+    if (obj->lease != 0) {
+        i = obj->lease - 1;
+        live_unlink(t, i);
+    } else {
+        if (t->free_head == NIL && !grow(t, &st->rng))
+            return 0;
+        i = t->free_head;
+        kvp_lease_t *l = &t->slots[i];
+        t->free_head = l->next;
+        l->gen++;
+        if (l->gen == 0)
+            l->gen = 1; /* id 0 means "no lease" */
+        l->obj = obj;
+        l->readers = 0;
+        l->bytes = kvp_object_bytes(obj);
+        t->bytes += l->bytes;
+        t->live++;
+        obj->lease = i + 1;
+    }
+    kvp_lease_t *l = &t->slots[i];
+    l->readers++;
+    l->expires_ms = st->now_ms + st->config.lease_ttl_ms;
+    live_append(t, i);
+    return lease_id(t, i);
+}
+
+/* The lease on slot i is over: free the slot (and a retired object with it when asked). */
+static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
+{
+    kvp_lease_table_t *t = &st->leases;
+    kvp_lease_t *l = &t->slots[i];
+    kvp_object_t *obj = l->obj;
+    live_unlink(t, i);
+    t->bytes -= l->bytes;
+    t->live--;
+    l->obj = NULL;
+    l->prev = NIL;
+    l->next = t->free_head;
+    t->free_head = i;
+    obj->lease = 0;
+    if (release_retired && obj->state == KVP_OBJ_RETIRED)
+        kvp_object_release(st, obj);
+}
+
+bool kvp_lease_release(kvp_master_state_t *st, uint64_t lease_id)
+{
+    kvp_lease_table_t *t = &st->leases;
+    uint32_t i = (uint32_t)lease_id;
+    if (i >= t->n_slots || t->slots[i].obj == NULL || t->slots[i].gen != (uint32_t)(lease_id >> 32))
+        return false;
+    t->released++;
+    if (--t->slots[i].readers == 0)
+        lease_end(st, i, true);
+    return true;
+}
+
+unsigned kvp_lease_expire(kvp_master_state_t *st)
+{
+    kvp_lease_table_t *t = &st->leases;
+    unsigned n = 0;
+    while (t->head != NIL && t->slots[t->head].expires_ms <= st->now_ms) {
+        lease_end(st, t->head, true);
+        n++;
+    }
+    if (n > 0) {
+        t->expired += n;
+        KVP_LOG_INFO("%u read leases ended by their %u ms TTL (readers that did not release)", n,
+                     st->config.lease_ttl_ms);
+    }
+    return n;
+}
+
+void kvp_lease_forget(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (obj->state != KVP_OBJ_PENDING && obj->lease != 0)
+        lease_end(st, obj->lease - 1, false);
+}
+
+uint64_t kvp_lease_left_ms(const kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    if (!kvp_leased(st, obj))
+        return 0;
+    uint64_t exp = st->leases.slots[obj->lease - 1].expires_ms;
+    return exp > st->now_ms ? exp - st->now_ms : 0;
+}
+
+void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (kvp_leased(st, obj))
+        obj->state = KVP_OBJ_RETIRED;
+    else
+        kvp_object_release(st, obj);
+}
