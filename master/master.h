@@ -146,9 +146,16 @@ static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
 
 /* ---- object index (object_index.c) ---- */
 typedef struct kvp_object_list {
-    kvp_object_t *head; /* oldest (LRU end) */
-    kvp_object_t *tail; /* newest (MRU end) */
+    kvp_object_t *head; /* oldest (the evict end) */
+    kvp_object_t *tail; /* newest */
+    uint64_t n;
 } kvp_object_list_t;
+
+/* obj->policy of a COMPLETE object: the list it is on (eviction.c). */
+#define KVP_POLICY_PROBATION 0u /* put, not read since */
+#define KVP_POLICY_PROTECTED 1u /* read at least once (or back from the ghost) */
+#define KVP_POLICY_PINNED 2u    /* hard-pinned: never a victim, never scanned */
+#define KVP_POLICY_LIST_MASK 3u
 
 typedef struct kvp_object_index {
     kvp_object_t **buckets;
@@ -156,7 +163,9 @@ typedef struct kvp_object_index {
     uint64_t count;                 /* all objects */
     uint64_t pending;               /* PENDING objects */
     kvp_object_list_t pending_list; /* PENDING objects, oldest first (put timeouts) */
-    kvp_object_list_t lru;          /* COMPLETE objects, least recently used first */
+    kvp_object_list_t probation;    /* COMPLETE: eviction policy lists (eviction.c) */
+    kvp_object_list_t protected;
+    kvp_object_list_t pinned;
 } kvp_object_index_t;
 
 kvp_status_t kvp_index_init(kvp_object_index_t *index);
@@ -170,10 +179,12 @@ void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj);
 /* Unlink from the table (and the pending list); does not free. */
 void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj);
 void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state);
-/* A COMPLETE object was used (put or read): it becomes the most recently used. */
-void kvp_index_touch(kvp_object_index_t *index, kvp_object_t *obj);
-/* Doubly linked object lists (lprev/lnext): append at the tail, unlink anywhere. */
+/* The policy list a COMPLETE object is on. */
+kvp_object_list_t *kvp_index_policy_list(kvp_object_index_t *index, const kvp_object_t *obj);
+/* Doubly linked object lists (lprev/lnext): append at the tail or prepend at the head,
+ * unlink anywhere. */
 void kvp_object_list_append(kvp_object_list_t *list, kvp_object_t *obj);
+void kvp_object_list_prepend(kvp_object_list_t *list, kvp_object_t *obj);
 void kvp_object_list_remove(kvp_object_list_t *list, kvp_object_t *obj);
 /* Allocate an object with room for n replicas and the key. */
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
@@ -255,6 +266,20 @@ typedef struct kvp_master_stats {
     uint64_t moved;        /* objects moved off draining segments */
 } kvp_master_stats_t;
 
+/*
+ * Keys evicted lately (eviction.c): two Bloom filters, inserts go to the
+ * current one, lookups ask both; when the current one has taken `cap`
+ * keys the older one is cleared and becomes current. So the ghost
+ * remembers the last cap..2*cap evictions, at about 10 bits per key.
+ */
+typedef struct kvp_ghost {
+    uint64_t *bits[2];
+    uint64_t mask[2]; /* bits per filter - 1 (a power of two - 1) */
+    uint64_t n_cur;   /* keys in bits[cur] */
+    uint64_t cap;
+    unsigned cur;
+} kvp_ghost_t;
+
 typedef struct kvp_master_state {
     kvp_segment_table_t segments;
     kvp_object_index_t index;
@@ -263,6 +288,7 @@ typedef struct kvp_master_state {
     uint64_t rng;
     uint64_t now_ms; /* the master clock: set by the loop before each event (tests set it) */
     kvp_lease_table_t leases;
+    kvp_ghost_t ghost;
     kvp_move_t *moves; /* drain copies in flight */
 } kvp_master_state_t;
 
@@ -321,9 +347,20 @@ uint64_t kvp_lease_left_ms(const kvp_master_state_t *st, const kvp_object_t *obj
 /* Bytes allocated over all segments. */
 uint64_t kvp_master_used(const kvp_master_state_t *st);
 /*
- * Free least-recently-used COMPLETE objects, skipping leased and hard-pinned
- * ones (soft-pinned ones only when nothing else is left), until used bytes
- * are at most `target`. Returns the bytes freed.
+ * The policy's hooks. kvp_policy_put: obj just became COMPLETE (PutEnd);
+ * `last`: it was the last key of its batch (batches are handled last key
+ * first, so a chain's first block ends up the newest). kvp_policy_read:
+ * GetReplicaList answered obj (same order).
+ */
+void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool last);
+void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj);
+/* Is obj's key among the recently evicted ones? */
+bool kvp_ghost_has(const kvp_ghost_t *g, uint64_t hash);
+void kvp_ghost_cleanup(kvp_ghost_t *g);
+/*
+ * Evict COMPLETE objects in the policy's order, skipping leased ones, hard
+ * pins, objects on draining segments and (first pass) soft pins, until used
+ * bytes are at most `target`. Returns the bytes freed.
  */
 uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target);
 /* Evict down to the low watermark if usage is above the high one. */

@@ -6,7 +6,9 @@
  * resize never rehashes a key. The table doubles when count > buckets.
  * Every object is also on one doubly linked list: PENDING objects on the
  * pending list (oldest first: put timeouts, a dead writer's puts, no scan),
- * COMPLETE objects on the LRU list (least recently used first: eviction).
+ * COMPLETE objects on one of the eviction policy's lists (probation,
+ * protected, or pinned for hard pins; which one: obj->policy, see
+ * eviction.c).
  *
  * Thread: master loop only.
  */
@@ -77,6 +79,7 @@ static void grow(kvp_object_index_t *index)
 
 void kvp_object_list_append(kvp_object_list_t *l, kvp_object_t *obj)
 {
+    l->n++;
     obj->lnext = NULL;
     obj->lprev = l->tail;
     if (l->tail)
@@ -86,8 +89,21 @@ void kvp_object_list_append(kvp_object_list_t *l, kvp_object_t *obj)
     l->tail = obj;
 }
 
+void kvp_object_list_prepend(kvp_object_list_t *l, kvp_object_t *obj)
+{
+    l->n++;
+    obj->lprev = NULL;
+    obj->lnext = l->head;
+    if (l->head)
+        l->head->lprev = obj;
+    else
+        l->tail = obj;
+    l->head = obj;
+}
+
 void kvp_object_list_remove(kvp_object_list_t *l, kvp_object_t *obj)
 {
+    l->n--;
     if (obj->lprev)
         obj->lprev->lnext = obj->lnext;
     else
@@ -99,15 +115,29 @@ void kvp_object_list_remove(kvp_object_list_t *l, kvp_object_t *obj)
     obj->lprev = obj->lnext = NULL;
 }
 
-/* Every object is on exactly one list: pending or LRU, by its state. */
+kvp_object_list_t *kvp_index_policy_list(kvp_object_index_t *index, const kvp_object_t *obj)
+{
+    switch (obj->policy & KVP_POLICY_LIST_MASK) {
+    case KVP_POLICY_PROTECTED:
+        return &index->protected;
+    case KVP_POLICY_PINNED:
+        return &index->pinned;
+    default:
+        return &index->probation;
+    }
+}
+
+/* Every object is on exactly one list: pending, or a policy list (COMPLETE). */
 static void lists_link(kvp_object_index_t *index, kvp_object_t *obj)
 {
     if (obj->state == KVP_OBJ_PENDING) {
         kvp_object_list_append(&index->pending_list, obj);
         index->pending++;
-    } else {
-        kvp_object_list_append(&index->lru, obj);
+        return;
     }
+    /* a newly COMPLETE object: probation (the policy may move it), hard pins aside */
+    obj->policy = obj->pin == KVP_PIN_HARD ? KVP_POLICY_PINNED : KVP_POLICY_PROBATION;
+    kvp_object_list_append(kvp_index_policy_list(index, obj), obj);
 }
 
 static void lists_unlink(kvp_object_index_t *index, kvp_object_t *obj)
@@ -116,7 +146,7 @@ static void lists_unlink(kvp_object_index_t *index, kvp_object_t *obj)
         kvp_object_list_remove(&index->pending_list, obj);
         index->pending--;
     } else {
-        kvp_object_list_remove(&index->lru, obj);
+        kvp_object_list_remove(kvp_index_policy_list(index, obj), obj);
     }
 }
 
@@ -151,14 +181,6 @@ void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_s
     lists_unlink(index, obj);
     obj->state = (uint8_t)state;
     lists_link(index, obj);
-}
-
-void kvp_index_touch(kvp_object_index_t *index, kvp_object_t *obj)
-{
-    if (obj->state != KVP_OBJ_COMPLETE || index->lru.tail == obj)
-        return;
-    kvp_object_list_remove(&index->lru, obj);
-    kvp_object_list_append(&index->lru, obj);
 }
 
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)

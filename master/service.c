@@ -42,6 +42,7 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 void kvp_master_state_cleanup(kvp_master_state_t *st)
 {
     kvp_lease_table_cleanup(&st->leases); /* first: it frees retired objects only */
+    kvp_ghost_cleanup(&st->ghost);
     while (st->moves != NULL) {
         kvp_move_t *mv = st->moves;
         st->moves = mv->next;
@@ -389,18 +390,14 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     kvp_placement_req_t r = *preq;
     r.size = size;
     status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
-    /* No room: evict now (down to the low watermark, and at least this object's worth)
-     * and try again. Free bytes are not a free extent: in a fragmented segment the
-     * freed space may be scattered, so keep evicting (LRU order) until the object fits
-     * or nothing evictable is left. */
+    /* No room: evict this object's worth (policy order) and try again. Free bytes are
+     * not a free extent: in a fragmented segment the freed space may be scattered, so
+     * keep evicting until the object fits or nothing evictable is left. */
     uint64_t need = size * (r.replica_num ? r.replica_num : 1);
-    uint64_t low = (uint64_t)(st->config.evict_low * (double)st->segments.capacity);
     while (status == KVP_ERR_POOL_FULL) {
         uint64_t used = kvp_master_used(st);
-        uint64_t target = used > need ? used - need : 0;
-        if (kvp_evict_to(st, target < low ? target : low) == 0)
+        if (kvp_evict_to(st, used > need ? used - need : 0) == 0)
             break;
-        low = 0; /* after the first round, free just this object's worth at a time */
         status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     }
     /* Nothing evictable is left. If reads in flight hold enough room, it comes back
@@ -608,6 +605,7 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     obj->lease = 0; /* from now on: lease slot and policy state, not the writer */
     obj->policy = 0;
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
+    kvp_policy_put(st, obj, i + 1 == end->n_keys);
     return KVP_OK;
 }
 
@@ -705,7 +703,9 @@ static kvp_status_t do_keys(kvp_master_state_t *st, uint64_t conn_id, uint16_t m
             rc = KVP_ERR_NOMEM;
             goto out;
         }
-        for (size_t i = 0; i < n_keys; i++)
+        /* last key first: the eviction policy sees a chain's first block last, so it
+         * ends up the most recent (eviction.c); each key's answer is its own */
+        for (size_t i = n_keys; i-- > 0;)
             out[i] = fn(st, conn_id, &keys[i], end, i, force);
     }
     rc = kvp_svc_pack_statuses(status, out, n_keys, resp_p, resp_len_p);
@@ -743,7 +743,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             goto out;
         }
         size_t nr = 0;
-        for (size_t i = 0; i < n; i++) {
+        for (size_t i = n; i-- > 0;) { /* last key first, as in do_keys */
             kvpool__get_replica_result__init(&res[i]);
             resptr[i] = &res[i];
             kvp_object_t *obj;
@@ -759,7 +759,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             /* a read lease: the extents stay put (no eviction, no plain remove) until
              * the client releases it after its transfer */
             res[i].lease_id = kvp_lease_grant(st, obj);
-            kvp_index_touch(&st->index, obj);
+            kvp_policy_read(st, obj);
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
             if (!kvp_svc_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
