@@ -738,5 +738,7 @@ int main(int argc, char **argv)
         free(doc.buf);
     }
     free(out.buf);
+    if (rc)
+        fprintf(stderr, "kvpool-bench: %s: FAILED (errors above)\n", mode);
     return rc ? 1 : 0;
 }
