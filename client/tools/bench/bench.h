@@ -51,6 +51,10 @@ typedef struct kvp_bench_opts {
     double capacities[KVP_BENCH_MAX_LIST]; /* fractions of unique blocks (default 0.1) */
     size_t n_capacities;
     uint64_t trace_limit; /* max requests replayed (0: all) */
+    /* false (default, --eviction store): per capacity point an empty pool of exactly
+     * capacity_blocks blocks, the master's eviction decides what stays; true
+     * (--eviction client-lru): the bench removes LRU victims itself (a reference) */
+    bool trace_client_lru;
     /* output */
     const char *json_path;
     bool quiet; /* no progress line */
