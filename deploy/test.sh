@@ -4,12 +4,13 @@
 # build-asan/. Ends with one plain line "N passed, N failed" (counts of
 # test programs over both builds); exits non-zero if anything failed.
 #
-#   deploy/test.sh            unit, integration, fault (+ ASan/UBSan), fuzzing
+#   deploy/test.sh            unit, integration, fault (+ ASan/UBSan), bench, fuzzing
 #   deploy/test.sh --rdma     the same, then the rdma suite on real verbs in a
 #                             Soft-RoCE VM (deploy/test-rdma.sh; what CI runs)
 #   deploy/test.sh --no-asan  normal build only (no sanitizers, no fuzzing)
 #
-# Suites: unit, integration, fault (tests/fault); then deploy/fuzz.sh; with
+# Suites: unit, integration, fault (tests/fault); bench (a ~20 s smoke of every
+# kvpool-bench mode) once, on the normal build only; then deploy/fuzz.sh; with
 # --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,24 +31,30 @@ passed=0
 failed=0
 rc_all=0
 
-run_suite() { # builddir, setup args...
-  local dir=$1; shift
-  if [ ! -f "$dir/build.ninja" ]; then
-    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; failed=$((failed+1)); rc_all=1; return; }
-  fi
-  if ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
-    cat "$dir.ninja.log"; failed=$((failed+1)); rc_all=1; return
-  fi
-  meson test -C "$dir" --suite unit --suite integration --suite fault --print-errorlogs \
-    --num-processes 2 2>&1 | tee "$dir/meson-test.out"
-  local rc=${PIPESTATUS[0]}
+# Add one `meson test` run's counts (its output file, its exit status) to the totals.
+tally() {
+  local out=$1 rc=$2
   [ "$rc" -ne 0 ] && rc_all=1
-  v() { awk -v k="$1" -F: '$1==k {gsub(/ /,"",$2); print $2}' "$dir/meson-test.out" | tail -1; }
+  v() { awk -v k="$1" -F: '$1==k {gsub(/ /,"",$2); print $2}' "$out" | tail -1; }
   local ok fail xf up to
   ok=$(v Ok); fail=$(v Fail); xf=$(v 'Expected Fail'); up=$(v 'Unexpected Pass'); to=$(v Timeout)
   passed=$((passed + ${ok:-0} + ${xf:-0}))
   failed=$((failed + ${fail:-0} + ${up:-0} + ${to:-0}))
   if [ "$rc" -ne 0 ] && [ "${fail:-0}" = 0 ] && [ "${to:-0}" = 0 ]; then failed=$((failed+1)); fi
+}
+
+run_suite() { # builddir, setup args...; returns non-zero when the build failed
+  local dir=$1; shift
+  if [ ! -f "$dir/build.ninja" ]; then
+    meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || { cat "$dir.setup.log"; failed=$((failed+1)); rc_all=1; return 1; }
+  fi
+  if ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
+    cat "$dir.ninja.log"; failed=$((failed+1)); rc_all=1; return 1
+  fi
+  meson test -C "$dir" --suite unit --suite integration --suite fault --print-errorlogs \
+    --num-processes 2 2>&1 | tee "$dir/meson-test.out"
+  tally "$dir/meson-test.out" "${PIPESTATUS[0]}"
+  return 0
 }
 
 # Formatting (.clang-format) is part of the tests: one more check, counted like a test.
@@ -61,7 +68,12 @@ if command -v clang-format >/dev/null && git rev-parse --git-dir >/dev/null 2>&1
   rm -f format.log
 fi
 
-run_suite build
+# The bench suite (a short smoke of every kvpool-bench mode) once, on the normal build;
+# not under ASan: it measures, and its figures would be the sanitizer's.
+if run_suite build; then
+  meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
+  tally build/meson-test-bench.out "${PIPESTATUS[0]}"
+fi
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -4,7 +4,9 @@
  *
  * Each mode lives in its own file (bench_<mode>.c) and exposes one entry
  * point `int kvp_bench_<mode>(const kvp_bench_opts_t *o, kvp_bench_out_t *out)`
- * returning 0 on success, non-zero on failure (message on stderr). A mode
+ * returning 0 on success, non-zero on any failure: a failed put, get, exist or
+ * remove, wrong bytes, a failed cluster start or measurement (the first few
+ * failures are printed on stderr with their kvp_strerror text). A mode
  * prints its own human-readable table to stdout (with a progress line on
  * stderr while it runs) and adds one flat JSON object per figure through
  * kvp_bench_result_*.
@@ -49,6 +51,10 @@ typedef struct kvp_bench_opts {
     double capacities[KVP_BENCH_MAX_LIST]; /* fractions of unique blocks (default 0.1) */
     size_t n_capacities;
     uint64_t trace_limit; /* max requests replayed (0: all) */
+    /* false (default, --eviction store): per capacity point an empty pool of exactly
+     * capacity_blocks blocks, the master's eviction decides what stays; true
+     * (--eviction client-lru): the bench removes LRU victims itself (a reference) */
+    bool trace_client_lru;
     /* output */
     const char *json_path;
     bool quiet; /* no progress line */
@@ -72,8 +78,11 @@ double kvp_bench_limit_memcpy_gbps(uint64_t size);
 double kvp_bench_limit_tcp_gbps(uint64_t size, unsigned streams);
 void kvp_bench_limit_set_memcpy(uint64_t size, double gbps);
 void kvp_bench_limit_set_tcp(uint64_t size, unsigned streams, double gbps);
-/* Measure (once) the memcpy and loopback-tcp limits for a size and stream count. */
-void kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams);
+/*
+ * Measure (once) the memcpy and loopback-tcp limits for a size and stream count.
+ * Returns 0, or -1 (message on stderr) when a measurement failed.
+ */
+int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams);
 
 /* ---- local cluster ---- */
 typedef struct kvp_bench_cluster {
@@ -83,7 +92,10 @@ typedef struct kvp_bench_cluster {
     char master_addr[128];
 } kvp_bench_cluster_t;
 
-/* Start a master and n segment servers of seg_size bytes on 127.0.0.1. */
+/*
+ * Start a master (its default settings) and n segment servers of seg_size bytes
+ * on 127.0.0.1. Returns 0, or -1 with a message on stderr and nothing left running.
+ */
 int kvp_bench_cluster_start(kvp_bench_cluster_t *c, unsigned n, uint64_t seg_size);
 /* SIGTERM everything by PID, reap. */
 void kvp_bench_cluster_stop(kvp_bench_cluster_t *c);

@@ -11,6 +11,10 @@
  * batch size, per object), next to the matching limit measured in the
  * same run: memcpy for shm, a loopback socket pump with the same number of
  * streams for tcp.
+ *
+ * Any failure ends the point and fails the run: a put, exist, get or remove
+ * that does not succeed for every key (the first failing key and its status
+ * are printed), or a get that returns other bytes than were put.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -55,8 +59,24 @@ typedef struct worker {
     double busy[N_OPS];
     uint64_t objs[N_OPS];
     int failed;
+    bool started; /* set by the caller's thread: the worker thread exists */
     char err[256];
 } worker_t;
+
+/* Record the worker's first failure: what, the first key whose status is not OK, and why. */
+static void fail_batch(worker_t *w, const char *what, kvp_status_t st, char **keys,
+                       const kvp_status_t *res, unsigned n)
+{
+    for (unsigned i = 0; i < n && res != NULL; i++) {
+        if (res[i] != KVP_OK) {
+            snprintf(w->err, sizeof(w->err), "%s %s: %s", what, keys[i], kvp_strerror(res[i]));
+            w->failed = 1;
+            return;
+        }
+    }
+    snprintf(w->err, sizeof(w->err), "%s: %s", what, kvp_strerror(st));
+    w->failed = 1;
+}
 
 static void *worker_main(void *arg)
 {
@@ -80,19 +100,31 @@ static void *worker_main(void *arg)
     kvp_status_t *res = calloc(b, sizeof(*res));
     int64_t *got = calloc(b, sizeof(*got));
     int *ex = calloc(b, sizeof(*ex));
-    for (unsigned i = 0; i < b; i++) {
+    bool nomem = !keys || !src || !dst || !sizes || !res || !got || !ex;
+    unsigned registered = 0;
+    for (unsigned i = 0; i < b && !nomem; i++) {
         keys[i] = malloc(96);
         src[i] = malloc(w->size);
         dst[i] = malloc(w->size);
         sizes[i] = w->size;
+        if (!keys[i] || !src[i] || !dst[i]) {
+            nomem = true;
+            break;
+        }
         memset(src[i], (int)(i * 31 + w->id + 1), w->size);
         memset(dst[i], 0, w->size);
         kvp_register_buffer(c, src[i], w->size);
         kvp_register_buffer(c, dst[i], w->size);
+        registered++;
     }
     /* Round 0 is a warm-up (first touch of buffers and mappings) and is not counted;
      * at least 3 rounds are measured even when they take longer than the duration. */
     uint64_t iter = 0;
+    if (nomem) {
+        snprintf(w->err, sizeof(w->err), "out of memory for %u buffers of %llu bytes", b,
+                 (unsigned long long)w->size);
+        w->failed = 1;
+    }
     while ((kvp_bench_now() < w->t_end || iter < 4) && !w->failed) {
         for (unsigned i = 0; i < b; i++)
             snprintf(keys[i], 96, "bench@%s@t%u@%llu@%u", w->transport, w->id,
@@ -103,34 +135,47 @@ static void *worker_main(void *arg)
                                 NULL, res);
         double t1 = kvp_bench_now();
         if (st != KVP_OK) {
-            snprintf(w->err, sizeof(w->err), "put: %s", kvp_strerror(st));
-            w->failed = 1;
+            fail_batch(w, "put", st, keys, res, b);
             break;
         }
         size_t prefix = 0;
         st = kvp_batch_is_exist(c, (const char *const *)keys, b, ex, &prefix);
         double t2 = kvp_bench_now();
         if (st != KVP_OK || prefix != b) {
-            snprintf(w->err, sizeof(w->err), "exist: %s (prefix %zu of %u)", kvp_strerror(st),
-                     prefix, b);
+            snprintf(w->err, sizeof(w->err), "exist: %s (prefix %zu of %u; %s: %s)",
+                     kvp_strerror(st), prefix, b, keys[prefix < b ? prefix : 0],
+                     st != KVP_OK     ? "not asked"
+                     : prefix == b    ? "exists"
+                     : ex[prefix] < 0 ? kvp_strerror((kvp_status_t)ex[prefix])
+                                      : "does not exist");
             w->failed = 1;
             break;
         }
         st = kvp_batch_get_into(c, (const char *const *)keys, dst, sizes, b, got);
         double t3 = kvp_bench_now();
         if (st != KVP_OK) {
-            snprintf(w->err, sizeof(w->err), "get: %s", kvp_strerror(st));
+            unsigned i = 0;
+            while (i + 1 < b && got[i] >= 0)
+                i++;
+            snprintf(w->err, sizeof(w->err), "get %s: %s", keys[i],
+                     kvp_strerror(got[i] < 0 ? (kvp_status_t)got[i] : st));
             w->failed = 1;
             break;
         }
-        for (unsigned i = 0; i < b; i++) {
+        for (unsigned i = 0; i < b && !w->failed; i++) {
             const char *s = src[i], *d = dst[i];
             if (got[i] != (int64_t)w->size || d[0] != s[0] || d[w->size - 1] != s[w->size - 1]) {
                 snprintf(w->err, sizeof(w->err), "get returned wrong bytes for %s", keys[i]);
                 w->failed = 1;
             }
         }
-        kvp_batch_remove_force(c, (const char *const *)keys, b, res);
+        if (w->failed)
+            break;
+        st = kvp_batch_remove_force(c, (const char *const *)keys, b, res);
+        if (st != KVP_OK) {
+            fail_batch(w, "remove", st, keys, res, b);
+            break;
+        }
         if (iter == 1)
             continue; /* the warm-up round */
         double d[N_OPS] = {t1 - t0, t3 - t2, t2 - t1};
@@ -140,9 +185,11 @@ static void *worker_main(void *arg)
             w->objs[op] += b;
         }
     }
-    for (unsigned i = 0; i < b; i++) {
-        kvp_unregister_buffer(c, src[i]);
-        kvp_unregister_buffer(c, dst[i]);
+    for (unsigned i = 0; i < b && keys && src && dst; i++) {
+        if (i < registered) {
+            kvp_unregister_buffer(c, src[i]);
+            kvp_unregister_buffer(c, dst[i]);
+        }
         free(keys[i]);
         free(src[i]);
         free(dst[i]);
@@ -175,6 +222,12 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
     unsigned nt = o->threads;
     worker_t *w = calloc(nt, sizeof(*w));
     pthread_t *th = calloc(nt, sizeof(*th));
+    if (w == NULL || th == NULL) {
+        fprintf(stderr, "kvpool-bench: data: out of memory\n");
+        free(w);
+        free(th);
+        return 1;
+    }
     double t0 = kvp_bench_now();
     for (unsigned t = 0; t < nt; t++) {
         w[t] = (worker_t){.o = o,
@@ -185,14 +238,19 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
                           .crc = crc,
                           .t_start = t0,
                           .t_end = t0 + o->duration_s};
-        pthread_create(&th[t], NULL, worker_main, &w[t]);
+        w[t].started = pthread_create(&th[t], NULL, worker_main, &w[t]) == 0;
+        if (!w[t].started) {
+            snprintf(w[t].err, sizeof(w[t].err), "cannot start a client thread");
+            w[t].failed = 1;
+        }
     }
     char sz[32];
     kvp_bench_progress(o, "data: %s %s batch %u threads %u%s ...", transport,
                        fmt_size(size, sz, sizeof(sz)), batch, nt, crc ? "" : " crc=off");
     int rc = 0;
     for (unsigned t = 0; t < nt; t++) {
-        pthread_join(th[t], NULL);
+        if (w[t].started)
+            pthread_join(th[t], NULL);
         if (w[t].failed) {
             fprintf(stderr, "kvpool-bench: data %s %llu: %s\n", transport, (unsigned long long)size,
                     w[t].err);
@@ -266,13 +324,14 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
 
 int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 {
+    int rc = 0;
     for (size_t s = 0; s < o->n_sizes; s++)
-        kvp_bench_limits_ensure(o, o->sizes[s], TCP_STREAMS * o->threads);
+        if (kvp_bench_limits_ensure(o, o->sizes[s], TCP_STREAMS * o->threads) != 0)
+            rc = 1;
     printf("== data: batch ops against %s (%u thread%s, %.1f s per point) ==\n", o->master,
            o->threads, o->threads > 1 ? "s" : "", o->duration_s);
     printf("%-4s %-5s %8s %5s %3s %-3s %8s %7s %10s %9s %9s %9s\n", "tr", "op", "size", "batch",
            "thr", "crc", "GB/s", "%limit", "obj/s", "p50 us", "p99 us", "p99.9 us");
-    int rc = 0;
     for (size_t t = 0; t < o->n_transports; t++)
         for (size_t s = 0; s < o->n_sizes; s++)
             for (size_t b = 0; b < o->n_batches; b++) {

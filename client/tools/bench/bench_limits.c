@@ -67,12 +67,20 @@ typedef struct pump {
     uint64_t size;
     double deadline;
     uint64_t bytes;
+    bool failed;  /* the thread could not run (allocation) */
+    bool started; /* its thread was created */
+    pthread_t thread;
 } pump_t;
 
 static void *sender(void *arg)
 {
     pump_t *p = arg;
     char *buf = malloc(p->size);
+    if (buf == NULL) {
+        p->failed = true;
+        shutdown(p->fd, SHUT_WR);
+        return NULL;
+    }
     memset(buf, 7, p->size);
     while (kvp_bench_now() < p->deadline)
         if (kvp_send_all(p->fd, buf, p->size) != KVP_OK)
@@ -86,6 +94,12 @@ static void *receiver(void *arg)
 {
     pump_t *p = arg;
     char *buf = malloc(p->size);
+    if (buf == NULL) {
+        p->failed = true;
+        close(p->fd); /* a reset: the sender's next send fails */
+        p->fd = -1;
+        return NULL;
+    }
     for (;;) {
         ssize_t n = recv(p->fd, buf, p->size, MSG_WAITALL);
         if (n <= 0)
@@ -103,10 +117,9 @@ static double measure_tcp(uint64_t size, unsigned streams, double duration)
     if (kvp_tcp_listen("127.0.0.1", 0, 64, &lfd, &port) != KVP_OK)
         return 0;
     pump_t *tx = calloc(streams, sizeof(*tx)), *rx = calloc(streams, sizeof(*rx));
-    pthread_t *tt = calloc(streams, sizeof(*tt)), *rt = calloc(streams, sizeof(*rt));
     double t0 = kvp_bench_now();
     unsigned ok = 0;
-    for (unsigned s = 0; s < streams; s++) {
+    for (unsigned s = 0; s < streams && tx != NULL && rx != NULL; s++) {
         int cfd, afd;
         if (kvp_tcp_connect("127.0.0.1", port, 5000, &cfd) != KVP_OK)
             break;
@@ -120,26 +133,35 @@ static double measure_tcp(uint64_t size, unsigned streams, double duration)
         ok++;
     }
     t0 = kvp_bench_now();
+    bool failed = ok < streams;
     for (unsigned s = 0; s < ok; s++) {
         tx[s].deadline = t0 + duration;
-        pthread_create(&tt[s], NULL, sender, &tx[s]);
-        pthread_create(&rt[s], NULL, receiver, &rx[s]);
+        rx[s].started = pthread_create(&rx[s].thread, NULL, receiver, &rx[s]) == 0;
+        if (!rx[s].started) { /* a reset, or the sender would block on a full socket */
+            close(rx[s].fd);
+            rx[s].fd = -1;
+        }
+        tx[s].started = pthread_create(&tx[s].thread, NULL, sender, &tx[s]) == 0;
+        if (!tx[s].started)
+            shutdown(tx[s].fd, SHUT_WR); /* the receiver sees the end */
     }
     uint64_t bytes = 0;
     for (unsigned s = 0; s < ok; s++) {
-        pthread_join(tt[s], NULL);
-        pthread_join(rt[s], NULL);
+        if (tx[s].started)
+            pthread_join(tx[s].thread, NULL);
+        if (rx[s].started)
+            pthread_join(rx[s].thread, NULL);
+        failed |= !tx[s].started || !rx[s].started || tx[s].failed || rx[s].failed;
         bytes += rx[s].bytes;
         close(tx[s].fd);
-        close(rx[s].fd);
+        if (rx[s].fd >= 0)
+            close(rx[s].fd);
     }
     double t = kvp_bench_now() - t0;
     close(lfd);
     free(tx);
     free(rx);
-    free(tt);
-    free(rt);
-    return ok == streams ? (double)bytes / t / 1e9 : 0;
+    return failed ? 0 : (double)bytes / t / 1e9;
 }
 
 /* iperf3 -P streams over loopback, when installed: GB/s received, or 0. */
@@ -182,28 +204,43 @@ static double measure_iperf3(unsigned streams, double duration)
     return 0;
 }
 
-void kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams)
+int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams)
 {
     double d = o->duration_s < 1 ? o->duration_s : 1;
+    int rc = 0;
     if (kvp_bench_limit_memcpy_gbps(size) == 0) {
         kvp_bench_progress(o, "limits: memcpy %llu B", (unsigned long long)size);
         kvp_bench_limit_set_memcpy(size, measure_memcpy(size, d));
+        if (kvp_bench_limit_memcpy_gbps(size) == 0) {
+            kvp_bench_progress_done(o);
+            fprintf(stderr, "kvpool-bench: limits: memcpy of %llu-byte objects failed\n",
+                    (unsigned long long)size);
+            rc = -1;
+        }
     }
     if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
         kvp_bench_progress(o, "limits: tcp %u streams %llu B", streams, (unsigned long long)size);
         kvp_bench_limit_set_tcp(size, streams, measure_tcp(size, streams, d));
+        if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
+            kvp_bench_progress_done(o);
+            fprintf(stderr, "kvpool-bench: limits: loopback tcp pump (%u streams, %llu B) failed\n",
+                    streams, (unsigned long long)size);
+            rc = -1;
+        }
     }
     kvp_bench_progress_done(o);
+    return rc;
 }
 
 int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 {
     printf("== limits: this machine's ceilings ==\n");
     printf("%-10s %-8s %8s %12s\n", "limit", "streams", "size", "GB/s");
+    int rc = 0;
     for (size_t i = 0; i < o->n_sizes; i++) {
         uint64_t size = o->sizes[i];
-        kvp_bench_limits_ensure(o, size, 2);
-        kvp_bench_limits_ensure(o, size, 1);
+        if (kvp_bench_limits_ensure(o, size, 2) != 0 || kvp_bench_limits_ensure(o, size, 1) != 0)
+            rc = 1;
         double m = kvp_bench_limit_memcpy_gbps(size);
         printf("%-10s %-8s %8llu %12.2f\n", "memcpy", "-", (unsigned long long)size, m);
         kvp_bench_result_begin(out, "limits");
@@ -236,5 +273,5 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             printf("(iperf3 not installed: apt-get install iperf3 to add its figure)\n");
         }
     }
-    return 0;
+    return rc;
 }

@@ -388,34 +388,38 @@ static int parse_list_u64(const char *text, uint64_t *out, size_t *n, bool sizes
 static void usage(FILE *f)
 {
     fprintf(
-        f, "usage: kvpool-bench MODE [options]\n"
-           "modes: data | limits | meta | alloc | trace | all\n"
-           "cluster:\n"
-           "  --master HOST:PORT     a running master (default $KVPOOL_MASTER)\n"
-           "  --local                start a master and segments on 127.0.0.1 and stop them after\n"
-           "  --segments N           local segments (default 1)\n"
-           "  --segment-size SIZE    bytes per local segment (default 4GiB)\n"
-           "data:\n"
-           "  --transport LIST       tcp,shm,rdma (default tcp,shm)\n"
-           "  --rdma-write-limit G   GB/s of ib_write_bw in this session: rdma puts' %%limit\n"
-           "  --rdma-read-limit G    GB/s of ib_read_bw in this session: rdma gets' %%limit\n"
-           "  --sizes LIST           object sizes (default 4KiB,64KiB,1MiB,4MiB,16MiB)\n"
-           "  --batch LIST           keys per batch (default 32)\n"
-           "  --threads N            client threads (default 1)\n"
-           "  --duration S           seconds per point (default 2)\n"
-           "  --no-crc               also measure with CRC checks off (labelled crc=off)\n"
-           "meta:\n"
-           "  --objects LIST         resident objects (default 10000,1000000,10000000)\n"
-           "alloc:\n"
-           "  --alloc-arena SIZE     arena size (default 64GiB)\n"
-           "trace:\n"
-           "  --trace FILE           JSONL with hash_ids (Mooncake FAST'25 format)\n"
-           "  --block-bytes SIZE     bytes per hash id (default 256KiB)\n"
-           "  --capacity LIST        pool size as fractions of unique blocks (default 0.1)\n"
-           "  --trace-limit N        replay at most N requests\n"
-           "output:\n"
-           "  --json FILE            write every figure and the parameters as JSON\n"
-           "  --quiet                no progress line\n");
+        f,
+        "usage: kvpool-bench MODE [options]\n"
+        "modes: data | limits | meta | alloc | trace | all\n"
+        "cluster:\n"
+        "  --master HOST:PORT     a running master (default $KVPOOL_MASTER)\n"
+        "  --local                start a master and segments on 127.0.0.1 and stop them after\n"
+        "  --segments N           local segments (default 1)\n"
+        "  --segment-size SIZE    bytes per local segment (default 4GiB)\n"
+        "data:\n"
+        "  --transport LIST       tcp,shm,rdma (default tcp,shm)\n"
+        "  --rdma-write-limit G   GB/s of ib_write_bw in this session: rdma puts' %%limit\n"
+        "  --rdma-read-limit G    GB/s of ib_read_bw in this session: rdma gets' %%limit\n"
+        "  --sizes LIST           object sizes (default 4KiB,64KiB,1MiB,4MiB,16MiB)\n"
+        "  --batch LIST           keys per batch (default 32)\n"
+        "  --threads N            client threads (default 1)\n"
+        "  --duration S           seconds per point (default 2)\n"
+        "  --no-crc               also measure with CRC checks off (labelled crc=off)\n"
+        "meta:\n"
+        "  --objects LIST         resident objects (default 10000,1000000,10000000)\n"
+        "alloc:\n"
+        "  --alloc-arena SIZE     arena size (default 64GiB)\n"
+        "trace:\n"
+        "  --trace FILE           JSONL with hash_ids (Mooncake FAST'25 format)\n"
+        "  --block-bytes SIZE     bytes per hash id (default 256KiB)\n"
+        "  --capacity LIST        pool size as fractions of unique blocks (default 0.1)\n"
+        "  --trace-limit N        replay at most N requests\n"
+        "  --eviction MODE        store (default): per capacity an empty pool of exactly that\n"
+        "                         many blocks (a fresh --local cluster each), the master evicts;\n"
+        "                         client-lru: the bench removes LRU victims itself (a reference)\n"
+        "output:\n"
+        "  --json FILE            write every figure and the parameters as JSON\n"
+        "  --quiet                no progress line\n");
 }
 
 static void machine_json(kvp_bench_out_t *o)
@@ -490,6 +494,7 @@ static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const cha
         out_append(o, "%s%g", i ? ", " : "", p->capacities[i]);
     out_append(o, "]");
     kvp_bench_result_int(o, "trace_limit", (int64_t)p->trace_limit);
+    kvp_bench_result_str(o, "eviction", p->trace_client_lru ? "client-lru" : "store");
     out_append(o, "},\n");
 }
 
@@ -558,6 +563,7 @@ int main(int argc, char **argv)
         {"block-bytes", required_argument, NULL, 'B'},
         {"capacity", required_argument, NULL, 'c'},
         {"trace-limit", required_argument, NULL, 'l'},
+        {"eviction", required_argument, NULL, 'e'},
         {"json", required_argument, NULL, 'j'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -664,6 +670,14 @@ int main(int argc, char **argv)
         case 'l':
             o.trace_limit = strtoull(optarg, NULL, 10);
             break;
+        case 'e':
+            if (strcmp(optarg, "store") == 0)
+                o.trace_client_lru = false;
+            else if (strcmp(optarg, "client-lru") == 0)
+                o.trace_client_lru = true;
+            else
+                goto bad;
+            break;
         case 'j':
             o.json_path = optarg;
             break;
@@ -688,24 +702,29 @@ int main(int argc, char **argv)
         return 2;
     }
     bool all = strcmp(mode, "all") == 0;
-    bool need_store =
-        all || strcmp(mode, "data") == 0 || strcmp(mode, "meta") == 0 || strcmp(mode, "trace") == 0;
-    if ((all || strcmp(mode, "trace") == 0) && o.trace_path == NULL) {
-        if (!all) {
-            fprintf(stderr, "kvpool-bench: trace needs --trace FILE\n");
-            return 2;
-        }
+    if (strcmp(mode, "trace") == 0 && o.trace_path == NULL) {
+        fprintf(stderr, "kvpool-bench: trace needs --trace FILE\n");
+        return 2;
+    }
+    if (all && o.trace_path == NULL)
+        fprintf(stderr, "kvpool-bench: all: no --trace FILE, the trace mode is skipped\n");
+    bool run_trace = o.trace_path != NULL && (all || strcmp(mode, "trace") == 0);
+    /* the trace in store eviction brings its own pool per capacity point */
+    bool need_store = all || strcmp(mode, "data") == 0 || strcmp(mode, "meta") == 0 ||
+                      (run_trace && o.trace_client_lru);
+    if ((need_store || run_trace) && !o.local && o.master == NULL) {
+        fprintf(stderr, "kvpool-bench: no --master and no $KVPOOL_MASTER: using --local\n");
+        o.local = true;
     }
 
     kvp_bench_out_t out = {0};
     kvp_bench_cluster_t cluster;
     bool started = false;
-    if (need_store && (o.local || o.master == NULL)) {
-        if (!o.local)
-            fprintf(stderr, "kvpool-bench: no --master and no $KVPOOL_MASTER: using --local\n");
-        o.local = true;
-        if (kvp_bench_cluster_start(&cluster, o.segments, o.segment_size) != 0)
+    if (need_store && o.local) {
+        if (kvp_bench_cluster_start(&cluster, o.segments, o.segment_size) != 0) {
+            fprintf(stderr, "kvpool-bench: cannot start the local cluster\n");
             return 1;
+        }
         started = true;
         o.master = cluster.master_addr;
     }
@@ -719,7 +738,12 @@ int main(int argc, char **argv)
         rc |= kvp_bench_alloc(&o, &out);
     if (all || strcmp(mode, "meta") == 0)
         rc |= kvp_bench_meta(&o, &out);
-    if ((all && o.trace_path) || strcmp(mode, "trace") == 0)
+    if (started && !(run_trace && o.trace_client_lru)) {
+        /* its memory is given back before the trace starts pools of its own */
+        kvp_bench_cluster_stop(&cluster);
+        started = false;
+    }
+    if (run_trace)
         rc |= kvp_bench_trace(&o, &out);
     if (started)
         kvp_bench_cluster_stop(&cluster);
@@ -738,5 +762,7 @@ int main(int argc, char **argv)
         free(doc.buf);
     }
     free(out.buf);
+    if (rc)
+        fprintf(stderr, "kvpool-bench: %s: FAILED (errors above)\n", mode);
     return rc ? 1 : 0;
 }

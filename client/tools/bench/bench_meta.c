@@ -504,8 +504,10 @@ static int cmp_u64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-static void report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op, double kps,
-                   double bpo, long long rss, double fill_kps, uint64_t misses)
+/* Print and record one figure. Returns -1 (message on stderr) when resident keys were
+ * not found: the master lost objects, an error. */
+static int report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op, double kps,
+                  double bpo, long long rss, double fill_kps, uint64_t misses)
 {
     printf("%10" PRIu64 " %-16s %12.0f %12.1f %8zu %8u %12.0f%s\n", sh->resident, op, kps, bpo,
            key_len(), sh->threads, fill_kps, misses ? "  <- keys not found!" : "");
@@ -522,6 +524,12 @@ static void report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op
     kvp_bench_result_num(out, "fill_keys_per_s", fill_kps);
     kvp_bench_result_int(out, "misses", (int64_t)misses);
     kvp_bench_result_end(out);
+    if (misses == 0)
+        return 0;
+    fprintf(stderr,
+            "kvpool-bench meta: %s: %" PRIu64 " of the resident keys asked for were not found\n",
+            op, misses);
+    return -1;
 }
 
 static uint64_t sum_keys(const meta_worker_t *ws, unsigned n, uint64_t *misses_p)
@@ -602,6 +610,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
            "threads", "fill keys/s");
 
     uint64_t resident = 0;
+    bool bad = false;
     for (size_t c = 0; c < n_counts; c++) {
         uint64_t r = counts[c];
         sh.resident = r;
@@ -635,8 +644,8 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             goto out;
         kvp_bench_progress_done(o);
         uint64_t k = sum_keys(ws, sh.threads, &misses);
-        report(out, &sh, "put", sh.put_time > 0 ? (double)k / sh.put_time : 0, bpo, rss, fill_kps,
-               misses);
+        bad |= report(out, &sh, "put", sh.put_time > 0 ? (double)k / sh.put_time : 0, bpo, rss,
+                      fill_kps, misses) != 0;
 
         kvp_bench_progress(o, "meta: %" PRIu64 " resident: exist", r);
         sh.deadline = kvp_bench_now() + dur;
@@ -645,7 +654,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         if (dt < 0)
             goto out;
         k = sum_keys(ws, sh.threads, &misses);
-        report(out, &sh, "exist", (double)k / dt, bpo, rss, fill_kps, misses);
+        bad |= report(out, &sh, "exist", (double)k / dt, bpo, rss, fill_kps, misses) != 0;
 
         kvp_bench_progress(o, "meta: %" PRIu64 " resident: get_replica_list", r);
         sh.deadline = kvp_bench_now() + dur;
@@ -654,10 +663,11 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         if (dt < 0)
             goto out;
         k = sum_keys(ws, sh.threads, &misses);
-        report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses);
+        bad |=
+            report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses) != 0;
         fflush(stdout);
     }
-    rc = 0;
+    rc = bad ? 1 : 0;
 out:
     if (pinger.started) {
         atomic_store(&pinger.stop, true);

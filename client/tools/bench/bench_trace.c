@@ -1,6 +1,7 @@
 /*
  * bench_trace.c - kvpool-bench trace: replay a FAST'25 Mooncake trace against
- * the real store and compare its prefix hit rate with an exact LRU.
+ * the real store and compare its prefix hit rate with an exact LRU and with
+ * Belady's offline optimum of the same capacity.
  *
  * DESIGN
  * Input is JSONL, one request a line; only the `hash_ids` array is read (a
@@ -17,19 +18,36 @@
  * the cached prefix P; the P prefix blocks are read with batch_get_into and
  * verified (first 16 and last 8 bytes encode the hash id; the store's CRC
  * covers the rest); the blocks the store lacks are written with
- * batch_put_from, in request order. Calls carry at most 128 keys.
+ * batch_put_from, in request order. Calls carry at most 128 keys. The hit
+ * rate is the sum of prefix hits over the total block references.
  *
- * Eviction: the store has no eviction yet, so the bench is the cache policy
- * ("client-lru"): it tracks what it stored in an exact LRU limited to
- * capacity_blocks and removes LRU victims from the store before writing new
- * blocks. A put refused with KVP_ERR_POOL_FULL (the pool is smaller than the
- * capacity, fragmentation, another tenant) removes more LRU victims and is
- * retried. The reference `lru_hit_rate` comes from the same LRU simulated
- * without the store; both agree unless the store disagrees with the bench's
- * bookkeeping (counted as `mismatches`) or POOL_FULL forced extra evictions.
+ * Eviction "store" (the default): for each capacity point the pool is one
+ * segment of exactly capacity_blocks x block_bytes (rounded up to the
+ * master's 64-byte extent granularity), empty when the point starts: with
+ * --local a fresh master (its default settings) and segment per point,
+ * otherwise the given master's pool must already be empty and of that size.
+ * The master's eviction decides what stays; the bench removes nothing. A key
+ * that exist reported but that the get then finds NOT_FOUND (evicted in
+ * between) ends the prefix there (`get_raced`) and is written again; a put
+ * answered EXISTS is fine (`put_exists`). Every other failure (a put refused
+ * with POOL_FULL, wrong bytes, a transport error) is an error.
+ *
+ * Eviction "client-lru" (a reference): the bench is the cache policy. It
+ * tracks what it stored in an exact LRU limited to capacity_blocks and removes
+ * LRU victims from the store before writing new blocks; a put refused with
+ * KVP_ERR_POOL_FULL removes more LRU victims and is retried.
+ *
+ * References, computed in the bench without the store over the same requests
+ * (prefix hits per request, then every block of the request accessed in
+ * order): `lru_hit_rate`, an exact LRU of capacity_blocks; `belady_hit_rate`,
+ * Belady's MIN of capacity_blocks (every accessed block is inserted; when full
+ * the resident block whose next reference is furthest in the future, or that
+ * is never referenced again, is evicted; next references are precomputed over
+ * the flattened reference string and the resident set is an indexed max-heap,
+ * O(n log n)).
  *
  * The bench holds no block contents beyond two reusable buffers of
- * batch x block_bytes (one for puts, one for gets), registered once.
+ * batch x block_bytes (one for puts, one for gets), registered once per client.
  * Single-threaded: runs on the caller's thread.
  */
 #include <inttypes.h>
@@ -46,7 +64,9 @@
 #define TRACE_KEY_PREFIX "trace@tp_rank:0@pp_rank:0@group:0@"
 #define TRACE_NIL UINT32_MAX
 #define TRACE_SALT 0x9e3779b97f4a7c15ull
-#define TRACE_MAX_REPORTS 5 /* detailed messages per error kind and run */
+#define TRACE_MAX_REPORTS 5   /* detailed messages per error kind and capacity point */
+#define TRACE_MAX_ERRORS 1000 /* a capacity point stops after this many errors */
+#define TRACE_ALIGN 64u       /* the master's extent granularity (KVP_SEGMENT_ALIGN) */
 #define TRACE_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* ---------------- trace loading ---------------- */
@@ -335,12 +355,116 @@ static size_t lru_sim_request(lru_t *l, const uint32_t *blk, size_t n)
     return p;
 }
 
+/* ---------------- Belady's MIN over dense blocks ---------------- */
+
+#define TRACE_NEVER SIZE_MAX /* next reference of a block that is not referenced again */
+
+typedef struct belady {
+    uint32_t *heap; /* resident blocks, a max-heap on key[] */
+    uint32_t *pos;  /* per block: its index in heap[], TRACE_NIL when not resident */
+    size_t *key;    /* per block: position of its next reference */
+    size_t n, cap;
+} belady_t;
+
+static void belady_swap(belady_t *h, size_t i, size_t j)
+{
+    uint32_t a = h->heap[i], b = h->heap[j];
+    h->heap[i] = b;
+    h->heap[j] = a;
+    h->pos[b] = (uint32_t)i;
+    h->pos[a] = (uint32_t)j;
+}
+
+static void belady_up(belady_t *h, size_t i)
+{
+    while (i > 0 && h->key[h->heap[(i - 1) / 2]] < h->key[h->heap[i]]) {
+        belady_swap(h, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void belady_down(belady_t *h, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && h->key[h->heap[l]] > h->key[h->heap[m]])
+            m = l;
+        if (r < h->n && h->key[h->heap[r]] > h->key[h->heap[m]])
+            m = r;
+        if (m == i)
+            return;
+        belady_swap(h, i, m);
+        i = m;
+    }
+}
+
+/*
+ * Prefix hits of the first n_req requests under Belady's MIN with `cap`
+ * blocks (cap > 0). Returns 0 and the hits in *hits_p, or -1 when out of memory.
+ */
+static int belady_sim(const trace_t *t, size_t n_req, size_t cap, uint64_t *hits_p)
+{
+    size_t n_refs = t->off[n_req];
+    belady_t h = {.cap = cap};
+    size_t *next = malloc((n_refs ? n_refs : 1) * sizeof(*next));
+    h.heap = malloc(cap * sizeof(*h.heap));
+    h.pos = malloc(t->n_uniq * sizeof(*h.pos));
+    h.key = malloc(t->n_uniq * sizeof(*h.key));
+    int rc = -1;
+    if (next == NULL || h.heap == NULL || h.pos == NULL || h.key == NULL)
+        goto out;
+    /* next[i]: the position of the next reference of blks[i], from a backward pass
+     * (key[] holds each block's latest-seen position meanwhile) */
+    for (size_t b = 0; b < t->n_uniq; b++) {
+        h.key[b] = TRACE_NEVER;
+        h.pos[b] = TRACE_NIL;
+    }
+    for (size_t i = n_refs; i-- > 0;) {
+        next[i] = h.key[t->blks[i]];
+        h.key[t->blks[i]] = i;
+    }
+    uint64_t hits = 0;
+    for (size_t q = 0; q < n_req; q++) {
+        size_t lo = t->off[q], hi = t->off[q + 1], p = lo;
+        while (p < hi && h.pos[t->blks[p]] != TRACE_NIL)
+            p++;
+        hits += p - lo;
+        for (size_t i = lo; i < hi; i++) {
+            uint32_t b = t->blks[i];
+            if (h.pos[b] != TRACE_NIL) {
+                h.key[b] = next[i]; /* later than before: the block moves up */
+                belady_up(&h, h.pos[b]);
+                continue;
+            }
+            if (h.n == h.cap) { /* evict the block referenced furthest in the future */
+                uint32_t v = h.heap[0];
+                belady_swap(&h, 0, --h.n);
+                h.pos[v] = TRACE_NIL;
+                belady_down(&h, 0);
+            }
+            h.key[b] = next[i];
+            h.heap[h.n] = b;
+            h.pos[b] = (uint32_t)h.n++;
+            belady_up(&h, h.pos[b]);
+        }
+    }
+    *hits_p = hits;
+    rc = 0;
+out:
+    free(next);
+    free(h.heap);
+    free(h.pos);
+    free(h.key);
+    return rc;
+}
+
 /* ---------------- the store replay ---------------- */
 
 typedef struct run {
     const kvp_bench_opts_t *o;
     const trace_t *t;
     kvp_client_t *c;
+    bool store;    /* the master's eviction decides (else the bench's LRU) */
     uint64_t bb;   /* block bytes */
     size_t batch;  /* keys per call */
     uint8_t *pbuf; /* batch x bb: put sources */
@@ -354,13 +478,16 @@ typedef struct run {
     int *ex;          /* max_len: is_exist answers of the current request */
     uint32_t *victim; /* max_len: blocks to remove before this request's puts */
     uint32_t *miss;   /* max_len: blocks to put, request order; TRACE_NIL: dropped */
-    uint32_t *tmp;    /* batch */
-    uint8_t *stored;  /* per block: the bench believes the store holds it */
+    uint32_t *tmp;    /* 2 x batch */
+    uint8_t *stored;  /* per block: client-lru: the bench believes the store holds it;
+                       * store: queued for this request's puts */
     uint32_t *pend;   /* per block: index in miss[] while waiting to be put, else TRACE_NIL */
-    lru_t lru;        /* what the bench keeps in the store, capacity_blocks */
+    lru_t lru;        /* client-lru: what the bench keeps in the store, capacity_blocks */
     /* counters of the current capacity */
     uint64_t hits, total, bytes_read, bytes_written;
-    uint64_t get_errors, put_errors, other_errors, mismatches, pool_full_evictions;
+    uint64_t get_errors, put_errors, other_errors; /* errors: any of them fails the run */
+    uint64_t get_raced, put_exists;                /* store: not errors */
+    uint64_t mismatches, pool_full_evictions;      /* client-lru: not errors */
 } run_t;
 
 static void put_u64(uint8_t *p, uint64_t v)
@@ -373,6 +500,11 @@ static uint64_t get_u64(const uint8_t *p)
     uint64_t v;
     memcpy(&v, p, sizeof(v));
     return v;
+}
+
+static uint64_t run_errors(const run_t *r)
+{
+    return r->get_errors + r->put_errors + r->other_errors;
 }
 
 static void fill_keys(run_t *r, const uint32_t *blk, size_t n)
@@ -435,7 +567,7 @@ static int call_failed(kvp_status_t rc, const kvp_status_t *per_key, size_t n, c
     return -1;
 }
 
-/* Remove blocks from the store (victims, or cleanup). */
+/* Remove blocks from the store (client-lru victims, or cleanup). */
 static int remove_blocks(run_t *r, const uint32_t *blk, size_t n)
 {
     for (size_t s = 0; s < n; s += r->batch) {
@@ -489,21 +621,49 @@ static long evict_more(run_t *r, size_t need)
     return (long)k;
 }
 
-/* Put blk[0..n) (n <= batch), retrying POOL_FULL refusals after more evictions. */
-static int put_chunk(run_t *r, const uint32_t *blk, size_t n)
+/* One batch_put_from of blk[0..n) (n <= batch), each block stamped with its id. */
+static int put_call(run_t *r, const uint32_t *blk, size_t n)
+{
+    fill_keys(r, blk, n);
+    for (size_t i = 0; i < n; i++) {
+        r->bp[i] = r->pbuf + i * r->bb;
+        stamp_block(r, r->bp[i], r->t->ids[blk[i]]);
+        r->szs[i] = r->bb;
+    }
+    kvp_status_t rc =
+        kvp_batch_put_from(r->c, r->kp, (const void *const *)r->bp, r->szs, n, NULL, r->st);
+    return call_failed(rc, r->st, n, "batch_put_from");
+}
+
+static void put_error(run_t *r, size_t i)
+{
+    if (r->put_errors++ < TRACE_MAX_REPORTS)
+        fprintf(stderr, "kvpool-bench: trace: put %s: %s\n", r->keys[i], kvp_strerror(r->st[i]));
+}
+
+/* Store eviction: put blk[0..n); EXISTS is fine, anything else an error. */
+static int put_chunk_store(run_t *r, const uint32_t *blk, size_t n)
+{
+    if (put_call(r, blk, n))
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (r->st[i] == KVP_OK)
+            r->bytes_written += r->bb;
+        else if (r->st[i] == KVP_ERR_EXISTS)
+            r->put_exists++;
+        else
+            put_error(r, i);
+    }
+    return 0;
+}
+
+/* Client-lru: put blk[0..n) (n <= batch), retrying POOL_FULL refusals after more evictions. */
+static int put_chunk_lru(run_t *r, const uint32_t *blk, size_t n)
 {
     uint32_t *left = r->tmp + r->batch; /* second half of tmp: keys still to put */
     memcpy(left, blk, n * sizeof(*left));
     while (n > 0) {
-        fill_keys(r, left, n);
-        for (size_t i = 0; i < n; i++) {
-            r->bp[i] = r->pbuf + i * r->bb;
-            stamp_block(r, r->bp[i], r->t->ids[left[i]]);
-            r->szs[i] = r->bb;
-        }
-        kvp_status_t rc =
-            kvp_batch_put_from(r->c, r->kp, (const void *const *)r->bp, r->szs, n, NULL, r->st);
-        if (call_failed(rc, r->st, n, "batch_put_from"))
+        if (put_call(r, left, n))
             return -1;
         size_t full = 0;
         for (size_t i = 0; i < n; i++) {
@@ -517,9 +677,7 @@ static int put_chunk(run_t *r, const uint32_t *blk, size_t n)
             } else if (r->st[i] == KVP_ERR_POOL_FULL) {
                 left[full++] = b;
             } else {
-                if (r->put_errors++ < TRACE_MAX_REPORTS)
-                    fprintf(stderr, "kvpool-bench: trace: put %s: %s\n", r->keys[i],
-                            kvp_strerror(r->st[i]));
+                put_error(r, i);
                 drop_block(r, b);
             }
         }
@@ -532,7 +690,8 @@ static int put_chunk(run_t *r, const uint32_t *blk, size_t n)
         if (k == 0) {
             /* nothing of ours left to evict: the pool is full of someone else's data */
             if (r->put_errors < TRACE_MAX_REPORTS)
-                fprintf(stderr, "kvpool-bench: trace: pool full with nothing left to evict\n");
+                fprintf(stderr, "kvpool-bench: trace: put: pool full with nothing of the "
+                                "bench's left to evict\n");
             r->put_errors += n;
             for (size_t i = 0; i < n; i++)
                 drop_block(r, left[i]);
@@ -542,8 +701,14 @@ static int put_chunk(run_t *r, const uint32_t *blk, size_t n)
     return 0;
 }
 
-/* Read blk[0..n) (n <= batch) and check each block is the one asked for. */
-static int get_chunk(run_t *r, const uint32_t *blk, size_t n)
+/*
+ * Read blk[0..n) (n <= batch) and check each block is the one asked for;
+ * ex[0..n) are the blocks' exist answers. Store eviction: a block evicted
+ * since the exist (NOT_FOUND) ends the prefix; its ex[] becomes 0 so that it
+ * is written again. Returns the index of the first such block (n: none), or
+ * -1 when the whole call failed.
+ */
+static long get_chunk(run_t *r, const uint32_t *blk, int *ex, size_t n)
 {
     fill_keys(r, blk, n);
     for (size_t i = 0; i < n; i++) {
@@ -551,30 +716,42 @@ static int get_chunk(run_t *r, const uint32_t *blk, size_t n)
         clear_stamp(r, r->bp[i]); /* a failed read must not pass on a stale block */
         r->szs[i] = r->bb;
     }
-    /* per-key results say it all; a whole-call failure shows up in every key */
-    (void)kvp_batch_get_into(r->c, r->kp, r->bp, r->szs, n, r->got);
+    kvp_status_t rc = kvp_batch_get_into(r->c, r->kp, r->bp, r->szs, n, r->got);
+    if (rc != KVP_OK && !per_key_status(rc)) {
+        size_t same = 0;
+        while (same < n && r->got[same] == rc)
+            same++;
+        if (same == n) {
+            fprintf(stderr, "kvpool-bench: trace: batch_get_into failed: %s\n", kvp_strerror(rc));
+            return -1;
+        }
+    }
+    size_t raced = n;
     for (size_t i = 0; i < n; i++) {
         const char *why = NULL;
+        if (r->store && r->got[i] == KVP_ERR_NOT_FOUND) {
+            r->get_raced++;
+            ex[i] = 0;
+            if (raced == n)
+                raced = i;
+            continue;
+        }
         if (r->got[i] < 0)
             why = kvp_strerror((kvp_status_t)r->got[i]);
         else if ((uint64_t)r->got[i] != r->bb)
             why = "wrong size";
         else if (!block_ok(r, r->bp[i], r->t->ids[blk[i]]))
             why = "wrong block content (not the block of this hash id)";
-        if (why == NULL) {
+        if (why == NULL)
             r->bytes_read += r->bb;
-        } else if (r->get_errors++ < TRACE_MAX_REPORTS) {
+        else if (r->get_errors++ < TRACE_MAX_REPORTS)
             fprintf(stderr, "kvpool-bench: trace: get %s: %s\n", r->keys[i], why);
-        }
     }
-    return 0;
+    return (long)raced;
 }
 
-/*
- * One request: exist -> prefix P, read and verify the prefix, plan the LRU
- * (the same steps as lru_sim_request), remove the victims, put the misses.
- */
-static int run_request(run_t *r, const uint32_t *blk, size_t n)
+/* batch_is_exist over the request: r->ex[0..n) and the cached prefix. */
+static int exist_prefix(run_t *r, const uint32_t *blk, size_t n, size_t *prefix_p)
 {
     size_t p = 0;
     bool in_prefix = true;
@@ -586,14 +763,69 @@ static int run_request(run_t *r, const uint32_t *blk, size_t n)
             fprintf(stderr, "kvpool-bench: trace: batch_is_exist failed: %s\n", kvp_strerror(rc));
             return -1;
         }
+        for (size_t i = 0; i < m; i++)
+            if (r->ex[s + i] < 0 && r->other_errors++ < TRACE_MAX_REPORTS)
+                fprintf(stderr, "kvpool-bench: trace: exist %s: %s\n", r->keys[i],
+                        kvp_strerror((kvp_status_t)r->ex[s + i]));
         if (in_prefix)
             p += cp;
         in_prefix = in_prefix && cp == m;
     }
+    *prefix_p = p;
+    return 0;
+}
+
+/*
+ * Store eviction, one request: exist -> prefix P, read and verify the prefix
+ * (it ends early at a block evicted meanwhile), put the blocks the store lacks.
+ */
+static int run_request_store(run_t *r, const uint32_t *blk, size_t n)
+{
+    size_t p;
+    if (exist_prefix(r, blk, n, &p))
+        return -1;
+    size_t hit = p;
+    for (size_t s = 0; s < p; s += r->batch) {
+        size_t m = TRACE_MIN(r->batch, p - s);
+        long k = get_chunk(r, blk + s, r->ex + s, m);
+        if (k < 0)
+            return -1;
+        if ((size_t)k < m) {
+            hit = s + (size_t)k;
+            break;
+        }
+    }
+    r->hits += hit;
+    r->total += n;
+    size_t nm = 0;
+    for (size_t i = hit; i < n; i++) {
+        uint32_t b = blk[i];
+        if (r->ex[i] == 0 && !r->stored[b]) { /* each block once, in request order */
+            r->stored[b] = 1;
+            r->miss[nm++] = b;
+        }
+    }
+    for (size_t i = 0; i < nm; i++)
+        r->stored[r->miss[i]] = 0;
+    for (size_t s = 0; s < nm; s += r->batch)
+        if (put_chunk_store(r, r->miss + s, TRACE_MIN(r->batch, nm - s)))
+            return -1;
+    return 0;
+}
+
+/*
+ * Client-lru, one request: exist -> prefix P, read and verify the prefix, plan
+ * the LRU (the same steps as lru_sim_request), remove the victims, put the misses.
+ */
+static int run_request_lru(run_t *r, const uint32_t *blk, size_t n)
+{
+    size_t p;
+    if (exist_prefix(r, blk, n, &p))
+        return -1;
     r->hits += p;
     r->total += n;
     for (size_t s = 0; s < p; s += r->batch)
-        if (get_chunk(r, blk + s, TRACE_MIN(r->batch, p - s)))
+        if (get_chunk(r, blk + s, r->ex + s, TRACE_MIN(r->batch, p - s)) < 0)
             return -1;
 
     /* reconcile the bench's view with the store's answers */
@@ -605,9 +837,6 @@ static int run_request(run_t *r, const uint32_t *blk, size_t n)
         } else if (r->ex[i] == 0 && r->stored[b]) {
             r->mismatches++;
             r->stored[b] = 0; /* lost: it will be put again */
-        } else if (r->ex[i] < 0 && r->other_errors++ < TRACE_MAX_REPORTS) {
-            fprintf(stderr, "kvpool-bench: trace: exist %" PRIu64 ": %s\n", r->t->ids[b],
-                    kvp_strerror((kvp_status_t)r->ex[i]));
         }
     }
     if (r->lru.cap == 0)
@@ -645,13 +874,13 @@ static int run_request(run_t *r, const uint32_t *blk, size_t n)
     for (size_t s = 0; s < k; s += r->batch) {
         size_t m = TRACE_MIN(r->batch, k - s);
         memcpy(r->tmp, r->miss + s, m * sizeof(*r->tmp));
-        if (put_chunk(r, r->tmp, m))
+        if (put_chunk_lru(r, r->tmp, m))
             return -1;
     }
     return 0;
 }
 
-/* Remove everything the bench believes it stored and reset its bookkeeping. */
+/* Client-lru: remove everything the bench believes it stored and reset its bookkeeping. */
 static int remove_all(run_t *r)
 {
     size_t k = 0;
@@ -676,7 +905,8 @@ static int remove_all(run_t *r)
     return rc;
 }
 
-/* Remove every key of the trace (leftovers of an earlier run). Returns how many existed. */
+/* Client-lru: remove every key of the trace (leftovers of an earlier run). Returns how many
+ * existed, or -1. */
 static long sweep_all(run_t *r)
 {
     long found = 0;
@@ -688,21 +918,52 @@ static long sweep_all(run_t *r)
         kvp_status_t rc = kvp_batch_remove_force(r->c, r->kp, m, r->st);
         if (call_failed(rc, r->st, m, "batch_remove"))
             return -1;
-        for (size_t i = 0; i < m; i++)
-            found += r->st[i] == KVP_OK;
+        for (size_t i = 0; i < m; i++) {
+            if (r->st[i] == KVP_OK) {
+                found++;
+            } else if (r->st[i] != KVP_ERR_NOT_FOUND) {
+                fprintf(stderr, "kvpool-bench: trace: remove %s: %s\n", r->keys[i],
+                        kvp_strerror(r->st[i]));
+                return -1;
+            }
+        }
     }
     return found;
 }
 
+/* Connect the run's client to `addr` and register its buffers. */
+static int run_connect(run_t *r, const char *addr)
+{
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = addr;
+    p.transport = r->o->n_transports == 1 ? r->o->transports[0] : NULL;
+    kvp_status_t st = kvp_client_create(&p, &r->c);
+    if (st != KVP_OK) {
+        r->c = NULL;
+        fprintf(stderr, "kvpool-bench: trace: cannot connect to %s: %s\n",
+                addr ? addr : "the default master", kvp_strerror(st));
+        return -1;
+    }
+    /* optional on tcp/shm, done once so rdma would be zero-copy */
+    kvp_register_buffer(r->c, r->pbuf, r->batch * r->bb);
+    kvp_register_buffer(r->c, r->gbuf, r->batch * r->bb);
+    return 0;
+}
+
+static void run_disconnect(run_t *r)
+{
+    if (r->c == NULL)
+        return;
+    kvp_unregister_buffer(r->c, r->pbuf);
+    kvp_unregister_buffer(r->c, r->gbuf);
+    kvp_client_destroy(r->c);
+    r->c = NULL;
+}
+
 static void run_free(run_t *r)
 {
-    if (r->c != NULL) {
-        if (r->pbuf)
-            kvp_unregister_buffer(r->c, r->pbuf);
-        if (r->gbuf)
-            kvp_unregister_buffer(r->c, r->gbuf);
-        kvp_client_destroy(r->c);
-    }
+    run_disconnect(r);
     free(r->pbuf);
     free(r->gbuf);
     free(r->keys);
@@ -725,6 +986,7 @@ static int run_init(run_t *r, const kvp_bench_opts_t *o, const trace_t *t)
     memset(r, 0, sizeof(*r));
     r->o = o;
     r->t = t;
+    r->store = !o->trace_client_lru;
     r->bb = o->block_bytes ? o->block_bytes : 256 * 1024;
     if (r->bb < 16) {
         fprintf(stderr, "kvpool-bench: trace: block size must be >= 16 bytes\n");
@@ -762,32 +1024,59 @@ static int run_init(run_t *r, const kvp_bench_opts_t *o, const trace_t *t)
         memcpy(r->pbuf + i, &v, TRACE_MIN(8, r->batch * r->bb - i));
     }
     memset(r->gbuf, 0, r->batch * r->bb);
-
-    kvp_client_params_t p;
-    kvp_client_params_init(&p);
-    p.master_addr = o->master;
-    p.transport = o->n_transports == 1 ? o->transports[0] : NULL;
-    kvp_status_t st = kvp_client_create(&p, &r->c);
-    if (st != KVP_OK) {
-        r->c = NULL;
-        fprintf(stderr, "kvpool-bench: trace: cannot connect to %s: %s\n",
-                o->master ? o->master : "the default master", kvp_strerror(st));
-        return -1;
-    }
-    /* optional on tcp/shm, done once so rdma would be zero-copy */
-    kvp_register_buffer(r->c, r->pbuf, r->batch * r->bb);
-    kvp_register_buffer(r->c, r->gbuf, r->batch * r->bb);
     return 0;
 }
 
-static uint64_t pool_capacity(kvp_client_t *c)
+/* The pool as the master sees it; -1 with a message when it cannot be asked. */
+static int pool_stat(run_t *r, kvp_pool_stat_t *ps)
 {
-    kvp_pool_stat_t *ps = NULL;
-    if (kvp_pool_stat(c, &ps) != KVP_OK || ps == NULL)
-        return 0;
-    uint64_t cap = ps->capacity;
-    kvp_pool_stat_free(ps);
-    return cap;
+    kvp_pool_stat_t *s = NULL;
+    kvp_status_t st = kvp_pool_stat(r->c, &s);
+    if (st != KVP_OK || s == NULL) {
+        fprintf(stderr, "kvpool-bench: trace: pool stat: %s\n", kvp_strerror(st));
+        return -1;
+    }
+    *ps = *s;
+    ps->segments = NULL;
+    ps->n_segments = 0;
+    kvp_pool_stat_free(s);
+    return 0;
+}
+
+/*
+ * Store eviction: an empty pool of exactly `bytes` for this point, and the
+ * client connected to it. With --local a fresh master and segment (in *cl,
+ * *started set); otherwise the given master's pool must already be so.
+ */
+static int store_pool_open(run_t *r, uint64_t bytes, kvp_bench_cluster_t *cl, bool *started)
+{
+    const char *addr = r->o->master;
+    if (r->o->local) {
+        if (kvp_bench_cluster_start(cl, 1, bytes) != 0) {
+            fprintf(stderr,
+                    "kvpool-bench: trace: cannot start a local cluster with a %" PRIu64
+                    "-byte segment\n",
+                    bytes);
+            return -1;
+        }
+        *started = true;
+        addr = cl->master_addr;
+    }
+    if (run_connect(r, addr))
+        return -1;
+    kvp_pool_stat_t ps;
+    if (pool_stat(r, &ps))
+        return -1;
+    if (ps.capacity != bytes || ps.used != 0 || ps.objects != 0 || ps.pending != 0) {
+        fprintf(stderr,
+                "kvpool-bench: trace: eviction store needs an empty pool of exactly %" PRIu64
+                " bytes (capacity_blocks x block bytes), but %s has %" PRIu64 " bytes with %" PRIu64
+                " used by %" PRIu64 " objects: use --local (a fresh "
+                "cluster per capacity point) or --eviction client-lru\n",
+                bytes, addr ? addr : "the master", ps.capacity, ps.used, ps.objects);
+        return -1;
+    }
+    return 0;
 }
 
 /* Replay the trace once at capacity `frac`. Returns 0, or -1 when the run had to stop. */
@@ -795,27 +1084,51 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
 {
     const trace_t *t = r->t;
     size_t cap = (size_t)(frac * (double)t->n_uniq);
-    if (cap == 0 && frac > 0)
+    if (cap == 0)
         cap = 1;
     r->hits = r->total = r->bytes_read = r->bytes_written = 0;
     r->get_errors = r->put_errors = r->other_errors = r->mismatches = 0;
-    r->pool_full_evictions = 0;
-    r->lru.cap = cap;
-
-    uint64_t pool = pool_capacity(r->c);
-    if (pool != 0 && (double)cap * (double)r->bb > (double)pool)
-        fprintf(stderr,
-                "kvpool-bench: trace: capacity %.3g = %zu blocks = %.2f GiB but the pool has "
-                "%.2f GiB: expect POOL_FULL evictions and hit_rate below lru_hit_rate "
-                "(give the local cluster more --segment-size)\n",
-                frac, cap, (double)cap * (double)r->bb / (1 << 30), (double)pool / (1 << 30));
+    r->get_raced = r->put_exists = r->pool_full_evictions = 0;
+    /* the pool: exactly cap blocks, each extent rounded up to the master's granularity */
+    uint64_t pool = (uint64_t)cap * ((r->bb + TRACE_ALIGN - 1) / TRACE_ALIGN * TRACE_ALIGN);
+    kvp_bench_cluster_t cl;
+    bool started = false;
+    int rc = 0;
+    if (r->store) {
+        if (store_pool_open(r, pool, &cl, &started)) {
+            rc = -1;
+            goto out;
+        }
+    } else {
+        r->lru.cap = cap;
+        kvp_pool_stat_t ps = {0};
+        if (pool_stat(r, &ps) != 0)
+            r->other_errors++;
+        else if ((double)cap * (double)r->bb > (double)ps.capacity)
+            fprintf(stderr,
+                    "kvpool-bench: trace: capacity %.3g = %zu blocks = %.2f GiB but the pool has "
+                    "%.2f GiB: expect POOL_FULL evictions and hit_rate below lru_hit_rate "
+                    "(give the local cluster more --segment-size)\n",
+                    frac, cap, (double)cap * (double)r->bb / (1 << 30),
+                    (double)ps.capacity / (1 << 30));
+        pool = ps.capacity;
+    }
 
     double t0 = kvp_bench_now(), last = t0;
     size_t done = 0;
-    int rc = 0;
     for (; done < t->n_req; done++) {
-        if (run_request(r, t->blks + t->off[done], t->off[done + 1] - t->off[done])) {
+        const uint32_t *blk = t->blks + t->off[done];
+        size_t n = t->off[done + 1] - t->off[done];
+        if ((r->store ? run_request_store(r, blk, n) : run_request_lru(r, blk, n)) != 0) {
             rc = -1;
+            break;
+        }
+        if (run_errors(r) >= TRACE_MAX_ERRORS) {
+            fprintf(stderr,
+                    "kvpool-bench: trace: capacity %.3g: %" PRIu64
+                    " errors, stopping this capacity point\n",
+                    frac, run_errors(r));
+            done++;
             break;
         }
         double now = kvp_bench_now();
@@ -829,46 +1142,65 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     double elapsed = kvp_bench_now() - t0;
     kvp_bench_progress_done(r->o);
 
-    /* the reference: the same LRU without the store, over the same requests */
+    uint64_t evicted = 0;
+    if (r->store) {
+        kvp_pool_stat_t ps;
+        if (pool_stat(r, &ps) == 0)
+            evicted = ps.evicted_objects;
+        else
+            r->other_errors++;
+    } else if (remove_all(r)) {
+        rc = -1;
+    }
+
+    /* the references: the same requests without the store */
     lru_t sim;
-    uint64_t sim_hits = 0, sim_total = 0;
-    if (lru_init(&sim, t->n_uniq, cap)) {
+    uint64_t lru_hits = 0, bel_hits = 0, total = t->off[done];
+    if (lru_init(&sim, t->n_uniq, cap) || belady_sim(t, done, cap, &bel_hits)) {
         lru_cleanup(&sim);
         fprintf(stderr, "kvpool-bench: trace: out of memory\n");
-        return -1;
+        rc = -1;
+        goto out;
     }
-    for (size_t q = 0; q < done; q++) {
-        size_t n = t->off[q + 1] - t->off[q];
-        sim_hits += lru_sim_request(&sim, t->blks + t->off[q], n);
-        sim_total += n;
-    }
+    for (size_t q = 0; q < done; q++)
+        lru_hits += lru_sim_request(&sim, t->blks + t->off[q], t->off[q + 1] - t->off[q]);
     lru_cleanup(&sim);
 
-    if (remove_all(r))
-        rc = -1;
-
+    const char *eviction = r->store ? "store" : "client-lru";
     double hit = r->total ? (double)r->hits / (double)r->total : 0;
-    double ref = sim_total ? (double)sim_hits / (double)sim_total : 0;
+    double lru = total ? (double)lru_hits / (double)total : 0;
+    double bel = total ? (double)bel_hits / (double)total : 0;
     double rps = elapsed > 0 ? (double)done / elapsed : 0;
-    printf("%-24.24s %8.3g %10zu %9zu %8.4f %8.4f %9.1f %8.2f %9.2f %9.2f %7" PRIu64 "\n", name,
-           frac, cap, done, hit, ref, rps, elapsed, (double)r->bytes_read / 1e9,
-           (double)r->bytes_written / 1e9, r->get_errors);
-    if (r->put_errors || r->other_errors || r->mismatches || r->pool_full_evictions)
-        printf("  note: %" PRIu64 " put errors, %" PRIu64 " other errors, %" PRIu64
-               " store/bench mismatches, %" PRIu64 " extra evictions after POOL_FULL\n",
-               r->put_errors, r->other_errors, r->mismatches, r->pool_full_evictions);
+    printf("%-22.22s %-10s %8.3g %10zu %9zu %8.4f %8.4f %8.4f %9.1f %8.2f %9.2f %9.2f %7" PRIu64
+           "\n",
+           name, eviction, frac, cap, done, hit, lru, bel, rps, elapsed,
+           (double)r->bytes_read / 1e9, (double)r->bytes_written / 1e9, run_errors(r));
+    if (r->store)
+        printf("  %" PRIu64 "-byte pool: %" PRIu64 " objects evicted by the master, %" PRIu64
+               " gets raced with an eviction, %" PRIu64 " puts found the block already there\n",
+               pool, evicted, r->get_raced, r->put_exists);
+    else if (r->mismatches || r->pool_full_evictions)
+        printf("  %" PRIu64 " store/bench mismatches, %" PRIu64
+               " extra evictions after POOL_FULL\n",
+               r->mismatches, r->pool_full_evictions);
+    if (run_errors(r))
+        printf("  errors: %" PRIu64 " gets, %" PRIu64 " puts, %" PRIu64 " other\n", r->get_errors,
+               r->put_errors, r->other_errors);
     fflush(stdout);
 
     kvp_bench_result_begin(out, "trace");
     kvp_bench_result_str(out, "trace", name);
+    kvp_bench_result_str(out, "eviction", eviction);
     kvp_bench_result_num(out, "capacity", frac);
     kvp_bench_result_int(out, "capacity_blocks", (int64_t)cap);
     kvp_bench_result_int(out, "block_bytes", (int64_t)r->bb);
+    kvp_bench_result_int(out, "pool_bytes", (int64_t)pool);
     kvp_bench_result_int(out, "requests", (int64_t)done);
     kvp_bench_result_int(out, "blocks", (int64_t)r->total);
     kvp_bench_result_int(out, "unique_blocks", (int64_t)t->n_uniq);
     kvp_bench_result_num(out, "hit_rate", hit);
-    kvp_bench_result_num(out, "lru_hit_rate", ref);
+    kvp_bench_result_num(out, "lru_hit_rate", lru);
+    kvp_bench_result_num(out, "belady_hit_rate", bel);
     kvp_bench_result_num(out, "requests_per_s", rps);
     kvp_bench_result_num(out, "elapsed_s", elapsed);
     kvp_bench_result_int(out, "bytes_read", (int64_t)r->bytes_read);
@@ -876,11 +1208,19 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     kvp_bench_result_int(out, "get_errors", (int64_t)r->get_errors);
     kvp_bench_result_int(out, "put_errors", (int64_t)r->put_errors);
     kvp_bench_result_int(out, "other_errors", (int64_t)r->other_errors);
+    kvp_bench_result_int(out, "get_raced", (int64_t)r->get_raced);
+    kvp_bench_result_int(out, "put_exists", (int64_t)r->put_exists);
+    kvp_bench_result_int(out, "store_evicted_objects", (int64_t)evicted);
     kvp_bench_result_int(out, "mismatches", (int64_t)r->mismatches);
     kvp_bench_result_int(out, "pool_full_evictions", (int64_t)r->pool_full_evictions);
     kvp_bench_result_int(out, "malformed_lines", (int64_t)t->malformed);
-    kvp_bench_result_str(out, "eviction", "client-lru");
     kvp_bench_result_end(out);
+out:
+    if (r->store) {
+        run_disconnect(r);
+        if (started)
+            kvp_bench_cluster_stop(&cl);
+    }
     return rc;
 }
 
@@ -900,29 +1240,37 @@ int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     if (run_init(&r, o, &t))
         goto out;
     printf("trace %s: %zu requests%s, %zu blocks, %zu unique, %zu malformed lines skipped; "
-           "blocks of %" PRIu64 " bytes; eviction client-lru (the bench removes LRU victims: "
-           "the store has no eviction yet)\n",
-           name, t.n_req, o->trace_limit ? " (limited)" : "", t.n_blks, t.n_uniq, t.malformed,
-           r.bb);
-    long left = sweep_all(&r);
-    if (left < 0)
-        goto out;
-    if (left > 0)
-        printf("  removed %ld blocks left in the store by an earlier run\n", left);
-    printf("%-24s %8s %10s %9s %8s %8s %9s %8s %9s %9s %7s\n", "trace", "capacity", "cap_blocks",
-           "requests", "hit", "lru_hit", "req/s", "time_s", "read_GB", "write_GB", "get_err");
+           "blocks of %" PRIu64 " bytes; %s\n",
+           name, t.n_req, o->trace_limit ? " (limited)" : "", t.n_blks, t.n_uniq, t.malformed, r.bb,
+           r.store ? "eviction store (per capacity: an empty pool of capacity_blocks blocks, the "
+                     "master evicts)"
+                   : "eviction client-lru (a reference: the bench removes LRU victims itself)");
+    if (!r.store) {
+        if (run_connect(&r, o->master))
+            goto out;
+        long left = sweep_all(&r);
+        if (left < 0)
+            goto out;
+        if (left > 0)
+            printf("  removed %ld blocks left in the store by an earlier run\n", left);
+    }
+    printf("%-22s %-10s %8s %10s %9s %8s %8s %8s %9s %8s %9s %9s %7s\n", "trace", "eviction",
+           "capacity", "cap_blocks", "requests", "hit", "lru_hit", "belady", "req/s", "time_s",
+           "read_GB", "write_GB", "errors");
     double def_cap = 0.1;
     const double *caps = o->n_capacities ? o->capacities : &def_cap;
     size_t n_caps = o->n_capacities ? o->n_capacities : 1;
-    uint64_t get_errors = 0;
+    uint64_t errors = 0;
     rc = 0;
     for (size_t i = 0; i < n_caps && rc == 0; i++) {
         rc = run_capacity(&r, caps[i], name, out) ? 1 : 0;
-        get_errors += r.get_errors;
+        errors += run_errors(&r);
     }
-    if (rc == 0 && get_errors > 0) {
-        fprintf(stderr, "kvpool-bench: trace: %" PRIu64 " gets failed or returned wrong blocks\n",
-                get_errors);
+    if (errors > 0) {
+        fprintf(stderr,
+                "kvpool-bench: trace: %" PRIu64 " errors (failed or wrong gets, failed "
+                "puts, exists or removes)\n",
+                errors);
         rc = 1;
     }
 out:
