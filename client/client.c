@@ -221,6 +221,9 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
  */
 static void releases_flush_locked(kvp_client_t *c)
 {
+    if (atomic_load(&c->rel_pending) == 0)
+        return; /* a getter that queues after this look finds the lock taken: the unlock
+                 * (kvp_client_master_unlock) sends it */
     pthread_mutex_lock(&c->rel_lock);
     size_t n = c->rel_n;
     uint64_t *ids = c->rel_ids;
@@ -1391,6 +1394,10 @@ kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->evicted_objects = sr->evicted_objects;
     s->evicted_bytes = sr->evicted_bytes;
     s->put_timeouts = sr->put_timeouts;
+    s->reading_objects = sr->reading_objects;
+    s->reading_bytes = sr->reading_bytes;
+    s->leases_released = sr->leases_released;
+    s->leases_expired = sr->leases_expired;
     s->moved_objects = sr->moved_objects;
     s->n_segments = sr->n_segments;
     for (size_t i = 0; i < sr->n_segments; i++) {

@@ -882,6 +882,10 @@ static kvp_status_t do_stat(kvp_master_state_t *st, uint8_t **resp_p, size_t *re
     resp.evicted_bytes = st->stats.evicted_bytes;
     resp.put_timeouts = st->stats.put_timeouts;
     resp.moved_objects = st->stats.moved;
+    resp.reading_objects = st->leases.live;
+    resp.reading_bytes = st->leases.bytes;
+    resp.leases_released = st->leases.released;
+    resp.leases_expired = st->leases.expired;
     resp.n_segments = k;
     resp.segments = sp;
     size_t plen = kvpool__stat_response__get_packed_size(&resp);

@@ -286,8 +286,12 @@ typedef struct kvp_pool_stat {
     kvp_segment_info_t *segments;
     uint64_t evicted_objects; /* since the master started */
     uint64_t evicted_bytes;
-    uint64_t put_timeouts;  /* PENDING puts revoked by the put timeout */
-    uint64_t moved_objects; /* objects moved off draining segments */
+    uint64_t put_timeouts;    /* PENDING puts revoked by the put timeout */
+    uint64_t moved_objects;   /* objects moved off draining segments */
+    uint64_t reading_objects; /* objects with reads in flight (under a read lease) */
+    uint64_t reading_bytes;   /* their bytes, removed-while-read objects included */
+    uint64_t leases_released; /* reads ended by the reader (since the master started) */
+    uint64_t leases_expired;  /* read leases ended by --lease-ttl: readers that died */
 } kvp_pool_stat_t;
 
 /* Pool-wide view from the master. Free with kvp_pool_stat_free(). */

@@ -966,9 +966,12 @@ static void stat_print_json(const kvp_pool_stat_t *st)
 {
     printf("{\"capacity\":%" PRIu64 ",\"used\":%" PRIu64 ",\"objects\":%" PRIu64
            ",\"pending\":%" PRIu64 ",\"evicted_objects\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
-           ",\"put_timeouts\":%" PRIu64 ",\"moved_objects\":%" PRIu64 ",\"segments\":[",
+           ",\"put_timeouts\":%" PRIu64 ",\"moved_objects\":%" PRIu64
+           ",\"reading_objects\":%" PRIu64 ",\"reading_bytes\":%" PRIu64
+           ",\"leases_released\":%" PRIu64 ",\"leases_expired\":%" PRIu64 ",\"segments\":[",
            st->capacity, st->used, st->objects, st->pending, st->evicted_objects, st->evicted_bytes,
-           st->put_timeouts, st->moved_objects);
+           st->put_timeouts, st->moved_objects, st->reading_objects, st->reading_bytes,
+           st->leases_released, st->leases_expired);
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
         printf("%s{\"id\":%" PRIu64 ",\"name\":", i > 0 ? "," : "", s->id);
@@ -992,6 +995,9 @@ static void stat_print_table(const kvp_pool_stat_t *st)
     printf("used      %s (%.1f%%)\n", human_size(st->used, a, sizeof(a)), pct);
     printf("objects   %" PRIu64 "\n", st->objects);
     printf("pending   %" PRIu64 "\n", st->pending);
+    printf("reading   %" PRIu64 " objects, %s (leases released %" PRIu64 ", expired %" PRIu64 ")\n",
+           st->reading_objects, human_size(st->reading_bytes, a, sizeof(a)), st->leases_released,
+           st->leases_expired);
     printf("segments  %zu\n", st->n_segments);
     if (st->n_segments == 0)
         return;
