@@ -19,7 +19,16 @@
  *                     round is timed: the keys are REMOVEd after each round so
  *                     residency stays within ~10% of R;
  *   exist             EXIST of 128 random resident keys;
- *   get_replica_list  GET_REPLICA_LIST of 128 random resident keys.
+ *   get_replica_list  GET_REPLICA_LIST of 128 random resident keys, whose read
+ *                     leases are then handed back (LEASE_RELEASE, one-way), as
+ *                     a client does after its transfers.
+ * Then the cost of eviction: the virtual segment is unmounted (its objects
+ * go), a small one (META_EVICT_SEG) is mounted, the whole pool is filled
+ * with 4 KiB objects, and new keys are put for duration_s: every put must
+ * evict one object first ("put_evicting"). Its rate next to the plain put
+ * rate at the nearest resident count gives the master's eviction cost per
+ * put (`evict_ns_per_put`: 1/rate_evicting - 1/rate_put, the master's loop
+ * being what limits both).
  * Object i's key is "model@tp_rank:0@pp_rank:0@group:0@" + 16 hex digits of a
  * 64-bit bijective mix of i (50 bytes), so any thread can name any resident
  * key without storing it. Keys for the put measurement use indices from
@@ -31,6 +40,7 @@
  * workers per phase and joins them.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -51,12 +61,14 @@
 #define META_PUT_BASE (UINT64_C(1) << 40)
 #define META_RPC_TIMEOUT_MS 120000u
 #define META_MAX_THREADS 64u
+#define META_EVICT_SEG (UINT64_C(256) << 20) /* the eviction point's virtual segment */
 
 typedef enum meta_task {
     TASK_FILL, /* put indices [lo, hi) of the population */
     TASK_PUT,  /* put/remove rounds of new keys */
     TASK_EXIST,
     TASK_GET,
+    TASK_PUT_EVICT, /* puts of new keys into a full pool, timed as a whole */
 } meta_task_t;
 
 typedef struct meta_shared {
@@ -95,6 +107,8 @@ typedef struct meta_worker {
     uint32_t crcs[META_BATCH];
     uint8_t *req_buf;
     size_t req_cap;
+    uint64_t lease_ids[META_BATCH];
+    uint8_t rel_buf[16 + 8 * META_BATCH]; /* a packed LeaseReleaseRequest */
 } meta_worker_t;
 
 static uint64_t mix64(uint64_t x)
@@ -239,10 +253,22 @@ static kvp_status_t get_batch(meta_worker_t *w, size_t n)
     st = r->status;
     if (st == KVP_OK && r->n_results != n)
         st = KVP_ERR_PROTOCOL;
-    for (size_t i = 0; st == KVP_OK && i < n; i++)
+    size_t nl = 0;
+    for (size_t i = 0; st == KVP_OK && i < n; i++) {
         if (r->results[i]->status != KVP_OK || r->results[i]->n_replicas == 0)
             w->misses++;
+        else if (r->results[i]->lease_id != 0)
+            w->lease_ids[nl++] = r->results[i]->lease_id;
+    }
     kvpool__get_replica_list_response__free_unpacked(r, NULL);
+    if (st == KVP_OK && nl > 0) {
+        /* the "transfer" is over: hand the leases back, no answer to wait for */
+        Kvpool__LeaseReleaseRequest rel = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
+        rel.lease_ids = w->lease_ids;
+        rel.n_lease_ids = nl;
+        size_t len = kvpool__lease_release_request__pack(&rel, w->rel_buf);
+        st = kvp_rpc_send(w->fd, KVP_RPC_LEASE_RELEASE, ++w->req_id, w->rel_buf, len);
+    }
     return st;
 }
 
@@ -332,6 +358,26 @@ static void run_put(meta_worker_t *w)
     }
 }
 
+/* New keys, put back to back until the deadline (the pool is full: each evicts one). */
+static void run_put_evict(meta_worker_t *w)
+{
+    meta_shared_t *sh = w->sh;
+    uint64_t base = META_PUT_BASE + ((uint64_t)w->id << 36) + (UINT64_C(1) << 35), seq = 0;
+    uint64_t idx[META_BATCH];
+    while (!atomic_load(&sh->abort) && kvp_bench_now() < sh->deadline) {
+        for (size_t k = 0; k < META_BATCH; k++)
+            idx[k] = base + seq + k;
+        keys_set(w, idx, META_BATCH);
+        kvp_status_t st = put_batch(w, META_BATCH);
+        if (st != KVP_OK) {
+            fail(w, st);
+            break;
+        }
+        seq += META_BATCH;
+        w->keys += META_BATCH;
+    }
+}
+
 static void run_read(meta_worker_t *w, bool get)
 {
     meta_shared_t *sh = w->sh;
@@ -369,6 +415,9 @@ static void *worker_main(void *arg)
         break;
     case TASK_GET:
         run_read(w, true);
+        break;
+    case TASK_PUT_EVICT:
+        run_put_evict(w);
         break;
     }
     return NULL;
@@ -421,12 +470,12 @@ static double run_task(meta_shared_t *sh, meta_worker_t *ws, meta_task_t task)
     return dt;
 }
 
-static kvp_status_t mount(int fd, const char *name, uint64_t *seg_id_p)
+static kvp_status_t mount(int fd, const char *name, uint64_t size, uint64_t *seg_id_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = (char *)name;
     d.medium = "dram";
-    d.size = META_SEG_SIZE;
+    d.size = size;
     d.host_id = "bench";
     d.tcp_endpoint = "127.0.0.1:1";
     d.shm_path = "";
@@ -496,6 +545,50 @@ static int connect_master(const char *addr, int *fd_p)
     }
     kvp_sock_set_timeout(*fd_p, META_RPC_TIMEOUT_MS);
     return 0;
+}
+
+static uint64_t sum_keys(const meta_worker_t *ws, unsigned n, uint64_t *misses_p);
+
+/* Unmount the big virtual segment (its objects go with it), mount a small one, fill the
+ * whole pool and time puts that each evict. Runs with the pinger stopped (it shares the
+ * mounting connection). Returns the put rate, or < 0 on failure. */
+static double evict_point(meta_shared_t *sh, meta_worker_t *ws, int mount_fd, uint64_t seg_id,
+                          const char *name)
+{
+    Kvpool__UnmountRequest ur = KVPOOL__UNMOUNT_REQUEST__INIT;
+    ur.segment_id = seg_id;
+    uint8_t body[32], *resp = NULL;
+    size_t len = kvpool__unmount_request__pack(&ur, body), rlen = 0;
+    if (kvp_rpc_call(mount_fd, KVP_RPC_UNMOUNT, 2, body, len, &resp, &rlen) != KVP_OK)
+        return -1;
+    free(resp);
+    uint64_t id;
+    if (mount(mount_fd, name, META_EVICT_SEG, &id) != KVP_OK)
+        return -1;
+    /* the whole pool: real segments of a local cluster count too */
+    if (kvp_rpc_call(mount_fd, KVP_RPC_STAT, 3, NULL, 0, &resp, &rlen) != KVP_OK)
+        return -1;
+    Kvpool__StatResponse *st = kvpool__stat_response__unpack(NULL, rlen, resp);
+    free(resp);
+    if (st == NULL)
+        return -1;
+    uint64_t fill = (st->capacity - st->used) / META_OBJ_SIZE;
+    kvpool__stat_response__free_unpacked(st, NULL);
+    sh->seg_name = name;
+    sh->resident = fill;
+    sh->range_lo = 0;
+    sh->range_hi = fill;
+    kvp_bench_progress(sh->opts, "meta: filling the pool (%" PRIu64 " objects) to time eviction",
+                       fill);
+    if (run_task(sh, ws, TASK_FILL) < 0)
+        return -1;
+    sh->deadline = kvp_bench_now() + (sh->opts->duration_s > 0 ? sh->opts->duration_s : 2.0);
+    double dt = run_task(sh, ws, TASK_PUT_EVICT);
+    kvp_bench_progress_done(sh->opts);
+    if (dt <= 0)
+        return -1;
+    uint64_t misses;
+    return (double)sum_keys(ws, sh->threads, &misses) / dt;
 }
 
 static int cmp_u64(const void *a, const void *b)
@@ -582,7 +675,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     if (connect_master(o->master, &mount_fd) != 0)
         goto out;
     uint64_t seg_id = 0;
-    if (mount(mount_fd, seg_name, &seg_id) != KVP_OK) {
+    if (mount(mount_fd, seg_name, META_SEG_SIZE, &seg_id) != KVP_OK) {
         fprintf(stderr, "kvpool-bench meta: cannot mount the virtual segment %s\n", seg_name);
         goto out;
     }
@@ -610,6 +703,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
            "threads", "fill keys/s");
 
     uint64_t resident = 0;
+    double put_rate[KVP_BENCH_MAX_LIST] = {0};
     bool bad = false;
     for (size_t c = 0; c < n_counts; c++) {
         uint64_t r = counts[c];
@@ -644,8 +738,8 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             goto out;
         kvp_bench_progress_done(o);
         uint64_t k = sum_keys(ws, sh.threads, &misses);
-        bad |= report(out, &sh, "put", sh.put_time > 0 ? (double)k / sh.put_time : 0, bpo, rss,
-                      fill_kps, misses) != 0;
+        put_rate[c] = sh.put_time > 0 ? (double)k / sh.put_time : 0;
+        bad |= report(out, &sh, "put", put_rate[c], bpo, rss, fill_kps, misses) != 0;
 
         kvp_bench_progress(o, "meta: %" PRIu64 " resident: exist", r);
         sh.deadline = kvp_bench_now() + dur;
@@ -667,6 +761,39 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses) != 0;
         fflush(stdout);
     }
+
+    /* eviction: a full pool where every put evicts one object first */
+    atomic_store(&pinger.stop, true);
+    pthread_join(pinger.thread, NULL);
+    pinger.started = false;
+    char evict_name[80];
+    snprintf(evict_name, sizeof(evict_name), "%s-evict", seg_name);
+    double ev = evict_point(&sh, ws, mount_fd, seg_id, evict_name);
+    if (ev < 0) {
+        fprintf(stderr, "kvpool-bench meta: the eviction point failed\n");
+        goto out;
+    }
+    size_t near = 0; /* the plain put rate at the resident count nearest (in log) */
+    for (size_t c = 1; c < n_counts; c++)
+        if (fabs(log((double)counts[c] / (double)sh.resident)) <
+            fabs(log((double)counts[near] / (double)sh.resident)))
+            near = c;
+    double cost_ns = put_rate[near] > 0 && ev > 0 ? 1e9 / ev - 1e9 / put_rate[near] : -1;
+    uint64_t misses_ev;
+    sum_keys(ws, sh.threads, &misses_ev);
+    bad |= report(out, &sh, "put_evicting", ev, -1, -1, 0, misses_ev) != 0;
+    printf("eviction: %.0f puts/s into a full pool of %" PRIu64 " objects (every put evicts one) "
+           "vs %.0f puts/s at %" PRIu64 " resident without eviction: %.0f ns of eviction per "
+           "put\n",
+           ev, sh.resident, put_rate[near], counts[near], cost_ns);
+    kvp_bench_result_begin(out, "meta");
+    kvp_bench_result_str(out, "op", "evict_cost");
+    kvp_bench_result_int(out, "objects_resident", (int64_t)sh.resident);
+    kvp_bench_result_num(out, "put_evicting_per_s", ev);
+    kvp_bench_result_num(out, "put_per_s", put_rate[near]);
+    kvp_bench_result_int(out, "put_objects_resident", (int64_t)counts[near]);
+    kvp_bench_result_num(out, "evict_ns_per_put", cost_ns);
+    kvp_bench_result_end(out);
     rc = bad ? 1 : 0;
 out:
     if (pinger.started) {
