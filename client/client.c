@@ -1067,12 +1067,13 @@ static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t 
 }
 
 /* Every read of a GetReplicaList answer is over (done, failed or never started): hand its
- * leases back. */
+ * leases back, last key first: the master's eviction policy takes a read as done when its
+ * lease ends, and wants a chain's first block to end up the most recent. */
 static void release_leases(kvp_client_t *c, const Kvpool__GetReplicaListResponse *gr)
 {
     uint64_t ids[256];
     size_t k = 0;
-    for (size_t j = 0; gr != NULL && j < gr->n_results; j++) {
+    for (size_t j = gr != NULL ? gr->n_results : 0; j-- > 0;) {
         if (gr->results[j]->status != KVP_OK || gr->results[j]->lease_id == 0)
             continue;
         ids[k++] = gr->results[j]->lease_id;

@@ -9,7 +9,13 @@
  *   - probation: objects put and not read since, oldest first. Victims come
  *     from here while it holds more than 2 % of the objects.
  *   - protected: objects read at least once (or put again soon after being
- *     evicted), least recently used first.
+ *     evicted), least recently used first (a read counts when it ends).
+ *   - reading: objects with a read in flight (a lease held). Eviction never
+ *     looks at them; when the lease ends they go to protected's new end.
+ *   - pinned (hard pins) and soft (soft pins, in pin order): hard pins are
+ *     never victims; soft pins only in a second pass, when nothing else is
+ *     left, and an expired soft pin at the head of its list moves to
+ *     probation, an ordinary object again.
  *   - ghost: the keys of the last ~2-4 x (objects resident) victims, in a
  *     pair of Bloom filters (about 5 bytes per resident object). A key put
  *     again while the ghost remembers it goes straight to protected: it
@@ -17,15 +23,16 @@
  *   - chain order: PutEnd and GetReplicaList handle their keys last to
  *     first, so the first block of a chain ends up the most recent and a
  *     chain is eaten from its tail, never from its head. The last key of a
- *     PutEnd batch (the deepest block, the least shared) goes to the evict
- *     end of probation.
+ *     PutEnd batch of several keys (the deepest block of a chain, the least
+ *     shared) goes to the evict end of probation.
  * Replayed on the FAST'25 Mooncake trace with the pool at 10 % of the
  * unique blocks it reaches a 0.28 hit rate where exact LRU gets 0.26
- * (kvpool-bench trace). Every hook and every victim is O(1) (amortised:
- * an object skipped because it is being read, soft-pinned or on a
- * draining segment moves to the new end of its list, so one scan looks at
- * each object at most once). Hard-pinned objects sit on a list of their
- * own that eviction never walks.
+ * (kvpool-bench trace). Every hook and every victim is O(1): objects that
+ * cannot go (being read, pinned) are on lists eviction never walks, so
+ * the head of probation or protected is a victim. The one exception is an
+ * object on a draining segment (being moved away): it is passed over and
+ * moves to the new end of its list, so one scan looks at each at most
+ * once, and a drain ends with the segment.
  *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, service.c); the watermarks (off by default) can keep
@@ -150,32 +157,51 @@ static void move_to(kvp_master_state_t *st, kvp_object_t *obj, unsigned list, bo
         kvp_object_list_append(l, obj);
 }
 
-void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool last)
+static unsigned list_of(const kvp_object_t *obj)
 {
-    /* the index put it at the new end of probation (or on the pinned list) */
-    if ((obj->policy & KVP_POLICY_LIST_MASK) == KVP_POLICY_PINNED)
+    return obj->policy & KVP_POLICY_LIST_MASK;
+}
+
+static bool soft_pin_live(const kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    return obj->pin == KVP_PIN_SOFT && (uint64_t)obj->soft_pin_until_s * 1000 > st->now_ms;
+}
+
+void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest)
+{
+    /* the index put it at the new end of probation (or on a pin list) */
+    if (list_of(obj) != KVP_POLICY_PROBATION)
         return;
     if (kvp_ghost_has(&st->ghost, obj->hash))
         move_to(st, obj, KVP_POLICY_PROTECTED, false);
-    else if (last)
+    else if (deepest)
         move_to(st, obj, KVP_POLICY_PROBATION, true);
+}
+
+void kvp_policy_read_start(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (list_of(obj) != KVP_POLICY_PINNED && list_of(obj) != KVP_POLICY_READING)
+        move_to(st, obj, KVP_POLICY_READING, false);
+}
+
+void kvp_policy_read_end(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (list_of(obj) == KVP_POLICY_READING)
+        move_to(st, obj, soft_pin_live(st, obj) ? KVP_POLICY_SOFT : KVP_POLICY_PROTECTED, false);
 }
 
 void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if ((obj->policy & KVP_POLICY_LIST_MASK) != KVP_POLICY_PINNED)
+    if (list_of(obj) == KVP_POLICY_PROBATION || list_of(obj) == KVP_POLICY_PROTECTED)
         move_to(st, obj, KVP_POLICY_PROTECTED, false);
 }
 
 /* ---- victims ---- */
 
-static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj, bool take_soft)
+/* Objects on the scanned lists are neither being read nor pinned (other lists hold
+ * those): what is left to check is the segment. */
+static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj)
 {
-    if (kvp_leased(st, obj))
-        return false; /* being read */
-    if (obj->pin == KVP_PIN_SOFT && !take_soft &&
-        (uint64_t)obj->soft_pin_until_s * 1000 > st->now_ms)
-        return false;
     /* an object on a draining segment is being moved away: evicting it frees no room
      * that new puts could use */
     for (unsigned r = 0; r < obj->n_replicas; r++) {
@@ -189,11 +215,11 @@ static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj, boo
 
 /* The first evictable object of l from its evict end; the ones passed over move to its
  * new end, so the next scan does not look at them again first. */
-static kvp_object_t *scan(kvp_master_state_t *st, kvp_object_list_t *l, bool take_soft)
+static kvp_object_t *scan(kvp_master_state_t *st, kvp_object_list_t *l)
 {
     for (uint64_t left = l->n; left > 0 && l->head != NULL; left--) {
         kvp_object_t *obj = l->head;
-        if (evictable(st, obj, take_soft))
+        if (evictable(st, obj))
             return obj;
         kvp_object_list_remove(l, obj);
         kvp_object_list_append(l, obj);
@@ -204,17 +230,24 @@ static kvp_object_t *scan(kvp_master_state_t *st, kvp_object_list_t *l, bool tak
 static kvp_object_t *victim(kvp_master_state_t *st, bool take_soft)
 {
     kvp_object_index_t *ix = &st->index;
+    /* soft pins that ran out are ordinary objects again (pin order: the head expires
+     * first when every pin has the default TTL; a longer one ahead holds the rest up) */
+    while (ix->soft.head != NULL && !soft_pin_live(st, ix->soft.head))
+        move_to(st, ix->soft.head, KVP_POLICY_PROBATION, false);
+    if (take_soft)
+        return scan(st, &ix->soft);
     uint64_t complete = ix->probation.n + ix->protected.n;
     bool probation_first =
         ix->probation.n * 1000 > complete * PROBATION_FLOOR_PERMILLE || ix->protected.n == 0;
     kvp_object_list_t *first = probation_first ? &ix->probation : &ix->protected;
     kvp_object_list_t *second = probation_first ? &ix->protected : &ix->probation;
-    kvp_object_t *obj = scan(st, first, take_soft);
-    return obj != NULL ? obj : scan(st, second, take_soft);
+    kvp_object_t *obj = scan(st, first);
+    return obj != NULL ? obj : scan(st, second);
 }
 
 uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
 {
+    kvp_lease_expire(st); /* leases whose TTL is over give their objects back first */
     uint64_t used = kvp_master_used(st);
     if (!st->config.evict || used <= target)
         return 0;

@@ -102,6 +102,10 @@ static uint64_t lease_id(const kvp_lease_table_t *t, uint32_t i)
 uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
 {
     kvp_lease_table_t *t = &st->leases;
+    if (st->config.lease_ttl_ms == 0) {
+        kvp_policy_read(st, obj); /* no leases: a read is over as soon as it is answered */
+        return 0;
+    }
     uint32_t i;
     if (obj->lease != 0 && !kvp_leased(st, obj))
         lease_end(st, obj->lease - 1, false); /* over by its TTL: its readers are gone */
@@ -123,6 +127,7 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
         t->bytes += l->bytes;
         t->live++;
         obj->lease = i + 1;
+        kvp_policy_read_start(st, obj); /* off the lists eviction walks */
     }
     kvp_lease_t *l = &t->slots[i];
     l->readers++;
@@ -145,7 +150,9 @@ static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
     l->next = t->free_head;
     t->free_head = i;
     obj->lease = 0;
-    if (release_retired && obj->state == KVP_OBJ_RETIRED)
+    if (obj->state == KVP_OBJ_COMPLETE && release_retired)
+        kvp_policy_read_end(st, obj); /* back on the lists, as just read */
+    else if (obj->state == KVP_OBJ_RETIRED && release_retired)
         kvp_object_release(st, obj);
 }
 

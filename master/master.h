@@ -155,7 +155,9 @@ typedef struct kvp_object_list {
 #define KVP_POLICY_PROBATION 0u /* put, not read since */
 #define KVP_POLICY_PROTECTED 1u /* read at least once (or back from the ghost) */
 #define KVP_POLICY_PINNED 2u    /* hard-pinned: never a victim, never scanned */
-#define KVP_POLICY_LIST_MASK 3u
+#define KVP_POLICY_SOFT 3u      /* soft-pinned: victims only when nothing else is left */
+#define KVP_POLICY_READING 4u   /* being read (a lease held): never a victim, never scanned */
+#define KVP_POLICY_LIST_MASK 7u
 
 typedef struct kvp_object_index {
     kvp_object_t **buckets;
@@ -166,6 +168,8 @@ typedef struct kvp_object_index {
     kvp_object_list_t probation;    /* COMPLETE: eviction policy lists (eviction.c) */
     kvp_object_list_t protected;
     kvp_object_list_t pinned;
+    kvp_object_list_t soft;
+    kvp_object_list_t reading;
 } kvp_object_index_t;
 
 kvp_status_t kvp_index_init(kvp_object_index_t *index);
@@ -348,11 +352,15 @@ uint64_t kvp_lease_left_ms(const kvp_master_state_t *st, const kvp_object_t *obj
 uint64_t kvp_master_used(const kvp_master_state_t *st);
 /*
  * The policy's hooks. kvp_policy_put: obj just became COMPLETE (PutEnd);
- * `last`: it was the last key of its batch (batches are handled last key
- * first, so a chain's first block ends up the newest). kvp_policy_read:
- * GetReplicaList answered obj (same order).
+ * `deepest`: it was the last key of a batch of several (batches are
+ * handled last key first, so a chain's first block ends up the newest).
+ * kvp_policy_read_start: a read lease on obj begins (the object leaves the
+ * lists eviction walks); kvp_policy_read_end: it ended (obj back, as the
+ * most recently read). kvp_policy_read: a read with no lease (--lease-ttl 0).
  */
-void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool last);
+void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest);
+void kvp_policy_read_start(kvp_master_state_t *st, kvp_object_t *obj);
+void kvp_policy_read_end(kvp_master_state_t *st, kvp_object_t *obj);
 void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj);
 /* Is obj's key among the recently evicted ones? */
 bool kvp_ghost_has(const kvp_ghost_t *g, uint64_t hash);

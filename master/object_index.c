@@ -7,7 +7,7 @@
  * Every object is also on one doubly linked list: PENDING objects on the
  * pending list (oldest first: put timeouts, a dead writer's puts, no scan),
  * COMPLETE objects on one of the eviction policy's lists (probation,
- * protected, or pinned for hard pins; which one: obj->policy, see
+ * protected, soft and hard pins, being read; which one: obj->policy, see
  * eviction.c).
  *
  * Thread: master loop only.
@@ -122,6 +122,10 @@ kvp_object_list_t *kvp_index_policy_list(kvp_object_index_t *index, const kvp_ob
         return &index->protected;
     case KVP_POLICY_PINNED:
         return &index->pinned;
+    case KVP_POLICY_SOFT:
+        return &index->soft;
+    case KVP_POLICY_READING:
+        return &index->reading;
     default:
         return &index->probation;
     }
@@ -135,8 +139,10 @@ static void lists_link(kvp_object_index_t *index, kvp_object_t *obj)
         index->pending++;
         return;
     }
-    /* a newly COMPLETE object: probation (the policy may move it), hard pins aside */
-    obj->policy = obj->pin == KVP_PIN_HARD ? KVP_POLICY_PINNED : KVP_POLICY_PROBATION;
+    /* a newly COMPLETE object: probation (the policy may move it), pins aside */
+    obj->policy = obj->pin == KVP_PIN_HARD   ? KVP_POLICY_PINNED
+                  : obj->pin == KVP_PIN_SOFT ? KVP_POLICY_SOFT
+                                             : KVP_POLICY_PROBATION;
     kvp_object_list_append(kvp_index_policy_list(index, obj), obj);
 }
 

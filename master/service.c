@@ -605,7 +605,7 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     obj->lease = 0; /* from now on: lease slot and policy state, not the writer */
     obj->policy = 0;
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
-    kvp_policy_put(st, obj, i + 1 == end->n_keys);
+    kvp_policy_put(st, obj, end->n_keys > 1 && i + 1 == end->n_keys);
     return KVP_OK;
 }
 
@@ -758,8 +758,7 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
             res[i].crc32c = obj->crc32c;
             /* a read lease: the extents stay put (no eviction, no plain remove) until
              * the client releases it after its transfer */
-            res[i].lease_id = kvp_lease_grant(st, obj);
-            kvp_policy_read(st, obj);
+            res[i].lease_id = kvp_lease_grant(st, obj); /* the read counts when it ends */
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
             if (!kvp_svc_add_replicas(st, obj, reps, repptr, &nr, &segs)) {

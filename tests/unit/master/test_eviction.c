@@ -464,20 +464,27 @@ static uint64_t xorshift(uint64_t *s)
 /*
  * The model is eviction.c's top comment written out with plain arrays
  * (O(n) per operation, obviously right): probation and protected, evict end
- * first, and the hard-pinned objects aside.
+ * first; hard pins, soft pins and objects being read on lists of their own.
  *   - PutStart handles its keys in request order; a key that finds the pool
  *     full makes the master evict one object's worth (on demand), then the
- *     watermarks, when on, apply to the whole batch.
- *   - PutEnd handles its keys last to first: a key the ghost remembers goes
- *     to the new end of protected, else the batch's last key to the evict end
- *     of probation, the others to its new end.
- *   - GetReplicaList handles its keys last to first: each one found moves to
- *     the new end of protected (hard pins stay where they are) and gets a lease.
- *   - A victim comes from probation while probation.n * 1000 > (probation.n +
- *     protected.n) * 20 or protected is empty, else from protected; the other
- *     list when the first has nothing evictable. Leased objects, and
- *     unexpired soft pins in the first pass, are passed over and move to the
- *     new end of their list.
+ *     watermarks, when on, apply to the whole batch. Every eviction call
+ *     first ends the leases whose TTL is over (in grant order).
+ *   - PutEnd handles its keys last to first: hard pins to the pinned list,
+ *     soft pins to the new end of the soft list; otherwise a key the ghost
+ *     remembers goes to the new end of protected, else the last key of a
+ *     batch of several to the evict end of probation, the others to its new
+ *     end.
+ *   - GetReplicaList handles its keys last to first: each one found gets a
+ *     lease; a new lease moves it to the new end of the reading list (hard
+ *     pins stay where they are). When its lease ends (the last release, or
+ *     the TTL) it goes to the new end of protected (of the soft list while
+ *     its soft pin lasts). A lease over by its TTL and not yet reaped is
+ *     replaced by the next read's, the object staying where it is.
+ *   - A victim: first, expired soft pins at the head of the soft list become
+ *     ordinary (new end of probation). Then, in the first pass, from
+ *     probation while probation.n * 1000 > (probation.n + protected.n) * 20
+ *     or protected is empty, else from protected, the other list when the
+ *     first is empty; in the second pass from the soft list.
  *   - The ghost: the keys evicted since the rotation before last. A rotation
  *     happens when a victim finds the current round full: it holds
  *     max(1024, 2 x resident objects) keys. The master's ghost is a Bloom
@@ -503,14 +510,15 @@ static uint64_t xorshift(uint64_t *s)
 #define M_GHOST_ROUNDS 2
 #define M_NONE UINT32_MAX
 
-enum { M_PROB, M_PROT, M_PINNED, M_ABSENT };
-static const char *const m_list_name[] = {"probation", "protected", "pinned"};
+enum { M_PROB, M_PROT, M_PINNED, M_SOFT, M_READING, M_LISTS, M_ABSENT = M_LISTS };
+static const char *const m_list_name[] = {"probation", "protected", "pinned", "soft", "reading"};
 
 typedef struct mkey {
     uint8_t where; /* M_PROB .. M_ABSENT */
     uint8_t pin;
     uint32_t readers; /* grants not released */
     uint64_t lease_until_ms;
+    uint64_t grant_seq; /* its lease's place in the master's expiry order */
     uint32_t soft_until_s;
     uint64_t ghost_round; /* the ghost round of its latest eviction; 0: never evicted */
     uint64_t hash;
@@ -526,14 +534,14 @@ typedef struct model {
     const char **names;
     mkey_t *keys;
     uint32_t next_key;
-    uint32_t list[3][M_SLOTS]; /* evict end first */
-    size_t n[3];
+    uint32_t list[M_LISTS][M_SLOTS]; /* evict end first */
+    size_t n[M_LISTS];
     size_t used; /* objects holding extents: resident and PENDING */
     double high, low;
     uint64_t evicted, runs;
     uint64_t ghost_round, ghost_n, ghost_cap;
     uint64_t ghost_hits, ghost_fp, ghost_asked;
-    uint64_t skipped_leased, skipped_soft, soft_taken, lease_ttl_ended;
+    uint64_t evict_while_reading, soft_demoted, soft_taken, lease_ttl_ended, grant_seq;
     uint32_t victims[M_SLOTS]; /* this step's */
     size_t n_victims;
     mheld_t held[M_HELD];
@@ -542,11 +550,6 @@ typedef struct model {
     unsigned step;
     char what[96]; /* this step, for messages */
 } model_t;
-
-static bool m_leased(const model_t *m, uint32_t k)
-{
-    return m->keys[k].readers > 0 && m->keys[k].lease_until_ms > m->now_ms;
-}
 
 static bool m_soft_pinned(const model_t *m, uint32_t k)
 {
@@ -578,29 +581,56 @@ static void m_link(model_t *m, uint32_t k, unsigned l, bool evict_end)
     m->keys[k].where = (uint8_t)l;
 }
 
-/* The first evictable key of list l from its evict end; those passed over go to its new end. */
-static uint32_t m_scan(model_t *m, unsigned l, bool take_soft)
+/* The head of list l: nothing on the scanned lists is being read or pinned (no segment
+ * drains here, the one reason left to pass an object over). */
+static uint32_t m_scan(model_t *m, unsigned l)
 {
-    for (size_t left = m->n[l]; left > 0; left--) {
-        uint32_t k = m->list[l][0];
-        bool leased = m_leased(m, k), soft = !take_soft && m_soft_pinned(m, k);
-        if (!leased && !soft)
-            return k;
-        m->skipped_leased += leased;
-        m->skipped_soft += !leased && soft;
-        m_unlink(m, k);
-        m_link(m, k, l, false);
-    }
-    return M_NONE;
+    return m->n[l] > 0 ? m->list[l][0] : M_NONE;
 }
 
 static uint32_t m_victim(model_t *m, bool take_soft)
 {
+    while (m->n[M_SOFT] > 0 && !m_soft_pinned(m, m->list[M_SOFT][0])) {
+        uint32_t k = m->list[M_SOFT][0];
+        m_unlink(m, k);
+        m_link(m, k, M_PROB, false);
+        m->soft_demoted++;
+    }
+    if (take_soft)
+        return m_scan(m, M_SOFT);
     size_t complete = m->n[M_PROB] + m->n[M_PROT];
     bool prob_first = m->n[M_PROB] * 1000 > complete * 20 || m->n[M_PROT] == 0;
     unsigned first = prob_first ? M_PROB : M_PROT;
-    uint32_t k = m_scan(m, first, take_soft);
-    return k != M_NONE ? k : m_scan(m, first == M_PROB ? M_PROT : M_PROB, take_soft);
+    uint32_t k = m_scan(m, first);
+    return k != M_NONE ? k : m_scan(m, first == M_PROB ? M_PROT : M_PROB);
+}
+
+/* A lease ended (last release, or its TTL): the object is back, as just read. */
+static void m_read_end(model_t *m, uint32_t k)
+{
+    m->keys[k].readers = 0;
+    if (m->keys[k].where != M_READING)
+        return;
+    m_unlink(m, k);
+    m_link(m, k, m_soft_pinned(m, k) ? M_SOFT : M_PROT, false);
+}
+
+/* kvp_lease_expire: leases whose TTL is over end, in the master's expiry order. */
+static void m_expire(model_t *m)
+{
+    for (;;) {
+        uint32_t best = M_NONE;
+        for (uint32_t k = 0; k < m->next_key; k++) {
+            const mkey_t *e = &m->keys[k];
+            if (e->where != M_ABSENT && e->readers > 0 && e->lease_until_ms <= m->now_ms &&
+                (best == M_NONE || e->grant_seq < m->keys[best].grant_seq))
+                best = k;
+        }
+        if (best == M_NONE)
+            return;
+        m->lease_ttl_ended++;
+        m_read_end(m, best);
+    }
 }
 
 static bool m_ghost_has(const model_t *m, uint32_t k)
@@ -611,7 +641,9 @@ static bool m_ghost_has(const model_t *m, uint32_t k)
 static void m_ghost_add(model_t *m, uint32_t k)
 {
     if (m->ghost_round == 0 || m->ghost_n >= m->ghost_cap) {
-        uint64_t resident = m->n[M_PROB] + m->n[M_PROT] + m->n[M_PINNED];
+        uint64_t resident = 0;
+        for (unsigned l = 0; l < M_LISTS; l++)
+            resident += m->n[l];
         uint64_t keys = resident * M_GHOST_ROUNDS;
         m->ghost_cap = keys < M_GHOST_MIN ? M_GHOST_MIN : keys;
         m->ghost_round++;
@@ -624,15 +656,16 @@ static void m_ghost_add(model_t *m, uint32_t k)
 /* kvp_evict_to: two passes (soft pins passed over, then taken) until used <= target bytes. */
 static void m_evict_to(model_t *m, uint64_t target)
 {
+    m_expire(m);
     uint64_t count = 0;
+    m->evict_while_reading += m->used * OBJ > target && m->n[M_READING] > 0;
     for (int pass = 0; pass < 2 && m->used * OBJ > target; pass++) {
         uint32_t k;
         while (m->used * OBJ > target && (k = m_victim(m, pass == 1)) != M_NONE) {
-            m->soft_taken += m_soft_pinned(m, k);
+            m->soft_taken += pass == 1;
+            assert_int_equal(m->keys[k].readers, 0);
             m_unlink(m, k);
             m_ghost_add(m, k);
-            m->lease_ttl_ended += m->keys[k].readers > 0;
-            m->keys[k].readers = 0; /* its lease, over by its TTL, goes with it */
             m->used--;
             m->victims[m->n_victims++] = k;
             count++;
@@ -723,10 +756,12 @@ static void m_put(kvp_master_state_t *st, model_t *m, uint64_t *rng)
                 (uint32_t)((m->now_ms + 999) / 1000 + (ttl_s ? ttl_s : st->config.soft_pin_ttl_s));
         if (pin == KVP_PIN_HARD)
             m_link(m, ks[j], M_PINNED, false);
+        else if (pin == KVP_PIN_SOFT)
+            m_link(m, ks[j], M_SOFT, false);
         else if (ghost[j])
             m_link(m, ks[j], M_PROT, false);
         else
-            m_link(m, ks[j], M_PROB, j + 1 == n);
+            m_link(m, ks[j], M_PROB, n > 1 && j + 1 == n);
     }
 }
 
@@ -738,7 +773,8 @@ static void m_release(kvp_master_state_t *st, model_t *m, const uint64_t *ids, c
     lease_release(st, ids, n);
     for (size_t i = 0; i < n; i++) {
         assert_true(m->keys[ks[i]].readers > 0);
-        m->keys[ks[i]].readers--;
+        if (--m->keys[ks[i]].readers == 0)
+            m_read_end(m, ks[i]);
     }
 }
 
@@ -747,7 +783,9 @@ static void m_read(kvp_master_state_t *st, model_t *m, uint64_t *rng)
     uint32_t ks[4];
     const char *names[4];
     size_t n = 1 + xorshift(rng) % 4;
-    size_t resident = m->n[M_PROB] + m->n[M_PROT] + m->n[M_PINNED];
+    size_t resident = 0;
+    for (unsigned l = 0; l < M_LISTS; l++)
+        resident += m->n[l];
     for (size_t j = 0; j < n; j++) {
         uint32_t k = M_NONE;
         if (xorshift(rng) % 8 == 0 || resident == 0)
@@ -788,20 +826,21 @@ static void m_read(kvp_master_state_t *st, model_t *m, uint64_t *rng)
             fail_msg("step %u (%s): %s read without a lease id", m->step, m->what, names[j]);
     }
 
-    /* last key first: each one read gets a lease and moves to the new end of protected */
+    /* last key first: each one read gets a lease; a new one takes it to the reading list */
     for (size_t j = n; j-- > 0;) {
         mkey_t *e = &m->keys[ks[j]];
         if (!found[j])
             continue;
         if (e->readers > 0 && e->lease_until_ms <= m->now_ms) {
-            e->readers = 0; /* over by its TTL: a new lease */
+            e->readers = 0; /* over by its TTL, not reaped yet: a new lease, same place */
             m->lease_ttl_ended++;
         }
         e->readers++;
         e->lease_until_ms = m->now_ms + M_TTL_MS;
-        if (e->where != M_PINNED) {
+        e->grant_seq = ++m->grant_seq;
+        if (e->where != M_PINNED && e->where != M_READING) {
             m_unlink(m, ks[j]);
-            m_link(m, ks[j], M_PROT, false);
+            m_link(m, ks[j], M_READING, false);
         }
     }
 
@@ -850,14 +889,17 @@ static void m_release_held(kvp_master_state_t *st, model_t *m)
 static void m_dump(char *buf, size_t len, const model_t *m, const kvp_master_state_t *st)
 {
     size_t off = 0;
-    for (unsigned l = M_PROB; l <= M_PROT && off < len; l++) {
+    const kvp_object_list_t *ols[M_LISTS] = {&st->index.probation, &st->index.protected,
+                                             &st->index.pinned, &st->index.soft,
+                                             &st->index.reading};
+    for (unsigned l = 0; l < M_LISTS && off < len; l++) {
         off += (size_t)snprintf(buf + off, len - off, "%s%s [", l ? " " : "", m_list_name[l]);
         if (m != NULL) {
             for (size_t i = 0; i < m->n[l] && off < len; i++)
                 off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? " " : "",
                                         m->names[m->list[l][i]]);
         } else {
-            const kvp_object_list_t *ol = l == M_PROB ? &st->index.probation : &st->index.protected;
+            const kvp_object_list_t *ol = ols[l];
             size_t i = 0;
             for (const kvp_object_t *o = ol->head; o != NULL && off < len; o = o->lnext, i++)
                 off += (size_t)snprintf(buf + off, len - off, "%s%.*s", i ? " " : "",
@@ -875,7 +917,7 @@ static void m_check(kvp_master_state_t *st, model_t *m)
     const char *names[3 * M_SLOTS];
     int32_t ex[3 * M_SLOTS];
     size_t n = 0;
-    for (unsigned l = M_PROB; l <= M_PINNED; l++)
+    for (unsigned l = 0; l < M_LISTS; l++)
         for (size_t i = 0; i < m->n[l]; i++)
             names[n++] = m->names[m->list[l][i]];
     size_t resident = n;
@@ -898,9 +940,9 @@ static void m_check(kvp_master_state_t *st, model_t *m)
                  m->step, m->what, (unsigned long long)objects,
                  (unsigned long long)st->index.pending, resident);
     /* same keys; now the same order (a difference here shows up in EXIST steps later) */
-    const kvp_object_list_t *ol[3] = {&st->index.probation, &st->index.protected,
-                                      &st->index.pinned};
-    for (unsigned l = M_PROB; l <= M_PINNED; l++) {
+    const kvp_object_list_t *ol[M_LISTS] = {&st->index.probation, &st->index.protected,
+                                            &st->index.pinned, &st->index.soft, &st->index.reading};
+    for (unsigned l = 0; l < M_LISTS; l++) {
         size_t i = 0;
         const kvp_object_t *o = ol[l]->head;
         for (; o != NULL && i < m->n[l]; o = o->lnext, i++) {
@@ -952,23 +994,27 @@ static void model_run(fixture_t *fx, double high, double low, uint64_t seed)
         m_check(st, m);
     }
     print_message("%u steps: %llu evicted in %llu runs, %llu ghost rounds, %llu of %llu puts "
-                  "back from the ghost (%llu false positives), %llu passed over leased, %llu "
-                  "soft-pinned, %llu soft pins taken, %llu leases ended by the TTL\n",
+                  "back from the ghost (%llu false positives), %llu evictions with reads in "
+                  "flight, %llu soft pins expired, %llu taken, %llu leases ended by the TTL\n",
                   M_STEPS, (unsigned long long)m->evicted, (unsigned long long)m->runs,
                   (unsigned long long)m->ghost_round, (unsigned long long)m->ghost_hits,
                   (unsigned long long)m->ghost_asked, (unsigned long long)m->ghost_fp,
-                  (unsigned long long)m->skipped_leased, (unsigned long long)m->skipped_soft,
+                  (unsigned long long)m->evict_while_reading, (unsigned long long)m->soft_demoted,
                   (unsigned long long)m->soft_taken, (unsigned long long)m->lease_ttl_ended);
     /* the run went through what it is meant to check */
     assert_true(m->ghost_round >= 3); /* the ghost rotated (and forgot) at least twice */
     assert_true(m->ghost_hits > 100);
     assert_true(m->ghost_fp * 50 <= m->ghost_asked); /* the Bloom filter's price: < 2 % */
-    assert_true(m->skipped_leased > 0);
-    assert_true(m->skipped_soft > 0);
+    assert_true(m->evict_while_reading > 0);
+    assert_true(m->soft_demoted > 0);
+    assert_true(m->lease_ttl_ended > 0);
     assert_true(m->n[M_PINNED] > 0);
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.evicted_objects, m->evicted);
-    assert_int_equal(s.objects, m->n[M_PROB] + m->n[M_PROT] + m->n[M_PINNED]);
+    size_t objects = 0;
+    for (unsigned l = 0; l < M_LISTS; l++)
+        objects += m->n[l];
+    assert_int_equal(s.objects, objects);
     assert_int_equal(s.pending, 0);
 }
 
