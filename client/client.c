@@ -182,6 +182,8 @@ static kvp_status_t master_connect_locked(kvp_client_t *c, bool strict)
     return KVP_OK;
 }
 
+static void releases_flush_locked(kvp_client_t *c);
+
 static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
                                 uint8_t **resp_p, size_t *resp_len_p)
 {
@@ -199,6 +201,7 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
             st = master_connect_locked(c, false);
             if (st != KVP_OK)
                 break;
+            releases_flush_locked(c); /* kept while there was no connection: ahead of req */
         }
         st = kvp_rpc_call(c->master_fd, method, ++c->next_req_id, body, len, resp_p, resp_len_p);
         if (st != KVP_ERR_IO && st != KVP_ERR_TIMEOUT && st != KVP_ERR_PROTOCOL &&
@@ -216,12 +219,13 @@ static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const Protobuf
 
 /*
  * Send the queued lease releases (master_lock held). One-way: nothing is
- * read back. With no connection, or when the send fails, they are dropped:
- * the leases then end by their TTL (or died with the master).
+ * read back. With no connection they stay queued for the next one (lease
+ * ids are the master's, not the connection's); when the send fails they
+ * are dropped and the leases end by their TTL.
  */
 static void releases_flush_locked(kvp_client_t *c)
 {
-    if (atomic_load(&c->rel_pending) == 0)
+    if (atomic_load(&c->rel_pending) == 0 || c->master_fd < 0)
         return; /* a getter that queues after this look finds the lock taken: the unlock
                  * (kvp_client_master_unlock) sends it */
     pthread_mutex_lock(&c->rel_lock);
@@ -235,7 +239,7 @@ static void releases_flush_locked(kvp_client_t *c)
     pthread_mutex_unlock(&c->rel_lock);
     c->rel_send = ids;
     c->rel_send_cap = cap;
-    if (n == 0 || c->master_fd < 0)
+    if (n == 0)
         return;
     Kvpool__LeaseReleaseRequest req = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
     req.lease_ids = ids;
@@ -263,8 +267,11 @@ void kvp_client_master_unlock(kvp_client_t *c)
     /* releases queued while we held the lock: their getter found it taken and left
      * them to us (it checked after queueing, we check after unlocking) */
     while (atomic_load(&c->rel_pending) > 0 && pthread_mutex_trylock(&c->master_lock) == 0) {
+        bool connected = c->master_fd >= 0;
         releases_flush_locked(c);
         pthread_mutex_unlock(&c->master_lock);
+        if (!connected)
+            break; /* kept for the next connection */
     }
 }
 
@@ -300,6 +307,7 @@ kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMe
     pthread_mutex_lock(&c->master_lock);
     releases_flush_locked(c); /* a release goes out before anything that follows it */
     kvp_status_t st = call_locked(c, method, req, resp_p, resp_len_p);
+    releases_flush_locked(c); /* those kept while there was no connection */
     kvp_client_master_unlock(c);
     return st;
 }
@@ -969,9 +977,14 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
                                    const kvp_put_config_t *config, kvp_status_t *results,
                                    uint32_t *replicas_written)
 {
+    if (results == NULL || n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    /* what the call leaves untouched (arguments refused outright) reads as refused */
+    for (size_t i = 0; i < n; i++)
+        results[i] = KVP_ERR_INVALID_ARG;
     kvp_status_t rc = put_batch_once(c, keys, bufs, sizes, n, config, results, replicas_written);
     size_t nb = 0;
-    for (size_t i = 0; rc != KVP_OK && rc != KVP_ERR_INVALID_ARG && i < n; i++)
+    for (size_t i = 0; rc != KVP_OK && i < n; i++)
         nb += results[i] == KVP_ERR_POOL_BUSY;
     if (nb == 0)
         return rc;

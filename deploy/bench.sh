@@ -80,8 +80,14 @@ for r in R:
         md.append("| %s | %s | %s | %.2f |" % (r["limit"], r.get("size", "-"), r["streams"], r["gbps"]))
 md += ["", "## meta", "", "| op | objects resident | keys/s | bytes/object |", "|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "meta":
+    if r["mode"] == "meta" and "keys_per_s" in r:
         md.append("| %s | %d | %.0f | %.0f |" % (r["op"], r["objects_resident"], r["keys_per_s"], r["bytes_per_object"]))
+for r in R:
+    if r["mode"] == "meta" and r.get("op") == "evict_cost":
+        md += ["", "Eviction cost: %.0f puts/s into a full pool of %d objects (every put evicts one) "
+               "vs %.0f puts/s at %d resident without eviction: %.0f ns of eviction per put." % (
+                   r["put_evicting_per_s"], r["objects_resident"], r["put_per_s"],
+                   r["put_objects_resident"], r["evict_ns_per_put"])]
 md += ["", "## alloc (per workload over its sizes; churn: per alloc+free pair)", "",
        "| workload | min utilisation | min utilisation, sizes >= 8 KiB | ns/alloc |", "|---|---|---|---|"]
 wl = {}

@@ -17,7 +17,8 @@
  *     left, and an expired soft pin at the head of its list moves to
  *     probation, an ordinary object again.
  *   - ghost: the keys of the last ~2-4 x (objects resident) victims, in a
- *     pair of Bloom filters (about 5 bytes per resident object). A key put
+ *     pair of Bloom filters (5-10 bytes per resident object: 10 bits per
+ *     key, rounded up to a power of two). A key put
  *     again while the ghost remembers it goes straight to protected: it
  *     came back, so it is likely to come back again.
  *   - chain order: PutEnd and GetReplicaList handle their keys last to
@@ -31,8 +32,11 @@
  * cannot go (being read, pinned) are on lists eviction never walks, so
  * the head of probation or protected is a victim. The one exception is an
  * object on a draining segment (being moved away): it is passed over and
- * moves to the new end of its list, so one scan looks at each at most
- * once, and a drain ends with the segment.
+ * moves to the new end of its list. One search looks at each at most
+ * once, but while a drain runs, every search of a list whose head is all
+ * draining objects passes over them again: O(objects left on the draining
+ * segment) per victim, until the drain ends (known cost, drains are rare
+ * and short).
  *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, service.c); the watermarks (off by default) can keep

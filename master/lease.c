@@ -18,8 +18,11 @@
  * reaped is already over; whatever frees an object forgets its slot. A lease id is the slot's
  * generation and index: a release that comes late (after the TTL ended the
  * lease and the slot went to another object) names an old generation and
- * is ignored. Generations start at a random value so ids from before a
- * master restart do not match.
+ * is ignored. Within one generation a release is trusted: readers of one
+ * object share its lease id, so a client that releases more than it was
+ * granted (a bug, or forged frames) can end another reader's lease early;
+ * that reader's CRC check (on by default) still catches reused bytes. Generations start at a random
+ * value so ids from before a master restart do not match.
  *
  * Thread: master loop only.
  */
@@ -107,8 +110,10 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
         return 0;
     }
     uint32_t i;
-    if (obj->lease != 0 && !kvp_leased(st, obj))
-        lease_end(st, obj->lease - 1, false); /* over by its TTL: its readers are gone */
+    if (obj->lease != 0 && !kvp_leased(st, obj)) {
+        t->expired++; /* over by its TTL, not reaped yet: its readers are gone */
+        lease_end(st, obj->lease - 1, true);
+    }
     if (obj->lease != 0) {
         i = obj->lease - 1;
         live_unlink(t, i);
@@ -177,9 +182,10 @@ unsigned kvp_lease_expire(kvp_master_state_t *st)
         n++;
     }
     if (n > 0) {
+        /* counted in stat (leases_expired); Exist's leases (--lease-on-exist) always end so */
         t->expired += n;
-        KVP_LOG_INFO("%u read leases ended by their %u ms TTL (readers that did not release)", n,
-                     st->config.lease_ttl_ms);
+        KVP_LOG_DEBUG("%u read leases ended by their %u ms TTL (not released)", n,
+                      st->config.lease_ttl_ms);
     }
     return n;
 }

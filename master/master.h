@@ -240,7 +240,9 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
  * One slot per object being read: how many reads are in flight (grants not
  * yet released) and when the lease ends if nobody releases it (the safety
  * net for a reader that dies). A lease id names a slot and its generation,
- * so a late or duplicate release never ends someone else's lease.
+ * so a release that comes after its lease ended (TTL) never ends a later
+ * one; readers of one object share the id and a release is trusted (see
+ * lease.c).
  */
 typedef struct kvp_lease {
     kvp_object_t *obj;   /* NULL: free slot */

@@ -352,9 +352,32 @@ static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placeme
     }
 }
 
+/*
+ * Bytes that the reads now in flight give back when they end: removed objects kept for
+ * their readers are freed then; a live object becomes evictable again, unless eviction is
+ * off, it is hard-pinned or it is on a draining segment. O(reads in flight): a full pool
+ * only, once per PutStart batch (*cache_p, -1: not yet computed).
+ */
+static uint64_t reads_give_back(kvp_master_state_t *st, int64_t *cache_p)
+{
+    if (*cache_p >= 0)
+        return (uint64_t)*cache_p;
+    uint64_t bytes = 0;
+    const kvp_lease_table_t *t = &st->leases;
+    for (uint32_t i = t->head; i != UINT32_MAX; i = t->slots[i].next) {
+        const kvp_object_t *obj = t->slots[i].obj;
+        if (obj->state == KVP_OBJ_RETIRED ||
+            (st->config.evict && obj->pin != KVP_PIN_HARD && !on_draining(st, obj)))
+            bytes += t->slots[i].bytes;
+    }
+    *cache_p = (int64_t)bytes;
+    return bytes;
+}
+
 static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
                                   const ProtobufCBinaryData *key, uint64_t size,
-                                  const kvp_placement_req_t *preq, kvp_object_t **obj_p)
+                                  const kvp_placement_req_t *preq, int64_t *give_back_p,
+                                  kvp_object_t **obj_p)
 {
     kvp_object_t *obj;
     uint64_t hash;
@@ -395,14 +418,17 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
      * keep evicting until the object fits or nothing evictable is left. */
     uint64_t need = size * (r.replica_num ? r.replica_num : 1);
     while (status == KVP_ERR_POOL_FULL) {
+        /* leases whose TTL is over first: what they free may be enough by itself */
+        uint64_t before = kvp_master_used(st);
+        kvp_lease_expire(st);
         uint64_t used = kvp_master_used(st);
-        if (kvp_evict_to(st, used > need ? used - need : 0) == 0)
+        if (kvp_evict_to(st, used > need ? used - need : 0) == 0 && used == before)
             break;
         status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     }
-    /* Nothing evictable is left. If reads in flight hold enough room, it comes back
-     * when they end: the client waits and asks again (bounded by its timeout). */
-    if (status == KVP_ERR_POOL_FULL && st->leases.bytes >= need)
+    /* Nothing evictable is left. If the reads in flight give back enough room when they
+     * end, the client waits and asks again (bounded by its timeout). */
+    if (status == KVP_ERR_POOL_FULL && reads_give_back(st, give_back_p) >= need)
         return KVP_ERR_POOL_BUSY;
     if (status != KVP_OK)
         return status;
@@ -489,11 +515,13 @@ static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const
         goto out;
     }
     size_t nr = 0;
+    int64_t give_back = -1;
     for (size_t i = 0; i < n; i++) {
         kvpool__put_start_result__init(&res[i]);
         resptr[i] = &res[i];
         kvp_object_t *obj = NULL;
-        res[i].status = put_start_one(st, conn_id, &req->keys[i], req->sizes[i], &preq, &obj);
+        res[i].status =
+            put_start_one(st, conn_id, &req->keys[i], req->sizes[i], &preq, &give_back, &obj);
         if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
             full_msg[0] == '\0')
             pool_full_message(st, full_msg, sizeof(full_msg));
@@ -786,6 +814,10 @@ static kvp_status_t do_get_replicas(kvp_master_state_t *st, const uint8_t *body,
     *resp_p = b;
     *resp_len_p = plen;
 out:
+    /* no answer goes out: nobody will release the leases this call granted */
+    for (size_t i = 0; rc != KVP_OK && resptr != NULL && i < n; i++)
+        if (resptr[i] != NULL && res[i].lease_id != 0)
+            kvp_lease_release(st, res[i].lease_id);
     kvp_svc_seg_set_free(&segs);
     free(res);
     free(resptr);

@@ -478,8 +478,9 @@ static uint64_t xorshift(uint64_t *s)
  *     lease; a new lease moves it to the new end of the reading list (hard
  *     pins stay where they are). When its lease ends (the last release, or
  *     the TTL) it goes to the new end of protected (of the soft list while
- *     its soft pin lasts). A lease over by its TTL and not yet reaped is
- *     replaced by the next read's, the object staying where it is.
+ *     its soft pin lasts). A lease over by its TTL and not yet reaped ends
+ *     when the next read comes (back to protected), which then starts a new
+ *     one (to the reading list again).
  *   - A victim: first, expired soft pins at the head of the soft list become
  *     ordinary (new end of probation). Then, in the first pass, from
  *     probation while probation.n * 1000 > (probation.n + protected.n) * 20
@@ -832,8 +833,8 @@ static void m_read(kvp_master_state_t *st, model_t *m, uint64_t *rng)
         if (!found[j])
             continue;
         if (e->readers > 0 && e->lease_until_ms <= m->now_ms) {
-            e->readers = 0; /* over by its TTL, not reaped yet: a new lease, same place */
-            m->lease_ttl_ended++;
+            m->lease_ttl_ended++; /* over by its TTL, not reaped yet: it ends now */
+            m_read_end(m, ks[j]);
         }
         e->readers++;
         e->lease_until_ms = m->now_ms + M_TTL_MS;

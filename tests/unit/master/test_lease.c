@@ -330,13 +330,61 @@ static void test_pool_full_message(void **state)
     assert_non_null(strstr(msg, "4096 by puts not yet ended (1 objects), 4096 pinned"));
 }
 
+/* Reads whose end would free nothing (store mode, hard pins): POOL_FULL at once, no wait. */
+static void test_busy_only_when_reads_give_room_back(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 2 * OBJ);
+    st->config.evict = false; /* a store: ending the read frees nothing */
+    put(st, "a", KVP_PIN_NONE);
+    put(st, "b", KVP_PIN_NONE);
+    uint64_t id = read_start(st, "a");
+    assert_int_equal(put_start(st, "c", KVP_PIN_NONE, NULL, 0), KVP_ERR_POOL_FULL);
+    read_end1(st, id);
+    st->config.evict = true;
+    assert_int_equal(keys1(st, KVP_RPC_REMOVE, "a", false), KVP_OK);
+    assert_int_equal(keys1(st, KVP_RPC_REMOVE, "b", false), KVP_OK);
+    put(st, "p", KVP_PIN_HARD);
+    put(st, "q", KVP_PIN_HARD);
+    id = read_start(st, "p"); /* hard-pinned: evictable never, read or not */
+    assert_int_equal(put_start(st, "c", KVP_PIN_NONE, NULL, 0), KVP_ERR_POOL_FULL);
+    /* but a forced remove of the read one: its room comes back when the read ends */
+    assert_int_equal(keys1(st, KVP_RPC_REMOVE, "p", true), KVP_OK);
+    assert_int_equal(put_start(st, "c", KVP_PIN_NONE, NULL, 0), KVP_ERR_POOL_BUSY);
+    read_end1(st, id);
+    assert_int_equal(put_start(st, "c", KVP_PIN_NONE, NULL, 0), KVP_OK);
+}
+
+/* A dead reader's lease, over by its TTL but not yet reaped by the timer, frees the room a
+ * put needs: the put reaps it and fits, instead of failing. */
+static void test_put_reaps_expired_lease(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 2 * OBJ);
+    put(st, "a", KVP_PIN_NONE);
+    put(st, "b", KVP_PIN_HARD);
+    read_start(st, "a"); /* the reader dies */
+    assert_int_equal(keys1(st, KVP_RPC_REMOVE, "a", true), KVP_OK);
+    assert_int_equal(kvp_master_used(st), 2 * OBJ);
+    st->now_ms += TTL + 100; /* before the loop's timer runs */
+    assert_int_equal(put_start(st, "c", KVP_PIN_NONE, NULL, 0), KVP_OK);
+    assert_int_equal(st->leases.expired, 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
-        T(test_release_ends_lease),       T(test_two_readers),       T(test_stale_release_ignored),
-        T(test_forced_remove_under_read), T(test_dead_reader_ttl),   T(test_unmount_under_read),
-        T(test_pool_busy_then_room),      T(test_pool_full_message),
+        T(test_release_ends_lease),
+        T(test_two_readers),
+        T(test_stale_release_ignored),
+        T(test_forced_remove_under_read),
+        T(test_dead_reader_ttl),
+        T(test_unmount_under_read),
+        T(test_pool_busy_then_room),
+        T(test_pool_full_message),
+        T(test_busy_only_when_reads_give_room_back),
+        T(test_put_reaps_expired_lease),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
