@@ -85,7 +85,7 @@ for r in R:
 for r in R:
     if r["mode"] == "meta" and r.get("op") == "evict_cost":
         md += ["", "Eviction cost: %.0f puts/s into a full pool of %d objects (every put evicts one) "
-               "vs %.0f puts/s at %d resident without eviction: %.0f ns of eviction per put." % (
+               "vs %.0f puts/s into the same pool at 90 %% (%d resident, no eviction): %.0f ns of eviction per put." % (
                    r["put_evicting_per_s"], r["objects_resident"], r["put_per_s"],
                    r["put_objects_resident"], r["evict_ns_per_put"])]
 md += ["", "## alloc (per workload over its sizes; churn: per alloc+free pair)", "",
