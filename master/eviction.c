@@ -49,6 +49,7 @@
  * Thread: master loop only. Time: st->now_ms (set by the loop, or by tests).
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "master/master.h"
@@ -84,10 +85,13 @@ uint64_t kvp_master_used(const kvp_master_state_t *st)
 
 /* ---- the ghost ---- */
 
+/* Bit i of a key: a blocked Bloom filter, every probe of a key in one 64-byte block, so a
+ * lookup or an insert touches one cache line per filter. */
 static uint64_t ghost_probe(uint64_t hash, unsigned i, uint64_t mask)
 {
-    uint64_t x = hash * 0x9E3779B97F4A7C15ull;
-    return (x + i * ((x >> 29) | 1)) & mask;
+    uint64_t block = ((hash * 0x9E3779B97F4A7C15ull) >> 32) & (mask >> 9);
+    uint64_t y = (hash ^ (hash >> 29)) * 0xBF58476D1CE4E5B9ull;
+    return block << 9 | ((y >> (9 * i)) & 511);
 }
 
 bool kvp_ghost_has(const kvp_ghost_t *g, uint64_t hash)
@@ -110,12 +114,13 @@ bool kvp_ghost_has(const kvp_ghost_t *g, uint64_t hash)
 static bool ghost_rotate(kvp_ghost_t *g, uint64_t keys)
 {
     unsigned next = g->bits[g->cur] == NULL ? g->cur : g->cur ^ 1;
-    uint64_t bits = 64;
+    uint64_t bits = 512; /* one block at least */
     while (bits < keys * GHOST_BITS_PER_KEY)
         bits *= 2;
-    uint64_t *b = calloc(bits / 64, sizeof(uint64_t));
+    uint64_t *b = aligned_alloc(64, bits / 8); /* blocks on cache lines */
     if (b == NULL)
         return false;
+    memset(b, 0, bits / 8);
     free(g->bits[next]);
     g->bits[next] = b;
     g->mask[next] = bits - 1;
