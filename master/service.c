@@ -462,11 +462,13 @@ static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
     uint64_t other = used - KVP_MIN(used, pending + st->leases.bytes);
     snprintf(buf, len,
              "pool full: %llu of %llu bytes used: %llu by reads in flight (%u objects), %llu by "
-             "puts not yet ended (%llu objects), %llu pinned, on draining segments or "
-             "unevictable; free room too fragmented for the object otherwise",
+             "puts not yet ended (%llu objects), %llu by %s; or the free room is too "
+             "fragmented for the object",
              (unsigned long long)used, (unsigned long long)st->segments.capacity,
              (unsigned long long)st->leases.bytes, st->leases.live, (unsigned long long)pending,
-             (unsigned long long)st->index.pending, (unsigned long long)other);
+             (unsigned long long)st->index.pending, (unsigned long long)other,
+             st->config.evict ? "pinned objects or objects on draining segments"
+                              : "stored objects (eviction is off: --no-eviction)");
 }
 
 static kvp_status_t do_put_start(kvp_master_state_t *st, uint64_t conn_id, const uint8_t *body,

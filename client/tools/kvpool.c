@@ -39,6 +39,7 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
+#include "common/log.h"
 #include "common/util.h"
 
 #define KVP_CLI_VERSION "0.1.0"
@@ -1090,6 +1091,10 @@ int main(int argc, char **argv)
 
     /* A closed stdout or ready pipe must be an error we report, not a silent death. */
     signal(SIGPIPE, SIG_IGN);
+    /* the library is silent by default; a CLI user wants its warnings (e.g. the master's
+     * account of what holds a full pool) next to the error ($KVPOOL_LOG_LEVEL overrides) */
+    if (getenv("KVPOOL_LOG_LEVEL") == NULL)
+        kvp_log_set_level(KVP_LOG_WARN);
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
         case 'm':
