@@ -293,3 +293,39 @@ void kvp_fill_pattern(void *buf, size_t len, uint64_t seed)
     for (; i < len; i++)
         p[i] = (uint8_t)(x >> (8 * (i & 7)));
 }
+
+bool kvp_proc_freeze(pid_t pid, int timeout_ms)
+{
+    if (kill(pid, SIGSTOP) != 0)
+        return false;
+    char dir[64];
+    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
+    uint64_t deadline = kvp_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        DIR *d = opendir(dir);
+        if (d == NULL)
+            return false;
+        bool all = true;
+        struct dirent *de;
+        while ((de = readdir(d)) != NULL && all) {
+            if (de->d_name[0] == '.')
+                continue;
+            char path[600], buf[512];
+            snprintf(path, sizeof(path), "%s/%s/stat", dir, de->d_name);
+            FILE *f = fopen(path, "r");
+            if (f == NULL)
+                continue;
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
+            all = p != NULL && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
+        }
+        closedir(d);
+        if (all)
+            return true;
+        if (kvp_now_ms() >= deadline)
+            return false;
+        usleep(1000);
+    }
+}

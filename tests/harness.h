@@ -62,6 +62,9 @@ int kvp_run(char *const argv[], const char *stdin_path, char *out, size_t out_le
 
 /* Resident set size of a process in KiB, and its open fd count. */
 long kvp_proc_rss_kib(pid_t pid);
+/* SIGSTOP pid and wait until every one of its threads is stopped (kill() does not wait);
+ * false when that did not happen within timeout_ms. */
+bool kvp_proc_freeze(pid_t pid, int timeout_ms);
 int kvp_proc_fd_count(pid_t pid);
 
 /* Deterministic test pattern: byte i of object `seed`. */

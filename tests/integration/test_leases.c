@@ -288,38 +288,10 @@ static void wait_leased(env_t *e, const char *const *keys, size_t n, int timeout
     }
 }
 
-/* SIGSTOP pid and wait until every one of its threads is stopped (kill() does not wait). */
+/* SIGSTOP pid and wait until every one of its threads is stopped. */
 static void freeze(pid_t pid)
 {
-    assert_int_equal(kill(pid, SIGSTOP), 0);
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
-    uint64_t deadline = kvp_now_ms() + 5000;
-    for (;;) {
-        DIR *d = opendir(dir);
-        assert_non_null(d);
-        bool all = true;
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL && all) {
-            if (de->d_name[0] == '.')
-                continue;
-            char path[600], buf[512];
-            snprintf(path, sizeof(path), "%s/%s/stat", dir, de->d_name);
-            FILE *f = fopen(path, "r");
-            if (f == NULL)
-                continue;
-            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
-            all = p != NULL && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
-        }
-        closedir(d);
-        if (all)
-            return;
-        assert_true(kvp_now_ms() < deadline);
-        sleep_ms(1);
-    }
+    assert_true(kvp_proc_freeze(pid, 5000));
 }
 
 static void thaw(pid_t pid)

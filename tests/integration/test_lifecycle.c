@@ -213,38 +213,10 @@ static void test_upsert_leased(void **state)
 
 /* ---- best-effort replicas ---- */
 
-/* SIGSTOP pid and wait until every one of its threads is stopped (kill() does not wait). */
+/* SIGSTOP pid and wait until every one of its threads is stopped. */
 static void freeze(pid_t pid)
 {
-    assert_int_equal(kill(pid, SIGSTOP), 0);
-    char dir[64];
-    snprintf(dir, sizeof(dir), "/proc/%d/task", (int)pid);
-    uint64_t deadline = kvp_now_ms() + 5000;
-    for (;;) {
-        DIR *d = opendir(dir);
-        assert_non_null(d);
-        bool all = true;
-        struct dirent *de;
-        while ((de = readdir(d)) != NULL && all) {
-            if (de->d_name[0] == '.')
-                continue;
-            char path[600], buf[512];
-            snprintf(path, sizeof(path), "%s/%s/stat", dir, de->d_name);
-            FILE *f = fopen(path, "r");
-            if (f == NULL)
-                continue;
-            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-            fclose(f);
-            buf[n] = '\0';
-            const char *p = strrchr(buf, ')'); /* "pid (comm) S ..." */
-            all = p != NULL && p[1] == ' ' && (p[2] == 'T' || p[2] == 't');
-        }
-        closedir(d);
-        if (all)
-            return;
-        assert_true(kvp_now_ms() < deadline);
-        usleep(1000);
-    }
+    assert_true(kvp_proc_freeze(pid, 5000));
 }
 
 static void test_best_effort_replicas(void **state)
