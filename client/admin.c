@@ -301,7 +301,8 @@ out:
     return moved;
 }
 
-kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, uint64_t *lost_p)
+static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p,
+                               uint64_t *lost_p)
 {
     if (moved_p)
         *moved_p = 0;
@@ -380,7 +381,13 @@ kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, 
     return st;
 }
 
-kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
+kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, uint64_t *lost_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(drain_impl(c, timeout_ms, moved_p, lost_p), "drain");
+}
+
+static kvp_status_t request_drain_impl(kvp_client_t *c, const char *segment_name)
 {
     if (c == NULL || segment_name == NULL || segment_name[0] == '\0')
         return KVP_ERR_INVALID_ARG;
@@ -398,6 +405,12 @@ kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
     return st;
 }
 
+kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(request_drain_impl(c, segment_name), "request_drain");
+}
+
 int kvp_client_segment_mounted(kvp_client_t *c)
 {
     int s = c ? atomic_load(&c->seg_state) : KVP_SEG_NONE;
@@ -406,8 +419,8 @@ int kvp_client_segment_mounted(kvp_client_t *c)
 
 /* ---------------- list / bulk remove ---------------- */
 
-kvp_status_t kvp_list_keys(kvp_client_t *c, const char *pattern, size_t max,
-                           kvp_key_info_t **keys_p, size_t *n_p)
+static kvp_status_t list_keys_impl(kvp_client_t *c, const char *pattern, size_t max,
+                                   kvp_key_info_t **keys_p, size_t *n_p)
 {
     if (c == NULL || keys_p == NULL || n_p == NULL)
         return KVP_ERR_INVALID_ARG;
@@ -474,6 +487,13 @@ kvp_status_t kvp_list_keys(kvp_client_t *c, const char *pattern, size_t max,
     return KVP_OK;
 }
 
+kvp_status_t kvp_list_keys(kvp_client_t *c, const char *pattern, size_t max,
+                           kvp_key_info_t **keys_p, size_t *n_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(list_keys_impl(c, pattern, max, keys_p, n_p), "list");
+}
+
 void kvp_key_list_free(kvp_key_info_t *keys, size_t n)
 {
     for (size_t i = 0; keys != NULL && i < n; i++)
@@ -506,13 +526,27 @@ static kvp_status_t remove_regex(kvp_client_t *c, const char *pattern, bool all,
     return st;
 }
 
-kvp_status_t kvp_remove_by_regex(kvp_client_t *c, const char *pattern, int force,
-                                 uint64_t *removed_p)
+static kvp_status_t remove_by_regex_impl(kvp_client_t *c, const char *pattern, int force,
+                                         uint64_t *removed_p)
 {
     return remove_regex(c, pattern, false, force, removed_p);
 }
 
-kvp_status_t kvp_remove_all(kvp_client_t *c, int force, uint64_t *removed_p)
+kvp_status_t kvp_remove_by_regex(kvp_client_t *c, const char *pattern, int force,
+                                 uint64_t *removed_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(remove_by_regex_impl(c, pattern, force, removed_p),
+                                       "remove_by_regex");
+}
+
+static kvp_status_t remove_all_impl(kvp_client_t *c, int force, uint64_t *removed_p)
 {
     return remove_regex(c, NULL, true, force, removed_p);
+}
+
+kvp_status_t kvp_remove_all(kvp_client_t *c, int force, uint64_t *removed_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(remove_all_impl(c, force, removed_p), "remove_all");
 }

@@ -398,7 +398,7 @@ static kvp_status_t segment_create(kvp_client_t *c)
     return KVP_OK;
 }
 
-kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t **client_p)
+static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_client_t **client_p)
 {
     kvp_log_init_from_env();
     if (params == NULL || client_p == NULL || params->size < sizeof(size_t))
@@ -424,6 +424,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host), &c->master_port) !=
         KVP_OK) {
         KVP_LOG_ERROR("master address must be HOST:PORT, got '%s'", master);
+        kvp_api_fail("create: master address must be HOST:PORT, got '%s'", master);
         goto err;
     }
     const char *tr = c->params.transport ? c->params.transport : getenv("KVPOOL_TRANSPORT");
@@ -437,6 +438,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
         c->xfer.forced = KVP_TRANSPORT_RDMA;
     } else {
         KVP_LOG_ERROR("unknown transport '%s' (auto, tcp, shm, rdma)", tr);
+        kvp_api_fail("create: unknown transport '%s' (auto, tcp, shm, rdma)", tr);
         goto err;
     }
     const char *rdev =
@@ -445,6 +447,7 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
     if ((rdev && strlen(rdev) >= sizeof(c->xfer.rdma_devices)) ||
         (rhost && strlen(rhost) >= sizeof(c->xfer.rdma_host))) {
         KVP_LOG_ERROR("rdma device list or host too long");
+        kvp_api_fail("create: rdma device list or host too long");
         goto err;
     }
     snprintf(c->xfer.rdma_devices, sizeof(c->xfer.rdma_devices), "%s", rdev ? rdev : "");
@@ -453,6 +456,9 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
         (c->params.rdma_slice_bytes != 0 &&
          (c->params.rdma_slice_bytes < 4096 || c->params.rdma_slice_bytes > (1u << 30)))) {
         KVP_LOG_ERROR("rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB");
+        kvp_api_fail("create: rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB "
+                     "(got %u and %llu)",
+                     c->params.rdma_qps_per_peer, (unsigned long long)c->params.rdma_slice_bytes);
         goto err;
     }
     c->xfer.rdma_qps = c->params.rdma_qps_per_peer;
@@ -467,8 +473,15 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
         c->params.tcp_streams = 2;
     if (c->params.tcp_slice_bytes == 0)
         c->params.tcp_slice_bytes = 1 << 20;
-    if (c->params.tcp_streams > 64 || c->params.tcp_slice_bytes < 4096)
+    if (c->params.tcp_streams > 64 || c->params.tcp_slice_bytes < 4096) {
+        KVP_LOG_ERROR("tcp_streams must be 1..64 and tcp_slice_bytes at least 4 KiB (got %u and "
+                      "%llu)",
+                      c->params.tcp_streams, (unsigned long long)c->params.tcp_slice_bytes);
+        kvp_api_fail("create: tcp_streams must be 1..64 and tcp_slice_bytes at least 4 KiB (got "
+                     "%u and %llu)",
+                     c->params.tcp_streams, (unsigned long long)c->params.tcp_slice_bytes);
         goto err;
+    }
     /* keep only what outlives the call: the strings are borrowed */
     c->params.master_addr = NULL;
     c->params.transport = NULL;
@@ -523,6 +536,12 @@ err:
     return st;
 }
 
+kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t **client_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(client_create_impl(params, client_p), "create");
+}
+
 void kvp_client_destroy(kvp_client_t *c)
 {
     if (c == NULL)
@@ -573,7 +592,7 @@ void kvp_client_destroy(kvp_client_t *c)
 
 /* ---------------- registered buffers ---------------- */
 
-kvp_status_t kvp_register_buffer(kvp_client_t *c, void *addr, size_t len)
+static kvp_status_t register_buffer_impl(kvp_client_t *c, void *addr, size_t len)
 {
     if (c == NULL || addr == NULL || len == 0)
         return KVP_ERR_INVALID_ARG;
@@ -601,7 +620,13 @@ kvp_status_t kvp_register_buffer(kvp_client_t *c, void *addr, size_t len)
     return st;
 }
 
-kvp_status_t kvp_unregister_buffer(kvp_client_t *c, void *addr)
+kvp_status_t kvp_register_buffer(kvp_client_t *c, void *addr, size_t len)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(register_buffer_impl(c, addr, len), "register_buffer");
+}
+
+static kvp_status_t unregister_buffer_impl(kvp_client_t *c, void *addr)
 {
     if (c == NULL || addr == NULL)
         return KVP_ERR_INVALID_ARG;
@@ -619,6 +644,12 @@ kvp_status_t kvp_unregister_buffer(kvp_client_t *c, void *addr)
     }
     pthread_mutex_unlock(&c->buf_lock);
     return st;
+}
+
+kvp_status_t kvp_unregister_buffer(kvp_client_t *c, void *addr)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(unregister_buffer_impl(c, addr), "unregister_buffer");
 }
 
 /* ---------------- helpers for batches ---------------- */
@@ -729,11 +760,20 @@ fail:
 
 /* ---------------- put ---------------- */
 
+static kvp_status_t batch_put_from_impl(kvp_client_t *c, const char *const *keys,
+                                        const void *const *bufs, const size_t *sizes, size_t n,
+                                        const kvp_put_config_t *config, kvp_status_t *results)
+{
+    return kvp_batch_put_from_ex(c, keys, bufs, sizes, n, config, results, NULL);
+}
+
 kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const void *const *bufs,
                                 const size_t *sizes, size_t n, const kvp_put_config_t *config,
                                 kvp_status_t *results)
 {
-    return kvp_batch_put_from_ex(c, keys, bufs, sizes, n, config, results, NULL);
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(
+        batch_put_from_impl(c, keys, bufs, sizes, n, config, results), "put");
 }
 
 static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
@@ -823,9 +863,10 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
         bool full = false;
         for (size_t j = 0; j < m; j++)
             full |= sr->results[j]->status == KVP_ERR_POOL_FULL;
-        if (full)
+        if (full) {
             KVP_LOG_WARN("put: %s", sr->message);
-        else
+            kvp_api_fail("put: %s", sr->message);
+        } else
             KVP_LOG_DEBUG("put: waiting for reads in flight: %s", sr->message);
     }
 
@@ -874,7 +915,7 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
         /* best effort per replica: a key is stored if any replica was written */
         int32_t *fail = malloc(m * sizeof(*fail));
         for (size_t j = 0; fail != NULL && j < m; j++)
-            fail[j] = KVP_ERR_PROTOCOL; /* no replica reachable */
+            fail[j] = KVP_ERR_UNKNOWN_SEGMENT; /* stays so when no replica had a known peer */
         bool *have_crc = calloc(m + 1, sizeof(*have_crc));
         for (size_t q = 0; q < k; q++) {
             size_t j = op_key[q];
@@ -889,6 +930,8 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
                     fail[j] = ops[q].status;
                 KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]],
                              ops[q].peer->name, kvp_strerror(ops[q].status));
+                kvp_api_fail_key(keys[idx[j]], "put %s: write to segment %s failed: %s",
+                                 keys[idx[j]], ops[q].peer->name, kvp_strerror(ops[q].status));
                 atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
             }
             kvp_peer_unref(ops[q].peer);
@@ -898,6 +941,13 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
                 continue;
             if (masks[j] == 0) {
                 st[idx[j]] = fail != NULL ? fail[j] : KVP_ERR_NOMEM;
+                if (st[idx[j]] == KVP_ERR_UNKNOWN_SEGMENT)
+                    kvp_api_fail_key(keys[idx[j]],
+                                     "put %s: the master placed it only on segments this client "
+                                     "has no descriptor for",
+                                     keys[idx[j]]);
+                else if (sr->results[j]->n_replicas > 1 && fail != NULL)
+                    st[idx[j]] = KVP_ERR_NO_REPLICA; /* every copy failed (why: logged) */
             } else if (have_crc == NULL || !have_crc[j]) {
                 /* the replica that computed the CRC on the way failed: compute it here
                  * (host memory only: device buffers had every replica compute it) */
@@ -972,10 +1022,10 @@ out:
  * most the RPC timeout; then the keys get KVP_ERR_POOL_FULL. Only the busy
  * keys are retried; the allocations here are on that rare path only.
  */
-kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
-                                   const void *const *bufs, const size_t *sizes, size_t n,
-                                   const kvp_put_config_t *config, kvp_status_t *results,
-                                   uint32_t *replicas_written)
+static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *keys,
+                                           const void *const *bufs, const size_t *sizes, size_t n,
+                                           const kvp_put_config_t *config, kvp_status_t *results,
+                                           uint32_t *replicas_written)
 {
     if (results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
@@ -986,8 +1036,11 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
     size_t nb = 0;
     for (size_t i = 0; rc != KVP_OK && i < n; i++)
         nb += results[i] == KVP_ERR_POOL_BUSY;
-    if (nb == 0)
+    if (nb == 0) {
+        if (rc != KVP_OK && rc != KVP_ERR_INVALID_ARG)
+            kvp_api_fail_keys("put", keys, (const int32_t *)results, n);
         return rc;
+    }
     uint64_t deadline =
         kvp_now_ms() + (c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000);
     size_t *at = malloc(nb * sizeof(*at));
@@ -1027,6 +1080,9 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
     rc = KVP_OK;
     for (size_t i = 0; i < n; i++) {
         if (results[i] == KVP_ERR_POOL_BUSY) {
+            kvp_api_fail("put %s: the pool stayed full of objects being read for the whole "
+                         "%u ms timeout",
+                         keys[i], c->params.rpc_timeout_ms);
             KVP_LOG_WARN("put %s: the pool stayed full of objects being read for the whole "
                          "timeout",
                          keys[i]);
@@ -1035,15 +1091,34 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
         if (rc == KVP_OK && results[i] != KVP_OK)
             rc = results[i];
     }
+    if (rc != KVP_OK)
+        kvp_api_fail_keys("put", keys, (const int32_t *)results, n);
     return rc;
+}
+
+kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
+                                   const void *const *bufs, const size_t *sizes, size_t n,
+                                   const kvp_put_config_t *config, kvp_status_t *results,
+                                   uint32_t *replicas_written)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(
+        batch_put_from_ex_impl(c, keys, bufs, sizes, n, config, results, replicas_written), "put");
+}
+
+static kvp_status_t put_impl(kvp_client_t *c, const char *key, const void *buf, size_t len,
+                             const kvp_put_config_t *config)
+{
+    kvp_status_t r = KVP_OK; /* stays OK if the batch refused its arguments outright */
+    kvp_status_t st = kvp_batch_put_from(c, &key, &buf, &len, 1, config, &r);
+    return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
 }
 
 kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t len,
                      const kvp_put_config_t *config)
 {
-    kvp_status_t r = KVP_OK; /* stays OK if the batch refused its arguments outright */
-    kvp_status_t st = kvp_batch_put_from(c, &key, &buf, &len, 1, config, &r);
-    return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(put_impl(c, key, buf, len, config), "put");
 }
 
 /* ---------------- get ---------------- */
@@ -1098,8 +1173,8 @@ static void release_leases(kvp_client_t *c, const Kvpool__GetReplicaListResponse
     kvp_client_lease_release(c, ids, k);
 }
 
-kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *const *bufs,
-                                const size_t *caps, size_t n, int64_t *results)
+static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys, void *const *bufs,
+                                        const size_t *caps, size_t n, int64_t *results)
 {
     if (c == NULL || keys == NULL || bufs == NULL || caps == NULL || results == NULL ||
         n > KVP_MAX_BATCH)
@@ -1178,7 +1253,11 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                 kvp_peer_t *peer = kvp_client_peer_get(c, rep->segment_id);
                 tried[j]++;
                 if (peer == NULL) {
-                    st[idx[j]] = KVP_ERR_PROTOCOL;
+                    st[idx[j]] = KVP_ERR_UNKNOWN_SEGMENT;
+                    kvp_api_fail_key(keys[idx[j]],
+                                     "get %s: replica on segment %#llx, which this client has no "
+                                     "descriptor for",
+                                     keys[idx[j]], (unsigned long long)rep->segment_id);
                     continue;
                 }
                 ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_READ,
@@ -1206,10 +1285,15 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                 if (s == KVP_OK && ops[q].want_crc && ops[q].crc != gr->results[j]->crc32c) {
                     KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[idx[j]],
                                  ops[q].peer->name);
+                    kvp_api_fail_key(keys[idx[j]],
+                                     "get %s: checksum mismatch reading from segment %s",
+                                     keys[idx[j]], ops[q].peer->name);
                     s = KVP_ERR_CHECKSUM;
                 } else if (s != KVP_OK) {
                     KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[idx[j]],
                                  ops[q].peer->name, kvp_strerror(s));
+                    kvp_api_fail_key(keys[idx[j]], "get %s: read from segment %s failed: %s",
+                                     keys[idx[j]], ops[q].peer->name, kvp_strerror(s));
                     if (s != KVP_ERR_LEASE_EXPIRED)
                         atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
                 }
@@ -1217,8 +1301,19 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                 kvp_peer_unref(ops[q].peer);
             }
         }
+        /* an object with several copies, none of which could be read: say so (each
+         * copy's own failure was logged and the first recorded for last_error) */
+        for (size_t j = 0; gr != NULL && j < m; j++) {
+            Kvpool__GetReplicaResult *r = gr->results[j];
+            int32_t s = st[idx[j]];
+            if (r->status == KVP_OK && r->n_replicas > 1 && tried[j] >= r->n_replicas &&
+                s != KVP_OK && s != KVP_ERR_CHECKSUM && s != KVP_ERR_LEASE_EXPIRED &&
+                s != KVP_ERR_BUFFER_TOO_SMALL && s != KVP_ERR_PROTOCOL)
+                st[idx[j]] = KVP_ERR_NO_REPLICA;
+        }
     }
     release_leases(c, gr);
+    kvp_api_fail_keys("get", keys, st, n);
     for (size_t i = 0; i < n; i++)
         results[i] = st[i];
     for (size_t j = 0; j < m; j++)
@@ -1249,11 +1344,24 @@ out:
     return rc;
 }
 
-int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
+kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *const *bufs,
+                                const size_t *caps, size_t n, int64_t *results)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(batch_get_into_impl(c, keys, bufs, caps, n, results), "get");
+}
+
+static int64_t get_into_impl(kvp_client_t *c, const char *key, void *buf, size_t cap)
 {
     int64_t r = 0;
     kvp_status_t st = kvp_batch_get_into(c, &key, &buf, &cap, 1, &r);
     return st == KVP_OK ? r : (r < 0 ? r : st);
+}
+
+int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
+{
+    kvp_api_enter();
+    return kvp_api_leave(get_into_impl(c, key, buf, cap), "get");
 }
 
 /* ---------------- exist / remove / size / stat ---------------- */
@@ -1287,12 +1395,14 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
                 kvpool__statuses_response__free_unpacked(sr, NULL);
         }
     }
+    if (rc == KVP_OK)
+        kvp_api_fail_keys(method == KVP_RPC_REMOVE ? "remove" : "exist", keys, st, n);
     free(idx);
     return rc;
 }
 
-kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t n, int *results,
-                                size_t *prefix_len_p)
+static kvp_status_t batch_is_exist_impl(kvp_client_t *c, const char *const *keys, size_t n,
+                                        int *results, size_t *prefix_len_p)
 {
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
@@ -1309,11 +1419,25 @@ kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t
     return rc;
 }
 
-int kvp_is_exist(kvp_client_t *c, const char *key)
+kvp_status_t kvp_batch_is_exist(kvp_client_t *c, const char *const *keys, size_t n, int *results,
+                                size_t *prefix_len_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(batch_is_exist_impl(c, keys, n, results, prefix_len_p),
+                                       "exist");
+}
+
+static int is_exist_impl(kvp_client_t *c, const char *key)
 {
     int r = 0;
     kvp_status_t st = kvp_batch_is_exist(c, &key, 1, &r, NULL);
     return st == KVP_OK ? r : st;
+}
+
+int kvp_is_exist(kvp_client_t *c, const char *key)
+{
+    kvp_api_enter();
+    return (int)kvp_api_leave(is_exist_impl(c, key), "exist");
 }
 
 static kvp_status_t batch_remove(kvp_client_t *c, const char *const *keys, size_t n, bool force,
@@ -1331,33 +1455,59 @@ static kvp_status_t batch_remove(kvp_client_t *c, const char *const *keys, size_
     return rc;
 }
 
+static kvp_status_t batch_remove_impl(kvp_client_t *c, const char *const *keys, size_t n,
+                                      kvp_status_t *results)
+{
+    return batch_remove(c, keys, n, false, results);
+}
+
 kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n,
                               kvp_status_t *results)
 {
-    return batch_remove(c, keys, n, false, results);
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(batch_remove_impl(c, keys, n, results), "remove");
+}
+
+static kvp_status_t batch_remove_force_impl(kvp_client_t *c, const char *const *keys, size_t n,
+                                            kvp_status_t *results)
+{
+    return batch_remove(c, keys, n, true, results);
 }
 
 kvp_status_t kvp_batch_remove_force(kvp_client_t *c, const char *const *keys, size_t n,
                                     kvp_status_t *results)
 {
-    return batch_remove(c, keys, n, true, results);
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(batch_remove_force_impl(c, keys, n, results), "remove");
 }
 
-kvp_status_t kvp_remove_force(kvp_client_t *c, const char *key)
+static kvp_status_t remove_force_impl(kvp_client_t *c, const char *key)
 {
     kvp_status_t r = KVP_OK;
     kvp_status_t st = batch_remove(c, &key, 1, true, &r);
     return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
 }
 
-kvp_status_t kvp_remove(kvp_client_t *c, const char *key)
+kvp_status_t kvp_remove_force(kvp_client_t *c, const char *key)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(remove_force_impl(c, key), "remove");
+}
+
+static kvp_status_t remove_impl(kvp_client_t *c, const char *key)
 {
     kvp_status_t r = KVP_OK;
     kvp_status_t st = kvp_batch_remove(c, &key, 1, &r);
     return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
 }
 
-int64_t kvp_get_size(kvp_client_t *c, const char *key)
+kvp_status_t kvp_remove(kvp_client_t *c, const char *key)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(remove_impl(c, key), "remove");
+}
+
+static int64_t get_size_impl(kvp_client_t *c, const char *key)
 {
     if (c == NULL || key == NULL || !kvp_key_valid(key, strnlen(key, KVP_MAX_KEY_LEN + 1)))
         return c == NULL ? KVP_ERR_INVALID_ARG : KVP_ERR_BAD_KEY;
@@ -1379,7 +1529,13 @@ int64_t kvp_get_size(kvp_client_t *c, const char *key)
     return out;
 }
 
-kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
+int64_t kvp_get_size(kvp_client_t *c, const char *key)
+{
+    kvp_api_enter();
+    return kvp_api_leave(get_size_impl(c, key), "get_size");
+}
+
+static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
 {
     if (c == NULL || stat_p == NULL)
         return KVP_ERR_INVALID_ARG;
@@ -1431,6 +1587,12 @@ kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     kvpool__stat_response__free_unpacked(sr, NULL);
     *stat_p = s;
     return KVP_OK;
+}
+
+kvp_status_t kvp_pool_stat(kvp_client_t *c, kvp_pool_stat_t **stat_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(pool_stat_impl(c, stat_p), "stat");
 }
 
 void kvp_pool_stat_free(kvp_pool_stat_t *stat)

@@ -170,6 +170,18 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
 void kvp_segment_server_destroy(kvp_segment_server_t *srv);
 
+/* ---- kvp_client_last_error (last_error.c) ---- */
+/* Bracket a public call: kvp_api_leave returns rc, and when the outermost call fails with
+ * nothing recorded, records "<op>: <status text>". */
+void kvp_api_enter(void);
+int64_t kvp_api_leave(int64_t rc, const char *op);
+/* Note what went wrong, in words, for the calling thread (the first note of a call wins;
+ * it becomes kvp_client_last_error() only if the call fails). _key: about that key only. */
+void kvp_api_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void kvp_api_fail_key(const char *key, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A batch's first key that finally failed: its note, or "<op> <key>: <status text>". */
+void kvp_api_fail_keys(const char *op, const char *const *keys, const int32_t *st, size_t n);
+
 /* The identity of this host for shm routing: boot id + pid namespace. */
 void kvp_host_id(char *buf, size_t len);
 

@@ -294,6 +294,17 @@ typedef struct kvp_pool_stat {
     uint64_t leases_expired;  /* read leases ended by --lease-ttl: readers that died */
 } kvp_pool_stat_t;
 
+/*
+ * What the calling thread's last failed kvpool call was about, in words:
+ * "get model@blk-7: read from segment 10.0.0.5:40123 failed: operation
+ * timed out", "create: tcp_streams must be 1..64 (got 100)". Every public
+ * call that fails (returns a negative status, or a batch with a failed key)
+ * sets it; a successful call leaves it unchanged, like errno. Thread-local:
+ * one thread's failure never shows in another's. The string is valid until
+ * the thread's next failing call; never NULL.
+ */
+const char *kvp_client_last_error(void);
+
 /* Pool-wide view from the master. Free with kvp_pool_stat_free(). */
 kvp_status_t kvp_pool_stat(kvp_client_t *client, kvp_pool_stat_t **stat_p);
 void kvp_pool_stat_free(kvp_pool_stat_t *stat);
