@@ -42,10 +42,9 @@
     X(KVP_ERR_LEASED, -28, "object is being read (under a read lease); remove it with force")      \
     X(KVP_ERR_LEASE_EXPIRED, -29, "read lease expired before the transfer finished")               \
     X(KVP_ERR_POOL_BUSY, -30,                                                                      \
-      "pool full for now: the room is held by reads in flight (the client waits and retries)")    \
-    X(KVP_ERR_NO_REPLICA, -31, "no replica of the object could be reached (every copy failed)")   \
-    X(KVP_ERR_UNKNOWN_SEGMENT, -32,                                                                \
-      "the master named a segment this client has no descriptor for")
+      "pool full for now: the room is held by reads in flight (the client waits and retries)")     \
+    X(KVP_ERR_NO_REPLICA, -31, "no replica of the object could be reached (every copy failed)")    \
+    X(KVP_ERR_UNKNOWN_SEGMENT, -32, "the master named a segment this client has no descriptor for")
 
 typedef enum kvp_status {
 #define KVP_STATUS_ENUM_(name, value, msg) name = value,
