@@ -307,8 +307,7 @@ kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMe
     pthread_mutex_lock(&c->master_lock);
     releases_flush_locked(c); /* a release goes out before anything that follows it */
     kvp_status_t st = call_locked(c, method, req, resp_p, resp_len_p);
-    releases_flush_locked(c); /* those kept while there was no connection */
-    kvp_client_master_unlock(c);
+    kvp_client_master_unlock(c); /* sends what was queued meanwhile */
     return st;
 }
 

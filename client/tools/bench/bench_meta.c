@@ -147,6 +147,15 @@ static void keys_set(meta_worker_t *w, const uint64_t *idx, size_t n)
     }
 }
 
+/* Keys of objects first .. first+n-1. */
+static void keys_range(meta_worker_t *w, uint64_t first, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        w->keys_pb[i].data = (uint8_t *)w->keybuf[i];
+        w->keys_pb[i].len = key_make(w->keybuf[i], first + i);
+    }
+}
+
 /* Pack `msg`, call `method` on the worker's connection; *resp_p is malloc'd. */
 static kvp_status_t call(meta_worker_t *w, uint16_t method, const ProtobufCMessage *msg,
                          uint8_t **resp_p, size_t *resp_len_p)
@@ -290,15 +299,13 @@ static void fail(meta_worker_t *w, kvp_status_t st)
 static void run_fill(meta_worker_t *w)
 {
     meta_shared_t *sh = w->sh;
-    uint64_t lo, hi, idx[META_BATCH];
+    uint64_t lo, hi;
     slice(sh, w->id, &lo, &hi);
     double next_report = kvp_bench_now() + 0.5, t0 = kvp_bench_now();
     uint64_t start_done = atomic_load(&sh->done);
     for (uint64_t i = lo; i < hi && !atomic_load(&sh->abort);) {
         size_t n = (size_t)KVP_MIN((uint64_t)META_BATCH, hi - i);
-        for (size_t k = 0; k < n; k++)
-            idx[k] = i + k;
-        keys_set(w, idx, n);
+        keys_range(w, i, n);
         kvp_status_t st = put_batch(w, n);
         if (st != KVP_OK) {
             fail(w, st);
@@ -321,15 +328,12 @@ static void run_put(meta_worker_t *w)
 {
     meta_shared_t *sh = w->sh;
     uint64_t base = META_PUT_BASE + ((uint64_t)w->id << 36), seq = 0;
-    uint64_t idx[META_BATCH];
     for (;;) {
         pthread_barrier_wait(&sh->barrier);
         double t0 = kvp_bench_now();
         uint64_t first = seq;
         for (unsigned b = 0; b < sh->put_batches && !atomic_load(&sh->abort); b++) {
-            for (size_t k = 0; k < META_BATCH; k++)
-                idx[k] = base + seq + k;
-            keys_set(w, idx, META_BATCH);
+            keys_range(w, base + seq, META_BATCH);
             kvp_status_t st = put_batch(w, META_BATCH);
             if (st != KVP_OK) {
                 fail(w, st);
@@ -342,9 +346,7 @@ static void run_put(meta_worker_t *w)
             sh->put_time += kvp_bench_now() - t0;
         w->keys += seq - first;
         for (uint64_t s = first; s < seq && !atomic_load(&sh->abort); s += META_BATCH) {
-            for (size_t k = 0; k < META_BATCH; k++)
-                idx[k] = base + s + k;
-            keys_set(w, idx, META_BATCH);
+            keys_range(w, base + s, META_BATCH);
             kvp_status_t st = call_statuses(w, KVP_RPC_REMOVE, META_BATCH, KVP_OK, NULL);
             if (st != KVP_OK)
                 fail(w, st);
@@ -363,11 +365,8 @@ static void run_put_evict(meta_worker_t *w)
 {
     meta_shared_t *sh = w->sh;
     uint64_t base = META_PUT_BASE + ((uint64_t)w->id << 36) + (UINT64_C(1) << 35), seq = 0;
-    uint64_t idx[META_BATCH];
     while (!atomic_load(&sh->abort) && kvp_bench_now() < sh->deadline) {
-        for (size_t k = 0; k < META_BATCH; k++)
-            idx[k] = base + seq + k;
-        keys_set(w, idx, META_BATCH);
+        keys_range(w, base + seq, META_BATCH);
         kvp_status_t st = put_batch(w, META_BATCH);
         if (st != KVP_OK) {
             fail(w, st);
