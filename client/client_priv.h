@@ -1,6 +1,7 @@
 /*
- * client_priv.h - the client object, shared by client.c (create, put, get,
- * exist, remove) and admin.c (heartbeat, drain, list, bulk remove).
+ * client_priv.h - the client object, shared by the files of libkvpool that
+ * act for a client: client.c (life), object.c (flows), control/ (master
+ * connection, heartbeat, drain), transfer/peer.c, mem/registry.c, admin.c.
  */
 #ifndef KVP_CLIENT_CLIENT_PRIV_H
 #define KVP_CLIENT_CLIENT_PRIV_H
@@ -69,7 +70,7 @@ struct kvp_client {
     pthread_mutex_t buf_lock;
     reg_buf_t *bufs;
 
-    /* liveness heartbeat (admin.c) */
+    /* liveness heartbeat (control/heartbeat.c) */
     pthread_t hb_thread;
     bool hb_started;
     pthread_mutex_t hb_lock;
@@ -87,6 +88,14 @@ struct kvp_client {
 /* Master RPC with reconnect (and remount of the segment) on a broken connection. */
 kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
                              uint8_t **resp_p, size_t *resp_len_p);
+/* kvp_client_call, then unpack the reply as `desc`; NULL on any failure (*st_p says why). */
+void *kvp_client_call_unpack(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
+                             const ProtobufCMessageDescriptor *desc, kvp_status_t *st_p);
+/* Connect (and remount) with master_lock held. strict (create): any refusal of the mount
+ * is the caller's error. */
+kvp_status_t kvp_client_master_connect_locked(kvp_client_t *c, bool strict);
+/* Send the queued lease releases (master_lock held). */
+void kvp_client_releases_flush_locked(kvp_client_t *c);
 /* Unlock master_lock, first sending the lease releases queued meanwhile. */
 void kvp_client_master_unlock(kvp_client_t *c);
 /* Hand back read leases after a get's transfers (no round trip: one-way, batched). */
@@ -98,7 +107,7 @@ void kvp_client_peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_
 /* A known peer with a reference taken (kvp_peer_unref), or NULL. */
 kvp_peer_t *kvp_client_peer_get(kvp_client_t *c, uint64_t segment_id);
 
-/* admin.c: start / stop the heartbeat thread. */
+/* control/heartbeat.c: start / stop the heartbeat thread. */
 kvp_status_t kvp_client_heartbeat_start(kvp_client_t *c);
 void kvp_client_heartbeat_stop(kvp_client_t *c);
 

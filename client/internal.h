@@ -1,10 +1,11 @@
 /*
- * internal.h - libkvpool internals shared by client.c, master_conn.c,
- * transfer.c, the transports and the segment server.
+ * internal.h - libkvpool internals shared by the client's files, the transfer
+ * engine, the transports and the segment server.
  *
- * Layering: client.c (API) -> master_conn.c (control RPC) and transfer.c
- * (data engine) -> transport_{shm,tcp}.c through kvp_transport_ops_t.
- * segment_server.c serves this client's own segment to remote peers.
+ * Layering: client.c / object.c (API) -> control/master_conn.c (control RPC)
+ * and transfer/engine.c (data engine) -> transport/{shm,tcp,rdma}.c through
+ * kvp_transport_ops_t. segment/segment_server.c serves this client's own
+ * segment to remote peers.
  */
 #ifndef KVP_CLIENT_INTERNAL_H
 #define KVP_CLIENT_INTERNAL_H
@@ -16,6 +17,7 @@
 #include <stdint.h>
 
 #include "client/include/kvpool.h"
+#include "common/crc32c.h"
 #include "common/status.h"
 
 /* ---- data-plane wire format (tcp transport, docs/protocol.md) ---- */
@@ -90,7 +92,23 @@ typedef enum kvp_transport_id {
 
 struct kvp_transfer;
 
-/* One data transport. transfer() moves every op (all of them use this transport). */
+/* A transport that moves bytes in slices, in any order, checksums whole ops: the source of
+ * each WRITE that wants one before it starts, each READ that landed after it ends. */
+static inline void kvp_xfer_crc_writes(kvp_xfer_op_t **ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ops[i]->want_crc && ops[i]->kind == KVP_XFER_WRITE)
+            ops[i]->crc = kvp_crc32c(0, ops[i]->local, ops[i]->length);
+}
+static inline void kvp_xfer_crc_reads(kvp_xfer_op_t **ops, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (ops[i]->want_crc && ops[i]->kind == KVP_XFER_READ && ops[i]->status == KVP_OK)
+            ops[i]->crc = kvp_crc32c(0, ops[i]->local, ops[i]->length);
+}
+
+/* One data transport. transfer() moves every op (all of them use this transport) and,
+ * for each op with want_crc, leaves the CRC32C of the bytes moved in op->crc. */
 typedef struct kvp_transport_ops {
     const char *name;
     kvp_status_t (*init)(struct kvp_transfer *xfer, void **ctx_p);
@@ -103,7 +121,7 @@ extern const kvp_transport_ops_t kvp_transport_tcp_ops;
 extern const kvp_transport_ops_t kvp_transport_shm_ops;
 extern const kvp_transport_ops_t kvp_transport_rdma_ops;
 
-/* ---- rdma transport extras (transport_rdma.c), on its ctx ---- */
+/* ---- rdma transport extras (transport/rdma.c), on its ctx ---- */
 typedef struct kvp_dmabuf {
     int fd;
     uint64_t offset; /* of the registered address within the dma-buf */

@@ -1,6 +1,6 @@
 /*
  * fake_cuda.c - a TEST DOUBLE of the CUDA driver library (libcuda.so.1),
- * built only for the tests as libfake_cuda.so and loaded by client/gpu.c
+ * built only for the tests as libfake_cuda.so and loaded by client/mem/gpu.c
  * through KVPOOL_CUDA_LIB. It exists because the machines that run the unit
  * tests have no GPU: it lets the tests exercise gpu.c's loading, context
  * handling and error paths and the staging pipeline's ordering and

@@ -1,6 +1,6 @@
 /*
- * test_gpu_real.c - client/gpu.c and the KVP_STAGE_GPU path of
- * client/staging.c on a REAL GPU (meson suite 'gpu', not run by default:
+ * test_gpu_real.c - client/mem/gpu.c and the KVP_STAGE_GPU path of
+ * client/transfer/staging.c on a REAL GPU (meson suite 'gpu', not run by default:
  * `meson test -C build --suite gpu` on a machine with an NVIDIA GPU).
  *
  * It loads the driver itself (dlopen libcuda.so.1, or $KVPOOL_CUDA_LIB as
@@ -29,8 +29,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/gpu.h"
-#include "client/staging.h"
+#include "client/mem/gpu.h"
+#include "client/transfer/staging.h"
 #include "common/crc32c.h"
 
 #define CHUNK ((size_t)256 << 10)

@@ -1,5 +1,5 @@
 /*
- * test_verbs.c - unit tests of the RDMA verbs layer (client/rdma_verbs.c) on
+ * test_verbs.c - unit tests of the RDMA verbs layer (client/transport/rdma_verbs.c) on
  * a real device: inside the Soft-RoCE VM (tests/rdma/rxe-vm.sh), or on any
  * host with an RDMA device given KVP_RDMA_IP.
  *
@@ -25,7 +25,7 @@
 
 #include <cmocka.h>
 
-#include "client/rdma_verbs.h"
+#include "client/transport/rdma_verbs.h"
 
 #define SLICES 8
 #define SLICE 4096

@@ -1,6 +1,6 @@
 /*
- * test_gpu_staging.c - unit tests for client/gpu.c and the KVP_STAGE_GPU
- * path of client/staging.c, against tests/gpu/fake_cuda.c.
+ * test_gpu_staging.c - unit tests for client/mem/gpu.c and the KVP_STAGE_GPU
+ * path of client/transfer/staging.c, against tests/gpu/fake_cuda.c.
  *
  * There is no GPU here: KVPOOL_CUDA_LIB points gpu.c at the fake driver (a
  * test double; see its header), whose "device memory" faults on any CPU
@@ -31,8 +31,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client/gpu.h"
-#include "client/staging.h"
+#include "client/mem/gpu.h"
+#include "client/transfer/staging.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 

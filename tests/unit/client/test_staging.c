@@ -1,5 +1,5 @@
 /*
- * test_staging.c - unit tests for client/staging.c in KVP_STAGE_HOST mode.
+ * test_staging.c - unit tests for client/transfer/staging.c in KVP_STAGE_HOST mode.
  *
  * The run callback is a fake transport over a "segment" that is a host
  * array: READ and WRITE are memcpy, and it can fail its Nth plain op with
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/staging.h"
+#include "client/transfer/staging.h"
 #include "common/crc32c.h"
 
 #define CHUNK 4096

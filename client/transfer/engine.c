@@ -26,9 +26,9 @@
 #include <dirent.h>
 #include <stdatomic.h>
 
-#include "client/gpu.h"
+#include "client/mem/gpu.h"
 #include "client/internal.h"
-#include "client/staging.h"
+#include "client/transfer/staging.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 
@@ -287,9 +287,6 @@ static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, boo
             op->status = KVP_ERR_TRANSPORT;
             continue;
         }
-        /* tcp and rdma move slices in any order: checksum the source up front */
-        if ((b == B_TCP || b == B_RDMA) && op->want_crc && op->kind == KVP_XFER_WRITE)
-            op->crc = kvp_crc32c(0, op->local, op->length);
         bucket[b][cnt[b]++] = op;
     }
     if (cnt[B_SHM])
@@ -300,11 +297,5 @@ static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, boo
         kvp_transport_rdma_ops.transfer(xfer->rdma_ctx, bucket[B_RDMA], cnt[B_RDMA]);
     run_staged(xfer, false, bucket[B_STAGE_HOST], cnt[B_STAGE_HOST]);
     run_staged(xfer, true, bucket[B_STAGE_GPU], cnt[B_STAGE_GPU]);
-    for (int b = B_TCP; b <= B_RDMA; b++)
-        for (size_t i = 0; i < cnt[b]; i++) {
-            kvp_xfer_op_t *op = bucket[b][i];
-            if (op->want_crc && op->kind == KVP_XFER_READ && op->status == KVP_OK)
-                op->crc = kvp_crc32c(0, op->local, op->length);
-        }
     free(heap);
 }

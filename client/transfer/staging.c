@@ -37,8 +37,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/gpu.h"
-#include "client/staging.h"
+#include "client/mem/gpu.h"
+#include "client/transfer/staging.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 

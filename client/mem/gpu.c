@@ -28,7 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/gpu.h"
+#include "client/mem/gpu.h"
 #include "common/log.h"
 
 /* ---- the CUDA driver ABI we use (values from cuda.h) ---- */

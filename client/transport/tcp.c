@@ -1,5 +1,5 @@
 /*
- * transport_tcp.c - the tcp transport: pipelined, striped, no buffering.
+ * tcp.c - the tcp transport: pipelined, striped, no buffering.
  *
  * Design: a batch is cut into slices of at most tcp_slice bytes; slices are
  * grouped by the peer's endpoint; each group runs on up to tcp_streams
@@ -311,6 +311,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     kvp_transfer_t *xfer = ctx->xfer;
     uint64_t slice_len = xfer->tcp_slice;
     size_t n_slices = 0;
+    kvp_xfer_crc_writes(ops, n);
     for (size_t i = 0; i < n; i++) {
         ops[i]->status = KVP_OK;
         n_slices += (ops[i]->length + slice_len - 1) / slice_len;
@@ -447,6 +448,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         if (!conns[c].dead)
             conn_release(ctx, conns[c].g->pool, conns[c].fd);
 out:
+    kvp_xfer_crc_reads(ops, n);
     free(pfds);
     free(conns);
     free(groups);

@@ -1,9 +1,9 @@
 /*
- * transport_rdma.c - the rdma transport: one-sided RDMA READ/WRITE straight
+ * rdma.c - the rdma transport: one-sided RDMA READ/WRITE straight
  * between the caller's registered memory and the peer's segment.
  *
  * Design (docs/architecture.md, "The rdma path"):
- *   - One device per client (client/rdma_verbs.c: device, PD, one CQ with a
+ *   - One device per client (client/transport/rdma_verbs.c: device, PD, one CQ with a
  *     completion channel). The device is opened at client create: a device
  *     list ("rxe0,mlx5_0") or auto, port ACTIVE, a RoCE v2 GID for the
  *     listen address, the MTU known.
@@ -56,7 +56,7 @@
 #include <unistd.h>
 
 #include "client/internal.h"
-#include "client/rdma_verbs.h"
+#include "client/transport/rdma_verbs.h"
 #include "common/log.h"
 #include "common/util.h"
 
@@ -787,6 +787,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
     rdma_ctx_t *ctx = vctx;
     for (size_t i = 0; i < n; i++)
         ops[i]->status = KVP_OK;
+    kvp_xfer_crc_writes(ops, n);
     rbatch_t *b = calloc(1, sizeof(*b));
     kvp_status_t st = b ? batch_build(ctx, ops, n, b) : KVP_ERR_NOMEM;
     if (st != KVP_OK) {
@@ -891,6 +892,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
     for (size_t i = 0; i < b->n_lanes; i++)
         rqp_unref(b->lanes[i].q);
     batch_free(b);
+    kvp_xfer_crc_reads(ops, n);
 }
 
 /* --------------------------------------------------------- init / cleanup */

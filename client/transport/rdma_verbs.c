@@ -19,7 +19,7 @@
  * (taken once per poll batch). rdma_cm events of accepted QPs arrive on the
  * listener's channel and are consumed by kvp_rdma_accept.
  */
-#include "client/rdma_verbs.h"
+#include "client/transport/rdma_verbs.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

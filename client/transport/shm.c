@@ -1,5 +1,5 @@
 /*
- * transport_shm.c - same-host transport: map the peer's segment, copy.
+ * shm.c - same-host transport: map the peer's segment, copy.
  *
  * A segment's memory is a memfd owned by the process that mounted it; a
  * same-host peer opens it through /proc/<pid>/fd/<n> (shm_path in the
@@ -7,7 +7,7 @@
  * memcpy per op between the caller's buffer and the mapping; with a CRC
  * wanted, copy and checksum are one pass (kvp_crc32c_copy). The mapping
  * keeps the memfd alive, so a mapping of a dead owner stays readable: the
- * client drops peers the master no longer lists (client.c), and the CRC
+ * client drops peers the master no longer lists (transfer/peer.c), and the CRC
  * checked on every get catches reuse races.
  *
  * Thread: transfer() is reentrant; the mapping is made once under the

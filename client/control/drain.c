@@ -1,0 +1,269 @@
+/*
+ * drain.c - graceful drain of the client's own segment.
+ *
+ * Mark the segment draining (no new placements), then page through the
+ * objects with a replica on it; those with other replicas need nothing,
+ * the others get a new extent elsewhere (MoveStart), are written there
+ * straight from segment memory through the transfer engine with their CRC
+ * checked on the way, and swapped in (MoveEnd). Then unmount: what could
+ * not be moved in time leaves the pool.
+ *
+ * Thread: the caller's (kvp_drain, destroy) or the drain thread started by
+ * the heartbeat when someone asked for a drain.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/client_priv.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "common/util.h"
+
+/* ---------------- drain ---------------- */
+
+#define DRAIN_PAGE 256u
+
+/*
+ * Move one page of listed objects. Returns how many were moved; *to_copy_p
+ * counts the objects that needed a copy (moved or not), *failed_p those that
+ * could not be moved.
+ */
+static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListResponse *lr,
+                           uint64_t *to_copy_p, uint64_t *failed_p)
+{
+    size_t n = lr->n_entries;
+    ProtobufCBinaryData *keys = calloc(n + 1, sizeof(*keys));
+    uint64_t *offs = calloc(n + 1, sizeof(*offs));
+    size_t *ent = calloc(n + 1, sizeof(*ent));
+    kvp_xfer_op_t *ops = calloc(n + 1, sizeof(*ops));
+    size_t *op_slot = calloc(n + 1, sizeof(*op_slot));
+    uint32_t *op_crc = calloc(n + 1, sizeof(*op_crc));
+    int32_t *sts = calloc(n + 1, sizeof(*sts));
+    uint64_t moved = 0;
+    Kvpool__MoveStartResponse *mr = NULL;
+    size_t m = 0, k = 0;
+    kvp_status_t st;
+    if (!keys || !offs || !ent || !ops || !op_slot || !op_crc || !sts)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        Kvpool__ListEntry *e = lr->entries[i];
+        const Kvpool__Replica *mine = NULL;
+        for (size_t r = 0; r < e->n_replicas; r++)
+            if (e->replicas[r]->segment_id == seg_id)
+                mine = e->replicas[r];
+        /* pending objects are not moved; the master skips those kept elsewhere */
+        if (e->state != 2 || mine == NULL || mine->offset > c->seg_size ||
+            e->size > c->seg_size - mine->offset)
+            continue;
+        keys[m] = e->key;
+        offs[m] = mine->offset;
+        ent[m++] = i;
+    }
+    if (m == 0)
+        goto out;
+    Kvpool__MoveStartRequest req = KVPOOL__MOVE_START_REQUEST__INIT;
+    req.from_segment_id = seg_id;
+    req.keys = keys;
+    req.n_keys = m;
+    mr = kvp_client_call_unpack(c, KVP_RPC_MOVE_START, &req.base,
+                                &kvpool__move_start_response__descriptor, &st);
+    if (mr == NULL || mr->status != KVP_OK || mr->n_results != m) {
+        KVP_LOG_WARN("drain %s: move start failed: %s", c->seg_name,
+                     kvp_strerror(mr ? (mr->status ? mr->status : KVP_ERR_PROTOCOL) : st));
+        *failed_p += m;
+        if (mr == NULL || mr->status != KVP_OK)
+            goto out;
+        /* a malformed answer after the master recorded moves: give them all back */
+        for (size_t j = 0; j < m; j++)
+            sts[j] = KVP_ERR_PROTOCOL;
+        k = m;
+        goto end;
+    }
+    kvp_client_peers_update(c, mr->segments, mr->n_segments);
+    /* Keys that got a destination are compacted to keys[0..k) for MoveEnd; the
+     * writes to run are ops[0..w), op_slot[q] naming each one's key slot. */
+    size_t w = 0;
+    for (size_t j = 0; j < m; j++) {
+        Kvpool__PutStartResult *r = mr->results[j];
+        if (r->status != KVP_OK || r->n_replicas != 1) {
+            if (r->status != KVP_OK && r->status != KVP_ERR_NOT_FOUND)
+                (*failed_p)++; /* NOT_FOUND: removed meanwhile, nothing to move */
+            continue;          /* no copy needed (kept elsewhere), or no room / gone */
+        }
+        (*to_copy_p)++;
+        kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[0]->segment_id);
+        keys[k] = keys[j];
+        sts[k] = KVP_ERR_PROTOCOL; /* unless the write below succeeds */
+        if (peer != NULL) {
+            ops[w] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
+                                     .local = (char *)c->seg_base + offs[j],
+                                     .offset = r->replicas[0]->offset,
+                                     .length = lr->entries[ent[j]]->size,
+                                     .peer = peer,
+                                     .want_crc = true};
+            op_slot[w] = k;
+            op_crc[w++] = lr->entries[ent[j]]->crc32c;
+        }
+        k++;
+    }
+    kvp_transfer_run(&c->xfer, ops, w);
+    for (size_t q = 0; q < w; q++) {
+        kvp_status_t s = ops[q].status;
+        if (s == KVP_OK && ops[q].crc != op_crc[q])
+            s = KVP_ERR_CHECKSUM; /* rewritten meanwhile: the master refuses the swap too */
+        sts[op_slot[q]] = s;
+        kvp_peer_unref(ops[q].peer);
+    }
+end:;
+    Kvpool__MoveEndRequest end = KVPOOL__MOVE_END_REQUEST__INIT;
+    end.from_segment_id = seg_id;
+    end.keys = keys;
+    end.n_keys = k;
+    end.statuses = sts;
+    end.n_statuses = k;
+    Kvpool__StatusesResponse *er = kvp_client_call_unpack(
+        c, KVP_RPC_MOVE_END, &end.base, &kvpool__statuses_response__descriptor, &st);
+    if (er != NULL && er->status == KVP_OK && er->n_statuses == k) {
+        for (size_t q = 0; q < k; q++) {
+            if (sts[q] == KVP_OK && er->statuses[q] == KVP_OK)
+                moved++;
+            else
+                (*failed_p)++;
+        }
+    } else {
+        *failed_p += k;
+    }
+    if (er)
+        kvpool__statuses_response__free_unpacked(er, NULL);
+out:
+    if (mr)
+        kvpool__move_start_response__free_unpacked(mr, NULL);
+    free(keys);
+    free(offs);
+    free(ent);
+    free(ops);
+    free(op_slot);
+    free(op_crc);
+    free(sts);
+    return moved;
+}
+
+static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p,
+                               uint64_t *lost_p)
+{
+    if (moved_p)
+        *moved_p = 0;
+    if (lost_p)
+        *lost_p = 0;
+    if (c == NULL)
+        return KVP_ERR_INVALID_ARG;
+    /* under master_lock: a reconnect's remount (which holds it) cannot slip a new
+     * segment id in between the state change and the id we drain */
+    pthread_mutex_lock(&c->master_lock);
+    int expect = KVP_SEG_MOUNTED;
+    bool ok = atomic_compare_exchange_strong(&c->seg_state, &expect, KVP_SEG_DRAINING);
+    uint64_t seg_id = atomic_load(&c->seg_id);
+    kvp_client_master_unlock(c);
+    if (!ok)
+        return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
+    uint64_t deadline = kvp_now_ms() + timeout_ms;
+    kvp_status_t st;
+    Kvpool__DrainRequest dreq = KVPOOL__DRAIN_REQUEST__INIT;
+    dreq.segment_id = seg_id;
+    Kvpool__DrainResponse *dr = kvp_client_call_unpack(c, KVP_RPC_DRAIN, &dreq.base,
+                                                       &kvpool__drain_response__descriptor, &st);
+    if (dr != NULL) {
+        st = dr->status;
+        kvpool__drain_response__free_unpacked(dr, NULL);
+    }
+    uint64_t moved = 0, failed = 0;
+    if (st == KVP_OK)
+        KVP_LOG_INFO("draining segment %s (%.1f s at most)", c->seg_name, timeout_ms / 1000.0);
+    /* A pass sees every object present throughout; puts that were in flight when the
+     * drain began finish later, so pass again while there is time and progress. */
+    for (int pass = 0; pass < 3 && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
+        uint64_t cursor = 0, to_copy = 0, failed_before = failed;
+        do {
+            Kvpool__ListRequest lreq = KVPOOL__LIST_REQUEST__INIT;
+            lreq.pattern = "";
+            lreq.segment_id = seg_id;
+            lreq.cursor = cursor;
+            lreq.limit = DRAIN_PAGE;
+            Kvpool__ListResponse *lr = kvp_client_call_unpack(
+                c, KVP_RPC_LIST, &lreq.base, &kvpool__list_response__descriptor, &st);
+            if (lr == NULL)
+                break;
+            if (lr->status != KVP_OK) {
+                st = lr->status;
+                kvpool__list_response__free_unpacked(lr, NULL);
+                break;
+            }
+            moved += drain_page(c, seg_id, lr, &to_copy, &failed);
+            cursor = lr->next_cursor;
+            kvpool__list_response__free_unpacked(lr, NULL);
+        } while (cursor != 0 && kvp_now_ms() < deadline);
+        if (to_copy == 0 || failed > failed_before)
+            break; /* nothing left, or no room elsewhere: more passes would not help */
+    }
+    if (st == KVP_ERR_SEGMENT_GONE)
+        st = KVP_OK; /* the master no longer has it (restart, ttl): nothing to unmount */
+    /* unmount: objects still here with no other replica leave the pool */
+    Kvpool__UnmountRequest ureq = KVPOOL__UNMOUNT_REQUEST__INIT;
+    ureq.segment_id = seg_id;
+    kvp_status_t ust;
+    Kvpool__UnmountResponse *ur = kvp_client_call_unpack(
+        c, KVP_RPC_UNMOUNT, &ureq.base, &kvpool__unmount_response__descriptor, &ust);
+    uint64_t lost = 0;
+    if (ur != NULL) {
+        lost = ur->objects_dropped;
+        kvpool__unmount_response__free_unpacked(ur, NULL);
+    }
+    atomic_store(&c->seg_state, KVP_SEG_DRAINED);
+    KVP_LOG_INFO("segment %s drained: %llu objects moved, %llu left the pool", c->seg_name,
+                 (unsigned long long)moved, (unsigned long long)lost);
+    if (moved_p)
+        *moved_p = moved;
+    if (lost_p)
+        *lost_p = lost;
+    return st;
+}
+
+kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, uint64_t *lost_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(drain_impl(c, timeout_ms, moved_p, lost_p), "drain");
+}
+
+static kvp_status_t request_drain_impl(kvp_client_t *c, const char *segment_name)
+{
+    if (c == NULL || segment_name == NULL || segment_name[0] == '\0')
+        return KVP_ERR_INVALID_ARG;
+    Kvpool__DrainRequest req = KVPOOL__DRAIN_REQUEST__INIT;
+    req.segment_name = (char *)segment_name;
+    kvp_status_t st;
+    Kvpool__DrainResponse *dr = kvp_client_call_unpack(c, KVP_RPC_DRAIN, &req.base,
+                                                       &kvpool__drain_response__descriptor, &st);
+    if (dr == NULL)
+        return st;
+    st = dr->status;
+    if (st != KVP_OK)
+        KVP_LOG_WARN("drain %s: %s", segment_name, dr->message);
+    kvpool__drain_response__free_unpacked(dr, NULL);
+    return st;
+}
+
+kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(request_drain_impl(c, segment_name), "request_drain");
+}
+
+int kvp_client_segment_mounted(kvp_client_t *c)
+{
+    int s = c ? atomic_load(&c->seg_state) : KVP_SEG_NONE;
+    return s == KVP_SEG_MOUNTED || s == KVP_SEG_DRAINING;
+}
