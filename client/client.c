@@ -9,9 +9,10 @@
  * transports (transport/), the segment server (segment/) and the registered
  * buffers (mem/registry.c).
  *
- * Threads: every API call may come from any thread. Locks: master_lock
- * (the control connection), peer_lock (peer table), buf_lock (registered
- * buffers). No lock is held across a data transfer.
+ * Threads: every API call may come from any thread. The master connection
+ * is shared by all of them (control/mconn.c: requests in flight together,
+ * no lock held while waiting); peer_lock guards the peer table, buf_lock the
+ * registered buffers. No lock is held across a data transfer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <unistd.h>
 
 #include "client/client_priv.h"
+#include "client/control/mconn.h"
 #include "client/internal.h"
 #include "client/mem/gpu.h"
 #include "common/crc32c.h"
@@ -101,9 +103,8 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     kvp_client_params_init(&c->params);
     memcpy(&c->params, params, KVP_MIN(params->size, sizeof(c->params)));
     c->params.size = sizeof(c->params);
-    c->master_fd = -1;
     c->seg_fd = -1;
-    pthread_mutex_init(&c->master_lock, NULL);
+    pthread_mutex_init(&c->seg_lock, NULL);
     pthread_mutex_init(&c->rel_lock, NULL);
     pthread_mutex_init(&c->peer_lock, NULL);
     pthread_mutex_init(&c->buf_lock, NULL);
@@ -199,9 +200,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     }
     c->params.data_host = NULL;
     c->params.segment_name = NULL;
-    pthread_mutex_lock(&c->master_lock);
-    st = kvp_client_master_connect_locked(c, true);
-    kvp_client_master_unlock(c);
+    st = kvp_client_master_open(c);
     if (st == KVP_OK)
         st = kvp_client_heartbeat_start(c);
     if (st != KVP_OK)
@@ -218,9 +217,8 @@ err_seg:
         close(c->seg_fd);
     goto err;
 err:
-    if (c->master_fd >= 0)
-        close(c->master_fd);
-    pthread_mutex_destroy(&c->master_lock);
+    kvp_client_master_close(c);
+    pthread_mutex_destroy(&c->seg_lock);
     pthread_mutex_destroy(&c->rel_lock);
     pthread_mutex_destroy(&c->peer_lock);
     pthread_mutex_destroy(&c->buf_lock);
@@ -239,25 +237,20 @@ void kvp_client_destroy(kvp_client_t *c)
     if (c == NULL)
         return;
     kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
-    pthread_mutex_lock(&c->master_lock);
-    kvp_client_releases_flush_locked(c); /* the reads are over: nobody waits for a TTL */
     int seg_state = atomic_load(&c->seg_state);
-    if ((seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) && c->master_fd >= 0) {
-        Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
-        req.segment_id = atomic_load(&c->seg_id);
-        uint8_t *resp = NULL;
-        size_t rlen;
-        size_t len = kvpool__unmount_request__get_packed_size(&req);
-        uint8_t body[32];
-        kvpool__unmount_request__pack(&req, body);
-        if (kvp_rpc_call(c->master_fd, KVP_RPC_UNMOUNT, ++c->next_req_id, body, len, &resp,
-                         &rlen) == KVP_OK)
-            free(resp);
+    if (seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) {
+        /* no remount races this: the heartbeat has stopped and no call is in progress */
+        atomic_store(&c->seg_state, KVP_SEG_DRAINED);
+        if (kvp_mconn_connected(c->mc)) {
+            Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
+            req.segment_id = atomic_load(&c->seg_id);
+            uint8_t *resp = NULL;
+            size_t rlen;
+            if (kvp_client_call(c, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen) == KVP_OK)
+                free(resp);
+        }
     }
-    if (c->master_fd >= 0)
-        close(c->master_fd);
-    c->master_fd = -1;
-    pthread_mutex_unlock(&c->master_lock);
+    kvp_client_master_close(c);
     kvp_segment_server_destroy(c->seg_server);
     for (size_t i = 0; i < c->n_peers; i++)
         kvp_peer_unref(c->peers[i]);
@@ -272,10 +265,7 @@ void kvp_client_destroy(kvp_client_t *c)
         c->bufs = b->next;
         free(b);
     }
-    free(c->rel_ids);
-    free(c->rel_send);
-    free(c->rel_body);
-    pthread_mutex_destroy(&c->master_lock);
+    pthread_mutex_destroy(&c->seg_lock);
     pthread_mutex_destroy(&c->rel_lock);
     pthread_mutex_destroy(&c->peer_lock);
     pthread_mutex_destroy(&c->buf_lock);

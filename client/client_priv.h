@@ -32,20 +32,15 @@ struct kvp_client {
     uint16_t master_port;
     uint64_t client_id;
 
-    pthread_mutex_t master_lock;
-    int master_fd;
-    uint64_t next_req_id;
+    struct kvp_mconn *mc; /* the master connection, shared by all threads */
+    /* orders a remount (on a new connection, or asked by the master) against a drain
+     * changing the segment's state */
+    pthread_mutex_t seg_lock;
 
-    /* read leases to hand back (one-way LeaseRelease), sent by whoever holds
-     * master_lock next: the releasing get itself when the lock is free */
+    /* read leases to hand back, kept while there is no master connection */
     pthread_mutex_t rel_lock;
-    uint64_t *rel_ids; /* queued (rel_lock) */
+    uint64_t *rel_ids;
     size_t rel_n, rel_cap;
-    uint64_t *rel_send; /* being sent (master_lock); swapped with rel_ids */
-    size_t rel_send_cap;
-    uint8_t *rel_body; /* packed request (master_lock) */
-    size_t rel_body_cap;
-    _Atomic size_t rel_pending;
 
     kvp_transfer_t xfer;
 
@@ -91,17 +86,14 @@ kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMe
 /* kvp_client_call, then unpack the reply as `desc`; NULL on any failure (*st_p says why). */
 void *kvp_client_call_unpack(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
                              const ProtobufCMessageDescriptor *desc, kvp_status_t *st_p);
-/* Connect (and remount) with master_lock held. strict (create): any refusal of the mount
- * is the caller's error. */
-kvp_status_t kvp_client_master_connect_locked(kvp_client_t *c, bool strict);
-/* Send the queued lease releases (master_lock held). */
-void kvp_client_releases_flush_locked(kvp_client_t *c);
-/* Unlock master_lock, first sending the lease releases queued meanwhile. */
-void kvp_client_master_unlock(kvp_client_t *c);
-/* Hand back read leases after a get's transfers (no round trip: one-way, batched). */
+/* Open the master connection (create): mounts the segment; any refusal is an error. */
+kvp_status_t kvp_client_master_open(kvp_client_t *c);
+/* Close it and drop what was queued for it (destroy). */
+void kvp_client_master_close(kvp_client_t *c);
+/* Hand back read leases after a get's transfers (no round trip: one-way). */
 void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n);
-/* Mount the segment on the current master connection (master_lock held). */
-kvp_status_t kvp_client_mount_locked(kvp_client_t *c);
+/* Mount the segment again on the current connection (the master asked for it). */
+kvp_status_t kvp_client_mount(kvp_client_t *c);
 /* Learn segment descriptors from a master response. */
 void kvp_client_peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_t n);
 /* A known peer with a reference taken (kvp_peer_unref), or NULL. */

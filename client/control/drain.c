@@ -161,13 +161,13 @@ static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *m
         *lost_p = 0;
     if (c == NULL)
         return KVP_ERR_INVALID_ARG;
-    /* under master_lock: a reconnect's remount (which holds it) cannot slip a new
+    /* under seg_lock: a reconnect's remount (which holds it) cannot slip a new
      * segment id in between the state change and the id we drain */
-    pthread_mutex_lock(&c->master_lock);
+    pthread_mutex_lock(&c->seg_lock);
     int expect = KVP_SEG_MOUNTED;
     bool ok = atomic_compare_exchange_strong(&c->seg_state, &expect, KVP_SEG_DRAINING);
     uint64_t seg_id = atomic_load(&c->seg_id);
-    kvp_client_master_unlock(c);
+    pthread_mutex_unlock(&c->seg_lock);
     if (!ok)
         return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
     uint64_t deadline = kvp_now_ms() + timeout_ms;

@@ -54,10 +54,7 @@ static void heartbeat_once(kvp_client_t *c)
         return;
     if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
         KVP_LOG_WARN("the master does not know segment %s: mounting it again (empty)", c->seg_name);
-        pthread_mutex_lock(&c->master_lock);
-        if (c->master_fd >= 0 && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED)
-            kvp_client_mount_locked(c);
-        kvp_client_master_unlock(c);
+        kvp_client_mount(c);
     }
     for (size_t i = 0; i < hr->n_drain_segment_ids; i++) {
         if (hr->drain_segment_ids[i] != atomic_load(&c->seg_id) ||

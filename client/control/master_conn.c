@@ -1,191 +1,54 @@
 /*
- * master_conn.c - the connection to kvpool-master: calls with reconnect and
- * remount, and the queue of read leases to hand back.
+ * master_conn.c - the client's use of its master connection (mconn.c):
+ * protobuf calls, the segment's (re)mount, and read leases handed back.
  *
- * The master connection is one blocking socket behind master_lock. PENDING
- * puts and mounted segments are bound to it on the master, so if it breaks
- * the master revokes those puts and unmounts the segment; the client
- * reconnects on the next call, remounts its segment (empty in the master's
- * view) and retries the call once. A retried PutStart is therefore safe.
+ * Every thread calls through one kvp_mconn_t: requests are in flight
+ * together and matched to their replies by id. When a connection is
+ * replaced, on_ready (below) runs on the new one before any call can use
+ * it: the segment is mounted again (empty in the master's view: PENDING
+ * puts and the mount were bound to the old connection) and the lease
+ * releases queued while there was no connection are sent.
  *
- * Thread: any client thread; master_lock serialises calls, rel_lock guards
- * the release queue.
+ * Lease releases are one-way frames sent by the getter itself, on the
+ * shared connection, so "get, then remove" from one thread reaches the
+ * master in that order. With no connection they wait in rel_ids.
+ *
+ * Thread: any client thread. seg_lock orders a remount against a drain's
+ * change of the segment's state; rel_lock guards the release queue.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "client/client_priv.h"
+#include "client/control/mconn.h"
 #include "client/internal.h"
-#include "client/mem/gpu.h"
-#include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/util.h"
 #include "kvpool.pb-c.h"
 
-/* strict (kvp_client_create): any refusal of the mount is the caller's error. */
-kvp_status_t kvp_client_master_connect_locked(kvp_client_t *c, bool strict)
-{
-    int fd;
-    kvp_status_t st =
-        kvp_tcp_connect(c->master_host, c->master_port, c->params.rpc_timeout_ms, &fd);
-    if (st != KVP_OK) {
-        KVP_LOG_WARN("cannot connect to master %s:%u: %s", c->master_host, c->master_port,
-                     kvp_strerror(st));
-        return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
-    }
-    kvp_sock_set_timeout(fd, c->params.rpc_timeout_ms);
-    c->master_fd = fd;
-    if (atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
-        /* The master forgot our segment with the old connection: mount it again. A
-         * refusal (the master has not yet seen the old connection close) is not the
-         * caller's error: the next heartbeat is told to remount and tries again. */
-        st = kvp_client_mount_locked(c);
-        if (st != KVP_OK &&
-            (strict || st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL)) {
-            close(c->master_fd);
-            c->master_fd = -1;
-            return st;
-        }
-    }
-    return KVP_OK;
-}
+/* A thread's buffer for packing request bodies: grown to the largest, kept. */
+static _Thread_local uint8_t *tl_buf;
+static _Thread_local size_t tl_cap;
 
-static kvp_status_t call_locked(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
-                                uint8_t **resp_p, size_t *resp_len_p)
+static uint8_t *pack_buf(size_t len)
 {
-    size_t len = req ? protobuf_c_message_get_packed_size(req) : 0;
-    if (len > KVP_RPC_MAX_BODY)
-        return KVP_ERR_FRAME_TOO_LARGE;
-    uint8_t *body = malloc(len ? len : 1);
-    if (body == NULL)
-        return KVP_ERR_NOMEM;
-    if (req)
-        protobuf_c_message_pack(req, body);
-    kvp_status_t st = KVP_ERR_CONNECT;
-    for (int attempt = 0; attempt < 2; attempt++) {
-        if (c->master_fd < 0) {
-            st = kvp_client_master_connect_locked(c, false);
-            if (st != KVP_OK)
-                break;
-            kvp_client_releases_flush_locked(
-                c); /* kept while there was no connection: ahead of req */
-        }
-        st = kvp_rpc_call(c->master_fd, method, ++c->next_req_id, body, len, resp_p, resp_len_p);
-        if (st != KVP_ERR_IO && st != KVP_ERR_TIMEOUT && st != KVP_ERR_PROTOCOL &&
-            st != KVP_ERR_VERSION && st != KVP_ERR_CONNECT)
-            break;
-        /* the connection is unusable; the master drops what was bound to it */
-        close(c->master_fd);
-        c->master_fd = -1;
-        if (st == KVP_ERR_TIMEOUT || st == KVP_ERR_VERSION)
-            break;
-    }
-    free(body);
-    return st;
-}
-
-/*
- * Send the queued lease releases (master_lock held). One-way: nothing is
- * read back. With no connection they stay queued for the next one (lease
- * ids are the master's, not the connection's); when the send fails they
- * are dropped and the leases end by their TTL.
- */
-void kvp_client_releases_flush_locked(kvp_client_t *c)
-{
-    if (atomic_load(&c->rel_pending) == 0 || c->master_fd < 0)
-        return; /* a getter that queues after this look finds the lock taken: the unlock
-                 * (kvp_client_master_unlock) sends it */
-    pthread_mutex_lock(&c->rel_lock);
-    size_t n = c->rel_n;
-    uint64_t *ids = c->rel_ids;
-    size_t cap = c->rel_cap;
-    c->rel_ids = c->rel_send; /* the queue takes the idle buffer */
-    c->rel_cap = c->rel_send_cap;
-    c->rel_n = 0;
-    atomic_store(&c->rel_pending, 0);
-    pthread_mutex_unlock(&c->rel_lock);
-    c->rel_send = ids;
-    c->rel_send_cap = cap;
-    if (n == 0)
-        return;
-    Kvpool__LeaseReleaseRequest req = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
-    req.lease_ids = ids;
-    req.n_lease_ids = n;
-    size_t len = kvpool__lease_release_request__get_packed_size(&req);
-    if (len > c->rel_body_cap) {
-        uint8_t *b = realloc(c->rel_body, len);
+    if (len > tl_cap) {
+        size_t cap = KVP_MAX(len, (size_t)4096);
+        uint8_t *b = realloc(tl_buf, cap);
         if (b == NULL)
-            return;
-        c->rel_body = b;
-        c->rel_body_cap = len;
+            return NULL;
+        tl_buf = b;
+        tl_cap = cap;
     }
-    kvpool__lease_release_request__pack(&req, c->rel_body);
-    if (kvp_rpc_send(c->master_fd, KVP_RPC_LEASE_RELEASE, ++c->next_req_id, c->rel_body, len) !=
-        KVP_OK) {
-        KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL", n);
-        close(c->master_fd);
-        c->master_fd = -1;
-    }
+    return tl_buf ? tl_buf : pack_buf(1);
 }
 
-void kvp_client_master_unlock(kvp_client_t *c)
-{
-    pthread_mutex_unlock(&c->master_lock);
-    /* releases queued while we held the lock: their getter found it taken and left
-     * them to us (it checked after queueing, we check after unlocking) */
-    while (atomic_load(&c->rel_pending) > 0 && pthread_mutex_trylock(&c->master_lock) == 0) {
-        bool connected = c->master_fd >= 0;
-        kvp_client_releases_flush_locked(c);
-        pthread_mutex_unlock(&c->master_lock);
-        if (!connected)
-            break; /* kept for the next connection */
-    }
-}
-
-void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n)
-{
-    if (n == 0)
-        return;
-    pthread_mutex_lock(&c->rel_lock);
-    if (c->rel_n + n > c->rel_cap) {
-        /* grows to the largest backlog once, then reused */
-        size_t cap = KVP_MAX(c->rel_cap * 2, KVP_MAX(c->rel_n + n, (size_t)256));
-        uint64_t *p = realloc(c->rel_ids, cap * sizeof(*p));
-        if (p == NULL) {
-            pthread_mutex_unlock(&c->rel_lock);
-            return; /* the leases end by their TTL */
-        }
-        c->rel_ids = p;
-        c->rel_cap = cap;
-    }
-    memcpy(c->rel_ids + c->rel_n, ids, n * sizeof(*ids));
-    c->rel_n += n;
-    atomic_store(&c->rel_pending, c->rel_n);
-    pthread_mutex_unlock(&c->rel_lock);
-    if (pthread_mutex_trylock(&c->master_lock) == 0) {
-        kvp_client_releases_flush_locked(c);
-        kvp_client_master_unlock(c);
-    }
-}
-
-kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
-                             uint8_t **resp_p, size_t *resp_len_p)
-{
-    pthread_mutex_lock(&c->master_lock);
-    kvp_client_releases_flush_locked(c); /* a release goes out before anything that follows it */
-    kvp_status_t st = call_locked(c, method, req, resp_p, resp_len_p);
-    kvp_client_master_unlock(c); /* sends what was queued meanwhile */
-    return st;
-}
-
-kvp_status_t kvp_client_mount_locked(kvp_client_t *c)
+/* The mount request for our segment, packed into the thread's buffer. */
+static kvp_status_t mount_pack(kvp_client_t *c, uint8_t **body_p, size_t *len_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = c->seg_name;
@@ -201,23 +64,24 @@ kvp_status_t kvp_client_mount_locked(kvp_client_t *c)
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = c->client_id;
     req.segment = &d;
-    uint8_t *resp;
-    size_t rlen;
     size_t len = kvpool__mount_request__get_packed_size(&req);
-    uint8_t *body = malloc(len ? len : 1);
+    uint8_t *body = pack_buf(len);
     if (body == NULL)
         return KVP_ERR_NOMEM;
     kvpool__mount_request__pack(&req, body);
-    kvp_status_t st =
-        kvp_rpc_call(c->master_fd, KVP_RPC_MOUNT, ++c->next_req_id, body, len, &resp, &rlen);
-    free(body);
-    if (st != KVP_OK)
-        return st;
+    *body_p = body;
+    *len_p = len;
+    return KVP_OK;
+}
+
+/* Take the master's answer to a mount (frees resp). */
+static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen)
+{
     Kvpool__MountResponse *mr = kvpool__mount_response__unpack(NULL, rlen, resp);
     free(resp);
     if (mr == NULL)
         return KVP_ERR_PROTOCOL;
-    st = mr->status;
+    kvp_status_t st = mr->status;
     if (st == KVP_OK) {
         atomic_store(&c->seg_id, mr->segment_id);
         kvp_segment_server_set_id(c->seg_server, mr->segment_id);
@@ -229,6 +93,177 @@ kvp_status_t kvp_client_mount_locked(kvp_client_t *c)
     }
     kvpool__mount_response__free_unpacked(mr, NULL);
     return st;
+}
+
+/* Pack a LeaseRelease of ids into the thread's buffer. */
+static kvp_status_t release_pack(const uint64_t *ids, size_t n, uint8_t **body_p, size_t *len_p)
+{
+    Kvpool__LeaseReleaseRequest req = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
+    req.lease_ids = (uint64_t *)ids;
+    req.n_lease_ids = n;
+    size_t len = kvpool__lease_release_request__get_packed_size(&req);
+    uint8_t *body = pack_buf(len);
+    if (body == NULL)
+        return KVP_ERR_NOMEM;
+    kvpool__lease_release_request__pack(&req, body);
+    *body_p = body;
+    *len_p = len;
+    return KVP_OK;
+}
+
+/* Take the queued releases (the caller frees *ids_p). */
+static size_t releases_take(kvp_client_t *c, uint64_t **ids_p)
+{
+    pthread_mutex_lock(&c->rel_lock);
+    size_t n = c->rel_n;
+    *ids_p = c->rel_ids;
+    c->rel_ids = NULL;
+    c->rel_n = c->rel_cap = 0;
+    pthread_mutex_unlock(&c->rel_lock);
+    return n;
+}
+
+/* Runs on the thread that opened a new connection, before anyone else can use it. */
+static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
+{
+    kvp_client_t *c = arg;
+    pthread_mutex_lock(&c->seg_lock);
+    if (atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
+        /* The master forgot our segment with the old connection: mount it again. A
+         * refusal (the master has not yet seen the old connection close) is not the
+         * caller's error: the next heartbeat is told to remount and tries again. */
+        uint8_t *body, *resp;
+        size_t len, rlen;
+        kvp_status_t st = mount_pack(c, &body, &len);
+        if (st == KVP_OK)
+            st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+        if (st == KVP_OK)
+            st = mount_reply(c, resp, rlen);
+        if (st != KVP_OK &&
+            (first || st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL)) {
+            pthread_mutex_unlock(&c->seg_lock);
+            return st;
+        }
+    }
+    pthread_mutex_unlock(&c->seg_lock);
+    /* releases kept while there was no connection go out ahead of any call */
+    uint64_t *ids;
+    size_t n = releases_take(c, &ids);
+    if (n > 0) {
+        uint8_t *body;
+        size_t len;
+        if (release_pack(ids, n, &body, &len) == KVP_OK &&
+            kvp_mconn_ready_send(m, fd, KVP_RPC_LEASE_RELEASE, body, len) != KVP_OK)
+            KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL",
+                         n);
+    }
+    free(ids);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_client_master_open(kvp_client_t *c)
+{
+    kvp_mconn_params_t p = {.host = c->master_host,
+                            .port = c->master_port,
+                            .timeout_ms = c->params.rpc_timeout_ms,
+                            .on_ready = on_ready,
+                            .arg = c};
+    kvp_status_t st = kvp_mconn_create(&p, &c->mc);
+    if (st != KVP_OK)
+        return st;
+    st = kvp_mconn_connect(c->mc);
+    if (st != KVP_OK) {
+        kvp_mconn_destroy(c->mc);
+        c->mc = NULL;
+    }
+    return st;
+}
+
+void kvp_client_master_close(kvp_client_t *c)
+{
+    kvp_mconn_destroy(c->mc);
+    c->mc = NULL;
+    uint64_t *ids;
+    releases_take(c, &ids);
+    free(ids);
+}
+
+kvp_status_t kvp_client_mount(kvp_client_t *c)
+{
+    pthread_mutex_lock(&c->seg_lock);
+    kvp_status_t st = KVP_OK;
+    if (atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
+        uint8_t *body, *resp;
+        size_t len, rlen;
+        st = mount_pack(c, &body, &len);
+        if (st == KVP_OK)
+            st = kvp_mconn_call(c->mc, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+        if (st == KVP_OK)
+            st = mount_reply(c, resp, rlen);
+    }
+    pthread_mutex_unlock(&c->seg_lock);
+    return st;
+}
+
+/* Queue ids for the next connection. */
+static void releases_queue(kvp_client_t *c, const uint64_t *ids, size_t n)
+{
+    pthread_mutex_lock(&c->rel_lock);
+    if (c->rel_n + n > c->rel_cap) {
+        size_t cap = KVP_MAX(c->rel_cap * 2, KVP_MAX(c->rel_n + n, (size_t)256));
+        uint64_t *p = realloc(c->rel_ids, cap * sizeof(*p));
+        if (p == NULL) {
+            pthread_mutex_unlock(&c->rel_lock);
+            return; /* the leases end by their TTL */
+        }
+        c->rel_ids = p;
+        c->rel_cap = cap;
+    }
+    memcpy(c->rel_ids + c->rel_n, ids, n * sizeof(*ids));
+    c->rel_n += n;
+    pthread_mutex_unlock(&c->rel_lock);
+}
+
+void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n)
+{
+    if (n == 0)
+        return;
+    uint8_t *body;
+    size_t len;
+    if (release_pack(ids, n, &body, &len) != KVP_OK)
+        return; /* the leases end by their TTL */
+    kvp_status_t st = kvp_mconn_send(c->mc, KVP_RPC_LEASE_RELEASE, body, len);
+    if (st == KVP_OK)
+        return;
+    if (st != KVP_ERR_CONNECT) {
+        KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL", n);
+        return;
+    }
+    releases_queue(c, ids, n);
+    /* a connection opened since we looked took the queue before we added to it */
+    if (kvp_mconn_connected(c->mc)) {
+        uint64_t *q;
+        size_t qn = releases_take(c, &q);
+        if (qn > 0 && release_pack(q, qn, &body, &len) == KVP_OK &&
+            kvp_mconn_send(c->mc, KVP_RPC_LEASE_RELEASE, body, len) != KVP_OK)
+            KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL",
+                         qn);
+        free(q);
+    }
+}
+
+kvp_status_t kvp_client_call(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,
+                             uint8_t **resp_p, size_t *resp_len_p)
+{
+    size_t len = req ? protobuf_c_message_get_packed_size(req) : 0;
+    if (len > KVP_RPC_MAX_BODY)
+        return KVP_ERR_FRAME_TOO_LARGE;
+    uint8_t *body = pack_buf(len);
+    if (body == NULL)
+        return KVP_ERR_NOMEM;
+    if (req)
+        protobuf_c_message_pack(req, body);
+    return kvp_mconn_call(c->mc, method, body, len, resp_p, resp_len_p);
 }
 
 void *kvp_client_call_unpack(kvp_client_t *c, uint16_t method, const ProtobufCMessage *req,

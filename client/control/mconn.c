@@ -1,0 +1,463 @@
+/*
+ * mconn.c - the master connection shared by all of a client's threads.
+ *
+ * Design: a caller packs its request, registers a waiter (on its own stack)
+ * under the id it sends, writes the frame under the connection's send lock
+ * (one writev of a small frame), and waits. Replies are read by the waiters
+ * themselves, one at a time ("leader/follower"): the waiter holding the
+ * reader role polls the socket until its own deadline, reads whole frames,
+ * and hands each reply to the waiter whose id it carries (signalling that
+ * waiter's condition variable). When its own reply arrives it gives the role
+ * to another waiter. A lone caller thus reads its own reply with no thread
+ * switch, and no lock is held across the network: m->lock guards only the
+ * waiter list and the connection pointer, for a few instructions at a time.
+ *
+ * Connections: at most one current connection (refcounted: callers and the
+ * reader hold references while they use its fd). When none is open, the first
+ * caller connects (and runs on_ready, which remounts the client's segment)
+ * without holding the lock; the others wait for it within their deadlines.
+ * A connection that fails (send/recv error, bad frame, EOF) is shut down:
+ * every call waiting on it fails with KVP_ERR_IO and is sent once more on a
+ * new connection. A call that times out leaves the connection open when
+ * other frames arrived meanwhile (its late reply is dropped on arrival);
+ * when nothing at all arrived since it was sent, the master is judged stuck
+ * and the connection is closed, as before pipelining: the master revokes
+ * what was bound to it.
+ *
+ * Thread: any thread; on_ready runs on the thread that connects.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/control/mconn.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "common/util.h"
+
+typedef struct mc_conn {
+    int fd;
+    int refs; /* m->lock */
+    bool broken;
+    uint64_t rx_frames; /* m->lock: frames received so far */
+    pthread_mutex_t send_lock;
+} mc_conn_t;
+
+typedef struct waiter {
+    uint64_t id;
+    uint16_t method;
+    mc_conn_t *conn;
+    uint64_t rx_at_send; /* conn->rx_frames when the request was sent */
+    bool done;
+    bool conn_failed; /* ended by the connection failing: may be sent again */
+    kvp_status_t st;
+    uint8_t *body;
+    size_t len;
+    pthread_cond_t cv;
+    struct waiter *prev, *next;
+} waiter_t;
+
+struct kvp_mconn {
+    char host[256];
+    uint16_t port;
+    uint32_t timeout_ms;
+    kvp_mconn_ready_cb_t on_ready;
+    void *arg;
+
+    pthread_mutex_t lock;
+    pthread_condattr_t cattr; /* CLOCK_MONOTONIC */
+    pthread_cond_t conn_cv;   /* a connect attempt ended */
+    mc_conn_t *conn;          /* current; NULL: none */
+    bool connecting;
+    bool reading; /* a waiter holds the reader role */
+    uint64_t next_id;
+    waiter_t *waiters;
+    kvp_mconn_stats_t stats;
+};
+
+static uint64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static struct timespec abs_ts(uint64_t ms)
+{
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1000), .tv_nsec = (long)(ms % 1000) * 1000000L};
+    return ts;
+}
+
+kvp_status_t kvp_mconn_create(const kvp_mconn_params_t *params, kvp_mconn_t **m_p)
+{
+    kvp_mconn_t *m = calloc(1, sizeof(*m));
+    if (m == NULL)
+        return KVP_ERR_NOMEM;
+    snprintf(m->host, sizeof(m->host), "%s", params->host ? params->host : "127.0.0.1");
+    m->port = params->port;
+    m->timeout_ms = params->timeout_ms ? params->timeout_ms : 5000;
+    m->on_ready = params->on_ready;
+    m->arg = params->arg;
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_condattr_init(&m->cattr);
+    pthread_condattr_setclock(&m->cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&m->conn_cv, &m->cattr);
+    *m_p = m;
+    return KVP_OK;
+}
+
+static void conn_unref_locked(mc_conn_t *c)
+{
+    if (--c->refs > 0)
+        return;
+    close(c->fd);
+    pthread_mutex_destroy(&c->send_lock);
+    free(c);
+}
+
+/* The connection failed: wake and fail every call waiting on it, drop it as current. */
+static void broken_locked(kvp_mconn_t *m, mc_conn_t *c, kvp_status_t st)
+{
+    if (c->broken)
+        return;
+    c->broken = true;
+    shutdown(c->fd, SHUT_RDWR); /* wakes a reader polling it; the fd closes with the last ref */
+    for (waiter_t *w = m->waiters; w != NULL; w = w->next)
+        if (w->conn == c && !w->done) {
+            w->done = true;
+            w->conn_failed = true;
+            w->st = st;
+            pthread_cond_signal(&w->cv);
+        }
+    if (m->conn == c) {
+        m->conn = NULL;
+        conn_unref_locked(c);
+    }
+}
+
+void kvp_mconn_disconnect(kvp_mconn_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    if (m->conn != NULL)
+        broken_locked(m, m->conn, KVP_ERR_IO);
+    pthread_mutex_unlock(&m->lock);
+}
+
+void kvp_mconn_destroy(kvp_mconn_t *m)
+{
+    if (m == NULL)
+        return;
+    kvp_mconn_disconnect(m);
+    pthread_cond_destroy(&m->conn_cv);
+    pthread_condattr_destroy(&m->cattr);
+    pthread_mutex_destroy(&m->lock);
+    free(m);
+}
+
+kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+                                  size_t len, uint8_t **resp_p, size_t *resp_len_p)
+{
+    pthread_mutex_lock(&m->lock);
+    uint64_t id = ++m->next_id;
+    pthread_mutex_unlock(&m->lock);
+    return kvp_rpc_call(fd, method, id, body, len, resp_p, resp_len_p);
+}
+
+kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+                                  size_t len)
+{
+    pthread_mutex_lock(&m->lock);
+    uint64_t id = ++m->next_id;
+    pthread_mutex_unlock(&m->lock);
+    return kvp_rpc_send(fd, method, id, body, len);
+}
+
+/* Open a connection and make it ready (no lock held). */
+static kvp_status_t open_conn(kvp_mconn_t *m, bool first, mc_conn_t **c_p)
+{
+    int fd;
+    kvp_status_t st = kvp_tcp_connect(m->host, m->port, m->timeout_ms, &fd);
+    if (st != KVP_OK) {
+        KVP_LOG_WARN("cannot connect to master %s:%u: %s", m->host, m->port, kvp_strerror(st));
+        return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
+    }
+    /* bounds a frame that stops half-way, and on_ready's blocking calls */
+    kvp_sock_set_timeout(fd, m->timeout_ms);
+    if (m->on_ready != NULL) {
+        st = m->on_ready(m->arg, m, fd, first);
+        if (st != KVP_OK) {
+            close(fd);
+            return st;
+        }
+    }
+    mc_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL) {
+        close(fd);
+        return KVP_ERR_NOMEM;
+    }
+    c->fd = fd;
+    c->refs = 1; /* m->conn's */
+    pthread_mutex_init(&c->send_lock, NULL);
+    *c_p = c;
+    return KVP_OK;
+}
+
+/* Make sure a connection is open (lock held, dropped while connecting). */
+static kvp_status_t ensure_conn_locked(kvp_mconn_t *m, uint64_t deadline, bool first)
+{
+    while (m->conn == NULL) {
+        if (m->connecting) {
+            struct timespec ts = abs_ts(deadline);
+            if (pthread_cond_timedwait(&m->conn_cv, &m->lock, &ts) == ETIMEDOUT && m->conn == NULL)
+                return KVP_ERR_TIMEOUT;
+            continue;
+        }
+        m->connecting = true;
+        pthread_mutex_unlock(&m->lock);
+        mc_conn_t *c = NULL;
+        kvp_status_t st = open_conn(m, first, &c);
+        pthread_mutex_lock(&m->lock);
+        m->connecting = false;
+        pthread_cond_broadcast(&m->conn_cv);
+        if (st != KVP_OK)
+            return st;
+        m->conn = c;
+        m->stats.connects++;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp_mconn_connect(kvp_mconn_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    kvp_status_t st = ensure_conn_locked(m, mono_ms() + m->timeout_ms, true);
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}
+
+bool kvp_mconn_connected(kvp_mconn_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    bool up = m->conn != NULL;
+    pthread_mutex_unlock(&m->lock);
+    return up;
+}
+
+void kvp_mconn_stats(kvp_mconn_t *m, kvp_mconn_stats_t *out)
+{
+    pthread_mutex_lock(&m->lock);
+    *out = m->stats;
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* Read one whole frame from c (reader role, no lock). KVP_ERR_TIMEOUT: nothing arrived
+ * before the deadline (the stream is intact); other errors break the connection. */
+static kvp_status_t read_frame(mc_conn_t *c, uint64_t deadline, kvp_rpc_hdr_t *h, uint8_t **body_p)
+{
+    uint64_t now = mono_ms();
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    int r = poll(&p, 1, now >= deadline ? 0 : (int)(deadline - now));
+    if (r == 0)
+        return KVP_ERR_TIMEOUT;
+    if (r < 0)
+        return errno == EINTR ? KVP_ERR_TIMEOUT : KVP_ERR_IO;
+    uint8_t hb[KVP_RPC_HDR_LEN];
+    kvp_status_t st = kvp_recv_all(c->fd, hb, sizeof(hb));
+    if (st != KVP_OK)
+        return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st; /* half a frame: the stream is lost */
+    st = kvp_rpc_hdr_unpack(hb, KVP_RPC_MAX_BODY, h);
+    if (st != KVP_OK)
+        return st;
+    uint8_t *b = NULL;
+    if (h->body_len > 0) {
+        b = malloc(h->body_len + 1);
+        if (b == NULL)
+            return KVP_ERR_NOMEM;
+        st = kvp_recv_all(c->fd, b, h->body_len);
+        if (st != KVP_OK) {
+            free(b);
+            return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st;
+        }
+        b[h->body_len] = '\0';
+    }
+    *body_p = b;
+    return KVP_OK;
+}
+
+/* Give a frame to the waiter it answers (lock held); a reply nobody waits for is dropped. */
+static void deliver_locked(kvp_mconn_t *m, mc_conn_t *c, const kvp_rpc_hdr_t *h, uint8_t *body)
+{
+    c->rx_frames++;
+    waiter_t *w = m->waiters;
+    while (w != NULL && !(w->id == h->request_id && w->conn == c))
+        w = w->next;
+    if (w == NULL || w->done) {
+        m->stats.late_replies++;
+        KVP_LOG_DEBUG("master: reply %llu (method %#x) came after its call ended; dropped",
+                      (unsigned long long)h->request_id, h->method);
+        free(body);
+        return;
+    }
+    w->done = true;
+    if (h->status != 0) {
+        KVP_LOG_WARN("master refused request (method %u): %s", w->method,
+                     body ? (char *)body : kvp_strerror(h->status));
+        free(body);
+        w->st = h->status < KVP_STATUS_MIN || h->status > 0 ? KVP_ERR_PROTOCOL
+                                                            : (kvp_status_t)h->status;
+    } else if (h->method != (w->method | KVP_RPC_RESPONSE_BIT)) {
+        free(body);
+        w->st = KVP_ERR_PROTOCOL;
+    } else {
+        w->st = KVP_OK;
+        w->body = body;
+        w->len = h->body_len;
+    }
+    pthread_cond_signal(&w->cv);
+}
+
+/* Hand the reader role on to a waiter still waiting (lock held). */
+static void wake_reader_locked(kvp_mconn_t *m)
+{
+    if (m->reading)
+        return;
+    for (waiter_t *w = m->waiters; w != NULL; w = w->next)
+        if (!w->done && !w->conn->broken) {
+            pthread_cond_signal(&w->cv);
+            return;
+        }
+}
+
+/* Wait for w's reply, reading for everyone while nobody else does (lock held). */
+static void wait_reply_locked(kvp_mconn_t *m, waiter_t *w, uint64_t deadline)
+{
+    mc_conn_t *c = w->conn;
+    while (!w->done) {
+        if (mono_ms() >= deadline) {
+            w->done = true;
+            w->st = KVP_ERR_TIMEOUT;
+            if (!c->broken && c->rx_frames == w->rx_at_send) {
+                KVP_LOG_WARN("master %s:%u sent nothing for %u ms: closing the connection", m->host,
+                             m->port, m->timeout_ms);
+                broken_locked(m, c, KVP_ERR_IO);
+                w->st = KVP_ERR_TIMEOUT;
+            }
+            break;
+        }
+        if (!m->reading && !c->broken) {
+            m->reading = true;
+            c->refs++;
+            pthread_mutex_unlock(&m->lock);
+            kvp_rpc_hdr_t h;
+            uint8_t *body = NULL;
+            kvp_status_t st = read_frame(c, deadline, &h, &body);
+            pthread_mutex_lock(&m->lock);
+            m->reading = false;
+            if (st == KVP_OK)
+                deliver_locked(m, c, &h, body);
+            else if (st != KVP_ERR_TIMEOUT)
+                broken_locked(m, c, st == KVP_ERR_NOMEM ? KVP_ERR_IO : st);
+            conn_unref_locked(c);
+            continue;
+        }
+        struct timespec ts = abs_ts(deadline);
+        pthread_cond_timedwait(&w->cv, &m->lock, &ts);
+    }
+    wake_reader_locked(m);
+}
+
+static kvp_status_t call_once(kvp_mconn_t *m, uint16_t method, const void *body, size_t len,
+                              uint64_t deadline, uint8_t **resp_p, size_t *resp_len_p,
+                              bool *conn_failed_p)
+{
+    *conn_failed_p = false;
+    waiter_t w = {.method = method};
+    pthread_mutex_lock(&m->lock);
+    kvp_status_t st = ensure_conn_locked(m, deadline, false);
+    if (st != KVP_OK) {
+        pthread_mutex_unlock(&m->lock);
+        return st;
+    }
+    pthread_cond_init(&w.cv, &m->cattr);
+    mc_conn_t *c = w.conn = m->conn;
+    c->refs++;
+    w.id = ++m->next_id;
+    w.rx_at_send = c->rx_frames;
+    w.next = m->waiters;
+    if (m->waiters)
+        m->waiters->prev = &w;
+    m->waiters = &w;
+    m->stats.in_flight++;
+    pthread_mutex_unlock(&m->lock);
+
+    pthread_mutex_lock(&c->send_lock);
+    st = kvp_rpc_send(c->fd, method, w.id, body, len);
+    pthread_mutex_unlock(&c->send_lock);
+
+    pthread_mutex_lock(&m->lock);
+    if (st != KVP_OK)
+        broken_locked(m, c, st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st);
+    wait_reply_locked(m, &w, deadline);
+    if (w.prev)
+        w.prev->next = w.next;
+    else
+        m->waiters = w.next;
+    if (w.next)
+        w.next->prev = w.prev;
+    m->stats.in_flight--;
+    conn_unref_locked(c);
+    pthread_mutex_unlock(&m->lock);
+    pthread_cond_destroy(&w.cv);
+    *conn_failed_p = w.conn_failed;
+    if (w.st == KVP_OK) {
+        *resp_p = w.body;
+        *resp_len_p = w.len;
+    }
+    return w.st;
+}
+
+kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, size_t len,
+                            uint8_t **resp_p, size_t *resp_len_p)
+{
+    if (len > KVP_RPC_MAX_BODY)
+        return KVP_ERR_FRAME_TOO_LARGE;
+    uint64_t deadline = mono_ms() + m->timeout_ms;
+    kvp_status_t st = KVP_ERR_CONNECT;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        bool conn_failed;
+        st = call_once(m, method, body, len, deadline, resp_p, resp_len_p, &conn_failed);
+        /* the connection broke under the call: once more on a new one (the master
+         * dropped what was bound to the old one, so a PutStart may be sent again) */
+        if (!conn_failed)
+            break;
+    }
+    return st;
+}
+
+kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, size_t len)
+{
+    pthread_mutex_lock(&m->lock);
+    mc_conn_t *c = m->conn;
+    if (c == NULL) {
+        pthread_mutex_unlock(&m->lock);
+        return KVP_ERR_CONNECT;
+    }
+    c->refs++;
+    uint64_t id = ++m->next_id;
+    pthread_mutex_unlock(&m->lock);
+    pthread_mutex_lock(&c->send_lock);
+    kvp_status_t st = kvp_rpc_send(c->fd, method, id, body, len);
+    pthread_mutex_unlock(&c->send_lock);
+    pthread_mutex_lock(&m->lock);
+    if (st != KVP_OK)
+        broken_locked(m, c, KVP_ERR_IO);
+    conn_unref_locked(c);
+    pthread_mutex_unlock(&m->lock);
+    return st;
+}

@@ -1,0 +1,83 @@
+/*
+ * mconn.h - one connection to kvpool-master shared by every thread of a
+ * client: requests from many threads in flight together, replies matched
+ * to their callers by request id, no lock held while waiting on the network.
+ *
+ * It knows frames (common/rpc.h), not protobuf: the client packs bodies.
+ * See mconn.c for the design.
+ */
+#ifndef KVP_CLIENT_CONTROL_MCONN_H
+#define KVP_CLIENT_CONTROL_MCONN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct kvp_mconn kvp_mconn_t;
+
+/*
+ * Runs on the thread that opened a new connection, before any call can use it:
+ * it may talk on `fd` itself with kvp_mconn_ready_call / kvp_mconn_ready_send (e.g.
+ * mount the client's segment again, hand back queued leases). `first`: the first
+ * connection (kvp_mconn_connect). Non-OK: the connection is closed, and the calls
+ * that waited for it fail with that status.
+ */
+typedef kvp_status_t (*kvp_mconn_ready_cb_t)(void *arg, kvp_mconn_t *m, int fd, bool first);
+
+typedef struct kvp_mconn_params {
+    const char *host; /* copied */
+    uint16_t port;
+    uint32_t timeout_ms;           /* per call, connecting included */
+    kvp_mconn_ready_cb_t on_ready; /* may be NULL */
+    void *arg;
+} kvp_mconn_params_t;
+
+/* Create, without connecting. */
+kvp_status_t kvp_mconn_create(const kvp_mconn_params_t *params, kvp_mconn_t **m_p);
+/* Close the connection and free. No call may be in progress or start. */
+void kvp_mconn_destroy(kvp_mconn_t *m);
+
+/* Open the first connection (on_ready gets first = true). */
+kvp_status_t kvp_mconn_connect(kvp_mconn_t *m);
+
+/*
+ * Send a request and wait for its reply; any thread, many at once. Opens a
+ * connection when there is none (one thread connects, the others wait for it);
+ * a connection that breaks under the call is replaced and the call sent again
+ * once. On KVP_OK *resp_p is a malloc'd body of *resp_len_p bytes (the caller
+ * frees; NULL for 0 bytes). A frame-level error in the reply is the status.
+ * KVP_ERR_TIMEOUT after timeout_ms; when nothing at all arrived on the
+ * connection meanwhile, the connection is judged dead and closed (the master
+ * then revokes what was bound to it). A reply that comes after its call timed
+ * out is dropped.
+ */
+kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, size_t len,
+                            uint8_t **resp_p, size_t *resp_len_p);
+
+/* One-way frame on the current connection. KVP_ERR_CONNECT when there is none (nothing
+ * is sent, no connection is opened for it); other errors: the connection broke. */
+kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, size_t len);
+
+/* Inside on_ready only: a blocking call / one-way send on the new connection. */
+kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+                                  size_t len, uint8_t **resp_p, size_t *resp_len_p);
+kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+                                  size_t len);
+
+/* Is a connection open now? */
+bool kvp_mconn_connected(kvp_mconn_t *m);
+/* Close the current connection (the next call opens another). */
+void kvp_mconn_disconnect(kvp_mconn_t *m);
+
+/* Counters, for tests and stat: connections opened, replies dropped (their call had
+ * timed out), calls in flight now. */
+typedef struct kvp_mconn_stats {
+    uint64_t connects;
+    uint64_t late_replies;
+    uint64_t in_flight;
+} kvp_mconn_stats_t;
+void kvp_mconn_stats(kvp_mconn_t *m, kvp_mconn_stats_t *out);
+
+#endif
