@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "client/internal.h"
+#include "client/mem/scratch.h"
 
 static _Thread_local struct {
     char text[512];  /* the last failure's, returned to the user */
@@ -42,6 +43,8 @@ int64_t kvp_api_leave(int64_t rc, const char *op)
 {
     if (tl.depth > 0)
         tl.depth--;
+    if (tl.depth == 0)
+        kvp_scratch_release(0); /* the call's per-batch state */
     if (tl.depth > 0 || rc >= 0)
         return rc;
     if (tl.noted)

@@ -25,6 +25,7 @@
 #include "client/client_priv.h"
 #include "client/internal.h"
 #include "client/mem/gpu.h"
+#include "client/mem/scratch.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -59,7 +60,7 @@ static kvp_status_t first_error(const int32_t *st, size_t n)
 /* Keys as the wire carries them: bytes with a length (pointing into the caller's strings). */
 static ProtobufCBinaryData *wire_keys(const char *const *keys, const size_t *idx, size_t m)
 {
-    ProtobufCBinaryData *kp = malloc((m ? m : 1) * sizeof(*kp));
+    ProtobufCBinaryData *kp = kvp_scratch_alloc((m ? m : 1) * sizeof(*kp));
     if (kp == NULL)
         return NULL;
     for (size_t j = 0; j < m; j++) {
@@ -83,7 +84,6 @@ static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *cons
     req.n_keys = m;
     req.force = force;
     kvp_status_t st = kvp_client_call(c, method, &req.base, resp_p, rlen_p);
-    free(kp);
     return st;
 }
 
@@ -111,24 +111,23 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
         req.written_mask = (uint32_t *)masks;
         req.n_written_mask = m;
         st = kvp_client_call(c, method, &req.base, &resp, &rlen);
-        free(kp);
     } else {
         st = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
     }
     if (st != KVP_OK)
         goto fail;
-    Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
+    Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, resp);
     free(resp);
     if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m) {
         st = sr == NULL ? KVP_ERR_PROTOCOL : sr->status != KVP_OK ? sr->status : KVP_ERR_PROTOCOL;
         if (sr)
-            kvpool__statuses_response__free_unpacked(sr, NULL);
+            kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
         goto fail;
     }
     if (method == KVP_RPC_PUT_END)
         for (size_t j = 0; j < m; j++)
             out[idx[j]] = sr->statuses[j];
-    kvpool__statuses_response__free_unpacked(sr, NULL);
+    kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
     return;
 fail:
     if (method == KVP_RPC_PUT_END)
@@ -155,10 +154,10 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
         batch_put_from_impl(c, keys, bufs, sizes, n, config, results), "put");
 }
 
-static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
-                                   const void *const *bufs, const size_t *sizes, size_t n,
-                                   const kvp_put_config_t *config, kvp_status_t *results,
-                                   uint32_t *replicas_written)
+static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys,
+                                        const void *const *bufs, const size_t *sizes, size_t n,
+                                        const kvp_put_config_t *config, kvp_status_t *results,
+                                        uint32_t *replicas_written)
 {
     if (c == NULL || keys == NULL || bufs == NULL || sizes == NULL || results == NULL ||
         n > KVP_MAX_BATCH)
@@ -175,10 +174,10 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
     if (replicas_written != NULL)
         memset(replicas_written, 0, n * sizeof(*replicas_written));
 
-    int32_t *st = malloc(n * sizeof(*st));
-    size_t *idx = malloc(n * sizeof(*idx));
-    uint64_t *szs = malloc(n * sizeof(*szs));
-    ProtobufCBinaryData *kp = malloc(n * sizeof(*kp));
+    int32_t *st = kvp_scratch_alloc(n * sizeof(*st));
+    size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
+    uint64_t *szs = kvp_scratch_alloc(n * sizeof(*szs));
+    ProtobufCBinaryData *kp = kvp_scratch_alloc(n * sizeof(*kp));
     kvp_xfer_op_t *ops = NULL;
     size_t *op_key = NULL;
     unsigned *op_rep = NULL;
@@ -231,7 +230,7 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
     rc = kvp_client_call(c, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
     if (rc != KVP_OK)
         goto out_all;
-    sr = kvpool__put_start_response__unpack(NULL, rlen, resp);
+    sr = kvpool__put_start_response__unpack(&kvp_scratch_pb, rlen, resp);
     free(resp);
     if (sr == NULL || sr->status != KVP_OK || sr->n_results != m) {
         rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
@@ -253,11 +252,11 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
     for (size_t j = 0; j < m; j++)
         if (sr->results[j]->status == KVP_OK)
             n_ops += sr->results[j]->n_replicas;
-    ops = calloc(n_ops + 1, sizeof(*ops));
-    op_key = malloc((n_ops + 1) * sizeof(*op_key));
-    op_rep = malloc((n_ops + 1) * sizeof(*op_rep));
-    crcs = malloc(m * sizeof(*crcs));
-    masks = calloc(m + 1, sizeof(*masks));
+    ops = kvp_scratch_calloc(n_ops + 1, sizeof(*ops));
+    op_key = kvp_scratch_alloc((n_ops + 1) * sizeof(*op_key));
+    op_rep = kvp_scratch_alloc((n_ops + 1) * sizeof(*op_rep));
+    crcs = kvp_scratch_alloc(m * sizeof(*crcs));
+    masks = kvp_scratch_calloc(m + 1, sizeof(*masks));
     if (!ops || !op_key || !op_rep || !crcs || !masks) {
         rc = KVP_ERR_NOMEM;
         /* what PutStart reserved is revoked below through the revoke list */
@@ -292,10 +291,10 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
     if (ops != NULL) {
         kvp_transfer_run(&c->xfer, ops, k);
         /* best effort per replica: a key is stored if any replica was written */
-        int32_t *fail = malloc(m * sizeof(*fail));
+        int32_t *fail = kvp_scratch_alloc(m * sizeof(*fail));
         for (size_t j = 0; fail != NULL && j < m; j++)
             fail[j] = KVP_ERR_UNKNOWN_SEGMENT; /* stays so when no replica had a known peer */
-        bool *have_crc = calloc(m + 1, sizeof(*have_crc));
+        bool *have_crc = kvp_scratch_calloc(m + 1, sizeof(*have_crc));
         for (size_t q = 0; q < k; q++) {
             size_t j = op_key[q];
             if (ops[q].status == KVP_OK) {
@@ -333,14 +332,12 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
                 crcs[j] = kvp_crc32c(0, bufs[idx[j]], sizes[idx[j]]);
             }
         }
-        free(fail);
-        free(have_crc);
     }
     /* finish: PutEnd for keys fully written, PutRevoke for the rest of what started */
-    size_t *end_idx = malloc(m * sizeof(*end_idx));
-    size_t *rev_idx = malloc(m * sizeof(*rev_idx));
-    uint32_t *end_crc = malloc(m * sizeof(*end_crc));
-    uint32_t *end_mask = malloc(m * sizeof(*end_mask));
+    size_t *end_idx = kvp_scratch_alloc(m * sizeof(*end_idx));
+    size_t *rev_idx = kvp_scratch_alloc(m * sizeof(*rev_idx));
+    uint32_t *end_crc = kvp_scratch_alloc(m * sizeof(*end_crc));
+    uint32_t *end_mask = kvp_scratch_alloc(m * sizeof(*end_mask));
     if (end_idx && rev_idx && end_crc && end_mask) {
         size_t ne = 0, nr = 0;
         for (size_t j = 0; j < m; j++) {
@@ -364,10 +361,6 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
                 st[idx[j]] = KVP_ERR_NOMEM;
         /* unfinished PENDING objects are reclaimed when they time out or we disconnect */
     }
-    free(end_idx);
-    free(rev_idx);
-    free(end_crc);
-    free(end_mask);
     if (rc == KVP_ERR_NOMEM)
         goto out_all;
 done:
@@ -382,16 +375,21 @@ out_all:
         rc = st ? first_error(st, n) : KVP_ERR_NOMEM;
 out:
     if (sr)
-        kvpool__put_start_response__free_unpacked(sr, NULL);
-    free(ops);
-    free(op_key);
-    free(op_rep);
-    free(crcs);
-    free(masks);
-    free(st);
-    free(idx);
-    free(szs);
-    free(kp);
+        kvpool__put_start_response__free_unpacked(sr, &kvp_scratch_pb);
+    return rc;
+}
+
+/* One attempt; what it took from the thread's scratch arena is given back (the
+ * busy-pool retries call it many times within one public call). */
+static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
+                                   const void *const *bufs, const size_t *sizes, size_t n,
+                                   const kvp_put_config_t *config, kvp_status_t *results,
+                                   uint32_t *replicas_written)
+{
+    size_t mark = kvp_scratch_mark();
+    kvp_status_t rc =
+        put_batch_once_body(c, keys, bufs, sizes, n, config, results, replicas_written);
+    kvp_scratch_release(mark);
     return rc;
 }
 
@@ -422,12 +420,12 @@ static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *k
     }
     uint64_t deadline =
         kvp_now_ms() + (c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000);
-    size_t *at = malloc(nb * sizeof(*at));
-    const char **k2 = malloc(nb * sizeof(*k2));
-    const void **b2 = malloc(nb * sizeof(*b2));
-    size_t *s2 = malloc(nb * sizeof(*s2));
-    kvp_status_t *r2 = malloc(nb * sizeof(*r2));
-    uint32_t *w2 = malloc(nb * sizeof(*w2));
+    size_t *at = kvp_scratch_alloc(nb * sizeof(*at));
+    const char **k2 = kvp_scratch_alloc(nb * sizeof(*k2));
+    const void **b2 = kvp_scratch_alloc(nb * sizeof(*b2));
+    size_t *s2 = kvp_scratch_alloc(nb * sizeof(*s2));
+    kvp_status_t *r2 = kvp_scratch_alloc(nb * sizeof(*r2));
+    uint32_t *w2 = kvp_scratch_alloc(nb * sizeof(*w2));
     unsigned sleep_ms = 1;
     while (nb > 0 && at && k2 && b2 && s2 && r2 && w2 && kvp_now_ms() < deadline) {
         usleep(sleep_ms * 1000u);
@@ -450,12 +448,6 @@ static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *k
             nb += r2[j] == KVP_ERR_POOL_BUSY;
         }
     }
-    free(at);
-    free(k2);
-    free(b2);
-    free(s2);
-    free(r2);
-    free(w2);
     rc = KVP_OK;
     for (size_t i = 0; i < n; i++) {
         if (results[i] == KVP_ERR_POOL_BUSY) {
@@ -560,8 +552,8 @@ static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys
         return KVP_ERR_INVALID_ARG;
     if (n == 0)
         return KVP_OK;
-    int32_t *st = malloc(n * sizeof(*st));
-    size_t *idx = malloc(n * sizeof(*idx));
+    int32_t *st = kvp_scratch_alloc(n * sizeof(*st));
+    size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
     kvp_xfer_op_t *ops = NULL;
     size_t *op_key = NULL;
     size_t(*order)[8] = NULL;
@@ -588,17 +580,17 @@ static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys
         rc = keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, idx, m, false, &resp, &rlen);
         if (rc != KVP_OK)
             goto out;
-        gr = kvpool__get_replica_list_response__unpack(NULL, rlen, resp);
+        gr = kvpool__get_replica_list_response__unpack(&kvp_scratch_pb, rlen, resp);
         free(resp);
         if (gr == NULL || gr->status != KVP_OK || gr->n_results != m) {
             rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
             goto out;
         }
         kvp_client_peers_update(c, gr->segments, gr->n_segments);
-        ops = calloc(m, sizeof(*ops));
-        op_key = malloc(m * sizeof(*op_key));
-        order = malloc(m * sizeof(*order));
-        tried = calloc(m, sizeof(*tried));
+        ops = kvp_scratch_calloc(m, sizeof(*ops));
+        op_key = kvp_scratch_alloc(m * sizeof(*op_key));
+        order = kvp_scratch_alloc(m * sizeof(*order));
+        tried = kvp_scratch_calloc(m, sizeof(*tried));
         rc = KVP_ERR_NOMEM;
         if (!ops || !op_key || !order || !tried)
             goto out;
@@ -700,26 +692,14 @@ static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys
             results[idx[j]] = (int64_t)gr->results[j]->size;
     rc = first_error(st, n);
     if (gr)
-        kvpool__get_replica_list_response__free_unpacked(gr, NULL);
-    free(ops);
-    free(op_key);
-    free(order);
-    free(tried);
-    free(st);
-    free(idx);
+        kvpool__get_replica_list_response__free_unpacked(gr, &kvp_scratch_pb);
     return rc;
 out:
     release_leases(c, gr);
     for (size_t i = 0; i < n; i++)
         results[i] = st && st[i] != KVP_OK ? st[i] : rc;
     if (gr)
-        kvpool__get_replica_list_response__free_unpacked(gr, NULL);
-    free(ops);
-    free(op_key);
-    free(order);
-    free(tried);
-    free(st);
-    free(idx);
+        kvpool__get_replica_list_response__free_unpacked(gr, &kvp_scratch_pb);
     return rc;
 }
 
@@ -753,7 +733,7 @@ int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
 static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *const *keys,
                                   size_t n, bool force, int32_t *st)
 {
-    size_t *idx = malloc((n ? n : 1) * sizeof(*idx));
+    size_t *idx = kvp_scratch_alloc((n ? n : 1) * sizeof(*idx));
     if (idx == NULL)
         return KVP_ERR_NOMEM;
     size_t m = gather_valid(keys, n, idx, st);
@@ -763,7 +743,8 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
         size_t rlen;
         rc = keys_call(c, method, keys, idx, m, force, &resp, &rlen);
         if (rc == KVP_OK) {
-            Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(NULL, rlen, resp);
+            Kvpool__StatusesResponse *sr =
+                kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, resp);
             free(resp);
             if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m)
                 rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
@@ -771,12 +752,11 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
                 for (size_t j = 0; j < m; j++)
                     st[idx[j]] = sr->statuses[j];
             if (sr)
-                kvpool__statuses_response__free_unpacked(sr, NULL);
+                kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
         }
     }
     if (rc == KVP_OK)
         kvp_api_fail_keys(method == KVP_RPC_REMOVE ? "remove" : "exist", keys, st, n);
-    free(idx);
     return rc;
 }
 
@@ -785,7 +765,7 @@ static kvp_status_t batch_is_exist_impl(kvp_client_t *c, const char *const *keys
 {
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
-    int32_t *st = malloc((n ? n : 1) * sizeof(*st));
+    int32_t *st = kvp_scratch_alloc((n ? n : 1) * sizeof(*st));
     kvp_status_t rc = st ? statuses_call(c, KVP_RPC_EXIST, keys, n, false, st) : KVP_ERR_NOMEM;
     size_t prefix = 0;
     for (size_t i = 0; i < n; i++)
@@ -794,7 +774,6 @@ static kvp_status_t batch_is_exist_impl(kvp_client_t *c, const char *const *keys
         prefix++;
     if (rc == KVP_OK && prefix_len_p)
         *prefix_len_p = prefix;
-    free(st);
     return rc;
 }
 
@@ -824,13 +803,12 @@ static kvp_status_t batch_remove(kvp_client_t *c, const char *const *keys, size_
 {
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
-    int32_t *st = malloc((n ? n : 1) * sizeof(*st));
+    int32_t *st = kvp_scratch_alloc((n ? n : 1) * sizeof(*st));
     kvp_status_t rc = st ? statuses_call(c, KVP_RPC_REMOVE, keys, n, force, st) : KVP_ERR_NOMEM;
     for (size_t i = 0; i < n; i++)
         results[i] = rc == KVP_OK ? (kvp_status_t)st[i] : rc;
     if (rc == KVP_OK)
         rc = first_error(st, n);
-    free(st);
     return rc;
 }
 
@@ -896,7 +874,7 @@ static int64_t get_size_impl(kvp_client_t *c, const char *key)
     kvp_status_t rc = keys_call(c, KVP_RPC_GET_SIZE, &key, &idx, 1, false, &resp, &rlen);
     if (rc != KVP_OK)
         return rc;
-    Kvpool__GetSizeResponse *gr = kvpool__get_size_response__unpack(NULL, rlen, resp);
+    Kvpool__GetSizeResponse *gr = kvpool__get_size_response__unpack(&kvp_scratch_pb, rlen, resp);
     free(resp);
     int64_t out = KVP_ERR_PROTOCOL;
     if (gr != NULL && gr->status != KVP_OK)
@@ -904,7 +882,7 @@ static int64_t get_size_impl(kvp_client_t *c, const char *key)
     else if (gr != NULL && gr->n_sizes == 1)
         out = gr->sizes[0];
     if (gr)
-        kvpool__get_size_response__free_unpacked(gr, NULL);
+        kvpool__get_size_response__free_unpacked(gr, &kvp_scratch_pb);
     return out;
 }
 
@@ -979,5 +957,4 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat)
     if (stat == NULL)
         return;
     free(stat->segments);
-    free(stat);
 }

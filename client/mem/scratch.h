@@ -1,0 +1,31 @@
+/*
+ * scratch.h - a thread's scratch arena for the per-batch state of one call.
+ *
+ * The object flows need arrays sized by the batch (statuses, key views,
+ * transfer ops) and the unpacked master replies. They come from a bump
+ * arena owned by the calling thread: grown to the largest batch the thread
+ * has seen, then reused, so a steady stream of calls allocates nothing.
+ * Everything taken after a mark is given back at once by releasing to it;
+ * the outermost public call (kvp_api_leave) releases all.
+ *
+ * Thread: each thread has its own arena; nothing is shared.
+ */
+#ifndef KVP_CLIENT_MEM_SCRATCH_H
+#define KVP_CLIENT_MEM_SCRATCH_H
+
+#include <stddef.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+/* Where the arena is now; release to it to give back what was taken since. */
+size_t kvp_scratch_mark(void);
+void kvp_scratch_release(size_t mark);
+/* 16-byte aligned memory valid until the release of an earlier mark; NULL when out of
+ * memory. Never freed one by one. */
+void *kvp_scratch_alloc(size_t len);
+void *kvp_scratch_calloc(size_t n, size_t size);
+
+/* protobuf-c allocator over the arena (its free does nothing): for unpacking replies. */
+extern ProtobufCAllocator kvp_scratch_pb;
+
+#endif
