@@ -37,33 +37,6 @@ uint64_t kvp_now_ms(void)
     return kvp_now_ns() / 1000000ull;
 }
 
-kvp_status_t kvp_status_from_errno(int err)
-{
-    switch (err) {
-    case 0:
-        return KVP_OK;
-    case ENOMEM:
-    case ENOBUFS:
-        return KVP_ERR_NOMEM;
-    case ETIMEDOUT:
-    case EAGAIN:
-        return KVP_ERR_TIMEOUT;
-    case ECONNREFUSED:
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-    case EADDRNOTAVAIL:
-        return KVP_ERR_CONNECT;
-    case ECONNRESET:
-    case EPIPE:
-    case ECONNABORTED:
-        return KVP_ERR_IO;
-    case EINVAL:
-        return KVP_ERR_INVALID_ARG;
-    default:
-        return KVP_ERR_SYSTEM;
-    }
-}
-
 kvp_status_t kvp_parse_hostport(const char *text, char *host, size_t host_len, uint16_t *port_p)
 {
     if (text == NULL || host_len == 0)

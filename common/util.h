@@ -22,9 +22,6 @@
 uint64_t kvp_now_ns(void);
 uint64_t kvp_now_ms(void);
 
-/* Map an errno value to a status (ENOMEM, ETIMEDOUT, ECONNREFUSED, ...). */
-kvp_status_t kvp_status_from_errno(int err);
-
 /*
  * Split "host:port" into host (NUL-terminated, at most host_len-1 bytes) and
  * port. Accepts "[v6]:port". KVP_ERR_INVALID_ARG on anything else.

@@ -1,11 +1,10 @@
 /*
- * test_util.c - unit tests for common/util.c and common/status.c.
+ * test_util.c - unit tests for common/util.c.
  *
  * Key validation is checked against hand-written UTF-8 edge cases (lengths,
  * NUL, every sequence length, overlong forms, surrogates, values past
  * U+10FFFF, sequences cut off by the end of the key); size and host:port
- * parsing against accepted and rejected spellings; kvp_strerror against the
- * status list itself.
+ * parsing against accepted and rejected spellings.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -304,42 +303,6 @@ static void test_hostport_port_digits_only(void **state)
     assert_int_equal(accepted, 0);
 }
 
-/* ---- kvp_strerror ---- */
-
-static void test_strerror(void **state)
-{
-    (void)state;
-    static const kvp_status_t all[] = {
-#define KVP_TEST_STATUS_(name, value, msg) name,
-        KVP_STATUS_LIST(KVP_TEST_STATUS_)
-#undef KVP_TEST_STATUS_
-    };
-    static const char *const texts[] = {
-#define KVP_TEST_STATUS_(name, value, msg) msg,
-        KVP_STATUS_LIST(KVP_TEST_STATUS_)
-#undef KVP_TEST_STATUS_
-    };
-    /* the list covers 0 .. KVP_STATUS_MIN with no gap */
-    assert_int_equal(KVP_ARRAY_SIZE(all), 1 - KVP_STATUS_MIN);
-    for (size_t i = 0; i < KVP_ARRAY_SIZE(all); i++) {
-        const char *s = kvp_strerror(all[i]);
-        assert_non_null(s);
-        assert_true(strlen(s) > 0);
-        assert_string_equal(s, texts[i]);
-        assert_string_not_equal(s, "unknown status");
-        /* every code has its own text */
-        for (size_t j = 0; j < i; j++)
-            assert_string_not_equal(s, kvp_strerror(all[j]));
-    }
-    for (int v = KVP_STATUS_MIN; v <= 0; v++)
-        assert_string_not_equal(kvp_strerror((kvp_status_t)v), "unknown status");
-    assert_string_equal(kvp_strerror((kvp_status_t)1), "unknown status");
-    assert_string_equal(kvp_strerror((kvp_status_t)(KVP_STATUS_MIN - 1)), "unknown status");
-    assert_string_equal(kvp_strerror((kvp_status_t)-1000), "unknown status");
-    assert_string_equal(kvp_strerror((kvp_status_t)INT32_MIN), "unknown status");
-    assert_string_equal(kvp_strerror((kvp_status_t)INT32_MAX), "unknown status");
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -354,7 +317,6 @@ int main(void)
         cmocka_unit_test(test_hostport_ok),
         cmocka_unit_test(test_hostport_bad),
         cmocka_unit_test(test_hostport_port_digits_only),
-        cmocka_unit_test(test_strerror),
     };
     return cmocka_run_group_tests_name("util", tests, NULL, NULL);
 }
