@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "common/util.h"
+#include "common/rand.h"
 #include "master/master.h"
 
 #define NIL UINT32_MAX

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "common/util.h"
+#include "common/parse.h"
 #include "master/server.h"
 
 #define DEFAULT_LISTEN "127.0.0.1:50051"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/util.h"
+#include "common/rand.h"
 #include "master/master.h"
 
 static bool chosen(const kvp_replica_t *out, unsigned n, uint64_t id)

@@ -28,7 +28,9 @@
 
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/clock.h"
+#include "common/sock.h"
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)

@@ -23,7 +23,11 @@
 
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/clock.h"
+#include "common/parse.h"
+#include "common/key.h"
+#include "common/rand.h"
 #include "kvpool.pb-c.h"
 #include "master/master.h"
 #include "master/service_internal.h"

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "common/util.h"
+#include "common/macros.h"
 #include "master/service_internal.h"
 
 #define LIST_DEFAULT 100u

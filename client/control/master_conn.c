@@ -26,7 +26,8 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/sock.h"
 #include "kvpool.pb-c.h"
 
 /* strict (kvp_client_create): any refusal of the mount is the caller's error. */

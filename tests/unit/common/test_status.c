@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include "common/status.h"
-#include "common/util.h"
+#include "common/macros.h"
 /* After common/status.h: the enum is defined once; KVP_STATUS_MIN must be spelled the same
  * in both headers or this include is a macro redefinition (an error under -Werror). */
 #include "kvpool_status.h"
