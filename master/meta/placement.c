@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "common/rand.h"
-#include "master/master.h"
+#include "master/meta/placement.h"
 
 static bool chosen(const kvp_replica_t *out, unsigned n, uint64_t id)
 {
