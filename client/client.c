@@ -30,7 +30,9 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/parse.h"
+#include "common/rand.h"
 #include "kvpool.pb-c.h"
 
 void kvp_client_params_init(kvp_client_params_t *p)

@@ -29,7 +29,9 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/clock.h"
+#include "common/key.h"
 #include "kvpool.pb-c.h"
 
 /* ---------------- helpers for batches ---------------- */

@@ -10,7 +10,8 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/sock.h"
 
 static void put16(uint8_t *p, uint16_t v)
 {

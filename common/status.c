@@ -1,7 +1,12 @@
 /*
- * status.c - string table for kvp_status_t, generated from KVP_STATUS_LIST.
+ * status.c - the string table of kvp_status_t (from KVP_STATUS_LIST) and the
+ * errno -> status conversion used at the syscall boundary.
+ *
+ * Thread-safe, no state.
  */
 #include "common/status.h"
+
+#include <errno.h>
 
 const char *kvp_strerror(kvp_status_t status)
 {
@@ -13,4 +18,31 @@ const char *kvp_strerror(kvp_status_t status)
 #undef KVP_STATUS_CASE_
     }
     return "unknown status";
+}
+
+kvp_status_t kvp_status_from_errno(int err)
+{
+    switch (err) {
+    case 0:
+        return KVP_OK;
+    case ENOMEM:
+    case ENOBUFS:
+        return KVP_ERR_NOMEM;
+    case ETIMEDOUT:
+    case EAGAIN:
+        return KVP_ERR_TIMEOUT;
+    case ECONNREFUSED:
+    case EHOSTUNREACH:
+    case ENETUNREACH:
+    case EADDRNOTAVAIL:
+        return KVP_ERR_CONNECT;
+    case ECONNRESET:
+    case EPIPE:
+    case ECONNABORTED:
+        return KVP_ERR_IO;
+    case EINVAL:
+        return KVP_ERR_INVALID_ARG;
+    default:
+        return KVP_ERR_SYSTEM;
+    }
 }

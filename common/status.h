@@ -1,14 +1,34 @@
 /*
- * status.h - the one status enum of kvpool.
+ * status.h - the one status type of kvpool and errno conversion.
  *
  * Every fallible function returns kvp_status_t: 0 is success, negative is
- * failure. The list below is the single source of truth: the enum, the
- * string table (kvp_strerror) and the wire values (the .proto carries the
- * same numbers as int32) all come from it. Never renumber an entry; append.
+ * failure. The enum and the strings come from KVP_STATUS_LIST
+ * (common/status_list.h). client/include/kvpool_status.h presents the same
+ * enum to users; both define it under one guard (KVP_STATUS_T_DEFINED), so
+ * a file that includes both gets one definition, and test_status.c keeps
+ * the two identical.
  */
 #ifndef KVP_COMMON_STATUS_H
 #define KVP_COMMON_STATUS_H
 
-#include "client/include/kvpool_status.h"
+#include "common/status_list.h"
+
+#ifndef KVP_STATUS_T_DEFINED
+#define KVP_STATUS_T_DEFINED
+typedef enum kvp_status {
+#define KVP_STATUS_ENUM_(name, value, msg) name = value,
+    KVP_STATUS_LIST(KVP_STATUS_ENUM_)
+#undef KVP_STATUS_ENUM_
+} kvp_status_t;
+#endif
+
+/*
+ * Human-readable text for a status. Always returns a static string, also for
+ * values that are not in the list ("unknown status").
+ */
+const char *kvp_strerror(kvp_status_t status);
+
+/* Map an errno value to a status (ENOMEM, ETIMEDOUT, ECONNREFUSED, ...). */
+kvp_status_t kvp_status_from_errno(int err);
 
 #endif

@@ -1,6 +1,9 @@
 /*
  * main.c - kvpool-master: flags, readiness notification, run, clean exit.
  *
+ * Design: getopt here, the settings themselves (defaults, values, checks)
+ * in config.c. Thread: the main thread, which then runs the loop.
+ *
  *   kvpool-master [--listen HOST:PORT] [--ready-fd N] [--log-level LEVEL]
  *
  * --ready-fd N: once listening, write "HOST:PORT\n" (the bound address) to
@@ -15,7 +18,8 @@
 #include <unistd.h>
 
 #include "common/log.h"
-#include "common/util.h"
+#include "common/parse.h"
+#include "master/config.h"
 #include "master/server.h"
 
 #define DEFAULT_LISTEN "127.0.0.1:50051"
@@ -57,20 +61,22 @@ int main(int argc, char **argv)
         {"listen", required_argument, NULL, 'l'},
         {"ready-fd", required_argument, NULL, 'r'},
         {"log-level", required_argument, NULL, 'v'},
-        {"evict-high-watermark", required_argument, NULL, 'H'},
-        {"evict-low-watermark", required_argument, NULL, 'W'},
-        {"lease-ttl", required_argument, NULL, 'T'},
-        {"put-timeout", required_argument, NULL, 'P'},
-        {"soft-pin-ttl", required_argument, NULL, 'S'},
-        {"no-eviction", no_argument, NULL, 'N'},
-        {"client-ttl", required_argument, NULL, 'C'},
-        {"lease-on-exist", no_argument, NULL, 'E'},
+        /* 's': a setting of kvp_master_config_t, read by config.c under its flag name */
+        {"evict-high-watermark", required_argument, NULL, 's'},
+        {"evict-low-watermark", required_argument, NULL, 's'},
+        {"lease-ttl", required_argument, NULL, 's'},
+        {"put-timeout", required_argument, NULL, 's'},
+        {"soft-pin-ttl", required_argument, NULL, 's'},
+        {"no-eviction", no_argument, NULL, 's'},
+        {"client-ttl", required_argument, NULL, 's'},
+        {"lease-on-exist", no_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
     };
-    int opt;
-    while ((opt = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+    int opt, idx = 0;
+    char err[160];
+    while ((opt = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
         switch (opt) {
         case 'l':
             listen_addr = optarg;
@@ -94,40 +100,11 @@ int main(int argc, char **argv)
             kvp_log_set_level(lvl);
             break;
         }
-        case 'H':
-        case 'W':
-        case 'T':
-        case 'P':
-        case 'C':
-        case 'S': {
-            char *end;
-            double v = strtod(optarg, &end);
-            bool frac = opt == 'H' || opt == 'W';
-            if (*end != '\0' || end == optarg || !(v >= 0) || (frac && v > 1) ||
-                (!frac && v > 86400 * 365)) {
-                fprintf(stderr, "kvpool-master: bad value '%s' for %s\n", optarg,
-                        frac ? "a watermark (0..1)" : "a time in seconds");
+        case 's':
+            if (kvp_master_config_set(&cfg, opts[idx].name, optarg, err, sizeof(err)) != KVP_OK) {
+                fprintf(stderr, "kvpool-master: %s\n", err);
                 return 2;
             }
-            if (opt == 'H')
-                cfg.evict_high = v;
-            else if (opt == 'W')
-                cfg.evict_low = v;
-            else if (opt == 'T')
-                cfg.lease_ttl_ms = (uint32_t)(v * 1000);
-            else if (opt == 'P')
-                cfg.put_timeout_ms = (uint32_t)(v * 1000);
-            else if (opt == 'C')
-                cfg.client_ttl_ms = (uint32_t)(v * 1000);
-            else
-                cfg.soft_pin_ttl_s = (uint32_t)v;
-            break;
-        }
-        case 'N':
-            cfg.evict = false;
-            break;
-        case 'E':
-            cfg.lease_on_exist = true;
             break;
         case 'h':
             usage(stdout);
@@ -154,8 +131,8 @@ int main(int argc, char **argv)
     }
     kvp_master_server_t *srv;
     uint16_t bound;
-    if (cfg.evict_low > cfg.evict_high) {
-        fprintf(stderr, "kvpool-master: --evict-low-watermark must not exceed the high one\n");
+    if (kvp_master_config_validate(&cfg, err, sizeof(err)) != KVP_OK) {
+        fprintf(stderr, "kvpool-master: %s\n", err);
         return 2;
     }
     kvp_status_t status = kvp_master_server_create(host, port, &cfg, &srv, &bound);

@@ -2,7 +2,7 @@
  * server.c - the master's epoll loop: accept, read frames, dispatch, write.
  *
  * One thread owns everything (STYLE.md, Threads): connections, buffers and
- * all metadata behind kvp_service_handle. Sockets are non-blocking; a
+ * all metadata behind kvp_dispatch_handle. Sockets are non-blocking; a
  * connection's input is scanned for whole frames (bounded by
  * KVP_RPC_MAX_BODY, checked from the header before any allocation) and its
  * replies are queued in an output buffer flushed as the socket allows. A
@@ -28,7 +28,12 @@
 
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/clock.h"
+#include "common/sock.h"
+#include "master/dispatch.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
@@ -61,7 +66,7 @@ struct kvp_master_server {
 
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
 {
-    kvp_service_conn_closed(&srv->state, c->id);
+    kvp_dispatch_conn_closed(&srv->state, c->id);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
     if (c->prev)
@@ -190,8 +195,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             s = KVP_ERR_PROTOCOL;
             snprintf(errmsg, sizeof(errmsg), "a response frame sent to the master");
         } else {
-            s = kvp_service_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
-                                   h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
+            s = kvp_dispatch_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
+                                    h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
         }
         if (kvp_rpc_is_oneway(h.method)) {
             /* the sender waits for nothing: an error is only logged */

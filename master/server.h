@@ -6,7 +6,8 @@
 
 #include <stdint.h>
 
-#include "master/master.h"
+#include "master/config.h"
+#include "common/status.h"
 
 typedef struct kvp_master_server kvp_master_server_t;
 

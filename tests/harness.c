@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/util.h"
+#include "common/clock.h"
 
 const char *kvp_test_master_bin(void)
 {

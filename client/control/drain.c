@@ -21,7 +21,7 @@
 #include "client/client_priv.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/clock.h"
 
 /* ---------------- drain ---------------- */
 

@@ -21,7 +21,6 @@
 #include "client/client_priv.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
 
 static void *drain_main(void *arg)
 {

@@ -27,7 +27,8 @@
 #include "client/internal.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/sock.h"
 #include "kvpool.pb-c.h"
 
 /* A thread's buffer for packing request bodies: grown to the largest, kept. */

@@ -1,56 +1,56 @@
 /*
  * kvpool_status.h - status codes shared by libkvpool, the daemons and the wire.
  *
- * Installed with kvpool.h. 0 is success, every failure is negative. The
- * numbers are part of the wire protocol (docs/protocol.md): append only.
+ * Installed with kvpool.h. 0 is success, every failure is negative;
+ * kvp_strerror() gives each one's text. The numbers are part of the wire
+ * protocol (docs/protocol.md): append only.
+ *
+ * Maintainers: this enum is a checked-in copy of KVP_STATUS_LIST in
+ * common/status_list.h, the one source of the numbers and their text.
+ * Add a status there first, then here; tests/unit/common/test_status.c
+ * fails while the two differ (a name, a number, one missing on either side).
  */
 #ifndef KVPOOL_STATUS_H
 #define KVPOOL_STATUS_H
 
-#include <stdint.h>
-
-/* X(name, value, message) */
-#define KVP_STATUS_LIST(X)                                                                         \
-    X(KVP_OK, 0, "success")                                                                        \
-    X(KVP_ERR_INVALID_ARG, -1, "invalid argument")                                                 \
-    X(KVP_ERR_NOMEM, -2, "out of memory")                                                          \
-    X(KVP_ERR_NOT_FOUND, -3, "key not found")                                                      \
-    X(KVP_ERR_EXISTS, -4, "key already exists")                                                    \
-    X(KVP_ERR_POOL_FULL, -5, "pool full: no segment has room for the object")                      \
-    X(KVP_ERR_TOO_LARGE, -6, "object larger than any mounted segment")                             \
-    X(KVP_ERR_NO_SEGMENT, -7, "no segment mounted in the pool")                                    \
-    X(KVP_ERR_BUFFER_TOO_SMALL, -8, "destination buffer smaller than the object")                  \
-    X(KVP_ERR_CHECKSUM, -9, "checksum mismatch: the bytes read are not the bytes written")         \
-    X(KVP_ERR_BAD_KEY, -10, "invalid key: must be 1..4096 bytes of UTF-8 with no NUL")             \
-    X(KVP_ERR_PENDING, -11, "object is being written (PENDING)")                                   \
-    X(KVP_ERR_NOT_PENDING, -12, "object is not PENDING")                                           \
-    X(KVP_ERR_CONNECT, -13, "cannot connect to peer")                                              \
-    X(KVP_ERR_IO, -14, "I/O error on connection")                                                  \
-    X(KVP_ERR_TIMEOUT, -15, "operation timed out")                                                 \
-    X(KVP_ERR_PROTOCOL, -16, "protocol error: malformed or unexpected frame")                      \
-    X(KVP_ERR_VERSION, -17, "protocol version mismatch")                                           \
-    X(KVP_ERR_FRAME_TOO_LARGE, -18, "frame larger than the allowed maximum")                       \
-    X(KVP_ERR_SEGMENT_GONE, -19, "segment is gone (unmounted or its owner died)")                  \
-    X(KVP_ERR_OUT_OF_RANGE, -20, "extent outside the segment")                                     \
-    X(KVP_ERR_TRANSPORT, -21, "transport unavailable for this peer")                               \
-    X(KVP_ERR_UNKNOWN_METHOD, -22, "unknown RPC method")                                           \
-    X(KVP_ERR_TOO_MANY, -23, "batch has too many entries")                                         \
-    X(KVP_ERR_SYSTEM, -24, "system call failed")                                                   \
-    X(KVP_ERR_SHUTDOWN, -25, "shutting down")                                                      \
-    X(KVP_ERR_NOT_OWNER, -26, "caller does not own this object or segment")                        \
-    X(KVP_ERR_INTERNAL, -27, "internal error")                                                     \
-    X(KVP_ERR_LEASED, -28, "object is being read (under a read lease); remove it with force")      \
-    X(KVP_ERR_LEASE_EXPIRED, -29, "read lease expired before the transfer finished")               \
-    X(KVP_ERR_POOL_BUSY, -30,                                                                      \
-      "pool full for now: the room is held by reads in flight (the client waits and retries)")     \
-    X(KVP_ERR_NO_REPLICA, -31, "no replica of the object could be reached (every copy failed)")    \
-    X(KVP_ERR_UNKNOWN_SEGMENT, -32, "the master named a segment this client has no descriptor for")
-
+#ifndef KVP_STATUS_T_DEFINED
+#define KVP_STATUS_T_DEFINED
 typedef enum kvp_status {
-#define KVP_STATUS_ENUM_(name, value, msg) name = value,
-    KVP_STATUS_LIST(KVP_STATUS_ENUM_)
-#undef KVP_STATUS_ENUM_
+    KVP_OK = 0,
+    KVP_ERR_INVALID_ARG = -1,
+    KVP_ERR_NOMEM = -2,
+    KVP_ERR_NOT_FOUND = -3,
+    KVP_ERR_EXISTS = -4,
+    KVP_ERR_POOL_FULL = -5,
+    KVP_ERR_TOO_LARGE = -6,
+    KVP_ERR_NO_SEGMENT = -7,
+    KVP_ERR_BUFFER_TOO_SMALL = -8,
+    KVP_ERR_CHECKSUM = -9,
+    KVP_ERR_BAD_KEY = -10,
+    KVP_ERR_PENDING = -11,
+    KVP_ERR_NOT_PENDING = -12,
+    KVP_ERR_CONNECT = -13,
+    KVP_ERR_IO = -14,
+    KVP_ERR_TIMEOUT = -15,
+    KVP_ERR_PROTOCOL = -16,
+    KVP_ERR_VERSION = -17,
+    KVP_ERR_FRAME_TOO_LARGE = -18,
+    KVP_ERR_SEGMENT_GONE = -19,
+    KVP_ERR_OUT_OF_RANGE = -20,
+    KVP_ERR_TRANSPORT = -21,
+    KVP_ERR_UNKNOWN_METHOD = -22,
+    KVP_ERR_TOO_MANY = -23,
+    KVP_ERR_SYSTEM = -24,
+    KVP_ERR_SHUTDOWN = -25,
+    KVP_ERR_NOT_OWNER = -26,
+    KVP_ERR_INTERNAL = -27,
+    KVP_ERR_LEASED = -28,
+    KVP_ERR_LEASE_EXPIRED = -29,
+    KVP_ERR_POOL_BUSY = -30,
+    KVP_ERR_NO_REPLICA = -31,
+    KVP_ERR_UNKNOWN_SEGMENT = -32,
 } kvp_status_t;
+#endif
 
 /* Most negative defined status: the range check for values off the wire. */
 #define KVP_STATUS_MIN (-32)

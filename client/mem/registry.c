@@ -20,7 +20,6 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
 #include "kvpool.pb-c.h"
 
 static kvp_status_t register_buffer_impl(kvp_client_t *c, void *addr, size_t len)

@@ -26,7 +26,7 @@
 
 #include "client/internal.h"
 #include "common/log.h"
-#include "common/util.h"
+#include "common/sock.h"
 
 typedef struct srv_conn {
     int fd;

@@ -40,7 +40,10 @@
 
 #include "client/include/kvpool.h"
 #include "common/log.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/clock.h"
+#include "common/parse.h"
+#include "common/key.h"
 
 #define KVP_CLI_VERSION "0.1.0"
 #define KVP_CLI_STR_(x) #x

@@ -22,7 +22,7 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/clock.h"
 #include "kvpool.pb-c.h"
 
 void kvp_peer_unref(kvp_peer_t *peer)

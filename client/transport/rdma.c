@@ -58,7 +58,8 @@
 #include "client/internal.h"
 #include "client/transport/rdma_verbs.h"
 #include "common/log.h"
-#include "common/util.h"
+#include "common/clock.h"
+#include "common/parse.h"
 
 #define MAX_QPS_PER_PEER 16
 #define CONN_MAGIC 0x5250564Bu /* "KVPR" */

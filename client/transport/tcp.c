@@ -32,7 +32,10 @@
 
 #include "client/internal.h"
 #include "common/log.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/clock.h"
+#include "common/sock.h"
+#include "common/parse.h"
 
 #define PIPE_DEPTH 8
 #define POOL_MAX_IDLE 64

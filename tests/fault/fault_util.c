@@ -18,7 +18,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/util.h"
+#include "common/clock.h"
+#include "common/parse.h"
 
 void fault_sleep_ms(unsigned ms)
 {

@@ -63,7 +63,8 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "common/util.h"
+#include "common/clock.h"
+#include "common/parse.h"
 #include "kvpool.pb-c.h"
 #include "tests/fault/fault_util.h"
 #include "tests/harness.h"

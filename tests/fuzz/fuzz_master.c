@@ -6,9 +6,9 @@
  * a run is reproducible), one 1 MiB "dram" segment mounted by connection 1
  * (so PutStart really allocates), then the same loop as the server's
  * process_input: kvp_rpc_frame_scan over the bytes, every whole frame handed
- * to kvp_service_handle, stop at the first bad header or incomplete frame.
+ * to kvp_dispatch_handle, stop at the first bad header or incomplete frame.
  * The method number is passed through as it is, so handlers added to
- * service.c are covered without touching this file. At the end both
+ * the method table (master/dispatch.c) are covered without touching this file. At the end both
  * connections close and the state is freed: anything left over is a leak.
  *
  * The request id of each frame (the master only echoes it) steers the test:
@@ -39,7 +39,11 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 
 /* Fixed start of the master clock (ms): far from 0 so leases and deadlines are real. */
 #define FUZZ_EPOCH_MS 1700000000000ull
@@ -73,8 +77,8 @@ static void handle(kvp_master_state_t *st, uint64_t conn_id, uint16_t method, co
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char errmsg[256] = "";
-    kvp_status_t s = kvp_service_handle(st, conn_id, method, body, body_len, &resp, &rlen, errmsg,
-                                        sizeof(errmsg));
+    kvp_status_t s = kvp_dispatch_handle(st, conn_id, method, body, body_len, &resp, &rlen, errmsg,
+                                         sizeof(errmsg));
     /* Not OK: a frame-level error reply (errmsg); the server sends no body then. */
     if (s == KVP_OK)
         check(resp != NULL || rlen == 0, "KVP_OK with a response length but no response");
@@ -144,13 +148,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (h.request_id & 4)
             kvp_evict_if_needed(&st);
         if (h.request_id & 8)
-            kvp_service_conn_closed(&st, conn);
+            kvp_dispatch_conn_closed(&st, conn);
         check_state(&st);
         off += flen;
     }
 
-    kvp_service_conn_closed(&st, 1);
-    kvp_service_conn_closed(&st, 2);
+    kvp_dispatch_conn_closed(&st, 1);
+    kvp_dispatch_conn_closed(&st, 2);
     check(st.segments.count == 0, "every segment unmounted when its connection closed");
     check(st.index.count == 0, "no object outlives every segment");
     kvp_master_state_cleanup(&st);

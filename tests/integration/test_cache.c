@@ -26,7 +26,9 @@
 
 #include "client/include/kvpool.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/clock.h"
+#include "common/sock.h"
+#include "common/parse.h"
 #include "kvpool.pb-c.h"
 #include "tests/harness.h"
 

@@ -62,7 +62,7 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "common/util.h"
+#include "common/clock.h"
 #include "tests/harness.h"
 
 extern char **environ;

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "common/util.h"
+#include "common/clock.h"
 #include "tests/harness.h"
 
 #define OBJ 65536

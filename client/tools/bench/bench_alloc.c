@@ -34,7 +34,8 @@
 
 #include "client/tools/bench/bench.h"
 #include "common/offset_alloc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/rand.h"
 
 /* Allocator granularity the master uses for segments (KVP_SEGMENT_ALIGN). */
 #define KVP_BENCH_ALLOC_ALIGN 64u

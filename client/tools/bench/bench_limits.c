@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include "client/tools/bench/bench.h"
-#include "common/util.h"
+#include "common/sock.h"
 
 #define WORKING_SET 64
 

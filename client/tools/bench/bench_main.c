@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "client/tools/bench/bench.h"
-#include "common/util.h"
+#include "common/parse.h"
 
 /* ---------------- results ---------------- */
 

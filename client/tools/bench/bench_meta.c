@@ -50,7 +50,10 @@
 
 #include "client/tools/bench/bench.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/sock.h"
+#include "common/parse.h"
+#include "common/rand.h"
 #include "kvpool.pb-c.h"
 
 #define META_BATCH 128u

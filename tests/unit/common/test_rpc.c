@@ -20,7 +20,8 @@
 #include <unistd.h>
 
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/macros.h"
+#include "common/sock.h"
 
 static uint64_t test_rng_state = 0x243F6A8885A308D3ull;
 

@@ -1,7 +1,7 @@
 /*
  * svc_call.h - request/response plumbing shared by the master's handler
  * unit tests (test_service.c, test_eviction.c, test_admin.c): pack a
- * protobuf request, run it through kvp_service_handle, unpack the reply.
+ * protobuf request, run it through kvp_dispatch_handle, unpack the reply.
  */
 #ifndef KVP_TESTS_UNIT_MASTER_SVC_CALL_H
 #define KVP_TESTS_UNIT_MASTER_SVC_CALL_H
@@ -10,7 +10,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 
 /* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
 void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,

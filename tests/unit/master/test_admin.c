@@ -5,7 +5,7 @@
  * Exist with --lease-on-exist, and the graveyard (master/eviction.c:
  * kvp_object_retire, kvp_graveyard_reap).
  *
- * Drives kvp_service_handle the way the server does: a packed protobuf-c
+ * Drives kvp_dispatch_handle the way the server does: a packed protobuf-c
  * request in, a packed response out, from connections 1, 2 and 3. Answers are
  * unpacked and checked as a client would check them (statuses, sizes,
  * segment ids and offsets); kvp_master_used and per-segment used bytes are the
@@ -30,7 +30,11 @@
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define C1 1
@@ -834,7 +838,7 @@ static void test_move(void **state)
     assert_int_equal(stat_get(st).moved, 1);
 
     /* the owner goes away mid-move: k5's destination is freed, A unmounted */
-    kvp_service_conn_closed(st, C1);
+    kvp_dispatch_conn_closed(st, C1);
     assert_null(st->moves);
     assert_null(kvp_segment_table_get(&st->segments, a));
     assert_int_equal(kvp_master_used(st), 4 * EXT + 2048); /* dual, onb, k1, k3, k6 */
@@ -1195,8 +1199,8 @@ static void test_written_mask_after_unmount(void **state)
     assert_int_equal(v.n, 2);
     assert_int_equal(v.r[0].seg, a);
     assert_int_equal(v.r[1].seg, b);
-    kvp_service_conn_closed(st, C2); /* a goes away while the put is PENDING */
-    uint32_t only_a = 1;             /* a written, b failed: nothing written survives */
+    kvp_dispatch_conn_closed(st, C2); /* a goes away while the put is PENDING */
+    uint32_t only_a = 1;              /* a written, b failed: nothing written survives */
     assert_int_equal(end_mask1(st, C1, "k", 7, &only_a), KVP_ERR_IO);
     assert_int_equal(exist1(st, "k"), 0);
     assert_int_equal(seg_used(st, b), 0);
@@ -1204,7 +1208,7 @@ static void test_written_mask_after_unmount(void **state)
     a = mount_seg(st, C2, "a", "ha", MIB);
     v = put_cfg(st, C1, "k2", SZ, 2, "a", false);
     assert_int_equal(v.status, KVP_OK);
-    kvp_service_conn_closed(st, C2);
+    kvp_dispatch_conn_closed(st, C2);
     uint32_t only_b = 2; /* b written: the object lives on b */
     assert_int_equal(end_mask1(st, C1, "k2", 9, &only_b), KVP_OK);
     view_t g = grl1(st, "k2");

@@ -1,7 +1,7 @@
 /*
  * test_eviction.c - unit tests for master/eviction.c: the master as a cache.
  *
- * Drives kvp_service_handle the way the server does (packed protobuf-c
+ * Drives kvp_dispatch_handle the way the server does (packed protobuf-c
  * requests in, packed responses out) and checks what a client sees: which
  * keys EXIST after a put that made the master evict, what REMOVE answers
  * for a leased key, what a put into a pool of pinned objects answers. The
@@ -41,7 +41,11 @@
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define C1 1
@@ -408,8 +412,8 @@ static void lease_release(kvp_master_state_t *st, const uint64_t *ids, size_t n)
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char err[128] = "";
-    kvp_status_t s = kvp_service_handle(st, C3, KVP_RPC_LEASE_RELEASE, body, len, &resp, &rlen, err,
-                                        sizeof(err));
+    kvp_status_t s = kvp_dispatch_handle(st, C3, KVP_RPC_LEASE_RELEASE, body, len, &resp, &rlen,
+                                         err, sizeof(err));
     if (s != KVP_OK)
         fail_msg("LeaseRelease of %zu ids: frame-level status %d (%s)", n, s, err);
     assert_null(resp);

@@ -2,7 +2,7 @@
  * test_lease.c - unit tests for master/lease.c: read leases that end with
  * the read.
  *
- * Drives kvp_service_handle as the server does: GetReplicaList hands out
+ * Drives kvp_dispatch_handle as the server does: GetReplicaList hands out
  * lease ids, LeaseRelease (one-way: no response) hands them back. What is
  * checked is what a client would see: whether a plain remove is refused,
  * whether the pool's used bytes still hold a removed object's extent,
@@ -23,7 +23,11 @@
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define OWNER 1 /* the segment's owner connection */
@@ -155,8 +159,8 @@ static void read_end(kvp_master_state_t *st, const uint64_t *ids, size_t n)
     uint8_t *resp = (uint8_t *)1;
     size_t rlen = 1;
     char err[128];
-    assert_int_equal(kvp_service_handle(st, READER, KVP_RPC_LEASE_RELEASE, body, len, &resp, &rlen,
-                                        err, sizeof(err)),
+    assert_int_equal(kvp_dispatch_handle(st, READER, KVP_RPC_LEASE_RELEASE, body, len, &resp, &rlen,
+                                         err, sizeof(err)),
                      KVP_OK);
     assert_null(resp);
     assert_int_equal(rlen, 0);
@@ -285,7 +289,7 @@ static void test_unmount_under_read(void **state)
     uint64_t id = read_start(st, "k");
     uint64_t id2 = read_start(st, "r");
     assert_int_equal(keys1(st, KVP_RPC_REMOVE, "r", true), KVP_OK); /* retired, held */
-    kvp_service_conn_closed(st, OWNER);
+    kvp_dispatch_conn_closed(st, OWNER);
     assert_int_equal(keys1(st, KVP_RPC_EXIST, "k", false), 0);
     read_end1(st, id); /* late: ignored */
     read_end1(st, id2);

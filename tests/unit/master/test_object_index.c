@@ -17,7 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 
 static kvp_object_t *new_obj(const char *key, uint64_t hash, kvp_obj_state_t state)
 {

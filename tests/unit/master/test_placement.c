@@ -17,7 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 
 #define ALIGN 64
 

@@ -1,7 +1,7 @@
 /*
  * test_service.c - unit tests for master/service.c.
  *
- * Drives kvp_service_handle the way the server does: a packed protobuf-c
+ * Drives kvp_dispatch_handle the way the server does: a packed protobuf-c
  * request body in, a packed response out, from connections 1 and 2 (and 3
  * where a third party is needed). Every answer is unpacked and checked as a
  * client would check it; STAT is the independent view of the accounting.
@@ -21,7 +21,11 @@
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/master.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define C1 1
@@ -56,7 +60,7 @@ static kvp_status_t handle_raw(kvp_master_state_t *st, uint64_t conn, uint16_t m
                                const uint8_t *body, size_t len, uint8_t **resp_p,
                                size_t *resp_len_p, char *errmsg, size_t errmsg_len)
 {
-    return kvp_service_handle(st, conn, method, body, len, resp_p, resp_len_p, errmsg, errmsg_len);
+    return kvp_dispatch_handle(st, conn, method, body, len, resp_p, resp_len_p, errmsg, errmsg_len);
 }
 
 /* Mount; *msg_p (optional, 256 bytes) gets the response's message. */
@@ -598,7 +602,7 @@ static void test_conn_closed_revokes_pending(void **state)
     assert_int_equal(s.pending, 4);
     assert_int_equal(s.objects, 1);
 
-    kvp_service_conn_closed(st, C1);
+    kvp_dispatch_conn_closed(st, C1);
     s = stat_get(st);
     /* C1's unfinished puts are gone, its finished one and C2's pending one stay */
     assert_int_equal(s.pending, 1);
@@ -615,7 +619,7 @@ static void test_conn_closed_revokes_pending(void **state)
     assert_int_equal(end1(st, C2, "w2/a", 9), KVP_OK);
     assert_int_equal(exist1(st, "w2/a"), 1);
     /* closing a connection with nothing is harmless */
-    kvp_service_conn_closed(st, 77);
+    kvp_dispatch_conn_closed(st, 77);
     assert_int_equal(stat_get(st).pending, 3);
 }
 
@@ -630,7 +634,7 @@ static void test_conn_closed_unmounts(void **state)
     assert_int_equal(put1(st, C2, "y", 4096, NULL), KVP_OK);
     assert_int_equal(exist1(st, "x"), 1);
 
-    kvp_service_conn_closed(st, C1);
+    kvp_dispatch_conn_closed(st, C1);
     assert_int_equal(exist1(st, "x"), 0);
     assert_int_equal(replicas1_status(st, "x"), KVP_ERR_NOT_FOUND);
     assert_int_equal(size1(st, "x"), KVP_ERR_NOT_FOUND);
@@ -690,7 +694,7 @@ static void test_unmount_keeps_other_replicas(void **state)
     assert_int_equal(stat_get(st).n_segments, 2);
 
     /* seg-a's owner goes away: every object keeps its seg-b replica */
-    kvp_service_conn_closed(st, C1);
+    kvp_dispatch_conn_closed(st, C1);
     Kvpool__GetReplicaListResponse *gr = replicas(st, keys, 3);
     for (int i = 0; i < 3; i++) {
         assert_int_equal(gr->results[i]->status, KVP_OK);

@@ -1,14 +1,16 @@
 /*
- * util.c - time, addresses, blocking socket I/O, key validation, sizes.
+ * sock.c - TCP listen/connect (name resolution included) and blocking
+ * full-length send/receive.
  *
- * Thread-safe, no global state. Sockets made here are CLOEXEC and, for TCP,
- * TCP_NODELAY: every frame we send is a complete message, so Nagle only adds
- * latency.
+ * Design: sockets made here are CLOEXEC and, for TCP, TCP_NODELAY: every
+ * frame we send is a complete message, so Nagle only adds latency. errno is
+ * converted to a status here, at the syscall boundary.
+ *
+ * Thread: any; no global state.
  */
-#include "common/util.h"
+#include "common/sock.h"
 
 #include <arpa/inet.h>
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -16,87 +18,11 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
-
-uint64_t kvp_now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-uint64_t kvp_now_ms(void)
-{
-    return kvp_now_ns() / 1000000ull;
-}
-
-kvp_status_t kvp_status_from_errno(int err)
-{
-    switch (err) {
-    case 0:
-        return KVP_OK;
-    case ENOMEM:
-    case ENOBUFS:
-        return KVP_ERR_NOMEM;
-    case ETIMEDOUT:
-    case EAGAIN:
-        return KVP_ERR_TIMEOUT;
-    case ECONNREFUSED:
-    case EHOSTUNREACH:
-    case ENETUNREACH:
-    case EADDRNOTAVAIL:
-        return KVP_ERR_CONNECT;
-    case ECONNRESET:
-    case EPIPE:
-    case ECONNABORTED:
-        return KVP_ERR_IO;
-    case EINVAL:
-        return KVP_ERR_INVALID_ARG;
-    default:
-        return KVP_ERR_SYSTEM;
-    }
-}
-
-kvp_status_t kvp_parse_hostport(const char *text, char *host, size_t host_len, uint16_t *port_p)
-{
-    if (text == NULL || host_len == 0)
-        return KVP_ERR_INVALID_ARG;
-    const char *colon;
-    const char *hstart = text;
-    size_t hlen;
-    if (text[0] == '[') {
-        const char *close = strchr(text, ']');
-        if (close == NULL || close[1] != ':')
-            return KVP_ERR_INVALID_ARG;
-        hstart = text + 1;
-        hlen = (size_t)(close - hstart);
-        colon = close + 1;
-    } else {
-        colon = strrchr(text, ':');
-        if (colon == NULL)
-            return KVP_ERR_INVALID_ARG;
-        hlen = (size_t)(colon - text);
-    }
-    if (hlen == 0 || hlen >= host_len)
-        return KVP_ERR_INVALID_ARG;
-    const char *ps = colon + 1;
-    if (*ps == '\0' || strspn(ps, "0123456789") != strlen(ps) || strlen(ps) > 5)
-        return KVP_ERR_INVALID_ARG; /* digits only: no sign, no blanks */
-    unsigned long port = strtoul(ps, NULL, 10);
-    if (port > 65535)
-        return KVP_ERR_INVALID_ARG;
-    memcpy(host, hstart, hlen);
-    host[hlen] = '\0';
-    *port_p = (uint16_t)port;
-    return KVP_OK;
-}
 
 static kvp_status_t resolve(const char *host, uint16_t port, int passive, struct addrinfo **res_p)
 {
@@ -254,103 +180,4 @@ kvp_status_t kvp_recv_all(int fd, void *buf, size_t len)
         len -= (size_t)n;
     }
     return KVP_OK;
-}
-
-bool kvp_key_valid(const char *key, size_t len)
-{
-    if (key == NULL || len == 0 || len > 4096)
-        return false;
-    const unsigned char *s = (const unsigned char *)key;
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        if (c == 0)
-            return false;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n;
-        uint32_t cp;
-        if ((c & 0xE0) == 0xC0) {
-            n = 1;
-            cp = c & 0x1F;
-        } else if ((c & 0xF0) == 0xE0) {
-            n = 2;
-            cp = c & 0x0F;
-        } else if ((c & 0xF8) == 0xF0) {
-            n = 3;
-            cp = c & 0x07;
-        } else {
-            return false;
-        }
-        if (i + n >= len)
-            return false;
-        for (size_t k = 1; k <= n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80)
-                return false;
-            cp = (cp << 6) | (s[i + k] & 0x3F);
-        }
-        /* reject overlong forms, surrogates and values past U+10FFFF */
-        if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-            (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF)
-            return false;
-        i += n + 1;
-    }
-    return true;
-}
-
-bool kvp_parse_size(const char *text, uint64_t *bytes_p)
-{
-    if (text == NULL || !isdigit((unsigned char)text[0]))
-        return false;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(text, &end, 10);
-    if (errno != 0)
-        return false;
-    uint64_t mult = 1;
-    if (*end != '\0') {
-        char u = (char)tolower((unsigned char)*end);
-        switch (u) {
-        case 'k':
-            mult = 1ull << 10;
-            break;
-        case 'm':
-            mult = 1ull << 20;
-            break;
-        case 'g':
-            mult = 1ull << 30;
-            break;
-        case 't':
-            mult = 1ull << 40;
-            break;
-        case 'b':
-            mult = 1;
-            break;
-        default:
-            return false;
-        }
-        end++;
-        if (u != 'b') {
-            if (strcasecmp(end, "ib") == 0 || strcasecmp(end, "b") == 0)
-                end += strlen(end);
-        }
-        if (*end != '\0')
-            return false;
-    }
-    if (v > UINT64_MAX / mult)
-        return false;
-    *bytes_p = v * mult;
-    return true;
-}
-
-uint64_t kvp_random_u64(void)
-{
-    uint64_t v = 0;
-    while (v == 0) {
-        if (getrandom(&v, sizeof(v), 0) != sizeof(v))
-            v = kvp_now_ns() ^ ((uint64_t)getpid() << 32);
-    }
-    return v;
 }

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/util.h"
-#include "master/master.h"
+#include "common/rand.h"
+#include "master/meta/placement.h"
 
 static bool chosen(const kvp_replica_t *out, unsigned n, uint64_t id)
 {

@@ -16,7 +16,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "master/master.h"
+#include "master/meta/object_index.h"
 
 kvp_status_t kvp_index_init(kvp_object_index_t *index)
 {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "master/master.h"
+#include "master/meta/segment_table.h"
 
 void kvp_segment_table_init(kvp_segment_table_t *table)
 {
@@ -105,4 +105,32 @@ void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg)
 uint64_t kvp_segment_used(const kvp_segment_t *seg)
 {
     return kvp_offset_alloc_used(seg->alloc);
+}
+
+uint64_t kvp_segment_table_used(const kvp_segment_table_t *table)
+{
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < table->n_slots; i++)
+        if (table->slots[i] != NULL)
+            used += kvp_segment_used(table->slots[i]);
+    return used;
+}
+
+void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep)
+{
+    kvp_segment_t *seg = kvp_segment_table_get(table, rep->segment_id);
+    if (seg != NULL) {
+        kvp_offset_alloc_free(seg->alloc, rep->handle);
+        seg->objects--;
+    }
+}
+
+bool kvp_segment_table_on_draining(const kvp_segment_table_t *table, const kvp_object_t *obj)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg = kvp_segment_table_get(table, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->draining)
+            return true;
+    }
+    return false;
 }

@@ -24,40 +24,30 @@
  * that reader's CRC check (on by default) still catches reused bytes. Generations start at a random
  * value so ids from before a master restart do not match.
  *
+ * Objects end here too: kvp_object_release frees an unlinked object's
+ * extents (forgetting its lease), kvp_object_retire postpones that while
+ * it is read. So whatever drops an object (eviction, remove, unmount, put
+ * timeout) calls down into this file, and this file calls only the
+ * policy's list hooks (lists.c) and the meta layer.
+ *
  * Thread: master loop only.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/log.h"
-#include "common/util.h"
-#include "master/master.h"
-
-#define NIL UINT32_MAX
-
-void kvp_lease_table_init(kvp_lease_table_t *t)
-{
-    memset(t, 0, sizeof(*t));
-    t->free_head = t->head = t->tail = NIL;
-}
-
-void kvp_lease_table_cleanup(kvp_lease_table_t *t)
-{
-    for (uint32_t i = 0; i < t->n_slots; i++)
-        if (t->slots[i].obj != NULL && t->slots[i].obj->state == KVP_OBJ_RETIRED)
-            free(t->slots[i].obj);
-    free(t->slots);
-    kvp_lease_table_init(t);
-}
+#include "common/rand.h"
+#include "master/policy/lease.h"
+#include "master/policy/lists.h"
 
 static void live_unlink(kvp_lease_table_t *t, uint32_t i)
 {
     kvp_lease_t *l = &t->slots[i];
-    if (l->prev != NIL)
+    if (l->prev != KVP_LEASE_NIL)
         t->slots[l->prev].next = l->next;
     else
         t->head = l->next;
-    if (l->next != NIL)
+    if (l->next != KVP_LEASE_NIL)
         t->slots[l->next].prev = l->prev;
     else
         t->tail = l->prev;
@@ -67,8 +57,8 @@ static void live_append(kvp_lease_table_t *t, uint32_t i)
 {
     kvp_lease_t *l = &t->slots[i];
     l->prev = t->tail;
-    l->next = NIL;
-    if (t->tail != NIL)
+    l->next = KVP_LEASE_NIL;
+    if (t->tail != KVP_LEASE_NIL)
         t->slots[t->tail].next = i;
     else
         t->head = i;
@@ -86,7 +76,7 @@ static bool grow(kvp_lease_table_t *t, uint64_t *rng)
     for (uint32_t i = t->n_slots; i < n; i++) {
         memset(&s[i], 0, sizeof(s[i]));
         s[i].gen = (uint32_t)kvp_rng_next(rng);
-        s[i].prev = NIL;
+        s[i].prev = KVP_LEASE_NIL;
         s[i].next = i + 1 < n ? i + 1 : t->free_head;
     }
     t->free_head = t->n_slots;
@@ -118,7 +108,7 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
         i = obj->lease - 1;
         live_unlink(t, i);
     } else {
-        if (t->free_head == NIL && !grow(t, &st->rng))
+        if (t->free_head == KVP_LEASE_NIL && !grow(t, &st->rng))
             return 0;
         i = t->free_head;
         kvp_lease_t *l = &t->slots[i];
@@ -151,7 +141,7 @@ static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
     t->bytes -= l->bytes;
     t->live--;
     l->obj = NULL;
-    l->prev = NIL;
+    l->prev = KVP_LEASE_NIL;
     l->next = t->free_head;
     t->free_head = i;
     obj->lease = 0;
@@ -177,7 +167,7 @@ unsigned kvp_lease_expire(kvp_master_state_t *st)
 {
     kvp_lease_table_t *t = &st->leases;
     unsigned n = 0;
-    while (t->head != NIL && t->slots[t->head].expires_ms <= st->now_ms) {
+    while (t->head != KVP_LEASE_NIL && t->slots[t->head].expires_ms <= st->now_ms) {
         lease_end(st, t->head, true);
         n++;
     }
@@ -210,4 +200,18 @@ void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj)
         obj->state = KVP_OBJ_RETIRED;
     else
         kvp_object_release(st, obj);
+}
+
+void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    kvp_lease_forget(st, obj);
+    for (unsigned i = 0; i < obj->n_replicas; i++)
+        kvp_segment_table_free_extent(&st->segments, &obj->replicas[i]);
+    free(obj);
+}
+
+void kvp_object_remove(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    kvp_index_unlink(&st->index, obj);
+    kvp_object_retire(st, obj);
 }

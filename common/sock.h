@@ -1,0 +1,35 @@
+/*
+ * sock.h - TCP set-up and blocking full reads/writes with a deadline.
+ *
+ * Thread: all functions are thread-safe (no shared state).
+ */
+#ifndef KVP_COMMON_SOCK_H
+#define KVP_COMMON_SOCK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "common/status.h"
+
+/* Bind + listen on host:port (port 0: any); returns the fd and the bound port. */
+kvp_status_t kvp_tcp_listen(const char *host, uint16_t port, int backlog, int *fd_p,
+                            uint16_t *bound_port_p);
+
+/* Connect with a timeout; the returned fd is blocking, TCP_NODELAY, CLOEXEC. */
+kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_ms, int *fd_p);
+
+/* Set SO_RCVTIMEO/SO_SNDTIMEO on a blocking socket (0: none). */
+void kvp_sock_set_timeout(int fd, uint32_t timeout_ms);
+
+/*
+ * Send/receive exactly len bytes on a blocking socket, retrying on EINTR and
+ * short transfers. A peer close gives KVP_ERR_IO, a socket timeout
+ * KVP_ERR_TIMEOUT.
+ */
+kvp_status_t kvp_send_all(int fd, const void *buf, size_t len);
+kvp_status_t kvp_recv_all(int fd, void *buf, size_t len);
+/* Gather send of a whole iovec array (the array is modified). */
+kvp_status_t kvp_sendv_all(int fd, struct iovec *iov, int iovcnt);
+
+#endif

@@ -1,0 +1,41 @@
+/*
+ * config.h - the master's settings: defaults, flag values, validation
+ * (see config.c).
+ */
+#ifndef KVP_MASTER_CONFIG_H
+#define KVP_MASTER_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* Master settings (flags of kvpool-master; defaults in kvp_master_config_init). */
+typedef struct kvp_master_config {
+    bool evict;              /* false: a full pool refuses puts (store, not cache) */
+    double evict_high;       /* evict when used/capacity passes this (1.0: off) */
+    double evict_low;        /* ... down to this (0.98) */
+    uint32_t lease_ttl_ms;   /* read lease granted by GetReplicaList (5000) */
+    uint32_t put_timeout_ms; /* a PENDING put not ended by then is revoked (30000) */
+    uint32_t soft_pin_ttl_s; /* default soft pin lifetime (1800) */
+    uint32_t client_ttl_ms;  /* a connection silent this long is dropped (10000; 0: never) */
+    bool lease_on_exist;     /* Exist grants read leases too (false) */
+} kvp_master_config_t;
+
+/* The defaults. */
+void kvp_master_config_init(kvp_master_config_t *cfg);
+
+/*
+ * Set one setting from its kvpool-master flag (long name without "--":
+ * "lease-ttl", "no-eviction", ...). value is the flag's argument (NULL for
+ * flags that take none). KVP_ERR_INVALID_ARG with a sentence in err on a bad
+ * value; KVP_ERR_NOT_FOUND for a name that is not a setting.
+ */
+kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,
+                                   char *err, size_t err_len);
+
+/* Settings that are fine one by one but not together. KVP_ERR_INVALID_ARG + err. */
+kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,123 @@
+/*
+ * dispatch.c - the method table and the one path every request takes.
+ *
+ * Design: one row per method: its id, the protobuf-c type of its request
+ * (NULL: the body is ignored, as for Ping and Stat), the type of its
+ * response (NULL: none is packed: one-way LeaseRelease, or Ping's empty
+ * body) and its handler. kvp_dispatch_handle looks the row up, decodes the
+ * body with the request type (undecodable: KVP_ERR_PROTOCOL), runs the
+ * handler, which answers through kvp_call_reply (rpc/call.c, the one
+ * packer), and frees the request on every path. No switch on method ids: a
+ * new method is a handler and a row. The table is indexed by id, so a
+ * lookup is O(1) and an id outside it is KVP_ERR_UNKNOWN_METHOD.
+ *
+ * Thread: master loop only.
+ */
+#include "master/dispatch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "common/macros.h"
+#include "common/rpc.h"
+#include "master/rpc/admin.h"
+#include "master/rpc/drain.h"
+#include "master/rpc/object.h"
+#include "master/rpc/segment.h"
+
+#define ROW(id_, name_, req_, resp_, handler_)                                                     \
+    [id_] = {.id = id_, .name = name_, .req_desc = req_, .resp_desc = resp_, .handler = handler_}
+
+static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
+    ROW(KVP_RPC_PING, "Ping", NULL, NULL, kvp_handle_ping),
+    ROW(KVP_RPC_MOUNT, "Mount", &kvpool__mount_request__descriptor,
+        &kvpool__mount_response__descriptor, kvp_handle_mount),
+    ROW(KVP_RPC_UNMOUNT, "Unmount", &kvpool__unmount_request__descriptor,
+        &kvpool__unmount_response__descriptor, kvp_handle_unmount),
+    ROW(KVP_RPC_PUT_START, "PutStart", &kvpool__put_start_request__descriptor,
+        &kvpool__put_start_response__descriptor, kvp_handle_put_start),
+    ROW(KVP_RPC_PUT_END, "PutEnd", &kvpool__put_end_request__descriptor,
+        &kvpool__statuses_response__descriptor, kvp_handle_put_end),
+    ROW(KVP_RPC_PUT_REVOKE, "PutRevoke", &kvpool__keys_request__descriptor,
+        &kvpool__statuses_response__descriptor, kvp_handle_put_revoke),
+    ROW(KVP_RPC_GET_REPLICA_LIST, "GetReplicaList", &kvpool__keys_request__descriptor,
+        &kvpool__get_replica_list_response__descriptor, kvp_handle_get_replica_list),
+    ROW(KVP_RPC_EXIST, "Exist", &kvpool__keys_request__descriptor,
+        &kvpool__statuses_response__descriptor, kvp_handle_exist),
+    ROW(KVP_RPC_REMOVE, "Remove", &kvpool__keys_request__descriptor,
+        &kvpool__statuses_response__descriptor, kvp_handle_remove),
+    ROW(KVP_RPC_GET_SIZE, "GetSize", &kvpool__keys_request__descriptor,
+        &kvpool__get_size_response__descriptor, kvp_handle_get_size),
+    ROW(KVP_RPC_STAT, "Stat", NULL, &kvpool__stat_response__descriptor, kvp_handle_stat),
+    ROW(KVP_RPC_HEARTBEAT, "Heartbeat", &kvpool__heartbeat_request__descriptor,
+        &kvpool__heartbeat_response__descriptor, kvp_handle_heartbeat),
+    ROW(KVP_RPC_LIST, "List", &kvpool__list_request__descriptor, &kvpool__list_response__descriptor,
+        kvp_handle_list),
+    ROW(KVP_RPC_REMOVE_BY_REGEX, "RemoveByRegex", &kvpool__remove_by_regex_request__descriptor,
+        &kvpool__remove_by_regex_response__descriptor, kvp_handle_remove_by_regex),
+    ROW(KVP_RPC_DRAIN, "Drain", &kvpool__drain_request__descriptor,
+        &kvpool__drain_response__descriptor, kvp_handle_drain),
+    ROW(KVP_RPC_MOVE_START, "MoveStart", &kvpool__move_start_request__descriptor,
+        &kvpool__move_start_response__descriptor, kvp_handle_move_start),
+    ROW(KVP_RPC_MOVE_END, "MoveEnd", &kvpool__move_end_request__descriptor,
+        &kvpool__statuses_response__descriptor, kvp_handle_move_end),
+    ROW(KVP_RPC_LEASE_RELEASE, "LeaseRelease", &kvpool__lease_release_request__descriptor, NULL,
+        kvp_handle_lease_release),
+};
+
+const kvp_method_t *kvp_dispatch_lookup(uint16_t method)
+{
+    if (method >= KVP_ARRAY_SIZE(methods) || methods[method].handler == NULL)
+        return NULL;
+    return &methods[method];
+}
+
+const kvp_method_t *kvp_dispatch_table(size_t *n_p)
+{
+    *n_p = KVP_ARRAY_SIZE(methods);
+    return methods;
+}
+
+kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id, uint16_t method,
+                                 const uint8_t *body, size_t body_len, uint8_t **resp_p,
+                                 size_t *resp_len_p, char *errmsg, size_t errmsg_len)
+{
+    *resp_p = NULL;
+    *resp_len_p = 0;
+    const kvp_method_t *m = kvp_dispatch_lookup(method);
+    if (m == NULL) {
+        snprintf(errmsg, errmsg_len, "unknown method %u", method);
+        return KVP_ERR_UNKNOWN_METHOD;
+    }
+    ProtobufCMessage *req = NULL;
+    kvp_status_t status = KVP_ERR_PROTOCOL;
+    if (m->req_desc != NULL) {
+        req = protobuf_c_message_unpack(m->req_desc, NULL, body_len, body);
+        if (req == NULL)
+            goto out;
+    }
+    kvp_call_t call = {.st = st, .conn_id = conn_id, .resp_desc = m->resp_desc};
+    status = m->handler(&call, req);
+    if (req != NULL)
+        protobuf_c_message_free_unpacked(req, NULL);
+    if (status != KVP_OK) {
+        free(call.resp);
+        goto out;
+    }
+    *resp_p = call.resp;
+    *resp_len_p = call.resp_len;
+out:
+    if (status == KVP_ERR_PROTOCOL)
+        snprintf(errmsg, errmsg_len, "cannot decode the body of method %u (%zu bytes)", method,
+                 body_len);
+    else if (status != KVP_OK)
+        snprintf(errmsg, errmsg_len, "%s", kvp_strerror(status));
+    return status;
+}
+
+void kvp_dispatch_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
+{
+    kvp_drain_conn_closed(st, conn_id);
+    kvp_object_conn_closed(st, conn_id);
+    kvp_segment_conn_closed(st, conn_id);
+}

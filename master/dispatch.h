@@ -1,0 +1,40 @@
+/*
+ * dispatch.h - the master's method table: method id -> request type,
+ * handler, response type (see dispatch.c).
+ */
+#ifndef KVP_MASTER_DISPATCH_H
+#define KVP_MASTER_DISPATCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "master/rpc/call.h"
+#include "master/state.h"
+
+typedef struct kvp_method {
+    uint16_t id;                                 /* kvp_rpc_method_t */
+    const char *name;                            /* for logs and tests */
+    const ProtobufCMessageDescriptor *req_desc;  /* NULL: the body is ignored */
+    const ProtobufCMessageDescriptor *resp_desc; /* NULL: one-way, or an empty response */
+    kvp_handler_t handler;
+} kvp_method_t;
+
+/* The row for a method id, or NULL when the master has none. */
+const kvp_method_t *kvp_dispatch_lookup(uint16_t method);
+/* Rows of the table (for tests: every row, once). */
+const kvp_method_t *kvp_dispatch_table(size_t *n_p);
+
+/*
+ * Handle one request body for `method` from connection conn_id. On KVP_OK
+ * *resp_p is a malloc'd packed response (caller frees; NULL with length 0
+ * for an empty body). A non-OK return is a frame-level error (undecodable
+ * body, unknown method): the caller replies with the status and `errmsg`.
+ */
+kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id, uint16_t method,
+                                 const uint8_t *body, size_t body_len, uint8_t **resp_p,
+                                 size_t *resp_len_p, char *errmsg, size_t errmsg_len);
+
+/* A connection closed: end its moves, revoke its PENDING puts, unmount its segments. */
+void kvp_dispatch_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
+
+#endif

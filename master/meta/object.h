@@ -1,0 +1,77 @@
+/*
+ * object.h - what the master knows of one object: its replicas (extents in
+ * segments), its state and pin, and its place in the index and lists.
+ *
+ * Types and O(1) inline helpers only. Master loop thread only.
+ */
+#ifndef KVP_MASTER_META_OBJECT_H
+#define KVP_MASTER_META_OBJECT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KVP_MAX_REPLICAS 8
+/* Extent granularity inside a segment (cache-line aligned extents). */
+#define KVP_SEGMENT_ALIGN 64u
+
+typedef enum kvp_obj_state {
+    KVP_OBJ_PENDING = 1,
+    KVP_OBJ_COMPLETE = 2,
+    /* removed (force remove, upsert) while reads were in flight: out of the index, its
+     * extents kept by its lease until the last read ends (policy/lease.c) */
+    KVP_OBJ_RETIRED = 3,
+} kvp_obj_state_t;
+
+typedef enum kvp_pin {
+    KVP_PIN_NONE = 0,
+    KVP_PIN_SOFT = 1, /* evicted only when nothing else can be, until it expires */
+    KVP_PIN_HARD = 2, /* never evicted */
+} kvp_pin_t;
+
+typedef struct kvp_replica {
+    uint64_t segment_id;
+    uint64_t offset;
+    uint32_t handle; /* offset allocator handle */
+} kvp_replica_t;
+
+/*
+ * One object. Replicas and the key are stored inline after the header:
+ * data = kvp_replica_t[n_replicas] then key bytes (not NUL-terminated).
+ */
+typedef struct kvp_object {
+    struct kvp_object *hnext; /* hash chain */
+    struct kvp_object *lprev; /* PENDING: pending list; COMPLETE: LRU list */
+    struct kvp_object *lnext;
+    uint64_t hash;
+    uint64_t size;
+    union {
+        uint64_t writer_conn_id; /* PENDING: connection that started the put */
+        struct {
+            uint32_t lease;  /* COMPLETE, RETIRED: lease slot + 1 (policy/lease.c); 0: no read */
+            uint32_t policy; /* COMPLETE: eviction policy state (policy/lists.c) */
+        };
+    };
+    uint64_t deadline_ms;      /* PENDING: put timeout */
+    uint32_t soft_pin_until_s; /* soft pin expiry (master clock, seconds); 0: none */
+    uint32_t crc32c;
+    uint8_t state;
+    uint8_t n_replicas;
+    uint16_t key_len;
+    uint8_t pin;              /* kvp_pin_t */
+    kvp_replica_t replicas[]; /* followed by key bytes */
+} kvp_object_t;
+
+static inline const char *kvp_object_key(const kvp_object_t *obj)
+{
+    return (const char *)&obj->replicas[obj->n_replicas];
+}
+
+/* Bytes obj's extents take in their segments (every replica, aligned). */
+static inline uint64_t kvp_object_bytes(const kvp_object_t *obj)
+{
+    return (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN *
+           obj->n_replicas;
+}
+
+#endif

@@ -1,0 +1,70 @@
+/*
+ * object_index.h - key -> object hash table and the object lists (see
+ * object_index.c).
+ */
+#ifndef KVP_MASTER_META_OBJECT_INDEX_H
+#define KVP_MASTER_META_OBJECT_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "master/meta/object.h"
+
+typedef struct kvp_object_list {
+    kvp_object_t *head; /* oldest (the evict end) */
+    kvp_object_t *tail; /* newest */
+    uint64_t n;
+} kvp_object_list_t;
+
+/* obj->policy of a COMPLETE object: the list it is on (policy/lists.c). */
+#define KVP_POLICY_PROBATION 0u /* put, not read since */
+#define KVP_POLICY_PROTECTED 1u /* read at least once (or back from the ghost) */
+#define KVP_POLICY_PINNED 2u    /* hard-pinned: never a victim, never scanned */
+#define KVP_POLICY_SOFT 3u      /* soft-pinned: victims only when nothing else is left */
+#define KVP_POLICY_READING 4u   /* being read (a lease held): never a victim, never scanned */
+#define KVP_POLICY_LIST_MASK 7u
+
+typedef struct kvp_object_index {
+    kvp_object_t **buckets;
+    uint64_t n_buckets;             /* power of two */
+    uint64_t count;                 /* all objects */
+    uint64_t pending;               /* PENDING objects */
+    kvp_object_list_t pending_list; /* PENDING objects, oldest first (put timeouts) */
+    kvp_object_list_t probation;    /* COMPLETE: eviction policy lists (policy/lists.c) */
+    kvp_object_list_t protected;
+    kvp_object_list_t pinned;
+    kvp_object_list_t soft;
+    kvp_object_list_t reading;
+} kvp_object_index_t;
+
+kvp_status_t kvp_index_init(kvp_object_index_t *index);
+/* Frees every object (not their extents: the caller frees allocators). */
+void kvp_index_cleanup(kvp_object_index_t *index);
+uint64_t kvp_index_hash(const char *key, size_t len);
+kvp_object_t *kvp_index_lookup(const kvp_object_index_t *index, const char *key, size_t len,
+                               uint64_t hash);
+/* Insert a new object (key must not be present). */
+void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj);
+/* Unlink from the table (and the pending list); does not free. */
+void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj);
+void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state);
+/* The policy list a COMPLETE object is on. */
+kvp_object_list_t *kvp_index_policy_list(kvp_object_index_t *index, const kvp_object_t *obj);
+/* Doubly linked object lists (lprev/lnext): append at the tail or prepend at the head,
+ * unlink anywhere. */
+void kvp_object_list_append(kvp_object_list_t *list, kvp_object_t *obj);
+void kvp_object_list_prepend(kvp_object_list_t *list, kvp_object_t *obj);
+void kvp_object_list_remove(kvp_object_list_t *list, kvp_object_t *obj);
+/* Allocate an object with room for n replicas and the key. */
+kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
+
+/*
+ * Visit every object. When cb returns true the object is unlinked and its
+ * memory freed; cb must already have released whatever extents it still holds.
+ */
+typedef bool (*kvp_index_visit_cb_t)(kvp_object_t *obj, void *arg);
+void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb, void *arg);
+
+#endif

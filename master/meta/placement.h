@@ -1,0 +1,31 @@
+/*
+ * placement.h - where a new object's replicas go (see placement.c).
+ */
+#ifndef KVP_MASTER_META_PLACEMENT_H
+#define KVP_MASTER_META_PLACEMENT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "master/meta/segment_table.h"
+
+typedef struct kvp_placement_req {
+    uint64_t size;
+    unsigned replica_num;
+    const kvp_segment_t *preferred; /* may be NULL */
+    unsigned pin;                   /* kvp_pin_t for the new object */
+    uint32_t soft_pin_ttl_s;        /* 0: the master's default */
+    bool upsert;                    /* replace an existing object (PutStart only) */
+} kvp_placement_req_t;
+
+/*
+ * Allocate up to replica_num extents for one object on distinct segments
+ * (distinct hosts first). Writes *n_p >= 1 replicas on success. Errors:
+ * KVP_ERR_NO_SEGMENT, KVP_ERR_TOO_LARGE (bigger than every segment),
+ * KVP_ERR_POOL_FULL.
+ */
+kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement_req_t *req,
+                                 uint64_t *rng_state, kvp_replica_t *out, unsigned *n_p);
+
+#endif

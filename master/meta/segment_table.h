@@ -1,0 +1,68 @@
+/*
+ * segment_table.h - the mounted segments (see segment_table.c).
+ */
+#ifndef KVP_MASTER_META_SEGMENT_TABLE_H
+#define KVP_MASTER_META_SEGMENT_TABLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/offset_alloc.h"
+#include "common/status.h"
+#include "master/meta/object.h"
+
+/* Smallest segment the master mounts. */
+#define KVP_SEGMENT_MIN_SIZE 4096u
+/* Largest segment (1 PiB) and largest pool (2^62 bytes): sums of sizes never wrap. */
+#define KVP_SEGMENT_MAX_SIZE (1ull << 50)
+#define KVP_POOL_MAX_CAPACITY (1ull << 62)
+
+typedef struct kvp_segment {
+    uint64_t id;
+    char *name;
+    char *medium;
+    char *host_id;
+    char *tcp_endpoint;
+    char *shm_path;
+    char *rdma_endpoint; /* "" when the owner serves no rdma */
+    uint64_t rdma_addr;
+    uint32_t rdma_rkey;
+    uint64_t size;
+    uint64_t owner_client_id;
+    uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
+    uint64_t objects;       /* replicas stored here */
+    bool draining;          /* no new replicas; the owner is asked to move objects away */
+    kvp_offset_alloc_t *alloc;
+} kvp_segment_t;
+
+typedef struct kvp_segment_table {
+    kvp_segment_t **slots;
+    uint32_t *gens;
+    uint32_t n_slots;
+    uint32_t count;
+    uint64_t capacity; /* sum of sizes */
+} kvp_segment_table_t;
+
+void kvp_segment_table_init(kvp_segment_table_t *table);
+void kvp_segment_table_cleanup(kvp_segment_table_t *table);
+/* Takes ownership of seg (allocated with calloc, strings strdup'd); assigns seg->id. */
+kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *seg);
+kvp_segment_t *kvp_segment_table_get(const kvp_segment_table_t *table, uint64_t id);
+kvp_segment_t *kvp_segment_table_find_name(const kvp_segment_table_t *table, const char *name);
+/* Remove and destroy. */
+void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg);
+void kvp_segment_destroy(kvp_segment_t *seg);
+uint64_t kvp_segment_used(const kvp_segment_t *seg);
+/* Bytes allocated over all segments. O(slots). */
+uint64_t kvp_segment_table_used(const kvp_segment_table_t *table);
+/* Bytes of the segment extents can use (its size rounded down to KVP_SEGMENT_ALIGN). */
+static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
+{
+    return seg->size / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN;
+}
+/* Free one extent in its segment, if the segment is still mounted. */
+void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep);
+/* Has obj a replica on a draining segment? (No new bytes go there.) */
+bool kvp_segment_table_on_draining(const kvp_segment_table_t *table, const kvp_object_t *obj);
+
+#endif

@@ -1,0 +1,64 @@
+/*
+ * lists.c - the eviction policy's hooks: which list a COMPLETE object is on.
+ *
+ * Design: 2Q with a ghost (policy/eviction.c says why). Every object the
+ * policy tracks is on exactly one of the index's lists (probation,
+ * protected, reading, pinned, soft; obj->policy says which), and each hook
+ * moves it in O(1): a put that the ghost remembers goes to protected, the
+ * deepest block of a batch to the evict end of probation, a read in flight
+ * to reading (eviction never walks it), a finished read to protected's new
+ * end. The index puts a new COMPLETE object on probation or a pin list.
+ *
+ * Thread: master loop only. Time: st->now_ms (soft pin expiry).
+ */
+#include "master/policy/lists.h"
+
+#include "master/meta/ghost.h"
+#include "master/meta/object_index.h"
+
+void kvp_policy_move(kvp_master_state_t *st, kvp_object_t *obj, unsigned list, bool evict_end)
+{
+    kvp_object_list_remove(kvp_index_policy_list(&st->index, obj), obj);
+    obj->policy = (obj->policy & ~KVP_POLICY_LIST_MASK) | list;
+    kvp_object_list_t *l = kvp_index_policy_list(&st->index, obj);
+    if (evict_end)
+        kvp_object_list_prepend(l, obj);
+    else
+        kvp_object_list_append(l, obj);
+}
+
+static unsigned list_of(const kvp_object_t *obj)
+{
+    return obj->policy & KVP_POLICY_LIST_MASK;
+}
+
+void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest)
+{
+    /* the index put it at the new end of probation (or on a pin list) */
+    if (list_of(obj) != KVP_POLICY_PROBATION)
+        return;
+    if (kvp_ghost_has(&st->ghost, obj->hash))
+        kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
+    else if (deepest)
+        kvp_policy_move(st, obj, KVP_POLICY_PROBATION, true);
+}
+
+void kvp_policy_read_start(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (list_of(obj) != KVP_POLICY_PINNED && list_of(obj) != KVP_POLICY_READING)
+        kvp_policy_move(st, obj, KVP_POLICY_READING, false);
+}
+
+void kvp_policy_read_end(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (list_of(obj) == KVP_POLICY_READING)
+        kvp_policy_move(st, obj,
+                        kvp_policy_soft_pin_live(st, obj) ? KVP_POLICY_SOFT : KVP_POLICY_PROTECTED,
+                        false);
+}
+
+void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (list_of(obj) == KVP_POLICY_PROBATION || list_of(obj) == KVP_POLICY_PROTECTED)
+        kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
+}

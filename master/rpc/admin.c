@@ -1,0 +1,296 @@
+/*
+ * admin.c - the master's operator RPCs: Ping, Stat, List, RemoveByRegex.
+ *
+ * Design: List returns keys matching a POSIX extended regex, paged by
+ * bucket cursor (a key present for the whole scan is returned at least
+ * once; one that moves buckets when the table grows may be returned
+ * twice), at most LIST_SCAN_BUDGET buckets per call. RemoveByRegex removes
+ * every COMPLETE matching object (or all); PENDING ones and, without force,
+ * leased ones are skipped and counted.
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/admin.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include <regex.h>
+
+#include "common/macros.h"
+#include "master/policy/lease.h"
+
+#define LIST_DEFAULT 100u
+#define LIST_MAX 1000u
+/* Buckets one List call scans at most, so a filter that matches little stays cheap. */
+#define LIST_SCAN_BUDGET 65536u
+#define PATTERN_MAX 1024u
+
+kvp_status_t kvp_handle_ping(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    (void)call, (void)req_msg;
+    return KVP_OK; /* an empty response */
+}
+
+kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    (void)req_msg; /* Stat takes no arguments: its body is ignored */
+    kvp_master_state_t *st = call->st;
+    Kvpool__StatResponse resp = KVPOOL__STAT_RESPONSE__INIT;
+    size_t n = st->segments.count;
+    Kvpool__SegmentStat *ss = calloc(n ? n : 1, sizeof(*ss));
+    Kvpool__SegmentStat **sp = calloc(n ? n : 1, sizeof(*sp));
+    Kvpool__SegmentDesc *ds = calloc(n ? n : 1, sizeof(*ds));
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    if (!ss || !sp || !ds)
+        goto out;
+    size_t k = 0;
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
+        kvp_segment_t *seg = st->segments.slots[i];
+        if (seg == NULL)
+            continue;
+        kvpool__segment_stat__init(&ss[k]);
+        kvp_seg_desc_fill(&ds[k], seg);
+        ss[k].desc = &ds[k];
+        ss[k].used = kvp_segment_used(seg);
+        ss[k].objects = seg->objects;
+        used += ss[k].used;
+        sp[k] = &ss[k];
+        k++;
+    }
+    resp.capacity = st->segments.capacity;
+    resp.used = used;
+    resp.objects = st->index.count - st->index.pending;
+    resp.pending = st->index.pending;
+    resp.evicted_objects = st->stats.evicted_objects;
+    resp.evicted_bytes = st->stats.evicted_bytes;
+    resp.put_timeouts = st->stats.put_timeouts;
+    resp.moved_objects = st->stats.moved;
+    resp.reading_objects = st->leases.live;
+    resp.reading_bytes = st->leases.bytes;
+    resp.leases_released = st->leases.released;
+    resp.leases_expired = st->leases.expired;
+    resp.n_segments = k;
+    resp.segments = sp;
+    rc = kvp_call_reply(call, &resp.base);
+out:
+    free(ss);
+    free(sp);
+    free(ds);
+    return rc;
+}
+
+/* Compile a user pattern; on failure write a message for the reply. */
+static kvp_status_t pattern_compile(const char *pattern, regex_t *re, char *msg, size_t msg_len)
+{
+    if (strlen(pattern) > PATTERN_MAX) {
+        snprintf(msg, msg_len, "pattern longer than %u bytes", PATTERN_MAX);
+        return KVP_ERR_INVALID_ARG;
+    }
+    int rc = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
+    if (rc != 0) {
+        char err[160];
+        regerror(rc, re, err, sizeof(err));
+        snprintf(msg, msg_len, "bad regular expression '%s': %s", pattern, err);
+        return KVP_ERR_INVALID_ARG;
+    }
+    return KVP_OK;
+}
+
+/* Does obj's key match? (Keys hold no NUL, so a NUL-terminated copy is the key.) */
+static bool key_matches(const kvp_object_t *obj, const regex_t *re)
+{
+    if (re == NULL)
+        return true;
+    char key[4097];
+    memcpy(key, kvp_object_key(obj), obj->key_len);
+    key[obj->key_len] = '\0';
+    return regexec(re, key, 0, NULL, 0) == 0;
+}
+
+static bool on_segment(const kvp_object_t *obj, uint64_t segment_id)
+{
+    if (segment_id == 0)
+        return true;
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (obj->replicas[r].segment_id == segment_id)
+            return true;
+    return false;
+}
+
+kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__ListRequest *req = (Kvpool__ListRequest *)req_msg;
+    Kvpool__ListResponse resp = KVPOOL__LIST_RESPONSE__INIT;
+    char msg[256] = "";
+    regex_t re;
+    bool have_re = false;
+    Kvpool__ListEntry *ents = NULL;
+    Kvpool__ListEntry **entp = NULL;
+    Kvpool__Replica *reps = NULL;
+    Kvpool__Replica **repp = NULL;
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    uint32_t limit = req->limit == 0 ? LIST_DEFAULT : KVP_MIN(req->limit, LIST_MAX);
+    resp.message = msg;
+    if (req->pattern[0] != '\0') {
+        resp.status = pattern_compile(req->pattern, &re, msg, sizeof(msg));
+        have_re = resp.status == KVP_OK;
+    }
+    if (resp.status == KVP_OK && req->cursor > st->index.n_buckets)
+        resp.status = KVP_ERR_INVALID_ARG;
+    if (resp.status == KVP_ERR_INVALID_ARG && msg[0] == '\0')
+        snprintf(msg, sizeof(msg), "cursor %llu is past the end of the table",
+                 (unsigned long long)req->cursor);
+    if (resp.status != KVP_OK)
+        goto pack;
+    /* a bucket is finished once started, so a page may pass the limit by a chain */
+    size_t cap = limit + 64;
+    ents = calloc(cap, sizeof(*ents));
+    entp = calloc(cap, sizeof(*entp));
+    reps = calloc(cap * KVP_MAX_REPLICAS, sizeof(*reps));
+    repp = calloc(cap * KVP_MAX_REPLICAS, sizeof(*repp));
+    if (!ents || !entp || !reps || !repp)
+        goto out;
+    size_t n = 0, nr = 0;
+    uint64_t b = req->cursor;
+    uint64_t scanned = 0;
+    for (; b < st->index.n_buckets && n < limit && scanned < LIST_SCAN_BUDGET; b++, scanned++) {
+        for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
+            if (!on_segment(obj, req->segment_id) || !key_matches(obj, have_re ? &re : NULL))
+                continue;
+            if (n == cap) {
+                /* a pathological chain: grow (rare; chains average below one) */
+                size_t ncap = cap * 2;
+                Kvpool__ListEntry *ne = realloc(ents, ncap * sizeof(*ne));
+                if (ne == NULL)
+                    goto out;
+                ents = ne;
+                Kvpool__ListEntry **np = realloc(entp, ncap * sizeof(*np));
+                if (np == NULL)
+                    goto out;
+                entp = np;
+                Kvpool__Replica *nrp = realloc(reps, ncap * KVP_MAX_REPLICAS * sizeof(*nrp));
+                if (nrp == NULL)
+                    goto out;
+                /* entries point into reps through repp: rebuild those pointers */
+                reps = nrp;
+                Kvpool__Replica **nrpp = realloc(repp, ncap * KVP_MAX_REPLICAS * sizeof(*nrpp));
+                if (nrpp == NULL)
+                    goto out;
+                repp = nrpp;
+                for (size_t q = 0; q < nr; q++)
+                    repp[q] = &reps[q];
+                size_t at = 0;
+                for (size_t e = 0; e < n; e++) {
+                    entp[e] = &ents[e];
+                    ents[e].replicas = &repp[at];
+                    at += ents[e].n_replicas;
+                }
+                cap = ncap;
+            }
+            Kvpool__ListEntry *e = &ents[n];
+            kvpool__list_entry__init(e);
+            e->key.data = (uint8_t *)kvp_object_key(obj);
+            e->key.len = obj->key_len;
+            e->size = obj->size;
+            e->state = obj->state;
+            e->pin = obj->pin;
+            e->crc32c = obj->crc32c;
+            if (obj->state == KVP_OBJ_COMPLETE)
+                e->lease_ms = (uint32_t)KVP_MIN(kvp_lease_left_ms(st, obj), UINT32_MAX);
+            e->replicas = &repp[nr];
+            e->n_replicas = 0;
+            for (unsigned r = 0; r < obj->n_replicas; r++) {
+                if (obj->replicas[r].segment_id == 0)
+                    continue; /* a PENDING object's replica whose segment went away */
+                e->n_replicas++;
+                kvpool__replica__init(&reps[nr]);
+                reps[nr].segment_id = obj->replicas[r].segment_id;
+                reps[nr].offset = obj->replicas[r].offset;
+                reps[nr].length = obj->size;
+                repp[nr] = &reps[nr];
+                nr++;
+            }
+            entp[n] = e;
+            n++;
+        }
+    }
+    resp.entries = entp;
+    resp.n_entries = n;
+    resp.next_cursor = b < st->index.n_buckets ? b : 0;
+pack:
+    rc = kvp_call_reply(call, &resp.base);
+out:
+    if (have_re)
+        regfree(&re);
+    free(ents);
+    free(entp);
+    free(reps);
+    free(repp);
+    return rc;
+}
+
+kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__RemoveByRegexRequest *req = (Kvpool__RemoveByRegexRequest *)req_msg;
+    Kvpool__RemoveByRegexResponse resp = KVPOOL__REMOVE_BY_REGEX_RESPONSE__INIT;
+    char msg[256] = "";
+    resp.message = msg;
+    regex_t re;
+    bool have_re = false;
+    kvp_object_t **victims = NULL;
+    if (!req->all && req->pattern[0] == '\0') {
+        resp.status = KVP_ERR_INVALID_ARG;
+        snprintf(msg, sizeof(msg), "an empty pattern removes nothing; ask for all instead");
+        goto pack;
+    }
+    if (!req->all) {
+        resp.status = pattern_compile(req->pattern, &re, msg, sizeof(msg));
+        if (resp.status != KVP_OK)
+            goto pack;
+        have_re = true;
+    }
+    /* collect first, then remove: removal unlinks from the chains being walked */
+    size_t n = 0, cap = 0;
+    for (uint64_t b = 0; b < st->index.n_buckets; b++) {
+        for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
+            if (!key_matches(obj, have_re ? &re : NULL))
+                continue;
+            if (obj->state != KVP_OBJ_COMPLETE) {
+                resp.skipped_pending++;
+                continue;
+            }
+            if (kvp_leased(st, obj) && !req->force) {
+                resp.skipped_leased++;
+                continue;
+            }
+            if (n == cap) {
+                cap = cap ? cap * 2 : 256;
+                kvp_object_t **v = realloc(victims, cap * sizeof(*v));
+                if (v == NULL) {
+                    resp.status = KVP_ERR_NOMEM;
+                    goto remove;
+                }
+                victims = v;
+            }
+            victims[n++] = obj;
+        }
+    }
+remove:
+    for (size_t i = 0; i < n; i++)
+        kvp_object_remove(st, victims[i]);
+    resp.removed = n;
+    if (n > 0)
+        KVP_LOG_INFO("removed %zu objects matching %s%s", n, req->all ? "(all)" : req->pattern,
+                     req->force ? " (force)" : "");
+pack:
+    if (have_re)
+        regfree(&re);
+    free(victims);
+    return kvp_call_reply(call, &resp.base);
+}

@@ -1,0 +1,17 @@
+/*
+ * admin.h - Ping, Stat, List, RemoveByRegex (see admin.c).
+ */
+#ifndef KVP_MASTER_RPC_ADMIN_H
+#define KVP_MASTER_RPC_ADMIN_H
+
+#include <stdint.h>
+
+#include "master/rpc/call.h"
+
+/* Handlers (kvp_handler_t): dispatch.c's method table names them. */
+kvp_status_t kvp_handle_ping(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *msg);
+
+#endif

@@ -1,0 +1,136 @@
+/*
+ * call.c - the one response packer and what the handlers share.
+ *
+ * Design: handlers build a protobuf-c response that points into master
+ * state and their own scratch arrays, and pack it here before they return,
+ * so nothing in it outlives the call; the dispatcher (dispatch.c) decodes
+ * requests and frees them, so a handler neither unpacks nor frees. Every
+ * batch RPC answers per key; a whole-request problem (too many keys,
+ * mismatched array lengths) goes in the response's `status` with no
+ * per-key results.
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/call.h"
+
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/key.h"
+
+kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg)
+{
+    assert(call->resp_desc != NULL && msg->descriptor == call->resp_desc);
+    size_t n = protobuf_c_message_get_packed_size(msg);
+    uint8_t *b = malloc(n ? n : 1);
+    if (b == NULL)
+        return KVP_ERR_NOMEM;
+    protobuf_c_message_pack(msg, b);
+    call->resp = b;
+    call->resp_len = n;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_call_reply_statuses(kvp_call_t *call, int32_t status, int32_t *statuses, size_t n)
+{
+    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+    resp.status = status;
+    resp.statuses = statuses;
+    resp.n_statuses = statuses ? n : 0;
+    return kvp_call_reply(call, &resp.base);
+}
+
+void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
+{
+    kvpool__segment_desc__init(d);
+    d->id = seg->id;
+    d->name = seg->name;
+    d->medium = seg->medium;
+    d->size = seg->size;
+    d->owner_client_id = seg->owner_client_id;
+    d->host_id = seg->host_id;
+    d->tcp_endpoint = seg->tcp_endpoint;
+    d->shm_path = seg->shm_path;
+    d->rdma_endpoint = seg->rdma_endpoint;
+    d->rdma_addr = seg->rdma_addr;
+    d->rdma_rkey = seg->rdma_rkey;
+    d->draining = seg->draining;
+}
+
+bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->descs[i].id == seg->id)
+            return true;
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 8;
+        Kvpool__SegmentDesc *d = realloc(s->descs, cap * sizeof(*d));
+        if (d == NULL)
+            return false;
+        s->descs = d;
+        s->cap = cap;
+    }
+    kvp_seg_desc_fill(&s->descs[s->n++], seg);
+    return true;
+}
+
+bool kvp_seg_set_finish(kvp_seg_set_t *s)
+{
+    s->ptrs = malloc((s->n ? s->n : 1) * sizeof(*s->ptrs));
+    if (s->ptrs == NULL)
+        return false;
+    for (size_t i = 0; i < s->n; i++)
+        s->ptrs[i] = &s->descs[i];
+    return true;
+}
+
+void kvp_seg_set_free(kvp_seg_set_t *s)
+{
+    free(s->descs);
+    free(s->ptrs);
+}
+
+/*
+ * Append obj's replicas to a response under construction: reps/repptr have
+ * room (sized by the caller), *nr counts what is used, segs collects the
+ * descriptors. false: out of memory.
+ */
+bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
+                           Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        Kvpool__Replica *rep = &reps[*nr];
+        kvpool__replica__init(rep);
+        rep->segment_id = obj->replicas[r].segment_id;
+        rep->offset = obj->replicas[r].offset;
+        rep->length = obj->size;
+        repptr[(*nr)++] = rep;
+        if (!kvp_seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))
+            return false;
+    }
+    return true;
+}
+
+kvp_status_t kvp_call_check_batch(size_t n_keys)
+{
+    return n_keys > 65536 ? KVP_ERR_TOO_MANY : KVP_OK;
+}
+
+/*
+ * Validate a key off the wire and look it up. Keys travel as protobuf
+ * `bytes` with an explicit length, so a NUL inside one is seen (and refused)
+ * rather than silently shortening the key.
+ */
+kvp_status_t kvp_call_key_lookup(kvp_master_state_t *st, const ProtobufCBinaryData *key,
+                                 kvp_object_t **obj_p, uint64_t *hash_p)
+{
+    const char *k = (const char *)key->data;
+    if (!kvp_key_valid(k, key->len))
+        return KVP_ERR_BAD_KEY;
+    uint64_t h = kvp_index_hash(k, key->len);
+    if (hash_p)
+        *hash_p = h;
+    *obj_p = kvp_index_lookup(&st->index, k, key->len, h);
+    return KVP_OK;
+}

@@ -1,0 +1,76 @@
+/*
+ * call.h - what every RPC handler shares: the call it answers, the one
+ * response packer, request checks and response builders (see call.c).
+ */
+#ifndef KVP_MASTER_RPC_CALL_H
+#define KVP_MASTER_RPC_CALL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool.pb-c.h"
+#include "master/state.h"
+
+/*
+ * One request being handled. The dispatcher fills st, conn_id and
+ * resp_desc (the method's response type; NULL: one-way) and frees the
+ * request after the handler returns; the handler answers through
+ * kvp_call_reply, which sets resp/resp_len (malloc'd, the dispatcher's
+ * caller frees them).
+ */
+typedef struct kvp_call {
+    kvp_master_state_t *st;
+    uint64_t conn_id;
+    const ProtobufCMessageDescriptor *resp_desc;
+    uint8_t *resp;
+    size_t resp_len;
+} kvp_call_t;
+
+/*
+ * A handler: the request is already decoded (its type is the method's
+ * request type, or NULL for methods whose body is ignored) and borrowed
+ * until return. KVP_OK: answered (or one-way); any other status is a
+ * frame-level error (the reply carries only the status).
+ */
+typedef kvp_status_t (*kvp_handler_t)(kvp_call_t *call, ProtobufCMessage *req);
+
+/*
+ * The one response packer: pack msg (of the method's response type) into
+ * call->resp. KVP_ERR_NOMEM when out of memory (no response then). The
+ * message may point into the handler's buffers and master state: they only
+ * need to live until this returns.
+ */
+kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg);
+
+/* Answer a StatusesResponse (whole-request status, per-key statuses or NULL). */
+kvp_status_t kvp_call_reply_statuses(kvp_call_t *call, int32_t status, int32_t *statuses, size_t n);
+
+/* KVP_ERR_TOO_MANY past 65536 keys. */
+kvp_status_t kvp_call_check_batch(size_t n_keys);
+
+/* Validate a wire key and look it up (*obj_p NULL when absent). */
+kvp_status_t kvp_call_key_lookup(kvp_master_state_t *st, const ProtobufCBinaryData *key,
+                                 kvp_object_t **obj_p, uint64_t *hash_p);
+
+/* Segment descriptors referenced by a response: a small set of unique ids. */
+typedef struct kvp_seg_set {
+    Kvpool__SegmentDesc *descs;
+    Kvpool__SegmentDesc **ptrs;
+    size_t n, cap;
+} kvp_seg_set_t;
+
+void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg);
+bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg);
+bool kvp_seg_set_finish(kvp_seg_set_t *s);
+void kvp_seg_set_free(kvp_seg_set_t *s);
+
+/*
+ * Append obj's replicas to a response under construction: reps/repptr have
+ * room (sized by the caller), *nr counts what is used, segs collects the
+ * descriptors. false: out of memory.
+ */
+bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
+                           Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs);
+
+#endif

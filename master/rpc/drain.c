@@ -1,0 +1,246 @@
+/*
+ * drain.c - moving objects off a segment before it goes: Drain, MoveStart,
+ * MoveEnd, and the end of a closed connection's moves.
+ *
+ * Design: Drain marks a segment draining: placement skips it and its owner
+ * learns through its heartbeat that it should move its objects away and
+ * unmount. MoveStart, per object with a single replica on the draining
+ * segment: a new extent elsewhere (recorded in st->moves), written by the
+ * owner; MoveEnd swaps it in if the object is unchanged (same size and CRC,
+ * still there), otherwise frees it. A move never ended is freed when its
+ * connection closes.
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/drain.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "master/meta/placement.h"
+
+kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__DrainRequest *req = (Kvpool__DrainRequest *)req_msg;
+    Kvpool__DrainResponse resp = KVPOOL__DRAIN_RESPONSE__INIT;
+    char msg[320] = "";
+    resp.message = msg;
+    kvp_segment_t *seg = req->segment_name[0] != '\0'
+                             ? kvp_segment_table_find_name(&st->segments, req->segment_name)
+                             : kvp_segment_table_get(&st->segments, req->segment_id);
+    if (seg == NULL) {
+        resp.status = KVP_ERR_SEGMENT_GONE;
+        snprintf(msg, sizeof(msg), "no segment %s is mounted",
+                 req->segment_name[0] != '\0' ? req->segment_name : "with that id");
+    } else {
+        if (!seg->draining)
+            KVP_LOG_INFO("segment %s (id %#llx) is draining: %llu objects to move or drop",
+                         seg->name, (unsigned long long)seg->id, (unsigned long long)seg->objects);
+        seg->draining = true;
+        resp.segment_id = seg->id;
+    }
+    return kvp_call_reply(call, &resp.base);
+}
+
+static int replica_on(const kvp_object_t *obj, uint64_t segment_id)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (obj->replicas[r].segment_id == segment_id)
+            return (int)r;
+    return -1;
+}
+
+/* Does obj have a replica on a mounted, non-draining segment other than `from`? */
+static bool kept_elsewhere(kvp_master_state_t *st, const kvp_object_t *obj, uint64_t from)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (obj->replicas[r].segment_id == from)
+            continue;
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && !seg->draining)
+            return true;
+    }
+    return false;
+}
+
+kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t conn_id = call->conn_id;
+    Kvpool__MoveStartRequest *req = (Kvpool__MoveStartRequest *)req_msg;
+    Kvpool__MoveStartResponse resp = KVPOOL__MOVE_START_RESPONSE__INIT;
+    Kvpool__PutStartResult *res = NULL;
+    Kvpool__PutStartResult **resptr = NULL;
+    Kvpool__Replica *reps = NULL;
+    Kvpool__Replica **repptr = NULL;
+    kvp_seg_set_t segs = {0};
+    kvp_status_t rc = KVP_ERR_NOMEM;
+    size_t n = req->n_keys;
+    kvp_segment_t *from = kvp_segment_table_get(&st->segments, req->from_segment_id);
+    resp.status = kvp_call_check_batch(n);
+    if (resp.status == KVP_OK)
+        resp.status = from == NULL                     ? KVP_ERR_SEGMENT_GONE
+                      : from->owner_conn_id != conn_id ? KVP_ERR_NOT_OWNER
+                      : !from->draining                ? KVP_ERR_INVALID_ARG
+                                                       : KVP_OK;
+    if (resp.status != KVP_OK)
+        goto pack;
+    res = calloc(n ? n : 1, sizeof(*res));
+    resptr = calloc(n ? n : 1, sizeof(*resptr));
+    reps = calloc(n ? n : 1, sizeof(*reps));
+    repptr = calloc(n ? n : 1, sizeof(*repptr));
+    if (!res || !resptr || !reps || !repptr)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        kvpool__put_start_result__init(&res[i]);
+        resptr[i] = &res[i];
+        kvp_object_t *obj;
+        res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
+        if (res[i].status != KVP_OK)
+            continue;
+        if (obj == NULL || obj->state != KVP_OBJ_COMPLETE || replica_on(obj, from->id) < 0) {
+            res[i].status = KVP_ERR_NOT_FOUND;
+            continue;
+        }
+        if (kept_elsewhere(st, obj, from->id))
+            continue; /* a replica on a segment that stays keeps it: nothing to copy */
+        kvp_placement_req_t preq = {.size = obj->size, .replica_num = 1};
+        kvp_replica_t dest;
+        unsigned got = 0;
+        res[i].status = kvp_placement_alloc(&st->segments, &preq, &st->rng, &dest, &got);
+        if (res[i].status != KVP_OK)
+            continue;
+        kvp_move_t *mv = malloc(sizeof(*mv) + obj->key_len);
+        if (mv == NULL ||
+            !kvp_seg_set_add(&segs, kvp_segment_table_get(&st->segments, dest.segment_id))) {
+            free(mv);
+            kvp_segment_table_free_extent(&st->segments, &dest);
+            res[i].status = KVP_ERR_NOMEM;
+            continue;
+        }
+        mv->conn_id = conn_id;
+        mv->from_segment_id = from->id;
+        mv->size = obj->size;
+        mv->dest = dest;
+        mv->crc32c = obj->crc32c;
+        mv->key_len = obj->key_len;
+        memcpy(mv->key, kvp_object_key(obj), obj->key_len);
+        mv->next = st->moves;
+        st->moves = mv;
+        kvpool__replica__init(&reps[i]);
+        reps[i].segment_id = dest.segment_id;
+        reps[i].offset = dest.offset;
+        reps[i].length = obj->size;
+        repptr[i] = &reps[i];
+        res[i].replicas = &repptr[i];
+        res[i].n_replicas = 1;
+    }
+    if (!kvp_seg_set_finish(&segs))
+        goto out; /* the moves stay recorded; the owner's MoveEnd or close frees them */
+    resp.n_results = n;
+    resp.results = resptr;
+    resp.n_segments = segs.n;
+    resp.segments = segs.ptrs;
+pack:
+    rc = kvp_call_reply(call, &resp.base);
+out:
+    kvp_seg_set_free(&segs);
+    free(res);
+    free(resptr);
+    free(reps);
+    free(repptr);
+    return rc;
+}
+
+/* Unlink the move of `key` from `from` by conn, or NULL. */
+static kvp_move_t *move_take(kvp_master_state_t *st, uint64_t conn_id, uint64_t from,
+                             const ProtobufCBinaryData *key)
+{
+    for (kvp_move_t **pp = &st->moves; *pp != NULL; pp = &(*pp)->next) {
+        kvp_move_t *mv = *pp;
+        if (mv->conn_id == conn_id && mv->from_segment_id == from && mv->key_len == key->len &&
+            memcmp(mv->key, key->data, key->len) == 0) {
+            *pp = mv->next;
+            return mv;
+        }
+    }
+    return NULL;
+}
+
+static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint64_t from,
+                                 const ProtobufCBinaryData *key, int32_t copy_status)
+{
+    kvp_move_t *mv = move_take(st, conn_id, from, key);
+    if (mv == NULL)
+        return KVP_ERR_NOT_FOUND;
+    kvp_status_t status = KVP_OK;
+    kvp_object_t *obj = NULL;
+    int r = -1;
+    if (copy_status == KVP_OK) {
+        kvp_call_key_lookup(st, key, &obj, NULL);
+        if (obj != NULL)
+            r = replica_on(obj, from);
+        /* swap only onto the very object that was copied, into a live segment */
+        if (obj == NULL || obj->state != KVP_OBJ_COMPLETE || obj->size != mv->size ||
+            obj->crc32c != mv->crc32c || r < 0 ||
+            kvp_segment_table_get(&st->segments, mv->dest.segment_id) == NULL)
+            status = KVP_ERR_NOT_FOUND;
+    }
+    if (copy_status == KVP_OK && status == KVP_OK) {
+        /* The old extent is on a draining segment, which takes no new extents: freed
+         * here, it is never reused, so a reader still leasing it reads intact bytes
+         * until the owner unmounts. */
+        kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
+        obj->replicas[r] = mv->dest;
+        st->stats.moved++;
+    } else {
+        kvp_segment_table_free_extent(&st->segments, &mv->dest);
+    }
+    free(mv);
+    return status;
+}
+
+kvp_status_t kvp_handle_move_end(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t conn_id = call->conn_id;
+    Kvpool__MoveEndRequest *req = (Kvpool__MoveEndRequest *)req_msg;
+    int32_t status = kvp_call_check_batch(req->n_keys);
+    if (status == KVP_OK && req->n_statuses != req->n_keys)
+        status = KVP_ERR_INVALID_ARG;
+    int32_t *out = NULL;
+    kvp_status_t rc = KVP_OK;
+    if (status == KVP_OK) {
+        out = malloc((req->n_keys ? req->n_keys : 1) * sizeof(*out));
+        if (out == NULL) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < req->n_keys; i++)
+            out[i] =
+                move_end_one(st, conn_id, req->from_segment_id, &req->keys[i], req->statuses[i]);
+    }
+    rc = kvp_call_reply_statuses(call, status, out, req->n_keys);
+out:
+    free(out);
+    return rc;
+}
+
+void kvp_drain_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
+{
+    kvp_move_t **pp = &st->moves;
+    while (*pp != NULL) {
+        kvp_move_t *mv = *pp;
+        if (mv->conn_id == conn_id) {
+            *pp = mv->next;
+            kvp_segment_table_free_extent(&st->segments, &mv->dest);
+            free(mv);
+            continue;
+        }
+        pp = &mv->next;
+    }
+}

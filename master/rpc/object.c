@@ -1,0 +1,540 @@
+/*
+ * object.c - the master's object RPCs: PutStart, PutEnd, PutRevoke, Remove,
+ * Exist, GetReplicaList, GetSize, LeaseRelease; and the revoke of a closed
+ * connection's unfinished puts.
+ *
+ * Design: object life: PutStart creates a PENDING object (invisible to get,
+ * exist, size) holding its extents, evicting (policy/eviction.c) when the
+ * pool is full; PutEnd by the same connection makes it COMPLETE with its
+ * CRC32C; PutRevoke, the put timeout or the writer's connection closing
+ * frees it. GetReplicaList grants a read lease per object (policy/lease.c)
+ * that LeaseRelease (one-way) ends. Batches are handled last key first
+ * (the eviction policy's chain order); each key's answer is its own.
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/object.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/rpc.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/policy/lists.h"
+
+static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placement_req_t *preq)
+{
+    obj->pin = (uint8_t)preq->pin;
+    obj->soft_pin_until_s = 0;
+    if (preq->pin == KVP_PIN_SOFT) {
+        /* whole seconds, rounded up so a pin never ends early; saturating, so a huge
+         * TTL means "as long as possible" rather than wrapping to the past */
+        uint64_t ttl = preq->soft_pin_ttl_s ? preq->soft_pin_ttl_s : st->config.soft_pin_ttl_s;
+        uint64_t until = (st->now_ms + 999) / 1000 + ttl;
+        obj->soft_pin_until_s = until > UINT32_MAX ? UINT32_MAX : (uint32_t)until;
+    }
+}
+
+/*
+ * Bytes that the reads now in flight give back when they end: removed objects kept for
+ * their readers are freed then; a live object becomes evictable again, unless eviction is
+ * off, it is hard-pinned or it is on a draining segment. O(reads in flight): a full pool
+ * only, once per PutStart batch (*cache_p, -1: not yet computed).
+ */
+static uint64_t reads_give_back(kvp_master_state_t *st, int64_t *cache_p)
+{
+    if (*cache_p >= 0)
+        return (uint64_t)*cache_p;
+    uint64_t bytes = 0;
+    const kvp_lease_table_t *t = &st->leases;
+    for (uint32_t i = t->head; i != UINT32_MAX; i = t->slots[i].next) {
+        const kvp_object_t *obj = t->slots[i].obj;
+        if (obj->state == KVP_OBJ_RETIRED || (st->config.evict && obj->pin != KVP_PIN_HARD &&
+                                              !kvp_segment_table_on_draining(&st->segments, obj)))
+            bytes += t->slots[i].bytes;
+    }
+    *cache_p = (int64_t)bytes;
+    return bytes;
+}
+
+static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
+                                  const ProtobufCBinaryData *key, uint64_t size,
+                                  const kvp_placement_req_t *preq, int64_t *give_back_p,
+                                  kvp_object_t **obj_p)
+{
+    kvp_object_t *obj;
+    uint64_t hash;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, &hash);
+    if (status != KVP_OK)
+        return status;
+    if (size == 0)
+        return KVP_ERR_INVALID_ARG;
+    if (obj != NULL && obj->state != KVP_OBJ_COMPLETE)
+        return KVP_ERR_PENDING;
+    if (obj != NULL && !preq->upsert)
+        return KVP_ERR_EXISTS;
+    if (obj != NULL) {
+        /* Upsert. Same size and nobody reading: rewrite the extents in place (the
+         * object is PENDING, so invisible, while that happens). Otherwise the old
+         * object goes now (its extents stay until readers' leases end) and the new
+         * one gets extents of its own. Either way the key is absent until PutEnd,
+         * and absent for good if the new put fails. */
+        if (obj->size == size && !kvp_leased(st, obj) &&
+            !kvp_segment_table_on_draining(&st->segments, obj) &&
+            obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
+            kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
+            kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
+            obj->writer_conn_id = conn_id;
+            obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+            set_pin(st, obj, preq);
+            *obj_p = obj;
+            return KVP_OK;
+        }
+        kvp_object_remove(st, obj);
+    }
+    kvp_replica_t reps[KVP_MAX_REPLICAS];
+    unsigned n = 0;
+    kvp_placement_req_t r = *preq;
+    r.size = size;
+    status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
+    /* No room: evict this object's worth (policy order) and try again. Free bytes are
+     * not a free extent: in a fragmented segment the freed space may be scattered, so
+     * keep evicting until the object fits or nothing evictable is left. */
+    uint64_t need = size * (r.replica_num ? r.replica_num : 1);
+    while (status == KVP_ERR_POOL_FULL) {
+        /* leases whose TTL is over first: what they free may be enough by itself */
+        uint64_t before = kvp_master_used(st);
+        kvp_lease_expire(st);
+        uint64_t used = kvp_master_used(st);
+        if (kvp_evict_to(st, used > need ? used - need : 0) == 0 && used == before)
+            break;
+        status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
+    }
+    /* Nothing evictable is left. If the reads in flight give back enough room when they
+     * end, the client waits and asks again (bounded by its timeout). */
+    if (status == KVP_ERR_POOL_FULL && reads_give_back(st, give_back_p) >= need)
+        return KVP_ERR_POOL_BUSY;
+    if (status != KVP_OK)
+        return status;
+    obj = kvp_object_create((const char *)key->data, key->len, hash, n);
+    if (obj == NULL) {
+        for (unsigned i = 0; i < n; i++) {
+            kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
+            kvp_offset_alloc_free(seg->alloc, reps[i].handle);
+            seg->objects--;
+        }
+        return KVP_ERR_NOMEM;
+    }
+    memcpy(obj->replicas, reps, n * sizeof(reps[0]));
+    obj->size = size;
+    obj->state = KVP_OBJ_PENDING;
+    obj->writer_conn_id = conn_id;
+    obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+    set_pin(st, obj, preq);
+    kvp_index_insert(&st->index, obj);
+    *obj_p = obj;
+    return KVP_OK;
+}
+
+/* What holds a pool that has no room left (PutStartResponse.message). */
+static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
+{
+    uint64_t pending = 0;
+    for (const kvp_object_t *o = st->index.pending_list.head; o != NULL; o = o->lnext)
+        pending += kvp_object_bytes(o);
+    uint64_t used = kvp_master_used(st);
+    uint64_t other = used - KVP_MIN(used, pending + st->leases.bytes);
+    snprintf(buf, len,
+             "pool full: %llu of %llu bytes used: %llu by reads in flight (%u objects), %llu by "
+             "puts not yet ended (%llu objects), %llu by %s; or the free room is too "
+             "fragmented for the object",
+             (unsigned long long)used, (unsigned long long)st->segments.capacity,
+             (unsigned long long)st->leases.bytes, st->leases.live, (unsigned long long)pending,
+             (unsigned long long)st->index.pending, (unsigned long long)other,
+             st->config.evict ? "pinned objects or objects on draining segments"
+                              : "stored objects (eviction is off: --no-eviction)");
+}
+
+kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t conn_id = call->conn_id;
+    Kvpool__PutStartRequest *req = (Kvpool__PutStartRequest *)req_msg;
+    Kvpool__PutStartResponse resp = KVPOOL__PUT_START_RESPONSE__INIT;
+    Kvpool__PutStartResult *res = NULL;
+    Kvpool__PutStartResult **resptr = NULL;
+    Kvpool__Replica *reps = NULL;
+    Kvpool__Replica **repptr = NULL;
+    kvp_seg_set_t segs = {0};
+    kvp_status_t rc = KVP_OK;
+    char full_msg[384] = "";
+
+    resp.status = kvp_call_check_batch(req->n_keys);
+    if (resp.status == KVP_OK && req->n_sizes != req->n_keys)
+        resp.status = KVP_ERR_INVALID_ARG;
+    if (resp.status != KVP_OK)
+        goto pack;
+
+    kvp_placement_req_t preq = {.replica_num = 1};
+    if (req->config != NULL) {
+        preq.replica_num = req->config->replica_num ? req->config->replica_num : 1;
+        if (req->config->pin <= KVP_PIN_HARD)
+            preq.pin = req->config->pin;
+        preq.soft_pin_ttl_s = req->config->soft_pin_ttl_s;
+        preq.upsert = req->config->upsert;
+        if (req->config->preferred_segment[0] != '\0')
+            preq.preferred =
+                kvp_segment_table_find_name(&st->segments, req->config->preferred_segment);
+    }
+    if (preq.replica_num > KVP_MAX_REPLICAS)
+        preq.replica_num = KVP_MAX_REPLICAS;
+    size_t n = req->n_keys;
+    res = calloc(n ? n : 1, sizeof(*res));
+    resptr = calloc(n ? n : 1, sizeof(*resptr));
+    /* an in-place upsert answers with the existing object's replicas */
+    size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num;
+    reps = calloc(n * per_key + 1, sizeof(*reps));
+    repptr = calloc(n * per_key + 1, sizeof(*repptr));
+    if (!res || !resptr || !reps || !repptr) {
+        rc = KVP_ERR_NOMEM;
+        goto out;
+    }
+    size_t nr = 0;
+    int64_t give_back = -1;
+    for (size_t i = 0; i < n; i++) {
+        kvpool__put_start_result__init(&res[i]);
+        resptr[i] = &res[i];
+        kvp_object_t *obj = NULL;
+        res[i].status =
+            put_start_one(st, conn_id, &req->keys[i], req->sizes[i], &preq, &give_back, &obj);
+        if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
+            full_msg[0] == '\0')
+            pool_full_message(st, full_msg, sizeof(full_msg));
+        if (res[i].status != KVP_OK)
+            continue;
+        res[i].replicas = &repptr[nr];
+        res[i].n_replicas = obj->n_replicas;
+        if (!kvp_call_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
+        }
+    }
+    if (!kvp_seg_set_finish(&segs)) {
+        rc = KVP_ERR_NOMEM;
+        goto out;
+    }
+    kvp_evict_if_needed(st);
+    resp.n_results = n;
+    resp.results = resptr;
+    resp.n_segments = segs.n;
+    resp.segments = segs.ptrs;
+    resp.message = full_msg;
+pack:;
+    rc = kvp_call_reply(call, &resp.base);
+out:
+    if (rc != KVP_OK && res != NULL && resptr != NULL) {
+        /* Could not answer: undo the PENDING objects this call created. */
+        for (size_t i = 0; i < req->n_keys; i++) {
+            if (resptr[i] == NULL || res[i].status != KVP_OK)
+                continue;
+            kvp_object_t *obj;
+            if (kvp_call_key_lookup(st, &req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
+                obj->state == KVP_OBJ_PENDING && obj->writer_conn_id == conn_id) {
+                kvp_index_unlink(&st->index, obj);
+                kvp_object_release(st, obj);
+            }
+        }
+    }
+    kvp_seg_set_free(&segs);
+    free(res);
+    free(resptr);
+    free(reps);
+    free(repptr);
+    return rc;
+}
+
+typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
+                                    const ProtobufCBinaryData *key,
+                                    const Kvpool__PutEndRequest *end, size_t i, bool force);
+
+static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
+                               const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                               size_t i, bool force)
+{
+    (void)force;
+    kvp_object_t *obj;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    if (status != KVP_OK)
+        return status;
+    if (obj == NULL)
+        return KVP_ERR_NOT_FOUND;
+    if (obj->state != KVP_OBJ_PENDING)
+        return KVP_ERR_NOT_PENDING;
+    if (obj->writer_conn_id != conn_id)
+        return KVP_ERR_NOT_OWNER;
+    /* Best effort per replica: keep what was written (bit r: replica r of PutStart's
+     * answer; no mask: all), free the rest, and drop tombstones of replicas whose
+     * segment went away meanwhile. */
+    uint32_t mask = end->n_written_mask > 0 ? end->written_mask[i] : UINT32_MAX;
+    unsigned w = 0;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (obj->replicas[r].segment_id != 0 && (mask & (1u << r)))
+            obj->replicas[w++] = obj->replicas[r];
+        else if (obj->replicas[r].segment_id != 0)
+            kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
+    }
+    if (w == 0) {
+        kvp_index_unlink(&st->index, obj);
+        free(obj);
+        return KVP_ERR_IO;
+    }
+    if (w < obj->n_replicas) {
+        memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+        obj->n_replicas = (uint8_t)w;
+    }
+    obj->crc32c = end->crc32c[i];
+    obj->deadline_ms = 0;
+    obj->lease = 0; /* from now on: lease slot and policy state, not the writer */
+    obj->policy = 0;
+    kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
+    kvp_policy_put(st, obj, end->n_keys > 1 && i + 1 == end->n_keys);
+    return KVP_OK;
+}
+
+static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
+                                  const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                                  size_t i, bool force)
+{
+    (void)end, (void)i, (void)force;
+    kvp_object_t *obj;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    if (status != KVP_OK)
+        return status;
+    if (obj == NULL)
+        return KVP_ERR_NOT_FOUND;
+    if (obj->state != KVP_OBJ_PENDING)
+        return KVP_ERR_NOT_PENDING;
+    if (obj->writer_conn_id != conn_id)
+        return KVP_ERR_NOT_OWNER;
+    kvp_index_unlink(&st->index, obj);
+    kvp_object_release(st, obj);
+    return KVP_OK;
+}
+
+static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
+                              const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                              size_t i, bool force)
+{
+    (void)conn_id, (void)end, (void)i, (void)force;
+    kvp_object_t *obj;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    if (status != KVP_OK)
+        return status;
+    if (obj == NULL)
+        return KVP_ERR_NOT_FOUND;
+    if (obj->state == KVP_OBJ_PENDING)
+        return KVP_ERR_PENDING;
+    if (kvp_leased(st, obj) && !force)
+        return KVP_ERR_LEASED;
+    kvp_object_remove(st, obj);
+    return KVP_OK;
+}
+
+static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
+                             const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
+                             size_t i, bool force)
+{
+    (void)conn_id, (void)end, (void)i, (void)force;
+    kvp_object_t *obj;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    if (status != KVP_OK)
+        return status;
+    if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
+        return 0;
+    if (st->config.lease_on_exist)
+        kvp_lease_grant(st, obj); /* nobody releases it: it ends by the TTL */
+    return 1;
+}
+
+/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one packer. `end`: the
+ * PutEnd request (NULL for the others). */
+static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size_t n_keys,
+                               const Kvpool__PutEndRequest *end, bool force, key_op_fn_t fn)
+{
+    int32_t status = kvp_call_check_batch(n_keys);
+    if (status == KVP_OK && end != NULL &&
+        (end->n_crc32c != n_keys || (end->n_written_mask != 0 && end->n_written_mask != n_keys)))
+        status = KVP_ERR_INVALID_ARG;
+    int32_t *out = NULL;
+    kvp_status_t rc = KVP_OK;
+    if (status == KVP_OK) {
+        out = malloc((n_keys ? n_keys : 1) * sizeof(*out));
+        if (out == NULL)
+            return KVP_ERR_NOMEM;
+        /* last key first: the eviction policy sees a chain's first block last, so it
+         * ends up the most recent (policy/lists.c); each key's answer is its own */
+        for (size_t i = n_keys; i-- > 0;)
+            out[i] = fn(call->st, call->conn_id, &keys[i], end, i, force);
+    }
+    rc = kvp_call_reply_statuses(call, status, out, n_keys);
+    free(out);
+    return rc;
+}
+
+kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    Kvpool__PutEndRequest *req = (Kvpool__PutEndRequest *)req_msg;
+    return keys_batch(call, req->keys, req->n_keys, req, false, op_put_end);
+}
+
+kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_put_revoke);
+}
+
+kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_remove);
+}
+
+kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist);
+}
+
+kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
+    Kvpool__GetReplicaListResponse resp = KVPOOL__GET_REPLICA_LIST_RESPONSE__INIT;
+    Kvpool__GetReplicaResult *res = NULL;
+    Kvpool__GetReplicaResult **resptr = NULL;
+    Kvpool__Replica *reps = NULL;
+    Kvpool__Replica **repptr = NULL;
+    kvp_seg_set_t segs = {0};
+    kvp_status_t rc = KVP_OK;
+    size_t n = req->n_keys;
+    resp.status = kvp_call_check_batch(n);
+    if (resp.status == KVP_OK) {
+        res = calloc(n ? n : 1, sizeof(*res));
+        resptr = calloc(n ? n : 1, sizeof(*resptr));
+        reps = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*reps));
+        repptr = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*repptr));
+        if (!res || !resptr || !reps || !repptr) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
+        }
+        size_t nr = 0;
+        for (size_t i = n; i-- > 0;) { /* last key first, as in do_keys */
+            kvpool__get_replica_result__init(&res[i]);
+            resptr[i] = &res[i];
+            kvp_object_t *obj;
+            res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
+            if (res[i].status != KVP_OK)
+                continue;
+            if (obj == NULL || obj->state != KVP_OBJ_COMPLETE) {
+                res[i].status = KVP_ERR_NOT_FOUND;
+                continue;
+            }
+            res[i].size = obj->size;
+            res[i].crc32c = obj->crc32c;
+            /* a read lease: the extents stay put (no eviction, no plain remove) until
+             * the client releases it after its transfer */
+            res[i].lease_id = kvp_lease_grant(st, obj); /* the read counts when it ends */
+            res[i].replicas = &repptr[nr];
+            res[i].n_replicas = obj->n_replicas;
+            if (!kvp_call_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+                rc = KVP_ERR_NOMEM;
+                goto out;
+            }
+        }
+        if (!kvp_seg_set_finish(&segs)) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
+        }
+        resp.n_results = n;
+        resp.results = resptr;
+        resp.n_segments = segs.n;
+        resp.segments = segs.ptrs;
+        resp.lease_ttl_ms = st->config.lease_ttl_ms;
+    }
+    rc = kvp_call_reply(call, &resp.base);
+out:
+    /* no answer goes out: nobody will release the leases this call granted */
+    for (size_t i = 0; rc != KVP_OK && resptr != NULL && i < n; i++)
+        if (resptr[i] != NULL && res[i].lease_id != 0)
+            kvp_lease_release(st, res[i].lease_id);
+    kvp_seg_set_free(&segs);
+    free(res);
+    free(resptr);
+    free(reps);
+    free(repptr);
+    return rc;
+}
+
+/* One-way: no response is packed. */
+kvp_status_t kvp_handle_lease_release(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__LeaseReleaseRequest *req = (Kvpool__LeaseReleaseRequest *)req_msg;
+    for (size_t i = 0; i < req->n_lease_ids; i++)
+        kvp_lease_release(st, req->lease_ids[i]);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
+    Kvpool__GetSizeResponse resp = KVPOOL__GET_SIZE_RESPONSE__INIT;
+    int64_t *sizes = NULL;
+    kvp_status_t rc = KVP_OK;
+    resp.status = kvp_call_check_batch(req->n_keys);
+    if (resp.status == KVP_OK) {
+        sizes = malloc((req->n_keys ? req->n_keys : 1) * sizeof(*sizes));
+        if (sizes == NULL) {
+            rc = KVP_ERR_NOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < req->n_keys; i++) {
+            kvp_object_t *obj;
+            kvp_status_t s = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
+            if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE))
+                s = KVP_ERR_NOT_FOUND;
+            sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;
+        }
+        resp.sizes = sizes;
+        resp.n_sizes = req->n_keys;
+    }
+    rc = kvp_call_reply(call, &resp.base);
+out:
+    free(sizes);
+    return rc;
+}
+
+void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
+{
+    /* Revoke the connection's unfinished puts. */
+    kvp_object_t *obj = st->index.pending_list.head;
+    unsigned revoked = 0;
+    while (obj != NULL) {
+        kvp_object_t *next = obj->lnext;
+        if (obj->writer_conn_id == conn_id) {
+            kvp_index_unlink(&st->index, obj);
+            kvp_object_release(st, obj);
+            revoked++;
+        }
+        obj = next;
+    }
+    if (revoked)
+        KVP_LOG_INFO("connection %llu closed: revoked %u unfinished puts",
+                     (unsigned long long)conn_id, revoked);
+}

@@ -1,0 +1,24 @@
+/*
+ * object.h - object RPCs: puts, gets, removes, leases (see object.c).
+ */
+#ifndef KVP_MASTER_RPC_OBJECT_H
+#define KVP_MASTER_RPC_OBJECT_H
+
+#include <stdint.h>
+
+#include "master/rpc/call.h"
+
+/* Handlers (kvp_handler_t): dispatch.c's method table names them. */
+kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_lease_release(kvp_call_t *call, ProtobufCMessage *msg);
+
+/* A connection closed: revoke its PENDING puts. */
+void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
+
+#endif

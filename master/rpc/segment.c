@@ -1,0 +1,198 @@
+/*
+ * segment.c - the master's segment RPCs: Mount, Unmount, Heartbeat, and the
+ * unmount of a closed connection's segments.
+ *
+ * Design: a segment is mounted by one connection and lives as long as it:
+ * when the connection closes (or the owner unmounts) its replicas are
+ * dropped and objects left with none are removed, so a dead owner's bytes
+ * are never handed out. Heartbeat: a client says it is alive (any frame
+ * does; the server closes connections silent past --client-ttl) and lists
+ * the segments it believes mounted; the answer says whether it must
+ * remount and which of its segments to drain.
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/segment.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/parse.h"
+#include "master/policy/lease.h"
+
+kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t conn_id = call->conn_id;
+    Kvpool__MountRequest *req = (Kvpool__MountRequest *)req_msg;
+    Kvpool__MountResponse resp = KVPOOL__MOUNT_RESPONSE__INIT;
+    char msg[256] = "";
+    const Kvpool__SegmentDesc *d = req->segment;
+    kvp_status_t status = KVP_ERR_INVALID_ARG;
+    char host[256];
+    uint16_t port;
+    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->size > KVP_SEGMENT_MAX_SIZE ||
+        d->name[0] == '\0' || strlen(d->name) > 255 || strcmp(d->medium, "dram") != 0 ||
+        d->host_id[0] == '\0' ||
+        kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK ||
+        (d->rdma_endpoint[0] != '\0' &&
+         kvp_parse_hostport(d->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)) {
+        snprintf(msg, sizeof(msg),
+                 "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
+                 "\"dram\", a host id, a tcp endpoint host:port and an empty or host:port "
+                 "rdma endpoint",
+                 KVP_SEGMENT_MIN_SIZE);
+        goto out;
+    }
+    if (kvp_segment_table_find_name(&st->segments, d->name) != NULL) {
+        status = KVP_ERR_EXISTS;
+        snprintf(msg, sizeof(msg), "a segment named %s is already mounted", d->name);
+        goto out;
+    }
+    kvp_segment_t *seg = calloc(1, sizeof(*seg));
+    status = KVP_ERR_NOMEM;
+    if (seg == NULL)
+        goto out;
+    seg->name = strdup(d->name);
+    seg->medium = strdup(d->medium);
+    seg->host_id = strdup(d->host_id);
+    seg->tcp_endpoint = strdup(d->tcp_endpoint);
+    seg->shm_path = strdup(d->shm_path);
+    seg->rdma_endpoint = strdup(d->rdma_endpoint);
+    seg->rdma_addr = d->rdma_addr;
+    seg->rdma_rkey = d->rdma_rkey;
+    seg->size = d->size;
+    seg->owner_client_id = req->client_id;
+    seg->owner_conn_id = conn_id;
+    if (!seg->name || !seg->medium || !seg->host_id || !seg->tcp_endpoint || !seg->shm_path ||
+        !seg->rdma_endpoint) {
+        kvp_segment_destroy(seg);
+        goto out;
+    }
+    /* 64-byte granularity: cache-line aligned extents, small metadata. */
+    status = kvp_offset_alloc_create(d->size, KVP_SEGMENT_ALIGN, &seg->alloc);
+    if (status == KVP_OK)
+        status = kvp_segment_table_add(&st->segments, seg);
+    if (status != KVP_OK) {
+        snprintf(msg, sizeof(msg), "cannot set up segment %s: %s", d->name, kvp_strerror(status));
+        kvp_segment_destroy(seg);
+        goto out;
+    }
+    resp.segment_id = seg->id;
+    KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s)", seg->name,
+                 (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint);
+out:
+    resp.status = status;
+    resp.message = msg;
+    return kvp_call_reply(call, &resp.base);
+}
+
+typedef struct drop_ctx {
+    kvp_master_state_t *st;
+    uint64_t segment_id;
+    uint64_t dropped;
+} drop_ctx_t;
+
+/*
+ * Drop the replica on ctx->segment_id; remove the object when none is left.
+ * A PENDING object keeps its replica positions (the dropped one becomes a
+ * tombstone, segment id 0): PutEnd's written_mask refers to them by index.
+ */
+static bool drop_replica_cb(kvp_object_t *obj, void *arg)
+{
+    drop_ctx_t *ctx = arg;
+    unsigned live = 0;
+    bool hit = false;
+    for (unsigned i = 0; i < obj->n_replicas; i++) {
+        if (obj->replicas[i].segment_id == ctx->segment_id)
+            hit = true;
+        else if (obj->replicas[i].segment_id != 0)
+            live++;
+    }
+    if (!hit)
+        return false;
+    if (live == 0) {
+        ctx->dropped++;
+        kvp_lease_forget(ctx->st, obj); /* its readers fail: the owner is gone */
+        return true;                    /* its only extent was on the segment being destroyed */
+    }
+    if (obj->state == KVP_OBJ_PENDING) {
+        for (unsigned i = 0; i < obj->n_replicas; i++)
+            if (obj->replicas[i].segment_id == ctx->segment_id)
+                obj->replicas[i].segment_id = 0;
+        return false;
+    }
+    unsigned w = 0;
+    for (unsigned i = 0; i < obj->n_replicas; i++) {
+        if (obj->replicas[i].segment_id == ctx->segment_id)
+            continue;
+        obj->replicas[w++] = obj->replicas[i];
+    }
+    /* Shift the key down behind the shortened replica array. */
+    memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+    obj->n_replicas = (uint8_t)w;
+    return false;
+}
+
+static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg)
+{
+    drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
+    if (seg->objects > 0)
+        kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
+    KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
+                 (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
+    kvp_segment_table_remove(&st->segments, seg);
+    return ctx.dropped;
+}
+
+kvp_status_t kvp_handle_unmount(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t conn_id = call->conn_id;
+    Kvpool__UnmountRequest *req = (Kvpool__UnmountRequest *)req_msg;
+    Kvpool__UnmountResponse resp = KVPOOL__UNMOUNT_RESPONSE__INIT;
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_id);
+    if (seg == NULL)
+        resp.status = KVP_ERR_SEGMENT_GONE;
+    else if (seg->owner_conn_id != conn_id)
+        resp.status = KVP_ERR_NOT_OWNER;
+    else
+        resp.objects_dropped = unmount_segment(st, seg);
+    return kvp_call_reply(call, &resp.base);
+}
+
+kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t conn_id = call->conn_id;
+    Kvpool__HeartbeatRequest *req = (Kvpool__HeartbeatRequest *)req_msg;
+    Kvpool__HeartbeatResponse resp = KVPOOL__HEARTBEAT_RESPONSE__INIT;
+    uint64_t drain[16];
+    size_t n_drain = 0;
+    if (req->n_segment_ids > 1024) {
+        resp.status = KVP_ERR_TOO_MANY;
+    } else {
+        for (size_t i = 0; i < req->n_segment_ids; i++) {
+            kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_ids[i]);
+            if (seg == NULL || seg->owner_conn_id != conn_id)
+                resp.remount = true;
+            else if (seg->draining && n_drain < KVP_ARRAY_SIZE(drain))
+                drain[n_drain++] = seg->id;
+        }
+    }
+    resp.drain_segment_ids = drain;
+    resp.n_drain_segment_ids = n_drain;
+    return kvp_call_reply(call, &resp.base);
+}
+
+void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
+{
+    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
+        kvp_segment_t *seg = st->segments.slots[i];
+        if (seg != NULL && seg->owner_conn_id == conn_id)
+            unmount_segment(st, seg);
+    }
+}

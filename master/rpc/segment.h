@@ -1,0 +1,19 @@
+/*
+ * segment.h - Mount, Unmount, Heartbeat (see segment.c).
+ */
+#ifndef KVP_MASTER_RPC_SEGMENT_H
+#define KVP_MASTER_RPC_SEGMENT_H
+
+#include <stdint.h>
+
+#include "master/rpc/call.h"
+
+/* Handlers (kvp_handler_t): dispatch.c's method table names them. */
+kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_unmount(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *msg);
+
+/* A connection closed: unmount the segments it mounted. */
+void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
+
+#endif
