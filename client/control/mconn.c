@@ -39,7 +39,7 @@
 #include "client/control/mconn.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/sock.h"
 
 typedef struct mc_conn {
     int fd;

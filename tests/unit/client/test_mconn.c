@@ -27,7 +27,8 @@
 
 #include "client/control/mconn.h"
 #include "common/rpc.h"
-#include "common/util.h"
+#include "common/clock.h"
+#include "common/sock.h"
 
 /* ---- the fake master ---- */
 
