@@ -248,8 +248,7 @@ void kvp_client_destroy(kvp_client_t *c)
             req.segment_id = atomic_load(&c->seg_id);
             uint8_t *resp = NULL;
             size_t rlen;
-            if (kvp_client_call(c, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen) == KVP_OK)
-                free(resp);
+            kvp_client_call(c, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen); /* best effort */
         }
     }
     kvp_client_master_close(c);

@@ -119,7 +119,6 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
     if (st != KVP_OK)
         goto fail;
     Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, resp);
-    free(resp);
     if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m) {
         st = sr == NULL ? KVP_ERR_PROTOCOL : sr->status != KVP_OK ? sr->status : KVP_ERR_PROTOCOL;
         if (sr)
@@ -233,7 +232,6 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
     if (rc != KVP_OK)
         goto out_all;
     sr = kvpool__put_start_response__unpack(&kvp_scratch_pb, rlen, resp);
-    free(resp);
     if (sr == NULL || sr->status != KVP_OK || sr->n_results != m) {
         rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
         goto out_all;
@@ -583,7 +581,6 @@ static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys
         if (rc != KVP_OK)
             goto out;
         gr = kvpool__get_replica_list_response__unpack(&kvp_scratch_pb, rlen, resp);
-        free(resp);
         if (gr == NULL || gr->status != KVP_OK || gr->n_results != m) {
             rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
             goto out;
@@ -747,7 +744,6 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
         if (rc == KVP_OK) {
             Kvpool__StatusesResponse *sr =
                 kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, resp);
-            free(resp);
             if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m)
                 rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
             else
@@ -877,7 +873,6 @@ static int64_t get_size_impl(kvp_client_t *c, const char *key)
     if (rc != KVP_OK)
         return rc;
     Kvpool__GetSizeResponse *gr = kvpool__get_size_response__unpack(&kvp_scratch_pb, rlen, resp);
-    free(resp);
     int64_t out = KVP_ERR_PROTOCOL;
     if (gr != NULL && gr->status != KVP_OK)
         out = gr->status;
@@ -905,7 +900,6 @@ static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     if (rc != KVP_OK)
         return rc;
     Kvpool__StatResponse *sr = kvpool__stat_response__unpack(NULL, rlen, resp);
-    free(resp);
     if (sr == NULL)
         return KVP_ERR_PROTOCOL;
     kvp_pool_stat_t *s = calloc(1, sizeof(*s));

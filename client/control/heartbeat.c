@@ -48,7 +48,6 @@ static void heartbeat_once(kvp_client_t *c)
     if (kvp_client_call(c, KVP_RPC_HEARTBEAT, &req.base, &resp, &rlen) != KVP_OK)
         return; /* the next beat reconnects */
     Kvpool__HeartbeatResponse *hr = kvpool__heartbeat_response__unpack(NULL, rlen, resp);
-    free(resp);
     if (hr == NULL)
         return;
     if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {

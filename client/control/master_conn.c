@@ -24,6 +24,7 @@
 
 #include "client/client_priv.h"
 #include "client/control/mconn.h"
+#include "client/mem/scratch.h"
 #include "client/internal.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -31,25 +32,16 @@
 #include "common/sock.h"
 #include "kvpool.pb-c.h"
 
-/* A thread's buffer for packing request bodies: grown to the largest, kept. */
-static _Thread_local uint8_t *tl_buf;
-static _Thread_local size_t tl_cap;
-
+/* The thread's buffer for packing request bodies: grown to the largest, kept. */
 static uint8_t *pack_buf(size_t len)
 {
-    if (len > tl_cap) {
-        size_t cap = KVP_MAX(len, (size_t)4096);
-        uint8_t *b = realloc(tl_buf, cap);
-        if (b == NULL)
-            return NULL;
-        tl_buf = b;
-        tl_cap = cap;
-    }
-    return tl_buf ? tl_buf : pack_buf(1);
+    kvp_thread_buf_t *b = kvp_thread_buf(KVP_TBUF_PACK);
+    return b ? kvp_thread_buf_reserve(b, len) : NULL;
 }
 
-/* The mount request for our segment, packed into the thread's buffer. */
-static kvp_status_t mount_pack(kvp_client_t *c, uint8_t **body_p, size_t *len_p)
+/* The mount request for our segment, packed into the thread's buffer, or (heap: on_ready,
+ * which runs inside a call whose request is in the thread's buffer) a malloc'd one. */
+static kvp_status_t mount_pack(kvp_client_t *c, bool heap, uint8_t **body_p, size_t *len_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = c->seg_name;
@@ -66,7 +58,7 @@ static kvp_status_t mount_pack(kvp_client_t *c, uint8_t **body_p, size_t *len_p)
     req.client_id = c->client_id;
     req.segment = &d;
     size_t len = kvpool__mount_request__get_packed_size(&req);
-    uint8_t *body = pack_buf(len);
+    uint8_t *body = heap ? malloc(len ? len : 1) : pack_buf(len);
     if (body == NULL)
         return KVP_ERR_NOMEM;
     kvpool__mount_request__pack(&req, body);
@@ -75,11 +67,12 @@ static kvp_status_t mount_pack(kvp_client_t *c, uint8_t **body_p, size_t *len_p)
     return KVP_OK;
 }
 
-/* Take the master's answer to a mount (frees resp). */
-static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen)
+/* Take the master's answer to a mount (owned: resp is malloc'd, freed here). */
+static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen, bool owned)
 {
     Kvpool__MountResponse *mr = kvpool__mount_response__unpack(NULL, rlen, resp);
-    free(resp);
+    if (owned)
+        free(resp);
     if (mr == NULL)
         return KVP_ERR_PROTOCOL;
     kvp_status_t st = mr->status;
@@ -96,14 +89,15 @@ static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen)
     return st;
 }
 
-/* Pack a LeaseRelease of ids into the thread's buffer. */
-static kvp_status_t release_pack(const uint64_t *ids, size_t n, uint8_t **body_p, size_t *len_p)
+/* Pack a LeaseRelease of ids into the thread's buffer (heap: a malloc'd one). */
+static kvp_status_t release_pack(const uint64_t *ids, size_t n, bool heap, uint8_t **body_p,
+                                 size_t *len_p)
 {
     Kvpool__LeaseReleaseRequest req = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
     req.lease_ids = (uint64_t *)ids;
     req.n_lease_ids = n;
     size_t len = kvpool__lease_release_request__get_packed_size(&req);
-    uint8_t *body = pack_buf(len);
+    uint8_t *body = heap ? malloc(len ? len : 1) : pack_buf(len);
     if (body == NULL)
         return KVP_ERR_NOMEM;
     kvpool__lease_release_request__pack(&req, body);
@@ -133,13 +127,14 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
         /* The master forgot our segment with the old connection: mount it again. A
          * refusal (the master has not yet seen the old connection close) is not the
          * caller's error: the next heartbeat is told to remount and tries again. */
-        uint8_t *body, *resp;
+        uint8_t *body = NULL, *resp;
         size_t len, rlen;
-        kvp_status_t st = mount_pack(c, &body, &len);
+        kvp_status_t st = mount_pack(c, true, &body, &len);
         if (st == KVP_OK)
             st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+        free(body);
         if (st == KVP_OK)
-            st = mount_reply(c, resp, rlen);
+            st = mount_reply(c, resp, rlen, true);
         if (st != KVP_OK &&
             (first || st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL)) {
             pthread_mutex_unlock(&c->seg_lock);
@@ -151,12 +146,13 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
     uint64_t *ids;
     size_t n = releases_take(c, &ids);
     if (n > 0) {
-        uint8_t *body;
+        uint8_t *body = NULL;
         size_t len;
-        if (release_pack(ids, n, &body, &len) == KVP_OK &&
+        if (release_pack(ids, n, true, &body, &len) == KVP_OK &&
             kvp_mconn_ready_send(m, fd, KVP_RPC_LEASE_RELEASE, body, len) != KVP_OK)
             KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL",
                          n);
+        free(body);
     }
     free(ids);
     return KVP_OK;
@@ -196,11 +192,11 @@ kvp_status_t kvp_client_mount(kvp_client_t *c)
     if (atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
         uint8_t *body, *resp;
         size_t len, rlen;
-        st = mount_pack(c, &body, &len);
+        st = mount_pack(c, false, &body, &len);
         if (st == KVP_OK)
             st = kvp_mconn_call(c->mc, KVP_RPC_MOUNT, body, len, &resp, &rlen);
         if (st == KVP_OK)
-            st = mount_reply(c, resp, rlen);
+            st = mount_reply(c, resp, rlen, false);
     }
     pthread_mutex_unlock(&c->seg_lock);
     return st;
@@ -231,7 +227,7 @@ void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n)
         return;
     uint8_t *body;
     size_t len;
-    if (release_pack(ids, n, &body, &len) != KVP_OK)
+    if (release_pack(ids, n, false, &body, &len) != KVP_OK)
         return; /* the leases end by their TTL */
     kvp_status_t st = kvp_mconn_send(c->mc, KVP_RPC_LEASE_RELEASE, body, len);
     if (st == KVP_OK)
@@ -245,7 +241,7 @@ void kvp_client_lease_release(kvp_client_t *c, const uint64_t *ids, size_t n)
     if (kvp_mconn_connected(c->mc)) {
         uint64_t *q;
         size_t qn = releases_take(c, &q);
-        if (qn > 0 && release_pack(q, qn, &body, &len) == KVP_OK &&
+        if (qn > 0 && release_pack(q, qn, false, &body, &len) == KVP_OK &&
             kvp_mconn_send(c->mc, KVP_RPC_LEASE_RELEASE, body, len) != KVP_OK)
             KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL",
                          qn);
@@ -276,7 +272,6 @@ void *kvp_client_call_unpack(kvp_client_t *c, uint16_t method, const ProtobufCMe
     if (*st_p != KVP_OK)
         return NULL;
     ProtobufCMessage *msg = protobuf_c_message_unpack(desc, NULL, len, body);
-    free(body);
     if (msg == NULL)
         *st_p = KVP_ERR_PROTOCOL;
     return msg;

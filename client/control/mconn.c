@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #include "client/control/mconn.h"
+#include "client/mem/scratch.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/sock.h"
@@ -56,8 +57,9 @@ typedef struct waiter {
     uint64_t rx_at_send; /* conn->rx_frames when the request was sent */
     bool done;
     bool conn_failed; /* ended by the connection failing: may be sent again */
+    bool filling;     /* the reader is receiving the body into rx: do not leave */
     kvp_status_t st;
-    uint8_t *body;
+    kvp_thread_buf_t *rx; /* the waiting thread's reply buffer */
     size_t len;
     pthread_cond_t cv;
     struct waiter *prev, *next;
@@ -129,7 +131,7 @@ static void broken_locked(kvp_mconn_t *m, mc_conn_t *c, kvp_status_t st)
     c->broken = true;
     shutdown(c->fd, SHUT_RDWR); /* wakes a reader polling it; the fd closes with the last ref */
     for (waiter_t *w = m->waiters; w != NULL; w = w->next)
-        if (w->conn == c && !w->done) {
+        if (w->conn == c && !w->done && !w->filling) {
             w->done = true;
             w->conn_failed = true;
             w->st = st;
@@ -256,9 +258,8 @@ void kvp_mconn_stats(kvp_mconn_t *m, kvp_mconn_stats_t *out)
     pthread_mutex_unlock(&m->lock);
 }
 
-/* Read one whole frame from c (reader role, no lock). KVP_ERR_TIMEOUT: nothing arrived
- * before the deadline (the stream is intact); other errors break the connection. */
-static kvp_status_t read_frame(mc_conn_t *c, uint64_t deadline, kvp_rpc_hdr_t *h, uint8_t **body_p)
+/* Wait (no lock) until c has bytes or the deadline passes. KVP_ERR_TIMEOUT: nothing. */
+static kvp_status_t wait_readable(mc_conn_t *c, uint64_t deadline)
 {
     uint64_t now = mono_ms();
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
@@ -267,59 +268,91 @@ static kvp_status_t read_frame(mc_conn_t *c, uint64_t deadline, kvp_rpc_hdr_t *h
         return KVP_ERR_TIMEOUT;
     if (r < 0)
         return errno == EINTR ? KVP_ERR_TIMEOUT : KVP_ERR_IO;
-    uint8_t hb[KVP_RPC_HDR_LEN];
-    kvp_status_t st = kvp_recv_all(c->fd, hb, sizeof(hb));
-    if (st != KVP_OK)
-        return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st; /* half a frame: the stream is lost */
-    st = kvp_rpc_hdr_unpack(hb, KVP_RPC_MAX_BODY, h);
-    if (st != KVP_OK)
-        return st;
-    uint8_t *b = NULL;
-    if (h->body_len > 0) {
-        b = malloc(h->body_len + 1);
-        if (b == NULL)
-            return KVP_ERR_NOMEM;
-        st = kvp_recv_all(c->fd, b, h->body_len);
-        if (st != KVP_OK) {
-            free(b);
-            return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st;
-        }
-        b[h->body_len] = '\0';
-    }
-    *body_p = b;
     return KVP_OK;
 }
 
-/* Give a frame to the waiter it answers (lock held); a reply nobody waits for is dropped. */
-static void deliver_locked(kvp_mconn_t *m, mc_conn_t *c, const kvp_rpc_hdr_t *h, uint8_t *body)
+/* Read and drop len body bytes nobody waits for. */
+static kvp_status_t skip_body(int fd, size_t len)
 {
+    uint8_t sink[4096];
+    while (len > 0) {
+        size_t k = len < sizeof(sink) ? len : sizeof(sink);
+        kvp_status_t st = kvp_recv_all(fd, sink, k);
+        if (st != KVP_OK)
+            return st;
+        len -= k;
+    }
+    return KVP_OK;
+}
+
+/* Receive a body into a waiter's buffer (its thread waits meanwhile: w->filling). */
+static kvp_status_t fill_body(int fd, waiter_t *w, size_t len)
+{
+    uint8_t *b = kvp_thread_buf_reserve(w->rx, len + 1);
+    if (b == NULL)
+        return KVP_ERR_NOMEM;
+    kvp_status_t st = len ? kvp_recv_all(fd, b, len) : KVP_OK;
+    b[len] = '\0';
+    return st;
+}
+
+/* The reader's turn (lock held on entry and exit, dropped while reading): read one
+ * whole frame from c and give it to the waiter it answers. KVP_ERR_TIMEOUT: nothing
+ * arrived before the deadline (the stream is intact); other errors: c is broken. */
+static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadline)
+{
+    pthread_mutex_unlock(&m->lock);
+    kvp_rpc_hdr_t h;
+    uint8_t hb[KVP_RPC_HDR_LEN];
+    kvp_status_t st = wait_readable(c, deadline);
+    if (st == KVP_OK) {
+        st = kvp_recv_all(c->fd, hb, sizeof(hb));
+        if (st == KVP_ERR_TIMEOUT)
+            st = KVP_ERR_IO; /* half a frame: the stream is lost */
+    }
+    if (st == KVP_OK)
+        st = kvp_rpc_hdr_unpack(hb, KVP_RPC_MAX_BODY, &h);
+    pthread_mutex_lock(&m->lock);
+    if (st != KVP_OK)
+        return st;
     c->rx_frames++;
     waiter_t *w = m->waiters;
-    while (w != NULL && !(w->id == h->request_id && w->conn == c))
+    while (w != NULL && !(w->id == h.request_id && w->conn == c))
         w = w->next;
     if (w == NULL || w->done) {
         m->stats.late_replies++;
         KVP_LOG_DEBUG("master: reply %llu (method %#x) came after its call ended; dropped",
-                      (unsigned long long)h->request_id, h->method);
-        free(body);
-        return;
+                      (unsigned long long)h.request_id, h.method);
+        pthread_mutex_unlock(&m->lock);
+        st = skip_body(c->fd, h.body_len);
+        pthread_mutex_lock(&m->lock);
+        return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st;
     }
+    w->filling = true; /* w's thread stays until we are done with its buffer */
+    pthread_mutex_unlock(&m->lock);
+    st = fill_body(c->fd, w, h.body_len);
+    pthread_mutex_lock(&m->lock);
+    w->filling = false;
     w->done = true;
-    if (h->status != 0) {
+    if (st != KVP_OK) {
+        w->conn_failed = true;
+        w->st = KVP_ERR_IO;
+        pthread_cond_signal(&w->cv);
+        return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st;
+    }
+    if (h.status != 0) {
         KVP_LOG_WARN("master refused request (method %u): %s", w->method,
-                     body ? (char *)body : kvp_strerror(h->status));
-        free(body);
-        w->st = h->status < KVP_STATUS_MIN || h->status > 0 ? KVP_ERR_PROTOCOL
-                                                            : (kvp_status_t)h->status;
-    } else if (h->method != (w->method | KVP_RPC_RESPONSE_BIT)) {
-        free(body);
+                     h.body_len ? (char *)w->rx->p : kvp_strerror(h.status));
+        w->st =
+            h.status < KVP_STATUS_MIN || h.status > 0 ? KVP_ERR_PROTOCOL : (kvp_status_t)h.status;
+    } else if (h.method != (w->method | KVP_RPC_RESPONSE_BIT)) {
         w->st = KVP_ERR_PROTOCOL;
     } else {
         w->st = KVP_OK;
-        w->body = body;
-        w->len = h->body_len;
+        w->len = h.body_len;
     }
     pthread_cond_signal(&w->cv);
+    return KVP_OK;
 }
 
 /* Hand the reader role on to a waiter still waiting (lock held). */
@@ -339,34 +372,29 @@ static void wait_reply_locked(kvp_mconn_t *m, waiter_t *w, uint64_t deadline)
 {
     mc_conn_t *c = w->conn;
     while (!w->done) {
-        if (mono_ms() >= deadline) {
+        if (mono_ms() >= deadline && !w->filling) {
             w->done = true;
             w->st = KVP_ERR_TIMEOUT;
             if (!c->broken && c->rx_frames == w->rx_at_send) {
                 KVP_LOG_WARN("master %s:%u sent nothing for %u ms: closing the connection", m->host,
                              m->port, m->timeout_ms);
                 broken_locked(m, c, KVP_ERR_IO);
-                w->st = KVP_ERR_TIMEOUT;
             }
             break;
         }
         if (!m->reading && !c->broken) {
             m->reading = true;
             c->refs++;
-            pthread_mutex_unlock(&m->lock);
-            kvp_rpc_hdr_t h;
-            uint8_t *body = NULL;
-            kvp_status_t st = read_frame(c, deadline, &h, &body);
-            pthread_mutex_lock(&m->lock);
+            kvp_status_t st = read_one_locked(m, c, deadline);
             m->reading = false;
-            if (st == KVP_OK)
-                deliver_locked(m, c, &h, body);
-            else if (st != KVP_ERR_TIMEOUT)
+            if (st != KVP_OK && st != KVP_ERR_TIMEOUT)
                 broken_locked(m, c, st == KVP_ERR_NOMEM ? KVP_ERR_IO : st);
             conn_unref_locked(c);
             continue;
         }
-        struct timespec ts = abs_ts(deadline);
+        /* past the deadline only while the reader fills our buffer (bounded by the
+         * socket's receive timeout) */
+        struct timespec ts = abs_ts(w->filling ? mono_ms() + 50 : deadline);
         pthread_cond_timedwait(&w->cv, &m->lock, &ts);
     }
     wake_reader_locked(m);
@@ -377,7 +405,9 @@ static kvp_status_t call_once(kvp_mconn_t *m, uint16_t method, const void *body,
                               bool *conn_failed_p)
 {
     *conn_failed_p = false;
-    waiter_t w = {.method = method};
+    waiter_t w = {.method = method, .rx = kvp_thread_buf(KVP_TBUF_RX)};
+    if (w.rx == NULL)
+        return KVP_ERR_NOMEM;
     pthread_mutex_lock(&m->lock);
     kvp_status_t st = ensure_conn_locked(m, deadline, false);
     if (st != KVP_OK) {
@@ -416,7 +446,7 @@ static kvp_status_t call_once(kvp_mconn_t *m, uint16_t method, const void *body,
     pthread_cond_destroy(&w.cv);
     *conn_failed_p = w.conn_failed;
     if (w.st == KVP_OK) {
-        *resp_p = w.body;
+        *resp_p = w.rx->p;
         *resp_len_p = w.len;
     }
     return w.st;

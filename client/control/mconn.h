@@ -46,8 +46,11 @@ kvp_status_t kvp_mconn_connect(kvp_mconn_t *m);
  * Send a request and wait for its reply; any thread, many at once. Opens a
  * connection when there is none (one thread connects, the others wait for it);
  * a connection that breaks under the call is replaced and the call sent again
- * once. On KVP_OK *resp_p is a malloc'd body of *resp_len_p bytes (the caller
- * frees; NULL for 0 bytes). A frame-level error in the reply is the status.
+ * once. On KVP_OK *resp_p is the reply body, *resp_len_p bytes (NUL-terminated), in
+ * a buffer of the calling thread's that the next kvp_mconn_call on this thread
+ * reuses: unpack it before calling again; never free it. No allocation per call
+ * once the buffer has grown to the largest reply. A frame-level error in the reply
+ * is the status.
  * KVP_ERR_TIMEOUT after timeout_ms; when nothing at all arrived on the
  * connection meanwhile, the connection is judged dead and closed (the master
  * then revokes what was bound to it). A reply that comes after its call timed
@@ -60,7 +63,8 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
  * is sent, no connection is opened for it); other errors: the connection broke. */
 kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, size_t len);
 
-/* Inside on_ready only: a blocking call / one-way send on the new connection. */
+/* Inside on_ready only: a blocking call / one-way send on the new connection
+ * (ready_call's *resp_p is malloc'd: the caller frees it). */
 kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
                                   size_t len, uint8_t **resp_p, size_t *resp_len_p);
 kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const void *body,

@@ -29,6 +29,7 @@ typedef struct arena {
     size_t cap, used;
     overflow_t *over; /* blocks taken since the arena was last empty */
     size_t over_bytes;
+    kvp_thread_buf_t bufs[KVP_TBUF_COUNT];
 } arena_t;
 
 static _Thread_local arena_t *tl_arena;
@@ -50,6 +51,8 @@ static void arena_destroy(void *p)
     arena_t *a = p;
     arena_free_over(a);
     free(a->blk);
+    for (int i = 0; i < KVP_TBUF_COUNT; i++)
+        free(a->bufs[i].p);
     free(a);
 }
 
@@ -133,6 +136,25 @@ void *kvp_scratch_calloc(size_t n, size_t size)
     if (p != NULL)
         memset(p, 0, n * size);
     return p;
+}
+
+kvp_thread_buf_t *kvp_thread_buf(int which)
+{
+    arena_t *a = arena();
+    return a ? &a->bufs[which] : NULL;
+}
+
+unsigned char *kvp_thread_buf_reserve(kvp_thread_buf_t *b, size_t len)
+{
+    if (len > b->cap || b->p == NULL) {
+        size_t cap = len > 4096 ? len : 4096;
+        unsigned char *p = realloc(b->p, cap);
+        if (p == NULL)
+            return NULL;
+        b->p = p;
+        b->cap = cap;
+    }
+    return b->p;
 }
 
 static void *pb_alloc(void *data, size_t size)

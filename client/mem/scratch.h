@@ -25,6 +25,19 @@ void kvp_scratch_release(size_t mark);
 void *kvp_scratch_alloc(size_t len);
 void *kvp_scratch_calloc(size_t n, size_t size);
 
+/* Growable buffers of the calling thread, kept until it exits (freed then): the master
+ * connection's reply buffer and its request packing buffer. */
+typedef struct kvp_thread_buf {
+    unsigned char *p;
+    size_t cap;
+} kvp_thread_buf_t;
+enum { KVP_TBUF_RX = 0, KVP_TBUF_PACK = 1, KVP_TBUF_COUNT };
+/* NULL only when out of memory. */
+kvp_thread_buf_t *kvp_thread_buf(int which);
+/* Make b hold at least len bytes (another thread's buffer is allowed while that thread
+ * waits on us). NULL when out of memory (the buffer is unchanged). */
+unsigned char *kvp_thread_buf_reserve(kvp_thread_buf_t *b, size_t len);
+
 /* protobuf-c allocator over the arena (its free does nothing): for unpacking replies. */
 extern ProtobufCAllocator kvp_scratch_pb;
 

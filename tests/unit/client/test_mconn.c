@@ -174,7 +174,6 @@ static kvp_status_t call_str(kvp_mconn_t *m, const char *body, char *out, size_t
     kvp_status_t st = kvp_mconn_call(m, KVP_RPC_PING, body, strlen(body), &resp, &len);
     if (st == KVP_OK) {
         snprintf(out, cap, "%.*s", (int)len, resp ? (char *)resp : "");
-        free(resp);
     }
     return st;
 }
