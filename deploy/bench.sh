@@ -41,7 +41,7 @@ run data   data --local --segment-size 1GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB -
 run data4k data --local --segment-size 256MiB --sizes 4KiB --batch 128
 # Threads on one client (issue 11): 4 threads sharing one client against 1 thread (targets:
 # batch_is_exist of 32 keys >= 1.8x; 1 MiB gets over tcp >= 1x, no collapse), and 4 threads
-# with a client each for comparison. About 25 s.
+# with a client each for comparison. About 17 s (6 + 11).
 run threads_exist data --local --segment-size 256MiB --transport tcp --sizes 4KiB --batch 32 \
   --threads 1,4 --clients both --loop exist
 run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --batch 32 \
