@@ -39,6 +39,13 @@ run limits limits --sizes 4KiB,64KiB,1MiB,4MiB,16MiB
 # that makes every access ~25x slower (docs/benchmarks.md, "Memory footprint").
 run data   data --local --segment-size 1GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --batch 32 --no-crc
 run data4k data --local --segment-size 256MiB --sizes 4KiB --batch 128
+# Threads on one client (issue 11): 4 threads sharing one client against 1 thread (targets:
+# batch_is_exist of 32 keys >= 1.8x; 1 MiB gets over tcp >= 1x, no collapse), and 4 threads
+# with a client each for comparison. About 17 s (6 + 11).
+run threads_exist data --local --segment-size 256MiB --transport tcp --sizes 4KiB --batch 32 \
+  --threads 1,4 --clients both --loop exist
+run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --batch 32 \
+  --threads 1,4 --clients both --loop get
 run alloc  alloc
 run meta   meta --local --objects 10000,1000000,10000000
 # The trace replays through the store (--eviction store): per capacity point a fresh master
@@ -70,10 +77,19 @@ md = ["# kvpool-bench results", "",
 md += ["## data", "", "| transport | op | size | batch | crc | GB/s | % of limit | obj/s | p50 us | p99 us | p99.9 us |",
        "|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "data":
+    if r["mode"] == "data" and r.get("loop", "none") == "none":
         md.append("| %s | %s | %d | %d | %s | %.2f | %.0f%% | %.0f | %.0f | %.0f | %.0f |" % (
             r["transport"], r["op"], r["size"], r["batch"], r["crc"], r["gbps"],
             r["pct_of_limit"], r["objs_per_s"], r["p50_us"], r["p99_us"], r["p999_us"]))
+md += ["", "## threads on one client (--loop: only that op repeated; x1: ratio to one thread)", "",
+       "| transport | op | size | batch | threads | clients | obj/s | GB/s | x1 | target | met |",
+       "|---|---|---|---|---|---|---|---|---|---|---|"]
+for r in R:
+    if r["mode"] == "data" and r.get("loop", "none") != "none":
+        md.append("| %s | %s | %d | %d | %d | %s | %.0f | %.2f | %.2f | %s | %s |" % (
+            r["transport"], r["op"], r["size"], r["batch"], r["threads"], r["clients"],
+            r["objs_per_s"], r["gbps"], r["ratio_to_1_thread"],
+            (">= %.1fx" % r["target_ratio"]) if r["target_ratio"] > 0 else "-", r["target_met"]))
 md += ["", "## limits", "", "| limit | size | streams | GB/s |", "|---|---|---|---|"]
 for r in R:
     if r["mode"] == "limits":

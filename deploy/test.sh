@@ -68,7 +68,8 @@ if command -v clang-format >/dev/null && git rev-parse --git-dir >/dev/null 2>&1
   rm -f format.log
 fi
 
-# The bench suite (a short smoke of every kvpool-bench mode) once, on the normal build;
+# The bench suite (a short smoke of every kvpool-bench mode, and of data mode's threads
+# sharing one client: bench_smoke_threads_*) once, on the normal build;
 # not under ASan: it measures, and its figures would be the sanitizer's.
 if run_suite build; then
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out

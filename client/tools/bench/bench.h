@@ -37,7 +37,17 @@ typedef struct kvp_bench_opts {
     size_t n_sizes;
     unsigned batches[KVP_BENCH_MAX_LIST];
     size_t n_batches;
-    unsigned threads;  /* client threads (default 1) */
+    unsigned threads; /* client threads (default 1); data: the largest of thread_counts */
+    /* data: --threads LIST, ascending; a count > 1 also measures 1 thread, the baseline of
+     * ratio_to_1_thread */
+    unsigned thread_counts[KVP_BENCH_MAX_LIST];
+    size_t n_thread_counts;
+    /* data: the threads share one client (default), each has its own
+     * (--client-per-thread), or both forms are measured (--clients both) */
+    bool clients_shared, clients_own;
+    /* data: NULL (each round puts, checks, gets and removes a batch) or "exist" / "get":
+     * the batch is put once, then only that op is repeated (issue 11's thread points) */
+    const char *loop;
     double duration_s; /* per measured point (default 2 s) */
     bool no_crc;       /* also measure with CRC checks off (labelled) */
     /* meta mode */

@@ -2,10 +2,16 @@
  * bench_data.c - batch_put_from / batch_get_into / batch_is_exist against
  * the store, per transport x object size x batch size.
  *
- * Each client thread has its own kvp_client_t (as separate workers would)
- * and loops until the point's duration is spent: put a batch of fresh keys
- * (timed), check they exist (timed), read them back (timed; CRC32C checked,
- * as users get it), remove them (not timed). Every object's first and last
+ * The client threads (--threads LIST) share one kvp_client_t, as a connector's
+ * send, receive and lookup threads do, or each has its own (--client-per-thread,
+ * as separate workers would; --clients both measures both). Each thread loops
+ * until the point's duration is spent: put a batch of fresh keys (timed),
+ * check they exist (timed), read them back (timed; CRC32C checked, as users
+ * get it), remove them (not timed). With --loop exist|get a thread puts its
+ * batch once and then repeats only that op: issue 11's thread points (4
+ * threads on one client doing batch_is_exist of 32 keys: >= 1.8x one thread;
+ * 1 MiB gets over tcp: >= 1x one thread, no collapse), each reported with
+ * ratio_to_1_thread and its target. Every object's first and last
  * bytes are verified after the get. Reported per op: GB/s (10^9 B/s),
  * objects/s, and batch latency p50/p99/p99.9 (and the same divided by the
  * batch size, per object), next to the matching limit measured in the
@@ -49,6 +55,8 @@ static const char *const op_names[N_OPS] = {"put", "get", "exist"};
 
 typedef struct worker {
     const kvp_bench_opts_t *o;
+    kvp_client_t *shared; /* the point's one client, or NULL: this thread creates its own */
+    int loop;             /* -1: the full round; OP_GET / OP_EXIST: only that op */
     const char *transport;
     uint64_t size;
     unsigned batch;
@@ -78,17 +86,23 @@ static void fail_batch(worker_t *w, const char *what, kvp_status_t st, char **ke
     w->failed = 1;
 }
 
+static kvp_status_t client_new(const kvp_bench_opts_t *o, const char *transport, bool crc,
+                               kvp_client_t **c_p)
+{
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = o->master;
+    p.transport = transport;
+    p.verify_crc = crc;
+    return kvp_client_create(&p, c_p);
+}
+
 static void *worker_main(void *arg)
 {
     worker_t *w = arg;
-    kvp_client_params_t p;
-    kvp_client_params_init(&p);
-    p.master_addr = w->o->master;
-    p.transport = w->transport;
-    p.verify_crc = w->crc;
-    kvp_client_t *c;
-    kvp_status_t st = kvp_client_create(&p, &c);
-    if (st != KVP_OK) {
+    kvp_client_t *c = w->shared;
+    kvp_status_t st;
+    if (c == NULL && (st = client_new(w->o, w->transport, w->crc, &c)) != KVP_OK) {
         snprintf(w->err, sizeof(w->err), "client: %s", kvp_strerror(st));
         w->failed = 1;
         return NULL;
@@ -125,22 +139,33 @@ static void *worker_main(void *arg)
                  (unsigned long long)w->size);
         w->failed = 1;
     }
+    /* --loop: the keys are put once and removed at the end; only the looped op is timed */
+    bool looping = w->loop >= 0, in_store = false;
     while ((kvp_bench_now() < w->t_end || iter < 4) && !w->failed) {
-        for (unsigned i = 0; i < b; i++)
-            snprintf(keys[i], 96, "bench@%s@t%u@%llu@%u", w->transport, w->id,
-                     (unsigned long long)iter, i);
+        if (!looping || iter == 0)
+            for (unsigned i = 0; i < b; i++)
+                snprintf(keys[i], 96, "bench@%s@t%u@%llu@%u", w->transport, w->id,
+                         (unsigned long long)iter, i);
         iter++;
-        double t0 = kvp_bench_now();
-        st = kvp_batch_put_from(c, (const char *const *)keys, (const void *const *)src, sizes, b,
-                                NULL, res);
-        double t1 = kvp_bench_now();
-        if (st != KVP_OK) {
-            fail_batch(w, "put", st, keys, res, b);
-            break;
+        double t0 = kvp_bench_now(), t1 = t0;
+        if (!in_store) {
+            st = kvp_batch_put_from(c, (const char *const *)keys, (const void *const *)src, sizes,
+                                    b, NULL, res);
+            t1 = kvp_bench_now();
+            if (st != KVP_OK) {
+                fail_batch(w, "put", st, keys, res, b);
+                break;
+            }
+            in_store = looping;
         }
-        size_t prefix = 0;
-        st = kvp_batch_is_exist(c, (const char *const *)keys, b, ex, &prefix);
-        double t2 = kvp_bench_now();
+        size_t prefix = b;
+        double t2 = t1;
+        if (w->loop != OP_GET) {
+            st = kvp_batch_is_exist(c, (const char *const *)keys, b, ex, &prefix);
+            t2 = kvp_bench_now();
+        } else {
+            st = KVP_OK;
+        }
         if (st != KVP_OK || prefix != b) {
             snprintf(w->err, sizeof(w->err), "exist: %s (prefix %zu of %u; %s: %s)",
                      kvp_strerror(st), prefix, b, keys[prefix < b ? prefix : 0],
@@ -151,8 +176,15 @@ static void *worker_main(void *arg)
             w->failed = 1;
             break;
         }
-        st = kvp_batch_get_into(c, (const char *const *)keys, dst, sizes, b, got);
-        double t3 = kvp_bench_now();
+        double t3 = t2;
+        if (w->loop != OP_EXIST) {
+            st = kvp_batch_get_into(c, (const char *const *)keys, dst, sizes, b, got);
+            t3 = kvp_bench_now();
+        } else {
+            st = KVP_OK;
+            for (unsigned i = 0; i < b; i++)
+                got[i] = (int64_t)w->size;
+        }
         if (st != KVP_OK) {
             unsigned i = 0;
             while (i + 1 < b && got[i] >= 0)
@@ -162,7 +194,7 @@ static void *worker_main(void *arg)
             w->failed = 1;
             break;
         }
-        for (unsigned i = 0; i < b && !w->failed; i++) {
+        for (unsigned i = 0; i < b && !w->failed && w->loop != OP_EXIST; i++) {
             const char *s = src[i], *d = dst[i];
             if (got[i] != (int64_t)w->size || d[0] != s[0] || d[w->size - 1] != s[w->size - 1]) {
                 snprintf(w->err, sizeof(w->err), "get returned wrong bytes for %s", keys[i]);
@@ -171,19 +203,28 @@ static void *worker_main(void *arg)
         }
         if (w->failed)
             break;
-        st = kvp_batch_remove_force(c, (const char *const *)keys, b, res);
-        if (st != KVP_OK) {
-            fail_batch(w, "remove", st, keys, res, b);
-            break;
+        if (!looping) {
+            st = kvp_batch_remove_force(c, (const char *const *)keys, b, res);
+            if (st != KVP_OK) {
+                fail_batch(w, "remove", st, keys, res, b);
+                break;
+            }
         }
         if (iter == 1)
             continue; /* the warm-up round */
         double d[N_OPS] = {t1 - t0, t3 - t2, t2 - t1};
         for (int op = 0; op < N_OPS; op++) {
+            if (looping && op != w->loop)
+                continue;
             lat_add(&w->lat[op], d[op]);
             w->busy[op] += d[op];
             w->objs[op] += b;
         }
+    }
+    if (in_store && !w->failed) {
+        st = kvp_batch_remove_force(c, (const char *const *)keys, b, res);
+        if (st != KVP_OK)
+            fail_batch(w, "remove", st, keys, res, b);
     }
     for (unsigned i = 0; i < b && keys && src && dst; i++) {
         if (i < registered) {
@@ -201,7 +242,8 @@ static void *worker_main(void *arg)
     free(res);
     free(got);
     free(ex);
-    kvp_client_destroy(c);
+    if (w->shared == NULL)
+        kvp_client_destroy(c);
     return NULL;
 }
 
@@ -216,10 +258,26 @@ static const char *fmt_size(uint64_t s, char *buf, size_t len)
     return buf;
 }
 
-static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char *transport,
-                     uint64_t size, unsigned batch, bool crc)
+/* Issue 11's targets for threads sharing one client: 4 threads calling batch_is_exist reach
+ * 1.8x one thread; 4 threads doing large gets over tcp do not fall below one thread. */
+static double target_ratio(const char *transport, int loop, int op, unsigned nt, bool shared,
+                           uint64_t size)
 {
-    unsigned nt = o->threads;
+    if (!shared || nt != 4 || loop != op)
+        return 0;
+    if (op == OP_EXIST)
+        return 1.8;
+    if (op == OP_GET && strcmp(transport, "tcp") == 0 && size >= (1u << 20))
+        return 1.0;
+    return 0;
+}
+
+/* base[op]: objects/s of the same point at 1 thread (0: not measured); set when nt == 1. */
+static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char *transport,
+                     uint64_t size, unsigned batch, bool crc, unsigned nt, bool shared,
+                     double base[N_OPS])
+{
+    int loop = o->loop == NULL ? -1 : strcmp(o->loop, "exist") == 0 ? OP_EXIST : OP_GET;
     worker_t *w = calloc(nt, sizeof(*w));
     pthread_t *th = calloc(nt, sizeof(*th));
     if (w == NULL || th == NULL) {
@@ -228,9 +286,21 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
         free(th);
         return 1;
     }
+    kvp_client_t *one = NULL;
+    if (shared) {
+        kvp_status_t st = client_new(o, transport, crc, &one);
+        if (st != KVP_OK) {
+            fprintf(stderr, "kvpool-bench: data %s: client: %s\n", transport, kvp_strerror(st));
+            free(w);
+            free(th);
+            return 1;
+        }
+    }
     double t0 = kvp_bench_now();
     for (unsigned t = 0; t < nt; t++) {
         w[t] = (worker_t){.o = o,
+                          .shared = one,
+                          .loop = loop,
                           .transport = transport,
                           .size = size,
                           .batch = batch,
@@ -245,8 +315,11 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
         }
     }
     char sz[32];
-    kvp_bench_progress(o, "data: %s %s batch %u threads %u%s ...", transport,
-                       fmt_size(size, sz, sizeof(sz)), batch, nt, crc ? "" : " crc=off");
+    const char *clients = shared ? "shared" : "per-thread";
+    kvp_bench_progress(o, "data: %s %s batch %u threads %u (%s client%s)%s%s%s ...", transport,
+                       fmt_size(size, sz, sizeof(sz)), batch, nt, clients, shared ? "" : "s",
+                       crc ? "" : " crc=off", loop >= 0 ? " loop " : "",
+                       loop >= 0 ? op_names[loop] : "");
     int rc = 0;
     for (unsigned t = 0; t < nt; t++) {
         if (w[t].started)
@@ -257,6 +330,7 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
             rc = 1;
         }
     }
+    kvp_client_destroy(one);
     kvp_bench_progress_done(o);
     bool rdma = strcmp(transport, "rdma") == 0;
     double limit = rdma ? 0
@@ -264,6 +338,8 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
                        ? kvp_bench_limit_memcpy_gbps(size)
                        : kvp_bench_limit_tcp_gbps(size, TCP_STREAMS * nt);
     for (int op = 0; op < N_OPS && rc == 0; op++) {
+        if (loop >= 0 && op != loop)
+            continue;
         lat_t all = {0};
         uint64_t objs = 0;
         double busy = 0;
@@ -283,18 +359,43 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
         if (rdma) /* perftest's figure for the same verb, measured outside */
             limit = op == OP_PUT ? o->rdma_write_gbps : op == OP_GET ? o->rdma_read_gbps : 0;
         double pct = op != OP_EXIST && limit > 0 ? gbps / limit * 100 : 0;
-        printf("%-4s %-5s %8s %5u %3u %-3s %8.2f %6.1f%% %10.0f %9.1f %9.1f %9.1f\n", transport,
-               op_names[op], fmt_size(size, sz, sizeof(sz)), batch, nt, crc ? "on" : "off", gbps,
-               pct, objs_s, p50, p99, p999);
+        if (nt == 1)
+            base[op] = objs_s;
+        double ratio = base[op] > 0 ? objs_s / base[op] : 0;
+        double target = target_ratio(transport, loop, op, nt, shared, size);
+        char tgt[64] = "";
+        if (target > 0)
+            snprintf(tgt, sizeof(tgt), "  target >= %.1fx: %s", target,
+                     ratio >= target ? "met" : "MISSED");
+        printf("%-4s %-5s %8s %5u %3u %-6s %-3s %8.2f %6.1f%% %10.0f %9.1f %9.1f %9.1f %5.2fx%s\n",
+               transport, op_names[op], fmt_size(size, sz, sizeof(sz)), batch, nt,
+               nt == 1  ? "one"
+               : shared ? "shared"
+                        : "own",
+               crc ? "on" : "off", gbps, pct, objs_s, p50, p99, p999, ratio, tgt);
         kvp_bench_result_begin(out, "data");
         kvp_bench_result_str(out, "op", op_names[op]);
         kvp_bench_result_str(out, "transport", transport);
         kvp_bench_result_int(out, "size", (int64_t)size);
         kvp_bench_result_int(out, "batch", batch);
         kvp_bench_result_int(out, "threads", nt);
+        kvp_bench_result_str(out, "clients", clients);
+        kvp_bench_result_str(out, "loop", loop >= 0 ? op_names[loop] : "none");
         kvp_bench_result_str(out, "crc", crc ? "on" : "off");
         kvp_bench_result_num(out, "gbps", gbps);
         kvp_bench_result_num(out, "objs_per_s", objs_s);
+        kvp_bench_result_num(out, "objs_per_s_per_thread", objs_s / nt);
+        kvp_bench_result_num(out, "ratio_to_1_thread", ratio);
+        kvp_bench_result_num(out, "target_ratio", target);
+        kvp_bench_result_str(out, "target",
+                             target == 1.8 ? "issue 11: 4 threads on one client >= 1.8x one thread"
+                             : target == 1.0 ? "issue 11: 4 threads on one client >= 1x one thread "
+                                               "(2 streams): no collapse"
+                                             : "none");
+        kvp_bench_result_str(out, "target_met",
+                             target <= 0       ? "n/a"
+                             : ratio >= target ? "yes"
+                                               : "no");
         kvp_bench_result_num(out, "p50_us", p50);
         kvp_bench_result_num(out, "p99_us", p99);
         kvp_bench_result_num(out, "p999_us", p999);
@@ -322,22 +423,54 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
     return rc;
 }
 
+/* Every thread count of the point (1 first: the baseline), in each client form asked for. */
+static int run_threads(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char *transport,
+                       uint64_t size, unsigned batch, bool crc)
+{
+    double base[N_OPS] = {0};
+    int rc = 0;
+    bool one_done = false;
+    for (size_t i = 0; i < o->n_thread_counts; i++) {
+        unsigned nt = o->thread_counts[i];
+        if (nt > 1 && !one_done) /* the baseline of ratio_to_1_thread */
+            rc |= run_point(o, out, transport, size, batch, crc, 1, o->clients_shared, base);
+        one_done = true;
+        if (nt == 1) {
+            rc |= run_point(o, out, transport, size, batch, crc, 1, o->clients_shared, base);
+            continue;
+        }
+        if (o->clients_shared)
+            rc |= run_point(o, out, transport, size, batch, crc, nt, true, base);
+        if (o->clients_own)
+            rc |= run_point(o, out, transport, size, batch, crc, nt, false, base);
+    }
+    return rc;
+}
+
 int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 {
     int rc = 0;
-    for (size_t s = 0; s < o->n_sizes; s++)
-        if (kvp_bench_limits_ensure(o, o->sizes[s], TCP_STREAMS * o->threads) != 0)
-            rc = 1;
-    printf("== data: batch ops against %s (%u thread%s, %.1f s per point) ==\n", o->master,
-           o->threads, o->threads > 1 ? "s" : "", o->duration_s);
-    printf("%-4s %-5s %8s %5s %3s %-3s %8s %7s %10s %9s %9s %9s\n", "tr", "op", "size", "batch",
-           "thr", "crc", "GB/s", "%limit", "obj/s", "p50 us", "p99 us", "p99.9 us");
+    /* exist moves no object bytes: no limit to compare with */
+    bool need_limits = o->loop == NULL || strcmp(o->loop, "exist") != 0;
+    for (size_t s = 0; s < o->n_sizes && need_limits; s++)
+        for (size_t i = 0; i < o->n_thread_counts; i++)
+            if (kvp_bench_limits_ensure(o, o->sizes[s], TCP_STREAMS * o->thread_counts[i]) != 0)
+                rc = 1;
+    printf("== data: batch ops against %s (threads %u%s, %s, %.1f s per point%s%s) ==\n", o->master,
+           o->threads, o->threads > 1 ? " max" : "",
+           o->clients_shared && o->clients_own ? "one shared client and one client per thread"
+           : o->clients_shared                 ? "sharing one client"
+                                               : "one client per thread",
+           o->duration_s, o->loop ? ", loop " : "", o->loop ? o->loop : "");
+    printf("%-4s %-5s %8s %5s %3s %-6s %-3s %8s %7s %10s %9s %9s %9s %6s\n", "tr", "op", "size",
+           "batch", "thr", "client", "crc", "GB/s", "%limit", "obj/s", "p50 us", "p99 us",
+           "p99.9 us", "x1thr");
     for (size_t t = 0; t < o->n_transports; t++)
         for (size_t s = 0; s < o->n_sizes; s++)
             for (size_t b = 0; b < o->n_batches; b++) {
-                rc |= run_point(o, out, o->transports[t], o->sizes[s], o->batches[b], true);
+                rc |= run_threads(o, out, o->transports[t], o->sizes[s], o->batches[b], true);
                 if (o->no_crc)
-                    rc |= run_point(o, out, o->transports[t], o->sizes[s], o->batches[b], false);
+                    rc |= run_threads(o, out, o->transports[t], o->sizes[s], o->batches[b], false);
             }
     fflush(stdout);
     return rc;

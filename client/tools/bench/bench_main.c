@@ -402,7 +402,12 @@ static void usage(FILE *f)
         "  --rdma-read-limit G    GB/s of ib_read_bw in this session: rdma gets' %%limit\n"
         "  --sizes LIST           object sizes (default 4KiB,64KiB,1MiB,4MiB,16MiB)\n"
         "  --batch LIST           keys per batch (default 32)\n"
-        "  --threads N            client threads (default 1)\n"
+        "  --threads LIST         client threads, e.g. 1,4 (default 1); they share one client;\n"
+        "                         a count > 1 also measures 1 thread (ratio_to_1_thread)\n"
+        "  --client-per-thread    each thread has its own client instead (the former form)\n"
+        "  --clients MODE         shared (default) | per-thread | both\n"
+        "  --loop OP              exist | get: put each thread's batch once, then repeat\n"
+        "                         only OP for the duration (default: put, exist, get, remove)\n"
         "  --duration S           seconds per point (default 2)\n"
         "  --no-crc               also measure with CRC checks off (labelled crc=off)\n"
         "meta:\n"
@@ -477,6 +482,16 @@ static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const cha
         out_append(o, "%s%u", i ? ", " : "", p->batches[i]);
     out_append(o, "]");
     kvp_bench_result_int(o, "threads", p->threads);
+    out_key(o, "thread_counts");
+    out_append(o, "[");
+    for (size_t i = 0; i < p->n_thread_counts; i++)
+        out_append(o, "%s%u", i ? ", " : "", p->thread_counts[i]);
+    out_append(o, "]");
+    kvp_bench_result_str(o, "clients",
+                         p->clients_shared && p->clients_own ? "both"
+                         : p->clients_shared                 ? "shared"
+                                                             : "per-thread");
+    kvp_bench_result_str(o, "loop", p->loop ? p->loop : "none");
     kvp_bench_result_num(o, "duration_s", p->duration_s);
     kvp_bench_result_int(o, "crc", 1);
     kvp_bench_result_int(o, "no_crc_too", p->no_crc);
@@ -536,6 +551,9 @@ int main(int argc, char **argv)
         .batches = {32},
         .n_batches = 1,
         .threads = 1,
+        .thread_counts = {1},
+        .n_thread_counts = 1,
+        .clients_shared = true,
         .duration_s = 2,
         .meta_objects = {10000, 1000000, 10000000},
         .n_meta_objects = 3,
@@ -553,6 +571,9 @@ int main(int argc, char **argv)
         {"sizes", required_argument, NULL, 's'},
         {"batch", required_argument, NULL, 'b'},
         {"threads", required_argument, NULL, 'T'},
+        {"client-per-thread", no_argument, NULL, 'P'},
+        {"clients", required_argument, NULL, 'K'},
+        {"loop", required_argument, NULL, 'O'},
         {"duration", required_argument, NULL, 'd'},
         {"no-crc", no_argument, NULL, 'C'},
         {"rdma-write-limit", required_argument, NULL, 'W'},
@@ -620,9 +641,40 @@ int main(int argc, char **argv)
             o.n_batches = n;
             break;
         case 'T':
-            o.threads = (unsigned)strtoul(optarg, NULL, 10);
-            if (o.threads == 0 || o.threads > 256)
+            if (parse_list_u64(optarg, tmp, &n, false) != 0)
                 goto bad;
+            o.n_thread_counts = 0;
+            o.threads = 0;
+            for (size_t i = 0; i < n; i++) { /* ascending, each once */
+                if (tmp[i] == 0 || tmp[i] > 256)
+                    goto bad;
+                size_t at = 0;
+                while (at < o.n_thread_counts && o.thread_counts[at] < tmp[i])
+                    at++;
+                if (at < o.n_thread_counts && o.thread_counts[at] == tmp[i])
+                    continue;
+                memmove(&o.thread_counts[at + 1], &o.thread_counts[at],
+                        (o.n_thread_counts - at) * sizeof(o.thread_counts[0]));
+                o.thread_counts[at] = (unsigned)tmp[i];
+                o.n_thread_counts++;
+                if (tmp[i] > o.threads)
+                    o.threads = (unsigned)tmp[i];
+            }
+            break;
+        case 'P':
+            o.clients_shared = false;
+            o.clients_own = true;
+            break;
+        case 'K':
+            o.clients_shared = strcmp(optarg, "shared") == 0 || strcmp(optarg, "both") == 0;
+            o.clients_own = strcmp(optarg, "per-thread") == 0 || strcmp(optarg, "both") == 0;
+            if (!o.clients_shared && !o.clients_own)
+                goto bad;
+            break;
+        case 'O':
+            if (strcmp(optarg, "exist") != 0 && strcmp(optarg, "get") != 0)
+                goto bad;
+            o.loop = strcmp(optarg, "exist") == 0 ? "exist" : "get";
             break;
         case 'd':
             o.duration_s = strtod(optarg, NULL);
