@@ -342,3 +342,46 @@ bool kvp_crc32c_hw_available(void)
     pthread_once(&crc32c_once, crc32c_init);
     return crc32c_have_hw;
 }
+
+/* ---- combine ---------------------------------------------------------------------------- */
+
+/*
+ * crc(A||B) from crc(A), crc(B) and |B|: crc(A) times x^(8|B|) modulo the polynomial, xor
+ * crc(B) (the pre/post conditioning cancels out, as in zlib's crc32_combine). Polynomials are
+ * kept reflected: bit 31 is x^0. x^(2^k) mod P is tabled once for k = 0..63.
+ */
+static pthread_once_t crc32c_x2n_once = PTHREAD_ONCE_INIT;
+static uint32_t crc32c_x2n[64];
+
+static uint32_t crc32c_multmodp(uint32_t a, uint32_t b)
+{
+    uint32_t m = 1u << 31, p = 0;
+    while (m != 0 && a != 0) {
+        if (a & m) {
+            p ^= b;
+            a ^= m;
+        }
+        m >>= 1;
+        b = (b & 1) ? (b >> 1) ^ KVP_CRC32C_POLY : b >> 1;
+    }
+    return p;
+}
+
+static void crc32c_x2n_init(void)
+{
+    uint32_t p = 1u << 30; /* x^1 */
+    crc32c_x2n[0] = p;
+    for (int k = 1; k < 64; k++)
+        crc32c_x2n[k] = p = crc32c_multmodp(p, p);
+}
+
+uint32_t kvp_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b)
+{
+    pthread_once(&crc32c_x2n_once, crc32c_x2n_init);
+    uint32_t xp = 1u << 31; /* x^0 */
+    unsigned k = 3;         /* bytes -> bits: x^(8 len_b) */
+    for (uint64_t n = len_b; n != 0; n >>= 1, k++)
+        if (n & 1)
+            xp = crc32c_multmodp(crc32c_x2n[k & 63], xp);
+    return crc32c_multmodp(xp, crc_a) ^ crc_b;
+}

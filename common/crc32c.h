@@ -26,6 +26,13 @@ uint32_t kvp_crc32c_sw(uint32_t crc, const void *buf, size_t len);
  */
 uint32_t kvp_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
+/*
+ * The CRC32C of A||B from crc_a = kvp_crc32c(0, A, |A|), crc_b = kvp_crc32c(0, B, len_b)
+ * and len_b, without the bytes: O(log len_b). Lets pieces that land in any order be
+ * checksummed each while it is in cache and the op's CRC be put together afterwards.
+ */
+uint32_t kvp_crc32c_combine(uint32_t crc_a, uint32_t crc_b, uint64_t len_b);
+
 /* True when the SSE4.2 crc32 instruction is used. */
 bool kvp_crc32c_hw_available(void);
 

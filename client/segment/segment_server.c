@@ -8,9 +8,15 @@
  * buffered or copied in user space. Requests on one connection are handled
  * in order, so a client pipelines by sending several headers ahead.
  *
- * Bad requests: a READ outside the segment gets an error response and the
- * connection goes on; a bad WRITE (its payload cannot be placed) or a bad
- * magic closes the connection, since the stream can no longer be trusted.
+ * Vectored requests (READV/WRITEV, docs/protocol.md) carry up to
+ * KVP_DATA_VEC_MAX extents after the header and are served with one
+ * sendmsg/recvmsg over an iovec of segment ranges: one reply per chain.
+ *
+ * Bad requests: a READ(V) outside the segment gets an error response and the
+ * connection goes on; a bad WRITE(V) (its payload cannot be placed), a bad
+ * magic or an absurd entry count gets an error response where one can be
+ * sent and closes the connection, since the stream can no longer be trusted.
+ * Every entry is checked before any byte moves.
  *
  * Threads: accept thread and per-connection threads; the list of
  * connections is guarded by `lock`. Stop: shutdown() every socket, join.
@@ -53,6 +59,80 @@ static kvp_status_t reply(int fd, int32_t status, uint64_t len)
     return kvp_send_all(fd, &r, sizeof(r));
 }
 
+/* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
+static kvp_status_t recvv_all(int fd, struct iovec *iov, int iovcnt)
+{
+    while (iovcnt > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        ssize_t n = recvmsg(fd, &msg, MSG_WAITALL);
+        if (n == 0)
+            return KVP_ERR_IO;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return kvp_status_from_errno(errno);
+        }
+        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    return KVP_OK;
+}
+
+/*
+ * Serve one READV/WRITEV whose header is `req`. Returns false when the connection must
+ * close (I/O failed, or a WRITEV/count that cannot be trusted); an error reply has then
+ * been attempted.
+ */
+static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req_t *req)
+{
+    kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
+    struct iovec iov[KVP_DATA_VEC_MAX + 1];
+    uint64_t n = req->offset;
+    if (n == 0 || n > KVP_DATA_VEC_MAX) {
+        KVP_LOG_WARN("segment server: vectored request with %llu entries (1..%d); closing",
+                     (unsigned long long)n, KVP_DATA_VEC_MAX);
+        reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
+        return false;
+    kvp_status_t st = KVP_OK;
+    uint64_t id = atomic_load(&srv->segment_id), total = 0;
+    for (uint64_t i = 0; i < n && st == KVP_OK; i++) {
+        const kvp_data_vec_t *v = &vec[i];
+        if (v->segment_id != id)
+            st = KVP_ERR_SEGMENT_GONE;
+        else if (v->length == 0 || v->offset > srv->size || v->length > srv->size - v->offset)
+            st = KVP_ERR_OUT_OF_RANGE;
+        else if (__builtin_add_overflow(total, v->length, &total))
+            st = KVP_ERR_PROTOCOL;
+        iov[i + 1] = (struct iovec){.iov_base = srv->base + v->offset, .iov_len = v->length};
+    }
+    if (st == KVP_OK && total != req->length)
+        st = KVP_ERR_PROTOCOL; /* the header's length must be the entries' sum */
+    if (req->op == KVP_DATA_WRITEV) {
+        if (st != KVP_OK) {
+            reply(fd, st, 0);
+            return false;
+        }
+        if (recvv_all(fd, iov + 1, (int)n) != KVP_OK)
+            return false;
+        return reply(fd, KVP_OK, 0) == KVP_OK;
+    }
+    if (st != KVP_OK)
+        return reply(fd, st, 0) == KVP_OK;
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
+    iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
+    return kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+}
+
 static void *conn_main(void *arg)
 {
     srv_conn_t *c = arg;
@@ -61,6 +141,12 @@ static void *conn_main(void *arg)
         kvp_data_req_t req;
         if (kvp_recv_all(c->fd, &req, sizeof(req)) != KVP_OK)
             break;
+        if (req.magic == KVP_DATA_MAGIC &&
+            (req.op == KVP_DATA_READV || req.op == KVP_DATA_WRITEV)) {
+            if (!serve_vec(srv, c->fd, &req))
+                break;
+            continue;
+        }
         if (req.magic != KVP_DATA_MAGIC || (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
             KVP_LOG_WARN("segment server: bad request header (magic %#x op %u); closing", req.magic,
                          req.op);

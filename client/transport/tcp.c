@@ -11,6 +11,17 @@
  * payload straight into the caller's buffer). The kernel's socket copy is
  * the only copy of object bytes. Dynamic pulling keeps streams balanced.
  *
+ * CRC: each slice is checksummed while its bytes are in cache: a READ's as
+ * they land (per recv), a WRITE's at most CRC_AHEAD bytes ahead of what the
+ * socket has taken. An op's CRC is its slices' CRCs put together in order
+ * with kvp_crc32c_combine, so no second pass over the object is made.
+ * Per-batch arrays come from scratches kept on the ctx between calls.
+ *
+ * Small slices (<= VEC_SMALL) to one endpoint go as chains in one vectored
+ * request (READV/WRITEV, docs/protocol.md) with one response: about one
+ * chain per stream, at most KVP_DATA_VEC_MAX entries and tcp_slice bytes.
+ * A chain's error status fails every slice in it.
+ *
  * Failure: a connection that errors, closes, or answers garbage fails the
  * slices in flight on it and is discarded; its group's remaining slices go
  * on over the group's other connections. No progress for timeout_ms fails
@@ -21,6 +32,7 @@
  * Thread: transfer() is called by any client thread; the pool is guarded
  * by ctx->lock, connections are used by one thread at a time.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -39,6 +51,11 @@
 
 #define PIPE_DEPTH 8
 #define POOL_MAX_IDLE 64
+/* A WRITE is checksummed at most this far ahead of what was sent: the socket copy then
+ * reads bytes the CRC has just pulled into L2. */
+#define CRC_AHEAD (256u << 10)
+/* Slices up to this size to one endpoint travel as chains in vectored requests. */
+#define VEC_SMALL (64u << 10)
 
 typedef struct pooled_conn {
     int fd;
@@ -52,35 +69,63 @@ typedef struct tcp_pool {
     struct tcp_pool *next;
 } tcp_pool_t;
 
-typedef struct tcp_ctx {
-    pthread_mutex_t lock;
-    tcp_pool_t *pools;
-    kvp_transfer_t *xfer;
-} tcp_ctx_t;
-
 typedef struct slice {
     kvp_xfer_op_t *op;
     uint64_t off; /* within the op */
     uint64_t len;
     kvp_data_req_t hdr;
+    uint32_t crc;     /* CRC32C of [off, off + crc_len) of the op, when it wants one */
+    uint64_t crc_len; /* bytes of the slice checksummed so far */
 } slice_t;
+
+/* A transfer's working arrays, kept between calls so that a batch allocates nothing once
+ * the pool holds a scratch big enough. One per concurrent transfer. */
+typedef struct tcp_scratch {
+    size_t cap_slices, cap_groups, cap_conns;
+    struct slice *slices;
+    struct slice **sorted;
+    kvp_data_vec_t *vecs;
+    struct group *groups;
+    struct xconn *conns;
+    struct pollfd *pfds;
+    struct tcp_scratch *next;
+} tcp_scratch_t;
+
+typedef struct tcp_ctx {
+    pthread_mutex_t lock;
+    tcp_pool_t *pools;
+    tcp_scratch_t *scratch; /* idle scratches */
+    kvp_transfer_t *xfer;
+} tcp_ctx_t;
 
 typedef struct group {
     tcp_pool_t *pool;
-    slice_t **slices; /* this group's slices, in order */
-    size_t n, next;   /* next: first unassigned */
-    unsigned live;    /* live connections */
+    slice_t **slices;     /* this group's slices, in order */
+    kvp_data_vec_t *vecs; /* vecs[i]: slices[i] as a vector entry */
+    size_t n, next;       /* next: first unassigned */
+    unsigned live;        /* live connections */
+    unsigned chain;       /* most small slices in one vectored request */
+    uint64_t chain_bytes; /* most payload bytes in one vectored request */
 } group_t;
+
+/* One request on the wire: a single slice (READ/WRITE) or a chain of small ones
+ * (READV/WRITEV) whose entries are vec[0..n). */
+typedef struct req {
+    kvp_data_req_t hdr;
+    slice_t **s;
+    kvp_data_vec_t *vec;
+    unsigned n;
+} req_t;
 
 typedef struct xconn {
     int fd;
     group_t *g;
-    slice_t *ring[PIPE_DEPTH];
+    req_t ring[PIPE_DEPTH];
     unsigned head, count; /* ring[head] is the oldest in flight */
     unsigned sent;        /* how many of the ring are fully sent */
-    uint64_t send_off;    /* bytes of ring[head+sent] already sent (header+payload) */
+    uint64_t send_off;    /* bytes of ring[head+sent] already sent (header+vector+payload) */
     kvp_data_resp_t resp;
-    uint64_t recv_off; /* bytes of the oldest slice's response received */
+    uint64_t recv_off; /* bytes of the oldest request's response received */
     bool dead;
 } xconn_t;
 
@@ -150,12 +195,18 @@ static void slice_fail(slice_t *s, kvp_status_t st)
         s->op->status = st;
 }
 
+static void req_fail(req_t *r, kvp_status_t st)
+{
+    for (unsigned i = 0; i < r->n; i++)
+        slice_fail(r->s[i], st);
+}
+
 static void conn_kill(xconn_t *c, kvp_status_t st)
 {
     if (c->dead)
         return;
     for (unsigned i = 0; i < c->count; i++)
-        slice_fail(c->ring[(c->head + i) % PIPE_DEPTH], st);
+        req_fail(&c->ring[(c->head + i) % PIPE_DEPTH], st);
     c->count = c->sent = 0;
     c->dead = true;
     c->g->live--;
@@ -168,32 +219,112 @@ static void conn_kill(xconn_t *c, kvp_status_t st)
     }
 }
 
+/* Next request from the group: one big slice, or a chain of small ones of one kind. */
 static void conn_fill(xconn_t *c)
 {
     group_t *g = c->g;
     while (!c->dead && c->count < PIPE_DEPTH && g->next < g->n) {
-        c->ring[(c->head + c->count) % PIPE_DEPTH] = g->slices[g->next++];
+        req_t *r = &c->ring[(c->head + c->count) % PIPE_DEPTH];
+        size_t j = g->next;
+        slice_t *s0 = g->slices[j];
+        uint64_t bytes = s0->len;
+        unsigned m = 1;
+        if (s0->len <= VEC_SMALL) {
+            while (m < g->chain && j + m < g->n) {
+                slice_t *s = g->slices[j + m];
+                if (s->len > VEC_SMALL || s->hdr.op != s0->hdr.op ||
+                    bytes + s->len > g->chain_bytes)
+                    break;
+                bytes += s->len;
+                m++;
+            }
+        }
+        r->s = &g->slices[j];
+        r->vec = &g->vecs[j];
+        r->n = m;
+        g->next += m;
+        if (m == 1) {
+            r->hdr = s0->hdr;
+        } else {
+            r->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC,
+                                      .op = s0->hdr.op == KVP_DATA_WRITE ? KVP_DATA_WRITEV
+                                                                         : KVP_DATA_READV,
+                                      .offset = m,
+                                      .length = bytes};
+            /* a chain's payloads are small: checksum them whole, now, then send */
+            for (unsigned i = 0; i < m && r->hdr.op == KVP_DATA_WRITEV; i++) {
+                slice_t *s = r->s[i];
+                if (s->op->want_crc && s->crc_len < s->len) {
+                    s->crc = kvp_crc32c(0, (char *)s->op->local + s->off, s->len);
+                    s->crc_len = s->len;
+                }
+            }
+        }
         c->count++;
     }
 }
 
-/* Push out as much of the unsent requests as the socket takes. */
+static bool req_writes(const req_t *r)
+{
+    return r->hdr.op == KVP_DATA_WRITE || r->hdr.op == KVP_DATA_WRITEV;
+}
+
+static bool req_reads(const req_t *r)
+{
+    return r->hdr.op == KVP_DATA_READ || r->hdr.op == KVP_DATA_READV;
+}
+
+/* Append [p, p+len) to an iovec, skipping the first *skip bytes of the request. */
+static void iov_add(struct iovec *iov, int *cnt, uint64_t *skip, void *p, uint64_t len)
+{
+    if (*skip >= len) {
+        *skip -= len;
+        return;
+    }
+    iov[*cnt].iov_base = (char *)p + *skip;
+    iov[(*cnt)++].iov_len = len - *skip;
+    *skip = 0;
+}
+
+/* Push out as much of the unsigned requests as the socket takes. */
 static void conn_send(xconn_t *c)
 {
+    struct iovec iov[KVP_DATA_VEC_MAX + 2];
     while (!c->dead && c->sent < c->count) {
-        slice_t *s = c->ring[(c->head + c->sent) % PIPE_DEPTH];
-        struct iovec iov[2];
+        req_t *r = &c->ring[(c->head + c->sent) % PIPE_DEPTH];
         int iovcnt = 0;
-        uint64_t hl = sizeof(s->hdr);
-        uint64_t total = hl + (s->hdr.op == KVP_DATA_WRITE ? s->len : 0);
-        if (c->send_off < hl) {
-            iov[iovcnt].iov_base = (char *)&s->hdr + c->send_off;
-            iov[iovcnt++].iov_len = hl - c->send_off;
-        }
-        if (s->hdr.op == KVP_DATA_WRITE) {
+        uint64_t skip = c->send_off;
+        uint64_t hl = sizeof(r->hdr);
+        uint64_t total = hl, offered;
+        iov_add(iov, &iovcnt, &skip, &r->hdr, hl);
+        if (r->n > 1)
+            iov_add(iov, &iovcnt, &skip, r->vec, r->n * sizeof(*r->vec));
+        if (r->n > 1) {
+            total += r->n * sizeof(*r->vec);
+            for (unsigned i = 0; i < r->n && req_writes(r); i++) {
+                slice_t *s = r->s[i];
+                iov_add(iov, &iovcnt, &skip, (char *)s->op->local + s->off, s->len);
+                total += s->len;
+            }
+            offered = total;
+        } else if (req_writes(r)) {
+            slice_t *s = r->s[0];
             uint64_t po = c->send_off > hl ? c->send_off - hl : 0;
-            iov[iovcnt].iov_base = (char *)s->op->local + s->off + po;
-            iov[iovcnt++].iov_len = s->len - po;
+            uint64_t end = s->len;
+            if (s->op->want_crc) {
+                /* checksum the next piece just before the socket copies it */
+                if (s->crc_len < s->len && s->crc_len < po + CRC_AHEAD) {
+                    uint64_t n = KVP_MIN(s->len - s->crc_len, CRC_AHEAD);
+                    s->crc = kvp_crc32c(s->crc, (char *)s->op->local + s->off + s->crc_len, n);
+                    s->crc_len += n;
+                }
+                end = s->crc_len;
+            }
+            iov_add(iov, &iovcnt, &skip, (char *)s->op->local + s->off, end);
+            total += s->len;
+            offered = hl + end;
+        } else {
+            offered = total;
         }
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
         ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -205,30 +336,55 @@ static void conn_send(xconn_t *c)
             return;
         }
         c->send_off += (uint64_t)n;
-        if (c->send_off < total)
-            return;
+        if (c->send_off < total) {
+            if (c->send_off < offered)
+                return; /* the socket is full */
+            continue;   /* sent all that was checksummed: checksum more */
+        }
         c->send_off = 0;
         c->sent++;
     }
 }
 
+/* Checksum payload bytes [from, to) of a read request that just landed, while in cache. */
+static void req_crc_landed(req_t *r, uint64_t from, uint64_t to)
+{
+    uint64_t pos = 0;
+    for (unsigned i = 0; i < r->n && pos < to; i++) {
+        slice_t *s = r->s[i];
+        uint64_t a = KVP_MAX(from, pos), b = KVP_MIN(to, pos + s->len);
+        if (a < b && s->op->want_crc) {
+            s->crc = kvp_crc32c(s->crc, (char *)s->op->local + s->off + (a - pos), b - a);
+            s->crc_len += b - a;
+        }
+        pos += s->len;
+    }
+}
+
+static void conn_pop(xconn_t *c)
+{
+    c->head = (c->head + 1) % PIPE_DEPTH;
+    c->count--;
+    c->sent--;
+    c->recv_off = 0;
+}
+
 /* Receive responses (and READ payloads) for sent requests, in order. */
 static void conn_recv(xconn_t *c)
 {
+    struct iovec iov[KVP_DATA_VEC_MAX + 1];
     while (!c->dead && c->sent > 0) {
-        slice_t *s = c->ring[c->head];
+        req_t *r = &c->ring[c->head];
         uint64_t hl = sizeof(c->resp);
-        void *dst;
-        size_t want;
-        if (c->recv_off < hl) {
-            dst = (char *)&c->resp + c->recv_off;
-            want = hl - c->recv_off;
-        } else {
-            uint64_t po = c->recv_off - hl;
-            dst = (char *)s->op->local + s->off + po;
-            want = s->len - po;
-        }
-        ssize_t n = recv(c->fd, dst, want, MSG_DONTWAIT);
+        int iovcnt = 0;
+        uint64_t skip = c->recv_off;
+        iov_add(iov, &iovcnt, &skip, &c->resp, hl);
+        if (c->recv_off >= hl) /* the header is in and said the payload follows */
+            for (unsigned i = 0; i < r->n; i++)
+                iov_add(iov, &iovcnt, &skip, (char *)r->s[i]->op->local + r->s[i]->off,
+                        r->s[i]->len);
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        ssize_t n = recvmsg(c->fd, &msg, MSG_DONTWAIT);
         if (n == 0) {
             conn_kill(c, KVP_ERR_IO);
             return;
@@ -240,24 +396,23 @@ static void conn_recv(xconn_t *c)
                 conn_kill(c, KVP_ERR_IO);
             return;
         }
+        if (c->recv_off >= hl)
+            req_crc_landed(r, c->recv_off - hl, c->recv_off - hl + (uint64_t)n);
         c->recv_off += (uint64_t)n;
         if (c->recv_off < hl)
             continue;
         if (c->recv_off == hl) {
             if (c->resp.magic != KVP_DATA_MAGIC || c->resp.status > 0 ||
                 c->resp.status < KVP_STATUS_MIN ||
-                (c->resp.status == 0 && s->hdr.op == KVP_DATA_READ && c->resp.length != s->len)) {
+                (c->resp.status == 0 && req_reads(r) && c->resp.length != r->hdr.length)) {
                 KVP_LOG_WARN("tcp: malformed response from %s", c->g->pool->endpoint);
                 conn_kill(c, KVP_ERR_PROTOCOL);
                 return;
             }
             if (c->resp.status != 0) {
-                slice_fail(s, (kvp_status_t)c->resp.status);
-                bool fatal = s->hdr.op == KVP_DATA_WRITE; /* server closes after a bad write */
-                c->head = (c->head + 1) % PIPE_DEPTH;
-                c->count--;
-                c->sent--;
-                c->recv_off = 0;
+                req_fail(r, (kvp_status_t)c->resp.status);
+                bool fatal = req_writes(r); /* the server closes after a bad write */
+                conn_pop(c);
                 if (fatal) {
                     conn_kill(c, KVP_ERR_IO);
                     return;
@@ -265,14 +420,71 @@ static void conn_recv(xconn_t *c)
                 continue;
             }
         }
-        uint64_t total = hl + (s->hdr.op == KVP_DATA_READ ? s->len : 0);
+        uint64_t total = hl + (req_reads(r) ? r->hdr.length : 0);
         if (c->recv_off < total)
             continue;
-        c->head = (c->head + 1) % PIPE_DEPTH;
-        c->count--;
-        c->sent--;
-        c->recv_off = 0;
+        conn_pop(c);
     }
+}
+
+/* Take an idle scratch with room for the batch, growing one if needed (NULL: no memory). */
+static tcp_scratch_t *scratch_get(tcp_ctx_t *ctx, size_t n_slices, size_t n_groups, size_t n_conns)
+{
+    pthread_mutex_lock(&ctx->lock);
+    tcp_scratch_t *sc = ctx->scratch;
+    if (sc != NULL)
+        ctx->scratch = sc->next;
+    pthread_mutex_unlock(&ctx->lock);
+    if (sc == NULL && (sc = calloc(1, sizeof(*sc))) == NULL)
+        return NULL;
+    if (sc->cap_slices < n_slices) {
+        free(sc->slices);
+        free(sc->sorted);
+        free(sc->vecs);
+        sc->slices = malloc(n_slices * sizeof(*sc->slices));
+        sc->sorted = malloc(n_slices * sizeof(*sc->sorted));
+        sc->vecs = malloc(n_slices * sizeof(*sc->vecs));
+        sc->cap_slices = sc->slices && sc->sorted && sc->vecs ? n_slices : 0;
+    }
+    if (sc->cap_groups < n_groups) {
+        free(sc->groups);
+        sc->groups = malloc(n_groups * sizeof(*sc->groups));
+        sc->cap_groups = sc->groups ? n_groups : 0;
+    }
+    if (sc->cap_conns < n_conns) {
+        free(sc->conns);
+        free(sc->pfds);
+        sc->conns = malloc(n_conns * sizeof(*sc->conns));
+        sc->pfds = malloc(n_conns * sizeof(*sc->pfds));
+        sc->cap_conns = sc->conns && sc->pfds ? n_conns : 0;
+    }
+    if (sc->cap_slices < n_slices || sc->cap_groups < n_groups || sc->cap_conns < n_conns) {
+        pthread_mutex_lock(&ctx->lock);
+        sc->next = ctx->scratch;
+        ctx->scratch = sc;
+        pthread_mutex_unlock(&ctx->lock);
+        return NULL;
+    }
+    return sc;
+}
+
+static void scratch_put(tcp_ctx_t *ctx, tcp_scratch_t *sc)
+{
+    pthread_mutex_lock(&ctx->lock);
+    sc->next = ctx->scratch;
+    ctx->scratch = sc;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+static void scratch_free(tcp_scratch_t *sc)
+{
+    free(sc->slices);
+    free(sc->sorted);
+    free(sc->vecs);
+    free(sc->groups);
+    free(sc->conns);
+    free(sc->pfds);
+    free(sc);
 }
 
 static kvp_status_t tcp_init(kvp_transfer_t *xfer, void **ctx_p)
@@ -304,6 +516,11 @@ static void tcp_cleanup(void *arg)
         free(p);
         p = pn;
     }
+    while (ctx->scratch) {
+        tcp_scratch_t *sn = ctx->scratch->next;
+        scratch_free(ctx->scratch);
+        ctx->scratch = sn;
+    }
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
@@ -314,22 +531,25 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     kvp_transfer_t *xfer = ctx->xfer;
     uint64_t slice_len = xfer->tcp_slice;
     size_t n_slices = 0;
-    kvp_xfer_crc_writes(ops, n);
     for (size_t i = 0; i < n; i++) {
         ops[i]->status = KVP_OK;
         n_slices += (ops[i]->length + slice_len - 1) / slice_len;
     }
-    slice_t *slices = malloc(n_slices * sizeof(*slices) + 1);
-    slice_t **sorted = malloc(n_slices * sizeof(*sorted) + 1);
-    group_t *groups = calloc(n + 1, sizeof(*groups));
-    xconn_t *conns = NULL;
-    struct pollfd *pfds = NULL;
-    size_t n_groups = 0, n_conns = 0;
-    if (!slices || !sorted || !groups) {
+    /* at most one group per op, and tcp_streams connections per group */
+    tcp_scratch_t *sc =
+        scratch_get(ctx, n_slices + 1, n + 1, KVP_MIN(n_slices, n * (size_t)xfer->tcp_streams) + 1);
+    if (sc == NULL) {
         for (size_t i = 0; i < n; i++)
             ops[i]->status = KVP_ERR_NOMEM;
-        goto out;
+        return;
     }
+    slice_t *slices = sc->slices;
+    slice_t **sorted = sc->sorted;
+    kvp_data_vec_t *vecs = sc->vecs;
+    group_t *groups = sc->groups;
+    xconn_t *conns = sc->conns;
+    struct pollfd *pfds = sc->pfds;
+    size_t n_groups = 0, n_conns = 0;
     /* slice the ops; give each distinct endpoint a group */
     size_t k = 0;
     pthread_mutex_lock(&ctx->lock);
@@ -344,7 +564,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         while (g < n_groups && groups[g].pool != pool)
             g++;
         if (g == n_groups)
-            groups[n_groups++].pool = pool;
+            groups[n_groups++] = (group_t){.pool = pool};
         for (uint64_t off = 0; off < op->length; off += slice_len) {
             slice_t *s = &slices[k++];
             s->op = op;
@@ -355,6 +575,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
                                       .segment_id = op->peer->segment_id,
                                       .offset = op->offset + off,
                                       .length = s->len};
+            s->crc = 0;
+            s->crc_len = 0;
             groups[g].n++;
         }
     }
@@ -363,29 +585,28 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     size_t base = 0;
     for (size_t g = 0; g < n_groups; g++) {
         groups[g].slices = &sorted[base];
+        groups[g].vecs = &vecs[base];
         base += groups[g].n;
         groups[g].n = 0;
     }
     for (size_t s = 0; s < k; s++) {
         for (size_t g = 0; g < n_groups; g++) {
             if (strcmp(groups[g].pool->endpoint, slices[s].op->peer->endpoint) == 0) {
+                groups[g].vecs[groups[g].n] =
+                    (kvp_data_vec_t){.segment_id = slices[s].hdr.segment_id,
+                                     .offset = slices[s].hdr.offset,
+                                     .length = slices[s].len};
                 groups[g].slices[groups[g].n++] = &slices[s];
                 break;
             }
         }
     }
-    size_t max_conns = 0;
-    for (size_t g = 0; g < n_groups; g++)
-        max_conns += KVP_MIN((size_t)xfer->tcp_streams, groups[g].n);
-    conns = calloc(max_conns + 1, sizeof(*conns));
-    pfds = calloc(max_conns + 1, sizeof(*pfds));
-    if (!conns || !pfds) {
-        for (size_t i = 0; i < n; i++)
-            ops[i]->status = KVP_ERR_NOMEM;
-        goto out;
-    }
     for (size_t g = 0; g < n_groups; g++) {
         size_t want = KVP_MIN((size_t)xfer->tcp_streams, groups[g].n);
+        /* chains sized so that each stream gets about one: fewest requests, streams busy */
+        size_t per = (groups[g].n + KVP_MAX(want, 1) - 1) / KVP_MAX(want, 1);
+        groups[g].chain = (unsigned)KVP_MIN(per, (size_t)KVP_DATA_VEC_MAX);
+        groups[g].chain_bytes = KVP_MAX(slice_len, VEC_SMALL);
         kvp_status_t last = KVP_OK;
         for (size_t c = 0; c < want; c++) {
             int fd;
@@ -450,13 +671,18 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     for (size_t c = 0; c < n_conns; c++)
         if (!conns[c].dead)
             conn_release(ctx, conns[c].g->pool, conns[c].fd);
-out:
-    kvp_xfer_crc_reads(ops, n);
-    free(pfds);
-    free(conns);
-    free(groups);
-    free(sorted);
-    free(slices);
+    /* An op's slices lie in order in `slices`: put their CRCs together. */
+    for (size_t i = 0; i < n; i++)
+        if (ops[i]->want_crc)
+            ops[i]->crc = 0;
+    for (size_t s = 0; s < k; s++) {
+        kvp_xfer_op_t *op = slices[s].op;
+        if (op->want_crc && op->status == KVP_OK) {
+            assert(slices[s].crc_len == slices[s].len);
+            op->crc = kvp_crc32c_combine(op->crc, slices[s].crc, slices[s].len);
+        }
+    }
+    scratch_put(ctx, sc);
 }
 
 const kvp_transport_ops_t kvp_transport_tcp_ops = {

@@ -55,6 +55,9 @@
 #define DATA_RESP 16
 #define OP_READ 1
 #define OP_WRITE 2
+#define OP_READV 3
+#define OP_WRITEV 4
+#define VEC_MAX 256
 
 #define IO_TIMEOUT_MS 5000
 
@@ -784,10 +787,74 @@ static void test_data_bad_op(void **state)
     seg_view_t v;
     seg_of(e, &v);
     uint8_t req[DATA_REQ];
-    data_req(req, 3, v.id, 0, 64); /* our magic, an op that does not exist */
+    data_req(req, 99, v.id, 0, 64); /* our magic, an op that does not exist */
     int fd = connect_to(v.endpoint);
     send_bytes(fd, req, sizeof(req));
     expect_closed(fd, IO_TIMEOUT_MS, "data server: unknown op");
+    close(fd);
+    round_trip(e);
+}
+
+/* A vectored request: header (offset = n entries, length = total), then n entries. */
+static void send_vec(int fd, uint16_t op, uint64_t n, uint64_t total, const uint64_t (*ent)[3],
+                     size_t n_ent)
+{
+    uint8_t req[DATA_REQ];
+    data_req(req, op, 0, n, total);
+    send_bytes(fd, req, sizeof(req));
+    for (size_t i = 0; i < n_ent; i++) {
+        uint8_t b[24];
+        put64(b, ent[i][0]);
+        put64(b + 8, ent[i][1]);
+        put64(b + 16, ent[i][2]);
+        send_bytes(fd, b, sizeof(b));
+    }
+}
+
+/* Malformed READV/WRITEV: every entry is checked before a byte moves. A READV with bad
+ * entries gets an error and the connection goes on; an absurd count, or a bad WRITEV,
+ * gets an error and a close. A good READV afterwards returns the entries' bytes. */
+static void test_data_bad_vector(void **state)
+{
+    env_t *e = *state;
+    seg_view_t v;
+    seg_of(e, &v);
+    int fd = connect_to(v.endpoint);
+    const uint64_t out[][3] = {{v.id, 0, 64}, {v.id, v.size - 10, 11}};
+    send_vec(fd, OP_READV, 2, 75, out, 2);
+    expect_data_resp(fd, KVP_ERR_OUT_OF_RANGE, 0, "READV entry out of range");
+    expect_open(fd, "after READV out of range");
+    const uint64_t wrap[][3] = {{v.id, v.size - 1, UINT64_MAX}, {v.id, 0, 1}};
+    send_vec(fd, OP_READV, 2, 0, wrap, 2);
+    expect_data_resp(fd, KVP_ERR_OUT_OF_RANGE, 0, "READV entry wrapping");
+    const uint64_t zero[][3] = {{v.id, 0, 0}};
+    send_vec(fd, OP_READV, 1, 0, zero, 1);
+    expect_data_resp(fd, KVP_ERR_OUT_OF_RANGE, 0, "READV zero-length entry");
+    const uint64_t other[][3] = {{v.id, 0, 64}, {v.id + 1, 0, 64}};
+    send_vec(fd, OP_READV, 2, 128, other, 2);
+    expect_data_resp(fd, KVP_ERR_SEGMENT_GONE, 0, "READV wrong segment");
+    const uint64_t good[][3] = {{v.id, 0, 64}, {v.id, 4096, 100}};
+    send_vec(fd, OP_READV, 2, 165, good, 2); /* lengths do not add up to the header's */
+    expect_data_resp(fd, KVP_ERR_PROTOCOL, 0, "READV total mismatch");
+    expect_open(fd, "after READV total mismatch");
+    send_vec(fd, OP_READV, 2, 164, good, 2);
+    expect_data_resp(fd, 0, 164, "READV good");
+    uint8_t b[164];
+    assert_int_equal(recv_exact(fd, b, sizeof(b), IO_TIMEOUT_MS), (ssize_t)sizeof(b));
+    expect_open(fd, "after READV good");
+    /* absurd counts: error, close */
+    const uint64_t counts[] = {0, VEC_MAX + 1, UINT64_MAX};
+    for (size_t i = 0; i < 3; i++) {
+        send_vec(fd, OP_READV, counts[i], 64, NULL, 0);
+        expect_data_resp(fd, KVP_ERR_PROTOCOL, 0, "READV absurd count");
+        expect_closed(fd, IO_TIMEOUT_MS, "after READV absurd count");
+        close(fd);
+        fd = connect_to(v.endpoint);
+    }
+    /* a WRITEV that cannot be placed: error, close, nothing written */
+    send_vec(fd, OP_WRITEV, 2, 75, out, 2);
+    expect_data_resp(fd, KVP_ERR_OUT_OF_RANGE, 0, "WRITEV entry out of range");
+    expect_closed(fd, IO_TIMEOUT_MS, "after WRITEV out of range");
     close(fd);
     round_trip(e);
 }
@@ -852,6 +919,7 @@ int main(void)
         cmocka_unit_test(test_data_read_errors),
         cmocka_unit_test(test_data_garbage),
         cmocka_unit_test(test_data_bad_op),
+        cmocka_unit_test(test_data_bad_vector),
         cmocka_unit_test(test_data_bad_write),
         cmocka_unit_test(test_data_truncated),
     };

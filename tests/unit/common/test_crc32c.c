@@ -187,6 +187,34 @@ static void test_chaining(void **state)
     free(b);
 }
 
+/* Pieces crc'ed on their own and combined give the crc of the whole, at every split. */
+static void test_combine(void **state)
+{
+    (void)state;
+    unsigned char buf[300];
+    fill_random(buf, sizeof(buf));
+    uint32_t whole = kvp_crc32c(0, buf, sizeof(buf));
+    for (size_t split = 0; split <= sizeof(buf); split++) {
+        size_t rest = sizeof(buf) - split;
+        uint32_t a = kvp_crc32c(0, buf, split), b = kvp_crc32c(0, buf + split, rest);
+        assert_int_equal(kvp_crc32c_combine(a, b, rest), whole);
+    }
+    assert_int_equal(kvp_crc32c_combine(0, 0x12345678u, 0), 0x12345678u);
+
+    /* many slices of a large buffer, the way the tcp transport combines them */
+    size_t big = (3u << 20) + 12345, slice = 1u << 18;
+    unsigned char *b = malloc(big);
+    assert_non_null(b);
+    fill_random(b, big);
+    uint32_t c = 0;
+    for (size_t off = 0; off < big; off += slice) {
+        size_t n = big - off < slice ? big - off : slice;
+        c = kvp_crc32c_combine(c, kvp_crc32c(0, b + off, n), n);
+    }
+    assert_int_equal(c, kvp_crc32c_sw(0, b, big));
+    free(b);
+}
+
 static void check_copy(const unsigned char *src, unsigned char *dst, size_t dst_size,
                        size_t dst_off, size_t len, uint32_t seed)
 {
@@ -265,6 +293,7 @@ int main(void)
         cmocka_unit_test(test_hw_matches_sw_small),
         cmocka_unit_test(test_hw_matches_sw_large),
         cmocka_unit_test(test_chaining),
+        cmocka_unit_test(test_combine),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_copy_large_distances),
     };
