@@ -126,8 +126,20 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
         goto fail;
     }
     if (method == KVP_RPC_PUT_END)
-        for (size_t j = 0; j < m; j++)
-            out[idx[j]] = sr->statuses[j];
+        for (size_t j = 0; j < m; j++) {
+            int32_t s = sr->statuses[j];
+            /* the master no longer has our PENDING object: it restarted, it revoked
+             * the put with a lost connection or a gone segment, or the put timed out */
+            if (s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) {
+                s = KVP_ERR_PUT_REVOKED;
+                kvp_api_fail_key(keys[idx[j]],
+                                 "put %s: the master dropped the unfinished put (it restarted, "
+                                 "lost this client's connection, or the segment went away); "
+                                 "nothing is stored, retry",
+                                 keys[idx[j]]);
+            }
+            out[idx[j]] = s;
+        }
     kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
     return;
 fail:

@@ -50,9 +50,13 @@
     X(KVP_ERR_POOL_BUSY, -30,                                                                      \
       "pool full for now: the room is held by reads in flight (the client waits and retries)")     \
     X(KVP_ERR_NO_REPLICA, -31, "no replica of the object could be reached (every copy failed)")    \
-    X(KVP_ERR_UNKNOWN_SEGMENT, -32, "the master named a segment this client has no descriptor for")
+    X(KVP_ERR_UNKNOWN_SEGMENT, -32,                                                                \
+      "the master named a segment this client has no descriptor for")                              \
+    X(KVP_ERR_PUT_REVOKED, -33,                                                                    \
+      "the put was revoked before it ended (master restart, lost connection, segment gone or "     \
+      "put timeout): nothing is stored, retry")
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-32)
+#define KVP_STATUS_MIN (-33)
 
 #endif

@@ -135,7 +135,9 @@ void kvp_put_config_init(kvp_put_config_t *config);
  * KVP_ERR_PENDING (another writer is putting it); KVP_ERR_POOL_FULL;
  * KVP_ERR_TOO_LARGE; KVP_ERR_NO_SEGMENT; KVP_ERR_BAD_KEY; KVP_ERR_INVALID_ARG
  * (len 0); transfer errors (KVP_ERR_IO, KVP_ERR_CONNECT, KVP_ERR_TIMEOUT,
- * KVP_ERR_SEGMENT_GONE). On any failure nothing is visible under the key.
+ * KVP_ERR_SEGMENT_GONE); KVP_ERR_PUT_REVOKED (the master dropped the unfinished
+ * put: it restarted, lost this client's connection, or the segment went away;
+ * retry). On any failure nothing is visible under the key.
  * config may be NULL (defaults).
  */
 kvp_status_t kvp_put(kvp_client_t *client, const char *key, const void *buf, size_t len,

@@ -49,11 +49,12 @@ typedef enum kvp_status {
     KVP_ERR_POOL_BUSY = -30,
     KVP_ERR_NO_REPLICA = -31,
     KVP_ERR_UNKNOWN_SEGMENT = -32,
+    KVP_ERR_PUT_REVOKED = -33,
 } kvp_status_t;
 #endif
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-32)
+#define KVP_STATUS_MIN (-33)
 
 /*
  * Human-readable text for a status. Always returns a static string, also for

@@ -62,7 +62,9 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "common/util.h"
+#include "common/clock.h"
+#include "common/macros.h"
+#include "common/status_list.h"
 #include "tests/fault/fault_util.h"
 #include "tests/harness.h"
 
@@ -121,7 +123,8 @@ static uint64_t allowed_mask(int op)
     switch (op) {
     case OP_PUT:
         return bit(KVP_OK) | bit(KVP_ERR_EXISTS) | bit(KVP_ERR_PENDING) | bit(KVP_ERR_POOL_FULL) |
-               bit(KVP_ERR_POOL_BUSY) | bit(KVP_ERR_NO_SEGMENT) | NET_ERRS | XFER_ERRS;
+               bit(KVP_ERR_POOL_BUSY) | bit(KVP_ERR_NO_SEGMENT) | bit(KVP_ERR_PUT_REVOKED) |
+               NET_ERRS | XFER_ERRS;
     case OP_GET:
         return bit(KVP_OK) | bit(KVP_ERR_NOT_FOUND) | bit(KVP_ERR_CHECKSUM) |
                bit(KVP_ERR_LEASE_EXPIRED) | NET_ERRS | XFER_ERRS;
@@ -717,7 +720,7 @@ static int setup(void **state)
     prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
     e->transport = kvp_test_transport() ? kvp_test_transport() : "tcp";
     e->bound_ms = env_u64("KVPOOL_STRESS_CALL_BOUND_MS", CALL_BOUND_DEFAULT_MS);
-    e->strict = env_u64("KVPOOL_STRESS_STRICT", 0) != 0;
+    e->strict = env_u64("KVPOOL_STRESS_STRICT", 1) != 0;
     /* default read leases: removes meet LEASED, force-removes meet readers */
     if (!kvp_start_master_args(&e->master, NULL))
         return -1;
