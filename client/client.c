@@ -10,8 +10,9 @@
  * buffers (mem/registry.c).
  *
  * Threads: every API call may come from any thread. Locks: master_lock
- * (the control connection), peer_lock (peer table), buf_lock (registered
- * buffers). No lock is held across a data transfer.
+ * (the control connection), peer_lock (peer table, a rwlock), the registry's
+ * lock (registrations only; lookups take none). No lock is held across a data
+ * transfer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -105,8 +106,8 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     c->seg_fd = -1;
     pthread_mutex_init(&c->master_lock, NULL);
     pthread_mutex_init(&c->rel_lock, NULL);
-    pthread_mutex_init(&c->peer_lock, NULL);
-    pthread_mutex_init(&c->buf_lock, NULL);
+    pthread_rwlock_init(&c->peer_lock, NULL);
+    kvp_peer_table_init(&c->peers);
     c->client_id = kvp_random_u64();
 
     kvp_status_t st = KVP_ERR_INVALID_ARG;
@@ -211,6 +212,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
 
 err_seg:
     kvp_segment_server_destroy(c->seg_server);
+    kvp_peer_table_cleanup(&c->peers);
     kvp_transfer_cleanup(&c->xfer); /* deregisters the segment before it is unmapped */
     if (c->seg_base)
         munmap(c->seg_base, c->seg_size);
@@ -222,8 +224,7 @@ err:
         close(c->master_fd);
     pthread_mutex_destroy(&c->master_lock);
     pthread_mutex_destroy(&c->rel_lock);
-    pthread_mutex_destroy(&c->peer_lock);
-    pthread_mutex_destroy(&c->buf_lock);
+    pthread_rwlock_destroy(&c->peer_lock);
     free(c);
     return st;
 }
@@ -259,25 +260,17 @@ void kvp_client_destroy(kvp_client_t *c)
     c->master_fd = -1;
     pthread_mutex_unlock(&c->master_lock);
     kvp_segment_server_destroy(c->seg_server);
-    for (size_t i = 0; i < c->n_peers; i++)
-        kvp_peer_unref(c->peers[i]);
-    free(c->peers);
-    kvp_transfer_cleanup(&c->xfer);
+    kvp_peer_table_cleanup(&c->peers); /* detaches them from the transports */
+    kvp_transfer_cleanup(&c->xfer);    /* deregisters the buffers still registered */
     if (c->seg_base)
         munmap(c->seg_base, c->seg_size);
     if (c->seg_fd >= 0)
         close(c->seg_fd);
-    while (c->bufs) {
-        reg_buf_t *b = c->bufs;
-        c->bufs = b->next;
-        free(b);
-    }
     free(c->rel_ids);
     free(c->rel_send);
     free(c->rel_body);
     pthread_mutex_destroy(&c->master_lock);
     pthread_mutex_destroy(&c->rel_lock);
-    pthread_mutex_destroy(&c->peer_lock);
-    pthread_mutex_destroy(&c->buf_lock);
+    pthread_rwlock_destroy(&c->peer_lock);
     free(c);
 }
