@@ -11,8 +11,9 @@
  *
  * Threads: every API call may come from any thread. The master connection
  * is shared by all of them (control/mconn.c: requests in flight together,
- * no lock held while waiting); peer_lock guards the peer table, buf_lock the
- * registered buffers. No lock is held across a data transfer.
+ * no lock held while waiting); peer_lock (a rwlock) guards the peer table,
+ * the registry's lock the registrations (lookups take none). No lock is held
+ * across a data transfer.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -108,8 +109,8 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     c->seg_fd = -1;
     pthread_mutex_init(&c->seg_lock, NULL);
     pthread_mutex_init(&c->rel_lock, NULL);
-    pthread_mutex_init(&c->peer_lock, NULL);
-    pthread_mutex_init(&c->buf_lock, NULL);
+    pthread_rwlock_init(&c->peer_lock, NULL);
+    kvp_peer_table_init(&c->peers);
     c->client_id = kvp_random_u64();
 
     kvp_status_t st = KVP_ERR_INVALID_ARG;
@@ -212,6 +213,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
 
 err_seg:
     kvp_segment_server_destroy(c->seg_server);
+    kvp_peer_table_cleanup(&c->peers);
     kvp_transfer_cleanup(&c->xfer); /* deregisters the segment before it is unmapped */
     if (c->seg_base)
         munmap(c->seg_base, c->seg_size);
@@ -222,8 +224,7 @@ err:
     kvp_client_master_close(c);
     pthread_mutex_destroy(&c->seg_lock);
     pthread_mutex_destroy(&c->rel_lock);
-    pthread_mutex_destroy(&c->peer_lock);
-    pthread_mutex_destroy(&c->buf_lock);
+    pthread_rwlock_destroy(&c->peer_lock);
     free(c);
     return st;
 }
@@ -253,22 +254,14 @@ void kvp_client_destroy(kvp_client_t *c)
     }
     kvp_client_master_close(c);
     kvp_segment_server_destroy(c->seg_server);
-    for (size_t i = 0; i < c->n_peers; i++)
-        kvp_peer_unref(c->peers[i]);
-    free(c->peers);
-    kvp_transfer_cleanup(&c->xfer);
+    kvp_peer_table_cleanup(&c->peers); /* detaches them from the transports */
+    kvp_transfer_cleanup(&c->xfer);    /* deregisters the buffers still registered */
     if (c->seg_base)
         munmap(c->seg_base, c->seg_size);
     if (c->seg_fd >= 0)
         close(c->seg_fd);
-    while (c->bufs) {
-        reg_buf_t *b = c->bufs;
-        c->bufs = b->next;
-        free(b);
-    }
     pthread_mutex_destroy(&c->seg_lock);
     pthread_mutex_destroy(&c->rel_lock);
-    pthread_mutex_destroy(&c->peer_lock);
-    pthread_mutex_destroy(&c->buf_lock);
+    pthread_rwlock_destroy(&c->peer_lock);
     free(c);
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "client/internal.h"
+#include "client/transfer/peer.h"
 #include "kvpool.pb-c.h"
 
 /* This client's own segment. */
@@ -19,12 +20,6 @@
 #define KVP_SEG_MOUNTED 1  /* mounted (or to be remounted after a reconnect) */
 #define KVP_SEG_DRAINING 2 /* moving its objects away */
 #define KVP_SEG_DRAINED 3  /* unmounted for good; memory kept until destroy */
-
-typedef struct reg_buf {
-    uintptr_t addr;
-    size_t len;
-    struct reg_buf *next;
-} reg_buf_t;
 
 struct kvp_client {
     kvp_client_params_t params;
@@ -44,9 +39,8 @@ struct kvp_client {
 
     kvp_transfer_t xfer;
 
-    pthread_mutex_t peer_lock;
-    kvp_peer_t **peers;
-    size_t n_peers, cap_peers;
+    pthread_rwlock_t peer_lock; /* peers: read per op, written when descriptors arrive */
+    kvp_peer_table_t peers;
     uint64_t last_sweep_ms;
 
     /* own segment */
@@ -62,8 +56,7 @@ struct kvp_client {
     _Atomic uint64_t seg_id;
     kvp_segment_server_t *seg_server;
 
-    pthread_mutex_t buf_lock;
-    reg_buf_t *bufs;
+    /* registered buffers: xfer.mem (client/mem/registry.c) */
 
     /* liveness heartbeat (control/heartbeat.c) */
     pthread_t hb_thread;

@@ -4,7 +4,7 @@
  *
  * Layering: client.c / object.c (API) -> control/master_conn.c (control RPC)
  * and transfer/engine.c (data engine) -> transport/{shm,tcp,rdma}.c through
- * kvp_transport_ops_t. segment/segment_server.c serves this client's own
+ * kvp_transport_ops_t (transfer/transport.h). segment/segment_server.c serves this client's own
  * segment to remote peers.
  */
 #ifndef KVP_CLIENT_INTERNAL_H
@@ -18,6 +18,8 @@
 
 #include "client/include/kvpool.h"
 #include "common/crc32c.h"
+#include "client/mem/registry.h"
+#include "client/transfer/transport.h"
 #include "common/status.h"
 
 /* ---- data-plane wire format (tcp transport, docs/protocol.md) ---- */
@@ -59,6 +61,7 @@ _Static_assert(sizeof(kvp_data_resp_t) == 16, "data response header is 16 bytes"
 /* ---- peers: what we know of a remote (or our own) segment ---- */
 typedef struct kvp_peer {
     atomic_int refs;
+    /* the descriptor the master sent (immutable once the peer is in the table) */
     uint64_t segment_id;
     uint64_t size;
     uint64_t owner_client_id;
@@ -69,15 +72,29 @@ typedef struct kvp_peer {
     char rdma_endpoint[64]; /* rdma_cm ipv4:port, "" when the owner serves no rdma */
     uint64_t rdma_addr;     /* the segment's byte 0 in the owner */
     uint32_t rdma_rkey;
-    /* shm mapping, set up once under the peer table lock */
-    void *shm_base;
-    bool shm_tried;
-    bool shm_own; /* our own segment: memory not unmapped here */
-    bool gone;
+    bool own;                   /* this client's own segment */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
+    /* The transport chosen for it (transfer/engine.c): set at attach, changed only
+     * when it fails the peer; NULL when none reaches it. tp_state[i] is transport
+     * i's per-peer state, written once under tp_lock before tp points to it. */
+    struct kvp_transfer *xfer; /* the engine that attached it (detach at the last unref) */
+    _Atomic(struct kvp_transport *) tp;
+    void *tp_state[KVP_TP_MAX];
+    uint32_t tp_attached; /* bit i: transport i attached (tp_lock) */
+    bool tp_tried;        /* attach ran (tp_lock) */
+    pthread_mutex_t tp_lock;
 } kvp_peer_t;
 
+/* A peer with one reference (the caller's) and no transport yet; NULL: no memory. */
+kvp_peer_t *kvp_peer_create(uint64_t segment_id);
+void kvp_peer_ref(kvp_peer_t *peer);
+/* The last reference detaches the peer from its transports and frees it. */
 void kvp_peer_unref(kvp_peer_t *peer);
+/* Transport `index`'s state of a peer attached to it (transport.h). */
+static inline void *kvp_peer_tp_state(const kvp_peer_t *peer, unsigned index)
+{
+    return peer->tp_state[index];
+}
 
 /* ---- transfer engine ---- */
 typedef enum kvp_xfer_kind {
@@ -103,8 +120,6 @@ typedef enum kvp_transport_id {
     KVP_TRANSPORT_RDMA = 3,
 } kvp_transport_id_t;
 
-struct kvp_transfer;
-
 /* A transport that moves bytes in slices, in any order, checksums whole ops: the source of
  * each WRITE that wants one before it starts, each READ that landed after it ends. */
 static inline void kvp_xfer_crc_writes(kvp_xfer_op_t **ops, size_t n)
@@ -120,37 +135,20 @@ static inline void kvp_xfer_crc_reads(kvp_xfer_op_t **ops, size_t n)
             ops[i]->crc = kvp_crc32c(0, ops[i]->local, ops[i]->length);
 }
 
-/* One data transport. transfer() moves every op (all of them use this transport) and,
- * for each op with want_crc, leaves the CRC32C of the bytes moved in op->crc. */
-typedef struct kvp_transport_ops {
-    const char *name;
-    kvp_status_t (*init)(struct kvp_transfer *xfer, void **ctx_p);
-    void (*cleanup)(void *ctx);
-    /* Blocking: returns when each op has its status. Thread-safe. */
-    void (*transfer)(void *ctx, kvp_xfer_op_t **ops, size_t n);
-} kvp_transport_ops_t;
+/* Most stagers of one kind (host, gpu) one engine makes; threads beyond wait for one. */
+#define KVP_STAGERS_MAX 4
 
-extern const kvp_transport_ops_t kvp_transport_tcp_ops;
-extern const kvp_transport_ops_t kvp_transport_shm_ops;
-extern const kvp_transport_ops_t kvp_transport_rdma_ops;
-
-/* ---- rdma transport extras (transport/rdma.c), on its ctx ---- */
-typedef struct kvp_dmabuf {
-    int fd;
-    uint64_t offset; /* of the registered address within the dma-buf */
-} kvp_dmabuf_t;
-/* Register [addr, addr+len) for local access (dmabuf: device memory exported
- * as a dma-buf, else NULL). KVP_ERR_EXISTS if it overlaps a registration. */
-kvp_status_t kvp_rdma_transport_reg(void *ctx, void *addr, size_t len, const void *dmabuf);
-kvp_status_t kvp_rdma_transport_dereg(void *ctx, void *addr);
-/* Is [addr, addr+len) inside one registered region (zero-copy possible)? */
-bool kvp_rdma_transport_covers(void *ctx, const void *addr, size_t len);
-/* Register the segment for remote READ+WRITE, listen for peers; out: the
- * descriptor's rdma endpoint, address and rkey. */
-kvp_status_t kvp_rdma_transport_serve(void *ctx, void *base, uint64_t size, char *endpoint,
-                                      size_t endpoint_len, uint64_t *addr_p, uint32_t *rkey_p);
+typedef struct kvp_stager_pool {
+    pthread_mutex_t lock; /* taken to take or give back a stager, never across its use */
+    pthread_cond_t cond;
+    unsigned n[2];                               /* made, per kind */
+    unsigned n_free[2];                          /* free[kind][0..n_free) */
+    struct kvp_stager *all[2][KVP_STAGERS_MAX];  /* for destroy */
+    struct kvp_stager *free[2][KVP_STAGERS_MAX]; /* ready to take */
+} kvp_stager_pool_t;
 
 typedef struct kvp_transfer {
+    /* settings, filled by the client before kvp_transfer_init */
     kvp_transport_id_t forced;
     char host_id[128];
     uint64_t client_id;
@@ -161,33 +159,54 @@ typedef struct kvp_transfer {
     char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
     uint32_t rdma_qps;      /* QPs per peer */
     uint64_t rdma_slice;    /* stripe size */
-    char rdma_error[512];   /* why rdma is not available */
-    bool gpu;               /* the CUDA driver is loaded: check for device pointers */
-    void *tcp_ctx;
-    void *shm_ctx;
-    void *rdma_ctx; /* NULL: no rdma */
-    pthread_mutex_t stage_lock;
-    struct kvp_stager *stager_host; /* unregistered host memory on rdma */
-    struct kvp_stager *stager_gpu;  /* device memory the transport cannot reach */
+    /* the priority list to create; NULL: kvp_transports (tests put fakes here) */
+    const kvp_transport_ops_t *const *list;
+
+    char why[512]; /* why the last transport that could not be created could not */
+    bool gpu;      /* the CUDA driver is loaded: device pointers are possible */
+    kvp_transport_t tps[KVP_TP_MAX]; /* created, in priority order */
+    unsigned n_tps;
+    kvp_mem_registry_t mem; /* registered buffers (client/mem/registry.c) */
+    /* our own segment, once served (shm maps it no second time; ops on it may be
+     * zero-copy on the transports that registered it to serve it) */
+    void *seg_base;
+    uint64_t seg_size;
+    uint32_t seg_tp_regs;
+    kvp_stager_pool_t stagers;
 } kvp_transfer_t;
 
+/* Create the transports of the list (only the forced one when one is forced). */
 kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer);
+/* Peers must be gone (their transports' state detached) before this. */
 void kvp_transfer_cleanup(kvp_transfer_t *xfer);
-/* Which transport an op to this peer uses (shm needs the same host and a mapping). */
+/* Choose the peer's transport if not done yet (the first transport of the list that
+ * attaches it). Thread: any; the first caller does the work under peer->tp_lock. */
+void kvp_transfer_attach(kvp_transfer_t *xfer, kvp_peer_t *peer);
+/* Which transport ops to this peer use (attaching it first if needed);
+ * KVP_TRANSPORT_AUTO: none reaches it. */
 kvp_transport_id_t kvp_transfer_route(kvp_transfer_t *xfer, kvp_peer_t *peer);
-/* Run a batch of ops, each routed by kvp_transfer_route. Sets each op's status. */
+/* Undo every transport's attach of the peer (kvp_peer_unref, last reference). */
+void kvp_transfer_detach_peer(kvp_peer_t *peer);
+/* Is the peer's owner known to be gone (a transport says so)? */
+bool kvp_transfer_peer_stale(kvp_transfer_t *xfer, kvp_peer_t *peer);
+/* Run a batch of ops, each on its peer's transport (staged when that transport
+ * cannot reach the op's buffer). Sets each op's status. Allocates nothing after
+ * the calling thread's first batches (per-thread scratch, kept). */
 void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n);
-/* kvp_register_buffer's transport side: rdma registration (GPU memory: by
- * dma-buf, else directly, else it will be staged). */
-kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len);
-void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr);
-/* Serve our segment over rdma too (when the rdma transport is up). */
+/* The memory kind of [addr, addr+len): the registry's when registered, else the
+ * driver's answer (unregistered memory). Thread: any, no lock. */
+kvp_mem_kind_t kvp_transfer_mem_kind(kvp_transfer_t *xfer, const void *addr, size_t len);
+/* kvp_register_buffer's transport side (the registry's lock held): register with
+ * every transport that wants it; *tp_regs_p gets a bit per transport that did.
+ * Memory a transport could not register is staged on it, unless that transport
+ * is forced (then the registration fails). */
+kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len,
+                                   kvp_mem_kind_t kind, uint32_t *tp_regs_p);
+void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr, uint32_t tp_regs);
+/* Serve our segment on the transports that serve (rdma: register + listen). */
 kvp_status_t kvp_transfer_serve_segment(kvp_transfer_t *xfer, void *base, uint64_t size,
                                         char *endpoint, size_t endpoint_len, uint64_t *addr_p,
                                         uint32_t *rkey_p);
-
-/* shm helpers used by the route decision */
-bool kvp_shm_map_peer(kvp_peer_t *peer);
 
 /* ---- segment server (this client's own segment) ---- */
 typedef struct kvp_segment_server kvp_segment_server_t;

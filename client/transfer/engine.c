@@ -1,36 +1,56 @@
 /*
- * transfer.c - the transfer engine: route each op to a transport, run them.
+ * engine.c - the transfer engine: run each op on its peer's transport.
  *
- * Routing (kvp_transfer_route), per peer: shm when the peer is on this host
- * (same host id) and its segment could be mapped; else rdma when both sides
- * have it (we opened a device, the peer's descriptor has an rdma endpoint);
- * else tcp. A forced transport (KVPOOL_TRANSPORT or the client param) is
- * honoured: forcing shm to a peer on another host, or rdma to a peer that
- * serves no rdma, fails the op with KVP_ERR_TRANSPORT rather than silently
- * using something else.
+ * Transports (transfer/transport.h) sit in a priority list, kvp_transports[]:
+ * shm (same host, the segment mapped), rdma (both sides have it), tcp. The
+ * engine names none of them. A peer's transport is chosen once, when it is
+ * attached (its descriptor arrived, or its first use): the first transport of
+ * the list whose attach accepts it, kept on the peer (peer->tp). It is chosen
+ * again only when that transport fails an op to it with KVP_ERR_TRANSPORT
+ * ("cannot carry this peer"): then from the next transports of the list, and
+ * the op is retried once on the new one. Other failures (connect, timeout,
+ * a gone segment) fail the op and keep the transport, as before. A forced
+ * transport (KVPOOL_TRANSPORT or the client param) is the only one created, so
+ * forcing shm to a peer on another host, or rdma to a peer that serves no
+ * rdma, leaves the peer with no transport and fails its ops with
+ * KVP_ERR_TRANSPORT rather than silently using something else.
  *
- * Staging: an op whose local buffer the chosen transport cannot reach goes
- * through a stager (client/staging.c), which moves it in chunks through
- * staging buffers registered once: host memory not registered with rdma,
- * and CUDA device memory on tcp/shm (or on rdma without a GPU registration).
- * The copy of chunk i+1 overlaps the transfer of chunk i.
+ * Staging: an op whose local buffer its transport cannot reach zero-copy (CUDA
+ * memory on a transport without a registration of it, or wanting a CRC the CPU
+ * cannot compute; host memory on a transport that needs registration) goes
+ * through a stager (staging.h) taken from a pool: up to KVP_STAGERS_MAX per
+ * memory kind, made on demand, each used by one thread at a time and given
+ * back after; the pool's lock is held only to take and give back. The memory
+ * kind and the registrations come from the registry (mem/registry.h), filled
+ * at kvp_register_buffer; only unregistered memory is asked of the driver.
+ *
+ * Per batch the engine allocates nothing: ops are sorted by transport with a
+ * counting sort into per-thread scratch arrays that grow to the largest batch
+ * the thread has run and are kept (freed when the thread exits).
  *
  * Thread: any client thread; transports are reentrant.
  */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <dirent.h>
-#include <stdatomic.h>
-
-#include "client/mem/gpu.h"
 #include "client/internal.h"
+#include "client/mem/gpu.h"
 #include "client/transfer/staging.h"
-#include "common/crc32c.h"
+#include "client/transfer/transport.h"
 #include "common/log.h"
+
+/* The priority list: adding a transport is adding its ops here. */
+const kvp_transport_ops_t *const kvp_transports[] = {
+    &kvp_transport_shm_ops,
+    &kvp_transport_rdma_ops,
+    &kvp_transport_tcp_ops,
+    NULL,
+};
 
 void kvp_host_id(char *buf, size_t len)
 {
@@ -47,81 +67,282 @@ void kvp_host_id(char *buf, size_t len)
     snprintf(buf, len, "%s/%llu", boot, ns);
 }
 
-/* Does this host have any RDMA device at all? (Cheap; touches no verbs.) */
-static bool rdma_devices_present(void)
+/* ---- the stager pool ---- */
+
+static void stager_pool_init(kvp_stager_pool_t *pool)
 {
-    DIR *d = opendir("/sys/class/infiniband");
-    if (d == NULL)
-        return false;
-    bool any = false;
-    struct dirent *e;
-    while (!any && (e = readdir(d)) != NULL)
-        any = e->d_name[0] != '.';
-    closedir(d);
-    return any;
+    memset(pool, 0, sizeof(*pool));
+    pthread_mutex_init(&pool->lock, NULL);
+    pthread_cond_init(&pool->cond, NULL);
+}
+
+/* Every stager must have been given back. */
+static void stager_pool_cleanup(kvp_stager_pool_t *pool)
+{
+    for (int k = 0; k < 2; k++)
+        for (unsigned i = 0; i < pool->n[k]; i++)
+            kvp_stager_destroy(pool->all[k][i]);
+    pthread_cond_destroy(&pool->cond);
+    pthread_mutex_destroy(&pool->lock);
+}
+
+static void stage_run_cb(void *arg, kvp_xfer_op_t *ops, size_t n);
+static kvp_status_t stage_reg_cb(void *arg, void *buf, size_t len);
+static void stage_dereg_cb(void *arg, void *buf);
+
+/* A stager of this kind for the calling thread alone: a free one, a new one while
+ * fewer than KVP_STAGERS_MAX exist, else the next one given back. NULL: no memory. */
+static kvp_stager_t *stager_take(kvp_transfer_t *xfer, int kind)
+{
+    kvp_stager_pool_t *pool = &xfer->stagers;
+    kvp_stager_t *s = NULL;
+    pthread_mutex_lock(&pool->lock);
+    for (;;) {
+        if (pool->n_free[kind] > 0) {
+            s = pool->free[kind][--pool->n_free[kind]];
+            break;
+        }
+        if (pool->n[kind] < KVP_STAGERS_MAX) {
+            kvp_stager_params_t p = {.chunk_bytes = 1 << 20,
+                                     .depth = 4,
+                                     .run = stage_run_cb,
+                                     .reg = stage_reg_cb,
+                                     .dereg = stage_dereg_cb,
+                                     .arg = xfer};
+            /* cheap: its buffers are made on its first run, by its user */
+            if (kvp_stager_create(&p, &s) == KVP_OK)
+                pool->all[kind][pool->n[kind]++] = s;
+            else
+                s = NULL;
+            break;
+        }
+        pthread_cond_wait(&pool->cond, &pool->lock);
+    }
+    pthread_mutex_unlock(&pool->lock);
+    return s;
+}
+
+static void stager_give(kvp_transfer_t *xfer, int kind, kvp_stager_t *s)
+{
+    kvp_stager_pool_t *pool = &xfer->stagers;
+    pthread_mutex_lock(&pool->lock);
+    pool->free[kind][pool->n_free[kind]++] = s;
+    pthread_cond_signal(&pool->cond);
+    pthread_mutex_unlock(&pool->lock);
+}
+
+/* ---- life ---- */
+
+static void tps_destroy(kvp_transfer_t *xfer)
+{
+    while (xfer->n_tps > 0) {
+        kvp_transport_t *tp = &xfer->tps[--xfer->n_tps];
+        tp->ops->destroy(tp->ctx);
+    }
 }
 
 kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
 {
-    static atomic_bool fallback_said;
-    kvp_status_t st = kvp_transport_tcp_ops.init(xfer, &xfer->tcp_ctx);
-    if (st != KVP_OK)
-        return st;
-    st = kvp_transport_shm_ops.init(xfer, &xfer->shm_ctx);
-    if (st != KVP_OK)
-        goto err_tcp;
-    if (xfer->forced == KVP_TRANSPORT_RDMA ||
-        (xfer->forced == KVP_TRANSPORT_AUTO && rdma_devices_present())) {
-        st = kvp_transport_rdma_ops.init(xfer, &xfer->rdma_ctx);
-        if (st != KVP_OK && xfer->forced == KVP_TRANSPORT_RDMA) {
-            KVP_LOG_ERROR("transport rdma: no usable RDMA device: %s", xfer->rdma_error);
-            goto err_shm;
-        }
-        if (st != KVP_OK && !atomic_exchange(&fallback_said, true))
-            KVP_LOG_WARN("transport auto: rdma unavailable (%s); using tcp between hosts",
-                         xfer->rdma_error);
-        xfer->rdma_ctx = st == KVP_OK ? xfer->rdma_ctx : NULL;
-    } else if (xfer->forced == KVP_TRANSPORT_AUTO && !atomic_exchange(&fallback_said, true)) {
-        snprintf(xfer->rdma_error, sizeof(xfer->rdma_error), "no RDMA device on this host");
-        KVP_LOG_INFO("transport auto: no RDMA device on this host; using tcp between hosts");
-    }
+    static atomic_uint unavailable_said; /* bit k: list[k] said unavailable (once a process) */
+    const kvp_transport_ops_t *const *list = xfer->list ? xfer->list : kvp_transports;
+    kvp_status_t st = KVP_OK;
+    xfer->n_tps = 0;
     xfer->gpu = kvp_gpu_available();
-    pthread_mutex_init(&xfer->stage_lock, NULL);
+    for (unsigned k = 0; list[k] != NULL && xfer->n_tps < KVP_TP_MAX; k++) {
+        const kvp_transport_ops_t *ops = list[k];
+        if (xfer->forced != KVP_TRANSPORT_AUTO && ops->id != (int)xfer->forced)
+            continue;
+        kvp_transport_t *tp = &xfer->tps[xfer->n_tps];
+        xfer->why[0] = '\0';
+        st = ops->create(xfer, xfer->n_tps, &tp->ctx);
+        if (st != KVP_OK) {
+            const char *why = xfer->why[0] ? xfer->why : kvp_strerror(st);
+            if (xfer->forced != KVP_TRANSPORT_AUTO) {
+                KVP_LOG_ERROR("transport %s (forced) cannot be used: %s", ops->name, why);
+                goto err_tps;
+            }
+            uint32_t bit = k < 32 ? 1u << k : 0;
+            if ((atomic_fetch_or(&unavailable_said, bit) & bit) == 0) {
+                if (st == KVP_ERR_NOT_FOUND)
+                    KVP_LOG_INFO("transport auto: no %s here (%s); using the others", ops->name,
+                                 why);
+                else
+                    KVP_LOG_WARN("transport auto: %s unavailable (%s); using the others", ops->name,
+                                 why);
+            }
+            continue;
+        }
+        tp->ops = ops;
+        tp->index = xfer->n_tps++;
+    }
+    if (xfer->n_tps == 0) {
+        KVP_LOG_ERROR("no data transport could be created");
+        return KVP_ERR_TRANSPORT;
+    }
+    kvp_mem_registry_init(&xfer->mem);
+    stager_pool_init(&xfer->stagers);
     return KVP_OK;
 
-err_shm:
-    kvp_transport_shm_ops.cleanup(xfer->shm_ctx);
-err_tcp:
-    kvp_transport_tcp_ops.cleanup(xfer->tcp_ctx);
+err_tps:
+    tps_destroy(xfer);
     return st;
 }
 
 void kvp_transfer_cleanup(kvp_transfer_t *xfer)
 {
-    kvp_stager_destroy(xfer->stager_host);
-    kvp_stager_destroy(xfer->stager_gpu);
-    if (xfer->rdma_ctx != NULL)
-        kvp_transport_rdma_ops.cleanup(xfer->rdma_ctx);
-    kvp_transport_shm_ops.cleanup(xfer->shm_ctx);
-    kvp_transport_tcp_ops.cleanup(xfer->tcp_ctx);
-    pthread_mutex_destroy(&xfer->stage_lock);
+    stager_pool_cleanup(&xfer->stagers); /* deregisters the staging buffers */
+    /* buffers the application left registered */
+    const kvp_mem_snap_t *s = atomic_load(&xfer->mem.cur);
+    for (size_t i = 0; s != NULL && i < s->n; i++)
+        kvp_transfer_unregister(xfer, (void *)s->r[i].addr, s->r[i].tp_regs);
+    kvp_mem_registry_cleanup(&xfer->mem);
+    tps_destroy(xfer);
+}
+
+/* ---- peers ---- */
+
+/* Choose the peer's transport among tps[from..]: the first that attaches it (or
+ * attached it before). Holds tp_lock. */
+static kvp_transport_t *attach_from_locked(kvp_transfer_t *xfer, kvp_peer_t *peer, unsigned from)
+{
+    peer->xfer = xfer;
+    for (unsigned i = from; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if (peer->tp_attached & (1u << i))
+            return tp;
+        void *state = NULL;
+        if (tp->ops->attach(tp->ctx, peer, &state) == KVP_OK) {
+            peer->tp_state[i] = state;
+            peer->tp_attached |= 1u << i;
+            return tp;
+        }
+    }
+    return NULL;
+}
+
+void kvp_transfer_attach(kvp_transfer_t *xfer, kvp_peer_t *peer)
+{
+    pthread_mutex_lock(&peer->tp_lock);
+    if (!peer->tp_tried) {
+        peer->tp_tried = true;
+        kvp_transport_t *tp = attach_from_locked(xfer, peer, 0);
+        atomic_store_explicit(&peer->tp, tp, memory_order_release);
+        if (tp == NULL)
+            KVP_LOG_INFO("segment %s: no transport reaches it", peer->name);
+        else
+            KVP_LOG_DEBUG("segment %s: transport %s", peer->name, tp->ops->name);
+    }
+    pthread_mutex_unlock(&peer->tp_lock);
+}
+
+/* The peer's transport, attaching it on first use. */
+static kvp_transport_t *peer_tp(kvp_transfer_t *xfer, kvp_peer_t *peer)
+{
+    kvp_transport_t *tp = atomic_load_explicit(&peer->tp, memory_order_acquire);
+    if (tp == NULL) {
+        kvp_transfer_attach(xfer, peer); /* cheap once tried: a lock and a flag */
+        tp = atomic_load_explicit(&peer->tp, memory_order_acquire);
+    }
+    return tp;
+}
+
+/* `failed` failed an op to the peer with KVP_ERR_TRANSPORT: choose again from the next
+ * transports of the list (auto only). True when the peer now has another transport. */
+static bool rechoose(kvp_transfer_t *xfer, kvp_peer_t *peer, kvp_transport_t *failed)
+{
+    if (xfer->forced != KVP_TRANSPORT_AUTO)
+        return false;
+    bool moved = false;
+    pthread_mutex_lock(&peer->tp_lock);
+    kvp_transport_t *cur = atomic_load_explicit(&peer->tp, memory_order_relaxed);
+    if (cur == failed) {
+        kvp_transport_t *tp = attach_from_locked(xfer, peer, failed->index + 1);
+        if (tp != NULL) {
+            /* the failed one's state stays until the peer goes: ops in flight use it */
+            atomic_store_explicit(&peer->tp, tp, memory_order_release);
+            KVP_LOG_WARN("segment %s: transport %s failed it; using %s", peer->name,
+                         failed->ops->name, tp->ops->name);
+            moved = true;
+        }
+    } else {
+        moved = cur != NULL; /* another thread chose again already */
+    }
+    pthread_mutex_unlock(&peer->tp_lock);
+    return moved;
 }
 
 kvp_transport_id_t kvp_transfer_route(kvp_transfer_t *xfer, kvp_peer_t *peer)
 {
-    bool same_host = strcmp(peer->host_id, xfer->host_id) == 0;
-    bool rdma = xfer->rdma_ctx != NULL && peer->rdma_endpoint[0] != '\0';
-    switch (xfer->forced) {
-    case KVP_TRANSPORT_TCP:
-        return KVP_TRANSPORT_TCP;
-    case KVP_TRANSPORT_RDMA:
-        return rdma ? KVP_TRANSPORT_RDMA : KVP_TRANSPORT_AUTO; /* caller fails the op */
-    case KVP_TRANSPORT_SHM:
-        return same_host && peer->shm_base != NULL ? KVP_TRANSPORT_SHM : KVP_TRANSPORT_AUTO;
-    default:
-        if (same_host && peer->shm_base != NULL)
-            return KVP_TRANSPORT_SHM;
-        return rdma ? KVP_TRANSPORT_RDMA : KVP_TRANSPORT_TCP;
+    kvp_transport_t *tp = peer_tp(xfer, peer);
+    return tp != NULL ? (kvp_transport_id_t)tp->ops->id : KVP_TRANSPORT_AUTO;
+}
+
+bool kvp_transfer_peer_stale(kvp_transfer_t *xfer, kvp_peer_t *peer)
+{
+    (void)xfer;
+    kvp_transport_t *tp = atomic_load_explicit(&peer->tp, memory_order_acquire);
+    return tp != NULL && tp->ops->stale != NULL &&
+           tp->ops->stale(tp->ctx, peer, peer->tp_state[tp->index]);
+}
+
+void kvp_transfer_detach_peer(kvp_peer_t *peer)
+{
+    kvp_transfer_t *xfer = peer->xfer;
+    if (xfer == NULL)
+        return;
+    for (unsigned i = 0; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if ((peer->tp_attached & (1u << i)) && tp->ops->detach != NULL)
+            tp->ops->detach(tp->ctx, peer, peer->tp_state[i]);
+    }
+    peer->tp_attached = 0;
+}
+
+/* ---- memory ---- */
+
+kvp_mem_kind_t kvp_transfer_mem_kind(kvp_transfer_t *xfer, const void *addr, size_t len)
+{
+    const kvp_mem_region_t *r = kvp_mem_lookup(&xfer->mem, addr, len);
+    if (r != NULL)
+        return r->kind;
+    return xfer->gpu && kvp_gpu_is_device_ptr(addr) ? KVP_MEM_CUDA : KVP_MEM_HOST;
+}
+
+kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len,
+                                   kvp_mem_kind_t kind, uint32_t *tp_regs_p)
+{
+    uint32_t regs = 0;
+    for (unsigned i = 0; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if (tp->ops->mem_reg == NULL)
+            continue;
+        kvp_status_t st = tp->ops->mem_reg(tp->ctx, addr, len, kind);
+        if (st == KVP_OK) {
+            regs |= 1u << i;
+        } else if (kind == KVP_MEM_CUDA) {
+            KVP_LOG_INFO("%s: GPU buffer %p cannot be registered with it; its transfers are "
+                         "staged through pinned host memory",
+                         tp->ops->name, addr);
+        } else if (st == KVP_ERR_EXISTS || xfer->forced != KVP_TRANSPORT_AUTO) {
+            kvp_transfer_unregister(xfer, addr, regs);
+            return st;
+        } else {
+            /* auto: the buffer still works, its transfers on this transport are staged */
+            KVP_LOG_WARN("%s: %zu bytes at %p not registered (%s; memlock limit?); its "
+                         "transfers are copied through staging buffers",
+                         tp->ops->name, len, addr, kvp_strerror(st));
+        }
+    }
+    *tp_regs_p = regs;
+    return KVP_OK;
+}
+
+void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr, uint32_t tp_regs)
+{
+    for (unsigned i = 0; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if ((tp_regs & (1u << i)) && tp->ops->mem_dereg != NULL)
+            tp->ops->mem_dereg(tp->ctx, addr);
     }
 }
 
@@ -129,173 +350,235 @@ kvp_status_t kvp_transfer_serve_segment(kvp_transfer_t *xfer, void *base, uint64
                                         char *endpoint, size_t endpoint_len, uint64_t *addr_p,
                                         uint32_t *rkey_p)
 {
-    endpoint[0] = '\0';
-    *addr_p = 0;
-    *rkey_p = 0;
-    if (xfer->rdma_ctx == NULL)
-        return KVP_OK;
-    kvp_status_t st = kvp_rdma_transport_serve(xfer->rdma_ctx, base, size, endpoint, endpoint_len,
-                                               addr_p, rkey_p);
-    if (st != KVP_OK && xfer->forced != KVP_TRANSPORT_RDMA) {
-        KVP_LOG_WARN("transport auto: the segment is served over tcp only");
-        endpoint[0] = '\0';
-        return KVP_OK;
-    }
-    return st;
-}
-
-kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len)
-{
-    if (xfer->rdma_ctx == NULL)
-        return KVP_OK;
-    if (xfer->gpu && kvp_gpu_is_device_ptr(addr)) {
-        /* GPUDirect: a dma-buf of the range, else the peer-memory path of
-         * ibv_reg_mr, else nothing (the transfers stage through host memory) */
-        kvp_dmabuf_t db;
-        if (kvp_gpu_dmabuf_fd(addr, len, &db.fd, &db.offset) == KVP_OK) {
-            kvp_status_t st = kvp_rdma_transport_reg(xfer->rdma_ctx, addr, len, &db);
-            close(db.fd);
-            if (st == KVP_OK || st == KVP_ERR_EXISTS)
-                return st;
+    kvp_serve_desc_t desc = {.rdma_endpoint = ""};
+    xfer->seg_base = base;
+    xfer->seg_size = size;
+    xfer->seg_tp_regs = 0;
+    for (unsigned i = 0; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if (tp->ops->serve == NULL)
+            continue;
+        kvp_serve_desc_t d = desc;
+        kvp_status_t st = tp->ops->serve(tp->ctx, base, size, &d);
+        if (st == KVP_OK) {
+            desc = d;
+            xfer->seg_tp_regs |= 1u << i;
+        } else if (xfer->forced != KVP_TRANSPORT_AUTO) {
+            return st;
+        } else {
+            KVP_LOG_WARN("transport auto: the segment is not served over %s", tp->ops->name);
         }
-        if (kvp_rdma_transport_reg(xfer->rdma_ctx, addr, len, NULL) == KVP_OK)
-            return KVP_OK;
-        KVP_LOG_INFO("rdma: GPU buffer %p cannot be registered with the NIC; its transfers are "
-                     "staged through pinned host memory",
-                     addr);
-        return KVP_OK;
     }
-    kvp_status_t st = kvp_rdma_transport_reg(xfer->rdma_ctx, addr, len, NULL);
-    if (st != KVP_OK && st != KVP_ERR_EXISTS && xfer->forced != KVP_TRANSPORT_RDMA) {
-        /* auto: the buffer still works, its rdma transfers are staged */
-        KVP_LOG_WARN("rdma: %zu bytes at %p not registered (%s; memlock limit?); its rdma "
-                     "transfers are copied through staging buffers",
-                     len, addr, kvp_strerror(st));
-        return KVP_OK;
-    }
-    return st;
-}
-
-void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr)
-{
-    if (xfer->rdma_ctx != NULL)
-        kvp_rdma_transport_dereg(xfer->rdma_ctx, addr);
+    snprintf(endpoint, endpoint_len, "%s", desc.rdma_endpoint);
+    *addr_p = desc.rdma_addr;
+    *rkey_p = desc.rdma_rkey;
+    return KVP_OK;
 }
 
 /* ---- staging ---- */
 
-static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, bool may_stage);
+static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int level);
 
 static void stage_run_cb(void *arg, kvp_xfer_op_t *ops, size_t n)
 {
     /* staging buffers are registered host memory: never staged again */
-    transfer_run(arg, ops, n, false);
+    transfer_run(arg, ops, n, 1);
 }
 
+/* A staging buffer is registered with every transport that registers memory. */
 static kvp_status_t stage_reg_cb(void *arg, void *buf, size_t len)
 {
     kvp_transfer_t *xfer = arg;
-    return xfer->rdma_ctx ? kvp_rdma_transport_reg(xfer->rdma_ctx, buf, len, NULL) : KVP_OK;
+    for (unsigned i = 0; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if (tp->ops->mem_reg == NULL)
+            continue;
+        kvp_status_t st = tp->ops->mem_reg(tp->ctx, buf, len, KVP_MEM_HOST);
+        if (st != KVP_OK) {
+            kvp_transfer_unregister(xfer, buf, (1u << i) - 1);
+            return st;
+        }
+    }
+    return KVP_OK;
 }
 
 static void stage_dereg_cb(void *arg, void *buf)
 {
-    kvp_transfer_unregister(arg, buf);
+    kvp_transfer_unregister(arg, buf, UINT32_MAX);
 }
 
-static kvp_stager_t *stager_get(kvp_transfer_t *xfer, bool gpu)
-{
-    pthread_mutex_lock(&xfer->stage_lock);
-    kvp_stager_t **sp = gpu ? &xfer->stager_gpu : &xfer->stager_host;
-    if (*sp == NULL) {
-        kvp_stager_params_t p = {.chunk_bytes = 1 << 20,
-                                 .depth = 4,
-                                 .run = stage_run_cb,
-                                 .reg = stage_reg_cb,
-                                 .dereg = stage_dereg_cb,
-                                 .arg = xfer};
-        if (kvp_stager_create(&p, sp) != KVP_OK)
-            *sp = NULL;
-    }
-    kvp_stager_t *s = *sp;
-    pthread_mutex_unlock(&xfer->stage_lock);
-    return s;
-}
-
-static void run_staged(kvp_transfer_t *xfer, bool gpu, kvp_xfer_op_t **ops, size_t n)
+static void run_staged(kvp_transfer_t *xfer, int kind, kvp_xfer_op_t **ops, size_t n)
 {
     if (n == 0)
         return;
-    kvp_stager_t *s = stager_get(xfer, gpu);
+    kvp_stager_t *s = stager_take(xfer, kind);
     if (s == NULL) {
         for (size_t i = 0; i < n; i++)
             ops[i]->status = KVP_ERR_NOMEM;
         return;
     }
-    kvp_stager_run(s, gpu ? KVP_STAGE_GPU : KVP_STAGE_HOST, ops, n);
+    kvp_stager_run(s, kind == KVP_MEM_CUDA ? KVP_STAGE_GPU : KVP_STAGE_HOST, ops, n);
+    stager_give(xfer, kind, s);
 }
 
-/* A bucket of ops for one transport (or stager). */
-enum { B_SHM, B_TCP, B_RDMA, B_STAGE_HOST, B_STAGE_GPU, B_COUNT };
+/* ---- per-thread scratch ---- */
+
+/* Level 0: a batch from the caller; level 1: a staging slot's ops, run by the stager
+ * while level 0's arrays are in use. */
+typedef struct scratch {
+    size_t cap;
+    kvp_xfer_op_t **sorted;
+    uint8_t *bucket;
+} scratch_t;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+static void scratch_free(void *p)
+{
+    scratch_t *sc = p;
+    for (int l = 0; l < 2; l++) {
+        free(sc[l].sorted);
+        free(sc[l].bucket);
+    }
+    free(sc);
+}
+
+static void scratch_key_init(void)
+{
+    if (pthread_key_create(&scratch_key, scratch_free) != 0)
+        abort(); /* out of keys at library start: nothing sensible to do */
+}
+
+/* The calling thread's level-`level` scratch with room for n ops, or NULL: no memory. */
+static scratch_t *scratch_get(int level, size_t n)
+{
+    pthread_once(&scratch_once, scratch_key_init);
+    scratch_t *sc = pthread_getspecific(scratch_key);
+    if (sc == NULL) {
+        sc = calloc(2, sizeof(*sc));
+        if (sc == NULL || pthread_setspecific(scratch_key, sc) != 0) {
+            free(sc);
+            return NULL;
+        }
+    }
+    scratch_t *s = &sc[level];
+    if (s->cap < n) {
+        size_t cap = n < 64 ? 64 : n;
+        kvp_xfer_op_t **sorted = realloc(s->sorted, cap * sizeof(*sorted));
+        if (sorted != NULL)
+            s->sorted = sorted;
+        uint8_t *bucket = realloc(s->bucket, cap);
+        if (bucket != NULL)
+            s->bucket = bucket;
+        if (sorted == NULL || bucket == NULL)
+            return NULL;
+        s->cap = cap;
+    }
+    return s;
+}
+
+/* ---- running a batch ---- */
+
+/* Buckets: transport i is bucket i; then the two stagers; then "failed" and "not this pass". */
+#define B_STAGE_HOST KVP_TP_MAX
+#define B_STAGE_GPU (KVP_TP_MAX + 1)
+#define B_COUNT (KVP_TP_MAX + 2)
+#define B_NONE 0xFF  /* not in this pass */
+#define B_RETRY 0xFE /* its peer has a new transport: run it again */
+
+_Static_assert(B_COUNT < B_RETRY, "bucket ids fit in a byte");
+
+/* Where an op goes: its peer's transport, or a stager when that transport cannot reach its
+ * buffer zero-copy; B_NONE when it failed here (status set). */
+static uint8_t route_op(kvp_transfer_t *xfer, kvp_xfer_op_t *op, int level)
+{
+    kvp_transport_t *tp = peer_tp(xfer, op->peer);
+    if (tp == NULL) {
+        op->status = KVP_ERR_TRANSPORT;
+        return B_NONE;
+    }
+    if (level > 0)
+        return (uint8_t)tp->index; /* a staging buffer: host memory every transport reaches */
+    const kvp_mem_region_t *r = kvp_mem_lookup(&xfer->mem, op->local, op->length);
+    kvp_mem_kind_t kind = r != NULL                                       ? r->kind
+                          : xfer->gpu && kvp_gpu_is_device_ptr(op->local) ? KVP_MEM_CUDA
+                                                                          : KVP_MEM_HOST;
+    bool zero_copy;
+    if (tp->ops->mem_reg == NULL) {
+        zero_copy = kind == KVP_MEM_HOST;
+    } else {
+        uint32_t bit = 1u << tp->index;
+        uintptr_t a = (uintptr_t)op->local, seg = (uintptr_t)xfer->seg_base;
+        bool in_seg = (xfer->seg_tp_regs & bit) && a >= seg && a - seg <= xfer->seg_size &&
+                      op->length <= xfer->seg_size - (a - seg);
+        zero_copy = (r != NULL && (r->tp_regs & bit)) || in_seg;
+    }
+    /* device memory with a CRC wanted: the CPU cannot read it, the stager checksums its
+     * host copies */
+    if (zero_copy && !(kind == KVP_MEM_CUDA && op->want_crc))
+        return (uint8_t)tp->index;
+    return kind == KVP_MEM_CUDA ? B_STAGE_GPU : B_STAGE_HOST;
+}
+
+/* Route the ops whose bucket[i] is `only` (B_NONE on the first pass, B_RETRY later), sort
+ * them by bucket into sorted[], run each bucket. */
+static void dispatch(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int level, scratch_t *sc,
+                     uint8_t only)
+{
+    size_t cnt[B_COUNT] = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (sc->bucket[i] != only)
+            continue;
+        uint8_t b = route_op(xfer, &ops[i], level);
+        sc->bucket[i] = b;
+        if (b != B_NONE)
+            cnt[b]++;
+    }
+    size_t at[B_COUNT], beg[B_COUNT];
+    size_t sum = 0;
+    for (int b = 0; b < B_COUNT; b++) {
+        beg[b] = at[b] = sum;
+        sum += cnt[b];
+    }
+    for (size_t i = 0; i < n; i++)
+        if (sc->bucket[i] < B_COUNT)
+            sc->sorted[at[sc->bucket[i]]++] = &ops[i];
+    for (unsigned t = 0; t < xfer->n_tps; t++)
+        if (cnt[t] > 0)
+            xfer->tps[t].ops->submit(xfer->tps[t].ctx, sc->sorted + beg[t], cnt[t]);
+    run_staged(xfer, KVP_MEM_HOST, sc->sorted + beg[B_STAGE_HOST], cnt[B_STAGE_HOST]);
+    run_staged(xfer, KVP_MEM_CUDA, sc->sorted + beg[B_STAGE_GPU], cnt[B_STAGE_GPU]);
+}
+
+static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int level)
+{
+    if (n == 0)
+        return;
+    scratch_t *sc = scratch_get(level, n);
+    if (sc == NULL) {
+        for (size_t i = 0; i < n; i++)
+            ops[i].status = KVP_ERR_NOMEM;
+        return;
+    }
+    memset(sc->bucket, B_NONE, n);
+    dispatch(xfer, ops, n, level, sc, B_NONE);
+    /* a transport that cannot carry a peer any more: choose again, retry once */
+    size_t retry = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t b = sc->bucket[i];
+        sc->bucket[i] = B_NONE;
+        if (b < xfer->n_tps && ops[i].status == KVP_ERR_TRANSPORT &&
+            rechoose(xfer, ops[i].peer, &xfer->tps[b])) {
+            sc->bucket[i] = B_RETRY;
+            retry++;
+        }
+    }
+    if (retry > 0)
+        dispatch(xfer, ops, n, level, sc, B_RETRY);
+}
 
 void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n)
 {
-    transfer_run(xfer, ops, n, true);
-}
-
-static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, bool may_stage)
-{
-    kvp_xfer_op_t *stack[B_COUNT][32];
-    kvp_xfer_op_t **bucket[B_COUNT];
-    kvp_xfer_op_t **heap = NULL;
-    if (n > 32) {
-        heap = malloc(B_COUNT * n * sizeof(*heap));
-        if (heap == NULL) {
-            for (size_t i = 0; i < n; i++)
-                ops[i].status = KVP_ERR_NOMEM;
-            return;
-        }
-    }
-    for (int b = 0; b < B_COUNT; b++)
-        bucket[b] = heap ? heap + (size_t)b * n : stack[b];
-    size_t cnt[B_COUNT] = {0};
-    for (size_t i = 0; i < n; i++) {
-        kvp_xfer_op_t *op = &ops[i];
-        bool gpu = xfer->gpu && kvp_gpu_is_device_ptr(op->local);
-        int b;
-        switch (kvp_transfer_route(xfer, op->peer)) {
-        case KVP_TRANSPORT_SHM:
-            b = gpu ? B_STAGE_GPU : B_SHM;
-            break;
-        case KVP_TRANSPORT_TCP:
-            b = gpu ? B_STAGE_GPU : B_TCP;
-            break;
-        case KVP_TRANSPORT_RDMA:
-            /* device memory with a CRC wanted: the CPU cannot read it, the
-             * stager checksums its host copies */
-            if (kvp_rdma_transport_covers(xfer->rdma_ctx, op->local, op->length) &&
-                !(gpu && op->want_crc))
-                b = B_RDMA;
-            else
-                b = gpu ? B_STAGE_GPU : B_STAGE_HOST;
-            break;
-        default:
-            op->status = KVP_ERR_TRANSPORT;
-            continue;
-        }
-        if (!may_stage && b >= B_STAGE_HOST) {
-            op->status = KVP_ERR_TRANSPORT;
-            continue;
-        }
-        bucket[b][cnt[b]++] = op;
-    }
-    if (cnt[B_SHM])
-        kvp_transport_shm_ops.transfer(xfer->shm_ctx, bucket[B_SHM], cnt[B_SHM]);
-    if (cnt[B_TCP])
-        kvp_transport_tcp_ops.transfer(xfer->tcp_ctx, bucket[B_TCP], cnt[B_TCP]);
-    if (cnt[B_RDMA])
-        kvp_transport_rdma_ops.transfer(xfer->rdma_ctx, bucket[B_RDMA], cnt[B_RDMA]);
-    run_staged(xfer, false, bucket[B_STAGE_HOST], cnt[B_STAGE_HOST]);
-    run_staged(xfer, true, bucket[B_STAGE_GPU], cnt[B_STAGE_GPU]);
-    free(heap);
+    transfer_run(xfer, ops, n, 0);
 }

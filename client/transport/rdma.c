@@ -55,7 +55,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <dirent.h>
+
 #include "client/internal.h"
+#include "client/mem/gpu.h"
+#include "client/transfer/transport.h"
 #include "client/transport/rdma_verbs.h"
 #include "common/log.h"
 #include "common/clock.h"
@@ -261,12 +265,17 @@ static kvp_status_t mr_insert(rdma_ctx_t *ctx, void *addr, size_t len, kvp_rdma_
     return st;
 }
 
-kvp_status_t kvp_rdma_transport_reg(void *vctx, void *addr, size_t len, const void *dmabuf)
+typedef struct kvp_dmabuf {
+    int fd;
+    uint64_t offset; /* of the registered address within the dma-buf */
+} kvp_dmabuf_t;
+
+/* Register [addr, addr+len) for local access (dmabuf: device memory exported
+ * as a dma-buf, else NULL). KVP_ERR_EXISTS if it overlaps a registration. */
+static kvp_status_t rdma_reg(rdma_ctx_t *ctx, void *addr, size_t len, const kvp_dmabuf_t *db)
 {
-    rdma_ctx_t *ctx = vctx;
     kvp_rdma_mr_t *mr;
     int rc;
-    const kvp_dmabuf_t *db = dmabuf;
     if (db != NULL)
         rc = kvp_rdma_mr_reg_dmabuf(ctx->dev, addr, len, db->fd, db->offset, false, &mr);
     else
@@ -281,7 +290,7 @@ kvp_status_t kvp_rdma_transport_reg(void *vctx, void *addr, size_t len, const vo
     return st;
 }
 
-kvp_status_t kvp_rdma_transport_dereg(void *vctx, void *addr)
+static void rdma_mem_dereg(void *vctx, void *addr)
 {
     rdma_ctx_t *ctx = vctx;
     kvp_rdma_mr_t *mr = NULL;
@@ -295,21 +304,26 @@ kvp_status_t kvp_rdma_transport_dereg(void *vctx, void *addr)
         }
     }
     pthread_rwlock_unlock(&ctx->mr_lock);
-    if (mr == NULL)
-        return KVP_ERR_NOT_FOUND;
-    kvp_rdma_mr_dereg(mr);
-    return KVP_OK;
+    if (mr != NULL)
+        kvp_rdma_mr_dereg(mr);
 }
 
-bool kvp_rdma_transport_covers(void *vctx, const void *addr, size_t len)
+/* A buffer the application registers (or a staging buffer). GPU memory: GPUDirect by a
+ * dma-buf of the range, else the peer-memory path of ibv_reg_mr, else an error (its
+ * transfers are staged through host memory). */
+static kvp_status_t rdma_mem_reg(void *vctx, void *addr, size_t len, kvp_mem_kind_t kind)
 {
     rdma_ctx_t *ctx = vctx;
-    uintptr_t a = (uintptr_t)addr;
-    pthread_rwlock_rdlock(&ctx->mr_lock);
-    ssize_t i = mr_find_locked(ctx, a);
-    bool ok = i >= 0 && len <= ctx->mrs[i].len - (a - ctx->mrs[i].addr);
-    pthread_rwlock_unlock(&ctx->mr_lock);
-    return ok;
+    if (kind == KVP_MEM_CUDA) {
+        kvp_dmabuf_t db;
+        if (kvp_gpu_dmabuf_fd(addr, len, &db.fd, &db.offset) == KVP_OK) {
+            kvp_status_t st = rdma_reg(ctx, addr, len, &db);
+            close(db.fd);
+            if (st == KVP_OK || st == KVP_ERR_EXISTS)
+                return st;
+        }
+    }
+    return rdma_reg(ctx, addr, len, NULL);
 }
 
 /* lkey of the region holding addr; the caller checked coverage. */
@@ -448,8 +462,9 @@ static void seg_unregister(rdma_ctx_t *ctx)
     ctx->seg_mr = NULL;
 }
 
-kvp_status_t kvp_rdma_transport_serve(void *vctx, void *base, uint64_t size, char *endpoint,
-                                      size_t endpoint_len, uint64_t *addr_p, uint32_t *rkey_p)
+/* Register the segment for remote READ+WRITE, listen for peers; fills the descriptor's
+ * rdma endpoint, address and rkey. */
+static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_desc_t *desc)
 {
     rdma_ctx_t *ctx = vctx;
     char ip[64];
@@ -486,10 +501,10 @@ kvp_status_t kvp_rdma_transport_serve(void *vctx, void *base, uint64_t size, cha
         goto err_listen;
     }
     ctx->acc_started = true;
-    snprintf(endpoint, endpoint_len, "%s:%u", ip, port);
-    *addr_p = (uintptr_t)base;
-    *rkey_p = ctx->seg_mr->rkey;
-    KVP_LOG_INFO("rdma: serving the segment on %s (device %s, rkey %#x)", endpoint,
+    snprintf(desc->rdma_endpoint, sizeof(desc->rdma_endpoint), "%s:%u", ip, port);
+    desc->rdma_addr = (uintptr_t)base;
+    desc->rdma_rkey = ctx->seg_mr->rkey;
+    KVP_LOG_INFO("rdma: serving the segment on %s (device %s, rkey %#x)", desc->rdma_endpoint,
                  kvp_rdma_dev_info(ctx->dev)->name, ctx->seg_mr->rkey);
     return KVP_OK;
 
@@ -898,8 +913,27 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
 
 /* --------------------------------------------------------- init / cleanup */
 
-static kvp_status_t rdma_init(kvp_transfer_t *xfer, void **ctx_p)
+/* Does this host have any RDMA device at all? (Cheap; touches no verbs.) */
+static bool rdma_devices_present(void)
 {
+    DIR *d = opendir("/sys/class/infiniband");
+    if (d == NULL)
+        return false;
+    bool any = false;
+    struct dirent *e;
+    while (!any && (e = readdir(d)) != NULL)
+        any = e->d_name[0] != '.';
+    closedir(d);
+    return any;
+}
+
+static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
+{
+    (void)index; /* its per-peer state (rpeer_t) is also found by endpoint, as before */
+    if (xfer->forced == KVP_TRANSPORT_AUTO && !rdma_devices_present()) {
+        snprintf(xfer->why, sizeof(xfer->why), "no RDMA device on this host");
+        return KVP_ERR_NOT_FOUND;
+    }
     rdma_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return KVP_ERR_NOMEM;
@@ -916,7 +950,7 @@ static kvp_status_t rdma_init(kvp_transfer_t *xfer, void **ctx_p)
     };
     int rc = kvp_rdma_dev_open(&dp, &ctx->dev);
     if (rc != 0) {
-        snprintf(xfer->rdma_error, sizeof(xfer->rdma_error), "%s", kvp_rdma_last_error());
+        snprintf(xfer->why, sizeof(xfer->why), "%s", kvp_rdma_last_error());
         free(ctx);
         return KVP_ERR_TRANSPORT;
     }
@@ -984,9 +1018,38 @@ static void rdma_cleanup(void *vctx)
     free(ctx);
 }
 
+/* A peer that serves its segment over rdma: its connection slots (made now, connected on
+ * first use, kept until cleanup as before). */
+static kvp_status_t rdma_attach(void *vctx, kvp_peer_t *peer, void **state_p)
+{
+    rdma_ctx_t *ctx = vctx;
+    if (peer->rdma_endpoint[0] == '\0')
+        return KVP_ERR_TRANSPORT;
+    pthread_mutex_lock(&ctx->lock);
+    rpeer_t *rp = rpeer_get_locked(ctx, peer);
+    pthread_mutex_unlock(&ctx->lock);
+    if (rp == NULL)
+        return KVP_ERR_NOMEM;
+    *state_p = rp;
+    return KVP_OK;
+}
+
+static void rdma_detach(void *vctx, kvp_peer_t *peer, void *state)
+{
+    (void)vctx;
+    (void)peer;
+    (void)state; /* rpeers are shared by endpoint and live until cleanup */
+}
+
 const kvp_transport_ops_t kvp_transport_rdma_ops = {
     .name = "rdma",
-    .init = rdma_init,
-    .cleanup = rdma_cleanup,
-    .transfer = rdma_transfer,
+    .id = KVP_TRANSPORT_RDMA,
+    .create = rdma_init,
+    .destroy = rdma_cleanup,
+    .attach = rdma_attach,
+    .detach = rdma_detach,
+    .mem_reg = rdma_mem_reg,
+    .mem_dereg = rdma_mem_dereg,
+    .serve = rdma_serve,
+    .submit = rdma_transfer,
 };

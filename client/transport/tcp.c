@@ -43,6 +43,7 @@
 #include <unistd.h>
 
 #include "client/internal.h"
+#include "client/transfer/transport.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/clock.h"
@@ -487,8 +488,9 @@ static void scratch_free(tcp_scratch_t *sc)
     free(sc);
 }
 
-static kvp_status_t tcp_init(kvp_transfer_t *xfer, void **ctx_p)
+static kvp_status_t tcp_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
 {
+    (void)index; /* no per-peer state yet: the endpoint pools are found by endpoint */
     tcp_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return KVP_ERR_NOMEM;
@@ -685,9 +687,19 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     scratch_put(ctx, sc);
 }
 
+/* Any peer with a tcp endpoint; no per-peer state (its pool is found by endpoint per batch). */
+static kvp_status_t tcp_attach(void *ctx, kvp_peer_t *peer, void **state_p)
+{
+    (void)ctx;
+    *state_p = NULL;
+    return peer->endpoint[0] != '\0' ? KVP_OK : KVP_ERR_TRANSPORT;
+}
+
 const kvp_transport_ops_t kvp_transport_tcp_ops = {
     .name = "tcp",
-    .init = tcp_init,
-    .cleanup = tcp_cleanup,
-    .transfer = tcp_transfer,
+    .id = KVP_TRANSPORT_TCP,
+    .create = tcp_init,
+    .destroy = tcp_cleanup,
+    .attach = tcp_attach,
+    .submit = tcp_transfer,
 };
