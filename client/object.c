@@ -285,7 +285,7 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
         }
         /* device memory: the CPU cannot checksum it afterwards, so every
          * replica's staged transfer computes the CRC on the way */
-        bool gpu = c->xfer.gpu && kvp_gpu_is_device_ptr(bufs[idx[j]]);
+        bool gpu = kvp_transfer_mem_kind(&c->xfer, bufs[idx[j]], sizes[idx[j]]) == KVP_MEM_CUDA;
         for (size_t q = 0; q < r->n_replicas; q++) {
             kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[q]->segment_id);
             if (peer == NULL)

@@ -12,10 +12,11 @@
  * the only copy of object bytes. Dynamic pulling keeps streams balanced.
  *
  * CRC: each slice is checksummed while its bytes are in cache: a READ's as
- * they land (per recv), a WRITE's at most CRC_AHEAD bytes ahead of what the
- * socket has taken. An op's CRC is its slices' CRCs put together in order
- * with kvp_crc32c_combine, so no second pass over the object is made.
- * Per-batch arrays come from scratches kept on the ctx between calls.
+ * they land (per recv), a WRITE's just before its first byte is sent (CRC_AHEAD
+ * bounds how far ahead of the socket; at 64 MiB it is the whole slice: pieces
+ * of 256 KiB measured no better and cost more sendmsg calls). An op's CRC is its slices' CRCs put
+ * together in order with kvp_crc32c_combine, so no second pass over the object is made. Per-batch
+ * arrays come from scratches kept on the ctx between calls.
  *
  * Small slices (<= VEC_SMALL) to one endpoint go as chains in one vectored
  * request (READV/WRITEV, docs/protocol.md) with one response: about one
@@ -54,7 +55,7 @@
 #define POOL_MAX_IDLE 64
 /* A WRITE is checksummed at most this far ahead of what was sent: the socket copy then
  * reads bytes the CRC has just pulled into L2. */
-#define CRC_AHEAD (256u << 10)
+#define CRC_AHEAD (64u << 20)
 /* Slices up to this size to one endpoint travel as chains in vectored requests. */
 #define VEC_SMALL (64u << 10)
 
@@ -77,6 +78,7 @@ typedef struct slice {
     kvp_data_req_t hdr;
     uint32_t crc;     /* CRC32C of [off, off + crc_len) of the op, when it wants one */
     uint64_t crc_len; /* bytes of the slice checksummed so far */
+    size_t g;         /* its group */
 } slice_t;
 
 /* A transfer's working arrays, kept between calls so that a batch allocates nothing once
@@ -97,6 +99,7 @@ typedef struct tcp_ctx {
     tcp_pool_t *pools;
     tcp_scratch_t *scratch; /* idle scratches */
     kvp_transfer_t *xfer;
+    unsigned index; /* ours in the engine's list: a peer's tp_state[index] is its pool */
 } tcp_ctx_t;
 
 typedef struct group {
@@ -490,12 +493,12 @@ static void scratch_free(tcp_scratch_t *sc)
 
 static kvp_status_t tcp_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
 {
-    (void)index; /* no per-peer state yet: the endpoint pools are found by endpoint */
     tcp_ctx_t *ctx = calloc(1, sizeof(*ctx));
     if (ctx == NULL)
         return KVP_ERR_NOMEM;
     pthread_mutex_init(&ctx->lock, NULL);
     ctx->xfer = xfer;
+    ctx->index = index;
     *ctx_p = ctx;
     return KVP_OK;
 }
@@ -554,10 +557,10 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     size_t n_groups = 0, n_conns = 0;
     /* slice the ops; give each distinct endpoint a group */
     size_t k = 0;
-    pthread_mutex_lock(&ctx->lock);
     for (size_t i = 0; i < n; i++) {
         kvp_xfer_op_t *op = ops[i];
-        tcp_pool_t *pool = pool_get_locked(ctx, op->peer->endpoint);
+        /* the peer's connection pool, found when tcp attached it */
+        tcp_pool_t *pool = kvp_peer_tp_state(op->peer, ctx->index);
         if (pool == NULL) {
             op->status = KVP_ERR_NOMEM;
             continue;
@@ -579,10 +582,10 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
                                       .length = s->len};
             s->crc = 0;
             s->crc_len = 0;
+            s->g = g;
             groups[g].n++;
         }
     }
-    pthread_mutex_unlock(&ctx->lock);
     /* lay each group's slices out contiguously in `sorted`, keeping order */
     size_t base = 0;
     for (size_t g = 0; g < n_groups; g++) {
@@ -592,16 +595,11 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         groups[g].n = 0;
     }
     for (size_t s = 0; s < k; s++) {
-        for (size_t g = 0; g < n_groups; g++) {
-            if (strcmp(groups[g].pool->endpoint, slices[s].op->peer->endpoint) == 0) {
-                groups[g].vecs[groups[g].n] =
-                    (kvp_data_vec_t){.segment_id = slices[s].hdr.segment_id,
-                                     .offset = slices[s].hdr.offset,
-                                     .length = slices[s].len};
-                groups[g].slices[groups[g].n++] = &slices[s];
-                break;
-            }
-        }
+        group_t *gr = &groups[slices[s].g];
+        gr->vecs[gr->n] = (kvp_data_vec_t){.segment_id = slices[s].hdr.segment_id,
+                                           .offset = slices[s].hdr.offset,
+                                           .length = slices[s].len};
+        gr->slices[gr->n++] = &slices[s];
     }
     for (size_t g = 0; g < n_groups; g++) {
         size_t want = KVP_MIN((size_t)xfer->tcp_streams, groups[g].n);
@@ -687,12 +685,20 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     scratch_put(ctx, sc);
 }
 
-/* Any peer with a tcp endpoint; no per-peer state (its pool is found by endpoint per batch). */
-static kvp_status_t tcp_attach(void *ctx, kvp_peer_t *peer, void **state_p)
+/* Any peer with a tcp endpoint; its state is the connection pool of that endpoint (peers
+ * of one endpoint share it; pools live as long as the transport). */
+static kvp_status_t tcp_attach(void *arg, kvp_peer_t *peer, void **state_p)
 {
-    (void)ctx;
-    *state_p = NULL;
-    return peer->endpoint[0] != '\0' ? KVP_OK : KVP_ERR_TRANSPORT;
+    tcp_ctx_t *ctx = arg;
+    if (peer->endpoint[0] == '\0')
+        return KVP_ERR_TRANSPORT;
+    pthread_mutex_lock(&ctx->lock);
+    tcp_pool_t *pool = pool_get_locked(ctx, peer->endpoint);
+    pthread_mutex_unlock(&ctx->lock);
+    if (pool == NULL)
+        return KVP_ERR_NOMEM;
+    *state_p = pool;
+    return KVP_OK;
 }
 
 const kvp_transport_ops_t kvp_transport_tcp_ops = {
