@@ -965,4 +965,5 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat)
     if (stat == NULL)
         return;
     free(stat->segments);
+    free(stat);
 }
