@@ -54,6 +54,8 @@ struct kvp_client {
     uint64_t seg_rdma_addr;
     uint32_t seg_rdma_rkey;
     _Atomic uint64_t seg_id;
+    /* the master's segment table version we last received (heartbeat) */
+    _Atomic uint64_t segments_version;
     kvp_segment_server_t *seg_server;
 
     /* registered buffers: xfer.mem (client/mem/registry.c) */

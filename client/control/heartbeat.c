@@ -39,6 +39,7 @@ static void heartbeat_once(kvp_client_t *c)
     uint64_t seg_id = atomic_load(&c->seg_id);
     int state = atomic_load(&c->seg_state);
     req.client_id = c->client_id;
+    req.segments_version = atomic_load(&c->segments_version);
     if (state == KVP_SEG_MOUNTED || state == KVP_SEG_DRAINING) {
         req.segment_ids = &seg_id;
         req.n_segment_ids = 1;
@@ -50,6 +51,11 @@ static void heartbeat_once(kvp_client_t *c)
     Kvpool__HeartbeatResponse *hr = kvpool__heartbeat_response__unpack(NULL, rlen, resp);
     if (hr == NULL)
         return;
+    if (hr->segments_version != 0) {
+        /* the table changed: attach the segments now, not at the first transfer */
+        kvp_client_peers_update(c, hr->segments, hr->n_segments);
+        atomic_store(&c->segments_version, hr->segments_version);
+    }
     if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
         KVP_LOG_WARN("the master does not know segment %s: mounting it again (empty)", c->seg_name);
         kvp_client_mount(c);
@@ -108,6 +114,8 @@ kvp_status_t kvp_client_heartbeat_start(kvp_client_t *c)
     pthread_condattr_destroy(&attr);
     pthread_mutex_init(&c->hb_lock, NULL);
     c->hb_stop = false;
+    /* one beat now: learn every mounted segment before the first put or get */
+    heartbeat_once(c);
     if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) != 0) {
         pthread_cond_destroy(&c->hb_cond);
         pthread_mutex_destroy(&c->hb_lock);

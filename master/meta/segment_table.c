@@ -11,10 +11,12 @@
 #include <string.h>
 
 #include "master/meta/segment_table.h"
+#include "common/rand.h"
 
 void kvp_segment_table_init(kvp_segment_table_t *table)
 {
     memset(table, 0, sizeof(*table));
+    table->version = kvp_random_u64() | 1; /* never 0: a client's "knows none" */
 }
 
 void kvp_segment_destroy(kvp_segment_t *seg)
@@ -69,6 +71,7 @@ kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *se
     table->slots[slot] = seg;
     table->count++;
     table->capacity += seg->size;
+    table->version++;
     return KVP_OK;
 }
 
@@ -98,6 +101,7 @@ void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg)
         table->slots[slot] = NULL;
         table->count--;
         table->capacity -= seg->size;
+        table->version++;
     }
     kvp_segment_destroy(seg);
 }

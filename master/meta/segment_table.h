@@ -41,6 +41,9 @@ typedef struct kvp_segment_table {
     uint32_t n_slots;
     uint32_t count;
     uint64_t capacity; /* sum of sizes */
+    /* changes with every mount and unmount; starts random, so a client that knew
+     * an earlier master's table never takes this one's for the same */
+    uint64_t version;
 } kvp_segment_table_t;
 
 void kvp_segment_table_init(kvp_segment_table_t *table);

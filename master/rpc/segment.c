@@ -185,7 +185,30 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
     }
     resp.drain_segment_ids = drain;
     resp.n_drain_segment_ids = n_drain;
-    return kvp_call_reply(call, &resp.base);
+    /* the segment table changed since the client last looked: all of it (once per
+     * mount or unmount per client, not per beat) */
+    Kvpool__SegmentDesc *ds = NULL, **dp = NULL;
+    if (resp.status == KVP_OK && req->segments_version != st->segments.version) {
+        size_t n = st->segments.count;
+        ds = calloc(n ? n : 1, sizeof(*ds));
+        dp = calloc(n ? n : 1, sizeof(*dp));
+        if (ds != NULL && dp != NULL) {
+            size_t k = 0;
+            for (uint32_t i = 0; i < st->segments.n_slots && k < n; i++)
+                if (st->segments.slots[i] != NULL) {
+                    kvp_seg_desc_fill(&ds[k], st->segments.slots[i]);
+                    dp[k] = &ds[k];
+                    k++;
+                }
+            resp.segments = dp;
+            resp.n_segments = k;
+            resp.segments_version = st->segments.version;
+        } /* out of memory: the next beat asks again */
+    }
+    kvp_status_t rc = kvp_call_reply(call, &resp.base);
+    free(ds);
+    free(dp);
+    return rc;
 }
 
 void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id)

@@ -289,6 +289,28 @@ static int32_t heartbeat(kvp_master_state_t *st, uint64_t conn, const uint64_t *
     return s;
 }
 
+/* A heartbeat that says which segment table version the client knows: how many
+ * descriptors came back (ids into out[], names checked non-empty) and the version. */
+static size_t heartbeat_table(kvp_master_state_t *st, uint64_t conn, uint64_t known,
+                              uint64_t *version_p, uint64_t *out, size_t cap)
+{
+    Kvpool__HeartbeatRequest req = KVPOOL__HEARTBEAT_REQUEST__INIT;
+    req.client_id = 1000 + conn;
+    req.segments_version = known;
+    Kvpool__HeartbeatResponse *r =
+        svc_call(st, conn, KVP_RPC_HEARTBEAT, &req.base, &kvpool__heartbeat_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    *version_p = r->segments_version;
+    size_t n = r->n_segments;
+    assert_true(n <= cap);
+    for (size_t i = 0; i < n; i++) {
+        out[i] = r->segments[i]->id;
+        assert_true(r->segments[i]->tcp_endpoint[0] != '\0');
+    }
+    svc_msg_free(r);
+    return n;
+}
+
 /* Drain by name (or by id when name is NULL); msg (256 bytes, optional) gets the message. */
 static int32_t drain(kvp_master_state_t *st, uint64_t conn, const char *name, uint64_t id,
                      uint64_t *id_p, char *msg)
@@ -604,6 +626,31 @@ static void test_put_end_written_mask(void **state)
 }
 
 /* ---- 6-7. heartbeat and drain ---- */
+
+/* The heartbeat hands the whole segment table to a client whose version is not the
+ * current one (so it attaches peers before its first transfer), and nothing otherwise. */
+static void test_heartbeat_segment_table(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t id1 = mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t ids[8], v0 = 0, v1 = 0, v2 = 0;
+    size_t n = heartbeat_table(st, C3, 0, &v0, ids, 8); /* a new client knows nothing */
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], id1);
+    assert_true(v0 != 0);
+    assert_int_equal(heartbeat_table(st, C3, v0, &v1, ids, 8), 0); /* up to date */
+    assert_int_equal(v1, 0);
+    uint64_t id2 = mount_seg(st, C2, "s2", "h2", MIB);
+    n = heartbeat_table(st, C3, v0, &v1, ids, 8); /* a mount changes the version */
+    assert_int_equal(n, 2);
+    assert_true(v1 != v0);
+    assert_true((ids[0] == id1 && ids[1] == id2) || (ids[0] == id2 && ids[1] == id1));
+    kvp_dispatch_conn_closed(st, C2); /* its owner's connection closes: unmounted */
+    n = heartbeat_table(st, C3, v1, &v2, ids, 8);
+    assert_int_equal(n, 1);
+    assert_int_equal(ids[0], id1);
+    assert_true(v2 != v1 && v2 != 0);
+}
 
 static void test_heartbeat_and_drain(void **state)
 {
@@ -1256,6 +1303,7 @@ int main(void)
         T(test_upsert_refusals),
         T(test_put_end_written_mask),
         T(test_heartbeat_and_drain),
+        T(test_heartbeat_segment_table),
         T(test_draining_gets_no_placements),
         T(test_move),
         T(test_list),
