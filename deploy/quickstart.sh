@@ -40,7 +40,9 @@ wait_line() { # file, seconds
   return 1
 }
 
-"$MASTER_BIN" --listen "127.0.0.1:$PORT" --ready-fd 3 3>"$tmp/master.addr" &
+# its own session: a Ctrl-C in the terminal reaches the script and the segment, which
+# drains into the pool while the master is still up; cleanup stops the master last
+setsid "$MASTER_BIN" --listen "127.0.0.1:$PORT" --ready-fd 3 3>"$tmp/master.addr" &
 mpid=$!
 wait_line "$tmp/master.addr" 10 || { echo "kvpool-master did not start (port $PORT busy? set KVPOOL_PORT)"; exit 1; }
 MASTER=$(head -1 "$tmp/master.addr")
