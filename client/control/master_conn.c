@@ -14,7 +14,8 @@
  * master in that order. With no connection they wait in rel_ids.
  *
  * Thread: any client thread. seg_lock orders a remount against a drain's
- * change of the segment's state; rel_lock guards the release queue.
+ * change of the segment's state (never held across a call: on_ready, which
+ * takes it, may run inside any call); rel_lock guards the release queue.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -187,17 +188,21 @@ void kvp_client_master_close(kvp_client_t *c)
 
 kvp_status_t kvp_client_mount(kvp_client_t *c)
 {
+    /* seg_lock is not held across the call: if the connection breaks under it, the
+     * reconnect's on_ready (this very thread) takes seg_lock to mount on the new one */
+    if (atomic_load(&c->seg_state) != KVP_SEG_MOUNTED)
+        return KVP_OK;
+    uint8_t *body, *resp;
+    size_t len, rlen;
+    kvp_status_t st = mount_pack(c, false, &body, &len);
+    if (st == KVP_OK)
+        st = kvp_mconn_call(c->mc, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+    if (st != KVP_OK)
+        return st;
+    /* a drain that began meanwhile drains the id it read; this late mount ends with the
+     * connection (or the unmount at destroy), like any undrained segment */
     pthread_mutex_lock(&c->seg_lock);
-    kvp_status_t st = KVP_OK;
-    if (atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
-        uint8_t *body, *resp;
-        size_t len, rlen;
-        st = mount_pack(c, false, &body, &len);
-        if (st == KVP_OK)
-            st = kvp_mconn_call(c->mc, KVP_RPC_MOUNT, body, len, &resp, &rlen);
-        if (st == KVP_OK)
-            st = mount_reply(c, resp, rlen, false);
-    }
+    st = atomic_load(&c->seg_state) == KVP_SEG_MOUNTED ? mount_reply(c, resp, rlen, false) : KVP_OK;
     pthread_mutex_unlock(&c->seg_lock);
     return st;
 }
