@@ -138,6 +138,11 @@ void *kvp_scratch_calloc(size_t n, size_t size)
     return p;
 }
 
+size_t kvp_scratch_capacity(void)
+{
+    return tl_arena ? tl_arena->cap : 0;
+}
+
 kvp_thread_buf_t *kvp_thread_buf(int which)
 {
     arena_t *a = arena();

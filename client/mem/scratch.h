@@ -38,6 +38,10 @@ kvp_thread_buf_t *kvp_thread_buf(int which);
  * waits on us). NULL when out of memory (the buffer is unchanged). */
 unsigned char *kvp_thread_buf_reserve(kvp_thread_buf_t *b, size_t len);
 
+/* Bytes the calling thread's main block holds (diagnostics and tests): after a call
+ * that overflowed it, the next release to empty grows it to what that call needed. */
+size_t kvp_scratch_capacity(void);
+
 /* protobuf-c allocator over the arena (its free does nothing): for unpacking replies. */
 extern ProtobufCAllocator kvp_scratch_pb;
 
