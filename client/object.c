@@ -11,6 +11,9 @@
  * -> CRC32C of what arrived compared with the one stored at PutEnd; a
  * mismatch is KVP_ERR_CHECKSUM, never a success with wrong bytes.
  *
+ * Replies are unpacked into the calling thread's scratch arena (mem/scratch.h):
+ * never freed one by one, given back when the public call returns.
+ *
  * Thread: any client thread.
  */
 #include <errno.h>
@@ -121,8 +124,6 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
     Kvpool__StatusesResponse *sr = kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, resp);
     if (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m) {
         st = sr == NULL ? KVP_ERR_PROTOCOL : sr->status != KVP_OK ? sr->status : KVP_ERR_PROTOCOL;
-        if (sr)
-            kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
         goto fail;
     }
     if (method == KVP_RPC_PUT_END)
@@ -140,7 +141,6 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
             }
             out[idx[j]] = s;
         }
-    kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
     return;
 fail:
     if (method == KVP_RPC_PUT_END)
@@ -386,8 +386,6 @@ out_all:
     if (rc == KVP_OK)
         rc = st ? first_error(st, n) : KVP_ERR_NOMEM;
 out:
-    if (sr)
-        kvpool__put_start_response__free_unpacked(sr, &kvp_scratch_pb);
     return rc;
 }
 
@@ -702,15 +700,11 @@ static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys
         if (st[idx[j]] == KVP_OK)
             results[idx[j]] = (int64_t)gr->results[j]->size;
     rc = first_error(st, n);
-    if (gr)
-        kvpool__get_replica_list_response__free_unpacked(gr, &kvp_scratch_pb);
     return rc;
 out:
     release_leases(c, gr);
     for (size_t i = 0; i < n; i++)
         results[i] = st && st[i] != KVP_OK ? st[i] : rc;
-    if (gr)
-        kvpool__get_replica_list_response__free_unpacked(gr, &kvp_scratch_pb);
     return rc;
 }
 
@@ -761,8 +755,6 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
             else
                 for (size_t j = 0; j < m; j++)
                     st[idx[j]] = sr->statuses[j];
-            if (sr)
-                kvpool__statuses_response__free_unpacked(sr, &kvp_scratch_pb);
         }
     }
     if (rc == KVP_OK)
@@ -822,30 +814,18 @@ static kvp_status_t batch_remove(kvp_client_t *c, const char *const *keys, size_
     return rc;
 }
 
-static kvp_status_t batch_remove_impl(kvp_client_t *c, const char *const *keys, size_t n,
-                                      kvp_status_t *results)
-{
-    return batch_remove(c, keys, n, false, results);
-}
-
 kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n,
                               kvp_status_t *results)
 {
     kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(batch_remove_impl(c, keys, n, results), "remove");
-}
-
-static kvp_status_t batch_remove_force_impl(kvp_client_t *c, const char *const *keys, size_t n,
-                                            kvp_status_t *results)
-{
-    return batch_remove(c, keys, n, true, results);
+    return (kvp_status_t)kvp_api_leave(batch_remove(c, keys, n, false, results), "remove");
 }
 
 kvp_status_t kvp_batch_remove_force(kvp_client_t *c, const char *const *keys, size_t n,
                                     kvp_status_t *results)
 {
     kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(batch_remove_force_impl(c, keys, n, results), "remove");
+    return (kvp_status_t)kvp_api_leave(batch_remove(c, keys, n, true, results), "remove");
 }
 
 static kvp_status_t remove_force_impl(kvp_client_t *c, const char *key)
@@ -890,8 +870,6 @@ static int64_t get_size_impl(kvp_client_t *c, const char *key)
         out = gr->status;
     else if (gr != NULL && gr->n_sizes == 1)
         out = gr->sizes[0];
-    if (gr)
-        kvpool__get_size_response__free_unpacked(gr, &kvp_scratch_pb);
     return out;
 }
 

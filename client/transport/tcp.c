@@ -12,11 +12,11 @@
  * the only copy of object bytes. Dynamic pulling keeps streams balanced.
  *
  * CRC: each slice is checksummed while its bytes are in cache: a READ's as
- * they land (per recv), a WRITE's just before its first byte is sent (CRC_AHEAD
- * bounds how far ahead of the socket; at 64 MiB it is the whole slice: pieces
- * of 256 KiB measured no better and cost more sendmsg calls). An op's CRC is its slices' CRCs put
- * together in order with kvp_crc32c_combine, so no second pass over the object is made. Per-batch
- * arrays come from scratches kept on the ctx between calls.
+ * they land (per recv), a WRITE's whole when its request is built, just before
+ * it is sent (256 KiB pieces interleaved with the sends measured no better and
+ * cost more sendmsg calls). An op's CRC is its slices' CRCs put together in
+ * order with kvp_crc32c_combine, so no second pass over the object is made.
+ * Per-batch arrays come from scratches kept on the ctx between calls.
  *
  * Small slices (<= VEC_SMALL) to one endpoint go as chains in one vectored
  * request (READV/WRITEV, docs/protocol.md) with one response: about one
@@ -53,9 +53,6 @@
 
 #define PIPE_DEPTH 8
 #define POOL_MAX_IDLE 64
-/* A WRITE is checksummed at most this far ahead of what was sent: the socket copy then
- * reads bytes the CRC has just pulled into L2. */
-#define CRC_AHEAD (64u << 20)
 /* Slices up to this size to one endpoint travel as chains in vectored requests. */
 #define VEC_SMALL (64u << 10)
 
@@ -247,21 +244,20 @@ static void conn_fill(xconn_t *c)
         r->vec = &g->vecs[j];
         r->n = m;
         g->next += m;
-        if (m == 1) {
+        if (m == 1)
             r->hdr = s0->hdr;
-        } else {
+        else
             r->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC,
                                       .op = s0->hdr.op == KVP_DATA_WRITE ? KVP_DATA_WRITEV
                                                                          : KVP_DATA_READV,
                                       .offset = m,
                                       .length = bytes};
-            /* a chain's payloads are small: checksum them whole, now, then send */
-            for (unsigned i = 0; i < m && r->hdr.op == KVP_DATA_WRITEV; i++) {
-                slice_t *s = r->s[i];
-                if (s->op->want_crc && s->crc_len < s->len) {
-                    s->crc = kvp_crc32c(0, (char *)s->op->local + s->off, s->len);
-                    s->crc_len = s->len;
-                }
+        /* a write's payload is checksummed now, just before the socket copies it */
+        for (unsigned i = 0; i < m && s0->hdr.op == KVP_DATA_WRITE; i++) {
+            slice_t *s = r->s[i];
+            if (s->op->want_crc && s->crc_len < s->len) {
+                s->crc = kvp_crc32c(0, (char *)s->op->local + s->off, s->len);
+                s->crc_len = s->len;
             }
         }
         c->count++;
@@ -299,36 +295,16 @@ static void conn_send(xconn_t *c)
         int iovcnt = 0;
         uint64_t skip = c->send_off;
         uint64_t hl = sizeof(r->hdr);
-        uint64_t total = hl, offered;
+        uint64_t total = hl;
         iov_add(iov, &iovcnt, &skip, &r->hdr, hl);
-        if (r->n > 1)
-            iov_add(iov, &iovcnt, &skip, r->vec, r->n * sizeof(*r->vec));
         if (r->n > 1) {
+            iov_add(iov, &iovcnt, &skip, r->vec, r->n * sizeof(*r->vec));
             total += r->n * sizeof(*r->vec);
-            for (unsigned i = 0; i < r->n && req_writes(r); i++) {
-                slice_t *s = r->s[i];
-                iov_add(iov, &iovcnt, &skip, (char *)s->op->local + s->off, s->len);
-                total += s->len;
-            }
-            offered = total;
-        } else if (req_writes(r)) {
-            slice_t *s = r->s[0];
-            uint64_t po = c->send_off > hl ? c->send_off - hl : 0;
-            uint64_t end = s->len;
-            if (s->op->want_crc) {
-                /* checksum the next piece just before the socket copies it */
-                if (s->crc_len < s->len && s->crc_len < po + CRC_AHEAD) {
-                    uint64_t n = KVP_MIN(s->len - s->crc_len, CRC_AHEAD);
-                    s->crc = kvp_crc32c(s->crc, (char *)s->op->local + s->off + s->crc_len, n);
-                    s->crc_len += n;
-                }
-                end = s->crc_len;
-            }
-            iov_add(iov, &iovcnt, &skip, (char *)s->op->local + s->off, end);
+        }
+        for (unsigned i = 0; i < r->n && req_writes(r); i++) {
+            slice_t *s = r->s[i];
+            iov_add(iov, &iovcnt, &skip, (char *)s->op->local + s->off, s->len);
             total += s->len;
-            offered = hl + end;
-        } else {
-            offered = total;
         }
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
         ssize_t n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -340,11 +316,8 @@ static void conn_send(xconn_t *c)
             return;
         }
         c->send_off += (uint64_t)n;
-        if (c->send_off < total) {
-            if (c->send_off < offered)
-                return; /* the socket is full */
-            continue;   /* sent all that was checksummed: checksum more */
-        }
+        if (c->send_off < total)
+            return; /* the socket is full */
         c->send_off = 0;
         c->sent++;
     }

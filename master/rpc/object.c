@@ -262,21 +262,39 @@ typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
                                     const ProtobufCBinaryData *key,
                                     const Kvpool__PutEndRequest *end, size_t i, bool force);
 
+/* The object under a wire key; KVP_ERR_NOT_FOUND when there is none. */
+static kvp_status_t existing(kvp_master_state_t *st, const ProtobufCBinaryData *key,
+                             kvp_object_t **obj_p)
+{
+    kvp_status_t status = kvp_call_key_lookup(st, key, obj_p, NULL);
+    if (status == KVP_OK && *obj_p == NULL)
+        status = KVP_ERR_NOT_FOUND;
+    return status;
+}
+
+/* The PENDING object this connection is writing under key (PutEnd, PutRevoke). */
+static kvp_status_t own_pending(kvp_master_state_t *st, uint64_t conn_id,
+                                const ProtobufCBinaryData *key, kvp_object_t **obj_p)
+{
+    kvp_status_t status = existing(st, key, obj_p);
+    if (status != KVP_OK)
+        return status;
+    if ((*obj_p)->state != KVP_OBJ_PENDING)
+        return KVP_ERR_NOT_PENDING;
+    if ((*obj_p)->writer_conn_id != conn_id)
+        return KVP_ERR_NOT_OWNER;
+    return KVP_OK;
+}
+
 static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
                                const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
                                size_t i, bool force)
 {
     (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = own_pending(st, conn_id, key, &obj);
     if (status != KVP_OK)
         return status;
-    if (obj == NULL)
-        return KVP_ERR_NOT_FOUND;
-    if (obj->state != KVP_OBJ_PENDING)
-        return KVP_ERR_NOT_PENDING;
-    if (obj->writer_conn_id != conn_id)
-        return KVP_ERR_NOT_OWNER;
     /* Best effort per replica: keep what was written (bit r: replica r of PutStart's
      * answer; no mask: all), free the rest, and drop tombstones of replicas whose
      * segment went away meanwhile. */
@@ -312,15 +330,9 @@ static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)end, (void)i, (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = own_pending(st, conn_id, key, &obj);
     if (status != KVP_OK)
         return status;
-    if (obj == NULL)
-        return KVP_ERR_NOT_FOUND;
-    if (obj->state != KVP_OBJ_PENDING)
-        return KVP_ERR_NOT_PENDING;
-    if (obj->writer_conn_id != conn_id)
-        return KVP_ERR_NOT_OWNER;
     kvp_index_unlink(&st->index, obj);
     kvp_object_release(st, obj);
     return KVP_OK;
@@ -332,11 +344,9 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)conn_id, (void)end, (void)i, (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    kvp_status_t status = existing(st, key, &obj);
     if (status != KVP_OK)
         return status;
-    if (obj == NULL)
-        return KVP_ERR_NOT_FOUND;
     if (obj->state == KVP_OBJ_PENDING)
         return KVP_ERR_PENDING;
     if (kvp_leased(st, obj) && !force)

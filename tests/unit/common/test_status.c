@@ -79,8 +79,8 @@ static void test_public_header_matches_list(void **state)
 {
     (void)state;
     const char *path = getenv("KVPOOL_STATUS_HEADER");
-    if (path == NULL)
-        skip();
+    if (path == NULL) /* meson sets it: a run without it would check nothing */
+        fail_msg("KVPOOL_STATUS_HEADER is not set: run this test through meson");
     FILE *f = fopen(path, "r");
     if (f == NULL)
         fail_msg("cannot open %s: %s", path, strerror(errno));

@@ -1553,8 +1553,9 @@ static void test_fragmented_pool_keeps_evicting(void **state)
 /* ---- 8. hit rate on the FAST'25 trace ---- */
 
 /*
- * The first TRACE_REQUESTS requests of the FAST'25 Mooncake trace (the path
- * comes from tests/meson.build in KVPOOL_TEST_TRACE), replayed through the
+ * The first TRACE_REQUESTS requests of the FAST'25 Mooncake trace (a slice kept
+ * in tests/unit/master/data; tests/meson.build passes its path in
+ * KVPOOL_TEST_TRACE), replayed through the
  * master's handlers exactly as kvpool-bench trace drives a store, per
  * request: EXIST of its keys (calls of at most 128) gives the cached prefix
  * P; GET_REPLICA_LIST of the P prefix keys, whose leases are then released;
@@ -1822,12 +1823,11 @@ static void test_trace_hit_rate_beats_lru(void **state)
 {
     fixture_t *fx = *state;
     const char *path = getenv(TRACE_ENV);
-    if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0) {
-        print_message("SKIP: no FAST'25 trace at %s (%s): the hit-rate test needs it\n",
-                      path != NULL ? path : "(unset)",
-                      path == NULL ? TRACE_ENV " is not set" : "not readable");
-        skip();
-    }
+    if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0)
+        fail_msg("no FAST'25 trace at %s (%s): meson points " TRACE_ENV
+                 " at tests/unit/master/data/fast25_trace_2000.jsonl",
+                 path != NULL ? path : "(unset)",
+                 path == NULL ? TRACE_ENV " is not set" : "not readable");
     trace_t *t = fx_alloc(fx, sizeof(*t));
     char err[512] = "";
     if (!trace_load(path, TRACE_REQUESTS, t, err, sizeof(err)))
