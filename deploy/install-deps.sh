@@ -8,6 +8,7 @@ PKGS=(
   protobuf-c-compiler libprotobuf-c-dev
   libjemalloc-dev libcmocka-dev libxxhash-dev
   libcurl4-openssl-dev libibverbs-dev librdmacm-dev
+  liburing-dev
   clang-format
   # deploy/fuzz.sh: clang-14 with libFuzzer and the sanitizer runtimes
   # (libclang_rt.fuzzer/asan/ubsan, not pulled in without recommends), and
