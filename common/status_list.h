@@ -54,9 +54,13 @@
       "the master named a segment this client has no descriptor for")                              \
     X(KVP_ERR_PUT_REVOKED, -33,                                                                    \
       "the put was revoked before it ended (master restart, lost connection, segment gone or "     \
-      "put timeout): nothing is stored, retry")
+      "put timeout): nothing is stored, retry")                                                    \
+    X(KVP_ERR_IN_USE, -34, "in use by another live process (an SSD segment file is locked)")       \
+    X(KVP_ERR_UNSUPPORTED, -35,                                                                    \
+      "not supported here (e.g. a filesystem without O_DIRECT for an SSD segment)")                \
+    X(KVP_ERR_NO_SPACE, -36, "no space left on the SSD segment's disk or in its object table")
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-33)
+#define KVP_STATUS_MIN (-36)
 
 #endif

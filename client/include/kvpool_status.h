@@ -50,11 +50,14 @@ typedef enum kvp_status {
     KVP_ERR_NO_REPLICA = -31,
     KVP_ERR_UNKNOWN_SEGMENT = -32,
     KVP_ERR_PUT_REVOKED = -33,
+    KVP_ERR_IN_USE = -34,
+    KVP_ERR_UNSUPPORTED = -35,
+    KVP_ERR_NO_SPACE = -36,
 } kvp_status_t;
 #endif
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-33)
+#define KVP_STATUS_MIN (-36)
 
 /*
  * Human-readable text for a status. Always returns a static string, also for

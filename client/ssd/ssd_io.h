@@ -1,0 +1,44 @@
+/*
+ * ssd_io.h - io_uring I/O on an SSD segment's file (liburing).
+ *
+ * One kvp_ssd_io_t per thread: a ring of KVP_SSD_IO_DEPTH entries. A call
+ * submits a batch of reads or writes, keeps up to the ring's depth in
+ * flight, and returns when all are done. With O_DIRECT every buffer,
+ * file offset and length must be a multiple of KVP_SSD_BLOCK (buffers from
+ * kvp_ssd_buf_alloc are).
+ */
+#ifndef KVP_CLIENT_SSD_SSD_IO_H
+#define KVP_CLIENT_SSD_SSD_IO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* Queue depth of the SSD path (server connections, offload worker, kvpool-bench limits)
+ * and the largest single I/O it issues. */
+#define KVP_SSD_IO_DEPTH 8u
+#define KVP_SSD_IO_CHUNK (1u << 20)
+
+typedef struct kvp_ssd_io kvp_ssd_io_t;
+
+typedef struct kvp_ssd_iov {
+    void *buf;
+    uint64_t file_off;   /* byte offset in the file */
+    uint64_t len;        /* <= KVP_SSD_IO_CHUNK is not required: longer ones are split */
+    kvp_status_t status; /* out: KVP_OK, KVP_ERR_IO (EIO, short transfer), KVP_ERR_NO_SPACE */
+} kvp_ssd_iov_t;
+
+kvp_status_t kvp_ssd_io_create(unsigned depth, kvp_ssd_io_t **io_p);
+void kvp_ssd_io_destroy(kvp_ssd_io_t *io);
+
+/* Read (write=false) or write n ranges of fd; returns KVP_OK or the first op's failure. */
+kvp_status_t kvp_ssd_io_rw(kvp_ssd_io_t *io, int fd, bool write, kvp_ssd_iov_t *ops, size_t n);
+/* fdatasync(fd) through the ring. */
+kvp_status_t kvp_ssd_io_datasync(kvp_ssd_io_t *io, int fd);
+
+/* Buffers for O_DIRECT: KVP_SSD_BLOCK-aligned, len rounded up to it; free with free(). */
+void *kvp_ssd_buf_alloc(size_t len);
+
+#endif

@@ -1,0 +1,26 @@
+/*
+ * ssd_server.h - serves an SSD segment to tcp peers: the data protocol of
+ * the DRAM segment server (READ, WRITE, READV, WRITEV; docs/protocol.md),
+ * with the bytes read from and written to the segment's file through
+ * io_uring (ssd_io.h) instead of memory.
+ */
+#ifndef KVP_CLIENT_SSD_SSD_SERVER_H
+#define KVP_CLIENT_SSD_SSD_SERVER_H
+
+#include <stdint.h>
+
+#include "client/ssd/ssd_file.h"
+#include "common/status.h"
+
+typedef struct kvp_ssd_server kvp_ssd_server_t;
+
+/* Listen on host:port (port 0: any; the bound one in *bound_port_p). f is borrowed
+ * and must outlive the server. Requests carry segment_id; until set_id it is 0. */
+kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
+                                   kvp_ssd_server_t **srv_p, uint16_t *bound_port_p);
+void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
+/* Extent reads or writes that failed with an I/O error since create. */
+uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv);
+void kvp_ssd_server_destroy(kvp_ssd_server_t *srv);
+
+#endif
