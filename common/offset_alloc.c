@@ -78,6 +78,7 @@ struct kvp_offset_alloc {
     uint32_t nodes_cap;  /* entries allocated */
     uint32_t nodes_len;  /* entries ever used (high-water mark) */
     uint32_t spare_head; /* first reusable node, or NIL */
+    uint32_t hint;       /* kvp_offset_alloc_reserve: the block its last call left free above */
     unsigned align_shift;
     uint64_t size;   /* as given to create */
     uint64_t usable; /* size rounded down to align */
@@ -361,6 +362,92 @@ void kvp_offset_alloc_free(kvp_offset_alloc_t *alloc, uint32_t handle)
     }
 
     kvp_oa_list_insert(alloc, idx);
+}
+
+/* A node index that is a live block (free or used), or NIL. */
+static uint32_t kvp_oa_live(const kvp_offset_alloc_t *alloc, uint32_t idx)
+{
+    if (idx >= alloc->nodes_len || alloc->nodes[idx].free_prev == KVP_OA_TAG_SPARE)
+        return KVP_OA_NIL;
+    return idx;
+}
+
+kvp_status_t kvp_offset_alloc_reserve(kvp_offset_alloc_t *alloc, uint64_t offset, uint64_t len,
+                                      uint32_t *handle_p)
+{
+    if (alloc == NULL || handle_p == NULL || len == 0)
+        return KVP_ERR_INVALID_ARG;
+    uint64_t mask = (UINT64_C(1) << alloc->align_shift) - 1u;
+    if ((offset & mask) != 0 || offset >= alloc->usable || len > alloc->usable - offset)
+        return KVP_ERR_INVALID_ARG;
+    len = (len + mask) & ~mask;
+    if (len > alloc->usable - offset)
+        return KVP_ERR_INVALID_ARG;
+    /* the block holding offset: from the hint when it lies below (ascending calls: O(1)),
+     * else from the lowest block */
+    uint32_t idx = kvp_oa_live(alloc, alloc->hint);
+    if (idx == KVP_OA_NIL || alloc->nodes[idx].offset > offset) {
+        idx = kvp_oa_live(alloc, 0);
+        if (idx == KVP_OA_NIL)
+            return KVP_ERR_INTERNAL;
+        while (alloc->nodes[idx].phys_prev != KVP_OA_NIL)
+            idx = alloc->nodes[idx].phys_prev;
+    }
+    while (idx != KVP_OA_NIL && alloc->nodes[idx].offset + alloc->nodes[idx].size <= offset)
+        idx = alloc->nodes[idx].phys_next;
+    if (idx == KVP_OA_NIL || !kvp_oa_node_is_free(&alloc->nodes[idx]) ||
+        alloc->nodes[idx].offset + alloc->nodes[idx].size < offset + len)
+        return KVP_ERR_EXISTS; /* part of the range is allocated */
+    /* two spare nodes before touching any list (growth may move the array) */
+    if (kvp_oa_node_reserve(alloc) != KVP_OK)
+        return KVP_ERR_NOMEM;
+    uint32_t spare1 = kvp_oa_node_take(alloc);
+    kvp_status_t st = kvp_oa_node_reserve(alloc);
+    kvp_oa_node_put(alloc, spare1);
+    if (st != KVP_OK)
+        return KVP_ERR_NOMEM;
+
+    kvp_oa_list_remove(alloc, idx);
+    kvp_oa_node_t *node = &alloc->nodes[idx];
+    if (node->offset < offset) {
+        /* the part below stays free in node idx; the range gets a node of its own */
+        uint32_t r = kvp_oa_node_take(alloc);
+        node = &alloc->nodes[idx];
+        kvp_oa_node_t *rn = &alloc->nodes[r];
+        rn->offset = offset;
+        rn->size = node->offset + node->size - offset;
+        rn->phys_prev = idx;
+        rn->phys_next = node->phys_next;
+        if (node->phys_next != KVP_OA_NIL)
+            alloc->nodes[node->phys_next].phys_prev = r;
+        node->phys_next = r;
+        node->size = offset - node->offset;
+        kvp_oa_list_insert(alloc, idx);
+        idx = r;
+        node = rn;
+        node->free_prev = KVP_OA_TAG_USED;
+        node->free_next = KVP_OA_NIL;
+    }
+    alloc->hint = idx;
+    if (node->size > len) {
+        uint32_t t = kvp_oa_node_take(alloc);
+        node = &alloc->nodes[idx];
+        kvp_oa_node_t *tn = &alloc->nodes[t];
+        tn->offset = offset + len;
+        tn->size = node->size - len;
+        tn->phys_prev = idx;
+        tn->phys_next = node->phys_next;
+        if (node->phys_next != KVP_OA_NIL)
+            alloc->nodes[node->phys_next].phys_prev = t;
+        node->phys_next = t;
+        node->size = len;
+        kvp_oa_list_insert(alloc, t);
+        alloc->hint = t;
+    }
+    alloc->used += len;
+    alloc->count++;
+    *handle_p = idx;
+    return KVP_OK;
 }
 
 uint64_t kvp_offset_alloc_used(const kvp_offset_alloc_t *alloc)

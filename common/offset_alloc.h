@@ -39,6 +39,16 @@ void kvp_offset_alloc_destroy(kvp_offset_alloc_t *alloc);
 kvp_status_t kvp_offset_alloc_alloc(kvp_offset_alloc_t *alloc, uint64_t len, uint64_t *offset_p,
                                     uint32_t *handle_p);
 
+/*
+ * Allocate exactly [offset, offset+len) (len rounded up to align; offset a
+ * multiple of it): a range whose place is already decided (an SSD segment's
+ * objects, brought back at mount). KVP_ERR_EXISTS when part of it is
+ * allocated, KVP_ERR_INVALID_ARG when it is misaligned or outside the usable
+ * size. O(1) when calls come in ascending offset order, else O(blocks).
+ */
+kvp_status_t kvp_offset_alloc_reserve(kvp_offset_alloc_t *alloc, uint64_t offset, uint64_t len,
+                                      uint32_t *handle_p);
+
 /* Free a block by the handle its alloc returned; coalesces with free neighbours. O(1). */
 void kvp_offset_alloc_free(kvp_offset_alloc_t *alloc, uint32_t handle);
 

@@ -50,7 +50,9 @@ typedef enum kvp_rpc_method {
     KVP_RPC_MOVE_START = 16,
     KVP_RPC_MOVE_END = 17,
     KVP_RPC_LEASE_RELEASE = 18, /* one-way: the master sends no response */
-    KVP_RPC_METHOD_MAX = 18,
+    KVP_RPC_SSD_TASKS = 19,     /* the master may hold the answer up to ~1 s (long poll) */
+    KVP_RPC_SSD_ADOPT = 20,
+    KVP_RPC_METHOD_MAX = 20,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {

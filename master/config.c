@@ -25,6 +25,7 @@ typedef enum setting_kind {
     SECONDS_S,  /* uint32_t whole seconds */
     SWITCH_ON,  /* bool set to true, no value */
     SWITCH_OFF, /* bool set to false, no value */
+    ON_OFF,     /* bool, value "on" or "off" */
 } setting_kind_t;
 
 typedef struct setting {
@@ -42,6 +43,11 @@ static const setting_t settings[] = {
     {"soft-pin-ttl", SECONDS_S, offsetof(kvp_master_config_t, soft_pin_ttl_s)},
     {"no-eviction", SWITCH_OFF, offsetof(kvp_master_config_t, evict)},
     {"lease-on-exist", SWITCH_ON, offsetof(kvp_master_config_t, lease_on_exist)},
+    {"offload-high-watermark", FRACTION, offsetof(kvp_master_config_t, offload_high)},
+    {"offload-low-watermark", FRACTION, offsetof(kvp_master_config_t, offload_low)},
+    {"ssd-evict-high-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_high)},
+    {"ssd-evict-low-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_low)},
+    {"promote-on-hit", ON_OFF, offsetof(kvp_master_config_t, promote_on_hit)},
 };
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -54,6 +60,11 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     cfg->soft_pin_ttl_s = 1800;
     cfg->client_ttl_ms = 10000;
     cfg->lease_on_exist = false;
+    cfg->offload_high = 0.95;
+    cfg->offload_low = 0.90;
+    cfg->ssd_evict_high = 0.95;
+    cfg->ssd_evict_low = 0.90;
+    cfg->promote_on_hit = true;
 }
 
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,
@@ -70,6 +81,14 @@ kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, c
     char *field = (char *)cfg + s->offset;
     if (s->kind == SWITCH_ON || s->kind == SWITCH_OFF) {
         *(bool *)field = s->kind == SWITCH_ON;
+        return KVP_OK;
+    }
+    if (s->kind == ON_OFF) {
+        if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
+            snprintf(err, err_len, "bad value '%s' for %s (on or off)", value, name);
+            return KVP_ERR_INVALID_ARG;
+        }
+        *(bool *)field = strcmp(value, "on") == 0;
         return KVP_OK;
     }
     char *end;
@@ -94,6 +113,14 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
 {
     if (cfg->evict_low > cfg->evict_high) {
         snprintf(err, err_len, "--evict-low-watermark must not exceed the high one");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (cfg->offload_low > cfg->offload_high) {
+        snprintf(err, err_len, "--offload-low-watermark must not exceed the high one");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (cfg->ssd_evict_low > cfg->ssd_evict_high) {
+        snprintf(err, err_len, "--ssd-evict-low-watermark must not exceed the high one");
         return KVP_ERR_INVALID_ARG;
     }
     return KVP_OK;

@@ -21,6 +21,12 @@ typedef struct kvp_master_config {
     uint32_t soft_pin_ttl_s; /* default soft pin lifetime (1800) */
     uint32_t client_ttl_ms;  /* a connection silent this long is dropped (10000; 0: never) */
     bool lease_on_exist;     /* Exist grants read leases too (false) */
+    /* SSD tier (policy/tier.c) */
+    double offload_high;   /* offload DRAM victims in the background above this (0.95) */
+    double offload_low;    /* ... down to this (0.90) */
+    double ssd_evict_high; /* drop SSD-tier objects above this share of SSD capacity (0.95) */
+    double ssd_evict_low;  /* ... down to this (0.90) */
+    bool promote_on_hit;   /* copy SSD-only objects back to DRAM when read (true) */
 } kvp_master_config_t;
 
 /* The defaults. */

@@ -24,6 +24,7 @@
 #include "master/rpc/drain.h"
 #include "master/rpc/object.h"
 #include "master/rpc/segment.h"
+#include "master/rpc/ssd.h"
 
 #define ROW(id_, name_, req_, resp_, handler_)                                                     \
     [id_] = {.id = id_, .name = name_, .req_desc = req_, .resp_desc = resp_, .handler = handler_}
@@ -63,6 +64,10 @@ static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
         &kvpool__statuses_response__descriptor, kvp_handle_move_end),
     ROW(KVP_RPC_LEASE_RELEASE, "LeaseRelease", &kvpool__lease_release_request__descriptor, NULL,
         kvp_handle_lease_release),
+    ROW(KVP_RPC_SSD_TASKS, "SsdTasks", &kvpool__ssd_tasks_request__descriptor,
+        &kvpool__ssd_tasks_response__descriptor, kvp_handle_ssd_tasks),
+    ROW(KVP_RPC_SSD_ADOPT, "SsdAdopt", &kvpool__ssd_adopt_request__descriptor,
+        &kvpool__ssd_adopt_response__descriptor, kvp_handle_ssd_adopt),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)

@@ -44,6 +44,15 @@ static void usage(FILE *f)
                "                       unmounted, its puts revoked (default 10; 0: never)\n"
                "  --lease-on-exist     exist grants read leases too (default: only get)\n"
                "  --no-eviction        never evict: a full pool refuses puts\n"
+               "SSD tier (when SSD segments are mounted: kvpool serve --ssd-path):\n"
+               "  --offload-high-watermark F  offload DRAM victims to SSD in the background\n"
+               "                       when DRAM used/capacity passes F (default 0.95)\n"
+               "  --offload-low-watermark F   ... down to F (default 0.90)\n"
+               "  --ssd-evict-high-watermark F  drop SSD objects (LRU) when SSD used passes F\n"
+               "                       (default 0.95)\n"
+               "  --ssd-evict-low-watermark F   ... down to F (default 0.90)\n"
+               "  --promote-on-hit on|off  copy an SSD-only object back to DRAM in the\n"
+               "                       background when a get hits it (default on)\n"
                "  --version, --help\n");
 }
 
@@ -70,6 +79,11 @@ int main(int argc, char **argv)
         {"no-eviction", no_argument, NULL, 's'},
         {"client-ttl", required_argument, NULL, 's'},
         {"lease-on-exist", no_argument, NULL, 's'},
+        {"offload-high-watermark", required_argument, NULL, 's'},
+        {"offload-low-watermark", required_argument, NULL, 's'},
+        {"ssd-evict-high-watermark", required_argument, NULL, 's'},
+        {"ssd-evict-low-watermark", required_argument, NULL, 's'},
+        {"promote-on-hit", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},

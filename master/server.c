@@ -53,6 +53,20 @@ typedef struct conn {
     struct conn *prev;
 } conn_t;
 
+/* A request held without an answer (SsdTasks with no task yet: a long poll). */
+typedef struct parked {
+    struct parked *next;
+    uint64_t conn_id;
+    uint64_t req_id;
+    uint64_t deadline_ms; /* answer by then, even with nothing */
+    uint16_t method;
+    size_t len;
+    uint8_t body[];
+} parked_t;
+
+/* How long a held request waits at most (the tick answers it: up to TICK_MS later). */
+#define PARK_MS 1000
+
 struct kvp_master_server {
     int epfd;
     int listen_fd;
@@ -61,11 +75,21 @@ struct kvp_master_server {
     conn_t *conns;
     unsigned n_conns;
     kvp_master_state_t state;
+    parked_t *parked;
     bool stop;
 };
 
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
 {
+    for (parked_t **pp = &srv->parked; *pp != NULL;) {
+        parked_t *p = *pp;
+        if (p->conn_id == c->id) {
+            *pp = p->next;
+            free(p);
+        } else {
+            pp = &p->next;
+        }
+    }
     kvp_dispatch_conn_closed(&srv->state, c->id);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -195,10 +219,29 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             s = KVP_ERR_PROTOCOL;
             snprintf(errmsg, sizeof(errmsg), "a response frame sent to the master");
         } else {
+            srv->state.may_park = true;
+            srv->state.park_retry = false;
             s = kvp_dispatch_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
                                     h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
+            srv->state.may_park = false;
         }
-        if (kvp_rpc_is_oneway(h.method)) {
+        if (srv->state.parked) {
+            /* no answer yet: hold the request (answer_parked answers it) */
+            srv->state.parked = false;
+            parked_t *p = malloc(sizeof(*p) + h.body_len);
+            if (p == NULL) {
+                reply_error(c, &h, KVP_ERR_NOMEM, "out of memory");
+            } else {
+                p->conn_id = c->id;
+                p->req_id = h.request_id;
+                p->method = h.method;
+                p->deadline_ms = srv->state.now_ms + PARK_MS;
+                p->len = h.body_len;
+                memcpy(p->body, c->in + off + KVP_RPC_HDR_LEN, h.body_len);
+                p->next = srv->parked;
+                srv->parked = p;
+            }
+        } else if (kvp_rpc_is_oneway(h.method)) {
             /* the sender waits for nothing: an error is only logged */
             if (s != KVP_OK)
                 KVP_LOG_WARN("connection %llu: one-way method %u: %s", (unsigned long long)c->id,
@@ -386,6 +429,58 @@ static void expire_silent(kvp_master_server_t *srv)
     }
 }
 
+static conn_t *conn_find(kvp_master_server_t *srv, uint64_t id)
+{
+    for (conn_t *c = srv->conns; c != NULL; c = c->next)
+        if (c->id == id)
+            return c;
+    return NULL;
+}
+
+/* Call the held requests again (a task was queued, or their time is up): those that get
+ * an answer are answered and let go. */
+static void answer_parked(kvp_master_server_t *srv, bool tick)
+{
+    kvp_master_state_t *st = &srv->state;
+    if (srv->parked == NULL || (!st->tasks_ready && !tick))
+        return;
+    st->tasks_ready = false;
+    for (parked_t **pp = &srv->parked; *pp != NULL;) {
+        parked_t *p = *pp;
+        conn_t *c = conn_find(srv, p->conn_id);
+        if (c == NULL) {
+            *pp = p->next;
+            free(p);
+            continue;
+        }
+        uint8_t *resp = NULL;
+        size_t rlen = 0;
+        char errmsg[256] = "";
+        st->may_park = st->now_ms < p->deadline_ms;
+        st->park_retry = true;
+        kvp_status_t s = kvp_dispatch_handle(st, c->id, p->method, p->body, p->len, &resp, &rlen,
+                                             errmsg, sizeof(errmsg));
+        st->may_park = false;
+        st->park_retry = false;
+        if (st->parked) {
+            st->parked = false;
+            free(resp);
+            pp = &p->next;
+            continue;
+        }
+        kvp_rpc_hdr_t h = {.method = p->method, .request_id = p->req_id};
+        if (s == KVP_OK)
+            queue_frame(c, (uint16_t)(p->method | KVP_RPC_RESPONSE_BIT), p->req_id, 0, resp,
+                        rlen);
+        else
+            reply_error(c, &h, s, errmsg);
+        free(resp);
+        set_events(srv, c, true); /* the loop writes it (and closes c if that fails) */
+        *pp = p->next;
+        free(p);
+    }
+}
+
 kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
 {
     struct epoll_event evs[128];
@@ -399,6 +494,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             kvp_expire_puts(&srv->state);
             kvp_lease_expire(&srv->state);
             kvp_evict_if_needed(&srv->state);
+            answer_parked(srv, true);
             next_tick = srv->state.now_ms + TICK_MS;
         }
         int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
@@ -431,6 +527,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
+        answer_parked(srv, false); /* tasks queued by what just ran */
     }
     return KVP_OK;
 }
@@ -441,6 +538,11 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
         return;
     while (srv->conns != NULL)
         conn_close(srv, srv->conns);
+    while (srv->parked != NULL) {
+        parked_t *p = srv->parked;
+        srv->parked = p->next;
+        free(p);
+    }
     close(srv->listen_fd);
     close(srv->sig_fd);
     close(srv->epfd);

@@ -10,6 +10,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/clock.h"
 #include "common/rand.h"
@@ -22,6 +23,11 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     kvp_lease_table_init(&st->leases);
     st->now_ms = kvp_now_ms();
     st->rng = kvp_random_u64();
+    /* versions start at the wall clock (us): a restarted master gives larger ones than the
+     * copies an SSD segment kept from before */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    st->version_clock = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
     return kvp_index_init(&st->index);
 }
 
@@ -29,6 +35,12 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
 {
     kvp_lease_table_cleanup(&st->leases); /* first: it frees retired objects only */
     kvp_ghost_cleanup(&st->ghost);
+    kvp_tombstone_cleanup(&st->tombstones);
+    while (st->tasks != NULL) {
+        kvp_ssd_task_t *t = st->tasks;
+        st->tasks = t->next;
+        free(t);
+    }
     while (st->moves != NULL) {
         kvp_move_t *mv = st->moves;
         st->moves = mv->next;
@@ -36,4 +48,58 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
     }
     kvp_index_cleanup(&st->index);
     kvp_segment_table_cleanup(&st->segments);
+}
+
+kvp_ssd_task_t *kvp_state_task_add(kvp_master_state_t *st, kvp_ssd_task_kind_t kind,
+                                   uint64_t segment_id, const char *key, size_t key_len)
+{
+    kvp_ssd_task_t *t = calloc(1, sizeof(*t) + key_len);
+    if (t == NULL)
+        return NULL;
+    t->id = ++st->next_task_id;
+    t->kind = (uint8_t)kind;
+    t->segment_id = segment_id;
+    t->key_len = (uint16_t)key_len;
+    memcpy(t->key, key, key_len);
+    if (st->tasks_tail != NULL)
+        st->tasks_tail->next = t;
+    else
+        st->tasks = t;
+    st->tasks_tail = t;
+    st->tasks_ready = true;
+    return t;
+}
+
+void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task)
+{
+    kvp_ssd_task_t *prev = NULL;
+    for (kvp_ssd_task_t *t = st->tasks; t != NULL; prev = t, t = t->next) {
+        if (t != task)
+            continue;
+        if (prev != NULL)
+            prev->next = t->next;
+        else
+            st->tasks = t->next;
+        if (st->tasks_tail == t)
+            st->tasks_tail = prev;
+        free(t);
+        return;
+    }
+}
+
+void kvp_state_forget_ssd(kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    if (st->segments.capacity_ssd == 0 || obj->state == KVP_OBJ_PENDING)
+        return;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+            continue;
+        kvp_ssd_task_t *t = kvp_state_task_add(st, KVP_SSD_FORGET, obj->replicas[r].segment_id,
+                                               kvp_object_key(obj), obj->key_len);
+        if (t != NULL) { /* else the entry stays; its version or its CRC refuse it later */
+            t->ssd = obj->replicas[r];
+            t->version = obj->version;
+            t->size = obj->size;
+        }
+    }
 }

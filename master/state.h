@@ -34,7 +34,45 @@ typedef struct kvp_master_stats {
     uint64_t evictions;    /* eviction runs */
     uint64_t put_timeouts; /* PENDING puts revoked by --put-timeout */
     uint64_t moved;        /* objects moved off draining segments */
+    /* tiers (policy/tier.c) */
+    uint64_t offloaded;
+    uint64_t offload_dropped; /* DRAM victims dropped: no SSD room */
+    uint64_t offload_failed;
+    uint64_t promoted;
+    uint64_t hits_dram;
+    uint64_t hits_ssd;
+    uint64_t ssd_evicted;
+    uint64_t adopted;
+    uint64_t ssd_lost; /* SSD objects found unreadable by an owner (promotion) */
 } kvp_master_stats_t;
+
+/* A task for an SSD segment's owner (policy/tier.c). Key inline after the struct. */
+typedef enum kvp_ssd_task_kind {
+    KVP_SSD_OFFLOAD = 1,
+    KVP_SSD_RECORD = 2,
+    KVP_SSD_PROMOTE = 3,
+    KVP_SSD_FORGET = 4,
+} kvp_ssd_task_kind_t;
+
+typedef struct kvp_ssd_task {
+    struct kvp_ssd_task *next;
+    uint64_t id;
+    uint64_t segment_id; /* the SSD segment: its owner does the work */
+    uint64_t version;
+    uint64_t size;
+    kvp_replica_t ssd;  /* the SSD extent (OFFLOAD: held by the task until it ends) */
+    kvp_replica_t dram; /* OFFLOAD: the source; PROMOTE: the destination (held) */
+    uint64_t bytes; /* OFFLOAD: DRAM bytes it frees when it ends */
+    uint32_t crc32c;
+    uint8_t kind;
+    bool sent;
+    uint16_t key_len;
+    char key[];
+} kvp_ssd_task_t;
+
+/* Keys removed lately, so that an SSD segment's owner coming back never brings one back
+ * (meta/tombstone.h). */
+#include "master/meta/tombstone.h"
 
 /*
  * A copy in flight during a drain (MoveStart .. MoveEnd, rpc/drain.c): a new
@@ -62,12 +100,32 @@ typedef struct kvp_master_state {
     kvp_lease_table_t leases;
     kvp_ghost_t ghost;
     kvp_move_t *moves; /* drain copies in flight */
+    /* SSD tier (policy/tier.c) */
+    kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */
+    uint64_t next_task_id;
+    uint64_t offloading_bytes; /* DRAM bytes that offloads in flight will free */
+    uint64_t offloading;       /* offloads in flight */
+    uint64_t version_clock;    /* the last version given (starts at the wall clock, us) */
+    kvp_tombstones_t tombstones;
+    bool tasks_ready; /* a task was queued: the server answers owners waiting for tasks */
+    bool may_park;    /* set by the server: SsdTasks may wait instead of answering now */
+    bool parked;      /* set by SsdTasks: no answer yet, the server holds the request */
+    bool park_retry;  /* set by the server: this SsdTasks call was held (its results are in) */
 } kvp_master_state_t;
 
 /* Default settings, empty tables, the clock read, a random placement seed. */
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st);
 /* Free every object, segment, lease slot and move. */
 void kvp_master_state_cleanup(kvp_master_state_t *st);
+
+/* Queue a task for the owner of SSD segment segment_id (wakes owners waiting for tasks).
+ * NULL: out of memory. */
+kvp_ssd_task_t *kvp_state_task_add(kvp_master_state_t *st, kvp_ssd_task_kind_t kind,
+                                   uint64_t segment_id, const char *key, size_t key_len);
+/* Unlink and free a task. */
+void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task);
+/* obj is going (its extents are being freed): its SSD owners forget their entries. */
+void kvp_state_forget_ssd(kvp_master_state_t *st, const kvp_object_t *obj);
 
 /* Bytes allocated over all segments. */
 static inline uint64_t kvp_master_used(const kvp_master_state_t *st)

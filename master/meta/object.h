@@ -23,6 +23,10 @@ typedef enum kvp_obj_state {
     KVP_OBJ_RETIRED = 3,
 } kvp_obj_state_t;
 
+/* obj->flags: a copy between tiers in flight (policy/tier.c) */
+#define KVP_OBJ_F_OFFLOADING 1u /* DRAM replica being copied to SSD (a task holds the extent) */
+#define KVP_OBJ_F_PROMOTING 2u  /* SSD replica being copied to DRAM */
+
 typedef enum kvp_pin {
     KVP_PIN_NONE = 0,
     KVP_PIN_SOFT = 1, /* evicted only when nothing else can be, until it expires */
@@ -53,12 +57,14 @@ typedef struct kvp_object {
         };
     };
     uint64_t deadline_ms;      /* PENDING: put timeout */
+    uint64_t version;          /* this value's version: a later put has a larger one (tier.c) */
     uint32_t soft_pin_until_s; /* soft pin expiry (master clock, seconds); 0: none */
     uint32_t crc32c;
     uint8_t state;
     uint8_t n_replicas;
     uint16_t key_len;
     uint8_t pin;              /* kvp_pin_t */
+    uint8_t flags;            /* KVP_OBJ_F_* */
     kvp_replica_t replicas[]; /* followed by key bytes */
 } kvp_object_t;
 

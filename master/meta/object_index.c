@@ -126,6 +126,10 @@ kvp_object_list_t *kvp_index_policy_list(kvp_object_index_t *index, const kvp_ob
         return &index->soft;
     case KVP_POLICY_READING:
         return &index->reading;
+    case KVP_POLICY_SSD:
+        return &index->ssd;
+    case KVP_POLICY_OFFLOADING:
+        return &index->offloading;
     default:
         return &index->probation;
     }
@@ -187,6 +191,28 @@ void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_s
     lists_unlink(index, obj);
     obj->state = (uint8_t)state;
     lists_link(index, obj);
+}
+
+void kvp_index_replace(kvp_object_index_t *index, kvp_object_t *obj, kvp_object_t *repl)
+{
+    kvp_object_t **pp = &index->buckets[obj->hash & (index->n_buckets - 1)];
+    while (*pp != NULL && *pp != obj)
+        pp = &(*pp)->hnext;
+    if (*pp == obj)
+        *pp = repl;
+    repl->hnext = obj->hnext;
+    kvp_object_list_t *l = obj->state == KVP_OBJ_PENDING ? &index->pending_list
+                                                          : kvp_index_policy_list(index, obj);
+    repl->lprev = obj->lprev;
+    repl->lnext = obj->lnext;
+    if (obj->lprev != NULL)
+        obj->lprev->lnext = repl;
+    else if (l->head == obj)
+        l->head = repl;
+    if (obj->lnext != NULL)
+        obj->lnext->lprev = repl;
+    else if (l->tail == obj)
+        l->tail = repl;
 }
 
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)

@@ -24,6 +24,8 @@ typedef struct kvp_object_list {
 #define KVP_POLICY_PINNED 2u    /* hard-pinned: never a victim, never scanned */
 #define KVP_POLICY_SOFT 3u      /* soft-pinned: victims only when nothing else is left */
 #define KVP_POLICY_READING 4u   /* being read (a lease held): never a victim, never scanned */
+#define KVP_POLICY_SSD 5u       /* on the SSD tier only: the SSD tier's LRU (policy/tier.c) */
+#define KVP_POLICY_OFFLOADING 6u /* being offloaded to SSD: never a victim, never scanned */
 #define KVP_POLICY_LIST_MASK 7u
 
 typedef struct kvp_object_index {
@@ -37,6 +39,8 @@ typedef struct kvp_object_index {
     kvp_object_list_t pinned;
     kvp_object_list_t soft;
     kvp_object_list_t reading;
+    kvp_object_list_t ssd;
+    kvp_object_list_t offloading;
 } kvp_object_index_t;
 
 kvp_status_t kvp_index_init(kvp_object_index_t *index);
@@ -57,6 +61,9 @@ kvp_object_list_t *kvp_index_policy_list(kvp_object_index_t *index, const kvp_ob
 void kvp_object_list_append(kvp_object_list_t *list, kvp_object_t *obj);
 void kvp_object_list_prepend(kvp_object_list_t *list, kvp_object_t *obj);
 void kvp_object_list_remove(kvp_object_list_t *list, kvp_object_t *obj);
+/* Put `repl` (a new allocation, same key) where `obj` is: hash chain and list. Does not
+ * free obj. */
+void kvp_index_replace(kvp_object_index_t *index, kvp_object_t *obj, kvp_object_t *repl);
 /* Allocate an object with room for n replicas and the key. */
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
 

@@ -1,8 +1,11 @@
 /*
  * placement.c - where a new object's replicas go.
  *
+ * Replicas go to segments of one tier (req->ssd: SSD segments, else DRAM).
  * Replica 0 goes to the preferred segment when one is given and has room
- * (locality: a client's own segment is served through shm). The rest are
+ * (locality: a client's own segment is served through shm), else, when
+ * near_host is given, to a segment of that host that has room (an offload
+ * or a promotion stays on the host of its source). The rest are
  * drawn at random weighted by free bytes among segments not chosen yet,
  * first on hosts not used yet, then on any host. A segment whose allocator
  * refuses (fragmentation) is dropped from the draw and the draw repeated.
@@ -37,9 +40,9 @@ static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, un
 /* Can `seg` take one more replica of req->size in this draw? Writes its free bytes. */
 static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, unsigned n,
                      const kvp_segment_t *seg, bool distinct_hosts, const uint64_t *excluded,
-                     unsigned n_excl, uint64_t size, uint64_t *free_p)
+                     unsigned n_excl, uint64_t size, bool ssd, uint64_t *free_p)
 {
-    if (seg == NULL || seg->draining || chosen(out, n, seg->id) ||
+    if (seg == NULL || seg->draining || seg->ssd != ssd || chosen(out, n, seg->id) ||
         (distinct_hosts && host_used(t, out, n, seg)))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
@@ -71,7 +74,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     bool fits_any = false, any = false;
     for (uint32_t i = 0; i < table->n_slots; i++) {
         const kvp_segment_t *seg = table->slots[i];
-        if (seg == NULL || seg->draining)
+        if (seg == NULL || seg->draining || seg->ssd != req->ssd)
             continue;
         any = true;
         if (kvp_segment_usable(seg) >= req->size)
@@ -86,8 +89,15 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     if (want > KVP_MAX_REPLICAS)
         want = KVP_MAX_REPLICAS;
     unsigned n = 0;
-    if (req->preferred != NULL && !req->preferred->draining)
+    if (req->preferred != NULL && !req->preferred->draining && req->preferred->ssd == req->ssd)
         n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
+    for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
+        kvp_segment_t *seg = table->slots[i];
+        if (seg != NULL && !seg->draining && seg->ssd == req->ssd &&
+            strcmp(seg->host_id, req->near_host) == 0 &&
+            kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size)
+            n += try_alloc(seg, req->size, &out[n]);
+    }
 
     /* excluded[]: segments that refused this object (full or fragmented) */
     uint64_t excluded[64];
@@ -97,7 +107,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
             uint64_t total = 0, free_b;
             for (uint32_t i = 0; i < table->n_slots; i++)
                 if (eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
-                             req->size, &free_b))
+                             req->size, req->ssd, &free_b))
                     total += free_b;
             if (total == 0)
                 break;
@@ -105,7 +115,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
             kvp_segment_t *sel = NULL;
             for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
                 if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
-                              req->size, &free_b))
+                              req->size, req->ssd, &free_b))
                     continue;
                 if (pick < free_b)
                     sel = table->slots[i];

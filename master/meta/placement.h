@@ -17,6 +17,8 @@ typedef struct kvp_placement_req {
     unsigned pin;                   /* kvp_pin_t for the new object */
     uint32_t soft_pin_ttl_s;        /* 0: the master's default */
     bool upsert;                    /* replace an existing object (PutStart only) */
+    bool ssd;                       /* on SSD segments (else DRAM ones): one tier per call */
+    const char *near_host;          /* prefer segments on this host id when no preferred one */
 } kvp_placement_req_t;
 
 /*

@@ -71,6 +71,8 @@ kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *se
     table->slots[slot] = seg;
     table->count++;
     table->capacity += seg->size;
+    if (seg->ssd)
+        table->capacity_ssd += seg->size;
     table->version++;
     return KVP_OK;
 }
@@ -101,6 +103,8 @@ void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg)
         table->slots[slot] = NULL;
         table->count--;
         table->capacity -= seg->size;
+        if (seg->ssd)
+            table->capacity_ssd -= seg->size;
         table->version++;
     }
     kvp_segment_destroy(seg);
@@ -118,6 +122,31 @@ uint64_t kvp_segment_table_used(const kvp_segment_table_t *table)
         if (table->slots[i] != NULL)
             used += kvp_segment_used(table->slots[i]);
     return used;
+}
+
+uint64_t kvp_segment_table_used_tier(const kvp_segment_table_t *table, bool ssd)
+{
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < table->n_slots; i++)
+        if (table->slots[i] != NULL && table->slots[i]->ssd == ssd)
+            used += kvp_segment_used(table->slots[i]);
+    return used;
+}
+
+bool kvp_segment_table_replica_on(const kvp_segment_table_t *table, const kvp_replica_t *r,
+                                  bool ssd)
+{
+    const kvp_segment_t *seg = kvp_segment_table_get(table, r->segment_id);
+    return seg != NULL && seg->ssd == ssd;
+}
+
+bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_object_t *obj,
+                                bool ssd)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (kvp_segment_table_replica_on(table, &obj->replicas[r], ssd))
+            return true;
+    return false;
 }
 
 void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep)

@@ -32,6 +32,7 @@ typedef struct kvp_segment {
     uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
     uint64_t objects;       /* replicas stored here */
     bool draining;          /* no new replicas; the owner is asked to move objects away */
+    bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
     kvp_offset_alloc_t *alloc;
 } kvp_segment_t;
 
@@ -40,7 +41,8 @@ typedef struct kvp_segment_table {
     uint32_t *gens;
     uint32_t n_slots;
     uint32_t count;
-    uint64_t capacity; /* sum of sizes */
+    uint64_t capacity;     /* sum of sizes */
+    uint64_t capacity_ssd; /* of which on SSD segments */
     /* changes with every mount and unmount; starts random, so a client that knew
      * an earlier master's table never takes this one's for the same */
     uint64_t version;
@@ -63,6 +65,19 @@ static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
 {
     return seg->size / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN;
 }
+/* Bytes allocated over the segments of one tier (ssd or dram). O(slots). */
+uint64_t kvp_segment_table_used_tier(const kvp_segment_table_t *table, bool ssd);
+/* Capacity of one tier. */
+static inline uint64_t kvp_segment_table_capacity_tier(const kvp_segment_table_t *table, bool ssd)
+{
+    return ssd ? table->capacity_ssd : table->capacity - table->capacity_ssd;
+}
+/* Is replica r of obj on a mounted segment of that tier? */
+bool kvp_segment_table_replica_on(const kvp_segment_table_t *table, const kvp_replica_t *r,
+                                  bool ssd);
+/* Has obj a replica on a mounted segment of that tier? */
+bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_object_t *obj,
+                                bool ssd);
 /* Free one extent in its segment, if the segment is still mounted. */
 void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep);
 /* Has obj a replica on a draining segment? (No new bytes go there.) */

@@ -40,7 +40,10 @@
  *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, rpc/object.c); the watermarks (off by default) can keep
- * headroom besides. PENDING objects are on no policy list, so never
+ * headroom besides. With an SSD tier mounted, DRAM victims are offloaded
+ * to it (policy/tier.c), in the background from --offload-high-watermark
+ * on, and what is counted here is DRAM: a victim being offloaded frees its
+ * room only when its copy is durable. PENDING objects are on no policy list, so never
  * evicted.
  *
  * PENDING objects are on their own list in creation order; with one
@@ -55,6 +58,7 @@
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
+#include "master/policy/tier.h"
 
 /* Probation keeps at least this share of the objects (per mille). */
 #define PROBATION_FLOOR_PERMILLE 20
@@ -102,22 +106,37 @@ static kvp_object_t *victim(kvp_master_state_t *st, bool take_soft)
     return obj != NULL ? obj : scan(st, second);
 }
 
+/* DRAM bytes in use, less what the offloads in flight free when they end. */
+static uint64_t dram_used(const kvp_master_state_t *st)
+{
+    uint64_t used = kvp_segment_table_used_tier(&st->segments, false);
+    return used > st->offloading_bytes ? used - st->offloading_bytes : 0;
+}
+
 uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
 {
     kvp_lease_expire(st); /* leases whose TTL is over give their objects back first */
-    uint64_t used = kvp_master_used(st);
+    uint64_t used = dram_used(st);
     if (!st->config.evict || used <= target)
         return 0;
     uint64_t freed = 0, count = 0;
+    bool ssd = kvp_tier_has_ssd(st);
     for (int pass = 0; pass < 2 && used > target; pass++) {
         kvp_object_t *obj;
-        while (used > target && (obj = victim(st, pass == 1)) != NULL) {
+        /* with an SSD tier, victims go there; when offloads are at their bound the
+         * puts wait for them (POOL_BUSY) rather than drop objects SSD could keep */
+        while (used > target && !(ssd && kvp_tier_offload_full(st)) &&
+               (obj = victim(st, pass == 1)) != NULL) {
             uint64_t bytes = kvp_object_bytes(obj);
-            kvp_index_unlink(&st->index, obj);
-            kvp_ghost_add(&st->ghost, obj->hash, st->index.count - st->index.pending);
-            kvp_object_release(st, obj);
+            kvp_tier_victim_t what = kvp_tier_victim(st, obj);
+            if (what == KVP_TIER_DROP) {
+                kvp_index_unlink(&st->index, obj);
+                kvp_ghost_add(&st->ghost, obj->hash, st->index.count - st->index.pending);
+                kvp_object_release(st, obj);
+            }
+            if (what != KVP_TIER_OFFLOAD)
+                freed += bytes;
             used = bytes < used ? used - bytes : 0;
-            freed += bytes;
             count++;
         }
     }
@@ -125,7 +144,7 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
         st->stats.evictions++;
         st->stats.evicted_objects += count;
         st->stats.evicted_bytes += freed;
-        KVP_LOG_DEBUG("evicted %llu objects (%llu bytes)", (unsigned long long)count,
+        KVP_LOG_DEBUG("evicted %llu objects (%llu bytes freed now)", (unsigned long long)count,
                       (unsigned long long)freed);
     }
     return freed;
@@ -133,11 +152,17 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
 
 void kvp_evict_if_needed(kvp_master_state_t *st)
 {
-    uint64_t cap = st->segments.capacity;
-    if (cap == 0)
-        return;
-    if ((double)kvp_master_used(st) > st->config.evict_high * (double)cap)
-        kvp_evict_to(st, (uint64_t)(st->config.evict_low * (double)cap));
+    bool ssd = kvp_tier_has_ssd(st);
+    uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
+    /* with an SSD tier, DRAM keeps headroom by offloading in the background */
+    double high = ssd ? st->config.offload_high : st->config.evict_high;
+    double low = ssd ? st->config.offload_low : st->config.evict_low;
+    if (cap > 0 && (double)dram_used(st) > high * (double)cap)
+        kvp_evict_to(st, (uint64_t)(low * (double)cap));
+    uint64_t scap = kvp_segment_table_capacity_tier(&st->segments, true);
+    if (scap > 0 && (double)kvp_segment_table_used_tier(&st->segments, true) >
+                        st->config.ssd_evict_high * (double)scap)
+        kvp_tier_evict_ssd_to(st, (uint64_t)(st->config.ssd_evict_low * (double)scap));
 }
 
 unsigned kvp_expire_puts(kvp_master_state_t *st)

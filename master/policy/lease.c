@@ -205,6 +205,7 @@ void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj)
 void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj)
 {
     kvp_lease_forget(st, obj);
+    kvp_state_forget_ssd(st, obj); /* SSD copies' entries go from their files too */
     for (unsigned i = 0; i < obj->n_replicas; i++)
         kvp_segment_table_free_extent(&st->segments, &obj->replicas[i]);
     free(obj);

@@ -7,7 +7,8 @@
  * moves it in O(1): a put that the ghost remembers goes to protected, the
  * deepest block of a batch to the evict end of probation, a read in flight
  * to reading (eviction never walks it), a finished read to protected's new
- * end. The index puts a new COMPLETE object on probation or a pin list.
+ * end (or, for an object on the SSD tier only, the SSD list's new end; for
+ * one being offloaded, the offloading list: kvp_policy_home). The index puts a new COMPLETE object on probation or a pin list.
  *
  * Thread: master loop only. Time: st->now_ms (soft pin expiry).
  */
@@ -32,11 +33,22 @@ static unsigned list_of(const kvp_object_t *obj)
     return obj->policy & KVP_POLICY_LIST_MASK;
 }
 
+/* Objects of the SSD tier only (no DRAM replica) are on the SSD tier's list, in LRU order;
+ * objects being offloaded on their own list (neither is a DRAM victim). */
+static bool ssd_only(const kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    return obj->n_replicas > 0 && !kvp_segment_table_has_tier(&st->segments, obj, false);
+}
+
 void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest)
 {
     /* the index put it at the new end of probation (or on a pin list) */
     if (list_of(obj) != KVP_POLICY_PROBATION)
         return;
+    if (ssd_only(st, obj)) {
+        kvp_policy_move(st, obj, KVP_POLICY_SSD, false);
+        return;
+    }
     if (kvp_ghost_has(&st->ghost, obj->hash))
         kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
     else if (deepest)
@@ -49,16 +61,28 @@ void kvp_policy_read_start(kvp_master_state_t *st, kvp_object_t *obj)
         kvp_policy_move(st, obj, KVP_POLICY_READING, false);
 }
 
+unsigned kvp_policy_home(const kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    if (obj->pin == KVP_PIN_HARD)
+        return KVP_POLICY_PINNED;
+    if (obj->flags & KVP_OBJ_F_OFFLOADING)
+        return KVP_POLICY_OFFLOADING;
+    if (kvp_policy_soft_pin_live(st, obj))
+        return KVP_POLICY_SOFT;
+    return ssd_only(st, obj) ? KVP_POLICY_SSD : KVP_POLICY_PROTECTED;
+}
+
 void kvp_policy_read_end(kvp_master_state_t *st, kvp_object_t *obj)
 {
     if (list_of(obj) == KVP_POLICY_READING)
-        kvp_policy_move(st, obj,
-                        kvp_policy_soft_pin_live(st, obj) ? KVP_POLICY_SOFT : KVP_POLICY_PROTECTED,
-                        false);
+        kvp_policy_move(st, obj, kvp_policy_home(st, obj), false);
 }
 
 void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if (list_of(obj) == KVP_POLICY_PROBATION || list_of(obj) == KVP_POLICY_PROTECTED)
-        kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
+    if (list_of(obj) == KVP_POLICY_PROBATION || list_of(obj) == KVP_POLICY_PROTECTED ||
+        list_of(obj) == KVP_POLICY_SSD)
+        kvp_policy_move(st, obj, list_of(obj) == KVP_POLICY_SSD ? KVP_POLICY_SSD
+                                                                : KVP_POLICY_PROTECTED,
+                        false);
 }

@@ -22,6 +22,9 @@ void kvp_policy_read_start(kvp_master_state_t *st, kvp_object_t *obj);
 void kvp_policy_read_end(kvp_master_state_t *st, kvp_object_t *obj);
 void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj);
 
+/* The list a COMPLETE object not being read belongs on now (pins, tier, offload). */
+unsigned kvp_policy_home(const kvp_master_state_t *st, const kvp_object_t *obj);
+
 /* Move obj to policy list `list` (KVP_POLICY_*): its new end, or its evict end. */
 void kvp_policy_move(kvp_master_state_t *st, kvp_object_t *obj, unsigned list, bool evict_end);
 

@@ -21,6 +21,7 @@
 
 #include "common/macros.h"
 #include "master/policy/lease.h"
+#include "master/policy/tier.h"
 
 #define LIST_DEFAULT 100u
 #define LIST_MAX 1000u
@@ -73,6 +74,18 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.reading_bytes = st->leases.bytes;
     resp.leases_released = st->leases.released;
     resp.leases_expired = st->leases.expired;
+    resp.ssd_capacity = st->segments.capacity_ssd;
+    resp.ssd_used = kvp_segment_table_used_tier(&st->segments, true);
+    resp.offloaded_objects = st->stats.offloaded;
+    resp.offload_dropped = st->stats.offload_dropped;
+    resp.offload_failed = st->stats.offload_failed;
+    resp.promoted_objects = st->stats.promoted;
+    resp.hits_dram = st->stats.hits_dram;
+    resp.hits_ssd = st->stats.hits_ssd;
+    resp.ssd_evicted_objects = st->stats.ssd_evicted;
+    resp.adopted_objects = st->stats.adopted;
+    resp.ssd_lost_objects = st->stats.ssd_lost;
+    resp.offloading_objects = st->offloading;
     resp.n_segments = k;
     resp.segments = sp;
     rc = kvp_call_reply(call, &resp.base);
@@ -282,8 +295,14 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
         }
     }
 remove:
-    for (size_t i = 0; i < n; i++)
+    /* what an SSD segment's owner (down now) kept must not come back */
+    if (req->all)
+        st->tombstones.cleared = kvp_tier_next_version(st);
+    for (size_t i = 0; i < n; i++) {
+        if (!req->all)
+            kvp_tombstone_add(&st->tombstones, victims[i]->hash, kvp_tier_next_version(st));
         kvp_object_remove(st, victims[i]);
+    }
     resp.removed = n;
     if (n > 0)
         KVP_LOG_INFO("removed %zu objects matching %s%s", n, req->all ? "(all)" : req->pattern,

@@ -99,7 +99,20 @@ void kvp_seg_set_free(kvp_seg_set_t *s)
 bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
                            Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs)
 {
-    for (unsigned r = 0; r < obj->n_replicas; r++) {
+    /* a COMPLETE object's readers get DRAM replicas first (a PENDING one's writer gets
+     * them in place order: its PutEnd's written_mask refers to them by position) */
+    unsigned order[KVP_MAX_REPLICAS], k = 0;
+    bool tiers = obj->state == KVP_OBJ_COMPLETE && st->segments.capacity_ssd > 0;
+    for (int ssd = 0; ssd < 2; ssd++)
+        for (unsigned r = 0; r < obj->n_replicas; r++)
+            if (!tiers ? ssd == 0
+                       : kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], ssd) ||
+                             (ssd == 1 && kvp_segment_table_get(&st->segments,
+                                                                obj->replicas[r].segment_id) ==
+                                              NULL))
+                order[k++] = r;
+    for (unsigned q = 0; q < k; q++) {
+        unsigned r = order[q];
         Kvpool__Replica *rep = &reps[*nr];
         kvpool__replica__init(rep);
         rep->segment_id = obj->replicas[r].segment_id;

@@ -26,6 +26,7 @@
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
+#include "master/policy/tier.h"
 
 static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placement_req_t *preq)
 {
@@ -84,13 +85,15 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
          * object goes now (its extents stay until readers' leases end) and the new
          * one gets extents of its own. Either way the key is absent until PutEnd,
          * and absent for good if the new put fails. */
-        if (obj->size == size && !kvp_leased(st, obj) &&
+        if (obj->size == size && !kvp_leased(st, obj) && obj->flags == 0 && !preq->ssd &&
+            !kvp_segment_table_has_tier(&st->segments, obj, true) &&
             !kvp_segment_table_on_draining(&st->segments, obj) &&
             obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
             kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
             kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
             obj->writer_conn_id = conn_id;
             obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+            obj->version = kvp_tier_next_version(st);
             set_pin(st, obj, preq);
             *obj_p = obj;
             return KVP_OK;
@@ -104,20 +107,26 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     /* No room: evict this object's worth (policy order) and try again. Free bytes are
      * not a free extent: in a fragmented segment the freed space may be scattered, so
-     * keep evicting until the object fits or nothing evictable is left. */
+     * keep evicting until the object fits or nothing evictable is left. Eviction is of
+     * the tier the put goes to; DRAM victims may go to SSD (offload, policy/tier.c),
+     * which frees their room only when the copy is durable. */
     uint64_t need = size * (r.replica_num ? r.replica_num : 1);
     while (status == KVP_ERR_POOL_FULL) {
         /* leases whose TTL is over first: what they free may be enough by itself */
-        uint64_t before = kvp_master_used(st);
+        uint64_t before = kvp_segment_table_used_tier(&st->segments, r.ssd);
         kvp_lease_expire(st);
-        uint64_t used = kvp_master_used(st);
-        if (kvp_evict_to(st, used > need ? used - need : 0) == 0 && used == before)
+        uint64_t used = kvp_segment_table_used_tier(&st->segments, r.ssd);
+        uint64_t target = used > need ? used - need : 0;
+        uint64_t freed =
+            r.ssd ? kvp_tier_evict_ssd_to(st, target) : kvp_evict_to(st, target);
+        if (freed == 0 && used == before)
             break;
         status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
     }
-    /* Nothing evictable is left. If the reads in flight give back enough room when they
-     * end, the client waits and asks again (bounded by its timeout). */
-    if (status == KVP_ERR_POOL_FULL && reads_give_back(st, give_back_p) >= need)
+    /* Nothing evictable is left. If the reads (or offloads) in flight give back enough
+     * room when they end, the client waits and asks again (bounded by its timeout). */
+    if (status == KVP_ERR_POOL_FULL &&
+        ((!r.ssd && st->offloading_bytes > 0) || reads_give_back(st, give_back_p) >= need))
         return KVP_ERR_POOL_BUSY;
     if (status != KVP_OK)
         return status;
@@ -132,6 +141,7 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     }
     memcpy(obj->replicas, reps, n * sizeof(reps[0]));
     obj->size = size;
+    obj->version = kvp_tier_next_version(st);
     obj->state = KVP_OBJ_PENDING;
     obj->writer_conn_id = conn_id;
     obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
@@ -187,6 +197,14 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
             preq.pin = req->config->pin;
         preq.soft_pin_ttl_s = req->config->soft_pin_ttl_s;
         preq.upsert = req->config->upsert;
+        if (strcmp(req->config->medium, "ssd") == 0) {
+            preq.ssd = true;
+        } else if (req->config->medium[0] != '\0' && strcmp(req->config->medium, "dram") != 0) {
+            resp.status = KVP_ERR_INVALID_ARG;
+            snprintf(full_msg, sizeof(full_msg), "unknown medium \"%s\" (dram or ssd)",
+                     req->config->medium);
+            goto pack;
+        }
         if (req->config->preferred_segment[0] != '\0')
             preq.preferred =
                 kvp_segment_table_find_name(&st->segments, req->config->preferred_segment);
@@ -321,6 +339,7 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     obj->policy = 0;
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
     kvp_policy_put(st, obj, end->n_keys > 1 && i + 1 == end->n_keys);
+    kvp_tier_on_put_end(st, obj); /* replicas on SSD get recorded by their owners */
     return KVP_OK;
 }
 
@@ -344,13 +363,20 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
 {
     (void)conn_id, (void)end, (void)i, (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = existing(st, key, &obj);
+    uint64_t hash;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, &hash);
     if (status != KVP_OK)
         return status;
+    if (obj == NULL) {
+        /* a copy an SSD segment's owner (down now) kept must not come back */
+        kvp_tombstone_add(&st->tombstones, hash, kvp_tier_next_version(st));
+        return KVP_ERR_NOT_FOUND;
+    }
     if (obj->state == KVP_OBJ_PENDING)
         return KVP_ERR_PENDING;
     if (kvp_leased(st, obj) && !force)
         return KVP_ERR_LEASED;
+    kvp_tombstone_add(&st->tombstones, hash, kvp_tier_next_version(st));
     kvp_object_remove(st, obj);
     return KVP_OK;
 }
@@ -459,6 +485,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
             /* a read lease: the extents stay put (no eviction, no plain remove) until
              * the client releases it after its transfer */
             res[i].lease_id = kvp_lease_grant(st, obj); /* the read counts when it ends */
+            kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
             if (!kvp_call_add_replicas(st, obj, reps, repptr, &nr, &segs)) {

@@ -22,6 +22,7 @@
 #include "common/macros.h"
 #include "common/parse.h"
 #include "master/policy/lease.h"
+#include "master/policy/tier.h"
 
 kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
@@ -35,14 +36,15 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     char host[256];
     uint16_t port;
     if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->size > KVP_SEGMENT_MAX_SIZE ||
-        d->name[0] == '\0' || strlen(d->name) > 255 || strcmp(d->medium, "dram") != 0 ||
+        d->name[0] == '\0' || strlen(d->name) > 255 ||
+        (strcmp(d->medium, "dram") != 0 && strcmp(d->medium, "ssd") != 0) ||
         d->host_id[0] == '\0' ||
         kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK ||
         (d->rdma_endpoint[0] != '\0' &&
          kvp_parse_hostport(d->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)) {
         snprintf(msg, sizeof(msg),
                  "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
-                 "\"dram\", a host id, a tcp endpoint host:port and an empty or host:port "
+                 "\"dram\" or \"ssd\", a host id, a tcp endpoint host:port and an empty or host:port "
                  "rdma endpoint",
                  KVP_SEGMENT_MIN_SIZE);
         goto out;
@@ -72,8 +74,10 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         kvp_segment_destroy(seg);
         goto out;
     }
-    /* 64-byte granularity: cache-line aligned extents, small metadata. */
-    status = kvp_offset_alloc_create(d->size, KVP_SEGMENT_ALIGN, &seg->alloc);
+    /* DRAM: 64-byte granularity (cache-line aligned extents, small metadata); SSD:
+     * 4 KiB, the unit of O_DIRECT I/O */
+    seg->ssd = strcmp(d->medium, "ssd") == 0;
+    status = kvp_offset_alloc_create(d->size, seg->ssd ? 4096 : KVP_SEGMENT_ALIGN, &seg->alloc);
     if (status == KVP_OK)
         status = kvp_segment_table_add(&st->segments, seg);
     if (status != KVP_OK) {
@@ -140,6 +144,7 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
 static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg)
 {
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
+    kvp_tier_segment_gone(st, seg->id); /* tasks of its owner, copies to or from it */
     if (seg->objects > 0)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,

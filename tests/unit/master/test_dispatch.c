@@ -25,6 +25,7 @@
 #include "master/rpc/drain.h"
 #include "master/rpc/object.h"
 #include "master/rpc/segment.h"
+#include "master/rpc/ssd.h"
 #include "master/state.h"
 
 typedef struct expect {
@@ -69,6 +70,10 @@ static const expect_t expected[] = {
      &kvpool__statuses_response__descriptor},
     {KVP_RPC_LEASE_RELEASE, kvp_handle_lease_release, &kvpool__lease_release_request__descriptor,
      NULL},
+    {KVP_RPC_SSD_TASKS, kvp_handle_ssd_tasks, &kvpool__ssd_tasks_request__descriptor,
+     &kvpool__ssd_tasks_response__descriptor},
+    {KVP_RPC_SSD_ADOPT, kvp_handle_ssd_adopt, &kvpool__ssd_adopt_request__descriptor,
+     &kvpool__ssd_adopt_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 

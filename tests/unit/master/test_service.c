@@ -327,7 +327,7 @@ static void test_mount_bad(void **state)
             d.size = 0;
             break;
         case 1:
-            d.medium = (char *)"ssd";
+            d.medium = (char *)"gpu"; /* dram and ssd are the media */
             break;
         case 2:
             d.name = (char *)"";

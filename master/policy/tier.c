@@ -1,0 +1,486 @@
+/*
+ * tier.c - the SSD tier: what goes to SSD, what comes back, and the tasks
+ * that make the owners of SSD segments move the bytes.
+ *
+ * Design (docs/architecture.md, "Tiers"). Object bytes never pass through
+ * the master: it decides, and queues a task for the owner of the SSD
+ * segment involved, who copies with its transfer engine and io_uring and
+ * reports back (rpc/ssd.c: SsdTasks, a long poll that answers as soon as a
+ * task is queued).
+ *   - Offload: a DRAM eviction victim with no SSD copy gets an SSD extent
+ *     (on its host's SSD segment when that has room, else any; the SSD tier
+ *     drops its own least recently used objects to make room). The object
+ *     stays readable from DRAM while the owner copies and records it; only
+ *     when the owner reports the copy durable does its DRAM extent go (or,
+ *     when a read holds it then, the object keeps both). A victim that
+ *     already has an SSD copy just loses its DRAM replica.
+ *   - The SSD tier's objects (no DRAM replica) are on their own list in LRU
+ *     order; the SSD watermarks and puts straight to SSD drop from its head.
+ *   - Promotion: a get that finds an object on SSD only (promote-on-hit)
+ *     gives it a DRAM extent and asks the SSD owner to copy it there; the
+ *     object then has both and is a DRAM object again (protected list). It
+ *     is skipped when DRAM has no free room: a promotion never evicts.
+ *   - Versions: every put gets a version from a clock that starts at the
+ *     wall clock in microseconds, so a restarted master's versions are
+ *     larger than those its predecessor gave. The owner records the version
+ *     with each object; at its next mount it offers them back (adoption):
+ *     an object the master does not know, not removed since (tombstones),
+ *     is adopted; one the master knows under the same version gets the SSD
+ *     replica back; anything else is refused and forgotten by the owner.
+ *   - A task holds the extent it writes to (OFFLOAD: the SSD one; PROMOTE:
+ *     the DRAM one) until it ends; an object removed meanwhile is noticed at
+ *     the end by its key and version, and the extent freed.
+ *
+ * Thread: master loop only.
+ */
+#include "master/policy/tier.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "master/meta/placement.h"
+#include "master/policy/lease.h"
+#include "master/policy/lists.h"
+
+/* Offloads in flight at most: eviction waits (puts get POOL_BUSY) past this. */
+#define OFFLOADS_MAX 1024u
+
+static uint64_t aligned(uint64_t size, uint64_t align)
+{
+    return (size + align - 1) / align * align;
+}
+
+uint64_t kvp_tier_next_version(kvp_master_state_t *st)
+{
+    return ++st->version_clock;
+}
+
+bool kvp_tier_offload_full(const kvp_master_state_t *st)
+{
+    return st->offloading >= OFFLOADS_MAX;
+}
+
+kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
+                                    const kvp_replica_t *reps, unsigned n)
+{
+    if (n == obj->n_replicas) {
+        memmove(obj->replicas, reps, n * sizeof(*reps));
+        return obj;
+    }
+    kvp_object_t *o = kvp_object_create(kvp_object_key(obj), obj->key_len, obj->hash, n);
+    if (o == NULL)
+        return NULL;
+    kvp_replica_t *keep = o->replicas;
+    size_t head = offsetof(kvp_object_t, replicas);
+    memcpy(o, obj, head);
+    o->n_replicas = (uint8_t)n;
+    memcpy(keep, reps, n * sizeof(*reps));
+    memcpy((char *)&o->replicas[n], kvp_object_key(obj), obj->key_len);
+    kvp_index_replace(&st->index, obj, o);
+    if (o->state != KVP_OBJ_PENDING && o->lease != 0)
+        st->leases.slots[o->lease - 1].obj = o;
+    free(obj);
+    return o;
+}
+
+static kvp_object_t *lookup(kvp_master_state_t *st, const char *key, size_t len,
+                            uint64_t version)
+{
+    kvp_object_t *obj = kvp_index_lookup(&st->index, key, len, kvp_index_hash(key, len));
+    return obj != NULL && obj->state == KVP_OBJ_COMPLETE && obj->version == version ? obj : NULL;
+}
+
+/* ---- eviction from SSD ---- */
+
+uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
+{
+    kvp_lease_expire(st);
+    uint64_t used = kvp_segment_table_used_tier(&st->segments, true), freed = 0;
+    while (used > target && st->index.ssd.head != NULL) {
+        kvp_object_t *obj = st->index.ssd.head;
+        uint64_t bytes = aligned(obj->size, 4096) * obj->n_replicas;
+        kvp_index_unlink(&st->index, obj);
+        kvp_object_release(st, obj);
+        used = bytes < used ? used - bytes : 0;
+        freed += bytes;
+        st->stats.ssd_evicted++;
+    }
+    return freed;
+}
+
+/* ---- offload ---- */
+
+static const char *host_of(const kvp_master_state_t *st, const kvp_object_t *obj, bool ssd)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg = kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->ssd == ssd)
+            return seg->host_id;
+    }
+    return NULL;
+}
+
+/* An extent of `size` on the SSD tier (near host when it has room), making room by
+ * dropping SSD objects when needed. */
+static bool ssd_extent(kvp_master_state_t *st, uint64_t size, const char *near_host,
+                       kvp_replica_t *rep)
+{
+    kvp_placement_req_t req = {.size = size, .replica_num = 1, .ssd = true, .near_host = near_host};
+    unsigned n = 0;
+    kvp_status_t s = kvp_placement_alloc(&st->segments, &req, &st->rng, rep, &n);
+    while (s == KVP_ERR_POOL_FULL) {
+        uint64_t used = kvp_segment_table_used_tier(&st->segments, true);
+        if (kvp_tier_evict_ssd_to(st, used > size ? used - size : 0) == 0)
+            break;
+        s = kvp_placement_alloc(&st->segments, &req, &st->rng, rep, &n);
+    }
+    return s == KVP_OK && n == 1;
+}
+
+static void free_extent(kvp_master_state_t *st, const kvp_replica_t *rep)
+{
+    kvp_segment_table_free_extent(&st->segments, rep);
+}
+
+kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (!kvp_tier_has_ssd(st) || obj->pin == KVP_PIN_HARD)
+        return KVP_TIER_DROP;
+    kvp_replica_t keep[KVP_MAX_REPLICAS], dram = {0};
+    unsigned nk = 0, nd = 0;
+    uint64_t dram_bytes = 0;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true)) {
+            keep[nk++] = obj->replicas[r];
+        } else {
+            if (nd++ == 0)
+                dram = obj->replicas[r];
+            dram_bytes += aligned(obj->size, KVP_SEGMENT_ALIGN);
+        }
+    }
+    if (nk > 0) {
+        /* it has an SSD copy already: only its DRAM replicas go */
+        kvp_replica_t gone[KVP_MAX_REPLICAS];
+        unsigned ng = 0;
+        for (unsigned r = 0; r < obj->n_replicas; r++)
+            if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+                gone[ng++] = obj->replicas[r];
+        kvp_object_t *o = kvp_tier_set_replicas(st, obj, keep, nk);
+        if (o == NULL)
+            return KVP_TIER_DROP;
+        for (unsigned g = 0; g < ng; g++)
+            free_extent(st, &gone[g]);
+        kvp_policy_move(st, o, KVP_POLICY_SSD, false);
+        return KVP_TIER_FREED;
+    }
+    if (nd == 0 || kvp_tier_offload_full(st))
+        return KVP_TIER_DROP;
+    kvp_replica_t ssd;
+    if (!ssd_extent(st, obj->size, host_of(st, obj, false), &ssd)) {
+        st->stats.offload_dropped++;
+        return KVP_TIER_DROP;
+    }
+    kvp_ssd_task_t *t =
+        kvp_state_task_add(st, KVP_SSD_OFFLOAD, ssd.segment_id, kvp_object_key(obj), obj->key_len);
+    if (t == NULL) {
+        free_extent(st, &ssd);
+        return KVP_TIER_DROP;
+    }
+    t->version = obj->version;
+    t->size = obj->size;
+    t->crc32c = obj->crc32c;
+    t->ssd = ssd;
+    t->dram = dram;
+    t->bytes = dram_bytes;
+    obj->flags |= KVP_OBJ_F_OFFLOADING;
+    kvp_policy_move(st, obj, KVP_POLICY_OFFLOADING, false);
+    st->offloading++;
+    st->offloading_bytes += dram_bytes;
+    return KVP_TIER_OFFLOAD;
+}
+
+/* An offload ended: the object goes to SSD (or keeps both while read), or stays. */
+static void offload_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t status)
+{
+    st->offloading--;
+    st->offloading_bytes -= t->bytes;
+    kvp_object_t *obj = lookup(st, t->key, t->key_len, t->version);
+    bool mine = obj != NULL && (obj->flags & KVP_OBJ_F_OFFLOADING);
+    bool ssd_ok = kvp_segment_table_get(&st->segments, t->ssd.segment_id) != NULL;
+    if (mine)
+        obj->flags &= (uint8_t)~KVP_OBJ_F_OFFLOADING;
+    if (status != KVP_OK || !mine || !ssd_ok || obj->n_replicas >= KVP_MAX_REPLICAS) {
+        if (status != KVP_OK) {
+            st->stats.offload_failed++;
+            KVP_LOG_WARN("offload of %.*s to SSD segment %#llx failed: %s (it stays in DRAM)",
+                         (int)t->key_len, t->key, (unsigned long long)t->segment_id,
+                         kvp_strerror(status));
+        }
+        if (ssd_ok) {
+            free_extent(st, &t->ssd);
+            if (status == KVP_OK) { /* recorded for an object that is gone: forget it */
+                kvp_ssd_task_t *f =
+                    kvp_state_task_add(st, KVP_SSD_FORGET, t->segment_id, t->key, t->key_len);
+                if (f != NULL) {
+                    f->ssd = t->ssd;
+                    f->version = t->version;
+                }
+            }
+        }
+        if (mine && !kvp_leased(st, obj))
+            kvp_policy_move(st, obj, kvp_policy_home(st, obj), false);
+        return;
+    }
+    kvp_replica_t reps[KVP_MAX_REPLICAS], gone[KVP_MAX_REPLICAS];
+    unsigned n = 0, ng = 0;
+    bool read = kvp_leased(st, obj);
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (read || kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+            reps[n++] = obj->replicas[r];
+        else
+            gone[ng++] = obj->replicas[r];
+    }
+    reps[n++] = t->ssd;
+    kvp_object_t *o = kvp_tier_set_replicas(st, obj, reps, n);
+    if (o == NULL) {
+        free_extent(st, &t->ssd);
+        if (!read)
+            kvp_policy_move(st, obj, kvp_policy_home(st, obj), false);
+        return;
+    }
+    for (unsigned g = 0; g < ng; g++)
+        free_extent(st, &gone[g]);
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, t->ssd.segment_id);
+    (void)seg;
+    st->stats.offloaded++;
+    if (!read) /* being read: it keeps DRAM; the end of the read puts it home */
+        kvp_policy_move(st, o, kvp_policy_home(st, o), false);
+}
+
+/* ---- promotion ---- */
+
+void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (!kvp_tier_has_ssd(st) || kvp_segment_table_has_tier(&st->segments, obj, false)) {
+        st->stats.hits_dram++;
+        return;
+    }
+    st->stats.hits_ssd++;
+    if (!st->config.promote_on_hit || (obj->flags & (KVP_OBJ_F_PROMOTING | KVP_OBJ_F_OFFLOADING)) ||
+        obj->n_replicas >= KVP_MAX_REPLICAS)
+        return;
+    /* only into free room: a promotion never evicts (nor offloads) anything */
+    uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
+    uint64_t used = kvp_segment_table_used_tier(&st->segments, false);
+    uint64_t bytes = aligned(obj->size, KVP_SEGMENT_ALIGN);
+    if (cap == 0 || (double)(used + bytes) > st->config.offload_high * (double)cap)
+        return;
+    kvp_placement_req_t req = {.size = obj->size, .replica_num = 1,
+                               .near_host = host_of(st, obj, true)};
+    kvp_replica_t dram;
+    unsigned n = 0;
+    if (kvp_placement_alloc(&st->segments, &req, &st->rng, &dram, &n) != KVP_OK || n != 1)
+        return;
+    const kvp_replica_t *src = NULL;
+    for (unsigned r = 0; r < obj->n_replicas && src == NULL; r++)
+        if (kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+            src = &obj->replicas[r];
+    kvp_ssd_task_t *t = src == NULL ? NULL
+                                    : kvp_state_task_add(st, KVP_SSD_PROMOTE, src->segment_id,
+                                                         kvp_object_key(obj), obj->key_len);
+    if (t == NULL) {
+        free_extent(st, &dram);
+        return;
+    }
+    t->version = obj->version;
+    t->size = obj->size;
+    t->crc32c = obj->crc32c;
+    t->ssd = *src;
+    t->dram = dram;
+    obj->flags |= KVP_OBJ_F_PROMOTING;
+}
+
+static void promote_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t status)
+{
+    kvp_object_t *obj = lookup(st, t->key, t->key_len, t->version);
+    if (obj != NULL)
+        obj->flags &= (uint8_t)~KVP_OBJ_F_PROMOTING;
+    bool dram_ok = kvp_segment_table_get(&st->segments, t->dram.segment_id) != NULL;
+    if (status == KVP_ERR_CHECKSUM || (status == KVP_ERR_IO && obj != NULL)) {
+        /* the SSD copy is bad: that replica is lost (the object too, if it was its last) */
+        st->stats.ssd_lost++;
+        KVP_LOG_WARN("SSD copy of %.*s on segment %#llx is unreadable (%s): dropped",
+                     (int)t->key_len, t->key, (unsigned long long)t->segment_id,
+                     kvp_strerror(status));
+        if (obj != NULL && !kvp_leased(st, obj)) {
+            kvp_replica_t keep[KVP_MAX_REPLICAS];
+            unsigned nk = 0;
+            for (unsigned r = 0; r < obj->n_replicas; r++)
+                if (obj->replicas[r].segment_id != t->ssd.segment_id ||
+                    obj->replicas[r].offset != t->ssd.offset)
+                    keep[nk++] = obj->replicas[r];
+            if (nk == 0) {
+                kvp_object_remove(st, obj);
+            } else if (nk < obj->n_replicas) {
+                kvp_object_t *o = kvp_tier_set_replicas(st, obj, keep, nk);
+                if (o != NULL) {
+                    free_extent(st, &t->ssd);
+                    kvp_policy_move(st, o, kvp_policy_home(st, o), false);
+                }
+            }
+        }
+        obj = NULL;
+    }
+    if (status != KVP_OK || obj == NULL || !dram_ok || obj->n_replicas >= KVP_MAX_REPLICAS ||
+        kvp_segment_table_has_tier(&st->segments, obj, false)) {
+        if (dram_ok)
+            free_extent(st, &t->dram);
+        return;
+    }
+    kvp_replica_t reps[KVP_MAX_REPLICAS];
+    reps[0] = t->dram;
+    memcpy(&reps[1], obj->replicas, obj->n_replicas * sizeof(reps[0]));
+    kvp_object_t *o = kvp_tier_set_replicas(st, obj, reps, obj->n_replicas + 1u);
+    if (o == NULL) {
+        free_extent(st, &t->dram);
+        return;
+    }
+    st->stats.promoted++;
+    if (!kvp_leased(st, o))
+        kvp_policy_move(st, o, kvp_policy_home(st, o), false);
+}
+
+/* ---- puts straight to SSD ---- */
+
+void kvp_tier_on_put_end(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (!kvp_tier_has_ssd(st))
+        return;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+            continue;
+        kvp_ssd_task_t *t = kvp_state_task_add(st, KVP_SSD_RECORD, obj->replicas[r].segment_id,
+                                               kvp_object_key(obj), obj->key_len);
+        if (t == NULL)
+            continue; /* stored, but not recorded: it does not survive a restart */
+        t->version = obj->version;
+        t->size = obj->size;
+        t->crc32c = obj->crc32c;
+        t->ssd = obj->replicas[r];
+    }
+}
+
+/* ---- task ends ---- */
+
+void kvp_tier_task_done(kvp_master_state_t *st, uint64_t segment_id, uint64_t task_id,
+                        kvp_status_t status)
+{
+    kvp_ssd_task_t *t = st->tasks;
+    while (t != NULL && !(t->id == task_id && t->segment_id == segment_id && t->sent))
+        t = t->next;
+    if (t == NULL)
+        return; /* unknown or ended already (a segment gone) */
+    if (t->kind == KVP_SSD_OFFLOAD)
+        offload_done(st, t, status);
+    else if (t->kind == KVP_SSD_PROMOTE)
+        promote_done(st, t, status);
+    else if (t->kind == KVP_SSD_RECORD && status != KVP_OK)
+        KVP_LOG_WARN("SSD segment %#llx could not record %.*s: %s (it will not survive a "
+                     "restart of its owner)",
+                     (unsigned long long)segment_id, (int)t->key_len, t->key,
+                     kvp_strerror(status));
+    kvp_state_task_remove(st, t);
+}
+
+void kvp_tier_segment_gone(kvp_master_state_t *st, uint64_t segment_id)
+{
+    kvp_ssd_task_t *t = st->tasks;
+    while (t != NULL) {
+        kvp_ssd_task_t *next = t->next;
+        bool owner_gone = t->segment_id == segment_id;
+        bool dram_gone = t->dram.segment_id == segment_id;
+        if (owner_gone || (dram_gone && t->kind == KVP_SSD_PROMOTE)) {
+            /* its owner will never report it (or its destination is gone): end it now as
+             * failed; what it held is freed (a gone segment's extents go with it) */
+            if (t->kind == KVP_SSD_OFFLOAD) {
+                st->offloading--;
+                st->offloading_bytes -= t->bytes;
+                kvp_object_t *obj = lookup(st, t->key, t->key_len, t->version);
+                if (obj != NULL && (obj->flags & KVP_OBJ_F_OFFLOADING)) {
+                    obj->flags &= (uint8_t)~KVP_OBJ_F_OFFLOADING;
+                    if (!kvp_leased(st, obj))
+                        kvp_policy_move(st, obj, kvp_policy_home(st, obj), false);
+                }
+                if (!owner_gone)
+                    free_extent(st, &t->ssd);
+            } else if (t->kind == KVP_SSD_PROMOTE) {
+                kvp_object_t *obj = lookup(st, t->key, t->key_len, t->version);
+                if (obj != NULL)
+                    obj->flags &= (uint8_t)~KVP_OBJ_F_PROMOTING;
+                if (!dram_gone)
+                    free_extent(st, &t->dram);
+            }
+            kvp_state_task_remove(st, t);
+        }
+        t = next;
+    }
+}
+
+/* ---- adoption ---- */
+
+kvp_status_t kvp_tier_adopt(kvp_master_state_t *st, kvp_segment_t *seg, const char *key,
+                            size_t key_len, uint64_t version, uint64_t offset, uint64_t size,
+                            uint32_t crc32c)
+{
+    if (version == 0 || size == 0 || offset % 4096 != 0 || offset >= kvp_segment_usable(seg) ||
+        aligned(size, 4096) > kvp_segment_usable(seg) - offset)
+        return KVP_ERR_INVALID_ARG;
+    uint64_t hash = kvp_index_hash(key, key_len);
+    kvp_object_t *obj = kvp_index_lookup(&st->index, key, key_len, hash);
+    if (obj != NULL) {
+        /* the same value (the master kept it, or a copy it has elsewhere): one more
+         * replica; any other value is newer or in the making: this copy is stale */
+        if (obj->state != KVP_OBJ_COMPLETE || obj->version != version || obj->size != size ||
+            obj->crc32c != crc32c || obj->n_replicas >= KVP_MAX_REPLICAS ||
+            (obj->flags & KVP_OBJ_F_OFFLOADING))
+            return KVP_ERR_EXISTS;
+        for (unsigned r = 0; r < obj->n_replicas; r++)
+            if (obj->replicas[r].segment_id == seg->id)
+                return KVP_ERR_EXISTS;
+    } else if (kvp_tombstone_get(&st->tombstones, hash) >= version) {
+        return KVP_ERR_NOT_FOUND; /* removed after this copy was written */
+    }
+    kvp_replica_t rep = {.segment_id = seg->id, .offset = offset};
+    kvp_status_t s = kvp_offset_alloc_reserve(seg->alloc, offset, size, &rep.handle);
+    if (s != KVP_OK)
+        return s;
+    seg->objects++;
+    if (version > st->version_clock)
+        st->version_clock = version;
+    if (obj != NULL) {
+        kvp_replica_t reps[KVP_MAX_REPLICAS];
+        memcpy(reps, obj->replicas, obj->n_replicas * sizeof(reps[0]));
+        reps[obj->n_replicas] = rep;
+        if (kvp_tier_set_replicas(st, obj, reps, obj->n_replicas + 1u) == NULL) {
+            free_extent(st, &rep);
+            return KVP_ERR_NOMEM;
+        }
+        st->stats.adopted++;
+        return KVP_OK;
+    }
+    obj = kvp_object_create(key, key_len, hash, 1);
+    if (obj == NULL) {
+        free_extent(st, &rep);
+        return KVP_ERR_NOMEM;
+    }
+    obj->replicas[0] = rep;
+    obj->size = size;
+    obj->crc32c = crc32c;
+    obj->version = version;
+    obj->state = KVP_OBJ_COMPLETE;
+    kvp_index_insert(&st->index, obj);
+    kvp_policy_move(st, obj, KVP_POLICY_SSD, false);
+    st->stats.adopted++;
+    return KVP_OK;
+}

@@ -1,0 +1,61 @@
+/*
+ * tier.h - the SSD tier: offload of DRAM victims, promotion of SSD hits,
+ * eviction from SSD, the owners' tasks, and the adoption of an SSD
+ * segment's objects at its mount (see tier.c).
+ */
+#ifndef KVP_MASTER_POLICY_TIER_H
+#define KVP_MASTER_POLICY_TIER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "master/state.h"
+
+/* Is an SSD segment mounted (offload possible)? */
+static inline bool kvp_tier_has_ssd(const kvp_master_state_t *st)
+{
+    return st->segments.capacity_ssd > 0;
+}
+
+/* A new version for a put (larger than every version given or adopted before). */
+uint64_t kvp_tier_next_version(kvp_master_state_t *st);
+
+/* What kvp_tier_victim did with a DRAM victim. */
+typedef enum kvp_tier_victim {
+    KVP_TIER_DROP = 0,   /* nothing: the caller drops the object (no SSD room) */
+    KVP_TIER_FREED = 1,  /* it has an SSD copy: its DRAM extents are free now */
+    KVP_TIER_OFFLOAD = 2 /* an offload began: its DRAM extents are freed when it ends */
+} kvp_tier_victim_t;
+
+/* A DRAM eviction victim (COMPLETE, on a scanned list, not leased): move it to SSD. */
+kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj);
+/* Offloads in flight are at their bound: DRAM eviction waits for them. */
+bool kvp_tier_offload_full(const kvp_master_state_t *st);
+
+/* Drop SSD-only objects, least recently used first, until the SSD tier uses at most
+ * target bytes (objects being read are not touched). Returns bytes freed. */
+uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target);
+
+/* A get found obj: count the hit per tier; promote an SSD-only object (promote-on-hit). */
+void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj);
+/* obj became COMPLETE with replicas on SSD (a put straight to SSD): have them recorded. */
+void kvp_tier_on_put_end(kvp_master_state_t *st, kvp_object_t *obj);
+
+/* An owner finished task `task_id` of its SSD segment `segment_id` with `status`. */
+void kvp_tier_task_done(kvp_master_state_t *st, uint64_t segment_id, uint64_t task_id,
+                        kvp_status_t status);
+/* Segment segment_id is being unmounted: end the tasks that involve it. */
+void kvp_tier_segment_gone(kvp_master_state_t *st, uint64_t segment_id);
+
+/* One object an SSD segment's file holds, offered at mount: adopt it (a new object, or a
+ * replica of the same version of a known one) or refuse it (the owner forgets it). */
+kvp_status_t kvp_tier_adopt(kvp_master_state_t *st, kvp_segment_t *seg, const char *key,
+                            size_t key_len, uint64_t version, uint64_t offset, uint64_t size,
+                            uint32_t crc32c);
+
+/* Replace obj's replicas by reps[0..n) (same key); returns the object (moved when n
+ * differs: hash chain, list and lease follow it). NULL: out of memory (obj unchanged). */
+kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
+                                    const kvp_replica_t *reps, unsigned n);
+
+#endif

@@ -1,0 +1,13 @@
+/*
+ * ssd.h - the RPCs of SSD segment owners: SsdTasks, SsdAdopt (see ssd.c).
+ */
+#ifndef KVP_MASTER_RPC_SSD_H
+#define KVP_MASTER_RPC_SSD_H
+
+#include "master/rpc/call.h"
+
+/* Handlers (kvp_handler_t): dispatch.c's method table names them. */
+kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_ssd_adopt(kvp_call_t *call, ProtobufCMessage *msg);
+
+#endif
