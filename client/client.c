@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "client/client_priv.h"
+#include "client/ssd/ssd_owner.h"
 #include "client/control/mconn.h"
 #include "client/internal.h"
 #include "client/mem/gpu.h"
@@ -53,6 +54,11 @@ void kvp_put_config_init(kvp_put_config_t *c)
 const char *kvp_client_segment_name(const kvp_client_t *client)
 {
     return client->seg_base ? client->seg_name : NULL;
+}
+
+const char *kvp_client_ssd_segment_name(const kvp_client_t *client)
+{
+    return client->ssd ? kvp_ssd_owner_name(client->ssd) : NULL;
 }
 
 /* ---------------- create / destroy ---------------- */
@@ -159,6 +165,14 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     }
     c->xfer.rdma_qps = c->params.rdma_qps_per_peer;
     c->xfer.rdma_slice = c->params.rdma_slice_bytes;
+    if (c->params.ssd_path != NULL &&
+        (c->params.ssd_path[0] == '\0' || c->params.ssd_size < (1u << 20))) {
+        KVP_LOG_ERROR("an SSD segment needs a path and a size of at least 1 MiB");
+        kvp_api_fail("create: an SSD segment needs a path and a size of at least 1 MiB (got "
+                     "'%s', %llu bytes)",
+                     c->params.ssd_path, (unsigned long long)c->params.ssd_size);
+        goto err;
+    }
     if (c->params.rpc_timeout_ms == 0)
         c->params.rpc_timeout_ms = 10000;
     if (c->params.heartbeat_ms == 0)
@@ -201,13 +215,21 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
             goto err_seg;
         atomic_store(&c->seg_state, KVP_SEG_MOUNTED);
     }
+    const char *ssd_host = c->params.data_host ? c->params.data_host : "127.0.0.1";
+    char ssd_host_buf[256];
+    snprintf(ssd_host_buf, sizeof(ssd_host_buf), "%s", ssd_host);
     c->params.data_host = NULL;
     c->params.segment_name = NULL;
     st = kvp_client_master_open(c);
     if (st == KVP_OK)
         st = kvp_client_heartbeat_start(c);
-    if (st != KVP_OK)
+    if (st == KVP_OK && c->params.ssd_path != NULL)
+        st = kvp_ssd_owner_start(c, ssd_host_buf, &c->ssd);
+    c->params.ssd_path = NULL;
+    if (st != KVP_OK) {
+        kvp_client_heartbeat_stop(c);
         goto err_seg;
+    }
     *client_p = c;
     return KVP_OK;
 
@@ -240,6 +262,8 @@ void kvp_client_destroy(kvp_client_t *c)
     if (c == NULL)
         return;
     kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
+    kvp_ssd_owner_stop(c->ssd);   /* unmounts it: its file keeps the objects */
+    c->ssd = NULL;
     int seg_state = atomic_load(&c->seg_state);
     if (seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) {
         /* no remount races this: the heartbeat has stopped and no call is in progress */

@@ -57,6 +57,8 @@ struct kvp_client {
     /* the master's segment table version we last received (heartbeat) */
     _Atomic uint64_t segments_version;
     kvp_segment_server_t *seg_server;
+    /* SSD segment (ssd/ssd_owner.c), NULL when none */
+    struct kvp_ssd_owner *ssd;
 
     /* registered buffers: xfer.mem (client/mem/registry.c) */
 

@@ -73,6 +73,7 @@ typedef struct kvp_peer {
     uint64_t rdma_addr;     /* the segment's byte 0 in the owner */
     uint32_t rdma_rkey;
     bool own;                   /* this client's own segment */
+    bool ssd;                   /* an SSD segment (medium "ssd": served over tcp) */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
     /* The transport chosen for it (transfer/engine.c): set at attach, changed only
      * when it fails the peer; NULL when none reaches it. tp_state[i] is transport

@@ -225,6 +225,7 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
     pc.pin = cfg.pin;
     pc.soft_pin_ttl_s = cfg.soft_pin_ttl_s;
     pc.upsert = cfg.mode == KVP_PUT_UPSERT;
+    pc.medium = cfg.medium != NULL ? (char *)cfg.medium : "";
     pc.preferred_segment = "";
     if (cfg.preferred_segment != NULL) {
         if (strcmp(cfg.preferred_segment, KVP_SEGMENT_LOCAL) == 0)
@@ -508,8 +509,9 @@ kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t l
 #define PEER_SUSPECT_MS 10000
 
 /*
- * Order replicas: same host (shm) first, then peers with no recent transfer
- * failure, then the recently failed ones (they are still tried, last).
+ * Order replicas: same host (shm) first, then other DRAM peers with no recent
+ * transfer failure, then SSD segments, then the recently failed ones (they are
+ * still tried, last).
  */
 static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t *order)
 {
@@ -522,14 +524,16 @@ static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t 
         if (p != NULL) {
             uint64_t failed = atomic_load(&p->failed_ms);
             if (failed != 0 && now - failed < PEER_SUSPECT_MS)
-                rank[q] = 2;
+                rank[q] = 3;
             else if (kvp_transfer_route(&c->xfer, p) == KVP_TRANSPORT_SHM)
                 rank[q] = 0;
+            else if (p->ssd)
+                rank[q] = 2; /* DRAM anywhere before SSD */
             kvp_peer_unref(p);
         }
     }
     size_t k = 0;
-    for (unsigned want = 0; want < 3; want++)
+    for (unsigned want = 0; want < 4; want++)
         for (size_t q = 0; q < n; q++)
             if (rank[q] == want)
                 order[k++] = q;
@@ -911,6 +915,18 @@ static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->reading_bytes = sr->reading_bytes;
     s->leases_released = sr->leases_released;
     s->leases_expired = sr->leases_expired;
+    s->ssd_capacity = sr->ssd_capacity;
+    s->ssd_used = sr->ssd_used;
+    s->offloaded_objects = sr->offloaded_objects;
+    s->offload_dropped = sr->offload_dropped;
+    s->offload_failed = sr->offload_failed;
+    s->offloading_objects = sr->offloading_objects;
+    s->promoted_objects = sr->promoted_objects;
+    s->hits_dram = sr->hits_dram;
+    s->hits_ssd = sr->hits_ssd;
+    s->ssd_evicted_objects = sr->ssd_evicted_objects;
+    s->adopted_objects = sr->adopted_objects;
+    s->ssd_lost_objects = sr->ssd_lost_objects;
     s->moved_objects = sr->moved_objects;
     s->n_segments = sr->n_segments;
     for (size_t i = 0; i < sr->n_segments; i++) {

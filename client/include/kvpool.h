@@ -61,6 +61,12 @@ typedef struct kvp_client_params {
                                    NULL: $KVPOOL_RDMA_HOST, else the device's own address */
     uint32_t rdma_qps_per_peer; /* RC QPs per peer, 1..16; 0: 2 */
     uint64_t rdma_slice_bytes;  /* rdma stripe size, 4 KiB..1 GiB; 0: 256 KiB */
+    /* SSD segment (docs/architecture.md, "Tiers"): one preallocated file on a local
+     * filesystem with O_DIRECT, mounted besides (or instead of) the DRAM segment. Its
+     * objects survive this process: the same path mounted again brings them back. */
+    const char *ssd_path; /* NULL: no SSD segment */
+    uint64_t ssd_size;    /* bytes of the file's data area (>= 1 MiB) */
+    uint32_t ssd_buffered_io; /* 1: accept a filesystem without O_DIRECT (page cache) */
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -83,6 +89,8 @@ void kvp_client_destroy(kvp_client_t *client);
 
 /* Name of this client's mounted segment, or NULL when it mounts none. */
 const char *kvp_client_segment_name(const kvp_client_t *client);
+/* Name of this client's SSD segment, or NULL when it mounts none. */
+const char *kvp_client_ssd_segment_name(const kvp_client_t *client);
 
 /*
  * Register a buffer for transfers: host memory, or CUDA device memory (found
@@ -113,6 +121,8 @@ typedef struct kvp_put_config {
     uint32_t pin;                  /* KVP_PIN_NONE (default), KVP_PIN_SOFT, KVP_PIN_HARD */
     uint32_t soft_pin_ttl_s;       /* soft pin lifetime; 0: the master's default (30 min) */
     uint32_t mode;                 /* KVP_PUT_INSERT (default) or KVP_PUT_UPSERT */
+    const char *medium;            /* NULL or "dram": DRAM; "ssd": straight to the SSD tier
+                                      (blocks known to be cold) */
 } kvp_put_config_t;
 
 /*
@@ -271,7 +281,7 @@ int64_t kvp_get_size(kvp_client_t *client, const char *key);
 typedef struct kvp_segment_info {
     uint64_t id;
     char name[256];
-    char medium[16];    /* "dram" */
+    char medium[16];    /* "dram" or "ssd" */
     char endpoint[256]; /* tcp data server "host:port" */
     uint64_t size;
     uint64_t used;
@@ -294,6 +304,19 @@ typedef struct kvp_pool_stat {
     uint64_t reading_bytes;   /* their bytes, removed-while-read objects included */
     uint64_t leases_released; /* reads ended by the reader (since the master started) */
     uint64_t leases_expired;  /* read leases ended by --lease-ttl: readers that died */
+    /* tiers (docs/architecture.md, "Tiers"); counters since the master started */
+    uint64_t ssd_capacity;        /* part of capacity on SSD segments */
+    uint64_t ssd_used;            /* part of used on SSD segments */
+    uint64_t offloaded_objects;   /* DRAM victims copied to SSD */
+    uint64_t offload_dropped;     /* DRAM victims dropped: no SSD room */
+    uint64_t offload_failed;      /* offloads that failed (stayed in DRAM) */
+    uint64_t offloading_objects;  /* offloads in flight now */
+    uint64_t promoted_objects;    /* SSD-only objects copied back to DRAM after a hit */
+    uint64_t hits_dram;           /* objects gets found with a DRAM replica */
+    uint64_t hits_ssd;            /* objects gets found on SSD only */
+    uint64_t ssd_evicted_objects; /* dropped from SSD to make room */
+    uint64_t adopted_objects;     /* brought back by SSD segments at their mount */
+    uint64_t ssd_lost_objects;    /* SSD copies found unreadable (I/O or checksum) */
 } kvp_pool_stat_t;
 
 /*

@@ -211,6 +211,7 @@ void kvp_client_peers_update(kvp_client_t *c, Kvpool__SegmentDesc **descs, size_
         snprintf(p->rdma_endpoint, sizeof(p->rdma_endpoint), "%s", d->rdma_endpoint);
         p->rdma_addr = d->rdma_addr;
         p->rdma_rkey = d->rdma_rkey;
+        p->ssd = strcmp(d->medium, "ssd") == 0;
         p->own = c->seg_base != NULL && d->id == atomic_load(&c->seg_id) &&
                  d->owner_client_id == c->client_id;
         if (kvp_peer_table_insert(&c->peers, p) != KVP_OK) {

@@ -1,0 +1,572 @@
+/*
+ * ssd_owner.c - this client's SSD segment: its file (ssd_file.c), its data
+ * server (ssd_server.c), its mount, and the worker that does the master's
+ * tasks for it.
+ *
+ * Design (docs/architecture.md, "Tiers"):
+ *   - The SSD segment has its own master connection (a kvp_mconn of its
+ *     own): the mount is bound to it, and its on_ready, run on every new
+ *     connection before anything else, mounts the segment and offers the
+ *     file's objects to the master (SsdAdopt, in batches); the ones the
+ *     master refuses (removed, overwritten meanwhile) are forgotten in the
+ *     file. So a restart (kill -9 included), a master restart and a lost
+ *     connection all come back the same way, with the objects.
+ *   - One worker thread asks for tasks (SsdTasks: a long poll the master
+ *     answers as soon as it queues one) and reports the finished ones with
+ *     its next ask. OFFLOAD: READ the object from its DRAM segment with the
+ *     transfer engine into an aligned staging buffer (checking its CRC32C),
+ *     write it with io_uring (O_DIRECT), record the entries (data synced
+ *     first, then the entries: ssd_file.c). PROMOTE: read the extent from
+ *     the file, check the CRC32C, WRITE it to the DRAM extent. RECORD (a
+ *     put straight to SSD, written through the data server): record.
+ *     FORGET: clear the entry.
+ *   - Gets from other clients never come here: they READ the SSD segment
+ *     through its data server like any tcp segment.
+ *
+ * Thread: the worker; create/destroy from the client's thread.
+ */
+#include "client/ssd/ssd_owner.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/client_priv.h"
+#include "client/control/mconn.h"
+#include "client/ssd/ssd_io.h"
+#include "client/ssd/ssd_server.h"
+#include "common/clock.h"
+#include "common/crc32c.h"
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/rpc.h"
+#include "kvpool.pb-c.h"
+
+/* Tasks asked for per round, entries offered per SsdAdopt, staging per copy batch. */
+#define TASKS_PER_ASK 64u
+#define ADOPT_BATCH 1024u
+#define STAGING_BYTES (64u << 20)
+
+struct kvp_ssd_owner {
+    kvp_client_t *c;
+    kvp_ssd_file_t *file;
+    kvp_ssd_server_t *srv;
+    kvp_mconn_t *mc;
+    char name[300];
+    char endpoint[280];
+    _Atomic uint64_t seg_id;
+    _Atomic bool stop;
+    pthread_t thread;
+    bool started;
+    /* worker state */
+    kvp_ssd_io_t *io;
+    uint8_t *staging;
+    Kvpool__SsdTaskResult *done;
+    Kvpool__SsdTaskResult **donep;
+    size_t n_done;
+};
+
+/* ---- mount and adoption (on_ready, on the new connection) ---- */
+
+typedef struct entries {
+    kvp_ssd_entry_t *e;
+    char **keys;
+    size_t n, cap;
+    bool nomem;
+} entries_t;
+
+static void collect_cb(const kvp_ssd_entry_t *e, void *arg)
+{
+    entries_t *es = arg;
+    if (es->nomem)
+        return;
+    if (es->n == es->cap) {
+        size_t cap = es->cap ? es->cap * 2 : 1024;
+        kvp_ssd_entry_t *ne = realloc(es->e, cap * sizeof(*ne));
+        char **nk = ne ? realloc(es->keys, cap * sizeof(*nk)) : NULL;
+        if (ne != NULL)
+            es->e = ne;
+        if (nk == NULL) {
+            es->nomem = true;
+            return;
+        }
+        es->keys = nk;
+        es->cap = cap;
+    }
+    char *k = malloc(e->key_len ? e->key_len : 1);
+    if (k == NULL) {
+        es->nomem = true;
+        return;
+    }
+    memcpy(k, e->key, e->key_len);
+    es->keys[es->n] = k;
+    es->e[es->n] = *e;
+    es->e[es->n].key = k;
+    es->n++;
+}
+
+static void entries_free(entries_t *es)
+{
+    for (size_t i = 0; i < es->n; i++)
+        free(es->keys[i]);
+    free(es->keys);
+    free(es->e);
+}
+
+/* Offer the file's objects; forget the refused ones. */
+static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t seg_id)
+{
+    entries_t es = {0};
+    kvp_ssd_file_foreach(o->file, collect_cb, &es);
+    kvp_status_t st = es.nomem ? KVP_ERR_NOMEM : KVP_OK;
+    size_t adopted = 0, refused = 0;
+    Kvpool__SsdEntry *me = calloc(ADOPT_BATCH, sizeof(*me));
+    Kvpool__SsdEntry **mp = calloc(ADOPT_BATCH, sizeof(*mp));
+    if (me == NULL || mp == NULL)
+        st = KVP_ERR_NOMEM;
+    for (size_t at = 0; st == KVP_OK && at < es.n; at += ADOPT_BATCH) {
+        size_t n = KVP_MIN((size_t)ADOPT_BATCH, es.n - at);
+        for (size_t i = 0; i < n; i++) {
+            const kvp_ssd_entry_t *e = &es.e[at + i];
+            kvpool__ssd_entry__init(&me[i]);
+            me[i].key.data = (uint8_t *)e->key;
+            me[i].key.len = e->key_len;
+            me[i].version = e->version;
+            me[i].offset = e->offset;
+            me[i].size = e->size;
+            me[i].crc32c = e->crc32c;
+            mp[i] = &me[i];
+        }
+        Kvpool__SsdAdoptRequest req = KVPOOL__SSD_ADOPT_REQUEST__INIT;
+        req.segment_id = seg_id;
+        req.entries = mp;
+        req.n_entries = n;
+        size_t len = kvpool__ssd_adopt_request__get_packed_size(&req);
+        uint8_t *body = malloc(len ? len : 1), *resp = NULL;
+        size_t rlen = 0;
+        if (body == NULL) {
+            st = KVP_ERR_NOMEM;
+            break;
+        }
+        kvpool__ssd_adopt_request__pack(&req, body);
+        st = kvp_mconn_ready_call(m, fd, KVP_RPC_SSD_ADOPT, body, len, &resp, &rlen);
+        free(body);
+        if (st != KVP_OK)
+            break;
+        Kvpool__SsdAdoptResponse *ar = kvpool__ssd_adopt_response__unpack(NULL, rlen, resp);
+        free(resp);
+        if (ar == NULL || ar->status != KVP_OK || ar->n_statuses != n) {
+            st = ar == NULL ? KVP_ERR_PROTOCOL : ar->status != KVP_OK ? ar->status : KVP_ERR_PROTOCOL;
+            if (ar != NULL)
+                kvpool__ssd_adopt_response__free_unpacked(ar, NULL);
+            break;
+        }
+        for (size_t i = 0; i < n; i++) {
+            if (ar->statuses[i] == KVP_OK) {
+                adopted++;
+            } else {
+                refused++;
+                kvp_ssd_file_forget(o->file, es.e[at + i].offset, es.e[at + i].version);
+            }
+        }
+        kvpool__ssd_adopt_response__free_unpacked(ar, NULL);
+    }
+    if (es.n > 0)
+        KVP_LOG_INFO("SSD segment %s: %zu objects back in the pool, %zu refused (removed or "
+                     "overwritten meanwhile) and forgotten%s",
+                     o->name, adopted, refused, st == KVP_OK ? "" : " (offer cut short)");
+    free(me);
+    free(mp);
+    entries_free(&es);
+    return st;
+}
+
+static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
+{
+    (void)first;
+    kvp_ssd_owner_t *o = arg;
+    kvp_client_t *c = o->c;
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = o->name;
+    d.medium = "ssd";
+    d.size = kvp_ssd_file_size(o->file);
+    d.owner_client_id = c->client_id;
+    d.host_id = c->xfer.host_id;
+    d.tcp_endpoint = o->endpoint;
+    d.shm_path = "";
+    d.rdma_endpoint = "";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = c->client_id;
+    req.segment = &d;
+    size_t len = kvpool__mount_request__get_packed_size(&req);
+    uint8_t *body = malloc(len ? len : 1), *resp = NULL;
+    size_t rlen = 0;
+    if (body == NULL)
+        return KVP_ERR_NOMEM;
+    kvpool__mount_request__pack(&req, body);
+    kvp_status_t st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+    free(body);
+    if (st != KVP_OK)
+        return st;
+    Kvpool__MountResponse *mr = kvpool__mount_response__unpack(NULL, rlen, resp);
+    free(resp);
+    if (mr == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = mr->status;
+    if (st != KVP_OK) {
+        KVP_LOG_ERROR("master refused to mount SSD segment %s: %s (%s)", o->name,
+                      kvp_strerror(st), mr->message);
+        kvpool__mount_response__free_unpacked(mr, NULL);
+        return st;
+    }
+    uint64_t id = mr->segment_id;
+    kvpool__mount_response__free_unpacked(mr, NULL);
+    kvp_ssd_server_set_id(o->srv, id);
+    atomic_store(&o->seg_id, id);
+    KVP_LOG_INFO("mounted SSD segment %s (%llu bytes, file %s) as %#llx", o->name,
+                 (unsigned long long)kvp_ssd_file_size(o->file), kvp_ssd_file_path(o->file),
+                 (unsigned long long)id);
+    return adopt(o, m, fd, id);
+}
+
+/* ---- the worker ---- */
+
+static void report(kvp_ssd_owner_t *o, uint64_t task_id, kvp_status_t status)
+{
+    Kvpool__SsdTaskResult *r = &o->done[o->n_done];
+    kvpool__ssd_task_result__init(r);
+    r->task_id = task_id;
+    r->status = status;
+    o->donep[o->n_done] = r;
+    o->n_done++;
+}
+
+static uint64_t blocks(uint64_t size)
+{
+    return (size + KVP_SSD_BLOCK - 1) / KVP_SSD_BLOCK * KVP_SSD_BLOCK;
+}
+
+/* OFFLOAD tasks t[0..n) whose blocks fit the staging buffer: DRAM -> staging -> file. */
+static void offload_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
+{
+    kvp_client_t *c = o->c;
+    kvp_xfer_op_t ops[TASKS_PER_ASK];
+    kvp_ssd_iov_t iov[TASKS_PER_ASK];
+    kvp_ssd_entry_t ent[TASKS_PER_ASK];
+    kvp_status_t st[TASKS_PER_ASK], rec[TASKS_PER_ASK];
+    kvp_peer_t *peers[TASKS_PER_ASK];
+    uint64_t off = 0;
+    size_t nw = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t len = blocks(t[i]->size);
+        peers[i] = kvp_client_peer_get(c, t[i]->dram->segment_id);
+        ops[i] = (kvp_xfer_op_t){.kind = KVP_XFER_READ,
+                                 .local = o->staging + off,
+                                 .offset = t[i]->dram->offset,
+                                 .length = t[i]->size,
+                                 .peer = peers[i],
+                                 .want_crc = true};
+        memset(o->staging + off + t[i]->size, 0, len - t[i]->size);
+        off += len;
+    }
+    /* ops without a peer are run as none: the engine gets the ones with one */
+    kvp_xfer_op_t run[TASKS_PER_ASK];
+    size_t map[TASKS_PER_ASK], nr = 0;
+    for (size_t i = 0; i < n; i++)
+        if (peers[i] != NULL) {
+            map[nr] = i;
+            run[nr++] = ops[i];
+        }
+    if (nr > 0)
+        kvp_transfer_run(&c->xfer, run, nr);
+    for (size_t i = 0; i < n; i++)
+        st[i] = KVP_ERR_UNKNOWN_SEGMENT;
+    for (size_t j = 0; j < nr; j++) {
+        size_t i = map[j];
+        st[i] = run[j].status;
+        if (st[i] == KVP_OK && run[j].crc != t[i]->crc32c)
+            st[i] = KVP_ERR_CHECKSUM; /* the DRAM extent no longer holds this object */
+    }
+    for (size_t i = 0; i < n; i++)
+        if (peers[i] != NULL)
+            kvp_peer_unref(peers[i]);
+    off = 0;
+    size_t idx[TASKS_PER_ASK];
+    for (size_t i = 0; i < n; i++) {
+        uint64_t len = blocks(t[i]->size);
+        if (st[i] == KVP_OK) {
+            iov[nw] = (kvp_ssd_iov_t){.buf = o->staging + off,
+                                      .file_off = kvp_ssd_file_data_base(o->file) +
+                                                  t[i]->ssd_offset,
+                                      .len = len};
+            idx[nw++] = i;
+        }
+        off += len;
+    }
+    if (nw > 0) {
+        kvp_ssd_io_rw(o->io, kvp_ssd_file_fd(o->file), true, iov, nw);
+        size_t ne = 0, eidx[TASKS_PER_ASK];
+        for (size_t k = 0; k < nw; k++) {
+            size_t i = idx[k];
+            st[i] = iov[k].status;
+            if (st[i] != KVP_OK)
+                continue;
+            ent[ne] = (kvp_ssd_entry_t){.version = t[i]->version,
+                                        .offset = t[i]->ssd_offset,
+                                        .size = t[i]->size,
+                                        .crc32c = t[i]->crc32c,
+                                        .key_len = (uint16_t)t[i]->key.len,
+                                        .key = (const char *)t[i]->key.data};
+            eidx[ne++] = i;
+        }
+        if (ne > 0) {
+            kvp_ssd_file_record(o->file, ent, ne, rec);
+            for (size_t k = 0; k < ne; k++)
+                st[eidx[k]] = rec[k];
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        report(o, t[i]->task_id, st[i]);
+}
+
+/* PROMOTE tasks t[0..n): file -> staging (CRC checked) -> DRAM. */
+static void promote_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
+{
+    kvp_client_t *c = o->c;
+    kvp_ssd_iov_t iov[TASKS_PER_ASK];
+    kvp_status_t st[TASKS_PER_ASK];
+    uint64_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        iov[i] = (kvp_ssd_iov_t){.buf = o->staging + off,
+                                 .file_off = kvp_ssd_file_data_base(o->file) + t[i]->ssd_offset,
+                                 .len = blocks(t[i]->size)};
+        off += blocks(t[i]->size);
+    }
+    kvp_ssd_io_rw(o->io, kvp_ssd_file_fd(o->file), false, iov, n);
+    kvp_xfer_op_t run[TASKS_PER_ASK];
+    kvp_peer_t *peers[TASKS_PER_ASK];
+    size_t map[TASKS_PER_ASK], nr = 0;
+    for (size_t i = 0; i < n; i++) {
+        st[i] = iov[i].status;
+        peers[i] = NULL;
+        if (st[i] == KVP_OK && kvp_crc32c(0, iov[i].buf, t[i]->size) != t[i]->crc32c)
+            st[i] = KVP_ERR_CHECKSUM; /* the file's bytes are not the object's */
+        if (st[i] != KVP_OK)
+            continue;
+        peers[i] = kvp_client_peer_get(c, t[i]->dram->segment_id);
+        if (peers[i] == NULL) {
+            st[i] = KVP_ERR_UNKNOWN_SEGMENT;
+            continue;
+        }
+        map[nr] = i;
+        run[nr++] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
+                                    .local = iov[i].buf,
+                                    .offset = t[i]->dram->offset,
+                                    .length = t[i]->size,
+                                    .peer = peers[i]};
+    }
+    if (nr > 0)
+        kvp_transfer_run(&c->xfer, run, nr);
+    for (size_t j = 0; j < nr; j++) {
+        /* a DRAM side failure is not the SSD copy's fault */
+        st[map[j]] = run[j].status == KVP_OK ? KVP_OK : KVP_ERR_TRANSPORT;
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (peers[i] != NULL)
+            kvp_peer_unref(peers[i]);
+        if (st[i] == KVP_ERR_CHECKSUM || st[i] == KVP_ERR_IO)
+            KVP_LOG_WARN("SSD segment %s: object %.*s at offset %llu is unreadable: %s", o->name,
+                         (int)t[i]->key.len, (const char *)t[i]->key.data,
+                         (unsigned long long)t[i]->ssd_offset, kvp_strerror(st[i]));
+        report(o, t[i]->task_id, st[i]);
+    }
+}
+
+/* Tasks of one kind, cut into batches whose blocks fit the staging buffer. */
+static void run_kind(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r, uint32_t kind)
+{
+    Kvpool__SsdTask *b[TASKS_PER_ASK];
+    size_t n = 0;
+    uint64_t bytes = 0;
+    for (size_t i = 0; i <= r->n_tasks; i++) {
+        Kvpool__SsdTask *t = i < r->n_tasks ? r->tasks[i] : NULL;
+        if (t != NULL && t->kind != kind)
+            continue;
+        if (t != NULL && (t->dram == NULL || t->size == 0 || blocks(t->size) > STAGING_BYTES)) {
+            report(o, t->task_id, KVP_ERR_INVALID_ARG);
+            continue;
+        }
+        if (n > 0 && (t == NULL || n == TASKS_PER_ASK || bytes + blocks(t->size) > STAGING_BYTES)) {
+            if (kind == KVP_SSD_TASK_OFFLOAD)
+                offload_batch(o, b, n);
+            else
+                promote_batch(o, b, n);
+            n = 0;
+            bytes = 0;
+        }
+        if (t != NULL) {
+            b[n++] = t;
+            bytes += blocks(t->size);
+        }
+    }
+}
+
+static void run_tasks(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r)
+{
+    kvp_client_peers_update(o->c, r->segments, r->n_segments);
+    kvp_ssd_entry_t ent[TASKS_PER_ASK];
+    kvp_status_t rec[TASKS_PER_ASK];
+    uint64_t rid[TASKS_PER_ASK];
+    size_t ne = 0;
+    for (size_t i = 0; i < r->n_tasks; i++) {
+        Kvpool__SsdTask *t = r->tasks[i];
+        if (t->kind == KVP_SSD_TASK_FORGET) {
+            kvp_ssd_file_forget(o->file, t->ssd_offset, t->version);
+        } else if (t->kind == KVP_SSD_TASK_RECORD && ne < TASKS_PER_ASK) {
+            ent[ne] = (kvp_ssd_entry_t){.version = t->version,
+                                        .offset = t->ssd_offset,
+                                        .size = t->size,
+                                        .crc32c = t->crc32c,
+                                        .key_len = (uint16_t)t->key.len,
+                                        .key = (const char *)t->key.data};
+            rid[ne++] = t->task_id;
+        } else if (t->kind != KVP_SSD_TASK_OFFLOAD && t->kind != KVP_SSD_TASK_PROMOTE) {
+            report(o, t->task_id, KVP_ERR_INVALID_ARG);
+        }
+    }
+    if (ne > 0) {
+        kvp_ssd_file_record(o->file, ent, ne, rec);
+        for (size_t k = 0; k < ne; k++)
+            report(o, rid[k], rec[k]);
+    }
+    run_kind(o, r, KVP_SSD_TASK_OFFLOAD);
+    run_kind(o, r, KVP_SSD_TASK_PROMOTE);
+}
+
+static void *worker(void *arg)
+{
+    kvp_ssd_owner_t *o = arg;
+    while (!atomic_load(&o->stop)) {
+        Kvpool__SsdTasksRequest req = KVPOOL__SSD_TASKS_REQUEST__INIT;
+        req.segment_id = atomic_load(&o->seg_id);
+        req.max_tasks = TASKS_PER_ASK;
+        req.done = o->donep;
+        req.n_done = o->n_done;
+        size_t len = kvpool__ssd_tasks_request__get_packed_size(&req);
+        uint8_t body[16384], *resp = NULL;
+        size_t rlen = 0;
+        kvp_status_t st = KVP_ERR_FRAME_TOO_LARGE;
+        if (len <= sizeof(body)) {
+            kvpool__ssd_tasks_request__pack(&req, body);
+            st = kvp_mconn_call(o->mc, KVP_RPC_SSD_TASKS, body, len, &resp, &rlen);
+        }
+        /* reported, or lost with a connection whose segment (and its tasks) is gone */
+        o->n_done = 0;
+        Kvpool__SsdTasksResponse *r =
+            st == KVP_OK ? kvpool__ssd_tasks_response__unpack(NULL, rlen, resp) : NULL;
+        if (r == NULL || r->status != KVP_OK) {
+            if (r != NULL && r->status == KVP_ERR_SEGMENT_GONE)
+                kvp_mconn_disconnect(o->mc); /* the next call remounts (on_ready) */
+            if (r != NULL)
+                kvpool__ssd_tasks_response__free_unpacked(r, NULL);
+            if (!atomic_load(&o->stop))
+                usleep(100 * 1000);
+            continue;
+        }
+        run_tasks(o, r);
+        kvpool__ssd_tasks_response__free_unpacked(r, NULL);
+    }
+    return NULL;
+}
+
+/* ---- life ---- */
+
+kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owner_t **o_p)
+{
+    kvp_ssd_owner_t *o = calloc(1, sizeof(*o));
+    if (o == NULL)
+        return KVP_ERR_NOMEM;
+    o->c = c;
+    char why[512] = "";
+    kvp_ssd_open_params_t op = {.path = c->params.ssd_path,
+                                .size = c->params.ssd_size,
+                                .buffered_io = c->params.ssd_buffered_io != 0};
+    kvp_status_t st = kvp_ssd_file_open(&op, &o->file, why, sizeof(why));
+    if (st != KVP_OK) {
+        KVP_LOG_ERROR("SSD segment %s: %s", c->params.ssd_path, why);
+        kvp_api_fail("create: SSD segment %s: %s", c->params.ssd_path, why);
+        free(o);
+        return st;
+    }
+    uint16_t port = 0;
+    st = kvp_ssd_server_create(o->file, host, 0, &o->srv, &port);
+    if (st == KVP_OK) {
+        st = kvp_ssd_io_create(KVP_SSD_IO_DEPTH, &o->io);
+        o->staging = st == KVP_OK ? kvp_ssd_buf_alloc(STAGING_BYTES) : NULL;
+        o->done = calloc(TASKS_PER_ASK, sizeof(*o->done));
+        o->donep = calloc(TASKS_PER_ASK, sizeof(*o->donep));
+        if (st == KVP_OK && (o->staging == NULL || o->done == NULL || o->donep == NULL))
+            st = KVP_ERR_NOMEM;
+    }
+    if (st == KVP_OK) {
+        snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", host, port);
+        snprintf(o->name, sizeof(o->name), "%s:%u/ssd", host, port);
+        kvp_mconn_params_t mp = {.host = c->master_host,
+                                 .port = c->master_port,
+                                 .timeout_ms = c->params.rpc_timeout_ms,
+                                 .on_ready = on_ready,
+                                 .arg = o};
+        st = kvp_mconn_create(&mp, &o->mc);
+        if (st == KVP_OK)
+            st = kvp_mconn_connect(o->mc);
+    }
+    if (st == KVP_OK) {
+        if (pthread_create(&o->thread, NULL, worker, o) != 0)
+            st = KVP_ERR_SYSTEM;
+        else
+            o->started = true;
+    }
+    if (st != KVP_OK) {
+        kvp_api_fail("create: cannot mount SSD segment %s: %s", c->params.ssd_path,
+                     kvp_strerror(st));
+        kvp_ssd_owner_stop(o);
+        return st;
+    }
+    *o_p = o;
+    return KVP_OK;
+}
+
+const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)
+{
+    return o->name;
+}
+
+void kvp_ssd_owner_stop(kvp_ssd_owner_t *o)
+{
+    if (o == NULL)
+        return;
+    atomic_store(&o->stop, true);
+    if (o->started)
+        pthread_join(o->thread, NULL); /* its long poll ends within ~1.5 s */
+    /* Unmount: the master drops the objects from its index; the file keeps them, and
+     * the next mount of the same path brings them back. */
+    uint64_t id = atomic_load(&o->seg_id);
+    if (o->mc != NULL && id != 0 && kvp_mconn_connected(o->mc)) {
+        Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
+        req.segment_id = id;
+        uint8_t body[64], *resp;
+        size_t rlen, len = kvpool__unmount_request__get_packed_size(&req);
+        kvpool__unmount_request__pack(&req, body);
+        kvp_mconn_call(o->mc, KVP_RPC_UNMOUNT, body, len, &resp, &rlen); /* best effort */
+    }
+    kvp_mconn_destroy(o->mc);
+    kvp_ssd_server_destroy(o->srv);
+    kvp_ssd_io_destroy(o->io);
+    kvp_ssd_file_close(o->file);
+    free(o->staging);
+    free(o->done);
+    free(o->donep);
+    free(o);
+}
