@@ -35,6 +35,18 @@ void kvp_ssd_io_destroy(kvp_ssd_io_t *io);
 
 /* Read (write=false) or write n ranges of fd; returns KVP_OK or the first op's failure. */
 kvp_status_t kvp_ssd_io_rw(kvp_ssd_io_t *io, int fd, bool write, kvp_ssd_iov_t *ops, size_t n);
+/*
+ * Asynchronous form, for pipelines (the SSD server reads the next chunks while it sends
+ * the previous): start one op (len <= KVP_SSD_IO_CHUNK) and wait for it later. At most
+ * the ring's depth may be started and not yet waited for, and kvp_ssd_io_rw must not be
+ * called while any is. Short transfers and EAGAIN/EINTR are retried as in rw. The op,
+ * its buffer and fd are borrowed until kvp_ssd_io_wait(op) returns.
+ * start: KVP_OK, or KVP_ERR_INVALID_ARG (no room: depth ops already started, or len too
+ * long); wait: the op's status.
+ */
+kvp_status_t kvp_ssd_io_start(kvp_ssd_io_t *io, int fd, bool write, kvp_ssd_iov_t *op);
+kvp_status_t kvp_ssd_io_wait(kvp_ssd_io_t *io, kvp_ssd_iov_t *op);
+
 /* fdatasync(fd) through the ring. */
 kvp_status_t kvp_ssd_io_datasync(kvp_ssd_io_t *io, int fd);
 
