@@ -82,10 +82,14 @@ static const char global_usage[] =
     "commands:\n"
     "  serve --segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME]\n"
     "        [--ready-fd N] [--drain-timeout SECONDS]\n"
+    "        [--ssd-path PATH --ssd-size SIZE [--ssd-buffered-io]]\n"
     "                            mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
     "                            serve it until SIGINT or SIGTERM, then drain it: move\n"
-    "                            its objects to other segments (default 30 s; 0: no)\n"
-    "  put [--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-\n"
+    "                            its objects to other segments (default 30 s; 0: no);\n"
+    "                            --ssd-path: also an SSD segment, the file PATH (created\n"
+    "                            and preallocated; mounted again, its objects come back);\n"
+    "                            either segment may be left out (--segment-size 0)\n"
+    "  put [--replicas N] [--prefer SEGMENT] [--upsert] [--medium dram|ssd] KEY FILE|-\n"
     "                            store FILE (or stdin) under KEY (--upsert: replace)\n"
     "  get KEY [FILE|-]          write the object to FILE (default: stdout)\n"
     "  exist KEY...              print KEY<TAB>yes|no; exit 0 if all exist, 1 if not\n"
@@ -278,6 +282,9 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
         {"name", required_argument, NULL, 'n'},
         {"ready-fd", required_argument, NULL, 'r'},
         {"drain-timeout", required_argument, NULL, 'd'},
+        {"ssd-path", required_argument, NULL, 'S'},
+        {"ssd-size", required_argument, NULL, 'Z'},
+        {"ssd-buffered-io", no_argument, NULL, 'B'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -286,13 +293,26 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
     uint64_t v;
     int ready_fd = -1;
     double drain_s = 30;
+    bool dram_given = false;
     int opt;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
         case 's':
-            if (!kvp_parse_size(optarg, &params.segment_size) || params.segment_size == 0)
+            if (!kvp_parse_size(optarg, &params.segment_size))
                 return usage_error(cmd, "--segment-size needs a size such as 64MiB, got '%s'",
                                    optarg);
+            dram_given = true;
+            break;
+        case 'S':
+            params.ssd_path = optarg;
+            break;
+        case 'Z':
+            if (!kvp_parse_size(optarg, &params.ssd_size) || params.ssd_size < (1u << 20))
+                return usage_error(cmd, "--ssd-size needs a size of at least 1MiB, got '%s'",
+                                   optarg);
+            break;
+        case 'B':
+            params.ssd_buffered_io = 1;
             break;
         case 'H':
             params.data_host = optarg;
@@ -324,8 +344,12 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
     }
     if (optind < argc)
         return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
-    if (params.segment_size == 0)
-        return usage_error(cmd, "serve needs --segment-size");
+    if (!dram_given && params.ssd_path == NULL)
+        return usage_error(cmd, "serve needs --segment-size (and/or --ssd-path)");
+    if (params.segment_size == 0 && params.ssd_path == NULL)
+        return usage_error(cmd, "--segment-size 0 needs an SSD segment (--ssd-path)");
+    if ((params.ssd_path == NULL) != (params.ssd_size == 0))
+        return usage_error(cmd, "--ssd-path and --ssd-size go together");
     if (ready_fd >= 0 && fcntl(ready_fd, F_GETFD) < 0)
         return usage_error(cmd, "--ready-fd %d is not an open file descriptor", ready_fd);
 
@@ -343,10 +367,15 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
     if (client_open(cli, &params, &client) != KVP_OK)
         return CLI_FAIL;
     const char *name = kvp_client_segment_name(client);
+    const char *ssd_name = kvp_client_ssd_segment_name(client);
+    if (name != NULL)
+        printf("serving segment %s (%" PRIu64 " bytes) for master %s\n", name,
+               params.segment_size, cli->master);
+    if (ssd_name != NULL)
+        printf("serving SSD segment %s (%" PRIu64 " bytes, file %s) for master %s\n", ssd_name,
+               params.ssd_size, params.ssd_path, cli->master);
     if (name == NULL)
-        name = "(unnamed)";
-    printf("serving segment %s (%" PRIu64 " bytes) for master %s\n", name, params.segment_size,
-           cli->master);
+        name = ssd_name != NULL ? ssd_name : "(unnamed)";
     fflush(stdout);
     if (ready_fd >= 0) {
         char line[512];
@@ -488,6 +517,7 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
         {"replicas", required_argument, NULL, 'r'},
         {"prefer", required_argument, NULL, 'p'},
         {"upsert", no_argument, NULL, 'u'},
+        {"medium", required_argument, NULL, 'm'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -507,6 +537,11 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
             break;
         case 'u':
             config.mode = KVP_PUT_UPSERT;
+            break;
+        case 'm':
+            if (strcmp(optarg, "dram") != 0 && strcmp(optarg, "ssd") != 0)
+                return usage_error(cmd, "--medium needs dram or ssd, got '%s'", optarg);
+            config.medium = optarg;
             break;
         case 'h':
             fputs(global_usage, stdout);
@@ -848,6 +883,9 @@ static int cmd_ls(const cli_t *cli, const command_t *cmd, int argc, char **argv)
     kvp_key_info_t *keys = NULL;
     size_t n = 0;
     kvp_status_t st = kvp_list_keys(client, pattern, (size_t)limit + 1, &keys, &n);
+    kvp_pool_stat_t *ps = NULL; /* each replica's medium, from its segment */
+    if (st == KVP_OK && kvp_pool_stat(client, &ps) != KVP_OK)
+        ps = NULL;
     kvp_client_destroy(client);
     if (st != KVP_OK)
         return fail(kvp_strerror(st), "ls %s", pattern);
@@ -858,24 +896,33 @@ static int cmd_ls(const cli_t *cli, const command_t *cmd, int argc, char **argv)
     if (json)
         fputs("[", stdout);
     else if (n > 0)
-        printf("%-10s  %8s  %-5s  %8s  %s\n", "SIZE", "REPLICAS", "PIN", "LEASE", "KEY");
+        printf("%-10s  %8s  %-8s  %-5s  %8s  %s\n", "SIZE", "REPLICAS", "MEDIUM", "PIN", "LEASE",
+               "KEY");
     for (size_t i = 0; i < n; i++) {
         const kvp_key_info_t *k = &keys[i];
         const char *pin = k->pin == KVP_PIN_HARD ? "hard" : k->pin == KVP_PIN_SOFT ? "soft" : "-";
+        /* each replica's medium, as "dram", "ssd" or "dram+ssd" */
+        bool on[2] = {false, false};
+        for (uint32_t r = 0; r < k->n_replicas && r < 8; r++)
+            for (size_t g = 0; ps != NULL && g < ps->n_segments; g++)
+                if (ps->segments[g].id == k->segment_ids[r])
+                    on[strcmp(ps->segments[g].medium, "ssd") == 0] = true;
+        const char *medium = on[0] && on[1] ? "dram+ssd" : on[1] ? "ssd" : on[0] ? "dram" : "-";
         if (json) {
             printf("%s{\"key\":", i > 0 ? "," : "");
             json_string(k->key, strlen(k->key));
-            printf(",\"size\":%" PRIu64 ",\"replicas\":%u,\"complete\":%s,\"lease_ms\":%u,"
-                   "\"pin\":\"%s\"}",
-                   k->size, k->n_replicas, k->complete ? "true" : "false", k->lease_ms, pin);
+            printf(",\"size\":%" PRIu64 ",\"replicas\":%u,\"medium\":\"%s\",\"complete\":%s,"
+                   "\"lease_ms\":%u,\"pin\":\"%s\"}",
+                   k->size, k->n_replicas, medium, k->complete ? "true" : "false", k->lease_ms,
+                   pin);
         } else {
             char lease[32] = "-";
             if (!k->complete)
                 snprintf(lease, sizeof(lease), "writing");
             else if (k->lease_ms > 0)
                 snprintf(lease, sizeof(lease), "%.1fs", k->lease_ms / 1000.0);
-            printf("%-10s  %8u  %-5s  %8s  %s\n", human_size(k->size, a, sizeof(a)), k->n_replicas,
-                   pin, lease, k->key);
+            printf("%-10s  %8u  %-8s  %-5s  %8s  %s\n", human_size(k->size, a, sizeof(a)),
+                   k->n_replicas, medium, pin, lease, k->key);
         }
     }
     if (json)
@@ -884,6 +931,8 @@ static int cmd_ls(const cli_t *cli, const command_t *cmd, int argc, char **argv)
         fprintf(stderr, "kvpool: ls: showing the first %" PRIu64 " keys; more match (--limit)\n",
                 limit);
     kvp_key_list_free(keys, more ? n + 1 : n);
+    if (ps != NULL)
+        kvp_pool_stat_free(ps);
     if (fflush(stdout) != 0)
         return fail(strerror(errno), "writing stdout");
     return CLI_OK;
@@ -972,10 +1021,20 @@ static void stat_print_json(const kvp_pool_stat_t *st)
            ",\"pending\":%" PRIu64 ",\"evicted_objects\":%" PRIu64 ",\"evicted_bytes\":%" PRIu64
            ",\"put_timeouts\":%" PRIu64 ",\"moved_objects\":%" PRIu64
            ",\"reading_objects\":%" PRIu64 ",\"reading_bytes\":%" PRIu64
-           ",\"leases_released\":%" PRIu64 ",\"leases_expired\":%" PRIu64 ",\"segments\":[",
+           ",\"leases_released\":%" PRIu64 ",\"leases_expired\":%" PRIu64,
            st->capacity, st->used, st->objects, st->pending, st->evicted_objects, st->evicted_bytes,
            st->put_timeouts, st->moved_objects, st->reading_objects, st->reading_bytes,
            st->leases_released, st->leases_expired);
+    printf(",\"dram_capacity\":%" PRIu64 ",\"dram_used\":%" PRIu64 ",\"ssd_capacity\":%" PRIu64
+           ",\"ssd_used\":%" PRIu64 ",\"offloaded_objects\":%" PRIu64
+           ",\"offload_dropped\":%" PRIu64 ",\"offload_failed\":%" PRIu64
+           ",\"offloading_objects\":%" PRIu64 ",\"promoted_objects\":%" PRIu64
+           ",\"hits_dram\":%" PRIu64 ",\"hits_ssd\":%" PRIu64 ",\"ssd_evicted_objects\":%" PRIu64
+           ",\"adopted_objects\":%" PRIu64 ",\"ssd_lost_objects\":%" PRIu64 ",\"segments\":[",
+           st->capacity - st->ssd_capacity, st->used - st->ssd_used, st->ssd_capacity, st->ssd_used,
+           st->offloaded_objects, st->offload_dropped, st->offload_failed, st->offloading_objects,
+           st->promoted_objects, st->hits_dram, st->hits_ssd, st->ssd_evicted_objects,
+           st->adopted_objects, st->ssd_lost_objects);
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
         printf("%s{\"id\":%" PRIu64 ",\"name\":", i > 0 ? "," : "", s->id);
@@ -1002,6 +1061,22 @@ static void stat_print_table(const kvp_pool_stat_t *st)
     printf("reading   %" PRIu64 " objects, %s (leases released %" PRIu64 ", expired %" PRIu64 ")\n",
            st->reading_objects, human_size(st->reading_bytes, a, sizeof(a)), st->leases_released,
            st->leases_expired);
+    if (st->ssd_capacity > 0 || st->adopted_objects > 0) {
+        uint64_t dc = st->capacity - st->ssd_capacity, du = st->used - st->ssd_used;
+        printf("dram      %s of %s (%.1f%%)\n", human_size(du, a, sizeof(a)),
+               human_size(dc, b, sizeof(b)), dc > 0 ? 100.0 * (double)du / (double)dc : 0.0);
+        printf("ssd       %s of %s (%.1f%%)\n", human_size(st->ssd_used, a, sizeof(a)),
+               human_size(st->ssd_capacity, b, sizeof(b)),
+               st->ssd_capacity > 0 ? 100.0 * (double)st->ssd_used / (double)st->ssd_capacity
+                                    : 0.0);
+        printf("hits      dram %" PRIu64 ", ssd %" PRIu64 "\n", st->hits_dram, st->hits_ssd);
+        printf("tiering   offloaded %" PRIu64 " (in flight %" PRIu64 ", failed %" PRIu64
+               ", dropped for lack of SSD room %" PRIu64 "), promoted %" PRIu64
+               ", evicted from SSD %" PRIu64 ", adopted %" PRIu64 ", lost %" PRIu64 "\n",
+               st->offloaded_objects, st->offloading_objects, st->offload_failed,
+               st->offload_dropped, st->promoted_objects, st->ssd_evicted_objects,
+               st->adopted_objects, st->ssd_lost_objects);
+    }
     printf("segments  %zu\n", st->n_segments);
     if (st->n_segments == 0)
         return;

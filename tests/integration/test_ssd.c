@@ -1,0 +1,461 @@
+/*
+ * test_ssd.c - the SSD tier against real processes and real files on the
+ * machine's disk (a directory under the build directory: never tmpfs, which
+ * has no O_DIRECT): a kvpool-master, `kvpool serve` with a DRAM segment and
+ * one with an SSD segment (--ssd-path), this process as the client (tcp).
+ *
+ * - fill 4x the DRAM capacity with 64 KiB and 1 MiB objects: every one reads
+ *   back byte-exact, some of them from SSD (offloaded, counted);
+ * - promotion: objects first read from SSD are served from DRAM afterwards;
+ * - kill -9 of the SSD owner, restart on the same path: every object that
+ *   had reached SSD reads back byte-exact; a removed one stays gone after the
+ *   next restart; one overwritten while the owner was down reads the new value;
+ * - kill -9 of the master: after its restart, SSD objects read back again;
+ * - bytes corrupted in the file behind its owner's back: KVP_ERR_CHECKSUM,
+ *   never the bytes;
+ * - kill -9 of the SSD owner while offloads are in flight: after its restart
+ *   no object that was in DRAM is lost and every read is byte-exact.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "client/include/kvpool.h"
+#include "common/clock.h"
+#include "tests/harness.h"
+
+#define DRAM_SIZE "8MiB"
+#define SSD_SIZE "96MiB"
+
+typedef struct env {
+    kvp_proc_t master;
+    kvp_proc_t dram; /* kvpool serve: the DRAM segment */
+    kvp_proc_t ssd;  /* kvpool serve --segment-size 0 --ssd-path */
+    kvp_client_t *client;
+    char dir[256];
+    char path[320];
+    char master_addr[128];
+} env_t;
+
+static env_t *g_env;
+
+static bool start_ssd(env_t *e)
+{
+    char *argv[] = {(char *)kvp_test_cli_bin(),
+                    "--master",
+                    e->master_addr,
+                    "serve",
+                    "--segment-size",
+                    "0",
+                    "--ssd-path",
+                    e->path,
+                    "--ssd-size",
+                    SSD_SIZE,
+                    "--ready-fd",
+                    "3",
+                    NULL};
+    return kvp_proc_start(&e->ssd, argv, 20000);
+}
+
+static bool start_master(env_t *e, bool same_addr)
+{
+    char *extra[] = {"--listen", e->master_addr, NULL};
+    return kvp_start_master_args(&e->master, same_addr ? extra : NULL);
+}
+
+static env_t *env_start(void)
+{
+    env_t *e = calloc(1, sizeof(*e));
+    assert_non_null(e);
+    snprintf(e->dir, sizeof(e->dir), "ssdtest.XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    snprintf(e->path, sizeof(e->path), "%s/segment.kvpssd", e->dir);
+    assert_true(start_master(e, false));
+    snprintf(e->master_addr, sizeof(e->master_addr), "%s", e->master.ready);
+    assert_true(kvp_start_segment(&e->dram, e->master_addr, DRAM_SIZE, "auto"));
+    assert_true(start_ssd(e));
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = e->master_addr;
+    p.transport = "tcp";
+    assert_int_equal(kvp_client_create(&p, &e->client), KVP_OK);
+    g_env = e;
+    return e;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    env_t *e = g_env;
+    if (e == NULL)
+        return 0;
+    kvp_client_destroy(e->client);
+    kvp_proc_stop(&e->ssd, SIGTERM, 10000);
+    kvp_proc_stop(&e->dram, SIGTERM, 10000);
+    kvp_proc_stop(&e->master, SIGTERM, 10000);
+    unlink(e->path);
+    rmdir(e->dir);
+    free(e);
+    g_env = NULL;
+    return 0;
+}
+
+static kvp_pool_stat_t stat_now(env_t *e)
+{
+    kvp_pool_stat_t *ps = NULL;
+    assert_int_equal(kvp_pool_stat(e->client, &ps), KVP_OK);
+    kvp_pool_stat_t copy = *ps;
+    copy.segments = NULL;
+    copy.n_segments = 0;
+    kvp_pool_stat_free(ps);
+    return copy;
+}
+
+static void key_of(char *buf, size_t len, const char *prefix, unsigned i)
+{
+    snprintf(buf, len, "%s-%05u", prefix, i);
+}
+
+static size_t size_of(unsigned i)
+{
+    return i % 4 == 3 ? (1u << 20) : (64u << 10); /* 64 KiB and 1 MiB objects */
+}
+
+/* Put n objects (prefix-i, seed base+i); returns how many were stored. */
+static unsigned put_all(env_t *e, const char *prefix, unsigned n, uint64_t base, const char *medium)
+{
+    uint8_t *buf = malloc(1u << 20);
+    assert_non_null(buf);
+    kvp_put_config_t cfg;
+    kvp_put_config_init(&cfg);
+    cfg.medium = medium;
+    unsigned ok = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char key[64];
+        key_of(key, sizeof(key), prefix, i);
+        kvp_fill_pattern(buf, size_of(i), base + i);
+        kvp_status_t st = kvp_put(e->client, key, buf, size_of(i), &cfg);
+        if (st != KVP_OK)
+            fprintf(stderr, "put %s: %s (%s)\n", key, kvp_strerror(st), kvp_client_last_error());
+        ok += st == KVP_OK;
+    }
+    free(buf);
+    return ok;
+}
+
+/* Get prefix-i and compare with seed base+i; the status. */
+static kvp_status_t get_check(env_t *e, const char *prefix, unsigned i, uint64_t base)
+{
+    char key[64];
+    key_of(key, sizeof(key), prefix, i);
+    size_t size = size_of(i);
+    uint8_t *want = malloc(size), *got = malloc(size);
+    assert_non_null(want);
+    assert_non_null(got);
+    kvp_fill_pattern(want, size, base + i);
+    memset(got, 0xEE, size);
+    int64_t n = kvp_get_into(e->client, key, got, size);
+    kvp_status_t st = n < 0 ? (kvp_status_t)n : KVP_OK;
+    if (st == KVP_OK) {
+        assert_int_equal(n, (int64_t)size);
+        if (memcmp(want, got, size) != 0)
+            fail_msg("%s: wrong bytes", key);
+    }
+    free(want);
+    free(got);
+    return st;
+}
+
+/* Medium of key's replicas: bit 0 DRAM, bit 1 SSD; -1 when absent. */
+static int medium_of(env_t *e, const char *key)
+{
+    kvp_key_info_t *keys = NULL;
+    size_t n = 0;
+    char re[96];
+    snprintf(re, sizeof(re), "^%s$", key);
+    assert_int_equal(kvp_list_keys(e->client, re, 2, &keys, &n), KVP_OK);
+    kvp_pool_stat_t *ps = NULL;
+    assert_int_equal(kvp_pool_stat(e->client, &ps), KVP_OK);
+    int m = n == 1 ? 0 : -1;
+    for (uint32_t r = 0; n == 1 && r < keys[0].n_replicas; r++)
+        for (size_t g = 0; g < ps->n_segments; g++)
+            if (ps->segments[g].id == keys[0].segment_ids[r])
+                m |= strcmp(ps->segments[g].medium, "ssd") == 0 ? 2 : 1;
+    kvp_pool_stat_free(ps);
+    kvp_key_list_free(keys, n);
+    return m;
+}
+
+/* Wait until no offload is in flight (and at least `want` were offloaded). */
+static void wait_offloads(env_t *e, uint64_t want)
+{
+    uint64_t deadline = kvp_now_ms() + 20000;
+    for (;;) {
+        kvp_pool_stat_t s = stat_now(e);
+        if (s.offloading_objects == 0 && s.offloaded_objects >= want)
+            return;
+        if (kvp_now_ms() > deadline)
+            fail_msg("offloads did not settle: %llu in flight, %llu done",
+                     (unsigned long long)s.offloading_objects,
+                     (unsigned long long)s.offloaded_objects);
+        usleep(50 * 1000);
+    }
+}
+
+/* Wait until the SSD segment is mounted and has adopted at least `want` objects. */
+static void wait_adopted(env_t *e, uint64_t want)
+{
+    uint64_t deadline = kvp_now_ms() + 20000;
+    for (;;) {
+        kvp_pool_stat_t s = stat_now(e);
+        if (s.ssd_capacity > 0 && s.adopted_objects >= want)
+            return;
+        if (kvp_now_ms() > deadline)
+            fail_msg("SSD segment did not come back: capacity %llu, adopted %llu (want %llu)",
+                     (unsigned long long)s.ssd_capacity, (unsigned long long)s.adopted_objects,
+                     (unsigned long long)want);
+        usleep(50 * 1000);
+    }
+}
+
+/* 8 MiB of DRAM, 32 MiB of objects (4x): 64 KiB and 1 MiB, all read back. */
+static unsigned fill_count(void)
+{
+    /* objects until 4x the DRAM capacity */
+    uint64_t bytes = 0;
+    unsigned n = 0;
+    while (bytes < 4ull * (8u << 20))
+        bytes += size_of(n++);
+    return n;
+}
+
+static void test_fill_4x_dram_reads_back_exact(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    unsigned n = fill_count();
+    assert_int_equal(put_all(e, "fill", n, 1000, NULL), n);
+    wait_offloads(e, 1);
+    kvp_pool_stat_t before = stat_now(e);
+    assert_true(before.offloaded_objects > 0);
+    assert_int_equal(before.offload_dropped, 0); /* SSD had room: nothing left the pool */
+    unsigned on_ssd = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char key[64];
+        key_of(key, sizeof(key), "fill", i);
+        on_ssd += medium_of(e, key) == 2;
+    }
+    for (unsigned i = 0; i < n; i++)
+        assert_int_equal(get_check(e, "fill", i, 1000), KVP_OK);
+    kvp_pool_stat_t after = stat_now(e);
+    uint64_t from_ssd = after.hits_ssd - before.hits_ssd;
+    printf("fill: %u objects (%u on SSD only before the reads), %llu read from SSD, %llu from "
+           "DRAM, %llu offloaded\n",
+           n, on_ssd, (unsigned long long)from_ssd,
+           (unsigned long long)(after.hits_dram - before.hits_dram),
+           (unsigned long long)after.offloaded_objects);
+    assert_true(on_ssd > 0);
+    assert_true(from_ssd >= on_ssd / 2); /* the reads found them there (some promoted meanwhile) */
+    assert_int_equal(from_ssd + after.hits_dram - before.hits_dram, n);
+}
+
+static void test_promotion_brings_hot_set_back_to_dram(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    unsigned n = fill_count();
+    assert_int_equal(put_all(e, "hot", n, 2000, NULL), n);
+    wait_offloads(e, 1);
+    /* a hot set: the first 4 objects on SSD only */
+    unsigned hot[4], nh = 0;
+    for (unsigned i = 0; i < n && nh < 4; i++) {
+        char key[64];
+        key_of(key, sizeof(key), "hot", i);
+        if (medium_of(e, key) == 2 && size_of(i) == (64u << 10))
+            hot[nh++] = i;
+    }
+    assert_int_equal(nh, 4);
+    /* make room in DRAM: promotion only uses free room */
+    for (unsigned i = 0; i < n; i++) {
+        char key[64];
+        key_of(key, sizeof(key), "hot", i);
+        if (medium_of(e, key) & 1)
+            assert_int_equal(kvp_remove(e->client, key), KVP_OK);
+    }
+    kvp_pool_stat_t s0 = stat_now(e);
+    for (unsigned h = 0; h < nh; h++)
+        assert_int_equal(get_check(e, "hot", hot[h], 2000), KVP_OK);
+    kvp_pool_stat_t s1 = stat_now(e);
+    assert_int_equal(s1.hits_ssd - s0.hits_ssd, nh);
+    uint64_t deadline = kvp_now_ms() + 10000;
+    while (stat_now(e).promoted_objects < s0.promoted_objects + nh && kvp_now_ms() < deadline)
+        usleep(50 * 1000);
+    assert_true(stat_now(e).promoted_objects >= s0.promoted_objects + nh);
+    for (unsigned h = 0; h < nh; h++) {
+        char key[64];
+        key_of(key, sizeof(key), "hot", hot[h]);
+        assert_int_equal(medium_of(e, key), 3); /* both tiers now */
+        assert_int_equal(get_check(e, "hot", hot[h], 2000), KVP_OK);
+    }
+    kvp_pool_stat_t s2 = stat_now(e);
+    assert_int_equal(s2.hits_dram - s1.hits_dram, nh); /* served from DRAM */
+    assert_int_equal(s2.hits_ssd, s1.hits_ssd);
+}
+
+static void test_owner_kill9_restart_keeps_ssd_objects(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    const unsigned n = 24;
+    assert_int_equal(put_all(e, "keep", n, 3000, "ssd"), n); /* straight to SSD */
+    uint64_t deadline = kvp_now_ms() + 5000;
+    (void)deadline;
+    usleep(300 * 1000); /* RECORD tasks: the owner records them within a round trip */
+    for (unsigned i = 0; i < n; i++) {
+        char key[64];
+        key_of(key, sizeof(key), "keep", i);
+        assert_int_equal(medium_of(e, key), 2);
+    }
+    kvp_proc_kill9(&e->ssd);
+    /* gone with its owner: not readable, not listed */
+    deadline = kvp_now_ms() + 5000;
+    while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
+        usleep(20 * 1000);
+    assert_int_equal(get_check(e, "keep", 0, 3000), KVP_ERR_NOT_FOUND);
+    /* overwrite one while the owner is down (into DRAM) */
+    assert_int_equal(put_all(e, "keep", 1, 9000, NULL), 1); /* keep-00000, new value */
+    uint64_t adopted0 = stat_now(e).adopted_objects;
+    assert_true(start_ssd(e));
+    wait_adopted(e, adopted0 + n - 1);
+    assert_int_equal(get_check(e, "keep", 0, 9000), KVP_OK); /* the new value won */
+    for (unsigned i = 1; i < n; i++)
+        assert_int_equal(get_check(e, "keep", i, 3000), KVP_OK);
+    /* remove one, restart again: it stays gone */
+    char key[64];
+    key_of(key, sizeof(key), "keep", 5);
+    assert_int_equal(kvp_remove(e->client, key), KVP_OK);
+    usleep(300 * 1000); /* the owner forgets it (FORGET task) */
+    kvp_proc_kill9(&e->ssd);
+    deadline = kvp_now_ms() + 5000;
+    while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
+        usleep(20 * 1000);
+    /* and one removed while the owner is down stays gone too */
+    key_of(key, sizeof(key), "keep", 6);
+    assert_int_equal(kvp_remove(e->client, key), KVP_ERR_NOT_FOUND);
+    adopted0 = stat_now(e).adopted_objects;
+    assert_true(start_ssd(e));
+    wait_adopted(e, adopted0 + n - 3);
+    assert_int_equal(get_check(e, "keep", 5, 3000), KVP_ERR_NOT_FOUND);
+    assert_int_equal(get_check(e, "keep", 6, 3000), KVP_ERR_NOT_FOUND);
+    assert_int_equal(get_check(e, "keep", 0, 9000), KVP_OK);
+    for (unsigned i = 1; i < n; i++)
+        if (i != 5 && i != 6)
+            assert_int_equal(get_check(e, "keep", i, 3000), KVP_OK);
+}
+
+static void test_master_kill9_ssd_objects_come_back(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    const unsigned n = 16;
+    assert_int_equal(put_all(e, "mk", n, 4000, "ssd"), n);
+    usleep(300 * 1000);
+    kvp_proc_kill9(&e->master);
+    assert_true(start_master(e, true));
+    wait_adopted(e, n);
+    for (unsigned i = 0; i < n; i++)
+        assert_int_equal(get_check(e, "mk", i, 4000), KVP_OK);
+}
+
+/* Flip a byte of the object whose bytes start with `head` in the file. */
+static void corrupt_in_file(const char *path, const uint8_t *head, size_t head_len)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    struct stat sb;
+    assert_int_equal(fstat(fd, &sb), 0);
+    uint8_t *buf = malloc(1u << 20);
+    assert_non_null(buf);
+    bool done = false;
+    for (off_t at = 0; at < sb.st_size && !done; at += 1 << 20) {
+        ssize_t r = pread(fd, buf, 1u << 20, at);
+        assert_true(r > 0);
+        for (ssize_t i = 0; i + (ssize_t)head_len <= r && !done; i += 4096) {
+            if (memcmp(buf + i, head, head_len) != 0)
+                continue;
+            uint8_t b = buf[i + 100] ^ 0x5a;
+            assert_int_equal(pwrite(fd, &b, 1, at + i + 100), 1);
+            done = true;
+        }
+    }
+    assert_true(done);
+    fsync(fd);
+    close(fd);
+    free(buf);
+}
+
+static void test_corrupt_file_gives_checksum_error(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    assert_int_equal(put_all(e, "bad", 2, 5000, "ssd"), 2);
+    usleep(300 * 1000);
+    uint8_t head[256];
+    kvp_fill_pattern(head, sizeof(head), 5000); /* bad-00000's first bytes */
+    corrupt_in_file(e->path, head, sizeof(head));
+    assert_int_equal(get_check(e, "bad", 0, 5000), KVP_ERR_CHECKSUM);
+    assert_int_equal(get_check(e, "bad", 1, 5001 - 1), KVP_OK); /* the other is intact */
+}
+
+static void test_owner_kill9_mid_offload_loses_nothing(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    unsigned n = fill_count();
+    assert_int_equal(put_all(e, "mid", n, 6000, NULL), n);
+    kvp_pool_stat_t s = stat_now(e);
+    printf("mid-offload: %llu offloads in flight, %llu done at the kill\n",
+           (unsigned long long)s.offloading_objects, (unsigned long long)s.offloaded_objects);
+    kvp_proc_kill9(&e->ssd);
+    uint64_t deadline = kvp_now_ms() + 5000;
+    while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
+        usleep(20 * 1000);
+    /* what is still listed reads back exact (the offloads in flight kept DRAM) */
+    unsigned listed = 0;
+    for (unsigned i = 0; i < n; i++) {
+        char key[64];
+        key_of(key, sizeof(key), "mid", i);
+        if (medium_of(e, key) >= 0) {
+            listed++;
+            assert_int_equal(get_check(e, "mid", i, 6000), KVP_OK);
+        }
+    }
+    uint64_t adopted0 = stat_now(e).adopted_objects;
+    assert_true(start_ssd(e));
+    wait_adopted(e, adopted0 + (n - listed));
+    for (unsigned i = 0; i < n; i++)
+        assert_int_equal(get_check(e, "mid", i, 6000), KVP_OK);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_fill_4x_dram_reads_back_exact, teardown),
+        cmocka_unit_test_teardown(test_promotion_brings_hot_set_back_to_dram, teardown),
+        cmocka_unit_test_teardown(test_owner_kill9_restart_keeps_ssd_objects, teardown),
+        cmocka_unit_test_teardown(test_master_kill9_ssd_objects_come_back, teardown),
+        cmocka_unit_test_teardown(test_corrupt_file_gives_checksum_error, teardown),
+        cmocka_unit_test_teardown(test_owner_kill9_mid_offload_loses_nothing, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
