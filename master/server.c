@@ -470,8 +470,7 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
         }
         kvp_rpc_hdr_t h = {.method = p->method, .request_id = p->req_id};
         if (s == KVP_OK)
-            queue_frame(c, (uint16_t)(p->method | KVP_RPC_RESPONSE_BIT), p->req_id, 0, resp,
-                        rlen);
+            queue_frame(c, (uint16_t)(p->method | KVP_RPC_RESPONSE_BIT), p->req_id, 0, resp, rlen);
         else
             reply_error(c, &h, s, errmsg);
         free(resp);

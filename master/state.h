@@ -62,7 +62,7 @@ typedef struct kvp_ssd_task {
     uint64_t size;
     kvp_replica_t ssd;  /* the SSD extent (OFFLOAD: held by the task until it ends) */
     kvp_replica_t dram; /* OFFLOAD: the source; PROMOTE: the destination (held) */
-    uint64_t bytes; /* OFFLOAD: DRAM bytes it frees when it ends */
+    uint64_t bytes;     /* OFFLOAD: DRAM bytes it frees when it ends */
     uint32_t crc32c;
     uint8_t kind;
     bool sent;

@@ -64,8 +64,8 @@ typedef struct kvp_client_params {
     /* SSD segment (docs/architecture.md, "Tiers"): one preallocated file on a local
      * filesystem with O_DIRECT, mounted besides (or instead of) the DRAM segment. Its
      * objects survive this process: the same path mounted again brings them back. */
-    const char *ssd_path; /* NULL: no SSD segment */
-    uint64_t ssd_size;    /* bytes of the file's data area (>= 1 MiB) */
+    const char *ssd_path;     /* NULL: no SSD segment */
+    uint64_t ssd_size;        /* bytes of the file's data area (>= 1 MiB) */
     uint32_t ssd_buffered_io; /* 1: accept a filesystem without O_DIRECT (page cache) */
 } kvp_client_params_t;
 

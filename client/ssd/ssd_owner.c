@@ -158,7 +158,9 @@ static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t s
         Kvpool__SsdAdoptResponse *ar = kvpool__ssd_adopt_response__unpack(NULL, rlen, resp);
         free(resp);
         if (ar == NULL || ar->status != KVP_OK || ar->n_statuses != n) {
-            st = ar == NULL ? KVP_ERR_PROTOCOL : ar->status != KVP_OK ? ar->status : KVP_ERR_PROTOCOL;
+            st = ar == NULL             ? KVP_ERR_PROTOCOL
+                 : ar->status != KVP_OK ? ar->status
+                                        : KVP_ERR_PROTOCOL;
             if (ar != NULL)
                 kvpool__ssd_adopt_response__free_unpacked(ar, NULL);
             break;
@@ -216,8 +218,8 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
         return KVP_ERR_PROTOCOL;
     st = mr->status;
     if (st != KVP_OK) {
-        KVP_LOG_ERROR("master refused to mount SSD segment %s: %s (%s)", o->name,
-                      kvp_strerror(st), mr->message);
+        KVP_LOG_ERROR("master refused to mount SSD segment %s: %s (%s)", o->name, kvp_strerror(st),
+                      mr->message);
         kvpool__mount_response__free_unpacked(mr, NULL);
         return st;
     }
@@ -297,10 +299,10 @@ static void offload_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint64_t len = blocks(t[i]->size);
         if (st[i] == KVP_OK) {
-            iov[nw] = (kvp_ssd_iov_t){.buf = o->staging + off,
-                                      .file_off = kvp_ssd_file_data_base(o->file) +
-                                                  t[i]->ssd_offset,
-                                      .len = len};
+            iov[nw] =
+                (kvp_ssd_iov_t){.buf = o->staging + off,
+                                .file_off = kvp_ssd_file_data_base(o->file) + t[i]->ssd_offset,
+                                .len = len};
             idx[nw++] = i;
         }
         off += len;
@@ -467,11 +469,15 @@ static void *worker(void *arg)
         Kvpool__SsdTasksResponse *r =
             st == KVP_OK ? kvpool__ssd_tasks_response__unpack(NULL, rlen, resp) : NULL;
         if (r == NULL || r->status != KVP_OK) {
-            if (r != NULL && r->status == KVP_ERR_SEGMENT_GONE)
-                kvp_mconn_disconnect(o->mc); /* the next call remounts (on_ready) */
+            /* the master forgot our mount: a new connection mounts again (on_ready). Not
+             * when the request named an id a reconnect has replaced meanwhile (the call was
+             * sent again on the new connection as it was) */
+            if (r != NULL && r->status == KVP_ERR_SEGMENT_GONE &&
+                req.segment_id == atomic_load(&o->seg_id))
+                kvp_mconn_disconnect(o->mc);
             if (r != NULL)
                 kvpool__ssd_tasks_response__free_unpacked(r, NULL);
-            if (!atomic_load(&o->stop))
+            if (!atomic_load(&o->stop) && req.segment_id == atomic_load(&o->seg_id))
                 usleep(100 * 1000);
             continue;
         }

@@ -369,8 +369,8 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
     const char *name = kvp_client_segment_name(client);
     const char *ssd_name = kvp_client_ssd_segment_name(client);
     if (name != NULL)
-        printf("serving segment %s (%" PRIu64 " bytes) for master %s\n", name,
-               params.segment_size, cli->master);
+        printf("serving segment %s (%" PRIu64 " bytes) for master %s\n", name, params.segment_size,
+               cli->master);
     if (ssd_name != NULL)
         printf("serving SSD segment %s (%" PRIu64 " bytes, file %s) for master %s\n", ssd_name,
                params.ssd_size, params.ssd_path, cli->master);
@@ -398,7 +398,7 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
             rc = fail(strerror(errno), "sigtimedwait");
             break;
         }
-        if (!kvp_client_segment_mounted(client)) {
+        if (params.segment_size > 0 && !kvp_client_segment_mounted(client)) {
             printf("segment %s was drained on request: exiting\n", name);
             fflush(stdout);
             kvp_client_destroy(client);
@@ -514,12 +514,9 @@ static void input_release(input_t *in)
 static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"replicas", required_argument, NULL, 'r'},
-        {"prefer", required_argument, NULL, 'p'},
-        {"upsert", no_argument, NULL, 'u'},
-        {"medium", required_argument, NULL, 'm'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"replicas", required_argument, NULL, 'r'}, {"prefer", required_argument, NULL, 'p'},
+        {"upsert", no_argument, NULL, 'u'},         {"medium", required_argument, NULL, 'm'},
+        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
     };
     kvp_put_config_t config;
     kvp_put_config_init(&config);

@@ -201,8 +201,8 @@ void kvp_index_replace(kvp_object_index_t *index, kvp_object_t *obj, kvp_object_
     if (*pp == obj)
         *pp = repl;
     repl->hnext = obj->hnext;
-    kvp_object_list_t *l = obj->state == KVP_OBJ_PENDING ? &index->pending_list
-                                                          : kvp_index_policy_list(index, obj);
+    kvp_object_list_t *l =
+        obj->state == KVP_OBJ_PENDING ? &index->pending_list : kvp_index_policy_list(index, obj);
     repl->lprev = obj->lprev;
     repl->lnext = obj->lnext;
     if (obj->lprev != NULL)

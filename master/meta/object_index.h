@@ -19,12 +19,12 @@ typedef struct kvp_object_list {
 } kvp_object_list_t;
 
 /* obj->policy of a COMPLETE object: the list it is on (policy/lists.c). */
-#define KVP_POLICY_PROBATION 0u /* put, not read since */
-#define KVP_POLICY_PROTECTED 1u /* read at least once (or back from the ghost) */
-#define KVP_POLICY_PINNED 2u    /* hard-pinned: never a victim, never scanned */
-#define KVP_POLICY_SOFT 3u      /* soft-pinned: victims only when nothing else is left */
-#define KVP_POLICY_READING 4u   /* being read (a lease held): never a victim, never scanned */
-#define KVP_POLICY_SSD 5u       /* on the SSD tier only: the SSD tier's LRU (policy/tier.c) */
+#define KVP_POLICY_PROBATION 0u  /* put, not read since */
+#define KVP_POLICY_PROTECTED 1u  /* read at least once (or back from the ghost) */
+#define KVP_POLICY_PINNED 2u     /* hard-pinned: never a victim, never scanned */
+#define KVP_POLICY_SOFT 3u       /* soft-pinned: victims only when nothing else is left */
+#define KVP_POLICY_READING 4u    /* being read (a lease held): never a victim, never scanned */
+#define KVP_POLICY_SSD 5u        /* on the SSD tier only: the SSD tier's LRU (policy/tier.c) */
 #define KVP_POLICY_OFFLOADING 6u /* being offloaded to SSD: never a victim, never scanned */
 #define KVP_POLICY_LIST_MASK 7u
 

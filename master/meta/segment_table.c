@@ -140,8 +140,7 @@ bool kvp_segment_table_replica_on(const kvp_segment_table_t *table, const kvp_re
     return seg != NULL && seg->ssd == ssd;
 }
 
-bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_object_t *obj,
-                                bool ssd)
+bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_object_t *obj, bool ssd)
 {
     for (unsigned r = 0; r < obj->n_replicas; r++)
         if (kvp_segment_table_replica_on(table, &obj->replicas[r], ssd))

@@ -8,7 +8,8 @@
  * deepest block of a batch to the evict end of probation, a read in flight
  * to reading (eviction never walks it), a finished read to protected's new
  * end (or, for an object on the SSD tier only, the SSD list's new end; for
- * one being offloaded, the offloading list: kvp_policy_home). The index puts a new COMPLETE object on probation or a pin list.
+ * one being offloaded, the offloading list: kvp_policy_home). The index puts a new COMPLETE object
+ * on probation or a pin list.
  *
  * Thread: master loop only. Time: st->now_ms (soft pin expiry).
  */
@@ -82,7 +83,6 @@ void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj)
 {
     if (list_of(obj) == KVP_POLICY_PROBATION || list_of(obj) == KVP_POLICY_PROTECTED ||
         list_of(obj) == KVP_POLICY_SSD)
-        kvp_policy_move(st, obj, list_of(obj) == KVP_POLICY_SSD ? KVP_POLICY_SSD
-                                                                : KVP_POLICY_PROTECTED,
-                        false);
+        kvp_policy_move(
+            st, obj, list_of(obj) == KVP_POLICY_SSD ? KVP_POLICY_SSD : KVP_POLICY_PROTECTED, false);
 }

@@ -84,8 +84,7 @@ kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
     return o;
 }
 
-static kvp_object_t *lookup(kvp_master_state_t *st, const char *key, size_t len,
-                            uint64_t version)
+static kvp_object_t *lookup(kvp_master_state_t *st, const char *key, size_t len, uint64_t version)
 {
     kvp_object_t *obj = kvp_index_lookup(&st->index, key, len, kvp_index_hash(key, len));
     return obj != NULL && obj->state == KVP_OBJ_COMPLETE && obj->version == version ? obj : NULL;
@@ -114,7 +113,8 @@ uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
 static const char *host_of(const kvp_master_state_t *st, const kvp_object_t *obj, bool ssd)
 {
     for (unsigned r = 0; r < obj->n_replicas; r++) {
-        const kvp_segment_t *seg = kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
         if (seg != NULL && seg->ssd == ssd)
             return seg->host_id;
     }
@@ -276,8 +276,8 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     uint64_t bytes = aligned(obj->size, KVP_SEGMENT_ALIGN);
     if (cap == 0 || (double)(used + bytes) > st->config.offload_high * (double)cap)
         return;
-    kvp_placement_req_t req = {.size = obj->size, .replica_num = 1,
-                               .near_host = host_of(st, obj, true)};
+    kvp_placement_req_t req = {
+        .size = obj->size, .replica_num = 1, .near_host = host_of(st, obj, true)};
     kvp_replica_t dram;
     unsigned n = 0;
     if (kvp_placement_alloc(&st->segments, &req, &st->rng, &dram, &n) != KVP_OK || n != 1)
@@ -388,8 +388,7 @@ void kvp_tier_task_done(kvp_master_state_t *st, uint64_t segment_id, uint64_t ta
     else if (t->kind == KVP_SSD_RECORD && status != KVP_OK)
         KVP_LOG_WARN("SSD segment %#llx could not record %.*s: %s (it will not survive a "
                      "restart of its owner)",
-                     (unsigned long long)segment_id, (int)t->key_len, t->key,
-                     kvp_strerror(status));
+                     (unsigned long long)segment_id, (int)t->key_len, t->key, kvp_strerror(status));
     kvp_state_task_remove(st, t);
 }
 

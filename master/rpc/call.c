@@ -107,9 +107,8 @@ bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpo
         for (unsigned r = 0; r < obj->n_replicas; r++)
             if (!tiers ? ssd == 0
                        : kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], ssd) ||
-                             (ssd == 1 && kvp_segment_table_get(&st->segments,
-                                                                obj->replicas[r].segment_id) ==
-                                              NULL))
+                             (ssd == 1 && kvp_segment_table_get(
+                                              &st->segments, obj->replicas[r].segment_id) == NULL))
                 order[k++] = r;
     for (unsigned q = 0; q < k; q++) {
         unsigned r = order[q];

@@ -117,8 +117,7 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
         kvp_lease_expire(st);
         uint64_t used = kvp_segment_table_used_tier(&st->segments, r.ssd);
         uint64_t target = used > need ? used - need : 0;
-        uint64_t freed =
-            r.ssd ? kvp_tier_evict_ssd_to(st, target) : kvp_evict_to(st, target);
+        uint64_t freed = r.ssd ? kvp_tier_evict_ssd_to(st, target) : kvp_evict_to(st, target);
         if (freed == 0 && used == before)
             break;
         status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);

@@ -42,11 +42,12 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK ||
         (d->rdma_endpoint[0] != '\0' &&
          kvp_parse_hostport(d->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)) {
-        snprintf(msg, sizeof(msg),
-                 "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
-                 "\"dram\" or \"ssd\", a host id, a tcp endpoint host:port and an empty or host:port "
-                 "rdma endpoint",
-                 KVP_SEGMENT_MIN_SIZE);
+        snprintf(
+            msg, sizeof(msg),
+            "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
+            "\"dram\" or \"ssd\", a host id, a tcp endpoint host:port and an empty or host:port "
+            "rdma endpoint",
+            KVP_SEGMENT_MIN_SIZE);
         goto out;
     }
     if (kvp_segment_table_find_name(&st->segments, d->name) != NULL) {

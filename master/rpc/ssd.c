@@ -140,8 +140,8 @@ kvp_status_t kvp_handle_ssd_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
             kvp_object_t *dummy;
             out[i] = kvp_call_key_lookup(st, &e->key, &dummy, NULL);
             if (out[i] == KVP_OK)
-                out[i] = kvp_tier_adopt(st, seg, (const char *)e->key.data, e->key.len,
-                                        e->version, e->offset, e->size, e->crc32c);
+                out[i] = kvp_tier_adopt(st, seg, (const char *)e->key.data, e->key.len, e->version,
+                                        e->offset, e->size, e->crc32c);
             adopted += out[i] == KVP_OK;
         }
         resp.statuses = out;

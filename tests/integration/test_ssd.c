@@ -44,7 +44,7 @@ typedef struct env {
     kvp_client_t *client;
     char dir[256];
     char path[320];
-    char master_addr[128];
+    char master_addr[512];
 } env_t;
 
 static env_t *g_env;
@@ -349,9 +349,11 @@ static void test_owner_kill9_restart_keeps_ssd_objects(void **state)
     deadline = kvp_now_ms() + 5000;
     while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
         usleep(20 * 1000);
-    /* and one removed while the owner is down stays gone too */
+    /* and one removed while the owner is down stays gone too (it may still be in DRAM:
+     * the reads above promoted the objects they found on SSD) */
     key_of(key, sizeof(key), "keep", 6);
-    assert_int_equal(kvp_remove(e->client, key), KVP_ERR_NOT_FOUND);
+    kvp_status_t rs = kvp_remove(e->client, key);
+    assert_true(rs == KVP_OK || rs == KVP_ERR_NOT_FOUND);
     adopted0 = stat_now(e).adopted_objects;
     assert_true(start_ssd(e));
     wait_adopted(e, adopted0 + n - 3);
@@ -373,8 +375,12 @@ static void test_master_kill9_ssd_objects_come_back(void **state)
     kvp_proc_kill9(&e->master);
     assert_true(start_master(e, true));
     wait_adopted(e, n);
-    for (unsigned i = 0; i < n; i++)
-        assert_int_equal(get_check(e, "mk", i, 4000), KVP_OK);
+    for (unsigned i = 0; i < n; i++) {
+        kvp_status_t st = get_check(e, "mk", i, 4000);
+        if (st != KVP_OK)
+            fail_msg("mk-%05u after the master's restart: %s (%s)", i, kvp_strerror(st),
+                     kvp_client_last_error());
+    }
 }
 
 /* Flip a byte of the object whose bytes start with `head` in the file. */
