@@ -174,7 +174,7 @@ kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
         kvp_policy_move(st, o, KVP_POLICY_SSD, false);
         return KVP_TIER_FREED;
     }
-    if (nd == 0 || kvp_tier_offload_full(st))
+    if (nd == 0 || kvp_tier_offload_full(st) || obj->key_len > KVP_TIER_KEY_MAX)
         return KVP_TIER_DROP;
     kvp_replica_t ssd;
     if (!ssd_extent(st, obj->size, host_of(st, obj, false), &ssd)) {

@@ -11,6 +11,10 @@
 
 #include "master/state.h"
 
+/* Longest key an SSD segment's file records (client/ssd/ssd_file.h, KVP_SSD_KEY_MAX): an
+ * object with a longer key is never offloaded (a DRAM victim is dropped). */
+#define KVP_TIER_KEY_MAX 4000u
+
 /* Is an SSD segment mounted (offload possible)? */
 static inline bool kvp_tier_has_ssd(const kvp_master_state_t *st)
 {

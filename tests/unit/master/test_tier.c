@@ -1,0 +1,427 @@
+/*
+ * test_tier.c - the master's SSD tier (policy/tier.c, rpc/ssd.c) through its
+ * RPCs: offload of DRAM victims and what ends an offload (done, failed, the
+ * owner gone), the long poll, promotion (and a corrupt SSD copy), adoption
+ * of an SSD segment's objects (unknown, known, stale, removed, overlapping,
+ * misaligned), puts straight to SSD.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rpc.h"
+#include "kvpool.pb-c.h"
+#include "master/dispatch.h"
+#include "master/policy/tier.h"
+#include "master/state.h"
+#include "tests/unit/master/svc_call.h"
+
+#define C_DRAM 1 /* the DRAM segment's owner */
+#define C_SSD 2  /* the SSD segment's owner */
+#define C_CLI 3  /* a client */
+
+#define OBJ 16000u /* objects: 4 fill the 64 KiB DRAM segment */
+
+typedef struct fx {
+    kvp_master_state_t st;
+    uint64_t dram, ssd;
+} fx_t;
+
+static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, const char *medium,
+                      uint64_t size)
+{
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = (char *)name;
+    d.medium = (char *)medium;
+    d.size = size;
+    d.host_id = (char *)"host-a";
+    d.tcp_endpoint = (char *)"127.0.0.1:7000";
+    d.shm_path = (char *)"";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = 100 + conn;
+    req.segment = &d;
+    Kvpool__MountResponse *r =
+        svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    uint64_t id = r->segment_id;
+    svc_msg_free(r);
+    return id;
+}
+
+static int setup(void **state)
+{
+    fx_t *fx = calloc(1, sizeof(*fx));
+    if (fx == NULL || kvp_master_state_init(&fx->st) != KVP_OK)
+        return -1;
+    fx->st.rng = 0x5EED;
+    fx->st.now_ms = 0;
+    /* no background offload: only puts that need room start one */
+    fx->st.config.offload_high = 1.0;
+    fx->st.config.offload_low = 1.0;
+    fx->dram = mount(&fx->st, C_DRAM, "dram-a", "dram", 65536);
+    fx->ssd = mount(&fx->st, C_SSD, "ssd-a", "ssd", 1 << 20);
+    *state = fx;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fx_t *fx = *state;
+    kvp_master_state_cleanup(&fx->st);
+    free(fx);
+    return 0;
+}
+
+/* PutStart of one key; its status (and first replica's segment in *seg_p). */
+static int32_t put_start(kvp_master_state_t *st, const char *key, uint64_t size,
+                         const char *medium, uint64_t *seg_p)
+{
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.sizes = &size;
+    req.n_sizes = 1;
+    cfg.replica_num = 1;
+    cfg.medium = (char *)(medium ? medium : "");
+    req.config = &cfg;
+    Kvpool__PutStartResponse *r =
+        svc_call(st, C_CLI, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+    int32_t s = r->status != KVP_OK ? r->status : r->results[0]->status;
+    if (s == KVP_OK && seg_p != NULL)
+        *seg_p = r->results[0]->replicas[0]->segment_id;
+    svc_msg_free(r);
+    return s;
+}
+
+static int32_t put_end(kvp_master_state_t *st, const char *key, uint32_t crc)
+{
+    Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.crc32c = &crc;
+    req.n_crc32c = 1;
+    Kvpool__StatusesResponse *r =
+        svc_call(st, C_CLI, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
+    int32_t s = r->statuses[0];
+    svc_msg_free(r);
+    return s;
+}
+
+static void put(kvp_master_state_t *st, const char *key, const char *medium)
+{
+    assert_int_equal(put_start(st, key, OBJ, medium, NULL), KVP_OK);
+    assert_int_equal(put_end(st, key, 0xC0FFEE), KVP_OK);
+}
+
+/* GetReplicaList of one key: status, and the replicas' segments in order (the lease is
+ * handed back at once). */
+static int32_t get(kvp_master_state_t *st, const char *key, uint64_t *segs, size_t *n_p)
+{
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    Kvpool__GetReplicaListResponse *r = svc_call(st, C_CLI, KVP_RPC_GET_REPLICA_LIST, &req.base,
+                                                 &kvpool__get_replica_list_response__descriptor);
+    Kvpool__GetReplicaResult *g = r->results[0];
+    int32_t s = g->status;
+    *n_p = g->n_replicas;
+    for (size_t i = 0; i < g->n_replicas; i++)
+        segs[i] = g->replicas[i]->segment_id;
+    if (g->lease_id != 0)
+        kvp_lease_release(st, g->lease_id);
+    svc_msg_free(r);
+    return s;
+}
+
+/* SsdTasks for the SSD segment, reporting done[0..n_done); the caller frees the answer. */
+static Kvpool__SsdTasksResponse *tasks(fx_t *fx, const uint64_t *ids, const int32_t *statuses,
+                                       size_t n_done)
+{
+    Kvpool__SsdTaskResult res[8], *resp[8];
+    for (size_t i = 0; i < n_done; i++) {
+        kvpool__ssd_task_result__init(&res[i]);
+        res[i].task_id = ids[i];
+        res[i].status = statuses[i];
+        resp[i] = &res[i];
+    }
+    Kvpool__SsdTasksRequest req = KVPOOL__SSD_TASKS_REQUEST__INIT;
+    req.segment_id = fx->ssd;
+    req.max_tasks = 8;
+    req.done = resp;
+    req.n_done = n_done;
+    Kvpool__SsdTasksResponse *r =
+        svc_call(&fx->st, C_SSD, KVP_RPC_SSD_TASKS, &req.base, &kvpool__ssd_tasks_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    return r;
+}
+
+
+/* Fill DRAM with 4 objects, then a 5th put: the first one is offloaded (task sent). */
+static uint64_t fill_and_offload(fx_t *fx, Kvpool__SsdTasksResponse **r_p)
+{
+    put(&fx->st, "k0", NULL);
+    put(&fx->st, "k1", NULL);
+    put(&fx->st, "k2", NULL);
+    put(&fx->st, "k3", NULL);
+    /* no room: the victim goes to SSD, and the put waits for its room (POOL_BUSY) */
+    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_ERR_POOL_BUSY);
+    assert_int_equal(fx->st.offloading, 1);
+    Kvpool__SsdTasksResponse *r = tasks(fx, NULL, NULL, 0);
+    assert_int_equal(r->n_tasks, 1);
+    Kvpool__SsdTask *t = r->tasks[0];
+    assert_int_equal(t->kind, KVP_SSD_OFFLOAD);
+    assert_int_equal(t->size, OBJ);
+    assert_int_equal(t->crc32c, 0xC0FFEE);
+    assert_non_null(t->dram);
+    assert_int_equal(t->dram->segment_id, fx->dram);
+    assert_int_equal(t->ssd_offset % 4096, 0);
+    assert_int_equal(r->n_segments, 1); /* the DRAM segment it reads from */
+    *r_p = r;
+    return t->task_id;
+}
+
+static void test_offload_done_moves_victim_to_ssd(void **state)
+{
+    fx_t *fx = *state;
+    Kvpool__SsdTasksResponse *r;
+    fx->st.config.promote_on_hit = false; /* the reads below leave it on SSD */
+    uint64_t id = fill_and_offload(fx, &r);
+    char victim[16];
+    snprintf(victim, sizeof(victim), "%.*s", (int)r->tasks[0]->key.len,
+             (const char *)r->tasks[0]->key.data);
+    svc_msg_free(r);
+    /* while it runs, the victim reads from DRAM */
+    uint64_t segs[8];
+    size_t n;
+    assert_int_equal(get(&fx->st, victim, segs, &n), KVP_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(segs[0], fx->dram);
+    int32_t ok = KVP_OK;
+    svc_msg_free(tasks(fx, &id, &ok, 1));
+    assert_int_equal(fx->st.offloading, 0);
+    assert_int_equal(fx->st.stats.offloaded, 1);
+    assert_int_equal(get(&fx->st, victim, segs, &n), KVP_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(segs[0], fx->ssd);
+    /* its DRAM room is back: the put goes through now */
+    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
+    /* the hit on an SSD-only object was counted per tier */
+    assert_true(fx->st.stats.hits_ssd >= 1);
+}
+
+static void test_offload_failure_keeps_dram(void **state)
+{
+    fx_t *fx = *state;
+    Kvpool__SsdTasksResponse *r;
+    uint64_t id = fill_and_offload(fx, &r);
+    char victim[16];
+    snprintf(victim, sizeof(victim), "%.*s", (int)r->tasks[0]->key.len,
+             (const char *)r->tasks[0]->key.data);
+    svc_msg_free(r);
+    uint64_t ssd_used = kvp_segment_table_used_tier(&fx->st.segments, true);
+    assert_true(ssd_used > 0); /* the task holds its extent */
+    int32_t io = KVP_ERR_IO;
+    svc_msg_free(tasks(fx, &id, &io, 1));
+    assert_int_equal(fx->st.stats.offload_failed, 1);
+    assert_int_equal(kvp_segment_table_used_tier(&fx->st.segments, true), 0);
+    uint64_t segs[8];
+    size_t n;
+    assert_int_equal(get(&fx->st, victim, segs, &n), KVP_OK);
+    assert_int_equal(segs[0], fx->dram);
+}
+
+static void test_owner_gone_mid_offload_keeps_dram(void **state)
+{
+    fx_t *fx = *state;
+    Kvpool__SsdTasksResponse *r;
+    fill_and_offload(fx, &r);
+    char victim[16];
+    snprintf(victim, sizeof(victim), "%.*s", (int)r->tasks[0]->key.len,
+             (const char *)r->tasks[0]->key.data);
+    svc_msg_free(r);
+    kvp_dispatch_conn_closed(&fx->st, C_SSD); /* kill -9 of the SSD owner */
+    assert_int_equal(fx->st.offloading, 0);
+    assert_int_equal(fx->st.offloading_bytes, 0);
+    assert_int_equal(fx->st.segments.capacity_ssd, 0);
+    for (int k = 0; k < 4; k++) {
+        char key[8];
+        snprintf(key, sizeof(key), "k%d", k);
+        uint64_t segs[8];
+        size_t n;
+        assert_int_equal(get(&fx->st, key, segs, &n), KVP_OK);
+        assert_int_equal(segs[0], fx->dram);
+    }
+    /* no SSD tier left: the next put evicts (drops) as before */
+    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
+}
+
+static void test_long_poll_parks_when_idle(void **state)
+{
+    fx_t *fx = *state;
+    Kvpool__SsdTasksRequest req = KVPOOL__SSD_TASKS_REQUEST__INIT;
+    req.segment_id = fx->ssd;
+    uint8_t body[64], *resp = NULL;
+    size_t len = kvpool__ssd_tasks_request__pack(&req, body), rlen = 0;
+    char err[128];
+    fx->st.may_park = true;
+    assert_int_equal(kvp_dispatch_handle(&fx->st, C_SSD, KVP_RPC_SSD_TASKS, body, len, &resp,
+                                         &rlen, err, sizeof(err)),
+                     KVP_OK);
+    assert_true(fx->st.parked); /* no task: held, no answer */
+    assert_int_equal(rlen, 0);
+    fx->st.parked = false;
+    fx->st.may_park = false;
+    /* a task queued wakes it (the server calls again) */
+    fx->st.tasks_ready = false;
+    put(&fx->st, "s0", "ssd");
+    assert_true(fx->st.tasks_ready);
+    /* another connection may not speak for the segment */
+    Kvpool__SsdTasksResponse *r = svc_call(&fx->st, C_CLI, KVP_RPC_SSD_TASKS, &req.base,
+                                           &kvpool__ssd_tasks_response__descriptor);
+    assert_int_equal(r->status, KVP_ERR_SEGMENT_GONE);
+    svc_msg_free(r);
+}
+
+static void test_put_to_ssd_is_recorded(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t seg = 0;
+    assert_int_equal(put_start(&fx->st, "cold", OBJ, "ssd", &seg), KVP_OK);
+    assert_int_equal(seg, fx->ssd);
+    assert_int_equal(put_end(&fx->st, "cold", 7), KVP_OK);
+    Kvpool__SsdTasksResponse *r = tasks(fx, NULL, NULL, 0);
+    assert_int_equal(r->n_tasks, 1);
+    assert_int_equal(r->tasks[0]->kind, KVP_SSD_RECORD);
+    assert_int_equal(r->tasks[0]->crc32c, 7);
+    svc_msg_free(r);
+    assert_int_equal(put_start(&fx->st, "x", OBJ, "tape", NULL), KVP_ERR_INVALID_ARG);
+    /* a remove has the owner forget it */
+    Kvpool__KeysRequest kr = KVPOOL__KEYS_REQUEST__INIT;
+    const char *k = "cold";
+    kr.keys = svc_keys(&k, 1);
+    kr.n_keys = 1;
+    svc_msg_free(
+        svc_call(&fx->st, C_CLI, KVP_RPC_REMOVE, &kr.base, &kvpool__statuses_response__descriptor));
+    r = tasks(fx, NULL, NULL, 0);
+    assert_int_equal(r->n_tasks, 1);
+    assert_int_equal(r->tasks[0]->kind, KVP_SSD_FORGET);
+    svc_msg_free(r);
+}
+
+static void test_promotion_and_corrupt_copy(void **state)
+{
+    fx_t *fx = *state;
+    put(&fx->st, "p", "ssd");
+    put(&fx->st, "q", "ssd");
+    svc_msg_free(tasks(fx, NULL, NULL, 0)); /* the RECORDs (not reported: fine) */
+    uint64_t segs[8];
+    size_t n;
+    assert_int_equal(get(&fx->st, "p", segs, &n), KVP_OK);
+    assert_int_equal(get(&fx->st, "q", segs, &n), KVP_OK);
+    Kvpool__SsdTasksResponse *r = tasks(fx, NULL, NULL, 0);
+    assert_int_equal(r->n_tasks, 2);
+    uint64_t ids[2];
+    int32_t st[2];
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(r->tasks[i]->kind, KVP_SSD_PROMOTE);
+        assert_int_equal(r->tasks[i]->dram->segment_id, fx->dram);
+        ids[i] = r->tasks[i]->task_id;
+        /* p's copy reads back fine, q's is corrupt */
+        st[i] = r->tasks[i]->key.data[0] == 'p' ? KVP_OK : KVP_ERR_CHECKSUM;
+    }
+    svc_msg_free(r);
+    svc_msg_free(tasks(fx, ids, st, 2));
+    assert_int_equal(fx->st.stats.promoted, 1);
+    assert_int_equal(fx->st.stats.ssd_lost, 1);
+    assert_int_equal(get(&fx->st, "p", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(segs[0], fx->dram); /* DRAM first */
+    assert_int_equal(segs[1], fx->ssd);
+    assert_int_equal(get(&fx->st, "q", segs, &n), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_segment_table_used_tier(&fx->st.segments, false), 16000);
+}
+
+static int32_t adopt1(fx_t *fx, const char *key, uint64_t version, uint64_t offset, uint64_t size,
+                      uint32_t crc)
+{
+    Kvpool__SsdEntry e = KVPOOL__SSD_ENTRY__INIT, *ep = &e;
+    e.key.data = (uint8_t *)key;
+    e.key.len = strlen(key);
+    e.version = version;
+    e.offset = offset;
+    e.size = size;
+    e.crc32c = crc;
+    Kvpool__SsdAdoptRequest req = KVPOOL__SSD_ADOPT_REQUEST__INIT;
+    req.segment_id = fx->ssd;
+    req.entries = &ep;
+    req.n_entries = 1;
+    Kvpool__SsdAdoptResponse *r =
+        svc_call(&fx->st, C_SSD, KVP_RPC_SSD_ADOPT, &req.base, &kvpool__ssd_adopt_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_statuses, 1);
+    int32_t s = r->statuses[0];
+    svc_msg_free(r);
+    return s;
+}
+
+static void test_adoption_rules(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t v_old = fx->st.version_clock - 1000;
+    /* unknown key: adopted, readable from SSD with its size and CRC */
+    assert_int_equal(adopt1(fx, "a", v_old, 0, 5000, 11), KVP_OK);
+    uint64_t segs[8];
+    size_t n;
+    assert_int_equal(get(&fx->st, "a", segs, &n), KVP_OK);
+    assert_int_equal(segs[0], fx->ssd);
+    /* overlapping an adopted extent, or misaligned, or outside: refused */
+    assert_int_equal(adopt1(fx, "b", v_old, 4096, 100, 1), KVP_ERR_EXISTS);
+    assert_int_equal(adopt1(fx, "c", v_old, 8192 + 512, 100, 1), KVP_ERR_INVALID_ARG);
+    assert_int_equal(adopt1(fx, "d", v_old, 1 << 20, 100, 1), KVP_ERR_INVALID_ARG);
+    /* the master has a newer value: the copy is stale */
+    put(&fx->st, "e", NULL);
+    assert_int_equal(adopt1(fx, "e", v_old, 16384, OBJ, 0xC0FFEE), KVP_ERR_EXISTS);
+    /* removed after the copy was written (even while absent): refused */
+    Kvpool__KeysRequest kr = KVPOOL__KEYS_REQUEST__INIT;
+    const char *k = "f";
+    kr.keys = svc_keys(&k, 1);
+    kr.n_keys = 1;
+    Kvpool__StatusesResponse *sr =
+        svc_call(&fx->st, C_CLI, KVP_RPC_REMOVE, &kr.base, &kvpool__statuses_response__descriptor);
+    assert_int_equal(sr->statuses[0], KVP_ERR_NOT_FOUND);
+    svc_msg_free(sr);
+    assert_int_equal(adopt1(fx, "f", v_old, 32768, 100, 1), KVP_ERR_NOT_FOUND);
+    /* a copy newer than the tombstone is fine */
+    assert_int_equal(adopt1(fx, "f", fx->st.version_clock + 5, 32768, 100, 1), KVP_OK);
+    /* a known object of the same version: one more replica (the SSD copy back) */
+    kvp_object_t *obj = kvp_index_lookup(&fx->st.index, "e", 1, kvp_index_hash("e", 1));
+    assert_non_null(obj);
+    assert_int_equal(adopt1(fx, "e", obj->version, 65536, OBJ, 0xC0FFEE), KVP_OK);
+    assert_int_equal(get(&fx->st, "e", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(segs[0], fx->dram);
+    assert_int_equal(segs[1], fx->ssd);
+    assert_int_equal(fx->st.stats.adopted, 3);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_offload_done_moves_victim_to_ssd, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offload_failure_keeps_dram, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_owner_gone_mid_offload_keeps_dram, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_long_poll_parks_when_idle, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_put_to_ssd_is_recorded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_promotion_and_corrupt_copy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_adoption_rules, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
