@@ -456,6 +456,9 @@ static void *worker(void *arg)
         req.max_tasks = TASKS_PER_ASK;
         req.done = o->donep;
         req.n_done = o->n_done;
+        uint64_t bad[KVP_SSD_SERVER_BAD_MAX];
+        req.bad_offsets = bad;
+        req.n_bad_offsets = kvp_ssd_server_take_bad(o->srv, bad, KVP_SSD_SERVER_BAD_MAX);
         size_t len = kvpool__ssd_tasks_request__get_packed_size(&req);
         uint8_t body[16384], *resp = NULL;
         size_t rlen = 0;

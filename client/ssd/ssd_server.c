@@ -73,6 +73,9 @@ struct kvp_ssd_server {
     pthread_mutex_t lock;
     srv_conn_t *conns;
     bool stopping;
+    /* extents whose reads failed with an I/O error, for the owner to report (under lock) */
+    uint64_t bad[KVP_SSD_SERVER_BAD_MAX];
+    size_t n_bad;
 };
 
 /* One piece of a read: a chunk of the file and the bytes of it to send. */
@@ -157,6 +160,35 @@ static bool next_read_chunk(const struct kvp_ssd_server *srv, cursor_t *cur, kvp
     return false;
 }
 
+/* A read of segment offset `at` failed with an I/O error: remember the extent of v[0..n)
+ * that holds it (once), so that the owner reports that object as lost. */
+static void note_bad(struct kvp_ssd_server *srv, const kvp_data_vec_t *v, size_t n, uint64_t at)
+{
+    for (size_t j = 0; j < n; j++) {
+        if (at < v[j].offset || at >= v[j].offset + v[j].length)
+            continue;
+        pthread_mutex_lock(&srv->lock);
+        bool known = false;
+        for (size_t b = 0; b < srv->n_bad; b++)
+            known |= srv->bad[b] == v[j].offset;
+        if (!known && srv->n_bad < KVP_SSD_SERVER_BAD_MAX)
+            srv->bad[srv->n_bad++] = v[j].offset;
+        pthread_mutex_unlock(&srv->lock);
+        return;
+    }
+}
+
+size_t kvp_ssd_server_take_bad(kvp_ssd_server_t *srv, uint64_t *offsets, size_t max)
+{
+    pthread_mutex_lock(&srv->lock);
+    size_t n = srv->n_bad < max ? srv->n_bad : max;
+    memcpy(offsets, srv->bad, n * sizeof(*offsets));
+    memmove(srv->bad, srv->bad + n, (srv->n_bad - n) * sizeof(*offsets));
+    srv->n_bad -= n;
+    pthread_mutex_unlock(&srv->lock);
+    return n;
+}
+
 /*
  * Send the bytes of extents v[0..n) (checked; total bytes in all): the response header,
  * then the payload, read ahead DEPTH chunks deep. Returns false when the connection must
@@ -188,6 +220,8 @@ static bool serve_reads(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, cons
             continue; /* draining: the kernel is done with the buffers when this loop is */
         if (st != KVP_OK) {
             io_st = st;
+            if (st == KVP_ERR_IO)
+                note_bad(srv, v, n, cio->ops[k].file_off - srv->base);
             continue;
         }
         const rd_chunk_t *ch = &cio->ch[k];

@@ -7,6 +7,7 @@
 #ifndef KVP_CLIENT_SSD_SSD_SERVER_H
 #define KVP_CLIENT_SSD_SSD_SERVER_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "client/ssd/ssd_file.h"
@@ -19,6 +20,11 @@ typedef struct kvp_ssd_server kvp_ssd_server_t;
 kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
                                    kvp_ssd_server_t **srv_p, uint16_t *bound_port_p);
 void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
+/* Extents (their segment offsets) whose reads failed with an I/O error since the last
+ * call, at most max (up to KVP_SSD_SERVER_BAD_MAX are kept): the owner reports them to
+ * the master, which drops those copies. */
+#define KVP_SSD_SERVER_BAD_MAX 64
+size_t kvp_ssd_server_take_bad(kvp_ssd_server_t *srv, uint64_t *offsets, size_t max);
 /* Extent reads or writes that failed with an I/O error since create. */
 uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv);
 void kvp_ssd_server_destroy(kvp_ssd_server_t *srv);

@@ -301,6 +301,9 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     obj->flags |= KVP_OBJ_F_PROMOTING;
 }
 
+static void drop_copy(kvp_master_state_t *st, kvp_object_t *obj, uint64_t segment_id,
+                      uint64_t offset);
+
 static void promote_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t status)
 {
     kvp_object_t *obj = lookup(st, t->key, t->key_len, t->version);
@@ -309,27 +312,8 @@ static void promote_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t
     bool dram_ok = kvp_segment_table_get(&st->segments, t->dram.segment_id) != NULL;
     if (status == KVP_ERR_CHECKSUM || (status == KVP_ERR_IO && obj != NULL)) {
         /* the SSD copy is bad: that replica is lost (the object too, if it was its last) */
-        st->stats.ssd_lost++;
-        KVP_LOG_WARN("SSD copy of %.*s on segment %#llx is unreadable (%s): dropped",
-                     (int)t->key_len, t->key, (unsigned long long)t->segment_id,
-                     kvp_strerror(status));
-        if (obj != NULL && !kvp_leased(st, obj)) {
-            kvp_replica_t keep[KVP_MAX_REPLICAS];
-            unsigned nk = 0;
-            for (unsigned r = 0; r < obj->n_replicas; r++)
-                if (obj->replicas[r].segment_id != t->ssd.segment_id ||
-                    obj->replicas[r].offset != t->ssd.offset)
-                    keep[nk++] = obj->replicas[r];
-            if (nk == 0) {
-                kvp_object_remove(st, obj);
-            } else if (nk < obj->n_replicas) {
-                kvp_object_t *o = kvp_tier_set_replicas(st, obj, keep, nk);
-                if (o != NULL) {
-                    free_extent(st, &t->ssd);
-                    kvp_policy_move(st, o, kvp_policy_home(st, o), false);
-                }
-            }
-        }
+        if (obj != NULL)
+            drop_copy(st, obj, t->ssd.segment_id, t->ssd.offset);
         obj = NULL;
     }
     if (status != KVP_OK || obj == NULL || !dram_ok || obj->n_replicas >= KVP_MAX_REPLICAS ||
@@ -349,6 +333,49 @@ static void promote_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t
     st->stats.promoted++;
     if (!kvp_leased(st, o))
         kvp_policy_move(st, o, kvp_policy_home(st, o), false);
+}
+
+/* Drop obj's replica at (segment, offset); the object goes when it was its last. */
+static void drop_copy(kvp_master_state_t *st, kvp_object_t *obj, uint64_t segment_id,
+                      uint64_t offset)
+{
+    kvp_replica_t keep[KVP_MAX_REPLICAS], gone = {0};
+    unsigned nk = 0;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (obj->replicas[r].segment_id == segment_id && obj->replicas[r].offset == offset)
+            gone = obj->replicas[r];
+        else
+            keep[nk++] = obj->replicas[r];
+    }
+    if (gone.segment_id == 0)
+        return;
+    st->stats.ssd_lost++;
+    KVP_LOG_WARN("SSD copy of %.*s (segment %#llx, offset %llu) is unreadable: dropped",
+                 (int)obj->key_len, kvp_object_key(obj), (unsigned long long)segment_id,
+                 (unsigned long long)offset);
+    if (nk == 0) {
+        kvp_object_remove(st, obj); /* readers in flight fail their read (or CRC) */
+        return;
+    }
+    kvp_object_t *o = kvp_tier_set_replicas(st, obj, keep, nk);
+    if (o == NULL)
+        return;
+    free_extent(st, &gone);
+    if (!kvp_leased(st, o) && o->state == KVP_OBJ_COMPLETE)
+        kvp_policy_move(st, o, kvp_policy_home(st, o), false);
+}
+
+void kvp_tier_ssd_bad(kvp_master_state_t *st, kvp_segment_t *seg, uint64_t offset)
+{
+    kvp_object_index_t *ix = &st->index;
+    for (uint64_t b = 0; b < ix->n_buckets; b++)
+        for (kvp_object_t *obj = ix->buckets[b]; obj != NULL; obj = obj->hnext)
+            for (unsigned r = 0; r < obj->n_replicas; r++)
+                if (obj->state == KVP_OBJ_COMPLETE && obj->replicas[r].segment_id == seg->id &&
+                    obj->replicas[r].offset == offset) {
+                    drop_copy(st, obj, seg->id, offset);
+                    return;
+                }
 }
 
 /* ---- puts straight to SSD ---- */

@@ -48,6 +48,9 @@ void kvp_tier_on_put_end(kvp_master_state_t *st, kvp_object_t *obj);
 /* An owner finished task `task_id` of its SSD segment `segment_id` with `status`. */
 void kvp_tier_task_done(kvp_master_state_t *st, uint64_t segment_id, uint64_t task_id,
                         kvp_status_t status);
+/* The owner of SSD segment seg could not read the extent at offset (an I/O error): the
+ * object's copy there is lost (the object too, when it was its last). O(objects): rare. */
+void kvp_tier_ssd_bad(kvp_master_state_t *st, kvp_segment_t *seg, uint64_t offset);
 /* Segment segment_id is being unmounted: end the tasks that involve it. */
 void kvp_tier_segment_gone(kvp_master_state_t *st, uint64_t segment_id);
 

@@ -49,6 +49,8 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
     if (!st->park_retry) {
         for (size_t i = 0; i < req->n_done; i++)
             kvp_tier_task_done(st, seg->id, req->done[i]->task_id, req->done[i]->status);
+        for (size_t i = 0; i < req->n_bad_offsets && i < 1024; i++)
+            kvp_tier_ssd_bad(st, seg, req->bad_offsets[i]);
         if (req->n_done > 0)
             kvp_evict_if_needed(st); /* room came back: background offload goes on */
     }

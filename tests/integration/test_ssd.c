@@ -13,8 +13,10 @@
  * - kill -9 of the master: after its restart, SSD objects read back again;
  * - bytes corrupted in the file behind its owner's back: KVP_ERR_CHECKSUM,
  *   never the bytes;
- * - kill -9 of the SSD owner while offloads are in flight: after its restart
- *   no object that was in DRAM is lost and every read is byte-exact.
+ * - kill -9 of the SSD owner while offloads are in flight (frozen first, so
+ *   they are): no object that was in DRAM is lost, every read is byte-exact;
+ * - an I/O error on one extent: that object is reported lost and leaves the
+ *   pool, the segment keeps serving the others.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -423,6 +425,40 @@ static void test_corrupt_file_gives_checksum_error(void **state)
     assert_int_equal(get_check(e, "bad", 1, 5001 - 1), KVP_OK); /* the other is intact */
 }
 
+/* An I/O error on one extent (the file cut short behind its owner's back, so reading that
+ * extent fails): the get fails, the object is reported lost and leaves the pool, the
+ * segment keeps serving the others. */
+static void test_io_error_loses_that_object_only(void **state)
+{
+    (void)state;
+    env_t *e = env_start();
+    assert_int_equal(put_all(e, "eio", 3, 7000, "ssd"), 3);
+    usleep(300 * 1000);
+    /* the header's data base (bytes 40..47) and the extents of the three 64 KiB objects */
+    int fd = open(e->path, O_RDWR);
+    assert_true(fd >= 0);
+    uint64_t base = 0;
+    assert_int_equal(pread(fd, &base, sizeof(base), 40), (ssize_t)sizeof(base));
+    assert_true(base >= 8192 && base % 4096 == 0);
+    kvp_key_info_t *keys = NULL;
+    size_t n = 0;
+    assert_int_equal(kvp_list_keys(e->client, "^eio-", 8, &keys, &n), KVP_OK);
+    assert_int_equal(n, 3);
+    kvp_key_list_free(keys, n);
+    /* the objects went to the first extents: cut the file after the second one */
+    assert_int_equal(ftruncate(fd, (off_t)(base + 2 * (64u << 10))), 0);
+    close(fd);
+    kvp_status_t st = get_check(e, "eio", 2, 7000);
+    assert_true(st != KVP_OK);
+    uint64_t deadline = kvp_now_ms() + 5000;
+    while (stat_now(e).ssd_lost_objects == 0 && kvp_now_ms() < deadline)
+        usleep(50 * 1000);
+    assert_int_equal(stat_now(e).ssd_lost_objects, 1);
+    assert_int_equal(get_check(e, "eio", 2, 7000), KVP_ERR_NOT_FOUND);
+    assert_int_equal(get_check(e, "eio", 0, 7000), KVP_OK);
+    assert_int_equal(get_check(e, "eio", 1, 7000), KVP_OK);
+}
+
 /* Indexes i whose objects are 64 KiB (size_of), up to a total of `bytes`. */
 static unsigned small_until(uint64_t bytes, unsigned *idx, unsigned cap)
 {
@@ -485,6 +521,7 @@ int main(void)
         cmocka_unit_test_teardown(test_master_kill9_ssd_objects_come_back, teardown),
         cmocka_unit_test_teardown(test_corrupt_file_gives_checksum_error, teardown),
         cmocka_unit_test_teardown(test_owner_kill9_mid_offload_loses_nothing, teardown),
+        cmocka_unit_test_teardown(test_io_error_loses_that_object_only, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -80,8 +80,8 @@ static int teardown(void **state)
 }
 
 /* PutStart of one key; its status (and first replica's segment in *seg_p). */
-static int32_t put_start(kvp_master_state_t *st, const char *key, uint64_t size,
-                         const char *medium, uint64_t *seg_p)
+static int32_t put_start(kvp_master_state_t *st, const char *key, uint64_t size, const char *medium,
+                         uint64_t *seg_p)
 {
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
@@ -157,12 +157,11 @@ static Kvpool__SsdTasksResponse *tasks(fx_t *fx, const uint64_t *ids, const int3
     req.max_tasks = 8;
     req.done = resp;
     req.n_done = n_done;
-    Kvpool__SsdTasksResponse *r =
-        svc_call(&fx->st, C_SSD, KVP_RPC_SSD_TASKS, &req.base, &kvpool__ssd_tasks_response__descriptor);
+    Kvpool__SsdTasksResponse *r = svc_call(&fx->st, C_SSD, KVP_RPC_SSD_TASKS, &req.base,
+                                           &kvpool__ssd_tasks_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     return r;
 }
-
 
 /* Fill DRAM with 4 objects, then a 5th put: the first one is offloaded (task sent). */
 static uint64_t fill_and_offload(fx_t *fx, Kvpool__SsdTasksResponse **r_p)
@@ -272,8 +271,8 @@ static void test_long_poll_parks_when_idle(void **state)
     size_t len = kvpool__ssd_tasks_request__pack(&req, body), rlen = 0;
     char err[128];
     fx->st.may_park = true;
-    assert_int_equal(kvp_dispatch_handle(&fx->st, C_SSD, KVP_RPC_SSD_TASKS, body, len, &resp,
-                                         &rlen, err, sizeof(err)),
+    assert_int_equal(kvp_dispatch_handle(&fx->st, C_SSD, KVP_RPC_SSD_TASKS, body, len, &resp, &rlen,
+                                         err, sizeof(err)),
                      KVP_OK);
     assert_true(fx->st.parked); /* no task: held, no answer */
     assert_int_equal(rlen, 0);
@@ -363,8 +362,8 @@ static int32_t adopt1(fx_t *fx, const char *key, uint64_t version, uint64_t offs
     req.segment_id = fx->ssd;
     req.entries = &ep;
     req.n_entries = 1;
-    Kvpool__SsdAdoptResponse *r =
-        svc_call(&fx->st, C_SSD, KVP_RPC_SSD_ADOPT, &req.base, &kvpool__ssd_adopt_response__descriptor);
+    Kvpool__SsdAdoptResponse *r = svc_call(&fx->st, C_SSD, KVP_RPC_SSD_ADOPT, &req.base,
+                                           &kvpool__ssd_adopt_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];
