@@ -245,6 +245,20 @@ static void test_fill_4x_dram_reads_back_exact(void **state)
 {
     (void)state;
     env_t *e = env_start();
+    /* a second owner of the same file is refused while the first lives */
+    char *argv[] = {(char *)kvp_test_cli_bin(),
+                    "--master",
+                    e->master_addr,
+                    "serve",
+                    "--segment-size",
+                    "0",
+                    "--ssd-path",
+                    e->path,
+                    "--ssd-size",
+                    SSD_SIZE,
+                    NULL};
+    char out[256];
+    assert_true(kvp_run(argv, NULL, out, sizeof(out), 20000) != 0);
     unsigned n = fill_count();
     assert_int_equal(put_all(e, "fill", n, 1000, NULL), n);
     wait_offloads(e, 1);

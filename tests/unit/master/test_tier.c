@@ -262,6 +262,41 @@ static void test_owner_gone_mid_offload_keeps_dram(void **state)
     assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
 }
 
+/* SSD full of objects being read: no room for the victim, so it is dropped (counted) and
+ * the put goes on, rather than waiting for room that will not come. */
+static void test_ssd_full_drops_instead(void **state)
+{
+    fx_t *fx = *state;
+    kvp_dispatch_conn_closed(&fx->st, C_SSD);
+    fx->ssd = mount(&fx->st, C_SSD, "ssd-small", "ssd", 16384); /* one object */
+    fx->st.config.promote_on_hit = false;
+    fx->st.config.ssd_evict_high = 1.0; /* a full SSD is fine: no background drop */
+    fx->st.config.ssd_evict_low = 1.0;
+    Kvpool__SsdTasksResponse *r;
+    uint64_t id = fill_and_offload(fx, &r);
+    char first[16];
+    snprintf(first, sizeof(first), "%.*s", (int)r->tasks[0]->key.len,
+             (const char *)r->tasks[0]->key.data);
+    svc_msg_free(r);
+    int32_t ok = KVP_OK;
+    svc_msg_free(tasks(fx, &id, &ok, 1));
+    /* the one SSD object is being read: it cannot make room */
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    const char *k = first;
+    req.keys = svc_keys(&k, 1);
+    req.n_keys = 1;
+    Kvpool__GetReplicaListResponse *g =
+        svc_call(&fx->st, C_CLI, KVP_RPC_GET_REPLICA_LIST, &req.base,
+                 &kvpool__get_replica_list_response__descriptor);
+    assert_int_equal(g->results[0]->status, KVP_OK);
+    svc_msg_free(g); /* lease kept */
+    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
+    assert_int_equal(put_end(&fx->st, "k4", 1), KVP_OK);
+    assert_int_equal(put_start(&fx->st, "k5", OBJ, NULL, NULL), KVP_OK);
+    assert_true(fx->st.stats.offload_dropped >= 1);
+    assert_int_equal(fx->st.offloading, 0);
+}
+
 static void test_long_poll_parks_when_idle(void **state)
 {
     fx_t *fx = *state;
@@ -417,6 +452,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offload_done_moves_victim_to_ssd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offload_failure_keeps_dram, setup, teardown),
         cmocka_unit_test_setup_teardown(test_owner_gone_mid_offload_keeps_dram, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ssd_full_drops_instead, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_poll_parks_when_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_to_ssd_is_recorded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_promotion_and_corrupt_copy, setup, teardown),
