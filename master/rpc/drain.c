@@ -35,6 +35,12 @@ kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
         resp.status = KVP_ERR_SEGMENT_GONE;
         snprintf(msg, sizeof(msg), "no segment %s is mounted",
                  req->segment_name[0] != '\0' ? req->segment_name : "with that id");
+    } else if (seg->ssd) {
+        resp.status = KVP_ERR_INVALID_ARG;
+        snprintf(msg, sizeof(msg),
+                 "%s is an SSD segment: it is not drained; stop its owner (kvpool serve) and "
+                 "its objects stay in its file, back at its next mount",
+                 seg->name);
     } else {
         if (!seg->draining)
             KVP_LOG_INFO("segment %s (id %#llx) is draining: %llu objects to move or drop",

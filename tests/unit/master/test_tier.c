@@ -348,6 +348,14 @@ static void test_put_to_ssd_is_recorded(void **state)
     assert_int_equal(r->n_tasks, 1);
     assert_int_equal(r->tasks[0]->kind, KVP_SSD_FORGET);
     svc_msg_free(r);
+    /* an SSD segment is not drained (its owner stops; the file keeps the objects) */
+    Kvpool__DrainRequest dr = KVPOOL__DRAIN_REQUEST__INIT;
+    dr.segment_id = fx->ssd;
+    Kvpool__DrainResponse *d =
+        svc_call(&fx->st, C_CLI, KVP_RPC_DRAIN, &dr.base, &kvpool__drain_response__descriptor);
+    assert_int_equal(d->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(d->message, "SSD segment"));
+    svc_msg_free(d);
 }
 
 static void test_promotion_and_corrupt_copy(void **state)
