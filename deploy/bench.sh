@@ -10,6 +10,8 @@
 #
 #   deploy/bench.sh [OUTDIR]        (default: the repository root)
 #   KVPOOL_TRACE=FILE               the trace (default ../shared/traces/synthetic_trace.jsonl)
+#   KVPOOL_SSD_DIR=DIR              where the disk test file and SSD segment files go (default
+#                                   build/; must be on a disk filesystem, never tmpfs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -24,6 +26,14 @@ TRACE=${KVPOOL_TRACE:-$ROOT/../shared/traces/synthetic_trace.jsonl}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=()
+# The SSD tier's files (limits' 1 GiB disk test file, the ssd mode's 2 GiB segment, the tiered
+# trace's 1.4 GiB segment; one at a time, each removed after) must be on a disk: O_DIRECT on
+# tmpfs measures memory. The build directory is; /tmp may not be.
+SSD_DIR=${KVPOOL_SSD_DIR:-$ROOT/build}
+if [ "$(stat -f -c %T "$SSD_DIR")" = tmpfs ] || [ "$(stat -f -c %T "$SSD_DIR")" = ramfs ]; then
+  echo "bench.sh: $SSD_DIR is on $(stat -f -c %T "$SSD_DIR"): set KVPOOL_SSD_DIR to a directory on a disk" >&2
+  exit 1
+fi
 
 run() { # name, args...
   local name=$1; shift
@@ -34,7 +44,7 @@ run() { # name, args...
   fi
 }
 
-run limits limits --sizes 4KiB,64KiB,1MiB,4MiB,16MiB
+run limits limits --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --ssd-dir "$SSD_DIR"
 # Footprints stay under ~2.5 GiB in all: on this machine kind, touching more memory than
 # that makes every access ~25x slower (docs/benchmarks.md, "Memory footprint").
 run data   data --local --segment-size 1GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --batch 32 --no-crc
@@ -46,6 +56,10 @@ run threads_exist data --local --segment-size 256MiB --transport tcp --sizes 4Ki
   --threads 1,4 --clients both --loop exist
 run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --batch 32 \
   --threads 1,4 --clients both --loop get
+# The SSD tier next to the disk's own figures measured in the same run: get_ssd (1024 x 1 MiB
+# put straight to SSD, read back in random batches of 32; target 85 % of disk_read), get_dram,
+# offload (256 MiB DRAM, 2 GiB SSD: ~1.9 GiB put; target 80 % of disk_write). About 20 s.
+run ssd    ssd --local --ssd-dir "$SSD_DIR"
 run alloc  alloc
 run meta   meta --local --objects 10000,1000000,10000000
 # The trace replays through the store (--eviction store): per capacity point a fresh master
@@ -54,6 +68,10 @@ run meta   meta --local --objects 10000,1000000,10000000
 if [ -f "$TRACE" ]; then
   run trace4k  trace --local --block-bytes 4KiB --trace "$TRACE" --capacity 0.05,0.1,0.25
   run trace64k trace --local --block-bytes 64KiB --trace "$TRACE" --capacity 0.05,0.1,0.25
+  # Tiers: DRAM 5 % and SSD 50 % of the unique blocks (137 MiB + a 1.4 GiB SSD file). 64 KiB
+  # blocks: the SSD file has one object-table slot per 64 KiB, so 4 KiB blocks would not fit.
+  run trace_tiers trace --local --block-bytes 64KiB --trace "$TRACE" --capacity 0.05 \
+    --ssd-capacity 0.5 --ssd-dir "$SSD_DIR"
 else
   echo "no trace at $TRACE (set KVPOOL_TRACE): skipping the trace mode" >&2
 fi
@@ -90,10 +108,34 @@ for r in R:
             r["transport"], r["op"], r["size"], r["batch"], r["threads"], r["clients"],
             r["objs_per_s"], r["gbps"], r["ratio_to_1_thread"],
             (">= %.1fx" % r["target_ratio"]) if r["target_ratio"] > 0 else "-", r["target_met"]))
-md += ["", "## limits", "", "| limit | size | streams | GB/s |", "|---|---|---|---|"]
+md += ["", "## limits (disk_*: io_uring O_DIRECT, 1 MiB blocks, queue depth in the streams column)", "",
+       "| limit | size | streams | GB/s |", "|---|---|---|---|"]
 for r in R:
     if r["mode"] == "limits":
-        md.append("| %s | %s | %s | %.2f |" % (r["limit"], r.get("size", "-"), r["streams"], r["gbps"]))
+        md.append("| %s | %s | %s | %.2f |" % (r["limit"], r.get("size", "-"),
+                  r.get("streams", r.get("depth", "-")), r["gbps"]))
+ssd = [r for r in R if r["mode"] == "ssd"]
+if ssd:
+    md += ["", "## SSD tier (1 MiB objects, batches of 32, CRC on; limits measured in the same run)", "",
+           "| op | GB/s | obj/s | p50 us | p99 us | limit | limit GB/s | % of limit | target | met |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ssd:
+        md.append("| %s | %.2f | %.0f | %.0f | %.0f | %s | %.2f | %.0f%% | %s | %s |" % (
+            r["op"], r["gbps"], r["objs_per_s"], r["p50_us"], r["p99_us"], r["limit"],
+            r["limit_gbps"], r["pct_of_limit"],
+            ("%.0f%%" % r["target_pct"]) if r["target_pct"] > 0 else "-", r["target_met"]))
+    for r in ssd:
+        if r["op"] == "offload":
+            md += ["", "Offload: %d objects put, %.2f GB/s of puts in the steady part (%.2f GB/s over the "
+                   "whole loop); %d offloaded, %d dropped, %d failed." % (
+                       r["objects_put"], r["put_gbps"], r["put_gbps_all"], r["offloaded_objects"],
+                       r["offload_dropped"], r["offload_failed"])]
+        if r["op"] == "get_dram":
+            ref = [d for d in R if d["mode"] == "data" and d["op"] == "get" and d["size"] == r["size"]
+                   and d.get("loop", "none") == "none" and d["crc"] == "on" and d["transport"] == "shm"]
+            if ref:
+                md += ["", "get_dram %.2f GB/s through a segment with an SSD tier vs the data mode's shm "
+                       "get of the same size %.2f GB/s." % (r["gbps"], ref[0]["gbps"])]
 md += ["", "## meta", "", "| op | objects resident | keys/s | bytes/object |", "|---|---|---|---|"]
 for r in R:
     if r["mode"] == "meta" and "keys_per_s" in r:
@@ -119,12 +161,22 @@ md += ["", "## trace (prefix hit rate: store eviction next to exact LRU and Bela
        "| trace | block | capacity | blocks | eviction | store | exact LRU | Belady | requests/s | errors |",
        "|---|---|---|---|---|---|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "trace":
+    if r["mode"] == "trace" and "hits_ssd" not in r:
         errors = r["get_errors"] + r["put_errors"] + r["other_errors"]
         md.append("| %s | %d KiB | %g | %d | %s | %.4f | %.4f | %.4f | %.0f | %d |" % (
             r["trace"], r["block_bytes"] // 1024, r["capacity"], r["capacity_blocks"],
             r["eviction"], r["hit_rate"], r["lru_hit_rate"], r["belady_hit_rate"],
             r["requests_per_s"], errors))
+tiers = [r for r in R if r["mode"] == "trace" and "hits_ssd" in r]
+if tiers:
+    md += ["", "## trace with tiers (hit rate over both tiers; share of the hits served by each)", "",
+           "| block | DRAM capacity | SSD capacity | hit rate | from DRAM | from SSD | LRU (both) | Belady (both) | offloaded | promoted | dropped |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in tiers:
+        md.append("| %d KiB | %g | %g | %.4f | %.1f%% | %.1f%% | %.4f | %.4f | %d | %d | %d |" % (
+            r["block_bytes"] // 1024, r["capacity"], r["ssd_capacity"], r["hit_rate"],
+            100 * r["dram_hit_share"], 100 * r["ssd_hit_share"], r["lru_hit_rate"],
+            r["belady_hit_rate"], r["offloaded_objects"], r["promoted_objects"], r["offload_dropped"]))
 open(out_md, "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY

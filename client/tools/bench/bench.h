@@ -27,6 +27,7 @@ typedef struct kvp_bench_opts {
     bool local;            /* start master + segments on loopback ourselves */
     unsigned segments;     /* local: number of `kvpool serve` processes (default 1) */
     uint64_t segment_size; /* local: bytes per segment (default 4 GiB) */
+    bool segment_size_set; /* --segment-size was given (the ssd mode has its own default) */
     /* data mode */
     const char *transports[KVP_BENCH_MAX_LIST]; /* "tcp", "shm", "rdma" */
     size_t n_transports;
@@ -65,6 +66,13 @@ typedef struct kvp_bench_opts {
      * capacity_blocks blocks, the master's eviction decides what stays; true
      * (--eviction client-lru): the bench removes LRU victims itself (a reference) */
     bool trace_client_lru;
+    /* SSD tier: the files live in ssd_dir (default "."; never tmpfs) */
+    const char *ssd_dir;
+    uint64_t ssd_file_size; /* limits: the disk test file (default 1 GiB) */
+    uint64_t ssd_size;      /* ssd mode: the SSD segment (default 2 GiB) */
+    uint64_t ssd_objects;   /* ssd mode: 1 MiB objects read back from SSD (default 1024) */
+    /* trace: the SSD tier as a fraction of unique blocks (0: no SSD segment) */
+    double ssd_capacity;
     /* output */
     const char *json_path;
     bool quiet; /* no progress line */
@@ -94,6 +102,18 @@ void kvp_bench_limit_set_tcp(uint64_t size, unsigned streams, double gbps);
  */
 int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams);
 
+/*
+ * The disk's own figures (limits' disk part): io_uring O_DIRECT write then read of a file of
+ * o->ssd_file_size in o->ssd_dir, 1 MiB blocks at queue depth KVP_SSD_IO_DEPTH (client/ssd's
+ * own I/O code). Measured once per run; returns 0, or -1 with a message on stderr.
+ */
+int kvp_bench_disk_limits_ensure(const kvp_bench_opts_t *o);
+/* GB/s of the disk measured in this run (0: not measured). */
+double kvp_bench_limit_disk_gbps(bool write);
+/* 0 when `dir` can hold an SSD file (exists, on a disk filesystem); -1 with a message
+ * (tmpfs and ramfs are refused: they have no disk behind them). */
+int kvp_bench_ssd_dir_check(const char *dir);
+
 /* ---- local cluster ---- */
 typedef struct kvp_bench_cluster {
     pid_t master_pid;
@@ -107,6 +127,16 @@ typedef struct kvp_bench_cluster {
  * on 127.0.0.1. Returns 0, or -1 with a message on stderr and nothing left running.
  */
 int kvp_bench_cluster_start(kvp_bench_cluster_t *c, unsigned n, uint64_t seg_size);
+/* A local cluster with more settings: extra master flags, and an SSD segment beside the
+ * first serve process's DRAM segment. */
+typedef struct kvp_bench_cluster_params {
+    unsigned n;                      /* serve processes */
+    uint64_t seg_size;               /* DRAM bytes per serve process (0: none) */
+    const char *ssd_path;            /* NULL: no SSD segment; else the first one's file */
+    uint64_t ssd_size;               /* its bytes */
+    const char *const *master_flags; /* NULL-terminated extra kvpool-master flags, or NULL */
+} kvp_bench_cluster_params_t;
+int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p);
 /* SIGTERM everything by PID, reap. */
 void kvp_bench_cluster_stop(kvp_bench_cluster_t *c);
 /* Path of a sibling binary ("kvpool-master", "kvpool"): env, next to us, build tree, PATH. */
@@ -132,5 +162,6 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_alloc(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 
 #endif

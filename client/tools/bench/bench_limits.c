@@ -9,8 +9,18 @@
  * batch get copies into distinct buffers; bandwidth is bytes copied / time. TCP: `streams`
  * connections over 127.0.0.1, one sender thread each sending `size`-byte messages, one receiver
  * thread each receiving into a `size` buffer; bandwidth is bytes received / time.
+ *
+ * Disk: the SSD tier's ceiling, with the SSD path's own I/O code (client/ssd/ssd_io.h): a file
+ * of --ssd-file-size in --ssd-dir (tmpfs and ramfs refused), opened O_DIRECT and preallocated
+ * with fallocate as an SSD segment's file is (not timed), written fully, then read fully twice
+ * (the better pass counts), in
+ * KVP_SSD_IO_CHUNK (1 MiB) blocks with KVP_SSD_IO_DEPTH in flight (kvp_ssd_io_start/wait in a
+ * ring of aligned buffers); the write's time includes the closing fdatasync (the offload path
+ * syncs each batch too). The file is removed after. Bandwidth is bytes / time.
  */
+#include <errno.h>
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <pthread.h>
@@ -18,9 +28,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "client/ssd/ssd_io.h"
 #include "client/tools/bench/bench.h"
 #include "common/sock.h"
 
@@ -204,6 +216,146 @@ static double measure_iperf3(unsigned streams, double duration)
     return 0;
 }
 
+static double disk_read_gbps, disk_write_gbps;
+
+double kvp_bench_limit_disk_gbps(bool write)
+{
+    return write ? disk_write_gbps : disk_read_gbps;
+}
+
+int kvp_bench_ssd_dir_check(const char *dir)
+{
+    struct statfs sf;
+    if (statfs(dir, &sf) != 0) {
+        fprintf(stderr, "kvpool-bench: --ssd-dir %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    if (sf.f_type == TMPFS_MAGIC || sf.f_type == RAMFS_MAGIC) {
+        fprintf(stderr,
+                "kvpool-bench: --ssd-dir %s is on %s: memory, no disk behind it, so its figures "
+                "would not be a disk's; give --ssd-dir a directory on a disk filesystem (the "
+                "build directory, for one)\n",
+                dir, sf.f_type == TMPFS_MAGIC ? "tmpfs" : "ramfs");
+        return -1;
+    }
+    return 0;
+}
+
+/* Move n_chunks 1 MiB blocks of fd from offset 0, `depth` in flight; KVP_OK or the first failure.
+ */
+static kvp_status_t disk_pass(kvp_ssd_io_t *io, int fd, bool write, void **bufs, unsigned depth,
+                              uint64_t n_chunks)
+{
+    kvp_ssd_iov_t ops[KVP_SSD_IO_DEPTH];
+    kvp_status_t first = KVP_OK;
+    uint64_t next = 0, waited = 0;
+    while (waited < n_chunks) {
+        while (next < n_chunks && next - waited < depth && first == KVP_OK) {
+            kvp_ssd_iov_t *op = &ops[next % depth];
+            *op = (kvp_ssd_iov_t){.buf = bufs[next % depth],
+                                  .file_off = next * KVP_SSD_IO_CHUNK,
+                                  .len = KVP_SSD_IO_CHUNK};
+            kvp_status_t st = kvp_ssd_io_start(io, fd, write, op);
+            if (st != KVP_OK) {
+                first = st;
+                break;
+            }
+            next++;
+        }
+        if (waited == next)
+            break; /* nothing in flight: a start failed */
+        kvp_status_t st = kvp_ssd_io_wait(io, &ops[waited % depth]);
+        if (st != KVP_OK && first == KVP_OK)
+            first = st;
+        waited++;
+    }
+    return first;
+}
+
+int kvp_bench_disk_limits_ensure(const kvp_bench_opts_t *o)
+{
+    if (disk_read_gbps > 0 && disk_write_gbps > 0)
+        return 0;
+    const char *dir = o->ssd_dir ? o->ssd_dir : ".";
+    if (kvp_bench_ssd_dir_check(dir) != 0)
+        return -1;
+    uint64_t n_chunks = o->ssd_file_size / KVP_SSD_IO_CHUNK;
+    if (n_chunks == 0)
+        n_chunks = 1;
+    unsigned depth = KVP_SSD_IO_DEPTH;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/kvpool-bench-disk-%d.tmp", dir, (int)getpid());
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "kvpool-bench: limits: disk: cannot create %s with O_DIRECT: %s%s\n", path,
+                strerror(errno),
+                errno == EINVAL ? " (the filesystem refuses O_DIRECT: choose another --ssd-dir)"
+                                : "");
+        return -1;
+    }
+    int rc = -1;
+    void *bufs[KVP_SSD_IO_DEPTH] = {0};
+    kvp_ssd_io_t *io = NULL;
+    uint64_t bytes = n_chunks * KVP_SSD_IO_CHUNK;
+    if (fallocate(fd, 0, 0, (off_t)bytes) != 0 && errno != EOPNOTSUPP) {
+        fprintf(stderr, "kvpool-bench: limits: disk: fallocate of %llu bytes in %s: %s\n",
+                (unsigned long long)bytes, dir, strerror(errno));
+        goto out;
+    }
+    for (unsigned i = 0; i < depth; i++) {
+        bufs[i] = kvp_ssd_buf_alloc(KVP_SSD_IO_CHUNK);
+        if (bufs[i] == NULL) {
+            fprintf(stderr, "kvpool-bench: limits: disk: out of memory\n");
+            goto out;
+        }
+        memset(bufs[i], 0x5a + (int)i, KVP_SSD_IO_CHUNK);
+    }
+    kvp_status_t st = kvp_ssd_io_create(depth, &io);
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: limits: disk: io_uring: %s\n", kvp_strerror(st));
+        goto out;
+    }
+    kvp_bench_progress(o, "limits: disk write %llu MiB in %s", (unsigned long long)n_chunks, dir);
+    double t0 = kvp_bench_now();
+    st = disk_pass(io, fd, true, bufs, depth, n_chunks);
+    if (st == KVP_OK)
+        st = kvp_ssd_io_datasync(io, fd);
+    double t1 = kvp_bench_now();
+    if (st != KVP_OK) {
+        kvp_bench_progress_done(o);
+        fprintf(stderr, "kvpool-bench: limits: disk write of %s: %s\n", path, kvp_strerror(st));
+        goto out;
+    }
+    /* two read passes, the better one counts: the ssd mode's get_ssd reads its objects over
+     * and over too, so a cache in front of the disk (a VM host's) helps both alike */
+    double best_read = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        kvp_bench_progress(o, "limits: disk read %llu MiB in %s (pass %d)",
+                           (unsigned long long)n_chunks, dir, pass + 1);
+        double r0 = kvp_bench_now();
+        st = disk_pass(io, fd, false, bufs, depth, n_chunks);
+        double r1 = kvp_bench_now();
+        if (st != KVP_OK) {
+            kvp_bench_progress_done(o);
+            fprintf(stderr, "kvpool-bench: limits: disk read of %s: %s\n", path, kvp_strerror(st));
+            goto out;
+        }
+        if (r1 - r0 > 0 && (double)bytes / (r1 - r0) / 1e9 > best_read)
+            best_read = (double)bytes / (r1 - r0) / 1e9;
+    }
+    kvp_bench_progress_done(o);
+    disk_write_gbps = (double)bytes / (t1 - t0) / 1e9;
+    disk_read_gbps = best_read;
+    rc = 0;
+out:
+    kvp_ssd_io_destroy(io);
+    for (unsigned i = 0; i < depth; i++)
+        free(bufs[i]);
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
 int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams)
 {
     double d = o->duration_s < 1 ? o->duration_s : 1;
@@ -271,6 +423,25 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             kvp_bench_result_end(out);
         } else if (s == 1) {
             printf("(iperf3 not installed: apt-get install iperf3 to add its figure)\n");
+        }
+    }
+    /* the SSD tier's ceiling: this directory's disk through the SSD path's I/O code */
+    if (kvp_bench_disk_limits_ensure(o) != 0) {
+        rc = 1;
+    } else {
+        for (int w = 1; w >= 0; w--) {
+            double g = kvp_bench_limit_disk_gbps(w);
+            printf("%-10s %-8s %8u %12.2f  (io_uring O_DIRECT, depth %u, %llu MiB file in %s)\n",
+                   w ? "disk_write" : "disk_read", "-", KVP_SSD_IO_CHUNK, g, KVP_SSD_IO_DEPTH,
+                   (unsigned long long)(o->ssd_file_size >> 20), o->ssd_dir);
+            kvp_bench_result_begin(out, "limits");
+            kvp_bench_result_str(out, "limit", w ? "disk_write" : "disk_read");
+            kvp_bench_result_int(out, "size", KVP_SSD_IO_CHUNK);
+            kvp_bench_result_int(out, "depth", KVP_SSD_IO_DEPTH);
+            kvp_bench_result_int(out, "file_bytes", (int64_t)o->ssd_file_size);
+            kvp_bench_result_str(out, "dir", o->ssd_dir);
+            kvp_bench_result_num(out, "gbps", g);
+            kvp_bench_result_end(out);
         }
     }
     return rc;

@@ -2,7 +2,7 @@
  * bench_main.c - kvpool-bench: options, the local cluster, JSON output and
  * the small helpers every mode shares (bench.h).
  *
- *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace all
+ *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace ssd all
  *
  * Output: each mode prints a human-readable table (and a progress line on
  * stderr while it runs); --json FILE writes
@@ -298,32 +298,47 @@ static pid_t spawn_ready(char *const argv[], char *line, size_t len)
 
 int kvp_bench_cluster_start(kvp_bench_cluster_t *c, unsigned n, uint64_t seg_size)
 {
+    kvp_bench_cluster_params_t p = {.n = n, .seg_size = seg_size};
+    return kvp_bench_cluster_start_params(c, &p);
+}
+
+int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p)
+{
     memset(c, 0, sizeof(*c));
-    char *margv[] = {(char *)kvp_bench_find_bin("kvpool-master"),
-                     "--listen",
-                     "127.0.0.1:0",
-                     "--ready-fd",
-                     "3",
-                     "--log-level",
-                     "warn",
-                     NULL};
+    char *margv[32] = {(char *)kvp_bench_find_bin("kvpool-master"),
+                       "--listen",
+                       "127.0.0.1:0",
+                       "--ready-fd",
+                       "3",
+                       "--log-level",
+                       "warn"};
+    size_t na = 7;
+    for (size_t i = 0; p->master_flags != NULL && p->master_flags[i] != NULL && na < 31; i++)
+        margv[na++] = (char *)p->master_flags[i];
+    margv[na] = NULL;
     c->master_pid = spawn_ready(margv, c->master_addr, sizeof(c->master_addr));
     if (c->master_pid < 0)
         return -1;
     local_master_pid = c->master_pid;
-    char size[32];
-    snprintf(size, sizeof(size), "%llu", (unsigned long long)seg_size);
-    for (unsigned i = 0; i < n && i < 64; i++) {
+    char size[32], ssd_size[32];
+    snprintf(size, sizeof(size), "%llu", (unsigned long long)p->seg_size);
+    snprintf(ssd_size, sizeof(ssd_size), "%llu", (unsigned long long)p->ssd_size);
+    for (unsigned i = 0; i < p->n && i < 64; i++) {
         char name[256];
-        char *sargv[] = {(char *)kvp_bench_find_bin("kvpool"),
-                         "--master",
-                         c->master_addr,
-                         "serve",
-                         "--segment-size",
-                         size,
-                         "--ready-fd",
-                         "3",
-                         NULL};
+        char *sargv[16] = {(char *)kvp_bench_find_bin("kvpool"),
+                           "--master",
+                           c->master_addr,
+                           "serve",
+                           "--segment-size",
+                           size,
+                           "--ready-fd",
+                           "3"};
+        if (i == 0 && p->ssd_path != NULL) {
+            sargv[8] = "--ssd-path";
+            sargv[9] = (char *)p->ssd_path;
+            sargv[10] = "--ssd-size";
+            sargv[11] = ssd_size;
+        }
         pid_t pid = spawn_ready(sargv, name, sizeof(name));
         if (pid < 0) {
             kvp_bench_cluster_stop(c);
@@ -390,7 +405,7 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: kvpool-bench MODE [options]\n"
-        "modes: data | limits | meta | alloc | trace | all\n"
+        "modes: data | limits | meta | alloc | trace | ssd | all (all but ssd)\n"
         "cluster:\n"
         "  --master HOST:PORT     a running master (default $KVPOOL_MASTER)\n"
         "  --local                start a master and segments on 127.0.0.1 and stop them after\n"
@@ -422,6 +437,18 @@ static void usage(FILE *f)
         "  --eviction MODE        store (default): per capacity an empty pool of exactly that\n"
         "                         many blocks (a fresh --local cluster each), the master evicts;\n"
         "                         client-lru: the bench removes LRU victims itself (a reference)\n"
+        "  --ssd-capacity F       store, --local: the segment also gets an SSD tier of F x the\n"
+        "                         unique blocks (file in --ssd-dir); hits are split per tier\n"
+        "SSD tier (limits' disk figures, ssd, trace --ssd-capacity):\n"
+        "  --ssd-dir DIR          directory of the disk test file and SSD segment files, on a\n"
+        "                         disk filesystem (default: the current directory; tmpfs refused)\n"
+        "  --ssd-file-size SIZE   limits: the disk test file, written then read (default 1GiB)\n"
+        "ssd (always --local: its own master with --promote-on-hit off and one segment):\n"
+        "  --segment-size SIZE    its DRAM segment (default 256MiB here)\n"
+        "  --ssd-size SIZE        its SSD segment (default 2GiB): offload writes about\n"
+        "                         the DRAM segment plus 80 %% of this\n"
+        "  --ssd-objects N        1 MiB objects put straight to SSD and read back (default\n"
+        "                         1024: as much as the disk limit's file)\n"
         "output:\n"
         "  --json FILE            write every figure and the parameters as JSON\n"
         "  --quiet                no progress line\n");
@@ -510,6 +537,11 @@ static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const cha
     out_append(o, "]");
     kvp_bench_result_int(o, "trace_limit", (int64_t)p->trace_limit);
     kvp_bench_result_str(o, "eviction", p->trace_client_lru ? "client-lru" : "store");
+    kvp_bench_result_str(o, "ssd_dir", p->ssd_dir);
+    kvp_bench_result_int(o, "ssd_file_size", (int64_t)p->ssd_file_size);
+    kvp_bench_result_int(o, "ssd_size", (int64_t)p->ssd_size);
+    kvp_bench_result_int(o, "ssd_objects", (int64_t)p->ssd_objects);
+    kvp_bench_result_num(o, "ssd_capacity", p->ssd_capacity);
     out_append(o, "},\n");
 }
 
@@ -530,7 +562,7 @@ int main(int argc, char **argv)
         return argc >= 2 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
     }
     const char *mode = argv[1];
-    static const char *const modes[] = {"data", "limits", "meta", "alloc", "trace", "all"};
+    static const char *const modes[] = {"data", "limits", "meta", "alloc", "trace", "ssd", "all"};
     bool known = false;
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
         known |= strcmp(mode, modes[i]) == 0;
@@ -561,6 +593,10 @@ int main(int argc, char **argv)
         .block_bytes = 256 << 10,
         .capacities = {0.1},
         .n_capacities = 1,
+        .ssd_dir = ".",
+        .ssd_file_size = 1ull << 30,
+        .ssd_size = 2ull << 30,
+        .ssd_objects = 1024,
     };
     static const struct option opts[] = {
         {"master", required_argument, NULL, 'm'},
@@ -585,6 +621,11 @@ int main(int argc, char **argv)
         {"capacity", required_argument, NULL, 'c'},
         {"trace-limit", required_argument, NULL, 'l'},
         {"eviction", required_argument, NULL, 'e'},
+        {"ssd-dir", required_argument, NULL, 'D'},
+        {"ssd-file-size", required_argument, NULL, 'F'},
+        {"ssd-size", required_argument, NULL, 'Z'},
+        {"ssd-objects", required_argument, NULL, 'N'},
+        {"ssd-capacity", required_argument, NULL, 'X'},
         {"json", required_argument, NULL, 'j'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -611,6 +652,7 @@ int main(int argc, char **argv)
         case 'S':
             if (!kvp_parse_size(optarg, &o.segment_size) || o.segment_size == 0)
                 goto bad;
+            o.segment_size_set = true;
             break;
         case 't':
             snprintf(tbuf, sizeof(tbuf), "%s", optarg);
@@ -730,6 +772,30 @@ int main(int argc, char **argv)
             else
                 goto bad;
             break;
+        case 'D':
+            o.ssd_dir = optarg;
+            break;
+        case 'F':
+            if (!kvp_parse_size(optarg, &o.ssd_file_size) || o.ssd_file_size < (1u << 20))
+                goto bad;
+            break;
+        case 'Z':
+            if (!kvp_parse_size(optarg, &o.ssd_size) || o.ssd_size < (64u << 20))
+                goto bad;
+            break;
+        case 'N': {
+            char *end;
+            errno = 0;
+            o.ssd_objects = strtoull(optarg, &end, 10);
+            if (errno || *end || o.ssd_objects == 0)
+                goto bad;
+            break;
+        }
+        case 'X':
+            o.ssd_capacity = strtod(optarg, NULL);
+            if (!(o.ssd_capacity > 0 && o.ssd_capacity <= 4))
+                goto bad;
+            break;
         case 'j':
             o.json_path = optarg;
             break;
@@ -764,7 +830,12 @@ int main(int argc, char **argv)
     /* the trace in store eviction brings its own pool per capacity point */
     bool need_store = all || strcmp(mode, "data") == 0 || strcmp(mode, "meta") == 0 ||
                       (run_trace && o.trace_client_lru);
-    if ((need_store || run_trace) && !o.local && o.master == NULL) {
+    bool run_ssd = strcmp(mode, "ssd") == 0;
+    if (o.ssd_capacity > 0 && (!run_trace || o.trace_client_lru)) {
+        fprintf(stderr, "kvpool-bench: --ssd-capacity is for the trace mode in store eviction\n");
+        return 2;
+    }
+    if ((need_store || run_trace || run_ssd) && !o.local && o.master == NULL) {
         fprintf(stderr, "kvpool-bench: no --master and no $KVPOOL_MASTER: using --local\n");
         o.local = true;
     }
@@ -797,6 +868,8 @@ int main(int argc, char **argv)
     }
     if (run_trace)
         rc |= kvp_bench_trace(&o, &out);
+    if (run_ssd)
+        rc |= kvp_bench_ssd(&o, &out);
     if (started)
         kvp_bench_cluster_stop(&cluster);
 

@@ -32,6 +32,16 @@
  * answered EXISTS is fine (`put_exists`). Every other failure (a put refused
  * with POOL_FULL, wrong bytes, a transport error) is an error.
  *
+ * Tiers (--ssd-capacity F, store eviction with --local only): the point's
+ * segment server also mounts an SSD segment of F x unique blocks (each block
+ * rounded up to 4 KiB, the SSD extent granularity), its file in --ssd-dir
+ * (removed after); the master has its default tier settings (offload at
+ * 0.95/0.90, promote on hit). The master's counters before and after the
+ * point give the hits per tier (hits_dram, hits_ssd: objects gets found
+ * with a DRAM replica / on SSD only), offloaded, promoted, dropped and
+ * SSD-evicted objects. The LRU and Belady references then have the capacity
+ * of both tiers together.
+ *
  * Eviction "client-lru" (a reference): the bench is the cache policy. It
  * tracks what it stored in an exact LRU limited to capacity_blocks and removes
  * LRU victims from the store before writing new blocks; a put refused with
@@ -54,6 +64,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/include/kvpool.h"
 #include "client/tools/bench/bench.h"
@@ -64,9 +75,12 @@
 #define TRACE_KEY_PREFIX "trace@tp_rank:0@pp_rank:0@group:0@"
 #define TRACE_NIL UINT32_MAX
 #define TRACE_SALT 0x9e3779b97f4a7c15ull
-#define TRACE_MAX_REPORTS 5   /* detailed messages per error kind and capacity point */
-#define TRACE_MAX_ERRORS 1000 /* a capacity point stops after this many errors */
-#define TRACE_ALIGN 64u       /* the master's extent granularity (KVP_SEGMENT_ALIGN) */
+#define TRACE_MAX_REPORTS 5       /* detailed messages per error kind and capacity point */
+#define TRACE_MAX_ERRORS 1000     /* a capacity point stops after this many errors */
+#define TRACE_ALIGN 64u           /* the master's extent granularity (KVP_SEGMENT_ALIGN) */
+#define TRACE_SSD_ALIGN 4096u     /* an SSD segment's extent granularity */
+#define TRACE_SSD_SLOT 65536u     /* an SSD file has one object-table slot per 64 KiB... */
+#define TRACE_SSD_MIN_SLOTS 1024u /* ... and at least this many */
 #define TRACE_MIN(a, b) ((a) < (b) ? (a) : (b))
 
 /* ---------------- trace loading ---------------- */
@@ -488,6 +502,7 @@ typedef struct run {
     uint64_t get_errors, put_errors, other_errors; /* errors: any of them fails the run */
     uint64_t get_raced, put_exists;                /* store: not errors */
     uint64_t mismatches, pool_full_evictions;      /* client-lru: not errors */
+    char ssd_path[4096];                           /* tiers: this point's SSD file, "" when none */
 } run_t;
 
 static void put_u64(uint8_t *p, uint64_t v)
@@ -1048,15 +1063,32 @@ static int pool_stat(run_t *r, kvp_pool_stat_t *ps)
  * client connected to it. With --local a fresh master and segment (in *cl,
  * *started set); otherwise the given master's pool must already be so.
  */
-static int store_pool_open(run_t *r, uint64_t bytes, kvp_bench_cluster_t *cl, bool *started)
+static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_bench_cluster_t *cl,
+                           bool *started)
 {
     const char *addr = r->o->master;
+    if (ssd_bytes > 0 && !r->o->local) {
+        fprintf(stderr, "kvpool-bench: trace: --ssd-capacity needs --local (a fresh pool with an "
+                        "SSD segment per capacity point)\n");
+        return -1;
+    }
     if (r->o->local) {
-        if (kvp_bench_cluster_start(cl, 1, bytes) != 0) {
+        kvp_bench_cluster_params_t cp = {.n = 1, .seg_size = bytes};
+        if (ssd_bytes > 0) {
+            if (kvp_bench_ssd_dir_check(r->o->ssd_dir) != 0)
+                return -1;
+            snprintf(r->ssd_path, sizeof(r->ssd_path), "%s/kvpool-bench-trace-%d.seg",
+                     r->o->ssd_dir, (int)getpid());
+            unlink(r->ssd_path);
+            cp.ssd_path = r->ssd_path;
+            cp.ssd_size = ssd_bytes;
+        }
+        if (kvp_bench_cluster_start_params(cl, &cp) != 0) {
             fprintf(stderr,
                     "kvpool-bench: trace: cannot start a local cluster with a %" PRIu64
-                    "-byte segment\n",
-                    bytes);
+                    "-byte segment%s%s\n",
+                    bytes, ssd_bytes ? " and an SSD segment in " : "",
+                    ssd_bytes ? r->ssd_path : "");
             return -1;
         }
         *started = true;
@@ -1067,7 +1099,8 @@ static int store_pool_open(run_t *r, uint64_t bytes, kvp_bench_cluster_t *cl, bo
     kvp_pool_stat_t ps;
     if (pool_stat(r, &ps))
         return -1;
-    if (ps.capacity != bytes || ps.used != 0 || ps.objects != 0 || ps.pending != 0) {
+    if (ps.capacity != bytes + ssd_bytes || ps.ssd_capacity != ssd_bytes || ps.used != 0 ||
+        ps.objects != 0 || ps.pending != 0) {
         fprintf(stderr,
                 "kvpool-bench: trace: eviction store needs an empty pool of exactly %" PRIu64
                 " bytes (capacity_blocks x block bytes), but %s has %" PRIu64 " bytes with %" PRIu64
@@ -1091,11 +1124,32 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     r->get_raced = r->put_exists = r->pool_full_evictions = 0;
     /* the pool: exactly cap blocks, each extent rounded up to the master's granularity */
     uint64_t pool = (uint64_t)cap * ((r->bb + TRACE_ALIGN - 1) / TRACE_ALIGN * TRACE_ALIGN);
+    /* tiers: the SSD segment, ssd_cap blocks of whole 4 KiB extents (at least 1 MiB) */
+    size_t ssd_cap = 0;
+    uint64_t ssd_pool = 0;
+    if (r->o->ssd_capacity > 0 && r->store) {
+        ssd_cap = (size_t)(r->o->ssd_capacity * (double)t->n_uniq);
+        ssd_cap = ssd_cap ? ssd_cap : 1;
+        ssd_pool =
+            (uint64_t)ssd_cap * ((r->bb + TRACE_SSD_ALIGN - 1) / TRACE_SSD_ALIGN * TRACE_SSD_ALIGN);
+        if (ssd_pool < (1u << 20))
+            ssd_pool = 1u << 20;
+        uint64_t slots = ssd_pool / TRACE_SSD_SLOT;
+        slots = slots < TRACE_SSD_MIN_SLOTS ? TRACE_SSD_MIN_SLOTS : slots;
+        if (slots < ssd_cap)
+            fprintf(stderr,
+                    "kvpool-bench: trace: the SSD file's object table has one slot per 64 KiB "
+                    "(at least 1024): %" PRIu64 " slots for %zu blocks of %" PRIu64
+                    " bytes, so offloads past that fail (use 64 KiB blocks or larger)\n",
+                    slots, ssd_cap, r->bb);
+    }
+    kvp_pool_stat_t ps0 = {0};
     kvp_bench_cluster_t cl;
     bool started = false;
     int rc = 0;
+    r->ssd_path[0] = '\0';
     if (r->store) {
-        if (store_pool_open(r, pool, &cl, &started)) {
+        if (store_pool_open(r, pool, ssd_pool, &cl, &started) || pool_stat(r, &ps0)) {
             rc = -1;
             goto out;
         }
@@ -1143,10 +1197,10 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     kvp_bench_progress_done(r->o);
 
     uint64_t evicted = 0;
+    kvp_pool_stat_t ps1 = ps0;
     if (r->store) {
-        kvp_pool_stat_t ps;
-        if (pool_stat(r, &ps) == 0)
-            evicted = ps.evicted_objects;
+        if (pool_stat(r, &ps1) == 0)
+            evicted = ps1.evicted_objects - ps0.evicted_objects;
         else
             r->other_errors++;
     } else if (remove_all(r)) {
@@ -1156,7 +1210,8 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     /* the references: the same requests without the store */
     lru_t sim;
     uint64_t lru_hits = 0, bel_hits = 0, total = t->off[done];
-    if (lru_init(&sim, t->n_uniq, cap) || belady_sim(t, done, cap, &bel_hits)) {
+    size_t ref_cap = cap + ssd_cap; /* tiers: both together */
+    if (lru_init(&sim, t->n_uniq, ref_cap) || belady_sim(t, done, ref_cap, &bel_hits)) {
         lru_cleanup(&sim);
         fprintf(stderr, "kvpool-bench: trace: out of memory\n");
         rc = -1;
@@ -1179,7 +1234,22 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
         printf("  %" PRIu64 "-byte pool: %" PRIu64 " objects evicted by the master, %" PRIu64
                " gets raced with an eviction, %" PRIu64 " puts found the block already there\n",
                pool, evicted, r->get_raced, r->put_exists);
-    else if (r->mismatches || r->pool_full_evictions)
+    uint64_t hd = ps1.hits_dram - ps0.hits_dram, hs = ps1.hits_ssd - ps0.hits_ssd;
+    double dram_share = hd + hs ? (double)hd / (double)(hd + hs) : 0;
+    double ssd_share = hd + hs ? (double)hs / (double)(hd + hs) : 0;
+    uint64_t offloaded = ps1.offloaded_objects - ps0.offloaded_objects;
+    uint64_t promoted = ps1.promoted_objects - ps0.promoted_objects;
+    uint64_t dropped = ps1.offload_dropped - ps0.offload_dropped;
+    uint64_t off_failed = ps1.offload_failed - ps0.offload_failed;
+    uint64_t ssd_evicted = ps1.ssd_evicted_objects - ps0.ssd_evicted_objects;
+    if (ssd_cap > 0)
+        printf("  tiers: SSD %zu blocks (%" PRIu64 " bytes) beside DRAM %zu: hits %.1f %% from "
+               "DRAM, %.1f %% from SSD (%" PRIu64 " / %" PRIu64 " objects); %" PRIu64
+               " offloaded, %" PRIu64 " promoted, %" PRIu64 " offloads dropped, %" PRIu64
+               " failed, %" PRIu64 " evicted from SSD; references at %zu blocks\n",
+               ssd_cap, ssd_pool, cap, dram_share * 100, ssd_share * 100, hd, hs, offloaded,
+               promoted, dropped, off_failed, ssd_evicted, ref_cap);
+    if (!r->store && (r->mismatches || r->pool_full_evictions))
         printf("  %" PRIu64 " store/bench mismatches, %" PRIu64
                " extra evictions after POOL_FULL\n",
                r->mismatches, r->pool_full_evictions);
@@ -1214,12 +1284,32 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     kvp_bench_result_int(out, "mismatches", (int64_t)r->mismatches);
     kvp_bench_result_int(out, "pool_full_evictions", (int64_t)r->pool_full_evictions);
     kvp_bench_result_int(out, "malformed_lines", (int64_t)t->malformed);
+    if (ssd_cap > 0) {
+        kvp_bench_result_num(out, "ssd_capacity", r->o->ssd_capacity);
+        kvp_bench_result_int(out, "ssd_capacity_blocks", (int64_t)ssd_cap);
+        kvp_bench_result_int(out, "ssd_pool_bytes", (int64_t)ssd_pool);
+        kvp_bench_result_int(out, "ref_capacity_blocks", (int64_t)ref_cap);
+        kvp_bench_result_int(out, "hits_dram", (int64_t)hd);
+        kvp_bench_result_int(out, "hits_ssd", (int64_t)hs);
+        kvp_bench_result_num(out, "dram_hit_share", dram_share);
+        kvp_bench_result_num(out, "ssd_hit_share", ssd_share);
+        kvp_bench_result_num(out, "dram_hit_rate", hit * dram_share);
+        kvp_bench_result_num(out, "ssd_hit_rate", hit * ssd_share);
+        kvp_bench_result_int(out, "offloaded_objects", (int64_t)offloaded);
+        kvp_bench_result_int(out, "promoted_objects", (int64_t)promoted);
+        kvp_bench_result_int(out, "offload_dropped", (int64_t)dropped);
+        kvp_bench_result_int(out, "offload_failed", (int64_t)off_failed);
+        kvp_bench_result_int(out, "ssd_evicted_objects", (int64_t)ssd_evicted);
+        kvp_bench_result_int(out, "ssd_used", (int64_t)ps1.ssd_used);
+    }
     kvp_bench_result_end(out);
 out:
     if (r->store) {
         run_disconnect(r);
         if (started)
             kvp_bench_cluster_stop(&cl);
+        if (r->ssd_path[0] != '\0')
+            unlink(r->ssd_path);
     }
     return rc;
 }

@@ -1,0 +1,597 @@
+/*
+ * bench_ssd.c - kvpool-bench ssd: the SSD tier against the disk's own
+ * figures measured in the same run.
+ *
+ * DESIGN
+ * Always a local cluster of its own: a master with --promote-on-hit off (so
+ * objects read from SSD stay there and every read of them is an SSD read)
+ * and one `kvpool serve` with a DRAM segment (--segment-size, default
+ * 256 MiB) and an SSD segment (--ssd-size, default 2 GiB) whose file is in
+ * --ssd-dir (refused on tmpfs; removed at the end). The disk limits come
+ * from the limits mode's code (bench_limits.c: io_uring O_DIRECT, 1 MiB
+ * blocks, KVP_SSD_IO_DEPTH in flight), measured first. One client thread,
+ * one client (transport: the client's choice unless one --transport is
+ * given), objects of 1 MiB, batches of 32, CRC32C checked on every get.
+ *
+ *   get_ssd   --ssd-objects objects put with medium "ssd", then
+ *             batch_get_into of 32 keys in random order (a fresh shuffle of
+ *             all keys per pass) for --duration; every object's stamp is
+ *             checked. The master's stat must show the gets as SSD hits
+ *             (hits_ssd grew by the objects read, hits_dram did not), or the
+ *             point fails. Compared with disk_read; target 85 %.
+ *   get_dram  the same on objects put to DRAM (as many as fit under 80 % of
+ *             the DRAM segment, at most --ssd-objects): hits_dram must grow,
+ *             hits_ssd not. A reference for the data mode's 1 MiB get.
+ *   offload   fresh 1 MiB objects put in batches of 32 until the DRAM segment
+ *             plus 80 % of the SSD segment has been written (or 60 s): once
+ *             DRAM is full every put waits for offload to make room. The
+ *             master's stat is sampled every 0.2 s between batches; the
+ *             steady part starts at the first sample with offloaded_objects
+ *             above its start and ends at the last sample before the puts
+ *             end. offload rate = delta(offloaded_objects) x 1 MiB / its time;
+ *             compared with disk_write; target 80 %. Put throughput is reported
+ *             for the steady part and for the whole loop. After the loop the
+ *             bench waits for offloads in flight to end, then reads the first
+ *             batch written (by then on SSD only) back and checks it.
+ *
+ * Objects of a part are removed before the next part starts. Any failed
+ * call, wrong bytes, or a tier check that does not hold fails the mode;
+ * missed targets do not (they are reported).
+ * Thread: the caller's.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/include/kvpool.h"
+#include "client/ssd/ssd_io.h"
+#include "client/tools/bench/bench.h"
+
+#define SSD_OBJ (1u << 20)
+#define SSD_BATCH 32u
+#define SSD_SALT 0x9e3779b97f4a7c15ull
+#define SSD_KEY_LEN 64
+#define SSD_GET_TARGET 85.0
+#define SSD_OFFLOAD_TARGET 80.0
+#define SSD_SAMPLE_S 0.2
+#define SSD_OFFLOAD_MAX_S 60.0
+#define SSD_TCP_STREAMS 2
+
+typedef struct ssd_bench {
+    const kvp_bench_opts_t *o;
+    kvp_bench_out_t *out;
+    kvp_client_t *c;
+    const char *transport; /* NULL: the client's choice */
+    uint64_t dram_size, ssd_size;
+    void *src[SSD_BATCH], *dst[SSD_BATCH];
+    size_t sizes[SSD_BATCH];
+    char keys[SSD_BATCH][SSD_KEY_LEN];
+    const char *kp[SSD_BATCH];
+    kvp_status_t res[SSD_BATCH];
+    int64_t got[SSD_BATCH];
+} ssd_bench_t;
+
+typedef struct lat {
+    double *v;
+    size_t n, cap;
+} lat_t;
+
+static void lat_add(lat_t *l, double x)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        double *p = realloc(l->v, cap * sizeof(*p));
+        if (p == NULL)
+            return;
+        l->v = p;
+        l->cap = cap;
+    }
+    l->v[l->n++] = x;
+}
+
+static void key_of(char *buf, const char *part, uint64_t i)
+{
+    snprintf(buf, SSD_KEY_LEN, "ssdbench@%s@%" PRIu64, part, i);
+}
+
+/* Object i's identity in its first and last 8 bytes; the rest keeps the buffer's pattern. */
+static void stamp(void *p, uint64_t i)
+{
+    uint64_t a = i ^ SSD_SALT, b = ~i;
+    memcpy(p, &a, 8);
+    memcpy((char *)p + SSD_OBJ - 8, &b, 8);
+}
+
+static bool stamp_ok(const void *p, uint64_t i)
+{
+    uint64_t a, b;
+    memcpy(&a, p, 8);
+    memcpy(&b, (const char *)p + SSD_OBJ - 8, 8);
+    return a == (i ^ SSD_SALT) && b == ~i;
+}
+
+static int stat_now(ssd_bench_t *s, kvp_pool_stat_t *ps)
+{
+    kvp_pool_stat_t *p = NULL;
+    kvp_status_t st = kvp_pool_stat(s->c, &p);
+    if (st != KVP_OK || p == NULL) {
+        fprintf(stderr, "kvpool-bench: ssd: pool stat: %s\n", kvp_strerror(st));
+        return -1;
+    }
+    *ps = *p;
+    ps->segments = NULL;
+    ps->n_segments = 0;
+    kvp_pool_stat_free(p);
+    return 0;
+}
+
+static void batch_failed(ssd_bench_t *s, const char *what, kvp_status_t st, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (s->res[i] != KVP_OK) {
+            fprintf(stderr, "kvpool-bench: ssd: %s %s: %s (%s)\n", what, s->kp[i],
+                    kvp_strerror(s->res[i]), kvp_client_last_error());
+            return;
+        }
+    }
+    fprintf(stderr, "kvpool-bench: ssd: %s: %s (%s)\n", what, kvp_strerror(st),
+            kvp_client_last_error());
+}
+
+/* Put objects [first, first + n) of `part` (n <= SSD_BATCH) with `medium` (NULL: DRAM). */
+static int put_batch(ssd_bench_t *s, const char *part, uint64_t first, unsigned n,
+                     const char *medium)
+{
+    kvp_put_config_t cfg;
+    kvp_put_config_init(&cfg);
+    cfg.medium = medium;
+    for (unsigned i = 0; i < n; i++) {
+        key_of(s->keys[i], part, first + i);
+        s->kp[i] = s->keys[i];
+        stamp(s->src[i], first + i);
+        s->sizes[i] = SSD_OBJ;
+        s->res[i] = KVP_OK;
+    }
+    kvp_status_t st =
+        kvp_batch_put_from(s->c, s->kp, (const void *const *)s->src, s->sizes, n, &cfg, s->res);
+    if (st != KVP_OK) {
+        batch_failed(s, "put", st, n);
+        return -1;
+    }
+    return 0;
+}
+
+/* Get objects idx[0..n) of `part` and check them. */
+static int get_batch(ssd_bench_t *s, const char *part, const uint64_t *idx, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        key_of(s->keys[i], part, idx[i]);
+        s->kp[i] = s->keys[i];
+        s->sizes[i] = SSD_OBJ;
+        memset(s->dst[i], 0, 8);
+    }
+    kvp_status_t st = kvp_batch_get_into(s->c, s->kp, s->dst, s->sizes, n, s->got);
+    for (unsigned i = 0; i < n; i++) {
+        if (st != KVP_OK || s->got[i] != (int64_t)SSD_OBJ) {
+            fprintf(stderr, "kvpool-bench: ssd: get %s: %s (%s)\n", s->kp[i],
+                    s->got[i] < 0 ? kvp_strerror((kvp_status_t)s->got[i]) : kvp_strerror(st),
+                    kvp_client_last_error());
+            return -1;
+        }
+        if (!stamp_ok(s->dst[i], idx[i])) {
+            fprintf(stderr, "kvpool-bench: ssd: get %s returned other bytes than were put\n",
+                    s->kp[i]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int remove_range(ssd_bench_t *s, const char *part, uint64_t n)
+{
+    for (uint64_t first = 0; first < n; first += SSD_BATCH) {
+        unsigned b = (unsigned)(n - first < SSD_BATCH ? n - first : SSD_BATCH);
+        for (unsigned i = 0; i < b; i++) {
+            key_of(s->keys[i], part, first + i);
+            s->kp[i] = s->keys[i];
+        }
+        kvp_status_t st = kvp_batch_remove_force(s->c, s->kp, b, s->res);
+        if (st != KVP_OK) {
+            batch_failed(s, "remove", st, b);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void result_common(ssd_bench_t *s, const char *op, double gbps, double objs_s, double p50,
+                          double p99, const char *limit, double limit_gbps, double target)
+{
+    kvp_bench_out_t *out = s->out;
+    double pct = limit_gbps > 0 ? gbps / limit_gbps * 100 : 0;
+    kvp_bench_result_begin(out, "ssd");
+    kvp_bench_result_str(out, "op", op);
+    kvp_bench_result_str(out, "transport", s->transport ? s->transport : "auto");
+    kvp_bench_result_int(out, "size", SSD_OBJ);
+    kvp_bench_result_int(out, "batch", SSD_BATCH);
+    kvp_bench_result_str(out, "crc", "on");
+    kvp_bench_result_num(out, "gbps", gbps);
+    kvp_bench_result_num(out, "objs_per_s", objs_s);
+    kvp_bench_result_num(out, "p50_us", p50);
+    kvp_bench_result_num(out, "p99_us", p99);
+    kvp_bench_result_str(out, "limit", limit);
+    kvp_bench_result_num(out, "limit_gbps", limit_gbps);
+    kvp_bench_result_num(out, "pct_of_limit", pct);
+    kvp_bench_result_num(out, "target_pct", target);
+    kvp_bench_result_str(out, "target_met",
+                         target <= 0 || limit_gbps <= 0 ? "n/a"
+                         : pct >= target                ? "yes"
+                                                        : "no");
+    kvp_bench_result_int(out, "dram_segment", (int64_t)s->dram_size);
+    kvp_bench_result_int(out, "ssd_segment", (int64_t)s->ssd_size);
+    printf("%-9s %8.2f %10.0f %9.0f %9.0f %-10s %8.2f %6.1f%%", op, gbps, objs_s, p50, p99, limit,
+           limit_gbps, pct);
+    if (target > 0 && limit_gbps > 0)
+        printf("  target %.0f%%: %s", target, pct >= target ? "met" : "MISSED");
+    printf("\n");
+}
+
+/*
+ * get_ssd (ssd = true) or get_dram: put n objects to that tier, read them back in random
+ * batches for the duration, check the master counted the reads on that tier.
+ */
+static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
+{
+    const char *part = ssd ? "ssd" : "dram";
+    const char *op = ssd ? "get_ssd" : "get_dram";
+    int rc = -1;
+    uint64_t *perm = malloc(n * sizeof(*perm));
+    lat_t lat = {0};
+    if (perm == NULL) {
+        fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
+        return -1;
+    }
+    uint64_t put_done = 0;
+    kvp_bench_progress(s->o, "ssd: %s: putting %" PRIu64 " objects", op, n);
+    for (; put_done < n; put_done += SSD_BATCH) {
+        unsigned b = (unsigned)(n - put_done < SSD_BATCH ? n - put_done : SSD_BATCH);
+        if (put_batch(s, part, put_done, b, ssd ? "ssd" : NULL) != 0)
+            goto out;
+    }
+    kvp_pool_stat_t before, after;
+    if (stat_now(s, &before) != 0)
+        goto out;
+    if (ssd && before.ssd_used < n * SSD_OBJ)
+        fprintf(stderr,
+                "kvpool-bench: ssd: get_ssd: %" PRIu64 " objects put with medium ssd but the "
+                "master counts only %" PRIu64 " bytes on SSD\n",
+                n, before.ssd_used);
+    kvp_bench_progress(s->o, "ssd: %s: reading for %.1f s", op, s->o->duration_s);
+    for (uint64_t i = 0; i < n; i++)
+        perm[i] = i;
+    unsigned seed = 12345;
+    uint64_t objs = 0, pos = n;
+    double busy = 0, t_end = kvp_bench_now() + s->o->duration_s;
+    unsigned rounds = 0;
+    while (kvp_bench_now() < t_end || rounds < 4) {
+        if (pos >= n) { /* a fresh random order of every key */
+            for (uint64_t i = n - 1; i > 0; i--) {
+                uint64_t j = (uint64_t)rand_r(&seed) % (i + 1), t = perm[i];
+                perm[i] = perm[j];
+                perm[j] = t;
+            }
+            pos = 0;
+        }
+        unsigned b = (unsigned)(n - pos < SSD_BATCH ? n - pos : SSD_BATCH);
+        double t0 = kvp_bench_now();
+        if (get_batch(s, part, perm + pos, b) != 0)
+            goto out;
+        double d = kvp_bench_now() - t0;
+        pos += b;
+        if (rounds++ == 0)
+            continue; /* warm-up: first connection to the SSD server */
+        lat_add(&lat, d);
+        busy += d;
+        objs += b;
+    }
+    if (stat_now(s, &after) != 0)
+        goto out;
+    uint64_t dh = after.hits_dram - before.hits_dram, sh = after.hits_ssd - before.hits_ssd;
+    uint64_t read_objs = objs + (uint64_t)(rounds > 0 ? SSD_BATCH : 0); /* with the warm-up */
+    bool tier_ok = ssd ? (dh == 0 && sh >= objs) : (sh == 0 && dh >= objs);
+    double objs_s = busy > 0 ? (double)objs / busy : 0;
+    double gbps = objs_s * SSD_OBJ / 1e9;
+    double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
+    double p99 = kvp_bench_percentile(lat.v, lat.n, 99) * 1e6;
+    const char *limit;
+    double limit_gbps;
+    if (ssd) {
+        limit = "disk_read";
+        limit_gbps = kvp_bench_limit_disk_gbps(false);
+    } else if (s->transport != NULL && strcmp(s->transport, "tcp") == 0) {
+        limit = "tcp-pump";
+        limit_gbps = kvp_bench_limit_tcp_gbps(SSD_OBJ, SSD_TCP_STREAMS);
+    } else {
+        limit = "memcpy";
+        limit_gbps = kvp_bench_limit_memcpy_gbps(SSD_OBJ);
+    }
+    kvp_bench_progress_done(s->o);
+    result_common(s, op, gbps, objs_s, p50, p99, limit, limit_gbps, ssd ? SSD_GET_TARGET : 0);
+    kvp_bench_result_int(s->out, "objects", (int64_t)n);
+    kvp_bench_result_int(s->out, "batches", (int64_t)lat.n);
+    kvp_bench_result_int(s->out, "objects_read", (int64_t)read_objs);
+    kvp_bench_result_int(s->out, "hits_dram", (int64_t)dh);
+    kvp_bench_result_int(s->out, "hits_ssd", (int64_t)sh);
+    kvp_bench_result_int(s->out, "promoted_objects", (int64_t)after.promoted_objects);
+    kvp_bench_result_int(s->out, "ssd_used", (int64_t)after.ssd_used);
+    kvp_bench_result_str(s->out, "tier_check", tier_ok ? "ok" : "failed");
+    kvp_bench_result_end(s->out);
+    printf("          %" PRIu64 " objects, %zu batches; master: hits_dram +%" PRIu64
+           ", hits_ssd +%" PRIu64 " for %" PRIu64 " objects read: %s\n",
+           n, lat.n, dh, sh, read_objs, tier_ok ? "as expected" : "NOT on the expected tier");
+    if (!tier_ok) {
+        fprintf(stderr,
+                "kvpool-bench: ssd: %s: the master counted hits_dram +%" PRIu64
+                " and hits_ssd +%" PRIu64 " for %" PRIu64 " objects read from %s: the figure is "
+                "not that tier's\n",
+                op, dh, sh, read_objs, ssd ? "SSD" : "DRAM");
+        goto out;
+    }
+    rc = 0;
+out:
+    kvp_bench_progress_done(s->o);
+    if (put_done > 0 && remove_range(s, part, put_done < n ? put_done : n) != 0)
+        rc = -1;
+    free(perm);
+    free(lat.v);
+    return rc;
+}
+
+typedef struct sample {
+    double t;
+    uint64_t offloaded, put; /* objects */
+} sample_t;
+
+static int run_offload(ssd_bench_t *s)
+{
+    uint64_t total = (s->dram_size + s->ssd_size / 10 * 8) / SSD_OBJ;
+    total = (total + SSD_BATCH - 1) / SSD_BATCH * SSD_BATCH;
+    size_t max_samples = (size_t)(SSD_OFFLOAD_MAX_S / SSD_SAMPLE_S) + 16;
+    sample_t *smp = calloc(max_samples, sizeof(*smp));
+    lat_t lat = {0};
+    int rc = -1;
+    uint64_t put = 0;
+    if (smp == NULL) {
+        fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
+        return -1;
+    }
+    kvp_pool_stat_t start, ps;
+    if (stat_now(s, &start) != 0)
+        goto out;
+    size_t ns = 0;
+    double t0 = kvp_bench_now(), last = t0, now = t0;
+    smp[ns++] = (sample_t){t0, start.offloaded_objects, 0};
+    bool timed_out = false;
+    while (put < total) {
+        if (now - t0 > SSD_OFFLOAD_MAX_S) {
+            timed_out = true;
+            break;
+        }
+        double b0 = kvp_bench_now();
+        if (put_batch(s, "off", put, SSD_BATCH, NULL) != 0)
+            goto out;
+        now = kvp_bench_now();
+        put += SSD_BATCH;
+        bool steady = smp[ns - 1].offloaded > start.offloaded_objects;
+        if (steady)
+            lat_add(&lat, now - b0);
+        if (now - last >= SSD_SAMPLE_S && ns < max_samples) {
+            if (stat_now(s, &ps) != 0)
+                goto out;
+            now = kvp_bench_now();
+            last = now;
+            smp[ns++] = (sample_t){now, ps.offloaded_objects, put};
+            kvp_bench_progress(s->o,
+                               "ssd: offload: %" PRIu64 "/%" PRIu64 " objects put, %" PRIu64
+                               " offloaded, %" PRIu64 " in flight",
+                               put, total, ps.offloaded_objects - start.offloaded_objects,
+                               ps.offloading_objects);
+        }
+    }
+    double t_put_end = kvp_bench_now();
+    /* the steady part: from the first sample with offloads done to the last one */
+    size_t first = 0;
+    while (first < ns && smp[first].offloaded == start.offloaded_objects)
+        first++;
+    double rate_objs = 0, put_objs_s = 0, steady_s = 0;
+    uint64_t steady_off = 0;
+    if (first < ns && ns - 1 > first) {
+        steady_s = smp[ns - 1].t - smp[first].t;
+        steady_off = smp[ns - 1].offloaded - smp[first].offloaded;
+        rate_objs = (double)steady_off / steady_s;
+        put_objs_s = (double)(smp[ns - 1].put - smp[first].put) / steady_s;
+    }
+    /* let offloads in flight end (the counters below are then final) */
+    double wait_end = kvp_bench_now() + 30;
+    for (;;) {
+        if (stat_now(s, &ps) != 0)
+            goto out;
+        if (ps.offloading_objects == 0 || kvp_bench_now() > wait_end)
+            break;
+        usleep(50000);
+    }
+    kvp_bench_progress_done(s->o);
+    double all_s = t_put_end - t0;
+    double gbps = rate_objs * SSD_OBJ / 1e9;
+    double limit_gbps = kvp_bench_limit_disk_gbps(true);
+    double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
+    double p99 = kvp_bench_percentile(lat.v, lat.n, 99) * 1e6;
+    uint64_t off = ps.offloaded_objects - start.offloaded_objects;
+    uint64_t dropped = ps.offload_dropped - start.offload_dropped;
+    uint64_t failed = ps.offload_failed - start.offload_failed;
+    uint64_t evicted = ps.evicted_objects - start.evicted_objects;
+    uint64_t ssd_evicted = ps.ssd_evicted_objects - start.ssd_evicted_objects;
+    result_common(s, "offload", gbps, rate_objs, p50, p99, "disk_write", limit_gbps,
+                  SSD_OFFLOAD_TARGET);
+    kvp_bench_result_num(s->out, "put_gbps", put_objs_s * SSD_OBJ / 1e9);
+    kvp_bench_result_num(s->out, "put_gbps_all",
+                         all_s > 0 ? (double)put * SSD_OBJ / all_s / 1e9 : 0);
+    kvp_bench_result_num(s->out, "steady_s", steady_s);
+    kvp_bench_result_num(s->out, "elapsed_s", all_s);
+    kvp_bench_result_int(s->out, "objects_put", (int64_t)put);
+    kvp_bench_result_int(s->out, "steady_offloaded", (int64_t)steady_off);
+    kvp_bench_result_int(s->out, "offloaded_objects", (int64_t)off);
+    kvp_bench_result_int(s->out, "offloading_objects", (int64_t)ps.offloading_objects);
+    kvp_bench_result_int(s->out, "offload_dropped", (int64_t)dropped);
+    kvp_bench_result_int(s->out, "offload_failed", (int64_t)failed);
+    kvp_bench_result_int(s->out, "evicted_objects", (int64_t)evicted);
+    kvp_bench_result_int(s->out, "ssd_evicted_objects", (int64_t)ssd_evicted);
+    kvp_bench_result_int(s->out, "ssd_used", (int64_t)ps.ssd_used);
+    kvp_bench_result_int(s->out, "dram_used", (int64_t)(ps.used - ps.ssd_used));
+    kvp_bench_result_int(s->out, "objects", (int64_t)ps.objects);
+    kvp_bench_result_end(s->out);
+    printf("          %" PRIu64 " objects put in %.2f s (%.2f GB/s; steady part %.2f s: puts %.2f "
+           "GB/s); master: %" PRIu64 " offloaded, %" PRIu64 " dropped, %" PRIu64 " failed, %" PRIu64
+           " still in flight, %" PRIu64 " evicted, %" PRIu64
+           " objects resident (%.2f GiB on SSD)\n",
+           put, all_s, all_s > 0 ? (double)put * SSD_OBJ / all_s / 1e9 : 0, steady_s,
+           put_objs_s * SSD_OBJ / 1e9, off, dropped, failed, ps.offloading_objects, evicted,
+           ps.objects, (double)ps.ssd_used / (1 << 30));
+    if (timed_out)
+        fprintf(stderr,
+                "kvpool-bench: ssd: offload: stopped after %.0f s with %" PRIu64 " of %" PRIu64
+                " objects put\n",
+                SSD_OFFLOAD_MAX_S, put, total);
+    if (steady_s <= 0) {
+        fprintf(stderr, "kvpool-bench: ssd: offload: no steady part (DRAM never offloaded while "
+                        "the puts ran): no rate\n");
+        goto out;
+    }
+    if (dropped || failed)
+        fprintf(stderr,
+                "kvpool-bench: ssd: offload: the master counted %" PRIu64 " dropped and %" PRIu64
+                " failed offloads with the SSD tier at %.0f %%\n",
+                dropped, failed, 100.0 * (double)ps.ssd_used / (double)ps.ssd_capacity);
+    /* the first batch went to DRAM first and must be on SSD by now: read it back */
+    uint64_t idx[SSD_BATCH];
+    for (unsigned i = 0; i < SSD_BATCH; i++)
+        idx[i] = i;
+    kvp_pool_stat_t b4;
+    if (stat_now(s, &b4) != 0 || get_batch(s, "off", idx, SSD_BATCH) != 0 || stat_now(s, &ps) != 0)
+        goto out;
+    printf("          the first %u objects read back: hits_ssd +%" PRIu64 ", hits_dram +%" PRIu64
+           "\n",
+           SSD_BATCH, ps.hits_ssd - b4.hits_ssd, ps.hits_dram - b4.hits_dram);
+    rc = 0;
+out:
+    kvp_bench_progress_done(s->o);
+    free(smp);
+    free(lat.v);
+    return rc;
+}
+
+int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+{
+    if (!o->local) {
+        fprintf(stderr, "kvpool-bench: ssd: needs --local (it starts its own master with "
+                        "--promote-on-hit off and a segment with an SSD file)\n");
+        return 1;
+    }
+    if (kvp_bench_ssd_dir_check(o->ssd_dir) != 0)
+        return 1;
+    ssd_bench_t s = {.o = o,
+                     .out = out,
+                     .dram_size = o->segment_size_set ? o->segment_size : 256ull << 20,
+                     .ssd_size = o->ssd_size};
+    s.transport = o->n_transports == 1 ? o->transports[0] : NULL;
+    int rc = 0;
+    if (kvp_bench_disk_limits_ensure(o) != 0)
+        rc = 1;
+    if (kvp_bench_limits_ensure(o, SSD_OBJ, SSD_TCP_STREAMS) != 0)
+        rc = 1;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/kvpool-bench-ssd-%d.seg", o->ssd_dir, (int)getpid());
+    unlink(path);
+    static const char *const master_flags[] = {"--promote-on-hit", "off", NULL};
+    kvp_bench_cluster_params_t cp = {.n = 1,
+                                     .seg_size = s.dram_size,
+                                     .ssd_path = path,
+                                     .ssd_size = s.ssd_size,
+                                     .master_flags = master_flags};
+    kvp_bench_cluster_t cl;
+    kvp_bench_progress(o, "ssd: starting a master and a segment (SSD file %s)", path);
+    if (kvp_bench_cluster_start_params(&cl, &cp) != 0) {
+        kvp_bench_progress_done(o);
+        fprintf(stderr, "kvpool-bench: ssd: cannot start the local cluster (SSD file %s)\n", path);
+        unlink(path);
+        return 1;
+    }
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = cl.master_addr;
+    p.transport = s.transport;
+    p.verify_crc = true;
+    kvp_status_t st = kvp_client_create(&p, &s.c);
+    unsigned nbuf = 0;
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: ssd: client: %s\n", kvp_strerror(st));
+        rc = 1;
+        goto out;
+    }
+    for (; nbuf < SSD_BATCH; nbuf++) {
+        s.src[nbuf] = malloc(SSD_OBJ);
+        s.dst[nbuf] = malloc(SSD_OBJ);
+        if (s.src[nbuf] == NULL || s.dst[nbuf] == NULL) {
+            free(s.src[nbuf]);
+            free(s.dst[nbuf]);
+            fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
+            rc = 1;
+            goto out;
+        }
+        for (size_t i = 0; i < SSD_OBJ; i += 8) {
+            uint64_t v = (i * SSD_SALT) ^ (nbuf * 0x5bd1e995ull);
+            memcpy((char *)s.src[nbuf] + i, &v, 8);
+        }
+        memset(s.dst[nbuf], 0, SSD_OBJ);
+        kvp_register_buffer(s.c, s.src[nbuf], SSD_OBJ);
+        kvp_register_buffer(s.c, s.dst[nbuf], SSD_OBJ);
+    }
+    kvp_bench_progress_done(o);
+    printf("== ssd: the SSD tier against this disk (%s: io_uring O_DIRECT, depth %u: read %.2f "
+           "GB/s, write %.2f GB/s) ==\n",
+           o->ssd_dir, KVP_SSD_IO_DEPTH, kvp_bench_limit_disk_gbps(false),
+           kvp_bench_limit_disk_gbps(true));
+    printf("local master (--promote-on-hit off), one segment: DRAM %llu MiB, SSD %llu MiB (%s); "
+           "1 MiB objects, batches of %u, CRC on, transport %s, %.1f s per get point\n",
+           (unsigned long long)(s.dram_size >> 20), (unsigned long long)(s.ssd_size >> 20), path,
+           SSD_BATCH, s.transport ? s.transport : "auto", o->duration_s);
+    printf("%-9s %8s %10s %9s %9s %-10s %8s %7s\n", "op", "GB/s", "obj/s", "p50 us", "p99 us",
+           "limit", "GB/s", "%limit");
+    uint64_t dram_objs = s.dram_size / 10 * 8 / SSD_OBJ;
+    if (dram_objs > o->ssd_objects)
+        dram_objs = o->ssd_objects;
+    if (run_get(&s, true, o->ssd_objects) != 0)
+        rc = 1;
+    if (dram_objs < SSD_BATCH) {
+        fprintf(stderr, "kvpool-bench: ssd: the DRAM segment is too small for get_dram\n");
+        rc = 1;
+    } else if (run_get(&s, false, dram_objs) != 0) {
+        rc = 1;
+    }
+    if (run_offload(&s) != 0)
+        rc = 1;
+    fflush(stdout);
+out:
+    for (unsigned i = 0; i < nbuf; i++) {
+        kvp_unregister_buffer(s.c, s.src[i]);
+        kvp_unregister_buffer(s.c, s.dst[i]);
+        free(s.src[i]);
+        free(s.dst[i]);
+    }
+    kvp_client_destroy(s.c);
+    kvp_bench_cluster_stop(&cl);
+    unlink(path);
+    return rc;
+}
