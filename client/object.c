@@ -440,7 +440,7 @@ static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *k
     unsigned sleep_ms = 1;
     while (nb > 0 && at && k2 && b2 && s2 && r2 && w2 && kvp_now_ms() < deadline) {
         usleep(sleep_ms * 1000u);
-        sleep_ms = KVP_MIN(sleep_ms * 2, 50u);
+        sleep_ms = KVP_MIN(sleep_ms * 2, 8u); /* room held by offloads comes back within ms */
         size_t m = 0;
         for (size_t i = 0; i < n; i++) {
             if (results[i] != KVP_ERR_POOL_BUSY)

@@ -250,84 +250,122 @@ static uint64_t blocks(uint64_t size)
     return (size + KVP_SSD_BLOCK - 1) / KVP_SSD_BLOCK * KVP_SSD_BLOCK;
 }
 
-/* OFFLOAD tasks t[0..n) whose blocks fit the staging buffer: DRAM -> staging -> file. */
-static void offload_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
+/* READ tasks t[i0..i1) from their DRAM segments into the staging buffer at off[i], with
+ * their CRCs checked (st[i]). */
+static void offload_read(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, const uint64_t *off,
+                         kvp_status_t *st, size_t i0, size_t i1)
 {
     kvp_client_t *c = o->c;
-    kvp_xfer_op_t ops[TASKS_PER_ASK];
-    kvp_ssd_iov_t iov[TASKS_PER_ASK];
-    kvp_ssd_entry_t ent[TASKS_PER_ASK];
-    kvp_status_t st[TASKS_PER_ASK], rec[TASKS_PER_ASK];
-    kvp_peer_t *peers[TASKS_PER_ASK];
-    uint64_t off = 0;
-    size_t nw = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t len = blocks(t[i]->size);
-        peers[i] = kvp_client_peer_get(c, t[i]->dram->segment_id);
-        ops[i] = (kvp_xfer_op_t){.kind = KVP_XFER_READ,
-                                 .local = o->staging + off,
-                                 .offset = t[i]->dram->offset,
-                                 .length = t[i]->size,
-                                 .peer = peers[i],
-                                 .want_crc = true};
-        memset(o->staging + off + t[i]->size, 0, len - t[i]->size);
-        off += len;
-    }
-    /* ops without a peer are run as none: the engine gets the ones with one */
     kvp_xfer_op_t run[TASKS_PER_ASK];
+    kvp_peer_t *peers[TASKS_PER_ASK];
     size_t map[TASKS_PER_ASK], nr = 0;
-    for (size_t i = 0; i < n; i++)
-        if (peers[i] != NULL) {
-            map[nr] = i;
-            run[nr++] = ops[i];
-        }
+    for (size_t i = i0; i < i1; i++) {
+        uint64_t len = blocks(t[i]->size);
+        memset(o->staging + off[i] + t[i]->size, 0, len - t[i]->size);
+        peers[i] = kvp_client_peer_get(c, t[i]->dram->segment_id);
+        st[i] = KVP_ERR_UNKNOWN_SEGMENT;
+        if (peers[i] == NULL)
+            continue;
+        map[nr] = i;
+        run[nr++] = (kvp_xfer_op_t){.kind = KVP_XFER_READ,
+                                    .local = o->staging + off[i],
+                                    .offset = t[i]->dram->offset,
+                                    .length = t[i]->size,
+                                    .peer = peers[i],
+                                    .want_crc = true};
+    }
     if (nr > 0)
         kvp_transfer_run(&c->xfer, run, nr);
-    for (size_t i = 0; i < n; i++)
-        st[i] = KVP_ERR_UNKNOWN_SEGMENT;
     for (size_t j = 0; j < nr; j++) {
         size_t i = map[j];
         st[i] = run[j].status;
         if (st[i] == KVP_OK && run[j].crc != t[i]->crc32c)
             st[i] = KVP_ERR_CHECKSUM; /* the DRAM extent no longer holds this object */
+        kvp_peer_unref(peers[i]);
     }
-    for (size_t i = 0; i < n; i++)
-        if (peers[i] != NULL)
-            kvp_peer_unref(peers[i]);
-    off = 0;
-    size_t idx[TASKS_PER_ASK];
+}
+
+/*
+ * OFFLOAD tasks t[0..n) whose blocks fit the staging buffer: DRAM -> staging -> file ->
+ * recorded. Pipelined: the file writes (io_uring, KVP_SSD_IO_DEPTH chunks of 1 MiB in
+ * flight) of the objects already read go on while the next objects are read from DRAM,
+ * so the disk does not wait for the memory copies; then one record call (data synced,
+ * entries written and synced) for the batch.
+ */
+static void offload_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
+{
+    kvp_status_t st[TASKS_PER_ASK], rec[TASKS_PER_ASK];
+    uint64_t off[TASKS_PER_ASK];
+    kvp_ssd_iov_t ring[KVP_SSD_IO_DEPTH];
+    size_t ring_task[KVP_SSD_IO_DEPTH];
+    uint64_t at = 0;
     for (size_t i = 0; i < n; i++) {
-        uint64_t len = blocks(t[i]->size);
-        if (st[i] == KVP_OK) {
-            iov[nw] =
-                (kvp_ssd_iov_t){.buf = o->staging + off,
-                                .file_off = kvp_ssd_file_data_base(o->file) + t[i]->ssd_offset,
-                                .len = len};
-            idx[nw++] = i;
-        }
-        off += len;
+        off[i] = at;
+        at += blocks(t[i]->size);
     }
-    if (nw > 0) {
-        kvp_ssd_io_rw(o->io, kvp_ssd_file_fd(o->file), true, iov, nw);
-        size_t ne = 0, eidx[TASKS_PER_ASK];
-        for (size_t k = 0; k < nw; k++) {
-            size_t i = idx[k];
-            st[i] = iov[k].status;
-            if (st[i] != KVP_OK)
+    int fd = kvp_ssd_file_fd(o->file);
+    uint64_t base = kvp_ssd_file_data_base(o->file);
+    size_t read_upto = 0, wr = 0, head = 0, inflight = 0;
+    uint64_t wr_at = 0; /* next byte of task wr to write */
+    for (;;) {
+        /* keep the ring full with chunks of objects already read */
+        while (inflight < KVP_SSD_IO_DEPTH && wr < read_upto) {
+            if (st[wr] != KVP_OK || wr_at >= blocks(t[wr]->size)) {
+                wr++;
+                wr_at = 0;
                 continue;
-            ent[ne] = (kvp_ssd_entry_t){.version = t[i]->version,
-                                        .offset = t[i]->ssd_offset,
-                                        .size = t[i]->size,
-                                        .crc32c = t[i]->crc32c,
-                                        .key_len = (uint16_t)t[i]->key.len,
-                                        .key = (const char *)t[i]->key.data};
-            eidx[ne++] = i;
+            }
+            uint64_t len = KVP_MIN(blocks(t[wr]->size) - wr_at, (uint64_t)KVP_SSD_IO_CHUNK);
+            size_t k = (head + inflight) % KVP_SSD_IO_DEPTH;
+            ring[k] = (kvp_ssd_iov_t){.buf = o->staging + off[wr] + wr_at,
+                                      .file_off = base + t[wr]->ssd_offset + wr_at,
+                                      .len = len};
+            ring_task[k] = wr;
+            if (kvp_ssd_io_start(o->io, fd, true, &ring[k]) != KVP_OK) {
+                st[wr] = KVP_ERR_IO;
+                continue;
+            }
+            inflight++;
+            wr_at += len;
         }
-        if (ne > 0) {
-            kvp_ssd_file_record(o->file, ent, ne, rec);
-            for (size_t k = 0; k < ne; k++)
-                st[eidx[k]] = rec[k];
+        if (read_upto < n && (inflight == KVP_SSD_IO_DEPTH || wr >= read_upto)) {
+            /* the next few objects (about the ring's worth) while the disk writes */
+            size_t i1 = read_upto;
+            uint64_t bytes = 0;
+            while (i1 < n && (i1 == read_upto || bytes < KVP_SSD_IO_DEPTH * KVP_SSD_IO_CHUNK))
+                bytes += blocks(t[i1++]->size);
+            offload_read(o, t, off, st, read_upto, i1);
+            read_upto = i1;
+            continue;
         }
+        if (inflight > 0) {
+            kvp_status_t ws = kvp_ssd_io_wait(o->io, &ring[head]);
+            if (ws != KVP_OK && st[ring_task[head]] == KVP_OK)
+                st[ring_task[head]] = ws;
+            head = (head + 1) % KVP_SSD_IO_DEPTH;
+            inflight--;
+            continue;
+        }
+        if (read_upto == n && wr >= n)
+            break;
+    }
+    kvp_ssd_entry_t ent[TASKS_PER_ASK];
+    size_t ne = 0, eidx[TASKS_PER_ASK];
+    for (size_t i = 0; i < n; i++) {
+        if (st[i] != KVP_OK)
+            continue;
+        ent[ne] = (kvp_ssd_entry_t){.version = t[i]->version,
+                                    .offset = t[i]->ssd_offset,
+                                    .size = t[i]->size,
+                                    .crc32c = t[i]->crc32c,
+                                    .key_len = (uint16_t)t[i]->key.len,
+                                    .key = (const char *)t[i]->key.data};
+        eidx[ne++] = i;
+    }
+    if (ne > 0) {
+        kvp_ssd_file_record(o->file, ent, ne, rec);
+        for (size_t k = 0; k < ne; k++)
+            st[eidx[k]] = rec[k];
     }
     for (size_t i = 0; i < n; i++)
         report(o, t[i]->task_id, st[i]);

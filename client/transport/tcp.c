@@ -65,8 +65,13 @@ typedef struct tcp_pool {
     char endpoint[256];
     pooled_conn_t *idle;
     unsigned n_idle;
+    bool ssd; /* an SSD segment's server: each stream reads the disk one request deep */
     struct tcp_pool *next;
 } tcp_pool_t;
+
+/* Streams to an SSD segment at least: its server reads a request's bytes from the disk
+ * before it sends them, so the streams are the disk's queue depth (KVP_SSD_IO_DEPTH). */
+#define SSD_STREAMS 8u
 
 typedef struct slice {
     kvp_xfer_op_t *op;
@@ -514,8 +519,9 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         n_slices += (ops[i]->length + slice_len - 1) / slice_len;
     }
     /* at most one group per op, and tcp_streams connections per group */
+    size_t max_streams = KVP_MAX((size_t)xfer->tcp_streams, (size_t)SSD_STREAMS);
     tcp_scratch_t *sc =
-        scratch_get(ctx, n_slices + 1, n + 1, KVP_MIN(n_slices, n * (size_t)xfer->tcp_streams) + 1);
+        scratch_get(ctx, n_slices + 1, n + 1, KVP_MIN(n_slices, n * max_streams) + 1);
     if (sc == NULL) {
         for (size_t i = 0; i < n; i++)
             ops[i]->status = KVP_ERR_NOMEM;
@@ -575,7 +581,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         gr->slices[gr->n++] = &slices[s];
     }
     for (size_t g = 0; g < n_groups; g++) {
-        size_t want = KVP_MIN((size_t)xfer->tcp_streams, groups[g].n);
+        size_t streams = groups[g].pool->ssd ? max_streams : (size_t)xfer->tcp_streams;
+        size_t want = KVP_MIN(streams, groups[g].n);
         /* chains sized so that each stream gets about one: fewest requests, streams busy */
         size_t per = (groups[g].n + KVP_MAX(want, 1) - 1) / KVP_MAX(want, 1);
         groups[g].chain = (unsigned)KVP_MIN(per, (size_t)KVP_DATA_VEC_MAX);
@@ -670,6 +677,8 @@ static kvp_status_t tcp_attach(void *arg, kvp_peer_t *peer, void **state_p)
     pthread_mutex_unlock(&ctx->lock);
     if (pool == NULL)
         return KVP_ERR_NOMEM;
+    if (peer->ssd)
+        pool->ssd = true; /* set once, before any transfer to it (attach comes first) */
     *state_p = pool;
     return KVP_OK;
 }

@@ -56,6 +56,14 @@ uint64_t kvp_tier_next_version(kvp_master_state_t *st)
     return ++st->version_clock;
 }
 
+uint64_t kvp_tier_offload_ahead(const kvp_master_state_t *st)
+{
+    /* two owner batches of 1 MiB objects (64 each), at most a quarter of DRAM */
+    uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
+    uint64_t ahead = 128ull << 20;
+    return kvp_tier_has_ssd(st) ? (ahead < cap / 4 ? ahead : cap / 4) : 0;
+}
+
 bool kvp_tier_offload_full(const kvp_master_state_t *st)
 {
     return st->offloading >= OFFLOADS_MAX;

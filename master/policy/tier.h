@@ -33,6 +33,9 @@ typedef enum kvp_tier_victim {
 
 /* A DRAM eviction victim (COMPLETE, on a scanned list, not leased): move it to SSD. */
 kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj);
+/* DRAM bytes a put that waits for offloads keeps in flight besides its own need, so the
+ * SSD owners always find a batch queued (tier.c). */
+uint64_t kvp_tier_offload_ahead(const kvp_master_state_t *st);
 /* Offloads in flight are at their bound: DRAM eviction waits for them. */
 bool kvp_tier_offload_full(const kvp_master_state_t *st);
 

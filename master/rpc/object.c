@@ -116,7 +116,10 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
         uint64_t before = kvp_segment_table_used_tier(&st->segments, r.ssd);
         kvp_lease_expire(st);
         uint64_t used = kvp_segment_table_used_tier(&st->segments, r.ssd);
-        uint64_t target = used > need ? used - need : 0;
+        /* a DRAM put that will wait for offloads has more of them started than it needs,
+         * so the SSD owners never wait for the next victims between batches */
+        uint64_t want = need + (r.ssd ? 0 : kvp_tier_offload_ahead(st));
+        uint64_t target = used > want ? used - want : 0;
         uint64_t freed = r.ssd ? kvp_tier_evict_ssd_to(st, target) : kvp_evict_to(st, target);
         if (freed == 0 && used == before)
             break;

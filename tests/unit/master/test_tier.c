@@ -163,54 +163,64 @@ static Kvpool__SsdTasksResponse *tasks(fx_t *fx, const uint64_t *ids, const int3
     return r;
 }
 
-/* Fill DRAM with 4 objects, then a 5th put: the first one is offloaded (task sent). */
-static uint64_t fill_and_offload(fx_t *fx, Kvpool__SsdTasksResponse **r_p)
+/*
+ * Fill DRAM with 4 objects, then a 5th put: the oldest (k0) is offloaded, and, since the put
+ * waits for offloads, the next ones (k1, k2) too: a waiting put keeps a quarter of DRAM more
+ * in flight than it needs (kvp_tier_offload_ahead), unless SSD has no room for them
+ * (`offloads`: the tasks expected). The tasks are sent; *ids_p gets their ids.
+ */
+static void fill_and_offload(fx_t *fx, size_t offloads, uint64_t *ids)
 {
     put(&fx->st, "k0", NULL);
     put(&fx->st, "k1", NULL);
     put(&fx->st, "k2", NULL);
     put(&fx->st, "k3", NULL);
-    /* no room: the victim goes to SSD, and the put waits for its room (POOL_BUSY) */
+    assert_int_equal(kvp_tier_offload_ahead(&fx->st), 65536 / 4);
+    /* no room: victims go to SSD, and the put waits for its room (POOL_BUSY) */
     assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_ERR_POOL_BUSY);
-    assert_int_equal(fx->st.offloading, 1);
+    assert_int_equal(fx->st.offloading, offloads);
     Kvpool__SsdTasksResponse *r = tasks(fx, NULL, NULL, 0);
-    assert_int_equal(r->n_tasks, 1);
-    Kvpool__SsdTask *t = r->tasks[0];
-    assert_int_equal(t->kind, KVP_SSD_OFFLOAD);
-    assert_int_equal(t->size, OBJ);
-    assert_int_equal(t->crc32c, 0xC0FFEE);
-    assert_non_null(t->dram);
-    assert_int_equal(t->dram->segment_id, fx->dram);
-    assert_int_equal(t->ssd_offset % 4096, 0);
-    assert_int_equal(r->n_segments, 1); /* the DRAM segment it reads from */
-    *r_p = r;
-    return t->task_id;
+    assert_int_equal(r->n_tasks, offloads);
+    for (size_t i = 0; i < offloads; i++) {
+        Kvpool__SsdTask *t = r->tasks[i];
+        char want[4];
+        snprintf(want, sizeof(want), "k%zu", i); /* oldest first */
+        assert_int_equal(t->key.len, 2);
+        assert_memory_equal(t->key.data, want, 2);
+        assert_int_equal(t->kind, KVP_SSD_OFFLOAD);
+        assert_int_equal(t->size, OBJ);
+        assert_int_equal(t->crc32c, 0xC0FFEE);
+        assert_non_null(t->dram);
+        assert_int_equal(t->dram->segment_id, fx->dram);
+        assert_int_equal(t->ssd_offset % 4096, 0);
+        ids[i] = t->task_id;
+    }
+    assert_int_equal(r->n_segments, 1); /* the DRAM segment they read from */
+    svc_msg_free(r);
 }
 
 static void test_offload_done_moves_victim_to_ssd(void **state)
 {
     fx_t *fx = *state;
-    Kvpool__SsdTasksResponse *r;
-    fx->st.config.promote_on_hit = false; /* the reads below leave it on SSD */
-    uint64_t id = fill_and_offload(fx, &r);
-    char victim[16];
-    snprintf(victim, sizeof(victim), "%.*s", (int)r->tasks[0]->key.len,
-             (const char *)r->tasks[0]->key.data);
-    svc_msg_free(r);
-    /* while it runs, the victim reads from DRAM */
+    fx->st.config.promote_on_hit = false; /* the reads below leave them on SSD */
+    uint64_t ids[3];
+    fill_and_offload(fx, 3, ids);
+    /* while they run, the victims read from DRAM */
     uint64_t segs[8];
     size_t n;
-    assert_int_equal(get(&fx->st, victim, segs, &n), KVP_OK);
+    assert_int_equal(get(&fx->st, "k0", segs, &n), KVP_OK);
     assert_int_equal(n, 1);
     assert_int_equal(segs[0], fx->dram);
-    int32_t ok = KVP_OK;
-    svc_msg_free(tasks(fx, &id, &ok, 1));
+    int32_t ok[3] = {KVP_OK, KVP_OK, KVP_OK};
+    svc_msg_free(tasks(fx, ids, ok, 3));
     assert_int_equal(fx->st.offloading, 0);
-    assert_int_equal(fx->st.stats.offloaded, 1);
-    assert_int_equal(get(&fx->st, victim, segs, &n), KVP_OK);
+    assert_int_equal(fx->st.offloading_bytes, 0);
+    assert_int_equal(fx->st.stats.offloaded, 3);
+    assert_int_equal(get(&fx->st, "k0", segs, &n), KVP_OK);
     assert_int_equal(n, 1);
     assert_int_equal(segs[0], fx->ssd);
-    /* its DRAM room is back: the put goes through now */
+    assert_int_equal(kvp_segment_table_used_tier(&fx->st.segments, false), 1 * OBJ);
+    /* their DRAM room is back: the put goes through now */
     assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
     /* the hit on an SSD-only object was counted per tier */
     assert_true(fx->st.stats.hits_ssd >= 1);
@@ -219,33 +229,24 @@ static void test_offload_done_moves_victim_to_ssd(void **state)
 static void test_offload_failure_keeps_dram(void **state)
 {
     fx_t *fx = *state;
-    Kvpool__SsdTasksResponse *r;
-    uint64_t id = fill_and_offload(fx, &r);
-    char victim[16];
-    snprintf(victim, sizeof(victim), "%.*s", (int)r->tasks[0]->key.len,
-             (const char *)r->tasks[0]->key.data);
-    svc_msg_free(r);
-    uint64_t ssd_used = kvp_segment_table_used_tier(&fx->st.segments, true);
-    assert_true(ssd_used > 0); /* the task holds its extent */
-    int32_t io = KVP_ERR_IO;
-    svc_msg_free(tasks(fx, &id, &io, 1));
-    assert_int_equal(fx->st.stats.offload_failed, 1);
+    uint64_t ids[3];
+    fill_and_offload(fx, 3, ids);
+    assert_true(kvp_segment_table_used_tier(&fx->st.segments, true) > 0); /* tasks hold them */
+    int32_t io[3] = {KVP_ERR_IO, KVP_ERR_IO, KVP_ERR_IO};
+    svc_msg_free(tasks(fx, ids, io, 3));
+    assert_int_equal(fx->st.stats.offload_failed, 3);
     assert_int_equal(kvp_segment_table_used_tier(&fx->st.segments, true), 0);
     uint64_t segs[8];
     size_t n;
-    assert_int_equal(get(&fx->st, victim, segs, &n), KVP_OK);
+    assert_int_equal(get(&fx->st, "k0", segs, &n), KVP_OK);
     assert_int_equal(segs[0], fx->dram);
 }
 
 static void test_owner_gone_mid_offload_keeps_dram(void **state)
 {
     fx_t *fx = *state;
-    Kvpool__SsdTasksResponse *r;
-    fill_and_offload(fx, &r);
-    char victim[16];
-    snprintf(victim, sizeof(victim), "%.*s", (int)r->tasks[0]->key.len,
-             (const char *)r->tasks[0]->key.data);
-    svc_msg_free(r);
+    uint64_t ids[3];
+    fill_and_offload(fx, 3, ids);
     kvp_dispatch_conn_closed(&fx->st, C_SSD); /* kill -9 of the SSD owner */
     assert_int_equal(fx->st.offloading, 0);
     assert_int_equal(fx->st.offloading_bytes, 0);
@@ -272,12 +273,21 @@ static void test_ssd_full_drops_instead(void **state)
     fx->st.config.promote_on_hit = false;
     fx->st.config.ssd_evict_high = 1.0; /* a full SSD is fine: no background drop */
     fx->st.config.ssd_evict_low = 1.0;
-    Kvpool__SsdTasksResponse *r;
-    uint64_t id = fill_and_offload(fx, &r);
-    char first[16];
-    snprintf(first, sizeof(first), "%.*s", (int)r->tasks[0]->key.len,
-             (const char *)r->tasks[0]->key.data);
+    put(&fx->st, "k0", NULL);
+    put(&fx->st, "k1", NULL);
+    put(&fx->st, "k2", NULL);
+    put(&fx->st, "k3", NULL);
+    /* k0 is offloaded into the one SSD slot; k1 and k2 (the room offloaded ahead) find no
+     * SSD room and are dropped, which frees the put's room at once */
+    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
+    assert_int_equal(put_end(&fx->st, "k4", 1), KVP_OK);
+    assert_int_equal(fx->st.stats.offload_dropped, 2);
+    assert_int_equal(fx->st.offloading, 1);
+    Kvpool__SsdTasksResponse *r = tasks(fx, NULL, NULL, 0);
+    assert_int_equal(r->n_tasks, 1);
+    uint64_t id = r->tasks[0]->task_id;
     svc_msg_free(r);
+    const char *first = "k0";
     int32_t ok = KVP_OK;
     svc_msg_free(tasks(fx, &id, &ok, 1));
     /* the one SSD object is being read: it cannot make room */
@@ -289,11 +299,11 @@ static void test_ssd_full_drops_instead(void **state)
         svc_call(&fx->st, C_CLI, KVP_RPC_GET_REPLICA_LIST, &req.base,
                  &kvpool__get_replica_list_response__descriptor);
     assert_int_equal(g->results[0]->status, KVP_OK);
-    svc_msg_free(g); /* lease kept */
-    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
-    assert_int_equal(put_end(&fx->st, "k4", 1), KVP_OK);
-    assert_int_equal(put_start(&fx->st, "k5", OBJ, NULL, NULL), KVP_OK);
-    assert_true(fx->st.stats.offload_dropped >= 1);
+    svc_msg_free(g);          /* lease kept */
+    put(&fx->st, "k5", NULL); /* fits: k0's DRAM room came back */
+    put(&fx->st, "k6", NULL);
+    assert_int_equal(put_start(&fx->st, "k7", OBJ, NULL, NULL), KVP_OK);
+    assert_true(fx->st.stats.offload_dropped >= 3);
     assert_int_equal(fx->st.offloading, 0);
 }
 
