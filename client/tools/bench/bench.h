@@ -108,6 +108,9 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
  * own I/O code). Measured once per run; returns 0, or -1 with a message on stderr.
  */
 int kvp_bench_disk_limits_ensure(const kvp_bench_opts_t *o);
+/* Measure the disk again (a virtualised disk's speed drifts by 2x within minutes: the SSD
+ * tier's figures are compared with a limit measured just before them). */
+int kvp_bench_disk_limits_remeasure(const kvp_bench_opts_t *o);
 /* GB/s of the disk measured in this run (0: not measured). */
 double kvp_bench_limit_disk_gbps(bool write);
 /* 0 when `dir` can hold an SSD file (exists, on a disk filesystem); -1 with a message

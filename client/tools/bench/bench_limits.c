@@ -272,6 +272,12 @@ static kvp_status_t disk_pass(kvp_ssd_io_t *io, int fd, bool write, void **bufs,
     return first;
 }
 
+int kvp_bench_disk_limits_remeasure(const kvp_bench_opts_t *o)
+{
+    disk_read_gbps = disk_write_gbps = 0;
+    return kvp_bench_disk_limits_ensure(o);
+}
+
 int kvp_bench_disk_limits_ensure(const kvp_bench_opts_t *o)
 {
     if (disk_read_gbps > 0 && disk_write_gbps > 0)
