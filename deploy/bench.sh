@@ -117,12 +117,15 @@ for r in R:
 ssd = [r for r in R if r["mode"] == "ssd"]
 if ssd:
     md += ["", "## SSD tier (1 MiB objects, batches of 32, CRC on; limits measured in the same run)", "",
-           "| op | GB/s | obj/s | p50 us | p99 us | limit | limit GB/s | % of limit | target | met |",
+           "| op | GB/s | obj/s | p50 us | p99 us | limit | limit GB/s (before / after) | % of limit | target | met |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in ssd:
-        md.append("| %s | %.2f | %.0f | %.0f | %.0f | %s | %.2f | %.0f%% | %s | %s |" % (
+        lim = "%.2f" % r["limit_gbps"]
+        if "limit_before_gbps" in r:
+            lim += " (%.2f / %.2f)" % (r["limit_before_gbps"], r["limit_after_gbps"])
+        md.append("| %s | %.2f | %.0f | %.0f | %.0f | %s | %s | %.0f%% | %s | %s |" % (
             r["op"], r["gbps"], r["objs_per_s"], r["p50_us"], r["p99_us"], r["limit"],
-            r["limit_gbps"], r["pct_of_limit"],
+            lim, r["pct_of_limit"],
             ("%.0f%%" % r["target_pct"]) if r["target_pct"] > 0 else "-", r["target_met"]))
     for r in ssd:
         if r["op"] == "offload":
