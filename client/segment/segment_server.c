@@ -18,8 +18,8 @@
  * sent and closes the connection, since the stream can no longer be trusted.
  * Every entry is checked before any byte moves.
  *
- * Threads: accept thread and per-connection threads; the list of
- * connections is guarded by `lock`. Stop: shutdown() every socket, join.
+ * Threads: connections come and go as segment/conn_server.c runs them (an
+ * accept thread, a thread per connection); this file serves one.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -31,33 +31,16 @@
 #include <netinet/tcp.h>
 
 #include "client/internal.h"
+#include "client/segment/conn_server.h"
 #include "common/log.h"
 #include "common/sock.h"
-
-typedef struct srv_conn {
-    int fd;
-    pthread_t thread;
-    bool done;
-    struct srv_conn *next;
-    struct kvp_segment_server *srv;
-} srv_conn_t;
 
 struct kvp_segment_server {
     uint8_t *base;
     uint64_t size;
     _Atomic uint64_t segment_id;
-    int listen_fd;
-    pthread_t accept_thread;
-    pthread_mutex_t lock;
-    srv_conn_t *conns;
-    bool stopping;
+    kvp_conn_server_t *conns;
 };
-
-static kvp_status_t reply(int fd, int32_t status, uint64_t len)
-{
-    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = status, .length = len};
-    return kvp_send_all(fd, &r, sizeof(r));
-}
 
 /* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
 static kvp_status_t recvv_all(int fd, struct iovec *iov, int iovcnt)
@@ -98,7 +81,7 @@ static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req
     if (n == 0 || n > KVP_DATA_VEC_MAX) {
         KVP_LOG_WARN("segment server: vectored request with %llu entries (1..%d); closing",
                      (unsigned long long)n, KVP_DATA_VEC_MAX);
-        reply(fd, KVP_ERR_PROTOCOL, 0);
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
     if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
@@ -119,31 +102,31 @@ static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req
         st = KVP_ERR_PROTOCOL; /* the header's length must be the entries' sum */
     if (req->op == KVP_DATA_WRITEV) {
         if (st != KVP_OK) {
-            reply(fd, st, 0);
+            kvp_data_reply(fd, st, 0);
             return false;
         }
         if (recvv_all(fd, iov + 1, (int)n) != KVP_OK)
             return false;
-        return reply(fd, KVP_OK, 0) == KVP_OK;
+        return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK;
     }
     if (st != KVP_OK)
-        return reply(fd, st, 0) == KVP_OK;
+        return kvp_data_reply(fd, st, 0) == KVP_OK;
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
     iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
     return kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
 }
 
-static void *conn_main(void *arg)
+/* One connection's requests, in order, until it ends or cannot be trusted. */
+static void serve_conn(void *arg, int fd)
 {
-    srv_conn_t *c = arg;
-    struct kvp_segment_server *srv = c->srv;
+    struct kvp_segment_server *srv = arg;
     for (;;) {
         kvp_data_req_t req;
-        if (kvp_recv_all(c->fd, &req, sizeof(req)) != KVP_OK)
+        if (kvp_recv_all(fd, &req, sizeof(req)) != KVP_OK)
             break;
         if (req.magic == KVP_DATA_MAGIC &&
             (req.op == KVP_DATA_READV || req.op == KVP_DATA_WRITEV)) {
-            if (!serve_vec(srv, c->fd, &req))
+            if (!serve_vec(srv, fd, &req))
                 break;
             continue;
         }
@@ -159,93 +142,26 @@ static void *conn_main(void *arg)
             st = KVP_ERR_OUT_OF_RANGE;
         if (req.op == KVP_DATA_WRITE) {
             if (st != KVP_OK) {
-                reply(c->fd, st, 0);
+                kvp_data_reply(fd, st, 0);
                 break;
             }
-            if (kvp_recv_all(c->fd, srv->base + req.offset, req.length) != KVP_OK)
+            if (kvp_recv_all(fd, srv->base + req.offset, req.length) != KVP_OK)
                 break;
-            if (reply(c->fd, KVP_OK, 0) != KVP_OK)
+            if (kvp_data_reply(fd, KVP_OK, 0) != KVP_OK)
                 break;
         } else {
             if (st != KVP_OK) {
-                if (reply(c->fd, st, 0) != KVP_OK)
+                if (kvp_data_reply(fd, st, 0) != KVP_OK)
                     break;
                 continue;
             }
             kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = req.length};
             struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
                                    {.iov_base = srv->base + req.offset, .iov_len = req.length}};
-            if (kvp_sendv_all(c->fd, iov, 2) != KVP_OK)
+            if (kvp_sendv_all(fd, iov, 2) != KVP_OK)
                 break;
         }
     }
-    /* Tell the peer now; the fd itself is closed when the thread is reaped. */
-    shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_lock(&srv->lock);
-    c->done = true;
-    pthread_mutex_unlock(&srv->lock);
-    return NULL;
-}
-
-/* Join and free connections whose threads have finished. Caller holds lock. */
-static void reap_locked(struct kvp_segment_server *srv)
-{
-    srv_conn_t **pp = &srv->conns;
-    while (*pp) {
-        srv_conn_t *c = *pp;
-        if (c->done) {
-            *pp = c->next;
-            pthread_join(c->thread, NULL);
-            close(c->fd);
-            free(c);
-        } else {
-            pp = &c->next;
-        }
-    }
-}
-
-static void *accept_main(void *arg)
-{
-    struct kvp_segment_server *srv = arg;
-    for (;;) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                KVP_LOG_WARN("segment server: accept failed: %m");
-                usleep(10000);
-                continue;
-            }
-            break; /* listen socket shut down */
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        srv_conn_t *c = calloc(1, sizeof(*c));
-        pthread_mutex_lock(&srv->lock);
-        reap_locked(srv);
-        if (c == NULL || srv->stopping) {
-            pthread_mutex_unlock(&srv->lock);
-            free(c);
-            close(fd);
-            if (srv->stopping)
-                break;
-            continue;
-        }
-        c->fd = fd;
-        c->srv = srv;
-        if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
-            pthread_mutex_unlock(&srv->lock);
-            KVP_LOG_WARN("segment server: cannot start a connection thread");
-            close(fd);
-            free(c);
-            continue;
-        }
-        c->next = srv->conns;
-        srv->conns = c;
-        pthread_mutex_unlock(&srv->lock);
-    }
-    return NULL;
 }
 
 kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host, uint16_t port,
@@ -257,23 +173,14 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
     srv->base = base;
     srv->size = size;
     atomic_store(&srv->segment_id, UINT64_MAX);
-    pthread_mutex_init(&srv->lock, NULL);
-    kvp_status_t status = kvp_tcp_listen(host, port, 256, &srv->listen_fd, bound_port_p);
-    if (status != KVP_OK)
-        goto err_free;
-    if (pthread_create(&srv->accept_thread, NULL, accept_main, srv) != 0) {
-        status = KVP_ERR_SYSTEM;
-        goto err_close;
+    kvp_status_t status = kvp_conn_server_create("segment server", host, port, serve_conn, srv,
+                                                 &srv->conns, bound_port_p);
+    if (status != KVP_OK) {
+        free(srv);
+        return status;
     }
     *srv_p = srv;
     return KVP_OK;
-
-err_close:
-    close(srv->listen_fd);
-err_free:
-    pthread_mutex_destroy(&srv->lock);
-    free(srv);
-    return status;
 }
 
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id)
@@ -285,26 +192,6 @@ void kvp_segment_server_destroy(kvp_segment_server_t *srv)
 {
     if (srv == NULL)
         return;
-    pthread_mutex_lock(&srv->lock);
-    srv->stopping = true;
-    pthread_mutex_unlock(&srv->lock);
-    shutdown(srv->listen_fd, SHUT_RDWR);
-    pthread_join(srv->accept_thread, NULL);
-    pthread_mutex_lock(&srv->lock);
-    for (srv_conn_t *c = srv->conns; c; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_unlock(&srv->lock);
-    /* wait for every connection thread to leave its loop */
-    for (;;) {
-        pthread_mutex_lock(&srv->lock);
-        reap_locked(srv);
-        bool empty = srv->conns == NULL;
-        pthread_mutex_unlock(&srv->lock);
-        if (empty)
-            break;
-        usleep(1000);
-    }
-    close(srv->listen_fd);
-    pthread_mutex_destroy(&srv->lock);
+    kvp_conn_server_destroy(srv->conns);
     free(srv);
 }

@@ -29,8 +29,9 @@
  * magic or an absurd entry count gets an error reply where one can be sent
  * and closes the connection. Every entry is checked before any byte moves.
  *
- * Threads: accept thread and per-connection threads; the list of
- * connections is guarded by `lock`. Stop: shutdown() every socket, join.
+ * Threads: connections come and go as segment/conn_server.c runs them (an
+ * accept thread, a thread per connection); this file serves one. `bad_lock`
+ * guards the list of extents whose reads failed.
  */
 #include "client/ssd/ssd_server.h"
 
@@ -44,6 +45,7 @@
 #include <netinet/tcp.h>
 
 #include "client/internal.h"
+#include "client/segment/conn_server.h"
 #include "client/ssd/ssd_io.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -53,14 +55,6 @@
 #define CHUNK ((uint64_t)KVP_SSD_IO_CHUNK)
 #define BLOCK ((uint64_t)KVP_SSD_BLOCK)
 
-typedef struct srv_conn {
-    int fd;
-    pthread_t thread;
-    bool done;
-    struct srv_conn *next;
-    struct kvp_ssd_server *srv;
-} srv_conn_t;
-
 struct kvp_ssd_server {
     kvp_ssd_file_t *file;
     int file_fd;
@@ -68,12 +62,9 @@ struct kvp_ssd_server {
     uint64_t size;
     _Atomic uint64_t segment_id;
     _Atomic uint64_t io_errors;
-    int listen_fd;
-    pthread_t accept_thread;
-    pthread_mutex_t lock;
-    srv_conn_t *conns;
-    bool stopping;
-    /* extents whose reads failed with an I/O error, for the owner to report (under lock) */
+    kvp_conn_server_t *conns;
+    pthread_mutex_t bad_lock;
+    /* extents whose reads failed with an I/O error, for the owner to report (bad_lock) */
     uint64_t bad[KVP_SSD_SERVER_BAD_MAX];
     size_t n_bad;
 };
@@ -109,12 +100,6 @@ static uint64_t round_down(uint64_t x)
 static uint64_t round_up(uint64_t x)
 {
     return (x + BLOCK - 1) / BLOCK * BLOCK;
-}
-
-static kvp_status_t reply(int fd, int32_t status, uint64_t len)
-{
-    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = status, .length = len};
-    return kvp_send_all(fd, &r, sizeof(r));
 }
 
 /* Check one extent of a request against the segment. */
@@ -167,25 +152,25 @@ static void note_bad(struct kvp_ssd_server *srv, const kvp_data_vec_t *v, size_t
     for (size_t j = 0; j < n; j++) {
         if (at < v[j].offset || at >= v[j].offset + v[j].length)
             continue;
-        pthread_mutex_lock(&srv->lock);
+        pthread_mutex_lock(&srv->bad_lock);
         bool known = false;
         for (size_t b = 0; b < srv->n_bad; b++)
             known |= srv->bad[b] == v[j].offset;
         if (!known && srv->n_bad < KVP_SSD_SERVER_BAD_MAX)
             srv->bad[srv->n_bad++] = v[j].offset;
-        pthread_mutex_unlock(&srv->lock);
+        pthread_mutex_unlock(&srv->bad_lock);
         return;
     }
 }
 
 size_t kvp_ssd_server_take_bad(kvp_ssd_server_t *srv, uint64_t *offsets, size_t max)
 {
-    pthread_mutex_lock(&srv->lock);
+    pthread_mutex_lock(&srv->bad_lock);
     size_t n = srv->n_bad < max ? srv->n_bad : max;
     memcpy(offsets, srv->bad, n * sizeof(*offsets));
     memmove(srv->bad, srv->bad + n, (srv->n_bad - n) * sizeof(*offsets));
     srv->n_bad -= n;
-    pthread_mutex_unlock(&srv->lock);
+    pthread_mutex_unlock(&srv->bad_lock);
     return n;
 }
 
@@ -253,7 +238,7 @@ static bool serve_reads(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, cons
                      kvp_strerror(io_st), hdr_sent ? "; closing the connection mid-reply" : "");
         if (hdr_sent)
             return false;
-        return ok && reply(fd, KVP_ERR_IO, 0) == KVP_OK;
+        return ok && kvp_data_reply(fd, KVP_ERR_IO, 0) == KVP_OK;
     }
     return ok;
 }
@@ -307,9 +292,10 @@ static bool serve_writes(struct kvp_ssd_server *srv, conn_io_t *cio, int fd,
         atomic_fetch_add(&srv->io_errors, 1);
         KVP_LOG_WARN("ssd server: writing %s failed (%s)", kvp_ssd_file_path(srv->file),
                      kvp_strerror(io_st));
-        return reply(fd, io_st == KVP_ERR_NO_SPACE ? KVP_ERR_NO_SPACE : KVP_ERR_IO, 0) == KVP_OK;
+        return kvp_data_reply(fd, io_st == KVP_ERR_NO_SPACE ? KVP_ERR_NO_SPACE : KVP_ERR_IO, 0) ==
+               KVP_OK;
     }
-    return reply(fd, KVP_OK, 0) == KVP_OK;
+    return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK;
 }
 
 /* Serve one READV/WRITEV whose header is `req`. Returns false when the connection must
@@ -321,7 +307,7 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
     if (n == 0 || n > KVP_DATA_VEC_MAX) {
         KVP_LOG_WARN("ssd server: vectored request with %llu entries (1..%d); closing",
                      (unsigned long long)n, KVP_DATA_VEC_MAX);
-        reply(fd, KVP_ERR_PROTOCOL, 0);
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
     if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
@@ -338,13 +324,13 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
         st = KVP_ERR_PROTOCOL; /* the header's length must be the entries' sum */
     if (write) {
         if (st != KVP_OK) {
-            reply(fd, st, 0);
+            kvp_data_reply(fd, st, 0);
             return false;
         }
         return serve_writes(srv, cio, fd, vec, n);
     }
     if (st != KVP_OK)
-        return reply(fd, st, 0) == KVP_OK;
+        return kvp_data_reply(fd, st, 0) == KVP_OK;
     return serve_reads(srv, cio, fd, vec, n, total);
 }
 
@@ -375,20 +361,20 @@ static conn_io_t *conn_io_create(void)
     return cio;
 }
 
-static void *conn_main(void *arg)
+/* One connection's requests, in order, until it ends or cannot be trusted. */
+static void serve_conn(void *arg, int fd)
 {
-    srv_conn_t *c = arg;
-    struct kvp_ssd_server *srv = c->srv;
+    struct kvp_ssd_server *srv = arg;
     conn_io_t *cio = conn_io_create();
     if (cio == NULL)
         KVP_LOG_WARN("ssd server: no ring or buffers for a connection; closing it");
     for (; cio != NULL;) {
         kvp_data_req_t req;
-        if (kvp_recv_all(c->fd, &req, sizeof(req)) != KVP_OK)
+        if (kvp_recv_all(fd, &req, sizeof(req)) != KVP_OK)
             break;
         if (req.magic == KVP_DATA_MAGIC &&
             (req.op == KVP_DATA_READV || req.op == KVP_DATA_WRITEV)) {
-            if (!serve_vec(srv, cio, c->fd, &req))
+            if (!serve_vec(srv, cio, fd, &req))
                 break;
             continue;
         }
@@ -403,90 +389,23 @@ static void *conn_main(void *arg)
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
         if (write) {
             if (st != KVP_OK) {
-                reply(c->fd, st, 0);
+                kvp_data_reply(fd, st, 0);
                 break;
             }
-            if (!serve_writes(srv, cio, c->fd, &one, 1))
+            if (!serve_writes(srv, cio, fd, &one, 1))
                 break;
         } else {
             if (st != KVP_OK) {
-                if (reply(c->fd, st, 0) != KVP_OK)
+                if (kvp_data_reply(fd, st, 0) != KVP_OK)
                     break;
                 continue;
             }
-            if (!serve_reads(srv, cio, c->fd, &one, 1, req.length))
+            if (!serve_reads(srv, cio, fd, &one, 1, req.length))
                 break;
         }
     }
     if (cio != NULL)
         conn_io_cleanup(cio);
-    /* Tell the peer now; the fd itself is closed when the thread is reaped. */
-    shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_lock(&srv->lock);
-    c->done = true;
-    pthread_mutex_unlock(&srv->lock);
-    return NULL;
-}
-
-/* Join and free connections whose threads have finished. Caller holds lock. */
-static void reap_locked(struct kvp_ssd_server *srv)
-{
-    srv_conn_t **pp = &srv->conns;
-    while (*pp) {
-        srv_conn_t *c = *pp;
-        if (c->done) {
-            *pp = c->next;
-            pthread_join(c->thread, NULL);
-            close(c->fd);
-            free(c);
-        } else {
-            pp = &c->next;
-        }
-    }
-}
-
-static void *accept_main(void *arg)
-{
-    struct kvp_ssd_server *srv = arg;
-    for (;;) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EINTR || errno == ECONNABORTED)
-                continue;
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                KVP_LOG_WARN("ssd server: accept failed: %m");
-                usleep(10000);
-                continue;
-            }
-            break; /* listen socket shut down */
-        }
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        srv_conn_t *c = calloc(1, sizeof(*c));
-        pthread_mutex_lock(&srv->lock);
-        reap_locked(srv);
-        if (c == NULL || srv->stopping) {
-            pthread_mutex_unlock(&srv->lock);
-            free(c);
-            close(fd);
-            if (srv->stopping)
-                break;
-            continue;
-        }
-        c->fd = fd;
-        c->srv = srv;
-        if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
-            pthread_mutex_unlock(&srv->lock);
-            KVP_LOG_WARN("ssd server: cannot start a connection thread");
-            close(fd);
-            free(c);
-            continue;
-        }
-        c->next = srv->conns;
-        srv->conns = c;
-        pthread_mutex_unlock(&srv->lock);
-    }
-    return NULL;
 }
 
 kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
@@ -501,23 +420,16 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     srv->size = kvp_ssd_file_size(f);
     atomic_store(&srv->segment_id, 0);
     atomic_store(&srv->io_errors, 0);
-    pthread_mutex_init(&srv->lock, NULL);
-    kvp_status_t status = kvp_tcp_listen(host, port, 256, &srv->listen_fd, bound_port_p);
-    if (status != KVP_OK)
-        goto err_free;
-    if (pthread_create(&srv->accept_thread, NULL, accept_main, srv) != 0) {
-        status = KVP_ERR_SYSTEM;
-        goto err_close;
+    pthread_mutex_init(&srv->bad_lock, NULL);
+    kvp_status_t status = kvp_conn_server_create("ssd server", host, port, serve_conn, srv,
+                                                 &srv->conns, bound_port_p);
+    if (status != KVP_OK) {
+        pthread_mutex_destroy(&srv->bad_lock);
+        free(srv);
+        return status;
     }
     *srv_p = srv;
     return KVP_OK;
-
-err_close:
-    close(srv->listen_fd);
-err_free:
-    pthread_mutex_destroy(&srv->lock);
-    free(srv);
-    return status;
 }
 
 void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id)
@@ -534,26 +446,7 @@ void kvp_ssd_server_destroy(kvp_ssd_server_t *srv)
 {
     if (srv == NULL)
         return;
-    pthread_mutex_lock(&srv->lock);
-    srv->stopping = true;
-    pthread_mutex_unlock(&srv->lock);
-    shutdown(srv->listen_fd, SHUT_RDWR);
-    pthread_join(srv->accept_thread, NULL);
-    pthread_mutex_lock(&srv->lock);
-    for (srv_conn_t *c = srv->conns; c; c = c->next)
-        shutdown(c->fd, SHUT_RDWR);
-    pthread_mutex_unlock(&srv->lock);
-    /* wait for every connection thread to leave its loop */
-    for (;;) {
-        pthread_mutex_lock(&srv->lock);
-        reap_locked(srv);
-        bool empty = srv->conns == NULL;
-        pthread_mutex_unlock(&srv->lock);
-        if (empty)
-            break;
-        usleep(1000);
-    }
-    close(srv->listen_fd);
-    pthread_mutex_destroy(&srv->lock);
+    kvp_conn_server_destroy(srv->conns);
+    pthread_mutex_destroy(&srv->bad_lock);
     free(srv);
 }

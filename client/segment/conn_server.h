@@ -1,0 +1,37 @@
+/*
+ * conn_server.h - a tcp listener with a thread per connection, shared by the
+ * data servers of DRAM segments (segment_server.c) and SSD segments
+ * (ssd/ssd_server.c): they differ in how a connection is served, not in how
+ * connections come and go (see conn_server.c).
+ */
+#ifndef KVP_CLIENT_SEGMENT_CONN_SERVER_H
+#define KVP_CLIENT_SEGMENT_CONN_SERVER_H
+
+#include <stdint.h>
+
+#include "client/internal.h"
+#include "common/sock.h"
+#include "common/status.h"
+
+typedef struct kvp_conn_server kvp_conn_server_t;
+
+/* Serve one connection until it ends or breaks (then return). The fd belongs to the
+ * server: it is shut down and closed after the call. */
+typedef void (*kvp_conn_serve_fn)(void *arg, int fd);
+
+/* Listen on host:port (0: any; the bound one in *bound_port_p) and serve each accepted
+ * connection on a thread of its own with serve(arg, fd). `name` is for logs. */
+kvp_status_t kvp_conn_server_create(const char *name, const char *host, uint16_t port,
+                                    kvp_conn_serve_fn serve, void *arg, kvp_conn_server_t **srv_p,
+                                    uint16_t *bound_port_p);
+/* Stop accepting, shut every connection down, wait for their threads. NULL: nothing. */
+void kvp_conn_server_destroy(kvp_conn_server_t *srv);
+
+/* A data-protocol reply header (docs/protocol.md): status and payload length. */
+static inline kvp_status_t kvp_data_reply(int fd, int32_t status, uint64_t len)
+{
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = status, .length = len};
+    return kvp_send_all(fd, &r, sizeof(r));
+}
+
+#endif
