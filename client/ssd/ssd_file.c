@@ -814,6 +814,18 @@ static kvp_status_t open_fd(kvp_ssd_file_t *f, bool buffered_ok, bool *created_p
     return KVP_OK;
 }
 
+/* The in-memory tables and the struct (open's failure path and close). */
+static void file_free(kvp_ssd_file_t *f)
+{
+    free(f->hash);
+    free(f->free_st);
+    free(f->ent);
+    free(f->zero);
+    free(f->blk);
+    free(f->path);
+    free(f);
+}
+
 kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **f_p, char *why,
                                size_t why_len)
 {
@@ -940,13 +952,7 @@ err_destroy:
     pthread_mutex_destroy(&f->lock);
     kvp_ssd_io_destroy(f->io);
 err_free:
-    free(f->hash);
-    free(f->free_st);
-    free(f->ent);
-    free(f->zero);
-    free(f->blk);
-    free(f->path);
-    free(f);
+    file_free(f);
 err_nomem:
     if (st == KVP_ERR_NOMEM)
         set_why(why, why_len, "%s: out of memory for the object table (%llu slots)", p->path,
@@ -963,13 +969,7 @@ void kvp_ssd_file_close(kvp_ssd_file_t *f)
     close(f->fd); /* releases the flock */
     kvp_ssd_io_destroy(f->io);
     pthread_mutex_destroy(&f->lock);
-    free(f->hash);
-    free(f->free_st);
-    free(f->ent);
-    free(f->zero);
-    free(f->blk);
-    free(f->path);
-    free(f);
+    file_free(f);
 }
 
 int kvp_ssd_file_fd(const kvp_ssd_file_t *f)

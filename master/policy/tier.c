@@ -155,29 +155,21 @@ kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
 {
     if (!kvp_tier_has_ssd(st) || obj->pin == KVP_PIN_HARD)
         return KVP_TIER_DROP;
-    kvp_replica_t keep[KVP_MAX_REPLICAS], dram = {0};
+    /* its SSD replicas stay; its DRAM ones go (now when it has an SSD copy, else once an
+     * offload of the first one is durable) */
+    kvp_replica_t keep[KVP_MAX_REPLICAS], gone[KVP_MAX_REPLICAS];
     unsigned nk = 0, nd = 0;
-    uint64_t dram_bytes = 0;
     for (unsigned r = 0; r < obj->n_replicas; r++) {
-        if (kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true)) {
+        if (kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
             keep[nk++] = obj->replicas[r];
-        } else {
-            if (nd++ == 0)
-                dram = obj->replicas[r];
-            dram_bytes += aligned(obj->size, KVP_SEGMENT_ALIGN);
-        }
+        else
+            gone[nd++] = obj->replicas[r];
     }
     if (nk > 0) {
-        /* it has an SSD copy already: only its DRAM replicas go */
-        kvp_replica_t gone[KVP_MAX_REPLICAS];
-        unsigned ng = 0;
-        for (unsigned r = 0; r < obj->n_replicas; r++)
-            if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
-                gone[ng++] = obj->replicas[r];
         kvp_object_t *o = kvp_tier_set_replicas(st, obj, keep, nk);
         if (o == NULL)
             return KVP_TIER_DROP;
-        for (unsigned g = 0; g < ng; g++)
+        for (unsigned g = 0; g < nd; g++)
             free_extent(st, &gone[g]);
         kvp_policy_move(st, o, KVP_POLICY_SSD, false);
         return KVP_TIER_FREED;
@@ -199,12 +191,12 @@ kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
     t->size = obj->size;
     t->crc32c = obj->crc32c;
     t->ssd = ssd;
-    t->dram = dram;
-    t->bytes = dram_bytes;
+    t->dram = gone[0];
+    t->bytes = nd * aligned(obj->size, KVP_SEGMENT_ALIGN);
     obj->flags |= KVP_OBJ_F_OFFLOADING;
     kvp_policy_move(st, obj, KVP_POLICY_OFFLOADING, false);
     st->offloading++;
-    st->offloading_bytes += dram_bytes;
+    st->offloading_bytes += t->bytes;
     return KVP_TIER_OFFLOAD;
 }
 
@@ -259,8 +251,6 @@ static void offload_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t
     }
     for (unsigned g = 0; g < ng; g++)
         free_extent(st, &gone[g]);
-    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, t->ssd.segment_id);
-    (void)seg;
     st->stats.offloaded++;
     if (!read) /* being read: it keeps DRAM; the end of the read puts it home */
         kvp_policy_move(st, o, kvp_policy_home(st, o), false);

@@ -51,21 +51,30 @@ typedef struct env {
 
 static env_t *g_env;
 
+/* `kvpool serve` of an SSD segment (the env's file) and no DRAM one, into argv[14]; with
+ * a ready fd (3) for kvp_proc_start, or without one for kvp_run. */
+static void ssd_argv(env_t *e, char *argv[14], bool ready_fd)
+{
+    char *const a[] = {(char *)kvp_test_cli_bin(),
+                       "--master",
+                       e->master_addr,
+                       "serve",
+                       "--segment-size",
+                       "0",
+                       "--ssd-path",
+                       e->path,
+                       "--ssd-size",
+                       SSD_SIZE,
+                       ready_fd ? "--ready-fd" : NULL,
+                       "3",
+                       NULL};
+    memcpy(argv, a, sizeof(a));
+}
+
 static bool start_ssd(env_t *e)
 {
-    char *argv[] = {(char *)kvp_test_cli_bin(),
-                    "--master",
-                    e->master_addr,
-                    "serve",
-                    "--segment-size",
-                    "0",
-                    "--ssd-path",
-                    e->path,
-                    "--ssd-size",
-                    SSD_SIZE,
-                    "--ready-fd",
-                    "3",
-                    NULL};
+    char *argv[14];
+    ssd_argv(e, argv, true);
     return kvp_proc_start(&e->ssd, argv, 20000);
 }
 
@@ -246,17 +255,8 @@ static void test_fill_4x_dram_reads_back_exact(void **state)
     (void)state;
     env_t *e = env_start();
     /* a second owner of the same file is refused while the first lives */
-    char *argv[] = {(char *)kvp_test_cli_bin(),
-                    "--master",
-                    e->master_addr,
-                    "serve",
-                    "--segment-size",
-                    "0",
-                    "--ssd-path",
-                    e->path,
-                    "--ssd-size",
-                    SSD_SIZE,
-                    NULL};
+    char *argv[14];
+    ssd_argv(e, argv, false);
     char out[256];
     assert_true(kvp_run(argv, NULL, out, sizeof(out), 20000) != 0);
     unsigned n = fill_count();

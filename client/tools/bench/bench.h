@@ -151,6 +151,14 @@ pid_t kvp_bench_master_pid(void);
 double kvp_bench_now(void); /* monotonic seconds */
 /* Sort `v` in place and return the p-th percentile (0 <= p <= 100). */
 double kvp_bench_percentile(double *v, size_t n, double p);
+
+/* Latency samples (seconds), grown as they come; free v when done. A sample that finds
+ * no memory is dropped. */
+typedef struct kvp_bench_lat {
+    double *v;
+    size_t n, cap;
+} kvp_bench_lat_t;
+void kvp_bench_lat_add(kvp_bench_lat_t *l, double x);
 /* "\r<text>" on stderr unless quiet; kvp_bench_progress_done clears the line. */
 void kvp_bench_progress(const kvp_bench_opts_t *o, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

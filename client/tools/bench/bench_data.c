@@ -32,24 +32,6 @@
 
 #define TCP_STREAMS 2 /* the client's default tcp_streams */
 
-typedef struct lat {
-    double *v;
-    size_t n, cap;
-} lat_t;
-
-static void lat_add(lat_t *l, double x)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 1024;
-        double *p = realloc(l->v, cap * sizeof(*p));
-        if (p == NULL)
-            return;
-        l->v = p;
-        l->cap = cap;
-    }
-    l->v[l->n++] = x;
-}
-
 enum { OP_PUT, OP_GET, OP_EXIST, N_OPS };
 static const char *const op_names[N_OPS] = {"put", "get", "exist"};
 
@@ -63,7 +45,7 @@ typedef struct worker {
     unsigned id;
     bool crc;
     double t_start, t_end;
-    lat_t lat[N_OPS];
+    kvp_bench_lat_t lat[N_OPS];
     double busy[N_OPS];
     uint64_t objs[N_OPS];
     int failed;
@@ -216,7 +198,7 @@ static void *worker_main(void *arg)
         for (int op = 0; op < N_OPS; op++) {
             if (looping && op != w->loop)
                 continue;
-            lat_add(&w->lat[op], d[op]);
+            kvp_bench_lat_add(&w->lat[op], d[op]);
             w->busy[op] += d[op];
             w->objs[op] += b;
         }
@@ -340,12 +322,12 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
     for (int op = 0; op < N_OPS && rc == 0; op++) {
         if (loop >= 0 && op != loop)
             continue;
-        lat_t all = {0};
+        kvp_bench_lat_t all = {0};
         uint64_t objs = 0;
         double busy = 0;
         for (unsigned t = 0; t < nt; t++) {
             for (size_t i = 0; i < w[t].lat[op].n; i++)
-                lat_add(&all, w[t].lat[op].v[i]);
+                kvp_bench_lat_add(&all, w[t].lat[op].v[i]);
             objs += w[t].objs[op];
             busy += w[t].busy[op];
         }

@@ -176,6 +176,19 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+void kvp_bench_lat_add(kvp_bench_lat_t *l, double x)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        double *p = realloc(l->v, cap * sizeof(*p));
+        if (p == NULL)
+            return;
+        l->v = p;
+        l->cap = cap;
+    }
+    l->v[l->n++] = x;
+}
+
 double kvp_bench_percentile(double *v, size_t n, double p)
 {
     if (n == 0)

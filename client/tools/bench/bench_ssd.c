@@ -73,24 +73,6 @@ typedef struct ssd_bench {
     int64_t got[SSD_BATCH];
 } ssd_bench_t;
 
-typedef struct lat {
-    double *v;
-    size_t n, cap;
-} lat_t;
-
-static void lat_add(lat_t *l, double x)
-{
-    if (l->n == l->cap) {
-        size_t cap = l->cap ? l->cap * 2 : 1024;
-        double *p = realloc(l->v, cap * sizeof(*p));
-        if (p == NULL)
-            return;
-        l->v = p;
-        l->cap = cap;
-    }
-    l->v[l->n++] = x;
-}
-
 static void key_of(char *buf, const char *part, uint64_t i)
 {
     snprintf(buf, SSD_KEY_LEN, "ssdbench@%s@%" PRIu64, part, i);
@@ -248,7 +230,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
     const char *op = ssd ? "get_ssd" : "get_dram";
     int rc = -1;
     uint64_t *perm = malloc(n * sizeof(*perm));
-    lat_t lat = {0};
+    kvp_bench_lat_t lat = {0};
     if (perm == NULL) {
         fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
         return -1;
@@ -298,7 +280,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
         pos += b;
         if (rounds++ == 0)
             continue; /* warm-up: first connection to the SSD server */
-        lat_add(&lat, d);
+        kvp_bench_lat_add(&lat, d);
         busy += d;
         objs += b;
     }
@@ -379,7 +361,7 @@ static int run_offload(ssd_bench_t *s)
     total = (total + SSD_BATCH - 1) / SSD_BATCH * SSD_BATCH;
     size_t max_samples = (size_t)(SSD_OFFLOAD_MAX_S / SSD_SAMPLE_S) + 16;
     sample_t *smp = calloc(max_samples, sizeof(*smp));
-    lat_t lat = {0};
+    kvp_bench_lat_t lat = {0};
     int rc = -1;
     uint64_t put = 0;
     if (smp == NULL) {
@@ -408,7 +390,7 @@ static int run_offload(ssd_bench_t *s)
         put += SSD_BATCH;
         bool steady = smp[ns - 1].offloaded > start.offloaded_objects;
         if (steady)
-            lat_add(&lat, now - b0);
+            kvp_bench_lat_add(&lat, now - b0);
         if (now - last >= SSD_SAMPLE_S && ns < max_samples) {
             if (stat_now(s, &ps) != 0)
                 goto out;
