@@ -27,6 +27,7 @@
 #include "client/client_priv.h"
 #include "client/ssd/ssd_owner.h"
 #include "client/control/mconn.h"
+#include "client/control/record.h"
 #include "client/internal.h"
 #include "client/mem/gpu.h"
 #include "common/crc32c.h"
@@ -208,7 +209,9 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         goto err;
 
     if (c->params.segment_size > 0) {
-        st = segment_create(c);
+        st = kvp_seg_record_create(&c->record);
+        if (st == KVP_OK)
+            st = segment_create(c);
         c->params.data_host = NULL;
         c->params.segment_name = NULL;
         if (st != KVP_OK)
@@ -223,10 +226,13 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     st = kvp_client_master_open(c);
     if (st == KVP_OK)
         st = kvp_client_heartbeat_start(c);
+    if (st == KVP_OK)
+        st = kvp_client_record_start(c);
     if (st == KVP_OK && c->params.ssd_path != NULL)
         st = kvp_ssd_owner_start(c, ssd_host_buf, &c->ssd);
     c->params.ssd_path = NULL;
     if (st != KVP_OK) {
+        kvp_client_record_stop(c);
         kvp_client_heartbeat_stop(c);
         goto err_seg;
     }
@@ -244,6 +250,7 @@ err_seg:
     goto err;
 err:
     kvp_client_master_close(c);
+    kvp_seg_record_destroy(c->record);
     pthread_mutex_destroy(&c->seg_lock);
     pthread_mutex_destroy(&c->rel_lock);
     pthread_rwlock_destroy(&c->peer_lock);
@@ -261,6 +268,7 @@ void kvp_client_destroy(kvp_client_t *c)
 {
     if (c == NULL)
         return;
+    kvp_client_record_signal(c);  /* its poll ends with the unmount below */
     kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
     kvp_ssd_owner_stop(c->ssd);   /* unmounts it: its file keeps the objects */
     c->ssd = NULL;
@@ -276,7 +284,9 @@ void kvp_client_destroy(kvp_client_t *c)
             kvp_client_call(c, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen); /* best effort */
         }
     }
+    kvp_client_record_stop(c);
     kvp_client_master_close(c);
+    kvp_seg_record_destroy(c->record);
     kvp_segment_server_destroy(c->seg_server);
     kvp_peer_table_cleanup(&c->peers); /* detaches them from the transports */
     kvp_transfer_cleanup(&c->xfer);    /* deregisters the buffers still registered */

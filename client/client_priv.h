@@ -57,6 +57,13 @@ struct kvp_client {
     /* the master's segment table version we last received (heartbeat) */
     _Atomic uint64_t segments_version;
     kvp_segment_server_t *seg_server;
+    /* the record of the objects on it (segment/seg_record.c), kept current by the record
+     * thread and offered back at each mount (control/record.c); NULL without a segment */
+    struct kvp_seg_record *record;
+    pthread_t rec_thread;
+    bool rec_started;
+    _Atomic bool rec_stop;
+    _Atomic uint64_t rec_offer_id; /* a mount whose record is still to be offered */
     /* SSD segment (ssd/ssd_owner.c), NULL when none */
     struct kvp_ssd_owner *ssd;
 

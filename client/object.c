@@ -927,6 +927,7 @@ static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->ssd_evicted_objects = sr->ssd_evicted_objects;
     s->adopted_objects = sr->adopted_objects;
     s->ssd_lost_objects = sr->ssd_lost_objects;
+    s->adopt_refused = sr->adopt_refused;
     s->moved_objects = sr->moved_objects;
     s->n_segments = sr->n_segments;
     for (size_t i = 0; i < sr->n_segments; i++) {

@@ -60,6 +60,7 @@ void kvp_rpc_hdr_pack(const kvp_rpc_hdr_t *hdr, uint8_t out[KVP_RPC_HDR_LEN])
     put64(out + 8, hdr->request_id);
     put32(out + 16, hdr->body_len);
     put32(out + 20, (uint32_t)hdr->status);
+    put64(out + 24, hdr->epoch);
 }
 
 kvp_status_t kvp_rpc_hdr_unpack(const uint8_t in[KVP_RPC_HDR_LEN], uint32_t max_body,
@@ -72,6 +73,7 @@ kvp_status_t kvp_rpc_hdr_unpack(const uint8_t in[KVP_RPC_HDR_LEN], uint32_t max_
     hdr->request_id = get64(in + 8);
     hdr->body_len = get32(in + 16);
     hdr->status = (int32_t)get32(in + 20);
+    hdr->epoch = get64(in + 24);
     if (hdr->version != KVP_RPC_VERSION)
         return KVP_ERR_VERSION;
     if (hdr->body_len > max_body)
@@ -83,7 +85,7 @@ kvp_status_t kvp_rpc_frame_scan(const uint8_t *buf, size_t len, uint32_t max_bod
                                 kvp_rpc_hdr_t *hdr, size_t *frame_len_p)
 {
     if (len < KVP_RPC_HDR_LEN) {
-        /* Reject a bad magic as soon as its bytes are in, not after 24. */
+        /* Reject a bad magic as soon as its bytes are in, not after 32. */
         static const uint8_t magic[4] = {0x4B, 0x56, 0x50, 0x31};
         if (memcmp(buf, magic, KVP_MIN(len, sizeof(magic))) != 0)
             return KVP_ERR_PROTOCOL;

@@ -1,5 +1,5 @@
 /*
- * rpc.h - control-plane framing: a fixed 24-byte header, then a protobuf-c body.
+ * rpc.h - control-plane framing: a fixed 32-byte header, then a protobuf-c body.
  *
  *   offset size field
  *   0      4    magic       0x3150564B ("KVP1" on the wire, little-endian)
@@ -9,6 +9,9 @@
  *   16     4    body_len    <= the receiver's maximum (KVP_RPC_MAX_BODY)
  *   20     4    status      0 in requests; in a response, a frame-level
  *                           kvp_status_t (then the body is an error text)
+ *   24     8    epoch       in a response: the answering master's leader epoch
+ *                           (0: standalone); a client refuses a reply whose
+ *                           epoch is older than one it has seen. 0 in requests.
  *
  * All integers little-endian. A receiver that sees a bad magic closes the
  * connection; a bad version or an oversized body gets an error response
@@ -26,8 +29,8 @@
 #include "common/status.h"
 
 #define KVP_RPC_MAGIC 0x3150564Bu
-#define KVP_RPC_VERSION 1
-#define KVP_RPC_HDR_LEN 24
+#define KVP_RPC_VERSION 2
+#define KVP_RPC_HDR_LEN 32
 #define KVP_RPC_MAX_BODY (64u << 20)
 #define KVP_RPC_RESPONSE_BIT 0x8000u
 
@@ -51,8 +54,9 @@ typedef enum kvp_rpc_method {
     KVP_RPC_MOVE_END = 17,
     KVP_RPC_LEASE_RELEASE = 18, /* one-way: the master sends no response */
     KVP_RPC_SSD_TASKS = 19,     /* the master may hold the answer up to ~1 s (long poll) */
-    KVP_RPC_SSD_ADOPT = 20,
-    KVP_RPC_METHOD_MAX = 20,
+    KVP_RPC_ADOPT = 20,         /* a segment's owner offers what it holds (after a mount) */
+    KVP_RPC_SEG_RECORD = 21,    /* long poll, like SSD_TASKS */
+    KVP_RPC_METHOD_MAX = 21,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {
@@ -61,6 +65,7 @@ typedef struct kvp_rpc_hdr {
     uint64_t request_id;
     uint32_t body_len;
     int32_t status;
+    uint64_t epoch;
 } kvp_rpc_hdr_t;
 
 /* Write the 24-byte header for `hdr` (magic and version filled in). */

@@ -48,6 +48,7 @@ static const setting_t settings[] = {
     {"ssd-evict-high-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_high)},
     {"ssd-evict-low-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_low)},
     {"promote-on-hit", ON_OFF, offsetof(kvp_master_config_t, promote_on_hit)},
+    {"segment-records", ON_OFF, offsetof(kvp_master_config_t, segment_records)},
 };
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -65,6 +66,7 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     cfg->ssd_evict_high = 0.95;
     cfg->ssd_evict_low = 0.90;
     cfg->promote_on_hit = true;
+    cfg->segment_records = true;
 }
 
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,

@@ -27,6 +27,7 @@ typedef struct kvp_master_config {
     double ssd_evict_high; /* drop SSD-tier objects above this share of SSD capacity (0.95) */
     double ssd_evict_low;  /* ... down to this (0.90) */
     bool promote_on_hit;   /* copy SSD-only objects back to DRAM when read (true) */
+    bool segment_records;  /* DRAM segments' owners keep a record of their objects (true) */
 } kvp_master_config_t;
 
 /* The defaults. */

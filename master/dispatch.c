@@ -24,6 +24,7 @@
 #include "master/rpc/drain.h"
 #include "master/rpc/object.h"
 #include "master/rpc/segment.h"
+#include "master/rpc/record.h"
 #include "master/rpc/ssd.h"
 
 #define ROW(id_, name_, req_, resp_, handler_)                                                     \
@@ -66,8 +67,10 @@ static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
         kvp_handle_lease_release),
     ROW(KVP_RPC_SSD_TASKS, "SsdTasks", &kvpool__ssd_tasks_request__descriptor,
         &kvpool__ssd_tasks_response__descriptor, kvp_handle_ssd_tasks),
-    ROW(KVP_RPC_SSD_ADOPT, "SsdAdopt", &kvpool__ssd_adopt_request__descriptor,
-        &kvpool__ssd_adopt_response__descriptor, kvp_handle_ssd_adopt),
+    ROW(KVP_RPC_ADOPT, "Adopt", &kvpool__adopt_request__descriptor,
+        &kvpool__adopt_response__descriptor, kvp_handle_adopt),
+    ROW(KVP_RPC_SEG_RECORD, "SegRecord", &kvpool__seg_record_request__descriptor,
+        &kvpool__seg_record_response__descriptor, kvp_handle_seg_record),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)

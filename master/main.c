@@ -53,6 +53,11 @@ static void usage(FILE *f)
                "  --ssd-evict-low-watermark F   ... down to F (default 0.90)\n"
                "  --promote-on-hit on|off  copy an SSD-only object back to DRAM in the\n"
                "                       background when a get hits it (default on)\n"
+               "Metadata that survives the master:\n"
+               "  --segment-records on|off  owners of DRAM segments keep a record of the\n"
+               "                       objects on them, so that a restarted master adopts\n"
+               "                       them back at their remount (default on; SSD segments'\n"
+               "                       files always describe themselves)\n"
                "  --version, --help\n");
 }
 
@@ -84,6 +89,7 @@ int main(int argc, char **argv)
         {"ssd-evict-high-watermark", required_argument, NULL, 's'},
         {"ssd-evict-low-watermark", required_argument, NULL, 's'},
         {"promote-on-hit", required_argument, NULL, 's'},
+        {"segment-records", required_argument, NULL, 's'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},

@@ -33,7 +33,9 @@
 #include "common/sock.h"
 #include "master/dispatch.h"
 #include "master/policy/eviction.h"
+#include "master/meta/record.h"
 #include "master/policy/lease.h"
+#include "kvpool.pb-c.h"
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
@@ -90,6 +92,10 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
             pp = &p->next;
         }
     }
+    kvp_segment_table_t *t = &srv->state.segments;
+    for (uint32_t i = 0; i < t->n_slots; i++)
+        if (t->slots[i] != NULL && t->slots[i]->record_stream == c)
+            t->slots[i]->record_stream = NULL; /* its changes wait for the next stream */
     kvp_dispatch_conn_closed(&srv->state, c->id);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     close(c->fd);
@@ -225,7 +231,17 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                                     h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
             srv->state.may_park = false;
         }
-        if (srv->state.parked) {
+        if (srv->state.stream_segment != 0) {
+            /* SegRecord: this connection now carries the segment's record changes */
+            kvp_segment_t *seg =
+                kvp_segment_table_get(&srv->state.segments, srv->state.stream_segment);
+            srv->state.stream_segment = 0;
+            if (seg != NULL) {
+                seg->record_stream = c;
+                seg->record_req_id = h.request_id;
+                kvp_record_relist(&srv->state.segments, seg); /* what is queued goes now */
+            }
+        } else if (srv->state.parked) {
             /* no answer yet: hold the request (answer_parked answers it) */
             srv->state.parked = false;
             parked_t *p = malloc(sizeof(*p) + h.body_len);
@@ -263,6 +279,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
     }
     return true;
 }
+
+static void push_records(kvp_master_server_t *srv);
 
 static void on_readable(kvp_master_server_t *srv, conn_t *c)
 {
@@ -303,6 +321,9 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
         if (c->close_after)
             break;
     }
+    /* An owner's record learns of the puts that just ended before their writers do: its
+     * stream is written first (meta/record.c). */
+    push_records(srv);
     if (c->in_len == 0 && c->in_cap > 4 * READ_CHUNK) {
         /* a big request went through: give its buffer back */
         free(c->in);
@@ -437,6 +458,55 @@ static conn_t *conn_find(kvp_master_server_t *srv, uint64_t id)
     return NULL;
 }
 
+/*
+ * Write each listed segment's queued record changes on its owner's SegRecord stream
+ * (meta/record.c): called before the replies of the requests that made them are
+ * flushed, so an owner's record has an object before its writer has the answer.
+ */
+static void push_records(kvp_master_server_t *srv)
+{
+    kvp_segment_table_t *t = &srv->state.segments;
+    if (!t->records_dirty)
+        return;
+    t->records_dirty = false;
+    size_t n = t->n_dirty;
+    t->n_dirty = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvp_segment_t *seg = kvp_segment_table_get(t, t->dirty_ids[i]);
+        if (seg == NULL)
+            continue;
+        seg->record_listed = false;
+        conn_t *c = seg->record_stream;
+        if (c == NULL || (seg->rec_len == 0 && !seg->record_broken))
+            continue; /* no stream yet: the changes wait for one (bounded, record.c) */
+        Kvpool__SegRecordResponse resp = KVPOOL__SEG_RECORD_RESPONSE__INIT;
+        resp.changes.data = seg->rec;
+        resp.changes.len = seg->rec_len;
+        resp.broken = seg->record_broken;
+        size_t len = kvpool__seg_record_response__get_packed_size(&resp);
+        if (!out_reserve(c, KVP_RPC_HDR_LEN + len)) {
+            kvp_record_relist(t, seg); /* out of memory: the next turn tries again */
+            continue;
+        }
+        kvp_rpc_hdr_t h = {.method = KVP_RPC_SEG_RECORD | KVP_RPC_RESPONSE_BIT,
+                           .request_id = seg->record_req_id,
+                           .body_len = (uint32_t)len};
+        kvp_rpc_hdr_pack(&h, c->out + c->out_len);
+        kvpool__seg_record_response__pack(&resp, c->out + c->out_len + KVP_RPC_HDR_LEN);
+        c->out_len += KVP_RPC_HDR_LEN + len;
+        uint8_t *buf;
+        size_t blen;
+        kvp_record_take(seg, &buf, &blen);
+        free(buf);
+        if (seg->record_broken) { /* said: the owner starts its record afresh */
+            seg->record_broken = false;
+            seg->record = true;
+        }
+        if (!flush_out(srv, c))
+            set_events(srv, c, true); /* the loop sees the failure again and closes c */
+    }
+}
+
 /* Call the held requests again (a task was queued, or their time is up): those that get
  * an answer are answered and let go. */
 static void answer_parked(kvp_master_server_t *srv, bool tick)
@@ -527,6 +597,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             }
         }
         answer_parked(srv, false); /* tasks queued by what just ran */
+        push_records(srv);         /* changes made by timers and by what just ran */
     }
     return KVP_OK;
 }

@@ -23,11 +23,12 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     kvp_lease_table_init(&st->leases);
     st->now_ms = kvp_now_ms();
     st->rng = kvp_random_u64();
-    /* versions start at the wall clock (us): a restarted master gives larger ones than the
-     * copies an SSD segment kept from before */
+    /* versions start at the wall clock (1/16 us): a restarted master, or a new leader,
+     * gives larger ones than the copies segments kept from before (unless its predecessor
+     * gave more than 16 versions a microsecond on average) */
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    st->version_clock = (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    st->version_clock = ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u) << 4;
     return kvp_index_init(&st->index);
 }
 

@@ -42,8 +42,9 @@ typedef struct kvp_master_stats {
     uint64_t hits_dram;
     uint64_t hits_ssd;
     uint64_t ssd_evicted;
-    uint64_t adopted;
-    uint64_t ssd_lost; /* SSD objects found unreadable by an owner (promotion) */
+    uint64_t adopted;       /* objects segments brought back at (re)mount (ha/rebuild.c) */
+    uint64_t adopt_refused; /* stale entries they offered: dropped, never served */
+    uint64_t ssd_lost;      /* SSD objects found unreadable by an owner (promotion) */
 } kvp_master_stats_t;
 
 /* A task for an SSD segment's owner (policy/tier.c). Key inline after the struct. */
@@ -111,6 +112,8 @@ typedef struct kvp_master_state {
     bool may_park;    /* set by the server: SsdTasks may wait instead of answering now */
     bool parked;      /* set by SsdTasks: no answer yet, the server holds the request */
     bool park_retry;  /* set by the server: this SsdTasks call was held (its results are in) */
+    uint64_t stream_segment; /* set by SegRecord: the server streams this segment's record
+                                changes on the calling connection (no answer now) */
 } kvp_master_state_t;
 
 /* Default settings, empty tables, the clock read, a random placement seed. */

@@ -25,6 +25,7 @@
 
 #include "client/client_priv.h"
 #include "client/control/mconn.h"
+#include "client/control/record.h"
 #include "client/mem/scratch.h"
 #include "client/internal.h"
 #include "common/log.h"
@@ -42,7 +43,8 @@ static uint8_t *pack_buf(size_t len)
 
 /* The mount request for our segment, packed into the thread's buffer, or (heap: on_ready,
  * which runs inside a call whose request is in the thread's buffer) a malloc'd one. */
-static kvp_status_t mount_pack(kvp_client_t *c, bool heap, uint8_t **body_p, size_t *len_p)
+static kvp_status_t mount_pack(kvp_client_t *c, bool heap, bool adopting, uint8_t **body_p,
+                               size_t *len_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = c->seg_name;
@@ -58,6 +60,7 @@ static kvp_status_t mount_pack(kvp_client_t *c, bool heap, uint8_t **body_p, siz
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = c->client_id;
     req.segment = &d;
+    req.adopting = adopting; /* its record is offered next (control/record.c) */
     size_t len = kvpool__mount_request__get_packed_size(&req);
     uint8_t *body = heap ? malloc(len ? len : 1) : pack_buf(len);
     if (body == NULL)
@@ -68,8 +71,10 @@ static kvp_status_t mount_pack(kvp_client_t *c, bool heap, uint8_t **body_p, siz
     return KVP_OK;
 }
 
-/* Take the master's answer to a mount (owned: resp is malloc'd, freed here). */
-static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen, bool owned)
+/* Take the master's answer to a mount (owned: resp is malloc'd, freed here). adopting: the
+ * record thread is to offer the record (control/record.c). */
+static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen, bool owned,
+                                bool adopting)
 {
     Kvpool__MountResponse *mr = kvpool__mount_response__unpack(NULL, rlen, resp);
     if (owned)
@@ -78,6 +83,8 @@ static kvp_status_t mount_reply(kvp_client_t *c, uint8_t *resp, size_t rlen, boo
         return KVP_ERR_PROTOCOL;
     kvp_status_t st = mr->status;
     if (st == KVP_OK) {
+        if (adopting) /* flagged before the id changes: the record thread sees both */
+            kvp_client_record_offer_later(c, mr->segment_id);
         atomic_store(&c->seg_id, mr->segment_id);
         kvp_segment_server_set_id(c->seg_server, mr->segment_id);
         KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", c->seg_name,
@@ -130,12 +137,14 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
          * caller's error: the next heartbeat is told to remount and tries again. */
         uint8_t *body = NULL, *resp;
         size_t len, rlen;
-        kvp_status_t st = mount_pack(c, true, &body, &len);
+        /* a first mount has nothing to offer: it takes new replicas at once */
+        bool adopting = !first || kvp_seg_record_count(c->record) > 0;
+        kvp_status_t st = mount_pack(c, true, adopting, &body, &len);
         if (st == KVP_OK)
             st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);
         free(body);
         if (st == KVP_OK)
-            st = mount_reply(c, resp, rlen, true);
+            st = mount_reply(c, resp, rlen, true, adopting);
         if (st != KVP_OK &&
             (first || st == KVP_ERR_IO || st == KVP_ERR_TIMEOUT || st == KVP_ERR_PROTOCOL)) {
             pthread_mutex_unlock(&c->seg_lock);
@@ -194,7 +203,7 @@ kvp_status_t kvp_client_mount(kvp_client_t *c)
         return KVP_OK;
     uint8_t *body, *resp;
     size_t len, rlen;
-    kvp_status_t st = mount_pack(c, false, &body, &len);
+    kvp_status_t st = mount_pack(c, false, true, &body, &len);
     if (st == KVP_OK)
         st = kvp_mconn_call(c->mc, KVP_RPC_MOUNT, body, len, &resp, &rlen);
     if (st != KVP_OK)
@@ -202,7 +211,8 @@ kvp_status_t kvp_client_mount(kvp_client_t *c)
     /* a drain that began meanwhile drains the id it read; this late mount ends with the
      * connection (or the unmount at destroy), like any undrained segment */
     pthread_mutex_lock(&c->seg_lock);
-    st = atomic_load(&c->seg_state) == KVP_SEG_MOUNTED ? mount_reply(c, resp, rlen, false) : KVP_OK;
+    st = atomic_load(&c->seg_state) == KVP_SEG_MOUNTED ? mount_reply(c, resp, rlen, false, true)
+                                                       : KVP_OK;
     pthread_mutex_unlock(&c->seg_lock);
     return st;
 }

@@ -315,8 +315,10 @@ typedef struct kvp_pool_stat {
     uint64_t hits_dram;           /* objects gets found with a DRAM replica */
     uint64_t hits_ssd;            /* objects gets found on SSD only */
     uint64_t ssd_evicted_objects; /* dropped from SSD to make room */
-    uint64_t adopted_objects;     /* brought back by SSD segments at their mount */
+    uint64_t adopted_objects;     /* brought back by segments at their (re)mount */
     uint64_t ssd_lost_objects;    /* SSD copies found unreadable (I/O or checksum) */
+    /* metadata that survives the master (docs/operations.md, "Master restart") */
+    uint64_t adopt_refused; /* stale entries segments offered back: dropped, never served */
 } kvp_pool_stat_t;
 
 /*

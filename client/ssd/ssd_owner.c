@@ -7,7 +7,7 @@
  *   - The SSD segment has its own master connection (a kvp_mconn of its
  *     own): the mount is bound to it, and its on_ready, run on every new
  *     connection before anything else, mounts the segment and offers the
- *     file's objects to the master (SsdAdopt, in batches); the ones the
+ *     file's objects to the master (Adopt, in batches: control/record.c); the ones the
  *     master refuses (removed, overwritten meanwhile) are forgotten in the
  *     file. So a restart (kill -9 included), a master restart and a lost
  *     connection all come back the same way, with the objects.
@@ -35,6 +35,7 @@
 
 #include "client/client_priv.h"
 #include "client/control/mconn.h"
+#include "client/control/record.h"
 #include "client/ssd/ssd_io.h"
 #include "client/ssd/ssd_server.h"
 #include "common/clock.h"
@@ -44,9 +45,8 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 
-/* Tasks asked for per round, entries offered per SsdAdopt, staging per copy batch. */
+/* Tasks asked for per round, staging per copy batch. */
 #define TASKS_PER_ASK 64u
-#define ADOPT_BATCH 1024u
 #define STAGING_BYTES (64u << 20)
 
 struct kvp_ssd_owner {
@@ -71,12 +71,12 @@ struct kvp_ssd_owner {
 /* ---- mount and adoption (on_ready, on the new connection) ---- */
 
 typedef struct entries {
-    kvp_ssd_entry_t *e;
-    char **keys;
+    kvp_record_entry_t *e;
     size_t n, cap;
     bool nomem;
 } entries_t;
 
+/* Keys are copied: the file's table may change while they are offered. */
 static void collect_cb(const kvp_ssd_entry_t *e, void *arg)
 {
     entries_t *es = arg;
@@ -84,15 +84,12 @@ static void collect_cb(const kvp_ssd_entry_t *e, void *arg)
         return;
     if (es->n == es->cap) {
         size_t cap = es->cap ? es->cap * 2 : 1024;
-        kvp_ssd_entry_t *ne = realloc(es->e, cap * sizeof(*ne));
-        char **nk = ne ? realloc(es->keys, cap * sizeof(*nk)) : NULL;
-        if (ne != NULL)
-            es->e = ne;
-        if (nk == NULL) {
+        kvp_record_entry_t *ne = realloc(es->e, cap * sizeof(*ne));
+        if (ne == NULL) {
             es->nomem = true;
             return;
         }
-        es->keys = nk;
+        es->e = ne;
         es->cap = cap;
     }
     char *k = malloc(e->key_len ? e->key_len : 1);
@@ -101,88 +98,44 @@ static void collect_cb(const kvp_ssd_entry_t *e, void *arg)
         return;
     }
     memcpy(k, e->key, e->key_len);
-    es->keys[es->n] = k;
-    es->e[es->n] = *e;
-    es->e[es->n].key = k;
-    es->n++;
+    es->e[es->n++] = (kvp_record_entry_t){.key = k,
+                                          .key_len = e->key_len,
+                                          .version = e->version,
+                                          .offset = e->offset,
+                                          .size = e->size,
+                                          .crc32c = e->crc32c};
 }
 
-static void entries_free(entries_t *es)
+static int newest_first(const void *a, const void *b)
 {
-    for (size_t i = 0; i < es->n; i++)
-        free(es->keys[i]);
-    free(es->keys);
-    free(es->e);
+    const kvp_record_entry_t *x = a, *y = b;
+    return x->version < y->version ? 1 : x->version > y->version ? -1 : 0;
 }
 
-/* Offer the file's objects; forget the refused ones. */
+static void forget_cb(void *arg, const kvp_record_entry_t *e)
+{
+    kvp_ssd_owner_t *o = arg;
+    kvp_ssd_file_forget(o->file, e->offset, e->version);
+}
+
+/* Offer the file's objects, newest first; forget the refused ones. */
 static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t seg_id)
 {
     entries_t es = {0};
     kvp_ssd_file_foreach(o->file, collect_cb, &es);
-    kvp_status_t st = es.nomem ? KVP_ERR_NOMEM : KVP_OK;
+    if (es.nomem)
+        es.n = 0; /* the offer still ends, so the segment takes new copies */
+    qsort(es.e, es.n, sizeof(*es.e), newest_first);
     size_t adopted = 0, refused = 0;
-    Kvpool__SsdEntry *me = calloc(ADOPT_BATCH, sizeof(*me));
-    Kvpool__SsdEntry **mp = calloc(ADOPT_BATCH, sizeof(*mp));
-    if (me == NULL || mp == NULL)
-        st = KVP_ERR_NOMEM;
-    for (size_t at = 0; st == KVP_OK && at < es.n; at += ADOPT_BATCH) {
-        size_t n = KVP_MIN((size_t)ADOPT_BATCH, es.n - at);
-        for (size_t i = 0; i < n; i++) {
-            const kvp_ssd_entry_t *e = &es.e[at + i];
-            kvpool__ssd_entry__init(&me[i]);
-            me[i].key.data = (uint8_t *)e->key;
-            me[i].key.len = e->key_len;
-            me[i].version = e->version;
-            me[i].offset = e->offset;
-            me[i].size = e->size;
-            me[i].crc32c = e->crc32c;
-            mp[i] = &me[i];
-        }
-        Kvpool__SsdAdoptRequest req = KVPOOL__SSD_ADOPT_REQUEST__INIT;
-        req.segment_id = seg_id;
-        req.entries = mp;
-        req.n_entries = n;
-        size_t len = kvpool__ssd_adopt_request__get_packed_size(&req);
-        uint8_t *body = malloc(len ? len : 1), *resp = NULL;
-        size_t rlen = 0;
-        if (body == NULL) {
-            st = KVP_ERR_NOMEM;
-            break;
-        }
-        kvpool__ssd_adopt_request__pack(&req, body);
-        st = kvp_mconn_ready_call(m, fd, KVP_RPC_SSD_ADOPT, body, len, &resp, &rlen);
-        free(body);
-        if (st != KVP_OK)
-            break;
-        Kvpool__SsdAdoptResponse *ar = kvpool__ssd_adopt_response__unpack(NULL, rlen, resp);
-        free(resp);
-        if (ar == NULL || ar->status != KVP_OK || ar->n_statuses != n) {
-            st = ar == NULL             ? KVP_ERR_PROTOCOL
-                 : ar->status != KVP_OK ? ar->status
-                                        : KVP_ERR_PROTOCOL;
-            if (ar != NULL)
-                kvpool__ssd_adopt_response__free_unpacked(ar, NULL);
-            break;
-        }
-        for (size_t i = 0; i < n; i++) {
-            if (ar->statuses[i] == KVP_OK) {
-                adopted++;
-            } else {
-                refused++;
-                kvp_ssd_file_forget(o->file, es.e[at + i].offset, es.e[at + i].version);
-            }
-        }
-        kvpool__ssd_adopt_response__free_unpacked(ar, NULL);
-    }
+    kvp_status_t st = kvp_record_offer(m, fd, seg_id, es.e, es.n, forget_cb, o, &adopted, &refused);
     if (es.n > 0)
         KVP_LOG_INFO("SSD segment %s: %zu objects back in the pool, %zu refused (removed or "
                      "overwritten meanwhile) and forgotten%s",
                      o->name, adopted, refused, st == KVP_OK ? "" : " (offer cut short)");
-    free(me);
-    free(mp);
-    entries_free(&es);
-    return st;
+    for (size_t i = 0; i < es.n; i++)
+        free((char *)es.e[i].key);
+    free(es.e);
+    return es.nomem ? KVP_ERR_NOMEM : st;
 }
 
 static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
@@ -202,6 +155,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = c->client_id;
     req.segment = &d;
+    req.adopting = true; /* the file's objects are offered next */
     size_t len = kvpool__mount_request__get_packed_size(&req);
     uint8_t *body = malloc(len ? len : 1), *resp = NULL;
     size_t rlen = 0;

@@ -1027,11 +1027,12 @@ static void stat_print_json(const kvp_pool_stat_t *st)
            ",\"offload_dropped\":%" PRIu64 ",\"offload_failed\":%" PRIu64
            ",\"offloading_objects\":%" PRIu64 ",\"promoted_objects\":%" PRIu64
            ",\"hits_dram\":%" PRIu64 ",\"hits_ssd\":%" PRIu64 ",\"ssd_evicted_objects\":%" PRIu64
-           ",\"adopted_objects\":%" PRIu64 ",\"ssd_lost_objects\":%" PRIu64 ",\"segments\":[",
+           ",\"adopted_objects\":%" PRIu64 ",\"ssd_lost_objects\":%" PRIu64
+           ",\"adopt_refused\":%" PRIu64 ",\"segments\":[",
            st->capacity - st->ssd_capacity, st->used - st->ssd_used, st->ssd_capacity, st->ssd_used,
            st->offloaded_objects, st->offload_dropped, st->offload_failed, st->offloading_objects,
            st->promoted_objects, st->hits_dram, st->hits_ssd, st->ssd_evicted_objects,
-           st->adopted_objects, st->ssd_lost_objects);
+           st->adopted_objects, st->ssd_lost_objects, st->adopt_refused);
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
         printf("%s{\"id\":%" PRIu64 ",\"name\":", i > 0 ? "," : "", s->id);
@@ -1058,7 +1059,11 @@ static void stat_print_table(const kvp_pool_stat_t *st)
     printf("reading   %" PRIu64 " objects, %s (leases released %" PRIu64 ", expired %" PRIu64 ")\n",
            st->reading_objects, human_size(st->reading_bytes, a, sizeof(a)), st->leases_released,
            st->leases_expired);
-    if (st->ssd_capacity > 0 || st->adopted_objects > 0) {
+    if (st->adopted_objects > 0 || st->adopt_refused > 0)
+        printf("adopted   %" PRIu64 " objects brought back by segments at their mount, %" PRIu64
+               " stale entries refused\n",
+               st->adopted_objects, st->adopt_refused);
+    if (st->ssd_capacity > 0) {
         uint64_t dc = st->capacity - st->ssd_capacity, du = st->used - st->ssd_used;
         printf("dram      %s of %s (%.1f%%)\n", human_size(du, a, sizeof(a)),
                human_size(dc, b, sizeof(b)), dc > 0 ? 100.0 * (double)du / (double)dc : 0.0);
@@ -1069,10 +1074,10 @@ static void stat_print_table(const kvp_pool_stat_t *st)
         printf("hits      dram %" PRIu64 ", ssd %" PRIu64 "\n", st->hits_dram, st->hits_ssd);
         printf("tiering   offloaded %" PRIu64 " (in flight %" PRIu64 ", failed %" PRIu64
                ", dropped for lack of SSD room %" PRIu64 "), promoted %" PRIu64
-               ", evicted from SSD %" PRIu64 ", adopted %" PRIu64 ", lost %" PRIu64 "\n",
+               ", evicted from SSD %" PRIu64 ", lost %" PRIu64 "\n",
                st->offloaded_objects, st->offloading_objects, st->offload_failed,
                st->offload_dropped, st->promoted_objects, st->ssd_evicted_objects,
-               st->adopted_objects, st->ssd_lost_objects);
+               st->ssd_lost_objects);
     }
     printf("segments  %zu\n", st->n_segments);
     if (st->n_segments == 0)

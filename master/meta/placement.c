@@ -42,7 +42,7 @@ static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, uns
                      const kvp_segment_t *seg, bool distinct_hosts, const uint64_t *excluded,
                      unsigned n_excl, uint64_t size, bool ssd, uint64_t *free_p)
 {
-    if (seg == NULL || seg->draining || seg->ssd != ssd || chosen(out, n, seg->id) ||
+    if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != ssd || chosen(out, n, seg->id) ||
         (distinct_hosts && host_used(t, out, n, seg)))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
@@ -74,7 +74,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     bool fits_any = false, any = false;
     for (uint32_t i = 0; i < table->n_slots; i++) {
         const kvp_segment_t *seg = table->slots[i];
-        if (seg == NULL || seg->draining || seg->ssd != req->ssd)
+        if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd)
             continue;
         any = true;
         if (kvp_segment_usable(seg) >= req->size)
@@ -89,11 +89,12 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     if (want > KVP_MAX_REPLICAS)
         want = KVP_MAX_REPLICAS;
     unsigned n = 0;
-    if (req->preferred != NULL && !req->preferred->draining && req->preferred->ssd == req->ssd)
+    if (req->preferred != NULL && kvp_segment_open(req->preferred) &&
+        req->preferred->ssd == req->ssd)
         n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
-        if (seg != NULL && !seg->draining && seg->ssd == req->ssd &&
+        if (seg != NULL && kvp_segment_open(seg) && seg->ssd == req->ssd &&
             strcmp(seg->host_id, req->near_host) == 0 &&
             kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size)
             n += try_alloc(seg, req->size, &out[n]);

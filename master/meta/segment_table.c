@@ -12,6 +12,7 @@
 
 #include "master/meta/segment_table.h"
 #include "common/rand.h"
+#include "master/meta/record.h"
 
 void kvp_segment_table_init(kvp_segment_table_t *table)
 {
@@ -24,6 +25,7 @@ void kvp_segment_destroy(kvp_segment_t *seg)
     if (seg == NULL)
         return;
     kvp_offset_alloc_destroy(seg->alloc);
+    free(seg->rec);
     free(seg->name);
     free(seg->medium);
     free(seg->host_id);
@@ -39,6 +41,7 @@ void kvp_segment_table_cleanup(kvp_segment_table_t *table)
         kvp_segment_destroy(table->slots[i]);
     free(table->slots);
     free(table->gens);
+    free(table->dirty_ids);
     memset(table, 0, sizeof(*table));
 }
 
@@ -62,7 +65,10 @@ kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *se
         table->gens = gens;
         for (uint32_t i = table->n_slots; i < n; i++) {
             slots[i] = NULL;
-            gens[i] = 0;
+            /* generations start where this table's random version says: a restarted
+             * master, or a new leader, does not hand out its predecessor's ids, so an
+             * owner's or reader's id from before never names another segment now */
+            gens[i] = (uint32_t)(table->version >> 33);
         }
         table->n_slots = n;
     }
@@ -98,6 +104,7 @@ kvp_segment_t *kvp_segment_table_find_name(const kvp_segment_table_t *table, con
 
 void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg)
 {
+    table->records_dirty = true; /* its owner's record poll, if held, is answered: gone */
     uint32_t slot = (uint32_t)seg->id;
     if (slot < table->n_slots && table->slots[slot] == seg) {
         table->slots[slot] = NULL;
@@ -154,6 +161,8 @@ void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica
     if (seg != NULL) {
         kvp_offset_alloc_free(seg->alloc, rep->handle);
         seg->objects--;
+        if (seg->record)
+            kvp_record_del(table, seg, rep->offset);
     }
 }
 

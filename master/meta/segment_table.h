@@ -33,6 +33,17 @@ typedef struct kvp_segment {
     uint64_t objects;       /* replicas stored here */
     bool draining;          /* no new replicas; the owner is asked to move objects away */
     bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
+    bool adopting;          /* its owner is offering what it holds: no new replicas yet */
+    /* its owner keeps a record of the objects on it (meta/record.c): changes queued here */
+    bool record;
+    bool record_broken;               /* the queue overflowed: the owner is to drop its record */
+    void *record_stream;              /* the owner's SegRecord stream (server.c's) or NULL */
+    uint64_t record_req_id;           /* ... and the request id its frames carry */
+    bool record_listed;               /* in the table's dirty list */
+    uint64_t mounted_ms;              /* master clock at mount */
+    uint64_t adopt_ok, adopt_refused; /* entries its owner offered back (ha/rebuild.c) */
+    uint8_t *rec;
+    size_t rec_len, rec_cap;
     kvp_offset_alloc_t *alloc;
 } kvp_segment_t;
 
@@ -46,6 +57,10 @@ typedef struct kvp_segment_table {
     /* changes with every mount and unmount; starts random, so a client that knew
      * an earlier master's table never takes this one's for the same */
     uint64_t version;
+    /* segments whose record changed since the server last wrote their streams (record.c) */
+    bool records_dirty;
+    uint64_t *dirty_ids;
+    size_t n_dirty, dirty_cap;
 } kvp_segment_table_t;
 
 void kvp_segment_table_init(kvp_segment_table_t *table);
@@ -80,6 +95,12 @@ bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_obje
                                 bool ssd);
 /* Free one extent in its segment, if the segment is still mounted. */
 void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep);
+/* Does seg take new replicas? (Not while draining, nor while its owner offers what it
+ * holds.) */
+static inline bool kvp_segment_open(const kvp_segment_t *seg)
+{
+    return !seg->draining && !seg->adopting;
+}
 /* Has obj a replica on a draining segment? (No new bytes go there.) */
 bool kvp_segment_table_on_draining(const kvp_segment_table_t *table, const kvp_object_t *obj);
 

@@ -37,6 +37,7 @@
 
 #include "common/log.h"
 #include "common/rand.h"
+#include "master/meta/record.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
 
@@ -196,9 +197,12 @@ uint64_t kvp_lease_left_ms(const kvp_master_state_t *st, const kvp_object_t *obj
 
 void kvp_object_retire(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if (kvp_leased(st, obj))
+    if (kvp_leased(st, obj)) {
+        /* out of the index now: out of the owners' records too (its extents stay held
+         * until its reads end) */
+        kvp_record_forget(&st->segments, obj);
         obj->state = KVP_OBJ_RETIRED;
-    else
+    } else
         kvp_object_release(st, obj);
 }
 

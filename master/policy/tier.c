@@ -21,12 +21,9 @@
  *     object then has both and is a DRAM object again (protected list). It
  *     is skipped when DRAM has no free room: a promotion never evicts.
  *   - Versions: every put gets a version from a clock that starts at the
- *     wall clock in microseconds, so a restarted master's versions are
- *     larger than those its predecessor gave. The owner records the version
- *     with each object; at its next mount it offers them back (adoption):
- *     an object the master does not know, not removed since (tombstones),
- *     is adopted; one the master knows under the same version gets the SSD
- *     replica back; anything else is refused and forgotten by the owner.
+ *     wall clock, so a restarted master's versions are larger than those
+ *     its predecessor gave. The owner records the version with each object;
+ *     at its next mount it offers them back (ha/rebuild.c).
  *   - A task holds the extent it writes to (OFFLOAD: the SSD one; PROMOTE:
  *     the DRAM one) until it ends; an object removed meanwhile is noticed at
  *     the end by its key and version, and the extent freed.
@@ -40,6 +37,7 @@
 
 #include "common/log.h"
 #include "master/meta/placement.h"
+#include "master/meta/record.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
 
@@ -329,6 +327,7 @@ static void promote_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t
         return;
     }
     st->stats.promoted++;
+    kvp_record_replica(&st->segments, o, &t->dram);
     if (!kvp_leased(st, o))
         kvp_policy_move(st, o, kvp_policy_home(st, o), false);
 }
@@ -449,62 +448,4 @@ void kvp_tier_segment_gone(kvp_master_state_t *st, uint64_t segment_id)
         }
         t = next;
     }
-}
-
-/* ---- adoption ---- */
-
-kvp_status_t kvp_tier_adopt(kvp_master_state_t *st, kvp_segment_t *seg, const char *key,
-                            size_t key_len, uint64_t version, uint64_t offset, uint64_t size,
-                            uint32_t crc32c)
-{
-    if (version == 0 || size == 0 || offset % 4096 != 0 || offset >= kvp_segment_usable(seg) ||
-        aligned(size, 4096) > kvp_segment_usable(seg) - offset)
-        return KVP_ERR_INVALID_ARG;
-    uint64_t hash = kvp_index_hash(key, key_len);
-    kvp_object_t *obj = kvp_index_lookup(&st->index, key, key_len, hash);
-    if (obj != NULL) {
-        /* the same value (the master kept it, or a copy it has elsewhere): one more
-         * replica; any other value is newer or in the making: this copy is stale */
-        if (obj->state != KVP_OBJ_COMPLETE || obj->version != version || obj->size != size ||
-            obj->crc32c != crc32c || obj->n_replicas >= KVP_MAX_REPLICAS ||
-            (obj->flags & KVP_OBJ_F_OFFLOADING))
-            return KVP_ERR_EXISTS;
-        for (unsigned r = 0; r < obj->n_replicas; r++)
-            if (obj->replicas[r].segment_id == seg->id)
-                return KVP_ERR_EXISTS;
-    } else if (kvp_tombstone_get(&st->tombstones, hash) >= version) {
-        return KVP_ERR_NOT_FOUND; /* removed after this copy was written */
-    }
-    kvp_replica_t rep = {.segment_id = seg->id, .offset = offset};
-    kvp_status_t s = kvp_offset_alloc_reserve(seg->alloc, offset, size, &rep.handle);
-    if (s != KVP_OK)
-        return s;
-    seg->objects++;
-    if (version > st->version_clock)
-        st->version_clock = version;
-    if (obj != NULL) {
-        kvp_replica_t reps[KVP_MAX_REPLICAS];
-        memcpy(reps, obj->replicas, obj->n_replicas * sizeof(reps[0]));
-        reps[obj->n_replicas] = rep;
-        if (kvp_tier_set_replicas(st, obj, reps, obj->n_replicas + 1u) == NULL) {
-            free_extent(st, &rep);
-            return KVP_ERR_NOMEM;
-        }
-        st->stats.adopted++;
-        return KVP_OK;
-    }
-    obj = kvp_object_create(key, key_len, hash, 1);
-    if (obj == NULL) {
-        free_extent(st, &rep);
-        return KVP_ERR_NOMEM;
-    }
-    obj->replicas[0] = rep;
-    obj->size = size;
-    obj->crc32c = crc32c;
-    obj->version = version;
-    obj->state = KVP_OBJ_COMPLETE;
-    kvp_index_insert(&st->index, obj);
-    kvp_policy_move(st, obj, KVP_POLICY_SSD, false);
-    st->stats.adopted++;
-    return KVP_OK;
 }

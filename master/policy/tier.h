@@ -57,12 +57,6 @@ void kvp_tier_ssd_bad(kvp_master_state_t *st, kvp_segment_t *seg, uint64_t offse
 /* Segment segment_id is being unmounted: end the tasks that involve it. */
 void kvp_tier_segment_gone(kvp_master_state_t *st, uint64_t segment_id);
 
-/* One object an SSD segment's file holds, offered at mount: adopt it (a new object, or a
- * replica of the same version of a known one) or refuse it (the owner forgets it). */
-kvp_status_t kvp_tier_adopt(kvp_master_state_t *st, kvp_segment_t *seg, const char *key,
-                            size_t key_len, uint64_t version, uint64_t offset, uint64_t size,
-                            uint32_t crc32c);
-
 /* Replace obj's replicas by reps[0..n) (same key); returns the object (moved when n
  * differs: hash chain, list and lease follow it). NULL: out of memory (obj unchanged). */
 kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,

@@ -20,6 +20,7 @@
 
 #include "common/log.h"
 #include "master/meta/placement.h"
+#include "master/meta/record.h"
 
 kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
@@ -202,6 +203,7 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
          * until the owner unmounts. */
         kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
         obj->replicas[r] = mv->dest;
+        kvp_record_replica(&st->segments, obj, &mv->dest);
         st->stats.moved++;
     } else {
         kvp_segment_table_free_extent(&st->segments, &mv->dest);

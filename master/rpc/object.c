@@ -23,6 +23,7 @@
 #include "common/macros.h"
 #include "common/rpc.h"
 #include "master/meta/placement.h"
+#include "master/meta/record.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
@@ -89,7 +90,8 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
             !kvp_segment_table_has_tier(&st->segments, obj, true) &&
             !kvp_segment_table_on_draining(&st->segments, obj) &&
             obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
-            kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
+            kvp_lease_forget(st, obj);             /* a lease whose TTL is over: its slot goes */
+            kvp_record_forget(&st->segments, obj); /* the bytes are about to change */
             kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
             obj->writer_conn_id = conn_id;
             obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
@@ -341,7 +343,8 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     obj->policy = 0;
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
     kvp_policy_put(st, obj, end->n_keys > 1 && i + 1 == end->n_keys);
-    kvp_tier_on_put_end(st, obj); /* replicas on SSD get recorded by their owners */
+    kvp_record_object(&st->segments, obj); /* DRAM owners' records, in the same loop turn */
+    kvp_tier_on_put_end(st, obj);          /* replicas on SSD get recorded by their owners */
     return KVP_OK;
 }
 

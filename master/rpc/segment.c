@@ -78,6 +78,10 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     /* DRAM: 64-byte granularity (cache-line aligned extents, small metadata); SSD:
      * 4 KiB, the unit of O_DIRECT I/O */
     seg->ssd = strcmp(d->medium, "ssd") == 0;
+    seg->adopting = req->adopting;
+    seg->mounted_ms = st->now_ms;
+    st->segments.records_dirty = true; /* a held SegRecord of the owner's is answered */
+    seg->record = !seg->ssd && st->config.segment_records;
     status = kvp_offset_alloc_create(d->size, seg->ssd ? 4096 : KVP_SEGMENT_ALIGN, &seg->alloc);
     if (status == KVP_OK)
         status = kvp_segment_table_add(&st->segments, seg);

@@ -9,9 +9,8 @@
  * request are applied once, on its first call (st->park_retry on the
  * others).
  *
- * SsdAdopt: after its mount, the owner offers the objects its file holds;
- * each is adopted or refused (policy/tier.c, kvp_tier_adopt), and the
- * owner forgets the refused ones.
+ * (After its mount the owner offers the objects its file holds: Adopt, in
+ * rpc/record.c.)
  *
  * Only the connection that mounted an SSD segment may speak for it.
  *
@@ -121,37 +120,5 @@ out:
     free(tp);
     free(reps);
     free(forget);
-    return rc;
-}
-
-kvp_status_t kvp_handle_ssd_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
-{
-    kvp_master_state_t *st = call->st;
-    Kvpool__SsdAdoptRequest *req = (Kvpool__SsdAdoptRequest *)req_msg;
-    Kvpool__SsdAdoptResponse resp = KVPOOL__SSD_ADOPT_RESPONSE__INIT;
-    int32_t *out = NULL;
-    kvp_segment_t *seg = own_ssd(call, req->segment_id);
-    resp.status = seg == NULL ? KVP_ERR_SEGMENT_GONE : kvp_call_check_batch(req->n_entries);
-    if (resp.status == KVP_OK) {
-        out = malloc((req->n_entries ? req->n_entries : 1) * sizeof(*out));
-        if (out == NULL)
-            return KVP_ERR_NOMEM;
-        uint64_t adopted = 0;
-        for (size_t i = 0; i < req->n_entries; i++) {
-            const Kvpool__SsdEntry *e = req->entries[i];
-            kvp_object_t *dummy;
-            out[i] = kvp_call_key_lookup(st, &e->key, &dummy, NULL);
-            if (out[i] == KVP_OK)
-                out[i] = kvp_tier_adopt(st, seg, (const char *)e->key.data, e->key.len, e->version,
-                                        e->offset, e->size, e->crc32c);
-            adopted += out[i] == KVP_OK;
-        }
-        resp.statuses = out;
-        resp.n_statuses = req->n_entries;
-        KVP_LOG_INFO("SSD segment %s: adopted %llu of %zu objects it holds", seg->name,
-                     (unsigned long long)adopted, req->n_entries);
-    }
-    kvp_status_t rc = kvp_call_reply(call, &resp.base);
-    free(out);
     return rc;
 }

@@ -1,5 +1,5 @@
 /*
- * ssd.h - the RPCs of SSD segment owners: SsdTasks, SsdAdopt (see ssd.c).
+ * ssd.h - the RPC of SSD segment owners: SsdTasks (see ssd.c).
  */
 #ifndef KVP_MASTER_RPC_SSD_H
 #define KVP_MASTER_RPC_SSD_H
@@ -8,6 +8,5 @@
 
 /* Handlers (kvp_handler_t): dispatch.c's method table names them. */
 kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *msg);
-kvp_status_t kvp_handle_ssd_adopt(kvp_call_t *call, ProtobufCMessage *msg);
 
 #endif

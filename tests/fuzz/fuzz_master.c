@@ -121,6 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     kvp_master_config_init(&st.config);
     st.now_ms = FUZZ_EPOCH_MS;
     st.rng = FUZZ_RNG_SEED;
+    st.segments.version = 1; /* segment ids start at generation 1 (gen_corpus.c's SEG0) */
     mount_default(&st);
 
     size_t off = 0;

@@ -39,12 +39,14 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
+#include "common/rpc.h"
 #include "tests/harness.h"
 
 #define SEG_SIZE "64MiB"
 
 #define RPC_MAGIC 0x3150564Bu
-#define RPC_HDR 24
+#define RPC_HDR 32
+#define RPC_VERSION 2
 #define RPC_RESP 0x8000u
 #define M_PING 1
 #define M_PUT_START 4
@@ -177,6 +179,7 @@ static void rpc_hdr(uint8_t out[RPC_HDR], uint32_t magic, uint16_t version, uint
     put64(out + 8, req_id);
     put32(out + 16, body_len);
     put32(out + 20, 0);
+    put64(out + 24, 0); /* epoch */
 }
 
 static void data_req(uint8_t out[DATA_REQ], uint16_t op, uint64_t seg_id, uint64_t off,
@@ -302,7 +305,7 @@ static void read_frame(int fd, frame_t *f, const char *what)
     f->body_len = get32(h + 16);
     f->status = (int32_t)get32(h + 20);
     assert_int_equal(f->magic, RPC_MAGIC);
-    assert_int_equal(f->version, 1);
+    assert_int_equal(f->version, RPC_VERSION);
     assert_true(f->body_len <= 64 * 1024);
     size_t keep = f->body_len < sizeof(f->body) - 1 ? f->body_len : sizeof(f->body) - 1;
     assert_int_equal(recv_exact(fd, f->body, keep, IO_TIMEOUT_MS), (ssize_t)keep);
@@ -333,7 +336,7 @@ static void expect_error_frame(int fd, uint16_t method, uint64_t req_id, kvp_sta
 static void expect_ping_ok(int fd, uint64_t req_id, const char *what)
 {
     uint8_t h[RPC_HDR];
-    rpc_hdr(h, RPC_MAGIC, 1, M_PING, req_id, 0);
+    rpc_hdr(h, RPC_MAGIC, RPC_VERSION, M_PING, req_id, 0);
     send_bytes(fd, h, sizeof(h));
     frame_t f;
     read_frame(fd, &f, what);
@@ -383,7 +386,7 @@ static void test_garbage(void **state)
     }
     /* the right first three bytes of the magic, then a wrong fourth */
     uint8_t almost[RPC_HDR];
-    rpc_hdr(almost, RPC_MAGIC ^ 0x01000000u, 1, M_PING, 1, 0);
+    rpc_hdr(almost, RPC_MAGIC ^ 0x01000000u, RPC_VERSION, M_PING, 1, 0);
     int fd = connect_to(e->master.ready);
     send_bytes(fd, almost, sizeof(almost));
     expect_closed(fd, IO_TIMEOUT_MS, "bad magic");
@@ -394,7 +397,7 @@ static void test_garbage(void **state)
 static void test_bad_version(void **state)
 {
     env_t *e = *state;
-    static const uint16_t versions[] = {0, 2, 0xFFFF};
+    static const uint16_t versions[] = {0, 1, 3, 0xFFFF};
     for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]); i++) {
         uint8_t h[RPC_HDR];
         rpc_hdr(h, RPC_MAGIC, versions[i], M_PING, 0x1122334455667788ull + i, 0);
@@ -435,7 +438,7 @@ static void test_frame_too_large(void **state)
     static const uint32_t lens[] = {1u << 30, (64u << 20) + 1, 0xFFFFFFFFu};
     for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
         uint8_t h[RPC_HDR];
-        rpc_hdr(h, RPC_MAGIC, 1, M_PUT_START, 42 + i, lens[i]);
+        rpc_hdr(h, RPC_MAGIC, RPC_VERSION, M_PUT_START, 42 + i, lens[i]);
         int fd = connect_to(e->master.ready);
         send_bytes(fd, h, sizeof(h));
         expect_error_frame(fd, M_PUT_START, 42 + i, KVP_ERR_FRAME_TOO_LARGE, "huge body_len");
@@ -456,14 +459,14 @@ static void test_truncated(void **state)
     env_t *e = *state;
     /* half a header */
     uint8_t h[RPC_HDR];
-    rpc_hdr(h, RPC_MAGIC, 1, M_PING, 7, 0);
+    rpc_hdr(h, RPC_MAGIC, RPC_VERSION, M_PING, 7, 0);
     int fd = connect_to(e->master.ready);
     send_bytes(fd, h, 10);
     close(fd);
     round_trip(e);
     /* a whole header promising 100 bytes, then 50, then our close */
     uint8_t frame[RPC_HDR + 50];
-    rpc_hdr(frame, RPC_MAGIC, 1, M_PUT_START, 8, 100);
+    rpc_hdr(frame, RPC_MAGIC, RPC_VERSION, M_PUT_START, 8, 100);
     memset(frame + RPC_HDR, 0x11, 50);
     fd = connect_to(e->master.ready);
     send_bytes(fd, frame, sizeof(frame));
@@ -478,7 +481,7 @@ static void test_truncated(void **state)
     round_trip(e);
     /* a frame trickled one byte at a time is still one frame */
     fd = connect_to(e->master.ready);
-    rpc_hdr(h, RPC_MAGIC, 1, M_PING, 9, 0);
+    rpc_hdr(h, RPC_MAGIC, RPC_VERSION, M_PING, 9, 0);
     for (size_t i = 0; i < sizeof(h); i++) {
         send_bytes(fd, h + i, 1);
         if (i + 1 < sizeof(h))
@@ -497,10 +500,10 @@ static void test_unknown_method(void **state)
 {
     env_t *e = *state;
     int fd = connect_to(e->master.ready);
-    static const uint16_t methods[] = {0, 21, 999, 0x7FFF};
+    static const uint16_t methods[] = {0, KVP_RPC_METHOD_MAX + 1, 999, 0x7FFF};
     for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
         uint8_t frame[RPC_HDR + 5];
-        rpc_hdr(frame, RPC_MAGIC, 1, methods[i], 100 + i, 5);
+        rpc_hdr(frame, RPC_MAGIC, RPC_VERSION, methods[i], 100 + i, 5);
         memcpy(frame + RPC_HDR, "hello", 5);
         send_bytes(fd, frame, sizeof(frame));
         expect_error_frame(fd, methods[i], 100 + i, KVP_ERR_UNKNOWN_METHOD, "unknown method");
@@ -509,7 +512,7 @@ static void test_unknown_method(void **state)
     }
     /* a response frame sent to the master is a protocol error, not a crash */
     uint8_t h[RPC_HDR];
-    rpc_hdr(h, RPC_MAGIC, 1, M_PING | RPC_RESP, 300, 0);
+    rpc_hdr(h, RPC_MAGIC, RPC_VERSION, M_PING | RPC_RESP, 300, 0);
     send_bytes(fd, h, sizeof(h));
     expect_error_frame(fd, M_PING | RPC_RESP, 300, KVP_ERR_PROTOCOL, "response bit");
     expect_ping_ok(fd, 301, "ping after response bit");
@@ -524,7 +527,7 @@ static void test_garbage_body(void **state)
     /* 0xFF...: a protobuf tag varint that never ends; no message decodes it */
     uint8_t frame[RPC_HDR + 16];
     memset(frame + RPC_HDR, 0xFF, 16);
-    rpc_hdr(frame, RPC_MAGIC, 1, M_PUT_START, 500, 16);
+    rpc_hdr(frame, RPC_MAGIC, RPC_VERSION, M_PUT_START, 500, 16);
     send_bytes(fd, frame, sizeof(frame));
     expect_error_frame(fd, M_PUT_START, 500, KVP_ERR_PROTOCOL, "PUT_START garbage body");
     expect_open(fd, "after garbage body");
@@ -533,7 +536,7 @@ static void test_garbage_body(void **state)
     for (uint16_t m = 2; m <= 20; m++) {
         if (m == 11 || m == 18)
             continue; /* STAT has no request body to decode; 18 is one-way (below) */
-        rpc_hdr(frame, RPC_MAGIC, 1, m, 600 + m, 16);
+        rpc_hdr(frame, RPC_MAGIC, RPC_VERSION, m, 600 + m, 16);
         send_bytes(fd, frame, sizeof(frame));
         expect_error_frame(fd, m, 600 + m, KVP_ERR_PROTOCOL, "garbage body");
     }
@@ -541,19 +544,19 @@ static void test_garbage_body(void **state)
     /* LEASE_RELEASE (18) is one-way: a garbage body gets no answer at all (the sender
      * waits for none), and neither do lease ids that were never granted; the
      * connection stays usable and the next reply is the ping's */
-    rpc_hdr(frame, RPC_MAGIC, 1, 18, 750, 16);
+    rpc_hdr(frame, RPC_MAGIC, RPC_VERSION, 18, 750, 16);
     send_bytes(fd, frame, sizeof(frame));
     static const uint8_t bogus[] = {0x0a, 0x08, 1, 2, 3, 4, 5, 6, 7, 8}; /* lease_ids: 1 */
-    rpc_hdr(frame, RPC_MAGIC, 1, 18, 751, sizeof(bogus));
+    rpc_hdr(frame, RPC_MAGIC, RPC_VERSION, 18, 751, sizeof(bogus));
     memcpy(frame + RPC_HDR, bogus, sizeof(bogus));
     send_bytes(fd, frame, RPC_HDR + sizeof(bogus));
     expect_ping_ok(fd, 752, "ping after one-way lease releases");
     /* pipelined: unknown method, garbage PUT_START, ping - in one write, answered in order */
     uint8_t pipe[3 * RPC_HDR + 16];
-    rpc_hdr(pipe, RPC_MAGIC, 1, 4242, 801, 0);
-    rpc_hdr(pipe + RPC_HDR, RPC_MAGIC, 1, M_PUT_START, 802, 16);
+    rpc_hdr(pipe, RPC_MAGIC, RPC_VERSION, 4242, 801, 0);
+    rpc_hdr(pipe + RPC_HDR, RPC_MAGIC, RPC_VERSION, M_PUT_START, 802, 16);
     memset(pipe + 2 * RPC_HDR, 0xFF, 16);
-    rpc_hdr(pipe + 2 * RPC_HDR + 16, RPC_MAGIC, 1, M_PING, 803, 0);
+    rpc_hdr(pipe + 2 * RPC_HDR + 16, RPC_MAGIC, RPC_VERSION, M_PING, 803, 0);
     send_bytes(fd, pipe, sizeof(pipe));
     expect_error_frame(fd, 4242, 801, KVP_ERR_UNKNOWN_METHOD, "pipelined unknown");
     expect_error_frame(fd, M_PUT_START, 802, KVP_ERR_PROTOCOL, "pipelined garbage");
@@ -607,21 +610,21 @@ static void bad_connection(env_t *e, int i)
         expect_closed(fd, IO_TIMEOUT_MS, "loop: version");
         break;
     case 2: /* 1 GiB body */
-        rpc_hdr(buf, RPC_MAGIC, 1, M_STAT, (uint64_t)i, 1u << 30);
+        rpc_hdr(buf, RPC_MAGIC, RPC_VERSION, M_STAT, (uint64_t)i, 1u << 30);
         send_bytes(fd, buf, RPC_HDR);
         expect_error_frame(fd, M_STAT, (uint64_t)i, KVP_ERR_FRAME_TOO_LARGE, "loop: huge");
         expect_closed(fd, IO_TIMEOUT_MS, "loop: huge");
         break;
     case 3: /* truncated, then our close */
-        rpc_hdr(buf, RPC_MAGIC, 1, M_PUT_START, (uint64_t)i, 1000);
+        rpc_hdr(buf, RPC_MAGIC, RPC_VERSION, M_PUT_START, (uint64_t)i, 1000);
         memset(buf + RPC_HDR, 0x22, 64);
         send_bytes(fd, buf, sizeof(buf));
         break;
     case 4: /* unknown method, then a garbage body, then our close */
-        rpc_hdr(buf, RPC_MAGIC, 1, 777, (uint64_t)i, 0);
+        rpc_hdr(buf, RPC_MAGIC, RPC_VERSION, 777, (uint64_t)i, 0);
         send_bytes(fd, buf, RPC_HDR);
         expect_error_frame(fd, 777, (uint64_t)i, KVP_ERR_UNKNOWN_METHOD, "loop: unknown");
-        rpc_hdr(buf, RPC_MAGIC, 1, M_PUT_START, (uint64_t)i, 8);
+        rpc_hdr(buf, RPC_MAGIC, RPC_VERSION, M_PUT_START, (uint64_t)i, 8);
         memset(buf + RPC_HDR, 0xFF, 8);
         send_bytes(fd, buf, RPC_HDR + 8);
         expect_error_frame(fd, M_PUT_START, (uint64_t)i, KVP_ERR_PROTOCOL, "loop: body");
@@ -665,7 +668,7 @@ static void test_many_idle_partial(void **state)
     int fds[N];
     for (int i = 0; i < N; i++) {
         uint8_t h[RPC_HDR];
-        rpc_hdr(h, RPC_MAGIC, 1, M_PUT_START, (uint64_t)i, 4096);
+        rpc_hdr(h, RPC_MAGIC, RPC_VERSION, M_PUT_START, (uint64_t)i, 4096);
         fds[i] = connect_to(e->master.ready);
         send_bytes(fds[i], h, (size_t)(i % RPC_HDR) + 1);
     }

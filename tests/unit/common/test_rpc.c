@@ -44,17 +44,19 @@ static void test_hdr_pack_bytes(void **state)
         .request_id = 0x0102030405060708ull,
         .body_len = 0x0A0B0C0D,
         .status = -16,
+        .epoch = 0x1112131415161718ull,
     };
     uint8_t out[KVP_RPC_HDR_LEN];
     memset(out, 0xEE, sizeof(out));
     kvp_rpc_hdr_pack(&hdr, out);
     static const uint8_t want[KVP_RPC_HDR_LEN] = {
         0x4B, 0x56, 0x50, 0x31,                         /* "KVP1" */
-        0x01, 0x00,                                     /* version 1 */
+        0x02, 0x00,                                     /* version 2 */
         0x07, 0x80,                                     /* method */
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* request id */
         0x0D, 0x0C, 0x0B, 0x0A,                         /* body_len */
         0xF0, 0xFF, 0xFF, 0xFF,                         /* status -16 */
+        0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11, /* epoch */
     };
     assert_memory_equal(out, want, sizeof(want));
 }
@@ -113,12 +115,14 @@ static void test_hdr_unpack_explicit_bytes(void **state)
 {
     (void)state;
     const uint8_t in[KVP_RPC_HDR_LEN] = {
-        0x4B, 0x56, 0x50, 0x31, 0x01, 0x00, 0x02, 0x00, 0xEF, 0xCD, 0xAB, 0x89,
-        0x67, 0x45, 0x23, 0x01, 0x10, 0x00, 0x00, 0x00, 0xFF, 0xFF, 0xFF, 0xFF,
+        0x4B, 0x56, 0x50, 0x31, 0x02, 0x00, 0x02, 0x00, 0xEF, 0xCD, 0xAB,
+        0x89, 0x67, 0x45, 0x23, 0x01, 0x10, 0x00, 0x00, 0x00, 0xFF, 0xFF,
+        0xFF, 0xFF, 0x07, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,
     };
     kvp_rpc_hdr_t h;
     assert_int_equal(kvp_rpc_hdr_unpack(in, 16, &h), KVP_OK);
-    assert_int_equal(h.version, 1);
+    assert_int_equal(h.version, 2);
+    assert_int_equal(h.epoch, 7);
     assert_int_equal(h.method, KVP_RPC_MOUNT);
     assert_true(h.request_id == 0x0123456789ABCDEFull);
     assert_int_equal(h.body_len, 16);
@@ -151,7 +155,7 @@ static void test_hdr_bad_version(void **state)
     (void)state;
     kvp_rpc_hdr_t hdr = {.method = KVP_RPC_EXIST, .request_id = 0xABCDEF, .body_len = 3};
     uint8_t buf[KVP_RPC_HDR_LEN];
-    static const uint16_t versions[] = {0, 2, 0x100, 0xFFFF};
+    static const uint16_t versions[] = {0, 1, 3, 0x100, 0xFFFF}; /* 1: the 24-byte header */
     for (size_t i = 0; i < KVP_ARRAY_SIZE(versions); i++) {
         kvp_rpc_hdr_pack(&hdr, buf);
         buf[4] = (uint8_t)versions[i];

@@ -24,6 +24,7 @@
 #include "master/rpc/admin.h"
 #include "master/rpc/drain.h"
 #include "master/rpc/object.h"
+#include "master/rpc/record.h"
 #include "master/rpc/segment.h"
 #include "master/rpc/ssd.h"
 #include "master/state.h"
@@ -72,8 +73,10 @@ static const expect_t expected[] = {
      NULL},
     {KVP_RPC_SSD_TASKS, kvp_handle_ssd_tasks, &kvpool__ssd_tasks_request__descriptor,
      &kvpool__ssd_tasks_response__descriptor},
-    {KVP_RPC_SSD_ADOPT, kvp_handle_ssd_adopt, &kvpool__ssd_adopt_request__descriptor,
-     &kvpool__ssd_adopt_response__descriptor},
+    {KVP_RPC_ADOPT, kvp_handle_adopt, &kvpool__adopt_request__descriptor,
+     &kvpool__adopt_response__descriptor},
+    {KVP_RPC_SEG_RECORD, kvp_handle_seg_record, &kvpool__seg_record_request__descriptor,
+     &kvpool__seg_record_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 

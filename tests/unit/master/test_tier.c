@@ -404,19 +404,19 @@ static void test_promotion_and_corrupt_copy(void **state)
 static int32_t adopt1(fx_t *fx, const char *key, uint64_t version, uint64_t offset, uint64_t size,
                       uint32_t crc)
 {
-    Kvpool__SsdEntry e = KVPOOL__SSD_ENTRY__INIT, *ep = &e;
+    Kvpool__AdoptEntry e = KVPOOL__ADOPT_ENTRY__INIT, *ep = &e;
     e.key.data = (uint8_t *)key;
     e.key.len = strlen(key);
     e.version = version;
     e.offset = offset;
     e.size = size;
     e.crc32c = crc;
-    Kvpool__SsdAdoptRequest req = KVPOOL__SSD_ADOPT_REQUEST__INIT;
+    Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;
     req.segment_id = fx->ssd;
     req.entries = &ep;
     req.n_entries = 1;
-    Kvpool__SsdAdoptResponse *r = svc_call(&fx->st, C_SSD, KVP_RPC_SSD_ADOPT, &req.base,
-                                           &kvpool__ssd_adopt_response__descriptor);
+    Kvpool__AdoptResponse *r =
+        svc_call(&fx->st, C_SSD, KVP_RPC_ADOPT, &req.base, &kvpool__adopt_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     assert_int_equal(r->n_statuses, 1);
     int32_t s = r->statuses[0];

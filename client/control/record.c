@@ -1,0 +1,342 @@
+/*
+ * record.c - segments describe themselves, the owner's side.
+ *
+ * Offer: after a mount flagged `adopting`, the owner offers what its segment
+ * holds (a DRAM segment its record, segment/seg_record.c; an SSD segment its
+ * file's table, ssd/ssd_owner.c) in Adopt batches, newest first; the master
+ * adopts or refuses each entry (master/ha/rebuild.c) and the owner forgets
+ * the refused ones. The last call opens the segment to new replicas.
+ *
+ * Record thread: a DRAM segment's owner subscribes to the changes to its
+ * record on a connection of its own (SegRecord: the master streams them,
+ * each batch written before the replies of the requests that made it, so
+ * the record has an object before its writer hears that the put ended) and
+ * applies them.
+ * The same thread offers a DRAM segment's record after each remount (the
+ * mount only flags it, kvp_client_record_offer_later): a poll's changes for
+ * the previous mount that were still in flight are applied first, so the
+ * offer misses none of them; a reply for an earlier mount that arrives
+ * afterwards is ignored (seg_record.c binds the record to the mount). A
+ * client's very first mount has nothing to offer and opens at once.
+ *
+ * Thread: kvp_record_offer on the caller's (an SSD owner's on_ready); the
+ * record thread.
+ */
+#include "client/control/record.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/client_priv.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/rpc.h"
+#include "common/sock.h"
+#include "kvpool.pb-c.h"
+
+static kvp_status_t offer_call(kvp_mconn_t *m, int fd, const Kvpool__AdoptRequest *req,
+                               Kvpool__AdoptResponse **ar_p)
+{
+    size_t len = kvpool__adopt_request__get_packed_size(req);
+    uint8_t *body = malloc(len ? len : 1), *resp = NULL;
+    size_t rlen = 0;
+    if (body == NULL)
+        return KVP_ERR_NOMEM;
+    kvpool__adopt_request__pack(req, body);
+    kvp_status_t st = fd >= 0 ? kvp_mconn_ready_call(m, fd, KVP_RPC_ADOPT, body, len, &resp, &rlen)
+                              : kvp_mconn_call(m, KVP_RPC_ADOPT, body, len, &resp, &rlen);
+    free(body);
+    if (st != KVP_OK)
+        return st;
+    *ar_p = kvpool__adopt_response__unpack(NULL, rlen, resp);
+    if (fd >= 0)
+        free(resp); /* ready_call's reply is ours; mconn_call's is the thread's buffer */
+    if (*ar_p == NULL)
+        return KVP_ERR_PROTOCOL;
+    if ((*ar_p)->status != KVP_OK || (*ar_p)->n_statuses != req->n_entries) {
+        st = (*ar_p)->status != KVP_OK ? (*ar_p)->status : KVP_ERR_PROTOCOL;
+        kvpool__adopt_response__free_unpacked(*ar_p, NULL);
+        return st;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp_record_offer(kvp_mconn_t *m, int fd, uint64_t seg_id, const kvp_record_entry_t *e,
+                              size_t n, kvp_record_refused_cb_t refused, void *arg,
+                              size_t *adopted_p, size_t *refused_p)
+{
+    size_t adopted = 0, n_refused = 0;
+    Kvpool__AdoptEntry *me = calloc(KVP_RECORD_OFFER_BATCH, sizeof(*me));
+    Kvpool__AdoptEntry **mp = calloc(KVP_RECORD_OFFER_BATCH, sizeof(*mp));
+    kvp_status_t st = me == NULL || mp == NULL ? KVP_ERR_NOMEM : KVP_OK;
+    size_t at = 0;
+    do {
+        size_t k = KVP_MIN((size_t)KVP_RECORD_OFFER_BATCH, n - at);
+        for (size_t i = 0; st == KVP_OK && i < k; i++) {
+            const kvp_record_entry_t *x = &e[at + i];
+            kvpool__adopt_entry__init(&me[i]);
+            me[i].key.data = (uint8_t *)x->key;
+            me[i].key.len = x->key_len;
+            me[i].version = x->version;
+            me[i].offset = x->offset;
+            me[i].size = x->size;
+            me[i].crc32c = x->crc32c;
+            me[i].pin = x->pin;
+            mp[i] = &me[i];
+        }
+        Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;
+        req.segment_id = seg_id;
+        req.entries = mp;
+        req.n_entries = st == KVP_OK ? k : 0;
+        req.last = st != KVP_OK || at + k == n; /* a failed offer still opens the segment */
+        Kvpool__AdoptResponse *ar = NULL;
+        kvp_status_t cs = offer_call(m, fd, &req, &ar);
+        if (cs != KVP_OK) {
+            st = cs;
+            break;
+        }
+        for (size_t i = 0; i < req.n_entries; i++) {
+            if (ar->statuses[i] == KVP_OK) {
+                adopted++;
+            } else {
+                n_refused++;
+                if (refused != NULL)
+                    refused(arg, &e[at + i]);
+            }
+        }
+        kvpool__adopt_response__free_unpacked(ar, NULL);
+        if (req.last)
+            break;
+        at += k;
+    } while (true);
+    free(me);
+    free(mp);
+    if (adopted_p != NULL)
+        *adopted_p = adopted;
+    if (refused_p != NULL)
+        *refused_p = n_refused;
+    return st;
+}
+
+static void forget_cb(void *arg, const kvp_record_entry_t *e)
+{
+    kvp_seg_record_forget(arg, e->offset, e->version);
+}
+
+/* Bind the record to mount seg_id and offer it (the record thread). */
+static kvp_status_t record_offer(kvp_client_t *c, uint64_t seg_id)
+{
+    kvp_record_entry_t *e = NULL;
+    size_t n = 0, adopted = 0, refused = 0;
+    kvp_seg_record_bind(c->record, seg_id);
+    kvp_status_t st = kvp_seg_record_snapshot(c->record, &e, &n);
+    if (st != KVP_OK)
+        n = 0; /* the offer still ends, so the segment takes new replicas */
+    uint64_t t0 = kvp_now_ms();
+    kvp_status_t os =
+        kvp_record_offer(c->mc, -1, seg_id, e, n, forget_cb, c->record, &adopted, &refused);
+    if (n > 0)
+        KVP_LOG_INFO("segment %s: %zu objects of its record adopted back, %zu refused (stale) "
+                     "and forgotten, in %llu ms%s",
+                     c->seg_name, adopted, refused, (unsigned long long)(kvp_now_ms() - t0),
+                     os == KVP_OK ? "" : " (offer cut short)");
+    free(e);
+    return st != KVP_OK ? st : os;
+}
+
+/* ---- the record thread ---- */
+
+void kvp_client_record_offer_later(kvp_client_t *c, uint64_t seg_id)
+{
+    atomic_store(&c->rec_offer_id, seg_id);
+}
+
+static void nap(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* One whole frame from fd (blocking once it began); *body_p malloc'd (NUL-terminated). */
+static kvp_status_t read_frame(int fd, kvp_rpc_hdr_t *h, uint8_t **body_p)
+{
+    uint8_t hb[KVP_RPC_HDR_LEN];
+    kvp_status_t st = kvp_recv_all(fd, hb, sizeof(hb));
+    if (st == KVP_OK)
+        st = kvp_rpc_hdr_unpack(hb, KVP_RPC_MAX_BODY, h);
+    if (st != KVP_OK)
+        return st;
+    uint8_t *b = malloc(h->body_len + 1u);
+    if (b == NULL)
+        return KVP_ERR_NOMEM;
+    st = h->body_len > 0 ? kvp_recv_all(fd, b, h->body_len) : KVP_OK;
+    if (st != KVP_OK) {
+        free(b);
+        return st;
+    }
+    b[h->body_len] = '\0';
+    *body_p = b;
+    return KVP_OK;
+}
+
+/* Why a stream ended. */
+typedef enum stream_end {
+    STREAM_LOST,        /* no master, or the connection broke: try again */
+    STREAM_REMOUNT,     /* the segment was mounted again (or is going) */
+    STREAM_UNSUPPORTED, /* the master keeps no record of this segment */
+} stream_end_t;
+
+#define STREAM_REQ_ID 1u
+#define PING_MS 1000u
+
+/* Subscribe to segment id's record changes and apply them until the stream ends. */
+static stream_end_t stream(kvp_client_t *c, uint64_t id)
+{
+    int fd;
+    if (kvp_tcp_connect(c->master_host, c->master_port, c->params.rpc_timeout_ms, &fd) != KVP_OK)
+        return STREAM_LOST;
+    kvp_sock_set_timeout(fd, c->params.rpc_timeout_ms);
+    Kvpool__SegRecordRequest req = KVPOOL__SEG_RECORD_REQUEST__INIT;
+    req.segment_id = id;
+    req.client_id = c->client_id;
+    uint8_t body[32];
+    size_t len = kvpool__seg_record_request__pack(&req, body);
+    stream_end_t end = STREAM_LOST;
+    uint64_t next_ping = kvp_now_ms() + PING_MS, ping_id = STREAM_REQ_ID;
+    if (kvp_rpc_send(fd, KVP_RPC_SEG_RECORD, STREAM_REQ_ID, body, len) != KVP_OK)
+        goto out;
+    while (!atomic_load(&c->rec_stop)) {
+        if (atomic_load(&c->seg_id) != id || atomic_load(&c->rec_offer_id) != 0 ||
+            atomic_load(&c->seg_state) != KVP_SEG_MOUNTED) {
+            end = STREAM_REMOUNT;
+            break;
+        }
+        if (kvp_now_ms() >= next_ping) { /* liveness: the master drops silent connections */
+            if (kvp_rpc_send(fd, KVP_RPC_PING, ++ping_id, NULL, 0) != KVP_OK)
+                break;
+            next_ping = kvp_now_ms() + PING_MS;
+        }
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, 100);
+        if (pr < 0 && errno != EINTR)
+            break;
+        if (pr <= 0)
+            continue;
+        kvp_rpc_hdr_t h;
+        uint8_t *b = NULL;
+        if (read_frame(fd, &h, &b) != KVP_OK)
+            break;
+        if (h.request_id != STREAM_REQ_ID || h.status != 0) {
+            free(b); /* a ping's answer, or an error frame (the stream ends) */
+            if (h.status != 0)
+                break;
+            continue;
+        }
+        Kvpool__SegRecordResponse *r = kvpool__seg_record_response__unpack(NULL, h.body_len, b);
+        free(b);
+        if (r == NULL)
+            break;
+        kvp_status_t rs = r->status;
+        if (r->broken) {
+            KVP_LOG_WARN("segment %s: the master stopped keeping its record for a while: "
+                         "objects on it before now will not survive a master restart",
+                         c->seg_name);
+            kvp_seg_record_clear(c->record);
+        }
+        if (rs == KVP_OK &&
+            kvp_seg_record_apply(c->record, id, r->changes.data, r->changes.len) != KVP_OK)
+            KVP_LOG_WARN("segment %s: a malformed record change from the master: record "
+                         "cleared",
+                         c->seg_name);
+        kvpool__seg_record_response__free_unpacked(r, NULL);
+        if (rs == KVP_ERR_UNSUPPORTED) {
+            end = STREAM_UNSUPPORTED;
+            break;
+        }
+        if (rs != KVP_OK) {
+            end = STREAM_REMOUNT; /* the master does not know this mount (any more) */
+            break;
+        }
+    }
+out:
+    close(fd);
+    return end;
+}
+
+/* The stream broke: the master is likely gone. Have the master connection notice now (a
+ * call reconnects, and its on_ready remounts) rather than at the next heartbeat, so a
+ * restarted master gets this segment's record back within a few hundred ms. */
+static void reconnect(kvp_client_t *c)
+{
+    for (unsigned ms = 50; ms <= 800 && !atomic_load(&c->rec_stop); ms *= 2) {
+        nap(ms);
+        uint8_t *resp;
+        size_t rlen;
+        if (atomic_load(&c->rec_offer_id) != 0 ||
+            kvp_client_call(c, KVP_RPC_PING, NULL, &resp, &rlen) == KVP_OK)
+            return;
+    }
+}
+
+static void *record_main(void *arg)
+{
+    kvp_client_t *c = arg;
+    uint64_t unsupported = 0; /* a segment id the master keeps no record for */
+    uint64_t bound = 0;       /* the mount the record follows now */
+    while (!atomic_load(&c->rec_stop)) {
+        /* A (re)mount waits for the record: offered here, after the previous stream's
+         * changes were applied, so none is missed or applied late. */
+        uint64_t offer = atomic_exchange(&c->rec_offer_id, 0);
+        uint64_t id = atomic_load(&c->seg_id);
+        if (offer != 0 && offer == id) {
+            bound = id;
+            if (record_offer(c, offer) != KVP_OK)
+                KVP_LOG_WARN("segment %s: its record could not be offered to the master: "
+                             "objects on it are not in the pool",
+                             c->seg_name);
+        } else if (id != bound && id != 0) {
+            bound = id; /* a first mount: nothing to offer */
+            kvp_seg_record_bind(c->record, id);
+        }
+        if (atomic_load(&c->seg_state) != KVP_SEG_MOUNTED || id == 0 || id == unsupported) {
+            nap(50);
+            continue;
+        }
+        stream_end_t end = stream(c, id);
+        if (end == STREAM_UNSUPPORTED)
+            unsupported = id; /* --segment-records off */
+        else if (end == STREAM_LOST)
+            reconnect(c);
+    }
+    return NULL;
+}
+
+kvp_status_t kvp_client_record_start(kvp_client_t *c)
+{
+    if (c->record == NULL)
+        return KVP_OK;
+    atomic_store(&c->rec_stop, false);
+    if (pthread_create(&c->rec_thread, NULL, record_main, c) != 0)
+        return KVP_ERR_SYSTEM;
+    c->rec_started = true;
+    return KVP_OK;
+}
+
+void kvp_client_record_signal(kvp_client_t *c)
+{
+    atomic_store(&c->rec_stop, true);
+}
+
+void kvp_client_record_stop(kvp_client_t *c)
+{
+    atomic_store(&c->rec_stop, true);
+    if (c->rec_started) {
+        pthread_join(c->rec_thread, NULL);
+        c->rec_started = false;
+    }
+}

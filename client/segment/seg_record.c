@@ -1,0 +1,261 @@
+/*
+ * seg_record.c - a DRAM segment owner's record of the objects on its segment.
+ *
+ * Design (docs/architecture.md, "Metadata that survives the master"). The
+ * master streams every change to a segment's objects to its owner (an
+ * object became COMPLETE at an extent: ADD; an extent stopped being an
+ * object's: DEL; master/meta/record.c), and the owner keeps them here, in
+ * its own memory, next to the bytes they describe. When the master
+ * restarts (or a new leader takes over) the owner mounts the segment again
+ * and offers this record (control/record.c); the master adopts what is
+ * still valid. Entries are kept by extent offset: a DEL names only the
+ * offset, and a later ADD at an offset replaces what was there.
+ *
+ * Thread: any; one mutex (the record thread applies, a remount snapshots).
+ */
+#include "client/segment/seg_record.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ADD 1u
+#define DEL 2u
+#define ADD_FIXED (1 + 8 + 8 + 8 + 4 + 1 + 2)
+
+typedef struct ent {
+    struct ent *next;
+    uint64_t offset;
+    uint64_t size;
+    uint64_t version;
+    uint32_t crc32c;
+    uint8_t pin;
+    uint16_t key_len;
+    char key[];
+} ent_t;
+
+struct kvp_seg_record {
+    pthread_mutex_t lock;
+    ent_t **buckets;
+    size_t n_buckets; /* power of two */
+    size_t count;
+    size_t key_bytes;
+    uint64_t segment_id;
+};
+
+kvp_status_t kvp_seg_record_create(kvp_seg_record_t **r_p)
+{
+    kvp_seg_record_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return KVP_ERR_NOMEM;
+    r->n_buckets = 1024;
+    r->buckets = calloc(r->n_buckets, sizeof(*r->buckets));
+    if (r->buckets == NULL) {
+        free(r);
+        return KVP_ERR_NOMEM;
+    }
+    pthread_mutex_init(&r->lock, NULL);
+    *r_p = r;
+    return KVP_OK;
+}
+
+static void clear_locked(kvp_seg_record_t *r)
+{
+    for (size_t b = 0; b < r->n_buckets; b++) {
+        while (r->buckets[b] != NULL) {
+            ent_t *e = r->buckets[b];
+            r->buckets[b] = e->next;
+            free(e);
+        }
+    }
+    r->count = 0;
+    r->key_bytes = 0;
+}
+
+void kvp_seg_record_destroy(kvp_seg_record_t *r)
+{
+    if (r == NULL)
+        return;
+    clear_locked(r);
+    free(r->buckets);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+}
+
+static size_t bucket(const kvp_seg_record_t *r, uint64_t offset)
+{
+    uint64_t h = (offset >> 6) * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (r->n_buckets - 1);
+}
+
+static void grow(kvp_seg_record_t *r)
+{
+    size_t n = r->n_buckets * 2;
+    ent_t **nb = calloc(n, sizeof(*nb));
+    if (nb == NULL)
+        return; /* longer chains, still correct */
+    ent_t **old = r->buckets;
+    size_t old_n = r->n_buckets;
+    r->buckets = nb;
+    r->n_buckets = n;
+    for (size_t b = 0; b < old_n; b++) {
+        while (old[b] != NULL) {
+            ent_t *e = old[b];
+            old[b] = e->next;
+            size_t k = bucket(r, e->offset);
+            e->next = nb[k];
+            nb[k] = e;
+        }
+    }
+    free(old);
+}
+
+/* Unlink and free the entry at offset (and, when version != 0, only with that version). */
+static void del_locked(kvp_seg_record_t *r, uint64_t offset, uint64_t version)
+{
+    for (ent_t **pp = &r->buckets[bucket(r, offset)]; *pp != NULL; pp = &(*pp)->next) {
+        ent_t *e = *pp;
+        if (e->offset == offset) {
+            if (version != 0 && e->version != version)
+                return;
+            *pp = e->next;
+            r->count--;
+            r->key_bytes -= e->key_len;
+            free(e);
+            return;
+        }
+    }
+}
+
+static uint64_t get(const uint8_t *p, size_t n)
+{
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++)
+        v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+void kvp_seg_record_bind(kvp_seg_record_t *r, uint64_t segment_id)
+{
+    pthread_mutex_lock(&r->lock);
+    r->segment_id = segment_id;
+    pthread_mutex_unlock(&r->lock);
+}
+
+kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, const uint8_t *buf,
+                                  size_t len)
+{
+    kvp_status_t st = KVP_OK;
+    pthread_mutex_lock(&r->lock);
+    if (segment_id != r->segment_id)
+        goto out; /* an earlier mount's: the remount's offer did without them */
+    size_t at = 0;
+    while (at < len) {
+        if (len - at < 9 || (buf[at] != ADD && buf[at] != DEL)) {
+            st = KVP_ERR_PROTOCOL;
+            break;
+        }
+        uint64_t offset = get(buf + at + 1, 8);
+        if (buf[at] == DEL) {
+            del_locked(r, offset, 0);
+            at += 9;
+            continue;
+        }
+        if (len - at < ADD_FIXED) {
+            st = KVP_ERR_PROTOCOL;
+            break;
+        }
+        const uint8_t *p = buf + at;
+        uint16_t key_len = (uint16_t)get(p + 1 + 8 + 8 + 8 + 4 + 1, 2);
+        if (len - at - ADD_FIXED < key_len || key_len == 0) {
+            st = KVP_ERR_PROTOCOL;
+            break;
+        }
+        ent_t *e = malloc(sizeof(*e) + key_len);
+        if (e == NULL) {
+            st = KVP_ERR_NOMEM;
+            break;
+        }
+        e->offset = offset;
+        e->size = get(p + 9, 8);
+        e->version = get(p + 17, 8);
+        e->crc32c = (uint32_t)get(p + 25, 4);
+        e->pin = p[29];
+        e->key_len = key_len;
+        memcpy(e->key, p + ADD_FIXED, key_len);
+        del_locked(r, offset, 0);
+        if (r->count >= r->n_buckets)
+            grow(r);
+        size_t b = bucket(r, offset);
+        e->next = r->buckets[b];
+        r->buckets[b] = e;
+        r->count++;
+        r->key_bytes += key_len;
+        at += ADD_FIXED + key_len;
+    }
+    if (st != KVP_OK)
+        clear_locked(r); /* no longer in step with the master: trust none of it */
+out:
+    pthread_mutex_unlock(&r->lock);
+    return st;
+}
+
+void kvp_seg_record_clear(kvp_seg_record_t *r)
+{
+    pthread_mutex_lock(&r->lock);
+    clear_locked(r);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t version)
+{
+    pthread_mutex_lock(&r->lock);
+    del_locked(r, offset, version);
+    pthread_mutex_unlock(&r->lock);
+}
+
+size_t kvp_seg_record_count(kvp_seg_record_t *r)
+{
+    pthread_mutex_lock(&r->lock);
+    size_t n = r->count;
+    pthread_mutex_unlock(&r->lock);
+    return n;
+}
+
+static int newest_first(const void *a, const void *b)
+{
+    const kvp_record_entry_t *x = a, *y = b;
+    return x->version < y->version ? 1 : x->version > y->version ? -1 : 0;
+}
+
+kvp_status_t kvp_seg_record_snapshot(kvp_seg_record_t *r, kvp_record_entry_t **e_p, size_t *n_p)
+{
+    pthread_mutex_lock(&r->lock);
+    size_t n = r->count;
+    kvp_record_entry_t *out = malloc(n * sizeof(*out) + r->key_bytes + 1);
+    if (out == NULL) {
+        pthread_mutex_unlock(&r->lock);
+        return KVP_ERR_NOMEM;
+    }
+    char *keys = (char *)(out + n);
+    size_t i = 0;
+    for (size_t b = 0; b < r->n_buckets; b++) {
+        for (const ent_t *e = r->buckets[b]; e != NULL; e = e->next) {
+            memcpy(keys, e->key, e->key_len);
+            out[i++] = (kvp_record_entry_t){.key = keys,
+                                            .key_len = e->key_len,
+                                            .version = e->version,
+                                            .offset = e->offset,
+                                            .size = e->size,
+                                            .crc32c = e->crc32c,
+                                            .pin = e->pin};
+            keys += e->key_len;
+        }
+    }
+    pthread_mutex_unlock(&r->lock);
+    qsort(out, n, sizeof(*out), newest_first);
+    *e_p = out;
+    *n_p = n;
+    return KVP_OK;
+}

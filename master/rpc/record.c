@@ -1,0 +1,99 @@
+/*
+ * record.c - the RPCs by which segments describe themselves (ha/rebuild.c).
+ *
+ * Adopt: after a mount flagged `adopting`, the owner offers the objects its
+ * segment holds, in batches, newest first; each is adopted or refused
+ * (kvp_rebuild_adopt) and the owner forgets the refused ones. The batch
+ * with `last` ends the offer: the segment then takes new replicas. The
+ * master logs the whole offer once, with its counts and how long it took.
+ *
+ * SegRecord: the owner of a DRAM segment subscribes, on a connection of its
+ * own, to the changes to its record (meta/record.c); the server streams
+ * them (server.c, push_records), each batch written before the replies of
+ * the requests that caused it.
+ *
+ * Only the connection that mounted a segment may offer for it; only its
+ * owning client may subscribe.
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/record.h"
+
+#include <stdlib.h>
+
+#include "common/log.h"
+#include "master/ha/rebuild.h"
+
+static kvp_segment_t *own(kvp_call_t *call, uint64_t segment_id)
+{
+    kvp_segment_t *seg = kvp_segment_table_get(&call->st->segments, segment_id);
+    return seg != NULL && seg->owner_conn_id == call->conn_id ? seg : NULL;
+}
+
+kvp_status_t kvp_handle_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__AdoptRequest *req = (Kvpool__AdoptRequest *)req_msg;
+    Kvpool__AdoptResponse resp = KVPOOL__ADOPT_RESPONSE__INIT;
+    int32_t *out = NULL;
+    kvp_segment_t *seg = own(call, req->segment_id);
+    resp.status = seg == NULL ? KVP_ERR_SEGMENT_GONE : kvp_call_check_batch(req->n_entries);
+    if (resp.status == KVP_OK) {
+        out = malloc((req->n_entries ? req->n_entries : 1) * sizeof(*out));
+        if (out == NULL)
+            return KVP_ERR_NOMEM;
+        for (size_t i = 0; i < req->n_entries; i++) {
+            const Kvpool__AdoptEntry *m = req->entries[i];
+            kvp_object_t *dummy;
+            out[i] = kvp_call_key_lookup(st, &m->key, &dummy, NULL);
+            if (out[i] == KVP_OK) {
+                kvp_adopt_entry_t e = {.key = (const char *)m->key.data,
+                                       .key_len = m->key.len,
+                                       .version = m->version,
+                                       .offset = m->offset,
+                                       .size = m->size,
+                                       .crc32c = m->crc32c,
+                                       .pin = m->pin};
+                out[i] = kvp_rebuild_adopt(st, seg, &e);
+            } else {
+                st->stats.adopt_refused++;
+            }
+            if (out[i] == KVP_OK)
+                seg->adopt_ok++;
+            else
+                seg->adopt_refused++;
+        }
+        resp.statuses = out;
+        resp.n_statuses = req->n_entries;
+        if (req->last && seg->adopting) {
+            seg->adopting = false;
+            KVP_LOG_INFO("segment %s (%s): %llu objects adopted back, %llu stale entries "
+                         "refused, in %llu ms",
+                         seg->name, seg->medium, (unsigned long long)seg->adopt_ok,
+                         (unsigned long long)seg->adopt_refused,
+                         (unsigned long long)(st->now_ms - seg->mounted_ms));
+        }
+    }
+    kvp_status_t rc = kvp_call_reply(call, &resp.base);
+    free(out);
+    return rc;
+}
+
+kvp_status_t kvp_handle_seg_record(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__SegRecordRequest *req = (Kvpool__SegRecordRequest *)req_msg;
+    Kvpool__SegRecordResponse resp = KVPOOL__SEG_RECORD_RESPONSE__INIT;
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_id);
+    if (seg == NULL || seg->owner_client_id != req->client_id) {
+        resp.status = KVP_ERR_SEGMENT_GONE;
+    } else if (!seg->record && !seg->record_broken) {
+        /* an SSD segment (its file is its record), or --segment-records off */
+        resp.status = KVP_ERR_UNSUPPORTED;
+    } else {
+        /* no answer now: the server streams the changes on this connection */
+        st->stream_segment = seg->id;
+        return KVP_OK;
+    }
+    return kvp_call_reply(call, &resp.base);
+}

@@ -1,0 +1,14 @@
+/*
+ * record.h - the RPCs by which segments describe themselves: Adopt, SegRecord
+ * (see record.c).
+ */
+#ifndef KVP_MASTER_RPC_RECORD_H
+#define KVP_MASTER_RPC_RECORD_H
+
+#include "master/rpc/call.h"
+
+/* Handlers (kvp_handler_t): dispatch.c's method table names them. */
+kvp_status_t kvp_handle_adopt(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_seg_record(kvp_call_t *call, ProtobufCMessage *msg);
+
+#endif
