@@ -9,6 +9,8 @@ PKGS=(
   libjemalloc-dev libcmocka-dev libxxhash-dev
   libcurl4-openssl-dev libibverbs-dev librdmacm-dev
   liburing-dev
+  # common/etcd.c (JSON) and the etcd that test_etcd starts (HA: leader election)
+  libcjson-dev etcd-server etcd-client
   clang-format
   # deploy/fuzz.sh: clang-14 with libFuzzer and the sanitizer runtimes
   # (libclang_rt.fuzzer/asan/ubsan, not pulled in without recommends), and

@@ -6,16 +6,23 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/rand.h"
+#include "common/sock.h"
 
 const char *kvp_test_master_bin(void)
 {
@@ -328,4 +335,327 @@ bool kvp_proc_freeze(pid_t pid, int timeout_ms)
             return false;
         usleep(1000);
     }
+}
+
+/* ---- a private etcd ---- */
+
+bool kvp_etcd_available(void)
+{
+    const char *path = getenv("PATH");
+    char buf[4096];
+    snprintf(buf, sizeof(buf), "%s", path != NULL ? path : "/usr/bin:/bin");
+    char *save = NULL;
+    for (char *d = strtok_r(buf, ":", &save); d != NULL; d = strtok_r(NULL, ":", &save)) {
+        char exe[4200];
+        snprintf(exe, sizeof(exe), "%s/etcd", d);
+        if (access(exe, X_OK) == 0)
+            return true;
+    }
+    return false;
+}
+
+static bool etcd_port_free(int port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bool ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+    close(fd);
+    return ok;
+}
+
+int kvp_etcd_free_port(void)
+{
+    for (int i = 0; i < 1000; i++) {
+        int port = 20000 + (int)(kvp_random_u64() % 12768);
+        if (etcd_port_free(port))
+            return port;
+    }
+    return -1;
+}
+
+/* GET /health on 127.0.0.1:port: true when it says {"health":"true"}. */
+static bool etcd_healthy(int port)
+{
+    int fd;
+    if (kvp_tcp_connect("127.0.0.1", (uint16_t)port, 200, &fd) != KVP_OK)
+        return false;
+    kvp_sock_set_timeout(fd, 1000);
+    static const char req[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    char buf[2048];
+    size_t got = 0;
+    if (kvp_send_all(fd, req, sizeof(req) - 1) == KVP_OK) {
+        ssize_t n;
+        while (got < sizeof(buf) - 1 && (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0)
+            got += (size_t)n;
+    }
+    buf[got] = '\0';
+    close(fd);
+    return strstr(buf, "\"health\":\"true\"") != NULL;
+}
+
+static void etcd_print_log(const kvp_etcd_proc_t *p, int i)
+{
+    char path[320], line[1024];
+    snprintf(path, sizeof(path), "%s/m%d.log", p->dir, i);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return;
+    fprintf(stderr, "harness: --- %s (last lines) ---\n", path);
+    long lines = 0;
+    while (fgets(line, sizeof(line), f) != NULL)
+        lines++;
+    rewind(f);
+    for (long l = 0; fgets(line, sizeof(line), f) != NULL; l++)
+        if (l >= lines - 15)
+            fputs(line, stderr);
+    fclose(f);
+}
+
+static pid_t etcd_spawn(kvp_etcd_proc_t *p, int i, const char *cluster)
+{
+    char name[16], data[300], log[320], curl[64], purl[64], token[300];
+    snprintf(name, sizeof(name), "m%d", i);
+    snprintf(data, sizeof(data), "%s/m%d", p->dir, i);
+    snprintf(log, sizeof(log), "%s/m%d.log", p->dir, i);
+    snprintf(curl, sizeof(curl), "http://127.0.0.1:%d", p->client_port[i]);
+    snprintf(purl, sizeof(purl), "http://127.0.0.1:%d", p->peer_port[i]);
+    snprintf(token, sizeof(token), "kvpool-test-%d-%d", (int)getpid(), p->peer_port[0]);
+    char *argv[] = {"etcd",
+                    "--name",
+                    name,
+                    "--data-dir",
+                    data,
+                    "--listen-client-urls",
+                    curl,
+                    "--advertise-client-urls",
+                    curl,
+                    "--listen-peer-urls",
+                    purl,
+                    "--initial-advertise-peer-urls",
+                    purl,
+                    "--initial-cluster",
+                    (char *)cluster,
+                    "--initial-cluster-state",
+                    "new",
+                    "--initial-cluster-token",
+                    token,
+                    "--logger=zap",
+                    "--log-outputs=stderr",
+                    NULL};
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a crashed test */
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || dup2(fd, 1) < 0 || dup2(fd, 2) < 0)
+        _exit(127);
+    execvp(argv[0], argv);
+    fprintf(stderr, "harness: cannot exec etcd: %s\n", strerror(errno));
+    _exit(127);
+}
+
+/* --initial-cluster: "m0=http://127.0.0.1:PEER0,m1=..." */
+static void etcd_cluster_string(const kvp_etcd_proc_t *p, char *buf, size_t cap)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < p->n; i++)
+        off += (size_t)snprintf(buf + off, cap - off, "%sm%d=http://127.0.0.1:%d", i ? "," : "", i,
+                                p->peer_port[i]);
+}
+
+static void etcd_kill_all(kvp_etcd_proc_t *p, int sig)
+{
+    for (int i = 0; i < p->n; i++) {
+        if (p->pid[i] <= 0)
+            continue;
+        kvp_proc_t proc = {.pid = p->pid[i]};
+        if (sig == SIGKILL)
+            kvp_proc_kill9(&proc);
+        else
+            kvp_proc_stop(&proc, sig, 5000);
+        p->pid[i] = 0;
+    }
+}
+
+static int etcd_rm(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    remove(path);
+    return 0;
+}
+
+/*
+ * Start p->n members on the ports in p; wait until all are healthy. false
+ * when one exits (*conflict_p: its log mentions a port in use) or the wait
+ * runs out; everything started is killed then.
+ */
+static bool etcd_launch(kvp_etcd_proc_t *p, bool *conflict_p)
+{
+    char cluster[KVP_ETCD_MAX_MEMBERS * 48];
+    etcd_cluster_string(p, cluster, sizeof(cluster));
+    size_t off = 0;
+    p->endpoints[0] = '\0';
+    for (int i = 0; i < p->n; i++)
+        off += (size_t)snprintf(p->endpoints + off, sizeof(p->endpoints) - off, "%s127.0.0.1:%d",
+                                i ? "," : "", p->client_port[i]);
+    for (int i = 0; i < p->n; i++) {
+        p->pid[i] = etcd_spawn(p, i, cluster);
+        if (p->pid[i] < 0) {
+            p->pid[i] = 0;
+            etcd_kill_all(p, SIGKILL);
+            return false;
+        }
+    }
+    *conflict_p = false;
+    uint64_t deadline = kvp_now_ms() + 20000;
+    bool healthy[KVP_ETCD_MAX_MEMBERS] = {false};
+    int left = p->n;
+    while (left > 0) {
+        for (int i = 0; i < p->n; i++) {
+            int status;
+            if (waitpid(p->pid[i], &status, WNOHANG) == p->pid[i]) {
+                p->pid[i] = 0;
+                char path[320], buf[65536];
+                snprintf(path, sizeof(path), "%s/m%d.log", p->dir, i);
+                FILE *f = fopen(path, "re");
+                size_t n = f != NULL ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+                if (f != NULL)
+                    fclose(f);
+                buf[n] = '\0';
+                *conflict_p = strstr(buf, "address already in use") != NULL;
+                if (!*conflict_p) {
+                    fprintf(stderr, "harness: etcd member %d exited at start\n", i);
+                    etcd_print_log(p, i);
+                }
+                etcd_kill_all(p, SIGKILL);
+                return false;
+            }
+            if (!healthy[i] && etcd_healthy(p->client_port[i])) {
+                healthy[i] = true;
+                left--;
+            }
+        }
+        if (left > 0 && kvp_now_ms() >= deadline) {
+            fprintf(stderr, "harness: etcd not healthy after 20 s\n");
+            for (int i = 0; i < p->n; i++)
+                etcd_print_log(p, i);
+            etcd_kill_all(p, SIGKILL);
+            return false;
+        }
+        if (left > 0)
+            usleep(20 * 1000);
+    }
+    return true;
+}
+
+static bool etcd_start(kvp_etcd_proc_t *p, int n, int client_port)
+{
+    memset(p, 0, sizeof(*p));
+    if (n < 1 || n > KVP_ETCD_MAX_MEMBERS)
+        return false;
+    if (!kvp_etcd_available()) {
+        fprintf(stderr, "harness: no etcd binary on PATH (Debian: apt-get install etcd-server)\n");
+        return false;
+    }
+    const char *tmp = getenv("TMPDIR");
+    snprintf(p->dir, sizeof(p->dir), "%s/kvpool-etcd.XXXXXX",
+             tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+    if (mkdtemp(p->dir) == NULL) {
+        fprintf(stderr, "harness: mkdtemp %s: %s\n", p->dir, strerror(errno));
+        return false;
+    }
+    p->n = n;
+    for (int attempt = 0; attempt < 5; attempt++) {
+        for (int i = 0; i < n; i++) {
+            do {
+                p->client_port[i] = i == 0 && client_port > 0 ? client_port : kvp_etcd_free_port();
+                p->peer_port[i] = kvp_etcd_free_port();
+            } while (p->client_port[i] == p->peer_port[i]);
+        }
+        bool conflict = false;
+        if (etcd_launch(p, &conflict))
+            return true;
+        if (!conflict || client_port > 0)
+            break;
+        /* a port was taken between the check and etcd's bind: new ports, new data */
+        nftw(p->dir, etcd_rm, 16, FTW_DEPTH | FTW_PHYS);
+        mkdir(p->dir, 0700);
+    }
+    nftw(p->dir, etcd_rm, 16, FTW_DEPTH | FTW_PHYS);
+    p->dir[0] = '\0';
+    return false;
+}
+
+bool kvp_start_etcd(kvp_etcd_proc_t *p)
+{
+    return etcd_start(p, 1, 0);
+}
+
+bool kvp_start_etcd_port(kvp_etcd_proc_t *p, int client_port)
+{
+    return etcd_start(p, 1, client_port);
+}
+
+bool kvp_start_etcd_cluster(kvp_etcd_proc_t *p, int n)
+{
+    return etcd_start(p, n, 0);
+}
+
+void kvp_kill_etcd_member(kvp_etcd_proc_t *p, int i)
+{
+    if (i < 0 || i >= p->n || p->pid[i] <= 0)
+        return;
+    kvp_proc_t proc = {.pid = p->pid[i]};
+    kvp_proc_kill9(&proc);
+    p->pid[i] = 0;
+}
+
+bool kvp_restart_etcd_member(kvp_etcd_proc_t *p, int i)
+{
+    if (i < 0 || i >= p->n || p->pid[i] > 0)
+        return false;
+    /* The data dir exists: etcd rejoins with it and ignores --initial-cluster. */
+    char cluster[KVP_ETCD_MAX_MEMBERS * 48];
+    etcd_cluster_string(p, cluster, sizeof(cluster));
+    p->pid[i] = etcd_spawn(p, i, cluster);
+    if (p->pid[i] < 0) {
+        p->pid[i] = 0;
+        return false;
+    }
+    uint64_t deadline = kvp_now_ms() + 20000;
+    while (!etcd_healthy(p->client_port[i])) {
+        int status;
+        if (waitpid(p->pid[i], &status, WNOHANG) == p->pid[i] || kvp_now_ms() >= deadline) {
+            fprintf(stderr, "harness: etcd member %d did not come back\n", i);
+            etcd_print_log(p, i);
+            kvp_kill_etcd_member(p, i);
+            return false;
+        }
+        usleep(20 * 1000);
+    }
+    return true;
+}
+
+void kvp_stop_etcd_member(kvp_etcd_proc_t *p, int i)
+{
+    if (i < 0 || i >= p->n || p->pid[i] <= 0)
+        return;
+    kvp_proc_t proc = {.pid = p->pid[i]};
+    kvp_proc_stop(&proc, SIGTERM, 5000);
+    p->pid[i] = 0;
+}
+
+void kvp_stop_etcd(kvp_etcd_proc_t *p)
+{
+    etcd_kill_all(p, SIGTERM);
+    if (p->dir[0] != '\0')
+        nftw(p->dir, etcd_rm, 16, FTW_DEPTH | FTW_PHYS);
+    p->dir[0] = '\0';
+    p->n = 0;
 }

@@ -70,4 +70,42 @@ int kvp_proc_fd_count(pid_t pid);
 /* Deterministic test pattern: byte i of object `seed`. */
 void kvp_fill_pattern(void *buf, size_t len, uint64_t seed);
 
+/*
+ * A private etcd on 127.0.0.1 (1..KVP_ETCD_MAX_MEMBERS members), for the etcd
+ * and HA tests. Data and logs live in a mkdtemp directory under $TMPDIR (or
+ * /tmp) that kvp_stop_etcd removes. Ports are drawn at random from 20000-32767
+ * (below the kernel's ephemeral range, so no client socket can take them),
+ * and a start that fails on a port conflict is retried with new ports.
+ * Ready means every member answers {"health":"true"} on GET /health.
+ * `endpoints` is "127.0.0.1:P1[,127.0.0.1:P2...]" for kvp_etcd_create.
+ */
+#define KVP_ETCD_MAX_MEMBERS 5
+typedef struct kvp_etcd_proc {
+    int n;
+    pid_t pid[KVP_ETCD_MAX_MEMBERS];
+    int client_port[KVP_ETCD_MAX_MEMBERS];
+    int peer_port[KVP_ETCD_MAX_MEMBERS];
+    char dir[256];
+    char endpoints[KVP_ETCD_MAX_MEMBERS * 24];
+} kvp_etcd_proc_t;
+
+/* Whether the etcd binary is on $PATH. */
+bool kvp_etcd_available(void);
+/* One member, random ports. false (with the reason and etcd's log on stderr) on failure. */
+bool kvp_start_etcd(kvp_etcd_proc_t *p);
+/* One member whose client port is client_port (no retry on conflict). */
+bool kvp_start_etcd_port(kvp_etcd_proc_t *p, int client_port);
+/* An n-member cluster, random ports. */
+bool kvp_start_etcd_cluster(kvp_etcd_proc_t *p, int n);
+/* SIGKILL member i and reap it (the others keep running). */
+void kvp_kill_etcd_member(kvp_etcd_proc_t *p, int i);
+/* SIGTERM member i and reap it (a clean stop: its data dir stays). */
+void kvp_stop_etcd_member(kvp_etcd_proc_t *p, int i);
+/* Start a stopped or killed member i again on its ports and data; wait until healthy. */
+bool kvp_restart_etcd_member(kvp_etcd_proc_t *p, int i);
+/* Stop every member still running (SIGTERM, then SIGKILL after 5 s), reap, remove the dir. */
+void kvp_stop_etcd(kvp_etcd_proc_t *p);
+/* A port in the harness's range that nothing listens on now. */
+int kvp_etcd_free_port(void);
+
 #endif

@@ -1,0 +1,929 @@
+/*
+ * etcd.c - etcd v3 over the JSON gateway with libcurl and cJSON (see etcd.h).
+ *
+ * DESIGN
+ * One easy handle and one multi handle per kvp_etcd_t. Every request, unary
+ * or watch, runs through the multi interface in etcd_attempt(): the loop polls
+ * at most 100 ms at a time, so a watch sees its stop flag and its own
+ * deadlines without relying on libcurl's progress callback (which fires only
+ * about once a second on an idle stream). Connections are kept between calls
+ * in the multi handle's cache.
+ *
+ * The gateway (etcd 3.4.23, checked against a live server; see
+ * /work/shared/notes/toolchain.md section 3):
+ *  - POST only; keys and values base64; int64s in answers are JSON strings
+ *    (read with strtoll, never through cJSON's double); fields that are zero,
+ *    false or empty are left out (a failed txn has no "succeeded", a missing
+ *    key no "kvs", a dead lease's keepalive no "TTL", a PUT event no "type").
+ *  - Request bodies are built with asprintf: they hold only base64 text and
+ *    decimal numbers, which need no JSON escaping.
+ *  - Errors: {"error","message","code"} with a gRPC code: 5 not found,
+ *    11 compacted, 14 unavailable (no leader, request timed out: the member
+ *    cannot serve, so the next endpoint is tried), 4 deadline exceeded.
+ *  - Streams (keepalive, watch) wrap each message as {"result":{...}}, one
+ *    per line. A watch first answers "created":true, then events. A watch
+ *    from a compacted revision answers "canceled":true with
+ *    "compact_revision" and leaves the stream open (we close it). When etcd
+ *    stops, the stream just ends and libcurl reports CURLE_OK.
+ *
+ * libcurl's global state: curl_global_init runs when the first handle of the
+ * process is created and curl_global_cleanup when the last is destroyed
+ * (etcd_curl_ref/unref, a count under a mutex), so no thread races the
+ * (before 7.84 not thread-safe) global init, and a process that destroys its
+ * handles leaves nothing of libcurl behind for the leak checkers.
+ *
+ * Thread: a handle is used by one thread at a time; the global count is the
+ * only shared state.
+ */
+#include "common/etcd.h"
+
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/macros.h"
+
+/* Longest a multi poll sleeps: the stop-flag check interval of a watch. */
+#define ETCD_POLL_MS 100
+/* Most endpoints in one list. */
+#define ETCD_MAX_ENDPOINTS 16
+
+typedef struct etcd_buf {
+    char *p;
+    size_t n;
+    size_t cap;
+} etcd_buf_t;
+
+/* One HTTP exchange, unary or watch. */
+typedef struct etcd_xfer {
+    etcd_buf_t body;
+    /* watch only */
+    bool watch;
+    bool created; /* the server acknowledged the watch: the endpoint works */
+    bool done;    /* an event or a final answer is in; stop the transfer */
+    kvp_status_t status;
+    int64_t start_rev;
+    kvp_etcd_event_t ev;
+    kvp_etcd_t *e;
+} etcd_xfer_t;
+
+struct kvp_etcd {
+    CURL *easy;
+    CURLM *multi;
+    struct curl_slist *headers;
+    char *urls[ETCD_MAX_ENDPOINTS]; /* "http://host:port", no trailing slash */
+    int n_urls;
+    int cur; /* the endpoint tried first */
+    uint32_t timeout_ms;
+    char err[1024];
+};
+
+/* ---- libcurl's global state ---- */
+
+static pthread_mutex_t etcd_curl_mu = PTHREAD_MUTEX_INITIALIZER;
+static unsigned etcd_curl_users;
+
+static kvp_status_t etcd_curl_ref(void)
+{
+    kvp_status_t status = KVP_OK;
+    pthread_mutex_lock(&etcd_curl_mu);
+    if (etcd_curl_users == 0 && curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        status = KVP_ERR_NOMEM;
+    else
+        etcd_curl_users++;
+    pthread_mutex_unlock(&etcd_curl_mu);
+    return status;
+}
+
+static void etcd_curl_unref(void)
+{
+    pthread_mutex_lock(&etcd_curl_mu);
+    if (--etcd_curl_users == 0)
+        curl_global_cleanup();
+    pthread_mutex_unlock(&etcd_curl_mu);
+}
+
+/* ---- errors ---- */
+
+static kvp_status_t etcd_fail(kvp_etcd_t *e, kvp_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static kvp_status_t etcd_fail(kvp_etcd_t *e, kvp_status_t status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->err, sizeof(e->err), fmt, ap);
+    va_end(ap);
+    KVP_LOG_DEBUG("etcd: %s", e->err);
+    return status;
+}
+
+const char *kvp_etcd_error(const kvp_etcd_t *e)
+{
+    return e->err;
+}
+
+const char *kvp_etcd_endpoint(const kvp_etcd_t *e)
+{
+    return e->urls[e->cur];
+}
+
+/* ---- base64 (the gateway's keys and values) ---- */
+
+static const char b64_chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* malloc'd, NUL-terminated base64 of p[0..n); NULL when out of memory. */
+static char *b64_encode(const void *p, size_t n)
+{
+    const uint8_t *in = p;
+    char *out = malloc((n + 2) / 3 * 4 + 1), *o = out;
+    if (out == NULL)
+        return NULL;
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+        *o++ = b64_chars[v >> 18];
+        *o++ = b64_chars[v >> 12 & 63];
+        *o++ = b64_chars[v >> 6 & 63];
+        *o++ = b64_chars[v & 63];
+    }
+    if (i < n) {
+        uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0);
+        *o++ = b64_chars[v >> 18];
+        *o++ = b64_chars[v >> 12 & 63];
+        *o++ = i + 1 < n ? b64_chars[v >> 6 & 63] : '=';
+        *o++ = '=';
+    }
+    *o = '\0';
+    return out;
+}
+
+static int b64_value(char c)
+{
+    const char *p = c != '\0' ? strchr(b64_chars, c) : NULL;
+    return p != NULL ? (int)(p - b64_chars) : -1;
+}
+
+/* Decode base64 text (NULL or missing: empty) into a malloc'd, NUL-terminated
+ * buffer. KVP_ERR_PROTOCOL for text that is not base64. */
+static kvp_status_t b64_decode(const char *text, char **out_p, size_t *len_p)
+{
+    size_t n = text != NULL ? strlen(text) : 0;
+    char *out = malloc(n / 4 * 3 + 3);
+    if (out == NULL)
+        return KVP_ERR_NOMEM;
+    size_t o = 0;
+    uint32_t v = 0;
+    int bits = 0;
+    size_t i = 0;
+    for (; i < n && text[i] != '='; i++) {
+        int d = b64_value(text[i]);
+        if (d < 0) {
+            free(out);
+            return KVP_ERR_PROTOCOL;
+        }
+        v = v << 6 | (uint32_t)d;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            out[o++] = (char)(v >> bits & 0xff);
+        }
+    }
+    for (; i < n; i++) {
+        if (text[i] != '=') {
+            free(out);
+            return KVP_ERR_PROTOCOL;
+        }
+    }
+    out[o] = '\0';
+    *out_p = out;
+    *len_p = o;
+    return KVP_OK;
+}
+
+/* ---- JSON answers ---- */
+
+static const cJSON *j_get(const cJSON *o, const char *name)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, name);
+}
+
+/* An int64 field: a JSON string of digits in the gateway's answers; missing
+ * means 0. */
+static int64_t j_int64(const cJSON *o, const char *name)
+{
+    const cJSON *f = j_get(o, name);
+    if (cJSON_IsString(f))
+        return strtoll(f->valuestring, NULL, 10);
+    if (cJSON_IsNumber(f))
+        return (int64_t)f->valuedouble;
+    return 0;
+}
+
+static bool j_true(const cJSON *o, const char *name)
+{
+    return cJSON_IsTrue(j_get(o, name));
+}
+
+/* A decoded key-value from a "kvs" entry or an event's "kv". */
+typedef struct etcd_kv {
+    char *key;
+    size_t key_len;
+    char *val;
+    size_t len;
+    int64_t create_rev;
+    int64_t mod_rev;
+    int64_t lease;
+} etcd_kv_t;
+
+static void etcd_kv_cleanup(etcd_kv_t *kv)
+{
+    free(kv->key);
+    free(kv->val);
+}
+
+static kvp_status_t etcd_kv_parse(kvp_etcd_t *e, const cJSON *o, etcd_kv_t *kv)
+{
+    memset(kv, 0, sizeof(*kv));
+    if (!cJSON_IsObject(o))
+        return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd answer without the expected kv object");
+    kvp_status_t status = b64_decode(cJSON_GetStringValue(j_get(o, "key")), &kv->key, &kv->key_len);
+    if (status == KVP_OK) {
+        status = b64_decode(cJSON_GetStringValue(j_get(o, "value")), &kv->val, &kv->len);
+        if (status != KVP_OK)
+            free(kv->key);
+    }
+    if (status != KVP_OK)
+        return etcd_fail(e, status, "etcd answer with a key or value that is not base64");
+    kv->create_rev = j_int64(o, "create_revision");
+    kv->mod_rev = j_int64(o, "mod_revision");
+    kv->lease = j_int64(o, "lease");
+    return KVP_OK;
+}
+
+/*
+ * Map an error answer ({"error","message","code"}, or a stream's
+ * {"error":{...}}) to a status and keep its text. *retry_p: the member cannot
+ * serve now (unavailable, deadline): another endpoint may.
+ */
+static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, const char *path,
+                                      bool *retry_p)
+{
+    const cJSON *err = j_get(j, "error");
+    const cJSON *obj = cJSON_IsObject(err) ? err : j;
+    const char *msg = cJSON_GetStringValue(j_get(obj, "message"));
+    if (msg == NULL)
+        msg = cJSON_GetStringValue(err);
+    const cJSON *code_item = j_get(obj, "code");
+    if (code_item == NULL)
+        code_item = j_get(obj, "grpc_code");
+    int code = cJSON_IsNumber(code_item) ? code_item->valueint : -1;
+    kvp_status_t status = KVP_ERR_PROTOCOL;
+    *retry_p = false;
+    switch (code) {
+    case 5: /* NotFound: lease not found */
+        status = KVP_ERR_NOT_FOUND;
+        break;
+    case 11: /* OutOfRange: revision compacted */
+        status = KVP_ERR_OUT_OF_RANGE;
+        break;
+    case 14: /* Unavailable: no leader, request timed out, leader changed */
+        status = KVP_ERR_CONNECT;
+        *retry_p = true;
+        break;
+    case 4: /* DeadlineExceeded */
+        status = KVP_ERR_TIMEOUT;
+        *retry_p = true;
+        break;
+    default:
+        break;
+    }
+    etcd_fail(e, status, "etcd %s on %s: %s (HTTP %ld, gRPC code %d)", path, e->urls[e->cur],
+              msg != NULL ? msg : "no error text", http, code);
+    if (status == KVP_ERR_PROTOCOL)
+        KVP_LOG_WARN("etcd: %s", e->err); /* a request etcd rejects is our bug */
+    return status;
+}
+
+/* ---- transfers ---- */
+
+static bool buf_append(etcd_buf_t *b, const char *p, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = KVP_MAX(b->cap * 2, b->n + n + 1);
+        cap = KVP_MAX(cap, (size_t)1024);
+        char *q = realloc(b->p, cap);
+        if (q == NULL)
+            return false;
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+    b->p[b->n] = '\0';
+    return true;
+}
+
+/* One line of a watch stream: {"result":{...}} or an error. */
+static void watch_line(etcd_xfer_t *x, const char *line)
+{
+    kvp_etcd_t *e = x->e;
+    cJSON *j = cJSON_Parse(line);
+    const cJSON *r = j_get(j, "result");
+    if (!cJSON_IsObject(r)) {
+        bool retry;
+        x->status = j != NULL ? etcd_error_answer(e, 200, j, "/v3/watch", &retry)
+                              : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd watch: unparsable line");
+        x->done = true;
+        cJSON_Delete(j);
+        return;
+    }
+    if (j_true(r, "created"))
+        x->created = true;
+    if (j_true(r, "canceled")) {
+        int64_t compact = j_int64(r, "compact_revision");
+        if (compact > 0)
+            x->status = etcd_fail(e, KVP_ERR_OUT_OF_RANGE,
+                                  "etcd watch from revision %" PRId64
+                                  " refused: compacted up to revision %" PRId64,
+                                  x->start_rev, compact);
+        else
+            x->status = etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s",
+                                  cJSON_GetStringValue(j_get(r, "cancel_reason"))
+                                      ? cJSON_GetStringValue(j_get(r, "cancel_reason"))
+                                      : "no reason given");
+        x->done = true;
+        cJSON_Delete(j);
+        return;
+    }
+    const cJSON *ev;
+    cJSON_ArrayForEach(ev, j_get(r, "events"))
+    {
+        etcd_kv_t kv;
+        x->status = etcd_kv_parse(e, j_get(ev, "kv"), &kv);
+        if (x->status != KVP_OK) {
+            x->done = true;
+            break;
+        }
+        if (kv.mod_rev < x->start_rev) {
+            etcd_kv_cleanup(&kv);
+            continue;
+        }
+        const char *type = cJSON_GetStringValue(j_get(ev, "type"));
+        bool del = type != NULL && strcmp(type, "DELETE") == 0;
+        x->ev.type = del ? KVP_ETCD_EVENT_DELETE : KVP_ETCD_EVENT_PUT;
+        x->ev.mod_rev = kv.mod_rev;
+        x->ev.create_rev = del ? 0 : kv.create_rev;
+        x->ev.val = del ? NULL : kv.val;
+        x->ev.len = del ? 0 : kv.len;
+        if (del)
+            free(kv.val);
+        free(kv.key);
+        x->done = true;
+        break;
+    }
+    cJSON_Delete(j);
+}
+
+static size_t etcd_write_cb(char *data, size_t size, size_t nmemb, void *arg)
+{
+    etcd_xfer_t *x = arg;
+    size_t n = size * nmemb;
+    if (x->done)
+        return n; /* the rest of a stream we are about to close */
+    if (!buf_append(&x->body, data, n))
+        return 0; /* CURLE_WRITE_ERROR */
+    if (!x->watch)
+        return n;
+    char *nl;
+    while (!x->done && (nl = memchr(x->body.p, '\n', x->body.n)) != NULL) {
+        *nl = '\0';
+        watch_line(x, x->body.p);
+        x->body.n -= (size_t)(nl + 1 - x->body.p);
+        memmove(x->body.p, nl + 1, x->body.n + 1);
+    }
+    return n;
+}
+
+typedef enum etcd_outcome {
+    ETCD_ANSWERED, /* a whole answer (x->body, http) or a watch result (x->done) */
+    ETCD_RETRY,    /* this endpoint failed: try the next */
+    ETCD_FINAL,    /* stop here with the status */
+} etcd_outcome_t;
+
+/*
+ * POST body to path on endpoint idx (which becomes e->cur). The endpoint has
+ * e->timeout_ms to show it works: the whole answer of a unary call, the
+ * "created" line of a watch. A watch then runs until `deadline`.
+ */
+static etcd_outcome_t etcd_attempt(kvp_etcd_t *e, int idx, const char *path, const char *body,
+                                   etcd_xfer_t *x, uint64_t deadline, const atomic_bool *stop,
+                                   long *http_p, kvp_status_t *status_p)
+{
+    char url[512];
+    e->cur = idx;
+    snprintf(url, sizeof(url), "%s%s", e->urls[idx], path);
+    CURL *h = e->easy;
+    curl_easy_reset(h);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, e->headers);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, etcd_write_cb);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)e->timeout_ms);
+    x->body.n = 0;
+    x->created = false;
+    if (curl_multi_add_handle(e->multi, h) != CURLM_OK) {
+        *status_p = etcd_fail(e, KVP_ERR_NOMEM, "curl_multi_add_handle failed");
+        return ETCD_FINAL;
+    }
+    uint64_t alive_deadline = kvp_now_ms() + e->timeout_ms;
+    if (!x->watch)
+        deadline = alive_deadline;
+    etcd_outcome_t out = ETCD_FINAL;
+    CURLcode rc = CURLE_OK;
+    for (;;) {
+        int running = 0;
+        CURLMcode mc = curl_multi_perform(e->multi, &running);
+        if (mc != CURLM_OK) {
+            *status_p =
+                etcd_fail(e, KVP_ERR_INTERNAL, "curl_multi_perform: %s", curl_multi_strerror(mc));
+            break;
+        }
+        if (x->done) {
+            out = ETCD_ANSWERED;
+            break;
+        }
+        if (running == 0) {
+            int left;
+            CURLMsg *m;
+            rc = CURLE_GOT_NOTHING;
+            while ((m = curl_multi_info_read(e->multi, &left)) != NULL)
+                if (m->msg == CURLMSG_DONE)
+                    rc = m->data.result;
+            out = ETCD_ANSWERED;
+            break;
+        }
+        if (stop != NULL && atomic_load(stop)) {
+            *status_p = etcd_fail(e, KVP_ERR_SHUTDOWN, "etcd %s: stopped", path);
+            break;
+        }
+        uint64_t now = kvp_now_ms();
+        bool alive = x->watch && x->created;
+        if (!alive && now >= alive_deadline) {
+            *status_p = etcd_fail(e, KVP_ERR_TIMEOUT, "etcd %s on %s: no answer in %u ms", path,
+                                  e->urls[idx], e->timeout_ms);
+            out = x->watch && now >= deadline ? ETCD_FINAL : ETCD_RETRY;
+            break;
+        }
+        if (now >= deadline) {
+            *status_p = etcd_fail(e, KVP_ERR_TIMEOUT, "etcd %s on %s: no change in time", path,
+                                  e->urls[idx]);
+            break;
+        }
+        uint64_t wait = KVP_MIN(deadline - now, (uint64_t)ETCD_POLL_MS);
+        if (!alive)
+            wait = KVP_MIN(wait, alive_deadline - now);
+        curl_multi_poll(e->multi, NULL, 0, (int)wait + 1, NULL);
+    }
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, http_p);
+    curl_multi_remove_handle(e->multi, h);
+    if (out != ETCD_ANSWERED || x->done)
+        return out;
+    switch (rc) {
+    case CURLE_OK:
+        return ETCD_ANSWERED;
+    case CURLE_OUT_OF_MEMORY:
+    case CURLE_WRITE_ERROR:
+        *status_p = etcd_fail(e, KVP_ERR_NOMEM, "etcd %s: out of memory", path);
+        return ETCD_FINAL;
+    case CURLE_OPERATION_TIMEDOUT:
+        *status_p = etcd_fail(e, KVP_ERR_TIMEOUT, "etcd %s on %s: %s", path, e->urls[idx],
+                              curl_easy_strerror(rc));
+        return ETCD_RETRY;
+    default: /* cannot connect or resolve, connection reset, nothing answered */
+        *status_p = etcd_fail(e, KVP_ERR_CONNECT, "etcd %s on %s: %s", path, e->urls[idx],
+                              curl_easy_strerror(rc));
+        return ETCD_RETRY;
+    }
+}
+
+/* Note an endpoint's failure in the list of everything tried. */
+static void etcd_note_failure(kvp_etcd_t *e, char *tried, size_t cap)
+{
+    size_t n = strlen(tried);
+    if (snprintf(tried + n, cap - n, "%s%s", n > 0 ? "; " : "", e->err) >= (int)(cap - n))
+        KVP_LOG_DEBUG("etcd: the list of endpoint failures is cut short");
+}
+
+/*
+ * Run one request on the endpoints in turn, starting with the remembered one.
+ * Unary (x->watch false): *resp_p is the parsed 200 answer (cJSON_Delete it).
+ * Watch: the outcome is in x (x->done) or the status; a stream that breaks
+ * or ends goes on at the next endpoint from the same start revision.
+ */
+static kvp_status_t etcd_run(kvp_etcd_t *e, const char *path, const char *body, etcd_xfer_t *x,
+                             uint32_t timeout_ms, const atomic_bool *stop, cJSON **resp_p)
+{
+    uint64_t deadline = kvp_now_ms() + timeout_ms;
+    kvp_status_t status = KVP_ERR_CONNECT;
+    char tried[sizeof(e->err)] = "";
+    int first = e->cur;
+    for (int i = 0; i < e->n_urls; i++, etcd_note_failure(e, tried, sizeof(tried))) {
+        int idx = (first + i) % e->n_urls;
+        long http = 0;
+        etcd_outcome_t out = etcd_attempt(e, idx, path, body, x, deadline, stop, &http, &status);
+        if (out == ETCD_RETRY)
+            continue;
+        if (out == ETCD_FINAL)
+            return status;
+        if (x->done)
+            return x->status;
+        cJSON *j = cJSON_Parse(x->body.p != NULL ? x->body.p : "");
+        if (http != 200) {
+            bool retry = false;
+            status = j != NULL ? etcd_error_answer(e, http, j, path, &retry)
+                               : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: HTTP %ld", path,
+                                           e->urls[idx], http);
+            cJSON_Delete(j);
+            if (retry)
+                continue;
+            return status;
+        }
+        if (x->watch) { /* the stream ended without an event: etcd went away */
+            cJSON_Delete(j);
+            status =
+                etcd_fail(e, KVP_ERR_CONNECT, "etcd watch on %s: the stream ended", e->urls[idx]);
+            continue;
+        }
+        if (!cJSON_IsObject(j)) {
+            cJSON_Delete(j);
+            return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: answer is not a JSON object",
+                             path, e->urls[idx]);
+        }
+        *resp_p = j;
+        return KVP_OK;
+    }
+    if (e->n_urls > 1)
+        etcd_fail(e, status, "no etcd endpoint could serve %s: %s", path, tried);
+    return status;
+}
+
+/* A unary call; body is freed here (it may be NULL: asprintf failed). */
+static kvp_status_t etcd_call(kvp_etcd_t *e, const char *path, char *body, cJSON **resp_p)
+{
+    if (body == NULL)
+        return etcd_fail(e, KVP_ERR_NOMEM, "etcd %s: out of memory", path);
+    etcd_xfer_t x = {.e = e};
+    kvp_status_t status = etcd_run(e, path, body, &x, e->timeout_ms, NULL, resp_p);
+    free(x.body.p);
+    free(body);
+    return status;
+}
+
+/* asprintf that gives NULL on failure. */
+static char *etcd_fmt(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static char *etcd_fmt(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *s = NULL;
+    if (vasprintf(&s, fmt, ap) < 0)
+        s = NULL;
+    va_end(ap);
+    return s;
+}
+
+/* ---- create / destroy ---- */
+
+static kvp_status_t etcd_parse_endpoints(kvp_etcd_t *e, const char *endpoints)
+{
+    const char *p = endpoints;
+    while (*p != '\0') {
+        size_t n = strcspn(p, ",");
+        while (n > 0 && p[n - 1] == '/')
+            n--;
+        if (n == 0 || e->n_urls == ETCD_MAX_ENDPOINTS)
+            return KVP_ERR_INVALID_ARG;
+        bool scheme = memmem(p, n, "://", 3) != NULL;
+        char *url = etcd_fmt("%s%.*s", scheme ? "" : "http://", (int)n, p);
+        if (url == NULL)
+            return KVP_ERR_NOMEM;
+        e->urls[e->n_urls++] = url;
+        p += strcspn(p, ",");
+        if (*p == ',')
+            p++;
+    }
+    return e->n_urls > 0 ? KVP_OK : KVP_ERR_INVALID_ARG;
+}
+
+kvp_status_t kvp_etcd_create(const char *endpoints, uint32_t timeout_ms, kvp_etcd_t **e_p)
+{
+    if (endpoints == NULL || timeout_ms == 0)
+        return KVP_ERR_INVALID_ARG;
+    kvp_etcd_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return KVP_ERR_NOMEM;
+    e->timeout_ms = timeout_ms;
+    kvp_status_t status = etcd_parse_endpoints(e, endpoints);
+    if (status != KVP_OK) {
+        KVP_LOG_ERROR("etcd: bad endpoint list \"%s\": want host:port[,host:port...]", endpoints);
+        goto err_free_urls;
+    }
+    status = etcd_curl_ref();
+    if (status != KVP_OK)
+        goto err_free_urls;
+    status = KVP_ERR_NOMEM;
+    e->easy = curl_easy_init();
+    if (e->easy == NULL)
+        goto err_unref;
+    e->multi = curl_multi_init();
+    if (e->multi == NULL)
+        goto err_cleanup_easy;
+    e->headers = curl_slist_append(NULL, "Content-Type: application/json");
+    if (e->headers == NULL)
+        goto err_cleanup_multi;
+    *e_p = e;
+    return KVP_OK;
+
+err_cleanup_multi:
+    curl_multi_cleanup(e->multi);
+err_cleanup_easy:
+    curl_easy_cleanup(e->easy);
+err_unref:
+    etcd_curl_unref();
+err_free_urls:
+    for (int i = 0; i < e->n_urls; i++)
+        free(e->urls[i]);
+    free(e);
+    return status;
+}
+
+void kvp_etcd_destroy(kvp_etcd_t *e)
+{
+    if (e == NULL)
+        return;
+    curl_slist_free_all(e->headers);
+    curl_multi_cleanup(e->multi);
+    curl_easy_cleanup(e->easy);
+    for (int i = 0; i < e->n_urls; i++)
+        free(e->urls[i]);
+    free(e);
+    etcd_curl_unref();
+}
+
+/* ---- leases ---- */
+
+/* A unary call whose request is one int64 field: {"<field>":"<v>"}. */
+static kvp_status_t etcd_call_int(kvp_etcd_t *e, const char *path, const char *field, int64_t v,
+                                  cJSON **resp_p)
+{
+    return etcd_call(e, path, etcd_fmt("{\"%s\":\"%" PRId64 "\"}", field, v), resp_p);
+}
+
+kvp_status_t kvp_etcd_lease_grant(kvp_etcd_t *e, int64_t ttl_s, int64_t *id_p)
+{
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call_int(e, "/v3/lease/grant", "TTL", ttl_s, &j);
+    if (status != KVP_OK)
+        return status;
+    int64_t id = j_int64(j, "ID");
+    cJSON_Delete(j);
+    if (id == 0)
+        return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd lease grant: answer without an ID");
+    *id_p = id;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_etcd_lease_keepalive(kvp_etcd_t *e, int64_t id, int64_t *ttl_p)
+{
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call_int(e, "/v3/lease/keepalive", "ID", id, &j);
+    if (status != KVP_OK)
+        return status;
+    const cJSON *r = j_get(j, "result");
+    if (!cJSON_IsObject(r)) {
+        bool retry;
+        status = etcd_error_answer(e, 200, j, "/v3/lease/keepalive", &retry);
+        cJSON_Delete(j);
+        return status;
+    }
+    *ttl_p = j_int64(r, "TTL"); /* absent: the lease is gone */
+    cJSON_Delete(j);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_etcd_lease_revoke(kvp_etcd_t *e, int64_t id)
+{
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call_int(e, "/v3/lease/revoke", "ID", id, &j);
+    cJSON_Delete(j);
+    return status;
+}
+
+/* ---- keys ---- */
+
+kvp_status_t kvp_etcd_put(kvp_etcd_t *e, const char *key, const void *val, size_t len,
+                          int64_t lease)
+{
+    char *k = b64_encode(key, strlen(key)), *v = b64_encode(val, len);
+    char *body = k != NULL && v != NULL ? etcd_fmt("{\"key\":\"%s\",\"value\":\"%s\",\"lease\":"
+                                                   "\"%" PRId64 "\"}",
+                                                   k, v, lease)
+                                        : NULL;
+    free(k);
+    free(v);
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call(e, "/v3/kv/put", body, &j);
+    cJSON_Delete(j);
+    return status;
+}
+
+/* The first kv of a range answer (a txn's response_range or a plain range):
+ * KVP_ERR_NOT_FOUND when it holds none. */
+static kvp_status_t etcd_first_kv(kvp_etcd_t *e, const cJSON *range, etcd_kv_t *kv)
+{
+    const cJSON *kvs = j_get(range, "kvs");
+    if (cJSON_GetArraySize(kvs) == 0)
+        return KVP_ERR_NOT_FOUND;
+    return etcd_kv_parse(e, cJSON_GetArrayItem(kvs, 0), kv);
+}
+
+/* The response_range of op i of a txn answer. */
+static const cJSON *txn_range(const cJSON *txn, int i)
+{
+    return j_get(cJSON_GetArrayItem(j_get(txn, "responses"), i), "response_range");
+}
+
+kvp_status_t kvp_etcd_create_key(kvp_etcd_t *e, const char *key, const void *val, size_t len,
+                                 int64_t lease, bool *created_p, int64_t *create_rev_p)
+{
+    char *k = b64_encode(key, strlen(key)), *v = b64_encode(val, len);
+    char *body = NULL;
+    if (k != NULL && v != NULL)
+        body = etcd_fmt("{\"compare\":[{\"key\":\"%s\",\"target\":\"CREATE\",\"result\":"
+                        "\"EQUAL\",\"create_revision\":\"0\"}],"
+                        "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\","
+                        "\"lease\":\"%" PRId64 "\"}},{\"request_range\":{\"key\":\"%s\"}}],"
+                        "\"failure\":[{\"request_range\":{\"key\":\"%s\"}}]}",
+                        k, k, v, lease, k, k);
+    free(k);
+    free(v);
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &j);
+    if (status != KVP_OK)
+        return status;
+    bool succeeded = j_true(j, "succeeded");
+    etcd_kv_t kv;
+    /* success: [put, range]; failure: [range] */
+    status = etcd_first_kv(e, txn_range(j, succeeded ? 1 : 0), &kv);
+    cJSON_Delete(j);
+    if (status == KVP_ERR_NOT_FOUND) /* deleted between the compare and the range: impossible
+                                        in one txn, so the answer is malformed */
+        return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd txn on %s: no key in the answer", key);
+    if (status != KVP_OK)
+        return status;
+    *created_p = succeeded || (lease != 0 && kv.lease == lease);
+    *create_rev_p = kv.create_rev;
+    etcd_kv_cleanup(&kv);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_etcd_get(kvp_etcd_t *e, const char *key, char **val_p, size_t *len_p,
+                          int64_t *create_rev_p, int64_t *mod_rev_p, int64_t *rev_p)
+{
+    char *k = b64_encode(key, strlen(key));
+    char *body = k != NULL ? etcd_fmt("{\"key\":\"%s\"}", k) : NULL;
+    free(k);
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call(e, "/v3/kv/range", body, &j);
+    if (status != KVP_OK)
+        return status;
+    etcd_kv_t kv;
+    status = etcd_first_kv(e, j, &kv);
+    int64_t rev = j_int64(j_get(j, "header"), "revision");
+    cJSON_Delete(j);
+    if (status != KVP_OK)
+        return status;
+    if (val_p != NULL) {
+        *val_p = kv.val;
+        kv.val = NULL;
+    }
+    if (len_p != NULL)
+        *len_p = kv.len;
+    if (create_rev_p != NULL)
+        *create_rev_p = kv.create_rev;
+    if (mod_rev_p != NULL)
+        *mod_rev_p = kv.mod_rev;
+    if (rev_p != NULL)
+        *rev_p = rev;
+    etcd_kv_cleanup(&kv);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_etcd_list(kvp_etcd_t *e, const char *prefix, kvp_etcd_list_cb_t cb, void *arg)
+{
+    size_t n = strlen(prefix);
+    if (n == 0)
+        return KVP_ERR_INVALID_ARG;
+    /* range_end: the prefix with its last byte below 0xff raised by one and
+     * what follows dropped; a prefix of 0xff bytes only ranges to the end
+     * ("\0"). */
+    char *end = strdup(prefix);
+    if (end == NULL)
+        return KVP_ERR_NOMEM;
+    size_t end_len = n;
+    while (end_len > 0 && (uint8_t)end[end_len - 1] == 0xff)
+        end_len--;
+    if (end_len > 0)
+        end[end_len - 1] = (char)((uint8_t)end[end_len - 1] + 1);
+    else
+        end_len = 1, end[0] = '\0';
+    char *k = b64_encode(prefix, n), *re = b64_encode(end, end_len);
+    free(end);
+    char *body =
+        k != NULL && re != NULL ? etcd_fmt("{\"key\":\"%s\",\"range_end\":\"%s\"}", k, re) : NULL;
+    free(k);
+    free(re);
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call(e, "/v3/kv/range", body, &j);
+    if (status != KVP_OK)
+        return status;
+    const cJSON *item;
+    cJSON_ArrayForEach(item, j_get(j, "kvs"))
+    {
+        etcd_kv_t kv;
+        status = etcd_kv_parse(e, item, &kv);
+        if (status != KVP_OK)
+            break;
+        cb(kv.key, kv.val, kv.len, arg);
+        etcd_kv_cleanup(&kv);
+    }
+    cJSON_Delete(j);
+    return status;
+}
+
+kvp_status_t kvp_etcd_delete_if(kvp_etcd_t *e, const char *key, int64_t create_rev)
+{
+    char *k = b64_encode(key, strlen(key));
+    char *body = NULL;
+    if (k != NULL)
+        body = etcd_fmt("{\"compare\":[{\"key\":\"%s\",\"target\":\"CREATE\",\"result\":"
+                        "\"EQUAL\",\"create_revision\":\"%" PRId64 "\"}],"
+                        "\"success\":[{\"request_delete_range\":{\"key\":\"%s\"}}],"
+                        "\"failure\":[{\"request_range\":{\"key\":\"%s\",\"count_only\":true}}]}",
+                        k, create_rev, k, k);
+    free(k);
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &j);
+    if (status != KVP_OK)
+        return status;
+    if (j_true(j, "succeeded"))
+        status = KVP_OK;
+    else
+        status = j_int64(txn_range(j, 0), "count") > 0 ? KVP_ERR_NOT_OWNER : KVP_ERR_NOT_FOUND;
+    cJSON_Delete(j);
+    return status;
+}
+
+/* ---- watch ---- */
+
+kvp_status_t kvp_etcd_watch(kvp_etcd_t *e, const char *key, int64_t start_rev, uint32_t timeout_ms,
+                            const atomic_bool *stop, kvp_etcd_event_t *ev_p)
+{
+    if (start_rev <= 0)
+        return KVP_ERR_INVALID_ARG;
+    char *k = b64_encode(key, strlen(key));
+    char *body = k != NULL ? etcd_fmt("{\"create_request\":{\"key\":\"%s\",\"start_revision\":"
+                                      "\"%" PRId64 "\"}}",
+                                      k, start_rev)
+                           : NULL;
+    free(k);
+    if (body == NULL)
+        return etcd_fail(e, KVP_ERR_NOMEM, "etcd watch: out of memory");
+    etcd_xfer_t x = {.e = e, .watch = true, .start_rev = start_rev};
+    kvp_status_t status = etcd_run(e, "/v3/watch", body, &x, timeout_ms, stop, NULL);
+    free(x.body.p);
+    free(body);
+    if (status == KVP_OK)
+        *ev_p = x.ev;
+    else
+        free(x.ev.val);
+    return status;
+}
+
+void kvp_etcd_event_cleanup(kvp_etcd_event_t *ev)
+{
+    free(ev->val);
+    ev->val = NULL;
+    ev->len = 0;
+}

@@ -1,0 +1,147 @@
+/*
+ * etcd.h - a small synchronous etcd v3 client over etcd's JSON gateway.
+ *
+ * DESIGN
+ * Every call is one blocking HTTP POST to /v3/... on the endpoint that last
+ * answered (libcurl, one easy handle per kvp_etcd_t); keys and values travel
+ * as base64, int64s come back as JSON strings and zero fields are omitted
+ * (etcd 3.4's gateway; see common/etcd.c). Only what kvpool's leader election
+ * and `kvpool stat` need: leases, create-if-absent, conditional delete, get,
+ * prefix list, plain put and a one-event watch.
+ *
+ * Endpoints: "host:port[,host:port...]"; "http://host:port" is accepted too.
+ * A request that cannot connect, times out, or meets a member that has no
+ * quorum ("etcdserver: no leader", gRPC code 14) is tried on the next
+ * endpoint; the one that answered is remembered for the next call. Each
+ * endpoint tried gets timeout_ms, so a call takes at most
+ * endpoints × timeout_ms. Such retries may apply a write twice: put and the
+ * lease calls are idempotent enough for kvpool, and kvp_etcd_create_key
+ * recognises its own earlier success (see there).
+ *
+ * Threads: a kvp_etcd_t is NOT thread-safe: use one per thread (two threads
+ * need two handles). Distinct handles may be used concurrently.
+ *
+ * Errors: a failed call returns a status and keeps etcd's (or libcurl's)
+ * text, readable with kvp_etcd_error(); it is logged at debug level only,
+ * because callers that retry (the election) log once per state change.
+ * KVP_ERR_CONNECT: no endpoint could be reached (the text lists each one's
+ *   failure);
+ * KVP_ERR_TIMEOUT: the last endpoint tried did not answer in time;
+ * KVP_ERR_PROTOCOL: an answer that is not what etcd's gateway sends, or an
+ * error etcd reports for a bad request (the text says which).
+ */
+#ifndef KVP_COMMON_ETCD_H
+#define KVP_COMMON_ETCD_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct kvp_etcd kvp_etcd_t;
+
+typedef enum kvp_etcd_event_type {
+    KVP_ETCD_EVENT_PUT = 0,
+    KVP_ETCD_EVENT_DELETE = 1,
+} kvp_etcd_event_type_t;
+
+/* One watch event. val is malloc'd and NUL-terminated (NULL for a DELETE);
+ * release it with kvp_etcd_event_cleanup. */
+typedef struct kvp_etcd_event {
+    kvp_etcd_event_type_t type;
+    int64_t mod_rev;    /* the revision of the change */
+    int64_t create_rev; /* PUT: the key's create revision; DELETE: 0 */
+    char *val;
+    size_t len;
+} kvp_etcd_event_t;
+
+/* Called once per key by kvp_etcd_list, in key order; key and val are
+ * NUL-terminated and borrowed for the call only. */
+typedef void (*kvp_etcd_list_cb_t)(const char *key, const char *val, size_t len, void *arg);
+
+/*
+ * Create a client for `endpoints` (copied). Nothing is contacted yet, so an
+ * unreachable etcd is not an error here. timeout_ms (> 0) bounds each
+ * request on each endpoint. KVP_ERR_INVALID_ARG for an empty or malformed
+ * endpoint list.
+ *
+ * libcurl's global state is set up by the first create of the process and
+ * torn down by the last destroy (a counted, mutex-guarded
+ * curl_global_init/curl_global_cleanup pair in etcd.c).
+ */
+kvp_status_t kvp_etcd_create(const char *endpoints, uint32_t timeout_ms, kvp_etcd_t **e_p);
+void kvp_etcd_destroy(kvp_etcd_t *e);
+
+/* The text of the last failure on this handle ("" before any). */
+const char *kvp_etcd_error(const kvp_etcd_t *e);
+/* The endpoint ("http://host:port") the next call tries first. */
+const char *kvp_etcd_endpoint(const kvp_etcd_t *e);
+
+/* Grant a lease of ttl_s seconds (etcd raises anything under 2 s to 2 s). */
+kvp_status_t kvp_etcd_lease_grant(kvp_etcd_t *e, int64_t ttl_s, int64_t *id_p);
+/*
+ * Renew lease `id` once. *ttl_p = its TTL after renewal in seconds, or 0 when
+ * the lease no longer exists (expired or revoked): that is KVP_OK too, as
+ * etcd answers it with success and no TTL.
+ */
+kvp_status_t kvp_etcd_lease_keepalive(kvp_etcd_t *e, int64_t id, int64_t *ttl_p);
+/* Revoke lease `id`, deleting every key attached to it. KVP_ERR_NOT_FOUND when
+ * the lease is already gone. */
+kvp_status_t kvp_etcd_lease_revoke(kvp_etcd_t *e, int64_t id);
+
+/*
+ * Create `key` with val[0..len) attached to `lease` (0: none) only if the key
+ * does not exist (one txn: create_revision(key) == 0). *created_p says
+ * whether this call created it; *create_rev_p is the key's create revision
+ * either way (ours when created, the holder's otherwise). A key that exists
+ * already but is attached to this same non-zero lease counts as created by
+ * us: that is an earlier attempt of ours whose answer was lost.
+ */
+kvp_status_t kvp_etcd_create_key(kvp_etcd_t *e, const char *key, const void *val, size_t len,
+                                 int64_t lease, bool *created_p, int64_t *create_rev_p);
+
+/* Put val[0..len) at key, attached to `lease` (0: none). */
+kvp_status_t kvp_etcd_put(kvp_etcd_t *e, const char *key, const void *val, size_t len,
+                          int64_t lease);
+
+/*
+ * Read `key`. *val_p: malloc'd, NUL-terminated copy of the value (the caller
+ * frees it), *len_p its length; *create_rev_p / *mod_rev_p the key's
+ * revisions; *rev_p the store's revision at the read (watch from *rev_p + 1
+ * to see every later change). Any out-pointer may be NULL. KVP_ERR_NOT_FOUND
+ * when the key is absent (nothing is written then).
+ */
+kvp_status_t kvp_etcd_get(kvp_etcd_t *e, const char *key, char **val_p, size_t *len_p,
+                          int64_t *create_rev_p, int64_t *mod_rev_p, int64_t *rev_p);
+
+/* Call cb for every key that starts with `prefix` (non-empty). */
+kvp_status_t kvp_etcd_list(kvp_etcd_t *e, const char *prefix, kvp_etcd_list_cb_t cb, void *arg);
+
+/*
+ * Delete `key` only while its create revision is still create_rev, so that an
+ * old holder never deletes a successor's key. KVP_OK when deleted,
+ * KVP_ERR_NOT_FOUND when absent, KVP_ERR_NOT_OWNER when the key now has
+ * another create revision.
+ */
+kvp_status_t kvp_etcd_delete_if(kvp_etcd_t *e, const char *key, int64_t create_rev);
+
+/*
+ * Wait for the first change of `key` at revision >= start_rev (> 0) and
+ * return it in *ev_p (release with kvp_etcd_event_cleanup). Changes already
+ * made at or after start_rev are returned at once.
+ * KVP_ERR_TIMEOUT: no change within timeout_ms.
+ * KVP_ERR_SHUTDOWN: *stop became true (checked at least every 100 ms; stop
+ *   may be NULL).
+ * KVP_ERR_OUT_OF_RANGE: start_rev is compacted away; read the key again with
+ *   kvp_etcd_get and watch from its revision + 1.
+ * KVP_ERR_CONNECT: no endpoint reachable, or the stream broke or ended (etcd
+ *   stopped) and no other endpoint could take the watch over (a broken
+ *   stream goes on at the next endpoint from the same start revision).
+ */
+kvp_status_t kvp_etcd_watch(kvp_etcd_t *e, const char *key, int64_t start_rev, uint32_t timeout_ms,
+                            const atomic_bool *stop, kvp_etcd_event_t *ev_p);
+void kvp_etcd_event_cleanup(kvp_etcd_event_t *ev);
+
+#endif
