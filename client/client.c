@@ -26,6 +26,7 @@
 
 #include "client/client_priv.h"
 #include "client/ssd/ssd_owner.h"
+#include "client/control/discovery.h"
 #include "client/control/mconn.h"
 #include "client/control/record.h"
 #include "client/internal.h"
@@ -102,6 +103,17 @@ static kvp_status_t segment_create(kvp_client_t *c)
     return KVP_OK;
 }
 
+/* The leader changed (discovery.c's watch thread): drop the connections to the old one
+ * now; the next call (or the heartbeat) finds the new leader and remounts there. */
+static void leader_changed(void *arg)
+{
+    kvp_client_t *c = arg;
+    KVP_LOG_INFO("the master's leader changed: reconnecting");
+    if (c->mc != NULL)
+        kvp_mconn_disconnect(c->mc);
+    kvp_ssd_owner_disconnect(c->ssd);
+}
+
 static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_client_t **client_p)
 {
     kvp_log_init_from_env();
@@ -124,10 +136,24 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
     if (master == NULL || master[0] == '\0')
         master = "127.0.0.1:50051";
-    if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host), &c->master_port) !=
-        KVP_OK) {
+    if (kvp_discovery_is_etcd(master)) {
+        /* high availability: the leader is found (and followed) through etcd */
+        uint32_t t = c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000;
+        if (kvp_discovery_create(master, t, leader_changed, c, &c->disc) != KVP_OK) {
+            KVP_LOG_ERROR("master address must be etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, "
+                          "got '%s'",
+                          master);
+            kvp_api_fail("create: master address must be HOST:PORT or "
+                         "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
+                         master);
+            goto err;
+        }
+    } else if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host),
+                                  &c->master_port) != KVP_OK) {
         KVP_LOG_ERROR("master address must be HOST:PORT, got '%s'", master);
-        kvp_api_fail("create: master address must be HOST:PORT, got '%s'", master);
+        kvp_api_fail("create: master address must be HOST:PORT or "
+                     "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
+                     master);
         goto err;
     }
     const char *tr = c->params.transport ? c->params.transport : getenv("KVPOOL_TRANSPORT");
@@ -249,7 +275,9 @@ err_seg:
         close(c->seg_fd);
     goto err;
 err:
+    kvp_discovery_stop(c->disc);
     kvp_client_master_close(c);
+    kvp_discovery_destroy(c->disc);
     kvp_seg_record_destroy(c->record);
     pthread_mutex_destroy(&c->seg_lock);
     pthread_mutex_destroy(&c->rel_lock);
@@ -268,7 +296,8 @@ void kvp_client_destroy(kvp_client_t *c)
 {
     if (c == NULL)
         return;
-    kvp_client_record_signal(c);  /* its poll ends with the unmount below */
+    kvp_discovery_stop(c->disc);  /* no leader-change callback from now on */
+    kvp_client_record_signal(c);  /* its stream ends within 100 ms */
     kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
     kvp_ssd_owner_stop(c->ssd);   /* unmounts it: its file keeps the objects */
     c->ssd = NULL;
@@ -286,6 +315,7 @@ void kvp_client_destroy(kvp_client_t *c)
     }
     kvp_client_record_stop(c);
     kvp_client_master_close(c);
+    kvp_discovery_destroy(c->disc);
     kvp_seg_record_destroy(c->record);
     kvp_segment_server_destroy(c->seg_server);
     kvp_peer_table_cleanup(&c->peers); /* detaches them from the transports */

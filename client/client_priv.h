@@ -28,6 +28,8 @@ struct kvp_client {
     uint64_t client_id;
 
     struct kvp_mconn *mc; /* the master connection, shared by all threads */
+    /* etcd:// master address: the leader is found through etcd (control/discovery.c) */
+    struct kvp_discovery *disc;
     /* orders a remount (on a new connection, or asked by the master) against a drain
      * changing the segment's state */
     pthread_mutex_t seg_lock;

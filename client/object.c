@@ -928,6 +928,9 @@ static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->adopted_objects = sr->adopted_objects;
     s->ssd_lost_objects = sr->ssd_lost_objects;
     s->adopt_refused = sr->adopt_refused;
+    snprintf(s->leader, sizeof(s->leader), "%s", sr->leader ? sr->leader : "");
+    s->epoch = sr->epoch;
+    snprintf(s->standbys, sizeof(s->standbys), "%s", sr->standbys ? sr->standbys : "");
     s->moved_objects = sr->moved_objects;
     s->n_segments = sr->n_segments;
     for (size_t i = 0; i < sr->n_segments; i++) {

@@ -58,9 +58,12 @@
     X(KVP_ERR_IN_USE, -34, "in use by another live process (an SSD segment file is locked)")       \
     X(KVP_ERR_UNSUPPORTED, -35,                                                                    \
       "not supported here (e.g. a filesystem without O_DIRECT for an SSD segment)")                \
-    X(KVP_ERR_NO_SPACE, -36, "no space left on the SSD segment's disk or in its object table")
+    X(KVP_ERR_NO_SPACE, -36, "no space left on the SSD segment's disk or in its object table")     \
+    X(KVP_ERR_NOT_LEADER, -37,                                                                     \
+      "this master is not the leader (a standby, or a leader that lost its lease): the client "    \
+      "follows the leader through etcd")
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-36)
+#define KVP_STATUS_MIN (-37)
 
 #endif

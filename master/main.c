@@ -53,6 +53,15 @@ static void usage(FILE *f)
                "  --ssd-evict-low-watermark F   ... down to F (default 0.90)\n"
                "  --promote-on-hit on|off  copy an SSD-only object back to DRAM in the\n"
                "                       background when a get hits it (default on)\n"
+               "High availability (leader election through etcd; without --etcd the master\n"
+               "is standalone and needs no etcd):\n"
+               "  --etcd HOST:PORT[,HOST:PORT...]  etcd endpoints (v3 JSON gateway)\n"
+               "  --cluster NAME       the masters of one pool share a name (default kvpool);\n"
+               "                       clients use --master etcd://HOST:PORT[,...]/NAME\n"
+               "  --leader-ttl SECONDS lease of the leader: a standby takes over this long\n"
+               "                       after the leader stops renewing it (default 5, min 2)\n"
+               "  --advertise HOST:PORT  the address clients reach this master at (default:\n"
+               "                       the --listen address as bound)\n"
                "Metadata that survives the master:\n"
                "  --segment-records on|off  owners of DRAM segments keep a record of the\n"
                "                       objects on them, so that a restarted master adopts\n"
@@ -65,6 +74,8 @@ int main(int argc, char **argv)
 {
     const char *listen_addr = DEFAULT_LISTEN;
     int ready_fd = -1;
+    const char *etcd = NULL, *cluster = "kvpool", *advertise = NULL;
+    uint32_t leader_ttl = 5;
     kvp_master_config_t cfg;
     kvp_master_config_init(&cfg);
     kvp_log_set_component("kvpool-master");
@@ -90,6 +101,10 @@ int main(int argc, char **argv)
         {"ssd-evict-low-watermark", required_argument, NULL, 's'},
         {"promote-on-hit", required_argument, NULL, 's'},
         {"segment-records", required_argument, NULL, 's'},
+        {"etcd", required_argument, NULL, 'e'},
+        {"cluster", required_argument, NULL, 'c'},
+        {"leader-ttl", required_argument, NULL, 't'},
+        {"advertise", required_argument, NULL, 'a'},
         {"help", no_argument, NULL, 'h'},
         {"version", no_argument, NULL, 'V'},
         {NULL, 0, NULL, 0},
@@ -100,6 +115,30 @@ int main(int argc, char **argv)
         switch (opt) {
         case 'l':
             listen_addr = optarg;
+            break;
+        case 'e':
+            etcd = optarg;
+            break;
+        case 'c':
+            if (optarg[0] == '\0' || strlen(optarg) > 128 || strchr(optarg, '/') != NULL) {
+                fprintf(stderr, "kvpool-master: --cluster needs a name of 1..128 bytes "
+                                "without '/'\n");
+                return 2;
+            }
+            cluster = optarg;
+            break;
+        case 't': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end != '\0' || v < 2 || v > 3600) {
+                fprintf(stderr, "kvpool-master: --leader-ttl needs 2..3600 seconds\n");
+                return 2;
+            }
+            leader_ttl = (uint32_t)v;
+            break;
+        }
+        case 'a':
+            advertise = optarg;
             break;
         case 'r': {
             char *end;
@@ -162,6 +201,32 @@ int main(int argc, char **argv)
         return 1;
     }
     KVP_LOG_INFO("listening on %s:%u", host, bound);
+    if (etcd != NULL) {
+        char self[300];
+        snprintf(self, sizeof(self), "%s:%u", host, bound);
+        if (advertise != NULL)
+            snprintf(self, sizeof(self), "%s", advertise);
+        char ahost[256];
+        uint16_t aport;
+        if (kvp_parse_hostport(self, ahost, sizeof(ahost), &aport) != KVP_OK || aport == 0 ||
+            strcmp(ahost, "0.0.0.0") == 0) {
+            fprintf(stderr, "kvpool-master: clients cannot reach %s: give --advertise HOST:PORT\n",
+                    self);
+            kvp_master_server_destroy(srv);
+            return 2;
+        }
+        kvp_election_params_t ep = {
+            .endpoints = etcd, .cluster = cluster, .self = self, .ttl_s = leader_ttl};
+        status = kvp_master_server_elect(srv, &ep);
+        if (status != KVP_OK) {
+            fprintf(stderr, "kvpool-master: --etcd %s: %s\n", etcd, kvp_strerror(status));
+            kvp_master_server_destroy(srv);
+            return 2;
+        }
+        KVP_LOG_INFO("high availability: campaigning in cluster %s through etcd %s as %s "
+                     "(leader ttl %u s); a standby until elected",
+                     cluster, etcd, self, leader_ttl);
+    }
     if (ready_fd >= 0) {
         char line[300];
         int n = snprintf(line, sizeof(line), "%s:%u\n", host, bound);

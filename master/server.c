@@ -33,6 +33,7 @@
 #include "common/sock.h"
 #include "master/dispatch.h"
 #include "master/policy/eviction.h"
+#include "common/election.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
 #include "kvpool.pb-c.h"
@@ -79,6 +80,16 @@ struct kvp_master_server {
     kvp_master_state_t state;
     parked_t *parked;
     bool stop;
+    /* high availability (kvp_master_server_elect): NULL when standalone */
+    kvp_election_t *el;
+    uint64_t epoch;      /* the epoch this master leads (led) under; 0: never led */
+    char self[300];      /* its address in etcd */
+    pthread_t ha_thread; /* lists the standbys for Stat, once a second */
+    bool ha_started;
+    pthread_mutex_t ha_lock;
+    pthread_cond_t ha_cond;
+    bool ha_stop;
+    char standbys[1024]; /* ha_lock */
 };
 
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
@@ -137,13 +148,16 @@ static bool out_reserve(conn_t *c, size_t n)
 }
 
 /* Queue one frame. false: the peer is not draining its replies, close it. */
-static bool queue_frame(conn_t *c, uint16_t method, uint64_t req_id, int32_t status,
-                        const void *body, size_t len)
+static bool queue_frame(kvp_master_server_t *srv, conn_t *c, uint16_t method, uint64_t req_id,
+                        int32_t status, const void *body, size_t len)
 {
     if (!out_reserve(c, KVP_RPC_HDR_LEN + len))
         return false;
-    kvp_rpc_hdr_t h = {
-        .method = method, .request_id = req_id, .body_len = (uint32_t)len, .status = status};
+    kvp_rpc_hdr_t h = {.method = method,
+                       .request_id = req_id,
+                       .body_len = (uint32_t)len,
+                       .status = status,
+                       .epoch = srv->epoch};
     kvp_rpc_hdr_pack(&h, c->out + c->out_len);
     if (len)
         memcpy(c->out + c->out_len + KVP_RPC_HDR_LEN, body, len);
@@ -181,10 +195,134 @@ static bool flush_out(kvp_master_server_t *srv, conn_t *c)
     return !c->close_after;
 }
 
-static void reply_error(conn_t *c, const kvp_rpc_hdr_t *h, kvp_status_t status, const char *msg)
+static void reply_error(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
+                        kvp_status_t status, const char *msg)
 {
-    queue_frame(c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, status, msg,
+    queue_frame(srv, c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, status, msg,
                 strlen(msg));
+}
+
+/* ---- high availability ---- */
+
+/* Forget everything this master knew as a leader: every connection closes (clients find
+ * the leader again and remount there), the metadata starts empty. */
+static void drop_all(kvp_master_server_t *srv)
+{
+    while (srv->conns != NULL)
+        conn_close(srv, srv->conns);
+    while (srv->parked != NULL) {
+        parked_t *p = srv->parked;
+        srv->parked = p->next;
+        free(p);
+    }
+    kvp_master_config_t cfg = srv->state.config;
+    kvp_master_state_cleanup(&srv->state);
+    kvp_master_state_init(&srv->state);
+    srv->state.config = cfg;
+}
+
+/*
+ * May this master answer requests now? Standalone: always. With an election: only while
+ * it leads and its lease is surely alive (kvp_election_leading: a master paused past its
+ * TTL gets false on its first call after waking). A new epoch (this master just won)
+ * starts from an empty index: the owners remount and offer their records.
+ */
+static bool may_serve(kvp_master_server_t *srv)
+{
+    if (srv->el == NULL)
+        return true;
+    uint64_t epoch;
+    if (!kvp_election_leading(srv->el, kvp_now_ms(), &epoch))
+        return false;
+    if (epoch != srv->epoch) {
+        if (srv->epoch != 0)
+            drop_all(srv); /* led before, under another epoch: that index is stale */
+        srv->epoch = epoch;
+        srv->state.epoch = epoch;
+        KVP_LOG_INFO("leading cluster as %s, epoch %llu: the index starts empty; segment owners "
+                     "remount and offer their records",
+                     srv->self, (unsigned long long)epoch);
+    }
+    return true;
+}
+
+static void not_leader_msg(kvp_master_server_t *srv, char *buf, size_t len)
+{
+    char leader[300];
+    uint64_t epoch = 0;
+    if (kvp_election_leader(srv->el, leader, sizeof(leader), &epoch) == KVP_OK &&
+        strcmp(leader, srv->self) != 0)
+        snprintf(buf, len, "%.100s is a standby: the leader is %.100s (epoch %llu)", srv->self,
+                 leader, (unsigned long long)epoch);
+    else
+        snprintf(buf, len, "%.100s is not sure it still leads (its etcd lease is unconfirmed)",
+                 srv->self);
+}
+
+/* Twice a second: a leader that lost for good (another master leads now) steps down; the
+ * standby list Stat shows is refreshed. */
+static void ha_tick(kvp_master_server_t *srv)
+{
+    if (srv->el == NULL)
+        return;
+    char leader[300] = "";
+    uint64_t epoch = 0;
+    bool known = kvp_election_leader(srv->el, leader, sizeof(leader), &epoch) == KVP_OK;
+    if (srv->epoch != 0 && known && (strcmp(leader, srv->self) != 0 || epoch != srv->epoch) &&
+        !kvp_election_leading(srv->el, kvp_now_ms(), NULL)) {
+        KVP_LOG_WARN("stepping down: %s leads now (epoch %llu, was %llu here); dropping %llu "
+                     "objects and %u connections",
+                     leader, (unsigned long long)epoch, (unsigned long long)srv->epoch,
+                     (unsigned long long)srv->state.index.count, srv->n_conns);
+        drop_all(srv);
+        srv->epoch = 0;
+        srv->state.epoch = 0;
+    }
+    snprintf(srv->state.leader, sizeof(srv->state.leader), "%s", known ? leader : "");
+    pthread_mutex_lock(&srv->ha_lock);
+    snprintf(srv->state.standbys, sizeof(srv->state.standbys), "%s", srv->standbys);
+    pthread_mutex_unlock(&srv->ha_lock);
+}
+
+static void standby_cb(const char *addr, void *arg)
+{
+    char *buf = arg;
+    size_t n = strlen(buf);
+    if (n + strlen(addr) + 2 < 1024)
+        snprintf(buf + n, 1024 - n, "%s%s", n ? "," : "", addr);
+}
+
+/* The standbys, listed from etcd once a second off the loop thread (a blocking read). */
+static void *ha_main(void *arg)
+{
+    kvp_master_server_t *srv = arg;
+    pthread_mutex_lock(&srv->ha_lock);
+    while (!srv->ha_stop) {
+        pthread_mutex_unlock(&srv->ha_lock);
+        char buf[1024] = "";
+        bool ok = kvp_election_standbys(srv->el, standby_cb, buf) == KVP_OK;
+        pthread_mutex_lock(&srv->ha_lock);
+        if (ok)
+            snprintf(srv->standbys, sizeof(srv->standbys), "%s", buf);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        if (!srv->ha_stop)
+            pthread_cond_timedwait(&srv->ha_cond, &srv->ha_lock, &ts);
+    }
+    pthread_mutex_unlock(&srv->ha_lock);
+    return NULL;
+}
+
+kvp_status_t kvp_master_server_elect(kvp_master_server_t *srv, const kvp_election_params_t *p)
+{
+    snprintf(srv->self, sizeof(srv->self), "%s", p->self);
+    kvp_status_t st = kvp_election_start(p, &srv->el);
+    if (st != KVP_OK)
+        return st;
+    if (pthread_create(&srv->ha_thread, NULL, ha_main, srv) == 0)
+        srv->ha_started = true;
+    return KVP_OK;
 }
 
 /* Dispatch every whole frame in the input buffer. false: close the connection. */
@@ -214,7 +352,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                      "version %u, at most %u bytes)",
                      kvp_strerror(s), h.version, h.body_len, KVP_RPC_VERSION, KVP_RPC_MAX_BODY);
             KVP_LOG_WARN("connection %llu: %s; closing", (unsigned long long)c->id, msg);
-            reply_error(c, &h, s, msg);
+            reply_error(srv, c, &h, s, msg);
             c->close_after = true;
             break;
         }
@@ -224,6 +362,11 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         if (h.method & KVP_RPC_RESPONSE_BIT) {
             s = KVP_ERR_PROTOCOL;
             snprintf(errmsg, sizeof(errmsg), "a response frame sent to the master");
+        } else if (!may_serve(srv)) {
+            /* a standby, or a leader not sure of its lease: nothing is answered, nothing
+             * changes (fencing) */
+            s = KVP_ERR_NOT_LEADER;
+            not_leader_msg(srv, errmsg, sizeof(errmsg));
         } else {
             srv->state.may_park = true;
             srv->state.park_retry = false;
@@ -246,7 +389,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             srv->state.parked = false;
             parked_t *p = malloc(sizeof(*p) + h.body_len);
             if (p == NULL) {
-                reply_error(c, &h, KVP_ERR_NOMEM, "out of memory");
+                reply_error(srv, c, &h, KVP_ERR_NOMEM, "out of memory");
             } else {
                 p->conn_id = c->id;
                 p->req_id = h.request_id;
@@ -263,10 +406,10 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                 KVP_LOG_WARN("connection %llu: one-way method %u: %s", (unsigned long long)c->id,
                              h.method, errmsg);
         } else if (s == KVP_OK) {
-            ok = queue_frame(c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0, resp,
-                             rlen);
+            ok = queue_frame(srv, c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0,
+                             resp, rlen);
         } else {
-            reply_error(c, &h, s, errmsg);
+            reply_error(srv, c, &h, s, errmsg);
         }
         free(resp);
         off += flen;
@@ -375,6 +518,8 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     kvp_master_server_t *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
         return KVP_ERR_NOMEM;
+    pthread_mutex_init(&srv->ha_lock, NULL);
+    pthread_cond_init(&srv->ha_cond, NULL);
     kvp_status_t status = kvp_master_state_init(&srv->state);
     if (status != KVP_OK)
         goto err_free;
@@ -490,7 +635,8 @@ static void push_records(kvp_master_server_t *srv)
         }
         kvp_rpc_hdr_t h = {.method = KVP_RPC_SEG_RECORD | KVP_RPC_RESPONSE_BIT,
                            .request_id = seg->record_req_id,
-                           .body_len = (uint32_t)len};
+                           .body_len = (uint32_t)len,
+                           .epoch = srv->epoch};
         kvp_rpc_hdr_pack(&h, c->out + c->out_len);
         kvpool__seg_record_response__pack(&resp, c->out + c->out_len + KVP_RPC_HDR_LEN);
         c->out_len += KVP_RPC_HDR_LEN + len;
@@ -540,9 +686,10 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
         }
         kvp_rpc_hdr_t h = {.method = p->method, .request_id = p->req_id};
         if (s == KVP_OK)
-            queue_frame(c, (uint16_t)(p->method | KVP_RPC_RESPONSE_BIT), p->req_id, 0, resp, rlen);
+            queue_frame(srv, c, (uint16_t)(p->method | KVP_RPC_RESPONSE_BIT), p->req_id, 0, resp,
+                        rlen);
         else
-            reply_error(c, &h, s, errmsg);
+            reply_error(srv, c, &h, s, errmsg);
         free(resp);
         set_events(srv, c, true); /* the loop writes it (and closes c if that fails) */
         *pp = p->next;
@@ -559,11 +706,14 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
          * watermark (puts also check it, this catches quiet periods). */
         srv->state.now_ms = kvp_now_ms();
         if (srv->state.now_ms >= next_tick) {
+            ha_tick(srv);
             expire_silent(srv);
-            kvp_expire_puts(&srv->state);
-            kvp_lease_expire(&srv->state);
-            kvp_evict_if_needed(&srv->state);
-            answer_parked(srv, true);
+            if (may_serve(srv)) { /* a fenced leader changes nothing by itself either */
+                kvp_expire_puts(&srv->state);
+                kvp_lease_expire(&srv->state);
+                kvp_evict_if_needed(&srv->state);
+                answer_parked(srv, true);
+            }
             next_tick = srv->state.now_ms + TICK_MS;
         }
         int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
@@ -596,8 +746,9 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
-        answer_parked(srv, false); /* tasks queued by what just ran */
-        push_records(srv);         /* changes made by timers and by what just ran */
+        if (srv->state.tasks_ready && may_serve(srv))
+            answer_parked(srv, false); /* tasks queued by what just ran */
+        push_records(srv);             /* changes made by timers and by what just ran */
     }
     return KVP_OK;
 }
@@ -606,6 +757,15 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
 {
     if (srv == NULL)
         return;
+    if (srv->ha_started) {
+        pthread_mutex_lock(&srv->ha_lock);
+        srv->ha_stop = true;
+        pthread_cond_signal(&srv->ha_cond);
+        pthread_mutex_unlock(&srv->ha_lock);
+        pthread_join(srv->ha_thread, NULL);
+    }
+    if (srv->el != NULL)
+        kvp_election_stop(srv->el, true); /* a standby takes over at once */
     while (srv->conns != NULL)
         conn_close(srv, srv->conns);
     while (srv->parked != NULL) {
@@ -617,5 +777,7 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     close(srv->sig_fd);
     close(srv->epfd);
     kvp_master_state_cleanup(&srv->state);
+    pthread_mutex_destroy(&srv->ha_lock);
+    pthread_cond_destroy(&srv->ha_cond);
     free(srv);
 }

@@ -112,6 +112,10 @@ typedef struct kvp_master_state {
     bool may_park;    /* set by the server: SsdTasks may wait instead of answering now */
     bool parked;      /* set by SsdTasks: no answer yet, the server holds the request */
     bool park_retry;  /* set by the server: this SsdTasks call was held (its results are in) */
+    /* high availability (server.c): what Stat shows */
+    uint64_t epoch;          /* the epoch this master leads under; 0: standalone */
+    char leader[300];        /* the leader's address ("" standalone) */
+    char standbys[1024];     /* the standbys' addresses, comma-separated */
     uint64_t stream_segment; /* set by SegRecord: the server streams this segment's record
                                 changes on the calling connection (no answer now) */
 } kvp_master_state_t;

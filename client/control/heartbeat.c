@@ -56,7 +56,10 @@ static void heartbeat_once(kvp_client_t *c)
         kvp_client_peers_update(c, hr->segments, hr->n_segments);
         atomic_store(&c->segments_version, hr->segments_version);
     }
-    if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED) {
+    /* (a remount since the request was built, e.g. by this very call's reconnect, already
+     * answered it) */
+    if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED &&
+        atomic_load(&c->seg_id) == seg_id) {
         KVP_LOG_WARN("the master does not know segment %s: mounting it again (empty)", c->seg_name);
         kvp_client_mount(c);
     }

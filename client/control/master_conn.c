@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "client/client_priv.h"
+#include "client/control/discovery.h"
 #include "client/control/mconn.h"
 #include "client/control/record.h"
 #include "client/mem/scratch.h"
@@ -172,6 +173,8 @@ kvp_status_t kvp_client_master_open(kvp_client_t *c)
 {
     kvp_mconn_params_t p = {.host = c->master_host,
                             .port = c->master_port,
+                            .resolve = c->disc ? kvp_discovery_leader : NULL,
+                            .resolve_arg = c->disc,
                             .timeout_ms = c->params.rpc_timeout_ms,
                             .on_ready = on_ready,
                             .arg = c};

@@ -78,6 +78,9 @@ struct kvp_mconn {
     mc_conn_t *conn;          /* current; NULL: none */
     bool connecting;
     bool reading; /* a waiter holds the reader role */
+    kvp_mconn_resolve_cb_t resolve;
+    void *resolve_arg;
+    uint64_t epoch_max; /* the largest leader epoch a reply carried */
     uint64_t next_id;
     waiter_t *waiters;
     kvp_mconn_stats_t stats;
@@ -106,6 +109,8 @@ kvp_status_t kvp_mconn_create(const kvp_mconn_params_t *params, kvp_mconn_t **m_
     m->timeout_ms = params->timeout_ms ? params->timeout_ms : 5000;
     m->on_ready = params->on_ready;
     m->arg = params->arg;
+    m->resolve = params->resolve;
+    m->resolve_arg = params->resolve_arg;
     pthread_mutex_init(&m->lock, NULL);
     pthread_condattr_init(&m->cattr);
     pthread_condattr_setclock(&m->cattr, CLOCK_MONOTONIC);
@@ -184,9 +189,25 @@ kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const
 static kvp_status_t open_conn(kvp_mconn_t *m, bool first, mc_conn_t **c_p)
 {
     int fd;
-    kvp_status_t st = kvp_tcp_connect(m->host, m->port, m->timeout_ms, &fd);
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = KVP_OK;
+    if (m->resolve != NULL) {
+        st = m->resolve(m->resolve_arg, host, sizeof(host), &port);
+        if (st != KVP_OK)
+            return KVP_ERR_CONNECT; /* no leader now (an election in progress) */
+        pthread_mutex_lock(&m->lock);
+        snprintf(m->host, sizeof(m->host), "%s", host);
+        m->port = port;
+        pthread_mutex_unlock(&m->lock);
+    } else {
+        snprintf(host, sizeof(host), "%s", m->host);
+        port = m->port;
+    }
+    st = kvp_tcp_connect(host, port, m->timeout_ms, &fd);
     if (st != KVP_OK) {
-        KVP_LOG_WARN("cannot connect to master %s:%u: %s", m->host, m->port, kvp_strerror(st));
+        if (m->resolve == NULL)
+            KVP_LOG_WARN("cannot connect to master %s:%u: %s", host, port, kvp_strerror(st));
         return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
     }
     /* bounds a frame that stops half-way, and on_ready's blocking calls */
@@ -237,10 +258,36 @@ static kvp_status_t ensure_conn_locked(kvp_mconn_t *m, uint64_t deadline, bool f
 
 kvp_status_t kvp_mconn_connect(kvp_mconn_t *m)
 {
+    uint64_t deadline = mono_ms() + m->timeout_ms;
+    unsigned nap_ms = 25;
+    for (;;) {
+        pthread_mutex_lock(&m->lock);
+        kvp_status_t st = ensure_conn_locked(m, deadline, true);
+        pthread_mutex_unlock(&m->lock);
+        /* following a leader: none reachable yet (a failover), or a standby answered */
+        if (m->resolve == NULL || (st != KVP_ERR_CONNECT && st != KVP_ERR_NOT_LEADER) ||
+            mono_ms() + nap_ms >= deadline)
+            return st;
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap_ms * 1000000L};
+        nanosleep(&ts, NULL);
+        nap_ms = nap_ms < 200 ? nap_ms * 2 : 200;
+    }
+}
+
+void kvp_mconn_addr(kvp_mconn_t *m, char *host, size_t cap, uint16_t *port_p)
+{
     pthread_mutex_lock(&m->lock);
-    kvp_status_t st = ensure_conn_locked(m, mono_ms() + m->timeout_ms, true);
+    snprintf(host, cap, "%s", m->host);
+    *port_p = m->port;
     pthread_mutex_unlock(&m->lock);
-    return st;
+}
+
+uint64_t kvp_mconn_epoch(kvp_mconn_t *m)
+{
+    pthread_mutex_lock(&m->lock);
+    uint64_t e = m->epoch_max;
+    pthread_mutex_unlock(&m->lock);
+    return e;
 }
 
 bool kvp_mconn_connected(kvp_mconn_t *m)
@@ -315,6 +362,14 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
     pthread_mutex_lock(&m->lock);
     if (st != KVP_OK)
         return st;
+    if (h.epoch < m->epoch_max) {
+        /* a master that led before a newer leader: never take its word (fencing) */
+        KVP_LOG_WARN("master: a reply from epoch %llu after epoch %llu was seen: the connection "
+                     "is to a former leader; dropped",
+                     (unsigned long long)h.epoch, (unsigned long long)m->epoch_max);
+        return KVP_ERR_NOT_LEADER;
+    }
+    m->epoch_max = h.epoch;
     c->rx_frames++;
     waiter_t *w = m->waiters;
     while (w != NULL && !(w->id == h.request_id && w->conn == c))
@@ -341,8 +396,11 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
         return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st;
     }
     if (h.status != 0) {
-        KVP_LOG_WARN("master refused request (method %u): %s", w->method,
-                     h.body_len ? (char *)w->rx->p : kvp_strerror(h.status));
+        if (h.status == KVP_ERR_NOT_LEADER)
+            KVP_LOG_DEBUG("master: %s", h.body_len ? (char *)w->rx->p : "not the leader");
+        else
+            KVP_LOG_WARN("master refused request (method %u): %s", w->method,
+                         h.body_len ? (char *)w->rx->p : kvp_strerror(h.status));
         w->st =
             h.status < KVP_STATUS_MIN || h.status > 0 ? KVP_ERR_PROTOCOL : (kvp_status_t)h.status;
     } else if (h.method != (w->method | KVP_RPC_RESPONSE_BIT)) {
@@ -459,12 +517,28 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
         return KVP_ERR_FRAME_TOO_LARGE;
     uint64_t deadline = mono_ms() + m->timeout_ms;
     kvp_status_t st = KVP_ERR_CONNECT;
-    for (int attempt = 0; attempt < 2; attempt++) {
+    unsigned nap_ms = 25;
+    for (int attempt = 0;; attempt++) {
         bool conn_failed;
         st = call_once(m, method, body, len, deadline, resp_p, resp_len_p, &conn_failed);
         /* the connection broke under the call: once more on a new one (the master
          * dropped what was bound to the old one, so a PutStart may be sent again) */
-        if (!conn_failed)
+        bool again = conn_failed && attempt == 0;
+        /* following a leader: no leader reachable yet, or this one is not (any more) the
+         * leader: wait for the failover, within the call's time */
+        if (m->resolve != NULL &&
+            (conn_failed || st == KVP_ERR_CONNECT || st == KVP_ERR_NOT_LEADER)) {
+            if (st == KVP_ERR_NOT_LEADER)
+                kvp_mconn_disconnect(m);
+            uint64_t now = mono_ms();
+            if (now + nap_ms >= deadline)
+                break;
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)nap_ms * 1000000L};
+            nanosleep(&ts, NULL);
+            nap_ms = nap_ms < 200 ? nap_ms * 2 : 200;
+            again = true;
+        }
+        if (!again)
             break;
     }
     return st;

@@ -26,12 +26,21 @@ typedef struct kvp_mconn kvp_mconn_t;
  */
 typedef kvp_status_t (*kvp_mconn_ready_cb_t)(void *arg, kvp_mconn_t *m, int fd, bool first);
 
+/* Where the master is now (high availability: the leader, found in etcd). */
+typedef kvp_status_t (*kvp_mconn_resolve_cb_t)(void *arg, char *host, size_t cap, uint16_t *port_p);
+
 typedef struct kvp_mconn_params {
     const char *host; /* copied */
     uint16_t port;
     uint32_t timeout_ms;           /* per call, connecting included */
     kvp_mconn_ready_cb_t on_ready; /* may be NULL */
     void *arg;
+    /* NULL: host:port is the master. Else called before each connect for the leader's
+     * address, and a call made while there is none, or answered by a master that is not
+     * the leader (KVP_ERR_NOT_LEADER), waits and tries again until its timeout: a failover
+     * delays calls instead of failing them. */
+    kvp_mconn_resolve_cb_t resolve;
+    void *resolve_arg;
 } kvp_mconn_params_t;
 
 /* Create, without connecting. */
@@ -69,6 +78,11 @@ kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, int fd, uint16_t method, const
                                   size_t len, uint8_t **resp_p, size_t *resp_len_p);
 kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
                                   size_t len);
+
+/* The master's address the current (or last) connection went to. */
+void kvp_mconn_addr(kvp_mconn_t *m, char *host, size_t cap, uint16_t *port_p);
+/* The largest leader epoch seen in a reply (replies from an older one are refused). */
+uint64_t kvp_mconn_epoch(kvp_mconn_t *m);
 
 /* Is a connection open now? */
 bool kvp_mconn_connected(kvp_mconn_t *m);

@@ -198,7 +198,10 @@ typedef enum stream_end {
 static stream_end_t stream(kvp_client_t *c, uint64_t id)
 {
     int fd;
-    if (kvp_tcp_connect(c->master_host, c->master_port, c->params.rpc_timeout_ms, &fd) != KVP_OK)
+    char host[256];
+    uint16_t port;
+    kvp_mconn_addr(c->mc, host, sizeof(host), &port); /* the leader the mount went to */
+    if (kvp_tcp_connect(host, port, c->params.rpc_timeout_ms, &fd) != KVP_OK)
         return STREAM_LOST;
     kvp_sock_set_timeout(fd, c->params.rpc_timeout_ms);
     Kvpool__SegRecordRequest req = KVPOOL__SEG_RECORD_REQUEST__INIT;

@@ -319,6 +319,10 @@ typedef struct kvp_pool_stat {
     uint64_t ssd_lost_objects;    /* SSD copies found unreadable (I/O or checksum) */
     /* metadata that survives the master (docs/operations.md, "Master restart") */
     uint64_t adopt_refused; /* stale entries segments offered back: dropped, never served */
+    /* high availability (docs/operations.md, "High availability"); "" / 0 standalone */
+    char leader[256];    /* the leader's control address */
+    uint64_t epoch;      /* its epoch: grows with every new leader */
+    char standbys[1024]; /* the standbys' addresses, comma-separated */
 } kvp_pool_stat_t;
 
 /*

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "client/client_priv.h"
+#include "client/control/discovery.h"
 #include "client/control/mconn.h"
 #include "client/control/record.h"
 #include "client/ssd/ssd_io.h"
@@ -516,6 +517,8 @@ kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owne
         snprintf(o->name, sizeof(o->name), "%s:%u/ssd", host, port);
         kvp_mconn_params_t mp = {.host = c->master_host,
                                  .port = c->master_port,
+                                 .resolve = c->disc ? kvp_discovery_leader : NULL,
+                                 .resolve_arg = c->disc,
                                  .timeout_ms = c->params.rpc_timeout_ms,
                                  .on_ready = on_ready,
                                  .arg = o};
@@ -542,6 +545,12 @@ kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owne
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)
 {
     return o->name;
+}
+
+void kvp_ssd_owner_disconnect(kvp_ssd_owner_t *o)
+{
+    if (o != NULL && o->mc != NULL)
+        kvp_mconn_disconnect(o->mc);
 }
 
 void kvp_ssd_owner_stop(kvp_ssd_owner_t *o)

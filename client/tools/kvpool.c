@@ -107,7 +107,9 @@ static const char global_usage[] =
     "\n"
     "global options:\n"
     "  --master HOST:PORT        master address (default $KVPOOL_MASTER, "
-    "else " KVP_CLI_DEFAULT_MASTER ")\n"
+    "else " KVP_CLI_DEFAULT_MASTER ");\n"
+    "                            etcd://HOST:PORT[,HOST:PORT...]/CLUSTER: the leader of\n"
+    "                            masters started with --etcd ... --cluster CLUSTER\n"
     "  --transport T             data transport: auto, tcp, shm or rdma (default auto:\n"
     "                            shm on one host, else rdma if both sides have it, else tcp)\n"
     "  --rdma-device LIST        RDMA devices to try, e.g. rxe0,mlx5_0 (default\n"
@@ -1028,11 +1030,16 @@ static void stat_print_json(const kvp_pool_stat_t *st)
            ",\"offloading_objects\":%" PRIu64 ",\"promoted_objects\":%" PRIu64
            ",\"hits_dram\":%" PRIu64 ",\"hits_ssd\":%" PRIu64 ",\"ssd_evicted_objects\":%" PRIu64
            ",\"adopted_objects\":%" PRIu64 ",\"ssd_lost_objects\":%" PRIu64
-           ",\"adopt_refused\":%" PRIu64 ",\"segments\":[",
+           ",\"adopt_refused\":%" PRIu64,
            st->capacity - st->ssd_capacity, st->used - st->ssd_used, st->ssd_capacity, st->ssd_used,
            st->offloaded_objects, st->offload_dropped, st->offload_failed, st->offloading_objects,
            st->promoted_objects, st->hits_dram, st->hits_ssd, st->ssd_evicted_objects,
            st->adopted_objects, st->ssd_lost_objects, st->adopt_refused);
+    fputs(",\"leader\":", stdout);
+    json_string(st->leader, sizeof(st->leader));
+    printf(",\"epoch\":%" PRIu64 ",\"standbys\":", st->epoch);
+    json_string(st->standbys, sizeof(st->standbys));
+    fputs(",\"segments\":[", stdout);
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
         printf("%s{\"id\":%" PRIu64 ",\"name\":", i > 0 ? "," : "", s->id);
@@ -1052,6 +1059,10 @@ static void stat_print_table(const kvp_pool_stat_t *st)
 {
     char a[32], b[32];
     double pct = st->capacity > 0 ? 100.0 * (double)st->used / (double)st->capacity : 0.0;
+    if (st->leader[0] != '\0') {
+        printf("leader    %s (epoch %" PRIu64 ")\n", st->leader, st->epoch);
+        printf("standbys  %s\n", st->standbys[0] ? st->standbys : "none");
+    }
     printf("capacity  %s\n", human_size(st->capacity, a, sizeof(a)));
     printf("used      %s (%.1f%%)\n", human_size(st->used, a, sizeof(a)), pct);
     printf("objects   %" PRIu64 "\n", st->objects);
@@ -1215,8 +1226,10 @@ int main(int argc, char **argv)
     }
     char host[256];
     uint16_t port;
-    if (kvp_parse_hostport(cli.master, host, sizeof(host), &port) != KVP_OK)
-        return usage_error(NULL, "%s needs HOST:PORT, got '%s'", master_from, cli.master);
+    if (strncmp(cli.master, "etcd://", 7) != 0 && /* the leader, found in etcd */
+        kvp_parse_hostport(cli.master, host, sizeof(host), &port) != KVP_OK)
+        return usage_error(NULL, "%s needs HOST:PORT or etcd://HOST:PORT[,...]/CLUSTER, got '%s'",
+                           master_from, cli.master);
 
     if (optind >= argc)
         return usage_error(NULL, "no command given");

@@ -85,6 +85,9 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.ssd_evicted_objects = st->stats.ssd_evicted;
     resp.adopted_objects = st->stats.adopted;
     resp.adopt_refused = st->stats.adopt_refused;
+    resp.leader = (char *)st->leader;
+    resp.epoch = st->epoch;
+    resp.standbys = (char *)st->standbys;
     resp.ssd_lost_objects = st->stats.ssd_lost;
     resp.offloading_objects = st->offloading;
     resp.n_segments = k;

@@ -114,7 +114,8 @@ static void test_bad_settings_named(void **state)
     kvp_client_params_init(&p);
     p.master_addr = "no-port-here";
     assert_int_equal(kvp_client_create(&p, &c), KVP_ERR_INVALID_ARG);
-    expect_text("master address must be HOST:PORT, got 'no-port-here'");
+    expect_text("master address must be HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got "
+                "'no-port-here'");
 }
 
 typedef struct other_thread {

@@ -1,0 +1,151 @@
+/*
+ * discovery.c - finding the leading kvpool-master through etcd.
+ *
+ * Design (docs/operations.md, "High availability"). A client given
+ * etcd://HOST:PORT[,HOST:PORT...]/CLUSTER as its master reads the leader
+ * key /kvpool/CLUSTER/leader (the leader's control address; its create
+ * revision is the leader's epoch) before each connect: the master
+ * connection's resolve callback (control/mconn.c), which also makes calls
+ * wait through a failover instead of failing. A watch thread follows the
+ * key: when it changes or goes, the callback drops the connections to the
+ * old leader at once (a former leader is never asked again, even if it
+ * still answers), rather than when a call next fails.
+ *
+ * Thread: kvp_discovery_leader from any thread (one etcd handle under a
+ * mutex); the watch thread has its own handle.
+ */
+#include "client/control/discovery.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/etcd.h"
+#include "common/log.h"
+#include "common/parse.h"
+
+struct kvp_discovery {
+    char endpoints[512];
+    char key[200];
+    uint32_t timeout_ms;
+    pthread_mutex_t lock;
+    kvp_etcd_t *etcd; /* lock */
+    kvp_discovery_change_cb_t cb;
+    void *arg;
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+};
+
+#define PREFIX "etcd://"
+
+bool kvp_discovery_is_etcd(const char *addr)
+{
+    return addr != NULL && strncmp(addr, PREFIX, strlen(PREFIX)) == 0;
+}
+
+static void nap(unsigned ms)
+{
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static void *watch_main(void *arg)
+{
+    kvp_discovery_t *d = arg;
+    kvp_etcd_t *e = NULL;
+    if (kvp_etcd_create(d->endpoints, d->timeout_ms, &e) != KVP_OK)
+        return NULL;
+    int64_t seen = -1; /* the leader key's create revision we last saw (0: none) */
+    while (!atomic_load(&d->stop)) {
+        int64_t create_rev = 0, rev = 0;
+        kvp_status_t st = kvp_etcd_get(e, d->key, NULL, NULL, &create_rev, NULL, &rev);
+        if (st != KVP_OK && st != KVP_ERR_NOT_FOUND) {
+            nap(200); /* etcd away: the connections find out by themselves */
+            continue;
+        }
+        if (st == KVP_ERR_NOT_FOUND)
+            create_rev = 0;
+        if (seen >= 0 && create_rev != seen && d->cb != NULL)
+            d->cb(d->arg);
+        seen = create_rev;
+        kvp_etcd_event_t ev;
+        st = kvp_etcd_watch(e, d->key, rev + 1, 10000, &d->stop, &ev);
+        if (st == KVP_OK)
+            kvp_etcd_event_cleanup(&ev);
+        else if (st != KVP_ERR_TIMEOUT && st != KVP_ERR_SHUTDOWN)
+            nap(200);
+    }
+    kvp_etcd_destroy(e);
+    return NULL;
+}
+
+kvp_status_t kvp_discovery_create(const char *addr, uint32_t timeout_ms,
+                                  kvp_discovery_change_cb_t cb, void *arg, kvp_discovery_t **d_p)
+{
+    if (!kvp_discovery_is_etcd(addr))
+        return KVP_ERR_INVALID_ARG;
+    const char *rest = addr + strlen(PREFIX);
+    const char *slash = strrchr(rest, '/');
+    if (slash == NULL || slash == rest || slash[1] == '\0' || strlen(slash + 1) > 128 ||
+        (size_t)(slash - rest) >= sizeof(((kvp_discovery_t *)0)->endpoints))
+        return KVP_ERR_INVALID_ARG;
+    kvp_discovery_t *d = calloc(1, sizeof(*d));
+    if (d == NULL)
+        return KVP_ERR_NOMEM;
+    memcpy(d->endpoints, rest, (size_t)(slash - rest));
+    snprintf(d->key, sizeof(d->key), "/kvpool/%s/leader", slash + 1);
+    d->timeout_ms = timeout_ms < 1000 ? timeout_ms : 1000;
+    d->cb = cb;
+    d->arg = arg;
+    pthread_mutex_init(&d->lock, NULL);
+    kvp_status_t st = kvp_etcd_create(d->endpoints, d->timeout_ms, &d->etcd);
+    if (st == KVP_OK && pthread_create(&d->thread, NULL, watch_main, d) == 0)
+        d->started = true;
+    else if (st == KVP_OK)
+        st = KVP_ERR_SYSTEM;
+    if (st != KVP_OK) {
+        kvp_discovery_destroy(d);
+        return st;
+    }
+    *d_p = d;
+    return KVP_OK;
+}
+
+void kvp_discovery_stop(kvp_discovery_t *d)
+{
+    if (d == NULL)
+        return;
+    atomic_store(&d->stop, true);
+    if (d->started)
+        pthread_join(d->thread, NULL);
+    d->started = false;
+}
+
+void kvp_discovery_destroy(kvp_discovery_t *d)
+{
+    if (d == NULL)
+        return;
+    kvp_discovery_stop(d);
+    kvp_etcd_destroy(d->etcd);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+}
+
+kvp_status_t kvp_discovery_leader(void *arg, char *host, size_t cap, uint16_t *port_p)
+{
+    kvp_discovery_t *d = arg;
+    char *val = NULL;
+    pthread_mutex_lock(&d->lock);
+    kvp_status_t st = kvp_etcd_get(d->etcd, d->key, &val, NULL, NULL, NULL, NULL);
+    pthread_mutex_unlock(&d->lock);
+    if (st == KVP_OK && kvp_parse_hostport(val, host, cap, port_p) != KVP_OK)
+        st = KVP_ERR_PROTOCOL;
+    if (st != KVP_OK && st != KVP_ERR_NOT_FOUND)
+        st = KVP_ERR_CONNECT;
+    free(val);
+    return st;
+}
