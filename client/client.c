@@ -254,6 +254,8 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         st = kvp_client_heartbeat_start(c);
     if (st == KVP_OK)
         st = kvp_client_record_start(c);
+    if (st == KVP_OK)
+        st = kvp_client_record_wait_open(c); /* the segment takes puts when create returns */
     if (st == KVP_OK && c->params.ssd_path != NULL)
         st = kvp_ssd_owner_start(c, ssd_host_buf, &c->ssd);
     c->params.ssd_path = NULL;

@@ -66,6 +66,7 @@ struct kvp_client {
     bool rec_started;
     _Atomic bool rec_stop;
     _Atomic uint64_t rec_offer_id; /* a mount whose record is still to be offered */
+    _Atomic uint64_t rec_open_id;  /* the last mount whose offer ended (the segment open) */
     /* SSD segment (ssd/ssd_owner.c), NULL when none */
     struct kvp_ssd_owner *ssd;
 

@@ -83,6 +83,7 @@ struct kvp_master_server {
     /* high availability (kvp_master_server_elect): NULL when standalone */
     kvp_election_t *el;
     uint64_t epoch;      /* the epoch this master leads (led) under; 0: never led */
+    bool reset_pending;  /* it leads again under a new epoch: drop the old state first */
     char self[300];      /* its address in etcd */
     pthread_t ha_thread; /* lists the standbys for Stat, once a second */
     bool ha_started;
@@ -235,8 +236,12 @@ static bool may_serve(kvp_master_server_t *srv)
     if (!kvp_election_leading(srv->el, kvp_now_ms(), &epoch))
         return false;
     if (epoch != srv->epoch) {
-        if (srv->epoch != 0)
-            drop_all(srv); /* led before, under another epoch: that index is stale */
+        if (srv->epoch != 0) {
+            /* led before, under another epoch: that index is stale. Dropped by the loop
+             * (ha_tick), never here: a connection is being served. */
+            srv->reset_pending = true;
+            return false;
+        }
         srv->epoch = epoch;
         srv->state.epoch = epoch;
         KVP_LOG_INFO("leading cluster as %s, epoch %llu: the index starts empty; segment owners "
@@ -268,8 +273,9 @@ static void ha_tick(kvp_master_server_t *srv)
     char leader[300] = "";
     uint64_t epoch = 0;
     bool known = kvp_election_leader(srv->el, leader, sizeof(leader), &epoch) == KVP_OK;
-    if (srv->epoch != 0 && known && (strcmp(leader, srv->self) != 0 || epoch != srv->epoch) &&
-        !kvp_election_leading(srv->el, kvp_now_ms(), NULL)) {
+    if (srv->reset_pending ||
+        (srv->epoch != 0 && known && (strcmp(leader, srv->self) != 0 || epoch != srv->epoch) &&
+         !kvp_election_leading(srv->el, kvp_now_ms(), NULL))) {
         KVP_LOG_WARN("stepping down: %s leads now (epoch %llu, was %llu here); dropping %llu "
                      "objects and %u connections",
                      leader, (unsigned long long)epoch, (unsigned long long)srv->epoch,
@@ -277,6 +283,7 @@ static void ha_tick(kvp_master_server_t *srv)
         drop_all(srv);
         srv->epoch = 0;
         srv->state.epoch = 0;
+        srv->reset_pending = false;
     }
     snprintf(srv->state.leader, sizeof(srv->state.leader), "%s", known ? leader : "");
     pthread_mutex_lock(&srv->ha_lock);
@@ -382,6 +389,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             if (seg != NULL) {
                 seg->record_stream = c;
                 seg->record_req_id = h.request_id;
+                seg->record_ack = true; /* the owner waits for it before it opens the segment */
                 kvp_record_relist(&srv->state.segments, seg); /* what is queued goes now */
             }
         } else if (srv->state.parked) {
@@ -622,7 +630,7 @@ static void push_records(kvp_master_server_t *srv)
             continue;
         seg->record_listed = false;
         conn_t *c = seg->record_stream;
-        if (c == NULL || (seg->rec_len == 0 && !seg->record_broken))
+        if (c == NULL || (seg->rec_len == 0 && !seg->record_broken && !seg->record_ack))
             continue; /* no stream yet: the changes wait for one (bounded, record.c) */
         Kvpool__SegRecordResponse resp = KVPOOL__SEG_RECORD_RESPONSE__INIT;
         resp.changes.data = seg->rec;
@@ -644,6 +652,7 @@ static void push_records(kvp_master_server_t *srv)
         size_t blen;
         kvp_record_take(seg, &buf, &blen);
         free(buf);
+        seg->record_ack = false;
         if (seg->record_broken) { /* said: the owner starts its record afresh */
             seg->record_broken = false;
             seg->record = true;
@@ -705,7 +714,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         /* Timers: twice a second, reclaim timed-out puts and keep usage under the high
          * watermark (puts also check it, this catches quiet periods). */
         srv->state.now_ms = kvp_now_ms();
-        if (srv->state.now_ms >= next_tick) {
+        if (srv->state.now_ms >= next_tick || srv->reset_pending) {
             ha_tick(srv);
             expire_silent(srv);
             if (may_serve(srv)) { /* a fenced leader changes nothing by itself either */

@@ -138,8 +138,9 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
          * caller's error: the next heartbeat is told to remount and tries again. */
         uint8_t *body = NULL, *resp;
         size_t len, rlen;
-        /* a first mount has nothing to offer: it takes new replicas at once */
-        bool adopting = !first || kvp_seg_record_count(c->record) > 0;
+        /* even a first mount waits for its record stream (record.c), so that no object
+         * lands on the segment before its changes are streamed */
+        bool adopting = true;
         kvp_status_t st = mount_pack(c, true, adopting, &body, &len);
         if (st == KVP_OK)
             st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);

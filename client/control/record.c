@@ -128,12 +128,11 @@ static void forget_cb(void *arg, const kvp_record_entry_t *e)
     kvp_seg_record_forget(arg, e->offset, e->version);
 }
 
-/* Bind the record to mount seg_id and offer it (the record thread). */
+/* Offer the record for mount seg_id, which opens the segment (the record thread). */
 static kvp_status_t record_offer(kvp_client_t *c, uint64_t seg_id)
 {
     kvp_record_entry_t *e = NULL;
     size_t n = 0, adopted = 0, refused = 0;
-    kvp_seg_record_bind(c->record, seg_id);
     kvp_status_t st = kvp_seg_record_snapshot(c->record, &e, &n);
     if (st != KVP_OK)
         n = 0; /* the offer still ends, so the segment takes new replicas */
@@ -146,7 +145,14 @@ static kvp_status_t record_offer(kvp_client_t *c, uint64_t seg_id)
                      c->seg_name, adopted, refused, (unsigned long long)(kvp_now_ms() - t0),
                      os == KVP_OK ? "" : " (offer cut short)");
     free(e);
-    return st != KVP_OK ? st : os;
+    if (st == KVP_OK)
+        st = os;
+    if (st != KVP_OK)
+        KVP_LOG_WARN("segment %s: its record could not be offered to the master (%s): objects "
+                     "on it are not in the pool",
+                     c->seg_name, kvp_strerror(st));
+    atomic_store(&c->rec_open_id, seg_id); /* kvp_client_record_wait_open */
+    return st;
 }
 
 /* ---- the record thread ---- */
@@ -194,8 +200,47 @@ typedef enum stream_end {
 #define STREAM_REQ_ID 1u
 #define PING_MS 1000u
 
-/* Subscribe to segment id's record changes and apply them until the stream ends. */
-static stream_end_t stream(kvp_client_t *c, uint64_t id)
+/* One frame of the stream applied. KVP_OK; KVP_ERR_PENDING (a ping's answer);
+ * KVP_ERR_UNSUPPORTED / _SEGMENT_GONE (the stream ends: no record kept for this segment /
+ * not this mount); other errors: the stream broke. */
+static kvp_status_t take_frame(kvp_client_t *c, int fd, uint64_t id)
+{
+    kvp_rpc_hdr_t h;
+    uint8_t *b = NULL;
+    kvp_status_t st = read_frame(fd, &h, &b);
+    if (st != KVP_OK)
+        return st;
+    if (h.request_id != STREAM_REQ_ID || h.status != 0) {
+        free(b); /* a ping's answer; or an error frame (a standby: NOT_LEADER) */
+        return h.status != 0 ? KVP_ERR_IO : KVP_ERR_PENDING;
+    }
+    Kvpool__SegRecordResponse *r = kvpool__seg_record_response__unpack(NULL, h.body_len, b);
+    free(b);
+    if (r == NULL)
+        return KVP_ERR_PROTOCOL;
+    st = r->status;
+    if (r->broken) {
+        KVP_LOG_WARN("segment %s: the master stopped keeping its record for a while: "
+                     "objects on it before now will not survive a master restart",
+                     c->seg_name);
+        kvp_seg_record_clear(c->record);
+    }
+    if (st == KVP_OK &&
+        kvp_seg_record_apply(c->record, id, r->changes.data, r->changes.len) != KVP_OK)
+        KVP_LOG_WARN("segment %s: a malformed record change from the master: record cleared",
+                     c->seg_name);
+    kvpool__seg_record_response__free_unpacked(r, NULL);
+    return st;
+}
+
+/*
+ * Subscribe to mount id's record changes and wait for the master's first frame: from then
+ * on every change is streamed ahead of the reply that causes it. *offer: the mount waits
+ * for the record (record_offer, which opens the segment), offered only now, so no object
+ * lands on the segment before its changes are streamed. Then apply changes until the
+ * stream ends.
+ */
+static stream_end_t stream(kvp_client_t *c, uint64_t id, bool *offer)
 {
     int fd;
     char host[256];
@@ -213,7 +258,15 @@ static stream_end_t stream(kvp_client_t *c, uint64_t id)
     uint64_t next_ping = kvp_now_ms() + PING_MS, ping_id = STREAM_REQ_ID;
     if (kvp_rpc_send(fd, KVP_RPC_SEG_RECORD, STREAM_REQ_ID, body, len) != KVP_OK)
         goto out;
-    while (!atomic_load(&c->rec_stop)) {
+    kvp_seg_record_bind(c->record, id);
+    kvp_status_t st = take_frame(c, fd, id); /* the first frame: subscribed (or refused) */
+    if (*offer && (st == KVP_OK || st == KVP_ERR_UNSUPPORTED)) {
+        *offer = false;
+        record_offer(c, id);
+    }
+    while (st == KVP_OK || st == KVP_ERR_PENDING) {
+        if (atomic_load(&c->rec_stop))
+            break;
         if (atomic_load(&c->seg_id) != id || atomic_load(&c->rec_offer_id) != 0 ||
             atomic_load(&c->seg_state) != KVP_SEG_MOUNTED) {
             end = STREAM_REMOUNT;
@@ -228,44 +281,13 @@ static stream_end_t stream(kvp_client_t *c, uint64_t id)
         int pr = poll(&pfd, 1, 100);
         if (pr < 0 && errno != EINTR)
             break;
-        if (pr <= 0)
-            continue;
-        kvp_rpc_hdr_t h;
-        uint8_t *b = NULL;
-        if (read_frame(fd, &h, &b) != KVP_OK)
-            break;
-        if (h.request_id != STREAM_REQ_ID || h.status != 0) {
-            free(b); /* a ping's answer, or an error frame (the stream ends) */
-            if (h.status != 0)
-                break;
-            continue;
-        }
-        Kvpool__SegRecordResponse *r = kvpool__seg_record_response__unpack(NULL, h.body_len, b);
-        free(b);
-        if (r == NULL)
-            break;
-        kvp_status_t rs = r->status;
-        if (r->broken) {
-            KVP_LOG_WARN("segment %s: the master stopped keeping its record for a while: "
-                         "objects on it before now will not survive a master restart",
-                         c->seg_name);
-            kvp_seg_record_clear(c->record);
-        }
-        if (rs == KVP_OK &&
-            kvp_seg_record_apply(c->record, id, r->changes.data, r->changes.len) != KVP_OK)
-            KVP_LOG_WARN("segment %s: a malformed record change from the master: record "
-                         "cleared",
-                         c->seg_name);
-        kvpool__seg_record_response__free_unpacked(r, NULL);
-        if (rs == KVP_ERR_UNSUPPORTED) {
-            end = STREAM_UNSUPPORTED;
-            break;
-        }
-        if (rs != KVP_OK) {
-            end = STREAM_REMOUNT; /* the master does not know this mount (any more) */
-            break;
-        }
+        if (pr > 0)
+            st = take_frame(c, fd, id);
     }
+    if (st == KVP_ERR_UNSUPPORTED)
+        end = STREAM_UNSUPPORTED; /* --segment-records off */
+    else if (st == KVP_ERR_SEGMENT_GONE)
+        end = STREAM_REMOUNT; /* the master does not know this mount (any more) */
 out:
     close(fd);
     return end;
@@ -289,30 +311,32 @@ static void reconnect(kvp_client_t *c)
 static void *record_main(void *arg)
 {
     kvp_client_t *c = arg;
-    uint64_t unsupported = 0; /* a segment id the master keeps no record for */
-    uint64_t bound = 0;       /* the mount the record follows now */
+    uint64_t unsupported = 0; /* a mount the master keeps no record for */
+    unsigned tries = 0;       /* streams that could not be opened for a mount that waits */
+    bool offer = false;
     while (!atomic_load(&c->rec_stop)) {
-        /* A (re)mount waits for the record: offered here, after the previous stream's
-         * changes were applied, so none is missed or applied late. */
-        uint64_t offer = atomic_exchange(&c->rec_offer_id, 0);
+        /* A (re)mount waits for its record: offered by stream(), on this thread, after
+         * the previous stream's changes were applied, so none is missed or applied late. */
+        uint64_t o = atomic_exchange(&c->rec_offer_id, 0);
         uint64_t id = atomic_load(&c->seg_id);
-        if (offer != 0 && offer == id) {
-            bound = id;
-            if (record_offer(c, offer) != KVP_OK)
-                KVP_LOG_WARN("segment %s: its record could not be offered to the master: "
-                             "objects on it are not in the pool",
-                             c->seg_name);
-        } else if (id != bound && id != 0) {
-            bound = id; /* a first mount: nothing to offer */
-            kvp_seg_record_bind(c->record, id);
+        if (o != 0) {
+            offer = o == id;
+            tries = 0;
         }
-        if (atomic_load(&c->seg_state) != KVP_SEG_MOUNTED || id == 0 || id == unsupported) {
+        if (atomic_load(&c->seg_state) != KVP_SEG_MOUNTED || id == 0 ||
+            (id == unsupported && !offer)) {
             nap(50);
             continue;
         }
-        stream_end_t end = stream(c, id);
+        if (offer && ++tries > 3) {
+            /* no stream to be had: open the segment anyway, unrecorded until one is */
+            offer = false;
+            kvp_seg_record_bind(c->record, id);
+            record_offer(c, id);
+        }
+        stream_end_t end = stream(c, id, &offer);
         if (end == STREAM_UNSUPPORTED)
-            unsupported = id; /* --segment-records off */
+            unsupported = id;
         else if (end == STREAM_LOST)
             reconnect(c);
     }
@@ -327,6 +351,20 @@ kvp_status_t kvp_client_record_start(kvp_client_t *c)
     if (pthread_create(&c->rec_thread, NULL, record_main, c) != 0)
         return KVP_ERR_SYSTEM;
     c->rec_started = true;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_client_record_wait_open(kvp_client_t *c)
+{
+    if (c->record == NULL)
+        return KVP_OK;
+    uint64_t deadline = kvp_now_ms() + c->params.rpc_timeout_ms;
+    while (atomic_load(&c->rec_open_id) != atomic_load(&c->seg_id) ||
+           atomic_load(&c->seg_id) == 0) {
+        if (kvp_now_ms() >= deadline)
+            return KVP_ERR_TIMEOUT;
+        nap(1);
+    }
     return KVP_OK;
 }
 

@@ -36,6 +36,8 @@ struct kvp_client;
 void kvp_client_record_offer_later(struct kvp_client *c, uint64_t seg_id);
 /* The thread that keeps the record current (SegRecord long polls). */
 kvp_status_t kvp_client_record_start(struct kvp_client *c);
+/* Wait until the segment's first offer ended (the segment takes new replicas). */
+kvp_status_t kvp_client_record_wait_open(struct kvp_client *c);
 /* Ask it to stop (the unmount that follows ends its poll); _stop also joins it. */
 void kvp_client_record_signal(struct kvp_client *c);
 void kvp_client_record_stop(struct kvp_client *c);

@@ -40,6 +40,7 @@ typedef struct kvp_segment {
     void *record_stream;              /* the owner's SegRecord stream (server.c's) or NULL */
     uint64_t record_req_id;           /* ... and the request id its frames carry */
     bool record_listed;               /* in the table's dirty list */
+    bool record_ack;                  /* a new stream: its first frame goes out at once */
     uint64_t mounted_ms;              /* master clock at mount */
     uint64_t adopt_ok, adopt_refused; /* entries its owner offered back (ha/rebuild.c) */
     uint8_t *rec;
