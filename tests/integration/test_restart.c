@@ -13,6 +13,9 @@
  * - writers putting in a loop while the master is killed and restarted:
  *   every put acknowledged before the kill reads back byte-exact afterwards,
  *   and a key whose put was cut short is either absent or byte-exact;
+ * - a segment that comes back to a live master with a record that contradicts it (a key
+ *   put again elsewhere meanwhile, a key removed meanwhile): those entries are refused,
+ *   counted and never served; the rest is adopted back;
  * - --segment-records off: nothing survives (the flag does what it says).
  */
 #include <stdarg.h>
@@ -397,6 +400,83 @@ static void test_writers_through_restart(void **state)
         kvp_client_destroy(w[i].c);
 }
 
+/* The names of the two segments, in env order (seg[0], seg[1]). */
+static void segment_names(env_t *e, char names[2][300])
+{
+    for (int i = 0; i < 2; i++)
+        snprintf(names[i], sizeof(names[i]), "%.255s", e->seg[i].ready);
+}
+
+static int64_t n_segments(env_t *e, uint64_t *refused_p)
+{
+    kvp_pool_stat_t *s = NULL;
+    if (kvp_pool_stat(e->client, &s) != KVP_OK)
+        return -1;
+    int64_t n = (int64_t)s->n_segments;
+    if (refused_p != NULL)
+        *refused_p = s->adopt_refused;
+    kvp_pool_stat_free(s);
+    return n;
+}
+
+static void wait_segments(env_t *e, int64_t want)
+{
+    uint64_t deadline = kvp_now_ms() + 15000;
+    while (n_segments(e, NULL) != want && kvp_now_ms() < deadline)
+        usleep(20000);
+    assert_int_equal(n_segments(e, NULL), want);
+}
+
+/*
+ * A segment comes back to a live master with a record that contradicts it: its owner
+ * froze past --client-ttl (the master dropped the segment), and meanwhile a key whose only
+ * copy was there was put again elsewhere (newer version) and a key with a second replica
+ * was removed (tombstone). When it thaws and remounts, those entries are refused,
+ * counted and never served; the rest of its record is adopted back.
+ */
+static void test_stale_records(void **state)
+{
+    (void)state;
+    env_t *e = calloc(1, sizeof(*e));
+    assert_non_null(e);
+    g_env = e;
+    char *extra[] = {"--client-ttl", "1", NULL};
+    assert_true(kvp_start_master_args(&e->master, extra));
+    snprintf(e->master_addr, sizeof(e->master_addr), "%s", e->master.ready);
+    for (int i = 0; i < 2; i++)
+        assert_true(kvp_start_segment(&e->seg[i], e->master_addr, SEG_SIZE, "auto"));
+    e->client = new_client(e);
+    char names[2][300];
+    segment_names(e, names);
+    kvp_put_config_t on_a, both;
+    kvp_put_config_init(&on_a);
+    on_a.preferred_segment = names[0];
+    kvp_put_config_init(&both);
+    both.replica_num = 2;
+    assert_int_equal(kvp_put(e->client, "keep", "kept-value", 10, &on_a), KVP_OK);
+    assert_int_equal(kvp_put(e->client, "over", "old-value!", 10, &on_a), KVP_OK);
+    assert_int_equal(kvp_put(e->client, "gone", "two-copies", 10, &both), KVP_OK);
+    assert_true(kvp_proc_freeze(e->seg[0].pid, 5000));
+    wait_segments(e, 1); /* the master dropped the frozen owner's segment */
+    char buf[64];
+    assert_int_equal(get_str(e->client, "keep", buf, sizeof(buf)), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_put(e->client, "over", "new-value!", 10, NULL), KVP_OK);
+    assert_int_equal(kvp_remove(e->client, "gone"), KVP_OK);
+    uint64_t refused0 = 0;
+    n_segments(e, &refused0);
+    kill(e->seg[0].pid, SIGCONT);
+    wait_segments(e, 2);
+    wait_objects(e, 2); /* keep (adopted back) and over (the new value) */
+    uint64_t refused = 0;
+    n_segments(e, &refused);
+    assert_int_equal(refused - refused0, 2); /* over's old copy, gone's copy */
+    assert_int_equal(get_str(e->client, "keep", buf, sizeof(buf)), 10);
+    assert_string_equal(buf, "kept-value");
+    assert_int_equal(get_str(e->client, "over", buf, sizeof(buf)), 10);
+    assert_string_equal(buf, "new-value!");
+    assert_int_equal(get_str(e->client, "gone", buf, sizeof(buf)), KVP_ERR_NOT_FOUND);
+}
+
 static void test_records_off(void **state)
 {
     (void)state;
@@ -418,6 +498,7 @@ int main(void)
         cmocka_unit_test_teardown(test_restart_10000, teardown),
         cmocka_unit_test_teardown(test_remove_and_overwrite, teardown),
         cmocka_unit_test_teardown(test_writers_through_restart, teardown),
+        cmocka_unit_test_teardown(test_stale_records, teardown),
         cmocka_unit_test_teardown(test_records_off, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
