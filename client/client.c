@@ -103,15 +103,16 @@ static kvp_status_t segment_create(kvp_client_t *c)
     return KVP_OK;
 }
 
-/* The leader changed (discovery.c's watch thread): drop the connections to the old one
- * now; the next call (or the heartbeat) finds the new leader and remounts there. */
-static void leader_changed(void *arg)
+/* A new leader (discovery.c's watch thread): drop a connection to another master now;
+ * the next call (or the heartbeat) connects to the leader and remounts there. One that
+ * already went to the new leader by itself is kept. */
+static void leader_changed(void *arg, const char *leader)
 {
     kvp_client_t *c = arg;
-    KVP_LOG_INFO("the master's leader changed: reconnecting");
+    KVP_LOG_INFO("the master's leader is now %s", leader);
     if (c->mc != NULL)
-        kvp_mconn_disconnect(c->mc);
-    kvp_ssd_owner_disconnect(c->ssd);
+        kvp_mconn_follow(c->mc, leader);
+    kvp_ssd_owner_follow(c->ssd, leader);
 }
 
 static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_client_t **client_p)

@@ -462,11 +462,11 @@ static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *k
     rc = KVP_OK;
     for (size_t i = 0; i < n; i++) {
         if (results[i] == KVP_ERR_POOL_BUSY) {
-            kvp_api_fail("put %s: the pool stayed full of objects being read for the whole "
-                         "%u ms timeout",
+            kvp_api_fail("put %s: the pool stayed full (of objects being read, or of segments "
+                         "still remounting after a master restart) for the whole %u ms timeout",
                          keys[i], c->params.rpc_timeout_ms);
-            KVP_LOG_WARN("put %s: the pool stayed full of objects being read for the whole "
-                         "timeout",
+            KVP_LOG_WARN("put %s: the pool stayed full (of objects being read, or of segments "
+                         "still remounting) for the whole timeout",
                          keys[i]);
             results[i] = KVP_ERR_POOL_FULL;
         }

@@ -244,6 +244,8 @@ static bool may_serve(kvp_master_server_t *srv)
         }
         srv->epoch = epoch;
         srv->state.epoch = epoch;
+        snprintf(srv->state.leader, sizeof(srv->state.leader), "%s", srv->self);
+        srv->state.rebuild_until_ms = kvp_now_ms() + KVP_REBUILD_GRACE_MS;
         KVP_LOG_INFO("leading cluster as %s, epoch %llu: the index starts empty; segment owners "
                      "remount and offer their records",
                      srv->self, (unsigned long long)epoch);
@@ -533,6 +535,8 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
         goto err_free;
     if (config != NULL)
         srv->state.config = *config;
+    /* the owners of a restarted master's segments come back within a heartbeat or so */
+    srv->state.rebuild_until_ms = kvp_now_ms() + KVP_REBUILD_GRACE_MS;
     status = kvp_tcp_listen(host, port, 1024, &srv->listen_fd, bound_port_p);
     if (status != KVP_OK)
         goto err_state;

@@ -112,6 +112,10 @@ typedef struct kvp_master_state {
     bool may_park;    /* set by the server: SsdTasks may wait instead of answering now */
     bool parked;      /* set by SsdTasks: no answer yet, the server holds the request */
     bool park_retry;  /* set by the server: this SsdTasks call was held (its results are in) */
+    /* A restarted master or a new leader waits this long for the segments to remount and
+     * offer their records: a put that finds no room meanwhile is told to wait
+     * (KVP_ERR_POOL_BUSY, retried by the client) rather than evicting or failing. */
+    uint64_t rebuild_until_ms;
     /* high availability (server.c): what Stat shows */
     uint64_t epoch;          /* the epoch this master leads under; 0: standalone */
     char leader[300];        /* the leader's address ("" standalone) */
@@ -119,6 +123,9 @@ typedef struct kvp_master_state {
     uint64_t stream_segment; /* set by SegRecord: the server streams this segment's record
                                 changes on the calling connection (no answer now) */
 } kvp_master_state_t;
+
+/* How long a new master waits for segments to come back (rebuild_until_ms). */
+#define KVP_REBUILD_GRACE_MS 2000u
 
 /* Default settings, empty tables, the clock read, a random placement seed. */
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st);

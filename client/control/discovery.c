@@ -59,19 +59,22 @@ static void *watch_main(void *arg)
     kvp_etcd_t *e = NULL;
     if (kvp_etcd_create(d->endpoints, d->timeout_ms, &e) != KVP_OK)
         return NULL;
-    int64_t seen = -1; /* the leader key's create revision we last saw (0: none) */
+    int64_t seen = -1; /* the last leader's key create revision (its epoch); -1: none yet */
     while (!atomic_load(&d->stop)) {
         int64_t create_rev = 0, rev = 0;
-        kvp_status_t st = kvp_etcd_get(e, d->key, NULL, NULL, &create_rev, NULL, &rev);
+        char *val = NULL;
+        kvp_status_t st = kvp_etcd_get(e, d->key, &val, NULL, &create_rev, NULL, &rev);
         if (st != KVP_OK && st != KVP_ERR_NOT_FOUND) {
             nap(200); /* etcd away: the connections find out by themselves */
             continue;
         }
-        if (st == KVP_ERR_NOT_FOUND)
-            create_rev = 0;
-        if (seen >= 0 && create_rev != seen && d->cb != NULL)
-            d->cb(d->arg);
-        seen = create_rev;
+        /* a new leader (not the key going: the old leader is dead or answers nothing) */
+        if (st == KVP_OK && create_rev != seen) {
+            if (seen >= 0 && d->cb != NULL)
+                d->cb(d->arg, val);
+            seen = create_rev;
+        }
+        free(val);
         kvp_etcd_event_t ev;
         st = kvp_etcd_watch(e, d->key, rev + 1, 10000, &d->stop, &ev);
         if (st == KVP_OK)

@@ -13,8 +13,8 @@
 
 typedef struct kvp_discovery kvp_discovery_t;
 
-/* Called on the watch thread when the leader changes (or its key goes). */
-typedef void (*kvp_discovery_change_cb_t)(void *arg);
+/* Called on the watch thread when a new leader is elected: its address (borrowed). */
+typedef void (*kvp_discovery_change_cb_t)(void *arg, const char *leader);
 
 /* Is addr of the form etcd://HOST:PORT[,HOST:PORT...]/CLUSTER? */
 bool kvp_discovery_is_etcd(const char *addr);

@@ -282,6 +282,16 @@ void kvp_mconn_addr(kvp_mconn_t *m, char *host, size_t cap, uint16_t *port_p)
     pthread_mutex_unlock(&m->lock);
 }
 
+void kvp_mconn_follow(kvp_mconn_t *m, const char *leader)
+{
+    char cur[300];
+    pthread_mutex_lock(&m->lock);
+    snprintf(cur, sizeof(cur), "%s:%u", m->host, m->port);
+    if (m->conn != NULL && strcmp(cur, leader) != 0)
+        broken_locked(m, m->conn, KVP_ERR_IO);
+    pthread_mutex_unlock(&m->lock);
+}
+
 uint64_t kvp_mconn_epoch(kvp_mconn_t *m)
 {
     pthread_mutex_lock(&m->lock);
@@ -528,8 +538,17 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
          * leader: wait for the failover, within the call's time */
         if (m->resolve != NULL &&
             (conn_failed || st == KVP_ERR_CONNECT || st == KVP_ERR_NOT_LEADER)) {
-            if (st == KVP_ERR_NOT_LEADER)
-                kvp_mconn_disconnect(m);
+            if (st == KVP_ERR_NOT_LEADER) {
+                /* another master leads now: go there. The same one (not sure of its lease
+                 * for a moment, e.g. etcd away): keep the connection, and with it what is
+                 * bound to it (the segment's mount), and ask again. */
+                char host[256], lead[300];
+                uint16_t port;
+                if (m->resolve(m->resolve_arg, host, sizeof(host), &port) == KVP_OK) {
+                    snprintf(lead, sizeof(lead), "%s:%u", host, port);
+                    kvp_mconn_follow(m, lead);
+                }
+            }
             uint64_t now = mono_ms();
             if (now + nap_ms >= deadline)
                 break;

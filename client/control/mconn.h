@@ -84,6 +84,10 @@ void kvp_mconn_addr(kvp_mconn_t *m, char *host, size_t cap, uint16_t *port_p);
 /* The largest leader epoch seen in a reply (replies from an older one are refused). */
 uint64_t kvp_mconn_epoch(kvp_mconn_t *m);
 
+/* A new leader at `leader` ("host:port"): drop the current connection unless it goes
+ * there (the next call connects to the leader). */
+void kvp_mconn_follow(kvp_mconn_t *m, const char *leader);
+
 /* Is a connection open now? */
 bool kvp_mconn_connected(kvp_mconn_t *m);
 /* Close the current connection (the next call opens another). */

@@ -547,10 +547,10 @@ const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)
     return o->name;
 }
 
-void kvp_ssd_owner_disconnect(kvp_ssd_owner_t *o)
+void kvp_ssd_owner_follow(kvp_ssd_owner_t *o, const char *leader)
 {
     if (o != NULL && o->mc != NULL)
-        kvp_mconn_disconnect(o->mc);
+        kvp_mconn_follow(o->mc, leader);
 }
 
 void kvp_ssd_owner_stop(kvp_ssd_owner_t *o)

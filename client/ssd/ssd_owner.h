@@ -21,9 +21,9 @@ typedef struct kvp_ssd_owner kvp_ssd_owner_t;
 kvp_status_t kvp_ssd_owner_start(struct kvp_client *c, const char *host, kvp_ssd_owner_t **o_p);
 /* Stop the worker, unmount (the file keeps the objects), close. NULL: nothing. */
 void kvp_ssd_owner_stop(kvp_ssd_owner_t *o);
-/* Drop its master connection (the leader changed): the next call remounts at the new one.
- * NULL: nothing. */
-void kvp_ssd_owner_disconnect(kvp_ssd_owner_t *o);
+/* A new leader: drop its master connection unless it goes there (the next call remounts
+ * at the leader). NULL: nothing. */
+void kvp_ssd_owner_follow(kvp_ssd_owner_t *o, const char *leader);
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o);
 
 #endif

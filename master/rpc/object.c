@@ -107,6 +107,11 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     kvp_placement_req_t r = *preq;
     r.size = size;
     status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
+    /* Just restarted (or just elected): the segments are still remounting and offering
+     * what they hold. Neither evict what came back nor fail: the client asks again. */
+    if ((status == KVP_ERR_POOL_FULL || status == KVP_ERR_NO_SEGMENT) &&
+        st->now_ms < st->rebuild_until_ms)
+        return KVP_ERR_POOL_BUSY;
     /* No room: evict this object's worth (policy order) and try again. Free bytes are
      * not a free extent: in a fragmented segment the freed space may be scattered, so
      * keep evicting until the object fits or nothing evictable is left. Eviction is of
