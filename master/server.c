@@ -205,9 +205,8 @@ static void reply_error(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t
 
 /* ---- high availability ---- */
 
-/* Forget everything this master knew as a leader: every connection closes (clients find
- * the leader again and remount there), the metadata starts empty. */
-static void drop_all(kvp_master_server_t *srv)
+/* Close every connection and let go of every held request. */
+static void close_all(kvp_master_server_t *srv)
 {
     while (srv->conns != NULL)
         conn_close(srv, srv->conns);
@@ -216,6 +215,13 @@ static void drop_all(kvp_master_server_t *srv)
         srv->parked = p->next;
         free(p);
     }
+}
+
+/* Forget everything this master knew as a leader: every connection closes (clients find
+ * the leader again and remount there), the metadata starts empty. */
+static void drop_all(kvp_master_server_t *srv)
+{
+    close_all(srv);
     kvp_master_config_t cfg = srv->state.config;
     kvp_master_state_cleanup(&srv->state);
     kvp_master_state_init(&srv->state);
@@ -779,13 +785,7 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     }
     if (srv->el != NULL)
         kvp_election_stop(srv->el, true); /* a standby takes over at once */
-    while (srv->conns != NULL)
-        conn_close(srv, srv->conns);
-    while (srv->parked != NULL) {
-        parked_t *p = srv->parked;
-        srv->parked = p->next;
-        free(p);
-    }
+    close_all(srv);
     close(srv->listen_fd);
     close(srv->sig_fd);
     close(srv->epfd);
