@@ -126,7 +126,8 @@ static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t s
     kvp_ssd_file_foreach(o->file, collect_cb, &es);
     if (es.nomem)
         es.n = 0; /* the offer still ends, so the segment takes new copies */
-    qsort(es.e, es.n, sizeof(*es.e), newest_first);
+    if (es.n > 1)
+        qsort(es.e, es.n, sizeof(*es.e), newest_first);
     size_t adopted = 0, refused = 0;
     kvp_status_t st = kvp_record_offer(m, fd, seg_id, es.e, es.n, forget_cb, o, &adopted, &refused);
     if (es.n > 0)

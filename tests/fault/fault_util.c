@@ -196,6 +196,7 @@ void fault_rpc_hdr(uint8_t out[FAULT_RPC_HDR], uint32_t magic, uint16_t version,
     put64(out + 8, req_id);
     put32(out + 16, body_len);
     put32(out + 20, 0);
+    put64(out + 24, 0); /* epoch */
 }
 
 int fault_connect(const char *hostport)

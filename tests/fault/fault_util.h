@@ -19,7 +19,8 @@
 #include "tests/harness.h"
 
 #define FAULT_RPC_MAGIC 0x3150564Bu
-#define FAULT_RPC_HDR 24
+#define FAULT_RPC_HDR 32
+#define FAULT_RPC_VERSION 2
 #define FAULT_RPC_RESP 0x8000u
 #define FAULT_M_PING 1
 #define FAULT_M_PUT_START 4

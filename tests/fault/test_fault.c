@@ -854,7 +854,7 @@ static pid_t spawn_raw_putter(const char *master, const char *key, uint64_t *sen
     size_t blen = kvpool__put_start_request__get_packed_size(&req);
     assert_true(blen <= 512);
     kvpool__put_start_request__pack(&req, frame + FAULT_RPC_HDR);
-    fault_rpc_hdr(frame, FAULT_RPC_MAGIC, 1, FAULT_M_PUT_START, 77, (uint32_t)blen);
+    fault_rpc_hdr(frame, FAULT_RPC_MAGIC, FAULT_RPC_VERSION, FAULT_M_PUT_START, 77, (uint32_t)blen);
     size_t flen = FAULT_RPC_HDR + blen;
 
     char host[64];
@@ -1141,24 +1141,24 @@ static bool t6_one(t6_t *t, unsigned i)
         ok = fault_send_all(fd, buf, sizeof(buf)) && fault_wait_closed(fd, T6_IO_MS) == 0;
         break;
     case 1: /* bad version: an error frame, then the close */
-        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, (uint16_t)(2 + i % 100), FAULT_M_PING, i, 0);
+        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, (uint16_t)(3 + i % 100), FAULT_M_PING, i, 0);
         ok = fault_send_all(fd, buf, FAULT_RPC_HDR) && fault_read_frame(fd, &f, T6_IO_MS) &&
              f.status == KVP_ERR_VERSION && f.req_id == i && fault_wait_closed(fd, T6_IO_MS) == 0;
         break;
     case 2: /* a 1 GiB body announced: an error frame, then the close, nothing allocated */
-        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, 1, i % 2 ? FAULT_M_PUT_START : FAULT_M_STAT, i,
-                      1u << 30);
+        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, FAULT_RPC_VERSION,
+                      i % 2 ? FAULT_M_PUT_START : FAULT_M_STAT, i, 1u << 30);
         ok = fault_send_all(fd, buf, FAULT_RPC_HDR) && fault_read_frame(fd, &f, T6_IO_MS) &&
              f.status == KVP_ERR_FRAME_TOO_LARGE && f.req_id == i &&
              fault_wait_closed(fd, T6_IO_MS) == 0;
         break;
     case 3: /* truncated: a header promising 1000 bytes, 64 of them, then our close */
-        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, 1, FAULT_M_PUT_START, i, 1000);
+        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, FAULT_RPC_VERSION, FAULT_M_PUT_START, i, 1000);
         memset(buf + FAULT_RPC_HDR, 0x22, 64);
         ok = fault_send_all(fd, buf, sizeof(buf));
         break;
     default: /* half a header, then our close */
-        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, 1, FAULT_M_PING, i, 0);
+        fault_rpc_hdr(buf, FAULT_RPC_MAGIC, FAULT_RPC_VERSION, FAULT_M_PING, i, 0);
         ok = fault_send_all(fd, buf, 1 + i % (FAULT_RPC_HDR - 1));
         break;
     }
