@@ -508,6 +508,9 @@ static void test_election_resign(void **state)
     assert_int_equal(kvp_election_leader(s, sa, 4, NULL), KVP_ERR_BUFFER_TOO_SMALL);
     /* the fence is the clock: the same state reads false at a time past the TTL */
     assert_false(kvp_election_leading(l, kvp_now_ms() + TTL_MS, NULL));
+    /* each told its on_change (the standby's call comes just after it records the leader) */
+    for (uint64_t t0 = kvp_now_ms(); atomic_load(&changes.n) < 2 && kvp_now_ms() - t0 < 2000;)
+        sleep_ms(5);
     assert_true(atomic_load(&changes.n) >= 2);
 
     /* standbys: every member but the leader */
