@@ -372,14 +372,15 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
     pthread_mutex_lock(&m->lock);
     if (st != KVP_OK)
         return st;
-    if (h.epoch < m->epoch_max) {
+    if (h.status == 0 && h.epoch < m->epoch_max) {
         /* a master that led before a newer leader: never take its word (fencing) */
         KVP_LOG_WARN("master: a reply from epoch %llu after epoch %llu was seen: the connection "
                      "is to a former leader; dropped",
                      (unsigned long long)h.epoch, (unsigned long long)m->epoch_max);
         return KVP_ERR_NOT_LEADER;
     }
-    m->epoch_max = h.epoch;
+    if (h.status == 0)
+        m->epoch_max = h.epoch; /* (a standby's refusal carries 0: it answers nothing) */
     c->rx_frames++;
     waiter_t *w = m->waiters;
     while (w != NULL && !(w->id == h.request_id && w->conn == c))
