@@ -28,6 +28,7 @@ typedef struct kvp_bench_opts {
     unsigned segments;     /* local: number of `kvpool serve` processes (default 1) */
     uint64_t segment_size; /* local: bytes per segment (default 4 GiB) */
     bool segment_size_set; /* --segment-size was given (the ssd mode has its own default) */
+    bool segment_records;  /* local masters: --segment-records on (default) or off */
     /* data mode */
     const char *transports[KVP_BENCH_MAX_LIST]; /* "tcp", "shm", "rdma" */
     size_t n_transports;
@@ -73,6 +74,10 @@ typedef struct kvp_bench_opts {
     uint64_t ssd_objects;   /* ssd mode: 1 MiB objects read back from SSD (default 1024) */
     /* trace: the SSD tier as a fraction of unique blocks (0: no SSD segment) */
     double ssd_capacity;
+    /* ha mode (always its own local processes) */
+    uint64_t ha_objects; /* rebuild: 1 KiB objects put before the master is killed (1000000) */
+    unsigned ha_rounds;  /* failover: leader kills (default 10) */
+    unsigned leader_ttl; /* failover: the masters' --leader-ttl in seconds (default 2) */
     /* output */
     const char *json_path;
     bool quiet; /* no progress line */
@@ -138,10 +143,24 @@ typedef struct kvp_bench_cluster_params {
     const char *ssd_path;            /* NULL: no SSD segment; else the first one's file */
     uint64_t ssd_size;               /* its bytes */
     const char *const *master_flags; /* NULL-terminated extra kvpool-master flags, or NULL */
+    const char *segment_records;     /* "on" | "off"; NULL: as --segment-records says */
 } kvp_bench_cluster_params_t;
 int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p);
 /* SIGTERM everything by PID, reap. */
 void kvp_bench_cluster_stop(kvp_bench_cluster_t *c);
+/*
+ * The pieces of a cluster, for modes that kill and restart them (ha). Start one
+ * kvpool-master on `listen` (NULL: 127.0.0.1:0, a free port) with --segment-records
+ * `records` (NULL: as --segment-records says) and the extra flags (NULL-terminated, or
+ * NULL); its bound HOST:PORT goes to addr. Start one `kvpool serve` of seg_size bytes of
+ * DRAM against `master` (HOST:PORT or etcd://HOST:PORT/NAME). Both return the pid once the
+ * process wrote its ready line, or -1 with a message on stderr.
+ */
+pid_t kvp_bench_master_start(const char *listen, const char *records, const char *const *flags,
+                             char *addr, size_t len);
+pid_t kvp_bench_serve_start(const char *master, uint64_t seg_size);
+/* SIGTERM pid, SIGKILL after 10 s; reap. */
+void kvp_bench_stop_pid(pid_t pid);
 /* Path of a sibling binary ("kvpool-master", "kvpool"): env, next to us, build tree, PATH. */
 const char *kvp_bench_find_bin(const char *name);
 /* PID of a running master we started (for RSS), or -1. */
@@ -174,5 +193,6 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_alloc(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_ha(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 
 #endif

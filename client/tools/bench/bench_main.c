@@ -2,7 +2,7 @@
  * bench_main.c - kvpool-bench: options, the local cluster, JSON output and
  * the small helpers every mode shares (bench.h).
  *
- *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace ssd all
+ *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace ssd ha all
  *
  * Output: each mode prints a human-readable table (and a progress line on
  * stderr while it runs); --json FILE writes
@@ -315,44 +315,68 @@ int kvp_bench_cluster_start(kvp_bench_cluster_t *c, unsigned n, uint64_t seg_siz
     return kvp_bench_cluster_start_params(c, &p);
 }
 
-int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p)
+/* --segment-records of the local masters whose start does not say (main sets it) */
+static const char *segment_records = "on";
+
+pid_t kvp_bench_master_start(const char *listen, const char *records, const char *const *flags,
+                             char *addr, size_t len)
 {
-    memset(c, 0, sizeof(*c));
     char *margv[32] = {(char *)kvp_bench_find_bin("kvpool-master"),
                        "--listen",
-                       "127.0.0.1:0",
+                       (char *)(listen != NULL ? listen : "127.0.0.1:0"),
                        "--ready-fd",
                        "3",
                        "--log-level",
-                       "warn"};
-    size_t na = 7;
-    for (size_t i = 0; p->master_flags != NULL && p->master_flags[i] != NULL && na < 31; i++)
-        margv[na++] = (char *)p->master_flags[i];
+                       "warn",
+                       "--segment-records",
+                       (char *)(records != NULL ? records : segment_records)};
+    size_t na = 9;
+    for (size_t i = 0; flags != NULL && flags[i] != NULL && na < 31; i++)
+        margv[na++] = (char *)flags[i];
     margv[na] = NULL;
-    c->master_pid = spawn_ready(margv, c->master_addr, sizeof(c->master_addr));
+    return spawn_ready(margv, addr, len);
+}
+
+/* One `kvpool serve` of seg_size bytes of DRAM, and an SSD segment when ssd_path is set. */
+static pid_t serve_start(const char *master, uint64_t seg_size, const char *ssd_path,
+                         uint64_t ssd_bytes)
+{
+    char name[256], size[32], ssd_size[32];
+    snprintf(size, sizeof(size), "%llu", (unsigned long long)seg_size);
+    snprintf(ssd_size, sizeof(ssd_size), "%llu", (unsigned long long)ssd_bytes);
+    char *sargv[16] = {(char *)kvp_bench_find_bin("kvpool"),
+                       "--master",
+                       (char *)master,
+                       "serve",
+                       "--segment-size",
+                       size,
+                       "--ready-fd",
+                       "3"};
+    if (ssd_path != NULL) {
+        sargv[8] = "--ssd-path";
+        sargv[9] = (char *)ssd_path;
+        sargv[10] = "--ssd-size";
+        sargv[11] = ssd_size;
+    }
+    return spawn_ready(sargv, name, sizeof(name));
+}
+
+pid_t kvp_bench_serve_start(const char *master, uint64_t seg_size)
+{
+    return serve_start(master, seg_size, NULL, 0);
+}
+
+int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p)
+{
+    memset(c, 0, sizeof(*c));
+    c->master_pid = kvp_bench_master_start(NULL, p->segment_records, p->master_flags,
+                                           c->master_addr, sizeof(c->master_addr));
     if (c->master_pid < 0)
         return -1;
     local_master_pid = c->master_pid;
-    char size[32], ssd_size[32];
-    snprintf(size, sizeof(size), "%llu", (unsigned long long)p->seg_size);
-    snprintf(ssd_size, sizeof(ssd_size), "%llu", (unsigned long long)p->ssd_size);
     for (unsigned i = 0; i < p->n && i < 64; i++) {
-        char name[256];
-        char *sargv[16] = {(char *)kvp_bench_find_bin("kvpool"),
-                           "--master",
-                           c->master_addr,
-                           "serve",
-                           "--segment-size",
-                           size,
-                           "--ready-fd",
-                           "3"};
-        if (i == 0 && p->ssd_path != NULL) {
-            sargv[8] = "--ssd-path";
-            sargv[9] = (char *)p->ssd_path;
-            sargv[10] = "--ssd-size";
-            sargv[11] = ssd_size;
-        }
-        pid_t pid = spawn_ready(sargv, name, sizeof(name));
+        pid_t pid =
+            serve_start(c->master_addr, p->seg_size, i == 0 ? p->ssd_path : NULL, p->ssd_size);
         if (pid < 0) {
             kvp_bench_cluster_stop(c);
             return -1;
@@ -362,7 +386,7 @@ int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_clust
     return 0;
 }
 
-static void stop_pid(pid_t pid)
+void kvp_bench_stop_pid(pid_t pid)
 {
     if (pid <= 0)
         return;
@@ -379,9 +403,9 @@ static void stop_pid(pid_t pid)
 void kvp_bench_cluster_stop(kvp_bench_cluster_t *c)
 {
     for (unsigned i = 0; i < c->n_segs; i++)
-        stop_pid(c->seg_pids[i]);
+        kvp_bench_stop_pid(c->seg_pids[i]);
     c->n_segs = 0;
-    stop_pid(c->master_pid);
+    kvp_bench_stop_pid(c->master_pid);
     c->master_pid = 0;
     local_master_pid = -1;
 }
@@ -418,12 +442,14 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: kvpool-bench MODE [options]\n"
-        "modes: data | limits | meta | alloc | trace | ssd | all (all but ssd)\n"
+        "modes: data | limits | meta | alloc | trace | ssd | ha | all (all but ssd and ha)\n"
         "cluster:\n"
         "  --master HOST:PORT     a running master (default $KVPOOL_MASTER)\n"
         "  --local                start a master and segments on 127.0.0.1 and stop them after\n"
         "  --segments N           local segments (default 1)\n"
         "  --segment-size SIZE    bytes per local segment (default 4GiB)\n"
+        "  --segment-records on|off  the local masters' --segment-records (default on: owners\n"
+        "                         keep a record of their objects, a restarted master adopts them)\n"
         "data:\n"
         "  --transport LIST       tcp,shm,rdma (default tcp,shm)\n"
         "  --rdma-write-limit G   GB/s of ib_write_bw in this session: rdma puts' %%limit\n"
@@ -462,6 +488,12 @@ static void usage(FILE *f)
         "                         the DRAM segment plus 80 %% of this\n"
         "  --ssd-objects N        1 MiB objects put straight to SSD and read back (default\n"
         "                         1024: as much as the disk limit's file)\n"
+        "ha (always its own processes on 127.0.0.1; records cost, rebuild after a restart,\n"
+        "    failover through etcd):\n"
+        "  --ha-objects N         1 KiB objects resident when the master is killed (default\n"
+        "                         1000000)\n"
+        "  --ha-rounds N          leader kills in the failover part (default 10)\n"
+        "  --leader-ttl S         the masters' --leader-ttl (default 2)\n"
         "output:\n"
         "  --json FILE            write every figure and the parameters as JSON\n"
         "  --quiet                no progress line\n");
@@ -506,6 +538,7 @@ static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const cha
     kvp_bench_result_str(o, "master", p->local ? "local" : (p->master ? p->master : ""));
     kvp_bench_result_int(o, "segments", p->segments);
     kvp_bench_result_int(o, "segment_size", (int64_t)p->segment_size);
+    kvp_bench_result_str(o, "segment_records", p->segment_records ? "on" : "off");
     out_key(o, "transports");
     out_append(o, "[");
     for (size_t i = 0; i < p->n_transports; i++)
@@ -555,6 +588,9 @@ static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const cha
     kvp_bench_result_int(o, "ssd_size", (int64_t)p->ssd_size);
     kvp_bench_result_int(o, "ssd_objects", (int64_t)p->ssd_objects);
     kvp_bench_result_num(o, "ssd_capacity", p->ssd_capacity);
+    kvp_bench_result_int(o, "ha_objects", (int64_t)p->ha_objects);
+    kvp_bench_result_int(o, "ha_rounds", p->ha_rounds);
+    kvp_bench_result_int(o, "leader_ttl", p->leader_ttl);
     out_append(o, "},\n");
 }
 
@@ -575,7 +611,8 @@ int main(int argc, char **argv)
         return argc >= 2 && strcmp(argv[1], "--help") == 0 ? 0 : 2;
     }
     const char *mode = argv[1];
-    static const char *const modes[] = {"data", "limits", "meta", "alloc", "trace", "ssd", "all"};
+    static const char *const modes[] = {"data",  "limits", "meta", "alloc",
+                                        "trace", "ssd",    "ha",   "all"};
     bool known = false;
     for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
         known |= strcmp(mode, modes[i]) == 0;
@@ -610,6 +647,10 @@ int main(int argc, char **argv)
         .ssd_file_size = 1ull << 30,
         .ssd_size = 2ull << 30,
         .ssd_objects = 1024,
+        .segment_records = true,
+        .ha_objects = 1000000,
+        .ha_rounds = 10,
+        .leader_ttl = 2,
     };
     static const struct option opts[] = {
         {"master", required_argument, NULL, 'm'},
@@ -639,6 +680,10 @@ int main(int argc, char **argv)
         {"ssd-size", required_argument, NULL, 'Z'},
         {"ssd-objects", required_argument, NULL, 'N'},
         {"ssd-capacity", required_argument, NULL, 'X'},
+        {"segment-records", required_argument, NULL, 'G'},
+        {"ha-objects", required_argument, NULL, 'H'},
+        {"ha-rounds", required_argument, NULL, 'U'},
+        {"leader-ttl", required_argument, NULL, 'Y'},
         {"json", required_argument, NULL, 'j'},
         {"quiet", no_argument, NULL, 'q'},
         {"help", no_argument, NULL, 'h'},
@@ -809,6 +854,26 @@ int main(int argc, char **argv)
             if (!(o.ssd_capacity > 0 && o.ssd_capacity <= 4))
                 goto bad;
             break;
+        case 'G':
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0)
+                goto bad;
+            o.segment_records = strcmp(optarg, "on") == 0;
+            break;
+        case 'H':
+        case 'U':
+        case 'Y': {
+            char *end;
+            errno = 0;
+            uint64_t v = strtoull(optarg, &end, 10);
+            if (errno || *end || v == 0 || (opt == 'U' && v > 1000) ||
+                (opt == 'Y' && (v < 2 || v > 3600)))
+                goto bad;
+            if (opt == 'H')
+                o.ha_objects = v;
+            else
+                *(opt == 'U' ? &o.ha_rounds : &o.leader_ttl) = (unsigned)v;
+            break;
+        }
         case 'j':
             o.json_path = optarg;
             break;
@@ -844,6 +909,10 @@ int main(int argc, char **argv)
     bool need_store = all || strcmp(mode, "data") == 0 || strcmp(mode, "meta") == 0 ||
                       (run_trace && o.trace_client_lru);
     bool run_ssd = strcmp(mode, "ssd") == 0;
+    bool run_ha = strcmp(mode, "ha") == 0;
+    if (run_ha) /* its own processes, whatever --master says */
+        o.local = true;
+    segment_records = o.segment_records ? "on" : "off";
     if (o.ssd_capacity > 0 && (!run_trace || o.trace_client_lru)) {
         fprintf(stderr, "kvpool-bench: --ssd-capacity is for the trace mode in store eviction\n");
         return 2;
@@ -853,6 +922,8 @@ int main(int argc, char **argv)
         o.local = true;
     }
 
+    if (o.local && !o.segment_records && !run_ha)
+        printf("(local masters run with --segment-records off: no owner records)\n");
     kvp_bench_out_t out = {0};
     kvp_bench_cluster_t cluster;
     bool started = false;
@@ -883,6 +954,8 @@ int main(int argc, char **argv)
         rc |= kvp_bench_trace(&o, &out);
     if (run_ssd)
         rc |= kvp_bench_ssd(&o, &out);
+    if (run_ha)
+        rc |= kvp_bench_ha(&o, &out);
     if (started)
         kvp_bench_cluster_stop(&cluster);
 
