@@ -61,6 +61,11 @@ run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --
 # offload (256 MiB DRAM, 2 GiB SSD: ~1.9 GiB put; target 80 % of disk_write). About 20 s.
 run ssd    ssd --local --ssd-dir "$SSD_DIR"
 run alloc  alloc
+# Metadata that survives the master and HA (issue 13): the put rate with segment records on
+# vs off, the rebuild of 1M objects on 4 segments after a kill -9 of the master (time and
+# master RSS), and 10 kills of the leader among 3 masters with etcd (--leader-ttl 2): time to
+# the first put acknowledged after each kill, the client's rate through it. About 90 s.
+run ha     ha
 run meta   meta --local --objects 10000,1000000,10000000
 # The trace replays through the store (--eviction store): per capacity point a fresh master
 # and one segment of exactly capacity x unique blocks x block size (64 KiB at 0.25: ~690 MiB),
@@ -180,6 +185,29 @@ if tiers:
             r["block_bytes"] // 1024, r["capacity"], r["ssd_capacity"], r["hit_rate"],
             100 * r["dram_hit_share"], 100 * r["ssd_hit_share"], r["lru_hit_rate"],
             r["belady_hit_rate"], r["offloaded_objects"], r["promoted_objects"], r["offload_dropped"]))
+ha = [r for r in R if r["mode"] == "ha"]
+if ha:
+    md += ["", "## segment records and HA (kvpool-bench ha)", "",
+           "| put | size | records on obj/s | off obj/s | on/off |", "|---|---|---|---|---|"]
+    for r in ha:
+        if r["part"] == "records":
+            md.append("| %s | %d | %.0f | %.0f | %.3f |" % (r["transport"], r["size"],
+                      r["objs_per_s_on"], r["objs_per_s_off"], r["ratio_on_off"]))
+    for r in ha:
+        if r["part"] == "rebuild":
+            md += ["", "Rebuild: %d objects of %d B on %d segments, master killed (-9) and restarted: "
+                   "segments back after %.0f ms, all %d adopted %.0f ms after the new master listened; "
+                   "master RSS %.0f MiB before, %.0f MiB after; %d sampled keys %s." % (
+                       r["objects"], r["size"], r["segments"], r["remount_ms"], r["adopted_objects"],
+                       r["rebuild_ms"], r["rss_before_kib"] / 1024, r["rss_after_kib"] / 1024,
+                       r["verified"], r["verify"])]
+        if r["part"] == "failover" and not r.get("skipped"):
+            md += ["", "Failover: %d kills of the leader (%d masters, --leader-ttl %d): first put "
+                   "acknowledged after the kill in %.0f ms median (min %.0f, max %.0f); the client's "
+                   "ops in the 3 s after a kill at %.2fx the 3 s before; lost objects %d, wrong bytes %d." % (
+                       r["rounds"], r["masters"], r["leader_ttl"], r["failover_ms_median"],
+                       r["failover_ms_min"], r["failover_ms_max"], r["ops_ratio"],
+                       r["lost_objects"], r["wrong_bytes"])]
 open(out_md, "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY
