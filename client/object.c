@@ -1,15 +1,24 @@
 /*
  * object.c - the object flows: put, get, exist, remove, size, stat.
  *
- * Put (batch_put_from): PutStart -> the master allocates extents (PENDING)
+ * Put (batch_put_ex): PutStart -> the master allocates extents (PENDING)
  * -> WRITE every replica through the transfer engine, CRC32C of the source
  * computed on the way -> PutEnd(crc) for keys whose every replica landed,
  * PutRevoke for the others. A key is visible only after PutEnd.
  *
- * Get (batch_get_into): GetReplicaList -> READ into the caller's buffer
+ * Get (read_batch): GetReplicaList -> READ into the caller's buffer
  * from a same-host replica first -> on a transfer error, the next replica
  * -> CRC32C of what arrived compared with the one stored at PutEnd; a
  * mismatch is KVP_ERR_CHECKSUM, never a success with wrong bytes.
+ *
+ * Both flows are written once over pieces (pieces_t): object i is the concatenation of its
+ * pieces, one per object for the plain calls, several for the scatter/gather ones
+ * (kvp_batch_put_from_multi, kvp_batch_get_into_multi). Each piece is one transfer op at
+ * its running offset in the extent, so scatter/gather is as zero-copy as the plain calls;
+ * the ops of one object and replica form a group whose statuses and CRCs are folded in
+ * order (kvp_crc32c_combine) into the object's. Ranged reads (kvp_get_into_ranges) are
+ * the get flow from an offset, cut at the object's end, with no CRC (it covers whole
+ * objects); ranges of one key share its GetReplicaList entry.
  *
  * Replies are unpacked into the calling thread's scratch arena (mem/scratch.h):
  * never freed one by one, given back when the public call returns.
@@ -149,31 +158,201 @@ fail:
     /* a failed revoke leaves PENDING objects the master reclaims with our connection */
 }
 
+/*
+ * Where a batch's object bytes are (a put reads them, a get writes them): object i is the
+ * concatenation of its pieces, in order. The single-buffer calls give one buffer per object
+ * (`one`), the scatter/gather calls n_bufs[i] buffers (a piece of size 0 is skipped), so
+ * neither builds arrays to call the other.
+ */
+typedef struct pieces {
+    const void *const *one; /* one buffer per object, of one_size[i]; NULL: the next three */
+    const size_t *one_size;
+    const void *const *const *bufs;
+    const size_t *const *sizes;
+    const size_t *n_bufs;
+} pieces_t;
+
+static bool pieces_ok(const pieces_t *p)
+{
+    return p->one != NULL ? p->one_size != NULL
+                          : p->bufs != NULL && p->sizes != NULL && p->n_bufs != NULL;
+}
+
+static size_t pieces_n(const pieces_t *p, size_t i)
+{
+    return p->one != NULL ? 1 : p->n_bufs[i];
+}
+
+static void *piece_buf(const pieces_t *p, size_t i, size_t b)
+{
+    return (void *)(p->one != NULL ? p->one[i] : p->bufs[i][b]);
+}
+
+static size_t piece_size(const pieces_t *p, size_t i, size_t b)
+{
+    return p->one != NULL ? p->one_size[i] : p->sizes[i][b];
+}
+
+/* Object i's bytes in *total_p, and how many pieces are not empty in *used_p;
+ * KVP_ERR_INVALID_ARG when it has no pieces or a piece has no buffer (an empty one of
+ * several may be NULL). */
+static kvp_status_t pieces_total(const pieces_t *p, size_t i, uint64_t *total_p, size_t *used_p)
+{
+    if (p->one == NULL && (p->bufs[i] == NULL || p->sizes[i] == NULL || p->n_bufs[i] == 0))
+        return KVP_ERR_INVALID_ARG;
+    uint64_t total = 0;
+    size_t used = 0;
+    for (size_t b = 0; b < pieces_n(p, i); b++) {
+        size_t s = piece_size(p, i, b);
+        if (piece_buf(p, i, b) == NULL && (s > 0 || p->one != NULL))
+            return KVP_ERR_INVALID_ARG;
+        total += s;
+        used += s > 0;
+    }
+    *total_p = total;
+    *used_p = used;
+    return KVP_OK;
+}
+
+/* Objects at[0..m) of p, as their own pieces (the busy-pool retries of a put). */
+static bool pieces_subset(const pieces_t *p, const size_t *at, size_t m, pieces_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (p->one != NULL) {
+        const void **one = kvp_scratch_alloc((m ? m : 1) * sizeof(*one));
+        size_t *one_size = kvp_scratch_alloc((m ? m : 1) * sizeof(*one_size));
+        if (one == NULL || one_size == NULL)
+            return false;
+        for (size_t j = 0; j < m; j++) {
+            one[j] = p->one[at[j]];
+            one_size[j] = p->one_size[at[j]];
+        }
+        out->one = one;
+        out->one_size = one_size;
+        return true;
+    }
+    const void *const **bufs = kvp_scratch_alloc((m ? m : 1) * sizeof(*bufs));
+    const size_t **sizes = kvp_scratch_alloc((m ? m : 1) * sizeof(*sizes));
+    size_t *n_bufs = kvp_scratch_alloc((m ? m : 1) * sizeof(*n_bufs));
+    if (bufs == NULL || sizes == NULL || n_bufs == NULL)
+        return false;
+    for (size_t j = 0; j < m; j++) {
+        bufs[j] = p->bufs[at[j]];
+        sizes[j] = p->sizes[at[j]];
+        n_bufs[j] = p->n_bufs[at[j]];
+    }
+    out->bufs = bufs;
+    out->sizes = sizes;
+    out->n_bufs = n_bufs;
+    return true;
+}
+
+/* Is any piece of object i device memory (its CRC then computed by the staged transfers)? */
+static bool pieces_gpu(kvp_client_t *c, const pieces_t *p, size_t i)
+{
+    for (size_t b = 0; b < pieces_n(p, i); b++)
+        if (piece_size(p, i, b) > 0 && kvp_transfer_mem_kind(&c->xfer, piece_buf(p, i, b),
+                                                             piece_size(p, i, b)) == KVP_MEM_CUDA)
+            return true;
+    return false;
+}
+
+/* CRC32C of object i's host-memory pieces, in order. */
+static uint32_t pieces_crc(const pieces_t *p, size_t i)
+{
+    uint32_t crc = 0;
+    for (size_t b = 0; b < pieces_n(p, i); b++)
+        if (piece_size(p, i, b) > 0)
+            crc = kvp_crc32c(crc, piece_buf(p, i, b), piece_size(p, i, b));
+    return crc;
+}
+
+/*
+ * Append the ops moving the first `len` bytes of object i's pieces to or from `peer` at
+ * `offset` (the extent's, plus where a range starts): one op per piece not empty, at the
+ * running offset, all in group `grp_id`. The caller's reference on peer goes to the first
+ * op; each further op takes its own. Returns the new op count.
+ */
+static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t grp_id,
+                            kvp_xfer_kind_t kind, const pieces_t *p, size_t i, uint64_t offset,
+                            uint64_t len, kvp_peer_t *peer, bool want_crc)
+{
+    bool first = true;
+    for (size_t b = 0; b < pieces_n(p, i) && len > 0; b++) {
+        uint64_t s = KVP_MIN((uint64_t)piece_size(p, i, b), len);
+        if (s == 0)
+            continue;
+        if (!first)
+            kvp_peer_ref(peer);
+        first = false;
+        ops[k] = (kvp_xfer_op_t){.kind = kind,
+                                 .local = piece_buf(p, i, b),
+                                 .offset = offset,
+                                 .length = s,
+                                 .peer = peer,
+                                 .want_crc = want_crc};
+        grp[k++] = grp_id;
+        offset += s;
+        len -= s;
+    }
+    if (first)
+        kvp_peer_unref(peer);
+    return k;
+}
+
+/*
+ * The ops [q, end) of one group (one object to or from one replica, a piece each), run:
+ * *st_p their first failure (KVP_OK: all moved), *crc_p the CRC of the whole in piece order
+ * (when they wanted one). Returns end.
+ */
+static size_t fold_ops(const kvp_xfer_op_t *ops, const size_t *grp, size_t q, size_t k,
+                       kvp_status_t *st_p, uint32_t *crc_p)
+{
+    kvp_status_t st = KVP_OK;
+    uint32_t crc = ops[q].crc;
+    size_t e = q;
+    for (; e < k && grp[e] == grp[q]; e++) {
+        if (st == KVP_OK)
+            st = ops[e].status;
+        if (e > q)
+            crc = kvp_crc32c_combine(crc, ops[e].crc, ops[e].length);
+    }
+    *st_p = st;
+    *crc_p = crc;
+    return e;
+}
+
+static void unref_ops(kvp_xfer_op_t *ops, size_t q, size_t e)
+{
+    for (; q < e; q++)
+        kvp_peer_unref(ops[q].peer);
+}
+
 /* ---------------- put ---------------- */
 
-static kvp_status_t batch_put_from_impl(kvp_client_t *c, const char *const *keys,
-                                        const void *const *bufs, const size_t *sizes, size_t n,
-                                        const kvp_put_config_t *config, kvp_status_t *results)
-{
-    return kvp_batch_put_from_ex(c, keys, bufs, sizes, n, config, results, NULL);
-}
+static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const pieces_t *src,
+                                 size_t n, const kvp_put_config_t *config, kvp_status_t *results,
+                                 uint32_t *replicas_written);
 
 kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const void *const *bufs,
                                 const size_t *sizes, size_t n, const kvp_put_config_t *config,
                                 kvp_status_t *results)
 {
     kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(
-        batch_put_from_impl(c, keys, bufs, sizes, n, config, results), "put");
+    pieces_t src = {.one = bufs, .one_size = sizes};
+    return (kvp_status_t)kvp_api_leave(batch_put_ex(c, keys, &src, n, config, results, NULL),
+                                       "put");
 }
 
+/* Replicas per object, at most (PutStart answers more: a protocol error). */
+#define REPLICAS_MAX 8
+
 static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys,
-                                        const void *const *bufs, const size_t *sizes, size_t n,
+                                        const pieces_t *src, size_t n,
                                         const kvp_put_config_t *config, kvp_status_t *results,
                                         uint32_t *replicas_written)
 {
-    if (c == NULL || keys == NULL || bufs == NULL || sizes == NULL || results == NULL ||
-        n > KVP_MAX_BATCH)
+    if (c == NULL || keys == NULL || !pieces_ok(src) || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     if (n == 0)
         return KVP_OK;
@@ -181,7 +360,7 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
     kvp_put_config_init(&cfg);
     if (config != NULL)
         memcpy(&cfg, config, KVP_MIN(config->size, sizeof(cfg)));
-    if (cfg.replica_num == 0 || cfg.replica_num > 8 || cfg.pin > KVP_PIN_HARD ||
+    if (cfg.replica_num == 0 || cfg.replica_num > REPLICAS_MAX || cfg.pin > KVP_PIN_HARD ||
         cfg.mode > KVP_PUT_UPSERT)
         return KVP_ERR_INVALID_ARG;
     if (replicas_written != NULL)
@@ -190,28 +369,29 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
     int32_t *st = kvp_scratch_alloc(n * sizeof(*st));
     size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
     uint64_t *szs = kvp_scratch_alloc(n * sizeof(*szs));
+    size_t *used = kvp_scratch_alloc(n * sizeof(*used));
     ProtobufCBinaryData *kp = kvp_scratch_alloc(n * sizeof(*kp));
     kvp_xfer_op_t *ops = NULL;
-    size_t *op_key = NULL;
-    unsigned *op_rep = NULL;
+    size_t *op_grp = NULL; /* key j's replica q: group j * REPLICAS_MAX + q */
     uint32_t *crcs = NULL;
     uint32_t *masks = NULL;
     Kvpool__PutStartResponse *sr = NULL;
     kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!st || !idx || !szs || !kp)
+    if (!st || !idx || !szs || !used || !kp)
         goto out_all;
     size_t m = gather_valid(keys, n, idx, st);
     size_t mm = 0;
     for (size_t j = 0; j < m; j++) {
         size_t i = idx[j];
-        if (sizes[i] == 0 || bufs[i] == NULL) {
+        uint64_t total = 0;
+        if (pieces_total(src, i, &total, &used[mm]) != KVP_OK || total == 0) {
             st[i] = KVP_ERR_INVALID_ARG;
             continue;
         }
         idx[mm] = i;
         kp[mm].data = (uint8_t *)keys[i];
         kp[mm].len = strlen(keys[i]);
-        szs[mm] = sizes[i];
+        szs[mm] = total;
         mm++;
     }
     m = mm;
@@ -261,17 +441,18 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
             KVP_LOG_DEBUG("put: waiting for reads in flight: %s", sr->message);
     }
 
+    /* one op per replica and piece: each piece lands at its running offset in the extent */
     size_t n_ops = 0;
     for (size_t j = 0; j < m; j++)
         if (sr->results[j]->status == KVP_OK)
-            n_ops += sr->results[j]->n_replicas;
+            n_ops += sr->results[j]->n_replicas * used[j];
     ops = kvp_scratch_calloc(n_ops + 1, sizeof(*ops));
-    op_key = kvp_scratch_alloc((n_ops + 1) * sizeof(*op_key));
-    op_rep = kvp_scratch_alloc((n_ops + 1) * sizeof(*op_rep));
+    op_grp = kvp_scratch_alloc((n_ops + 1) * sizeof(*op_grp));
     crcs = kvp_scratch_alloc(m * sizeof(*crcs));
     masks = kvp_scratch_calloc(m + 1, sizeof(*masks));
-    if (!ops || !op_key || !op_rep || !crcs || !masks) {
+    if (!ops || !op_grp || !crcs || !masks) {
         rc = KVP_ERR_NOMEM;
+        ops = NULL;
         /* what PutStart reserved is revoked below through the revoke list */
     }
     size_t k = 0;
@@ -280,25 +461,19 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
         st[idx[j]] = r->status;
         if (r->status != KVP_OK || ops == NULL)
             continue;
-        if (r->n_replicas == 0 || r->n_replicas > 8) {
+        if (r->n_replicas == 0 || r->n_replicas > REPLICAS_MAX) {
             st[idx[j]] = KVP_ERR_PROTOCOL;
             continue;
         }
         /* device memory: the CPU cannot checksum it afterwards, so every
          * replica's staged transfer computes the CRC on the way */
-        bool gpu = kvp_transfer_mem_kind(&c->xfer, bufs[idx[j]], sizes[idx[j]]) == KVP_MEM_CUDA;
+        bool gpu = pieces_gpu(c, src, idx[j]);
         for (size_t q = 0; q < r->n_replicas; q++) {
             kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[q]->segment_id);
             if (peer == NULL)
                 continue; /* an unknown segment: that replica is not written */
-            ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
-                                     .local = (void *)bufs[idx[j]],
-                                     .offset = r->replicas[q]->offset,
-                                     .length = r->replicas[q]->length,
-                                     .peer = peer,
-                                     .want_crc = q == 0 || gpu};
-            op_rep[k] = (unsigned)q;
-            op_key[k++] = j;
+            k = add_piece_ops(ops, op_grp, k, j * REPLICAS_MAX + q, KVP_XFER_WRITE, src, idx[j],
+                              r->replicas[q]->offset, szs[j], peer, q == 0 || gpu);
         }
     }
     if (ops != NULL) {
@@ -308,24 +483,28 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
         for (size_t j = 0; fail != NULL && j < m; j++)
             fail[j] = KVP_ERR_UNKNOWN_SEGMENT; /* stays so when no replica had a known peer */
         bool *have_crc = kvp_scratch_calloc(m + 1, sizeof(*have_crc));
-        for (size_t q = 0; q < k; q++) {
-            size_t j = op_key[q];
-            if (ops[q].status == KVP_OK) {
-                masks[j] |= 1u << op_rep[q];
+        for (size_t q = 0; q < k;) {
+            size_t j = op_grp[q] / REPLICAS_MAX;
+            kvp_status_t s;
+            uint32_t crc;
+            size_t end = fold_ops(ops, op_grp, q, k, &s, &crc);
+            if (s == KVP_OK) {
+                masks[j] |= 1u << (op_grp[q] % REPLICAS_MAX);
                 if (ops[q].want_crc && have_crc != NULL) {
-                    crcs[j] = ops[q].crc;
+                    crcs[j] = crc;
                     have_crc[j] = true;
                 }
             } else {
                 if (fail != NULL)
-                    fail[j] = ops[q].status;
+                    fail[j] = s;
                 KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]],
-                             ops[q].peer->name, kvp_strerror(ops[q].status));
+                             ops[q].peer->name, kvp_strerror(s));
                 kvp_api_fail_key(keys[idx[j]], "put %s: write to segment %s failed: %s",
-                                 keys[idx[j]], ops[q].peer->name, kvp_strerror(ops[q].status));
+                                 keys[idx[j]], ops[q].peer->name, kvp_strerror(s));
                 atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
             }
-            kvp_peer_unref(ops[q].peer);
+            unref_ops(ops, q, end);
+            q = end;
         }
         for (size_t j = 0; j < m; j++) {
             if (st[idx[j]] != KVP_OK)
@@ -342,7 +521,7 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
             } else if (have_crc == NULL || !have_crc[j]) {
                 /* the replica that computed the CRC on the way failed: compute it here
                  * (host memory only: device buffers had every replica compute it) */
-                crcs[j] = kvp_crc32c(0, bufs[idx[j]], sizes[idx[j]]);
+                crcs[j] = pieces_crc(src, idx[j]);
             }
         }
     }
@@ -392,14 +571,12 @@ out:
 
 /* One attempt; what it took from the thread's scratch arena is given back (the
  * busy-pool retries call it many times within one public call). */
-static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
-                                   const void *const *bufs, const size_t *sizes, size_t n,
-                                   const kvp_put_config_t *config, kvp_status_t *results,
+static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys, const pieces_t *src,
+                                   size_t n, const kvp_put_config_t *config, kvp_status_t *results,
                                    uint32_t *replicas_written)
 {
     size_t mark = kvp_scratch_mark();
-    kvp_status_t rc =
-        put_batch_once_body(c, keys, bufs, sizes, n, config, results, replicas_written);
+    kvp_status_t rc = put_batch_once_body(c, keys, src, n, config, results, replicas_written);
     kvp_scratch_release(mark);
     return rc;
 }
@@ -410,17 +587,16 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys,
  * most the RPC timeout; then the keys get KVP_ERR_POOL_FULL. Only the busy
  * keys are retried; the allocations here are on that rare path only.
  */
-static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *keys,
-                                           const void *const *bufs, const size_t *sizes, size_t n,
-                                           const kvp_put_config_t *config, kvp_status_t *results,
-                                           uint32_t *replicas_written)
+static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const pieces_t *src,
+                                 size_t n, const kvp_put_config_t *config, kvp_status_t *results,
+                                 uint32_t *replicas_written)
 {
     if (results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     /* what the call leaves untouched (arguments refused outright) reads as refused */
     for (size_t i = 0; i < n; i++)
         results[i] = KVP_ERR_INVALID_ARG;
-    kvp_status_t rc = put_batch_once(c, keys, bufs, sizes, n, config, results, replicas_written);
+    kvp_status_t rc = put_batch_once(c, keys, src, n, config, results, replicas_written);
     size_t nb = 0;
     for (size_t i = 0; rc != KVP_OK && i < n; i++)
         nb += results[i] == KVP_ERR_POOL_BUSY;
@@ -433,12 +609,10 @@ static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *k
         kvp_now_ms() + (c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000);
     size_t *at = kvp_scratch_alloc(nb * sizeof(*at));
     const char **k2 = kvp_scratch_alloc(nb * sizeof(*k2));
-    const void **b2 = kvp_scratch_alloc(nb * sizeof(*b2));
-    size_t *s2 = kvp_scratch_alloc(nb * sizeof(*s2));
     kvp_status_t *r2 = kvp_scratch_alloc(nb * sizeof(*r2));
     uint32_t *w2 = kvp_scratch_alloc(nb * sizeof(*w2));
     unsigned sleep_ms = 1;
-    while (nb > 0 && at && k2 && b2 && s2 && r2 && w2 && kvp_now_ms() < deadline) {
+    while (nb > 0 && at && k2 && r2 && w2 && kvp_now_ms() < deadline) {
         usleep(sleep_ms * 1000u);
         sleep_ms = KVP_MIN(sleep_ms * 2, 8u); /* room held by offloads comes back within ms */
         size_t m = 0;
@@ -446,11 +620,16 @@ static kvp_status_t batch_put_from_ex_impl(kvp_client_t *c, const char *const *k
             if (results[i] != KVP_ERR_POOL_BUSY)
                 continue;
             at[m] = i;
-            k2[m] = keys[i];
-            b2[m] = bufs[i];
-            s2[m++] = sizes[i];
+            k2[m++] = keys[i];
         }
-        put_batch_once(c, k2, b2, s2, m, config, r2, w2);
+        size_t mark = kvp_scratch_mark();
+        pieces_t src2;
+        if (!pieces_subset(src, at, m, &src2)) {
+            kvp_scratch_release(mark);
+            break;
+        }
+        put_batch_once(c, k2, &src2, m, config, r2, w2);
+        kvp_scratch_release(mark);
         nb = 0;
         for (size_t j = 0; j < m; j++) {
             results[at[j]] = r2[j];
@@ -484,8 +663,20 @@ kvp_status_t kvp_batch_put_from_ex(kvp_client_t *c, const char *const *keys,
                                    uint32_t *replicas_written)
 {
     kvp_api_enter();
+    pieces_t src = {.one = bufs, .one_size = sizes};
     return (kvp_status_t)kvp_api_leave(
-        batch_put_from_ex_impl(c, keys, bufs, sizes, n, config, results, replicas_written), "put");
+        batch_put_ex(c, keys, &src, n, config, results, replicas_written), "put");
+}
+
+kvp_status_t kvp_batch_put_from_multi(kvp_client_t *c, const char *const *keys,
+                                      const void *const *const *bufs, const size_t *const *sizes,
+                                      const size_t *n_bufs, size_t n,
+                                      const kvp_put_config_t *config, kvp_status_t *results)
+{
+    kvp_api_enter();
+    pieces_t src = {.bufs = bufs, .sizes = sizes, .n_bufs = n_bufs};
+    return (kvp_status_t)kvp_api_leave(batch_put_ex(c, keys, &src, n, config, results, NULL),
+                                       "put");
 }
 
 static kvp_status_t put_impl(kvp_client_t *c, const char *key, const void *buf, size_t len,
@@ -558,157 +749,189 @@ static void release_leases(kvp_client_t *c, const Kvpool__GetReplicaListResponse
     kvp_client_lease_release(c, ids, k);
 }
 
-static kvp_status_t batch_get_into_impl(kvp_client_t *c, const char *const *keys, void *const *bufs,
-                                        const size_t *caps, size_t n, int64_t *results)
+/* Order items by key (qsort_r): the ranges of one key share its GetReplicaList entry. */
+static int cmp_item_key(const void *a, const void *b, void *keys)
 {
-    if (c == NULL || keys == NULL || bufs == NULL || caps == NULL || results == NULL ||
-        n > KVP_MAX_BATCH)
+    const char *const *k = keys;
+    return strcmp(k[*(const size_t *)a], k[*(const size_t *)b]);
+}
+
+/*
+ * The read flow behind every get. Item t reads object keys[t] into the pieces of dst's
+ * object t: with offsets NULL the whole object (it must fit: KVP_ERR_BUFFER_TOO_SMALL, and
+ * its CRC is checked over the pieces in order); else the bytes from offsets[t] on, as many
+ * as the pieces hold, up to the object's end (no CRC: it covers whole objects only). Items
+ * naming the same key share one GetReplicaList entry when ranged (whole gets send their
+ * keys as given). results[t]: the bytes read, or a negative status.
+ */
+static kvp_status_t read_batch(kvp_client_t *c, const char *const *keys, const pieces_t *dst,
+                               const uint64_t *offsets, size_t n, int64_t *results)
+{
+    if (c == NULL || keys == NULL || !pieces_ok(dst) || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     if (n == 0)
         return KVP_OK;
+    bool whole = offsets == NULL;
     int32_t *st = kvp_scratch_alloc(n * sizeof(*st));
     size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
+    size_t *slot = kvp_scratch_alloc(n * sizeof(*slot)); /* item -> its GetReplicaList entry */
+    uint64_t *len = kvp_scratch_alloc(n * sizeof(*len));
     kvp_xfer_op_t *ops = NULL;
-    size_t *op_key = NULL;
-    size_t(*order)[8] = NULL;
+    size_t *op_item = NULL;
+    size_t(*order)[REPLICAS_MAX] = NULL;
     unsigned *tried = NULL;
     Kvpool__GetReplicaListResponse *gr = NULL;
     kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!st || !idx)
+    if (!st || !idx || !slot || !len)
         goto out;
     size_t m = gather_valid(keys, n, idx, st);
-    size_t mm = 0;
+    size_t mm = 0, max_ops = 0;
     for (size_t j = 0; j < m; j++) {
-        if (bufs[idx[j]] == NULL)
+        size_t used = 0;
+        if (pieces_total(dst, idx[j], &len[idx[j]], &used) != KVP_OK ||
+            (!whole && len[idx[j]] == 0)) {
             st[idx[j]] = KVP_ERR_INVALID_ARG;
-        else
-            idx[mm++] = idx[j];
+            continue;
+        }
+        max_ops += used;
+        idx[mm++] = idx[j];
     }
     m = mm;
+    /* idx[0..m): the items to ask about; made into the GetReplicaList entries: idx[e] is an
+     * item whose key entry e asks for, slot[t] item t's entry (one per distinct key when
+     * ranged, sorted so that equal keys are neighbours) */
+    if (!whole && m > 1)
+        qsort_r(idx, m, sizeof(*idx), cmp_item_key, (void *)keys);
+    size_t n_ent = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t t = idx[j];
+        if (whole || n_ent == 0 || strcmp(keys[t], keys[idx[n_ent - 1]]) != 0)
+            idx[n_ent++] = t; /* n_ent <= j: only places already read are written */
+        slot[t] = n_ent - 1;
+    }
     if (m > 0) {
         uint8_t *resp;
         size_t rlen;
         /* the lease runs from the master's reply; measuring from before the request
          * makes the client's view of it conservative */
         uint64_t lease_start = kvp_now_ms();
-        rc = keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, idx, m, false, &resp, &rlen);
+        rc = keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, idx, n_ent, false, &resp, &rlen);
         if (rc != KVP_OK)
             goto out;
         gr = kvpool__get_replica_list_response__unpack(&kvp_scratch_pb, rlen, resp);
-        if (gr == NULL || gr->status != KVP_OK || gr->n_results != m) {
+        if (gr == NULL || gr->status != KVP_OK || gr->n_results != n_ent) {
             rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
             goto out;
         }
         kvp_client_peers_update(c, gr->segments, gr->n_segments);
-        ops = kvp_scratch_calloc(m, sizeof(*ops));
-        op_key = kvp_scratch_alloc(m * sizeof(*op_key));
-        order = kvp_scratch_alloc(m * sizeof(*order));
-        tried = kvp_scratch_calloc(m, sizeof(*tried));
+        ops = kvp_scratch_calloc(max_ops + 1, sizeof(*ops));
+        op_item = kvp_scratch_alloc((max_ops + 1) * sizeof(*op_item));
+        order = kvp_scratch_alloc(n_ent * sizeof(*order));
+        tried = kvp_scratch_calloc(n, sizeof(*tried));
         rc = KVP_ERR_NOMEM;
-        if (!ops || !op_key || !order || !tried)
+        if (!ops || !op_item || !order || !tried)
             goto out;
-        for (size_t j = 0; j < m; j++) {
-            Kvpool__GetReplicaResult *r = gr->results[j];
-            st[idx[j]] = r->status;
+        for (size_t e = 0; e < n_ent; e++) {
+            Kvpool__GetReplicaResult *r = gr->results[e];
+            if (r->status == KVP_OK && r->n_replicas >= 1 && r->n_replicas <= REPLICAS_MAX)
+                order_replicas(c, r, order[e]);
+        }
+        for (size_t t = 0; t < n; t++) {
+            if (st[t] != KVP_OK)
+                continue;
+            Kvpool__GetReplicaResult *r = gr->results[slot[t]];
+            st[t] = r->status;
             if (r->status != KVP_OK)
                 continue;
-            if (r->n_replicas == 0 || r->n_replicas > 8) {
-                st[idx[j]] = KVP_ERR_PROTOCOL;
-                continue;
-            }
-            if (r->size > caps[idx[j]]) {
-                st[idx[j]] = KVP_ERR_BUFFER_TOO_SMALL;
-                continue;
-            }
-            order_replicas(c, r, order[j]);
+            if (r->n_replicas == 0 || r->n_replicas > REPLICAS_MAX)
+                st[t] = KVP_ERR_PROTOCOL;
+            else if (whole && r->size > len[t])
+                st[t] = KVP_ERR_BUFFER_TOO_SMALL;
+            else if (!whole && offsets[t] >= r->size)
+                st[t] = KVP_ERR_OUT_OF_RANGE;
+            else
+                len[t] = whole ? r->size : KVP_MIN(len[t], r->size - offsets[t]);
         }
-        /* one round per replica rank: keys whose read failed try their next replica */
-        for (unsigned round = 0; round < 8; round++) {
+        /* one round per replica rank: items whose read failed try their next replica */
+        for (unsigned round = 0; round < REPLICAS_MAX; round++) {
             size_t k = 0;
-            for (size_t j = 0; j < m; j++) {
-                Kvpool__GetReplicaResult *r = gr->results[j];
-                if (r->status != KVP_OK || tried[j] != round || round >= r->n_replicas)
+            for (size_t t = 0; t < n; t++) {
+                if (round == 0 ? st[t] != KVP_OK : st[t] == KVP_OK || tried[t] != round)
+                    continue; /* refused, not asked, too small... or done */
+                Kvpool__GetReplicaResult *r = gr->results[slot[t]];
+                if (r->status != KVP_OK || round >= r->n_replicas)
                     continue;
-                if (st[idx[j]] != KVP_OK && round == 0)
-                    continue; /* too small, bad reply: no transfer at all */
-                if (round > 0 && st[idx[j]] == KVP_OK)
-                    continue; /* done */
-                Kvpool__Replica *rep = r->replicas[order[j][round]];
+                Kvpool__Replica *rep = r->replicas[order[slot[t]][round]];
                 kvp_peer_t *peer = kvp_client_peer_get(c, rep->segment_id);
-                tried[j]++;
+                tried[t]++;
                 if (peer == NULL) {
-                    st[idx[j]] = KVP_ERR_UNKNOWN_SEGMENT;
-                    kvp_api_fail_key(keys[idx[j]],
+                    st[t] = KVP_ERR_UNKNOWN_SEGMENT;
+                    kvp_api_fail_key(keys[t],
                                      "get %s: replica on segment %#llx, which this client has no "
                                      "descriptor for",
-                                     keys[idx[j]], (unsigned long long)rep->segment_id);
+                                     keys[t], (unsigned long long)rep->segment_id);
                     continue;
                 }
-                ops[k] = (kvp_xfer_op_t){.kind = KVP_XFER_READ,
-                                         .local = bufs[idx[j]],
-                                         .offset = rep->offset,
-                                         .length = r->size,
-                                         .peer = peer,
-                                         .want_crc = c->params.verify_crc != 0};
-                op_key[k++] = j;
+                k = add_piece_ops(ops, op_item, k, t, KVP_XFER_READ, dst, t,
+                                  rep->offset + (whole ? 0 : offsets[t]), len[t], peer,
+                                  whole && c->params.verify_crc != 0);
             }
             if (k == 0)
                 break;
             kvp_transfer_run(&c->xfer, ops, k);
             bool lease_over =
                 gr->lease_ttl_ms > 0 && kvp_now_ms() - lease_start >= gr->lease_ttl_ms;
-            for (size_t q = 0; q < k; q++) {
-                size_t j = op_key[q];
-                kvp_status_t s = ops[q].status;
+            for (size_t q = 0; q < k;) {
+                size_t t = op_item[q];
+                kvp_status_t s;
+                uint32_t crc;
+                size_t end = fold_ops(ops, op_item, q, k, &s, &crc);
                 if (s == KVP_OK && lease_over) {
                     /* the extent may have been reused after the lease: do not trust it */
-                    KVP_LOG_WARN("get %s: transfer outlasted the %u ms read lease", keys[idx[j]],
+                    KVP_LOG_WARN("get %s: transfer outlasted the %u ms read lease", keys[t],
                                  gr->lease_ttl_ms);
                     s = KVP_ERR_LEASE_EXPIRED;
                 }
-                if (s == KVP_OK && ops[q].want_crc && ops[q].crc != gr->results[j]->crc32c) {
-                    KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[idx[j]],
+                if (s == KVP_OK && ops[q].want_crc && crc != gr->results[slot[t]]->crc32c) {
+                    KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[t],
                                  ops[q].peer->name);
-                    kvp_api_fail_key(keys[idx[j]],
-                                     "get %s: checksum mismatch reading from segment %s",
-                                     keys[idx[j]], ops[q].peer->name);
+                    kvp_api_fail_key(keys[t], "get %s: checksum mismatch reading from segment %s",
+                                     keys[t], ops[q].peer->name);
                     s = KVP_ERR_CHECKSUM;
                 } else if (s != KVP_OK) {
-                    KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[idx[j]],
+                    KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[t],
                                  ops[q].peer->name, kvp_strerror(s));
-                    kvp_api_fail_key(keys[idx[j]], "get %s: read from segment %s failed: %s",
-                                     keys[idx[j]], ops[q].peer->name, kvp_strerror(s));
+                    kvp_api_fail_key(keys[t], "get %s: read from segment %s failed: %s", keys[t],
+                                     ops[q].peer->name, kvp_strerror(s));
                     if (s != KVP_ERR_LEASE_EXPIRED)
                         atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
                 }
-                st[idx[j]] = s;
-                kvp_peer_unref(ops[q].peer);
+                st[t] = s;
+                unref_ops(ops, q, end);
+                q = end;
             }
         }
         /* an object with several copies, none of which could be read: say so (each
          * copy's own failure was logged and the first recorded for last_error) */
-        for (size_t j = 0; gr != NULL && j < m; j++) {
-            Kvpool__GetReplicaResult *r = gr->results[j];
-            int32_t s = st[idx[j]];
-            if (r->status == KVP_OK && r->n_replicas > 1 && tried[j] >= r->n_replicas &&
-                s != KVP_OK && s != KVP_ERR_CHECKSUM && s != KVP_ERR_LEASE_EXPIRED &&
-                s != KVP_ERR_BUFFER_TOO_SMALL && s != KVP_ERR_PROTOCOL)
-                st[idx[j]] = KVP_ERR_NO_REPLICA;
+        for (size_t t = 0; t < n; t++) {
+            int32_t s = st[t];
+            if (s == KVP_OK || tried[t] == 0)
+                continue;
+            Kvpool__GetReplicaResult *r = gr->results[slot[t]];
+            if (r->n_replicas > 1 && tried[t] >= r->n_replicas && s != KVP_ERR_CHECKSUM &&
+                s != KVP_ERR_LEASE_EXPIRED)
+                st[t] = KVP_ERR_NO_REPLICA;
         }
     }
     release_leases(c, gr);
     kvp_api_fail_keys("get", keys, st, n);
-    for (size_t i = 0; i < n; i++)
-        results[i] = st[i];
-    for (size_t j = 0; j < m; j++)
-        if (st[idx[j]] == KVP_OK)
-            results[idx[j]] = (int64_t)gr->results[j]->size;
-    rc = first_error(st, n);
-    return rc;
+    for (size_t t = 0; t < n; t++)
+        results[t] = st[t] == KVP_OK ? (int64_t)len[t] : st[t];
+    return first_error(st, n);
 out:
     release_leases(c, gr);
-    for (size_t i = 0; i < n; i++)
-        results[i] = st && st[i] != KVP_OK ? st[i] : rc;
+    for (size_t t = 0; t < n; t++)
+        results[t] = st && st[t] != KVP_OK ? st[t] : rc;
     return rc;
 }
 
@@ -716,7 +939,46 @@ kvp_status_t kvp_batch_get_into(kvp_client_t *c, const char *const *keys, void *
                                 const size_t *caps, size_t n, int64_t *results)
 {
     kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(batch_get_into_impl(c, keys, bufs, caps, n, results), "get");
+    pieces_t dst = {.one = (const void *const *)bufs, .one_size = caps};
+    return (kvp_status_t)kvp_api_leave(read_batch(c, keys, &dst, NULL, n, results), "get");
+}
+
+kvp_status_t kvp_batch_get_into_multi(kvp_client_t *c, const char *const *keys,
+                                      void *const *const *bufs, const size_t *const *sizes,
+                                      const size_t *n_bufs, size_t n, int64_t *results)
+{
+    kvp_api_enter();
+    pieces_t dst = {.bufs = (const void *const *const *)bufs, .sizes = sizes, .n_bufs = n_bufs};
+    return (kvp_status_t)kvp_api_leave(read_batch(c, keys, &dst, NULL, n, results), "get");
+}
+
+static kvp_status_t get_into_ranges_impl(kvp_client_t *c, const kvp_range_t *ranges, size_t n,
+                                         int64_t *results)
+{
+    if (ranges == NULL || results == NULL || n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    const char **keys = kvp_scratch_alloc((n ? n : 1) * sizeof(*keys));
+    const void **bufs = kvp_scratch_alloc((n ? n : 1) * sizeof(*bufs));
+    size_t *lens = kvp_scratch_alloc((n ? n : 1) * sizeof(*lens));
+    uint64_t *offsets = kvp_scratch_alloc((n ? n : 1) * sizeof(*offsets));
+    if (!keys || !bufs || !lens || !offsets)
+        return KVP_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = ranges[i].key;
+        bufs[i] = ranges[i].buf;
+        /* a length past what a buffer can be is cut to the object's end anyway */
+        lens[i] = (size_t)KVP_MIN(ranges[i].length, (uint64_t)SIZE_MAX);
+        offsets[i] = ranges[i].offset;
+    }
+    pieces_t dst = {.one = bufs, .one_size = lens};
+    return read_batch(c, keys, &dst, offsets, n, results);
+}
+
+kvp_status_t kvp_get_into_ranges(kvp_client_t *c, const kvp_range_t *ranges, size_t n,
+                                 int64_t *results)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(get_into_ranges_impl(c, ranges, n, results), "get");
 }
 
 static int64_t get_into_impl(kvp_client_t *c, const char *key, void *buf, size_t cap)

@@ -16,6 +16,8 @@ PKGS=(
   # (libclang_rt.fuzzer/asan/ubsan, not pulled in without recommends), and
   # llvm-symbolizer (package llvm) for symbolized crash stacks
   clang libclang-rt-14-dev llvm
+  # the Python module (client/python) and its pytest suite (tests/python)
+  python3-dev python3-pytest python3-numpy
 )
 
 missing=()

@@ -10,8 +10,9 @@
 #   deploy/test.sh --no-asan  normal build only (no sanitizers, no fuzzing)
 #
 # Suites: unit, integration, fault (tests/fault); bench (a ~20 s smoke of every
-# kvpool-bench mode) once, on the normal build only; then deploy/fuzz.sh; with
-# --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
+# kvpool-bench mode) and the Python module's pytest suite (tests/python, its
+# tests counted one each) once, on the normal build only; then deploy/fuzz.sh;
+# with --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -57,6 +58,36 @@ run_suite() { # builddir, setup args...; returns non-zero when the build failed
   return 0
 }
 
+# The Python module (client/python: kvpool, mooncake.store) under pytest (tests/python),
+# against a build dir's tree (PYTHONPATH, the daemons the fixtures start); each test
+# counts. The interpreter: the first python3 that imports pytest, numpy and the built
+# module (a pyenv python3 without pytest falls back to Debian's /usr/bin/python3).
+run_pytest() { # builddir
+  local dir=$1 py="" cand
+  for cand in python3 /usr/bin/python3; do
+    if PYTHONPATH=$dir/client/python "$cand" -c 'import pytest, numpy, kvpool, mooncake.store' \
+        >/dev/null 2>&1; then
+      py=$cand; break
+    fi
+  done
+  if [ -z "$py" ]; then
+    echo "pytest: no python3 imports pytest, numpy and $dir/client/python (deploy/install-deps.sh)"
+    failed=$((failed+1)); rc_all=1; return
+  fi
+  PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
+    KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
+    "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$dir/pytest.out"
+  local rc=${PIPESTATUS[0]} line ok fail err
+  [ "$rc" -ne 0 ] && rc_all=1
+  line=$(tail -n 1 "$dir/pytest.out")   # "2 failed, 46 passed, 1 error in 31.2s"
+  ok=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+')
+  fail=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
+  err=$(grep -oE '[0-9]+ errors?' <<<"$line" | grep -oE '[0-9]+')
+  passed=$((passed + ${ok:-0}))
+  failed=$((failed + ${fail:-0} + ${err:-0}))
+  if [ "$rc" -ne 0 ] && [ "${fail:-0}" = 0 ] && [ "${err:-0}" = 0 ]; then failed=$((failed+1)); fi
+}
+
 # Formatting (.clang-format) is part of the tests: one more check, counted like a test.
 if command -v clang-format >/dev/null && git rev-parse --git-dir >/dev/null 2>&1; then
   if git ls-files -z '*.c' '*.h' | xargs -0 clang-format --dry-run --Werror 2>"format.log"; then
@@ -74,6 +105,7 @@ fi
 if run_suite build; then
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
+  run_pytest build
 fi
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0

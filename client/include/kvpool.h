@@ -340,6 +340,133 @@ const char *kvp_client_last_error(void);
 kvp_status_t kvp_pool_stat(kvp_client_t *client, kvp_pool_stat_t **stat_p);
 void kvp_pool_stat_free(kvp_pool_stat_t *stat);
 
+/* ---- scatter/gather, ranged reads, asynchronous batches (docs/architecture.md) ---- */
+
+/*
+ * Batch put where object i is the concatenation of bufs[i][0..n_bufs[i]) of
+ * sizes[i][0..n_bufs[i]) bytes, in order (e.g. one buffer per layer's K and V:
+ * vLLM's and SGLang's batch_put_from_multi_buffers). Zero-copy like
+ * kvp_batch_put_from on every transport: each buffer is written straight into
+ * the object's extent at its running offset (device buffers are staged as
+ * there); the CRC stored is the whole object's. n_bufs[i] >= 1; a buffer of
+ * size 0 is skipped (it may be NULL); the total must be >= 1. A key whose
+ * arrays are missing, whose buffer is NULL, or whose total is 0 gets
+ * KVP_ERR_INVALID_ARG. Every buffer is read during the call only. results[i]
+ * per key; returns as kvp_batch_put_from (its outcomes too). config may be NULL.
+ */
+kvp_status_t kvp_batch_put_from_multi(kvp_client_t *client, const char *const *keys,
+                                      const void *const *const *bufs, const size_t *const *sizes,
+                                      const size_t *n_bufs, size_t n,
+                                      const kvp_put_config_t *config, kvp_status_t *results);
+
+/*
+ * Batch get that scatters object i into bufs[i][0..n_bufs[i]) of capacities
+ * sizes[i][..], in order: the first buffer is filled, then the next, until the
+ * object ends (batch_get_into_multi_buffers). results[i]: the object's true
+ * length (>= 1) on success, the buffers past the object's end left untouched;
+ * or a negative status: KVP_ERR_BUFFER_TOO_SMALL when the buffers' total
+ * capacity is less than the object (nothing written), KVP_ERR_NOT_FOUND,
+ * KVP_ERR_INVALID_ARG (missing arrays, a NULL buffer of non-zero capacity),
+ * and kvp_batch_get_into's others. CRC-checked like kvp_batch_get_into (the
+ * CRC over the pieces, in order): never a success with wrong bytes. Buffers of
+ * capacity 0 are skipped. Returns as kvp_batch_put_from.
+ */
+kvp_status_t kvp_batch_get_into_multi(kvp_client_t *client, const char *const *keys,
+                                      void *const *const *bufs, const size_t *const *sizes,
+                                      const size_t *n_bufs, size_t n, int64_t *results);
+
+/* One ranged read: bytes [offset, offset + length) of object `key` into buf. */
+typedef struct kvp_range {
+    const char *key;
+    uint64_t offset;
+    uint64_t length; /* buf holds at least this many bytes */
+    void *buf;
+} kvp_range_t;
+
+/*
+ * Ranged reads (n <= KVP_MAX_BATCH). results[i]: the bytes read into
+ * ranges[i].buf, == length, or fewer when the range reaches past the object's
+ * end (it is read up to the end; nothing is written past the returned count);
+ * or negative: KVP_ERR_NOT_FOUND, KVP_ERR_OUT_OF_RANGE (offset >= the object's
+ * size), KVP_ERR_INVALID_ARG (length 0, NULL buf), KVP_ERR_BAD_KEY, transfer
+ * errors. Several ranges may name the same key: its replicas are asked for
+ * once. Not CRC-checked: the stored CRC covers whole objects, so a part of one
+ * cannot be verified (a get of the whole object can). Returns as
+ * kvp_batch_put_from.
+ */
+kvp_status_t kvp_get_into_ranges(kvp_client_t *client, const kvp_range_t *ranges, size_t n,
+                                 int64_t *results);
+
+/*
+ * Asynchronous batches. A queue runs submitted batches on its own worker
+ * threads (a fixed pool, started at create; never a thread per call), each
+ * exactly as the synchronous call would, and signals each completion on an
+ * eventfd the caller can poll or hand to an event loop (epoll, asyncio
+ * add_reader). Batches run concurrently, so they may complete in any order;
+ * user_data tells them apart.
+ */
+typedef struct kvp_aq kvp_aq_t;
+
+typedef struct kvp_aq_completion {
+    void *user_data;     /* as submitted */
+    kvp_status_t status; /* the batch call's return */
+} kvp_aq_completion_t;
+
+/* Batches submitted and not yet reaped, at most, per queue. */
+#define KVP_AQ_MAX_INFLIGHT 1024
+
+/*
+ * A queue over `client` (borrowed: it must outlive the queue) with `workers`
+ * threads (0: 2; at most 64). KVP_OK and *aq_p set; KVP_ERR_INVALID_ARG,
+ * KVP_ERR_NOMEM, KVP_ERR_SYSTEM (no eventfd or thread).
+ */
+kvp_status_t kvp_aq_create(kvp_client_t *client, unsigned workers, kvp_aq_t **aq_p);
+
+/*
+ * Wait for every submitted batch to complete, then stop the workers and free
+ * the queue; completions not reaped are dropped and the fd is closed. No
+ * other call on the queue may be in flight or follow. NULL is ignored.
+ */
+void kvp_aq_destroy(kvp_aq_t *aq);
+
+/*
+ * The queue's eventfd (EFD_NONBLOCK | EFD_CLOEXEC, owned by the queue):
+ * readable exactly while completions wait to be reaped. Read it only through
+ * kvp_aq_reap. KVP_ERR_INVALID_ARG for a NULL aq.
+ */
+int kvp_aq_fd(kvp_aq_t *aq);
+
+/*
+ * Submit a batch and return at once: kvp_batch_put_from, kvp_batch_get_into,
+ * kvp_batch_is_exist (prefix length not reported) with the same arguments,
+ * run on a worker exactly as the synchronous call: results[] and the
+ * completion's status are what it would give (bad arrays included).
+ * Every array (keys and their strings, bufs and the memory they point to,
+ * sizes/caps, results) is borrowed until the batch's completion is reaped:
+ * keep it valid and untouched until then. The put config and its strings
+ * are copied here (the caller's may go away). Outcomes: KVP_OK (a completion
+ * will come); KVP_ERR_TOO_MANY when KVP_AQ_MAX_INFLIGHT batches are submitted
+ * and not yet reaped (reap some first); KVP_ERR_INVALID_ARG (NULL aq, a config
+ * string too long: preferred_segment over 255 bytes, medium over 31);
+ * KVP_ERR_SHUTDOWN once destroy began. Nothing is submitted on failure.
+ * Thread: any, concurrently.
+ */
+kvp_status_t kvp_aq_put(kvp_aq_t *aq, const char *const *keys, const void *const *bufs,
+                        const size_t *sizes, size_t n, const kvp_put_config_t *config,
+                        kvp_status_t *results, void *user_data);
+kvp_status_t kvp_aq_get(kvp_aq_t *aq, const char *const *keys, void *const *bufs,
+                        const size_t *caps, size_t n, int64_t *results, void *user_data);
+kvp_status_t kvp_aq_exist(kvp_aq_t *aq, const char *const *keys, size_t n, int *results,
+                          void *user_data);
+
+/*
+ * Non-blocking: move up to `max` completed batches to out, oldest completion
+ * first, and return how many. The eventfd is read down when none is left, so
+ * it stays readable exactly while more wait. A reaped batch's arrays are the
+ * caller's again. Thread: any, concurrently.
+ */
+size_t kvp_aq_reap(kvp_aq_t *aq, kvp_aq_completion_t *out, size_t max);
+
 #ifdef __cplusplus
 }
 #endif

@@ -566,9 +566,11 @@ static void test_failover_kill9(void **state)
     usleep(1000000);
     uint64_t e0;
     int old = wait_leader(e, 0, 1000, &e0);
-    uint64_t killed = kvp_now_ms();
+    kvp_proc_kill9(&e->master[old]); /* returns once it is dead (reaped) */
+    /* taken after: a put the old leader answered while the signal was on its way is not
+     * "after the kill" */
+    uint64_t killed = kvp_now_ms() + 1;
     atomic_store(&kill_ms, killed);
-    kvp_proc_kill9(&e->master[old]);
     uint64_t e1;
     int leader = wait_leader(e, e0, 15000, &e1);
     uint64_t t_leader = kvp_now_ms() - killed;

@@ -1,0 +1,447 @@
+"""kvpool: the Python client of kvpool, a distributed KV-cache store.
+
+    import kvpool, numpy as np
+    with kvpool.Client(master="127.0.0.1:50051", segment_size="1GiB") as c:
+        c.put("m@blk-1", b"bytes")                  # any buffer: bytes, numpy, ...
+        c.get("m@blk-1")                            # -> b"bytes"
+        a = np.empty(4096, np.uint8)
+        c.batch_get_into(["m@blk-1"], [a])          # -> [5]: zero-copy into a
+
+Every call goes through libkvpool with the GIL released, and one Client may
+be shared by any number of threads. Failures raise kvpool.Error (.status, the
+kvp_status_t; .name, "KVP_ERR_NOT_FOUND"; the message says what happened).
+Batch calls report per key (sizes, or negative statuses such as
+kvpool.ERR_NOT_FOUND) and raise only when the whole call failed (the master
+unreachable, a timeout, a closed client). Bad Python arguments raise
+TypeError or ValueError. Full reference: docs/python.md.
+"""
+
+import re as _re
+import threading as _threading
+
+from . import _kvpool
+from ._kvpool import BufferHandle, Error
+
+#: status name -> number, from libkvpool's one status list ("KVP_ERR_NOT_FOUND": -3)
+STATUS = dict(_kvpool.STATUS)
+#: number -> status name
+STATUS_NAMES = {v: k for k, v in STATUS.items()}
+# kvpool.OK, kvpool.ERR_NOT_FOUND, ... (KVP_ prefix dropped)
+globals().update({k[4:]: v for k, v in STATUS.items()})
+
+PIN_NONE, PIN_SOFT, PIN_HARD = 0, 1, 2
+PUT_INSERT, PUT_UPSERT = 0, 1
+#: preferred_segment meaning "this client's own segment"
+SEGMENT_LOCAL = _kvpool.SEGMENT_LOCAL
+MAX_BATCH = _kvpool.MAX_BATCH
+
+# Statuses that, carried by every key of a batch, mean the call failed as a whole.
+_WHOLE_BATCH = frozenset(
+    STATUS[n]
+    for n in (
+        "KVP_ERR_NOMEM", "KVP_ERR_CONNECT", "KVP_ERR_TIMEOUT",
+        "KVP_ERR_PROTOCOL", "KVP_ERR_VERSION", "KVP_ERR_FRAME_TOO_LARGE", "KVP_ERR_SYSTEM",
+        "KVP_ERR_SHUTDOWN", "KVP_ERR_INTERNAL", "KVP_ERR_TOO_MANY", "KVP_ERR_NOT_LEADER",
+    )
+)
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE_RE = _re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", _re.IGNORECASE)
+
+
+def parse_size(value):
+    """A byte count from an int or a string such as "4GB", "512MiB", "64 MB",
+    "1024" (units are powers of 1024, as Mooncake reads them). Raises
+    ValueError for anything else, negative sizes included."""
+    if isinstance(value, bool):
+        raise TypeError("a size must be an int or a string like '4GB', not bool")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"a size must be >= 0, got {value}")
+        return value
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    if not isinstance(value, str):
+        raise TypeError(f"a size must be an int or a string like '4GB', not {type(value).__name__}")
+    m = _SIZE_RE.match(value)
+    if m is None:
+        raise ValueError(f"cannot read {value!r} as a size (examples: 4096, '512MB', '4GiB')")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _raise(status, message=None):
+    raise _kvpool.error(status, message)
+
+
+def _raise_key(status, what, key):
+    """Raise with the library's words, naming the key when they do not."""
+    msg = _kvpool.last_error()
+    if not isinstance(key, str) or not key or key not in msg:
+        msg = f"{what} {key}: {_kvpool.strerror(status)}"
+    raise _kvpool.error(status, msg)
+
+
+def _raise_async(status, what):
+    # An async batch fails on a queue worker: this thread's last-error text is
+    # not about it, so the message is the status's own text.
+    raise _kvpool.error(status, f"{what}: {_kvpool.strerror(status)}")
+
+
+def _check_batch(results, what=None):
+    """Raise when every key failed with the same whole-call status (`what`:
+    an async call, named in the message)."""
+    if results:
+        r = results[0]
+        if r in _WHOLE_BATCH and all(x == r for x in results):
+            if what is not None:
+                _raise_async(r, what)
+            _raise(r)
+    return results
+
+
+def _config(replicas=1, preferred_segment=None, pin=PIN_NONE, soft_pin_ttl_s=0,
+            upsert=False, medium=None):
+    if isinstance(pin, str):
+        try:
+            pin = {"none": PIN_NONE, "soft": PIN_SOFT, "hard": PIN_HARD}[pin]
+        except KeyError:
+            raise ValueError(f"pin must be 'none', 'soft' or 'hard', got {pin!r}") from None
+    if replicas == 1 and preferred_segment is None and pin == PIN_NONE and not soft_pin_ttl_s \
+            and not upsert and medium is None:
+        return None
+    if not isinstance(replicas, int) or replicas < 1:
+        raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+    return (replicas, preferred_segment, pin, soft_pin_ttl_s,
+            PUT_UPSERT if upsert else PUT_INSERT, medium)
+
+
+class Client:
+    """A connection to a kvpool master, optionally contributing memory.
+
+    Client(master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
+           data_host=None, segment_name=None, rdma_devices=None,
+           verify_crc=True, tcp_streams=0)
+
+    master: "HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"; None: $KVPOOL_MASTER,
+    else 127.0.0.1:50051. segment_size: bytes (or "1GiB") of DRAM to mount and
+    serve to the pool; 0 mounts nothing. transport: "auto", "tcp", "shm", "rdma"
+    (None: $KVPOOL_TRANSPORT, else auto).
+    rpc_timeout_ms: master RPC and transfer timeout (0: 10 s). The other
+    arguments are kvp_client_params_t's fields of the same names.
+    """
+
+    def __init__(self, master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
+                 data_host=None, segment_name=None, rdma_devices=None, verify_crc=True,
+                 tcp_streams=0):
+        self._c = _kvpool.Client(master, parse_size(segment_size), transport, rpc_timeout_ms,
+                                 data_host, segment_name, rdma_devices, bool(verify_crc),
+                                 tcp_streams)
+        self._registered = {}  # address -> memoryview holding a registered buffer
+        self._lock = _threading.Lock()
+        self._aio = None  # kvpool.aio's queue, made by the first async call
+
+    # ---- lifetime ----
+
+    def close(self):
+        """Unmount this client's segment (its objects leave the pool) and
+        disconnect. Waits for calls in flight; later calls raise Error."""
+        aio, self._aio = self._aio, None
+        if aio is not None:
+            aio.close()
+        self._c.close()
+        self._registered.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def closed(self):
+        return self._c.closed
+
+    @property
+    def segment_name(self):
+        """Name of the segment this client mounts ("host:port"), or None."""
+        return self._c.segment_name()
+
+    @property
+    def raw(self):
+        """The kvpool._kvpool.Client underneath (raw status codes)."""
+        return self._c
+
+    # ---- single objects ----
+
+    def put(self, key, data, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
+            soft_pin_ttl_s=0, upsert=False, medium=None):
+        """Store `data` (bytes or any C-contiguous buffer: numpy array, memoryview,
+        ...) under `key`, read straight from its memory. Raises Error: EXISTS
+        (the key exists; upsert=True replaces it), POOL_FULL, ..."""
+        st = self._c.put(key, data, _config(replicas, preferred_segment, pin, soft_pin_ttl_s,
+                                            upsert, medium))
+        if st != 0:
+            _raise(st)
+
+    def put_from(self, key, ptr, size, **config):
+        """put from raw memory: an address (host or CUDA device) and a size."""
+        st = self._c.put_from(key, ptr, size, _config(**config))
+        if st != 0:
+            _raise(st)
+
+    def get(self, key):
+        """The object's bytes. Raises Error (ERR_NOT_FOUND on a miss)."""
+        r = self._c.get(key)
+        if isinstance(r, int):
+            _raise_key(r, "get", key)
+        return r
+
+    def get_into(self, key, buffer):
+        """Read the object into `buffer` (a writable C-contiguous buffer, or an
+        (address, size) pair); returns its length. Raises Error:
+        ERR_NOT_FOUND, ERR_BUFFER_TOO_SMALL (nothing written), ..."""
+        if isinstance(buffer, tuple):
+            r = self._c.get_into_ptr(key, *buffer)
+        else:
+            r = self._c.get_into(key, buffer)
+        if r < 0:
+            _raise(r)
+        return r
+
+    def size(self, key):
+        """The object's length in bytes. Raises Error (ERR_NOT_FOUND)."""
+        r = self._c.get_size(key)
+        if r < 0:
+            _raise_key(r, "size", key)
+        return r
+
+    def exists(self, key):
+        """True if a complete object has this key."""
+        r = self._c.is_exist(key)
+        if r < 0:
+            _raise(r)
+        return r == 1
+
+    def remove(self, key, force=False):
+        """Remove one object. Raises Error: ERR_NOT_FOUND, ERR_LEASED (being
+        read; force=True removes it anyway), ..."""
+        st = self._c.remove(key, bool(force))
+        if st != 0:
+            _raise(st)
+
+    def remove_all(self, force=False):
+        """Remove every complete object in the pool; returns how many."""
+        r = self._c.remove_all(bool(force))
+        if r < 0:
+            _raise(r)
+        return r
+
+    def remove_by_regex(self, pattern, force=False):
+        """Remove every complete object whose key matches the POSIX extended
+        regular expression `pattern`; returns how many."""
+        r = self._c.remove_by_regex(pattern, bool(force))
+        if r < 0:
+            _raise(r)
+        return r
+
+    # ---- batches ----
+
+    def batch_put(self, keys, buffers, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
+                  soft_pin_ttl_s=0, upsert=False, medium=None):
+        """Store keys[i] from buffers[i]: buffer objects (numpy arrays, bytes, ...)
+        or (address, size) pairs of ints (torch: (t.data_ptr(), t.nbytes); CUDA
+        addresses go to the library as they are). Returns a status per key:
+        0, or negative (kvpool.ERR_EXISTS, ERR_POOL_FULL, ...)."""
+        cfg = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium)
+        return _check_batch(self._c.batch_put(keys, buffers, cfg))
+
+    def batch_get_into(self, keys, buffers):
+        """Read keys[i] into buffers[i] (writable buffers or (address, size)
+        pairs). Returns per key the object's length, or a negative status
+        (kvpool.ERR_NOT_FOUND, ERR_BUFFER_TOO_SMALL, ...)."""
+        return _check_batch(self._c.batch_get_into(keys, buffers))
+
+    def batch_put_multi(self, keys, buffers, **config):
+        """Store keys[i] from the concatenation of buffers[i], a list of buffer
+        objects or (address, size) pairs (say one per layer), without copying
+        them together. Returns a status per key."""
+        ptrs, sizes = _split_multi(buffers, False)
+        return _check_batch(self._c.batch_put_multi(keys, ptrs, sizes, _config(**config)))
+
+    def batch_get_into_multi(self, keys, buffers):
+        """Read keys[i] scattered over buffers[i] (writable buffer objects or
+        (address, size) pairs), in order. Returns per key the object's length,
+        or a negative status (ERR_BUFFER_TOO_SMALL when they cannot hold it)."""
+        ptrs, sizes = _split_multi(buffers, True)
+        return _check_batch(self._c.batch_get_into_multi(keys, ptrs, sizes))
+
+    def batch_exists(self, keys):
+        """[bool] per key: whether a complete object has it."""
+        res, _ = self._c.batch_exists(keys)
+        for i, r in enumerate(res):
+            if r < 0:
+                # a per-key status leaves the thread's last-error text as it was
+                k = keys[i] if isinstance(keys, (list, tuple)) else f"#{i}"
+                raise _kvpool.error(r, f"exist {k!r}: {_kvpool.strerror(r)}")
+        return [r == 1 for r in res]
+
+    def cached_prefix(self, keys):
+        """How many leading keys all exist: the longest cached prefix."""
+        res, prefix = self._c.batch_exists(keys)
+        _check_batch(res)
+        return prefix
+
+    def batch_remove(self, keys, force=False):
+        """Remove keys; a status per key."""
+        return _check_batch(self._c.batch_remove(keys, bool(force)))
+
+    def batch_get(self, keys):
+        """[bytes or None] per key (None: missing), each in memory of its own."""
+        out = []
+        for h in _check_batch(self._c.batch_get_buffer(keys)):
+            if isinstance(h, int):
+                if h != STATUS["KVP_ERR_NOT_FOUND"]:
+                    _raise(h)
+                out.append(None)
+            else:
+                out.append(bytes(h))
+        return out
+
+    def get_ranges(self, ranges):
+        """Ranged reads: ranges is a list of (key, offset, buffer) where buffer is
+        a writable buffer or an (address, length) pair; each reads bytes
+        [offset, offset + length) of its object. Returns per range the bytes
+        read (fewer at the object's end) or a negative status (ERR_NOT_FOUND,
+        ERR_OUT_OF_RANGE). Not CRC-checked: the stored CRC covers whole objects."""
+        return _check_batch(self._c.get_ranges(ranges))
+
+    # ---- memory registration ----
+
+    def register_buffer(self, buffer, size=None):
+        """Register memory for transfers (RDMA: registered with the NIC once,
+        then zero-copy): a buffer object (kept alive until unregistered), or an
+        address and a size (host or CUDA device memory)."""
+        if isinstance(buffer, int) and not isinstance(buffer, bool):
+            if size is None:
+                raise TypeError("register_buffer(address, size): the size is missing")
+            st = self._c.register_buffer(buffer, size)
+        else:
+            view = memoryview(buffer)
+            addr, nbytes = _kvpool.buffer_info(view)
+            st = self._c.register_buffer(addr, nbytes if size is None else size)
+            if st == 0:
+                with self._lock:
+                    self._registered[addr] = view
+        if st != 0:
+            _raise(st)
+
+    def unregister_buffer(self, buffer):
+        """Undo register_buffer (an address, or the buffer object)."""
+        if isinstance(buffer, int) and not isinstance(buffer, bool):
+            addr = buffer
+        else:
+            addr, _ = _kvpool.buffer_info(buffer)
+        st = self._c.unregister_buffer(addr)
+        with self._lock:
+            view = self._registered.pop(addr, None)
+        if view is not None:
+            view.release()
+        if st != 0:
+            _raise(st)
+
+    # ---- admin ----
+
+    def stat(self):
+        """The pool as the master sees it: capacity, used, objects, segments, ..."""
+        r = self._c.stat()
+        if isinstance(r, int):
+            _raise(r)
+        return r
+
+    def list_keys(self, pattern=None, max=1000):
+        """Keys matching a POSIX extended regex (None: all), at most `max`: a
+        list of dicts (key, size, complete, replicas, lease_ms, pin)."""
+        r = self._c.list_keys(pattern, max)
+        if isinstance(r, int):
+            _raise(r)
+        return r
+
+    # ---- asyncio ----
+
+    def _queue(self):
+        if self._aio is None:
+            from . import aio
+            with self._lock:
+                if self._aio is None:
+                    self._aio = aio.Queue(self._c)
+        return self._aio
+
+    async def aget(self, key):
+        """await: the object's bytes (Error on a miss)."""
+        return await self._queue().get(key)
+
+    async def aget_into(self, key, buffer):
+        """await: read into a buffer (or an (address, size) pair); its length."""
+        r = (await self._queue().batch_get_into([key], [buffer]))[0]
+        if r < 0:
+            _raise_async(r, f"get {key}")
+        return r
+
+    async def aput(self, key, data, **config):
+        """await: store data under key (raises as put)."""
+        st = (await self._queue().batch_put([key], [data], _config(**config)))[0]
+        if st != 0:
+            _raise_async(st, f"put {key}")
+
+    async def aexists(self, key):
+        """await: whether the key exists."""
+        r = (await self._queue().batch_exists([key]))[0]
+        if r < 0:
+            _raise_async(r, f"exist {key}")
+        return r == 1
+
+    async def abatch_put(self, keys, buffers, **config):
+        """await: batch_put."""
+        return _check_batch(await self._queue().batch_put(keys, buffers, _config(**config)),
+                            "put")
+
+    async def abatch_get_into(self, keys, buffers):
+        """await: batch_get_into."""
+        return _check_batch(await self._queue().batch_get_into(keys, buffers), "get")
+
+    async def abatch_exists(self, keys):
+        """await: batch_exists."""
+        res = await self._queue().batch_exists(keys)
+        for k, r in zip(keys, res):
+            if r < 0:
+                _raise_async(r, f"exist {k!r}")
+        return [r == 1 for r in res]
+
+
+def _split_multi(buffers, writable):
+    """[[buffer or (ptr, size), ...], ...] -> ([[ptr]], [[size]]). The buffer
+    objects stay referenced by the caller's lists for the call."""
+    if isinstance(buffers, (str, bytes)) or not hasattr(buffers, "__len__"):
+        raise TypeError("buffers must be a list (one per key) of lists of buffers or "
+                        "(address, size) pairs")
+    ptrs, sizes = [], []
+    for i, parts in enumerate(buffers):
+        if isinstance(parts, (str, bytes)) or not hasattr(parts, "__iter__"):
+            raise TypeError(f"buffers[{i}] must be a list of buffers or (address, size) pairs")
+        p_i, s_i = [], []
+        for part in parts:
+            if isinstance(part, tuple) and len(part) == 2:
+                p, n = part
+            else:
+                p, n = _kvpool.buffer_info(part, writable)
+            p_i.append(p)
+            s_i.append(n)
+        ptrs.append(p_i)
+        sizes.append(s_i)
+    return ptrs, sizes
+
+
+__all__ = [
+    "Client", "Error", "BufferHandle", "STATUS", "STATUS_NAMES", "parse_size",
+    "PIN_NONE", "PIN_SOFT", "PIN_HARD", "SEGMENT_LOCAL", "MAX_BATCH",
+] + [k[4:] for k in STATUS]

@@ -1,0 +1,356 @@
+"""mooncake.store on kvpool: Mooncake's connector API, served by a kvpool pool.
+
+vLLM, LMCache, SGLang HiCache and vllm-ascend do
+
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+
+and get this module when kvpool's Python package is on the path instead of
+Mooncake's. Every method takes the arguments the connectors pass (pointers as
+ints, lists of lists for the multi-buffer calls) and returns Mooncake's
+integer conventions: 0 or a negative Mooncake ErrorCode (codes.py maps each
+kvpool status to one), byte counts for gets, b"" for a get that misses. A put
+of a key that exists returns 0. Bad arguments return -600 (INVALID_PARAMS),
+never raise. Data calls release the GIL; one store may be shared by threads.
+
+setup() maps Mooncake's arguments to kvpool's: master_server_addr is the
+kvpool master ("HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"),
+global_segment_size the DRAM this process contributes to the pool (0: none),
+protocol "rdma" or "tcp" the transport (anything else: auto, i.e. shm on the
+same host), rdma_devices the RDMA devices, local_hostname the address the
+segment's data server binds and advertises. metadata_server,
+local_buffer_size, engine and the SSD / tenant / HTTP arguments are accepted
+and not used (kvpool needs no metadata server or transfer buffer; its SSD
+tier is set up on `kvpool serve`).
+"""
+
+import re as _re
+import threading as _threading
+
+import kvpool as _kvpool
+from kvpool import _kvpool as _raw
+
+from . import codes
+from .codes import INTERNAL_ERROR, INVALID_PARAMS, KVP_TO_MOONCAKE, OK
+
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "codes"]
+
+_EXISTS = _kvpool.STATUS["KVP_ERR_EXISTS"]
+_PENDING = _kvpool.STATUS["KVP_ERR_PENDING"]
+_BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
+
+
+def _code(st):
+    return st if st >= 0 else KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
+
+
+def _put_code(st):
+    # An existing key (or one another writer is putting) counts as stored, as Mooncake's
+    # OBJECT_ALREADY_EXISTS does for the connectors.
+    if st == 0 or st == _EXISTS or st == _PENDING:
+        return OK
+    return KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
+
+
+def _n(keys):
+    try:
+        return len(keys)
+    except TypeError:
+        return 0
+
+
+class ReplicateConfig:
+    """Where and how a put's replicas go (Mooncake's fields; kvpool honours
+    replica_num, preferred_segment(s), the pins and prefer_alloc_in_same_node)."""
+
+    def __init__(self, **fields):
+        self.replica_num = 1
+        self.preferred_segment = ""
+        self.preferred_segments = []
+        self.with_soft_pin = False
+        self.soft_pin_ttl_ms = 0
+        self.with_hard_pin = False
+        self.prefer_alloc_in_same_node = False
+        self.group_ids = []
+        for k, v in fields.items():
+            if not hasattr(self, k):
+                raise TypeError(f"ReplicateConfig has no field {k!r}")
+            setattr(self, k, v)
+
+    def __repr__(self):
+        return ("ReplicateConfig(replica_num={0.replica_num}, preferred_segment={0.preferred_segment!r}, "
+                "preferred_segments={0.preferred_segments!r}, with_soft_pin={0.with_soft_pin}, "
+                "soft_pin_ttl_ms={0.soft_pin_ttl_ms}, with_hard_pin={0.with_hard_pin}, "
+                "prefer_alloc_in_same_node={0.prefer_alloc_in_same_node})").format(self)
+
+    __str__ = __repr__
+
+
+def _host_of(local_hostname):
+    """Mooncake's local_hostname ("10.0.0.5", "node1:12345", "[::1]:5") as a bind host."""
+    h = (local_hostname or "").strip()
+    if not h:
+        return None
+    m = _re.match(r"^\[(.*)\](?::\d+)?$", h)
+    if m:
+        return m.group(1)
+    if h.count(":") == 1:
+        h = h.split(":", 1)[0]
+    return h or None
+
+
+def _transport(protocol):
+    p = (protocol or "").lower()
+    return p if p in ("rdma", "tcp") else "auto"
+
+
+class MooncakeDistributedStore:
+    """Mooncake's store client, backed by a kvpool.Client (see the module doc)."""
+
+    def __init__(self):
+        self._c = None  # kvpool._kvpool.Client
+        self._hostname = ""
+        self._lock = _threading.Lock()
+
+    # ---- setup ----
+
+    def setup(self, local_hostname=None, metadata_server=None, global_segment_size=0,
+              local_buffer_size=0, protocol="tcp", rdma_devices="", master_server_addr=None,
+              engine=None, enable_ssd_offload=False, ssd_offload_path="", tenant_id="default",
+              enable_client_http_server=False, client_http_port=9300):
+        """setup(local_hostname, metadata_server, global_segment_size,
+        local_buffer_size, protocol, rdma_devices, master_server_addr, engine=None,
+        ...) or setup(config: dict) -> 0, or a negative Mooncake code."""
+        if isinstance(local_hostname, dict):
+            cfg = local_hostname
+            local_hostname = cfg.get("local_hostname")
+            global_segment_size = cfg.get("global_segment_size", 0)
+            protocol = cfg.get("protocol", "tcp")
+            rdma_devices = cfg.get("rdma_devices", cfg.get("device_name", ""))
+            master_server_addr = cfg.get("master_server_address",
+                                         cfg.get("master_server_addr"))
+        try:
+            seg = _kvpool.parse_size(global_segment_size)
+            _kvpool.parse_size(local_buffer_size)
+            for v in (local_hostname, protocol, rdma_devices, master_server_addr):
+                if v is not None and not isinstance(v, str):
+                    raise TypeError("host, protocol, devices and master must be str")
+        except _BAD_INPUT:
+            return INVALID_PARAMS
+        data_host = _host_of(local_hostname) if seg > 0 else None
+        try:
+            c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0, data_host,
+                            None, rdma_devices or None, True, 0)
+        except _kvpool.Error as e:
+            return _code(e.status)
+        except _BAD_INPUT:
+            return INVALID_PARAMS
+        with self._lock:
+            old, self._c = self._c, c
+            self._hostname = local_hostname or ""
+        if old is not None:
+            old.close()
+        return OK
+
+    def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
+        """Mooncake's dummy client (memory served by another process): a kvpool
+        client of the master at server_address that mounts nothing; the sizes
+        are accepted and not used. 0, or a negative code."""
+        try:
+            _kvpool.parse_size(mem_pool_size)
+            _kvpool.parse_size(local_buffer_size)
+            if not isinstance(server_address, str):
+                raise TypeError("server_address must be str")
+        except _BAD_INPUT:
+            return INVALID_PARAMS
+        return self.setup("", "", 0, 0, "auto", "", server_address)
+
+    def close(self):
+        """Unmount this store's segment and disconnect. 0."""
+        with self._lock:
+            c, self._c = self._c, None
+        if c is not None:
+            c.close()
+        return OK
+
+    def get_hostname(self):
+        """The name of this store's segment (what preferred_segment takes), or
+        local_hostname when it contributes none."""
+        c = self._c
+        try:
+            name = c.segment_name() if c is not None else None
+        except _kvpool.Error:
+            name = None
+        return name or self._hostname
+
+    # ---- helpers ----
+
+    def _client(self):
+        c = self._c
+        if c is None:
+            raise _kvpool.Error("the store is not set up (call setup first)")
+        return c
+
+    def _cfg(self, config):
+        if config is None:
+            return None
+        if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
+            raise TypeError("config must be a ReplicateConfig")
+        replica_num = getattr(config, "replica_num", 1)
+        if isinstance(replica_num, bool) or not isinstance(replica_num, int):
+            raise TypeError("replica_num must be an int")
+        seg = getattr(config, "preferred_segment", "") or ""
+        if not seg:
+            segs = list(getattr(config, "preferred_segments", []) or [])
+            seg = segs[0] if segs else ""
+        if not seg and getattr(config, "prefer_alloc_in_same_node", False):
+            seg = _kvpool.SEGMENT_LOCAL
+        if not isinstance(seg, str):
+            raise TypeError("preferred_segment must be str")
+        pin, ttl = _kvpool.PIN_NONE, 0
+        if getattr(config, "with_hard_pin", False):
+            pin = _kvpool.PIN_HARD
+        elif getattr(config, "with_soft_pin", False):
+            pin = _kvpool.PIN_SOFT
+            ms = int(getattr(config, "soft_pin_ttl_ms", 0) or 0)
+            ttl = (ms + 999) // 1000 if ms > 0 else 0
+        if replica_num < 1:
+            raise ValueError("replica_num must be >= 1")
+        return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None)
+
+    def _call(self, fn, fail):
+        """Run fn(client); bad input -> fail(INVALID_PARAMS), kvpool.Error -> fail(code)."""
+        try:
+            return fn(self._client())
+        except _kvpool.Error as e:
+            st = getattr(e, "status", None)
+            return fail(_code(st) if isinstance(st, int) and st < 0 else INTERNAL_ERROR)
+        except _BAD_INPUT:
+            return fail(INVALID_PARAMS)
+
+    def _batch(self, keys, fn, conv):
+        n = _n(keys)
+        return self._call(lambda c: [conv(r) for r in fn(c)], lambda code: [code] * n)
+
+    # ---- memory registration ----
+
+    def register_buffer(self, buffer_ptr, size):
+        """Register memory (host or CUDA) for transfers. 0 or negative."""
+        return self._call(lambda c: _code(c.register_buffer(buffer_ptr, size)), lambda x: x)
+
+    def unregister_buffer(self, buffer_ptr):
+        return self._call(lambda c: _code(c.unregister_buffer(buffer_ptr)), lambda x: x)
+
+    # ---- existence ----
+
+    def is_exist(self, key):
+        """1 if the key exists, 0 if not, negative on error."""
+        return self._call(lambda c: _code(c.is_exist(key)), lambda x: x)
+
+    def batch_is_exist(self, keys):
+        """[1 / 0 / negative] per key."""
+        return self._batch(keys, lambda c: c.batch_exists(keys)[0], _code)
+
+    # ---- puts ----
+
+    def put(self, key, value, config=None):
+        """Store bytes (or any buffer). 0 (also when the key exists) or negative."""
+        return self._call(lambda c: _put_code(c.put(key, value, self._cfg(config))), lambda x: x)
+
+    def put_from(self, key, buffer_ptr, size, config=None):
+        return self._call(lambda c: _put_code(c.put_from(key, buffer_ptr, size, self._cfg(config))),
+                          lambda x: x)
+
+    def put_parts(self, key, *parts, config=None):
+        """One object from several 1-D byte buffers, concatenated in order."""
+        return self._call(lambda c: _put_code(c.put_parts(key, parts, self._cfg(config))),
+                          lambda x: x)
+
+    def batch_put_from(self, keys, buffer_ptrs, sizes, config=None):
+        """[0 / negative] per key, from (ptr, size) of host or CUDA memory."""
+        return self._batch(keys, lambda c: c.batch_put_from(keys, buffer_ptrs, sizes,
+                                                             self._cfg(config)), _put_code)
+
+    def put_batch(self, keys, values, config=None):
+        """Store several bytes values: 0 when all were stored, else the first error."""
+        res = self._batch(keys, lambda c: c.batch_put(keys, values, self._cfg(config)), _put_code)
+        return next((r for r in res if r != 0), OK)
+
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_buffer_sizes, config=None):
+        """[0 / negative] per key; key i is the concatenation of its buffers."""
+        return self._batch(keys, lambda c: c.batch_put_multi(keys, all_buffer_ptrs,
+                                                              all_buffer_sizes, self._cfg(config)),
+                           _put_code)
+
+    # ---- gets ----
+
+    def get(self, key):
+        """The object's bytes; b"" when it is missing (or on any error)."""
+        def run(c):
+            r = c.get(key)
+            return b"" if isinstance(r, int) else r
+        return self._call(run, lambda code: b"")
+
+    def get_into(self, key, buffer_ptr, size):
+        """Bytes read into [ptr, ptr+size), or negative (-704 missing)."""
+        return self._call(lambda c: _code(c.get_into_ptr(key, buffer_ptr, size)), lambda x: x)
+
+    def get_size(self, key):
+        return self._call(lambda c: _code(c.get_size(key)), lambda x: x)
+
+    def batch_get_into(self, keys, buffer_ptrs, sizes):
+        """[bytes read / negative] per key (-704 missing, -600 buffer too small)."""
+        return self._batch(keys, lambda c: c.batch_get_into_ptrs(keys, buffer_ptrs, sizes), _code)
+
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_buffer_sizes,
+                                     prefer_alloc_in_same_node=False):
+        """[bytes read / negative] per key, scattered over its buffers in order
+        (-600 when they are too small, -704 missing)."""
+        return self._batch(keys, lambda c: c.batch_get_into_multi(keys, all_buffer_ptrs,
+                                                                   all_buffer_sizes), _code)
+
+    def batch_get_buffer(self, keys):
+        """[BufferHandle or None] per key: each object in memory of its own
+        (buffer protocol, ptr(), size(), len())."""
+        def run(c):
+            return [None if isinstance(h, int) else h for h in c.batch_get_buffer(keys)]
+        return self._call(run, lambda code: [None] * _n(keys))
+
+    def get_buffer(self, key):
+        """One object as a BufferHandle, or None."""
+        r = self.batch_get_buffer([key])
+        return r[0] if r else None
+
+    def get_batch(self, keys):
+        """[bytes] per key, b"" for a missing one."""
+        return [b"" if h is None else bytes(h) for h in self.batch_get_buffer(keys)]
+
+    # ---- removal ----
+
+    def remove(self, key, force=False):
+        return self._call(lambda c: _code(c.remove(key, bool(force))), lambda x: x)
+
+    def remove_by_regex(self, regex, force=False):
+        """Count of objects removed whose key matches regex, or negative."""
+        return self._call(lambda c: _code(c.remove_by_regex(regex, bool(force))), lambda x: x)
+
+    def remove_all(self, force=False):
+        """Count of objects removed, or negative."""
+        return self._call(lambda c: _code(c.remove_all(bool(force))), lambda x: x)
+
+    # ---- debug ----
+
+    def batch_get_replica_desc(self, keys):
+        """{key: [replica descriptions]} for the keys that exist (debugging)."""
+        def run(c):
+            out = {}
+            for k in keys:
+                if not isinstance(k, str):
+                    raise TypeError("keys must be str")
+                r = c.list_keys("^" + _re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", k) + "$", 1)
+                if isinstance(r, int) or not r:
+                    continue
+                info = r[0]
+                out[k] = [{"status": "COMPLETE" if info["complete"] else "PROCESSING",
+                           "size": info["size"], "replica": i} for i in range(info["replicas"])]
+            return out
+        return self._call(run, lambda code: {})

@@ -1,0 +1,164 @@
+"""Fixtures: real kvpool-master and `kvpool serve` processes on 127.0.0.1.
+
+As tests/harness.c does: a process writes its address on a ready fd when it
+listens (no sleeps, no log scraping); every child is killed by the PID we
+started and reaped, and one that exits non-zero fails the test that owns it.
+
+Run from the repository root:
+    PYTHONPATH=build/client/python KVPOOL_MASTER_BIN=build/master/kvpool-master \\
+    KVPOOL_CLI_BIN=build/client/kvpool python3 -m pytest -q tests/python
+"""
+
+import os
+import select
+import signal
+import subprocess
+import time
+import uuid
+
+import pytest
+
+import kvpool
+
+
+def _bin(env):
+    path = os.environ.get(env)
+    if not path or not os.access(path, os.X_OK):
+        pytest.exit(f"{env} must name the built binary (e.g. {env}="
+                    + ("build/master/kvpool-master" if "MASTER" in env else "build/client/kvpool")
+                    + f"), got {path!r}", returncode=2)
+    return path
+
+
+class Proc:
+    """A child started with --ready-fd: .ready is the line it wrote."""
+
+    def __init__(self, argv, timeout=10.0):
+        r, w = os.pipe()
+        argv = [a if a != "{fd}" else str(w) for a in argv]
+        self.argv = argv
+        self.p = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL)
+        os.close(w)
+        buf = b""
+        deadline = time.monotonic() + timeout
+        try:
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([r], [], [], left)[0]:
+                    break
+                chunk = os.read(r, 256)
+                if not chunk:
+                    break
+                buf += chunk
+        finally:
+            os.close(r)
+        if b"\n" not in buf:
+            self.kill()
+            raise RuntimeError(f"{argv[0]} did not become ready: {buf!r}")
+        self.ready = buf.split(b"\n", 1)[0].decode()
+
+    @property
+    def pid(self):
+        return self.p.pid
+
+    def stop(self, sig=signal.SIGTERM, timeout=10.0):
+        """Signal our child by its PID and reap it; its exit status."""
+        if self.p.returncode is not None:
+            return self.p.returncode
+        os.kill(self.p.pid, sig)
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.p.pid, signal.SIGKILL)
+            self.p.wait(5)
+            return -signal.SIGKILL
+
+    def kill(self):
+        if self.p.returncode is None:
+            os.kill(self.p.pid, signal.SIGKILL)
+            self.p.wait(5)
+
+
+class Pool:
+    """A master and the segments served for it."""
+
+    def __init__(self, segments=("64MiB",), master_args=("--lease-ttl", "0")):
+        self.master_bin = _bin("KVPOOL_MASTER_BIN")
+        self.cli_bin = _bin("KVPOOL_CLI_BIN")
+        self.master = Proc([self.master_bin, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
+                            "--log-level", "error", *master_args])
+        self.addr = self.master.ready
+        self.segments = []
+        try:
+            for size in segments:
+                self.add_segment(size)
+        except Exception:
+            self.close()
+            raise
+
+    def add_segment(self, size="64MiB"):
+        s = Proc([self.cli_bin, "--master", self.addr, "serve", "--segment-size", size,
+                  "--ready-fd", "{fd}"])
+        self.segments.append(s)
+        return s
+
+    def close(self):
+        """Stop everything (segments first); the exit statuses that were not 0."""
+        bad = []
+        for s in self.segments + [self.master]:
+            rc = s.stop()
+            if rc != 0:
+                bad.append((s.argv[0], rc))
+        return bad
+
+
+def _pool(request, **kw):
+    pool = Pool(**kw)
+
+    def fin():
+        bad = pool.close()
+        assert not bad, f"children exited non-zero: {bad}"
+
+    request.addfinalizer(fin)
+    return pool
+
+
+@pytest.fixture(scope="module")
+def pool(request):
+    """A master and one 64 MiB segment, shared by a test module."""
+    return _pool(request)
+
+
+@pytest.fixture
+def fresh_pool(request):
+    """A pool of this test's own (for remove_all, full pools, ...)."""
+    return _pool(request)
+
+
+@pytest.fixture
+def make_pool(request):
+    """make_pool(segments=(...), master_args=(...)) -> a pool of this test's own."""
+    return lambda **kw: _pool(request, **kw)
+
+
+@pytest.fixture
+def client(pool):
+    with kvpool.Client(pool.addr) as c:
+        yield c
+
+
+@pytest.fixture
+def store(pool):
+    from mooncake.store import MooncakeDistributedStore
+
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "auto", "", pool.addr) == 0
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def prefix():
+    """A key prefix no other test uses."""
+    return f"t{uuid.uuid4().hex[:12]}@"
