@@ -60,6 +60,28 @@ run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --
 # put straight to SSD, read back in random batches of 32; target 85 % of disk_read), get_dram,
 # offload (256 MiB DRAM, 2 GiB SSD: ~1.9 GiB put; target 80 % of disk_write). About 20 s.
 run ssd    ssd --local --ssd-dir "$SSD_DIR"
+# Multi-buffer gets and the Python module (issue 14). pieces: 32 objects of 1 MiB put and got
+# as one buffer each and as 64 pieces of 16 KiB (kvp_batch_*_multi), shm and tcp; target: the
+# 64-piece get >= 0.8x the 1-piece get. python: deploy/py-bench.py, the `kvpool` module against
+# kvpool-bench on one master of its own, interleaved (Python, C, Python, C, ...): batch_get_into
+# of 32 x 1 MiB over shm and tcp (target >= 0.9x C), batch_exists of 128 keys (>= 0.8x).
+# About 15 s + 60 s.
+run pieces data --local --segment-size 1GiB --sizes 1MiB --batch 32 --pieces 1,64
+pybench_py=""
+for cand in python3 /usr/bin/python3; do
+  if PYTHONPATH=build/client/python "$cand" -c 'import numpy, kvpool' >/dev/null 2>&1; then
+    pybench_py=$cand; break
+  fi
+done
+echo "== deploy/py-bench.py" >&2
+if [ -z "$pybench_py" ]; then
+  echo "== py-bench: no python3 imports numpy and build/client/python (deploy/install-deps.sh)" >&2
+  failed+=(python)
+elif ! PYTHONPATH=build/client/python "$pybench_py" deploy/py-bench.py --build build \
+    --json "$tmp/python.json"; then
+  echo "== py-bench FAILED" >&2
+  failed+=(python)
+fi
 run alloc  alloc
 # Metadata that survives the master and HA (issue 13): the put rate with segment records on
 # vs off, the rebuild of 1M objects on 4 segments after a kill -9 of the master (time and
@@ -88,6 +110,9 @@ tmp, out_json, out_md = sys.argv[1:4]
 docs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(tmp + "/*.json"))}
 if not docs:
     sys.exit("no results to merge")
+for name, v in docs.items():  # which run each figure came from
+    for r in v["results"]:
+        r["run"] = name
 first = docs.get("data", next(iter(docs.values())))
 merged = {"machine": first["machine"],
           "params": {k: v["params"] for k, v in docs.items()},
@@ -100,7 +125,7 @@ md = ["# kvpool-bench results", "",
 md += ["## data", "", "| transport | op | size | batch | crc | GB/s | % of limit | obj/s | p50 us | p99 us | p99.9 us |",
        "|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "data" and r.get("loop", "none") == "none":
+    if r["mode"] == "data" and r.get("loop", "none") == "none" and r["run"] != "pieces":
         md.append("| %s | %s | %d | %d | %s | %.2f | %.0f%% | %.0f | %.0f | %.0f | %.0f |" % (
             r["transport"], r["op"], r["size"], r["batch"], r["crc"], r["gbps"],
             r["pct_of_limit"], r["objs_per_s"], r["p50_us"], r["p99_us"], r["p999_us"]))
@@ -113,6 +138,34 @@ for r in R:
             r["transport"], r["op"], r["size"], r["batch"], r["threads"], r["clients"],
             r["objs_per_s"], r["gbps"], r["ratio_to_1_thread"],
             (">= %.1fx" % r["target_ratio"]) if r["target_ratio"] > 0 else "-", r["target_met"]))
+py = [r for r in R if r["mode"] == "python"]
+pcs = [r for r in R if r["mode"] == "data" and r["run"] == "pieces"]
+if py or pcs:
+    md += ["", "## Python module and multi-buffer gets", ""]
+if py:
+    md += ["The `kvpool` module against kvpool-bench on the same master, interleaved "
+           "(obj/s of time in the call; rounds: Python/C per round).", "",
+           "| op (Python call) | transport | size | batch | Python obj/s | C obj/s | Python/C | rounds | Python p50 us | C p50 us | target | met |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in py:
+        md.append("| %s (%s) | %s | %d | %d | %.0f | %.0f | %.2f | %s | %.0f | %.0f | >= %.1fx | %s |" % (
+            r["op"], r["py_call"], r["transport"], r["size"], r["batch"], r["py_objs_per_s"],
+            r["c_objs_per_s"], r["ratio"], " ".join("%.2f" % x for x in r["round_ratios"]),
+            r["py_p50_us"], r["c_p50_us"], r["target_ratio"], r["target_met"]))
+if pcs:
+    md += ["", "Objects of `size` as `pieces` equal buffers (kvp_batch_put_from_multi / "
+           "kvp_batch_get_into_multi; exist unchanged); x1 piece: ratio to the 1-piece rate.", "",
+           "| transport | op | size | batch | pieces | piece bytes | GB/s | obj/s | p50 us | x1 piece | target | met |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in pcs:
+        if r["op"] == "exist":
+            continue
+        md.append("| %s | %s | %d | %d | %d | %d | %.2f | %.0f | %.0f | %s | %s | %s |" % (
+            r["transport"], r["op"], r["size"], r["batch"], r["pieces"], r["piece_bytes"],
+            r["gbps"], r["objs_per_s"], r["p50_us"],
+            ("%.2f" % r["ratio_to_1_piece"]) if r["pieces"] > 1 else "-",
+            (">= %.1fx" % r["target_ratio"]) if r["target_field"] == "ratio_to_1_piece" else "-",
+            r["target_met"] if r["target_field"] == "ratio_to_1_piece" else "n/a"))
 md += ["", "## limits (disk_*: io_uring O_DIRECT, 1 MiB blocks, queue depth in the streams column)", "",
        "| limit | size | streams | GB/s |", "|---|---|---|---|"]
 for r in R:

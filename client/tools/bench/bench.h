@@ -50,6 +50,11 @@ typedef struct kvp_bench_opts {
     /* data: NULL (each round puts, checks, gets and removes a batch) or "exist" / "get":
      * the batch is put once, then only that op is repeated (issue 11's thread points) */
     const char *loop;
+    /* data: --pieces LIST (default 1): with N > 1 each object's buffer is split into N equal
+     * pieces and put / got with kvp_batch_put_from_multi / kvp_batch_get_into_multi (issue 14's
+     * layer-wise layout); ratio_to_1_piece compares with the 1-piece point when it is listed */
+    unsigned pieces[KVP_BENCH_MAX_LIST];
+    size_t n_pieces;
     double duration_s; /* per measured point (default 2 s) */
     bool no_crc;       /* also measure with CRC checks off (labelled) */
     /* meta mode */

@@ -462,6 +462,8 @@ static void usage(FILE *f)
         "  --clients MODE         shared (default) | per-thread | both\n"
         "  --loop OP              exist | get: put each thread's batch once, then repeat\n"
         "                         only OP for the duration (default: put, exist, get, remove)\n"
+        "  --pieces LIST          split each object's buffer into N equal pieces, put and got\n"
+        "                         with the _multi calls (default 1; e.g. 1,64: ratio_to_1_piece)\n"
         "  --duration S           seconds per point (default 2)\n"
         "  --no-crc               also measure with CRC checks off (labelled crc=off)\n"
         "meta:\n"
@@ -565,6 +567,11 @@ static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const cha
                          : p->clients_shared                 ? "shared"
                                                              : "per-thread");
     kvp_bench_result_str(o, "loop", p->loop ? p->loop : "none");
+    out_key(o, "pieces");
+    out_append(o, "[");
+    for (size_t i = 0; i < p->n_pieces; i++)
+        out_append(o, "%s%u", i ? ", " : "", p->pieces[i]);
+    out_append(o, "]");
     kvp_bench_result_num(o, "duration_s", p->duration_s);
     kvp_bench_result_int(o, "crc", 1);
     kvp_bench_result_int(o, "no_crc_too", p->no_crc);
@@ -636,6 +643,8 @@ int main(int argc, char **argv)
         .thread_counts = {1},
         .n_thread_counts = 1,
         .clients_shared = true,
+        .pieces = {1},
+        .n_pieces = 1,
         .duration_s = 2,
         .meta_objects = {10000, 1000000, 10000000},
         .n_meta_objects = 3,
@@ -664,6 +673,7 @@ int main(int argc, char **argv)
         {"client-per-thread", no_argument, NULL, 'P'},
         {"clients", required_argument, NULL, 'K'},
         {"loop", required_argument, NULL, 'O'},
+        {"pieces", required_argument, NULL, 'I'},
         {"duration", required_argument, NULL, 'd'},
         {"no-crc", no_argument, NULL, 'C'},
         {"rdma-write-limit", required_argument, NULL, 'W'},
@@ -759,6 +769,23 @@ int main(int argc, char **argv)
                 o.n_thread_counts++;
                 if (tmp[i] > o.threads)
                     o.threads = (unsigned)tmp[i];
+            }
+            break;
+        case 'I':
+            if (parse_list_u64(optarg, tmp, &n, false) != 0)
+                goto bad;
+            o.n_pieces = 0;
+            for (size_t i = 0; i < n; i++) { /* ascending, each once: 1 (the baseline) first */
+                if (tmp[i] == 0 || tmp[i] > 65536)
+                    goto bad;
+                size_t at = 0;
+                while (at < o.n_pieces && o.pieces[at] < tmp[i])
+                    at++;
+                if (at < o.n_pieces && o.pieces[at] == tmp[i])
+                    continue;
+                memmove(&o.pieces[at + 1], &o.pieces[at], (o.n_pieces - at) * sizeof(o.pieces[0]));
+                o.pieces[at] = (unsigned)tmp[i];
+                o.n_pieces++;
             }
             break;
         case 'P':
