@@ -708,7 +708,7 @@ static PyObject *client_batch_get_buffer(kvp_py_client_t *self, PyObject *keys)
             kvp_py_raise_closed();
             goto out;
         }
-        size_t todo = 0;
+        size_t n_read = 0;
         for (Py_ssize_t i = 0; i < b.n; i++) {
             if (PyList_GET_ITEM(handles, i) != NULL)
                 continue;
@@ -719,22 +719,23 @@ static PyObject *client_batch_get_buffer(kvp_py_client_t *self, PyObject *keys)
             PyList_SET_ITEM(handles, i, h);
             if (b.results[i] < 0)
                 continue;
-            idx[todo] = i;
-            rkeys[todo] = b.key_ptrs[i];
-            b.bufs[todo] = kvp_py_buffer_handle_ptr(h);
-            b.sizes[todo] = (size_t)b.results[i];
-            todo++;
+            idx[n_read] = i;
+            rkeys[n_read] = b.key_ptrs[i];
+            b.bufs[n_read] = kvp_py_buffer_handle_ptr(h);
+            b.sizes[n_read] = (size_t)b.results[i];
+            n_read++;
         }
-        if (todo == 0)
+        if (n_read == 0)
             break;
-        WITH_CLIENT(self, c,
-                    kvp_batch_get_into(c, rkeys, (void *const *)b.bufs, b.sizes, todo, b.results));
+        WITH_CLIENT(
+            self, c,
+            kvp_batch_get_into(c, rkeys, (void *const *)b.bufs, b.sizes, n_read, b.results));
         if (c == NULL) {
             kvp_py_raise_closed();
             goto out;
         }
         int again = 0;
-        for (size_t j = 0; j < todo; j++) {
+        for (size_t j = 0; j < n_read; j++) {
             PyObject *h = PyList_GET_ITEM(handles, idx[j]);
             int64_t r = b.results[j];
             if (r >= 0) {
