@@ -148,6 +148,36 @@ typedef struct kvp_stager_pool {
     struct kvp_stager *free[2][KVP_STAGERS_MAX]; /* ready to take */
 } kvp_stager_pool_t;
 
+/* ---- counters (client/metrics.c reads them) ----
+ * Relaxed atomics, added once per batch (engine) or per request (data servers): never a
+ * lock, never an allocation. Index [dir]: 0 put (WRITE), 1 get (READ). */
+typedef struct kvp_count_stats {
+    _Atomic uint64_t ops, bytes;
+} kvp_count_stats_t;
+
+typedef struct kvp_xfer_stats {
+    kvp_count_stats_t tp[KVP_METRICS_TP_MAX][2]; /* [KVP_METRICS_TP_*][dir] */
+    _Atomic uint64_t errors[2];                  /* [dir] */
+    kvp_count_stats_t staged[2];                 /* [0] host, [1] gpu */
+} kvp_xfer_stats_t;
+
+/* What a data server did to our segment: [dir], 0 a peer's put (WRITE), 1 its get (READ). */
+typedef struct kvp_served_stats {
+    kvp_count_stats_t dir[2];
+} kvp_served_stats_t;
+
+static inline void kvp_count_add(kvp_count_stats_t *c, uint64_t ops, uint64_t bytes)
+{
+    atomic_fetch_add_explicit(&c->ops, ops, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->bytes, bytes, memory_order_relaxed);
+}
+/* Take back a count added ahead of a reply that then failed. */
+static inline void kvp_count_sub(kvp_count_stats_t *c, uint64_t ops, uint64_t bytes)
+{
+    atomic_fetch_sub_explicit(&c->ops, ops, memory_order_relaxed);
+    atomic_fetch_sub_explicit(&c->bytes, bytes, memory_order_relaxed);
+}
+
 typedef struct kvp_transfer {
     /* settings, filled by the client before kvp_transfer_init */
     kvp_transport_id_t forced;
@@ -174,6 +204,7 @@ typedef struct kvp_transfer {
     uint64_t seg_size;
     uint32_t seg_tp_regs;
     kvp_stager_pool_t stagers;
+    kvp_xfer_stats_t stats; /* what this client moved, as initiator */
 } kvp_transfer_t;
 
 /* Create the transports of the list (only the forced one when one is forced). */
@@ -220,6 +251,8 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
                                        kvp_segment_server_t **srv_p, uint16_t *bound_port_p);
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
 void kvp_segment_server_destroy(kvp_segment_server_t *srv);
+/* Its counters (live, updated by the connection threads); valid until destroy. */
+const kvp_served_stats_t *kvp_segment_server_stats(const kvp_segment_server_t *srv);
 
 /* ---- kvp_client_last_error (last_error.c) ---- */
 /* Bracket a public call: kvp_api_leave returns rc, and when the outermost call fails with

@@ -898,6 +898,7 @@ static kvp_status_t read_batch(kvp_client_t *c, const char *const *keys, const p
                     kvp_api_fail_key(keys[t], "get %s: checksum mismatch reading from segment %s",
                                      keys[t], ops[q].peer->name);
                     s = KVP_ERR_CHECKSUM;
+                    atomic_fetch_add_explicit(&c->xfer.stats.errors[1], 1, memory_order_relaxed);
                 } else if (s != KVP_OK) {
                     KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[t],
                                  ops[q].peer->name, kvp_strerror(s));

@@ -6,6 +6,9 @@
  */
 #include "common/status.h"
 
+#include <stdarg.h>
+#include <stdio.h>
+
 #include <errno.h>
 
 const char *kvp_strerror(kvp_status_t status)
@@ -45,4 +48,14 @@ kvp_status_t kvp_status_from_errno(int err)
     default:
         return KVP_ERR_SYSTEM;
     }
+}
+
+void kvp_errf(char *err, size_t err_len, const char *fmt, ...)
+{
+    if (err == NULL || err_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
 }

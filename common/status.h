@@ -31,4 +31,9 @@ const char *kvp_strerror(kvp_status_t status);
 /* Map an errno value to a status (ENOMEM, ETIMEDOUT, ECONNREFUSED, ...). */
 kvp_status_t kvp_status_from_errno(int err);
 
+#include <stddef.h>
+/* Write a message into a caller's err buffer (printf format); NULL or 0-length: none. */
+void kvp_errf(char *err, size_t err_len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 #endif

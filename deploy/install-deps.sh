@@ -18,7 +18,19 @@ PKGS=(
   clang libclang-rt-14-dev llvm
   # the Python module (client/python) and its pytest suite (tests/python)
   python3-dev python3-pytest python3-numpy
+  # operations: HTTP (/metrics, admin views), KV events (ZeroMQ + msgpack), config files
+  libmicrohttpd-dev libzmq3-dev libmsgpack-dev libinih-dev
+  # their tests: a real Prometheus (and promtool), a Python KV-event subscriber
+  prometheus python3-zmq python3-msgpack
+  # tests/deploy (deploy/, debian/): the Debian package's build (dpkg-buildpackage,
+  # debhelper, make and gcc through build-essential), systemd-analyze for the
+  # units, python3-yaml for the manifests, curl for the daemons' HTTP
+  build-essential dpkg-dev debhelper systemd python3-yaml curl
 )
+# kubectl for the manifests' dry run: Debian's kubernetes-client, unless a
+# kubectl is installed already (another package's kubectl conflicts with it,
+# and apt would remove that one).
+command -v kubectl >/dev/null 2>&1 || PKGS+=(kubernetes-client)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 SEG_SIZE=${1:-256MiB}
 PORT=${KVPOOL_PORT:-50051}
+HTTP_PORT=${KVPOOL_HTTP_PORT:-9003}
 
 deploy/install-deps.sh
 if [ ! -f build/build.ninja ]; then
@@ -42,9 +43,10 @@ wait_line() { # file, seconds
 
 # its own session: a Ctrl-C in the terminal reaches the script and the segment, which
 # drains into the pool while the master is still up; cleanup stops the master last
-setsid "$MASTER_BIN" --listen "127.0.0.1:$PORT" --ready-fd 3 3>"$tmp/master.addr" &
+setsid "$MASTER_BIN" --listen "127.0.0.1:$PORT" --http-listen "127.0.0.1:$HTTP_PORT" \
+  --ready-fd 3 3>"$tmp/master.addr" &
 mpid=$!
-wait_line "$tmp/master.addr" 10 || { echo "kvpool-master did not start (port $PORT busy? set KVPOOL_PORT)"; exit 1; }
+wait_line "$tmp/master.addr" 10 || { echo "kvpool-master did not start (port $PORT or $HTTP_PORT busy? set KVPOOL_PORT, KVPOOL_HTTP_PORT)"; exit 1; }
 MASTER=$(head -1 "$tmp/master.addr")
 export KVPOOL_MASTER=$MASTER
 
@@ -60,6 +62,12 @@ cmp -s "$tmp/sample.bin" "$tmp/sample.out" && echo "round trip of a 4 MiB object
 "$CLI" exist quickstart/sample quickstart/missing || true
 echo
 "$CLI" stat
+# the master's HTTP: /health and a metric the round trip above moved
+if exec 4<>"/dev/tcp/127.0.0.1/$HTTP_PORT"; then
+  printf 'GET /metrics HTTP/1.0\r\n\r\n' >&4
+  echo "metrics (http://127.0.0.1:$HTTP_PORT/metrics): $(grep -E '^kvpool_(puts|gets)_total' <&4 | tr '\n' ' ')"
+  exec 4>&-
+fi
 cat <<EOT
 
 kvpool is running: master $MASTER, one $SEG_SIZE segment ($(head -1 "$tmp/seg.name")).
@@ -70,6 +78,7 @@ Try, in another shell:
   $CLI exist mykey otherkey
   $CLI stat
   $CLI serve --segment-size 1GiB      # contribute another segment
+  curl http://127.0.0.1:$HTTP_PORT/metrics   # Prometheus metrics (also /health, /api/v1/stat)
 Press Ctrl-C to stop both processes.
 EOT
 wait "$mpid"

@@ -26,29 +26,53 @@ typedef enum setting_kind {
     SWITCH_ON,  /* bool set to true, no value */
     SWITCH_OFF, /* bool set to false, no value */
     ON_OFF,     /* bool, value "on" or "off" */
+    STRING,     /* char[size], a non-empty value that fits */
+    COUNT,      /* uint32_t, 0..max */
 } setting_kind_t;
 
 typedef struct setting {
     const char *name;
     setting_kind_t kind;
     size_t offset;
+    size_t size; /* STRING: the array's size; COUNT: the largest value */
 } setting_t;
 
+#define STR(name_, field_)                                                                         \
+    {                                                                                              \
+        name_, STRING, offsetof(kvp_master_config_t, field_),                                      \
+            sizeof(((kvp_master_config_t *)0)->field_)                                             \
+    }
+#define CNT(name_, field_, max_)                                                                   \
+    {                                                                                              \
+        name_, COUNT, offsetof(kvp_master_config_t, field_), max_                                  \
+    }
+
 static const setting_t settings[] = {
-    {"evict-high-watermark", FRACTION, offsetof(kvp_master_config_t, evict_high)},
-    {"evict-low-watermark", FRACTION, offsetof(kvp_master_config_t, evict_low)},
-    {"lease-ttl", SECONDS_MS, offsetof(kvp_master_config_t, lease_ttl_ms)},
-    {"put-timeout", SECONDS_MS, offsetof(kvp_master_config_t, put_timeout_ms)},
-    {"client-ttl", SECONDS_MS, offsetof(kvp_master_config_t, client_ttl_ms)},
-    {"soft-pin-ttl", SECONDS_S, offsetof(kvp_master_config_t, soft_pin_ttl_s)},
-    {"no-eviction", SWITCH_OFF, offsetof(kvp_master_config_t, evict)},
-    {"lease-on-exist", SWITCH_ON, offsetof(kvp_master_config_t, lease_on_exist)},
-    {"offload-high-watermark", FRACTION, offsetof(kvp_master_config_t, offload_high)},
-    {"offload-low-watermark", FRACTION, offsetof(kvp_master_config_t, offload_low)},
-    {"ssd-evict-high-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_high)},
-    {"ssd-evict-low-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_low)},
-    {"promote-on-hit", ON_OFF, offsetof(kvp_master_config_t, promote_on_hit)},
-    {"segment-records", ON_OFF, offsetof(kvp_master_config_t, segment_records)},
+    {"evict-high-watermark", FRACTION, offsetof(kvp_master_config_t, evict_high), 0},
+    {"evict-low-watermark", FRACTION, offsetof(kvp_master_config_t, evict_low), 0},
+    {"lease-ttl", SECONDS_MS, offsetof(kvp_master_config_t, lease_ttl_ms), 0},
+    {"put-timeout", SECONDS_MS, offsetof(kvp_master_config_t, put_timeout_ms), 0},
+    {"client-ttl", SECONDS_MS, offsetof(kvp_master_config_t, client_ttl_ms), 0},
+    {"soft-pin-ttl", SECONDS_S, offsetof(kvp_master_config_t, soft_pin_ttl_s), 0},
+    {"no-eviction", SWITCH_OFF, offsetof(kvp_master_config_t, evict), 0},
+    {"lease-on-exist", SWITCH_ON, offsetof(kvp_master_config_t, lease_on_exist), 0},
+    {"offload-high-watermark", FRACTION, offsetof(kvp_master_config_t, offload_high), 0},
+    {"offload-low-watermark", FRACTION, offsetof(kvp_master_config_t, offload_low), 0},
+    {"ssd-evict-high-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_high), 0},
+    {"ssd-evict-low-watermark", FRACTION, offsetof(kvp_master_config_t, ssd_evict_low), 0},
+    {"promote-on-hit", ON_OFF, offsetof(kvp_master_config_t, promote_on_hit), 0},
+    {"segment-records", ON_OFF, offsetof(kvp_master_config_t, segment_records), 0},
+    STR("http-listen", http_listen),
+    STR("kv-events-bind", kv_events_bind),
+    STR("kv-events-replay-bind", kv_events_replay),
+    STR("kv-events-topic", kv_events_topic),
+    CNT("kv-events-queue", kv_events_queue, 1u << 22),
+    CNT("kv-events-replay-batches", kv_events_replay_batches, 1u << 20),
+    STR("kv-events-model", kv_events_model),
+    CNT("kv-events-block-size", kv_events_block_size, 1u << 24),
+    STR("kv-events-tenant", kv_events_tenant),
+    STR("kv-events-backend-id", kv_events_backend_id),
+    CNT("kv-events-dp-rank", kv_events_dp_rank, 1u << 16),
 };
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -67,6 +91,17 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     cfg->ssd_evict_low = 0.90;
     cfg->promote_on_hit = true;
     cfg->segment_records = true;
+    snprintf(cfg->http_listen, sizeof(cfg->http_listen), "127.0.0.1:9003");
+    cfg->http_listen_given = false;
+    cfg->kv_events_bind[0] = cfg->kv_events_replay[0] = '\0';
+    snprintf(cfg->kv_events_topic, sizeof(cfg->kv_events_topic), "kvpool");
+    cfg->kv_events_queue = 65536;
+    cfg->kv_events_replay_batches = 4096;
+    snprintf(cfg->kv_events_model, sizeof(cfg->kv_events_model), "kvpool");
+    cfg->kv_events_block_size = 0;
+    snprintf(cfg->kv_events_tenant, sizeof(cfg->kv_events_tenant), "default");
+    snprintf(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id), "kvpool-master");
+    cfg->kv_events_dp_rank = 0;
 }
 
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,
@@ -93,7 +128,27 @@ kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, c
         *(bool *)field = strcmp(value, "on") == 0;
         return KVP_OK;
     }
+    if (s->kind == STRING) {
+        if (value[0] == '\0' || strlen(value) >= s->size) {
+            snprintf(err, err_len, "--%s needs a value of 1..%zu bytes", name, s->size - 1);
+            return KVP_ERR_INVALID_ARG;
+        }
+        memcpy(field, value, strlen(value) + 1);
+        if (strcmp(name, "http-listen") == 0)
+            cfg->http_listen_given = true;
+        return KVP_OK;
+    }
     char *end;
+    if (s->kind == COUNT) {
+        unsigned long long n = strtoull(value, &end, 10);
+        if (*end != '\0' || end == value || value[0] == '-' || n > s->size) {
+            snprintf(err, err_len, "--%s needs a whole number 0..%zu, got '%s'", name, s->size,
+                     value);
+            return KVP_ERR_INVALID_ARG;
+        }
+        *(uint32_t *)field = (uint32_t)n;
+        return KVP_OK;
+    }
     double v = strtod(value, &end);
     bool frac = s->kind == FRACTION;
     if (*end != '\0' || end == value || !(v >= 0) || (frac && v > 1) ||
@@ -119,6 +174,10 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
     }
     if (cfg->offload_low > cfg->offload_high) {
         snprintf(err, err_len, "--offload-low-watermark must not exceed the high one");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (cfg->kv_events_queue == 0) {
+        snprintf(err, err_len, "--kv-events-queue needs at least 1 event");
         return KVP_ERR_INVALID_ARG;
     }
     if (cfg->ssd_evict_low > cfg->ssd_evict_high) {

@@ -28,6 +28,19 @@ typedef struct kvp_master_config {
     double ssd_evict_low;  /* ... down to this (0.90) */
     bool promote_on_hit;   /* copy SSD-only objects back to DRAM when read (true) */
     bool segment_records;  /* DRAM segments' owners keep a record of their objects (true) */
+    /* operations (master/obs/) */
+    char http_listen[300];      /* HOST:PORT of /metrics and the admin views; "off": none */
+    bool http_listen_given;     /* set by a flag: failing to listen is fatal (else a warning) */
+    char kv_events_bind[300];   /* ZMQ endpoint of the KV events PUB socket ("": off) */
+    char kv_events_replay[300]; /* ... of its replay ROUTER socket ("": none) */
+    char kv_events_topic[128];
+    uint32_t kv_events_queue;          /* events queued at most (65536) */
+    uint32_t kv_events_replay_batches; /* batches kept for replay (4096) */
+    char kv_events_model[256];         /* the envelope: model_name (kvpool) */
+    uint32_t kv_events_block_size;
+    char kv_events_tenant[256];     /* tenant_id (default) */
+    char kv_events_backend_id[256]; /* backend_id (kvpool-master) */
+    uint32_t kv_events_dp_rank;
 } kvp_master_config_t;
 
 /* The defaults. */

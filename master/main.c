@@ -4,7 +4,11 @@
  * Design: getopt here, the settings themselves (defaults, values, checks)
  * in config.c. Thread: the main thread, which then runs the loop.
  *
- *   kvpool-master [--listen HOST:PORT] [--ready-fd N] [--log-level LEVEL]
+ *   kvpool-master [--config FILE] [--listen HOST:PORT] [--ready-fd N] [--log-level LEVEL] ...
+ *
+ * --config FILE: the keys of FILE (before any section, and under [master])
+ * become flags placed before the command line's own (common/conf.h), so one
+ * getopt loop reads both and a flag given here overrides the file.
  *
  * --ready-fd N: once listening, write "HOST:PORT\n" (the bound address) to
  * fd N and close it, so a supervisor or test learns readiness from a pipe,
@@ -17,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/conf.h"
 #include "common/log.h"
 #include "common/parse.h"
 #include "master/config.h"
@@ -26,51 +31,114 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvpool-master [options]\n"
-               "  --listen HOST:PORT   control-plane address (default " DEFAULT_LISTEN ";\n"
-               "                       port 0 picks a free port)\n"
-               "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
-               "                       listening, then close it\n"
-               "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
-               "  --evict-high-watermark F  also evict in the background when used/capacity\n"
-               "                       passes F (default 1.0: off; puts evict what they need)\n"
-               "  --evict-low-watermark F   ... down to F (default 0.98)\n"
-               "  --lease-ttl SECONDS  safety net of a read lease: a get releases its lease when\n"
-               "                       its transfer ends; one never released (the reader died)\n"
-               "                       ends this long after it was granted (default 5)\n"
-               "  --put-timeout SECONDS  revoke a put not ended by then (default 30)\n"
-               "  --soft-pin-ttl SECONDS  default soft pin lifetime (default 1800)\n"
-               "  --client-ttl SECONDS  drop a client silent this long: its segments are\n"
-               "                       unmounted, its puts revoked (default 10; 0: never)\n"
-               "  --lease-on-exist     exist grants read leases too (default: only get)\n"
-               "  --no-eviction        never evict: a full pool refuses puts\n"
-               "SSD tier (when SSD segments are mounted: kvpool serve --ssd-path):\n"
-               "  --offload-high-watermark F  offload DRAM victims to SSD in the background\n"
-               "                       when DRAM used/capacity passes F (default 0.95)\n"
-               "  --offload-low-watermark F   ... down to F (default 0.90)\n"
-               "  --ssd-evict-high-watermark F  drop SSD objects (LRU) when SSD used passes F\n"
-               "                       (default 0.95)\n"
-               "  --ssd-evict-low-watermark F   ... down to F (default 0.90)\n"
-               "  --promote-on-hit on|off  copy an SSD-only object back to DRAM in the\n"
-               "                       background when a get hits it (default on)\n"
-               "High availability (leader election through etcd; without --etcd the master\n"
-               "is standalone and needs no etcd):\n"
-               "  --etcd HOST:PORT[,HOST:PORT...]  etcd endpoints (v3 JSON gateway)\n"
-               "  --cluster NAME       the masters of one pool share a name (default kvpool);\n"
-               "                       clients use --master etcd://HOST:PORT[,...]/NAME\n"
-               "  --leader-ttl SECONDS lease of the leader: a standby takes over this long\n"
-               "                       after the leader stops renewing it (default 5, min 2)\n"
-               "  --advertise HOST:PORT  the address clients reach this master at (default:\n"
-               "                       the --listen address as bound)\n"
-               "Metadata that survives the master:\n"
-               "  --segment-records on|off  owners of DRAM segments keep a record of the\n"
-               "                       objects on them, so that a restarted master adopts\n"
-               "                       them back at their remount (default on; SSD segments'\n"
-               "                       files always describe themselves)\n"
-               "  --version, --help\n");
+    fprintf(f,
+            "usage: kvpool-master [options]\n"
+            "  --listen HOST:PORT   control-plane address (default " DEFAULT_LISTEN ";\n"
+            "                       port 0 picks a free port)\n"
+            "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
+            "                       listening, then close it\n"
+            "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
+            "  --evict-high-watermark F  also evict in the background when used/capacity\n"
+            "                       passes F (default 1.0: off; puts evict what they need)\n"
+            "  --evict-low-watermark F   ... down to F (default 0.98)\n"
+            "  --lease-ttl SECONDS  safety net of a read lease: a get releases its lease when\n"
+            "                       its transfer ends; one never released (the reader died)\n"
+            "                       ends this long after it was granted (default 5)\n"
+            "  --put-timeout SECONDS  revoke a put not ended by then (default 30)\n"
+            "  --soft-pin-ttl SECONDS  default soft pin lifetime (default 1800)\n"
+            "  --client-ttl SECONDS  drop a client silent this long: its segments are\n"
+            "                       unmounted, its puts revoked (default 10; 0: never)\n"
+            "  --lease-on-exist     exist grants read leases too (default: only get)\n"
+            "  --no-eviction        never evict: a full pool refuses puts\n"
+            "SSD tier (when SSD segments are mounted: kvpool serve --ssd-path):\n"
+            "  --offload-high-watermark F  offload DRAM victims to SSD in the background\n"
+            "                       when DRAM used/capacity passes F (default 0.95)\n"
+            "  --offload-low-watermark F   ... down to F (default 0.90)\n"
+            "  --ssd-evict-high-watermark F  drop SSD objects (LRU) when SSD used passes F\n"
+            "                       (default 0.95)\n"
+            "  --ssd-evict-low-watermark F   ... down to F (default 0.90)\n"
+            "  --promote-on-hit on|off  copy an SSD-only object back to DRAM in the\n"
+            "                       background when a get hits it (default on)\n"
+            "High availability (leader election through etcd; without --etcd the master\n"
+            "is standalone and needs no etcd):\n"
+            "  --etcd HOST:PORT[,HOST:PORT...]  etcd endpoints (v3 JSON gateway)\n"
+            "  --cluster NAME       the masters of one pool share a name (default kvpool);\n"
+            "                       clients use --master etcd://HOST:PORT[,...]/NAME\n"
+            "  --leader-ttl SECONDS lease of the leader: a standby takes over this long\n"
+            "                       after the leader stops renewing it (default 5, min 2)\n"
+            "  --advertise HOST:PORT  the address clients reach this master at (default:\n"
+            "                       the --listen address as bound)\n"
+            "Metadata that survives the master:\n"
+            "  --segment-records on|off  owners of DRAM segments keep a record of the\n"
+            "                       objects on them, so that a restarted master adopts\n"
+            "                       them back at their remount (default on; SSD segments'\n"
+            "                       files always describe themselves)\n"
+            "Operations (docs/operations.md):\n"
+            "  --http-listen HOST:PORT  HTTP for /metrics (Prometheus), /health, /api/v1/...\n"
+            "                       and /get_all_segments (default 127.0.0.1:9003; when\n"
+            "                       that default is taken the master runs without HTTP;\n"
+            "                       off: none)\n"
+            "  --kv-events-bind ENDPOINT  publish KV events (stored/removed/cleared) on a\n"
+            "                       ZeroMQ PUB socket, e.g. tcp://127.0.0.1:5557 (default: off)\n"
+            "  --kv-events-replay-bind ENDPOINT  answer replays of missed batches here\n"
+            "  --kv-events-topic T  first frame of every message (default kvpool)\n"
+            "  --kv-events-queue N  events queued before the oldest are dropped (65536)\n"
+            "  --kv-events-replay-batches N  batches kept for replay (default 4096)\n"
+            "  --kv-events-model NAME, --kv-events-block-size N, --kv-events-tenant ID,\n"
+            "  --kv-events-backend-id ID, --kv-events-dp-rank N  the events' envelope\n"
+            "                       (defaults kvpool, 0, default, kvpool-master, 0)\n"
+            "  --config FILE        read settings from FILE (INI: every flag is a key,\n"
+            "                       e.g. lease-ttl = 5, no-eviction = true; keys before any\n"
+            "                       section and under [master] apply; flags given here\n"
+            "                       override it)\n"
+            "  --version, --help\n");
 }
 
-int main(int argc, char **argv)
+/*
+ * The flags; each is also a config file key (common/conf.h). --config itself is not here:
+ * kvp_conf_expand_argv takes it out of argv before getopt runs.
+ */
+static const struct option opts[] = {
+    {"listen", required_argument, NULL, 'l'},
+    {"ready-fd", required_argument, NULL, 'r'},
+    {"log-level", required_argument, NULL, 'v'},
+    /* 's': a setting of kvp_master_config_t, read by config.c under its flag name */
+    {"evict-high-watermark", required_argument, NULL, 's'},
+    {"evict-low-watermark", required_argument, NULL, 's'},
+    {"lease-ttl", required_argument, NULL, 's'},
+    {"put-timeout", required_argument, NULL, 's'},
+    {"soft-pin-ttl", required_argument, NULL, 's'},
+    {"no-eviction", no_argument, NULL, 's'},
+    {"client-ttl", required_argument, NULL, 's'},
+    {"lease-on-exist", no_argument, NULL, 's'},
+    {"offload-high-watermark", required_argument, NULL, 's'},
+    {"offload-low-watermark", required_argument, NULL, 's'},
+    {"ssd-evict-high-watermark", required_argument, NULL, 's'},
+    {"ssd-evict-low-watermark", required_argument, NULL, 's'},
+    {"promote-on-hit", required_argument, NULL, 's'},
+    {"segment-records", required_argument, NULL, 's'},
+    {"etcd", required_argument, NULL, 'e'},
+    {"cluster", required_argument, NULL, 'c'},
+    {"leader-ttl", required_argument, NULL, 't'},
+    {"advertise", required_argument, NULL, 'a'},
+    {"http-listen", required_argument, NULL, 's'},
+    {"kv-events-bind", required_argument, NULL, 's'},
+    {"kv-events-replay-bind", required_argument, NULL, 's'},
+    {"kv-events-topic", required_argument, NULL, 's'},
+    {"kv-events-queue", required_argument, NULL, 's'},
+    {"kv-events-replay-batches", required_argument, NULL, 's'},
+    {"kv-events-model", required_argument, NULL, 's'},
+    {"kv-events-block-size", required_argument, NULL, 's'},
+    {"kv-events-tenant", required_argument, NULL, 's'},
+    {"kv-events-backend-id", required_argument, NULL, 's'},
+    {"kv-events-dp-rank", required_argument, NULL, 's'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0},
+};
+
+/* Runs on the main thread; argv: the command line with the config file's flags in front. */
+static int master_main(int argc, char **argv)
 {
     const char *listen_addr = DEFAULT_LISTEN;
     int ready_fd = -1;
@@ -82,33 +150,6 @@ int main(int argc, char **argv)
     kvp_log_set_level(KVP_LOG_INFO);
     kvp_log_init_from_env();
 
-    static const struct option opts[] = {
-        {"listen", required_argument, NULL, 'l'},
-        {"ready-fd", required_argument, NULL, 'r'},
-        {"log-level", required_argument, NULL, 'v'},
-        /* 's': a setting of kvp_master_config_t, read by config.c under its flag name */
-        {"evict-high-watermark", required_argument, NULL, 's'},
-        {"evict-low-watermark", required_argument, NULL, 's'},
-        {"lease-ttl", required_argument, NULL, 's'},
-        {"put-timeout", required_argument, NULL, 's'},
-        {"soft-pin-ttl", required_argument, NULL, 's'},
-        {"no-eviction", no_argument, NULL, 's'},
-        {"client-ttl", required_argument, NULL, 's'},
-        {"lease-on-exist", no_argument, NULL, 's'},
-        {"offload-high-watermark", required_argument, NULL, 's'},
-        {"offload-low-watermark", required_argument, NULL, 's'},
-        {"ssd-evict-high-watermark", required_argument, NULL, 's'},
-        {"ssd-evict-low-watermark", required_argument, NULL, 's'},
-        {"promote-on-hit", required_argument, NULL, 's'},
-        {"segment-records", required_argument, NULL, 's'},
-        {"etcd", required_argument, NULL, 'e'},
-        {"cluster", required_argument, NULL, 'c'},
-        {"leader-ttl", required_argument, NULL, 't'},
-        {"advertise", required_argument, NULL, 'a'},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
-    };
     int opt, idx = 0;
     char err[160];
     while ((opt = getopt_long(argc, argv, "h", opts, &idx)) != -1) {
@@ -196,7 +237,8 @@ int main(int argc, char **argv)
     }
     kvp_status_t status = kvp_master_server_create(host, port, &cfg, &srv, &bound);
     if (status != KVP_OK) {
-        fprintf(stderr, "kvpool-master: cannot listen on %s: %s\n", listen_addr,
+        /* the server logged which of --listen, --http-listen, --kv-events-bind failed */
+        fprintf(stderr, "kvpool-master: cannot start (--listen %s): %s\n", listen_addr,
                 kvp_strerror(status));
         return 1;
     }
@@ -238,4 +280,20 @@ int main(int argc, char **argv)
     kvp_master_server_destroy(srv);
     KVP_LOG_INFO("stopped");
     return status == KVP_OK ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+    int conf_argc;
+    char **conf_argv;
+    char err[512];
+    if (kvp_conf_expand_argv(argc, argv, opts, "master", &conf_argc, &conf_argv, err,
+                             sizeof(err)) != KVP_OK) {
+        fprintf(stderr, "kvpool-master: %s\n", err);
+        return 2;
+    }
+    /* optarg strings point into conf_argv: it lives until the master has stopped */
+    int rc = master_main(conf_argc, conf_argv);
+    kvp_conf_free_argv(conf_argv, argv);
+    return rc;
 }

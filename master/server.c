@@ -24,6 +24,7 @@
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -31,11 +32,14 @@
 #include "common/macros.h"
 #include "common/clock.h"
 #include "common/sock.h"
+#include "common/parse.h"
 #include "master/dispatch.h"
 #include "master/policy/eviction.h"
 #include "common/election.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
+#include "master/obs/events.h"
+#include "master/obs/http.h"
 #include "kvpool.pb-c.h"
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
@@ -91,7 +95,20 @@ struct kvp_master_server {
     pthread_cond_t ha_cond;
     bool ha_stop;
     char standbys[1024]; /* ha_lock */
+    /* operations (master/obs/) */
+    kvp_master_http_t *http; /* NULL: --http-listen off (or its default was taken) */
+    int http_fd;             /* its eventfd (epoll marker: &http_fd) */
+    kvp_events_t *events;    /* NULL: no --kv-events-bind */
+    kvp_rpc_hist_t hist[KVP_RPC_METHOD_MAX + 1];
 };
+
+/* What the state holds of the server's (again after drop_all re-creates the state). */
+static void attach_obs(kvp_master_server_t *srv)
+{
+    srv->state.events = srv->events;
+    srv->state.rpc_hist = srv->hist;
+    srv->state.clients = srv->n_conns;
+}
 
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
 {
@@ -118,6 +135,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     if (c->next)
         c->next->prev = c->prev;
     srv->n_conns--;
+    srv->state.clients = srv->n_conns;
     KVP_LOG_DEBUG("connection %llu closed", (unsigned long long)c->id);
     free(c->in);
     free(c->out);
@@ -226,6 +244,7 @@ static void drop_all(kvp_master_server_t *srv)
     kvp_master_state_cleanup(&srv->state);
     kvp_master_state_init(&srv->state);
     srv->state.config = cfg;
+    attach_obs(srv);
 }
 
 /*
@@ -267,6 +286,8 @@ static void not_leader_msg(kvp_master_server_t *srv, char *buf, size_t len)
         strcmp(leader, srv->self) != 0)
         snprintf(buf, len, "%.100s is a standby: the leader is %.100s (epoch %llu)", srv->self,
                  leader, (unsigned long long)epoch);
+    else if (srv->epoch == 0)
+        snprintf(buf, len, "%.100s is a standby: campaigning, no leader known yet", srv->self);
     else
         snprintf(buf, len, "%.100s is not sure it still leads (its etcd lease is unconfirmed)",
                  srv->self);
@@ -385,9 +406,22 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         } else {
             srv->state.may_park = true;
             srv->state.park_retry = false;
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
             s = kvp_dispatch_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
                                     h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
+            clock_gettime(CLOCK_MONOTONIC, &t1);
             srv->state.may_park = false;
+            if (h.method <= KVP_RPC_METHOD_MAX) {
+                uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
+                              (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
+                kvp_rpc_hist_t *hist = &srv->hist[h.method];
+                unsigned b = 0;
+                while (b < KVP_RPC_BUCKETS - 1 && ns > kvp_rpc_bucket_us[b] * 1000ull)
+                    b++;
+                hist->count[b]++;
+                hist->sum_ns += ns;
+            }
         }
         if (srv->state.stream_segment != 0) {
             /* SegRecord: this connection now carries the segment's record changes */
@@ -523,8 +557,81 @@ static void on_accept(kvp_master_server_t *srv)
             srv->conns->prev = c;
         srv->conns = c;
         srv->n_conns++;
+        srv->state.clients = srv->n_conns;
         KVP_LOG_DEBUG("connection %llu accepted", (unsigned long long)c->id);
     }
+}
+
+/* --http-listen and --kv-events-bind (master/obs/). */
+static kvp_status_t start_obs(kvp_master_server_t *srv)
+{
+    const kvp_master_config_t *cfg = &srv->state.config;
+    srv->http_fd = -1;
+    if (strcmp(cfg->http_listen, "off") != 0) {
+        uint16_t port = 0;
+        kvp_status_t s = kvp_master_http_start(cfg->http_listen, &srv->http, &port);
+        if (s != KVP_OK && cfg->http_listen_given) {
+            KVP_LOG_ERROR("--http-listen %s: %s", cfg->http_listen,
+                          s == KVP_ERR_INVALID_ARG ? "needs IPV4:PORT (or off)"
+                                                   : "cannot listen there");
+            return s;
+        }
+        if (s != KVP_OK) {
+            KVP_LOG_WARN("HTTP (/metrics, /health) not served: cannot listen on the default %s "
+                         "(taken?); give --http-listen HOST:PORT or off",
+                         cfg->http_listen);
+        } else {
+            srv->http_fd = kvp_master_http_fd(srv->http);
+            struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &srv->http_fd};
+            epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->http_fd, &ev);
+            char host[256];
+            uint16_t p0;
+            kvp_parse_hostport(cfg->http_listen, host, sizeof(host), &p0);
+            KVP_LOG_INFO("HTTP on %s:%u (/metrics, /health, /api/v1/...)", host, port);
+        }
+    }
+    if (cfg->kv_events_bind[0] != '\0') {
+        kvp_events_params_t p;
+        kvp_events_params_init(&p);
+        p.bind = cfg->kv_events_bind;
+        p.replay_bind = cfg->kv_events_replay[0] ? cfg->kv_events_replay : NULL;
+        p.topic = cfg->kv_events_topic;
+        p.queue_max = cfg->kv_events_queue;
+        p.replay_batches = cfg->kv_events_replay_batches;
+        p.model_name = cfg->kv_events_model;
+        p.block_size = cfg->kv_events_block_size;
+        p.tenant_id = cfg->kv_events_tenant;
+        p.backend_id = cfg->kv_events_backend_id;
+        p.dp_rank = (int32_t)cfg->kv_events_dp_rank;
+        char err[256] = "";
+        kvp_status_t s = kvp_events_create(&p, &srv->events, err, sizeof(err));
+        if (s != KVP_OK) {
+            KVP_LOG_ERROR("--kv-events-bind %s: %s", cfg->kv_events_bind,
+                          err[0] ? err : kvp_strerror(s));
+            kvp_master_http_stop(srv->http);
+            srv->http = NULL;
+            return s;
+        }
+        const char *replay = kvp_events_endpoint(srv->events, 1);
+        KVP_LOG_INFO("KV events on %s (replay: %s)", kvp_events_endpoint(srv->events, 0),
+                     replay != NULL && replay[0] ? replay : "none");
+    }
+    return KVP_OK;
+}
+
+/* For /health and /metrics: does this master serve? (No side effects, unlike may_serve.) */
+static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reason, size_t len)
+{
+    uint64_t epoch = 0;
+    v->ha = srv->el != NULL;
+    v->self = srv->self;
+    v->events = srv->events;
+    v->serving = srv->el == NULL || (kvp_election_leading(srv->el, kvp_now_ms(), &epoch) &&
+                                     epoch == srv->epoch && !srv->reset_pending);
+    reason[0] = '\0';
+    if (!v->serving)
+        not_leader_msg(srv, reason, len);
+    v->reason = reason;
 }
 
 kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
@@ -544,8 +651,10 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     /* the owners of a restarted master's segments come back within a heartbeat or so */
     srv->state.rebuild_until_ms = kvp_now_ms() + KVP_REBUILD_GRACE_MS;
     status = kvp_tcp_listen(host, port, 1024, &srv->listen_fd, bound_port_p);
-    if (status != KVP_OK)
+    if (status != KVP_OK) {
+        KVP_LOG_ERROR("--listen %s:%u: cannot listen there: %s", host, port, kvp_strerror(status));
         goto err_state;
+    }
     if (fcntl(srv->listen_fd, F_SETFL, fcntl(srv->listen_fd, F_GETFL) | O_NONBLOCK) != 0) {
         status = KVP_ERR_SYSTEM;
         goto err_listen;
@@ -565,6 +674,11 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->listen_fd, &ev);
     ev.data.ptr = &srv->sig_fd;
     epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->sig_fd, &ev);
+    /* threads of their own from here on: they inherit the blocked signals */
+    status = start_obs(srv);
+    if (status != KVP_OK)
+        goto err_fds;
+    attach_obs(srv);
     *srv_p = srv;
     return KVP_OK;
 
@@ -748,6 +862,11 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             void *p = evs[i].data.ptr;
             if (p == &srv->listen_fd) {
                 on_accept(srv);
+            } else if (p == &srv->http_fd) {
+                kvp_master_view_t view;
+                char reason[256];
+                fill_view(srv, &view, reason, sizeof(reason));
+                kvp_master_http_serve(srv->http, &srv->state, &view);
             } else if (p == &srv->sig_fd) {
                 struct signalfd_siginfo si;
                 if (read(srv->sig_fd, &si, sizeof(si)) == sizeof(si)) {
@@ -785,11 +904,13 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     }
     if (srv->el != NULL)
         kvp_election_stop(srv->el, true); /* a standby takes over at once */
+    kvp_master_http_stop(srv->http);      /* its threads wait for no loop any more */
     close_all(srv);
     close(srv->listen_fd);
     close(srv->sig_fd);
     close(srv->epfd);
     kvp_master_state_cleanup(&srv->state);
+    kvp_events_destroy(srv->events); /* sends what is still queued */
     pthread_mutex_destroy(&srv->ha_lock);
     pthread_cond_destroy(&srv->ha_cond);
     free(srv);

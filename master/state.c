@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/rand.h"
+#include "master/obs/events.h"
 
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 {
@@ -30,6 +31,34 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     clock_gettime(CLOCK_REALTIME, &ts);
     st->version_clock = ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u) << 4;
     return kvp_index_init(&st->index);
+}
+
+unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n)
+{
+    unsigned m = 0;
+    for (unsigned i = 0; i < n; i++) {
+        if (reps[i].segment_id == 0)
+            continue;
+        const kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
+        if (seg != NULL)
+            m |= 1u << (seg->ssd ? KVP_MEDIUM_DISK : KVP_MEDIUM_CPU);
+    }
+    return m;
+}
+
+void kvp_state_media_event(kvp_master_state_t *st, const kvp_object_t *obj, unsigned before,
+                           unsigned after)
+{
+    if (st->events == NULL)
+        return;
+    const char *key = kvp_object_key(obj);
+    for (unsigned m = 0; m < KVP_MEDIUM_COUNT; m++) {
+        unsigned bit = 1u << m;
+        if ((after & bit) && !(before & bit))
+            kvp_events_stored(st->events, (kvp_medium_t)m, key, obj->key_len);
+        else if ((before & bit) && !(after & bit))
+            kvp_events_removed(st->events, (kvp_medium_t)m, key, obj->key_len);
+    }
 }
 
 void kvp_master_state_cleanup(kvp_master_state_t *st)

@@ -45,7 +45,23 @@ typedef struct kvp_master_stats {
     uint64_t adopted;       /* objects segments brought back at (re)mount (ha/rebuild.c) */
     uint64_t adopt_refused; /* stale entries they offered: dropped, never served */
     uint64_t ssd_lost;      /* SSD objects found unreadable by an owner (promotion) */
+    /* operations (master/obs/): per key or object, not per request */
+    uint64_t puts;        /* puts ended (objects made visible) */
+    uint64_t gets;        /* keys asked for replicas (GetReplicaList) */
+    uint64_t get_misses;  /* ... that found nothing to read */
+    uint64_t exists;      /* keys asked whether they exist */
+    uint64_t removes;     /* objects removed (Remove, RemoveByRegex) */
+    uint64_t lease_waits; /* removes refused for a read lease, puts told to wait (POOL_BUSY) */
 } kvp_master_stats_t;
+
+/* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of
+ * KVP_RPC_BUCKETS upper bounds in microseconds, the last one +Inf. */
+#define KVP_RPC_BUCKETS 12
+extern const uint32_t kvp_rpc_bucket_us[KVP_RPC_BUCKETS - 1];
+typedef struct kvp_rpc_hist {
+    uint64_t count[KVP_RPC_BUCKETS]; /* not cumulative */
+    uint64_t sum_ns;
+} kvp_rpc_hist_t;
 
 /* A task for an SSD segment's owner (policy/tier.c). Key inline after the struct. */
 typedef enum kvp_ssd_task_kind {
@@ -122,6 +138,10 @@ typedef struct kvp_master_state {
     char standbys[1024];     /* the standbys' addresses, comma-separated */
     uint64_t stream_segment; /* set by SegRecord: the server streams this segment's record
                                 changes on the calling connection (no answer now) */
+    /* operations (master/obs/) */
+    struct kvp_events *events; /* KV events publisher, or NULL */
+    kvp_rpc_hist_t *rpc_hist;  /* [KVP_RPC_METHOD_MAX + 1], or NULL (tests) */
+    uint32_t clients;          /* connections open now (server.c) */
 } kvp_master_state_t;
 
 /* How long a new master waits for segments to come back (rebuild_until_ms). */
@@ -140,6 +160,20 @@ kvp_ssd_task_t *kvp_state_task_add(kvp_master_state_t *st, kvp_ssd_task_kind_t k
 void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task);
 /* obj is going (its extents are being freed): its SSD owners forget their entries. */
 void kvp_state_forget_ssd(kvp_master_state_t *st, const kvp_object_t *obj);
+
+/* KV events (master/obs/events.h): the media an object's replicas are on (bit
+ * 1 << KVP_MEDIUM_CPU for DRAM segments, 1 << KVP_MEDIUM_DISK for SSD ones). */
+unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n);
+/* A COMPLETE object's media went from `before` to `after`: `stored` for each medium
+ * gained, `removed` for each lost (no-op without a publisher). */
+void kvp_state_media_event(kvp_master_state_t *st, const kvp_object_t *obj, unsigned before,
+                           unsigned after);
+/* A COMPLETE object is going (removed, evicted, lost): `removed` on its media. */
+static inline void kvp_state_object_gone(kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    if (st->events != NULL && obj->state == KVP_OBJ_COMPLETE)
+        kvp_state_media_event(st, obj, kvp_state_media(st, obj->replicas, obj->n_replicas), 0);
+}
 
 /* Bytes allocated over all segments. */
 static inline uint64_t kvp_master_used(const kvp_master_state_t *st)

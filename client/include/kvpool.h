@@ -340,6 +340,112 @@ const char *kvp_client_last_error(void);
 kvp_status_t kvp_pool_stat(kvp_client_t *client, kvp_pool_stat_t **stat_p);
 void kvp_pool_stat_free(kvp_pool_stat_t *stat);
 
+/* ---- client metrics ---- */
+
+/* Transports of the metrics' per-transport counters: kvp_metrics_t.client[] and .served[]
+ * are indexed by these (KVP_METRICS_TP_MAX slots; unused ones stay 0). "ssd" is a
+ * transfer to or from an SSD segment (carried over tcp by its data server): counted apart
+ * so the tiers show; "tcp" is then DRAM segments only. */
+#define KVP_METRICS_TP_TCP 0
+#define KVP_METRICS_TP_SHM 1
+#define KVP_METRICS_TP_RDMA 2
+#define KVP_METRICS_TP_SSD 3
+#define KVP_METRICS_TP_COUNT 4 /* in use now */
+#define KVP_METRICS_TP_MAX 8   /* slots in the struct (room to grow) */
+
+/* The version kvp_metrics_snapshot writes into kvp_metrics_t.version. */
+#define KVP_METRICS_VERSION 1
+
+/* Counters of one direction of one transport. */
+typedef struct kvp_metrics_count {
+    uint64_t ops;   /* transfers that completed successfully */
+    uint64_t bytes; /* their bytes */
+} kvp_metrics_count_t;
+
+/*
+ * A snapshot of this client's counters, all since kvp_client_create, all monotonic except
+ * the capacities. Set `size` to sizeof(kvp_metrics_t) (the library writes no byte past
+ * it, so a caller built against an older, shorter struct keeps working) and read
+ * `version` to know which fields a newer library filled; fields are only ever added at
+ * the end.
+ *
+ * As initiator (puts and gets this process made): client[tp].put / .get count transfer
+ * operations, one per contiguous extent moved (an object replica; a scatter/gather
+ * object counts one per buffer piece), whatever the transport slices it into. Replicas
+ * count once each: a put with 2 replicas is 2 put ops. Offloads and promotions that an
+ * SSD segment's owner does are counted too (a get from DRAM and a put to DRAM).
+ * put_errors / get_errors: transfer operations that failed (I/O, timeout, transport,
+ * segment gone) and gets whose bytes failed their CRC32C check. Not counted: requests the
+ * master refused (not found, pool full): no transfer was made.
+ * staged[0] (host) / staged[1] (gpu): the part of those operations copied through
+ * staging buffers (CUDA device memory, or host memory the NIC has not registered).
+ *
+ * As segment owner (what peers did to our segments): served[tp].get counts requests
+ * served by a data server that read the segment (the peer's get), .put the ones that
+ * wrote it; one per extent of a vectored request, one per slice of a sliced transfer.
+ * Only the tcp data server (served[KVP_METRICS_TP_TCP], the DRAM segment) and the SSD
+ * data server (served[KVP_METRICS_TP_SSD]) see requests: one-sided shm and rdma
+ * transfers never involve the owner, so they are not counted here (only by the peer
+ * that made them, as its client[] counters).
+ *
+ * SSD I/O of this client's SSD segment (its data server, the offload worker and the
+ * file's object table): reads and writes that completed, their bytes, and the ones that
+ * failed.
+ *
+ * Thread: any; counters are read one by one with relaxed atomics, so a snapshot taken
+ * while transfers run may show one counter a little ahead of another.
+ */
+typedef struct kvp_metrics {
+    size_t size;      /* in: sizeof(kvp_metrics_t) as the caller knows it */
+    uint32_t version; /* out: KVP_METRICS_VERSION of the library that filled it */
+    uint32_t reserved;
+    struct {
+        kvp_metrics_count_t put, get;
+    } client[KVP_METRICS_TP_MAX];
+    uint64_t put_errors, get_errors;
+    struct {
+        kvp_metrics_count_t put, get;
+    } served[KVP_METRICS_TP_MAX];
+    kvp_metrics_count_t staged[2]; /* [0] host, [1] gpu staging */
+    kvp_metrics_count_t ssd_read, ssd_write;
+    uint64_t ssd_io_errors;
+    /* mounted segments ("" and 0: none) */
+    char dram_segment[300];
+    uint64_t dram_capacity; /* bytes; 0 once drained */
+    char ssd_segment[300];
+    uint64_t ssd_capacity;
+    int32_t dram_mounted;  /* 1 while the DRAM segment is mounted (kvp_client_segment_mounted) */
+    int32_t dram_draining; /* 1 while its objects are being moved away (kvp_drain) */
+    int32_t ssd_mounted;   /* 1 while an SSD segment is open */
+    int32_t reserved2;
+} kvp_metrics_t;
+
+/*
+ * Fill *out (out->size set by the caller, at least offsetof(kvp_metrics_t, client)) with
+ * this client's counters. KVP_OK; KVP_ERR_INVALID_ARG for a NULL argument or a size too
+ * small. Takes no lock of the data path and allocates nothing. Thread: any.
+ */
+kvp_status_t kvp_metrics_snapshot(kvp_client_t *client, kvp_metrics_t *out);
+
+/* "tcp", "shm", "rdma", "ssd" for a KVP_METRICS_TP_* index; NULL for an unused one. */
+const char *kvp_metrics_transport_name(unsigned tp);
+
+/*
+ * The snapshot in the Prometheus text exposition format (version 0.0.4), with HELP and
+ * TYPE lines: kvpool_client_ops_total{transport,op="put|get"},
+ * kvpool_client_bytes_total{transport,op}, kvpool_client_errors_total{op},
+ * kvpool_client_staged_ops_total{kind}, kvpool_client_staged_bytes_total{kind},
+ * kvpool_served_ops_total{transport}, kvpool_served_bytes_total{transport},
+ * kvpool_ssd_io_ops_total{op="read|write"}, kvpool_ssd_io_bytes_total{op},
+ * kvpool_ssd_io_errors_total, kvpool_segment_capacity_bytes{segment,tier="dram|ssd"}.
+ * Writes at most cap bytes (NUL included) to buf and returns the length the whole text
+ * needs (without the NUL), like snprintf: call again with a larger buffer when it is
+ * >= cap. buf may be NULL when cap is 0. m is a whole kvp_metrics_t as this header
+ * defines it (filled by kvp_metrics_snapshot). Thread: any; touches nothing but its
+ * arguments.
+ */
+size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t cap);
+
 /* ---- scatter/gather, ranged reads, asynchronous batches (docs/architecture.md) ---- */
 
 /*

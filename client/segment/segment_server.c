@@ -18,6 +18,10 @@
  * sent and closes the connection, since the stream can no longer be trusted.
  * Every entry is checked before any byte moves.
  *
+ * Counters: each request served adds its extents and bytes to srv->stats with
+ * relaxed atomics just before its reply is sent (taken back if the send fails), so
+ * a peer that has its reply always sees it counted (client/metrics.c reads them).
+ *
  * Threads: connections come and go as segment/conn_server.c runs them (an
  * accept thread, a thread per connection); this file serves one.
  */
@@ -40,6 +44,7 @@ struct kvp_segment_server {
     uint64_t size;
     _Atomic uint64_t segment_id;
     kvp_conn_server_t *conns;
+    kvp_served_stats_t stats; /* relaxed adds, one per request served */
 };
 
 /* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
@@ -107,13 +112,20 @@ static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req
         }
         if (recvv_all(fd, iov + 1, (int)n) != KVP_OK)
             return false;
+        kvp_count_add(&srv->stats.dir[0], n, total); /* before the reply, as reads */
         return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK;
     }
     if (st != KVP_OK)
         return kvp_data_reply(fd, st, 0) == KVP_OK;
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
     iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
-    return kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+    /* counted before the reply goes, so a reader that has its bytes sees them counted */
+    kvp_count_add(&srv->stats.dir[1], n, total);
+    if (kvp_sendv_all(fd, iov, (int)n + 1) != KVP_OK) {
+        kvp_count_sub(&srv->stats.dir[1], n, total);
+        return false;
+    }
+    return true;
 }
 
 /* One connection's requests, in order, until it ends or cannot be trusted. */
@@ -147,6 +159,7 @@ static void serve_conn(void *arg, int fd)
             }
             if (kvp_recv_all(fd, srv->base + req.offset, req.length) != KVP_OK)
                 break;
+            kvp_count_add(&srv->stats.dir[0], 1, req.length);
             if (kvp_data_reply(fd, KVP_OK, 0) != KVP_OK)
                 break;
         } else {
@@ -158,8 +171,11 @@ static void serve_conn(void *arg, int fd)
             kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = req.length};
             struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
                                    {.iov_base = srv->base + req.offset, .iov_len = req.length}};
-            if (kvp_sendv_all(fd, iov, 2) != KVP_OK)
+            kvp_count_add(&srv->stats.dir[1], 1, req.length);
+            if (kvp_sendv_all(fd, iov, 2) != KVP_OK) {
+                kvp_count_sub(&srv->stats.dir[1], 1, req.length);
                 break;
+            }
         }
     }
 }
@@ -186,6 +202,11 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id)
 {
     atomic_store(&srv->segment_id, segment_id);
+}
+
+const kvp_served_stats_t *kvp_segment_server_stats(const kvp_segment_server_t *srv)
+{
+    return &srv->stats;
 }
 
 void kvp_segment_server_destroy(kvp_segment_server_t *srv)

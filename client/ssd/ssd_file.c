@@ -155,7 +155,8 @@ struct kvp_ssd_file {
     uint64_t data_base;
     uint32_t max_entries;
     uint8_t file_id[16];
-    uint32_t id_crc; /* CRC32C of file_id: the seed of every slot's CRC */
+    uint32_t id_crc;             /* CRC32C of file_id: the seed of every slot's CRC */
+    kvp_ssd_io_stats_t io_stats; /* every ring on this file counts here */
     kvp_ssd_io_t *io;
     uint8_t *blk;  /* SSD_SLOT_BATCH blocks for slot images */
     uint8_t *zero; /* one zero block */
@@ -878,6 +879,7 @@ kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **
         set_why(why, why_len, "%s: cannot create an io_uring (%s)", p->path, kvp_strerror(st));
         goto err_free;
     }
+    kvp_ssd_io_set_stats(f->io, &f->io_stats);
     pthread_mutex_init(&f->lock, NULL);
 
     bool created = false;
@@ -970,6 +972,11 @@ void kvp_ssd_file_close(kvp_ssd_file_t *f)
     kvp_ssd_io_destroy(f->io);
     pthread_mutex_destroy(&f->lock);
     file_free(f);
+}
+
+kvp_ssd_io_stats_t *kvp_ssd_file_io_stats(kvp_ssd_file_t *f)
+{
+    return &f->io_stats;
 }
 
 int kvp_ssd_file_fd(const kvp_ssd_file_t *f)

@@ -68,6 +68,10 @@ uint64_t kvp_ssd_file_size(const kvp_ssd_file_t *f);      /* segment bytes */
 bool kvp_ssd_file_direct(const kvp_ssd_file_t *f);        /* O_DIRECT in use */
 const char *kvp_ssd_file_path(const kvp_ssd_file_t *f);
 uint32_t kvp_ssd_file_max_entries(const kvp_ssd_file_t *f);
+/* The I/O counters of this file (ssd_io.h): rings doing its I/O count there
+ * (kvp_ssd_io_set_stats). Valid until close. */
+struct kvp_ssd_io_stats;
+struct kvp_ssd_io_stats *kvp_ssd_file_io_stats(kvp_ssd_file_t *f);
 
 /* Live entries. */
 size_t kvp_ssd_file_count(kvp_ssd_file_t *f);

@@ -44,9 +44,37 @@ struct kvp_ssd_io {
     unsigned in_flight;  /* pieces the kernel has or will have */
     ssd_piece_t *pieces; /* [depth] */
     ssd_piece_t *free_pieces;
-    kvp_status_t first; /* rw: the first op failure of the call */
-    bool broken;        /* the ring failed and could not be made again */
+    kvp_status_t first;        /* rw: the first op failure of the call */
+    bool broken;               /* the ring failed and could not be made again */
+    kvp_ssd_io_stats_t *stats; /* NULL: not counted */
 };
+
+void kvp_ssd_io_set_stats(kvp_ssd_io_t *io, kvp_ssd_io_stats_t *stats)
+{
+    io->stats = stats;
+}
+
+/* Count ops[0..n) of one direction once they are over. */
+static void count_ops(kvp_ssd_io_t *io, bool write, const kvp_ssd_iov_t *ops, size_t n)
+{
+    kvp_ssd_io_stats_t *s = io->stats;
+    if (s == NULL)
+        return;
+    uint64_t done = 0, bytes = 0, failed = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ops[i].status != KVP_OK) {
+            failed++;
+        } else if (ops[i].len > 0) {
+            done++;
+            bytes += ops[i].len;
+        }
+    }
+    atomic_fetch_add_explicit(write ? &s->writes : &s->reads, done, memory_order_relaxed);
+    atomic_fetch_add_explicit(write ? &s->write_bytes : &s->read_bytes, bytes,
+                              memory_order_relaxed);
+    if (failed > 0)
+        atomic_fetch_add_explicit(&s->errors, failed, memory_order_relaxed);
+}
 
 static void reset_pieces(kvp_ssd_io_t *io)
 {
@@ -227,6 +255,7 @@ kvp_status_t kvp_ssd_io_rw(kvp_ssd_io_t *io, int fd, bool write, kvp_ssd_iov_t *
     if (io->broken) {
         for (size_t i = 0; i < n; i++)
             ops[i].status = KVP_ERR_SYSTEM;
+        count_ops(io, write, ops, n);
         return KVP_ERR_SYSTEM;
     }
     size_t next_op = 0;   /* the op whose next piece is issued next */
@@ -255,6 +284,7 @@ kvp_status_t kvp_ssd_io_rw(kvp_ssd_io_t *io, int fd, bool write, kvp_ssd_iov_t *
             break;
         progress(io);
     }
+    count_ops(io, write, ops, n);
     return io->first;
 }
 
@@ -289,6 +319,7 @@ kvp_status_t kvp_ssd_io_wait(kvp_ssd_io_t *io, kvp_ssd_iov_t *op)
         return KVP_ERR_INVALID_ARG; /* not started */
     while (!p->done)
         progress(io);
+    count_ops(io, p->write, op, 1);
     kvp_status_t st = op->status;
     *p = (ssd_piece_t){.next_free = io->free_pieces};
     io->free_pieces = p;

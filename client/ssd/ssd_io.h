@@ -10,6 +10,7 @@
 #ifndef KVP_CLIENT_SSD_SSD_IO_H
 #define KVP_CLIENT_SSD_SSD_IO_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -32,6 +33,16 @@ typedef struct kvp_ssd_iov {
 
 kvp_status_t kvp_ssd_io_create(unsigned depth, kvp_ssd_io_t **io_p);
 void kvp_ssd_io_destroy(kvp_ssd_io_t *io);
+
+/* Counters of one SSD segment's I/O, shared by every ring on its file (relaxed atomics):
+ * ops completed, their bytes, ops that failed. One add per op, after it completed. */
+typedef struct kvp_ssd_io_stats {
+    _Atomic uint64_t reads, read_bytes, writes, write_bytes, errors;
+} kvp_ssd_io_stats_t;
+
+/* Count this ring's reads and writes (not datasync) into stats from now on (borrowed: it
+ * must outlive the ring); NULL: count nothing (the default). */
+void kvp_ssd_io_set_stats(kvp_ssd_io_t *io, kvp_ssd_io_stats_t *stats);
 
 /* Read (write=false) or write n ranges of fd; returns KVP_OK or the first op's failure. */
 kvp_status_t kvp_ssd_io_rw(kvp_ssd_io_t *io, int fd, bool write, kvp_ssd_iov_t *ops, size_t n);

@@ -507,6 +507,8 @@ kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owne
     st = kvp_ssd_server_create(o->file, host, 0, &o->srv, &port);
     if (st == KVP_OK) {
         st = kvp_ssd_io_create(KVP_SSD_IO_DEPTH, &o->io);
+        if (st == KVP_OK)
+            kvp_ssd_io_set_stats(o->io, kvp_ssd_file_io_stats(o->file));
         o->staging = st == KVP_OK ? kvp_ssd_buf_alloc(STAGING_BYTES) : NULL;
         o->done = calloc(TASKS_PER_ASK, sizeof(*o->done));
         o->donep = calloc(TASKS_PER_ASK, sizeof(*o->donep));
@@ -541,6 +543,26 @@ kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owne
     }
     *o_p = o;
     return KVP_OK;
+}
+
+void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
+{
+    const kvp_served_stats_t *sv = kvp_ssd_server_stats(o->srv);
+    for (int d = 0; d < 2; d++) {
+        kvp_metrics_count_t *out =
+            d == 0 ? &m->served[KVP_METRICS_TP_SSD].put : &m->served[KVP_METRICS_TP_SSD].get;
+        out->ops = atomic_load_explicit(&sv->dir[d].ops, memory_order_relaxed);
+        out->bytes = atomic_load_explicit(&sv->dir[d].bytes, memory_order_relaxed);
+    }
+    const kvp_ssd_io_stats_t *io = kvp_ssd_file_io_stats(o->file);
+    m->ssd_read.ops = atomic_load_explicit(&io->reads, memory_order_relaxed);
+    m->ssd_read.bytes = atomic_load_explicit(&io->read_bytes, memory_order_relaxed);
+    m->ssd_write.ops = atomic_load_explicit(&io->writes, memory_order_relaxed);
+    m->ssd_write.bytes = atomic_load_explicit(&io->write_bytes, memory_order_relaxed);
+    m->ssd_io_errors = atomic_load_explicit(&io->errors, memory_order_relaxed);
+    snprintf(m->ssd_segment, sizeof(m->ssd_segment), "%s", o->name);
+    m->ssd_capacity = kvp_ssd_file_size(o->file);
+    m->ssd_mounted = 1;
 }
 
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)

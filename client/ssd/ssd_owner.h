@@ -25,5 +25,9 @@ void kvp_ssd_owner_stop(kvp_ssd_owner_t *o);
  * at the leader). NULL: nothing. */
 void kvp_ssd_owner_follow(kvp_ssd_owner_t *o, const char *leader);
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o);
+/* Fill the SSD fields of a metrics snapshot (served[ssd], ssd I/O, the segment's name and
+ * capacity). Thread: any. */
+struct kvp_metrics;
+void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, struct kvp_metrics *m);
 
 #endif

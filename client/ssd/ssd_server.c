@@ -62,6 +62,7 @@ struct kvp_ssd_server {
     uint64_t size;
     _Atomic uint64_t segment_id;
     _Atomic uint64_t io_errors;
+    kvp_served_stats_t stats; /* requests served (relaxed adds, client/metrics.c reads) */
     kvp_conn_server_t *conns;
     pthread_mutex_t bad_lock;
     /* extents whose reads failed with an I/O error, for the owner to report (bad_lock) */
@@ -184,6 +185,9 @@ static bool serve_reads(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, cons
 {
     cursor_t cur = {.v = v, .n = n};
     size_t issued = 0, done = 0;
+    /* counted before the first byte goes, taken back on failure: a peer that has its
+     * bytes always sees them counted */
+    kvp_count_add(&srv->stats.dir[1], n, total);
     bool hdr_sent = false, ok = true;
     kvp_status_t io_st = KVP_OK;
     while (issued - done < DEPTH) {
@@ -232,6 +236,8 @@ static bool serve_reads(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, cons
     }
     if (io_st == KVP_OK && issued == 0 && total > 0)
         io_st = KVP_ERR_SYSTEM; /* nothing could be started */
+    if (io_st != KVP_OK || !ok)
+        kvp_count_sub(&srv->stats.dir[1], n, total);
     if (io_st != KVP_OK) {
         atomic_fetch_add(&srv->io_errors, 1);
         KVP_LOG_WARN("ssd server: reading %s failed (%s)%s", kvp_ssd_file_path(srv->file),
@@ -295,6 +301,10 @@ static bool serve_writes(struct kvp_ssd_server *srv, conn_io_t *cio, int fd,
         return kvp_data_reply(fd, io_st == KVP_ERR_NO_SPACE ? KVP_ERR_NO_SPACE : KVP_ERR_IO, 0) ==
                KVP_OK;
     }
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += v[i].length;
+    kvp_count_add(&srv->stats.dir[0], n, total);
     return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK;
 }
 
@@ -342,7 +352,7 @@ static void conn_io_cleanup(conn_io_t *cio)
     free(cio);
 }
 
-static conn_io_t *conn_io_create(void)
+static conn_io_t *conn_io_create(struct kvp_ssd_server *srv)
 {
     conn_io_t *cio = calloc(1, sizeof(*cio));
     if (cio == NULL)
@@ -351,6 +361,7 @@ static conn_io_t *conn_io_create(void)
         free(cio);
         return NULL;
     }
+    kvp_ssd_io_set_stats(cio->io, kvp_ssd_file_io_stats(srv->file));
     for (unsigned i = 0; i < DEPTH; i++) {
         cio->buf[i] = kvp_ssd_buf_alloc(CHUNK);
         if (cio->buf[i] == NULL) {
@@ -365,7 +376,7 @@ static conn_io_t *conn_io_create(void)
 static void serve_conn(void *arg, int fd)
 {
     struct kvp_ssd_server *srv = arg;
-    conn_io_t *cio = conn_io_create();
+    conn_io_t *cio = conn_io_create(srv);
     if (cio == NULL)
         KVP_LOG_WARN("ssd server: no ring or buffers for a connection; closing it");
     for (; cio != NULL;) {
@@ -435,6 +446,11 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
 void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id)
 {
     atomic_store(&srv->segment_id, segment_id);
+}
+
+const kvp_served_stats_t *kvp_ssd_server_stats(const kvp_ssd_server_t *srv)
+{
+    return &srv->stats;
 }
 
 uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv)

@@ -27,6 +27,9 @@ void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
 size_t kvp_ssd_server_take_bad(kvp_ssd_server_t *srv, uint64_t *offsets, size_t max);
 /* Extent reads or writes that failed with an I/O error since create. */
 uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv);
+/* Requests served (kvp_served_stats_t, client/internal.h): live; valid until destroy. */
+struct kvp_served_stats;
+const struct kvp_served_stats *kvp_ssd_server_stats(const kvp_ssd_server_t *srv);
 void kvp_ssd_server_destroy(kvp_ssd_server_t *srv);
 
 #endif

@@ -29,6 +29,7 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,9 +37,13 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
+#include "client/tools/cli/progress.h"
+#include "common/conf.h"
+#include "common/http.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/clock.h"
@@ -54,12 +59,45 @@
 
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
+/* Long-only option codes of the global options (getopt returns them). */
+enum {
+    OPT_MASTER = 0x100,
+    OPT_TRANSPORT,
+    OPT_TIMEOUT,
+    OPT_RDMA_DEVICE,
+    OPT_RDMA_HOST,
+    OPT_PROGRESS,
+    OPT_NO_PROGRESS,
+    OPT_VERSION,
+};
+
+/* The global options that may also be keys of a serve config file (and flags after
+ * `serve`), in getopt_long's table form. */
+#define GLOBAL_OPTIONS                                                                             \
+    {"master", required_argument, NULL, OPT_MASTER},                                               \
+        {"transport", required_argument, NULL, OPT_TRANSPORT},                                     \
+        {"timeout-ms", required_argument, NULL, OPT_TIMEOUT},                                      \
+        {"rdma-device", required_argument, NULL, OPT_RDMA_DEVICE},                                 \
+    {                                                                                              \
+        "rdma-host", required_argument, NULL, OPT_RDMA_HOST                                        \
+    }
+
+/* Progress reports (cli_t.progress): on long work only, always, never. */
+enum { PROGRESS_AUTO = 0, PROGRESS_ALWAYS, PROGRESS_NEVER };
+/* "Long work" for PROGRESS_AUTO: objects of this many bytes, removes of this many keys. */
+#define KVP_CLI_PROGRESS_BYTES (32u << 20)
+#define KVP_CLI_PROGRESS_KEYS 10000u
+/* Keys per remove batch while progress is shown (so it moves). */
+#define KVP_CLI_RM_STEP 1024u
+
 typedef struct cli {
     const char *master;       /* "host:port", already validated */
     const char *transport;    /* NULL: library default */
     uint32_t timeout_ms;      /* 0: library default */
     const char *rdma_devices; /* NULL: library default */
     const char *rdma_host;
+    unsigned given; /* bit (OPT_x - OPT_MASTER): set on the command line before the command */
+    int progress;   /* PROGRESS_* */
 } cli_t;
 
 typedef struct command {
@@ -77,18 +115,24 @@ typedef struct input {
 
 static const char global_usage[] =
     "usage: kvpool [--master HOST:PORT] [--transport auto|tcp|shm|rdma] [--timeout-ms N]\n"
-    "              COMMAND [ARGS]\n"
+    "              [--progress | --no-progress] COMMAND [ARGS]\n"
     "\n"
     "commands:\n"
     "  serve --segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME]\n"
     "        [--ready-fd N] [--drain-timeout SECONDS]\n"
     "        [--ssd-path PATH --ssd-size SIZE [--ssd-buffered-io]]\n"
+    "        [--http-listen HOST:PORT] [--config FILE]\n"
     "                            mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
     "                            serve it until SIGINT or SIGTERM, then drain it: move\n"
     "                            its objects to other segments (default 30 s; 0: no);\n"
     "                            --ssd-path: also an SSD segment, the file PATH (created\n"
     "                            and preallocated; mounted again, its objects come back);\n"
-    "                            either segment may be left out (--segment-size 0)\n"
+    "                            either segment may be left out (--segment-size 0);\n"
+    "                            --http-listen: serve /metrics (Prometheus) and /health\n"
+    "                            (200 while the segment is mounted, else 503);\n"
+    "                            --config: an INI file whose keys are these flags and the\n"
+    "                            global ones without dashes ([serve] section); flags on\n"
+    "                            the command line override it\n"
     "  put [--replicas N] [--prefer SEGMENT] [--upsert] [--medium dram|ssd] KEY FILE|-\n"
     "                            store FILE (or stdin) under KEY (--upsert: replace)\n"
     "  get KEY [FILE|-]          write the object to FILE (default: stdout)\n"
@@ -103,7 +147,9 @@ static const char global_usage[] =
     "  drain [--wait SECONDS] SEGMENT\n"
     "                            ask SEGMENT's owner to move its objects elsewhere and\n"
     "                            unmount; wait for it (default 60 s)\n"
-    "  stat [--json]             pool capacity, usage and segments\n"
+    "  stat [--json] [--watch [SECONDS]]\n"
+    "                            pool capacity, usage and segments; --watch: again every\n"
+    "                            SECONDS (default 1) until Ctrl-C\n"
     "\n"
     "global options:\n"
     "  --master HOST:PORT        master address (default $KVPOOL_MASTER, "
@@ -117,6 +163,9 @@ static const char global_usage[] =
     "  --rdma-host IPV4          address serve's rdma listener binds and advertises\n"
     "                            (default $KVPOOL_RDMA_HOST, else the device's own)\n"
     "  --timeout-ms N            master RPC and transfer timeout\n"
+    "  --progress, --no-progress progress on stderr (a bar on a terminal, else a line\n"
+    "                            every 2 s) always / never; default: for long work only\n"
+    "                            (drain, removing many keys, objects of 32 MiB or more)\n"
     "  -h, --help, --version\n"
     "\n"
     "exit status: 0 success, 1 failure, 2 usage error\n";
@@ -124,6 +173,8 @@ static const char global_usage[] =
 static int fail(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int usage_error(const command_t *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+static int global_option(cli_t *cli, const command_t *cmd, int opt, const char *arg);
+static int check_master(const cli_t *cli, const command_t *cmd, const char *from);
 
 /*
  * "kvpool: WHAT: WHY" on stderr, WHY being kvp_strerror() or strerror();
@@ -251,6 +302,26 @@ static bool write_all(int fd, const void *buf, size_t len)
     return true;
 }
 
+/* write_all in steps, telling `p` how far it is (NULL: no progress). */
+static bool write_all_progress(int fd, const void *buf, size_t len, kvp_progress_t *p)
+{
+    const size_t step = 8u << 20;
+    for (size_t at = 0; at < len;) {
+        size_t n = KVP_MIN(step, len - at);
+        if (!write_all(fd, (const char *)buf + at, n))
+            return false;
+        at += n;
+        kvp_progress_set(p, at);
+    }
+    return true;
+}
+
+/* Whether to report progress for work that is long (`long_work`) or not. */
+static bool progress_wanted(const cli_t *cli, bool long_work)
+{
+    return cli->progress == PROGRESS_ALWAYS || (cli->progress == PROGRESS_AUTO && long_work);
+}
+
 /*
  * Parse the options of a command that has none but --help. Returns true when
  * the command must stop now, with its exit code in *rc_p.
@@ -275,28 +346,69 @@ static bool parse_no_options(const command_t *cmd, int argc, char **argv, int *r
 
 /* ---- serve -------------------------------------------------------------- */
 
-static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+/* What serve's HTTP handler reads (on libmicrohttpd's threads). */
+typedef struct serve_http {
+    kvp_client_t *client;
+    bool dram;            /* a DRAM segment was asked for: health follows it */
+    _Atomic bool leaving; /* a signal came: draining and going away */
+} serve_http_t;
+
+/* GET /metrics (Prometheus text), /health (200 "ok" while the segment is mounted and
+ * not leaving, else 503 and why). Thread: an HTTP server thread. */
+static void serve_http_handler(void *arg, const char *path, const kvp_http_request_t *req,
+                               kvp_http_reply_t *reply)
 {
-    static const struct option opts[] = {
-        {"segment-size", required_argument, NULL, 's'},
-        {"data-host", required_argument, NULL, 'H'},
-        {"data-port", required_argument, NULL, 'p'},
-        {"name", required_argument, NULL, 'n'},
-        {"ready-fd", required_argument, NULL, 'r'},
-        {"drain-timeout", required_argument, NULL, 'd'},
-        {"ssd-path", required_argument, NULL, 'S'},
-        {"ssd-size", required_argument, NULL, 'Z'},
-        {"ssd-buffered-io", no_argument, NULL, 'B'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
+    (void)req;
+    serve_http_t *h = arg;
+    kvp_metrics_t m = {.size = sizeof(m)};
+    if (kvp_metrics_snapshot(h->client, &m) != KVP_OK) {
+        reply->status = 500;
+        kvp_http_printf(reply, "no metrics: %s\n", kvp_client_last_error());
+        return;
+    }
+    if (strcmp(path, "/metrics") == 0) {
+        /* bounded: a fixed set of series, two segment names of < 300 bytes */
+        char text[16384];
+        size_t need = kvp_metrics_format_prometheus(&m, text, sizeof(text));
+        if (need >= sizeof(text)) {
+            reply->status = 500;
+            kvp_http_printf(reply, "metrics text too long (%zu bytes)\n", need);
+            return;
+        }
+        reply->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        kvp_http_append(reply, text, need);
+    } else if (strcmp(path, "/health") == 0) {
+        const char *why = NULL;
+        if (atomic_load(&h->leaving))
+            why = "shutting down: draining the segment";
+        else if (h->dram && m.dram_draining)
+            why = "draining";
+        else if (h->dram && !m.dram_mounted)
+            why = "segment not mounted (drained)";
+        else if (!h->dram && !m.ssd_mounted)
+            why = "SSD segment not mounted";
+        reply->status = why == NULL ? 200 : 503;
+        kvp_http_printf(reply, "%s\n", why == NULL ? "ok" : why);
+    } else {
+        reply->status = 404;
+        kvp_http_printf(reply, "not found: %s (try /metrics or /health)\n", path);
+    }
+}
+
+/* serve's work once its argv (config file expanded) is known. */
+static int serve_run(const cli_t *gcli, const command_t *cmd, const struct option *opts, int argc,
+                     char **argv)
+{
+    cli_t cli = *gcli;
     kvp_client_params_t params;
     kvp_client_params_init(&params);
     uint64_t v;
     int ready_fd = -1;
     double drain_s = 30;
     bool dram_given = false;
+    const char *http_listen = NULL;
     int opt;
+    optind = 0;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
         case 's':
@@ -337,15 +449,40 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
                 return usage_error(cmd, "--drain-timeout needs seconds (0..86400), got '%s'",
                                    optarg);
             break;
+        case 'L': {
+            char host[256];
+            uint16_t port;
+            if (kvp_parse_hostport(optarg, host, sizeof(host), &port) != KVP_OK)
+                return usage_error(cmd, "--http-listen needs HOST:PORT (port 0: any), got '%s'",
+                                   optarg);
+            http_listen = optarg;
+            break;
+        }
         case 'h':
             fputs(global_usage, stdout);
             return CLI_OK;
-        default:
+        case '?':
+        case ':':
             return option_error(cmd, opt, argc, argv);
+        default: {
+            /* a global option in the config file (or after `serve`): the command line's
+             * own, given before `serve`, wins */
+            if (gcli->given & (1u << (opt - OPT_MASTER)))
+                break;
+            int rc = global_option(&cli, cmd, opt, optarg);
+            if (rc >= 0)
+                return rc;
+            break;
+        }
         }
     }
     if (optind < argc)
         return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (cli.master != gcli->master) {
+        int bad = check_master(&cli, cmd, "master");
+        if (bad >= 0)
+            return bad;
+    }
     if (!dram_given && params.ssd_path == NULL)
         return usage_error(cmd, "serve needs --segment-size (and/or --ssd-path)");
     if (params.segment_size == 0 && params.ssd_path == NULL)
@@ -366,22 +503,41 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
 
     kvp_client_t *client;
     params.drain_timeout_ms = drain_s > 0 ? (uint32_t)(drain_s * 1000) : 30000;
-    if (client_open(cli, &params, &client) != KVP_OK)
+    if (client_open(&cli, &params, &client) != KVP_OK)
         return CLI_FAIL;
+    serve_http_t hs = {.client = client, .dram = params.segment_size > 0};
+    atomic_init(&hs.leaving, false);
+    kvp_http_t *http = NULL;
+    char http_addr[300] = "";
+    if (http_listen != NULL) {
+        uint16_t port = 0;
+        kvp_status_t hst = kvp_http_start(http_listen, serve_http_handler, &hs, &http, &port);
+        if (hst != KVP_OK) {
+            kvp_client_destroy(client);
+            return fail(kvp_strerror(hst), "--http-listen %s", http_listen);
+        }
+        char host[256];
+        kvp_parse_hostport(http_listen, host, sizeof(host), &(uint16_t){0});
+        snprintf(http_addr, sizeof(http_addr), "%s:%u", host, (unsigned)port);
+    }
     const char *name = kvp_client_segment_name(client);
     const char *ssd_name = kvp_client_ssd_segment_name(client);
     if (name != NULL)
         printf("serving segment %s (%" PRIu64 " bytes) for master %s\n", name, params.segment_size,
-               cli->master);
+               cli.master);
     if (ssd_name != NULL)
         printf("serving SSD segment %s (%" PRIu64 " bytes, file %s) for master %s\n", ssd_name,
-               params.ssd_size, params.ssd_path, cli->master);
+               params.ssd_size, params.ssd_path, cli.master);
+    if (http != NULL)
+        printf("metrics on http://%s/metrics, health on http://%s/health\n", http_addr, http_addr);
     if (name == NULL)
         name = ssd_name != NULL ? ssd_name : "(unnamed)";
     fflush(stdout);
     if (ready_fd >= 0) {
-        char line[512];
-        int n = snprintf(line, sizeof(line), "%s\n", name);
+        /* one write: the segment's name, then (with --http-listen) "http HOST:PORT" */
+        char line[1024];
+        int n = http != NULL ? snprintf(line, sizeof(line), "%s\nhttp %s\n", name, http_addr)
+                             : snprintf(line, sizeof(line), "%s\n", name);
         size_t len = n < 0 ? 0 : KVP_MIN((size_t)n, sizeof(line) - 1);
         if (!write_all(ready_fd, line, len))
             fprintf(stderr, "kvpool: cannot write to --ready-fd %d: %s\n", ready_fd,
@@ -403,10 +559,12 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
         if (params.segment_size > 0 && !kvp_client_segment_mounted(client)) {
             printf("segment %s was drained on request: exiting\n", name);
             fflush(stdout);
+            kvp_http_stop(http);
             kvp_client_destroy(client);
             return CLI_OK;
         }
     }
+    atomic_store(&hs.leaving, true);
     if (rc == CLI_OK && drain_s > 0 && kvp_client_segment_mounted(client)) {
         uint64_t moved = 0, lost = 0;
         uint64_t t0 = kvp_now_ms();
@@ -424,7 +582,39 @@ static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **ar
                name, (double)(kvp_now_ms() - t0) / 1000.0, moved, lost);
         fflush(stdout);
     }
+    kvp_http_stop(http); /* its handler reads the client */
     kvp_client_destroy(client);
+    return rc;
+}
+
+static int cmd_serve(const cli_t *cli, const command_t *cmd, int argc, char **argv)
+{
+    /* every flag is also a config file key (common/conf.h), global ones included */
+    static const struct option opts[] = {
+        {"segment-size", required_argument, NULL, 's'},
+        {"data-host", required_argument, NULL, 'H'},
+        {"data-port", required_argument, NULL, 'p'},
+        {"name", required_argument, NULL, 'n'},
+        {"ready-fd", required_argument, NULL, 'r'},
+        {"drain-timeout", required_argument, NULL, 'd'},
+        {"ssd-path", required_argument, NULL, 'S'},
+        {"ssd-size", required_argument, NULL, 'Z'},
+        {"ssd-buffered-io", no_argument, NULL, 'B'},
+        {"http-listen", required_argument, NULL, 'L'},
+        GLOBAL_OPTIONS,
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int cargc;
+    char **cargv;
+    char err[512] = "";
+    kvp_status_t st =
+        kvp_conf_expand_argv(argc, argv, opts, "serve", &cargc, &cargv, err, sizeof(err));
+    if (st != KVP_OK)
+        return usage_error(cmd, "--config: %s", err[0] ? err : kvp_strerror(st));
+    /* the options' arguments point into cargv: it lives until serve is over */
+    int rc = serve_run(cli, cmd, opts, cargc, cargv);
+    kvp_conf_free_argv(cargv, argv);
     return rc;
 }
 
@@ -576,8 +766,20 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
     size_t len = in.len;
     kvp_status_t result = KVP_OK;
     uint32_t written = 0;
+    /* one call moves the object: its progress is the elapsed time, then the whole */
+    kvp_progress_t *prog = NULL;
+    if (progress_wanted(cli, len >= KVP_CLI_PROGRESS_BYTES)) {
+        char what[300];
+        snprintf(what, sizeof(what), "put %.*s", 256, key);
+        prog = kvp_progress_start(what, 0, true, NULL, KVP_PROGRESS_AUTO, 0);
+    }
     kvp_status_t status =
         kvp_batch_put_from_ex(client, &key, &buf, &len, 1, &config, &result, &written);
+    if (status == KVP_OK) {
+        kvp_progress_set_total(prog, len);
+        kvp_progress_set(prog, len);
+    }
+    kvp_progress_end(prog, status == KVP_OK ? "done" : "failed");
     kvp_client_destroy(client);
     input_release(&in);
     if (status != KVP_OK)
@@ -595,7 +797,7 @@ static int cmd_put(const cli_t *cli, const command_t *cmd, int argc, char **argv
  * buf: a temp file in the same directory, renamed over path. Non-regular
  * targets (/dev/null, fifos) are written in place, never replaced.
  */
-static int output_write(const char *path, const void *buf, size_t len)
+static int output_write(const char *path, const void *buf, size_t len, kvp_progress_t *prog)
 {
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
@@ -604,7 +806,7 @@ static int output_write(const char *path, const void *buf, size_t len)
         int fd = open(path, O_WRONLY | O_CLOEXEC);
         if (fd < 0)
             return fail(strerror(errno), "cannot open '%s'", path);
-        bool ok = write_all(fd, buf, len);
+        bool ok = write_all_progress(fd, buf, len, prog);
         int e = errno;
         close(fd);
         return ok ? CLI_OK : fail(strerror(e), "cannot write '%s'", path);
@@ -631,7 +833,7 @@ static int output_write(const char *path, const void *buf, size_t len)
     }
     mode_t mask = umask(0);
     umask(mask);
-    if (fchmod(fd, 0666 & ~mask) < 0 || !write_all(fd, buf, len)) {
+    if (fchmod(fd, 0666 & ~mask) < 0 || !write_all_progress(fd, buf, len, prog)) {
         fail(strerror(errno), "cannot write '%s'", tmp);
         goto out_unlink;
     }
@@ -673,6 +875,7 @@ static int cmd_get(const cli_t *cli, const command_t *cmd, int argc, char **argv
         return CLI_FAIL;
     void *buf = NULL;
     int64_t got = KVP_ERR_INTERNAL;
+    kvp_progress_t *prog = NULL;
     /* The key may be removed and re-put with another size between the calls. */
     for (int attempt = 0; attempt < KVP_CLI_GET_ATTEMPTS; attempt++) {
         int64_t size = kvp_get_size(client, key);
@@ -680,7 +883,13 @@ static int cmd_get(const cli_t *cli, const command_t *cmd, int argc, char **argv
             got = size;
             break;
         }
+        if (prog == NULL && progress_wanted(cli, (uint64_t)size >= KVP_CLI_PROGRESS_BYTES)) {
+            char what[300];
+            snprintf(what, sizeof(what), "get %.*s", 256, key);
+            prog = kvp_progress_start(what, 0, true, NULL, KVP_PROGRESS_AUTO, 0);
+        }
         if ((uint64_t)size > SIZE_MAX || (buf = malloc((size_t)size)) == NULL) {
+            kvp_progress_end(prog, "failed");
             kvp_client_destroy(client);
             fprintf(stderr, "kvpool: get %s: cannot allocate %" PRId64 " bytes\n", key, size);
             return CLI_FAIL;
@@ -692,15 +901,24 @@ static int cmd_get(const cli_t *cli, const command_t *cmd, int argc, char **argv
         buf = NULL;
     }
     kvp_client_destroy(client);
+    if (got >= 0 && prog != NULL) {
+        /* the transfer is one call; writing the file is shown as it goes */
+        kvp_progress_set_total(prog, (uint64_t)got);
+        kvp_progress_set(prog, (uint64_t)got);
+        char what[PATH_MAX + 16];
+        snprintf(what, sizeof(what), "write %s", strcmp(path, "-") == 0 ? "stdout" : path);
+        kvp_progress_phase(prog, what, (uint64_t)got);
+    }
     if (got < 0)
         rc = fail(kvp_strerror((kvp_status_t)got), "get %s", key);
-    else if (strcmp(path, "-") == 0 && !write_all(STDOUT_FILENO, buf, (size_t)got))
+    else if (strcmp(path, "-") == 0 && !write_all_progress(STDOUT_FILENO, buf, (size_t)got, prog))
         /* A reader that went away (| head) is not worth a message. */
         rc = errno == EPIPE ? CLI_FAIL : fail(strerror(errno), "get %s: writing stdout", key);
     else if (strcmp(path, "-") == 0)
         rc = CLI_OK;
     else
-        rc = output_write(path, buf, (size_t)got);
+        rc = output_write(path, buf, (size_t)got, prog);
+    kvp_progress_end(prog, got >= 0 && rc == CLI_OK ? "done" : "failed");
     free(buf);
     return rc;
 }
@@ -789,8 +1007,15 @@ static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
         if (client_open(cli, NULL, &client) != KVP_OK)
             return CLI_FAIL;
         uint64_t removed = 0;
+        /* one request the master carries out: only the elapsed time to show, on request */
+        kvp_progress_t *prog = progress_wanted(cli, false)
+                                   ? kvp_progress_start(all ? "rm --all" : "rm --regex", 0, false,
+                                                        "objects", KVP_PROGRESS_AUTO, 0)
+                                   : NULL;
         kvp_status_t st = all ? kvp_remove_all(client, force, &removed)
                               : kvp_remove_by_regex(client, regex, force, &removed);
+        kvp_progress_set(prog, removed);
+        kvp_progress_end(prog, st == KVP_OK ? "done" : "failed");
         kvp_client_destroy(client);
         if (st != KVP_OK)
             return fail(kvp_strerror(st), "rm %s%s", all ? "--all" : "--regex ", all ? "" : regex);
@@ -809,8 +1034,15 @@ static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
         free(results);
         return CLI_FAIL;
     }
-    for (size_t off = 0; off < n; off += KVP_MAX_BATCH) {
-        size_t cnt = KVP_MIN(n - off, (size_t)KVP_MAX_BATCH);
+    kvp_progress_t *prog = NULL;
+    size_t step = KVP_MAX_BATCH;
+    if (progress_wanted(cli, n >= KVP_CLI_PROGRESS_KEYS)) {
+        prog = kvp_progress_start("rm", n, false, "keys", KVP_PROGRESS_AUTO, 0);
+        step = KVP_CLI_RM_STEP; /* smaller batches, so the progress moves */
+    }
+    for (size_t off = 0; off < n; off += step) {
+        size_t cnt = KVP_MIN(n - off, step);
+        kvp_progress_set(prog, off);
         for (size_t i = 0; i < cnt; i++)
             results[off + i] = (kvp_status_t)1; /* not a status: unwritten */
         kvp_status_t status = force ? kvp_batch_remove_force(client, keys + off, cnt, results + off)
@@ -819,6 +1051,8 @@ static int cmd_rm(const cli_t *cli, const command_t *cmd, int argc, char **argv)
             if ((int)results[off + i] == 1)
                 results[off + i] = status;
     }
+    kvp_progress_set(prog, n);
+    kvp_progress_end(prog, "done");
     kvp_client_destroy(client);
     int rc = CLI_OK;
     for (size_t i = 0; i < n; i++) {
@@ -965,6 +1199,15 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
     kvp_client_t *client;
     if (client_open(cli, NULL, &client) != KVP_OK)
         return CLI_FAIL;
+    /* what it holds before the drain begins: the progress's total */
+    uint64_t left = 0, first = UINT64_MAX;
+    kvp_pool_stat_t *ps0 = NULL;
+    if (kvp_pool_stat(client, &ps0) == KVP_OK) {
+        for (size_t i = 0; i < ps0->n_segments; i++)
+            if (strcmp(ps0->segments[i].name, name) == 0)
+                first = ps0->segments[i].objects;
+        kvp_pool_stat_free(ps0);
+    }
     uint64_t t0 = kvp_now_ms();
     kvp_status_t st = kvp_request_drain(client, name);
     if (st != KVP_OK) {
@@ -973,11 +1216,19 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
     }
     /* the owner drains and unmounts; watch for the segment to go */
     int rc = CLI_FAIL;
-    uint64_t left = 0;
+    kvp_progress_t *prog = NULL;
+    if (progress_wanted(cli, wait_s > 0)) {
+        char what[300];
+        snprintf(what, sizeof(what), "drain %.*s", 256, name);
+        prog = kvp_progress_start(what, first == UINT64_MAX ? 0 : first, false, "replicas",
+                                  KVP_PROGRESS_AUTO, 0);
+    }
     for (;;) {
         kvp_pool_stat_t *ps = NULL;
         st = kvp_pool_stat(client, &ps);
         if (st != KVP_OK) {
+            kvp_progress_end(prog, "failed");
+            prog = NULL;
             fail(kvp_strerror(st), "drain %s: stat", name);
             break;
         }
@@ -988,8 +1239,16 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
                 left = ps->segments[i].objects;
             }
         kvp_pool_stat_free(ps);
+        if (present && first == UINT64_MAX) {
+            first = left; /* what it held when the drain began */
+            kvp_progress_set_total(prog, first);
+        }
+        if (first != UINT64_MAX)
+            kvp_progress_set(prog, present ? first - KVP_MIN(left, first) : first);
         double dt = (double)(kvp_now_ms() - t0) / 1000.0;
         if (!present) {
+            kvp_progress_end(prog, "unmounted");
+            prog = NULL;
             printf("segment %s drained and unmounted in %.1f s\n", name, dt);
             rc = CLI_OK;
             break;
@@ -1000,6 +1259,8 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
             break;
         }
         if (dt >= wait_s) {
+            kvp_progress_end(prog, "still mounted");
+            prog = NULL;
             fprintf(stderr,
                     "kvpool: drain %s: still mounted after %.1f s (%" PRIu64
                     " replicas left); the owner keeps draining\n",
@@ -1008,6 +1269,7 @@ static int cmd_drain(const cli_t *cli, const command_t *cmd, int argc, char **ar
         }
         usleep(100 * 1000);
     }
+    kvp_progress_end(prog, rc == CLI_OK ? "requested" : "still mounted");
     kvp_client_destroy(client);
     return rc;
 }
@@ -1110,19 +1372,47 @@ static void stat_print_table(const kvp_pool_stat_t *st)
     }
 }
 
+/* Wait `secs` for one of `mask`'s signals (blocked in every thread); true: one came. */
+static bool watch_wait(const sigset_t *mask, double secs)
+{
+    uint64_t deadline = kvp_now_ms() + (uint64_t)(secs * 1000);
+    for (;;) {
+        uint64_t now = kvp_now_ms();
+        if (now >= deadline)
+            return false;
+        uint64_t left = deadline - now;
+        struct timespec ts = {.tv_sec = (time_t)(left / 1000),
+                              .tv_nsec = (long)(left % 1000) * 1000000};
+        if (sigtimedwait(mask, NULL, &ts) > 0)
+            return true;
+        if (errno != EINTR && errno != EAGAIN)
+            return false;
+    }
+}
+
 static int cmd_stat(const cli_t *cli, const command_t *cmd, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"json", no_argument, NULL, 'j'},
+        {"watch", optional_argument, NULL, 'w'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    bool json = false;
+    bool json = false, watch = false;
+    double every = 1.0;
     int opt;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
         case 'j':
             json = true;
+            break;
+        case 'w':
+            watch = true;
+            /* --watch=N, or --watch N when the next word is a number */
+            if (optarg == NULL && optind < argc && parse_seconds(argv[optind], &every))
+                optarg = argv[optind++];
+            if (optarg != NULL && (!parse_seconds(optarg, &every) || every < 0.1))
+                return usage_error(cmd, "--watch needs seconds (0.1..86400), got '%s'", optarg);
             break;
         case 'h':
             fputs(global_usage, stdout);
@@ -1133,22 +1423,56 @@ static int cmd_stat(const cli_t *cli, const command_t *cmd, int argc, char **arg
     }
     if (optind < argc)
         return usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    /* --watch: SIGINT/SIGTERM blocked before the client's threads exist (they inherit
+     * the mask), taken by the main thread between draws, as serve does */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    if (watch) {
+        int err = pthread_sigmask(SIG_BLOCK, &mask, NULL);
+        if (err != 0)
+            return fail(strerror(err), "cannot block SIGINT/SIGTERM");
+    }
     kvp_client_t *client;
     if (client_open(cli, NULL, &client) != KVP_OK)
         return CLI_FAIL;
-    kvp_pool_stat_t *st = NULL;
-    kvp_status_t status = kvp_pool_stat(client, &st);
+    /* --watch on a terminal redraws in place; elsewhere (a pipe, a log) one block after
+     * another, each under a timestamp line (JSON: one object per line) */
+    bool redraw = watch && !json && isatty(STDOUT_FILENO);
+    int rc = CLI_OK;
+    for (unsigned round = 0;; round++) {
+        kvp_pool_stat_t *st = NULL;
+        kvp_status_t status = kvp_pool_stat(client, &st);
+        if (status != KVP_OK) {
+            rc = fail(kvp_strerror(status), "stat");
+            break;
+        }
+        if (watch && !json) {
+            char when[64];
+            time_t now = time(NULL);
+            struct tm tm;
+            strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime_r(&now, &tm));
+            if (redraw)
+                fputs("\033[H\033[2J", stdout);
+            else if (round > 0)
+                putchar('\n');
+            printf("--- %s, every %.1f s (Ctrl-C to stop)\n", when, every);
+        }
+        if (json)
+            stat_print_json(st);
+        else
+            stat_print_table(st);
+        kvp_pool_stat_free(st);
+        if (fflush(stdout) != 0) {
+            rc = fail(strerror(errno), "writing stdout");
+            break;
+        }
+        if (!watch || watch_wait(&mask, every))
+            break;
+    }
     kvp_client_destroy(client);
-    if (status != KVP_OK)
-        return fail(kvp_strerror(status), "stat");
-    if (json)
-        stat_print_json(st);
-    else
-        stat_print_table(st);
-    kvp_pool_stat_free(st);
-    if (fflush(stdout) != 0)
-        return fail(strerror(errno), "writing stdout");
-    return CLI_OK;
+    return rc;
 }
 
 /* ---- main --------------------------------------------------------------- */
@@ -1156,7 +1480,8 @@ static int cmd_stat(const cli_t *cli, const command_t *cmd, int argc, char **arg
 static const command_t commands[] = {
     {"serve",
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
-     "[--ready-fd N] [--drain-timeout SECONDS]",
+     "[--ready-fd N] [--drain-timeout SECONDS] [--ssd-path PATH --ssd-size SIZE] "
+     "[--http-listen HOST:PORT] [--config FILE]",
      cmd_serve},
     {"put", "[--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-", cmd_put},
     {"get", "KEY [FILE|-]", cmd_get},
@@ -1164,20 +1489,74 @@ static const command_t commands[] = {
     {"rm", "[--force] KEY... | [--force] --regex RE | [--force] --all", cmd_rm},
     {"ls", "[--limit N] [--json] [RE]", cmd_ls},
     {"drain", "[--wait SECONDS] SEGMENT", cmd_drain},
-    {"stat", "[--json]", cmd_stat},
+    {"stat", "[--json] [--watch [SECONDS]]", cmd_stat},
 };
+
+/*
+ * Apply global option `opt` (an OPT_* code) with argument `arg` to *cli. Returns -1 when
+ * done, or the usage error's exit code (reported). `cmd`: the command whose argv carried
+ * it (serve's config file), NULL before the command.
+ */
+static int global_option(cli_t *cli, const command_t *cmd, int opt, const char *arg)
+{
+    uint64_t v;
+    switch (opt) {
+    case OPT_MASTER:
+        cli->master = arg;
+        break;
+    case OPT_TRANSPORT:
+        if (strcmp(arg, "auto") != 0 && strcmp(arg, "tcp") != 0 && strcmp(arg, "shm") != 0 &&
+            strcmp(arg, "rdma") != 0)
+            return usage_error(cmd, "--transport must be auto, tcp, shm or rdma, got '%s'", arg);
+        cli->transport = arg;
+        break;
+    case OPT_RDMA_DEVICE:
+        cli->rdma_devices = arg;
+        break;
+    case OPT_RDMA_HOST:
+        cli->rdma_host = arg;
+        break;
+    case OPT_TIMEOUT:
+        if (!parse_uint(arg, UINT32_MAX, &v) || v == 0)
+            return usage_error(cmd, "--timeout-ms needs milliseconds >= 1, got '%s'", arg);
+        cli->timeout_ms = (uint32_t)v;
+        break;
+    case OPT_PROGRESS:
+        cli->progress = PROGRESS_ALWAYS;
+        break;
+    case OPT_NO_PROGRESS:
+        cli->progress = PROGRESS_NEVER;
+        break;
+    default:
+        return CLI_USAGE; /* not a global option: never asked */
+    }
+    return -1;
+}
+
+/* The master address must be HOST:PORT or an etcd:// URL; -1 or the usage error's code. */
+static int check_master(const cli_t *cli, const command_t *cmd, const char *from)
+{
+    char host[256];
+    uint16_t port;
+    if (strncmp(cli->master, "etcd://", 7) != 0 && /* the leader, found in etcd */
+        kvp_parse_hostport(cli->master, host, sizeof(host), &port) != KVP_OK)
+        return usage_error(cmd, "%s needs HOST:PORT or etcd://HOST:PORT[,...]/CLUSTER, got '%s'",
+                           from, cli->master);
+    return -1;
+}
 
 int main(int argc, char **argv)
 {
     static const struct option opts[] = {
-        {"master", required_argument, NULL, 'm'},     {"transport", required_argument, NULL, 't'},
-        {"timeout-ms", required_argument, NULL, 'T'}, {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},          {"rdma-device", required_argument, NULL, 'D'},
-        {"rdma-host", required_argument, NULL, 'H'},  {NULL, 0, NULL, 0},
+        GLOBAL_OPTIONS,
+        {"progress", no_argument, NULL, OPT_PROGRESS},
+        {"no-progress", no_argument, NULL, OPT_NO_PROGRESS},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, OPT_VERSION},
+        {NULL, 0, NULL, 0},
     };
     cli_t cli = {0};
     const char *master_from = "--master";
-    uint64_t v;
     int opt;
 
     /* A closed stdout or ready pipe must be an error we report, not a silent death. */
@@ -1188,35 +1567,22 @@ int main(int argc, char **argv)
         kvp_log_set_level(KVP_LOG_WARN);
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
-        case 'm':
-            cli.master = optarg;
-            break;
-        case 't':
-            if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "tcp") != 0 &&
-                strcmp(optarg, "shm") != 0 && strcmp(optarg, "rdma") != 0)
-                return usage_error(NULL, "--transport must be auto, tcp, shm or rdma, got '%s'",
-                                   optarg);
-            cli.transport = optarg;
-            break;
-        case 'D':
-            cli.rdma_devices = optarg;
-            break;
-        case 'H':
-            cli.rdma_host = optarg;
-            break;
-        case 'T':
-            if (!parse_uint(optarg, UINT32_MAX, &v) || v == 0)
-                return usage_error(NULL, "--timeout-ms needs milliseconds >= 1, got '%s'", optarg);
-            cli.timeout_ms = (uint32_t)v;
-            break;
         case 'h':
             fputs(global_usage, stdout);
             return CLI_OK;
-        case 'V':
+        case OPT_VERSION:
             printf("kvpool " KVP_CLI_VERSION "\n");
             return CLI_OK;
-        default:
+        case '?':
+        case ':':
             return option_error(NULL, opt, argc, argv);
+        default: {
+            int rc = global_option(&cli, NULL, opt, optarg);
+            if (rc >= 0)
+                return rc;
+            cli.given |= 1u << (opt - OPT_MASTER);
+            break;
+        }
         }
     }
     if (cli.master == NULL) {
@@ -1224,12 +1590,9 @@ int main(int argc, char **argv)
         master_from = "$KVPOOL_MASTER";
         cli.master = env != NULL && env[0] != '\0' ? env : KVP_CLI_DEFAULT_MASTER;
     }
-    char host[256];
-    uint16_t port;
-    if (strncmp(cli.master, "etcd://", 7) != 0 && /* the leader, found in etcd */
-        kvp_parse_hostport(cli.master, host, sizeof(host), &port) != KVP_OK)
-        return usage_error(NULL, "%s needs HOST:PORT or etcd://HOST:PORT[,...]/CLUSTER, got '%s'",
-                           master_from, cli.master);
+    int bad = check_master(&cli, NULL, master_from);
+    if (bad >= 0)
+        return bad;
 
     if (optind >= argc)
         return usage_error(NULL, "no command given");

@@ -28,6 +28,11 @@
  * counting sort into per-thread scratch arrays that grow to the largest batch
  * the thread has run and are kept (freed when the thread exits).
  *
+ * Counters (xfer->stats, read by client/metrics.c): each finished batch is summed
+ * on the stack, then added with one relaxed atomic per transport and direction
+ * it used; the metrics slot is the transport that finally carried the op (an
+ * SSD segment's peer counts as "ssd").
+ *
  * Thread: any client thread; transports are reentrant.
  */
 #include <pthread.h>
@@ -147,6 +152,7 @@ kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
     const kvp_transport_ops_t *const *list = xfer->list ? xfer->list : kvp_transports;
     kvp_status_t st = KVP_OK;
     xfer->n_tps = 0;
+    memset(&xfer->stats, 0, sizeof(xfer->stats));
     xfer->gpu = kvp_gpu_available();
     for (unsigned k = 0; list[k] != NULL && xfer->n_tps < KVP_TP_MAX; k++) {
         const kvp_transport_ops_t *ops = list[k];
@@ -419,6 +425,14 @@ static void run_staged(kvp_transfer_t *xfer, int kind, kvp_xfer_op_t **ops, size
     }
     kvp_stager_run(s, kind == KVP_MEM_CUDA ? KVP_STAGE_GPU : KVP_STAGE_HOST, ops, n);
     stager_give(xfer, kind, s);
+    uint64_t done = 0, bytes = 0;
+    for (size_t i = 0; i < n; i++)
+        if (ops[i]->status == KVP_OK) {
+            done++;
+            bytes += ops[i]->length;
+        }
+    if (done > 0)
+        kvp_count_add(&xfer->stats.staged[kind == KVP_MEM_CUDA], done, bytes);
 }
 
 /* ---- per-thread scratch ---- */
@@ -578,7 +592,56 @@ static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int
         dispatch(xfer, ops, n, level, sc, B_RETRY);
 }
 
+/* The metrics slot (KVP_METRICS_TP_*) of the transport that carried an op to `peer`, or -1
+ * (no transport; a test's fake). */
+static int metrics_slot(const kvp_peer_t *peer)
+{
+    const kvp_transport_t *tp = atomic_load_explicit(&peer->tp, memory_order_acquire);
+    if (tp == NULL)
+        return -1;
+    if (peer->ssd)
+        return KVP_METRICS_TP_SSD;
+    switch (tp->ops->id) {
+    case KVP_TRANSPORT_TCP:
+        return KVP_METRICS_TP_TCP;
+    case KVP_TRANSPORT_SHM:
+        return KVP_METRICS_TP_SHM;
+    case KVP_TRANSPORT_RDMA:
+        return KVP_METRICS_TP_RDMA;
+    default:
+        return -1;
+    }
+}
+
+/* Add a finished batch to the counters: summed here, then one relaxed add per (transport,
+ * direction) the batch used, so a batch of thousands of ops costs a few atomics. */
+static void count_batch(kvp_transfer_t *xfer, const kvp_xfer_op_t *ops, size_t n)
+{
+    uint64_t cnt[KVP_METRICS_TP_COUNT][2] = {{0}}, bytes[KVP_METRICS_TP_COUNT][2] = {{0}};
+    uint64_t errors[2] = {0, 0};
+    for (size_t i = 0; i < n; i++) {
+        int dir = ops[i].kind == KVP_XFER_READ;
+        if (ops[i].status != KVP_OK) {
+            errors[dir]++;
+            continue;
+        }
+        int slot = metrics_slot(ops[i].peer);
+        if (slot < 0)
+            continue;
+        cnt[slot][dir]++;
+        bytes[slot][dir] += ops[i].length;
+    }
+    for (int t = 0; t < KVP_METRICS_TP_COUNT; t++)
+        for (int d = 0; d < 2; d++)
+            if (cnt[t][d] > 0)
+                kvp_count_add(&xfer->stats.tp[t][d], cnt[t][d], bytes[t][d]);
+    for (int d = 0; d < 2; d++)
+        if (errors[d] > 0)
+            atomic_fetch_add_explicit(&xfer->stats.errors[d], errors[d], memory_order_relaxed);
+}
+
 void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n)
 {
     transfer_run(xfer, ops, n, 0);
+    count_batch(xfer, ops, n);
 }

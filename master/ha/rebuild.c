@@ -120,6 +120,7 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
     }
     obj->state = KVP_OBJ_COMPLETE;
     kvp_index_insert(&st->index, obj);
+    kvp_state_media_event(st, obj, 0, kvp_state_media(st, obj->replicas, 1)); /* back */
     kvp_policy_move(st, obj, seg->ssd ? KVP_POLICY_SSD : kvp_policy_home(st, obj), false);
     st->stats.adopted++;
     return KVP_OK;

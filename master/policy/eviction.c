@@ -130,6 +130,7 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
             uint64_t bytes = kvp_object_bytes(obj);
             kvp_tier_victim_t what = kvp_tier_victim(st, obj);
             if (what == KVP_TIER_DROP) {
+                kvp_state_object_gone(st, obj);
                 kvp_index_unlink(&st->index, obj);
                 kvp_ghost_add(&st->ghost, obj->hash, st->index.count - st->index.pending);
                 kvp_object_release(st, obj);

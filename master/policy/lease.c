@@ -217,6 +217,7 @@ void kvp_object_release(kvp_master_state_t *st, kvp_object_t *obj)
 
 void kvp_object_remove(kvp_master_state_t *st, kvp_object_t *obj)
 {
+    kvp_state_object_gone(st, obj); /* KV events: removed from its media */
     kvp_index_unlink(&st->index, obj);
     kvp_object_retire(st, obj);
 }

@@ -70,6 +70,9 @@ bool kvp_tier_offload_full(const kvp_master_state_t *st)
 kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
                                     const kvp_replica_t *reps, unsigned n)
 {
+    if (st->events != NULL && obj->state == KVP_OBJ_COMPLETE) /* KV events: media gained/lost */
+        kvp_state_media_event(st, obj, kvp_state_media(st, obj->replicas, obj->n_replicas),
+                              kvp_state_media(st, reps, n));
     if (n == obj->n_replicas) {
         memmove(obj->replicas, reps, n * sizeof(*reps));
         return obj;
@@ -105,6 +108,7 @@ uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
     while (used > target && st->index.ssd.head != NULL) {
         kvp_object_t *obj = st->index.ssd.head;
         uint64_t bytes = aligned(obj->size, 4096) * obj->n_replicas;
+        kvp_state_object_gone(st, obj);
         kvp_index_unlink(&st->index, obj);
         kvp_object_release(st, obj);
         used = bytes < used ? used - bytes : 0;

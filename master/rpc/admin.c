@@ -22,6 +22,7 @@
 #include "common/macros.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
+#include "master/obs/events.h"
 
 #define LIST_DEFAULT 100u
 #define LIST_MAX 1000u
@@ -302,10 +303,25 @@ remove:
     /* what an SSD segment's owner (down now) kept must not come back */
     if (req->all)
         st->tombstones.cleared = kvp_tier_next_version(st);
+    /* KV events: remove-all is `cleared` on both media, then `stored` again for what
+     * stays (objects being read, without force); a pattern is one `removed` each */
+    kvp_events_t *ev = req->all ? st->events : NULL;
+    st->events = ev != NULL ? NULL : st->events;
     for (size_t i = 0; i < n; i++) {
         if (!req->all)
             kvp_tombstone_add(&st->tombstones, victims[i]->hash, kvp_tier_next_version(st));
         kvp_object_remove(st, victims[i]);
+    }
+    st->stats.removes += n;
+    if (ev != NULL) {
+        st->events = ev;
+        for (unsigned m = 0; m < KVP_MEDIUM_COUNT; m++)
+            kvp_events_cleared(ev, (kvp_medium_t)m);
+        for (uint64_t b = 0; b < st->index.n_buckets; b++)
+            for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext)
+                if (obj->state == KVP_OBJ_COMPLETE)
+                    kvp_state_media_event(st, obj, 0,
+                                          kvp_state_media(st, obj->replicas, obj->n_replicas));
     }
     resp.removed = n;
     if (n > 0)

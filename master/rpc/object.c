@@ -92,6 +92,7 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
             obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
             kvp_lease_forget(st, obj);             /* a lease whose TTL is over: its slot goes */
             kvp_record_forget(&st->segments, obj); /* the bytes are about to change */
+            kvp_state_object_gone(st, obj);        /* absent until PutEnd (KV events) */
             kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
             obj->writer_conn_id = conn_id;
             obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
@@ -110,8 +111,10 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     /* Just restarted (or just elected): the segments are still remounting and offering
      * what they hold. Neither evict what came back nor fail: the client asks again. */
     if ((status == KVP_ERR_POOL_FULL || status == KVP_ERR_NO_SEGMENT) &&
-        st->now_ms < st->rebuild_until_ms)
+        st->now_ms < st->rebuild_until_ms) {
+        st->stats.lease_waits++;
         return KVP_ERR_POOL_BUSY;
+    }
     /* No room: evict this object's worth (policy order) and try again. Free bytes are
      * not a free extent: in a fragmented segment the freed space may be scattered, so
      * keep evicting until the object fits or nothing evictable is left. Eviction is of
@@ -135,8 +138,10 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     /* Nothing evictable is left. If the reads (or offloads) in flight give back enough
      * room when they end, the client waits and asks again (bounded by its timeout). */
     if (status == KVP_ERR_POOL_FULL &&
-        ((!r.ssd && st->offloading_bytes > 0) || reads_give_back(st, give_back_p) >= need))
+        ((!r.ssd && st->offloading_bytes > 0) || reads_give_back(st, give_back_p) >= need)) {
+        st->stats.lease_waits++;
         return KVP_ERR_POOL_BUSY;
+    }
     if (status != KVP_OK)
         return status;
     obj = kvp_object_create((const char *)key->data, key->len, hash, n);
@@ -347,6 +352,8 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     obj->lease = 0; /* from now on: lease slot and policy state, not the writer */
     obj->policy = 0;
     kvp_index_set_state(&st->index, obj, KVP_OBJ_COMPLETE);
+    st->stats.puts++;
+    kvp_state_media_event(st, obj, 0, kvp_state_media(st, obj->replicas, obj->n_replicas));
     kvp_policy_put(st, obj, end->n_keys > 1 && i + 1 == end->n_keys);
     kvp_record_object(&st->segments, obj); /* DRAM owners' records, in the same loop turn */
     kvp_tier_on_put_end(st, obj);          /* replicas on SSD get recorded by their owners */
@@ -384,10 +391,13 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
     }
     if (obj->state == KVP_OBJ_PENDING)
         return KVP_ERR_PENDING;
-    if (kvp_leased(st, obj) && !force)
+    if (kvp_leased(st, obj) && !force) {
+        st->stats.lease_waits++;
         return KVP_ERR_LEASED;
+    }
     kvp_tombstone_add(&st->tombstones, hash, kvp_tier_next_version(st));
     kvp_object_remove(st, obj);
+    st->stats.removes++;
     return KVP_OK;
 }
 
@@ -400,6 +410,7 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
     kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
     if (status != KVP_OK)
         return status;
+    st->stats.exists++;
     if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
         return 0;
     if (st->config.lease_on_exist)
@@ -486,8 +497,10 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
             res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
             if (res[i].status != KVP_OK)
                 continue;
+            st->stats.gets++;
             if (obj == NULL || obj->state != KVP_OBJ_COMPLETE) {
                 res[i].status = KVP_ERR_NOT_FOUND;
+                st->stats.get_misses++;
                 continue;
             }
             res[i].size = obj->size;
@@ -554,8 +567,13 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
         for (size_t i = 0; i < req->n_keys; i++) {
             kvp_object_t *obj;
             kvp_status_t s = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
-            if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE))
+            if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE)) {
                 s = KVP_ERR_NOT_FOUND;
+                /* a get that learns the size first ends here on a miss: count it as one
+                 * (a hit is counted by the GetReplicaList that follows) */
+                st->stats.gets++;
+                st->stats.get_misses++;
+            }
             sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;
         }
         resp.sizes = sizes;

@@ -125,8 +125,9 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
         return false;
     if (live == 0) {
         ctx->dropped++;
-        kvp_lease_forget(ctx->st, obj); /* its readers fail: the owner is gone */
-        return true;                    /* its only extent was on the segment being destroyed */
+        kvp_state_object_gone(ctx->st, obj); /* KV events: its last replica is lost */
+        kvp_lease_forget(ctx->st, obj);      /* its readers fail: the owner is gone */
+        return true; /* its only extent was on the segment being destroyed */
     }
     if (obj->state == KVP_OBJ_PENDING) {
         for (unsigned i = 0; i < obj->n_replicas; i++)
@@ -134,12 +135,16 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
                 obj->replicas[i].segment_id = 0;
         return false;
     }
+    unsigned before =
+        ctx->st->events ? kvp_state_media(ctx->st, obj->replicas, obj->n_replicas) : 0;
     unsigned w = 0;
     for (unsigned i = 0; i < obj->n_replicas; i++) {
         if (obj->replicas[i].segment_id == ctx->segment_id)
             continue;
         obj->replicas[w++] = obj->replicas[i];
     }
+    if (ctx->st->events != NULL)
+        kvp_state_media_event(ctx->st, obj, before, kvp_state_media(ctx->st, obj->replicas, w));
     /* Shift the key down behind the shortened replica array. */
     memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
     obj->n_replicas = (uint8_t)w;

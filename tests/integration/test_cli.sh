@@ -15,11 +15,18 @@ set -euo pipefail
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvpool-cli-test.XXXXXX")
 mpid=""
 spid=""
+s2pid=""
+wpid=""
 n=0
 
 cleanup() {
     local rc=$?
-    for pid in "$spid" "$mpid"; do
+    # a subshell (stop()'s watchdog) killed before its `trap - EXIT` ran inherits this trap:
+    # only the script itself cleans up
+    if [[ "$BASHPID" != "$$" ]]; then
+        exit "$rc"
+    fi
+    for pid in "$wpid" "$s2pid" "$spid" "$mpid"; do
         if [[ -n "$pid" ]]; then
             kill -KILL "$pid" 2>/dev/null || true
             wait "$pid" 2>/dev/null || true
@@ -30,52 +37,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ok() {
-    n=$((n + 1))
-    echo "ok $n - $1"
-}
-
-fail() {
-    n=$((n + 1))
-    echo "not ok $n - $1" >&2
-    shift
-    for f in "$@"; do
-        if [[ -s "$f" ]]; then
-            echo "--- $f:" >&2
-            head -c 4000 "$f" >&2
-        fi
-    done
-    exit 1
-}
-
-# Read the ready line a child writes on fd 3 into fifo $1 (its EOF if it dies first).
-read_ready() {
-    local line=""
-    if ! IFS= read -r -t 10 line <"$1"; then
-        return 1
-    fi
-    printf '%s' "$line"
-}
-
-# SIGTERM pid $1 and wait for it (bounded: SIGKILL after 10 s); returns its exit status.
-stop() {
-    local pid=$1 rc=0 wd
-    kill -TERM "$pid"
-    # the watchdog kills only if the process outlives the bound; its own sleep is its child
-    (
-        trap - EXIT # never the script's cleanup in here
-        sleep 10 &
-        s=$!
-        trap 'kill "$s" 2>/dev/null; exit 0' TERM
-        wait "$s"
-        kill -KILL "$pid" 2>/dev/null
-    ) >/dev/null 2>&1 &
-    wd=$!
-    wait "$pid" || rc=$?
-    kill -TERM "$wd" 2>/dev/null || true
-    wait "$wd" 2>/dev/null || true
-    return "$rc"
-}
+# ok, fail, read_ready, stop
+# shellcheck source=tests/integration/lib.sh
+source "$(dirname "$0")/lib.sh"
 
 # Run the CLI, capturing stdout and stderr into $tmp/out and $tmp/err; sets $rc.
 cli() {
@@ -265,6 +229,83 @@ cli drain no-such-segment
 [[ $rc -eq 1 ]] || fail "drain of an unknown segment fails (exit $rc)" "$tmp/err"
 grep -qF 'segment is gone' "$tmp/err" || fail "drain says why" "$tmp/err"
 ok "drain of an unknown segment fails with a reason"
+
+# ---- progress: plain lines when stderr is not a terminal -------------------------
+
+head -c $((40 << 20)) /dev/urandom >"$tmp/large"
+cli put large/key "$tmp/large"
+[[ $rc -eq 0 ]] || fail "put a 40 MiB file (exit $rc)" "$tmp/err"
+grep -qE '^kvpool: put large/key: .*started$' "$tmp/err" ||
+    fail "a large put says it started, in a plain line" "$tmp/err"
+grep -qE '^kvpool: put large/key: 40\.0 MiB of 40\.0 MiB \(100%\).*: done$' "$tmp/err" ||
+    fail "a large put ends with a 100% line" "$tmp/err"
+! grep -q $'\r' "$tmp/err" || fail "no carriage returns when stderr is not a terminal" "$tmp/err"
+ok "put of a large file reports progress in plain lines"
+
+cli get large/key "$tmp/large.out"
+[[ $rc -eq 0 ]] || fail "get a 40 MiB object (exit $rc)" "$tmp/err"
+cmp -s "$tmp/large" "$tmp/large.out" || fail "get of the large object returns its bytes"
+grep -qE '^kvpool: get large/key: 40\.0 MiB of 40\.0 MiB \(100%\).*: done$' "$tmp/err" ||
+    fail "a large get reports the transfer" "$tmp/err"
+grep -qE "^kvpool: write $tmp/large.out: 40\.0 MiB of 40\.0 MiB \(100%\).*: done\$" "$tmp/err" ||
+    fail "a large get reports writing the file" "$tmp/err"
+ok "get of a large file reports progress in plain lines"
+
+cli --no-progress get large/key "$tmp/large.out2"
+[[ $rc -eq 0 && ! -s "$tmp/err" ]] || fail "--no-progress: nothing on stderr (exit $rc)" "$tmp/err"
+cli put small/again "$tmp/v1"
+[[ $rc -eq 0 && ! -s "$tmp/err" ]] || fail "a small put reports no progress (exit $rc)" "$tmp/err"
+cli --progress rm large/key small/again
+[[ $rc -eq 0 ]] || fail "rm --progress (exit $rc)" "$tmp/err"
+grep -qE '^kvpool: rm: 2 keys of 2 keys \(100%\).*: done$' "$tmp/err" ||
+    fail "rm with --progress reports the keys removed" "$tmp/err"
+ok "--no-progress and --progress; small work reports nothing"
+
+# ---- drain with progress: a second segment moved onto the first ---------------------
+
+mkfifo "$tmp/serve2.ready"
+"$KVPOOL_CLI_BIN" --master "$addr" serve --segment-size 16MiB --name seg-two --ready-fd 3 \
+    3>"$tmp/serve2.ready" >"$tmp/serve2.out" 2>"$tmp/serve2.log" &
+s2pid=$!
+[[ "$(read_ready "$tmp/serve2.ready")" == seg-two ]] || fail "second serve ready" "$tmp/serve2.log"
+for i in 1 2 3 4 5; do
+    cli put --prefer seg-two "drain/$i" "$tmp/big"
+    [[ $rc -eq 0 ]] || fail "put drain/$i on seg-two (exit $rc)" "$tmp/err"
+done
+cli --progress drain --wait 20 seg-two
+[[ $rc -eq 0 ]] || fail "drain seg-two (exit $rc)" "$tmp/err" "$tmp/serve2.log"
+grep -qE '^kvpool: drain seg-two: .*started$' "$tmp/err" || fail "drain progress starts" "$tmp/err"
+grep -qE '^kvpool: drain seg-two: 5 replicas of 5 replicas \(100%\).*: unmounted$' \
+    "$tmp/err" || fail "drain progress ends at 5 of 5" "$tmp/err"
+wrc=0
+wait "$s2pid" || wrc=$?
+s2pid=""
+[[ $wrc -eq 0 ]] || fail "the drained serve exits 0 (exit $wrc)" "$tmp/serve2.log"
+for i in 1 2 3 4 5; do
+    cli get "drain/$i" "$tmp/drained"
+    cmp -s "$tmp/big" "$tmp/drained" || fail "drain/$i readable after the drain" "$tmp/err"
+done
+cli rm --regex '^drain/'
+ok "drain reports replicas moved, objects survive"
+
+# ---- stat --watch --------------------------------------------------------------------
+
+"$KVPOOL_CLI_BIN" --master "$addr" stat --watch 0.5 >"$tmp/watch.out" 2>"$tmp/watch.err" &
+wpid=$!
+sleep 2 # let it redraw a few times
+kill -INT "$wpid"
+wrc=0
+wait "$wpid" || wrc=$?
+wpid=""
+[[ $wrc -eq 0 ]] || fail "stat --watch exits 0 on SIGINT (exit $wrc)" "$tmp/watch.err"
+[[ $(grep -c '^capacity ' "$tmp/watch.out") -ge 2 ]] ||
+    fail "stat --watch printed at least two blocks" "$tmp/watch.out"
+[[ $(grep -c '^--- .*every 0\.5 s' "$tmp/watch.out") -ge 2 ]] ||
+    fail "each block starts with a timestamp line" "$tmp/watch.out"
+! grep -q $'\033' "$tmp/watch.out" || fail "no escape codes when stdout is not a terminal"
+cli stat --watch=abc
+[[ $rc -eq 2 ]] || fail "stat --watch=abc is a usage error (exit $rc)" "$tmp/err"
+ok "stat --watch: repeated blocks until SIGINT"
 
 # ---- usage errors exit 2 ------------------------------------------------------
 

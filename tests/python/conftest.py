@@ -31,32 +31,34 @@ def _bin(env):
 
 
 class Proc:
-    """A child started with --ready-fd: .ready is the line it wrote."""
+    """A child started with --ready-fd: .lines are the first `lines` lines it wrote on it
+    (`kvpool serve --http-listen` writes two), .ready the first."""
 
-    def __init__(self, argv, timeout=10.0):
+    def __init__(self, argv, timeout=10.0, lines=1, stderr=None):
         r, w = os.pipe()
         argv = [a if a != "{fd}" else str(w) for a in argv]
         self.argv = argv
         self.p = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL)
+                                  stdout=subprocess.DEVNULL, stderr=stderr)
         os.close(w)
         buf = b""
         deadline = time.monotonic() + timeout
         try:
-            while b"\n" not in buf:
+            while buf.count(b"\n") < lines:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([r], [], [], left)[0]:
                     break
-                chunk = os.read(r, 256)
+                chunk = os.read(r, 512)
                 if not chunk:
                     break
                 buf += chunk
         finally:
             os.close(r)
-        if b"\n" not in buf:
+        if buf.count(b"\n") < lines:
             self.kill()
-            raise RuntimeError(f"{argv[0]} did not become ready: {buf!r}")
-        self.ready = buf.split(b"\n", 1)[0].decode()
+            raise RuntimeError(f"{argv} did not become ready: {buf!r}")
+        self.lines = buf.decode().split("\n")[:lines]
+        self.ready = self.lines[0]
 
     @property
     def pid(self):

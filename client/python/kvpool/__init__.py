@@ -358,6 +358,34 @@ class Client:
             _raise(r)
         return r
 
+    def metrics(self):
+        """This client's own counters since it was created (kvp_metrics_snapshot):
+
+        {"version": 1,
+         "client": {TRANSPORT: {"put": {"ops", "bytes"}, "get": {"ops", "bytes"}}},
+                    # what this client moved, TRANSPORT in tcp, shm, rdma, ssd
+         "errors": {"put": n, "get": n},
+         "staged": {"host": {"ops", "bytes"}, "gpu": {"ops", "bytes"}},
+         "served": {"tcp" | "ssd": {"put": {...}, "get": {...}}},
+                    # what peers did to this client's segments through its data
+                    # servers (one-sided shm and rdma transfers are not seen)
+         "ssd_io": {"read": {...}, "write": {...}, "errors": n},
+         "segments": [{"name", "tier", "capacity", "mounted", "draining"}]}
+
+        An op is one object extent moved (a replica; a multi-buffer object counts
+        one per buffer)."""
+        r = self._c.metrics()
+        if isinstance(r, int):
+            _raise(r)
+        return r
+
+    def metrics_text(self):
+        """The same counters in the Prometheus text exposition format."""
+        r = self._c.metrics_text()
+        if isinstance(r, int):
+            _raise(r)
+        return r
+
     def list_keys(self, pattern=None, max=1000):
         """Keys matching a POSIX extended regex (None: all), at most `max`: a
         list of dicts (key, size, complete, replicas, lease_ms, pin)."""

@@ -1005,6 +1005,136 @@ static PyObject *client_stat(kvp_py_client_t *self, PyObject *unused)
     return d;
 }
 
+/* {"ops": n, "bytes": n} into d[key]; -1 on a Python error. */
+static int dict_set_count(PyObject *d, const char *key, const kvp_metrics_count_t *c)
+{
+    PyObject *o = Py_BuildValue("{s:K,s:K}", "ops", (unsigned long long)c->ops, "bytes",
+                                (unsigned long long)c->bytes);
+    if (o == NULL)
+        return -1;
+    int rc = PyDict_SetItemString(d, key, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* {"put": {ops, bytes}, "get": {ops, bytes}} into d[name]. */
+static int dict_set_dirs(PyObject *d, const char *name, const kvp_metrics_count_t *put,
+                         const kvp_metrics_count_t *get)
+{
+    PyObject *o = PyDict_New();
+    if (o == NULL)
+        return -1;
+    int rc = dict_set_count(o, "put", put) != 0 || dict_set_count(o, "get", get) != 0
+                 ? -1
+                 : PyDict_SetItemString(d, name, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+/* A new empty dict set as d[name] (borrowed back), or NULL. */
+static PyObject *dict_sub(PyObject *d, const char *name)
+{
+    PyObject *o = PyDict_New();
+    if (o == NULL)
+        return NULL;
+    int rc = PyDict_SetItemString(d, name, o);
+    Py_DECREF(o);
+    return rc == 0 ? o : NULL;
+}
+
+static PyObject *metrics_dict(const kvp_metrics_t *m)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    PyObject *cl, *sv, *er, *sg, *io, *segs;
+    if (dict_set_u64(d, "version", m->version) != 0 || (cl = dict_sub(d, "client")) == NULL ||
+        (sv = dict_sub(d, "served")) == NULL || (er = dict_sub(d, "errors")) == NULL ||
+        (sg = dict_sub(d, "staged")) == NULL || (io = dict_sub(d, "ssd_io")) == NULL)
+        goto err;
+    for (unsigned t = 0; t < KVP_METRICS_TP_COUNT; t++)
+        if (dict_set_dirs(cl, kvp_metrics_transport_name(t), &m->client[t].put,
+                          &m->client[t].get) != 0)
+            goto err;
+    /* only the data servers see requests: tcp (the DRAM segment) and ssd */
+    if (dict_set_dirs(sv, "tcp", &m->served[KVP_METRICS_TP_TCP].put,
+                      &m->served[KVP_METRICS_TP_TCP].get) != 0 ||
+        dict_set_dirs(sv, "ssd", &m->served[KVP_METRICS_TP_SSD].put,
+                      &m->served[KVP_METRICS_TP_SSD].get) != 0 ||
+        dict_set_u64(er, "put", m->put_errors) != 0 ||
+        dict_set_u64(er, "get", m->get_errors) != 0 ||
+        dict_set_count(sg, "host", &m->staged[0]) != 0 ||
+        dict_set_count(sg, "gpu", &m->staged[1]) != 0 ||
+        dict_set_count(io, "read", &m->ssd_read) != 0 ||
+        dict_set_count(io, "write", &m->ssd_write) != 0 ||
+        dict_set_u64(io, "errors", m->ssd_io_errors) != 0)
+        goto err;
+    segs = PyList_New(0);
+    if (segs == NULL)
+        goto err;
+    int rc = PyDict_SetItemString(d, "segments", segs);
+    Py_DECREF(segs);
+    if (rc != 0)
+        goto err;
+    for (int tier = 0; tier < 2; tier++) {
+        const char *name = tier == 0 ? m->dram_segment : m->ssd_segment;
+        if (name[0] == '\0')
+            continue;
+        PyObject *sd = Py_BuildValue(
+            "{s:s,s:s,s:K,s:O,s:O}", "name", name, "tier", tier == 0 ? "dram" : "ssd", "capacity",
+            (unsigned long long)(tier == 0 ? m->dram_capacity : m->ssd_capacity), "mounted",
+            (tier == 0 ? m->dram_mounted : m->ssd_mounted) ? Py_True : Py_False, "draining",
+            tier == 0 && m->dram_draining ? Py_True : Py_False);
+        if (sd == NULL)
+            goto err;
+        rc = PyList_Append(segs, sd);
+        Py_DECREF(sd);
+        if (rc != 0)
+            goto err;
+    }
+    return d;
+err:
+    Py_DECREF(d);
+    return NULL;
+}
+
+/* metrics() -> dict, or a negative status */
+static PyObject *client_metrics(kvp_py_client_t *self, PyObject *unused)
+{
+    (void)unused;
+    kvp_client_t *c;
+    kvp_metrics_t m = {.size = sizeof(m)};
+    kvp_status_t st = KVP_OK;
+    WITH_CLIENT(self, c, st = kvp_metrics_snapshot(c, &m));
+    if (c == NULL)
+        return kvp_py_raise_closed();
+    if (st != KVP_OK)
+        return PyLong_FromLong(st);
+    return metrics_dict(&m);
+}
+
+/* metrics_text() -> str (Prometheus text exposition), or a negative status */
+static PyObject *client_metrics_text(kvp_py_client_t *self, PyObject *unused)
+{
+    (void)unused;
+    kvp_client_t *c;
+    kvp_metrics_t m = {.size = sizeof(m)};
+    kvp_status_t st = KVP_OK;
+    WITH_CLIENT(self, c, st = kvp_metrics_snapshot(c, &m));
+    if (c == NULL)
+        return kvp_py_raise_closed();
+    if (st != KVP_OK)
+        return PyLong_FromLong(st);
+    size_t need = kvp_metrics_format_prometheus(&m, NULL, 0);
+    char *buf = PyMem_Malloc(need + 1);
+    if (buf == NULL)
+        return PyErr_NoMemory();
+    kvp_metrics_format_prometheus(&m, buf, need + 1);
+    PyObject *r = PyUnicode_DecodeUTF8(buf, (Py_ssize_t)need, "replace");
+    PyMem_Free(buf);
+    return r;
+}
+
 /* list_keys(pattern=None, max=1000) -> [dict], or a negative status */
 static PyObject *client_list_keys(kvp_py_client_t *self, PyObject *args)
 {
@@ -1108,6 +1238,11 @@ static PyMethodDef client_methods[] = {
     METH("batch_remove", client_batch_remove, METH_VARARGS,
          "batch_remove(keys, force=False) -> [status]"),
     METH("stat", client_stat, METH_NOARGS, "stat() -> dict, or a negative status"),
+    METH("metrics", client_metrics, METH_NOARGS,
+         "metrics() -> dict of this client's counters (kvp_metrics_snapshot), or a negative "
+         "status"),
+    METH("metrics_text", client_metrics_text, METH_NOARGS,
+         "metrics_text() -> the counters in the Prometheus text format, or a negative status"),
     METH("list_keys", client_list_keys, METH_VARARGS,
          "list_keys(pattern=None, max=1000) -> [dict], or a negative status"),
     {NULL, NULL, 0, NULL},

@@ -1,0 +1,211 @@
+/*
+ * http.c - the HTTP server behind /metrics and the admin views (see http.h),
+ * on libmicrohttpd.
+ *
+ * Design: libmicrohttpd parses requests on a pool of its own threads (epoll);
+ * a request reaches the handler only once its header is complete, and the
+ * library bounds what a client can cost: KVP_HTTP_CONN_MEMORY per connection
+ * (a larger header gets 431 from the library), KVP_HTTP_TIMEOUT_S of
+ * silence, KVP_HTTP_MAX_CONNS connections in all. The handler builds the
+ * whole body in memory; the library sends it as the socket allows.
+ */
+#include "common/http.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/parse.h"
+
+#define KVP_HTTP_THREADS 2
+#define KVP_HTTP_TIMEOUT_S 10
+#define KVP_HTTP_MAX_CONNS 1024
+#define KVP_HTTP_CONN_MEMORY (64u << 10)
+
+struct kvp_http {
+    struct MHD_Daemon *d;
+    kvp_http_handler_fn fn;
+    void *arg;
+};
+
+struct kvp_http_request {
+    struct MHD_Connection *c;
+};
+
+const char *kvp_http_query(const kvp_http_request_t *req, const char *name)
+{
+    return MHD_lookup_connection_value(req->c, MHD_GET_ARGUMENT_KIND, name);
+}
+
+static int reserve(kvp_http_reply_t *r, size_t n)
+{
+    if (r->oom)
+        return 0;
+    if (r->len + n + 1 <= r->cap)
+        return 1;
+    size_t cap = r->cap ? r->cap : 4096;
+    while (cap < r->len + n + 1)
+        cap *= 2;
+    char *b = realloc(r->body, cap);
+    if (b == NULL) {
+        r->oom = 1;
+        return 0;
+    }
+    r->body = b;
+    r->cap = cap;
+    return 1;
+}
+
+void kvp_http_append(kvp_http_reply_t *r, const char *data, size_t len)
+{
+    if (!reserve(r, len))
+        return;
+    memcpy(r->body + r->len, data, len);
+    r->len += len;
+    r->body[r->len] = '\0';
+}
+
+void kvp_http_printf(kvp_http_reply_t *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char small[256];
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof(small)) {
+        kvp_http_append(r, small, (size_t)n);
+        return;
+    }
+    if (!reserve(r, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(r->body + r->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    r->len += (size_t)n;
+}
+
+void kvp_http_json_string(kvp_http_reply_t *r, const char *s, size_t len)
+{
+    kvp_http_append(r, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        if (ch >= 0x20 && ch != '"' && ch != '\\')
+            continue;
+        kvp_http_append(r, s + run, i - run);
+        run = i + 1;
+        if (ch == '"')
+            kvp_http_append(r, "\\\"", 2);
+        else if (ch == '\\')
+            kvp_http_append(r, "\\\\", 2);
+        else
+            kvp_http_printf(r, "\\u%04x", ch);
+    }
+    kvp_http_append(r, s + run, len - run);
+    kvp_http_append(r, "\"", 1);
+}
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload,
+                              size_t *upload_len, void **con_cls)
+{
+    kvp_http_t *h = cls;
+    (void)version, (void)upload, (void)con_cls;
+    kvp_http_reply_t r = {.status = 200, .content_type = "text/plain; charset=utf-8"};
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        if (*upload_len > 0) { /* a body we do not read: drop it */
+            *upload_len = 0;
+            return MHD_YES;
+        }
+        r.status = 405;
+        kvp_http_printf(&r, "method %s not allowed: only GET and HEAD\n", method);
+    } else {
+        kvp_http_request_t req = {.c = c};
+        h->fn(h->arg, url, &req, &r);
+    }
+    if (r.oom) {
+        free(r.body);
+        r = (kvp_http_reply_t){.status = 500, .content_type = "text/plain; charset=utf-8"};
+        static const char msg[] = "out of memory\n";
+        r.body = strdup(msg);
+        r.len = r.body ? sizeof(msg) - 1 : 0;
+    }
+    struct MHD_Response *resp;
+    if (r.body == NULL)
+        resp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
+    else
+        resp = MHD_create_response_from_buffer(r.len, r.body, MHD_RESPMEM_MUST_FREE);
+    if (resp == NULL) {
+        free(r.body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", r.content_type);
+    if (r.status == 405)
+        MHD_add_response_header(resp, "Allow", "GET, HEAD");
+    enum MHD_Result ret = MHD_queue_response(c, r.status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char line[256];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    size_t n = strlen(line);
+    while (n > 0 && line[n - 1] == '\n')
+        line[--n] = '\0';
+    KVP_LOG_DEBUG("http: %s", line);
+}
+
+kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *arg,
+                            kvp_http_t **http_p, uint16_t *bound_port_p)
+{
+    char host[256];
+    uint16_t port;
+    if (hostport == NULL || fn == NULL ||
+        kvp_parse_hostport(hostport, host, sizeof(host), &port) != KVP_OK)
+        return KVP_ERR_INVALID_ARG;
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    if (strcmp(host, "localhost") == 0)
+        snprintf(host, sizeof(host), "127.0.0.1");
+    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        return KVP_ERR_INVALID_ARG;
+    kvp_http_t *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return KVP_ERR_NOMEM;
+    h->fn = fn;
+    h->arg = arg;
+    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
+                            port, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE,
+                            (unsigned)KVP_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
+                            (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)KVP_HTTP_MAX_CONNS, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+                            (size_t)KVP_HTTP_CONN_MEMORY, MHD_OPTION_LISTENING_ADDRESS_REUSE,
+                            (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    if (h->d == NULL) {
+        free(h);
+        return KVP_ERR_SYSTEM;
+    }
+    if (bound_port_p != NULL) {
+        const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+        *bound_port_p = info != NULL ? info->port : port;
+    }
+    *http_p = h;
+    return KVP_OK;
+}
+
+void kvp_http_stop(kvp_http_t *h)
+{
+    if (h == NULL)
+        return;
+    MHD_stop_daemon(h->d);
+    free(h);
+}

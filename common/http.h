@@ -1,0 +1,55 @@
+/*
+ * http.h - a small HTTP/1.1 GET server for metrics and admin views, on
+ * libmicrohttpd (see http.c).
+ *
+ * Thread: the server runs on threads of its own (libmicrohttpd's pool, epoll);
+ * the handler is called on one of them, never on the caller's loop. A slow or
+ * hostile client (slowloris, garbage, huge headers) costs one connection slot
+ * and is timed out; it never reaches the handler with a partial request.
+ */
+#ifndef KVP_COMMON_HTTP_H
+#define KVP_COMMON_HTTP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct kvp_http kvp_http_t;
+typedef struct kvp_http_request kvp_http_request_t;
+
+/* A growable reply body: kvp_http_printf appends; the server frees it. */
+typedef struct kvp_http_reply {
+    unsigned status;          /* 200 unless the handler says otherwise */
+    const char *content_type; /* static string; default "text/plain; charset=utf-8" */
+    char *body;
+    size_t len, cap;
+    int oom; /* an append failed: the server answers 500 */
+} kvp_http_reply_t;
+
+/* Called for every GET or HEAD: path is the URL's path (no query). */
+typedef void (*kvp_http_handler_fn)(void *arg, const char *path, const kvp_http_request_t *req,
+                                    kvp_http_reply_t *reply);
+
+/* A query argument of the request (?name=value, URL-decoded), or NULL. */
+const char *kvp_http_query(const kvp_http_request_t *req, const char *name);
+
+/* Append to the reply body (printf format). */
+void kvp_http_printf(kvp_http_reply_t *reply, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Append len bytes. */
+void kvp_http_append(kvp_http_reply_t *reply, const char *data, size_t len);
+/* Append s as a JSON string literal, quotes included. */
+void kvp_http_json_string(kvp_http_reply_t *reply, const char *s, size_t len);
+
+/*
+ * Listen on "HOST:PORT" (port 0: any free port; *bound_port_p gets it) and serve
+ * until kvp_http_stop. KVP_ERR_INVALID_ARG for a bad address, KVP_ERR_SYSTEM when
+ * it cannot listen.
+ */
+kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *arg,
+                            kvp_http_t **http_p, uint16_t *bound_port_p);
+/* Stop serving, close every connection, wait for the handler threads. NULL is fine. */
+void kvp_http_stop(kvp_http_t *http);
+
+#endif

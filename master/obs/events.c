@@ -1,0 +1,908 @@
+/*
+ * events.c - KV events on a ZeroMQ PUB socket, in vLLM's framing (events.h).
+ *
+ * Design. The master's loop calls kvp_events_stored/removed/cleared on its
+ * hot path. Each copies the event (type, medium, wall-clock ms, key) into a
+ * FIFO allocated once at create, under a mutex, and returns: no I/O, no
+ * allocation. The FIFO is two rings: queue_max slots, and an arena of
+ * queue_max * 256 + 4096 bytes where the keys lie back to back (a key that
+ * does not fit before the arena's end starts again at 0, the bytes skipped
+ * being counted with it). When either ring is full the oldest events are
+ * dropped, and counted, until the new one fits.
+ *
+ * One publisher thread owns the ZeroMQ sockets. It copies up to batch_max
+ * events (and at most 64 KiB of keys) out of the FIFO under the mutex, then
+ * without it: gives event_ids (per medium, consecutive from 0; drops happen
+ * before, so the ids a subscriber sees stay consecutive), reads each key's
+ * block hash, encodes the batch with msgpack into one reused buffer, sends
+ * [topic, seq, payload] on PUB and keeps a copy of the payload in the replay
+ * ring. While idle it waits in zmq_poll on the ROUTER and on an eventfd that
+ * a caller writes only when the thread said it was going to sleep (one write
+ * per wake-up, not one per event). Replay requests are answered between
+ * batches; ROUTER_MANDATORY with a HWM above the ring's size means a replay
+ * is never cut silently (a client that cannot take it is logged and skipped).
+ *
+ * Memory: the FIFO (above) + the replay ring (replay_batches payloads, at
+ * most REPLAY_BYTES_MAX) + per subscriber ZeroMQ's send HWM of PUB_SNDHWM
+ * batches (at most ~64 KiB of keys + their maps each).
+ *
+ * Threads: kvp_events_stored/removed/cleared/stats from any thread (the
+ * master's loop); the sockets are bound in create before the thread starts
+ * and closed in destroy after it is joined, and used only by the thread in
+ * between.
+ */
+#include "master/obs/events.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <msgpack.h>
+#include <zmq.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+
+#define KEY_MAX 4096u                  /* longest key kept (the pool's key limit) */
+#define ARENA_BYTES_PER_EVENT 256u     /* key bytes the FIFO keeps per queue_max slot */
+#define BATCH_KEY_BYTES (64u << 10)    /* keys per batch at most (one key always fits) */
+#define PUB_SNDHWM 1000                /* batches a subscriber may lag before ZMQ drops */
+#define REPLAY_BYTES_MAX (32ull << 20) /* payload bytes the replay ring keeps at most */
+#define FLUSH_NS 1000000000ull         /* destroy: time given to send what is queued */
+#define IDLE_POLL_MS 1000              /* idle wait (the eventfd wakes it earlier) */
+#define PUB_LINGER_MS 200              /* close: time given to deliver the last batches */
+#define REPLAYS_PER_ROUND 16           /* replay requests served between two batches */
+#define QUEUE_MAX_LIMIT (1u << 22)
+#define BATCH_MAX_LIMIT (1u << 16)
+#define REPLAY_BATCHES_LIMIT (1u << 20)
+#define WARN_EVERY_NS 10000000000ull /* rate of the warnings of a failing send */
+
+typedef enum ev_type {
+    EV_STORED = 0,
+    EV_REMOVED = 1,
+    EV_CLEARED = 2,
+} ev_type_t;
+
+static const char *const type_names[] = {"stored", "removed", "cleared"};
+static const char *const medium_names[KVP_MEDIUM_COUNT] = {"cpu", "disk"};
+
+/* One queued event; its key is key_len bytes at key_off of the arena (of the
+ * publisher's batch buffer once taken), after `skipped` bytes left unused at
+ * the arena's end when it wrapped. */
+typedef struct ev_slot {
+    uint64_t ts_ms;
+    uint32_t key_off;
+    uint16_t key_len;
+    uint16_t skipped;
+    uint8_t type;
+    uint8_t medium;
+} ev_slot_t;
+
+typedef struct replay_entry {
+    uint64_t seq;
+    char *data; /* NULL: this batch could not be kept */
+    size_t len;
+} replay_entry_t;
+
+struct kvp_events {
+    /* settings, owned copies; read-only after create */
+    char *topic;
+    size_t topic_len;
+    char *model_name;
+    char *additional_salt; /* NULL: nil */
+    char *lora_name;       /* NULL: nil */
+    char *tenant_id;
+    char *backend_id;
+    uint32_t block_size;
+    int32_t dp_rank;
+    uint32_t batch_max;
+    char endpoint[2][256];
+
+    /* the FIFO, shared with the callers: under lock */
+    pthread_mutex_t lock;
+    ev_slot_t *slots;
+    uint32_t slots_cap;
+    uint32_t head; /* the oldest event */
+    uint32_t count;
+    char *arena;
+    uint32_t arena_cap;
+    uint32_t arena_wpos; /* where the next key goes */
+    uint32_t arena_used; /* bytes from the oldest key to arena_wpos, skipped ones included */
+    uint64_t dropped;
+    bool sleeping; /* the publisher waits for the eventfd */
+    bool stopping;
+    uint64_t stop_deadline_ns;
+    int wake_fd;
+
+    /* the publisher thread's */
+    pthread_t thread;
+    void *zctx;
+    void *pub;
+    void *replay; /* NULL: no replay socket */
+    uint64_t next_id[KVP_MEDIUM_COUNT];
+    uint64_t next_seq;
+    ev_slot_t *batch;
+    char *batch_keys;
+    msgpack_sbuffer sbuf;
+    bool pack_failed;
+    replay_entry_t *ring;
+    uint32_t ring_cap;
+    uint64_t ring_oldest; /* seq of the oldest batch kept (== next_seq: none) */
+    uint64_t ring_bytes;
+    uint64_t last_warn_ns;
+
+    atomic_uint_fast64_t published;
+    atomic_uint_fast64_t batches;
+    atomic_uint_fast64_t replay_requests;
+};
+
+static uint64_t wall_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void put_be64(uint8_t *p, uint64_t v)
+{
+    for (int i = 7; i >= 0; i--) {
+        p[i] = (uint8_t)v;
+        v >>= 8;
+    }
+}
+
+static uint64_t get_be64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* ---- the block hash of a key ---------------------------------------------------------------- */
+
+static int hex_val(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+/* Whether s[0..n) is a hash by the rules of events.h; its value mod 2^64.
+ * may_be_decimal: digits alone may be read as decimal (the key's last
+ * component only). */
+static bool component_hash(const char *s, size_t n, bool may_be_decimal, uint64_t *hash)
+{
+    bool neg = false;
+    bool prefixed = false;
+    if (n > 0 && s[0] == '-') {
+        neg = true;
+        s++, n--;
+    }
+    if (n > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        prefixed = true;
+        s += 2, n -= 2;
+    }
+    if (n == 0)
+        return false;
+
+    bool all_dec = true;
+    for (size_t i = 0; i < n; i++) {
+        int v = hex_val(s[i]);
+        if (v < 0)
+            return false;
+        if (v > 9)
+            all_dec = false;
+    }
+    if (!prefixed && n < 8)
+        return false;
+
+    uint64_t v = 0;
+    bool decimal = false;
+    if (!prefixed && may_be_decimal && all_dec && n <= 20) {
+        decimal = true;
+        for (size_t i = 0; i < n && decimal; i++) {
+            uint64_t d = (uint64_t)(s[i] - '0');
+            if (v > (UINT64_MAX - d) / 10)
+                decimal = false; /* does not fit u64: read as hex below */
+            else
+                v = v * 10 + d;
+        }
+    }
+    if (!decimal) {
+        v = 0;
+        for (size_t i = n > 16 ? n - 16 : 0; i < n; i++)
+            v = v << 4 | (uint64_t)hex_val(s[i]);
+    }
+    *hash = neg ? (uint64_t)0 - v : v;
+    return true;
+}
+
+int kvp_events_key_hash(const char *key, size_t key_len, uint64_t *hash)
+{
+    if (key == NULL)
+        return 0;
+    size_t end = key_len;
+    for (int skips = 0; skips <= 3; skips++) {
+        size_t start = end;
+        while (start > 0 && key[start - 1] != '@' && key[start - 1] != '_')
+            start--;
+        uint64_t v;
+        if (component_hash(key + start, end - start, skips == 0, &v)) {
+            *hash = v;
+            return 1;
+        }
+        if (start == 0 || end - start > 24)
+            return 0;
+        end = start - 1; /* skip this component and its separator */
+    }
+    return 0;
+}
+
+/* ---- the FIFO (under lock) ------------------------------------------------------------------ */
+
+static void fifo_pop(kvp_events_t *ev)
+{
+    const ev_slot_t *s = &ev->slots[ev->head];
+    ev->arena_used -= (uint32_t)s->skipped + s->key_len;
+    ev->head = ev->head + 1 == ev->slots_cap ? 0 : ev->head + 1;
+    ev->count--;
+    if (ev->count == 0) {
+        ev->arena_wpos = 0;
+        ev->arena_used = 0;
+    }
+}
+
+/* Where a key of len bytes goes now, and the bytes it skips at the arena's
+ * end; false when it does not fit until older events go. */
+static bool fifo_fits(const kvp_events_t *ev, uint32_t len, uint32_t *off_p, uint32_t *skip_p)
+{
+    if (ev->count == ev->slots_cap)
+        return false;
+    uint32_t free_bytes = ev->arena_cap - ev->arena_used;
+    uint32_t to_end = ev->arena_cap - ev->arena_wpos;
+    if (len <= to_end) {
+        *off_p = ev->arena_wpos;
+        *skip_p = 0;
+        return len <= free_bytes;
+    }
+    *off_p = 0;
+    *skip_p = to_end;
+    return (uint64_t)to_end + len <= free_bytes;
+}
+
+static void wake_publisher(kvp_events_t *ev)
+{
+    uint64_t one = 1;
+    if (write(ev->wake_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+        KVP_LOG_ERROR("kv events: cannot wake the publisher: %m");
+}
+
+static void push(kvp_events_t *ev, ev_type_t type, kvp_medium_t medium, const char *key,
+                 size_t key_len)
+{
+    if (ev == NULL || (unsigned)medium >= KVP_MEDIUM_COUNT)
+        return;
+    if (key == NULL)
+        key_len = 0;
+    uint32_t len = key_len > KEY_MAX ? KEY_MAX : (uint32_t)key_len;
+    uint64_t ts_ms = wall_ns() / 1000000ull;
+
+    pthread_mutex_lock(&ev->lock);
+    uint32_t off, skip;
+    while (!fifo_fits(ev, len, &off, &skip)) {
+        fifo_pop(ev); /* the arena always holds one KEY_MAX key, so this ends */
+        ev->dropped++;
+    }
+    uint32_t idx = ev->head + ev->count;
+    if (idx >= ev->slots_cap)
+        idx -= ev->slots_cap;
+    ev_slot_t *s = &ev->slots[idx];
+    s->ts_ms = ts_ms;
+    s->key_off = off;
+    s->key_len = (uint16_t)len;
+    s->skipped = (uint16_t)skip;
+    s->type = (uint8_t)type;
+    s->medium = (uint8_t)medium;
+    if (len > 0)
+        memcpy(ev->arena + off, key, len);
+    ev->arena_wpos = off + len;
+    ev->arena_used += skip + len;
+    ev->count++;
+    bool wake = ev->sleeping;
+    ev->sleeping = false;
+    pthread_mutex_unlock(&ev->lock);
+
+    if (wake)
+        wake_publisher(ev);
+}
+
+void kvp_events_stored(kvp_events_t *ev, kvp_medium_t medium, const char *key, size_t key_len)
+{
+    push(ev, EV_STORED, medium, key, key_len);
+}
+
+void kvp_events_removed(kvp_events_t *ev, kvp_medium_t medium, const char *key, size_t key_len)
+{
+    push(ev, EV_REMOVED, medium, key, key_len);
+}
+
+void kvp_events_cleared(kvp_events_t *ev, kvp_medium_t medium)
+{
+    push(ev, EV_CLEARED, medium, NULL, 0);
+}
+
+void kvp_events_stats(kvp_events_t *ev, kvp_events_stats_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    if (ev == NULL)
+        return;
+    pthread_mutex_lock(&ev->lock);
+    out->queued = ev->count;
+    out->dropped = ev->dropped;
+    pthread_mutex_unlock(&ev->lock);
+    out->published = atomic_load_explicit(&ev->published, memory_order_acquire);
+    out->batches = atomic_load_explicit(&ev->batches, memory_order_relaxed);
+    out->replay_requests = atomic_load_explicit(&ev->replay_requests, memory_order_relaxed);
+}
+
+const char *kvp_events_endpoint(const kvp_events_t *ev, int replay)
+{
+    if (ev == NULL)
+        return "";
+    return ev->endpoint[replay ? 1 : 0];
+}
+
+/* ---- the publisher thread ------------------------------------------------------------------- */
+
+/* Move up to batch_max events (and BATCH_KEY_BYTES of keys) into ev->batch. Under lock. */
+static uint32_t take_batch(kvp_events_t *ev)
+{
+    uint32_t n = 0;
+    uint32_t bytes = 0;
+    while (ev->count > 0 && n < ev->batch_max) {
+        const ev_slot_t *s = &ev->slots[ev->head];
+        if (n > 0 && bytes + s->key_len > BATCH_KEY_BYTES)
+            break;
+        ev->batch[n] = *s;
+        ev->batch[n].key_off = bytes;
+        memcpy(ev->batch_keys + bytes, ev->arena + s->key_off, s->key_len);
+        bytes += s->key_len;
+        n++;
+        fifo_pop(ev);
+    }
+    return n;
+}
+
+static int pack_write(void *data, const char *buf, size_t len)
+{
+    kvp_events_t *ev = data;
+    if (msgpack_sbuffer_write(&ev->sbuf, buf, len) != 0)
+        ev->pack_failed = true;
+    return 0;
+}
+
+static void pack_str_n(msgpack_packer *pk, const char *s, size_t n)
+{
+    msgpack_pack_str(pk, n);
+    msgpack_pack_str_body(pk, s, n);
+}
+
+static void pack_str(msgpack_packer *pk, const char *s)
+{
+    if (s == NULL)
+        msgpack_pack_nil(pk);
+    else
+        pack_str_n(pk, s, strlen(s));
+}
+
+static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s)
+{
+    static const uint32_t fields[] = {[EV_STORED] = 16, [EV_REMOVED] = 14, [EV_CLEARED] = 11};
+    msgpack_pack_map(pk, fields[s->type]);
+    pack_str(pk, "event_id");
+    msgpack_pack_uint64(pk, ev->next_id[s->medium]++);
+    pack_str(pk, "timestamp");
+    msgpack_pack_uint64(pk, s->ts_ms);
+    pack_str(pk, "event_type");
+    pack_str(pk, type_names[s->type]);
+    pack_str(pk, "model_name");
+    pack_str(pk, ev->model_name);
+    pack_str(pk, "block_size");
+    msgpack_pack_uint32(pk, ev->block_size);
+    pack_str(pk, "additional_salt");
+    pack_str(pk, ev->additional_salt);
+    pack_str(pk, "lora_name");
+    pack_str(pk, ev->lora_name);
+    pack_str(pk, "tenant_id");
+    pack_str(pk, ev->tenant_id);
+    pack_str(pk, "backend_id");
+    pack_str(pk, ev->backend_id);
+    pack_str(pk, "medium");
+    pack_str(pk, medium_names[s->medium]);
+    pack_str(pk, "dp_rank");
+    msgpack_pack_int32(pk, ev->dp_rank);
+    if (s->type == EV_CLEARED)
+        return;
+
+    const char *key = ev->batch_keys + s->key_off;
+    uint64_t hash;
+    pack_str(pk, "seq_hashes");
+    if (kvp_events_key_hash(key, s->key_len, &hash)) {
+        msgpack_pack_array(pk, 1);
+        msgpack_pack_uint64(pk, hash);
+    } else {
+        msgpack_pack_array(pk, 0);
+    }
+    pack_str(pk, "base_block_idx");
+    msgpack_pack_nil(pk);
+    if (s->type == EV_STORED) {
+        pack_str(pk, "parent_hash");
+        msgpack_pack_nil(pk);
+        pack_str(pk, "token_ids");
+        msgpack_pack_nil(pk);
+    }
+    pack_str(pk, "object_key");
+    pack_str_n(pk, key, s->key_len);
+}
+
+static bool warn_now(kvp_events_t *ev)
+{
+    uint64_t now = kvp_now_ns();
+    if (ev->last_warn_ns != 0 && now - ev->last_warn_ns < WARN_EVERY_NS)
+        return false;
+    ev->last_warn_ns = now;
+    return true;
+}
+
+/* Keep a copy of the batch seq for replays, dropping the oldest past the
+ * ring's size or REPLAY_BYTES_MAX. */
+static void ring_keep(kvp_events_t *ev, uint64_t seq, const char *payload, size_t len)
+{
+    if (ev->ring_cap == 0) {
+        ev->ring_oldest = seq + 1;
+        return;
+    }
+    while (ev->ring_oldest < seq &&
+           (seq - ev->ring_oldest >= ev->ring_cap || ev->ring_bytes + len > REPLAY_BYTES_MAX)) {
+        replay_entry_t *old = &ev->ring[ev->ring_oldest % ev->ring_cap];
+        ev->ring_bytes -= old->len;
+        free(old->data);
+        old->data = NULL;
+        old->len = 0;
+        ev->ring_oldest++;
+    }
+    replay_entry_t *e = &ev->ring[seq % ev->ring_cap];
+    e->seq = seq;
+    e->data = malloc(len);
+    e->len = 0;
+    if (e->data == NULL) {
+        if (warn_now(ev))
+            KVP_LOG_WARN("kv events: out of memory keeping batch %llu for replays",
+                         (unsigned long long)seq);
+        return;
+    }
+    memcpy(e->data, payload, len);
+    e->len = len;
+    ev->ring_bytes += len;
+}
+
+static void publish_batch(kvp_events_t *ev, uint32_t n)
+{
+    msgpack_sbuffer_clear(&ev->sbuf);
+    ev->pack_failed = false;
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, ev, pack_write);
+    msgpack_pack_array(&pk, 3);
+    msgpack_pack_double(&pk, (double)wall_ns() / 1e9);
+    msgpack_pack_array(&pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        pack_event(ev, &pk, &ev->batch[i]);
+    msgpack_pack_int32(&pk, ev->dp_rank);
+    if (ev->pack_failed) {
+        /* the ids given are lost with the batch; subscribers see the gap */
+        KVP_LOG_ERROR("kv events: out of memory encoding a batch of %u events; dropped", n);
+        pthread_mutex_lock(&ev->lock);
+        ev->dropped += n;
+        pthread_mutex_unlock(&ev->lock);
+        return;
+    }
+
+    uint64_t seq = ev->next_seq++;
+    uint8_t seq_be[8];
+    put_be64(seq_be, seq);
+    if (zmq_send(ev->pub, ev->topic, ev->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(ev->pub, seq_be, sizeof(seq_be), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+        zmq_send(ev->pub, ev->sbuf.data, ev->sbuf.size, ZMQ_DONTWAIT) < 0) {
+        /* kept for replay all the same: a subscriber sees the gap and asks */
+        if (warn_now(ev))
+            KVP_LOG_WARN("kv events: cannot send batch %llu: %s", (unsigned long long)seq,
+                         zmq_strerror(zmq_errno()));
+    }
+    ring_keep(ev, seq, ev->sbuf.data, ev->sbuf.size);
+    /* batches first: a reader that sees these events published sees their batch */
+    atomic_fetch_add_explicit(&ev->batches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&ev->published, n, memory_order_release);
+}
+
+/* Send frames of one reply; false when the client cannot take it now. */
+static bool replay_send(kvp_events_t *ev, const char *id, size_t id_len, bool delim,
+                        const uint8_t seq_be[8], const void *payload, size_t len)
+{
+    if (zmq_send(ev->replay, id, id_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return false;
+    if (delim && zmq_send(ev->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return false;
+    if (zmq_send(ev->replay, seq_be, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return false;
+    return zmq_send(ev->replay, payload, len, ZMQ_DONTWAIT) >= 0;
+}
+
+/* Answer one request waiting on the ROUTER: false when there is none. */
+static bool replay_serve_one(kvp_events_t *ev)
+{
+    char id[256];
+    size_t id_len = 0;
+    uint8_t frames[3][8];
+    size_t sizes[3] = {0, 0, 0};
+    int nframes = 0;
+    zmq_msg_t m;
+    for (;;) {
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, ev->replay, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            if (nframes == 0)
+                return false;
+            break; /* cannot happen: ZeroMQ delivers whole messages */
+        }
+        size_t size = zmq_msg_size(&m);
+        if (nframes == 0) {
+            id_len = size < sizeof(id) ? size : sizeof(id);
+            memcpy(id, zmq_msg_data(&m), id_len);
+        } else if (nframes <= 3) {
+            sizes[nframes - 1] = size;
+            if (size <= 8)
+                memcpy(frames[nframes - 1], zmq_msg_data(&m), size);
+        }
+        nframes++;
+        bool more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        if (!more)
+            break;
+    }
+
+    /* [id, "", seq] (REQ, or a DEALER as vLLM's clients) or [id, seq] */
+    bool delim;
+    const uint8_t *start_be;
+    if (nframes == 3 && sizes[0] == 0 && sizes[1] == 8) {
+        delim = true;
+        start_be = frames[1];
+    } else if (nframes == 2 && sizes[0] == 8) {
+        delim = false;
+        start_be = frames[0];
+    } else {
+        if (warn_now(ev))
+            KVP_LOG_WARN("kv events: ignored a replay request of %d frames; send [8-byte "
+                         "big-endian start seq] from a REQ socket",
+                         nframes - 1);
+        return true;
+    }
+    atomic_fetch_add_explicit(&ev->replay_requests, 1, memory_order_relaxed);
+
+    uint64_t start = get_be64(start_be);
+    uint64_t s = start > ev->ring_oldest ? start : ev->ring_oldest;
+    uint8_t seq_be[8];
+    for (; ev->ring_cap > 0 && s < ev->next_seq; s++) {
+        const replay_entry_t *e = &ev->ring[s % ev->ring_cap];
+        if (e->seq != s || e->data == NULL)
+            continue;
+        put_be64(seq_be, s);
+        if (!replay_send(ev, id, id_len, delim, seq_be, e->data, e->len))
+            goto err_client;
+    }
+    memset(seq_be, 0xff, sizeof(seq_be)); /* -1: the end */
+    if (!replay_send(ev, id, id_len, delim, seq_be, "", 0))
+        goto err_client;
+    return true;
+
+err_client:
+    if (warn_now(ev))
+        KVP_LOG_WARN("kv events: replay from %llu cut at %llu: the client is gone or has a "
+                     "replay unread (%s)",
+                     (unsigned long long)start, (unsigned long long)s, zmq_strerror(zmq_errno()));
+    return true;
+}
+
+static void replay_serve(kvp_events_t *ev)
+{
+    if (ev->replay == NULL)
+        return;
+    for (int i = 0; i < REPLAYS_PER_ROUND; i++)
+        if (!replay_serve_one(ev))
+            return;
+}
+
+static void wait_for_work(kvp_events_t *ev)
+{
+    zmq_pollitem_t items[2] = {
+        {.socket = NULL, .fd = ev->wake_fd, .events = ZMQ_POLLIN},
+        {.socket = ev->replay, .fd = -1, .events = ZMQ_POLLIN},
+    };
+    int rc = zmq_poll(items, ev->replay != NULL ? 2 : 1, IDLE_POLL_MS);
+    if (rc < 0) {
+        if (zmq_errno() != EINTR && warn_now(ev))
+            KVP_LOG_WARN("kv events: zmq_poll: %s", zmq_strerror(zmq_errno()));
+        return;
+    }
+    if (items[0].revents & ZMQ_POLLIN) {
+        uint64_t v;
+        if (read(ev->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+            KVP_LOG_ERROR("kv events: cannot read the wake-up eventfd: %m");
+    }
+    if (ev->replay != NULL && (items[1].revents & ZMQ_POLLIN))
+        replay_serve(ev);
+}
+
+static void *publisher_main(void *arg)
+{
+    kvp_events_t *ev = arg;
+    for (;;) {
+        pthread_mutex_lock(&ev->lock);
+        bool stop = ev->stopping;
+        if (stop && kvp_now_ns() > ev->stop_deadline_ns && ev->count > 0) {
+            KVP_LOG_WARN("kv events: %u events not sent within %llu ms of shutdown; dropped",
+                         ev->count, (unsigned long long)(FLUSH_NS / 1000000ull));
+            while (ev->count > 0) {
+                fifo_pop(ev);
+                ev->dropped++;
+            }
+        }
+        uint32_t n = take_batch(ev);
+        ev->sleeping = n == 0 && !stop;
+        pthread_mutex_unlock(&ev->lock);
+
+        if (n > 0) {
+            publish_batch(ev, n);
+            replay_serve(ev);
+            continue;
+        }
+        if (stop)
+            break;
+        wait_for_work(ev);
+    }
+    return NULL;
+}
+
+/* ---- create / destroy ----------------------------------------------------------------------- */
+
+void kvp_events_params_init(kvp_events_params_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->topic = "kvpool";
+    p->queue_max = 65536;
+    p->replay_batches = 4096;
+    p->batch_max = 256;
+    p->model_name = "kvpool";
+    p->tenant_id = "default";
+    p->backend_id = "kvpool-master";
+}
+
+/* A copy of s, or of dflt when s is NULL; NULL stays NULL when dflt is too
+ * (nil fields), and so does "" for them. false: out of memory. */
+static bool dup_setting(const char *s, const char *dflt, char **out)
+{
+    if (s == NULL)
+        s = dflt;
+    if (s == NULL || (dflt == NULL && s[0] == '\0')) {
+        *out = NULL;
+        return true;
+    }
+    *out = strdup(s);
+    return *out != NULL;
+}
+
+static void free_settings(kvp_events_t *ev)
+{
+    free(ev->topic);
+    free(ev->model_name);
+    free(ev->additional_salt);
+    free(ev->lora_name);
+    free(ev->tenant_id);
+    free(ev->backend_id);
+}
+
+static void free_buffers(kvp_events_t *ev)
+{
+    for (uint32_t i = 0; i < ev->ring_cap; i++)
+        free(ev->ring[i].data);
+    free(ev->ring);
+    free(ev->batch_keys);
+    free(ev->batch);
+    free(ev->arena);
+    free(ev->slots);
+    msgpack_sbuffer_destroy(&ev->sbuf);
+}
+
+/* Open a socket of type on endpoint, its bound address into out. */
+static kvp_status_t bind_socket(kvp_events_t *ev, int type, const char *endpoint, int hwm,
+                                int linger, void **sock_p, char *out, size_t out_len, char *err,
+                                size_t err_len)
+{
+    void *sock = zmq_socket(ev->zctx, type);
+    if (sock == NULL) {
+        kvp_errf(err, err_len, "kv events: cannot create a ZeroMQ socket: %s",
+                 zmq_strerror(zmq_errno()));
+        return KVP_ERR_SYSTEM;
+    }
+    int one = 1;
+    if (zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof(hwm)) != 0 ||
+        zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        (type == ZMQ_ROUTER &&
+         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0)) {
+        kvp_errf(err, err_len, "kv events: cannot set socket options: %s",
+                 zmq_strerror(zmq_errno()));
+        zmq_close(sock);
+        return KVP_ERR_SYSTEM;
+    }
+    if (zmq_bind(sock, endpoint) != 0) {
+        int e = zmq_errno();
+        bool bad = e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO;
+        kvp_errf(err, err_len, "kv events: cannot bind %s: %s; %s", endpoint, zmq_strerror(e),
+                 bad ? "give an endpoint such as tcp://127.0.0.1:5557 or ipc:///path"
+                     : "pick a free port or address");
+        zmq_close(sock);
+        return bad ? KVP_ERR_INVALID_ARG : KVP_ERR_SYSTEM;
+    }
+    size_t len = out_len;
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, out, &len) != 0)
+        snprintf(out, out_len, "%s", endpoint);
+    *sock_p = sock;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p, char *err,
+                               size_t err_len)
+{
+    if (p == NULL || p->bind == NULL || p->bind[0] == '\0') {
+        kvp_errf(err, err_len, "kv events: no endpoint to bind (e.g. tcp://127.0.0.1:5557)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (p->queue_max < 1 || p->queue_max > QUEUE_MAX_LIMIT || p->batch_max < 1 ||
+        p->batch_max > BATCH_MAX_LIMIT || p->replay_batches > REPLAY_BATCHES_LIMIT) {
+        kvp_errf(err, err_len,
+                 "kv events: queue %u, batch %u, replay batches %u: give 1..%u, 1..%u and 0..%u",
+                 p->queue_max, p->batch_max, p->replay_batches, QUEUE_MAX_LIMIT, BATCH_MAX_LIMIT,
+                 REPLAY_BATCHES_LIMIT);
+        return KVP_ERR_INVALID_ARG;
+    }
+
+    kvp_status_t status = KVP_ERR_NOMEM;
+    kvp_events_t *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL)
+        goto err_nomem;
+    msgpack_sbuffer_init(&ev->sbuf);
+    ev->wake_fd = -1;
+    if (!dup_setting(p->topic, "kvpool", &ev->topic) ||
+        !dup_setting(p->model_name, "kvpool", &ev->model_name) ||
+        !dup_setting(p->additional_salt, NULL, &ev->additional_salt) ||
+        !dup_setting(p->lora_name, NULL, &ev->lora_name) ||
+        !dup_setting(p->tenant_id, "default", &ev->tenant_id) ||
+        !dup_setting(p->backend_id, "kvpool-master", &ev->backend_id))
+        goto err_free;
+    ev->topic_len = strlen(ev->topic);
+    ev->block_size = p->block_size;
+    ev->dp_rank = p->dp_rank;
+    ev->batch_max = p->batch_max;
+
+    ev->slots_cap = p->queue_max;
+    ev->arena_cap = p->queue_max * ARENA_BYTES_PER_EVENT + KEY_MAX;
+    ev->ring_cap = p->replay_batches;
+    ev->slots = calloc(ev->slots_cap, sizeof(*ev->slots));
+    ev->arena = malloc(ev->arena_cap);
+    ev->batch = calloc(ev->batch_max, sizeof(*ev->batch));
+    ev->batch_keys = malloc(BATCH_KEY_BYTES);
+    ev->ring = ev->ring_cap > 0 ? calloc(ev->ring_cap, sizeof(*ev->ring)) : NULL;
+    if (ev->slots == NULL || ev->arena == NULL || ev->batch == NULL || ev->batch_keys == NULL ||
+        (ev->ring_cap > 0 && ev->ring == NULL))
+        goto err_free;
+    for (uint32_t i = 0; i < ev->ring_cap; i++)
+        ev->ring[i].seq = UINT64_MAX;
+
+    status = KVP_ERR_SYSTEM;
+    if (pthread_mutex_init(&ev->lock, NULL) != 0) {
+        kvp_errf(err, err_len, "kv events: cannot create a mutex");
+        goto err_free;
+    }
+    ev->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (ev->wake_fd < 0) {
+        kvp_errf(err, err_len, "kv events: eventfd: %s", strerror(errno));
+        goto err_destroy_lock;
+    }
+    ev->zctx = zmq_ctx_new();
+    if (ev->zctx == NULL) {
+        kvp_errf(err, err_len, "kv events: cannot create a ZeroMQ context: %s",
+                 zmq_strerror(zmq_errno()));
+        goto err_close_fd;
+    }
+    status = bind_socket(ev, ZMQ_PUB, p->bind, PUB_SNDHWM, PUB_LINGER_MS, &ev->pub, ev->endpoint[0],
+                         sizeof(ev->endpoint[0]), err, err_len);
+    if (status != KVP_OK)
+        goto err_term_ctx;
+    if (p->replay_bind != NULL && p->replay_bind[0] != '\0') {
+        int hwm = (int)ev->ring_cap + 16; /* a whole replay fits: never cut silently */
+        status = bind_socket(ev, ZMQ_ROUTER, p->replay_bind, hwm, 0, &ev->replay, ev->endpoint[1],
+                             sizeof(ev->endpoint[1]), err, err_len);
+        if (status != KVP_OK)
+            goto err_close_pub;
+    }
+    /* signals go to the master's own threads (its signalfd), never to this one */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&ev->thread, NULL, publisher_main, ev);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        kvp_errf(err, err_len, "kv events: cannot start the publisher thread: %s", strerror(rc));
+        status = KVP_ERR_SYSTEM;
+        goto err_close_replay;
+    }
+    KVP_LOG_INFO("kv events: publishing on %s%s%s", ev->endpoint[0],
+                 ev->replay != NULL ? ", replays on " : "", ev->endpoint[1]);
+    *ev_p = ev;
+    return KVP_OK;
+
+err_close_replay:
+    if (ev->replay != NULL)
+        zmq_close(ev->replay);
+err_close_pub:
+    zmq_close(ev->pub);
+err_term_ctx:
+    zmq_ctx_term(ev->zctx);
+err_close_fd:
+    close(ev->wake_fd);
+err_destroy_lock:
+    pthread_mutex_destroy(&ev->lock);
+err_free:
+    free_buffers(ev);
+    free_settings(ev);
+    free(ev);
+err_nomem:
+    if (status == KVP_ERR_NOMEM)
+        kvp_errf(err, err_len, "kv events: out of memory for a queue of %u events", p->queue_max);
+    return status;
+}
+
+void kvp_events_destroy(kvp_events_t *ev)
+{
+    if (ev == NULL)
+        return;
+    pthread_mutex_lock(&ev->lock);
+    ev->stopping = true;
+    ev->stop_deadline_ns = kvp_now_ns() + FLUSH_NS;
+    pthread_mutex_unlock(&ev->lock);
+    wake_publisher(ev);
+    pthread_join(ev->thread, NULL);
+
+    if (ev->replay != NULL)
+        zmq_close(ev->replay);
+    zmq_close(ev->pub);
+    zmq_ctx_term(ev->zctx); /* waits up to PUB_LINGER_MS for the last batches */
+    close(ev->wake_fd);
+    pthread_mutex_destroy(&ev->lock);
+    free_buffers(ev);
+    free_settings(ev);
+    free(ev);
+}

@@ -1,0 +1,447 @@
+/*
+ * http.c - the master's HTTP endpoints (see http.h): requests handed from the
+ * HTTP threads to the loop, and the JSON and text views.
+ *
+ * Design: a request becomes a job on a mutex-protected list; the HTTP thread
+ * writes the eventfd and waits on a condition variable. The loop takes the
+ * whole list at once, renders each job into its reply (the HTTP thread is
+ * blocked meanwhile, so the reply is the loop's alone), marks it done and
+ * wakes the waiters. A job the loop has not taken in time is unlinked by its
+ * HTTP thread and answered 503: a stalled loop never leaves an HTTP thread
+ * hanging, and a slow HTTP client never holds anything of the loop's. The
+ * JSON views reuse the RPC handlers (Stat, List) through kvp_dispatch_handle,
+ * so the HTTP API and the CLI show the same thing.
+ */
+#include "master/obs/http.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/http.h"
+#include "common/log.h"
+#include "common/rpc.h"
+#include "master/dispatch.h"
+#include "kvpool.pb-c.h"
+
+typedef enum job_kind {
+    JOB_METRICS,
+    JOB_HEALTH,
+    JOB_STAT,
+    JOB_SEGMENTS,
+    JOB_ALL_SEGMENTS,
+    JOB_QUERY_SEGMENT,
+    JOB_KEYS,
+} job_kind_t;
+
+typedef struct job {
+    struct job *next;
+    job_kind_t kind;
+    kvp_http_reply_t *reply;
+    char text[1100]; /* JOB_KEYS: the regex; JOB_QUERY_SEGMENT: the segment name */
+    uint64_t cursor;
+    uint32_t limit;
+    bool done;
+} job_t;
+
+struct kvp_master_http {
+    kvp_http_t *http;
+    int efd;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    job_t *jobs;   /* queued, not yet taken by the loop */
+    bool stopping; /* lock */
+};
+
+/* ---- HTTP threads ---- */
+
+static bool parse_u64(const char *s, uint64_t max, uint64_t *v)
+{
+    if (s == NULL || *s == '\0' || *s == '-')
+        return false;
+    char *end;
+    errno = 0;
+    unsigned long long n = strtoull(s, &end, 10);
+    if (*end != '\0' || errno != 0 || n > max)
+        return false;
+    *v = n;
+    return true;
+}
+
+static void bad_request(kvp_http_reply_t *r, const char *fmt, const char *arg)
+{
+    r->status = 400;
+    r->content_type = "application/json";
+    char msg[256];
+    snprintf(msg, sizeof(msg), fmt, arg);
+    kvp_http_printf(r, "{\"error\":");
+    kvp_http_json_string(r, msg, strlen(msg));
+    kvp_http_printf(r, "}\n");
+}
+
+static void handle(void *arg, const char *path, const kvp_http_request_t *req,
+                   kvp_http_reply_t *reply)
+{
+    kvp_master_http_t *h = arg;
+    job_t job = {.reply = reply, .limit = 100};
+    if (strcmp(path, "/metrics") == 0) {
+        job.kind = JOB_METRICS;
+    } else if (strcmp(path, "/health") == 0) {
+        job.kind = JOB_HEALTH;
+    } else if (strcmp(path, "/api/v1/stat") == 0) {
+        job.kind = JOB_STAT;
+    } else if (strcmp(path, "/api/v1/segments") == 0) {
+        job.kind = JOB_SEGMENTS;
+    } else if (strcmp(path, "/get_all_segments") == 0) {
+        job.kind = JOB_ALL_SEGMENTS;
+    } else if (strcmp(path, "/query_segment") == 0) {
+        job.kind = JOB_QUERY_SEGMENT;
+        const char *name = kvp_http_query(req, "segment");
+        if (name == NULL || name[0] == '\0' || strlen(name) >= sizeof(job.text)) {
+            reply->status = 400;
+            kvp_http_printf(reply, "query_segment needs ?segment=NAME\n");
+            return;
+        }
+        snprintf(job.text, sizeof(job.text), "%s", name);
+    } else if (strcmp(path, "/api/v1/keys") == 0) {
+        job.kind = JOB_KEYS;
+        const char *re = kvp_http_query(req, "regex");
+        const char *limit = kvp_http_query(req, "limit");
+        const char *cursor = kvp_http_query(req, "cursor");
+        uint64_t v;
+        if (re != NULL && strlen(re) > 1024)
+            return bad_request(reply, "regex longer than %s bytes", "1024");
+        if (limit != NULL) {
+            if (!parse_u64(limit, 1000, &v) || v == 0)
+                return bad_request(reply, "limit needs 1..1000, got '%.64s'", limit);
+            job.limit = (uint32_t)v;
+        }
+        if (cursor != NULL) {
+            if (!parse_u64(cursor, UINT64_MAX, &v))
+                return bad_request(reply, "cursor needs a number, got '%.64s'", cursor);
+            job.cursor = v;
+        }
+        snprintf(job.text, sizeof(job.text), "%s", re != NULL ? re : "");
+    } else {
+        reply->status = 404;
+        kvp_http_printf(reply,
+                        "no such endpoint: %.200s (see docs/operations.md: /metrics, "
+                        "/health, /api/v1/stat, /api/v1/segments, /api/v1/keys, "
+                        "/get_all_segments, /query_segment)\n",
+                        path);
+        return;
+    }
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += KVP_MASTER_HTTP_WAIT_MS / 1000;
+    pthread_mutex_lock(&h->lock);
+    if (!h->stopping) {
+        job.next = h->jobs;
+        h->jobs = &job;
+        uint64_t one = 1;
+        if (write(h->efd, &one, sizeof(one)) < 0) { /* a full counter still wakes the loop */
+        }
+        while (!job.done && !h->stopping &&
+               pthread_cond_timedwait(&h->cond, &h->lock, &deadline) != ETIMEDOUT) {
+        }
+    }
+    if (!job.done) {
+        /* still queued (the loop never took it): take it back; once taken, a job always
+         * ends (the loop does not stop half way through one) */
+        bool queued = false;
+        for (job_t **pp = &h->jobs; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == &job) {
+                *pp = job.next;
+                queued = true;
+                break;
+            }
+        while (!queued && !job.done)
+            pthread_cond_wait(&h->cond, &h->lock);
+    }
+    pthread_mutex_unlock(&h->lock);
+    if (!job.done) {
+        reply->status = 503;
+        reply->len = 0;
+        kvp_http_printf(reply, "the master's loop did not answer within %u ms\n",
+                        KVP_MASTER_HTTP_WAIT_MS);
+    }
+}
+
+kvp_status_t kvp_master_http_start(const char *hostport, kvp_master_http_t **h_p, uint16_t *port_p)
+{
+    kvp_master_http_t *h = calloc(1, sizeof(*h));
+    if (h == NULL)
+        return KVP_ERR_NOMEM;
+    h->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (h->efd < 0) {
+        free(h);
+        return KVP_ERR_SYSTEM;
+    }
+    pthread_mutex_init(&h->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    kvp_status_t s = kvp_http_start(hostport, handle, h, &h->http, port_p);
+    if (s != KVP_OK) {
+        close(h->efd);
+        pthread_mutex_destroy(&h->lock);
+        pthread_cond_destroy(&h->cond);
+        free(h);
+        return s;
+    }
+    *h_p = h;
+    return KVP_OK;
+}
+
+int kvp_master_http_fd(const kvp_master_http_t *h)
+{
+    return h->efd;
+}
+
+void kvp_master_http_stop(kvp_master_http_t *h)
+{
+    if (h == NULL)
+        return;
+    pthread_mutex_lock(&h->lock);
+    h->stopping = true;
+    pthread_cond_broadcast(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    kvp_http_stop(h->http); /* waits for the handler threads, which all return now */
+    close(h->efd);
+    pthread_mutex_destroy(&h->lock);
+    pthread_cond_destroy(&h->cond);
+    free(h);
+}
+
+/* ---- the loop ---- */
+
+/* Call an RPC handler as a client would (conn 0: no client). NULL on failure. */
+static void *call_rpc(kvp_master_state_t *st, uint16_t method, const ProtobufCMessage *req,
+                      const ProtobufCMessageDescriptor *resp_desc)
+{
+    uint8_t small[2048], *body = NULL;
+    size_t len = 0;
+    if (req != NULL) {
+        len = protobuf_c_message_get_packed_size(req);
+        body = len <= sizeof(small) ? small : malloc(len);
+        if (body == NULL)
+            return NULL;
+        protobuf_c_message_pack(req, body);
+    }
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    char err[256];
+    kvp_status_t s = kvp_dispatch_handle(st, 0, method, body, len, &resp, &rlen, err, sizeof(err));
+    if (body != small)
+        free(body); /* NULL or a malloc'd one */
+    void *msg = NULL;
+    if (s == KVP_OK)
+        msg = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
+    free(resp);
+    return msg;
+}
+
+static const char *tier_name(const kvp_segment_t *seg)
+{
+    return seg->ssd ? "ssd" : "dram";
+}
+
+static void render_health(kvp_http_reply_t *r, const kvp_master_state_t *st,
+                          const kvp_master_view_t *v)
+{
+    if (v->serving) {
+        if (v->ha)
+            kvp_http_printf(r, "ok: leader %s, epoch %" PRIu64 "\n", v->self, st->epoch);
+        else
+            kvp_http_printf(r, "ok\n");
+        return;
+    }
+    r->status = 503;
+    kvp_http_printf(r, "not serving: %s\n", v->reason != NULL ? v->reason : "standby");
+}
+
+static void json_kv_u64(kvp_http_reply_t *r, const char *name, uint64_t v, bool comma)
+{
+    kvp_http_printf(r, "%s\"%s\":%" PRIu64, comma ? "," : "", name, v);
+}
+
+static void render_stat(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_master_view_t *v)
+{
+    Kvpool__StatResponse *s = call_rpc(st, KVP_RPC_STAT, NULL, &kvpool__stat_response__descriptor);
+    if (s == NULL) {
+        r->status = 500;
+        kvp_http_printf(r, "{\"error\":\"Stat failed\"}\n");
+        return;
+    }
+    kvp_http_printf(r, "{\"status\":%d", s->status);
+    /* every counter and gauge of `kvpool stat`, by its proto field name */
+    const ProtobufCMessageDescriptor *d = &kvpool__stat_response__descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        if (f->label == PROTOBUF_C_LABEL_REPEATED)
+            continue;
+        const char *p = (const char *)s + f->offset;
+        if (f->type == PROTOBUF_C_TYPE_UINT64)
+            json_kv_u64(r, f->name, *(const uint64_t *)p, true);
+        else if (f->type == PROTOBUF_C_TYPE_STRING) {
+            const char *str = *(char *const *)p;
+            kvp_http_printf(r, ",\"%s\":", f->name);
+            kvp_http_json_string(r, str != NULL ? str : "", str != NULL ? strlen(str) : 0);
+        }
+    }
+    kvp_http_printf(r, ",\"segments\":%zu,\"clients\":%u,\"serving\":%s", s->n_segments,
+                    st->clients, v->serving ? "true" : "false");
+    kvp_http_printf(r, "}\n");
+    kvpool__stat_response__free_unpacked(s, NULL);
+}
+
+static void render_segment_json(kvp_http_reply_t *r, const kvp_segment_t *seg)
+{
+    kvp_http_printf(r, "{\"name\":");
+    kvp_http_json_string(r, seg->name, strlen(seg->name));
+    kvp_http_printf(r, ",\"id\":\"%#" PRIx64 "\",\"tier\":\"%s\",\"medium\":", seg->id,
+                    tier_name(seg));
+    kvp_http_json_string(r, seg->medium, strlen(seg->medium));
+    json_kv_u64(r, "capacity", seg->size, true);
+    json_kv_u64(r, "used", kvp_segment_used(seg), true);
+    json_kv_u64(r, "objects", seg->objects, true);
+    json_kv_u64(r, "owner_client_id", seg->owner_client_id, true);
+    kvp_http_printf(r, ",\"tcp_endpoint\":");
+    kvp_http_json_string(r, seg->tcp_endpoint, strlen(seg->tcp_endpoint));
+    kvp_http_printf(r, ",\"rdma_endpoint\":");
+    kvp_http_json_string(r, seg->rdma_endpoint, strlen(seg->rdma_endpoint));
+    kvp_http_printf(r, ",\"status\":\"%s\"}",
+                    seg->draining ? "draining" : (seg->adopting ? "adopting" : "mounted"));
+}
+
+static void render_segments(kvp_http_reply_t *r, const kvp_master_state_t *st)
+{
+    const kvp_segment_table_t *t = &st->segments;
+    kvp_http_printf(r, "{\"total_segments\":%u,\"segments\":[", t->count);
+    bool first = true;
+    for (uint32_t i = 0; i < t->n_slots; i++) {
+        if (t->slots[i] == NULL)
+            continue;
+        if (!first)
+            kvp_http_append(r, ",", 1);
+        first = false;
+        render_segment_json(r, t->slots[i]);
+    }
+    kvp_http_printf(r, "]}\n");
+}
+
+static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const job_t *job)
+{
+    Kvpool__ListRequest req = KVPOOL__LIST_REQUEST__INIT;
+    req.pattern = (char *)job->text;
+    req.cursor = job->cursor;
+    req.limit = job->limit;
+    Kvpool__ListResponse *l =
+        call_rpc(st, KVP_RPC_LIST, &req.base, &kvpool__list_response__descriptor);
+    if (l == NULL) {
+        r->status = 500;
+        kvp_http_printf(r, "{\"error\":\"List failed\"}\n");
+        return;
+    }
+    if (l->status != KVP_OK) {
+        r->status = l->status == KVP_ERR_INVALID_ARG ? 400 : 500;
+        kvp_http_printf(r, "{\"error\":");
+        kvp_http_json_string(r, l->message, strlen(l->message));
+        kvp_http_printf(r, ",\"status\":%d}\n", l->status);
+        kvpool__list_response__free_unpacked(l, NULL);
+        return;
+    }
+    kvp_http_printf(r, "{\"keys\":[");
+    for (size_t i = 0; i < l->n_entries; i++) {
+        const Kvpool__ListEntry *e = l->entries[i];
+        kvp_http_printf(r, "%s{\"key\":", i ? "," : "");
+        kvp_http_json_string(r, (const char *)e->key.data, e->key.len);
+        kvp_http_printf(r, ",\"size\":%" PRIu64 ",\"state\":\"%s\",\"replicas\":[", e->size,
+                        e->state == 1 ? "complete" : "pending");
+        for (size_t k = 0; k < e->n_replicas; k++) {
+            const kvp_segment_t *seg =
+                kvp_segment_table_get(&st->segments, e->replicas[k]->segment_id);
+            kvp_http_printf(r, "%s{\"segment\":", k ? "," : "");
+            const char *name = seg != NULL ? seg->name : "";
+            kvp_http_json_string(r, name, strlen(name));
+            kvp_http_printf(r, ",\"tier\":\"%s\"}", seg != NULL ? tier_name(seg) : "gone");
+        }
+        kvp_http_printf(r, "]}");
+    }
+    kvp_http_printf(r, "],\"count\":%zu,\"next_cursor\":%" PRIu64 "}\n", l->n_entries,
+                    l->next_cursor);
+    kvpool__list_response__free_unpacked(l, NULL);
+}
+
+static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
+{
+    kvp_http_reply_t *r = job->reply;
+    const kvp_segment_table_t *t = &st->segments;
+    switch (job->kind) {
+    case JOB_METRICS:
+        r->content_type = "text/plain; version=0.0.4; charset=utf-8";
+        kvp_master_metrics_render(r, st, v);
+        break;
+    case JOB_HEALTH:
+        render_health(r, st, v);
+        break;
+    case JOB_STAT:
+        r->content_type = "application/json";
+        render_stat(r, st, v);
+        break;
+    case JOB_SEGMENTS:
+        r->content_type = "application/json";
+        render_segments(r, st);
+        break;
+    case JOB_ALL_SEGMENTS: /* Mooncake's form: one segment name a line */
+        for (uint32_t i = 0; i < t->n_slots; i++)
+            if (t->slots[i] != NULL)
+                kvp_http_printf(r, "%s\n", t->slots[i]->name);
+        break;
+    case JOB_QUERY_SEGMENT: { /* Mooncake's form */
+        const kvp_segment_t *seg = kvp_segment_table_find_name(t, job->text);
+        if (seg == NULL) {
+            r->status = 404;
+            kvp_http_printf(r, "no segment named %.200s\n", job->text);
+            break;
+        }
+        kvp_http_printf(r, "%s\nUsed(bytes): %" PRIu64 "\nCapacity(bytes): %" PRIu64 "\n",
+                        seg->name, kvp_segment_used(seg), seg->size);
+        break;
+    }
+    case JOB_KEYS:
+        r->content_type = "application/json";
+        render_keys(r, st, job);
+        break;
+    }
+}
+
+void kvp_master_http_serve(kvp_master_http_t *h, kvp_master_state_t *st,
+                           const kvp_master_view_t *view)
+{
+    uint64_t n;
+    if (read(h->efd, &n, sizeof(n)) < 0) { /* EAGAIN: nothing new; the list says */
+    }
+    pthread_mutex_lock(&h->lock);
+    job_t *jobs = h->jobs;
+    h->jobs = NULL;
+    pthread_mutex_unlock(&h->lock);
+    /* taken: each HTTP thread waits for its job's done flag (http.h) */
+    while (jobs != NULL) {
+        job_t *job = jobs;
+        jobs = job->next;
+        render(job, st, view);
+        pthread_mutex_lock(&h->lock);
+        job->done = true;
+        pthread_cond_broadcast(&h->cond);
+        pthread_mutex_unlock(&h->lock);
+    }
+}

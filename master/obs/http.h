@@ -1,0 +1,54 @@
+/*
+ * http.h - the master's HTTP endpoints: /metrics, /health, /api/v1/stat,
+ * /api/v1/segments, /api/v1/keys, /get_all_segments, /query_segment (see http.c;
+ * every endpoint is described in docs/operations.md).
+ *
+ * Thread: requests arrive on the HTTP server's threads (common/http.h), which
+ * never touch the master's state. Each request is queued for the loop and
+ * signalled on an eventfd; the loop answers everything queued when the fd is
+ * readable (kvp_master_http_serve), with a bounded amount of work per request
+ * (O(segments + methods), a key listing is one page of at most 1000 keys and
+ * 65536 hash buckets), and the HTTP thread sends the reply. A request the loop
+ * has not taken within KVP_MASTER_HTTP_WAIT_MS is answered 503 by the HTTP
+ * thread.
+ */
+#ifndef KVP_MASTER_OBS_HTTP_H
+#define KVP_MASTER_OBS_HTTP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "master/obs/events.h"
+#include "master/state.h"
+
+#define KVP_MASTER_HTTP_WAIT_MS 5000
+
+typedef struct kvp_master_http kvp_master_http_t;
+
+/* What the loop knows beyond the state, for /health and /metrics. */
+typedef struct kvp_master_view {
+    bool serving;       /* standalone, or the leader sure of its lease */
+    bool ha;            /* elected through etcd */
+    const char *self;   /* this master's address ("" standalone) */
+    const char *reason; /* why it does not serve (a standby: the leader's address) */
+    kvp_events_t *events;
+} kvp_master_view_t;
+
+/* Listen on "HOST:PORT"; *port_p gets the bound port. KVP_ERR_INVALID_ARG or
+ * KVP_ERR_SYSTEM as kvp_http_start. */
+kvp_status_t kvp_master_http_start(const char *hostport, kvp_master_http_t **h_p, uint16_t *port_p);
+/* The eventfd the loop polls (readable: requests wait). */
+int kvp_master_http_fd(const kvp_master_http_t *h);
+/* On the loop: answer every queued request. */
+void kvp_master_http_serve(kvp_master_http_t *h, kvp_master_state_t *st,
+                           const kvp_master_view_t *view);
+/* Answer what waits with 503, stop the server, free. NULL is fine. */
+void kvp_master_http_stop(kvp_master_http_t *h);
+
+/* The Prometheus text exposition of the master (metrics.c). */
+struct kvp_http_reply;
+void kvp_master_metrics_render(struct kvp_http_reply *r, const kvp_master_state_t *st,
+                               const kvp_master_view_t *view);
+
+#endif

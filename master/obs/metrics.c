@@ -1,0 +1,182 @@
+/*
+ * metrics.c - the master's /metrics in the Prometheus text format (0.0.4):
+ * capacity, usage and objects per tier and per segment, operation counters,
+ * control-RPC latency histograms per method, clients, segments, HA state and
+ * the KV events publisher. Every metric is listed in docs/operations.md.
+ *
+ * Thread: the master loop (http.c hands it the request). O(segments + methods).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/http.h"
+#include "common/macros.h"
+#include "master/dispatch.h"
+#include "master/obs/http.h"
+
+const uint32_t kvp_rpc_bucket_us[KVP_RPC_BUCKETS - 1] = {10,   25,   50,   100,   250,  500,
+                                                         1000, 2500, 5000, 10000, 50000};
+
+static void head(kvp_http_reply_t *r, const char *name, const char *type, const char *help)
+{
+    kvp_http_printf(r, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void one(kvp_http_reply_t *r, const char *name, const char *type, const char *help,
+                uint64_t v)
+{
+    head(r, name, type, help);
+    kvp_http_printf(r, "%s %" PRIu64 "\n", name, v);
+}
+
+/* A label value with \ " and newlines escaped. */
+static void label(kvp_http_reply_t *r, const char *s)
+{
+    for (const char *p = s; *p; p++) {
+        if (*p == '\\' || *p == '"')
+            kvp_http_printf(r, "\\%c", *p);
+        else if (*p == '\n')
+            kvp_http_append(r, "\\n", 2);
+        else
+            kvp_http_append(r, p, 1);
+    }
+}
+
+static void per_segment(kvp_http_reply_t *r, const kvp_master_state_t *st, const char *name,
+                        const char *help, int what)
+{
+    head(r, name, "gauge", help);
+    const kvp_segment_table_t *t = &st->segments;
+    for (uint32_t i = 0; i < t->n_slots; i++) {
+        const kvp_segment_t *seg = t->slots[i];
+        if (seg == NULL)
+            continue;
+        uint64_t v = what == 0 ? seg->size : what == 1 ? kvp_segment_used(seg) : seg->objects;
+        kvp_http_printf(r, "%s{segment=\"", name);
+        label(r, seg->name);
+        kvp_http_printf(r, "\",tier=\"%s\"} %" PRIu64 "\n", seg->ssd ? "ssd" : "dram", v);
+    }
+}
+
+void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st,
+                               const kvp_master_view_t *v)
+{
+    const kvp_segment_table_t *t = &st->segments;
+    const kvp_master_stats_t *s = &st->stats;
+    uint64_t cap[2] = {0}, used[2] = {0}, objs[2] = {0}, segs[2] = {0};
+    for (uint32_t i = 0; i < t->n_slots; i++) {
+        const kvp_segment_t *seg = t->slots[i];
+        if (seg == NULL)
+            continue;
+        int k = seg->ssd ? 1 : 0;
+        cap[k] += seg->size;
+        used[k] += kvp_segment_used(seg);
+        objs[k] += seg->objects;
+        segs[k]++;
+    }
+    static const char *tiers[2] = {"dram", "ssd"};
+    const uint64_t *tv[3] = {cap, used, objs};
+    static const char *tn[3][2] = {
+        {"kvpool_capacity_bytes", "Bytes of the mounted segments of the tier."},
+        {"kvpool_used_bytes", "Bytes allocated to objects on the tier."},
+        {"kvpool_objects", "Object replicas stored on the tier's segments."},
+    };
+    for (int m = 0; m < 3; m++) {
+        head(r, tn[m][0], "gauge", tn[m][1]);
+        for (int k = 0; k < 2; k++)
+            kvp_http_printf(r, "%s{tier=\"%s\"} %" PRIu64 "\n", tn[m][0], tiers[k], tv[m][k]);
+    }
+    head(r, "kvpool_segments", "gauge", "Mounted segments of the tier.");
+    for (int k = 0; k < 2; k++)
+        kvp_http_printf(r, "kvpool_segments{tier=\"%s\"} %" PRIu64 "\n", tiers[k], segs[k]);
+    one(r, "kvpool_keys", "gauge", "Keys in the index (complete and being written).",
+        st->index.count);
+    one(r, "kvpool_pending_objects", "gauge", "Puts started and not ended.", st->index.pending);
+    per_segment(r, st, "kvpool_segment_capacity_bytes", "Bytes of the segment.", 0);
+    per_segment(r, st, "kvpool_segment_used_bytes", "Bytes allocated on the segment.", 1);
+    per_segment(r, st, "kvpool_segment_objects", "Object replicas on the segment.", 2);
+
+    one(r, "kvpool_puts_total", "counter", "Puts ended (objects made visible).", s->puts);
+    one(r, "kvpool_gets_total", "counter", "Keys asked for by gets.", s->gets);
+    head(r, "kvpool_get_hits_total", "counter", "Gets that found the object, by the tier read.");
+    kvp_http_printf(r, "kvpool_get_hits_total{tier=\"dram\"} %" PRIu64 "\n", s->hits_dram);
+    kvp_http_printf(r, "kvpool_get_hits_total{tier=\"ssd\"} %" PRIu64 "\n", s->hits_ssd);
+    one(r, "kvpool_get_misses_total", "counter", "Gets that found no object.", s->get_misses);
+    one(r, "kvpool_exists_total", "counter", "Keys asked whether they exist.", s->exists);
+    one(r, "kvpool_removes_total", "counter", "Objects removed (remove, remove by regex).",
+        s->removes);
+    one(r, "kvpool_evictions_total", "counter", "Objects evicted from DRAM (dropped or offloaded).",
+        s->evicted_objects);
+    one(r, "kvpool_evicted_bytes_total", "counter", "Bytes freed by evictions.", s->evicted_bytes);
+    one(r, "kvpool_eviction_runs_total", "counter", "Eviction runs.", s->evictions);
+    one(r, "kvpool_ssd_evictions_total", "counter", "Objects dropped from the SSD tier.",
+        s->ssd_evicted);
+    one(r, "kvpool_offloads_total", "counter", "Objects copied from DRAM to SSD.", s->offloaded);
+    one(r, "kvpool_offload_failures_total", "counter", "Offloads that failed.", s->offload_failed);
+    one(r, "kvpool_offload_dropped_total", "counter",
+        "DRAM victims dropped because no SSD segment had room.", s->offload_dropped);
+    one(r, "kvpool_promotions_total", "counter", "Objects copied back from SSD to DRAM.",
+        s->promoted);
+    one(r, "kvpool_lease_waits_total", "counter",
+        "Removes refused for a read lease and puts told to wait for room (POOL_BUSY).",
+        s->lease_waits);
+    one(r, "kvpool_leases_expired_total", "counter", "Read leases ended by their TTL.",
+        st->leases.expired);
+    one(r, "kvpool_put_timeouts_total", "counter", "Puts revoked by --put-timeout.",
+        s->put_timeouts);
+    one(r, "kvpool_adopted_total", "counter", "Objects segments brought back at (re)mount.",
+        s->adopted);
+    one(r, "kvpool_adopt_refused_total", "counter", "Stale entries segments offered back.",
+        s->adopt_refused);
+
+    if (st->rpc_hist != NULL) {
+        head(r, "kvpool_rpc_duration_seconds", "histogram",
+             "Time the master's loop spent on a control RPC, by method.");
+        size_t n;
+        const kvp_method_t *tab = kvp_dispatch_table(&n);
+        for (size_t m = 0; m < n; m++) {
+            if (tab[m].name == NULL)
+                continue;
+            const kvp_rpc_hist_t *h = &st->rpc_hist[m];
+            uint64_t cum = 0;
+            for (int b = 0; b < KVP_RPC_BUCKETS; b++) {
+                cum += h->count[b];
+                if (b < KVP_RPC_BUCKETS - 1)
+                    kvp_http_printf(r,
+                                    "kvpool_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} "
+                                    "%" PRIu64 "\n",
+                                    tab[m].name, kvp_rpc_bucket_us[b] / 1e6, cum);
+                else
+                    kvp_http_printf(r,
+                                    "kvpool_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} "
+                                    "%" PRIu64 "\n",
+                                    tab[m].name, cum);
+            }
+            kvp_http_printf(r, "kvpool_rpc_duration_seconds_sum{method=\"%s\"} %.9f\n", tab[m].name,
+                            h->sum_ns / 1e9);
+            kvp_http_printf(r, "kvpool_rpc_duration_seconds_count{method=\"%s\"} %" PRIu64 "\n",
+                            tab[m].name, cum);
+        }
+    }
+
+    one(r, "kvpool_clients", "gauge", "Client connections open.", st->clients);
+    one(r, "kvpool_leader", "gauge", "1 while this master serves (standalone or the leader).",
+        v->serving ? 1 : 0);
+    one(r, "kvpool_epoch", "gauge", "The epoch this master leads under (0: standalone).",
+        st->epoch);
+    uint64_t standbys = 0;
+    for (const char *p = st->standbys; *p; p++)
+        if (p == st->standbys || p[-1] == ',')
+            standbys++;
+    one(r, "kvpool_standbys", "gauge", "Standby masters registered in etcd.", standbys);
+    kvp_events_stats_t es;
+    kvp_events_stats(v->events, &es);
+    one(r, "kvpool_kv_events_enabled", "gauge", "1 when KV events are published.",
+        v->events != NULL);
+    one(r, "kvpool_kv_events_queue_depth", "gauge", "KV events waiting to be sent.", es.queued);
+    one(r, "kvpool_kv_events_published_total", "counter", "KV events sent.", es.published);
+    one(r, "kvpool_kv_events_dropped_total", "counter",
+        "KV events dropped because the queue was full.", es.dropped);
+    one(r, "kvpool_kv_events_batches_total", "counter", "KV event batches sent.", es.batches);
+}
