@@ -13,6 +13,9 @@
 # kvpool-bench mode) and the Python module's pytest suite (tests/python, its
 # tests counted one each) once, on the normal build only; then deploy/fuzz.sh;
 # with --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
+# After the normal build's pytest run: tests/deploy/test_deploy.sh (systemd units,
+# Kubernetes manifests, Grafana dashboard, the Debian package built in a copy of
+# the tree, installed, its daemons started), its checks counted one each.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -107,6 +110,24 @@ if run_suite build; then
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
   run_pytest build
 fi
+
+# deploy/ and debian/: units (systemd-analyze verify), manifests (kubectl apply
+# --dry-run=client), dashboard, and the Debian package: built (~1 min), installed,
+# its daemons started, removed again. Its last line "N passed, N failed" is counted.
+deploy_tests() {
+  tests/deploy/test_deploy.sh 2>&1 | tee deploy-test.out
+  [ "${PIPESTATUS[0]}" -ne 0 ] && rc_all=1
+  local res
+  res=$(tail -n 1 deploy-test.out)
+  if [[ $res =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    failed=$((failed + 1)); rc_all=1
+  fi
+  rm -f deploy-test.out
+}
+deploy_tests
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
