@@ -244,24 +244,42 @@ def prometheus(tmp_path):
             p.wait(5)
 
 
-def test_prometheus_scrapes_the_master(hpool, prometheus, prefix):
-    # a small segment, so that the puts evict: counters the test itself caused
-    p = hpool(segments=("8MiB",))
-    prom = prometheus([f"127.0.0.1:{p.http_port}"])
+def test_prometheus_scrapes_the_master_and_a_segment_owner(hpool, prometheus, prefix):
+    # one small segment, so that the puts evict: counters the test itself caused; its owner
+    # serves HTTP too, and the client moves bytes over tcp, which the owner sees (shm would
+    # be one-sided: only the client would count it)
+    p = hpool(segments=())
+    owner = Proc([p.cli_bin, "--master", p.addr, "serve", "--segment-size", "8MiB",
+                  "--http-listen", "127.0.0.1:0", "--ready-fd", "{fd}"], lines=2)
+    p.segments.append(owner)  # the pool's finalizer stops it
+    owner_http = owner.lines[1].split(" ", 1)[1]
+    prom = prometheus([f"127.0.0.1:{p.http_port}", owner_http])
     size = 1 << 20
     n = 24
-    with kvpool.Client(p.addr) as c:
+    with kvpool.Client(p.addr, transport="tcp") as c:
         for i in range(n):
             c.put(f"{prefix}{i}", bytes([i % 251]) * size)
+        for i in range(n - 3, n):
+            assert c.get(f"{prefix}{i}") == bytes([i % 251]) * size
     status, body = p.get("/api/v1/stat")
     stat = json.loads(body)
     assert stat["evicted_objects"] > 0
+    oport = int(owner_http.rsplit(":", 1)[1])
+    status, otext = http_get(oport, "/metrics")
+    assert status == 200
+    promtool_check(otext)
+    served = metric(otext, "kvpool_served_bytes_total", {"transport": "tcp"})
+    assert served >= (n + 3) * size, served  # every put and get went through the owner
     want = {
         "kvpool_puts_total": n,
         "kvpool_evictions_total": stat["evicted_objects"],
         'kvpool_objects{tier="dram"}': stat["objects"],
         'kvpool_used_bytes{tier="dram"}': stat["used"],
-        "up": 1,
+        'kvpool_served_bytes_total{transport="tcp"}': served,
+        'kvpool_segment_capacity_bytes{tier="dram",job="kvpool",instance="%s"}' % owner_http:
+            8 << 20,
+        'up{instance="127.0.0.1:%d"}' % p.http_port: 1,
+        'up{instance="%s"}' % owner_http: 1,
     }
     deadline = time.monotonic() + 30
     got = {}
