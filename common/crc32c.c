@@ -26,6 +26,18 @@
  * which is what we want for objects this big. Streamed stores are skipped when
  * dst lies less than 512 bytes above src modulo 4 KiB: later loads alias them
  * in the low 12 address bits and every one waits for a write-combining flush.
+ * dst at exactly src's offset modulo 4 KiB (a page-aligned buffer read from a
+ * page-aligned extent: numpy/torch buffers aligned by the caller, pinned
+ * memory) is a case of its own: each movnti there is followed by loads of the
+ * rest of its 64-byte line at the same low address bits, and under memory
+ * load (a shared 2-core VM) whole stretches of such copies ran 2-3x slower
+ * than the same copy at any other offset. With AVX2 that case copies whole
+ * lines instead: the three chains' words are crc'ed from 8-byte loads, then
+ * each line is loaded again (from L1) and streamed with two 32-byte stores, so
+ * no load follows a streamed store into its own line. Measured, 32 x 1 MiB
+ * gets into page-aligned numpy buffers over shm: 8.7-10.9 GB/s (p90/p50
+ * 1.06-1.29) instead of 5.0-10.2 (p50 up to 7.4 ms against 2.9, p90/p50 up to
+ * 2.6), as at other offsets (10-10.7, unchanged).
  * The software path copies in 4 KiB chunks right after crc'ing them (from L1).
  *
  * Threads: every function is thread-safe. Tables and the CPU feature check are
@@ -38,6 +50,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <immintrin.h>
 #include <nmmintrin.h>
 #define KVP_CRC32C_X86 1
 #define KVP_TARGET_SSE42 __attribute__((target("sse4.2")))
@@ -57,6 +70,7 @@ static bool crc32c_have_hw;
 #if defined(KVP_CRC32C_X86)
 static uint32_t crc32c_zeros_long[4][256];
 static uint32_t crc32c_zeros_short[4][256];
+static bool crc32c_have_avx2;
 #endif
 
 static uint64_t crc32c_load_le64(const unsigned char *p)
@@ -267,6 +281,56 @@ static KVP_TARGET_SSE42 uint32_t crc32c_hw(uint32_t crc, const void *buf, size_t
     return crc32c_hw_impl(crc, NULL, buf, len, false, false);
 }
 
+/*
+ * The copy of the LONG rounds with dst at src's offset modulo 4 KiB: per 64-byte line of each
+ * chain, its eight words are loaded and crc'ed, then the line is loaded again (L1) and streamed
+ * whole (two 32-byte stores; dst is 64-byte aligned here, as src is). The head up to src's
+ * first line boundary and what is left after the rounds go through crc32c_hw_impl.
+ */
+__attribute__((target("sse4.2,avx2"))) static uint32_t
+crc32c_hw_copy_lines(uint32_t crc, unsigned char *q, const unsigned char *p, size_t len)
+{
+    const size_t block = KVP_CRC32C_LONG;
+    size_t head = (size_t)(-(uintptr_t)p) & 63;
+    if (head > len)
+        head = len;
+    crc = crc32c_hw_impl(crc, q, p, head, true, false);
+    p += head;
+    q += head;
+    len -= head;
+    if (len < 3 * block)
+        return crc32c_hw_impl(crc, q, p, len, true, false);
+    uint32_t c = ~crc;
+    while (len >= 3 * block) {
+        uint64_t c0 = c, c1 = 0, c2 = 0;
+        for (size_t off = 0; off < block; off += 64) {
+            const unsigned char *a = p + off;
+            for (size_t i = 0; i < 64; i += 8) {
+                uint64_t w0, w1, w2;
+                memcpy(&w0, a + i, 8);
+                memcpy(&w1, a + block + i, 8);
+                memcpy(&w2, a + 2 * block + i, 8);
+                c0 = _mm_crc32_u64(c0, w0);
+                c1 = _mm_crc32_u64(c1, w1);
+                c2 = _mm_crc32_u64(c2, w2);
+            }
+            for (size_t k = 0; k < 3; k++) {
+                __m256i x = _mm256_loadu_si256((const __m256i *)(a + k * block));
+                __m256i y = _mm256_loadu_si256((const __m256i *)(a + k * block + 32));
+                _mm256_stream_si256((__m256i *)(q + off + k * block), x);
+                _mm256_stream_si256((__m256i *)(q + off + k * block + 32), y);
+            }
+        }
+        c = crc32c_shift(crc32c_zeros_long, (uint32_t)c0) ^ (uint32_t)c1;
+        c = crc32c_shift(crc32c_zeros_long, c) ^ (uint32_t)c2;
+        p += 3 * block;
+        q += 3 * block;
+        len -= 3 * block;
+    }
+    _mm_sfence(); /* order the streamed stores before anything the caller publishes */
+    return crc32c_hw_impl(~c, q, p, len, true, false);
+}
+
 static KVP_TARGET_SSE42 uint32_t crc32c_hw_copy(uint32_t crc, void *dst, const void *src,
                                                 size_t len)
 {
@@ -277,6 +341,8 @@ static KVP_TARGET_SSE42 uint32_t crc32c_hw_copy(uint32_t crc, void *dst, const v
      * write-combining flush (measured: 0.3 GB/s instead of 14).
      */
     uintptr_t dist = ((uintptr_t)dst - (uintptr_t)src) & 4095;
+    if (len >= KVP_CRC32C_NT_MIN && dist == 0 && crc32c_have_avx2)
+        return crc32c_hw_copy_lines(crc, dst, src, len);
     if (len >= KVP_CRC32C_NT_MIN && (dist == 0 || dist >= KVP_CRC32C_NT_ALIAS))
         return crc32c_hw_impl(crc, dst, src, len, true, true);
     return crc32c_hw_impl(crc, dst, src, len, true, false);
@@ -295,6 +361,7 @@ static void crc32c_init(void)
         crc32c_zeros_init(crc32c_zeros_long, KVP_CRC32C_LONG);
         crc32c_zeros_init(crc32c_zeros_short, KVP_CRC32C_SHORT);
         crc32c_have_hw = true;
+        crc32c_have_avx2 = __builtin_cpu_supports("avx2");
     }
 #endif
 }

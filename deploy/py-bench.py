@@ -128,9 +128,10 @@ def fmt_size(n):
 
 def get_buffer(size, plain):
     """A zeroed uint8 array of `size` bytes: page-aligned (a view into a slightly larger
-    array), or wherever numpy puts it (plain). numpy places 1 MiB arrays 3696 bytes into a
-    page, and memcpy into them from a page-aligned extent runs at ~0.75x the speed of a copy
-    into page-aligned (or malloc's, 16 bytes in) memory: that is the buffer, not the module."""
+    array), as the C bench's buffers are (posix_memalign), or wherever numpy puts it (plain:
+    1 MiB arrays start 3696 bytes into a page). The copy into a buffer at the extent's offset
+    modulo 4 KiB (page-aligned) has a path of its own in common/crc32c.c: until it had one,
+    it stalled under memory load, and page-aligned buffers measured ~0.6-0.9x plain ones."""
     if plain:
         return np.zeros(size, np.uint8)
     raw = np.empty(size + 4096, np.uint8)

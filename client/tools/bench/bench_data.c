@@ -76,6 +76,12 @@ static void fail_batch(worker_t *w, const char *what, kvp_status_t st, char **ke
     w->failed = 1;
 }
 
+static void *page_alloc(uint64_t size)
+{
+    void *p = NULL;
+    return posix_memalign(&p, 4096, size) == 0 ? p : NULL;
+}
+
 static kvp_status_t client_new(const kvp_bench_opts_t *o, const char *transport, bool crc,
                                kvp_client_t **c_p)
 {
@@ -127,8 +133,13 @@ static void *worker_main(void *arg)
     unsigned registered = 0;
     for (unsigned i = 0; i < b && !nomem; i++) {
         keys[i] = malloc(96);
-        src[i] = malloc(w->size);
-        dst[i] = malloc(w->size);
+        /* page-aligned, as registered memory usually is (pinned, mmap'd, a framework's
+         * tensors; deploy/py-bench.py's numpy buffers): malloc's placement of 1 MiB blocks
+         * depends on what the process freed before (the limits' buffers move glibc's mmap
+         * threshold), and the offset of dst from the object's extent modulo 4 KiB picks the
+         * copy's store path (crc32c.c) */
+        src[i] = page_alloc(w->size);
+        dst[i] = page_alloc(w->size);
         sizes[i] = w->size;
         if (!keys[i] || !src[i] || !dst[i]) {
             nomem = true;

@@ -284,6 +284,29 @@ static void test_copy_large_distances(void **state)
     free(dst);
 }
 
+/*
+ * dst at src's offset modulo 4 KiB takes the whole-line streaming copy (with AVX2): page-aligned
+ * ends, a source a few bytes short of or past a line boundary (the head copied before the
+ * lines), and lengths that leave nothing, part of a round or a tail after the rounds.
+ */
+static void test_copy_same_page_offset(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {(1u << 20), (1u << 20) + 3 * 8192 - 1, (1u << 20) + 70001};
+    static const size_t offs[] = {0, 1, 8, 63, 64, 4095};
+    size_t size = ((1u << 20) + 70001 + 8192 + 4095) & ~(size_t)4095;
+    unsigned char *src = aligned_alloc(4096, size), *dst = aligned_alloc(4096, size + 4096);
+    assert_non_null(src);
+    assert_non_null(dst);
+    fill_random(src, size);
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++)
+        for (size_t k = 0; k < sizeof(offs) / sizeof(offs[0]); k++)
+            check_copy(src + offs[k], dst, offs[k] + lens[i] + 32, offs[k], lens[i],
+                       (uint32_t)rng_next());
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -296,6 +319,7 @@ int main(void)
         cmocka_unit_test(test_combine),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_copy_large_distances),
+        cmocka_unit_test(test_copy_same_page_offset),
     };
     return cmocka_run_group_tests_name("crc32c", tests, NULL, NULL);
 }
