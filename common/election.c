@@ -162,11 +162,14 @@ static void election_become_leader(kvp_election_t *el, int64_t epoch)
     el->leader = true;
     el->role_since_ms = now;
     atomic_store(&el->epoch, (uint64_t)epoch);
+    /* the leader record first: whoever sees kvp_election_leading true also finds this
+     * master in kvp_election_leader (it was published before, with a log line between:
+     * test_election_resign once read NOT_FOUND there on a loaded machine) */
+    election_set_leader_seen(el, el->self, (uint64_t)epoch);
     election_publish(el);
     KVP_LOG_INFO("election %s: %s elected leader, epoch %" PRId64 ", after campaigning %" PRIu64
                  " ms",
                  el->cluster, el->self, epoch, now - el->campaign_start_ms);
-    election_set_leader_seen(el, el->self, (uint64_t)epoch);
 }
 
 static void election_step_down(kvp_election_t *el, const char *why)
