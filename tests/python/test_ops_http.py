@@ -70,6 +70,16 @@ def hpool(make_pool):
     return make
 
 
+def terminate(p):
+    """SIGTERM a child we started (by its PID, through Popen) and reap it; SIGKILL after 10 s."""
+    p.terminate()
+    try:
+        p.wait(10)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(5)
+
+
 def promtool_check(text):
     r = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
                        capture_output=True, timeout=30)
@@ -236,12 +246,7 @@ def prometheus(tmp_path):
 
     yield start
     for p in procs:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        terminate(p)
 
 
 def test_prometheus_scrapes_the_master_and_a_segment_owner(hpool, prometheus, prefix):
@@ -414,12 +419,7 @@ def etcd(tmp_path):
             time.sleep(0.2)
         yield f"127.0.0.1:{cport}"
     finally:
-        p.terminate()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(5)
+        terminate(p)
 
 
 def test_health_and_metrics_of_leader_and_standby(etcd, tmp_path):
