@@ -201,9 +201,12 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
         /* The old extent is on a draining segment, which takes no new extents: freed
          * here, it is never reused, so a reader still leasing it reads intact bytes
          * until the owner unmounts. */
+        unsigned media = kvp_state_media(st, obj->replicas, obj->n_replicas);
         kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
         obj->replicas[r] = mv->dest;
         kvp_record_replica(&st->segments, obj, &mv->dest);
+        /* KV events: a move to another medium (a DRAM object drained onto SSD) */
+        kvp_state_media_event(st, obj, media, kvp_state_media(st, obj->replicas, obj->n_replicas));
         st->stats.moved++;
     } else {
         kvp_segment_table_free_extent(&st->segments, &mv->dest);

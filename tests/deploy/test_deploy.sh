@@ -12,7 +12,7 @@
 #   k8s-dry-run       kubectl apply --dry-run=client of deploy/k8s (against the
 #                     stand-in API server fake_apiserver.py: no cluster needed)
 #   systemd-verify    systemd-analyze verify of deploy/systemd's units (their
-#                     /usr/bin programs stood in for by stubs), no warning allowed
+#                     /usr/bin programs stood in for by no-op scripts), no warning allowed
 #   deb-build         dpkg-buildpackage -b in a copy of the tree (nocheck, noddebs, parallel=2)
 #   deb-contents      the package holds daemons, CLI, library, headers, Python
 #                     module, units, configs
@@ -195,11 +195,11 @@ verify_units() { # dir with the units; instance units are verified as @default
 
 t_systemd_verify() {
   command -v systemd-analyze >/dev/null || { echo "no systemd-analyze (package systemd)"; return 1; }
-  mkdir -p "$tmp/units" "$tmp/stubs"
+  mkdir -p "$tmp/units" "$tmp/standins"
   local u
-  for b in kvpool-master kvpool; do printf '#!/bin/sh\nexit 0\n' >"$tmp/stubs/$b"; chmod +x "$tmp/stubs/$b"; done
+  for b in kvpool-master kvpool; do printf '#!/bin/sh\nexit 0\n' >"$tmp/standins/$b"; chmod +x "$tmp/standins/$b"; done
   for u in "${units[@]}"; do
-    sed "s|/usr/bin/kvpool|$tmp/stubs/kvpool|g" "deploy/systemd/$u" >"$tmp/units/$u"
+    sed "s|/usr/bin/kvpool|$tmp/standins/kvpool|g" "deploy/systemd/$u" >"$tmp/units/$u"
   done
   verify_units "$tmp/units"
 }
