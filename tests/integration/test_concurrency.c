@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "tests/harness.h"
+#include "tests/harness_pool.h"
 
 #define SEG_SIZE "128MiB"
 #define N_SHARED_THREADS 100
@@ -47,9 +47,7 @@ static const size_t obj_sizes[] = {1, 7, 100, 1000, 4096, 10007, 65536 + 1, 1000
 #define N_SIZES (sizeof(obj_sizes) / sizeof(obj_sizes[0]))
 
 typedef struct env {
-    kvp_proc_t master;
-    kvp_proc_t seg[2];
-    kvp_client_t *client;
+    kvp_test_pool_t p; /* master, segments, client (harness_pool.h) */
     const char *transport;
     int run;
 } env_t;
@@ -71,18 +69,8 @@ static int setup(void **state, const char *transport)
         return -1;
     e->transport = transport;
     *state = e;
-    if (!kvp_start_master(&e->master))
-        return -1;
-    for (int i = 0; i < 2; i++)
-        if (!kvp_start_segment(&e->seg[i], e->master.ready, SEG_SIZE, NULL))
-            return -1;
-    kvp_client_params_t p;
-    kvp_client_params_init(&p);
-    p.master_addr = e->master.ready;
-    p.transport = transport;
-    if (kvp_client_create(&p, &e->client) != KVP_OK)
-        return -1;
-    return 0;
+    char *args[] = {"--lease-ttl", "0", NULL}; /* kvp_start_master's: no read leases */
+    return kvp_test_pool_start(&e->p, args, 2, SEG_SIZE, transport) ? 0 : -1;
 }
 
 static int setup_tcp(void **state)
@@ -105,20 +93,7 @@ static int teardown(void **state)
     env_t *e = *state;
     if (e == NULL)
         return -1;
-    kvp_client_destroy(e->client);
-    int rc = 0;
-    for (int i = 0; i < 2; i++) {
-        int st = kvp_proc_stop(&e->seg[i], SIGTERM, 10000);
-        if (st != 0) {
-            fprintf(stderr, "segment server %d exited with %d\n", i, st);
-            rc = -1;
-        }
-    }
-    int st = kvp_proc_stop(&e->master, SIGTERM, 10000);
-    if (st != 0) {
-        fprintf(stderr, "master exited with %d\n", st);
-        rc = -1;
-    }
+    int rc = kvp_test_pool_stop(&e->p);
     free(e);
     return rc;
 }
@@ -237,7 +212,7 @@ static void *worker_main(void *arg)
 {
     worker_t *w = arg;
     uint8_t *src[N_KEYS] = {0}, *dst[N_KEYS] = {0};
-    kvp_client_t *c = w->e->client;
+    kvp_client_t *c = w->e->p.client;
     bool ok = true;
     for (int k = 0; k < N_KEYS; k++) {
         src[k] = malloc(MAX_OBJ);
@@ -251,7 +226,7 @@ static void *worker_main(void *arg)
     if (ok && w->own_client) {
         kvp_client_params_t p;
         kvp_client_params_init(&p);
-        p.master_addr = w->e->master.ready;
+        p.master_addr = w->e->p.master.ready;
         p.transport = "tcp";
         kvp_status_t st = kvp_client_create(&p, &c);
         if (st != KVP_OK) {
@@ -328,7 +303,7 @@ static void run_workers(env_t *e, int n, bool own_client)
 static void assert_pool_empty(env_t *e)
 {
     kvp_pool_stat_t *s = NULL;
-    assert_int_equal(kvp_pool_stat(e->client, &s), KVP_OK);
+    assert_int_equal(kvp_pool_stat(e->p.client, &s), KVP_OK);
     assert_int_equal(s->n_segments, 2);
     assert_int_equal(s->objects, 0);
     assert_int_equal(s->pending, 0);
@@ -366,14 +341,14 @@ static void test_own_clients(void **state)
 {
     env_t *e = *state;
     int my_fds = kvp_proc_fd_count(getpid());
-    int master_fds = kvp_proc_fd_count(e->master.pid);
+    int master_fds = kvp_proc_fd_count(e->p.master.pid);
     assert_true(my_fds > 0);
     assert_true(master_fds > 0);
     run_workers(e, N_OWN_THREADS, true);
     assert_pool_empty(e);
     /* every destroyed client closed all its sockets; the master saw them go */
     assert_int_equal(kvp_proc_fd_count(getpid()), my_fds);
-    assert_int_equal(wait_fd_count(e->master.pid, master_fds, 5000), master_fds);
+    assert_int_equal(wait_fd_count(e->p.master.pid, master_fds, 5000), master_fds);
 }
 
 /* Both at once: the shared client under load while 8 private clients come and go. */

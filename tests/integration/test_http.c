@@ -27,12 +27,11 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "tests/harness.h"
+#include "tests/harness_pool.h"
 
 typedef struct ctx {
-    kvp_proc_t master, seg;
+    kvp_test_pool_t p; /* the master (with --http-listen), one segment, a client */
     int http_port;
-    kvp_client_t *client;
 } ctx_t;
 
 static int connect_http(int port)
@@ -88,27 +87,16 @@ static int setup(void **state)
     char listen[32];
     snprintf(listen, sizeof(listen), "127.0.0.1:%d", c->http_port);
     char *extra[] = {"--http-listen", listen, NULL};
-    if (!kvp_start_master_args(&c->master, extra))
-        return -1;
-    if (!kvp_start_segment(&c->seg, c->master.ready, "64MiB", NULL))
-        return -1;
-    kvp_client_params_t p;
-    kvp_client_params_init(&p);
-    p.master_addr = c->master.ready;
-    if (kvp_client_create(&p, &c->client) != KVP_OK)
-        return -1;
     *state = c;
-    return 0;
+    return kvp_test_pool_start(&c->p, extra, 1, "64MiB", NULL) ? 0 : -1;
 }
 
 static int teardown(void **state)
 {
     ctx_t *c = *state;
-    kvp_client_destroy(c->client);
-    int seg_rc = kvp_proc_stop(&c->seg, 15, 10000);
-    int master_rc = kvp_proc_stop(&c->master, 15, 10000);
+    int rc = kvp_test_pool_stop(&c->p);
     free(c);
-    return seg_rc == 0 && master_rc == 0 ? 0 : -1;
+    return rc;
 }
 
 static void put_objects(ctx_t *c, const char *prefix, int n, size_t size)
@@ -118,7 +106,7 @@ static void put_objects(ctx_t *c, const char *prefix, int n, size_t size)
         char key[64];
         snprintf(key, sizeof(key), "%s%d", prefix, i);
         kvp_fill_pattern(buf, size, (uint64_t)i);
-        assert_int_equal(kvp_put(c->client, key, buf, size, NULL), KVP_OK);
+        assert_int_equal(kvp_put(c->p.client, key, buf, size, NULL), KVP_OK);
     }
     free(buf);
 }
@@ -138,7 +126,7 @@ static void test_endpoints(void **state)
     assert_non_null(strstr(out, "\"objects\":3"));
     assert_int_equal(get(c->http_port, "/api/v1/segments", out, sizeof(out)), 200);
     assert_non_null(strstr(out, "\"total_segments\":1"));
-    assert_non_null(strstr(out, c->seg.ready));
+    assert_non_null(strstr(out, c->p.seg[0].ready));
     assert_int_equal(
         get(c->http_port, "/api/v1/keys?regex=%5Ehttp%40&limit=1000", out, sizeof(out)), 200);
     assert_non_null(strstr(out, "\"count\":3"));
@@ -146,7 +134,7 @@ static void test_endpoints(void **state)
     assert_int_equal(get(c->http_port, "/api/v1/keys?regex=(", out, sizeof(out)), 400);
     assert_int_equal(get(c->http_port, "/get_all_segments", out, sizeof(out)), 200);
     char line[600];
-    snprintf(line, sizeof(line), "%s\n", c->seg.ready);
+    snprintf(line, sizeof(line), "%s\n", c->p.seg[0].ready);
     assert_string_equal(out, line);
     assert_int_equal(get(c->http_port, "/query_segment?segment=nope", out, sizeof(out)), 404);
     assert_int_equal(get(c->http_port, "/query_segment", out, sizeof(out)), 400);
@@ -185,7 +173,7 @@ static void test_hostile(void **state)
     /* the control plane: a byte-exact round trip */
     put_objects(c, "after@", 2, 70000);
     char *got = malloc(70000), *want = malloc(70000);
-    assert_int_equal(kvp_get_into(c->client, "after@1", got, 70000), 70000);
+    assert_int_equal(kvp_get_into(c->p.client, "after@1", got, 70000), 70000);
     kvp_fill_pattern(want, 70000, 1);
     assert_memory_equal(got, want, 70000);
     free(got);

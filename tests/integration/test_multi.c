@@ -20,17 +20,15 @@
 #include <string.h>
 
 #include "client/include/kvpool.h"
-#include "tests/harness.h"
+#include "tests/harness_pool.h"
 
 #define SEG_SIZE "96MiB"
 #define FILL 0xAB /* what a destination holds before a read: must survive where not read */
 #define MIN_SZ(a, b) ((a) < (b) ? (a) : (b))
 
 typedef struct env {
-    kvp_proc_t master;
-    kvp_proc_t seg[2];
-    kvp_client_t *client;
-    kvp_aq_t *aq; /* the test's queue: a failed check leaves it to the teardown */
+    kvp_test_pool_t p; /* master, segments, client (harness_pool.h) */
+    kvp_aq_t *aq;      /* the test's queue: a failed check leaves it to the teardown */
     const char *transport;
     int key_gen;
 } env_t;
@@ -40,19 +38,8 @@ static int setup(void **state, const char *transport)
     env_t *e = calloc(1, sizeof(*e));
     e->transport = transport;
     char *args[] = {"--lease-ttl", "0", "--no-eviction", NULL};
-    if (!kvp_start_master_args(&e->master, args))
-        return -1;
-    for (int i = 0; i < 2; i++)
-        if (!kvp_start_segment(&e->seg[i], e->master.ready, SEG_SIZE, NULL))
-            return -1;
-    kvp_client_params_t p;
-    kvp_client_params_init(&p);
-    p.master_addr = e->master.ready;
-    p.transport = transport;
-    if (kvp_client_create(&p, &e->client) != KVP_OK)
-        return -1;
     *state = e;
-    return 0;
+    return kvp_test_pool_start(&e->p, args, 2, SEG_SIZE, transport) ? 0 : -1;
 }
 
 static int setup_tcp(void **state)
@@ -74,13 +61,7 @@ static int teardown(void **state)
 {
     env_t *e = *state;
     kvp_aq_destroy(e->aq); /* before its client: it waits for the batches on it */
-    kvp_client_destroy(e->client);
-    int rc = 0;
-    for (int i = 0; i < 2; i++)
-        if (kvp_proc_stop(&e->seg[i], SIGTERM, 10000) != 0)
-            rc = -1;
-    if (kvp_proc_stop(&e->master, SIGTERM, 10000) != 0)
-        rc = -1;
+    int rc = kvp_test_pool_stop(&e->p);
     free(e);
     return rc;
 }
@@ -95,9 +76,9 @@ static void key_of(env_t *e, char *buf, size_t len, const char *tag, int i)
 static void remove_all(env_t *e)
 {
     uint64_t removed = 0;
-    assert_int_equal(kvp_remove_all(e->client, 1, &removed), KVP_OK);
+    assert_int_equal(kvp_remove_all(e->p.client, 1, &removed), KVP_OK);
     kvp_pool_stat_t *s = NULL;
-    assert_int_equal(kvp_pool_stat(e->client, &s), KVP_OK);
+    assert_int_equal(kvp_pool_stat(e->p.client, &s), KVP_OK);
     assert_int_equal(s->objects, 0);
     kvp_pool_stat_free(s);
 }
@@ -166,7 +147,7 @@ static void test_multi_put_then_get(void **state)
         szp[i] = sizes[i];
     }
     kvp_status_t res[N];
-    assert_int_equal(kvp_batch_put_from_multi(e->client, keys, bufs, szp, n_bufs, N, NULL, res),
+    assert_int_equal(kvp_batch_put_from_multi(e->p.client, keys, bufs, szp, n_bufs, N, NULL, res),
                      KVP_OK);
     for (int i = 0; i < N; i++)
         assert_int_equal(res[i], KVP_OK);
@@ -179,9 +160,9 @@ static void test_multi_put_then_get(void **state)
         caps[i] = total[i] + 64;
         dst[i] = malloc(caps[i]);
         memset(dst[i], FILL, caps[i]);
-        assert_int_equal(kvp_get_size(e->client, keys[i]), (int64_t)total[i]);
+        assert_int_equal(kvp_get_size(e->p.client, keys[i]), (int64_t)total[i]);
     }
-    assert_int_equal(kvp_batch_get_into(e->client, keys, dst, caps, N, got), KVP_OK);
+    assert_int_equal(kvp_batch_get_into(e->p.client, keys, dst, caps, N, got), KVP_OK);
     for (int i = 0; i < N; i++) {
         assert_int_equal(got[i], (int64_t)total[i]);
         assert_memory_equal(dst[i], whole[i], total[i]);
@@ -198,7 +179,8 @@ static void test_multi_put_then_get(void **state)
         }
         obufs[i] = out[i];
     }
-    assert_int_equal(kvp_batch_get_into_multi(e->client, keys, obufs, szp, n_bufs, N, got), KVP_OK);
+    assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, obufs, szp, n_bufs, N, got),
+                     KVP_OK);
     for (int i = 0; i < N; i++) {
         assert_int_equal(got[i], (int64_t)total[i]);
         size_t at = 0;
@@ -233,7 +215,7 @@ static void test_single_put_then_multi_get(void **state)
     key_of(e, key, sizeof(key), "sg", 0);
     uint8_t *src = malloc(LEN);
     kvp_fill_pattern(src, LEN, 5);
-    assert_int_equal(kvp_put(e->client, key, src, LEN, NULL), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, key, src, LEN, NULL), KVP_OK);
     const char *keys[1] = {key};
 
     /* exact fit over uneven pieces, an empty one in the middle */
@@ -245,7 +227,8 @@ static void test_single_put_then_multi_get(void **state)
         const size_t *szp[1] = {sizes};
         size_t nb[1] = {4};
         int64_t got = 0;
-        assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, szp, nb, 1, &got), KVP_OK);
+        assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, szp, nb, 1, &got),
+                         KVP_OK);
         assert_int_equal(got, LEN);
         assert_memory_equal(b0, src, sizes[0]);
         assert_memory_equal(b1, src + 1, sizes[1]);
@@ -266,7 +249,8 @@ static void test_single_put_then_multi_get(void **state)
         const size_t *szp[1] = {sizes};
         size_t nb[1] = {3};
         int64_t got = 0;
-        assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, szp, nb, 1, &got), KVP_OK);
+        assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, szp, nb, 1, &got),
+                         KVP_OK);
         assert_int_equal(got, LEN);
         assert_memory_equal(p[0], src, 60000);
         assert_memory_equal(p[1], src + 60000, LEN - 60000);
@@ -287,7 +271,7 @@ static void test_single_put_then_multi_get(void **state)
         const size_t *szp[1] = {sizes};
         size_t nb[1] = {2};
         int64_t got = 0;
-        assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, szp, nb, 1, &got),
+        assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, szp, nb, 1, &got),
                          KVP_ERR_BUFFER_TOO_SMALL);
         assert_int_equal(got, KVP_ERR_BUFFER_TOO_SMALL);
         assert_true(all_bytes(p[0], sizes[0], FILL));
@@ -304,7 +288,8 @@ static void test_single_put_then_multi_get(void **state)
         const size_t *szp[1] = {sz};
         size_t nb[1] = {1};
         int64_t got = 0;
-        assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, szp, nb, 1, &got), KVP_OK);
+        assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, szp, nb, 1, &got),
+                         KVP_OK);
         assert_int_equal(got, LEN);
         assert_memory_equal(p, src, LEN);
         free(p);
@@ -355,10 +340,11 @@ static void test_layerwise(void **state)
     kvp_put_config_init(&cfg);
     cfg.replica_num = 2;
     kvp_status_t res[OBJS];
-    assert_int_equal(kvp_batch_put_from_multi(e->client, keys, sbufs, szp, nb, OBJS, &cfg, res),
+    assert_int_equal(kvp_batch_put_from_multi(e->p.client, keys, sbufs, szp, nb, OBJS, &cfg, res),
                      KVP_OK);
     int64_t got[OBJS];
-    assert_int_equal(kvp_batch_get_into_multi(e->client, keys, dbufs, szp, nb, OBJS, got), KVP_OK);
+    assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, dbufs, szp, nb, OBJS, got),
+                     KVP_OK);
     for (int i = 0; i < OBJS; i++) {
         assert_int_equal(res[i], KVP_OK);
         assert_int_equal(got[i], (int64_t)LAYERS * PIECE);
@@ -367,13 +353,13 @@ static void test_layerwise(void **state)
     /* two replicas of each, each written whole: read one object through a plain get */
     kvp_key_info_t *info = NULL;
     size_t n_info = 0;
-    assert_int_equal(kvp_list_keys(e->client, NULL, 1000, &info, &n_info), KVP_OK);
+    assert_int_equal(kvp_list_keys(e->p.client, NULL, 1000, &info, &n_info), KVP_OK);
     assert_int_equal(n_info, OBJS);
     for (size_t i = 0; i < n_info; i++)
         assert_int_equal(info[i].n_replicas, 2);
     kvp_key_list_free(info, n_info);
     uint8_t *one = malloc((size_t)LAYERS * PIECE);
-    assert_int_equal(kvp_get_into(e->client, keys[7], one, (size_t)LAYERS * PIECE),
+    assert_int_equal(kvp_get_into(e->p.client, keys[7], one, (size_t)LAYERS * PIECE),
                      (int64_t)LAYERS * PIECE);
     for (int l = 0; l < LAYERS; l++)
         assert_memory_equal(one + (size_t)l * PIECE, sp[7][l], PIECE);
@@ -408,7 +394,7 @@ static void test_multi_missing_and_bad(void **state)
         size_t nb[2] = {2, 1};
         const char *k[2] = {keys[0], keys[2]};
         kvp_status_t res[2];
-        assert_int_equal(kvp_batch_put_from_multi(e->client, k, bufs, szp, nb, 2, NULL, res),
+        assert_int_equal(kvp_batch_put_from_multi(e->p.client, k, bufs, szp, nb, 2, NULL, res),
                          KVP_OK);
     }
     uint8_t out[4][4000];
@@ -421,11 +407,11 @@ static void test_multi_missing_and_bad(void **state)
     int64_t got[4];
     /* a missing key alone */
     assert_int_equal(
-        kvp_batch_get_into_multi(e->client, &keys[1], &bufs[1], &szp[1], &nb[1], 1, &got[1]),
+        kvp_batch_get_into_multi(e->p.client, &keys[1], &bufs[1], &szp[1], &nb[1], 1, &got[1]),
         KVP_ERR_NOT_FOUND);
     assert_int_equal(got[1], KVP_ERR_NOT_FOUND);
     /* present and missing in one batch: the batch returns the first failure */
-    assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, szp, nb, 4, got),
+    assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, szp, nb, 4, got),
                      KVP_ERR_NOT_FOUND);
     assert_int_equal(got[0], (int64_t)(sizeof(a) + sizeof(b)));
     assert_int_equal(got[1], KVP_ERR_NOT_FOUND);
@@ -451,25 +437,25 @@ static void test_multi_missing_and_bad(void **state)
         size_t pn[4] = {1, 2, 1, 0};
         const char *k[4] = {keys[1], keys[3], "model@bad-null", "model@bad-none"};
         kvp_status_t res[4];
-        assert_int_equal(kvp_batch_put_from_multi(e->client, k, pb, ps, pn, 4, NULL, res),
+        assert_int_equal(kvp_batch_put_from_multi(e->p.client, k, pb, ps, pn, 4, NULL, res),
                          KVP_ERR_INVALID_ARG);
         assert_int_equal(res[0], KVP_OK);
         assert_int_equal(res[1], KVP_ERR_INVALID_ARG);
         assert_int_equal(res[2], KVP_ERR_INVALID_ARG);
         assert_int_equal(res[3], KVP_ERR_INVALID_ARG);
-        assert_int_equal(kvp_is_exist(e->client, keys[1]), 1);
-        assert_int_equal(kvp_is_exist(e->client, keys[3]), 0);
+        assert_int_equal(kvp_is_exist(e->p.client, keys[1]), 1);
+        assert_int_equal(kvp_is_exist(e->p.client, keys[3]), 0);
         /* missing arrays: the whole call */
-        assert_int_equal(kvp_batch_put_from_multi(e->client, k, NULL, ps, pn, 1, NULL, res),
+        assert_int_equal(kvp_batch_put_from_multi(e->p.client, k, NULL, ps, pn, 1, NULL, res),
                          KVP_ERR_INVALID_ARG);
-        assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, szp, NULL, 1, got),
+        assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, szp, NULL, 1, got),
                          KVP_ERR_INVALID_ARG);
     }
     /* no room at all (every buffer empty) is too small, not an error of the arguments */
     {
         size_t zero[1] = {0};
         const size_t *zs[1] = {zero};
-        assert_int_equal(kvp_batch_get_into_multi(e->client, keys, bufs, zs, nb, 1, got),
+        assert_int_equal(kvp_batch_get_into_multi(e->p.client, keys, bufs, zs, nb, 1, got),
                          KVP_ERR_BUFFER_TOO_SMALL);
     }
     remove_all(e);
@@ -490,8 +476,8 @@ static void test_ranges(void **state)
     kvp_fill_pattern(src, LEN, 9);
     uint8_t small[SMALL];
     kvp_fill_pattern(small, SMALL, 10);
-    assert_int_equal(kvp_put(e->client, k0, src, LEN, NULL), KVP_OK);
-    assert_int_equal(kvp_put(e->client, k1, small, SMALL, NULL), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, k0, src, LEN, NULL), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, k1, small, SMALL, NULL), KVP_OK);
 
     enum { NR = 10 };
     uint8_t *out[NR];
@@ -513,7 +499,7 @@ static void test_ranges(void **state)
         r[i].buf = out[i];
     }
     int64_t got[NR];
-    assert_int_equal(kvp_get_into_ranges(e->client, r, NR, got), KVP_ERR_OUT_OF_RANGE);
+    assert_int_equal(kvp_get_into_ranges(e->p.client, r, NR, got), KVP_ERR_OUT_OF_RANGE);
     const int64_t want[NR] = {1,
                               4096,
                               70000,
@@ -546,7 +532,7 @@ static void test_ranges(void **state)
         pr[p] = (kvp_range_t){k0, (uint64_t)q * 4096, 4096, dst + (size_t)q * 4096};
     }
     int64_t *pg = calloc(PAGES, sizeof(*pg));
-    assert_int_equal(kvp_get_into_ranges(e->client, pr, PAGES, pg), KVP_OK);
+    assert_int_equal(kvp_get_into_ranges(e->p.client, pr, PAGES, pg), KVP_OK);
     for (int p = 0; p < PAGES; p++)
         assert_int_equal(pg[p], p == 0 ? LEN - (int64_t)(PAGES - 1) * 4096 : 4096);
     assert_memory_equal(dst, src, LEN);
@@ -555,13 +541,13 @@ static void test_ranges(void **state)
     kvp_range_t all = {k0, 0, LEN, dst};
     int64_t got_all = 0;
     memset(dst, 0, LEN);
-    assert_int_equal(kvp_get_into_ranges(e->client, &all, 1, &got_all), KVP_OK);
+    assert_int_equal(kvp_get_into_ranges(e->p.client, &all, 1, &got_all), KVP_OK);
     assert_int_equal(got_all, LEN);
     assert_memory_equal(dst, src, LEN);
     /* a bad key and a NULL buffer, reported per range */
     kvp_range_t bad[2] = {{"", 0, 1, dst}, {k0, 0, 1, NULL}};
     int64_t gb[2];
-    assert_int_equal(kvp_get_into_ranges(e->client, bad, 2, gb), KVP_ERR_BAD_KEY);
+    assert_int_equal(kvp_get_into_ranges(e->p.client, bad, 2, gb), KVP_ERR_BAD_KEY);
     assert_int_equal(gb[0], KVP_ERR_BAD_KEY);
     assert_int_equal(gb[1], KVP_ERR_INVALID_ARG);
     free(pg);
@@ -577,7 +563,7 @@ static kvp_aq_t *aq_open(env_t *e, unsigned workers)
 {
     kvp_aq_destroy(e->aq); /* left by a failed test: its arrays were never freed */
     e->aq = NULL;
-    assert_int_equal(kvp_aq_create(e->client, workers, &e->aq), KVP_OK);
+    assert_int_equal(kvp_aq_create(e->p.client, workers, &e->aq), KVP_OK);
     return e->aq;
 }
 
@@ -689,8 +675,8 @@ static void test_async_gets(void **state)
     e->key_gen++;
     enum { N = 1000 };
     objs_t *o = objs_make(e, "aget", N, 1, 20000);
-    assert_int_equal(kvp_batch_put_from(e->client, o->keys, o->src, o->sizes, N, NULL, o->put_res),
-                     KVP_OK);
+    assert_int_equal(
+        kvp_batch_put_from(e->p.client, o->keys, o->src, o->sizes, N, NULL, o->put_res), KVP_OK);
     kvp_aq_t *aq = aq_open(e, 0);
     for (size_t i = 0; i < N; i++)
         assert_int_equal(kvp_aq_get(aq, &o->keys[i], &o->dst[i], &o->caps[i], 1, &o->got[i],
@@ -729,7 +715,7 @@ static void test_async_mixed(void **state)
     for (int t = 0; t < 5; t++)
         tag[t] = t;
     kvp_pool_stat_t *s = NULL;
-    assert_int_equal(kvp_pool_stat(e->client, &s), KVP_OK);
+    assert_int_equal(kvp_pool_stat(e->p.client, &s), KVP_OK);
     assert_int_equal(s->n_segments, 2);
     uint64_t want_seg = s->segments[1].id;
     char *seg_name = strdup(s->segments[1].name);
@@ -779,7 +765,7 @@ static void test_async_mixed(void **state)
     /* the copied config was used: the first half lives on the named segment */
     kvp_key_info_t *info = NULL;
     size_t n_info = 0;
-    assert_int_equal(kvp_list_keys(e->client, NULL, 100, &info, &n_info), KVP_OK);
+    assert_int_equal(kvp_list_keys(e->p.client, NULL, 100, &info, &n_info), KVP_OK);
     assert_int_equal(n_info, N);
     int on_named = 0;
     for (size_t i = 0; i < n_info; i++)
@@ -818,7 +804,7 @@ static void test_async_destroy_in_flight(void **state)
     for (size_t i = 0; i < N; i++) {
         assert_int_equal(o->put_res[i], KVP_OK);
         assert_true(o->ex[i] == 0 || o->ex[i] == 1); /* raced its put: either answer, but one */
-        assert_int_equal(kvp_is_exist(e->client, o->keys[i]), 1);
+        assert_int_equal(kvp_is_exist(e->p.client, o->keys[i]), 1);
     }
     /* a queue destroyed with nothing submitted, and NULL */
     aq_open(e, 1);
@@ -838,7 +824,7 @@ static void test_async_too_many(void **state)
     key_of(e, key, sizeof(key), "amany", 0);
     const char *keys[1] = {key};
     kvp_aq_t *aq = NULL;
-    assert_int_equal(kvp_aq_create(e->client, 65, &aq), KVP_ERR_INVALID_ARG);
+    assert_int_equal(kvp_aq_create(e->p.client, 65, &aq), KVP_ERR_INVALID_ARG);
     assert_int_equal(kvp_aq_create(NULL, 1, &aq), KVP_ERR_INVALID_ARG);
     assert_null(aq);
     aq = aq_open(e, 2);

@@ -19,15 +19,13 @@
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
-#include "tests/harness.h"
+#include "tests/harness_pool.h"
 
 #define SEG_SIZE "64MiB"
 #define SEG_BYTES (64ull << 20)
 
 typedef struct env {
-    kvp_proc_t master;
-    kvp_proc_t seg[2];
-    kvp_client_t *client;
+    kvp_test_pool_t p; /* master, segments, client (harness_pool.h) */
     const char *transport;
     int key_gen;
 } env_t;
@@ -38,19 +36,8 @@ static int setup(void **state, const char *transport)
     e->transport = transport;
     /* store semantics: a full pool refuses puts (test_cache.c runs the cache) */
     char *args[] = {"--lease-ttl", "0", "--no-eviction", NULL};
-    if (!kvp_start_master_args(&e->master, args))
-        return -1;
-    for (int i = 0; i < 2; i++)
-        if (!kvp_start_segment(&e->seg[i], e->master.ready, SEG_SIZE, NULL))
-            return -1;
-    kvp_client_params_t p;
-    kvp_client_params_init(&p);
-    p.master_addr = e->master.ready;
-    p.transport = transport;
-    if (kvp_client_create(&p, &e->client) != KVP_OK)
-        return -1;
     *state = e;
-    return 0;
+    return kvp_test_pool_start(&e->p, args, 2, SEG_SIZE, transport) ? 0 : -1;
 }
 
 static int setup_tcp(void **state)
@@ -71,13 +58,7 @@ static int setup_forced(void **state)
 static int teardown(void **state)
 {
     env_t *e = *state;
-    kvp_client_destroy(e->client);
-    int rc = 0;
-    for (int i = 0; i < 2; i++)
-        if (kvp_proc_stop(&e->seg[i], SIGTERM, 10000) != 0)
-            rc = -1;
-    if (kvp_proc_stop(&e->master, SIGTERM, 10000) != 0)
-        rc = -1;
+    int rc = kvp_test_pool_stop(&e->p);
     free(e);
     return rc;
 }
@@ -85,7 +66,7 @@ static int teardown(void **state)
 static kvp_pool_stat_t *stat_of(env_t *e)
 {
     kvp_pool_stat_t *s = NULL;
-    assert_int_equal(kvp_pool_stat(e->client, &s), KVP_OK);
+    assert_int_equal(kvp_pool_stat(e->p.client, &s), KVP_OK);
     return s;
 }
 
@@ -117,23 +98,24 @@ static void test_batch_sizes(void **state)
         memset(dst[i], 0xAB, sizes[i] + 16);
     }
     assert_int_equal(
-        kvp_batch_put_from(e->client, keys, (const void *const *)src, sizes, N, NULL, res), KVP_OK);
+        kvp_batch_put_from(e->p.client, keys, (const void *const *)src, sizes, N, NULL, res),
+        KVP_OK);
     for (int i = 0; i < N; i++)
         assert_int_equal(res[i], KVP_OK);
-    assert_int_equal(kvp_batch_get_into(e->client, keys, dst, caps, N, got), KVP_OK);
+    assert_int_equal(kvp_batch_get_into(e->p.client, keys, dst, caps, N, got), KVP_OK);
     for (int i = 0; i < N; i++) {
         assert_int_equal(got[i], (int64_t)sizes[i]);
         assert_memory_equal(dst[i], src[i], sizes[i]);
         /* nothing written past the object */
         assert_int_equal(((uint8_t *)dst[i])[sizes[i]], 0xAB);
-        assert_int_equal(kvp_get_size(e->client, keys[i]), (int64_t)sizes[i]);
+        assert_int_equal(kvp_get_size(e->p.client, keys[i]), (int64_t)sizes[i]);
     }
     /* single-key API on the same objects */
     memset(dst[3], 0, sizes[3]);
-    assert_int_equal(kvp_get_into(e->client, keys[3], dst[3], caps[3]), (int64_t)sizes[3]);
+    assert_int_equal(kvp_get_into(e->p.client, keys[3], dst[3], caps[3]), (int64_t)sizes[3]);
     assert_memory_equal(dst[3], src[3], sizes[3]);
     kvp_status_t rm[N];
-    assert_int_equal(kvp_batch_remove(e->client, keys, N, rm), KVP_OK);
+    assert_int_equal(kvp_batch_remove(e->p.client, keys, N, rm), KVP_OK);
     for (int i = 0; i < N; i++) {
         free(src[i]);
         free(dst[i]);
@@ -157,28 +139,28 @@ static void test_exist_prefix(void **state)
     char val[512];
     for (int i = 0; i < 5; i++) {
         kvp_fill_pattern(val, sizeof(val), (uint64_t)i);
-        assert_int_equal(kvp_put(e->client, keys[i], val, sizeof(val), NULL), KVP_OK);
+        assert_int_equal(kvp_put(e->p.client, keys[i], val, sizeof(val), NULL), KVP_OK);
     }
     int ex[8];
     size_t prefix = 99;
-    assert_int_equal(kvp_batch_is_exist(e->client, keys, 8, ex, &prefix), KVP_OK);
+    assert_int_equal(kvp_batch_is_exist(e->p.client, keys, 8, ex, &prefix), KVP_OK);
     assert_int_equal(prefix, 5);
     for (int i = 0; i < 8; i++)
         assert_int_equal(ex[i], i < 5 ? 1 : 0);
     /* a hole in the middle ends the prefix */
     const char *holey[4] = {keys[0], keys[1], keys[6], keys[3]};
-    assert_int_equal(kvp_batch_is_exist(e->client, holey, 4, ex, &prefix), KVP_OK);
+    assert_int_equal(kvp_batch_is_exist(e->p.client, holey, 4, ex, &prefix), KVP_OK);
     assert_int_equal(prefix, 2);
     assert_int_equal(ex[2], 0);
     assert_int_equal(ex[3], 1);
     /* an invalid key is reported per key */
     const char *bad[2] = {keys[0], ""};
-    assert_int_equal(kvp_batch_is_exist(e->client, bad, 2, ex, &prefix), KVP_OK);
+    assert_int_equal(kvp_batch_is_exist(e->p.client, bad, 2, ex, &prefix), KVP_OK);
     assert_int_equal(ex[0], 1);
     assert_int_equal(ex[1], KVP_ERR_BAD_KEY);
-    assert_int_equal(kvp_is_exist(e->client, keys[7]), 0);
+    assert_int_equal(kvp_is_exist(e->p.client, keys[7]), 0);
     kvp_status_t rm[5];
-    assert_int_equal(kvp_batch_remove(e->client, keys, 5, rm), KVP_OK);
+    assert_int_equal(kvp_batch_remove(e->p.client, keys, 5, rm), KVP_OK);
 }
 
 static void test_remove_and_duplicate(void **state)
@@ -190,20 +172,20 @@ static void test_remove_and_duplicate(void **state)
     char a[1000], b[1000], out[1000];
     kvp_fill_pattern(a, sizeof(a), 1);
     kvp_fill_pattern(b, sizeof(b), 2);
-    assert_int_equal(kvp_put(e->client, key, a, sizeof(a), NULL), KVP_OK);
-    assert_int_equal(kvp_put(e->client, key, b, sizeof(b), NULL), KVP_ERR_EXISTS);
-    assert_int_equal(kvp_get_into(e->client, key, out, sizeof(out)), (int64_t)sizeof(out));
+    assert_int_equal(kvp_put(e->p.client, key, a, sizeof(a), NULL), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, key, b, sizeof(b), NULL), KVP_ERR_EXISTS);
+    assert_int_equal(kvp_get_into(e->p.client, key, out, sizeof(out)), (int64_t)sizeof(out));
     assert_memory_equal(out, a, sizeof(a)); /* the refused put changed nothing */
-    assert_int_equal(kvp_remove(e->client, key), KVP_OK);
-    assert_int_equal(kvp_get_into(e->client, key, out, sizeof(out)), KVP_ERR_NOT_FOUND);
-    assert_int_equal(kvp_is_exist(e->client, key), 0);
-    assert_int_equal(kvp_remove(e->client, key), KVP_ERR_NOT_FOUND);
-    assert_int_equal(kvp_get_size(e->client, key), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_remove(e->p.client, key), KVP_OK);
+    assert_int_equal(kvp_get_into(e->p.client, key, out, sizeof(out)), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_is_exist(e->p.client, key), 0);
+    assert_int_equal(kvp_remove(e->p.client, key), KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_get_size(e->p.client, key), KVP_ERR_NOT_FOUND);
     /* the key is free again */
-    assert_int_equal(kvp_put(e->client, key, b, sizeof(b), NULL), KVP_OK);
-    assert_int_equal(kvp_get_into(e->client, key, out, sizeof(out)), (int64_t)sizeof(out));
+    assert_int_equal(kvp_put(e->p.client, key, b, sizeof(b), NULL), KVP_OK);
+    assert_int_equal(kvp_get_into(e->p.client, key, out, sizeof(out)), (int64_t)sizeof(out));
     assert_memory_equal(out, b, sizeof(b));
-    assert_int_equal(kvp_remove(e->client, key), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, key), KVP_OK);
 }
 
 static void test_bad_input(void **state)
@@ -213,19 +195,19 @@ static void test_bad_input(void **state)
     char long_key[4098];
     memset(long_key, 'k', sizeof(long_key) - 1);
     long_key[4097] = '\0';
-    assert_int_equal(kvp_put(e->client, "", val, sizeof(val), NULL), KVP_ERR_BAD_KEY);
-    assert_int_equal(kvp_put(e->client, long_key, val, sizeof(val), NULL), KVP_ERR_BAD_KEY);
+    assert_int_equal(kvp_put(e->p.client, "", val, sizeof(val), NULL), KVP_ERR_BAD_KEY);
+    assert_int_equal(kvp_put(e->p.client, long_key, val, sizeof(val), NULL), KVP_ERR_BAD_KEY);
     long_key[4096] = '\0'; /* exactly 4096 bytes is allowed */
-    assert_int_equal(kvp_put(e->client, long_key, val, sizeof(val), NULL), KVP_OK);
-    assert_int_equal(kvp_remove(e->client, long_key), KVP_OK);
-    assert_int_equal(kvp_put(e->client, "bad\xff\xfeutf8", val, sizeof(val), NULL),
+    assert_int_equal(kvp_put(e->p.client, long_key, val, sizeof(val), NULL), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, long_key), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, "bad\xff\xfeutf8", val, sizeof(val), NULL),
                      KVP_ERR_BAD_KEY);
-    assert_int_equal(kvp_put(e->client, "zero-len", val, 0, NULL), KVP_ERR_INVALID_ARG);
-    assert_int_equal(kvp_put(e->client, NULL, val, 1, NULL), KVP_ERR_BAD_KEY);
+    assert_int_equal(kvp_put(e->p.client, "zero-len", val, 0, NULL), KVP_ERR_INVALID_ARG);
+    assert_int_equal(kvp_put(e->p.client, NULL, val, 1, NULL), KVP_ERR_BAD_KEY);
     kvp_put_config_t cfg;
     kvp_put_config_init(&cfg);
     cfg.replica_num = 0;
-    assert_int_equal(kvp_put(e->client, "cfg", val, 1, &cfg), KVP_ERR_INVALID_ARG);
+    assert_int_equal(kvp_put(e->p.client, "cfg", val, 1, &cfg), KVP_ERR_INVALID_ARG);
 
     /* a buffer too small: error, and the buffer is untouched */
     e->key_gen++;
@@ -233,26 +215,27 @@ static void test_bad_input(void **state)
     key_of(e, key, sizeof(key), "small", 0);
     char big[4096];
     kvp_fill_pattern(big, sizeof(big), 9);
-    assert_int_equal(kvp_put(e->client, key, big, sizeof(big), NULL), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, key, big, sizeof(big), NULL), KVP_OK);
     char small[100];
     memset(small, 0x5A, sizeof(small));
-    assert_int_equal(kvp_get_into(e->client, key, small, sizeof(small)), KVP_ERR_BUFFER_TOO_SMALL);
+    assert_int_equal(kvp_get_into(e->p.client, key, small, sizeof(small)),
+                     KVP_ERR_BUFFER_TOO_SMALL);
     for (size_t i = 0; i < sizeof(small); i++)
         assert_int_equal((uint8_t)small[i], 0x5A);
-    assert_int_equal(kvp_remove(e->client, key), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, key), KVP_OK);
 
     /* batch with a mix: per-key results */
     const char *keys[3] = {"mix-ok", "", "mix-ok2"};
     const void *bufs[3] = {val, val, val};
     size_t sizes[3] = {10, 10, 10};
     kvp_status_t res[3];
-    assert_int_equal(kvp_batch_put_from(e->client, keys, bufs, sizes, 3, NULL, res),
+    assert_int_equal(kvp_batch_put_from(e->p.client, keys, bufs, sizes, 3, NULL, res),
                      KVP_ERR_BAD_KEY);
     assert_int_equal(res[0], KVP_OK);
     assert_int_equal(res[1], KVP_ERR_BAD_KEY);
     assert_int_equal(res[2], KVP_OK);
-    assert_int_equal(kvp_remove(e->client, "mix-ok"), KVP_OK);
-    assert_int_equal(kvp_remove(e->client, "mix-ok2"), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, "mix-ok"), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, "mix-ok2"), KVP_OK);
 }
 
 static void test_too_large_and_full(void **state)
@@ -264,7 +247,7 @@ static void test_too_large_and_full(void **state)
     kvp_fill_pattern(buf, huge, 5);
     char key[128];
     key_of(e, key, sizeof(key), "huge", 0);
-    assert_int_equal(kvp_put(e->client, key, buf, huge, NULL), KVP_ERR_TOO_LARGE);
+    assert_int_equal(kvp_put(e->p.client, key, buf, huge, NULL), KVP_ERR_TOO_LARGE);
     kvp_pool_stat_t *s = stat_of(e);
     assert_int_equal(s->pending, 0);
     assert_int_equal(s->used, 0);
@@ -278,7 +261,7 @@ static void test_too_large_and_full(void **state)
     for (int i = 0; i < 64; i++) {
         key_of(e, keys[i], sizeof(keys[i]), "fill", i);
         kvp_fill_pattern(buf, osz, (uint64_t)i);
-        st = kvp_put(e->client, keys[i], buf, osz, NULL);
+        st = kvp_put(e->p.client, keys[i], buf, osz, NULL);
         if (st != KVP_OK)
             break;
         stored++;
@@ -295,18 +278,18 @@ static void test_too_large_and_full(void **state)
     void *out = malloc(osz);
     for (int i = 0; i < stored; i++) {
         kvp_fill_pattern(buf, osz, (uint64_t)i);
-        assert_int_equal(kvp_get_into(e->client, keys[i], out, osz), (int64_t)osz);
+        assert_int_equal(kvp_get_into(e->p.client, keys[i], out, osz), (int64_t)osz);
         assert_memory_equal(out, buf, osz);
     }
     /* freeing one makes room for one */
-    assert_int_equal(kvp_remove(e->client, keys[0]), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, keys[0]), KVP_OK);
     kvp_fill_pattern(buf, osz, 777);
-    assert_int_equal(kvp_put(e->client, keys[stored], buf, osz, NULL), KVP_OK);
-    assert_int_equal(kvp_get_into(e->client, keys[stored], out, osz), (int64_t)osz);
+    assert_int_equal(kvp_put(e->p.client, keys[stored], buf, osz, NULL), KVP_OK);
+    assert_int_equal(kvp_get_into(e->p.client, keys[stored], out, osz), (int64_t)osz);
     assert_memory_equal(out, buf, osz);
-    assert_int_equal(kvp_remove(e->client, keys[stored]), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, keys[stored]), KVP_OK);
     for (int i = 1; i < stored; i++)
-        assert_int_equal(kvp_remove(e->client, keys[i]), KVP_OK);
+        assert_int_equal(kvp_remove(e->p.client, keys[i]), KVP_OK);
     s = stat_of(e);
     assert_int_equal(s->used, 0);
     assert_int_equal(s->objects, 0);
@@ -332,7 +315,7 @@ static void test_replicas_and_preferred(void **state)
     kvp_fill_pattern(val, sizeof(val), 42);
     for (int i = 0; i < 10; i++) {
         key_of(e, key, sizeof(key), "pref", i);
-        assert_int_equal(kvp_put(e->client, key, val, sizeof(val), &cfg), KVP_OK);
+        assert_int_equal(kvp_put(e->p.client, key, val, sizeof(val), &cfg), KVP_OK);
     }
     s = stat_of(e);
     for (size_t i = 0; i < s->n_segments; i++)
@@ -340,22 +323,22 @@ static void test_replicas_and_preferred(void **state)
     kvp_pool_stat_free(s);
     for (int i = 0; i < 10; i++) {
         key_of(e, key, sizeof(key), "pref", i);
-        assert_int_equal(kvp_remove(e->client, key), KVP_OK);
+        assert_int_equal(kvp_remove(e->p.client, key), KVP_OK);
     }
 
     /* two replicas land on both segments; both hold the same bytes */
     kvp_put_config_init(&cfg);
     cfg.replica_num = 2;
     key_of(e, key, sizeof(key), "rep", 0);
-    assert_int_equal(kvp_put(e->client, key, val, sizeof(val), &cfg), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, key, val, sizeof(val), &cfg), KVP_OK);
     s = stat_of(e);
     assert_int_equal(s->objects, 1);
     assert_int_equal(s->segments[0].objects, 1);
     assert_int_equal(s->segments[1].objects, 1);
     kvp_pool_stat_free(s);
-    assert_int_equal(kvp_get_into(e->client, key, out, sizeof(out)), (int64_t)sizeof(out));
+    assert_int_equal(kvp_get_into(e->p.client, key, out, sizeof(out)), (int64_t)sizeof(out));
     assert_memory_equal(out, val, sizeof(val));
-    assert_int_equal(kvp_remove(e->client, key), KVP_OK);
+    assert_int_equal(kvp_remove(e->p.client, key), KVP_OK);
 }
 
 /* Kill one segment server: single-replica keys on it vanish, 2-replica keys survive. */
@@ -369,13 +352,13 @@ static void test_segment_death(void **state)
     char key[128], val[100000], out[100000];
     kvp_fill_pattern(val, sizeof(val), 4242);
     key_of(e, key, sizeof(key), "survivor", 0);
-    assert_int_equal(kvp_put(e->client, key, val, sizeof(val), &cfg), KVP_OK);
+    assert_int_equal(kvp_put(e->p.client, key, val, sizeof(val), &cfg), KVP_OK);
     char single[8][128];
     for (int i = 0; i < 8; i++) {
         key_of(e, single[i], sizeof(single[i]), "single", i);
-        assert_int_equal(kvp_put(e->client, single[i], val, sizeof(val), NULL), KVP_OK);
+        assert_int_equal(kvp_put(e->p.client, single[i], val, sizeof(val), NULL), KVP_OK);
     }
-    kvp_proc_kill9(&e->seg[0]);
+    kvp_proc_kill9(&e->p.seg[0]);
     /* the master learns of the death when the segment's connection closes */
     kvp_pool_stat_t *s = NULL;
     for (int tries = 0; tries < 500; tries++) {
@@ -388,11 +371,11 @@ static void test_segment_death(void **state)
     assert_int_equal(s->n_segments, 1);
     uint64_t left = s->segments[0].objects;
     kvp_pool_stat_free(s);
-    assert_int_equal(kvp_get_into(e->client, key, out, sizeof(out)), (int64_t)sizeof(out));
+    assert_int_equal(kvp_get_into(e->p.client, key, out, sizeof(out)), (int64_t)sizeof(out));
     assert_memory_equal(out, val, sizeof(val));
     uint64_t found = 0;
     for (int i = 0; i < 8; i++) {
-        int64_t r = kvp_get_into(e->client, single[i], out, sizeof(out));
+        int64_t r = kvp_get_into(e->p.client, single[i], out, sizeof(out));
         if (r == (int64_t)sizeof(out)) {
             assert_memory_equal(out, val, sizeof(val));
             found++;
@@ -402,7 +385,7 @@ static void test_segment_death(void **state)
     }
     assert_int_equal(found + 1, left);
     /* restart the segment so the teardown stops two */
-    assert_true(kvp_start_segment(&e->seg[0], e->master.ready, SEG_SIZE, NULL));
+    assert_true(kvp_start_segment(&e->p.seg[0], e->p.master.ready, SEG_SIZE, NULL));
 }
 
 int main(void)
