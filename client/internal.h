@@ -110,6 +110,7 @@ typedef struct kvp_xfer_op {
     uint64_t length;
     kvp_peer_t *peer;    /* borrowed for the call */
     bool want_crc;       /* compute crc of the bytes moved into `crc` */
+    bool stream;         /* a piece of a move of >= KVP_CRC32C_STREAM_MIN bytes: copies stream */
     uint32_t crc;        /* out */
     kvp_status_t status; /* out */
 } kvp_xfer_op_t;

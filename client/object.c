@@ -278,6 +278,7 @@ static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t gr
                             uint64_t len, kvp_peer_t *peer, bool want_crc)
 {
     bool first = true;
+    bool stream = len >= KVP_CRC32C_STREAM_MIN; /* each piece copied as the whole would be */
     for (size_t b = 0; b < pieces_n(p, i) && len > 0; b++) {
         uint64_t s = KVP_MIN((uint64_t)piece_size(p, i, b), len);
         if (s == 0)
@@ -290,7 +291,8 @@ static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t gr
                                  .offset = offset,
                                  .length = s,
                                  .peer = peer,
-                                 .want_crc = want_crc};
+                                 .want_crc = want_crc,
+                                 .stream = stream};
         grp[k++] = grp_id;
         offset += s;
         len -= s;

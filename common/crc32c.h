@@ -26,6 +26,17 @@ uint32_t kvp_crc32c_sw(uint32_t crc, const void *buf, size_t len);
  */
 uint32_t kvp_crc32c_copy(uint32_t crc, void *dst, const void *src, size_t len);
 
+/* Copies of at least this many bytes stream their stores past the cache (crc32c.c). */
+#define KVP_CRC32C_STREAM_MIN ((size_t)1 << 20)
+
+/*
+ * kvp_crc32c_copy of one piece of a larger whole: with `stream` (the whole is at least
+ * KVP_CRC32C_STREAM_MIN bytes) the piece is copied with streamed stores however small it
+ * is, as the whole would be, so an object scattered into 16 KiB buffers costs what it
+ * costs in one buffer.
+ */
+uint32_t kvp_crc32c_copy_piece(uint32_t crc, void *dst, const void *src, size_t len, bool stream);
+
 /*
  * The CRC32C of A||B from crc_a = kvp_crc32c(0, A, |A|), crc_b = kvp_crc32c(0, B, len_b)
  * and len_b, without the bytes: O(log len_b). Lets pieces that land in any order be

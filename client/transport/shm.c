@@ -180,7 +180,7 @@ static void shm_submit(void *vctx, kvp_xfer_op_t **ops, size_t n)
         uint8_t *dst = op->kind == KVP_XFER_READ ? op->local : seg;
         const uint8_t *src = op->kind == KVP_XFER_READ ? seg : op->local;
         if (op->want_crc)
-            op->crc = kvp_crc32c_copy(0, dst, src, op->length);
+            op->crc = kvp_crc32c_copy_piece(0, dst, src, op->length, op->stream);
         else
             memcpy(dst, src, op->length);
         op->status = KVP_OK;

@@ -215,11 +215,12 @@ static void test_combine(void **state)
     free(b);
 }
 
-static void check_copy(const unsigned char *src, unsigned char *dst, size_t dst_size,
-                       size_t dst_off, size_t len, uint32_t seed)
+static void check_copy_as(const unsigned char *src, unsigned char *dst, size_t dst_size,
+                          size_t dst_off, size_t len, uint32_t seed, bool piece)
 {
     memset(dst, CANARY, dst_size);
-    uint32_t c = kvp_crc32c_copy(seed, dst + dst_off, src, len);
+    uint32_t c = piece ? kvp_crc32c_copy_piece(seed, dst + dst_off, src, len, true)
+                       : kvp_crc32c_copy(seed, dst + dst_off, src, len);
     assert_int_equal(c, kvp_crc32c(seed, src, len));
     assert_int_equal(c, kvp_crc32c_sw(seed, src, len));
     assert_memory_equal(dst + dst_off, src, len);
@@ -227,6 +228,12 @@ static void check_copy(const unsigned char *src, unsigned char *dst, size_t dst_
         assert_int_equal(dst[i], CANARY);
     for (size_t i = dst_off + len; i < dst_size; i++)
         assert_int_equal(dst[i], CANARY);
+}
+
+static void check_copy(const unsigned char *src, unsigned char *dst, size_t dst_size,
+                       size_t dst_off, size_t len, uint32_t seed)
+{
+    check_copy_as(src, dst, dst_size, dst_off, len, seed, false);
 }
 
 static void test_copy(void **state)
@@ -307,6 +314,35 @@ static void test_copy_same_page_offset(void **state)
     free(dst);
 }
 
+/*
+ * A piece of a streamed whole (kvp_crc32c_copy_piece with stream) streams however short it is:
+ * the SHORT rounds too, by lines at the same page offset. Lengths around a SHORT round (768),
+ * a LONG round (24 KiB) and a layer-wise piece (16 KiB), at the distances that choose among
+ * the three copies, from sources on and off a line boundary.
+ */
+static void test_copy_piece_streamed(void **state)
+{
+    (void)state;
+    static const size_t lens[] = {0,    1,    63,    64,    767,          768,      769,  2303,
+                                  2304, 4096, 16384, 16461, 3 * 8192 - 1, 3 * 8192, 70001};
+    static const size_t dists[] = {0, 8, 511, 512, 2048};
+    static const size_t offs[] = {0, 1, 63, 64, 4000};
+    const size_t n_lens = sizeof(lens) / sizeof(lens[0]),
+                 n_dists = sizeof(dists) / sizeof(dists[0]);
+    const size_t size = 20 * 4096; /* > 4096 + 70001 + 4096 + 32, a multiple of the alignment */
+    unsigned char *src = aligned_alloc(4096, size), *dst = aligned_alloc(4096, size);
+    assert_non_null(src);
+    assert_non_null(dst);
+    fill_random(src, size);
+    for (size_t t = 0; t < n_lens * n_dists * (sizeof(offs) / sizeof(offs[0])); t++) {
+        size_t len = lens[t % n_lens], so = offs[t / (n_lens * n_dists)];
+        size_t d_o = (so + dists[(t / n_lens) % n_dists]) & 4095;
+        check_copy_as(src + so, dst, d_o + len + 32, d_o, len, (uint32_t)rng_next(), true);
+    }
+    free(src);
+    free(dst);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -320,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_copy_large_distances),
         cmocka_unit_test(test_copy_same_page_offset),
+        cmocka_unit_test(test_copy_piece_streamed),
     };
     return cmocka_run_group_tests_name("crc32c", tests, NULL, NULL);
 }
