@@ -33,7 +33,8 @@ static void *drain_main(void *arg)
     return NULL;
 }
 
-static void heartbeat_once(kvp_client_t *c)
+/* One beat; its transport status (the reply's content is acted on, not checked). */
+static kvp_status_t heartbeat_once(kvp_client_t *c)
 {
     Kvpool__HeartbeatRequest req = KVPOOL__HEARTBEAT_REQUEST__INIT;
     uint64_t seg_id = atomic_load(&c->seg_id);
@@ -46,11 +47,12 @@ static void heartbeat_once(kvp_client_t *c)
     }
     uint8_t *resp;
     size_t rlen;
-    if (kvp_client_call(c, KVP_RPC_HEARTBEAT, &req.base, &resp, &rlen) != KVP_OK)
-        return; /* the next beat reconnects */
+    kvp_status_t st = kvp_client_call(c, KVP_RPC_HEARTBEAT, &req.base, &resp, &rlen);
+    if (st != KVP_OK)
+        return st; /* the next beat reconnects */
     Kvpool__HeartbeatResponse *hr = kvpool__heartbeat_response__unpack(NULL, rlen, resp);
     if (hr == NULL)
-        return;
+        return KVP_ERR_PROTOCOL;
     if (hr->segments_version != 0) {
         /* the table changed: attach the segments now, not at the first transfer */
         kvp_client_peers_update(c, hr->segments, hr->n_segments);
@@ -83,6 +85,7 @@ static void heartbeat_once(kvp_client_t *c)
         pthread_mutex_unlock(&c->hb_lock);
     }
     kvpool__heartbeat_response__free_unpacked(hr, NULL);
+    return KVP_OK;
 }
 
 static void *heartbeat_main(void *arg)
@@ -101,7 +104,7 @@ static void *heartbeat_main(void *arg)
         if (c->hb_stop)
             break;
         pthread_mutex_unlock(&c->hb_lock);
-        heartbeat_once(c);
+        (void)heartbeat_once(c);
         pthread_mutex_lock(&c->hb_lock);
     }
     pthread_mutex_unlock(&c->hb_lock);
@@ -117,8 +120,22 @@ kvp_status_t kvp_client_heartbeat_start(kvp_client_t *c)
     pthread_condattr_destroy(&attr);
     pthread_mutex_init(&c->hb_lock, NULL);
     c->hb_stop = false;
-    /* one beat now: learn every mounted segment before the first put or get */
-    heartbeat_once(c);
+    /* one beat now: learn every mounted segment before the first put or get. It is also
+     * the first call a client without a segment makes: a peer that accepts the connection
+     * but does not answer it as a master (a hung master, another service) fails create
+     * here, as a mount would, instead of every later call */
+    kvp_status_t st = heartbeat_once(c);
+    if (st != KVP_OK) {
+        if (c->disc != NULL)
+            kvp_api_fail("create: the leader found through etcd did not answer a heartbeat: %s",
+                         kvp_strerror(st));
+        else
+            kvp_api_fail("create: the master at %s:%u did not answer a heartbeat: %s",
+                         c->master_host, (unsigned)c->master_port, kvp_strerror(st));
+        pthread_cond_destroy(&c->hb_cond);
+        pthread_mutex_destroy(&c->hb_lock);
+        return st;
+    }
     if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) != 0) {
         pthread_cond_destroy(&c->hb_cond);
         pthread_mutex_destroy(&c->hb_lock);

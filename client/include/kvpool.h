@@ -75,9 +75,14 @@ void kvp_client_params_init(kvp_client_params_t *params);
 /*
  * Connect to the master and, when params->segment_size > 0, allocate the
  * segment (a memfd shared with same-host peers), start its data server and
- * mount it. Outcomes: KVP_OK and *client_p set; KVP_ERR_CONNECT (master
- * unreachable), KVP_ERR_INVALID_ARG (bad params), KVP_ERR_NOMEM, KVP_ERR_SYSTEM.
- * `params` is borrowed for the call only.
+ * mount it. Create returns once the master has answered (the mount, and a
+ * first heartbeat that learns the mounted segments). Outcomes: KVP_OK and
+ * *client_p set; KVP_ERR_CONNECT (master unreachable), KVP_ERR_TIMEOUT (the
+ * connection was taken but nothing answered within rpc_timeout_ms: a hung
+ * master), KVP_ERR_PROTOCOL (what answered is no kvpool master),
+ * KVP_ERR_INVALID_ARG (bad params), KVP_ERR_NOMEM, KVP_ERR_SYSTEM; the
+ * failure's text is in kvp_client_last_error(). `params` is borrowed for the
+ * call only.
  */
 kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t **client_p);
 

@@ -3,6 +3,10 @@
  * status a call returns and what kvp_client_last_error() says about it.
  *
  *   - bad client settings are refused with a text that names the setting;
+ *   - a client without a segment pointed at something that takes the
+ *     connection but is no kvpool master (a hung listener, a service that
+ *     answers with other bytes) fails create, saying so, instead of every
+ *     call after it;
  *   - a batch names its first failing key; a later successful call leaves
  *     the text alone (like errno) and a failure on another thread does not
  *     show here (thread-local);
@@ -26,6 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "client/include/kvpool.h"
 #include "tests/harness.h"
@@ -116,6 +124,78 @@ static void test_bad_settings_named(void **state)
     assert_int_equal(kvp_client_create(&p, &c), KVP_ERR_INVALID_ARG);
     expect_text("master address must be HOST:PORT or etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got "
                 "'no-port-here'");
+}
+
+/* A listener on 127.0.0.1 (port in *port); NULL-free: fails the test on error. */
+static int listener(uint16_t *port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(fd, 8), 0);
+    socklen_t len = sizeof(a);
+    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
+/* Answers each connection with an HTTP error, as a web service would, until the listener
+ * is shut down. */
+static void *http_like_main(void *arg)
+{
+    int fd;
+    while ((fd = accept(*(int *)arg, NULL, NULL)) >= 0) {
+        static const char reply[] = "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n"
+                                    "Connection: keep-alive\r\n\r\n";
+        ssize_t w = write(fd, reply, sizeof(reply) - 1);
+        (void)w;
+        char buf[256];
+        while (read(fd, buf, sizeof(buf)) > 0) /* until the client gives up */
+            ;
+        close(fd);
+    }
+    return NULL;
+}
+
+static kvp_status_t create_at(uint16_t port, kvp_client_t **c)
+{
+    char addr[64];
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)port);
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = addr;
+    p.rpc_timeout_ms = 500;
+    *c = NULL;
+    return kvp_client_create(&p, c);
+}
+
+/* Something that takes the connection but is no master: create fails and says why. */
+static void test_not_a_master(void **state)
+{
+    (void)state;
+    uint16_t port;
+    int lfd = listener(&port); /* never accepts: the kernel completes the handshake */
+    kvp_client_t *c;
+    assert_int_equal(create_at(port, &c), KVP_ERR_TIMEOUT);
+    assert_null(c);
+    expect_text("did not answer a heartbeat: operation timed out");
+    char want[64];
+    snprintf(want, sizeof(want), "127.0.0.1:%u", (unsigned)port);
+    expect_text(want);
+    close(lfd);
+
+    lfd = listener(&port);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, http_like_main, &lfd), 0);
+    kvp_status_t st = create_at(port, &c);
+    assert_null(c);
+    if (st != KVP_ERR_PROTOCOL)
+        fail_msg("create against an HTTP service: %s, want a protocol error", kvp_strerror(st));
+    expect_text("did not answer a heartbeat: protocol error");
+    shutdown(lfd, SHUT_RDWR); /* ends the accept loop */
+    pthread_join(t, NULL);
+    close(lfd);
 }
 
 typedef struct other_thread {
@@ -227,6 +307,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bad_settings_named),
+        cmocka_unit_test(test_not_a_master),
         cmocka_unit_test_setup_teardown(test_first_failing_key_and_thread_local, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_replica_reachable, setup, teardown),
     };
