@@ -1139,6 +1139,8 @@ static int64_t get_size_impl(kvp_client_t *c, const char *key)
         out = gr->status;
     else if (gr != NULL && gr->n_sizes == 1)
         out = gr->sizes[0];
+    if (out < 0) /* as a batch names its failing key */
+        kvp_api_fail_key(key, "get_size %s: %s", key, kvp_strerror((kvp_status_t)out));
     return out;
 }
 

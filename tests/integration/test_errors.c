@@ -236,6 +236,10 @@ static void test_first_failing_key_and_thread_local(void **state)
                      KVP_ERR_BUFFER_TOO_SMALL);
     expect_text("get errors/present: destination buffer smaller than the object");
 
+    /* a single-key call names its key too */
+    assert_int_equal(kvp_get_size(e->client, "errors/missing"), KVP_ERR_NOT_FOUND);
+    expect_text("get_size errors/missing: key not found");
+
     /* a put of an existing key */
     assert_int_equal(kvp_put(e->client, "errors/present", val, sizeof(val), NULL), KVP_ERR_EXISTS);
     expect_text("put errors/present: key already exists");
