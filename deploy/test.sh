@@ -66,23 +66,23 @@ run_suite() { # builddir, setup args...; returns non-zero when the build failed
 # counts. The interpreter: the first python3 that imports pytest, numpy and the built
 # module (a pyenv python3 without pytest falls back to Debian's /usr/bin/python3).
 run_pytest() { # builddir
-  local dir=$1 py="" cand
-  for cand in python3 /usr/bin/python3; do
-    if PYTHONPATH=$dir/client/python "$cand" -c 'import pytest, numpy, kvpool, mooncake.store' \
-        >/dev/null 2>&1; then
-      py=$cand; break
-    fi
-  done
-  if [ -z "$py" ]; then
-    echo "pytest: no python3 imports pytest, numpy and $dir/client/python (deploy/install-deps.sh)"
+  local dir=$1 py
+  if ! py=$(deploy/pick-python.sh "$dir"); then
+    echo "pytest: cannot run"
     failed=$((failed+1)); rc_all=1; return
   fi
   PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
     KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
     "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$dir/pytest.out"
-  local rc=${PIPESTATUS[0]} line ok fail err
+  tally_pytest "$dir/pytest.out" "${PIPESTATUS[0]}"
+}
+
+# Count a pytest run from its output's last line ("2 failed, 46 passed, 1 error in 31.2s")
+# and its exit status (non-zero with no failure counted: one failure).
+tally_pytest() { # outfile rc
+  local out=$1 rc=$2 line ok fail err
   [ "$rc" -ne 0 ] && rc_all=1
-  line=$(tail -n 1 "$dir/pytest.out")   # "2 failed, 46 passed, 1 error in 31.2s"
+  line=$(tail -n 1 "$out")
   ok=$(grep -oE '[0-9]+ passed' <<<"$line" | grep -oE '[0-9]+')
   fail=$(grep -oE '[0-9]+ failed' <<<"$line" | grep -oE '[0-9]+')
   err=$(grep -oE '[0-9]+ errors?' <<<"$line" | grep -oE '[0-9]+')
@@ -109,6 +109,13 @@ if run_suite build; then
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
   run_pytest build
+  # The module with CUDA device memory (tests/gpu/test_gpu_python.py) against the test
+  # double of the driver (tests/gpu/fake_cuda.c): device pointers from Python take the
+  # library's GPU path, and nothing touches device memory on the CPU. It proves nothing
+  # about a real GPU: the gpu suite runs the same file on one.
+  KVPOOL_CUDA_LIB=$PWD/build/tests/libfake_cuda.so tests/gpu/run_gpu_python.sh build 2>&1 |
+    tee build/pytest-gpu-fake.out
+  tally_pytest build/pytest-gpu-fake.out "${PIPESTATUS[0]}"
 fi
 
 # deploy/ and debian/: units (systemd-analyze verify), manifests (kubectl apply
