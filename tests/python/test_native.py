@@ -137,6 +137,10 @@ def test_batch_put_get_exists_numpy(client, prefix):
                                                               arrays[1].tobytes(), None]
     assert client.batch_remove(keys + [prefix + "none"]) == [0] * len(keys) + [kvpool.ERR_NOT_FOUND]
     assert client.batch_exists(keys) == [False] * len(keys)
+    # a per-key failure raises, naming that key
+    with pytest.raises(kvpool.Error) as ei:
+        client.batch_exists([keys[0], ""])
+    assert ei.value.status == kvpool.ERR_BAD_KEY and str(ei.value).startswith("exist '': ")
 
 
 def test_batch_pointer_pairs(client, prefix):

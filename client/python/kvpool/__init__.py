@@ -276,14 +276,9 @@ class Client:
         return _check_batch(self._c.batch_get_into_multi(keys, ptrs, sizes))
 
     def batch_exists(self, keys):
-        """[bool] per key: whether a complete object has it."""
-        res, _ = self._c.batch_exists(keys)
-        for i, r in enumerate(res):
-            if r < 0:
-                # a per-key status leaves the thread's last-error text as it was
-                k = keys[i] if isinstance(keys, (list, tuple)) else f"#{i}"
-                raise _kvpool.error(r, f"exist {k!r}: {_kvpool.strerror(r)}")
-        return [r == 1 for r in res]
+        """[bool] per key: whether a complete object has it (a per-key failure raises,
+        naming the key)."""
+        return self._c.batch_exists_bools(keys)
 
     def cached_prefix(self, keys):
         """How many leading keys all exist: the longest cached prefix."""

@@ -772,34 +772,73 @@ out:
     return ret;
 }
 
+/* Exist over keys into b->results (1/0/negative per key), the cached prefix into *prefix;
+ * 0, or -1 with an exception set (b is to be cleaned up either way). */
+static int exists_run(kvp_py_client_t *self, PyObject *keys, kvp_py_batch_t *b, size_t *prefix)
+{
+    if (kvp_py_batch_keys(keys, b) != 0)
+        return -1;
+    int *r = PyMem_Calloc(b->n > 0 ? (size_t)b->n : 1, sizeof(int));
+    if (r == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *prefix = 0;
+    if (b->n > 0) {
+        kvp_client_t *c;
+        WITH_CLIENT(self, c, kvp_batch_is_exist(c, b->key_ptrs, (size_t)b->n, r, prefix));
+        if (c == NULL) {
+            PyMem_Free(r);
+            kvp_py_raise_closed();
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < b->n; i++)
+        b->results[i] = r[i];
+    PyMem_Free(r);
+    return 0;
+}
+
 /* batch_exists(keys) -> ([1/0/negative per key], prefix_len) */
 static PyObject *client_batch_exists(kvp_py_client_t *self, PyObject *keys)
 {
     kvp_py_batch_t b;
+    size_t prefix;
     PyObject *ret = NULL;
-    if (kvp_py_batch_keys(keys, &b) != 0)
-        goto out;
-    int *r = PyMem_Calloc(b.n > 0 ? (size_t)b.n : 1, sizeof(int));
-    if (r == NULL) {
-        PyErr_NoMemory();
-        goto out;
+    if (exists_run(self, keys, &b, &prefix) == 0) {
+        PyObject *list = results_list(&b);
+        if (list != NULL)
+            ret = Py_BuildValue("(Nn)", list, (Py_ssize_t)prefix);
     }
-    size_t prefix = 0;
-    if (b.n > 0) {
-        kvp_client_t *c;
-        WITH_CLIENT(self, c, kvp_batch_is_exist(c, b.key_ptrs, (size_t)b.n, r, &prefix));
-        if (c == NULL) {
-            PyMem_Free(r);
-            kvp_py_raise_closed();
-            goto out;
+    kvp_py_batch_cleanup(&b);
+    return ret;
+}
+
+/* batch_exists_bools(keys) -> [bool per key]; a per-key failure raises kvpool.Error naming
+ * the first failing key. The native API's batch_exists, with no Python loop over the
+ * results (two of them cost ~0.1 us a key: a tenth of a 128-key batch). */
+static PyObject *client_batch_exists_bools(kvp_py_client_t *self, PyObject *keys)
+{
+    kvp_py_batch_t b;
+    size_t prefix;
+    PyObject *ret = NULL;
+    if (exists_run(self, keys, &b, &prefix) != 0)
+        goto out;
+    for (Py_ssize_t i = 0; i < b.n; i++) {
+        if (b.results[i] >= 0)
+            continue;
+        /* a per-key status leaves the thread's last-error text as it was */
+        PyObject *msg = PyUnicode_FromFormat("exist %R: %s", PyTuple_GET_ITEM(b.keys, i),
+                                             kvp_strerror((kvp_status_t)b.results[i]));
+        if (msg != NULL) {
+            kvp_py_raise((int)b.results[i], PyUnicode_AsUTF8(msg));
+            Py_DECREF(msg);
         }
+        goto out;
     }
-    for (Py_ssize_t i = 0; i < b.n; i++)
-        b.results[i] = r[i];
-    PyMem_Free(r);
-    PyObject *list = results_list(&b);
-    if (list != NULL)
-        ret = Py_BuildValue("(Nn)", list, (Py_ssize_t)prefix);
+    ret = PyList_New(b.n);
+    for (Py_ssize_t i = 0; ret != NULL && i < b.n; i++)
+        PyList_SET_ITEM(ret, i, PyBool_FromLong(b.results[i] == 1));
 out:
     kvp_py_batch_cleanup(&b);
     return ret;
@@ -1233,6 +1272,8 @@ static PyMethodDef client_methods[] = {
          "aq_close() -> [token]: destroy the queue; the tokens never reaped"),
     METH("batch_get_buffer", client_batch_get_buffer, METH_O,
          "batch_get_buffer(keys) -> [BufferHandle or negative status]"),
+    METH("batch_exists_bools", client_batch_exists_bools, METH_O,
+         "batch_exists_bools(keys) -> [bool per key]; raises on a per-key failure"),
     METH("batch_exists", client_batch_exists, METH_O,
          "batch_exists(keys) -> ([1, 0 or negative status], cached prefix length)"),
     METH("batch_remove", client_batch_remove, METH_VARARGS,
