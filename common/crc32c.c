@@ -62,11 +62,10 @@
 #endif
 
 #define KVP_CRC32C_POLY 0x82F63B78u
-#define KVP_CRC32C_LONG 8192                    /* bytes per chain per round, big buffers */
-#define KVP_CRC32C_SHORT 256                    /* bytes per chain per round, small buffers */
-#define KVP_CRC32C_SW_CHUNK 4096                /* copy granularity of the software copy path */
-#define KVP_CRC32C_NT_MIN KVP_CRC32C_STREAM_MIN /* copies this big stream past the cache */
-#define KVP_CRC32C_NT_ALIAS 512 /* ...unless dst is less than this above src mod 4 KiB */
+#define KVP_CRC32C_LONG 8192     /* bytes per chain per round, big buffers */
+#define KVP_CRC32C_SHORT 256     /* bytes per chain per round, small buffers */
+#define KVP_CRC32C_SW_CHUNK 4096 /* copy granularity of the software copy path */
+#define KVP_CRC32C_NT_ALIAS 512  /* ...unless dst is less than this above src mod 4 KiB */
 
 static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
 static uint32_t crc32c_table[8][256];
@@ -346,8 +345,6 @@ crc32c_hw_copy_lines(uint32_t crc, unsigned char *q, const unsigned char *p, siz
     p += head;
     q += head;
     len -= head;
-    if (len < 3 * KVP_CRC32C_SHORT)
-        return crc32c_hw_impl(crc, q, p, len, true, false);
     uint32_t c = ~crc;
     c = crc32c_hw_line_rounds(c, &p, &q, &len, KVP_CRC32C_LONG, crc32c_zeros_long);
     c = crc32c_hw_line_rounds(c, &p, &q, &len, KVP_CRC32C_SHORT, crc32c_zeros_short);
@@ -365,7 +362,7 @@ static KVP_TARGET_SSE42 uint32_t crc32c_hw_copy(uint32_t crc, void *dst, const v
      * write-combining flush (measured: 0.3 GB/s instead of 14).
      */
     uintptr_t dist = ((uintptr_t)dst - (uintptr_t)src) & 4095;
-    stream = stream || len >= KVP_CRC32C_NT_MIN;
+    stream = stream || len >= KVP_CRC32C_STREAM_MIN;
     if (stream && dist == 0 && crc32c_have_avx2)
         return crc32c_hw_copy_lines(crc, dst, src, len);
     if (stream && (dist == 0 || dist >= KVP_CRC32C_NT_ALIAS))

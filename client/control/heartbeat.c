@@ -125,21 +125,18 @@ kvp_status_t kvp_client_heartbeat_start(kvp_client_t *c)
      * but does not answer it as a master (a hung master, another service) fails create
      * here, as a mount would, instead of every later call */
     kvp_status_t st = heartbeat_once(c);
+    if (st != KVP_OK && c->disc != NULL)
+        kvp_api_fail("create: the leader found through etcd did not answer a heartbeat: %s",
+                     kvp_strerror(st));
+    else if (st != KVP_OK)
+        kvp_api_fail("create: the master at %s:%u did not answer a heartbeat: %s", c->master_host,
+                     (unsigned)c->master_port, kvp_strerror(st));
+    else if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) != 0)
+        st = KVP_ERR_SYSTEM;
     if (st != KVP_OK) {
-        if (c->disc != NULL)
-            kvp_api_fail("create: the leader found through etcd did not answer a heartbeat: %s",
-                         kvp_strerror(st));
-        else
-            kvp_api_fail("create: the master at %s:%u did not answer a heartbeat: %s",
-                         c->master_host, (unsigned)c->master_port, kvp_strerror(st));
         pthread_cond_destroy(&c->hb_cond);
         pthread_mutex_destroy(&c->hb_lock);
         return st;
-    }
-    if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) != 0) {
-        pthread_cond_destroy(&c->hb_cond);
-        pthread_mutex_destroy(&c->hb_lock);
-        return KVP_ERR_SYSTEM;
     }
     c->hb_started = true;
     return KVP_OK;
