@@ -65,7 +65,8 @@
 #define KVP_CRC32C_LONG 8192     /* bytes per chain per round, big buffers */
 #define KVP_CRC32C_SHORT 256     /* bytes per chain per round, small buffers */
 #define KVP_CRC32C_SW_CHUNK 4096 /* copy granularity of the software copy path */
-#define KVP_CRC32C_NT_ALIAS 512  /* ...unless dst is less than this above src mod 4 KiB */
+#define KVP_CRC32C_NT_ALIAS                                                                        \
+    512 /* streamed copies: not when dst is less than this above src mod 4 KiB */
 
 static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
 static uint32_t crc32c_table[8][256];
