@@ -1,7 +1,8 @@
 /*
- * admin.c - key listing and bulk remove (by regex, all).
+ * admin.c - key listing, bulk remove (by regex, all), and draining segments
+ * (this client's own, or asking another owner to drain its).
  *
- * Thread: any client thread; master traffic through kvp_client_call.
+ * Thread: any client thread; master traffic through the session.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -10,7 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/api.h"
 #include "client/client_priv.h"
+#include "client/control/drain.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/macros.h"
@@ -33,8 +36,8 @@ static kvp_status_t list_keys_impl(kvp_client_t *c, const char *pattern, size_t 
         req.pattern = pattern ? (char *)pattern : "";
         req.cursor = cursor;
         req.limit = (uint32_t)KVP_MIN(max - n, (size_t)1000);
-        Kvpool__ListResponse *lr = kvp_client_call_unpack(c, KVP_RPC_LIST, &req.base,
-                                                          &kvpool__list_response__descriptor, &st);
+        Kvpool__ListResponse *lr = kvp_session_call_unpack(c->session, KVP_RPC_LIST, &req.base,
+                                                           &kvpool__list_response__descriptor, &st);
         if (lr == NULL)
             break;
         if (lr->status != KVP_OK) {
@@ -111,8 +114,9 @@ static kvp_status_t remove_regex(kvp_client_t *c, const char *pattern, bool all,
     req.all = all;
     req.force = force != 0;
     kvp_status_t st;
-    Kvpool__RemoveByRegexResponse *rr = kvp_client_call_unpack(
-        c, KVP_RPC_REMOVE_BY_REGEX, &req.base, &kvpool__remove_by_regex_response__descriptor, &st);
+    Kvpool__RemoveByRegexResponse *rr =
+        kvp_session_call_unpack(c->session, KVP_RPC_REMOVE_BY_REGEX, &req.base,
+                                &kvpool__remove_by_regex_response__descriptor, &st);
     if (rr == NULL)
         return st;
     st = rr->status;
@@ -147,4 +151,35 @@ kvp_status_t kvp_remove_all(kvp_client_t *c, int force, uint64_t *removed_p)
 {
     kvp_api_enter();
     return (kvp_status_t)kvp_api_leave(remove_all_impl(c, force, removed_p), "remove_all");
+}
+
+/* ---------------- drain ---------------- */
+
+kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, uint64_t *lost_p)
+{
+    kvp_api_enter();
+    kvp_status_t st = KVP_ERR_INVALID_ARG;
+    if (c != NULL) {
+        kvp_drain_params_t p = kvp_client_drain_params(c);
+        st = kvp_drain_run(&p, timeout_ms, moved_p, lost_p);
+    } else {
+        if (moved_p)
+            *moved_p = 0;
+        if (lost_p)
+            *lost_p = 0;
+    }
+    return (kvp_status_t)kvp_api_leave(st, "drain");
+}
+
+kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
+{
+    kvp_api_enter();
+    kvp_status_t st = c == NULL ? KVP_ERR_INVALID_ARG : kvp_drain_request(c->session, segment_name);
+    return (kvp_status_t)kvp_api_leave(st, "request_drain");
+}
+
+int kvp_client_segment_mounted(kvp_client_t *c)
+{
+    int s = c ? kvp_segment_state(c->seg) : KVP_SEG_NONE;
+    return s == KVP_SEG_MOUNTED || s == KVP_SEG_DRAINING;
 }

@@ -30,7 +30,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/api.h"
 #include "common/log.h"
 #include "common/macros.h"
 

@@ -1,42 +1,31 @@
 /*
- * client.c - a client's life: parameters, create (connect to the master,
- * create and mount the client's own segment, start the heartbeat) and
- * destroy (drain the segment, stop, free).
+ * client.c - a client's life: parameters, create (the transfer engine, the
+ * client's own segment, the session with the master that mounts it, the
+ * heartbeat and record threads, the SSD segment) and destroy (the same, in
+ * reverse).
  *
- * The other parts of the client live beside this file: the object flows
- * (object.c), the master connection (control/master_conn.c), heartbeat and
- * drain (control/), the peer table and transfer engine (transfer/), the
- * transports (transport/), the segment server (segment/) and the registered
- * buffers (mem/registry.c).
+ * The parts are objects of the folders below (client_priv.h): the object
+ * flows (object.c) and the admin calls (admin.c) use them; no lower folder
+ * sees the client.
  *
  * Threads: every API call may come from any thread. The master connection
  * is shared by all of them (control/mconn.c: requests in flight together,
- * no lock held while waiting); peer_lock (a rwlock) guards the peer table,
- * the registry's lock the registrations (lookups take none). No lock is held
- * across a data transfer.
+ * no lock held while waiting); the peer table has its own rwlock, the
+ * registry its lock (lookups take none). No lock is held across a data
+ * transfer.
  */
-#include <errno.h>
-#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include "client/api.h"
 #include "client/client_priv.h"
-#include "client/ssd/ssd_owner.h"
-#include "client/control/discovery.h"
-#include "client/control/mconn.h"
-#include "client/control/record.h"
-#include "client/internal.h"
-#include "client/mem/gpu.h"
-#include "common/crc32c.h"
 #include "common/log.h"
-#include "common/rpc.h"
 #include "common/macros.h"
 #include "common/parse.h"
 #include "common/rand.h"
+#include "common/rpc.h"
 #include "kvpool.pb-c.h"
 
 void kvp_client_params_init(kvp_client_params_t *p)
@@ -55,7 +44,7 @@ void kvp_put_config_init(kvp_put_config_t *c)
 
 const char *kvp_client_segment_name(const kvp_client_t *client)
 {
-    return client->seg_base ? client->seg_name : NULL;
+    return client->seg ? kvp_segment_name(client->seg) : NULL;
 }
 
 const char *kvp_client_ssd_segment_name(const kvp_client_t *client)
@@ -63,45 +52,131 @@ const char *kvp_client_ssd_segment_name(const kvp_client_t *client)
     return client->ssd ? kvp_ssd_owner_name(client->ssd) : NULL;
 }
 
-/* ---------------- create / destroy ---------------- */
+/* ---------------- parameters ---------------- */
 
-static kvp_status_t segment_create(kvp_client_t *c)
+/* The master address: HOST:PORT, or etcd://... (the leader found and followed through etcd,
+ * leader_changed told of a new one). */
+static kvp_status_t master_addr_parse(kvp_client_t *c, kvp_discovery_change_cb_t leader_changed)
 {
-    c->seg_size = c->params.segment_size;
-    c->seg_fd = memfd_create("kvpool-segment", MFD_CLOEXEC);
-    if (c->seg_fd < 0)
-        return kvp_status_from_errno(errno);
-    if (ftruncate(c->seg_fd, (off_t)c->seg_size) != 0) {
-        KVP_LOG_ERROR("cannot size a %llu-byte segment: %m", (unsigned long long)c->seg_size);
-        return kvp_status_from_errno(errno);
+    const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
+    if (master == NULL || master[0] == '\0')
+        master = "127.0.0.1:50051";
+    if (kvp_discovery_is_etcd(master)) {
+        uint32_t t = c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000;
+        if (kvp_discovery_create(master, t, leader_changed, c, &c->disc) == KVP_OK)
+            return KVP_OK;
+        KVP_LOG_ERROR("master address must be etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
+                      master);
+    } else if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host),
+                                  &c->master_port) == KVP_OK) {
+        return KVP_OK;
+    } else {
+        KVP_LOG_ERROR("master address must be HOST:PORT, got '%s'", master);
     }
-    /* Fault the whole segment in now: the memory is really there once mounted, and no
-     * put pays a first-touch page fault on the data path. */
-    void *base =
-        mmap(NULL, c->seg_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, c->seg_fd, 0);
-    if (base == MAP_FAILED)
-        return kvp_status_from_errno(errno);
-    c->seg_base = base;
-    snprintf(c->seg_shm_path, sizeof(c->seg_shm_path), "/proc/%d/fd/%d", (int)getpid(), c->seg_fd);
-    const char *host = c->params.data_host ? c->params.data_host : "127.0.0.1";
-    uint16_t port;
-    kvp_status_t st = kvp_segment_server_create(base, c->seg_size, host, c->params.data_port,
-                                                &c->seg_server, &port);
-    if (st != KVP_OK)
-        return st;
-    snprintf(c->seg_endpoint, sizeof(c->seg_endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u",
-             host, port);
-    st = kvp_transfer_serve_segment(&c->xfer, base, c->seg_size, c->seg_rdma_endpoint,
-                                    sizeof(c->seg_rdma_endpoint), &c->seg_rdma_addr,
-                                    &c->seg_rdma_rkey);
-    if (st != KVP_OK)
-        return st;
-    if (c->params.segment_name != NULL)
-        snprintf(c->seg_name, sizeof(c->seg_name), "%s", c->params.segment_name);
-    else
-        snprintf(c->seg_name, sizeof(c->seg_name), "%s", c->seg_endpoint);
+    kvp_api_fail("create: master address must be HOST:PORT or "
+                 "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
+                 master);
+    return KVP_ERR_INVALID_ARG;
+}
+
+/* The transport settings of the engine: forced transport, rdma devices and shape. */
+static kvp_status_t transport_params(kvp_client_t *c)
+{
+    const char *tr = c->params.transport ? c->params.transport : getenv("KVPOOL_TRANSPORT");
+    if (tr == NULL || tr[0] == '\0' || strcmp(tr, "auto") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_AUTO;
+    } else if (strcmp(tr, "tcp") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_TCP;
+    } else if (strcmp(tr, "shm") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_SHM;
+    } else if (strcmp(tr, "rdma") == 0) {
+        c->xfer.forced = KVP_TRANSPORT_RDMA;
+    } else {
+        KVP_LOG_ERROR("unknown transport '%s' (auto, tcp, shm, rdma)", tr);
+        kvp_api_fail("create: unknown transport '%s' (auto, tcp, shm, rdma)", tr);
+        return KVP_ERR_INVALID_ARG;
+    }
+    const char *rdev =
+        c->params.rdma_devices ? c->params.rdma_devices : getenv("KVPOOL_RDMA_DEVICE");
+    const char *rhost = c->params.rdma_host ? c->params.rdma_host : getenv("KVPOOL_RDMA_HOST");
+    if ((rdev && strlen(rdev) >= sizeof(c->xfer.rdma_devices)) ||
+        (rhost && strlen(rhost) >= sizeof(c->xfer.rdma_host))) {
+        KVP_LOG_ERROR("rdma device list or host too long");
+        kvp_api_fail("create: rdma device list or host too long");
+        return KVP_ERR_INVALID_ARG;
+    }
+    snprintf(c->xfer.rdma_devices, sizeof(c->xfer.rdma_devices), "%s", rdev ? rdev : "");
+    snprintf(c->xfer.rdma_host, sizeof(c->xfer.rdma_host), "%s", rhost ? rhost : "");
+    if (c->params.rdma_qps_per_peer > 16 ||
+        (c->params.rdma_slice_bytes != 0 &&
+         (c->params.rdma_slice_bytes < 4096 || c->params.rdma_slice_bytes > (1u << 30)))) {
+        KVP_LOG_ERROR("rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB");
+        kvp_api_fail("create: rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB "
+                     "(got %u and %llu)",
+                     c->params.rdma_qps_per_peer, (unsigned long long)c->params.rdma_slice_bytes);
+        return KVP_ERR_INVALID_ARG;
+    }
+    c->xfer.rdma_qps = c->params.rdma_qps_per_peer;
+    c->xfer.rdma_slice = c->params.rdma_slice_bytes;
     return KVP_OK;
 }
+
+/* Who may connect to our data servers: "protected" (this host only) or "none". */
+static kvp_status_t auth_param(kvp_client_t *c)
+{
+    const char *auth = c->params.auth ? c->params.auth : getenv("KVPOOL_AUTH");
+    if (auth == NULL || auth[0] == '\0' || strcmp(auth, "protected") == 0) {
+        c->protected_mode = true;
+        return KVP_OK;
+    }
+    if (strcmp(auth, "none") == 0) {
+        c->protected_mode = false;
+        return KVP_OK;
+    }
+    KVP_LOG_ERROR("auth must be protected or none, got '%s'", auth);
+    kvp_api_fail("create: auth (KVPOOL_AUTH) must be protected or none, got '%s'", auth);
+    return KVP_ERR_INVALID_ARG;
+}
+
+/* The rest of the parameters: checked, defaults filled in, the engine's copies set. */
+static kvp_status_t other_params(kvp_client_t *c)
+{
+    kvp_client_params_t *p = &c->params;
+    if (p->ssd_path != NULL && (p->ssd_path[0] == '\0' || p->ssd_size < (1u << 20))) {
+        KVP_LOG_ERROR("an SSD segment needs a path and a size of at least 1 MiB");
+        kvp_api_fail("create: an SSD segment needs a path and a size of at least 1 MiB (got "
+                     "'%s', %llu bytes)",
+                     p->ssd_path, (unsigned long long)p->ssd_size);
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (p->rpc_timeout_ms == 0)
+        p->rpc_timeout_ms = 10000;
+    if (p->heartbeat_ms == 0)
+        p->heartbeat_ms = 1000;
+    if (p->drain_timeout_ms == 0)
+        p->drain_timeout_ms = 30000;
+    if (p->tcp_streams == 0)
+        p->tcp_streams = 2;
+    if (p->tcp_slice_bytes == 0)
+        p->tcp_slice_bytes = 1 << 20;
+    if (p->tcp_streams > 64 || p->tcp_slice_bytes < 4096) {
+        KVP_LOG_ERROR("tcp_streams must be 1..64 and tcp_slice_bytes at least 4 KiB (got %u and "
+                      "%llu)",
+                      p->tcp_streams, (unsigned long long)p->tcp_slice_bytes);
+        kvp_api_fail("create: tcp_streams must be 1..64 and tcp_slice_bytes at least 4 KiB (got "
+                     "%u and %llu)",
+                     p->tcp_streams, (unsigned long long)p->tcp_slice_bytes);
+        return KVP_ERR_INVALID_ARG;
+    }
+    c->xfer.timeout_ms = p->rpc_timeout_ms;
+    c->xfer.tcp_streams = p->tcp_streams;
+    c->xfer.tcp_slice = p->tcp_slice_bytes;
+    c->xfer.client_id = c->client_id;
+    kvp_host_id(c->xfer.host_id, sizeof(c->xfer.host_id));
+    return KVP_OK;
+}
+
+/* ---------------- create / destroy ---------------- */
 
 /* A new leader (discovery.c's watch thread): drop a connection to another master now;
  * the next call (or the heartbeat) connects to the leader and remounts there. One that
@@ -110,9 +185,97 @@ static void leader_changed(void *arg, const char *leader)
 {
     kvp_client_t *c = arg;
     KVP_LOG_INFO("the master's leader is now %s", leader);
-    if (c->mc != NULL)
-        kvp_mconn_follow(c->mc, leader);
+    if (c->session != NULL)
+        kvp_mconn_follow(kvp_session_mconn(c->session), leader);
     kvp_ssd_owner_follow(c->ssd, leader);
+}
+
+/* The session with the master (mounting the segment), the heartbeat, the record thread;
+ * the segment takes puts when this returns. */
+static kvp_status_t control_start(kvp_client_t *c)
+{
+    kvp_session_params_t sp = {.master_host = c->master_host,
+                               .master_port = c->master_port,
+                               .disc = c->disc,
+                               .timeout_ms = c->params.rpc_timeout_ms,
+                               .client_id = c->client_id,
+                               .seg = c->seg,
+                               .peers = &c->peers};
+    kvp_status_t st = kvp_session_open(&sp, &c->session);
+    if (st != KVP_OK)
+        return st;
+    kvp_heartbeat_params_t hp = {.drain = kvp_client_drain_params(c),
+                                 .client_id = c->client_id,
+                                 .interval_ms = c->params.heartbeat_ms,
+                                 .drain_timeout_ms = c->params.drain_timeout_ms};
+    st = kvp_heartbeat_start(&hp, &c->hb);
+    if (st != KVP_OK && c->disc != NULL)
+        kvp_api_fail("create: the leader found through etcd did not answer a heartbeat: %s",
+                     kvp_strerror(st));
+    else if (st != KVP_OK)
+        kvp_api_fail("create: the master at %s:%u did not answer a heartbeat: %s", c->master_host,
+                     (unsigned)c->master_port, kvp_strerror(st));
+    if (st != KVP_OK || c->seg == NULL)
+        return st;
+    kvp_record_sync_params_t rp = {.seg = c->seg,
+                                   .session = c->session,
+                                   .client_id = c->client_id,
+                                   .timeout_ms = c->params.rpc_timeout_ms};
+    st = kvp_record_sync_start(&rp, &c->rec);
+    if (st == KVP_OK)
+        st = kvp_record_sync_wait_open(c->rec);
+    return st;
+}
+
+/* Our SSD segment, with its own master connection. */
+static kvp_status_t ssd_start(kvp_client_t *c, const char *host)
+{
+    kvp_ssd_owner_params_t p = {.path = c->params.ssd_path,
+                                .size = c->params.ssd_size,
+                                .buffered_io = c->params.ssd_buffered_io != 0,
+                                .host = host,
+                                .protected_mode = c->protected_mode,
+                                .master_host = c->master_host,
+                                .master_port = c->master_port,
+                                .disc = c->disc,
+                                .timeout_ms = c->params.rpc_timeout_ms,
+                                .client_id = c->client_id,
+                                .xfer = &c->xfer,
+                                .peers = &c->peers};
+    char why[1024] = "";
+    kvp_status_t st = kvp_ssd_owner_start(&p, &c->ssd, why, sizeof(why));
+    if (st != KVP_OK && why[0] != '\0')
+        kvp_api_fail("create: %s", why);
+    return st;
+}
+
+/* Stop and free every part (each NULL or stopped is skipped), in reverse order of creation.
+ * unmount: tell the master the segment is gone (destroy; a failed create does not). */
+static void client_free(kvp_client_t *c, bool unmount)
+{
+    kvp_discovery_stop(c->disc);    /* no leader-change callback from now on */
+    kvp_record_sync_signal(c->rec); /* its stream ends within 100 ms */
+    kvp_heartbeat_stop(c->hb);      /* also waits for a drain in progress */
+    kvp_ssd_owner_stop(c->ssd);     /* unmounts it: its file keeps the objects */
+    c->ssd = NULL;
+    int seg_state = c->seg != NULL ? kvp_segment_set_drained(c->seg) : KVP_SEG_NONE;
+    if (unmount && (seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) &&
+        c->session != NULL && kvp_mconn_connected(kvp_session_mconn(c->session))) {
+        /* no remount races this: the heartbeat has stopped and no call is in progress */
+        Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
+        req.segment_id = kvp_segment_id(c->seg);
+        uint8_t *resp = NULL;
+        size_t rlen;
+        kvp_session_call(c->session, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen); /* best effort */
+    }
+    kvp_record_sync_stop(c->rec);
+    kvp_session_close(c->session);
+    kvp_discovery_destroy(c->disc);
+    kvp_segment_stop(c->seg);
+    kvp_peers_cleanup(&c->peers);   /* detaches them from the transports */
+    kvp_transfer_cleanup(&c->xfer); /* deregisters the buffers (and the segment) still registered */
+    kvp_segment_destroy(c->seg);    /* unmapped only now */
+    free(c);
 }
 
 static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_client_t **client_p)
@@ -126,166 +289,55 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     kvp_client_params_init(&c->params);
     memcpy(&c->params, params, KVP_MIN(params->size, sizeof(c->params)));
     c->params.size = sizeof(c->params);
-    c->seg_fd = -1;
-    pthread_mutex_init(&c->seg_lock, NULL);
-    pthread_mutex_init(&c->rel_lock, NULL);
-    pthread_rwlock_init(&c->peer_lock, NULL);
-    kvp_peer_table_init(&c->peers);
     c->client_id = kvp_random_u64();
+    kvp_peers_init(&c->peers, &c->xfer, c->client_id);
 
-    kvp_status_t st = KVP_ERR_INVALID_ARG;
-    const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
-    if (master == NULL || master[0] == '\0')
-        master = "127.0.0.1:50051";
-    if (kvp_discovery_is_etcd(master)) {
-        /* high availability: the leader is found (and followed) through etcd */
-        uint32_t t = c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000;
-        if (kvp_discovery_create(master, t, leader_changed, c, &c->disc) != KVP_OK) {
-            KVP_LOG_ERROR("master address must be etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, "
-                          "got '%s'",
-                          master);
-            kvp_api_fail("create: master address must be HOST:PORT or "
-                         "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
-                         master);
-            goto err;
-        }
-    } else if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host),
-                                  &c->master_port) != KVP_OK) {
-        KVP_LOG_ERROR("master address must be HOST:PORT, got '%s'", master);
-        kvp_api_fail("create: master address must be HOST:PORT or "
-                     "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
-                     master);
-        goto err;
+    kvp_status_t st = master_addr_parse(c, leader_changed);
+    if (st == KVP_OK)
+        st = transport_params(c);
+    if (st == KVP_OK)
+        st = auth_param(c);
+    if (st == KVP_OK)
+        st = other_params(c);
+    if (st != KVP_OK)
+        goto err_free;
+    st = kvp_transfer_init(&c->xfer);
+    if (st != KVP_OK)
+        goto err_free;
+    if (c->params.segment_size > 0) {
+        kvp_segment_params_t sp = {.size = c->params.segment_size,
+                                   .name = c->params.segment_name,
+                                   .data_host = c->params.data_host,
+                                   .data_port = c->params.data_port,
+                                   .protected_mode = c->protected_mode,
+                                   .client_id = c->client_id,
+                                   .xfer = &c->xfer};
+        st = kvp_segment_create(&sp, &c->seg);
+        if (st != KVP_OK)
+            goto err_free;
     }
-    const char *tr = c->params.transport ? c->params.transport : getenv("KVPOOL_TRANSPORT");
-    if (tr == NULL || tr[0] == '\0' || strcmp(tr, "auto") == 0) {
-        c->xfer.forced = KVP_TRANSPORT_AUTO;
-    } else if (strcmp(tr, "tcp") == 0) {
-        c->xfer.forced = KVP_TRANSPORT_TCP;
-    } else if (strcmp(tr, "shm") == 0) {
-        c->xfer.forced = KVP_TRANSPORT_SHM;
-    } else if (strcmp(tr, "rdma") == 0) {
-        c->xfer.forced = KVP_TRANSPORT_RDMA;
-    } else {
-        KVP_LOG_ERROR("unknown transport '%s' (auto, tcp, shm, rdma)", tr);
-        kvp_api_fail("create: unknown transport '%s' (auto, tcp, shm, rdma)", tr);
-        goto err;
-    }
-    const char *rdev =
-        c->params.rdma_devices ? c->params.rdma_devices : getenv("KVPOOL_RDMA_DEVICE");
-    const char *rhost = c->params.rdma_host ? c->params.rdma_host : getenv("KVPOOL_RDMA_HOST");
-    if ((rdev && strlen(rdev) >= sizeof(c->xfer.rdma_devices)) ||
-        (rhost && strlen(rhost) >= sizeof(c->xfer.rdma_host))) {
-        KVP_LOG_ERROR("rdma device list or host too long");
-        kvp_api_fail("create: rdma device list or host too long");
-        goto err;
-    }
-    snprintf(c->xfer.rdma_devices, sizeof(c->xfer.rdma_devices), "%s", rdev ? rdev : "");
-    snprintf(c->xfer.rdma_host, sizeof(c->xfer.rdma_host), "%s", rhost ? rhost : "");
-    if (c->params.rdma_qps_per_peer > 16 ||
-        (c->params.rdma_slice_bytes != 0 &&
-         (c->params.rdma_slice_bytes < 4096 || c->params.rdma_slice_bytes > (1u << 30)))) {
-        KVP_LOG_ERROR("rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB");
-        kvp_api_fail("create: rdma_qps_per_peer must be 0..16 and rdma_slice_bytes 4 KiB..1 GiB "
-                     "(got %u and %llu)",
-                     c->params.rdma_qps_per_peer, (unsigned long long)c->params.rdma_slice_bytes);
-        goto err;
-    }
-    c->xfer.rdma_qps = c->params.rdma_qps_per_peer;
-    c->xfer.rdma_slice = c->params.rdma_slice_bytes;
-    if (c->params.ssd_path != NULL &&
-        (c->params.ssd_path[0] == '\0' || c->params.ssd_size < (1u << 20))) {
-        KVP_LOG_ERROR("an SSD segment needs a path and a size of at least 1 MiB");
-        kvp_api_fail("create: an SSD segment needs a path and a size of at least 1 MiB (got "
-                     "'%s', %llu bytes)",
-                     c->params.ssd_path, (unsigned long long)c->params.ssd_size);
-        goto err;
-    }
-    if (c->params.rpc_timeout_ms == 0)
-        c->params.rpc_timeout_ms = 10000;
-    if (c->params.heartbeat_ms == 0)
-        c->params.heartbeat_ms = 1000;
-    if (c->params.drain_timeout_ms == 0)
-        c->params.drain_timeout_ms = 30000;
-    if (c->params.tcp_streams == 0)
-        c->params.tcp_streams = 2;
-    if (c->params.tcp_slice_bytes == 0)
-        c->params.tcp_slice_bytes = 1 << 20;
-    if (c->params.tcp_streams > 64 || c->params.tcp_slice_bytes < 4096) {
-        KVP_LOG_ERROR("tcp_streams must be 1..64 and tcp_slice_bytes at least 4 KiB (got %u and "
-                      "%llu)",
-                      c->params.tcp_streams, (unsigned long long)c->params.tcp_slice_bytes);
-        kvp_api_fail("create: tcp_streams must be 1..64 and tcp_slice_bytes at least 4 KiB (got "
-                     "%u and %llu)",
-                     c->params.tcp_streams, (unsigned long long)c->params.tcp_slice_bytes);
-        goto err;
-    }
+    char ssd_host[256];
+    snprintf(ssd_host, sizeof(ssd_host), "%s",
+             c->params.data_host ? c->params.data_host : "127.0.0.1");
+    st = control_start(c);
+    if (st == KVP_OK && c->params.ssd_path != NULL)
+        st = ssd_start(c, ssd_host);
+    if (st != KVP_OK)
+        goto err_free;
     /* keep only what outlives the call: the strings are borrowed */
     c->params.master_addr = NULL;
     c->params.transport = NULL;
     c->params.rdma_devices = NULL;
     c->params.rdma_host = NULL;
-    c->params.segment_name = c->params.segment_name; /* copied in segment_create */
-    c->xfer.timeout_ms = c->params.rpc_timeout_ms;
-    c->xfer.tcp_streams = c->params.tcp_streams;
-    c->xfer.tcp_slice = c->params.tcp_slice_bytes;
-    c->xfer.client_id = c->client_id;
-    kvp_host_id(c->xfer.host_id, sizeof(c->xfer.host_id));
-    st = kvp_transfer_init(&c->xfer);
-    if (st != KVP_OK)
-        goto err;
-
-    if (c->params.segment_size > 0) {
-        st = kvp_seg_record_create(&c->record);
-        if (st == KVP_OK)
-            st = segment_create(c);
-        c->params.data_host = NULL;
-        c->params.segment_name = NULL;
-        if (st != KVP_OK)
-            goto err_seg;
-        atomic_store(&c->seg_state, KVP_SEG_MOUNTED);
-    }
-    const char *ssd_host = c->params.data_host ? c->params.data_host : "127.0.0.1";
-    char ssd_host_buf[256];
-    snprintf(ssd_host_buf, sizeof(ssd_host_buf), "%s", ssd_host);
     c->params.data_host = NULL;
     c->params.segment_name = NULL;
-    st = kvp_client_master_open(c);
-    if (st == KVP_OK)
-        st = kvp_client_heartbeat_start(c);
-    if (st == KVP_OK)
-        st = kvp_client_record_start(c);
-    if (st == KVP_OK)
-        st = kvp_client_record_wait_open(c); /* the segment takes puts when create returns */
-    if (st == KVP_OK && c->params.ssd_path != NULL)
-        st = kvp_ssd_owner_start(c, ssd_host_buf, &c->ssd);
     c->params.ssd_path = NULL;
-    if (st != KVP_OK) {
-        kvp_client_record_stop(c);
-        kvp_client_heartbeat_stop(c);
-        goto err_seg;
-    }
+    c->params.auth = NULL;
     *client_p = c;
     return KVP_OK;
 
-err_seg:
-    kvp_segment_server_destroy(c->seg_server);
-    kvp_peer_table_cleanup(&c->peers);
-    kvp_transfer_cleanup(&c->xfer); /* deregisters the segment before it is unmapped */
-    if (c->seg_base)
-        munmap(c->seg_base, c->seg_size);
-    if (c->seg_fd >= 0)
-        close(c->seg_fd);
-    goto err;
-err:
-    kvp_discovery_stop(c->disc);
-    kvp_client_master_close(c);
-    kvp_discovery_destroy(c->disc);
-    kvp_seg_record_destroy(c->record);
-    pthread_mutex_destroy(&c->seg_lock);
-    pthread_mutex_destroy(&c->rel_lock);
-    pthread_rwlock_destroy(&c->peer_lock);
-    free(c);
+err_free:
+    client_free(c, false);
     return st;
 }
 
@@ -297,38 +349,6 @@ kvp_status_t kvp_client_create(const kvp_client_params_t *params, kvp_client_t *
 
 void kvp_client_destroy(kvp_client_t *c)
 {
-    if (c == NULL)
-        return;
-    kvp_discovery_stop(c->disc);  /* no leader-change callback from now on */
-    kvp_client_record_signal(c);  /* its stream ends within 100 ms */
-    kvp_client_heartbeat_stop(c); /* also waits for a drain in progress */
-    kvp_ssd_owner_stop(c->ssd);   /* unmounts it: its file keeps the objects */
-    c->ssd = NULL;
-    int seg_state = atomic_load(&c->seg_state);
-    if (seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) {
-        /* no remount races this: the heartbeat has stopped and no call is in progress */
-        atomic_store(&c->seg_state, KVP_SEG_DRAINED);
-        if (kvp_mconn_connected(c->mc)) {
-            Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
-            req.segment_id = atomic_load(&c->seg_id);
-            uint8_t *resp = NULL;
-            size_t rlen;
-            kvp_client_call(c, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen); /* best effort */
-        }
-    }
-    kvp_client_record_stop(c);
-    kvp_client_master_close(c);
-    kvp_discovery_destroy(c->disc);
-    kvp_seg_record_destroy(c->record);
-    kvp_segment_server_destroy(c->seg_server);
-    kvp_peer_table_cleanup(&c->peers); /* detaches them from the transports */
-    kvp_transfer_cleanup(&c->xfer);    /* deregisters the buffers still registered */
-    if (c->seg_base)
-        munmap(c->seg_base, c->seg_size);
-    if (c->seg_fd >= 0)
-        close(c->seg_fd);
-    pthread_mutex_destroy(&c->seg_lock);
-    pthread_mutex_destroy(&c->rel_lock);
-    pthread_rwlock_destroy(&c->peer_lock);
-    free(c);
+    if (c != NULL)
+        client_free(c, true);
 }

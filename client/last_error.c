@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "client/internal.h"
+#include <stdbool.h>
+
+#include "client/api.h"
 #include "client/mem/scratch.h"
 
 static _Thread_local struct {

@@ -23,9 +23,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "client/api.h"
 #include "client/client_priv.h"
-#include "client/internal.h"
-#include "client/ssd/ssd_owner.h"
 
 static const char *const tp_names[KVP_METRICS_TP_COUNT] = {
     [KVP_METRICS_TP_TCP] = "tcp",
@@ -70,16 +69,18 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
     load_count(&m.staged[0], &xs->staged[0]);
     load_count(&m.staged[1], &xs->staged[1]);
 
-    if (c->seg_server != NULL) {
-        const kvp_served_stats_t *sv = kvp_segment_server_stats(c->seg_server);
+    const kvp_served_stats_t *sv = c->seg != NULL ? kvp_segment_served(c->seg) : NULL;
+    if (sv != NULL) {
         load_count(&m.served[KVP_METRICS_TP_TCP].put, &sv->dir[0]);
         load_count(&m.served[KVP_METRICS_TP_TCP].get, &sv->dir[1]);
     }
-    if (c->seg_base != NULL) {
-        snprintf(m.dram_segment, sizeof(m.dram_segment), "%s", c->seg_name);
+    if (c->seg != NULL)
+        m.refused_protected += kvp_segment_refused(c->seg);
+    if (c->seg != NULL) {
+        snprintf(m.dram_segment, sizeof(m.dram_segment), "%s", kvp_segment_name(c->seg));
         m.dram_mounted = kvp_client_segment_mounted(c);
-        m.dram_draining = atomic_load(&c->seg_state) == KVP_SEG_DRAINING;
-        m.dram_capacity = m.dram_mounted ? c->seg_size : 0;
+        m.dram_draining = kvp_segment_state(c->seg) == KVP_SEG_DRAINING;
+        m.dram_capacity = m.dram_mounted ? kvp_segment_size(c->seg) : 0;
     }
     if (c->ssd != NULL)
         kvp_ssd_owner_metrics(c->ssd, &m);
@@ -202,6 +203,11 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
                 (unsigned long long)(m->served[t].put.bytes + m->served[t].get.bytes));
     }
 
+    family(&o, "kvpool_connections_refused_total", "counter",
+           "Connections this process's data servers refused, by reason (protected_mode: a "
+           "peer of another host while no credentials are configured).");
+    put_fmt(&o, "kvpool_connections_refused_total{reason=\"protected_mode\"} %llu\n",
+            (unsigned long long)m->refused_protected);
     family(&o, "kvpool_ssd_io_ops_total", "counter",
            "Reads and writes of this process's SSD segment file that completed.");
     put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"read\"} %llu\n", (unsigned long long)m->ssd_read.ops);

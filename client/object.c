@@ -34,8 +34,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "client/api.h"
 #include "client/client_priv.h"
-#include "client/internal.h"
 #include "client/mem/gpu.h"
 #include "client/mem/scratch.h"
 #include "common/crc32c.h"
@@ -97,7 +97,7 @@ static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *cons
     req.keys = kp;
     req.n_keys = m;
     req.force = force;
-    kvp_status_t st = kvp_client_call(c, method, &req.base, resp_p, rlen_p);
+    kvp_status_t st = kvp_session_call(c->session, method, &req.base, resp_p, rlen_p);
     return st;
 }
 
@@ -124,7 +124,7 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
         req.n_crc32c = m;
         req.written_mask = (uint32_t *)masks;
         req.n_written_mask = m;
-        st = kvp_client_call(c, method, &req.base, &resp, &rlen);
+        st = kvp_session_call(c->session, method, &req.base, &resp, &rlen);
     } else {
         st = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
     }
@@ -248,13 +248,22 @@ static bool pieces_subset(const pieces_t *p, const size_t *at, size_t m, pieces_
 }
 
 /* Is any piece of object i device memory (its CRC then computed by the staged transfers)? */
-static bool pieces_gpu(kvp_client_t *c, const pieces_t *p, size_t i)
+/* Find the memory of each of object i's pieces once (mems[b], for the ops of every replica);
+ * true when any is device memory. */
+static bool pieces_mem(kvp_client_t *c, const pieces_t *p, size_t i, kvp_xfer_mem_t *mems)
 {
-    for (size_t b = 0; b < pieces_n(p, i); b++)
-        if (piece_size(p, i, b) > 0 && kvp_transfer_mem_kind(&c->xfer, piece_buf(p, i, b),
-                                                             piece_size(p, i, b)) == KVP_MEM_CUDA)
-            return true;
-    return false;
+    bool gpu = false;
+    for (size_t b = 0; b < pieces_n(p, i); b++) {
+        mems[b].known = false;
+        if (piece_size(p, i, b) == 0)
+            continue;
+        const kvp_mem_region_t *r;
+        kvp_mem_kind_t kind =
+            kvp_transfer_mem_find(&c->xfer, piece_buf(p, i, b), piece_size(p, i, b), &r);
+        mems[b] = (kvp_xfer_mem_t){.region = r, .kind = (uint8_t)kind, .known = true};
+        gpu |= kind == KVP_MEM_CUDA;
+    }
+    return gpu;
 }
 
 /* CRC32C of object i's host-memory pieces, in order. */
@@ -270,12 +279,14 @@ static uint32_t pieces_crc(const pieces_t *p, size_t i)
 /*
  * Append the ops moving the first `len` bytes of object i's pieces to or from `peer` at
  * `offset` (the extent's, plus where a range starts): one op per piece not empty, at the
- * running offset, all in group `grp_id`. The caller's reference on peer goes to the first
- * op; each further op takes its own. Returns the new op count.
+ * running offset, all in group `grp_id`, each with its piece's memory from mems (NULL: the
+ * engine finds it). The caller's reference on peer goes to the first op; each further op
+ * takes its own. Returns the new op count.
  */
 static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t grp_id,
                             kvp_xfer_kind_t kind, const pieces_t *p, size_t i, uint64_t offset,
-                            uint64_t len, kvp_peer_t *peer, bool want_crc)
+                            uint64_t len, kvp_peer_t *peer, bool want_crc,
+                            const kvp_xfer_mem_t *mems)
 {
     bool first = true;
     bool stream = len >= KVP_CRC32C_STREAM_MIN; /* each piece copied as the whole would be */
@@ -292,7 +303,8 @@ static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t gr
                                  .length = s,
                                  .peer = peer,
                                  .want_crc = want_crc,
-                                 .stream = stream};
+                                 .stream = stream,
+                                 .mem = mems != NULL ? mems[b] : (kvp_xfer_mem_t){0}};
         grp[k++] = grp_id;
         offset += s;
         len -= s;
@@ -349,6 +361,244 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
 /* Replicas per object, at most (PutStart answers more: a protocol error). */
 #define REPLICAS_MAX 8
 
+/* One put attempt's state, from the thread's scratch arena: the keys that start (idx[0..m),
+ * their sizes and wire keys), the master's answer, and the writes planned from it. */
+typedef struct put_batch {
+    kvp_client_t *c;
+    const char *const *keys;
+    const pieces_t *src;
+    int32_t *st;   /* [n] per key */
+    size_t *idx;   /* [m] the key of each started slot */
+    uint64_t *szs; /* [m] its size */
+    size_t *used;  /* [m] how many of its pieces hold bytes */
+    ProtobufCBinaryData *kp;
+    size_t m;
+    Kvpool__PutStartResponse *sr;
+    kvp_xfer_op_t *ops; /* [k] one per replica and piece; NULL: none could be made */
+    size_t *op_grp;     /* key j's replica q: group j * REPLICAS_MAX + q */
+    size_t k;
+    uint32_t *crcs;       /* [m] the CRC of each key's bytes */
+    uint32_t *masks;      /* [m] bit q: replica q written */
+    kvp_xfer_mem_t *mems; /* the current key's pieces' memory (room for any key's pieces) */
+} put_batch_t;
+
+/* The keys that can start: a valid key whose pieces hold bytes; the rest get their status. */
+static void put_gather(put_batch_t *b, size_t n)
+{
+    size_t m = gather_valid(b->keys, n, b->idx, b->st);
+    size_t mm = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = b->idx[j];
+        uint64_t total = 0;
+        if (pieces_total(b->src, i, &total, &b->used[mm]) != KVP_OK || total == 0) {
+            b->st[i] = KVP_ERR_INVALID_ARG;
+            continue;
+        }
+        b->idx[mm] = i;
+        b->kp[mm].data = (uint8_t *)b->keys[i];
+        b->kp[mm].len = strlen(b->keys[i]);
+        b->szs[mm] = total;
+        mm++;
+    }
+    b->m = mm;
+}
+
+/* PutStart for the gathered keys; b->sr the answer (its segments learnt). */
+static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
+{
+    kvp_client_t *c = b->c;
+    Kvpool__PutConfig pc = KVPOOL__PUT_CONFIG__INIT;
+    pc.replica_num = cfg->replica_num;
+    pc.pin = cfg->pin;
+    pc.soft_pin_ttl_s = cfg->soft_pin_ttl_s;
+    pc.upsert = cfg->mode == KVP_PUT_UPSERT;
+    pc.medium = cfg->medium != NULL ? (char *)cfg->medium : "";
+    pc.preferred_segment = "";
+    if (cfg->preferred_segment != NULL) {
+        if (strcmp(cfg->preferred_segment, KVP_SEGMENT_LOCAL) == 0)
+            pc.preferred_segment = c->seg ? (char *)kvp_segment_name(c->seg) : "";
+        else
+            pc.preferred_segment = (char *)cfg->preferred_segment;
+    }
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    req.keys = b->kp;
+    req.n_keys = b->m;
+    req.sizes = b->szs;
+    req.n_sizes = b->m;
+    req.config = &pc;
+    uint8_t *resp;
+    size_t rlen;
+    kvp_status_t rc = kvp_session_call(c->session, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
+    if (rc != KVP_OK)
+        return rc;
+    Kvpool__PutStartResponse *sr = kvpool__put_start_response__unpack(&kvp_scratch_pb, rlen, resp);
+    b->sr = sr;
+    if (sr == NULL || sr->status != KVP_OK || sr->n_results != b->m)
+        return sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
+    kvp_peers_update(&c->peers, sr->segments, sr->n_segments);
+    if (sr->message != NULL && sr->message[0] != '\0') {
+        bool full = false;
+        for (size_t j = 0; j < b->m; j++)
+            full |= sr->results[j]->status == KVP_ERR_POOL_FULL;
+        if (full) {
+            KVP_LOG_WARN("put: %s", sr->message);
+            kvp_api_fail("put: %s", sr->message);
+        } else
+            KVP_LOG_DEBUG("put: waiting for reads in flight: %s", sr->message);
+    }
+    return KVP_OK;
+}
+
+/* One op per replica and piece (each piece lands at its running offset in the extent); each
+ * key's status from PutStart. KVP_ERR_NOMEM: no ops (b->ops NULL; what PutStart reserved is
+ * revoked by put_finish). */
+static kvp_status_t put_plan(put_batch_t *b)
+{
+    const Kvpool__PutStartResponse *sr = b->sr;
+    size_t n_ops = 0;
+    for (size_t j = 0; j < b->m; j++)
+        if (sr->results[j]->status == KVP_OK)
+            n_ops += sr->results[j]->n_replicas * b->used[j];
+    b->ops = kvp_scratch_calloc(n_ops + 1, sizeof(*b->ops));
+    b->op_grp = kvp_scratch_alloc((n_ops + 1) * sizeof(*b->op_grp));
+    b->crcs = kvp_scratch_alloc(b->m * sizeof(*b->crcs));
+    b->masks = kvp_scratch_calloc(b->m + 1, sizeof(*b->masks));
+    size_t max_pieces = 1;
+    for (size_t j = 0; j < b->m; j++)
+        max_pieces = KVP_MAX(max_pieces, pieces_n(b->src, b->idx[j]));
+    b->mems = kvp_scratch_alloc(max_pieces * sizeof(*b->mems));
+    kvp_status_t rc = KVP_OK;
+    if (!b->ops || !b->op_grp || !b->crcs || !b->masks || !b->mems) {
+        rc = KVP_ERR_NOMEM;
+        b->ops = NULL;
+    }
+    b->k = 0;
+    for (size_t j = 0; j < b->m; j++) {
+        const Kvpool__PutStartResult *r = sr->results[j];
+        size_t i = b->idx[j];
+        b->st[i] = r->status;
+        if (r->status != KVP_OK || b->ops == NULL)
+            continue;
+        if (r->n_replicas == 0 || r->n_replicas > REPLICAS_MAX) {
+            b->st[i] = KVP_ERR_PROTOCOL;
+            continue;
+        }
+        /* each piece's memory, found once for every replica's ops; device memory: the CPU
+         * cannot checksum it afterwards, so every replica's staged transfer computes the CRC
+         * on the way */
+        bool gpu = pieces_mem(b->c, b->src, i, b->mems);
+        for (size_t q = 0; q < r->n_replicas; q++) {
+            kvp_peer_t *peer = kvp_peers_get(&b->c->peers, r->replicas[q]->segment_id);
+            if (peer == NULL)
+                continue; /* an unknown segment: that replica is not written */
+            b->k =
+                add_piece_ops(b->ops, b->op_grp, b->k, j * REPLICAS_MAX + q, KVP_XFER_WRITE, b->src,
+                              i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu, b->mems);
+        }
+    }
+    return rc;
+}
+
+/* The planned writes' outcome: a key is stored if any replica was written (its bit in
+ * masks, its CRC in crcs); one with none gets the last failure. */
+static void put_collect(put_batch_t *b)
+{
+    const char *const *keys = b->keys;
+    int32_t *fail = kvp_scratch_alloc(b->m * sizeof(*fail));
+    for (size_t j = 0; fail != NULL && j < b->m; j++)
+        fail[j] = KVP_ERR_UNKNOWN_SEGMENT; /* stays so when no replica had a known peer */
+    bool *have_crc = kvp_scratch_calloc(b->m + 1, sizeof(*have_crc));
+    for (size_t q = 0; q < b->k;) {
+        size_t j = b->op_grp[q] / REPLICAS_MAX;
+        kvp_status_t s;
+        uint32_t crc;
+        size_t end = fold_ops(b->ops, b->op_grp, q, b->k, &s, &crc);
+        if (s == KVP_OK) {
+            b->masks[j] |= 1u << (b->op_grp[q] % REPLICAS_MAX);
+            if (b->ops[q].want_crc && have_crc != NULL) {
+                b->crcs[j] = crc;
+                have_crc[j] = true;
+            }
+        } else {
+            if (fail != NULL)
+                fail[j] = s;
+            const char *key = keys[b->idx[j]], *seg = b->ops[q].peer->name;
+            KVP_LOG_WARN("put %s: write to segment %s failed: %s", key, seg, kvp_strerror(s));
+            kvp_api_fail_key(key, "put %s: write to segment %s failed: %s", key, seg,
+                             kvp_strerror(s));
+            atomic_store(&b->ops[q].peer->failed_ms, kvp_now_ms());
+        }
+        unref_ops(b->ops, q, end);
+        q = end;
+    }
+    for (size_t j = 0; j < b->m; j++) {
+        size_t i = b->idx[j];
+        if (b->st[i] != KVP_OK)
+            continue;
+        if (b->masks[j] == 0) {
+            b->st[i] = fail != NULL ? fail[j] : KVP_ERR_NOMEM;
+            if (b->st[i] == KVP_ERR_UNKNOWN_SEGMENT)
+                kvp_api_fail_key(keys[i],
+                                 "put %s: the master placed it only on segments this client "
+                                 "has no descriptor for",
+                                 keys[i]);
+            else if (b->sr->results[j]->n_replicas > 1 && fail != NULL)
+                b->st[i] = KVP_ERR_NO_REPLICA; /* every copy failed (why: logged) */
+        } else if (have_crc == NULL || !have_crc[j]) {
+            /* the replica that computed the CRC on the way failed: compute it here
+             * (host memory only: device buffers had every replica compute it) */
+            b->crcs[j] = pieces_crc(b->src, i);
+        }
+    }
+}
+
+/* PutEnd for keys fully written, PutRevoke for the rest of what started. */
+static void put_finish(put_batch_t *b, uint32_t *replicas_written)
+{
+    size_t m = b->m;
+    size_t *end_idx = kvp_scratch_alloc(m * sizeof(*end_idx));
+    size_t *rev_idx = kvp_scratch_alloc(m * sizeof(*rev_idx));
+    uint32_t *end_crc = kvp_scratch_alloc(m * sizeof(*end_crc));
+    uint32_t *end_mask = kvp_scratch_alloc(m * sizeof(*end_mask));
+    if (!end_idx || !rev_idx || !end_crc || !end_mask) {
+        for (size_t j = 0; j < m; j++)
+            if (b->st[b->idx[j]] == KVP_OK)
+                b->st[b->idx[j]] = KVP_ERR_NOMEM;
+        /* unfinished PENDING objects are reclaimed when they time out or we disconnect */
+        return;
+    }
+    size_t ne = 0, nr = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t i = b->idx[j];
+        if (b->sr->results[j]->status != KVP_OK)
+            continue;
+        if (b->st[i] == KVP_OK && b->ops != NULL) {
+            end_idx[ne] = i;
+            end_mask[ne] = b->masks[j];
+            if (replicas_written != NULL)
+                replicas_written[i] = (uint32_t)__builtin_popcount(b->masks[j]);
+            end_crc[ne++] = b->crcs[j];
+        } else {
+            rev_idx[nr++] = i;
+        }
+    }
+    end_or_revoke(b->c, KVP_RPC_PUT_END, b->keys, end_idx, end_crc, end_mask, ne, b->st);
+    end_or_revoke(b->c, KVP_RPC_PUT_REVOKE, b->keys, rev_idx, NULL, NULL, nr, b->st);
+}
+
+/* The put config, defaults filled, checked. */
+static kvp_status_t put_config(const kvp_put_config_t *config, kvp_put_config_t *cfg)
+{
+    kvp_put_config_init(cfg);
+    if (config != NULL)
+        memcpy(cfg, config, KVP_MIN(config->size, sizeof(*cfg)));
+    if (cfg->replica_num == 0 || cfg->replica_num > REPLICAS_MAX || cfg->pin > KVP_PIN_HARD ||
+        cfg->mode > KVP_PUT_UPSERT)
+        return KVP_ERR_INVALID_ARG;
+    return KVP_OK;
+}
+
+/* One put attempt: gather, PutStart, write every replica, PutEnd / PutRevoke. */
 static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys,
                                         const pieces_t *src, size_t n,
                                         const kvp_put_config_t *config, kvp_status_t *results,
@@ -359,215 +609,43 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
     if (n == 0)
         return KVP_OK;
     kvp_put_config_t cfg;
-    kvp_put_config_init(&cfg);
-    if (config != NULL)
-        memcpy(&cfg, config, KVP_MIN(config->size, sizeof(cfg)));
-    if (cfg.replica_num == 0 || cfg.replica_num > REPLICAS_MAX || cfg.pin > KVP_PIN_HARD ||
-        cfg.mode > KVP_PUT_UPSERT)
+    if (put_config(config, &cfg) != KVP_OK)
         return KVP_ERR_INVALID_ARG;
     if (replicas_written != NULL)
         memset(replicas_written, 0, n * sizeof(*replicas_written));
 
-    int32_t *st = kvp_scratch_alloc(n * sizeof(*st));
-    size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
-    uint64_t *szs = kvp_scratch_alloc(n * sizeof(*szs));
-    size_t *used = kvp_scratch_alloc(n * sizeof(*used));
-    ProtobufCBinaryData *kp = kvp_scratch_alloc(n * sizeof(*kp));
-    kvp_xfer_op_t *ops = NULL;
-    size_t *op_grp = NULL; /* key j's replica q: group j * REPLICAS_MAX + q */
-    uint32_t *crcs = NULL;
-    uint32_t *masks = NULL;
-    Kvpool__PutStartResponse *sr = NULL;
+    put_batch_t b = {.c = c, .keys = keys, .src = src};
+    b.st = kvp_scratch_alloc(n * sizeof(*b.st));
+    b.idx = kvp_scratch_alloc(n * sizeof(*b.idx));
+    b.szs = kvp_scratch_alloc(n * sizeof(*b.szs));
+    b.used = kvp_scratch_alloc(n * sizeof(*b.used));
+    b.kp = kvp_scratch_alloc(n * sizeof(*b.kp));
     kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!st || !idx || !szs || !used || !kp)
+    if (!b.st || !b.idx || !b.szs || !b.used || !b.kp)
         goto out_all;
-    size_t m = gather_valid(keys, n, idx, st);
-    size_t mm = 0;
-    for (size_t j = 0; j < m; j++) {
-        size_t i = idx[j];
-        uint64_t total = 0;
-        if (pieces_total(src, i, &total, &used[mm]) != KVP_OK || total == 0) {
-            st[i] = KVP_ERR_INVALID_ARG;
-            continue;
+    put_gather(&b, n);
+    if (b.m > 0) {
+        rc = put_start(&b, &cfg);
+        if (rc != KVP_OK)
+            goto out_all;
+        rc = put_plan(&b);
+        if (b.ops != NULL) {
+            kvp_transfer_run(&c->xfer, b.ops, b.k);
+            put_collect(&b);
         }
-        idx[mm] = i;
-        kp[mm].data = (uint8_t *)keys[i];
-        kp[mm].len = strlen(keys[i]);
-        szs[mm] = total;
-        mm++;
+        put_finish(&b, replicas_written);
+        if (rc == KVP_ERR_NOMEM)
+            goto out_all;
     }
-    m = mm;
-    if (m == 0) {
-        rc = KVP_OK;
-        goto done;
-    }
-
-    Kvpool__PutConfig pc = KVPOOL__PUT_CONFIG__INIT;
-    pc.replica_num = cfg.replica_num;
-    pc.pin = cfg.pin;
-    pc.soft_pin_ttl_s = cfg.soft_pin_ttl_s;
-    pc.upsert = cfg.mode == KVP_PUT_UPSERT;
-    pc.medium = cfg.medium != NULL ? (char *)cfg.medium : "";
-    pc.preferred_segment = "";
-    if (cfg.preferred_segment != NULL) {
-        if (strcmp(cfg.preferred_segment, KVP_SEGMENT_LOCAL) == 0)
-            pc.preferred_segment = c->seg_base ? c->seg_name : "";
-        else
-            pc.preferred_segment = (char *)cfg.preferred_segment;
-    }
-    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
-    req.keys = kp;
-    req.n_keys = m;
-    req.sizes = szs;
-    req.n_sizes = m;
-    req.config = &pc;
-    uint8_t *resp;
-    size_t rlen;
-    rc = kvp_client_call(c, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
-    if (rc != KVP_OK)
-        goto out_all;
-    sr = kvpool__put_start_response__unpack(&kvp_scratch_pb, rlen, resp);
-    if (sr == NULL || sr->status != KVP_OK || sr->n_results != m) {
-        rc = sr == NULL || sr->status == KVP_OK ? KVP_ERR_PROTOCOL : sr->status;
-        goto out_all;
-    }
-    kvp_client_peers_update(c, sr->segments, sr->n_segments);
-    if (sr->message != NULL && sr->message[0] != '\0') {
-        bool full = false;
-        for (size_t j = 0; j < m; j++)
-            full |= sr->results[j]->status == KVP_ERR_POOL_FULL;
-        if (full) {
-            KVP_LOG_WARN("put: %s", sr->message);
-            kvp_api_fail("put: %s", sr->message);
-        } else
-            KVP_LOG_DEBUG("put: waiting for reads in flight: %s", sr->message);
-    }
-
-    /* one op per replica and piece: each piece lands at its running offset in the extent */
-    size_t n_ops = 0;
-    for (size_t j = 0; j < m; j++)
-        if (sr->results[j]->status == KVP_OK)
-            n_ops += sr->results[j]->n_replicas * used[j];
-    ops = kvp_scratch_calloc(n_ops + 1, sizeof(*ops));
-    op_grp = kvp_scratch_alloc((n_ops + 1) * sizeof(*op_grp));
-    crcs = kvp_scratch_alloc(m * sizeof(*crcs));
-    masks = kvp_scratch_calloc(m + 1, sizeof(*masks));
-    if (!ops || !op_grp || !crcs || !masks) {
-        rc = KVP_ERR_NOMEM;
-        ops = NULL;
-        /* what PutStart reserved is revoked below through the revoke list */
-    }
-    size_t k = 0;
-    for (size_t j = 0; j < m; j++) {
-        Kvpool__PutStartResult *r = sr->results[j];
-        st[idx[j]] = r->status;
-        if (r->status != KVP_OK || ops == NULL)
-            continue;
-        if (r->n_replicas == 0 || r->n_replicas > REPLICAS_MAX) {
-            st[idx[j]] = KVP_ERR_PROTOCOL;
-            continue;
-        }
-        /* device memory: the CPU cannot checksum it afterwards, so every
-         * replica's staged transfer computes the CRC on the way */
-        bool gpu = pieces_gpu(c, src, idx[j]);
-        for (size_t q = 0; q < r->n_replicas; q++) {
-            kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[q]->segment_id);
-            if (peer == NULL)
-                continue; /* an unknown segment: that replica is not written */
-            k = add_piece_ops(ops, op_grp, k, j * REPLICAS_MAX + q, KVP_XFER_WRITE, src, idx[j],
-                              r->replicas[q]->offset, szs[j], peer, q == 0 || gpu);
-        }
-    }
-    if (ops != NULL) {
-        kvp_transfer_run(&c->xfer, ops, k);
-        /* best effort per replica: a key is stored if any replica was written */
-        int32_t *fail = kvp_scratch_alloc(m * sizeof(*fail));
-        for (size_t j = 0; fail != NULL && j < m; j++)
-            fail[j] = KVP_ERR_UNKNOWN_SEGMENT; /* stays so when no replica had a known peer */
-        bool *have_crc = kvp_scratch_calloc(m + 1, sizeof(*have_crc));
-        for (size_t q = 0; q < k;) {
-            size_t j = op_grp[q] / REPLICAS_MAX;
-            kvp_status_t s;
-            uint32_t crc;
-            size_t end = fold_ops(ops, op_grp, q, k, &s, &crc);
-            if (s == KVP_OK) {
-                masks[j] |= 1u << (op_grp[q] % REPLICAS_MAX);
-                if (ops[q].want_crc && have_crc != NULL) {
-                    crcs[j] = crc;
-                    have_crc[j] = true;
-                }
-            } else {
-                if (fail != NULL)
-                    fail[j] = s;
-                KVP_LOG_WARN("put %s: write to segment %s failed: %s", keys[idx[j]],
-                             ops[q].peer->name, kvp_strerror(s));
-                kvp_api_fail_key(keys[idx[j]], "put %s: write to segment %s failed: %s",
-                                 keys[idx[j]], ops[q].peer->name, kvp_strerror(s));
-                atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
-            }
-            unref_ops(ops, q, end);
-            q = end;
-        }
-        for (size_t j = 0; j < m; j++) {
-            if (st[idx[j]] != KVP_OK)
-                continue;
-            if (masks[j] == 0) {
-                st[idx[j]] = fail != NULL ? fail[j] : KVP_ERR_NOMEM;
-                if (st[idx[j]] == KVP_ERR_UNKNOWN_SEGMENT)
-                    kvp_api_fail_key(keys[idx[j]],
-                                     "put %s: the master placed it only on segments this client "
-                                     "has no descriptor for",
-                                     keys[idx[j]]);
-                else if (sr->results[j]->n_replicas > 1 && fail != NULL)
-                    st[idx[j]] = KVP_ERR_NO_REPLICA; /* every copy failed (why: logged) */
-            } else if (have_crc == NULL || !have_crc[j]) {
-                /* the replica that computed the CRC on the way failed: compute it here
-                 * (host memory only: device buffers had every replica compute it) */
-                crcs[j] = pieces_crc(src, idx[j]);
-            }
-        }
-    }
-    /* finish: PutEnd for keys fully written, PutRevoke for the rest of what started */
-    size_t *end_idx = kvp_scratch_alloc(m * sizeof(*end_idx));
-    size_t *rev_idx = kvp_scratch_alloc(m * sizeof(*rev_idx));
-    uint32_t *end_crc = kvp_scratch_alloc(m * sizeof(*end_crc));
-    uint32_t *end_mask = kvp_scratch_alloc(m * sizeof(*end_mask));
-    if (end_idx && rev_idx && end_crc && end_mask) {
-        size_t ne = 0, nr = 0;
-        for (size_t j = 0; j < m; j++) {
-            if (sr->results[j]->status != KVP_OK)
-                continue;
-            if (st[idx[j]] == KVP_OK && ops != NULL) {
-                end_idx[ne] = idx[j];
-                end_mask[ne] = masks[j];
-                if (replicas_written != NULL)
-                    replicas_written[idx[j]] = (uint32_t)__builtin_popcount(masks[j]);
-                end_crc[ne++] = crcs[j];
-            } else {
-                rev_idx[nr++] = idx[j];
-            }
-        }
-        end_or_revoke(c, KVP_RPC_PUT_END, keys, end_idx, end_crc, end_mask, ne, st);
-        end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev_idx, NULL, NULL, nr, st);
-    } else {
-        for (size_t j = 0; j < m; j++)
-            if (st[idx[j]] == KVP_OK)
-                st[idx[j]] = KVP_ERR_NOMEM;
-        /* unfinished PENDING objects are reclaimed when they time out or we disconnect */
-    }
-    if (rc == KVP_ERR_NOMEM)
-        goto out_all;
-done:
     for (size_t i = 0; i < n; i++)
-        results[i] = (kvp_status_t)st[i];
-    rc = first_error(st, n);
-    goto out;
+        results[i] = (kvp_status_t)b.st[i];
+    return first_error(b.st, n);
+
 out_all:
     for (size_t i = 0; i < n; i++)
-        results[i] = st && st[i] != KVP_OK ? (kvp_status_t)st[i] : rc;
+        results[i] = b.st && b.st[i] != KVP_OK ? (kvp_status_t)b.st[i] : rc;
     if (rc == KVP_OK)
-        rc = st ? first_error(st, n) : KVP_ERR_NOMEM;
-out:
+        rc = b.st ? first_error(b.st, n) : KVP_ERR_NOMEM;
     return rc;
 }
 
@@ -681,19 +759,16 @@ kvp_status_t kvp_batch_put_from_multi(kvp_client_t *c, const char *const *keys,
                                        "put");
 }
 
-static kvp_status_t put_impl(kvp_client_t *c, const char *key, const void *buf, size_t len,
-                             const kvp_put_config_t *config)
-{
-    kvp_status_t r = KVP_OK; /* stays OK if the batch refused its arguments outright */
-    kvp_status_t st = kvp_batch_put_from(c, &key, &buf, &len, 1, config, &r);
-    return st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
-}
-
+/* One key: the batch flow with a batch of one. */
 kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t len,
                      const kvp_put_config_t *config)
 {
     kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(put_impl(c, key, buf, len, config), "put");
+    pieces_t src = {.one = &buf, .one_size = &len};
+    kvp_status_t r = KVP_OK; /* stays OK if the batch refused its arguments outright */
+    kvp_status_t st = batch_put_ex(c, &key, &src, 1, config, &r, NULL);
+    st = st == KVP_OK ? KVP_OK : (r != KVP_OK ? r : st);
+    return (kvp_status_t)kvp_api_leave(st, "put");
 }
 
 /* ---------------- get ---------------- */
@@ -712,7 +787,7 @@ static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t 
     unsigned rank[8];
     uint64_t now = kvp_now_ms();
     for (size_t q = 0; q < n; q++) {
-        kvp_peer_t *p = kvp_client_peer_get(c, r->replicas[q]->segment_id);
+        kvp_peer_t *p = kvp_peers_get(&c->peers, r->replicas[q]->segment_id);
         rank[q] = 1;
         if (p != NULL) {
             uint64_t failed = atomic_load(&p->failed_ms);
@@ -744,11 +819,11 @@ static void release_leases(kvp_client_t *c, const Kvpool__GetReplicaListResponse
             continue;
         ids[k++] = gr->results[j]->lease_id;
         if (k == KVP_ARRAY_SIZE(ids)) {
-            kvp_client_lease_release(c, ids, k);
+            kvp_session_lease_release(c->session, ids, k);
             k = 0;
         }
     }
-    kvp_client_lease_release(c, ids, k);
+    kvp_session_lease_release(c->session, ids, k);
 }
 
 /* Order items by key (qsort_r): the ranges of one key share its GetReplicaList entry. */
@@ -766,6 +841,192 @@ static int cmp_item_key(const void *a, const void *b, void *keys)
  * naming the same key share one GetReplicaList entry when ranged (whole gets send their
  * keys as given). results[t]: the bytes read, or a negative status.
  */
+/* One read batch's state, from the thread's scratch arena. */
+typedef struct read_batch {
+    kvp_client_t *c;
+    const char *const *keys;
+    const pieces_t *dst;
+    const uint64_t *offsets; /* NULL: whole objects */
+    bool whole;
+    size_t n;
+    int32_t *st;   /* [n] per item */
+    size_t *idx;   /* [n_ent] the item whose key each GetReplicaList entry asks for */
+    size_t *slot;  /* [n] item -> its entry */
+    uint64_t *len; /* [n] the bytes to read */
+    size_t m, n_ent, max_ops;
+    Kvpool__GetReplicaListResponse *gr;
+    uint64_t lease_start;
+    kvp_xfer_op_t *ops; /* [max_ops] one per piece of an item's replica in this round */
+    size_t *op_item;
+    size_t (*order)[REPLICAS_MAX]; /* [n_ent] the replicas in the order to try */
+    unsigned *tried;               /* [n] replicas tried */
+} read_batch_t;
+
+/* The items to ask about (valid key, room for their bytes), made into GetReplicaList
+ * entries: one per distinct key when ranged, sorted so that equal keys are neighbours. */
+static void read_gather(read_batch_t *b)
+{
+    size_t m = gather_valid(b->keys, b->n, b->idx, b->st);
+    size_t mm = 0;
+    for (size_t j = 0; j < m; j++) {
+        size_t used = 0, i = b->idx[j];
+        if (pieces_total(b->dst, i, &b->len[i], &used) != KVP_OK || (!b->whole && b->len[i] == 0)) {
+            b->st[i] = KVP_ERR_INVALID_ARG;
+            continue;
+        }
+        b->max_ops += used;
+        b->idx[mm++] = i;
+    }
+    b->m = mm;
+    if (!b->whole && b->m > 1)
+        qsort_r(b->idx, b->m, sizeof(*b->idx), cmp_item_key, (void *)b->keys);
+    for (size_t j = 0; j < b->m; j++) {
+        size_t t = b->idx[j];
+        if (b->whole || b->n_ent == 0 || strcmp(b->keys[t], b->keys[b->idx[b->n_ent - 1]]) != 0)
+            b->idx[b->n_ent++] = t; /* n_ent <= j: only places already read are written */
+        b->slot[t] = b->n_ent - 1;
+    }
+}
+
+/* GetReplicaList for the entries (their segments learnt), and the arrays for the reads. */
+static kvp_status_t read_ask(read_batch_t *b)
+{
+    uint8_t *resp;
+    size_t rlen;
+    /* the lease runs from the master's reply; measuring from before the request
+     * makes the client's view of it conservative */
+    b->lease_start = kvp_now_ms();
+    kvp_status_t rc =
+        keys_call(b->c, KVP_RPC_GET_REPLICA_LIST, b->keys, b->idx, b->n_ent, false, &resp, &rlen);
+    if (rc != KVP_OK)
+        return rc;
+    Kvpool__GetReplicaListResponse *gr =
+        kvpool__get_replica_list_response__unpack(&kvp_scratch_pb, rlen, resp);
+    b->gr = gr;
+    if (gr == NULL || gr->status != KVP_OK || gr->n_results != b->n_ent)
+        return gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
+    kvp_peers_update(&b->c->peers, gr->segments, gr->n_segments);
+    b->ops = kvp_scratch_calloc(b->max_ops + 1, sizeof(*b->ops));
+    b->op_item = kvp_scratch_alloc((b->max_ops + 1) * sizeof(*b->op_item));
+    b->order = kvp_scratch_alloc(b->n_ent * sizeof(*b->order));
+    b->tried = kvp_scratch_calloc(b->n, sizeof(*b->tried));
+    if (!b->ops || !b->op_item || !b->order || !b->tried)
+        return KVP_ERR_NOMEM;
+    return KVP_OK;
+}
+
+/* Each item's status from the master's answer, and the length to read; each entry's
+ * replicas in the order to try. */
+static void read_check(read_batch_t *b)
+{
+    const Kvpool__GetReplicaListResponse *gr = b->gr;
+    for (size_t e = 0; e < b->n_ent; e++) {
+        Kvpool__GetReplicaResult *r = gr->results[e];
+        if (r->status == KVP_OK && r->n_replicas >= 1 && r->n_replicas <= REPLICAS_MAX)
+            order_replicas(b->c, r, b->order[e]);
+    }
+    for (size_t t = 0; t < b->n; t++) {
+        if (b->st[t] != KVP_OK)
+            continue;
+        const Kvpool__GetReplicaResult *r = gr->results[b->slot[t]];
+        b->st[t] = r->status;
+        if (r->status != KVP_OK)
+            continue;
+        if (r->n_replicas == 0 || r->n_replicas > REPLICAS_MAX)
+            b->st[t] = KVP_ERR_PROTOCOL;
+        else if (b->whole && r->size > b->len[t])
+            b->st[t] = KVP_ERR_BUFFER_TOO_SMALL;
+        else if (!b->whole && b->offsets[t] >= r->size)
+            b->st[t] = KVP_ERR_OUT_OF_RANGE;
+        else
+            b->len[t] = b->whole ? r->size : KVP_MIN(b->len[t], r->size - b->offsets[t]);
+    }
+}
+
+/* The reads of one round: each item not done yet from its replica of this rank (round 0:
+ * every item the master answered). Returns the op count. */
+static size_t read_plan_round(read_batch_t *b, unsigned round)
+{
+    size_t k = 0;
+    for (size_t t = 0; t < b->n; t++) {
+        if (round == 0 ? b->st[t] != KVP_OK : b->st[t] == KVP_OK || b->tried[t] != round)
+            continue; /* refused, not asked, too small... or done */
+        const Kvpool__GetReplicaResult *r = b->gr->results[b->slot[t]];
+        if (r->status != KVP_OK || round >= r->n_replicas)
+            continue;
+        const Kvpool__Replica *rep = r->replicas[b->order[b->slot[t]][round]];
+        kvp_peer_t *peer = kvp_peers_get(&b->c->peers, rep->segment_id);
+        b->tried[t]++;
+        if (peer == NULL) {
+            b->st[t] = KVP_ERR_UNKNOWN_SEGMENT;
+            kvp_api_fail_key(b->keys[t],
+                             "get %s: replica on segment %#llx, which this client has no "
+                             "descriptor for",
+                             b->keys[t], (unsigned long long)rep->segment_id);
+            continue;
+        }
+        k = add_piece_ops(b->ops, b->op_item, k, t, KVP_XFER_READ, b->dst, t,
+                          rep->offset + (b->whole ? 0 : b->offsets[t]), b->len[t], peer,
+                          b->whole && b->c->params.verify_crc != 0, NULL);
+    }
+    return k;
+}
+
+/* The outcome of a round's k reads: each item's status (a read that outlasted the lease, or
+ * whose CRC differs from the master's, is not trusted). */
+static void read_collect_round(read_batch_t *b, size_t k)
+{
+    const char *const *keys = b->keys;
+    kvp_xfer_op_t *ops = b->ops;
+    bool lease_over =
+        b->gr->lease_ttl_ms > 0 && kvp_now_ms() - b->lease_start >= b->gr->lease_ttl_ms;
+    for (size_t q = 0; q < k;) {
+        size_t t = b->op_item[q];
+        kvp_status_t s;
+        uint32_t crc;
+        size_t end = fold_ops(ops, b->op_item, q, k, &s, &crc);
+        if (s == KVP_OK && lease_over) {
+            /* the extent may have been reused after the lease: do not trust it */
+            KVP_LOG_WARN("get %s: transfer outlasted the %u ms read lease", keys[t],
+                         b->gr->lease_ttl_ms);
+            s = KVP_ERR_LEASE_EXPIRED;
+        }
+        if (s == KVP_OK && ops[q].want_crc && crc != b->gr->results[b->slot[t]]->crc32c) {
+            KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[t],
+                         ops[q].peer->name);
+            kvp_api_fail_key(keys[t], "get %s: checksum mismatch reading from segment %s", keys[t],
+                             ops[q].peer->name);
+            s = KVP_ERR_CHECKSUM;
+            atomic_fetch_add_explicit(&b->c->xfer.stats.errors[1], 1, memory_order_relaxed);
+        } else if (s != KVP_OK) {
+            KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[t], ops[q].peer->name,
+                         kvp_strerror(s));
+            kvp_api_fail_key(keys[t], "get %s: read from segment %s failed: %s", keys[t],
+                             ops[q].peer->name, kvp_strerror(s));
+            if (s != KVP_ERR_LEASE_EXPIRED)
+                atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
+        }
+        b->st[t] = s;
+        unref_ops(ops, q, end);
+        q = end;
+    }
+}
+
+/* An object with several copies, none of which could be read: say so (each copy's own
+ * failure was logged and the first recorded for last_error). */
+static void read_no_replica(read_batch_t *b)
+{
+    for (size_t t = 0; t < b->n; t++) {
+        int32_t s = b->st[t];
+        if (s == KVP_OK || b->tried[t] == 0)
+            continue;
+        const Kvpool__GetReplicaResult *r = b->gr->results[b->slot[t]];
+        if (r->n_replicas > 1 && b->tried[t] >= r->n_replicas && s != KVP_ERR_CHECKSUM &&
+            s != KVP_ERR_LEASE_EXPIRED)
+            b->st[t] = KVP_ERR_NO_REPLICA;
+    }
+}
+
 static kvp_status_t read_batch(kvp_client_t *c, const char *const *keys, const pieces_t *dst,
                                const uint64_t *offsets, size_t n, int64_t *results)
 {
@@ -773,168 +1034,40 @@ static kvp_status_t read_batch(kvp_client_t *c, const char *const *keys, const p
         return KVP_ERR_INVALID_ARG;
     if (n == 0)
         return KVP_OK;
-    bool whole = offsets == NULL;
-    int32_t *st = kvp_scratch_alloc(n * sizeof(*st));
-    size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
-    size_t *slot = kvp_scratch_alloc(n * sizeof(*slot)); /* item -> its GetReplicaList entry */
-    uint64_t *len = kvp_scratch_alloc(n * sizeof(*len));
-    kvp_xfer_op_t *ops = NULL;
-    size_t *op_item = NULL;
-    size_t(*order)[REPLICAS_MAX] = NULL;
-    unsigned *tried = NULL;
-    Kvpool__GetReplicaListResponse *gr = NULL;
+    read_batch_t b = {
+        .c = c, .keys = keys, .dst = dst, .offsets = offsets, .whole = offsets == NULL, .n = n};
+    b.st = kvp_scratch_alloc(n * sizeof(*b.st));
+    b.idx = kvp_scratch_alloc(n * sizeof(*b.idx));
+    b.slot = kvp_scratch_alloc(n * sizeof(*b.slot));
+    b.len = kvp_scratch_alloc(n * sizeof(*b.len));
     kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!st || !idx || !slot || !len)
+    if (!b.st || !b.idx || !b.slot || !b.len)
         goto out;
-    size_t m = gather_valid(keys, n, idx, st);
-    size_t mm = 0, max_ops = 0;
-    for (size_t j = 0; j < m; j++) {
-        size_t used = 0;
-        if (pieces_total(dst, idx[j], &len[idx[j]], &used) != KVP_OK ||
-            (!whole && len[idx[j]] == 0)) {
-            st[idx[j]] = KVP_ERR_INVALID_ARG;
-            continue;
-        }
-        max_ops += used;
-        idx[mm++] = idx[j];
-    }
-    m = mm;
-    /* idx[0..m): the items to ask about; made into the GetReplicaList entries: idx[e] is an
-     * item whose key entry e asks for, slot[t] item t's entry (one per distinct key when
-     * ranged, sorted so that equal keys are neighbours) */
-    if (!whole && m > 1)
-        qsort_r(idx, m, sizeof(*idx), cmp_item_key, (void *)keys);
-    size_t n_ent = 0;
-    for (size_t j = 0; j < m; j++) {
-        size_t t = idx[j];
-        if (whole || n_ent == 0 || strcmp(keys[t], keys[idx[n_ent - 1]]) != 0)
-            idx[n_ent++] = t; /* n_ent <= j: only places already read are written */
-        slot[t] = n_ent - 1;
-    }
-    if (m > 0) {
-        uint8_t *resp;
-        size_t rlen;
-        /* the lease runs from the master's reply; measuring from before the request
-         * makes the client's view of it conservative */
-        uint64_t lease_start = kvp_now_ms();
-        rc = keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, idx, n_ent, false, &resp, &rlen);
+    read_gather(&b);
+    if (b.m > 0) {
+        rc = read_ask(&b);
         if (rc != KVP_OK)
             goto out;
-        gr = kvpool__get_replica_list_response__unpack(&kvp_scratch_pb, rlen, resp);
-        if (gr == NULL || gr->status != KVP_OK || gr->n_results != n_ent) {
-            rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
-            goto out;
-        }
-        kvp_client_peers_update(c, gr->segments, gr->n_segments);
-        ops = kvp_scratch_calloc(max_ops + 1, sizeof(*ops));
-        op_item = kvp_scratch_alloc((max_ops + 1) * sizeof(*op_item));
-        order = kvp_scratch_alloc(n_ent * sizeof(*order));
-        tried = kvp_scratch_calloc(n, sizeof(*tried));
-        rc = KVP_ERR_NOMEM;
-        if (!ops || !op_item || !order || !tried)
-            goto out;
-        for (size_t e = 0; e < n_ent; e++) {
-            Kvpool__GetReplicaResult *r = gr->results[e];
-            if (r->status == KVP_OK && r->n_replicas >= 1 && r->n_replicas <= REPLICAS_MAX)
-                order_replicas(c, r, order[e]);
-        }
-        for (size_t t = 0; t < n; t++) {
-            if (st[t] != KVP_OK)
-                continue;
-            Kvpool__GetReplicaResult *r = gr->results[slot[t]];
-            st[t] = r->status;
-            if (r->status != KVP_OK)
-                continue;
-            if (r->n_replicas == 0 || r->n_replicas > REPLICAS_MAX)
-                st[t] = KVP_ERR_PROTOCOL;
-            else if (whole && r->size > len[t])
-                st[t] = KVP_ERR_BUFFER_TOO_SMALL;
-            else if (!whole && offsets[t] >= r->size)
-                st[t] = KVP_ERR_OUT_OF_RANGE;
-            else
-                len[t] = whole ? r->size : KVP_MIN(len[t], r->size - offsets[t]);
-        }
+        read_check(&b);
         /* one round per replica rank: items whose read failed try their next replica */
         for (unsigned round = 0; round < REPLICAS_MAX; round++) {
-            size_t k = 0;
-            for (size_t t = 0; t < n; t++) {
-                if (round == 0 ? st[t] != KVP_OK : st[t] == KVP_OK || tried[t] != round)
-                    continue; /* refused, not asked, too small... or done */
-                Kvpool__GetReplicaResult *r = gr->results[slot[t]];
-                if (r->status != KVP_OK || round >= r->n_replicas)
-                    continue;
-                Kvpool__Replica *rep = r->replicas[order[slot[t]][round]];
-                kvp_peer_t *peer = kvp_client_peer_get(c, rep->segment_id);
-                tried[t]++;
-                if (peer == NULL) {
-                    st[t] = KVP_ERR_UNKNOWN_SEGMENT;
-                    kvp_api_fail_key(keys[t],
-                                     "get %s: replica on segment %#llx, which this client has no "
-                                     "descriptor for",
-                                     keys[t], (unsigned long long)rep->segment_id);
-                    continue;
-                }
-                k = add_piece_ops(ops, op_item, k, t, KVP_XFER_READ, dst, t,
-                                  rep->offset + (whole ? 0 : offsets[t]), len[t], peer,
-                                  whole && c->params.verify_crc != 0);
-            }
+            size_t k = read_plan_round(&b, round);
             if (k == 0)
                 break;
-            kvp_transfer_run(&c->xfer, ops, k);
-            bool lease_over =
-                gr->lease_ttl_ms > 0 && kvp_now_ms() - lease_start >= gr->lease_ttl_ms;
-            for (size_t q = 0; q < k;) {
-                size_t t = op_item[q];
-                kvp_status_t s;
-                uint32_t crc;
-                size_t end = fold_ops(ops, op_item, q, k, &s, &crc);
-                if (s == KVP_OK && lease_over) {
-                    /* the extent may have been reused after the lease: do not trust it */
-                    KVP_LOG_WARN("get %s: transfer outlasted the %u ms read lease", keys[t],
-                                 gr->lease_ttl_ms);
-                    s = KVP_ERR_LEASE_EXPIRED;
-                }
-                if (s == KVP_OK && ops[q].want_crc && crc != gr->results[slot[t]]->crc32c) {
-                    KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[t],
-                                 ops[q].peer->name);
-                    kvp_api_fail_key(keys[t], "get %s: checksum mismatch reading from segment %s",
-                                     keys[t], ops[q].peer->name);
-                    s = KVP_ERR_CHECKSUM;
-                    atomic_fetch_add_explicit(&c->xfer.stats.errors[1], 1, memory_order_relaxed);
-                } else if (s != KVP_OK) {
-                    KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[t],
-                                 ops[q].peer->name, kvp_strerror(s));
-                    kvp_api_fail_key(keys[t], "get %s: read from segment %s failed: %s", keys[t],
-                                     ops[q].peer->name, kvp_strerror(s));
-                    if (s != KVP_ERR_LEASE_EXPIRED)
-                        atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
-                }
-                st[t] = s;
-                unref_ops(ops, q, end);
-                q = end;
-            }
+            kvp_transfer_run(&c->xfer, b.ops, k);
+            read_collect_round(&b, k);
         }
-        /* an object with several copies, none of which could be read: say so (each
-         * copy's own failure was logged and the first recorded for last_error) */
-        for (size_t t = 0; t < n; t++) {
-            int32_t s = st[t];
-            if (s == KVP_OK || tried[t] == 0)
-                continue;
-            Kvpool__GetReplicaResult *r = gr->results[slot[t]];
-            if (r->n_replicas > 1 && tried[t] >= r->n_replicas && s != KVP_ERR_CHECKSUM &&
-                s != KVP_ERR_LEASE_EXPIRED)
-                st[t] = KVP_ERR_NO_REPLICA;
-        }
+        read_no_replica(&b);
     }
-    release_leases(c, gr);
-    kvp_api_fail_keys("get", keys, st, n);
+    release_leases(c, b.gr);
+    kvp_api_fail_keys("get", keys, b.st, n);
     for (size_t t = 0; t < n; t++)
-        results[t] = st[t] == KVP_OK ? (int64_t)len[t] : st[t];
-    return first_error(st, n);
+        results[t] = b.st[t] == KVP_OK ? (int64_t)b.len[t] : b.st[t];
+    return first_error(b.st, n);
 out:
-    release_leases(c, gr);
+    release_leases(c, b.gr);
     for (size_t t = 0; t < n; t++)
-        results[t] = st && st[t] != KVP_OK ? st[t] : rc;
+        results[t] = b.st && b.st[t] != KVP_OK ? b.st[t] : rc;
     return rc;
 }
 
@@ -1157,7 +1290,7 @@ static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     Kvpool__StatRequest req = KVPOOL__STAT_REQUEST__INIT;
     uint8_t *resp;
     size_t rlen;
-    kvp_status_t rc = kvp_client_call(c, KVP_RPC_STAT, &req.base, &resp, &rlen);
+    kvp_status_t rc = kvp_session_call(c->session, KVP_RPC_STAT, &req.base, &resp, &rlen);
     if (rc != KVP_OK)
         return rc;
     Kvpool__StatResponse *sr = kvpool__stat_response__unpack(NULL, rlen, resp);

@@ -1,7 +1,8 @@
 /*
  * log.c - stderr logging with a level check and a component prefix.
  *
- * Thread-safe: one fprintf per line (stdio locks the stream).
+ * Thread-safe: one fprintf per line (stdio locks the stream); the rate
+ * limits of per-operation paths are atomics.
  */
 #include "common/log.h"
 
@@ -61,4 +62,25 @@ void kvp_log_write(kvp_log_level_t level, const char *file, int line, const char
     fprintf(stderr, "%02d:%02d:%02d.%03ld %s %-5s %s (%s:%d)\n", tm.tm_hour, tm.tm_min, tm.tm_sec,
             ts.tv_nsec / 1000000, log_component, level_names[level], msg, base ? base + 1 : file,
             line);
+}
+
+uint64_t kvp_log_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+bool kvp_log_limit_take(kvp_log_limit_t *limit, uint64_t now_ms, uint32_t every_ms,
+                        uint64_t *held_p)
+{
+    uint64_t next = atomic_load_explicit(&limit->next_ms, memory_order_relaxed);
+    /* one thread wins the slot; the others count themselves held back */
+    if (now_ms >= next &&
+        atomic_compare_exchange_strong(&limit->next_ms, &next, now_ms + every_ms)) {
+        *held_p = atomic_exchange(&limit->held, 0);
+        return true;
+    }
+    atomic_fetch_add_explicit(&limit->held, 1, memory_order_relaxed);
+    return false;
 }

@@ -181,3 +181,62 @@ kvp_status_t kvp_recv_all(int fd, void *buf, size_t len)
     }
     return KVP_OK;
 }
+
+/* An IPv6 address as the IPv4 one it maps, if it is v4-mapped. */
+static bool v4_of(const struct sockaddr_storage *ss, struct in_addr *a)
+{
+    if (ss->ss_family == AF_INET) {
+        *a = ((const struct sockaddr_in *)ss)->sin_addr;
+        return true;
+    }
+    const struct in6_addr *a6 = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    if (ss->ss_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(a6)) {
+        memcpy(&a->s_addr, &a6->s6_addr[12], 4);
+        return true;
+    }
+    return false;
+}
+
+bool kvp_sock_peer_local(int fd)
+{
+    struct sockaddr_storage peer, self;
+    socklen_t pl = sizeof(peer), sl = sizeof(self);
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 ||
+        getsockname(fd, (struct sockaddr *)&self, &sl) != 0)
+        return false;
+    if (peer.ss_family == AF_UNIX)
+        return true;
+    struct in_addr p4, s4;
+    if (v4_of(&peer, &p4)) {
+        if ((ntohl(p4.s_addr) >> 24) == 127)
+            return true;
+        return v4_of(&self, &s4) && p4.s_addr == s4.s_addr;
+    }
+    if (peer.ss_family != AF_INET6 || self.ss_family != AF_INET6)
+        return false;
+    const struct in6_addr *p6 = &((const struct sockaddr_in6 *)&peer)->sin6_addr;
+    const struct in6_addr *s6 = &((const struct sockaddr_in6 *)&self)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(p6) || memcmp(p6, s6, sizeof(*p6)) == 0;
+}
+
+void kvp_sock_peer_name(int fd, char *buf, size_t len)
+{
+    struct sockaddr_storage peer;
+    socklen_t pl = sizeof(peer);
+    char host[INET6_ADDRSTRLEN] = "?";
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) != 0) {
+        snprintf(buf, len, "?");
+        return;
+    }
+    if (peer.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&peer;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        snprintf(buf, len, "%s:%u", host, (unsigned)ntohs(a->sin_port));
+    } else if (peer.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&peer;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        snprintf(buf, len, "[%s]:%u", host, (unsigned)ntohs(a->sin6_port));
+    } else {
+        snprintf(buf, len, "local");
+    }
+}

@@ -61,9 +61,13 @@
     X(KVP_ERR_NO_SPACE, -36, "no space left on the SSD segment's disk or in its object table")     \
     X(KVP_ERR_NOT_LEADER, -37,                                                                     \
       "this master is not the leader (a standby, or a leader that lost its lease): the client "    \
-      "follows the leader through etcd")
+      "follows the leader through etcd")                                                           \
+    X(KVP_ERR_DENIED, -38,                                                                         \
+      "refused: this peer takes connections from its own host only (protected mode: no "           \
+      "credentials configured; start it with --auth none, or KVPOOL_AUTH=none, on a trusted "      \
+      "network)")
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-37)
+#define KVP_STATUS_MIN (-38)
 
 #endif

@@ -73,6 +73,7 @@ static const setting_t settings[] = {
     STR("kv-events-tenant", kv_events_tenant),
     STR("kv-events-backend-id", kv_events_backend_id),
     CNT("kv-events-dp-rank", kv_events_dp_rank, 1u << 16),
+    STR("auth", auth),
 };
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -102,6 +103,7 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     snprintf(cfg->kv_events_tenant, sizeof(cfg->kv_events_tenant), "default");
     snprintf(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id), "kvpool-master");
     cfg->kv_events_dp_rank = 0;
+    snprintf(cfg->auth, sizeof(cfg->auth), "protected");
 }
 
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,
@@ -178,6 +180,10 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
     }
     if (cfg->kv_events_queue == 0) {
         snprintf(err, err_len, "--kv-events-queue needs at least 1 event");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (strcmp(cfg->auth, "protected") != 0 && strcmp(cfg->auth, "none") != 0) {
+        snprintf(err, err_len, "--auth must be protected or none, got '%s'", cfg->auth);
         return KVP_ERR_INVALID_ARG;
     }
     if (cfg->ssd_evict_low > cfg->ssd_evict_high) {

@@ -41,6 +41,9 @@ typedef struct kvp_master_config {
     char kv_events_tenant[256];     /* tenant_id (default) */
     char kv_events_backend_id[256]; /* backend_id (kvpool-master) */
     uint32_t kv_events_dp_rank;
+    /* who may connect: "protected" (this host only: no credentials are configured) or
+     * "none" (anyone who reaches the port: a trusted network) */
+    char auth[16];
 } kvp_master_config_t;
 
 /* The defaults. */

@@ -38,6 +38,10 @@ static void usage(FILE *f)
             "  --ready-fd N         write the bound HOST:PORT and a newline to fd N when\n"
             "                       listening, then close it\n"
             "  --log-level LEVEL    off|error|warn|info|debug (default info)\n"
+            "  --auth protected|none  protected (default, no credentials configured): take\n"
+            "                       connections from this host only, refusing others with\n"
+            "                       KVP_ERR_DENIED; none: anyone who reaches the port (a\n"
+            "                       trusted network only)\n"
             "  --evict-high-watermark F  also evict in the background when used/capacity\n"
             "                       passes F (default 1.0: off; puts evict what they need)\n"
             "  --evict-low-watermark F   ... down to F (default 0.98)\n"
@@ -132,6 +136,7 @@ static const struct option opts[] = {
     {"kv-events-tenant", required_argument, NULL, 's'},
     {"kv-events-backend-id", required_argument, NULL, 's'},
     {"kv-events-dp-rank", required_argument, NULL, 's'},
+    {"auth", required_argument, NULL, 's'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},

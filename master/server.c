@@ -55,6 +55,7 @@ typedef struct conn {
     size_t out_len, out_off, out_cap;
     bool want_out;       /* EPOLLOUT armed */
     bool close_after;    /* close once the output queue is flushed */
+    bool refuse;         /* protected mode, a peer of another host: refused at its first header */
     uint64_t last_rx_ms; /* when a byte last arrived: liveness for --client-ttl */
     struct conn *next;   /* all connections, for shutdown */
     struct conn *prev;
@@ -361,9 +362,33 @@ kvp_status_t kvp_master_server_elect(kvp_master_server_t *srv, const kvp_electio
     return KVP_OK;
 }
 
+/* Protected mode: a peer of another host gets KVP_ERR_DENIED for its first request, as soon
+ * as its header is in (its body is never read), and the connection closes. */
+static void refuse_protected(kvp_master_server_t *srv, conn_t *c)
+{
+    kvp_rpc_hdr_t h = {0};
+    (void)kvp_rpc_hdr_unpack(c->in, KVP_RPC_MAX_BODY, &h); /* its id and method, if a frame */
+    char peer[80];
+    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+    KVP_LOG_WARN_LIMITED("connection %llu from %s refused: protected mode takes connections from "
+                         "this host only (--auth none opens the port to a trusted network)",
+                         (unsigned long long)c->id, peer);
+    srv->state.stats.refused_protected++;
+    reply_error(srv, c, &h, KVP_ERR_DENIED,
+                "protected mode: this master takes connections from its own host only; start it "
+                "with --auth none on a trusted network");
+    c->in_len = 0;
+    c->close_after = true;
+}
+
 /* Dispatch every whole frame in the input buffer. false: close the connection. */
 static bool process_input(kvp_master_server_t *srv, conn_t *c)
 {
+    if (c->refuse) {
+        if (c->in_len >= KVP_RPC_HDR_LEN && !c->close_after)
+            refuse_protected(srv, c);
+        return true;
+    }
     size_t off = 0;
     bool ok = true;
     while (!c->close_after) {
@@ -377,8 +402,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             break;
         }
         if (s == KVP_ERR_PROTOCOL) {
-            KVP_LOG_WARN("connection %llu: not a kvpool frame (bad magic); closing",
-                         (unsigned long long)c->id);
+            KVP_LOG_WARN_LIMITED("connection %llu: not a kvpool frame (bad magic); closing",
+                                 (unsigned long long)c->id);
             return false;
         }
         if (s != KVP_OK) {
@@ -387,7 +412,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                      "%s (version %u, body %u bytes; this master speaks "
                      "version %u, at most %u bytes)",
                      kvp_strerror(s), h.version, h.body_len, KVP_RPC_VERSION, KVP_RPC_MAX_BODY);
-            KVP_LOG_WARN("connection %llu: %s; closing", (unsigned long long)c->id, msg);
+            KVP_LOG_WARN_LIMITED("connection %llu: %s; closing", (unsigned long long)c->id, msg);
             reply_error(srv, c, &h, s, msg);
             c->close_after = true;
             break;
@@ -453,8 +478,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         } else if (kvp_rpc_is_oneway(h.method)) {
             /* the sender waits for nothing: an error is only logged */
             if (s != KVP_OK)
-                KVP_LOG_WARN("connection %llu: one-way method %u: %s", (unsigned long long)c->id,
-                             h.method, errmsg);
+                KVP_LOG_WARN_LIMITED("connection %llu: one-way method %u: %s",
+                                     (unsigned long long)c->id, h.method, errmsg);
         } else if (s == KVP_OK) {
             ok = queue_frame(srv, c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0,
                              resp, rlen);
@@ -535,7 +560,7 @@ static void on_accept(kvp_master_server_t *srv)
             if (errno == EINTR)
                 continue;
             if (errno != EAGAIN && errno != EWOULDBLOCK)
-                KVP_LOG_WARN("accept failed: %m");
+                KVP_LOG_WARN_LIMITED("accept failed: %m");
             return;
         }
         conn_t *c = calloc(1, sizeof(*c));
@@ -545,6 +570,7 @@ static void on_accept(kvp_master_server_t *srv)
         }
         c->fd = fd;
         c->id = ++srv->next_conn_id;
+        c->refuse = strcmp(srv->state.config.auth, "protected") == 0 && !kvp_sock_peer_local(fd);
         c->last_rx_ms = srv->state.now_ms;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {

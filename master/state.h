@@ -52,6 +52,7 @@ typedef struct kvp_master_stats {
     uint64_t exists;      /* keys asked whether they exist */
     uint64_t removes;     /* objects removed (Remove, RemoveByRegex) */
     uint64_t lease_waits; /* removes refused for a read lease, puts told to wait (POOL_BUSY) */
+    uint64_t refused_protected; /* connections of other hosts refused in protected mode */
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

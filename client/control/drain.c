@@ -8,8 +8,8 @@
  * checked on the way, and swapped in (MoveEnd). Then unmount: what could
  * not be moved in time leaves the pool.
  *
- * Thread: the caller's (kvp_drain, destroy) or the drain thread started by
- * the heartbeat when someone asked for a drain.
+ * Thread: the caller's (kvp_drain) or the drain thread started by the
+ * heartbeat (heartbeat.c) when someone asked for a drain.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/client_priv.h"
+#include "client/control/drain.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/clock.h"
@@ -32,7 +32,7 @@
  * counts the objects that needed a copy (moved or not), *failed_p those that
  * could not be moved.
  */
-static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListResponse *lr,
+static uint64_t drain_page(const kvp_drain_params_t *p, uint64_t seg_id, Kvpool__ListResponse *lr,
                            uint64_t *to_copy_p, uint64_t *failed_p)
 {
     size_t n = lr->n_entries;
@@ -56,8 +56,8 @@ static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListRespons
             if (e->replicas[r]->segment_id == seg_id)
                 mine = e->replicas[r];
         /* pending objects are not moved; the master skips those kept elsewhere */
-        if (e->state != 2 || mine == NULL || mine->offset > c->seg_size ||
-            e->size > c->seg_size - mine->offset)
+        if (e->state != 2 || mine == NULL ||
+            kvp_segment_extent(p->seg, mine->offset, e->size) == NULL)
             continue;
         keys[m] = e->key;
         offs[m] = mine->offset;
@@ -69,10 +69,10 @@ static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListRespons
     req.from_segment_id = seg_id;
     req.keys = keys;
     req.n_keys = m;
-    mr = kvp_client_call_unpack(c, KVP_RPC_MOVE_START, &req.base,
-                                &kvpool__move_start_response__descriptor, &st);
+    mr = kvp_session_call_unpack(p->session, KVP_RPC_MOVE_START, &req.base,
+                                 &kvpool__move_start_response__descriptor, &st);
     if (mr == NULL || mr->status != KVP_OK || mr->n_results != m) {
-        KVP_LOG_WARN("drain %s: move start failed: %s", c->seg_name,
+        KVP_LOG_WARN("drain %s: move start failed: %s", kvp_segment_name(p->seg),
                      kvp_strerror(mr ? (mr->status ? mr->status : KVP_ERR_PROTOCOL) : st));
         *failed_p += m;
         if (mr == NULL || mr->status != KVP_OK)
@@ -83,7 +83,7 @@ static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListRespons
         k = m;
         goto end;
     }
-    kvp_client_peers_update(c, mr->segments, mr->n_segments);
+    kvp_peers_update(p->peers, mr->segments, mr->n_segments);
     /* Keys that got a destination are compacted to keys[0..k) for MoveEnd; the
      * writes to run are ops[0..w), op_slot[q] naming each one's key slot. */
     size_t w = 0;
@@ -95,22 +95,23 @@ static uint64_t drain_page(kvp_client_t *c, uint64_t seg_id, Kvpool__ListRespons
             continue;          /* no copy needed (kept elsewhere), or no room / gone */
         }
         (*to_copy_p)++;
-        kvp_peer_t *peer = kvp_client_peer_get(c, r->replicas[0]->segment_id);
+        kvp_peer_t *peer = kvp_peers_get(p->peers, r->replicas[0]->segment_id);
         keys[k] = keys[j];
         sts[k] = KVP_ERR_PROTOCOL; /* unless the write below succeeds */
         if (peer != NULL) {
-            ops[w] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
-                                     .local = (char *)c->seg_base + offs[j],
-                                     .offset = r->replicas[0]->offset,
-                                     .length = lr->entries[ent[j]]->size,
-                                     .peer = peer,
-                                     .want_crc = true};
+            ops[w] = (kvp_xfer_op_t){
+                .kind = KVP_XFER_WRITE,
+                .local = kvp_segment_extent(p->seg, offs[j], lr->entries[ent[j]]->size),
+                .offset = r->replicas[0]->offset,
+                .length = lr->entries[ent[j]]->size,
+                .peer = peer,
+                .want_crc = true};
             op_slot[w] = k;
             op_crc[w++] = lr->entries[ent[j]]->crc32c;
         }
         k++;
     }
-    kvp_transfer_run(&c->xfer, ops, w);
+    kvp_transfer_run(p->xfer, ops, w);
     for (size_t q = 0; q < w; q++) {
         kvp_status_t s = ops[q].status;
         if (s == KVP_OK && ops[q].crc != op_crc[q])
@@ -125,8 +126,8 @@ end:;
     end.n_keys = k;
     end.statuses = sts;
     end.n_statuses = k;
-    Kvpool__StatusesResponse *er = kvp_client_call_unpack(
-        c, KVP_RPC_MOVE_END, &end.base, &kvpool__statuses_response__descriptor, &st);
+    Kvpool__StatusesResponse *er = kvp_session_call_unpack(
+        p->session, KVP_RPC_MOVE_END, &end.base, &kvpool__statuses_response__descriptor, &st);
     if (er != NULL && er->status == KVP_OK && er->n_statuses == k) {
         for (size_t q = 0; q < k; q++) {
             if (sts[q] == KVP_OK && er->statuses[q] == KVP_OK)
@@ -152,37 +153,32 @@ out:
     return moved;
 }
 
-static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p,
-                               uint64_t *lost_p)
+kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uint64_t *moved_p,
+                           uint64_t *lost_p)
 {
     if (moved_p)
         *moved_p = 0;
     if (lost_p)
         *lost_p = 0;
-    if (c == NULL)
+    if (p->seg == NULL)
         return KVP_ERR_INVALID_ARG;
-    /* under seg_lock: a reconnect's remount (which holds it) cannot slip a new
-     * segment id in between the state change and the id we drain */
-    pthread_mutex_lock(&c->seg_lock);
-    int expect = KVP_SEG_MOUNTED;
-    bool ok = atomic_compare_exchange_strong(&c->seg_state, &expect, KVP_SEG_DRAINING);
-    uint64_t seg_id = atomic_load(&c->seg_id);
-    pthread_mutex_unlock(&c->seg_lock);
-    if (!ok)
-        return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
+    uint64_t seg_id;
+    kvp_status_t st = kvp_segment_drain_begin(p->seg, &seg_id);
+    if (st != KVP_OK)
+        return st;
     uint64_t deadline = kvp_now_ms() + timeout_ms;
-    kvp_status_t st;
     Kvpool__DrainRequest dreq = KVPOOL__DRAIN_REQUEST__INIT;
     dreq.segment_id = seg_id;
-    Kvpool__DrainResponse *dr = kvp_client_call_unpack(c, KVP_RPC_DRAIN, &dreq.base,
-                                                       &kvpool__drain_response__descriptor, &st);
+    Kvpool__DrainResponse *dr = kvp_session_call_unpack(p->session, KVP_RPC_DRAIN, &dreq.base,
+                                                        &kvpool__drain_response__descriptor, &st);
     if (dr != NULL) {
         st = dr->status;
         kvpool__drain_response__free_unpacked(dr, NULL);
     }
     uint64_t moved = 0, failed = 0;
     if (st == KVP_OK)
-        KVP_LOG_INFO("draining segment %s (%.1f s at most)", c->seg_name, timeout_ms / 1000.0);
+        KVP_LOG_INFO("draining segment %s (%.1f s at most)", kvp_segment_name(p->seg),
+                     timeout_ms / 1000.0);
     /* A pass sees every object present throughout; puts that were in flight when the
      * drain began finish later, so pass again while there is time and progress. */
     for (int pass = 0; pass < 3 && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
@@ -193,8 +189,8 @@ static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *m
             lreq.segment_id = seg_id;
             lreq.cursor = cursor;
             lreq.limit = DRAIN_PAGE;
-            Kvpool__ListResponse *lr = kvp_client_call_unpack(
-                c, KVP_RPC_LIST, &lreq.base, &kvpool__list_response__descriptor, &st);
+            Kvpool__ListResponse *lr = kvp_session_call_unpack(
+                p->session, KVP_RPC_LIST, &lreq.base, &kvpool__list_response__descriptor, &st);
             if (lr == NULL)
                 break;
             if (lr->status != KVP_OK) {
@@ -202,7 +198,7 @@ static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *m
                 kvpool__list_response__free_unpacked(lr, NULL);
                 break;
             }
-            moved += drain_page(c, seg_id, lr, &to_copy, &failed);
+            moved += drain_page(p, seg_id, lr, &to_copy, &failed);
             cursor = lr->next_cursor;
             kvpool__list_response__free_unpacked(lr, NULL);
         } while (cursor != 0 && kvp_now_ms() < deadline);
@@ -215,16 +211,16 @@ static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *m
     Kvpool__UnmountRequest ureq = KVPOOL__UNMOUNT_REQUEST__INIT;
     ureq.segment_id = seg_id;
     kvp_status_t ust;
-    Kvpool__UnmountResponse *ur = kvp_client_call_unpack(
-        c, KVP_RPC_UNMOUNT, &ureq.base, &kvpool__unmount_response__descriptor, &ust);
+    Kvpool__UnmountResponse *ur = kvp_session_call_unpack(
+        p->session, KVP_RPC_UNMOUNT, &ureq.base, &kvpool__unmount_response__descriptor, &ust);
     uint64_t lost = 0;
     if (ur != NULL) {
         lost = ur->objects_dropped;
         kvpool__unmount_response__free_unpacked(ur, NULL);
     }
-    atomic_store(&c->seg_state, KVP_SEG_DRAINED);
-    KVP_LOG_INFO("segment %s drained: %llu objects moved, %llu left the pool", c->seg_name,
-                 (unsigned long long)moved, (unsigned long long)lost);
+    kvp_segment_set_drained(p->seg);
+    KVP_LOG_INFO("segment %s drained: %llu objects moved, %llu left the pool",
+                 kvp_segment_name(p->seg), (unsigned long long)moved, (unsigned long long)lost);
     if (moved_p)
         *moved_p = moved;
     if (lost_p)
@@ -232,21 +228,15 @@ static kvp_status_t drain_impl(kvp_client_t *c, uint32_t timeout_ms, uint64_t *m
     return st;
 }
 
-kvp_status_t kvp_drain(kvp_client_t *c, uint32_t timeout_ms, uint64_t *moved_p, uint64_t *lost_p)
+kvp_status_t kvp_drain_request(kvp_session_t *s, const char *segment_name)
 {
-    kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(drain_impl(c, timeout_ms, moved_p, lost_p), "drain");
-}
-
-static kvp_status_t request_drain_impl(kvp_client_t *c, const char *segment_name)
-{
-    if (c == NULL || segment_name == NULL || segment_name[0] == '\0')
+    if (segment_name == NULL || segment_name[0] == '\0')
         return KVP_ERR_INVALID_ARG;
     Kvpool__DrainRequest req = KVPOOL__DRAIN_REQUEST__INIT;
     req.segment_name = (char *)segment_name;
     kvp_status_t st;
-    Kvpool__DrainResponse *dr = kvp_client_call_unpack(c, KVP_RPC_DRAIN, &req.base,
-                                                       &kvpool__drain_response__descriptor, &st);
+    Kvpool__DrainResponse *dr = kvp_session_call_unpack(s, KVP_RPC_DRAIN, &req.base,
+                                                        &kvpool__drain_response__descriptor, &st);
     if (dr == NULL)
         return st;
     st = dr->status;
@@ -254,16 +244,4 @@ static kvp_status_t request_drain_impl(kvp_client_t *c, const char *segment_name
         KVP_LOG_WARN("drain %s: %s", segment_name, dr->message);
     kvpool__drain_response__free_unpacked(dr, NULL);
     return st;
-}
-
-kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
-{
-    kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(request_drain_impl(c, segment_name), "request_drain");
-}
-
-int kvp_client_segment_mounted(kvp_client_t *c)
-{
-    int s = c ? atomic_load(&c->seg_state) : KVP_SEG_NONE;
-    return s == KVP_SEG_MOUNTED || s == KVP_SEG_DRAINING;
 }

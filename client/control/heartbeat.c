@@ -9,7 +9,8 @@
  * segment) or to drain it (kvp_request_drain from anyone): that drain runs
  * on its own thread.
  *
- * Thread: the heartbeat thread; start/stop from create/destroy.
+ * Thread: the heartbeat thread; start/stop from create/destroy. Its state is
+ * its own (struct kvp_heartbeat): nothing else reads or writes it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -18,36 +19,73 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/client_priv.h"
+#include "client/control/heartbeat.h"
 #include "common/log.h"
 #include "common/rpc.h"
 
+struct kvp_heartbeat {
+    kvp_heartbeat_params_t p;
+    /* the master's segment table version we last received */
+    uint64_t segments_version;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    bool stop;
+    bool closing; /* stop began: start no new drain */
+    /* a drain asked for by someone else runs on its own thread */
+    pthread_t drain_thread;
+    _Atomic bool drain_running;
+    bool drain_thread_started;
+};
+
 static void *drain_main(void *arg)
 {
-    kvp_client_t *c = arg;
+    kvp_heartbeat_t *hb = arg;
     uint64_t moved = 0, lost = 0;
-    kvp_status_t st = kvp_drain(c, c->params.drain_timeout_ms, &moved, &lost);
-    KVP_LOG_INFO("requested drain of %s: %s, %llu objects moved, %llu lost", c->seg_name,
-                 kvp_strerror(st), (unsigned long long)moved, (unsigned long long)lost);
-    atomic_store(&c->drain_running, false);
+    kvp_status_t st = kvp_drain_run(&hb->p.drain, hb->p.drain_timeout_ms, &moved, &lost);
+    KVP_LOG_INFO("requested drain of %s: %s, %llu objects moved, %llu lost",
+                 kvp_segment_name(hb->p.drain.seg), kvp_strerror(st), (unsigned long long)moved,
+                 (unsigned long long)lost);
+    atomic_store(&hb->drain_running, false);
     return NULL;
 }
 
-/* One beat; its transport status (the reply's content is acted on, not checked). */
-static kvp_status_t heartbeat_once(kvp_client_t *c)
+/* Start the drain someone asked for on its own thread (the heartbeat thread). */
+static void drain_start(kvp_heartbeat_t *hb)
 {
+    pthread_mutex_lock(&hb->lock);
+    if (!hb->closing) {
+        if (hb->drain_thread_started) {
+            pthread_join(hb->drain_thread, NULL); /* the previous one has finished */
+            hb->drain_thread_started = false;
+        }
+        KVP_LOG_INFO("drain of segment %s requested", kvp_segment_name(hb->p.drain.seg));
+        atomic_store(&hb->drain_running, true);
+        if (pthread_create(&hb->drain_thread, NULL, drain_main, hb) == 0)
+            hb->drain_thread_started = true;
+        else
+            atomic_store(&hb->drain_running, false);
+    }
+    pthread_mutex_unlock(&hb->lock);
+}
+
+/* One beat; its transport status (the reply's content is acted on, not checked). */
+static kvp_status_t heartbeat_once(kvp_heartbeat_t *hb)
+{
+    kvp_segment_t *seg = hb->p.drain.seg;
     Kvpool__HeartbeatRequest req = KVPOOL__HEARTBEAT_REQUEST__INIT;
-    uint64_t seg_id = atomic_load(&c->seg_id);
-    int state = atomic_load(&c->seg_state);
-    req.client_id = c->client_id;
-    req.segments_version = atomic_load(&c->segments_version);
+    uint64_t seg_id = seg != NULL ? kvp_segment_id(seg) : 0;
+    int state = kvp_segment_state(seg);
+    req.client_id = hb->p.client_id;
+    req.segments_version = hb->segments_version;
     if (state == KVP_SEG_MOUNTED || state == KVP_SEG_DRAINING) {
         req.segment_ids = &seg_id;
         req.n_segment_ids = 1;
     }
     uint8_t *resp;
     size_t rlen;
-    kvp_status_t st = kvp_client_call(c, KVP_RPC_HEARTBEAT, &req.base, &resp, &rlen);
+    kvp_status_t st =
+        kvp_session_call(hb->p.drain.session, KVP_RPC_HEARTBEAT, &req.base, &resp, &rlen);
     if (st != KVP_OK)
         return st; /* the next beat reconnects */
     Kvpool__HeartbeatResponse *hr = kvpool__heartbeat_response__unpack(NULL, rlen, resp);
@@ -55,113 +93,96 @@ static kvp_status_t heartbeat_once(kvp_client_t *c)
         return KVP_ERR_PROTOCOL;
     if (hr->segments_version != 0) {
         /* the table changed: attach the segments now, not at the first transfer */
-        kvp_client_peers_update(c, hr->segments, hr->n_segments);
-        atomic_store(&c->segments_version, hr->segments_version);
+        kvp_peers_update(hb->p.drain.peers, hr->segments, hr->n_segments);
+        hb->segments_version = hr->segments_version;
     }
     /* (a remount since the request was built, e.g. by this very call's reconnect, already
      * answered it) */
-    if (hr->remount && atomic_load(&c->seg_state) == KVP_SEG_MOUNTED &&
-        atomic_load(&c->seg_id) == seg_id) {
-        KVP_LOG_WARN("the master does not know segment %s: mounting it again (empty)", c->seg_name);
-        kvp_client_mount(c);
+    if (hr->remount && kvp_segment_state(seg) == KVP_SEG_MOUNTED && kvp_segment_id(seg) == seg_id) {
+        KVP_LOG_WARN("the master does not know segment %s: mounting it again (empty)",
+                     kvp_segment_name(seg));
+        kvp_session_mount(hb->p.drain.session);
     }
-    for (size_t i = 0; i < hr->n_drain_segment_ids; i++) {
-        if (hr->drain_segment_ids[i] != atomic_load(&c->seg_id) ||
-            atomic_load(&c->seg_state) != KVP_SEG_MOUNTED || atomic_load(&c->drain_running))
-            continue;
-        pthread_mutex_lock(&c->hb_lock);
-        if (!c->hb_closing) {
-            if (c->drain_thread_started) {
-                pthread_join(c->drain_thread, NULL); /* the previous one has finished */
-                c->drain_thread_started = false;
-            }
-            KVP_LOG_INFO("drain of segment %s requested", c->seg_name);
-            atomic_store(&c->drain_running, true);
-            if (pthread_create(&c->drain_thread, NULL, drain_main, c) == 0)
-                c->drain_thread_started = true;
-            else
-                atomic_store(&c->drain_running, false);
-        }
-        pthread_mutex_unlock(&c->hb_lock);
-    }
+    for (size_t i = 0; i < hr->n_drain_segment_ids; i++)
+        if (kvp_segment_state(seg) == KVP_SEG_MOUNTED &&
+            hr->drain_segment_ids[i] == kvp_segment_id(seg) && !atomic_load(&hb->drain_running))
+            drain_start(hb);
     kvpool__heartbeat_response__free_unpacked(hr, NULL);
     return KVP_OK;
 }
 
 static void *heartbeat_main(void *arg)
 {
-    kvp_client_t *c = arg;
-    pthread_mutex_lock(&c->hb_lock);
-    while (!c->hb_stop) {
+    kvp_heartbeat_t *hb = arg;
+    pthread_mutex_lock(&hb->lock);
+    while (!hb->stop) {
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
-        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)c->params.heartbeat_ms * 1000000u;
+        uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)hb->p.interval_ms * 1000000u;
         ts.tv_sec += (time_t)(ns / 1000000000u);
         ts.tv_nsec = (long)(ns % 1000000000u);
         int rc = 0;
-        while (!c->hb_stop && rc != ETIMEDOUT)
-            rc = pthread_cond_timedwait(&c->hb_cond, &c->hb_lock, &ts);
-        if (c->hb_stop)
+        while (!hb->stop && rc != ETIMEDOUT)
+            rc = pthread_cond_timedwait(&hb->cond, &hb->lock, &ts);
+        if (hb->stop)
             break;
-        pthread_mutex_unlock(&c->hb_lock);
-        (void)heartbeat_once(c);
-        pthread_mutex_lock(&c->hb_lock);
+        pthread_mutex_unlock(&hb->lock);
+        (void)heartbeat_once(hb);
+        pthread_mutex_lock(&hb->lock);
     }
-    pthread_mutex_unlock(&c->hb_lock);
+    pthread_mutex_unlock(&hb->lock);
     return NULL;
 }
 
-kvp_status_t kvp_client_heartbeat_start(kvp_client_t *c)
+kvp_status_t kvp_heartbeat_start(const kvp_heartbeat_params_t *params, kvp_heartbeat_t **hb_p)
 {
+    kvp_heartbeat_t *hb = calloc(1, sizeof(*hb));
+    if (hb == NULL)
+        return KVP_ERR_NOMEM;
+    hb->p = *params;
+    atomic_init(&hb->drain_running, false);
     pthread_condattr_t attr;
     pthread_condattr_init(&attr);
     pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&c->hb_cond, &attr);
+    pthread_cond_init(&hb->cond, &attr);
     pthread_condattr_destroy(&attr);
-    pthread_mutex_init(&c->hb_lock, NULL);
-    c->hb_stop = false;
+    pthread_mutex_init(&hb->lock, NULL);
     /* one beat now: learn every mounted segment before the first put or get. It is also
      * the first call a client without a segment makes: a peer that accepts the connection
      * but does not answer it as a master (a hung master, another service) fails create
      * here, as a mount would, instead of every later call */
-    kvp_status_t st = heartbeat_once(c);
-    if (st != KVP_OK && c->disc != NULL)
-        kvp_api_fail("create: the leader found through etcd did not answer a heartbeat: %s",
-                     kvp_strerror(st));
-    else if (st != KVP_OK)
-        kvp_api_fail("create: the master at %s:%u did not answer a heartbeat: %s", c->master_host,
-                     (unsigned)c->master_port, kvp_strerror(st));
-    else if (pthread_create(&c->hb_thread, NULL, heartbeat_main, c) != 0)
+    kvp_status_t st = heartbeat_once(hb);
+    if (st == KVP_OK && pthread_create(&hb->thread, NULL, heartbeat_main, hb) != 0)
         st = KVP_ERR_SYSTEM;
     if (st != KVP_OK) {
-        pthread_cond_destroy(&c->hb_cond);
-        pthread_mutex_destroy(&c->hb_lock);
+        pthread_cond_destroy(&hb->cond);
+        pthread_mutex_destroy(&hb->lock);
+        free(hb);
         return st;
     }
-    c->hb_started = true;
+    *hb_p = hb;
     return KVP_OK;
 }
 
-void kvp_client_heartbeat_stop(kvp_client_t *c)
+void kvp_heartbeat_stop(kvp_heartbeat_t *hb)
 {
-    if (!c->hb_started)
+    if (hb == NULL)
         return;
     /* A drain in progress finishes first, with heartbeats still going (the master
      * would otherwise drop us mid-drain after --client-ttl). */
-    pthread_mutex_lock(&c->hb_lock);
-    c->hb_closing = true;
-    pthread_mutex_unlock(&c->hb_lock);
-    while (atomic_load(&c->drain_running))
+    pthread_mutex_lock(&hb->lock);
+    hb->closing = true;
+    pthread_mutex_unlock(&hb->lock);
+    while (atomic_load(&hb->drain_running))
         usleep(10 * 1000);
-    pthread_mutex_lock(&c->hb_lock);
-    c->hb_stop = true;
-    pthread_cond_signal(&c->hb_cond);
-    pthread_mutex_unlock(&c->hb_lock);
-    pthread_join(c->hb_thread, NULL);
-    if (c->drain_thread_started)
-        pthread_join(c->drain_thread, NULL);
-    c->drain_thread_started = false;
-    pthread_cond_destroy(&c->hb_cond);
-    pthread_mutex_destroy(&c->hb_lock);
-    c->hb_started = false;
+    pthread_mutex_lock(&hb->lock);
+    hb->stop = true;
+    pthread_cond_signal(&hb->cond);
+    pthread_mutex_unlock(&hb->lock);
+    pthread_join(hb->thread, NULL);
+    if (hb->drain_thread_started)
+        pthread_join(hb->drain_thread, NULL);
+    pthread_cond_destroy(&hb->cond);
+    pthread_mutex_destroy(&hb->lock);
+    free(hb);
 }

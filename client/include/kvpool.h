@@ -67,6 +67,11 @@ typedef struct kvp_client_params {
     const char *ssd_path;     /* NULL: no SSD segment */
     uint64_t ssd_size;        /* bytes of the file's data area (>= 1 MiB) */
     uint32_t ssd_buffered_io; /* 1: accept a filesystem without O_DIRECT (page cache) */
+    /* Who may connect to this client's data servers (its segments): "protected", the
+     * default while no credentials are configured, takes peers of this host only and
+     * refuses others with KVP_ERR_DENIED; "none" takes anyone who reaches the port (a
+     * trusted network). NULL: $KVPOOL_AUTH, else "protected". */
+    const char *auth;
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -423,6 +428,8 @@ typedef struct kvp_metrics {
     int32_t dram_draining; /* 1 while its objects are being moved away (kvp_drain) */
     int32_t ssd_mounted;   /* 1 while an SSD segment is open */
     int32_t reserved2;
+    /* connections of other hosts this process's data servers refused (protected mode) */
+    uint64_t refused_protected;
 } kvp_metrics_t;
 
 /*

@@ -1,5 +1,6 @@
 /*
- * registry.c - buffers the application registers (kvp_register_buffer):
+ * registry.c - buffers the application registers (kvp_register_buffer, through
+ * kvp_transfer_register_buffer):
  * remembered for the client's life with their memory kind (host or CUDA,
  * asked of the driver once, here) and registered with the transports that
  * need it (rdma memory regions, GPU dma-bufs) once, never per operation. The
@@ -10,9 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/client_priv.h"
-#include "client/internal.h"
-#include "client/mem/gpu.h"
 #include "client/mem/registry.h"
 
 void kvp_mem_registry_init(kvp_mem_registry_t *reg)
@@ -123,56 +121,4 @@ kvp_status_t kvp_mem_remove_locked(kvp_mem_registry_t *reg, uintptr_t addr,
         return st;
     }
     return KVP_ERR_NOT_FOUND;
-}
-
-static kvp_status_t register_buffer_impl(kvp_client_t *c, void *addr, size_t len)
-{
-    if (c == NULL || addr == NULL || len == 0)
-        return KVP_ERR_INVALID_ARG;
-    kvp_mem_registry_t *reg = &c->xfer.mem;
-    kvp_status_t st = KVP_ERR_EXISTS;
-    pthread_mutex_lock(&reg->lock);
-    if (kvp_mem_overlaps_locked(reg, (uintptr_t)addr, len))
-        goto out;
-    /* the one time the driver is asked about this memory */
-    kvp_mem_region_t r = {
-        .addr = (uintptr_t)addr,
-        .len = len,
-        .kind = c->xfer.gpu && kvp_gpu_is_device_ptr(addr) ? KVP_MEM_CUDA : KVP_MEM_HOST,
-    };
-    st = kvp_transfer_register(&c->xfer, addr, len, r.kind, &r.tp_regs);
-    if (st != KVP_OK)
-        goto out;
-    st = kvp_mem_insert_locked(reg, &r);
-    if (st != KVP_OK)
-        kvp_transfer_unregister(&c->xfer, addr, r.tp_regs);
-out:
-    pthread_mutex_unlock(&reg->lock);
-    return st;
-}
-
-kvp_status_t kvp_register_buffer(kvp_client_t *c, void *addr, size_t len)
-{
-    kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(register_buffer_impl(c, addr, len), "register_buffer");
-}
-
-static kvp_status_t unregister_buffer_impl(kvp_client_t *c, void *addr)
-{
-    if (c == NULL || addr == NULL)
-        return KVP_ERR_INVALID_ARG;
-    kvp_mem_registry_t *reg = &c->xfer.mem;
-    kvp_mem_region_t r;
-    pthread_mutex_lock(&reg->lock);
-    kvp_status_t st = kvp_mem_remove_locked(reg, (uintptr_t)addr, &r);
-    if (st == KVP_OK)
-        kvp_transfer_unregister(&c->xfer, addr, r.tp_regs);
-    pthread_mutex_unlock(&reg->lock);
-    return st;
-}
-
-kvp_status_t kvp_unregister_buffer(kvp_client_t *c, void *addr)
-{
-    kvp_api_enter();
-    return (kvp_status_t)kvp_api_leave(unregister_buffer_impl(c, addr), "unregister_buffer");
 }

@@ -7,6 +7,11 @@
  * socket down (the accept thread leaves), then every connection (their
  * blocking calls return), and join them all.
  *
+ * Who may connect: anyone who reaches the port, or (protected mode, the
+ * default when no credentials are configured) peers of this host only; a
+ * refused peer's connection thread reads its first 32-byte request header
+ * at most, answers KVP_ERR_DENIED and closes.
+ *
  * Threads: the accept thread and the connection threads; the list of
  * connections is guarded by `lock`.
  */
@@ -14,6 +19,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -21,6 +27,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
+#include "client/transport/wire.h"
 #include "common/log.h"
 
 typedef struct srv_conn {
@@ -33,6 +40,8 @@ typedef struct srv_conn {
 
 struct kvp_conn_server {
     const char *name;
+    bool protected_mode;
+    _Atomic uint64_t refused;
     kvp_conn_serve_fn serve;
     void *arg;
     int listen_fd;
@@ -42,11 +51,30 @@ struct kvp_conn_server {
     bool stopping;
 };
 
+/* A peer of another host, in protected mode: its first header (if it sends one within a
+ * second) gets KVP_ERR_DENIED; nothing else of it is read. */
+static void refuse(struct kvp_conn_server *srv, int fd)
+{
+    char peer[80];
+    kvp_sock_peer_name(fd, peer, sizeof(peer));
+    KVP_LOG_WARN_LIMITED("%s: connection from %s refused: protected mode takes connections from "
+                         "this host only (--auth none / KVPOOL_AUTH=none on a trusted network)",
+                         srv->name, peer);
+    atomic_fetch_add_explicit(&srv->refused, 1, memory_order_relaxed);
+    kvp_sock_set_timeout(fd, 1000);
+    kvp_data_req_t req;
+    if (kvp_recv_all(fd, &req, sizeof(req)) == KVP_OK)
+        kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+}
+
 static void *conn_main(void *arg)
 {
     srv_conn_t *c = arg;
     struct kvp_conn_server *srv = c->srv;
-    srv->serve(srv->arg, c->fd);
+    if (srv->protected_mode && !kvp_sock_peer_local(c->fd))
+        refuse(srv, c->fd);
+    else
+        srv->serve(srv->arg, c->fd);
     /* Tell the peer now; the fd itself is closed when the thread is reaped. */
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&srv->lock);
@@ -81,7 +109,7 @@ static void *accept_main(void *arg)
             if (errno == EINTR || errno == ECONNABORTED)
                 continue;
             if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                KVP_LOG_WARN("%s: accept failed: %m", srv->name);
+                KVP_LOG_WARN_LIMITED("%s: accept failed: %m", srv->name);
                 usleep(10000);
                 continue;
             }
@@ -104,7 +132,7 @@ static void *accept_main(void *arg)
         c->srv = srv;
         if (pthread_create(&c->thread, NULL, conn_main, c) != 0) {
             pthread_mutex_unlock(&srv->lock);
-            KVP_LOG_WARN("%s: cannot start a connection thread", srv->name);
+            KVP_LOG_WARN_LIMITED("%s: cannot start a connection thread", srv->name);
             close(fd);
             free(c);
             continue;
@@ -117,13 +145,14 @@ static void *accept_main(void *arg)
 }
 
 kvp_status_t kvp_conn_server_create(const char *name, const char *host, uint16_t port,
-                                    kvp_conn_serve_fn serve, void *arg, kvp_conn_server_t **srv_p,
-                                    uint16_t *bound_port_p)
+                                    bool protected_mode, kvp_conn_serve_fn serve, void *arg,
+                                    kvp_conn_server_t **srv_p, uint16_t *bound_port_p)
 {
     struct kvp_conn_server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
         return KVP_ERR_NOMEM;
     srv->name = name;
+    srv->protected_mode = protected_mode;
     srv->serve = serve;
     srv->arg = arg;
     pthread_mutex_init(&srv->lock, NULL);
@@ -171,4 +200,9 @@ void kvp_conn_server_destroy(kvp_conn_server_t *srv)
     close(srv->listen_fd);
     pthread_mutex_destroy(&srv->lock);
     free(srv);
+}
+
+uint64_t kvp_conn_server_refused(const kvp_conn_server_t *srv)
+{
+    return atomic_load_explicit(&srv->refused, memory_order_relaxed);
 }

@@ -7,9 +7,10 @@
 #ifndef KVP_CLIENT_SEGMENT_CONN_SERVER_H
 #define KVP_CLIENT_SEGMENT_CONN_SERVER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
-#include "client/internal.h"
+#include "client/transport/wire.h"
 #include "common/sock.h"
 #include "common/status.h"
 
@@ -20,10 +21,15 @@ typedef struct kvp_conn_server kvp_conn_server_t;
 typedef void (*kvp_conn_serve_fn)(void *arg, int fd);
 
 /* Listen on host:port (0: any; the bound one in *bound_port_p) and serve each accepted
- * connection on a thread of its own with serve(arg, fd). `name` is for logs. */
+ * connection on a thread of its own with serve(arg, fd). `name` is for logs.
+ * protected_mode: a peer of another host (kvp_sock_peer_local) is not served: its first
+ * request header gets a KVP_ERR_DENIED reply (nothing more of it is read) and the
+ * connection closes; kvp_conn_server_refused counts them. */
 kvp_status_t kvp_conn_server_create(const char *name, const char *host, uint16_t port,
-                                    kvp_conn_serve_fn serve, void *arg, kvp_conn_server_t **srv_p,
-                                    uint16_t *bound_port_p);
+                                    bool protected_mode, kvp_conn_serve_fn serve, void *arg,
+                                    kvp_conn_server_t **srv_p, uint16_t *bound_port_p);
+/* Connections refused in protected mode so far. Thread: any. */
+uint64_t kvp_conn_server_refused(const kvp_conn_server_t *srv);
 /* Stop accepting, shut every connection down, wait for their threads. NULL: nothing. */
 void kvp_conn_server_destroy(kvp_conn_server_t *srv);
 

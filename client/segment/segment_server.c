@@ -34,7 +34,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
-#include "client/internal.h"
+#include "client/segment/segment_server.h"
+#include "client/transport/wire.h"
 #include "client/segment/conn_server.h"
 #include "common/log.h"
 #include "common/sock.h"
@@ -84,8 +85,8 @@ static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req
     struct iovec iov[KVP_DATA_VEC_MAX + 1];
     uint64_t n = req->offset;
     if (n == 0 || n > KVP_DATA_VEC_MAX) {
-        KVP_LOG_WARN("segment server: vectored request with %llu entries (1..%d); closing",
-                     (unsigned long long)n, KVP_DATA_VEC_MAX);
+        KVP_LOG_WARN_LIMITED("segment server: vectored request with %llu entries (1..%d); closing",
+                             (unsigned long long)n, KVP_DATA_VEC_MAX);
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
@@ -143,8 +144,8 @@ static void serve_conn(void *arg, int fd)
             continue;
         }
         if (req.magic != KVP_DATA_MAGIC || (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
-            KVP_LOG_WARN("segment server: bad request header (magic %#x op %u); closing", req.magic,
-                         req.op);
+            KVP_LOG_WARN_LIMITED("segment server: bad request header (magic %#x op %u); closing",
+                                 req.magic, req.op);
             break;
         }
         kvp_status_t st = KVP_OK;
@@ -181,7 +182,8 @@ static void serve_conn(void *arg, int fd)
 }
 
 kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host, uint16_t port,
-                                       kvp_segment_server_t **srv_p, uint16_t *bound_port_p)
+                                       bool protected_mode, kvp_segment_server_t **srv_p,
+                                       uint16_t *bound_port_p)
 {
     struct kvp_segment_server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
@@ -189,8 +191,8 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
     srv->base = base;
     srv->size = size;
     atomic_store(&srv->segment_id, UINT64_MAX);
-    kvp_status_t status = kvp_conn_server_create("segment server", host, port, serve_conn, srv,
-                                                 &srv->conns, bound_port_p);
+    kvp_status_t status = kvp_conn_server_create("segment server", host, port, protected_mode,
+                                                 serve_conn, srv, &srv->conns, bound_port_p);
     if (status != KVP_OK) {
         free(srv);
         return status;
@@ -202,6 +204,11 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id)
 {
     atomic_store(&srv->segment_id, segment_id);
+}
+
+uint64_t kvp_segment_server_refused(const kvp_segment_server_t *srv)
+{
+    return kvp_conn_server_refused(srv->conns);
 }
 
 const kvp_served_stats_t *kvp_segment_server_stats(const kvp_segment_server_t *srv)

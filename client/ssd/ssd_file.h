@@ -20,10 +20,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "client/ssd/ssd_io.h"
 #include "common/status.h"
 
-/* Extent alignment and I/O granularity of SSD segments (O_DIRECT). */
-#define KVP_SSD_BLOCK 4096u
 /* Longest key an SSD entry holds (an entry is one KVP_SSD_BLOCK). */
 #define KVP_SSD_KEY_MAX 4000u
 

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/ssd/ssd_file.h"
 #include "common/log.h"
 #include "common/macros.h"
 

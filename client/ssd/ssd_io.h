@@ -17,6 +17,8 @@
 
 #include "common/status.h"
 
+/* Extent alignment and I/O granularity of SSD segments (O_DIRECT). */
+#define KVP_SSD_BLOCK 4096u
 /* Queue depth of the SSD path (server connections, offload worker, kvpool-bench limits)
  * and the largest single I/O it issues. */
 #define KVP_SSD_IO_DEPTH 8u

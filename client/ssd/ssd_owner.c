@@ -7,7 +7,7 @@
  *   - The SSD segment has its own master connection (a kvp_mconn of its
  *     own): the mount is bound to it, and its on_ready, run on every new
  *     connection before anything else, mounts the segment and offers the
- *     file's objects to the master (Adopt, in batches: control/record.c); the ones the
+ *     file's objects to the master (Adopt, in batches: control/record_sync.c); the ones the
  *     master refuses (removed, overwritten meanwhile) are forgotten in the
  *     file. So a restart (kill -9 included), a master restart and a lost
  *     connection all come back the same way, with the objects.
@@ -33,10 +33,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "client/client_priv.h"
-#include "client/control/discovery.h"
 #include "client/control/mconn.h"
-#include "client/control/record.h"
+#include "client/control/record_sync.h"
 #include "client/ssd/ssd_io.h"
 #include "client/ssd/ssd_server.h"
 #include "common/clock.h"
@@ -51,7 +49,9 @@
 #define STAGING_BYTES (64u << 20)
 
 struct kvp_ssd_owner {
-    kvp_client_t *c;
+    uint64_t client_id;
+    kvp_transfer_t *xfer;
+    kvp_peers_t *peers;
     kvp_ssd_file_t *file;
     kvp_ssd_server_t *srv;
     kvp_mconn_t *mc;
@@ -144,18 +144,17 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
 {
     (void)first;
     kvp_ssd_owner_t *o = arg;
-    kvp_client_t *c = o->c;
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = o->name;
     d.medium = "ssd";
     d.size = kvp_ssd_file_size(o->file);
-    d.owner_client_id = c->client_id;
-    d.host_id = c->xfer.host_id;
+    d.owner_client_id = o->client_id;
+    d.host_id = o->xfer->host_id;
     d.tcp_endpoint = o->endpoint;
     d.shm_path = "";
     d.rdma_endpoint = "";
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
-    req.client_id = c->client_id;
+    req.client_id = o->client_id;
     req.segment = &d;
     req.adopting = true; /* the file's objects are offered next */
     size_t len = kvpool__mount_request__get_packed_size(&req);
@@ -211,14 +210,13 @@ static uint64_t blocks(uint64_t size)
 static void offload_read(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, const uint64_t *off,
                          kvp_status_t *st, size_t i0, size_t i1)
 {
-    kvp_client_t *c = o->c;
     kvp_xfer_op_t run[TASKS_PER_ASK];
     kvp_peer_t *peers[TASKS_PER_ASK];
     size_t map[TASKS_PER_ASK], nr = 0;
     for (size_t i = i0; i < i1; i++) {
         uint64_t len = blocks(t[i]->size);
         memset(o->staging + off[i] + t[i]->size, 0, len - t[i]->size);
-        peers[i] = kvp_client_peer_get(c, t[i]->dram->segment_id);
+        peers[i] = kvp_peers_get(o->peers, t[i]->dram->segment_id);
         st[i] = KVP_ERR_UNKNOWN_SEGMENT;
         if (peers[i] == NULL)
             continue;
@@ -231,7 +229,7 @@ static void offload_read(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, const uint64_t
                                     .want_crc = true};
     }
     if (nr > 0)
-        kvp_transfer_run(&c->xfer, run, nr);
+        kvp_transfer_run(o->xfer, run, nr);
     for (size_t j = 0; j < nr; j++) {
         size_t i = map[j];
         st[i] = run[j].status;
@@ -330,7 +328,6 @@ static void offload_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
 /* PROMOTE tasks t[0..n): file -> staging (CRC checked) -> DRAM. */
 static void promote_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
 {
-    kvp_client_t *c = o->c;
     kvp_ssd_iov_t iov[TASKS_PER_ASK];
     kvp_status_t st[TASKS_PER_ASK];
     uint64_t off = 0;
@@ -351,7 +348,7 @@ static void promote_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
             st[i] = KVP_ERR_CHECKSUM; /* the file's bytes are not the object's */
         if (st[i] != KVP_OK)
             continue;
-        peers[i] = kvp_client_peer_get(c, t[i]->dram->segment_id);
+        peers[i] = kvp_peers_get(o->peers, t[i]->dram->segment_id);
         if (peers[i] == NULL) {
             st[i] = KVP_ERR_UNKNOWN_SEGMENT;
             continue;
@@ -364,7 +361,7 @@ static void promote_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
                                     .peer = peers[i]};
     }
     if (nr > 0)
-        kvp_transfer_run(&c->xfer, run, nr);
+        kvp_transfer_run(o->xfer, run, nr);
     for (size_t j = 0; j < nr; j++) {
         /* a DRAM side failure is not the SSD copy's fault */
         st[map[j]] = run[j].status == KVP_OK ? KVP_OK : KVP_ERR_TRANSPORT;
@@ -411,7 +408,7 @@ static void run_kind(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r, uint32_t k
 
 static void run_tasks(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r)
 {
-    kvp_client_peers_update(o->c, r->segments, r->n_segments);
+    kvp_peers_update(o->peers, r->segments, r->n_segments);
     kvp_ssd_entry_t ent[TASKS_PER_ASK];
     kvp_status_t rec[TASKS_PER_ASK];
     uint64_t rid[TASKS_PER_ASK];
@@ -486,25 +483,27 @@ static void *worker(void *arg)
 
 /* ---- life ---- */
 
-kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owner_t **o_p)
+kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_t **o_p,
+                                 char *why_p, size_t why_len)
 {
     kvp_ssd_owner_t *o = calloc(1, sizeof(*o));
     if (o == NULL)
         return KVP_ERR_NOMEM;
-    o->c = c;
+    o->client_id = p->client_id;
+    o->xfer = p->xfer;
+    o->peers = p->peers;
+    const char *host = p->host;
     char why[512] = "";
-    kvp_ssd_open_params_t op = {.path = c->params.ssd_path,
-                                .size = c->params.ssd_size,
-                                .buffered_io = c->params.ssd_buffered_io != 0};
+    kvp_ssd_open_params_t op = {.path = p->path, .size = p->size, .buffered_io = p->buffered_io};
     kvp_status_t st = kvp_ssd_file_open(&op, &o->file, why, sizeof(why));
     if (st != KVP_OK) {
-        KVP_LOG_ERROR("SSD segment %s: %s", c->params.ssd_path, why);
-        kvp_api_fail("create: SSD segment %s: %s", c->params.ssd_path, why);
+        KVP_LOG_ERROR("SSD segment %s: %s", p->path, why);
+        snprintf(why_p, why_len, "SSD segment %s: %s", p->path, why);
         free(o);
         return st;
     }
     uint16_t port = 0;
-    st = kvp_ssd_server_create(o->file, host, 0, &o->srv, &port);
+    st = kvp_ssd_server_create(o->file, host, 0, p->protected_mode, &o->srv, &port);
     if (st == KVP_OK) {
         st = kvp_ssd_io_create(KVP_SSD_IO_DEPTH, &o->io);
         if (st == KVP_OK)
@@ -518,11 +517,11 @@ kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owne
     if (st == KVP_OK) {
         snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", host, port);
         snprintf(o->name, sizeof(o->name), "%s:%u/ssd", host, port);
-        kvp_mconn_params_t mp = {.host = c->master_host,
-                                 .port = c->master_port,
-                                 .resolve = c->disc ? kvp_discovery_leader : NULL,
-                                 .resolve_arg = c->disc,
-                                 .timeout_ms = c->params.rpc_timeout_ms,
+        kvp_mconn_params_t mp = {.host = p->master_host,
+                                 .port = p->master_port,
+                                 .resolve = p->disc ? kvp_discovery_leader : NULL,
+                                 .resolve_arg = p->disc,
+                                 .timeout_ms = p->timeout_ms,
                                  .on_ready = on_ready,
                                  .arg = o};
         st = kvp_mconn_create(&mp, &o->mc);
@@ -536,8 +535,7 @@ kvp_status_t kvp_ssd_owner_start(kvp_client_t *c, const char *host, kvp_ssd_owne
             o->started = true;
     }
     if (st != KVP_OK) {
-        kvp_api_fail("create: cannot mount SSD segment %s: %s", c->params.ssd_path,
-                     kvp_strerror(st));
+        snprintf(why_p, why_len, "cannot mount SSD segment %s: %s", p->path, kvp_strerror(st));
         kvp_ssd_owner_stop(o);
         return st;
     }
@@ -563,6 +561,7 @@ void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
     snprintf(m->ssd_segment, sizeof(m->ssd_segment), "%s", o->name);
     m->ssd_capacity = kvp_ssd_file_size(o->file);
     m->ssd_mounted = 1;
+    m->refused_protected += kvp_ssd_server_refused(o->srv);
 }
 
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)

@@ -5,10 +5,32 @@
 #ifndef KVP_CLIENT_SSD_SSD_OWNER_H
 #define KVP_CLIENT_SSD_SSD_OWNER_H
 
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/control/discovery.h"
+#include "client/transfer/engine.h"
+#include "client/transfer/peer_table.h"
 #include "common/status.h"
 
-struct kvp_client;
 typedef struct kvp_ssd_owner kvp_ssd_owner_t;
+
+typedef struct kvp_ssd_owner_params {
+    const char *path; /* the file (created, or opened with its objects) */
+    uint64_t size;
+    bool buffered_io;
+    const char *host;    /* the address its data server listens on */
+    bool protected_mode; /* its data server takes peers of this host only (conn_server.h) */
+    /* its own master connection: the client's master (or leader, through disc) */
+    const char *master_host;
+    uint16_t master_port;
+    kvp_discovery_t *disc; /* NULL: none (borrowed) */
+    uint32_t timeout_ms;
+    uint64_t client_id;
+    kvp_transfer_t *xfer; /* moves the bytes of offloads and promotions (borrowed) */
+    kvp_peers_t *peers;   /* the DRAM segments they come from or go to (borrowed) */
+} kvp_ssd_owner_params_t;
 
 /* SsdTask kinds (proto/kvpool.proto). */
 #define KVP_SSD_TASK_OFFLOAD 1u
@@ -16,9 +38,10 @@ typedef struct kvp_ssd_owner kvp_ssd_owner_t;
 #define KVP_SSD_TASK_PROMOTE 3u
 #define KVP_SSD_TASK_FORGET 4u
 
-/* Open c->params.ssd_path, serve it on host, mount it (and bring its objects back), start
- * the worker. The client's master address and transfer engine must be set up. */
-kvp_status_t kvp_ssd_owner_start(struct kvp_client *c, const char *host, kvp_ssd_owner_t **o_p);
+/* Open the file, serve it on host, mount it (and bring its objects back), start the worker.
+ * On failure, why (why_len bytes) says what failed, in words. */
+kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *params, kvp_ssd_owner_t **o_p,
+                                 char *why, size_t why_len);
 /* Stop the worker, unmount (the file keeps the objects), close. NULL: nothing. */
 void kvp_ssd_owner_stop(kvp_ssd_owner_t *o);
 /* A new leader: drop its master connection unless it goes there (the next call remounts

@@ -36,6 +36,7 @@
 #include "client/ssd/ssd_server.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +45,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 
-#include "client/internal.h"
+#include "client/segment/segment_server.h"
+#include "client/transport/wire.h"
 #include "client/segment/conn_server.h"
 #include "client/ssd/ssd_io.h"
 #include "common/log.h"
@@ -240,8 +242,9 @@ static bool serve_reads(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, cons
         kvp_count_sub(&srv->stats.dir[1], n, total);
     if (io_st != KVP_OK) {
         atomic_fetch_add(&srv->io_errors, 1);
-        KVP_LOG_WARN("ssd server: reading %s failed (%s)%s", kvp_ssd_file_path(srv->file),
-                     kvp_strerror(io_st), hdr_sent ? "; closing the connection mid-reply" : "");
+        KVP_LOG_WARN_LIMITED("ssd server: reading %s failed (%s)%s", kvp_ssd_file_path(srv->file),
+                             kvp_strerror(io_st),
+                             hdr_sent ? "; closing the connection mid-reply" : "");
         if (hdr_sent)
             return false;
         return ok && kvp_data_reply(fd, KVP_ERR_IO, 0) == KVP_OK;
@@ -296,8 +299,8 @@ static bool serve_writes(struct kvp_ssd_server *srv, conn_io_t *cio, int fd,
         return false;
     if (io_st != KVP_OK) {
         atomic_fetch_add(&srv->io_errors, 1);
-        KVP_LOG_WARN("ssd server: writing %s failed (%s)", kvp_ssd_file_path(srv->file),
-                     kvp_strerror(io_st));
+        KVP_LOG_WARN_LIMITED("ssd server: writing %s failed (%s)", kvp_ssd_file_path(srv->file),
+                             kvp_strerror(io_st));
         return kvp_data_reply(fd, io_st == KVP_ERR_NO_SPACE ? KVP_ERR_NO_SPACE : KVP_ERR_IO, 0) ==
                KVP_OK;
     }
@@ -315,8 +318,8 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
     kvp_data_vec_t *vec = cio->vec;
     uint64_t n = req->offset;
     if (n == 0 || n > KVP_DATA_VEC_MAX) {
-        KVP_LOG_WARN("ssd server: vectored request with %llu entries (1..%d); closing",
-                     (unsigned long long)n, KVP_DATA_VEC_MAX);
+        KVP_LOG_WARN_LIMITED("ssd server: vectored request with %llu entries (1..%d); closing",
+                             (unsigned long long)n, KVP_DATA_VEC_MAX);
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
@@ -378,7 +381,7 @@ static void serve_conn(void *arg, int fd)
     struct kvp_ssd_server *srv = arg;
     conn_io_t *cio = conn_io_create(srv);
     if (cio == NULL)
-        KVP_LOG_WARN("ssd server: no ring or buffers for a connection; closing it");
+        KVP_LOG_WARN_LIMITED("ssd server: no ring or buffers for a connection; closing it");
     for (; cio != NULL;) {
         kvp_data_req_t req;
         if (kvp_recv_all(fd, &req, sizeof(req)) != KVP_OK)
@@ -390,8 +393,8 @@ static void serve_conn(void *arg, int fd)
             continue;
         }
         if (req.magic != KVP_DATA_MAGIC || (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
-            KVP_LOG_WARN("ssd server: bad request header (magic %#x op %u); closing", req.magic,
-                         req.op);
+            KVP_LOG_WARN_LIMITED("ssd server: bad request header (magic %#x op %u); closing",
+                                 req.magic, req.op);
             break;
         }
         bool write = req.op == KVP_DATA_WRITE;
@@ -420,7 +423,8 @@ static void serve_conn(void *arg, int fd)
 }
 
 kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
-                                   kvp_ssd_server_t **srv_p, uint16_t *bound_port_p)
+                                   bool protected_mode, kvp_ssd_server_t **srv_p,
+                                   uint16_t *bound_port_p)
 {
     struct kvp_ssd_server *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
@@ -432,8 +436,8 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     atomic_store(&srv->segment_id, 0);
     atomic_store(&srv->io_errors, 0);
     pthread_mutex_init(&srv->bad_lock, NULL);
-    kvp_status_t status = kvp_conn_server_create("ssd server", host, port, serve_conn, srv,
-                                                 &srv->conns, bound_port_p);
+    kvp_status_t status = kvp_conn_server_create("ssd server", host, port, protected_mode,
+                                                 serve_conn, srv, &srv->conns, bound_port_p);
     if (status != KVP_OK) {
         pthread_mutex_destroy(&srv->bad_lock);
         free(srv);
@@ -451,6 +455,11 @@ void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id)
 const kvp_served_stats_t *kvp_ssd_server_stats(const kvp_ssd_server_t *srv)
 {
     return &srv->stats;
+}
+
+uint64_t kvp_ssd_server_refused(const kvp_ssd_server_t *srv)
+{
+    return kvp_conn_server_refused(srv->conns);
 }
 
 uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv)

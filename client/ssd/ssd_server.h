@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "client/segment/segment_server.h"
 #include "client/ssd/ssd_file.h"
 #include "common/status.h"
 
@@ -18,7 +19,10 @@ typedef struct kvp_ssd_server kvp_ssd_server_t;
 /* Listen on host:port (port 0: any; the bound one in *bound_port_p). f is borrowed
  * and must outlive the server. Requests carry segment_id; until set_id it is 0. */
 kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
-                                   kvp_ssd_server_t **srv_p, uint16_t *bound_port_p);
+                                   bool protected_mode, kvp_ssd_server_t **srv_p,
+                                   uint16_t *bound_port_p);
+/* Connections of other hosts refused in protected mode (segment/conn_server.h). */
+uint64_t kvp_ssd_server_refused(const kvp_ssd_server_t *srv);
 void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
 /* Extents (their segment offsets) whose reads failed with an I/O error since the last
  * call, at most max (up to KVP_SSD_SERVER_BAD_MAX are kept): the owner reports them to
@@ -27,7 +31,7 @@ void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
 size_t kvp_ssd_server_take_bad(kvp_ssd_server_t *srv, uint64_t *offsets, size_t max);
 /* Extent reads or writes that failed with an I/O error since create. */
 uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv);
-/* Requests served (kvp_served_stats_t, client/internal.h): live; valid until destroy. */
+/* Requests served (kvp_served_stats_t, segment/segment_server.h): live; valid until destroy. */
 struct kvp_served_stats;
 const struct kvp_served_stats *kvp_ssd_server_stats(const kvp_ssd_server_t *srv);
 void kvp_ssd_server_destroy(kvp_ssd_server_t *srv);

@@ -43,7 +43,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/transfer/engine.h"
 #include "client/mem/gpu.h"
 #include "client/transfer/staging.h"
 #include "client/transfer/transport.h"
@@ -56,6 +56,11 @@ const kvp_transport_ops_t *const kvp_transports[] = {
     &kvp_transport_tcp_ops,
     NULL,
 };
+
+/* Tests only (the static library; libkvpool.map does not export it): the list every engine
+ * created from now on uses instead of kvp_transports, so a test can put fakes behind a
+ * whole client. NULL: kvp_transports. */
+const kvp_transport_ops_t *const *kvp_transports_test;
 
 void kvp_host_id(char *buf, size_t len)
 {
@@ -149,7 +154,9 @@ static void tps_destroy(kvp_transfer_t *xfer)
 kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
 {
     static atomic_uint unavailable_said; /* bit k: list[k] said unavailable (once a process) */
-    const kvp_transport_ops_t *const *list = xfer->list ? xfer->list : kvp_transports;
+    const kvp_transport_ops_t *const *list = xfer->list            ? xfer->list
+                                             : kvp_transports_test ? kvp_transports_test
+                                                                   : kvp_transports;
     kvp_status_t st = KVP_OK;
     xfer->n_tps = 0;
     memset(&xfer->stats, 0, sizeof(xfer->stats));
@@ -212,6 +219,7 @@ void kvp_transfer_cleanup(kvp_transfer_t *xfer)
 static kvp_transport_t *attach_from_locked(kvp_transfer_t *xfer, kvp_peer_t *peer, unsigned from)
 {
     peer->xfer = xfer;
+    peer->detach = kvp_transfer_detach_peer;
     for (unsigned i = from; i < xfer->n_tps; i++) {
         kvp_transport_t *tp = &xfer->tps[i];
         if (peer->tp_attached & (1u << i))
@@ -306,9 +314,11 @@ void kvp_transfer_detach_peer(kvp_peer_t *peer)
 
 /* ---- memory ---- */
 
-kvp_mem_kind_t kvp_transfer_mem_kind(kvp_transfer_t *xfer, const void *addr, size_t len)
+kvp_mem_kind_t kvp_transfer_mem_find(kvp_transfer_t *xfer, const void *addr, size_t len,
+                                     const kvp_mem_region_t **region_p)
 {
     const kvp_mem_region_t *r = kvp_mem_lookup(&xfer->mem, addr, len);
+    *region_p = r;
     if (r != NULL)
         return r->kind;
     return xfer->gpu && kvp_gpu_is_device_ptr(addr) ? KVP_MEM_CUDA : KVP_MEM_HOST;
@@ -514,10 +524,10 @@ static uint8_t route_op(kvp_transfer_t *xfer, kvp_xfer_op_t *op, int level)
     }
     if (level > 0)
         return (uint8_t)tp->index; /* a staging buffer: host memory every transport reaches */
-    const kvp_mem_region_t *r = kvp_mem_lookup(&xfer->mem, op->local, op->length);
-    kvp_mem_kind_t kind = r != NULL                                       ? r->kind
-                          : xfer->gpu && kvp_gpu_is_device_ptr(op->local) ? KVP_MEM_CUDA
-                                                                          : KVP_MEM_HOST;
+    /* the buffer's memory: as the planner found it, or found here (once per op) */
+    const kvp_mem_region_t *r = op->mem.region;
+    kvp_mem_kind_t kind = op->mem.known ? (kvp_mem_kind_t)op->mem.kind
+                                        : kvp_transfer_mem_find(xfer, op->local, op->length, &r);
     bool zero_copy;
     if (tp->ops->mem_reg == NULL) {
         zero_copy = kind == KVP_MEM_HOST;
@@ -644,4 +654,46 @@ void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n)
 {
     transfer_run(xfer, ops, n, 0);
     count_batch(xfer, ops, n);
+}
+
+/* ---- registered buffers (kvp_register_buffer) ---- */
+
+kvp_status_t kvp_transfer_register_buffer(kvp_transfer_t *xfer, void *addr, size_t len)
+{
+    if (addr == NULL || len == 0)
+        return KVP_ERR_INVALID_ARG;
+    kvp_mem_registry_t *reg = &xfer->mem;
+    kvp_status_t st = KVP_ERR_EXISTS;
+    pthread_mutex_lock(&reg->lock);
+    if (kvp_mem_overlaps_locked(reg, (uintptr_t)addr, len))
+        goto out;
+    /* the one time the driver is asked about this memory */
+    kvp_mem_region_t r = {
+        .addr = (uintptr_t)addr,
+        .len = len,
+        .kind = xfer->gpu && kvp_gpu_is_device_ptr(addr) ? KVP_MEM_CUDA : KVP_MEM_HOST,
+    };
+    st = kvp_transfer_register(xfer, addr, len, r.kind, &r.tp_regs);
+    if (st != KVP_OK)
+        goto out;
+    st = kvp_mem_insert_locked(reg, &r);
+    if (st != KVP_OK)
+        kvp_transfer_unregister(xfer, addr, r.tp_regs);
+out:
+    pthread_mutex_unlock(&reg->lock);
+    return st;
+}
+
+kvp_status_t kvp_transfer_unregister_buffer(kvp_transfer_t *xfer, void *addr)
+{
+    if (addr == NULL)
+        return KVP_ERR_INVALID_ARG;
+    kvp_mem_registry_t *reg = &xfer->mem;
+    kvp_mem_region_t r;
+    pthread_mutex_lock(&reg->lock);
+    kvp_status_t st = kvp_mem_remove_locked(reg, (uintptr_t)addr, &r);
+    if (st == KVP_OK)
+        kvp_transfer_unregister(xfer, addr, r.tp_regs);
+    pthread_mutex_unlock(&reg->lock);
+    return st;
 }

@@ -1,34 +1,64 @@
 /*
- * peer.h - the peer table: peers found by segment id in an open-addressing
- * hash (linear probing, backward-shift deletion, grown at 1/2 load), each
- * holding one reference to its peer.
+ * peer.h - a peer: what this client knows of a segment (its descriptor, the
+ * transport the engine chose for it), refcounted so a transfer may keep using
+ * a peer its table dropped. The tables that find peers by segment id are in
+ * peer_table.h.
  *
- * Thread: the table is not locked; the client guards it with peer_lock.
+ * Thread: any; the refcount is atomic, the transport fields are the engine's
+ * (engine.c, under tp_lock).
  */
 #ifndef KVP_CLIENT_TRANSFER_PEER_H
 #define KVP_CLIENT_TRANSFER_PEER_H
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "client/internal.h"
+#include "client/transfer/transport.h"
+#include "common/status.h"
 
-typedef struct kvp_peer_table {
-    kvp_peer_t **slots; /* NULL: empty */
-    size_t cap;         /* a power of two, or 0 */
-    size_t n;
-} kvp_peer_table_t;
+struct kvp_transfer;
 
-void kvp_peer_table_init(kvp_peer_table_t *t);
-/* Drops the table's reference of every peer and frees the slots. */
-void kvp_peer_table_cleanup(kvp_peer_table_t *t);
-/* The peer of this segment (borrowed: no reference taken), or NULL. */
-kvp_peer_t *kvp_peer_table_find(const kvp_peer_table_t *t, uint64_t segment_id);
-/* Add a peer; its reference is transferred to the table. KVP_ERR_EXISTS (a peer with its
- * segment id is in already; the reference stays the caller's), KVP_ERR_NOMEM. */
-kvp_status_t kvp_peer_table_insert(kvp_peer_table_t *t, kvp_peer_t *peer);
-/* Take the peer of this segment out; the table's reference is transferred to the caller.
- * NULL: none. */
-kvp_peer_t *kvp_peer_table_remove(kvp_peer_table_t *t, uint64_t segment_id);
+/* What we know of a remote (or our own) segment. */
+typedef struct kvp_peer {
+    atomic_int refs;
+    /* the descriptor the master sent (immutable once the peer is in the table) */
+    uint64_t segment_id;
+    uint64_t size;
+    uint64_t owner_client_id;
+    char name[256];
+    char endpoint[256]; /* tcp host:port */
+    char host_id[128];
+    char shm_path[128];
+    char rdma_endpoint[64]; /* rdma_cm ipv4:port, "" when the owner serves no rdma */
+    uint64_t rdma_addr;     /* the segment's byte 0 in the owner */
+    uint32_t rdma_rkey;
+    bool own;                   /* this client's own segment */
+    bool ssd;                   /* an SSD segment (medium "ssd": served over tcp) */
+    _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
+    /* The transport chosen for it (transfer/engine.c): set at attach, changed only
+     * when it fails the peer; NULL when none reaches it. tp_state[i] is transport
+     * i's per-peer state, written once under tp_lock before tp points to it. */
+    struct kvp_transfer *xfer;             /* the engine that attached it */
+    void (*detach)(struct kvp_peer *peer); /* the engine's undo of attach, at the last unref */
+    _Atomic(struct kvp_transport *) tp;
+    void *tp_state[KVP_TP_MAX];
+    uint32_t tp_attached; /* bit i: transport i attached (tp_lock) */
+    bool tp_tried;        /* attach ran (tp_lock) */
+    pthread_mutex_t tp_lock;
+} kvp_peer_t;
+
+/* A peer with one reference (the caller's) and no transport yet; NULL: no memory. */
+kvp_peer_t *kvp_peer_create(uint64_t segment_id);
+void kvp_peer_ref(kvp_peer_t *peer);
+/* The last reference detaches the peer from its transports (peer->detach) and frees it. */
+void kvp_peer_unref(kvp_peer_t *peer);
+/* Transport `index`'s state of a peer attached to it (transport.h). */
+static inline void *kvp_peer_tp_state(const kvp_peer_t *peer, unsigned index)
+{
+    return peer->tp_state[index];
+}
 
 #endif

@@ -17,7 +17,7 @@
 
 #include <stddef.h>
 
-#include "client/internal.h"
+#include "client/transfer/xfer.h"
 #include "common/status.h"
 
 /* How staged chunks are copied between the op's buffer and a staging buffer. */

@@ -86,6 +86,9 @@ typedef struct kvp_transport {
 
 /* The transports of this library, in priority order (NULL-terminated). */
 extern const kvp_transport_ops_t *const kvp_transports[];
+/* Tests only: a list engines use instead (NULL: kvp_transports); set before creating a
+ * client, never while one exists. Not exported by the shared library. */
+extern const kvp_transport_ops_t *const *kvp_transports_test;
 
 extern const kvp_transport_ops_t kvp_transport_shm_ops;
 extern const kvp_transport_ops_t kvp_transport_rdma_ops;

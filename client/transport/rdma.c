@@ -57,7 +57,7 @@
 
 #include <dirent.h>
 
-#include "client/internal.h"
+#include "client/transfer/engine.h"
 #include "client/mem/gpu.h"
 #include "client/transfer/transport.h"
 #include "client/transport/rdma_verbs.h"

@@ -33,7 +33,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/transfer/engine.h"
 #include "client/transfer/transport.h"
 #include "common/crc32c.h"
 #include "common/log.h"

@@ -43,7 +43,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "client/internal.h"
+#include "client/transfer/engine.h"
+#include "client/transport/wire.h"
 #include "client/transfer/transport.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -56,14 +57,9 @@
 /* Slices up to this size to one endpoint travel as chains in vectored requests. */
 #define VEC_SMALL (64u << 10)
 
-typedef struct pooled_conn {
-    int fd;
-    struct pooled_conn *next;
-} pooled_conn_t;
-
 typedef struct tcp_pool {
     char endpoint[256];
-    pooled_conn_t *idle;
+    int idle[POOL_MAX_IDLE]; /* idle connections, a stack (ctx->lock): none allocated per batch */
     unsigned n_idle;
     bool ssd; /* an SSD segment's server: each stream reads the disk one request deep */
     struct tcp_pool *next;
@@ -149,19 +145,28 @@ static tcp_pool_t *pool_get_locked(tcp_ctx_t *ctx, const char *endpoint)
     return p;
 }
 
+/* Is an idle connection still usable? Nothing may wait on it: an end of stream (the owner
+ * closed it, e.g. it restarted on the same port) or bytes nobody asked for mean it is not. */
+static bool conn_alive(int fd)
+{
+    char b;
+    ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, int *fd_p)
 {
-    pthread_mutex_lock(&ctx->lock);
-    pooled_conn_t *pc = pool->idle;
-    if (pc != NULL) {
-        pool->idle = pc->next;
-        pool->n_idle--;
-    }
-    pthread_mutex_unlock(&ctx->lock);
-    if (pc != NULL) {
-        *fd_p = pc->fd;
-        free(pc);
-        return KVP_OK;
+    for (;;) {
+        pthread_mutex_lock(&ctx->lock);
+        int fd = pool->n_idle > 0 ? pool->idle[--pool->n_idle] : -1;
+        pthread_mutex_unlock(&ctx->lock);
+        if (fd < 0)
+            break;
+        if (conn_alive(fd)) {
+            *fd_p = fd;
+            return KVP_OK;
+        }
+        close(fd); /* dead while idle: take the next, or open one */
     }
     char host[256];
     uint16_t port;
@@ -179,18 +184,12 @@ static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, int *fd_p)
 
 static void conn_release(tcp_ctx_t *ctx, tcp_pool_t *pool, int fd)
 {
-    pooled_conn_t *pc = malloc(sizeof(*pc));
     pthread_mutex_lock(&ctx->lock);
-    if (pc != NULL && pool->n_idle < POOL_MAX_IDLE) {
-        pc->fd = fd;
-        pc->next = pool->idle;
-        pool->idle = pc;
-        pool->n_idle++;
-        pc = NULL;
+    if (pool->n_idle < POOL_MAX_IDLE) {
+        pool->idle[pool->n_idle++] = fd;
         fd = -1;
     }
     pthread_mutex_unlock(&ctx->lock);
-    free(pc);
     if (fd >= 0)
         close(fd);
 }
@@ -387,7 +386,7 @@ static void conn_recv(xconn_t *c)
             if (c->resp.magic != KVP_DATA_MAGIC || c->resp.status > 0 ||
                 c->resp.status < KVP_STATUS_MIN ||
                 (c->resp.status == 0 && req_reads(r) && c->resp.length != r->hdr.length)) {
-                KVP_LOG_WARN("tcp: malformed response from %s", c->g->pool->endpoint);
+                KVP_LOG_WARN_LIMITED("tcp: malformed response from %s", c->g->pool->endpoint);
                 conn_kill(c, KVP_ERR_PROTOCOL);
                 return;
             }
@@ -489,13 +488,8 @@ static void tcp_cleanup(void *arg)
     tcp_pool_t *p = ctx->pools;
     while (p) {
         tcp_pool_t *pn = p->next;
-        pooled_conn_t *c = p->idle;
-        while (c) {
-            pooled_conn_t *cn = c->next;
-            close(c->fd);
-            free(c);
-            c = cn;
-        }
+        for (unsigned i = 0; i < p->n_idle; i++)
+            close(p->idle[i]);
         free(p);
         p = pn;
     }
@@ -515,8 +509,16 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     uint64_t slice_len = xfer->tcp_slice;
     size_t n_slices = 0;
     for (size_t i = 0; i < n; i++) {
-        ops[i]->status = KVP_OK;
-        n_slices += (ops[i]->length + slice_len - 1) / slice_len;
+        kvp_xfer_op_t *op = ops[i];
+        /* The whole extent inside the segment before any byte moves: the server checks each
+         * slice alone, so a slice past the end would fail after the ones before it landed, and
+         * an extent that wraps past 2^64 would land its later slices at the segment's start. */
+        if (op->offset > op->peer->size || op->length > op->peer->size - op->offset) {
+            op->status = KVP_ERR_OUT_OF_RANGE;
+            continue;
+        }
+        op->status = KVP_OK;
+        n_slices += (op->length + slice_len - 1) / slice_len;
     }
     /* at most one group per op, and tcp_streams connections per group */
     size_t max_streams = KVP_MAX((size_t)xfer->tcp_streams, (size_t)SSD_STREAMS);
@@ -538,6 +540,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         kvp_xfer_op_t *op = ops[i];
+        if (op->status != KVP_OK)
+            continue; /* out of range: nothing sent */
         /* the peer's connection pool, found when tcp attached it */
         tcp_pool_t *pool = kvp_peer_tp_state(op->peer, ctx->index);
         if (pool == NULL) {
@@ -598,7 +602,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             n_conns++;
         }
         if (groups[g].live == 0) {
-            KVP_LOG_WARN("tcp: cannot reach %s: %s", groups[g].pool->endpoint, kvp_strerror(last));
+            KVP_LOG_WARN_LIMITED("tcp: cannot reach %s: %s", groups[g].pool->endpoint,
+                                 kvp_strerror(last));
             for (; groups[g].next < groups[g].n; groups[g].next++)
                 slice_fail(groups[g].slices[groups[g].next], last);
         }
@@ -629,8 +634,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             continue;
         if (rc <= 0) {
             if (rc == 0 || kvp_now_ms() - last_progress >= xfer->timeout_ms) {
-                KVP_LOG_WARN("tcp: no progress for %u ms; failing the rest of the batch",
-                             xfer->timeout_ms);
+                KVP_LOG_WARN_LIMITED("tcp: no progress for %u ms; failing the rest of the batch",
+                                     xfer->timeout_ms);
                 for (size_t c = 0; c < n_conns; c++)
                     if (!conns[c].dead && conns[c].count > 0)
                         conn_kill(&conns[c], KVP_ERR_TIMEOUT);

@@ -161,6 +161,12 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     }
 
     one(r, "kvpool_clients", "gauge", "Client connections open.", st->clients);
+    kvp_http_printf(r,
+                    "# HELP kvpool_connections_refused_total Connections refused, by reason "
+                    "(protected_mode: a peer of another host while no credentials are "
+                    "configured).\n# TYPE kvpool_connections_refused_total counter\n"
+                    "kvpool_connections_refused_total{reason=\"protected_mode\"} %" PRIu64 "\n",
+                    s->refused_protected);
     one(r, "kvpool_leader", "gauge", "1 while this master serves (standalone or the leader).",
         v->serving ? 1 : 0);
     one(r, "kvpool_epoch", "gauge", "The epoch this master leads under (0: standalone).",

@@ -215,9 +215,10 @@ static void offload_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t
     if (status != KVP_OK || !mine || !ssd_ok || obj->n_replicas >= KVP_MAX_REPLICAS) {
         if (status != KVP_OK) {
             st->stats.offload_failed++;
-            KVP_LOG_WARN("offload of %.*s to SSD segment %#llx failed: %s (it stays in DRAM)",
-                         (int)t->key_len, t->key, (unsigned long long)t->segment_id,
-                         kvp_strerror(status));
+            KVP_LOG_WARN_LIMITED("offload of %.*s to SSD segment %#llx failed: %s (it stays in "
+                                 "DRAM)",
+                                 (int)t->key_len, t->key, (unsigned long long)t->segment_id,
+                                 kvp_strerror(status));
         }
         if (ssd_ok) {
             free_extent(st, &t->ssd);
@@ -351,9 +352,9 @@ static void drop_copy(kvp_master_state_t *st, kvp_object_t *obj, uint64_t segmen
     if (gone.segment_id == 0)
         return;
     st->stats.ssd_lost++;
-    KVP_LOG_WARN("SSD copy of %.*s (segment %#llx, offset %llu) is unreadable: dropped",
-                 (int)obj->key_len, kvp_object_key(obj), (unsigned long long)segment_id,
-                 (unsigned long long)offset);
+    KVP_LOG_WARN_LIMITED("SSD copy of %.*s (segment %#llx, offset %llu) is unreadable: dropped",
+                         (int)obj->key_len, kvp_object_key(obj), (unsigned long long)segment_id,
+                         (unsigned long long)offset);
     if (nk == 0) {
         kvp_object_remove(st, obj); /* readers in flight fail their read (or CRC) */
         return;
@@ -414,9 +415,10 @@ void kvp_tier_task_done(kvp_master_state_t *st, uint64_t segment_id, uint64_t ta
     else if (t->kind == KVP_SSD_PROMOTE)
         promote_done(st, t, status);
     else if (t->kind == KVP_SSD_RECORD && status != KVP_OK)
-        KVP_LOG_WARN("SSD segment %#llx could not record %.*s: %s (it will not survive a "
-                     "restart of its owner)",
-                     (unsigned long long)segment_id, (int)t->key_len, t->key, kvp_strerror(status));
+        KVP_LOG_WARN_LIMITED("SSD segment %#llx could not record %.*s: %s (it will not survive a "
+                             "restart of its owner)",
+                             (unsigned long long)segment_id, (int)t->key_len, t->key,
+                             kvp_strerror(status));
     kvp_state_task_remove(st, t);
 }
 

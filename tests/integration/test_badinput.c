@@ -10,7 +10,7 @@
  * 200 of them the master's fd count is back to its baseline and its RSS has
  * not grown by more than a few MiB.
  *
- * Segment data server (32-byte requests, client/internal.h): a garbage header
+ * Segment data server (32-byte requests, client/transport/wire.h): a garbage header
  * is closed; a READ outside the segment or of another segment id gets an
  * error response and the connection goes on. The segment process keeps
  * serving and exits 0 on SIGTERM at teardown.

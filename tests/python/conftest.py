@@ -30,6 +30,27 @@ def _bin(env):
     return path
 
 
+def freeze(pid, timeout=5.0):
+    """SIGSTOP pid and wait until every one of its threads is stopped, as
+    tests/harness.c's kvp_proc_freeze does: kill() returns before the target has
+    taken the signal, and until then a running thread may still serve a request."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except OSError:  # the thread ended meanwhile
+                pass
+        if states and all(st in ("T", "t") for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"pid {pid} not stopped after {timeout} s: {states}")
+        time.sleep(0.002)
+
+
 class Proc:
     """A child started with --ready-fd: .lines are the first `lines` lines it wrote on it
     (`kvpool serve --http-listen` writes two), .ready the first."""

@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 import kvpool
-from conftest import Proc, _bin
+from conftest import Proc, _bin, freeze
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
@@ -223,7 +223,7 @@ def test_health_ok_then_503_while_leaving(master_proc, serve):
     assert http_get(http, "/nope")[0] == 404
     # hold the master so serve's drain on SIGTERM cannot finish: /health must say 503
     mpid = master_proc.pid
-    os.kill(mpid, signal.SIGSTOP)
+    freeze(mpid)
     try:
         os.kill(d.pid, signal.SIGTERM)
         deadline = time.monotonic() + 5

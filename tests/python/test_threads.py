@@ -10,6 +10,7 @@ import zlib
 
 import numpy as np
 
+from conftest import freeze
 from mooncake.store import MooncakeDistributedStore
 
 THREADS, SECONDS, NKEYS = 8, 20.0, 512
@@ -163,7 +164,7 @@ def test_gil_released_while_calls_block(make_pool):
     with kvpool.Client(pool.addr, transport="tcp", rpc_timeout_ms=1500) as c:
         c.put("gil@k", b"x" * 100000)
         seg = pool.segments[0]
-        os.kill(seg.pid, signal.SIGSTOP)  # our child, by its PID
+        freeze(seg.pid)  # our child, by its PID; every thread stopped
         try:
             out = bytearray(100000)
             gap, r = _max_gap_while(lambda: c.batch_get_into(["gil@k"], [out]))

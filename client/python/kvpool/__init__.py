@@ -365,6 +365,8 @@ class Client:
                     # what peers did to this client's segments through its data
                     # servers (one-sided shm and rdma transfers are not seen)
          "ssd_io": {"read": {...}, "write": {...}, "errors": n},
+         "refused_protected": n,
+                    # peers of other hosts its data servers refused (protected mode)
          "segments": [{"name", "tier", "capacity", "mounted", "draining"}]}
 
         An op is one object extent moved (a replica; a multi-buffer object counts

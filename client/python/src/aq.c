@@ -1,9 +1,10 @@
 /*
  * aq.c - the Client's async queue (libkvpool's kvp_aq_*), for kvpool.aio.
  *
- * Design: a submission parses its arguments like the synchronous call
- * (args.c) into an op that owns them (the keys tuple, exported buffer views,
- * the result arrays) and a token (the asyncio future), and hands the arrays to
+ * Design: a submission parses its arguments with the converters of the
+ * synchronous call (args.c) into an op that owns them (the keys tuple,
+ * exported buffer views, the result arrays) and a token (the asyncio future),
+ * checks them as a synchronous batch is checked (batch.c), and hands the arrays to
  * kvp_aq_put/get/exist with the op as user_data; it returns at once. The
  * queue's eventfd is watched by the event loop (loop.add_reader); aq_reap()
  * takes the completions, turns each op's results into Python objects, frees
@@ -52,7 +53,7 @@ static aq_op_t *op_new(op_kind_t kind, PyObject *token)
 
 static void op_free(aq_op_t *op)
 {
-    kvp_py_batch_cleanup(&op->b);
+    kvp_py_batch_release(&op->b);
     PyMem_Free(op->st);
     PyMem_Free(op->ex);
     Py_XDECREF(op->bytes);
@@ -94,10 +95,11 @@ void kvp_py_aq_free_ops(kvp_py_client_t *self, kvp_aq_t *aq, PyObject *tokens)
     }
 }
 
-PyObject *kvp_py_aq_open(kvp_py_client_t *self, PyObject *args)
+PyObject *kvp_py_aq_open(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"workers", NULL};
     unsigned int workers = 0;
-    if (!PyArg_ParseTuple(args, "|I:aq_open", &workers))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|I:aq_open", kwlist, &workers))
         return NULL;
     kvp_status_t st = KVP_OK;
     int closed = 0;
@@ -110,10 +112,16 @@ PyObject *kvp_py_aq_open(kvp_py_client_t *self, PyObject *args)
     pthread_rwlock_unlock(&self->lock);
     PyEval_RestoreThread(ts);
     if (closed)
-        return kvp_py_raise_closed();
+        return kvp_py_raise_closed(self);
     if (st != KVP_OK)
-        return kvp_py_raise(st, NULL);
+        return kvp_py_raise(kvp_py_state_of(Py_TYPE(self)), st, NULL);
     Py_RETURN_NONE;
+}
+
+static PyObject *raise_not_open(kvp_py_client_t *self)
+{
+    return kvp_py_raise(kvp_py_state_of(Py_TYPE(self)), KVP_ERR_SHUTDOWN,
+                        "the async queue is not open (or closed)");
 }
 
 PyObject *kvp_py_aq_fd(kvp_py_client_t *self, PyObject *unused)
@@ -127,55 +135,13 @@ PyObject *kvp_py_aq_fd(kvp_py_client_t *self, PyObject *unused)
     pthread_rwlock_unlock(&self->lock);
     PyEval_RestoreThread(ts);
     if (fd < 0)
-        return kvp_py_raise(KVP_ERR_SHUTDOWN, "the async queue is not open (or closed)");
+        return raise_not_open(self);
     return PyLong_FromLong(fd);
-}
-
-/*
- * Hand op to the queue (`kind` picks the call). Returns 0 (submitted: the op is
- * the queue's until reaped, do not touch it), a negative status (not
- * submitted: op freed), or raises (closed: op freed).
- */
-static PyObject *submit(kvp_py_client_t *self, aq_op_t *op, const kvp_put_config_t *cfgp)
-{
-    op_link(self, op);
-    kvp_status_t st = KVP_OK;
-    int open = 0;
-    kvp_py_batch_t *b = &op->b;
-    PyThreadState *ts = PyEval_SaveThread();
-    pthread_rwlock_rdlock(&self->lock);
-    if (self->c != NULL && self->aq != NULL) {
-        open = 1;
-        op->aq = self->aq;
-        switch (op->kind) {
-        case OP_PUT:
-            st = kvp_aq_put(self->aq, b->key_ptrs, (const void *const *)b->bufs, b->sizes,
-                            (size_t)b->n, cfgp, op->st, op);
-            break;
-        case OP_GET:
-        case OP_GET_BYTES:
-            st = kvp_aq_get(self->aq, b->key_ptrs, (void *const *)b->bufs, b->sizes, (size_t)b->n,
-                            b->results, op);
-            break;
-        case OP_EXIST:
-            st = kvp_aq_exist(self->aq, b->key_ptrs, (size_t)b->n, op->ex, op);
-            break;
-        }
-    }
-    pthread_rwlock_unlock(&self->lock);
-    PyEval_RestoreThread(ts);
-    if (open && st == KVP_OK)
-        return PyLong_FromLong(0);
-    op_unlink(self, op);
-    op_free(op);
-    if (!open)
-        return kvp_py_raise(KVP_ERR_SHUTDOWN, "the async queue is not open (or closed)");
-    return PyLong_FromLong(st);
 }
 
 static int alloc_results(aq_op_t *op)
 {
-    size_t n = op->b.n > 0 ? (size_t)op->b.n : 1;
+    size_t n = op->b.keys.n > 0 ? (size_t)op->b.keys.n : 1;
     if (op->kind == OP_PUT)
         op->st = PyMem_Calloc(n, sizeof(*op->st));
     if (op->kind == OP_EXIST)
@@ -187,92 +153,148 @@ static int alloc_results(aq_op_t *op)
     return 0;
 }
 
-/* aq_put(keys, buffers, config, token) -> 0 submitted, or a negative status */
-PyObject *kvp_py_aq_put(kvp_py_client_t *self, PyObject *args)
+/*
+ * Check op's batch and hand it to the queue (`kind` picks the call). Returns
+ * 0 (submitted: the op is the queue's until reaped, do not touch it), a
+ * negative status (not submitted: op freed), or raises (bad batch or closed:
+ * op freed).
+ */
+static PyObject *submit(kvp_py_client_t *self, aq_op_t *op, const kvp_put_config_t *cfgp)
 {
-    PyObject *keys, *bufs, *cfg_obj, *token;
-    if (!PyArg_ParseTuple(args, "OOOO:aq_put", &keys, &bufs, &cfg_obj, &token))
-        return NULL;
-    /* the queue copies the config and its strings at submit */
-    kvp_put_config_t cfg;
-    const kvp_put_config_t *cfgp;
-    if (kvp_py_put_config(cfg_obj, &cfg, &cfgp) != 0)
-        return NULL;
-    aq_op_t *op = op_new(OP_PUT, token);
-    if (op == NULL)
-        return NULL;
-    if (kvp_py_batch_keys(keys, &op->b) != 0 || kvp_py_batch_buffers(bufs, 0, &op->b) != 0 ||
-        alloc_results(op) != 0) {
+    if (kvp_py_batch_check(&op->b) != 0 || alloc_results(op) != 0) {
         op_free(op);
         return NULL;
     }
-    return submit(self, op, cfgp);
+    op_link(self, op);
+    kvp_status_t st = KVP_OK;
+    int open = 0;
+    kvp_py_batch_t *b = &op->b;
+    PyThreadState *ts = PyEval_SaveThread();
+    pthread_rwlock_rdlock(&self->lock);
+    if (self->c != NULL && self->aq != NULL) {
+        open = 1;
+        op->aq = self->aq;
+        switch (op->kind) {
+        case OP_PUT:
+            st = kvp_aq_put(self->aq, b->keys.ptrs, (const void *const *)b->bufs.ptrs.v,
+                            b->bufs.sizes.v, (size_t)b->keys.n, cfgp, op->st, op);
+            break;
+        case OP_GET:
+        case OP_GET_BYTES:
+            st = kvp_aq_get(self->aq, b->keys.ptrs, (void *const *)b->bufs.ptrs.v, b->bufs.sizes.v,
+                            (size_t)b->keys.n, b->results, op);
+            break;
+        case OP_EXIST:
+            st = kvp_aq_exist(self->aq, b->keys.ptrs, (size_t)b->keys.n, op->ex, op);
+            break;
+        }
+    }
+    pthread_rwlock_unlock(&self->lock);
+    PyEval_RestoreThread(ts);
+    if (open && st == KVP_OK)
+        return PyLong_FromLong(0);
+    op_unlink(self, op);
+    op_free(op);
+    if (!open)
+        return raise_not_open(self);
+    return PyLong_FromLong(st);
+}
+
+/* An op of `kind` owning the parsed batch *b (moved: *b is left empty) and token. */
+static aq_op_t *op_take(op_kind_t kind, kvp_py_batch_t *b, PyObject *token)
+{
+    aq_op_t *op = op_new(kind, token);
+    if (op == NULL) {
+        kvp_py_batch_release(b);
+        return NULL;
+    }
+    op->b = *b;
+    memset(b, 0, sizeof(*b));
+    return op;
+}
+
+/* aq_put(keys, buffers, config, token) -> 0 submitted, or a negative status */
+PyObject *kvp_py_aq_put(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "buffers", "config", "token", NULL};
+    kvp_py_batch_t b = {0};
+    kvp_py_config_t cfg; /* the queue copies the config and its strings at submit */
+    PyObject *token;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O&O:aq_put", kwlist, kvp_py_keys_conv, &b.keys,
+                                     kvp_py_buffers_conv, &b.bufs, kvp_py_config_conv, &cfg,
+                                     &token))
+        return NULL;
+    aq_op_t *op = op_take(OP_PUT, &b, token);
+    return op != NULL ? submit(self, op, cfg.p) : NULL;
 }
 
 /* aq_get(keys, buffers, token) -> 0 submitted, or a negative status */
-PyObject *kvp_py_aq_get(kvp_py_client_t *self, PyObject *args)
+PyObject *kvp_py_aq_get(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
-    PyObject *keys, *bufs, *token;
-    if (!PyArg_ParseTuple(args, "OOO:aq_get", &keys, &bufs, &token))
+    static char *kwlist[] = {"keys", "buffers", "token", NULL};
+    kvp_py_batch_t b = {0};
+    PyObject *token;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O:aq_get", kwlist, kvp_py_keys_conv, &b.keys,
+                                     kvp_py_wbuffers_conv, &b.bufs, &token))
         return NULL;
-    aq_op_t *op = op_new(OP_GET, token);
-    if (op == NULL)
-        return NULL;
-    if (kvp_py_batch_keys(keys, &op->b) != 0 || kvp_py_batch_buffers(bufs, 1, &op->b) != 0) {
-        op_free(op);
-        return NULL;
+    aq_op_t *op = op_take(OP_GET, &b, token);
+    return op != NULL ? submit(self, op, NULL) : NULL;
+}
+
+/* O&: aq_get_bytes' capacity, a size >= 1 */
+static int capacity_conv(PyObject *o, void *cap_p)
+{
+    size_t *cap = cap_p;
+    if (kvp_py_size(o, cap, "capacity") != 0)
+        return 0;
+    if (*cap == 0 || *cap > PY_SSIZE_T_MAX) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be >= 1");
+        return 0;
     }
-    return submit(self, op, NULL);
+    return 1;
 }
 
 /* aq_get_bytes(key, capacity, token) -> 0 submitted, or a negative status; reaped
  * as bytes (the object) or a negative status */
-PyObject *kvp_py_aq_get_bytes(kvp_py_client_t *self, PyObject *args)
+PyObject *kvp_py_aq_get_bytes(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
-    PyObject *key, *cap_obj, *token;
-    if (!PyArg_ParseTuple(args, "OOO:aq_get_bytes", &key, &cap_obj, &token))
-        return NULL;
+    static char *kwlist[] = {"key", "capacity", "token", NULL};
+    kvp_py_batch_t b = {0};
     size_t cap;
-    if (kvp_py_size(cap_obj, &cap, "capacity") != 0)
+    PyObject *token;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&O:aq_get_bytes", kwlist, kvp_py_one_key_conv,
+                                     &b.keys, capacity_conv, &cap, &token))
         return NULL;
-    if (cap == 0 || cap > PY_SSIZE_T_MAX) {
-        PyErr_SetString(PyExc_ValueError, "capacity must be >= 1");
-        return NULL;
-    }
-    aq_op_t *op = op_new(OP_GET_BYTES, token);
+    aq_op_t *op = op_take(OP_GET_BYTES, &b, token);
     if (op == NULL)
         return NULL;
-    PyObject *one = PyTuple_Pack(1, key);
-    int rc = one != NULL ? kvp_py_batch_keys(one, &op->b) : -1;
-    Py_XDECREF(one);
-    if (rc == 0) {
-        op->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
-        if (op->bytes == NULL)
-            rc = -1;
-    }
-    if (rc != 0) {
+    kvp_py_bufs_t *f = &op->b.bufs;
+    f->ptrs.n = f->sizes.n = 1;
+    f->ptrs.v = PyMem_Calloc(1, sizeof(*f->ptrs.v));
+    f->sizes.v = PyMem_Calloc(1, sizeof(*f->sizes.v));
+    op->bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+    if (f->ptrs.v == NULL || f->sizes.v == NULL || op->bytes == NULL) {
+        if (op->bytes != NULL)
+            PyErr_NoMemory();
         op_free(op);
         return NULL;
     }
-    op->b.bufs[0] = PyBytes_AS_STRING(op->bytes);
-    op->b.sizes[0] = cap;
+    f->ptrs.v[0] = PyBytes_AS_STRING(op->bytes);
+    f->sizes.v[0] = cap;
     return submit(self, op, NULL);
 }
 
 /* aq_exist(keys, token) -> 0 submitted, or a negative status */
-PyObject *kvp_py_aq_exist(kvp_py_client_t *self, PyObject *args)
+PyObject *kvp_py_aq_exist(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
-    PyObject *keys, *token;
-    if (!PyArg_ParseTuple(args, "OO:aq_exist", &keys, &token))
+    static char *kwlist[] = {"keys", "token", NULL};
+    kvp_py_batch_t b = {0};
+    PyObject *token;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O:aq_exist", kwlist, kvp_py_keys_conv, &b.keys,
+                                     &token))
         return NULL;
-    aq_op_t *op = op_new(OP_EXIST, token);
-    if (op == NULL)
-        return NULL;
-    if (kvp_py_batch_keys(keys, &op->b) != 0 || alloc_results(op) != 0) {
-        op_free(op);
-        return NULL;
-    }
-    return submit(self, op, NULL);
+    aq_op_t *op = op_take(OP_EXIST, &b, token);
+    return op != NULL ? submit(self, op, NULL) : NULL;
 }
 
 /* The Python results of a completed op: [int] per key, or bytes / int (get_bytes). */
@@ -288,8 +310,8 @@ static PyObject *op_results(aq_op_t *op)
             return NULL;
         return bytes;
     }
-    PyObject *list = PyList_New(op->b.n);
-    for (Py_ssize_t i = 0; list != NULL && i < op->b.n; i++) {
+    PyObject *list = PyList_New(op->b.keys.n);
+    for (Py_ssize_t i = 0; list != NULL && i < op->b.keys.n; i++) {
         long long v = op->kind == OP_PUT     ? op->st[i]
                       : op->kind == OP_EXIST ? op->ex[i]
                                              : op->b.results[i];
@@ -306,10 +328,11 @@ static PyObject *op_results(aq_op_t *op)
 #define REAP_MAX 256
 
 /* aq_reap(max=256) -> [(token, status, results)]: completions, oldest first */
-PyObject *kvp_py_aq_reap(kvp_py_client_t *self, PyObject *args)
+PyObject *kvp_py_aq_reap(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
+    static char *kwlist[] = {"max", NULL};
     Py_ssize_t max = REAP_MAX;
-    if (!PyArg_ParseTuple(args, "|n:aq_reap", &max))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|n:aq_reap", kwlist, &max))
         return NULL;
     if (max < 1 || max > REAP_MAX)
         max = REAP_MAX;

@@ -5,7 +5,11 @@
  * without a copy), ptr(), size() and len().
  *
  * The memory is page-aligned and freed with the handle; views taken through
- * the buffer protocol keep the handle alive.
+ * the buffer protocol keep the handle alive. A heap type made by the module's
+ * exec slot (module.c); Python cannot instantiate it. A handle refers to no
+ * Python object but its type, so it is not tracked by the garbage collector
+ * (no cycle can run through it, and batch_get_buffer makes hundreds at a
+ * time); its dealloc drops the reference to the type.
  */
 #include <stdlib.h>
 
@@ -16,9 +20,9 @@ typedef struct buffer_handle {
     size_t size; /* the object's bytes */
 } buffer_handle_t;
 
-PyObject *kvp_py_buffer_handle_new(size_t cap)
+PyObject *kvp_py_buffer_handle_new(kvp_py_state_t *state, size_t cap)
 {
-    buffer_handle_t *h = PyObject_New(buffer_handle_t, &kvp_py_buffer_handle_type);
+    buffer_handle_t *h = PyObject_New(buffer_handle_t, state->buffer_handle_type);
     if (h == NULL)
         return NULL;
     h->ptr = NULL;
@@ -43,8 +47,10 @@ void kvp_py_buffer_handle_set_size(PyObject *o, size_t size)
 
 static void handle_dealloc(buffer_handle_t *h)
 {
+    PyTypeObject *tp = Py_TYPE(h);
     free(h->ptr);
-    PyObject_Free(h);
+    tp->tp_free(h);
+    Py_DECREF(tp);
 }
 
 static int handle_getbuffer(buffer_handle_t *h, Py_buffer *view, int flags)
@@ -74,28 +80,31 @@ static PyObject *handle_repr(buffer_handle_t *h)
     return PyUnicode_FromFormat("<BufferHandle ptr=%p size=%zu>", h->ptr, h->size);
 }
 
-static PyBufferProcs handle_as_buffer = {
-    .bf_getbuffer = (getbufferproc)handle_getbuffer,
-};
-
-static PySequenceMethods handle_as_sequence = {
-    .sq_length = (lenfunc)handle_len,
-};
-
 static PyMethodDef handle_methods[] = {
     {"ptr", (PyCFunction)handle_ptr, METH_NOARGS, PyDoc_STR("ptr() -> address of the bytes")},
     {"size", (PyCFunction)handle_size, METH_NOARGS, PyDoc_STR("size() -> the object's length")},
     {NULL, NULL, 0, NULL},
 };
 
-PyTypeObject kvp_py_buffer_handle_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvpool._kvpool.BufferHandle",
-    .tp_basicsize = sizeof(buffer_handle_t),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = PyDoc_STR("One object read by batch_get_buffer: buffer protocol, ptr(), size()"),
-    .tp_dealloc = (destructor)handle_dealloc,
-    .tp_as_buffer = &handle_as_buffer,
-    .tp_as_sequence = &handle_as_sequence,
-    .tp_methods = handle_methods,
-    .tp_repr = (reprfunc)handle_repr,
+static PyType_Slot handle_slots[] = {
+    {Py_tp_doc,
+     (void *)PyDoc_STR("One object read by batch_get_buffer: buffer protocol, ptr(), size()")},
+    {Py_tp_dealloc, handle_dealloc},
+    {Py_tp_repr, handle_repr},
+    {Py_tp_methods, handle_methods},
+    {Py_bf_getbuffer, handle_getbuffer},
+    {Py_sq_length, handle_len},
+    {0, NULL},
 };
+
+static PyType_Spec handle_spec = {
+    .name = "kvpool._kvpool.BufferHandle",
+    .basicsize = sizeof(buffer_handle_t),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_IMMUTABLETYPE | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = handle_slots,
+};
+
+PyTypeObject *kvp_py_buffer_handle_type_new(PyObject *module)
+{
+    return (PyTypeObject *)PyType_FromModuleAndSpec(module, &handle_spec, NULL);
+}

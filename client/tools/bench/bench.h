@@ -2,8 +2,13 @@
  * bench.h - shared pieces of kvpool-bench: options, result output (human
  * table + JSON), the local cluster, timing and percentiles.
  *
- * Each mode lives in its own file (bench_<mode>.c) and exposes one entry
- * point `int kvp_bench_<mode>(const kvp_bench_opts_t *o, kvp_bench_out_t *out)`
+ * Files: bench_main.c holds main, the global options and the mode table;
+ * bench_common.c what the modes share (results and the JSON document, timing,
+ * statistics, progress, the local cluster); bench_<mode>.c one mode each, and
+ * bench_limits.c also keeps the limits measured in this run for the other modes.
+ *
+ * Each mode exposes one entry point
+ * `int kvp_bench_<mode>(const kvp_bench_opts_t *o, kvp_bench_out_t *out)`
  * returning 0 on success, non-zero on any failure: a failed put, get, exist or
  * remove, wrong bytes, a failed cluster start or measurement (the first few
  * failures are printed on stderr with their kvp_strerror text). A mode
@@ -18,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+
+#include "client/include/kvpool.h"
 
 #define KVP_BENCH_MAX_LIST 16
 
@@ -88,8 +95,19 @@ typedef struct kvp_bench_opts {
     bool quiet; /* no progress line */
 } kvp_bench_opts_t;
 
-/* ---- results ---- */
-typedef struct kvp_bench_out kvp_bench_out_t;
+/* ---- results (bench_common.c) ---- */
+
+/* The result objects written so far, as JSON text. Modes touch it only through
+ * kvp_bench_result_*; main owns it (init / cleanup). */
+typedef struct kvp_bench_out {
+    char *buf;
+    size_t len, cap;
+    int n_results;
+    int fields;
+} kvp_bench_out_t;
+
+void kvp_bench_out_init(kvp_bench_out_t *out);
+void kvp_bench_out_cleanup(kvp_bench_out_t *out);
 
 /* Start a result object (a flat JSON object); "mode" is set to `mode`. */
 void kvp_bench_result_begin(kvp_bench_out_t *out, const char *mode);
@@ -99,13 +117,21 @@ void kvp_bench_result_int(kvp_bench_out_t *out, const char *key, int64_t val);
 void kvp_bench_result_end(kvp_bench_out_t *out);
 
 /*
+ * Write o->json_path: {"machine": {...}, "params": {...} (the options, `mode` the one
+ * asked for), "results": [the objects in `results`]}. Returns 0, or -1 with a message
+ * on stderr.
+ */
+int kvp_bench_json_write(const kvp_bench_out_t *results, const kvp_bench_opts_t *o,
+                         const char *mode);
+
+/* ---- limits measured in this run (bench_limits.c) ---- */
+
+/*
  * The machine's limits measured in this run by the limits mode, used by the
  * data mode for pct_of_limit. 0 when not measured.
  */
 double kvp_bench_limit_memcpy_gbps(uint64_t size);
 double kvp_bench_limit_tcp_gbps(uint64_t size, unsigned streams);
-void kvp_bench_limit_set_memcpy(uint64_t size, double gbps);
-void kvp_bench_limit_set_tcp(uint64_t size, unsigned streams, double gbps);
 /*
  * Measure (once) the memcpy and loopback-tcp limits for a size and stream count.
  * Returns 0, or -1 (message on stderr) when a measurement failed.
@@ -127,7 +153,7 @@ double kvp_bench_limit_disk_gbps(bool write);
  * (tmpfs and ramfs are refused: they have no disk behind them). */
 int kvp_bench_ssd_dir_check(const char *dir);
 
-/* ---- local cluster ---- */
+/* ---- local cluster (bench_common.c) ---- */
 typedef struct kvp_bench_cluster {
     pid_t master_pid;
     pid_t seg_pids[64];
@@ -151,6 +177,11 @@ typedef struct kvp_bench_cluster_params {
     const char *segment_records;     /* "on" | "off"; NULL: as --segment-records says */
 } kvp_bench_cluster_params_t;
 int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p);
+/*
+ * Where our sibling binaries are (the directory of /proc/self/exe) and the --segment-records
+ * of the local masters whose start does not say: main calls it once, before any start.
+ */
+void kvp_bench_cluster_init(bool segment_records);
 /* SIGTERM everything by PID, reap. */
 void kvp_bench_cluster_stop(kvp_bench_cluster_t *c);
 /*
@@ -171,7 +202,7 @@ const char *kvp_bench_find_bin(const char *name);
 /* PID of a running master we started (for RSS), or -1. */
 pid_t kvp_bench_master_pid(void);
 
-/* ---- timing, stats, progress ---- */
+/* ---- timing, stats, progress (bench_common.c) ---- */
 double kvp_bench_now(void); /* monotonic seconds */
 /* Sort `v` in place and return the p-th percentile (0 <= p <= 100). */
 double kvp_bench_percentile(double *v, size_t n, double p);
@@ -190,6 +221,20 @@ void kvp_bench_progress_done(const kvp_bench_opts_t *o);
 
 /* Resident set size of a process in bytes (pid 0: self), -1 if unknown. */
 long long kvp_bench_rss_bytes(pid_t pid);
+
+/* The pool as the master sees it, without its segment list; -1 with a message naming
+ * `mode` when it cannot be asked (*ps_p is written only on success). */
+int kvp_bench_pool_stat(kvp_client_t *c, const char *mode, kvp_pool_stat_t *ps_p);
+
+/* splitmix64 finaliser: a bijection, so distinct inputs give distinct outputs (keys, object
+ * bytes, seeds). Inline: the meta mode makes its keys with it on the measured path. */
+static inline uint64_t kvp_bench_mix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
 
 /* ---- modes ---- */
 int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out);

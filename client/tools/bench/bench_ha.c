@@ -100,19 +100,11 @@
 #define HA_FO_INDEX_MAX_S 10.0 /* after the failover: the index counts the resident objects */
 #define HA_FO_RESIDENT 1000u
 
-static uint64_t mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 /* Object `seed`'s bytes: a function of the seed and the offset, so any object is checkable. */
 static void fill(void *buf, size_t len, uint64_t seed)
 {
     for (size_t i = 0; i < len; i += 8) {
-        uint64_t v = mix64(seed * 0x100000001b3ull + i);
+        uint64_t v = kvp_bench_mix64(seed * 0x100000001b3ull + i);
         memcpy((char *)buf + i, &v, len - i < 8 ? len - i : 8);
     }
 }
@@ -312,12 +304,12 @@ static int rb_put(kvp_client_t *c, rb_buf_t *b, uint64_t n)
 /* Read HA_RB_SAMPLE random objects of 0..n-1 back; 0 when every byte is right. */
 static int rb_verify(kvp_client_t *c, rb_buf_t *b, uint64_t n)
 {
-    uint64_t rng = mix64((uint64_t)time(NULL) ^ (uint64_t)getpid());
+    uint64_t rng = kvp_bench_mix64((uint64_t)time(NULL) ^ (uint64_t)getpid());
     for (unsigned done = 0; done < HA_RB_SAMPLE;) {
         unsigned k = HA_RB_SAMPLE - done < HA_RB_BATCH ? HA_RB_SAMPLE - done : HA_RB_BATCH;
         uint64_t idx[HA_RB_BATCH];
         for (unsigned j = 0; j < k; j++) {
-            rng = mix64(rng);
+            rng = kvp_bench_mix64(rng);
             idx[j] = rng % n;
             rb_key(b->keys[j], idx[j]);
         }
@@ -496,7 +488,7 @@ static bool etcd_on_path(void)
 static int free_port(uint64_t *rng)
 {
     for (int i = 0; i < 1000; i++) {
-        *rng = mix64(*rng);
+        *rng = kvp_bench_mix64(*rng);
         int port = 20000 + (int)(*rng % 12768);
         int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
@@ -580,7 +572,7 @@ static int etcd_start(ha_etcd_t *e)
         e->dir[0] = '\0';
         return -1;
     }
-    uint64_t rng = mix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20));
+    uint64_t rng = kvp_bench_mix64((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20));
     for (int attempt = 0; attempt < 3; attempt++) {
         int cport = free_port(&rng), pport = free_port(&rng);
         if (cport < 0 || pport < 0 || cport == pport)

@@ -114,21 +114,12 @@ typedef struct meta_worker {
     uint8_t rel_buf[16 + 8 * META_BATCH]; /* a packed LeaseReleaseRequest */
 } meta_worker_t;
 
-static uint64_t mix64(uint64_t x)
-{
-    /* splitmix64 finaliser: a bijection, so distinct indices give distinct keys */
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
 static size_t key_make(char *buf, uint64_t idx)
 {
     static const char hex[] = "0123456789abcdef";
     size_t n = sizeof(META_KEY_PREFIX) - 1;
     memcpy(buf, META_KEY_PREFIX, n);
-    uint64_t h = mix64(idx);
+    uint64_t h = kvp_bench_mix64(idx);
     for (int i = 15; i >= 0; i--) {
         buf[n + (size_t)i] = hex[h & 0xf];
         h >>= 4;
@@ -702,7 +693,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         meta_worker_t *w = &ws[i];
         w->sh = &sh;
         w->id = i;
-        w->rng = mix64(0x5EED0000u + i) | 1;
+        w->rng = kvp_bench_mix64(0x5EED0000u + i) | 1;
         for (size_t k = 0; k < META_BATCH; k++)
             w->sizes[k] = META_OBJ_SIZE;
         if (connect_master(o->master, &w->fd) != 0)

@@ -94,21 +94,6 @@ static bool stamp_ok(const void *p, uint64_t i)
     return a == (i ^ SSD_SALT) && b == ~i;
 }
 
-static int stat_now(ssd_bench_t *s, kvp_pool_stat_t *ps)
-{
-    kvp_pool_stat_t *p = NULL;
-    kvp_status_t st = kvp_pool_stat(s->c, &p);
-    if (st != KVP_OK || p == NULL) {
-        fprintf(stderr, "kvpool-bench: ssd: pool stat: %s\n", kvp_strerror(st));
-        return -1;
-    }
-    *ps = *p;
-    ps->segments = NULL;
-    ps->n_segments = 0;
-    kvp_pool_stat_free(p);
-    return 0;
-}
-
 static void batch_failed(ssd_bench_t *s, const char *what, kvp_status_t st, unsigned n)
 {
     for (unsigned i = 0; i < n; i++) {
@@ -249,7 +234,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
             goto out;
     }
     kvp_pool_stat_t before, after;
-    if (stat_now(s, &before) != 0)
+    if (kvp_bench_pool_stat(s->c, "ssd", &before) != 0)
         goto out;
     if (ssd && before.ssd_used < n * SSD_OBJ)
         fprintf(stderr,
@@ -284,7 +269,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
         busy += d;
         objs += b;
     }
-    if (stat_now(s, &after) != 0)
+    if (kvp_bench_pool_stat(s->c, "ssd", &after) != 0)
         goto out;
     uint64_t dh = after.hits_dram - before.hits_dram, sh = after.hits_ssd - before.hits_ssd;
     uint64_t read_objs = objs + (uint64_t)(rounds > 0 ? SSD_BATCH : 0); /* with the warm-up */
@@ -372,7 +357,7 @@ static int run_offload(ssd_bench_t *s)
     /* the disk's limit just before the measured offload (it drifts: see bench.h) */
     if (kvp_bench_disk_limits_remeasure(s->o) != 0)
         goto out;
-    if (stat_now(s, &start) != 0)
+    if (kvp_bench_pool_stat(s->c, "ssd", &start) != 0)
         goto out;
     size_t ns = 0;
     double t0 = kvp_bench_now(), last = t0, now = t0;
@@ -392,7 +377,7 @@ static int run_offload(ssd_bench_t *s)
         if (steady)
             kvp_bench_lat_add(&lat, now - b0);
         if (now - last >= SSD_SAMPLE_S && ns < max_samples) {
-            if (stat_now(s, &ps) != 0)
+            if (kvp_bench_pool_stat(s->c, "ssd", &ps) != 0)
                 goto out;
             now = kvp_bench_now();
             last = now;
@@ -420,7 +405,7 @@ static int run_offload(ssd_bench_t *s)
     /* let offloads in flight end (the counters below are then final) */
     double wait_end = kvp_bench_now() + 30;
     for (;;) {
-        if (stat_now(s, &ps) != 0)
+        if (kvp_bench_pool_stat(s->c, "ssd", &ps) != 0)
             goto out;
         if (ps.offloading_objects == 0 || kvp_bench_now() > wait_end)
             break;
@@ -504,7 +489,8 @@ static int run_offload(ssd_bench_t *s)
     for (unsigned i = 0; i < SSD_BATCH; i++)
         idx[i] = i;
     kvp_pool_stat_t b4;
-    if (stat_now(s, &b4) != 0 || get_batch(s, "off", idx, SSD_BATCH) != 0 || stat_now(s, &ps) != 0)
+    if (kvp_bench_pool_stat(s->c, "ssd", &b4) != 0 || get_batch(s, "off", idx, SSD_BATCH) != 0 ||
+        kvp_bench_pool_stat(s->c, "ssd", &ps) != 0)
         goto out;
     printf("          the first %u objects read back: hits_ssd +%" PRIu64 ", hits_dram +%" PRIu64
            "\n",

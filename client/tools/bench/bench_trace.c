@@ -1042,22 +1042,6 @@ static int run_init(run_t *r, const kvp_bench_opts_t *o, const trace_t *t)
     return 0;
 }
 
-/* The pool as the master sees it; -1 with a message when it cannot be asked. */
-static int pool_stat(run_t *r, kvp_pool_stat_t *ps)
-{
-    kvp_pool_stat_t *s = NULL;
-    kvp_status_t st = kvp_pool_stat(r->c, &s);
-    if (st != KVP_OK || s == NULL) {
-        fprintf(stderr, "kvpool-bench: trace: pool stat: %s\n", kvp_strerror(st));
-        return -1;
-    }
-    *ps = *s;
-    ps->segments = NULL;
-    ps->n_segments = 0;
-    kvp_pool_stat_free(s);
-    return 0;
-}
-
 /*
  * Store eviction: an empty pool of exactly `bytes` for this point, and the
  * client connected to it. With --local a fresh master and segment (in *cl,
@@ -1097,7 +1081,7 @@ static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_ben
     if (run_connect(r, addr))
         return -1;
     kvp_pool_stat_t ps;
-    if (pool_stat(r, &ps))
+    if (kvp_bench_pool_stat(r->c, "trace", &ps))
         return -1;
     if (ps.capacity != bytes + ssd_bytes || ps.ssd_capacity != ssd_bytes || ps.used != 0 ||
         ps.objects != 0 || ps.pending != 0) {
@@ -1149,14 +1133,15 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     int rc = 0;
     r->ssd_path[0] = '\0';
     if (r->store) {
-        if (store_pool_open(r, pool, ssd_pool, &cl, &started) || pool_stat(r, &ps0)) {
+        if (store_pool_open(r, pool, ssd_pool, &cl, &started) ||
+            kvp_bench_pool_stat(r->c, "trace", &ps0)) {
             rc = -1;
             goto out;
         }
     } else {
         r->lru.cap = cap;
         kvp_pool_stat_t ps = {0};
-        if (pool_stat(r, &ps) != 0)
+        if (kvp_bench_pool_stat(r->c, "trace", &ps) != 0)
             r->other_errors++;
         else if ((double)cap * (double)r->bb > (double)ps.capacity)
             fprintf(stderr,
@@ -1199,7 +1184,7 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     uint64_t evicted = 0;
     kvp_pool_stat_t ps1 = ps0;
     if (r->store) {
-        if (pool_stat(r, &ps1) == 0)
+        if (kvp_bench_pool_stat(r->c, "trace", &ps1) == 0)
             evicted = ps1.evicted_objects - ps0.evicted_objects;
         else
             r->other_errors++;

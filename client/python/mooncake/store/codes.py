@@ -62,6 +62,7 @@ KVP_TO_MOONCAKE_NAME = {
     "KVP_ERR_UNSUPPORTED": "NOT_SUPPORTED",
     "KVP_ERR_NO_SPACE": "FILE_WRITE_FAIL",
     "KVP_ERR_NOT_LEADER": "RPC_FAIL",
+    "KVP_ERR_DENIED": "ILLEGAL_CLIENT",
 }
 
 #: kvpool status number -> Mooncake ErrorCode number

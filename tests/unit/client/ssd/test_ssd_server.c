@@ -1,7 +1,7 @@
 /*
  * test_ssd_server.c - unit tests for client/ssd/ssd_server.c, the data
  * server of an SSD segment, spoken to over a raw TCP socket with the
- * kvp_data_req_t protocol (client/internal.h).
+ * kvp_data_req_t protocol (client/transport/wire.h).
  *
  * A real file on the real disk, in a directory made with mkdtemp under the
  * current directory (meson runs tests in the build directory), removed at
@@ -34,7 +34,7 @@
 
 #include <cmocka.h>
 
-#include "client/internal.h"
+#include "client/transport/wire.h"
 #include "client/ssd/ssd_file.h"
 #include "client/ssd/ssd_server.h"
 #include "common/crc32c.h"
@@ -76,7 +76,8 @@ static int connect_to(uint16_t port)
 
 static void start(fixture_t *fx)
 {
-    assert_int_equal(kvp_ssd_server_create(fx->f, "127.0.0.1", 0, &fx->srv, &fx->port), KVP_OK);
+    assert_int_equal(kvp_ssd_server_create(fx->f, "127.0.0.1", 0, true, &fx->srv, &fx->port),
+                     KVP_OK);
     kvp_ssd_server_set_id(fx->srv, SEG_ID);
     fx->fd = connect_to(fx->port);
 }

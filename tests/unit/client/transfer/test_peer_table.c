@@ -16,7 +16,7 @@
 
 #include <stdlib.h>
 
-#include "client/transfer/peer.h"
+#include "client/transfer/peer_table.h"
 
 static void check(const kvp_peer_table_t *t, const uint64_t *ids, const bool *in, size_t n)
 {

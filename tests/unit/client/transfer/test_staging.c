@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "client/transfer/peer.h"
 #include "client/transfer/staging.h"
 #include "common/crc32c.h"
 

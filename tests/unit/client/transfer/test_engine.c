@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "client/internal.h"
+#include "client/transfer/engine.h"
 #include "client/mem/registry.h"
 #include "client/transfer/transport.h"
 #include "common/crc32c.h"

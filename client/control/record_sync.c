@@ -1,5 +1,5 @@
 /*
- * record.c - segments describe themselves, the owner's side.
+ * record_sync.c - segments describe themselves, the owner's side.
  *
  * Offer: after a mount flagged `adopting`, the owner offers what its segment
  * holds (a DRAM segment its record, segment/seg_record.c; an SSD segment its
@@ -13,7 +13,7 @@
  * the record has an object before its writer hears that the put ended) and
  * applies them.
  * The same thread offers a DRAM segment's record after each remount (the
- * mount only flags it, kvp_client_record_offer_later): a poll's changes for
+ * mount only flags it, kvp_segment_mounted): a poll's changes for
  * the previous mount that were still in flight are applied first, so the
  * offer misses none of them; a reply for an earlier mount that arrives
  * afterwards is ignored (seg_record.c binds the record to the mount). A
@@ -22,7 +22,7 @@
  * Thread: kvp_record_offer on the caller's (an SSD owner's on_ready); the
  * record thread.
  */
-#include "client/control/record.h"
+#include "client/control/record_sync.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -31,13 +31,22 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "client/client_priv.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/rpc.h"
 #include "common/sock.h"
 #include "kvpool.pb-c.h"
+
+struct kvp_record_sync {
+    kvp_segment_t *seg;
+    struct kvp_seg_record *record;
+    kvp_session_t *session;
+    uint64_t client_id;
+    uint32_t timeout_ms;
+    pthread_t thread;
+    _Atomic bool stop;
+};
 
 static kvp_status_t offer_call(kvp_mconn_t *m, int fd, const Kvpool__AdoptRequest *req,
                                Kvpool__AdoptResponse **ar_p)
@@ -129,20 +138,21 @@ static void forget_cb(void *arg, const kvp_record_entry_t *e)
 }
 
 /* Offer the record for mount seg_id, which opens the segment (the record thread). */
-static kvp_status_t record_offer(kvp_client_t *c, uint64_t seg_id)
+static kvp_status_t record_offer(kvp_record_sync_t *rs, uint64_t seg_id)
 {
     kvp_record_entry_t *e = NULL;
     size_t n = 0, adopted = 0, refused = 0;
-    kvp_status_t st = kvp_seg_record_snapshot(c->record, &e, &n);
+    kvp_status_t st = kvp_seg_record_snapshot(rs->record, &e, &n);
     if (st != KVP_OK)
         n = 0; /* the offer still ends, so the segment takes new replicas */
     uint64_t t0 = kvp_now_ms();
-    kvp_status_t os =
-        kvp_record_offer(c->mc, -1, seg_id, e, n, forget_cb, c->record, &adopted, &refused);
+    kvp_status_t os = kvp_record_offer(kvp_session_mconn(rs->session), -1, seg_id, e, n, forget_cb,
+                                       rs->record, &adopted, &refused);
     if (n > 0)
         KVP_LOG_INFO("segment %s: %zu objects of its record adopted back, %zu refused (stale) "
                      "and forgotten, in %llu ms%s",
-                     c->seg_name, adopted, refused, (unsigned long long)(kvp_now_ms() - t0),
+                     kvp_segment_name(rs->seg), adopted, refused,
+                     (unsigned long long)(kvp_now_ms() - t0),
                      os == KVP_OK ? "" : " (offer cut short)");
     free(e);
     if (st == KVP_OK)
@@ -150,17 +160,12 @@ static kvp_status_t record_offer(kvp_client_t *c, uint64_t seg_id)
     if (st != KVP_OK)
         KVP_LOG_WARN("segment %s: its record could not be offered to the master (%s): objects "
                      "on it are not in the pool",
-                     c->seg_name, kvp_strerror(st));
-    atomic_store(&c->rec_open_id, seg_id); /* kvp_client_record_wait_open */
+                     kvp_segment_name(rs->seg), kvp_strerror(st));
+    kvp_segment_set_open(rs->seg, seg_id); /* kvp_record_sync_wait_open */
     return st;
 }
 
 /* ---- the record thread ---- */
-
-void kvp_client_record_offer_later(kvp_client_t *c, uint64_t seg_id)
-{
-    atomic_store(&c->rec_offer_id, seg_id);
-}
 
 static void nap(unsigned ms)
 {
@@ -203,7 +208,7 @@ typedef enum stream_end {
 /* One frame of the stream applied. KVP_OK; KVP_ERR_PENDING (a ping's answer);
  * KVP_ERR_UNSUPPORTED / _SEGMENT_GONE (the stream ends: no record kept for this segment /
  * not this mount); other errors: the stream broke. */
-static kvp_status_t take_frame(kvp_client_t *c, int fd, uint64_t id)
+static kvp_status_t take_frame(kvp_record_sync_t *rs, int fd, uint64_t id)
 {
     kvp_rpc_hdr_t h;
     uint8_t *b = NULL;
@@ -222,13 +227,13 @@ static kvp_status_t take_frame(kvp_client_t *c, int fd, uint64_t id)
     if (r->broken) {
         KVP_LOG_WARN("segment %s: the master stopped keeping its record for a while: "
                      "objects on it before now will not survive a master restart",
-                     c->seg_name);
-        kvp_seg_record_clear(c->record);
+                     kvp_segment_name(rs->seg));
+        kvp_seg_record_clear(rs->record);
     }
     if (st == KVP_OK &&
-        kvp_seg_record_apply(c->record, id, r->changes.data, r->changes.len) != KVP_OK)
+        kvp_seg_record_apply(rs->record, id, r->changes.data, r->changes.len) != KVP_OK)
         KVP_LOG_WARN("segment %s: a malformed record change from the master: record cleared",
-                     c->seg_name);
+                     kvp_segment_name(rs->seg));
     kvpool__seg_record_response__free_unpacked(r, NULL);
     return st;
 }
@@ -240,35 +245,36 @@ static kvp_status_t take_frame(kvp_client_t *c, int fd, uint64_t id)
  * lands on the segment before its changes are streamed. Then apply changes until the
  * stream ends.
  */
-static stream_end_t stream(kvp_client_t *c, uint64_t id, bool *offer)
+static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
 {
     int fd;
     char host[256];
     uint16_t port;
-    kvp_mconn_addr(c->mc, host, sizeof(host), &port); /* the leader the mount went to */
-    if (kvp_tcp_connect(host, port, c->params.rpc_timeout_ms, &fd) != KVP_OK)
+    kvp_mconn_addr(kvp_session_mconn(rs->session), host, sizeof(host),
+                   &port); /* the leader the mount went to */
+    if (kvp_tcp_connect(host, port, rs->timeout_ms, &fd) != KVP_OK)
         return STREAM_LOST;
-    kvp_sock_set_timeout(fd, c->params.rpc_timeout_ms);
+    kvp_sock_set_timeout(fd, rs->timeout_ms);
     Kvpool__SegRecordRequest req = KVPOOL__SEG_RECORD_REQUEST__INIT;
     req.segment_id = id;
-    req.client_id = c->client_id;
+    req.client_id = rs->client_id;
     uint8_t body[32];
     size_t len = kvpool__seg_record_request__pack(&req, body);
     stream_end_t end = STREAM_LOST;
     uint64_t next_ping = kvp_now_ms() + PING_MS, ping_id = STREAM_REQ_ID;
     if (kvp_rpc_send(fd, KVP_RPC_SEG_RECORD, STREAM_REQ_ID, body, len) != KVP_OK)
         goto out;
-    kvp_seg_record_bind(c->record, id);
-    kvp_status_t st = take_frame(c, fd, id); /* the first frame: subscribed (or refused) */
+    kvp_seg_record_bind(rs->record, id);
+    kvp_status_t st = take_frame(rs, fd, id); /* the first frame: subscribed (or refused) */
     if (*offer && (st == KVP_OK || st == KVP_ERR_UNSUPPORTED)) {
         *offer = false;
-        record_offer(c, id);
+        record_offer(rs, id);
     }
     while (st == KVP_OK || st == KVP_ERR_PENDING) {
-        if (atomic_load(&c->rec_stop))
+        if (atomic_load(&rs->stop))
             break;
-        if (atomic_load(&c->seg_id) != id || atomic_load(&c->rec_offer_id) != 0 ||
-            atomic_load(&c->seg_state) != KVP_SEG_MOUNTED) {
+        if (kvp_segment_id(rs->seg) != id || kvp_segment_offer_waiting(rs->seg) ||
+            kvp_segment_state(rs->seg) != KVP_SEG_MOUNTED) {
             end = STREAM_REMOUNT;
             break;
         }
@@ -282,7 +288,7 @@ static stream_end_t stream(kvp_client_t *c, uint64_t id, bool *offer)
         if (pr < 0 && errno != EINTR)
             break;
         if (pr > 0)
-            st = take_frame(c, fd, id);
+            st = take_frame(rs, fd, id);
     }
     if (st == KVP_ERR_UNSUPPORTED)
         end = STREAM_UNSUPPORTED; /* --segment-records off */
@@ -296,34 +302,34 @@ out:
 /* The stream broke: the master is likely gone. Have the master connection notice now (a
  * call reconnects, and its on_ready remounts) rather than at the next heartbeat, so a
  * restarted master gets this segment's record back within a few hundred ms. */
-static void reconnect(kvp_client_t *c)
+static void reconnect(kvp_record_sync_t *rs)
 {
-    for (unsigned ms = 50; ms <= 800 && !atomic_load(&c->rec_stop); ms *= 2) {
+    for (unsigned ms = 50; ms <= 800 && !atomic_load(&rs->stop); ms *= 2) {
         nap(ms);
         uint8_t *resp;
         size_t rlen;
-        if (atomic_load(&c->rec_offer_id) != 0 ||
-            kvp_client_call(c, KVP_RPC_PING, NULL, &resp, &rlen) == KVP_OK)
+        if (kvp_segment_offer_waiting(rs->seg) ||
+            kvp_session_call(rs->session, KVP_RPC_PING, NULL, &resp, &rlen) == KVP_OK)
             return;
     }
 }
 
 static void *record_main(void *arg)
 {
-    kvp_client_t *c = arg;
+    kvp_record_sync_t *rs = arg;
     uint64_t unsupported = 0; /* a mount the master keeps no record for */
     unsigned tries = 0;       /* streams that could not be opened for a mount that waits */
     bool offer = false;
-    while (!atomic_load(&c->rec_stop)) {
+    while (!atomic_load(&rs->stop)) {
         /* A (re)mount waits for its record: offered by stream(), on this thread, after
          * the previous stream's changes were applied, so none is missed or applied late. */
-        uint64_t o = atomic_exchange(&c->rec_offer_id, 0);
-        uint64_t id = atomic_load(&c->seg_id);
+        uint64_t o = kvp_segment_offer_take(rs->seg);
+        uint64_t id = kvp_segment_id(rs->seg);
         if (o != 0) {
             offer = o == id;
             tries = 0;
         }
-        if (atomic_load(&c->seg_state) != KVP_SEG_MOUNTED || id == 0 ||
+        if (kvp_segment_state(rs->seg) != KVP_SEG_MOUNTED || id == 0 ||
             (id == unsupported && !offer)) {
             nap(50);
             continue;
@@ -331,36 +337,41 @@ static void *record_main(void *arg)
         if (offer && ++tries > 3) {
             /* no stream to be had: open the segment anyway, unrecorded until one is */
             offer = false;
-            kvp_seg_record_bind(c->record, id);
-            record_offer(c, id);
+            kvp_seg_record_bind(rs->record, id);
+            record_offer(rs, id);
         }
-        stream_end_t end = stream(c, id, &offer);
+        stream_end_t end = stream(rs, id, &offer);
         if (end == STREAM_UNSUPPORTED)
             unsupported = id;
         else if (end == STREAM_LOST)
-            reconnect(c);
+            reconnect(rs);
     }
     return NULL;
 }
 
-kvp_status_t kvp_client_record_start(kvp_client_t *c)
+kvp_status_t kvp_record_sync_start(const kvp_record_sync_params_t *params, kvp_record_sync_t **rs_p)
 {
-    if (c->record == NULL)
-        return KVP_OK;
-    atomic_store(&c->rec_stop, false);
-    if (pthread_create(&c->rec_thread, NULL, record_main, c) != 0)
+    kvp_record_sync_t *rs = calloc(1, sizeof(*rs));
+    if (rs == NULL)
+        return KVP_ERR_NOMEM;
+    rs->seg = params->seg;
+    rs->record = kvp_segment_record(params->seg);
+    rs->session = params->session;
+    rs->client_id = params->client_id;
+    rs->timeout_ms = params->timeout_ms;
+    atomic_init(&rs->stop, false);
+    if (pthread_create(&rs->thread, NULL, record_main, rs) != 0) {
+        free(rs);
         return KVP_ERR_SYSTEM;
-    c->rec_started = true;
+    }
+    *rs_p = rs;
     return KVP_OK;
 }
 
-kvp_status_t kvp_client_record_wait_open(kvp_client_t *c)
+kvp_status_t kvp_record_sync_wait_open(kvp_record_sync_t *rs)
 {
-    if (c->record == NULL)
-        return KVP_OK;
-    uint64_t deadline = kvp_now_ms() + c->params.rpc_timeout_ms;
-    while (atomic_load(&c->rec_open_id) != atomic_load(&c->seg_id) ||
-           atomic_load(&c->seg_id) == 0) {
+    uint64_t deadline = kvp_now_ms() + rs->timeout_ms;
+    while (!kvp_segment_is_open(rs->seg)) {
         if (kvp_now_ms() >= deadline)
             return KVP_ERR_TIMEOUT;
         nap(1);
@@ -368,16 +379,17 @@ kvp_status_t kvp_client_record_wait_open(kvp_client_t *c)
     return KVP_OK;
 }
 
-void kvp_client_record_signal(kvp_client_t *c)
+void kvp_record_sync_signal(kvp_record_sync_t *rs)
 {
-    atomic_store(&c->rec_stop, true);
+    if (rs != NULL)
+        atomic_store(&rs->stop, true);
 }
 
-void kvp_client_record_stop(kvp_client_t *c)
+void kvp_record_sync_stop(kvp_record_sync_t *rs)
 {
-    atomic_store(&c->rec_stop, true);
-    if (c->rec_started) {
-        pthread_join(c->rec_thread, NULL);
-        c->rec_started = false;
-    }
+    if (rs == NULL)
+        return;
+    atomic_store(&rs->stop, true);
+    pthread_join(rs->thread, NULL);
+    free(rs);
 }

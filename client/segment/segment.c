@@ -1,0 +1,247 @@
+/*
+ * segment.c - this client's own DRAM segment (segment.h): a memfd mapped
+ * MAP_POPULATE (the memory is really there once mounted, and no put pays a
+ * first-touch page fault), served over tcp by its data server and over the
+ * engine's serving transports (rdma), with its record of objects and its
+ * state at the master.
+ *
+ * Thread: create/stop/destroy on the client's creating/destroying thread; the
+ * accessors from any thread (atomics). state_lock orders a remount against a
+ * drain's MOUNTED -> DRAINING, so the id a drain reads is the one it drains.
+ */
+#include "client/segment/segment.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+struct kvp_segment {
+    int fd;
+    void *base;
+    uint64_t size;
+    uint64_t client_id;
+    char name[300];
+    char endpoint[280];
+    char shm_path[64];
+    char host_id[128];
+    char rdma_endpoint[64]; /* "" when the segment is not served over rdma */
+    uint64_t rdma_addr;
+    uint32_t rdma_rkey;
+    kvp_segment_server_t *server;
+    struct kvp_seg_record *record; /* kept current by the record thread (control/) */
+
+    pthread_mutex_t state_lock;
+    _Atomic int state;         /* KVP_SEG_* */
+    _Atomic uint64_t id;       /* at the master */
+    _Atomic uint64_t offer_id; /* a mount whose record is still to be offered */
+    _Atomic uint64_t open_id;  /* the last mount whose offer ended (the segment open) */
+};
+
+/* The memory: a memfd of `size` bytes, mapped shared and faulted in. */
+static kvp_status_t memory_create(kvp_segment_t *seg)
+{
+    seg->fd = memfd_create("kvpool-segment", MFD_CLOEXEC);
+    if (seg->fd < 0)
+        return kvp_status_from_errno(errno);
+    if (ftruncate(seg->fd, (off_t)seg->size) != 0) {
+        KVP_LOG_ERROR("cannot size a %llu-byte segment: %m", (unsigned long long)seg->size);
+        return kvp_status_from_errno(errno);
+    }
+    void *base =
+        mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, seg->fd, 0);
+    if (base == MAP_FAILED)
+        return kvp_status_from_errno(errno);
+    seg->base = base;
+    snprintf(seg->shm_path, sizeof(seg->shm_path), "/proc/%d/fd/%d", (int)getpid(), seg->fd);
+    return KVP_OK;
+}
+
+/* Serve it: its tcp data server on host:port, then the engine's serving transports. */
+static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
+{
+    const char *host = p->data_host ? p->data_host : "127.0.0.1";
+    uint16_t port;
+    kvp_status_t st = kvp_segment_server_create(seg->base, seg->size, host, p->data_port,
+                                                p->protected_mode, &seg->server, &port);
+    if (st != KVP_OK)
+        return st;
+    snprintf(seg->endpoint, sizeof(seg->endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
+             port);
+    return kvp_transfer_serve_segment(p->xfer, seg->base, seg->size, seg->rdma_endpoint,
+                                      sizeof(seg->rdma_endpoint), &seg->rdma_addr, &seg->rdma_rkey);
+}
+
+kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_t **seg_p)
+{
+    kvp_segment_t *seg = calloc(1, sizeof(*seg));
+    if (seg == NULL)
+        return KVP_ERR_NOMEM;
+    seg->fd = -1;
+    seg->size = params->size;
+    seg->client_id = params->client_id;
+    snprintf(seg->host_id, sizeof(seg->host_id), "%s", params->xfer->host_id);
+    pthread_mutex_init(&seg->state_lock, NULL);
+    kvp_status_t st = kvp_seg_record_create(&seg->record);
+    if (st == KVP_OK)
+        st = memory_create(seg);
+    if (st == KVP_OK)
+        st = serve(seg, params);
+    if (st != KVP_OK) {
+        kvp_segment_destroy(seg);
+        return st;
+    }
+    snprintf(seg->name, sizeof(seg->name), "%s",
+             params->name != NULL ? params->name : seg->endpoint);
+    atomic_store(&seg->state, KVP_SEG_MOUNTED);
+    *seg_p = seg;
+    return KVP_OK;
+}
+
+void kvp_segment_stop(kvp_segment_t *seg)
+{
+    if (seg == NULL)
+        return;
+    kvp_segment_server_destroy(seg->server);
+    seg->server = NULL;
+}
+
+void kvp_segment_destroy(kvp_segment_t *seg)
+{
+    if (seg == NULL)
+        return;
+    kvp_segment_stop(seg);
+    kvp_seg_record_destroy(seg->record);
+    if (seg->base != NULL)
+        munmap(seg->base, seg->size);
+    if (seg->fd >= 0)
+        close(seg->fd);
+    pthread_mutex_destroy(&seg->state_lock);
+    free(seg);
+}
+
+void *kvp_segment_base(const kvp_segment_t *seg)
+{
+    return seg->base;
+}
+
+uint64_t kvp_segment_size(const kvp_segment_t *seg)
+{
+    return seg->size;
+}
+
+const char *kvp_segment_name(const kvp_segment_t *seg)
+{
+    return seg->name;
+}
+
+uint64_t kvp_segment_id(const kvp_segment_t *seg)
+{
+    return atomic_load(&seg->id);
+}
+
+int kvp_segment_state(const kvp_segment_t *seg)
+{
+    return seg != NULL ? atomic_load(&seg->state) : KVP_SEG_NONE;
+}
+
+struct kvp_seg_record *kvp_segment_record(const kvp_segment_t *seg)
+{
+    return seg->record;
+}
+
+const kvp_served_stats_t *kvp_segment_served(const kvp_segment_t *seg)
+{
+    return seg->server != NULL ? kvp_segment_server_stats(seg->server) : NULL;
+}
+
+uint64_t kvp_segment_refused(const kvp_segment_t *seg)
+{
+    return seg->server != NULL ? kvp_segment_server_refused(seg->server) : 0;
+}
+
+void *kvp_segment_extent(const kvp_segment_t *seg, uint64_t offset, uint64_t length)
+{
+    if (offset > seg->size || length > seg->size - offset)
+        return NULL;
+    return (char *)seg->base + offset;
+}
+
+void kvp_segment_describe(const kvp_segment_t *seg, Kvpool__SegmentDesc *d)
+{
+    d->name = (char *)seg->name;
+    d->medium = "dram";
+    d->size = seg->size;
+    d->owner_client_id = seg->client_id;
+    d->host_id = (char *)seg->host_id;
+    d->tcp_endpoint = (char *)seg->endpoint;
+    d->shm_path = (char *)seg->shm_path;
+    d->rdma_endpoint = (char *)seg->rdma_endpoint;
+    d->rdma_addr = seg->rdma_addr;
+    d->rdma_rkey = seg->rdma_rkey;
+}
+
+void kvp_segment_state_lock(kvp_segment_t *seg)
+{
+    pthread_mutex_lock(&seg->state_lock);
+}
+
+void kvp_segment_state_unlock(kvp_segment_t *seg)
+{
+    pthread_mutex_unlock(&seg->state_lock);
+}
+
+void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting)
+{
+    if (adopting) /* flagged before the id changes: the record thread sees both */
+        atomic_store(&seg->offer_id, seg_id);
+    atomic_store(&seg->id, seg_id);
+    kvp_segment_server_set_id(seg->server, seg_id);
+    KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", seg->name,
+                 (unsigned long long)seg->size, (unsigned long long)seg_id);
+}
+
+kvp_status_t kvp_segment_drain_begin(kvp_segment_t *seg, uint64_t *seg_id_p)
+{
+    pthread_mutex_lock(&seg->state_lock);
+    int expect = KVP_SEG_MOUNTED;
+    bool ok = atomic_compare_exchange_strong(&seg->state, &expect, KVP_SEG_DRAINING);
+    uint64_t seg_id = atomic_load(&seg->id);
+    pthread_mutex_unlock(&seg->state_lock);
+    if (!ok)
+        return expect == KVP_SEG_DRAINING ? KVP_ERR_PENDING : KVP_ERR_INVALID_ARG;
+    *seg_id_p = seg_id;
+    return KVP_OK;
+}
+
+int kvp_segment_set_drained(kvp_segment_t *seg)
+{
+    return atomic_exchange(&seg->state, KVP_SEG_DRAINED);
+}
+
+uint64_t kvp_segment_offer_take(kvp_segment_t *seg)
+{
+    return atomic_exchange(&seg->offer_id, 0);
+}
+
+bool kvp_segment_offer_waiting(const kvp_segment_t *seg)
+{
+    return atomic_load(&seg->offer_id) != 0;
+}
+
+void kvp_segment_set_open(kvp_segment_t *seg, uint64_t seg_id)
+{
+    atomic_store(&seg->open_id, seg_id);
+}
+
+bool kvp_segment_is_open(const kvp_segment_t *seg)
+{
+    uint64_t id = atomic_load(&seg->id);
+    return id != 0 && atomic_load(&seg->open_id) == id;
+}

@@ -1,0 +1,36 @@
+/*
+ * segment_server.h - the tcp data server of this client's own DRAM segment
+ * (segment_server.c): READ/WRITE requests (transport/wire.h) against the
+ * segment's memory, a thread per connection (conn_server.c).
+ */
+#ifndef KVP_CLIENT_SEGMENT_SEGMENT_SERVER_H
+#define KVP_CLIENT_SEGMENT_SEGMENT_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "client/transfer/xfer.h"
+#include "common/status.h"
+
+/* What a data server did to our segment: [dir], 0 a peer's put (WRITE), 1 its get (READ). */
+typedef struct kvp_served_stats {
+    kvp_count_stats_t dir[2];
+} kvp_served_stats_t;
+
+typedef struct kvp_segment_server kvp_segment_server_t;
+
+/*
+ * Start serving [base, base+size) as segment `segment_id` (set later with
+ * kvp_segment_server_set_id once the master assigned it) on host:port.
+ */
+kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host, uint16_t port,
+                                       bool protected_mode, kvp_segment_server_t **srv_p,
+                                       uint16_t *bound_port_p);
+void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
+void kvp_segment_server_destroy(kvp_segment_server_t *srv);
+/* Connections of other hosts refused in protected mode (conn_server.h). Thread: any. */
+uint64_t kvp_segment_server_refused(const kvp_segment_server_t *srv);
+/* Its counters (live, updated by the connection threads); valid until destroy. */
+const kvp_served_stats_t *kvp_segment_server_stats(const kvp_segment_server_t *srv);
+
+#endif

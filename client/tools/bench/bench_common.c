@@ -1,0 +1,516 @@
+/*
+ * bench_common.c - what every kvpool-bench mode shares: result objects and the JSON
+ * document, timing and percentiles, the progress line, RSS, and the local cluster (a
+ * kvpool-master and `kvpool serve` processes on 127.0.0.1).
+ *
+ * Design: a mode adds one flat JSON object per figure through kvp_bench_result_*; they
+ * accumulate as text in a kvp_bench_out_t, and kvp_bench_json_write wraps them in
+ *   {"machine": {...}, "params": {...}, "results": [{...}, ...]}
+ * Field names and their order are stable (deploy/bench.sh, deploy/py-bench.py and
+ * docs/benchmarks.md read them). Processes are started with fd 3 a pipe and are ready when
+ * they wrote a line to it (no sleeps); they are stopped by PID and reaped.
+ *
+ * Thread: nothing here locks. The results, the JSON document and the local cluster belong to
+ * the main thread; the timing, statistics and progress helpers touch only what the caller
+ * passes, and modes call them from their worker threads too (a kvp_bench_lat_t is added to by
+ * one thread). kvp_bench_find_bin hands out one of four static buffers in turn.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client/tools/bench/bench.h"
+
+/* ---------------- results ---------------- */
+
+static void out_append(kvp_bench_out_t *o, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static void out_append(kvp_bench_out_t *o, const char *fmt, ...)
+{
+    va_list ap;
+    for (;;) {
+        va_start(ap, fmt);
+        int n = vsnprintf(o->buf + o->len, o->cap - o->len, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return;
+        if ((size_t)n < o->cap - o->len) {
+            o->len += (size_t)n;
+            return;
+        }
+        size_t cap = (o->cap + (size_t)n + 1) * 2;
+        char *p = realloc(o->buf, cap);
+        if (p == NULL)
+            return;
+        o->buf = p;
+        o->cap = cap;
+    }
+}
+
+static void out_key(kvp_bench_out_t *o, const char *key)
+{
+    out_append(o, "%s\"%s\": ", o->fields++ ? ", " : "", key);
+}
+
+void kvp_bench_result_begin(kvp_bench_out_t *o, const char *mode)
+{
+    out_append(o, "%s\n    {", o->n_results++ ? "," : "");
+    o->fields = 0;
+    kvp_bench_result_str(o, "mode", mode);
+}
+
+void kvp_bench_result_str(kvp_bench_out_t *o, const char *key, const char *val)
+{
+    out_key(o, key);
+    out_append(o, "\"");
+    for (const char *p = val; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            out_append(o, "\\%c", *p);
+        else if ((unsigned char)*p < 0x20)
+            out_append(o, "\\u%04x", (unsigned char)*p);
+        else
+            out_append(o, "%c", *p);
+    }
+    out_append(o, "\"");
+}
+
+void kvp_bench_result_num(kvp_bench_out_t *o, const char *key, double val)
+{
+    out_key(o, key);
+    if (isfinite(val))
+        out_append(o, "%.6g", val);
+    else
+        out_append(o, "null");
+}
+
+void kvp_bench_result_int(kvp_bench_out_t *o, const char *key, int64_t val)
+{
+    out_key(o, key);
+    out_append(o, "%lld", (long long)val);
+}
+
+void kvp_bench_result_end(kvp_bench_out_t *o)
+{
+    out_append(o, "}");
+}
+
+void kvp_bench_out_init(kvp_bench_out_t *out)
+{
+    memset(out, 0, sizeof(*out));
+}
+
+void kvp_bench_out_cleanup(kvp_bench_out_t *out)
+{
+    free(out->buf);
+    out->buf = NULL;
+    out->len = out->cap = 0;
+}
+
+/* ---------------- the JSON document ---------------- */
+
+static void machine_json(kvp_bench_out_t *o)
+{
+    struct utsname u;
+    uname(&u);
+    char model[256] = "unknown";
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof(line), f)) {
+            if (strncmp(line, "model name", 10) == 0) {
+                char *c = strchr(line, ':');
+                if (c) {
+                    snprintf(model, sizeof(model), "%s", c + 2);
+                    model[strcspn(model, "\n")] = '\0';
+                }
+                break;
+            }
+        }
+        fclose(f);
+    }
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    out_append(o, "  \"machine\": {");
+    o->fields = 0;
+    kvp_bench_result_str(o, "cpu", model);
+    kvp_bench_result_int(o, "cores", sysconf(_SC_NPROCESSORS_ONLN));
+    kvp_bench_result_int(o, "mem_bytes", (int64_t)pages * psz);
+    kvp_bench_result_str(o, "kernel", u.release);
+    kvp_bench_result_str(o, "arch", u.machine);
+    out_append(o, "},\n");
+}
+
+/* "key": [v, ...] in a JSON object being written */
+static void out_list_u64(kvp_bench_out_t *o, const char *key, const uint64_t *v, size_t n)
+{
+    out_key(o, key);
+    out_append(o, "[");
+    for (size_t i = 0; i < n; i++)
+        out_append(o, "%s%llu", i ? ", " : "", (unsigned long long)v[i]);
+    out_append(o, "]");
+}
+
+static void out_list_unsigned(kvp_bench_out_t *o, const char *key, const unsigned *v, size_t n)
+{
+    out_key(o, key);
+    out_append(o, "[");
+    for (size_t i = 0; i < n; i++)
+        out_append(o, "%s%u", i ? ", " : "", v[i]);
+    out_append(o, "]");
+}
+
+static void params_json(kvp_bench_out_t *o, const kvp_bench_opts_t *p, const char *mode)
+{
+    out_append(o, "  \"params\": {");
+    o->fields = 0;
+    kvp_bench_result_str(o, "mode", mode);
+    kvp_bench_result_str(o, "master", p->local ? "local" : (p->master ? p->master : ""));
+    kvp_bench_result_int(o, "segments", p->segments);
+    kvp_bench_result_int(o, "segment_size", (int64_t)p->segment_size);
+    kvp_bench_result_str(o, "segment_records", p->segment_records ? "on" : "off");
+    out_key(o, "transports");
+    out_append(o, "[");
+    for (size_t i = 0; i < p->n_transports; i++)
+        out_append(o, "%s\"%s\"", i ? ", " : "", p->transports[i]);
+    out_append(o, "]");
+    out_list_u64(o, "sizes", p->sizes, p->n_sizes);
+    out_list_unsigned(o, "batches", p->batches, p->n_batches);
+    kvp_bench_result_int(o, "threads", p->threads);
+    out_list_unsigned(o, "thread_counts", p->thread_counts, p->n_thread_counts);
+    kvp_bench_result_str(o, "clients",
+                         p->clients_shared && p->clients_own ? "both"
+                         : p->clients_shared                 ? "shared"
+                                                             : "per-thread");
+    kvp_bench_result_str(o, "loop", p->loop ? p->loop : "none");
+    out_list_unsigned(o, "pieces", p->pieces, p->n_pieces);
+    kvp_bench_result_num(o, "duration_s", p->duration_s);
+    kvp_bench_result_int(o, "crc", 1);
+    kvp_bench_result_int(o, "no_crc_too", p->no_crc);
+    out_list_u64(o, "meta_objects", p->meta_objects, p->n_meta_objects);
+    kvp_bench_result_int(o, "alloc_arena", (int64_t)p->alloc_segment);
+    kvp_bench_result_str(o, "trace", p->trace_path ? p->trace_path : "");
+    kvp_bench_result_int(o, "block_bytes", (int64_t)p->block_bytes);
+    out_key(o, "capacities");
+    out_append(o, "[");
+    for (size_t i = 0; i < p->n_capacities; i++)
+        out_append(o, "%s%g", i ? ", " : "", p->capacities[i]);
+    out_append(o, "]");
+    kvp_bench_result_int(o, "trace_limit", (int64_t)p->trace_limit);
+    kvp_bench_result_str(o, "eviction", p->trace_client_lru ? "client-lru" : "store");
+    kvp_bench_result_str(o, "ssd_dir", p->ssd_dir);
+    kvp_bench_result_int(o, "ssd_file_size", (int64_t)p->ssd_file_size);
+    kvp_bench_result_int(o, "ssd_size", (int64_t)p->ssd_size);
+    kvp_bench_result_int(o, "ssd_objects", (int64_t)p->ssd_objects);
+    kvp_bench_result_num(o, "ssd_capacity", p->ssd_capacity);
+    kvp_bench_result_int(o, "ha_objects", (int64_t)p->ha_objects);
+    kvp_bench_result_int(o, "ha_rounds", p->ha_rounds);
+    kvp_bench_result_int(o, "leader_ttl", p->leader_ttl);
+    out_append(o, "},\n");
+}
+
+int kvp_bench_json_write(const kvp_bench_out_t *results, const kvp_bench_opts_t *o,
+                         const char *mode)
+{
+    int rc = 0;
+    kvp_bench_out_t doc;
+    kvp_bench_out_init(&doc);
+    out_append(&doc, "{\n");
+    machine_json(&doc);
+    params_json(&doc, o, mode);
+    out_append(&doc, "  \"results\": [%s\n  ]\n}\n", results->buf ? results->buf : "");
+    FILE *f = fopen(o->json_path, "we");
+    if (f == NULL || fwrite(doc.buf, 1, doc.len, f) != doc.len || fclose(f) != 0) {
+        fprintf(stderr, "kvpool-bench: cannot write %s: %s\n", o->json_path, strerror(errno));
+        rc = -1;
+    }
+    kvp_bench_out_cleanup(&doc);
+    return rc;
+}
+
+/* ---------------- time, stats, progress, rss ---------------- */
+
+double kvp_bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void kvp_bench_lat_add(kvp_bench_lat_t *l, double x)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 1024;
+        double *p = realloc(l->v, cap * sizeof(*p));
+        if (p == NULL)
+            return;
+        l->v = p;
+        l->cap = cap;
+    }
+    l->v[l->n++] = x;
+}
+
+double kvp_bench_percentile(double *v, size_t n, double p)
+{
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof(*v), cmp_double);
+    double rank = p / 100.0 * (double)(n - 1);
+    size_t lo = (size_t)rank;
+    size_t hi = lo + 1 < n ? lo + 1 : lo;
+    double f = rank - (double)lo;
+    return v[lo] * (1 - f) + v[hi] * f;
+}
+
+void kvp_bench_progress(const kvp_bench_opts_t *o, const char *fmt, ...)
+{
+    if (o->quiet || !isatty(2))
+        return;
+    char line[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\r\033[K%s", line);
+}
+
+void kvp_bench_progress_done(const kvp_bench_opts_t *o)
+{
+    if (!o->quiet && isatty(2))
+        fprintf(stderr, "\r\033[K");
+}
+
+long long kvp_bench_rss_bytes(pid_t pid)
+{
+    char path[64], line[256];
+    if (pid == 0)
+        snprintf(path, sizeof(path), "/proc/self/status");
+    else
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return -1;
+    long long kib = -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %lld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib < 0 ? -1 : kib * 1024;
+}
+
+int kvp_bench_pool_stat(kvp_client_t *c, const char *mode, kvp_pool_stat_t *ps_p)
+{
+    kvp_pool_stat_t *p = NULL;
+    kvp_status_t st = kvp_pool_stat(c, &p);
+    if (st != KVP_OK || p == NULL) {
+        fprintf(stderr, "kvpool-bench: %s: pool stat: %s\n", mode, kvp_strerror(st));
+        return -1;
+    }
+    *ps_p = *p;
+    ps_p->segments = NULL;
+    ps_p->n_segments = 0;
+    kvp_pool_stat_free(p);
+    return 0;
+}
+
+/* ---------------- local cluster ---------------- */
+
+static char self_dir[PATH_MAX];
+static pid_t local_master_pid = -1;
+/* --segment-records of the local masters whose start does not say */
+static const char *segment_records = "on";
+
+void kvp_bench_cluster_init(bool records)
+{
+    char exe[PATH_MAX];
+    ssize_t el = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    if (el > 0) {
+        exe[el] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash)
+            *slash = '\0';
+        snprintf(self_dir, sizeof(self_dir), "%s", exe);
+    }
+    segment_records = records ? "on" : "off";
+}
+
+pid_t kvp_bench_master_pid(void)
+{
+    return local_master_pid;
+}
+
+const char *kvp_bench_find_bin(const char *name)
+{
+    static char found[4][PATH_MAX];
+    static int next;
+    char *out = found[next++ % 4];
+    const char *env =
+        strcmp(name, "kvpool-master") == 0 ? getenv("KVPOOL_MASTER_BIN") : getenv("KVPOOL_CLI_BIN");
+    if (env != NULL && access(env, X_OK) == 0)
+        return env;
+    /* installed side by side, or the build tree (client/ and master/) */
+    const char *rel[] = {"%s/%s", "%s/../master/%s", "%s/../client/%s"};
+    for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
+        snprintf(out, PATH_MAX, rel[i], self_dir, name);
+        if (access(out, X_OK) == 0)
+            return out;
+    }
+    return name; /* PATH */
+}
+
+/* Start argv with fd 3 a pipe; read one line into `line`. Returns the pid or -1. */
+static pid_t spawn_ready(char *const argv[], char *line, size_t len)
+{
+    int pfd[2];
+    if (pipe2(pfd, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(pfd[1], 3);
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0)
+            dup2(devnull, 1);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t got = 0;
+    line[0] = '\0';
+    while (pid > 0 && got < len - 1) {
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        if (poll(&p, 1, 15000) <= 0)
+            break;
+        ssize_t n = read(pfd[0], line + got, len - 1 - got);
+        if (n <= 0)
+            break;
+        got += (size_t)n;
+        line[got] = '\0';
+        char *nl = strchr(line, '\n');
+        if (nl) {
+            *nl = '\0';
+            close(pfd[0]);
+            return pid;
+        }
+    }
+    close(pfd[0]);
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    fprintf(stderr, "kvpool-bench: %s did not start\n", argv[0]);
+    return -1;
+}
+
+int kvp_bench_cluster_start(kvp_bench_cluster_t *c, unsigned n, uint64_t seg_size)
+{
+    kvp_bench_cluster_params_t p = {.n = n, .seg_size = seg_size};
+    return kvp_bench_cluster_start_params(c, &p);
+}
+
+pid_t kvp_bench_master_start(const char *listen, const char *records, const char *const *flags,
+                             char *addr, size_t len)
+{
+    char *margv[32] = {(char *)kvp_bench_find_bin("kvpool-master"),
+                       "--listen",
+                       (char *)(listen != NULL ? listen : "127.0.0.1:0"),
+                       "--ready-fd",
+                       "3",
+                       "--log-level",
+                       "warn",
+                       "--segment-records",
+                       (char *)(records != NULL ? records : segment_records)};
+    size_t na = 9;
+    for (size_t i = 0; flags != NULL && flags[i] != NULL && na < 31; i++)
+        margv[na++] = (char *)flags[i];
+    margv[na] = NULL;
+    return spawn_ready(margv, addr, len);
+}
+
+/* One `kvpool serve` of seg_size bytes of DRAM, and an SSD segment when ssd_path is set. */
+static pid_t serve_start(const char *master, uint64_t seg_size, const char *ssd_path,
+                         uint64_t ssd_bytes)
+{
+    char name[256], size[32], ssd_size[32];
+    snprintf(size, sizeof(size), "%llu", (unsigned long long)seg_size);
+    snprintf(ssd_size, sizeof(ssd_size), "%llu", (unsigned long long)ssd_bytes);
+    char *sargv[16] = {(char *)kvp_bench_find_bin("kvpool"),
+                       "--master",
+                       (char *)master,
+                       "serve",
+                       "--segment-size",
+                       size,
+                       "--ready-fd",
+                       "3"};
+    if (ssd_path != NULL) {
+        sargv[8] = "--ssd-path";
+        sargv[9] = (char *)ssd_path;
+        sargv[10] = "--ssd-size";
+        sargv[11] = ssd_size;
+    }
+    return spawn_ready(sargv, name, sizeof(name));
+}
+
+pid_t kvp_bench_serve_start(const char *master, uint64_t seg_size)
+{
+    return serve_start(master, seg_size, NULL, 0);
+}
+
+int kvp_bench_cluster_start_params(kvp_bench_cluster_t *c, const kvp_bench_cluster_params_t *p)
+{
+    memset(c, 0, sizeof(*c));
+    c->master_pid = kvp_bench_master_start(NULL, p->segment_records, p->master_flags,
+                                           c->master_addr, sizeof(c->master_addr));
+    if (c->master_pid < 0)
+        return -1;
+    local_master_pid = c->master_pid;
+    for (unsigned i = 0; i < p->n && i < 64; i++) {
+        pid_t pid =
+            serve_start(c->master_addr, p->seg_size, i == 0 ? p->ssd_path : NULL, p->ssd_size);
+        if (pid < 0) {
+            kvp_bench_cluster_stop(c);
+            return -1;
+        }
+        c->seg_pids[c->n_segs++] = pid;
+    }
+    return 0;
+}
+
+void kvp_bench_stop_pid(pid_t pid)
+{
+    if (pid <= 0)
+        return;
+    kill(pid, SIGTERM);
+    for (int i = 0; i < 1000; i++) {
+        if (waitpid(pid, NULL, WNOHANG) == pid)
+            return;
+        usleep(10000);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+void kvp_bench_cluster_stop(kvp_bench_cluster_t *c)
+{
+    for (unsigned i = 0; i < c->n_segs; i++)
+        kvp_bench_stop_pid(c->seg_pids[i]);
+    c->n_segs = 0;
+    kvp_bench_stop_pid(c->master_pid);
+    c->master_pid = 0;
+    local_master_pid = -1;
+}

@@ -1,0 +1,110 @@
+/*
+ * engine.h - the transfer engine (engine.c): the transports of the priority
+ * list (transport.h), the buffers registered with them (mem/registry.c), the
+ * stagers for memory a transport cannot reach, and the batch runner every
+ * object flow calls.
+ *
+ * Thread: kvp_transfer_run from any client thread at once; init/cleanup on the
+ * thread that creates/destroys the client.
+ */
+#ifndef KVP_CLIENT_TRANSFER_ENGINE_H
+#define KVP_CLIENT_TRANSFER_ENGINE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "client/mem/registry.h"
+#include "client/transfer/peer.h"
+#include "client/transfer/transport.h"
+#include "client/transfer/xfer.h"
+#include "common/status.h"
+
+/* Most stagers of one kind (host, gpu) one engine makes; threads beyond wait for one. */
+#define KVP_STAGERS_MAX 4
+
+typedef struct kvp_stager_pool {
+    pthread_mutex_t lock; /* taken to take or give back a stager, never across its use */
+    pthread_cond_t cond;
+    unsigned n[2];                               /* made, per kind */
+    unsigned n_free[2];                          /* free[kind][0..n_free) */
+    struct kvp_stager *all[2][KVP_STAGERS_MAX];  /* for destroy */
+    struct kvp_stager *free[2][KVP_STAGERS_MAX]; /* ready to take */
+} kvp_stager_pool_t;
+
+typedef struct kvp_transfer {
+    /* settings, filled by the client before kvp_transfer_init */
+    kvp_transport_id_t forced;
+    char host_id[128];
+    uint64_t client_id;
+    uint32_t timeout_ms;
+    uint32_t tcp_streams;
+    uint64_t tcp_slice;
+    char rdma_devices[256]; /* device list, "" = auto */
+    char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
+    uint32_t rdma_qps;      /* QPs per peer */
+    uint64_t rdma_slice;    /* stripe size */
+    /* the priority list to create; NULL: kvp_transports (tests put fakes here) */
+    const kvp_transport_ops_t *const *list;
+
+    char why[512]; /* why the last transport that could not be created could not */
+    bool gpu;      /* the CUDA driver is loaded: device pointers are possible */
+    kvp_transport_t tps[KVP_TP_MAX]; /* created, in priority order */
+    unsigned n_tps;
+    kvp_mem_registry_t mem; /* registered buffers (client/mem/registry.c) */
+    /* our own segment, once served (shm maps it no second time; ops on it may be
+     * zero-copy on the transports that registered it to serve it) */
+    void *seg_base;
+    uint64_t seg_size;
+    uint32_t seg_tp_regs;
+    kvp_stager_pool_t stagers;
+    kvp_xfer_stats_t stats; /* what this client moved, as initiator */
+} kvp_transfer_t;
+
+/* Create the transports of the list (only the forced one when one is forced). */
+kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer);
+/* Peers must be gone (their transports' state detached) before this. */
+void kvp_transfer_cleanup(kvp_transfer_t *xfer);
+/* Choose the peer's transport if not done yet (the first transport of the list that
+ * attaches it). Thread: any; the first caller does the work under peer->tp_lock. */
+void kvp_transfer_attach(kvp_transfer_t *xfer, kvp_peer_t *peer);
+/* Which transport ops to this peer use (attaching it first if needed);
+ * KVP_TRANSPORT_AUTO: none reaches it. */
+kvp_transport_id_t kvp_transfer_route(kvp_transfer_t *xfer, kvp_peer_t *peer);
+/* Undo every transport's attach of the peer (kvp_peer_unref, last reference). */
+void kvp_transfer_detach_peer(kvp_peer_t *peer);
+/* Is the peer's owner known to be gone (a transport says so)? */
+bool kvp_transfer_peer_stale(kvp_transfer_t *xfer, kvp_peer_t *peer);
+/* Run a batch of ops, each on its peer's transport (staged when that transport
+ * cannot reach the op's buffer). Sets each op's status. Allocates nothing after
+ * the calling thread's first batches (per-thread scratch, kept). */
+void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n);
+/* The memory kind of [addr, addr+len): the registry's when registered (*region_p the
+ * region, NULL otherwise), else the driver's answer (unregistered memory). Thread: any, no
+ * lock. */
+kvp_mem_kind_t kvp_transfer_mem_find(kvp_transfer_t *xfer, const void *addr, size_t len,
+                                     const kvp_mem_region_t **region_p);
+/* kvp_register_buffer's transport side (the registry's lock held): register with
+ * every transport that wants it; *tp_regs_p gets a bit per transport that did.
+ * Memory a transport could not register is staged on it, unless that transport
+ * is forced (then the registration fails). */
+kvp_status_t kvp_transfer_register(kvp_transfer_t *xfer, void *addr, size_t len,
+                                   kvp_mem_kind_t kind, uint32_t *tp_regs_p);
+void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr, uint32_t tp_regs);
+/* Serve our segment on the transports that serve (rdma: register + listen). */
+kvp_status_t kvp_transfer_serve_segment(kvp_transfer_t *xfer, void *base, uint64_t size,
+                                        char *endpoint, size_t endpoint_len, uint64_t *addr_p,
+                                        uint32_t *rkey_p);
+
+/* Register [addr, addr+len) (kvp_register_buffer): find its memory kind, register it with
+ * every transport that wants it, add it to the registry. KVP_ERR_INVALID_ARG (overlaps a
+ * registered buffer), or a forced transport's refusal. Thread: any (the registry's lock). */
+kvp_status_t kvp_transfer_register_buffer(kvp_transfer_t *xfer, void *addr, size_t len);
+/* Undo kvp_transfer_register_buffer for the buffer starting at addr; KVP_ERR_NOT_FOUND. */
+kvp_status_t kvp_transfer_unregister_buffer(kvp_transfer_t *xfer, void *addr);
+
+/* The identity of this host for shm routing: boot id + pid namespace. */
+void kvp_host_id(char *buf, size_t len);
+
+#endif

@@ -1,0 +1,49 @@
+/*
+ * wire.h - the tcp data plane's wire format (docs/protocol.md): the request
+ * and reply headers a tcp transport sends and a data server (a DRAM
+ * segment's, segment/segment_server.c; an SSD segment's, ssd/ssd_server.c)
+ * reads.
+ *
+ * Little-endian host order (x86-64, aarch64); every size is pinned below.
+ */
+#ifndef KVP_CLIENT_TRANSPORT_WIRE_H
+#define KVP_CLIENT_TRANSPORT_WIRE_H
+
+#include <stdint.h>
+
+#define KVP_DATA_MAGIC 0x4450564Bu /* "KVPD" little-endian */
+#define KVP_DATA_READ 1
+#define KVP_DATA_WRITE 2
+/* Vectored: `offset` carries the entry count n (1..KVP_DATA_VEC_MAX), `length` the sum of the
+ * entries' lengths, segment_id is 0; n kvp_data_vec_t follow the header (then, for WRITEV,
+ * the entries' payloads back to back). One response for the whole chain. */
+#define KVP_DATA_READV 3
+#define KVP_DATA_WRITEV 4
+#define KVP_DATA_VEC_MAX 256
+
+typedef struct kvp_data_req {
+    uint32_t magic;
+    uint16_t op;
+    uint16_t flags;
+    uint64_t segment_id;
+    uint64_t offset;
+    uint64_t length;
+} kvp_data_req_t; /* 32 bytes, little-endian host order (x86-64, aarch64) */
+
+typedef struct kvp_data_resp {
+    uint32_t magic;
+    int32_t status;
+    uint64_t length; /* READ(V): payload bytes that follow when status == 0 */
+} kvp_data_resp_t;   /* 16 bytes */
+
+typedef struct kvp_data_vec {
+    uint64_t segment_id;
+    uint64_t offset;
+    uint64_t length;
+} kvp_data_vec_t; /* 24 bytes: one extent of a READV/WRITEV */
+
+_Static_assert(sizeof(kvp_data_vec_t) == 24, "data vector entry is 24 bytes");
+_Static_assert(sizeof(kvp_data_req_t) == 32, "data request header is 32 bytes");
+_Static_assert(sizeof(kvp_data_resp_t) == 16, "data response header is 16 bytes");
+
+#endif

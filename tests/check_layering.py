@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Include layering of the tree: lower folders never include upward, no circles.
+
+The client's folders stand in layers, lowest first (docs/architecture.md, "Where
+the code lives"):
+
+    include/   the installed headers: include nothing of the library
+    mem/       registered buffers, the GPU driver, thread buffers
+    transfer/  the engine, its ops (xfer.h), peers, the transport interface
+    transport/ tcp, shm, rdma (implement transfer/transport.h) and the tcp wire format
+    segment/   this client's DRAM segment: its memory, data server, record
+    control/   the session with the master, heartbeat, record sync, drain
+    ssd/       the SSD segment (its own master connection, records, offloads)
+    (top)      client/*.c|h: the public API (client.c, object.c, admin.c, ...)
+    tools/ python/  programs on the public API (and the few internals they need)
+
+A file may include a header of its own folder or of a lower one; anything else is
+an upward include. Across the tree: common/ includes neither master/ nor client/,
+and those two never include each other.
+
+A circle is a set of modules (X.c with X.h) that include each other, directly or
+through others (strongly connected components of the module graph).
+
+    tests/check_layering.py [--root DIR] [--rev GIT_REV] [--dot]
+
+Prints every violation and circle and a summary line; exits 1 if there is any.
+--rev reads the tree of a git revision instead of the work tree (to compare
+before and after); --dot prints the client's module graph for graphviz.
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+
+CLIENT_RANK = {
+    "include": 0,
+    "mem": 1,
+    "transfer": 2,
+    "transport": 3,
+    "segment": 4,
+    "control": 5,
+    "ssd": 6,
+    "": 7,  # client/*.c|h: the API level
+    "tools": 8,
+    "python": 8,
+}
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def list_files(root, rev):
+    if rev:
+        out = subprocess.run(["git", "-C", root, "ls-tree", "-r", "--name-only", rev],
+                             check=True, capture_output=True, text=True).stdout
+        names = out.split()
+    else:
+        names = []
+        for d in ("client", "common", "master"):
+            for dirpath, _, fnames in os.walk(os.path.join(root, d)):
+                names += [os.path.relpath(os.path.join(dirpath, f), root) for f in fnames]
+    return sorted(n for n in names if n.endswith((".c", ".h")))
+
+
+def read(root, rev, name):
+    if rev:
+        return subprocess.run(["git", "-C", root, "show", f"{rev}:{name}"], check=True,
+                              capture_output=True, text=True).stdout
+    with open(os.path.join(root, name), encoding="utf-8", errors="replace") as f:
+        return f.read()
+
+
+def client_folder(path):
+    """The client folder of a path under client/ ('' for the top), or None."""
+    parts = path.split("/")
+    if parts[0] != "client":
+        return None
+    return parts[1] if len(parts) > 2 else ""
+
+
+def module(path):
+    return os.path.splitext(path)[0]
+
+
+def sccs(graph):
+    """Tarjan's strongly connected components (iterative)."""
+    index, low, on, stack, out = {}, {}, set(), [], []
+    counter = [0]
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter[0]
+        counter[0] += 1
+        stack.append(start)
+        on.add(start)
+        while work:
+            v, it = work[-1]
+            advanced = False
+            for w in it:
+                if w not in graph:
+                    continue
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                    advanced = True
+                    break
+                if w in on:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
+    ap.add_argument("--rev")
+    ap.add_argument("--dot", action="store_true")
+    args = ap.parse_args()
+    root = os.path.abspath(args.root)
+    files = list_files(root, args.rev)
+    present = set(files)
+
+    upward, crossing = [], []
+    graph = {}
+    for f in files:
+        top = f.split("/")[0]
+        if top not in ("client", "common", "master"):
+            continue
+        for inc in INCLUDE_RE.findall(read(root, args.rev, f)):
+            if inc not in present:
+                continue  # generated (kvpool.pb-c.h) or system-like
+            itop = inc.split("/")[0]
+            if (top == "common" and itop in ("client", "master")) or \
+               (top == "master" and itop == "client") or (top == "client" and itop == "master"):
+                crossing.append((f, inc))
+            if top != "client" or itop != "client":
+                continue
+            ff, fi = client_folder(f), client_folder(inc)
+            if ff not in CLIENT_RANK or fi not in CLIENT_RANK:
+                print(f"unknown client folder: {f} or {inc}")
+                return 2
+            if fi != ff and CLIENT_RANK[fi] >= CLIENT_RANK[ff]:
+                upward.append((f, inc))
+            if ff in ("tools", "python") or module(f) == module(inc):
+                continue
+            graph.setdefault(module(f), set()).add(module(inc))
+            graph.setdefault(module(inc), set())
+
+    circles = sccs(graph)
+    if args.dot:
+        print("digraph client {")
+        for m in sorted(graph):
+            for t in sorted(graph[m]):
+                print(f'  "{m}" -> "{t}";')
+        print("}")
+    for f, inc in upward:
+        print(f"upward include: {f} -> {inc}")
+    for f, inc in crossing:
+        print(f"include across master/client/common: {f} -> {inc}")
+    for c in circles:
+        print("circle: " + " <-> ".join(c))
+    print(f"layering: {len(upward)} upward includes, {len(crossing)} across master/client/common, "
+          f"{len(circles)} circles")
+    return 1 if upward or crossing or circles else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
