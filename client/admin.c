@@ -43,6 +43,7 @@ static kvp_status_t list_keys_impl(kvp_client_t *c, const char *pattern, size_t 
         if (lr->status != KVP_OK) {
             st = lr->status;
             KVP_LOG_WARN("list: %s", lr->message);
+            kvp_api_fail("list: %s", lr->message);
             kvpool__list_response__free_unpacked(lr, NULL);
             break;
         }
@@ -120,8 +121,10 @@ static kvp_status_t remove_regex(kvp_client_t *c, const char *pattern, bool all,
     if (rr == NULL)
         return st;
     st = rr->status;
-    if (st != KVP_OK)
+    if (st != KVP_OK) {
         KVP_LOG_WARN("remove by regex: %s", rr->message);
+        kvp_api_fail("remove by regex: %s", rr->message);
+    }
     if (removed_p)
         *removed_p = rr->removed;
     kvpool__remove_by_regex_response__free_unpacked(rr, NULL);

@@ -138,6 +138,35 @@ static kvp_status_t auth_param(kvp_client_t *c)
     return KVP_ERR_INVALID_ARG;
 }
 
+/* A parameter, else its environment variable; an empty one is unset. */
+static const char *param_env(const char *v, const char *env)
+{
+    if (v == NULL)
+        v = getenv(env);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+/* TLS to the master and the token (docs/operations.md, "Security"). */
+static kvp_status_t tls_param(kvp_client_t *c)
+{
+    kvp_tls_params_t tp = {.cert = param_env(c->params.tls_cert, "KVPOOL_TLS_CERT"),
+                           .key = param_env(c->params.tls_key, "KVPOOL_TLS_KEY"),
+                           .ca = param_env(c->params.tls_ca, "KVPOOL_TLS_CA")};
+    c->token = param_env(c->params.token, "KVPOOL_TOKEN");
+    if (tp.cert == NULL && tp.key == NULL && tp.ca == NULL) {
+        if (c->token == NULL)
+            return KVP_OK;
+        kvp_api_fail("create: a token (KVPOOL_TOKEN) is only ever sent over TLS: give the CA "
+                     "of the master's certificate too (KVPOOL_TLS_CA)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    char err[512];
+    kvp_status_t st = kvp_tls_create(&tp, false, &c->tls, err, sizeof(err));
+    if (st != KVP_OK)
+        kvp_api_fail("create: %s", err);
+    return st;
+}
+
 /* The rest of the parameters: checked, defaults filled in, the engine's copies set. */
 static kvp_status_t other_params(kvp_client_t *c)
 {
@@ -200,10 +229,18 @@ static kvp_status_t control_start(kvp_client_t *c)
                                .timeout_ms = c->params.rpc_timeout_ms,
                                .client_id = c->client_id,
                                .seg = c->seg,
-                               .peers = &c->peers};
+                               .peers = &c->peers,
+                               .tls = c->tls,
+                               .token = c->token};
+    char why[320] = "";
+    sp.err = why;
+    sp.err_len = sizeof(why);
     kvp_status_t st = kvp_session_open(&sp, &c->session);
-    if (st != KVP_OK)
+    if (st != KVP_OK) {
+        if (why[0] != '\0')
+            kvp_api_fail("create: %s", why);
         return st;
+    }
     kvp_heartbeat_params_t hp = {.drain = kvp_client_drain_params(c),
                                  .client_id = c->client_id,
                                  .interval_ms = c->params.heartbeat_ms,
@@ -241,7 +278,9 @@ static kvp_status_t ssd_start(kvp_client_t *c, const char *host)
                                 .timeout_ms = c->params.rpc_timeout_ms,
                                 .client_id = c->client_id,
                                 .xfer = &c->xfer,
-                                .peers = &c->peers};
+                                .peers = &c->peers,
+                                .tls = c->tls,
+                                .token = c->token};
     char why[1024] = "";
     kvp_status_t st = kvp_ssd_owner_start(&p, &c->ssd, why, sizeof(why));
     if (st != KVP_OK && why[0] != '\0')
@@ -275,6 +314,7 @@ static void client_free(kvp_client_t *c, bool unmount)
     kvp_peers_cleanup(&c->peers);   /* detaches them from the transports */
     kvp_transfer_cleanup(&c->xfer); /* deregisters the buffers (and the segment) still registered */
     kvp_segment_destroy(c->seg);    /* unmapped only now */
+    kvp_tls_destroy(c->tls);        /* every connection that used it is closed */
     free(c);
 }
 
@@ -297,6 +337,8 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         st = transport_params(c);
     if (st == KVP_OK)
         st = auth_param(c);
+    if (st == KVP_OK)
+        st = tls_param(c);
     if (st == KVP_OK)
         st = other_params(c);
     if (st != KVP_OK)

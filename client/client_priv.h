@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/tls.h"
 #include "client/control/discovery.h"
 #include "client/control/heartbeat.h"
 #include "client/control/record_sync.h"
@@ -31,6 +32,8 @@ struct kvp_client {
     uint16_t master_port;
     uint64_t client_id;
     bool protected_mode; /* our data servers take peers of this host only (params.auth) */
+    kvp_tls_t *tls;      /* TLS to the master (params.tls_*, KVPOOL_TLS_*); NULL: plain */
+    const char *token;   /* params.token or KVPOOL_TOKEN, during create only (mconn copies) */
 
     kvp_transfer_t xfer; /* the engine, with the registered buffers */
     kvp_peers_t peers;   /* every segment we know of */

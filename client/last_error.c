@@ -24,6 +24,7 @@
 
 #include "client/api.h"
 #include "client/mem/scratch.h"
+#include "common/status.h"
 
 static _Thread_local struct {
     char text[512];  /* the last failure's, returned to the user */
@@ -36,6 +37,7 @@ static _Thread_local struct {
 void kvp_api_enter(void)
 {
     if (tl.depth++ == 0) {
+        (void)kvp_status_note_take(); /* a refusal of an earlier call */
         tl.noted = false;
         tl.key = NULL;
     }
@@ -49,8 +51,11 @@ int64_t kvp_api_leave(int64_t rc, const char *op)
         kvp_scratch_release(0); /* the call's per-batch state */
     if (tl.depth > 0 || rc >= 0)
         return rc;
-    if (tl.noted)
+    const char *peer = kvp_status_note_take(); /* the master's own words, when it refused */
+    if (tl.noted && !(peer != NULL && rc == KVP_ERR_DENIED))
         memcpy(tl.text, tl.note, sizeof(tl.text));
+    else if (peer != NULL)
+        snprintf(tl.text, sizeof(tl.text), "%s: %s", op, peer);
     else
         snprintf(tl.text, sizeof(tl.text), "%s: %s", op, kvp_strerror((kvp_status_t)rc));
     return rc;

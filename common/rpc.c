@@ -99,8 +99,19 @@ kvp_status_t kvp_rpc_frame_scan(const uint8_t *buf, size_t len, uint32_t max_bod
     return len >= *frame_len_p ? KVP_OK : KVP_ERR_PENDING;
 }
 
-kvp_status_t kvp_rpc_send(int fd, uint16_t method, uint64_t request_id, const void *body,
-                          size_t body_len)
+/* The two ways frames travel: a plain socket (fd) or a channel (ch, TLS or not). */
+typedef struct rpc_io {
+    int fd;
+    kvp_chan_t *ch;
+} rpc_io_t;
+
+static kvp_status_t io_recv(const rpc_io_t *io, void *buf, size_t len)
+{
+    return io->ch ? kvp_chan_recv_all(io->ch, buf, len) : kvp_recv_all(io->fd, buf, len);
+}
+
+static kvp_status_t rpc_send(const rpc_io_t *io, uint16_t method, uint64_t request_id,
+                             const void *body, size_t body_len)
 {
     if (body_len > KVP_RPC_MAX_BODY)
         return KVP_ERR_FRAME_TOO_LARGE;
@@ -108,21 +119,24 @@ kvp_status_t kvp_rpc_send(int fd, uint16_t method, uint64_t request_id, const vo
     kvp_rpc_hdr_t hdr = {
         .method = method, .request_id = request_id, .body_len = (uint32_t)body_len};
     kvp_rpc_hdr_pack(&hdr, hb);
+    if (io->ch != NULL)
+        return kvp_chan_send2(io->ch, hb, sizeof(hb), body, body_len);
     struct iovec iov[2] = {{.iov_base = hb, .iov_len = sizeof(hb)},
                            {.iov_base = (void *)body, .iov_len = body_len}};
-    return kvp_sendv_all(fd, iov, body_len ? 2 : 1);
+    return kvp_sendv_all(io->fd, iov, body_len ? 2 : 1);
 }
 
-kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const void *body,
-                          size_t body_len, uint8_t **resp_p, size_t *resp_len_p)
+static kvp_status_t rpc_call(const rpc_io_t *io, uint16_t method, uint64_t request_id,
+                             const void *body, size_t body_len, uint8_t **resp_p,
+                             size_t *resp_len_p)
 {
-    kvp_status_t status = kvp_rpc_send(fd, method, request_id, body, body_len);
+    kvp_status_t status = rpc_send(io, method, request_id, body, body_len);
     if (status != KVP_OK)
         return status;
     uint8_t hb[KVP_RPC_HDR_LEN];
 
     for (;;) {
-        status = kvp_recv_all(fd, hb, sizeof(hb));
+        status = io_recv(io, hb, sizeof(hb));
         if (status != KVP_OK)
             return status;
         kvp_rpc_hdr_t rh;
@@ -134,7 +148,7 @@ kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const vo
             rb = malloc(rh.body_len + 1);
             if (rb == NULL)
                 return KVP_ERR_NOMEM;
-            status = kvp_recv_all(fd, rb, rh.body_len);
+            status = io_recv(io, rb, rh.body_len);
             if (status != KVP_OK) {
                 free(rb);
                 return status;
@@ -149,6 +163,8 @@ kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const vo
         if (rh.status != 0) {
             KVP_LOG_WARN("master refused request (method %u): %s", method,
                          rb ? (char *)rb : kvp_strerror(rh.status));
+            if (rb != NULL)
+                kvp_status_note((char *)rb);
             free(rb);
             return rh.status < KVP_STATUS_MIN || rh.status > 0 ? KVP_ERR_PROTOCOL
                                                                : (kvp_status_t)rh.status;
@@ -161,4 +177,33 @@ kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const vo
         *resp_len_p = rh.body_len;
         return KVP_OK;
     }
+}
+
+kvp_status_t kvp_rpc_send(int fd, uint16_t method, uint64_t request_id, const void *body,
+                          size_t body_len)
+{
+    rpc_io_t io = {.fd = fd};
+    return rpc_send(&io, method, request_id, body, body_len);
+}
+
+kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const void *body,
+                          size_t body_len, uint8_t **resp_p, size_t *resp_len_p)
+{
+    rpc_io_t io = {.fd = fd};
+    return rpc_call(&io, method, request_id, body, body_len, resp_p, resp_len_p);
+}
+
+kvp_status_t kvp_rpc_chan_send(kvp_chan_t *ch, uint16_t method, uint64_t request_id,
+                               const void *body, size_t body_len)
+{
+    rpc_io_t io = {.fd = -1, .ch = ch};
+    return rpc_send(&io, method, request_id, body, body_len);
+}
+
+kvp_status_t kvp_rpc_chan_call(kvp_chan_t *ch, uint16_t method, uint64_t request_id,
+                               const void *body, size_t body_len, uint8_t **resp_p,
+                               size_t *resp_len_p)
+{
+    rpc_io_t io = {.fd = -1, .ch = ch};
+    return rpc_call(&io, method, request_id, body, body_len, resp_p, resp_len_p);
 }

@@ -27,6 +27,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "common/tls.h"
 
 #define KVP_RPC_MAGIC 0x3150564Bu
 #define KVP_RPC_VERSION 2
@@ -56,7 +57,8 @@ typedef enum kvp_rpc_method {
     KVP_RPC_SSD_TASKS = 19,     /* the master may hold the answer up to ~1 s (long poll) */
     KVP_RPC_ADOPT = 20,         /* a segment's owner offers what it holds (after a mount) */
     KVP_RPC_SEG_RECORD = 21,    /* long poll, like SSD_TASKS */
-    KVP_RPC_METHOD_MAX = 21,
+    KVP_RPC_AUTH = 22,          /* a token, the first request on a TLS connection (server.c) */
+    KVP_RPC_METHOD_MAX = 22,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {
@@ -107,5 +109,12 @@ kvp_status_t kvp_rpc_send(int fd, uint16_t method, uint64_t request_id, const vo
  */
 kvp_status_t kvp_rpc_call(int fd, uint16_t method, uint64_t request_id, const void *body,
                           size_t body_len, uint8_t **resp_p, size_t *resp_len_p);
+
+/* The same two over a channel (common/tls.h: TLS or plain). */
+kvp_status_t kvp_rpc_chan_send(kvp_chan_t *ch, uint16_t method, uint64_t request_id,
+                               const void *body, size_t body_len);
+kvp_status_t kvp_rpc_chan_call(kvp_chan_t *ch, uint16_t method, uint64_t request_id,
+                               const void *body, size_t body_len, uint8_t **resp_p,
+                               size_t *resp_len_p);
 
 #endif

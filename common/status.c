@@ -6,6 +6,8 @@
  */
 #include "common/status.h"
 
+#include <stdbool.h>
+
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -58,4 +60,21 @@ void kvp_errf(char *err, size_t err_len, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(err, err_len, fmt, ap);
     va_end(ap);
+}
+
+static __thread char note_text[512];
+static __thread bool note_set;
+
+void kvp_status_note(const char *text)
+{
+    snprintf(note_text, sizeof(note_text), "%s", text);
+    note_set = true;
+}
+
+const char *kvp_status_note_take(void)
+{
+    if (!note_set)
+        return NULL;
+    note_set = false;
+    return note_text;
 }

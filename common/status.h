@@ -32,6 +32,15 @@ const char *kvp_strerror(kvp_status_t status);
 kvp_status_t kvp_status_from_errno(int err);
 
 #include <stddef.h>
+
+/*
+ * The calling thread's note of why a peer refused its last request (the text a master
+ * sends with a frame-level error), for the API's last-error text: set by whoever reads
+ * the refusal for this thread; taken (and cleared) by the API when the call fails.
+ */
+void kvp_status_note(const char *text);
+/* The note, or NULL; clears it. */
+const char *kvp_status_note_take(void);
 /* Write a message into a caller's err buffer (printf format); NULL or 0-length: none. */
 void kvp_errf(char *err, size_t err_len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

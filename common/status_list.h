@@ -63,9 +63,9 @@
       "this master is not the leader (a standby, or a leader that lost its lease): the client "    \
       "follows the leader through etcd")                                                           \
     X(KVP_ERR_DENIED, -38,                                                                         \
-      "refused: this peer takes connections from its own host only (protected mode: no "           \
-      "credentials configured; start it with --auth none, or KVPOOL_AUTH=none, on a trusted "      \
-      "network)")
+      "refused: the peer does not allow this caller (protected mode takes its own host only: "     \
+      "--auth none, or KVPOOL_AUTH=none, on a trusted network; with TLS and an ACL, the "          \
+      "caller's principal lacks the role or the key)")
 
 /* Most negative defined status: the range check for values off the wire. */
 #define KVP_STATUS_MIN (-38)

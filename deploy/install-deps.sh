@@ -9,6 +9,9 @@ PKGS=(
   libjemalloc-dev libcmocka-dev libxxhash-dev
   libcurl4-openssl-dev libibverbs-dev librdmacm-dev
   liburing-dev
+  # TLS 1.3 and token hashes on the control plane (common/tls.c, master/auth/); the
+  # openssl tool makes certificates (deploy/make-certs.sh, the security tests)
+  libssl-dev openssl
   # common/etcd.c (JSON) and the etcd that test_etcd starts (HA: leader election)
   libcjson-dev etcd-server etcd-client
   clang-format

@@ -74,6 +74,11 @@ static const setting_t settings[] = {
     STR("kv-events-backend-id", kv_events_backend_id),
     CNT("kv-events-dp-rank", kv_events_dp_rank, 1u << 16),
     STR("auth", auth),
+    STR("tls-cert", tls_cert),
+    STR("tls-key", tls_key),
+    STR("tls-ca", tls_ca),
+    STR("tls-crl", tls_crl),
+    STR("acl-file", acl_file),
 };
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -104,6 +109,8 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     snprintf(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id), "kvpool-master");
     cfg->kv_events_dp_rank = 0;
     snprintf(cfg->auth, sizeof(cfg->auth), "protected");
+    cfg->tls_cert[0] = cfg->tls_key[0] = cfg->tls_ca[0] = cfg->tls_crl[0] = '\0';
+    cfg->acl_file[0] = '\0';
 }
 
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,
@@ -184,6 +191,22 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
     }
     if (strcmp(cfg->auth, "protected") != 0 && strcmp(cfg->auth, "none") != 0) {
         snprintf(err, err_len, "--auth must be protected or none, got '%s'", cfg->auth);
+        return KVP_ERR_INVALID_ARG;
+    }
+    bool tls = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_ca[0] || cfg->tls_crl[0];
+    if (tls && (!cfg->tls_cert[0] || !cfg->tls_key[0] || !cfg->acl_file[0])) {
+        snprintf(err, err_len, "TLS needs --tls-cert, --tls-key and --acl-file (who may do what); "
+                               "--tls-ca for client certificates");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (cfg->acl_file[0] && !tls) {
+        snprintf(err, err_len, "--acl-file needs TLS (--tls-cert, --tls-key): tokens and "
+                               "principals are never sent in the clear");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (tls && strcmp(cfg->auth, "none") == 0) {
+        snprintf(err, err_len, "--auth none opens the port to anyone: it cannot go with --tls-cert "
+                               "and --acl-file");
         return KVP_ERR_INVALID_ARG;
     }
     if (cfg->ssd_evict_low > cfg->ssd_evict_high) {

@@ -44,6 +44,12 @@ typedef struct kvp_master_config {
     /* who may connect: "protected" (this host only: no credentials are configured) or
      * "none" (anyone who reaches the port: a trusted network) */
     char auth[16];
+    /* TLS and the ACL (master/auth/, docs/operations.md "Security"): "" when not given */
+    char tls_cert[512];
+    char tls_key[512];
+    char tls_ca[512];
+    char tls_crl[512];
+    char acl_file[512];
 } kvp_master_config_t;
 
 /* The defaults. */

@@ -27,50 +27,63 @@
 #include "master/rpc/record.h"
 #include "master/rpc/ssd.h"
 
-#define ROW(id_, name_, req_, resp_, handler_)                                                     \
-    [id_] = {.id = id_, .name = name_, .req_desc = req_, .resp_desc = resp_, .handler = handler_}
+#define ROW(id_, name_, req_, resp_, handler_, role_)                                              \
+    [id_] = {.id = id_,                                                                            \
+             .name = name_,                                                                        \
+             .req_desc = req_,                                                                     \
+             .resp_desc = resp_,                                                                   \
+             .handler = handler_,                                                                  \
+             .role = role_}
+
+#define ANY 0u
+#define READ KVP_ROLE_READ
+#define WRITE KVP_ROLE_WRITE
+#define SEGMENT KVP_ROLE_SEGMENT
+#define ADMIN KVP_ROLE_ADMIN
 
 static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
-    ROW(KVP_RPC_PING, "Ping", NULL, NULL, kvp_handle_ping),
+    ROW(KVP_RPC_PING, "Ping", NULL, NULL, kvp_handle_ping, ANY),
     ROW(KVP_RPC_MOUNT, "Mount", &kvpool__mount_request__descriptor,
-        &kvpool__mount_response__descriptor, kvp_handle_mount),
+        &kvpool__mount_response__descriptor, kvp_handle_mount, SEGMENT),
     ROW(KVP_RPC_UNMOUNT, "Unmount", &kvpool__unmount_request__descriptor,
-        &kvpool__unmount_response__descriptor, kvp_handle_unmount),
+        &kvpool__unmount_response__descriptor, kvp_handle_unmount, SEGMENT),
     ROW(KVP_RPC_PUT_START, "PutStart", &kvpool__put_start_request__descriptor,
-        &kvpool__put_start_response__descriptor, kvp_handle_put_start),
+        &kvpool__put_start_response__descriptor, kvp_handle_put_start, WRITE),
     ROW(KVP_RPC_PUT_END, "PutEnd", &kvpool__put_end_request__descriptor,
-        &kvpool__statuses_response__descriptor, kvp_handle_put_end),
+        &kvpool__statuses_response__descriptor, kvp_handle_put_end, WRITE),
     ROW(KVP_RPC_PUT_REVOKE, "PutRevoke", &kvpool__keys_request__descriptor,
-        &kvpool__statuses_response__descriptor, kvp_handle_put_revoke),
+        &kvpool__statuses_response__descriptor, kvp_handle_put_revoke, WRITE),
     ROW(KVP_RPC_GET_REPLICA_LIST, "GetReplicaList", &kvpool__keys_request__descriptor,
-        &kvpool__get_replica_list_response__descriptor, kvp_handle_get_replica_list),
+        &kvpool__get_replica_list_response__descriptor, kvp_handle_get_replica_list, READ),
     ROW(KVP_RPC_EXIST, "Exist", &kvpool__keys_request__descriptor,
-        &kvpool__statuses_response__descriptor, kvp_handle_exist),
+        &kvpool__statuses_response__descriptor, kvp_handle_exist, READ),
     ROW(KVP_RPC_REMOVE, "Remove", &kvpool__keys_request__descriptor,
-        &kvpool__statuses_response__descriptor, kvp_handle_remove),
+        &kvpool__statuses_response__descriptor, kvp_handle_remove, WRITE),
     ROW(KVP_RPC_GET_SIZE, "GetSize", &kvpool__keys_request__descriptor,
-        &kvpool__get_size_response__descriptor, kvp_handle_get_size),
-    ROW(KVP_RPC_STAT, "Stat", NULL, &kvpool__stat_response__descriptor, kvp_handle_stat),
+        &kvpool__get_size_response__descriptor, kvp_handle_get_size, READ),
+    ROW(KVP_RPC_STAT, "Stat", NULL, &kvpool__stat_response__descriptor, kvp_handle_stat, ANY),
     ROW(KVP_RPC_HEARTBEAT, "Heartbeat", &kvpool__heartbeat_request__descriptor,
-        &kvpool__heartbeat_response__descriptor, kvp_handle_heartbeat),
+        &kvpool__heartbeat_response__descriptor, kvp_handle_heartbeat, ANY),
     ROW(KVP_RPC_LIST, "List", &kvpool__list_request__descriptor, &kvpool__list_response__descriptor,
-        kvp_handle_list),
+        kvp_handle_list, ANY),
     ROW(KVP_RPC_REMOVE_BY_REGEX, "RemoveByRegex", &kvpool__remove_by_regex_request__descriptor,
-        &kvpool__remove_by_regex_response__descriptor, kvp_handle_remove_by_regex),
+        &kvpool__remove_by_regex_response__descriptor, kvp_handle_remove_by_regex, WRITE),
     ROW(KVP_RPC_DRAIN, "Drain", &kvpool__drain_request__descriptor,
-        &kvpool__drain_response__descriptor, kvp_handle_drain),
+        &kvpool__drain_response__descriptor, kvp_handle_drain, SEGMENT),
     ROW(KVP_RPC_MOVE_START, "MoveStart", &kvpool__move_start_request__descriptor,
-        &kvpool__move_start_response__descriptor, kvp_handle_move_start),
+        &kvpool__move_start_response__descriptor, kvp_handle_move_start, SEGMENT),
     ROW(KVP_RPC_MOVE_END, "MoveEnd", &kvpool__move_end_request__descriptor,
-        &kvpool__statuses_response__descriptor, kvp_handle_move_end),
+        &kvpool__statuses_response__descriptor, kvp_handle_move_end, SEGMENT),
     ROW(KVP_RPC_LEASE_RELEASE, "LeaseRelease", &kvpool__lease_release_request__descriptor, NULL,
-        kvp_handle_lease_release),
+        kvp_handle_lease_release, READ),
     ROW(KVP_RPC_SSD_TASKS, "SsdTasks", &kvpool__ssd_tasks_request__descriptor,
-        &kvpool__ssd_tasks_response__descriptor, kvp_handle_ssd_tasks),
+        &kvpool__ssd_tasks_response__descriptor, kvp_handle_ssd_tasks, SEGMENT),
     ROW(KVP_RPC_ADOPT, "Adopt", &kvpool__adopt_request__descriptor,
-        &kvpool__adopt_response__descriptor, kvp_handle_adopt),
+        &kvpool__adopt_response__descriptor, kvp_handle_adopt, SEGMENT),
     ROW(KVP_RPC_SEG_RECORD, "SegRecord", &kvpool__seg_record_request__descriptor,
-        &kvpool__seg_record_response__descriptor, kvp_handle_seg_record),
+        &kvpool__seg_record_response__descriptor, kvp_handle_seg_record, SEGMENT),
+    ROW(KVP_RPC_AUTH, "Auth", &kvpool__auth_request__descriptor, &kvpool__auth_response__descriptor,
+        kvp_handle_auth, ANY),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)
@@ -86,9 +99,28 @@ const kvp_method_t *kvp_dispatch_table(size_t *n_p)
     return methods;
 }
 
-kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id, uint16_t method,
-                                 const uint8_t *body, size_t body_len, uint8_t **resp_p,
-                                 size_t *resp_len_p, char *errmsg, size_t errmsg_len)
+/* Every key of a request whose type has a repeated bytes field "keys" (keys batches,
+ * PutStart, PutEnd): may `who` touch them all? NULL when so, else the first that it may not. */
+static const ProtobufCBinaryData *key_refused(const kvp_principal_t *who,
+                                              const ProtobufCMessage *req)
+{
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "keys");
+    if (f == NULL || f->type != PROTOBUF_C_TYPE_BYTES || f->label != PROTOBUF_C_LABEL_REPEATED)
+        return NULL;
+    size_t n = *(const size_t *)((const char *)req + f->quantifier_offset);
+    const ProtobufCBinaryData *keys =
+        *(ProtobufCBinaryData *const *)((const char *)req + f->offset);
+    for (size_t i = 0; i < n; i++)
+        if (!kvp_principal_may_key(who, keys[i].data, keys[i].len))
+            return &keys[i];
+    return NULL;
+}
+
+kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
+                                 const kvp_principal_t *who, uint16_t method, const uint8_t *body,
+                                 size_t body_len, uint8_t **resp_p, size_t *resp_len_p,
+                                 char *errmsg, size_t errmsg_len)
 {
     *resp_p = NULL;
     *resp_len_p = 0;
@@ -97,6 +129,15 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id, uint1
         snprintf(errmsg, errmsg_len, "unknown method %u", method);
         return KVP_ERR_UNKNOWN_METHOD;
     }
+    /* admin may call everything; others need the method's role */
+    if (who != NULL && !(who->roles & KVP_ROLE_ADMIN) && (who->roles & m->role) != m->role) {
+        char have[64], need[64];
+        snprintf(errmsg, errmsg_len, "principal %s (roles %s) may not call %s: it needs role %s",
+                 who->name, kvp_roles_str(who->roles, have, sizeof(have)), m->name,
+                 kvp_roles_str(m->role, need, sizeof(need)));
+        st->stats.refused_role++;
+        return KVP_ERR_DENIED;
+    }
     ProtobufCMessage *req = NULL;
     kvp_status_t status = KVP_ERR_PROTOCOL;
     if (m->req_desc != NULL) {
@@ -104,7 +145,18 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id, uint1
         if (req == NULL)
             goto out;
     }
-    kvp_call_t call = {.st = st, .conn_id = conn_id, .resp_desc = m->resp_desc};
+    const ProtobufCBinaryData *bad = who != NULL && req != NULL ? key_refused(who, req) : NULL;
+    if (bad != NULL) {
+        snprintf(errmsg, errmsg_len,
+                 "principal %s may not touch key '%.*s' (outside its key patterns); nothing "
+                 "in this %s was done",
+                 who->name, (int)(bad->len > 200 ? 200 : bad->len), (const char *)bad->data,
+                 m->name);
+        st->stats.refused_key++;
+        protobuf_c_message_free_unpacked(req, NULL);
+        return KVP_ERR_DENIED;
+    }
+    kvp_call_t call = {.st = st, .conn_id = conn_id, .who = who, .resp_desc = m->resp_desc};
     status = m->handler(&call, req);
     if (req != NULL)
         protobuf_c_message_free_unpacked(req, NULL);

@@ -42,6 +42,13 @@ static void usage(FILE *f)
             "                       connections from this host only, refusing others with\n"
             "                       KVP_ERR_DENIED; none: anyone who reaches the port (a\n"
             "                       trusted network only)\n"
+            "Security (docs/operations.md, \"Security\"): with these the port is open to\n"
+            "other hosts, and every connection is TLS 1.3 and names a principal:\n"
+            "  --tls-cert FILE, --tls-key FILE  the master's certificate (PEM) and its key\n"
+            "  --tls-ca FILE        the CA of client certificates (mutual TLS)\n"
+            "  --tls-crl FILE       revoked client certificates (PEM CRL)\n"
+            "  --acl-file FILE      principals: tenant, roles, cert-cn, token-sha256, key\n"
+            "                       patterns; SIGHUP reloads it (and the TLS files)\n"
             "  --evict-high-watermark F  also evict in the background when used/capacity\n"
             "                       passes F (default 1.0: off; puts evict what they need)\n"
             "  --evict-low-watermark F   ... down to F (default 0.98)\n"
@@ -137,6 +144,11 @@ static const struct option opts[] = {
     {"kv-events-backend-id", required_argument, NULL, 's'},
     {"kv-events-dp-rank", required_argument, NULL, 's'},
     {"auth", required_argument, NULL, 's'},
+    {"tls-cert", required_argument, NULL, 's'},
+    {"tls-key", required_argument, NULL, 's'},
+    {"tls-ca", required_argument, NULL, 's'},
+    {"tls-crl", required_argument, NULL, 's'},
+    {"acl-file", required_argument, NULL, 's'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},

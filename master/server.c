@@ -27,12 +27,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/macros.h"
 #include "common/clock.h"
 #include "common/sock.h"
 #include "common/parse.h"
+#include "common/tls.h"
+#include "master/auth/acl.h"
 #include "master/dispatch.h"
 #include "master/policy/eviction.h"
 #include "common/election.h"
@@ -45,6 +49,9 @@
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
 #define TICK_MS 500
+/* The largest request a connection may send before it names a principal (an AuthRequest
+ * is a token): a stranger's length prefix never makes the master allocate more. */
+#define PREAUTH_MAX_BODY 4096u
 
 typedef struct conn {
     int fd;
@@ -53,11 +60,16 @@ typedef struct conn {
     size_t in_len, in_cap;
     uint8_t *out;
     size_t out_len, out_off, out_cap;
-    bool want_out;       /* EPOLLOUT armed */
-    bool close_after;    /* close once the output queue is flushed */
-    bool refuse;         /* protected mode, a peer of another host: refused at its first header */
-    uint64_t last_rx_ms; /* when a byte last arrived: liveness for --client-ttl */
-    struct conn *next;   /* all connections, for shutdown */
+    bool want_out;     /* EPOLLOUT armed */
+    bool close_after;  /* close once the output queue is flushed */
+    bool refuse;       /* protected mode, a peer of another host: refused at its first header */
+    kvp_ssl_t *ssl;    /* TLS (--tls-cert): every byte goes through it; NULL: plain */
+    bool cert_checked; /* the handshake ended and its certificate was looked up */
+    const kvp_principal_t *who;   /* who is calling (srv->acl's); NULL: not yet known */
+    bool removed;                 /* its principal left the ACL (a reload): refused, closed */
+    char pname[KVP_ACL_NAME_MAX]; /* who->name, kept across ACL reloads */
+    uint64_t last_rx_ms;          /* when a byte last arrived: liveness for --client-ttl */
+    struct conn *next;            /* all connections, for shutdown */
     struct conn *prev;
 } conn_t;
 
@@ -101,6 +113,9 @@ struct kvp_master_server {
     int http_fd;             /* its eventfd (epoll marker: &http_fd) */
     kvp_events_t *events;    /* NULL: no --kv-events-bind */
     kvp_rpc_hist_t hist[KVP_RPC_METHOD_MAX + 1];
+    /* security (master/auth/): both NULL without --tls-cert; SIGHUP reloads both */
+    kvp_tls_t *tls;
+    kvp_acl_t *acl;
 };
 
 /* What the state holds of the server's (again after drop_all re-creates the state). */
@@ -128,6 +143,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
             t->slots[i]->record_stream = NULL; /* its changes wait for the next stream */
     kvp_dispatch_conn_closed(&srv->state, c->id);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+    kvp_tls_free(c->ssl);
     close(c->fd);
     if (c->prev)
         c->prev->next = c->next;
@@ -198,6 +214,19 @@ static void set_events(kvp_master_server_t *srv, conn_t *c, bool want_out)
 static bool flush_out(kvp_master_server_t *srv, conn_t *c)
 {
     while (c->out_off < c->out_len) {
+        if (c->ssl != NULL) {
+            char err[256];
+            ssize_t n = kvp_tls_write(c->ssl, c->out + c->out_off, c->out_len - c->out_off, err,
+                                      sizeof(err));
+            if (n == KVP_TLS_WANT_WRITE || n == KVP_TLS_WANT_READ) {
+                set_events(srv, c, true);
+                return true;
+            }
+            if (n < 0)
+                return false;
+            c->out_off += (size_t)n;
+            continue;
+        }
         ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR)
@@ -381,6 +410,172 @@ static void refuse_protected(kvp_master_server_t *srv, conn_t *c)
     c->close_after = true;
 }
 
+/* ---- who is calling (--acl-file) ---- */
+
+/* A refusal of the ACL: logged (rate-limited, with the peer and the principal, never a
+ * secret), answered with KVP_ERR_DENIED and msg; close: the connection ends after it. */
+static void deny(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, const char *msg,
+                 bool close)
+{
+    char peer[80];
+    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+    KVP_LOG_WARN_LIMITED("connection %llu from %s (principal %s) refused: %s",
+                         (unsigned long long)c->id, peer, c->pname[0] ? c->pname : "none", msg);
+    reply_error(srv, c, h, KVP_ERR_DENIED, msg);
+    if (close)
+        c->close_after = true;
+}
+
+static void set_who(conn_t *c, const kvp_principal_t *who)
+{
+    c->who = who;
+    snprintf(c->pname, sizeof(c->pname), "%s", who->name);
+}
+
+/* Auth: a token names the connection's principal. */
+static void handle_auth(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
+                        const uint8_t *body)
+{
+    Kvpool__AuthRequest *req = kvpool__auth_request__unpack(NULL, h->body_len, body);
+    const kvp_principal_t *who =
+        req != NULL ? kvp_acl_by_token(srv->acl, req->token.data, req->token.len) : NULL;
+    if (req != NULL) {
+        OPENSSL_cleanse(req->token.data, req->token.len);
+        kvpool__auth_request__free_unpacked(req, NULL);
+    }
+    OPENSSL_cleanse((uint8_t *)body, h->body_len); /* the token's bytes in the input buffer */
+    if (who == NULL || (c->who != NULL && c->who != who)) {
+        srv->state.stats.refused_token++;
+        deny(srv, c, h,
+             who == NULL ? "authentication failed: no principal has this token"
+                         : "authentication failed: the token names another principal than the "
+                           "connection's certificate",
+             true);
+        return;
+    }
+    set_who(c, who);
+    Kvpool__AuthResponse resp = KVPOOL__AUTH_RESPONSE__INIT;
+    resp.principal = (char *)who->name;
+    resp.tenant = (char *)who->tenant;
+    resp.roles = who->roles;
+    uint8_t buf[512];
+    size_t len = kvpool__auth_response__get_packed_size(&resp);
+    if (len > sizeof(buf)) {
+        reply_error(srv, c, h, KVP_ERR_NOMEM, "auth response too large");
+        return;
+    }
+    kvpool__auth_response__pack(&resp, buf);
+    queue_frame(srv, c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, 0, buf, len);
+    KVP_LOG_DEBUG("connection %llu: principal %s (token)", (unsigned long long)c->id, who->name);
+}
+
+/*
+ * Before a request is dispatched with an ACL on: may this connection send it? Answers
+ * Auth itself. false: the frame is answered (or the connection is closing): skip it.
+ */
+static bool admit(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, const uint8_t *body)
+{
+    if (c->removed) {
+        srv->state.stats.refused_removed++;
+        char msg[256];
+        snprintf(msg, sizeof(msg), "principal %s was removed from the ACL", c->pname);
+        deny(srv, c, h, msg, true);
+        return false;
+    }
+    if (h->method == KVP_RPC_AUTH) {
+        handle_auth(srv, c, h, body);
+        return false;
+    }
+    if (c->who == NULL) {
+        srv->state.stats.refused_unauth++;
+        deny(srv, c, h,
+             "authentication required: present a client certificate the ACL names "
+             "(KVPOOL_TLS_CERT) or send a token (KVPOOL_TOKEN)",
+             true);
+        return false;
+    }
+    return true;
+}
+
+/* Admin actions go to the audit log: who, from where, what, and how it ended. */
+static void audit(conn_t *c, uint16_t method, const uint8_t *body, size_t len, kvp_status_t s)
+{
+    const char *what = NULL;
+    if (method == KVP_RPC_DRAIN) {
+        what = "drain";
+    } else if (method == KVP_RPC_REMOVE_BY_REGEX) {
+        Kvpool__RemoveByRegexRequest *r = kvpool__remove_by_regex_request__unpack(NULL, len, body);
+        what = r != NULL && r->all ? "remove-all" : "remove-by-regex";
+        if (r != NULL)
+            kvpool__remove_by_regex_request__free_unpacked(r, NULL);
+    }
+    if (what == NULL)
+        return;
+    char peer[80];
+    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+    KVP_LOG_INFO("audit: %s by principal %s (connection %llu from %s): %s", what,
+                 c->pname[0] ? c->pname : "(no ACL)", (unsigned long long)c->id, peer,
+                 kvp_strerror(s));
+}
+
+/* The handshake just ended: a certificate the ACL names makes the connection's principal. */
+static void check_cert(kvp_master_server_t *srv, conn_t *c)
+{
+    c->cert_checked = true;
+    char cn[256];
+    const kvp_principal_t *who;
+    if (kvp_tls_peer_cn(c->ssl, cn, sizeof(cn)) && (who = kvp_acl_by_cn(srv->acl, cn)) != NULL) {
+        set_who(c, who);
+        KVP_LOG_DEBUG("connection %llu: principal %s (certificate)", (unsigned long long)c->id,
+                      who->name);
+    }
+}
+
+/* SIGHUP: read the ACL (and the TLS files) again. Live connections keep their principal by
+ * name: a narrowed one is held to its new roles from its next request, a removed one is
+ * refused and closed at its next. A file that does not load changes nothing. */
+static void reload_security(kvp_master_server_t *srv)
+{
+    const kvp_master_config_t *cfg = &srv->state.config;
+    if (srv->acl == NULL) {
+        KVP_LOG_INFO("SIGHUP: no --acl-file to reload");
+        return;
+    }
+    char err[512];
+    kvp_acl_t *acl;
+    if (kvp_acl_load(cfg->acl_file, &acl, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: %s", err);
+        return;
+    }
+    kvp_tls_params_t tp = {.cert = cfg->tls_cert,
+                           .key = cfg->tls_key,
+                           .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
+                           .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
+    kvp_tls_t *tls;
+    if (kvp_tls_create(&tp, true, &tls, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("audit: ACL reload failed (TLS files), the old ACL stays: %s", err);
+        kvp_acl_destroy(acl);
+        return;
+    }
+    unsigned removed = 0;
+    for (conn_t *c = srv->conns; c != NULL; c = c->next) {
+        if (c->who == NULL)
+            continue;
+        c->who = kvp_acl_by_name(acl, c->pname);
+        if (c->who == NULL) {
+            c->removed = true;
+            removed++;
+        }
+    }
+    kvp_acl_destroy(srv->acl);
+    srv->acl = acl;
+    kvp_tls_destroy(srv->tls); /* sessions open keep the old context's reference */
+    srv->tls = tls;
+    KVP_LOG_INFO("audit: ACL reloaded from %s: %zu principals; %u connections of removed "
+                 "principals will be refused",
+                 cfg->acl_file, acl->n, removed);
+}
+
 /* Dispatch every whole frame in the input buffer. false: close the connection. */
 static bool process_input(kvp_master_server_t *srv, conn_t *c)
 {
@@ -394,8 +589,9 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
     while (!c->close_after) {
         kvp_rpc_hdr_t h;
         size_t flen;
-        kvp_status_t s =
-            kvp_rpc_frame_scan(c->in + off, c->in_len - off, KVP_RPC_MAX_BODY, &h, &flen);
+        uint32_t max_body =
+            srv->acl != NULL && c->who == NULL ? PREAUTH_MAX_BODY : KVP_RPC_MAX_BODY;
+        kvp_status_t s = kvp_rpc_frame_scan(c->in + off, c->in_len - off, max_body, &h, &flen);
         if (s == KVP_ERR_PENDING) {
             /* The buffer grows as bytes arrive (on_readable), not from what a header
              * announces: a peer that sends a header and stalls pins no memory. */
@@ -410,8 +606,9 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             char msg[128];
             snprintf(msg, sizeof(msg),
                      "%s (version %u, body %u bytes; this master speaks "
-                     "version %u, at most %u bytes)",
-                     kvp_strerror(s), h.version, h.body_len, KVP_RPC_VERSION, KVP_RPC_MAX_BODY);
+                     "version %u, at most %u bytes%s)",
+                     kvp_strerror(s), h.version, h.body_len, KVP_RPC_VERSION, max_body,
+                     max_body == PREAUTH_MAX_BODY ? " before authentication" : "");
             KVP_LOG_WARN_LIMITED("connection %llu: %s; closing", (unsigned long long)c->id, msg);
             reply_error(srv, c, &h, s, msg);
             c->close_after = true;
@@ -420,6 +617,11 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         uint8_t *resp = NULL;
         size_t rlen = 0;
         char errmsg[256] = "";
+        const uint8_t *body = c->in + off + KVP_RPC_HDR_LEN;
+        if (srv->acl != NULL && !(h.method & KVP_RPC_RESPONSE_BIT) && !admit(srv, c, &h, body)) {
+            off += flen;
+            continue;
+        }
         if (h.method & KVP_RPC_RESPONSE_BIT) {
             s = KVP_ERR_PROTOCOL;
             snprintf(errmsg, sizeof(errmsg), "a response frame sent to the master");
@@ -433,9 +635,16 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             srv->state.park_retry = false;
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
-            s = kvp_dispatch_handle(&srv->state, c->id, h.method, c->in + off + KVP_RPC_HDR_LEN,
-                                    h.body_len, &resp, &rlen, errmsg, sizeof(errmsg));
+            s = kvp_dispatch_handle(&srv->state, c->id, c->who, h.method, body, h.body_len, &resp,
+                                    &rlen, errmsg, sizeof(errmsg));
             clock_gettime(CLOCK_MONOTONIC, &t1);
+            if (s == KVP_ERR_DENIED) {
+                char peer[80];
+                kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+                KVP_LOG_WARN_LIMITED("connection %llu from %s: %s", (unsigned long long)c->id, peer,
+                                     errmsg);
+            }
+            audit(c, h.method, body, h.body_len, s);
             srv->state.may_park = false;
             if (h.method <= KVP_RPC_METHOD_MAX) {
                 uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
@@ -517,7 +726,31 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                 c->in_cap = cap;
             }
         }
-        ssize_t n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        ssize_t n;
+        if (c->ssl != NULL) {
+            char err[256];
+            n = kvp_tls_read(c->ssl, c->in + c->in_len, c->in_cap - c->in_len, err, sizeof(err));
+            if (n == KVP_TLS_WANT_READ || n == KVP_TLS_WANT_WRITE) {
+                if (n == KVP_TLS_WANT_WRITE)
+                    set_events(srv, c, true);
+                if (!c->cert_checked && kvp_tls_established(c->ssl))
+                    check_cert(srv, c);
+                break;
+            }
+            if (n < 0) {
+                char peer[80];
+                kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+                srv->state.stats.refused_tls++;
+                KVP_LOG_WARN_LIMITED("connection %llu from %s refused: %s",
+                                     (unsigned long long)c->id, peer, err);
+                conn_close(srv, c);
+                return;
+            }
+            if (n > 0 && !c->cert_checked)
+                check_cert(srv, c);
+        } else {
+            n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
+        }
         if (n == 0) {
             conn_close(srv, c);
             return;
@@ -570,10 +803,18 @@ static void on_accept(kvp_master_server_t *srv)
         }
         c->fd = fd;
         c->id = ++srv->next_conn_id;
-        c->refuse = strcmp(srv->state.config.auth, "protected") == 0 && !kvp_sock_peer_local(fd);
+        /* credentials configured: anyone may connect, and must name a principal */
+        c->refuse = srv->tls == NULL && strcmp(srv->state.config.auth, "protected") == 0 &&
+                    !kvp_sock_peer_local(fd);
+        if (srv->tls != NULL && kvp_tls_accept(srv->tls, fd, &c->ssl) != KVP_OK) {
+            close(fd);
+            free(c);
+            continue;
+        }
         c->last_rx_ms = srv->state.now_ms;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
         if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            kvp_tls_free(c->ssl);
             close(fd);
             free(c);
             continue;
@@ -660,6 +901,35 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->reason = reason;
 }
 
+/* --tls-* and --acl-file, at start. */
+static kvp_status_t load_security(kvp_master_server_t *srv)
+{
+    const kvp_master_config_t *cfg = &srv->state.config;
+    if (cfg->tls_cert[0] == '\0')
+        return KVP_OK;
+    char err[512];
+    kvp_tls_params_t tp = {.cert = cfg->tls_cert,
+                           .key = cfg->tls_key,
+                           .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
+                           .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
+    kvp_status_t st = kvp_tls_create(&tp, true, &srv->tls, err, sizeof(err));
+    if (st == KVP_OK) {
+        st = kvp_acl_load(cfg->acl_file, &srv->acl, err, sizeof(err));
+        if (st != KVP_OK) {
+            kvp_tls_destroy(srv->tls);
+            srv->tls = NULL;
+        }
+    }
+    if (st != KVP_OK) {
+        KVP_LOG_ERROR("%s", err);
+        return st;
+    }
+    KVP_LOG_INFO("TLS 1.3 on the control port (client certificates %s); ACL %s: %zu principals",
+                 cfg->tls_ca[0] ? "verified against --tls-ca" : "not asked for", cfg->acl_file,
+                 srv->acl->n);
+    return KVP_OK;
+}
+
 kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
                                       const kvp_master_config_t *config,
                                       kvp_master_server_t **srv_p, uint16_t *bound_port_p)
@@ -674,6 +944,9 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
         goto err_free;
     if (config != NULL)
         srv->state.config = *config;
+    status = load_security(srv);
+    if (status != KVP_OK)
+        goto err_state;
     /* the owners of a restarted master's segments come back within a heartbeat or so */
     srv->state.rebuild_until_ms = kvp_now_ms() + KVP_REBUILD_GRACE_MS;
     status = kvp_tcp_listen(host, port, 1024, &srv->listen_fd, bound_port_p);
@@ -689,6 +962,7 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     sigemptyset(&mask);
     sigaddset(&mask, SIGTERM);
     sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGHUP); /* reloads the ACL */
     pthread_sigmask(SIG_BLOCK, &mask, NULL);
     srv->sig_fd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
     srv->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -716,6 +990,8 @@ err_fds:
 err_listen:
     close(srv->listen_fd);
 err_state:
+    kvp_acl_destroy(srv->acl);
+    kvp_tls_destroy(srv->tls);
     kvp_master_state_cleanup(&srv->state);
 err_free:
     free(srv);
@@ -833,8 +1109,13 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
         char errmsg[256] = "";
         st->may_park = st->now_ms < p->deadline_ms;
         st->park_retry = true;
-        kvp_status_t s = kvp_dispatch_handle(st, c->id, p->method, p->body, p->len, &resp, &rlen,
-                                             errmsg, sizeof(errmsg));
+        if (srv->acl != NULL && c->who == NULL) { /* its principal was removed meanwhile */
+            *pp = p->next;
+            free(p);
+            continue;
+        }
+        kvp_status_t s = kvp_dispatch_handle(st, c->id, c->who, p->method, p->body, p->len, &resp,
+                                             &rlen, errmsg, sizeof(errmsg));
         st->may_park = false;
         st->park_retry = false;
         if (st->parked) {
@@ -896,12 +1177,18 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             } else if (p == &srv->sig_fd) {
                 struct signalfd_siginfo si;
                 if (read(srv->sig_fd, &si, sizeof(si)) == sizeof(si)) {
-                    KVP_LOG_INFO("signal %u: shutting down", si.ssi_signo);
-                    srv->stop = true;
+                    if (si.ssi_signo == SIGHUP) {
+                        reload_security(srv);
+                    } else {
+                        KVP_LOG_INFO("signal %u: shutting down", si.ssi_signo);
+                        srv->stop = true;
+                    }
                 }
             } else {
                 conn_t *c = p;
-                if (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) {
+                if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
+                    (c->ssl != NULL && !kvp_tls_established(c->ssl))) {
+                    /* (a TLS handshake that waited to write goes on reading) */
                     on_readable(srv, c);
                     /* c may be freed now: never touch it again in this iteration */
                 } else if (evs[i].events & EPOLLOUT) {
@@ -935,6 +1222,8 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     close(srv->listen_fd);
     close(srv->sig_fd);
     close(srv->epfd);
+    kvp_acl_destroy(srv->acl);
+    kvp_tls_destroy(srv->tls);
     kvp_master_state_cleanup(&srv->state);
     kvp_events_destroy(srv->events); /* sends what is still queued */
     pthread_mutex_destroy(&srv->ha_lock);

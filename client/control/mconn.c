@@ -36,14 +36,17 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include "client/control/mconn.h"
 #include "client/mem/scratch.h"
+#include "kvpool.pb-c.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/sock.h"
 
 typedef struct mc_conn {
-    int fd;
+    kvp_chan_t *ch;
     int refs; /* m->lock */
     bool broken;
     uint64_t rx_frames; /* m->lock: frames received so far */
@@ -58,6 +61,7 @@ typedef struct waiter {
     bool done;
     bool conn_failed; /* ended by the connection failing: may be sent again */
     bool filling;     /* the reader is receiving the body into rx: do not leave */
+    bool refused;     /* a frame-level error: rx holds the master's text */
     kvp_status_t st;
     kvp_thread_buf_t *rx; /* the waiting thread's reply buffer */
     size_t len;
@@ -84,6 +88,10 @@ struct kvp_mconn {
     uint64_t next_id;
     waiter_t *waiters;
     kvp_mconn_stats_t stats;
+    kvp_tls_t *tls; /* borrowed; NULL: plain */
+    char *token;    /* NULL: none */
+    size_t token_len;
+    char conn_err[320]; /* lock: why the last connect failed */
 };
 
 static uint64_t mono_ms(void)
@@ -111,6 +119,15 @@ kvp_status_t kvp_mconn_create(const kvp_mconn_params_t *params, kvp_mconn_t **m_
     m->arg = params->arg;
     m->resolve = params->resolve;
     m->resolve_arg = params->resolve_arg;
+    m->tls = params->tls;
+    if (params->token != NULL && params->token[0] != '\0') {
+        m->token_len = strlen(params->token);
+        m->token = strdup(params->token);
+        if (m->token == NULL) {
+            free(m);
+            return KVP_ERR_NOMEM;
+        }
+    }
     pthread_mutex_init(&m->lock, NULL);
     pthread_condattr_init(&m->cattr);
     pthread_condattr_setclock(&m->cattr, CLOCK_MONOTONIC);
@@ -123,7 +140,7 @@ static void conn_unref_locked(mc_conn_t *c)
 {
     if (--c->refs > 0)
         return;
-    close(c->fd);
+    kvp_chan_close(c->ch);
     pthread_mutex_destroy(&c->send_lock);
     free(c);
 }
@@ -134,7 +151,7 @@ static void broken_locked(kvp_mconn_t *m, mc_conn_t *c, kvp_status_t st)
     if (c->broken)
         return;
     c->broken = true;
-    shutdown(c->fd, SHUT_RDWR); /* wakes a reader polling it; the fd closes with the last ref */
+    kvp_chan_shutdown(c->ch); /* wakes a reader polling it; it closes with the last ref */
     for (waiter_t *w = m->waiters; w != NULL; w = w->next)
         if (w->conn == c && !w->done && !w->filling) {
             w->done = true;
@@ -164,31 +181,115 @@ void kvp_mconn_destroy(kvp_mconn_t *m)
     pthread_cond_destroy(&m->conn_cv);
     pthread_condattr_destroy(&m->cattr);
     pthread_mutex_destroy(&m->lock);
+    if (m->token != NULL) {
+        OPENSSL_cleanse(m->token, m->token_len);
+        free(m->token);
+    }
     free(m);
 }
 
-kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, kvp_chan_t *ch, uint16_t method, const void *body,
                                   size_t len, uint8_t **resp_p, size_t *resp_len_p)
 {
     pthread_mutex_lock(&m->lock);
     uint64_t id = ++m->next_id;
     pthread_mutex_unlock(&m->lock);
-    return kvp_rpc_call(fd, method, id, body, len, resp_p, resp_len_p);
+    return kvp_rpc_chan_call(ch, method, id, body, len, resp_p, resp_len_p);
 }
 
-kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, kvp_chan_t *ch, uint16_t method, const void *body,
                                   size_t len)
 {
     pthread_mutex_lock(&m->lock);
     uint64_t id = ++m->next_id;
     pthread_mutex_unlock(&m->lock);
-    return kvp_rpc_send(fd, method, id, body, len);
+    return kvp_rpc_chan_send(ch, method, id, body, len);
+}
+
+void kvp_mconn_last_error(kvp_mconn_t *m, char *buf, size_t len)
+{
+    pthread_mutex_lock(&m->lock);
+    snprintf(buf, len, "%s", m->conn_err);
+    pthread_mutex_unlock(&m->lock);
+}
+
+static void set_conn_err(kvp_mconn_t *m, const char *msg)
+{
+    pthread_mutex_lock(&m->lock);
+    snprintf(m->conn_err, sizeof(m->conn_err), "%s", msg);
+    pthread_mutex_unlock(&m->lock);
+}
+
+/* Auth: the token names our principal (the first request on a connection). */
+static kvp_status_t authenticate(kvp_mconn_t *m, kvp_chan_t *ch)
+{
+    Kvpool__AuthRequest req = KVPOOL__AUTH_REQUEST__INIT;
+    req.token.data = (uint8_t *)m->token;
+    req.token.len = m->token_len;
+    uint8_t body[1024];
+    if (kvpool__auth_request__get_packed_size(&req) > sizeof(body)) {
+        set_conn_err(m, "KVPOOL_TOKEN is too long (at most 1000 bytes)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    size_t len = kvpool__auth_request__pack(&req, body);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    kvp_status_t st = kvp_mconn_ready_call(m, ch, KVP_RPC_AUTH, body, len, &resp, &rlen);
+    OPENSSL_cleanse(body, len);
+    if (st == KVP_ERR_DENIED)
+        set_conn_err(m, "the master refused the token (KVPOOL_TOKEN): no principal has it");
+    else if (st != KVP_OK)
+        set_conn_err(m, "the master did not answer the token (Auth)");
+    free(resp);
+    return st;
+}
+
+/* Connect to host:port, TLS and Auth included. */
+static kvp_status_t dial(kvp_mconn_t *m, const char *host, uint16_t port, kvp_chan_t **ch_p)
+{
+    int fd;
+    kvp_status_t st = kvp_tcp_connect(host, port, m->timeout_ms, &fd);
+    if (st != KVP_OK) {
+        char msg[320];
+        snprintf(msg, sizeof(msg), "cannot connect to master %s:%u: %s", host, port,
+                 kvp_strerror(st));
+        set_conn_err(m, msg);
+        if (m->resolve == NULL)
+            KVP_LOG_WARN("%s", msg);
+        return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
+    }
+    /* bounds a frame that stops half-way, and on_ready's blocking calls */
+    kvp_sock_set_timeout(fd, m->timeout_ms);
+    char err[256] = "";
+    kvp_chan_t *ch;
+    st = kvp_chan_open(m->tls, fd, host, m->timeout_ms, &ch, err, sizeof(err));
+    if (st != KVP_OK) {
+        set_conn_err(m, err);
+        KVP_LOG_WARN("master %s:%u: %s", host, port, err);
+        return st;
+    }
+    if (m->token != NULL && m->tls != NULL) {
+        st = authenticate(m, ch);
+        if (st != KVP_OK) {
+            kvp_chan_close(ch);
+            return st;
+        }
+    }
+    *ch_p = ch;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_mconn_dial(kvp_mconn_t *m, kvp_chan_t **ch_p)
+{
+    char host[256];
+    uint16_t port;
+    kvp_mconn_addr(m, host, sizeof(host), &port);
+    return dial(m, host, port, ch_p);
 }
 
 /* Open a connection and make it ready (no lock held). */
 static kvp_status_t open_conn(kvp_mconn_t *m, bool first, mc_conn_t **c_p)
 {
-    int fd;
     char host[256];
     uint16_t port;
     kvp_status_t st = KVP_OK;
@@ -204,27 +305,23 @@ static kvp_status_t open_conn(kvp_mconn_t *m, bool first, mc_conn_t **c_p)
         snprintf(host, sizeof(host), "%s", m->host);
         port = m->port;
     }
-    st = kvp_tcp_connect(host, port, m->timeout_ms, &fd);
-    if (st != KVP_OK) {
-        if (m->resolve == NULL)
-            KVP_LOG_WARN("cannot connect to master %s:%u: %s", host, port, kvp_strerror(st));
-        return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
-    }
-    /* bounds a frame that stops half-way, and on_ready's blocking calls */
-    kvp_sock_set_timeout(fd, m->timeout_ms);
+    kvp_chan_t *ch;
+    st = dial(m, host, port, &ch);
+    if (st != KVP_OK)
+        return st;
     if (m->on_ready != NULL) {
-        st = m->on_ready(m->arg, m, fd, first);
+        st = m->on_ready(m->arg, m, ch, first);
         if (st != KVP_OK) {
-            close(fd);
+            kvp_chan_close(ch);
             return st;
         }
     }
     mc_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL) {
-        close(fd);
+        kvp_chan_close(ch);
         return KVP_ERR_NOMEM;
     }
-    c->fd = fd;
+    c->ch = ch;
     c->refs = 1; /* m->conn's */
     pthread_mutex_init(&c->send_lock, NULL);
     *c_p = c;
@@ -319,22 +416,16 @@ void kvp_mconn_stats(kvp_mconn_t *m, kvp_mconn_stats_t *out)
 static kvp_status_t wait_readable(mc_conn_t *c, uint64_t deadline)
 {
     uint64_t now = mono_ms();
-    struct pollfd p = {.fd = c->fd, .events = POLLIN};
-    int r = poll(&p, 1, now >= deadline ? 0 : (int)(deadline - now));
-    if (r == 0)
-        return KVP_ERR_TIMEOUT;
-    if (r < 0)
-        return errno == EINTR ? KVP_ERR_TIMEOUT : KVP_ERR_IO;
-    return KVP_OK;
+    return kvp_chan_wait_readable(c->ch, now >= deadline ? 0 : (int)(deadline - now));
 }
 
 /* Read and drop len body bytes nobody waits for. */
-static kvp_status_t skip_body(int fd, size_t len)
+static kvp_status_t skip_body(kvp_chan_t *ch, size_t len)
 {
     uint8_t sink[4096];
     while (len > 0) {
         size_t k = len < sizeof(sink) ? len : sizeof(sink);
-        kvp_status_t st = kvp_recv_all(fd, sink, k);
+        kvp_status_t st = kvp_chan_recv_all(ch, sink, k);
         if (st != KVP_OK)
             return st;
         len -= k;
@@ -343,12 +434,12 @@ static kvp_status_t skip_body(int fd, size_t len)
 }
 
 /* Receive a body into a waiter's buffer (its thread waits meanwhile: w->filling). */
-static kvp_status_t fill_body(int fd, waiter_t *w, size_t len)
+static kvp_status_t fill_body(kvp_chan_t *ch, waiter_t *w, size_t len)
 {
     uint8_t *b = kvp_thread_buf_reserve(w->rx, len + 1);
     if (b == NULL)
         return KVP_ERR_NOMEM;
-    kvp_status_t st = len ? kvp_recv_all(fd, b, len) : KVP_OK;
+    kvp_status_t st = len ? kvp_chan_recv_all(ch, b, len) : KVP_OK;
     b[len] = '\0';
     return st;
 }
@@ -363,7 +454,7 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
     uint8_t hb[KVP_RPC_HDR_LEN];
     kvp_status_t st = wait_readable(c, deadline);
     if (st == KVP_OK) {
-        st = kvp_recv_all(c->fd, hb, sizeof(hb));
+        st = kvp_chan_recv_all(c->ch, hb, sizeof(hb));
         if (st == KVP_ERR_TIMEOUT)
             st = KVP_ERR_IO; /* half a frame: the stream is lost */
     }
@@ -390,13 +481,13 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
         KVP_LOG_DEBUG("master: reply %llu (method %#x) came after its call ended; dropped",
                       (unsigned long long)h.request_id, h.method);
         pthread_mutex_unlock(&m->lock);
-        st = skip_body(c->fd, h.body_len);
+        st = skip_body(c->ch, h.body_len);
         pthread_mutex_lock(&m->lock);
         return st == KVP_ERR_TIMEOUT ? KVP_ERR_IO : st;
     }
     w->filling = true; /* w's thread stays until we are done with its buffer */
     pthread_mutex_unlock(&m->lock);
-    st = fill_body(c->fd, w, h.body_len);
+    st = fill_body(c->ch, w, h.body_len);
     pthread_mutex_lock(&m->lock);
     w->filling = false;
     w->done = true;
@@ -414,6 +505,7 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
                          h.body_len ? (char *)w->rx->p : kvp_strerror(h.status));
         w->st =
             h.status < KVP_STATUS_MIN || h.status > 0 ? KVP_ERR_PROTOCOL : (kvp_status_t)h.status;
+        w->refused = h.body_len > 0;
     } else if (h.method != (w->method | KVP_RPC_RESPONSE_BIT)) {
         w->st = KVP_ERR_PROTOCOL;
     } else {
@@ -496,7 +588,7 @@ static kvp_status_t call_once(kvp_mconn_t *m, uint16_t method, const void *body,
     pthread_mutex_unlock(&m->lock);
 
     pthread_mutex_lock(&c->send_lock);
-    st = kvp_rpc_send(c->fd, method, w.id, body, len);
+    st = kvp_rpc_chan_send(c->ch, method, w.id, body, len);
     pthread_mutex_unlock(&c->send_lock);
 
     pthread_mutex_lock(&m->lock);
@@ -514,6 +606,8 @@ static kvp_status_t call_once(kvp_mconn_t *m, uint16_t method, const void *body,
     pthread_mutex_unlock(&m->lock);
     pthread_cond_destroy(&w.cv);
     *conn_failed_p = w.conn_failed;
+    if (w.refused)
+        kvp_status_note((const char *)w.rx->p); /* why, for the caller's last error */
     if (w.st == KVP_OK) {
         *resp_p = w.rx->p;
         *resp_len_p = w.len;
@@ -576,7 +670,7 @@ kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, s
     uint64_t id = ++m->next_id;
     pthread_mutex_unlock(&m->lock);
     pthread_mutex_lock(&c->send_lock);
-    kvp_status_t st = kvp_rpc_send(c->fd, method, id, body, len);
+    kvp_status_t st = kvp_rpc_chan_send(c->ch, method, id, body, len);
     pthread_mutex_unlock(&c->send_lock);
     pthread_mutex_lock(&m->lock);
     if (st != KVP_OK)

@@ -14,17 +14,18 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "common/tls.h"
 
 typedef struct kvp_mconn kvp_mconn_t;
 
 /*
  * Runs on the thread that opened a new connection, before any call can use it:
- * it may talk on `fd` itself with kvp_mconn_ready_call / kvp_mconn_ready_send (e.g.
+ * it may talk on `ch` itself with kvp_mconn_ready_call / kvp_mconn_ready_send (e.g.
  * mount the client's segment again, hand back queued leases). `first`: the first
  * connection (kvp_mconn_connect). Non-OK: the connection is closed, and the calls
  * that waited for it fail with that status.
  */
-typedef kvp_status_t (*kvp_mconn_ready_cb_t)(void *arg, kvp_mconn_t *m, int fd, bool first);
+typedef kvp_status_t (*kvp_mconn_ready_cb_t)(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool first);
 
 /* Where the master is now (high availability: the leader, found in etcd). */
 typedef kvp_status_t (*kvp_mconn_resolve_cb_t)(void *arg, char *host, size_t cap, uint16_t *port_p);
@@ -41,6 +42,11 @@ typedef struct kvp_mconn_params {
      * delays calls instead of failing them. */
     kvp_mconn_resolve_cb_t resolve;
     void *resolve_arg;
+    /* Security (docs/operations.md): tls, borrowed until destroy, makes every connection
+     * TLS 1.3 (NULL: plain); token, copied (and wiped at destroy), is sent in an Auth
+     * request first on each connection; only over TLS. */
+    kvp_tls_t *tls;
+    const char *token;
 } kvp_mconn_params_t;
 
 /* Create, without connecting. */
@@ -74,10 +80,20 @@ kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, s
 
 /* Inside on_ready only: a blocking call / one-way send on the new connection
  * (ready_call's *resp_p is malloc'd: the caller frees it). */
-kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+kvp_status_t kvp_mconn_ready_call(kvp_mconn_t *m, kvp_chan_t *ch, uint16_t method, const void *body,
                                   size_t len, uint8_t **resp_p, size_t *resp_len_p);
-kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, int fd, uint16_t method, const void *body,
+kvp_status_t kvp_mconn_ready_send(kvp_mconn_t *m, kvp_chan_t *ch, uint16_t method, const void *body,
                                   size_t len);
+
+/*
+ * A connection of the caller's own to the master the current one goes to (or would):
+ * TLS and Auth as for every connection, no on_ready. For a stream that one thread reads
+ * and writes (record_sync.c). The caller closes it (kvp_chan_close).
+ */
+kvp_status_t kvp_mconn_dial(kvp_mconn_t *m, kvp_chan_t **ch_p);
+
+/* Why the last connection attempt failed ("" if none did): a TLS refusal, a wrong token. */
+void kvp_mconn_last_error(kvp_mconn_t *m, char *buf, size_t len);
 
 /* The master's address the current (or last) connection went to. */
 void kvp_mconn_addr(kvp_mconn_t *m, char *host, size_t cap, uint16_t *port_p);

@@ -48,7 +48,7 @@ struct kvp_record_sync {
     _Atomic bool stop;
 };
 
-static kvp_status_t offer_call(kvp_mconn_t *m, int fd, const Kvpool__AdoptRequest *req,
+static kvp_status_t offer_call(kvp_mconn_t *m, kvp_chan_t *ch, const Kvpool__AdoptRequest *req,
                                Kvpool__AdoptResponse **ar_p)
 {
     size_t len = kvpool__adopt_request__get_packed_size(req);
@@ -57,13 +57,14 @@ static kvp_status_t offer_call(kvp_mconn_t *m, int fd, const Kvpool__AdoptReques
     if (body == NULL)
         return KVP_ERR_NOMEM;
     kvpool__adopt_request__pack(req, body);
-    kvp_status_t st = fd >= 0 ? kvp_mconn_ready_call(m, fd, KVP_RPC_ADOPT, body, len, &resp, &rlen)
-                              : kvp_mconn_call(m, KVP_RPC_ADOPT, body, len, &resp, &rlen);
+    kvp_status_t st = ch != NULL
+                          ? kvp_mconn_ready_call(m, ch, KVP_RPC_ADOPT, body, len, &resp, &rlen)
+                          : kvp_mconn_call(m, KVP_RPC_ADOPT, body, len, &resp, &rlen);
     free(body);
     if (st != KVP_OK)
         return st;
     *ar_p = kvpool__adopt_response__unpack(NULL, rlen, resp);
-    if (fd >= 0)
+    if (ch != NULL)
         free(resp); /* ready_call's reply is ours; mconn_call's is the thread's buffer */
     if (*ar_p == NULL)
         return KVP_ERR_PROTOCOL;
@@ -75,9 +76,10 @@ static kvp_status_t offer_call(kvp_mconn_t *m, int fd, const Kvpool__AdoptReques
     return KVP_OK;
 }
 
-kvp_status_t kvp_record_offer(kvp_mconn_t *m, int fd, uint64_t seg_id, const kvp_record_entry_t *e,
-                              size_t n, kvp_record_refused_cb_t refused, void *arg,
-                              size_t *adopted_p, size_t *refused_p)
+kvp_status_t kvp_record_offer(kvp_mconn_t *m, kvp_chan_t *ch, uint64_t seg_id,
+                              const kvp_record_entry_t *e, size_t n,
+                              kvp_record_refused_cb_t refused, void *arg, size_t *adopted_p,
+                              size_t *refused_p)
 {
     size_t adopted = 0, n_refused = 0;
     Kvpool__AdoptEntry *me = calloc(KVP_RECORD_OFFER_BATCH, sizeof(*me));
@@ -104,7 +106,7 @@ kvp_status_t kvp_record_offer(kvp_mconn_t *m, int fd, uint64_t seg_id, const kvp
         req.n_entries = st == KVP_OK ? k : 0;
         req.last = st != KVP_OK || at + k == n; /* a failed offer still opens the segment */
         Kvpool__AdoptResponse *ar = NULL;
-        kvp_status_t cs = offer_call(m, fd, &req, &ar);
+        kvp_status_t cs = offer_call(m, ch, &req, &ar);
         if (cs != KVP_OK) {
             st = cs;
             break;
@@ -146,8 +148,8 @@ static kvp_status_t record_offer(kvp_record_sync_t *rs, uint64_t seg_id)
     if (st != KVP_OK)
         n = 0; /* the offer still ends, so the segment takes new replicas */
     uint64_t t0 = kvp_now_ms();
-    kvp_status_t os = kvp_record_offer(kvp_session_mconn(rs->session), -1, seg_id, e, n, forget_cb,
-                                       rs->record, &adopted, &refused);
+    kvp_status_t os = kvp_record_offer(kvp_session_mconn(rs->session), NULL, seg_id, e, n,
+                                       forget_cb, rs->record, &adopted, &refused);
     if (n > 0)
         KVP_LOG_INFO("segment %s: %zu objects of its record adopted back, %zu refused (stale) "
                      "and forgotten, in %llu ms%s",
@@ -173,11 +175,11 @@ static void nap(unsigned ms)
     nanosleep(&ts, NULL);
 }
 
-/* One whole frame from fd (blocking once it began); *body_p malloc'd (NUL-terminated). */
-static kvp_status_t read_frame(int fd, kvp_rpc_hdr_t *h, uint8_t **body_p)
+/* One whole frame from ch (blocking once it began); *body_p malloc'd (NUL-terminated). */
+static kvp_status_t read_frame(kvp_chan_t *ch, kvp_rpc_hdr_t *h, uint8_t **body_p)
 {
     uint8_t hb[KVP_RPC_HDR_LEN];
-    kvp_status_t st = kvp_recv_all(fd, hb, sizeof(hb));
+    kvp_status_t st = kvp_chan_recv_all(ch, hb, sizeof(hb));
     if (st == KVP_OK)
         st = kvp_rpc_hdr_unpack(hb, KVP_RPC_MAX_BODY, h);
     if (st != KVP_OK)
@@ -185,7 +187,7 @@ static kvp_status_t read_frame(int fd, kvp_rpc_hdr_t *h, uint8_t **body_p)
     uint8_t *b = malloc(h->body_len + 1u);
     if (b == NULL)
         return KVP_ERR_NOMEM;
-    st = h->body_len > 0 ? kvp_recv_all(fd, b, h->body_len) : KVP_OK;
+    st = h->body_len > 0 ? kvp_chan_recv_all(ch, b, h->body_len) : KVP_OK;
     if (st != KVP_OK) {
         free(b);
         return st;
@@ -208,11 +210,11 @@ typedef enum stream_end {
 /* One frame of the stream applied. KVP_OK; KVP_ERR_PENDING (a ping's answer);
  * KVP_ERR_UNSUPPORTED / _SEGMENT_GONE (the stream ends: no record kept for this segment /
  * not this mount); other errors: the stream broke. */
-static kvp_status_t take_frame(kvp_record_sync_t *rs, int fd, uint64_t id)
+static kvp_status_t take_frame(kvp_record_sync_t *rs, kvp_chan_t *ch, uint64_t id)
 {
     kvp_rpc_hdr_t h;
     uint8_t *b = NULL;
-    kvp_status_t st = read_frame(fd, &h, &b);
+    kvp_status_t st = read_frame(ch, &h, &b);
     if (st != KVP_OK)
         return st;
     if (h.request_id != STREAM_REQ_ID || h.status != 0) {
@@ -247,14 +249,9 @@ static kvp_status_t take_frame(kvp_record_sync_t *rs, int fd, uint64_t id)
  */
 static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
 {
-    int fd;
-    char host[256];
-    uint16_t port;
-    kvp_mconn_addr(kvp_session_mconn(rs->session), host, sizeof(host),
-                   &port); /* the leader the mount went to */
-    if (kvp_tcp_connect(host, port, rs->timeout_ms, &fd) != KVP_OK)
+    kvp_chan_t *ch; /* to the leader the mount went to; TLS and Auth as every connection */
+    if (kvp_mconn_dial(kvp_session_mconn(rs->session), &ch) != KVP_OK)
         return STREAM_LOST;
-    kvp_sock_set_timeout(fd, rs->timeout_ms);
     Kvpool__SegRecordRequest req = KVPOOL__SEG_RECORD_REQUEST__INIT;
     req.segment_id = id;
     req.client_id = rs->client_id;
@@ -262,10 +259,10 @@ static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
     size_t len = kvpool__seg_record_request__pack(&req, body);
     stream_end_t end = STREAM_LOST;
     uint64_t next_ping = kvp_now_ms() + PING_MS, ping_id = STREAM_REQ_ID;
-    if (kvp_rpc_send(fd, KVP_RPC_SEG_RECORD, STREAM_REQ_ID, body, len) != KVP_OK)
+    if (kvp_rpc_chan_send(ch, KVP_RPC_SEG_RECORD, STREAM_REQ_ID, body, len) != KVP_OK)
         goto out;
     kvp_seg_record_bind(rs->record, id);
-    kvp_status_t st = take_frame(rs, fd, id); /* the first frame: subscribed (or refused) */
+    kvp_status_t st = take_frame(rs, ch, id); /* the first frame: subscribed (or refused) */
     if (*offer && (st == KVP_OK || st == KVP_ERR_UNSUPPORTED)) {
         *offer = false;
         record_offer(rs, id);
@@ -279,23 +276,22 @@ static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
             break;
         }
         if (kvp_now_ms() >= next_ping) { /* liveness: the master drops silent connections */
-            if (kvp_rpc_send(fd, KVP_RPC_PING, ++ping_id, NULL, 0) != KVP_OK)
+            if (kvp_rpc_chan_send(ch, KVP_RPC_PING, ++ping_id, NULL, 0) != KVP_OK)
                 break;
             next_ping = kvp_now_ms() + PING_MS;
         }
-        struct pollfd pfd = {.fd = fd, .events = POLLIN};
-        int pr = poll(&pfd, 1, 100);
-        if (pr < 0 && errno != EINTR)
+        kvp_status_t ws = kvp_chan_wait_readable(ch, 100);
+        if (ws == KVP_ERR_IO)
             break;
-        if (pr > 0)
-            st = take_frame(rs, fd, id);
+        if (ws == KVP_OK)
+            st = take_frame(rs, ch, id);
     }
     if (st == KVP_ERR_UNSUPPORTED)
         end = STREAM_UNSUPPORTED; /* --segment-records off */
     else if (st == KVP_ERR_SEGMENT_GONE)
         end = STREAM_REMOUNT; /* the master does not know this mount (any more) */
 out:
-    close(fd);
+    kvp_chan_close(ch);
     return end;
 }
 

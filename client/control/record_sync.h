@@ -25,12 +25,13 @@ typedef void (*kvp_record_refused_cb_t)(void *arg, const kvp_record_entry_t *e);
 /*
  * Offer e[0..n) (newest first) for segment seg_id, mounted with `adopting`, in
  * batches; the last call (sent even when n is 0) ends the offer and opens the segment
- * to new replicas. fd >= 0: inside on_ready, on that connection (kvp_mconn_ready_call);
- * fd < 0: kvp_mconn_call. *adopted_p / *refused_p: the counts (may be NULL).
+ * to new replicas. ch: inside on_ready, on that connection (kvp_mconn_ready_call);
+ * NULL: kvp_mconn_call. *adopted_p / *refused_p: the counts (may be NULL).
  */
-kvp_status_t kvp_record_offer(kvp_mconn_t *m, int fd, uint64_t seg_id, const kvp_record_entry_t *e,
-                              size_t n, kvp_record_refused_cb_t refused, void *arg,
-                              size_t *adopted_p, size_t *refused_p);
+kvp_status_t kvp_record_offer(kvp_mconn_t *m, kvp_chan_t *ch, uint64_t seg_id,
+                              const kvp_record_entry_t *e, size_t n,
+                              kvp_record_refused_cb_t refused, void *arg, size_t *adopted_p,
+                              size_t *refused_p);
 
 /* The record thread of a DRAM segment (SegRecord long polls on a connection of its own): it
  * keeps the segment's record current and offers it after each (re)mount. */

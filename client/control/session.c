@@ -123,7 +123,7 @@ static size_t releases_take(kvp_session_t *s, uint64_t **ids_p)
 }
 
 /* Runs on the thread that opened a new connection, before anyone else can use it. */
-static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
+static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool first)
 {
     kvp_session_t *s = arg;
     if (s->seg != NULL)
@@ -139,7 +139,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
         bool adopting = true;
         kvp_status_t st = mount_pack(s, true, adopting, &body, &len);
         if (st == KVP_OK)
-            st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+            st = kvp_mconn_ready_call(m, ch, KVP_RPC_MOUNT, body, len, &resp, &rlen);
         free(body);
         if (st == KVP_OK)
             st = mount_reply(s, resp, rlen, true, adopting);
@@ -158,7 +158,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
         uint8_t *body = NULL;
         size_t len;
         if (release_pack(ids, n, true, &body, &len) == KVP_OK &&
-            kvp_mconn_ready_send(m, fd, KVP_RPC_LEASE_RELEASE, body, len) != KVP_OK)
+            kvp_mconn_ready_send(m, ch, KVP_RPC_LEASE_RELEASE, body, len) != KVP_OK)
             KVP_LOG_WARN("cannot hand %zu read leases back to the master: they end by their TTL",
                          n);
         free(body);
@@ -182,10 +182,14 @@ kvp_status_t kvp_session_open(const kvp_session_params_t *params, kvp_session_t 
                             .resolve_arg = params->disc,
                             .timeout_ms = params->timeout_ms,
                             .on_ready = on_ready,
-                            .arg = s};
+                            .arg = s,
+                            .tls = params->tls,
+                            .token = params->token};
     kvp_status_t st = kvp_mconn_create(&p, &s->mc);
     if (st == KVP_OK)
         st = kvp_mconn_connect(s->mc);
+    if (st != KVP_OK && s->mc != NULL && params->err != NULL)
+        kvp_mconn_last_error(s->mc, params->err, params->err_len);
     if (st != KVP_OK) {
         kvp_session_close(s);
         return st;

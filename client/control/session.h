@@ -28,6 +28,10 @@ typedef struct kvp_session_params {
     uint64_t client_id;
     kvp_segment_t *seg; /* mounted on every new connection; NULL: mounts nothing */
     kvp_peers_t *peers; /* told the segment's id at each mount (borrowed) */
+    kvp_tls_t *tls;     /* TLS to the master (borrowed for the session's life); NULL: plain */
+    const char *token;  /* sent in an Auth request on each connection (copied); NULL: none */
+    char *err;          /* when open fails, why (a TLS refusal, a wrong token); may be NULL */
+    size_t err_len;
 } kvp_session_params_t;
 
 /* Connect (mounting the segment): any refusal is an error. The pointers are borrowed for the

@@ -120,7 +120,7 @@ static void forget_cb(void *arg, const kvp_record_entry_t *e)
 }
 
 /* Offer the file's objects, newest first; forget the refused ones. */
-static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t seg_id)
+static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, kvp_chan_t *ch, uint64_t seg_id)
 {
     entries_t es = {0};
     kvp_ssd_file_foreach(o->file, collect_cb, &es);
@@ -129,7 +129,7 @@ static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t s
     if (es.n > 1)
         qsort(es.e, es.n, sizeof(*es.e), newest_first);
     size_t adopted = 0, refused = 0;
-    kvp_status_t st = kvp_record_offer(m, fd, seg_id, es.e, es.n, forget_cb, o, &adopted, &refused);
+    kvp_status_t st = kvp_record_offer(m, ch, seg_id, es.e, es.n, forget_cb, o, &adopted, &refused);
     if (es.n > 0)
         KVP_LOG_INFO("SSD segment %s: %zu objects back in the pool, %zu refused (removed or "
                      "overwritten meanwhile) and forgotten%s",
@@ -140,7 +140,7 @@ static kvp_status_t adopt(kvp_ssd_owner_t *o, kvp_mconn_t *m, int fd, uint64_t s
     return es.nomem ? KVP_ERR_NOMEM : st;
 }
 
-static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
+static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool first)
 {
     (void)first;
     kvp_ssd_owner_t *o = arg;
@@ -163,7 +163,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
     if (body == NULL)
         return KVP_ERR_NOMEM;
     kvpool__mount_request__pack(&req, body);
-    kvp_status_t st = kvp_mconn_ready_call(m, fd, KVP_RPC_MOUNT, body, len, &resp, &rlen);
+    kvp_status_t st = kvp_mconn_ready_call(m, ch, KVP_RPC_MOUNT, body, len, &resp, &rlen);
     free(body);
     if (st != KVP_OK)
         return st;
@@ -185,7 +185,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
     KVP_LOG_INFO("mounted SSD segment %s (%llu bytes, file %s) as %#llx", o->name,
                  (unsigned long long)kvp_ssd_file_size(o->file), kvp_ssd_file_path(o->file),
                  (unsigned long long)id);
-    return adopt(o, m, fd, id);
+    return adopt(o, m, ch, id);
 }
 
 /* ---- the worker ---- */
@@ -523,7 +523,9 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
                                  .resolve_arg = p->disc,
                                  .timeout_ms = p->timeout_ms,
                                  .on_ready = on_ready,
-                                 .arg = o};
+                                 .arg = o,
+                                 .tls = p->tls,
+                                 .token = p->token};
         st = kvp_mconn_create(&mp, &o->mc);
         if (st == KVP_OK)
             st = kvp_mconn_connect(o->mc);

@@ -13,6 +13,7 @@
 #include "client/transfer/engine.h"
 #include "client/transfer/peer_table.h"
 #include "common/status.h"
+#include "common/tls.h"
 
 typedef struct kvp_ssd_owner kvp_ssd_owner_t;
 
@@ -30,6 +31,8 @@ typedef struct kvp_ssd_owner_params {
     uint64_t client_id;
     kvp_transfer_t *xfer; /* moves the bytes of offloads and promotions (borrowed) */
     kvp_peers_t *peers;   /* the DRAM segments they come from or go to (borrowed) */
+    kvp_tls_t *tls;       /* TLS to the master (borrowed); NULL: plain */
+    const char *token;    /* Auth on its master connection (copied); NULL: none */
 } kvp_ssd_owner_params_t;
 
 /* SsdTask kinds (proto/kvpool.proto). */

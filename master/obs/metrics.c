@@ -161,12 +161,25 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     }
 
     one(r, "kvpool_clients", "gauge", "Client connections open.", st->clients);
-    kvp_http_printf(r,
-                    "# HELP kvpool_connections_refused_total Connections refused, by reason "
-                    "(protected_mode: a peer of another host while no credentials are "
-                    "configured).\n# TYPE kvpool_connections_refused_total counter\n"
-                    "kvpool_connections_refused_total{reason=\"protected_mode\"} %" PRIu64 "\n",
-                    s->refused_protected);
+    kvp_http_printf(
+        r,
+        "# HELP kvpool_connections_refused_total Connections refused and closed, by reason "
+        "(protected_mode: a peer of another host while no credentials are configured; tls: a "
+        "failed TLS handshake; unauthenticated: a request before any credential; bad_token; "
+        "principal_removed: its principal left the ACL).\n"
+        "# TYPE kvpool_connections_refused_total counter\n"
+        "kvpool_connections_refused_total{reason=\"protected_mode\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"tls\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"unauthenticated\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"bad_token\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"principal_removed\"} %" PRIu64 "\n"
+        "# HELP kvpool_requests_refused_total Requests of a known principal refused by the ACL, "
+        "by reason (role: a method its roles do not allow; key: a key outside its patterns).\n"
+        "# TYPE kvpool_requests_refused_total counter\n"
+        "kvpool_requests_refused_total{reason=\"role\"} %" PRIu64 "\n"
+        "kvpool_requests_refused_total{reason=\"key\"} %" PRIu64 "\n",
+        s->refused_protected, s->refused_tls, s->refused_unauth, s->refused_token,
+        s->refused_removed, s->refused_role, s->refused_key);
     one(r, "kvpool_leader", "gauge", "1 while this master serves (standalone or the leader).",
         v->serving ? 1 : 0);
     one(r, "kvpool_epoch", "gauge", "The epoch this master leads under (0: standalone).",

@@ -36,6 +36,13 @@ kvp_status_t kvp_handle_ping(kvp_call_t *call, ProtobufCMessage *req_msg)
     return KVP_OK; /* an empty response */
 }
 
+kvp_status_t kvp_handle_auth(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    (void)call;
+    (void)req_msg;
+    return KVP_ERR_UNSUPPORTED; /* no --acl-file: this master takes no token */
+}
+
 kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     (void)req_msg; /* Stat takes no arguments: its body is ignored */
@@ -139,6 +146,23 @@ static bool on_segment(const kvp_object_t *obj, uint64_t segment_id)
     return false;
 }
 
+/* May the caller see / remove obj (its principal's key patterns)? */
+static bool may_key(const kvp_call_t *call, const kvp_object_t *obj)
+{
+    return call->who == NULL || kvp_principal_may_key(call->who, kvp_object_key(obj), obj->key_len);
+}
+
+/* List: a reader (its keys), or a segment's owner listing its own segment (a drain). */
+static bool may_list(const kvp_call_t *call, uint64_t segment_id)
+{
+    const kvp_principal_t *who = call->who;
+    if (who == NULL || (who->roles & (KVP_ROLE_READ | KVP_ROLE_ADMIN)))
+        return true;
+    const kvp_segment_t *seg =
+        segment_id != 0 ? kvp_segment_table_get(&call->st->segments, segment_id) : NULL;
+    return (who->roles & KVP_ROLE_SEGMENT) && seg != NULL && seg->owner_conn_id == call->conn_id;
+}
+
 kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -154,6 +178,15 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_status_t rc = KVP_ERR_NOMEM;
     uint32_t limit = req->limit == 0 ? LIST_DEFAULT : KVP_MIN(req->limit, LIST_MAX);
     resp.message = msg;
+    if (!may_list(call, req->segment_id)) {
+        resp.status = KVP_ERR_DENIED;
+        st->stats.refused_role++;
+        snprintf(msg, sizeof(msg),
+                 "principal %s may not list: that needs role read (or role segment, for a "
+                 "segment it serves itself)",
+                 call->who->name);
+        goto pack;
+    }
     if (req->pattern[0] != '\0') {
         resp.status = pattern_compile(req->pattern, &re, msg, sizeof(msg));
         have_re = resp.status == KVP_OK;
@@ -178,7 +211,8 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     uint64_t scanned = 0;
     for (; b < st->index.n_buckets && n < limit && scanned < LIST_SCAN_BUDGET; b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!on_segment(obj, req->segment_id) || !key_matches(obj, have_re ? &re : NULL))
+            if (!on_segment(obj, req->segment_id) || !key_matches(obj, have_re ? &re : NULL) ||
+                !may_key(call, obj))
                 continue;
             if (n == cap) {
                 /* a pathological chain: grow (rare; chains average below one) */
@@ -262,6 +296,14 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     regex_t re;
     bool have_re = false;
     kvp_object_t **victims = NULL;
+    if (req->all && call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN)) {
+        resp.status = KVP_ERR_DENIED;
+        snprintf(msg, sizeof(msg),
+                 "principal %s may not remove every object: that needs role admin",
+                 call->who->name);
+        call->st->stats.refused_role++;
+        goto pack;
+    }
     if (!req->all && req->pattern[0] == '\0') {
         resp.status = KVP_ERR_INVALID_ARG;
         snprintf(msg, sizeof(msg), "an empty pattern removes nothing; ask for all instead");
@@ -277,7 +319,7 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     size_t n = 0, cap = 0;
     for (uint64_t b = 0; b < st->index.n_buckets; b++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!key_matches(obj, have_re ? &re : NULL))
+            if (!key_matches(obj, have_re ? &re : NULL) || !may_key(call, obj))
                 continue;
             if (obj->state != KVP_OBJ_COMPLETE) {
                 resp.skipped_pending++;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kvpool.pb-c.h"
+#include "master/auth/acl.h"
 #include "master/state.h"
 
 /*
@@ -22,6 +23,7 @@
 typedef struct kvp_call {
     kvp_master_state_t *st;
     uint64_t conn_id;
+    const kvp_principal_t *who; /* the caller's principal; NULL: no ACL (anyone may) */
     const ProtobufCMessageDescriptor *resp_desc;
     uint8_t *resp;
     size_t resp_len;

@@ -36,6 +36,14 @@ kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
         resp.status = KVP_ERR_SEGMENT_GONE;
         snprintf(msg, sizeof(msg), "no segment %s is mounted",
                  req->segment_name[0] != '\0' ? req->segment_name : "with that id");
+    } else if (call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN) &&
+               seg->owner_conn_id != call->conn_id) {
+        resp.status = KVP_ERR_DENIED;
+        call->st->stats.refused_role++;
+        snprintf(msg, sizeof(msg),
+                 "principal %s may drain only the segments it serves itself; draining %s "
+                 "needs role admin",
+                 call->who->name, seg->name);
     } else if (seg->ssd) {
         resp.status = KVP_ERR_INVALID_ARG;
         snprintf(msg, sizeof(msg),

@@ -55,12 +55,13 @@ class Proc:
     """A child started with --ready-fd: .lines are the first `lines` lines it wrote on it
     (`kvpool serve --http-listen` writes two), .ready the first."""
 
-    def __init__(self, argv, timeout=10.0, lines=1, stderr=None):
+    def __init__(self, argv, timeout=10.0, lines=1, stderr=None, env=None):
         r, w = os.pipe()
         argv = [a if a != "{fd}" else str(w) for a in argv]
         self.argv = argv
         self.p = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=stderr)
+                                  stdout=subprocess.DEVNULL, stderr=stderr,
+                                  env=None if env is None else {**os.environ, **env})
         os.close(w)
         buf = b""
         deadline = time.monotonic() + timeout

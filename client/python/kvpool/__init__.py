@@ -42,6 +42,7 @@ _WHOLE_BATCH = frozenset(
         "KVP_ERR_NOMEM", "KVP_ERR_CONNECT", "KVP_ERR_TIMEOUT",
         "KVP_ERR_PROTOCOL", "KVP_ERR_VERSION", "KVP_ERR_FRAME_TOO_LARGE", "KVP_ERR_SYSTEM",
         "KVP_ERR_SHUTDOWN", "KVP_ERR_INTERNAL", "KVP_ERR_TOO_MANY", "KVP_ERR_NOT_LEADER",
+        "KVP_ERR_DENIED",
     )
 )
 
@@ -120,22 +121,26 @@ class Client:
 
     Client(master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
            data_host=None, segment_name=None, rdma_devices=None,
-           verify_crc=True, tcp_streams=0)
+           verify_crc=True, tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None,
+           token=None)
 
     master: "HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"; None: $KVPOOL_MASTER,
     else 127.0.0.1:50051. segment_size: bytes (or "1GiB") of DRAM to mount and
     serve to the pool; 0 mounts nothing. transport: "auto", "tcp", "shm", "rdma"
     (None: $KVPOOL_TRANSPORT, else auto).
-    rpc_timeout_ms: master RPC and transfer timeout (0: 10 s). The other
-    arguments are kvp_client_params_t's fields of the same names.
+    rpc_timeout_ms: master RPC and transfer timeout (0: 10 s). tls_ca (a CA file)
+    makes the master connection TLS 1.3; tls_cert/tls_key (mutual TLS) or token name
+    this client's principal; each None: $KVPOOL_TLS_CA, $KVPOOL_TLS_CERT,
+    $KVPOOL_TLS_KEY, $KVPOOL_TOKEN (so mooncake.store picks them up unchanged). The
+    other arguments are kvp_client_params_t's fields of the same names.
     """
 
     def __init__(self, master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
                  data_host=None, segment_name=None, rdma_devices=None, verify_crc=True,
-                 tcp_streams=0):
+                 tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None):
         self._c = _kvpool.Client(master, parse_size(segment_size), transport, rpc_timeout_ms,
                                  data_host, segment_name, rdma_devices, bool(verify_crc),
-                                 tcp_streams)
+                                 tcp_streams, tls_cert, tls_key, tls_ca, token)
         self._registered = {}  # address -> memoryview holding a registered buffer
         self._lock = _threading.Lock()
         self._aio = None  # kvpool.aio's queue, made by the first async call

@@ -42,7 +42,7 @@ int kvp_cli_rm_matching(const kvp_cli_t *cli, const char *regex, bool force)
     kvp_progress_end(prog, st == KVP_OK ? "done" : "failed");
     kvp_client_destroy(client);
     if (st != KVP_OK)
-        return kvp_cli_fail(kvp_strerror(st), "rm %s%s", all ? "--all" : "--regex ",
+        return kvp_cli_fail(kvp_cli_why(st), "rm %s%s", all ? "--all" : "--regex ",
                             all ? "" : regex);
     printf("removed %" PRIu64 " objects\n", removed);
     return KVP_CLI_OK;
@@ -86,7 +86,7 @@ static int drain_watch(kvp_client_t *client, const char *name, double wait_s, ui
         if (st != KVP_OK) {
             kvp_progress_end(prog, "failed");
             prog = NULL;
-            kvp_cli_fail(kvp_strerror(st), "drain %s: stat", name);
+            kvp_cli_fail(kvp_cli_why(st), "drain %s: stat", name);
             break;
         }
         if (present && first == UINT64_MAX) {
@@ -153,7 +153,7 @@ int kvp_cli_drain(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, 
     kvp_status_t st = kvp_request_drain(client, name);
     if (st != KVP_OK) {
         kvp_client_destroy(client);
-        return kvp_cli_fail(kvp_strerror(st), "drain %s", name);
+        return kvp_cli_fail(kvp_cli_why(st), "drain %s", name);
     }
     /* the owner drains and unmounts; watch for the segment to go */
     kvp_progress_t *prog = NULL;
@@ -365,7 +365,7 @@ int kvp_cli_stat(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, c
         kvp_pool_stat_t *st = NULL;
         kvp_status_t status = kvp_pool_stat(client, &st);
         if (status != KVP_OK) {
-            rc = kvp_cli_fail(kvp_strerror(status), "stat");
+            rc = kvp_cli_fail(kvp_cli_why(status), "stat");
             break;
         }
         if (watch && !json)

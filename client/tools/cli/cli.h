@@ -38,6 +38,10 @@ enum {
     KVP_CLI_OPT_PROGRESS,
     KVP_CLI_OPT_NO_PROGRESS,
     KVP_CLI_OPT_VERSION,
+    KVP_CLI_OPT_TLS_CERT,
+    KVP_CLI_OPT_TLS_KEY,
+    KVP_CLI_OPT_TLS_CA,
+    KVP_CLI_OPT_TOKEN_FILE,
 };
 
 /* The global options that may also be keys of a serve config file (and flags after
@@ -47,8 +51,12 @@ enum {
         {"transport", required_argument, NULL, KVP_CLI_OPT_TRANSPORT},                             \
         {"timeout-ms", required_argument, NULL, KVP_CLI_OPT_TIMEOUT},                              \
         {"rdma-device", required_argument, NULL, KVP_CLI_OPT_RDMA_DEVICE},                         \
+        {"rdma-host", required_argument, NULL, KVP_CLI_OPT_RDMA_HOST},                             \
+        {"tls-cert", required_argument, NULL, KVP_CLI_OPT_TLS_CERT},                               \
+        {"tls-key", required_argument, NULL, KVP_CLI_OPT_TLS_KEY},                                 \
+        {"tls-ca", required_argument, NULL, KVP_CLI_OPT_TLS_CA},                                   \
     {                                                                                              \
-        "rdma-host", required_argument, NULL, KVP_CLI_OPT_RDMA_HOST                                \
+        "token-file", required_argument, NULL, KVP_CLI_OPT_TOKEN_FILE                              \
     }
 
 /* Progress reports (kvp_cli_t.progress): on long work only, always, never. */
@@ -61,9 +69,14 @@ typedef struct kvp_cli {
     uint32_t timeout_ms;      /* 0: library default */
     const char *rdma_devices; /* NULL: library default */
     const char *rdma_host;
-    unsigned given; /* bit (KVP_CLI_OPT_x - KVP_CLI_OPT_MASTER): set on the command line
-                     * before the command */
-    int progress;   /* KVP_CLI_PROGRESS_* */
+    /* the master connection's security; NULL: the library's ($KVPOOL_TLS_*, $KVPOOL_TOKEN) */
+    const char *tls_cert;
+    const char *tls_key;
+    const char *tls_ca;
+    const char *token; /* read from --token-file (never a flag: ps would show it) */
+    unsigned given;    /* bit (KVP_CLI_OPT_x - KVP_CLI_OPT_MASTER): set on the command line
+                        * before the command */
+    int progress;      /* KVP_CLI_PROGRESS_* */
 } kvp_cli_t;
 
 typedef struct kvp_cli_command kvp_cli_command_t;
@@ -117,6 +130,11 @@ int kvp_cli_check_master(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, con
 /* "kvpool: WHAT: WHY" on stderr, WHY being kvp_strerror() or strerror(); returns
  * KVP_CLI_FAIL. */
 int kvp_cli_fail(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Why a call failed, for kvp_cli_fail: a refusal in the peer's own words (a master's ACL
+ * reason), else st's text. */
+const char *kvp_cli_why(kvp_status_t st);
+/* The token in a file (one line; at most 1023 bytes), in a static buffer; NULL: none. */
+const char *kvp_cli_read_token(const char *path);
 
 /* The message, then the command's usage line (cmd NULL: the whole text) on stderr;
  * returns KVP_CLI_USAGE. */

@@ -101,6 +101,35 @@ bool kvp_cli_parse_seconds(const char *text, double *value_p)
     return true;
 }
 
+const char *kvp_cli_why(kvp_status_t st)
+{
+    const char *le = kvp_client_last_error(); /* "OP: the master's reason" */
+    const char *colon = strstr(le, ": ");
+    return st == KVP_ERR_DENIED && colon != NULL ? colon + 2 : kvp_strerror(st);
+}
+
+/* Why create failed: the library's own sentence (a refused certificate or token), else st's. */
+static const char *create_why(kvp_status_t st)
+{
+    const char *le = kvp_client_last_error();
+    return strncmp(le, "create: ", 8) == 0 ? le + 8 : kvp_strerror(st);
+}
+
+const char *kvp_cli_read_token(const char *path)
+{
+    static char token[1024];
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    size_t n = fread(token, 1, sizeof(token) - 1, f);
+    bool more = fgetc(f) != EOF;
+    fclose(f);
+    while (n > 0 && (token[n - 1] == '\n' || token[n - 1] == '\r'))
+        n--;
+    token[n] = '\0';
+    return n > 0 && !more ? token : NULL;
+}
+
 kvp_status_t kvp_cli_client_open(const kvp_cli_t *cli, kvp_client_params_t *params,
                                  kvp_client_t **client_p)
 {
@@ -114,6 +143,10 @@ kvp_status_t kvp_cli_client_open(const kvp_cli_t *cli, kvp_client_params_t *para
     params->rpc_timeout_ms = cli->timeout_ms;
     params->rdma_devices = cli->rdma_devices;
     params->rdma_host = cli->rdma_host;
+    params->tls_cert = cli->tls_cert;
+    params->tls_key = cli->tls_key;
+    params->tls_ca = cli->tls_ca;
+    params->token = cli->token;
     kvp_status_t status = kvp_client_create(params, client_p);
     if (status == KVP_ERR_CONNECT)
         fprintf(stderr,
@@ -121,7 +154,7 @@ kvp_status_t kvp_cli_client_open(const kvp_cli_t *cli, kvp_client_params_t *para
                 "kvpool: is kvpool-master running there? (set --master or $KVPOOL_MASTER)\n",
                 cli->master, kvp_strerror(status));
     else if (status != KVP_OK)
-        kvp_cli_fail(kvp_strerror(status), "cannot create a client for master %s", cli->master);
+        kvp_cli_fail(create_why(status), "cannot create a client for master %s", cli->master);
     return status;
 }
 

@@ -83,6 +83,12 @@ static const char global_usage[] =
     "  --rdma-host IPV4          address serve's rdma listener binds and advertises\n"
     "                            (default $KVPOOL_RDMA_HOST, else the device's own)\n"
     "  --timeout-ms N            master RPC and transfer timeout\n"
+    "  --tls-ca FILE             TLS 1.3 to the master, whose certificate FILE's CA signs\n"
+    "                            (default $KVPOOL_TLS_CA; docs/operations.md, Security)\n"
+    "  --tls-cert FILE, --tls-key FILE  our client certificate (mutual TLS; default\n"
+    "                            $KVPOOL_TLS_CERT, $KVPOOL_TLS_KEY)\n"
+    "  --token-file FILE         our principal's token, read from FILE (default\n"
+    "                            $KVPOOL_TOKEN); sent over TLS only\n"
     "  --progress, --no-progress progress on stderr (a bar on a terminal, else a line\n"
     "                            every 2 s) always / never; default: for long work only\n"
     "                            (drain, removing many keys, objects of 32 MiB or more)\n"
@@ -135,6 +141,20 @@ int kvp_cli_global_option(kvp_cli_t *cli, const kvp_cli_command_t *cmd, int opt,
         if (!kvp_cli_parse_uint(arg, UINT32_MAX, &v) || v == 0)
             return kvp_cli_usage_error(cmd, "--timeout-ms needs milliseconds >= 1, got '%s'", arg);
         cli->timeout_ms = (uint32_t)v;
+        break;
+    case KVP_CLI_OPT_TLS_CERT:
+        cli->tls_cert = arg;
+        break;
+    case KVP_CLI_OPT_TLS_KEY:
+        cli->tls_key = arg;
+        break;
+    case KVP_CLI_OPT_TLS_CA:
+        cli->tls_ca = arg;
+        break;
+    case KVP_CLI_OPT_TOKEN_FILE:
+        cli->token = kvp_cli_read_token(arg);
+        if (cli->token == NULL)
+            return kvp_cli_usage_error(cmd, "--token-file %s: cannot read a token from it", arg);
         break;
     case KVP_CLI_OPT_PROGRESS:
         cli->progress = KVP_CLI_PROGRESS_ALWAYS;

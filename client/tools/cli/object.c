@@ -176,7 +176,7 @@ int kvp_cli_put(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, ch
     const char *path = argv[optind + 1];
     /* Before reading what may be gigabytes of stdin. */
     if (!kvp_key_valid(key, strlen(key)))
-        return kvp_cli_fail(kvp_strerror(KVP_ERR_BAD_KEY), "put %s", key);
+        return kvp_cli_fail(kvp_cli_why(KVP_ERR_BAD_KEY), "put %s", key);
 
     input_t in;
     rc = input_load(path, &in);
@@ -211,7 +211,7 @@ int kvp_cli_put(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, ch
     kvp_client_destroy(client);
     input_release(&in);
     if (status != KVP_OK)
-        return kvp_cli_fail(kvp_strerror(result != KVP_OK ? result : status), "put %s", key);
+        return kvp_cli_fail(kvp_cli_why(result != KVP_OK ? result : status), "put %s", key);
     if (written < config.replica_num)
         fprintf(stderr, "kvpool: put %s: stored with %u of %u replicas\n", key, written,
                 config.replica_num);
@@ -349,7 +349,7 @@ int kvp_cli_get(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, ch
         kvp_progress_phase(prog, what, (uint64_t)got);
     }
     if (got < 0)
-        rc = kvp_cli_fail(kvp_strerror((kvp_status_t)got), "get %s", key);
+        rc = kvp_cli_fail(kvp_cli_why((kvp_status_t)got), "get %s", key);
     else if (strcmp(path, "-") == 0 && !write_all_progress(STDOUT_FILENO, buf, (size_t)got, prog))
         /* A reader that went away (| head) is not worth a message. */
         rc = errno == EPIPE ? KVP_CLI_FAIL
@@ -573,7 +573,7 @@ int kvp_cli_ls(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, cha
         ps = NULL;
     kvp_client_destroy(client);
     if (st != KVP_OK)
-        return kvp_cli_fail(kvp_strerror(st), "ls %s", pattern);
+        return kvp_cli_fail(kvp_cli_why(st), "ls %s", pattern);
     bool more = n > limit;
     if (more)
         n = (size_t)limit;

@@ -218,7 +218,7 @@ static int serve_start(serve_t *s)
     kvp_status_t hst = kvp_http_start(s->http_listen, serve_http_handler, &s->hs, &s->http, &port);
     if (hst != KVP_OK) {
         kvp_client_destroy(s->client);
-        return kvp_cli_fail(kvp_strerror(hst), "--http-listen %s", s->http_listen);
+        return kvp_cli_fail(kvp_cli_why(hst), "--http-listen %s", s->http_listen);
     }
     char host[256];
     kvp_parse_hostport(s->http_listen, host, sizeof(host), &(uint16_t){0});
@@ -292,7 +292,7 @@ static void serve_drain(serve_t *s)
         st = KVP_OK;
     }
     if (st != KVP_OK)
-        fprintf(stderr, "kvpool: drain of %s: %s\n", s->name, kvp_strerror(st));
+        fprintf(stderr, "kvpool: drain of %s: %s\n", s->name, kvp_cli_why(st));
     printf("segment %s drained in %.1f s: %" PRIu64 " objects moved, %" PRIu64 " left the pool\n",
            s->name, (double)(kvp_now_ms() - t0) / 1000.0, moved, lost);
     fflush(stdout);

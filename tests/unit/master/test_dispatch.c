@@ -77,6 +77,8 @@ static const expect_t expected[] = {
      &kvpool__adopt_response__descriptor},
     {KVP_RPC_SEG_RECORD, kvp_handle_seg_record, &kvpool__seg_record_request__descriptor,
      &kvpool__seg_record_response__descriptor},
+    {KVP_RPC_AUTH, kvp_handle_auth, &kvpool__auth_request__descriptor,
+     &kvpool__auth_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 
@@ -133,7 +135,7 @@ static void test_unknown_method(void **state)
         size_t rlen = 7;
         char err[256] = "";
         char want[64];
-        kvp_status_t s = kvp_dispatch_handle(st, 1, unknown[i], (const uint8_t *)"", 0, &resp,
+        kvp_status_t s = kvp_dispatch_handle(st, 1, NULL, unknown[i], (const uint8_t *)"", 0, &resp,
                                              &rlen, err, sizeof(err));
         assert_int_equal(s, KVP_ERR_UNKNOWN_METHOD);
         snprintf(want, sizeof(want), "unknown method %u", unknown[i]);
@@ -152,7 +154,7 @@ static void test_undecodable_body(void **state)
         uint8_t *resp = NULL;
         size_t rlen = 0;
         char err[256] = "";
-        kvp_status_t s = kvp_dispatch_handle(st, 1, expected[i].id, junk, sizeof(junk), &resp,
+        kvp_status_t s = kvp_dispatch_handle(st, 1, NULL, expected[i].id, junk, sizeof(junk), &resp,
                                              &rlen, err, sizeof(err));
         if (expected[i].req == NULL) {
             /* Ping and Stat ignore their body */

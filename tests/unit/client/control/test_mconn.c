@@ -144,10 +144,10 @@ static void fake_stop(fake_t *f)
     free(f);
 }
 
-static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, int fd, bool first)
+static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool first)
 {
     (void)m;
-    (void)fd;
+    (void)ch;
     fake_t *f = arg;
     f->ready_calls++;
     f->ready_first += first;
