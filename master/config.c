@@ -195,18 +195,21 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
     }
     bool tls = cfg->tls_cert[0] || cfg->tls_key[0] || cfg->tls_ca[0] || cfg->tls_crl[0];
     if (tls && (!cfg->tls_cert[0] || !cfg->tls_key[0] || !cfg->acl_file[0])) {
-        snprintf(err, err_len, "TLS needs --tls-cert, --tls-key and --acl-file (who may do what); "
-                               "--tls-ca for client certificates");
+        snprintf(err, err_len,
+                 "TLS needs --tls-cert, --tls-key and --acl-file (who may do what); "
+                 "--tls-ca for client certificates");
         return KVP_ERR_INVALID_ARG;
     }
     if (cfg->acl_file[0] && !tls) {
-        snprintf(err, err_len, "--acl-file needs TLS (--tls-cert, --tls-key): tokens and "
-                               "principals are never sent in the clear");
+        snprintf(err, err_len,
+                 "--acl-file needs TLS (--tls-cert, --tls-key): tokens and "
+                 "principals are never sent in the clear");
         return KVP_ERR_INVALID_ARG;
     }
     if (tls && strcmp(cfg->auth, "none") == 0) {
-        snprintf(err, err_len, "--auth none opens the port to anyone: it cannot go with --tls-cert "
-                               "and --acl-file");
+        snprintf(err, err_len,
+                 "--auth none opens the port to anyone: it cannot go with --tls-cert "
+                 "and --acl-file");
         return KVP_ERR_INVALID_ARG;
     }
     if (cfg->ssd_evict_low > cfg->ssd_evict_high) {

@@ -36,8 +36,9 @@ const kvp_method_t *kvp_dispatch_table(size_t *n_p);
  * body, unknown method): the caller replies with the status and `errmsg`.
  */
 kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
-                                 const kvp_principal_t *who, uint16_t method, const uint8_t *body, size_t body_len, uint8_t **resp_p,
-                                 size_t *resp_len_p, char *errmsg, size_t errmsg_len);
+                                 const kvp_principal_t *who, uint16_t method, const uint8_t *body,
+                                 size_t body_len, uint8_t **resp_p, size_t *resp_len_p,
+                                 char *errmsg, size_t errmsg_len);
 
 /* A connection closed: end its moves, revoke its PENDING puts, unmount its segments. */
 void kvp_dispatch_conn_closed(kvp_master_state_t *st, uint64_t conn_id);

@@ -239,7 +239,8 @@ static void *call_rpc(kvp_master_state_t *st, uint16_t method, const ProtobufCMe
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char err[256];
-    kvp_status_t s = kvp_dispatch_handle(st, 0, NULL, method, body, len, &resp, &rlen, err, sizeof(err));
+    kvp_status_t s =
+        kvp_dispatch_handle(st, 0, NULL, method, body, len, &resp, &rlen, err, sizeof(err));
     if (body != small)
         free(body); /* NULL or a malloc'd one */
     void *msg = NULL;

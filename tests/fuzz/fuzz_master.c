@@ -77,8 +77,8 @@ static void handle(kvp_master_state_t *st, uint64_t conn_id, uint16_t method, co
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char errmsg[256] = "";
-    kvp_status_t s = kvp_dispatch_handle(st, conn_id, NULL, method, body, body_len, &resp, &rlen, errmsg,
-                                         sizeof(errmsg));
+    kvp_status_t s = kvp_dispatch_handle(st, conn_id, NULL, method, body, body_len, &resp, &rlen,
+                                         errmsg, sizeof(errmsg));
     /* Not OK: a frame-level error reply (errmsg); the server sends no body then. */
     if (s == KVP_OK)
         check(resp != NULL || rlen == 0, "KVP_OK with a response length but no response");

@@ -22,7 +22,8 @@ void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const Pro
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char err[256] = "";
-    kvp_status_t s = kvp_dispatch_handle(st, conn, NULL, method, body, n, &resp, &rlen, err, sizeof(err));
+    kvp_status_t s =
+        kvp_dispatch_handle(st, conn, NULL, method, body, n, &resp, &rlen, err, sizeof(err));
     free(body);
     if (s != KVP_OK)
         fail_msg("method %u: frame-level status %d (%s)", method, s, err);

@@ -412,8 +412,8 @@ static void lease_release(kvp_master_state_t *st, const uint64_t *ids, size_t n)
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char err[128] = "";
-    kvp_status_t s = kvp_dispatch_handle(st, C3, NULL, KVP_RPC_LEASE_RELEASE, body, len, &resp, &rlen,
-                                         err, sizeof(err));
+    kvp_status_t s = kvp_dispatch_handle(st, C3, NULL, KVP_RPC_LEASE_RELEASE, body, len, &resp,
+                                         &rlen, err, sizeof(err));
     if (s != KVP_OK)
         fail_msg("LeaseRelease of %zu ids: frame-level status %d (%s)", n, s, err);
     assert_null(resp);

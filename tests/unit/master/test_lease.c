@@ -159,8 +159,8 @@ static void read_end(kvp_master_state_t *st, const uint64_t *ids, size_t n)
     uint8_t *resp = (uint8_t *)1;
     size_t rlen = 1;
     char err[128];
-    assert_int_equal(kvp_dispatch_handle(st, READER, NULL, KVP_RPC_LEASE_RELEASE, body, len, &resp, &rlen,
-                                         err, sizeof(err)),
+    assert_int_equal(kvp_dispatch_handle(st, READER, NULL, KVP_RPC_LEASE_RELEASE, body, len, &resp,
+                                         &rlen, err, sizeof(err)),
                      KVP_OK);
     assert_null(resp);
     assert_int_equal(rlen, 0);

@@ -392,8 +392,8 @@ static int32_t subscribe(fx_t *fx, uint64_t conn, uint64_t seg, uint64_t client_
     size_t len = kvpool__seg_record_request__pack(&req, body), rlen = 0;
     char err[128] = "";
     fx->st.stream_segment = 0;
-    assert_int_equal(kvp_dispatch_handle(&fx->st, conn, NULL, KVP_RPC_SEG_RECORD, body, len, &resp, &rlen,
-                                         err, sizeof(err)),
+    assert_int_equal(kvp_dispatch_handle(&fx->st, conn, NULL, KVP_RPC_SEG_RECORD, body, len, &resp,
+                                         &rlen, err, sizeof(err)),
                      KVP_OK);
     if (resp == NULL) {
         assert_int_equal(rlen, 0);

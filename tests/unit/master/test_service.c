@@ -60,7 +60,8 @@ static kvp_status_t handle_raw(kvp_master_state_t *st, uint64_t conn, uint16_t m
                                const uint8_t *body, size_t len, uint8_t **resp_p,
                                size_t *resp_len_p, char *errmsg, size_t errmsg_len)
 {
-    return kvp_dispatch_handle(st, conn, NULL, method, body, len, resp_p, resp_len_p, errmsg, errmsg_len);
+    return kvp_dispatch_handle(st, conn, NULL, method, body, len, resp_p, resp_len_p, errmsg,
+                               errmsg_len);
 }
 
 /* Mount; *msg_p (optional, 256 bytes) gets the response's message. */

@@ -316,8 +316,8 @@ static void test_long_poll_parks_when_idle(void **state)
     size_t len = kvpool__ssd_tasks_request__pack(&req, body), rlen = 0;
     char err[128];
     fx->st.may_park = true;
-    assert_int_equal(kvp_dispatch_handle(&fx->st, C_SSD, NULL, KVP_RPC_SSD_TASKS, body, len, &resp, &rlen,
-                                         err, sizeof(err)),
+    assert_int_equal(kvp_dispatch_handle(&fx->st, C_SSD, NULL, KVP_RPC_SSD_TASKS, body, len, &resp,
+                                         &rlen, err, sizeof(err)),
                      KVP_OK);
     assert_true(fx->st.parked); /* no task: held, no answer */
     assert_int_equal(rlen, 0);
