@@ -30,6 +30,8 @@ struct kvp_http {
     struct MHD_Daemon *d;
     kvp_http_handler_fn fn;
     void *arg;
+    char *cert, *key; /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
+    size_t cert_len, key_len;
 };
 
 struct kvp_http_request {
@@ -164,8 +166,49 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     KVP_LOG_DEBUG("http: %s", line);
 }
 
+const char *kvp_http_header(const kvp_http_request_t *req, const char *name)
+{
+    return MHD_lookup_connection_value(req->c, MHD_HEADER_KIND, name);
+}
+
+/* A whole (small) file as a NUL-terminated string; NULL: unreadable or over 1 MiB. */
+static char *slurp(const char *path, size_t *len_p)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return NULL;
+    char *buf = malloc(1u << 20);
+    size_t n = buf != NULL ? fread(buf, 1, (1u << 20) - 1, f) : 0;
+    bool whole = feof(f) != 0;
+    fclose(f);
+    if (buf == NULL || !whole || n == 0) {
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len_p = n;
+    return buf;
+}
+
+static void wipe_free(char *p, size_t len)
+{
+    if (p == NULL)
+        return;
+    volatile char *v = p;
+    for (size_t i = 0; i < len; i++)
+        v[i] = 0;
+    free(p);
+}
+
 kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *arg,
                             kvp_http_t **http_p, uint16_t *bound_port_p)
+{
+    return kvp_http_start_tls(hostport, NULL, NULL, fn, arg, http_p, bound_port_p);
+}
+
+kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, const char *key_file,
+                                kvp_http_handler_fn fn, void *arg, kvp_http_t **http_p,
+                                uint16_t *bound_port_p)
 {
     char host[256];
     uint16_t port;
@@ -182,15 +225,36 @@ kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *
         return KVP_ERR_NOMEM;
     h->fn = fn;
     h->arg = arg;
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG,
-                            port, NULL, NULL, answer, h, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE,
-                            (unsigned)KVP_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)KVP_HTTP_MAX_CONNS, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-                            (size_t)KVP_HTTP_CONN_MEMORY, MHD_OPTION_LISTENING_ADDRESS_REUSE,
-                            (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+    unsigned tls = 0;
+    if (cert_file != NULL) {
+        h->cert = slurp(cert_file, &h->cert_len);
+        h->key = slurp(key_file, &h->key_len);
+        if (h->cert == NULL || h->key == NULL) {
+            free(h->cert);
+            wipe_free(h->key, h->key_len);
+            free(h);
+            return KVP_ERR_INVALID_ARG;
+        }
+        tls = MHD_USE_TLS;
+    }
+    struct MHD_OptionItem tls_opts[] = {
+        {MHD_OPTION_HTTPS_MEM_CERT, 0, h->cert},
+        {MHD_OPTION_HTTPS_MEM_KEY, 0, h->key},
+        {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)"NORMAL:-VERS-ALL:+VERS-TLS1.3"},
+        {MHD_OPTION_END, 0, NULL},
+    };
+    struct MHD_OptionItem no_opts[] = {{MHD_OPTION_END, 0, NULL}};
+    h->d = MHD_start_daemon(
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | tls, port, NULL, NULL,
+        answer, h, MHD_OPTION_ARRAY, tls ? tls_opts : no_opts, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)KVP_HTTP_THREADS,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)KVP_HTTP_MAX_CONNS, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)KVP_HTTP_CONN_MEMORY, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (h->d == NULL) {
+        free(h->cert);
+        wipe_free(h->key, h->key_len);
         free(h);
         return KVP_ERR_SYSTEM;
     }
@@ -207,5 +271,7 @@ void kvp_http_stop(kvp_http_t *h)
     if (h == NULL)
         return;
     MHD_stop_daemon(h->d);
+    free(h->cert);
+    wipe_free(h->key, h->key_len);
     free(h);
 }

@@ -49,6 +49,14 @@ void kvp_http_json_string(kvp_http_reply_t *reply, const char *s, size_t len);
  */
 kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *arg,
                             kvp_http_t **http_p, uint16_t *bound_port_p);
+/* The same over HTTPS (TLS 1.3 only) with a PEM certificate and key (kept in memory
+ * until stop, then wiped). KVP_ERR_INVALID_ARG when a file cannot be read. */
+kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, const char *key_file,
+                                kvp_http_handler_fn fn, void *arg, kvp_http_t **http_p,
+                                uint16_t *bound_port_p);
+/* A request header (e.g. "Authorization"), or NULL. */
+const char *kvp_http_header(const kvp_http_request_t *req, const char *name);
+
 /* Stop serving, close every connection, wait for the handler threads. NULL is fine. */
 void kvp_http_stop(kvp_http_t *http);
 

@@ -146,6 +146,9 @@ kvp_status_t kvp_tls_create(const kvp_tls_params_t *p, bool server, kvp_tls_t **
         goto err_free;
     }
     SSL_CTX_set_min_proto_version(t->ctx, TLS1_3_VERSION);
+    /* a peer that closes without close_notify (a client that exited) ends the session as
+     * a close, not as an error: it is not a refusal */
+    SSL_CTX_set_options(t->ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
     SSL_CTX_set_mode(t->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     /* One ticket, never used to resume: it is the server's word that it took our
      * certificate (TLS 1.3 ends the client's handshake before the server has checked it;
@@ -263,6 +266,10 @@ static ssize_t io_result(SSL *ssl, int r, size_t n, bool reading, char *err, siz
     case SSL_ERROR_SYSCALL:
         if (reading && ERR_peek_error() == 0 && SSL_is_init_finished(ssl))
             return 0; /* closed without close_notify: a client that exited */
+        if (reading && ERR_peek_error() == 0 && errno == 0) {
+            ERR_clear_error();
+            return 0; /* closed before a handshake began (a port probe) */
+        }
         break;
     default:
         break;
@@ -389,8 +396,12 @@ kvp_status_t kvp_chan_open(kvp_tls_t *tls, int fd, const char *host, uint32_t ti
             continue;
         }
         char why[256];
+        /* the peer just closed: not a TLS port (a master without --tls-cert drops what is
+         * not a kvpool frame) */
+        bool eof = e == SSL_ERROR_SYSCALL || e == SSL_ERROR_ZERO_RETURN ||
+                   ERR_GET_REASON(ERR_peek_last_error()) == SSL_R_UNEXPECTED_EOF_WHILE_READING;
         session_err(ch->ssl, e, why, sizeof(why));
-        if (e == SSL_ERROR_SYSCALL && SSL_get_verify_result(ch->ssl) == X509_V_OK) {
+        if (eof && SSL_get_verify_result(ch->ssl) == X509_V_OK) {
             snprintf(err, err_len,
                      "TLS handshake with %s: the master closed the connection (does it run "
                      "with --tls-cert? %s)",
@@ -439,6 +450,8 @@ void kvp_chan_close(kvp_chan_t *ch)
 {
     if (ch == NULL)
         return;
+    if (ch->ssl != NULL && SSL_is_init_finished(ch->ssl))
+        (void)SSL_shutdown(ch->ssl); /* close_notify, best effort: we do not wait for its */
     SSL_free(ch->ssl);
     close(ch->fd);
     pthread_mutex_destroy(&ch->lock);

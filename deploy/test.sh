@@ -65,16 +65,34 @@ run_suite() { # builddir, setup args...; returns non-zero when the build failed
 # against a build dir's tree (PYTHONPATH, the daemons the fixtures start); each test
 # counts. The interpreter: the first python3 that imports pytest, numpy and the built
 # module (a pyenv python3 without pytest falls back to Debian's /usr/bin/python3).
-run_pytest() { # builddir
-  local dir=$1 py
+run_pytest() { # builddir [output name]
+  local dir=$1 out=${2:-pytest} py
   if ! py=$(deploy/pick-python.sh "$dir"); then
     echo "pytest: cannot run"
     failed=$((failed+1)); rc_all=1; return
   fi
   PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
     KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
-    "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$dir/pytest.out"
-  tally_pytest "$dir/pytest.out" "${PIPESTATUS[0]}"
+    "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$dir/$out.out"
+  tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
+}
+
+# The Python suite a second time with TLS 1.3 and an ACL on every master it starts
+# (tests/python/conftest.py, TLS_DIR): certificates from deploy/make-certs.sh, one admin
+# principal named by its client certificate, which every client, serve and CLI of the
+# tests presents through $KVPOOL_TLS_*. (test_ops_http.py, the plain-HTTP views, runs in
+# the plain pass only; test_security.py makes its own certificates and ACLs.)
+run_pytest_tls() { # builddir
+  local dir=$1 tls
+  tls=$(mktemp -d)
+  if ! deploy/make-certs.sh "$tls" admin >"$dir/make-certs.log" 2>&1; then
+    cat "$dir/make-certs.log"; echo "pytest (TLS): cannot make certificates"
+    failed=$((failed+1)); rc_all=1; rm -rf "$tls"; return
+  fi
+  printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$tls/acl.conf"
+  KVPOOL_TEST_TLS_DIR=$tls KVPOOL_TLS_CA=$tls/ca.crt KVPOOL_TLS_CERT=$tls/admin.crt \
+    KVPOOL_TLS_KEY=$tls/admin.key run_pytest "$dir" pytest-tls
+  rm -rf "$tls"
 }
 
 # Count a pytest run from its output's last line ("2 failed, 46 passed, 1 error in 31.2s")
@@ -109,6 +127,7 @@ if run_suite build; then
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
   run_pytest build
+  run_pytest_tls build
   # The module with CUDA device memory (tests/gpu/test_gpu_python.py) against the test
   # double of the driver (tests/gpu/fake_cuda.c): device pointers from Python take the
   # library's GPU path, and nothing touches device memory on the CPU. It proves nothing

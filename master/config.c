@@ -200,6 +200,12 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
                  "--tls-ca for client certificates");
         return KVP_ERR_INVALID_ARG;
     }
+    if (cfg->tls_crl[0] && !cfg->tls_ca[0]) {
+        snprintf(err, err_len,
+                 "--tls-crl revokes client certificates: it needs --tls-ca (the CA "
+                 "that signs them)");
+        return KVP_ERR_INVALID_ARG;
+    }
     if (cfg->acl_file[0] && !tls) {
         snprintf(err, err_len,
                  "--acl-file needs TLS (--tls-cert, --tls-key): tokens and "

@@ -100,10 +100,27 @@ const kvp_method_t *kvp_dispatch_table(size_t *n_p)
 }
 
 /* Every key of a request whose type has a repeated bytes field "keys" (keys batches,
- * PutStart, PutEnd): may `who` touch them all? NULL when so, else the first that it may not. */
+ * PutStart, PutEnd), or repeated "entries" each with a bytes "key" (Adopt: an owner offering
+ * what its segment holds): may `who` touch them all? NULL when so, else the first that it
+ * may not. */
 static const ProtobufCBinaryData *key_refused(const kvp_principal_t *who,
                                               const ProtobufCMessage *req)
 {
+    const ProtobufCFieldDescriptor *e =
+        protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "entries");
+    if (e != NULL && e->type == PROTOBUF_C_TYPE_MESSAGE && e->label == PROTOBUF_C_LABEL_REPEATED) {
+        const ProtobufCFieldDescriptor *k = protobuf_c_message_descriptor_get_field_by_name(
+            (const ProtobufCMessageDescriptor *)e->descriptor, "key");
+        size_t n = *(const size_t *)((const char *)req + e->quantifier_offset);
+        ProtobufCMessage *const *ents =
+            *(ProtobufCMessage *const *const *)((const char *)req + e->offset);
+        for (size_t i = 0; k != NULL && k->type == PROTOBUF_C_TYPE_BYTES && i < n; i++) {
+            const ProtobufCBinaryData *key =
+                (const ProtobufCBinaryData *)((const char *)ents[i] + k->offset);
+            if (!kvp_principal_may_key(who, key->data, key->len))
+                return key;
+        }
+    }
     const ProtobufCFieldDescriptor *f =
         protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "keys");
     if (f == NULL || f->type != PROTOBUF_C_TYPE_BYTES || f->label != PROTOBUF_C_LABEL_REPEATED)

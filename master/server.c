@@ -449,7 +449,7 @@ static void handle_auth(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t
         deny(srv, c, h,
              who == NULL ? "authentication failed: no principal has this token"
                          : "authentication failed: the token names another principal than the "
-                           "connection's certificate",
+                           "one this connection already has",
              true);
         return;
     }
@@ -498,24 +498,53 @@ static bool admit(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, c
 }
 
 /* Admin actions go to the audit log: who, from where, what, and how it ended. */
-static void audit(conn_t *c, uint16_t method, const uint8_t *body, size_t len, kvp_status_t s)
+static void audit(conn_t *c, uint16_t method, const uint8_t *body, size_t len, kvp_status_t s,
+                  const uint8_t *resp, size_t rlen)
 {
-    const char *what = NULL;
+    char what[600], outcome[400];
     if (method == KVP_RPC_DRAIN) {
-        what = "drain";
+        Kvpool__DrainRequest *r = kvpool__drain_request__unpack(NULL, len, body);
+        snprintf(what, sizeof(what), "drain of segment %.200s",
+                 r == NULL            ? "?"
+                 : r->segment_name[0] ? r->segment_name
+                                      : "(by id)");
+        if (r != NULL)
+            kvpool__drain_request__free_unpacked(r, NULL);
+        Kvpool__DrainResponse *a =
+            s == KVP_OK ? kvpool__drain_response__unpack(NULL, rlen, resp) : NULL;
+        if (a != NULL)
+            s = a->status;
+        snprintf(outcome, sizeof(outcome), "%s%s%.300s", kvp_strerror(s),
+                 a != NULL && a->message[0] ? ": " : "", a != NULL ? a->message : "");
+        if (a != NULL)
+            kvpool__drain_response__free_unpacked(a, NULL);
     } else if (method == KVP_RPC_REMOVE_BY_REGEX) {
         Kvpool__RemoveByRegexRequest *r = kvpool__remove_by_regex_request__unpack(NULL, len, body);
-        what = r != NULL && r->all ? "remove-all" : "remove-by-regex";
+        if (r != NULL && r->all)
+            snprintf(what, sizeof(what), "remove-all%s", r->force ? " --force" : "");
+        else
+            snprintf(what, sizeof(what), "remove-by-regex '%.300s'%s", r ? r->pattern : "?",
+                     r && r->force ? " --force" : "");
         if (r != NULL)
             kvpool__remove_by_regex_request__free_unpacked(r, NULL);
-    }
-    if (what == NULL)
+        Kvpool__RemoveByRegexResponse *a =
+            s == KVP_OK ? kvpool__remove_by_regex_response__unpack(NULL, rlen, resp) : NULL;
+        if (a != NULL)
+            s = a->status;
+        if (a != NULL && s == KVP_OK)
+            snprintf(outcome, sizeof(outcome), "%llu objects removed",
+                     (unsigned long long)a->removed);
+        else
+            snprintf(outcome, sizeof(outcome), "%s", kvp_strerror(s));
+        if (a != NULL)
+            kvpool__remove_by_regex_response__free_unpacked(a, NULL);
+    } else {
         return;
+    }
     char peer[80];
     kvp_sock_peer_name(c->fd, peer, sizeof(peer));
     KVP_LOG_INFO("audit: %s by principal %s (connection %llu from %s): %s", what,
-                 c->pname[0] ? c->pname : "(no ACL)", (unsigned long long)c->id, peer,
-                 kvp_strerror(s));
+                 c->pname[0] ? c->pname : "(no ACL)", (unsigned long long)c->id, peer, outcome);
 }
 
 /* The handshake just ended: a certificate the ACL names makes the connection's principal. */
@@ -590,7 +619,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         kvp_rpc_hdr_t h;
         size_t flen;
         uint32_t max_body =
-            srv->acl != NULL && c->who == NULL ? PREAUTH_MAX_BODY : KVP_RPC_MAX_BODY;
+            srv->acl != NULL && c->who == NULL && !c->removed ? PREAUTH_MAX_BODY : KVP_RPC_MAX_BODY;
         kvp_status_t s = kvp_rpc_frame_scan(c->in + off, c->in_len - off, max_body, &h, &flen);
         if (s == KVP_ERR_PENDING) {
             /* The buffer grows as bytes arrive (on_readable), not from what a header
@@ -603,7 +632,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             return false;
         }
         if (s != KVP_OK) {
-            char msg[128];
+            char msg[256];
             snprintf(msg, sizeof(msg),
                      "%s (version %u, body %u bytes; this master speaks "
                      "version %u, at most %u bytes%s)",
@@ -618,7 +647,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         size_t rlen = 0;
         char errmsg[256] = "";
         const uint8_t *body = c->in + off + KVP_RPC_HDR_LEN;
-        if (srv->acl != NULL && !(h.method & KVP_RPC_RESPONSE_BIT) && !admit(srv, c, &h, body)) {
+        if (srv->acl != NULL && !admit(srv, c, &h, body)) {
             off += flen;
             continue;
         }
@@ -644,7 +673,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                 KVP_LOG_WARN_LIMITED("connection %llu from %s: %s", (unsigned long long)c->id, peer,
                                      errmsg);
             }
-            audit(c, h.method, body, h.body_len, s);
+            audit(c, h.method, body, h.body_len, s, resp, rlen);
             srv->state.may_park = false;
             if (h.method <= KVP_RPC_METHOD_MAX) {
                 uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
@@ -836,7 +865,9 @@ static kvp_status_t start_obs(kvp_master_server_t *srv)
     srv->http_fd = -1;
     if (strcmp(cfg->http_listen, "off") != 0) {
         uint16_t port = 0;
-        kvp_status_t s = kvp_master_http_start(cfg->http_listen, &srv->http, &port);
+        bool tls = cfg->tls_cert[0] != '\0'; /* HTTPS with the same certificate */
+        kvp_status_t s = kvp_master_http_start(cfg->http_listen, tls ? cfg->tls_cert : NULL,
+                                               tls ? cfg->tls_key : NULL, &srv->http, &port);
         if (s != KVP_OK && cfg->http_listen_given) {
             KVP_LOG_ERROR("--http-listen %s: %s", cfg->http_listen,
                           s == KVP_ERR_INVALID_ARG ? "needs IPV4:PORT (or off)"
@@ -893,6 +924,7 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->ha = srv->el != NULL;
     v->self = srv->self;
     v->events = srv->events;
+    v->acl = srv->acl;
     v->serving = srv->el == NULL || (kvp_election_leading(srv->el, kvp_now_ms(), &epoch) &&
                                      epoch == srv->epoch && !srv->reset_pending);
     reason[0] = '\0';
@@ -1110,6 +1142,10 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
         st->may_park = st->now_ms < p->deadline_ms;
         st->park_retry = true;
         if (srv->acl != NULL && c->who == NULL) { /* its principal was removed meanwhile */
+            kvp_rpc_hdr_t h = {.method = p->method, .request_id = p->req_id};
+            srv->state.stats.refused_removed++;
+            deny(srv, c, &h, "principal removed from the ACL", true);
+            set_events(srv, c, true); /* the loop writes it, then closes c */
             *pp = p->next;
             free(p);
             continue;

@@ -55,12 +55,14 @@ typedef struct kvp_master_stats {
     uint64_t refused_protected; /* connections of other hosts refused in protected mode */
     /* refusals of the ACL (master/server.c, dispatch.c; kvpool_connections_refused_total
      * and kvpool_requests_refused_total by reason) */
-    uint64_t refused_tls;     /* a TLS handshake that failed (not TLS, unknown CA, revoked..) */
-    uint64_t refused_unauth;  /* a request before any credential */
-    uint64_t refused_token;   /* a wrong token */
-    uint64_t refused_removed; /* a principal removed from the ACL while connected */
-    uint64_t refused_role;    /* a method its roles do not allow */
-    uint64_t refused_key;     /* a key outside its patterns */
+    uint64_t refused_tls;         /* a TLS handshake that failed (not TLS, unknown CA, revoked..) */
+    uint64_t refused_unauth;      /* a request before any credential */
+    uint64_t refused_token;       /* a wrong token */
+    uint64_t refused_removed;     /* a principal removed from the ACL while connected */
+    uint64_t refused_role;        /* a method its roles do not allow */
+    uint64_t refused_key;         /* a key outside its patterns */
+    uint64_t refused_http_unauth; /* an HTTP view without an admin's bearer token */
+    uint64_t refused_http_role;   /* ... with a token of a principal that is no admin */
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

@@ -114,6 +114,19 @@ bool kvp_start_master_args(kvp_proc_t *p, char *const extra[])
                       "--log-level",
                       "warn"};
     int n = 7;
+    /* the TLS pass (deploy/test.sh): every master with TLS 1.3 and the pass's ACL; the
+     * clients, serve and CLI name their principal through $KVPOOL_TLS_* */
+    static char tls[5][600];
+    static const char *const files[5] = {"server.crt", "server.key", "ca.crt", "crl.pem",
+                                         "acl.conf"};
+    static const char *const flags[5] = {"--tls-cert", "--tls-key", "--tls-ca", "--tls-crl",
+                                         "--acl-file"};
+    const char *dir = getenv("KVPOOL_TEST_TLS_DIR");
+    for (int i = 0; dir != NULL && dir[0] != '\0' && i < 5; i++) {
+        snprintf(tls[i], sizeof(tls[i]), "%s/%s", dir, files[i]);
+        argv[n++] = (char *)flags[i];
+        argv[n++] = tls[i];
+    }
     for (int i = 0; extra != NULL && extra[i] != NULL && n < 31; i++)
         argv[n++] = extra[i];
     argv[n] = NULL;

@@ -13,7 +13,7 @@
 
 /* Roles: what a principal may call (master/dispatch.c names the role of each method). */
 enum {
-    KVP_ROLE_READ = 1u << 0,    /* exist, get, size, list its keys, stat */
+    KVP_ROLE_READ = 1u << 0,    /* exist, get, size, list its keys (ping, stat, heartbeat: any) */
     KVP_ROLE_WRITE = 1u << 1,   /* put, remove, remove-by-regex of its keys */
     KVP_ROLE_SEGMENT = 1u << 2, /* mount, serve and drain its own segments (kvpool serve) */
     KVP_ROLE_ADMIN = 1u << 3,   /* every method (remove-all, drain of any segment), every key */

@@ -22,7 +22,10 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
+#include <strings.h>
 #include <unistd.h>
+
+#include <openssl/crypto.h>
 
 #include "common/http.h"
 #include "common/log.h"
@@ -48,6 +51,7 @@ typedef struct job {
     uint64_t cursor;
     uint32_t limit;
     bool done;
+    char token[1024]; /* "Authorization: Bearer TOKEN" (wiped once checked); "": none */
 } job_t;
 
 struct kvp_master_http {
@@ -137,6 +141,10 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
                         path);
         return;
     }
+    const char *auth = kvp_http_header(req, "Authorization");
+    if (auth != NULL && strncasecmp(auth, "Bearer ", 7) == 0 &&
+        strlen(auth + 7) < sizeof(job.token))
+        snprintf(job.token, sizeof(job.token), "%s", auth + 7);
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += KVP_MASTER_HTTP_WAIT_MS / 1000;
@@ -165,6 +173,7 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
             pthread_cond_wait(&h->cond, &h->lock);
     }
     pthread_mutex_unlock(&h->lock);
+    OPENSSL_cleanse(job.token, sizeof(job.token));
     if (!job.done) {
         reply->status = 503;
         reply->len = 0;
@@ -173,7 +182,8 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
     }
 }
 
-kvp_status_t kvp_master_http_start(const char *hostport, kvp_master_http_t **h_p, uint16_t *port_p)
+kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const char *key,
+                                   kvp_master_http_t **h_p, uint16_t *port_p)
 {
     kvp_master_http_t *h = calloc(1, sizeof(*h));
     if (h == NULL)
@@ -189,7 +199,7 @@ kvp_status_t kvp_master_http_start(const char *hostport, kvp_master_http_t **h_p
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
     pthread_cond_init(&h->cond, &ca);
     pthread_condattr_destroy(&ca);
-    kvp_status_t s = kvp_http_start(hostport, handle, h, &h->http, port_p);
+    kvp_status_t s = kvp_http_start_tls(hostport, cert, key, handle, h, &h->http, port_p);
     if (s != KVP_OK) {
         close(h->efd);
         pthread_mutex_destroy(&h->lock);
@@ -382,9 +392,43 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const job_t
     kvpool__list_response__free_unpacked(l, NULL);
 }
 
+/* With an ACL, every view but /metrics and /health (which hold no key) is an admin's:
+ * its bearer token must name an admin principal. false: refused (401 or 403, counted). */
+static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
+{
+    if (v->acl == NULL || job->kind == JOB_METRICS || job->kind == JOB_HEALTH)
+        return true;
+    kvp_http_reply_t *r = job->reply;
+    size_t len = strlen(job->token);
+    const kvp_principal_t *who = len > 0 ? kvp_acl_by_token(v->acl, job->token, len) : NULL;
+    OPENSSL_cleanse(job->token, sizeof(job->token));
+    if (who != NULL && (who->roles & KVP_ROLE_ADMIN))
+        return true;
+    r->content_type = "application/json";
+    if (who == NULL) {
+        r->status = 401;
+        st->stats.refused_http_unauth++;
+        kvp_http_printf(r, "{\"error\":\"authentication required: send Authorization: Bearer "
+                           "TOKEN of an admin principal\"}\n");
+    } else {
+        r->status = 403;
+        st->stats.refused_http_role++;
+        char msg[200];
+        snprintf(msg, sizeof(msg), "principal %s is not an admin", who->name);
+        kvp_http_printf(r, "{\"error\":");
+        kvp_http_json_string(r, msg, strlen(msg));
+        kvp_http_printf(r, "}\n");
+    }
+    KVP_LOG_WARN_LIMITED("http: a request refused (%s)",
+                         who == NULL ? "no admin token" : "not an admin");
+    return false;
+}
+
 static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
 {
     kvp_http_reply_t *r = job->reply;
+    if (!admitted(job, st, v))
+        return;
     const kvp_segment_table_t *t = &st->segments;
     switch (job->kind) {
     case JOB_METRICS:

@@ -177,9 +177,15 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
         "by reason (role: a method its roles do not allow; key: a key outside its patterns).\n"
         "# TYPE kvpool_requests_refused_total counter\n"
         "kvpool_requests_refused_total{reason=\"role\"} %" PRIu64 "\n"
-        "kvpool_requests_refused_total{reason=\"key\"} %" PRIu64 "\n",
+        "kvpool_requests_refused_total{reason=\"key\"} %" PRIu64 "\n"
+        "# HELP kvpool_http_refused_total HTTP views refused (the views beyond /metrics and "
+        "/health need an admin's bearer token when an ACL is on), by reason.\n"
+        "# TYPE kvpool_http_refused_total counter\n"
+        "kvpool_http_refused_total{reason=\"unauthenticated\"} %" PRIu64 "\n"
+        "kvpool_http_refused_total{reason=\"role\"} %" PRIu64 "\n",
         s->refused_protected, s->refused_tls, s->refused_unauth, s->refused_token,
-        s->refused_removed, s->refused_role, s->refused_key);
+        s->refused_removed, s->refused_role, s->refused_key, s->refused_http_unauth,
+        s->refused_http_role);
     one(r, "kvpool_leader", "gauge", "1 while this master serves (standalone or the leader).",
         v->serving ? 1 : 0);
     one(r, "kvpool_epoch", "gauge", "The epoch this master leads under (0: standalone).",

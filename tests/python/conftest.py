@@ -21,6 +21,24 @@ import pytest
 import kvpool
 
 
+# The TLS pass (deploy/test.sh runs the suite a second time so): KVPOOL_TEST_TLS_DIR names a
+# directory of deploy/make-certs.sh's certificates and an ACL (acl.conf); every master this
+# suite starts runs with TLS 1.3 and that ACL, and every client, `kvpool serve` and CLI of
+# the tests names its principal through $KVPOOL_TLS_CA/_CERT/_KEY, which the TLS pass sets.
+TLS_DIR = os.environ.get("KVPOOL_TEST_TLS_DIR") or None
+
+
+def master_security_args():
+    """The flags a master of this suite adds in the TLS pass (none otherwise)."""
+    if TLS_DIR is None:
+        return []
+    return ["--tls-cert", os.path.join(TLS_DIR, "server.crt"),
+            "--tls-key", os.path.join(TLS_DIR, "server.key"),
+            "--tls-ca", os.path.join(TLS_DIR, "ca.crt"),
+            "--tls-crl", os.path.join(TLS_DIR, "crl.pem"),
+            "--acl-file", os.path.join(TLS_DIR, "acl.conf")]
+
+
 def _bin(env):
     path = os.environ.get(env)
     if not path or not os.access(path, os.X_OK):
@@ -111,7 +129,7 @@ class Pool:
         self.master_bin = _bin("KVPOOL_MASTER_BIN")
         self.cli_bin = _bin("KVPOOL_CLI_BIN")
         self.master = Proc([self.master_bin, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
-                            "--log-level", "error", *master_args])
+                            "--log-level", "error", *master_security_args(), *master_args])
         self.addr = self.master.ready
         self.segments = []
         try:

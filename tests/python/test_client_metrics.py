@@ -19,7 +19,7 @@ import urllib.request
 import pytest
 
 import kvpool
-from conftest import Proc, _bin, freeze
+from conftest import Proc, _bin, freeze, master_security_args
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 
@@ -31,7 +31,7 @@ Daemon = Proc
 @pytest.fixture
 def master_proc(request):
     m = Daemon([_bin("KVPOOL_MASTER_BIN"), "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
-                "--log-level", "error", "--lease-ttl", "0"])
+                "--log-level", "error", "--lease-ttl", "0", *master_security_args()])
 
     def fin():
         m.p.poll()
