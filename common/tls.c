@@ -149,6 +149,11 @@ kvp_status_t kvp_tls_create(const kvp_tls_params_t *p, bool server, kvp_tls_t **
     /* a peer that closes without close_notify (a client that exited) ends the session as
      * a close, not as an error: it is not a refusal */
     SSL_CTX_set_options(t->ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+    /* speed: read whole records (and the next ones) in one read(2), not a header then a
+     * body; AES-128-GCM first (AES-NI), the other TLS 1.3 suites after it */
+    SSL_CTX_set_read_ahead(t->ctx, 1);
+    SSL_CTX_set_ciphersuites(t->ctx, "TLS_AES_128_GCM_SHA256:TLS_AES_256_GCM_SHA384:"
+                                     "TLS_CHACHA20_POLY1305_SHA256");
     SSL_CTX_set_mode(t->ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
     /* One ticket, never used to resume: it is the server's word that it took our
      * certificate (TLS 1.3 ends the client's handshake before the server has checked it;
@@ -480,6 +485,16 @@ static kvp_status_t chan_io(kvp_chan_t *ch, bool wr, void *buf, size_t len)
     char *p = buf;
     while (len > 0) {
         size_t n = 0;
+        if (!wr) {
+            /* nothing decrypted or buffered: wait for the socket first (a read that would
+             * only say WANT_READ is a system call for nothing) */
+            pthread_mutex_lock(&ch->lock);
+            bool buffered = SSL_has_pending(ch->ssl);
+            pthread_mutex_unlock(&ch->lock);
+            kvp_status_t st = buffered ? KVP_OK : wait_fd(ch->fd, false, deadline);
+            if (st != KVP_OK)
+                return st;
+        }
         pthread_mutex_lock(&ch->lock);
         ERR_clear_error();
         errno = 0;
@@ -525,7 +540,7 @@ kvp_status_t kvp_chan_send2(kvp_chan_t *ch, const void *a, size_t alen, const vo
         struct iovec iov[2] = {{(void *)a, alen}, {(void *)b, blen}};
         return kvp_sendv_all(ch->fd, iov, blen ? 2 : 1);
     }
-    uint8_t small[4096];
+    uint8_t small[16384]; /* one TLS record at most: a request and its header go as one */
     if (alen + blen <= sizeof(small)) {
         memcpy(small, a, alen);
         if (blen)

@@ -13,6 +13,9 @@
 # kvpool-bench mode) and the Python module's pytest suite (tests/python, its
 # tests counted one each) once, on the normal build only; then deploy/fuzz.sh;
 # with --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
+# After the normal build's pytest run, the TLS pass (run_tls_pass): the integration tests
+# that use the library's clients and the pytest suite again, every master with TLS 1.3 and
+# an ACL.
 # After the normal build's pytest run: tests/deploy/test_deploy.sh (systemd units,
 # Kubernetes manifests, Grafana dashboard, the Debian package built in a copy of
 # the tree, installed, its daemons started), its checks counted one each.
@@ -77,21 +80,31 @@ run_pytest() { # builddir [output name]
   tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
 }
 
-# The Python suite a second time with TLS 1.3 and an ACL on every master it starts
-# (tests/python/conftest.py, TLS_DIR): certificates from deploy/make-certs.sh, one admin
-# principal named by its client certificate, which every client, serve and CLI of the
-# tests presents through $KVPOOL_TLS_*. (test_ops_http.py, the plain-HTTP views, runs in
-# the plain pass only; test_security.py makes its own certificates and ACLs.)
-run_pytest_tls() { # builddir
+# The TLS pass: the Python suite and the integration tests that use only the library's
+# clients, a second time with TLS 1.3 and an ACL on every master they start
+# (tests/python/conftest.py and tests/harness.c read KVPOOL_TEST_TLS_DIR): certificates
+# from deploy/make-certs.sh, one admin principal named by its client certificate, which
+# every client, serve and CLI of the tests presents through $KVPOOL_TLS_* (test_security.py
+# makes its own certificates and ACLs in both passes). Not in it: test_ops_http.py (the
+# plain-HTTP views), and the integration tests that speak raw frames or plain HTTP
+# to the master, or check plain-connection error texts (test_badinput, test_cache,
+# test_errors, test_ha, test_http, cli, protected).
+TLS_INTEGRATION=(test_store test_concurrency test_lifecycle test_ssd test_restart test_multi)
+run_tls_pass() { # builddir
   local dir=$1 tls
   tls=$(mktemp -d)
   if ! deploy/make-certs.sh "$tls" admin >"$dir/make-certs.log" 2>&1; then
-    cat "$dir/make-certs.log"; echo "pytest (TLS): cannot make certificates"
+    cat "$dir/make-certs.log"; echo "TLS pass: cannot make certificates"
     failed=$((failed+1)); rc_all=1; rm -rf "$tls"; return
   fi
   printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$tls/acl.conf"
-  KVPOOL_TEST_TLS_DIR=$tls KVPOOL_TLS_CA=$tls/ca.crt KVPOOL_TLS_CERT=$tls/admin.crt \
-    KVPOOL_TLS_KEY=$tls/admin.key run_pytest "$dir" pytest-tls
+  export KVPOOL_TEST_TLS_DIR=$tls KVPOOL_TLS_CA=$tls/ca.crt KVPOOL_TLS_CERT=$tls/admin.crt \
+    KVPOOL_TLS_KEY=$tls/admin.key
+  meson test -C "$dir" --suite integration --print-errorlogs --num-processes 2 \
+    "${TLS_INTEGRATION[@]}" 2>&1 | tee "$dir/meson-test-tls.out"
+  tally "$dir/meson-test-tls.out" "${PIPESTATUS[0]}"
+  run_pytest "$dir" pytest-tls
+  unset KVPOOL_TEST_TLS_DIR KVPOOL_TLS_CA KVPOOL_TLS_CERT KVPOOL_TLS_KEY
   rm -rf "$tls"
 }
 
@@ -127,7 +140,7 @@ if run_suite build; then
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
   run_pytest build
-  run_pytest_tls build
+  run_tls_pass build
   # The module with CUDA device memory (tests/gpu/test_gpu_python.py) against the test
   # double of the driver (tests/gpu/fake_cuda.c): device pointers from Python take the
   # library's GPU path, and nothing touches device memory on the CPU. It proves nothing

@@ -514,8 +514,10 @@ static void audit(conn_t *c, uint16_t method, const uint8_t *body, size_t len, k
             s == KVP_OK ? kvpool__drain_response__unpack(NULL, rlen, resp) : NULL;
         if (a != NULL)
             s = a->status;
-        snprintf(outcome, sizeof(outcome), "%s%s%.300s", kvp_strerror(s),
-                 a != NULL && a->message[0] ? ": " : "", a != NULL ? a->message : "");
+        snprintf(outcome, sizeof(outcome), "%.390s",
+                 a != NULL && a->message[0] ? a->message
+                 : s == KVP_OK              ? "draining"
+                                            : kvp_strerror(s));
         if (a != NULL)
             kvpool__drain_response__free_unpacked(a, NULL);
     } else if (method == KVP_RPC_REMOVE_BY_REGEX) {
@@ -535,7 +537,8 @@ static void audit(conn_t *c, uint16_t method, const uint8_t *body, size_t len, k
             snprintf(outcome, sizeof(outcome), "%llu objects removed",
                      (unsigned long long)a->removed);
         else
-            snprintf(outcome, sizeof(outcome), "%s", kvp_strerror(s));
+            snprintf(outcome, sizeof(outcome), "%.390s",
+                     a != NULL && a->message[0] ? a->message : kvp_strerror(s));
         if (a != NULL)
             kvpool__remove_by_regex_response__free_unpacked(a, NULL);
     } else {

@@ -240,8 +240,10 @@ kvp_status_t kvp_drain_request(kvp_session_t *s, const char *segment_name)
     if (dr == NULL)
         return st;
     st = dr->status;
-    if (st != KVP_OK)
+    if (st != KVP_OK) {
         KVP_LOG_WARN("drain %s: %s", segment_name, dr->message);
+        kvp_status_note(dr->message); /* the master's words, for the caller's last error */
+    }
     kvpool__drain_response__free_unpacked(dr, NULL);
     return st;
 }

@@ -77,7 +77,10 @@ def _raise(status, message=None):
 def _raise_key(status, what, key):
     """Raise with the library's words, naming the key when they do not."""
     msg = _kvpool.last_error()
-    if not isinstance(key, str) or not key or key not in msg:
+    if status == STATUS["KVP_ERR_DENIED"] and ": " in msg:
+        # a refusal: the master's own words (the ACL's reason), naming the key
+        msg = f"{what} {key}: {msg.split(': ', 1)[1]}"
+    elif not isinstance(key, str) or not key or key not in msg:
         msg = f"{what} {key}: {_kvpool.strerror(status)}"
     raise _kvpool.error(status, msg)
 

@@ -25,6 +25,7 @@
 #include <sys/types.h>
 
 #include "client/include/kvpool.h"
+#include "common/tls.h"
 
 #define KVP_BENCH_MAX_LIST 16
 
@@ -154,6 +155,16 @@ double kvp_bench_limit_disk_gbps(bool write);
 int kvp_bench_ssd_dir_check(const char *dir);
 
 /* ---- local cluster (bench_common.c) ---- */
+
+/* --tls-dir: local masters with TLS and DIR/acl.conf; this process and its children present
+ * DIR/admin.crt ($KVPOOL_TLS_*). 0, or -1 when DIR lacks a file. */
+int kvp_bench_tls_use(const char *dir);
+bool kvp_bench_tls_on(void);
+/* A connection to the master at addr ("HOST:PORT"), TLS when --tls-dir is in use. NULL on
+ * failure (said on stderr). */
+kvp_chan_t *kvp_bench_dial(const char *addr, uint32_t timeout_ms);
+/* The median time of n connects (TCP, and the TLS handshake with --tls-dir), in us. */
+double kvp_bench_connect_us(const char *addr, unsigned n);
 typedef struct kvp_bench_cluster {
     pid_t master_pid;
     pid_t seg_pids[64];

@@ -31,6 +31,8 @@
 #include <unistd.h>
 
 #include "client/tools/bench/bench.h"
+#include "common/parse.h"
+#include "common/sock.h"
 
 /* ---------------- results ---------------- */
 
@@ -335,6 +337,85 @@ static char self_dir[PATH_MAX];
 static pid_t local_master_pid = -1;
 /* --segment-records of the local masters whose start does not say */
 static const char *segment_records = "on";
+/* --tls-dir: the local masters' TLS flags (NULL: plain), and the clients' context */
+static char tls_files[5][600];
+static bool tls_on;
+static kvp_tls_t *tls_ctx;
+
+int kvp_bench_tls_use(const char *dir)
+{
+    static const char *const names[5] = {"server.crt", "server.key", "ca.crt", "acl.conf",
+                                         "admin.crt"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(tls_files[i], sizeof(tls_files[i]), "%s/%s", dir, names[i]);
+        if (access(tls_files[i], R_OK) != 0) {
+            fprintf(stderr, "kvpool-bench: --tls-dir: no %s (deploy/make-certs.sh DIR admin)\n",
+                    tls_files[i]);
+            return -1;
+        }
+    }
+    char key[600];
+    snprintf(key, sizeof(key), "%s/admin.key", dir);
+    /* every client of this process and of its `kvpool serve` children presents admin */
+    setenv("KVPOOL_TLS_CA", tls_files[2], 1);
+    setenv("KVPOOL_TLS_CERT", tls_files[4], 1);
+    setenv("KVPOOL_TLS_KEY", key, 1);
+    kvp_tls_params_t tp = {.ca = tls_files[2], .cert = tls_files[4], .key = key};
+    char err[256];
+    if (kvp_tls_create(&tp, false, &tls_ctx, err, sizeof(err)) != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: --tls-dir: %s\n", err);
+        return -1;
+    }
+    tls_on = true;
+    return 0;
+}
+
+bool kvp_bench_tls_on(void)
+{
+    return tls_on;
+}
+
+kvp_chan_t *kvp_bench_dial(const char *addr, uint32_t timeout_ms)
+{
+    char host[256], err[256] = "";
+    uint16_t port;
+    int fd;
+    kvp_chan_t *ch = NULL;
+    if (kvp_parse_hostport(addr, host, sizeof(host), &port) != KVP_OK ||
+        kvp_tcp_connect(host, port, timeout_ms, &fd) != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: cannot connect to %s\n", addr);
+        return NULL;
+    }
+    kvp_sock_set_timeout(fd, timeout_ms);
+    if (kvp_chan_open(tls_ctx, fd, host, timeout_ms, &ch, err, sizeof(err)) != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: %s: %s\n", addr, err);
+        return NULL;
+    }
+    return ch;
+}
+
+double kvp_bench_connect_us(const char *addr, unsigned n)
+{
+    double *t = calloc(n, sizeof(*t));
+    unsigned got = 0;
+    for (unsigned i = 0; t != NULL && i < n; i++) {
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        kvp_chan_t *ch = kvp_bench_dial(addr, 5000);
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        if (ch == NULL)
+            break;
+        kvp_chan_close(ch);
+        t[got++] = (double)(b.tv_sec - a.tv_sec) * 1e6 + (double)(b.tv_nsec - a.tv_nsec) / 1e3;
+    }
+    double med = 0;
+    if (got > 0) {
+        qsort(t, got, sizeof(*t), cmp_double);
+        med = t[got / 2];
+    }
+    free(t);
+    return med;
+}
 
 void kvp_bench_cluster_init(bool records)
 {
@@ -436,6 +517,11 @@ pid_t kvp_bench_master_start(const char *listen, const char *records, const char
                        "--segment-records",
                        (char *)(records != NULL ? records : segment_records)};
     size_t na = 9;
+    static const char *const tls_flags[4] = {"--tls-cert", "--tls-key", "--tls-ca", "--acl-file"};
+    for (int i = 0; tls_on && i < 4; i++) {
+        margv[na++] = (char *)tls_flags[i];
+        margv[na++] = tls_files[i];
+    }
     for (size_t i = 0; flags != NULL && flags[i] != NULL && na < 31; i++)
         margv[na++] = (char *)flags[i];
     margv[na] = NULL;

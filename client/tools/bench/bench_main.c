@@ -139,7 +139,10 @@ static void usage(FILE *f)
           "  --segment-size SIZE    bytes per local segment (default 4GiB)\n"
           "  --segment-records on|off  the local masters' --segment-records (default on: owners\n"
           "                         keep a record of their objects, a restarted master adopts "
-          "them)\n",
+          "them)\n"
+          "  --tls-dir DIR          the local masters run with TLS 1.3 and DIR/acl.conf, and\n"
+          "                         every client presents DIR/admin.crt (deploy/make-certs.sh\n"
+          "                         DIR admin; the ACL names admin with every role)\n",
           f);
     for (size_t i = 0; i < N_MODES; i++)
         if (modes[i].usage != NULL)
@@ -182,6 +185,7 @@ static const struct option long_opts[] = {
     {"ssd-objects", required_argument, NULL, 'N'},
     {"ssd-capacity", required_argument, NULL, 'X'},
     {"segment-records", required_argument, NULL, 'G'},
+    {"tls-dir", required_argument, NULL, 'V'},
     {"ha-objects", required_argument, NULL, 'H'},
     {"ha-rounds", required_argument, NULL, 'U'},
     {"leader-ttl", required_argument, NULL, 'Y'},
@@ -356,6 +360,8 @@ static int opt_cluster(kvp_bench_opts_t *o, int opt, const char *arg)
             return -1;
         o->segment_records = strcmp(arg, "on") == 0;
         return 0;
+    case 'V':
+        return kvp_bench_tls_use(arg) == 0 ? 0 : -1;
     default:
         return OPT_NOT_MINE;
     }

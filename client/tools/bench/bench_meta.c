@@ -98,7 +98,7 @@ typedef struct meta_shared {
 typedef struct meta_worker {
     meta_shared_t *sh;
     unsigned id;
-    int fd;
+    kvp_chan_t *ch; /* TLS with --tls-dir */
     uint64_t req_id;
     uint64_t rng;
     uint64_t keys;   /* keys completed in the measured task */
@@ -163,7 +163,7 @@ static kvp_status_t call(meta_worker_t *w, uint16_t method, const ProtobufCMessa
         w->req_cap = n;
     }
     protobuf_c_message_pack(msg, w->req_buf);
-    return kvp_rpc_call(w->fd, method, ++w->req_id, w->req_buf, n, resp_p, resp_len_p);
+    return kvp_rpc_chan_call(w->ch, method, ++w->req_id, w->req_buf, n, resp_p, resp_len_p);
 }
 
 /* KeysRequest method (EXIST, REMOVE, PUT_END via its own message) -> per-key statuses. */
@@ -270,7 +270,7 @@ static kvp_status_t get_batch(meta_worker_t *w, size_t n)
         rel.lease_ids = w->lease_ids;
         rel.n_lease_ids = nl;
         size_t len = kvpool__lease_release_request__pack(&rel, w->rel_buf);
-        st = kvp_rpc_send(w->fd, KVP_RPC_LEASE_RELEASE, ++w->req_id, w->rel_buf, len);
+        st = kvp_rpc_chan_send(w->ch, KVP_RPC_LEASE_RELEASE, ++w->req_id, w->rel_buf, len);
     }
     return st;
 }
@@ -463,7 +463,7 @@ static double run_task(meta_shared_t *sh, meta_worker_t *ws, meta_task_t task)
     return dt;
 }
 
-static kvp_status_t mount(int fd, const char *name, uint64_t size, uint64_t *seg_id_p)
+static kvp_status_t mount(kvp_chan_t *ch, const char *name, uint64_t size, uint64_t *seg_id_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = (char *)name;
@@ -482,7 +482,7 @@ static kvp_status_t mount(int fd, const char *name, uint64_t size, uint64_t *seg
     kvpool__mount_request__pack(&req, buf);
     uint8_t *resp = NULL;
     size_t len = 0;
-    kvp_status_t st = kvp_rpc_call(fd, KVP_RPC_MOUNT, 1, buf, n, &resp, &len);
+    kvp_status_t st = kvp_rpc_chan_call(ch, KVP_RPC_MOUNT, 1, buf, n, &resp, &len);
     free(buf);
     if (st != KVP_OK)
         return st;
@@ -503,7 +503,7 @@ static kvp_status_t mount(int fd, const char *name, uint64_t size, uint64_t *seg
 /* The mounting connection is otherwise idle: heartbeat on it so that the master's
  * --client-ttl does not take the virtual segment away mid-run. */
 typedef struct pinger {
-    int fd;
+    kvp_chan_t *ch;
     atomic_bool stop;
     pthread_t thread;
     bool started;
@@ -518,26 +518,16 @@ static void *pinger_main(void *arg)
             usleep(50 * 1000);
         uint8_t *resp = NULL;
         size_t rlen;
-        if (kvp_rpc_call(p->fd, KVP_RPC_HEARTBEAT, ++req_id, NULL, 0, &resp, &rlen) == KVP_OK)
+        if (kvp_rpc_chan_call(p->ch, KVP_RPC_HEARTBEAT, ++req_id, NULL, 0, &resp, &rlen) == KVP_OK)
             free(resp);
     }
     return NULL;
 }
 
-static int connect_master(const char *addr, int *fd_p)
+static int connect_master(const char *addr, kvp_chan_t **ch_p)
 {
-    char host[256];
-    uint16_t port;
-    kvp_status_t st = kvp_parse_hostport(addr, host, sizeof(host), &port);
-    if (st == KVP_OK)
-        st = kvp_tcp_connect(host, port, 5000, fd_p);
-    if (st != KVP_OK) {
-        fprintf(stderr, "kvpool-bench meta: cannot connect to the master at %s: %s\n", addr,
-                kvp_strerror(st));
-        return -1;
-    }
-    kvp_sock_set_timeout(*fd_p, META_RPC_TIMEOUT_MS);
-    return 0;
+    *ch_p = kvp_bench_dial(addr, META_RPC_TIMEOUT_MS); /* TLS with --tls-dir */
+    return *ch_p != NULL ? 0 : -1;
 }
 
 static uint64_t sum_keys(const meta_worker_t *ws, unsigned n, uint64_t *misses_p);
@@ -546,21 +536,21 @@ static uint64_t sum_keys(const meta_worker_t *ws, unsigned n, uint64_t *misses_p
  * puts in the pool filled to 90 % (*plain_p), then fill it up and time puts that each evict.
  * Runs with the pinger stopped (it shares the mounting connection). Returns the evicting
  * put rate, or < 0 on failure. */
-static double evict_point(meta_shared_t *sh, meta_worker_t *ws, int mount_fd, uint64_t seg_id,
-                          const char *name, double *plain_p)
+static double evict_point(meta_shared_t *sh, meta_worker_t *ws, kvp_chan_t *mount_ch,
+                          uint64_t seg_id, const char *name, double *plain_p)
 {
     Kvpool__UnmountRequest ur = KVPOOL__UNMOUNT_REQUEST__INIT;
     ur.segment_id = seg_id;
     uint8_t body[32], *resp = NULL;
     size_t len = kvpool__unmount_request__pack(&ur, body), rlen = 0;
-    if (kvp_rpc_call(mount_fd, KVP_RPC_UNMOUNT, 2, body, len, &resp, &rlen) != KVP_OK)
+    if (kvp_rpc_chan_call(mount_ch, KVP_RPC_UNMOUNT, 2, body, len, &resp, &rlen) != KVP_OK)
         return -1;
     free(resp);
     uint64_t id;
-    if (mount(mount_fd, name, META_EVICT_SEG, &id) != KVP_OK)
+    if (mount(mount_ch, name, META_EVICT_SEG, &id) != KVP_OK)
         return -1;
     /* the whole pool: real segments of a local cluster count too */
-    if (kvp_rpc_call(mount_fd, KVP_RPC_STAT, 3, NULL, 0, &resp, &rlen) != KVP_OK)
+    if (kvp_rpc_chan_call(mount_ch, KVP_RPC_STAT, 3, NULL, 0, &resp, &rlen) != KVP_OK)
         return -1;
     Kvpool__StatResponse *st = kvpool__stat_response__unpack(NULL, rlen, resp);
     free(resp);
@@ -614,6 +604,7 @@ static int report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op,
            key_len(), sh->threads, fill_kps, misses ? "  <- keys not found!" : "");
     kvp_bench_result_begin(out, "meta");
     kvp_bench_result_str(out, "op", op);
+    kvp_bench_result_str(out, "tls", kvp_bench_tls_on() ? "on" : "off");
     kvp_bench_result_int(out, "objects_resident", (int64_t)sh->resident);
     kvp_bench_result_num(out, "keys_per_s", kps);
     kvp_bench_result_num(out, "bytes_per_object", bpo);
@@ -671,23 +662,24 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     snprintf(seg_name, sizeof(seg_name), "bench-meta-%ld", (long)getpid());
     sh.seg_name = seg_name;
 
-    int rc = 1, mount_fd = -1;
-    pinger_t pinger = {.fd = -1};
+    int rc = 1;
+    kvp_chan_t *mount_ch = NULL;
+    pinger_t pinger = {.ch = NULL};
     meta_worker_t *ws = calloc(sh.threads, sizeof(*ws));
     if (ws == NULL) {
         fprintf(stderr, "kvpool-bench meta: out of memory\n");
         return 1;
     }
-    for (unsigned i = 0; i < sh.threads; i++)
-        ws[i].fd = -1;
-    if (connect_master(o->master, &mount_fd) != 0)
+    if (connect_master(o->master, &mount_ch) != 0)
         goto out;
+    /* what a connection costs (TCP, and the TLS 1.3 handshake with --tls-dir) */
+    double connect_us = kvp_bench_connect_us(o->master, 50);
     uint64_t seg_id = 0;
-    if (mount(mount_fd, seg_name, META_SEG_SIZE, &seg_id) != KVP_OK) {
+    if (mount(mount_ch, seg_name, META_SEG_SIZE, &seg_id) != KVP_OK) {
         fprintf(stderr, "kvpool-bench meta: cannot mount the virtual segment %s\n", seg_name);
         goto out;
     }
-    pinger.fd = mount_fd;
+    pinger.ch = mount_ch;
     pinger.started = pthread_create(&pinger.thread, NULL, pinger_main, &pinger) == 0;
     for (unsigned i = 0; i < sh.threads; i++) {
         meta_worker_t *w = &ws[i];
@@ -696,7 +688,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         w->rng = kvp_bench_mix64(0x5EED0000u + i) | 1;
         for (size_t k = 0; k < META_BATCH; k++)
             w->sizes[k] = META_OBJ_SIZE;
-        if (connect_master(o->master, &w->fd) != 0)
+        if (connect_master(o->master, &w->ch) != 0)
             goto out;
     }
 
@@ -707,6 +699,13 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
            sh.threads, META_BATCH, META_OBJ_SIZE, seg_name, key_len(), dur);
     if (rss0 < 0)
         printf("master RSS unknown (not a local master): bytes/object reported as -1\n");
+    printf("a connection to the master (TCP%s): %.0f us (median of 50)\n",
+           kvp_bench_tls_on() ? " and the TLS 1.3 handshake" : "", connect_us);
+    kvp_bench_result_begin(out, "meta");
+    kvp_bench_result_str(out, "op", "connect");
+    kvp_bench_result_str(out, "tls", kvp_bench_tls_on() ? "on" : "off");
+    kvp_bench_result_num(out, "connect_us", connect_us);
+    kvp_bench_result_end(out);
     printf("%10s %-16s %12s %12s %8s %8s %12s\n", "resident", "op", "keys/s", "B/object", "key B",
            "threads", "fill keys/s");
 
@@ -776,7 +775,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     char evict_name[80];
     snprintf(evict_name, sizeof(evict_name), "%s-evict", seg_name);
     double plain = 0;
-    double ev = evict_point(&sh, ws, mount_fd, seg_id, evict_name, &plain);
+    double ev = evict_point(&sh, ws, mount_ch, seg_id, evict_name, &plain);
     if (ev < 0) {
         fprintf(stderr, "kvpool-bench meta: the eviction point failed\n");
         goto out;
@@ -805,13 +804,11 @@ out:
     }
     kvp_bench_progress_done(o);
     for (unsigned i = 0; i < sh.threads; i++) {
-        if (ws[i].fd >= 0)
-            close(ws[i].fd);
+        kvp_chan_close(ws[i].ch);
         free(ws[i].req_buf);
     }
     /* The master unmounts the segment and drops its objects when this closes. */
-    if (mount_fd >= 0)
-        close(mount_fd);
+    kvp_chan_close(mount_ch);
     free(ws);
     return rc;
 }
