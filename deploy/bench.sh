@@ -83,6 +83,28 @@ elif ! PYTHONPATH=build/client/python "$pybench_py" deploy/py-bench.py --build b
   failed+=(python)
 fi
 run alloc  alloc
+# Security (issue 24): TLS 1.3 and an ACL on the control plane (--tls-dir: certificates from
+# deploy/make-certs.sh, one admin principal), each point next to its plain twin, two rounds
+# alternating (plain, TLS, plain, TLS): tcp 4 KiB batch-128 puts and gets (the data plane is
+# the same tcp either way; the master's RPCs are TLS), BatchExist and puts at 1 M resident
+# (meta: 2 threads, one connection each), and a connection's cost with its handshake.
+# Target: each >= 0.9x plain. About 2 minutes.
+tls_dir=$tmp/tls
+if deploy/make-certs.sh "$tls_dir" admin >/dev/null 2>&1; then
+  printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$tls_dir/acl.conf"
+  for round in 1 2; do
+    for mode in plain tls; do
+      extra=()
+      [ "$mode" = tls ] && extra=(--tls-dir "$tls_dir")
+      run "sec_tcp4k_${mode}_$round" data --local --segment-size 256MiB --transport tcp \
+        --sizes 4KiB --batch 128 "${extra[@]}"
+      run "sec_meta1m_${mode}_$round" meta --local --objects 1000000 "${extra[@]}"
+    done
+  done
+else
+  echo "== deploy/make-certs.sh FAILED: no TLS points" >&2
+  failed+=(tls)
+fi
 # Metadata that survives the master and HA (issue 13): the put rate with segment records on
 # vs off, the rebuild of 1M objects on 4 segments after a kill -9 of the master (time and
 # master RSS), and 10 kills of the leader among 3 masters with etcd (--leader-ttl 2): time to
@@ -125,7 +147,8 @@ md = ["# kvpool-bench results", "",
 md += ["## data", "", "| transport | op | size | batch | crc | GB/s | % of limit | obj/s | p50 us | p99 us | p99.9 us |",
        "|---|---|---|---|---|---|---|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "data" and r.get("loop", "none") == "none" and r["run"] != "pieces":
+    if (r["mode"] == "data" and r.get("loop", "none") == "none" and r["run"] != "pieces"
+            and not r["run"].startswith("sec_")):
         md.append("| %s | %s | %d | %d | %s | %.2f | %.0f%% | %.0f | %.0f | %.0f | %.0f |" % (
             r["transport"], r["op"], r["size"], r["batch"], r["crc"], r["gbps"],
             r["pct_of_limit"], r["objs_per_s"], r["p50_us"], r["p99_us"], r["p999_us"]))
@@ -199,14 +222,44 @@ if ssd:
                        "get of the same size %.2f GB/s." % (r["gbps"], ref[0]["gbps"])]
 md += ["", "## meta", "", "| op | objects resident | keys/s | bytes/object |", "|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "meta" and "keys_per_s" in r:
+    if r["mode"] == "meta" and "keys_per_s" in r and r["run"] == "meta":
         md.append("| %s | %d | %.0f | %.0f |" % (r["op"], r["objects_resident"], r["keys_per_s"], r["bytes_per_object"]))
 for r in R:
-    if r["mode"] == "meta" and r.get("op") == "evict_cost":
+    if r["mode"] == "meta" and r.get("op") == "evict_cost" and r["run"] == "meta":
         md += ["", "Eviction cost: %.0f puts/s into a full pool of %d objects (every put evicts one) "
                "vs %.0f puts/s into the same pool at 90 %% (%d resident, no eviction): %.0f ns of eviction per put." % (
                    r["put_evicting_per_s"], r["objects_resident"], r["put_per_s"],
                    r["put_objects_resident"], r["evict_ns_per_put"])]
+sec = [r for r in R if r["run"].startswith("sec_")]
+if sec:
+    def fig(kind, mode, rnd, pick):
+        for r in sec:
+            if r["run"] == "sec_%s_%s_%d" % (kind, mode, rnd) and pick(r):
+                return r
+        return None
+    pts = [("tcp put, 4 KiB, batch 128 (obj/s)", "tcp4k", lambda r: r["op"] == "put", "objs_per_s"),
+           ("tcp get, 4 KiB, batch 128 (obj/s)", "tcp4k", lambda r: r["op"] == "get", "objs_per_s"),
+           ("master BatchExist, 1 M resident (keys/s)", "meta1m",
+            lambda r: r.get("op") == "exist" and r.get("objects_resident") == 1000000, "keys_per_s"),
+           ("master put, 1 M resident (keys/s)", "meta1m",
+            lambda r: r.get("op") == "put" and r.get("objects_resident") == 1000000, "keys_per_s"),
+           ("a connection: TCP (+ TLS 1.3 handshake) (us)", "meta1m",
+            lambda r: r.get("op") == "connect", "connect_us")]
+    md += ["", "## TLS and an ACL on the control plane vs plain (two rounds, alternating)", "",
+           "| point | plain r1 / r2 | TLS r1 / r2 | TLS/plain (mean of the rounds) | target | met |",
+           "|---|---|---|---|---|---|"]
+    for name, kind, pick, field in pts:
+        p = [fig(kind, "plain", i, pick) for i in (1, 2)]
+        t = [fig(kind, "tls", i, pick) for i in (1, 2)]
+        if None in p or None in t:
+            continue
+        pv = [x[field] for x in p]
+        tv = [x[field] for x in t]
+        ratio = (tv[0] / pv[0] + tv[1] / pv[1]) / 2 if pv[0] and pv[1] else 0
+        is_cost = field == "connect_us"
+        md.append("| %s | %.0f / %.0f | %.0f / %.0f | %.2f | %s | %s |" % (
+            name, pv[0], pv[1], tv[0], tv[1], ratio, "reported" if is_cost else ">= 0.9x",
+            "-" if is_cost else ("met" if ratio >= 0.9 else "**missed**")))
 md += ["", "## alloc (per workload over its sizes; churn: per alloc+free pair)", "",
        "| workload | min utilisation | min utilisation, sizes >= 8 KiB | ns/alloc |", "|---|---|---|---|"]
 wl = {}
