@@ -26,6 +26,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,8 +50,10 @@ struct kvp_chan {
     int fd;
     SSL *ssl; /* NULL: plain */
     uint32_t timeout_ms;
-    bool ticket;          /* the server's ticket came: it took our certificate */
-    pthread_mutex_t lock; /* every SSL call on ssl */
+    bool ticket;           /* the server's ticket came: it took our certificate */
+    _Atomic bool readable; /* kvp_chan_wait_readable just saw bytes: the next read skips
+                              its own wait */
+    pthread_mutex_t lock;  /* every SSL call on ssl */
 };
 
 /* A client context's new-session callback: the server's ticket (kvp_chan_open waits for it). */
@@ -485,7 +488,7 @@ static kvp_status_t chan_io(kvp_chan_t *ch, bool wr, void *buf, size_t len)
     char *p = buf;
     while (len > 0) {
         size_t n = 0;
-        if (!wr) {
+        if (!wr && !atomic_exchange(&ch->readable, false)) {
             /* nothing decrypted or buffered: wait for the socket first (a read that would
              * only say WANT_READ is a system call for nothing) */
             pthread_mutex_lock(&ch->lock);
@@ -573,5 +576,7 @@ kvp_status_t kvp_chan_wait_readable(kvp_chan_t *ch, int timeout_ms)
         return KVP_ERR_TIMEOUT;
     if (r < 0)
         return errno == EINTR ? KVP_ERR_TIMEOUT : KVP_ERR_IO;
+    if (ch->ssl != NULL)
+        atomic_store(&ch->readable, true);
     return KVP_OK;
 }
