@@ -23,6 +23,8 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -835,6 +837,10 @@ static void on_accept(kvp_master_server_t *srv)
         }
         c->fd = fd;
         c->id = ++srv->next_conn_id;
+        /* replies go out at once: over TLS a large reply is several records, and Nagle
+         * would hold each record's last partial segment for the client's delayed ACK */
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         /* credentials configured: anyone may connect, and must name a principal */
         c->refuse = srv->tls == NULL && strcmp(srv->state.config.auth, "protected") == 0 &&
                     !kvp_sock_peer_local(fd);

@@ -276,8 +276,13 @@ def test_replay_fills_what_a_subscriber_missed(events_pool, subscribers, prefix)
     with kvpool.Client(pool.addr) as c:
         # 1) a subscriber that connects late: everything so far comes from the replay
         first = [vllm_key(prefix + "a", i) for i in range(30)]
+        # the master publishes on a thread of its own: a witness that hears all 30 (live or
+        # by replay) proves they went out before the late subscriber connects, which
+        # otherwise could hear the first batch live on a loaded machine
+        witness = subscribers(pub, rep)
         for k, _ in first:
             c.put(k, b"1")
+        witness.wait(lambda ev: len(of(ev, "stored")) >= 30, what="the 30 puts, published")
         late = subscribers(pub, rep)
         late.wait(lambda ev: len(of(ev, "stored")) >= 30, what="the 30 puts before it came")
         assert late.batches[0][0] == 0 and late.batches[0][2] == "replay"
