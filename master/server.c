@@ -568,6 +568,26 @@ static void check_cert(kvp_master_server_t *srv, conn_t *c)
 /* SIGHUP: read the ACL (and the TLS files) again. Live connections keep their principal by
  * name: a narrowed one is held to its new roles from its next request, a removed one is
  * refused and closed at its next. A file that does not load changes nothing. */
+/* Read the TLS files and the ACL of cfg (at start and at each SIGHUP): both or neither;
+ * why in err (a file and what is wrong with it, never a key's bytes). */
+static kvp_status_t security_read(const kvp_master_config_t *cfg, kvp_tls_t **tls_p,
+                                  kvp_acl_t **acl_p, char *err, size_t err_len)
+{
+    kvp_tls_params_t tp = {.cert = cfg->tls_cert,
+                           .key = cfg->tls_key,
+                           .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
+                           .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
+    kvp_status_t st = kvp_tls_create(&tp, true, tls_p, err, err_len);
+    if (st != KVP_OK)
+        return st;
+    st = kvp_acl_load(cfg->acl_file, acl_p, err, err_len);
+    if (st != KVP_OK) {
+        kvp_tls_destroy(*tls_p);
+        *tls_p = NULL;
+    }
+    return st;
+}
+
 static void reload_security(kvp_master_server_t *srv)
 {
     const kvp_master_config_t *cfg = &srv->state.config;
@@ -577,18 +597,9 @@ static void reload_security(kvp_master_server_t *srv)
     }
     char err[512];
     kvp_acl_t *acl;
-    if (kvp_acl_load(cfg->acl_file, &acl, err, sizeof(err)) != KVP_OK) {
-        KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: %s", err);
-        return;
-    }
-    kvp_tls_params_t tp = {.cert = cfg->tls_cert,
-                           .key = cfg->tls_key,
-                           .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
-                           .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
     kvp_tls_t *tls;
-    if (kvp_tls_create(&tp, true, &tls, err, sizeof(err)) != KVP_OK) {
-        KVP_LOG_ERROR("audit: ACL reload failed (TLS files), the old ACL stays: %s", err);
-        kvp_acl_destroy(acl);
+    if (security_read(cfg, &tls, &acl, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: %s", err);
         return;
     }
     unsigned removed = 0;
@@ -949,18 +960,7 @@ static kvp_status_t load_security(kvp_master_server_t *srv)
     if (cfg->tls_cert[0] == '\0')
         return KVP_OK;
     char err[512];
-    kvp_tls_params_t tp = {.cert = cfg->tls_cert,
-                           .key = cfg->tls_key,
-                           .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
-                           .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
-    kvp_status_t st = kvp_tls_create(&tp, true, &srv->tls, err, sizeof(err));
-    if (st == KVP_OK) {
-        st = kvp_acl_load(cfg->acl_file, &srv->acl, err, sizeof(err));
-        if (st != KVP_OK) {
-            kvp_tls_destroy(srv->tls);
-            srv->tls = NULL;
-        }
-    }
+    kvp_status_t st = security_read(cfg, &srv->tls, &srv->acl, err, sizeof(err));
     if (st != KVP_OK) {
         KVP_LOG_ERROR("%s", err);
         return st;

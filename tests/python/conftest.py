@@ -12,6 +12,7 @@ Run from the repository root:
 import os
 import select
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -37,6 +38,27 @@ def master_security_args():
             "--tls-ca", os.path.join(TLS_DIR, "ca.crt"),
             "--tls-crl", os.path.join(TLS_DIR, "crl.pem"),
             "--acl-file", os.path.join(TLS_DIR, "acl.conf")]
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def metric(text, name, labels=None):
+    """The value of one sample of the exposition text (None: absent)."""
+    want = name
+    if labels:
+        want += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        if key == want:
+            return float(value)
+    return None
 
 
 def _bin(env):

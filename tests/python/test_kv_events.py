@@ -12,7 +12,6 @@ That is the recovery a router does, and what the replay tests exercise on purpos
 """
 
 import os
-import socket
 import subprocess
 import time
 import uuid
@@ -22,7 +21,7 @@ import pytest
 import zmq
 
 import kvpool
-from conftest import Proc
+from conftest import Proc, free_port
 
 END = b"\xff" * 8
 MASK = (1 << 64) - 1
@@ -34,12 +33,6 @@ FIELDS = {
     "removed": ENVELOPE | {"seq_hashes", "base_block_idx", "object_key"},
     "cleared": ENVELOPE,
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def vllm_key(prefix, i=0):

@@ -21,19 +21,13 @@ import urllib.request
 import pytest
 
 import kvpool
-from conftest import TLS_DIR, Proc, _bin
+from conftest import TLS_DIR, Proc, _bin, free_port, metric
 
 # The master's HTTP views over plain HTTP and without a credential, as an operator of a
 # trusted network uses them. In the TLS pass they are HTTPS and need an admin's token:
 # test_security.py covers that door; this module runs in the plain pass only.
 pytestmark = pytest.mark.skipif(TLS_DIR is not None,
                                 reason="plain-HTTP views: run in the plain pass only")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http_get(port, path, timeout=10.0):
@@ -43,20 +37,6 @@ def http_get(port, path, timeout=10.0):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def metric(text, name, labels=None):
-    """The value of one sample of the exposition text (None: absent)."""
-    want = name
-    if labels:
-        want += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key == want:
-            return float(value)
-    return None
 
 
 @pytest.fixture

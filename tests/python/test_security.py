@@ -66,7 +66,7 @@ import uuid
 import pytest
 
 import kvpool
-from conftest import Proc, _bin
+from conftest import Proc, _bin, free_port, metric
 
 # ---- principals and their credentials ----
 
@@ -123,12 +123,6 @@ def acl_text(principals):
 
 # ---- small helpers (the ideas of test_ops_http.py's) ----
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def http_get(url, timeout=10.0, context=None, headers=None):
     """(status, body) of GET url."""
     req = urllib.request.Request(url, headers=headers or {})
@@ -137,19 +131,6 @@ def http_get(url, timeout=10.0, context=None, headers=None):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
-
-
-def metric(text, name, labels=None):
-    want = name
-    if labels:
-        want += "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}"
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        key, _, value = line.rpartition(" ")
-        if key == want:
-            return float(value)
-    return None
 
 
 def poll(cond, what, timeout=10.0, step=0.01):
