@@ -317,11 +317,12 @@ static int master_main(int argc, char **argv)
             kvp_master_server_destroy(srv);
             return 2;
         }
-        KVP_LOG_INFO("high availability: campaigning in cluster %s through etcd %s%s%s%s%s as %s "
-                     "(leader ttl %u s); a standby until elected",
+        KVP_LOG_INFO("high availability: campaigning in cluster %s through etcd %s%s%s%s%s%s as "
+                     "%s (leader ttl %u s); a standby until elected",
                      cluster, etcd, cfg.etcd_cacert[0] ? " over TLS" : "",
                      cfg.etcd_cert[0] ? " with a client certificate" : "",
-                     cfg.etcd_user[0] ? " as etcd user " : "", cfg.etcd_user, self, leader_ttl);
+                     cfg.etcd_user[0] ? " (etcd user " : "", cfg.etcd_user,
+                     cfg.etcd_user[0] ? ")" : "", self, leader_ttl);
     }
     if (ready_fd >= 0) {
         char line[300];
