@@ -562,6 +562,15 @@ static kvp_status_t etcd_curl_failure(kvp_etcd_t *e, CURLcode rc, const char *pa
     default:
         break;
     }
+    /* TLS 1.3: the client's handshake ends before the server checks our certificate, so a
+     * refusal may arrive as the connection closing under libcurl rather than as the alert */
+    if (hint == NULL && strncmp(e->urls[idx], "https://", 8) == 0 &&
+        (has(detail, "getpeername") || has(detail, "reset by peer") ||
+         has(detail, "SSL_ERROR_SYSCALL") || has(detail, "unexpected eof")))
+        hint = "etcd closed the connection at the TLS handshake: it may refuse our client "
+               "certificate, or want one (--client-cert-auth): give one signed by its "
+               "--trusted-ca-file (--etcd-cert and --etcd-key, KVPOOL_ETCD_CERT and "
+               "KVPOOL_ETCD_KEY)";
     if (hint == NULL) {
         e->reason = KVP_ETCD_FAIL_CONNECT;
         return etcd_fail(e, KVP_ERR_CONNECT, "etcd %s on %s: %s", path, e->urls[idx], detail);
