@@ -159,8 +159,8 @@ kvp_status_t kvp_discovery_leader(void *arg, char *host, size_t cap, uint16_t *p
     snprintf(d->last_err, sizeof(d->last_err), "%s",
              st == KVP_OK || st == KVP_ERR_NOT_FOUND ? "" : kvp_etcd_error(d->etcd));
     pthread_mutex_unlock(&d->lock);
-    if (st == KVP_ERR_DENIED)
-        KVP_LOG_WARN_LIMITED("cannot find the master's leader: %s", d->last_err);
+    if (st != KVP_OK && st != KVP_ERR_NOT_FOUND)
+        KVP_LOG_WARN_LIMITED("cannot find the master's leader in etcd: %s", d->last_err);
     if (st == KVP_OK && kvp_parse_hostport(val, host, cap, port_p) != KVP_OK)
         st = KVP_ERR_PROTOCOL;
     if (st != KVP_OK && st != KVP_ERR_NOT_FOUND)
