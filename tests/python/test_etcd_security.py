@@ -12,7 +12,7 @@ Real etcd (Debian's etcd-server, 3.4) and etcdctl, certificates from deploy/make
   password never leads, says so, and the password appears in no log, metric or error.
 
 The masters run without TLS of their own and the clients without KVPOOL_TLS_* (this test
-is about the etcd side), in the plain and the TLS pass alike.
+is about the etcd side); it adds nothing in deploy/test.sh's TLS pass and skips itself there.
 """
 
 import os
@@ -27,7 +27,10 @@ import urllib.request
 import pytest
 
 import kvpool
-from conftest import Proc, _bin, free_port, http_get, metric
+from conftest import TLS_DIR, Proc, _bin, free_port, http_get, metric
+
+pytestmark = pytest.mark.skipif(TLS_DIR is not None,
+                                reason="the etcd side only: the same in the TLS pass")
 
 ETCD_ENV = ("KVPOOL_ETCD_CACERT", "KVPOOL_ETCD_CERT", "KVPOOL_ETCD_KEY", "KVPOOL_ETCD_USER",
             "KVPOOL_ETCD_PASSWORD_FILE")
@@ -205,7 +208,8 @@ def test_client_certificate(mtls_etcd, certs, tmp_path, monkeypatch):
         monkeypatch.delenv("KVPOOL_ETCD_KEY")
         with pytest.raises(kvpool.Error) as ei:
             kvpool.Client(f"etcd://{mtls_etcd.endpoint}/{CLUSTER}", rpc_timeout_ms=1500)
-        assert "refused our client certificate" in str(ei.value), str(ei.value)
+        # TLS 1.3: the refusal comes as an alert or as the connection closing under libcurl
+        assert "TLS: " in str(ei.value) and "our client certificate" in str(ei.value), str(ei.value)
     finally:
         m.stop()
 
@@ -218,7 +222,7 @@ def test_refused_tls(mtls_etcd, certs, tmp_path, case):
     m = Master(mtls_etcd.endpoint, args, tmp_path, case)
     try:
         wait_for(lambda: "failed (" in m.log_text(), "the master to log the etcd failure", 10)
-        why = {"no-client-cert": "etcd refused our client certificate",
+        why = {"no-client-cert": "our client certificate",
                "wrong-ca": "certificate problem: unable to get local issuer certificate"}[case]
         log = m.log_text()
         assert "TLS: " in log and why in log, log
@@ -234,12 +238,14 @@ def test_password(auth_etcd, certs, tmp_path, monkeypatch):
     ca = str(certs / "ca.crt")
     good = Master(auth_etcd.endpoint,
                   ["--etcd-cacert", ca, "--etcd-user", "kvpool", "--etcd-password-file",
-                   str(auth_etcd.password_file), "--leader-ttl", "5"], tmp_path, "good")
+                   str(auth_etcd.password_file), "--leader-ttl", "8"], tmp_path, "good")
     try:
         wait_for(good.leads, "the master to lead with an etcd user")
         epoch = metric(good.metrics(), "kvpool_epoch")
-        # simple tokens die after 1 s idle; keepalives go every 5/3 s: each one re-authenticates
-        deadline = time.monotonic() + 5
+        # simple tokens die 1-2 s after their last use (etcd checks once a second); the
+        # election's keepalives go every 8/3 s, so each one finds its token gone and
+        # authenticates again: leadership and epoch must not notice
+        deadline = time.monotonic() + 6
         while time.monotonic() < deadline:
             assert good.leads(), good.log_text()
             time.sleep(0.25)
