@@ -19,7 +19,9 @@
  *    decimal numbers, which need no JSON escaping.
  *  - Errors: {"error","message","code"} with a gRPC code: 5 not found,
  *    11 compacted, 14 unavailable (no leader, request timed out: the member
- *    cannot serve, so the next endpoint is tried), 4 deadline exceeded.
+ *    cannot serve, so the next endpoint is tried), 4 deadline exceeded, 1
+ *    canceled ("the client connection is closing": a member stopping, in a
+ *    watch stream; unreachable too).
  *  - Streams (keepalive, watch) wrap each message as {"result":{...}}, one
  *    per line. A watch first answers "created":true, then events. A watch
  *    from a compacted revision answers "canceled":true with
@@ -394,6 +396,12 @@ static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, 
     case 14: /* Unavailable: no leader, request timed out, leader changed */
         status = KVP_ERR_CONNECT;
         *retry_p = true;
+        break;
+    case 1: /* Canceled: "grpc: the client connection is closing" when the member stops */
+        if (has(msg, "closing")) {
+            status = KVP_ERR_CONNECT;
+            *retry_p = true;
+        }
         break;
     case 4: /* DeadlineExceeded */
         status = KVP_ERR_TIMEOUT;
