@@ -63,8 +63,16 @@ static kvp_status_t master_addr_parse(kvp_client_t *c, kvp_discovery_change_cb_t
         master = "127.0.0.1:50051";
     if (kvp_discovery_is_etcd(master)) {
         uint32_t t = c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000;
-        if (kvp_discovery_create(master, t, leader_changed, c, &c->disc) == KVP_OK)
+        char why[512] = "";
+        kvp_status_t st =
+            kvp_discovery_create(master, t, leader_changed, c, &c->disc, why, sizeof(why));
+        if (st == KVP_OK)
             return KVP_OK;
+        if (why[0] != '\0') { /* etcd's settings (KVPOOL_ETCD_*) */
+            KVP_LOG_ERROR("%s", why);
+            kvp_api_fail("create: %s", why);
+            return st;
+        }
         KVP_LOG_ERROR("master address must be etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
                       master);
     } else if (kvp_parse_hostport(master, c->master_host, sizeof(c->master_host),
@@ -243,7 +251,12 @@ static kvp_status_t control_start(kvp_client_t *c)
     sp.err_len = sizeof(why);
     kvp_status_t st = kvp_session_open(&sp, &c->session);
     if (st != KVP_OK) {
-        if (why[0] != '\0')
+        char etcd_why[512] = "";
+        if (c->disc != NULL)
+            kvp_discovery_last_error(c->disc, etcd_why, sizeof(etcd_why));
+        if (etcd_why[0] != '\0') /* no leader found: etcd's reason says more */
+            kvp_api_fail("create: cannot find the master's leader through etcd: %s", etcd_why);
+        else if (why[0] != '\0')
             kvp_api_fail("create: %s", why);
         return st;
     }

@@ -75,6 +75,9 @@ struct kvp_election {
     char leader_addr[ELECTION_ADDR_MAX];
     uint64_t leader_epoch; /* 0: no leader known */
 
+    pthread_mutex_t list_mu; /* guards list_etcd */
+    kvp_etcd_t *list_etcd;   /* kvp_election_standbys' handle */
+
     /* election thread only */
     kvp_etcd_t *etcd;
     int64_t lease;       /* 0: none */
@@ -87,6 +90,7 @@ struct kvp_election {
     uint64_t campaign_start_ms; /* when this campaign began; 0: none under way */
     election_etcd_state_t etcd_state;
     uint64_t etcd_down_since_ms;
+    kvp_status_t etcd_down_status; /* of the failure last logged */
 };
 
 /* ---- published state ---- */
@@ -198,15 +202,21 @@ static void election_etcd_up(kvp_election_t *el)
     el->etcd_state = ETCD_STATE_UP;
 }
 
-/* An etcd call failed: log once per state change, read the leader key again
- * before trusting it, and pause a little (at most until the next keepalive). */
+/* An etcd call failed: log once per state change (and when etcd goes from unreachable to
+ * refusing our credentials, or back), read the leader key again before trusting
+ * it, and pause a little (at most until the next keepalive). */
 static void election_etcd_down(kvp_election_t *el, const char *what, kvp_status_t status)
 {
-    if (el->etcd_state != ETCD_STATE_DOWN) {
-        el->etcd_down_since_ms = kvp_now_ms();
+    bool refused = status == KVP_ERR_DENIED;
+    if (el->etcd_state != ETCD_STATE_DOWN || refused != (el->etcd_down_status == KVP_ERR_DENIED)) {
+        if (el->etcd_state != ETCD_STATE_DOWN)
+            el->etcd_down_since_ms = kvp_now_ms();
+        el->etcd_down_status = status;
         KVP_LOG_WARN(
             "election %s: etcd at %s failed (%s: %s: %s); retrying every %d ms%s", el->cluster,
-            el->endpoints, what, kvp_strerror(status), kvp_etcd_error(el->etcd), ELECTION_RETRY_MS,
+            el->endpoints, what,
+            status == KVP_ERR_DENIED ? "refused" : kvp_strerror(status), /* not the ACL's text */
+            kvp_etcd_error(el->etcd), ELECTION_RETRY_MS,
             el->leader ? "; leading stops when the lease's margin runs out" : "; standing by");
     }
     el->etcd_state = ETCD_STATE_DOWN;
@@ -408,6 +418,8 @@ static void *election_main(void *arg)
 static void election_free(kvp_election_t *el)
 {
     kvp_etcd_destroy(el->etcd);
+    kvp_etcd_destroy(el->list_etcd);
+    pthread_mutex_destroy(&el->list_mu);
     pthread_mutex_destroy(&el->mu);
     free(el->endpoints);
     free(el->cluster);
@@ -428,6 +440,7 @@ kvp_status_t kvp_election_start(const kvp_election_params_t *params, kvp_electio
     if (el == NULL)
         return KVP_ERR_NOMEM;
     pthread_mutex_init(&el->mu, NULL);
+    pthread_mutex_init(&el->list_mu, NULL);
     uint32_t ttl_s = params->ttl_s == 0 ? 5 : KVP_MAX(params->ttl_s, 2u);
     el->ttl_ms = (uint64_t)ttl_s * 1000;
     el->margin_ms = el->ttl_ms / 5;
@@ -446,8 +459,14 @@ kvp_status_t kvp_election_start(const kvp_election_params_t *params, kvp_electio
     if (el->endpoints == NULL || el->cluster == NULL || el->self == NULL ||
         el->leader_key == NULL || el->members_prefix == NULL || el->member_key == NULL)
         goto err_free;
-    status = kvp_etcd_create(params->endpoints, params->timeout_ms != 0 ? params->timeout_ms : 1000,
-                             &el->etcd);
+    kvp_etcd_params_t ep = {.endpoints = params->endpoints,
+                            .timeout_ms = params->timeout_ms != 0 ? params->timeout_ms : 1000,
+                            .security = params->security};
+    status = kvp_etcd_create_ex(&ep, &el->etcd, params->err, params->err_len);
+    if (status != KVP_OK)
+        goto err_free;
+    ep.timeout_ms = 1000;
+    status = kvp_etcd_create_ex(&ep, &el->list_etcd, params->err, params->err_len);
     if (status != KVP_OK)
         goto err_free;
     el->campaign_start_ms = kvp_now_ms();
@@ -510,17 +529,15 @@ static void election_member(const char *key, const char *val, size_t len, void *
 
 kvp_status_t kvp_election_standbys(kvp_election_t *el, kvp_election_member_cb_t cb, void *arg)
 {
-    kvp_etcd_t *e;
-    kvp_status_t status = kvp_etcd_create(el->endpoints, 1000, &e);
-    if (status != KVP_OK)
-        return status;
+    pthread_mutex_lock(&el->list_mu);
     char *leader = NULL;
-    status = kvp_etcd_get(e, el->leader_key, &leader, NULL, NULL, NULL, NULL);
+    kvp_status_t status =
+        kvp_etcd_get(el->list_etcd, el->leader_key, &leader, NULL, NULL, NULL, NULL);
     if (status == KVP_OK || status == KVP_ERR_NOT_FOUND) {
         election_list_t l = {.leader = leader, .cb = cb, .arg = arg};
-        status = kvp_etcd_list(e, el->members_prefix, election_member, &l);
+        status = kvp_etcd_list(el->list_etcd, el->members_prefix, election_member, &l);
     }
+    pthread_mutex_unlock(&el->list_mu);
     free(leader);
-    kvp_etcd_destroy(e);
     return status;
 }

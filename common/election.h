@@ -28,6 +28,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/etcd.h"
 #include "common/status.h"
 
 typedef struct kvp_election kvp_election_t;
@@ -46,12 +47,18 @@ typedef struct kvp_election_params {
     uint32_t timeout_ms;   /* each etcd request; 0: 1000 */
     kvp_election_change_cb_t on_change; /* optional */
     void *arg;                          /* for on_change */
+    /* TLS and credentials for etcd (borrowed for the start call); NULL: plain */
+    const kvp_etcd_security_t *security;
+    char *err; /* optional: why the start failed (a bad setting), err_len bytes */
+    size_t err_len;
 } kvp_election_params_t;
 
 /*
  * Start campaigning on a new thread. Succeeds without contacting etcd (an
- * unreachable etcd only delays the first campaign); KVP_ERR_INVALID_ARG for
- * missing params or a malformed endpoint list.
+ * unreachable etcd, or one that refuses our credentials, only delays the
+ * first campaign: the election thread logs why); KVP_ERR_INVALID_ARG for
+ * missing params, a malformed endpoint list or a security setting that
+ * cannot be used (params->err says which).
  */
 kvp_status_t kvp_election_start(const kvp_election_params_t *params, kvp_election_t **el_p);
 
@@ -79,8 +86,10 @@ bool kvp_election_leading(kvp_election_t *el, uint64_t now_ms, uint64_t *epoch_p
 kvp_status_t kvp_election_leader(kvp_election_t *el, char *addr, size_t cap, uint64_t *epoch_p);
 
 /*
- * List the standbys now: one etcd read of the members (on a handle of this
- * call's own, so any thread may call it), every address but the leader's.
+ * List the standbys now: one etcd read of the members (on a second handle,
+ * made at start and kept under a mutex of its own, so any thread may call it
+ * without a new etcd authentication each time), every address but the
+ * leader's.
  */
 kvp_status_t kvp_election_standbys(kvp_election_t *el, kvp_election_member_cb_t cb, void *arg);
 

@@ -19,12 +19,32 @@
  *    decimal numbers, which need no JSON escaping.
  *  - Errors: {"error","message","code"} with a gRPC code: 5 not found,
  *    11 compacted, 14 unavailable (no leader, request timed out: the member
- *    cannot serve, so the next endpoint is tried), 4 deadline exceeded.
+ *    cannot serve, so the next endpoint is tried), 4 deadline exceeded, 1
+ *    canceled ("the client connection is closing": a member stopping, in a
+ *    watch stream; unreachable too).
  *  - Streams (keepalive, watch) wrap each message as {"result":{...}}, one
  *    per line. A watch first answers "created":true, then events. A watch
  *    from a compacted revision answers "canceled":true with
  *    "compact_revision" and leaves the stream open (we close it). When etcd
  *    stops, the stream just ends and libcurl reports CURLE_OK.
+ *
+ * Security (etcd.h): the TLS options are set on the easy handle before every
+ * attempt (curl_easy_reset clears them); with a CA, libcurl's default CA
+ * directory is turned off, so only that CA is trusted. The token rides in a
+ * second header list (auth_headers) next to the plain one used to
+ * authenticate. etcd_request() wraps every request: authenticate first when
+ * a user is set and no token is held, and when etcd refuses the token
+ * ("invalid auth token", gRPC code 16: expired; "user name is empty": auth
+ * was enabled after we started; "revision of auth store is old") drop it,
+ * authenticate again and retry once. A user configured while etcd has
+ * authentication off is not an error: requests go without a token (a
+ * warning says so) until etcd asks for one, so auth can be enabled on a
+ * running pool. Secrets (password, token, the authenticate body and answer)
+ * are wiped with explicit_bzero before their memory is freed.
+ *
+ * Failures are counted process-wide by reason (kvp_etcd_stats): each request
+ * sets e->reason where it fails; -1 means "not a failure" (a watch that saw
+ * no change, a key or lease not found, a stop).
  *
  * libcurl's global state: curl_global_init runs when the first handle of the
  * process is created and curl_global_cleanup when the last is destroyed
@@ -39,12 +59,15 @@
 
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/clock.h"
 #include "common/log.h"
@@ -54,6 +77,10 @@
 #define ETCD_POLL_MS 100
 /* Most endpoints in one list. */
 #define ETCD_MAX_ENDPOINTS 16
+/* Longest password read from a password file. */
+#define ETCD_MAX_PASSWORD 1024
+/* e->reason of a request that has not failed. */
+#define ETCD_NO_FAILURE (-1)
 
 typedef struct etcd_buf {
     char *p;
@@ -83,7 +110,30 @@ struct kvp_etcd {
     int cur; /* the endpoint tried first */
     uint32_t timeout_ms;
     char err[1024];
+    char curl_err[CURL_ERROR_SIZE]; /* libcurl's detail of the last transfer's failure */
+    /* security (kvp_etcd_create_ex); NULL: unset */
+    char *ca, *cert, *key;
+    char *user;
+    char *password;                  /* secret: wiped at destroy */
+    char *token;                     /* secret: wiped when dropped; NULL: none held */
+    struct curl_slist *auth_headers; /* headers + "Authorization: <token>"; NULL: no token */
+    bool auth_off;                   /* etcd said authentication is not enabled */
+    bool token_refused;              /* the last answer refused our token (or its lack) */
+    int reason;                      /* kvp_etcd_fail_reason_t of this request, or -1 */
 };
+
+/* ---- process-wide counters ---- */
+
+static _Atomic uint64_t etcd_failed_n[KVP_ETCD_FAIL_REASONS];
+static _Atomic uint64_t etcd_auth_n, etcd_reauth_n;
+
+void kvp_etcd_stats(kvp_etcd_stats_t *stats)
+{
+    for (int i = 0; i < KVP_ETCD_FAIL_REASONS; i++)
+        stats->failed[i] = atomic_load_explicit(&etcd_failed_n[i], memory_order_relaxed);
+    stats->authentications = atomic_load_explicit(&etcd_auth_n, memory_order_relaxed);
+    stats->reauthentications = atomic_load_explicit(&etcd_reauth_n, memory_order_relaxed);
+}
 
 /* ---- libcurl's global state ---- */
 
@@ -122,6 +172,8 @@ static kvp_status_t etcd_fail(kvp_etcd_t *e, kvp_status_t status, const char *fm
     vsnprintf(e->err, sizeof(e->err), fmt, ap);
     va_end(ap);
     KVP_LOG_DEBUG("etcd: %s", e->err);
+    if (status == KVP_ERR_PROTOCOL)
+        e->reason = KVP_ETCD_FAIL_OTHER;
     return status;
 }
 
@@ -268,6 +320,47 @@ static kvp_status_t etcd_kv_parse(kvp_etcd_t *e, const cJSON *o, etcd_kv_t *kv)
     return KVP_OK;
 }
 
+static bool has(const char *text, const char *part)
+{
+    return text != NULL && strstr(text, part) != NULL;
+}
+
+/*
+ * An error answer about credentials (code: gRPC code, msg: etcd's text, may
+ * be NULL)? Then keep a sentence saying what to do, note whether a new token
+ * may help (e->token_refused) and return true: the request is refused.
+ */
+static bool etcd_auth_answer(kvp_etcd_t *e, int code, const char *msg, const char *path, long http)
+{
+    const char *hint;
+    if (code == 16 || has(msg, "invalid auth token") || has(msg, "revision of auth store is old")) {
+        e->token_refused = true; /* expired, or the auth store changed: authenticate again */
+        hint = e->user != NULL ? "etcd refused a fresh token" : "etcd wants a token";
+    } else if (has(msg, "user name is empty")) {
+        e->token_refused = true; /* authentication was enabled after we started */
+        hint = e->user != NULL ? "etcd asks for a user although we sent a fresh token"
+                               : "etcd has authentication enabled: configure an etcd user "
+                                 "and its password file";
+    } else if (has(msg, "authentication failed")) {
+        hint = "check the etcd user and its password file";
+    } else if (code == 7 || has(msg, "permission denied")) {
+        hint = "grant the etcd user's role readwrite on the prefix /kvpool/<cluster>/";
+    } else {
+        return false;
+    }
+    /* the user name is not secret; the password and the token never enter the text */
+    char who[300] = "";
+    if (e->user != NULL)
+        snprintf(who, sizeof(who), " (user '%s')", e->user);
+    etcd_fail(e, KVP_ERR_DENIED, "etcd %s refused %s%s: %s (%s; HTTP %ld, gRPC code %d)",
+              e->urls[e->cur], path, who, msg != NULL ? msg : "no error text", hint, http, code);
+    if (strcmp(path, "/v3/auth/authenticate") == 0)
+        etcd_fail(e, KVP_ERR_DENIED, "etcd %s: authentication as user '%s' failed: %s (%s)",
+                  e->urls[e->cur], e->user, msg != NULL ? msg : "no error text", hint);
+    e->reason = KVP_ETCD_FAIL_AUTH;
+    return true;
+}
+
 /*
  * Map an error answer ({"error","message","code"}, or a stream's
  * {"error":{...}}) to a status and keep its text. *retry_p: the member cannot
@@ -287,6 +380,12 @@ static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, 
     int code = cJSON_IsNumber(code_item) ? code_item->valueint : -1;
     kvp_status_t status = KVP_ERR_PROTOCOL;
     *retry_p = false;
+    if (strcmp(path, "/v3/auth/authenticate") == 0 && has(msg, "authentication is not enabled")) {
+        e->auth_off = true; /* see etcd_authenticate */
+        return etcd_fail(e, KVP_ERR_UNSUPPORTED, "etcd %s: %s", e->urls[e->cur], msg);
+    }
+    if (etcd_auth_answer(e, code, msg, path, http))
+        return KVP_ERR_DENIED;
     switch (code) {
     case 5: /* NotFound: lease not found */
         status = KVP_ERR_NOT_FOUND;
@@ -298,6 +397,12 @@ static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, 
         status = KVP_ERR_CONNECT;
         *retry_p = true;
         break;
+    case 1: /* Canceled: "grpc: the client connection is closing" when the member stops */
+        if (has(msg, "closing")) {
+            status = KVP_ERR_CONNECT;
+            *retry_p = true;
+        }
+        break;
     case 4: /* DeadlineExceeded */
         status = KVP_ERR_TIMEOUT;
         *retry_p = true;
@@ -307,6 +412,8 @@ static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, 
     }
     etcd_fail(e, status, "etcd %s on %s: %s (HTTP %ld, gRPC code %d)", path, e->urls[e->cur],
               msg != NULL ? msg : "no error text", http, code);
+    if (status == KVP_ERR_CONNECT || status == KVP_ERR_TIMEOUT)
+        e->reason = KVP_ETCD_FAIL_CONNECT;
     if (status == KVP_ERR_PROTOCOL)
         KVP_LOG_WARN("etcd: %s", e->err); /* a request etcd rejects is our bug */
     return status;
@@ -349,16 +456,22 @@ static void watch_line(etcd_xfer_t *x, const char *line)
         x->created = true;
     if (j_true(r, "canceled")) {
         int64_t compact = j_int64(r, "compact_revision");
-        if (compact > 0)
+        const char *why = cJSON_GetStringValue(j_get(r, "cancel_reason"));
+        /* a refused token or permission: "rpc error: code = Unauthenticated desc = ..." */
+        if (has(why, "code = Unauthenticated") || has(why, "code = PermissionDenied") ||
+            has(why, "code = InvalidArgument"))
+            x->status =
+                etcd_auth_answer(e, has(why, "Unauthenticated") ? 16 : -1, why, "/v3/watch", 200)
+                    ? KVP_ERR_DENIED
+                    : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s", why);
+        else if (compact > 0)
             x->status = etcd_fail(e, KVP_ERR_OUT_OF_RANGE,
                                   "etcd watch from revision %" PRId64
                                   " refused: compacted up to revision %" PRId64,
                                   x->start_rev, compact);
         else
             x->status = etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s",
-                                  cJSON_GetStringValue(j_get(r, "cancel_reason"))
-                                      ? cJSON_GetStringValue(j_get(r, "cancel_reason"))
-                                      : "no reason given");
+                                  why != NULL ? why : "no reason given");
         x->done = true;
         cJSON_Delete(j);
         return;
@@ -412,6 +525,69 @@ static size_t etcd_write_cb(char *data, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
+/* The TLS settings of one attempt (curl_easy_reset cleared them). */
+static void etcd_set_tls(kvp_etcd_t *e, CURL *h)
+{
+    e->curl_err[0] = '\0';
+    curl_easy_setopt(h, CURLOPT_ERRORBUFFER, e->curl_err);
+    if (e->ca != NULL) {
+        curl_easy_setopt(h, CURLOPT_CAINFO, e->ca);
+        curl_easy_setopt(h, CURLOPT_CAPATH, NULL); /* this CA only, not the system's */
+    }
+    if (e->cert != NULL) {
+        curl_easy_setopt(h, CURLOPT_SSLCERT, e->cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, e->key);
+    }
+}
+
+/* A transfer that failed in libcurl: keep what happened, with a hint for TLS failures. */
+static kvp_status_t etcd_curl_failure(kvp_etcd_t *e, CURLcode rc, const char *path, int idx)
+{
+    const char *detail = e->curl_err[0] != '\0' ? e->curl_err : curl_easy_strerror(rc);
+    const char *hint = NULL;
+    switch (rc) {
+    case CURLE_PEER_FAILED_VERIFICATION:
+        hint = "etcd's certificate is not signed by the etcd CA file, or does not name this "
+               "host: check the CA (--etcd-cacert, KVPOOL_ETCD_CACERT) and the certificate's "
+               "subjectAltName";
+        break;
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CACERT_BADFILE:
+        hint = "a certificate or key file could not be used";
+        break;
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_GOT_NOTHING:
+        if (has(detail, "alert") || has(detail, "SSL") || has(detail, "TLS"))
+            hint = has(detail, "certificate required") || has(detail, "unknown ca") ||
+                           has(detail, "bad certificate")
+                       ? "etcd refused our client certificate (it runs --client-cert-auth): "
+                         "give one signed by its --trusted-ca-file (--etcd-cert and "
+                         "--etcd-key, KVPOOL_ETCD_CERT and KVPOOL_ETCD_KEY)"
+                       : "TLS failed";
+        break;
+    default:
+        break;
+    }
+    /* TLS 1.3: the client's handshake ends before the server checks our certificate, so a
+     * refusal may arrive as the connection closing under libcurl rather than as the alert */
+    if (hint == NULL && strncmp(e->urls[idx], "https://", 8) == 0 &&
+        (has(detail, "getpeername") || has(detail, "reset by peer") ||
+         has(detail, "SSL_ERROR_SYSCALL") || has(detail, "unexpected eof")))
+        hint = "etcd closed the connection at the TLS handshake: it may refuse our client "
+               "certificate, or want one (--client-cert-auth): give one signed by its "
+               "--trusted-ca-file (--etcd-cert and --etcd-key, KVPOOL_ETCD_CERT and "
+               "KVPOOL_ETCD_KEY)";
+    if (hint == NULL) {
+        e->reason = KVP_ETCD_FAIL_CONNECT;
+        return etcd_fail(e, KVP_ERR_CONNECT, "etcd %s on %s: %s", path, e->urls[idx], detail);
+    }
+    e->reason = KVP_ETCD_FAIL_TLS;
+    return etcd_fail(e, KVP_ERR_CONNECT, "etcd %s on %s: TLS: %s (%s)", path, e->urls[idx], detail,
+                     hint);
+}
+
 typedef enum etcd_outcome {
     ETCD_ANSWERED, /* a whole answer (x->body, http) or a watch result (x->done) */
     ETCD_RETRY,    /* this endpoint failed: try the next */
@@ -429,12 +605,14 @@ static etcd_outcome_t etcd_attempt(kvp_etcd_t *e, int idx, const char *path, con
 {
     char url[512];
     e->cur = idx;
+    e->reason = ETCD_NO_FAILURE;
     snprintf(url, sizeof(url), "%s%s", e->urls[idx], path);
     CURL *h = e->easy;
     curl_easy_reset(h);
     curl_easy_setopt(h, CURLOPT_URL, url);
     curl_easy_setopt(h, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(h, CURLOPT_HTTPHEADER, e->headers);
+    curl_easy_setopt(h, CURLOPT_HTTPHEADER, e->auth_headers != NULL ? e->auth_headers : e->headers);
+    etcd_set_tls(e, h);
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, etcd_write_cb);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
@@ -481,6 +659,7 @@ static etcd_outcome_t etcd_attempt(kvp_etcd_t *e, int idx, const char *path, con
         if (!alive && now >= alive_deadline) {
             *status_p = etcd_fail(e, KVP_ERR_TIMEOUT, "etcd %s on %s: no answer in %u ms", path,
                                   e->urls[idx], e->timeout_ms);
+            e->reason = KVP_ETCD_FAIL_CONNECT;
             out = x->watch && now >= deadline ? ETCD_FINAL : ETCD_RETRY;
             break;
         }
@@ -508,12 +687,36 @@ static etcd_outcome_t etcd_attempt(kvp_etcd_t *e, int idx, const char *path, con
     case CURLE_OPERATION_TIMEDOUT:
         *status_p = etcd_fail(e, KVP_ERR_TIMEOUT, "etcd %s on %s: %s", path, e->urls[idx],
                               curl_easy_strerror(rc));
+        e->reason = KVP_ETCD_FAIL_CONNECT;
         return ETCD_RETRY;
-    default: /* cannot connect or resolve, connection reset, nothing answered */
-        *status_p = etcd_fail(e, KVP_ERR_CONNECT, "etcd %s on %s: %s", path, e->urls[idx],
-                              curl_easy_strerror(rc));
+    default: /* cannot connect or resolve, connection reset, nothing answered, TLS */
+        *status_p = etcd_curl_failure(e, rc, path, idx);
         return ETCD_RETRY;
     }
+}
+
+/* A failed answer that is not JSON: etcd's HTTP layer said no (its first line is kept). */
+static kvp_status_t etcd_text_answer(kvp_etcd_t *e, long http, const char *body, const char *path)
+{
+    char text[200];
+    size_t n = 0;
+    for (const char *p = body != NULL ? body : ""; *p != '\0' && *p != '\n'; p++)
+        if (n + 1 < sizeof(text))
+            text[n++] = *p >= ' ' && *p < 127 ? *p : '?';
+    text[n] = '\0';
+    /* etcd 3.4 with --client-cert-auth and authentication both on refuses a gateway client
+     * whose certificate names a CommonName */
+    if (has(text, "CommonName of client")) {
+        etcd_fail(e, KVP_ERR_DENIED,
+                  "etcd %s on %s: %s (HTTP %ld; etcd with --client-cert-auth and authentication "
+                  "both on takes JSON-gateway clients only with a certificate without a "
+                  "CommonName: issue the etcd client certificate with an empty subject CN)",
+                  path, e->urls[e->cur], text, http);
+        e->reason = KVP_ETCD_FAIL_TLS;
+        return KVP_ERR_DENIED;
+    }
+    return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: HTTP %ld%s%s", path, e->urls[e->cur],
+                     http, n > 0 ? ": " : "", text);
 }
 
 /* Note an endpoint's failure in the list of everything tried. */
@@ -548,11 +751,11 @@ static kvp_status_t etcd_run(kvp_etcd_t *e, const char *path, const char *body, 
         if (x->done)
             return x->status;
         cJSON *j = cJSON_Parse(x->body.p != NULL ? x->body.p : "");
-        if (http != 200) {
+        /* an error, or a stream's (keepalive's) {"error":{...}} */
+        if (http != 200 || (cJSON_IsObject(j) && cJSON_IsObject(j_get(j, "error")))) {
             bool retry = false;
             status = j != NULL ? etcd_error_answer(e, http, j, path, &retry)
-                               : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: HTTP %ld", path,
-                                           e->urls[idx], http);
+                               : etcd_text_answer(e, http, x->body.p, path);
             cJSON_Delete(j);
             if (retry)
                 continue;
@@ -577,13 +780,154 @@ static kvp_status_t etcd_run(kvp_etcd_t *e, const char *path, const char *body, 
     return status;
 }
 
+/* ---- authentication ---- */
+
+/* Free a buffer that held a secret. */
+static void etcd_wipe_free(char *p, size_t n)
+{
+    if (p != NULL)
+        explicit_bzero(p, n);
+    free(p);
+}
+
+/* Forget the token (wiped, with its header line). */
+static void etcd_drop_token(kvp_etcd_t *e)
+{
+    for (struct curl_slist *l = e->auth_headers; l != NULL; l = l->next)
+        explicit_bzero(l->data, strlen(l->data));
+    curl_slist_free_all(e->auth_headers);
+    e->auth_headers = NULL;
+    if (e->token != NULL)
+        etcd_wipe_free(e->token, strlen(e->token));
+    e->token = NULL;
+}
+
+/* Append s as a JSON string body (quotes included) at out; returns the end. out must have
+ * room for 6 * strlen(s) + 2 bytes. */
+static char *json_string(char *out, const char *s)
+{
+    *out++ = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
+        if (*p == '"' || *p == '\\') {
+            *out++ = '\\';
+            *out++ = (char)*p;
+        } else if (*p < 0x20) {
+            out += sprintf(out, "\\u%04x", *p);
+        } else {
+            *out++ = (char)*p;
+        }
+    }
+    *out++ = '"';
+    return out;
+}
+
+/*
+ * Get a token for e->user (POST /v3/auth/authenticate) and put it in
+ * e->auth_headers. etcd with authentication off: KVP_OK without a token
+ * (e->auth_off, a warning). Runs on the handle's thread; the body and the
+ * answer hold secrets and are wiped.
+ */
+static kvp_status_t etcd_authenticate(kvp_etcd_t *e)
+{
+    size_t cap = 6 * (strlen(e->user) + strlen(e->password)) + 32;
+    char *body = malloc(cap);
+    if (body == NULL)
+        return etcd_fail(e, KVP_ERR_NOMEM, "etcd authenticate: out of memory");
+    char *o = body + sprintf(body, "{\"name\":");
+    o = json_string(o, e->user);
+    o += sprintf(o, ",\"password\":");
+    o = json_string(o, e->password);
+    sprintf(o, "}");
+    etcd_xfer_t x = {.e = e};
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_run(e, "/v3/auth/authenticate", body, &x, e->timeout_ms, NULL, &j);
+    etcd_wipe_free(body, cap);
+    etcd_wipe_free(x.body.p, x.body.cap);
+    if (status == KVP_ERR_UNSUPPORTED && e->auth_off) {
+        KVP_LOG_WARN_LIMITED("etcd %s has authentication off: user '%s' is not used, and anyone "
+                             "who reaches etcd may write kvpool's keys (etcdctl auth enable)",
+                             e->urls[e->cur], e->user);
+        return KVP_OK;
+    }
+    if (status != KVP_OK)
+        return status;
+    cJSON *t = (cJSON *)j_get(j, "token");
+    const char *token = cJSON_GetStringValue(t);
+    bool got = token != NULL && token[0] != '\0';
+    if (got) {
+        e->token = strdup(token);
+        char *line = NULL;
+        if (e->token != NULL && asprintf(&line, "Authorization: %s", e->token) >= 0) {
+            e->auth_headers = curl_slist_append(NULL, "Content-Type: application/json");
+            struct curl_slist *l =
+                e->auth_headers != NULL ? curl_slist_append(e->auth_headers, line) : NULL;
+            if (l == NULL) {
+                curl_slist_free_all(e->auth_headers);
+                e->auth_headers = NULL;
+            }
+            etcd_wipe_free(line, strlen(line));
+        }
+        explicit_bzero(t->valuestring, strlen(t->valuestring));
+    }
+    cJSON_Delete(j);
+    if (!got)
+        return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd authenticate on %s: answer without a token",
+                         e->urls[e->cur]);
+    if (e->auth_headers == NULL) {
+        etcd_drop_token(e);
+        return etcd_fail(e, KVP_ERR_NOMEM, "etcd authenticate: out of memory");
+    }
+    atomic_fetch_add_explicit(&etcd_auth_n, 1, memory_order_relaxed);
+    return KVP_OK;
+}
+
+/* A watch transfer made ready for another try. */
+static void etcd_xfer_reset(etcd_xfer_t *x)
+{
+    free(x->ev.val);
+    memset(&x->ev, 0, sizeof(x->ev));
+    x->done = x->created = false;
+    x->status = KVP_OK;
+}
+
+/*
+ * Every request: etcd_run with a token when a user is set. A refused token
+ * (expired) is dropped, a new one obtained and the request tried once more.
+ * Counts the failure, if any, by reason.
+ */
+static kvp_status_t etcd_request(kvp_etcd_t *e, const char *path, const char *body, etcd_xfer_t *x,
+                                 uint32_t timeout_ms, const atomic_bool *stop, cJSON **resp_p)
+{
+    kvp_status_t status;
+    for (int attempt = 0;; attempt++) {
+        e->token_refused = false;
+        e->reason = ETCD_NO_FAILURE;
+        status = KVP_OK;
+        if (e->user != NULL && e->token == NULL && !e->auth_off)
+            status = etcd_authenticate(e);
+        if (status == KVP_OK) {
+            etcd_xfer_reset(x);
+            status = etcd_run(e, path, body, x, timeout_ms, stop, resp_p);
+        }
+        if (status == KVP_OK || !e->token_refused || e->user == NULL || attempt > 0)
+            break;
+        KVP_LOG_DEBUG("etcd %s: token refused (%s): authenticating again", e->urls[e->cur], e->err);
+        etcd_drop_token(e);
+        e->auth_off = false;
+        atomic_fetch_add_explicit(&etcd_reauth_n, 1, memory_order_relaxed);
+    }
+    if (status != KVP_OK && e->reason != ETCD_NO_FAILURE)
+        atomic_fetch_add_explicit(&etcd_failed_n[e->reason], 1, memory_order_relaxed);
+    return status;
+}
+
 /* A unary call; body is freed here (it may be NULL: asprintf failed). */
 static kvp_status_t etcd_call(kvp_etcd_t *e, const char *path, char *body, cJSON **resp_p)
 {
     if (body == NULL)
         return etcd_fail(e, KVP_ERR_NOMEM, "etcd %s: out of memory", path);
     etcd_xfer_t x = {.e = e};
-    kvp_status_t status = etcd_run(e, path, body, &x, e->timeout_ms, NULL, resp_p);
+    kvp_status_t status = etcd_request(e, path, body, &x, e->timeout_ms, NULL, resp_p);
     free(x.body.p);
     free(body);
     return status;
@@ -605,7 +949,22 @@ static char *etcd_fmt(const char *fmt, ...)
 
 /* ---- create / destroy ---- */
 
-static kvp_status_t etcd_parse_endpoints(kvp_etcd_t *e, const char *endpoints)
+/* What create_ex allocates besides libcurl's handles (wiping the password). */
+static void etcd_free(kvp_etcd_t *e)
+{
+    for (int i = 0; i < e->n_urls; i++)
+        free(e->urls[i]);
+    free(e->ca);
+    free(e->cert);
+    free(e->key);
+    free(e->user);
+    if (e->password != NULL)
+        etcd_wipe_free(e->password, ETCD_MAX_PASSWORD + 2);
+    free(e);
+}
+
+/* Split the list into e->urls; a host:port without a scheme gets https:// when tls. */
+static kvp_status_t etcd_parse_endpoints(kvp_etcd_t *e, const char *endpoints, bool tls)
 {
     const char *p = endpoints;
     while (*p != '\0') {
@@ -615,7 +974,7 @@ static kvp_status_t etcd_parse_endpoints(kvp_etcd_t *e, const char *endpoints)
         if (n == 0 || e->n_urls == ETCD_MAX_ENDPOINTS)
             return KVP_ERR_INVALID_ARG;
         bool scheme = memmem(p, n, "://", 3) != NULL;
-        char *url = etcd_fmt("%s%.*s", scheme ? "" : "http://", (int)n, p);
+        char *url = etcd_fmt("%s%.*s", scheme ? "" : tls ? "https://" : "http://", (int)n, p);
         if (url == NULL)
             return KVP_ERR_NOMEM;
         e->urls[e->n_urls++] = url;
@@ -626,22 +985,154 @@ static kvp_status_t etcd_parse_endpoints(kvp_etcd_t *e, const char *endpoints)
     return e->n_urls > 0 ? KVP_OK : KVP_ERR_INVALID_ARG;
 }
 
-kvp_status_t kvp_etcd_create(const char *endpoints, uint32_t timeout_ms, kvp_etcd_t **e_p)
+/* Say why in err and return status. */
+static kvp_status_t create_fail(char *err, size_t err_len, kvp_status_t status, const char *fmt,
+                                ...) __attribute__((format(printf, 4, 5)));
+
+static kvp_status_t create_fail(char *err, size_t err_len, kvp_status_t status, const char *fmt,
+                                ...)
 {
-    if (endpoints == NULL || timeout_ms == 0)
-        return KVP_ERR_INVALID_ARG;
+    if (err != NULL && err_len > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, err_len, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+/* A copy of a readable file's name in *copy_p (NULL stays NULL). */
+static kvp_status_t etcd_file(const char *what, const char *path, char **copy_p, char *err,
+                              size_t err_len)
+{
+    if (path == NULL)
+        return KVP_OK;
+    if (access(path, R_OK) != 0)
+        return create_fail(err, err_len, KVP_ERR_INVALID_ARG, "cannot read the etcd %s %s: %m",
+                           what, path);
+    *copy_p = strdup(path);
+    return *copy_p != NULL ? KVP_OK : KVP_ERR_NOMEM;
+}
+
+/* Read the password from path into e->password: one trailing newline (\n or \r\n) is
+ * stripped; empty, NUL bytes or longer than ETCD_MAX_PASSWORD: refused. */
+static kvp_status_t etcd_read_password(kvp_etcd_t *e, const char *path, char *err, size_t err_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        kvp_status_t status = create_fail(err, err_len, KVP_ERR_INVALID_ARG,
+                                          "cannot read the etcd password file %s: %m", path);
+        if (fd >= 0)
+            close(fd);
+        return status;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return create_fail(err, err_len, KVP_ERR_INVALID_ARG,
+                           "the etcd password file %s is not a regular file", path);
+    }
+    if (st.st_mode & (S_IRWXG | S_IRWXO))
+        KVP_LOG_WARN_LIMITED(
+            "etcd: the password file %s may be read by its group or others (mode %03o): "
+            "chmod 600 it",
+            path, (unsigned)(st.st_mode & 0777));
+    char *buf = calloc(1, ETCD_MAX_PASSWORD + 2);
+    if (buf == NULL) {
+        close(fd);
+        return KVP_ERR_NOMEM;
+    }
+    size_t n = 0;
+    ssize_t r;
+    while (n < ETCD_MAX_PASSWORD + 1 && (r = read(fd, buf + n, ETCD_MAX_PASSWORD + 1 - n)) > 0)
+        n += (size_t)r;
+    close(fd);
+    if (n > 0 && buf[n - 1] == '\n') {
+        buf[--n] = '\0';
+        if (n > 0 && buf[n - 1] == '\r')
+            buf[--n] = '\0';
+    }
+    const char *why = n == 0                  ? "is empty"
+                      : n > ETCD_MAX_PASSWORD ? "holds more than 1024 bytes"
+                      : strlen(buf) != n      ? "holds a NUL byte"
+                      : memchr(buf, '\n', n)  ? "holds more than one line"
+                                              : NULL;
+    if (why != NULL) {
+        etcd_wipe_free(buf, ETCD_MAX_PASSWORD + 2);
+        return create_fail(err, err_len, KVP_ERR_INVALID_ARG, "the etcd password file %s %s", path,
+                           why);
+    }
+    e->password = buf;
+    return KVP_OK;
+}
+
+/* The security settings, checked and copied into e. */
+static kvp_status_t etcd_set_security(kvp_etcd_t *e, const kvp_etcd_security_t *sec, char *err,
+                                      size_t err_len)
+{
+    if ((sec->cert == NULL) != (sec->key == NULL))
+        return create_fail(err, err_len, KVP_ERR_INVALID_ARG,
+                           "an etcd client certificate needs its key and the other way round "
+                           "(--etcd-cert with --etcd-key, KVPOOL_ETCD_CERT with KVPOOL_ETCD_KEY)");
+    if ((sec->user == NULL) != (sec->password_file == NULL))
+        return create_fail(err, err_len, KVP_ERR_INVALID_ARG,
+                           "an etcd user needs a password file and the other way round "
+                           "(--etcd-user with --etcd-password-file, KVPOOL_ETCD_USER with "
+                           "KVPOOL_ETCD_PASSWORD_FILE)");
+    kvp_status_t status;
+    if ((status = etcd_file("CA file", sec->ca, &e->ca, err, err_len)) != KVP_OK ||
+        (status = etcd_file("client certificate", sec->cert, &e->cert, err, err_len)) != KVP_OK ||
+        (status = etcd_file("client key", sec->key, &e->key, err, err_len)) != KVP_OK)
+        return status;
+    if (sec->user != NULL) {
+        if (sec->user[0] == '\0' || strlen(sec->user) > 256)
+            return create_fail(err, err_len, KVP_ERR_INVALID_ARG,
+                               "the etcd user name needs 1..256 bytes");
+        if ((e->user = strdup(sec->user)) == NULL)
+            return KVP_ERR_NOMEM;
+        if ((status = etcd_read_password(e, sec->password_file, err, err_len)) != KVP_OK)
+            return status;
+    }
+    for (int i = 0; i < e->n_urls; i++) {
+        if (strncmp(e->urls[i], "http://", 7) == 0 && e->ca != NULL)
+            return create_fail(err, err_len, KVP_ERR_INVALID_ARG,
+                               "etcd endpoint %s is plain http, but an etcd CA file is given "
+                               "(TLS): write https:// or leave the scheme out",
+                               e->urls[i]);
+        if (strncmp(e->urls[i], "http://", 7) == 0 && e->user != NULL)
+            KVP_LOG_WARN("etcd: the password of user '%s' goes in the clear to %s: give an "
+                         "etcd CA file (TLS)",
+                         e->user, e->urls[i]);
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp_etcd_create_ex(const kvp_etcd_params_t *params, kvp_etcd_t **e_p, char *err,
+                                size_t err_len)
+{
+    if (params == NULL || params->endpoints == NULL || params->timeout_ms == 0)
+        return create_fail(err, err_len, KVP_ERR_INVALID_ARG, "no etcd endpoints or timeout");
     kvp_etcd_t *e = calloc(1, sizeof(*e));
     if (e == NULL)
         return KVP_ERR_NOMEM;
-    e->timeout_ms = timeout_ms;
-    kvp_status_t status = etcd_parse_endpoints(e, endpoints);
+    e->timeout_ms = params->timeout_ms;
+    const kvp_etcd_security_t *sec = params->security;
+    kvp_status_t status =
+        etcd_parse_endpoints(e, params->endpoints, sec != NULL && sec->ca != NULL);
     if (status != KVP_OK) {
-        KVP_LOG_ERROR("etcd: bad endpoint list \"%s\": want host:port[,host:port...]", endpoints);
-        goto err_free_urls;
+        create_fail(err, err_len, status,
+                    "bad etcd endpoint list \"%s\": want host:port[,host:port...] (at most %d; "
+                    "http:// or https:// may lead each)",
+                    params->endpoints, ETCD_MAX_ENDPOINTS);
+        KVP_LOG_ERROR("etcd: bad endpoint list \"%s\": want host:port[,host:port...]",
+                      params->endpoints);
+        goto err_free;
     }
+    if (sec != NULL && (status = etcd_set_security(e, sec, err, err_len)) != KVP_OK)
+        goto err_free;
     status = etcd_curl_ref();
     if (status != KVP_OK)
-        goto err_free_urls;
+        goto err_free;
     status = KVP_ERR_NOMEM;
     e->easy = curl_easy_init();
     if (e->easy == NULL)
@@ -661,24 +1152,46 @@ err_cleanup_easy:
     curl_easy_cleanup(e->easy);
 err_unref:
     etcd_curl_unref();
-err_free_urls:
-    for (int i = 0; i < e->n_urls; i++)
-        free(e->urls[i]);
-    free(e);
+err_free:
+    if (status == KVP_ERR_NOMEM)
+        create_fail(err, err_len, status, "etcd client: out of memory");
+    etcd_free(e);
     return status;
+}
+
+kvp_status_t kvp_etcd_create(const char *endpoints, uint32_t timeout_ms, kvp_etcd_t **e_p)
+{
+    kvp_etcd_params_t p = {.endpoints = endpoints, .timeout_ms = timeout_ms};
+    return kvp_etcd_create_ex(&p, e_p, NULL, 0);
 }
 
 void kvp_etcd_destroy(kvp_etcd_t *e)
 {
     if (e == NULL)
         return;
+    etcd_drop_token(e);
     curl_slist_free_all(e->headers);
     curl_multi_cleanup(e->multi);
     curl_easy_cleanup(e->easy);
-    for (int i = 0; i < e->n_urls; i++)
-        free(e->urls[i]);
-    free(e);
+    etcd_free(e);
     etcd_curl_unref();
+}
+
+/* An environment variable; an empty one is unset. */
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+bool kvp_etcd_security_from_env(kvp_etcd_security_t *sec)
+{
+    sec->ca = env("KVPOOL_ETCD_CACERT");
+    sec->cert = env("KVPOOL_ETCD_CERT");
+    sec->key = env("KVPOOL_ETCD_KEY");
+    sec->user = env("KVPOOL_ETCD_USER");
+    sec->password_file = env("KVPOOL_ETCD_PASSWORD_FILE");
+    return sec->ca || sec->cert || sec->key || sec->user || sec->password_file;
 }
 
 /* ---- leases ---- */
@@ -911,7 +1424,7 @@ kvp_status_t kvp_etcd_watch(kvp_etcd_t *e, const char *key, int64_t start_rev, u
     if (body == NULL)
         return etcd_fail(e, KVP_ERR_NOMEM, "etcd watch: out of memory");
     etcd_xfer_t x = {.e = e, .watch = true, .start_rev = start_rev};
-    kvp_status_t status = etcd_run(e, "/v3/watch", body, &x, timeout_ms, stop, NULL);
+    kvp_status_t status = etcd_request(e, "/v3/watch", body, &x, timeout_ms, stop, NULL);
     free(x.body.p);
     free(body);
     if (status == KVP_OK)

@@ -9,7 +9,21 @@
  * and `kvpool stat` need: leases, create-if-absent, conditional delete, get,
  * prefix list, plain put and a one-event watch.
  *
- * Endpoints: "host:port[,host:port...]"; "http://host:port" is accepted too.
+ * Endpoints: "host:port[,host:port...]"; "http://host:port" and
+ * "https://host:port" are accepted too. A CA (kvp_etcd_security_t.ca) makes
+ * every endpoint without a scheme https and refuses an explicit http:// one.
+ *
+ * Security (kvp_etcd_create_ex, docs/operations.md "Security", "etcd"): TLS
+ * that verifies etcd's certificate against the CA and its name against the
+ * endpoint's host, a client certificate for etcd's --client-cert-auth, and
+ * etcd's own authentication: POST /v3/auth/authenticate with user and
+ * password gives a token that every later request carries in its
+ * Authorization header. A request refused for its token (expired: simple
+ * tokens die after --auth-token-ttl idle, 300 s by default; or the auth store
+ * changed) authenticates again once and is retried. The password is read
+ * from a file at create, kept in the handle for those re-authentications and
+ * wiped (explicit_bzero) with the token at destroy; neither ever enters an
+ * error text or a log line.
  * A request that cannot connect, times out, or meets a member that has no
  * quorum ("etcdserver: no leader", gRPC code 14) is tried on the next
  * endpoint; the one that answered is remembered for the next call. Each
@@ -28,7 +42,13 @@
  *   failure);
  * KVP_ERR_TIMEOUT: the last endpoint tried did not answer in time;
  * KVP_ERR_PROTOCOL: an answer that is not what etcd's gateway sends, or an
- * error etcd reports for a bad request (the text says which).
+ * error etcd reports for a bad request (the text says which);
+ * KVP_ERR_DENIED: etcd refused the credentials: a wrong user or password, a
+ *   token refused again right after a new one was obtained, a user without
+ *   permission on the key, authentication required and no user configured.
+ * A TLS failure (etcd's certificate not verified by the CA, our client
+ * certificate refused) is KVP_ERR_CONNECT, tried on the next endpoint, with
+ * the TLS library's reason in the text.
  */
 #ifndef KVP_COMMON_ETCD_H
 #define KVP_COMMON_ETCD_H
@@ -41,6 +61,46 @@
 #include "common/status.h"
 
 typedef struct kvp_etcd kvp_etcd_t;
+
+/*
+ * How to reach a secured etcd; every field may be NULL (unset). Strings are
+ * borrowed for the create call only.
+ *  ca:            PEM file of the CA that signs etcd's server certificate;
+ *                 turns https on for endpoints without a scheme
+ *  cert, key:     PEM client certificate and its key (etcd --client-cert-auth);
+ *                 one needs the other
+ *  user:          etcd user to authenticate as; needs password_file
+ *  password_file: file holding the user's password (one trailing newline
+ *                 stripped; a warning when group or others may read it)
+ */
+typedef struct kvp_etcd_security {
+    const char *ca;
+    const char *cert;
+    const char *key;
+    const char *user;
+    const char *password_file;
+} kvp_etcd_security_t;
+
+typedef struct kvp_etcd_params {
+    const char *endpoints;               /* "host:port[,host:port...]" (copied) */
+    uint32_t timeout_ms;                 /* > 0: each request on each endpoint */
+    const kvp_etcd_security_t *security; /* NULL: plain http, no credential */
+} kvp_etcd_params_t;
+
+/* Why etcd requests failed, counted process-wide (kvp_etcd_stats). */
+typedef enum kvp_etcd_fail_reason {
+    KVP_ETCD_FAIL_AUTH,    /* refused: bad user or password, no permission, token refused */
+    KVP_ETCD_FAIL_TLS,     /* TLS: certificate not verified, client certificate refused */
+    KVP_ETCD_FAIL_CONNECT, /* no endpoint reachable, or none answered in time */
+    KVP_ETCD_FAIL_OTHER,   /* an answer etcd's gateway should not give, a bad request */
+    KVP_ETCD_FAIL_REASONS,
+} kvp_etcd_fail_reason_t;
+
+typedef struct kvp_etcd_stats {
+    uint64_t failed[KVP_ETCD_FAIL_REASONS]; /* requests that failed, by reason */
+    uint64_t authentications;               /* tokens obtained (first ones and renewals) */
+    uint64_t reauthentications;             /* of those: after etcd refused a token */
+} kvp_etcd_stats_t;
 
 typedef enum kvp_etcd_event_type {
     KVP_ETCD_EVENT_PUT = 0,
@@ -72,7 +132,31 @@ typedef void (*kvp_etcd_list_cb_t)(const char *key, const char *val, size_t len,
  * curl_global_init/curl_global_cleanup pair in etcd.c).
  */
 kvp_status_t kvp_etcd_create(const char *endpoints, uint32_t timeout_ms, kvp_etcd_t **e_p);
+
+/*
+ * kvp_etcd_create with security settings (params->security may be NULL).
+ * Checked here, without contacting etcd: the files can be read, a cert has
+ * its key, a user has a password file and the other way round, no http://
+ * endpoint with a CA. KVP_ERR_INVALID_ARG (or KVP_ERR_NOMEM) with a sentence
+ * in err[0..err_len) that names the file or setting, never the password.
+ * An error of etcd's (wrong password, certificate not verified) shows at
+ * the first request, in kvp_etcd_error().
+ */
+kvp_status_t kvp_etcd_create_ex(const kvp_etcd_params_t *params, kvp_etcd_t **e_p, char *err,
+                                size_t err_len);
+/* Also wipes the password and the token. */
 void kvp_etcd_destroy(kvp_etcd_t *e);
+
+/*
+ * Fill *sec from the environment of clients: KVPOOL_ETCD_CACERT,
+ * KVPOOL_ETCD_CERT, KVPOOL_ETCD_KEY, KVPOOL_ETCD_USER,
+ * KVPOOL_ETCD_PASSWORD_FILE (an empty one is unset; the strings point into
+ * the environment). true when any is set.
+ */
+bool kvp_etcd_security_from_env(kvp_etcd_security_t *sec);
+
+/* The process-wide counters (any thread; relaxed atomics). */
+void kvp_etcd_stats(kvp_etcd_stats_t *stats);
 
 /* The text of the last failure on this handle ("" before any). */
 const char *kvp_etcd_error(const kvp_etcd_t *e);

@@ -79,6 +79,11 @@ static const setting_t settings[] = {
     STR("tls-ca", tls_ca),
     STR("tls-crl", tls_crl),
     STR("acl-file", acl_file),
+    STR("etcd-cacert", etcd_cacert),
+    STR("etcd-cert", etcd_cert),
+    STR("etcd-key", etcd_key),
+    STR("etcd-user", etcd_user),
+    STR("etcd-password-file", etcd_password_file),
 };
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -111,6 +116,8 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     snprintf(cfg->auth, sizeof(cfg->auth), "protected");
     cfg->tls_cert[0] = cfg->tls_key[0] = cfg->tls_ca[0] = cfg->tls_crl[0] = '\0';
     cfg->acl_file[0] = '\0';
+    cfg->etcd_cacert[0] = cfg->etcd_cert[0] = cfg->etcd_key[0] = '\0';
+    cfg->etcd_user[0] = cfg->etcd_password_file[0] = '\0';
 }
 
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,

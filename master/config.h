@@ -50,6 +50,12 @@ typedef struct kvp_master_config {
     char tls_ca[512];
     char tls_crl[512];
     char acl_file[512];
+    /* etcd's TLS and credentials (docs/operations.md "Security", "etcd"): "" when not given */
+    char etcd_cacert[512];
+    char etcd_cert[512];
+    char etcd_key[512];
+    char etcd_user[257];
+    char etcd_password_file[512];
 } kvp_master_config_t;
 
 /* The defaults. */

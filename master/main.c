@@ -79,6 +79,12 @@ static void usage(FILE *f)
             "                       after the leader stops renewing it (default 5, min 2)\n"
             "  --advertise HOST:PORT  the address clients reach this master at (default:\n"
             "                       the --listen address as bound)\n"
+            "  --etcd-cacert FILE   CA of etcd's certificate: TLS to every endpoint\n"
+            "                       (https://HOST:PORT endpoints are TLS too)\n"
+            "  --etcd-cert FILE, --etcd-key FILE  client certificate for etcd's\n"
+            "                       --client-cert-auth\n"
+            "  --etcd-user NAME, --etcd-password-file FILE  etcd user and the file of its\n"
+            "                       password (never a flag value; mode 0600)\n"
             "Metadata that survives the master:\n"
             "  --segment-records on|off  owners of DRAM segments keep a record of the\n"
             "                       objects on them, so that a restarted master adopts\n"
@@ -132,6 +138,11 @@ static const struct option opts[] = {
     {"cluster", required_argument, NULL, 'c'},
     {"leader-ttl", required_argument, NULL, 't'},
     {"advertise", required_argument, NULL, 'a'},
+    {"etcd-cacert", required_argument, NULL, 's'},
+    {"etcd-cert", required_argument, NULL, 's'},
+    {"etcd-key", required_argument, NULL, 's'},
+    {"etcd-user", required_argument, NULL, 's'},
+    {"etcd-password-file", required_argument, NULL, 's'},
     {"http-listen", required_argument, NULL, 's'},
     {"kv-events-bind", required_argument, NULL, 's'},
     {"kv-events-replay-bind", required_argument, NULL, 's'},
@@ -153,6 +164,18 @@ static const struct option opts[] = {
     {"version", no_argument, NULL, 'V'},
     {NULL, 0, NULL, 0},
 };
+
+/* The --etcd-* settings in *sec; NULL when none is given (plain http, no credential). */
+static const kvp_etcd_security_t *etcd_security(const kvp_master_config_t *cfg,
+                                                kvp_etcd_security_t *sec)
+{
+    sec->ca = cfg->etcd_cacert[0] ? cfg->etcd_cacert : NULL;
+    sec->cert = cfg->etcd_cert[0] ? cfg->etcd_cert : NULL;
+    sec->key = cfg->etcd_key[0] ? cfg->etcd_key : NULL;
+    sec->user = cfg->etcd_user[0] ? cfg->etcd_user : NULL;
+    sec->password_file = cfg->etcd_password_file[0] ? cfg->etcd_password_file : NULL;
+    return sec->ca || sec->cert || sec->key || sec->user || sec->password_file ? sec : NULL;
+}
 
 /* Runs on the main thread; argv: the command line with the config file's flags in front. */
 static int master_main(int argc, char **argv)
@@ -252,6 +275,10 @@ static int master_main(int argc, char **argv)
         fprintf(stderr, "kvpool-master: %s\n", err);
         return 2;
     }
+    if (etcd == NULL && etcd_security(&cfg, &(kvp_etcd_security_t){0}) != NULL) {
+        fprintf(stderr, "kvpool-master: the --etcd-* settings need --etcd\n");
+        return 2;
+    }
     kvp_status_t status = kvp_master_server_create(host, port, &cfg, &srv, &bound);
     if (status != KVP_OK) {
         /* the server logged which of --listen, --http-listen, --kv-events-bind failed */
@@ -274,17 +301,28 @@ static int master_main(int argc, char **argv)
             kvp_master_server_destroy(srv);
             return 2;
         }
-        kvp_election_params_t ep = {
-            .endpoints = etcd, .cluster = cluster, .self = self, .ttl_s = leader_ttl};
+        kvp_etcd_security_t sec;
+        char why[512] = "";
+        kvp_election_params_t ep = {.endpoints = etcd,
+                                    .cluster = cluster,
+                                    .self = self,
+                                    .ttl_s = leader_ttl,
+                                    .security = etcd_security(&cfg, &sec),
+                                    .err = why,
+                                    .err_len = sizeof(why)};
         status = kvp_master_server_elect(srv, &ep);
         if (status != KVP_OK) {
-            fprintf(stderr, "kvpool-master: --etcd %s: %s\n", etcd, kvp_strerror(status));
+            fprintf(stderr, "kvpool-master: --etcd %s: %s\n", etcd,
+                    why[0] != '\0' ? why : kvp_strerror(status));
             kvp_master_server_destroy(srv);
             return 2;
         }
-        KVP_LOG_INFO("high availability: campaigning in cluster %s through etcd %s as %s "
-                     "(leader ttl %u s); a standby until elected",
-                     cluster, etcd, self, leader_ttl);
+        KVP_LOG_INFO("high availability: campaigning in cluster %s through etcd %s%s%s%s%s%s as "
+                     "%s (leader ttl %u s); a standby until elected",
+                     cluster, etcd, cfg.etcd_cacert[0] ? " over TLS" : "",
+                     cfg.etcd_cert[0] ? " with a client certificate" : "",
+                     cfg.etcd_user[0] ? " (etcd user " : "", cfg.etcd_user,
+                     cfg.etcd_user[0] ? ")" : "", self, leader_ttl);
     }
     if (ready_fd >= 0) {
         char line[300];

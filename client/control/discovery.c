@@ -11,6 +11,11 @@
  * old leader at once (a former leader is never asked again, even if it
  * still answers), rather than when a call next fails.
  *
+ * etcd's TLS and credentials come from the environment (KVPOOL_ETCD_*,
+ * docs/operations.md "Security", "etcd"), so that the Python drop-in picks
+ * them up without new arguments; both handles are made at create, where a
+ * setting that cannot be used fails at once.
+ *
  * Thread: kvp_discovery_leader from any thread (one etcd handle under a
  * mutex); the watch thread has its own handle.
  */
@@ -32,7 +37,9 @@ struct kvp_discovery {
     char key[200];
     uint32_t timeout_ms;
     pthread_mutex_t lock;
-    kvp_etcd_t *etcd; /* lock */
+    kvp_etcd_t *etcd;       /* lock */
+    char last_err[512];     /* lock: why the last leader read failed; "" when it did not */
+    kvp_etcd_t *watch_etcd; /* the watch thread's */
     kvp_discovery_change_cb_t cb;
     void *arg;
     pthread_t thread;
@@ -56,9 +63,7 @@ static void nap(unsigned ms)
 static void *watch_main(void *arg)
 {
     kvp_discovery_t *d = arg;
-    kvp_etcd_t *e = NULL;
-    if (kvp_etcd_create(d->endpoints, d->timeout_ms, &e) != KVP_OK)
-        return NULL;
+    kvp_etcd_t *e = d->watch_etcd;
     int64_t seen = -1; /* the last leader's key create revision (its epoch); -1: none yet */
     while (!atomic_load(&d->stop)) {
         int64_t create_rev = 0, rev = 0;
@@ -82,12 +87,12 @@ static void *watch_main(void *arg)
         else if (st != KVP_ERR_TIMEOUT && st != KVP_ERR_SHUTDOWN)
             nap(200);
     }
-    kvp_etcd_destroy(e);
     return NULL;
 }
 
 kvp_status_t kvp_discovery_create(const char *addr, uint32_t timeout_ms,
-                                  kvp_discovery_change_cb_t cb, void *arg, kvp_discovery_t **d_p)
+                                  kvp_discovery_change_cb_t cb, void *arg, kvp_discovery_t **d_p,
+                                  char *err, size_t err_len)
 {
     if (!kvp_discovery_is_etcd(addr))
         return KVP_ERR_INVALID_ARG;
@@ -105,7 +110,13 @@ kvp_status_t kvp_discovery_create(const char *addr, uint32_t timeout_ms,
     d->cb = cb;
     d->arg = arg;
     pthread_mutex_init(&d->lock, NULL);
-    kvp_status_t st = kvp_etcd_create(d->endpoints, d->timeout_ms, &d->etcd);
+    kvp_etcd_security_t sec;
+    kvp_etcd_params_t ep = {.endpoints = d->endpoints,
+                            .timeout_ms = d->timeout_ms,
+                            .security = kvp_etcd_security_from_env(&sec) ? &sec : NULL};
+    kvp_status_t st = kvp_etcd_create_ex(&ep, &d->etcd, err, err_len);
+    if (st == KVP_OK)
+        st = kvp_etcd_create_ex(&ep, &d->watch_etcd, err, err_len);
     if (st == KVP_OK && pthread_create(&d->thread, NULL, watch_main, d) == 0)
         d->started = true;
     else if (st == KVP_OK)
@@ -133,6 +144,7 @@ void kvp_discovery_destroy(kvp_discovery_t *d)
     if (d == NULL)
         return;
     kvp_discovery_stop(d);
+    kvp_etcd_destroy(d->watch_etcd);
     kvp_etcd_destroy(d->etcd);
     pthread_mutex_destroy(&d->lock);
     free(d);
@@ -144,11 +156,22 @@ kvp_status_t kvp_discovery_leader(void *arg, char *host, size_t cap, uint16_t *p
     char *val = NULL;
     pthread_mutex_lock(&d->lock);
     kvp_status_t st = kvp_etcd_get(d->etcd, d->key, &val, NULL, NULL, NULL, NULL);
+    snprintf(d->last_err, sizeof(d->last_err), "%s",
+             st == KVP_OK || st == KVP_ERR_NOT_FOUND ? "" : kvp_etcd_error(d->etcd));
     pthread_mutex_unlock(&d->lock);
+    if (st != KVP_OK && st != KVP_ERR_NOT_FOUND)
+        KVP_LOG_WARN_LIMITED("cannot find the master's leader in etcd: %s", d->last_err);
     if (st == KVP_OK && kvp_parse_hostport(val, host, cap, port_p) != KVP_OK)
         st = KVP_ERR_PROTOCOL;
     if (st != KVP_OK && st != KVP_ERR_NOT_FOUND)
         st = KVP_ERR_CONNECT;
     free(val);
     return st;
+}
+
+void kvp_discovery_last_error(kvp_discovery_t *d, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&d->lock);
+    snprintf(buf, cap, "%s", d->last_err);
+    pthread_mutex_unlock(&d->lock);
 }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/etcd.h"
 #include "common/http.h"
 #include "common/macros.h"
 #include "master/dispatch.h"
@@ -256,6 +257,23 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
         if (p == st->standbys || p[-1] == ',')
             standbys++;
     one(r, "kvpool_standbys", "gauge", "Standby masters registered in etcd.", standbys);
+    kvp_etcd_stats_t ets;
+    kvp_etcd_stats(&ets);
+    static const char *const etcd_reasons[KVP_ETCD_FAIL_REASONS] = {"auth", "tls", "connect",
+                                                                    "other"};
+    head(r, "kvpool_etcd_requests_failed_total", "counter",
+         "etcd requests of this master that failed, by reason (auth: etcd refused the user, "
+         "password, token or permission; tls: etcd's certificate not verified or ours refused; "
+         "connect: no endpoint reachable in time; other).");
+    for (int i = 0; i < KVP_ETCD_FAIL_REASONS; i++)
+        kvp_http_printf(r, "kvpool_etcd_requests_failed_total{reason=\"%s\"} %" PRIu64 "\n",
+                        etcd_reasons[i], ets.failed[i]);
+    one(r, "kvpool_etcd_authentications_total", "counter",
+        "etcd tokens obtained with --etcd-user (the first ones and renewals).",
+        ets.authentications);
+    one(r, "kvpool_etcd_reauthentications_total", "counter",
+        "Of those: after etcd refused a token (expired, or the auth store changed).",
+        ets.reauthentications);
     kvp_events_stats_t es;
     kvp_events_stats(v->events, &es);
     one(r, "kvpool_kv_events_enabled", "gauge", "1 when KV events are published.",

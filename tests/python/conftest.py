@@ -15,6 +15,8 @@ import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 
 import pytest
@@ -59,6 +61,15 @@ def metric(text, name, labels=None):
         if key == want:
             return float(value)
     return None
+
+
+def http_get(port, path, timeout=10.0):
+    """(status, body) of GET http://127.0.0.1:port/path."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def _bin(env):

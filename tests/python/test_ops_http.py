@@ -21,22 +21,13 @@ import urllib.request
 import pytest
 
 import kvpool
-from conftest import TLS_DIR, Proc, _bin, free_port, metric
+from conftest import TLS_DIR, Proc, _bin, free_port, http_get, metric
 
 # The master's HTTP views over plain HTTP and without a credential, as an operator of a
 # trusted network uses them. In the TLS pass they are HTTPS and need an admin's token:
 # test_security.py covers that door; this module runs in the plain pass only.
 pytestmark = pytest.mark.skipif(TLS_DIR is not None,
                                 reason="plain-HTTP views: run in the plain pass only")
-
-
-def http_get(port, path, timeout=10.0):
-    """(status, body) of GET http://127.0.0.1:port/path."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
 
 
 @pytest.fixture

@@ -48,6 +48,9 @@
  *             the load and the probes still in the pool (all were removed, or
  *             their put failed) are listed: leftovers. Without an etcd binary
  *             on PATH the part is skipped (said on stdout and in the JSON).
+ *             The private etcd is plain http without authentication, so the
+ *             part unsets KVPOOL_ETCD_* (etcd TLS and credentials of the
+ *             clients) for itself and its children.
  *
  * What fails the mode: a process that does not start; in records and rebuild
  * any failed call or wrong bytes, an index not rebuilt within 120 s; in
@@ -1035,6 +1038,12 @@ static int run_failover(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         kvp_bench_result_end(out);
         return 0;
     }
+    /* our etcd is plain http: settings meant for another etcd would only break it */
+    static const char *const etcd_env[] = {"KVPOOL_ETCD_CACERT", "KVPOOL_ETCD_CERT",
+                                           "KVPOOL_ETCD_KEY", "KVPOOL_ETCD_USER",
+                                           "KVPOOL_ETCD_PASSWORD_FILE"};
+    for (size_t i = 0; i < sizeof(etcd_env) / sizeof(etcd_env[0]); i++)
+        unsetenv(etcd_env[i]);
     ha_etcd_t e;
     kvp_bench_progress(o, "ha: failover: starting etcd");
     if (etcd_start(&e) != 0) {

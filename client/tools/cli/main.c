@@ -79,6 +79,8 @@ static const char global_usage[] =
     "else " KVP_CLI_DEFAULT_MASTER ");\n"
     "                            etcd://HOST:PORT[,HOST:PORT...]/CLUSTER: the leader of\n"
     "                            masters started with --etcd ... --cluster CLUSTER\n"
+    "                            (etcd's TLS and user: $KVPOOL_ETCD_CACERT, _CERT, _KEY,\n"
+    "                            _USER, _PASSWORD_FILE; docs/operations.md, Security)\n"
     "  --transport T             data transport: auto, tcp, shm or rdma (default auto:\n"
     "                            shm on one host, else rdma if both sides have it, else tcp)\n"
     "  --rdma-device LIST        RDMA devices to try, e.g. rxe0,mlx5_0 (default\n"

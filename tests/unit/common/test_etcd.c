@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/clock.h"
@@ -193,6 +194,70 @@ static void test_endpoints(void **state)
     assert_true(kvp_now_ms() - t0 < 500);
     assert_non_null(strstr(kvp_etcd_error(e), "onnect"));
     kvp_etcd_destroy(e);
+}
+
+/* A file of these bytes in a fresh temp dir (mode `mode`); its path in path[0..cap). */
+static void write_file(char *path, size_t cap, const char *name, const char *bytes, int mode)
+{
+    char dir[] = "/tmp/kvpool-etcd-sec.XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, cap, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(bytes, f);
+    fclose(f);
+    chmod(path, (mode_t)mode);
+}
+
+static void remove_file(const char *path)
+{
+    unlink(path);
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", path);
+    *strrchr(dir, '/') = '\0';
+    rmdir(dir);
+}
+
+/* Security settings are checked at create, the error names what is wrong and never the
+ * password; a CA turns schemeless endpoints into https and refuses an http:// one. */
+static void test_security_settings(void **state)
+{
+    (void)state;
+    char pw[256], err[512];
+    write_file(pw, sizeof(pw), "pw", "s3cret-Pw\n", 0600);
+    kvp_etcd_t *e = NULL;
+    kvp_etcd_security_t sec = {.cert = pw};
+    kvp_etcd_params_t p = {.endpoints = "127.0.0.1:1", .timeout_ms = 1000, .security = &sec};
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "needs its key"));
+    sec = (kvp_etcd_security_t){.user = "kvpool"};
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "needs a password file"));
+    sec = (kvp_etcd_security_t){.ca = "/nonexistent/ca.crt"};
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "/nonexistent/ca.crt"));
+    sec = (kvp_etcd_security_t){.ca = pw};
+    p.endpoints = "http://127.0.0.1:1";
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "plain http"));
+    p.endpoints = "127.0.0.1:1";
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_OK);
+    assert_string_equal(kvp_etcd_endpoint(e), "https://127.0.0.1:1");
+    kvp_etcd_destroy(e);
+
+    char empty[256];
+    write_file(empty, sizeof(empty), "empty", "\n", 0600);
+    sec = (kvp_etcd_security_t){.user = "kvpool", .password_file = empty};
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(err, "is empty"));
+    sec.password_file = pw;
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_OK);
+    /* nothing listens: the error says so and holds no password */
+    assert_int_equal(kvp_etcd_put(e, "/t/sec", "v", 1, 0), KVP_ERR_CONNECT);
+    assert_null(strstr(kvp_etcd_error(e), "s3cret"));
+    kvp_etcd_destroy(e);
+    remove_file(empty);
+    remove_file(pw);
 }
 
 static void test_lease(void **state)
@@ -733,6 +798,7 @@ int main(void)
     const struct CMUnitTest one[] = {
         cmocka_unit_test(test_kv),
         cmocka_unit_test(test_endpoints),
+        cmocka_unit_test(test_security_settings),
         cmocka_unit_test(test_lease),
         cmocka_unit_test(test_create_key),
         cmocka_unit_test(test_watch_events),
