@@ -199,11 +199,13 @@ static kvp_principal_t *add_principal(kvp_acl_t *acl, const char *name)
     kvp_principal_t *np = realloc(acl->p, (acl->n + 1) * sizeof(*np));
     if (np == NULL)
         return NULL;
+    kvp_principal_t *p = np + acl->n;
     acl->p = np;
-    kvp_principal_t *p = &acl->p[acl->n++];
+    acl->n++;
     memset(p, 0, sizeof(*p));
-    snprintf(p->name, sizeof(p->name), "%s", name);
-    snprintf(p->tenant, sizeof(p->tenant), "default");
+    size_t len = strnlen(name, sizeof(p->name) - 1); /* (the caller checked: < 128) */
+    memcpy(p->name, name, len);
+    memcpy(p->tenant, "default", sizeof("default"));
     return p;
 }
 
