@@ -61,11 +61,16 @@ static kvp_status_t list_keys_impl(kvp_client_t *c, const char *pattern, size_t 
             const Kvpool__ListEntry *e = lr->entries[i];
             kvp_key_info_t *k = &out[n];
             memset(k, 0, sizeof(*k));
-            k->key = strndup((const char *)e->key.data, e->key.len);
+            /* the key, then its tenant's name (kvp_key_info_tenant), in one allocation */
+            size_t tl = e->tenant != NULL ? strlen(e->tenant) : 0;
+            k->key = malloc(e->key.len + tl + 2);
             if (k->key == NULL) {
                 st = KVP_ERR_NOMEM;
                 break;
             }
+            memcpy(k->key, e->key.data, e->key.len);
+            k->key[e->key.len] = '\0';
+            memcpy(k->key + e->key.len + 1, tl ? e->tenant : "", tl + 1);
             k->size = e->size;
             k->complete = e->state == 2;
             k->n_replicas = (uint32_t)KVP_MIN(e->n_replicas, (size_t)8);
@@ -94,6 +99,11 @@ kvp_status_t kvp_list_keys(kvp_client_t *c, const char *pattern, size_t max,
 {
     kvp_api_enter();
     return (kvp_status_t)kvp_api_leave(list_keys_impl(c, pattern, max, keys_p, n_p), "list");
+}
+
+const char *kvp_key_info_tenant(const kvp_key_info_t *info)
+{
+    return info == NULL || info->key == NULL ? "" : info->key + strlen(info->key) + 1;
 }
 
 void kvp_key_list_free(kvp_key_info_t *keys, size_t n)

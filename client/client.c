@@ -178,6 +178,11 @@ static kvp_status_t other_params(kvp_client_t *c)
                      p->ssd_path, (unsigned long long)p->ssd_size);
         return KVP_ERR_INVALID_ARG;
     }
+    if (p->segment_tenant != NULL &&
+        (p->segment_tenant[0] == '\0' || strlen(p->segment_tenant) > 63)) {
+        kvp_api_fail("create: segment_tenant must be a tenant's name of 1..63 bytes");
+        return KVP_ERR_INVALID_ARG;
+    }
     if (p->rpc_timeout_ms == 0)
         p->rpc_timeout_ms = 10000;
     if (p->heartbeat_ms == 0)
@@ -231,7 +236,8 @@ static kvp_status_t control_start(kvp_client_t *c)
                                .seg = c->seg,
                                .peers = &c->peers,
                                .tls = c->tls,
-                               .token = c->token};
+                               .token = c->token,
+                               .tenant = c->params.segment_tenant};
     char why[320] = "";
     sp.err = why;
     sp.err_len = sizeof(why);
@@ -280,7 +286,8 @@ static kvp_status_t ssd_start(kvp_client_t *c, const char *host)
                                 .xfer = &c->xfer,
                                 .peers = &c->peers,
                                 .tls = c->tls,
-                                .token = c->token};
+                                .token = c->token,
+                                .tenant = c->params.segment_tenant};
     char why[1024] = "";
     kvp_status_t st = kvp_ssd_owner_start(&p, &c->ssd, why, sizeof(why));
     if (st != KVP_OK && why[0] != '\0')
@@ -375,6 +382,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     c->params.segment_name = NULL;
     c->params.ssd_path = NULL;
     c->params.auth = NULL;
+    c->params.segment_tenant = NULL;
     *client_p = c;
     return KVP_OK;
 

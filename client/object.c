@@ -439,7 +439,8 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
     if (sr->message != NULL && sr->message[0] != '\0') {
         bool full = false;
         for (size_t j = 0; j < b->m; j++)
-            full |= sr->results[j]->status == KVP_ERR_POOL_FULL;
+            full |= sr->results[j]->status == KVP_ERR_POOL_FULL ||
+                    sr->results[j]->status == KVP_ERR_QUOTA;
         if (full) {
             KVP_LOG_WARN("put: %s", sr->message);
             kvp_api_fail("put: %s", sr->message);

@@ -65,9 +65,13 @@
     X(KVP_ERR_DENIED, -38,                                                                         \
       "refused: the peer does not allow this caller (protected mode takes its own host only: "     \
       "--auth none, or KVPOOL_AUTH=none, on a trusted network; with TLS and an ACL, the "          \
-      "caller's principal lacks the role or the key)")
+      "caller's principal lacks the role or the key)")                                             \
+    X(KVP_ERR_QUOTA, -39,                                                                          \
+      "over quota: the caller's tenant holds as many bytes or objects as its quota allows "        \
+      "(the master's message says which; remove some, or raise max-dram, max-ssd or "              \
+      "max-objects in the ACL's [tenant NAME] section)")
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-38)
+#define KVP_STATUS_MIN (-39)
 
 #endif

@@ -17,6 +17,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/macros.h"
 #include "common/rpc.h"
@@ -26,6 +27,7 @@
 #include "master/rpc/segment.h"
 #include "master/rpc/record.h"
 #include "master/rpc/ssd.h"
+#include "master/meta/tenant.h"
 
 #define ROW(id_, name_, req_, resp_, handler_, role_)                                              \
     [id_] = {.id = id_,                                                                            \
@@ -33,7 +35,8 @@
              .req_desc = req_,                                                                     \
              .resp_desc = resp_,                                                                   \
              .handler = handler_,                                                                  \
-             .role = role_}
+             .role = role_,                                                                        \
+             .scoped = (role_) == KVP_ROLE_READ || (role_) == KVP_ROLE_WRITE}
 
 #define ANY 0u
 #define READ KVP_ROLE_READ
@@ -99,39 +102,81 @@ const kvp_method_t *kvp_dispatch_table(size_t *n_p)
     return methods;
 }
 
-/* Every key of a request whose type has a repeated bytes field "keys" (keys batches,
- * PutStart, PutEnd), or repeated "entries" each with a bytes "key" (Adopt: an owner offering
- * what its segment holds): may `who` touch them all? NULL when so, else the first that it
- * may not. */
-static const ProtobufCBinaryData *key_refused(const kvp_principal_t *who,
-                                              const ProtobufCMessage *req)
+/* The repeated bytes field "keys" of a request (keys batches, PutStart, PutEnd); NULL when
+ * its type has none. */
+static ProtobufCBinaryData *keys_of(ProtobufCMessage *req, size_t *n_p)
 {
-    const ProtobufCFieldDescriptor *e =
-        protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "entries");
-    if (e != NULL && e->type == PROTOBUF_C_TYPE_MESSAGE && e->label == PROTOBUF_C_LABEL_REPEATED) {
-        const ProtobufCFieldDescriptor *k = protobuf_c_message_descriptor_get_field_by_name(
-            (const ProtobufCMessageDescriptor *)e->descriptor, "key");
-        size_t n = *(const size_t *)((const char *)req + e->quantifier_offset);
-        ProtobufCMessage *const *ents =
-            *(ProtobufCMessage *const *const *)((const char *)req + e->offset);
-        for (size_t i = 0; k != NULL && k->type == PROTOBUF_C_TYPE_BYTES && i < n; i++) {
-            const ProtobufCBinaryData *key =
-                (const ProtobufCBinaryData *)((const char *)ents[i] + k->offset);
-            if (!kvp_principal_may_key(who, key->data, key->len))
-                return key;
-        }
-    }
     const ProtobufCFieldDescriptor *f =
         protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "keys");
     if (f == NULL || f->type != PROTOBUF_C_TYPE_BYTES || f->label != PROTOBUF_C_LABEL_REPEATED)
         return NULL;
-    size_t n = *(const size_t *)((const char *)req + f->quantifier_offset);
-    const ProtobufCBinaryData *keys =
-        *(ProtobufCBinaryData *const *)((const char *)req + f->offset);
-    for (size_t i = 0; i < n; i++)
+    *n_p = *(const size_t *)((const char *)req + f->quantifier_offset);
+    return *(ProtobufCBinaryData **)((char *)req + f->offset);
+}
+
+/* May `who` touch every key the request names (its patterns)? NULL when so, else the first
+ * that it may not. */
+static const ProtobufCBinaryData *key_refused(const kvp_principal_t *who, ProtobufCMessage *req)
+{
+    size_t n = 0;
+    const ProtobufCBinaryData *keys = keys_of(req, &n);
+    for (size_t i = 0; keys != NULL && i < n; i++)
         if (!kvp_principal_may_key(who, keys[i].data, keys[i].len))
             return &keys[i];
     return NULL;
+}
+
+/*
+ * Tenants: the keys a request names become its tenant's, TENANT 0x1f KEY, in one buffer
+ * (*arena_p); *orig_p keeps the decoded ones, put back by unscope before the request is
+ * freed. Nothing a client sends can name another tenant's key: the prefix is always the
+ * caller's, and a tenant's name has no 0x1f.
+ */
+static kvp_status_t scope_keys(const kvp_principal_t *who, ProtobufCMessage *req, uint8_t **arena_p,
+                               uint8_t ***orig_p)
+{
+    size_t n = 0;
+    ProtobufCBinaryData *keys = keys_of(req, &n);
+    if (keys == NULL || n == 0)
+        return KVP_OK;
+    size_t plen = strlen(who->tenant), total = 0;
+    for (size_t i = 0; i < n; i++)
+        total += plen + 1 + keys[i].len;
+    uint8_t *arena = malloc(total), **orig = malloc(n * sizeof(*orig));
+    if (arena == NULL || orig == NULL) {
+        free(arena);
+        free(orig);
+        return KVP_ERR_NOMEM;
+    }
+    uint8_t *p = arena;
+    for (size_t i = 0; i < n; i++) {
+        memcpy(p, who->tenant, plen);
+        p[plen] = KVP_TENANT_SEP;
+        if (keys[i].len > 0)
+            memcpy(p + plen + 1, keys[i].data, keys[i].len);
+        orig[i] = keys[i].data;
+        keys[i].data = p;
+        keys[i].len += plen + 1;
+        p += keys[i].len;
+    }
+    *arena_p = arena;
+    *orig_p = orig;
+    return KVP_OK;
+}
+
+static void unscope_keys(const kvp_principal_t *who, ProtobufCMessage *req, uint8_t *arena,
+                         uint8_t **orig)
+{
+    if (orig == NULL)
+        return;
+    size_t n = 0, plen = strlen(who->tenant);
+    ProtobufCBinaryData *keys = keys_of(req, &n);
+    for (size_t i = 0; i < n; i++) {
+        keys[i].data = orig[i];
+        keys[i].len -= plen + 1;
+    }
+    free(arena);
+    free(orig);
 }
 
 kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
@@ -162,7 +207,8 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
         if (req == NULL)
             goto out;
     }
-    const ProtobufCBinaryData *bad = who != NULL && req != NULL ? key_refused(who, req) : NULL;
+    const ProtobufCBinaryData *bad =
+        who != NULL && req != NULL && m->scoped ? key_refused(who, req) : NULL;
     if (bad != NULL) {
         snprintf(errmsg, errmsg_len,
                  "principal %s may not touch key '%.*s' (outside its key patterns); nothing "
@@ -173,8 +219,16 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
         protobuf_c_message_free_unpacked(req, NULL);
         return KVP_ERR_DENIED;
     }
+    uint8_t *arena = NULL, **orig = NULL;
+    if (who != NULL && req != NULL && m->scoped && st->tenants_on &&
+        (status = scope_keys(who, req, &arena, &orig)) != KVP_OK) {
+        protobuf_c_message_free_unpacked(req, NULL);
+        goto out;
+    }
     kvp_call_t call = {.st = st, .conn_id = conn_id, .who = who, .resp_desc = m->resp_desc};
     status = m->handler(&call, req);
+    if (orig != NULL)
+        unscope_keys(who, req, arena, orig);
     if (req != NULL)
         protobuf_c_message_free_unpacked(req, NULL);
     if (status != KVP_OK) {

@@ -19,6 +19,8 @@ typedef struct kvp_method {
     const ProtobufCMessageDescriptor *resp_desc; /* NULL: one-way, or an empty response */
     kvp_handler_t handler;
     uint32_t role; /* KVP_ROLE_* a principal needs to call it (master/auth/acl.h); 0: any */
+    bool scoped;   /* its "keys" are the caller's: checked against its patterns and, with an
+                      ACL, made its tenant's (master/meta/tenant.h) before the handler runs */
 } kvp_method_t;
 
 /* The row for a method id, or NULL when the master has none. */

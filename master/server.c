@@ -588,6 +588,37 @@ static kvp_status_t security_read(const kvp_master_config_t *cfg, kvp_tls_t **tl
     return st;
 }
 
+/* The ACL's tenants into the master's table: each principal's tenant id, each tenant's
+ * quotas and share (those the file no longer names have none). Keys are scoped by tenant
+ * from now on. false: the table is full (KVP_TENANT_MAX). */
+static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
+{
+    for (size_t i = 0; i < acl->n; i++) {
+        kvp_principal_t *p = &acl->p[i];
+        p->tenant_id = kvp_tenant_id(&st->tenants, p->tenant, strlen(p->tenant), true);
+        if (p->tenant_id == 0)
+            return false;
+    }
+    for (uint32_t i = 1; i < st->tenants.n; i++) {
+        kvp_tenant_t *t = &st->tenants.t[i];
+        t->max_dram = t->max_ssd = t->max_objects = 0;
+        t->share_permille = 0;
+    }
+    for (size_t i = 0; i < acl->n_tenants; i++) {
+        const kvp_tenant_conf_t *c = &acl->t[i];
+        uint16_t id = kvp_tenant_id(&st->tenants, c->name, strlen(c->name), true);
+        if (id == 0)
+            return false;
+        kvp_tenant_t *t = &st->tenants.t[id];
+        t->max_dram = c->max_dram;
+        t->max_ssd = c->max_ssd;
+        t->max_objects = c->max_objects;
+        t->share_permille = c->share_permille;
+    }
+    st->tenants_on = true;
+    return true;
+}
+
 static void reload_security(kvp_master_server_t *srv)
 {
     const kvp_master_config_t *cfg = &srv->state.config;
@@ -601,6 +632,13 @@ static void reload_security(kvp_master_server_t *srv)
     kvp_tls_t *tls;
     if (security_read(cfg, &tls, &acl, err, sizeof(err)) != KVP_OK) {
         KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: %s", err);
+        return;
+    }
+    if (!install_tenants(&srv->state, acl)) {
+        KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: more than %u tenants",
+                      KVP_TENANT_MAX - 1);
+        kvp_acl_destroy(acl);
+        kvp_tls_destroy(tls);
         return;
     }
     unsigned removed = 0;
@@ -968,6 +1006,10 @@ static kvp_status_t load_security(kvp_master_server_t *srv)
     if (st != KVP_OK) {
         KVP_LOG_ERROR("%s", err);
         return st;
+    }
+    if (srv->acl != NULL && !install_tenants(&srv->state, srv->acl)) {
+        KVP_LOG_ERROR("%s: more than %u tenants", cfg->acl_file, KVP_TENANT_MAX - 1);
+        return KVP_ERR_INVALID_ARG;
     }
     KVP_LOG_INFO("TLS 1.3 on the control port (client certificates %s); ACL %s: %zu principals",
                  cfg->tls_ca[0] ? "verified against --tls-ca" : "not asked for", cfg->acl_file,

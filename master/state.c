@@ -30,7 +30,35 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     st->version_clock = ((uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u) << 4;
-    return kvp_index_init(&st->index);
+    kvp_status_t s = kvp_tenant_table_init(&st->tenants);
+    if (s != KVP_OK)
+        return s;
+    s = kvp_index_init(&st->index);
+    st->index.charge = kvp_state_charge;
+    st->index.charge_arg = st;
+    return s;
+}
+
+static void charge_one(uint64_t *v, uint64_t by, int sign)
+{
+    *v = sign > 0 ? *v + by : *v > by ? *v - by : 0;
+}
+
+void kvp_state_charge(void *arg, const kvp_object_t *obj, int sign)
+{
+    kvp_master_state_t *st = arg;
+    if (obj->tenant >= st->tenants.n)
+        return;
+    kvp_tenant_t *t = &st->tenants.t[obj->tenant];
+    for (unsigned i = 0; i < obj->n_replicas; i++) {
+        if (obj->replicas[i].segment_id == 0)
+            continue; /* lost while PENDING (its segment went) */
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[i].segment_id);
+        if (seg != NULL)
+            charge_one(seg->ssd ? &t->ssd_bytes : &t->dram_bytes, obj->size, sign);
+    }
+    charge_one(&t->objects, 1, sign);
 }
 
 unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n)
@@ -76,8 +104,10 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
         st->moves = mv->next;
         free(mv);
     }
+    st->index.charge = NULL; /* nothing is charged any more */
     kvp_index_cleanup(&st->index);
     kvp_segment_table_cleanup(&st->segments);
+    kvp_tenant_table_cleanup(&st->tenants);
 }
 
 kvp_ssd_task_t *kvp_state_task_add(kvp_master_state_t *st, kvp_ssd_task_kind_t kind,

@@ -27,13 +27,15 @@
 #include "master/meta/object.h"
 #include "master/meta/object_index.h"
 #include "master/meta/segment_table.h"
+#include "master/meta/tenant.h"
 
 typedef struct kvp_master_stats {
     uint64_t evicted_objects;
     uint64_t evicted_bytes;
-    uint64_t evictions;    /* eviction runs */
-    uint64_t put_timeouts; /* PENDING puts revoked by --put-timeout */
-    uint64_t moved;        /* objects moved off draining segments */
+    uint64_t evictions;     /* eviction runs */
+    uint64_t evicted_share; /* victims taken from a tenant over its share, passing others */
+    uint64_t put_timeouts;  /* PENDING puts revoked by --put-timeout */
+    uint64_t moved;         /* objects moved off draining segments */
     /* tiers (policy/tier.c) */
     uint64_t offloaded;
     uint64_t offload_dropped; /* DRAM victims dropped: no SSD room */
@@ -153,6 +155,10 @@ typedef struct kvp_master_state {
     struct kvp_events *events; /* KV events publisher, or NULL */
     kvp_rpc_hist_t *rpc_hist;  /* [KVP_RPC_METHOD_MAX + 1], or NULL (tests) */
     uint32_t clients;          /* connections open now (server.c) */
+    /* tenants (meta/tenant.h): with an ACL, keys are scoped by tenant and charged to it */
+    kvp_tenant_table_t tenants;
+    bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
+    bool share_evict; /* an eviction run takes objects of tenants over their share first */
 } kvp_master_state_t;
 
 /* How long a new master waits for segments to come back (rebuild_until_ms). */
@@ -160,6 +166,11 @@ typedef struct kvp_master_state {
 
 /* Default settings, empty tables, the clock read, a random placement seed. */
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st);
+
+/* Charge (+1) or refund (-1) what obj takes to its tenant: its bytes on each tier by its
+ * replicas' segments (those segments must still be in the table), and one object. The
+ * index calls it (kvp_index_charge); so does who changes an object's replicas in place. */
+void kvp_state_charge(void *st, const kvp_object_t *obj, int sign);
 /* Free every object, segment, lease slot and move. */
 void kvp_master_state_cleanup(kvp_master_state_t *st);
 

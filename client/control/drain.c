@@ -187,6 +187,7 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
             Kvpool__ListRequest lreq = KVPOOL__LIST_REQUEST__INIT;
             lreq.pattern = "";
             lreq.segment_id = seg_id;
+            lreq.stored_keys = true; /* MoveStart names them as the master stores them */
             lreq.cursor = cursor;
             lreq.limit = DRAIN_PAGE;
             Kvpool__ListResponse *lr = kvp_session_call_unpack(

@@ -34,6 +34,7 @@
 
 struct kvp_session {
     kvp_mconn_t *mc; /* shared by all threads */
+    char tenant[64]; /* the segment's tenant (MountRequest.tenant); "": shared */
     kvp_segment_t *seg;
     kvp_peers_t *peers;
     uint64_t client_id;
@@ -61,6 +62,7 @@ static kvp_status_t mount_pack(kvp_session_t *s, bool heap, bool adopting, uint8
     req.client_id = s->client_id;
     req.segment = &d;
     req.adopting = adopting; /* its record is offered next (control/record_sync.c) */
+    req.tenant = s->tenant;
     size_t len = kvpool__mount_request__get_packed_size(&req);
     uint8_t *body = heap ? malloc(len ? len : 1) : pack_buf(len);
     if (body == NULL)
@@ -175,6 +177,7 @@ kvp_status_t kvp_session_open(const kvp_session_params_t *params, kvp_session_t 
     s->seg = params->seg;
     s->peers = params->peers;
     s->client_id = params->client_id;
+    snprintf(s->tenant, sizeof(s->tenant), "%s", params->tenant ? params->tenant : "");
     pthread_mutex_init(&s->rel_lock, NULL);
     kvp_mconn_params_t p = {.host = params->master_host,
                             .port = params->master_port,

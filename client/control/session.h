@@ -30,6 +30,7 @@ typedef struct kvp_session_params {
     kvp_peers_t *peers; /* told the segment's id at each mount (borrowed) */
     kvp_tls_t *tls;     /* TLS to the master (borrowed for the session's life); NULL: plain */
     const char *token;  /* sent in an Auth request on each connection (copied); NULL: none */
+    const char *tenant; /* the segment is dedicated to this tenant (copied); NULL: shared */
     char *err;          /* when open fails, why (a TLS refusal, a wrong token); may be NULL */
     size_t err_len;
 } kvp_session_params_t;

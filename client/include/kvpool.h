@@ -81,6 +81,10 @@ typedef struct kvp_client_params {
     const char *tls_key;
     const char *tls_ca;
     const char *token;
+    /* Dedicate the mounted segments (DRAM and SSD) to this tenant: only its objects go
+     * there, and its objects go there first (`kvpool serve --tenant`). The master must have
+     * an ACL, and the tenant must be this client's own (an admin's: any). NULL: shared. */
+    const char *segment_tenant;
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -269,6 +273,9 @@ typedef struct kvp_key_info {
  */
 kvp_status_t kvp_list_keys(kvp_client_t *client, const char *pattern, size_t max,
                            kvp_key_info_t **keys_p, size_t *n_p);
+/* With an ACL on the master: the tenant whose key it is (an admin lists every tenant's);
+ * "" when the master has no ACL or the key was stored before it had one. */
+const char *kvp_key_info_tenant(const kvp_key_info_t *info);
 void kvp_key_list_free(kvp_key_info_t *keys, size_t n);
 
 /*

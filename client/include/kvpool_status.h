@@ -55,11 +55,12 @@ typedef enum kvp_status {
     KVP_ERR_NO_SPACE = -36,
     KVP_ERR_NOT_LEADER = -37,
     KVP_ERR_DENIED = -38,
+    KVP_ERR_QUOTA = -39,
 } kvp_status_t;
 #endif
 
 /* Most negative defined status: the range check for values off the wire. */
-#define KVP_STATUS_MIN (-38)
+#define KVP_STATUS_MIN (-39)
 
 /*
  * Human-readable text for a status. Always returns a static string, also for

@@ -50,6 +50,7 @@
 
 struct kvp_ssd_owner {
     uint64_t client_id;
+    char tenant[64]; /* the segment's tenant (MountRequest.tenant); "": shared */
     kvp_transfer_t *xfer;
     kvp_peers_t *peers;
     kvp_ssd_file_t *file;
@@ -157,6 +158,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool fir
     req.client_id = o->client_id;
     req.segment = &d;
     req.adopting = true; /* the file's objects are offered next */
+    req.tenant = o->tenant;
     size_t len = kvpool__mount_request__get_packed_size(&req);
     uint8_t *body = malloc(len ? len : 1), *resp = NULL;
     size_t rlen = 0;
@@ -517,6 +519,7 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
     if (st == KVP_OK) {
         snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", host, port);
         snprintf(o->name, sizeof(o->name), "%s:%u/ssd", host, port);
+        snprintf(o->tenant, sizeof(o->tenant), "%s", p->tenant ? p->tenant : "");
         kvp_mconn_params_t mp = {.host = p->master_host,
                                  .port = p->master_port,
                                  .resolve = p->disc ? kvp_discovery_leader : NULL,

@@ -33,6 +33,7 @@ typedef struct kvp_ssd_owner_params {
     kvp_peers_t *peers;   /* the DRAM segments they come from or go to (borrowed) */
     kvp_tls_t *tls;       /* TLS to the master (borrowed); NULL: plain */
     const char *token;    /* Auth on its master connection (copied); NULL: none */
+    const char *tenant;   /* the segment is dedicated to this tenant (copied); NULL: shared */
 } kvp_ssd_owner_params_t;
 
 /* SsdTask kinds (proto/kvpool.proto). */

@@ -9,6 +9,12 @@
  *   token-sha256 = 9f86d081...    # SHA-256 (hex) of alice's token
  *   keys = llama3@*, shared@*     # fnmatch patterns of the keys she may touch (default *)
  *
+ *   [tenant team-a]               # optional: quotas and share of a tenant
+ *   max-dram = 64GiB              # bytes of DRAM replicas (default: no quota)
+ *   max-ssd = 1TiB                # bytes of SSD replicas
+ *   max-objects = 10000000        # objects
+ *   share = 25%                   # its share of DRAM under pressure (default: equal)
+ *
  * Design: a small line reader of our own (one section kind, one value per
  * line); tokens are stored only as hashes, so the file holds no secret a reader
  * of it could replay. A principal with neither cert-cn nor token-sha256 can
@@ -22,6 +28,7 @@
 #include "master/auth/acl.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +36,9 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+
+#include "common/parse.h"
+#include "master/meta/tenant.h"
 
 static char *trim(char *s)
 {
@@ -85,8 +95,8 @@ static bool parse_patterns(kvp_principal_t *p, char *v)
 static const char *set_field(kvp_principal_t *p, const char *k, char *v)
 {
     if (strcmp(k, "tenant") == 0) {
-        if (v[0] == '\0' || strlen(v) >= sizeof(p->tenant))
-            return "tenant needs a name of 1..127 bytes";
+        if (!kvp_tenant_name_valid(v, strlen(v)))
+            return "tenant needs a name of 1..63 bytes of A-Z a-z 0-9 . _ -";
         snprintf(p->tenant, sizeof(p->tenant), "%s", v);
     } else if (strcmp(k, "roles") == 0) {
         if (!parse_roles(v, &p->roles))
@@ -112,6 +122,59 @@ static const char *set_field(kvp_principal_t *p, const char *k, char *v)
         return "unknown setting (tenant, roles, cert-cn, token-sha256, keys)";
     }
     return NULL;
+}
+
+/* One "key = value" line of a [tenant NAME] section. */
+static const char *set_tenant_field(kvp_tenant_conf_t *t, const char *k, const char *v)
+{
+    if (strcmp(k, "max-dram") == 0 || strcmp(k, "max-ssd") == 0) {
+        uint64_t *dst = k[4] == 'd' ? &t->max_dram : &t->max_ssd;
+        if (!kvp_parse_size(v, dst) || *dst == 0)
+            return "max-dram and max-ssd need a size above 0 (64MiB, 1GiB, 1TiB...)";
+    } else if (strcmp(k, "max-objects") == 0) {
+        char *end;
+        errno = 0;
+        unsigned long long n = strtoull(v, &end, 10);
+        if (v[0] == '\0' || v[0] == '-' || *end != '\0' || errno != 0 || n == 0)
+            return "max-objects needs a count above 0";
+        t->max_objects = n;
+    } else if (strcmp(k, "share") == 0) {
+        char *end;
+        double pct = strtod(v, &end);
+        if (end == v || strcmp(end, "%") != 0 || !(pct > 0 && pct <= 100))
+            return "share needs a percentage of DRAM, above 0 and at most 100 (25%)";
+        t->share_permille = (uint32_t)(pct * 10 + 0.5);
+        if (t->share_permille == 0)
+            t->share_permille = 1;
+    } else {
+        return "unknown setting (max-dram, max-ssd, max-objects, share)";
+    }
+    return NULL;
+}
+
+static const char *add_tenant(kvp_acl_t *acl, const char *name, kvp_tenant_conf_t **t_p)
+{
+    if (!kvp_tenant_name_valid(name, strlen(name)))
+        return "a tenant needs a name of 1..63 bytes of A-Z a-z 0-9 . _ -";
+    if (kvp_acl_tenant(acl, name) != NULL)
+        return "a tenant of this name is already defined";
+    kvp_tenant_conf_t *nt = realloc(acl->t, (acl->n_tenants + 1) * sizeof(*nt));
+    if (nt == NULL)
+        return "out of memory";
+    acl->t = nt;
+    *t_p = &acl->t[acl->n_tenants++];
+    memset(*t_p, 0, sizeof(**t_p));
+    snprintf((*t_p)->name, sizeof((*t_p)->name), "%s", name);
+    return NULL;
+}
+
+/* The shares the file gives add up to at most 100 %. */
+static const char *check_shares(const kvp_acl_t *acl)
+{
+    uint32_t sum = 0;
+    for (size_t i = 0; i < acl->n_tenants; i++)
+        sum += acl->t[i].share_permille;
+    return sum > 1000 ? "the tenants' shares add up to more than 100%" : NULL;
 }
 
 /* A section's principal is whole: it can be named, and names nobody else's credential. */
@@ -161,6 +224,7 @@ kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t
     unsigned lineno = 0;
     const char *why = NULL;
     kvp_principal_t *cur = NULL;
+    kvp_tenant_conf_t *cur_t = NULL;
     while (why == NULL && getline(&line, &cap, f) >= 0) {
         lineno++;
         char *s = trim(line);
@@ -173,12 +237,19 @@ kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t
             }
             char *end = strchr(s, ']');
             char *name = s + 1;
-            if (end == NULL || end[1] != '\0' || strncmp(name, "principal", 9) != 0 ||
-                !isspace((unsigned char)name[9])) {
-                why = "sections are [principal NAME]";
+            if (end == NULL || end[1] != '\0' ||
+                ((strncmp(name, "principal", 9) != 0 || !isspace((unsigned char)name[9])) &&
+                 (strncmp(name, "tenant", 6) != 0 || !isspace((unsigned char)name[6])))) {
+                why = "sections are [principal NAME] and [tenant NAME]";
                 break;
             }
             *end = '\0';
+            cur = NULL;
+            cur_t = NULL;
+            if (strncmp(name, "tenant", 6) == 0 && isspace((unsigned char)name[6])) {
+                why = add_tenant(acl, trim(name + 6), &cur_t);
+                continue;
+            }
             name = trim(name + 9);
             if (name[0] == '\0' || strlen(name) >= KVP_ACL_NAME_MAX) {
                 why = "a principal needs a name of 1..127 bytes";
@@ -194,8 +265,8 @@ kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t
             why = "expected KEY = VALUE";
             break;
         }
-        if (cur == NULL) {
-            why = "a setting before any [principal NAME]";
+        if (cur == NULL && cur_t == NULL) {
+            why = "a setting before any [principal NAME] or [tenant NAME]";
             break;
         }
         *eq = '\0';
@@ -205,10 +276,12 @@ kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t
             *hash = '\0';
             v = trim(v);
         }
-        why = set_field(cur, trim(s), v);
+        why = cur != NULL ? set_field(cur, trim(s), v) : set_tenant_field(cur_t, trim(s), v);
     }
     if (why == NULL && cur != NULL)
         why = check_principal(acl, cur);
+    if (why == NULL)
+        why = check_shares(acl);
     free(line);
     fclose(f);
     if (why != NULL) {
@@ -230,7 +303,16 @@ void kvp_acl_destroy(kvp_acl_t *acl)
         OPENSSL_cleanse(acl->p[i].token_hash, sizeof(acl->p[i].token_hash));
     }
     free(acl->p);
+    free(acl->t);
     free(acl);
+}
+
+const kvp_tenant_conf_t *kvp_acl_tenant(const kvp_acl_t *acl, const char *name)
+{
+    for (size_t i = 0; i < acl->n_tenants; i++)
+        if (strcmp(acl->t[i].name, name) == 0)
+            return &acl->t[i];
+    return NULL;
 }
 
 const kvp_principal_t *kvp_acl_by_name(const kvp_acl_t *acl, const char *name)

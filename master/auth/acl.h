@@ -21,10 +21,22 @@ enum {
 
 #define KVP_ACL_NAME_MAX 128
 #define KVP_ACL_MAX_PATTERNS 16
+/* A tenant's name: 1..63 bytes of [A-Za-z0-9._-] (it prefixes its keys, master/meta/tenant.h) */
+#define KVP_TENANT_NAME_MAX 64
+
+/* A [tenant NAME] section: its quotas (0: none) and its share of DRAM under pressure. */
+typedef struct kvp_tenant_conf {
+    char name[KVP_TENANT_NAME_MAX];
+    uint64_t max_dram;       /* bytes of DRAM replicas */
+    uint64_t max_ssd;        /* bytes of SSD replicas */
+    uint64_t max_objects;    /* objects (PENDING ones included) */
+    uint32_t share_permille; /* its share of DRAM; 0: an equal share of what is left */
+} kvp_tenant_conf_t;
 
 typedef struct kvp_principal {
     char name[KVP_ACL_NAME_MAX];
-    char tenant[KVP_ACL_NAME_MAX]; /* "default" unless the file says */
+    char tenant[KVP_TENANT_NAME_MAX]; /* "default" unless the file says */
+    uint16_t tenant_id;               /* the master's id of it (master/meta/tenant.h) */
     uint32_t roles;
     char cert_cn[256];      /* the client certificate subject CN that names it; "": none */
     uint8_t token_hash[32]; /* SHA-256 of its token */
@@ -37,6 +49,8 @@ typedef struct kvp_principal {
 typedef struct kvp_acl {
     kvp_principal_t *p;
     size_t n;
+    kvp_tenant_conf_t *t; /* the [tenant NAME] sections */
+    size_t n_tenants;
 } kvp_acl_t;
 
 /*
@@ -46,6 +60,9 @@ typedef struct kvp_acl {
  */
 kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t err_len);
 void kvp_acl_destroy(kvp_acl_t *acl);
+
+/* The [tenant NAME] section of this name; NULL: none (no quota, the default share). */
+const kvp_tenant_conf_t *kvp_acl_tenant(const kvp_acl_t *acl, const char *name);
 
 const kvp_principal_t *kvp_acl_by_name(const kvp_acl_t *acl, const char *name);
 const kvp_principal_t *kvp_acl_by_cn(const kvp_acl_t *acl, const char *cn);

@@ -80,6 +80,12 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
         st->stats.adopt_refused++;
         return KVP_ERR_INVALID_ARG;
     }
+    /* a segment dedicated to a tenant holds that tenant's keys and no other's */
+    uint16_t tenant = st->tenants_on ? kvp_tenant_of_key(&st->tenants, e->key, e->key_len) : 0;
+    if (seg->tenant != 0 && tenant != seg->tenant) {
+        st->stats.adopt_refused++;
+        return KVP_ERR_DENIED;
+    }
     uint64_t hash = kvp_index_hash(e->key, e->key_len);
     kvp_object_t *obj = kvp_index_lookup(&st->index, e->key, e->key_len, hash);
     kvp_status_t s = check(st, seg, &obj, hash, e);
@@ -119,6 +125,7 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
         obj->soft_pin_until_s = until > UINT32_MAX ? UINT32_MAX : (uint32_t)until;
     }
     obj->state = KVP_OBJ_COMPLETE;
+    obj->tenant = tenant;
     kvp_index_insert(&st->index, obj);
     kvp_state_media_event(st, obj, 0, kvp_state_media(st, obj->replicas, 1)); /* back */
     kvp_policy_move(st, obj, seg->ssd ? KVP_POLICY_SSD : kvp_policy_home(st, obj), false);

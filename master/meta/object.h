@@ -65,8 +65,11 @@ typedef struct kvp_object {
     uint16_t key_len;
     uint8_t pin;              /* kvp_pin_t */
     uint8_t flags;            /* KVP_OBJ_F_* */
+    uint16_t tenant;          /* its tenant's id (meta/tenant.h); 0: a key of no tenant */
     kvp_replica_t replicas[]; /* followed by key bytes */
 } kvp_object_t;
+/* the tenant's id took padding: an object is no larger for it */
+_Static_assert(sizeof(kvp_object_t) == 80, "kvp_object_t grew");
 
 static inline const char *kvp_object_key(const kvp_object_t *obj)
 {

@@ -169,6 +169,7 @@ void kvp_index_insert(kvp_object_index_t *index, kvp_object_t *obj)
     index->buckets[b] = obj;
     index->count++;
     lists_link(index, obj);
+    kvp_index_charge(index, obj, +1);
 }
 
 void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj)
@@ -182,6 +183,7 @@ void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj)
     obj->hnext = NULL;
     index->count--;
     lists_unlink(index, obj);
+    kvp_index_charge(index, obj, -1);
 }
 
 void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state)
@@ -239,6 +241,7 @@ void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb
                 obj->hnext = NULL;
                 index->count--;
                 lists_unlink(index, obj);
+                kvp_index_charge(index, obj, -1);
                 free(obj);
                 continue;
             }

@@ -41,7 +41,18 @@ typedef struct kvp_object_index {
     kvp_object_list_t reading;
     kvp_object_list_t ssd;
     kvp_object_list_t offloading;
+    /* what an object in the index is charged to its tenant: called with +1 when one is
+     * inserted, -1 when one leaves (master/state.c sets it; NULL: nothing is charged).
+     * Who changes an indexed object's replicas in place calls kvp_index_charge around. */
+    void (*charge)(void *arg, const kvp_object_t *obj, int sign);
+    void *charge_arg;
 } kvp_object_index_t;
+
+static inline void kvp_index_charge(kvp_object_index_t *index, const kvp_object_t *obj, int sign)
+{
+    if (index->charge != NULL)
+        index->charge(index->charge_arg, obj, sign);
+}
 
 kvp_status_t kvp_index_init(kvp_object_index_t *index);
 /* Frees every object (not their extents: the caller frees allocators). */

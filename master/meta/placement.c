@@ -9,6 +9,9 @@
  * drawn at random weighted by free bytes among segments not chosen yet,
  * first on hosts not used yet, then on any host. A segment whose allocator
  * refuses (fragmentation) is dropped from the draw and the draw repeated.
+ * Tenants: a segment dedicated to a tenant takes only that tenant's objects,
+ * and a tenant's objects go to its dedicated segments first, then to shared
+ * ones (each draw is made among dedicated segments before shared ones).
  *
  * Thread: master loop only. O(segments) per replica.
  */
@@ -37,19 +40,28 @@ static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, un
     return false;
 }
 
-/* Can `seg` take one more replica of req->size in this draw? Writes its free bytes. */
+/* May this tenant's objects go to seg (its own or a shared one)? */
+static bool allowed(const kvp_segment_t *seg, uint16_t tenant)
+{
+    return seg->tenant == 0 || seg->tenant == tenant;
+}
+
+/* Can `seg` take one more replica of req->size in this draw (dedicated: only the tenant's
+ * own segments)? Writes its free bytes. */
 static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, unsigned n,
                      const kvp_segment_t *seg, bool distinct_hosts, const uint64_t *excluded,
-                     unsigned n_excl, uint64_t size, bool ssd, uint64_t *free_p)
+                     unsigned n_excl, const kvp_placement_req_t *req, bool dedicated,
+                     uint64_t *free_p)
 {
-    if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != ssd || chosen(out, n, seg->id) ||
+    if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd ||
+        !allowed(seg, req->tenant) || (dedicated && seg->tenant == 0) || chosen(out, n, seg->id) ||
         (distinct_hosts && host_used(t, out, n, seg)))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
         if (excluded[e] == seg->id)
             return false;
     *free_p = kvp_segment_usable(seg) - kvp_segment_used(seg);
-    return *free_p >= size;
+    return *free_p >= req->size;
 }
 
 static bool try_alloc(kvp_segment_t *seg, uint64_t size, kvp_replica_t *r)
@@ -74,7 +86,8 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     bool fits_any = false, any = false;
     for (uint32_t i = 0; i < table->n_slots; i++) {
         const kvp_segment_t *seg = table->slots[i];
-        if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd)
+        if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd ||
+            !allowed(seg, req->tenant))
             continue;
         any = true;
         if (kvp_segment_usable(seg) >= req->size)
@@ -90,12 +103,12 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
         want = KVP_MAX_REPLICAS;
     unsigned n = 0;
     if (req->preferred != NULL && kvp_segment_open(req->preferred) &&
-        req->preferred->ssd == req->ssd)
+        req->preferred->ssd == req->ssd && allowed(req->preferred, req->tenant))
         n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
         if (seg != NULL && kvp_segment_open(seg) && seg->ssd == req->ssd &&
-            strcmp(seg->host_id, req->near_host) == 0 &&
+            allowed(seg, req->tenant) && strcmp(seg->host_id, req->near_host) == 0 &&
             kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size)
             n += try_alloc(seg, req->size, &out[n]);
     }
@@ -103,20 +116,25 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     /* excluded[]: segments that refused this object (full or fragmented) */
     uint64_t excluded[64];
     unsigned n_excl = 0;
-    for (int distinct_hosts = 1; distinct_hosts >= 0 && n < want; distinct_hosts--) {
+    /* rounds: (dedicated, distinct hosts), (any, distinct hosts), (dedicated, any host),
+     * (any, any host); the dedicated rounds only for a tenant's object */
+    for (int round = 0; round < 4 && n < want; round++) {
+        bool dedicated = round % 2 == 0, distinct_hosts = round < 2;
+        if (dedicated && req->tenant == 0)
+            continue;
         while (n < want) {
             uint64_t total = 0, free_b;
             for (uint32_t i = 0; i < table->n_slots; i++)
-                if (eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
-                             req->size, req->ssd, &free_b))
+                if (eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl, req,
+                             dedicated, &free_b))
                     total += free_b;
             if (total == 0)
                 break;
             uint64_t pick = kvp_rng_next(rng_state) % total;
             kvp_segment_t *sel = NULL;
             for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
-                if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
-                              req->size, req->ssd, &free_b))
+                if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl, req,
+                              dedicated, &free_b))
                     continue;
                 if (pick < free_b)
                     sel = table->slots[i];

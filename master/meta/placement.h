@@ -19,6 +19,8 @@ typedef struct kvp_placement_req {
     bool upsert;                    /* replace an existing object (PutStart only) */
     bool ssd;                       /* on SSD segments (else DRAM ones): one tier per call */
     const char *near_host;          /* prefer segments on this host id when no preferred one */
+    uint16_t tenant;                /* whose object: its dedicated segments first, then shared
+                                       ones; never another tenant's dedicated segment */
 } kvp_placement_req_t;
 
 /*

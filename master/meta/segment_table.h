@@ -34,6 +34,7 @@ typedef struct kvp_segment {
     bool draining;          /* no new replicas; the owner is asked to move objects away */
     bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
     bool adopting;          /* its owner is offering what it holds: no new replicas yet */
+    uint16_t tenant;        /* dedicated to this tenant (kvpool serve --tenant); 0: shared */
     /* its owner keeps a record of the objects on it (meta/record.c): changes queued here */
     bool record;
     bool record_broken;               /* the queue overflowed: the owner is to drop its record */

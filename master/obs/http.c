@@ -375,6 +375,10 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const job_t
         const Kvpool__ListEntry *e = l->entries[i];
         kvp_http_printf(r, "%s{\"key\":", i ? "," : "");
         kvp_http_json_string(r, (const char *)e->key.data, e->key.len);
+        if (e->tenant != NULL && e->tenant[0] != '\0') { /* with an ACL: whose key */
+            kvp_http_printf(r, ",\"tenant\":");
+            kvp_http_json_string(r, e->tenant, strlen(e->tenant));
+        }
         kvp_http_printf(r, ",\"size\":%" PRIu64 ",\"state\":\"%s\",\"replicas\":[", e->size,
                         e->state == 1 ? "complete" : "pending");
         for (size_t k = 0; k < e->n_replicas; k++) {

@@ -31,6 +31,66 @@ static void one(kvp_http_reply_t *r, const char *name, const char *type, const c
 }
 
 /* A label value with \ " and newlines escaped. */
+static void label(kvp_http_reply_t *r, const char *s);
+
+/* One line per tenant of a per-tenant metric: NAME{tenant="T"[,EXTRA]} V. */
+static void tenant_line(kvp_http_reply_t *r, const char *name, const kvp_tenant_t *t,
+                        const char *extra, uint64_t v)
+{
+    kvp_http_printf(r, "%s{tenant=\"", name);
+    label(r, t->name);
+    kvp_http_printf(r, "\"%s} %" PRIu64 "\n", extra, v);
+}
+
+/* With an ACL: what each tenant holds, its quotas and what they refused (names from the
+ * ACL; keys of no tenant, stored before it, under tenant=""). */
+static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st)
+{
+    if (!st->tenants_on)
+        return;
+    static const struct {
+        const char *name, *type, *help;
+    } m[] = {
+        {"kvpool_tenant_bytes", "gauge", "Bytes a tenant's objects take, by tier (each replica)."},
+        {"kvpool_tenant_objects", "gauge", "Objects of a tenant (being put ones included)."},
+        {"kvpool_tenant_quota_bytes", "gauge",
+         "A tenant's quota of bytes by tier (max-dram, max-ssd; 0: none)."},
+        {"kvpool_tenant_quota_objects", "gauge", "A tenant's quota of objects (0: none)."},
+        {"kvpool_tenant_puts_refused_total", "counter", "Puts refused for a tenant's quota."},
+        {"kvpool_tenant_dedicated_segments", "gauge",
+         "Segments dedicated to a tenant (kvpool serve --tenant)."},
+    };
+    for (size_t k = 0; k < KVP_ARRAY_SIZE(m); k++) {
+        head(r, m[k].name, m[k].type, m[k].help);
+        for (uint32_t i = 0; i < st->tenants.n; i++) {
+            const kvp_tenant_t *t = &st->tenants.t[i];
+            switch (k) {
+            case 0:
+                tenant_line(r, m[k].name, t, ",tier=\"dram\"", t->dram_bytes);
+                tenant_line(r, m[k].name, t, ",tier=\"ssd\"", t->ssd_bytes);
+                break;
+            case 1:
+                tenant_line(r, m[k].name, t, "", t->objects);
+                break;
+            case 2:
+                tenant_line(r, m[k].name, t, ",tier=\"dram\"", t->max_dram);
+                tenant_line(r, m[k].name, t, ",tier=\"ssd\"", t->max_ssd);
+                break;
+            case 3:
+                tenant_line(r, m[k].name, t, "", t->max_objects);
+                break;
+            case 4:
+                tenant_line(r, m[k].name, t, "", t->refused_quota);
+                break;
+            default:
+                tenant_line(r, m[k].name, t, "", t->dedicated);
+            }
+        }
+    }
+    one(r, "kvpool_evicted_share_total", "counter",
+        "Victims taken from a tenant at or over its share of DRAM, passing others' objects.",
+        st->stats.evicted_share);
+}
 static void label(kvp_http_reply_t *r, const char *s)
 {
     for (const char *p = s; *p; p++) {
@@ -186,6 +246,7 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
         s->refused_protected, s->refused_tls, s->refused_unauth, s->refused_token,
         s->refused_removed, s->refused_role, s->refused_key, s->refused_http_unauth,
         s->refused_http_role);
+    tenants(r, st);
     one(r, "kvpool_leader", "gauge", "1 while this master serves (standalone or the leader).",
         v->serving ? 1 : 0);
     one(r, "kvpool_epoch", "gauge", "The epoch this master leads under (0: standalone).",

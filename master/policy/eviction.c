@@ -38,6 +38,16 @@
  * segment) per victim, until the drain ends (known cost, drains are rare
  * and short).
  *
+ * Tenants (an ACL; master/meta/tenant.h): when the DRAM is shared by tenants and some hold
+ * at least their share (the [tenant NAME] section's `share` of DRAM, else an equal part of
+ * what the configured shares leave, among the tenants that hold DRAM) while others hold
+ * less, victims come from the tenants at or over their share first: an object of a tenant
+ * under its share at the evict end moves to its list's new end (order kept among them), as
+ * a draining one does, so one tenant's burst cannot flush another's working set. When no
+ * tenant is over its share any more, or none of theirs is left on the lists, the run goes
+ * on in plain policy order. Cost: O(tenants) per run to set the shares, and each object
+ * passed over is moved once per scan.
+ *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, rpc/object.c); the watermarks (off by default) can keep
  * headroom besides. With an SSD tier mounted, DRAM victims are offloaded
@@ -66,12 +76,60 @@
 /* ---- victims ---- */
 
 /* Objects on the scanned lists are neither being read nor pinned (other lists hold
- * those): what is left to check is the segment. */
+ * those): what is left to check is the segment, and with tenant shares, its tenant. */
 static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj)
 {
     /* an object on a draining segment is being moved away: evicting it frees no room
      * that new puts could use */
-    return !kvp_segment_table_on_draining(&st->segments, obj);
+    if (kvp_segment_table_on_draining(&st->segments, obj))
+        return false;
+    if (!st->share_evict || obj->tenant >= st->tenants.n)
+        return true;
+    const kvp_tenant_t *t = &st->tenants.t[obj->tenant];
+    return t->dram_bytes >= t->share_bytes;
+}
+
+/* Each tenant's share of DRAM for this run; true when some tenant holds at least its share
+ * while another holds less (victims then come from the first kind first). */
+static bool shares_set(kvp_master_state_t *st)
+{
+    if (!st->tenants_on || st->tenants.n < 2)
+        return false;
+    uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
+    uint64_t fixed = 0, n_equal = 0;
+    for (uint32_t i = 0; i < st->tenants.n; i++) {
+        const kvp_tenant_t *t = &st->tenants.t[i];
+        if (t->share_permille != 0)
+            fixed += t->share_permille;
+        else if (t->dram_bytes > 0)
+            n_equal++;
+    }
+    uint64_t rest = fixed >= 1000 ? 0 : cap / 1000 * (1000 - fixed);
+    bool over = false, under = false;
+    for (uint32_t i = 0; i < st->tenants.n; i++) {
+        kvp_tenant_t *t = &st->tenants.t[i];
+        t->share_bytes = t->share_permille != 0 ? cap / 1000 * t->share_permille
+                         : n_equal > 0          ? rest / n_equal
+                                                : 0;
+        if (t->dram_bytes == 0 && t->share_permille == 0)
+            continue;
+        if (t->dram_bytes >= t->share_bytes)
+            over = true;
+        else
+            under = true;
+    }
+    return over && under;
+}
+
+/* Is a tenant still at or over its share (after a victim)? */
+static bool any_over(const kvp_master_state_t *st)
+{
+    for (uint32_t i = 0; i < st->tenants.n; i++) {
+        const kvp_tenant_t *t = &st->tenants.t[i];
+        if (t->dram_bytes > 0 && t->dram_bytes >= t->share_bytes)
+            return true;
+    }
+    return false;
 }
 
 /* The first evictable object of l from its evict end; the ones passed over move to its
@@ -103,7 +161,15 @@ static kvp_object_t *victim(kvp_master_state_t *st, bool take_soft)
     kvp_object_list_t *first = probation_first ? &ix->probation : &ix->protected;
     kvp_object_list_t *second = probation_first ? &ix->protected : &ix->probation;
     kvp_object_t *obj = scan(st, first);
-    return obj != NULL ? obj : scan(st, second);
+    if (obj == NULL)
+        obj = scan(st, second);
+    if (obj == NULL && st->share_evict) { /* none of the tenants over their share is left */
+        st->share_evict = false;
+        return victim(st, take_soft);
+    }
+    if (obj != NULL && st->share_evict)
+        st->stats.evicted_share++;
+    return obj;
 }
 
 /* DRAM bytes in use, less what the offloads in flight free when they end. */
@@ -121,6 +187,7 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
         return 0;
     uint64_t freed = 0, count = 0;
     bool ssd = kvp_tier_has_ssd(st);
+    st->share_evict = shares_set(st);
     for (int pass = 0; pass < 2 && used > target; pass++) {
         kvp_object_t *obj;
         /* with an SSD tier, victims go there; when offloads are at their bound the
@@ -139,8 +206,11 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
                 freed += bytes;
             used = bytes < used ? used - bytes : 0;
             count++;
+            if (st->share_evict && !any_over(st))
+                st->share_evict = false;
         }
     }
+    st->share_evict = false;
     if (count > 0) {
         st->stats.evictions++;
         st->stats.evicted_objects += count;

@@ -73,13 +73,21 @@ kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
     if (st->events != NULL && obj->state == KVP_OBJ_COMPLETE) /* KV events: media gained/lost */
         kvp_state_media_event(st, obj, kvp_state_media(st, obj->replicas, obj->n_replicas),
                               kvp_state_media(st, reps, n));
+    /* charged again for its new replicas (a RETIRED object is in no index: charged to none) */
+    bool indexed = obj->state != KVP_OBJ_RETIRED;
     if (n == obj->n_replicas) {
+        if (indexed)
+            kvp_index_charge(&st->index, obj, -1);
         memmove(obj->replicas, reps, n * sizeof(*reps));
+        if (indexed)
+            kvp_index_charge(&st->index, obj, +1);
         return obj;
     }
     kvp_object_t *o = kvp_object_create(kvp_object_key(obj), obj->key_len, obj->hash, n);
     if (o == NULL)
         return NULL;
+    if (indexed)
+        kvp_index_charge(&st->index, obj, -1);
     kvp_replica_t *keep = o->replicas;
     size_t head = offsetof(kvp_object_t, replicas);
     memcpy(o, obj, head);
@@ -87,6 +95,8 @@ kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
     memcpy(keep, reps, n * sizeof(*reps));
     memcpy((char *)&o->replicas[n], kvp_object_key(obj), obj->key_len);
     kvp_index_replace(&st->index, obj, o);
+    if (indexed)
+        kvp_index_charge(&st->index, o, +1);
     if (o->state != KVP_OBJ_PENDING && o->lease != 0)
         st->leases.slots[o->lease - 1].obj = o;
     free(obj);
@@ -132,11 +142,15 @@ static const char *host_of(const kvp_master_state_t *st, const kvp_object_t *obj
 }
 
 /* An extent of `size` on the SSD tier (near host when it has room), making room by
- * dropping SSD objects when needed. */
+ * dropping SSD objects when needed; none when the tenant's SSD quota has no room. */
 static bool ssd_extent(kvp_master_state_t *st, uint64_t size, const char *near_host,
-                       kvp_replica_t *rep)
+                       uint16_t tenant, kvp_replica_t *rep)
 {
-    kvp_placement_req_t req = {.size = size, .replica_num = 1, .ssd = true, .near_host = near_host};
+    const kvp_tenant_t *t = &st->tenants.t[tenant];
+    if (t->max_ssd != 0 && t->ssd_bytes + size > t->max_ssd)
+        return false;
+    kvp_placement_req_t req = {
+        .size = size, .replica_num = 1, .ssd = true, .near_host = near_host, .tenant = tenant};
     unsigned n = 0;
     kvp_status_t s = kvp_placement_alloc(&st->segments, &req, &st->rng, rep, &n);
     while (s == KVP_ERR_POOL_FULL) {
@@ -179,7 +193,7 @@ kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
     if (nd == 0 || kvp_tier_offload_full(st) || obj->key_len > KVP_TIER_KEY_MAX)
         return KVP_TIER_DROP;
     kvp_replica_t ssd;
-    if (!ssd_extent(st, obj->size, host_of(st, obj, false), &ssd)) {
+    if (!ssd_extent(st, obj->size, host_of(st, obj, false), obj->tenant, &ssd)) {
         st->stats.offload_dropped++;
         return KVP_TIER_DROP;
     }
@@ -277,8 +291,10 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     uint64_t bytes = aligned(obj->size, KVP_SEGMENT_ALIGN);
     if (cap == 0 || (double)(used + bytes) > st->config.offload_high * (double)cap)
         return;
-    kvp_placement_req_t req = {
-        .size = obj->size, .replica_num = 1, .near_host = host_of(st, obj, true)};
+    kvp_placement_req_t req = {.size = obj->size,
+                               .replica_num = 1,
+                               .near_host = host_of(st, obj, true),
+                               .tenant = obj->tenant};
     kvp_replica_t dram;
     unsigned n = 0;
     if (kvp_placement_alloc(&st->segments, &req, &st->rng, &dram, &n) != KVP_OK || n != 1)

@@ -125,14 +125,26 @@ static kvp_status_t pattern_compile(const char *pattern, regex_t *re, char *msg,
     return KVP_OK;
 }
 
-/* Does obj's key match? (Keys hold no NUL, so a NUL-terminated copy is the key.) */
-static bool key_matches(const kvp_object_t *obj, const regex_t *re)
+/* The key as its tenant gave it (with tenants, after the prefix; master/meta/tenant.h). */
+static const char *user_key(const kvp_master_state_t *st, const kvp_object_t *obj, size_t *len_p)
+{
+    *len_p = obj->key_len;
+    return st->tenants_on ? kvp_tenant_user_key(kvp_object_key(obj), obj->key_len, len_p)
+                          : kvp_object_key(obj);
+}
+
+/* Does obj's key (as its tenant gave it) match? (Keys hold no NUL, so a NUL-terminated
+ * copy is the key.) */
+static bool key_matches(const kvp_master_state_t *st, const kvp_object_t *obj, const regex_t *re)
 {
     if (re == NULL)
         return true;
     char key[4097];
-    memcpy(key, kvp_object_key(obj), obj->key_len);
-    key[obj->key_len] = '\0';
+    size_t len;
+    const char *k = user_key(st, obj, &len);
+    len = KVP_MIN(len, sizeof(key) - 1);
+    memcpy(key, k, len);
+    key[len] = '\0';
     return regexec(re, key, 0, NULL, 0) == 0;
 }
 
@@ -146,21 +158,38 @@ static bool on_segment(const kvp_object_t *obj, uint64_t segment_id)
     return false;
 }
 
-/* May the caller see / remove obj (its principal's key patterns)? */
+/* May the caller see / remove obj? An admin: every object; others: their tenant's, within
+ * their key patterns. */
 static bool may_key(const kvp_call_t *call, const kvp_object_t *obj)
 {
-    return call->who == NULL || kvp_principal_may_key(call->who, kvp_object_key(obj), obj->key_len);
+    const kvp_principal_t *who = call->who;
+    if (who == NULL || (who->roles & KVP_ROLE_ADMIN))
+        return true;
+    if (call->st->tenants_on && obj->tenant != who->tenant_id)
+        return false;
+    size_t len;
+    const char *k = user_key(call->st, obj, &len);
+    return kvp_principal_may_key(who, k, len);
 }
 
-/* List: a reader (its keys), or a segment's owner listing its own segment (a drain). */
-static bool may_list(const kvp_call_t *call, uint64_t segment_id)
+/* A segment's owner listing its own segment (a drain), or an admin listing one. */
+static bool own_segment(const kvp_call_t *call, uint64_t segment_id)
 {
     const kvp_principal_t *who = call->who;
-    if (who == NULL || (who->roles & (KVP_ROLE_READ | KVP_ROLE_ADMIN)))
+    if (who == NULL || (who->roles & KVP_ROLE_ADMIN))
         return true;
     const kvp_segment_t *seg =
         segment_id != 0 ? kvp_segment_table_get(&call->st->segments, segment_id) : NULL;
     return (who->roles & KVP_ROLE_SEGMENT) && seg != NULL && seg->owner_conn_id == call->conn_id;
+}
+
+/* List: a reader (its keys), or a segment's owner listing its own segment (a drain). */
+static bool may_list(const kvp_call_t *call, uint64_t segment_id, bool stored_keys)
+{
+    const kvp_principal_t *who = call->who;
+    if (stored_keys)
+        return segment_id != 0 && own_segment(call, segment_id);
+    return who == NULL || (who->roles & KVP_ROLE_READ) || own_segment(call, segment_id);
 }
 
 kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -178,15 +207,20 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_status_t rc = KVP_ERR_NOMEM;
     uint32_t limit = req->limit == 0 ? LIST_DEFAULT : KVP_MIN(req->limit, LIST_MAX);
     resp.message = msg;
-    if (!may_list(call, req->segment_id)) {
+    if (!may_list(call, req->segment_id, req->stored_keys)) {
         resp.status = KVP_ERR_DENIED;
         st->stats.refused_role++;
-        snprintf(msg, sizeof(msg),
-                 "principal %s may not list: that needs role read (or role segment, for a "
-                 "segment it serves itself)",
-                 call->who->name);
+        if (call->who == NULL)
+            snprintf(msg, sizeof(msg), "stored keys are listed by segment only");
+        else
+            snprintf(msg, sizeof(msg),
+                     "principal %s may not list%s: that needs role read (or role segment, "
+                     "for a segment it serves itself)",
+                     call->who->name, req->stored_keys ? " stored keys" : "");
         goto pack;
     }
+    /* a drain moves what its segment holds, whoever's it is: keys as stored */
+    bool stored = req->stored_keys;
     if (req->pattern[0] != '\0') {
         resp.status = pattern_compile(req->pattern, &re, msg, sizeof(msg));
         have_re = resp.status == KVP_OK;
@@ -211,8 +245,8 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     uint64_t scanned = 0;
     for (; b < st->index.n_buckets && n < limit && scanned < LIST_SCAN_BUDGET; b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!on_segment(obj, req->segment_id) || !key_matches(obj, have_re ? &re : NULL) ||
-                !may_key(call, obj))
+            if (!on_segment(obj, req->segment_id) || !key_matches(st, obj, have_re ? &re : NULL) ||
+                (!stored && !may_key(call, obj)))
                 continue;
             if (n == cap) {
                 /* a pathological chain: grow (rare; chains average below one) */
@@ -246,8 +280,11 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
             }
             Kvpool__ListEntry *e = &ents[n];
             kvpool__list_entry__init(e);
-            e->key.data = (uint8_t *)kvp_object_key(obj);
-            e->key.len = obj->key_len;
+            size_t klen = obj->key_len;
+            e->key.data = (uint8_t *)(stored ? kvp_object_key(obj) : user_key(st, obj, &klen));
+            e->key.len = klen;
+            if (st->tenants_on && !stored) /* whose key (an admin sees every tenant's) */
+                e->tenant = st->tenants.t[obj->tenant < st->tenants.n ? obj->tenant : 0].name;
             e->size = obj->size;
             e->state = obj->state;
             e->pin = obj->pin;
@@ -319,7 +356,7 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     size_t n = 0, cap = 0;
     for (uint64_t b = 0; b < st->index.n_buckets; b++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!key_matches(obj, have_re ? &re : NULL) || !may_key(call, obj))
+            if (!key_matches(st, obj, have_re ? &re : NULL) || !may_key(call, obj))
                 continue;
             if (obj->state != KVP_OBJ_COMPLETE) {
                 resp.skipped_pending++;

@@ -138,7 +138,10 @@ kvp_status_t kvp_call_key_lookup(kvp_master_state_t *st, const ProtobufCBinaryDa
                                  kvp_object_t **obj_p, uint64_t *hash_p)
 {
     const char *k = (const char *)key->data;
-    if (!kvp_key_valid(k, key->len))
+    size_t ulen = key->len;
+    /* with tenants, the key the user gave follows its tenant's prefix (dispatch.c) */
+    const char *user = st->tenants_on ? kvp_tenant_user_key(k, key->len, &ulen) : k;
+    if (!kvp_key_valid(user, ulen))
         return KVP_ERR_BAD_KEY;
     uint64_t h = kvp_index_hash(k, key->len);
     if (hash_p)

@@ -123,7 +123,7 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         }
         if (kept_elsewhere(st, obj, from->id))
             continue; /* a replica on a segment that stays keeps it: nothing to copy */
-        kvp_placement_req_t preq = {.size = obj->size, .replica_num = 1};
+        kvp_placement_req_t preq = {.size = obj->size, .replica_num = 1, .tenant = obj->tenant};
         kvp_replica_t dest;
         unsigned got = 0;
         res[i].status = kvp_placement_alloc(&st->segments, &preq, &st->rng, &dest, &got);
@@ -210,8 +210,10 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
          * here, it is never reused, so a reader still leasing it reads intact bytes
          * until the owner unmounts. */
         unsigned media = kvp_state_media(st, obj->replicas, obj->n_replicas);
+        kvp_index_charge(&st->index, obj, -1); /* its tier may change: charged again */
         kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
         obj->replicas[r] = mv->dest;
+        kvp_index_charge(&st->index, obj, +1);
         kvp_record_replica(&st->segments, obj, &mv->dest);
         /* KV events: a move to another medium (a DRAM object drained onto SSD) */
         kvp_state_media_event(st, obj, media, kvp_state_media(st, obj->replicas, obj->n_replicas));

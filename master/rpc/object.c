@@ -64,6 +64,44 @@ static uint64_t reads_give_back(kvp_master_state_t *st, int64_t *cache_p)
     return bytes;
 }
 
+/* Which quota of the putting tenant this put would pass ("objects", "DRAM", "SSD"); NULL:
+ * none. Charged: every replica asked for, on the tier the put goes to. */
+static const char *over_quota(const kvp_master_state_t *st, const kvp_placement_req_t *preq,
+                              uint64_t size)
+{
+    const kvp_tenant_t *t = &st->tenants.t[preq->tenant];
+    uint64_t bytes = size * (preq->replica_num ? preq->replica_num : 1);
+    if (t->max_objects != 0 && t->objects + 1 > t->max_objects)
+        return "objects";
+    if (!preq->ssd && t->max_dram != 0 &&
+        (bytes > t->max_dram || t->dram_bytes > t->max_dram - bytes))
+        return "DRAM";
+    if (preq->ssd && t->max_ssd != 0 && (bytes > t->max_ssd || t->ssd_bytes > t->max_ssd - bytes))
+        return "SSD";
+    return NULL;
+}
+
+/* Why a put got KVP_ERR_QUOTA (PutStartResponse.message). */
+static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_t *preq,
+                          uint64_t size, char *buf, size_t len)
+{
+    const kvp_tenant_t *t = &st->tenants.t[preq->tenant];
+    const char *which = over_quota(st, preq, size);
+    if (which == NULL)
+        which = "objects"; /* (not reached: the quota that refused is still full) */
+    if (strcmp(which, "objects") == 0)
+        snprintf(buf, len, "tenant %s is at its quota of objects: %llu of max-objects %llu",
+                 t->name, (unsigned long long)t->objects, (unsigned long long)t->max_objects);
+    else
+        snprintf(buf, len,
+                 "tenant %s is over its %s quota: %llu of max-%s %llu bytes used, this put "
+                 "needs %llu more",
+                 t->name, which, (unsigned long long)(preq->ssd ? t->ssd_bytes : t->dram_bytes),
+                 preq->ssd ? "ssd" : "dram",
+                 (unsigned long long)(preq->ssd ? t->max_ssd : t->max_dram),
+                 (unsigned long long)(size * (preq->replica_num ? preq->replica_num : 1)));
+}
+
 static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
                                   const ProtobufCBinaryData *key, uint64_t size,
                                   const kvp_placement_req_t *preq, int64_t *give_back_p,
@@ -102,6 +140,10 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
             return KVP_OK;
         }
         kvp_object_remove(st, obj);
+    }
+    if (over_quota(st, preq, size) != NULL) {
+        st->tenants.t[preq->tenant].refused_quota++;
+        return KVP_ERR_QUOTA;
     }
     kvp_replica_t reps[KVP_MAX_REPLICAS];
     unsigned n = 0;
@@ -157,6 +199,7 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     obj->size = size;
     obj->version = kvp_tier_next_version(st);
     obj->state = KVP_OBJ_PENDING;
+    obj->tenant = r.tenant;
     obj->writer_conn_id = conn_id;
     obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
     set_pin(st, obj, preq);
@@ -238,6 +281,8 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     }
     size_t nr = 0;
     int64_t give_back = -1;
+    bool quota_said = false;
+    preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
     for (size_t i = 0; i < n; i++) {
         kvpool__put_start_result__init(&res[i]);
         resptr[i] = &res[i];
@@ -247,6 +292,10 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
             full_msg[0] == '\0')
             pool_full_message(st, full_msg, sizeof(full_msg));
+        if (res[i].status == KVP_ERR_QUOTA && !quota_said) { /* the quota's words first */
+            quota_message(st, &preq, req->sizes[i], full_msg, sizeof(full_msg));
+            quota_said = true;
+        }
         if (res[i].status != KVP_OK)
             continue;
         res[i].replicas = &repptr[nr];
@@ -332,20 +381,22 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
      * segment went away meanwhile. */
     uint32_t mask = end->n_written_mask > 0 ? end->written_mask[i] : UINT32_MAX;
     unsigned w = 0;
+    kvp_index_charge(&st->index, obj, -1); /* its replicas change: charged again below */
     for (unsigned r = 0; r < obj->n_replicas; r++) {
         if (obj->replicas[r].segment_id != 0 && (mask & (1u << r)))
             obj->replicas[w++] = obj->replicas[r];
         else if (obj->replicas[r].segment_id != 0)
             kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
     }
+    if (w > 0 && w < obj->n_replicas) {
+        memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+        obj->n_replicas = (uint8_t)w;
+    }
+    kvp_index_charge(&st->index, obj, +1);
     if (w == 0) {
         kvp_index_unlink(&st->index, obj);
         free(obj);
         return KVP_ERR_IO;
-    }
-    if (w < obj->n_replicas) {
-        memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
-        obj->n_replicas = (uint8_t)w;
     }
     obj->crc32c = end->crc32c[i];
     obj->deadline_ms = 0;

@@ -30,7 +30,7 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     uint64_t conn_id = call->conn_id;
     Kvpool__MountRequest *req = (Kvpool__MountRequest *)req_msg;
     Kvpool__MountResponse resp = KVPOOL__MOUNT_RESPONSE__INIT;
-    char msg[256] = "";
+    char msg[400] = "";
     const Kvpool__SegmentDesc *d = req->segment;
     kvp_status_t status = KVP_ERR_INVALID_ARG;
     char host[256];
@@ -49,6 +49,32 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
             "rdma endpoint",
             KVP_SEGMENT_MIN_SIZE);
         goto out;
+    }
+    /* a dedicated segment: the caller's own tenant (an admin's: any); tenants need an ACL */
+    uint16_t tenant = 0;
+    if (req->tenant[0] != '\0') {
+        const kvp_principal_t *who = call->who;
+        if (!st->tenants_on || who == NULL) {
+            snprintf(msg, sizeof(msg),
+                     "a segment dedicated to tenant %.64s needs a master with an ACL "
+                     "(--acl-file): without one there are no tenants",
+                     req->tenant);
+            goto out;
+        }
+        if (!(who->roles & KVP_ROLE_ADMIN) && strcmp(who->tenant, req->tenant) != 0) {
+            status = KVP_ERR_DENIED;
+            st->stats.refused_role++;
+            snprintf(msg, sizeof(msg),
+                     "principal %s (tenant %s) may not dedicate a segment to tenant %.64s",
+                     who->name, who->tenant, req->tenant);
+            goto out;
+        }
+        tenant = kvp_tenant_id(&st->tenants, req->tenant, strlen(req->tenant), true);
+        if (tenant == 0) {
+            snprintf(msg, sizeof(msg), "%.64s is no tenant name (1..63 of A-Z a-z 0-9 . _ -)",
+                     req->tenant);
+            goto out;
+        }
     }
     if (kvp_segment_table_find_name(&st->segments, d->name) != NULL) {
         status = KVP_ERR_EXISTS;
@@ -91,8 +117,11 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         goto out;
     }
     resp.segment_id = seg->id;
-    KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s)", seg->name,
-                 (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint);
+    seg->tenant = tenant;
+    st->tenants.t[tenant].dedicated += tenant != 0;
+    KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s%s%s)", seg->name,
+                 (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint,
+                 tenant ? ", dedicated to tenant " : "", tenant ? req->tenant : "");
 out:
     resp.status = status;
     resp.message = msg;
@@ -129,10 +158,12 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
         kvp_lease_forget(ctx->st, obj);      /* its readers fail: the owner is gone */
         return true; /* its only extent was on the segment being destroyed */
     }
+    kvp_index_charge(&ctx->st->index, obj, -1); /* one replica less: charged again below */
     if (obj->state == KVP_OBJ_PENDING) {
         for (unsigned i = 0; i < obj->n_replicas; i++)
             if (obj->replicas[i].segment_id == ctx->segment_id)
                 obj->replicas[i].segment_id = 0;
+        kvp_index_charge(&ctx->st->index, obj, +1);
         return false;
     }
     unsigned before =
@@ -148,6 +179,7 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     /* Shift the key down behind the shortened replica array. */
     memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
     obj->n_replicas = (uint8_t)w;
+    kvp_index_charge(&ctx->st->index, obj, +1);
     return false;
 }
 
@@ -159,6 +191,8 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
+    if (seg->tenant != 0 && seg->tenant < st->tenants.n)
+        st->tenants.t[seg->tenant].dedicated--;
     kvp_segment_table_remove(&st->segments, seg);
     return ctx.dropped;
 }

@@ -445,7 +445,9 @@ def sec(certs, tmp_path_factory):
     except BaseException:
         m.close()
         raise
+    _SEC["m"] = m
     yield m
+    _SEC.pop("m", None)
     bad = m.close()
     assert not bad, f"children exited non-zero: {bad}"
 
@@ -487,11 +489,41 @@ def victim(sec, admin):
     return key, data
 
 
+# Keys are scoped by tenant: an object is read back by a principal of its own tenant
+# (alice team-a, bob team-b, carol team-c, by the key's prefix; others the admin's).
+_OWNER_BY_PREFIX = {"a@": "alice", "b@": "bob", "c@": "carol"}
+_SEC = {}
+
+
+def owner_of(key):
+    return _OWNER_BY_PREFIX.get(key[:2], "admin")
+
+
 def intact(admin, key, data):
-    """The object reads back byte-identical (as the admin sees it)."""
-    assert admin.exists(key), f"{key} is gone"
-    assert admin.size(key) == len(data)
-    assert admin.get(key) == data, f"{key} changed"
+    """The object reads back byte-identical, as its own tenant sees it."""
+    who = owner_of(key)
+    if who == "admin":
+        c, close = admin, False
+    else:  # its own credentials only (a test may have set $KVPOOL_TLS_* for mooncake)
+        saved = {v: os.environ.pop(v) for v in _CRED_ENV if v in os.environ}
+        try:
+            c, close = _SEC["m"].client(who), True
+        finally:
+            os.environ.update(saved)
+    try:
+        assert c.exists(key), f"{key} is gone"
+        assert c.size(key) == len(data)
+        assert c.get(key) == data, f"{key} changed"
+    finally:
+        if close:
+            c.close()
+
+
+def stored(admin, tenant, key):
+    """Does the pool hold `key` of `tenant` (the admin's listing: every tenant's, labelled)?"""
+    import re as _re
+    return any(e["key"] == key and e["tenant"] == tenant
+               for e in admin.list_keys("^" + _re.escape(key) + "$"))
 
 
 # ---- 1. legitimate round trips ----
@@ -930,8 +962,11 @@ def test_principal_removed_while_connected(make_secure, who):
         assert carol.get("c@carol-obj") == b"carol"
         carol.put(k("c@after-reload"), b"still")
         assert adm.get("victim@admin-obj") == b"admin's"
-        intact(adm, own, data)  # removing a principal deletes nothing of its data
-        assert not adm.exists(f"{who[0]}@after-removal")
+        # removing a principal deletes nothing of its data (its tenant's, in the listing)
+        tenant = PRINCIPALS[who]["tenant"]
+        assert [e["size"] for e in adm.list_keys("^" + own + "$") if e["tenant"] == tenant] == [
+            len(data)]
+        assert not stored(adm, tenant, f"{who[0]}@after-removal")
         assert m.refused("principal_removed") >= removed0 + 1
         # and no new connection of its gets in
         with pytest.raises(kvpool.Error) as ei:
@@ -978,8 +1013,9 @@ def test_role_narrowed_mid_session(make_secure):
         denied(alice.remove, "a@before-narrowing")
         assert alice.get("a@before-narrowing") == b"v1"  # reading still works
         assert alice.exists("a@before-narrowing")
-        assert not adm.exists("a@after-narrowing")
-        assert adm.get("a@before-narrowing") == b"v1"
+        assert not alice.exists("a@after-narrowing")
+        assert not stored(adm, "team-a", "a@after-narrowing")
+        assert stored(adm, "team-a", "a@before-narrowing")
         assert m.req_refused("role") >= role0 + 3
 
 
@@ -1029,10 +1065,11 @@ def test_key_isolation_between_tenants(sec, admin):
         # a write outside her patterns leaves nothing behind
         denied(alice.put, k("zz@outside-any-pattern"), b"nope")
         denied(alice.put, k("A@case-differs"), b"nope")
-    assert not admin.exists("zz@outside-any-pattern")
-    assert not admin.exists("A@case-differs")
-    assert not admin.exists("a@batch-mixed")
-    assert not admin.exists("a@team-a-own")  # the regex removed hers
+    assert not stored(admin, "team-a", "zz@outside-any-pattern")
+    assert not stored(admin, "team-a", "A@case-differs")
+    assert not stored(admin, "team-a", k("a@batch-mixed"))
+    assert not stored(admin, "team-a", k("a@team-a-own"))  # the regex removed hers
+    assert stored(admin, "team-b", bob_key)  # (the check above sees what is there)
     assert sec.req_refused("key") >= key0 + 10
     intact(admin, bob_key, bob_data)
     for key in bob_keys:
@@ -1056,8 +1093,11 @@ def test_http_views_show_no_tenant_keys_to_non_admins(sec):
 
 def test_reader_cannot_write(sec, admin, victim):
     role0 = sec.req_refused("role")
+    admin.put(k("victim@reader-reads"), b"default tenant's", upsert=True)
     with sec.client("reader") as reader:
-        assert reader.get(victim[0]) == victim[1]  # readers read every key (no patterns)
+        # a reader reads every key of its tenant (no patterns): the admin's, both "default"
+        assert reader.get("victim@reader-reads") == b"default tenant's"
+        assert not reader.exists(victim[0])  # bob's is team-b's: not in its tenant
         denied(reader.put, victim[0], b"overwritten", upsert=True)
         denied(reader.put, k("b@reader-new"), b"new")
         denied(reader.remove, victim[0])

@@ -125,7 +125,7 @@ class Client:
     Client(master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
            data_host=None, segment_name=None, rdma_devices=None,
            verify_crc=True, tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None,
-           token=None)
+           token=None, segment_tenant=None)
 
     master: "HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"; None: $KVPOOL_MASTER,
     else 127.0.0.1:50051. segment_size: bytes (or "1GiB") of DRAM to mount and
@@ -134,16 +134,18 @@ class Client:
     rpc_timeout_ms: master RPC and transfer timeout (0: 10 s). tls_ca (a CA file)
     makes the master connection TLS 1.3; tls_cert/tls_key (mutual TLS) or token name
     this client's principal; each None: $KVPOOL_TLS_CA, $KVPOOL_TLS_CERT,
-    $KVPOOL_TLS_KEY, $KVPOOL_TOKEN (so mooncake.store picks them up unchanged). The
-    other arguments are kvp_client_params_t's fields of the same names.
+    $KVPOOL_TLS_KEY, $KVPOOL_TOKEN (so mooncake.store picks them up unchanged).
+    segment_tenant dedicates the mounted segment to that tenant (the caller's own; the
+    master needs an ACL): only its objects go there. The other arguments are kvp_client_params_t's fields of the same names.
     """
 
     def __init__(self, master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
                  data_host=None, segment_name=None, rdma_devices=None, verify_crc=True,
-                 tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None):
+                 tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None,
+                 segment_tenant=None):
         self._c = _kvpool.Client(master, parse_size(segment_size), transport, rpc_timeout_ms,
                                  data_host, segment_name, rdma_devices, bool(verify_crc),
-                                 tcp_streams, tls_cert, tls_key, tls_ca, token)
+                                 tcp_streams, tls_cert, tls_key, tls_ca, token, segment_tenant)
         self._registered = {}  # address -> memoryview holding a registered buffer
         self._lock = _threading.Lock()
         self._aio = None  # kvpool.aio's queue, made by the first async call

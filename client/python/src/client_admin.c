@@ -269,10 +269,11 @@ PyObject *kvp_py_client_list_keys(kvp_py_client_t *self, PyObject *args, PyObjec
         return ret;
     PyObject *list = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; list != NULL && i < n; i++) {
-        PyObject *d = Py_BuildValue(
-            "{s:s,s:K,s:O,s:I,s:I,s:I}", "key", keys[i].key, "size",
-            (unsigned long long)keys[i].size, "complete", keys[i].complete ? Py_True : Py_False,
-            "replicas", keys[i].n_replicas, "lease_ms", keys[i].lease_ms, "pin", keys[i].pin);
+        PyObject *d = Py_BuildValue("{s:s,s:K,s:O,s:I,s:I,s:I,s:s}", "key", keys[i].key, "size",
+                                    (unsigned long long)keys[i].size, "complete",
+                                    keys[i].complete ? Py_True : Py_False, "replicas",
+                                    keys[i].n_replicas, "lease_ms", keys[i].lease_ms, "pin",
+                                    keys[i].pin, "tenant", kvp_key_info_tenant(&keys[i]));
         if (d == NULL) {
             Py_CLEAR(list);
             break;

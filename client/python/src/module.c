@@ -62,6 +62,7 @@ static const char *const status_names[] = {
     STATUS_NAME(KVP_ERR_NO_SPACE),
     STATUS_NAME(KVP_ERR_NOT_LEADER),
     STATUS_NAME(KVP_ERR_DENIED),
+    STATUS_NAME(KVP_ERR_QUOTA),
 };
 #undef STATUS_NAME
 

@@ -38,7 +38,8 @@ static const char global_usage[] =
     "  serve --segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME]\n"
     "        [--ready-fd N] [--drain-timeout SECONDS]\n"
     "        [--ssd-path PATH --ssd-size SIZE [--ssd-buffered-io]]\n"
-    "        [--http-listen HOST:PORT] [--auth protected|none] [--config FILE]\n"
+    "        [--http-listen HOST:PORT] [--auth protected|none] [--tenant T]\n"
+    "        [--config FILE]\n"
     "                            mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
     "                            serve it until SIGINT or SIGTERM, then drain it: move\n"
     "                            its objects to other segments (default 30 s; 0: no);\n"
@@ -50,6 +51,8 @@ static const char global_usage[] =
     "                            --auth: protected (default; also $KVPOOL_AUTH): the data\n"
     "                            servers take peers of this host only; none: anyone who\n"
     "                            reaches the port (a trusted network)\n"
+    "                            --tenant: dedicate the segments to tenant T (the ACL's):\n"
+    "                            only its objects go there, and its go there first\n"
     "                            --config: an INI file whose keys are these flags and the\n"
     "                            global ones without dashes ([serve] section); flags on\n"
     "                            the command line override it\n"
@@ -101,7 +104,7 @@ static const kvp_cli_command_t commands[] = {
     {"serve", "serve",
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
      "[--ready-fd N] [--drain-timeout SECONDS] [--ssd-path PATH --ssd-size SIZE] "
-     "[--http-listen HOST:PORT] [--auth protected|none] [--config FILE]",
+     "[--http-listen HOST:PORT] [--auth protected|none] [--tenant T] [--config FILE]",
      kvp_cli_serve},
     {"put", "object", "[--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-", kvp_cli_put},
     {"get", "object", "KEY [FILE|-]", kvp_cli_get},

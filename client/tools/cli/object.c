@@ -507,11 +507,15 @@ static const char *ls_medium(const kvp_key_info_t *k, const kvp_pool_stat_t *ps)
 static void ls_print(const kvp_key_info_t *keys, size_t n, const kvp_pool_stat_t *ps, bool json)
 {
     char a[32];
+    /* with an ACL on the master each key has its tenant (an admin sees every tenant's) */
+    bool tenants = false;
+    for (size_t i = 0; i < n && !tenants; i++)
+        tenants = kvp_key_info_tenant(&keys[i])[0] != '\0';
     if (json)
         fputs("[", stdout);
     else if (n > 0)
-        printf("%-10s  %8s  %-8s  %-5s  %8s  %s\n", "SIZE", "REPLICAS", "MEDIUM", "PIN", "LEASE",
-               "KEY");
+        printf("%-10s  %8s  %-8s  %-5s  %8s  %s%s\n", "SIZE", "REPLICAS", "MEDIUM", "PIN", "LEASE",
+               tenants ? "TENANT/" : "", "KEY");
     for (size_t i = 0; i < n; i++) {
         const kvp_key_info_t *k = &keys[i];
         const char *pin = k->pin == KVP_PIN_HARD ? "hard" : k->pin == KVP_PIN_SOFT ? "soft" : "-";
@@ -519,6 +523,10 @@ static void ls_print(const kvp_key_info_t *keys, size_t n, const kvp_pool_stat_t
         if (json) {
             printf("%s{\"key\":", i > 0 ? "," : "");
             kvp_cli_json_string(k->key, strlen(k->key));
+            if (tenants) {
+                printf(",\"tenant\":");
+                kvp_cli_json_string(kvp_key_info_tenant(k), strlen(kvp_key_info_tenant(k)));
+            }
             printf(",\"size\":%" PRIu64 ",\"replicas\":%u,\"medium\":\"%s\",\"complete\":%s,"
                    "\"lease_ms\":%u,\"pin\":\"%s\"}",
                    k->size, k->n_replicas, medium, k->complete ? "true" : "false", k->lease_ms,
@@ -529,8 +537,9 @@ static void ls_print(const kvp_key_info_t *keys, size_t n, const kvp_pool_stat_t
                 snprintf(lease, sizeof(lease), "writing");
             else if (k->lease_ms > 0)
                 snprintf(lease, sizeof(lease), "%.1fs", k->lease_ms / 1000.0);
-            printf("%-10s  %8u  %-8s  %-5s  %8s  %s\n", kvp_progress_size(k->size, a, sizeof(a)),
-                   k->n_replicas, medium, pin, lease, k->key);
+            printf("%-10s  %8u  %-8s  %-5s  %8s  %s%s%s\n",
+                   kvp_progress_size(k->size, a, sizeof(a)), k->n_replicas, medium, pin, lease,
+                   tenants ? kvp_key_info_tenant(k) : "", tenants ? "/" : "", k->key);
         }
     }
     if (json)

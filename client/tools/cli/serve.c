@@ -136,6 +136,11 @@ static int serve_option(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command
     case 'n':
         s->params.segment_name = optarg;
         break;
+    case 'T':
+        if (optarg[0] == '\0' || strlen(optarg) > 63)
+            return kvp_cli_usage_error(cmd, "--tenant needs a tenant's name of 1..63 bytes");
+        s->params.segment_tenant = optarg;
+        break;
     case 'r':
         if (!kvp_cli_parse_uint(optarg, INT_MAX, &v))
             return kvp_cli_usage_error(cmd, "--ready-fd needs a file descriptor, got '%s'", optarg);
@@ -338,6 +343,7 @@ int kvp_cli_serve(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, 
         {"ssd-buffered-io", no_argument, NULL, 'B'},
         {"http-listen", required_argument, NULL, 'L'},
         {"auth", required_argument, NULL, 'A'},
+        {"tenant", required_argument, NULL, 'T'},
         KVP_CLI_GLOBAL_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},

@@ -63,6 +63,7 @@ KVP_TO_MOONCAKE_NAME = {
     "KVP_ERR_NO_SPACE": "FILE_WRITE_FAIL",
     "KVP_ERR_NOT_LEADER": "RPC_FAIL",
     "KVP_ERR_DENIED": "ILLEGAL_CLIENT",
+    "KVP_ERR_QUOTA": "NO_AVAILABLE_HANDLE",  # the tenant is full: callers back off, as on -200
 }
 
 #: kvpool status number -> Mooncake ErrorCode number

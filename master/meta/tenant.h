@@ -1,0 +1,64 @@
+/*
+ * tenant.h - tenants: whose keys an object's are, what each tenant holds, and its quotas
+ * (see tenant.c).
+ */
+#ifndef KVP_MASTER_META_TENANT_H
+#define KVP_MASTER_META_TENANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+/* An object key of a tenant is stored as TENANT KVP_TENANT_SEP KEY (docs/architecture.md,
+ * "Tenants"); a key with no separator is a key of no tenant (tenant id 0). */
+#define KVP_TENANT_SEP '\x1f'
+#define KVP_TENANT_MAX 4096u /* tenants the master knows at most (ids 1..4095) */
+
+typedef struct kvp_tenant {
+    char name[64]; /* "" for id 0: keys of no tenant */
+    /* charged: what its objects take now (master/state.c keeps these) */
+    uint64_t dram_bytes; /* object bytes x DRAM replicas */
+    uint64_t ssd_bytes;  /* object bytes x SSD replicas */
+    uint64_t objects;    /* objects in the index (PENDING ones included) */
+    /* from the ACL's [tenant NAME] section: 0 = no quota / the default share */
+    uint64_t max_dram, max_ssd, max_objects;
+    uint32_t share_permille;
+    uint64_t share_bytes;   /* its share of DRAM in the eviction run under way (eviction.c) */
+    uint64_t refused_quota; /* puts refused for a quota */
+    uint64_t dedicated;     /* segments mounted for it alone (kvpool serve --tenant) */
+} kvp_tenant_t;
+
+typedef struct kvp_tenant_table {
+    kvp_tenant_t *t; /* [n]; t[0] is the tenant of keys with none */
+    uint32_t n;
+    uint32_t cap;
+} kvp_tenant_table_t;
+
+kvp_status_t kvp_tenant_table_init(kvp_tenant_table_t *tt);
+void kvp_tenant_table_cleanup(kvp_tenant_table_t *tt);
+
+/* Is this a valid tenant name (1..63 bytes of [A-Za-z0-9._-])? */
+bool kvp_tenant_name_valid(const char *name, size_t len);
+
+/* The id of a tenant by name, made when `create` and the name is new; 0: none (unknown
+ * name without create, a table full, or out of memory). */
+uint16_t kvp_tenant_id(kvp_tenant_table_t *tt, const char *name, size_t len, bool create);
+
+/* The tenant of an internal key (its prefix; made when new); 0: a key of no tenant. */
+uint16_t kvp_tenant_of_key(kvp_tenant_table_t *tt, const char *key, size_t len);
+
+/* The user's part of an internal key (after the tenant's separator). */
+static inline const char *kvp_tenant_user_key(const char *key, size_t len, size_t *ulen_p)
+{
+    for (size_t i = 0; i < len && i < 64; i++)
+        if (key[i] == KVP_TENANT_SEP) {
+            *ulen_p = len - i - 1;
+            return key + i + 1;
+        }
+    *ulen_p = len;
+    return key;
+}
+
+#endif
