@@ -51,6 +51,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "master/meta/tenant.h"
 #include "master/obs/events_curve.h"
 
 #define KEY_MAX 4096u                  /* longest key kept (the pool's key limit) */
@@ -446,8 +447,8 @@ static void pack_str(msgpack_packer *pk, const char *s)
 /* The length of the tenant an internal key starts with (TENANT 0x1f KEY); 0: none. */
 static size_t key_tenant_len(const char *key, size_t len)
 {
-    const char *sep = memchr(key, 0x1f, len);
-    if (sep == NULL || !kvp_events_tenant_valid(key, (size_t)(sep - key)))
+    const char *sep = memchr(key, KVP_TENANT_SEP, len);
+    if (sep == NULL || !kvp_tenant_name_valid(key, (size_t)(sep - key)))
         return 0;
     return (size_t)(sep - key);
 }
@@ -473,11 +474,16 @@ static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s,
     pack_str(pk, ev->additional_salt);
     pack_str(pk, "lora_name");
     pack_str(pk, ev->lora_name);
+    /* the tenant's name; keys of no tenant and those of the ACL's "default" tenant (its
+     * principals name none, master/auth/acl.c): the tenant_id setting, as before an ACL */
+    const char *tenant = tenant_len > 0 ? key : st->tenant;
+    size_t tn = tenant_len > 0 ? tenant_len : strlen(st->tenant);
+    if (tn == 0 || (tn == 7 && memcmp(tenant, "default", 7) == 0)) {
+        tenant = ev->tenant_id;
+        tn = strlen(tenant);
+    }
     pack_str(pk, "tenant_id");
-    if (tenant_len > 0)
-        pack_str_n(pk, key, tenant_len);
-    else
-        pack_str(pk, st->tenant[0] != '\0' ? st->tenant : ev->tenant_id);
+    pack_str_n(pk, tenant, tn);
     pack_str(pk, "backend_id");
     pack_str(pk, ev->backend_id);
     pack_str(pk, "medium");

@@ -23,8 +23,9 @@
  *
  * Tenants. With an ACL the master stores a tenant's key as TENANT 0x1f KEY;
  * events carry KEY (object_key and the hash read from it) and tenant_id
- * TENANT (keys without 0x1f, or with a prefix that is no tenant's name: the
- * whole key and the tenant_id setting). Without CURVE that is the only
+ * TENANT, except the ACL's "default" tenant (principals naming none), which
+ * keeps the tenant_id setting, as do keys without 0x1f (or with a prefix
+ * that is no tenant's name: the whole key). Without CURVE that is the only
  * change: one stream, as above, readable by anyone who reaches the port.
  *
  * CURVE (curve_secret + curve_allow, events_curve.h). Both sockets are CURVE

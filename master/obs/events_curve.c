@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "master/meta/tenant.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define ZAP_DOMAIN "kvpool-events"
@@ -70,20 +71,6 @@ struct kvp_events_curve {
     atomic_uint_fast64_t refused_curve;
     atomic_uint_fast64_t refused_key;
 };
-
-int kvp_events_tenant_valid(const char *s, size_t n)
-{
-    if (n < 1 || n > KVP_EVENTS_TENANT_MAX)
-        return 0;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-';
-        if (!ok)
-            return 0;
-    }
-    return 1;
-}
 
 /* Read a whole small file into a malloc'd NUL-terminated buffer, refusing it
  * when its mode has any of the bits of bad_mode (why: in err). */
@@ -213,7 +200,7 @@ static kvp_status_t allow_read(const char *path, allow_list_t **a_p, char *err, 
                      path, line);
             goto err_free;
         }
-        if (tn == 0 || (!(tn == 1 && t[0] == '*') && !kvp_events_tenant_valid(t, tn))) {
+        if (tn == 0 || (!(tn == 1 && t[0] == '*') && !kvp_tenant_name_valid(t, tn))) {
             kvp_errf(err, err_len,
                      "--kv-events-curve-allow %s line %u: give KEY TENANT (TENANT: "
                      "[A-Za-z0-9._-]{1,63}, or * for every tenant)",

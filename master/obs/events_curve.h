@@ -65,7 +65,4 @@ void kvp_events_curve_serve(kvp_events_curve_t *cv);
  * key not in the allow-list (key). */
 void kvp_events_curve_stats(kvp_events_curve_t *cv, uint64_t *refused_curve, uint64_t *refused_key);
 
-/* Whether s[0..n) is a tenant's name ([A-Za-z0-9._-]{1,63}). */
-int kvp_events_tenant_valid(const char *s, size_t n);
-
 #endif

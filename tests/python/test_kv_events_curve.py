@@ -15,7 +15,8 @@ What a user checks:
  3. SIGHUP reloads the allow-list: a key added is let in without a restart;
  4. with an ACL and two tenants, a tenant's subscriber hears only its tenant's events
     (live, replay, and when it asks for the other's topic), a "*" subscriber hears both,
-    told apart by topic and tenant_id (waits for tenant namespaces in the master).
+    told apart by topic and tenant_id, and both see the keys they put (not the master's
+    TENANT 0x1f KEY).
 
 A SUB socket hears nothing until its handshake and subscription reached the master, so
 an allowed subscriber is first made to hear a probe key (put again until it does); the
@@ -80,10 +81,10 @@ def write_allow(path, lines):
     os.chmod(path, 0o644)
 
 
-def http_get(port, path):
-    """GET over HTTPS where the master has TLS (the suite's TLS pass), else HTTP."""
-    if TLS_DIR:
-        ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
+def http_get(port, path, ca):
+    """GET over HTTPS verified against ca where the master has TLS, else HTTP."""
+    if ca:
+        ctx = ssl.create_default_context(cafile=ca)
         url = f"https://127.0.0.1:{port}{path}"
     else:
         ctx, url = None, f"http://127.0.0.1:{port}{path}"
@@ -95,7 +96,7 @@ class CurvePool:
     """A master with CURVE on its KV events (its log in a file, HTTP on a port of its
     own) and one `kvpool serve` segment."""
 
-    def __init__(self, keys, workdir, allow_lines, master_args=(), security_args=None):
+    def __init__(self, keys, workdir, allow_lines, security_args=None, ca=None):
         self.keys = keys
         self.allow = os.path.join(workdir, "allow.conf")
         write_allow(self.allow, allow_lines)
@@ -104,6 +105,9 @@ class CurvePool:
         self.rep_ep = f"tcp://127.0.0.1:{free_port()}"
         self.http_port = free_port()
         sec = master_security_args() if security_args is None else security_args
+        # the CA of the master's certificate: its HTTP port speaks HTTPS then
+        self.ca = ca if security_args is not None else (
+            os.path.join(TLS_DIR, "ca.crt") if TLS_DIR else None)
         self._log = open(self.log_path, "wb")
         self.segments = []
         self.master = Proc([_bin("KVPOOL_MASTER_BIN"), "--listen", "127.0.0.1:0",
@@ -112,7 +116,7 @@ class CurvePool:
                             "--kv-events-bind", self.pub_ep,
                             "--kv-events-replay-bind", self.rep_ep,
                             "--kv-events-curve-secret", keys.path("master", "key"),
-                            "--kv-events-curve-allow", self.allow, *master_args],
+                            "--kv-events-curve-allow", self.allow],
                            stderr=self._log)
         self.addr = self.master.ready
 
@@ -121,7 +125,7 @@ class CurvePool:
                                    "serve", "--segment-size", "64MiB", "--ready-fd", "{fd}"]))
 
     def metrics(self):
-        return http_get(self.http_port, "/metrics")
+        return http_get(self.http_port, "/metrics", self.ca)
 
     def refused(self, reason, text=None):
         return metric(text or self.metrics(), "kvpool_kv_events_refused_total",
@@ -266,8 +270,10 @@ def test_only_allowed_keys_hear(make_curve_pool, zsock, keys, prefix):
             assert time.monotonic() < deadline, keys_of(got)
             got += heard(allowed, 0.5)
 
-    # no tenants here (no ACL, or the TLS pass's admin without one): one stream, "kvpool"
-    assert {t for t, _, _ in got} == {b"kvpool"}
+    # one stream: keys of no tenant ("kvpool"), or in the suite's TLS pass (an ACL) those
+    # of the admin's tenant, "default"
+    topic = b"kvpool/default/" if TLS_DIR else b"kvpool"
+    assert {t for t, _, _ in got} == {topic}
     seqs = [s for _, s, _ in got]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))
     assert heard(plain, 0.5) == [] and heard(stranger, 0.1) == []
@@ -277,7 +283,7 @@ def test_only_allowed_keys_hear(make_curve_pool, zsock, keys, prefix):
     assert metric(text, "kvpool_kv_events_curve") == 1
 
     # replay: the allowed key gets every batch from 0, the others no answer at all
-    r = replay(zsock, pool.rep_ep, "all")
+    r = replay(zsock, pool.rep_ep, "all", topic=topic)
     assert r is not None and [s for s, _ in r] == list(range(len(r)))
     assert set(want) <= {e["object_key"] for _, evs in r for e in evs}
     before = pool.refused("key")
@@ -365,13 +371,10 @@ def test_sighup_reloads_the_allow_list(make_curve_pool, zsock, keys, prefix):
 
 # ---- tenants (an ACL: keys stored as TENANT 0x1f KEY) ----------------------------------------
 
-TENANT_WAIT = ("waits for tenant namespaces in the master (object keys stored as TENANT "
-               "0x1f KEY with --acl-file, the lead's change in master/dispatch.c); the events "
-               "side is covered by tests/unit/master/test_events.c (test_tenant_streams)")
-
-
-@pytest.mark.skip(reason=TENANT_WAIT)
-def test_tenants_hear_only_their_own(make_curve_pool, zsock, keys, tmp_path, prefix):
+def test_tenants_hear_only_their_own(make_curve_pool, zsock, keys, tmp_path, prefix,
+                                     monkeypatch):
+    for var in ("KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY", "KVPOOL_TOKEN"):
+        monkeypatch.delenv(var, raising=False)  # the TLS pass's: every credential is ours
     certs = tmp_path / "certs"
     r = subprocess.run(["bash", os.path.join(ROOT, "deploy", "make-certs.sh"), str(certs),
                         "admin", "segsrv"], capture_output=True, timeout=120)
@@ -389,7 +392,8 @@ def test_tenants_hear_only_their_own(make_curve_pool, zsock, keys, tmp_path, pre
         [f"{keys.pub('all').decode()} *", f"{keys.pub('team-a').decode()} team-a",
          f"{keys.pub('team-b').decode()} team-b"],
         security_args=["--tls-cert", str(certs / "server.crt"), "--tls-key",
-                       str(certs / "server.key"), "--tls-ca", ca, "--acl-file", str(acl)])
+                       str(certs / "server.key"), "--tls-ca", ca, "--acl-file", str(acl)],
+        ca=ca)
     pool.add_segment("--tls-ca", ca, "--tls-cert", str(certs / "segsrv.crt"), "--tls-key",
                      str(certs / "segsrv.key"))
     sub_a = zsock.sub(pool.pub_ep, "team-a")

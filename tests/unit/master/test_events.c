@@ -1213,19 +1213,21 @@ static void test_tenant_keys_without_curve(void **state)
     push_key(ev, k1);
     push_key(ev, "plain@0x99");
     kvp_events_stored(ev, KVP_MEDIUM_CPU, k3, sizeof(k3) - 1);
-    wait_sent(ev, sync_pushed + 3);
+    push_key(ev, "default\x1f"
+                 "d"); /* the ACL's tenant of principals naming none */
+    wait_sent(ev, sync_pushed + 4);
     seen_t s[8];
     int n = 0;
     sub_drain(sub, 200, s, &n, 8);
-    assert_int_equal(n, 3);
-    const char *keys[] = {"m@0x1234", "plain@0x99", k3};
-    const char *tenants[] = {"team-a", "acme", "acme"};
-    for (int i = 0; i < 3; i++) {
+    assert_int_equal(n, 4);
+    const char *keys[] = {"m@0x1234", "plain@0x99", k3, "d"};
+    const char *tenants[] = {"team-a", "acme", "acme", "acme"};
+    for (int i = 0; i < 4; i++) {
         assert_string_equal(s[i].topic, "kvpool");
         assert_true(s[i].seq >= seq);
         assert_string_equal(s[i].key, keys[i]);
         assert_string_equal(s[i].tenant, tenants[i]);
-        assert_int_equal(s[i].id, (uint64_t)i); /* one stream: cpu ids 0, 1, 2 */
+        assert_int_equal(s[i].id, (uint64_t)i); /* one stream: cpu ids 0, 1, 2, 3 */
     }
     kvp_events_stats_t st;
     kvp_events_stats(ev, &st);
