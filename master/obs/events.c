@@ -12,8 +12,8 @@
  *
  * One publisher thread owns the ZeroMQ sockets. It copies up to batch_max
  * events (and at most 64 KiB of keys) out of the FIFO under the mutex, then
- * without it: gives event_ids (per medium, consecutive from 0; drops happen
- * before, so the ids a subscriber sees stay consecutive), reads each key's
+ * without it: gives event_ids (per stream and medium, consecutive from 0;
+ * drops happen before, so the ids a subscriber sees stay consecutive), reads each key's
  * block hash, encodes the batch with msgpack into one reused buffer, sends
  * [topic, seq, payload] on PUB and keeps a copy of the payload in the replay
  * ring. While idle it waits in zmq_poll on the ROUTER and on an eventfd that
@@ -22,9 +22,22 @@
  * batches; ROUTER_MANDATORY with a HWM above the ring's size means a replay
  * is never cut silently (a client that cannot take it is logged and skipped).
  *
+ * Streams. A batch is sent to one stream: its topic, seq and event_ids are
+ * the stream's (ev_stream_t). Without CURVE there is one, stream 0, and the
+ * wire is what it always was (tenant keys only lose their TENANT 0x1f
+ * prefix). With CURVE (events_curve.c: the ZAP handler, the allow-list)
+ * each tenant met in a key gets a stream, made by this thread at its first
+ * event, and the events taken are split by stream (a cleared goes to every
+ * one); the PUB is an XPUB in manual mode whose subscriptions this thread
+ * applies after checking them against the subscriber's ZAP User-Id (its
+ * tenant). The replay ring is one for all streams, indexed by g, the batch's
+ * number among every stream's; a stream's seq is never above g, so a replay
+ * from seq s starts at g = s.
+ *
  * Memory: the FIFO (above) + the replay ring (replay_batches payloads, at
- * most REPLAY_BYTES_MAX) + per subscriber ZeroMQ's send HWM of PUB_SNDHWM
- * batches (at most ~64 KiB of keys + their maps each).
+ * most REPLAY_BYTES_MAX) + the streams (STREAMS_MAX at most) + per
+ * subscriber ZeroMQ's send HWM of PUB_SNDHWM batches (at most ~64 KiB of
+ * keys + their maps each).
  *
  * Threads: kvp_events_stored/removed/cleared/stats from any thread (the
  * master's loop); the sockets are bound in create before the thread starts
