@@ -90,6 +90,8 @@ static kvp_status_t mount_reply(kvp_session_t *s, uint8_t *resp, size_t rlen, bo
     } else {
         KVP_LOG_ERROR("master refused to mount segment %s: %s (%s)", kvp_segment_name(s->seg),
                       kvp_strerror(st), mr->message);
+        if (mr->message[0] != '\0')
+            kvp_status_note(mr->message); /* the master's words, for the caller's last error */
     }
     kvpool__mount_response__free_unpacked(mr, NULL);
     return st;

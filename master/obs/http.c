@@ -380,7 +380,7 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const job_t
             kvp_http_json_string(r, e->tenant, strlen(e->tenant));
         }
         kvp_http_printf(r, ",\"size\":%" PRIu64 ",\"state\":\"%s\",\"replicas\":[", e->size,
-                        e->state == 1 ? "complete" : "pending");
+                        e->state == 2 ? "complete" : "pending");
         for (size_t k = 0; k < e->n_replicas; k++) {
             const kvp_segment_t *seg =
                 kvp_segment_table_get(&st->segments, e->replicas[k]->segment_id);

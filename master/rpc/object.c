@@ -295,6 +295,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         if (res[i].status == KVP_ERR_QUOTA && !quota_said) { /* the quota's words first */
             quota_message(st, &preq, req->sizes[i], full_msg, sizeof(full_msg));
             quota_said = true;
+            KVP_LOG_WARN_LIMITED("put refused (principal %s): %s", call->who->name, full_msg);
         }
         if (res[i].status != KVP_OK)
             continue;

@@ -67,6 +67,7 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
             snprintf(msg, sizeof(msg),
                      "principal %s (tenant %s) may not dedicate a segment to tenant %.64s",
                      who->name, who->tenant, req->tenant);
+            KVP_LOG_WARN_LIMITED("mount refused: %s", msg);
             goto out;
         }
         tenant = kvp_tenant_id(&st->tenants, req->tenant, strlen(req->tenant), true);
