@@ -73,6 +73,8 @@ static const setting_t settings[] = {
     STR("kv-events-tenant", kv_events_tenant),
     STR("kv-events-backend-id", kv_events_backend_id),
     CNT("kv-events-dp-rank", kv_events_dp_rank, 1u << 16),
+    STR("kv-events-curve-secret", kv_events_curve_secret),
+    STR("kv-events-curve-allow", kv_events_curve_allow),
     STR("auth", auth),
     STR("tls-cert", tls_cert),
     STR("tls-key", tls_key),
@@ -113,6 +115,7 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     snprintf(cfg->kv_events_tenant, sizeof(cfg->kv_events_tenant), "default");
     snprintf(cfg->kv_events_backend_id, sizeof(cfg->kv_events_backend_id), "kvpool-master");
     cfg->kv_events_dp_rank = 0;
+    cfg->kv_events_curve_secret[0] = cfg->kv_events_curve_allow[0] = '\0';
     snprintf(cfg->auth, sizeof(cfg->auth), "protected");
     cfg->tls_cert[0] = cfg->tls_key[0] = cfg->tls_ca[0] = cfg->tls_crl[0] = '\0';
     cfg->acl_file[0] = '\0';
@@ -194,6 +197,13 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
     }
     if (cfg->kv_events_queue == 0) {
         snprintf(err, err_len, "--kv-events-queue needs at least 1 event");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (!cfg->kv_events_curve_secret[0] != !cfg->kv_events_curve_allow[0] ||
+        (cfg->kv_events_curve_secret[0] && !cfg->kv_events_bind[0])) {
+        snprintf(err, err_len,
+                 "KV events CURVE needs --kv-events-bind, --kv-events-curve-secret and "
+                 "--kv-events-curve-allow");
         return KVP_ERR_INVALID_ARG;
     }
     if (strcmp(cfg->auth, "protected") != 0 && strcmp(cfg->auth, "none") != 0) {

@@ -41,6 +41,8 @@ typedef struct kvp_master_config {
     char kv_events_tenant[256];     /* tenant_id (default) */
     char kv_events_backend_id[256]; /* backend_id (kvpool-master) */
     uint32_t kv_events_dp_rank;
+    char kv_events_curve_secret[512]; /* the master's CURVE secret key file ("": no CURVE) */
+    char kv_events_curve_allow[512];  /* subscribers' public keys and tenants ("": none) */
     /* who may connect: "protected" (this host only: no credentials are configured) or
      * "none" (anyone who reaches the port: a trusted network) */
     char auth[16];

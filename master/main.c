@@ -104,6 +104,13 @@ static void usage(FILE *f)
             "  --kv-events-model NAME, --kv-events-block-size N, --kv-events-tenant ID,\n"
             "  --kv-events-backend-id ID, --kv-events-dp-rank N  the events' envelope\n"
             "                       (defaults kvpool, 0, default, kvpool-master, 0)\n"
+            "  --kv-events-curve-secret FILE  the KV events sockets become CURVE servers\n"
+            "                       with this secret key (40 Z85 characters; FILE readable\n"
+            "                       by the master's user only, mode 600)\n"
+            "  --kv-events-curve-allow FILE  who may subscribe: lines KEY TENANT or KEY *\n"
+            "                       (a subscriber's Z85 public key; it hears its tenant's\n"
+            "                       events, * every tenant's); SIGHUP reloads it\n"
+            "                       (deploy/make-curve-keys.sh makes key pairs)\n"
             "  --config FILE        read settings from FILE (INI: every flag is a key,\n"
             "                       e.g. lease-ttl = 5, no-eviction = true; keys before any\n"
             "                       section and under [master] apply; flags given here\n"
@@ -154,6 +161,8 @@ static const struct option opts[] = {
     {"kv-events-tenant", required_argument, NULL, 's'},
     {"kv-events-backend-id", required_argument, NULL, 's'},
     {"kv-events-dp-rank", required_argument, NULL, 's'},
+    {"kv-events-curve-secret", required_argument, NULL, 's'},
+    {"kv-events-curve-allow", required_argument, NULL, 's'},
     {"auth", required_argument, NULL, 's'},
     {"tls-cert", required_argument, NULL, 's'},
     {"tls-key", required_argument, NULL, 's'},

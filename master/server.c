@@ -622,6 +622,7 @@ static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
 static void reload_security(kvp_master_server_t *srv)
 {
     const kvp_master_config_t *cfg = &srv->state.config;
+    kvp_events_reload(srv->events); /* the KV events' CURVE allow-list */
     if (srv->acl == NULL) {
         KVP_LOG_INFO("SIGHUP: no --acl-file to reload");
         return;
@@ -959,6 +960,9 @@ static kvp_status_t start_obs(kvp_master_server_t *srv)
         p.tenant_id = cfg->kv_events_tenant;
         p.backend_id = cfg->kv_events_backend_id;
         p.dp_rank = (int32_t)cfg->kv_events_dp_rank;
+        p.curve_secret = cfg->kv_events_curve_secret;
+        p.curve_allow = cfg->kv_events_curve_allow;
+        p.tenants = cfg->acl_file[0] != '\0';
         char err[256] = "";
         kvp_status_t s = kvp_events_create(&p, &srv->events, err, sizeof(err));
         if (s != KVP_OK) {

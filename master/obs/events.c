@@ -12,8 +12,8 @@
  *
  * One publisher thread owns the ZeroMQ sockets. It copies up to batch_max
  * events (and at most 64 KiB of keys) out of the FIFO under the mutex, then
- * without it: gives event_ids (per medium, consecutive from 0; drops happen
- * before, so the ids a subscriber sees stay consecutive), reads each key's
+ * without it: gives event_ids (per stream and medium, consecutive from 0;
+ * drops happen before, so the ids a subscriber sees stay consecutive), reads each key's
  * block hash, encodes the batch with msgpack into one reused buffer, sends
  * [topic, seq, payload] on PUB and keeps a copy of the payload in the replay
  * ring. While idle it waits in zmq_poll on the ROUTER and on an eventfd that
@@ -22,9 +22,22 @@
  * batches; ROUTER_MANDATORY with a HWM above the ring's size means a replay
  * is never cut silently (a client that cannot take it is logged and skipped).
  *
+ * Streams. A batch is sent to one stream: its topic, seq and event_ids are
+ * the stream's (ev_stream_t). Without CURVE there is one, stream 0, and the
+ * wire is what it always was (tenant keys only lose their TENANT 0x1f
+ * prefix). With CURVE (events_curve.c: the ZAP handler, the allow-list)
+ * each tenant met in a key gets a stream, made by this thread at its first
+ * event, and the events taken are split by stream (a cleared goes to every
+ * one); the PUB is an XPUB in manual mode whose subscriptions this thread
+ * applies after checking them against the subscriber's ZAP User-Id (its
+ * tenant). The replay ring is one for all streams, indexed by g, the batch's
+ * number among every stream's; a stream's seq is never above g, so a replay
+ * from seq s starts at g = s.
+ *
  * Memory: the FIFO (above) + the replay ring (replay_batches payloads, at
- * most REPLAY_BYTES_MAX) + per subscriber ZeroMQ's send HWM of PUB_SNDHWM
- * batches (at most ~64 KiB of keys + their maps each).
+ * most REPLAY_BYTES_MAX) + the streams (STREAMS_MAX at most) + per
+ * subscriber ZeroMQ's send HWM of PUB_SNDHWM batches (at most ~64 KiB of
+ * keys + their maps each).
  *
  * Threads: kvp_events_stored/removed/cleared/stats from any thread (the
  * master's loop); the sockets are bound in create before the thread starts
@@ -51,6 +64,8 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "master/meta/tenant.h"
+#include "master/obs/events_curve.h"
 
 #define KEY_MAX 4096u                  /* longest key kept (the pool's key limit) */
 #define ARENA_BYTES_PER_EVENT 256u     /* key bytes the FIFO keeps per queue_max slot */
@@ -65,6 +80,11 @@
 #define BATCH_MAX_LIMIT (1u << 16)
 #define REPLAY_BATCHES_LIMIT (1u << 20)
 #define WARN_EVERY_NS 10000000000ull /* rate of the warnings of a failing send */
+#define STREAMS_MAX 4096u            /* tenant streams at most (CURVE) */
+#define STREAM_NONE UINT32_MAX       /* an event of no stream (dropped) */
+#define STREAM_ALL (UINT32_MAX - 1)  /* an event of every stream (cleared) */
+#define SUBS_PER_ROUND 64            /* (un)subscriptions applied between two batches */
+#define TOPIC_MAX 256                /* a topic a replay request names, at most */
 
 typedef enum ev_type {
     EV_STORED = 0,
@@ -87,9 +107,21 @@ typedef struct ev_slot {
     uint8_t medium;
 } ev_slot_t;
 
+/* The batches of one tenant (CURVE), or all (no CURVE: the only stream). */
+typedef struct ev_stream {
+    char tenant[KVP_EVENTS_TENANT_MAX + 1]; /* "": keys of no tenant */
+    char *topic;                            /* "<topic>/<tenant>/" ("<topic>" for stream 0) */
+    size_t topic_len;
+    uint64_t next_seq;
+    uint64_t next_id[KVP_MEDIUM_COUNT];
+    uint64_t round; /* the last publish_batch that sent it a batch */
+} ev_stream_t;
+
 typedef struct replay_entry {
-    uint64_t seq;
-    char *data; /* NULL: this batch could not be kept */
+    uint64_t g;      /* the batch's number among every stream's (UINT64_MAX: none) */
+    uint64_t seq;    /* its seq in its stream */
+    uint32_t stream; /* its stream */
+    char *data;      /* NULL: this batch could not be kept */
     size_t len;
 } replay_entry_t;
 
@@ -126,23 +158,30 @@ struct kvp_events {
     /* the publisher thread's */
     pthread_t thread;
     void *zctx;
-    void *pub;
-    void *replay; /* NULL: no replay socket */
-    uint64_t next_id[KVP_MEDIUM_COUNT];
-    uint64_t next_seq;
+    void *pub;                 /* PUB, or XPUB (manual) with CURVE */
+    void *replay;              /* NULL: no replay socket */
+    kvp_events_curve_t *curve; /* NULL: no CURVE, one stream */
+    ev_stream_t **streams;     /* [0]: keys of no tenant (or all, without CURVE) */
+    uint32_t n_streams;
+    uint32_t streams_cap;
+    uint32_t last_stream; /* the stream found last (a cache) */
+    uint64_t round;
+    uint32_t *stream_of; /* per event of the batch */
+    uint64_t next_g;     /* batches sent, all streams */
     ev_slot_t *batch;
     char *batch_keys;
     msgpack_sbuffer sbuf;
     bool pack_failed;
     replay_entry_t *ring;
     uint32_t ring_cap;
-    uint64_t ring_oldest; /* seq of the oldest batch kept (== next_seq: none) */
+    uint64_t ring_oldest; /* g of the oldest batch kept (== next_g: none) */
     uint64_t ring_bytes;
     uint64_t last_warn_ns;
 
     atomic_uint_fast64_t published;
     atomic_uint_fast64_t batches;
     atomic_uint_fast64_t replay_requests;
+    atomic_uint_fast64_t refused_topic;
 };
 
 static uint64_t wall_ns(void)
@@ -357,6 +396,15 @@ void kvp_events_stats(kvp_events_t *ev, kvp_events_stats_t *out)
     out->published = atomic_load_explicit(&ev->published, memory_order_acquire);
     out->batches = atomic_load_explicit(&ev->batches, memory_order_relaxed);
     out->replay_requests = atomic_load_explicit(&ev->replay_requests, memory_order_relaxed);
+    out->curve = ev->curve != NULL;
+    kvp_events_curve_stats(ev->curve, &out->refused_curve, &out->refused_key);
+    out->refused_topic = atomic_load_explicit(&ev->refused_topic, memory_order_relaxed);
+}
+
+void kvp_events_reload(kvp_events_t *ev)
+{
+    if (ev != NULL)
+        kvp_events_curve_reload(ev->curve);
 }
 
 const char *kvp_events_endpoint(const kvp_events_t *ev, int replay)
@@ -409,12 +457,24 @@ static void pack_str(msgpack_packer *pk, const char *s)
         pack_str_n(pk, s, strlen(s));
 }
 
-static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s)
+/* The length of the tenant an internal key starts with (TENANT 0x1f KEY); 0: none. */
+static size_t key_tenant_len(const char *key, size_t len)
+{
+    const char *sep = memchr(key, KVP_TENANT_SEP, len);
+    if (sep == NULL || !kvp_tenant_name_valid(key, (size_t)(sep - key)))
+        return 0;
+    return (size_t)(sep - key);
+}
+
+static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s, ev_stream_t *st)
 {
     static const uint32_t fields[] = {[EV_STORED] = 16, [EV_REMOVED] = 14, [EV_CLEARED] = 11};
+    const char *key = ev->batch_keys + s->key_off;
+    size_t key_len = s->key_len;
+    size_t tenant_len = s->type == EV_CLEARED ? 0 : key_tenant_len(key, key_len);
     msgpack_pack_map(pk, fields[s->type]);
     pack_str(pk, "event_id");
-    msgpack_pack_uint64(pk, ev->next_id[s->medium]++);
+    msgpack_pack_uint64(pk, st->next_id[s->medium]++);
     pack_str(pk, "timestamp");
     msgpack_pack_uint64(pk, s->ts_ms);
     pack_str(pk, "event_type");
@@ -427,8 +487,16 @@ static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s)
     pack_str(pk, ev->additional_salt);
     pack_str(pk, "lora_name");
     pack_str(pk, ev->lora_name);
+    /* the tenant's name; keys of no tenant and those of the ACL's "default" tenant (its
+     * principals name none, master/auth/acl.c): the tenant_id setting, as before an ACL */
+    const char *tenant = tenant_len > 0 ? key : st->tenant;
+    size_t tn = tenant_len > 0 ? tenant_len : strlen(st->tenant);
+    if (tn == 0 || (tn == 7 && memcmp(tenant, "default", 7) == 0)) {
+        tenant = ev->tenant_id;
+        tn = strlen(tenant);
+    }
     pack_str(pk, "tenant_id");
-    pack_str(pk, ev->tenant_id);
+    pack_str_n(pk, tenant, tn);
     pack_str(pk, "backend_id");
     pack_str(pk, ev->backend_id);
     pack_str(pk, "medium");
@@ -438,10 +506,13 @@ static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s)
     if (s->type == EV_CLEARED)
         return;
 
-    const char *key = ev->batch_keys + s->key_off;
+    if (tenant_len > 0) { /* the key its user gave */
+        key += tenant_len + 1;
+        key_len -= tenant_len + 1;
+    }
     uint64_t hash;
     pack_str(pk, "seq_hashes");
-    if (kvp_events_key_hash(key, s->key_len, &hash)) {
+    if (kvp_events_key_hash(key, key_len, &hash)) {
         msgpack_pack_array(pk, 1);
         msgpack_pack_uint64(pk, hash);
     } else {
@@ -456,7 +527,7 @@ static void pack_event(kvp_events_t *ev, msgpack_packer *pk, const ev_slot_t *s)
         msgpack_pack_nil(pk);
     }
     pack_str(pk, "object_key");
-    pack_str_n(pk, key, s->key_len);
+    pack_str_n(pk, key, key_len);
 }
 
 static bool warn_now(kvp_events_t *ev)
@@ -468,16 +539,17 @@ static bool warn_now(kvp_events_t *ev)
     return true;
 }
 
-/* Keep a copy of the batch seq for replays, dropping the oldest past the
- * ring's size or REPLAY_BYTES_MAX. */
-static void ring_keep(kvp_events_t *ev, uint64_t seq, const char *payload, size_t len)
+/* Keep a copy of batch g (seq in stream) for replays, dropping the oldest
+ * past the ring's size or REPLAY_BYTES_MAX. */
+static void ring_keep(kvp_events_t *ev, uint64_t g, uint32_t stream, uint64_t seq,
+                      const char *payload, size_t len)
 {
     if (ev->ring_cap == 0) {
-        ev->ring_oldest = seq + 1;
+        ev->ring_oldest = g + 1;
         return;
     }
-    while (ev->ring_oldest < seq &&
-           (seq - ev->ring_oldest >= ev->ring_cap || ev->ring_bytes + len > REPLAY_BYTES_MAX)) {
+    while (ev->ring_oldest < g &&
+           (g - ev->ring_oldest >= ev->ring_cap || ev->ring_bytes + len > REPLAY_BYTES_MAX)) {
         replay_entry_t *old = &ev->ring[ev->ring_oldest % ev->ring_cap];
         ev->ring_bytes -= old->len;
         free(old->data);
@@ -485,8 +557,10 @@ static void ring_keep(kvp_events_t *ev, uint64_t seq, const char *payload, size_
         old->len = 0;
         ev->ring_oldest++;
     }
-    replay_entry_t *e = &ev->ring[seq % ev->ring_cap];
+    replay_entry_t *e = &ev->ring[g % ev->ring_cap];
+    e->g = g;
     e->seq = seq;
+    e->stream = stream;
     e->data = malloc(len);
     e->len = 0;
     if (e->data == NULL) {
@@ -500,31 +574,64 @@ static void ring_keep(kvp_events_t *ev, uint64_t seq, const char *payload, size_
     ev->ring_bytes += len;
 }
 
-static void publish_batch(kvp_events_t *ev, uint32_t n)
+/* The stream of tenant[0..n), made at its first event; STREAM_NONE when no
+ * more fit (the event is dropped). */
+static uint32_t stream_get(kvp_events_t *ev, const char *tenant, size_t n)
 {
+    const ev_stream_t *last = ev->streams[ev->last_stream];
+    if (strlen(last->tenant) == n && memcmp(last->tenant, tenant, n) == 0)
+        return ev->last_stream;
+    for (uint32_t i = 1; i < ev->n_streams; i++)
+        if (strlen(ev->streams[i]->tenant) == n && memcmp(ev->streams[i]->tenant, tenant, n) == 0)
+            return ev->last_stream = i;
+    ev_stream_t *st = ev->n_streams < ev->streams_cap ? calloc(1, sizeof(*st)) : NULL;
+    char *topic = st != NULL ? malloc(ev->topic_len + n + 3) : NULL;
+    if (topic == NULL) {
+        free(st);
+        KVP_LOG_WARN_LIMITED("kv events: no stream for tenant %.*s (%u streams, or out of "
+                             "memory): its events are dropped",
+                             (int)n, tenant, ev->n_streams);
+        return STREAM_NONE;
+    }
+    memcpy(st->tenant, tenant, n);
+    st->topic = topic;
+    st->topic_len = (size_t)sprintf(topic, "%s/%.*s/", ev->topic, (int)n, tenant);
+    ev->streams[ev->n_streams] = st;
+    return ev->last_stream = ev->n_streams++;
+}
+
+/* Send the events of the batch that belong to stream sid as one message of
+ * it; the number of events lost (out of memory), 0 when sent or none. */
+static uint32_t publish_stream(kvp_events_t *ev, uint32_t sid, uint32_t n)
+{
+    ev_stream_t *st = ev->streams[sid];
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        k += ev->stream_of[i] == sid || ev->stream_of[i] == STREAM_ALL;
+    if (k == 0)
+        return 0;
     msgpack_sbuffer_clear(&ev->sbuf);
     ev->pack_failed = false;
     msgpack_packer pk;
     msgpack_packer_init(&pk, ev, pack_write);
     msgpack_pack_array(&pk, 3);
     msgpack_pack_double(&pk, (double)wall_ns() / 1e9);
-    msgpack_pack_array(&pk, n);
+    msgpack_pack_array(&pk, k);
     for (uint32_t i = 0; i < n; i++)
-        pack_event(ev, &pk, &ev->batch[i]);
+        if (ev->stream_of[i] == sid || ev->stream_of[i] == STREAM_ALL)
+            pack_event(ev, &pk, &ev->batch[i], st);
     msgpack_pack_int32(&pk, ev->dp_rank);
     if (ev->pack_failed) {
         /* the ids given are lost with the batch; subscribers see the gap */
-        KVP_LOG_ERROR("kv events: out of memory encoding a batch of %u events; dropped", n);
-        pthread_mutex_lock(&ev->lock);
-        ev->dropped += n;
-        pthread_mutex_unlock(&ev->lock);
-        return;
+        KVP_LOG_ERROR("kv events: out of memory encoding a batch of %u events; dropped", k);
+        return k;
     }
 
-    uint64_t seq = ev->next_seq++;
+    uint64_t seq = st->next_seq++;
+    uint64_t g = ev->next_g++;
     uint8_t seq_be[8];
     put_be64(seq_be, seq);
-    if (zmq_send(ev->pub, ev->topic, ev->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+    if (zmq_send(ev->pub, st->topic, st->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(ev->pub, seq_be, sizeof(seq_be), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
         zmq_send(ev->pub, ev->sbuf.data, ev->sbuf.size, ZMQ_DONTWAIT) < 0) {
         /* kept for replay all the same: a subscriber sees the gap and asks */
@@ -532,11 +639,97 @@ static void publish_batch(kvp_events_t *ev, uint32_t n)
             KVP_LOG_WARN("kv events: cannot send batch %llu: %s", (unsigned long long)seq,
                          zmq_strerror(zmq_errno()));
     }
-    ring_keep(ev, seq, ev->sbuf.data, ev->sbuf.size);
-    /* batches first: a reader that sees these events published sees their batch */
+    ring_keep(ev, g, sid, seq, ev->sbuf.data, ev->sbuf.size);
     atomic_fetch_add_explicit(&ev->batches, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&ev->published, n, memory_order_release);
+    return 0;
 }
+
+/* Publish the n events of ev->batch: one message without CURVE, else one
+ * per stream they belong to (in the order of their first event). */
+static void publish_batch(kvp_events_t *ev, uint32_t n)
+{
+    uint32_t lost = 0;
+    bool cleared = false;
+    for (uint32_t i = 0; i < n; i++) {
+        const ev_slot_t *s = &ev->batch[i];
+        size_t tl = 0;
+        if (ev->curve == NULL)
+            ev->stream_of[i] = 0;
+        else if (s->type == EV_CLEARED)
+            ev->stream_of[i] = STREAM_ALL, cleared = true;
+        else if ((tl = key_tenant_len(ev->batch_keys + s->key_off, s->key_len)) == 0)
+            ev->stream_of[i] = 0;
+        else
+            ev->stream_of[i] = stream_get(ev, ev->batch_keys + s->key_off, tl);
+        lost += ev->stream_of[i] == STREAM_NONE;
+    }
+    ev->round++;
+    for (uint32_t i = 0; i < (cleared ? ev->n_streams : n); i++) {
+        uint32_t sid = cleared ? i : ev->stream_of[i];
+        if (sid == STREAM_NONE || ev->streams[sid]->round == ev->round)
+            continue;
+        ev->streams[sid]->round = ev->round;
+        lost += publish_stream(ev, sid, n);
+    }
+    if (lost > n)
+        lost = n; /* a cleared lost in several streams counts once */
+    if (lost > 0) {
+        pthread_mutex_lock(&ev->lock);
+        ev->dropped += lost;
+        pthread_mutex_unlock(&ev->lock);
+    }
+    /* batches first: a reader that sees these events published sees their batch */
+    atomic_fetch_add_explicit(&ev->published, n - lost, memory_order_release);
+}
+
+/* ---- subscriptions (CURVE: the XPUB's, checked against the subscriber's tenant) ------------- */
+
+/* Apply the (un)subscriptions waiting on the XPUB. A "*" subscriber's as
+ * given; a tenant's, when a prefix of its own stream's topic, as that topic
+ * (so it hears its stream alone); any other is refused. */
+static void subs_serve(kvp_events_t *ev)
+{
+    for (int i = 0; i < SUBS_PER_ROUND; i++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, ev->pub, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        const uint8_t *d = zmq_msg_data(&m);
+        size_t size = zmq_msg_size(&m);
+        /* no User-Id: libzmq's own unsubscription when a subscriber leaves (its
+         * subscriptions go with it) */
+        const char *uid = zmq_msg_gets(&m, "User-Id");
+        if (size == 0 || d[0] > 1 || uid == NULL || uid[0] == '\0') {
+            zmq_msg_close(&m);
+            continue;
+        }
+        int opt = d[0] == 1 ? ZMQ_SUBSCRIBE : ZMQ_UNSUBSCRIBE;
+        const char *topic = (const char *)d + 1;
+        size_t topic_len = size - 1;
+        char own[TOPIC_MAX + KVP_EVENTS_TENANT_MAX + 3];
+        if (strcmp(uid, "*") != 0) {
+            int own_len = snprintf(own, sizeof(own), "%s/%s/", ev->topic, uid);
+            if (topic_len > (size_t)own_len || memcmp(topic, own, topic_len) != 0) {
+                atomic_fetch_add_explicit(&ev->refused_topic, 1, memory_order_relaxed);
+                KVP_LOG_WARN_LIMITED("kv events: refused a subscription of a tenant %s "
+                                     "subscriber to a topic of %zu bytes outside its own (%s)",
+                                     uid, topic_len, own);
+                zmq_msg_close(&m);
+                continue;
+            }
+            topic = own;
+            topic_len = (size_t)own_len;
+        }
+        if (zmq_setsockopt(ev->pub, opt, topic, topic_len) != 0)
+            KVP_LOG_WARN_LIMITED("kv events: cannot apply a subscription: %s",
+                                 zmq_strerror(zmq_errno()));
+        zmq_msg_close(&m);
+    }
+}
+
+/* ---- replays -------------------------------------------------------------------------------- */
 
 /* Send frames of one reply; false when the client cannot take it now. */
 static bool replay_send(kvp_events_t *ev, const char *id, size_t id_len, bool delim,
@@ -551,13 +744,45 @@ static bool replay_send(kvp_events_t *ev, const char *id, size_t id_len, bool de
     return zmq_send(ev->replay, payload, len, ZMQ_DONTWAIT) >= 0;
 }
 
+/* The stream a replay request asks for (topic NULL: none named), for a
+ * subscriber of tenant uid (NULL: no CURVE); STREAM_NONE: none yet (the
+ * answer is empty); STREAM_ALL: refused. */
+static uint32_t replay_stream(kvp_events_t *ev, const char *uid, const char *topic,
+                              size_t topic_len)
+{
+    if (ev->curve == NULL)
+        return topic == NULL ||
+                       (topic_len == ev->topic_len && memcmp(topic, ev->topic, topic_len) == 0)
+                   ? 0
+                   : STREAM_NONE;
+    if (uid == NULL || uid[0] == '\0')
+        return STREAM_ALL;
+    bool all = strcmp(uid, "*") == 0;
+    if (topic == NULL && all)
+        return 0;
+    for (uint32_t i = 0; i < ev->n_streams; i++) {
+        const ev_stream_t *st = ev->streams[i];
+        bool mine = all || strcmp(st->tenant, uid) == 0;
+        if (topic == NULL ? mine
+                          : topic_len == st->topic_len && memcmp(topic, st->topic, topic_len) == 0)
+            return mine ? i : STREAM_ALL;
+    }
+    if (all || topic == NULL)
+        return STREAM_NONE;
+    char own[TOPIC_MAX + KVP_EVENTS_TENANT_MAX + 3];
+    int own_len = snprintf(own, sizeof(own), "%s/%s/", ev->topic, uid);
+    bool mine = topic_len == (size_t)own_len && memcmp(topic, own, topic_len) == 0;
+    return mine ? STREAM_NONE : STREAM_ALL;
+}
+
 /* Answer one request waiting on the ROUTER: false when there is none. */
 static bool replay_serve_one(kvp_events_t *ev)
 {
     char id[256];
     size_t id_len = 0;
-    uint8_t frames[3][8];
+    char frames[3][TOPIC_MAX];
     size_t sizes[3] = {0, 0, 0};
+    char uid[KVP_EVENTS_TENANT_MAX + 2] = "";
     int nframes = 0;
     zmq_msg_t m;
     for (;;) {
@@ -572,10 +797,15 @@ static bool replay_serve_one(kvp_events_t *ev)
         if (nframes == 0) {
             id_len = size < sizeof(id) ? size : sizeof(id);
             memcpy(id, zmq_msg_data(&m), id_len);
-        } else if (nframes <= 3) {
-            sizes[nframes - 1] = size;
-            if (size <= 8)
-                memcpy(frames[nframes - 1], zmq_msg_data(&m), size);
+        } else {
+            const char *u = ev->curve != NULL ? zmq_msg_gets(&m, "User-Id") : NULL;
+            if (u != NULL)
+                snprintf(uid, sizeof(uid), "%s", u);
+            if (nframes <= 3) {
+                sizes[nframes - 1] = size;
+                if (size <= TOPIC_MAX)
+                    memcpy(frames[nframes - 1], zmq_msg_data(&m), size);
+            }
         }
         nframes++;
         bool more = zmq_msg_more(&m);
@@ -584,32 +814,46 @@ static bool replay_serve_one(kvp_events_t *ev)
             break;
     }
 
-    /* [id, "", seq] (REQ, or a DEALER as vLLM's clients) or [id, seq] */
-    bool delim;
-    const uint8_t *start_be;
-    if (nframes == 3 && sizes[0] == 0 && sizes[1] == 8) {
-        delim = true;
-        start_be = frames[1];
-    } else if (nframes == 2 && sizes[0] == 8) {
-        delim = false;
-        start_be = frames[0];
+    /* [id, ["",] [topic,] seq]: REQ (or a DEALER as vLLM's clients) sends the "" */
+    int k = nframes - 1;
+    bool delim = k >= 2 && sizes[0] == 0;
+    int first = delim ? 1 : 0;
+    const char *topic = NULL;
+    size_t topic_len = 0;
+    const uint8_t *start_be = NULL;
+    if (k - first == 1 && sizes[first] == 8) {
+        start_be = (const uint8_t *)frames[first];
+    } else if (k - first == 2 && sizes[first] > 0 && sizes[first] <= TOPIC_MAX &&
+               sizes[first + 1] == 8) {
+        topic = frames[first];
+        topic_len = sizes[first];
+        start_be = (const uint8_t *)frames[first + 1];
     } else {
         if (warn_now(ev))
             KVP_LOG_WARN("kv events: ignored a replay request of %d frames; send [8-byte "
                          "big-endian start seq] from a REQ socket",
-                         nframes - 1);
+                         k);
         return true;
+    }
+    uint64_t start = get_be64(start_be);
+    uint32_t sid = replay_stream(ev, ev->curve != NULL ? uid : NULL, topic, topic_len);
+    if (sid == STREAM_ALL) {
+        atomic_fetch_add_explicit(&ev->refused_topic, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("kv events: refused a replay of a stream outside the tenant %s "
+                             "of its subscriber (answered with nothing)",
+                             uid);
+        sid = STREAM_NONE;
     }
     atomic_fetch_add_explicit(&ev->replay_requests, 1, memory_order_relaxed);
 
-    uint64_t start = get_be64(start_be);
-    uint64_t s = start > ev->ring_oldest ? start : ev->ring_oldest;
+    /* a stream's seq never passes the batch's g: batches before g = start hold none asked */
+    uint64_t g = start > ev->ring_oldest ? start : ev->ring_oldest;
     uint8_t seq_be[8];
-    for (; ev->ring_cap > 0 && s < ev->next_seq; s++) {
-        const replay_entry_t *e = &ev->ring[s % ev->ring_cap];
-        if (e->seq != s || e->data == NULL)
+    for (; sid != STREAM_NONE && ev->ring_cap > 0 && g < ev->next_g; g++) {
+        const replay_entry_t *e = &ev->ring[g % ev->ring_cap];
+        if (e->g != g || e->data == NULL || e->stream != sid || e->seq < start)
             continue;
-        put_be64(seq_be, s);
+        put_be64(seq_be, e->seq);
         if (!replay_send(ev, id, id_len, delim, seq_be, e->data, e->len))
             goto err_client;
     }
@@ -620,9 +864,9 @@ static bool replay_serve_one(kvp_events_t *ev)
 
 err_client:
     if (warn_now(ev))
-        KVP_LOG_WARN("kv events: replay from %llu cut at %llu: the client is gone or has a "
+        KVP_LOG_WARN("kv events: replay from %llu cut: the client is gone or has a "
                      "replay unread (%s)",
-                     (unsigned long long)start, (unsigned long long)s, zmq_strerror(zmq_errno()));
+                     (unsigned long long)start, zmq_strerror(zmq_errno()));
     return true;
 }
 
@@ -635,13 +879,29 @@ static void replay_serve(kvp_events_t *ev)
             return;
 }
 
+/* Between batches: handshakes, subscriptions and replays that wait. */
+static void serve_sockets(kvp_events_t *ev)
+{
+    if (ev->curve != NULL) {
+        kvp_events_curve_serve(ev->curve);
+        subs_serve(ev);
+    }
+    replay_serve(ev);
+}
+
 static void wait_for_work(kvp_events_t *ev)
 {
-    zmq_pollitem_t items[2] = {
+    zmq_pollitem_t items[3 + KVP_EVENTS_CURVE_ITEMS] = {
         {.socket = NULL, .fd = ev->wake_fd, .events = ZMQ_POLLIN},
-        {.socket = ev->replay, .fd = -1, .events = ZMQ_POLLIN},
     };
-    int rc = zmq_poll(items, ev->replay != NULL ? 2 : 1, IDLE_POLL_MS);
+    int n = 1;
+    if (ev->replay != NULL)
+        items[n++] = (zmq_pollitem_t){.socket = ev->replay, .events = ZMQ_POLLIN};
+    if (ev->curve != NULL) {
+        items[n++] = (zmq_pollitem_t){.socket = ev->pub, .events = ZMQ_POLLIN};
+        n += kvp_events_curve_poll_items(ev->curve, items + n);
+    }
+    int rc = zmq_poll(items, n, IDLE_POLL_MS);
     if (rc < 0) {
         if (zmq_errno() != EINTR && warn_now(ev))
             KVP_LOG_WARN("kv events: zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -652,8 +912,8 @@ static void wait_for_work(kvp_events_t *ev)
         if (read(ev->wake_fd, &v, sizeof(v)) < 0 && errno != EAGAIN)
             KVP_LOG_ERROR("kv events: cannot read the wake-up eventfd: %m");
     }
-    if (ev->replay != NULL && (items[1].revents & ZMQ_POLLIN))
-        replay_serve(ev);
+    /* (every socket is served: a non-blocking read finds what the poll saw) */
+    serve_sockets(ev);
 }
 
 static void *publisher_main(void *arg)
@@ -676,7 +936,7 @@ static void *publisher_main(void *arg)
 
         if (n > 0) {
             publish_batch(ev, n);
-            replay_serve(ev);
+            serve_sockets(ev);
             continue;
         }
         if (stop)
@@ -726,6 +986,13 @@ static void free_settings(kvp_events_t *ev)
 
 static void free_buffers(kvp_events_t *ev)
 {
+    for (uint32_t i = 0; i < ev->n_streams; i++) {
+        if (ev->streams[i]->topic != ev->topic)
+            free(ev->streams[i]->topic);
+        free(ev->streams[i]);
+    }
+    free(ev->streams);
+    free(ev->stream_of);
     for (uint32_t i = 0; i < ev->ring_cap; i++)
         free(ev->ring[i].data);
     free(ev->ring);
@@ -736,10 +1003,11 @@ static void free_buffers(kvp_events_t *ev)
     msgpack_sbuffer_destroy(&ev->sbuf);
 }
 
-/* Open a socket of type on endpoint, its bound address into out. */
-static kvp_status_t bind_socket(kvp_events_t *ev, int type, const char *endpoint, int hwm,
-                                int linger, void **sock_p, char *out, size_t out_len, char *err,
-                                size_t err_len)
+/* Open a socket of type on endpoint, its bound address into out; a CURVE
+ * server when ev->curve is set (name: "pub" or "replay"). */
+static kvp_status_t bind_socket(kvp_events_t *ev, int type, const char *name, const char *endpoint,
+                                int hwm, int linger, void **sock_p, char *out, size_t out_len,
+                                char *err, size_t err_len)
 {
     void *sock = zmq_socket(ev->zctx, type);
     if (sock == NULL) {
@@ -751,11 +1019,19 @@ static kvp_status_t bind_socket(kvp_events_t *ev, int type, const char *endpoint
     if (zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof(hwm)) != 0 ||
         zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
         (type == ZMQ_ROUTER &&
-         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0)) {
+         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0) ||
+        (type == ZMQ_XPUB && zmq_setsockopt(sock, ZMQ_XPUB_MANUAL, &one, sizeof(one)) != 0)) {
         kvp_errf(err, err_len, "kv events: cannot set socket options: %s",
                  zmq_strerror(zmq_errno()));
         zmq_close(sock);
         return KVP_ERR_SYSTEM;
+    }
+    if (ev->curve != NULL) {
+        kvp_status_t status = kvp_events_curve_secure(ev->curve, sock, name, err, err_len);
+        if (status != KVP_OK) {
+            zmq_close(sock);
+            return status;
+        }
     }
     if (zmq_bind(sock, endpoint) != 0) {
         int e = zmq_errno();
@@ -778,6 +1054,19 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
 {
     if (p == NULL || p->bind == NULL || p->bind[0] == '\0') {
         kvp_errf(err, err_len, "kv events: no endpoint to bind (e.g. tcp://127.0.0.1:5557)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    bool curve = p->curve_secret != NULL && p->curve_secret[0] != '\0';
+    if (curve != (p->curve_allow != NULL && p->curve_allow[0] != '\0')) {
+        kvp_errf(err, err_len,
+                 "kv events: CURVE needs both the master's secret key "
+                 "(--kv-events-curve-secret) and the subscribers' allow-list "
+                 "(--kv-events-curve-allow)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (curve && p->topic != NULL && strlen(p->topic) > TOPIC_MAX - KVP_EVENTS_TENANT_MAX - 3) {
+        kvp_errf(err, err_len, "kv events: a topic of %d bytes at most with CURVE",
+                 TOPIC_MAX - KVP_EVENTS_TENANT_MAX - 3);
         return KVP_ERR_INVALID_ARG;
     }
     if (p->queue_max < 1 || p->queue_max > QUEUE_MAX_LIMIT || p->batch_max < 1 ||
@@ -815,11 +1104,18 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
     ev->batch = calloc(ev->batch_max, sizeof(*ev->batch));
     ev->batch_keys = malloc(BATCH_KEY_BYTES);
     ev->ring = ev->ring_cap > 0 ? calloc(ev->ring_cap, sizeof(*ev->ring)) : NULL;
+    ev->streams_cap = curve ? STREAMS_MAX : 1;
+    ev->streams = calloc(ev->streams_cap, sizeof(*ev->streams));
+    ev->stream_of = calloc(ev->batch_max, sizeof(*ev->stream_of));
     if (ev->slots == NULL || ev->arena == NULL || ev->batch == NULL || ev->batch_keys == NULL ||
-        (ev->ring_cap > 0 && ev->ring == NULL))
+        (ev->ring_cap > 0 && ev->ring == NULL) || ev->streams == NULL || ev->stream_of == NULL ||
+        (ev->streams[0] = calloc(1, sizeof(*ev->streams[0]))) == NULL)
         goto err_free;
+    ev->n_streams = 1;
+    ev->streams[0]->topic = ev->topic; /* the stream of no tenant (of all without CURVE) */
+    ev->streams[0]->topic_len = ev->topic_len;
     for (uint32_t i = 0; i < ev->ring_cap; i++)
-        ev->ring[i].seq = UINT64_MAX;
+        ev->ring[i].g = UINT64_MAX;
 
     status = KVP_ERR_SYSTEM;
     if (pthread_mutex_init(&ev->lock, NULL) != 0) {
@@ -837,17 +1133,25 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
                  zmq_strerror(zmq_errno()));
         goto err_close_fd;
     }
-    status = bind_socket(ev, ZMQ_PUB, p->bind, PUB_SNDHWM, PUB_LINGER_MS, &ev->pub, ev->endpoint[0],
-                         sizeof(ev->endpoint[0]), err, err_len);
+    if (curve) {
+        status = kvp_events_curve_create(ev->zctx, p->curve_secret, p->curve_allow, &ev->curve, err,
+                                         err_len);
+        if (status != KVP_OK)
+            goto err_term_ctx;
+    }
+    status = bind_socket(ev, curve ? ZMQ_XPUB : ZMQ_PUB, "pub", p->bind, PUB_SNDHWM, PUB_LINGER_MS,
+                         &ev->pub, ev->endpoint[0], sizeof(ev->endpoint[0]), err, err_len);
     if (status != KVP_OK)
-        goto err_term_ctx;
+        goto err_destroy_curve;
     if (p->replay_bind != NULL && p->replay_bind[0] != '\0') {
         int hwm = (int)ev->ring_cap + 16; /* a whole replay fits: never cut silently */
-        status = bind_socket(ev, ZMQ_ROUTER, p->replay_bind, hwm, 0, &ev->replay, ev->endpoint[1],
-                             sizeof(ev->endpoint[1]), err, err_len);
+        status = bind_socket(ev, ZMQ_ROUTER, "replay", p->replay_bind, hwm, 0, &ev->replay,
+                             ev->endpoint[1], sizeof(ev->endpoint[1]), err, err_len);
         if (status != KVP_OK)
             goto err_close_pub;
     }
+    if (curve)
+        kvp_events_curve_seal(ev->curve); /* libzmq holds the secret key now */
     /* signals go to the master's own threads (its signalfd), never to this one */
     sigset_t all, old;
     sigfillset(&all);
@@ -861,6 +1165,15 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
     }
     KVP_LOG_INFO("kv events: publishing on %s%s%s", ev->endpoint[0],
                  ev->replay != NULL ? ", replays on " : "", ev->endpoint[1]);
+    if (curve)
+        KVP_LOG_INFO("kv events: CURVE on, subscribers of the allow-list only; the master's "
+                     "public key (the subscribers' server key) is %s",
+                     kvp_events_curve_public(ev->curve));
+    else if (p->tenants)
+        KVP_LOG_WARN("kv events: an ACL is on but KV events have no CURVE: every tenant's keys "
+                     "are readable by anyone who reaches %s%s%s; give --kv-events-curve-secret "
+                     "and --kv-events-curve-allow (docs/operations.md, \"KV events\")",
+                     ev->endpoint[0], ev->replay != NULL ? " or " : "", ev->endpoint[1]);
     *ev_p = ev;
     return KVP_OK;
 
@@ -869,6 +1182,8 @@ err_close_replay:
         zmq_close(ev->replay);
 err_close_pub:
     zmq_close(ev->pub);
+err_destroy_curve:
+    kvp_events_curve_destroy(ev->curve);
 err_term_ctx:
     zmq_ctx_term(ev->zctx);
 err_close_fd:
@@ -899,6 +1214,7 @@ void kvp_events_destroy(kvp_events_t *ev)
     if (ev->replay != NULL)
         zmq_close(ev->replay);
     zmq_close(ev->pub);
+    kvp_events_curve_destroy(ev->curve);
     zmq_ctx_term(ev->zctx); /* waits up to PUB_LINGER_MS for the last batches */
     close(ev->wake_fd);
     pthread_mutex_destroy(&ev->lock);

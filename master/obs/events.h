@@ -21,6 +21,28 @@
  * (vLLM's _service_replay); a DEALER sending [seq] alone gets the replies
  * without the empty delimiter.
  *
+ * Tenants. With an ACL the master stores a tenant's key as TENANT 0x1f KEY;
+ * events carry KEY (object_key and the hash read from it) and tenant_id
+ * TENANT, except the ACL's "default" tenant (principals naming none), which
+ * keeps the tenant_id setting, as do keys without 0x1f (or with a prefix
+ * that is no tenant's name: the whole key). Without CURVE that is the only
+ * change: one stream, as above, readable by anyone who reaches the port.
+ *
+ * CURVE (curve_secret + curve_allow, events_curve.h). Both sockets are CURVE
+ * servers; only the allow-list's keys get in, each with a tenant or "*". The
+ * PUB socket becomes an XPUB (ZMQ_XPUB_MANUAL) and events go in streams: one
+ * per tenant, topic "<topic>/<TENANT>/", and the stream of keys of no tenant,
+ * topic "<topic>". Each stream has its own batch seq and event_ids
+ * (consecutive from 0 per stream, per medium), so a subscriber of one stream
+ * sees no gaps. A subscription of a tenant's subscriber that is a prefix of
+ * its own topic ("" and "<topic>" included) is applied as its own topic;
+ * any other is refused and counted. "*" subscribers' subscriptions apply as
+ * given: "<topic>" hears every stream, told apart by the topic frame (and
+ * tenant_id). A replay request may name the stream: [topic, seq] (or ["",
+ * topic, seq]); [seq] alone replays the subscriber's own tenant's stream
+ * ("*": the stream of no tenant), a topic of another tenant is refused.
+ * cleared (no key) goes to every stream.
+ *
  * Thread: the kvp_events_* calls are made by the master's loop; they copy the
  * event into a bounded queue under a mutex and return (no I/O, no
  * allocation; an eventfd write only when the publisher sleeps). A publisher
@@ -63,21 +85,30 @@ typedef struct kvp_events_params {
     const char *tenant_id;       /* default "default" */
     const char *backend_id;      /* default "kvpool-master" */
     int32_t dp_rank;             /* default 0 */
+    /* CURVE (events_curve.h): both or neither; NULL or "": off */
+    const char *curve_secret; /* file of the master's secret key (mode 0600) */
+    const char *curve_allow;  /* file of the subscribers' public keys and tenants */
+    int tenants;              /* an ACL is on: keys may carry a tenant (warned without CURVE) */
 } kvp_events_params_t;
 
 typedef struct kvp_events_stats {
     uint64_t queued;          /* events waiting now */
     uint64_t published;       /* events sent */
     uint64_t dropped;         /* events dropped (queue full) */
-    uint64_t batches;         /* batches sent (the next batch's seq) */
+    uint64_t batches;         /* batches sent (without CURVE: the next batch's seq) */
     uint64_t replay_requests; /* replay requests answered */
+    int curve;                /* 1: CURVE with an allow-list */
+    uint64_t refused_curve;   /* handshakes without CURVE or failed */
+    uint64_t refused_key;     /* CURVE keys not in the allow-list */
+    uint64_t refused_topic;   /* subscriptions and replays of another tenant's stream */
 } kvp_events_stats_t;
 
 /* Defaults for every field (bind NULL: the caller must set it). */
 void kvp_events_params_init(kvp_events_params_t *p);
 
 /* Bind the sockets and start the publisher thread. KVP_ERR_INVALID_ARG (bad
- * endpoint, with a sentence in err) or KVP_ERR_SYSTEM (cannot bind). */
+ * endpoint, an unsafe or malformed CURVE file, with a sentence in err) or
+ * KVP_ERR_SYSTEM (cannot bind). */
 kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p, char *err,
                                size_t err_len);
 /* Send what is queued (within ~1 s), stop the thread, close the sockets. NULL is fine. */
@@ -88,6 +119,10 @@ void kvp_events_stored(kvp_events_t *ev, kvp_medium_t medium, const char *key, s
 void kvp_events_removed(kvp_events_t *ev, kvp_medium_t medium, const char *key, size_t key_len);
 /* Every object of the medium is gone (remove-all). */
 void kvp_events_cleared(kvp_events_t *ev, kvp_medium_t medium);
+
+/* SIGHUP: read the CURVE allow-list again (the master's loop). NULL or no
+ * CURVE: nothing. */
+void kvp_events_reload(kvp_events_t *ev);
 
 /* Counters; ev may be NULL (zeros). */
 void kvp_events_stats(kvp_events_t *ev, kvp_events_stats_t *out);

@@ -283,4 +283,15 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     one(r, "kvpool_kv_events_dropped_total", "counter",
         "KV events dropped because the queue was full.", es.dropped);
     one(r, "kvpool_kv_events_batches_total", "counter", "KV event batches sent.", es.batches);
+    one(r, "kvpool_kv_events_curve", "gauge",
+        "1 when KV event subscribers need CURVE and a key of the allow-list.", es.curve);
+    head(r, "kvpool_kv_events_refused_total", "counter",
+         "KV event subscribers refused: no CURVE or a failed handshake (curve), a key not "
+         "in the allow-list (key), a subscription or replay of another tenant's stream "
+         "(topic).");
+    kvp_http_printf(r,
+                    "kvpool_kv_events_refused_total{reason=\"curve\"} %" PRIu64 "\n"
+                    "kvpool_kv_events_refused_total{reason=\"key\"} %" PRIu64 "\n"
+                    "kvpool_kv_events_refused_total{reason=\"topic\"} %" PRIu64 "\n",
+                    es.refused_curve, es.refused_key, es.refused_topic);
 }

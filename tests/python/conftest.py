@@ -155,6 +155,16 @@ class Proc:
             self.p.wait(5)
 
 
+def stop_all(procs):
+    """Stop each Proc in order; [(argv[0], status)] of those that did not exit 0."""
+    bad = []
+    for p in procs:
+        rc = p.stop()
+        if rc != 0:
+            bad.append((p.argv[0], rc))
+    return bad
+
+
 class Pool:
     """A master and the segments served for it."""
 
@@ -180,12 +190,7 @@ class Pool:
 
     def close(self):
         """Stop everything (segments first); the exit statuses that were not 0."""
-        bad = []
-        for s in self.segments + [self.master]:
-            rc = s.stop()
-            if rc != 0:
-                bad.append((s.argv[0], rc))
-        return bad
+        return stop_all(self.segments + [self.master])
 
 
 def _pool(request, **kw):

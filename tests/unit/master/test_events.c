@@ -8,6 +8,12 @@
  * medium until the first one arrives, waits until every one of them is sent
  * (the counters) and drains them: from then on every batch is heard.
  *
+ * Tenants: keys TENANT 0x1f KEY are pushed as the master's loop pushes them
+ * with an ACL; with CURVE (key pairs made here with zmq_curve_keypair, files
+ * in a temporary folder) the test's sockets are CURVE clients, and a
+ * tenant's subscriber, a "*" one, one asking for another tenant's topic and
+ * one without CURVE are compared.
+ *
  * To hold the publisher thread still (a slow or stalled publisher), this
  * binary defines zmq_send, which the static master library's calls bind to:
  * it passes to libzmq's (dlsym RTLD_NEXT) and, on threads other than the
@@ -24,7 +30,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <msgpack.h>
@@ -1032,6 +1040,332 @@ static void test_threads(void **state)
     kvp_events_destroy(ev);
 }
 
+/* ---- tenants (keys TENANT 0x1f KEY) and CURVE ----------------------------------------------- */
+
+typedef struct keypair {
+    char pub[41];
+    char sec[41];
+} keypair_t;
+
+static keypair_t kp_master, kp_a, kp_b, kp_all;
+static char curve_dir[64];
+static char curve_secret_path[128], curve_allow_path[128];
+
+/* One event as a test looks at it. */
+typedef struct seen {
+    char topic[64];
+    uint64_t seq;
+    char type[8];
+    char key[64]; /* "" for cleared */
+    char tenant[64];
+    uint64_t id;
+    int disk;
+} seen_t;
+
+static void str_field(const msgpack_object *map, const char *key, char *out, size_t cap)
+{
+    const msgpack_object *v = map_get(map, key);
+    assert_int_equal(v->type, MSGPACK_OBJECT_STR);
+    assert_true(v->via.str.size < cap);
+    memcpy(out, v->via.str.ptr, v->via.str.size);
+    out[v->via.str.size] = '\0';
+}
+
+/* The events of one payload into out (n of cap used); topic and seq are the batch's. */
+static void seen_add(const char *topic, uint64_t seq, const void *payload, size_t len, seen_t *out,
+                     int *n, int cap)
+{
+    batch_t b;
+    batch_decode(&b, payload, len);
+    for (uint32_t j = 0; j < b.events->size; j++) {
+        assert_true(*n < cap);
+        const msgpack_object *e = &b.events->ptr[j];
+        seen_t *s = &out[(*n)++];
+        memset(s, 0, sizeof(*s));
+        snprintf(s->topic, sizeof(s->topic), "%s", topic);
+        s->seq = seq;
+        str_field(e, "event_type", s->type, sizeof(s->type));
+        str_field(e, "tenant_id", s->tenant, sizeof(s->tenant));
+        if (map_has(e, "object_key"))
+            str_field(e, "object_key", s->key, sizeof(s->key));
+        char medium[8];
+        str_field(e, "medium", medium, sizeof(medium));
+        s->disk = strcmp(medium, "disk") == 0;
+        s->id = u64_field(e, "event_id");
+    }
+    batch_free(&b);
+}
+
+/* Every batch sub has within ms (then nothing for ms), appended to out. */
+static void sub_drain(void *sub, int ms, seen_t *out, int *n, int cap)
+{
+    while (readable(sub, ms)) {
+        char topic[64];
+        bool more;
+        size_t tn = recv_frame(sub, topic, sizeof(topic) - 1, &more);
+        topic[tn] = '\0';
+        assert_true(more);
+        uint8_t seq[8];
+        assert_int_equal(recv_frame(sub, seq, sizeof(seq), &more), 8);
+        size_t len = recv_frame(sub, frame_buf, sizeof(frame_buf), &more);
+        assert_false(more);
+        seen_add(topic, be64(seq), frame_buf, len, out, n, cap);
+    }
+}
+
+static void write_text(const char *path, const char *text, int mode)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+    assert_int_equal(chmod(path, (mode_t)mode), 0);
+}
+
+static void curve_files(void)
+{
+    snprintf(curve_dir, sizeof(curve_dir), "/tmp/kvp-test-curve-XXXXXX");
+    assert_non_null(mkdtemp(curve_dir));
+    keypair_t *kps[] = {&kp_master, &kp_a, &kp_b, &kp_all};
+    for (size_t i = 0; i < sizeof(kps) / sizeof(kps[0]); i++)
+        assert_int_equal(zmq_curve_keypair(kps[i]->pub, kps[i]->sec), 0);
+    snprintf(curve_secret_path, sizeof(curve_secret_path), "%s/master.key", curve_dir);
+    snprintf(curve_allow_path, sizeof(curve_allow_path), "%s/allow.conf", curve_dir);
+    char text[512];
+    snprintf(text, sizeof(text), "%s\n", kp_master.sec);
+    write_text(curve_secret_path, text, 0600);
+    snprintf(text, sizeof(text), "# who may subscribe\n%s team-a\n  %s\tteam-b # b\n%s *\n",
+             kp_a.pub, kp_b.pub, kp_all.pub);
+    write_text(curve_allow_path, text, 0644);
+}
+
+static void curve_files_remove(void)
+{
+    unlink(curve_secret_path);
+    unlink(curve_allow_path);
+    rmdir(curve_dir);
+}
+
+/* A socket of the test with kp's CURVE keys (NULL: none), connected to ep. */
+static void *curve_open(int type, const keypair_t *kp, const char *ep, const char *subscribe)
+{
+    void *s = zmq_socket(zctx, type);
+    assert_non_null(s);
+    int timeout = 5000, linger = 0;
+    assert_int_equal(zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof(timeout)), 0);
+    assert_int_equal(zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger)), 0);
+    if (kp != NULL) {
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SERVERKEY, kp_master.pub, 40), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_PUBLICKEY, kp->pub, 40), 0);
+        assert_int_equal(zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, kp->sec, 40), 0);
+    }
+    if (subscribe != NULL)
+        assert_int_equal(zmq_setsockopt(s, ZMQ_SUBSCRIBE, subscribe, strlen(subscribe)), 0);
+    assert_int_equal(zmq_connect(s, ep), 0);
+    return s;
+}
+
+/* Ask for a replay (["", [topic,] start]); the events answered into out. */
+static void replay_ask(kvp_events_t *ev, const keypair_t *kp, const char *topic, seen_t *out,
+                       int *n, int cap)
+{
+    void *d = curve_open(ZMQ_DEALER, kp, kvp_events_endpoint(ev, 1), NULL);
+    uint8_t start[8];
+    put_be64(start, 0);
+    assert_int_equal(zmq_send(d, "", 0, ZMQ_SNDMORE), 0);
+    if (topic != NULL)
+        assert_int_equal(zmq_send(d, topic, strlen(topic), ZMQ_SNDMORE), (int)strlen(topic));
+    assert_int_equal(zmq_send(d, start, 8, 0), 8);
+    for (;;) {
+        bool more;
+        uint8_t seq[8];
+        assert_int_equal(recv_frame(d, frame_buf, sizeof(frame_buf), &more), 0);
+        assert_int_equal(recv_frame(d, seq, sizeof(seq), &more), 8);
+        size_t len = recv_frame(d, frame_buf, sizeof(frame_buf), &more);
+        assert_false(more);
+        if (be64(seq) == UINT64_MAX)
+            break;
+        seen_add(topic != NULL ? topic : "", be64(seq), frame_buf, len, out, n, cap);
+    }
+    zmq_close(d);
+}
+
+static void push_key(kvp_events_t *ev, const char *key)
+{
+    kvp_events_stored(ev, KVP_MEDIUM_CPU, key, strlen(key));
+}
+
+/* Without CURVE: one stream as before, the user's key and the tenant in the map. */
+static void test_tenant_keys_without_curve(void **state)
+{
+    (void)state;
+    kvp_events_params_t p;
+    kvp_events_params_init(&p);
+    p.tenant_id = "acme";
+    p.tenants = 1;
+    kvp_events_t *ev = make_events(&p);
+    void *sub = sub_open(ev);
+    uint64_t disk_id;
+    uint64_t seq = sub_sync(ev, sub, "kvpool", &disk_id);
+
+    const char k1[] = "team-a\x1fm@0x1234";
+    const char k3[] = "\x1fodd"; /* an empty tenant is none: the key as it is */
+    push_key(ev, k1);
+    push_key(ev, "plain@0x99");
+    kvp_events_stored(ev, KVP_MEDIUM_CPU, k3, sizeof(k3) - 1);
+    push_key(ev, "default\x1f"
+                 "d"); /* the ACL's tenant of principals naming none */
+    wait_sent(ev, sync_pushed + 4);
+    seen_t s[8];
+    int n = 0;
+    sub_drain(sub, 200, s, &n, 8);
+    assert_int_equal(n, 4);
+    const char *keys[] = {"m@0x1234", "plain@0x99", k3, "d"};
+    const char *tenants[] = {"team-a", "acme", "acme", "acme"};
+    for (int i = 0; i < 4; i++) {
+        assert_string_equal(s[i].topic, "kvpool");
+        assert_true(s[i].seq >= seq);
+        assert_string_equal(s[i].key, keys[i]);
+        assert_string_equal(s[i].tenant, tenants[i]);
+        assert_int_equal(s[i].id, (uint64_t)i); /* one stream: cpu ids 0, 1, 2, 3 */
+    }
+    kvp_events_stats_t st;
+    kvp_events_stats(ev, &st);
+    assert_int_equal(st.curve, 0);
+    zmq_close(sub);
+    kvp_events_destroy(ev);
+}
+
+/* Hear a's, b's and no tenant's events until sub has one of topic. */
+static void curve_sync(kvp_events_t *ev, void **subs, int nsubs)
+{
+    for (int i = 0; i < nsubs; i++) {
+        int tries = 0;
+        while (!readable(subs[i], 10)) {
+            push_key(ev, "team-a\x1fsync");
+            push_key(ev, "team-b\x1fsync");
+            push_key(ev, "sync");
+            assert_true(++tries < 2000);
+        }
+    }
+    kvp_events_stats_t st;
+    kvp_events_stats(ev, &st);
+    wait_sent(ev, st.published + st.queued);
+    seen_t junk[1024];
+    for (int i = 0; i < nsubs; i++) {
+        int n = 0;
+        sub_drain(subs[i], 100, junk, &n, 1024);
+    }
+}
+
+static int count_of(const seen_t *s, int n, const char *topic, const char *key)
+{
+    int c = 0;
+    for (int i = 0; i < n; i++)
+        c += (topic == NULL || strcmp(s[i].topic, topic) == 0) && strcmp(s[i].key, key) == 0;
+    return c;
+}
+
+/* With CURVE: a stream per tenant; a tenant's subscriber hears its own alone. */
+static void test_tenant_streams(void **state)
+{
+    (void)state;
+    curve_files();
+    kvp_events_params_t p;
+    kvp_events_params_init(&p);
+    p.curve_secret = curve_secret_path;
+    p.curve_allow = curve_allow_path;
+    p.tenants = 1;
+    kvp_events_t *ev = make_events(&p);
+    const char *ep = kvp_events_endpoint(ev, 0);
+    void *sub_a = curve_open(ZMQ_SUB, &kp_a, ep, "");
+    void *sub_all = curve_open(ZMQ_SUB, &kp_all, ep, "kvpool");
+    void *peek = curve_open(ZMQ_SUB, &kp_a, ep, "kvpool/team-b/"); /* another tenant's */
+    void *plain = curve_open(ZMQ_SUB, NULL, ep, "");
+    void *subs[] = {sub_a, sub_all};
+    curve_sync(ev, subs, 2);
+    kvp_events_stats_t st;
+    for (int i = 0;; i++) { /* the refusals are counted as they happen */
+        kvp_events_stats(ev, &st);
+        if (st.refused_topic >= 1 && st.refused_curve >= 1)
+            break;
+        assert_true(i < 5000);
+        pause_ms(1);
+    }
+    assert_int_equal(st.curve, 1);
+
+    /* the events of a stream are consecutive: its seq and its cpu ids go on from the sync */
+    push_key(ev, "team-a\x1fk1");
+    push_key(ev, "team-b\x1fk1");
+    push_key(ev, "nobody@1");
+    push_key(ev, "team-a\x1fk2");
+    kvp_events_cleared(ev, KVP_MEDIUM_CPU);
+    kvp_events_stats(ev, &st);
+    wait_sent(ev, st.published + st.queued);
+
+    seen_t a[64], all[64], none[8];
+    int na = 0, nall = 0, nnone = 0;
+    sub_drain(sub_a, 200, a, &na, 64);
+    sub_drain(sub_all, 200, all, &nall, 64);
+    sub_drain(peek, 50, none, &nnone, 8);
+    sub_drain(plain, 50, none, &nnone, 8);
+    assert_int_equal(nnone, 0);
+
+    assert_int_equal(na, 3); /* k1, k2, cleared */
+    const char *want_a[] = {"k1", "k2", ""};
+    for (int i = 0; i < na; i++) {
+        assert_string_equal(a[i].topic, "kvpool/team-a/");
+        assert_string_equal(a[i].tenant, "team-a");
+        assert_string_equal(a[i].key, want_a[i]);
+        if (i > 0) {
+            assert_true(a[i].seq == a[i - 1].seq || a[i].seq == a[i - 1].seq + 1);
+            assert_int_equal(a[i].id, a[i - 1].id + 1);
+        }
+    }
+    assert_string_equal(a[2].type, "cleared");
+    /* "*": every stream, told apart by topic and tenant_id */
+    assert_int_equal(count_of(all, nall, "kvpool/team-a/", "k1"), 1);
+    assert_int_equal(count_of(all, nall, "kvpool/team-a/", "k2"), 1);
+    assert_int_equal(count_of(all, nall, "kvpool/team-b/", "k1"), 1);
+    assert_int_equal(count_of(all, nall, "kvpool", "nobody@1"), 1);
+    assert_int_equal(count_of(all, nall, NULL, ""), 3); /* cleared: in each of the 3 streams */
+    for (int i = 0; i < nall; i++) {
+        const char *want = strcmp(all[i].topic, "kvpool/team-a/") == 0   ? "team-a"
+                           : strcmp(all[i].topic, "kvpool/team-b/") == 0 ? "team-b"
+                                                                         : "default";
+        assert_string_equal(all[i].tenant, want);
+    }
+
+    /* replays: a's own stream by default; another tenant's topic gives nothing, counted */
+    seen_t r[1024];
+    int nr = 0;
+    replay_ask(ev, &kp_a, NULL, r, &nr, 1024);
+    assert_true(nr > 3);
+    for (int i = 0; i < nr; i++)
+        assert_string_equal(r[i].tenant, "team-a");
+    assert_int_equal(count_of(r, nr, NULL, "k2"), 1);
+    kvp_events_stats(ev, &st);
+    uint64_t refused = st.refused_topic;
+    nr = 0;
+    replay_ask(ev, &kp_a, "kvpool/team-b/", r, &nr, 1024);
+    assert_int_equal(nr, 0);
+    kvp_events_stats(ev, &st);
+    assert_int_equal(st.refused_topic, refused + 1);
+    nr = 0;
+    replay_ask(ev, &kp_all, "kvpool/team-b/", r, &nr, 1024);
+    assert_true(nr > 1);
+    for (int i = 0; i < nr; i++)
+        assert_string_equal(r[i].tenant, "team-b");
+    assert_int_equal(count_of(r, nr, NULL, "k1"), 1);
+
+    zmq_close(plain);
+    zmq_close(peek);
+    zmq_close(sub_all);
+    zmq_close(sub_a);
+    kvp_events_destroy(ev);
+    curve_files_remove();
+}
+
 int main(void)
 {
     test_thread = pthread_self();
@@ -1046,6 +1380,8 @@ int main(void)
         cmocka_unit_test_setup(test_overflow_key_bytes, test_setup),
         cmocka_unit_test_setup(test_destroy_flushes, test_setup),
         cmocka_unit_test_setup(test_threads, test_setup),
+        cmocka_unit_test_setup(test_tenant_keys_without_curve, test_setup),
+        cmocka_unit_test_setup(test_tenant_streams, test_setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
