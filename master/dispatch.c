@@ -126,57 +126,84 @@ static const ProtobufCBinaryData *key_refused(const kvp_principal_t *who, Protob
     return NULL;
 }
 
-/*
- * Tenants: the keys a request names become its tenant's, TENANT 0x1f KEY, in one buffer
- * (*arena_p); *orig_p keeps the decoded ones, put back by unscope before the request is
- * freed. Nothing a client sends can name another tenant's key: the prefix is always the
- * caller's, and a tenant's name has no 0x1f.
- */
-static kvp_status_t scope_keys(const kvp_principal_t *who, ProtobufCMessage *req, uint8_t **arena_p,
-                               uint8_t ***orig_p)
+/* Does this key of the default tenant need the "default" prefix (it starts with what reads
+ * as another tenant's prefix)? Other tenants' keys always get theirs. */
+static bool needs_prefix(const kvp_principal_t *who, const ProtobufCBinaryData *key)
 {
+    return who->tenant_id != 0 || kvp_tenant_prefix_len((const char *)key->data, key->len) > 0;
+}
+
+static bool scratch_reserve(kvp_master_state_t *st, size_t bytes, size_t n)
+{
+    if (bytes > st->scope_cap) {
+        uint8_t *b = realloc(st->scope_buf, bytes);
+        if (b == NULL)
+            return false;
+        st->scope_buf = b;
+        st->scope_cap = bytes;
+    }
+    if (n > st->scope_orig_cap) {
+        uint8_t **o = realloc(st->scope_orig, n * sizeof(*o));
+        if (o == NULL)
+            return false;
+        st->scope_orig = o;
+        st->scope_orig_cap = n;
+    }
+    return true;
+}
+
+/*
+ * Tenants: the keys a request names become its tenant's stored keys: TENANT 0x1f KEY, or
+ * for the default tenant the key as given (unless it reads as prefixed: then "default"
+ * 0x1f KEY), written into the state's scratch; st->scope_orig keeps the decoded ones, put
+ * back by unscope_keys before the request is freed. Nothing a client sends can name
+ * another tenant's key: a prefix is always the caller's, and a tenant's name has no 0x1f.
+ * *scoped_p: whether any key was rewritten.
+ */
+static kvp_status_t scope_keys(kvp_master_state_t *st, const kvp_principal_t *who,
+                               ProtobufCMessage *req, bool *scoped_p)
+{
+    *scoped_p = false;
     size_t n = 0;
     ProtobufCBinaryData *keys = keys_of(req, &n);
     if (keys == NULL || n == 0)
         return KVP_OK;
-    size_t plen = strlen(who->tenant), total = 0;
+    size_t plen = strlen(who->tenant), total = 0, rewrite = 0;
     for (size_t i = 0; i < n; i++)
-        total += plen + 1 + keys[i].len;
-    uint8_t *arena = malloc(total), **orig = malloc(n * sizeof(*orig));
-    if (arena == NULL || orig == NULL) {
-        free(arena);
-        free(orig);
+        if (needs_prefix(who, &keys[i])) {
+            total += plen + 1 + keys[i].len;
+            rewrite++;
+        }
+    if (rewrite == 0)
+        return KVP_OK; /* the default tenant's keys are stored as given */
+    if (!scratch_reserve(st, total, n))
         return KVP_ERR_NOMEM;
-    }
-    uint8_t *p = arena;
+    uint8_t *p = st->scope_buf;
     for (size_t i = 0; i < n; i++) {
+        st->scope_orig[i] = keys[i].data;
+        if (!needs_prefix(who, &keys[i]))
+            continue;
         memcpy(p, who->tenant, plen);
         p[plen] = KVP_TENANT_SEP;
         if (keys[i].len > 0)
             memcpy(p + plen + 1, keys[i].data, keys[i].len);
-        orig[i] = keys[i].data;
         keys[i].data = p;
         keys[i].len += plen + 1;
         p += keys[i].len;
     }
-    *arena_p = arena;
-    *orig_p = orig;
+    *scoped_p = true;
     return KVP_OK;
 }
 
-static void unscope_keys(const kvp_principal_t *who, ProtobufCMessage *req, uint8_t *arena,
-                         uint8_t **orig)
+static void unscope_keys(kvp_master_state_t *st, const kvp_principal_t *who, ProtobufCMessage *req)
 {
-    if (orig == NULL)
-        return;
     size_t n = 0, plen = strlen(who->tenant);
     ProtobufCBinaryData *keys = keys_of(req, &n);
-    for (size_t i = 0; i < n; i++) {
-        keys[i].data = orig[i];
-        keys[i].len -= plen + 1;
-    }
-    free(arena);
-    free(orig);
+    for (size_t i = 0; i < n; i++)
+        if (keys[i].data != st->scope_orig[i]) {
+            keys[i].data = st->scope_orig[i];
+            keys[i].len -= plen + 1;
+        }
 }
 
 kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
@@ -219,16 +246,16 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
         protobuf_c_message_free_unpacked(req, NULL);
         return KVP_ERR_DENIED;
     }
-    uint8_t *arena = NULL, **orig = NULL;
+    bool scoped = false;
     if (who != NULL && req != NULL && m->scoped && st->tenants_on &&
-        (status = scope_keys(who, req, &arena, &orig)) != KVP_OK) {
+        (status = scope_keys(st, who, req, &scoped)) != KVP_OK) {
         protobuf_c_message_free_unpacked(req, NULL);
         goto out;
     }
     kvp_call_t call = {.st = st, .conn_id = conn_id, .who = who, .resp_desc = m->resp_desc};
     status = m->handler(&call, req);
-    if (orig != NULL)
-        unscope_keys(who, req, arena, orig);
+    if (scoped)
+        unscope_keys(st, who, req);
     if (req != NULL)
         protobuf_c_message_free_unpacked(req, NULL);
     if (status != KVP_OK) {

@@ -595,19 +595,20 @@ static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
 {
     for (size_t i = 0; i < acl->n; i++) {
         kvp_principal_t *p = &acl->p[i];
-        p->tenant_id = kvp_tenant_id(&st->tenants, p->tenant, strlen(p->tenant), true);
-        if (p->tenant_id == 0)
+        int32_t id = kvp_tenant_id(&st->tenants, p->tenant, strlen(p->tenant), true);
+        if (id < 0)
             return false;
+        p->tenant_id = (uint16_t)id;
     }
-    for (uint32_t i = 1; i < st->tenants.n; i++) {
+    for (uint32_t i = 0; i < st->tenants.n; i++) {
         kvp_tenant_t *t = &st->tenants.t[i];
         t->max_dram = t->max_ssd = t->max_objects = 0;
         t->share_permille = 0;
     }
     for (size_t i = 0; i < acl->n_tenants; i++) {
         const kvp_tenant_conf_t *c = &acl->t[i];
-        uint16_t id = kvp_tenant_id(&st->tenants, c->name, strlen(c->name), true);
-        if (id == 0)
+        int32_t id = kvp_tenant_id(&st->tenants, c->name, strlen(c->name), true);
+        if (id < 0)
             return false;
         kvp_tenant_t *t = &st->tenants.t[id];
         t->max_dram = c->max_dram;

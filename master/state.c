@@ -108,6 +108,8 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
     kvp_index_cleanup(&st->index);
     kvp_segment_table_cleanup(&st->segments);
     kvp_tenant_table_cleanup(&st->tenants);
+    free(st->scope_buf);
+    free(st->scope_orig);
 }
 
 kvp_ssd_task_t *kvp_state_task_add(kvp_master_state_t *st, kvp_ssd_task_kind_t kind,

@@ -159,6 +159,11 @@ typedef struct kvp_master_state {
     kvp_tenant_table_t tenants;
     bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
     bool share_evict; /* an eviction run takes objects of tenants over their share first */
+    /* dispatch.c's scratch for the stored keys of a request (grown, never shrunk) */
+    uint8_t *scope_buf;
+    size_t scope_cap;
+    uint8_t **scope_orig;
+    size_t scope_orig_cap;
 } kvp_master_state_t;
 
 /* How long a new master waits for segments to come back (rebuild_until_ms). */

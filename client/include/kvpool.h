@@ -274,7 +274,7 @@ typedef struct kvp_key_info {
 kvp_status_t kvp_list_keys(kvp_client_t *client, const char *pattern, size_t max,
                            kvp_key_info_t **keys_p, size_t *n_p);
 /* With an ACL on the master: the tenant whose key it is (an admin lists every tenant's);
- * "" when the master has no ACL or the key was stored before it had one. */
+ * "" when the master has no ACL. Keys stored before it had one are "default"'s. */
 const char *kvp_key_info_tenant(const kvp_key_info_t *info);
 void kvp_key_list_free(kvp_key_info_t *keys, size_t n);
 

@@ -82,7 +82,7 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
     }
     /* a segment dedicated to a tenant holds that tenant's keys and no other's */
     uint16_t tenant = st->tenants_on ? kvp_tenant_of_key(&st->tenants, e->key, e->key_len) : 0;
-    if (seg->tenant != 0 && tenant != seg->tenant) {
+    if (seg->dedicated && tenant != seg->tenant) {
         st->stats.adopt_refused++;
         return KVP_ERR_DENIED;
     }

@@ -65,7 +65,7 @@ typedef struct kvp_object {
     uint16_t key_len;
     uint8_t pin;              /* kvp_pin_t */
     uint8_t flags;            /* KVP_OBJ_F_* */
-    uint16_t tenant;          /* its tenant's id (meta/tenant.h); 0: a key of no tenant */
+    uint16_t tenant;          /* its tenant's id (meta/tenant.h); 0: the default tenant */
     kvp_replica_t replicas[]; /* followed by key bytes */
 } kvp_object_t;
 /* the tenant's id took padding: an object is no larger for it */

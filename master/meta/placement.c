@@ -43,7 +43,7 @@ static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, un
 /* May this tenant's objects go to seg (its own or a shared one)? */
 static bool allowed(const kvp_segment_t *seg, uint16_t tenant)
 {
-    return seg->tenant == 0 || seg->tenant == tenant;
+    return !seg->dedicated || seg->tenant == tenant;
 }
 
 /* Can `seg` take one more replica of req->size in this draw (dedicated: only the tenant's
@@ -54,7 +54,7 @@ static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, uns
                      uint64_t *free_p)
 {
     if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd ||
-        !allowed(seg, req->tenant) || (dedicated && seg->tenant == 0) || chosen(out, n, seg->id) ||
+        !allowed(seg, req->tenant) || (dedicated && !seg->dedicated) || chosen(out, n, seg->id) ||
         (distinct_hosts && host_used(t, out, n, seg)))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
@@ -120,7 +120,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
      * (any, any host); the dedicated rounds only for a tenant's object */
     for (int round = 0; round < 4 && n < want; round++) {
         bool dedicated = round % 2 == 0, distinct_hosts = round < 2;
-        if (dedicated && req->tenant == 0)
+        if (dedicated && !req->dedicated_first)
             continue;
         while (n < want) {
             uint64_t total = 0, free_b;

@@ -19,8 +19,9 @@ typedef struct kvp_placement_req {
     bool upsert;                    /* replace an existing object (PutStart only) */
     bool ssd;                       /* on SSD segments (else DRAM ones): one tier per call */
     const char *near_host;          /* prefer segments on this host id when no preferred one */
-    uint16_t tenant;                /* whose object: its dedicated segments first, then shared
-                                       ones; never another tenant's dedicated segment */
+    uint16_t tenant;                /* whose object: never on another tenant's dedicated
+                                       segment */
+    bool dedicated_first;           /* the tenant has dedicated segments: draw there first */
 } kvp_placement_req_t;
 
 /*

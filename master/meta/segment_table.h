@@ -34,7 +34,8 @@ typedef struct kvp_segment {
     bool draining;          /* no new replicas; the owner is asked to move objects away */
     bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
     bool adopting;          /* its owner is offering what it holds: no new replicas yet */
-    uint16_t tenant;        /* dedicated to this tenant (kvpool serve --tenant); 0: shared */
+    bool dedicated;         /* to one tenant (kvpool serve --tenant): only its objects */
+    uint16_t tenant;        /* ... that tenant's id (meta/tenant.h) */
     /* its owner keeps a record of the objects on it (meta/record.c): changes queued here */
     bool record;
     bool record_broken;               /* the queue overflowed: the owner is to drop its record */

@@ -127,6 +127,7 @@ typedef struct replay_entry {
 
 struct kvp_events {
     /* settings, owned copies; read-only after create */
+    bool tenants; /* an ACL is on: a key with no tenant prefix is the default tenant's */
     char *topic;
     size_t topic_len;
     char *model_name;
@@ -658,7 +659,8 @@ static void publish_batch(kvp_events_t *ev, uint32_t n)
         else if (s->type == EV_CLEARED)
             ev->stream_of[i] = STREAM_ALL, cleared = true;
         else if ((tl = key_tenant_len(ev->batch_keys + s->key_off, s->key_len)) == 0)
-            ev->stream_of[i] = 0;
+            /* the default tenant's keys are stored as given (master/meta/tenant.h) */
+            ev->stream_of[i] = ev->tenants ? stream_get(ev, KVP_TENANT_DEFAULT, 7) : 0;
         else
             ev->stream_of[i] = stream_get(ev, ev->batch_keys + s->key_off, tl);
         lost += ev->stream_of[i] == STREAM_NONE;
@@ -1156,6 +1158,7 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
+    ev->tenants = p->tenants != 0; /* (read by the thread) */
     int rc = pthread_create(&ev->thread, NULL, publisher_main, ev);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {
@@ -1169,7 +1172,7 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
         KVP_LOG_INFO("kv events: CURVE on, subscribers of the allow-list only; the master's "
                      "public key (the subscribers' server key) is %s",
                      kvp_events_curve_public(ev->curve));
-    else if (p->tenants)
+    if (!curve && p->tenants)
         KVP_LOG_WARN("kv events: an ACL is on but KV events have no CURVE: every tenant's keys "
                      "are readable by anyone who reaches %s%s%s; give --kv-events-curve-secret "
                      "and --kv-events-curve-allow (docs/operations.md, \"KV events\")",

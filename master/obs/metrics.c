@@ -44,7 +44,7 @@ static void tenant_line(kvp_http_reply_t *r, const char *name, const kvp_tenant_
 }
 
 /* With an ACL: what each tenant holds, its quotas and what they refused (names from the
- * ACL; keys of no tenant, stored before it, under tenant=""). */
+ * ACL; the tenant "default" holds the keys stored as given, those before it too). */
 static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
     if (!st->tenants_on)

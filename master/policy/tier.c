@@ -149,8 +149,12 @@ static bool ssd_extent(kvp_master_state_t *st, uint64_t size, const char *near_h
     const kvp_tenant_t *t = &st->tenants.t[tenant];
     if (t->max_ssd != 0 && t->ssd_bytes + size > t->max_ssd)
         return false;
-    kvp_placement_req_t req = {
-        .size = size, .replica_num = 1, .ssd = true, .near_host = near_host, .tenant = tenant};
+    kvp_placement_req_t req = {.size = size,
+                               .replica_num = 1,
+                               .ssd = true,
+                               .near_host = near_host,
+                               .tenant = tenant,
+                               .dedicated_first = t->dedicated > 0};
     unsigned n = 0;
     kvp_status_t s = kvp_placement_alloc(&st->segments, &req, &st->rng, rep, &n);
     while (s == KVP_ERR_POOL_FULL) {
@@ -297,7 +301,8 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     kvp_placement_req_t req = {.size = obj->size,
                                .replica_num = 1,
                                .near_host = host_of(st, obj, true),
-                               .tenant = obj->tenant};
+                               .tenant = obj->tenant,
+                               .dedicated_first = ten->dedicated > 0};
     kvp_replica_t dram;
     unsigned n = 0;
     if (kvp_placement_alloc(&st->segments, &req, &st->rng, &dram, &n) != KVP_OK || n != 1)

@@ -123,7 +123,10 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         }
         if (kept_elsewhere(st, obj, from->id))
             continue; /* a replica on a segment that stays keeps it: nothing to copy */
-        kvp_placement_req_t preq = {.size = obj->size, .replica_num = 1, .tenant = obj->tenant};
+        kvp_placement_req_t preq = {.size = obj->size,
+                                    .replica_num = 1,
+                                    .tenant = obj->tenant,
+                                    .dedicated_first = st->tenants.t[obj->tenant].dedicated > 0};
         kvp_replica_t dest;
         unsigned got = 0;
         res[i].status = kvp_placement_alloc(&st->segments, &preq, &st->rng, &dest, &got);

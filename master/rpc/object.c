@@ -283,6 +283,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     int64_t give_back = -1;
     bool quota_said = false;
     preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
+    preq.dedicated_first = st->tenants.t[preq.tenant].dedicated > 0;
     for (size_t i = 0; i < n; i++) {
         kvpool__put_start_result__init(&res[i]);
         resptr[i] = &res[i];

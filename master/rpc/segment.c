@@ -51,7 +51,7 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         goto out;
     }
     /* a dedicated segment: the caller's own tenant (an admin's: any); tenants need an ACL */
-    uint16_t tenant = 0;
+    int32_t tenant = -1;
     if (req->tenant[0] != '\0') {
         const kvp_principal_t *who = call->who;
         if (!st->tenants_on || who == NULL) {
@@ -71,7 +71,7 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
             goto out;
         }
         tenant = kvp_tenant_id(&st->tenants, req->tenant, strlen(req->tenant), true);
-        if (tenant == 0) {
+        if (tenant < 0) {
             snprintf(msg, sizeof(msg), "%.64s is no tenant name (1..63 of A-Z a-z 0-9 . _ -)",
                      req->tenant);
             goto out;
@@ -118,11 +118,12 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         goto out;
     }
     resp.segment_id = seg->id;
-    seg->tenant = tenant;
-    st->tenants.t[tenant].dedicated += tenant != 0;
+    seg->dedicated = tenant >= 0;
+    seg->tenant = tenant >= 0 ? (uint16_t)tenant : 0;
+    st->tenants.t[seg->tenant].dedicated += seg->dedicated;
     KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s%s%s)", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint,
-                 tenant ? ", dedicated to tenant " : "", tenant ? req->tenant : "");
+                 seg->dedicated ? ", dedicated to tenant " : "", seg->dedicated ? req->tenant : "");
 out:
     resp.status = status;
     resp.message = msg;
@@ -192,7 +193,7 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
-    if (seg->tenant != 0 && seg->tenant < st->tenants.n)
+    if (seg->dedicated && seg->tenant < st->tenants.n)
         st->tenants.t[seg->tenant].dedicated--;
     kvp_segment_table_remove(&st->segments, seg);
     return ctx.dropped;

@@ -221,6 +221,27 @@ def test_same_key_in_two_tenants(make_master):
             assert m.tm("kvpool_tenant_bytes", t, "dram", text) == 0
 
 
+def test_default_tenant_cannot_forge_another_tenants_key(make_master):
+    """The default tenant's keys are stored as their users gave them (so keys stored
+    before an ACL are its own); one that reads like another tenant's stored key
+    ("team-a" 0x1f KEY) is kept apart: it stays the default tenant's object."""
+    m = make_master()
+    forged = "team-a\x1fa@target"
+    with m.client("admin") as adm, m.client("alice") as alice:
+        alice.put("a@target", b"alice's own")
+        adm.put(forged, b"the default tenant's")
+        adm.put("plain@default-key", b"as given")
+        assert alice.get("a@target") == b"alice's own"
+        assert adm.get(forged) == b"the default tenant's"
+        assert not adm.exists("a@target") and not alice.exists(forged)
+        listed = {(e["tenant"], e["key"]) for e in adm.list_keys("target|default-key")}
+        assert listed == {("team-a", "a@target"), ("default", forged),
+                          ("default", "plain@default-key")}, listed
+        alice.remove("a@target")
+        assert adm.get(forged) == b"the default tenant's"
+        assert m.tm("kvpool_tenant_objects", "default") == 2
+
+
 def test_http_keys_view_shows_a_stored_object_complete(make_master):
     m = make_master()
     with m.client("alice") as alice:

@@ -1327,8 +1327,11 @@ static void test_tenant_streams(void **state)
     assert_int_equal(count_of(all, nall, "kvpool/team-a/", "k1"), 1);
     assert_int_equal(count_of(all, nall, "kvpool/team-a/", "k2"), 1);
     assert_int_equal(count_of(all, nall, "kvpool/team-b/", "k1"), 1);
-    assert_int_equal(count_of(all, nall, "kvpool", "nobody@1"), 1);
-    assert_int_equal(count_of(all, nall, NULL, ""), 3); /* cleared: in each of the 3 streams */
+    /* with an ACL, a key with no tenant prefix is the default tenant's: its own stream */
+    assert_int_equal(count_of(all, nall, "kvpool/default/", "nobody@1"), 1);
+    assert_int_equal(count_of(all, nall, "kvpool", "nobody@1"), 0);
+    /* cleared: in each of the 4 streams (the one of keys of no tenant, unused here, too) */
+    assert_int_equal(count_of(all, nall, NULL, ""), 4);
     for (int i = 0; i < nall; i++) {
         const char *want = strcmp(all[i].topic, "kvpool/team-a/") == 0   ? "team-a"
                            : strcmp(all[i].topic, "kvpool/team-b/") == 0 ? "team-b"
