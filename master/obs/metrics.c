@@ -7,6 +7,8 @@
  * Thread: the master loop (http.c hands it the request). O(segments + methods).
  */
 #include <inttypes.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -49,45 +51,43 @@ static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
     if (!st->tenants_on)
         return;
+        /* each metric: the kvp_tenant_t field it shows, and for a metric by tier the SSD
+         * field besides (the first being DRAM's); NO_TIER: one line per tenant */
+#define NO_TIER SIZE_MAX
+#define F(x) offsetof(kvp_tenant_t, x)
     static const struct {
         const char *name, *type, *help;
+        size_t field, ssd_field;
     } m[] = {
-        {"kvpool_tenant_bytes", "gauge", "Bytes a tenant's objects take, by tier (each replica)."},
-        {"kvpool_tenant_objects", "gauge", "Objects of a tenant (being put ones included)."},
+        {"kvpool_tenant_bytes", "gauge", "Bytes a tenant's objects take, by tier (each replica).",
+         F(dram_bytes), F(ssd_bytes)},
+        {"kvpool_tenant_objects", "gauge", "Objects of a tenant (being put ones included).",
+         F(objects), NO_TIER},
         {"kvpool_tenant_quota_bytes", "gauge",
-         "A tenant's quota of bytes by tier (max-dram, max-ssd; 0: none)."},
-        {"kvpool_tenant_quota_objects", "gauge", "A tenant's quota of objects (0: none)."},
-        {"kvpool_tenant_puts_refused_total", "counter", "Puts refused for a tenant's quota."},
+         "A tenant's quota of bytes by tier (max-dram, max-ssd; 0: none).", F(max_dram),
+         F(max_ssd)},
+        {"kvpool_tenant_quota_objects", "gauge", "A tenant's quota of objects (0: none).",
+         F(max_objects), NO_TIER},
+        {"kvpool_tenant_puts_refused_total", "counter", "Puts refused for a tenant's quota.",
+         F(refused_quota), NO_TIER},
         {"kvpool_tenant_dedicated_segments", "gauge",
-         "Segments dedicated to a tenant (kvpool serve --tenant)."},
+         "Segments dedicated to a tenant (kvpool serve --tenant).", F(dedicated), NO_TIER},
     };
+#undef F
     for (size_t k = 0; k < KVP_ARRAY_SIZE(m); k++) {
         head(r, m[k].name, m[k].type, m[k].help);
         for (uint32_t i = 0; i < st->tenants.n; i++) {
             const kvp_tenant_t *t = &st->tenants.t[i];
-            switch (k) {
-            case 0:
-                tenant_line(r, m[k].name, t, ",tier=\"dram\"", t->dram_bytes);
-                tenant_line(r, m[k].name, t, ",tier=\"ssd\"", t->ssd_bytes);
-                break;
-            case 1:
-                tenant_line(r, m[k].name, t, "", t->objects);
-                break;
-            case 2:
-                tenant_line(r, m[k].name, t, ",tier=\"dram\"", t->max_dram);
-                tenant_line(r, m[k].name, t, ",tier=\"ssd\"", t->max_ssd);
-                break;
-            case 3:
-                tenant_line(r, m[k].name, t, "", t->max_objects);
-                break;
-            case 4:
-                tenant_line(r, m[k].name, t, "", t->refused_quota);
-                break;
-            default:
-                tenant_line(r, m[k].name, t, "", t->dedicated);
-            }
+            const char *base = (const char *)t;
+            bool tiers = m[k].ssd_field != NO_TIER;
+            tenant_line(r, m[k].name, t, tiers ? ",tier=\"dram\"" : "",
+                        *(const uint64_t *)(base + m[k].field));
+            if (tiers)
+                tenant_line(r, m[k].name, t, ",tier=\"ssd\"",
+                            *(const uint64_t *)(base + m[k].ssd_field));
         }
     }
+#undef NO_TIER
     one(r, "kvpool_evicted_share_total", "counter",
         "Victims taken from a tenant at or over its share of DRAM, passing others' objects.",
         st->stats.evicted_share);

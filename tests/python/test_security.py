@@ -466,8 +466,13 @@ def make_secure(certs, tmp_path):
         return m
 
     yield make
+    close_all(made)
+
+
+def close_all(masters):
+    """Close each master a fixture made; fail if any child exited non-zero."""
     bad = []
-    for m in made:
+    for m in masters:
         bad += m.close()
     assert not bad, f"children exited non-zero: {bad}"
 

@@ -52,8 +52,8 @@ import pytest
 
 import kvpool
 from conftest import metric
-from test_security import (SecureMaster, acl_text, certs, denied,  # noqa: F401 (fixtures)
-                           no_ambient_credentials, poll)
+from test_security import (SecureMaster, acl_text, certs, close_all,  # noqa: F401 (fixtures)
+                           denied, no_ambient_credentials, poll)
 
 ERR_QUOTA = getattr(kvpool, "ERR_QUOTA", -39)
 DENIED = kvpool.ERR_DENIED
@@ -150,10 +150,7 @@ def make_master(certs, tmp_path):
         return m
 
     yield make
-    bad = []
-    for m in made:
-        bad += m.close()
-    assert not bad, f"children exited non-zero: {bad}"
+    close_all(made)
 
 
 def quota_error(fn, *args, **kw):
