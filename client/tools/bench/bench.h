@@ -232,6 +232,8 @@ void kvp_bench_progress_done(const kvp_bench_opts_t *o);
 
 /* Resident set size of a process in bytes (pid 0: self), -1 if unknown. */
 long long kvp_bench_rss_bytes(pid_t pid);
+/* CPU seconds (user + system) a process has used so far (pid 0: self), -1 if unknown. */
+double kvp_bench_cpu_s(pid_t pid);
 
 /* The pool as the master sees it, without its segment list; -1 with a message naming
  * `mode` when it cannot be asked (*ps_p is written only on success). */

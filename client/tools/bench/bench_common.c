@@ -316,6 +316,28 @@ long long kvp_bench_rss_bytes(pid_t pid)
     return kib < 0 ? -1 : kib * 1024;
 }
 
+double kvp_bench_cpu_s(pid_t pid)
+{
+    char path[64], line[1024];
+    if (pid == 0)
+        snprintf(path, sizeof(path), "/proc/self/stat");
+    else
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return -1;
+    char *ok = fgets(line, sizeof(line), f);
+    fclose(f);
+    /* the name in parentheses may hold spaces: fields count from its closing one */
+    char *p = ok ? strrchr(line, ')') : NULL;
+    unsigned long long ut = 0, st = 0;
+    if (p == NULL ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2)
+        return -1;
+    long hz = sysconf(_SC_CLK_TCK);
+    return hz > 0 ? (double)(ut + st) / (double)hz : -1;
+}
+
 int kvp_bench_pool_stat(kvp_client_t *c, const char *mode, kvp_pool_stat_t *ps_p)
 {
     kvp_pool_stat_t *p = NULL;

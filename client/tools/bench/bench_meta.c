@@ -90,8 +90,11 @@ typedef struct meta_shared {
     pthread_barrier_t barrier; /* TASK_PUT rounds; counts the threads started */
     atomic_uint_fast64_t done; /* keys done (fill progress) */
     atomic_bool abort;
-    bool stop;       /* TASK_PUT: decided by thread 0 between barriers */
-    double put_time; /* TASK_PUT: timed seconds, thread 0 */
+    bool stop;         /* TASK_PUT: decided by thread 0 between barriers */
+    double put_time;   /* TASK_PUT: timed seconds, thread 0 */
+    pid_t master_pid;  /* local master: its CPU is read around each task */
+    double cpu_master; /* CPU seconds the master and this process used in the last task */
+    double cpu_client;
     uint64_t put_keys;
 } meta_shared_t;
 
@@ -441,6 +444,8 @@ static double run_task(meta_shared_t *sh, meta_worker_t *ws, meta_task_t task)
     }
     if (started > 0)
         pthread_barrier_init(&sh->barrier, NULL, started);
+    double m0 = sh->master_pid > 0 ? kvp_bench_cpu_s(sh->master_pid) : -1;
+    double c0 = kvp_bench_cpu_s(0);
     double t0 = kvp_bench_now();
     pthread_mutex_lock(&sh->gate_lock);
     sh->gate_open = true;
@@ -453,6 +458,9 @@ static double run_task(meta_shared_t *sh, meta_worker_t *ws, meta_task_t task)
     if (short_handed)
         return -1;
     double dt = kvp_bench_now() - t0;
+    double m1 = m0 >= 0 ? kvp_bench_cpu_s(sh->master_pid) : -1;
+    sh->cpu_master = m0 >= 0 && m1 >= 0 ? m1 - m0 : -1;
+    sh->cpu_client = kvp_bench_cpu_s(0) - c0;
     for (unsigned i = 0; i < sh->threads; i++) {
         if (ws[i].status != KVP_OK) {
             fprintf(stderr, "kvpool-bench meta: client thread %u failed: %s\n", i,
@@ -598,10 +606,14 @@ static int cmp_u64(const void *a, const void *b)
 /* Print and record one figure. Returns -1 (message on stderr) when resident keys were
  * not found: the master lost objects, an error. */
 static int report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op, double kps,
-                  double bpo, long long rss, double fill_kps, uint64_t misses)
+                  double bpo, long long rss, double fill_kps, uint64_t misses, uint64_t keys)
 {
-    printf("%10" PRIu64 " %-16s %12.0f %12.1f %8zu %8u %12.0f%s\n", sh->resident, op, kps, bpo,
-           key_len(), sh->threads, fill_kps, misses ? "  <- keys not found!" : "");
+    /* CPU per 1000 keys over the whole task (put: its removes too), master and this process */
+    double mk = keys && sh->cpu_master >= 0 ? sh->cpu_master * 1e9 / (double)keys : -1;
+    double ck = keys ? sh->cpu_client * 1e9 / (double)keys : -1;
+    printf("%10" PRIu64 " %-16s %12.0f %12.1f %8zu %8u %12.0f %10.0f %10.0f%s\n", sh->resident, op,
+           kps, bpo, key_len(), sh->threads, fill_kps, mk, ck,
+           misses ? "  <- keys not found!" : "");
     kvp_bench_result_begin(out, "meta");
     kvp_bench_result_str(out, "op", op);
     kvp_bench_result_str(out, "tls", kvp_bench_tls_on() ? "on" : "off");
@@ -615,6 +627,8 @@ static int report(kvp_bench_out_t *out, const meta_shared_t *sh, const char *op,
     kvp_bench_result_int(out, "threads", sh->threads);
     kvp_bench_result_num(out, "fill_keys_per_s", fill_kps);
     kvp_bench_result_int(out, "misses", (int64_t)misses);
+    kvp_bench_result_num(out, "master_cpu_us_per_1k_keys", mk);
+    kvp_bench_result_num(out, "client_cpu_us_per_1k_keys", ck);
     kvp_bench_result_end(out);
     if (misses == 0)
         return 0;
@@ -694,6 +708,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 
     pid_t mpid = kvp_bench_master_pid();
     long long rss0 = mpid > 0 ? kvp_bench_rss_bytes(mpid) : -1;
+    sh.master_pid = mpid;
     printf("master metadata: %u client threads (one connection each), batches of %u, %u-byte "
            "objects on virtual segment %s, %zu-byte keys, %.1f s per point\n",
            sh.threads, META_BATCH, META_OBJ_SIZE, seg_name, key_len(), dur);
@@ -706,8 +721,9 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     kvp_bench_result_str(out, "tls", kvp_bench_tls_on() ? "on" : "off");
     kvp_bench_result_num(out, "connect_us", connect_us);
     kvp_bench_result_end(out);
-    printf("%10s %-16s %12s %12s %8s %8s %12s\n", "resident", "op", "keys/s", "B/object", "key B",
-           "threads", "fill keys/s");
+    printf("%10s %-16s %12s %12s %8s %8s %12s %10s %10s\n", "resident", "op", "keys/s", "B/object",
+           "key B", "threads", "fill keys/s", "master us", "client us");
+    printf("(us: CPU per 1000 keys, the master's and this process's)\n");
 
     uint64_t resident = 0;
     bool bad = false;
@@ -745,7 +761,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         kvp_bench_progress_done(o);
         uint64_t k = sum_keys(ws, sh.threads, &misses);
         bad |= report(out, &sh, "put", sh.put_time > 0 ? (double)k / sh.put_time : 0, bpo, rss,
-                      fill_kps, misses) != 0;
+                      fill_kps, misses, k) != 0;
 
         kvp_bench_progress(o, "meta: %" PRIu64 " resident: exist", r);
         sh.deadline = kvp_bench_now() + dur;
@@ -754,7 +770,7 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         if (dt < 0)
             goto out;
         k = sum_keys(ws, sh.threads, &misses);
-        bad |= report(out, &sh, "exist", (double)k / dt, bpo, rss, fill_kps, misses) != 0;
+        bad |= report(out, &sh, "exist", (double)k / dt, bpo, rss, fill_kps, misses, k) != 0;
 
         kvp_bench_progress(o, "meta: %" PRIu64 " resident: get_replica_list", r);
         sh.deadline = kvp_bench_now() + dur;
@@ -763,8 +779,8 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         if (dt < 0)
             goto out;
         k = sum_keys(ws, sh.threads, &misses);
-        bad |=
-            report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses) != 0;
+        bad |= report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses,
+                      k) != 0;
         fflush(stdout);
     }
 
@@ -782,8 +798,8 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     }
     double cost_ns = plain > 0 && ev > 0 ? 1e9 / ev - 1e9 / plain : -1;
     uint64_t misses_ev;
-    sum_keys(ws, sh.threads, &misses_ev);
-    bad |= report(out, &sh, "put_evicting", ev, -1, -1, 0, misses_ev) != 0;
+    uint64_t keys_ev = sum_keys(ws, sh.threads, &misses_ev);
+    bad |= report(out, &sh, "put_evicting", ev, -1, -1, 0, misses_ev, keys_ev) != 0;
     printf("eviction: %.0f puts/s into a full pool of %" PRIu64 " objects (every put evicts one) "
            "vs %.0f puts/s into the same pool at 90 %% (no eviction): %.0f ns of eviction per "
            "put\n",
