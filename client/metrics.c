@@ -74,8 +74,10 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         load_count(&m.served[KVP_METRICS_TP_TCP].put, &sv->dir[0]);
         load_count(&m.served[KVP_METRICS_TP_TCP].get, &sv->dir[1]);
     }
-    if (c->seg != NULL)
+    if (c->seg != NULL) {
         m.refused_protected += kvp_segment_refused(c->seg);
+        m.refused_grant += kvp_segment_grants_refused(c->seg);
+    }
     if (c->seg != NULL) {
         snprintf(m.dram_segment, sizeof(m.dram_segment), "%s", kvp_segment_name(c->seg));
         m.dram_mounted = kvp_client_segment_mounted(c);
@@ -205,9 +207,12 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
 
     family(&o, "kvpool_connections_refused_total", "counter",
            "Connections this process's data servers refused, by reason (protected_mode: a "
-           "peer of another host while no credentials are configured).");
+           "peer of another host while no credentials are configured; grant: a data "
+           "request without a valid grant from the master, whose connection was closed).");
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"protected_mode\"} %llu\n",
             (unsigned long long)m->refused_protected);
+    put_fmt(&o, "kvpool_connections_refused_total{reason=\"grant\"} %llu\n",
+            (unsigned long long)m->refused_grant);
     family(&o, "kvpool_ssd_io_ops_total", "counter",
            "Reads and writes of this process's SSD segment file that completed.");
     put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"read\"} %llu\n", (unsigned long long)m->ssd_read.ops);

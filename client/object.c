@@ -286,7 +286,7 @@ static uint32_t pieces_crc(const pieces_t *p, size_t i)
 static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t grp_id,
                             kvp_xfer_kind_t kind, const pieces_t *p, size_t i, uint64_t offset,
                             uint64_t len, kvp_peer_t *peer, bool want_crc,
-                            const kvp_xfer_mem_t *mems)
+                            const kvp_xfer_mem_t *mems, const void *grant)
 {
     bool first = true;
     bool stream = len >= KVP_CRC32C_STREAM_MIN; /* each piece copied as the whole would be */
@@ -304,7 +304,8 @@ static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t gr
                                  .peer = peer,
                                  .want_crc = want_crc,
                                  .stream = stream,
-                                 .mem = mems != NULL ? mems[b] : (kvp_xfer_mem_t){0}};
+                                 .mem = mems != NULL ? mems[b] : (kvp_xfer_mem_t){0},
+                                 .grant = grant};
         grp[k++] = grp_id;
         offset += s;
         len -= s;
@@ -492,9 +493,9 @@ static kvp_status_t put_plan(put_batch_t *b)
             kvp_peer_t *peer = kvp_peers_get(&b->c->peers, r->replicas[q]->segment_id);
             if (peer == NULL)
                 continue; /* an unknown segment: that replica is not written */
-            b->k =
-                add_piece_ops(b->ops, b->op_grp, b->k, j * REPLICAS_MAX + q, KVP_XFER_WRITE, b->src,
-                              i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu, b->mems);
+            b->k = add_piece_ops(b->ops, b->op_grp, b->k, j * REPLICAS_MAX + q, KVP_XFER_WRITE,
+                                 b->src, i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu,
+                                 b->mems, KVP_XFER_GRANT(r->replicas[q]->grant));
         }
     }
     return rc;
@@ -968,7 +969,8 @@ static size_t read_plan_round(read_batch_t *b, unsigned round)
         }
         k = add_piece_ops(b->ops, b->op_item, k, t, KVP_XFER_READ, b->dst, t,
                           rep->offset + (b->whole ? 0 : b->offsets[t]), b->len[t], peer,
-                          b->whole && b->c->params.verify_crc != 0, NULL);
+                          b->whole && b->c->params.verify_crc != 0, NULL,
+                          KVP_XFER_GRANT(rep->grant));
     }
     return k;
 }

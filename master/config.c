@@ -81,6 +81,7 @@ static const setting_t settings[] = {
     STR("tls-ca", tls_ca),
     STR("tls-crl", tls_crl),
     STR("acl-file", acl_file),
+    {"data-grants", ON_OFF, offsetof(kvp_master_config_t, data_grants), 0},
     STR("etcd-cacert", etcd_cacert),
     STR("etcd-cert", etcd_cert),
     STR("etcd-key", etcd_key),
@@ -104,6 +105,7 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     cfg->ssd_evict_low = 0.90;
     cfg->promote_on_hit = true;
     cfg->segment_records = true;
+    cfg->data_grants = true;
     snprintf(cfg->http_listen, sizeof(cfg->http_listen), "127.0.0.1:9003");
     cfg->http_listen_given = false;
     cfg->kv_events_bind[0] = cfg->kv_events_replay[0] = '\0';

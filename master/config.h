@@ -52,6 +52,7 @@ typedef struct kvp_master_config {
     char tls_ca[512];
     char tls_crl[512];
     char acl_file[512];
+    bool data_grants; /* with TLS: tcp data requests carry grants (common/grant.h) */
     /* etcd's TLS and credentials (docs/operations.md "Security", "etcd"): "" when not given */
     char etcd_cacert[512];
     char etcd_cert[512];

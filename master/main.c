@@ -49,6 +49,10 @@ static void usage(FILE *f)
             "  --tls-crl FILE       revoked client certificates (PEM CRL)\n"
             "  --acl-file FILE      principals: tenant, roles, cert-cn, token-sha256, key\n"
             "                       patterns; SIGHUP reloads it (and the TLS files)\n"
+            "  --data-grants on|off  with TLS: every tcp data request carries a grant the\n"
+            "                       master sealed for that extent, op and time, checked by\n"
+            "                       the segment's owner (default on; off: owners serve\n"
+            "                       any request, as without TLS)\n"
             "  --evict-high-watermark F  also evict in the background when used/capacity\n"
             "                       passes F (default 1.0: off; puts evict what they need)\n"
             "  --evict-low-watermark F   ... down to F (default 0.98)\n"
@@ -168,6 +172,7 @@ static const struct option opts[] = {
     {"tls-key", required_argument, NULL, 's'},
     {"tls-ca", required_argument, NULL, 's'},
     {"tls-crl", required_argument, NULL, 's'},
+    {"data-grants", required_argument, NULL, 's'},
     {"acl-file", required_argument, NULL, 's'},
     {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},

@@ -37,6 +37,7 @@
 #include "common/clock.h"
 #include "common/sock.h"
 #include "common/parse.h"
+#include "common/grant.h"
 #include "common/tls.h"
 #include "master/auth/acl.h"
 #include "master/dispatch.h"
@@ -1015,6 +1016,19 @@ static kvp_status_t load_security(kvp_master_server_t *srv)
     KVP_LOG_INFO("TLS 1.3 on the control port (client certificates %s); ACL %s: %zu principals",
                  cfg->tls_ca[0] ? "verified against --tls-ca" : "not asked for", cfg->acl_file,
                  srv->acl->n);
+    /* data grants: a new epoch each start, so no grant of an earlier master is taken */
+    if (cfg->data_grants) {
+        if (!kvp_grant_random(&srv->state.grant_epoch, sizeof(srv->state.grant_epoch))) {
+            KVP_LOG_ERROR("cannot draw the data grants' epoch (no randomness)");
+            return KVP_ERR_INTERNAL;
+        }
+        srv->state.grants_on = true;
+        KVP_LOG_INFO("data grants on: tcp data requests to segments mounted here need a grant "
+                     "this master sealed (--data-grants off to serve any)");
+    } else {
+        KVP_LOG_WARN("data grants off (--data-grants off): any peer that reaches a segment's "
+                     "data port may read and write it");
+    }
     return KVP_OK;
 }
 

@@ -159,6 +159,14 @@ typedef struct kvp_master_state {
     kvp_tenant_table_t tenants;
     bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
     bool share_evict; /* an eviction run takes objects of tenants over their share first */
+    /* data grants (common/grant.h): with TLS, answers that name extents carry grants the
+     * owners check; the epoch is drawn at start, the keys at each mount */
+    bool grants_on;
+    uint64_t grant_epoch;
+    struct kvp_grant *grant_buf; /* a response's grants (kvp_call_grants_reserve) */
+    size_t grant_cap;
+    uint64_t grant_now_ms; /* the wall clock when the response's grants were cut */
+    uint64_t grant_nonce;
     /* dispatch.c's scratch for the stored keys of a request (grown, never shrunk) */
     uint8_t *scope_buf;
     size_t scope_cap;

@@ -105,7 +105,8 @@ static uint64_t drain_page(const kvp_drain_params_t *p, uint64_t seg_id, Kvpool_
                 .offset = r->replicas[0]->offset,
                 .length = lr->entries[ent[j]]->size,
                 .peer = peer,
-                .want_crc = true};
+                .want_crc = true,
+                .grant = KVP_XFER_GRANT(r->replicas[0]->grant)};
             op_slot[w] = k;
             op_crc[w++] = lr->entries[ent[j]]->crc32c;
         }

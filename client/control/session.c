@@ -85,7 +85,8 @@ static kvp_status_t mount_reply(kvp_session_t *s, uint8_t *resp, size_t rlen, bo
         return KVP_ERR_PROTOCOL;
     kvp_status_t st = mr->status;
     if (st == KVP_OK) {
-        kvp_segment_mounted(s->seg, mr->segment_id, adopting);
+        kvp_segment_mounted(s->seg, mr->segment_id, adopting, mr->grant_key.data, mr->grant_key.len,
+                            mr->grant_epoch);
         kvp_peers_set_own(s->peers, mr->segment_id);
     } else {
         KVP_LOG_ERROR("master refused to mount segment %s: %s (%s)", kvp_segment_name(s->seg),

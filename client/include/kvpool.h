@@ -446,6 +446,9 @@ typedef struct kvp_metrics {
     int32_t reserved2;
     /* connections of other hosts this process's data servers refused (protected mode) */
     uint64_t refused_protected;
+    /* data requests its data servers refused for a missing or bad grant (data grants on:
+     * docs/protocol.md "Grants"); each closed its connection */
+    uint64_t refused_grant;
 } kvp_metrics_t;
 
 /*

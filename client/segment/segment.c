@@ -161,6 +161,11 @@ const kvp_served_stats_t *kvp_segment_served(const kvp_segment_t *seg)
     return seg->server != NULL ? kvp_segment_server_stats(seg->server) : NULL;
 }
 
+uint64_t kvp_segment_grants_refused(const kvp_segment_t *seg)
+{
+    return seg->server != NULL ? kvp_segment_server_grants_refused(seg->server) : 0;
+}
+
 uint64_t kvp_segment_refused(const kvp_segment_t *seg)
 {
     return seg->server != NULL ? kvp_segment_server_refused(seg->server) : 0;
@@ -197,10 +202,14 @@ void kvp_segment_state_unlock(kvp_segment_t *seg)
     pthread_mutex_unlock(&seg->state_lock);
 }
 
-void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting)
+void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
+                         const uint8_t *grant_key, size_t grant_key_len, uint64_t grant_epoch)
 {
     if (adopting) /* flagged before the id changes: the record thread sees both */
         atomic_store(&seg->offer_id, seg_id);
+    /* the new key before the new id: no request for the new mount is served unchecked */
+    if (seg->server != NULL)
+        kvp_segment_server_set_grants(seg->server, grant_key, grant_key_len, grant_epoch);
     atomic_store(&seg->id, seg_id);
     kvp_segment_server_set_id(seg->server, seg_id);
     KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", seg->name,

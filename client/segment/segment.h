@@ -77,8 +77,13 @@ void kvp_segment_describe(const kvp_segment_t *seg, Kvpool__SegmentDesc *d);
 void kvp_segment_state_lock(kvp_segment_t *seg);
 void kvp_segment_state_unlock(kvp_segment_t *seg);
 /* The master mounted it as seg_id (state lock held). adopting: its record is to be offered
- * (kvp_segment_offer_take), flagged before the id changes so a reader sees both. */
-void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting);
+ * (kvp_segment_offer_take), flagged before the id changes so a reader sees both. grant_key
+ * (grant_key_len bytes; NULL or empty: none) and grant_epoch: the mount's data grants, which
+ * its data server asks of every request from now on (common/grant.h). */
+void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
+                         const uint8_t *grant_key, size_t grant_key_len, uint64_t grant_epoch);
+/* Requests its data server refused for a missing or bad grant. */
+uint64_t kvp_segment_grants_refused(const kvp_segment_t *seg);
 
 /* Begin a drain (MOUNTED -> DRAINING, under the state lock, so no remount slips a new id in
  * between): the id to drain in *seg_id_p. KVP_ERR_PENDING: a drain is under way;

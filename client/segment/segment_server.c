@@ -37,6 +37,8 @@
 #include "client/segment/segment_server.h"
 #include "client/transport/wire.h"
 #include "client/segment/conn_server.h"
+#include "client/segment/data_grant.h"
+#include "common/grant.h"
 #include "common/log.h"
 #include "common/sock.h"
 
@@ -45,8 +47,22 @@ struct kvp_segment_server {
     uint64_t size;
     _Atomic uint64_t segment_id;
     kvp_conn_server_t *conns;
-    kvp_served_stats_t stats; /* relaxed adds, one per request served */
+    kvp_served_stats_t stats;        /* relaxed adds, one per request served */
+    kvp_grant_keyring_t grants;      /* from the last mount (data grants on: a key) */
+    _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
 };
+
+/* A connection's state between requests: its grant verifier. */
+typedef struct conn_state {
+    kvp_grant_verifier_t v;
+} conn_state_t;
+
+static kvp_status_t check_grants(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
+                                 const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n)
+{
+    return kvp_data_grants_check(&srv->grants, &cs->v, &srv->grants_refused, "segment server", fd,
+                                 req, vec, n, atomic_load(&srv->segment_id));
+}
 
 /* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
 static kvp_status_t recvv_all(int fd, struct iovec *iov, int iovcnt)
@@ -79,7 +95,8 @@ static kvp_status_t recvv_all(int fd, struct iovec *iov, int iovcnt)
  * close (I/O failed, or a WRITEV/count that cannot be trusted); an error reply has then
  * been attempted.
  */
-static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req_t *req)
+static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
+                      const kvp_data_req_t *req)
 {
     kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
     struct iovec iov[KVP_DATA_VEC_MAX + 1];
@@ -92,7 +109,12 @@ static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req
     }
     if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
         return false;
-    kvp_status_t st = KVP_OK;
+    kvp_status_t st = check_grants(srv, cs, fd, req, vec, n);
+    if (st != KVP_OK) { /* nothing is read or written; the connection ends */
+        if (st == KVP_ERR_DENIED)
+            kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return false;
+    }
     uint64_t id = atomic_load(&srv->segment_id), total = 0;
     for (uint64_t i = 0; i < n && st == KVP_OK; i++) {
         const kvp_data_vec_t *v = &vec[i];
@@ -133,19 +155,28 @@ static bool serve_vec(struct kvp_segment_server *srv, int fd, const kvp_data_req
 static void serve_conn(void *arg, int fd)
 {
     struct kvp_segment_server *srv = arg;
+    conn_state_t cs = {.v = {0}};
     for (;;) {
         kvp_data_req_t req;
         if (kvp_recv_all(fd, &req, sizeof(req)) != KVP_OK)
             break;
         if (req.magic == KVP_DATA_MAGIC &&
             (req.op == KVP_DATA_READV || req.op == KVP_DATA_WRITEV)) {
-            if (!serve_vec(srv, fd, &req))
+            if (!serve_vec(srv, &cs, fd, &req))
                 break;
             continue;
         }
         if (req.magic != KVP_DATA_MAGIC || (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
             KVP_LOG_WARN_LIMITED("segment server: bad request header (magic %#x op %u); closing",
                                  req.magic, req.op);
+            break;
+        }
+        kvp_data_vec_t one = {
+            .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
+        kvp_status_t gst = check_grants(srv, &cs, fd, &req, &one, 1);
+        if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
+            if (gst == KVP_ERR_DENIED)
+                kvp_data_reply(fd, KVP_ERR_DENIED, 0);
             break;
         }
         kvp_status_t st = KVP_OK;
@@ -179,6 +210,7 @@ static void serve_conn(void *arg, int fd)
             }
         }
     }
+    kvp_grant_verifier_cleanup(&cs.v);
 }
 
 kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *host, uint16_t port,
@@ -191,6 +223,7 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
     srv->base = base;
     srv->size = size;
     atomic_store(&srv->segment_id, UINT64_MAX);
+    kvp_grant_keyring_init(&srv->grants);
     kvp_status_t status = kvp_conn_server_create("segment server", host, port, protected_mode,
                                                  serve_conn, srv, &srv->conns, bound_port_p);
     if (status != KVP_OK) {
@@ -204,6 +237,17 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id)
 {
     atomic_store(&srv->segment_id, segment_id);
+}
+
+void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key, size_t key_len,
+                                   uint64_t epoch)
+{
+    kvp_grant_keyring_set(&srv->grants, key, key_len, epoch);
+}
+
+uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv)
+{
+    return atomic_load_explicit(&srv->grants_refused, memory_order_relaxed);
 }
 
 uint64_t kvp_segment_server_refused(const kvp_segment_server_t *srv)
@@ -221,5 +265,6 @@ void kvp_segment_server_destroy(kvp_segment_server_t *srv)
     if (srv == NULL)
         return;
     kvp_conn_server_destroy(srv->conns);
+    kvp_grant_keyring_cleanup(&srv->grants);
     free(srv);
 }

@@ -27,6 +27,14 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
                                        bool protected_mode, kvp_segment_server_t **srv_p,
                                        uint16_t *bound_port_p);
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
+
+/* The key and epoch of the mount's data grants (common/grant.h): from now on every request
+ * must carry a grant sealed with that key; key NULL: grants off, any request is served.
+ * Thread: any (connections pick it up at their next request). */
+void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key, size_t key_len,
+                                   uint64_t epoch);
+/* Requests refused for a missing or bad grant (the connection was closed). Thread: any. */
+uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv);
 void kvp_segment_server_destroy(kvp_segment_server_t *srv);
 /* Connections of other hosts refused in protected mode (conn_server.h). Thread: any. */
 uint64_t kvp_segment_server_refused(const kvp_segment_server_t *srv);

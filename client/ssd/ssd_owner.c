@@ -181,6 +181,8 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool fir
         return st;
     }
     uint64_t id = mr->segment_id;
+    /* the new key before the new id: no request for the new mount is served unchecked */
+    kvp_ssd_server_set_grants(o->srv, mr->grant_key.data, mr->grant_key.len, mr->grant_epoch);
     kvpool__mount_response__free_unpacked(mr, NULL);
     kvp_ssd_server_set_id(o->srv, id);
     atomic_store(&o->seg_id, id);
@@ -228,7 +230,8 @@ static void offload_read(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, const uint64_t
                                     .offset = t[i]->dram->offset,
                                     .length = t[i]->size,
                                     .peer = peers[i],
-                                    .want_crc = true};
+                                    .want_crc = true,
+                                    .grant = KVP_XFER_GRANT(t[i]->dram->grant)};
     }
     if (nr > 0)
         kvp_transfer_run(o->xfer, run, nr);
@@ -360,7 +363,8 @@ static void promote_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
                                     .local = iov[i].buf,
                                     .offset = t[i]->dram->offset,
                                     .length = t[i]->size,
-                                    .peer = peers[i]};
+                                    .peer = peers[i],
+                                    .grant = KVP_XFER_GRANT(t[i]->dram->grant)};
     }
     if (nr > 0)
         kvp_transfer_run(o->xfer, run, nr);
@@ -567,6 +571,7 @@ void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
     m->ssd_capacity = kvp_ssd_file_size(o->file);
     m->ssd_mounted = 1;
     m->refused_protected += kvp_ssd_server_refused(o->srv);
+    m->refused_grant += kvp_ssd_server_grants_refused(o->srv);
 }
 
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)

@@ -48,6 +48,7 @@
 #include "client/segment/segment_server.h"
 #include "client/transport/wire.h"
 #include "client/segment/conn_server.h"
+#include "client/segment/data_grant.h"
 #include "client/ssd/ssd_io.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -70,6 +71,8 @@ struct kvp_ssd_server {
     /* extents whose reads failed with an I/O error, for the owner to report (bad_lock) */
     uint64_t bad[KVP_SSD_SERVER_BAD_MAX];
     size_t n_bad;
+    kvp_grant_keyring_t grants;      /* from the last mount (data grants on: a key) */
+    _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
 };
 
 /* One piece of a read: a chunk of the file and the bytes of it to send. */
@@ -93,6 +96,7 @@ typedef struct conn_io {
     kvp_ssd_iov_t ops[DEPTH];
     rd_chunk_t ch[DEPTH];
     kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
+    kvp_grant_verifier_t v; /* the connection's grant check (segment/data_grant.h) */
 } conn_io_t;
 
 static uint64_t round_down(uint64_t x)
@@ -325,6 +329,14 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
     }
     if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
         return false;
+    kvp_status_t gst =
+        kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, req,
+                              vec, n, atomic_load(&srv->segment_id));
+    if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
+        if (gst == KVP_ERR_DENIED)
+            kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return false;
+    }
     bool write = req->op == KVP_DATA_WRITEV;
     kvp_status_t st = KVP_OK;
     uint64_t total = 0;
@@ -349,6 +361,7 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
 
 static void conn_io_cleanup(conn_io_t *cio)
 {
+    kvp_grant_verifier_cleanup(&cio->v);
     for (unsigned i = 0; i < DEPTH; i++)
         free(cio->buf[i]);
     kvp_ssd_io_destroy(cio->io);
@@ -398,9 +411,17 @@ static void serve_conn(void *arg, int fd)
             break;
         }
         bool write = req.op == KVP_DATA_WRITE;
-        kvp_status_t st = check_extent(srv, req.segment_id, req.offset, req.length, write);
         kvp_data_vec_t one = {
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
+        kvp_status_t gst =
+            kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd,
+                                  &req, &one, 1, atomic_load(&srv->segment_id));
+        if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
+            if (gst == KVP_ERR_DENIED)
+                kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+            break;
+        }
+        kvp_status_t st = check_extent(srv, req.segment_id, req.offset, req.length, write);
         if (write) {
             if (st != KVP_OK) {
                 kvp_data_reply(fd, st, 0);
@@ -436,10 +457,12 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     atomic_store(&srv->segment_id, 0);
     atomic_store(&srv->io_errors, 0);
     pthread_mutex_init(&srv->bad_lock, NULL);
+    kvp_grant_keyring_init(&srv->grants);
     kvp_status_t status = kvp_conn_server_create("ssd server", host, port, protected_mode,
                                                  serve_conn, srv, &srv->conns, bound_port_p);
     if (status != KVP_OK) {
         pthread_mutex_destroy(&srv->bad_lock);
+        kvp_grant_keyring_cleanup(&srv->grants);
         free(srv);
         return status;
     }
@@ -450,6 +473,17 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
 void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id)
 {
     atomic_store(&srv->segment_id, segment_id);
+}
+
+void kvp_ssd_server_set_grants(kvp_ssd_server_t *srv, const uint8_t *key, size_t key_len,
+                               uint64_t epoch)
+{
+    kvp_grant_keyring_set(&srv->grants, key, key_len, epoch);
+}
+
+uint64_t kvp_ssd_server_grants_refused(const kvp_ssd_server_t *srv)
+{
+    return atomic_load_explicit(&srv->grants_refused, memory_order_relaxed);
 }
 
 const kvp_served_stats_t *kvp_ssd_server_stats(const kvp_ssd_server_t *srv)
@@ -473,5 +507,6 @@ void kvp_ssd_server_destroy(kvp_ssd_server_t *srv)
         return;
     kvp_conn_server_destroy(srv->conns);
     pthread_mutex_destroy(&srv->bad_lock);
+    kvp_grant_keyring_cleanup(&srv->grants);
     free(srv);
 }

@@ -24,6 +24,11 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
 /* Connections of other hosts refused in protected mode (segment/conn_server.h). */
 uint64_t kvp_ssd_server_refused(const kvp_ssd_server_t *srv);
 void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
+/* The mount's data grants (as kvp_segment_server_set_grants) and the requests refused for
+ * a missing or bad one. Thread: any. */
+void kvp_ssd_server_set_grants(kvp_ssd_server_t *srv, const uint8_t *key, size_t key_len,
+                               uint64_t epoch);
+uint64_t kvp_ssd_server_grants_refused(const kvp_ssd_server_t *srv);
 /* Extents (their segment offsets) whose reads failed with an I/O error since the last
  * call, at most max (up to KVP_SSD_SERVER_BAD_MAX are kept): the owner reports them to
  * the master, which drops those copies. */

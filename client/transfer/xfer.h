@@ -15,6 +15,7 @@
 
 #include "client/include/kvpool.h"
 #include "common/crc32c.h"
+#include "common/grant.h"
 #include "common/status.h"
 
 struct kvp_peer;
@@ -42,9 +43,14 @@ typedef struct kvp_xfer_op {
     bool want_crc;         /* compute crc of the bytes moved into `crc` */
     bool stream;           /* a piece of a move of >= KVP_CRC32C_STREAM_MIN bytes: copies stream */
     kvp_xfer_mem_t mem;    /* its local buffer's memory, when the planner found it */
+    const void *grant;     /* the master's grant for the extent (KVP_GRANT_LEN bytes, borrowed
+                              for the call; common/grant.h), or NULL: none was given */
     uint32_t crc;          /* out */
     kvp_status_t status;   /* out */
 } kvp_xfer_op_t;
+
+/* A replica's grant off the wire (a ProtobufCBinaryData): its bytes when it is one, or NULL. */
+#define KVP_XFER_GRANT(bin) ((bin).len == KVP_GRANT_LEN ? (const void *)(bin).data : NULL)
 
 typedef enum kvp_transport_id {
     KVP_TRANSPORT_AUTO = 0,

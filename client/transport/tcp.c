@@ -49,6 +49,7 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/clock.h"
+#include "common/grant.h"
 #include "common/sock.h"
 #include "common/parse.h"
 
@@ -86,6 +87,7 @@ typedef struct tcp_scratch {
     struct slice *slices;
     struct slice **sorted;
     kvp_data_vec_t *vecs;
+    kvp_grant_t *grants; /* grants[i]: slices[i]'s op's grant, when it has one */
     struct group *groups;
     struct xconn *conns;
     struct pollfd *pfds;
@@ -104,6 +106,7 @@ typedef struct group {
     tcp_pool_t *pool;
     slice_t **slices;     /* this group's slices, in order */
     kvp_data_vec_t *vecs; /* vecs[i]: slices[i] as a vector entry */
+    kvp_grant_t *grants;  /* grants[i]: its grant (KVP_DATA_F_GRANT in its header) */
     size_t n, next;       /* next: first unassigned */
     unsigned live;        /* live connections */
     unsigned chain;       /* most small slices in one vectored request */
@@ -116,6 +119,7 @@ typedef struct req {
     kvp_data_req_t hdr;
     slice_t **s;
     kvp_data_vec_t *vec;
+    kvp_grant_t *grants; /* with KVP_DATA_F_GRANT: n of them */
     unsigned n;
 } req_t;
 
@@ -238,7 +242,7 @@ static void conn_fill(xconn_t *c)
             while (m < g->chain && j + m < g->n) {
                 slice_t *s = g->slices[j + m];
                 if (s->len > VEC_SMALL || s->hdr.op != s0->hdr.op ||
-                    bytes + s->len > g->chain_bytes)
+                    s->hdr.flags != s0->hdr.flags || bytes + s->len > g->chain_bytes)
                     break;
                 bytes += s->len;
                 m++;
@@ -246,6 +250,7 @@ static void conn_fill(xconn_t *c)
         }
         r->s = &g->slices[j];
         r->vec = &g->vecs[j];
+        r->grants = &g->grants[j];
         r->n = m;
         g->next += m;
         if (m == 1)
@@ -254,6 +259,7 @@ static void conn_fill(xconn_t *c)
             r->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC,
                                       .op = s0->hdr.op == KVP_DATA_WRITE ? KVP_DATA_WRITEV
                                                                          : KVP_DATA_READV,
+                                      .flags = s0->hdr.flags,
                                       .offset = m,
                                       .length = bytes};
         /* a write's payload is checksummed now, just before the socket copies it */
@@ -293,7 +299,7 @@ static void iov_add(struct iovec *iov, int *cnt, uint64_t *skip, void *p, uint64
 /* Push out as much of the unsigned requests as the socket takes. */
 static void conn_send(xconn_t *c)
 {
-    struct iovec iov[KVP_DATA_VEC_MAX + 2];
+    struct iovec iov[KVP_DATA_VEC_MAX + 3];
     while (!c->dead && c->sent < c->count) {
         req_t *r = &c->ring[(c->head + c->sent) % PIPE_DEPTH];
         int iovcnt = 0;
@@ -304,6 +310,10 @@ static void conn_send(xconn_t *c)
         if (r->n > 1) {
             iov_add(iov, &iovcnt, &skip, r->vec, r->n * sizeof(*r->vec));
             total += r->n * sizeof(*r->vec);
+        }
+        if (r->hdr.flags & KVP_DATA_F_GRANT) {
+            iov_add(iov, &iovcnt, &skip, r->grants, r->n * sizeof(*r->grants));
+            total += r->n * sizeof(*r->grants);
         }
         for (unsigned i = 0; i < r->n && req_writes(r); i++) {
             slice_t *s = r->s[i];
@@ -422,10 +432,12 @@ static tcp_scratch_t *scratch_get(tcp_ctx_t *ctx, size_t n_slices, size_t n_grou
         free(sc->slices);
         free(sc->sorted);
         free(sc->vecs);
+        free(sc->grants);
         sc->slices = malloc(n_slices * sizeof(*sc->slices));
         sc->sorted = malloc(n_slices * sizeof(*sc->sorted));
         sc->vecs = malloc(n_slices * sizeof(*sc->vecs));
-        sc->cap_slices = sc->slices && sc->sorted && sc->vecs ? n_slices : 0;
+        sc->grants = malloc(n_slices * sizeof(*sc->grants));
+        sc->cap_slices = sc->slices && sc->sorted && sc->vecs && sc->grants ? n_slices : 0;
     }
     if (sc->cap_groups < n_groups) {
         free(sc->groups);
@@ -462,6 +474,7 @@ static void scratch_free(tcp_scratch_t *sc)
     free(sc->slices);
     free(sc->sorted);
     free(sc->vecs);
+    free(sc->grants);
     free(sc->groups);
     free(sc->conns);
     free(sc->pfds);
@@ -532,6 +545,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     slice_t *slices = sc->slices;
     slice_t **sorted = sc->sorted;
     kvp_data_vec_t *vecs = sc->vecs;
+    kvp_grant_t *grants = sc->grants;
     group_t *groups = sc->groups;
     xconn_t *conns = sc->conns;
     struct pollfd *pfds = sc->pfds;
@@ -560,6 +574,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             s->len = KVP_MIN(slice_len, op->length - off);
             s->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC,
                                       .op = (uint16_t)op->kind,
+                                      .flags = op->grant != NULL ? KVP_DATA_F_GRANT : 0,
                                       .segment_id = op->peer->segment_id,
                                       .offset = op->offset + off,
                                       .length = s->len};
@@ -574,6 +589,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     for (size_t g = 0; g < n_groups; g++) {
         groups[g].slices = &sorted[base];
         groups[g].vecs = &vecs[base];
+        groups[g].grants = &grants[base];
         base += groups[g].n;
         groups[g].n = 0;
     }
@@ -582,6 +598,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         gr->vecs[gr->n] = (kvp_data_vec_t){.segment_id = slices[s].hdr.segment_id,
                                            .offset = slices[s].hdr.offset,
                                            .length = slices[s].len};
+        if (slices[s].op->grant != NULL) /* 80 bytes of the master's, next to its entry */
+            memcpy(&gr->grants[gr->n], slices[s].op->grant, sizeof(kvp_grant_t));
         gr->slices[gr->n++] = &slices[s];
     }
     for (size_t g = 0; g < n_groups; g++) {

@@ -20,6 +20,9 @@
 #define KVP_DATA_READV 3
 #define KVP_DATA_WRITEV 4
 #define KVP_DATA_VEC_MAX 256
+/* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
+ * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
+#define KVP_DATA_F_GRANT 0x1
 
 typedef struct kvp_data_req {
     uint32_t magic;

@@ -206,6 +206,12 @@ static kvp_principal_t *add_principal(kvp_acl_t *acl, const char *name)
     size_t len = strnlen(name, sizeof(p->name) - 1); /* (the caller checked: < 128) */
     memcpy(p->name, name, len);
     memcpy(p->tenant, "default", sizeof("default"));
+    /* its tag in data grants: the first 8 bytes of SHA-256 of its name (never 0) */
+    uint8_t md[32];
+    unsigned int md_len = 0;
+    if (EVP_Digest(p->name, len, md, &md_len, EVP_sha256(), NULL) == 1)
+        memcpy(&p->tag, md, sizeof(p->tag));
+    p->tag |= 1;
     return p;
 }
 

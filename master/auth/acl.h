@@ -38,6 +38,7 @@ typedef struct kvp_principal {
     char tenant[KVP_TENANT_NAME_MAX]; /* "default" unless the file says */
     uint16_t tenant_id;               /* the master's id of it (master/meta/tenant.h) */
     uint32_t roles;
+    uint64_t tag;           /* names it in data grants (common/grant.h): from its name */
     char cert_cn[256];      /* the client certificate subject CN that names it; "": none */
     uint8_t token_hash[32]; /* SHA-256 of its token */
     bool has_token;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "master/meta/segment_table.h"
+#include "common/grant.h"
 #include "common/rand.h"
 #include "master/meta/record.h"
 
@@ -25,6 +26,7 @@ void kvp_segment_destroy(kvp_segment_t *seg)
     if (seg == NULL)
         return;
     kvp_offset_alloc_destroy(seg->alloc);
+    kvp_grant_mac_destroy(seg->grant_mac);
     free(seg->rec);
     free(seg->name);
     free(seg->medium);

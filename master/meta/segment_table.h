@@ -48,6 +48,7 @@ typedef struct kvp_segment {
     uint8_t *rec;
     size_t rec_len, rec_cap;
     kvp_offset_alloc_t *alloc;
+    struct kvp_grant_mac *grant_mac; /* seals its grants (data grants on), or NULL */
 } kvp_segment_t;
 
 typedef struct kvp_segment_table {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grant.h"
 #include "common/key.h"
 
 kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg)
@@ -96,9 +97,52 @@ void kvp_seg_set_free(kvp_seg_set_t *s)
  * room (sized by the caller), *nr counts what is used, segs collects the
  * descriptors. false: out of memory.
  */
-bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
-                           Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs)
+bool kvp_call_grants_reserve(kvp_master_state_t *st, size_t count)
 {
+    if (!st->grants_on)
+        return true;
+    if (count > st->grant_cap) {
+        kvp_grant_t *g = realloc(st->grant_buf, count * sizeof(*g));
+        if (g == NULL)
+            return false;
+        st->grant_buf = g;
+        st->grant_cap = count;
+    }
+    st->grant_now_ms = kvp_grant_now_ms();
+    return true;
+}
+
+bool kvp_call_grant(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, uint8_t op,
+                    uint64_t ttl_ms)
+{
+    kvp_master_state_t *st = call->st;
+    if (!st->grants_on || slot >= st->grant_cap)
+        return true;
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
+    if (seg == NULL || seg->grant_mac == NULL)
+        return true;
+    kvp_grant_t *g = &st->grant_buf[slot];
+    *g = (kvp_grant_t){.version = KVP_GRANT_VERSION,
+                       .op = op,
+                       .segment_id = rep->segment_id,
+                       .offset = rep->offset,
+                       .length = rep->length,
+                       .expiry_ms = st->grant_now_ms + ttl_ms,
+                       .epoch = st->grant_epoch,
+                       .nonce = ++st->grant_nonce,
+                       .principal = call->who != NULL ? call->who->tag : 0};
+    if (!kvp_grant_seal(seg->grant_mac, g))
+        return false;
+    rep->grant.data = (uint8_t *)g;
+    rep->grant.len = sizeof(*g);
+    return true;
+}
+
+bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Replica *reps,
+                           Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs,
+                           uint8_t grant_op, uint64_t grant_ttl_ms)
+{
+    kvp_master_state_t *st = call->st;
     /* a COMPLETE object's readers get DRAM replicas first (a PENDING one's writer gets
      * them in place order: its PutEnd's written_mask refers to them by position) */
     unsigned order[KVP_MAX_REPLICAS], k = 0;
@@ -117,6 +161,8 @@ bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpo
         rep->segment_id = obj->replicas[r].segment_id;
         rep->offset = obj->replicas[r].offset;
         rep->length = obj->size;
+        if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms))
+            return false;
         repptr[(*nr)++] = rep;
         if (!kvp_seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))
             return false;

@@ -48,6 +48,17 @@ kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg);
 /* Answer a StatusesResponse (whole-request status, per-key statuses or NULL). */
 kvp_status_t kvp_call_reply_statuses(kvp_call_t *call, int32_t status, int32_t *statuses, size_t n);
 
+/*
+ * Data grants (common/grant.h). Before building a response that names up to `count`
+ * extents: make room for their grants and read the clock (false: out of memory). Then
+ * kvp_call_grant seals slot `slot`'s grant for rep (op KVP_GRANT_READ/WRITE, good for ttl_ms)
+ * and points rep->grant at it; nothing when grants are off or the segment has no key.
+ * The grants live until the next response is built: kvp_call_reply packs them first.
+ */
+bool kvp_call_grants_reserve(kvp_master_state_t *st, size_t count);
+bool kvp_call_grant(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, uint8_t op,
+                    uint64_t ttl_ms);
+
 /* KVP_ERR_TOO_MANY past 65536 keys. */
 kvp_status_t kvp_call_check_batch(size_t n_keys);
 
@@ -72,7 +83,8 @@ void kvp_seg_set_free(kvp_seg_set_t *s);
  * room (sized by the caller), *nr counts what is used, segs collects the
  * descriptors. false: out of memory.
  */
-bool kvp_call_add_replicas(kvp_master_state_t *st, const kvp_object_t *obj, Kvpool__Replica *reps,
-                           Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs);
+bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Replica *reps,
+                           Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs,
+                           uint8_t grant_op, uint64_t grant_ttl_ms);
 
 #endif

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grant.h"
 #include "common/log.h"
 #include "master/meta/placement.h"
 #include "master/meta/record.h"
@@ -108,7 +109,7 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     resptr = calloc(n ? n : 1, sizeof(*resptr));
     reps = calloc(n ? n : 1, sizeof(*reps));
     repptr = calloc(n ? n : 1, sizeof(*repptr));
-    if (!res || !resptr || !reps || !repptr)
+    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n))
         goto out;
     for (size_t i = 0; i < n; i++) {
         kvpool__put_start_result__init(&res[i]);
@@ -153,6 +154,11 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         reps[i].segment_id = dest.segment_id;
         reps[i].offset = dest.offset;
         reps[i].length = obj->size;
+        /* the mover writes the new replica: a write grant, good as long as a put's */
+        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms)) {
+            res[i].status = KVP_ERR_INTERNAL;
+            continue;
+        }
         repptr[i] = &reps[i];
         res[i].replicas = &repptr[i];
         res[i].n_replicas = 1;

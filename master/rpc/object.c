@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grant.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/rpc.h"
@@ -275,7 +276,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num;
     reps = calloc(n * per_key + 1, sizeof(*reps));
     repptr = calloc(n * per_key + 1, sizeof(*repptr));
-    if (!res || !resptr || !reps || !repptr) {
+    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * per_key)) {
         rc = KVP_ERR_NOMEM;
         goto out;
     }
@@ -302,7 +303,9 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
             continue;
         res[i].replicas = &repptr[nr];
         res[i].n_replicas = obj->n_replicas;
-        if (!kvp_call_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+        /* write grants: good while the put may stay PENDING */
+        if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &segs, KVP_GRANT_WRITE,
+                                   st->config.put_timeout_ms)) {
             rc = KVP_ERR_NOMEM;
             goto out;
         }
@@ -538,7 +541,8 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
         resptr = calloc(n ? n : 1, sizeof(*resptr));
         reps = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*reps));
         repptr = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*repptr));
-        if (!res || !resptr || !reps || !repptr) {
+        if (!res || !resptr || !reps || !repptr ||
+            !kvp_call_grants_reserve(st, n * KVP_MAX_REPLICAS)) {
             rc = KVP_ERR_NOMEM;
             goto out;
         }
@@ -564,7 +568,10 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
             kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
             res[i].replicas = &repptr[nr];
             res[i].n_replicas = obj->n_replicas;
-            if (!kvp_call_add_replicas(st, obj, reps, repptr, &nr, &segs)) {
+            /* read grants: good while the read lease is (no leases: as long as a put) */
+            if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &segs, KVP_GRANT_READ,
+                                       st->config.lease_ttl_ms ? st->config.lease_ttl_ms
+                                                               : st->config.put_timeout_ms)) {
                 rc = KVP_ERR_NOMEM;
                 goto out;
             }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grant.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"
@@ -116,6 +117,21 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         snprintf(msg, sizeof(msg), "cannot set up segment %s: %s", d->name, kvp_strerror(status));
         kvp_segment_destroy(seg);
         goto out;
+    }
+    uint8_t key[KVP_GRANT_KEY_LEN];
+    if (st->grants_on) { /* a key of its own, drawn now: its owner's data server checks
+                            every request's grant with it */
+        if (!kvp_grant_random(key, sizeof(key)) ||
+            kvp_grant_mac_create(key, &seg->grant_mac) != KVP_OK) {
+            status = KVP_ERR_INTERNAL;
+            snprintf(msg, sizeof(msg), "cannot draw segment %s's grant key", d->name);
+            kvp_segment_table_remove(&st->segments, seg);
+            kvp_segment_destroy(seg);
+            goto out;
+        }
+        resp.grant_key.data = key;
+        resp.grant_key.len = sizeof(key);
+        resp.grant_epoch = st->grant_epoch;
     }
     resp.segment_id = seg->id;
     seg->dedicated = tenant >= 0;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/grant.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "master/policy/eviction.h"
@@ -68,7 +69,7 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_seg_set_t segs = {0};
     kvp_status_t rc = KVP_ERR_NOMEM;
     size_t k = 0, nf = 0;
-    if (!tasks || !tp || !reps || !forget)
+    if (!tasks || !tp || !reps || !forget || !kvp_call_grants_reserve(st, n))
         goto out;
     for (kvp_ssd_task_t *t = st->tasks; t != NULL && k < n; t = t->next) {
         if (t->segment_id != seg->id || t->sent)
@@ -89,6 +90,11 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
             reps[k].segment_id = t->dram.segment_id;
             reps[k].offset = t->dram.offset;
             reps[k].length = t->size;
+            /* an offload reads the DRAM replica, a promotion writes it */
+            if (!kvp_call_grant(call, &reps[k], k,
+                                t->kind == KVP_SSD_OFFLOAD ? KVP_GRANT_READ : KVP_GRANT_WRITE,
+                                st->config.put_timeout_ms))
+                goto out;
             m->dram = &reps[k];
             if (d != NULL && !kvp_seg_set_add(&segs, d))
                 goto out;

@@ -1,0 +1,29 @@
+/*
+ * data_grant.h - the data servers' gate for data grants (common/grant.h): a
+ * DRAM segment's (segment_server.c) and an SSD segment's (ssd/ssd_server.c)
+ * call it after reading a request's header and entries, before any byte of
+ * the segment is read or written.
+ */
+#ifndef KVP_CLIENT_SEGMENT_DATA_GRANT_H
+#define KVP_CLIENT_SEGMENT_DATA_GRANT_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "client/transport/wire.h"
+#include "common/grant.h"
+
+/*
+ * Read the grants the request carries (n, one per entry, when its header has
+ * KVP_DATA_F_GRANT) and, when the keyring holds a key, check entry i against grant i: the
+ * MAC, op, segment (segment_id: the server's), range, epoch and expiry. KVP_OK: serve it
+ * (grants off: always, a grant sent is read and ignored). KVP_ERR_DENIED: refused; counted
+ * in *refused and logged (rate-limited, with the peer's address and the failed check, never
+ * a key); the caller replies KVP_ERR_DENIED and closes. KVP_ERR_IO: the stream broke.
+ */
+kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
+                                   _Atomic uint64_t *refused, const char *server, int fd,
+                                   const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
+                                   uint64_t segment_id);
+
+#endif

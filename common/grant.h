@@ -1,0 +1,114 @@
+/*
+ * grant.h - data-plane capabilities: what the master seals into its PutStart
+ * and GetReplicaList answers (and a drain's MoveStart, an SSD owner's tasks)
+ * so that a segment's owner can tell, with no call to the master, that the
+ * master let the sender READ or WRITE this extent of its segment, until when.
+ *
+ * A grant is 80 bytes on the wire (docs/protocol.md, "Grants"): the extent
+ * (segment, offset, length), the op, an expiry on the wall clock, the
+ * master's epoch (random at each start: a restarted or new master's grants
+ * never match the old keys, and the old ones never match the new), a nonce,
+ * the principal's tag, and an HMAC-SHA256 of the first 64 bytes under the
+ * segment's key, truncated to 128 bits. The master draws the key when the
+ * segment mounts and gives it to the owner in the MountResponse, over the
+ * authenticated control connection; nobody else ever sees it.
+ *
+ * A kvp_grant_mac_t holds a keyed HMAC context made once (per segment on the
+ * master, per connection on an owner): sealing or checking one grant then
+ * allocates nothing. Not thread-safe: one user at a time.
+ */
+#ifndef KVP_COMMON_GRANT_H
+#define KVP_COMMON_GRANT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define KVP_GRANT_VERSION 1
+#define KVP_GRANT_READ 1 /* the wire's KVP_DATA_READ */
+#define KVP_GRANT_WRITE 2
+#define KVP_GRANT_KEY_LEN 32
+#define KVP_GRANT_MAC_LEN 16
+/* How far an owner's wall clock may run ahead of the master's: a grant is taken until
+ * its expiry plus this (hosts keep their clocks in step with NTP; docs/operations.md). */
+#define KVP_GRANT_SKEW_MS 1000u
+
+typedef struct kvp_grant {
+    uint8_t version; /* KVP_GRANT_VERSION */
+    uint8_t op;      /* KVP_GRANT_READ or KVP_GRANT_WRITE */
+    uint16_t reserved0;
+    uint32_t reserved1;
+    uint64_t segment_id;
+    uint64_t offset; /* the extent it covers; a request may name any part of it */
+    uint64_t length;
+    uint64_t expiry_ms; /* CLOCK_REALTIME, ms: good until then */
+    uint64_t epoch;     /* the master's, at the segment's mount */
+    uint64_t nonce;
+    uint64_t principal; /* tag of the principal it was given to (0: none) */
+    uint8_t mac[KVP_GRANT_MAC_LEN];
+} kvp_grant_t; /* 80 bytes, little-endian host order like the rest of the data wire */
+
+#define KVP_GRANT_LEN 80
+_Static_assert(sizeof(kvp_grant_t) == KVP_GRANT_LEN, "a grant is 80 bytes");
+
+typedef struct kvp_grant_mac kvp_grant_mac_t;
+
+/* A keyed MAC context for key (KVP_GRANT_KEY_LEN bytes). */
+kvp_status_t kvp_grant_mac_create(const uint8_t *key, kvp_grant_mac_t **mac_p);
+void kvp_grant_mac_destroy(kvp_grant_mac_t *mac);
+
+/* Fill g->mac from g's other fields. false: the MAC could not be computed (g unusable). */
+bool kvp_grant_seal(kvp_grant_mac_t *mac, kvp_grant_t *g);
+
+/*
+ * May the holder of g do `op` on [offset, offset + length) of segment_id, now? KVP_OK, or
+ * KVP_ERR_DENIED with *why_p (static text) saying which check failed: the MAC (compared in
+ * constant time), the version, the op, the segment, the range (overflow-checked), the
+ * epoch, the expiry. The MAC is checked first, so nothing else of an unsealed grant is
+ * believed.
+ */
+kvp_status_t kvp_grant_check(kvp_grant_mac_t *mac, const kvp_grant_t *g, uint8_t op,
+                             uint64_t segment_id, uint64_t offset, uint64_t length, uint64_t epoch,
+                             uint64_t now_ms, const char **why_p);
+
+/*
+ * An owner's side. The keyring holds its segment's key and epoch from the last mount (set
+ * by the thread that mounts; a generation counts the changes); each connection's verifier
+ * keys its own MAC context from it when the generation moved, so a check takes no lock.
+ */
+typedef struct kvp_grant_keyring {
+    pthread_mutex_t lock;
+    _Atomic uint64_t gen; /* 0: never set (grants off) */
+    bool on;
+    uint8_t key[KVP_GRANT_KEY_LEN];
+    uint64_t epoch;
+} kvp_grant_keyring_t;
+
+void kvp_grant_keyring_init(kvp_grant_keyring_t *kr);
+void kvp_grant_keyring_cleanup(kvp_grant_keyring_t *kr);
+/* key NULL (or a length other than KVP_GRANT_KEY_LEN): grants off from now on. */
+void kvp_grant_keyring_set(kvp_grant_keyring_t *kr, const uint8_t *key, size_t key_len,
+                           uint64_t epoch);
+
+typedef struct kvp_grant_verifier {
+    kvp_grant_mac_t *mac;
+    uint64_t gen;
+    uint64_t epoch;
+    bool on;
+} kvp_grant_verifier_t; /* zero-initialised: nothing known yet */
+
+/* Catch up with the keyring (allocates only when its key changed). false: out of memory. */
+bool kvp_grant_verifier_sync(kvp_grant_verifier_t *v, kvp_grant_keyring_t *kr);
+void kvp_grant_verifier_cleanup(kvp_grant_verifier_t *v);
+
+/* The wall clock in ms, as grants count it. */
+uint64_t kvp_grant_now_ms(void);
+
+/* A fresh random key or epoch (the OS's CSPRNG). false: none could be drawn. */
+bool kvp_grant_random(void *buf, size_t len);
+
+#endif

@@ -1,0 +1,199 @@
+/*
+ * test_grant.c - unit tests for common/grant.c: a sealed grant is taken for
+ * its extent and any part of it, and refused for everything else: each of
+ * its 640 bits flipped, 10^6 random grants, the wrong op, segment, epoch or
+ * key, a range past its extent or wrapping past 2^64, an empty range, and
+ * once expired (past the clock slack). The keyring and verifier pick up a
+ * new key, and drop checks when the key is taken away.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "common/grant.h"
+
+static const uint8_t KEY[KVP_GRANT_KEY_LEN] = "0123456789abcdef0123456789abcdef";
+static const uint8_t KEY2[KVP_GRANT_KEY_LEN] = "fedcba9876543210fedcba9876543210";
+
+#define SEG 0x1234u
+#define EPOCH 0xE90Cu
+#define NOW 1000000u
+
+static kvp_grant_t sealed(kvp_grant_mac_t *m, uint8_t op)
+{
+    kvp_grant_t g = {.version = KVP_GRANT_VERSION,
+                     .op = op,
+                     .segment_id = SEG,
+                     .offset = 4096,
+                     .length = 8192,
+                     .expiry_ms = NOW + 5000,
+                     .epoch = EPOCH,
+                     .nonce = 7,
+                     .principal = 0xABCDu};
+    assert_true(kvp_grant_seal(m, &g));
+    return g;
+}
+
+static kvp_status_t check(kvp_grant_mac_t *m, const kvp_grant_t *g, uint8_t op, uint64_t off,
+                          uint64_t len, uint64_t now, const char **why)
+{
+    return kvp_grant_check(m, g, op, SEG, off, len, EPOCH, now, why);
+}
+
+static void test_grant_taken_for_its_extent(void **state)
+{
+    (void)state;
+    kvp_grant_mac_t *m;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    kvp_grant_t g = sealed(m, KVP_GRANT_READ);
+    const char *why = "unset";
+    assert_int_equal(check(m, &g, KVP_GRANT_READ, 4096, 8192, NOW, &why), KVP_OK);
+    assert_null(why);
+    /* any part of it: the first byte, the last byte, a slice in the middle */
+    assert_int_equal(check(m, &g, KVP_GRANT_READ, 4096, 1, NOW, NULL), KVP_OK);
+    assert_int_equal(check(m, &g, KVP_GRANT_READ, 4096 + 8191, 1, NOW, NULL), KVP_OK);
+    assert_int_equal(check(m, &g, KVP_GRANT_READ, 6000, 2000, NOW, NULL), KVP_OK);
+    /* up to the expiry plus the slack for clocks */
+    assert_int_equal(check(m, &g, KVP_GRANT_READ, 4096, 8192, NOW + 5000 + KVP_GRANT_SKEW_MS, NULL),
+                     KVP_OK);
+    kvp_grant_mac_destroy(m);
+}
+
+static void test_grant_refused_otherwise(void **state)
+{
+    (void)state;
+    kvp_grant_mac_t *m, *m2;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    assert_int_equal(kvp_grant_mac_create(KEY2, &m2), KVP_OK);
+    kvp_grant_t r = sealed(m, KVP_GRANT_READ), w = sealed(m, KVP_GRANT_WRITE);
+    const char *why = NULL;
+    assert_int_equal(check(m, &r, KVP_GRANT_WRITE, 4096, 8192, NOW, &why), KVP_ERR_DENIED);
+    assert_string_equal(why, "a read grant used to write");
+    assert_int_equal(check(m, &w, KVP_GRANT_READ, 4096, 8192, NOW, &why), KVP_ERR_DENIED);
+    assert_int_equal(check(m, &w, KVP_GRANT_WRITE, 4096, 8192, NOW, NULL), KVP_OK);
+    /* another segment, another epoch, another key */
+    assert_int_equal(kvp_grant_check(m, &r, KVP_GRANT_READ, SEG + 1, 4096, 8192, EPOCH, NOW, &why),
+                     KVP_ERR_DENIED);
+    assert_string_equal(why, "a grant for another segment");
+    assert_int_equal(kvp_grant_check(m, &r, KVP_GRANT_READ, SEG, 4096, 8192, EPOCH + 1, NOW, &why),
+                     KVP_ERR_DENIED);
+    assert_string_equal(why, "a grant from another epoch of the master");
+    assert_int_equal(check(m2, &r, KVP_GRANT_READ, 4096, 8192, NOW, &why), KVP_ERR_DENIED);
+    assert_non_null(strstr(why, "MAC"));
+    /* outside the extent: before it, past it, wrapping past 2^64, empty */
+    assert_int_equal(check(m, &r, KVP_GRANT_READ, 4095, 2, NOW, &why), KVP_ERR_DENIED);
+    assert_string_equal(why, "the request reaches outside the grant's extent");
+    assert_int_equal(check(m, &r, KVP_GRANT_READ, 4096, 8193, NOW, NULL), KVP_ERR_DENIED);
+    assert_int_equal(check(m, &r, KVP_GRANT_READ, 4096 + 8192, 1, NOW, NULL), KVP_ERR_DENIED);
+    assert_int_equal(check(m, &r, KVP_GRANT_READ, UINT64_MAX - 10, 4096 + 20, NOW, NULL),
+                     KVP_ERR_DENIED);
+    assert_int_equal(check(m, &r, KVP_GRANT_READ, 5000, UINT64_MAX, NOW, NULL), KVP_ERR_DENIED);
+    assert_int_equal(check(m, &r, KVP_GRANT_READ, 5000, 0, NOW, NULL), KVP_ERR_DENIED);
+    /* expired */
+    assert_int_equal(
+        check(m, &r, KVP_GRANT_READ, 4096, 8192, NOW + 5000 + KVP_GRANT_SKEW_MS + 1, &why),
+        KVP_ERR_DENIED);
+    assert_string_equal(why, "the grant has expired");
+    /* a grant whose extent was widened by its holder: the MAC no longer matches */
+    kvp_grant_t wide = r;
+    wide.length = UINT64_MAX - wide.offset;
+    assert_int_equal(check(m, &wide, KVP_GRANT_READ, 4096, 1 << 20, NOW, &why), KVP_ERR_DENIED);
+    assert_non_null(strstr(why, "MAC"));
+    kvp_grant_mac_destroy(m);
+    kvp_grant_mac_destroy(m2);
+}
+
+/* Every single bit of the 80 flipped: none is taken. */
+static void test_grant_bit_flips(void **state)
+{
+    (void)state;
+    kvp_grant_mac_t *m;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    kvp_grant_t g = sealed(m, KVP_GRANT_WRITE);
+    unsigned taken = 0;
+    for (unsigned bit = 0; bit < 8 * sizeof(g); bit++) {
+        kvp_grant_t f = g;
+        ((uint8_t *)&f)[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        taken += check(m, &f, KVP_GRANT_WRITE, 4096, 8192, NOW, NULL) == KVP_OK;
+    }
+    assert_int_equal(taken, 0);
+    kvp_grant_mac_destroy(m);
+}
+
+/* 10^6 random grants (random MACs over fields that otherwise pass): none is taken. */
+static void test_grant_random(void **state)
+{
+    (void)state;
+    kvp_grant_mac_t *m;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    kvp_grant_t g = sealed(m, KVP_GRANT_READ);
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    unsigned taken = 0;
+    for (unsigned i = 0; i < 1000000; i++) {
+        kvp_grant_t f = g;
+        for (unsigned b = 0; b < KVP_GRANT_MAC_LEN; b += 8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            memcpy(f.mac + b, &x, 8);
+        }
+        if (i % 2) /* half of them entirely random */
+            for (unsigned b = 0; b + 8 <= offsetof(kvp_grant_t, mac); b += 8) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                memcpy((uint8_t *)&f + b, &x, 8);
+            }
+        taken += check(m, &f, KVP_GRANT_READ, f.offset, f.length ? 1 : 0, NOW, NULL) == KVP_OK;
+    }
+    assert_int_equal(taken, 0);
+    kvp_grant_mac_destroy(m);
+}
+
+static void test_grant_keyring(void **state)
+{
+    (void)state;
+    kvp_grant_keyring_t kr;
+    kvp_grant_keyring_init(&kr);
+    kvp_grant_verifier_t v = {0};
+    assert_true(kvp_grant_verifier_sync(&v, &kr));
+    assert_false(v.on); /* never set: off */
+    kvp_grant_keyring_set(&kr, KEY, sizeof(KEY), EPOCH);
+    assert_true(kvp_grant_verifier_sync(&v, &kr));
+    assert_true(v.on);
+    assert_int_equal(v.epoch, EPOCH);
+    kvp_grant_mac_t *m;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    kvp_grant_t g = sealed(m, KVP_GRANT_READ);
+    assert_int_equal(kvp_grant_check(v.mac, &g, KVP_GRANT_READ, SEG, 4096, 1, v.epoch, NOW, NULL),
+                     KVP_OK);
+    /* a remount's new key: the old grant no longer passes */
+    kvp_grant_keyring_set(&kr, KEY2, sizeof(KEY2), EPOCH);
+    assert_true(kvp_grant_verifier_sync(&v, &kr));
+    assert_int_equal(kvp_grant_check(v.mac, &g, KVP_GRANT_READ, SEG, 4096, 1, v.epoch, NOW, NULL),
+                     KVP_ERR_DENIED);
+    /* a key of the wrong size, or none: off */
+    kvp_grant_keyring_set(&kr, KEY, 16, EPOCH);
+    assert_true(kvp_grant_verifier_sync(&v, &kr));
+    assert_false(v.on);
+    kvp_grant_mac_destroy(m);
+    kvp_grant_verifier_cleanup(&v);
+    kvp_grant_keyring_cleanup(&kr);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grant_taken_for_its_extent),
+        cmocka_unit_test(test_grant_refused_otherwise),
+        cmocka_unit_test(test_grant_bit_flips),
+        cmocka_unit_test(test_grant_random),
+        cmocka_unit_test(test_grant_keyring),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
