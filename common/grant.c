@@ -55,6 +55,29 @@ static bool compute(kvp_grant_mac_t *m, const kvp_grant_t *g, uint8_t out[32])
            EVP_MAC_final(m->ctx, out, &n, 32) == 1 && n == 32;
 }
 
+bool kvp_grant_conn_key(kvp_grant_mac_t *m, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN])
+{
+    uint8_t msg[24] = "kvpool conn key"; /* 15 bytes and a NUL, then the tag */
+    memcpy(msg + 16, &tag, sizeof(tag));
+    size_t n = 0;
+    return EVP_MAC_init(m->ctx, NULL, 0, NULL) == 1 &&
+           EVP_MAC_update(m->ctx, msg, sizeof(msg)) == 1 &&
+           EVP_MAC_final(m->ctx, out, &n, KVP_GRANT_KEY_LEN) == 1 && n == KVP_GRANT_KEY_LEN;
+}
+
+bool kvp_grant_hello_proof(const uint8_t *conn_key, const uint8_t *challenge, uint64_t segment_id,
+                           uint64_t tag, uint8_t out[KVP_GRANT_PROOF_LEN])
+{
+    uint8_t msg[16 + KVP_GRANT_CHALLENGE_LEN + 16] = "kvpool hello"; /* NUL-padded to 16 */
+    memcpy(msg + 16, challenge, KVP_GRANT_CHALLENGE_LEN);
+    memcpy(msg + 16 + KVP_GRANT_CHALLENGE_LEN, &segment_id, 8);
+    memcpy(msg + 24 + KVP_GRANT_CHALLENGE_LEN, &tag, 8);
+    size_t n = 0;
+    return EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, conn_key, KVP_GRANT_KEY_LEN, msg,
+                     sizeof(msg), out, KVP_GRANT_PROOF_LEN, &n) != NULL &&
+           n == KVP_GRANT_PROOF_LEN;
+}
+
 bool kvp_grant_seal(kvp_grant_mac_t *m, kvp_grant_t *g)
 {
     uint8_t full[32];

@@ -76,6 +76,24 @@ kvp_status_t kvp_grant_check(kvp_grant_mac_t *mac, const kvp_grant_t *g, uint8_t
                              uint64_t now_ms, const char **why_p);
 
 /*
+ * Binding grants to a data connection's principal. The master gives a principal, with
+ * the descriptor of each segment it may transfer to or from, that segment's connection
+ * key for it: K_p = HMAC-SHA256(segment key, "kvpool conn key" 0x00 || tag). A client
+ * opening a data connection says HELLO with its tag; the owner answers a fresh 32-byte
+ * challenge; the client proves K_p with HMAC-SHA256(K_p, "kvpool hello" 0x00 0x00 0x00 0x00
+ * || challenge || segment id || tag). From then on the connection is that principal's, and
+ * only grants sealed for its tag pass (docs/protocol.md "Grants").
+ */
+#define KVP_GRANT_CHALLENGE_LEN 32
+#define KVP_GRANT_PROOF_LEN 32
+
+/* K_p of `tag` under the segment key `mac` holds. false: the MAC could not be computed. */
+bool kvp_grant_conn_key(kvp_grant_mac_t *mac, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN]);
+/* The HELLO proof of K_p for challenge, segment and tag. false: could not be computed. */
+bool kvp_grant_hello_proof(const uint8_t *conn_key, const uint8_t *challenge, uint64_t segment_id,
+                           uint64_t tag, uint8_t out[KVP_GRANT_PROOF_LEN]);
+
+/*
  * An owner's side. The keyring holds its segment's key and epoch from the last mount (set
  * by the thread that mounts; a generation counts the changes); each connection's verifier
  * keys its own MAC context from it when the generation moved, so a check takes no lock.

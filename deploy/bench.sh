@@ -87,10 +87,11 @@ run alloc  alloc
 # deploy/make-certs.sh, one admin principal), each point next to its plain twin in four
 # pairs, the order flipped every pair (plain TLS, TLS plain, plain TLS, TLS plain) so that a
 # machine speeding up or slowing down through the run favours neither: tcp 4 KiB batch-128
-# puts and gets (the data plane is the same tcp either way; the master's RPCs are TLS),
+# puts and gets, and 1 MiB batch-32 (with TLS every tcp data request carries the master's
+# grant and each new data connection proves its principal: issue 25; the master's RPCs are TLS),
 # BatchExist and puts at 1 M resident (meta: 2 threads, one connection each, with the CPU the
 # master and the clients spent per 1000 keys), and a connection's cost with its handshake.
-# Target: the median of the four pairs' TLS/plain >= 0.9x. About 5 minutes.
+# Target: the median of the four pairs' TLS/plain >= 0.9x (1 MiB: >= 0.97x). About 6 minutes.
 tls_dir=$tmp/tls
 if deploy/make-certs.sh "$tls_dir" admin >/dev/null 2>&1; then
   printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$tls_dir/acl.conf"
@@ -102,6 +103,8 @@ if deploy/make-certs.sh "$tls_dir" admin >/dev/null 2>&1; then
       [ "$mode" = tls ] && extra=(--tls-dir "$tls_dir")
       run "sec_tcp4k_${mode}_$round" data --local --segment-size 256MiB --transport tcp \
         --sizes 4KiB --batch 128 "${extra[@]}"
+      run "sec_tcp1m_${mode}_$round" data --local --segment-size 1GiB --transport tcp \
+        --sizes 1MiB --batch 32 --duration 1 "${extra[@]}"
       run "sec_meta1m_${mode}_$round" meta --local --objects 1000000 "${extra[@]}"
     done
   done
@@ -245,6 +248,8 @@ if sec:
         return None
     pts = [("tcp put, 4 KiB, batch 128 (obj/s)", "tcp4k", lambda r: r["op"] == "put", "objs_per_s"),
            ("tcp get, 4 KiB, batch 128 (obj/s)", "tcp4k", lambda r: r["op"] == "get", "objs_per_s"),
+           ("tcp put, 1 MiB, batch 32 (GB/s)", "tcp1m", lambda r: r["op"] == "put", "gbps"),
+           ("tcp get, 1 MiB, batch 32 (GB/s)", "tcp1m", lambda r: r["op"] == "get", "gbps"),
            ("master BatchExist, 1 M resident (keys/s)", "meta1m",
             lambda r: r.get("op") == "exist" and r.get("objects_resident") == 1000000, "keys_per_s"),
            ("master put, 1 M resident (keys/s)", "meta1m",
@@ -268,10 +273,13 @@ if sec:
         med = sorted(ratios)[len(ratios) // 2] if len(ratios) % 2 else \
             sum(sorted(ratios)[len(ratios) // 2 - 1:len(ratios) // 2 + 1]) / 2
         is_cost = field == "connect_us"
+        want = 0.97 if kind == "tcp1m" else 0.9
+        fmt = "%.2f" if field == "gbps" else "%.0f"
         md.append("| %s | %s | %s | %s | %.2f | %s | %s |" % (
-            name, " / ".join("%.0f" % v for v in pv), " / ".join("%.0f" % v for v in tv),
-            " / ".join("%.2f" % v for v in ratios), med, "reported" if is_cost else ">= 0.9x",
-            "-" if is_cost else ("met" if med >= 0.9 else "**missed**")))
+            name, " / ".join(fmt % v for v in pv), " / ".join(fmt % v for v in tv),
+            " / ".join("%.2f" % v for v in ratios), med,
+            "reported" if is_cost else ">= %gx" % want,
+            "-" if is_cost else ("met" if med >= want else "**missed**")))
     # what TLS costs in CPU, which a busier or quieter machine does not move as much as a rate
     cpu = []
     for op, label in (("exist", "BatchExist"), ("put", "put (with its removes)"),

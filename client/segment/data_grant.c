@@ -5,13 +5,17 @@
  */
 #include "client/segment/data_grant.h"
 
+#include <sys/uio.h>
+#include <openssl/crypto.h>
+
+#include "client/segment/conn_server.h"
 #include "common/log.h"
 #include "common/sock.h"
 
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,
                                    const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
-                                   uint64_t segment_id)
+                                   uint64_t segment_id, uint64_t conn_tag)
 {
     kvp_grant_t g[KVP_DATA_VEC_MAX];
     if (n == 0 || n > KVP_DATA_VEC_MAX)
@@ -32,9 +36,11 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     for (uint64_t i = 0; i < n && why == NULL; i++) {
         if (vec[i].segment_id != segment_id)
             why = "a request for another segment";
-        else
-            kvp_grant_check(v->mac, &g[i], op, vec[i].segment_id, vec[i].offset, vec[i].length,
-                            v->epoch, now, &why);
+        else if (kvp_grant_check(v->mac, &g[i], op, vec[i].segment_id, vec[i].offset, vec[i].length,
+                                 v->epoch, now, &why) == KVP_OK &&
+                 g[i].principal != conn_tag)
+            why = conn_tag == 0 ? "the connection has not proven a principal (no HELLO)"
+                                : "the grant is another principal's";
     }
     if (why == NULL)
         return KVP_OK;
@@ -43,5 +49,51 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     kvp_sock_peer_name(fd, peer, sizeof(peer));
     KVP_LOG_WARN_LIMITED("%s: a %s from %s refused: %s; closing", server, write ? "write" : "read",
                          peer, why);
+    return KVP_ERR_DENIED;
+}
+
+kvp_status_t kvp_data_hello(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
+                            _Atomic uint64_t *refused, const char *server, int fd,
+                            const kvp_data_req_t *req, uint64_t segment_id, uint64_t *conn_tag_p)
+{
+    const char *why = NULL;
+    uint8_t challenge[KVP_GRANT_CHALLENGE_LEN], proof[KVP_GRANT_PROOF_LEN];
+    uint8_t want[KVP_GRANT_PROOF_LEN], key[KVP_GRANT_KEY_LEN];
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC};
+    if (!kvp_grant_verifier_sync(v, kr)) {
+        why = "the owner cannot key its grant check (out of memory)";
+        goto refuse;
+    }
+    if (!v->on) /* no grants here: nothing to prove, the connection goes on */
+        return kvp_send_all(fd, &r, sizeof(r));
+    if (req->segment_id != segment_id || req->offset == 0 || req->length != 0) {
+        why = "a HELLO for another segment, or with no principal";
+        goto refuse;
+    }
+    if (!kvp_grant_random(challenge, sizeof(challenge))) {
+        why = "the owner cannot draw a challenge";
+        goto refuse;
+    }
+    r.length = sizeof(challenge);
+    struct iovec iov[2] = {{&r, sizeof(r)}, {challenge, sizeof(challenge)}};
+    if (kvp_sendv_all(fd, iov, 2) != KVP_OK || kvp_recv_all(fd, proof, sizeof(proof)) != KVP_OK)
+        return KVP_ERR_IO;
+    bool ok = kvp_grant_conn_key(v->mac, req->offset, key) &&
+              kvp_grant_hello_proof(key, challenge, segment_id, req->offset, want) &&
+              CRYPTO_memcmp(want, proof, sizeof(want)) == 0;
+    OPENSSL_cleanse(key, sizeof(key));
+    if (!ok) {
+        why = "its proof does not match the principal it named";
+        goto refuse;
+    }
+    *conn_tag_p = req->offset;
+    r.length = 0;
+    return kvp_send_all(fd, &r, sizeof(r));
+refuse:
+    atomic_fetch_add_explicit(refused, 1, memory_order_relaxed);
+    char peer[80];
+    kvp_sock_peer_name(fd, peer, sizeof(peer));
+    KVP_LOG_WARN_LIMITED("%s: a HELLO from %s refused: %s; closing", server, peer, why);
+    kvp_data_reply(fd, KVP_ERR_DENIED, 0);
     return KVP_ERR_DENIED;
 }

@@ -20,10 +20,22 @@
  * (grants off: always, a grant sent is read and ignored). KVP_ERR_DENIED: refused; counted
  * in *refused and logged (rate-limited, with the peer's address and the failed check, never
  * a key); the caller replies KVP_ERR_DENIED and closes. KVP_ERR_IO: the stream broke.
+ * conn_tag: the principal the connection proved in its HELLO (0: none); a grant sealed
+ * for another principal is refused.
  */
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,
                                    const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
-                                   uint64_t segment_id);
+                                   uint64_t segment_id, uint64_t conn_tag);
+
+/*
+ * A HELLO (req, wire.h): with grants on, challenge the peer and check its proof of the
+ * connection key of the tag it names; KVP_OK: *conn_tag_p is now that principal's tag, and
+ * only grants sealed for it pass on this connection (grants off: answered, nothing
+ * proven). Anything else: refused (counted, logged, replied where possible), close it.
+ */
+kvp_status_t kvp_data_hello(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
+                            _Atomic uint64_t *refused, const char *server, int fd,
+                            const kvp_data_req_t *req, uint64_t segment_id, uint64_t *conn_tag_p);
 
 #endif

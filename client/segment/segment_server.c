@@ -52,16 +52,18 @@ struct kvp_segment_server {
     _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
 };
 
-/* A connection's state between requests: its grant verifier. */
+/* A connection's state between requests: its grant verifier, and the principal it proved
+ * in its HELLO (0: none). */
 typedef struct conn_state {
     kvp_grant_verifier_t v;
+    uint64_t tag;
 } conn_state_t;
 
 static kvp_status_t check_grants(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
                                  const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n)
 {
     return kvp_data_grants_check(&srv->grants, &cs->v, &srv->grants_refused, "segment server", fd,
-                                 req, vec, n, atomic_load(&srv->segment_id));
+                                 req, vec, n, atomic_load(&srv->segment_id), cs->tag);
 }
 
 /* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
@@ -163,6 +165,12 @@ static void serve_conn(void *arg, int fd)
         if (req.magic == KVP_DATA_MAGIC &&
             (req.op == KVP_DATA_READV || req.op == KVP_DATA_WRITEV)) {
             if (!serve_vec(srv, &cs, fd, &req))
+                break;
+            continue;
+        }
+        if (req.magic == KVP_DATA_MAGIC && req.op == KVP_DATA_HELLO) {
+            if (kvp_data_hello(&srv->grants, &cs.v, &srv->grants_refused, "segment server", fd,
+                               &req, atomic_load(&srv->segment_id), &cs.tag) != KVP_OK)
                 break;
             continue;
         }

@@ -97,6 +97,7 @@ typedef struct conn_io {
     rd_chunk_t ch[DEPTH];
     kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
     kvp_grant_verifier_t v; /* the connection's grant check (segment/data_grant.h) */
+    uint64_t tag;           /* the principal it proved in its HELLO (0: none) */
 } conn_io_t;
 
 static uint64_t round_down(uint64_t x)
@@ -331,7 +332,7 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
         return false;
     kvp_status_t gst =
         kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, req,
-                              vec, n, atomic_load(&srv->segment_id));
+                              vec, n, atomic_load(&srv->segment_id), cio->tag);
     if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
         if (gst == KVP_ERR_DENIED)
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -405,6 +406,12 @@ static void serve_conn(void *arg, int fd)
                 break;
             continue;
         }
+        if (req.magic == KVP_DATA_MAGIC && req.op == KVP_DATA_HELLO) {
+            if (kvp_data_hello(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, &req,
+                               atomic_load(&srv->segment_id), &cio->tag) != KVP_OK)
+                break;
+            continue;
+        }
         if (req.magic != KVP_DATA_MAGIC || (req.op != KVP_DATA_READ && req.op != KVP_DATA_WRITE)) {
             KVP_LOG_WARN_LIMITED("ssd server: bad request header (magic %#x op %u); closing",
                                  req.magic, req.op);
@@ -415,7 +422,7 @@ static void serve_conn(void *arg, int fd)
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
         kvp_status_t gst =
             kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd,
-                                  &req, &one, 1, atomic_load(&srv->segment_id));
+                                  &req, &one, 1, atomic_load(&srv->segment_id), cio->tag);
         if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
             if (gst == KVP_ERR_DENIED)
                 kvp_data_reply(fd, KVP_ERR_DENIED, 0);

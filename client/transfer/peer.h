@@ -35,6 +35,11 @@ typedef struct kvp_peer {
     char rdma_endpoint[64]; /* rdma_cm ipv4:port, "" when the owner serves no rdma */
     uint64_t rdma_addr;     /* the segment's byte 0 in the owner */
     uint32_t rdma_rkey;
+    /* data grants on: our connection key for it and our principal's tag, which a data
+     * connection proves in its HELLO (common/grant.h); has_conn_key false: no HELLO */
+    uint8_t conn_key[32];
+    uint64_t conn_tag;
+    bool has_conn_key;
     bool own;                   /* this client's own segment */
     bool ssd;                   /* an SSD segment (medium "ssd": served over tcp) */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */

@@ -159,7 +159,10 @@ static bool desc_matches(const kvp_peer_t *p, const Kvpool__SegmentDesc *d)
            p->rdma_addr == d->rdma_addr && p->rdma_rkey == d->rdma_rkey &&
            strcmp(p->name, d->name) == 0 && strcmp(p->endpoint, d->tcp_endpoint) == 0 &&
            strcmp(p->host_id, d->host_id) == 0 && strcmp(p->shm_path, d->shm_path) == 0 &&
-           strcmp(p->rdma_endpoint, d->rdma_endpoint) == 0;
+           strcmp(p->rdma_endpoint, d->rdma_endpoint) == 0 &&
+           p->has_conn_key == (d->conn_key.len == sizeof(p->conn_key)) &&
+           (!p->has_conn_key || (p->conn_tag == d->conn_tag &&
+                                 memcmp(p->conn_key, d->conn_key.data, sizeof(p->conn_key)) == 0));
 }
 
 /* Learn segments from a master response. Caller holds no lock. */
@@ -200,6 +203,11 @@ void kvp_peers_update(kvp_peers_t *peers, Kvpool__SegmentDesc **descs, size_t n)
         snprintf(p->rdma_endpoint, sizeof(p->rdma_endpoint), "%s", d->rdma_endpoint);
         p->rdma_addr = d->rdma_addr;
         p->rdma_rkey = d->rdma_rkey;
+        p->has_conn_key = d->conn_key.len == sizeof(p->conn_key);
+        if (p->has_conn_key) {
+            memcpy(p->conn_key, d->conn_key.data, sizeof(p->conn_key));
+            p->conn_tag = d->conn_tag;
+        }
         p->ssd = strcmp(d->medium, "ssd") == 0;
         p->own = d->id == atomic_load(&peers->own_seg_id) && d->owner_client_id == peers->client_id;
         if (kvp_peer_table_insert(&peers->table, p) != KVP_OK) {

@@ -20,6 +20,12 @@
 #define KVP_DATA_READV 3
 #define KVP_DATA_WRITEV 4
 #define KVP_DATA_VEC_MAX 256
+/* HELLO (data grants on, the first request of a connection): segment_id names the segment,
+ * `offset` carries the principal's tag, length 0. The reply's length is 32 and a challenge
+ * follows (grants off: 0, nothing follows, the connection goes on unproven); the client
+ * sends its 32-byte proof (common/grant.h); a second reply says 0 (the connection is the
+ * tag's principal's) or KVP_ERR_DENIED (closed). */
+#define KVP_DATA_HELLO 5
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <openssl/crypto.h>
+
 #include "common/grant.h"
 #include "common/key.h"
 
@@ -86,10 +88,36 @@ bool kvp_seg_set_finish(kvp_seg_set_t *s)
     return true;
 }
 
+bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
+{
+    kvp_master_state_t *st = call->st;
+    if (!st->grants_on || call->who == NULL || s->n == 0)
+        return true;
+    s->conn_keys = malloc(s->n * KVP_GRANT_KEY_LEN);
+    if (s->conn_keys == NULL)
+        return false;
+    for (size_t i = 0; i < s->n; i++) {
+        Kvpool__SegmentDesc *d = &s->descs[i];
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, d->id);
+        uint8_t *key = s->conn_keys + i * KVP_GRANT_KEY_LEN;
+        if (seg == NULL || seg->grant_mac == NULL)
+            continue;
+        if (!kvp_grant_conn_key(seg->grant_mac, call->who->tag, key))
+            return false;
+        d->conn_key.data = key;
+        d->conn_key.len = KVP_GRANT_KEY_LEN;
+        d->conn_tag = call->who->tag;
+    }
+    return true;
+}
+
 void kvp_seg_set_free(kvp_seg_set_t *s)
 {
     free(s->descs);
     free(s->ptrs);
+    if (s->conn_keys != NULL)
+        OPENSSL_cleanse(s->conn_keys, s->n * KVP_GRANT_KEY_LEN);
+    free(s->conn_keys);
 }
 
 /*

@@ -163,7 +163,7 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         res[i].replicas = &repptr[i];
         res[i].n_replicas = 1;
     }
-    if (!kvp_seg_set_finish(&segs))
+    if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs))
         goto out; /* the moves stay recorded; the owner's MoveEnd or close frees them */
     resp.n_results = n;
     resp.results = resptr;

@@ -310,7 +310,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
             goto out;
         }
     }
-    if (!kvp_seg_set_finish(&segs)) {
+    if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs)) {
         rc = KVP_ERR_NOMEM;
         goto out;
     }
@@ -576,7 +576,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
                 goto out;
             }
         }
-        if (!kvp_seg_set_finish(&segs)) {
+        if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs)) {
             rc = KVP_ERR_NOMEM;
             goto out;
         }

@@ -104,7 +104,7 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
             forget[nf++] = t; /* nothing to report: gone once sent */
         t->sent = true;
     }
-    if (!kvp_seg_set_finish(&segs))
+    if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs))
         goto out;
     resp.tasks = tp;
     resp.n_tasks = k;

@@ -11,6 +11,8 @@ Real parts on 127.0.0.1: kvpool-master with TLS and an ACL (test_security's Secu
 tcp, and a raw TLS control connection that asks GetReplicaList for a real grant (the
 positive control: with that grant a raw READ returns the victim's bytes).
 """
+import hashlib
+import hmac
 import os
 import socket
 import struct
@@ -21,14 +23,14 @@ import pytest
 
 import kvpool
 from conftest import Proc, free_port, metric
-from test_security import (PRINCIPALS, SecureMaster, certs, close_all, frame,  # noqa: F401
-                           keys_body, no_ambient_credentials, read_frame, recv_exact,
-                           tls_client_ctx, tls_connect)
+from test_security import (M_AUTH, PRINCIPALS, SecureMaster, auth_body,  # noqa: F401
+                           certs, close_all, frame, keys_body, no_ambient_credentials,
+                           read_frame, recv_exact, tls_client_ctx, tls_connect)
 
 DENIED = kvpool.ERR_DENIED
 M_GET_REPLICA_LIST = 7
 DATA_MAGIC = 0x4450564B
-READ, WRITE, READV, WRITEV = 1, 2, 3, 4
+READ, WRITE, READV, WRITEV, HELLO = 1, 2, 3, 4, 5
 F_GRANT = 1
 REQ = struct.Struct("<IHHQQQ")  # magic op flags segment_id offset length (32 bytes)
 RESP = struct.Struct("<IiQ")     # magic status length (16 bytes)
@@ -71,38 +73,78 @@ def pb(b):
 
 
 class Replica:
-    def __init__(self, raw, endpoints):
+    """One replica as the master handed it to a principal: its extent, its grant, and
+    the principal's connection key and tag for the segment (for the HELLO)."""
+
+    def __init__(self, raw, descs):
         m = pb(raw)
         self.segment_id = m[1][0]
         self.offset = m.get(2, [0])[0]
         self.length = m[3][0]
         self.grant = m.get(4, [b""])[0]
-        host, port = endpoints[self.segment_id].rsplit(":", 1)
+        d = descs[self.segment_id]
+        host, port = d[7][0].decode().rsplit(":", 1)
         self.endpoint = (host, int(port))
+        self.conn_key = d.get(13, [b""])[0]
+        self.conn_tag = d.get(14, [0])[0]
 
 
-def replicas_of(master, key):
-    """The replicas (with grants) GetReplicaList gives bob (the key's tenant) for key,
-    over a raw TLS connection with bob's certificate."""
-    crt, k = master.certs.pair(PRINCIPALS["bob"]["cn"])
-    with tls_connect(master, tls_client_ctx(master.certs.ca, crt, k)) as s:
-        s.sendall(frame(M_GET_REPLICA_LIST, keys_body(key)))
+def replicas_of(master, key, who="bob"):
+    """The replicas (with grants) GetReplicaList gives principal `who` (of the key's tenant)
+    for key, over a raw TLS connection with its certificate or token."""
+    p = PRINCIPALS[who]
+    if "cn" in p:
+        crt, k = master.certs.pair(p["cn"])
+        ctx = tls_client_ctx(master.certs.ca, crt, k)
+    else:
+        ctx = tls_client_ctx(master.certs.ca)
+    with tls_connect(master, ctx) as s:
+        if "cn" not in p:
+            s.sendall(frame(M_AUTH, auth_body(p["token"])))
+            a = read_frame(s)
+            assert a is not None and a[1] == 0, a
+        s.sendall(frame(M_GET_REPLICA_LIST, keys_body(key), req_id=2))
         r = read_frame(s)
     assert r is not None and r[1] == 0, r
     resp = pb(r[2])
-    endpoints = {}
+    descs = {}
     for d in resp.get(3, []):
         dm = pb(d)
-        endpoints[dm[1][0]] = dm[7][0].decode()
+        descs[dm[1][0]] = dm
     res = pb(resp[2][0])
     assert res.get(1, [0])[0] == 0, res
-    return [Replica(x, endpoints) for x in res[4]]
+    return [Replica(x, descs) for x in res[4]]
 
 
 # ---- raw data requests ----
 
-def data_conn(rep):
-    return socket.create_connection(rep.endpoint, timeout=10)
+def hello_proof(conn_key, challenge, segment_id, tag):
+    msg = b"kvpool hello".ljust(16, b"\0") + challenge + struct.pack("<QQ", segment_id, tag)
+    return hmac.new(conn_key, msg, hashlib.sha256).digest()
+
+
+def hello(s, segment_id, tag, conn_key):
+    """Prove principal `tag` on data connection s; the owner's final status (None: closed)."""
+    s.sendall(REQ.pack(DATA_MAGIC, HELLO, 0, segment_id, tag, 0))
+    h = recv_exact(s, RESP.size)
+    if len(h) < RESP.size:
+        return None
+    magic, status, length = RESP.unpack(h)
+    assert magic == DATA_MAGIC and status == 0 and length == 32, (status, length)
+    challenge = recv_exact(s, 32)
+    s.sendall(hello_proof(conn_key, challenge, segment_id, tag))
+    h = recv_exact(s, RESP.size)
+    return RESP.unpack(h)[1] if len(h) == RESP.size else None
+
+
+def data_conn(rep, as_=None):
+    """A raw data connection to rep's owner, proven as the principal of `as_` (a Replica
+    handed to that principal; default rep's own), or as nobody (as_=False)."""
+    s = socket.create_connection(rep.endpoint, timeout=10)
+    who = rep if as_ is None else as_
+    if who:
+        assert hello(s, rep.segment_id, who.conn_tag, who.conn_key) == 0
+    return s
 
 
 def reply(s):
@@ -123,11 +165,12 @@ def closed(s):
         return True
 
 
-def request(rep, op, offset, length, grant=None, payload=b"", segment_id=None):
-    """One raw READ/WRITE; (status, payload, closed-after)."""
+def request(rep, op, offset, length, grant=None, payload=b"", segment_id=None, as_=None):
+    """One raw READ/WRITE on a connection proven as rep's principal (as_: see data_conn);
+    (status, payload, closed-after)."""
     seg = rep.segment_id if segment_id is None else segment_id
     hdr = REQ.pack(DATA_MAGIC, op, F_GRANT if grant is not None else 0, seg, offset, length)
-    with data_conn(rep) as s:
+    with data_conn(rep, as_) as s:
         try:
             s.sendall(hdr + (grant or b"") + payload)
         except (BrokenPipeError, ConnectionResetError):
@@ -272,6 +315,33 @@ def test_forged_and_bit_flipped_grants(gm, victim):
     intact(gm, key, data)
 
 
+def test_grant_needs_its_principals_connection(gm, victim):
+    """bob's real grant: refused on a connection that proved no principal, and on one
+    proven as alice (a principal of another tenant, with her own key for this segment);
+    a HELLO naming bob's tag with alice's key, or a made-up key, is refused itself."""
+    key, data, rep = victim
+    assert rep.conn_key and rep.conn_tag
+    akey = f"a@grant-alice-{uuid.uuid4().hex[:8]}"
+    with gm.client("alice", transport="tcp") as alice:
+        alice.put(akey, b"alice's")
+    (arep,) = replicas_of(gm, akey, who="alice")
+    assert arep.segment_id == rep.segment_id and arep.conn_tag != rep.conn_tag
+    assert arep.conn_key != rep.conn_key
+    before = gm.owner_refused()
+    assert refused(request(rep, READ, rep.offset, rep.length, rep.grant, as_=False))
+    assert refused(request(rep, READ, rep.offset, rep.length, rep.grant, as_=arep))
+    assert refused(request(rep, WRITE, rep.offset, 4096, rep.grant, b"\xee" * 4096, as_=arep))
+    for wrong_key in (arep.conn_key, os.urandom(32)):
+        with socket.create_connection(rep.endpoint, timeout=10) as s:
+            assert hello(s, rep.segment_id, rep.conn_tag, wrong_key) in (DENIED, None)
+            assert closed(s)
+    assert gm.owner_refused() == before + 5
+    # and with bob's own HELLO the same grant is taken
+    status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+    assert status == 0 and payload == data
+    intact(gm, key, data)
+
+
 def test_read_grant_cannot_write(gm, victim):
     key, data, rep = victim
     assert refused(request(rep, WRITE, rep.offset, 4096, rep.grant, b"\xee" * 4096))
@@ -339,7 +409,8 @@ def test_grants_off_serves_as_before(certs, tmp_path):
     m, key, data, rep = master_with_object(certs, tmp_path, ["--data-grants", "off"])
     try:
         assert rep.grant == b""
-        status, payload, _ = request(rep, READ, rep.offset, rep.length)
+        assert rep.conn_key == b""
+        status, payload, _ = request(rep, READ, rep.offset, rep.length, as_=False)
         assert status == 0 and payload == data
         assert "data grants off" in m.log_text()
     finally:

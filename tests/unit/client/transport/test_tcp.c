@@ -754,8 +754,20 @@ static void test_server_survives_malformed_frames(void **state)
     assert_closed(fd);
     close(fd);
 
-    /* unknown ops (0, 5, 0xffff): closed */
-    const uint16_t unknown[] = {0, 5, 0xffff};
+    /* a HELLO to a server whose mount gave no grant key: answered with no challenge, and
+     * the connection serves on, unproven */
+    fd = raw_connect(fx->port);
+    req = (kvp_data_req_t){
+        .magic = KVP_DATA_MAGIC, .op = KVP_DATA_HELLO, .segment_id = SEG_ID, .offset = 7};
+    assert_int_equal(kvp_send_all(fd, &req, sizeof(req)), KVP_OK);
+    uint64_t hello_len = 99;
+    assert_int_equal(raw_reply(fd, &hello_len), 0);
+    assert_int_equal(hello_len, 0);
+    assert_raw_serves(fx, fd);
+    close(fd);
+
+    /* unknown ops (0, 6, 0xffff): closed */
+    const uint16_t unknown[] = {0, KVP_DATA_HELLO + 1, 0xffff};
     for (size_t i = 0; i < 3; i++) {
         fd = raw_connect(fx->port);
         req = (kvp_data_req_t){
