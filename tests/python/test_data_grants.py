@@ -14,6 +14,7 @@ positive control: with that grant a raw READ returns the victim's bytes).
 import hashlib
 import hmac
 import os
+import signal
 import socket
 import struct
 import time
@@ -143,7 +144,7 @@ def data_conn(rep, as_=None):
     s = socket.create_connection(rep.endpoint, timeout=10)
     who = rep if as_ is None else as_
     if who:
-        assert hello(s, rep.segment_id, who.conn_tag, who.conn_key) == 0
+        assert hello(s, who.segment_id, who.conn_tag, who.conn_key) == 0
     return s
 
 
@@ -191,12 +192,21 @@ def refused(r):
 class GrantMaster(SecureMaster):
     """SecureMaster with extra flags for kvpool-master (e.g. a short lease)."""
 
-    def __init__(self, certs, workdir, principals, extra=()):
+    def __init__(self, certs, workdir, principals, extra=(), port=0):
         self.extra = list(extra)
+        self.listen_port = port
         super().__init__(certs, workdir, principals)
 
+    def restart(self):
+        """kill -9 the master (by its PID) and start a new one on the same port: a new
+        epoch, whose segments mount again, with new keys."""
+        assert self.listen_port, "restart needs a fixed port"
+        self.master.stop(sig=signal.SIGKILL)
+        self.master = self._start_master(self.certs)
+
     def _start_master(self, certs):
-        argv = [self.master_bin, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
+        argv = [self.master_bin, "--listen", f"127.0.0.1:{self.listen_port}",
+                "--ready-fd", "{fd}",
                 "--log-level", "info", "--lease-ttl", "0",
                 "--http-listen", f"127.0.0.1:{self.http_port}",
                 "--tls-cert", certs.server_crt, "--tls-key", certs.server_key,
@@ -413,5 +423,47 @@ def test_grants_off_serves_as_before(certs, tmp_path):
         status, payload, _ = request(rep, READ, rep.offset, rep.length, as_=False)
         assert status == 0 and payload == data
         assert "data grants off" in m.log_text()
+    finally:
+        close_all([m])
+
+
+def test_grant_from_before_a_master_restart(certs, tmp_path):
+    """kill -9 of the master and a new one on the same port: the owner mounts again under
+    a new epoch and key; the grant and the connection key of before are refused, the new
+    master's work, and the object (adopted back from the owner's record) reads exact."""
+    m = GrantMaster(certs, str(tmp_path), PRINCIPALS, port=free_port())
+    try:
+        m.add_owner()
+        key = f"b@grant-epoch-{uuid.uuid4().hex[:8]}"
+        data = os.urandom(16384)
+        with m.client("bob", transport="tcp") as bob:
+            bob.put(key, data)
+        (old,) = replicas_of(m, key)
+        status, payload, _ = request(old, READ, old.offset, old.length, old.grant)
+        assert status == 0 and payload == data
+        m.restart()
+        deadline = time.monotonic() + 30
+        new = None
+        while time.monotonic() < deadline:
+            try:
+                (new,) = replicas_of(m, key)
+                break
+            except (AssertionError, OSError, ValueError):
+                time.sleep(0.2)  # the owner is mounting again and offering its objects
+        assert new is not None, "the object did not come back after the restart"
+        assert new.grant != old.grant and new.conn_key != old.conn_key
+        before = m.owner_refused()
+        # the old grant on a connection proven with the new key, under the old segment id
+        # and under the new one; a HELLO with the old key
+        assert refused(request(old, READ, old.offset, old.length, old.grant, as_=new))
+        assert refused(request(old, READ, old.offset, old.length, old.grant,
+                               segment_id=new.segment_id, as_=new))
+        with socket.create_connection(old.endpoint, timeout=10) as s:
+            assert hello(s, new.segment_id, old.conn_tag, old.conn_key) in (DENIED, None)
+        assert m.owner_refused() == before + 3
+        status, payload, _ = request(new, READ, new.offset, new.length, new.grant)
+        assert status == 0 and payload == data
+        with m.client("bob", transport="tcp") as bob:
+            assert bob.get(key) == data
     finally:
         close_all([m])
