@@ -215,6 +215,20 @@ void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t versio
     pthread_mutex_unlock(&r->lock);
 }
 
+uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset)
+{
+    uint64_t v = 0;
+    pthread_mutex_lock(&r->lock);
+    if (r->n_buckets > 0)
+        for (const ent_t *e = r->buckets[bucket(r, offset)]; e != NULL; e = e->next)
+            if (e->offset == offset) {
+                v = e->version;
+                break;
+            }
+    pthread_mutex_unlock(&r->lock);
+    return v;
+}
+
 size_t kvp_seg_record_count(kvp_seg_record_t *r)
 {
     pthread_mutex_lock(&r->lock);

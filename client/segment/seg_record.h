@@ -40,6 +40,8 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
 void kvp_seg_record_clear(kvp_seg_record_t *r);
 /* Forget the entry at offset if it still has that version (the master refused it). */
 void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t version);
+/* The version of the object the record has at this extent offset; 0: none. */
+uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset);
 size_t kvp_seg_record_count(kvp_seg_record_t *r);
 /*
  * Every entry, newest (largest version) first: *e_p (malloc'd, with the keys after

@@ -93,6 +93,8 @@ kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_
         st = memory_create(seg);
     if (st == KVP_OK)
         st = serve(seg, params);
+    if (st == KVP_OK)
+        kvp_segment_server_set_record(seg->server, seg->record);
     if (st != KVP_OK) {
         kvp_segment_destroy(seg);
         return st;

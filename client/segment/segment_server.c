@@ -49,6 +49,7 @@ struct kvp_segment_server {
     kvp_conn_server_t *conns;
     kvp_served_stats_t stats;        /* relaxed adds, one per request served */
     kvp_grant_keyring_t grants;      /* from the last mount (data grants on: a key) */
+    struct kvp_seg_record *record;   /* the segment's record (ended puts), or NULL */
     _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
 };
 
@@ -63,7 +64,7 @@ static kvp_status_t check_grants(struct kvp_segment_server *srv, conn_state_t *c
                                  const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n)
 {
     return kvp_data_grants_check(&srv->grants, &cs->v, &srv->grants_refused, "segment server", fd,
-                                 req, vec, n, atomic_load(&srv->segment_id), cs->tag);
+                                 req, vec, n, atomic_load(&srv->segment_id), cs->tag, srv->record);
 }
 
 /* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
@@ -251,6 +252,11 @@ void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key
                                    uint64_t epoch)
 {
     kvp_grant_keyring_set(&srv->grants, key, key_len, epoch);
+}
+
+void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_record *record)
+{
+    srv->record = record;
 }
 
 uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv)

@@ -33,6 +33,10 @@ void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
  * Thread: any (connections pick it up at their next request). */
 void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key, size_t key_len,
                                    uint64_t epoch);
+/* The segment's record (segment/seg_record.h): a write grant for a put it shows ended is
+ * refused. Set once, before the first mount. */
+struct kvp_seg_record;
+void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_record *record);
 /* Requests refused for a missing or bad grant (the connection was closed). Thread: any. */
 uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv);
 void kvp_segment_server_destroy(kvp_segment_server_t *srv);

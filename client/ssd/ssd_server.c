@@ -332,7 +332,7 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
         return false;
     kvp_status_t gst =
         kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, req,
-                              vec, n, atomic_load(&srv->segment_id), cio->tag);
+                              vec, n, atomic_load(&srv->segment_id), cio->tag, NULL);
     if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
         if (gst == KVP_ERR_DENIED)
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -422,7 +422,7 @@ static void serve_conn(void *arg, int fd)
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
         kvp_status_t gst =
             kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd,
-                                  &req, &one, 1, atomic_load(&srv->segment_id), cio->tag);
+                                  &req, &one, 1, atomic_load(&srv->segment_id), cio->tag, NULL);
         if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
             if (gst == KVP_ERR_DENIED)
                 kvp_data_reply(fd, KVP_ERR_DENIED, 0);

@@ -141,7 +141,7 @@ bool kvp_call_grants_reserve(kvp_master_state_t *st, size_t count)
 }
 
 bool kvp_call_grant(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, uint8_t op,
-                    uint64_t ttl_ms)
+                    uint64_t ttl_ms, uint64_t version)
 {
     kvp_master_state_t *st = call->st;
     if (!st->grants_on || slot >= st->grant_cap)
@@ -157,7 +157,7 @@ bool kvp_call_grant(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, uint8_t
                        .length = rep->length,
                        .expiry_ms = st->grant_now_ms + ttl_ms,
                        .epoch = st->grant_epoch,
-                       .nonce = ++st->grant_nonce,
+                       .nonce = version ? version : ++st->grant_nonce,
                        .principal = call->who != NULL ? call->who->tag : 0};
     if (!kvp_grant_seal(seg->grant_mac, g))
         return false;
@@ -189,7 +189,8 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
         rep->segment_id = obj->replicas[r].segment_id;
         rep->offset = obj->replicas[r].offset;
         rep->length = obj->size;
-        if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms))
+        if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms,
+                            grant_op == KVP_GRANT_WRITE ? obj->version : 0))
             return false;
         repptr[(*nr)++] = rep;
         if (!kvp_seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))

@@ -155,7 +155,8 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         reps[i].offset = dest.offset;
         reps[i].length = obj->size;
         /* the mover writes the new replica: a write grant, good as long as a put's */
-        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms)) {
+        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms,
+                            obj->version)) {
             res[i].status = KVP_ERR_INTERNAL;
             continue;
         }

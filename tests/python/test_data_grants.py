@@ -2,7 +2,9 @@
 data server must carry a grant the master sealed for that extent, op and time; the owner
 checks it with no call to the master. Attacked here as a stranger on the network would:
 raw TCP to the owner's data port, with no grant, forged and bit-flipped grants, a read
-grant used to write, a range past the grant, another segment, an expired grant. Every
+grant used to write, a range past the grant, another segment, an expired grant, another
+principal's grant (or no HELLO, or a forged HELLO), a grant from before a master restart,
+a write grant after its put ended. Every
 attack must get KVP_ERR_DENIED and a closed connection, with nothing read or written: the
 victim's bytes read back exact, and the owner's /metrics counts each refusal.
 
@@ -26,10 +28,10 @@ import kvpool
 from conftest import Proc, free_port, metric
 from test_security import (M_AUTH, PRINCIPALS, SecureMaster, auth_body,  # noqa: F401
                            certs, close_all, frame, keys_body, no_ambient_credentials,
-                           read_frame, recv_exact, tls_client_ctx, tls_connect)
+                           read_frame, recv_exact, tls_client_ctx, tls_connect, varint)
 
 DENIED = kvpool.ERR_DENIED
-M_GET_REPLICA_LIST = 7
+M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST = 4, 5, 7
 DATA_MAGIC = 0x4450564B
 READ, WRITE, READV, WRITEV, HELLO = 1, 2, 3, 4, 5
 F_GRANT = 1
@@ -467,3 +469,80 @@ def test_grant_from_before_a_master_restart(certs, tmp_path):
             assert bob.get(key) == data
     finally:
         close_all([m])
+
+
+def _crc32c_table():
+    t = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+        t.append(c)
+    return t
+
+
+_CRC_T = _crc32c_table()
+
+
+def crc32c(data):
+    c = 0xFFFFFFFF
+    for b in data:
+        c = _CRC_T[(c ^ b) & 0xFF] ^ (c >> 8)
+    return c ^ 0xFFFFFFFF
+
+
+def bob_control(m):
+    crt, k = m.certs.pair(PRINCIPALS["bob"]["cn"])
+    return tls_connect(m, tls_client_ctx(m.certs.ca, crt, k))
+
+
+def put_start_raw(s, key, size):
+    """A raw PutStart of one key: its replica (with the write grant) as a Replica."""
+    kb = key.encode()
+    sizes = varint(size)
+    body = b"\x0a" + varint(len(kb)) + kb + b"\x12" + varint(len(sizes)) + sizes
+    s.sendall(frame(M_PUT_START, body, req_id=11))
+    r = read_frame(s)
+    assert r is not None and r[1] == 0, r
+    resp = pb(r[2])
+    descs = {pb(d)[1][0]: pb(d) for d in resp.get(3, [])}
+    res = pb(resp[2][0])
+    assert res.get(1, [0])[0] == 0, res
+    return Replica(res[2][0], descs)
+
+
+def put_end_raw(s, key, crc):
+    kb = key.encode()
+    body = b"\x0a" + varint(len(kb)) + kb + b"\x12\x04" + struct.pack("<I", crc)
+    s.sendall(frame(M_PUT_END, body, req_id=12))
+    r = read_frame(s)
+    assert r is not None and r[1] == 0, r
+    st = pb(r[2])
+    assert st.get(1, [0])[0] == 0, st
+
+
+def test_write_grant_ends_at_put_end(gm):
+    """A write grant works while its put is pending and is refused once the owner's
+    record has the put's end (the master streams it to the owner before the writer hears
+    of it); the bytes written under it stay as they were acknowledged."""
+    key = f"b@grant-end-{uuid.uuid4().hex[:8]}"
+    d1, d2 = os.urandom(4096), os.urandom(4096)
+    with bob_control(gm) as s:
+        rep = put_start_raw(s, key, len(d1))
+        assert len(rep.grant) == GRANT_LEN
+        status, _, _ = request(rep, WRITE, rep.offset, len(d1), rep.grant, d1)
+        assert status == 0
+        put_end_raw(s, key, crc32c(d1))
+    with gm.client("bob", transport="tcp") as bob:
+        assert bob.get(key) == d1  # the library's get comes after the record was sent
+    # the owner applies the record within milliseconds of the put's end: probe with the
+    # bytes already there (harmless if still taken) until the grant is refused
+    deadline = time.monotonic() + 5
+    while not refused(request(rep, WRITE, rep.offset, len(d1), rep.grant, d1)):
+        assert time.monotonic() < deadline, "a write grant still taken 5 s after its PutEnd"
+        time.sleep(0.05)
+    before = gm.owner_refused()
+    assert refused(request(rep, WRITE, rep.offset, len(d2), rep.grant, d2))
+    assert gm.owner_refused() == before + 1
+    with gm.client("bob", transport="tcp") as bob:
+        assert bob.get(key) == d1
