@@ -80,6 +80,11 @@ typedef struct kvp_bench_opts {
      * capacity_blocks blocks, the master's eviction decides what stays; true
      * (--eviction client-lru): the bench removes LRU victims itself (a reference) */
     bool trace_client_lru;
+    /* trace pacing: each capacity point is replayed once per pace, a speed-up of the trace's
+     * timestamps (0: unpaced, as fast as it goes; 10: ten times the trace's own rate) */
+    double paces[KVP_BENCH_MAX_LIST];
+    size_t n_paces;
+    unsigned trace_clients; /* store eviction: clients (threads) replaying together (1) */
     /* tracegen mode: the class, its seed, how many requests, the JSONL written */
     const char *gen_class;
     uint64_t gen_seed;

@@ -89,6 +89,10 @@ static const bench_mode_t modes[] = {
      "  --eviction MODE        store (default): per capacity an empty pool of exactly that\n"
      "                         many blocks (a fresh --local cluster each), the master evicts;\n"
      "                         client-lru: the bench removes LRU victims itself (a reference)\n"
+     "  --pace LIST            replay each capacity once per pace: 0 unpaced (default), X at\n"
+     "                         the trace's timestamps sped up X times (e.g. 0,10,100)\n"
+     "  --trace-clients N      store eviction: N clients (threads) take the requests in\n"
+     "                         trace order, together (default 1)\n"
      "  --ssd-capacity F       store, --local: the segment also gets an SSD tier of F x the\n"
      "                         unique blocks (file in --ssd-dir); hits are split per tier\n",
      kvp_bench_trace, MODE_MASTER | MODE_STORE_LRU | MODE_TRACE, NULL},
@@ -188,6 +192,8 @@ static const struct option long_opts[] = {
     {"trace-limit", required_argument, NULL, 'l'},
     {"eviction", required_argument, NULL, 'e'},
     {"class", required_argument, NULL, 'g'},
+    {"pace", required_argument, NULL, 'p'},
+    {"trace-clients", required_argument, NULL, 'k'},
     {"requests", required_argument, NULL, 'Q'},
     {"seed", required_argument, NULL, 'E'},
     {"out", required_argument, NULL, 'f'},
@@ -238,6 +244,7 @@ static void opts_defaults(kvp_bench_opts_t *o)
         .ssd_objects = 1024,
         .segment_records = true,
         .gen_seed = 1,
+        .trace_clients = 1,
         .gen_requests = 10000,
         .ha_objects = 1000000,
         .ha_rounds = 10,
@@ -343,6 +350,23 @@ static int parse_capacities(const char *text, kvp_bench_opts_t *o)
         o->capacities[o->n_capacities++] = v;
     }
     return o->n_capacities == 0 ? -1 : 0;
+}
+
+/* --pace: a comma list of speed-ups >= 0 (0: unpaced). */
+static int parse_paces(const char *text, kvp_bench_opts_t *o)
+{
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", text);
+    o->n_paces = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save);
+         tok && o->n_paces < KVP_BENCH_MAX_LIST; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        double v = strtod(tok, &end);
+        if (*end != '\0' || !(v >= 0 && v <= 1e9))
+            return -1;
+        o->paces[o->n_paces++] = v;
+    }
+    return o->n_paces == 0 ? -1 : 0;
 }
 
 /*
@@ -463,6 +487,15 @@ static int opt_meta_trace(kvp_bench_opts_t *o, int opt, const char *arg)
     case 'g':
         o->gen_class = arg;
         return 0;
+    case 'p':
+        return parse_paces(arg, o);
+    case 'k': {
+        uint64_t v;
+        if (parse_whole(arg, &v) != 0 || v == 0 || v > 64)
+            return -1;
+        o->trace_clients = (unsigned)v;
+        return 0;
+    }
     case 'Q':
         return parse_whole(arg, &o->gen_requests) != 0 || o->gen_requests == 0 ? -1 : 0;
     case 'E':
