@@ -40,12 +40,12 @@
  *     left, and an expired soft pin at the head of its list moves to
  *     probation's evict end with the time of its last put or read, an
  *     ordinary (old) object again.
- *   - chain order: PutEnd, GetReplicaList and LeaseRelease handle their
- *     keys last to first, so the first block of a chain ends up the most
- *     recent and a chain is eaten from its tail, never from its head. The
- *     last key of a PutEnd batch of several keys (the deepest block of a
- *     chain, the least shared) goes to the evict end of probation, as old
- *     as its head.
+ *   - chain order: PutEnd and GetReplicaList handle their keys last to
+ *     first, and the client hands a batch's leases back last key first, so
+ *     the first block of a chain ends up the most recent and a chain is
+ *     eaten from its tail, never from its head. The last key of a PutEnd
+ *     batch of several keys (the deepest block of a chain, the least shared)
+ *     goes to the evict end of probation, as old as its head.
  * Replayed with the real handlers (sim_eviction, the hit-rate unit test)
  * it is at or above exact LRU at 2-50 % of the unique blocks on every
  * generated class and on the FAST'25 synthetic trace, and closes about a

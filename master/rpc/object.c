@@ -598,9 +598,7 @@ kvp_status_t kvp_handle_lease_release(kvp_call_t *call, ProtobufCMessage *req_ms
 {
     kvp_master_state_t *st = call->st;
     Kvpool__LeaseReleaseRequest *req = (Kvpool__LeaseReleaseRequest *)req_msg;
-    /* last id first, as do_keys: of a chain read in one call, the first block ends its
-     * read last and so is the most recent (policy/lists.c) */
-    for (size_t i = req->n_lease_ids; i-- > 0;)
+    for (size_t i = 0; i < req->n_lease_ids; i++)
         kvp_lease_release(st, req->lease_ids[i]);
     return KVP_OK;
 }
