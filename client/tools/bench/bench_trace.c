@@ -24,7 +24,9 @@
  * Eviction "store" (the default): for each capacity point the pool is one
  * segment of exactly capacity_blocks x block_bytes (rounded up to the
  * master's 64-byte extent granularity), empty when the point starts: with
- * --local a fresh master (its default settings) and segment per point,
+ * --local a fresh master (its default settings) and segment per point, the
+ * replay starting once the master's rebuild grace is over (2 s from its
+ * start: meanwhile a put into a full pool waits instead of evicting),
  * otherwise the given master's pool must already be empty and of that size.
  * The master's eviction decides what stays; the bench removes nothing. A key
  * that exist reported but that the get then finds NOT_FOUND (evicted in
@@ -98,6 +100,9 @@
 #define TRACE_SSD_SLOT 65536u     /* an SSD file has one object-table slot per 64 KiB... */
 #define TRACE_SSD_MIN_SLOTS 1024u /* ... and at least this many */
 #define TRACE_MIN(a, b) ((a) < (b) ? (a) : (b))
+/* The master's rebuild grace (KVP_REBUILD_GRACE_MS, master/state.h: 2 s) and a margin: a
+ * fresh --local pool is replayed only after it (store_pool_open). */
+#define TRACE_REBUILD_GRACE_S 2.2
 
 /* ---------------- trace loading ---------------- */
 
@@ -1095,6 +1100,7 @@ static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_ben
                         "SSD segment per capacity point)\n");
         return -1;
     }
+    double started_at = kvp_bench_now();
     if (r->o->local) {
         kvp_bench_cluster_params_t cp = {.n = 1, .seg_size = bytes};
         if (ssd_bytes > 0) {
@@ -1132,6 +1138,18 @@ static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_ben
                 "cluster per capacity point) or --eviction client-lru\n",
                 bytes, addr ? addr : "the master", ps.capacity, ps.used, ps.objects);
         return -1;
+    }
+    /* A master that just started answers a put that finds no room "wait" (POOL_BUSY) rather
+     * than evicting, for its rebuild grace (segments of a restarted master remount and offer
+     * their records meanwhile); the client retries those keys in a put of their own. That is
+     * not the policy at work: a fresh pool's replay starts once the grace is over. */
+    if (*started) {
+        double left = started_at + TRACE_REBUILD_GRACE_S - kvp_bench_now();
+        if (left > 0) {
+            struct timespec ts = {.tv_sec = (time_t)left,
+                                  .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
     }
     return 0;
 }
