@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 TOLERANCE = 0.005
-LIMIT = "1000"  # requests of the slice: about 5 s at 100x on the 2-core machine kind
+LIMIT = "1000"  # requests of the slice: about 4 s at 100x (and 2 s of master start) each
 
 
 def run(bench, trace, workdir, name, extra):
