@@ -321,7 +321,8 @@ if cls:
         md.append("| %s | %g | %d | %.4f | %.4f | %.4f | %s | %s |" % (
             r["trace"], r["capacity"], r["capacity_blocks"], r["hit_rate"], r["lru_hit_rate"],
             r["belady_hit_rate"], "%.3f" % gap if gap is not None else "- (Belady - LRU < 0.005)",
-            "yes" if r["hit_rate"] >= r["lru_hit_rate"] else "NO"))
+            "yes" if r["hit_rate"] >= r["lru_hit_rate"] else
+            "NO (%d blocks)" % round((r["lru_hit_rate"] - r["hit_rate"]) * r["blocks"])))
     if gaps:
         md.append("")
         md.append("Mean gap closed over the %d points where Belady is 0.005 or more above LRU: %.3f "
