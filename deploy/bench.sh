@@ -133,6 +133,28 @@ if [ -f "$TRACE" ]; then
 else
   echo "no trace at $TRACE (set KVPOOL_TRACE): skipping the trace mode" >&2
 fi
+# Workload classes (issue 26): kvpool-bench tracegen writes 4000 requests of each class (seed
+# 1; the classes and their sources: docs/benchmarks.md, "Workload classes"), each replayed
+# with 4 KiB blocks at 2-50 % of its unique blocks, unpaced, and the trace above at 2 and 50 %
+# (5-25 % are trace4k's). The pace: each class's 2000-request test slice (and the FAST'25 one)
+# at 10 %, unpaced and at its timestamps sped up 100x, with one client and with 4. About
+# 4-5 minutes on 2 cores.
+GEN=$ROOT/build/bench-traces
+mkdir -p "$GEN"
+for c in conversation toolagent sysprompt rag; do
+  run "tracegen_$c" tracegen --class "$c" --requests 4000 --seed 1 --out "$GEN/$c.jsonl"
+  run "class_$c" trace --local --block-bytes 4KiB --trace "$GEN/$c.jsonl" \
+    --capacity 0.02,0.05,0.1,0.25,0.5
+done
+[ -f "$TRACE" ] && run class_synthetic trace --local --block-bytes 4KiB --trace "$TRACE" \
+  --capacity 0.02,0.5
+for s in fast25_trace conversation toolagent sysprompt rag; do
+  for n in 1 4; do
+    run "pace${n}_$s" trace --local --segment-size 256MiB --block-bytes 4KiB \
+      --trace "$ROOT/tests/unit/master/data/${s}_2000.jsonl" --capacity 0.1 --pace 0,100 \
+      --trace-clients "$n"
+  done
+done
 
 # Merge: one machine/params header (from the data run), every result.
 python3 - "$tmp" "$OUT/bench-results.json" "$OUT/bench-results.md" <<'PY'
@@ -316,12 +338,43 @@ md += ["", "## trace (prefix hit rate: store eviction next to exact LRU and Bela
        "| trace | block | capacity | blocks | eviction | store | exact LRU | Belady | requests/s | errors |",
        "|---|---|---|---|---|---|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "trace" and "hits_ssd" not in r:
+    if r["mode"] == "trace" and "hits_ssd" not in r and not r["run"].startswith(("class_", "pace")):
         errors = r["get_errors"] + r["put_errors"] + r["other_errors"]
         md.append("| %s | %d KiB | %g | %d | %s | %.4f | %.4f | %.4f | %.0f | %d |" % (
             r["trace"], r["block_bytes"] // 1024, r["capacity"], r["capacity_blocks"],
             r["eviction"], r["hit_rate"], r["lru_hit_rate"], r["belady_hit_rate"],
             r["requests_per_s"], errors))
+# issue 26: every workload class (and the FAST'25 trace, 4 KiB blocks) x capacity, unpaced
+cls = [r for r in R if r["mode"] == "trace" and r.get("pace", 0) == 0 and r.get("clients", 1) == 1
+       and (r["run"].startswith("class_") or r["run"] == "trace4k")]
+if cls:
+    md += ["", "## workload classes (store vs exact LRU vs Belady; gap closed = (store - LRU) / (Belady - LRU))", "",
+           "| trace | capacity | blocks | store | exact LRU | Belady | gap closed | store >= LRU |",
+           "|---|---|---|---|---|---|---|---|"]
+    gaps = []
+    for r in sorted(cls, key=lambda r: (r["trace"], r["capacity"])):
+        d = r["belady_hit_rate"] - r["lru_hit_rate"]
+        gap = (r["hit_rate"] - r["lru_hit_rate"]) / d if d >= 0.005 else None
+        if gap is not None:
+            gaps.append(gap)
+        md.append("| %s | %g | %d | %.4f | %.4f | %.4f | %s | %s |" % (
+            r["trace"], r["capacity"], r["capacity_blocks"], r["hit_rate"], r["lru_hit_rate"],
+            r["belady_hit_rate"], "%.3f" % gap if gap is not None else "- (Belady - LRU < 0.005)",
+            "yes" if r["hit_rate"] >= r["lru_hit_rate"] else
+            "NO (%d blocks)" % round((r["lru_hit_rate"] - r["hit_rate"]) * r["blocks"])))
+    if gaps:
+        md.append("")
+        md.append("Mean gap closed over the %d points where Belady is 0.005 or more above LRU: %.3f "
+                  "(target 0.15)." % (len(gaps), sum(gaps) / len(gaps)))
+pace = [r for r in R if r["mode"] == "trace" and r["run"].startswith("pace")]
+if pace:
+    md += ["", "## pace (10 % of each slice's unique blocks; the difference is to unpaced with one client)", "",
+           "| trace | clients | pace | store | difference | exact LRU |", "|---|---|---|---|---|---|"]
+    base = {r["trace"]: r["hit_rate"] for r in pace if r["pace"] == 0 and r["clients"] == 1}
+    for r in sorted(pace, key=lambda r: (r["trace"], r["clients"], r["pace"])):
+        md.append("| %s | %d | %s | %.4f | %+.4f | %.4f |" % (
+            r["trace"], r["clients"], "unpaced" if r["pace"] == 0 else "x%g" % r["pace"],
+            r["hit_rate"], r["hit_rate"] - base.get(r["trace"], r["hit_rate"]), r["lru_hit_rate"]))
 tiers = [r for r in R if r["mode"] == "trace" and "hits_ssd" in r]
 if tiers:
     md += ["", "## trace with tiers (hit rate over both tiers; share of the hits served by each)", "",

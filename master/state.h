@@ -128,7 +128,12 @@ typedef struct kvp_master_state {
     uint64_t rng;
     uint64_t now_ms; /* the master clock: set by the loop before each event (tests set it) */
     kvp_lease_table_t leases;
-    kvp_ghost_t ghost;
+    kvp_ghost_t ghost; /* keys evicted lately, and from which list */
+    /* the eviction policy (policy/lists.c): its clock ticks once per object put or read
+     * (obj->touched); probation's head is the victim while older than protected's head
+     * + probation_bias ticks (0: plain LRU over both lists), moved by the ghost's hits */
+    uint64_t policy_clock;
+    int64_t probation_bias;
     kvp_move_t *moves; /* drain copies in flight */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */

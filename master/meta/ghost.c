@@ -4,7 +4,12 @@
  * Design: inserts go to the current filter, lookups ask both; when the
  * current one has taken `cap` keys the older one is cleared and becomes
  * current, sized for GHOST_ROUNDS x the objects resident then. So the ghost
- * remembers the last cap..2*cap evictions, at about 10 bits per key. A
+ * remembers the last cap..2*cap evictions, at about 10 bits per key. The
+ * eviction policy keeps two ghosts in it, one per list a victim left: a
+ * key of kind 1 is inserted as (hash ^ GHOST_KIND_SALT), so one lookup per
+ * kind tells them apart, and both cover the same span of evictions (the
+ * same stretch of time), which the policy's comparison of their hits needs
+ * (policy/lists.c). Per filter it counts the keys of each kind. A
  * blocked filter: every probe of a key falls in one 64-byte block, so a
  * lookup or an insert touches one cache line per filter. Out of memory
  * only makes it forget.
@@ -17,7 +22,7 @@
 #include <string.h>
 
 /* The ghost remembers between GHOST_ROUNDS and twice that many x resident objects. */
-#define GHOST_ROUNDS 2
+#define GHOST_ROUNDS 1
 #define GHOST_MIN_KEYS 1024
 #define GHOST_BITS_PER_KEY 10
 #define GHOST_PROBES 4
@@ -31,8 +36,13 @@ static uint64_t ghost_probe(uint64_t hash, unsigned i, uint64_t mask)
     return block << 9 | ((y >> (9 * i)) & 511);
 }
 
-bool kvp_ghost_has(const kvp_ghost_t *g, uint64_t hash)
+/* A kind-1 key is a different key to the filter. */
+#define GHOST_KIND_SALT 0x5851f42d4c957f2dull
+
+bool kvp_ghost_has(const kvp_ghost_t *g, uint64_t hash, unsigned kind)
 {
+    if (kind != 0)
+        hash ^= GHOST_KIND_SALT;
     for (unsigned f = 0; f < 2; f++) {
         if (g->bits[f] == NULL)
             continue;
@@ -63,22 +73,32 @@ static bool ghost_rotate(kvp_ghost_t *g, uint64_t keys)
     g->mask[next] = bits - 1;
     g->cur = next;
     g->cap = keys;
-    g->n_cur = 0;
+    g->n[next][0] = g->n[next][1] = 0;
     return true;
 }
 
-void kvp_ghost_add(kvp_ghost_t *g, uint64_t hash, uint64_t resident)
+void kvp_ghost_add(kvp_ghost_t *g, uint64_t hash, unsigned kind, uint64_t resident)
 {
-    if (g->bits[g->cur] == NULL || g->n_cur >= g->cap) {
+    unsigned cur = g->cur;
+    if (g->bits[cur] == NULL || g->n[cur][0] + g->n[cur][1] >= g->cap) {
         uint64_t keys = resident * GHOST_ROUNDS;
         if (!ghost_rotate(g, keys < GHOST_MIN_KEYS ? GHOST_MIN_KEYS : keys))
             return; /* no memory: this victim is forgotten, nothing else changes */
     }
+    kind = kind != 0;
+    if (kind)
+        hash ^= GHOST_KIND_SALT;
     for (unsigned i = 0; i < GHOST_PROBES; i++) {
         uint64_t b = ghost_probe(hash, i, g->mask[g->cur]);
         g->bits[g->cur][b >> 6] |= 1ull << (b & 63);
     }
-    g->n_cur++;
+    g->n[g->cur][kind]++;
+}
+
+uint64_t kvp_ghost_size(const kvp_ghost_t *g, unsigned kind)
+{
+    kind = kind != 0;
+    return g->n[0][kind] + g->n[1][kind];
 }
 
 void kvp_ghost_cleanup(kvp_ghost_t *g)

@@ -56,7 +56,10 @@ typedef struct kvp_object {
             uint32_t policy; /* COMPLETE: eviction policy state (policy/lists.c) */
         };
     };
-    uint64_t deadline_ms;      /* PENDING: put timeout */
+    union {
+        uint64_t deadline_ms; /* PENDING: put timeout */
+        uint64_t touched;     /* COMPLETE: the policy clock when last put or read (lists.c) */
+    };
     uint64_t version;          /* this value's version: a later put has a larger one (tier.c) */
     uint32_t soft_pin_until_s; /* soft pin expiry (master clock, seconds); 0: none */
     uint32_t crc32c;

@@ -2,35 +2,56 @@
  * eviction.c - keeping a full pool useful: which objects go when a put
  * needs room, and the put timeout that reclaims zombie PENDING objects.
  *
- * Policy: 2Q with a ghost, tuned for prefix caches (docs/architecture.md,
- * "Eviction"). KV-cache blocks come in prefix chains (block i is worth
- * nothing once a block before it is gone) and most are written once and
- * never read again, so:
- *   - probation: objects put and not read since, oldest first. Victims come
- *     from here while it holds more than 2 % of the objects.
- *   - protected: objects read at least once (or put again soon after being
- *     evicted), least recently used first (a read counts when it ends).
+ * Policy: an age-biased LRU over two lists, the bias learnt from a ghost
+ * (docs/architecture.md, "Eviction"; chosen by simulation over every
+ * workload class, docs/benchmarks.md, "Eviction policy"). KV-cache blocks
+ * come in prefix chains (block i is worth nothing once a block before it
+ * is gone); some workloads write most blocks once and never read them
+ * again (one-hit blocks should go first: 2Q), others put a conversation's
+ * new blocks once and first read them at its next turn, many thousands
+ * of blocks later (they must stay as long as LRU keeps them). One fixed
+ * rule would fit one kind and lose on the other, so:
+ *   - every object carries obj->touched, the policy clock (one tick per
+ *     put or read) when it was last put or read (the PENDING put timeout's
+ *     field: a COMPLETE object has none, so it costs no byte).
+ *   - probation: objects put and not read since; protected: objects read
+ *     at least once (or put again while the ghost remembers them). Both are
+ *     in touched order, oldest first (a read counts when it ends).
+ *   - the victim is the head of probation while it is older than the head
+ *     of protected by more than -probation_bias ticks, i.e. while
+ *     probation.head->touched < protected.head->touched + bias, else the
+ *     head of protected (the other list when one is empty). bias 0 is plain
+ *     LRU over both lists; a large bias is 2Q (probation first); a negative
+ *     one keeps new puts longer than old reads.
+ *   - ghost: the keys of the last 1-2 x (objects resident) victims and the
+ *     list each one left, in one pair of Bloom filters (2.5-5 bytes per
+ *     resident object: 10 bits per key, rounded up to a power of two). A
+ *     key put again while the ghost remembers it goes to protected and
+ *     moves the bias: a probation victim back lowers it, a protected one
+ *     raises it, each by KVP_POLICY_BIAS_STEP ticks x the ratio of the
+ *     other list's victims remembered to its own (ARC's weighting: hits
+ *     count per victim a list gave), within +-KVP_POLICY_BIAS_LIMIT x the
+ *     objects on the two lists. It settles where a victim of either list is
+ *     as likely to come back. Ticks, not objects: the bias compares ages.
  *   - reading: objects with a read in flight (a lease held). Eviction never
  *     looks at them; when the lease ends they go to protected's new end.
  *   - pinned (hard pins) and soft (soft pins, in pin order): hard pins are
  *     never victims; soft pins only in a second pass, when nothing else is
  *     left, and an expired soft pin at the head of its list moves to
- *     probation, an ordinary object again.
- *   - ghost: the keys of the last ~2-4 x (objects resident) victims, in a
- *     pair of Bloom filters (5-10 bytes per resident object: 10 bits per
- *     key, rounded up to a power of two). A key put
- *     again while the ghost remembers it goes straight to protected: it
- *     came back, so it is likely to come back again.
+ *     probation's evict end with the time of its last put or read, an
+ *     ordinary (old) object again.
  *   - chain order: PutEnd and GetReplicaList handle their keys last to
- *     first, so the first block of a chain ends up the most recent and a
- *     chain is eaten from its tail, never from its head. The last key of a
- *     PutEnd batch of several keys (the deepest block of a chain, the least
- *     shared) goes to the evict end of probation.
- * Replayed on the FAST'25 Mooncake trace with the pool at 10 % of the
- * unique blocks it reaches a 0.28 hit rate where exact LRU gets 0.26
- * (kvpool-bench trace). Every hook and every victim is O(1): objects that
- * cannot go (being read, pinned) are on lists eviction never walks, so
- * the head of probation or protected is a victim. The one exception is an
+ *     first, and the client hands a batch's leases back last key first, so
+ *     the first block of a chain ends up the most recent and a chain is
+ *     eaten from its tail, never from its head. The last key of a PutEnd
+ *     batch of several keys (the deepest block of a chain, the least shared)
+ *     goes to the evict end of probation, as old as its head.
+ * Replayed with the real handlers (sim_eviction, the hit-rate unit test)
+ * it is at or above exact LRU at 2-50 % of the unique blocks on every
+ * generated class and on the FAST'25 synthetic trace, and closes about a
+ * quarter of the LRU -> Belady gap on average. Every hook and every victim
+ * is O(1): objects that cannot go (being read, pinned) are on lists
+ * eviction never walks, so the head of probation or protected is a victim. The one exception is an
  * object on a draining segment (being moved away): it is passed over and
  * moves to the new end of its list. One search looks at each at most
  * once, but while a drain runs, every search of a list whose head is all
@@ -69,9 +90,6 @@
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
 #include "master/policy/tier.h"
-
-/* Probation keeps at least this share of the objects (per mille). */
-#define PROBATION_FLOOR_PERMILLE 20
 
 /* ---- victims ---- */
 
@@ -152,12 +170,15 @@ static kvp_object_t *victim(kvp_master_state_t *st, bool take_soft)
     /* soft pins that ran out are ordinary objects again (pin order: the head expires
      * first when every pin has the default TTL; a longer one ahead holds the rest up) */
     while (ix->soft.head != NULL && !kvp_policy_soft_pin_live(st, ix->soft.head))
-        kvp_policy_move(st, ix->soft.head, KVP_POLICY_PROBATION, false);
+        kvp_policy_move(st, ix->soft.head, KVP_POLICY_PROBATION, true); /* stamp kept */
     if (take_soft)
         return scan(st, &ix->soft);
-    uint64_t complete = ix->probation.n + ix->protected.n;
-    bool probation_first =
-        ix->probation.n * 1000 > complete * PROBATION_FLOOR_PERMILLE || ix->protected.n == 0;
+    bool probation_first;
+    if (ix->probation.head == NULL || ix->protected.head == NULL)
+        probation_first = ix->protected.head == NULL;
+    else
+        probation_first = (int64_t)(ix->probation.head->touched - ix->protected.head->touched) <
+                          st->probation_bias;
     kvp_object_list_t *first = probation_first ? &ix->probation : &ix->protected;
     kvp_object_list_t *second = probation_first ? &ix->protected : &ix->probation;
     kvp_object_t *obj = scan(st, first);
@@ -198,8 +219,11 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
             kvp_tier_victim_t what = kvp_tier_victim(st, obj);
             if (what == KVP_TIER_DROP) {
                 kvp_state_object_gone(st, obj);
+                bool prot = (obj->policy & KVP_POLICY_LIST_MASK) == KVP_POLICY_PROTECTED;
                 kvp_index_unlink(&st->index, obj);
-                kvp_ghost_add(&st->ghost, obj->hash, st->index.count - st->index.pending);
+                kvp_ghost_add(&st->ghost, obj->hash,
+                              prot ? KVP_GHOST_PROTECTED : KVP_GHOST_PROBATION,
+                              st->index.count - st->index.pending);
                 kvp_object_release(st, obj);
             }
             if (what != KVP_TIER_OFFLOAD)

@@ -1,14 +1,19 @@
 /*
  * lists.c - the eviction policy's hooks: which list a COMPLETE object is on.
  *
- * Design: 2Q with a ghost (policy/eviction.c says why). Every object the
- * policy tracks is on exactly one of the index's lists (probation,
- * protected, reading, pinned, soft; obj->policy says which), and each hook
- * moves it in O(1): a put that the ghost remembers goes to protected, the
- * deepest block of a batch to the evict end of probation, a read in flight
- * to reading (eviction never walks it), a finished read to protected's new
- * end (or, for an object on the SSD tier only, the SSD list's new end; for
- * one being offloaded, the offloading list: kvp_policy_home). The index puts a new COMPLETE object
+ * Design: an age-biased LRU over probation and protected, the bias moved by
+ * the ghost's hits (policy/eviction.c says why). Every object the policy
+ * tracks is on exactly one of the index's lists (probation, protected,
+ * reading, pinned, soft; obj->policy says which), and each hook moves it in
+ * O(1). Moving an object to a list's new end stamps it with the next tick
+ * of st->policy_clock (obj->touched); to its evict end, it keeps its stamp
+ * or takes the head's if that is older, so each list stays in stamp order.
+ * A put that the ghost remembers goes to protected and moves the bias (the
+ * victim's list was too eager), the deepest block of a batch to the evict
+ * end of probation, a read in flight to reading (eviction never walks it),
+ * a finished read to protected's new end (or, for an object on the SSD
+ * tier only, the SSD list's new end; for one being offloaded, the
+ * offloading list: kvp_policy_home). The index puts a new COMPLETE object
  * on probation or a pin list.
  *
  * Thread: master loop only. Time: st->now_ms (soft pin expiry).
@@ -23,10 +28,14 @@ void kvp_policy_move(kvp_master_state_t *st, kvp_object_t *obj, unsigned list, b
     kvp_object_list_remove(kvp_index_policy_list(&st->index, obj), obj);
     obj->policy = (obj->policy & ~KVP_POLICY_LIST_MASK) | list;
     kvp_object_list_t *l = kvp_index_policy_list(&st->index, obj);
-    if (evict_end)
+    if (evict_end) { /* as old as the head at most: the list stays in stamp order */
+        if (l->head != NULL && (int64_t)(l->head->touched - obj->touched) < 0)
+            obj->touched = l->head->touched;
         kvp_object_list_prepend(l, obj);
-    else
+    } else {
+        obj->touched = ++st->policy_clock;
         kvp_object_list_append(l, obj);
+    }
 }
 
 static unsigned list_of(const kvp_object_t *obj)
@@ -41,18 +50,45 @@ static bool ssd_only(const kvp_master_state_t *st, const kvp_object_t *obj)
     return obj->n_replicas > 0 && !kvp_segment_table_has_tier(&st->segments, obj, false);
 }
 
+/*
+ * A victim of list `dir` (-1: probation, +1: protected) was put again while the ghost
+ * remembered it: move the bias towards keeping that list's objects longer. Weighted by
+ * the ratio of the two ghosts' sizes (ARC's rule), so each list's hits count per victim
+ * it gave: the bias settles where a victim of either list is as likely to come back.
+ * Bounded by +-KVP_POLICY_BIAS_LIMIT x the objects on the two lists.
+ */
+static void bias_by(kvp_master_state_t *st, int dir)
+{
+    int64_t b1 = (int64_t)kvp_ghost_size(&st->ghost, KVP_GHOST_PROBATION) + 1;
+    int64_t b2 = (int64_t)kvp_ghost_size(&st->ghost, KVP_GHOST_PROTECTED) + 1;
+    int64_t lim = KVP_POLICY_BIAS_LIMIT * (int64_t)(st->index.probation.n + st->index.protected.n);
+    int64_t step = KVP_POLICY_BIAS_STEP;
+    if (dir < 0) {
+        step *= b2 > b1 ? b2 / b1 : 1;
+        st->probation_bias = st->probation_bias - step < -lim ? -lim : st->probation_bias - step;
+    } else {
+        step *= b1 > b2 ? b1 / b2 : 1;
+        st->probation_bias = st->probation_bias + step > lim ? lim : st->probation_bias + step;
+    }
+}
+
 void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest)
 {
     /* the index put it at the new end of probation (or on a pin list) */
+    obj->touched = ++st->policy_clock;
     if (list_of(obj) != KVP_POLICY_PROBATION)
         return;
     if (ssd_only(st, obj)) {
         kvp_policy_move(st, obj, KVP_POLICY_SSD, false);
         return;
     }
-    if (kvp_ghost_has(&st->ghost, obj->hash))
+    if (kvp_ghost_has(&st->ghost, obj->hash, KVP_GHOST_PROBATION)) {
+        bias_by(st, -1); /* probation's victims come back: keep them longer */
         kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
-    else if (deepest)
+    } else if (kvp_ghost_has(&st->ghost, obj->hash, KVP_GHOST_PROTECTED)) {
+        bias_by(st, +1); /* protected's victims come back: keep them longer */
+        kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
+    } else if (deepest)
         kvp_policy_move(st, obj, KVP_POLICY_PROBATION, true);
 }
 

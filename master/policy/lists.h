@@ -9,6 +9,11 @@
 
 #include "master/state.h"
 
+/* The bias's step per ghost hit (policy clock ticks) and its bound (x objects listed):
+ * chosen by simulation (docs/benchmarks.md, "Eviction"), the same for every workload. */
+#define KVP_POLICY_BIAS_STEP 4
+#define KVP_POLICY_BIAS_LIMIT 4
+
 /*
  * kvp_policy_put: obj just became COMPLETE (PutEnd); `deepest`: it was the
  * last key of a batch of several (batches are handled last key first, so a

@@ -80,6 +80,16 @@ typedef struct kvp_bench_opts {
      * capacity_blocks blocks, the master's eviction decides what stays; true
      * (--eviction client-lru): the bench removes LRU victims itself (a reference) */
     bool trace_client_lru;
+    /* trace pacing: each capacity point is replayed once per pace, a speed-up of the trace's
+     * timestamps (0: unpaced, as fast as it goes; 10: ten times the trace's own rate) */
+    double paces[KVP_BENCH_MAX_LIST];
+    size_t n_paces;
+    unsigned trace_clients; /* store eviction: clients (threads) replaying together (1) */
+    /* tracegen mode: the class, its seed, how many requests, the JSONL written */
+    const char *gen_class;
+    uint64_t gen_seed;
+    uint64_t gen_requests;
+    const char *gen_out;
     /* SSD tier: the files live in ssd_dir (default "."; never tmpfs) */
     const char *ssd_dir;
     uint64_t ssd_file_size; /* limits: the disk test file (default 1 GiB) */
@@ -255,6 +265,10 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_alloc(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+/* tracegen: no store; writes o->gen_out (bench_tracegen.c) */
+int kvp_bench_tracegen(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+/* The classes tracegen knows, for messages. */
+const char *kvp_bench_tracegen_classes(void);
 int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_ha(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 

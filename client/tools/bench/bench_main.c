@@ -1,7 +1,7 @@
 /*
  * bench_main.c - kvpool-bench: main, the global options and the mode table.
  *
- *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace ssd ha all
+ *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace tracegen ssd ha all
  *
  * Output: each mode prints a human-readable table (and a progress line on
  * stderr while it runs); --json FILE writes
@@ -89,9 +89,21 @@ static const bench_mode_t modes[] = {
      "  --eviction MODE        store (default): per capacity an empty pool of exactly that\n"
      "                         many blocks (a fresh --local cluster each), the master evicts;\n"
      "                         client-lru: the bench removes LRU victims itself (a reference)\n"
+     "  --pace LIST            replay each capacity once per pace: 0 unpaced (default), X at\n"
+     "                         the trace's timestamps sped up X times (e.g. 0,10,100)\n"
+     "  --trace-clients N      store eviction: N clients (threads) take the requests in\n"
+     "                         trace order, together (default 1)\n"
      "  --ssd-capacity F       store, --local: the segment also gets an SSD tier of F x the\n"
      "                         unique blocks (file in --ssd-dir); hits are split per tier\n",
      kvp_bench_trace, MODE_MASTER | MODE_STORE_LRU | MODE_TRACE, NULL},
+    {"tracegen",
+     "tracegen (no store; a seeded synthetic trace in the trace mode's JSONL, 512-token\n"
+     "    blocks; classes and their sources in bench_tracegen.c, docs/benchmarks.md):\n"
+     "  --class NAME           conversation | toolagent | sysprompt | rag\n"
+     "  --requests N           requests written (default 10000)\n"
+     "  --seed N               the PRNG's seed (default 1)\n"
+     "  --out FILE             the JSONL written\n",
+     kvp_bench_tracegen, 0, NULL},
     /* the SSD tier's flags (limits, ssd and trace share them) open the ssd section */
     {"ssd",
      "SSD tier (limits' disk figures, ssd, trace --ssd-capacity):\n"
@@ -179,6 +191,12 @@ static const struct option long_opts[] = {
     {"capacity", required_argument, NULL, 'c'},
     {"trace-limit", required_argument, NULL, 'l'},
     {"eviction", required_argument, NULL, 'e'},
+    {"class", required_argument, NULL, 'g'},
+    {"pace", required_argument, NULL, 'p'},
+    {"trace-clients", required_argument, NULL, 'k'},
+    {"requests", required_argument, NULL, 'Q'},
+    {"seed", required_argument, NULL, 'E'},
+    {"out", required_argument, NULL, 'f'},
     {"ssd-dir", required_argument, NULL, 'D'},
     {"ssd-file-size", required_argument, NULL, 'F'},
     {"ssd-size", required_argument, NULL, 'Z'},
@@ -225,6 +243,9 @@ static void opts_defaults(kvp_bench_opts_t *o)
         .ssd_size = 2ull << 30,
         .ssd_objects = 1024,
         .segment_records = true,
+        .gen_seed = 1,
+        .trace_clients = 1,
+        .gen_requests = 10000,
         .ha_objects = 1000000,
         .ha_rounds = 10,
         .leader_ttl = 2,
@@ -329,6 +350,23 @@ static int parse_capacities(const char *text, kvp_bench_opts_t *o)
         o->capacities[o->n_capacities++] = v;
     }
     return o->n_capacities == 0 ? -1 : 0;
+}
+
+/* --pace: a comma list of speed-ups >= 0 (0: unpaced). */
+static int parse_paces(const char *text, kvp_bench_opts_t *o)
+{
+    char buf[128];
+    snprintf(buf, sizeof(buf), "%s", text);
+    o->n_paces = 0;
+    for (char *save = NULL, *tok = strtok_r(buf, ",", &save);
+         tok && o->n_paces < KVP_BENCH_MAX_LIST; tok = strtok_r(NULL, ",", &save)) {
+        char *end;
+        double v = strtod(tok, &end);
+        if (*end != '\0' || !(v >= 0 && v <= 1e9))
+            return -1;
+        o->paces[o->n_paces++] = v;
+    }
+    return o->n_paces == 0 ? -1 : 0;
 }
 
 /*
@@ -445,6 +483,25 @@ static int opt_meta_trace(kvp_bench_opts_t *o, int opt, const char *arg)
         if (strcmp(arg, "store") != 0 && strcmp(arg, "client-lru") != 0)
             return -1;
         o->trace_client_lru = strcmp(arg, "client-lru") == 0;
+        return 0;
+    case 'g':
+        o->gen_class = arg;
+        return 0;
+    case 'p':
+        return parse_paces(arg, o);
+    case 'k': {
+        uint64_t v;
+        if (parse_whole(arg, &v) != 0 || v == 0 || v > 64)
+            return -1;
+        o->trace_clients = (unsigned)v;
+        return 0;
+    }
+    case 'Q':
+        return parse_whole(arg, &o->gen_requests) != 0 || o->gen_requests == 0 ? -1 : 0;
+    case 'E':
+        return parse_whole(arg, &o->gen_seed);
+    case 'f':
+        o->gen_out = arg;
         return 0;
     case 'X':
         o->ssd_capacity = strtod(arg, NULL);

@@ -24,12 +24,15 @@
  * Eviction "store" (the default): for each capacity point the pool is one
  * segment of exactly capacity_blocks x block_bytes (rounded up to the
  * master's 64-byte extent granularity), empty when the point starts: with
- * --local a fresh master (its default settings) and segment per point,
+ * --local a fresh master (its default settings) and segment per point, the
+ * replay starting once the master's rebuild grace is over (2 s from its
+ * start: meanwhile a put into a full pool waits instead of evicting),
  * otherwise the given master's pool must already be empty and of that size.
  * The master's eviction decides what stays; the bench removes nothing. A key
  * that exist reported but that the get then finds NOT_FOUND (evicted in
  * between) ends the prefix there (`get_raced`) and is written again; a put
- * answered EXISTS is fine (`put_exists`). Every other failure (a put refused
+ * answered EXISTS is fine (`put_exists`; with --trace-clients, PENDING too: another
+ * client is writing that block). Every other failure (a put refused
  * with POOL_FULL, wrong bytes, a transport error) is an error.
  *
  * Tiers (--ssd-capacity F, store eviction with --local only): the point's
@@ -56,14 +59,29 @@
  * the flattened reference string and the resident set is an indexed max-heap,
  * O(n log n)).
  *
+ * Pace (--pace LIST): each capacity point is replayed once per pace; 0
+ * (the default) sends each request as soon as the one before is done, X > 0
+ * sends request q no earlier than its "timestamp" / X after the start (the
+ * trace's own rate sped up X times; a request late already goes at once).
+ * Clients (--trace-clients N, store eviction): N threads, each with its own
+ * client and buffers (on the point's master), take the requests in trace
+ * order from one shared counter, so up to N are in flight together; a put
+ * answered PENDING (another client writing the same block) is then fine,
+ * like EXISTS. The references stay sequential: with N > 1 and no pace,
+ * requests overtake each other (a turn can start before the one before it
+ * has written its blocks), which costs hits whatever the policy.
+ *
  * The bench holds no block contents beyond two reusable buffers of
- * batch x block_bytes (one for puts, one for gets), registered once per client.
- * Single-threaded: runs on the caller's thread.
+ * batch x block_bytes (one for puts, one for gets) per client, registered
+ * once. One thread, or the caller's thread and N - 1 more (--trace-clients).
  */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "client/include/kvpool.h"
@@ -82,11 +100,15 @@
 #define TRACE_SSD_SLOT 65536u     /* an SSD file has one object-table slot per 64 KiB... */
 #define TRACE_SSD_MIN_SLOTS 1024u /* ... and at least this many */
 #define TRACE_MIN(a, b) ((a) < (b) ? (a) : (b))
+/* The master's rebuild grace (KVP_REBUILD_GRACE_MS, master/state.h: 2 s) and a margin: a
+ * fresh --local pool is replayed only after it (store_pool_open). */
+#define TRACE_REBUILD_GRACE_S 2.2
 
 /* ---------------- trace loading ---------------- */
 
 typedef struct trace {
     uint64_t *ids;  /* dense block -> hash id */
+    uint64_t *ts;   /* per request: its "timestamp" (ms from the trace's start; 0 when none) */
     uint32_t *blks; /* dense blocks of all requests, concatenated */
     size_t *off;    /* request r is blks[off[r] .. off[r+1]) */
     size_t n_req, n_blks, n_uniq, max_len, malformed;
@@ -216,9 +238,25 @@ static long parse_line(const char *line, uint64_t **tmp, size_t *tmp_cap)
     }
 }
 
+/* The line's "timestamp" (a non-negative number of ms; 0 when absent or not a number). */
+static uint64_t parse_ts(const char *line)
+{
+    const char *p = strstr(line, "\"timestamp\"");
+    if (p == NULL)
+        return 0;
+    p = skip_ws(p + strlen("\"timestamp\""));
+    if (*p != ':')
+        return 0;
+    p = skip_ws(p + 1);
+    char *end;
+    double v = strtod(p, &end);
+    return end != p && v > 0 ? (uint64_t)v : 0;
+}
+
 static void trace_free(trace_t *t)
 {
     free(t->ids);
+    free(t->ts);
     free(t->blks);
     free(t->off);
     free(t->map_key);
@@ -236,6 +274,7 @@ static int trace_load(trace_t *t, const char *path, uint64_t limit)
     }
     char *line = NULL;
     size_t line_cap = 0, ids_cap = 0, blks_cap = 0, off_cap = 0, tmp_cap = 0, lineno = 0;
+    size_t ts_cap = 0;
     uint64_t *tmp = NULL;
     int rc = -1;
     ssize_t len;
@@ -254,8 +293,10 @@ static int trace_load(trace_t *t, const char *path, uint64_t limit)
             continue;
         }
         if (grow((void **)&t->blks, &blks_cap, t->n_blks + (size_t)n, sizeof(*t->blks)) ||
-            grow((void **)&t->off, &off_cap, t->n_req + 2, sizeof(*t->off)))
+            grow((void **)&t->off, &off_cap, t->n_req + 2, sizeof(*t->off)) ||
+            grow((void **)&t->ts, &ts_cap, t->n_req + 1, sizeof(*t->ts)))
             goto out_nomem;
+        t->ts[t->n_req] = parse_ts(line);
         for (long i = 0; i < n; i++) {
             uint32_t b = intern(t, tmp[i], &ids_cap);
             if (b == TRACE_NIL)
@@ -503,6 +544,7 @@ typedef struct run {
     uint64_t get_raced, put_exists;                /* store: not errors */
     uint64_t mismatches, pool_full_evictions;      /* client-lru: not errors */
     char ssd_path[4096];                           /* tiers: this point's SSD file, "" when none */
+    const char *addr; /* store: the point's master (the other clients connect there) */
 } run_t;
 
 static void put_u64(uint8_t *p, uint64_t v)
@@ -656,7 +698,8 @@ static void put_error(run_t *r, size_t i)
         fprintf(stderr, "kvpool-bench: trace: put %s: %s\n", r->keys[i], kvp_strerror(r->st[i]));
 }
 
-/* Store eviction: put blk[0..n); EXISTS is fine, anything else an error. */
+/* Store eviction: put blk[0..n); EXISTS is fine (and, with concurrent clients, PENDING: another
+ * client is writing the same block), anything else an error. */
 static int put_chunk_store(run_t *r, const uint32_t *blk, size_t n)
 {
     if (put_call(r, blk, n))
@@ -664,7 +707,8 @@ static int put_chunk_store(run_t *r, const uint32_t *blk, size_t n)
     for (size_t i = 0; i < n; i++) {
         if (r->st[i] == KVP_OK)
             r->bytes_written += r->bb;
-        else if (r->st[i] == KVP_ERR_EXISTS)
+        else if (r->st[i] == KVP_ERR_EXISTS ||
+                 (r->st[i] == KVP_ERR_PENDING && r->o->trace_clients > 1))
             r->put_exists++;
         else
             put_error(r, i);
@@ -1056,6 +1100,7 @@ static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_ben
                         "SSD segment per capacity point)\n");
         return -1;
     }
+    double started_at = kvp_bench_now();
     if (r->o->local) {
         kvp_bench_cluster_params_t cp = {.n = 1, .seg_size = bytes};
         if (ssd_bytes > 0) {
@@ -1078,6 +1123,7 @@ static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_ben
         *started = true;
         addr = cl->master_addr;
     }
+    r->addr = addr;
     if (run_connect(r, addr))
         return -1;
     kvp_pool_stat_t ps;
@@ -1093,11 +1139,172 @@ static int store_pool_open(run_t *r, uint64_t bytes, uint64_t ssd_bytes, kvp_ben
                 bytes, addr ? addr : "the master", ps.capacity, ps.used, ps.objects);
         return -1;
     }
+    /* A master that just started answers a put that finds no room "wait" (POOL_BUSY) rather
+     * than evicting, for its rebuild grace (segments of a restarted master remount and offer
+     * their records meanwhile); the client retries those keys in a put of their own. That is
+     * not the policy at work: a fresh pool's replay starts once the grace is over. */
+    if (*started) {
+        double left = started_at + TRACE_REBUILD_GRACE_S - kvp_bench_now();
+        if (left > 0) {
+            struct timespec ts = {.tv_sec = (time_t)left,
+                                  .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+            nanosleep(&ts, NULL);
+        }
+    }
     return 0;
 }
 
-/* Replay the trace once at capacity `frac`. Returns 0, or -1 when the run had to stop. */
-static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t *out)
+/* ---------------- pacing and concurrent clients ---------------- */
+
+/* Wait until request q's time: its timestamp / pace after t0 (pace 0: no wait). */
+static void pace_wait(const trace_t *t, size_t q, double t0, double pace)
+{
+    if (pace <= 0)
+        return;
+    double at = t0 + (double)t->ts[q] / 1000.0 / pace;
+    for (double now = kvp_bench_now(); now < at; now = kvp_bench_now()) {
+        double left = at - now;
+        struct timespec ts = {.tv_sec = (time_t)left,
+                              .tv_nsec = (long)((left - (double)(time_t)left) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* One client thread of a concurrent replay: takes the next request in trace order. */
+typedef struct replay_thread {
+    run_t *r;
+    _Atomic size_t *next;
+    _Atomic bool *stop;
+    double t0, pace;
+    int rc;
+    pthread_t tid;
+} replay_thread_t;
+
+static void *replay_thread(void *arg)
+{
+    replay_thread_t *rt = arg;
+    const trace_t *t = rt->r->t;
+    for (;;) {
+        size_t q = atomic_fetch_add(rt->next, 1);
+        if (q >= t->n_req || atomic_load(rt->stop))
+            break;
+        pace_wait(t, q, rt->t0, rt->pace);
+        const uint32_t *blk = t->blks + t->off[q];
+        if (run_request_store(rt->r, blk, t->off[q + 1] - t->off[q]) != 0 ||
+            run_errors(rt->r) >= TRACE_MAX_ERRORS) {
+            rt->rc = -1;
+            atomic_store(rt->stop, true);
+            break;
+        }
+    }
+    return NULL;
+}
+
+/*
+ * The requests of one capacity point: in trace order from this thread (one client), or
+ * from o->trace_clients threads with a client each (store eviction), each taking the next
+ * request; paced by the timestamps / `pace` when pace > 0. *done_p: requests replayed
+ * (all, unless it had to stop). Counters end up in r. Returns 0, or -1.
+ */
+static int replay(run_t *r, double frac, double pace, size_t *done_p)
+{
+    const trace_t *t = r->t;
+    unsigned n_cl = r->store && r->o->trace_clients > 1 ? r->o->trace_clients : 1;
+    double t0 = kvp_bench_now(), last = t0;
+    if (n_cl == 1) {
+        size_t done = 0;
+        int rc = 0;
+        for (; done < t->n_req; done++) {
+            pace_wait(t, done, t0, pace);
+            const uint32_t *blk = t->blks + t->off[done];
+            size_t n = t->off[done + 1] - t->off[done];
+            if ((r->store ? run_request_store(r, blk, n) : run_request_lru(r, blk, n)) != 0) {
+                rc = -1;
+                break;
+            }
+            if (run_errors(r) >= TRACE_MAX_ERRORS) {
+                fprintf(stderr,
+                        "kvpool-bench: trace: capacity %.3g: %" PRIu64
+                        " errors, stopping this capacity point\n",
+                        frac, run_errors(r));
+                done++;
+                break;
+            }
+            double now = kvp_bench_now();
+            if (now - last >= 0.25) {
+                last = now;
+                kvp_bench_progress(r->o, "trace cap %.3g: %zu/%zu requests, hit rate %.4f", frac,
+                                   done + 1, t->n_req,
+                                   r->total ? (double)r->hits / (double)r->total : 0.0);
+            }
+        }
+        *done_p = done;
+        return rc;
+    }
+    /* thread 0 uses r (connected); the others a run of their own each, on the same master */
+    replay_thread_t *th = calloc(n_cl, sizeof(*th));
+    run_t *extra = calloc(n_cl, sizeof(*extra));
+    _Atomic size_t next = 0;
+    _Atomic bool stop = false;
+    int rc = 0;
+    unsigned ready = 1, started = 0;
+    if (th == NULL || extra == NULL) {
+        fprintf(stderr, "kvpool-bench: trace: out of memory\n");
+        rc = -1;
+        goto out;
+    }
+    for (; ready < n_cl; ready++)
+        if (run_init(&extra[ready], r->o, t) || run_connect(&extra[ready], r->addr)) {
+            run_free(&extra[ready]);
+            rc = -1;
+            goto out;
+        }
+    t0 = kvp_bench_now();
+    for (; started < n_cl; started++) {
+        th[started] = (replay_thread_t){.r = started == 0 ? r : &extra[started],
+                                        .next = &next,
+                                        .stop = &stop,
+                                        .t0 = t0,
+                                        .pace = pace};
+        if (pthread_create(&th[started].tid, NULL, replay_thread, &th[started]) != 0) {
+            fprintf(stderr, "kvpool-bench: trace: cannot start a client thread\n");
+            atomic_store(&stop, true);
+            rc = -1;
+            break;
+        }
+    }
+    for (unsigned i = 0; i < started; i++) {
+        pthread_join(th[i].tid, NULL);
+        rc |= th[i].rc;
+    }
+    for (unsigned i = 1; i < ready; i++) { /* their counters into r */
+        r->hits += extra[i].hits;
+        r->total += extra[i].total;
+        r->bytes_read += extra[i].bytes_read;
+        r->bytes_written += extra[i].bytes_written;
+        r->get_errors += extra[i].get_errors;
+        r->put_errors += extra[i].put_errors;
+        r->other_errors += extra[i].other_errors;
+        r->get_raced += extra[i].get_raced;
+        r->put_exists += extra[i].put_exists;
+    }
+    if (atomic_load(&stop))
+        fprintf(stderr,
+                "kvpool-bench: trace: capacity %.3g: a client stopped (%" PRIu64 " errors)\n", frac,
+                run_errors(r));
+out:
+    for (unsigned i = 1; i < ready; i++)
+        run_free(&extra[i]);
+    free(extra);
+    free(th);
+    size_t n = atomic_load(&next);
+    *done_p = rc == 0 && n > t->n_req ? t->n_req : (n < t->n_req ? n : t->n_req);
+    return rc;
+}
+
+/* Replay the trace once at capacity `frac` and pace `pace`. Returns 0, or -1 when the run
+ * had to stop. */
+static int run_capacity(run_t *r, double frac, double pace, const char *name, kvp_bench_out_t *out)
 {
     const trace_t *t = r->t;
     size_t cap = (size_t)(frac * (double)t->n_uniq);
@@ -1153,31 +1360,10 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
         pool = ps.capacity;
     }
 
-    double t0 = kvp_bench_now(), last = t0;
+    double t0 = kvp_bench_now();
     size_t done = 0;
-    for (; done < t->n_req; done++) {
-        const uint32_t *blk = t->blks + t->off[done];
-        size_t n = t->off[done + 1] - t->off[done];
-        if ((r->store ? run_request_store(r, blk, n) : run_request_lru(r, blk, n)) != 0) {
-            rc = -1;
-            break;
-        }
-        if (run_errors(r) >= TRACE_MAX_ERRORS) {
-            fprintf(stderr,
-                    "kvpool-bench: trace: capacity %.3g: %" PRIu64
-                    " errors, stopping this capacity point\n",
-                    frac, run_errors(r));
-            done++;
-            break;
-        }
-        double now = kvp_bench_now();
-        if (now - last >= 0.25) {
-            last = now;
-            kvp_bench_progress(r->o, "trace cap %.3g: %zu/%zu requests, hit rate %.4f", frac,
-                               done + 1, t->n_req,
-                               r->total ? (double)r->hits / (double)r->total : 0.0);
-        }
-    }
+    if (replay(r, frac, pace, &done) != 0)
+        rc = -1;
     double elapsed = kvp_bench_now() - t0;
     kvp_bench_progress_done(r->o);
 
@@ -1211,10 +1397,11 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     double lru = total ? (double)lru_hits / (double)total : 0;
     double bel = total ? (double)bel_hits / (double)total : 0;
     double rps = elapsed > 0 ? (double)done / elapsed : 0;
-    printf("%-22.22s %-10s %8.3g %10zu %9zu %8.4f %8.4f %8.4f %9.1f %8.2f %9.2f %9.2f %7" PRIu64
-           "\n",
-           name, eviction, frac, cap, done, hit, lru, bel, rps, elapsed,
-           (double)r->bytes_read / 1e9, (double)r->bytes_written / 1e9, run_errors(r));
+    printf(
+        "%-22.22s %-10s %8.3g %5.4g %10zu %9zu %8.4f %8.4f %8.4f %9.1f %8.2f %9.2f %9.2f %7" PRIu64
+        "\n",
+        name, eviction, frac, pace, cap, done, hit, lru, bel, rps, elapsed,
+        (double)r->bytes_read / 1e9, (double)r->bytes_written / 1e9, run_errors(r));
     if (r->store)
         printf("  %" PRIu64 "-byte pool: %" PRIu64 " objects evicted by the master, %" PRIu64
                " gets raced with an eviction, %" PRIu64 " puts found the block already there\n",
@@ -1247,6 +1434,9 @@ static int run_capacity(run_t *r, double frac, const char *name, kvp_bench_out_t
     kvp_bench_result_str(out, "trace", name);
     kvp_bench_result_str(out, "eviction", eviction);
     kvp_bench_result_num(out, "capacity", frac);
+    kvp_bench_result_num(out, "pace", pace);
+    kvp_bench_result_int(out, "clients",
+                         r->store && r->o->trace_clients > 1 ? r->o->trace_clients : 1);
     kvp_bench_result_int(out, "capacity_blocks", (int64_t)cap);
     kvp_bench_result_int(out, "block_bytes", (int64_t)r->bb);
     kvp_bench_result_int(out, "pool_bytes", (int64_t)pool);
@@ -1329,18 +1519,22 @@ int kvp_bench_trace(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         if (left > 0)
             printf("  removed %ld blocks left in the store by an earlier run\n", left);
     }
-    printf("%-22s %-10s %8s %10s %9s %8s %8s %8s %9s %8s %9s %9s %7s\n", "trace", "eviction",
-           "capacity", "cap_blocks", "requests", "hit", "lru_hit", "belady", "req/s", "time_s",
-           "read_GB", "write_GB", "errors");
+    printf("%-22s %-10s %8s %5s %10s %9s %8s %8s %8s %9s %8s %9s %9s %7s\n", "trace", "eviction",
+           "capacity", "pace", "cap_blocks", "requests", "hit", "lru_hit", "belady", "req/s",
+           "time_s", "read_GB", "write_GB", "errors");
     double def_cap = 0.1;
     const double *caps = o->n_capacities ? o->capacities : &def_cap;
     size_t n_caps = o->n_capacities ? o->n_capacities : 1;
     uint64_t errors = 0;
     rc = 0;
-    for (size_t i = 0; i < n_caps && rc == 0; i++) {
-        rc = run_capacity(&r, caps[i], name, out) ? 1 : 0;
-        errors += run_errors(&r);
-    }
+    double unpaced = 0;
+    const double *paces = o->n_paces ? o->paces : &unpaced;
+    size_t n_paces = o->n_paces ? o->n_paces : 1;
+    for (size_t i = 0; i < n_caps && rc == 0; i++)
+        for (size_t j = 0; j < n_paces && rc == 0; j++) {
+            rc = run_capacity(&r, caps[i], paces[j], name, out) ? 1 : 0;
+            errors += run_errors(&r);
+        }
     if (errors > 0) {
         fprintf(stderr,
                 "kvpool-bench: trace: %" PRIu64 " errors (failed or wrong gets, failed "

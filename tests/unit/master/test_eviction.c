@@ -8,7 +8,8 @@
  * master clock (st->now_ms) is set by the tests, so leases, soft pins and
  * put timeouts are exercised at their exact boundaries without sleeping.
  *
- * The policy (2Q with a ghost, on demand; eviction.c's top comment) is
+ * The policy (an age-biased LRU over probation and protected, the bias
+ * learnt from a ghost, on demand; eviction.c's top comment) is
  * checked step by step against a reference model written here with plain
  * arrays (section 1), under the defaults (no watermarks) and with
  * watermarks on. The other sections check one property each (watermarks,
@@ -45,8 +46,13 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
+#include "master/policy/lists.h"
 #include "master/state.h"
 #include "tests/unit/master/svc_call.h"
+
+#ifdef KVP_EVICTION_SIM /* sim_eviction: only section 8 and the plumbing run */
+#pragma GCC diagnostic ignored "-Wunused-function"
+#endif
 
 #define C1 1
 #define C2 2
@@ -421,7 +427,8 @@ static void lease_release(kvp_master_state_t *st, const uint64_t *ids, size_t n)
 }
 
 /* Read keys[0..n) (n <= 128) in one GET_REPLICA_LIST (every one must be found), then
- * release the leases, as a client does once its transfers are over. */
+ * release the leases as the client does once its transfers are over: in one LeaseRelease,
+ * last key first (client/object.c, release_leases). */
 static void read_release(kvp_master_state_t *st, const char *const *keys, size_t n)
 {
     uint64_t ids[128];
@@ -431,7 +438,7 @@ static void read_release(kvp_master_state_t *st, const char *const *keys, size_t
     size_t n_results = r->n_results, bad = n;
     int32_t bad_status = 0;
     for (size_t i = 0; i < n_results && i < n; i++) {
-        ids[i] = r->results[i]->lease_id;
+        ids[n - 1 - i] = r->results[i]->lease_id; /* handed back last key first */
         if (r->results[i]->status != KVP_OK && bad == n) {
             bad = i;
             bad_status = r->results[i]->status;
@@ -473,29 +480,37 @@ static uint64_t xorshift(uint64_t *s)
  *     full makes the master evict one object's worth (on demand), then the
  *     watermarks, when on, apply to the whole batch. Every eviction call
  *     first ends the leases whose TTL is over (in grant order).
- *   - PutEnd handles its keys last to first: hard pins to the pinned list,
- *     soft pins to the new end of the soft list; otherwise a key the ghost
- *     remembers goes to the new end of protected, else the last key of a
- *     batch of several to the evict end of probation, the others to its new
- *     end.
+ *   - The policy clock ticks once per put and once per move to a list's new
+ *     end; that tick is the key's stamp. A move to a list's evict end keeps
+ *     the key's stamp, or takes the head's if that is older.
+ *   - PutEnd handles its keys last to first, each stamped: hard pins to the
+ *     pinned list, soft pins to the new end of the soft list; otherwise a
+ *     key the ghost remembers (from probation first, else from protected)
+ *     moves the bias (KVP_POLICY_BIAS_STEP x the other kind's remembered
+ *     victims / its own, + 1 each, when more; down for probation, up for
+ *     protected; within +-KVP_POLICY_BIAS_LIMIT x probation + protected) and
+ *     goes to the new end of protected, else the last key of a batch of
+ *     several to the evict end of probation, the others stay at its new end.
  *   - GetReplicaList handles its keys last to first: each one found gets a
  *     lease; a new lease moves it to the new end of the reading list (hard
  *     pins stay where they are). When its lease ends (the last release, or
  *     the TTL) it goes to the new end of protected (of the soft list while
- *     its soft pin lasts). A lease over by its TTL and not yet reaped ends
- *     when the next read comes (back to protected), which then starts a new
- *     one (to the reading list again).
+ *     its soft pin lasts; LeaseRelease ends its ids in the order given). A
+ *     lease over by its TTL and not yet reaped ends when the next read comes
+ *     (back to protected), which then starts a new one (to the reading list
+ *     again).
  *   - A victim: first, expired soft pins at the head of the soft list become
- *     ordinary (new end of probation). Then, in the first pass, from
- *     probation while probation.n * 1000 > (probation.n + protected.n) * 20
- *     or protected is empty, else from protected, the other list when the
- *     first is empty; in the second pass from the soft list.
- *   - The ghost: the keys evicted since the rotation before last. A rotation
- *     happens when a victim finds the current round full: it holds
- *     max(1024, 2 x resident objects) keys. The master's ghost is a Bloom
- *     filter, so it may remember a key the model does not (a false positive,
- *     rare: counted, bounded) but must never forget one the model remembers;
- *     where they differ the model follows the master's answer.
+ *     ordinary (evict end of probation). Then, in the first pass, the head
+ *     of probation if its stamp is below protected's head's + the bias (or
+ *     protected is empty), else the head of protected, the other list when
+ *     the first is empty; in the second pass from the soft list.
+ *   - The ghost: the keys evicted since the rotation before last, each with
+ *     the list it left. A rotation happens when a victim finds the current
+ *     round full: it holds max(1024, resident objects) keys. The master's
+ *     ghost is a Bloom filter, so it may remember a key the model does not
+ *     (a false positive, rare: counted, bounded) but must never forget one
+ *     the model remembers; where they differ the model follows the master's
+ *     answer.
  * Random steps: puts of 1..4 keys (new keys, and evicted ones back again;
  * some soft-pinned, a few hard-pinned), reads of 1..4 keys (resident ones,
  * sometimes the same twice, sometimes an evicted one) whose leases are
@@ -512,7 +527,7 @@ static uint64_t xorshift(uint64_t *s)
 #define M_HELD 16
 #define M_HARD 4
 #define M_GHOST_MIN 1024 /* eviction.c: GHOST_MIN_KEYS, GHOST_ROUNDS */
-#define M_GHOST_ROUNDS 2
+#define M_GHOST_ROUNDS 1
 #define M_NONE UINT32_MAX
 
 enum { M_PROB, M_PROT, M_PINNED, M_SOFT, M_READING, M_LISTS, M_ABSENT = M_LISTS };
@@ -525,7 +540,9 @@ typedef struct mkey {
     uint64_t lease_until_ms;
     uint64_t grant_seq; /* its lease's place in the master's expiry order */
     uint32_t soft_until_s;
-    uint64_t ghost_round; /* the ghost round of its latest eviction; 0: never evicted */
+    uint64_t ghost_round;   /* the ghost round of its latest eviction; 0: never evicted */
+    uint64_t ghost_kind[2]; /* per kind (M_PROB, M_PROT): round of its latest such eviction */
+    uint64_t touched;       /* the policy clock when last put or read */
     uint64_t hash;
 } mkey_t;
 
@@ -545,6 +562,10 @@ typedef struct model {
     double high, low;
     uint64_t evicted, runs;
     uint64_t ghost_round, ghost_n, ghost_cap;
+    uint64_t ghost_kind_n[2][2];       /* [this round, the one before][kind]: victims */
+    uint64_t clock;                    /* the policy clock */
+    int64_t bias;                      /* probation's bias (ticks) */
+    uint64_t bias_moves, bias_nonzero; /* ghost hits that moved it; steps it was not 0 */
     uint64_t ghost_hits, ghost_fp, ghost_asked;
     uint64_t evict_while_reading, soft_demoted, soft_taken, lease_ttl_ended, grant_seq;
     uint32_t victims[M_SLOTS]; /* this step's */
@@ -573,17 +594,30 @@ static void m_unlink(model_t *m, uint32_t k)
     m->keys[k].where = M_ABSENT;
 }
 
-static void m_link(model_t *m, uint32_t k, unsigned l, bool evict_end)
+/* Onto list l: its new end (the clock ticks, the key is the most recent) or its evict end
+ * (no older than the head: it keeps its stamp, or takes the head's if that is older);
+ * `stamp`: false when the put itself has just stamped it (the index's placement). */
+static void m_place(model_t *m, uint32_t k, unsigned l, bool evict_end, bool stamp)
 {
     assert_true(m->n[l] < M_SLOTS);
+    mkey_t *e = &m->keys[k];
     if (evict_end) {
+        if (m->n[l] > 0 && (int64_t)(m->keys[m->list[l][0]].touched - e->touched) < 0)
+            e->touched = m->keys[m->list[l][0]].touched;
         memmove(&m->list[l][1], &m->list[l][0], m->n[l] * sizeof(uint32_t));
         m->list[l][0] = k;
     } else {
+        if (stamp)
+            e->touched = ++m->clock;
         m->list[l][m->n[l]] = k;
     }
     m->n[l]++;
-    m->keys[k].where = (uint8_t)l;
+    e->where = (uint8_t)l;
+}
+
+static void m_link(model_t *m, uint32_t k, unsigned l, bool evict_end)
+{
+    m_place(m, k, l, evict_end, true);
 }
 
 /* The head of list l: nothing on the scanned lists is being read or pinned (no segment
@@ -598,13 +632,17 @@ static uint32_t m_victim(model_t *m, bool take_soft)
     while (m->n[M_SOFT] > 0 && !m_soft_pinned(m, m->list[M_SOFT][0])) {
         uint32_t k = m->list[M_SOFT][0];
         m_unlink(m, k);
-        m_link(m, k, M_PROB, false);
+        m_link(m, k, M_PROB, true);
         m->soft_demoted++;
     }
     if (take_soft)
         return m_scan(m, M_SOFT);
-    size_t complete = m->n[M_PROB] + m->n[M_PROT];
-    bool prob_first = m->n[M_PROB] * 1000 > complete * 20 || m->n[M_PROT] == 0;
+    bool prob_first;
+    if (m->n[M_PROB] == 0 || m->n[M_PROT] == 0)
+        prob_first = m->n[M_PROT] == 0;
+    else
+        prob_first = (int64_t)(m->keys[m->list[M_PROB][0]].touched -
+                               m->keys[m->list[M_PROT][0]].touched) < m->bias;
     unsigned first = prob_first ? M_PROB : M_PROT;
     uint32_t k = m_scan(m, first);
     return k != M_NONE ? k : m_scan(m, first == M_PROB ? M_PROT : M_PROB);
@@ -638,12 +676,14 @@ static void m_expire(model_t *m)
     }
 }
 
-static bool m_ghost_has(const model_t *m, uint32_t k)
+/* Does the ghost remember k's eviction from list `kind` (M_PROB or M_PROT)? */
+static bool m_ghost_has(const model_t *m, uint32_t k, unsigned kind)
 {
-    return m->keys[k].ghost_round != 0 && m->keys[k].ghost_round + 1 >= m->ghost_round;
+    uint64_t r = m->keys[k].ghost_kind[kind];
+    return r != 0 && r + 1 >= m->ghost_round;
 }
 
-static void m_ghost_add(model_t *m, uint32_t k)
+static void m_ghost_add(model_t *m, uint32_t k, unsigned kind)
 {
     if (m->ghost_round == 0 || m->ghost_n >= m->ghost_cap) {
         uint64_t resident = 0;
@@ -651,11 +691,35 @@ static void m_ghost_add(model_t *m, uint32_t k)
             resident += m->n[l];
         uint64_t keys = resident * M_GHOST_ROUNDS;
         m->ghost_cap = keys < M_GHOST_MIN ? M_GHOST_MIN : keys;
+        if (m->ghost_round > 0) { /* the first round has no round before it */
+            m->ghost_kind_n[1][0] = m->ghost_kind_n[0][0];
+            m->ghost_kind_n[1][1] = m->ghost_kind_n[0][1];
+        }
+        m->ghost_kind_n[0][0] = m->ghost_kind_n[0][1] = 0;
         m->ghost_round++;
         m->ghost_n = 0;
     }
     m->keys[k].ghost_round = m->ghost_round;
+    m->keys[k].ghost_kind[kind] = m->ghost_round;
+    m->ghost_kind_n[0][kind]++;
     m->ghost_n++;
+}
+
+/* lists.c's bias_by: a victim of `kind` came back. */
+static void m_bias(model_t *m, unsigned kind)
+{
+    int64_t b1 = (int64_t)(m->ghost_kind_n[0][M_PROB] + m->ghost_kind_n[1][M_PROB]) + 1;
+    int64_t b2 = (int64_t)(m->ghost_kind_n[0][M_PROT] + m->ghost_kind_n[1][M_PROT]) + 1;
+    int64_t lim = KVP_POLICY_BIAS_LIMIT * (int64_t)(m->n[M_PROB] + m->n[M_PROT]);
+    int64_t step = KVP_POLICY_BIAS_STEP;
+    if (kind == M_PROB) {
+        step *= b2 > b1 ? b2 / b1 : 1;
+        m->bias = m->bias - step < -lim ? -lim : m->bias - step;
+    } else {
+        step *= b1 > b2 ? b1 / b2 : 1;
+        m->bias = m->bias + step > lim ? lim : m->bias + step;
+    }
+    m->bias_moves++;
 }
 
 /* kvp_evict_to: two passes (soft pins passed over, then taken) until used <= target bytes. */
@@ -669,8 +733,9 @@ static void m_evict_to(model_t *m, uint64_t target)
         while (m->used * OBJ > target && (k = m_victim(m, pass == 1)) != M_NONE) {
             m->soft_taken += pass == 1;
             assert_int_equal(m->keys[k].readers, 0);
+            unsigned kind = m->keys[k].where == M_PROT ? M_PROT : M_PROB;
             m_unlink(m, k);
-            m_ghost_add(m, k);
+            m_ghost_add(m, k, kind);
             m->used--;
             m->victims[m->n_victims++] = k;
             count++;
@@ -737,18 +802,26 @@ static void m_put(kvp_master_state_t *st, model_t *m, uint64_t *rng)
     start_batch(st, C1, names, n, pin, ttl_s);
 
     /* PutEnd: last key first */
-    bool ghost[4];
+    bool ghost[4][2];
     for (size_t j = 0; j < n; j++) {
-        ghost[j] = kvp_ghost_has(&st->ghost, m->keys[ks[j]].hash);
+        for (unsigned kind = 0; kind < 2; kind++)
+            ghost[j][kind] =
+                kvp_ghost_has(&st->ghost, m->keys[ks[j]].hash,
+                              kind == M_PROB ? KVP_GHOST_PROBATION : KVP_GHOST_PROTECTED);
         if (pin == KVP_PIN_HARD)
             continue;
         m->ghost_asked++;
-        if (m_ghost_has(m, ks[j]) && !ghost[j])
-            fail_msg("step %u (%s): the ghost forgot %s, evicted in round %llu (now round %llu)",
-                     m->step, m->what, names[j], (unsigned long long)m->keys[ks[j]].ghost_round,
-                     (unsigned long long)m->ghost_round);
-        m->ghost_fp += ghost[j] && !m_ghost_has(m, ks[j]);
-        m->ghost_hits += ghost[j];
+        for (unsigned kind = 0; kind < 2; kind++)
+            if (m_ghost_has(m, ks[j], kind) && !ghost[j][kind])
+                fail_msg("step %u (%s): the ghost forgot %s, evicted from %s in round %llu (now "
+                         "round %llu)",
+                         m->step, m->what, names[j], m_list_name[kind],
+                         (unsigned long long)m->keys[ks[j]].ghost_kind[kind],
+                         (unsigned long long)m->ghost_round);
+        bool any = ghost[j][0] || ghost[j][1];
+        m->ghost_fp += (ghost[j][0] && !m_ghost_has(m, ks[j], 0)) ||
+                       (ghost[j][1] && !m_ghost_has(m, ks[j], 1));
+        m->ghost_hits += any;
     }
     end_batch(st, C1, names, n);
     for (size_t j = n; j-- > 0;) {
@@ -756,17 +829,27 @@ static void m_put(kvp_master_state_t *st, model_t *m, uint64_t *rng)
         e->pin = (uint8_t)pin;
         e->soft_until_s = 0;
         e->readers = 0;
+        e->touched = ++m->clock; /* every put ticks */
         if (pin == KVP_PIN_SOFT)
             e->soft_until_s =
                 (uint32_t)((m->now_ms + 999) / 1000 + (ttl_s ? ttl_s : st->config.soft_pin_ttl_s));
-        if (pin == KVP_PIN_HARD)
-            m_link(m, ks[j], M_PINNED, false);
-        else if (pin == KVP_PIN_SOFT)
-            m_link(m, ks[j], M_SOFT, false);
-        else if (ghost[j])
+        if (pin == KVP_PIN_HARD) {
+            m_place(m, ks[j], M_PINNED, false, false);
+            continue;
+        }
+        if (pin == KVP_PIN_SOFT) {
+            m_place(m, ks[j], M_SOFT, false, false);
+            continue;
+        }
+        m_place(m, ks[j], M_PROB, false, false); /* where the index puts it */
+        if (ghost[j][M_PROB] || ghost[j][M_PROT]) {
+            m_bias(m, ghost[j][M_PROB] ? M_PROB : M_PROT);
+            m_unlink(m, ks[j]);
             m_link(m, ks[j], M_PROT, false);
-        else
-            m_link(m, ks[j], M_PROB, n > 1 && j + 1 == n);
+        } else if (n > 1 && j + 1 == n) {
+            m_unlink(m, ks[j]);
+            m_link(m, ks[j], M_PROB, true);
+        }
     }
 }
 
@@ -963,6 +1046,12 @@ static void m_check(kvp_master_state_t *st, model_t *m)
                      m->step, m->what, m_list_name[l], i, mine, theirs);
         }
     }
+    m->bias_nonzero += m->bias != 0;
+    if (st->probation_bias != m->bias || st->policy_clock != m->clock)
+        fail_msg("step %u (%s): the master's bias %lld and clock %llu, the model's %lld and %llu",
+                 m->step, m->what, (long long)st->probation_bias,
+                 (unsigned long long)st->policy_clock, (long long)m->bias,
+                 (unsigned long long)m->clock);
     assert_int_equal(st->stats.evicted_objects, m->evicted);
     assert_int_equal(st->stats.evicted_bytes, m->evicted * OBJ);
     assert_int_equal(st->stats.evictions, m->runs);
@@ -1009,7 +1098,8 @@ static void model_run(fixture_t *fx, double high, double low, uint64_t seed)
     /* the run went through what it is meant to check */
     assert_true(m->ghost_round >= 3); /* the ghost rotated (and forgot) at least twice */
     assert_true(m->ghost_hits > 100);
-    assert_true(m->ghost_fp * 50 <= m->ghost_asked); /* the Bloom filter's price: < 2 % */
+    assert_true(m->bias_moves > 100 && m->bias_nonzero > 100); /* the bias moved and mattered */
+    assert_true(m->ghost_fp * 50 <= m->ghost_asked);           /* the Bloom filter's price: < 2 % */
     assert_true(m->evict_while_reading > 0);
     assert_true(m->soft_demoted > 0);
     assert_true(m->lease_ttl_ended > 0);
@@ -1550,23 +1640,34 @@ static void test_fragmented_pool_keeps_evicting(void **state)
     assert_int_equal(exist1(st, "big"), 1);
 }
 
-/* ---- 8. hit rate on the FAST'25 trace ---- */
+/* ---- 8. hit rate on the workload traces ---- */
 
 /*
- * The first TRACE_REQUESTS requests of the FAST'25 Mooncake trace (a slice kept
- * in tests/unit/master/data; tests/meson.build passes its path in
- * KVPOOL_TEST_TRACE), replayed through the
- * master's handlers exactly as kvpool-bench trace drives a store, per
- * request: EXIST of its keys (calls of at most 128) gives the cached prefix
- * P; GET_REPLICA_LIST of the P prefix keys, whose leases are then released;
+ * Slices of every workload class (tests/unit/master/data: the first 2000
+ * requests of the FAST'25 Mooncake synthetic trace, and of each class
+ * `kvpool-bench tracegen` writes; tests/meson.build passes their paths in
+ * KVPOOL_TEST_TRACES, separated by ':'), each replayed through the master's
+ * handlers exactly as kvpool-bench trace drives a store, per request: EXIST
+ * of its keys (calls of at most 128) gives the cached prefix P;
+ * GET_REPLICA_LIST of the P prefix keys, whose leases are then released;
  * PUT_START + PUT_END of the keys that did not exist, in request order, 128
  * a call. Each block is one 64-byte object, in a segment of C objects. The
  * same request flow drives an exact LRU of C blocks (a read touches, a put
- * inserts, evicting the least recently used when full); the store's hit
- * rate (sum of P / blocks) must be at least LRU's at every capacity.
+ * inserts, evicting the least recently used when full) and Belady's MIN of
+ * C blocks (the yardstick, as in kvpool-bench trace); the store's hit rate
+ * (sum of P / blocks) must be at least LRU's less TRACE_SLACK on every slice
+ * at every capacity.
+ *
+ * Built with -DKVP_EVICTION_SIM this file is also `sim_eviction`, the
+ * offline simulator the policy was chosen with: it replays whole traces
+ * (argv) at the capacities of --capacity (percent of the unique blocks)
+ * through the real policy code and prints store / LRU / Belady and the
+ * share of the LRU -> Belady gap the store closes.
  */
-#define TRACE_ENV "KVPOOL_TEST_TRACE"
+#define TRACE_ENV "KVPOOL_TEST_TRACES"
 #define TRACE_REQUESTS 2000
+#define TRACE_SLACK 0.002   /* store >= LRU - this, per slice and capacity */
+#define TRACE_MIN_GAP 0.005 /* sim: the gap closed is counted where Belady - LRU >= this */
 #define TRACE_BATCH 128
 #define TRACE_KEY_LEN 64
 #define TRACE_KEY_PREFIX "trace@tp_rank:0@pp_rank:0@group:0@"
@@ -1606,11 +1707,19 @@ static bool trace_load(const char *path, size_t limit, trace_t *t, char *err, si
     char *line = NULL;
     size_t line_cap = 0;
     bool ok = false;
-    t->off = malloc((limit + 1) * sizeof(*t->off));
+    size_t off_cap = 1024;
+    t->off = malloc(off_cap * sizeof(*t->off));
     if (t->off == NULL)
         goto out;
     t->off[0] = 0;
     while (t->n_req < limit && getline(&line, &line_cap, f) > 0) {
+        if (t->n_req + 2 > off_cap) {
+            size_t *o = realloc(t->off, 2 * off_cap * sizeof(*o));
+            if (o == NULL)
+                goto out;
+            t->off = o;
+            off_cap *= 2;
+        }
         const char *p = strstr(line, "\"hash_ids\"");
         p = p != NULL ? strchr(p, '[') : NULL;
         if (p == NULL)
@@ -1782,10 +1891,110 @@ static size_t store_request(kvp_master_state_t *st, trace_run_t *r, const uint32
     return p;
 }
 
-static void trace_capacity(fixture_t *fx, trace_run_t *r, unsigned pct)
+/* ---- Belady's MIN (as kvpool-bench trace computes it) ---- */
+
+#define TRACE_NEVER SIZE_MAX /* next reference of a block that is not referenced again */
+
+typedef struct belady {
+    uint32_t *heap; /* resident blocks, a max-heap on key[] */
+    uint32_t *pos;  /* per block: its index in heap[], TRACE_NIL when not resident */
+    size_t *key;    /* per block: position of its next reference */
+    size_t n;
+} belady_t;
+
+static void belady_swap(belady_t *h, size_t i, size_t j)
+{
+    uint32_t a = h->heap[i], b = h->heap[j];
+    h->heap[i] = b;
+    h->heap[j] = a;
+    h->pos[b] = (uint32_t)i;
+    h->pos[a] = (uint32_t)j;
+}
+
+static void belady_up(belady_t *h, size_t i)
+{
+    while (i > 0 && h->key[h->heap[(i - 1) / 2]] < h->key[h->heap[i]]) {
+        belady_swap(h, i, (i - 1) / 2);
+        i = (i - 1) / 2;
+    }
+}
+
+static void belady_down(belady_t *h, size_t i)
+{
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && h->key[h->heap[l]] > h->key[h->heap[m]])
+            m = l;
+        if (r < h->n && h->key[h->heap[r]] > h->key[h->heap[m]])
+            m = r;
+        if (m == i)
+            return;
+        belady_swap(h, i, m);
+        i = m;
+    }
+}
+
+/* Prefix hits of the trace under Belady's MIN with `cap` blocks: every accessed block is
+ * inserted; when full, the resident block referenced furthest in the future goes. */
+static uint64_t belady_hits(fixture_t *fx, const trace_t *t, size_t cap)
+{
+    size_t n_refs = t->n_blks;
+    uint8_t *b = fx_alloc(fx, (n_refs + 1) * sizeof(size_t) + cap * sizeof(uint32_t) +
+                                  t->n_uniq * (sizeof(uint32_t) + sizeof(size_t)) + 16);
+    size_t *next = (size_t *)b;
+    size_t *key = next + n_refs + 1;
+    uint32_t *heap = (uint32_t *)(key + t->n_uniq);
+    uint32_t *pos = heap + cap;
+    belady_t h = {.heap = heap, .pos = pos, .key = key};
+    for (size_t i = 0; i < t->n_uniq; i++) {
+        key[i] = TRACE_NEVER;
+        pos[i] = TRACE_NIL;
+    }
+    for (size_t i = n_refs; i-- > 0;) {
+        next[i] = key[t->blks[i]];
+        key[t->blks[i]] = i;
+    }
+    uint64_t hits = 0;
+    for (size_t q = 0; q < t->n_req; q++) {
+        size_t lo = t->off[q], hi = t->off[q + 1], p = lo;
+        while (p < hi && pos[t->blks[p]] != TRACE_NIL)
+            p++;
+        hits += p - lo;
+        for (size_t i = lo; i < hi; i++) {
+            uint32_t k = t->blks[i];
+            if (pos[k] != TRACE_NIL) {
+                key[k] = next[i];
+                belady_up(&h, pos[k]);
+                continue;
+            }
+            if (h.n == cap) {
+                uint32_t v = heap[0];
+                belady_swap(&h, 0, --h.n);
+                pos[v] = TRACE_NIL;
+                belady_down(&h, 0);
+            }
+            key[k] = next[i];
+            heap[h.n] = k;
+            pos[k] = (uint32_t)h.n++;
+            belady_up(&h, pos[k]);
+        }
+    }
+    /* the scratch goes now, not at teardown: a simulator run has many points */
+    fx->n_owned--;
+    free(b);
+    return hits;
+}
+
+typedef struct trace_point {
+    size_t cap;
+    double store, lru, belady;
+} trace_point_t;
+
+/* The trace replayed at `pct` % of its unique blocks (at least one minimal segment). */
+static trace_point_t trace_capacity(fixture_t *fx, trace_run_t *r, double pct, bool with_belady)
 {
     const trace_t *t = r->t;
-    size_t cap = t->n_uniq * pct / 100;
+    size_t cap = (size_t)((double)t->n_uniq * pct / 100.0);
     if (cap < KVP_SEGMENT_MIN_SIZE / OBJ)
         cap = KVP_SEGMENT_MIN_SIZE / OBJ;
     /* a fresh master with the defaults, one segment of `cap` objects */
@@ -1806,37 +2015,25 @@ static void trace_capacity(fixture_t *fx, trace_run_t *r, unsigned pct)
         store_hits += store_request(st, r, blk, n);
         lru_hits += lru_request(r, blk, n, cap);
     }
-    double store = (double)store_hits / (double)t->n_blks;
-    double lru = (double)lru_hits / (double)t->n_blks;
-    print_message("trace, first %zu requests (%zu blocks, %zu unique), capacity %zu blocks "
-                  "(%u %%): store hit rate %.4f, exact LRU %.4f\n",
-                  t->n_req, t->n_blks, t->n_uniq, cap, pct, store, lru);
     assert_true(kvp_master_used(st) <= cap * OBJ);
     assert_int_equal(st->index.pending, 0);
-    if (store_hits < lru_hits)
-        fail_msg("at %u %% of the unique blocks (%zu) the store hit %.4f of the blocks, below "
-                 "exact LRU (%.4f)",
-                 pct, cap, store, lru);
+    trace_point_t pt = {.cap = cap,
+                        .store = (double)store_hits / (double)t->n_blks,
+                        .lru = (double)lru_hits / (double)t->n_blks};
+    if (with_belady)
+        pt.belady = (double)belady_hits(fx, t, cap) / (double)t->n_blks;
+    return pt;
 }
 
-static void test_trace_hit_rate_beats_lru(void **state)
+/* Load the first `limit` requests of `path` (0: all) and set up r's buffers (fixture's). */
+static void trace_open(fixture_t *fx, const char *path, size_t limit, trace_t *t, trace_run_t *r)
 {
-    fixture_t *fx = *state;
-    const char *path = getenv(TRACE_ENV);
-    if (path == NULL || path[0] == '\0' || access(path, R_OK) != 0)
-        fail_msg("no FAST'25 trace at %s (%s): meson points " TRACE_ENV
-                 " at tests/unit/master/data/fast25_trace_2000.jsonl",
-                 path != NULL ? path : "(unset)",
-                 path == NULL ? TRACE_ENV " is not set" : "not readable");
-    trace_t *t = fx_alloc(fx, sizeof(*t));
     char err[512] = "";
-    if (!trace_load(path, TRACE_REQUESTS, t, err, sizeof(err)))
+    if (!trace_load(path, limit ? limit : SIZE_MAX / 2, t, err, sizeof(err)))
         fail_msg("trace: %s", err);
     fx_adopt(fx, t->blks);
     fx_adopt(fx, t->off);
     fx_adopt(fx, t->ids);
-
-    trace_run_t *r = fx_alloc(fx, sizeof(*r));
     r->t = t;
     size_t per_key = TRACE_KEY_LEN + 2 * sizeof(char *) + sizeof(int32_t);
     uint8_t *b = fx_alloc(fx, t->max_len * per_key + 8 + t->n_uniq * (2 * sizeof(uint32_t) + 1));
@@ -1847,12 +2044,47 @@ static void test_trace_hit_rate_beats_lru(void **state)
     r->prev = (uint32_t *)(r->ex + t->max_len + (t->max_len & 1));
     r->next = r->prev + t->n_uniq;
     r->in = (uint8_t *)(r->next + t->n_uniq);
-
-    static const unsigned pcts[] = {5, 10, 25};
-    for (size_t i = 0; i < sizeof(pcts) / sizeof(pcts[0]); i++)
-        trace_capacity(fx, r, pcts[i]);
 }
 
+/* Every slice of KVPOOL_TEST_TRACES at 5, 10 and 25 %: store >= exact LRU - TRACE_SLACK. */
+static void test_trace_hit_rate_beats_lru(void **state)
+{
+    fixture_t *fx = *state;
+    const char *paths = getenv(TRACE_ENV);
+    if (paths == NULL || paths[0] == '\0')
+        fail_msg(TRACE_ENV " is not set: meson points it at the slices in tests/unit/master/data");
+    char list[4096];
+    snprintf(list, sizeof(list), "%s", paths);
+    unsigned n_slices = 0, n_below = 0;
+    char *save = NULL;
+    for (char *path = strtok_r(list, ":", &save); path != NULL; path = strtok_r(NULL, ":", &save)) {
+        if (access(path, R_OK) != 0)
+            fail_msg("trace slice %s is not readable (" TRACE_ENV ")", path);
+        unsigned owned = fx->n_owned;
+        trace_t t;
+        trace_run_t r = {0};
+        trace_open(fx, path, TRACE_REQUESTS, &t, &r);
+        static const double pcts[] = {5, 10, 25};
+        for (size_t i = 0; i < sizeof(pcts) / sizeof(pcts[0]); i++) {
+            trace_point_t pt = trace_capacity(fx, &r, pcts[i], false);
+            const char *name = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+            bool below = pt.store < pt.lru - TRACE_SLACK;
+            print_message("%s: %zu requests (%zu blocks, %zu unique), capacity %zu blocks "
+                          "(%.0f %%): store hit rate %.4f, exact LRU %.4f%s\n",
+                          name, t.n_req, t.n_blks, t.n_uniq, pt.cap, pcts[i], pt.store, pt.lru,
+                          below ? "  BELOW LRU" : "");
+            n_below += below;
+        }
+        while (fx->n_owned > owned) /* this slice's memory */
+            free(fx->owned[--fx->n_owned]);
+        n_slices++;
+    }
+    assert_true(n_slices > 0);
+    if (n_below > 0)
+        fail_msg("%u slice x capacity points below exact LRU - %.3f (above)", n_below, TRACE_SLACK);
+}
+
+#ifndef KVP_EVICTION_SIM
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -1880,3 +2112,74 @@ int main(void)
 #undef T
     return cmocka_run_group_tests_name("eviction", tests, NULL, NULL);
 }
+#else
+/* "0.123" in a static buffer (one printf argument at a time). */
+static const char *gap_txt(double gap)
+{
+    static char buf[16];
+    snprintf(buf, sizeof(buf), "%.3f", gap);
+    return buf;
+}
+
+/*
+ * sim_eviction TRACE... [--capacity P,P,...] [--limit N]: each trace at each capacity
+ * (percent of its unique blocks; default 2,5,10,25,50) through the real policy, exact LRU
+ * and Belady; a line per point, then the mean gap closed.
+ */
+int main(int argc, char **argv)
+{
+    double pcts[16] = {2, 5, 10, 25, 50};
+    size_t n_pcts = 5, limit = 0;
+    const char *paths[64];
+    size_t n_paths = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--capacity") == 0 && i + 1 < argc) {
+            n_pcts = 0;
+            char *save = NULL;
+            for (char *tok = strtok_r(argv[++i], ",", &save); tok && n_pcts < 16;
+                 tok = strtok_r(NULL, ",", &save))
+                pcts[n_pcts++] = strtod(tok, NULL);
+        } else if (strcmp(argv[i], "--limit") == 0 && i + 1 < argc) {
+            limit = strtoull(argv[++i], NULL, 10);
+        } else if (n_paths < 64) {
+            paths[n_paths++] = argv[i];
+        }
+    }
+    if (n_paths == 0) {
+        fprintf(stderr, "usage: sim_eviction TRACE... [--capacity 2,5,10,25,50] [--limit N]\n");
+        return 2;
+    }
+    double gap_sum = 0;
+    unsigned n_gap = 0, n_below = 0;
+    printf("%-28s %5s %9s %7s %7s %7s %7s\n", "trace", "cap%", "blocks", "store", "lru", "belady",
+           "gap");
+    for (size_t p = 0; p < n_paths; p++) {
+        void *state = NULL;
+        if (setup(&state) != 0)
+            return 1;
+        fixture_t *fx = state;
+        trace_t t;
+        trace_run_t r = {0};
+        trace_open(fx, paths[p], limit, &t, &r);
+        const char *name = strrchr(paths[p], '/') ? strrchr(paths[p], '/') + 1 : paths[p];
+        for (size_t i = 0; i < n_pcts; i++) {
+            trace_point_t pt = trace_capacity(fx, &r, pcts[i], true);
+            /* the share of the LRU -> Belady gap closed, where there is a gap to speak of */
+            bool has_gap = pt.belady - pt.lru >= TRACE_MIN_GAP;
+            double gap = has_gap ? (pt.store - pt.lru) / (pt.belady - pt.lru) : 0;
+            gap_sum += gap;
+            n_gap += has_gap;
+            n_below += pt.store < pt.lru - TRACE_SLACK;
+            printf("%-28s %5.1f %9zu %7.4f %7.4f %7.4f %7s%s\n", name, pcts[i], pt.cap, pt.store,
+                   pt.lru, pt.belady, has_gap ? gap_txt(gap) : "-",
+                   pt.store < pt.lru - TRACE_SLACK ? "  BELOW" : "");
+            fflush(stdout);
+        }
+        teardown(&state);
+    }
+    printf("mean gap closed %.3f over the %u points where Belady - LRU >= %.3f; %u points below "
+           "LRU - %.3f\n",
+           n_gap ? gap_sum / n_gap : 0, n_gap, TRACE_MIN_GAP, n_below, TRACE_SLACK);
+    return n_below > 0;
+}
+#endif
