@@ -270,7 +270,9 @@ def main():
     bench = find_bin("KVPOOL_BENCH_BIN", "client/kvpool-bench", build)
     try:
         import kvpool
-    except ImportError:
+        kvpool.Client  # an empty kvpool/ left on the path imports as a namespace package
+    except (ImportError, AttributeError):
+        sys.modules.pop("kvpool", None)
         sys.path.insert(0, os.path.join(build, "client", "python"))
         import kvpool
 

@@ -118,8 +118,14 @@ def _tensor_info(t, what):
     return t, code, tuple(t.shape), t.numel() * t.element_size()
 
 
-def _dest_info(t, what):
-    """(dtype code, shape, nbytes) of a destination tensor; it must be contiguous."""
+def _dest_info(t, method, key):
+    """(dtype code, shape, nbytes) of a destination tensor; it must be contiguous. (The
+    hot path of the _into gets: the message is only made for a refusal.)"""
+    code = _TO_CODE.get(getattr(t, "dtype", None))
+    if code is not None and type(t) is _torch.Tensor and t.is_contiguous() and \
+            t.layout is _torch.strided:
+        return code, tuple(t.shape), t.numel() * _ITEMSIZE[code]
+    what = f"{method}: {key!r}"
     torch = _t()
     if not isinstance(t, torch.Tensor):
         raise TensorError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")

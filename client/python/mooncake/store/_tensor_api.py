@@ -236,7 +236,7 @@ class TensorAPI:
                 try:
                     if not isinstance(keys[i], str):
                         raise T.TensorError(f"key {i} is not a str")
-                    code, shape, nbytes = T._dest_info(tensors[i], f"{method}: {keys[i]!r}")
+                    code, shape, nbytes = T._dest_info(tensors[i], method, keys[i])
                 except T.TensorError as e:
                     T.log_refusal(method, e)
                     continue
