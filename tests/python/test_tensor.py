@@ -397,3 +397,29 @@ def test_remaining_methods(store, prefix):
     s = MooncakeDistributedStore()
     assert s.health_check() == 1
     assert s.put_tensor("k", torch.zeros(1)) < 0 and s.get_tensor("k") is None
+
+
+def test_without_torch_the_byte_api_imports_and_tensor_calls_say_why(pool):
+    """mooncake.store imports with no torch; a tensor call raises ImportError naming torch."""
+    import subprocess
+    import sys
+    code = f"""
+import sys
+sys.modules["torch"] = None  # import torch -> ImportError
+from mooncake.store import MooncakeDistributedStore
+s = MooncakeDistributedStore()
+assert s.setup("127.0.0.1", "", 0, 0, "auto", "", {pool.addr!r}) == 0
+assert s.put("nt@k", b"abc") == 0 and s.get("nt@k") == b"abc"
+try:
+    s.put_tensor("nt@t", object())
+except ImportError as e:
+    assert "torch" in str(e), e
+    print("ImportError:", e)
+else:
+    raise SystemExit("put_tensor without torch did not raise")
+s.close()
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "needs torch" in p.stdout
