@@ -28,7 +28,7 @@ the module from BUILD/client/python unless `kvpool` imports already. Needs numpy
 interpreter lacks it, the script runs itself again with /usr/bin/python3.
 
     /usr/bin/python3 deploy/py-bench.py [--build DIR] [--duration S] [--rounds N] [--json FILE]
-                                        [--plain-numpy]
+                                        [--plain-numpy] [--only get|exist|tensor]
 
 Exits non-zero on any failed call, wrong bytes or a failed C run; a missed target is
 printed (MISSED) and recorded, not a failure.
@@ -72,6 +72,8 @@ def parse_args():
                     help="Python/C slice pairs per point (default 5)")
     ap.add_argument("--segment-size", default="1GiB", help="the serve segment (default 1GiB)")
     ap.add_argument("--json", default="py-bench.json", help="output (default py-bench.json)")
+    ap.add_argument("--only", choices=sorted({p[0] for p in POINTS}),
+                    help="measure only this point (default: all)")
     ap.add_argument("--plain-numpy", action="store_true",
                     help="get into np.zeros arrays as numpy places them (1 MiB ones start 3696 B "
                          "into a page here) instead of page-aligned numpy arrays")
@@ -291,6 +293,8 @@ def main():
         print(f"{'op':<6} {'tr':<4} {'size':>6} {'batch':>5} {'py obj/s':>10} {'C obj/s':>10} "
               f"{'py/C':>6} {'py p50':>8} {'C p50':>8}  rounds py/C")
         for op, transports, size, batch, target in POINTS:
+            if a.only and op != a.only:
+                continue
             if op == "tensor":
                 try:
                     import torch  # noqa: F401

@@ -120,12 +120,40 @@ def test_round_trip_every_dtype(store, prefix, shape_name):
         k = f"{prefix}{dt}"
         assert store.put_tensor(k, t) == OK, dt
         blob = store.get(k)
-        assert len(blob) == HDR + len(raw(t)) and blob[HDR:] == raw(t), dt
+        assert len(blob) == HDR + len(raw(t)) and blob[HDR:] == raw(t), dt  # small: data at 304
         assert struct.unpack_from("<i", blob, 8)[0] == T.dtype_code(dt)
         got = store.get_tensor(k)
         assert same(got, t), (dt, got)
     if "bfloat16" in str(DTYPES):
         assert torch.bfloat16 in DTYPES
+
+
+def test_large_tensors_have_their_data_page_aligned_and_mooncake_layout_reads(store, prefix):
+    """From 256 KiB kvpool writes the data at offset 4096 (zeros after the header); a
+    Mooncake-written object (data at 304) of the same size still reads into a tensor
+    (read again at its own offset), and by get_tensor."""
+    t = sample(torch.float32, (256, 256), 11)  # 256 KiB
+    assert store.put_tensor(prefix + "big", t) == OK
+    blob = store.get(prefix + "big")
+    assert struct.unpack_from("<QQ", blob, 24) == (4096, t.numel() * 4)
+    assert len(blob) == 4096 + t.numel() * 4 and blob[4096:] == raw(t)
+    assert blob[HDR:4096] == bytes(4096 - HDR)
+    small = sample(torch.float32, (255, 256), 12)  # just under: data at 304
+    assert store.put_tensor(prefix + "small", small) == OK
+    assert struct.unpack_from("<Q", store.get(prefix + "small"), 24)[0] == HDR
+    # Mooncake's layout of the same tensor, stored as raw bytes
+    mc = bytearray(T.pack_header(T.dtype_code(torch.float32), (256, 256), t.numel() * 4,
+                                 data_offset=HDR)) + raw(t)
+    assert store.put(prefix + "mc", bytes(mc)) == OK
+    for k in ("big", "mc"):
+        dest = torch.zeros(256, 256)
+        assert store.get_tensor_into(prefix + k, dest) is dest and torch.equal(dest, t), k
+        assert same(store.get_tensor(prefix + k), t), k
+        buf = torch.zeros(4096 + t.numel() * 4, dtype=torch.uint8)
+        assert torch.equal(store.get_tensor_into(prefix + k, buf.data_ptr(), buf.numel()), t)
+    got = store.batch_get_tensor_into([prefix + "mc", prefix + "big", prefix + "none"],
+                                      [torch.zeros(256, 256) for _ in range(3)])
+    assert torch.equal(got[0], t) and torch.equal(got[1], t) and got[2] is None
 
 
 def test_non_contiguous_views_are_stored_contiguous(store, prefix):

@@ -44,6 +44,20 @@ MAX_AXES = 4
 LAYOUT_FULL, LAYOUT_SHARD = 0, 1
 AXIS_TP = 1
 
+# Tensors of PAD_MIN bytes or more are written with their data at PADDED_OFFSET (header,
+# then zeros): the data then sits page-aligned in page-multiple extents, and a read into
+# a page-aligned tensor takes the library's fast copy path (measured over shm, 64 x 1 MiB:
+# 9.2 ms instead of 12.1 with the data at 304, the same as 1 MiB byte objects). Mooncake's
+# reader honours data_offset, so it reads these objects too.
+PAD_MIN = 256 << 10
+PADDED_OFFSET = 4096
+
+
+def data_offset_for(nbytes):
+    """Where kvpool writes the data of a tensor of nbytes."""
+    return PADDED_OFFSET if nbytes >= PAD_MIN else HEADER_SIZE
+
+
 _HDR = _struct.Struct("<IHHiiIIQQ8q8qII" + "iiiiiiq" * MAX_AXES)
 assert _HDR.size == HEADER_SIZE
 
@@ -138,8 +152,11 @@ def _dest_info(t, method, key):
     return code, tuple(t.shape), t.numel() * t.element_size()
 
 
-def pack_header(code, local_shape, nbytes, global_shape=None, tp=None):
-    """The 304-byte header. tp: (shard_rank, shard_count, split_dim) for a shard."""
+def pack_header(code, local_shape, nbytes, global_shape=None, tp=None, data_offset=None):
+    """The 304-byte header. tp: (shard_rank, shard_count, split_dim) for a shard;
+    data_offset: where the data starts (None: data_offset_for(nbytes))."""
+    if data_offset is None:
+        data_offset = data_offset_for(nbytes)
     nd = len(local_shape)
     pad = [-1] * (MAX_DIMS - nd)
     loc = list(local_shape) + pad
@@ -149,7 +166,7 @@ def pack_header(code, local_shape, nbytes, global_shape=None, tp=None):
         rank, count, split_dim = tp
         axes[0:7] = [AXIS_TP, 0, rank, count, split_dim, 0, local_shape[split_dim]]
     return _HDR.pack(MAGIC, VERSION, HEADER_SIZE, code, nd,
-                     LAYOUT_SHARD if tp is not None else LAYOUT_FULL, 0, HEADER_SIZE, nbytes,
+                     LAYOUT_SHARD if tp is not None else LAYOUT_FULL, 0, data_offset, nbytes,
                      *glob, *loc, 1 if tp is not None else 0, 0, *axes)
 
 
@@ -235,22 +252,24 @@ def split_tp(tensor, tp_size, split_dim, what):
 
 
 class HeaderScratch:
-    """Host memory for n headers, addressable by the library (ptr(i))."""
+    """Host memory for n header regions of `slot` bytes each (the header, and the
+    padding up to a data offset), addressable by the library (ptr(i))."""
 
-    __slots__ = ("buf", "base")
+    __slots__ = ("buf", "base", "slot")
 
-    def __init__(self, n):
-        self.buf = _ctypes.create_string_buffer(max(n, 1) * HEADER_SIZE)
+    def __init__(self, n, slot=HEADER_SIZE):
+        self.slot = slot
+        self.buf = _ctypes.create_string_buffer(max(n, 1) * slot)
         self.base = _ctypes.addressof(self.buf)
 
     def ptr(self, i):
-        return self.base + i * HEADER_SIZE
+        return self.base + i * self.slot
 
     def put(self, i, header):
-        _ctypes.memmove(self.base + i * HEADER_SIZE, header, HEADER_SIZE)
+        _ctypes.memmove(self.base + i * self.slot, header, HEADER_SIZE)
 
     def view(self, i):
-        return memoryview(self.buf)[i * HEADER_SIZE:(i + 1) * HEADER_SIZE]
+        return memoryview(self.buf)[i * self.slot:i * self.slot + HEADER_SIZE]
 
 
 def log_refusal(method, err):
