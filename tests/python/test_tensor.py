@@ -451,3 +451,31 @@ s.close()
                        env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
     assert "needs torch" in p.stdout
+
+
+def test_threads_share_one_store(store, prefix):
+    """Four threads read different tensors into their own destinations through one store
+    at once (each thread has its own header scratch): every byte lands where it belongs."""
+    import threading
+    ts = [sample(torch.float32, (128, 512), 40 + i) for i in range(8)]  # 256 KiB: padded
+    keys = [f"{prefix}{i}" for i in range(8)]
+    assert store.batch_put_tensor(keys, ts) == [OK] * 8
+    errors = []
+
+    def reader(me):
+        try:
+            for it in range(20):
+                order = [(me + it + j) % 8 for j in range(8)]
+                dests = [torch.empty(128, 512) for _ in order]
+                got = store.batch_get_tensor_into([keys[j] for j in order], dests)
+                for j, d, g in zip(order, dests, got):
+                    assert g is d and torch.equal(d, ts[j]), (me, it, j)
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    th = [threading.Thread(target=reader, args=(i,)) for i in range(4)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join()
+    assert errors == []

@@ -8,6 +8,7 @@ dtype, more than 8 dimensions, an uneven TP split) is -600 with a warning on the
 """
 
 import struct as _struct
+import threading as _threading
 
 import kvpool as _kvpool
 
@@ -32,6 +33,20 @@ def _put_code(st):
 def _struct_off(header):
     """The data_offset field of a header (a reread decides on it before validation)."""
     return _struct.unpack_from("<Q", header, 24)[0]
+
+
+_tls = _threading.local()
+
+
+def _read_scratch(n):
+    """This thread's scratch for the header regions of n reads (4096 bytes each), kept
+    between calls: a fresh one per call is an mmap'ed, page-faulted allocation of 256 KiB
+    for 64 tensors. Reads only (what lands in it is overwritten by the next read; writes
+    need zeros after their headers and make their own)."""
+    s = getattr(_tls, "scratch", None)
+    if s is None or len(s.buf) < n * T.PADDED_OFFSET:
+        s = _tls.scratch = T.HeaderScratch(max(n, 64), T.PADDED_OFFSET)
+    return s
 
 
 def _chunks(n):
@@ -238,7 +253,7 @@ class TensorAPI:
 
         def run(c):
             res = [INVALID_PARAMS] * n
-            scratch = T.HeaderScratch(n, T.PADDED_OFFSET)
+            scratch = _read_scratch(n)
             idx, want, ptrs, sizes = [], [], [], []
             for i in range(n):
                 try:
