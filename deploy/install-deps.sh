@@ -21,6 +21,13 @@ PKGS=(
   clang libclang-rt-14-dev llvm
   # the Python module (client/python) and its pytest suite (tests/python)
   python3-dev python3-pytest python3-numpy
+  # mooncake.store's tensor API and its tests (tests/python/test_tensor.py): Debian's
+  # CPU build of torch (~50 MB installed, ~170 packages with its libraries)
+  python3-torch
+  # pip install . / python3 -m build --wheel without a package index (tests/pip): the
+  # build backend meson-python, the build frontend, venv, and patchelf (meson-python
+  # sets the rpath of the extension to the libkvpool bundled in the wheel)
+  python3-mesonpy python3-build python3-venv patchelf
   # operations: HTTP (/metrics, admin views), KV events (ZeroMQ + msgpack), config files
   libmicrohttpd-dev libzmq3-dev libmsgpack-dev libinih-dev
   # their tests: a real Prometheus (and promtool), a Python KV-event subscriber

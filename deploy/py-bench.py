@@ -12,6 +12,10 @@ rounds' ratios, `ratio_pooled` the ratio of the summed rates. Points and the iss
 
   get    batch_get_into of 32 x 1 MiB, shm and tcp     Python >= 0.9 x the C rate
   exist  batch_exists of 128 keys (4 KiB objects), tcp  Python >= 0.8 x the C rate
+  tensor mooncake.store's batch_get_tensor_into of 64 float32 tensors of 1 MiB into
+         preallocated (registered, page-aligned) tensors, shm and tcp, next to the C
+         bench's batch get of 64 x 1 MiB      Python >= 0.9 x the C rate (issue 28;
+         each tensor object is 304 bytes of header more; needs torch, else skipped)
 
 Prints a table and writes --json (default py-bench.json):
   {"machine": {...}, "params": {...}, "results": [{"mode": "python", "op", "transport",
@@ -24,7 +28,7 @@ the module from BUILD/client/python unless `kvpool` imports already. Needs numpy
 interpreter lacks it, the script runs itself again with /usr/bin/python3.
 
     /usr/bin/python3 deploy/py-bench.py [--build DIR] [--duration S] [--rounds N] [--json FILE]
-                                        [--plain-numpy]
+                                        [--plain-numpy] [--only get|exist|tensor]
 
 Exits non-zero on any failed call, wrong bytes or a failed C run; a missed target is
 printed (MISSED) and recorded, not a failure.
@@ -55,6 +59,7 @@ MIB = 1 << 20
 POINTS = [
     ("get", ("shm", "tcp"), MIB, 32, 0.9),
     ("exist", ("tcp",), 4096, 128, 0.8),
+    ("tensor", ("shm", "tcp"), MIB, 64, 0.9),
 ]
 
 
@@ -67,6 +72,8 @@ def parse_args():
                     help="Python/C slice pairs per point (default 5)")
     ap.add_argument("--segment-size", default="1GiB", help="the serve segment (default 1GiB)")
     ap.add_argument("--json", default="py-bench.json", help="output (default py-bench.json)")
+    ap.add_argument("--only", choices=sorted({p[0] for p in POINTS}),
+                    help="measure only this point (default: all)")
     ap.add_argument("--plain-numpy", action="store_true",
                     help="get into np.zeros arrays as numpy places them (1 MiB ones start 3696 B "
                          "into a page here) instead of page-aligned numpy arrays")
@@ -168,6 +175,47 @@ def py_slice(c, op, keys, bufs, size, duration):
     return objs, busy, lat
 
 
+def tensor_slice(store, keys, dests, duration):
+    """One Python slice of batch_get_tensor_into(keys, tensors): objects, seconds, latencies."""
+    def call():
+        r = store.batch_get_tensor_into(keys, dests)
+        if len(r) != len(dests) or any(a is not b for a, b in zip(r, dests)):
+            raise RuntimeError(f"python tensor get: {r[:2]}...")
+    call()  # warm-up, not counted
+    objs, busy, lat = 0, 0.0, []
+    end = time.monotonic() + duration
+    while time.monotonic() < end or len(lat) < 3:
+        t0 = time.perf_counter()
+        call()
+        t1 = time.perf_counter()
+        for i, d in enumerate(dests):  # untimed, as the C bench's check
+            if d[0].item() != float(i) or d[-1].item() != float(i):
+                raise RuntimeError(f"python tensor get: wrong values in {keys[i]}")
+        objs += len(keys)
+        busy += t1 - t0
+        lat.append(t1 - t0)
+    return objs, busy, lat
+
+
+def tensor_setup(master, tr, size, batch, plain):
+    """A mooncake.store store on transport tr (its protocol "tcp", else auto: shm on this
+    host), 64 float32 tensors put, and page-aligned registered destination tensors."""
+    import torch
+    from mooncake.store import MooncakeDistributedStore
+    s = MooncakeDistributedStore()
+    if s.setup("127.0.0.1", "", 0, 0, "tcp" if tr == "tcp" else "auto", "", master) != 0:
+        raise RuntimeError("mooncake.store setup failed")
+    keys = [f"pybench@{tr}@tensor@{i}" for i in range(batch)]
+    src = [torch.full((size // 4,), float(i)) for i in range(batch)]
+    if s.batch_put_tensor(keys, src) != [0] * batch:
+        raise RuntimeError("python put_tensor failed")
+    dests = [torch.from_numpy(get_buffer(size, plain).view(np.float32)) for _ in range(batch)]
+    for d in dests:
+        if s.register_buffer(d.data_ptr(), size) != 0:
+            raise RuntimeError("register_buffer failed")
+    return s, keys, dests
+
+
 def c_slice(bench, master, op, transport, size, batch, duration, tmp):
     """One `kvpool-bench data` slice: objects, seconds in the op, p50, machine."""
     out = os.path.join(tmp, "c.json")
@@ -187,6 +235,35 @@ def c_slice(bench, master, op, transport, size, batch, duration, tmp):
     return objs, busy, r["p50_us"], doc["machine"]
 
 
+def record(results, op, tr, size, batch, target, py_o, py_b, c_o, c_b, py_lat, c_p50, ratios,
+           a, py_call, py_buffers):
+    """Print one point's line and append its result."""
+    py_rate = py_o / py_b if py_b > 0 else 0
+    c_rate = c_o / c_b if c_b > 0 else 0
+    # the median of the rounds' ratios: one slice that the machine slowed down
+    # (a shared 2-core VM) moves it less than the pooled rates
+    ratio = float(np.median(ratios))
+    pooled = py_rate / c_rate if c_rate > 0 else 0
+    py_p50 = float(np.median(py_lat)) * 1e6
+    c_med = float(np.median(c_p50))
+    met = ratio >= target
+    gb = (lambda r: r * size / 1e9) if op in ("get", "tensor") else (lambda r: 0.0)
+    print(f"{op:<6} {tr:<4} {fmt_size(size):>6} {batch:>5} {py_rate:>10.0f} "
+          f"{c_rate:>10.0f} {ratio:>5.2f}x {py_p50:>8.1f} {c_med:>8.1f}  "
+          + " ".join(f"{x:.2f}" for x in ratios)
+          + f"  target >= {target:.1f}x: {'met' if met else 'MISSED'}")
+    results.append({
+        "mode": "python", "op": op, "transport": tr, "size": size, "batch": batch,
+        "py_call": py_call, "py_buffers": py_buffers,
+        "py_objs_per_s": py_rate, "c_objs_per_s": c_rate,
+        "py_gbps": gb(py_rate), "c_gbps": gb(c_rate), "ratio": ratio,
+        "ratio_pooled": pooled,
+        "round_ratios": ratios, "rounds": a.rounds, "slice_s": a.duration,
+        "py_p50_us": py_p50, "c_p50_us": c_med, "target_ratio": target,
+        "target": f"issue {28 if op == 'tensor' else 14}: Python >= {target:g}x the C client",
+        "target_met": "yes" if met else "no"})
+
+
 def main():
     a = parse_args()
     build = os.path.abspath(a.build)
@@ -195,7 +272,9 @@ def main():
     bench = find_bin("KVPOOL_BENCH_BIN", "client/kvpool-bench", build)
     try:
         import kvpool
-    except ImportError:
+        kvpool.Client  # an empty kvpool/ left on the path imports as a namespace package
+    except (ImportError, AttributeError):
+        sys.modules.pop("kvpool", None)
         sys.path.insert(0, os.path.join(build, "client", "python"))
         import kvpool
 
@@ -211,10 +290,40 @@ def main():
                            a.segment_size, "--ready-fd", "{fd}"]))
         print(f"== python module vs C client against {master} ({a.rounds} x {a.duration:g} s "
               f"per side, interleaved; {kvpool.__file__}) ==")
-        print(f"{'op':<5} {'tr':<4} {'size':>6} {'batch':>5} {'py obj/s':>10} {'C obj/s':>10} "
+        print(f"{'op':<6} {'tr':<4} {'size':>6} {'batch':>5} {'py obj/s':>10} {'C obj/s':>10} "
               f"{'py/C':>6} {'py p50':>8} {'C p50':>8}  rounds py/C")
         for op, transports, size, batch, target in POINTS:
+            if a.only and op != a.only:
+                continue
+            if op == "tensor":
+                try:
+                    import torch  # noqa: F401
+                except ImportError:
+                    print("tensor: skipped (no torch; Debian: python3-torch)")
+                    continue
             for tr in transports:
+                if op == "tensor":
+                    s, keys, dests = tensor_setup(master, tr, size, batch, a.plain_numpy)
+                    try:
+                        py_o = py_b = c_o = c_b = 0.0
+                        py_lat, c_p50, ratios = [], [], []
+                        for _ in range(a.rounds):
+                            o1, b1, lat = tensor_slice(s, keys, dests, a.duration)
+                            o2, b2, p50, machine = c_slice(bench, master, "get", tr, size,
+                                                           batch, a.duration, tmp)
+                            py_o, py_b, c_o, c_b = py_o + o1, py_b + b1, c_o + o2, c_b + b2
+                            py_lat += lat
+                            c_p50.append(p50)
+                            ratios.append((o1 / b1) / (o2 / b2) if b1 > 0 and b2 > 0 else 0)
+                        s.batch_remove(keys, True)
+                    finally:
+                        for d in dests:
+                            s.unregister_buffer(d.data_ptr())
+                        s.close()
+                    record(results, op, tr, size, batch, target, py_o, py_b, c_o, c_b, py_lat,
+                           c_p50, ratios, a, "mooncake.store batch_get_tensor_into",
+                           "page-aligned torch tensors")
+                    continue
                 c = kvpool.Client(master, transport=tr)
                 keys = [f"pybench@{tr}@{op}@{i}" for i in range(batch)]
                 src = [np.full(size, (i * 31 + 7) % 256, np.uint8) for i in range(batch)]
@@ -241,32 +350,10 @@ def main():
                     for b in bufs:
                         c.unregister_buffer(b)
                     c.close()
-                py_rate = py_o / py_b if py_b > 0 else 0
-                c_rate = c_o / c_b if c_b > 0 else 0
-                # the median of the rounds' ratios: one slice that the machine slowed down
-                # (a shared 2-core VM) moves it less than the pooled rates
-                ratio = float(np.median(ratios))
-                pooled = py_rate / c_rate if c_rate > 0 else 0
-                py_p50 = float(np.median(py_lat)) * 1e6
-                c_med = float(np.median(c_p50))
-                met = ratio >= target
-                gb = (lambda r: r * size / 1e9) if op == "get" else (lambda r: 0.0)
-                print(f"{op:<5} {tr:<4} {fmt_size(size):>6} {batch:>5} {py_rate:>10.0f} "
-                      f"{c_rate:>10.0f} {ratio:>5.2f}x {py_p50:>8.1f} {c_med:>8.1f}  "
-                      + " ".join(f"{x:.2f}" for x in ratios)
-                      + f"  target >= {target:.1f}x: {'met' if met else 'MISSED'}")
-                results.append({
-                    "mode": "python", "op": op, "transport": tr, "size": size, "batch": batch,
-                    "py_call": "batch_get_into" if op == "get" else "batch_exists",
-                    "py_buffers": ("np.zeros" if a.plain_numpy else "page-aligned numpy")
-                    if op == "get" else "none",
-                    "py_objs_per_s": py_rate, "c_objs_per_s": c_rate,
-                    "py_gbps": gb(py_rate), "c_gbps": gb(c_rate), "ratio": ratio,
-                    "ratio_pooled": pooled,
-                    "round_ratios": ratios, "rounds": a.rounds, "slice_s": a.duration,
-                    "py_p50_us": py_p50, "c_p50_us": c_med, "target_ratio": target,
-                    "target": f"issue 14: Python >= {target:g}x the C client",
-                    "target_met": "yes" if met else "no"})
+                record(results, op, tr, size, batch, target, py_o, py_b, c_o, c_b, py_lat,
+                       c_p50, ratios, a, "batch_get_into" if op == "get" else "batch_exists",
+                       ("np.zeros" if a.plain_numpy else "page-aligned numpy")
+                       if op == "get" else "none")
     except (RuntimeError, kvpool.Error, OSError) as e:
         print(f"py-bench: {e}", file=sys.stderr)
         failed = True

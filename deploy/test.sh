@@ -16,6 +16,8 @@
 # After the normal build's pytest run, the TLS pass (run_tls_pass): the integration tests
 # that use the library's clients and the pytest suite again, every master with TLS 1.3 and
 # an ACL.
+# Then tests/pip/test_pip.sh (pip install . and the pytest suite from a venv, a wheel
+# installed in another), its checks counted one each.
 # After the normal build's pytest run: tests/deploy/test_deploy.sh (systemd units,
 # Kubernetes manifests, Grafana dashboard, the Debian package built in a copy of
 # the tree, installed, its daemons started), its checks counted one each.
@@ -33,6 +35,9 @@ for arg in "$@"; do
 done
 
 deploy/install-deps.sh || { echo "0 passed, 1 failed"; exit 1; }
+# The installer ran: tests that need torch (tests/python/test_tensor.py) fail without it
+# instead of skipping.
+export KVPOOL_TEST_REQUIRE_TORCH=1
 
 passed=0
 failed=0
@@ -171,6 +176,25 @@ deploy_tests() {
   rm -f deploy-test.out
 }
 deploy_tests
+
+# The Python packaging (tests/pip): pip install . into a fresh venv from a copy of the tree
+# and the pytest suite from that venv against the installed modules; a wheel built with
+# python3 -m build, installed in a second venv, imported, a put/get. Its last line
+# "N passed, N failed" is counted (the pytest suite's tests one each).
+pip_tests() {
+  tests/pip/test_pip.sh 2>&1 | tee pip-test.out
+  [ "${PIPESTATUS[0]}" -ne 0 ] && rc_all=1
+  local res
+  res=$(tail -n 1 pip-test.out)
+  if [[ $res =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    failed=$((failed + 1)); rc_all=1
+  fi
+  rm -f pip-test.out
+}
+pip_tests
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -14,7 +14,7 @@
 #   systemd-verify    systemd-analyze verify of deploy/systemd's units (their
 #                     /usr/bin programs stood in for by no-op scripts), no warning allowed
 #   deb-build         dpkg-buildpackage -b in a copy of the tree (nocheck, noddebs, parallel=2)
-#   deb-contents      the package holds daemons, CLI, library, headers, Python
+#   deb-contents      the package holds daemons, CLI, library, headers, kvpool.pc, Python
 #                     module, units, configs
 #   then, as root and without --no-install:
 #   deb-install       apt-get install ./kvpool_*.deb (dpkg -i where apt cannot)
@@ -26,6 +26,8 @@
 #   units-commands    the installed units' ExecStart with the shipped configs, as
 #                     user nobody (flags for loopback appended), put/get round trip
 #   metrics           master and owner /metrics serve every metric the dashboard uses
+#   pkgconfig-example docs/examples/kvpool-example.c built with `cc $(pkg-config --cflags
+#                     --libs kvpool)` against the installed package, run: put/get, bytes equal
 #   python-installed  /usr/bin/python3 imports kvpool and mooncake.store from the
 #                     installed package and reads back the CLI's object
 #   deb-remove        dpkg --purge (only when the test installed it)
@@ -234,7 +236,7 @@ t_deb_contents() {
   local want rc=0
   for want in /usr/bin/kvpool-master /usr/bin/kvpool /usr/bin/kvpool-bench \
     '/usr/lib/[^/]*/libkvpool.so.0' '/usr/lib/[^/]*/libkvpool.so$' \
-    /usr/include/kvpool.h /usr/include/kvpool_status.h \
+    /usr/include/kvpool.h /usr/include/kvpool_status.h '/usr/lib/[^/]*/pkgconfig/kvpool.pc' \
     '/usr/lib/python3[^/]*/[^/]*-packages/kvpool/__init__.py' \
     '/usr/lib/python3[^/]*/[^/]*-packages/kvpool/_kvpool[^/]*\.so' \
     '/usr/lib/python3[^/]*/[^/]*-packages/mooncake/store/__init__.py' \
@@ -307,6 +309,23 @@ t_daemons_start() {
   /usr/bin/kvpool --master "$maddr" stat
   # kept running for python-installed; stopped there
   keep_master=$maddr keep_mpid=$mpid keep_spid=$spid
+}
+
+# docs/examples/kvpool-example.c, compiled the way a C user would against the installed
+# package (pkg-config kvpool; no path of this tree), run against the installed master.
+t_pkgconfig_example() {
+  [ -n "${keep_master:-}" ] || { echo "no daemons (daemons-start failed)"; return 1; }
+  local flags want
+  flags=$(env -u PKG_CONFIG_PATH -u PKG_CONFIG_SYSROOT_DIR pkg-config --cflags --libs kvpool) || return 1
+  echo "pkg-config --cflags --libs kvpool: $flags"
+  want=$(sed -n '1s/^kvpool (\([^)-]*\).*/\1/p' debian/changelog)
+  [ "$(pkg-config --modversion kvpool)" = "$want" ] ||
+    { echo "kvpool.pc says $(pkg-config --modversion kvpool), debian/changelog $want"; return 1; }
+  # shellcheck disable=SC2086 # pkg-config's flags are words
+  cc -Wall -Wextra -Werror docs/examples/kvpool-example.c $flags -o "$tmp/kvpool-example" || return 1
+  ldd "$tmp/kvpool-example" | grep libkvpool
+  ldd "$tmp/kvpool-example" | grep -Eq '=> (/usr)?/lib/[^ ]*/libkvpool\.so\.0 ' || return 1
+  "$tmp/kvpool-example" "$keep_master"
 }
 
 t_python_installed() {
@@ -442,6 +461,7 @@ if [ "$install" = 1 ]; then
     check systemd-verify-installed t_systemd_verify_installed
     check configs-flags t_configs_flags
     check daemons-start t_daemons_start
+    check pkgconfig-example t_pkgconfig_example
     check python-installed t_python_installed
     check daemons-config t_daemons_config
     check units-commands t_units_commands

@@ -23,6 +23,16 @@ import pytest
 
 import kvpool
 
+# tests/pip/test_pip.sh runs this suite against a pip-installed kvpool: the modules must
+# then come from that site-packages directory, not from a build tree on the path.
+_MODULE_PREFIX = os.environ.get("KVPOOL_TEST_MODULE_PREFIX")
+if _MODULE_PREFIX:
+    import mooncake.store
+
+    for _m in (kvpool, mooncake.store):
+        assert _m.__file__.startswith(_MODULE_PREFIX + os.sep), \
+            f"{_m.__name__} comes from {_m.__file__}, not from {_MODULE_PREFIX}"
+
 
 # The TLS pass (deploy/test.sh runs the suite a second time so): KVPOOL_TEST_TLS_DIR names a
 # directory of deploy/make-certs.sh's certificates and an ACL (acl.conf); every master this

@@ -20,6 +20,7 @@ import re as _re
 import threading as _threading
 
 from . import _kvpool
+from ._version import __version__
 from ._kvpool import BufferHandle, Error
 
 #: status name -> number, from libkvpool's one status list ("KVP_ERR_NOT_FOUND": -3)

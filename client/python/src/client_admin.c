@@ -280,6 +280,23 @@ PyObject *kvp_py_client_list_keys(kvp_py_client_t *self, PyObject *args, PyObjec
             break;
         }
         PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+        /* The segments of its replicas (stat()'s segment ids): which medium each is on. */
+        uint32_t nr = keys[i].n_replicas < 8 ? keys[i].n_replicas : 8;
+        PyObject *ids = PyList_New((Py_ssize_t)nr);
+        for (uint32_t r = 0; ids != NULL && r < nr; r++) {
+            PyObject *id = PyLong_FromUnsignedLongLong(keys[i].segment_ids[r]);
+            if (id == NULL) {
+                Py_CLEAR(ids);
+                break;
+            }
+            PyList_SET_ITEM(ids, (Py_ssize_t)r, id);
+        }
+        int rc = ids == NULL ? -1 : PyDict_SetItemString(d, "segment_ids", ids);
+        Py_XDECREF(ids);
+        if (rc != 0) {
+            Py_CLEAR(list);
+            break;
+        }
     }
     kvp_key_list_free(keys, n);
     return list;

@@ -30,9 +30,10 @@ import kvpool as _kvpool
 from kvpool import _kvpool as _raw
 
 from . import codes
+from ._tensor_api import TensorAPI
 from .codes import INTERNAL_ERROR, INVALID_PARAMS, KVP_TO_MOONCAKE, OK
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "codes"]
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes"]
 
 _EXISTS = _kvpool.STATUS["KVP_ERR_EXISTS"]
 _PENDING = _kvpool.STATUS["KVP_ERR_PENDING"]
@@ -103,10 +104,20 @@ def _transport(protocol):
     return p if p in ("rdma", "tcp") else "auto"
 
 
-class MooncakeDistributedStore:
-    """Mooncake's store client, backed by a kvpool.Client (see the module doc)."""
+class MooncakeDistributedStore(TensorAPI):
+    """Mooncake's store client, backed by a kvpool.Client (see the module doc).
+
+    Byte calls (put/get, the _from/_into forms with raw pointers, the multi-buffer
+    batches), the tensor API (put_tensor, get_tensor, their batch, _into, _from,
+    upsert, pub and _with_tp forms; torch imported on first use) and the
+    housekeeping calls (remove*, is_exist, health_check, get_hostname,
+    get_replica_desc). Methods of Mooncake's binding that kvpool cannot honour
+    (segment mounting at run time, transfer sessions, copy/move tasks, the
+    _with_parallelism family) raise NotImplementedError naming themselves.
+    """
 
     def __init__(self):
+        """A store that is not set up yet: call setup() or setup_dummy()."""
         self._c = None  # kvpool._kvpool.Client
         self._hostname = ""
         self._lock = _threading.Lock()
@@ -238,6 +249,7 @@ class MooncakeDistributedStore:
         return self._call(lambda c: _code(c.register_buffer(buffer_ptr, size)), lambda x: x)
 
     def unregister_buffer(self, buffer_ptr):
+        """Unregister memory registered with register_buffer. 0 or negative."""
         return self._call(lambda c: _code(c.unregister_buffer(buffer_ptr)), lambda x: x)
 
     # ---- existence ----
@@ -257,6 +269,8 @@ class MooncakeDistributedStore:
         return self._call(lambda c: _put_code(c.put(key, value, self._cfg(config))), lambda x: x)
 
     def put_from(self, key, buffer_ptr, size, config=None):
+        """Store [buffer_ptr, +size) of host or CUDA memory. 0 (also when the key
+        exists) or negative."""
         return self._call(lambda c: _put_code(c.put_from(key, buffer_ptr, size, self._cfg(config))),
                           lambda x: x)
 
@@ -295,6 +309,7 @@ class MooncakeDistributedStore:
         return self._call(lambda c: _code(c.get_into_ptr(key, buffer_ptr, size)), lambda x: x)
 
     def get_size(self, key):
+        """The object's size in bytes, or negative (-704 missing)."""
         return self._call(lambda c: _code(c.get_size(key)), lambda x: x)
 
     def batch_get_into(self, keys, buffer_ptrs, sizes):
@@ -327,6 +342,8 @@ class MooncakeDistributedStore:
     # ---- removal ----
 
     def remove(self, key, force=False):
+        """Remove key. 0, or negative (-704 missing, -706 a reader holds a lease;
+        force=True removes it anyway)."""
         return self._call(lambda c: _code(c.remove(key, bool(force))), lambda x: x)
 
     def remove_by_regex(self, regex, force=False):
@@ -340,8 +357,15 @@ class MooncakeDistributedStore:
     # ---- debug ----
 
     def batch_get_replica_desc(self, keys):
-        """{key: [replica descriptions]} for the keys that exist (debugging)."""
+        """{key: [ReplicaDescriptor]} for the keys that exist (debugging). Each
+        descriptor answers is_memory_replica() / is_disk_replica() from the
+        medium of the segment that holds it, and reads as a dict too
+        ({"status", "size", "replica", "segment", "medium"})."""
         def run(c):
+            media = {}
+            st = c.stat()
+            if isinstance(st, dict):
+                media = {g["id"]: (g["name"], g["medium"]) for g in st.get("segments", [])}
             out = {}
             for k in keys:
                 if not isinstance(k, str):
@@ -350,7 +374,182 @@ class MooncakeDistributedStore:
                 if isinstance(r, int) or not r:
                     continue
                 info = r[0]
-                out[k] = [{"status": "COMPLETE" if info["complete"] else "PROCESSING",
-                           "size": info["size"], "replica": i} for i in range(info["replicas"])]
+                ids = info.get("segment_ids", [])
+                out[k] = [ReplicaDescriptor(
+                    "COMPLETE" if info["complete"] else "PROCESSING", info["size"], i,
+                    *(media.get(ids[i], ("", "")) if i < len(ids) else ("", "")))
+                    for i in range(info["replicas"])]
             return out
         return self._call(run, lambda code: {})
+
+    def get_replica_desc(self, key):
+        """[ReplicaDescriptor] of key's replicas; [] when it is missing."""
+        return self.batch_get_replica_desc([key]).get(key, []) if isinstance(key, str) else []
+
+    # ---- more of Mooncake's calls ----
+
+    def batch_remove(self, keys, force=False):
+        """[0 / negative] per key (-704 missing)."""
+        return self._batch(keys, lambda c: c.batch_remove(keys, bool(force)), _code)
+
+    def health_check(self):
+        """Mooncake's codes: 0 healthy (the master answered), 1 not set up or
+        closed, 2 the master unreachable."""
+        c = self._c
+        if c is None:
+            return 1
+        try:
+            r = c.stat()
+        except _kvpool.Error:
+            return 2
+        return 0 if isinstance(r, dict) else 2
+
+    def _upsert_cfg(self, config):
+        cfg = self._cfg(config) or (1, None, _kvpool.PIN_NONE, 0, _kvpool.PUT_INSERT, None)
+        return cfg[:4] + (_kvpool.PUT_UPSERT,) + cfg[5:]
+
+    def upsert(self, key, value, config=None):
+        """put, replacing the key's object if it exists. 0 or negative."""
+        return self._call(lambda c: _code(c.put(key, value, self._upsert_cfg(config))),
+                          lambda x: x)
+
+    def upsert_from(self, key, buffer_ptr, size, config=None):
+        """put_from, replacing an existing object. 0 or negative."""
+        return self._call(lambda c: _code(c.put_from(key, buffer_ptr, size,
+                                                     self._upsert_cfg(config))), lambda x: x)
+
+    def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
+        """batch_put_from, replacing existing objects. [0 / negative] per key."""
+        return self._batch(keys, lambda c: c.batch_put_from(keys, buffer_ptrs, sizes,
+                                                             self._upsert_cfg(config)), _code)
+
+    def upsert_parts(self, key, *parts, config=None):
+        """put_parts, replacing an existing object. 0 or negative."""
+        return self._call(lambda c: _code(c.put_parts(key, parts, self._upsert_cfg(config))),
+                          lambda x: x)
+
+    def upsert_batch(self, keys, values, config=None):
+        """put_batch, replacing existing objects: 0, else the first error."""
+        res = self._batch(keys, lambda c: c.batch_put(keys, values, self._upsert_cfg(config)),
+                          _code)
+        return next((r for r in res if r != 0), OK)
+
+    def put_from_with_metadata(self, key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
+                               config=None):
+        """One object: [metadata_size bytes at metadata_buffer_ptr][size bytes at
+        buffer_ptr], as Mooncake concatenates them. 0 or negative."""
+        return self._call(lambda c: _put_code(c.batch_put_multi(
+            [key], [[metadata_buffer_ptr, buffer_ptr]], [[metadata_size, size]],
+            self._cfg(config))[0]), lambda x: x)
+
+    def get_into_ranges(self, buffer_ptrs, all_keys, all_dst_offsets, all_src_offsets,
+                        all_sizes):
+        """Byte ranges of objects into buffers: for buffer i, key j of all_keys[i],
+        range k: all_sizes[i][j][k] bytes from offset all_src_offsets[i][j][k] of
+        the object to buffer_ptrs[i] + all_dst_offsets[i][j][k]. Returns the same
+        nesting of bytes read / negative per range. Not CRC-checked (the stored
+        CRC covers whole objects)."""
+        def run(c):
+            flat, shape = [], []
+            for i, keys in enumerate(all_keys):
+                per_key = []
+                for j, key in enumerate(keys):
+                    dsts, srcs, lens = (all_dst_offsets[i][j], all_src_offsets[i][j],
+                                        all_sizes[i][j])
+                    if not len(dsts) == len(srcs) == len(lens):
+                        raise ValueError("offsets and sizes differ in length")
+                    for d, s, n in zip(dsts, srcs, lens):
+                        flat.append((key, s, (buffer_ptrs[i] + d, n)))
+                    per_key.append(len(dsts))
+                shape.append(per_key)
+            res = []
+            for lo in range(0, len(flat), _kvpool.MAX_BATCH):
+                res += c.get_ranges(flat[lo:lo + _kvpool.MAX_BATCH])
+            it = iter(_code(r) for r in res)
+            return [[[next(it) for _ in range(n)] for n in per_key] for per_key in shape]
+        return self._call(run, lambda code: [[[code] * len(s) for s in sizes]
+                                             for sizes in (all_sizes or [])])
+
+    def get_offload_rpc_read_count(self):
+        """Reads Mooncake served over its offload RPC: kvpool has no such path
+        (SSD replicas are read over the data transports), so always 0."""
+        return 0
+
+
+class ReplicaDescriptor(dict):
+    """One replica of an object (get_replica_desc): Mooncake's
+    is_memory_replica() / is_disk_replica() / is_local_disk_replica() and
+    .status, from the medium of the segment holding it ("dram" or "ssd")."""
+
+    def __init__(self, status, size, replica, segment, medium):
+        super().__init__(status=status, size=size, replica=replica, segment=segment,
+                         medium=medium)
+
+    @property
+    def status(self):
+        return self["status"]
+
+    def is_memory_replica(self):
+        """True when the replica is in a DRAM segment."""
+        return self["medium"] == "dram"
+
+    def is_disk_replica(self):
+        """True when the replica is on an SSD segment."""
+        return self["medium"] == "ssd"
+
+    def is_local_disk_replica(self):
+        """Mooncake's client-local disk replicas do not exist in kvpool: False
+        (an SSD segment is a pool segment, is_disk_replica)."""
+        return False
+
+
+# Methods of Mooncake's MooncakeDistributedStore that kvpool does not provide, and why.
+# Each raises NotImplementedError naming itself, never returns a made-up answer.
+_UNSUPPORTED = {
+    "init_all": "kvpool sets up its transports in setup()",
+    "mount_segment": "a kvpool client mounts its one DRAM segment in setup() "
+                     "(global_segment_size); more memory comes from `kvpool serve`",
+    "unmount_segment": "a kvpool segment leaves the pool when its client closes "
+                       "(or drains: `kvpool drain`)",
+    "allocate_and_mount_segment": "see mount_segment",
+    "unmount_and_free_segment": "see unmount_segment",
+    "unmount_local_disk_segment": "SSD segments are `kvpool serve --ssd-path`'s",
+    "alloc_from_mem_pool": "kvpool has no client-side transfer buffer pool",
+    "batch_get_session_start": "kvpool has no transfer sessions",
+    "batch_get_into_multi_buffer_ranges": "kvpool has no transfer sessions",
+    "batch_get_session_end": "kvpool has no transfer sessions",
+    "batch_put_session_start": "kvpool has no transfer sessions",
+    "batch_put_from_multi_buffer_ranges": "kvpool has no transfer sessions",
+    "batch_put_session_end": "kvpool has no transfer sessions",
+    "batch_put_session_revoke": "kvpool has no transfer sessions",
+    "batch_replica_clear": "kvpool has no per-replica removal",
+    "create_copy_task": "kvpool has no copy/move tasks (the master re-replicates itself)",
+    "create_move_task": "kvpool has no copy/move tasks",
+    "query_task": "kvpool has no copy/move tasks",
+    "save_tensor_to_safetensor": "not provided: get_tensor, then safetensors.torch.save_file",
+    "load_tensor_from_safetensor": "not provided: safetensors.torch.load_file, then put_tensor",
+    "_get_pyclient_capsule": "Mooncake-internal",
+}
+for _p in ("get_tensor_with_parallelism", "batch_get_tensor_with_parallelism",
+           "get_tensor_with_parallelism_into", "batch_get_tensor_with_parallelism_into",
+           "put_tensor_with_parallelism", "batch_put_tensor_with_parallelism",
+           "put_tensor_with_parallelism_from", "batch_put_tensor_with_parallelism_from",
+           "upsert_tensor_with_parallelism", "upsert_tensor_with_parallelism_from",
+           "batch_upsert_tensor_with_parallelism_from", "batch_upsert_tensor_with_parallelism"):
+    _UNSUPPORTED[_p] = ("the ParallelAxis/ReadTarget layouts are not implemented; the _with_tp "
+                        "forms store Mooncake's TP shards")
+
+
+def _unsupported(name, why):
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"MooncakeDistributedStore.{name} is not supported by kvpool: "
+                                  f"{why}")
+    method.__name__ = name
+    method.__qualname__ = f"MooncakeDistributedStore.{name}"
+    method.__doc__ = f"Not supported by kvpool ({why}): raises NotImplementedError."
+    return method
+
+
+for _name, _why in _UNSUPPORTED.items():
+    setattr(MooncakeDistributedStore, _name, _unsupported(_name, _why))
+del _name, _why, _p
