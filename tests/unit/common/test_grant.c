@@ -14,6 +14,8 @@
 #include <cmocka.h>
 
 #include <string.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "common/grant.h"
 
@@ -155,6 +157,54 @@ static void test_grant_random(void **state)
     kvp_grant_mac_destroy(m);
 }
 
+/* Our HMAC (precomputed SHA-256 states) is RFC 2104's: the MAC of a grant and a connection
+ * key equal OpenSSL's own HMAC-SHA256 of the same bytes; and sealing allocates nothing. */
+static long n_alloc;
+static void *count_malloc(size_t n, const char *f, int l)
+{
+    (void)f, (void)l;
+    n_alloc++;
+    return malloc(n);
+}
+static void *count_realloc(void *p, size_t n, const char *f, int l)
+{
+    (void)f, (void)l;
+    n_alloc++;
+    return realloc(p, n);
+}
+static void count_free(void *p, const char *f, int l)
+{
+    (void)f, (void)l;
+    free(p);
+}
+
+static void test_grant_is_hmac_sha256(void **state)
+{
+    (void)state;
+    kvp_grant_mac_t *m;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    kvp_grant_t g = sealed(m, KVP_GRANT_WRITE);
+    uint8_t want[32];
+    size_t n = 0;
+    assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, KEY, sizeof(KEY), (void *)&g,
+                              offsetof(kvp_grant_t, mac), want, sizeof(want), &n));
+    assert_memory_equal(g.mac, want, KVP_GRANT_MAC_LEN);
+    uint8_t msg[24] = "kvpool conn key", ck[32];
+    uint64_t tag = 0x1234567890ABCDEFull;
+    memcpy(msg + 16, &tag, sizeof(tag));
+    assert_true(kvp_grant_conn_key(m, tag, ck));
+    assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, KEY, sizeof(KEY), msg,
+                              sizeof(msg), want, sizeof(want), &n));
+    assert_memory_equal(ck, want, 32);
+    long before = n_alloc;
+    for (int i = 0; i < 1000; i++) {
+        assert_true(kvp_grant_seal(m, &g));
+        assert_int_equal(check(m, &g, KVP_GRANT_WRITE, 4096, 1, NOW, NULL), KVP_OK);
+    }
+    assert_int_equal(n_alloc, before); /* (OpenSSL's allocations are counted; ours are none) */
+    kvp_grant_mac_destroy(m);
+}
+
 static void test_grant_keyring(void **state)
 {
     (void)state;
@@ -188,7 +238,9 @@ static void test_grant_keyring(void **state)
 
 int main(void)
 {
+    CRYPTO_set_mem_functions(count_malloc, count_realloc, count_free);
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_grant_is_hmac_sha256),
         cmocka_unit_test(test_grant_taken_for_its_extent),
         cmocka_unit_test(test_grant_refused_otherwise),
         cmocka_unit_test(test_grant_bit_flips),
