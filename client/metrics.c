@@ -77,6 +77,7 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
     if (c->seg != NULL) {
         m.refused_protected += kvp_segment_refused(c->seg);
         m.refused_grant += kvp_segment_grants_refused(c->seg);
+        m.refused_shm += kvp_segment_shm_refused(c->seg);
     }
     if (c->seg != NULL) {
         snprintf(m.dram_segment, sizeof(m.dram_segment), "%s", kvp_segment_name(c->seg));
@@ -208,11 +209,15 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
     family(&o, "kvpool_connections_refused_total", "counter",
            "Connections this process's data servers refused, by reason (protected_mode: a "
            "peer of another host while no credentials are configured; grant: a data "
-           "request without a valid grant from the master, whose connection was closed).");
+           "request without a valid grant from the master, whose connection was closed; shm: "
+           "a request for a segment's memory from another user or without a valid MAP "
+           "grant).");
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"protected_mode\"} %llu\n",
             (unsigned long long)m->refused_protected);
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"grant\"} %llu\n",
             (unsigned long long)m->refused_grant);
+    put_fmt(&o, "kvpool_connections_refused_total{reason=\"shm\"} %llu\n",
+            (unsigned long long)m->refused_shm);
     family(&o, "kvpool_ssd_io_ops_total", "counter",
            "Reads and writes of this process's SSD segment file that completed.");
     put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"read\"} %llu\n", (unsigned long long)m->ssd_read.ops);

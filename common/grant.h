@@ -31,6 +31,7 @@
 #define KVP_GRANT_VERSION 1
 #define KVP_GRANT_READ 1 /* the wire's KVP_DATA_READ */
 #define KVP_GRANT_WRITE 2
+#define KVP_GRANT_MAP 3 /* the whole segment's memory, handed over on its host (shm) */
 #define KVP_GRANT_KEY_LEN 32
 #define KVP_GRANT_MAC_LEN 16
 /* How far an owner's wall clock may run ahead of the master's: a grant is taken until
@@ -39,7 +40,7 @@
 
 typedef struct kvp_grant {
     uint8_t version; /* KVP_GRANT_VERSION */
-    uint8_t op;      /* KVP_GRANT_READ or KVP_GRANT_WRITE */
+    uint8_t op;      /* KVP_GRANT_READ, KVP_GRANT_WRITE or KVP_GRANT_MAP */
     uint16_t reserved0;
     uint32_t reserved1;
     uint64_t segment_id;

@@ -17,9 +17,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -123,6 +125,131 @@ kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_m
     }
     freeaddrinfo(res);
     return status;
+}
+
+/*
+ * A Unix stream socket and the abstract address of name. bind: bind it and listen
+ * (backlog), else connect it (each send/receive with timeout_ms).
+ */
+static kvp_status_t unix_socket(const char *name, bool bind_it, int backlog, uint32_t timeout_ms,
+                                int *fd_p)
+{
+    struct sockaddr_un sa;
+    size_t n = strlen(name);
+    memset(&sa, 0, sizeof(sa));
+    if (n == 0 || n >= sizeof(sa.sun_path))
+        return KVP_ERR_INVALID_ARG;
+    sa.sun_family = AF_UNIX;
+    memcpy(sa.sun_path + 1, name, n); /* sun_path[0] == 0: abstract */
+    socklen_t sl = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return kvp_status_from_errno(errno);
+    int rc;
+    if (bind_it) {
+        rc = bind(fd, (struct sockaddr *)&sa, sl) == 0 ? listen(fd, backlog) : -1;
+    } else {
+        kvp_sock_set_timeout(fd, timeout_ms);
+        do
+            rc = connect(fd, (struct sockaddr *)&sa, sl);
+        while (rc != 0 && errno == EINTR);
+    }
+    if (rc != 0) {
+        kvp_status_t st = bind_it ? kvp_status_from_errno(errno) : KVP_ERR_CONNECT;
+        close(fd);
+        return st;
+    }
+    *fd_p = fd;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_unix_listen(const char *name, int backlog, int *fd_p)
+{
+    return unix_socket(name, true, backlog, 0, fd_p);
+}
+
+kvp_status_t kvp_unix_connect(const char *name, uint32_t timeout_ms, int *fd_p)
+{
+    return unix_socket(name, false, 0, timeout_ms, fd_p);
+}
+
+bool kvp_unix_peer(int fd, int *pid_p, uint32_t *uid_p)
+{
+    struct ucred cred;
+    socklen_t cl = sizeof(cred);
+    struct sockaddr_storage self;
+    socklen_t sl = sizeof(self);
+    if (getsockname(fd, (struct sockaddr *)&self, &sl) != 0 || self.ss_family != AF_UNIX ||
+        getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) != 0 || cl != sizeof(cred))
+        return false;
+    *pid_p = cred.pid;
+    *uid_p = cred.uid;
+    return true;
+}
+
+kvp_status_t kvp_unix_send_fd(int fd, const void *buf, size_t len, int passed_fd)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    memset(&ctl, 0, sizeof(ctl));
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &passed_fd, sizeof(int));
+    ssize_t n;
+    do {
+        n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return kvp_status_from_errno(errno);
+    /* the descriptor went with the first byte; the rest (if any) is plain */
+    return (size_t)n == len ? KVP_OK : kvp_send_all(fd, (const char *)buf + n, len - (size_t)n);
+}
+
+kvp_status_t kvp_unix_recv_fd(int fd, void *buf, size_t len, int *passed_fd_p)
+{
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int) * 4)];
+    } ctl;
+    *passed_fd_p = -1;
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    struct msghdr msg = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+    ssize_t n;
+    do {
+        n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK ? KVP_ERR_TIMEOUT
+                                                       : kvp_status_from_errno(errno);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfd; i++) {
+            int got;
+            memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (*passed_fd_p < 0)
+                *passed_fd_p = got;
+            else
+                close(got); /* one was asked for */
+        }
+    }
+    kvp_status_t st = n == 0 ? KVP_ERR_IO : KVP_OK;
+    if (st == KVP_OK && (size_t)n < len)
+        st = kvp_recv_all(fd, (char *)buf + n, len - (size_t)n);
+    if (st != KVP_OK && *passed_fd_p >= 0) {
+        close(*passed_fd_p);
+        *passed_fd_p = -1;
+    }
+    return st;
 }
 
 void kvp_sock_set_timeout(int fd, uint32_t timeout_ms)

@@ -1,5 +1,5 @@
 /*
- * sock.h - TCP set-up and blocking full reads/writes with a deadline.
+ * sock.h - TCP and Unix socket set-up and blocking full reads/writes with a deadline.
  *
  * Thread: all functions are thread-safe (no shared state).
  */
@@ -19,6 +19,22 @@ kvp_status_t kvp_tcp_listen(const char *host, uint16_t port, int backlog, int *f
 
 /* Connect with a timeout; the returned fd is blocking, TCP_NODELAY, CLOEXEC. */
 kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_ms, int *fd_p);
+
+/*
+ * Unix stream sockets in the abstract namespace (Linux): `name` is the socket's name with
+ * no leading NUL ("kvpool-1234-..."): nothing on the file system, gone with its last fd,
+ * reachable from this network namespace only. Listen: CLOEXEC. Connect: blocking, CLOEXEC,
+ * with a timeout for each send/receive (0: none).
+ */
+kvp_status_t kvp_unix_listen(const char *name, int backlog, int *fd_p);
+kvp_status_t kvp_unix_connect(const char *name, uint32_t timeout_ms, int *fd_p);
+/* The peer's credentials on a connected Unix socket (SO_PEERCRED, taken at connect).
+ * false: not a Unix socket, or unknown. */
+bool kvp_unix_peer(int fd, int *pid_p, uint32_t *uid_p);
+/* Send len bytes with a descriptor attached (SCM_RIGHTS); receive them, and the descriptor
+ * if one came (*passed_fd_p, CLOEXEC; -1: none; any other control data is closed). */
+kvp_status_t kvp_unix_send_fd(int fd, const void *buf, size_t len, int passed_fd);
+kvp_status_t kvp_unix_recv_fd(int fd, void *buf, size_t len, int *passed_fd_p);
 
 /* Set SO_RCVTIMEO/SO_SNDTIMEO on a blocking socket (0: none). */
 void kvp_sock_set_timeout(int fd, uint32_t timeout_ms);

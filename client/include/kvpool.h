@@ -449,6 +449,9 @@ typedef struct kvp_metrics {
     /* data requests its data servers refused for a missing or bad grant (data grants on:
      * docs/protocol.md "Grants"); each closed its connection */
     uint64_t refused_grant;
+    /* requests for its segment's memory (the shm hand-off) it refused: another user, no
+     * or a bad MAP grant (docs/protocol.md "Shared memory") */
+    uint64_t refused_shm;
 } kvp_metrics_t;
 
 /*

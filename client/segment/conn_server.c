@@ -1,5 +1,5 @@
 /*
- * conn_server.c - a tcp listener with a thread per connection.
+ * conn_server.c - a tcp (or Unix socket) listener with a thread per connection.
  *
  * Design: an accept thread plus one thread per connection, each running the
  * server's serve function until the connection ends; the accept thread
@@ -144,34 +144,51 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-kvp_status_t kvp_conn_server_create(const char *name, const char *host, uint16_t port,
-                                    bool protected_mode, kvp_conn_serve_fn serve, void *arg,
-                                    kvp_conn_server_t **srv_p, uint16_t *bound_port_p)
+/* Serve what listen_fd accepts (the server owns it from here, even on failure). */
+static kvp_status_t start(const char *name, int listen_fd, bool protected_mode,
+                          kvp_conn_serve_fn serve, void *arg, kvp_conn_server_t **srv_p)
 {
     struct kvp_conn_server *srv = calloc(1, sizeof(*srv));
-    if (srv == NULL)
+    if (srv == NULL) {
+        close(listen_fd);
         return KVP_ERR_NOMEM;
+    }
     srv->name = name;
     srv->protected_mode = protected_mode;
     srv->serve = serve;
     srv->arg = arg;
+    srv->listen_fd = listen_fd;
     pthread_mutex_init(&srv->lock, NULL);
-    kvp_status_t status = kvp_tcp_listen(host, port, 256, &srv->listen_fd, bound_port_p);
-    if (status != KVP_OK)
-        goto err_free;
     if (pthread_create(&srv->accept_thread, NULL, accept_main, srv) != 0) {
-        status = KVP_ERR_SYSTEM;
-        goto err_close;
+        close(listen_fd);
+        pthread_mutex_destroy(&srv->lock);
+        free(srv);
+        return KVP_ERR_SYSTEM;
     }
     *srv_p = srv;
     return KVP_OK;
+}
 
-err_close:
-    close(srv->listen_fd);
-err_free:
-    pthread_mutex_destroy(&srv->lock);
-    free(srv);
-    return status;
+kvp_status_t kvp_conn_server_create(const char *name, const char *host, uint16_t port,
+                                    bool protected_mode, kvp_conn_serve_fn serve, void *arg,
+                                    kvp_conn_server_t **srv_p, uint16_t *bound_port_p)
+{
+    int fd;
+    kvp_status_t status = kvp_tcp_listen(host, port, 256, &fd, bound_port_p);
+    if (status != KVP_OK)
+        return status;
+    return start(name, fd, protected_mode, serve, arg, srv_p);
+}
+
+kvp_status_t kvp_conn_server_create_unix(const char *name, const char *sock_name,
+                                         kvp_conn_serve_fn serve, void *arg,
+                                         kvp_conn_server_t **srv_p)
+{
+    int fd;
+    kvp_status_t status = kvp_unix_listen(sock_name, 64, &fd);
+    if (status != KVP_OK)
+        return status;
+    return start(name, fd, false, serve, arg, srv_p);
 }
 
 void kvp_conn_server_destroy(kvp_conn_server_t *srv)

@@ -28,6 +28,11 @@ typedef void (*kvp_conn_serve_fn)(void *arg, int fd);
 kvp_status_t kvp_conn_server_create(const char *name, const char *host, uint16_t port,
                                     bool protected_mode, kvp_conn_serve_fn serve, void *arg,
                                     kvp_conn_server_t **srv_p, uint16_t *bound_port_p);
+/* The same on a Unix socket of the abstract namespace (sock.h, kvp_unix_listen): who
+ * connects is on this host; serve() asks the peer's credentials (kvp_unix_peer). */
+kvp_status_t kvp_conn_server_create_unix(const char *name, const char *sock_name,
+                                         kvp_conn_serve_fn serve, void *arg,
+                                         kvp_conn_server_t **srv_p);
 /* Connections refused in protected mode so far. Thread: any. */
 uint64_t kvp_conn_server_refused(const kvp_conn_server_t *srv);
 /* Stop accepting, shut every connection down, wait for their threads. NULL: nothing. */

@@ -33,7 +33,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     else if (!carried)
         why = "no grant (this segment's master seals one for every extent it hands out)";
     bool write = req->op == KVP_DATA_WRITE || req->op == KVP_DATA_WRITEV;
-    uint8_t op = write ? KVP_GRANT_WRITE : KVP_GRANT_READ;
+    uint8_t op = req->op == KVP_DATA_MAP ? KVP_GRANT_MAP : write ? KVP_GRANT_WRITE : KVP_GRANT_READ;
     uint64_t now = kvp_grant_now_ms();
     for (uint64_t i = 0; i < n && why == NULL; i++) {
         if (vec[i].segment_id != segment_id)
@@ -52,8 +52,8 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     atomic_fetch_add_explicit(refused, 1, memory_order_relaxed);
     char peer[80];
     kvp_sock_peer_name(fd, peer, sizeof(peer));
-    KVP_LOG_WARN_LIMITED("%s: a %s from %s refused: %s; closing", server, write ? "write" : "read",
-                         peer, why);
+    static const char *ops[] = {"?", "read", "write", "map"};
+    KVP_LOG_WARN_LIMITED("%s: a %s from %s refused: %s; closing", server, ops[op], peer, why);
     return KVP_ERR_DENIED;
 }
 

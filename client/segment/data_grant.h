@@ -18,7 +18,8 @@ struct kvp_seg_record;
 /*
  * Read the grants the request carries (n, one per entry, when its header has
  * KVP_DATA_F_GRANT) and, when the keyring holds a key, check entry i against grant i: the
- * MAC, op, segment (segment_id: the server's), range, epoch and expiry. KVP_OK: serve it
+ * MAC, op (a READ(V)'s READ, a WRITE(V)'s WRITE, a MAP's MAP), segment (segment_id: the
+ * server's), range, epoch and expiry. KVP_OK: serve it
  * (grants off: always, a grant sent is read and ignored). KVP_ERR_DENIED: refused; counted
  * in *refused and logged (rate-limited, with the peer's address and the failed check, never
  * a key); the caller replies KVP_ERR_DENIED and closes. KVP_ERR_IO: the stream broke.

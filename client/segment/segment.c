@@ -18,8 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
+#include "common/grant.h"
 #include "common/log.h"
 
 struct kvp_segment {
@@ -59,7 +61,14 @@ static kvp_status_t memory_create(kvp_segment_t *seg)
     if (base == MAP_FAILED)
         return kvp_status_from_errno(errno);
     seg->base = base;
-    snprintf(seg->shm_path, sizeof(seg->shm_path), "/proc/%d/fd/%d", (int)getpid(), seg->fd);
+    /* same-host peers ask for the memory on this abstract Unix socket (segment_server.c):
+     * a name nobody can guess ahead, so nobody can squat it */
+    uint8_t rnd[8];
+    if (!kvp_grant_random(rnd, sizeof(rnd)))
+        return KVP_ERR_SYSTEM;
+    int n = snprintf(seg->shm_path, sizeof(seg->shm_path), "@kvpool-%d-", (int)getpid());
+    for (size_t i = 0; i < sizeof(rnd); i++)
+        n += snprintf(seg->shm_path + n, sizeof(seg->shm_path) - (size_t)n, "%02x", rnd[i]);
     return KVP_OK;
 }
 
@@ -74,6 +83,13 @@ static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
         return st;
     snprintf(seg->endpoint, sizeof(seg->endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
              port);
+    st = kvp_segment_server_share(seg->server, seg->fd, seg->shm_path + 1);
+    if (st != KVP_OK) { /* no shm for it: same-host peers use tcp */
+        KVP_LOG_WARN("segment: cannot listen on a Unix socket for same-host peers (%s); they "
+                     "will use tcp",
+                     kvp_strerror(st));
+        seg->shm_path[0] = '\0';
+    }
     return kvp_transfer_serve_segment(p->xfer, seg->base, seg->size, seg->rdma_endpoint,
                                       sizeof(seg->rdma_endpoint), &seg->rdma_addr, &seg->rdma_rkey);
 }
@@ -168,6 +184,11 @@ uint64_t kvp_segment_grants_refused(const kvp_segment_t *seg)
     return seg->server != NULL ? kvp_segment_server_grants_refused(seg->server) : 0;
 }
 
+uint64_t kvp_segment_shm_refused(const kvp_segment_t *seg)
+{
+    return seg->server != NULL ? kvp_segment_server_shm_refused(seg->server) : 0;
+}
+
 uint64_t kvp_segment_refused(const kvp_segment_t *seg)
 {
     return seg->server != NULL ? kvp_segment_server_refused(seg->server) : 0;
@@ -204,6 +225,26 @@ void kvp_segment_state_unlock(kvp_segment_t *seg)
     pthread_mutex_unlock(&seg->state_lock);
 }
 
+/*
+ * Data grants on: the segment is handed only to peers that may have all of it (MAP), so
+ * its memfd must not be reachable another way. A process of our user could otherwise open
+ * it through /proc/<pid>/fd/<n> (or ptrace us and read it): not dumpable, our /proc
+ * entries are root's and ptrace needs CAP_SYS_PTRACE. Also no core dumps of this process,
+ * and debuggers need root. KVPOOL_KEEP_DUMPABLE=1 keeps it dumpable (docs/operations.md).
+ */
+static void seal_process(void)
+{
+    const char *keep = getenv("KVPOOL_KEEP_DUMPABLE");
+    if (keep != NULL && strcmp(keep, "1") == 0) {
+        KVP_LOG_WARN_LIMITED("KVPOOL_KEEP_DUMPABLE=1: any process of this user can open this "
+                             "process's segment through /proc");
+        return;
+    }
+    if (prctl(PR_GET_DUMPABLE) != 0 && prctl(PR_SET_DUMPABLE, 0) != 0)
+        KVP_LOG_WARN("segment: cannot make this process undumpable (%m): processes of its "
+                     "user can open its segment through /proc");
+}
+
 void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
                          const uint8_t *grant_key, size_t grant_key_len, uint64_t grant_epoch)
 {
@@ -212,6 +253,8 @@ void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
     /* the new key before the new id: no request for the new mount is served unchecked */
     if (seg->server != NULL)
         kvp_segment_server_set_grants(seg->server, grant_key, grant_key_len, grant_epoch);
+    if (grant_key != NULL)
+        seal_process();
     atomic_store(&seg->id, seg_id);
     kvp_segment_server_set_id(seg->server, seg_id);
     KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", seg->name,

@@ -84,6 +84,8 @@ void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
                          const uint8_t *grant_key, size_t grant_key_len, uint64_t grant_epoch);
 /* Requests its data server refused for a missing or bad grant. */
 uint64_t kvp_segment_grants_refused(const kvp_segment_t *seg);
+/* Requests for its memory (shm hand-off) refused. */
+uint64_t kvp_segment_shm_refused(const kvp_segment_t *seg);
 
 /* Begin a drain (MOUNTED -> DRAINING, under the state lock, so no remount slips a new id in
  * between): the id to drain in *seg_id_p. KVP_ERR_PENDING: a drain is under way;

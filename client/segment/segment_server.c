@@ -1,5 +1,6 @@
 /*
- * segment_server.c - serves this client's segment to tcp peers.
+ * segment_server.c - serves this client's segment to tcp peers, and hands its
+ * memory to same-host peers that may have it (shm, MAP on a Unix socket).
  *
  * Design: an accept thread plus one thread per connection, each in a
  * blocking loop: read a 32-byte request header, check the extent lies
@@ -51,6 +52,11 @@ struct kvp_segment_server {
     kvp_grant_keyring_t grants;      /* from the last mount (data grants on: a key) */
     struct kvp_seg_record *record;   /* the segment's record (ended puts), or NULL */
     _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
+    /* the shm hand-off (kvp_segment_server_share): the segment's memfd, served on a Unix
+     * socket to peers of this host that may have it */
+    int mem_fd;
+    kvp_conn_server_t *local;
+    _Atomic uint64_t shm_refused; /* MAP requests refused */
 };
 
 /* A connection's state between requests: its grant verifier, and the principal it proved
@@ -154,6 +160,46 @@ static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
     return true;
 }
 
+/*
+ * A MAP (wire.h): hand the segment's memfd to a peer of this host that may have it: on the
+ * Unix socket, running as our user or root (SO_PEERCRED), naming the whole segment, with a
+ * MAP grant for the principal it proved in its HELLO (grants on). Refused: counted, logged,
+ * KVP_ERR_DENIED, no descriptor. The connection ends either way.
+ */
+static void serve_map(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
+                      const kvp_data_req_t *req)
+{
+    int pid = 0;
+    uint32_t uid = 0;
+    const char *why = NULL;
+    uint64_t id = atomic_load(&srv->segment_id);
+    if (srv->mem_fd < 0 || !kvp_unix_peer(fd, &pid, &uid))
+        why = "a MAP on a connection that is not the segment's Unix socket";
+    else if (uid != geteuid() && uid != 0)
+        why = "the peer runs as another user";
+    else if (req->segment_id != id || req->offset != 0 || req->length != srv->size)
+        why = "a MAP must name the whole of this segment";
+    if (why != NULL) {
+        atomic_fetch_add_explicit(&srv->shm_refused, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("segment server: a map from pid %d (uid %u) refused: %s; closing", pid,
+                             uid, why);
+        kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return;
+    }
+    kvp_data_vec_t whole = {.segment_id = id, .offset = 0, .length = srv->size};
+    kvp_status_t st =
+        kvp_data_grants_check(&srv->grants, &cs->v, &srv->shm_refused, "segment server", fd, req,
+                              &whole, 1, id, cs->tag, NULL);
+    if (st != KVP_OK) {
+        if (st == KVP_ERR_DENIED)
+            kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return;
+    }
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = srv->size};
+    if (kvp_unix_send_fd(fd, &r, sizeof(r), srv->mem_fd) == KVP_OK)
+        KVP_LOG_DEBUG("segment server: segment memory handed to pid %d (uid %u)", pid, uid);
+}
+
 /* One connection's requests, in order, until it ends or cannot be trusted. */
 static void serve_conn(void *arg, int fd)
 {
@@ -168,6 +214,10 @@ static void serve_conn(void *arg, int fd)
             if (!serve_vec(srv, &cs, fd, &req))
                 break;
             continue;
+        }
+        if (req.magic == KVP_DATA_MAGIC && req.op == KVP_DATA_MAP) {
+            serve_map(srv, &cs, fd, &req);
+            break;
         }
         if (req.magic == KVP_DATA_MAGIC && req.op == KVP_DATA_HELLO) {
             if (kvp_data_hello(&srv->grants, &cs.v, &srv->grants_refused, "segment server", fd,
@@ -231,6 +281,7 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
         return KVP_ERR_NOMEM;
     srv->base = base;
     srv->size = size;
+    srv->mem_fd = -1;
     atomic_store(&srv->segment_id, UINT64_MAX);
     kvp_grant_keyring_init(&srv->grants);
     kvp_status_t status = kvp_conn_server_create("segment server", host, port, protected_mode,
@@ -241,6 +292,18 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
     }
     *srv_p = srv;
     return KVP_OK;
+}
+
+kvp_status_t kvp_segment_server_share(kvp_segment_server_t *srv, int mem_fd, const char *sock_name)
+{
+    srv->mem_fd = mem_fd;
+    return kvp_conn_server_create_unix("segment server (shm)", sock_name, serve_conn, srv,
+                                       &srv->local);
+}
+
+uint64_t kvp_segment_server_shm_refused(const kvp_segment_server_t *srv)
+{
+    return atomic_load_explicit(&srv->shm_refused, memory_order_relaxed);
 }
 
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id)
@@ -278,6 +341,7 @@ void kvp_segment_server_destroy(kvp_segment_server_t *srv)
 {
     if (srv == NULL)
         return;
+    kvp_conn_server_destroy(srv->local);
     kvp_conn_server_destroy(srv->conns);
     kvp_grant_keyring_cleanup(&srv->grants);
     free(srv);

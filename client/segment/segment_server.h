@@ -27,6 +27,13 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
                                        bool protected_mode, kvp_segment_server_t **srv_p,
                                        uint16_t *bound_port_p);
 void kvp_segment_server_set_id(kvp_segment_server_t *srv, uint64_t segment_id);
+/* Also serve MAP requests (transport/wire.h) on the abstract Unix socket sock_name: a peer of
+ * this host, of our uid or root, with a MAP grant for the principal it proved (grants on),
+ * is handed mem_fd, the segment's memory (the shm transport maps it). Before the first
+ * mount. mem_fd stays the caller's. */
+kvp_status_t kvp_segment_server_share(kvp_segment_server_t *srv, int mem_fd, const char *sock_name);
+/* MAP requests refused (the peer's user, its grant, the socket it came on). Thread: any. */
+uint64_t kvp_segment_server_shm_refused(const kvp_segment_server_t *srv);
 
 /* The key and epoch of the mount's data grants (common/grant.h): from now on every request
  * must carry a grant sealed with that key; key NULL: grants off, any request is served.

@@ -208,6 +208,9 @@ void kvp_peers_update(kvp_peers_t *peers, Kvpool__SegmentDesc **descs, size_t n)
             memcpy(p->conn_key, d->conn_key.data, sizeof(p->conn_key));
             p->conn_tag = d->conn_tag;
         }
+        p->has_shm_grant = d->shm_grant.len == sizeof(p->shm_grant);
+        if (p->has_shm_grant)
+            memcpy(p->shm_grant, d->shm_grant.data, sizeof(p->shm_grant));
         p->ssd = strcmp(d->medium, "ssd") == 0;
         p->own = d->id == atomic_load(&peers->own_seg_id) && d->owner_client_id == peers->client_id;
         if (kvp_peer_table_insert(&peers->table, p) != KVP_OK) {

@@ -1,13 +1,20 @@
 /*
  * shm.c - same-host transport: map the peer's segment, copy.
  *
- * A segment's memory is a memfd owned by the process that mounted it; a
- * same-host peer opens it through /proc/<pid>/fd/<n> (shm_path in the
- * segment descriptor) and maps it MAP_SHARED once, at attach. A transfer is
+ * A segment's memory is a memfd owned by the process that mounted it. A same-host peer
+ * asks the owner for it on the owner's Unix socket (the descriptor's shm_path "@NAME", an
+ * abstract name): HELLO proving its principal and MAP with the MAP grant the master gave
+ * it (data grants on; hello.c), and gets the memfd over SCM_RIGHTS, after the owner
+ * checked its uid (SO_PEERCRED) and the grant (segment/segment_server.c). The master gives
+ * a MAP grant only to principals whose grants would cover every object the segment can
+ * hold; without one, the peer is reached over tcp. A shm_path that is a file name is
+ * opened instead (an owner that shares a file; the unit tests). The memfd is mapped
+ * MAP_SHARED once, at attach. A transfer is
  * then one memcpy per op between the caller's buffer and the mapping; with a
  * CRC wanted, copy and checksum are one pass (kvp_crc32c_copy). The mapping
  * keeps the memfd alive, so a mapping of a dead owner stays readable: the
- * client drops peers whose owner is gone (stale, transfer/peer.c), and the
+ * client drops peers whose owner is gone (stale: a pidfd of the owner taken at the
+ * hand-off says it exited; transfer/peer.c), and the
  * CRC checked on every get catches reuse races. Our own segment is not mapped
  * again: its state points at the client's mapping.
  *
@@ -25,16 +32,19 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "client/transfer/engine.h"
 #include "client/transfer/transport.h"
+#include "client/transport/hello.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 
@@ -52,7 +62,8 @@ typedef struct shm_ctx {
 typedef struct shm_peer {
     uint8_t *base;
     uint64_t size;
-    bool own; /* the client's own segment: not unmapped here */
+    bool own;  /* the client's own segment: not unmapped here */
+    int pidfd; /* the owner that handed it over (-1: none; then stale when the path is gone) */
     pthread_t populate;
     bool populating;
     atomic_bool stop;
@@ -96,6 +107,33 @@ static void *populate_main(void *arg)
     return NULL;
 }
 
+/* The segment's memory: handed over by its owner (shm_path "@NAME"), or a file to open.
+ * -1: not for us (logged); *pidfd_p: the owner's pidfd, when handed over. */
+static int open_segment(shm_ctx_t *ctx, const kvp_peer_t *peer, int *pidfd_p)
+{
+    if (peer->shm_path[0] == '\0')
+        return -1;
+    if (peer->shm_path[0] != '@') {
+        int fd = open(peer->shm_path, O_RDWR | O_CLOEXEC);
+        if (fd < 0)
+            KVP_LOG_INFO("shm: cannot open segment %s at %s (%m); using another transport for it",
+                         peer->name, peer->shm_path);
+        return fd;
+    }
+    if (peer->has_conn_key && !peer->has_shm_grant)
+        return -1; /* the master does not let our principal have all of it: tcp */
+    int fd, pid;
+    kvp_status_t st = kvp_data_map(peer, ctx->xfer->timeout_ms, &fd, &pid);
+    if (st != KVP_OK) {
+        KVP_LOG_INFO("shm: segment %s's owner did not hand its memory over (%s); using another "
+                     "transport for it",
+                     peer->name, kvp_strerror(st));
+        return -1;
+    }
+    *pidfd_p = (int)syscall(SYS_pidfd_open, pid, 0); /* -1 (no pidfd): never stale */
+    return fd;
+}
+
 static kvp_status_t shm_attach(void *vctx, kvp_peer_t *peer, void **state_p)
 {
     shm_ctx_t *ctx = vctx;
@@ -106,20 +144,16 @@ static kvp_status_t shm_attach(void *vctx, kvp_peer_t *peer, void **state_p)
     if (sp == NULL)
         return KVP_ERR_NOMEM;
     sp->size = peer->size;
+    sp->pidfd = -1;
     if (peer->own && xfer->seg_base != NULL) {
         sp->base = xfer->seg_base; /* mapped and populated by the client */
         sp->own = true;
         *state_p = sp;
         return KVP_OK;
     }
-    if (peer->shm_path[0] == '\0')
+    int fd = open_segment(ctx, peer, &sp->pidfd);
+    if (fd < 0)
         goto err_free;
-    int fd = open(peer->shm_path, O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-        KVP_LOG_INFO("shm: cannot open segment %s at %s (%m); using another transport for it",
-                     peer->name, peer->shm_path);
-        goto err_free;
-    }
     struct stat sb;
     void *base = MAP_FAILED;
     if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size >= peer->size)
@@ -137,6 +171,8 @@ static kvp_status_t shm_attach(void *vctx, kvp_peer_t *peer, void **state_p)
     return KVP_OK;
 
 err_free:
+    if (sp->pidfd >= 0)
+        close(sp->pidfd);
     free(sp);
     return KVP_ERR_TRANSPORT;
 }
@@ -152,6 +188,8 @@ static void shm_detach(void *ctx, kvp_peer_t *peer, void *state)
     }
     if (!sp->own)
         munmap(sp->base, sp->size);
+    if (sp->pidfd >= 0)
+        close(sp->pidfd);
     free(sp);
 }
 
@@ -159,7 +197,12 @@ static bool shm_stale(void *ctx, const kvp_peer_t *peer, const void *state)
 {
     (void)ctx;
     const shm_peer_t *sp = state;
-    return !sp->own && access(peer->shm_path, F_OK) != 0;
+    if (sp->own)
+        return false;
+    if (peer->shm_path[0] != '@')
+        return access(peer->shm_path, F_OK) != 0;
+    struct pollfd pfd = {.fd = sp->pidfd, .events = POLLIN};
+    return sp->pidfd >= 0 && poll(&pfd, 1, 0) > 0; /* readable: the owner exited */
 }
 
 static void shm_submit(void *vctx, kvp_xfer_op_t **ops, size_t n)

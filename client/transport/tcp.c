@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include "client/transfer/engine.h"
+#include "client/transport/hello.h"
 #include "client/transport/wire.h"
 #include "client/transfer/transport.h"
 #include "common/log.h"
@@ -158,45 +159,6 @@ static bool conn_alive(int fd)
     return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
-/* Prove our principal on a new connection to peer's owner (data grants on). Blocking, with
- * the transfer's timeout. */
-static kvp_status_t conn_hello(tcp_ctx_t *ctx, const kvp_peer_t *peer, int fd)
-{
-    kvp_sock_set_timeout(fd, ctx->xfer->timeout_ms);
-    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
-                          .op = KVP_DATA_HELLO,
-                          .segment_id = peer->segment_id,
-                          .offset = peer->conn_tag};
-    kvp_data_resp_t r;
-    uint8_t challenge[KVP_GRANT_CHALLENGE_LEN], proof[KVP_GRANT_PROOF_LEN];
-    kvp_status_t st = kvp_send_all(fd, &req, sizeof(req));
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, &r, sizeof(r));
-    if (st != KVP_OK)
-        return st;
-    if (r.magic != KVP_DATA_MAGIC)
-        return KVP_ERR_PROTOCOL;
-    if (r.status != 0)
-        return r.status < 0 ? (kvp_status_t)r.status : KVP_ERR_PROTOCOL;
-    if (r.length == 0)
-        return KVP_OK; /* the owner checks no grants (its mount gave it no key) */
-    if (r.length != sizeof(challenge))
-        return KVP_ERR_PROTOCOL;
-    st = kvp_recv_all(fd, challenge, sizeof(challenge));
-    if (st != KVP_OK)
-        return st;
-    if (!kvp_grant_hello_proof(peer->conn_key, challenge, peer->segment_id, peer->conn_tag, proof))
-        return KVP_ERR_INTERNAL;
-    st = kvp_send_all(fd, proof, sizeof(proof));
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, &r, sizeof(r));
-    if (st != KVP_OK)
-        return st;
-    if (r.magic != KVP_DATA_MAGIC || r.status > 0)
-        return KVP_ERR_PROTOCOL;
-    return (kvp_status_t)r.status;
-}
-
 static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer,
                                  int *fd_p)
 {
@@ -221,7 +183,8 @@ static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_pee
     st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
     if (st != KVP_OK)
         return st;
-    if (peer->has_conn_key && (st = conn_hello(ctx, peer, fd)) != KVP_OK) {
+    if (peer->has_conn_key &&
+        (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) != KVP_OK) {
         KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
                              kvp_strerror(st));
         close(fd);

@@ -26,6 +26,14 @@
  * sends its 32-byte proof (common/grant.h); a second reply says 0 (the connection is the
  * tag's principal's) or KVP_ERR_DENIED (closed). */
 #define KVP_DATA_HELLO 5
+/* MAP (same host only, on the owner's Unix socket: the descriptor's shm_path "@NAME", an
+ * abstract name): ask for the segment's memory. segment_id names it, offset 0, length its
+ * size; with data grants on, after a HELLO on the same connection, flags KVP_DATA_F_GRANT
+ * and one MAP grant over the whole segment follow. The owner checks the peer's uid
+ * (SO_PEERCRED: its own or root) and the grant; the reply (status 0, length the size)
+ * carries the segment's memfd (SCM_RIGHTS), and the connection ends. Refused: the reply
+ * says KVP_ERR_DENIED, no descriptor travels. */
+#define KVP_DATA_MAP 6
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

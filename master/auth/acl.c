@@ -4,7 +4,7 @@
  *   # comment
  *   [principal alice]
  *   tenant = team-a               # default "default"
- *   roles = read, write           # read | write | segment | admin
+ *   roles = read, write           # read | write | segment | admin | shm
  *   cert-cn = alice.team-a        # client certificate subject CN naming alice
  *   token-sha256 = 9f86d081...    # SHA-256 (hex) of alice's token
  *   keys = llama3@*, shared@*     # fnmatch patterns of the keys she may touch (default *)
@@ -71,6 +71,8 @@ static bool parse_roles(char *v, uint32_t *roles)
             *roles |= KVP_ROLE_SEGMENT;
         else if (strcmp(t, "admin") == 0)
             *roles |= KVP_ROLE_ADMIN;
+        else if (strcmp(t, "shm") == 0)
+            *roles |= KVP_ROLE_SHM;
         else
             return false;
     }
@@ -370,10 +372,10 @@ bool kvp_principal_may_key(const kvp_principal_t *p, const void *key, size_t len
 
 const char *kvp_roles_str(uint32_t roles, char *buf, size_t len)
 {
-    static const char *names[] = {"read", "write", "segment", "admin"};
+    static const char *names[] = {"read", "write", "segment", "admin", "shm"};
     size_t off = 0;
     buf[0] = '\0';
-    for (unsigned i = 0; i < 4; i++)
+    for (unsigned i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (roles & (1u << i))
             off += (size_t)snprintf(buf + off, off < len ? len - off : 0, "%s%s", off ? "," : "",
                                     names[i]);

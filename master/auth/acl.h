@@ -17,6 +17,9 @@ enum {
     KVP_ROLE_WRITE = 1u << 1,   /* put, remove, remove-by-regex of its keys */
     KVP_ROLE_SEGMENT = 1u << 2, /* mount, serve and drain its own segments (kvpool serve) */
     KVP_ROLE_ADMIN = 1u << 3,   /* every method (remove-all, drain of any segment), every key */
+    /* a trusted local worker: is handed the memory of any segment on its host (shm), so
+     * reads and writes every object in it, of every tenant (docs/operations.md) */
+    KVP_ROLE_SHM = 1u << 4,
 };
 
 #define KVP_ACL_NAME_MAX 128

@@ -21,6 +21,7 @@
 
 #include "common/grant.h"
 #include "common/key.h"
+#include "master/auth/acl.h"
 
 kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg)
 {
@@ -88,14 +89,36 @@ bool kvp_seg_set_finish(kvp_seg_set_t *s)
     return true;
 }
 
+/*
+ * May `who` be handed the whole of seg's memory (the shm hand-off)? Only when the grants it
+ * could be given would cover every object the segment can hold, so that shm gives it no
+ * byte tcp would refuse: an admin or a trusted local worker (role shm) on any segment; a
+ * reader and writer of every key of its tenant on a segment dedicated to that tenant (or
+ * on any segment when there are no tenants). A DRAM segment served on a Unix socket only.
+ */
+static bool may_map(const kvp_master_state_t *st, const kvp_principal_t *who,
+                    const kvp_segment_t *seg)
+{
+    if (strcmp(seg->medium, "dram") != 0 || seg->shm_path[0] != '@')
+        return false;
+    if (who->roles & (KVP_ROLE_ADMIN | KVP_ROLE_SHM))
+        return true;
+    uint32_t rw = KVP_ROLE_READ | KVP_ROLE_WRITE;
+    if ((who->roles & rw) != rw || who->n_patterns != 0)
+        return false;
+    return !st->tenants_on || (seg->dedicated && seg->tenant == who->tenant_id);
+}
+
 bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
 {
     kvp_master_state_t *st = call->st;
     if (!st->grants_on || call->who == NULL || s->n == 0)
         return true;
     s->conn_keys = malloc(s->n * KVP_GRANT_KEY_LEN);
-    if (s->conn_keys == NULL)
+    s->shm_grants = malloc(s->n * sizeof(kvp_grant_t));
+    if (s->conn_keys == NULL || s->shm_grants == NULL)
         return false;
+    uint64_t now = kvp_grant_now_ms();
     for (size_t i = 0; i < s->n; i++) {
         Kvpool__SegmentDesc *d = &s->descs[i];
         kvp_segment_t *seg = kvp_segment_table_get(&st->segments, d->id);
@@ -107,6 +130,23 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
         d->conn_key.data = key;
         d->conn_key.len = KVP_GRANT_KEY_LEN;
         d->conn_tag = call->who->tag;
+        if (!may_map(st, call->who, seg))
+            continue;
+        /* used once, when the caller first attaches the segment (peer_table.c) */
+        kvp_grant_t *g = &s->shm_grants[i];
+        *g = (kvp_grant_t){.version = KVP_GRANT_VERSION,
+                           .op = KVP_GRANT_MAP,
+                           .segment_id = seg->id,
+                           .offset = 0,
+                           .length = seg->size,
+                           .expiry_ms = now + st->config.put_timeout_ms,
+                           .epoch = st->grant_epoch,
+                           .nonce = ++st->grant_nonce,
+                           .principal = call->who->tag};
+        if (!kvp_grant_seal(seg->grant_mac, g))
+            return false;
+        d->shm_grant.data = (uint8_t *)g;
+        d->shm_grant.len = sizeof(*g);
     }
     return true;
 }
@@ -118,6 +158,7 @@ void kvp_seg_set_free(kvp_seg_set_t *s)
     if (s->conn_keys != NULL)
         OPENSSL_cleanse(s->conn_keys, s->n * KVP_GRANT_KEY_LEN);
     free(s->conn_keys);
+    free(s->shm_grants);
 }
 
 /*

@@ -73,14 +73,16 @@ typedef struct kvp_seg_set {
     Kvpool__SegmentDesc *descs;
     Kvpool__SegmentDesc **ptrs;
     size_t n, cap;
-    uint8_t *conn_keys; /* kvp_seg_set_conn_keys: 32 bytes per descriptor */
+    uint8_t *conn_keys;           /* kvp_seg_set_conn_keys: 32 bytes per descriptor */
+    struct kvp_grant *shm_grants; /* ... and a MAP grant per descriptor (common/grant.h) */
 } kvp_seg_set_t;
 
 void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg);
 bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg);
 bool kvp_seg_set_finish(kvp_seg_set_t *s);
-/* Data grants on: give each descriptor the caller's connection key and tag for it (an
- * answer that hands out grants, after kvp_seg_set_finish). false: out of memory. */
+/* Data grants on: give each descriptor the caller's connection key and tag for it, and a
+ * MAP grant where the caller may be handed the segment's memory (an answer that hands out
+ * grants, after kvp_seg_set_finish). false: out of memory. */
 bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s);
 void kvp_seg_set_free(kvp_seg_set_t *s);
 

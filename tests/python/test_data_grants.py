@@ -90,12 +90,15 @@ class Replica:
         self.endpoint = (host, int(port))
         self.conn_key = d.get(13, [b""])[0]
         self.conn_tag = d.get(14, [0])[0]
+        self.seg_size = d[4][0]
+        self.shm_path = d.get(8, [b""])[0].decode()
+        self.shm_grant = d.get(15, [b""])[0]  # a MAP grant (the shm hand-off), or none
 
 
-def replicas_of(master, key, who="bob"):
+def replicas_of(master, key, who="bob", principals=PRINCIPALS):
     """The replicas (with grants) GetReplicaList gives principal `who` (of the key's tenant)
     for key, over a raw TLS connection with its certificate or token."""
-    p = PRINCIPALS[who]
+    p = principals[who]
     if "cn" in p:
         crt, k = master.certs.pair(p["cn"])
         ctx = tls_client_ctx(master.certs.ca, crt, k)

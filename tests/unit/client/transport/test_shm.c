@@ -27,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* client internals: kvp_transfer_t, kvp_peer_t, kvp_xfer_op_t, kvp_host_id, the segment
@@ -404,6 +406,73 @@ static void test_stale_when_owner_gone(void **state)
     assert_segment_as_written(fx);
 }
 
+/*
+ * The hand-off (shm_path "@NAME"): a child process plays the owner, serving MAP on an
+ * abstract Unix socket over the fixture's memfd (segment_server.c, data grants off). The
+ * peer is handed the memfd and maps it: its bytes are the owner's, its writes land in the
+ * owner's memory. A MAP for another segment id is refused (nothing mapped). When the owner
+ * exits, the peer is stale (the pidfd taken at the hand-off).
+ */
+static void test_handoff_from_owner_process(void **state)
+{
+    fixture_t *fx = *state;
+    char name[64];
+    snprintf(name, sizeof(name), "kvpool-test-shm-%d", (int)getpid());
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        kvp_segment_server_t *srv;
+        uint16_t port;
+        char ok = 'n';
+        if (kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port) ==
+            KVP_OK) {
+            kvp_segment_server_set_id(srv, SEG_ID);
+            if (kvp_segment_server_share(srv, fx->memfd, name) == KVP_OK)
+                ok = 'y';
+        }
+        if (write(ready[1], &ok, 1) != 1 || ok != 'y')
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    char ok = 0;
+    assert_int_equal(read(ready[0], &ok, 1), 1);
+    close(ready[0]);
+    assert_int_equal(ok, 'y');
+
+    kvp_peer_t *p = peer_new(fx, SEG_ID, fx->xfer.host_id);
+    snprintf(p->shm_path, sizeof(p->shm_path), "@%s", name);
+    kvp_peer_t *other = peer_new(fx, SEG_ID + 1, fx->xfer.host_id);
+    snprintf(other->shm_path, sizeof(other->shm_path), "@%s", name);
+    assert_int_equal(kvp_transfer_route(&fx->xfer, other), KVP_TRANSPORT_AUTO);
+    assert_int_equal(seg_mappings(), 2); /* the owner's and fx->peer's only */
+    assert_int_equal(kvp_transfer_route(&fx->xfer, p), KVP_TRANSPORT_SHM);
+    assert_int_equal(seg_mappings(), 3);
+
+    uint8_t src[8192], dst[8192];
+    kvp_xfer_op_t op = op_of(KVP_XFER_READ, p, dst, 4096, sizeof(dst));
+    tp_submit(fx->tp, &op, 1);
+    assert_int_equal(op.status, KVP_OK);
+    assert_memory_equal(dst, fx->ref + 4096, sizeof(dst));
+    fill(src, sizeof(src), 91);
+    op = op_of(KVP_XFER_WRITE, p, src, 65536, sizeof(src));
+    tp_submit(fx->tp, &op, 1);
+    assert_int_equal(op.status, KVP_OK);
+    memcpy(fx->ref + 65536, src, sizeof(src));
+    assert_segment_as_written(fx);
+
+    assert_false(kvp_transfer_peer_stale(&fx->xfer, p));
+    assert_int_equal(kill(child, SIGKILL), 0);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+    assert_true(kvp_transfer_peer_stale(&fx->xfer, p));
+    kvp_peer_unref(p);
+    kvp_peer_unref(other);
+    assert_int_equal(seg_mappings(), 2);
+}
+
 int main(void)
 {
     kvp_log_init_from_env();
@@ -414,6 +483,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_not_attached, setup, teardown),
         cmocka_unit_test_setup_teardown(test_own_segment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_when_owner_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_from_owner_process, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -766,8 +766,18 @@ static void test_server_survives_malformed_frames(void **state)
     assert_raw_serves(fx, fd);
     close(fd);
 
-    /* unknown ops (0, 6, 0xffff): closed */
-    const uint16_t unknown[] = {0, KVP_DATA_HELLO + 1, 0xffff};
+    /* a MAP (the shm hand-off) over tcp, even one naming the whole segment: refused, no
+     * descriptor can travel on tcp anyway, closed */
+    fd = raw_connect(fx->port);
+    req = (kvp_data_req_t){
+        .magic = KVP_DATA_MAGIC, .op = KVP_DATA_MAP, .segment_id = SEG_ID, .length = SEG_SIZE};
+    assert_int_equal(kvp_send_all(fd, &req, sizeof(req)), KVP_OK);
+    assert_int_equal(raw_reply(fd, NULL), KVP_ERR_DENIED);
+    assert_closed(fd);
+    close(fd);
+
+    /* unknown ops (0, 7, 0xffff): closed */
+    const uint16_t unknown[] = {0, KVP_DATA_MAP + 1, 0xffff};
     for (size_t i = 0; i < 3; i++) {
         fd = raw_connect(fx->port);
         req = (kvp_data_req_t){

@@ -1,0 +1,26 @@
+/*
+ * hello.h - a data connection's first steps, shared by the tcp and shm transports: prove
+ * our principal to a segment's owner (HELLO, data grants on: common/grant.h) and, on the
+ * owner's Unix socket, ask for the segment's memory (MAP): transport/wire.h.
+ */
+#ifndef KVP_CLIENT_TRANSPORT_HELLO_H
+#define KVP_CLIENT_TRANSPORT_HELLO_H
+
+#include <stdint.h>
+
+#include "client/transfer/peer.h"
+#include "common/status.h"
+
+/* Prove peer->conn_tag's principal with peer->conn_key on a new blocking connection fd to
+ * peer's owner (SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms). KVP_OK: proven, or the owner
+ * checks no grants. */
+kvp_status_t kvp_data_hello_prove(int fd, const kvp_peer_t *peer, uint32_t timeout_ms);
+
+/* Ask the owner of peer (its shm_path "@NAME") for the segment's memory: connect, HELLO
+ * when we hold a connection key, MAP with our MAP grant (peer->shm_grant) when we hold
+ * one. KVP_OK: *mem_fd_p is the segment's memfd (CLOEXEC), *owner_pid_p the owner's pid
+ * (SO_PEERCRED). Refused: KVP_ERR_DENIED; no socket: KVP_ERR_CONNECT. */
+kvp_status_t kvp_data_map(const kvp_peer_t *peer, uint32_t timeout_ms, int *mem_fd_p,
+                          int *owner_pid_p);
+
+#endif
