@@ -9,7 +9,6 @@
 #include <openssl/crypto.h>
 
 #include "client/segment/conn_server.h"
-#include "client/segment/seg_record.h"
 #include "common/log.h"
 #include "common/sock.h"
 
@@ -17,7 +16,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
                                    _Atomic uint64_t *refused, const char *server, int fd,
                                    const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
                                    uint64_t segment_id, uint64_t conn_tag,
-                                   struct kvp_seg_record *record)
+                                   const kvp_data_ended_t *ended)
 {
     kvp_grant_t g[KVP_DATA_VEC_MAX];
     if (n == 0 || n > KVP_DATA_VEC_MAX)
@@ -43,8 +42,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
                  g[i].principal != conn_tag)
             why = conn_tag == 0 ? "the connection has not proven a principal (no HELLO)"
                                 : "the grant is another principal's";
-        else if (write && record != NULL &&
-                 kvp_seg_record_version_at(record, g[i].offset) >= g[i].nonce)
+        else if (write && ended != NULL && ended->version_at(ended->arg, g[i].offset) >= g[i].nonce)
             why = "the put this write grant was for has ended";
     }
     if (why == NULL)

@@ -13,7 +13,12 @@
 #include "client/transport/wire.h"
 #include "common/grant.h"
 
-struct kvp_seg_record;
+/* What a data server knows of ended puts: the version of the object its record or file
+ * holds at an extent's offset (0: none). */
+typedef struct kvp_data_ended {
+    uint64_t (*version_at)(void *arg, uint64_t offset);
+    void *arg;
+} kvp_data_ended_t;
 
 /*
  * Read the grants the request carries (n, one per entry, when its header has
@@ -24,15 +29,15 @@ struct kvp_seg_record;
  * in *refused and logged (rate-limited, with the peer's address and the failed check, never
  * a key); the caller replies KVP_ERR_DENIED and closes. KVP_ERR_IO: the stream broke.
  * conn_tag: the principal the connection proved in its HELLO (0: none); a grant sealed
- * for another principal is refused. record (a DRAM segment's, or NULL): a write grant
- * whose object version (its nonce) the record already has at the extent, or a later one,
- * is refused: its put ended.
+ * for another principal is refused. ended (a DRAM segment's record, an SSD segment's file,
+ * or NULL): a write grant whose object version (its nonce) it already has at the extent,
+ * or a later one, is refused: its put ended.
  */
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,
                                    const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
                                    uint64_t segment_id, uint64_t conn_tag,
-                                   struct kvp_seg_record *record);
+                                   const kvp_data_ended_t *ended);
 
 /*
  * A HELLO (req, wire.h): with grants on, challenge the peer and check its proof of the

@@ -39,6 +39,7 @@
 #include "client/transport/wire.h"
 #include "client/segment/conn_server.h"
 #include "client/segment/data_grant.h"
+#include "client/segment/seg_record.h"
 #include "common/grant.h"
 #include "common/log.h"
 #include "common/sock.h"
@@ -48,9 +49,10 @@ struct kvp_segment_server {
     uint64_t size;
     _Atomic uint64_t segment_id;
     kvp_conn_server_t *conns;
-    kvp_served_stats_t stats;        /* relaxed adds, one per request served */
-    kvp_grant_keyring_t grants;      /* from the last mount (data grants on: a key) */
-    struct kvp_seg_record *record;   /* the segment's record (ended puts), or NULL */
+    kvp_served_stats_t stats;   /* relaxed adds, one per request served */
+    kvp_grant_keyring_t grants; /* from the last mount (data grants on: a key) */
+    kvp_data_ended_t ended;     /* the segment's record (ended puts), once set */
+    bool has_record;
     _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
     /* the shm hand-off (kvp_segment_server_share): the segment's memfd, served on a Unix
      * socket to peers of this host that may have it */
@@ -70,7 +72,8 @@ static kvp_status_t check_grants(struct kvp_segment_server *srv, conn_state_t *c
                                  const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n)
 {
     return kvp_data_grants_check(&srv->grants, &cs->v, &srv->grants_refused, "segment server", fd,
-                                 req, vec, n, atomic_load(&srv->segment_id), cs->tag, srv->record);
+                                 req, vec, n, atomic_load(&srv->segment_id), cs->tag,
+                                 srv->has_record ? &srv->ended : NULL);
 }
 
 /* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
@@ -317,9 +320,15 @@ void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key
     kvp_grant_keyring_set(&srv->grants, key, key_len, epoch);
 }
 
+static uint64_t record_version_at(void *record, uint64_t offset)
+{
+    return kvp_seg_record_version_at(record, offset);
+}
+
 void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_record *record)
 {
-    srv->record = record;
+    srv->ended = (kvp_data_ended_t){.version_at = record_version_at, .arg = record};
+    srv->has_record = record != NULL;
 }
 
 uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv)

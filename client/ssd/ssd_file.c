@@ -1048,6 +1048,15 @@ void kvp_ssd_file_foreach(kvp_ssd_file_t *f, void (*cb)(const kvp_ssd_entry_t *e
     pthread_mutex_unlock(&f->lock);
 }
 
+uint64_t kvp_ssd_file_version_at(kvp_ssd_file_t *f, uint64_t offset)
+{
+    pthread_mutex_lock(&f->lock);
+    uint32_t s = hash_find(f, offset);
+    uint64_t v = s != NONE ? f->ent[s].version : 0;
+    pthread_mutex_unlock(&f->lock);
+    return v;
+}
+
 bool kvp_ssd_file_lookup(kvp_ssd_file_t *f, uint64_t offset, kvp_ssd_entry_t *e, char *key_buf)
 {
     pthread_mutex_lock(&f->lock);

@@ -60,6 +60,7 @@
 
 struct kvp_ssd_server {
     kvp_ssd_file_t *file;
+    kvp_data_ended_t ended; /* the file's entries: a write grant ends when its put is recorded */
     int file_fd;
     uint64_t base; /* file offset of segment byte 0 */
     uint64_t size;
@@ -332,7 +333,7 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
         return false;
     kvp_status_t gst =
         kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, req,
-                              vec, n, atomic_load(&srv->segment_id), cio->tag, NULL);
+                              vec, n, atomic_load(&srv->segment_id), cio->tag, &srv->ended);
     if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
         if (gst == KVP_ERR_DENIED)
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -420,9 +421,9 @@ static void serve_conn(void *arg, int fd)
         bool write = req.op == KVP_DATA_WRITE;
         kvp_data_vec_t one = {
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
-        kvp_status_t gst =
-            kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd,
-                                  &req, &one, 1, atomic_load(&srv->segment_id), cio->tag, NULL);
+        kvp_status_t gst = kvp_data_grants_check(
+            &srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, &req, &one, 1,
+            atomic_load(&srv->segment_id), cio->tag, &srv->ended);
         if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
             if (gst == KVP_ERR_DENIED)
                 kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -450,6 +451,11 @@ static void serve_conn(void *arg, int fd)
         conn_io_cleanup(cio);
 }
 
+static uint64_t file_version_at(void *file, uint64_t offset)
+{
+    return kvp_ssd_file_version_at(file, offset);
+}
+
 kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
                                    bool protected_mode, kvp_ssd_server_t **srv_p,
                                    uint16_t *bound_port_p)
@@ -458,6 +464,7 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     if (srv == NULL)
         return KVP_ERR_NOMEM;
     srv->file = f;
+    srv->ended = (kvp_data_ended_t){.version_at = file_version_at, .arg = f};
     srv->file_fd = kvp_ssd_file_fd(f);
     srv->base = kvp_ssd_file_data_base(f);
     srv->size = kvp_ssd_file_size(f);

@@ -219,13 +219,14 @@ class GrantMaster(SecureMaster):
                 "--acl-file", self.acl_path] + self.extra
         return Proc(argv, stderr=self._log)
 
-    def add_owner(self, size="64MiB"):
-        """`kvpool serve` (principal segsrv) with /metrics on a port of its own."""
+    def add_owner(self, size="64MiB", extra=()):
+        """`kvpool serve` (principal segsrv) with /metrics on a port of its own; extra: more
+        of its flags (an SSD segment)."""
         crt, key = self.certs.pair(PRINCIPALS["segsrv"]["cn"])
         port = free_port()
         s = Proc([self.cli_bin, "--master", self.addr, "--tls-ca", self.certs.ca,
                   "--tls-cert", crt, "--tls-key", key, "serve", "--segment-size", size,
-                  "--http-listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}"], lines=2)
+                  "--http-listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}", *extra], lines=2)
         self.segments.append(s)
         self.owner_http = port
         return s
@@ -499,11 +500,15 @@ def bob_control(m):
     return tls_connect(m, tls_client_ctx(m.certs.ca, crt, k))
 
 
-def put_start_raw(s, key, size):
-    """A raw PutStart of one key: its replica (with the write grant) as a Replica."""
+def put_start_raw(s, key, size, medium=""):
+    """A raw PutStart of one key (PutConfig.medium: "ssd" straight to the SSD tier): its
+    replica (with the write grant) as a Replica."""
     kb = key.encode()
     sizes = varint(size)
     body = b"\x0a" + varint(len(kb)) + kb + b"\x12" + varint(len(sizes)) + sizes
+    if medium:
+        cfg = b"\x32" + varint(len(medium)) + medium.encode()
+        body += b"\x1a" + varint(len(cfg)) + cfg
     s.sendall(frame(M_PUT_START, body, req_id=11))
     r = read_frame(s)
     assert r is not None and r[1] == 0, r
@@ -524,14 +529,11 @@ def put_end_raw(s, key, crc):
     assert st.get(1, [0])[0] == 0, st
 
 
-def test_write_grant_ends_at_put_end(gm):
-    """A write grant works while its put is pending and is refused once the owner's
-    record has the put's end (the master streams it to the owner before the writer hears
-    of it); the bytes written under it stay as they were acknowledged."""
+def write_grant_ends(gm, medium=""):
     key = f"b@grant-end-{uuid.uuid4().hex[:8]}"
     d1, d2 = os.urandom(4096), os.urandom(4096)
     with bob_control(gm) as s:
-        rep = put_start_raw(s, key, len(d1))
+        rep = put_start_raw(s, key, len(d1), medium)
         assert len(rep.grant) == GRANT_LEN
         status, _, _ = request(rep, WRITE, rep.offset, len(d1), rep.grant, d1)
         assert status == 0
@@ -549,3 +551,25 @@ def test_write_grant_ends_at_put_end(gm):
     assert gm.owner_refused() == before + 1
     with gm.client("bob", transport="tcp") as bob:
         assert bob.get(key) == d1
+    return rep
+
+
+def test_write_grant_ends_at_put_end(gm):
+    """A write grant works while its put is pending and is refused once the owner's
+    record has the put's end (the master streams it to the owner before the writer hears
+    of it); the bytes written under it stay as they were acknowledged."""
+    write_grant_ends(gm)
+
+
+def test_write_grant_ends_at_put_end_on_ssd(certs, tmp_path):
+    """The same on an SSD segment (the only segment: the put goes straight to its file):
+    refused once the owner recorded the put in the file (the master's RECORD task, sent at
+    the put's end)."""
+    m = GrantMaster(certs, str(tmp_path), PRINCIPALS)
+    try:
+        m.add_owner(size="0", extra=("--ssd-path", str(tmp_path / "ssd.seg"),
+                                     "--ssd-size", "64MiB"))
+        rep = write_grant_ends(m, "ssd")
+        assert rep.seg_size == 64 << 20 and rep.shm_path == ""  # the SSD segment
+    finally:
+        close_all([m])

@@ -170,6 +170,8 @@ int kvp_bench_ssd_dir_check(const char *dir);
  * DIR/admin.crt ($KVPOOL_TLS_*). 0, or -1 when DIR lacks a file. */
 int kvp_bench_tls_use(const char *dir);
 bool kvp_bench_tls_on(void);
+/* --data-grants on|off: the local masters' flag (unset: theirs). 0, or -1 for another value. */
+int kvp_bench_data_grants_use(const char *arg);
 /* A connection to the master at addr ("HOST:PORT"), TLS when --tls-dir is in use. NULL on
  * failure (said on stderr). */
 kvp_chan_t *kvp_bench_dial(const char *addr, uint32_t timeout_ms);

@@ -392,6 +392,16 @@ int kvp_bench_tls_use(const char *dir)
     return 0;
 }
 
+static const char *data_grants; /* --data-grants: "on", "off" or NULL (the master's own) */
+
+int kvp_bench_data_grants_use(const char *arg)
+{
+    if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0)
+        return -1;
+    data_grants = arg;
+    return 0;
+}
+
 bool kvp_bench_tls_on(void)
 {
     return tls_on;
@@ -543,6 +553,10 @@ pid_t kvp_bench_master_start(const char *listen, const char *records, const char
     for (int i = 0; tls_on && i < 4; i++) {
         margv[na++] = (char *)tls_flags[i];
         margv[na++] = tls_files[i];
+    }
+    if (data_grants != NULL) {
+        margv[na++] = "--data-grants";
+        margv[na++] = (char *)data_grants;
     }
     for (size_t i = 0; flags != NULL && flags[i] != NULL && na < 31; i++)
         margv[na++] = (char *)flags[i];

@@ -154,7 +154,9 @@ static void usage(FILE *f)
           "them)\n"
           "  --tls-dir DIR          the local masters run with TLS 1.3 and DIR/acl.conf, and\n"
           "                         every client presents DIR/admin.crt (deploy/make-certs.sh\n"
-          "                         DIR admin; the ACL names admin with every role)\n",
+          "                         DIR admin; the ACL names admin with every role)\n"
+          "  --data-grants on|off   with --tls-dir: the local masters' --data-grants (default\n"
+          "                         on: every tcp data request carries a grant)\n",
           f);
     for (size_t i = 0; i < N_MODES; i++)
         if (modes[i].usage != NULL)
@@ -204,6 +206,7 @@ static const struct option long_opts[] = {
     {"ssd-capacity", required_argument, NULL, 'X'},
     {"segment-records", required_argument, NULL, 'G'},
     {"tls-dir", required_argument, NULL, 'V'},
+    {"data-grants", required_argument, NULL, 'M'},
     {"ha-objects", required_argument, NULL, 'H'},
     {"ha-rounds", required_argument, NULL, 'U'},
     {"leader-ttl", required_argument, NULL, 'Y'},
@@ -400,6 +403,8 @@ static int opt_cluster(kvp_bench_opts_t *o, int opt, const char *arg)
         return 0;
     case 'V':
         return kvp_bench_tls_use(arg) == 0 ? 0 : -1;
+    case 'M':
+        return kvp_bench_data_grants_use(arg);
     default:
         return OPT_NOT_MINE;
     }
