@@ -78,6 +78,7 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         m.refused_protected += kvp_segment_refused(c->seg);
         m.refused_grant += kvp_segment_grants_refused(c->seg);
         m.refused_shm += kvp_segment_shm_refused(c->seg);
+        m.refused_rdma += atomic_load_explicit(&c->xfer.serve_refused, memory_order_relaxed);
     }
     if (c->seg != NULL) {
         snprintf(m.dram_segment, sizeof(m.dram_segment), "%s", kvp_segment_name(c->seg));
@@ -211,13 +212,16 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
            "peer of another host while no credentials are configured; grant: a data "
            "request without a valid grant from the master, whose connection was closed; shm: "
            "a request for a segment's memory from another user or without a valid MAP "
-           "grant).");
+           "grant; rdma: a queue pair without a valid proof of a principal that may hold the "
+           "segment, or past its cap).");
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"protected_mode\"} %llu\n",
             (unsigned long long)m->refused_protected);
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"grant\"} %llu\n",
             (unsigned long long)m->refused_grant);
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"shm\"} %llu\n",
             (unsigned long long)m->refused_shm);
+    put_fmt(&o, "kvpool_connections_refused_total{reason=\"rdma\"} %llu\n",
+            (unsigned long long)m->refused_rdma);
     family(&o, "kvpool_ssd_io_ops_total", "counter",
            "Reads and writes of this process's SSD segment file that completed.");
     put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"read\"} %llu\n", (unsigned long long)m->ssd_read.ops);

@@ -81,6 +81,30 @@ bool kvp_grant_conn_key(kvp_grant_mac_t *m, uint64_t tag, uint8_t out[KVP_GRANT_
     return hmac(m, msg, sizeof(msg), out);
 }
 
+bool kvp_grant_rdma_key(kvp_grant_mac_t *m, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN])
+{
+    uint8_t msg[24] = "kvpool rdma key"; /* 15 bytes and a NUL, then the tag */
+    memcpy(msg + 16, &tag, sizeof(tag));
+    return hmac(m, msg, sizeof(msg), out);
+}
+
+bool kvp_grant_qp_proof(const uint8_t *rdma_key, kvp_grant_qp_proof_t *p)
+{
+    uint8_t msg[16 + 32] = "kvpool rdma qp"; /* NUL-padded to 16, then the fields */
+    memcpy(msg + 16, &p->segment_id, 8);
+    memcpy(msg + 24, &p->tag, 8);
+    memcpy(msg + 32, &p->time_ms, 8);
+    memcpy(msg + 40, &p->nonce, 8);
+    uint8_t full[32];
+    size_t n = 0;
+    if (EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, rdma_key, KVP_GRANT_KEY_LEN, msg, sizeof(msg),
+                  full, sizeof(full), &n) == NULL ||
+        n != sizeof(full))
+        return false;
+    memcpy(p->mac, full, sizeof(p->mac));
+    return true;
+}
+
 bool kvp_grant_hello_proof(const uint8_t *conn_key, const uint8_t *challenge, uint64_t segment_id,
                            uint64_t tag, uint8_t out[KVP_GRANT_PROOF_LEN])
 {

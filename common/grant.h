@@ -90,6 +90,29 @@ kvp_status_t kvp_grant_check(kvp_grant_mac_t *mac, const kvp_grant_t *g, uint8_t
 
 /* K_p of `tag` under the segment key `mac` holds. false: the MAC could not be computed. */
 bool kvp_grant_conn_key(kvp_grant_mac_t *mac, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN]);
+/*
+ * RDMA (one-sided: whoever holds a connected queue pair and the segment's rkey reads and
+ * writes all of it). The master gives a principal whose grants would cover every object
+ * the segment can hold its rdma key K_r = HMAC-SHA256(segment key, "kvpool rdma key" 0x00
+ * || tag); a client connecting a queue pair to the owner sends, in the connect's private
+ * data, a proof of K_r bound to the segment, its tag, the time and a random nonce:
+ * HMAC-SHA256(K_r, "kvpool rdma qp" 0x00 0x00 || segment || tag || time_ms || nonce),
+ * its first 16 bytes. The owner derives K_r, checks the MAC, the time (a window) and that
+ * the nonce is new, and only then accepts the queue pair.
+ */
+typedef struct kvp_grant_qp_proof {
+    uint64_t segment_id;
+    uint64_t tag;
+    uint64_t time_ms; /* the wall clock, as grants count it */
+    uint64_t nonce;
+    uint8_t mac[16];
+} kvp_grant_qp_proof_t; /* 48 bytes, little-endian host order */
+_Static_assert(sizeof(kvp_grant_qp_proof_t) == 48, "a QP proof is 48 bytes");
+
+bool kvp_grant_rdma_key(kvp_grant_mac_t *mac, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN]);
+/* Fill p->mac from p's other fields under rdma_key. false: not computed. */
+bool kvp_grant_qp_proof(const uint8_t *rdma_key, kvp_grant_qp_proof_t *p);
+
 /* The HELLO proof of K_p for challenge, segment and tag. false: could not be computed. */
 bool kvp_grant_hello_proof(const uint8_t *conn_key, const uint8_t *challenge, uint64_t segment_id,
                            uint64_t tag, uint8_t out[KVP_GRANT_PROOF_LEN]);

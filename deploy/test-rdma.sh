@@ -34,6 +34,11 @@ if ! ninja -C "$dir" >"$dir.ninja.log" 2>&1; then
     exit 1
 fi
 tests/rdma/rxe-vm.sh build || { summary 0 1; exit 1; }
+# rdma_security's TLS certificates (the guest has no openssl tool): made here, read there
+if [ ! -f "$dir/tests/rdma-certs/ca.crt" ]; then
+    deploy/make-certs.sh "$dir/tests/rdma-certs" admin >"$dir/rdma-certs.log" 2>&1 ||
+        { cat "$dir/rdma-certs.log"; summary 0 1; exit 1; }
+fi
 
 # The runner script, from the build's own test list (suite 'rdma' only).
 rm -rf "$dir/rdma-logs" && mkdir -p "$dir/rdma-logs"

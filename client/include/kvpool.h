@@ -452,6 +452,10 @@ typedef struct kvp_metrics {
     /* requests for its segment's memory (the shm hand-off) it refused: another user, no
      * or a bad MAP grant (docs/protocol.md "Shared memory") */
     uint64_t refused_shm;
+    /* rdma connection requests to its segment it refused: no proof of a principal that may
+     * hold the segment, a bad, stale or replayed proof, or past the principal's cap of
+     * queue pairs (docs/protocol.md "Data plane, rdma transport") */
+    uint64_t refused_rdma;
 } kvp_metrics_t;
 
 /*

@@ -37,6 +37,7 @@ struct kvp_segment {
     uint64_t rdma_addr;
     uint32_t rdma_rkey;
     kvp_segment_server_t *server;
+    kvp_transfer_t *xfer;          /* the client's engine: its serving transports (rdma) */
     struct kvp_seg_record *record; /* kept current by the record thread (control/) */
 
     pthread_mutex_t state_lock;
@@ -102,6 +103,7 @@ kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_
     seg->fd = -1;
     seg->size = params->size;
     seg->client_id = params->client_id;
+    seg->xfer = params->xfer;
     snprintf(seg->host_id, sizeof(seg->host_id), "%s", params->xfer->host_id);
     pthread_mutex_init(&seg->state_lock, NULL);
     kvp_status_t st = kvp_seg_record_create(&seg->record);
@@ -253,6 +255,7 @@ void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
     /* the new key before the new id: no request for the new mount is served unchecked */
     if (seg->server != NULL)
         kvp_segment_server_set_grants(seg->server, grant_key, grant_key_len, grant_epoch);
+    kvp_grant_keyring_set(&seg->xfer->seg_grants, grant_key, grant_key_len, grant_epoch);
     if (grant_key != NULL)
         seal_process();
     atomic_store(&seg->id, seg_id);

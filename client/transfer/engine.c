@@ -160,6 +160,8 @@ kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
     kvp_status_t st = KVP_OK;
     xfer->n_tps = 0;
     memset(&xfer->stats, 0, sizeof(xfer->stats));
+    kvp_grant_keyring_init(&xfer->seg_grants);
+    atomic_store(&xfer->serve_refused, 0);
     xfer->gpu = kvp_gpu_available();
     for (unsigned k = 0; list[k] != NULL && xfer->n_tps < KVP_TP_MAX; k++) {
         const kvp_transport_ops_t *ops = list[k];
@@ -210,6 +212,7 @@ void kvp_transfer_cleanup(kvp_transfer_t *xfer)
         kvp_transfer_unregister(xfer, (void *)s->r[i].addr, s->r[i].tp_regs);
     kvp_mem_registry_cleanup(&xfer->mem);
     tps_destroy(xfer);
+    kvp_grant_keyring_cleanup(&xfer->seg_grants); /* after the serving threads are gone */
 }
 
 /* ---- peers ---- */

@@ -19,6 +19,7 @@
 #include "client/transfer/peer.h"
 #include "client/transfer/transport.h"
 #include "client/transfer/xfer.h"
+#include "common/grant.h"
 #include "common/status.h"
 
 /* Most stagers of one kind (host, gpu) one engine makes; threads beyond wait for one. */
@@ -60,6 +61,11 @@ typedef struct kvp_transfer {
     uint32_t seg_tp_regs;
     kvp_stager_pool_t stagers;
     kvp_xfer_stats_t stats; /* what this client moved, as initiator */
+    /* the data grants' key of our segment's mount (segment/segment.c sets it): a serving
+     * transport (rdma) lets in only peers that prove a key derived from it; and the
+     * connection requests it refused */
+    kvp_grant_keyring_t seg_grants;
+    _Atomic uint64_t serve_refused;
 } kvp_transfer_t;
 
 /* Create the transports of the list (only the forced one when one is forced). */

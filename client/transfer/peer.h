@@ -40,10 +40,15 @@ typedef struct kvp_peer {
     uint8_t conn_key[32];
     uint64_t conn_tag;
     bool has_conn_key;
+    bool grants; /* its owner checks grants: shm and rdma need a MAP grant / an rdma key */
     /* ... and a MAP grant for the shm hand-off (transport/hello.h), when the master gave
      * one; a peer's is used once, at attach */
     uint8_t shm_grant[80];
     bool has_shm_grant;
+    /* ... and our rdma key for it (the proof that connects a queue pair: common/grant.h),
+     * when the master gave one; without one (grants on) rdma does not take the peer */
+    uint8_t rdma_key[32];
+    bool has_rdma_key;
     bool own;                   /* this client's own segment */
     bool ssd;                   /* an SSD segment (medium "ssd": served over tcp) */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */

@@ -159,7 +159,7 @@ static bool desc_matches(const kvp_peer_t *p, const Kvpool__SegmentDesc *d)
            p->rdma_addr == d->rdma_addr && p->rdma_rkey == d->rdma_rkey &&
            strcmp(p->name, d->name) == 0 && strcmp(p->endpoint, d->tcp_endpoint) == 0 &&
            strcmp(p->host_id, d->host_id) == 0 && strcmp(p->shm_path, d->shm_path) == 0 &&
-           strcmp(p->rdma_endpoint, d->rdma_endpoint) == 0 &&
+           strcmp(p->rdma_endpoint, d->rdma_endpoint) == 0 && p->grants == d->grants &&
            p->has_conn_key == (d->conn_key.len == sizeof(p->conn_key)) &&
            (!p->has_conn_key || (p->conn_tag == d->conn_tag &&
                                  memcmp(p->conn_key, d->conn_key.data, sizeof(p->conn_key)) == 0));
@@ -208,6 +208,10 @@ void kvp_peers_update(kvp_peers_t *peers, Kvpool__SegmentDesc **descs, size_t n)
             memcpy(p->conn_key, d->conn_key.data, sizeof(p->conn_key));
             p->conn_tag = d->conn_tag;
         }
+        p->grants = d->grants;
+        p->has_rdma_key = d->rdma_key.len == sizeof(p->rdma_key);
+        if (p->has_rdma_key)
+            memcpy(p->rdma_key, d->rdma_key.data, sizeof(p->rdma_key));
         p->has_shm_grant = d->shm_grant.len == sizeof(p->shm_grant);
         if (p->has_shm_grant)
             memcpy(p->shm_grant, d->shm_grant.data, sizeof(p->shm_grant));

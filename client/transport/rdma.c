@@ -49,6 +49,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,11 +64,21 @@
 #include "client/transport/rdma_verbs.h"
 #include "common/log.h"
 #include "common/clock.h"
+#include "common/grant.h"
 #include "common/parse.h"
+
+#include <openssl/crypto.h>
 
 #define MAX_QPS_PER_PEER 16
 #define CONN_MAGIC 0x5250564Bu /* "KVPR" */
 #define CONN_VERSION 1
+#define CONN_VERSION_PROOF 2 /* data grants on: the connect carries a proof (common/grant.h) */
+/* A proof is taken this long after its time (and KVP_GRANT_SKEW_MS before it); its nonce
+ * is remembered for as long, so a replayed proof is refused. */
+#define PROOF_WINDOW_MS 30000u
+#define PROOF_SEEN 1024
+/* Queue pairs one principal may hold to this owner (KVPOOL_RDMA_QP_CAP) */
+#define QP_CAP_DEFAULT 256
 #define SPIN_POLLS 64
 #define FLUSH_WAIT_MS 5000
 
@@ -84,11 +95,14 @@ typedef struct accept_pdata {
 typedef struct connect_pdata {
     uint32_t magic;
     uint32_t version;
+    kvp_grant_qp_proof_t proof; /* CONN_VERSION_PROOF only */
 } connect_pdata_t;
+_Static_assert(sizeof(connect_pdata_t) <= KVP_RDMA_CONNECT_PDATA_MAX, "connect data fits");
 
 typedef struct rqp {
     atomic_int refs;
     kvp_rdma_qp_t *qp;
+    uint32_t rkey; /* the owner's, from its accept */
     pthread_mutex_t post_lock;
 } rqp_t;
 
@@ -109,6 +123,7 @@ typedef struct mr_ent {
 
 typedef struct accepted {
     kvp_rdma_qp_t *qp;
+    uint64_t tag; /* the principal it proved (0: none, grants off) */
     struct accepted *next;
 } accepted_t;
 
@@ -139,6 +154,15 @@ typedef struct rdma_ctx {
     pthread_t acc_thread;
     bool acc_started;
     accepted_t *accepted;
+    /* the accept thread's gate (data grants on): its verifier, the nonces it saw, the cap,
+     * and the tag of the request it let through last */
+    kvp_grant_verifier_t acc_v;
+    struct {
+        uint64_t nonce, time_ms;
+    } seen[PROOF_SEEN];
+    unsigned seen_next;
+    unsigned qp_cap;
+    uint64_t acc_tag;
 
     /* batches given up on while flushes were outstanding: freed at cleanup */
     struct rbatch *orphans;
@@ -418,14 +442,71 @@ static void reap_accepted(rdma_ctx_t *ctx)
     }
 }
 
+/*
+ * The owner's gate on a connection request (data grants on: the segment's keyring holds a
+ * key): the connector must prove the rdma key of its principal (common/grant.h), which the
+ * master gives only to principals whose grants cover all the segment can hold; the proof
+ * must be recent and new; the principal must hold fewer than the cap of queue pairs. 0:
+ * accept (ctx->acc_tag: the principal). Grants off: every request is accepted, as before.
+ */
+static int accept_check(void *arg, const void *pdata, size_t len)
+{
+    rdma_ctx_t *ctx = arg;
+    ctx->acc_tag = 0;
+    if (!kvp_grant_verifier_sync(&ctx->acc_v, &ctx->xfer->seg_grants))
+        return -1;
+    if (!ctx->acc_v.on)
+        return 0;
+    const char *why = NULL;
+    connect_pdata_t cp;
+    uint8_t key[KVP_GRANT_KEY_LEN];
+    uint64_t now = kvp_grant_now_ms();
+    if (len < sizeof(cp))
+        why = "no proof of a principal";
+    if (why == NULL) {
+        memcpy(&cp, pdata, sizeof(cp));
+        kvp_grant_qp_proof_t want = cp.proof;
+        if (cp.magic != CONN_MAGIC || cp.version != CONN_VERSION_PROOF)
+            why = "no proof of a principal";
+        else if (!kvp_grant_rdma_key(ctx->acc_v.mac, cp.proof.tag, key) ||
+                 !kvp_grant_qp_proof(key, &want))
+            why = "the owner cannot check proofs";
+        else if (CRYPTO_memcmp(want.mac, cp.proof.mac, sizeof(want.mac)) != 0)
+            why = "a proof that does not match";
+        else if (cp.proof.time_ms + PROOF_WINDOW_MS < now ||
+                 cp.proof.time_ms > now + KVP_GRANT_SKEW_MS)
+            why = "a proof out of its time window";
+        OPENSSL_cleanse(key, sizeof(key));
+    }
+    for (unsigned i = 0; why == NULL && i < PROOF_SEEN; i++)
+        if (ctx->seen[i].nonce == cp.proof.nonce && ctx->seen[i].time_ms + PROOF_WINDOW_MS >= now)
+            why = "a proof seen before (replayed)";
+    unsigned held = 0;
+    for (accepted_t *a = ctx->accepted; why == NULL && a != NULL; a = a->next)
+        held += a->tag == cp.proof.tag;
+    if (why == NULL && held >= ctx->qp_cap)
+        why = "its principal holds as many queue pairs as it may (KVPOOL_RDMA_QP_CAP)";
+    if (why != NULL) {
+        atomic_fetch_add_explicit(&ctx->xfer->serve_refused, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("rdma: a connection request refused: %s", why);
+        return -1;
+    }
+    ctx->seen[ctx->seen_next].nonce = cp.proof.nonce;
+    ctx->seen[ctx->seen_next].time_ms = now;
+    ctx->seen_next = (ctx->seen_next + 1) % PROOF_SEEN;
+    ctx->acc_tag = cp.proof.tag;
+    return 0;
+}
+
 static void *accept_thread_main(void *arg)
 {
     rdma_ctx_t *ctx = arg;
     while (!atomic_load(&ctx->stop)) {
         kvp_rdma_qp_t *qp;
-        int rc = kvp_rdma_accept(ctx->lst, 200, &ctx->seg_pdata, sizeof(ctx->seg_pdata), &qp);
         reap_accepted(ctx);
-        if (rc == -ETIMEDOUT)
+        int rc = kvp_rdma_accept(ctx->lst, 200, &ctx->seg_pdata, sizeof(ctx->seg_pdata),
+                                 accept_check, ctx, &qp);
+        if (rc == -ETIMEDOUT || rc == -EACCES)
             continue;
         if (rc != 0) {
             KVP_LOG_WARN("rdma: accept: %s", kvp_rdma_last_error());
@@ -438,6 +519,7 @@ static void *accept_thread_main(void *arg)
             continue;
         }
         a->qp = qp;
+        a->tag = ctx->acc_tag;
         a->next = ctx->accepted;
         ctx->accepted = a;
     }
@@ -546,9 +628,18 @@ static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **
     if (kvp_parse_hostport(peer->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)
         return KVP_ERR_TRANSPORT;
     connect_pdata_t cp = {.magic = CONN_MAGIC, .version = CONN_VERSION};
+    size_t cp_len = offsetof(connect_pdata_t, proof);
+    if (peer->has_rdma_key) { /* data grants on: prove our principal */
+        cp.version = CONN_VERSION_PROOF;
+        cp.proof = (kvp_grant_qp_proof_t){
+            .segment_id = peer->segment_id, .tag = peer->conn_tag, .time_ms = kvp_grant_now_ms()};
+        if (!kvp_grant_random(&cp.proof.nonce, sizeof(cp.proof.nonce)) ||
+            !kvp_grant_qp_proof(peer->rdma_key, &cp.proof))
+            return KVP_ERR_INTERNAL;
+        cp_len = sizeof(cp);
+    }
     kvp_rdma_qp_t *qp;
-    int rc =
-        kvp_rdma_connect(ctx->dev, host, port, (int)ctx->xfer->timeout_ms, &cp, sizeof(cp), &qp);
+    int rc = kvp_rdma_connect(ctx->dev, host, port, (int)ctx->xfer->timeout_ms, &cp, cp_len, &qp);
     if (rc != 0) {
         KVP_LOG_WARN("rdma: cannot connect to segment %s at %s: %s", peer->name,
                      peer->rdma_endpoint, kvp_rdma_last_error());
@@ -561,7 +652,9 @@ static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **
         kvp_rdma_qp_destroy(qp);
         return KVP_ERR_PROTOCOL;
     }
-    if (ap->addr != peer->rdma_addr || ap->rkey != peer->rdma_rkey || ap->size < peer->size) {
+    /* (data grants on, the descriptor has no rkey: the accept's is the one) */
+    if (ap->addr != peer->rdma_addr || (peer->rdma_rkey != 0 && ap->rkey != peer->rdma_rkey) ||
+        ap->size < peer->size) {
         KVP_LOG_WARN("rdma: %s now serves another segment than %s (restarted?)",
                      peer->rdma_endpoint, peer->name);
         kvp_rdma_qp_destroy(qp);
@@ -574,6 +667,7 @@ static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **
     }
     atomic_init(&q->refs, 1);
     q->qp = qp;
+    q->rkey = ap->rkey;
     pthread_mutex_init(&q->post_lock, NULL);
     *q_p = q;
     return KVP_OK;
@@ -761,7 +855,7 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
                                      .lkey = s->lkey,
                                      .len = s->len,
                                      .remote = s->op->peer->rdma_addr + s->op->offset + s->off,
-                                     .rkey = s->op->peer->rdma_rkey,
+                                     .rkey = l->q->rkey,
                                      .wr_id = (uintptr_t)s};
         }
         kvp_rdma_op_t op = kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
@@ -939,6 +1033,8 @@ static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p
         return KVP_ERR_NOMEM;
     ctx->xfer = xfer;
     ctx->nqp = xfer->rdma_qps ? xfer->rdma_qps : 2;
+    const char *cap = getenv("KVPOOL_RDMA_QP_CAP");
+    ctx->qp_cap = cap != NULL && atoi(cap) > 0 ? (unsigned)atoi(cap) : QP_CAP_DEFAULT;
     if (ctx->nqp > MAX_QPS_PER_PEER)
         ctx->nqp = MAX_QPS_PER_PEER;
     ctx->slice = xfer->rdma_slice ? xfer->rdma_slice : 256 * 1024;
@@ -983,6 +1079,7 @@ static void rdma_cleanup(void *vctx)
     atomic_store(&ctx->stop, true);
     if (ctx->acc_started)
         pthread_join(ctx->acc_thread, NULL);
+    kvp_grant_verifier_cleanup(&ctx->acc_v);
     while (ctx->accepted) {
         accepted_t *a = ctx->accepted;
         ctx->accepted = a->next;
@@ -1025,6 +1122,8 @@ static kvp_status_t rdma_attach(void *vctx, kvp_peer_t *peer, void **state_p)
     rdma_ctx_t *ctx = vctx;
     if (peer->rdma_endpoint[0] == '\0')
         return KVP_ERR_TRANSPORT;
+    if ((peer->grants || peer->has_conn_key) && !peer->has_rdma_key)
+        return KVP_ERR_TRANSPORT; /* data grants on, and no rdma key for us: tcp */
     pthread_mutex_lock(&ctx->lock);
     rpeer_t *rp = rpeer_get_locked(ctx, peer);
     pthread_mutex_unlock(&ctx->lock);

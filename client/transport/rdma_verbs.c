@@ -641,7 +641,7 @@ err_free:
 }
 
 int kvp_rdma_accept(kvp_rdma_listener_t *lst, int timeout_ms, const void *pdata, size_t pdata_len,
-                    kvp_rdma_qp_t **qp_p)
+                    kvp_rdma_accept_check_fn check, void *check_arg, kvp_rdma_qp_t **qp_p)
 {
     if (pdata_len > KVP_RDMA_ACCEPT_PDATA_MAX)
         return fail(EINVAL, "accept private data is %zu bytes, at most %d", pdata_len,
@@ -664,6 +664,14 @@ int kvp_rdma_accept(kvp_rdma_listener_t *lst, int timeout_ms, const void *pdata,
             continue;
         }
         struct rdma_cm_id *id = ev->id;
+        if (check != NULL &&
+            check(check_arg, ev->param.conn.private_data,
+                  ev->param.conn.private_data != NULL ? ev->param.conn.private_data_len : 0) != 0) {
+            rdma_reject(id, NULL, 0);
+            rdma_ack_cm_event(ev);
+            rdma_destroy_id(id);
+            return fail(EACCES, "a connection request was refused");
+        }
         kvp_rdma_qp_t *qp = calloc(1, sizeof(*qp));
         if (qp == NULL) {
             rdma_reject(id, NULL, 0);

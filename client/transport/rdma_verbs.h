@@ -134,11 +134,17 @@ void kvp_rdma_mr_dereg(kvp_rdma_mr_t *mr);
 /* Listen on ipv4:port (port 0: any; the bound port goes to *port_p). */
 int kvp_rdma_listen(kvp_rdma_dev_t *dev, const char *ipv4, uint16_t port, int backlog,
                     kvp_rdma_listener_t **lst_p, uint16_t *port_p);
+/* A gate on connection requests: 0 to accept one whose private data is pdata[0..len), else
+ * it is rejected (no QP is made). */
+typedef int (*kvp_rdma_accept_check_fn)(void *arg, const void *pdata, size_t len);
+
 /* Wait up to timeout_ms (-1: forever) for a connection request, accept it
  * with `pdata` (may be NULL) and return the established QP. Connection
- * requests carry the connector's pdata: kvp_rdma_qp_peer_pdata(). */
+ * requests carry the connector's pdata: kvp_rdma_qp_peer_pdata(). check
+ * (NULL: none) sees each request's pdata first; a request it refuses is
+ * rejected and -EACCES returned. */
 int kvp_rdma_accept(kvp_rdma_listener_t *lst, int timeout_ms, const void *pdata, size_t pdata_len,
-                    kvp_rdma_qp_t **qp_p);
+                    kvp_rdma_accept_check_fn check, void *check_arg, kvp_rdma_qp_t **qp_p);
 /* QPs accepted from the listener must be destroyed first. */
 void kvp_rdma_listener_destroy(kvp_rdma_listener_t *lst);
 

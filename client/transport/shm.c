@@ -120,7 +120,7 @@ static int open_segment(shm_ctx_t *ctx, const kvp_peer_t *peer, int *pidfd_p)
                          peer->name, peer->shm_path);
         return fd;
     }
-    if (peer->has_conn_key && !peer->has_shm_grant)
+    if ((peer->grants || peer->has_conn_key) && !peer->has_shm_grant)
         return -1; /* the master does not let our principal have all of it: tcp */
     int fd, pid;
     kvp_status_t st = kvp_data_map(peer, ctx->xfer->timeout_ms, &fd, &pid);

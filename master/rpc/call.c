@@ -58,7 +58,9 @@ void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
     d->shm_path = seg->shm_path;
     d->rdma_endpoint = seg->rdma_endpoint;
     d->rdma_addr = seg->rdma_addr;
-    d->rdma_rkey = seg->rdma_rkey;
+    /* data grants on: the rkey goes only to peers that proved an rdma key (the accept) */
+    d->rdma_rkey = seg->grant_mac != NULL ? 0 : seg->rdma_rkey;
+    d->grants = seg->grant_mac != NULL;
     d->draining = seg->draining;
 }
 
@@ -90,18 +92,19 @@ bool kvp_seg_set_finish(kvp_seg_set_t *s)
 }
 
 /*
- * May `who` be handed the whole of seg's memory (the shm hand-off)? Only when the grants it
- * could be given would cover every object the segment can hold, so that shm gives it no
- * byte tcp would refuse: an admin or a trusted local worker (role shm) on any segment; a
- * reader and writer of every key of its tenant on a segment dedicated to that tenant (or
- * on any segment when there are no tenants). A DRAM segment served on a Unix socket only.
+ * May `who` hold the whole of seg's memory (the shm hand-off; an rdma queue pair and the
+ * rkey)? Only when the grants it could be given would cover every object the segment can
+ * hold, so that it gets no byte tcp would refuse it: an admin; a reader and writer of every
+ * key of its tenant on a segment dedicated to that tenant (or on any segment when there
+ * are no tenants); for shm also a trusted local worker (role shm) on any segment. DRAM
+ * segments only.
  */
-static bool may_map(const kvp_master_state_t *st, const kvp_principal_t *who,
-                    const kvp_segment_t *seg)
+static bool may_hold(const kvp_master_state_t *st, const kvp_principal_t *who,
+                     const kvp_segment_t *seg, bool shm)
 {
-    if (strcmp(seg->medium, "dram") != 0 || seg->shm_path[0] != '@')
+    if (strcmp(seg->medium, "dram") != 0)
         return false;
-    if (who->roles & (KVP_ROLE_ADMIN | KVP_ROLE_SHM))
+    if ((who->roles & KVP_ROLE_ADMIN) || (shm && (who->roles & KVP_ROLE_SHM)))
         return true;
     uint32_t rw = KVP_ROLE_READ | KVP_ROLE_WRITE;
     if ((who->roles & rw) != rw || who->n_patterns != 0)
@@ -114,7 +117,7 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
     kvp_master_state_t *st = call->st;
     if (!st->grants_on || call->who == NULL || s->n == 0)
         return true;
-    s->conn_keys = malloc(s->n * KVP_GRANT_KEY_LEN);
+    s->conn_keys = malloc(s->n * 2 * KVP_GRANT_KEY_LEN); /* K_p, then K_r */
     s->shm_grants = malloc(s->n * sizeof(kvp_grant_t));
     if (s->conn_keys == NULL || s->shm_grants == NULL)
         return false;
@@ -122,7 +125,7 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
     for (size_t i = 0; i < s->n; i++) {
         Kvpool__SegmentDesc *d = &s->descs[i];
         kvp_segment_t *seg = kvp_segment_table_get(&st->segments, d->id);
-        uint8_t *key = s->conn_keys + i * KVP_GRANT_KEY_LEN;
+        uint8_t *key = s->conn_keys + i * 2 * KVP_GRANT_KEY_LEN;
         if (seg == NULL || seg->grant_mac == NULL)
             continue;
         if (!kvp_grant_conn_key(seg->grant_mac, call->who->tag, key))
@@ -130,7 +133,14 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
         d->conn_key.data = key;
         d->conn_key.len = KVP_GRANT_KEY_LEN;
         d->conn_tag = call->who->tag;
-        if (!may_map(st, call->who, seg))
+        if (seg->rdma_endpoint[0] != '\0' && may_hold(st, call->who, seg, false)) {
+            uint8_t *rkey = key + KVP_GRANT_KEY_LEN;
+            if (!kvp_grant_rdma_key(seg->grant_mac, call->who->tag, rkey))
+                return false;
+            d->rdma_key.data = rkey;
+            d->rdma_key.len = KVP_GRANT_KEY_LEN;
+        }
+        if (seg->shm_path[0] != '@' || !may_hold(st, call->who, seg, true))
             continue;
         /* used once, when the caller first attaches the segment (peer_table.c) */
         kvp_grant_t *g = &s->shm_grants[i];
@@ -156,7 +166,7 @@ void kvp_seg_set_free(kvp_seg_set_t *s)
     free(s->descs);
     free(s->ptrs);
     if (s->conn_keys != NULL)
-        OPENSSL_cleanse(s->conn_keys, s->n * KVP_GRANT_KEY_LEN);
+        OPENSSL_cleanse(s->conn_keys, s->n * 2 * KVP_GRANT_KEY_LEN);
     free(s->conn_keys);
     free(s->shm_grants);
 }

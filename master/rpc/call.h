@@ -73,7 +73,7 @@ typedef struct kvp_seg_set {
     Kvpool__SegmentDesc *descs;
     Kvpool__SegmentDesc **ptrs;
     size_t n, cap;
-    uint8_t *conn_keys;           /* kvp_seg_set_conn_keys: 32 bytes per descriptor */
+    uint8_t *conn_keys;           /* kvp_seg_set_conn_keys: K_p and K_r, 64 bytes per descriptor */
     struct kvp_grant *shm_grants; /* ... and a MAP grant per descriptor (common/grant.h) */
 } kvp_seg_set_t;
 

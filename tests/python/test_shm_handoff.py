@@ -187,7 +187,11 @@ def test_a_tenants_reader_writer_is_handed_its_dedicated_segment(sm):
 def test_principals_whose_grants_do_not_cover_the_segment_use_tcp(sm):
     # bob may touch only b@* keys of team-b: no MAP grant for team-b's segment
     key = f"b@shm-{uuid.uuid4().hex[:8]}"
+    before = sm.shm_refused("b"), sm.shm_refused("d")
     data, client_m = put_object(sm, "bob", key)
+    # an honest client without a MAP grant does not even ask: nothing refused, nothing
+    # counted against it
+    assert (sm.shm_refused("b"), sm.shm_refused("d")) == before
     assert client_m["shm"]["put"]["ops"] == 0 and client_m["shm"]["get"]["ops"] == 0
     assert client_m["tcp"]["put"]["ops"] >= 1 and client_m["tcp"]["get"]["ops"] >= 1
     (rep,) = replicas_of(sm, key, "bob", PRINCIPALS)

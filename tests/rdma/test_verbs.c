@@ -56,7 +56,7 @@ static void *accept_thread(void *arg)
 {
     fixture_t *f = arg;
     remote_desc_t d = {(uintptr_t)f->srv_buf, f->srv_mr->rkey, BUF};
-    f->accept_rc = kvp_rdma_accept(f->lst, TIMEOUT_MS, &d, sizeof(d), &f->srv_qp);
+    f->accept_rc = kvp_rdma_accept(f->lst, TIMEOUT_MS, &d, sizeof(d), NULL, NULL, &f->srv_qp);
     if (f->accept_rc != 0)
         snprintf(f->accept_err, sizeof(f->accept_err), "%s", kvp_rdma_last_error());
     return NULL;

@@ -1,0 +1,461 @@
+/*
+ * test_rdma_security.c - issue 25's rdma part on a real device (inside the Soft-RoCE VM:
+ * deploy/test-rdma.sh): a queue pair to a segment's owner is connected only for a client
+ * that proves (in the rdma_cm private data) a principal whose grants cover all the segment
+ * can hold; the rkey travels only in the owner's accept; a principal holds at most its cap
+ * of queue pairs. Real parts: kvpool-master with TLS 1.3 and an ACL (token principals),
+ * `kvpool serve` owners dedicated to tenants team-a and team-b, library clients, and raw
+ * verbs (client/transport/rdma_verbs.h) as the attacker.
+ *
+ *  1. alice (team-a, reads and writes every key) moves bytes over rdma to team-a's owner,
+ *     byte-exact; bob (team-b, only b@* keys) gets no rdma key: forced rdma fails with
+ *     KVP_ERR_TRANSPORT, auto carries his bytes over tcp.
+ *  2. raw connects to team-a's owner: no proof, a garbage proof, a proof under another
+ *     principal's tag, a replayed proof: each rejected, no queue pair, counted
+ *     (kvpool_connections_refused_total{reason="rdma"} on the owner's /metrics). With
+ *     alice's own key (taken from her client, as a hostile alice would) a fresh proof
+ *     connects (the positive control) and reads the segment; neighbouring guessed rkeys
+ *     (the accept's +-1, +-256, high bits) get an error completion, never bytes; team-b's
+ *     object, on another owner, reads back intact.
+ *  3. the cap: an owner with KVPOOL_RDMA_QP_CAP=3 takes alice's first client (2 QPs) and
+ *     one QP of her second; the second client's transfers fail until the first is gone,
+ *     then go through; the refusals are counted.
+ *
+ * Certificates: $KVPOOL_RDMA_TEST_CERTS (made on the host by deploy/test-rdma.sh with
+ * deploy/make-certs.sh; the VM has no openssl tool). No RDMA device: exit 77.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <openssl/evp.h>
+
+#include "client/client_priv.h"
+#include "client/include/kvpool.h"
+#include "client/transport/rdma_verbs.h"
+#include "common/grant.h"
+#include "tests/harness.h"
+
+#define SEG "64MiB"
+#define CONN_MAGIC 0x5250564Bu
+
+static const char *const principals[][4] = {
+    /* name, tenant, roles, keys ("" : every key) */
+    {"seg-a", "team-a", "segment", ""},      {"seg-b", "team-b", "segment", ""},
+    {"alice", "team-a", "read, write", ""},  {"bobw", "team-b", "read, write", ""},
+    {"bob", "team-b", "read, write", "b@*"},
+};
+#define N_PRINCIPALS (sizeof(principals) / sizeof(principals[0]))
+
+typedef struct env {
+    char dir[128]; /* TLS files, the ACL and the tokens */
+    kvp_proc_t master;
+    kvp_proc_t owner[3]; /* team-a, team-b, team-a with a QP cap of 3 */
+    int http[3];
+    bool started[3];
+} env_t;
+
+/* The connect private data of a proven queue pair (transport/rdma.c's, pinned here). */
+typedef struct pdata {
+    uint32_t magic, version;
+    kvp_grant_qp_proof_t proof;
+} pdata_t;
+
+typedef struct accept_pdata {
+    uint32_t magic, version;
+    uint64_t addr, size;
+    uint32_t rkey, pad;
+} accept_pdata_t;
+
+static void token_of(const char *name, char *out, size_t len)
+{
+    snprintf(out, len, "rdma-security-token-%s-0123456789", name);
+}
+
+static void path_of(const env_t *e, const char *file, char *out, size_t len)
+{
+    snprintf(out, len, "%s/%s", e->dir, file);
+}
+
+static bool copy_file(const char *from, const char *to)
+{
+    FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+    char buf[4096];
+    size_t n;
+    bool ok = in != NULL && out != NULL;
+    while (ok && (n = fread(buf, 1, sizeof(buf), in)) > 0)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0)
+        ok = false;
+    return ok;
+}
+
+static bool write_acl(const env_t *e)
+{
+    char path[256];
+    path_of(e, "acl.conf", path, sizeof(path));
+    FILE *f = fopen(path, "w");
+    if (f == NULL)
+        return false;
+    for (size_t i = 0; i < N_PRINCIPALS; i++) {
+        char tok[64], hex[65];
+        uint8_t h[32];
+        unsigned hl = 0;
+        token_of(principals[i][0], tok, sizeof(tok));
+        EVP_Digest(tok, strlen(tok), h, &hl, EVP_sha256(), NULL);
+        for (int k = 0; k < 32; k++)
+            snprintf(hex + 2 * k, 3, "%02x", h[k]);
+        fprintf(f, "[principal %s]\ntenant = %s\nroles = %s\ntoken-sha256 = %s\n%s%s%s\n",
+                principals[i][0], principals[i][1], principals[i][2], hex,
+                principals[i][3][0] ? "keys = " : "", principals[i][3],
+                principals[i][3][0] ? "\n" : "");
+        char tpath[256];
+        snprintf(tpath, sizeof(tpath), "%s/%s.token", e->dir, principals[i][0]);
+        FILE *t = fopen(tpath, "w");
+        if (t == NULL || fputs(tok, t) < 0 || fclose(t) != 0)
+            return false;
+    }
+    return fclose(f) == 0;
+}
+
+static bool start_owner(env_t *e, int i, const char *principal, const char *tenant,
+                        const char *qp_cap)
+{
+    char ca[256], tok[256], port[32];
+    path_of(e, "ca.crt", ca, sizeof(ca));
+    snprintf(tok, sizeof(tok), "%s/%s.token", e->dir, principal);
+    e->http[i] = kvp_etcd_free_port();
+    snprintf(port, sizeof(port), "127.0.0.1:%d", e->http[i]);
+    char *argv[] = {(char *)kvp_test_cli_bin(),
+                    "--master",
+                    e->master.ready,
+                    "--tls-ca",
+                    ca,
+                    "--token-file",
+                    tok,
+                    "serve",
+                    "--segment-size",
+                    SEG,
+                    "--tenant",
+                    (char *)tenant,
+                    "--http-listen",
+                    port,
+                    "--ready-fd",
+                    "3",
+                    NULL};
+    if (qp_cap != NULL)
+        setenv("KVPOOL_RDMA_QP_CAP", qp_cap, 1);
+    e->started[i] = kvp_proc_start(&e->owner[i], argv, 10000);
+    unsetenv("KVPOOL_RDMA_QP_CAP");
+    return e->started[i];
+}
+
+static int setup(void **state)
+{
+    const char *src = getenv("KVPOOL_RDMA_TEST_CERTS");
+    kvp_rdma_dev_t *dev;
+    kvp_rdma_dev_params_t dp = {0};
+    if (kvp_rdma_dev_open(&dp, &dev) != 0) {
+        fprintf(stderr, "no RDMA device: %s\n", kvp_rdma_last_error());
+        exit(77);
+    }
+    kvp_rdma_dev_close(dev);
+    env_t *e = calloc(1, sizeof(*e));
+    if (e == NULL || src == NULL)
+        return -1;
+    snprintf(e->dir, sizeof(e->dir), "/tmp/kvp-rdma-sec-XXXXXX");
+    if (mkdtemp(e->dir) == NULL)
+        return -1;
+    static const char *const files[] = {"ca.crt", "server.crt", "server.key", "crl.pem"};
+    for (size_t i = 0; i < 4; i++) {
+        char from[512], to[256];
+        snprintf(from, sizeof(from), "%s/%s", src, files[i]);
+        path_of(e, files[i], to, sizeof(to));
+        if (!copy_file(from, to))
+            return -1;
+    }
+    if (!write_acl(e))
+        return -1;
+    setenv("KVPOOL_TEST_TLS_DIR", e->dir, 1); /* the harness's master: TLS + this ACL */
+    char *args[] = {"--lease-ttl", "0", NULL};
+    if (!kvp_start_master_args(&e->master, args))
+        return -1;
+    if (!start_owner(e, 0, "seg-a", "team-a", NULL) || !start_owner(e, 1, "seg-b", "team-b", NULL))
+        return -1;
+    *state = e;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    env_t *e = *state;
+    int rc = 0;
+    for (int i = 0; i < 3; i++)
+        if (e->started[i] && kvp_proc_stop(&e->owner[i], SIGTERM, 10000) != 0)
+            rc = -1;
+    if (kvp_proc_stop(&e->master, SIGTERM, 10000) != 0)
+        rc = -1;
+    char cmd[300];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", e->dir);
+    if (system(cmd) != 0)
+        rc = -1;
+    free(e);
+    return rc;
+}
+
+static kvp_client_t *client_of(const env_t *e, const char *who, const char *transport)
+{
+    char ca[256], tok[64];
+    path_of(e, "ca.crt", ca, sizeof(ca));
+    token_of(who, tok, sizeof(tok));
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = e->master.ready;
+    p.transport = transport;
+    p.tls_ca = ca;
+    p.token = tok;
+    p.rdma_qps_per_peer = 2;
+    p.rdma_slice_bytes = 64 << 10;
+    p.rpc_timeout_ms = 5000;
+    kvp_client_t *c = NULL;
+    assert_int_equal(kvp_client_create(&p, &c), KVP_OK);
+    return c;
+}
+
+/* kvpool_connections_refused_total{reason="rdma"} on owner i's /metrics */
+static long refused_rdma(const env_t *e, int i)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)e->http[i])};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    const char *req = "GET /metrics HTTP/1.0\r\n\r\n";
+    assert_int_equal(send(fd, req, strlen(req), 0), (ssize_t)strlen(req));
+    static char buf[1 << 20];
+    size_t got = 0;
+    ssize_t n;
+    while (got < sizeof(buf) - 1 && (n = recv(fd, buf + got, sizeof(buf) - 1 - got, 0)) > 0)
+        got += (size_t)n;
+    close(fd);
+    buf[got] = '\0';
+    const char *want = "kvpool_connections_refused_total{reason=\"rdma\"} ";
+    const char *at = strstr(buf, want);
+    assert_non_null(at);
+    return strtol(at + strlen(want), NULL, 10);
+}
+
+static void put_get(kvp_client_t *c, const char *key, size_t len, uint64_t seed, kvp_status_t want)
+{
+    uint8_t *src = malloc(len), *dst = malloc(len);
+    assert_non_null(src);
+    assert_non_null(dst);
+    kvp_fill_pattern(src, len, seed);
+    kvp_status_t st = kvp_put(c, key, src, len, NULL);
+    assert_int_equal(st, want);
+    if (want == KVP_OK) {
+        int64_t got = kvp_get_into(c, key, dst, len);
+        assert_int_equal(got, (int64_t)len);
+        assert_memory_equal(dst, src, len);
+    }
+    free(src);
+    free(dst);
+}
+
+static void test_proven_principal_only(void **state)
+{
+    env_t *e = *state;
+    kvp_client_t *alice = client_of(e, "alice", "rdma");
+    put_get(alice, "a@rdma-1", (1u << 20) + 5, 11, KVP_OK); /* team-a's segment, over rdma */
+    kvp_metrics_t m = {.size = sizeof(m)};
+    assert_int_equal(kvp_metrics_snapshot(alice, &m), KVP_OK);
+    assert_true(m.client[KVP_METRICS_TP_RDMA].put.ops >= 1);
+    kvp_client_destroy(alice);
+
+    kvp_client_t *bob = client_of(e, "bob", "rdma");
+    put_get(bob, "b@rdma-1", 4096, 12, KVP_ERR_TRANSPORT); /* no rdma key: not reached */
+    kvp_client_destroy(bob);
+    bob = client_of(e, "bob", "auto");
+    put_get(bob, "b@rdma-2", 70000, 13, KVP_OK);
+    memset(&m, 0, sizeof(m));
+    m.size = sizeof(m);
+    assert_int_equal(kvp_metrics_snapshot(bob, &m), KVP_OK);
+    assert_int_equal(m.client[KVP_METRICS_TP_RDMA].put.ops, 0);
+    assert_true(m.client[KVP_METRICS_TP_TCP].put.ops >= 1);
+    kvp_client_destroy(bob);
+}
+
+/* alice's peer for team-a's segment, as her client learned it (her key, tag, endpoint) */
+static kvp_peer_t alice_peer(kvp_client_t *c)
+{
+    kvp_peer_t out = {0};
+    pthread_rwlock_rdlock(&c->peers.lock);
+    for (size_t i = 0; i < c->peers.table.cap; i++) {
+        kvp_peer_t *p = c->peers.table.slots[i];
+        if (p != NULL && p->has_rdma_key)
+            memcpy(&out, p, offsetof(kvp_peer_t, failed_ms));
+    }
+    pthread_rwlock_unlock(&c->peers.lock);
+    assert_true(out.has_rdma_key);
+    return out;
+}
+
+static pdata_t proof_of(const kvp_peer_t *p, uint64_t tag, const uint8_t *key)
+{
+    pdata_t pd = {.magic = CONN_MAGIC, .version = 2};
+    pd.proof = (kvp_grant_qp_proof_t){
+        .segment_id = p->segment_id, .tag = tag, .time_ms = kvp_grant_now_ms()};
+    assert_true(kvp_grant_random(&pd.proof.nonce, sizeof(pd.proof.nonce)));
+    assert_true(kvp_grant_qp_proof(key, &pd.proof));
+    return pd;
+}
+
+static int raw_connect(kvp_rdma_dev_t *dev, const kvp_peer_t *p, const void *pd, size_t len,
+                       kvp_rdma_qp_t **qp)
+{
+    char host[64];
+    snprintf(host, sizeof(host), "%s", p->rdma_endpoint);
+    char *colon = strrchr(host, ':');
+    assert_non_null(colon);
+    *colon = '\0';
+    return kvp_rdma_connect(dev, host, (uint16_t)atoi(colon + 1), 5000, pd, len, qp);
+}
+
+/* One READ of 4 KiB at the segment's byte 0 with rkey; its completion status. */
+static kvp_rdma_wc_status_t read_with(kvp_rdma_dev_t *dev, kvp_rdma_qp_t *qp,
+                                      const kvp_rdma_mr_t *mr, uint64_t addr, uint32_t rkey)
+{
+    kvp_rdma_wr_t wr = {
+        .local = mr->addr, .lkey = mr->lkey, .len = 4096, .remote = addr, .rkey = rkey, .wr_id = 7};
+    assert_int_equal(kvp_rdma_post_chain(qp, KVP_RDMA_READ, &wr, 1, NULL), 0);
+    kvp_rdma_wc_t wc;
+    int n = kvp_rdma_wait(dev, &wc, 1, 10000);
+    assert_int_equal(n, 1);
+    assert_true(wc.chain_end);
+    return wc.status;
+}
+
+static void test_raw_queue_pairs(void **state)
+{
+    env_t *e = *state;
+    /* the victim: team-b's object on team-b's owner */
+    kvp_client_t *bobw = client_of(e, "bobw", "auto");
+    uint8_t victim[8192], back[8192];
+    kvp_fill_pattern(victim, sizeof(victim), 99);
+    assert_int_equal(kvp_put(bobw, "v@victim", victim, sizeof(victim), NULL), KVP_OK);
+    kvp_client_t *alice = client_of(e, "alice", "rdma");
+    put_get(alice, "a@rdma-raw", 4096, 21, KVP_OK);
+    kvp_peer_t p = alice_peer(alice);
+
+    kvp_rdma_dev_t *dev;
+    kvp_rdma_dev_params_t dp = {0};
+    assert_int_equal(kvp_rdma_dev_open(&dp, &dev), 0);
+    static uint8_t local[1 << 16];
+    kvp_rdma_mr_t *mr;
+    assert_int_equal(kvp_rdma_mr_reg(dev, local, sizeof(local), false, &mr), 0);
+    long before = refused_rdma(e, 0);
+    kvp_rdma_qp_t *qp = NULL;
+
+    /* no proof (a version-1 connect), a garbage proof, a proof under another tag */
+    uint32_t v1[2] = {CONN_MAGIC, 1};
+    assert_int_not_equal(raw_connect(dev, &p, v1, sizeof(v1), &qp), 0);
+    pdata_t junk = {.magic = CONN_MAGIC, .version = 2};
+    assert_true(kvp_grant_random(&junk.proof, sizeof(junk.proof)));
+    assert_int_not_equal(raw_connect(dev, &p, &junk, sizeof(junk), &qp), 0);
+    pdata_t other = proof_of(&p, p.conn_tag ^ 2, p.rdma_key);
+    assert_int_not_equal(raw_connect(dev, &p, &other, sizeof(other), &qp), 0);
+    uint8_t wrong_key[32];
+    assert_true(kvp_grant_random(wrong_key, sizeof(wrong_key)));
+    pdata_t forged = proof_of(&p, p.conn_tag, wrong_key);
+    assert_int_not_equal(raw_connect(dev, &p, &forged, sizeof(forged), &qp), 0);
+
+    /* alice's own key: connected, the accept says the rkey, a READ returns bytes */
+    pdata_t good = proof_of(&p, p.conn_tag, p.rdma_key);
+    assert_int_equal(raw_connect(dev, &p, &good, sizeof(good), &qp), 0);
+    size_t alen;
+    const accept_pdata_t *ap = kvp_rdma_qp_peer_pdata(qp, &alen);
+    assert_true(alen >= sizeof(*ap));
+    accept_pdata_t acc = *ap;
+    assert_int_equal(acc.addr, p.rdma_addr);
+    assert_int_equal(read_with(dev, qp, mr, acc.addr, acc.rkey), KVP_RDMA_WC_OK);
+    kvp_rdma_qp_destroy(qp);
+    /* the same proof again: a replay */
+    assert_int_not_equal(raw_connect(dev, &p, &good, sizeof(good), &qp), 0);
+    assert_int_equal(refused_rdma(e, 0) - before, 5);
+
+    /* guessed rkeys next to the one handed over: an error completion, no bytes */
+    const uint32_t guesses[] = {acc.rkey + 1, acc.rkey - 1, acc.rkey + 256, acc.rkey - 256,
+                                acc.rkey ^ 0x80000000u};
+    for (size_t i = 0; i < sizeof(guesses) / sizeof(guesses[0]); i++) {
+        memset(local, 0x5A, 4096);
+        pdata_t pd = proof_of(&p, p.conn_tag, p.rdma_key);
+        assert_int_equal(raw_connect(dev, &p, &pd, sizeof(pd), &qp), 0);
+        assert_int_not_equal(read_with(dev, qp, mr, acc.addr, guesses[i]), KVP_RDMA_WC_OK);
+        for (size_t k = 0; k < 4096; k++)
+            assert_int_equal(local[k], 0x5A);
+        kvp_rdma_qp_destroy(qp);
+    }
+    kvp_rdma_mr_dereg(mr);
+    kvp_rdma_dev_close(dev);
+    kvp_client_destroy(alice);
+    assert_int_equal(kvp_get_into(bobw, "v@victim", back, sizeof(back)), (int64_t)sizeof(back));
+    assert_memory_equal(back, victim, sizeof(victim));
+    kvp_client_destroy(bobw);
+}
+
+static void test_queue_pair_cap(void **state)
+{
+    env_t *e = *state;
+    /* team-a's owner 0 first takes team-a's objects too: stop it, so owner 2 takes them */
+    assert_int_equal(kvp_proc_stop(&e->owner[0], SIGTERM, 10000), 0);
+    e->started[0] = false;
+    assert_true(start_owner(e, 2, "seg-a", "team-a", "3"));
+    long before = refused_rdma(e, 2);
+    kvp_client_t *one = client_of(e, "alice", "rdma");
+    put_get(one, "a@cap-1", 1u << 20, 31, KVP_OK); /* 16 slices over its 2 QPs */
+    kvp_client_t *two = client_of(e, "alice", "rdma");
+    uint8_t *buf = malloc(1u << 20);
+    assert_non_null(buf);
+    kvp_fill_pattern(buf, 1u << 20, 32);
+    /* its first QP is the third: taken; its second is past the cap */
+    assert_int_not_equal(kvp_put(two, "a@cap-2", buf, 1u << 20, NULL), KVP_OK);
+    assert_true(refused_rdma(e, 2) > before);
+    kvp_client_destroy(one); /* its QPs go; the owner reaps them */
+    kvp_status_t st = KVP_ERR_CONNECT;
+    for (int i = 0; i < 50 && st != KVP_OK; i++) {
+        st = kvp_put(two, "a@cap-2", buf, 1u << 20, NULL);
+        if (st != KVP_OK)
+            usleep(200000);
+    }
+    assert_int_equal(st, KVP_OK);
+    uint8_t *back = malloc(1u << 20);
+    assert_non_null(back);
+    assert_int_equal(kvp_get_into(two, "a@cap-2", back, 1u << 20), 1 << 20);
+    assert_memory_equal(back, buf, 1u << 20);
+    free(back);
+    free(buf);
+    kvp_client_destroy(two);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_proven_principal_only, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_raw_queue_pairs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_pair_cap, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
