@@ -8,7 +8,9 @@
  * segment: a new extent elsewhere (recorded in st->moves), written by the
  * owner; MoveEnd swaps it in if the object is unchanged (same size and CRC,
  * still there), otherwise frees it. A move never ended is freed when its
- * connection closes.
+ * connection closes. A MoveStart whose answer does not reach its owner (out of
+ * memory building it) records nothing: the owner learns of a move only from
+ * that answer, so it would never end one it does not know of.
  *
  * Thread: master loop only.
  */
@@ -83,6 +85,24 @@ static bool kept_elsewhere(kvp_master_state_t *st, const kvp_object_t *obj, uint
     return false;
 }
 
+/* Give up a move: free its destination extent (never swapped in) and the record. */
+static void move_abandon(kvp_master_state_t *st, kvp_move_t *mv)
+{
+    kvp_segment_table_free_extent(&st->segments, &mv->dest);
+    free(mv);
+}
+
+/* Abandon the moves recorded since st->moves was `since` (a MoveStart's own: it pushes
+ * them at the head, and nothing else records moves meanwhile on the loop thread). */
+static void moves_abandon_since(kvp_master_state_t *st, kvp_move_t *since)
+{
+    while (st->moves != since) {
+        kvp_move_t *mv = st->moves;
+        st->moves = mv->next;
+        move_abandon(st, mv);
+    }
+}
+
 kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -97,6 +117,7 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_status_t rc = KVP_ERR_NOMEM;
     size_t n = req->n_keys;
     kvp_segment_t *from = kvp_segment_table_get(&st->segments, req->from_segment_id);
+    kvp_move_t *moves_before = st->moves; /* what this call records goes on top */
     resp.status = kvp_call_check_batch(n);
     if (resp.status == KVP_OK)
         resp.status = from == NULL                     ? KVP_ERR_SEGMENT_GONE
@@ -133,6 +154,19 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         res[i].status = kvp_placement_alloc(&st->segments, &preq, &st->rng, &dest, &got);
         if (res[i].status != KVP_OK)
             continue;
+        kvpool__replica__init(&reps[i]);
+        reps[i].segment_id = dest.segment_id;
+        reps[i].offset = dest.offset;
+        reps[i].length = obj->size;
+        /* The mover writes the new replica: a write grant, good as long as a put's. Sealed
+         * before the move is recorded, so that a key that fails here or below leaves
+         * nothing behind: the owner ends (MoveEnd) only the keys answered with a replica. */
+        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms,
+                            obj->version)) {
+            kvp_segment_table_free_extent(&st->segments, &dest);
+            res[i].status = KVP_ERR_INTERNAL;
+            continue;
+        }
         kvp_move_t *mv = malloc(sizeof(*mv) + obj->key_len);
         if (mv == NULL ||
             !kvp_seg_set_add(&segs, kvp_segment_table_get(&st->segments, dest.segment_id))) {
@@ -150,22 +184,12 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         memcpy(mv->key, kvp_object_key(obj), obj->key_len);
         mv->next = st->moves;
         st->moves = mv;
-        kvpool__replica__init(&reps[i]);
-        reps[i].segment_id = dest.segment_id;
-        reps[i].offset = dest.offset;
-        reps[i].length = obj->size;
-        /* the mover writes the new replica: a write grant, good as long as a put's */
-        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms,
-                            obj->version)) {
-            res[i].status = KVP_ERR_INTERNAL;
-            continue;
-        }
         repptr[i] = &reps[i];
         res[i].replicas = &repptr[i];
         res[i].n_replicas = 1;
     }
     if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs))
-        goto out; /* the moves stay recorded; the owner's MoveEnd or close frees them */
+        goto out;
     resp.n_results = n;
     resp.results = resptr;
     resp.n_segments = segs.n;
@@ -173,6 +197,10 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 pack:
     rc = kvp_call_reply(call, &resp.base);
 out:
+    /* No answer (a frame-level error instead): the owner never learns of these moves and
+     * sends no MoveEnd for them, and its connection may live on for long; undo them now. */
+    if (rc != KVP_OK)
+        moves_abandon_since(st, moves_before);
     kvp_seg_set_free(&segs);
     free(res);
     free(resptr);
@@ -228,10 +256,10 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
         /* KV events: a move to another medium (a DRAM object drained onto SSD) */
         kvp_state_media_event(st, obj, media, kvp_state_media(st, obj->replicas, obj->n_replicas));
         st->stats.moved++;
+        free(mv);
     } else {
-        kvp_segment_table_free_extent(&st->segments, &mv->dest);
+        move_abandon(st, mv);
     }
-    free(mv);
     return status;
 }
 
@@ -268,8 +296,7 @@ void kvp_drain_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
         kvp_move_t *mv = *pp;
         if (mv->conn_id == conn_id) {
             *pp = mv->next;
-            kvp_segment_table_free_extent(&st->segments, &mv->dest);
-            free(mv);
+            move_abandon(st, mv);
             continue;
         }
         pp = &mv->next;

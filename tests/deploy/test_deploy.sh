@@ -67,22 +67,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-passed=0
-failed=0
-# check NAME FUNCTION: run it with its output in a log; print one line.
-check() {
-  local name=$1 fn=$2 log="$tmp/$1.log" t0=$SECONDS
-  if "$fn" >"$log" 2>&1; then
-    echo "$name: OK ($((SECONDS - t0)) s)${note:+ $note}"
-    passed=$((passed + 1))
-  else
-    sed 's/^/    /' "$log" | tail -40
-    echo "$name: FAIL"
-    failed=$((failed + 1))
-  fi
-  note=""
-}
-note=""
+. tests/checks.sh # check NAME FUNCTION: run it with its output in a log; print one line.
 
 free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -212,13 +197,7 @@ t_systemd_verify_installed() { verify_units /lib/systemd/system; }
 src=$tmp/pkg/kvpool
 t_deb_build() {
   mkdir -p "$src"
-  if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-    # tracked and untracked-but-not-ignored files as they are in the working tree
-    git ls-files -z --cached --others --exclude-standard |
-      tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$src" || return 1
-  else
-    tar --exclude='./build*' --exclude='./obj-*' --exclude=./.git -cf - . | tar -xf - -C "$src" || return 1
-  fi
+  copy_tree "$src" || return 1
   rm -rf "$src/debian/kvpool" "$src/debian/tmp" "$src"/obj-*
   (cd "$src" && env PATH=$SYSPATH DEB_BUILD_OPTIONS="nocheck noddebs parallel=2" \
     dpkg-buildpackage -b -us -uc) || return 1
@@ -474,5 +453,4 @@ else
   echo "install checks: skipped (--no-install or not root)"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_done

@@ -31,30 +31,12 @@ trap 'rm -rf "$tmp"' EXIT
 # meson-python runs ninja with its default parallelism (cores + 2); keep to 2 jobs
 JOBS=${KVPOOL_PIP_JOBS:-2}
 
-passed=0
-failed=0
-note=""
-check() { # NAME FUNCTION
-  local name=$1 fn=$2 log="$tmp/$1.log" t0=$SECONDS
-  if "$fn" >"$log" 2>&1; then
-    echo "$name: OK ($((SECONDS - t0)) s)${note:+ $note}"
-    passed=$((passed + 1))
-  else
-    sed 's/^/    /' "$log" | tail -60
-    echo "$name: FAIL"
-    failed=$((failed + 1))
-  fi
-  note=""
-}
+. tests/checks.sh
+check_tail=60
 
 src=$tmp/src
 mkdir -p "$src"
-if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
-  git ls-files -z --cached --others --exclude-standard |
-    tar --null -T - --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$src"
-else
-  tar --exclude='./build*' --exclude=./.git -cf - . | tar -xf - -C "$src"
-fi
+copy_tree "$src"
 unset PYTHONPATH
 
 meson_version() { sed -n "s/^ *version *: *'\([^']*\)'.*/\1/p" "$src/meson.build" | head -1; }
@@ -162,5 +144,4 @@ fi
 check wheel-build t_wheel_build
 check wheel-install t_wheel_install
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+checks_done

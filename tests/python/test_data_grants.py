@@ -386,14 +386,15 @@ def test_range_segment_and_overflow(gm, victim):
     intact(gm, key2, data2)
 
 
-def master_with_object(certs, tmp_path, extra):
-    """A GrantMaster of the test's own (kvpool-master flags `extra`) with an owner, and an
-    object of bob's put over tcp: (master, key, bytes, its replica)."""
-    m = GrantMaster(certs, str(tmp_path), PRINCIPALS, extra=extra)
+def master_with_object(certs, tmp_path, extra=(), port=0, name="own", size=8192):
+    """A GrantMaster of the test's own (kvpool-master flags `extra`; `port` 0: any, a fixed
+    one for restart) with an owner, and an object of bob's (`size` bytes, key
+    b@grant-NAME-...) put over tcp: (master, key, bytes, its replica)."""
+    m = GrantMaster(certs, str(tmp_path), PRINCIPALS, extra=extra, port=port)
     try:
         m.add_owner()
-        key = f"b@grant-own-{uuid.uuid4().hex[:8]}"
-        data = os.urandom(8192)
+        key = f"b@grant-{name}-{uuid.uuid4().hex[:8]}"
+        data = os.urandom(size)
         with m.client("bob", transport="tcp") as bob:
             bob.put(key, data)
         (rep,) = replicas_of(m, key)
@@ -437,14 +438,9 @@ def test_grant_from_before_a_master_restart(certs, tmp_path):
     """kill -9 of the master and a new one on the same port: the owner mounts again under
     a new epoch and key; the grant and the connection key of before are refused, the new
     master's work, and the object (adopted back from the owner's record) reads exact."""
-    m = GrantMaster(certs, str(tmp_path), PRINCIPALS, port=free_port())
+    m, key, data, old = master_with_object(certs, tmp_path, port=free_port(), name="epoch",
+                                           size=16384)
     try:
-        m.add_owner()
-        key = f"b@grant-epoch-{uuid.uuid4().hex[:8]}"
-        data = os.urandom(16384)
-        with m.client("bob", transport="tcp") as bob:
-            bob.put(key, data)
-        (old,) = replicas_of(m, key)
         status, payload, _ = request(old, READ, old.offset, old.length, old.grant)
         assert status == 0 and payload == data
         m.restart()

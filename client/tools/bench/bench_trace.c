@@ -11,8 +11,9 @@
  * stored under the vLLM-like key "trace@tp_rank:0@pp_rank:0@group:0@<id>".
  * While loading, hash ids are interned into dense block numbers 0..U-1 (an
  * open-addressing hash map); everything after that is indexed by the dense
- * number, so each LRU below is a doubly linked list threaded through arrays
- * indexed by block (the hash map + list of an exact LRU, map lookups done once).
+ * number, so each LRU (cache_sim.c) is a doubly linked list threaded through
+ * arrays indexed by block (the hash map + list of an exact LRU, map lookups done
+ * once).
  *
  * Per request, as a serving engine would: batch_is_exist over its keys gives
  * the cached prefix P; the P prefix blocks are read with batch_get_into and
@@ -57,7 +58,7 @@
  * the resident block whose next reference is furthest in the future, or that
  * is never referenced again, is evicted; next references are precomputed over
  * the flattened reference string and the resident set is an indexed max-heap,
- * O(n log n)).
+ * O(n log n)). Both are cache_sim.c's, shared with the master's eviction test.
  *
  * Pace (--pace LIST): each capacity point is replayed once per pace; 0
  * (the default) sends each request as soon as the one before is done, X > 0
@@ -86,6 +87,7 @@
 
 #include "client/include/kvpool.h"
 #include "client/tools/bench/bench.h"
+#include "client/tools/bench/cache_sim.h"
 
 #define TRACE_BATCH 128             /* keys per call */
 #define TRACE_BUF_MAX (64ull << 20) /* bytes per buffer: fewer keys per call for huge blocks */
@@ -328,189 +330,24 @@ out:
     return rc;
 }
 
-/* ---------------- exact LRU over dense blocks ---------------- */
-
-typedef struct lru {
-    uint32_t *prev, *next; /* towards MRU / towards LRU */
-    uint8_t *in;
-    uint32_t head, tail; /* MRU, LRU */
-    size_t count, cap;
-} lru_t;
-
-static int lru_init(lru_t *l, size_t n_blocks, size_t cap)
-{
-    l->prev = malloc(n_blocks * sizeof(*l->prev));
-    l->next = malloc(n_blocks * sizeof(*l->next));
-    l->in = calloc(n_blocks, 1);
-    l->head = l->tail = TRACE_NIL;
-    l->count = 0;
-    l->cap = cap;
-    return l->prev && l->next && l->in ? 0 : -1;
-}
-
-static void lru_cleanup(lru_t *l)
-{
-    free(l->prev);
-    free(l->next);
-    free(l->in);
-}
-
-static void lru_unlink(lru_t *l, uint32_t b)
-{
-    if (l->prev[b] != TRACE_NIL)
-        l->next[l->prev[b]] = l->next[b];
-    else
-        l->head = l->next[b];
-    if (l->next[b] != TRACE_NIL)
-        l->prev[l->next[b]] = l->prev[b];
-    else
-        l->tail = l->prev[b];
-    l->in[b] = 0;
-    l->count--;
-}
-
-static void lru_push_mru(lru_t *l, uint32_t b)
-{
-    l->prev[b] = TRACE_NIL;
-    l->next[b] = l->head;
-    if (l->head != TRACE_NIL)
-        l->prev[l->head] = b;
-    else
-        l->tail = b;
-    l->head = b;
-    l->in[b] = 1;
-    l->count++;
-}
-
-static void lru_touch(lru_t *l, uint32_t b)
-{
-    if (l->head == b)
-        return;
-    lru_unlink(l, b);
-    lru_push_mru(l, b);
-}
+/* ---------------- the references (cache_sim.h) ---------------- */
 
 /* Prefix hits of one request against the LRU alone, then the request's accesses. */
-static size_t lru_sim_request(lru_t *l, const uint32_t *blk, size_t n)
+static size_t lru_sim_request(kvp_bench_lru_t *l, const uint32_t *blk, size_t n)
 {
-    size_t p = 0;
-    while (p < n && l->in[blk[p]])
-        p++;
+    size_t p = kvp_bench_lru_prefix(l, blk, n);
     if (l->cap == 0)
         return p;
     for (size_t i = 0; i < n; i++) {
         if (l->in[blk[i]]) {
-            lru_touch(l, blk[i]);
+            kvp_bench_lru_touch(l, blk[i]);
             continue;
         }
         while (l->count >= l->cap)
-            lru_unlink(l, l->tail);
-        lru_push_mru(l, blk[i]);
+            kvp_bench_lru_unlink(l, l->tail);
+        kvp_bench_lru_push_mru(l, blk[i]);
     }
     return p;
-}
-
-/* ---------------- Belady's MIN over dense blocks ---------------- */
-
-#define TRACE_NEVER SIZE_MAX /* next reference of a block that is not referenced again */
-
-typedef struct belady {
-    uint32_t *heap; /* resident blocks, a max-heap on key[] */
-    uint32_t *pos;  /* per block: its index in heap[], TRACE_NIL when not resident */
-    size_t *key;    /* per block: position of its next reference */
-    size_t n, cap;
-} belady_t;
-
-static void belady_swap(belady_t *h, size_t i, size_t j)
-{
-    uint32_t a = h->heap[i], b = h->heap[j];
-    h->heap[i] = b;
-    h->heap[j] = a;
-    h->pos[b] = (uint32_t)i;
-    h->pos[a] = (uint32_t)j;
-}
-
-static void belady_up(belady_t *h, size_t i)
-{
-    while (i > 0 && h->key[h->heap[(i - 1) / 2]] < h->key[h->heap[i]]) {
-        belady_swap(h, i, (i - 1) / 2);
-        i = (i - 1) / 2;
-    }
-}
-
-static void belady_down(belady_t *h, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < h->n && h->key[h->heap[l]] > h->key[h->heap[m]])
-            m = l;
-        if (r < h->n && h->key[h->heap[r]] > h->key[h->heap[m]])
-            m = r;
-        if (m == i)
-            return;
-        belady_swap(h, i, m);
-        i = m;
-    }
-}
-
-/*
- * Prefix hits of the first n_req requests under Belady's MIN with `cap`
- * blocks (cap > 0). Returns 0 and the hits in *hits_p, or -1 when out of memory.
- */
-static int belady_sim(const trace_t *t, size_t n_req, size_t cap, uint64_t *hits_p)
-{
-    size_t n_refs = t->off[n_req];
-    belady_t h = {.cap = cap};
-    size_t *next = malloc((n_refs ? n_refs : 1) * sizeof(*next));
-    h.heap = malloc(cap * sizeof(*h.heap));
-    h.pos = malloc(t->n_uniq * sizeof(*h.pos));
-    h.key = malloc(t->n_uniq * sizeof(*h.key));
-    int rc = -1;
-    if (next == NULL || h.heap == NULL || h.pos == NULL || h.key == NULL)
-        goto out;
-    /* next[i]: the position of the next reference of blks[i], from a backward pass
-     * (key[] holds each block's latest-seen position meanwhile) */
-    for (size_t b = 0; b < t->n_uniq; b++) {
-        h.key[b] = TRACE_NEVER;
-        h.pos[b] = TRACE_NIL;
-    }
-    for (size_t i = n_refs; i-- > 0;) {
-        next[i] = h.key[t->blks[i]];
-        h.key[t->blks[i]] = i;
-    }
-    uint64_t hits = 0;
-    for (size_t q = 0; q < n_req; q++) {
-        size_t lo = t->off[q], hi = t->off[q + 1], p = lo;
-        while (p < hi && h.pos[t->blks[p]] != TRACE_NIL)
-            p++;
-        hits += p - lo;
-        for (size_t i = lo; i < hi; i++) {
-            uint32_t b = t->blks[i];
-            if (h.pos[b] != TRACE_NIL) {
-                h.key[b] = next[i]; /* later than before: the block moves up */
-                belady_up(&h, h.pos[b]);
-                continue;
-            }
-            if (h.n == h.cap) { /* evict the block referenced furthest in the future */
-                uint32_t v = h.heap[0];
-                belady_swap(&h, 0, --h.n);
-                h.pos[v] = TRACE_NIL;
-                belady_down(&h, 0);
-            }
-            h.key[b] = next[i];
-            h.heap[h.n] = b;
-            h.pos[b] = (uint32_t)h.n++;
-            belady_up(&h, h.pos[b]);
-        }
-    }
-    *hits_p = hits;
-    rc = 0;
-out:
-    free(next);
-    free(h.heap);
-    free(h.pos);
-    free(h.key);
-    return rc;
 }
 
 /* ---------------- the store replay ---------------- */
@@ -530,14 +367,14 @@ typedef struct run {
     size_t *szs;
     kvp_status_t *st;
     int64_t *got;
-    int *ex;          /* max_len: is_exist answers of the current request */
-    uint32_t *victim; /* max_len: blocks to remove before this request's puts */
-    uint32_t *miss;   /* max_len: blocks to put, request order; TRACE_NIL: dropped */
-    uint32_t *tmp;    /* 2 x batch */
-    uint8_t *stored;  /* per block: client-lru: the bench believes the store holds it;
-                       * store: queued for this request's puts */
-    uint32_t *pend;   /* per block: index in miss[] while waiting to be put, else TRACE_NIL */
-    lru_t lru;        /* client-lru: what the bench keeps in the store, capacity_blocks */
+    int *ex;             /* max_len: is_exist answers of the current request */
+    uint32_t *victim;    /* max_len: blocks to remove before this request's puts */
+    uint32_t *miss;      /* max_len: blocks to put, request order; TRACE_NIL: dropped */
+    uint32_t *tmp;       /* 2 x batch */
+    uint8_t *stored;     /* per block: client-lru: the bench believes the store holds it;
+                          * store: queued for this request's puts */
+    uint32_t *pend;      /* per block: index in miss[] while waiting to be put, else TRACE_NIL */
+    kvp_bench_lru_t lru; /* client-lru: what the bench keeps in the store, capacity_blocks */
     /* counters of the current capacity */
     uint64_t hits, total, bytes_read, bytes_written;
     uint64_t get_errors, put_errors, other_errors; /* errors: any of them fails the run */
@@ -648,7 +485,7 @@ static int remove_blocks(run_t *r, const uint32_t *blk, size_t n)
 static void drop_block(run_t *r, uint32_t b)
 {
     if (r->lru.in[b])
-        lru_unlink(&r->lru, b);
+        kvp_bench_lru_unlink(&r->lru, b);
     if (r->pend[b] != TRACE_NIL)
         r->miss[r->pend[b]] = TRACE_NIL;
     r->pend[b] = TRACE_NIL;
@@ -664,7 +501,7 @@ static long evict_more(run_t *r, size_t need)
 {
     size_t k = 0;
     uint32_t b = r->lru.tail;
-    while (b != TRACE_NIL && k < need && k < r->batch) {
+    while (b != KVP_BENCH_NIL && k < need && k < r->batch) {
         uint32_t up = r->lru.prev[b];
         if (r->pend[b] == TRACE_NIL) {
             drop_block(r, b);
@@ -905,7 +742,7 @@ static int run_request_lru(run_t *r, const uint32_t *blk, size_t n)
     for (size_t i = 0; i < n; i++) {
         uint32_t b = blk[i];
         if (r->lru.in[b]) {
-            lru_touch(&r->lru, b);
+            kvp_bench_lru_touch(&r->lru, b);
         } else {
             while (r->lru.count >= r->lru.cap) {
                 uint32_t v = r->lru.tail;
@@ -914,7 +751,7 @@ static int run_request_lru(run_t *r, const uint32_t *blk, size_t n)
                 if (was_stored)
                     r->victim[nv++] = v;
             }
-            lru_push_mru(&r->lru, b);
+            kvp_bench_lru_push_mru(&r->lru, b);
         }
         if (!r->stored[b]) {
             r->stored[b] = 1;
@@ -958,9 +795,7 @@ static int remove_all(run_t *r)
     memset(r->stored, 0, r->t->n_uniq);
     for (size_t b = 0; b < r->t->n_uniq; b++)
         r->pend[b] = TRACE_NIL;
-    r->lru.head = r->lru.tail = TRACE_NIL;
-    r->lru.count = 0;
-    memset(r->lru.in, 0, r->t->n_uniq);
+    kvp_bench_lru_reset(&r->lru);
     return rc;
 }
 
@@ -1037,7 +872,7 @@ static void run_free(run_t *r)
     free(r->tmp);
     free(r->stored);
     free(r->pend);
-    lru_cleanup(&r->lru);
+    kvp_bench_lru_cleanup(&r->lru);
 }
 
 static int run_init(run_t *r, const kvp_bench_opts_t *o, const trace_t *t)
@@ -1069,9 +904,9 @@ static int run_init(run_t *r, const kvp_bench_opts_t *o, const trace_t *t)
     r->tmp = malloc(2 * r->batch * sizeof(*r->tmp));
     r->stored = calloc(t->n_uniq, 1);
     r->pend = malloc(t->n_uniq * sizeof(*r->pend));
-    if (lru_init(&r->lru, t->n_uniq, 0) || !r->pbuf || !r->gbuf || !r->keys || !r->kp || !r->bp ||
-        !r->szs || !r->st || !r->got || !r->ex || !r->victim || !r->miss || !r->tmp || !r->stored ||
-        !r->pend) {
+    if (kvp_bench_lru_init(&r->lru, t->n_uniq, 0) || !r->pbuf || !r->gbuf || !r->keys || !r->kp ||
+        !r->bp || !r->szs || !r->st || !r->got || !r->ex || !r->victim || !r->miss || !r->tmp ||
+        !r->stored || !r->pend) {
         fprintf(stderr, "kvpool-bench: trace: out of memory\n");
         return -1;
     }
@@ -1379,18 +1214,19 @@ static int run_capacity(run_t *r, double frac, double pace, const char *name, kv
     }
 
     /* the references: the same requests without the store */
-    lru_t sim;
+    kvp_bench_lru_t sim;
     uint64_t lru_hits = 0, bel_hits = 0, total = t->off[done];
     size_t ref_cap = cap + ssd_cap; /* tiers: both together */
-    if (lru_init(&sim, t->n_uniq, ref_cap) || belady_sim(t, done, ref_cap, &bel_hits)) {
-        lru_cleanup(&sim);
+    if (kvp_bench_lru_init(&sim, t->n_uniq, ref_cap) ||
+        kvp_bench_belady_hits(t->blks, t->off, done, t->n_uniq, ref_cap, &bel_hits)) {
+        kvp_bench_lru_cleanup(&sim);
         fprintf(stderr, "kvpool-bench: trace: out of memory\n");
         rc = -1;
         goto out;
     }
     for (size_t q = 0; q < done; q++)
         lru_hits += lru_sim_request(&sim, t->blks + t->off[q], t->off[q + 1] - t->off[q]);
-    lru_cleanup(&sim);
+    kvp_bench_lru_cleanup(&sim);
 
     const char *eviction = r->store ? "store" : "client-lru";
     double hit = r->total ? (double)r->hits / (double)r->total : 0;

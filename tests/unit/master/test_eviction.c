@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "client/tools/bench/cache_sim.h"
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/dispatch.h"
@@ -1811,55 +1812,24 @@ typedef struct trace_run {
     const char **kp;              /* max_len */
     const char **puts;            /* max_len */
     int32_t *ex;                  /* max_len */
-    uint32_t *prev, *next;        /* n_uniq: the LRU's list, MRU first */
-    uint8_t *in;                  /* n_uniq: in the LRU */
-    uint32_t head, tail;
-    size_t count;
+    kvp_bench_lru_t lru;          /* n_uniq blocks (cache_sim.h) */
 } trace_run_t;
 
-static void lru_unlink(trace_run_t *r, uint32_t b)
+/* One request through the exact LRU of r->lru.cap blocks, as the store sees it (the
+ * prefix read, the missing blocks put; a block present after the prefix is neither):
+ * its prefix hits. */
+static size_t lru_request(trace_run_t *r, const uint32_t *blk, size_t n)
 {
-    if (r->prev[b] != TRACE_NIL)
-        r->next[r->prev[b]] = r->next[b];
-    else
-        r->head = r->next[b];
-    if (r->next[b] != TRACE_NIL)
-        r->prev[r->next[b]] = r->prev[b];
-    else
-        r->tail = r->prev[b];
-    r->in[b] = 0;
-    r->count--;
-}
-
-static void lru_push(trace_run_t *r, uint32_t b)
-{
-    r->prev[b] = TRACE_NIL;
-    r->next[b] = r->head;
-    if (r->head != TRACE_NIL)
-        r->prev[r->head] = b;
-    else
-        r->tail = b;
-    r->head = b;
-    r->in[b] = 1;
-    r->count++;
-}
-
-/* One request through the exact LRU of `cap` blocks: its prefix hits. */
-static size_t lru_request(trace_run_t *r, const uint32_t *blk, size_t n, size_t cap)
-{
-    size_t p = 0;
-    while (p < n && r->in[blk[p]])
-        p++;
-    for (size_t i = 0; i < p; i++) { /* read: touched */
-        lru_unlink(r, blk[i]);
-        lru_push(r, blk[i]);
-    }
+    kvp_bench_lru_t *l = &r->lru;
+    size_t p = kvp_bench_lru_prefix(l, blk, n);
+    for (size_t i = 0; i < p; i++) /* read: touched */
+        kvp_bench_lru_touch(l, blk[i]);
     for (size_t i = p; i < n; i++) { /* put, the ones that were missing */
-        if (r->in[blk[i]])
+        if (l->in[blk[i]])
             continue;
-        while (r->count >= cap)
-            lru_unlink(r, r->tail);
-        lru_push(r, blk[i]);
+        while (l->count >= l->cap)
+            kvp_bench_lru_unlink(l, l->tail);
+        kvp_bench_lru_push_mru(l, blk[i]);
     }
     return p;
 }
@@ -1891,97 +1861,13 @@ static size_t store_request(kvp_master_state_t *st, trace_run_t *r, const uint32
     return p;
 }
 
-/* ---- Belady's MIN (as kvpool-bench trace computes it) ---- */
-
-#define TRACE_NEVER SIZE_MAX /* next reference of a block that is not referenced again */
-
-typedef struct belady {
-    uint32_t *heap; /* resident blocks, a max-heap on key[] */
-    uint32_t *pos;  /* per block: its index in heap[], TRACE_NIL when not resident */
-    size_t *key;    /* per block: position of its next reference */
-    size_t n;
-} belady_t;
-
-static void belady_swap(belady_t *h, size_t i, size_t j)
+/* Prefix hits of the trace under Belady's MIN with `cap` blocks (cache_sim.h, as
+ * kvpool-bench trace computes it). */
+static uint64_t belady_hits(const trace_t *t, size_t cap)
 {
-    uint32_t a = h->heap[i], b = h->heap[j];
-    h->heap[i] = b;
-    h->heap[j] = a;
-    h->pos[b] = (uint32_t)i;
-    h->pos[a] = (uint32_t)j;
-}
-
-static void belady_up(belady_t *h, size_t i)
-{
-    while (i > 0 && h->key[h->heap[(i - 1) / 2]] < h->key[h->heap[i]]) {
-        belady_swap(h, i, (i - 1) / 2);
-        i = (i - 1) / 2;
-    }
-}
-
-static void belady_down(belady_t *h, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < h->n && h->key[h->heap[l]] > h->key[h->heap[m]])
-            m = l;
-        if (r < h->n && h->key[h->heap[r]] > h->key[h->heap[m]])
-            m = r;
-        if (m == i)
-            return;
-        belady_swap(h, i, m);
-        i = m;
-    }
-}
-
-/* Prefix hits of the trace under Belady's MIN with `cap` blocks: every accessed block is
- * inserted; when full, the resident block referenced furthest in the future goes. */
-static uint64_t belady_hits(fixture_t *fx, const trace_t *t, size_t cap)
-{
-    size_t n_refs = t->n_blks;
-    uint8_t *b = fx_alloc(fx, (n_refs + 1) * sizeof(size_t) + cap * sizeof(uint32_t) +
-                                  t->n_uniq * (sizeof(uint32_t) + sizeof(size_t)) + 16);
-    size_t *next = (size_t *)b;
-    size_t *key = next + n_refs + 1;
-    uint32_t *heap = (uint32_t *)(key + t->n_uniq);
-    uint32_t *pos = heap + cap;
-    belady_t h = {.heap = heap, .pos = pos, .key = key};
-    for (size_t i = 0; i < t->n_uniq; i++) {
-        key[i] = TRACE_NEVER;
-        pos[i] = TRACE_NIL;
-    }
-    for (size_t i = n_refs; i-- > 0;) {
-        next[i] = key[t->blks[i]];
-        key[t->blks[i]] = i;
-    }
     uint64_t hits = 0;
-    for (size_t q = 0; q < t->n_req; q++) {
-        size_t lo = t->off[q], hi = t->off[q + 1], p = lo;
-        while (p < hi && pos[t->blks[p]] != TRACE_NIL)
-            p++;
-        hits += p - lo;
-        for (size_t i = lo; i < hi; i++) {
-            uint32_t k = t->blks[i];
-            if (pos[k] != TRACE_NIL) {
-                key[k] = next[i];
-                belady_up(&h, pos[k]);
-                continue;
-            }
-            if (h.n == cap) {
-                uint32_t v = heap[0];
-                belady_swap(&h, 0, --h.n);
-                pos[v] = TRACE_NIL;
-                belady_down(&h, 0);
-            }
-            key[k] = next[i];
-            heap[h.n] = k;
-            pos[k] = (uint32_t)h.n++;
-            belady_up(&h, pos[k]);
-        }
-    }
-    /* the scratch goes now, not at teardown: a simulator run has many points */
-    fx->n_owned--;
-    free(b);
+    if (kvp_bench_belady_hits(t->blks, t->off, t->n_req, t->n_uniq, cap, &hits) != 0)
+        fail_msg("belady: out of memory");
     return hits;
 }
 
@@ -2004,16 +1890,15 @@ static trace_point_t trace_capacity(fixture_t *fx, trace_run_t *r, double pct, b
     st->rng = 0x5EED5EED5EED5EEDull;
     st->now_ms = 0;
     assert_int_equal(mount_seg(st, C1, "seg", "h1", cap * OBJ, NULL), KVP_OK);
-    memset(r->in, 0, t->n_uniq);
-    r->head = r->tail = TRACE_NIL;
-    r->count = 0;
+    kvp_bench_lru_reset(&r->lru);
+    r->lru.cap = cap;
 
     uint64_t store_hits = 0, lru_hits = 0;
     for (size_t q = 0; q < t->n_req; q++) {
         const uint32_t *blk = &t->blks[t->off[q]];
         size_t n = t->off[q + 1] - t->off[q];
         store_hits += store_request(st, r, blk, n);
-        lru_hits += lru_request(r, blk, n, cap);
+        lru_hits += lru_request(r, blk, n);
     }
     assert_true(kvp_master_used(st) <= cap * OBJ);
     assert_int_equal(st->index.pending, 0);
@@ -2021,7 +1906,7 @@ static trace_point_t trace_capacity(fixture_t *fx, trace_run_t *r, double pct, b
                         .store = (double)store_hits / (double)t->n_blks,
                         .lru = (double)lru_hits / (double)t->n_blks};
     if (with_belady)
-        pt.belady = (double)belady_hits(fx, t, cap) / (double)t->n_blks;
+        pt.belady = (double)belady_hits(t, cap) / (double)t->n_blks;
     return pt;
 }
 
@@ -2036,14 +1921,17 @@ static void trace_open(fixture_t *fx, const char *path, size_t limit, trace_t *t
     fx_adopt(fx, t->ids);
     r->t = t;
     size_t per_key = TRACE_KEY_LEN + 2 * sizeof(char *) + sizeof(int32_t);
-    uint8_t *b = fx_alloc(fx, t->max_len * per_key + 8 + t->n_uniq * (2 * sizeof(uint32_t) + 1));
+    uint8_t *b = fx_alloc(fx, t->max_len * per_key);
     r->names = (char(*)[TRACE_KEY_LEN])b;
     r->kp = (const char **)(b + t->max_len * TRACE_KEY_LEN);
     r->puts = r->kp + t->max_len;
     r->ex = (int32_t *)(r->puts + t->max_len);
-    r->prev = (uint32_t *)(r->ex + t->max_len + (t->max_len & 1));
-    r->next = r->prev + t->n_uniq;
-    r->in = (uint8_t *)(r->next + t->n_uniq);
+    int rc = kvp_bench_lru_init(&r->lru, t->n_uniq, 0);
+    fx_adopt(fx, r->lru.prev);
+    fx_adopt(fx, r->lru.next);
+    fx_adopt(fx, r->lru.in);
+    if (rc != 0)
+        fail_msg("trace: out of memory");
 }
 
 /* Every slice of KVPOOL_TEST_TRACES at 5, 10 and 25 %: store >= exact LRU - TRACE_SLACK. */

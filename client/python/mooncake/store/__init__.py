@@ -30,26 +30,13 @@ import kvpool as _kvpool
 from kvpool import _kvpool as _raw
 
 from . import codes
-from ._tensor_api import TensorAPI
-from .codes import INTERNAL_ERROR, INVALID_PARAMS, KVP_TO_MOONCAKE, OK
+from ._tensor_api import TensorAPI, _put_code
+from .codes import INTERNAL_ERROR, INVALID_PARAMS, OK
+from .codes import to_mooncake as _code
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes"]
 
-_EXISTS = _kvpool.STATUS["KVP_ERR_EXISTS"]
-_PENDING = _kvpool.STATUS["KVP_ERR_PENDING"]
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
-
-
-def _code(st):
-    return st if st >= 0 else KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
-
-
-def _put_code(st):
-    # An existing key (or one another writer is putting) counts as stored, as Mooncake's
-    # OBJECT_ALREADY_EXISTS does for the connectors.
-    if st == 0 or st == _EXISTS or st == _PENDING:
-        return OK
-    return KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
 
 
 def _n(keys):
@@ -404,33 +391,29 @@ class MooncakeDistributedStore(TensorAPI):
             return 2
         return 0 if isinstance(r, dict) else 2
 
-    def _upsert_cfg(self, config):
-        cfg = self._cfg(config) or (1, None, _kvpool.PIN_NONE, 0, _kvpool.PUT_INSERT, None)
-        return cfg[:4] + (_kvpool.PUT_UPSERT,) + cfg[5:]
-
     def upsert(self, key, value, config=None):
         """put, replacing the key's object if it exists. 0 or negative."""
-        return self._call(lambda c: _code(c.put(key, value, self._upsert_cfg(config))),
+        return self._call(lambda c: _code(c.put(key, value, self._write_cfg(config, True))),
                           lambda x: x)
 
     def upsert_from(self, key, buffer_ptr, size, config=None):
         """put_from, replacing an existing object. 0 or negative."""
         return self._call(lambda c: _code(c.put_from(key, buffer_ptr, size,
-                                                     self._upsert_cfg(config))), lambda x: x)
+                                                     self._write_cfg(config, True))), lambda x: x)
 
     def batch_upsert_from(self, keys, buffer_ptrs, sizes, config=None):
         """batch_put_from, replacing existing objects. [0 / negative] per key."""
         return self._batch(keys, lambda c: c.batch_put_from(keys, buffer_ptrs, sizes,
-                                                             self._upsert_cfg(config)), _code)
+                                                             self._write_cfg(config, True)), _code)
 
     def upsert_parts(self, key, *parts, config=None):
         """put_parts, replacing an existing object. 0 or negative."""
-        return self._call(lambda c: _code(c.put_parts(key, parts, self._upsert_cfg(config))),
+        return self._call(lambda c: _code(c.put_parts(key, parts, self._write_cfg(config, True))),
                           lambda x: x)
 
     def upsert_batch(self, keys, values, config=None):
         """put_batch, replacing existing objects: 0, else the first error."""
-        res = self._batch(keys, lambda c: c.batch_put(keys, values, self._upsert_cfg(config)),
+        res = self._batch(keys, lambda c: c.batch_put(keys, values, self._write_cfg(config, True)),
                           _code)
         return next((r for r in res if r != 0), OK)
 

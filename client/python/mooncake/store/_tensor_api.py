@@ -14,17 +14,16 @@ import kvpool as _kvpool
 
 from . import _tensor as T
 from .codes import INTERNAL_ERROR, INVALID_PARAMS, KVP_TO_MOONCAKE, OK
+from .codes import to_mooncake as _code
 
 _EXISTS = _kvpool.STATUS["KVP_ERR_EXISTS"]
 _PENDING = _kvpool.STATUS["KVP_ERR_PENDING"]
-_BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
-
-
-def _code(st):
-    return st if st >= 0 else KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
 
 
 def _put_code(st):
+    """A put's kvpool status as Mooncake's code (the byte puts of __init__.py use it too).
+    An existing key (or one another writer is putting) counts as stored, as Mooncake's
+    OBJECT_ALREADY_EXISTS does for the connectors."""
     if st == 0 or st == _EXISTS or st == _PENDING:
         return OK
     return KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
@@ -53,6 +52,15 @@ def _chunks(n):
     step = _kvpool.MAX_BATCH
     for lo in range(0, n, step):
         yield lo, min(n, lo + step)
+
+
+def _chunked(call, keys, ptrs, sizes, *rest):
+    """call(keys, ptrs, sizes, *rest) of the client, over slices of at most MAX_BATCH keys
+    (and the lists parallel to them): the per-key results, concatenated in order."""
+    out = []
+    for lo, hi in _chunks(len(keys)):
+        out += call(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi], *rest)
+    return out
 
 
 def _as_list(x, what):
@@ -89,10 +97,7 @@ class TensorAPI:
                 ptrs.append([scratch.ptr(i), d[0]])
                 sizes.append([offs[i], d[1]])
         conv = _code if upsert else _put_code
-        out = []
-        for lo, hi in _chunks(n):
-            out += [conv(r) for r in c.batch_put_multi(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi], cfg)]
-        return out
+        return [conv(r) for r in _chunked(c.batch_put_multi, keys, ptrs, sizes, cfg)]
 
     def _put_tensors(self, method, keys, tensors, config=None, upsert=False):
         """Per key: 0 or a negative code. Bad lists: every key -600."""
@@ -200,11 +205,7 @@ class TensorAPI:
 
         def run(c):
             cfg = self._write_cfg(config, upsert)
-            out = []
-            for lo, hi in _chunks(n):
-                out += [conv(r) for r in c.batch_put_from(keys[lo:hi], ptrs[lo:hi],
-                                                          sizes[lo:hi], cfg)]
-            return out
+            return [conv(r) for r in _chunked(c.batch_put_from, keys, ptrs, sizes, cfg)]
         return self._call(run, lambda code: [code] * n)
 
     # ---- reads ----
@@ -274,7 +275,7 @@ class TensorAPI:
                 else:
                     ptrs.append([scratch.ptr(i)])
                     sizes.append([off])
-            got = self._multi_get(c, [keys[i] for i in idx], ptrs, sizes)
+            got = _chunked(c.batch_get_into_multi, [keys[i] for i in idx], ptrs, sizes)
             again = []
             for j, i in enumerate(idx):
                 r = got[j]
@@ -284,8 +285,8 @@ class TensorAPI:
                             r == off + want[j][3]:
                         again.append(j)
             if again:  # objects whose data starts elsewhere: scatter at their own offset
-                redo = self._multi_get(
-                    c, [keys[idx[j]] for j in again],
+                redo = _chunked(
+                    c.batch_get_into_multi, [keys[idx[j]] for j in again],
                     [ptrs[j] for j in again],
                     [[_struct_off(scratch.view(idx[j]))] + sizes[j][1:] for j in again])
                 for j, r in zip(again, redo):
@@ -308,12 +309,6 @@ class TensorAPI:
             return res
         return self._call(run, lambda code: [code] * n)
 
-    def _multi_get(self, c, keys, ptrs, sizes):
-        got = []
-        for lo, hi in _chunks(len(keys)):
-            got += c.batch_get_into_multi(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi])
-        return got
-
     def _get_into_ptrs(self, method, keys, ptrs, sizes):
         """Mooncake's _into form: object i (header + data) read into [ptrs[i],
         ptrs[i]+sizes[i]) of host memory; a tensor viewing the data there (no copy;
@@ -332,10 +327,7 @@ class TensorAPI:
         def run(c):
             T._t()
             out = [None] * n
-            got = []
-            for lo, hi in _chunks(n):
-                got += c.batch_get_into_ptrs(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi])
-            for i, r in enumerate(got):
+            for i, r in enumerate(_chunked(c.batch_get_into_ptrs, keys, ptrs, sizes)):
                 if r < 0:
                     continue
                 try:
