@@ -56,6 +56,7 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
     }
     kvp_metrics_t m;
     memset(&m, 0, sizeof(m));
+    m.rdma_nic_access_errors = -1;
     m.size = out->size;
     m.version = KVP_METRICS_VERSION;
 
@@ -79,6 +80,10 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         m.refused_grant += kvp_segment_grants_refused(c->seg);
         m.refused_shm += kvp_segment_shm_refused(c->seg);
         m.refused_rdma += atomic_load_explicit(&c->xfer.serve_refused, memory_order_relaxed);
+        m.rdma_access_errors +=
+            atomic_load_explicit(&c->xfer.serve_access_errors, memory_order_relaxed);
+        m.rdma_nic_access_errors =
+            atomic_load_explicit(&c->xfer.nic_access_errors, memory_order_relaxed);
     }
     if (c->seg != NULL) {
         snprintf(m.dram_segment, sizeof(m.dram_segment), "%s", kvp_segment_name(c->seg));
@@ -222,6 +227,15 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
             (unsigned long long)m->refused_shm);
     put_fmt(&o, "kvpool_connections_refused_total{reason=\"rdma\"} %llu\n",
             (unsigned long long)m->refused_rdma);
+    family(&o, "kvpool_rdma_remote_access_errors_total", "counter",
+           "Remote access errors peers caused on this process's segment over rdma (a bad "
+           "rkey, address or permission): source qp_event, the queue pairs' asynchronous "
+           "events; source nic, the device's own counter, where it keeps one.");
+    put_fmt(&o, "kvpool_rdma_remote_access_errors_total{source=\"qp_event\"} %llu\n",
+            (unsigned long long)m->rdma_access_errors);
+    if (m->rdma_nic_access_errors >= 0)
+        put_fmt(&o, "kvpool_rdma_remote_access_errors_total{source=\"nic\"} %lld\n",
+                (long long)m->rdma_nic_access_errors);
     family(&o, "kvpool_ssd_io_ops_total", "counter",
            "Reads and writes of this process's SSD segment file that completed.");
     put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"read\"} %llu\n", (unsigned long long)m->ssd_read.ops);

@@ -456,6 +456,11 @@ typedef struct kvp_metrics {
      * hold the segment, a bad, stale or replayed proof, or past the principal's cap of
      * queue pairs (docs/protocol.md "Data plane, rdma transport") */
     uint64_t refused_rdma;
+    /* remote access errors peers caused on its segment's rdma queue pairs (a bad rkey,
+     * address or permission: the QPs' async events), and the NIC's own count of them
+     * (-1: the device keeps none, e.g. Soft-RoCE) */
+    uint64_t rdma_access_errors;
+    int64_t rdma_nic_access_errors;
 } kvp_metrics_t;
 
 /*

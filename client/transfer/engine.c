@@ -162,6 +162,8 @@ kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
     memset(&xfer->stats, 0, sizeof(xfer->stats));
     kvp_grant_keyring_init(&xfer->seg_grants);
     atomic_store(&xfer->serve_refused, 0);
+    atomic_store(&xfer->serve_access_errors, 0);
+    atomic_store(&xfer->nic_access_errors, -1);
     xfer->gpu = kvp_gpu_available();
     for (unsigned k = 0; list[k] != NULL && xfer->n_tps < KVP_TP_MAX; k++) {
         const kvp_transport_ops_t *ops = list[k];

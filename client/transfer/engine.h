@@ -66,6 +66,11 @@ typedef struct kvp_transfer {
      * connection requests it refused */
     kvp_grant_keyring_t seg_grants;
     _Atomic uint64_t serve_refused;
+    /* remote access errors peers caused on our segment's queue pairs (their async events),
+     * and the NIC's own count of them (-1: the device keeps none), kept by the rdma accept
+     * thread */
+    _Atomic uint64_t serve_access_errors;
+    _Atomic int64_t nic_access_errors;
 } kvp_transfer_t;
 
 /* Create the transports of the list (only the forced one when one is forced). */

@@ -501,9 +501,19 @@ static int accept_check(void *arg, const void *pdata, size_t len)
 static void *accept_thread_main(void *arg)
 {
     rdma_ctx_t *ctx = arg;
-    while (!atomic_load(&ctx->stop)) {
+    for (unsigned round = 0; !atomic_load(&ctx->stop); round++) {
         kvp_rdma_qp_t *qp;
         reap_accepted(ctx);
+        /* what peers did wrong on our QPs: their async events, and the NIC's counter */
+        int bad = kvp_rdma_dev_access_errors(ctx->dev);
+        if (bad > 0) {
+            atomic_fetch_add(&ctx->xfer->serve_access_errors, (uint64_t)bad);
+            KVP_LOG_WARN_LIMITED("rdma: %d remote access error(s) on the segment's queue pairs "
+                                 "(a peer used a bad rkey, address or permission)",
+                                 bad);
+        }
+        if (round % 5 == 0)
+            atomic_store(&ctx->xfer->nic_access_errors, kvp_rdma_dev_nic_access_errors(ctx->dev));
         int rc = kvp_rdma_accept(ctx->lst, 200, &ctx->seg_pdata, sizeof(ctx->seg_pdata),
                                  accept_check, ctx, &qp);
         if (rc == -ETIMEDOUT || rc == -EACCES)

@@ -23,6 +23,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -314,6 +315,36 @@ void kvp_rdma_dev_close(kvp_rdma_dev_t *dev)
 const kvp_rdma_dev_info_t *kvp_rdma_dev_info(const kvp_rdma_dev_t *dev)
 {
     return &dev->info;
+}
+
+int kvp_rdma_dev_access_errors(kvp_rdma_dev_t *dev)
+{
+    int fl = fcntl(dev->ctx->async_fd, F_GETFL);
+    if (fl < 0 || (!(fl & O_NONBLOCK) && fcntl(dev->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) != 0))
+        return -errno;
+    int n = 0;
+    struct ibv_async_event ev;
+    while (ibv_get_async_event(dev->ctx, &ev) == 0) {
+        n += ev.event_type == IBV_EVENT_QP_ACCESS_ERR;
+        ibv_ack_async_event(&ev);
+    }
+    return n;
+}
+
+int64_t kvp_rdma_dev_nic_access_errors(const kvp_rdma_dev_t *dev)
+{
+    char path[256];
+    snprintf(path, sizeof(path),
+             "/sys/class/infiniband/%s/ports/%u/hw_counters/resp_remote_access_errors",
+             dev->info.name, dev->info.port);
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return -1;
+    long long v = -1;
+    if (fscanf(f, "%lld", &v) != 1)
+        v = -1;
+    fclose(f);
+    return v;
 }
 
 int kvp_rdma_dev_ipv4(const kvp_rdma_dev_t *dev, char *buf, size_t len)

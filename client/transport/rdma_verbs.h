@@ -117,6 +117,13 @@ const kvp_rdma_dev_info_t *kvp_rdma_dev_info(const kvp_rdma_dev_t *dev);
  * device's port: the address rdma_cm peers reach it at. -ENOENT if none
  * (InfiniBand, or no IPv4 on the netdev). */
 int kvp_rdma_dev_ipv4(const kvp_rdma_dev_t *dev, char *buf, size_t len);
+/* Drain the device's asynchronous events without waiting; returns how many of them said a
+ * QP saw a remote access error (IBV_EVENT_QP_ACCESS_ERR: a peer used a bad rkey, address
+ * or permission on it), or a negative errno. */
+int kvp_rdma_dev_access_errors(kvp_rdma_dev_t *dev);
+/* The device's own count of remote access errors it answered as a responder, from its
+ * hw_counters in sysfs (mlx5: resp_remote_access_errors); -1: the device has none (rxe). */
+int64_t kvp_rdma_dev_nic_access_errors(const kvp_rdma_dev_t *dev);
 /* The CQ's depth: the most completions it can hold. */
 unsigned kvp_rdma_dev_cq_depth(const kvp_rdma_dev_t *dev);
 /* fd of the completion channel (readable when kvp_rdma_wait would wake). */

@@ -180,7 +180,8 @@ static PyObject *metrics_dict(const kvp_metrics_t *m)
         dict_set_u64(d, "refused_protected", m->refused_protected) != 0 ||
         dict_set_u64(d, "refused_grant", m->refused_grant) != 0 ||
         dict_set_u64(d, "refused_shm", m->refused_shm) != 0 ||
-        dict_set_u64(d, "refused_rdma", m->refused_rdma) != 0)
+        dict_set_u64(d, "refused_rdma", m->refused_rdma) != 0 ||
+        dict_set_u64(d, "rdma_access_errors", m->rdma_access_errors) != 0)
         goto err;
     segs = PyList_New(0);
     if (segs == NULL)
