@@ -37,7 +37,7 @@ import kvpool
 from conftest import Proc, free_port, metric
 from test_data_grants import (DATA_MAGIC, F_GRANT, REQ, RESP, GrantMaster, hello,
                               replicas_of)
-from test_security import certs, close_all  # noqa: F401
+from test_security import certs, close_all, no_ambient_credentials  # noqa: F401
 
 DENIED = kvpool.ERR_DENIED
 MAP = 6
@@ -323,3 +323,22 @@ def test_proc_fd_no_longer_opens_a_secured_segment(sm):
         out[name] = r.stdout.decode().strip()
     assert out["secured"].startswith("denied"), out
     assert out["opt-out"].startswith("opened"), out
+
+
+def test_acl_reload_takes_the_shm_role_away(certs, tmp_path):
+    """A reload that takes role shm away stops new hand-offs of a shared segment: the next
+    client of that principal reaches it over tcp (a mapping already made stays: documented
+    in operations.md, "Not protected yet")."""
+    m = ShmMaster(certs, str(tmp_path))
+    try:
+        m.add_owner("d", "segd")
+        _, cm = put_object(m, "worker", f"w@reload-{uuid.uuid4().hex[:8]}")
+        assert cm["shm"]["put"]["ops"] >= 1 and cm["tcp"]["put"]["ops"] == 0
+        m.reload({**PRINCIPALS, "worker": dict(PRINCIPALS["worker"], roles="read, write")})
+        key = f"w@reload-{uuid.uuid4().hex[:8]}"
+        _, cm = put_object(m, "worker", key)
+        assert cm["shm"]["put"]["ops"] == 0 and cm["tcp"]["put"]["ops"] >= 1
+        (rep,) = replicas_of(m, key, "worker", PRINCIPALS)
+        assert rep.shm_grant == b""
+    finally:
+        close_all([m])
