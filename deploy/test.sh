@@ -14,8 +14,8 @@
 # tests counted one each) once, on the normal build only; then deploy/fuzz.sh;
 # with --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
 # After the normal build's pytest run, the TLS pass (run_tls_pass): the integration tests
-# that use the library's clients and the pytest suite again, every master with TLS 1.3 and
-# an ACL.
+# that use the library's clients, the fault suite and the pytest suite again, every master
+# with TLS 1.3 and an ACL.
 # Then tests/pip/test_pip.sh (pip install . and the pytest suite from a venv, a wheel
 # installed in another), its checks counted one each.
 # After the normal build's pytest run: tests/deploy/test_deploy.sh (systemd units,
@@ -85,16 +85,18 @@ run_pytest() { # builddir [output name]
   tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
 }
 
-# The TLS pass: the Python suite and the integration tests that use only the library's
-# clients, a second time with TLS 1.3 and an ACL on every master they start
-# (tests/python/conftest.py and tests/harness.c read KVPOOL_TEST_TLS_DIR): certificates
-# from deploy/make-certs.sh, one admin principal named by its client certificate, which
-# every client, serve and CLI of the tests presents through $KVPOOL_TLS_* (test_security.py
-# makes its own certificates and ACLs in both passes). Not in it: test_ops_http.py (the
-# plain-HTTP views), and the integration tests that speak raw frames or plain HTTP
-# to the master, or check plain-connection error texts (test_badinput, test_cache,
-# test_errors, test_ha, test_http, cli, protected; the fault suite, whose attackers and
-# probes speak plain frames). With TLS on, the master hands out data grants, so every tcp
+# The TLS pass: the Python suite, the integration tests that use only the library's
+# clients, and the fault suite, a second time with TLS 1.3 and an ACL on every master they
+# start (tests/python/conftest.py and tests/harness.c read KVPOOL_TEST_TLS_DIR):
+# certificates from deploy/make-certs.sh, one admin principal named by its client
+# certificate, which every client, serve and CLI of the tests presents through
+# $KVPOOL_TLS_* (test_security.py makes its own certificates and ACLs in both passes). The
+# fault suite's raw frames go over TLS with that certificate, and its hostile connections
+# add plain bytes to the TLS port, sessions with no principal and data requests without a
+# valid grant (tests/fault/test_fault.c). Not in it: test_ops_http.py (the plain-HTTP
+# views), and the integration tests that speak raw frames or plain HTTP to the master, or
+# check plain-connection error texts (test_badinput, test_cache, test_errors, test_ha,
+# test_http, cli, protected). With TLS on, the master hands out data grants, so every tcp
 # transfer of these tests (and test_stress's 30 s of mixed load) carries grants and proves
 # its principal to the owners (issue 25).
 TLS_INTEGRATION=(test_store test_concurrency test_lifecycle test_ssd test_restart test_multi
@@ -109,8 +111,8 @@ run_tls_pass() { # builddir
   printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$tls/acl.conf"
   export KVPOOL_TEST_TLS_DIR=$tls KVPOOL_TLS_CA=$tls/ca.crt KVPOOL_TLS_CERT=$tls/admin.crt \
     KVPOOL_TLS_KEY=$tls/admin.key
-  meson test -C "$dir" --suite integration --print-errorlogs --num-processes 2 \
-    "${TLS_INTEGRATION[@]}" 2>&1 | tee "$dir/meson-test-tls.out"
+  meson test -C "$dir" --suite integration --suite fault --print-errorlogs --num-processes 2 \
+    "${TLS_INTEGRATION[@]}" test_fault 2>&1 | tee "$dir/meson-test-tls.out"
   tally "$dir/meson-test-tls.out" "${PIPESTATUS[0]}"
   run_pytest "$dir" pytest-tls
   unset KVPOOL_TEST_TLS_DIR KVPOOL_TLS_CA KVPOOL_TLS_CERT KVPOOL_TLS_KEY

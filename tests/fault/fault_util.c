@@ -1,10 +1,16 @@
 /*
  * fault_util.c - helpers for the fault-injection suite (see fault_util.h).
+ *
+ * The raw connections speak TLS through OpenSSL directly, not through common/tls.c's
+ * kvp_chan_t: closing a kvp_chan_t sends a close_notify, and the writer of case 4 hands
+ * its session to a forked child, so our side must drop its copy of the socket without a
+ * word on it. Their I/O is non-blocking with poll(), so every wait has a deadline.
  */
 #include "tests/fault/fault_util.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -17,6 +23,10 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 
 #include "common/clock.h"
 #include "common/parse.h"
@@ -162,7 +172,7 @@ int fault_wait_fd_count(pid_t pid, int want, int timeout_ms)
     }
 }
 
-/* ---- raw sockets ---- */
+/* ---- raw connections ---- */
 
 static void put16(uint8_t *p, uint16_t v)
 {
@@ -199,38 +209,192 @@ void fault_rpc_hdr(uint8_t out[FAULT_RPC_HDR], uint32_t magic, uint16_t version,
     put64(out + 24, 0); /* epoch */
 }
 
-int fault_connect(const char *hostport)
+bool fault_tls_pass(void)
 {
+    const char *dir = getenv("KVPOOL_TEST_TLS_DIR");
+    return dir != NULL && dir[0] != '\0';
+}
+
+/* The client contexts, [0] without a certificate and [1] with $KVPOOL_TLS_CERT's: made at
+ * first use, shared by every thread, kept until the process exits. */
+static SSL_CTX *tls_ctx[2];
+static pthread_mutex_t tls_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static SSL_CTX *tls_ctx_new(bool with_cert)
+{
+    const char *ca = getenv("KVPOOL_TLS_CA"), *cert = getenv("KVPOOL_TLS_CERT");
+    const char *key = getenv("KVPOOL_TLS_KEY");
+    if (ca == NULL || (with_cert && (cert == NULL || key == NULL))) {
+        fprintf(stderr, "fault: TLS needs KVPOOL_TLS_CA%s\n",
+                with_cert ? ", KVPOOL_TLS_CERT and KVPOOL_TLS_KEY" : "");
+        return NULL;
+    }
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (ctx == NULL)
+        return NULL;
+    SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF); /* a close is a close */
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    const char *file = ca;
+    bool ok = SSL_CTX_load_verify_locations(ctx, ca, NULL) == 1;
+    if (ok && with_cert) {
+        file = cert;
+        ok = SSL_CTX_use_certificate_chain_file(ctx, cert) == 1 &&
+             SSL_CTX_use_PrivateKey_file(ctx, key, SSL_FILETYPE_PEM) == 1;
+    }
+    if (!ok) {
+        char why[200];
+        ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+        ERR_clear_error();
+        fprintf(stderr, "fault: TLS: cannot load %s (or its key): %s\n", file, why);
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
+static SSL_CTX *tls_client_ctx(bool with_cert)
+{
+    pthread_mutex_lock(&tls_lock);
+    if (tls_ctx[with_cert] == NULL)
+        tls_ctx[with_cert] = tls_ctx_new(with_cert);
+    SSL_CTX *ctx = tls_ctx[with_cert];
+    pthread_mutex_unlock(&tls_lock);
+    return ctx;
+}
+
+/* Wait until fd is readable (writable: wr) before deadline; false on timeout or error. */
+static bool wait_fd(int fd, bool wr, uint64_t deadline)
+{
+    for (;;) {
+        int64_t left = (int64_t)(deadline - kvp_now_ms());
+        if (left <= 0)
+            return false;
+        struct pollfd pf = {.fd = fd, .events = wr ? POLLOUT : POLLIN};
+        int rc = poll(&pf, 1, (int)left);
+        if (rc > 0)
+            return true;
+        if (rc == 0 || errno != EINTR)
+            return false;
+    }
+}
+
+bool fault_conn_open(fault_conn_t *c, const char *hostport, bool tls, bool with_cert,
+                     int timeout_ms)
+{
+    c->fd = -1;
+    c->ssl = NULL;
     char host[256];
     uint16_t port;
     if (kvp_parse_hostport(hostport, host, sizeof(host), &port) != KVP_OK)
-        return -1;
+        return false;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
     if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
-        return -1;
+        return false;
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -1;
+        return false;
     int rc;
     do
         rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
     while (rc != 0 && errno == EINTR);
-    if (rc != 0) {
-        close(fd);
-        return -1;
-    }
+    if (rc != 0)
+        goto err_close;
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    return fd;
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+    c->fd = fd;
+    if (!tls)
+        return true;
+    SSL_CTX *ctx = tls_client_ctx(with_cert);
+    if (ctx == NULL || (c->ssl = SSL_new(ctx)) == NULL || SSL_set_fd(c->ssl, fd) != 1)
+        goto err_free_ssl;
+    /* the master's certificate must name the address we dialled */
+    X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(c->ssl), host);
+    uint64_t deadline = kvp_now_ms() + (uint64_t)timeout_ms;
+    for (;;) {
+        ERR_clear_error();
+        rc = SSL_connect(c->ssl);
+        if (rc == 1)
+            return true;
+        int e = SSL_get_error(c->ssl, rc);
+        if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+            char why[200] = "the connection broke";
+            if (ERR_peek_error() != 0)
+                ERR_error_string_n(ERR_get_error(), why, sizeof(why));
+            ERR_clear_error();
+            fprintf(stderr, "fault: TLS handshake with %s: %s\n", hostport, why);
+            goto err_free_ssl;
+        }
+        if (!wait_fd(fd, e == SSL_ERROR_WANT_WRITE, deadline)) {
+            fprintf(stderr, "fault: TLS handshake with %s: no answer in %d ms\n", hostport,
+                    timeout_ms);
+            goto err_free_ssl;
+        }
+    }
+
+err_free_ssl:
+    SSL_free(c->ssl);
+    c->ssl = NULL;
+    c->fd = -1;
+err_close:
+    close(fd);
+    return false;
 }
 
-bool fault_send_all(int fd, const void *buf, size_t len)
+void fault_conn_close(fault_conn_t *c)
 {
+    SSL_free(c->ssl); /* no SSL_shutdown: nothing is sent */
+    c->ssl = NULL;
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+}
+
+/*
+ * One send or receive of at most len bytes (plain or TLS) before deadline: how many bytes
+ * moved; 0 when the peer has closed (FIN, reset, close_notify); -1 on timeout or error.
+ */
+static ssize_t conn_io(fault_conn_t *c, bool wr, void *buf, size_t len, uint64_t deadline)
+{
+    for (;;) {
+        bool want_wr = wr;
+        if (c->ssl == NULL) {
+            ssize_t n = wr ? send(c->fd, buf, len, MSG_NOSIGNAL) : recv(c->fd, buf, len, 0);
+            if (n > 0 || (n == 0 && !wr))
+                return n;
+            if (n < 0 && (errno == ECONNRESET || errno == EPIPE))
+                return 0;
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                return -1;
+        } else {
+            size_t n = 0;
+            ERR_clear_error();
+            errno = 0;
+            int r = wr ? SSL_write_ex(c->ssl, buf, len, &n) : SSL_read_ex(c->ssl, buf, len, &n);
+            if (r == 1)
+                return (ssize_t)n;
+            int e = SSL_get_error(c->ssl, r);
+            bool eof =
+                e == SSL_ERROR_ZERO_RETURN ||
+                (e == SSL_ERROR_SYSCALL && (errno == 0 || errno == ECONNRESET || errno == EPIPE));
+            if (e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) {
+                ERR_clear_error();
+                return eof ? 0 : -1;
+            }
+            want_wr = e == SSL_ERROR_WANT_WRITE;
+        }
+        if (!wait_fd(c->fd, want_wr, deadline))
+            return -1;
+    }
+}
+
+bool fault_conn_send(fault_conn_t *c, const void *buf, size_t len, int timeout_ms)
+{
+    uint64_t deadline = kvp_now_ms() + (uint64_t)timeout_ms;
     const uint8_t *p = buf;
     while (len > 0) {
-        ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
-        if (n < 0 && errno == EINTR)
-            continue;
+        ssize_t n = conn_io(c, true, (void *)p, len, deadline);
         if (n <= 0)
             return false;
         p += n;
@@ -239,55 +403,43 @@ bool fault_send_all(int fd, const void *buf, size_t len)
     return true;
 }
 
-ssize_t fault_recv_exact(int fd, void *buf, size_t len, int timeout_ms)
+ssize_t fault_conn_recv_exact(fault_conn_t *c, void *buf, size_t len, int timeout_ms)
 {
+    uint64_t deadline = kvp_now_ms() + (uint64_t)timeout_ms;
     uint8_t *p = buf;
     size_t got = 0;
-    uint64_t deadline = kvp_now_ms() + (uint64_t)timeout_ms;
     while (got < len) {
-        int64_t left = (int64_t)(deadline - kvp_now_ms());
-        if (left <= 0)
-            return -1;
-        struct pollfd pf = {.fd = fd, .events = POLLIN};
-        int rc = poll(&pf, 1, (int)left);
-        if (rc < 0 && errno == EINTR)
-            continue;
-        if (rc <= 0)
-            return -1;
-        ssize_t n = recv(fd, p + got, len - got, 0);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n == 0)
-            return got == 0 ? 0 : -1;
-        if (n < 0)
-            return errno == ECONNRESET && got == 0 ? 0 : -1;
+        ssize_t n = conn_io(c, false, p + got, len - got, deadline);
+        if (n <= 0)
+            return n == 0 && got == 0 ? 0 : -1;
         got += (size_t)n;
     }
     return (ssize_t)got;
 }
 
-int fault_wait_closed(int fd, int timeout_ms)
+ssize_t fault_conn_until_closed(fault_conn_t *c, void *buf, size_t cap, int timeout_ms)
 {
-    struct pollfd pf = {.fd = fd, .events = POLLIN};
-    int rc;
-    do
-        rc = poll(&pf, 1, timeout_ms);
-    while (rc < 0 && errno == EINTR);
-    if (rc == 0)
-        return -1;
-    uint8_t b[256];
-    ssize_t n = recv(fd, b, sizeof(b), MSG_DONTWAIT);
-    if (n > 0)
-        return 1;
-    if (n == 0 || errno == ECONNRESET)
-        return 0;
-    return -1;
+    uint64_t deadline = kvp_now_ms() + (uint64_t)timeout_ms;
+    size_t got = 0;
+    for (;;) {
+        uint8_t sink[4096];
+        bool keep = got < cap;
+        uint8_t *dst = keep ? (uint8_t *)buf + got : sink;
+        size_t room = keep ? cap - got : sizeof(sink);
+        ssize_t n = conn_io(c, false, dst, room, deadline);
+        if (n == 0)
+            return (ssize_t)got;
+        if (n < 0)
+            return -1;
+        got += (size_t)n;
+    }
 }
 
-bool fault_read_frame(int fd, fault_frame_t *f, int timeout_ms)
+bool fault_conn_read_frame(fault_conn_t *c, fault_frame_t *f, void *body, size_t cap,
+                           int timeout_ms)
 {
     uint8_t h[FAULT_RPC_HDR];
-    if (fault_recv_exact(fd, h, sizeof(h), timeout_ms) != FAULT_RPC_HDR)
+    if (fault_conn_recv_exact(c, h, sizeof(h), timeout_ms) != FAULT_RPC_HDR)
         return false;
     f->magic = get32(h);
     f->version = (uint16_t)(h[4] | h[5] << 8);
@@ -295,14 +447,17 @@ bool fault_read_frame(int fd, fault_frame_t *f, int timeout_ms)
     f->req_id = (uint64_t)get32(h + 8) | (uint64_t)get32(h + 12) << 32;
     f->body_len = get32(h + 16);
     f->status = (int32_t)get32(h + 20);
-    if (f->magic != FAULT_RPC_MAGIC || f->body_len > 64 * 1024)
+    if (f->magic != FAULT_RPC_MAGIC || f->body_len > (body != NULL ? cap : 64 * 1024))
         return false;
+    if (body != NULL)
+        return f->body_len == 0 ||
+               fault_conn_recv_exact(c, body, f->body_len, timeout_ms) == (ssize_t)f->body_len;
     for (uint32_t left = f->body_len; left > 0;) {
         uint8_t sink[1024];
-        size_t c = left < sizeof(sink) ? left : sizeof(sink);
-        if (fault_recv_exact(fd, sink, c, timeout_ms) != (ssize_t)c)
+        size_t n = left < sizeof(sink) ? left : sizeof(sink);
+        if (fault_conn_recv_exact(c, sink, n, timeout_ms) != (ssize_t)n)
             return false;
-        left -= (uint32_t)c;
+        left -= (uint32_t)n;
     }
     return true;
 }
