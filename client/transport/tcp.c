@@ -611,6 +611,10 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             memcpy(&gr->grants[gr->n], slices[s].op->grant, sizeof(kvp_grant_t));
         gr->slices[gr->n++] = &slices[s];
     }
+    /* the batch's no-progress clock starts here: opening a stream (connect, HELLO) to an
+     * owner that does not answer uses up the same timeout as a transfer that stalls, so a
+     * silent owner costs one timeout, not one per step */
+    uint64_t last_progress = kvp_now_ms();
     for (size_t g = 0; g < n_groups; g++) {
         size_t streams = groups[g].pool->ssd ? max_streams : (size_t)xfer->tcp_streams;
         size_t want = KVP_MIN(streams, groups[g].n);
@@ -624,6 +628,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             last = conn_acquire(ctx, groups[g].pool, groups[g].slices[0]->op->peer, &fd);
             if (last != KVP_OK)
                 break;
+            last_progress = kvp_now_ms(); /* a stream opened (and proved): progress */
             conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g]};
             groups[g].live++;
             n_conns++;
@@ -636,7 +641,6 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         }
     }
 
-    uint64_t last_progress = kvp_now_ms();
     for (;;) {
         nfds_t np = 0;
         for (size_t c = 0; c < n_conns; c++) {
@@ -655,7 +659,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         }
         if (np == 0)
             break;
-        int timeout = (int)xfer->timeout_ms;
+        uint64_t idle = kvp_now_ms() - last_progress;
+        int timeout = idle >= xfer->timeout_ms ? 0 : (int)(xfer->timeout_ms - idle);
         int rc = poll(pfds, n_conns, timeout);
         if (rc < 0 && errno == EINTR)
             continue;
