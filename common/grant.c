@@ -74,18 +74,24 @@ static bool compute(kvp_grant_mac_t *m, const kvp_grant_t *g, uint8_t out[32])
     return hmac(m, g, offsetof(kvp_grant_t, mac), out);
 }
 
-bool kvp_grant_conn_key(kvp_grant_mac_t *m, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN])
+/* A key of principal `tag` derived from the segment key: HMAC(segment key, label || tag),
+ * the label 15 bytes and a NUL. */
+static bool derive(kvp_grant_mac_t *m, const char label[16], uint64_t tag, uint8_t *out)
 {
-    uint8_t msg[24] = "kvpool conn key"; /* 15 bytes and a NUL, then the tag */
+    uint8_t msg[24];
+    memcpy(msg, label, 16);
     memcpy(msg + 16, &tag, sizeof(tag));
     return hmac(m, msg, sizeof(msg), out);
 }
 
+bool kvp_grant_conn_key(kvp_grant_mac_t *m, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN])
+{
+    return derive(m, "kvpool conn key", tag, out);
+}
+
 bool kvp_grant_rdma_key(kvp_grant_mac_t *m, uint64_t tag, uint8_t out[KVP_GRANT_KEY_LEN])
 {
-    uint8_t msg[24] = "kvpool rdma key"; /* 15 bytes and a NUL, then the tag */
-    memcpy(msg + 16, &tag, sizeof(tag));
-    return hmac(m, msg, sizeof(msg), out);
+    return derive(m, "kvpool rdma key", tag, out);
 }
 
 bool kvp_grant_qp_proof(const uint8_t *rdma_key, kvp_grant_qp_proof_t *p)

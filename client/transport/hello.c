@@ -58,8 +58,11 @@ kvp_status_t kvp_data_map(const kvp_peer_t *peer, uint32_t timeout_ms, int *mem_
     kvp_status_t st = kvp_unix_connect(peer->shm_path + 1, timeout_ms, &fd);
     if (st != KVP_OK)
         return st;
+    /* the owner hands its memory to its own user or root only; we take it from the same:
+     * a process of another user that took the name of a dead owner's socket gets no
+     * bytes of ours */
     uint32_t uid;
-    if (!kvp_unix_peer(fd, owner_pid_p, &uid))
+    if (!kvp_unix_peer(fd, owner_pid_p, &uid) || (uid != geteuid() && uid != 0))
         st = KVP_ERR_CONNECT;
     if (st == KVP_OK && peer->has_conn_key)
         st = kvp_data_hello_prove(fd, peer, timeout_ms);

@@ -473,6 +473,53 @@ static void test_handoff_from_owner_process(void **state)
     assert_int_equal(seg_mappings(), 2);
 }
 
+/*
+ * A process of another user that serves MAP under a name a descriptor gives (say, the
+ * socket name of an owner that died) is not taken: the client maps memory only from its
+ * own user or root, as owners hand it only to them. Needs root to play another user (CI
+ * runs as root; elsewhere cmocka reports it skipped).
+ */
+static void test_handoff_refused_from_another_user(void **state)
+{
+    fixture_t *fx = *state;
+    if (geteuid() != 0)
+        skip();
+    char name[64];
+    snprintf(name, sizeof(name), "kvpool-test-shm-squat-%d", (int)getpid());
+    int ready[2];
+    assert_int_equal(pipe(ready), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        kvp_segment_server_t *srv;
+        uint16_t port;
+        char ok = 'n';
+        if (setgid(65534) == 0 && setuid(65534) == 0 &&
+            kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port) ==
+                KVP_OK) {
+            kvp_segment_server_set_id(srv, SEG_ID);
+            if (kvp_segment_server_share(srv, fx->memfd, name) == KVP_OK)
+                ok = 'y';
+        }
+        if (write(ready[1], &ok, 1) != 1 || ok != 'y')
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(ready[1]);
+    char ok = 0;
+    assert_int_equal(read(ready[0], &ok, 1), 1);
+    close(ready[0]);
+    assert_int_equal(ok, 'y');
+    kvp_peer_t *p = peer_new(fx, SEG_ID, fx->xfer.host_id);
+    snprintf(p->shm_path, sizeof(p->shm_path), "@%s", name);
+    assert_int_equal(kvp_transfer_route(&fx->xfer, p), KVP_TRANSPORT_AUTO);
+    assert_int_equal(seg_mappings(), 2); /* nothing mapped */
+    kvp_peer_unref(p);
+    assert_int_equal(kill(child, SIGKILL), 0);
+    assert_int_equal(waitpid(child, NULL, 0), child);
+}
+
 int main(void)
 {
     kvp_log_init_from_env();
@@ -484,6 +531,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_own_segment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stale_when_owner_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_handoff_from_owner_process, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_refused_from_another_user, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
