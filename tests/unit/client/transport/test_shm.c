@@ -406,18 +406,10 @@ static void test_stale_when_owner_gone(void **state)
     assert_segment_as_written(fx);
 }
 
-/*
- * The hand-off (shm_path "@NAME"): a child process plays the owner, serving MAP on an
- * abstract Unix socket over the fixture's memfd (segment_server.c, data grants off). The
- * peer is handed the memfd and maps it: its bytes are the owner's, its writes land in the
- * owner's memory. A MAP for another segment id is refused (nothing mapped). When the owner
- * exits, the peer is stale (the pidfd taken at the hand-off).
- */
-static void test_handoff_from_owner_process(void **state)
+/* A child process playing the owner (as uid, 0: ours): serves MAP on the abstract socket
+ * `name` over the fixture's memfd (data grants off). Its pid, once it serves. */
+static pid_t owner_start(fixture_t *fx, const char *name, uid_t uid)
 {
-    fixture_t *fx = *state;
-    char name[64];
-    snprintf(name, sizeof(name), "kvpool-test-shm-%d", (int)getpid());
     int ready[2];
     assert_int_equal(pipe(ready), 0);
     pid_t child = fork();
@@ -426,8 +418,9 @@ static void test_handoff_from_owner_process(void **state)
         kvp_segment_server_t *srv;
         uint16_t port;
         char ok = 'n';
-        if (kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port) ==
-            KVP_OK) {
+        if ((uid == 0 || (setgid(uid) == 0 && setuid(uid) == 0)) &&
+            kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port) ==
+                KVP_OK) {
             kvp_segment_server_set_id(srv, SEG_ID);
             if (kvp_segment_server_share(srv, fx->memfd, name) == KVP_OK)
                 ok = 'y';
@@ -442,6 +435,22 @@ static void test_handoff_from_owner_process(void **state)
     assert_int_equal(read(ready[0], &ok, 1), 1);
     close(ready[0]);
     assert_int_equal(ok, 'y');
+    return child;
+}
+
+/*
+ * The hand-off (shm_path "@NAME"): a child process plays the owner, serving MAP on an
+ * abstract Unix socket over the fixture's memfd (segment_server.c, data grants off). The
+ * peer is handed the memfd and maps it: its bytes are the owner's, its writes land in the
+ * owner's memory. A MAP for another segment id is refused (nothing mapped). When the owner
+ * exits, the peer is stale (the pidfd taken at the hand-off).
+ */
+static void test_handoff_from_owner_process(void **state)
+{
+    fixture_t *fx = *state;
+    char name[64];
+    snprintf(name, sizeof(name), "kvpool-test-shm-%d", (int)getpid());
+    pid_t child = owner_start(fx, name, 0);
 
     kvp_peer_t *p = peer_new(fx, SEG_ID, fx->xfer.host_id);
     snprintf(p->shm_path, sizeof(p->shm_path), "@%s", name);
@@ -486,31 +495,7 @@ static void test_handoff_refused_from_another_user(void **state)
         skip();
     char name[64];
     snprintf(name, sizeof(name), "kvpool-test-shm-squat-%d", (int)getpid());
-    int ready[2];
-    assert_int_equal(pipe(ready), 0);
-    pid_t child = fork();
-    assert_true(child >= 0);
-    if (child == 0) {
-        kvp_segment_server_t *srv;
-        uint16_t port;
-        char ok = 'n';
-        if (setgid(65534) == 0 && setuid(65534) == 0 &&
-            kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port) ==
-                KVP_OK) {
-            kvp_segment_server_set_id(srv, SEG_ID);
-            if (kvp_segment_server_share(srv, fx->memfd, name) == KVP_OK)
-                ok = 'y';
-        }
-        if (write(ready[1], &ok, 1) != 1 || ok != 'y')
-            _exit(1);
-        for (;;)
-            pause();
-    }
-    close(ready[1]);
-    char ok = 0;
-    assert_int_equal(read(ready[0], &ok, 1), 1);
-    close(ready[0]);
-    assert_int_equal(ok, 'y');
+    pid_t child = owner_start(fx, name, 65534);
     kvp_peer_t *p = peer_new(fx, SEG_ID, fx->xfer.host_id);
     snprintf(p->shm_path, sizeof(p->shm_path), "@%s", name);
     assert_int_equal(kvp_transfer_route(&fx->xfer, p), KVP_TRANSPORT_AUTO);
