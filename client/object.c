@@ -283,10 +283,32 @@ static uint32_t pieces_crc(const pieces_t *p, size_t i)
  * engine finds it). The caller's reference on peer goes to the first op; each further op
  * takes its own. Returns the new op count.
  */
+/* rep's grant in an answer with descriptors segs: its own, or its extent of the grant set
+ * its segment's descriptor carries (a set whose length disagrees with its count, or an index
+ * past it: none, and the owner refuses the request). */
+static kvp_xfer_grant_t rep_grant(const Kvpool__Replica *rep, Kvpool__SegmentDesc *const *segs,
+                                  size_t n_segs)
+{
+    kvp_xfer_grant_t g = {.one = KVP_XFER_GRANT(rep->grant)};
+    if (g.one != NULL || rep->grant_set == 0 || rep->grant_set > n_segs)
+        return g;
+    const ProtobufCBinaryData *b = &segs[rep->grant_set - 1]->grant_set;
+    kvp_grant_set_hdr_t h;
+    if (b->len < sizeof(h))
+        return g;
+    memcpy(&h, b->data, sizeof(h));
+    if (h.count == 0 || h.count > KVP_GRANT_SET_MAX || b->len != kvp_grant_set_len(h.count) ||
+        rep->grant_index >= h.count)
+        return g;
+    g.set = b->data;
+    g.index = rep->grant_index;
+    return g;
+}
+
 static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t grp_id,
                             kvp_xfer_kind_t kind, const pieces_t *p, size_t i, uint64_t offset,
                             uint64_t len, kvp_peer_t *peer, bool want_crc,
-                            const kvp_xfer_mem_t *mems, const void *grant)
+                            const kvp_xfer_mem_t *mems, kvp_xfer_grant_t grant)
 {
     bool first = true;
     bool stream = len >= KVP_CRC32C_STREAM_MIN; /* each piece copied as the whole would be */
@@ -305,7 +327,9 @@ static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t gr
                                  .want_crc = want_crc,
                                  .stream = stream,
                                  .mem = mems != NULL ? mems[b] : (kvp_xfer_mem_t){0},
-                                 .grant = grant};
+                                 .grant = grant.one,
+                                 .grant_set = grant.set,
+                                 .grant_index = grant.index};
         grp[k++] = grp_id;
         offset += s;
         len -= s;
@@ -495,7 +519,7 @@ static kvp_status_t put_plan(put_batch_t *b)
                 continue; /* an unknown segment: that replica is not written */
             b->k = add_piece_ops(b->ops, b->op_grp, b->k, j * REPLICAS_MAX + q, KVP_XFER_WRITE,
                                  b->src, i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu,
-                                 b->mems, KVP_XFER_GRANT(r->replicas[q]->grant));
+                                 b->mems, rep_grant(r->replicas[q], sr->segments, sr->n_segments));
         }
     }
     return rc;
@@ -970,7 +994,7 @@ static size_t read_plan_round(read_batch_t *b, unsigned round)
         k = add_piece_ops(b->ops, b->op_item, k, t, KVP_XFER_READ, b->dst, t,
                           rep->offset + (b->whole ? 0 : b->offsets[t]), b->len[t], peer,
                           b->whole && b->c->params.verify_crc != 0, NULL,
-                          KVP_XFER_GRANT(rep->grant));
+                          rep_grant(rep, b->gr->segments, b->gr->n_segments));
     }
     return k;
 }

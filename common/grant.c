@@ -133,26 +133,79 @@ bool kvp_grant_seal(kvp_grant_mac_t *m, kvp_grant_t *g)
     return true;
 }
 
+/* The checks a grant and a set share after their MAC: NULL, or which one failed. */
+static const char *fields_why(uint8_t version, uint8_t want_version, uint8_t g_op, uint8_t op,
+                              uint64_t g_segment, uint64_t segment, uint64_t g_epoch,
+                              uint64_t epoch)
+{
+    if (version != want_version)
+        return "unknown grant version";
+    if (g_op != op)
+        return op == KVP_GRANT_WRITE ? "a read grant used to write" : "a write grant used to read";
+    if (g_segment != segment)
+        return "a grant for another segment";
+    if (g_epoch != epoch)
+        return "a grant from another epoch of the master";
+    return NULL;
+}
+
+bool kvp_grant_set_seal(kvp_grant_mac_t *m, kvp_grant_set_hdr_t *h, const kvp_grant_extent_t *ext)
+{
+    SHA256_CTX c = m->inner;
+    uint8_t ih[SHA256_DIGEST_LENGTH], full[SHA256_DIGEST_LENGTH];
+    bool ok = SHA256_Update(&c, h, offsetof(kvp_grant_set_hdr_t, mac)) == 1 &&
+              SHA256_Update(&c, ext, (size_t)h->count * sizeof(*ext)) == 1 &&
+              SHA256_Final(ih, &c) == 1;
+    c = m->outer;
+    ok = ok && SHA256_Update(&c, ih, sizeof(ih)) == 1 && SHA256_Final(full, &c) == 1;
+    OPENSSL_cleanse(&c, sizeof(c));
+    if (ok)
+        memcpy(h->mac, full, KVP_GRANT_MAC_LEN);
+    return ok;
+}
+
+kvp_status_t kvp_grant_set_check(kvp_grant_mac_t *m, const kvp_grant_set_hdr_t *h,
+                                 const kvp_grant_extent_t *ext, uint8_t op, uint64_t segment_id,
+                                 uint64_t epoch, uint64_t now_ms, const char **why_p)
+{
+    kvp_grant_set_hdr_t want = *h;
+    const char *why = NULL;
+    if (h->count == 0 || h->count > KVP_GRANT_SET_MAX) /* before hashing count extents */
+        why = "a grant set of no extents or too many";
+    else if (!kvp_grant_set_seal(m, &want, ext) ||
+             CRYPTO_memcmp(want.mac, h->mac, KVP_GRANT_MAC_LEN) != 0)
+        why = "its MAC does not match (not sealed by this segment's master)";
+    else if ((why = fields_why(h->version, KVP_GRANT_SET_VERSION, h->op, op, h->segment_id,
+                               segment_id, h->epoch, epoch)) != NULL)
+        ;
+    else if (now_ms > h->expiry_ms + KVP_GRANT_SKEW_MS)
+        why = "the grant has expired";
+    if (why_p != NULL)
+        *why_p = why;
+    return why == NULL ? KVP_OK : KVP_ERR_DENIED;
+}
+
+bool kvp_grant_extent_covers(const kvp_grant_extent_t *e, uint64_t offset, uint64_t length)
+{
+    uint64_t end, e_end;
+    return length != 0 && !__builtin_add_overflow(offset, length, &end) &&
+           !__builtin_add_overflow(e->offset, e->length, &e_end) && offset >= e->offset &&
+           end <= e_end;
+}
+
 kvp_status_t kvp_grant_check(kvp_grant_mac_t *m, const kvp_grant_t *g, uint8_t op,
                              uint64_t segment_id, uint64_t offset, uint64_t length, uint64_t epoch,
                              uint64_t now_ms, const char **why_p)
 {
     uint8_t full[32];
     const char *why = NULL;
-    uint64_t end, g_end;
     if (!compute(m, g, full) || CRYPTO_memcmp(full, g->mac, KVP_GRANT_MAC_LEN) != 0)
         why = "its MAC does not match (not sealed by this segment's master)";
-    else if (g->version != KVP_GRANT_VERSION)
-        why = "unknown grant version";
-    else if (g->op != op)
-        why = op == KVP_GRANT_WRITE ? "a read grant used to write" : "a write grant used to read";
-    else if (g->segment_id != segment_id)
-        why = "a grant for another segment";
-    else if (g->epoch != epoch)
-        why = "a grant from another epoch of the master";
-    else if (length == 0 || __builtin_add_overflow(offset, length, &end) ||
-             __builtin_add_overflow(g->offset, g->length, &g_end) || offset < g->offset ||
-             end > g_end)
+    else if ((why = fields_why(g->version, KVP_GRANT_VERSION, g->op, op, g->segment_id, segment_id,
+                               g->epoch, epoch)) != NULL)
+        ;
+    else if (!kvp_grant_extent_covers(&(kvp_grant_extent_t){g->offset, g->length, 0}, offset,
+                                      length))
         why = "the request reaches outside the grant's extent";
     else if (now_ms > g->expiry_ms + KVP_GRANT_SKEW_MS)
         why = "the grant has expired";
@@ -212,6 +265,7 @@ bool kvp_grant_verifier_sync(kvp_grant_verifier_t *v, kvp_grant_keyring_t *kr)
     kvp_grant_mac_destroy(v->mac);
     v->mac = NULL;
     v->on = false;
+    v->set_ok = false; /* a set checked under the old key is not taken again */
     bool ok = !on || kvp_grant_mac_create(key, &v->mac) == KVP_OK;
     OPENSSL_cleanse(key, sizeof(key));
     if (!ok)
@@ -225,5 +279,6 @@ bool kvp_grant_verifier_sync(kvp_grant_verifier_t *v, kvp_grant_keyring_t *kr)
 void kvp_grant_verifier_cleanup(kvp_grant_verifier_t *v)
 {
     kvp_grant_mac_destroy(v->mac);
+    free(v->set_ext);
     memset(v, 0, sizeof(*v));
 }

@@ -58,6 +58,48 @@ _Static_assert(sizeof(kvp_grant_t) == KVP_GRANT_LEN, "a grant is 80 bytes");
 
 typedef struct kvp_grant_mac kvp_grant_mac_t;
 
+/*
+ * A grant set: what the master seals once for all the extents of one segment that one
+ * answer (PutStart, GetReplicaList) hands out, instead of a grant per extent. The 64-byte
+ * header (the op, the segment, the expiry, the epoch, a nonce, the principal, the count)
+ * is followed by `count` extents; the MAC is HMAC-SHA256 under the segment's key of the
+ * header's first 48 bytes and then the extents, truncated to 128 bits. A set's first byte
+ * is its version (2), a single grant's is 1, so neither's MAC ever stands for the other.
+ * A request names, per entry, which extent of the set covers it (docs/protocol.md
+ * "Grant sets"): one MAC per segment per answer, checked once per data connection.
+ */
+#define KVP_GRANT_SET_VERSION 2
+#define KVP_GRANT_SET_MAX 8192u /* extents in one set: the master seals single grants past it */
+
+typedef struct kvp_grant_set_hdr {
+    uint8_t version; /* KVP_GRANT_SET_VERSION */
+    uint8_t op;      /* KVP_GRANT_READ or KVP_GRANT_WRITE */
+    uint16_t reserved0;
+    uint32_t count; /* extents that follow: 1..KVP_GRANT_SET_MAX */
+    uint64_t segment_id;
+    uint64_t expiry_ms;
+    uint64_t epoch;
+    uint64_t nonce;
+    uint64_t principal;
+    uint8_t mac[KVP_GRANT_MAC_LEN];
+} kvp_grant_set_hdr_t; /* 64 bytes */
+
+typedef struct kvp_grant_extent {
+    uint64_t offset;
+    uint64_t length;
+    uint64_t version; /* a WRITE set's: the object's version (its put ends the grant); READ: 0 */
+} kvp_grant_extent_t; /* 24 bytes */
+
+#define KVP_GRANT_SET_HDR_LEN 64
+_Static_assert(sizeof(kvp_grant_set_hdr_t) == KVP_GRANT_SET_HDR_LEN, "a set header is 64 bytes");
+_Static_assert(sizeof(kvp_grant_extent_t) == 24, "a set extent is 24 bytes");
+
+/* The bytes of a set of `count` extents (header included). */
+static inline size_t kvp_grant_set_len(uint32_t count)
+{
+    return KVP_GRANT_SET_HDR_LEN + (size_t)count * sizeof(kvp_grant_extent_t);
+}
+
 /* A keyed MAC context for key (KVP_GRANT_KEY_LEN bytes). */
 kvp_status_t kvp_grant_mac_create(const uint8_t *key, kvp_grant_mac_t **mac_p);
 void kvp_grant_mac_destroy(kvp_grant_mac_t *mac);
@@ -75,6 +117,24 @@ bool kvp_grant_seal(kvp_grant_mac_t *mac, kvp_grant_t *g);
 kvp_status_t kvp_grant_check(kvp_grant_mac_t *mac, const kvp_grant_t *g, uint8_t op,
                              uint64_t segment_id, uint64_t offset, uint64_t length, uint64_t epoch,
                              uint64_t now_ms, const char **why_p);
+
+/* Fill h->mac from h's other fields and the h->count extents ext (contiguous after h on the
+ * wire, but any memory here). false: not computed. */
+bool kvp_grant_set_seal(kvp_grant_mac_t *mac, kvp_grant_set_hdr_t *h,
+                        const kvp_grant_extent_t *ext);
+
+/*
+ * May the holder of set h (with its extents ext) do `op` on segment_id, now? Checks, in this
+ * order, the MAC (constant time), the version, the count, the op, the segment, the epoch and
+ * the expiry; each extent of a request must then lie inside the one it names
+ * (kvp_grant_extent_covers). KVP_OK or KVP_ERR_DENIED with *why_p as kvp_grant_check's.
+ */
+kvp_status_t kvp_grant_set_check(kvp_grant_mac_t *mac, const kvp_grant_set_hdr_t *h,
+                                 const kvp_grant_extent_t *ext, uint8_t op, uint64_t segment_id,
+                                 uint64_t epoch, uint64_t now_ms, const char **why_p);
+
+/* Does e cover [offset, offset + length) (length > 0; overflow-checked)? */
+bool kvp_grant_extent_covers(const kvp_grant_extent_t *e, uint64_t offset, uint64_t length);
 
 /*
  * Binding grants to a data connection's principal. The master gives a principal, with
@@ -141,6 +201,12 @@ typedef struct kvp_grant_verifier {
     uint64_t gen;
     uint64_t epoch;
     bool on;
+    /* the connection's last grant set that passed its checks (the header and extents), for
+     * the requests that name it again (KVP_DATA_F_GRANT_SAME); set_ok false: none */
+    bool set_ok;
+    kvp_grant_set_hdr_t set;
+    kvp_grant_extent_t *set_ext;
+    uint32_t set_cap;   /* extents set_ext has room for (grown, never shrunk) */
 } kvp_grant_verifier_t; /* zero-initialised: nothing known yet */
 
 /* Catch up with the keyring (allocates only when its key changed). false: out of memory. */

@@ -45,9 +45,19 @@ typedef struct kvp_xfer_op {
     kvp_xfer_mem_t mem;    /* its local buffer's memory, when the planner found it */
     const void *grant;     /* the master's grant for the extent (KVP_GRANT_LEN bytes, borrowed
                               for the call; common/grant.h), or NULL: none was given */
-    uint32_t crc;          /* out */
-    kvp_status_t status;   /* out */
+    const void *grant_set; /* or the grant set (header and extents, borrowed) whose extent
+                              grant_index covers it */
+    uint32_t grant_index;
+    uint32_t crc;        /* out */
+    kvp_status_t status; /* out */
 } kvp_xfer_op_t;
+
+/* What a planner hands an op of the master's grants for its extent. */
+typedef struct kvp_xfer_grant {
+    const void *one; /* a grant of its own, or NULL */
+    const void *set; /* or the set (bytes off the wire: length checked) and its extent index */
+    uint32_t index;
+} kvp_xfer_grant_t;
 
 /* A replica's grant off the wire (a ProtobufCBinaryData): its bytes when it is one, or NULL. */
 #define KVP_XFER_GRANT(bin) ((bin).len == KVP_GRANT_LEN ? (const void *)(bin).data : NULL)

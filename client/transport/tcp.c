@@ -89,6 +89,7 @@ typedef struct tcp_scratch {
     struct slice **sorted;
     kvp_data_vec_t *vecs;
     kvp_grant_t *grants; /* grants[i]: slices[i]'s op's grant, when it has one */
+    uint32_t *gidx;      /* ... or its extent's index in its op's grant set */
     struct group *groups;
     struct xconn *conns;
     struct pollfd *pfds;
@@ -108,6 +109,7 @@ typedef struct group {
     slice_t **slices;     /* this group's slices, in order */
     kvp_data_vec_t *vecs; /* vecs[i]: slices[i] as a vector entry */
     kvp_grant_t *grants;  /* grants[i]: its grant (KVP_DATA_F_GRANT in its header) */
+    uint32_t *gidx;       /* gidx[i]: its extent in its grant set (KVP_DATA_F_GRANT_SET) */
     size_t n, next;       /* next: first unassigned */
     unsigned live;        /* live connections */
     unsigned chain;       /* most small slices in one vectored request */
@@ -121,6 +123,9 @@ typedef struct req {
     slice_t **s;
     kvp_data_vec_t *vec;
     kvp_grant_t *grants; /* with KVP_DATA_F_GRANT: n of them */
+    uint32_t *gidx;      /* with KVP_DATA_F_GRANT_SET or _SAME: n indices into the set */
+    const void *gset;    /* KVP_DATA_F_GRANT_SET: the set sent (gset_len bytes) */
+    size_t gset_len;
     unsigned n;
 } req_t;
 
@@ -133,6 +138,8 @@ typedef struct xconn {
     uint64_t send_off;    /* bytes of ring[head+sent] already sent (header+vector+payload) */
     kvp_data_resp_t resp;
     uint64_t recv_off; /* bytes of the oldest request's response received */
+    const void *gset;  /* the grant set this connection sent last in this transfer (the owner
+                          keeps it: later requests naming it send only their indices) */
     bool dead;
 } xconn_t;
 
@@ -251,7 +258,8 @@ static void conn_fill(xconn_t *c)
             while (m < g->chain && j + m < g->n) {
                 slice_t *s = g->slices[j + m];
                 if (s->len > VEC_SMALL || s->hdr.op != s0->hdr.op ||
-                    s->hdr.flags != s0->hdr.flags || bytes + s->len > g->chain_bytes)
+                    s->hdr.flags != s0->hdr.flags || s->op->grant_set != s0->op->grant_set ||
+                    bytes + s->len > g->chain_bytes)
                     break;
                 bytes += s->len;
                 m++;
@@ -260,6 +268,7 @@ static void conn_fill(xconn_t *c)
         r->s = &g->slices[j];
         r->vec = &g->vecs[j];
         r->grants = &g->grants[j];
+        r->gidx = &g->gidx[j];
         r->n = m;
         g->next += m;
         if (m == 1)
@@ -271,6 +280,19 @@ static void conn_fill(xconn_t *c)
                                       .flags = s0->hdr.flags,
                                       .offset = m,
                                       .length = bytes};
+        r->gset = NULL;
+        if (r->hdr.flags & KVP_DATA_F_GRANT_SET) {
+            if (c->gset == s0->op->grant_set) { /* the owner holds it: name it again */
+                r->hdr.flags =
+                    (uint16_t)((r->hdr.flags & ~KVP_DATA_F_GRANT_SET) | KVP_DATA_F_GRANT_SAME);
+            } else {
+                kvp_grant_set_hdr_t h;
+                memcpy(&h, s0->op->grant_set, sizeof(h)); /* its length checked by the planner */
+                r->gset = s0->op->grant_set;
+                r->gset_len = kvp_grant_set_len(h.count);
+                c->gset = r->gset;
+            }
+        }
         /* a write's payload is checksummed now, just before the socket copies it */
         for (unsigned i = 0; i < m && s0->hdr.op == KVP_DATA_WRITE; i++) {
             slice_t *s = r->s[i];
@@ -308,7 +330,7 @@ static void iov_add(struct iovec *iov, int *cnt, uint64_t *skip, void *p, uint64
 /* Push out as much of the unsigned requests as the socket takes. */
 static void conn_send(xconn_t *c)
 {
-    struct iovec iov[KVP_DATA_VEC_MAX + 3];
+    struct iovec iov[KVP_DATA_VEC_MAX + 5];
     while (!c->dead && c->sent < c->count) {
         req_t *r = &c->ring[(c->head + c->sent) % PIPE_DEPTH];
         int iovcnt = 0;
@@ -323,6 +345,14 @@ static void conn_send(xconn_t *c)
         if (r->hdr.flags & KVP_DATA_F_GRANT) {
             iov_add(iov, &iovcnt, &skip, r->grants, r->n * sizeof(*r->grants));
             total += r->n * sizeof(*r->grants);
+        }
+        if (r->hdr.flags & KVP_DATA_F_GRANT_SET) {
+            iov_add(iov, &iovcnt, &skip, (void *)r->gset, r->gset_len);
+            total += r->gset_len;
+        }
+        if (r->hdr.flags & (KVP_DATA_F_GRANT_SET | KVP_DATA_F_GRANT_SAME)) {
+            iov_add(iov, &iovcnt, &skip, r->gidx, r->n * sizeof(*r->gidx));
+            total += r->n * sizeof(*r->gidx);
         }
         for (unsigned i = 0; i < r->n && req_writes(r); i++) {
             slice_t *s = r->s[i];
@@ -442,11 +472,14 @@ static tcp_scratch_t *scratch_get(tcp_ctx_t *ctx, size_t n_slices, size_t n_grou
         free(sc->sorted);
         free(sc->vecs);
         free(sc->grants);
+        free(sc->gidx);
         sc->slices = malloc(n_slices * sizeof(*sc->slices));
         sc->sorted = malloc(n_slices * sizeof(*sc->sorted));
         sc->vecs = malloc(n_slices * sizeof(*sc->vecs));
         sc->grants = malloc(n_slices * sizeof(*sc->grants));
-        sc->cap_slices = sc->slices && sc->sorted && sc->vecs && sc->grants ? n_slices : 0;
+        sc->gidx = malloc(n_slices * sizeof(*sc->gidx));
+        sc->cap_slices =
+            sc->slices && sc->sorted && sc->vecs && sc->grants && sc->gidx ? n_slices : 0;
     }
     if (sc->cap_groups < n_groups) {
         free(sc->groups);
@@ -484,6 +517,7 @@ static void scratch_free(tcp_scratch_t *sc)
     free(sc->sorted);
     free(sc->vecs);
     free(sc->grants);
+    free(sc->gidx);
     free(sc->groups);
     free(sc->conns);
     free(sc->pfds);
@@ -555,6 +589,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     slice_t **sorted = sc->sorted;
     kvp_data_vec_t *vecs = sc->vecs;
     kvp_grant_t *grants = sc->grants;
+    uint32_t *gidx = sc->gidx;
     group_t *groups = sc->groups;
     xconn_t *conns = sc->conns;
     struct pollfd *pfds = sc->pfds;
@@ -583,7 +618,9 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             s->len = KVP_MIN(slice_len, op->length - off);
             s->hdr = (kvp_data_req_t){.magic = KVP_DATA_MAGIC,
                                       .op = (uint16_t)op->kind,
-                                      .flags = op->grant != NULL ? KVP_DATA_F_GRANT : 0,
+                                      .flags = op->grant != NULL       ? KVP_DATA_F_GRANT
+                                               : op->grant_set != NULL ? KVP_DATA_F_GRANT_SET
+                                                                       : 0,
                                       .segment_id = op->peer->segment_id,
                                       .offset = op->offset + off,
                                       .length = s->len};
@@ -599,6 +636,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         groups[g].slices = &sorted[base];
         groups[g].vecs = &vecs[base];
         groups[g].grants = &grants[base];
+        groups[g].gidx = &gidx[base];
         base += groups[g].n;
         groups[g].n = 0;
     }
@@ -609,6 +647,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
                                            .length = slices[s].len};
         if (slices[s].op->grant != NULL) /* 80 bytes of the master's, next to its entry */
             memcpy(&gr->grants[gr->n], slices[s].op->grant, sizeof(kvp_grant_t));
+        gr->gidx[gr->n] = slices[s].op->grant_index;
         gr->slices[gr->n++] = &slices[s];
     }
     /* the batch's no-progress clock starts here: opening a stream (connect, HELLO) to an

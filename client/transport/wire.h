@@ -37,6 +37,13 @@
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1
+/* A grant set (common/grant.h) covers the entries instead: F_GRANT_SET, the set (its header
+ * and extents) follows the header or entries, then n u32 indices, entry i lying inside the
+ * set's extent idx[i]; F_GRANT_SAME, only the n indices follow, naming extents of the set
+ * this connection sent last (and the owner took). At most one of the three flags. */
+#define KVP_DATA_F_GRANT_SET 0x2
+#define KVP_DATA_F_GRANT_SAME 0x4
+#define KVP_DATA_F_GRANTS (KVP_DATA_F_GRANT | KVP_DATA_F_GRANT_SET | KVP_DATA_F_GRANT_SAME)
 
 typedef struct kvp_data_req {
     uint32_t magic;

@@ -64,21 +64,85 @@ void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
     d->draining = seg->draining;
 }
 
-bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg)
+/* An extent put in a grant set, with its descriptor's index. */
+struct kvp_set_ext {
+    size_t desc;
+    kvp_grant_extent_t e;
+};
+
+bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg, size_t *index_p)
 {
     for (size_t i = 0; i < s->n; i++)
-        if (s->descs[i].id == seg->id)
+        if (s->descs[i].id == seg->id) {
+            if (index_p != NULL)
+                *index_p = i;
             return true;
+        }
     if (s->n == s->cap) {
         size_t cap = s->cap ? s->cap * 2 : 8;
         Kvpool__SegmentDesc *d = realloc(s->descs, cap * sizeof(*d));
-        if (d == NULL)
+        uint32_t *sn = realloc(s->set_n, cap * sizeof(*sn));
+        if (d != NULL)
+            s->descs = d;
+        if (sn != NULL)
+            s->set_n = sn;
+        if (d == NULL || sn == NULL)
             return false;
-        s->descs = d;
         s->cap = cap;
     }
+    s->set_n[s->n] = 0;
+    if (index_p != NULL)
+        *index_p = s->n;
     kvp_seg_desc_fill(&s->descs[s->n++], seg);
     return true;
+}
+
+/* Seal each descriptor's grant set from the extents put in them (kvp_call_add_replicas):
+ * one block of memory, the sets back to back, each extent at the index its replica names. */
+static bool seal_sets(kvp_call_t *call, kvp_seg_set_t *s)
+{
+    kvp_master_state_t *st = call->st;
+    size_t total = 0;
+    for (size_t i = 0; i < s->n; i++)
+        total += s->set_n[i] ? kvp_grant_set_len(s->set_n[i]) : 0;
+    s->sets = malloc(total);
+    size_t *at = malloc(s->n * sizeof(*at)); /* where each descriptor's next extent goes */
+    if (s->sets == NULL || at == NULL) {
+        free(at);
+        return false;
+    }
+    size_t pos = 0;
+    for (size_t i = 0; i < s->n; i++) {
+        at[i] = pos + KVP_GRANT_SET_HDR_LEN;
+        pos += s->set_n[i] ? kvp_grant_set_len(s->set_n[i]) : 0;
+    }
+    for (size_t k = 0; k < s->n_pend; k++) {
+        memcpy(s->sets + at[s->pend[k].desc], &s->pend[k].e, sizeof(kvp_grant_extent_t));
+        at[s->pend[k].desc] += sizeof(kvp_grant_extent_t);
+    }
+    free(at);
+    bool ok = true;
+    pos = 0;
+    for (size_t i = 0; i < s->n && ok; i++) {
+        if (s->set_n[i] == 0)
+            continue;
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, s->descs[i].id);
+        kvp_grant_set_hdr_t *h = (kvp_grant_set_hdr_t *)(s->sets + pos);
+        *h = (kvp_grant_set_hdr_t){.version = KVP_GRANT_SET_VERSION,
+                                   .op = s->set_op,
+                                   .count = s->set_n[i],
+                                   .segment_id = s->descs[i].id,
+                                   .expiry_ms = st->grant_now_ms + s->set_ttl_ms,
+                                   .epoch = st->grant_epoch,
+                                   .nonce = ++st->grant_nonce,
+                                   .principal = call->who->tag};
+        ok = seg != NULL && seg->grant_mac != NULL &&
+             kvp_grant_set_seal(seg->grant_mac, h, (const kvp_grant_extent_t *)(h + 1));
+        s->descs[i].grant_set.data = (uint8_t *)h;
+        s->descs[i].grant_set.len = kvp_grant_set_len(s->set_n[i]);
+        pos += kvp_grant_set_len(s->set_n[i]);
+    }
+    return ok;
 }
 
 bool kvp_seg_set_finish(kvp_seg_set_t *s)
@@ -117,6 +181,8 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
     kvp_master_state_t *st = call->st;
     if (!st->grants_on || call->who == NULL || s->n == 0)
         return true;
+    if (s->n_pend > 0 && !seal_sets(call, s))
+        return false;
     s->conn_keys = malloc(s->n * 2 * KVP_GRANT_KEY_LEN); /* K_p, then K_r */
     s->shm_grants = malloc(s->n * sizeof(kvp_grant_t));
     if (s->conn_keys == NULL || s->shm_grants == NULL)
@@ -169,6 +235,9 @@ void kvp_seg_set_free(kvp_seg_set_t *s)
         OPENSSL_cleanse(s->conn_keys, s->n * 2 * KVP_GRANT_KEY_LEN);
     free(s->conn_keys);
     free(s->shm_grants);
+    free(s->pend);
+    free(s->set_n);
+    free(s->sets);
 }
 
 /*
@@ -217,6 +286,24 @@ bool kvp_call_grant(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, uint8_t
     return true;
 }
 
+/* Put rep's extent in descriptor d's grant set; rep names it. */
+static bool set_put(kvp_seg_set_t *s, size_t d, Kvpool__Replica *rep, uint64_t version)
+{
+    if (s->n_pend == s->cap_pend) {
+        size_t cap = s->cap_pend ? s->cap_pend * 2 : 64;
+        struct kvp_set_ext *p = realloc(s->pend, cap * sizeof(*p));
+        if (p == NULL)
+            return false;
+        s->pend = p;
+        s->cap_pend = cap;
+    }
+    s->pend[s->n_pend++] = (struct kvp_set_ext){
+        .desc = d, .e = {.offset = rep->offset, .length = rep->length, .version = version}};
+    rep->grant_set = (uint32_t)d + 1;
+    rep->grant_index = s->set_n[d]++;
+    return true;
+}
+
 bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Replica *reps,
                            Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs,
                            uint8_t grant_op, uint64_t grant_ttl_ms)
@@ -240,12 +327,21 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
         rep->segment_id = obj->replicas[r].segment_id;
         rep->offset = obj->replicas[r].offset;
         rep->length = obj->size;
-        if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms,
-                            grant_op == KVP_GRANT_WRITE ? obj->version : 0))
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
+        size_t d = 0;
+        if (seg != NULL && !kvp_seg_set_add(segs, seg, &d))
             return false;
+        uint64_t version = grant_op == KVP_GRANT_WRITE ? obj->version : 0;
+        if (seg != NULL && st->grants_on && call->who != NULL && seg->grant_mac != NULL &&
+            segs->set_n[d] < KVP_GRANT_SET_MAX) {
+            if (!set_put(segs, d, rep, version))
+                return false;
+            segs->set_op = grant_op;
+            segs->set_ttl_ms = grant_ttl_ms;
+        } else if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms, version)) {
+            return false;
+        }
         repptr[(*nr)++] = rep;
-        if (!kvp_seg_set_add(segs, kvp_segment_table_get(&st->segments, rep->segment_id)))
-            return false;
     }
     return true;
 }

@@ -75,21 +75,34 @@ typedef struct kvp_seg_set {
     size_t n, cap;
     uint8_t *conn_keys;           /* kvp_seg_set_conn_keys: K_p and K_r, 64 bytes per descriptor */
     struct kvp_grant *shm_grants; /* ... and a MAP grant per descriptor (common/grant.h) */
+    /* grant sets (kvp_call_add_replicas, data grants on): each extent handed out, with its
+     * descriptor's index, in the order given; each descriptor's count (set_n, room for cap);
+     * the op and lifetime of them all; sealed by kvp_seg_set_conn_keys into sets */
+    struct kvp_set_ext *pend;
+    size_t n_pend, cap_pend;
+    uint32_t *set_n;
+    uint8_t set_op;
+    uint64_t set_ttl_ms;
+    uint8_t *sets;
 } kvp_seg_set_t;
 
 void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg);
-bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg);
+/* Add seg's descriptor unless there (*index_p, when not NULL: its position). */
+bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg, size_t *index_p);
 bool kvp_seg_set_finish(kvp_seg_set_t *s);
-/* Data grants on: give each descriptor the caller's connection key and tag for it, and a
- * MAP grant where the caller may be handed the segment's memory (an answer that hands out
- * grants, after kvp_seg_set_finish). false: out of memory. */
+/* Data grants on: give each descriptor the caller's connection key and tag for it, a MAP
+ * grant where the caller may be handed the segment's memory, and its grant set when
+ * kvp_call_add_replicas put extents in one (an answer that hands out grants, after
+ * kvp_seg_set_finish). false: out of memory. */
 bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s);
 void kvp_seg_set_free(kvp_seg_set_t *s);
 
 /*
  * Append obj's replicas to a response under construction: reps/repptr have
  * room (sized by the caller), *nr counts what is used, segs collects the
- * descriptors. false: out of memory.
+ * descriptors. With data grants on, each replica's extent goes into its
+ * segment's grant set (grant_op, good for grant_ttl_ms; one op per answer), or
+ * past KVP_GRANT_SET_MAX extents gets a grant of its own. false: out of memory.
  */
 bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Replica *reps,
                            Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs,

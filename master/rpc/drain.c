@@ -169,7 +169,7 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         }
         kvp_move_t *mv = malloc(sizeof(*mv) + obj->key_len);
         if (mv == NULL ||
-            !kvp_seg_set_add(&segs, kvp_segment_table_get(&st->segments, dest.segment_id))) {
+            !kvp_seg_set_add(&segs, kvp_segment_table_get(&st->segments, dest.segment_id), NULL)) {
             free(mv);
             kvp_segment_table_free_extent(&st->segments, &dest);
             res[i].status = KVP_ERR_NOMEM;

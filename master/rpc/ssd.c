@@ -97,7 +97,7 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
                                 t->kind == KVP_SSD_OFFLOAD ? 0 : t->version))
                 goto out;
             m->dram = &reps[k];
-            if (d != NULL && !kvp_seg_set_add(&segs, d))
+            if (d != NULL && !kvp_seg_set_add(&segs, d, NULL))
                 goto out;
         }
         tp[k++] = m;

@@ -34,11 +34,37 @@ DENIED = kvpool.ERR_DENIED
 M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST = 4, 5, 7
 DATA_MAGIC = 0x4450564B
 READ, WRITE, READV, WRITEV, HELLO = 1, 2, 3, 4, 5
-F_GRANT = 1
+F_GRANT, F_GRANT_SET, F_GRANT_SAME = 1, 2, 4
 REQ = struct.Struct("<IHHQQQ")  # magic op flags segment_id offset length (32 bytes)
 RESP = struct.Struct("<IiQ")     # magic status length (16 bytes)
 VEC = struct.Struct("<QQQ")
 GRANT_LEN = 80
+SET_HDR = struct.Struct("<BBHIQQQQQ16s")  # version op reserved count segment expiry epoch nonce principal mac
+EXT = struct.Struct("<QQQ")  # offset length version
+
+
+class SetGrant:
+    """A replica's extent of the grant set its answer's segment descriptor carries: the set
+    (a 64-byte header and 24 bytes per extent, docs/protocol.md "Grant sets") and which
+    extent is the replica's. Sent as flag F_GRANT_SET, the set, then a u32 index per entry."""
+
+    def __init__(self, blob, index):
+        self.blob, self.index = bytes(blob), index
+
+    def __eq__(self, other):
+        return isinstance(other, SetGrant) and (self.blob, self.index) == (other.blob, other.index)
+
+    def __bool__(self):
+        return True
+
+    def wire(self, n=1):
+        return self.blob + struct.pack("<I", self.index) * n
+
+    def header(self):
+        return SET_HDR.unpack_from(self.blob)
+
+    def extent(self, i=None):
+        return EXT.unpack_from(self.blob, SET_HDR.size + EXT.size * (self.index if i is None else i))
 
 
 # ---- a protobuf reader: enough for GetReplicaListResponse ----
@@ -86,6 +112,9 @@ class Replica:
         self.length = m[3][0]
         self.grant = m.get(4, [b""])[0]
         d = descs[self.segment_id]
+        if not self.grant and m.get(5, [0])[0]:  # its extent of its segment's grant set
+            assert m[5][0] == d["_pos"] + 1
+            self.grant = SetGrant(d[18][0], m.get(6, [0])[0])
         host, port = d[7][0].decode().rsplit(":", 1)
         self.endpoint = (host, int(port))
         self.conn_key = d.get(13, [b""])[0]
@@ -93,6 +122,17 @@ class Replica:
         self.seg_size = d[4][0]
         self.shm_path = d.get(8, [b""])[0].decode()
         self.shm_grant = d.get(15, [b""])[0]  # a MAP grant (the shm hand-off), or none
+
+
+def descs_of(resp):
+    """An answer's segment descriptors by id, each with its position (a replica's grant_set
+    names its descriptor by position + 1)."""
+    descs = {}
+    for pos, d in enumerate(resp.get(3, [])):
+        dm = pb(d)
+        dm["_pos"] = pos
+        descs[dm[1][0]] = dm
+    return descs
 
 
 def replicas_of(master, key, who="bob", principals=PRINCIPALS):
@@ -113,10 +153,7 @@ def replicas_of(master, key, who="bob", principals=PRINCIPALS):
         r = read_frame(s)
     assert r is not None and r[1] == 0, r
     resp = pb(r[2])
-    descs = {}
-    for d in resp.get(3, []):
-        dm = pb(d)
-        descs[dm[1][0]] = dm
+    descs = descs_of(resp)
     res = pb(resp[2][0])
     assert res.get(1, [0])[0] == 0, res
     return [Replica(x, descs) for x in res[4]]
@@ -171,14 +208,25 @@ def closed(s):
         return True
 
 
+def grant_wire(grant, n=1):
+    """(flags, the bytes after the header or entries) for a grant: None, a single 80-byte
+    grant's bytes, or a SetGrant."""
+    if grant is None:
+        return 0, b""
+    if isinstance(grant, SetGrant):
+        return F_GRANT_SET, grant.wire(n)
+    return F_GRANT, grant
+
+
 def request(rep, op, offset, length, grant=None, payload=b"", segment_id=None, as_=None):
     """One raw READ/WRITE on a connection proven as rep's principal (as_: see data_conn);
     (status, payload, closed-after)."""
     seg = rep.segment_id if segment_id is None else segment_id
-    hdr = REQ.pack(DATA_MAGIC, op, F_GRANT if grant is not None else 0, seg, offset, length)
+    flags, tail = grant_wire(grant)
+    hdr = REQ.pack(DATA_MAGIC, op, flags, seg, offset, length)
     with data_conn(rep, as_) as s:
         try:
-            s.sendall(hdr + (grant or b"") + payload)
+            s.sendall(hdr + tail + payload)
         except (BrokenPipeError, ConnectionResetError):
             pass  # refused before the payload was all in: the reply (if any) says why
         r = reply(s)
@@ -272,7 +320,11 @@ def intact(gm, key, data):
 
 def test_honest_tcp_round_trips_carry_grants(gm, victim):
     key, data, rep = victim
-    assert len(rep.grant) == GRANT_LEN  # the master sealed one for the extent
+    # the master sealed a grant set for the answer's extents on this segment: this one
+    assert isinstance(rep.grant, SetGrant)
+    version, op, _, count, seg, _, _, _, principal, _ = rep.grant.header()
+    assert (version, op, count, seg, principal) == (2, READ, 1, rep.segment_id, rep.conn_tag)
+    assert rep.grant.extent() == (rep.offset, rep.length, 0)
     assert gm.owner_refused() == 0      # the library's own requests all passed
     # several objects in one batch (vectored requests with a grant per entry)
     keys = [f"b@grant-batch-{i}-{uuid.uuid4().hex[:6]}" for i in range(40)]
@@ -281,6 +333,19 @@ def test_honest_tcp_round_trips_carry_grants(gm, victim):
         assert all(s == 0 for s in bob.batch_put(keys, vals))
         assert bob.batch_get(keys) == vals
     assert gm.owner_refused() == 0
+
+
+def test_past_a_sets_limit_single_grants(gm):
+    """A batch naming more extents of one segment than a set holds (8192): the rest get
+    grants of their own in the same answer, and puts and gets of all of them pass."""
+    keys = [f"b@grant-many-{i}-{uuid.uuid4().hex[:6]}" for i in range(8300)]
+    vals = [i.to_bytes(4, "little") * 16 for i in range(8300)]
+    before = gm.owner_refused()
+    with gm.client("bob", transport="tcp") as bob:
+        assert all(s == 0 for s in bob.batch_put(keys, vals))
+        assert bob.batch_get(keys) == vals
+        bob.batch_remove(keys)
+    assert gm.owner_refused() == before
 
 
 def test_with_its_grant_a_raw_read_returns_the_bytes(gm, victim):
@@ -309,21 +374,44 @@ def test_no_grant_nothing_read_or_written(gm, victim):
     assert gm.owner_refused() == before + 3
 
 
+def flipped_set_request(rep, bit):
+    """rep's grant set on the wire (the set, then the entry's index) with one bit flipped;
+    a flip in the count gets the extents it now announces (zeros), so that the owner reads
+    a whole set and answers (a count past the limit or zero is refused from the header)."""
+    w = bytearray(rep.grant.wire())
+    w[bit // 8] ^= 1 << (bit % 8)
+    count = struct.unpack_from("<I", w, 4)[0]
+    if 1 < count <= 8192:
+        w[-4:-4] = bytes(EXT.size * (count - 1))
+    hdr = REQ.pack(DATA_MAGIC, READ, F_GRANT_SET, rep.segment_id, rep.offset, rep.length)
+    with data_conn(rep) as s:
+        s.sendall(hdr + bytes(w))
+        r = reply(s)
+        if r is None:
+            return None, b"", True
+        return r[0], r[1], r[0] != 0 and closed(s)
+
+
 def test_forged_and_bit_flipped_grants(gm, victim):
-    """Every single-bit flip of a real grant, and 1000 random ones: none taken (10^6
-    random grants against the check itself: tests/unit/common/test_grant.c)."""
+    """Every single-bit flip of a real grant set (its header, its extent and the entry's
+    index), 500 random single grants and 500 random sets: none taken (10^6 random grants
+    and sets against the checks themselves: tests/unit/common/test_grant.c)."""
     key, data, rep = victim
     before = gm.owner_refused()
-    g = bytearray(rep.grant)
     taken = 0
     tried = 0
-    for bit in range(GRANT_LEN * 8):
-        f = bytearray(g)
-        f[bit // 8] ^= 1 << (bit % 8)
-        taken += not refused(request(rep, READ, rep.offset, rep.length, bytes(f)))
+    for bit in range(len(rep.grant.wire()) * 8):
+        taken += not refused(flipped_set_request(rep, bit))
         tried += 1
-    for _ in range(1000):
+    for _ in range(500):
         taken += not refused(request(rep, READ, rep.offset, rep.length, os.urandom(GRANT_LEN)))
+        tried += 1
+    for _ in range(500):  # a random set of one extent naming the request's range
+        h = bytearray(os.urandom(SET_HDR.size))
+        h[0], h[1] = 2, READ
+        struct.pack_into("<IQ", h, 4, 1, rep.segment_id)
+        forged = SetGrant(bytes(h) + EXT.pack(rep.offset, rep.length, 0), 0)
+        taken += not refused(request(rep, READ, rep.offset, rep.length, forged))
         tried += 1
     assert taken == 0
     assert gm.owner_refused() == before + tried
@@ -355,6 +443,52 @@ def test_grant_needs_its_principals_connection(gm, victim):
     # and with bob's own HELLO the same grant is taken
     status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
     assert status == 0 and payload == data
+    intact(gm, key, data)
+
+
+def test_grant_set_named_again_on_its_connection(gm, victim):
+    """A set taken on a connection is named again by its index alone (F_GRANT_SAME) on that
+    connection only: first on a fresh connection, or with an index past the set, refused."""
+    key, data, rep = victim
+    with data_conn(rep) as s:
+        flags, tail = grant_wire(rep.grant)
+        s.sendall(REQ.pack(DATA_MAGIC, READ, flags, rep.segment_id, rep.offset, 100) + tail)
+        assert reply(s) == (0, data[:100])
+        idx = struct.pack("<I", rep.grant.index)
+        s.sendall(REQ.pack(DATA_MAGIC, READ, F_GRANT_SAME, rep.segment_id, rep.offset + 100,
+                           200) + idx)
+        assert reply(s) == (0, data[100:300])
+        # vectored, both entries inside the one extent the set names
+        body = VEC.pack(rep.segment_id, rep.offset, 10) + VEC.pack(rep.segment_id,
+                                                                   rep.offset + 20, 10)
+        s.sendall(REQ.pack(DATA_MAGIC, READV, F_GRANT_SAME, 0, 2, 20) + body + idx * 2)
+        assert reply(s) == (0, data[:10] + data[20:30])
+    before = gm.owner_refused()
+    with data_conn(rep) as s:  # nothing taken on this connection yet
+        s.sendall(REQ.pack(DATA_MAGIC, READ, F_GRANT_SAME, rep.segment_id, rep.offset, 100)
+                  + struct.pack("<I", rep.grant.index))
+        r = reply(s)
+        assert r is None or r[0] == DENIED
+        assert closed(s)
+    with data_conn(rep) as s:  # an index past the set's one extent
+        flags, tail = grant_wire(rep.grant)
+        s.sendall(REQ.pack(DATA_MAGIC, READ, flags, rep.segment_id, rep.offset, 100) + tail)
+        assert reply(s) == (0, data[:100])
+        s.sendall(REQ.pack(DATA_MAGIC, READ, F_GRANT_SAME, rep.segment_id, rep.offset, 100)
+                  + struct.pack("<I", 1))
+        r = reply(s)
+        assert r is None or r[0] == DENIED
+        assert closed(s)
+    # a set announcing more extents than any master seals: refused from its header
+    with data_conn(rep) as s:
+        h = bytearray(rep.grant.blob[:SET_HDR.size])
+        struct.pack_into("<I", h, 4, 8193)
+        s.sendall(REQ.pack(DATA_MAGIC, READ, F_GRANT_SET, rep.segment_id, rep.offset, 100)
+                  + bytes(h))
+        r = reply(s)
+        assert r is None or r[0] == DENIED
+        assert closed(s)
+    assert gm.owner_refused() == before + 3
     intact(gm, key, data)
 
 
@@ -509,7 +643,7 @@ def put_start_raw(s, key, size, medium=""):
     r = read_frame(s)
     assert r is not None and r[1] == 0, r
     resp = pb(r[2])
-    descs = {pb(d)[1][0]: pb(d) for d in resp.get(3, [])}
+    descs = descs_of(resp)
     res = pb(resp[2][0])
     assert res.get(1, [0])[0] == 0, res
     return Replica(res[2][0], descs)
@@ -530,7 +664,8 @@ def write_grant_ends(gm, medium=""):
     d1, d2 = os.urandom(4096), os.urandom(4096)
     with bob_control(gm) as s:
         rep = put_start_raw(s, key, len(d1), medium)
-        assert len(rep.grant) == GRANT_LEN
+        assert isinstance(rep.grant, SetGrant) and rep.grant.header()[1] == WRITE
+        assert rep.grant.extent()[2] > 0  # the put's object version: PutEnd ends the grant
         status, _, _ = request(rep, WRITE, rep.offset, len(d1), rep.grant, d1)
         assert status == 0
         put_end_raw(s, key, crc32c(d1))

@@ -4,7 +4,8 @@
  * its 640 bits flipped, 10^6 random grants, the wrong op, segment, epoch or
  * key, a range past its extent or wrapping past 2^64, an empty range, and
  * once expired (past the clock slack). The keyring and verifier pick up a
- * new key, and drop checks when the key is taken away.
+ * new key, and drop checks when the key is taken away. A grant set (one MAC over
+ * many extents) is refused the same ways, bit by bit and at random.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -236,6 +237,117 @@ static void test_grant_keyring(void **state)
     kvp_grant_keyring_cleanup(&kr);
 }
 
+/* A set of 3 extents (a write set: each with its object's version), sealed. */
+typedef struct {
+    kvp_grant_set_hdr_t h;
+    kvp_grant_extent_t e[3];
+} set3_t;
+
+static set3_t sealed_set(kvp_grant_mac_t *m, uint8_t op)
+{
+    set3_t s = {.h = {.version = KVP_GRANT_SET_VERSION,
+                      .op = op,
+                      .count = 3,
+                      .segment_id = SEG,
+                      .expiry_ms = NOW + 5000,
+                      .epoch = EPOCH,
+                      .nonce = 9,
+                      .principal = 0xABCDu},
+                .e = {{0, 4096, 11}, {8192, 4096, 12}, {65536, 1 << 20, 13}}};
+    assert_true(kvp_grant_set_seal(m, &s.h, s.e));
+    return s;
+}
+
+static kvp_status_t set_check(kvp_grant_mac_t *m, const set3_t *s, uint8_t op, uint64_t now,
+                              const char **why)
+{
+    return kvp_grant_set_check(m, &s->h, s->e, op, SEG, EPOCH, now, why);
+}
+
+/* A set is HMAC-SHA256 of its header's first 48 bytes and its extents (OpenSSL's own HMAC
+ * agrees), taken for its op, segment, epoch and time, and each extent covers what lies in
+ * it; every one of its bits flipped, 10^6 random ones, another key, op, segment, epoch, a
+ * count of 0 or past the limit, and after expiry: refused. */
+static void test_grant_set(void **state)
+{
+    (void)state;
+    kvp_grant_mac_t *m, *m2;
+    assert_int_equal(kvp_grant_mac_create(KEY, &m), KVP_OK);
+    assert_int_equal(kvp_grant_mac_create(KEY2, &m2), KVP_OK);
+    set3_t s = sealed_set(m, KVP_GRANT_WRITE);
+    uint8_t msg[48 + sizeof(s.e)], want[32];
+    memcpy(msg, &s.h, 48);
+    memcpy(msg + 48, s.e, sizeof(s.e));
+    size_t n = 0;
+    assert_non_null(EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, KEY, sizeof(KEY), msg,
+                              sizeof(msg), want, sizeof(want), &n));
+    assert_memory_equal(s.h.mac, want, KVP_GRANT_MAC_LEN);
+    const char *why = "unset";
+    assert_int_equal(set_check(m, &s, KVP_GRANT_WRITE, NOW, &why), KVP_OK);
+    assert_null(why);
+    assert_int_equal(set_check(m, &s, KVP_GRANT_WRITE, NOW + 5000 + KVP_GRANT_SKEW_MS, NULL),
+                     KVP_OK);
+    /* the extents: inside, at the edges; not past them, not empty, not wrapping */
+    assert_true(kvp_grant_extent_covers(&s.e[1], 8192, 4096));
+    assert_true(kvp_grant_extent_covers(&s.e[2], 65536 + 100, 200));
+    assert_false(kvp_grant_extent_covers(&s.e[1], 8192, 4097));
+    assert_false(kvp_grant_extent_covers(&s.e[1], 8191, 2));
+    assert_false(kvp_grant_extent_covers(&s.e[1], 8192, 0));
+    assert_false(kvp_grant_extent_covers(&s.e[1], UINT64_MAX - 8, 16));
+    /* the wrong op, segment, epoch, key, time */
+    assert_int_equal(set_check(m, &s, KVP_GRANT_READ, NOW, &why), KVP_ERR_DENIED);
+    assert_string_equal(why, "a write grant used to read");
+    assert_int_equal(kvp_grant_set_check(m, &s.h, s.e, KVP_GRANT_WRITE, SEG + 1, EPOCH, NOW, &why),
+                     KVP_ERR_DENIED);
+    assert_string_equal(why, "a grant for another segment");
+    assert_int_equal(kvp_grant_set_check(m, &s.h, s.e, KVP_GRANT_WRITE, SEG, EPOCH + 1, NOW, &why),
+                     KVP_ERR_DENIED);
+    assert_string_equal(why, "a grant from another epoch of the master");
+    assert_int_equal(set_check(m2, &s, KVP_GRANT_WRITE, NOW, &why), KVP_ERR_DENIED);
+    assert_int_equal(set_check(m, &s, KVP_GRANT_WRITE, NOW + 5001 + KVP_GRANT_SKEW_MS, &why),
+                     KVP_ERR_DENIED);
+    assert_string_equal(why, "the grant has expired");
+    /* a count of 0, or past the limit: refused before anything is hashed */
+    set3_t c = s;
+    c.h.count = 0;
+    assert_int_equal(set_check(m, &c, KVP_GRANT_WRITE, NOW, NULL), KVP_ERR_DENIED);
+    c.h.count = KVP_GRANT_SET_MAX + 1;
+    assert_int_equal(set_check(m, &c, KVP_GRANT_WRITE, NOW, NULL), KVP_ERR_DENIED);
+    /* a single grant's MAC is never a set's: a set of 1 extent under the same fields */
+    kvp_grant_t g = sealed(m, KVP_GRANT_WRITE);
+    c.h.count = 1;
+    memcpy(c.h.mac, g.mac, KVP_GRANT_MAC_LEN);
+    assert_int_equal(set_check(m, &c, KVP_GRANT_WRITE, NOW, NULL), KVP_ERR_DENIED);
+    /* every bit of the header (the MAC's too) and of the extents */
+    unsigned taken = 0;
+    for (size_t bit = 0; bit < sizeof(s) * 8; bit++) {
+        set3_t f = s;
+        ((uint8_t *)&f)[bit / 8] ^= (uint8_t)(1u << (bit % 8));
+        if (f.h.count > 3) /* a count past what this test holds: the check reads no further */
+            continue;
+        taken += set_check(m, &f, KVP_GRANT_WRITE, NOW, NULL) == KVP_OK;
+    }
+    assert_int_equal(taken, 0);
+    /* 10^6 random MACs, half of them with random fields too (the count kept in range) */
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (unsigned i = 0; i < 1000000; i++) {
+        set3_t f = s;
+        size_t upto = i % 2 ? sizeof(f) : KVP_GRANT_MAC_LEN;
+        uint8_t *p = i % 2 ? (uint8_t *)&f : f.h.mac;
+        for (size_t b = 0; b + 8 <= upto; b += 8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            memcpy(p + b, &x, 8);
+        }
+        f.h.count = 1 + (uint32_t)(x % 3);
+        taken += set_check(m, &f, f.h.op, NOW, NULL) == KVP_OK;
+    }
+    assert_int_equal(taken, 0);
+    kvp_grant_mac_destroy(m);
+    kvp_grant_mac_destroy(m2);
+}
+
 int main(void)
 {
     CRYPTO_set_mem_functions(count_malloc, count_realloc, count_free);
@@ -246,6 +358,7 @@ int main(void)
         cmocka_unit_test(test_grant_bit_flips),
         cmocka_unit_test(test_grant_random),
         cmocka_unit_test(test_grant_keyring),
+        cmocka_unit_test(test_grant_set),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
