@@ -35,7 +35,7 @@ import pytest
 
 import kvpool
 from conftest import Proc, free_port, metric
-from test_data_grants import (DATA_MAGIC, F_GRANT, REQ, RESP, GrantMaster, hello,
+from test_data_grants import (DATA_MAGIC, REQ, RESP, GrantMaster, grant_wire, hello,
                               replicas_of)
 from test_security import certs, close_all, no_ambient_credentials  # noqa: F401
 
@@ -145,8 +145,8 @@ def raw_map(rep, as_=None, grant=None, length=None, tcp=False):
         if as_ is not None:
             assert hello(s, as_.segment_id, as_.conn_tag, as_.conn_key) == 0
         size = rep.seg_size if length is None else length
-        s.sendall(REQ.pack(DATA_MAGIC, MAP, F_GRANT if grant else 0, rep.segment_id, 0, size)
-                  + (grant or b""))
+        flags, tail = grant_wire(grant)  # a MAP grant, or a read grant set (refused)
+        s.sendall(REQ.pack(DATA_MAGIC, MAP, flags, rep.segment_id, 0, size) + tail)
         msg, fds, _, _ = socket.recv_fds(s, RESP.size, 4)
         if len(msg) < RESP.size:
             msg += s.recv(RESP.size - len(msg))
