@@ -46,6 +46,8 @@ kvp_status_t kvp_handle_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
             const Kvpool__AdoptEntry *m = req->entries[i];
             kvp_object_t *dummy;
             out[i] = kvp_call_key_lookup(st, &m->key, &dummy, NULL);
+            if (out[i] == KVP_OK && !seg->ssd && !st->config.segment_records)
+                out[i] = KVP_ERR_UNSUPPORTED; /* kept for data grants only: not adopted */
             if (out[i] == KVP_OK) {
                 kvp_adopt_entry_t e = {.key = (const char *)m->key.data,
                                        .key_len = m->key.len,

@@ -109,7 +109,9 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->adopting = req->adopting;
     seg->mounted_ms = st->now_ms;
     st->segments.records_dirty = true; /* a held SegRecord of the owner's is answered */
-    seg->record = !seg->ssd && st->config.segment_records;
+    /* with data grants the owner needs the record's put ends even with --segment-records
+     * off (they end write grants); then its offers are refused (record.c): nothing adopted */
+    seg->record = !seg->ssd && (st->config.segment_records || st->grants_on);
     status = kvp_offset_alloc_create(d->size, seg->ssd ? 4096 : KVP_SEGMENT_ALIGN, &seg->alloc);
     if (status == KVP_OK)
         status = kvp_segment_table_add(&st->segments, seg);

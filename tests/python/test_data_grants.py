@@ -692,6 +692,17 @@ def test_write_grant_ends_at_put_end(gm):
     write_grant_ends(gm)
 
 
+def test_write_grant_ends_at_put_end_with_segment_records_off(certs, tmp_path):
+    """--segment-records off (nothing adopted after a master restart): the owner still gets
+    the record's put ends, which end write grants."""
+    m = GrantMaster(certs, str(tmp_path), PRINCIPALS, extra=("--segment-records", "off"))
+    try:
+        m.add_owner()
+        write_grant_ends(m)
+    finally:
+        close_all([m])
+
+
 def test_write_grant_ends_at_put_end_on_ssd(certs, tmp_path):
     """The same on an SSD segment (the only segment: the put goes straight to its file):
     refused once the owner recorded the put in the file (the master's RECORD task, sent at
