@@ -87,7 +87,8 @@ typedef struct kvp_grant_set_hdr {
 typedef struct kvp_grant_extent {
     uint64_t offset;
     uint64_t length;
-    uint64_t version; /* a WRITE set's: the object's version (its put ends the grant); READ: 0 */
+    uint64_t version; /* the object's: a WRITE ends with its put, a READ once a later object
+                         is recorded at the extent */
 } kvp_grant_extent_t; /* 24 bytes */
 
 #define KVP_GRANT_SET_HDR_LEN 64

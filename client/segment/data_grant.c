@@ -98,6 +98,9 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
             else if (write && ended != NULL &&
                      ended->version_at(ended->arg, e->offset) >= e->version)
                 why = "the put this write grant was for has ended";
+            else if (!write && ended != NULL &&
+                     ended->version_at(ended->arg, e->offset) > e->version)
+                why = "a later object than the read grant's is recorded at the extent";
         } else if (kvp_grant_check(v->mac, &g[i], op, vec[i].segment_id, vec[i].offset,
                                    vec[i].length, v->epoch, now, &why) == KVP_OK &&
                    g[i].principal != conn_tag)

@@ -334,7 +334,9 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
         uint64_t version = grant_op == KVP_GRANT_WRITE ? obj->version : 0;
         if (seg != NULL && st->grants_on && call->who != NULL && seg->grant_mac != NULL &&
             segs->set_n[d] < KVP_GRANT_SET_MAX) {
-            if (!set_put(segs, d, rep, version))
+            /* a set's extents carry the object's version for reads too: an owner whose
+             * record holds a later object at the extent refuses the read */
+            if (!set_put(segs, d, rep, obj->version))
                 return false;
             segs->set_op = grant_op;
             segs->set_ttl_ms = grant_ttl_ms;

@@ -31,7 +31,7 @@ from test_security import (M_AUTH, PRINCIPALS, SecureMaster, auth_body,  # noqa:
                            read_frame, recv_exact, tls_client_ctx, tls_connect, varint)
 
 DENIED = kvpool.ERR_DENIED
-M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST = 4, 5, 7
+M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST, M_LEASE_RELEASE = 4, 5, 7, 18
 DATA_MAGIC = 0x4450564B
 READ, WRITE, READV, WRITEV, HELLO = 1, 2, 3, 4, 5
 F_GRANT, F_GRANT_SET, F_GRANT_SAME = 1, 2, 4
@@ -324,7 +324,8 @@ def test_honest_tcp_round_trips_carry_grants(gm, victim):
     assert isinstance(rep.grant, SetGrant)
     version, op, _, count, seg, _, _, _, principal, _ = rep.grant.header()
     assert (version, op, count, seg, principal) == (2, READ, 1, rep.segment_id, rep.conn_tag)
-    assert rep.grant.extent() == (rep.offset, rep.length, 0)
+    off, length, version = rep.grant.extent()
+    assert (off, length) == (rep.offset, rep.length) and version > 0  # the object's version
     assert gm.owner_refused() == 0      # the library's own requests all passed
     # several objects in one batch (vectored requests with a grant per entry)
     keys = [f"b@grant-batch-{i}-{uuid.uuid4().hex[:6]}" for i in range(40)]
@@ -490,6 +491,57 @@ def test_grant_set_named_again_on_its_connection(gm, victim):
         assert closed(s)
     assert gm.owner_refused() == before + 3
     intact(gm, key, data)
+
+
+def get_replicas_raw(s, key):
+    """GetReplicaList of one key on control connection s: (its Replica, its lease id)."""
+    s.sendall(frame(M_GET_REPLICA_LIST, keys_body(key), req_id=21))
+    r = read_frame(s)
+    assert r is not None and r[1] == 0, r
+    resp = pb(r[2])
+    res = pb(resp[2][0])
+    assert res.get(1, [0])[0] == 0, res
+    return Replica(res[4][0], descs_of(resp)), res.get(5, [0])[0]
+
+
+def test_read_grant_refused_once_a_later_object_is_at_its_extent(gm):
+    """A reader that hands its lease back keeps its read grant until its expiry; the
+    object removed and its extent given to a new object (another tenant's, in a shared
+    segment), the old grant reads none of the new object's bytes once the owner's record
+    has it."""
+    key = f"b@grant-old-{uuid.uuid4().hex[:8]}"
+    old = os.urandom(8192)
+    with gm.client("bob", transport="tcp") as bob:
+        bob.put(key, old)
+    with bob_control(gm) as s:
+        rep, lease = get_replicas_raw(s, key)
+        if lease:  # (none when the master grants no read leases)
+            s.sendall(frame(M_LEASE_RELEASE, b"\x0a\x08" + struct.pack("<Q", lease),
+                            req_id=22))
+        status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+        assert status == 0 and payload == old
+    with gm.client("bob", transport="tcp") as bob:
+        bob.remove(key)
+    # new objects of the same size until one lands on the old extent (first fit: soon)
+    new_keys, landed = [], None
+    with gm.client("alice", transport="tcp") as alice:
+        for i in range(64):
+            k = f"a@grant-new-{i}-{uuid.uuid4().hex[:6]}"
+            alice.put(k, bytes([i]) * 8192)
+            new_keys.append(k)
+            (r,) = replicas_of(gm, k, who="alice")
+            if r.segment_id == rep.segment_id and r.offset == rep.offset:
+                landed = k
+                break
+    assert landed is not None, "no new object landed on the old extent"
+    before = gm.owner_refused()
+    deadline = time.monotonic() + 5  # the owner's record learns of it within milliseconds
+    while not refused(request(rep, READ, rep.offset, rep.length, rep.grant)):
+        assert time.monotonic() < deadline, "the old read grant still reads the new object"
+        time.sleep(0.05)
+    assert gm.owner_refused() > before
+    with gm.client("alice", transport="tcp") as alice:
+        assert alice.get(landed) == bytes([len(new_keys) - 1]) * 8192
 
 
 def test_read_grant_cannot_write(gm, victim):
