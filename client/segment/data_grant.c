@@ -109,6 +109,9 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
         else if (why == NULL && write && ended != NULL &&
                  ended->version_at(ended->arg, g[i].offset) >= g[i].nonce)
             why = "the put this write grant was for has ended";
+        else if (why == NULL && op == KVP_GRANT_READ && ended != NULL &&
+                 ended->version_at(ended->arg, g[i].offset) > g[i].nonce)
+            why = "a later object than the read grant's is recorded at the extent";
     }
     if (why == NULL)
         return KVP_OK;

@@ -331,7 +331,6 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
         size_t d = 0;
         if (seg != NULL && !kvp_seg_set_add(segs, seg, &d))
             return false;
-        uint64_t version = grant_op == KVP_GRANT_WRITE ? obj->version : 0;
         if (seg != NULL && st->grants_on && call->who != NULL && seg->grant_mac != NULL &&
             segs->set_n[d] < KVP_GRANT_SET_MAX) {
             /* a set's extents carry the object's version for reads too: an owner whose
@@ -340,7 +339,7 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
                 return false;
             segs->set_op = grant_op;
             segs->set_ttl_ms = grant_ttl_ms;
-        } else if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms, version)) {
+        } else if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms, obj->version)) {
             return false;
         }
         repptr[(*nr)++] = rep;

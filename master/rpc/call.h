@@ -53,8 +53,9 @@ kvp_status_t kvp_call_reply_statuses(kvp_call_t *call, int32_t status, int32_t *
  * extents: make room for their grants and read the clock (false: out of memory). Then
  * kvp_call_grant seals slot `slot`'s grant for rep (op KVP_GRANT_READ/WRITE, good for ttl_ms)
  * and points rep->grant at it; nothing when grants are off or the segment has no key.
- * version: a write grant's object version, its nonce (an owner refuses it once its record
- * has that version or a later one at the extent: the put ended); 0: a counter's.
+ * version: the object's version, the grant's nonce (an owner refuses a write grant once its
+ * record has that version or a later one at the extent: the put ended; a read grant once it
+ * has a later one: the extent holds another object now); 0: a counter's.
  * The grants live until the next response is built: kvp_call_reply packs them first.
  */
 bool kvp_call_grants_reserve(kvp_master_state_t *st, size_t count);

@@ -93,8 +93,7 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
             /* an offload reads the DRAM replica, a promotion writes it */
             if (!kvp_call_grant(call, &reps[k], k,
                                 t->kind == KVP_SSD_OFFLOAD ? KVP_GRANT_READ : KVP_GRANT_WRITE,
-                                st->config.put_timeout_ms,
-                                t->kind == KVP_SSD_OFFLOAD ? 0 : t->version))
+                                st->config.put_timeout_ms, t->version))
                 goto out;
             m->dram = &reps[k];
             if (d != NULL && !kvp_seg_set_add(&segs, d, NULL))
