@@ -115,6 +115,7 @@ struct kvp_etcd {
     char *ca, *cert, *key;
     char *user;
     char *password;                  /* secret: wiped at destroy */
+    char *password_file;             /* read again at each authentication (a rotation) */
     char *token;                     /* secret: wiped when dropped; NULL: none held */
     struct curl_slist *auth_headers; /* headers + "Authorization: <token>"; NULL: no token */
     bool auth_off;                   /* etcd said authentication is not enabled */
@@ -821,6 +822,8 @@ static char *json_string(char *out, const char *s)
     return out;
 }
 
+static kvp_status_t etcd_read_password(const char *path, char **pw_p, char *err, size_t err_len);
+
 /*
  * Get a token for e->user (POST /v3/auth/authenticate) and put it in
  * e->auth_headers. etcd with authentication off: KVP_OK without a token
@@ -829,6 +832,22 @@ static char *json_string(char *out, const char *s)
  */
 static kvp_status_t etcd_authenticate(kvp_etcd_t *e)
 {
+    /* the password file is read again each time, so that a password rotated in etcd and
+     * written to the file is taken at the next authentication (a token that expired or was
+     * refused), with no restart; unreadable now: the password read before */
+    char *pw = NULL, why[512];
+    if (etcd_read_password(e->password_file, &pw, why, sizeof(why)) != KVP_OK) {
+        KVP_LOG_WARN_LIMITED("etcd: %s; authenticating with the password read before", why);
+    } else if (strcmp(pw, e->password) != 0) {
+        KVP_LOG_INFO("etcd: the password file %s changed: authenticating as '%s' with the "
+                     "password it holds now",
+                     e->password_file, e->user);
+        etcd_wipe_free(e->password, ETCD_MAX_PASSWORD + 2);
+        e->password = pw;
+        pw = NULL;
+    }
+    if (pw != NULL)
+        etcd_wipe_free(pw, ETCD_MAX_PASSWORD + 2);
     size_t cap = 6 * (strlen(e->user) + strlen(e->password)) + 32;
     char *body = malloc(cap);
     if (body == NULL)
@@ -958,6 +977,7 @@ static void etcd_free(kvp_etcd_t *e)
     free(e->cert);
     free(e->key);
     free(e->user);
+    free(e->password_file);
     if (e->password != NULL)
         etcd_wipe_free(e->password, ETCD_MAX_PASSWORD + 2);
     free(e);
@@ -1014,9 +1034,10 @@ static kvp_status_t etcd_file(const char *what, const char *path, char **copy_p,
     return *copy_p != NULL ? KVP_OK : KVP_ERR_NOMEM;
 }
 
-/* Read the password from path into e->password: one trailing newline (\n or \r\n) is
- * stripped; empty, NUL bytes or longer than ETCD_MAX_PASSWORD: refused. */
-static kvp_status_t etcd_read_password(kvp_etcd_t *e, const char *path, char *err, size_t err_len)
+/* Read the password from path into *pw_p (ETCD_MAX_PASSWORD + 2 bytes, wipe it): one
+ * trailing newline (\n or \r\n) is stripped; empty, NUL bytes or longer than
+ * ETCD_MAX_PASSWORD: refused. */
+static kvp_status_t etcd_read_password(const char *path, char **pw_p, char *err, size_t err_len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
@@ -1062,7 +1083,7 @@ static kvp_status_t etcd_read_password(kvp_etcd_t *e, const char *path, char *er
         return create_fail(err, err_len, KVP_ERR_INVALID_ARG, "the etcd password file %s %s", path,
                            why);
     }
-    e->password = buf;
+    *pw_p = buf;
     return KVP_OK;
 }
 
@@ -1090,8 +1111,10 @@ static kvp_status_t etcd_set_security(kvp_etcd_t *e, const kvp_etcd_security_t *
                                "the etcd user name needs 1..256 bytes");
         if ((e->user = strdup(sec->user)) == NULL)
             return KVP_ERR_NOMEM;
-        if ((status = etcd_read_password(e, sec->password_file, err, err_len)) != KVP_OK)
+        if ((status = etcd_read_password(sec->password_file, &e->password, err, err_len)) != KVP_OK)
             return status;
+        if ((e->password_file = strdup(sec->password_file)) == NULL)
+            return KVP_ERR_NOMEM;
     }
     for (int i = 0; i < e->n_urls; i++) {
         if (strncmp(e->urls[i], "http://", 7) == 0 && e->ca != NULL)

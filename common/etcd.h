@@ -21,9 +21,10 @@
  * Authorization header. A request refused for its token (expired: simple
  * tokens die after --auth-token-ttl idle, 300 s by default; or the auth store
  * changed) authenticates again once and is retried. The password is read
- * from a file at create, kept in the handle for those re-authentications and
- * wiped (explicit_bzero) with the token at destroy; neither ever enters an
- * error text or a log line.
+ * from a file at create and again at each authentication (a password rotated
+ * in etcd and written to the file is taken at the next one; a file unreadable
+ * then leaves the last one read), kept in the handle and wiped (explicit_bzero)
+ * with the token at destroy; neither ever enters an error text or a log line.
  * A request that cannot connect, times out, or meets a member that has no
  * quorum ("etcdserver: no leader", gRPC code 14) is tried on the next
  * endpoint; the one that answered is remembered for the next call. Each

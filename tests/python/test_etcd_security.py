@@ -101,12 +101,12 @@ class Etcd:
             self.stop()
             raise
 
-    def ctl(self, *args):
+    def ctl(self, *args, input=None):
         """etcdctl against this etcd (as root once auth is on: pass --user)."""
         exe = shutil.which("etcdctl") or "/usr/bin/etcdctl"
         return subprocess.run([exe, "--endpoints", f"https://{self.endpoint}", "--cacert",
                                str(self.certs / "ca.crt"), "--cert", str(self.certs / "kvpool.crt"),
-                               "--key", str(self.certs / "kvpool.key"), *args],
+                               "--key", str(self.certs / "kvpool.key"), *args], input=input,
                               check=True, capture_output=True, text=True, timeout=30).stdout
 
     def stop(self):
@@ -139,6 +139,7 @@ def auth_etcd(certs, tmp_path_factory):
     e = Etcd(certs, work, ["--auth-token", "simple", "--auth-token-ttl", "1"])
     try:
         root_pw, e.password = secrets.token_hex(16), secrets.token_hex(16)
+        e.root_pw = root_pw
         e.ctl("user", "add", f"root:{root_pw}")
         e.ctl("role", "add", "root")
         e.ctl("user", "grant-role", "root", "root")
@@ -289,3 +290,59 @@ def test_password(auth_etcd, certs, tmp_path, monkeypatch):
         for where, text in (("master log", bad.log_text()), ("good master log", good.log_text()),
                             ("metrics", metrics), ("client error", err)):
             assert secret not in text, f"a password in the {where}"
+
+
+def write_secret(path, text):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, (text + "\n").encode())
+    os.close(fd)
+
+
+def test_password_rotation(auth_etcd, certs, tmp_path):
+    """The etcd password rotated while the master leads, with no restart and no signal:
+    the password file is read again at each authentication. Rotated in etcd before the
+    file: authentications fail (logged, counted, no secret) until the file has it; then
+    the master authenticates with it and keeps leading, same epoch, and writes to etcd."""
+    ca = str(certs / "ca.crt")
+    pw_file = tmp_path / "rotating.password"
+    write_secret(pw_file, auth_etcd.password)
+    m = Master(auth_etcd.endpoint,
+               ["--etcd-cacert", ca, "--etcd-user", "kvpool", "--etcd-password-file",
+                str(pw_file), "--leader-ttl", "15"], tmp_path, "rotating")
+    old_pw, new_pw = auth_etcd.password, secrets.token_hex(16)
+    try:
+        wait_for(m.leads, "the master to lead with an etcd user")
+        epoch = metric(m.metrics(), "kvpool_epoch")
+        # etcd first: the master's next authentication (its token dies after 1 s idle)
+        # fails with the old password
+        auth_etcd.ctl("--user", f"root:{auth_etcd.root_pw}", "user", "passwd", "kvpool",
+                      "--interactive=false", input=new_pw + "\n")
+        auth_etcd.password = new_pw
+        # (the election's keepalive, every 5 s, finds its token gone and logs the refusal)
+        wait_for(lambda: "authentication as user 'kvpool' failed" in m.log_text(),
+                 "an authentication refused", 15)
+        assert metric(m.metrics(), "kvpool_etcd_requests_failed_total", {"reason": "auth"}) >= 1
+        # then the file: the next authentication takes it
+        reauth = metric(m.metrics(), "kvpool_etcd_reauthentications_total")
+        write_secret(pw_file, new_pw)
+        wait_for(lambda: "the password file" in m.log_text() and "changed" in m.log_text(),
+                 "the master to read the new password", 15)
+        wait_for(lambda: metric(m.metrics(), "kvpool_etcd_reauthentications_total") > reauth + 1,
+                 "authentications with the new password", 15)
+        failed = metric(m.metrics(), "kvpool_etcd_requests_failed_total", {"reason": "auth"})
+        deadline = time.monotonic() + 6  # re-authentications, none refused
+        while time.monotonic() < deadline:
+            assert m.leads(), m.log_text()
+            time.sleep(0.25)
+        text = m.metrics()
+        assert metric(text, "kvpool_etcd_requests_failed_total", {"reason": "auth"}) == failed
+        assert metric(text, "kvpool_epoch") == epoch and metric(text, "kvpool_leader") == 1
+        # it still writes to etcd: its leader key, renewed, read back as root
+        out = auth_etcd.ctl("--user", f"root:{auth_etcd.root_pw}", "get", "--prefix",
+                            f"/kvpool/{CLUSTER}/")
+        assert out, "nothing of the cluster's in etcd"
+        log = m.log_text()
+    finally:
+        m.stop()
+    for secret in (old_pw, new_pw):
+        assert secret not in log and secret not in text
