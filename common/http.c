@@ -12,6 +12,7 @@
 #include "common/http.h"
 
 #include <arpa/inet.h>
+#include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,7 +32,8 @@ struct kvp_http {
     kvp_http_handler_fn fn;
     void *arg;
     char *cert, *key; /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
-    size_t cert_len, key_len;
+    char *trust;      /* HTTPS: the CAs whose client certificates are asked for; NULL: none */
+    size_t cert_len, key_len, trust_len;
 };
 
 struct kvp_http_request {
@@ -203,12 +205,26 @@ static void wipe_free(char *p, size_t len)
 kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *arg,
                             kvp_http_t **http_p, uint16_t *bound_port_p)
 {
-    return kvp_http_start_tls(hostport, NULL, NULL, fn, arg, http_p, bound_port_p);
+    return kvp_http_start_tls(hostport, NULL, NULL, NULL, fn, arg, http_p, bound_port_p);
+}
+
+size_t kvp_http_peer_cert(const kvp_http_request_t *req, const void **der_p)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (ci == NULL || ci->tls_session == NULL)
+        return 0;
+    unsigned n = 0;
+    const gnutls_datum_t *l = gnutls_certificate_get_peers((gnutls_session_t)ci->tls_session, &n);
+    if (l == NULL || n == 0)
+        return 0;
+    *der_p = l[0].data;
+    return l[0].size;
 }
 
 kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, const char *key_file,
-                                kvp_http_handler_fn fn, void *arg, kvp_http_t **http_p,
-                                uint16_t *bound_port_p)
+                                const char *trust_file, kvp_http_handler_fn fn, void *arg,
+                                kvp_http_t **http_p, uint16_t *bound_port_p)
 {
     char host[256];
     uint16_t port;
@@ -229,8 +245,11 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
     if (cert_file != NULL) {
         h->cert = slurp(cert_file, &h->cert_len);
         h->key = slurp(key_file, &h->key_len);
-        if (h->cert == NULL || h->key == NULL) {
+        if (trust_file != NULL)
+            h->trust = slurp(trust_file, &h->trust_len);
+        if (h->cert == NULL || h->key == NULL || (trust_file != NULL && h->trust == NULL)) {
             free(h->cert);
+            free(h->trust);
             wipe_free(h->key, h->key_len);
             free(h);
             return KVP_ERR_INVALID_ARG;
@@ -241,6 +260,8 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
         {MHD_OPTION_HTTPS_MEM_CERT, 0, h->cert},
         {MHD_OPTION_HTTPS_MEM_KEY, 0, h->key},
         {MHD_OPTION_HTTPS_PRIORITIES, 0, (void *)"NORMAL:-VERS-ALL:+VERS-TLS1.3"},
+        /* a trust list: libmicrohttpd asks each client for a certificate (GNUTLS_CERT_REQUEST) */
+        {h->trust != NULL ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0, h->trust},
         {MHD_OPTION_END, 0, NULL},
     };
     struct MHD_OptionItem no_opts[] = {{MHD_OPTION_END, 0, NULL}};
@@ -254,6 +275,7 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
         MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
     if (h->d == NULL) {
         free(h->cert);
+        free(h->trust);
         wipe_free(h->key, h->key_len);
         free(h);
         return KVP_ERR_SYSTEM;
@@ -272,6 +294,7 @@ void kvp_http_stop(kvp_http_t *h)
         return;
     MHD_stop_daemon(h->d);
     free(h->cert);
+    free(h->trust);
     wipe_free(h->key, h->key_len);
     free(h);
 }

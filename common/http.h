@@ -50,10 +50,15 @@ void kvp_http_json_string(kvp_http_reply_t *reply, const char *s, size_t len);
 kvp_status_t kvp_http_start(const char *hostport, kvp_http_handler_fn fn, void *arg,
                             kvp_http_t **http_p, uint16_t *bound_port_p);
 /* The same over HTTPS (TLS 1.3 only) with a PEM certificate and key (kept in memory
- * until stop, then wiped). KVP_ERR_INVALID_ARG when a file cannot be read. */
+ * until stop, then wiped). trust_file (PEM CAs, or NULL): clients are asked for a
+ * certificate (not required; the handler verifies what kvp_http_peer_cert gives).
+ * KVP_ERR_INVALID_ARG when a file cannot be read. */
 kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, const char *key_file,
-                                kvp_http_handler_fn fn, void *arg, kvp_http_t **http_p,
-                                uint16_t *bound_port_p);
+                                const char *trust_file, kvp_http_handler_fn fn, void *arg,
+                                kvp_http_t **http_p, uint16_t *bound_port_p);
+/* The certificate the client presented over HTTPS (DER, valid during the request), its
+ * length; 0: none (plain HTTP, or none sent). Not verified: the caller does that. */
+size_t kvp_http_peer_cert(const kvp_http_request_t *req, const void **der_p);
 /* A request header (e.g. "Authorization"), or NULL. */
 const char *kvp_http_header(const kvp_http_request_t *req, const char *name);
 

@@ -326,6 +326,30 @@ bool kvp_tls_peer_cn(kvp_ssl_t *ssl, char *buf, size_t len)
     return ok;
 }
 
+bool kvp_tls_verify_der(kvp_tls_t *tls, const void *der, size_t der_len, char *buf, size_t len,
+                        const char **why_p)
+{
+    const unsigned char *p = der;
+    X509 *cert = d2i_X509(NULL, &p, (long)der_len);
+    X509_STORE_CTX *vc = X509_STORE_CTX_new();
+    bool ok = false;
+    *why_p = "not a certificate";
+    if (cert != NULL && vc != NULL &&
+        X509_STORE_CTX_init(vc, SSL_CTX_get_cert_store(tls->ctx), cert, NULL) == 1) {
+        X509_STORE_CTX_set_purpose(vc, X509_PURPOSE_SSL_CLIENT);
+        ok = X509_verify_cert(vc) == 1;
+        *why_p = ok ? NULL : X509_verify_cert_error_string(X509_STORE_CTX_get_error(vc));
+        if (ok && X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, buf,
+                                            (int)len) <= 0) {
+            ok = false;
+            *why_p = "no subject CN";
+        }
+    }
+    X509_STORE_CTX_free(vc);
+    X509_free(cert);
+    return ok;
+}
+
 /* ---- client side ---- */
 
 static uint64_t mono_ms(void)

@@ -63,6 +63,11 @@ bool kvp_tls_pending(kvp_ssl_t *ssl);
 bool kvp_tls_established(kvp_ssl_t *ssl);
 /* The subject CN of the peer's verified certificate. false: the peer sent none. */
 bool kvp_tls_peer_cn(kvp_ssl_t *ssl, char *buf, size_t len);
+/* Verify a certificate a peer presented elsewhere (DER; the HTTPS door's) against this
+ * context's CAs and CRL, as a handshake would, and put its subject CN in buf. false:
+ * refused, *why_p (static or OpenSSL's text) says why. */
+bool kvp_tls_verify_der(kvp_tls_t *tls, const void *der, size_t der_len, char *buf, size_t len,
+                        const char **why_p);
 
 /* ---- client side: a blocking channel ---- */
 

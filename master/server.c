@@ -927,8 +927,9 @@ static kvp_status_t start_obs(kvp_master_server_t *srv)
     if (strcmp(cfg->http_listen, "off") != 0) {
         uint16_t port = 0;
         bool tls = cfg->tls_cert[0] != '\0'; /* HTTPS with the same certificate */
-        kvp_status_t s = kvp_master_http_start(cfg->http_listen, tls ? cfg->tls_cert : NULL,
-                                               tls ? cfg->tls_key : NULL, &srv->http, &port);
+        kvp_status_t s = kvp_master_http_start(
+            cfg->http_listen, tls ? cfg->tls_cert : NULL, tls ? cfg->tls_key : NULL,
+            tls && cfg->tls_ca[0] != '\0' ? cfg->tls_ca : NULL, &srv->http, &port);
         if (s != KVP_OK && cfg->http_listen_given) {
             KVP_LOG_ERROR("--http-listen %s: %s", cfg->http_listen,
                           s == KVP_ERR_INVALID_ARG ? "needs IPV4:PORT (or off)"
@@ -989,6 +990,7 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->self = srv->self;
     v->events = srv->events;
     v->acl = srv->acl;
+    v->tls = srv->tls;
     v->serving = srv->el == NULL || (kvp_election_leading(srv->el, kvp_now_ms(), &epoch) &&
                                      epoch == srv->epoch && !srv->reset_pending);
     reason[0] = '\0';

@@ -51,7 +51,9 @@ typedef struct job {
     uint64_t cursor;
     uint32_t limit;
     bool done;
-    char token[1024]; /* "Authorization: Bearer TOKEN" (wiped once checked); "": none */
+    char token[1024];   /* "Authorization: Bearer TOKEN" (wiped once checked); "": none */
+    uint8_t cert[8192]; /* the client certificate (DER) over HTTPS, not verified yet */
+    size_t cert_len;    /* 0: none (or one too big to be ours) */
 } job_t;
 
 struct kvp_master_http {
@@ -145,6 +147,12 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
     if (auth != NULL && strncasecmp(auth, "Bearer ", 7) == 0 &&
         strlen(auth + 7) < sizeof(job.token))
         snprintf(job.token, sizeof(job.token), "%s", auth + 7);
+    const void *der = NULL;
+    size_t der_len = kvp_http_peer_cert(req, &der);
+    if (der_len > 0 && der_len <= sizeof(job.cert)) {
+        memcpy(job.cert, der, der_len);
+        job.cert_len = der_len;
+    }
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += KVP_MASTER_HTTP_WAIT_MS / 1000;
@@ -183,7 +191,7 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
 }
 
 kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const char *key,
-                                   kvp_master_http_t **h_p, uint16_t *port_p)
+                                   const char *ca, kvp_master_http_t **h_p, uint16_t *port_p)
 {
     kvp_master_http_t *h = calloc(1, sizeof(*h));
     if (h == NULL)
@@ -194,12 +202,12 @@ kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const
         return KVP_ERR_SYSTEM;
     }
     pthread_mutex_init(&h->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-    pthread_cond_init(&h->cond, &ca);
-    pthread_condattr_destroy(&ca);
-    kvp_status_t s = kvp_http_start_tls(hostport, cert, key, handle, h, &h->http, port_p);
+    pthread_condattr_t cattr;
+    pthread_condattr_init(&cattr);
+    pthread_condattr_setclock(&cattr, CLOCK_MONOTONIC);
+    pthread_cond_init(&h->cond, &cattr);
+    pthread_condattr_destroy(&cattr);
+    kvp_status_t s = kvp_http_start_tls(hostport, cert, key, ca, handle, h, &h->http, port_p);
     if (s != KVP_OK) {
         close(h->efd);
         pthread_mutex_destroy(&h->lock);
@@ -397,7 +405,9 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const job_t
 }
 
 /* With an ACL, every view but /metrics and /health (which hold no key) is an admin's:
- * its bearer token must name an admin principal. false: refused (401 or 403, counted). */
+ * its bearer token, or else its client certificate (verified against the control port's
+ * CAs and CRL, its CN an ACL cert-cn), must name an admin principal. false: refused (401
+ * or 403, counted). */
 static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
 {
     if (v->acl == NULL || job->kind == JOB_METRICS || job->kind == JOB_HEALTH)
@@ -406,6 +416,14 @@ static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t
     size_t len = strlen(job->token);
     const kvp_principal_t *who = len > 0 ? kvp_acl_by_token(v->acl, job->token, len) : NULL;
     OPENSSL_cleanse(job->token, sizeof(job->token));
+    char cn[256];
+    const char *why = NULL;
+    if (len == 0 && job->cert_len > 0 && v->tls != NULL) {
+        if (kvp_tls_verify_der(v->tls, job->cert, job->cert_len, cn, sizeof(cn), &why))
+            who = kvp_acl_by_cn(v->acl, cn);
+        else
+            KVP_LOG_WARN_LIMITED("http: a client certificate not taken: %s", why);
+    }
     if (who != NULL && (who->roles & KVP_ROLE_ADMIN))
         return true;
     r->content_type = "application/json";
@@ -413,7 +431,7 @@ static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t
         r->status = 401;
         st->stats.refused_http_unauth++;
         kvp_http_printf(r, "{\"error\":\"authentication required: send Authorization: Bearer "
-                           "TOKEN of an admin principal\"}\n");
+                           "TOKEN, or a client certificate, of an admin principal\"}\n");
     } else {
         r->status = 403;
         st->stats.refused_http_role++;

@@ -20,6 +20,7 @@
 
 #include "common/status.h"
 #include "master/obs/events.h"
+#include "common/tls.h"
 #include "master/auth/acl.h"
 #include "master/state.h"
 
@@ -35,14 +36,17 @@ typedef struct kvp_master_view {
     const char *reason; /* why it does not serve (a standby: the leader's address) */
     kvp_events_t *events;
     const kvp_acl_t *acl; /* --acl-file: the views beyond /metrics and /health need an admin
-                             principal's bearer token; NULL: open to whoever reaches them */
+                             principal's bearer token or client certificate; NULL: open to
+                             whoever reaches them */
+    kvp_tls_t *tls;       /* the control port's TLS (its CAs and CRL verify the HTTPS door's
+                             client certificates; reloaded with them on SIGHUP) */
 } kvp_master_view_t;
 
 /* Listen on "HOST:PORT"; *port_p gets the bound port. KVP_ERR_INVALID_ARG or
  * KVP_ERR_SYSTEM as kvp_http_start. cert/key: HTTPS (TLS 1.3) with the master's own
- * certificate; NULL: plain HTTP. */
+ * certificate; NULL: plain HTTP. ca (HTTPS): clients are asked for a certificate of it. */
 kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const char *key,
-                                   kvp_master_http_t **h_p, uint16_t *port_p);
+                                   const char *ca, kvp_master_http_t **h_p, uint16_t *port_p);
 /* The eventfd the loop polls (readable: requests wait). */
 int kvp_master_http_fd(const kvp_master_http_t *h);
 /* On the loop: answer every queued request. */

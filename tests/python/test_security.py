@@ -1094,6 +1094,40 @@ def test_http_views_show_no_tenant_keys_to_non_admins(sec):
         assert "b@http-secret" not in body, f"{who} reads bob's keys over HTTP: {status} {body}"
 
 
+def test_http_admin_by_client_certificate(sec):
+    """The HTTPS views take an admin's client certificate in place of a bearer token,
+    verified as the control port verifies one (its CA and CRL): the admin's certificate
+    alone lists the keys; bob's (no admin) gets 403; an expired, a revoked and a rogue-CA
+    certificate, each naming an admin of the ACL, get 401 as no credential at all; each
+    refusal counted."""
+    if not sec.http("/health")[0] == 200 or not sec._https:
+        pytest.skip("the master serves plain HTTP here")  # (never: sec runs TLS)
+    with sec.client("bob") as bob:
+        bob.put(k("b@http-cert"), b"s", upsert=True)
+    q = "/api/v1/keys?" + urllib.parse.urlencode({"regex": "^b@http-cert", "limit": 10})
+    url = f"https://127.0.0.1:{sec.http_port}{q}"
+
+    def as_cert(name, ca=None):
+        crt, key = sec.certs.pair(name)
+        return http_get(url, 10, tls_client_ctx(sec.certs.ca, crt, key))
+
+    def refused(reason):
+        return metric(sec.metrics(), "kvpool_http_refused_total", {"reason": reason})
+
+    status, body = as_cert("admin")
+    assert status == 200 and "b@http-cert" in body, (status, body)
+    role0, unauth0 = refused("role"), refused("unauthenticated")
+    status, body = as_cert("bob")
+    assert status == 403 and "b@http-cert" not in body and "not an admin" in body, (status, body)
+    assert refused("role") == role0 + 1
+    for bad in ("expired", "revoked", "rogue"):
+        status, body = as_cert(bad)
+        assert status == 401 and "b@http-cert" not in body, (bad, status, body)
+    status, body = http_get(url, 10, tls_client_ctx(sec.certs.ca))  # no certificate
+    assert status == 401 and "client certificate" in body, (status, body)
+    assert refused("unauthenticated") == unauth0 + 4
+
+
 # ---- 11. a reader writing ----
 
 def test_reader_cannot_write(sec, admin, victim):
