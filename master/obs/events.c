@@ -34,15 +34,24 @@
  * number among every stream's; a stream's seq is never above g, so a replay
  * from seq s starts at g = s.
  *
+ * Cuts (CURVE). ZAP is asked at a handshake only, and libzmq cannot drop one
+ * connection of an XPUB or a ROUTER; so when a reload (the master's loop)
+ * removes a key, it sets ev->cut, and this thread, before its next batch,
+ * closes both sockets and binds fresh ones on the same endpoints
+ * (cut_subscribers): every connection shakes hands again against the new
+ * list. Streams, seqs, event_ids and the replay ring are this thread's, not
+ * the sockets', so they go on; batches wait CUT_HOLD_NS for the allowed
+ * subscribers to come back.
+ *
  * Memory: the FIFO (above) + the replay ring (replay_batches payloads, at
  * most REPLAY_BYTES_MAX) + the streams (STREAMS_MAX at most) + per
  * subscriber ZeroMQ's send HWM of PUB_SNDHWM batches (at most ~64 KiB of
  * keys + their maps each).
  *
- * Threads: kvp_events_stored/removed/cleared/stats from any thread (the
- * master's loop); the sockets are bound in create before the thread starts
- * and closed in destroy after it is joined, and used only by the thread in
- * between.
+ * Threads: kvp_events_stored/removed/cleared/stats/reload from any thread
+ * (the master's loop); the sockets are bound in create before the thread
+ * starts and closed in destroy after it is joined, and used (replaced in a
+ * cut) only by the thread in between.
  */
 #include "master/obs/events.h"
 
@@ -85,6 +94,11 @@
 #define STREAM_ALL (UINT32_MAX - 1)  /* an event of every stream (cleared) */
 #define SUBS_PER_ROUND 64            /* (un)subscriptions applied between two batches */
 #define TOPIC_MAX 256                /* a topic a replay request names, at most */
+#define CUT_HOLD_NS 300000000ull     /* after a cut: batches wait for subscribers to reconnect */
+#define CLOSE_WAIT_NS 1000000000ull  /* a cut: time given to libzmq to tear a socket down */
+#define REBIND_WAIT_NS 1000000000ull /* a cut: binding again retried in place this long */
+#define REBIND_EVERY_NS 100000000ull /* then again between batches, this often */
+#define REBIND_POLL_MS 100           /* the idle wait while a socket is not bound */
 
 typedef enum ev_type {
     EV_STORED = 0,
@@ -153,14 +167,20 @@ struct kvp_events {
     uint64_t dropped;
     bool sleeping; /* the publisher waits for the eventfd */
     bool stopping;
+    bool cut; /* a reload removed a key: the publisher reopens the sockets before a batch */
     uint64_t stop_deadline_ns;
     int wake_fd;
 
     /* the publisher thread's */
     pthread_t thread;
     void *zctx;
-    void *pub;                 /* PUB, or XPUB (manual) with CURVE */
-    void *replay;              /* NULL: no replay socket */
+    void *pub;     /* PUB, or XPUB (manual) with CURVE; NULL: lost in a cut */
+    void *replay;  /* NULL: no replay socket (or lost in a cut) */
+    bool bound[2]; /* pub, replay: bound to endpoint[i] (false: a cut, retrying) */
+    int replay_hwm;
+    uint64_t hold_until_ns;    /* after a cut: no batch before (subscribers reconnect) */
+    uint64_t next_bind_ns;     /* after a cut: when to try binding again */
+    unsigned closing_gen;      /* makes each closing monitor's endpoint a new one */
     kvp_events_curve_t *curve; /* NULL: no CURVE, one stream */
     ev_stream_t **streams;     /* [0]: keys of no tenant (or all, without CURVE) */
     uint32_t n_streams;
@@ -183,6 +203,7 @@ struct kvp_events {
     atomic_uint_fast64_t batches;
     atomic_uint_fast64_t replay_requests;
     atomic_uint_fast64_t refused_topic;
+    atomic_uint_fast64_t cuts;
 };
 
 static uint64_t wall_ns(void)
@@ -400,12 +421,20 @@ void kvp_events_stats(kvp_events_t *ev, kvp_events_stats_t *out)
     out->curve = ev->curve != NULL;
     kvp_events_curve_stats(ev->curve, &out->refused_curve, &out->refused_key);
     out->refused_topic = atomic_load_explicit(&ev->refused_topic, memory_order_relaxed);
+    out->cuts = atomic_load_explicit(&ev->cuts, memory_order_relaxed);
 }
 
 void kvp_events_reload(kvp_events_t *ev)
 {
-    if (ev != NULL)
-        kvp_events_curve_reload(ev->curve);
+    if (ev == NULL || ev->curve == NULL || kvp_events_curve_reload(ev->curve) == 0)
+        return;
+    /* the publisher takes no batch before it has seen this (same lock as take_batch): an
+     * event pushed after we return goes out on the fresh sockets only */
+    pthread_mutex_lock(&ev->lock);
+    ev->cut = true;
+    ev->sleeping = false;
+    pthread_mutex_unlock(&ev->lock);
+    wake_publisher(ev);
 }
 
 const char *kvp_events_endpoint(const kvp_events_t *ev, int replay)
@@ -632,9 +661,11 @@ static uint32_t publish_stream(kvp_events_t *ev, uint32_t sid, uint32_t n)
     uint64_t g = ev->next_g++;
     uint8_t seq_be[8];
     put_be64(seq_be, seq);
-    if (zmq_send(ev->pub, st->topic, st->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(ev->pub, seq_be, sizeof(seq_be), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
-        zmq_send(ev->pub, ev->sbuf.data, ev->sbuf.size, ZMQ_DONTWAIT) < 0) {
+    if (ev->pub == NULL) {
+        /* lost in a cut (logged there): only the replay ring keeps it */
+    } else if (zmq_send(ev->pub, st->topic, st->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+               zmq_send(ev->pub, seq_be, sizeof(seq_be), ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+               zmq_send(ev->pub, ev->sbuf.data, ev->sbuf.size, ZMQ_DONTWAIT) < 0) {
         /* kept for replay all the same: a subscriber sees the gap and asks */
         if (warn_now(ev))
             KVP_LOG_WARN("kv events: cannot send batch %llu: %s", (unsigned long long)seq,
@@ -691,7 +722,7 @@ static void publish_batch(kvp_events_t *ev, uint32_t n)
  * (so it hears its stream alone); any other is refused. */
 static void subs_serve(kvp_events_t *ev)
 {
-    for (int i = 0; i < SUBS_PER_ROUND; i++) {
+    for (int i = 0; ev->pub != NULL && i < SUBS_PER_ROUND; i++) {
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, ev->pub, ZMQ_DONTWAIT) < 0) {
@@ -891,7 +922,214 @@ static void serve_sockets(kvp_events_t *ev)
     replay_serve(ev);
 }
 
-static void wait_for_work(kvp_events_t *ev)
+/* ---- the sockets: open, bind, and reopen after a cut ---------------------------------------- */
+
+static const char *const sock_names[2] = {"pub", "replay"};
+
+/* A fresh socket i (0: pub, 1: replay), not bound; a CURVE server when ev->curve is set,
+ * with the key of like (the socket it replaces; NULL: the key read at create). */
+static kvp_status_t open_socket(kvp_events_t *ev, int i, void *like, void **sock_p, char *err,
+                                size_t err_len)
+{
+    int type = i == 1 ? ZMQ_ROUTER : ev->curve != NULL ? ZMQ_XPUB : ZMQ_PUB;
+    int hwm = i == 1 ? ev->replay_hwm : PUB_SNDHWM;
+    int linger = i == 1 ? 0 : PUB_LINGER_MS;
+    void *sock = zmq_socket(ev->zctx, type);
+    if (sock == NULL) {
+        kvp_errf(err, err_len, "kv events: cannot create a ZeroMQ socket: %s",
+                 zmq_strerror(zmq_errno()));
+        return KVP_ERR_SYSTEM;
+    }
+    int one = 1;
+    if (zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof(hwm)) != 0 ||
+        zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
+        (type == ZMQ_ROUTER &&
+         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0) ||
+        (type == ZMQ_XPUB && zmq_setsockopt(sock, ZMQ_XPUB_MANUAL, &one, sizeof(one)) != 0)) {
+        kvp_errf(err, err_len, "kv events: cannot set socket options: %s",
+                 zmq_strerror(zmq_errno()));
+        zmq_close(sock);
+        return KVP_ERR_SYSTEM;
+    }
+    if (ev->curve != NULL) {
+        kvp_status_t status =
+            kvp_events_curve_secure(ev->curve, sock, like, sock_names[i], err, err_len);
+        if (status != KVP_OK) {
+            zmq_close(sock);
+            return status;
+        }
+    }
+    *sock_p = sock;
+    return KVP_OK;
+}
+
+/* Bind socket i at create; the address bound (the port resolved) into ev->endpoint[i]. */
+static kvp_status_t bind_first(kvp_events_t *ev, int i, const char *endpoint, char *err,
+                               size_t err_len)
+{
+    void *sock = i == 0 ? ev->pub : ev->replay;
+    if (zmq_bind(sock, endpoint) != 0) {
+        int e = zmq_errno();
+        bool bad = e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO;
+        kvp_errf(err, err_len, "kv events: cannot bind %s: %s; %s", endpoint, zmq_strerror(e),
+                 bad ? "give an endpoint such as tcp://127.0.0.1:5557 or ipc:///path"
+                     : "pick a free port or address");
+        return bad ? KVP_ERR_INVALID_ARG : KVP_ERR_SYSTEM;
+    }
+    size_t len = sizeof(ev->endpoint[i]);
+    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, ev->endpoint[i], &len) != 0)
+        snprintf(ev->endpoint[i], sizeof(ev->endpoint[i]), "%s", endpoint);
+    ev->bound[i] = true;
+    return KVP_OK;
+}
+
+/* Wait up to ms for sock (NULL: none) to be readable, answering the ZAP handler (and the
+ * monitors) meanwhile: true when sock is. A connection's teardown waits for the ZAP
+ * socket, which libzmq hands its part of the work only when this thread calls it. */
+static bool serve_curve_for(kvp_events_t *ev, void *sock, long ms)
+{
+    zmq_pollitem_t items[1 + KVP_EVENTS_CURVE_ITEMS];
+    int n = 0;
+    if (sock != NULL)
+        items[n++] = (zmq_pollitem_t){.socket = sock, .events = ZMQ_POLLIN};
+    if (ev->curve != NULL)
+        n += kvp_events_curve_poll_items(ev->curve, items + n);
+    int rc = zmq_poll(items, n, ms);
+    if (ev->curve != NULL)
+        kvp_events_curve_serve(ev->curve);
+    return rc > 0 && sock != NULL && (items[0].revents & ZMQ_POLLIN);
+}
+
+/* Close sock at once (linger 0: what it still queues is dropped) and wait, up to
+ * CLOSE_WAIT_NS, until libzmq has torn it down, listener and connections included:
+ * zmq_close only hands it to the reaper thread, and its endpoint is taken until then (a
+ * tcp port refuses a bind; an ipc file could be unlinked under the fresh socket by an old
+ * listener's close). The socket's destructor says so on a monitor of its own
+ * (ZMQ_EVENT_MONITOR_STOPPED; it replaces CURVE's, stopped already). */
+static void close_and_wait(kvp_events_t *ev, void *sock)
+{
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero));
+    char ep[64];
+    snprintf(ep, sizeof(ep), "inproc://kvp-events-closing-%u", ev->closing_gen++);
+    void *mon = NULL;
+    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_MONITOR_STOPPED) == 0 &&
+        (mon = zmq_socket(ev->zctx, ZMQ_PAIR)) != NULL &&
+        (zmq_setsockopt(mon, ZMQ_LINGER, &zero, sizeof(zero)) != 0 || zmq_connect(mon, ep) != 0)) {
+        zmq_close(mon);
+        mon = NULL;
+    }
+    zmq_close(sock);
+    if (mon == NULL)
+        return; /* the bind is retried all the same */
+    uint64_t deadline = kvp_now_ns() + CLOSE_WAIT_NS;
+    bool stopped = false;
+    for (uint64_t now = kvp_now_ns(); !stopped && now < deadline; now = kvp_now_ns()) {
+        if (!serve_curve_for(ev, mon, (long)((deadline - now) / 1000000ull) + 1))
+            continue;
+        uint8_t head[6] = {0};
+        for (int k = 0;; k++) { /* [event u16 + value u32, endpoint] */
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, mon, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&m);
+                break;
+            }
+            if (k == 0 && zmq_msg_size(&m) >= sizeof(head))
+                memcpy(head, zmq_msg_data(&m), sizeof(head));
+            bool more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+            if (!more)
+                break;
+        }
+        uint16_t event;
+        memcpy(&event, head, sizeof(event)); /* host order, as libzmq writes it */
+        stopped = event == ZMQ_EVENT_MONITOR_STOPPED;
+    }
+    if (!stopped)
+        KVP_LOG_WARN("kv events: a socket closed was not torn down within %llu ms; binding its "
+                     "endpoint again may take retries",
+                     (unsigned long long)(CLOSE_WAIT_NS / 1000000ull));
+    zmq_close(mon);
+}
+
+/* Bind the sockets a cut left unbound to their endpoints again; true when all are bound.
+ * first: the try right after the cut (a failure is logged at the retries' end). */
+static bool bind_again(kvp_events_t *ev, bool first)
+{
+    bool all = true;
+    for (int i = 0; i < 2; i++) {
+        void *sock = i == 0 ? ev->pub : ev->replay;
+        if (sock == NULL || ev->bound[i])
+            continue;
+        if (zmq_bind(sock, ev->endpoint[i]) == 0) {
+            ev->bound[i] = true;
+            if (!first)
+                KVP_LOG_INFO("kv events: %s bound again", ev->endpoint[i]);
+            continue;
+        }
+        all = false;
+        if (!first && warn_now(ev))
+            KVP_LOG_WARN("kv events: cannot bind %s again after closing it: %s; retrying "
+                         "every %llu ms (batches meanwhile go to the replay ring only)",
+                         ev->endpoint[i], zmq_strerror(zmq_errno()),
+                         (unsigned long long)(REBIND_EVERY_NS / 1000000ull));
+    }
+    ev->next_bind_ns = kvp_now_ns() + REBIND_EVERY_NS;
+    return all;
+}
+
+/*
+ * A reload removed a key from the allow-list (or moved it to another tenant). libzmq
+ * cannot drop one connection of an XPUB or a ROUTER, and asks ZAP at a handshake only, so
+ * close both sockets and bind fresh ones on the same endpoints: every subscriber's
+ * connection goes, ZeroMQ reconnects them, and ZAP asks the new list (a removed key is
+ * refused and counted). Nothing is sent on the old sockets after this starts, and the
+ * caller takes no batch before it (ev->cut under the lock): an event pushed after
+ * kvp_events_reload returned reaches the fresh sockets only. Streams, seqs, event_ids and
+ * the replay ring are the publisher's, not the sockets': they go on. Batches then wait
+ * CUT_HOLD_NS so that subscribers reconnecting at ZeroMQ's default interval (100 ms and a
+ * random part up to as much again) hear them live; a later one sees a gap in the seqs and
+ * replays it. Publisher thread.
+ */
+static void cut_subscribers(kvp_events_t *ev)
+{
+    uint64_t t0 = kvp_now_ns();
+    for (int i = 0; i < 2; i++) {
+        void **sock_p = i == 0 ? &ev->pub : &ev->replay;
+        if (*sock_p == NULL)
+            continue;
+        void *fresh = NULL;
+        char err[256];
+        if (open_socket(ev, i, *sock_p, &fresh, err, sizeof(err)) != KVP_OK)
+            KVP_LOG_ERROR("kv events: %s; the %s socket is closed (the removed keys must go) "
+                          "and stays closed: restart the master to publish there again",
+                          err, ev->endpoint[i]);
+        close_and_wait(ev, *sock_p); /* fails closed: the old one goes in any case */
+        *sock_p = fresh;
+        ev->bound[i] = false;
+    }
+    bool all = bind_again(ev, true);
+    while (!all && kvp_now_ns() - t0 < REBIND_WAIT_NS) {
+        serve_curve_for(ev, NULL, 2); /* the endpoint may be held a little longer */
+        all = bind_again(ev, true);
+    }
+    if (!all)
+        bind_again(ev, false); /* logs why; the loop retries every REBIND_EVERY_NS */
+    atomic_fetch_add_explicit(&ev->cuts, 1, memory_order_relaxed);
+    ev->hold_until_ns = kvp_now_ns() + CUT_HOLD_NS;
+    KVP_LOG_INFO("kv events: a key left the allow-list: every subscriber connection closed, "
+                 "%s%s%s opened again in %llu ms; allowed keys reconnect by themselves "
+                 "(batches wait %llu ms for them; a gap in the seqs is replayed), removed ones "
+                 "are refused",
+                 ev->endpoint[0], ev->replay != NULL ? " and " : "",
+                 ev->replay != NULL ? ev->endpoint[1] : "",
+                 (unsigned long long)((kvp_now_ns() - t0) / 1000000ull),
+                 (unsigned long long)(CUT_HOLD_NS / 1000000ull));
+}
+
+/* Wait up to timeout_ms for an event pushed or a socket to serve, and serve them. */
+static void wait_for_work(kvp_events_t *ev, long timeout_ms)
 {
     zmq_pollitem_t items[3 + KVP_EVENTS_CURVE_ITEMS] = {
         {.socket = NULL, .fd = ev->wake_fd, .events = ZMQ_POLLIN},
@@ -900,10 +1138,11 @@ static void wait_for_work(kvp_events_t *ev)
     if (ev->replay != NULL)
         items[n++] = (zmq_pollitem_t){.socket = ev->replay, .events = ZMQ_POLLIN};
     if (ev->curve != NULL) {
-        items[n++] = (zmq_pollitem_t){.socket = ev->pub, .events = ZMQ_POLLIN};
+        if (ev->pub != NULL)
+            items[n++] = (zmq_pollitem_t){.socket = ev->pub, .events = ZMQ_POLLIN};
         n += kvp_events_curve_poll_items(ev->curve, items + n);
     }
-    int rc = zmq_poll(items, n, IDLE_POLL_MS);
+    int rc = zmq_poll(items, n, timeout_ms);
     if (rc < 0) {
         if (zmq_errno() != EINTR && warn_now(ev))
             KVP_LOG_WARN("kv events: zmq_poll: %s", zmq_strerror(zmq_errno()));
@@ -922,9 +1161,24 @@ static void *publisher_main(void *arg)
 {
     kvp_events_t *ev = arg;
     for (;;) {
+        bool unbound = (ev->pub != NULL && !ev->bound[0]) || (ev->replay != NULL && !ev->bound[1]);
+        if (unbound && kvp_now_ns() >= ev->next_bind_ns)
+            unbound = !bind_again(ev, false);
         pthread_mutex_lock(&ev->lock);
         bool stop = ev->stopping;
-        if (stop && kvp_now_ns() > ev->stop_deadline_ns && ev->count > 0) {
+        if (ev->cut) {
+            ev->cut = false;
+            pthread_mutex_unlock(&ev->lock);
+            cut_subscribers(ev);
+            continue;
+        }
+        uint64_t now = kvp_now_ns();
+        if (!stop && now < ev->hold_until_ns) { /* queued events wait; pushes need no wake-up */
+            pthread_mutex_unlock(&ev->lock);
+            wait_for_work(ev, (long)((ev->hold_until_ns - now) / 1000000ull) + 1);
+            continue;
+        }
+        if (stop && now > ev->stop_deadline_ns && ev->count > 0) {
             KVP_LOG_WARN("kv events: %u events not sent within %llu ms of shutdown; dropped",
                          ev->count, (unsigned long long)(FLUSH_NS / 1000000ull));
             while (ev->count > 0) {
@@ -943,7 +1197,7 @@ static void *publisher_main(void *arg)
         }
         if (stop)
             break;
-        wait_for_work(ev);
+        wait_for_work(ev, unbound ? REBIND_POLL_MS : IDLE_POLL_MS);
     }
     return NULL;
 }
@@ -1003,52 +1257,6 @@ static void free_buffers(kvp_events_t *ev)
     free(ev->arena);
     free(ev->slots);
     msgpack_sbuffer_destroy(&ev->sbuf);
-}
-
-/* Open a socket of type on endpoint, its bound address into out; a CURVE
- * server when ev->curve is set (name: "pub" or "replay"). */
-static kvp_status_t bind_socket(kvp_events_t *ev, int type, const char *name, const char *endpoint,
-                                int hwm, int linger, void **sock_p, char *out, size_t out_len,
-                                char *err, size_t err_len)
-{
-    void *sock = zmq_socket(ev->zctx, type);
-    if (sock == NULL) {
-        kvp_errf(err, err_len, "kv events: cannot create a ZeroMQ socket: %s",
-                 zmq_strerror(zmq_errno()));
-        return KVP_ERR_SYSTEM;
-    }
-    int one = 1;
-    if (zmq_setsockopt(sock, ZMQ_SNDHWM, &hwm, sizeof(hwm)) != 0 ||
-        zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof(linger)) != 0 ||
-        (type == ZMQ_ROUTER &&
-         zmq_setsockopt(sock, ZMQ_ROUTER_MANDATORY, &one, sizeof(one)) != 0) ||
-        (type == ZMQ_XPUB && zmq_setsockopt(sock, ZMQ_XPUB_MANUAL, &one, sizeof(one)) != 0)) {
-        kvp_errf(err, err_len, "kv events: cannot set socket options: %s",
-                 zmq_strerror(zmq_errno()));
-        zmq_close(sock);
-        return KVP_ERR_SYSTEM;
-    }
-    if (ev->curve != NULL) {
-        kvp_status_t status = kvp_events_curve_secure(ev->curve, sock, name, err, err_len);
-        if (status != KVP_OK) {
-            zmq_close(sock);
-            return status;
-        }
-    }
-    if (zmq_bind(sock, endpoint) != 0) {
-        int e = zmq_errno();
-        bool bad = e == EINVAL || e == EPROTONOSUPPORT || e == ENOCOMPATPROTO;
-        kvp_errf(err, err_len, "kv events: cannot bind %s: %s; %s", endpoint, zmq_strerror(e),
-                 bad ? "give an endpoint such as tcp://127.0.0.1:5557 or ipc:///path"
-                     : "pick a free port or address");
-        zmq_close(sock);
-        return bad ? KVP_ERR_INVALID_ARG : KVP_ERR_SYSTEM;
-    }
-    size_t len = out_len;
-    if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, out, &len) != 0)
-        snprintf(out, out_len, "%s", endpoint);
-    *sock_p = sock;
-    return KVP_OK;
 }
 
 kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p, char *err,
@@ -1141,16 +1349,20 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
         if (status != KVP_OK)
             goto err_term_ctx;
     }
-    status = bind_socket(ev, curve ? ZMQ_XPUB : ZMQ_PUB, "pub", p->bind, PUB_SNDHWM, PUB_LINGER_MS,
-                         &ev->pub, ev->endpoint[0], sizeof(ev->endpoint[0]), err, err_len);
+    ev->replay_hwm = (int)ev->ring_cap + 16; /* a whole replay fits: never cut silently */
+    status = open_socket(ev, 0, NULL, &ev->pub, err, err_len);
     if (status != KVP_OK)
         goto err_destroy_curve;
+    status = bind_first(ev, 0, p->bind, err, err_len);
+    if (status != KVP_OK)
+        goto err_close_pub;
     if (p->replay_bind != NULL && p->replay_bind[0] != '\0') {
-        int hwm = (int)ev->ring_cap + 16; /* a whole replay fits: never cut silently */
-        status = bind_socket(ev, ZMQ_ROUTER, "replay", p->replay_bind, hwm, 0, &ev->replay,
-                             ev->endpoint[1], sizeof(ev->endpoint[1]), err, err_len);
+        status = open_socket(ev, 1, NULL, &ev->replay, err, err_len);
         if (status != KVP_OK)
             goto err_close_pub;
+        status = bind_first(ev, 1, p->replay_bind, err, err_len);
+        if (status != KVP_OK)
+            goto err_close_replay;
     }
     if (curve)
         kvp_events_curve_seal(ev->curve); /* libzmq holds the secret key now */
@@ -1216,7 +1428,8 @@ void kvp_events_destroy(kvp_events_t *ev)
 
     if (ev->replay != NULL)
         zmq_close(ev->replay);
-    zmq_close(ev->pub);
+    if (ev->pub != NULL)
+        zmq_close(ev->pub);
     kvp_events_curve_destroy(ev->curve);
     zmq_ctx_term(ev->zctx); /* waits up to PUB_LINGER_MS for the last batches */
     close(ev->wake_fd);

@@ -41,7 +41,8 @@
  * tenant_id). A replay request may name the stream: [topic, seq] (or ["",
  * topic, seq]); [seq] alone replays the subscriber's own tenant's stream
  * ("*": the stream of no tenant), a topic of another tenant is refused.
- * cleared (no key) goes to every stream.
+ * cleared (no key) goes to every stream. A reload that removes a key closes
+ * every connection (kvp_events_reload below).
  *
  * Thread: the kvp_events_* calls are made by the master's loop; they copy the
  * event into a bounded queue under a mutex and return (no I/O, no
@@ -101,6 +102,7 @@ typedef struct kvp_events_stats {
     uint64_t refused_curve;   /* handshakes without CURVE or failed */
     uint64_t refused_key;     /* CURVE keys not in the allow-list */
     uint64_t refused_topic;   /* subscriptions and replays of another tenant's stream */
+    uint64_t cuts;            /* reloads that closed every connection (a key was removed) */
 } kvp_events_stats_t;
 
 /* Defaults for every field (bind NULL: the caller must set it). */
@@ -121,7 +123,16 @@ void kvp_events_removed(kvp_events_t *ev, kvp_medium_t medium, const char *key, 
 void kvp_events_cleared(kvp_events_t *ev, kvp_medium_t medium);
 
 /* SIGHUP: read the CURVE allow-list again (the master's loop). NULL or no
- * CURVE: nothing. */
+ * CURVE: nothing. When the new list lacks a key of the old one (or gives it
+ * another tenant), both sockets are closed and bound again on the same
+ * endpoints by the publisher thread before it sends another batch: no event
+ * pushed after this returns reaches a connection made before it, so a
+ * removed key hears nothing more, and its reconnection is refused by ZAP
+ * (counted: refused_key). Allowed subscribers reconnect by themselves
+ * (ZeroMQ does); batches wait 300 ms for them, and seqs go on, so one that
+ * comes back later sees a gap and replays it. A reload that only adds keys
+ * (or fails) touches no connection. Returns at once (the reopening is the
+ * publisher's). */
 void kvp_events_reload(kvp_events_t *ev);
 
 /* Counters; ev may be NULL (zeros). */

@@ -16,10 +16,16 @@
  * sockets and answers at once: a handshake waits for that answer, so it is
  * served between batches too. The allow-list is read at create and at each
  * reload (SIGHUP, the master's loop); the new list replaces the old under a
- * mutex, the only state the two threads share besides the counters.
+ * mutex, the only state the two threads share besides the counters. ZAP is
+ * asked at each handshake only, so a connection let in stays in after its
+ * key leaves the list; the reload says how many keys left (or changed
+ * tenant), and events.c then closes its sockets and opens fresh ones, whose
+ * peers all shake hands again (secure() with `like`: the fresh socket takes
+ * the old one's key and watch).
  *
  * The secret key is read into a stack buffer, given to libzmq and wiped;
- * errors name the file and the line, never a key.
+ * errors name the file and the line, never a key. A socket secured after
+ * the seal gets the key libzmq keeps in the socket it replaces.
  */
 #include "master/obs/events_curve.h"
 
@@ -56,14 +62,20 @@ typedef struct allow_list {
     size_t n;
 } allow_list_t;
 
+/* The failed handshakes of one socket: a PAIR hearing its monitor. */
+typedef struct watch {
+    char name[8]; /* "pub" or "replay"; "": unused */
+    void *mon;    /* NULL: none (a re-secured socket whose monitor could not be made) */
+} watch_t;
+
 struct kvp_events_curve {
     void *zctx;
     char *allow_path;
     char secret_z85[Z85_KEY_LEN + 1]; /* until kvp_events_curve_seal, then zeros */
     char public_z85[Z85_KEY_LEN + 1];
     void *zap;
-    void *monitor[2]; /* PAIR sockets hearing the pub's and the replay's monitors */
-    int n_monitors;
+    watch_t watch[2];   /* the pub's and the replay's */
+    unsigned watch_gen; /* makes each monitor's inproc endpoint a new one */
 
     pthread_mutex_t lock; /* allow */
     allow_list_t *allow;
@@ -159,7 +171,20 @@ static void allow_free(allow_list_t *a)
     free(a);
 }
 
-/* Parse the allow-list file at path. */
+static int entry_cmp(const void *a, const void *b)
+{
+    return memcmp(((const allow_entry_t *)a)->key, ((const allow_entry_t *)b)->key, 32);
+}
+
+/* The entry of key in a (sorted by key), or NULL. */
+static const allow_entry_t *allow_find(const allow_list_t *a, const uint8_t key[32])
+{
+    allow_entry_t probe;
+    memcpy(probe.key, key, sizeof(probe.key));
+    return a->n == 0 ? NULL : bsearch(&probe, a->e, a->n, sizeof(*a->e), entry_cmp);
+}
+
+/* Parse the allow-list file at path (its entries sorted by key). */
 static kvp_status_t allow_read(const char *path, allow_list_t **a_p, char *err, size_t err_len)
 {
     char *buf;
@@ -228,6 +253,7 @@ static kvp_status_t allow_read(const char *path, allow_list_t **a_p, char *err, 
         a->n++;
     }
     free(buf);
+    qsort(a->e, a->n, sizeof(*a->e), entry_cmp); /* for allow_find */
     *a_p = a;
     return KVP_OK;
 
@@ -344,8 +370,9 @@ void kvp_events_curve_destroy(kvp_events_curve_t *cv)
 {
     if (cv == NULL)
         return;
-    for (int i = 0; i < cv->n_monitors; i++)
-        zmq_close(cv->monitor[i]);
+    for (int i = 0; i < 2; i++)
+        if (cv->watch[i].mon != NULL)
+            zmq_close(cv->watch[i].mon);
     zmq_close(cv->zap);
     pthread_mutex_destroy(&cv->lock);
     allow_free(cv->allow);
@@ -364,27 +391,57 @@ const char *kvp_events_curve_public(const kvp_events_curve_t *cv)
     return cv->public_z85;
 }
 
-kvp_status_t kvp_events_curve_secure(kvp_events_curve_t *cv, void *sock, const char *name,
-                                     char *err, size_t err_len)
+kvp_status_t kvp_events_curve_secure(kvp_events_curve_t *cv, void *sock, void *like,
+                                     const char *name, char *err, size_t err_len)
 {
-    if (cv->n_monitors == 2) {
+    watch_t *w = NULL;
+    for (int i = 0; i < 2 && w == NULL; i++)
+        if (strcmp(cv->watch[i].name, name) == 0)
+            w = &cv->watch[i];
+    for (int i = 0; i < 2 && w == NULL; i++)
+        if (cv->watch[i].name[0] == '\0')
+            w = &cv->watch[i];
+    if (w == NULL || strlen(name) >= sizeof(w->name)) {
         kvp_errf(err, err_len, "kv events: two sockets at most");
         return KVP_ERR_INVALID_ARG;
     }
-    int one = 1;
-    if (cv->secret_z85[0] == '\0') {
+    /* the secret: ours until sealed, else the copy libzmq keeps in the socket replaced */
+    char secret[Z85_KEY_LEN + 1];
+    size_t secret_len = sizeof(secret);
+    if (like != NULL) {
+        if (zmq_getsockopt(like, ZMQ_CURVE_SECRETKEY, secret, &secret_len) != 0 ||
+            secret_len != sizeof(secret)) {
+            explicit_bzero(secret, sizeof(secret));
+            kvp_errf(err, err_len, "kv events: cannot read the CURVE key of the %s socket back: %s",
+                     name, zmq_strerror(zmq_errno()));
+            return KVP_ERR_SYSTEM;
+        }
+    } else if (cv->secret_z85[0] == '\0') {
         kvp_errf(err, err_len, "kv events: the CURVE secret key was wiped already");
         return KVP_ERR_INVALID_ARG;
+    } else {
+        memcpy(secret, cv->secret_z85, sizeof(secret));
     }
-    if (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0 ||
-        zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, cv->secret_z85, Z85_KEY_LEN) != 0 ||
-        zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0) {
+    int one = 1;
+    int rc = zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) != 0 ||
+             zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, secret, Z85_KEY_LEN) != 0 ||
+             zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, ZAP_DOMAIN, strlen(ZAP_DOMAIN)) != 0;
+    explicit_bzero(secret, sizeof(secret));
+    if (rc != 0) {
         kvp_errf(err, err_len, "kv events: cannot make the %s socket a CURVE server: %s", name,
                  zmq_strerror(zmq_errno()));
         return KVP_ERR_SYSTEM;
     }
+
+    /* the watch moves to sock: the old socket's monitor stops, its reader goes */
+    if (like != NULL)
+        zmq_socket_monitor(like, NULL, 0);
+    if (w->mon != NULL)
+        zmq_close(w->mon);
+    w->mon = NULL;
+    snprintf(w->name, sizeof(w->name), "%s", name);
     char ep[64];
-    snprintf(ep, sizeof(ep), "inproc://kvp-events-monitor-%s", name);
+    snprintf(ep, sizeof(ep), "inproc://kvp-events-monitor-%s-%u", name, cv->watch_gen++);
     int events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL;
     void *mon = NULL;
     int linger = 0;
@@ -398,34 +455,55 @@ kvp_status_t kvp_events_curve_secure(kvp_events_curve_t *cv, void *sock, const c
             zmq_close(mon);
         return KVP_ERR_SYSTEM;
     }
-    cv->monitor[cv->n_monitors++] = mon;
+    w->mon = mon;
     return KVP_OK;
 }
 
-void kvp_events_curve_reload(kvp_events_curve_t *cv)
+/* Keys of from that to lacks, or lists for another tenant. */
+static unsigned allow_lost(const allow_list_t *from, const allow_list_t *to)
+{
+    unsigned lost = 0;
+    for (size_t i = 0; i < from->n; i++) {
+        const allow_entry_t *e = allow_find(to, from->e[i].key);
+        lost += e == NULL || strcmp(e->tenant, from->e[i].tenant) != 0;
+    }
+    return lost;
+}
+
+unsigned kvp_events_curve_reload(kvp_events_curve_t *cv)
 {
     if (cv == NULL)
-        return;
+        return 0;
     char err[512];
     allow_list_t *a;
     if (allow_read(cv->allow_path, &a, err, sizeof(err)) != KVP_OK) {
         KVP_LOG_ERROR("kv events: allow-list reload failed, the old list stays: %s", err);
-        return;
+        return 0;
     }
-    log_allow(cv, a, "reloaded");
     pthread_mutex_lock(&cv->lock);
     allow_list_t *old = cv->allow;
     cv->allow = a;
     pthread_mutex_unlock(&cv->lock);
+    unsigned removed = allow_lost(old, a);
+    unsigned added = allow_lost(a, old);
+    log_allow(cv, a, "reloaded");
+    KVP_LOG_INFO("kv events: allow-list: %u keys added, %u removed or moved to another tenant%s",
+                 added, removed,
+                 removed > 0 ? ": every subscriber connection will be closed, so that those "
+                               "keys are refused when they reconnect"
+                             : ": subscribers connected stay connected");
     allow_free(old);
+    return removed;
 }
 
 int kvp_events_curve_poll_items(kvp_events_curve_t *cv, zmq_pollitem_t *items)
 {
-    items[0] = (zmq_pollitem_t){.socket = cv->zap, .events = ZMQ_POLLIN};
-    for (int i = 0; i < cv->n_monitors; i++)
-        items[1 + i] = (zmq_pollitem_t){.socket = cv->monitor[i], .events = ZMQ_POLLIN};
-    return 1 + cv->n_monitors;
+    int n = 0;
+    items[n++] = (zmq_pollitem_t){.socket = cv->zap, .events = ZMQ_POLLIN};
+    for (int i = 0; i < 2; i++)
+        if (cv->watch[i].mon != NULL)
+            items[n++] = (zmq_pollitem_t){.socket = cv->watch[i].mon, .events = ZMQ_POLLIN};
+    return n;
 }
 
 /* Answer one ZAP request: false when none waits. */
@@ -463,12 +541,11 @@ static bool zap_serve_one(kvp_events_curve_t *cv)
         snprintf(who, sizeof(who), "%.*s", (int)size[3], (const char *)f[3]);
     if (curve) {
         pthread_mutex_lock(&cv->lock);
-        for (size_t i = 0; i < cv->allow->n; i++)
-            if (memcmp(cv->allow->e[i].key, f[6], 32) == 0) {
-                snprintf(tenant_copy, sizeof(tenant_copy), "%s", cv->allow->e[i].tenant);
-                tenant = tenant_copy;
-                break;
-            }
+        const allow_entry_t *e = allow_find(cv->allow, f[6]);
+        if (e != NULL) {
+            snprintf(tenant_copy, sizeof(tenant_copy), "%s", e->tenant);
+            tenant = tenant_copy;
+        }
         pthread_mutex_unlock(&cv->lock);
     }
     if (tenant == NULL) {
@@ -536,8 +613,10 @@ void kvp_events_curve_serve(kvp_events_curve_t *cv)
 {
     for (int i = 0; i < ZAP_PER_ROUND && zap_serve_one(cv); i++)
         ;
-    for (int i = 0; i < cv->n_monitors; i++)
-        for (int k = 0; k < ZAP_PER_ROUND && monitor_serve_one(cv, cv->monitor[i]); k++)
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; cv->watch[i].mon != NULL && k < ZAP_PER_ROUND &&
+                        monitor_serve_one(cv, cv->watch[i].mon);
+             k++)
             ;
 }
 

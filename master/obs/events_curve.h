@@ -12,7 +12,8 @@
  *
  * Thread: create/destroy/reload from the master's loop (create before the
  * publisher thread starts, destroy after it is joined); secure() before the
- * socket is bound, seal() once every socket is secured; poll_items/serve
+ * socket is bound (from create, or from the publisher thread when it
+ * replaces a socket), seal() once every socket is secured; poll_items/serve
  * from the publisher thread; stats from any thread.
  */
 #ifndef KVP_MASTER_OBS_EVENTS_CURVE_H
@@ -40,9 +41,13 @@ kvp_status_t kvp_events_curve_create(void *zctx, const char *secret_path, const 
 void kvp_events_curve_destroy(kvp_events_curve_t *cv);
 
 /* Make sock (not bound yet) a CURVE server whose peers the ZAP handler
- * checks, and watch its failed handshakes; name: "pub" or "replay". */
-kvp_status_t kvp_events_curve_secure(kvp_events_curve_t *cv, void *sock, const char *name,
-                                     char *err, size_t err_len);
+ * checks, and watch its failed handshakes; name: "pub" or "replay" (two
+ * names at most). like NULL: the key read at create (before the seal);
+ * else a socket secured before under the same name, which sock replaces:
+ * sock gets its key (from libzmq) and its watch (like's monitor stops;
+ * close like afterwards). Borrowed: sock, like. */
+kvp_status_t kvp_events_curve_secure(kvp_events_curve_t *cv, void *sock, void *like,
+                                     const char *name, char *err, size_t err_len);
 
 /* Wipe the secret key (libzmq keeps its own copy in each socket secured). */
 void kvp_events_curve_seal(kvp_events_curve_t *cv);
@@ -51,9 +56,11 @@ void kvp_events_curve_seal(kvp_events_curve_t *cv);
 const char *kvp_events_curve_public(const kvp_events_curve_t *cv);
 
 /* Read the allow-list again; on error the old one stays (logged either way).
- * A subscriber already connected keeps its connection: the list is asked at
- * each handshake. */
-void kvp_events_curve_reload(kvp_events_curve_t *cv);
+ * The list is asked at each handshake: a connection let in stays in. Returns
+ * the keys of the old list that the new one lacks or gives another tenant
+ * (0: none, or the reload failed): when not 0 the caller closes the sockets
+ * (kvp_events_reload), so their connections shake hands again. */
+unsigned kvp_events_curve_reload(kvp_events_curve_t *cv);
 
 /* Fill items[0..) for zmq_poll with the sockets serve reads (the ZAP
  * handler, the monitors): their number, KVP_EVENTS_CURVE_ITEMS at most. */

@@ -12,7 +12,11 @@ What a user checks:
     public key and never its secret;
  2. the master refuses to start with a secret key readable by others, a malformed key
     file or allow-list, or half of the settings, saying why without printing a key;
- 3. SIGHUP reloads the allow-list: a key added is let in without a restart;
+ 3. SIGHUP reloads the allow-list: a key added is let in without a restart, and
+    subscribers connected then miss nothing and stay connected; a key removed is cut off
+    at once: nothing put after the reload reaches it (the master closes every connection
+    and binds again), its reconnections are refused and counted, and the subscribers
+    still allowed reconnect by themselves and hear on (a gap, if any, by replay);
  4. with an ACL and two tenants, a tenant's subscriber hears only its tenant's events
     (live, replay, and when it asks for the other's topic), a "*" subscriber hears both,
     told apart by topic and tenant_id, and both see the keys they put (not the master's
@@ -36,6 +40,7 @@ import uuid
 import msgpack
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 import kvpool
 from conftest import TLS_DIR, Proc, _bin, free_port, master_security_args, metric, stop_all
@@ -451,3 +456,170 @@ def test_tenants_hear_only_their_own(make_curve_pool, zsock, keys, tmp_path, pre
     assert replay(zsock, pool.rep_ep, "team-a", topic=b"kvpool/team-b/") == []
     rb = replay(zsock, pool.rep_ep, "all", topic=b"kvpool/team-b/")
     assert rb and all(e["tenant_id"] == "team-b" for _, evs in rb for e in evs)
+
+
+# ---- a reload that removes a key cuts its live connection --------------------------------------
+
+MONITORED = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED |
+             zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+class Watched:
+    """A SUB socket and what its own monitor reported (its side of the connection)."""
+
+    def __init__(self, z, ep, name):
+        self.name = name
+        self.sock = z.sub(ep, name)
+        self.mon = self.sock.get_monitor_socket(MONITORED)
+        z.socks.append(self.mon)
+        self.events = []  # (event, value)
+        self.batches = []
+
+    def poll(self, timeout=0.05):
+        """Read what the socket and its monitor have (the SUB also sends its subscriptions
+        again after a reconnection here: libzmq does that in the thread that calls it)."""
+        self.batches += heard(self.sock, timeout)
+        while self.mon.poll(0):
+            e = recv_monitor_message(self.mon)
+            self.events.append((e["event"], e["value"]))
+
+    def count(self, event, value=None):
+        return len([1 for e, v in self.events if e == event and (value is None or v == value)])
+
+
+def sync_all(client, subs, key):
+    """Put key and read every sub until each heard it: from then on each has all batches."""
+    put(client, key)
+    for s in subs:
+        deadline = time.monotonic() + 10
+        while key not in keys_of(s.batches):
+            assert time.monotonic() < deadline, (s.name, key)
+            s.poll(0.1)
+
+
+def reloads(pool):
+    return pool.log().count("kv events: reloaded ")
+
+
+def sighup_and_wait(pool, subs):
+    """SIGHUP the master and return once it logged the allow-list reloaded, reading subs
+    meanwhile. The reload runs on the master's loop: a request sent after this is served
+    after it."""
+    n = reloads(pool)
+    os.kill(pool.master.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while reloads(pool) == n:
+        assert time.monotonic() < deadline, "the allow-list reload not logged"
+        for s in subs:
+            s.poll(0.02)
+
+
+def last_seq(batches):
+    return max(s for _, s, _ in batches)
+
+
+def test_sighup_removing_a_key_cuts_its_connection(make_curve_pool, zsock, keys, prefix):
+    """Two allowed subscribers hear the events; "late" leaves the allow-list and the master
+    is SIGHUPped. Nothing put after the reload reaches "late" (whose connection is closed
+    and whose reconnections are refused by ZAP, counted); "all" hears every key put after
+    the reload (live, or the gap in its seqs by replay, as the contract's consumers do),
+    and the master keeps serving."""
+    pool = make_curve_pool([f"{keys.pub('all').decode()} *", f"{keys.pub('late').decode()} *"])
+    kept = Watched(zsock, pool.pub_ep, "all")
+    removed = Watched(zsock, pool.pub_ep, "late")
+    with kvpool.Client(pool.addr) as c:
+        hear_probe(c, kept.sock, prefix)
+        hear_probe(c, removed.sock, prefix + "r-")
+        sync_all(c, (kept, removed), prefix + "sync")
+        assert kept.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 1
+        assert removed.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 1
+        seq0 = last_seq(kept.batches)
+        topic = kept.batches[-1][0]
+        before = pool.refused("key") or 0
+
+        write_allow(pool.allow, [f"{keys.pub('all').decode()} *"])
+        sighup_and_wait(pool, (kept, removed))
+        want = [f"{prefix}after-{i}" for i in range(20)]
+        kept.batches, removed.batches = [], []
+        for k in want:
+            put(c, k)
+
+        # both read on for as long as the kept one needs to hear them all, and 2 s more
+        deadline = time.monotonic() + 15
+        while not set(want) <= set(keys_of(kept.batches)) and time.monotonic() < deadline:
+            kept.poll(0.1)
+            removed.poll(0)
+            if kept.batches and kept.batches[0][1] != seq0 + 1:
+                break  # it came back late: a gap, replayed below
+        end = time.monotonic() + 2
+        while time.monotonic() < end:
+            kept.poll(0.1)
+            removed.poll(0)
+        assert c.get(want[0]) == want[0].encode() * 4  # the master serves on
+
+    # "late": none of the keys put after the reload; cut off, and refused when it retries
+    assert [k for k in keys_of(removed.batches) if k in want] == []
+    assert removed.count(zmq.EVENT_DISCONNECTED) >= 1
+    assert removed.count(zmq.EVENT_HANDSHAKE_FAILED_AUTH, 400) >= 1
+    assert removed.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 1  # never let in again
+    poll_until(lambda: pool.refused("key") > before, "the removed key's reconnection counted")
+    # nor by replay
+    assert replay(zsock, pool.rep_ep, "late", timeout=1.5) is None
+
+    # "all": reconnected by itself, every key after the reload, its seqs going on from
+    # before the reload; a gap (it came back after the batches' 300 ms wait) is replayed
+    assert kept.count(zmq.EVENT_DISCONNECTED) >= 1
+    assert kept.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) >= 2
+    seqs = [s for _, s, _ in kept.batches]
+    assert seqs == sorted(seqs) and (not seqs or seqs[0] > seq0), (seq0, seqs)
+    got = keys_of(kept.batches)
+    first = seqs[0] if seqs else None
+    if first != seq0 + 1:
+        r = replay(zsock, pool.rep_ep, "all", start=seq0 + 1, topic=topic)
+        assert r is not None
+        got += [e["object_key"] for s, evs in r if first is None or s < first
+                for e in evs if "object_key" in e]
+    assert sorted(k for k in got if k in want) == sorted(want)
+
+    text = pool.metrics()
+    assert metric(text, "kvpool_kv_events_curve") == 1
+    # the kept key, and a new connection of it, hear on
+    with kvpool.Client(pool.addr) as c:
+        hear_probe(c, zsock.sub(pool.pub_ep, "all"), prefix + "later-")
+
+
+def test_sighup_adding_a_key_disturbs_nobody(make_curve_pool, zsock, keys, prefix):
+    """A reload that only adds a key keeps every connection: the subscribers hear every
+    key put after it live, their seqs going on with no gap, and never reconnect."""
+    pool = make_curve_pool([f"{keys.pub('all').decode()} *", f"{keys.pub('late').decode()} *"])
+    subs = [Watched(zsock, pool.pub_ep, "all"), Watched(zsock, pool.pub_ep, "late")]
+    with kvpool.Client(pool.addr) as c:
+        for s in subs:
+            hear_probe(c, s.sock, prefix + s.name + "-")
+        sync_all(c, subs, prefix + "sync")
+        seq0 = {s.name: last_seq(s.batches) for s in subs}
+
+        write_allow(pool.allow, [f"{keys.pub('all').decode()} *",
+                                 f"{keys.pub('late').decode()} *",
+                                 f"{keys.pub('stranger').decode()} *"])
+        sighup_and_wait(pool, subs)
+        for s in subs:
+            s.batches = []
+        want = [f"{prefix}after-{i}" for i in range(20)]
+        for k in want:
+            put(c, k)
+        for s in subs:
+            deadline = time.monotonic() + 10
+            while not set(want) <= set(keys_of(s.batches)):
+                assert time.monotonic() < deadline, (s.name, keys_of(s.batches))
+                s.poll(0.1)
+        hear_probe(c, zsock.sub(pool.pub_ep, "stranger"), prefix + "added-")
+        for s in subs:
+            s.poll(0.3)
+
+    for s in subs:
+        seqs = [q for _, q, _ in s.batches]
+        assert seqs == list(range(seq0[s.name] + 1, seq0[s.name] + 1 + len(seqs))), s.name
+        assert [k for k in keys_of(s.batches) if k in want] == want
+        assert s.count(zmq.EVENT_DISCONNECTED) == 0, s.name
+        assert s.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 1, s.name

@@ -1369,6 +1369,160 @@ static void test_tenant_streams(void **state)
     curve_files_remove();
 }
 
+static uint64_t stat_cuts(kvp_events_t *ev)
+{
+    kvp_events_stats_t st;
+    kvp_events_stats(ev, &st);
+    return st.cuts;
+}
+
+static void allow_write(const char *lines)
+{
+    char text[1024];
+    snprintf(text, sizeof(text), "# who may subscribe\n%s", lines);
+    write_text(curve_allow_path, text, 0644);
+}
+
+/* Whether a replay request of kp gets an answer within ms (a refused key gets none). */
+static bool replay_answered(kvp_events_t *ev, const keypair_t *kp, int ms)
+{
+    void *d = curve_open(ZMQ_DEALER, kp, kvp_events_endpoint(ev, 1), NULL);
+    uint8_t start[8];
+    put_be64(start, 0);
+    assert_int_equal(zmq_send(d, "", 0, ZMQ_SNDMORE), 0);
+    assert_int_equal(zmq_send(d, start, 8, 0), 8);
+    bool answered = readable(d, ms);
+    zmq_close(d);
+    return answered;
+}
+
+/* A reload that removes a key closes every connection: the removed key hears nothing
+ * pushed after kvp_events_reload returned and is refused when it reconnects; the kept one
+ * reconnects and hears on (what it missed, if anything, by replay). A reload that adds a
+ * key, or fails, touches no connection. */
+static void test_reload_cuts_removed_keys(void **state)
+{
+    (void)state;
+    curve_files();
+    kvp_events_params_t p;
+    kvp_events_params_init(&p);
+    p.curve_secret = curve_secret_path;
+    p.curve_allow = curve_allow_path;
+    p.tenants = 1;
+    kvp_events_t *ev = make_events(&p);
+    const char *ep = kvp_events_endpoint(ev, 0);
+    char ep_before[2][256];
+    snprintf(ep_before[0], sizeof(ep_before[0]), "%s", ep);
+    snprintf(ep_before[1], sizeof(ep_before[1]), "%s", kvp_events_endpoint(ev, 1));
+    void *sub_a = curve_open(ZMQ_SUB, &kp_a, ep, "");
+    void *sub_all = curve_open(ZMQ_SUB, &kp_all, ep, "kvpool/team-a/");
+    void *subs[] = {sub_a, sub_all};
+    curve_sync(ev, subs, 2);
+    assert_true(replay_answered(ev, &kp_a, 5000));
+    kvp_events_stats_t st;
+    kvp_events_stats(ev, &st);
+    uint64_t refused_key = st.refused_key;
+
+    /* a reload that fails, and one that only adds a key: nobody is cut */
+    allow_write("not-a-key *\n");
+    kvp_events_reload(ev);
+    char lines[512];
+    snprintf(lines, sizeof(lines), "%s team-a\n%s team-b\n%s *\n%s team-b\n", kp_a.pub, kp_b.pub,
+             kp_all.pub, kp_master.pub);
+    allow_write(lines);
+    kvp_events_reload(ev);
+    for (int i = 0; i < 5; i++) {
+        char key[32];
+        snprintf(key, sizeof(key),
+                 "team-a\x1f"
+                 "add-%d",
+                 i);
+        push_key(ev, key);
+    }
+    kvp_events_stats(ev, &st);
+    wait_sent(ev, st.published + st.queued);
+    seen_t s[64];
+    for (int k = 0; k < 2; k++) {
+        int n = 0;
+        sub_drain(subs[k], 200, s, &n, 64);
+        assert_int_equal(n, 5); /* live, at once, with no gap */
+        for (int i = 1; i < n; i++)
+            assert_true(s[i].seq == s[i - 1].seq || s[i].seq == s[i - 1].seq + 1);
+    }
+    uint64_t last_seq = s[4].seq;
+    assert_int_equal(stat_cuts(ev), 0);
+
+    /* a's key goes: both connections are closed (both sockets reopened) */
+    snprintf(lines, sizeof(lines), "%s team-b\n%s *\n", kp_b.pub, kp_all.pub);
+    allow_write(lines);
+    kvp_events_reload(ev);
+    enum { AFTER = 20 };
+    for (int i = 0; i < AFTER; i++) {
+        char key[32];
+        snprintf(key, sizeof(key),
+                 "team-a\x1f"
+                 "after-%d",
+                 i);
+        push_key(ev, key);
+    }
+    /* the kept one: every key after the reload, live or by replay of its gap. Its SUB
+     * subscribes again when it reconnects, which libzmq does in the thread that calls it:
+     * a subscriber is read while the sockets are reopened, as any subscriber loop reads */
+    seen_t got[256];
+    int n = 0;
+    sub_drain(sub_all, 1000, got, &n, 256);
+    kvp_events_stats(ev, &st);
+    wait_sent(ev, st.published + st.queued);
+    assert_int_equal(stat_cuts(ev), 1);
+    /* the same endpoints (ports resolved at create) */
+    assert_string_equal(kvp_events_endpoint(ev, 0), ep_before[0]);
+    assert_string_equal(kvp_events_endpoint(ev, 1), ep_before[1]);
+    sub_drain(sub_all, 200, got, &n, 256);
+    for (int i = 0; i < n; i++)
+        assert_true(got[i].seq > last_seq);
+    uint64_t first = n > 0 ? got[0].seq : UINT64_MAX;
+    if (n < AFTER || first != last_seq + 1) { /* it reconnected late: the gap, replayed */
+        seen_t r[1024];
+        int nr = 0;
+        replay_ask(ev, &kp_all, "kvpool/team-a/", r, &nr, 1024);
+        for (int i = 0; i < nr; i++)
+            if (r[i].seq > last_seq && r[i].seq < first && n < 256)
+                got[n++] = r[i];
+    }
+    for (int i = 0; i < AFTER; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "after-%d", i);
+        assert_int_equal(count_of(got, n, "kvpool/team-a/", key) + count_of(got, n, "", key), 1);
+    }
+
+    /* the removed one: nothing after the reload, its reconnections refused and counted */
+    int nn = 0;
+    sub_drain(sub_a, 1000, s, &nn, 64);
+    assert_int_equal(nn, 0);
+    for (int i = 0;; i++) {
+        kvp_events_stats(ev, &st);
+        if (st.refused_key > refused_key)
+            break;
+        assert_true(i < 5000);
+        pause_ms(1);
+    }
+    assert_false(replay_answered(ev, &kp_a, 500));
+
+    /* the master's key moves to another tenant: a cut too */
+    snprintf(lines, sizeof(lines), "%s team-b\n%s team-a\n", kp_b.pub, kp_all.pub);
+    allow_write(lines);
+    kvp_events_reload(ev);
+    for (int i = 0; stat_cuts(ev) < 2; i++) {
+        assert_true(i < 5000);
+        pause_ms(1);
+    }
+
+    zmq_close(sub_all);
+    zmq_close(sub_a);
+    kvp_events_destroy(ev);
+    curve_files_remove();
+}
+
 int main(void)
 {
     test_thread = pthread_self();
@@ -1385,6 +1539,7 @@ int main(void)
         cmocka_unit_test_setup(test_threads, test_setup),
         cmocka_unit_test_setup(test_tenant_keys_without_curve, test_setup),
         cmocka_unit_test_setup(test_tenant_streams, test_setup),
+        cmocka_unit_test_setup(test_reload_cuts_removed_keys, test_setup),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     if (rc == 0)
