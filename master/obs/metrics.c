@@ -283,6 +283,9 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     one(r, "kvpool_kv_events_dropped_total", "counter",
         "KV events dropped because the queue was full.", es.dropped);
     one(r, "kvpool_kv_events_batches_total", "counter", "KV event batches sent.", es.batches);
+    one(r, "kvpool_kv_events_cuts_total", "counter",
+        "Allow-list reloads that removed a key and so closed every subscriber connection.",
+        es.cuts);
     one(r, "kvpool_kv_events_curve", "gauge",
         "1 when KV event subscribers need CURVE and a key of the allow-list.", es.curve);
     head(r, "kvpool_kv_events_refused_total", "counter",

@@ -536,6 +536,8 @@ def test_sighup_removing_a_key_cuts_its_connection(make_curve_pool, zsock, keys,
         seq0 = last_seq(kept.batches)
         topic = kept.batches[-1][0]
         before = pool.refused("key") or 0
+        assert metric(pool.metrics(), "kvpool_kv_events_cuts_total") == 0
+
 
         write_allow(pool.allow, [f"{keys.pub('all').decode()} *"])
         sighup_and_wait(pool, (kept, removed))
@@ -583,6 +585,7 @@ def test_sighup_removing_a_key_cuts_its_connection(make_curve_pool, zsock, keys,
 
     text = pool.metrics()
     assert metric(text, "kvpool_kv_events_curve") == 1
+    assert metric(text, "kvpool_kv_events_cuts_total") == 1  # one reload, one cut
     # the kept key, and a new connection of it, hear on
     with kvpool.Client(pool.addr) as c:
         hear_probe(c, zsock.sub(pool.pub_ep, "all"), prefix + "later-")
@@ -623,3 +626,4 @@ def test_sighup_adding_a_key_disturbs_nobody(make_curve_pool, zsock, keys, prefi
         assert [k for k in keys_of(s.batches) if k in want] == want
         assert s.count(zmq.EVENT_DISCONNECTED) == 0, s.name
         assert s.count(zmq.EVENT_HANDSHAKE_SUCCEEDED) == 1, s.name
+    assert metric(pool.metrics(), "kvpool_kv_events_cuts_total") == 0
