@@ -6,12 +6,154 @@
 #include "client/segment/data_grant.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <sys/uio.h>
 #include <openssl/crypto.h>
 
 #include "client/segment/conn_server.h"
 #include "common/log.h"
 #include "common/sock.h"
+
+struct kvp_data_pending_ent {
+    uint64_t offset;
+    uint64_t version; /* 0: an empty slot */
+    uint64_t noted_ms;
+};
+
+/* A put's note is swept once it is this old and the table is full: every grant it could
+ * refuse has expired by then unless leases or puts are given longer. */
+#define PENDING_SWEEP_MS 60000u
+
+void kvp_data_pending_init(kvp_data_pending_t *p)
+{
+    memset(p, 0, sizeof(*p));
+    pthread_mutex_init(&p->lock, NULL);
+}
+
+void kvp_data_pending_cleanup(kvp_data_pending_t *p)
+{
+    free(p->ents);
+    p->ents = NULL;
+    pthread_mutex_destroy(&p->lock);
+}
+
+static uint32_t pending_slot(uint64_t offset, uint32_t cap)
+{
+    return (uint32_t)((offset * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+
+static kvp_data_pending_ent_t *pending_find(kvp_data_pending_t *p, uint64_t offset)
+{
+    if (p->cap == 0)
+        return NULL;
+    for (uint32_t i = pending_slot(offset, p->cap);; i = (i + 1) & (p->cap - 1)) {
+        if (p->ents[i].version == 0)
+            return NULL;
+        if (p->ents[i].offset == offset)
+            return &p->ents[i];
+    }
+}
+
+/* Linear probing's deletion: the entries after the hole that may move into it, do. */
+static void pending_del(kvp_data_pending_t *p, kvp_data_pending_ent_t *e)
+{
+    uint32_t mask = p->cap - 1, i = (uint32_t)(e - p->ents);
+    for (uint32_t j = (i + 1) & mask; p->ents[j].version != 0; j = (j + 1) & mask) {
+        uint32_t k = pending_slot(p->ents[j].offset, p->cap);
+        if (i <= j ? (k <= i || k > j) : (k <= i && k > j)) {
+            p->ents[i] = p->ents[j];
+            i = j;
+        }
+    }
+    p->ents[i].version = 0;
+    p->count--;
+}
+
+/* Rehash into cap slots, leaving out the notes older than before_ms. false: no memory. */
+static bool pending_rehash(kvp_data_pending_t *p, uint32_t cap, uint64_t before_ms)
+{
+    kvp_data_pending_ent_t *old = p->ents, *ents = calloc(cap, sizeof(*ents));
+    if (ents == NULL)
+        return false;
+    uint32_t old_cap = p->cap;
+    p->ents = ents;
+    p->cap = cap;
+    p->count = 0;
+    for (uint32_t i = 0; i < old_cap; i++) {
+        if (old[i].version == 0 || old[i].noted_ms < before_ms)
+            continue;
+        uint32_t j = pending_slot(old[i].offset, cap);
+        while (ents[j].version != 0)
+            j = (j + 1) & (cap - 1);
+        ents[j] = old[i];
+        p->count++;
+    }
+    free(old);
+    return true;
+}
+
+uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offset, uint64_t rec,
+                             uint64_t note, uint64_t now)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->gen != gen) { /* a new key: every grant from before is refused anyway */
+        if (p->count > 0)
+            memset(p->ents, 0, p->cap * sizeof(*p->ents));
+        p->count = 0;
+        p->gen = gen;
+    }
+    uint64_t pend = 0;
+    kvp_data_pending_ent_t *e = pending_find(p, offset);
+    if (e != NULL && e->version <= rec) {
+        pending_del(p, e);
+        e = NULL;
+    } else if (e != NULL)
+        pend = e->version;
+    if (note != 0 && note >= pend && e != NULL) {
+        e->version = note;
+        e->noted_ms = now;
+    } else if (note != 0 && e == NULL) {
+        bool room = (uint64_t)(p->count + 1) * 4 <= (uint64_t)p->cap * 3;
+        if (!room && p->cap < KVP_DATA_PENDING_MAX)
+            room = pending_rehash(p, p->cap ? p->cap * 2 : 1024, 0);
+        else if (!room && now > PENDING_SWEEP_MS)
+            room = pending_rehash(p, p->cap, now - PENDING_SWEEP_MS) &&
+                   (uint64_t)(p->count + 1) * 4 <= (uint64_t)p->cap * 3;
+        if (room) {
+            uint32_t j = pending_slot(offset, p->cap);
+            while (p->ents[j].version != 0)
+                j = (j + 1) & (p->cap - 1);
+            p->ents[j] = (kvp_data_pending_ent_t){offset, note, now};
+            p->count++;
+        } else {
+            atomic_fetch_add_explicit(&p->dropped, 1, memory_order_relaxed);
+            KVP_LOG_WARN_LIMITED("data server: %u puts begun and not recorded in the last "
+                                 "minute; a write let in without a note (an older grant of "
+                                 "its extent is refused only from its put's end)",
+                                 p->count);
+        }
+    }
+    pthread_mutex_unlock(&p->lock);
+    return pend;
+}
+
+/* An entry whose grant passed, against what the server knows of its extent (ended, or
+ * NULL): NULL, or why it is refused. write: its object's put is noted there. */
+static const char *extent_taken(const kvp_data_ended_t *ended, uint64_t gen, uint64_t offset,
+                                uint64_t version, bool write, uint64_t now)
+{
+    if (ended == NULL)
+        return NULL;
+    uint64_t rec = ended->version_at(ended->arg, offset);
+    if (write && rec >= version)
+        return "the put this write grant was for has ended";
+    if (!write && rec > version)
+        return "a later object than the read grant's is recorded at the extent";
+    if (ended->pending != NULL &&
+        kvp_data_pending_at(ended->pending, gen, offset, rec, write ? version : 0, now) > version)
+        return "a later object's put has written at the grant's extent";
+    return NULL;
+}
 
 /* Read a grant set (its header, then its extents, into v's room for them) off fd.
  * KVP_ERR_IO: the stream broke; KVP_ERR_DENIED: *why_p says what was wrong with its size. */
@@ -95,23 +237,15 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
             const kvp_grant_extent_t *e = idx[i] < v->set.count ? &v->set_ext[idx[i]] : NULL;
             if (e == NULL || !kvp_grant_extent_covers(e, vec[i].offset, vec[i].length))
                 why = "the request reaches outside the grant's extent";
-            else if (write && ended != NULL &&
-                     ended->version_at(ended->arg, e->offset) >= e->version)
-                why = "the put this write grant was for has ended";
-            else if (!write && ended != NULL &&
-                     ended->version_at(ended->arg, e->offset) > e->version)
-                why = "a later object than the read grant's is recorded at the extent";
+            else
+                why = extent_taken(ended, v->gen, e->offset, e->version, write, now);
         } else if (kvp_grant_check(v->mac, &g[i], op, vec[i].segment_id, vec[i].offset,
                                    vec[i].length, v->epoch, now, &why) == KVP_OK &&
                    g[i].principal != conn_tag)
             why = conn_tag == 0 ? "the connection has not proven a principal (no HELLO)"
                                 : "the grant is another principal's";
-        else if (why == NULL && write && ended != NULL &&
-                 ended->version_at(ended->arg, g[i].offset) >= g[i].nonce)
-            why = "the put this write grant was for has ended";
-        else if (why == NULL && op == KVP_GRANT_READ && ended != NULL &&
-                 ended->version_at(ended->arg, g[i].offset) > g[i].nonce)
-            why = "a later object than the read grant's is recorded at the extent";
+        else if (why == NULL && (write || op == KVP_GRANT_READ))
+            why = extent_taken(ended, v->gen, g[i].offset, g[i].nonce, write, now);
     }
     if (why == NULL)
         return KVP_OK;

@@ -7,17 +7,52 @@
 #ifndef KVP_CLIENT_SEGMENT_DATA_GRANT_H
 #define KVP_CLIENT_SEGMENT_DATA_GRANT_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
 #include "client/transport/wire.h"
 #include "common/grant.h"
 
+/*
+ * The puts whose writes a data server has let in, by extent offset: the object's version
+ * (the write grant's), until its record or file holds that object or a later one. From a
+ * put's first write on, an older grant of the same extent (a reader's whose object was
+ * removed, a writer's whose put was revoked) is refused, not only from the put's end.
+ * Open addressing; grown up to KVP_DATA_PENDING_MAX entries, never per request after
+ * that; emptied when the grant key changes (a remount, a new epoch: every older grant is
+ * refused then anyway). Full (that many puts begun and never recorded in the last
+ * minute): a write is let in without a note (counted in dropped, logged).
+ */
+#define KVP_DATA_PENDING_MAX (1u << 18)
+typedef struct kvp_data_pending_ent kvp_data_pending_ent_t;
+typedef struct kvp_data_pending {
+    pthread_mutex_t lock;
+    kvp_data_pending_ent_t *ents;
+    uint32_t cap; /* a power of 2, or 0 */
+    uint32_t count;
+    uint64_t gen; /* the grant key generation it was filled under */
+    _Atomic uint64_t dropped;
+} kvp_data_pending_t;
+
+void kvp_data_pending_init(kvp_data_pending_t *p);
+void kvp_data_pending_cleanup(kvp_data_pending_t *p);
+/*
+ * The version of the put that wrote last at offset (0: none); a note the record has
+ * reached (rec: the version the record or file holds there) is forgotten. note (a write
+ * being let in: its object's version; 0: a read): noted unless a later put is, so that an
+ * older grant of the extent is refused from now on. gen: the grant key's generation (a
+ * new one empties the table). now: ms, for the sweep of a full table.
+ */
+uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offset, uint64_t rec,
+                             uint64_t note, uint64_t now);
+
 /* What a data server knows of ended puts: the version of the object its record or file
- * holds at an extent's offset (0: none). */
+ * holds at an extent's offset (0: none); pending: the server's begun puts (or NULL). */
 typedef struct kvp_data_ended {
     uint64_t (*version_at)(void *arg, uint64_t offset);
     void *arg;
+    kvp_data_pending_t *pending;
 } kvp_data_ended_t;
 
 /*
@@ -31,7 +66,9 @@ typedef struct kvp_data_ended {
  * conn_tag: the principal the connection proved in its HELLO (0: none); a grant sealed
  * for another principal is refused. ended (a DRAM segment's record, an SSD segment's file,
  * or NULL): a write grant whose object version (its nonce) it already has at the extent,
- * or a later one, is refused: its put ended.
+ * or a later one, is refused: its put ended; so is one of an older version than a put
+ * that has written there since (ended->pending). A read grant is refused once a later
+ * object is recorded at its extent, or a later put has written there.
  */
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,

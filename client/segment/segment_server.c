@@ -52,6 +52,7 @@ struct kvp_segment_server {
     kvp_served_stats_t stats;   /* relaxed adds, one per request served */
     kvp_grant_keyring_t grants; /* from the last mount (data grants on: a key) */
     kvp_data_ended_t ended;     /* the segment's record (ended puts), once set */
+    kvp_data_pending_t pending; /* its begun puts (data_grant.h) */
     bool has_record;
     _Atomic uint64_t grants_refused; /* requests refused for their grant (or its absence) */
     /* the shm hand-off (kvp_segment_server_share): the segment's memfd, served on a Unix
@@ -287,9 +288,12 @@ kvp_status_t kvp_segment_server_create(void *base, uint64_t size, const char *ho
     srv->mem_fd = -1;
     atomic_store(&srv->segment_id, UINT64_MAX);
     kvp_grant_keyring_init(&srv->grants);
+    kvp_data_pending_init(&srv->pending);
     kvp_status_t status = kvp_conn_server_create("segment server", host, port, protected_mode,
                                                  serve_conn, srv, &srv->conns, bound_port_p);
     if (status != KVP_OK) {
+        kvp_grant_keyring_cleanup(&srv->grants);
+        kvp_data_pending_cleanup(&srv->pending);
         free(srv);
         return status;
     }
@@ -327,7 +331,8 @@ static uint64_t record_version_at(void *record, uint64_t offset)
 
 void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_record *record)
 {
-    srv->ended = (kvp_data_ended_t){.version_at = record_version_at, .arg = record};
+    srv->ended = (kvp_data_ended_t){
+        .version_at = record_version_at, .arg = record, .pending = &srv->pending};
     srv->has_record = record != NULL;
 }
 
@@ -353,5 +358,6 @@ void kvp_segment_server_destroy(kvp_segment_server_t *srv)
     kvp_conn_server_destroy(srv->local);
     kvp_conn_server_destroy(srv->conns);
     kvp_grant_keyring_cleanup(&srv->grants);
+    kvp_data_pending_cleanup(&srv->pending);
     free(srv);
 }

@@ -61,6 +61,7 @@
 struct kvp_ssd_server {
     kvp_ssd_file_t *file;
     kvp_data_ended_t ended; /* the file's entries: a write grant ends when its put is recorded */
+    kvp_data_pending_t pending; /* its begun puts (data_grant.h) */
     int file_fd;
     uint64_t base; /* file offset of segment byte 0 */
     uint64_t size;
@@ -464,7 +465,9 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     if (srv == NULL)
         return KVP_ERR_NOMEM;
     srv->file = f;
-    srv->ended = (kvp_data_ended_t){.version_at = file_version_at, .arg = f};
+    kvp_data_pending_init(&srv->pending);
+    srv->ended =
+        (kvp_data_ended_t){.version_at = file_version_at, .arg = f, .pending = &srv->pending};
     srv->file_fd = kvp_ssd_file_fd(f);
     srv->base = kvp_ssd_file_data_base(f);
     srv->size = kvp_ssd_file_size(f);
@@ -477,6 +480,7 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     if (status != KVP_OK) {
         pthread_mutex_destroy(&srv->bad_lock);
         kvp_grant_keyring_cleanup(&srv->grants);
+        kvp_data_pending_cleanup(&srv->pending);
         free(srv);
         return status;
     }
@@ -522,5 +526,6 @@ void kvp_ssd_server_destroy(kvp_ssd_server_t *srv)
     kvp_conn_server_destroy(srv->conns);
     pthread_mutex_destroy(&srv->bad_lock);
     kvp_grant_keyring_cleanup(&srv->grants);
+    kvp_data_pending_cleanup(&srv->pending);
     free(srv);
 }

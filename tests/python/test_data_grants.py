@@ -544,6 +544,54 @@ def test_read_grant_refused_once_a_later_object_is_at_its_extent(gm):
         assert alice.get(landed) == bytes([len(new_keys) - 1]) * 8192
 
 
+def test_read_grant_refused_once_a_later_put_writes_at_its_extent(gm):
+    """The same reader, but the new object's put is still pending: the old read grant
+    gets what the extent held before the new put wrote (the bytes it was granted), and is
+    refused from the new put's first write on, before its PutEnd: none of the new
+    object's bytes reach it."""
+    key = f"b@grant-pend-{uuid.uuid4().hex[:8]}"
+    old = os.urandom(8192)
+    with gm.client("bob", transport="tcp") as bob:
+        bob.put(key, old)
+    with bob_control(gm) as s:
+        rep, lease = get_replicas_raw(s, key)
+        if lease:
+            s.sendall(frame(M_LEASE_RELEASE, b"\x0a\x08" + struct.pack("<Q", lease),
+                            req_id=22))
+    with gm.client("bob", transport="tcp") as bob:
+        bob.remove(key)
+    with tls_connect(gm, tls_client_ctx(gm.certs.ca)) as s:
+        s.sendall(frame(M_AUTH, auth_body(PRINCIPALS["alice"]["token"])))
+        a = read_frame(s)
+        assert a is not None and a[1] == 0, a
+        landed = None
+        for i in range(64):  # raw puts of the same size until one is given the old extent
+            kk = f"a@grant-pnew-{i}-{uuid.uuid4().hex[:6]}"
+            w = put_start_raw(s, kk, len(old))
+            if w.segment_id == rep.segment_id and w.offset == rep.offset:
+                landed = (kk, w)
+                break
+            d = bytes([i]) * len(old)
+            assert request(w, WRITE, w.offset, len(d), w.grant, d)[0] == 0
+            put_end_raw(s, kk, crc32c(d))
+        assert landed is not None, "no new object landed on the old extent"
+        kk, w = landed
+        # nothing written by the new put yet: the extent holds what the grant was for
+        status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+        assert status == 0 and payload == old
+        new = os.urandom(len(old))
+        assert request(w, WRITE, w.offset, len(new), w.grant, new)[0] == 0
+        before = gm.owner_refused()
+        assert refused(request(rep, READ, rep.offset, rep.length, rep.grant))
+        assert refused(request(rep, READ, rep.offset + 4096, 4096, rep.grant))
+        assert gm.owner_refused() == before + 2
+        # the new put's own write grant still works until its end, and its object is whole
+        assert request(w, WRITE, w.offset, len(new), w.grant, new)[0] == 0
+        put_end_raw(s, kk, crc32c(new))
+    with gm.client("alice", transport="tcp") as alice:
+        assert alice.get(kk) == new
+
+
 def test_read_grant_cannot_write(gm, victim):
     key, data, rep = victim
     assert refused(request(rep, WRITE, rep.offset, 4096, rep.grant, b"\xee" * 4096))
