@@ -26,6 +26,7 @@
 #include "common/parse.h"
 #include "common/rand.h"
 #include "common/rpc.h"
+#include "common/sock.h"
 #include "kvpool.pb-c.h"
 
 void kvp_client_params_init(kvp_client_params_t *p)
@@ -85,6 +86,39 @@ static kvp_status_t master_addr_parse(kvp_client_t *c, kvp_discovery_change_cb_t
                  "etcd://HOST:PORT[,HOST:PORT...]/CLUSTER, got '%s'",
                  master);
     return KVP_ERR_INVALID_ARG;
+}
+
+/*
+ * The host our data servers bind and advertise: params.data_host, or else the address this
+ * host reaches the master (or, with etcd, its first member) from, so that peers on other
+ * hosts can reach them by default; 127.0.0.1 when the master is on this host.
+ */
+static void data_host_param(kvp_client_t *c)
+{
+    if (c->params.data_host != NULL && c->params.data_host[0] != '\0') {
+        snprintf(c->data_host, sizeof(c->data_host), "%s", c->params.data_host);
+        return;
+    }
+    char host[256] = "";
+    uint16_t port = 0;
+    const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
+    if (c->disc != NULL && master != NULL && strstr(master, "://") != NULL) {
+        const char *a = strstr(master, "://") + 3;
+        char first[300];
+        size_t n = strcspn(a, ",/");
+        snprintf(first, sizeof(first), "%.*s", (int)(n < 299 ? n : 299), a);
+        if (kvp_parse_hostport(first, host, sizeof(host), &port) != KVP_OK)
+            host[0] = '\0';
+    } else {
+        snprintf(host, sizeof(host), "%s", c->master_host);
+        port = c->master_port;
+    }
+    snprintf(c->data_host, sizeof(c->data_host), "127.0.0.1");
+    char self[64];
+    if (host[0] != '\0' && !kvp_host_is_loopback(host) &&
+        kvp_sock_route_addr(host, port, self, sizeof(self)) == KVP_OK &&
+        !kvp_host_is_loopback(self))
+        snprintf(c->data_host, sizeof(c->data_host), "%s", self);
 }
 
 /* The transport settings of the engine: forced transport, rdma devices and shape. */
@@ -363,13 +397,14 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         st = other_params(c);
     if (st != KVP_OK)
         goto err_free;
+    data_host_param(c);
     st = kvp_transfer_init(&c->xfer);
     if (st != KVP_OK)
         goto err_free;
     if (c->params.segment_size > 0) {
         kvp_segment_params_t sp = {.size = c->params.segment_size,
                                    .name = c->params.segment_name,
-                                   .data_host = c->params.data_host,
+                                   .data_host = c->data_host,
                                    .data_port = c->params.data_port,
                                    .protected_mode = c->protected_mode,
                                    .client_id = c->client_id,
@@ -379,8 +414,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
             goto err_free;
     }
     char ssd_host[256];
-    snprintf(ssd_host, sizeof(ssd_host), "%s",
-             c->params.data_host ? c->params.data_host : "127.0.0.1");
+    snprintf(ssd_host, sizeof(ssd_host), "%s", c->data_host);
     st = control_start(c);
     if (st == KVP_OK && c->params.ssd_path != NULL)
         st = ssd_start(c, ssd_host);

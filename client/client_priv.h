@@ -30,6 +30,7 @@ struct kvp_client {
     kvp_client_params_t params; /* its defaults filled; borrowed strings cleared */
     char master_host[256];
     uint16_t master_port;
+    char data_host[64]; /* params.data_host, or the address that routes to the master */
     uint64_t client_id;
     bool protected_mode; /* our data servers take peers of this host only (params.auth) */
     kvp_tls_t *tls;      /* TLS to the master (params.tls_*, KVPOOL_TLS_*); NULL: plain */

@@ -346,6 +346,46 @@ bool kvp_sock_peer_local(int fd)
     return IN6_IS_ADDR_LOOPBACK(p6) || memcmp(p6, s6, sizeof(*p6)) == 0;
 }
 
+kvp_status_t kvp_sock_route_addr(const char *host, uint16_t port, char *buf, size_t len)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *res = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port ? port : 9);
+    if (getaddrinfo(host, ps, &hints, &res) != 0 || res == NULL)
+        return KVP_ERR_INVALID_ARG;
+    kvp_status_t st = KVP_ERR_SYSTEM;
+    int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_storage self;
+    socklen_t sl = sizeof(self);
+    if (fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+        getsockname(fd, (struct sockaddr *)&self, &sl) == 0) {
+        struct in_addr a4;
+        const void *a = v4_of(&self, &a4)
+                            ? (const void *)&a4
+                            : (const void *)&((struct sockaddr_in6 *)&self)->sin6_addr;
+        int fam = v4_of(&self, &a4) ? AF_INET : AF_INET6;
+        if (inet_ntop(fam, a, buf, (socklen_t)len) != NULL)
+            st = KVP_OK;
+    }
+    if (fd >= 0)
+        close(fd);
+    freeaddrinfo(res);
+    return st;
+}
+
+bool kvp_host_is_loopback(const char *host)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (strcmp(host, "localhost") == 0)
+        return true;
+    if (inet_pton(AF_INET, host, &a4) == 1)
+        return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1)
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+    return false;
+}
+
 void kvp_sock_peer_name(int fd, char *buf, size_t len)
 {
     struct sockaddr_storage peer;

@@ -51,6 +51,16 @@ void kvp_sock_set_timeout(int fd, uint32_t timeout_ms);
 bool kvp_sock_peer_local(int fd);
 /* The peer's address as text ("10.0.0.2:41234", "[fe80::1]:80"), for logs; "?" if unknown. */
 void kvp_sock_peer_name(int fd, char *buf, size_t len);
+/*
+ * The address of this host that its routes send from toward host:port (a name or a
+ * number), as text with no port ("10.0.0.2", "fe80::1"; a v4-mapped one as v4): what a
+ * peer reaching host from here would see. No packet is sent (a UDP socket is connected,
+ * then asked its name). KVP_ERR_INVALID_ARG: host does not resolve; KVP_ERR_SYSTEM: no
+ * route.
+ */
+kvp_status_t kvp_sock_route_addr(const char *host, uint16_t port, char *buf, size_t len);
+/* Is host (a name or a number) a loopback address: 127.0.0.0/8, ::1, or "localhost"? */
+bool kvp_host_is_loopback(const char *host);
 
 kvp_status_t kvp_send_all(int fd, const void *buf, size_t len);
 kvp_status_t kvp_recv_all(int fd, void *buf, size_t len);

@@ -36,6 +36,8 @@ PKGS=(
   # debhelper, make and gcc through build-essential), systemd-analyze for the
   # units, python3-yaml for the manifests, curl for the daemons' HTTP
   build-essential dpkg-dev debhelper systemd python3-yaml curl
+  # tests/net: hosts in network namespaces (ip netns, veth, a bridge) and cut links
+  iproute2 nftables
 )
 # kubectl for the manifests' dry run: Debian's kubernetes-client, unless a
 # kubectl is installed already (another package's kubectl conflicts with it,

@@ -13,7 +13,8 @@
 # kvpool-bench mode) and the Python module's pytest suite (tests/python, its
 # tests counted one each) once, on the normal build only; then deploy/fuzz.sh;
 # with --rdma, suite rdma (tests/rdma) through the VM, its tests counted one each.
-# After the normal build's pytest run, the TLS pass (run_tls_pass): the integration tests
+# After the normal build's pytest run, tests/net (run_net: hosts in network namespaces,
+# links cut and healed, tests/net/checker.py's verdict; as root), then the TLS pass (run_tls_pass): the integration tests
 # that use the library's clients, the fault suite and the pytest suite again, every master
 # with TLS 1.3 and an ACL.
 # Then tests/pip/test_pip.sh (pip install . and the pytest suite from a venv, a wheel
@@ -85,6 +86,22 @@ run_pytest() { # builddir [output name]
   tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
 }
 
+# The network test bed (tests/net, issue 27): hosts in network namespaces, links cut and
+# healed under a logging workload, a checker of every promise; its short scenarios here
+# (root only: a non-root run counts it as failed, not skipped).
+run_net() { # builddir
+  local dir=$1 py
+  if [ "$(id -u)" != 0 ] || ! py=$(deploy/pick-python.sh "$dir"); then
+    echo "net: cannot run (needs root and a python3 with pytest)"
+    failed=$((failed+1)); rc_all=1; return
+  fi
+  PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
+    KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
+    KVPOOL_NET_REPORT=$dir/net-report.jsonl \
+    "$py" -m pytest -q -p no:cacheprovider tests/net 2>&1 | tee "$dir/net.out"
+  tally_pytest "$dir/net.out" "${PIPESTATUS[0]}"
+}
+
 # The TLS pass: the Python suite, the integration tests that use only the library's
 # clients, and the fault suite, a second time with TLS 1.3 and an ACL on every master they
 # start (tests/python/conftest.py and tests/harness.c read KVPOOL_TEST_TLS_DIR):
@@ -151,6 +168,7 @@ if run_suite build; then
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
   run_pytest build
+  run_net build
   run_tls_pass build
   # The module with CUDA device memory (tests/gpu/test_gpu_python.py) against the test
   # double of the driver (tests/gpu/fake_cuda.c): device pointers from Python take the

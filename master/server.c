@@ -721,8 +721,11 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
             srv->state.park_retry = false;
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
+            srv->state.call_has_fd = true;
+            srv->state.call_fd = c->fd;
             s = kvp_dispatch_handle(&srv->state, c->id, c->who, h.method, body, h.body_len, &resp,
                                     &rlen, errmsg, sizeof(errmsg));
+            srv->state.call_has_fd = false;
             clock_gettime(CLOCK_MONOTONIC, &t1);
             if (s == KVP_ERR_DENIED) {
                 char peer[80];

@@ -143,9 +143,13 @@ typedef struct kvp_master_state {
     uint64_t version_clock;    /* the last version given (starts at the wall clock, us) */
     kvp_tombstones_t tombstones;
     bool tasks_ready; /* a task was queued: the server answers owners waiting for tasks */
-    bool may_park;    /* set by the server: SsdTasks may wait instead of answering now */
-    bool parked;      /* set by SsdTasks: no answer yet, the server holds the request */
-    bool park_retry;  /* set by the server: this SsdTasks call was held (its results are in) */
+    /* the connection of the request being handled (server.c sets it around each call):
+     * handlers that care where a request came from (a mount's loopback endpoint) ask it */
+    bool call_has_fd;
+    int call_fd;
+    bool may_park;   /* set by the server: SsdTasks may wait instead of answering now */
+    bool parked;     /* set by SsdTasks: no answer yet, the server holds the request */
+    bool park_retry; /* set by the server: this SsdTasks call was held (its results are in) */
     /* A restarted master or a new leader waits this long for the segments to remount and
      * offer their records: a put that finds no room meanwhile is told to wait
      * (KVP_ERR_POOL_BUSY, retried by the client) rather than evicting or failing. */

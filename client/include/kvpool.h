@@ -45,7 +45,9 @@ typedef struct kvp_client_params {
                                    else auto (shm on the same host, else rdma when both
                                    sides have it, else tcp) */
     const char *data_host;      /* address the segment's data server binds and advertises;
-                                   NULL: 127.0.0.1 */
+                                   NULL: the address this host reaches the master (or the
+                                   first etcd member) from; 127.0.0.1 when that is on
+                                   this host */
     uint16_t data_port;         /* data server port; 0: any free port */
     const char *segment_name;   /* name of the mounted segment; NULL: "<data_host>:<port>" */
     uint32_t tcp_streams;       /* tcp connections used in parallel per peer per batch; 0: 2 */

@@ -22,6 +22,7 @@
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"
+#include "common/sock.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
 
@@ -139,6 +140,17 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->dedicated = tenant >= 0;
     seg->tenant = tenant >= 0 ? (uint16_t)tenant : 0;
     st->tenants.t[seg->tenant].dedicated += seg->dedicated;
+    if (st->call_has_fd &&
+        kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) == KVP_OK &&
+        kvp_host_is_loopback(host) && !kvp_sock_peer_local(st->call_fd)) {
+        char peer[80];
+        kvp_sock_peer_name(st->call_fd, peer, sizeof(peer));
+        KVP_LOG_WARN("segment %s mounted from %s advertises the loopback endpoint %s: clients "
+                     "on other hosts cannot reach it (start its owner with --data-host ADDRESS, "
+                     "or without --data-host to advertise the address it reaches this master "
+                     "from)",
+                     seg->name, peer, seg->tcp_endpoint);
+    }
     KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s%s%s)", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint,
                  seg->dedicated ? ", dedicated to tenant " : "", seg->dedicated ? req->tenant : "");
