@@ -53,6 +53,7 @@ static const setting_t settings[] = {
     {"lease-ttl", SECONDS_MS, offsetof(kvp_master_config_t, lease_ttl_ms), 0},
     {"put-timeout", SECONDS_MS, offsetof(kvp_master_config_t, put_timeout_ms), 0},
     {"client-ttl", SECONDS_MS, offsetof(kvp_master_config_t, client_ttl_ms), 0},
+    {"segment-grace", SECONDS_MS, offsetof(kvp_master_config_t, segment_grace_ms), 0},
     {"soft-pin-ttl", SECONDS_S, offsetof(kvp_master_config_t, soft_pin_ttl_s), 0},
     {"no-eviction", SWITCH_OFF, offsetof(kvp_master_config_t, evict), 0},
     {"lease-on-exist", SWITCH_ON, offsetof(kvp_master_config_t, lease_on_exist), 0},
@@ -98,6 +99,7 @@ void kvp_master_config_init(kvp_master_config_t *cfg)
     cfg->put_timeout_ms = 30000;
     cfg->soft_pin_ttl_s = 1800;
     cfg->client_ttl_ms = 10000;
+    cfg->segment_grace_ms = 60000;
     cfg->lease_on_exist = false;
     cfg->offload_high = 0.95;
     cfg->offload_low = 0.90;

@@ -13,14 +13,16 @@
 
 /* Master settings (flags of kvpool-master; defaults in kvp_master_config_init). */
 typedef struct kvp_master_config {
-    bool evict;              /* false: a full pool refuses puts (store, not cache) */
-    double evict_high;       /* evict when used/capacity passes this (1.0: off) */
-    double evict_low;        /* ... down to this (0.98) */
-    uint32_t lease_ttl_ms;   /* read lease granted by GetReplicaList (5000) */
-    uint32_t put_timeout_ms; /* a PENDING put not ended by then is revoked (30000) */
-    uint32_t soft_pin_ttl_s; /* default soft pin lifetime (1800) */
-    uint32_t client_ttl_ms;  /* a connection silent this long is dropped (10000; 0: never) */
-    bool lease_on_exist;     /* Exist grants read leases too (false) */
+    bool evict;                /* false: a full pool refuses puts (store, not cache) */
+    double evict_high;         /* evict when used/capacity passes this (1.0: off) */
+    double evict_low;          /* ... down to this (0.98) */
+    uint32_t lease_ttl_ms;     /* read lease granted by GetReplicaList (5000) */
+    uint32_t put_timeout_ms;   /* a PENDING put not ended by then is revoked (30000) */
+    uint32_t soft_pin_ttl_s;   /* default soft pin lifetime (1800) */
+    uint32_t client_ttl_ms;    /* a connection silent this long is dropped (10000; 0: never) */
+    uint32_t segment_grace_ms; /* a DRAM segment dropped so: its objects kept for its
+                                * owner's return this long (60000; 0: not kept) */
+    bool lease_on_exist;       /* Exist grants read leases too (false) */
     /* SSD tier (policy/tier.c) */
     double offload_high;   /* offload DRAM victims in the background above this (0.95) */
     double offload_low;    /* ... down to this (0.90) */

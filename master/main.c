@@ -63,6 +63,9 @@ static void usage(FILE *f)
             "  --soft-pin-ttl SECONDS  default soft pin lifetime (default 1800)\n"
             "  --client-ttl SECONDS  drop a client silent this long: its segments are\n"
             "                       unmounted, its puts revoked (default 10; 0: never)\n"
+            "  --segment-grace SECONDS  keep what a DRAM segment dropped so held: taken\n"
+            "                       back if that segment mounts again within it (its\n"
+            "                       owner was cut off, not restarted) (default 60; 0: off)\n"
             "  --lease-on-exist     exist grants read leases too (default: only get)\n"
             "  --no-eviction        never evict: a full pool refuses puts\n"
             "SSD tier (when SSD segments are mounted: kvpool serve --ssd-path):\n"
@@ -140,6 +143,7 @@ static const struct option opts[] = {
     {"soft-pin-ttl", required_argument, NULL, 's'},
     {"no-eviction", no_argument, NULL, 's'},
     {"client-ttl", required_argument, NULL, 's'},
+    {"segment-grace", required_argument, NULL, 's'},
     {"lease-on-exist", no_argument, NULL, 's'},
     {"offload-high-watermark", required_argument, NULL, 's'},
     {"offload-low-watermark", required_argument, NULL, 's'},

@@ -41,6 +41,7 @@
 #include "common/tls.h"
 #include "master/auth/acl.h"
 #include "master/dispatch.h"
+#include "master/rpc/segment.h"
 #include "master/policy/eviction.h"
 #include "common/election.h"
 #include "master/meta/record.h"
@@ -1262,6 +1263,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             if (may_serve(srv)) { /* a fenced leader changes nothing by itself either */
                 kvp_expire_puts(&srv->state);
                 kvp_lease_expire(&srv->state);
+                kvp_segment_limbo_expire(&srv->state);
                 kvp_evict_if_needed(&srv->state);
                 answer_parked(srv, true);
             }

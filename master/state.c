@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/rand.h"
+#include "master/meta/limbo.h"
 #include "master/obs/events.h"
 
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
@@ -94,6 +95,11 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
     kvp_lease_table_cleanup(&st->leases); /* first: it frees retired objects only */
     kvp_ghost_cleanup(&st->ghost);
     kvp_tombstone_cleanup(&st->tombstones);
+    while (st->limbo != NULL) {
+        kvp_limbo_t *l = st->limbo;
+        st->limbo = l->next;
+        kvp_limbo_free(l);
+    }
     while (st->tasks != NULL) {
         kvp_ssd_task_t *t = st->tasks;
         st->tasks = t->next;

@@ -46,6 +46,9 @@ typedef struct kvp_master_stats {
     uint64_t ssd_evicted;
     uint64_t adopted;       /* objects segments brought back at (re)mount (ha/rebuild.c) */
     uint64_t adopt_refused; /* stale entries they offered: dropped, never served */
+    uint64_t taken_back;    /* objects of a segment dropped for silence, taken back at its
+                             * remount (meta/limbo.c) */
+    uint64_t limbo_expired; /* ... dropped for good: the segment did not come back in time */
     uint64_t ssd_lost;      /* SSD objects found unreadable by an owner (promotion) */
     /* operations (master/obs/): per key or object, not per request */
     uint64_t puts;        /* puts ended (objects made visible) */
@@ -142,7 +145,8 @@ typedef struct kvp_master_state {
     uint64_t offloading;       /* offloads in flight */
     uint64_t version_clock;    /* the last version given (starts at the wall clock, us) */
     kvp_tombstones_t tombstones;
-    bool tasks_ready; /* a task was queued: the server answers owners waiting for tasks */
+    struct kvp_limbo *limbo; /* segments dropped for silence, until --segment-grace */
+    bool tasks_ready;        /* a task was queued: the server answers owners waiting for tasks */
     /* the connection of the request being handled (server.c sets it around each call):
      * handlers that care where a request came from (a mount's loopback endpoint) ask it */
     bool call_has_fd;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "master/meta/segment_table.h"
+#include "master/meta/limbo.h"
 #include "common/grant.h"
 #include "common/rand.h"
 #include "master/meta/record.h"
@@ -27,6 +28,7 @@ void kvp_segment_destroy(kvp_segment_t *seg)
         return;
     kvp_offset_alloc_destroy(seg->alloc);
     kvp_grant_mac_destroy(seg->grant_mac);
+    kvp_limbo_free(seg->limbo);
     free(seg->rec);
     free(seg->name);
     free(seg->medium);

@@ -29,13 +29,15 @@ typedef struct kvp_segment {
     uint32_t rdma_rkey;
     uint64_t size;
     uint64_t owner_client_id;
-    uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
-    uint64_t objects;       /* replicas stored here */
-    bool draining;          /* no new replicas; the owner is asked to move objects away */
-    bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
-    bool adopting;          /* its owner is offering what it holds: no new replicas yet */
-    bool dedicated;         /* to one tenant (kvpool serve --tenant): only its objects */
-    uint16_t tenant;        /* ... that tenant's id (meta/tenant.h) */
+    uint64_t owner_conn_id;  /* connection that mounted it; its close unmounts it */
+    uint64_t objects;        /* replicas stored here */
+    bool draining;           /* no new replicas; the owner is asked to move objects away */
+    bool ssd;                /* medium "ssd": a file on its owner's disk (4 KiB extents) */
+    bool adopting;           /* its owner is offering what it holds: no new replicas yet */
+    struct kvp_limbo *limbo; /* what it held when dropped for silence: taken back when the
+                              * offer ends (meta/limbo.c) */
+    bool dedicated;          /* to one tenant (kvpool serve --tenant): only its objects */
+    uint16_t tenant;         /* ... that tenant's id (meta/tenant.h) */
     /* its owner keeps a record of the objects on it (meta/record.c): changes queued here */
     bool record;
     bool record_broken;               /* the queue overflowed: the owner is to drop its record */

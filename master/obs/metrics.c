@@ -15,6 +15,7 @@
 #include "common/etcd.h"
 #include "common/http.h"
 #include "common/macros.h"
+#include "master/meta/limbo.h"
 #include "master/dispatch.h"
 #include "master/obs/http.h"
 
@@ -190,6 +191,19 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
         s->adopted);
     one(r, "kvpool_adopt_refused_total", "counter", "Stale entries segments offered back.",
         s->adopt_refused);
+    uint64_t kept = 0;
+    for (const kvp_limbo_t *l = st->limbo; l != NULL; l = l->next)
+        kept += l->n;
+    one(r, "kvpool_limbo_objects", "gauge",
+        "Objects of DRAM segments dropped for silence, kept for their return (--segment-grace).",
+        kept);
+    one(r, "kvpool_taken_back_total", "counter",
+        "Objects of a segment dropped for silence taken back when it mounted again.",
+        s->taken_back);
+    one(r, "kvpool_limbo_expired_total", "counter",
+        "Objects of a segment dropped for silence that did not come back: its grace passed, "
+        "it came back as other memory, or they were removed or overwritten meanwhile.",
+        s->limbo_expired);
 
     if (st->rpc_hist != NULL) {
         head(r, "kvpool_rpc_duration_seconds", "histogram",

@@ -23,11 +23,66 @@
 
 #include "common/log.h"
 #include "master/ha/rebuild.h"
+#include "master/meta/limbo.h"
+#include "master/meta/record.h"
 
 static kvp_segment_t *own(kvp_call_t *call, uint64_t segment_id)
 {
     kvp_segment_t *seg = kvp_segment_table_get(&call->st->segments, segment_id);
     return seg != NULL && seg->owner_conn_id == call->conn_id ? seg : NULL;
+}
+
+/*
+ * The offer of a segment that was dropped for silence ended: take back what it held then
+ * (meta/limbo.c) and the owner's record lacks (the changes streamed while it was cut off),
+ * through the same checks as an offered entry, and stream each to its record.
+ */
+static void take_back(kvp_master_state_t *st, kvp_segment_t *seg)
+{
+    kvp_limbo_t *l = seg->limbo;
+    if (l == NULL)
+        return;
+    seg->limbo = NULL;
+    uint64_t back = 0, had = 0, refused = 0;
+    for (size_t i = 0; i < l->n; i++) {
+        const kvp_limbo_entry_t *le = &l->e[i];
+        uint64_t hash = kvp_index_hash(le->key, le->key_len);
+        kvp_object_t *obj = kvp_index_lookup(&st->index, le->key, le->key_len, hash);
+        bool offered = false; /* the owner's record had it: adopted (or refused) already */
+        for (unsigned r = 0; obj != NULL && r < obj->n_replicas; r++)
+            offered |= obj->replicas[r].segment_id == seg->id;
+        if (offered) {
+            had++;
+            continue;
+        }
+        uint64_t refused_before = st->stats.adopt_refused;
+        kvp_adopt_entry_t e = {.key = le->key,
+                               .key_len = le->key_len,
+                               .version = le->version,
+                               .offset = le->offset,
+                               .size = le->size,
+                               .crc32c = le->crc32c,
+                               .pin = le->pin};
+        if (kvp_rebuild_adopt(st, seg, &e) != KVP_OK) {
+            st->stats.adopt_refused = refused_before; /* not the owner's offer: counted below */
+            refused++;
+            continue;
+        }
+        st->stats.adopted--; /* counted as taken back instead */
+        obj = kvp_index_lookup(&st->index, le->key, le->key_len, hash);
+        for (unsigned r = 0; obj != NULL && r < obj->n_replicas; r++)
+            if (obj->replicas[r].segment_id == seg->id && seg->record)
+                kvp_record_add(&st->segments, seg, obj, &obj->replicas[r]);
+        back++;
+    }
+    st->stats.taken_back += back;
+    st->stats.limbo_expired += refused;
+    KVP_LOG_INFO("segment %s mounted again after it was dropped for silence: %llu of the %zu "
+                 "objects it held taken back (%llu its record had, %llu removed, overwritten "
+                 "or in the way since)",
+                 seg->name, (unsigned long long)back, l->n, (unsigned long long)had,
+                 (unsigned long long)refused);
+    kvp_limbo_free(l);
 }
 
 kvp_status_t kvp_handle_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -68,6 +123,7 @@ kvp_status_t kvp_handle_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
         resp.statuses = out;
         resp.n_statuses = req->n_entries;
         if (req->last && seg->adopting) {
+            take_back(st, seg);
             seg->adopting = false;
             KVP_LOG_INFO("segment %s (%s): %llu objects adopted back, %llu stale entries "
                          "refused, in %llu ms",

@@ -23,8 +23,11 @@
 #include "common/macros.h"
 #include "common/parse.h"
 #include "common/sock.h"
+#include "master/meta/limbo.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
+
+static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg);
 
 kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
@@ -140,6 +143,7 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->dedicated = tenant >= 0;
     seg->tenant = tenant >= 0 ? (uint16_t)tenant : 0;
     st->tenants.t[seg->tenant].dedicated += seg->dedicated;
+    limbo_attach(st, seg);
     if (st->call_has_fd &&
         kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) == KVP_OK &&
         kvp_host_is_loopback(host) && !kvp_sock_peer_local(st->call_fd)) {
@@ -164,6 +168,8 @@ typedef struct drop_ctx {
     kvp_master_state_t *st;
     uint64_t segment_id;
     uint64_t dropped;
+    kvp_limbo_t *limbo; /* where its COMPLETE objects are kept (a segment dropped for silence) */
+    uint64_t limbo_failed;
 } drop_ctx_t;
 
 /*
@@ -184,6 +190,12 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     }
     if (!hit)
         return false;
+    if (ctx->limbo != NULL && obj->state == KVP_OBJ_COMPLETE)
+        for (unsigned i = 0; i < obj->n_replicas; i++)
+            if (obj->replicas[i].segment_id == ctx->segment_id &&
+                !kvp_limbo_add(ctx->limbo, kvp_object_key(obj), obj->key_len, obj->version,
+                               obj->replicas[i].offset, obj->size, obj->crc32c, obj->pin))
+                ctx->limbo_failed++;
     if (live == 0) {
         ctx->dropped++;
         kvp_state_object_gone(ctx->st, obj); /* KV events: its last replica is lost */
@@ -215,14 +227,33 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     return false;
 }
 
-static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg)
+/*
+ * silent: its owner's connection closed or went silent (not an Unmount): a DRAM segment
+ * whose owner keeps a record leaves its COMPLETE objects in limbo for --segment-grace,
+ * taken back if the same segment mounts again (meta/limbo.c).
+ */
+static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool silent)
 {
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
+    if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && seg->objects > 0 &&
+        !seg->draining)
+        ctx.limbo = kvp_limbo_new(seg->name, seg->host_id, seg->shm_path,
+                                  st->now_ms + st->config.segment_grace_ms);
     kvp_tier_segment_gone(st, seg->id); /* tasks of its owner, copies to or from it */
     if (seg->objects > 0)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
+    if (ctx.limbo != NULL && ctx.limbo->n > 0) {
+        KVP_LOG_INFO("segment %s: %zu objects it held kept for %u s, to be taken back if it "
+                     "mounts again%s",
+                     seg->name, ctx.limbo->n, st->config.segment_grace_ms / 1000,
+                     ctx.limbo_failed ? " (some not kept: out of memory)" : "");
+        ctx.limbo->next = st->limbo;
+        st->limbo = ctx.limbo;
+    } else {
+        kvp_limbo_free(ctx.limbo);
+    }
     if (seg->dedicated && seg->tenant < st->tenants.n)
         st->tenants.t[seg->tenant].dedicated--;
     kvp_segment_table_remove(&st->segments, seg);
@@ -241,7 +272,7 @@ kvp_status_t kvp_handle_unmount(kvp_call_t *call, ProtobufCMessage *req_msg)
     else if (seg->owner_conn_id != conn_id)
         resp.status = KVP_ERR_NOT_OWNER;
     else
-        resp.objects_dropped = unmount_segment(st, seg);
+        resp.objects_dropped = unmount_segment(st, seg, false);
     return kvp_call_reply(call, &resp.base);
 }
 
@@ -297,6 +328,48 @@ void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
     for (uint32_t i = 0; i < st->segments.n_slots; i++) {
         kvp_segment_t *seg = st->segments.slots[i];
         if (seg != NULL && seg->owner_conn_id == conn_id)
-            unmount_segment(st, seg);
+            unmount_segment(st, seg, true);
+    }
+}
+
+void kvp_segment_limbo_expire(kvp_master_state_t *st)
+{
+    for (kvp_limbo_t **pp = &st->limbo; *pp != NULL;) {
+        kvp_limbo_t *l = *pp;
+        if (l->until_ms > st->now_ms) {
+            pp = &l->next;
+            continue;
+        }
+        KVP_LOG_WARN("segment %s did not mount again within --segment-grace: the %zu objects "
+                     "it held when dropped are gone",
+                     l->name, l->n);
+        st->stats.limbo_expired += l->n;
+        *pp = l->next;
+        kvp_limbo_free(l);
+    }
+}
+
+/* A mount: the segment's limbo, if this is the same segment (name, host, memory) and it
+ * offers what it holds; any other limbo of that name goes (its memory is not there). */
+static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg)
+{
+    for (kvp_limbo_t **pp = &st->limbo; *pp != NULL;) {
+        kvp_limbo_t *l = *pp;
+        if (strcmp(l->name, seg->name) != 0) {
+            pp = &l->next;
+            continue;
+        }
+        *pp = l->next;
+        l->next = NULL;
+        if (seg->adopting && !seg->ssd && kvp_limbo_is(l, seg->name, seg->host_id, seg->shm_path)) {
+            kvp_limbo_free(seg->limbo);
+            seg->limbo = l;
+        } else {
+            KVP_LOG_WARN("segment %s mounted again as another segment (restarted, or other "
+                         "memory): the %zu objects it held when dropped are gone",
+                         l->name, l->n);
+            st->stats.limbo_expired += l->n;
+            kvp_limbo_free(l);
+        }
     }
 }

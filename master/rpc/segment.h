@@ -15,5 +15,7 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *msg);
 
 /* A connection closed: unmount the segments it mounted. */
 void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
+/* Drop the limbos (meta/limbo.c) whose --segment-grace has passed (the master's timer). */
+void kvp_segment_limbo_expire(kvp_master_state_t *st);
 
 #endif

@@ -239,3 +239,31 @@ def test_client_cut_from_master_mid_run(bed, tmp_path):
     assert bad == []
     assert stats["longest_call_s"] < 2 + 1.5  # no call outlived its timeout (no hang)
     assert first_ok - t_heal < 2 + 2  # back within a call's timeout or two of the heal
+
+
+def test_owner_cut_from_master_not_from_clients(bed, tmp_path):
+    """An owner is cut from the master (both ways) for longer than --client-ttl while a
+    client that still reaches it puts and gets. The master drops the silent owner's
+    segment (its objects leave the index: gets of them answer NOT_FOUND meanwhile); once
+    healed the owner mounts again and offers its record, and every acknowledged put
+    reads back byte-exact: nothing acknowledged is lost."""
+    b = bed(4)
+    master, o1, o2, client = b.hosts
+    cl = Cluster(b, str(tmp_path), [o1, o2], master_args=("--client-ttl", "2"))
+    p, log, stop = workload(b, client, cl, str(tmp_path), "cutfrommaster")
+    wait_calls(log, 50)
+    t_cut = time.time()
+    b.cut(o1, master)
+    time.sleep(5)
+    b.heal(o1, master)
+    t_heal = time.time()
+    netbed.wait_for(lambda: "adopt" in cl.master_log().split("unmounted", 1)[-1], 20,
+                    "the owner's mount and record offer after the heal")
+    wait_calls(log, ok_count(log, "put") + 50)
+    assert finish(b, p, stop) == 0
+    ver = verify(b, client, cl, str(tmp_path), [log])
+    bad, stats = checker.check([log], ver, SIZE,
+                               missing_ok=lambda c: t_cut <= c["t0"] <= t_heal + 10)
+    report("owner cut from the master (5 s, --client-ttl 2)", bad, stats)
+    assert bad == []
+    assert stats["longest_call_s"] < 2 + 1.5

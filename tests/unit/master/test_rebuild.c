@@ -24,9 +24,11 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/dispatch.h"
+#include "master/meta/limbo.h"
 #include "master/meta/object_index.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
+#include "master/rpc/segment.h"
 #include "master/state.h"
 #include "tests/unit/master/svc_call.h"
 
@@ -44,8 +46,8 @@ typedef struct fx {
     uint64_t v; /* a version older than anything the master gave */
 } fx_t;
 
-static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, const char *medium,
-                      uint64_t size, bool adopting)
+static uint64_t mount_mem(kvp_master_state_t *st, uint64_t conn, const char *name,
+                          const char *medium, uint64_t size, bool adopting, const char *shm)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = (char *)name;
@@ -53,7 +55,7 @@ static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, c
     d.size = size;
     d.host_id = (char *)"host-a";
     d.tcp_endpoint = (char *)"127.0.0.1:7000";
-    d.shm_path = (char *)"";
+    d.shm_path = (char *)shm;
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = 100 + conn;
     req.segment = &d;
@@ -64,6 +66,12 @@ static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, c
     uint64_t id = r->segment_id;
     svc_msg_free(r);
     return id;
+}
+
+static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, const char *medium,
+                      uint64_t size, bool adopting)
+{
+    return mount_mem(st, conn, name, medium, size, adopting, "");
 }
 
 static fx_t *fx_new(void)
@@ -934,6 +942,134 @@ static void test_adopted_entries_not_recorded(void **state)
     assert_int_equal(r[0].op, 2);
 }
 
+/* ---- a segment dropped for silence, and taken back (meta/limbo.c) ---- */
+
+#define C_X2 6 /* the same owner's connection after it came back */
+
+/* X (memory "@mem-x") holds k1, k2, k3 and is dropped as its owner's connection closes;
+ * k2 is put anew on P meanwhile. */
+static void dropped_x(fx_t *fx, uint64_t *x_p)
+{
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    uint64_t seg;
+    put(fx, "k1", 100, 1, NULL, &seg, NULL);
+    assert_int_equal(seg, x);
+    put(fx, "k2", 100, 2, NULL, NULL, NULL);
+    put(fx, "k3", 100, 3, NULL, NULL, NULL);
+    uint8_t *buf = NULL; /* what the server streamed to the owner (lost on the way) */
+    size_t len = 0;
+    kvp_record_take(seg_of(fx, x), &buf, &len);
+    free(buf);
+    kvp_dispatch_conn_closed(&fx->st, C_X);
+    assert_null(kvp_segment_table_get(&fx->st.segments, x));
+    assert_null(lookup(fx, "k1"));
+    assert_non_null(fx->st.limbo);
+    assert_int_equal(fx->st.limbo->n, 3);
+    fx->p = mount(&fx->st, C_P, "dram-p", "dram", SEG, false);
+    put(fx, "k2", 100, 22, NULL, &seg, NULL); /* a newer value of k2, on P */
+    assert_int_equal(seg, fx->p);
+    *x_p = x;
+}
+
+static void test_dropped_segment_taken_back(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x;
+    dropped_x(fx, &x);
+    uint64_t v2 = lookup(fx, "k2")->version;
+    /* the same segment mounts again and offers a record that lacks k3 (its ADD was lost) */
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    assert_null(fx->st.limbo);
+    ent_t had = {"k1", 0, 0, 100, 1, 0};
+    kvp_segment_t *s = seg_of(fx, x2);
+    assert_non_null(s->limbo);
+    for (size_t i = 0; i < s->limbo->n; i++)
+        if (strcmp(s->limbo->e[i].key, "k1") == 0) {
+            had.version = s->limbo->e[i].version;
+            had.offset = s->limbo->e[i].offset;
+        }
+    int32_t st1;
+    assert_int_equal(adopt(fx, C_X2, x2, &had, 1, true, &st1), KVP_OK);
+    assert_int_equal(st1, KVP_OK);
+    /* k1 from the offer, k3 taken back, k2 stays P's newer value */
+    got_t g = get(fx, "k1");
+    assert_int_equal(g.n, 1);
+    g = get(fx, "k3");
+    assert_int_equal(g.n, 1);
+    assert_int_equal(lookup(fx, "k3")->replicas[0].segment_id, x2);
+    assert_int_equal(lookup(fx, "k3")->crc32c, 3);
+    assert_int_equal(lookup(fx, "k2")->version, v2);
+    assert_int_equal(lookup(fx, "k2")->replicas[0].segment_id, fx->p);
+    assert_int_equal(fx->st.stats.taken_back, 1);
+    assert_int_equal(fx->st.stats.limbo_expired, 1);
+    assert_int_equal(fx->st.stats.adopted, 1);
+    assert_int_equal(fx->st.stats.adopt_refused, 0);
+    assert_null(s->limbo);
+    /* the owner's record hears of k3 (and of nothing else) */
+    rec_t r[4];
+    assert_int_equal(changes(fx, x2, r, 4), 1);
+    assert_int_equal(r[0].op, 1);
+    assert_int_equal(r[0].key_len, 2);
+    assert_memory_equal(r[0].key, "k3", 2);
+    assert_int_equal(r[0].crc, 3);
+    /* and a new put may land there now */
+    assert_false(s->adopting);
+}
+
+static void test_dropped_segment_other_memory_gets_nothing(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x;
+    dropped_x(fx, &x);
+    /* the owner restarted: the same name, other memory */
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x-2");
+    assert_null(fx->st.limbo);
+    assert_null(seg_of(fx, x2)->limbo);
+    assert_int_equal(adopt(fx, C_X2, x2, NULL, 0, true, NULL), KVP_OK);
+    assert_null(lookup(fx, "k1"));
+    assert_null(lookup(fx, "k3"));
+    assert_int_equal(fx->st.stats.taken_back, 0);
+    assert_int_equal(fx->st.stats.limbo_expired, 3);
+}
+
+static void test_dropped_segment_grace_passes(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x;
+    dropped_x(fx, &x);
+    fx->st.now_ms += fx->st.config.segment_grace_ms - 1;
+    kvp_segment_limbo_expire(&fx->st);
+    assert_non_null(fx->st.limbo);
+    fx->st.now_ms += 1;
+    kvp_segment_limbo_expire(&fx->st);
+    assert_null(fx->st.limbo);
+    assert_int_equal(fx->st.stats.limbo_expired, 3);
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    assert_int_equal(adopt(fx, C_X2, x2, NULL, 0, true, NULL), KVP_OK);
+    assert_null(lookup(fx, "k3"));
+    assert_int_equal(fx->st.stats.taken_back, 0);
+}
+
+static void test_unmounted_segment_keeps_nothing(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    put(fx, "k1", 100, 1, NULL, NULL, NULL);
+    Kvpool__UnmountRequest req = KVPOOL__UNMOUNT_REQUEST__INIT;
+    req.segment_id = x;
+    Kvpool__UnmountResponse *r =
+        svc_call(&fx->st, C_X, KVP_RPC_UNMOUNT, &req.base, &kvpool__unmount_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    svc_msg_free(r);
+    assert_null(fx->st.limbo); /* its owner said it goes: its memory goes with it */
+    /* and with --segment-grace 0 a silent one keeps nothing either */
+    fx->st.config.segment_grace_ms = 0;
+    mount_mem(&fx->st, C_X2, "dram-y", "dram", SEG, false, "@mem-y");
+    put(fx, "k2", 100, 2, NULL, NULL, NULL);
+    kvp_dispatch_conn_closed(&fx->st, C_X2);
+    assert_null(fx->st.limbo);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -956,6 +1092,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_record_subscribe, setup, teardown),
         cmocka_unit_test_setup_teardown(test_record_unsupported_and_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adopted_entries_not_recorded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_segment_taken_back, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_segment_other_memory_gets_nothing, setup_bare,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_segment_grace_passes, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_unmounted_segment_keeps_nothing, setup_bare, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

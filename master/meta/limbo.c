@@ -1,0 +1,84 @@
+/*
+ * limbo.c - what a DRAM segment held when its owner fell silent.
+ *
+ * A segment is bound to the control connection that mounted it; when the master closes
+ * that connection because nothing came on it for --client-ttl (or it broke), the
+ * segment is unmounted and its objects leave the index. The owner may only have been cut
+ * off from the master: its memory is intact and it mounts again once it gets through,
+ * offering its record. But the record is the master's stream of changes, and the
+ * changes the master queued while the owner was cut off never arrived: the puts
+ * acknowledged in that window are in the owner's memory and in no record. So the master
+ * keeps, for --segment-grace, the dropped segment's COMPLETE objects (key, version,
+ * extent, size, CRC, pin); when the same segment (name, host, and the name of its memory,
+ * which a restarted owner does not keep) mounts again and its offer ends, each is taken
+ * back through the same checks as an offered one (rpc/record.c, ha/rebuild.c) and
+ * streamed to the owner's record.
+ *
+ * Thread: master loop only.
+ */
+#include "master/meta/limbo.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+kvp_limbo_t *kvp_limbo_new(const char *name, const char *host_id, const char *shm_path,
+                           uint64_t until_ms)
+{
+    kvp_limbo_t *l = calloc(1, sizeof(*l));
+    if (l == NULL)
+        return NULL;
+    l->name = strdup(name);
+    l->host_id = strdup(host_id);
+    l->shm_path = strdup(shm_path);
+    l->until_ms = until_ms;
+    if (l->name == NULL || l->host_id == NULL || l->shm_path == NULL) {
+        kvp_limbo_free(l);
+        return NULL;
+    }
+    return l;
+}
+
+bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t version,
+                   uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin)
+{
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 256;
+        kvp_limbo_entry_t *e = realloc(l->e, cap * sizeof(*e));
+        if (e == NULL)
+            return false;
+        l->e = e;
+        l->cap = cap;
+    }
+    char *k = malloc(key_len + 1);
+    if (k == NULL)
+        return false;
+    memcpy(k, key, key_len);
+    k[key_len] = '\0';
+    l->e[l->n++] = (kvp_limbo_entry_t){.key = k,
+                                       .key_len = key_len,
+                                       .version = version,
+                                       .offset = offset,
+                                       .size = size,
+                                       .crc32c = crc32c,
+                                       .pin = pin};
+    return true;
+}
+
+bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id, const char *shm_path)
+{
+    return strcmp(l->name, name) == 0 && strcmp(l->host_id, host_id) == 0 &&
+           strcmp(l->shm_path, shm_path) == 0 && shm_path[0] != '\0';
+}
+
+void kvp_limbo_free(kvp_limbo_t *l)
+{
+    if (l == NULL)
+        return;
+    for (size_t i = 0; i < l->n; i++)
+        free(l->e[i].key);
+    free(l->e);
+    free(l->name);
+    free(l->host_id);
+    free(l->shm_path);
+    free(l);
+}

@@ -1,0 +1,45 @@
+/*
+ * limbo.h - what a DRAM segment held when the master dropped it because its owner fell
+ * silent (see limbo.c).
+ */
+#ifndef KVP_MASTER_META_LIMBO_H
+#define KVP_MASTER_META_LIMBO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct kvp_limbo_entry {
+    char *key; /* key_len bytes and a NUL */
+    size_t key_len;
+    uint64_t version;
+    uint64_t offset;
+    uint64_t size;
+    uint32_t crc32c;
+    uint32_t pin;
+} kvp_limbo_entry_t;
+
+/* One dropped segment: who it was (its name, host and the name of its memory, which a
+ * restarted owner does not keep) and its COMPLETE objects' extents, until until_ms. */
+typedef struct kvp_limbo {
+    struct kvp_limbo *next;
+    char *name;
+    char *host_id;
+    char *shm_path;
+    uint64_t until_ms;
+    kvp_limbo_entry_t *e;
+    size_t n, cap;
+} kvp_limbo_t;
+
+/* A new, empty one (NULL: out of memory). */
+kvp_limbo_t *kvp_limbo_new(const char *name, const char *host_id, const char *shm_path,
+                           uint64_t until_ms);
+/* Note one object's extent; false: out of memory (the entry is not kept). */
+bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t version,
+                   uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin);
+/* Is this the segment l was (the same name, host and memory)? */
+bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id,
+                  const char *shm_path);
+void kvp_limbo_free(kvp_limbo_t *l);
+
+#endif
