@@ -235,6 +235,11 @@ static void conn_kill(xconn_t *c, kvp_status_t st)
     c->count = c->sent = 0;
     c->dead = true;
     c->g->live--;
+    /* Abort it (RST), never a graceful close: the kernel would go on sending what is queued
+     * (a write the caller was told failed) once the link heals, after the master may have
+     * given its extent to another object. */
+    struct linger abort_it = {.l_onoff = 1, .l_linger = 0};
+    setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &abort_it, sizeof(abort_it));
     close(c->fd);
     c->fd = -1;
     if (c->g->live == 0) {

@@ -267,3 +267,245 @@ def test_owner_cut_from_master_not_from_clients(bed, tmp_path):
     report("owner cut from the master (5 s, --client-ttl 2)", bad, stats)
     assert bad == []
     assert stats["longest_call_s"] < 2 + 1.5
+
+
+# ---- HA: three etcd members and three masters on hosts of their own -------------------------
+
+class HaCluster:
+    """etcd member and master i on hosts[i] (i < 3), `kvpool serve` owners on owner_hosts;
+    clients use etcd://A0:2379,A1:2379,A2:2379/net."""
+
+    def __init__(self, bed, tmp, owner_hosts, leader_ttl=2):
+        self.bed, self.tmp = bed, tmp
+        self.mh = bed.hosts[:3]
+        exe = "/usr/bin/etcd"
+        if not os.access(exe, os.X_OK):
+            pytest.fail("etcd is not installed (deploy/install-deps.sh installs etcd-server)")
+        peers = ",".join(f"e{i}=http://{h.addr}:2380" for i, h in enumerate(self.mh))
+        self.etcd = []
+        for i, h in enumerate(self.mh):
+            self.etcd.append(bed.start(h, [
+                exe, "--name", f"e{i}", "--data-dir", os.path.join(tmp, f"etcd{i}"),
+                "--listen-client-urls", f"http://{h.addr}:2379",
+                "--advertise-client-urls", f"http://{h.addr}:2379",
+                "--listen-peer-urls", f"http://{h.addr}:2380",
+                "--initial-advertise-peer-urls", f"http://{h.addr}:2380",
+                "--initial-cluster", peers, "--initial-cluster-state", "new",
+                "--initial-cluster-token", f"kvpool-net-{os.getpid()}",
+                "--heartbeat-interval", "100", "--election-timeout", "1000",
+                "--logger=zap", "--log-outputs=stderr"],
+                stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, f"etcd{i}.log"), "ab"),
+                stdin=subprocess.DEVNULL))
+        self.endpoints = ",".join(f"{h.addr}:2379" for h in self.mh)
+        netbed.wait_for(lambda: all(self.etcd_healthy(h) for h in self.mh), 30,
+                        "the three etcd members to answer")
+        self.addr = f"etcd://{self.endpoints}/net"
+        self.masters, self.mlogs = [], []
+        for i, h in enumerate(self.mh):
+            path = os.path.join(tmp, f"master{i}.log")
+            self.mlogs.append(path)
+            p, _ = ready_start(bed, h, [
+                MASTER_BIN, "--listen", f"{h.addr}:5005{i}", "--ready-fd", "{fd}", "--auth",
+                "none", "--etcd", self.endpoints, "--cluster", "net", "--leader-ttl",
+                str(leader_ttl), "--http-listen", f"{h.addr}:9100"], log=open(path, "ab"))
+            self.masters.append(p)
+        netbed.wait_for(lambda: self.leader() is not None, 30, "a leader")
+        self.owners = []
+        for h in owner_hosts:
+            log = open(os.path.join(tmp, f"owner-{h.name}.log"), "ab")
+            p, _ = ready_start(bed, h, [CLI_BIN, "--master", self.addr, "serve",
+                                        "--segment-size", "64MiB", "--auth", "none",
+                                        "--ready-fd", "{fd}"], log=log, timeout=30)
+            self.owners.append(p)
+
+    def etcd_healthy(self, h):
+        r = h.run(["curl", "-s", "-m", "2", f"http://{h.addr}:2379/health"])
+        return '"health":"true"' in r.stdout
+
+    def leads(self, i):
+        h = self.mh[i]
+        r = h.run(["curl", "-s", "-m", "2", "-o", "/dev/null", "-w", "%{http_code}",
+                   f"http://{h.addr}:9100/health"])
+        return r.stdout.strip() == "200"
+
+    def leader(self):
+        leading = [i for i in range(3) if self.leads(i)]
+        return leading[0] if len(leading) == 1 else None
+
+    def log(self, i):
+        with open(self.mlogs[i], errors="replace") as f:
+            return f.read()
+
+
+def log_time(line):
+    """The wall-clock time of a master log line ("HH:MM:SS.mmm ..."), today."""
+    hms = line.split()[0]
+    h, m, s = hms.split(":")
+    t = time.localtime()
+    day = time.mktime((t.tm_year, t.tm_mon, t.tm_mday, 0, 0, 0, 0, 0, -1))
+    return day + int(h) * 3600 + int(m) * 60 + float(s)
+
+
+def probe_leader(bed, host, addr, out, stop):
+    """A client pinned to one master (not through etcd), asking it every 20 ms: a JSON line
+    per answer (t, ok or the error name) in out."""
+    code = ("import json,os,sys,time,kvpool\n"
+            "out, stop = open(sys.argv[2], 'a', buffering=1), sys.argv[3]\n"
+            "c = kvpool.Client(sys.argv[1], rpc_timeout_ms=500)\n"
+            "while not os.path.exists(stop):\n"
+            "    t0 = time.time()\n"
+            "    try:\n"
+            "        c.batch_exists(['probe']); r = 'ok'\n"
+            "    except kvpool.Error as e:\n"
+            "        r = e.name\n"
+            "    out.write(json.dumps({'t0': t0, 't1': time.time(), 'r': r}) + '\\n')\n"
+            "    time.sleep(0.02)\n")
+    return bed.start(host, [sys.executable, "-c", code, addr, out, stop], env={**os.environ},
+                     stderr=open(out + ".err", "ab"))
+
+
+def test_leader_cut_from_etcd_not_from_clients(bed, tmp_path):
+    """The leader's host is cut from the other two etcd/master hosts (its own etcd member is
+    then in the minority) but not from clients or owners. It must stop answering before a
+    new leader answers (no two leaders hand out extents): a client pinned to it gets its
+    last answer before the new leader's election; the workload through etcd goes on with
+    the new leader, nothing acknowledged is lost and no get returns wrong bytes. A get
+    answered by the new leader before the owners offered their records reads as absent
+    (operations.md, "Master restart": documented, and measured here as the window)."""
+    b = bed(6)
+    tmp = str(tmp_path)
+    ha = HaCluster(b, tmp, b.hosts[3:5])
+    client = b.hosts[5]
+    old = ha.leader()
+    others = [i for i in range(3) if i != old]
+    stop = os.path.join(tmp, "probe.stop")
+    plog = os.path.join(tmp, "probe.jsonl")
+    pinned = probe_leader(b, client, f"{ha.mh[old].addr}:5005{old}", plog, stop)
+    w, log, wstop = workload(b, client, ha, tmp, "leadercut", timeout_ms=5000)
+    wait_calls(log, 50)
+    t_cut = time.time()
+    for i in others:
+        b.cut(ha.mh[old], ha.mh[i])
+    new = netbed.wait_for(lambda: next((i for i in others if ha.leads(i)), None), 30,
+                          "a new leader")
+    wait_calls(log, ok_count(log, "put") + 50, timeout=30)
+    b.heal()
+    wait_calls(log, ok_count(log, "put") + 50, timeout=30)
+    open(stop, "w").close()
+    assert finish(b, w, wstop) == 0
+    assert pinned.wait(10) == 0
+    elected = [log_time(x) for x in ha.log(new).splitlines()
+               if "elected leader" in x and log_time(x) >= t_cut - 1]
+    assert elected, ha.log(new)[-3000:]
+    answers = checker.read(plog)
+    last_ok_old = max(a["t1"] for a in answers if a["r"] == "ok" and a["t0"] >= t_cut - 5)
+    adopted = [log_time(x) for x in ha.log(new).splitlines()
+               if "adopted back" in x and log_time(x) >= elected[0]]
+    assert len(adopted) >= 2, ha.log(new)[-3000:]  # both owners offered their records
+    rebuilt = max(adopted)
+    ver = verify(b, client, ha, tmp, [log])
+    bad, stats = checker.check([log], ver, SIZE, missing_ok=lambda c: c["t1"] <= rebuilt + 0.2)
+    if last_ok_old >= elected[0]:
+        bad.append(f"two leaders: the old one answered at {last_ok_old:.3f}, after the new "
+                   f"one was elected at {elected[0]:.3f}")
+    report("leader cut from etcd and the other masters, not from clients", bad, stats,
+           old_leader_last_answer_after_cut_s=round(last_ok_old - t_cut, 3),
+           new_leader_elected_after_cut_s=round(elected[0] - t_cut, 3),
+           records_offered_after_cut_s=round(rebuilt - t_cut, 3),
+           absent_during_rebuild=stats["not_found"])
+    assert bad == []
+
+
+def test_one_way_partition_and_flapping_link(bed, tmp_path):
+    """What a client sends to one owner is dropped (its replies would get through) for 3 s;
+    then the link between them flaps, cut 1 s of every 2, for 8 s. Calls that meet the
+    cut fail within their timeout, nothing acknowledged is lost and no get returns wrong
+    bytes; once the link holds, the client is served again."""
+    b = bed(4)
+    master, o1, o2, client = b.hosts
+    cl = Cluster(b, str(tmp_path), [o1, o2])
+    p, log, stop = workload(b, client, cl, str(tmp_path), "flap")
+    wait_calls(log, 50)
+    b.cut(client, o1, oneway=True)
+    time.sleep(3)
+    b.heal(client, o1)
+    for _ in range(4):
+        b.cut(client, o1)
+        time.sleep(1)
+        b.heal(client, o1)
+        time.sleep(1)
+    t_heal = time.time()
+    wait_calls(log, ok_count(log, "put") + 50)
+    assert finish(b, p, stop) == 0
+    ver = verify(b, client, cl, str(tmp_path), [log])
+    bad, stats = checker.check([log], ver, SIZE)
+    first_ok = min(c["t1"] for c in checker.read(log) if c["ok"] and c["t0"] >= t_heal)
+    report("one-way cut client->owner (3 s), then the link flapping (1 s of 2, 8 s)", bad,
+           stats, back_after_heal_s=round(first_ok - t_heal, 3))
+    assert bad == []
+    assert stats["longest_call_s"] < 2 + 1.5
+
+
+def test_rolling_restart_under_load(bed, tmp_path):
+    """Every process in turn, as an upgrade does it, while a client puts and gets through
+    etcd: each master (SIGTERM, started again; the leader last), each owner (SIGTERM: it
+    drains its objects to the other before it leaves, then a new one starts), each etcd
+    member (SIGTERM, started again). Nothing acknowledged is lost, no get returns wrong
+    bytes; the unavailability is measured."""
+    b = bed(6)
+    tmp = str(tmp_path)
+    ha = HaCluster(b, tmp, b.hosts[3:5])
+    client = b.hosts[5]
+    w, log, wstop = workload(b, client, ha, tmp, "rolling", timeout_ms=5000)
+    wait_calls(log, 100)
+    steps = []
+
+    def step(what, fn):
+        t0 = time.time()
+        fn()
+        wait_calls(log, ok_count(log, "put") + 30, timeout=60)
+        steps.append((what, round(time.time() - t0, 3)))
+
+    leader = ha.leader()
+    for i in [i for i in range(3) if i != leader] + [leader]:
+        def restart_master(i=i):
+            assert b.stop(ha.masters[i]) == 0
+            h = ha.mh[i]
+            ha.masters[i], _ = ready_start(b, h, [
+                MASTER_BIN, "--listen", f"{h.addr}:5005{i}", "--ready-fd", "{fd}", "--auth",
+                "none", "--etcd", ha.endpoints, "--cluster", "net", "--leader-ttl", "2",
+                "--http-listen", f"{h.addr}:9100"], log=open(ha.mlogs[i], "ab"))
+            netbed.wait_for(lambda: ha.leader() is not None, 30, "a leader")
+        step(f"master {i}{' (the leader)' if i == leader else ''}", restart_master)
+    for j, h in enumerate(b.hosts[3:5]):
+        def restart_owner(j=j, h=h):
+            assert b.stop(ha.owners[j], timeout=60) == 0  # drains first
+            log_ = open(os.path.join(tmp, f"owner-{h.name}.log"), "ab")
+            ha.owners[j], _ = ready_start(b, h, [CLI_BIN, "--master", ha.addr, "serve",
+                                                 "--segment-size", "64MiB", "--auth", "none",
+                                                 "--ready-fd", "{fd}"], log=log_, timeout=30)
+        step(f"owner {j}", restart_owner)
+    for i in range(3):
+        def restart_etcd(i=i):
+            p = ha.etcd[i]
+            args = p.args[4:]  # after "ip netns exec NS"
+            assert b.stop(p) in (0, -signal.SIGTERM)  # etcd dies of it, as designed
+            ha.etcd[i] = b.start(ha.mh[i], args, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                 stderr=open(os.path.join(tmp, f"etcd{i}.log"), "ab"))
+            netbed.wait_for(lambda: ha.etcd_healthy(ha.mh[i]), 30, f"etcd member {i}")
+        step(f"etcd member {i}", restart_etcd)
+    assert finish(b, w, wstop) == 0
+    ver = verify(b, client, ha, tmp, [log])
+    # a new leader reads as empty until the owners offered their records (documented)
+    rebuilds = []
+    for i in range(3):
+        lines = ha.log(i).splitlines()
+        for k, x in enumerate(lines):
+            if "elected leader" in x:
+                done = [log_time(y) for y in lines[k:] if "adopted back" in y]
+                rebuilds.append((log_time(x), max(done[:2]) if done else log_time(x) + 5))
+    bad, stats = checker.check([log], ver, SIZE, missing_ok=lambda c: any(
+        a - 0.5 <= c["t1"] <= z + 0.2 for a, z in rebuilds))
+    report("rolling restart: 3 masters, 2 owners (drained), 3 etcd members", bad, stats,
+           steps=steps)
+    assert bad == []
