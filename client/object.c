@@ -445,6 +445,10 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
         else
             pc.preferred_segment = (char *)cfg->preferred_segment;
     }
+    /* segments we failed to reach lately: the master places elsewhere while it can */
+    uint64_t avoid[KVP_PEERS_SUSPECTS];
+    pc.n_avoid_segments = kvp_peers_suspects(&c->peers, kvp_now_ms(), avoid, KVP_PEERS_SUSPECTS);
+    pc.avoid_segments = avoid;
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     req.keys = b->kp;
     req.n_keys = b->m;
@@ -552,7 +556,7 @@ static void put_collect(put_batch_t *b)
             KVP_LOG_WARN("put %s: write to segment %s failed: %s", key, seg, kvp_strerror(s));
             kvp_api_fail_key(key, "put %s: write to segment %s failed: %s", key, seg,
                              kvp_strerror(s));
-            atomic_store(&b->ops[q].peer->failed_ms, kvp_now_ms());
+            kvp_peers_suspect(&b->c->peers, b->ops[q].peer);
         }
         unref_ops(b->ops, q, end);
         q = end;
@@ -1031,7 +1035,7 @@ static void read_collect_round(read_batch_t *b, size_t k)
             kvp_api_fail_key(keys[t], "get %s: read from segment %s failed: %s", keys[t],
                              ops[q].peer->name, kvp_strerror(s));
             if (s != KVP_ERR_LEASE_EXPIRED)
-                atomic_store(&ops[q].peer->failed_ms, kvp_now_ms());
+                kvp_peers_suspect(&b->c->peers, ops[q].peer);
         }
         b->st[t] = s;
         unref_ops(ops, q, end);

@@ -120,12 +120,50 @@ void kvp_peers_init(kvp_peers_t *peers, kvp_transfer_t *xfer, uint64_t client_id
     peers->xfer = xfer;
     peers->client_id = client_id;
     atomic_init(&peers->own_seg_id, 0);
+    pthread_mutex_init(&peers->suspect_lock, NULL);
+    atomic_init(&peers->suspect_last_ms, 0);
+    memset(peers->suspects, 0, sizeof(peers->suspects));
+}
+
+void kvp_peers_suspect(kvp_peers_t *peers, kvp_peer_t *peer)
+{
+    uint64_t now = kvp_now_ms();
+    atomic_store(&peer->failed_ms, now);
+    pthread_mutex_lock(&peers->suspect_lock);
+    size_t slot = 0; /* its own slot, else the oldest */
+    for (size_t i = 0; i < KVP_PEERS_SUSPECTS; i++) {
+        if (peers->suspects[i].segment_id == peer->segment_id) {
+            slot = i;
+            break;
+        }
+        if (peers->suspects[i].ms < peers->suspects[slot].ms)
+            slot = i;
+    }
+    peers->suspects[slot].segment_id = peer->segment_id;
+    peers->suspects[slot].ms = now;
+    atomic_store(&peers->suspect_last_ms, now);
+    pthread_mutex_unlock(&peers->suspect_lock);
+}
+
+size_t kvp_peers_suspects(kvp_peers_t *peers, uint64_t now_ms, uint64_t *out, size_t max)
+{
+    uint64_t last = atomic_load_explicit(&peers->suspect_last_ms, memory_order_relaxed);
+    if (last == 0 || now_ms - last >= KVP_PEERS_SUSPECT_MS)
+        return 0;
+    size_t n = 0;
+    pthread_mutex_lock(&peers->suspect_lock);
+    for (size_t i = 0; i < KVP_PEERS_SUSPECTS && n < max; i++)
+        if (peers->suspects[i].ms != 0 && now_ms - peers->suspects[i].ms < KVP_PEERS_SUSPECT_MS)
+            out[n++] = peers->suspects[i].segment_id;
+    pthread_mutex_unlock(&peers->suspect_lock);
+    return n;
 }
 
 void kvp_peers_cleanup(kvp_peers_t *peers)
 {
     kvp_peer_table_cleanup(&peers->table); /* detaches them from the transports */
     pthread_rwlock_destroy(&peers->lock);
+    pthread_mutex_destroy(&peers->suspect_lock);
 }
 
 void kvp_peers_set_own(kvp_peers_t *peers, uint64_t seg_id)

@@ -43,6 +43,9 @@ kvp_status_t kvp_peer_table_insert(kvp_peer_table_t *t, kvp_peer_t *peer);
 kvp_peer_t *kvp_peer_table_remove(kvp_peer_table_t *t, uint64_t segment_id);
 
 /* The client's table of peers: the hash under its lock. */
+#define KVP_PEERS_SUSPECTS 8       /* failed segments remembered at most */
+#define KVP_PEERS_SUSPECT_MS 10000 /* ... for this long after their failure */
+
 typedef struct kvp_peers {
     pthread_rwlock_t lock; /* read per op, written when descriptors change */
     kvp_peer_table_t table;
@@ -50,6 +53,13 @@ typedef struct kvp_peers {
     struct kvp_transfer *xfer;   /* attaches new peers to their transport (borrowed) */
     uint64_t client_id;          /* ours: a segment we own is attached as `own` */
     _Atomic uint64_t own_seg_id; /* our DRAM segment's id at the master; 0: none */
+    /* segments a transfer to or from failed lately (kvp_peers_suspect): new puts ask the
+     * master to place elsewhere while it can */
+    pthread_mutex_t suspect_lock;
+    _Atomic uint64_t suspect_last_ms; /* the latest failure noted; 0: none */
+    struct {
+        uint64_t segment_id, ms;
+    } suspects[KVP_PEERS_SUSPECTS];
 } kvp_peers_t;
 
 void kvp_peers_init(kvp_peers_t *peers, struct kvp_transfer *xfer, uint64_t client_id);
@@ -62,5 +72,10 @@ void kvp_peers_set_own(kvp_peers_t *peers, uint64_t seg_id);
 void kvp_peers_update(kvp_peers_t *peers, Kvpool__SegmentDesc **descs, size_t n);
 /* A known peer with a reference taken (kvp_peer_unref), or NULL. */
 kvp_peer_t *kvp_peers_get(kvp_peers_t *peers, uint64_t segment_id);
+/* A transfer to or from segment_id failed now (also sets the peer's failed_ms). */
+void kvp_peers_suspect(kvp_peers_t *peers, kvp_peer_t *peer);
+/* The segments noted so in the last KVP_PEERS_SUSPECT_MS, at most max, into out; how many.
+ * No lock is taken when none was noted lately. */
+size_t kvp_peers_suspects(kvp_peers_t *peers, uint64_t now_ms, uint64_t *out, size_t max);
 
 #endif

@@ -40,6 +40,14 @@ static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, un
     return false;
 }
 
+static bool avoided(const kvp_placement_req_t *req, uint64_t id)
+{
+    for (unsigned a = 0; a < req->n_avoid && a < 8; a++)
+        if (req->avoid[a] == id)
+            return true;
+    return false;
+}
+
 /* May this tenant's objects go to seg (its own or a shared one)? */
 static bool allowed(const kvp_segment_t *seg, uint16_t tenant)
 {
@@ -103,52 +111,61 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
         want = KVP_MAX_REPLICAS;
     unsigned n = 0;
     if (req->preferred != NULL && kvp_segment_open(req->preferred) &&
-        req->preferred->ssd == req->ssd && allowed(req->preferred, req->tenant))
+        req->preferred->ssd == req->ssd && allowed(req->preferred, req->tenant) &&
+        !avoided(req, req->preferred->id))
         n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
         if (seg != NULL && kvp_segment_open(seg) && seg->ssd == req->ssd &&
             allowed(seg, req->tenant) && strcmp(seg->host_id, req->near_host) == 0 &&
-            kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size)
+            kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size && !avoided(req, seg->id))
             n += try_alloc(seg, req->size, &out[n]);
     }
 
-    /* excluded[]: segments that refused this object (full or fragmented) */
-    uint64_t excluded[64];
+    /* excluded[]: segments that refused this object (full or fragmented), and in the first
+     * pass the ones the writer asked us to avoid; the second pass (only when the first left
+     * replicas unplaced) may use those */
+    uint64_t excluded[64 + 8];
     unsigned n_excl = 0;
-    /* rounds: (dedicated, distinct hosts), (any, distinct hosts), (dedicated, any host),
-     * (any, any host); the dedicated rounds only for a tenant's object */
-    for (int round = 0; round < 4 && n < want; round++) {
-        bool dedicated = round % 2 == 0, distinct_hosts = round < 2;
-        if (dedicated && !req->dedicated_first)
-            continue;
-        while (n < want) {
-            uint64_t total = 0, free_b;
-            for (uint32_t i = 0; i < table->n_slots; i++)
-                if (eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl, req,
-                             dedicated, &free_b))
-                    total += free_b;
-            if (total == 0)
-                break;
-            uint64_t pick = kvp_rng_next(rng_state) % total;
-            kvp_segment_t *sel = NULL;
-            for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
-                if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl, req,
-                              dedicated, &free_b))
-                    continue;
-                if (pick < free_b)
-                    sel = table->slots[i];
-                else
-                    pick -= free_b;
-            }
-            if (sel == NULL)
-                break;
-            if (try_alloc(sel, req->size, &out[n])) {
-                n++;
-            } else if (n_excl < sizeof(excluded) / sizeof(excluded[0])) {
-                excluded[n_excl++] = sel->id;
-            } else {
-                break;
+    unsigned n_avoid = req->n_avoid < 8 ? req->n_avoid : 8;
+    for (int pass = n_avoid > 0 ? 0 : 1; pass < 2 && n < want; pass++) {
+        n_excl = 0;
+        for (unsigned a = 0; pass == 0 && a < n_avoid; a++)
+            excluded[n_excl++] = req->avoid[a];
+        /* rounds: (dedicated, distinct hosts), (any, distinct hosts), (dedicated, any host),
+         * (any, any host); the dedicated rounds only for a tenant's object */
+        for (int round = 0; round < 4 && n < want; round++) {
+            bool dedicated = round % 2 == 0, distinct_hosts = round < 2;
+            if (dedicated && !req->dedicated_first)
+                continue;
+            while (n < want) {
+                uint64_t total = 0, free_b;
+                for (uint32_t i = 0; i < table->n_slots; i++)
+                    if (eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
+                                 req, dedicated, &free_b))
+                        total += free_b;
+                if (total == 0)
+                    break;
+                uint64_t pick = kvp_rng_next(rng_state) % total;
+                kvp_segment_t *sel = NULL;
+                for (uint32_t i = 0; i < table->n_slots && sel == NULL; i++) {
+                    if (!eligible(table, out, n, table->slots[i], distinct_hosts, excluded, n_excl,
+                                  req, dedicated, &free_b))
+                        continue;
+                    if (pick < free_b)
+                        sel = table->slots[i];
+                    else
+                        pick -= free_b;
+                }
+                if (sel == NULL)
+                    break;
+                if (try_alloc(sel, req->size, &out[n])) {
+                    n++;
+                } else if (n_excl < sizeof(excluded) / sizeof(excluded[0])) {
+                    excluded[n_excl++] = sel->id;
+                } else {
+                    break;
+                }
             }
         }
     }

@@ -22,6 +22,8 @@ typedef struct kvp_placement_req {
     uint16_t tenant;                /* whose object: never on another tenant's dedicated
                                        segment */
     bool dedicated_first;           /* the tenant has dedicated segments: draw there first */
+    const uint64_t *avoid;          /* segments the writer could not reach lately: used only */
+    unsigned n_avoid;               /* ... for replicas no other segment has room for */
 } kvp_placement_req_t;
 
 /*

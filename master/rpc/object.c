@@ -266,6 +266,8 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         if (req->config->preferred_segment[0] != '\0')
             preq.preferred =
                 kvp_segment_table_find_name(&st->segments, req->config->preferred_segment);
+        preq.avoid = req->config->avoid_segments;
+        preq.n_avoid = (unsigned)KVP_MIN(req->config->n_avoid_segments, (size_t)8);
     }
     if (preq.replica_num > KVP_MAX_REPLICAS)
         preq.replica_num = KVP_MAX_REPLICAS;

@@ -192,7 +192,10 @@ def test_owner_cut_from_client_not_from_master(bed, tmp_path):
     puts and gets, then healed. The master still sees that owner, so nothing it holds
     leaves the pool: every acknowledged put reads back byte-exact afterwards, no get
     ever returns other bytes, the calls that meet the cut fail within their timeout (no
-    hang), and the client goes on through the other owner meanwhile."""
+    hang), and the client goes on through the other owner meanwhile: after a write to the
+    cut owner failed, its puts ask the master to place elsewhere (PutConfig
+    avoid_segments), so no second put waits on that owner (gets of what it holds still
+    do: it has the only replica)."""
     b = bed(4)
     master, o1, o2, client = b.hosts
     cl = Cluster(b, str(tmp_path), [o1, o2])
@@ -214,6 +217,10 @@ def test_owner_cut_from_client_not_from_master(bed, tmp_path):
     assert bad == []
     assert stats["longest_call_s"] < 2 + 1.5  # every call that met the cut gave up in time
     assert stats["longest_gap_s"] < 4 + 2 + 2  # the cut, and a call's timeout at each end
+    # puts went around the cut owner: at most one get's timeout between two acknowledged
+    # puts (5 s before avoid_segments: every put placed on it waited out its timeout)
+    assert stats["longest_put_gap_s"] < 2 + 2 + 0.5
+    assert any(c["ok"] and c["op"] == "put" for c in during)
 
 
 def test_client_cut_from_master_mid_run(bed, tmp_path):

@@ -283,6 +283,51 @@ static void test_preferred(void **state)
     kvp_segment_table_cleanup(&t);
 }
 
+/* Segments the writer asks to avoid (it failed to reach them lately): never used while
+ * another has room, preferred or not; used for the replicas nothing else can take. */
+static void test_avoided_segments(void **state)
+{
+    (void)state;
+    kvp_segment_table_t t;
+    kvp_segment_table_init(&t);
+    kvp_segment_t *a = add_seg(&t, "a", "h1", 64 << 20);
+    kvp_segment_t *b = add_seg(&t, "b", "h2", 64 * 1024);
+    kvp_segment_t *c = add_seg(&t, "c", "h3", 64 << 20);
+    uint64_t rng = 7, avoid[2] = {a->id, c->id};
+    kvp_replica_t out[KVP_MAX_REPLICAS];
+    unsigned n;
+    kvp_placement_req_t req = {
+        .size = 4096, .replica_num = 1, .preferred = a, .avoid = avoid, .n_avoid = 2};
+    for (int trial = 0; trial < 200; trial++) {
+        assert_int_equal(kvp_placement_alloc(&t, &req, &rng, out, &n), KVP_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(out[0].segment_id, b->id); /* the small one: the only one not avoided */
+        release(&t, out, n);
+    }
+    /* three replicas: b, then the avoided ones rather than fewer replicas */
+    req.replica_num = 3;
+    assert_int_equal(kvp_placement_alloc(&t, &req, &rng, out, &n), KVP_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(out[0].segment_id, b->id);
+    check_replicas(&t, 4096, out, n);
+    release(&t, out, n);
+    /* b full: the avoided ones take it */
+    kvp_replica_t held[16];
+    req.replica_num = 1;
+    for (unsigned i = 0; i < 16; i++) {
+        assert_int_equal(kvp_placement_alloc(&t, &req, &rng, &held[i], &n), KVP_OK);
+        assert_int_equal(held[i].segment_id, b->id);
+    }
+    for (int trial = 0; trial < 50; trial++) {
+        assert_int_equal(kvp_placement_alloc(&t, &req, &rng, out, &n), KVP_OK);
+        assert_int_equal(n, 1);
+        assert_true(out[0].segment_id == a->id || out[0].segment_id == c->id);
+        release(&t, out, n);
+    }
+    release(&t, held, 16);
+    kvp_segment_table_cleanup(&t);
+}
+
 static void test_weighted_by_free_space(void **state)
 {
     (void)state;
@@ -507,6 +552,7 @@ int main(void)
         cmocka_unit_test(test_replicas_distinct_hosts),
         cmocka_unit_test(test_hosts_first_then_segments),
         cmocka_unit_test(test_preferred),
+        cmocka_unit_test(test_avoided_segments),
         cmocka_unit_test(test_weighted_by_free_space),
         cmocka_unit_test(test_fill_until_full),
         cmocka_unit_test(test_partial_replicas_when_space_short),
