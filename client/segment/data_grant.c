@@ -116,9 +116,11 @@ uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offse
         bool room = (uint64_t)(p->count + 1) * 4 <= (uint64_t)p->cap * 3;
         if (!room && p->cap < KVP_DATA_PENDING_MAX)
             room = pending_rehash(p, p->cap ? p->cap * 2 : 1024, 0);
-        else if (!room && now > PENDING_SWEEP_MS)
+        else if (!room && now > PENDING_SWEEP_MS && now - p->swept_ms >= 1000) {
+            p->swept_ms = now; /* a full table is swept once a second at most */
             room = pending_rehash(p, p->cap, now - PENDING_SWEEP_MS) &&
                    (uint64_t)(p->count + 1) * 4 <= (uint64_t)p->cap * 3;
+        }
         if (room) {
             uint32_t j = pending_slot(offset, p->cap);
             while (p->ents[j].version != 0)
@@ -135,6 +137,15 @@ uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offse
     }
     pthread_mutex_unlock(&p->lock);
     return pend;
+}
+
+void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version)
+{
+    pthread_mutex_lock(&p->lock);
+    kvp_data_pending_ent_t *e = pending_find(p, offset);
+    if (e != NULL && e->version <= version)
+        pending_del(p, e);
+    pthread_mutex_unlock(&p->lock);
 }
 
 /* An entry whose grant passed, against what the server knows of its extent (ended, or

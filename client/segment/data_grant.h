@@ -31,7 +31,8 @@ typedef struct kvp_data_pending {
     kvp_data_pending_ent_t *ents;
     uint32_t cap; /* a power of 2, or 0 */
     uint32_t count;
-    uint64_t gen; /* the grant key generation it was filled under */
+    uint64_t gen;      /* the grant key generation it was filled under */
+    uint64_t swept_ms; /* the last sweep of a full table (one a second at most) */
     _Atomic uint64_t dropped;
 } kvp_data_pending_t;
 
@@ -46,6 +47,9 @@ void kvp_data_pending_cleanup(kvp_data_pending_t *p);
  */
 uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offset, uint64_t rec,
                              uint64_t note, uint64_t now);
+/* The record or file now holds the object of this version at offset: a note of it (or of
+ * an earlier put) is done with. Keeps the table to the puts in flight. */
+void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version);
 
 /* What a data server knows of ended puts: the version of the object its record or file
  * holds at an extent's offset (0: none); pending: the server's begun puts (or NULL). */

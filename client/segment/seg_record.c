@@ -15,6 +15,8 @@
  */
 #include "client/segment/seg_record.h"
 
+#include "client/segment/data_grant.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -42,6 +44,7 @@ struct kvp_seg_record {
     size_t count;
     size_t key_bytes;
     uint64_t segment_id;
+    kvp_data_pending_t *pending; /* the data server's begun puts (or NULL) */
 };
 
 kvp_status_t kvp_seg_record_create(kvp_seg_record_t **r_p)
@@ -192,6 +195,8 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
         r->buckets[b] = e;
         r->count++;
         r->key_bytes += key_len;
+        if (r->pending != NULL)
+            kvp_data_pending_forget(r->pending, offset, e->version);
         at += ADD_FIXED + key_len;
     }
     if (st != KVP_OK)
@@ -205,6 +210,13 @@ void kvp_seg_record_clear(kvp_seg_record_t *r)
 {
     pthread_mutex_lock(&r->lock);
     clear_locked(r);
+    pthread_mutex_unlock(&r->lock);
+}
+
+void kvp_seg_record_set_pending(kvp_seg_record_t *r, kvp_data_pending_t *p)
+{
+    pthread_mutex_lock(&r->lock);
+    r->pending = p;
     pthread_mutex_unlock(&r->lock);
 }
 

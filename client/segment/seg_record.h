@@ -38,6 +38,10 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
                                   size_t len);
 /* Forget everything (the master said the record is broken). */
 void kvp_seg_record_clear(kvp_seg_record_t *r);
+struct kvp_data_pending;
+/* The data server's table of begun puts (data_grant.h): each ADD applied ends its put's
+ * note there. NULL: none. */
+void kvp_seg_record_set_pending(kvp_seg_record_t *r, struct kvp_data_pending *p);
 /* Forget the entry at offset if it still has that version (the master refused it). */
 void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t version);
 /* The version of the object the record has at this extent offset; 0: none. */

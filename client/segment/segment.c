@@ -128,6 +128,8 @@ void kvp_segment_stop(kvp_segment_t *seg)
 {
     if (seg == NULL)
         return;
+    if (seg->record != NULL) /* the record thread may still apply: not into a freed table */
+        kvp_seg_record_set_pending(seg->record, NULL);
     kvp_segment_server_destroy(seg->server);
     seg->server = NULL;
 }

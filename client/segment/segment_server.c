@@ -333,6 +333,8 @@ void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_rec
 {
     srv->ended = (kvp_data_ended_t){
         .version_at = record_version_at, .arg = record, .pending = &srv->pending};
+    if (record != NULL)
+        kvp_seg_record_set_pending(record, &srv->pending);
     srv->has_record = record != NULL;
 }
 

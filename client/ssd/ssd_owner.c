@@ -323,8 +323,11 @@ static void offload_batch(kvp_ssd_owner_t *o, Kvpool__SsdTask **t, size_t n)
     }
     if (ne > 0) {
         kvp_ssd_file_record(o->file, ent, ne, rec);
-        for (size_t k = 0; k < ne; k++)
+        for (size_t k = 0; k < ne; k++) {
             st[eidx[k]] = rec[k];
+            if (rec[k] == KVP_OK)
+                kvp_ssd_server_recorded(o->srv, ent[k].offset, ent[k].version);
+        }
     }
     for (size_t i = 0; i < n; i++)
         report(o, t[i]->task_id, st[i]);
@@ -437,8 +440,11 @@ static void run_tasks(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r)
     }
     if (ne > 0) {
         kvp_ssd_file_record(o->file, ent, ne, rec);
-        for (size_t k = 0; k < ne; k++)
+        for (size_t k = 0; k < ne; k++) {
+            if (rec[k] == KVP_OK)
+                kvp_ssd_server_recorded(o->srv, ent[k].offset, ent[k].version);
             report(o, rid[k], rec[k]);
+        }
     }
     run_kind(o, r, KVP_SSD_TASK_OFFLOAD);
     run_kind(o, r, KVP_SSD_TASK_PROMOTE);

@@ -519,6 +519,11 @@ uint64_t kvp_ssd_server_io_errors(const kvp_ssd_server_t *srv)
     return atomic_load(&srv->io_errors);
 }
 
+void kvp_ssd_server_recorded(kvp_ssd_server_t *srv, uint64_t offset, uint64_t version)
+{
+    kvp_data_pending_forget(&srv->pending, offset, version);
+}
+
 void kvp_ssd_server_destroy(kvp_ssd_server_t *srv)
 {
     if (srv == NULL)

@@ -29,6 +29,9 @@ void kvp_ssd_server_set_id(kvp_ssd_server_t *srv, uint64_t segment_id);
 void kvp_ssd_server_set_grants(kvp_ssd_server_t *srv, const uint8_t *key, size_t key_len,
                                uint64_t epoch);
 uint64_t kvp_ssd_server_grants_refused(const kvp_ssd_server_t *srv);
+/* The file now records the object of this version at offset: the note of its put (data
+ * grants: an older grant of the extent is refused from the put's first write) is done. */
+void kvp_ssd_server_recorded(kvp_ssd_server_t *srv, uint64_t offset, uint64_t version);
 /* Extents (their segment offsets) whose reads failed with an I/O error since the last
  * call, at most max (up to KVP_SSD_SERVER_BAD_MAX are kept): the owner reports them to
  * the master, which drops those copies. */

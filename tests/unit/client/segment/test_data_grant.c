@@ -2,7 +2,8 @@
  * test_data_grant.c - the data servers' table of begun puts (client/segment/data_grant.c,
  * kvp_data_pending_at): a write's note refuses older versions at its extent, the record
  * reaching it forgets it, a later put's note wins and an earlier one does not undo it, a
- * new grant key empties the table; 200 000 random steps against a plain array (collisions
+ * new grant key empties the table; a million puts recorded as they go leave it empty;
+ * 200 000 random steps against a plain array (collisions
  * and linear probing's deletions); growth to the cap, then a full table drops a note
  * (counted) until the sweep of notes older than a minute makes room.
  */
@@ -54,6 +55,27 @@ static void test_note_refuse_forget(void **state)
     assert_int_equal(kvp_data_pending_at(p, 1, 0, 0, 0, 18), 5);
     assert_int_equal(kvp_data_pending_at(p, 2, 0, 0, 0, 19), 0);
     assert_int_equal(p->count, 0);
+}
+
+/* The record's ADD ends a note (kvp_data_pending_forget): the table holds the puts in
+ * flight only, however many went through. */
+static void test_recorded_puts_leave_the_table(void **state)
+{
+    kvp_data_pending_t *p = *state;
+    for (uint64_t v = 1; v <= 1000000; v++) {
+        uint64_t off = (v % 5000) * 4096;
+        assert_int_equal(kvp_data_pending_at(p, 1, off, 0, v, 1), 0);
+        kvp_data_pending_forget(p, off, v); /* its PutEnd's ADD reached the record */
+    }
+    assert_int_equal(p->count, 0);
+    assert_true(p->cap <= 1024);
+    /* a forget of an earlier version leaves a later put's note */
+    assert_int_equal(kvp_data_pending_at(p, 1, 0, 0, 7, 1), 0);
+    kvp_data_pending_forget(p, 0, 6);
+    assert_int_equal(kvp_data_pending_at(p, 1, 0, 0, 0, 1), 7);
+    kvp_data_pending_forget(p, 0, 7);
+    assert_int_equal(kvp_data_pending_at(p, 1, 0, 0, 0, 1), 0);
+    assert_int_equal(p->dropped, 0);
 }
 
 #define SLOTS 3000u /* offsets 0, 64, ..., far fewer than the steps: collisions galore */
@@ -126,6 +148,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_note_refuse_forget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_against_an_array, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recorded_puts_leave_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_table_drops_then_sweeps, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
