@@ -219,6 +219,16 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     bool write = req->op == KVP_DATA_WRITE || req->op == KVP_DATA_WRITEV;
     uint8_t op = req->op == KVP_DATA_MAP ? KVP_GRANT_MAP : write ? KVP_GRANT_WRITE : KVP_GRANT_READ;
     uint64_t now = kvp_grant_now_ms();
+    /* A request for another segment than ours: its grants were sealed for an earlier mount
+     * (or none), nothing is served either way; an honest client learns its descriptor is
+     * stale, as it does from an owner without grants. */
+    for (uint64_t i = 0; i < n && why == NULL; i++)
+        if (vec[i].segment_id != segment_id) {
+            KVP_LOG_DEBUG("%s: a request for segment %#llx, not ours (%#llx): gone", server,
+                          (unsigned long long)vec[i].segment_id, (unsigned long long)segment_id);
+            v->set_ok = false;
+            return KVP_ERR_SEGMENT_GONE;
+        }
     if (why != NULL)
         ; /* refused below */
     else if (!kvp_grant_verifier_sync(v, kr))
@@ -242,9 +252,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
         why = conn_tag == 0 ? "the connection has not proven a principal (no HELLO)"
                             : "the grant is another principal's";
     for (uint64_t i = 0; i < n && why == NULL; i++) {
-        if (vec[i].segment_id != segment_id)
-            why = "a request for another segment";
-        else if (set) {
+        if (set) {
             const kvp_grant_extent_t *e = idx[i] < v->set.count ? &v->set_ext[idx[i]] : NULL;
             if (e == NULL || !kvp_grant_extent_covers(e, vec[i].offset, vec[i].length))
                 why = "the request reaches outside the grant's extent";
@@ -283,8 +291,12 @@ kvp_status_t kvp_data_hello(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
     }
     if (!v->on) /* no grants here: nothing to prove, the connection goes on */
         return kvp_send_all(fd, &r, sizeof(r));
-    if (req->segment_id != segment_id || req->offset == 0 || req->length != 0) {
-        why = "a HELLO for another segment, or with no principal";
+    if (req->segment_id != segment_id) { /* a descriptor from before a remount */
+        kvp_data_reply(fd, KVP_ERR_SEGMENT_GONE, 0);
+        return KVP_ERR_SEGMENT_GONE;
+    }
+    if (req->offset == 0 || req->length != 0) {
+        why = "a HELLO with no principal";
         goto refuse;
     }
     if (!kvp_grant_random(challenge, sizeof(challenge))) {

@@ -66,7 +66,14 @@ typedef struct kvp_data_ended {
  * server's), range, epoch and expiry. KVP_OK: serve it
  * (grants off: always, a grant sent is read and ignored). KVP_ERR_DENIED: refused; counted
  * in *refused and logged (rate-limited, with the peer's address and the failed check, never
- * a key); the caller replies KVP_ERR_DENIED and closes. KVP_ERR_IO: the stream broke.
+ * a key); the caller replies KVP_ERR_DENIED and closes. KVP_ERR_SEGMENT_GONE: an entry
+ * names another segment than this server's (segment_id): a client whose descriptor is
+ * from before this segment mounted again (a master restart or failover, its owner's
+ * session lost and remounted), whose grants were sealed with the key of that earlier
+ * mount; nothing is read or written, it is not counted as a refusal, and the caller
+ * answers KVP_ERR_SEGMENT_GONE, what a server without grants answers (a read's connection
+ * stays in step and may go on; a write's payload follows, so it closes).
+ * KVP_ERR_IO: the stream broke.
  * conn_tag: the principal the connection proved in its HELLO (0: none); a grant sealed
  * for another principal is refused. ended (a DRAM segment's record, an SSD segment's file,
  * or NULL): a write grant whose object version (its nonce) it already has at the extent,
@@ -84,7 +91,9 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
  * A HELLO (req, wire.h): with grants on, challenge the peer and check its proof of the
  * connection key of the tag it names; KVP_OK: *conn_tag_p is now that principal's tag, and
  * only grants sealed for it pass on this connection (grants off: answered, nothing
- * proven). Anything else: refused (counted, logged, replied where possible), close it.
+ * proven). A HELLO naming another segment than this server's: KVP_ERR_SEGMENT_GONE
+ * replied, not counted (a client's descriptor from before a remount); close it. Anything
+ * else: refused (counted, logged, replied where possible), close it.
  */
 kvp_status_t kvp_data_hello(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                             _Atomic uint64_t *refused, const char *server, int fd,

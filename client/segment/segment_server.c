@@ -123,6 +123,8 @@ static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
     if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
         return false;
     kvp_status_t st = check_grants(srv, cs, fd, req, vec, n);
+    if (st == KVP_ERR_SEGMENT_GONE) /* a stale descriptor: a read's connection goes on */
+        return kvp_data_reply(fd, st, 0) == KVP_OK && req->op == KVP_DATA_READV;
     if (st != KVP_OK) { /* nothing is read or written; the connection ends */
         if (st == KVP_ERR_DENIED)
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -237,6 +239,11 @@ static void serve_conn(void *arg, int fd)
         kvp_data_vec_t one = {
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
         kvp_status_t gst = check_grants(srv, &cs, fd, &req, &one, 1);
+        if (gst == KVP_ERR_SEGMENT_GONE) { /* a stale descriptor: a read's connection goes on */
+            if (kvp_data_reply(fd, gst, 0) == KVP_OK && req.op == KVP_DATA_READ)
+                continue;
+            break;
+        }
         if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
             if (gst == KVP_ERR_DENIED)
                 kvp_data_reply(fd, KVP_ERR_DENIED, 0);

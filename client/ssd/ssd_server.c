@@ -335,6 +335,8 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
     kvp_status_t gst =
         kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, req,
                               vec, n, atomic_load(&srv->segment_id), cio->tag, &srv->ended);
+    if (gst == KVP_ERR_SEGMENT_GONE) /* a stale descriptor: a read's connection goes on */
+        return kvp_data_reply(fd, gst, 0) == KVP_OK && req->op == KVP_DATA_READV;
     if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
         if (gst == KVP_ERR_DENIED)
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -425,6 +427,11 @@ static void serve_conn(void *arg, int fd)
         kvp_status_t gst = kvp_data_grants_check(
             &srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, &req, &one, 1,
             atomic_load(&srv->segment_id), cio->tag, &srv->ended);
+        if (gst == KVP_ERR_SEGMENT_GONE) { /* a stale descriptor: a read's connection goes on */
+            if (kvp_data_reply(fd, gst, 0) == KVP_OK && !write)
+                continue;
+            break;
+        }
         if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
             if (gst == KVP_ERR_DENIED)
                 kvp_data_reply(fd, KVP_ERR_DENIED, 0);

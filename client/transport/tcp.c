@@ -192,8 +192,9 @@ static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_pee
         return st;
     if (peer->has_conn_key &&
         (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) != KVP_OK) {
-        KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
-                             kvp_strerror(st));
+        if (st != KVP_ERR_SEGMENT_GONE) /* gone: our descriptor is from before a remount */
+            KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
+                                 kvp_strerror(st));
         close(fd);
         return st;
     }

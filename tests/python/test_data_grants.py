@@ -31,6 +31,7 @@ from test_security import (M_AUTH, PRINCIPALS, SecureMaster, auth_body,  # noqa:
                            read_frame, recv_exact, tls_client_ctx, tls_connect, varint)
 
 DENIED = kvpool.ERR_DENIED
+SEGMENT_GONE = kvpool.ERR_SEGMENT_GONE
 M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST, M_LEASE_RELEASE = 4, 5, 7, 18
 DATA_MAGIC = 0x4450564B
 READ, WRITE, READV, WRITEV, HELLO = 1, 2, 3, 4, 5
@@ -173,7 +174,10 @@ def hello(s, segment_id, tag, conn_key):
     if len(h) < RESP.size:
         return None
     magic, status, length = RESP.unpack(h)
-    assert magic == DATA_MAGIC and status == 0 and length == 32, (status, length)
+    assert magic == DATA_MAGIC, magic
+    if status != 0:  # answered before any challenge (a HELLO for another segment)
+        return status
+    assert length == 32, length
     challenge = recv_exact(s, 32)
     s.sendall(hello_proof(conn_key, challenge, segment_id, tag))
     h = recv_exact(s, RESP.size)
@@ -200,12 +204,14 @@ def reply(s):
     return status, (recv_exact(s, length) if status == 0 else b"")
 
 
-def closed(s):
-    s.settimeout(5)
+def closed(s, wait=5):
+    s.settimeout(wait)
     try:
         return s.recv(1) == b""
     except (ConnectionResetError, BrokenPipeError):
         return True
+    except TimeoutError:
+        return False  # still open
 
 
 def grant_wire(grant, n=1):
@@ -232,7 +238,8 @@ def request(rep, op, offset, length, grant=None, payload=b"", segment_id=None, a
         r = reply(s)
         if r is None:
             return None, b"", True
-        return r[0], r[1], r[0] != 0 and closed(s)  # served: the connection stays open
+        # served, or told the segment is gone (a read): the connection stays open
+        return r[0], r[1], r[0] != 0 and closed(s, 1 if r[0] == SEGMENT_GONE else 5)
 
 
 def refused(r):
@@ -605,9 +612,17 @@ def test_range_segment_and_overflow(gm, victim):
     if rep.offset > 0:
         assert refused(request(rep, READ, rep.offset - 64, 128, rep.grant))
     assert refused(request(rep, READ, 2**64 - 16, 32, rep.grant))
-    # the header names another segment (the grant's id does not match it)
-    assert refused(request(rep, READ, rep.offset, rep.length, rep.grant,
-                           segment_id=rep.segment_id ^ 1))
+    # the header names another segment than the owner's: what an owner without grants
+    # says of it (a client's descriptor from before the segment mounted again), and
+    # nothing read; not counted as a refusal
+    before = gm.owner_refused()
+    status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant,
+                                 segment_id=rep.segment_id ^ 1)
+    assert status == SEGMENT_GONE and payload == b""
+    status, payload, was_closed = request(rep, WRITE, rep.offset, 4096, rep.grant,
+                                          b"\xee" * 4096, segment_id=rep.segment_id ^ 1)
+    assert status in (SEGMENT_GONE, None) and payload == b"" and was_closed
+    assert gm.owner_refused() == before
     # a write grant of one object used on its neighbour's extent
     key2 = f"b@grant-n-{uuid.uuid4().hex[:8]}"
     data2 = os.urandom(64 * 1024)
@@ -671,7 +686,9 @@ def test_grants_off_serves_as_before(certs, tmp_path):
 def test_grant_from_before_a_master_restart(certs, tmp_path):
     """kill -9 of the master and a new one on the same port: the owner mounts again under
     a new epoch and key; the grant and the connection key of before are refused, the new
-    master's work, and the object (adopted back from the owner's record) reads exact."""
+    master's work, and the object (adopted back from the owner's record) reads exact. An
+    honest client that still holds the old descriptor is told the segment is gone (not
+    refused): what it sends names the old segment id."""
     m, key, data, old = master_with_object(certs, tmp_path, port=free_port(), name="epoch",
                                            size=16384)
     try:
@@ -688,15 +705,21 @@ def test_grant_from_before_a_master_restart(certs, tmp_path):
                 time.sleep(0.2)  # the owner is mounting again and offering its objects
         assert new is not None, "the object did not come back after the restart"
         assert new.grant != old.grant and new.conn_key != old.conn_key
+        assert new.segment_id != old.segment_id
         before = m.owner_refused()
-        # the old grant on a connection proven with the new key, under the old segment id
-        # and under the new one; a HELLO with the old key
-        assert refused(request(old, READ, old.offset, old.length, old.grant, as_=new))
+        # the old grant under the old segment id, on a connection proven with the new key,
+        # and a HELLO naming the old segment: gone, nothing read, not counted
+        status, payload, _ = request(old, READ, old.offset, old.length, old.grant, as_=new)
+        assert status == SEGMENT_GONE and payload == b""
+        with socket.create_connection(old.endpoint, timeout=10) as s:
+            assert hello(s, old.segment_id, old.conn_tag, old.conn_key) == SEGMENT_GONE
+        assert m.owner_refused() == before
+        # the old grant under the new segment id; a HELLO with the old key: refused
         assert refused(request(old, READ, old.offset, old.length, old.grant,
                                segment_id=new.segment_id, as_=new))
         with socket.create_connection(old.endpoint, timeout=10) as s:
             assert hello(s, new.segment_id, old.conn_tag, old.conn_key) in (DENIED, None)
-        assert m.owner_refused() == before + 3
+        assert m.owner_refused() == before + 2
         status, payload, _ = request(new, READ, new.offset, new.length, new.grant)
         assert status == 0 and payload == data
         with m.client("bob", transport="tcp") as bob:
