@@ -1359,6 +1359,8 @@ static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
     s->adopted_objects = sr->adopted_objects;
     s->ssd_lost_objects = sr->ssd_lost_objects;
     s->adopt_refused = sr->adopt_refused;
+    s->taken_back = sr->taken_back;
+    s->limbo_expired = sr->limbo_expired;
     snprintf(s->leader, sizeof(s->leader), "%s", sr->leader ? sr->leader : "");
     s->epoch = sr->epoch;
     snprintf(s->standbys, sizeof(s->standbys), "%s", sr->standbys ? sr->standbys : "");

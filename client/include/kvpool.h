@@ -351,6 +351,10 @@ typedef struct kvp_pool_stat {
     char leader[256];    /* the leader's control address */
     uint64_t epoch;      /* its epoch: grows with every new leader */
     char standbys[1024]; /* the standbys' addresses, comma-separated */
+    /* segments dropped for silence (kvpool-master --segment-grace), since the master started */
+    uint64_t taken_back;    /* objects taken back when their segment mounted again */
+    uint64_t limbo_expired; /* objects not taken back (grace over, or removed, overwritten or
+                             * in the way since): dropped, never served */
 } kvp_pool_stat_t;
 
 /*

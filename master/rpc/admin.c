@@ -93,6 +93,8 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.ssd_evicted_objects = st->stats.ssd_evicted;
     resp.adopted_objects = st->stats.adopted;
     resp.adopt_refused = st->stats.adopt_refused;
+    resp.taken_back = st->stats.taken_back;
+    resp.limbo_expired = st->stats.limbo_expired;
     resp.leader = (char *)st->leader;
     resp.epoch = st->epoch;
     resp.standbys = (char *)st->standbys;

@@ -54,6 +54,7 @@ static const struct {
     STAT_FIELD(hits_ssd),          STAT_FIELD(ssd_evicted_objects),
     STAT_FIELD(adopted_objects),   STAT_FIELD(ssd_lost_objects),
     STAT_FIELD(adopt_refused),     STAT_FIELD(epoch),
+    STAT_FIELD(taken_back),        STAT_FIELD(limbo_expired),
 };
 #undef STAT_FIELD
 
