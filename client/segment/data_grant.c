@@ -92,16 +92,21 @@ static bool pending_rehash(kvp_data_pending_t *p, uint32_t cap, uint64_t before_
     return true;
 }
 
-uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offset, uint64_t rec,
-                             uint64_t note, uint64_t now)
+/* A new grant key: every grant from before is refused anyway. Caller holds lock. */
+static void pending_gen_locked(kvp_data_pending_t *p, uint64_t gen)
 {
-    pthread_mutex_lock(&p->lock);
-    if (p->gen != gen) { /* a new key: every grant from before is refused anyway */
-        if (p->count > 0)
-            memset(p->ents, 0, p->cap * sizeof(*p->ents));
-        p->count = 0;
-        p->gen = gen;
-    }
+    if (p->gen == gen)
+        return;
+    if (p->count > 0)
+        memset(p->ents, 0, p->cap * sizeof(*p->ents));
+    p->count = 0;
+    p->gen = gen;
+}
+
+/* kvp_data_pending_at's work; caller holds lock, generation taken. */
+static uint64_t pending_at_locked(kvp_data_pending_t *p, uint64_t offset, uint64_t rec,
+                                  uint64_t note, uint64_t now)
+{
     uint64_t pend = 0;
     kvp_data_pending_ent_t *e = pending_find(p, offset);
     if (e != NULL && e->version <= rec) {
@@ -135,8 +140,31 @@ uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offse
                                  p->count);
         }
     }
+    return pend;
+}
+
+uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offset, uint64_t rec,
+                             uint64_t note, uint64_t now)
+{
+    pthread_mutex_lock(&p->lock);
+    pending_gen_locked(p, gen);
+    uint64_t pend = pending_at_locked(p, offset, rec, note, now);
     pthread_mutex_unlock(&p->lock);
     return pend;
+}
+
+size_t kvp_data_pending_check(kvp_data_pending_t *p, uint64_t gen, const uint64_t *offsets,
+                              const uint64_t *versions, const uint64_t *recs, size_t n, bool write,
+                              uint64_t now)
+{
+    pthread_mutex_lock(&p->lock);
+    pending_gen_locked(p, gen);
+    size_t i = 0;
+    for (; i < n; i++)
+        if (pending_at_locked(p, offsets[i], recs[i], write ? versions[i] : 0, now) > versions[i])
+            break;
+    pthread_mutex_unlock(&p->lock);
+    return i;
 }
 
 void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version)
@@ -148,20 +176,23 @@ void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t ve
     pthread_mutex_unlock(&p->lock);
 }
 
-/* An entry whose grant passed, against what the server knows of its extent (ended, or
- * NULL): NULL, or why it is refused. write: its object's put is noted there. */
-static const char *extent_taken(const kvp_data_ended_t *ended, uint64_t gen, uint64_t offset,
-                                uint64_t version, bool write, uint64_t now)
+/* A request's n entries whose grants passed (the extents' offsets and object versions),
+ * against what the server knows of them (ended; one lock for the record, one for the
+ * table of begun puts): NULL, or why it is refused. write: each entry's put is noted. */
+static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
+                                 const uint64_t *offsets, const uint64_t *versions, size_t n,
+                                 bool write, uint64_t now)
 {
-    if (ended == NULL)
-        return NULL;
-    uint64_t rec = ended->version_at(ended->arg, offset);
-    if (write && rec >= version)
-        return "the put this write grant was for has ended";
-    if (!write && rec > version)
-        return "a later object than the read grant's is recorded at the extent";
+    uint64_t recs[KVP_DATA_VEC_MAX];
+    ended->versions_at(ended->arg, offsets, recs, n);
+    for (size_t i = 0; i < n; i++) {
+        if (write && recs[i] >= versions[i])
+            return "the put this write grant was for has ended";
+        if (!write && recs[i] > versions[i])
+            return "a later object than the read grant's is recorded at the extent";
+    }
     if (ended->pending != NULL &&
-        kvp_data_pending_at(ended->pending, gen, offset, rec, write ? version : 0, now) > version)
+        kvp_data_pending_check(ended->pending, gen, offsets, versions, recs, n, write, now) < n)
         return "a later object's put has written at the grant's extent";
     return NULL;
 }
@@ -251,21 +282,31 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     if (why == NULL && set && v->set.principal != conn_tag)
         why = conn_tag == 0 ? "the connection has not proven a principal (no HELLO)"
                             : "the grant is another principal's";
+    /* the extents (offset, object version) of the entries, checked against the record at
+     * the end, all at once */
+    uint64_t offs[KVP_DATA_VEC_MAX], vers[KVP_DATA_VEC_MAX];
+    size_t m = 0;
     for (uint64_t i = 0; i < n && why == NULL; i++) {
         if (set) {
             const kvp_grant_extent_t *e = idx[i] < v->set.count ? &v->set_ext[idx[i]] : NULL;
             if (e == NULL || !kvp_grant_extent_covers(e, vec[i].offset, vec[i].length))
                 why = "the request reaches outside the grant's extent";
-            else
-                why = extent_taken(ended, v->gen, e->offset, e->version, write, now);
+            else {
+                offs[m] = e->offset;
+                vers[m++] = e->version;
+            }
         } else if (kvp_grant_check(v->mac, &g[i], op, vec[i].segment_id, vec[i].offset,
                                    vec[i].length, v->epoch, now, &why) == KVP_OK &&
                    g[i].principal != conn_tag)
             why = conn_tag == 0 ? "the connection has not proven a principal (no HELLO)"
                                 : "the grant is another principal's";
-        else if (why == NULL && (write || op == KVP_GRANT_READ))
-            why = extent_taken(ended, v->gen, g[i].offset, g[i].nonce, write, now);
+        else if (why == NULL && (write || op == KVP_GRANT_READ)) {
+            offs[m] = g[i].offset;
+            vers[m++] = g[i].nonce;
+        }
     }
+    if (why == NULL && ended != NULL && m > 0)
+        why = extents_taken(ended, v->gen, offs, vers, m, write, now);
     if (why == NULL)
         return KVP_OK;
     v->set_ok = false;

@@ -9,6 +9,8 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "client/transport/wire.h"
@@ -47,14 +49,21 @@ void kvp_data_pending_cleanup(kvp_data_pending_t *p);
  */
 uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offset, uint64_t rec,
                              uint64_t note, uint64_t now);
+/* kvp_data_pending_at for a request's n entries under one lock, in order (notes: their
+ * versions when write, else none): the first entry a later put's note refuses (its
+ * version below that note's), or n. */
+size_t kvp_data_pending_check(kvp_data_pending_t *p, uint64_t gen, const uint64_t *offsets,
+                              const uint64_t *versions, const uint64_t *recs, size_t n, bool write,
+                              uint64_t now);
 /* The record or file now holds the object of this version at offset: a note of it (or of
  * an earlier put) is done with. Keeps the table to the puts in flight. */
 void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version);
 
-/* What a data server knows of ended puts: the version of the object its record or file
- * holds at an extent's offset (0: none); pending: the server's begun puts (or NULL). */
+/* What a data server knows of ended puts: the versions of the objects its record or file
+ * holds at n extents' offsets (versions[i], 0: none; one lock for them all); pending: the
+ * server's begun puts (or NULL). */
 typedef struct kvp_data_ended {
-    uint64_t (*version_at)(void *arg, uint64_t offset);
+    void (*versions_at)(void *arg, const uint64_t *offsets, uint64_t *versions, size_t n);
     void *arg;
     kvp_data_pending_t *pending;
 } kvp_data_ended_t;

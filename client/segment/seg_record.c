@@ -227,18 +227,31 @@ void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t versio
     pthread_mutex_unlock(&r->lock);
 }
 
-uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset)
+static uint64_t version_at_locked(const kvp_seg_record_t *r, uint64_t offset)
 {
-    uint64_t v = 0;
-    pthread_mutex_lock(&r->lock);
     if (r->n_buckets > 0)
         for (const ent_t *e = r->buckets[bucket(r, offset)]; e != NULL; e = e->next)
-            if (e->offset == offset) {
-                v = e->version;
-                break;
-            }
+            if (e->offset == offset)
+                return e->version;
+    return 0;
+}
+
+uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset)
+{
+    pthread_mutex_lock(&r->lock);
+    uint64_t v = version_at_locked(r, offset);
     pthread_mutex_unlock(&r->lock);
     return v;
+}
+
+void kvp_seg_record_versions_at(kvp_seg_record_t *r, const uint64_t *offsets, uint64_t *versions,
+                                size_t n)
+{
+    pthread_mutex_lock(&r->lock);
+    for (size_t i = 0; i < n; i++)
+        versions[i] = i > 0 && offsets[i] == offsets[i - 1] ? versions[i - 1]
+                                                            : version_at_locked(r, offsets[i]);
+    pthread_mutex_unlock(&r->lock);
 }
 
 size_t kvp_seg_record_count(kvp_seg_record_t *r)

@@ -46,6 +46,9 @@ void kvp_seg_record_set_pending(kvp_seg_record_t *r, struct kvp_data_pending *p)
 void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t version);
 /* The version of the object the record has at this extent offset; 0: none. */
 uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset);
+/* The same for n offsets under one lock (a data request's entries): versions[i]. */
+void kvp_seg_record_versions_at(kvp_seg_record_t *r, const uint64_t *offsets, uint64_t *versions,
+                                size_t n);
 size_t kvp_seg_record_count(kvp_seg_record_t *r);
 /*
  * Every entry, newest (largest version) first: *e_p (malloc'd, with the keys after

@@ -331,15 +331,15 @@ void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key
     kvp_grant_keyring_set(&srv->grants, key, key_len, epoch);
 }
 
-static uint64_t record_version_at(void *record, uint64_t offset)
+static void record_versions_at(void *record, const uint64_t *offsets, uint64_t *versions, size_t n)
 {
-    return kvp_seg_record_version_at(record, offset);
+    kvp_seg_record_versions_at(record, offsets, versions, n);
 }
 
 void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_record *record)
 {
     srv->ended = (kvp_data_ended_t){
-        .version_at = record_version_at, .arg = record, .pending = &srv->pending};
+        .versions_at = record_versions_at, .arg = record, .pending = &srv->pending};
     if (record != NULL)
         kvp_seg_record_set_pending(record, &srv->pending);
     srv->has_record = record != NULL;

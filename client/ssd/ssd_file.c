@@ -1050,11 +1050,22 @@ void kvp_ssd_file_foreach(kvp_ssd_file_t *f, void (*cb)(const kvp_ssd_entry_t *e
 
 uint64_t kvp_ssd_file_version_at(kvp_ssd_file_t *f, uint64_t offset)
 {
-    pthread_mutex_lock(&f->lock);
-    uint32_t s = hash_find(f, offset);
-    uint64_t v = s != NONE ? f->ent[s].version : 0;
-    pthread_mutex_unlock(&f->lock);
+    uint64_t v;
+    kvp_ssd_file_versions_at(f, &offset, &v, 1);
     return v;
+}
+
+void kvp_ssd_file_versions_at(kvp_ssd_file_t *f, const uint64_t *offsets, uint64_t *versions,
+                              size_t n)
+{
+    pthread_mutex_lock(&f->lock);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t s = i > 0 && offsets[i] == offsets[i - 1] ? NONE : hash_find(f, offsets[i]);
+        versions[i] = i > 0 && offsets[i] == offsets[i - 1] ? versions[i - 1]
+                      : s != NONE                           ? f->ent[s].version
+                                                            : 0;
+    }
+    pthread_mutex_unlock(&f->lock);
 }
 
 bool kvp_ssd_file_lookup(kvp_ssd_file_t *f, uint64_t offset, kvp_ssd_entry_t *e, char *key_buf)

@@ -101,6 +101,9 @@ kvp_status_t kvp_ssd_file_forget(kvp_ssd_file_t *f, uint64_t offset, uint64_t ve
 
 /* The version of the live entry at `offset` (0: none). Thread: any. */
 uint64_t kvp_ssd_file_version_at(kvp_ssd_file_t *f, uint64_t offset);
+/* The same for n offsets under one lock (a data request's entries): versions[i]. */
+void kvp_ssd_file_versions_at(kvp_ssd_file_t *f, const uint64_t *offsets, uint64_t *versions,
+                              size_t n);
 
 /* Copy the live entry at `offset` (key into key_buf[KVP_SSD_KEY_MAX]); false: none. */
 bool kvp_ssd_file_lookup(kvp_ssd_file_t *f, uint64_t offset, kvp_ssd_entry_t *e, char *key_buf);

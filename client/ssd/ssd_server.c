@@ -459,9 +459,9 @@ static void serve_conn(void *arg, int fd)
         conn_io_cleanup(cio);
 }
 
-static uint64_t file_version_at(void *file, uint64_t offset)
+static void file_versions_at(void *file, const uint64_t *offsets, uint64_t *versions, size_t n)
 {
-    return kvp_ssd_file_version_at(file, offset);
+    kvp_ssd_file_versions_at(file, offsets, versions, n);
 }
 
 kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t port,
@@ -474,7 +474,7 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     srv->file = f;
     kvp_data_pending_init(&srv->pending);
     srv->ended =
-        (kvp_data_ended_t){.version_at = file_version_at, .arg = f, .pending = &srv->pending};
+        (kvp_data_ended_t){.versions_at = file_versions_at, .arg = f, .pending = &srv->pending};
     srv->file_fd = kvp_ssd_file_fd(f);
     srv->base = kvp_ssd_file_data_base(f);
     srv->size = kvp_ssd_file_size(f);

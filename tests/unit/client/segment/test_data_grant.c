@@ -5,7 +5,8 @@
  * new grant key empties the table; a million puts recorded as they go leave it empty;
  * 200 000 random steps against a plain array (collisions
  * and linear probing's deletions); growth to the cap, then a full table drops a note
- * (counted) until the sweep of notes older than a minute makes room.
+ * (counted) until the sweep of notes older than a minute makes room; a request's entries
+ * at once (kvp_data_pending_check).
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,6 +55,35 @@ static void test_note_refuse_forget(void **state)
     assert_int_equal(kvp_data_pending_at(p, 1, 0, 0, 5, 18), 0);
     assert_int_equal(kvp_data_pending_at(p, 1, 0, 0, 0, 18), 5);
     assert_int_equal(kvp_data_pending_at(p, 2, 0, 0, 0, 19), 0);
+    assert_int_equal(p->count, 0);
+}
+
+/* A request's entries at once (kvp_data_pending_check, one lock): a write notes each in
+ * order until one is refused by a later put's note, and says which; a read notes none; the
+ * record's versions (recs) end notes as kvp_data_pending_at does. */
+static void test_check_many(void **state)
+{
+    kvp_data_pending_t *p = *state;
+    const uint64_t offs[4] = {0, 4096, 4096, 8192}; /* two slices of one extent */
+    const uint64_t v_new[4] = {10, 11, 11, 12}, recs0[4] = {0, 0, 0, 0};
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, recs0, 4, true, 1), 4);
+    assert_int_equal(p->count, 3); /* one note per extent */
+    /* older grants of those extents: a read is refused at its first entry; a write at the
+     * entry whose extent has a later note (the second), after noting the first (v10 >= 9) */
+    const uint64_t v_old[4] = {9, 11, 11, 12};
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_old, recs0, 4, false, 2), 0);
+    const uint64_t v_mix[3] = {10, 5, 12};
+    assert_int_equal(kvp_data_pending_check(p, 1, offs + 1, v_mix + 1, recs0, 2, true, 2), 0);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_mix, recs0, 3, true, 2), 1);
+    /* a read of the current versions passes and notes nothing new */
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, recs0, 4, false, 3), 4);
+    assert_int_equal(p->count, 3);
+    /* the record holds them all now: every note ends */
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, v_new, 4, false, 4), 4);
+    assert_int_equal(p->count, 0);
+    /* a new key empties the table once for the whole request */
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, recs0, 4, true, 5), 4);
+    assert_int_equal(kvp_data_pending_check(p, 2, offs, v_old, recs0, 4, false, 6), 4);
     assert_int_equal(p->count, 0);
 }
 
@@ -147,6 +177,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_note_refuse_forget, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_check_many, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_against_an_array, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recorded_puts_leave_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_table_drops_then_sweeps, setup, teardown),
