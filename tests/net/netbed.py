@@ -8,7 +8,8 @@ and stops what it started by PID. close() (also on a failed test: use it as a co
 manager or a fixture) kills every process it started, then deletes the veths, the bridge
 and the namespaces.
 
-Latency, loss and reordering need netem, which this machine kind's kernel lacks
+Random loss is an nftables rule too (lossy(): `numgen random mod 100 < pct drop`, each
+way). Latency and reordering need netem, which this machine kind's kernel lacks
 (../shared/notes/network-namespaces.md); they are not offered here yet.
 
 Needs root, iproute2 and nftables. Names carry this process's PID, so two beds of two
@@ -69,6 +70,7 @@ class NetBed:
         self.hosts = []
         self.procs = []  # every Popen we started, killed by PID at close
         self.cuts = set()  # (from host index, to host index): packets from -> to dropped
+        self.loss = {}  # (from host index, to host index): percent of its packets dropped
         try:
             _run("ip", "link", "add", self.bridge, "type", "bridge")
             _run("ip", "link", "set", self.bridge, "up")
@@ -132,6 +134,9 @@ class NetBed:
         lines += ["  }", "  chain output { type filter hook output priority 0; policy accept;"]
         lines += [f"    ip daddr {self.hosts[b].addr} drop;" for a, b in sorted(self.cuts)
                   if a == h.i]
+        # a lossy link: each packet h sends to b dropped with probability pct / 100
+        lines += [f"    ip daddr {self.hosts[b].addr} numgen random mod 100 < {pct} drop;"
+                  for (a, b), pct in sorted(self.loss.items()) if a == h.i]
         lines += ["  }", "}"]
         # replace the table whole: add (so that delete finds one), delete, write anew
         script = "add table inet kvpnet\ndelete table inet kvpnet\n" + "\n".join(lines) + "\n"
@@ -141,6 +146,26 @@ class NetBed:
         """Drop what a sends to b (and, unless oneway, what b sends to a)."""
         pairs = {(a.i, b.i)} if oneway else {(a.i, b.i), (b.i, a.i)}
         self.cuts |= pairs
+        self._rules(a)
+        self._rules(b)
+
+    def rto_min(self, value):
+        """Set the bed's route's minimum TCP retransmission timeout in every host (e.g.
+        "10ms"; Linux's default is 200 ms): what an operator can do on a lossy fabric."""
+        for h in self.hosts:
+            _run("ip", "netns", "exec", h.name, "ip", "route", "change",
+                 f"10.252.{self.net}.0/24", "dev", "eth0", "proto", "kernel", "scope", "link",
+                 "src", h.addr, "rto_min", value)
+
+    def lossy(self, a, b, pct):
+        """Drop pct % of the packets a sends to b and b sends to a, at random (an nftables
+        numgen rule: netem is not available here); 0 ends it."""
+        assert 0 <= pct < 100 and pct == int(pct)
+        for pair in ((a.i, b.i), (b.i, a.i)):
+            if pct:
+                self.loss[pair] = int(pct)
+            else:
+                self.loss.pop(pair, None)
         self._rules(a)
         self._rules(b)
 
@@ -156,6 +181,7 @@ class NetBed:
         """Heal the link a-b both ways (no arguments: every link)."""
         if a is None:
             self.cuts.clear()
+            self.loss.clear()
         else:
             self.cuts -= {(a.i, b.i), (b.i, a.i)}
         for h in self.hosts:

@@ -453,6 +453,56 @@ def test_one_way_partition_and_flapping_link(bed, tmp_path):
     assert stats["longest_call_s"] < 2 + 1.5
 
 
+@pytest.mark.parametrize("pct", [1, 5])
+def test_lossy_links(bed, tmp_path, pct):
+    """pct % (1, 5) of the packets between the client and each owner, and between the client and
+    the master, dropped at random both ways for 6 s (TCP retransmits them: a lost segment
+    costs at least the 200 ms minimum RTO). Nothing acknowledged is lost, no get returns
+    wrong bytes, no call outlives its timeout by more than 1.5 s, and the client is served
+    throughout: puts are acknowledged during the loss, none of its seconds without one.
+    $KVPOOL_NET_RTO_MIN (e.g. 10ms): the hosts' route's rto_min, to measure that knob."""
+    b = bed(4)
+    master, o1, o2, client = b.hosts
+    rto_min = os.environ.get("KVPOOL_NET_RTO_MIN")
+    if rto_min:
+        b.rto_min(rto_min)
+    cl = Cluster(b, str(tmp_path), [o1, o2])
+    p, log, stop = workload(b, client, cl, str(tmp_path), f"lossy{pct}")
+    wait_calls(log, 50)
+    t_on = time.time()
+    for h in (o1, o2, master):
+        b.lossy(client, h, pct)
+    time.sleep(6)
+    b.heal()
+    t_off = time.time()
+    wait_calls(log, ok_count(log, "put") + 50)
+    assert finish(b, p, stop) == 0
+    ver = verify(b, client, cl, str(tmp_path), [log])
+    bad, stats = checker.check([log], ver, SIZE)
+    calls = checker.read(log)
+    before = [c for c in calls if c["t1"] < t_on]
+    during = [c for c in calls if t_on <= c["t0"] and c["t1"] <= t_off]
+
+    def per_s(cs, secs):
+        return round(sum(1 for c in cs if c["ok"]) / secs, 1)
+
+    def p50_ms(cs):
+        d = sorted(c["t1"] - c["t0"] for c in cs if c["ok"])
+        return round(1000 * d[len(d) // 2], 1) if d else None
+
+    t_first = min(c["t0"] for c in calls)
+    report(f"{pct} % loss client<->owners and client<->master (6 s)", bad, stats,
+           ok_per_s_before=per_s(before, max(t_on - t_first, 0.001)),
+           ok_per_s_during=per_s(during, t_off - t_on),
+           p50_ms_before=p50_ms(before), p50_ms_during=p50_ms(during),
+           failed_during=sum(1 for c in during if not c["ok"]), rto_min=rto_min or "200ms")
+    assert bad == []
+    assert stats["longest_call_s"] < 2 + 1.5
+    puts = [c for c in during if c["op"] == "put" and c["ok"]]
+    assert puts, "no put acknowledged during the loss"
+    assert checker.longest_gap([c for c in calls if c["op"] == "put"], t_on, t_off) < 2 + 1
+
+
 def test_rolling_restart_under_load(bed, tmp_path):
     """Every process in turn, as an upgrade does it, while a client puts and gets through
     etcd: each master (SIGTERM, started again; the leader last), each owner (SIGTERM: it
