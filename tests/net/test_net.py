@@ -503,6 +503,46 @@ def test_lossy_links(bed, tmp_path, pct):
     assert checker.longest_gap([c for c in calls if c["op"] == "put"], t_on, t_off) < 2 + 1
 
 
+def test_stalling_owner(bed, tmp_path):
+    """One of two owners stalls: stopped (SIGSTOP) 150 ms of every 250 ms for 6 s, as a
+    node in long GC-like pauses or starved of CPU answers late (without netem, the bed's
+    stand-in for a slow peer). Its calls slow down but none fails (a stall is far below a
+    call's 2 s timeout and the master's client TTL), nothing is lost or wrong, and the
+    client is served throughout."""
+    b = bed(4)
+    master, o1, o2, client = b.hosts
+    cl = Cluster(b, str(tmp_path), [o1, o2])
+    slow = cl.owners[0][1]
+    p, log, stop = workload(b, client, cl, str(tmp_path), "stall")
+    wait_calls(log, 50)
+    t_on = time.time()
+    try:
+        while time.time() - t_on < 6:
+            os.kill(slow.pid, signal.SIGSTOP)
+            time.sleep(0.15)
+            os.kill(slow.pid, signal.SIGCONT)
+            time.sleep(0.1)
+    finally:
+        os.kill(slow.pid, signal.SIGCONT)
+    t_off = time.time()
+    wait_calls(log, ok_count(log, "put") + 50)
+    assert finish(b, p, stop) == 0
+    ver = verify(b, client, cl, str(tmp_path), [log])
+    bad, stats = checker.check([log], ver, SIZE)
+    calls = checker.read(log)
+    during = [c for c in calls if t_on <= c["t0"] and c["t1"] <= t_off]
+    slowest = sorted(c["t1"] - c["t0"] for c in during)
+    report("an owner stalled 150 ms of every 250 ms (6 s)", bad, stats,
+           ok_during=sum(1 for c in during if c["ok"]),
+           failed_during=sum(1 for c in during if not c["ok"]),
+           p50_ms_during=round(1000 * slowest[len(slowest) // 2], 1) if slowest else None,
+           p99_ms_during=round(1000 * slowest[int(len(slowest) * 0.99)], 1) if slowest else None)
+    assert bad == []
+    assert stats["failed"] == 0
+    assert stats["longest_call_s"] < 1.0
+    assert checker.longest_gap(calls, t_on, t_off) < 1.0
+
+
 def test_rolling_restart_under_load(bed, tmp_path):
     """Every process in turn, as an upgrade does it, while a client puts and gets through
     etcd: each master (SIGTERM, started again; the leader last), each owner (SIGTERM: it
