@@ -157,6 +157,30 @@ class NetBed:
                  f"10.252.{self.net}.0/24", "dev", "eth0", "proto", "kernel", "scope", "link",
                  "src", h.addr, "rto_min", value)
 
+    def delay(self, h, us, netdelay, to=None):
+        """Add us microseconds each way to every TCP connection host h opens to the bed's
+        other hosts (to: a list of hosts, those only; the round trip grows by 2 x us): h's new connections are redirected
+        (nftables, nat output) to a netdelay proxy in h (the program at path netdelay),
+        which forwards them with every chunk held us; its own connections carry mark 42,
+        which the rule lets through. Connections opened before are not delayed; a second
+        call replaces the proxy. 0 still goes through the proxy (its copy's own cost)."""
+        old = getattr(h, "delay_proxy", None)
+        if old is not None:
+            self.stop(old, signal.SIGKILL)
+        p = self.start(h, [netdelay, "proxy", "0", str(int(us)), "42"], stdout=subprocess.PIPE,
+                       text=True)
+        port = int(p.stdout.readline())
+        h.delay_proxy = p
+        dests = [f"10.252.{self.net}.0/24"] if to is None else [x.addr for x in to]
+        rules = "".join(f"    ip daddr {d} meta mark != 42 meta l4proto tcp redirect to :{port};\n"
+                        for d in dests)
+        script = ("add table ip kvpdelay\ndelete table ip kvpdelay\n"
+                  "table ip kvpdelay {\n"
+                  "  chain out { type nat hook output priority -100; policy accept;\n"
+                  f"{rules}  }}\n}}\n")
+        _run("ip", "netns", "exec", h.name, "nft", "-f", "-", input=script)
+        return port
+
     def lossy(self, a, b, pct):
         """Drop pct % of the packets a sends to b and b sends to a, at random (an nftables
         numgen rule: netem is not available here); 0 ends it."""
