@@ -276,7 +276,9 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     resptr = calloc(n ? n : 1, sizeof(*resptr));
     /* an in-place upsert answers with the existing object's replicas */
     size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num;
-    reps = calloc(n * per_key + 1, sizeof(*reps));
+    /* malloc: each one used is initialised; a calloc this large (tens of KiB) made the
+     * allocator hand back zeroed pages, a madvise and page faults on every call */
+    reps = malloc((n * per_key + 1) * sizeof(*reps));
     repptr = calloc(n * per_key + 1, sizeof(*repptr));
     if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * per_key)) {
         rc = KVP_ERR_NOMEM;
@@ -541,7 +543,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
     if (resp.status == KVP_OK) {
         res = calloc(n ? n : 1, sizeof(*res));
         resptr = calloc(n ? n : 1, sizeof(*resptr));
-        reps = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*reps));
+        reps = malloc((n * KVP_MAX_REPLICAS + 1) * sizeof(*reps)); /* as in put_start */
         repptr = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*repptr));
         if (!res || !resptr || !reps || !repptr ||
             !kvp_call_grants_reserve(st, n * KVP_MAX_REPLICAS)) {
