@@ -48,6 +48,7 @@ struct kvp_discovery {
 };
 
 #define PREFIX "etcd://"
+#define WATCH_WINDOW_MS 2000
 
 bool kvp_discovery_is_etcd(const char *addr)
 {
@@ -80,8 +81,13 @@ static void *watch_main(void *arg)
             seen = create_rev;
         }
         free(val);
+        /* Watched 2 s at a time, then read and watched again: an etcd member cut off from
+         * the others (with the old leader, say) gives a silent watch, not an error, so a
+         * window is how long a change can go unseen; the next window starts on a member
+         * that answers (etcd.c moves on from one that does not within its timeout). One
+         * read and one watch a client every 2 s. */
         kvp_etcd_event_t ev;
-        st = kvp_etcd_watch(e, d->key, rev + 1, 10000, &d->stop, &ev);
+        st = kvp_etcd_watch(e, d->key, rev + 1, WATCH_WINDOW_MS, &d->stop, &ev);
         if (st == KVP_OK)
             kvp_etcd_event_cleanup(&ev);
         else if (st != KVP_ERR_TIMEOUT && st != KVP_ERR_SHUTDOWN)
