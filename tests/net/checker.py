@@ -11,14 +11,27 @@ every promise of docs/architecture.md ("Consistency") the calls broke.
 - half-visible: a failed put's key reads back with bytes other than its value (covered by
   wrong bytes: any get of it is checked).
 
+Registers (keys the workload upserts, one writer each, every attempt a new version;
+docs/architecture.md, "Consistency"): a get of one returns
+- bytes that are one version's value, of a version whose upsert began before the get ended
+  (else wrong bytes);
+- never an older version than one whose upsert was acknowledged before the get began
+  (else stale);
+- never an older version than one an earlier get (ended before this one began) returned:
+  no upsert goes back in time for a reader that saw the new value (else back in time);
+- NOT_FOUND only while an upsert of it is under way, or after one failed, or before the
+  first acknowledged one (else missing); and the last acknowledged version, or a later
+  attempted one, reads back in the verify pass (else lost).
+
 Also measures the unavailability: the longest stretch of a run with no call succeeding,
 for all calls and per op.
 """
 
+import bisect
 import hashlib
 import json
 
-from workload import value
+from workload import is_register, reg_value, value
 
 NOT_FOUND = -3  # kvpool.ERR_NOT_FOUND (the checker runs without the module)
 
@@ -40,8 +53,10 @@ def check(run_logs, verify_log, size, lost_ok=lambda key: False,
     """(violations: [str], stats: dict). lost_ok(key): the scenario allows that key to be
     gone at the end; missing_ok(call): it allows that get to answer NOT_FOUND (a window
     in which the master does not list what a cut-off owner holds)."""
-    runs = [c for p in run_logs for c in read(p)]
-    ver = read(verify_log) if verify_log else []
+    allruns = [c for p in run_logs for c in read(p)]
+    allver = read(verify_log) if verify_log else []
+    runs = [c for c in allruns if not is_register(c["key"])]
+    ver = [c for c in allver if not is_register(c["key"])]
     want = {}
     bad = []
     acked_at = {}
@@ -69,9 +84,15 @@ def check(run_logs, verify_log, size, lost_ok=lambda key: False,
         if (c is None or not c["ok"]) and not lost_ok(k):
             why = "not asked" if c is None else f"{c.get('name')}: {c.get('err')}"
             bad.append(f"lost: the acknowledged put of {k} does not read back ({why})")
+    regs = [c for c in allruns if is_register(c["key"])]
+    bad += check_registers(regs, [c for c in allver if is_register(c["key"])], size, lost_ok,
+                           missing_ok)
+    runs = allruns
     stats = {"calls": len(runs), "failed": sum(1 for c in runs if not c["ok"]),
              "not_found": sum(1 for c in runs if not c["ok"] and c.get("code") == NOT_FOUND),
-             "puts_acked": len(acked_at), "verified": sum(1 for c in ver if c["ok"])}
+             "puts_acked": len(acked_at), "verified": sum(1 for c in allver if c["ok"]),
+             "upserts_acked": sum(1 for c in regs if c["op"] == "upsert" and c["ok"]),
+             "register_gets_ok": sum(1 for c in regs if c["op"] == "get" and c["ok"])}
     if runs:
         start, end = min(c["t0"] for c in runs), max(c["t1"] for c in runs)
         stats["longest_gap_s"] = round(longest_gap(runs, start, end), 3)
@@ -80,3 +101,87 @@ def check(run_logs, verify_log, size, lost_ok=lambda key: False,
             stats[f"longest_{op}_gap_s"] = round(
                 longest_gap([c for c in runs if c["op"] == op], start, end), 3)
     return bad, stats
+
+
+def running_max(items):
+    """[(time, version, record)] sorted by time -> (times, the record of the highest version
+    up to each)."""
+    times, best, top = [], [], None
+    for t, v, rec in sorted(items, key=lambda x: x[0]):
+        if top is None or v > top["ver"]:
+            top = rec
+        times.append(t)
+        best.append(top)
+    return times, best
+
+
+def highest_before(rm, t):
+    """The record of the highest version whose time is before t (None: none)."""
+    i = bisect.bisect_left(rm[0], t)
+    return rm[1][i - 1] if i > 0 else None
+
+
+def well_formed(g, began, want, size):
+    """True: get g returned one version's value, of a version whose upsert began before g
+    ended; else what it returned instead."""
+    k, v = g["key"], g.get("ver")
+    if v is not None and (k, v) not in want:
+        want[(k, v)] = hashlib.sha256(reg_value(k, v, size)).hexdigest()
+    if v is None or g["sha256"] != want[(k, v)]:
+        return f"{g['len']} bytes that are no version's value"
+    if v not in began or began[v] >= g["t1"]:
+        return f"version {v}, whose upsert had not begun"
+    return True
+
+
+def check_registers(runs, ver, size, lost_ok, missing_ok):
+    """The registers' promises (see the module's text); a list of what they broke."""
+    bad = []
+    want = {}
+    for k in sorted({c["key"] for c in runs + ver}):
+        ups = sorted((c for c in runs if c["key"] == k and c["op"] == "upsert"),
+                     key=lambda c: c["t0"])
+        gets = sorted((c for c in runs + ver if c["key"] == k and c["op"] == "get"),
+                      key=lambda c: c["t0"])
+        began = {u["ver"]: u["t0"] for u in ups}
+        # the highest version acknowledged / returned by a time: (end time, running max)
+        acks = running_max((u["t1"], u["ver"], u) for u in ups if u["ok"])
+        seen = running_max((h["t1"], h["ver"], h) for h in gets
+                           if h["ok"] and well_formed(h, began, want, size) is True)
+        for g in gets:
+            if not g["ok"]:
+                if g.get("code") != NOT_FOUND or lost_ok(k) or missing_ok(g):
+                    continue
+                before = [u for u in ups if u["t0"] < g["t0"]]
+                last = before[-1] if before else None
+                newer = [u for u in ups if g["t0"] <= u["t0"] < g["t1"]]
+                if last is not None and last["ok"] and last["t1"] < g["t0"] and not newer:
+                    bad.append(f"missing: get {k} at {g['t0']:.3f} answered NOT_FOUND; its "
+                               f"upsert of version {last['ver']} was acknowledged at "
+                               f"{last['t1']:.3f} and none was under way")
+                continue
+            v = g.get("ver")
+            why = well_formed(g, began, want, size)
+            if why is not True:
+                bad.append(f"wrong bytes: get {k} at {g['t0']:.3f} returned {why}")
+                continue
+            u = highest_before(acks, g["t0"])
+            if u is not None and u["ver"] > v:
+                bad.append(f"stale: get {k} at {g['t0']:.3f} returned version {v}; version "
+                           f"{u['ver']} was acknowledged at {u['t1']:.3f}")
+            h = highest_before(seen, g["t0"])
+            if h is not None and h["ver"] > v:
+                bad.append(f"back in time: get {k} at {g['t0']:.3f} returned version {v}; a "
+                           f"get that ended at {h['t1']:.3f} had returned version {h['ver']}")
+        acked = [u for u in ups if u["ok"]]
+        if acked and not lost_ok(k):
+            last = acked[-1]
+            final = [g for g in ver if g["key"] == k]
+            if not final or not final[-1]["ok"]:
+                later = [u for u in ups if u["t0"] > last["t0"]]  # attempted after it
+                if not later:
+                    why = "not asked" if not final else \
+                        f"{final[-1].get('name')}: {final[-1].get('err')}"
+                    bad.append(f"lost: the acknowledged upsert of {k} (version {last['ver']}) "
+                               f"does not read back ({why})")
+    return bad
