@@ -806,32 +806,53 @@ kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t l
 /* How long a peer whose transfer failed is tried after the others. */
 #define PEER_SUSPECT_MS 10000
 
+/* A replica whose owner answers reads this much slower than another's (and more than
+ * twice as slow) is tried after it: a far or slow owner (docs/architecture.md, "Reads"). */
+#define PEER_SLOW_MARGIN_US 1000
+
 /*
- * Order replicas: same host (shm) first, then other DRAM peers with no recent
- * transfer failure, then SSD segments, then the recently failed ones (they are
- * still tried, last).
+ * Order replicas: same host (shm) first, then other DRAM peers with no recent transfer
+ * failure (those whose owner answers reads far slower than another's, by the peers'
+ * recent read latencies, after the others; one not read from in the last
+ * KVP_PEER_LAT_STALE_MS counts as near, so it is tried and learnt), then SSD segments,
+ * then the recently failed ones (they are still tried, last). Ties keep the master's order.
  */
 static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t *order)
 {
     size_t n = KVP_MIN(r->n_replicas, (size_t)8);
     unsigned rank[8];
+    uint32_t lat[8];
+    uint32_t best = 0;
+    bool any = false;
     uint64_t now = kvp_now_ms();
     for (size_t q = 0; q < n; q++) {
         kvp_peer_t *p = kvp_peers_get(&c->peers, r->replicas[q]->segment_id);
         rank[q] = 1;
+        lat[q] = 0;
         if (p != NULL) {
             uint64_t failed = atomic_load(&p->failed_ms);
             if (failed != 0 && now - failed < PEER_SUSPECT_MS)
-                rank[q] = 3;
+                rank[q] = 4;
             else if (kvp_transfer_route(&c->xfer, p) == KVP_TRANSPORT_SHM)
                 rank[q] = 0;
             else if (p->ssd)
-                rank[q] = 2; /* DRAM anywhere before SSD */
+                rank[q] = 3; /* DRAM anywhere before SSD */
+            else if (now - atomic_load_explicit(&p->read_lat_ms, memory_order_relaxed) <=
+                     KVP_PEER_LAT_STALE_MS)
+                lat[q] = atomic_load_explicit(&p->read_lat_us, memory_order_relaxed);
             kvp_peer_unref(p);
         }
+        if (rank[q] == 1 && (!any || lat[q] < best))
+            best = lat[q];
+        any |= rank[q] == 1;
     }
+    /* a peer not heard from lately counts as near (0): it is tried before a known slow one,
+     * and so learnt */
+    for (size_t q = 0; q < n && n > 1; q++)
+        if (rank[q] == 1 && lat[q] > 2 * (uint64_t)best + PEER_SLOW_MARGIN_US)
+            rank[q] = 2;
     size_t k = 0;
-    for (unsigned want = 0; want < 4; want++)
+    for (unsigned want = 0; want < 5; want++)
         for (size_t q = 0; q < n; q++)
             if (rank[q] == want)
                 order[k++] = q;

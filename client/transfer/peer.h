@@ -52,6 +52,12 @@ typedef struct kvp_peer {
     bool own;                   /* this client's own segment */
     bool ssd;                   /* an SSD segment (medium "ssd": served over tcp) */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
+    /* How long its owner takes to answer a read (tcp: a read request fully sent to its
+     * response's header, the first on each stream of a transfer): a moving average in us
+     * (0: none yet) and when it last moved (kvp_now_ms). A get tries a replica whose owner
+     * answers far slower than another's after it (object.c, order_replicas). */
+    _Atomic uint32_t read_lat_us;
+    _Atomic uint64_t read_lat_ms;
     /* The transport chosen for it (transfer/engine.c): set at attach, changed only
      * when it fails the peer; NULL when none reaches it. tp_state[i] is transport
      * i's per-peer state, written once under tp_lock before tp points to it. */
@@ -67,6 +73,12 @@ typedef struct kvp_peer {
 /* A peer with one reference (the caller's) and no transport yet; NULL: no memory. */
 kvp_peer_t *kvp_peer_create(uint64_t segment_id);
 void kvp_peer_ref(kvp_peer_t *peer);
+/* A read of this peer's answered after us microseconds: fold it into read_lat_us (a
+ * moving average, a quarter of the new sample; the first sample, or one after a pause of
+ * more than KVP_PEER_LAT_STALE_MS, starts it anew). */
+void kvp_peer_read_latency(kvp_peer_t *peer, uint64_t us, uint64_t now_ms);
+/* An estimate older than this is no longer believed (the peer may have recovered). */
+#define KVP_PEER_LAT_STALE_MS 10000
 /* The last reference detaches the peer from its transports (peer->detach) and frees it. */
 void kvp_peer_unref(kvp_peer_t *peer);
 /* Transport `index`'s state of a peer attached to it (transport.h). */

@@ -140,6 +140,8 @@ typedef struct xconn {
     uint64_t recv_off; /* bytes of the oldest request's response received */
     const void *gset;  /* the grant set this connection sent last in this transfer (the owner
                           keeps it: later requests naming it send only their indices) */
+    uint64_t first_sent_ns; /* its first request, a read, fully sent (0: not yet, or no read) */
+    bool timed;             /* that read's answer timed (the peer's read latency) */
     bool dead;
 } xconn_t;
 
@@ -378,6 +380,8 @@ static void conn_send(xconn_t *c)
         if (c->send_off < total)
             return; /* the socket is full */
         c->send_off = 0;
+        if (c->sent == 0 && !c->timed && req_reads(r))
+            c->first_sent_ns = kvp_now_ns();
         c->sent++;
     }
 }
@@ -438,6 +442,14 @@ static void conn_recv(xconn_t *c)
         if (c->recv_off < hl)
             continue;
         if (c->recv_off == hl) {
+            if (c->first_sent_ns != 0 && !c->timed) {
+                /* the stream's first read answered: how far its owner is, for the order in
+                 * which a get tries replicas (object.c) */
+                uint64_t now = kvp_now_ns();
+                kvp_peer_read_latency(r->s[0]->op->peer, (now - c->first_sent_ns) / 1000,
+                                      now / 1000000);
+            }
+            c->timed = true;
             if (c->resp.magic != KVP_DATA_MAGIC || c->resp.status > 0 ||
                 c->resp.status < KVP_STATUS_MIN ||
                 (c->resp.status == 0 && req_reads(r) && c->resp.length != r->hdr.length)) {

@@ -99,7 +99,8 @@ def workload(bed, host, cl, tmp, name, **kw):
     argv = [sys.executable, os.path.join(HERE, "workload.py"), "run", cl.addr, log, name,
             "--size", str(SIZE), "--stop", stop, "--duration", str(kw.get("duration", 120)),
             "--timeout-ms", str(kw.get("timeout_ms", 2000)),
-            "--registers", str(kw.get("registers", 4))]
+            "--registers", str(kw.get("registers", 4)),
+            "--replicas", str(kw.get("replicas", 1))]
     p = bed.start(host, argv, env={**os.environ}, stderr=open(log + ".err", "ab"))
     return p, log, stop
 
@@ -626,6 +627,43 @@ def test_owner_at_200ms_rtt(bed, tmp_path):
     assert stats["longest_call_s"] < 2  # within the calls' timeout
     assert slow > 0, "no call met the far owner's round trip: was the delay in place?"
     assert slow < len(d), "every call was slow: the near owner should answer fast"
+
+
+def test_gets_go_to_the_near_replica(bed, tmp_path):
+    """Every object has a replica on each of two owners, one of them 200 ms of round trip
+    from the client (the delaying proxy, as above). Puts write both replicas, so each takes
+    the far owner's round trip; gets go to the near replica once the client has met the far
+    owner (a peer's read latency orders the replicas a get tries: docs/architecture.md,
+    "Reads"): after the first seconds no get takes the far round trip but the few that
+    probe it again (an estimate is believed 10 s), none fails, nothing is lost or wrong."""
+    b = bed(4)
+    master, o1, o2, client = b.hosts
+    b.delay(client, 100000, NETDELAY, to=[o1])
+    cl = Cluster(b, str(tmp_path), [o1, o2])
+    p, log, stop = workload(b, client, cl, str(tmp_path), "nearreplica", replicas=2,
+                            registers=0, timeout_ms=3000)
+    wait_calls(log, 30, timeout=60)
+    t_learnt = time.time()
+    wait_calls(log, ok_count(log, "put") + 30, timeout=60)
+    assert finish(b, p, stop) == 0
+    ver = verify(b, client, cl, str(tmp_path), [log])
+    bad, stats = checker.check([log], ver, SIZE)
+    calls = checker.read(log)
+    gets = sorted(c["t1"] - c["t0"] for c in calls
+                  if c["op"] == "get" and c["ok"] and c["t0"] >= t_learnt)
+    puts = sorted(c["t1"] - c["t0"] for c in calls if c["op"] == "put" and c["ok"])
+    far_gets = sum(1 for x in gets if x >= 0.2)
+    report("two replicas, one owner 200 ms of RTT away: gets go to the near one", bad, stats,
+           gets_after_learning=len(gets), gets_over_200ms=far_gets,
+           get_p50_ms=round(1000 * gets[len(gets) // 2], 1) if gets else None,
+           put_p50_ms=round(1000 * puts[len(puts) // 2], 1) if puts else None)
+    assert bad == []
+    assert stats["failed"] == 0
+    assert puts and puts[len(puts) // 2] >= 0.2, "puts should write the far replica too"
+    assert len(gets) >= 20
+    # the near owner serves them: at most a re-probe of the far one per 10 s
+    assert far_gets <= 2 + len(gets) // 50, (far_gets, len(gets))
+    assert gets[len(gets) // 2] < 0.1
 
 
 def test_rolling_restart_under_load(bed, tmp_path):

@@ -2,12 +2,12 @@
 checker reads afterwards (tests/net/checker.py).
 
     python3 workload.py run MASTER LOG PREFIX [--size N] [--transport T] [--timeout-ms N]
-                            [--stop FILE] [--duration S]
+                            [--stop FILE] [--duration S] [--replicas N]
     python3 workload.py verify MASTER LOG PREFIX LOG_OF_RUN...
 
 `run` puts PREFIX-0, PREFIX-1, ... (each key's value is a function of the key alone:
 value(key)), and after each put gets one key put before (acknowledged or not), until FILE
-exists or S seconds have passed. Beside them it keeps N registers, PREFIX-reg-0 ..
+exists or S seconds have passed (each put asks for --replicas copies, default 1). Beside them it keeps N registers, PREFIX-reg-0 ..
 PREFIX-reg-(N-1) (--registers, default 4): each round upserts one of them in turn with its next
 version (the value, reg_value(key, version), names the version in its first bytes) and gets
 one of those upserted so far. `verify` gets every key any run log tried to put or upsert.
@@ -97,7 +97,7 @@ def run(a):
         while time.monotonic() < end and not (a.stop and os.path.exists(a.stop)):
             key = f"{a.prefix}-{i}"
             data = value(key, a.size)
-            log.call("put", key, lambda: c.put(key, data))
+            log.call("put", key, lambda: c.put(key, data, replicas=a.replicas))
             tried.append(key)
             k = rng.choice(tried)
             log.call("get", k, lambda: c.get(k))
@@ -142,6 +142,7 @@ def main():
     p.add_argument("--duration", type=float, default=60)
     p.add_argument("--pace", type=float, default=0.002)
     p.add_argument("--registers", type=int, default=4)
+    p.add_argument("--replicas", type=int, default=1)
     a = p.parse_args()
     run(a) if a.mode == "run" else verify(a)
     return 0

@@ -44,6 +44,7 @@
 #include "client/transfer/peer.h"
 #include "client/transfer/transport.h"
 #include "client/transfer/xfer.h"
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "tests/harness.h"
 
@@ -186,11 +187,14 @@ static void fake_submit(void *ctx, kvp_xfer_op_t **ops, size_t n)
             op->status = r.status;
             continue;
         }
+        uint64_t t0 = kvp_now_ns();
         if (act && r.act == ACT_DELAY) {
             struct timespec ts = {r.delay_ms / 1000, (long)(r.delay_ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
         }
         kvp_transport_shm_ops.submit(ctx, &op, 1);
+        if (op->kind == KVP_XFER_READ && op->status == KVP_OK) /* as tcp measures its reads */
+            kvp_peer_read_latency(op->peer, (kvp_now_ns() - t0) / 1000, kvp_now_ms());
         if (act && r.act == ACT_CORRUPT && op->kind == KVP_XFER_READ && op->status == KVP_OK) {
             uint8_t *b = op->local;
             b[op->length / 2] ^= 0x5a;
@@ -211,6 +215,11 @@ static const kvp_transport_ops_t fake_shm_ops = {
     .submit = fake_submit,
 };
 static const kvp_transport_ops_t *const fake_list[] = {&fake_shm_ops, NULL};
+/* The same fake routed as tcp (group_setup_remote fills it in): its peers are remote DRAM
+ * to the get flow (object.c orders them by their read latency, which shm peers on this
+ * host are not) */
+static kvp_transport_ops_t fake_remote_ops;
+static const kvp_transport_ops_t *const fake_remote_list[] = {&fake_remote_ops, NULL};
 
 /* ---------------- fixtures ---------------- */
 
@@ -247,10 +256,11 @@ static int group_teardown(void **state)
     return st == 0 ? 0 : -1;
 }
 
-static int group_setup_args(void **state, char *const args[])
+static int group_setup_list(void **state, char *const args[],
+                            const kvp_transport_ops_t *const *list)
 {
     /* every engine created from now on (owners' and tests' clients) has only the fake */
-    kvp_transports_test = fake_list;
+    kvp_transports_test = list;
     fixture_t *fx = calloc(1, sizeof(*fx));
     *state = fx;
     if (fx == NULL || !kvp_start_master_args(&fx->master, args))
@@ -258,6 +268,20 @@ static int group_setup_args(void **state, char *const args[])
     fx->owner[0] = client_new(fx->master.ready, SEG_BYTES, SEG_A);
     fx->owner[1] = client_new(fx->master.ready, SEG_BYTES, SEG_B);
     return fx->owner[0] != NULL && fx->owner[1] != NULL ? 0 : -1;
+}
+
+static int group_setup_args(void **state, char *const args[])
+{
+    return group_setup_list(state, args, fake_list);
+}
+
+static int group_setup_remote(void **state)
+{
+    char *args[] = {"--lease-ttl", "0", "--no-eviction", NULL};
+    fake_remote_ops = fake_shm_ops;
+    fake_remote_ops.name = "fake-remote";
+    fake_remote_ops.id = KVP_TRANSPORT_TCP;
+    return group_setup_list(state, args, fake_remote_list);
 }
 
 static int group_setup(void **state)
@@ -1072,6 +1096,63 @@ static void test_read_outlasts_lease(void **state)
     free(v);
 }
 
+/* Two replicas on remote owners, one of which answers reads 80 ms late: after one get
+ * has met it (and one has met the other, not heard from before, so near), gets go to the
+ * near one first, right bytes, none to the slow one; a batch too. When the near one fails
+ * a read, the slow one still serves it. (tcp measures the latencies on the wire:
+ * test_tcp's test_read_latency; tests/net's far-owner scenario end to end.) */
+static void test_get_prefers_the_near_replica(void **state)
+{
+    fixture_t *fx = *state;
+    uint8_t *v = pattern(20000, 71), *w = pattern(9000, 72);
+    assert_int_equal(put_one(fx->c, "near/v", v, 20000, 2, NULL, NULL), KVP_OK);
+    assert_int_equal(put_one(fx->c, "near/w", w, 9000, 2, NULL, NULL), KVP_OK);
+    fake_reset();
+    rule_t *slow = add_rule((rule_t){.act = ACT_DELAY,
+                                     .kind = KVP_XFER_READ,
+                                     .bind = true,
+                                     .left = -1,
+                                     .delay_ms = 80});
+    /* the first get reads the replica the master named first: the slow one from now on */
+    assert_get(fx->c, "near/v", v, 20000);
+    assert_int_equal(rule_hits(slow), 1);
+    const char *far = strcmp(slow->bound, SEG_A) == 0 ? SEG_A : SEG_B;
+    const char *near = strcmp(far, SEG_A) == 0 ? SEG_B : SEG_A;
+    assert_string_equal(slow->bound, far);
+    /* the other replica, not heard from, counts as near: tried next, learnt near */
+    assert_get(fx->c, "near/v", v, 20000);
+    assert_int_equal(ops_to(near, KVP_XFER_READ), 1);
+    for (int i = 0; i < 5; i++) {
+        uint64_t t0 = kvp_now_ms();
+        assert_get(fx->c, i % 2 ? "near/v" : "near/w", i % 2 ? v : w, i % 2 ? 20000 : 9000);
+        assert_true(kvp_now_ms() - t0 < 80); /* not a read of the slow one */
+    }
+    const char *keys[2] = {"near/v", "near/w"};
+    void *out[2] = {untouched(20000), untouched(9000)};
+    size_t caps[2] = {20000, 9000};
+    int64_t got[2];
+    assert_int_equal(kvp_batch_get_into(fx->c, keys, out, caps, 2, got), KVP_OK);
+    assert_memory_equal(out[0], v, 20000);
+    assert_memory_equal(out[1], w, 9000);
+    assert_int_equal(rule_hits(slow), 1); /* the slow replica read once, by the first get */
+    assert_int_equal(ops_to(far, KVP_XFER_READ), 1);
+    assert_int_equal(ops_to(near, KVP_XFER_READ), 8);
+
+    /* the near one fails its reads: the slow one still serves them */
+    rule_t *broken = add_rule((rule_t){.act = ACT_FAIL,
+                                       .kind = KVP_XFER_READ,
+                                       .segment = near,
+                                       .left = 1,
+                                       .status = KVP_ERR_IO});
+    assert_get(fx->c, "near/v", v, 20000);
+    assert_int_equal(rule_hits(broken), 1);
+    assert_int_equal(rule_hits(slow), 2);
+    free(out[0]);
+    free(out[1]);
+    free(v);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1094,7 +1175,12 @@ int main(void)
     const struct CMUnitTest lease_tests[] = {
         cmocka_unit_test_setup_teardown(test_read_outlasts_lease, setup, teardown),
     };
+    const struct CMUnitTest remote_tests[] = {
+        cmocka_unit_test_setup_teardown(test_get_prefers_the_near_replica, setup, teardown),
+    };
     int failed = cmocka_run_group_tests_name("object", tests, group_setup, group_teardown);
+    failed += cmocka_run_group_tests_name("object_remote", remote_tests, group_setup_remote,
+                                          group_teardown);
     failed += cmocka_run_group_tests_name("object_leases", lease_tests, group_setup_leases,
                                           group_teardown);
     return failed;

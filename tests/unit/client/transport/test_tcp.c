@@ -234,6 +234,7 @@ typedef enum fake_mode {
     FAKE_BAD_STATUS,   /* answers with a positive status */
     FAKE_WRONG_LENGTH, /* answers a READ with another length */
     FAKE_HALF_PAYLOAD, /* sends half a READ's payload, then closes */
+    FAKE_SLOW,         /* answers a READ in full (pattern 98), 150 ms late */
 } fake_mode_t;
 
 typedef struct fake_server {
@@ -276,6 +277,18 @@ static void *fake_main(void *arg)
                 free(p);
             }
             shutdown(fd, SHUT_RDWR);
+            break;
+        }
+        case FAKE_SLOW: {
+            uint8_t *p = malloc(fs->req.length);
+            if (p != NULL) {
+                fill(p, fs->req.length, 98);
+                struct timespec ts = {0, 150 * 1000000L};
+                nanosleep(&ts, NULL);
+                if (kvp_send_all(fd, &r, sizeof(r)) == KVP_OK)
+                    (void)kvp_send_all(fd, p, fs->req.length);
+                free(p);
+            }
             break;
         }
         default:
@@ -702,6 +715,53 @@ static void test_stalled_peer_times_out(void **state)
     free(buf);
 }
 
+/* Each stream's first read answered gives its peer's read latency (what a get orders
+ * replicas by, object.c): a write alone gives none; a read of a near server a small one; a
+ * server that answers 150 ms late at least 150 ms, the right bytes all the same; the
+ * estimate moves by a quarter of a new sample. */
+static void test_read_latency(void **state)
+{
+    fixture_t *fx = *state;
+    assert_int_equal(atomic_load(&fx->peer->read_lat_us), 0);
+    write_ok(fx, 8192, 4096, 31);
+    assert_int_equal(atomic_load(&fx->peer->read_lat_us), 0);
+    read_check(fx, 8192, 4096);
+    uint32_t near = atomic_load(&fx->peer->read_lat_us);
+    assert_true(near > 0);
+    assert_true(near < 100000);
+    assert_true(kvp_now_ms() - atomic_load(&fx->peer->read_lat_ms) < 5000);
+
+    fake_server_t fs;
+    fake_start(&fs, FAKE_SLOW);
+    kvp_peer_t *p = peer_new(fx, SEG_ID, fs.port);
+    uint8_t *buf = calloc(1, 4000), *want = xmalloc(4000);
+    assert_non_null(buf);
+    fill(want, 4000, 98);
+    kvp_xfer_op_t op = op_of(KVP_XFER_READ, p, buf, 0, 4000);
+    tp_submit(fx->tp, &op, 1);
+    assert_int_equal(op.status, KVP_OK);
+    assert_memory_equal(buf, want, 4000);
+    uint32_t far = atomic_load(&p->read_lat_us);
+    assert_true(far >= 140000);
+    assert_true(far < 5000000);
+    fake_stop(&fs);
+    kvp_peer_unref(p);
+
+    /* a moving average: a quarter of a new sample, a sample after a pause starts anew */
+    kvp_peer_t *q = kvp_peer_create(SEG2_ID);
+    assert_non_null(q);
+    kvp_peer_read_latency(q, 1000, 50000);
+    assert_int_equal(atomic_load(&q->read_lat_us), 1000);
+    kvp_peer_read_latency(q, 5000, 50001);
+    assert_int_equal(atomic_load(&q->read_lat_us), 2000);
+    kvp_peer_read_latency(q, 300, 50001 + KVP_PEER_LAT_STALE_MS + 1);
+    assert_int_equal(atomic_load(&q->read_lat_us), 300);
+    kvp_peer_unref(q);
+    free(buf);
+    free(want);
+    assert_segment_as_written(fx);
+}
+
 /* A peer that breaks off mid-payload or answers garbage: the op fails with KVP_ERR_IO or
  * KVP_ERR_PROTOCOL at once (never reported as done with a half-filled buffer). */
 static void test_broken_peer(void **state)
@@ -1012,6 +1072,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wrong_segment, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stalled_peer_times_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_read_latency, setup, teardown),
         cmocka_unit_test_setup_teardown(test_broken_peer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_survives_malformed_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_submits, setup, teardown),
