@@ -309,6 +309,32 @@ kvp_status_t kvp_recv_all(int fd, void *buf, size_t len)
     return KVP_OK;
 }
 
+kvp_status_t kvp_recvv_all(int fd, struct iovec *iov, int iovcnt)
+{
+    while (iovcnt > 0) {
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
+        ssize_t n = recvmsg(fd, &msg, MSG_WAITALL);
+        if (n == 0)
+            return KVP_ERR_IO;
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno == EAGAIN || errno == EWOULDBLOCK ? KVP_ERR_TIMEOUT
+                                                           : kvp_status_from_errno(errno);
+        }
+        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    return KVP_OK;
+}
+
 /* An IPv6 address as the IPv4 one it maps, if it is v4-mapped. */
 static bool v4_of(const struct sockaddr_storage *ss, struct in_addr *a)
 {

@@ -64,6 +64,9 @@ bool kvp_host_is_loopback(const char *host);
 
 kvp_status_t kvp_send_all(int fd, const void *buf, size_t len);
 kvp_status_t kvp_recv_all(int fd, void *buf, size_t len);
+/* Scatter receive (MSG_WAITALL) until every byte of iov[0..iovcnt) is in (the array is
+ * modified): one recvmsg when the bytes are already there. */
+kvp_status_t kvp_recvv_all(int fd, struct iovec *iov, int iovcnt);
 /* Gather send of a whole iovec array (the array is modified). */
 kvp_status_t kvp_sendv_all(int fd, struct iovec *iov, int iovcnt);
 

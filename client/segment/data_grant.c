@@ -197,35 +197,61 @@ static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
     return NULL;
 }
 
-/* Read a grant set (its header, then its extents, into v's room for them) off fd.
- * KVP_ERR_IO: the stream broke; KVP_ERR_DENIED: *why_p says what was wrong with its size. */
-static kvp_status_t set_recv(kvp_grant_verifier_t *v, int fd, const char **why_p)
+/* A grant set's header h was read: make room for its extents in v (*why_p: refused). */
+static bool set_room(kvp_grant_verifier_t *v, const kvp_grant_set_hdr_t *h, const char **why_p)
 {
-    kvp_grant_set_hdr_t h;
-    if (kvp_recv_all(fd, &h, sizeof(h)) != KVP_OK)
-        return KVP_ERR_IO;
-    if (h.count == 0 || h.count > KVP_GRANT_SET_MAX) {
+    if (h->count == 0 || h->count > KVP_GRANT_SET_MAX) {
         *why_p = "a grant set of no extents or too many";
-        return KVP_ERR_DENIED;
+        return false;
     }
-    if (h.count > v->set_cap) {
-        kvp_grant_extent_t *e = realloc(v->set_ext, h.count * sizeof(*e));
+    if (h->count > v->set_cap) {
+        kvp_grant_extent_t *e = realloc(v->set_ext, h->count * sizeof(*e));
         if (e == NULL) {
             *why_p = "the owner has no memory for the grant set";
-            return KVP_ERR_DENIED;
+            return false;
         }
         v->set_ext = e;
-        v->set_cap = h.count;
+        v->set_cap = h->count;
     }
     v->set_ok = false; /* the connection's set is this one from now on, once checked */
-    v->set = h;
-    return kvp_recv_all(fd, v->set_ext, h.count * sizeof(*v->set_ext));
+    v->set = *h;
+    return true;
+}
+
+/* What follows the header before the payload (kvp_data_grants_check): the entries (when on
+ * the wire) and the grant part whose size the header gives, in one read; a set's extents
+ * and the indices after it in a second. KVP_ERR_IO: the stream broke (*why_p: a set's size
+ * refused, nothing more read). */
+static kvp_status_t meta_recv(kvp_grant_verifier_t *v, int fd, uint16_t kind, kvp_data_vec_t *vec,
+                              bool vec_on_wire, uint64_t n, kvp_grant_t *g, uint32_t *idx,
+                              const char **why_p)
+{
+    struct iovec iov[2];
+    int k = 0;
+    kvp_grant_set_hdr_t h;
+    if (vec_on_wire)
+        iov[k++] = (struct iovec){vec, n * sizeof(*vec)};
+    if (kind == KVP_DATA_F_GRANT)
+        iov[k++] = (struct iovec){g, n * sizeof(*g)};
+    else if (kind == KVP_DATA_F_GRANT_SET)
+        iov[k++] = (struct iovec){&h, sizeof(h)};
+    else if (kind == KVP_DATA_F_GRANT_SAME)
+        iov[k++] = (struct iovec){idx, n * sizeof(*idx)};
+    if (k > 0 && kvp_recvv_all(fd, iov, k) != KVP_OK)
+        return KVP_ERR_IO;
+    if (kind != KVP_DATA_F_GRANT_SET)
+        return KVP_OK;
+    if (!set_room(v, &h, why_p))
+        return KVP_OK; /* refused: nothing more is read */
+    iov[0] = (struct iovec){v->set_ext, h.count * sizeof(*v->set_ext)};
+    iov[1] = (struct iovec){idx, n * sizeof(*idx)};
+    return kvp_recvv_all(fd, iov, 2) == KVP_OK ? KVP_OK : KVP_ERR_IO;
 }
 
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,
-                                   const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
-                                   uint64_t segment_id, uint64_t conn_tag,
+                                   const kvp_data_req_t *req, kvp_data_vec_t *vec, uint64_t n,
+                                   bool vec_on_wire, uint64_t segment_id, uint64_t conn_tag,
                                    const kvp_data_ended_t *ended)
 {
     kvp_grant_t g[KVP_DATA_VEC_MAX];
@@ -235,17 +261,11 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     const char *why = NULL;
     uint16_t kind = req->flags & KVP_DATA_F_GRANTS;
     if (kind != 0 && kind != KVP_DATA_F_GRANT && kind != KVP_DATA_F_GRANT_SET &&
-        kind != KVP_DATA_F_GRANT_SAME)
+        kind != KVP_DATA_F_GRANT_SAME) {
         why = "a request with more than one kind of grant";
-    else if (kind == KVP_DATA_F_GRANT && kvp_recv_all(fd, g, n * sizeof(g[0])) != KVP_OK)
-        return KVP_ERR_IO;
-    else if (kind == KVP_DATA_F_GRANT_SET) {
-        kvp_status_t st = set_recv(v, fd, &why);
-        if (st == KVP_ERR_IO)
-            return st;
+        kind = 0; /* only the entries are read */
     }
-    if (why == NULL && (kind & (KVP_DATA_F_GRANT_SET | KVP_DATA_F_GRANT_SAME)) &&
-        kvp_recv_all(fd, idx, n * sizeof(idx[0])) != KVP_OK)
+    if (meta_recv(v, fd, kind, vec, vec_on_wire, n, g, idx, &why) != KVP_OK)
         return KVP_ERR_IO;
     bool write = req->op == KVP_DATA_WRITE || req->op == KVP_DATA_WRITEV;
     uint8_t op = req->op == KVP_DATA_MAP ? KVP_GRANT_MAP : write ? KVP_GRANT_WRITE : KVP_GRANT_READ;

@@ -69,8 +69,12 @@ typedef struct kvp_data_ended {
 } kvp_data_ended_t;
 
 /*
- * Read the grants the request carries (n, one per entry, when its header has
- * KVP_DATA_F_GRANT) and, when the keyring holds a key, check entry i against grant i: the
+ * Read what follows a request's header up to its payload: its n vector entries into vec
+ * (vec_on_wire: a READV/WRITEV; else vec holds the header's one extent), and the grants it
+ * carries (n, one per entry, KVP_DATA_F_GRANT; a grant set and n indices,
+ * KVP_DATA_F_GRANT_SET; n indices, KVP_DATA_F_GRANT_SAME), in one read where the sizes are
+ * known from the header (a set: two, its count first); and, when the keyring holds a key,
+ * check entry i against its grant: the
  * MAC, op (a READ(V)'s READ, a WRITE(V)'s WRITE, a MAP's MAP), segment (segment_id: the
  * server's), range, epoch and expiry. KVP_OK: serve it
  * (grants off: always, a grant sent is read and ignored). KVP_ERR_DENIED: refused; counted
@@ -92,8 +96,8 @@ typedef struct kvp_data_ended {
  */
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,
-                                   const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n,
-                                   uint64_t segment_id, uint64_t conn_tag,
+                                   const kvp_data_req_t *req, kvp_data_vec_t *vec, uint64_t n,
+                                   bool vec_on_wire, uint64_t segment_id, uint64_t conn_tag,
                                    const kvp_data_ended_t *ended);
 
 /*

@@ -69,38 +69,15 @@ typedef struct conn_state {
     uint64_t tag;
 } conn_state_t;
 
+/* vec_on_wire: the request's n entries follow its header (READV/WRITEV): read with its
+ * grants */
 static kvp_status_t check_grants(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
-                                 const kvp_data_req_t *req, const kvp_data_vec_t *vec, uint64_t n)
+                                 const kvp_data_req_t *req, kvp_data_vec_t *vec, uint64_t n,
+                                 bool vec_on_wire)
 {
     return kvp_data_grants_check(&srv->grants, &cs->v, &srv->grants_refused, "segment server", fd,
-                                 req, vec, n, atomic_load(&srv->segment_id), cs->tag,
+                                 req, vec, n, vec_on_wire, atomic_load(&srv->segment_id), cs->tag,
                                  srv->has_record ? &srv->ended : NULL);
-}
-
-/* recvmsg(MSG_WAITALL) until every byte of iov[0..iovcnt) is in; iov is consumed. */
-static kvp_status_t recvv_all(int fd, struct iovec *iov, int iovcnt)
-{
-    while (iovcnt > 0) {
-        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
-        ssize_t n = recvmsg(fd, &msg, MSG_WAITALL);
-        if (n == 0)
-            return KVP_ERR_IO;
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return kvp_status_from_errno(errno);
-        }
-        while (iovcnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            iovcnt--;
-        }
-        if (iovcnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
-    }
-    return KVP_OK;
 }
 
 /*
@@ -120,9 +97,7 @@ static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
-    if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
-        return false;
-    kvp_status_t st = check_grants(srv, cs, fd, req, vec, n);
+    kvp_status_t st = check_grants(srv, cs, fd, req, vec, n, true);
     if (st == KVP_ERR_SEGMENT_GONE) /* a stale descriptor: a read's connection goes on */
         return kvp_data_reply(fd, st, 0) == KVP_OK && req->op == KVP_DATA_READV;
     if (st != KVP_OK) { /* nothing is read or written; the connection ends */
@@ -148,7 +123,7 @@ static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
             kvp_data_reply(fd, st, 0);
             return false;
         }
-        if (recvv_all(fd, iov + 1, (int)n) != KVP_OK)
+        if (kvp_recvv_all(fd, iov + 1, (int)n) != KVP_OK)
             return false;
         kvp_count_add(&srv->stats.dir[0], n, total); /* before the reply, as reads */
         return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK;
@@ -195,7 +170,7 @@ static void serve_map(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
     kvp_data_vec_t whole = {.segment_id = id, .offset = 0, .length = srv->size};
     kvp_status_t st =
         kvp_data_grants_check(&srv->grants, &cs->v, &srv->shm_refused, "segment server", fd, req,
-                              &whole, 1, id, cs->tag, NULL);
+                              &whole, 1, false, id, cs->tag, NULL);
     if (st != KVP_OK) {
         if (st == KVP_ERR_DENIED)
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
@@ -238,7 +213,7 @@ static void serve_conn(void *arg, int fd)
         }
         kvp_data_vec_t one = {
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
-        kvp_status_t gst = check_grants(srv, &cs, fd, &req, &one, 1);
+        kvp_status_t gst = check_grants(srv, &cs, fd, &req, &one, 1, false);
         if (gst == KVP_ERR_SEGMENT_GONE) { /* a stale descriptor: a read's connection goes on */
             if (kvp_data_reply(fd, gst, 0) == KVP_OK && req.op == KVP_DATA_READ)
                 continue;

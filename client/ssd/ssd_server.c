@@ -330,11 +330,9 @@ static bool serve_vec(struct kvp_ssd_server *srv, conn_io_t *cio, int fd, const 
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
-    if (kvp_recv_all(fd, vec, n * sizeof(vec[0])) != KVP_OK)
-        return false;
     kvp_status_t gst =
         kvp_data_grants_check(&srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, req,
-                              vec, n, atomic_load(&srv->segment_id), cio->tag, &srv->ended);
+                              vec, n, true, atomic_load(&srv->segment_id), cio->tag, &srv->ended);
     if (gst == KVP_ERR_SEGMENT_GONE) /* a stale descriptor: a read's connection goes on */
         return kvp_data_reply(fd, gst, 0) == KVP_OK && req->op == KVP_DATA_READV;
     if (gst != KVP_OK) { /* nothing is read or written; the connection ends */
@@ -425,7 +423,7 @@ static void serve_conn(void *arg, int fd)
         kvp_data_vec_t one = {
             .segment_id = req.segment_id, .offset = req.offset, .length = req.length};
         kvp_status_t gst = kvp_data_grants_check(
-            &srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, &req, &one, 1,
+            &srv->grants, &cio->v, &srv->grants_refused, "ssd server", fd, &req, &one, 1, false,
             atomic_load(&srv->segment_id), cio->tag, &srv->ended);
         if (gst == KVP_ERR_SEGMENT_GONE) { /* a stale descriptor: a read's connection goes on */
             if (kvp_data_reply(fd, gst, 0) == KVP_OK && !write)
