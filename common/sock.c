@@ -290,28 +290,15 @@ kvp_status_t kvp_sendv_all(int fd, struct iovec *iov, int iovcnt)
     return KVP_OK;
 }
 
-kvp_status_t kvp_recv_all(int fd, void *buf, size_t len)
-{
-    char *p = buf;
-    while (len > 0) {
-        ssize_t n = recv(fd, p, len, MSG_WAITALL);
-        if (n == 0)
-            return KVP_ERR_IO;
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return errno == EAGAIN || errno == EWOULDBLOCK ? KVP_ERR_TIMEOUT
-                                                           : kvp_status_from_errno(errno);
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return KVP_OK;
-}
-
 kvp_status_t kvp_recvv_all(int fd, struct iovec *iov, int iovcnt)
 {
-    while (iovcnt > 0) {
+    for (;;) {
+        while (iovcnt > 0 && iov->iov_len == 0) {
+            iov++;
+            iovcnt--;
+        }
+        if (iovcnt == 0)
+            break;
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)iovcnt};
         ssize_t n = recvmsg(fd, &msg, MSG_WAITALL);
         if (n == 0)
@@ -333,6 +320,12 @@ kvp_status_t kvp_recvv_all(int fd, struct iovec *iov, int iovcnt)
         }
     }
     return KVP_OK;
+}
+
+kvp_status_t kvp_recv_all(int fd, void *buf, size_t len)
+{
+    struct iovec iov = {buf, len};
+    return kvp_recvv_all(fd, &iov, 1);
 }
 
 /* An IPv6 address as the IPv4 one it maps, if it is v4-mapped. */
