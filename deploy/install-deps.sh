@@ -36,8 +36,10 @@ PKGS=(
   # debhelper, make and gcc through build-essential), systemd-analyze for the
   # units, python3-yaml for the manifests, curl for the daemons' HTTP
   build-essential dpkg-dev debhelper systemd python3-yaml curl
-  # tests/net: hosts in network namespaces (ip netns, veth, a bridge) and cut links
-  iproute2 nftables
+  # tests/net: hosts in network namespaces (ip netns, veth, a bridge) and cut links;
+  # packet delay, jitter and reordering through NFQUEUE (tests/net/netqueue.c: the kernel
+  # has no netem; iptables-legacy's NFQUEUE target, nftables' own queue is not built in)
+  iproute2 nftables iptables libnetfilter-queue-dev
 )
 # kubectl for the manifests' dry run: Debian's kubernetes-client, unless a
 # kubectl is installed already (another package's kubectl conflicts with it,

@@ -666,6 +666,93 @@ def test_gets_go_to_the_near_replica(bed, tmp_path):
     assert gets[len(gets) // 2] < 0.1
 
 
+NETQUEUE = os.path.join(os.path.dirname(CLI_BIN), "..", "tests", "netqueue")
+
+
+def queue_link(b, a, c, qnum, delay_us, jitter_us=0, reorder_pct=0, loss_pct=0, seed=1):
+    """The packets host a sends to host c go through tests/net/netqueue in a (NFQUEUE
+    queue qnum: held delay_us plus up to jitter_us, reorder_pct % of them held longer so
+    that later ones overtake them, loss_pct % dropped). Returns the netqueue Popen; stop it
+    with SIGTERM and read its counters from its stdout. With the program gone, the rule's
+    queue-bypass lets packets through."""
+    if not os.access(NETQUEUE, os.X_OK):
+        pytest.fail(f"{NETQUEUE} was not built: install libnetfilter-queue-dev "
+                    "(deploy/install-deps.sh) and rebuild")
+    p = b.start(a, [NETQUEUE, str(qnum), str(delay_us), str(jitter_us), str(reorder_pct),
+                    str(loss_pct), str(seed)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    r = a.run(["iptables-legacy", "-t", "mangle", "-A", "OUTPUT", "-d", c.addr, "-j",
+               "NFQUEUE", "--queue-num", str(qnum), "--queue-bypass"])
+    assert r.returncode == 0, r.stderr
+    return p
+
+
+def tcp_counters(host, names):
+    """The host's TCP MIB counters (nstat -az, absolute) for names."""
+    r = host.run(["nstat", "-az"])
+    out = {}
+    for line in r.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 2 and f[0] in names:
+            out[f[0]] = int(f[1])
+    return out
+
+
+REORDER = ("TcpExtTCPSACKReorder", "TcpExtTCPTSReorder", "TcpExtTCPOFOQueue",
+           "TcpExtTCPRetransFail", "TcpRetransSegs")
+
+
+def test_reordering_jitter_and_loss_on_a_link(bed, tmp_path):
+    """The link between the client and one of two owners, both ways, through a packet queue
+    of our own (tests/net/netqueue.c over NFQUEUE: this kernel has no netem): every packet
+    held 2 ms plus up to 3 ms of jitter, 5 % of them held a further 2 ms so that later ones
+    overtake them (packets reach the other side out of order: the kernels' reordering
+    counters say so), and 1 % dropped, for 8 s. TCP puts the bytes back in order; nothing
+    acknowledged is lost, no get returns wrong bytes, no call fails or outlives its
+    timeout, and puts are acknowledged throughout."""
+    b = bed(4)
+    master, o1, o2, client = b.hosts
+    cl = Cluster(b, str(tmp_path), [o1, o2])
+    p, log, stop = workload(b, client, cl, str(tmp_path), "reorder")
+    wait_calls(log, 50)
+    before = {h.name: tcp_counters(h, REORDER) for h in (client, o1)}
+    t_on = time.time()
+    qs = [queue_link(b, client, o1, 11, 2000, 3000, 5, 1, seed=1),
+          queue_link(b, o1, client, 12, 2000, 3000, 5, 1, seed=2)]
+    time.sleep(8)
+    counts = []
+    for q in qs:
+        b.stop(q)
+        counts.append(q.stdout.read().strip())
+    t_off = time.time()
+    after = {h.name: tcp_counters(h, REORDER) for h in (client, o1)}
+    wait_calls(log, ok_count(log, "put") + 50)
+    assert finish(b, p, stop) == 0
+    ver = verify(b, client, cl, str(tmp_path), [log])
+    bad, stats = checker.check([log], ver, SIZE)
+    calls = checker.read(log)
+    during = [c for c in calls if t_on <= c["t0"] and c["t1"] <= t_off]
+    d = sorted(c["t1"] - c["t0"] for c in during if c["ok"])
+    reordered = {h: {k: after[h].get(k, 0) - before[h].get(k, 0) for k in REORDER}
+                 for h in after}
+    report("reordering (5 %), jitter (2 + 0-3 ms) and 1 % loss on the client<->owner link (8 s)",
+           bad, stats, netqueue=counts, tcp_counters=reordered,
+           ok_during=len(d), failed_during=sum(1 for c in during if not c["ok"]),
+           p50_ms_during=round(1000 * d[len(d) // 2], 1) if d else None,
+           p99_ms_during=round(1000 * d[int(len(d) * 0.99)], 1) if d else None)
+    assert bad == []
+    assert stats["failed"] == 0
+    assert stats["longest_call_s"] < 2 + 1.5
+    # the packets really went through the queue and were reordered
+    for line in counts:
+        f = line.split()
+        assert f[0] == "queued" and int(f[1]) > 100 and int(f[7]) > 0, line
+    seen = sum(v["TcpExtTCPSACKReorder"] + v["TcpExtTCPTSReorder"] + v["TcpExtTCPOFOQueue"]
+               for v in reordered.values())
+    assert seen > 0, reordered
+    assert [c for c in during if c["op"] == "put" and c["ok"]], "no put acknowledged"
+
+
 def test_rolling_restart_under_load(bed, tmp_path):
     """Every process in turn, as an upgrade does it, while a client puts and gets through
     etcd: each master (SIGTERM, started again; the leader last), each owner (SIGTERM: it
