@@ -30,6 +30,15 @@
  * the pool. A peer that vanished mid-transfer thus costs at most one
  * timeout, and never yields a half-filled buffer reported as success.
  *
+ * Threads: a transfer of at least TCP_THREAD_MIN bytes on two or more connections runs its
+ * connections on as many threads (the calling one and workers of the ctx's pool, started
+ * once and kept), each its own poll() loop over its share, so that the kernel's copies
+ * and the CRCs of the streams run on several cores at once (one thread drove them all
+ * before, and was the limit for large objects: issue 29). The slices a group hands out
+ * and the ops' statuses are then shared, under the transfer's lock; everything else of a
+ * connection is its thread's. A smaller transfer stays on the calling thread (waking a
+ * worker costs more than it saves there).
+ *
  * Thread: transfer() is called by any client thread; the pool is guarded
  * by ctx->lock, connections are used by one thread at a time.
  */
@@ -37,6 +46,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +66,10 @@
 #include "common/parse.h"
 
 #define PIPE_DEPTH 8
+/* A transfer of at least this many bytes on two or more connections runs them on as many
+ * threads; the workers the ctx keeps for that */
+#define TCP_THREAD_MIN (4u << 20)
+#define TCP_WORKERS_MAX 7
 #define POOL_MAX_IDLE 64
 /* Slices up to this size to one endpoint travel as chains in vectored requests. */
 #define VEC_SMALL (64u << 10)
@@ -93,8 +108,29 @@ typedef struct tcp_scratch {
     struct group *groups;
     struct xconn *conns;
     struct pollfd *pfds;
+    struct xconn **cptr; /* the connections in the order the threads take them */
+    pthread_mutex_t lock; /* the transfer's shared state when it runs on several threads */
     struct tcp_scratch *next;
 } tcp_scratch_t;
+
+/* One thread's share of a transfer's connections (run_conns). */
+typedef struct run {
+    struct xconn **cs;
+    struct pollfd *pfds;
+    size_t n;
+    uint32_t timeout_ms;
+    uint64_t since_ms; /* the last progress before it starts (the batch's connects) */
+} run_t;
+
+/* A worker of the ctx's pool: runs the job it is handed, then sets it back to NULL. */
+typedef struct tcp_worker {
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    run_t *job;
+    bool quit;
+    struct tcp_worker *next_idle;
+} tcp_worker_t;
 
 typedef struct tcp_ctx {
     pthread_mutex_t lock;
@@ -102,6 +138,9 @@ typedef struct tcp_ctx {
     tcp_scratch_t *scratch; /* idle scratches */
     kvp_transfer_t *xfer;
     unsigned index; /* ours in the engine's list: a peer's tp_state[index] is its pool */
+    tcp_worker_t *workers[TCP_WORKERS_MAX]; /* started on demand, kept (ctx->lock) */
+    unsigned n_workers;
+    tcp_worker_t *idle_workers;
 } tcp_ctx_t;
 
 typedef struct group {
@@ -140,6 +179,7 @@ typedef struct xconn {
     uint64_t recv_off; /* bytes of the oldest request's response received */
     const void *gset;  /* the grant set this connection sent last in this transfer (the owner
                           keeps it: later requests naming it send only their indices) */
+    pthread_mutex_t *lock;  /* the transfer's, when its connections run on several threads */
     uint64_t first_sent_ns; /* its first request, a read, fully sent (0: not yet, or no read) */
     bool timed;             /* that read's answer timed (the peer's read latency) */
     bool dead;
@@ -229,15 +269,42 @@ static void req_fail(req_t *r, kvp_status_t st)
         slice_fail(r->s[i], st);
 }
 
+static void shared_lock(const xconn_t *c)
+{
+    if (c->lock != NULL)
+        pthread_mutex_lock(c->lock);
+}
+
+static void shared_unlock(const xconn_t *c)
+{
+    if (c->lock != NULL)
+        pthread_mutex_unlock(c->lock);
+}
+
+/* A response's error fails the ops of its request's slices (shared with other streams). */
+static void conn_req_fail(xconn_t *c, req_t *r, kvp_status_t st)
+{
+    shared_lock(c);
+    req_fail(r, st);
+    shared_unlock(c);
+}
+
 static void conn_kill(xconn_t *c, kvp_status_t st)
 {
     if (c->dead)
         return;
+    shared_lock(c);
     for (unsigned i = 0; i < c->count; i++)
         req_fail(&c->ring[(c->head + i) % PIPE_DEPTH], st);
     c->count = c->sent = 0;
     c->dead = true;
     c->g->live--;
+    if (c->g->live == 0) {
+        /* nobody left to carry this group's remaining slices */
+        for (; c->g->next < c->g->n; c->g->next++)
+            slice_fail(c->g->slices[c->g->next], st);
+    }
+    shared_unlock(c);
     /* Abort it (RST), never a graceful close: the kernel would go on sending what is queued
      * (a write the caller was told failed) once the link heals, after the master may have
      * given its extent to another object. */
@@ -245,20 +312,20 @@ static void conn_kill(xconn_t *c, kvp_status_t st)
     setsockopt(c->fd, SOL_SOCKET, SO_LINGER, &abort_it, sizeof(abort_it));
     close(c->fd);
     c->fd = -1;
-    if (c->g->live == 0) {
-        /* nobody left to carry this group's remaining slices */
-        for (; c->g->next < c->g->n; c->g->next++)
-            slice_fail(c->g->slices[c->g->next], st);
-    }
 }
 
 /* Next request from the group: one big slice, or a chain of small ones of one kind. */
 static void conn_fill(xconn_t *c)
 {
     group_t *g = c->g;
-    while (!c->dead && c->count < PIPE_DEPTH && g->next < g->n) {
+    while (!c->dead && c->count < PIPE_DEPTH) {
         req_t *r = &c->ring[(c->head + c->count) % PIPE_DEPTH];
+        shared_lock(c); /* the group's next slices are this stream's */
         size_t j = g->next;
+        if (j >= g->n) {
+            shared_unlock(c);
+            break;
+        }
         slice_t *s0 = g->slices[j];
         uint64_t bytes = s0->len;
         unsigned m = 1;
@@ -273,12 +340,13 @@ static void conn_fill(xconn_t *c)
                 m++;
             }
         }
+        g->next += m;
+        shared_unlock(c);
         r->s = &g->slices[j];
         r->vec = &g->vecs[j];
         r->grants = &g->grants[j];
         r->gidx = &g->gidx[j];
         r->n = m;
-        g->next += m;
         if (m == 1)
             r->hdr = s0->hdr;
         else
@@ -458,7 +526,7 @@ static void conn_recv(xconn_t *c)
                 return;
             }
             if (c->resp.status != 0) {
-                req_fail(r, (kvp_status_t)c->resp.status);
+                conn_req_fail(c, r, (kvp_status_t)c->resp.status);
                 bool fatal = req_writes(r); /* the server closes after a bad write */
                 conn_pop(c);
                 if (fatal) {
@@ -483,8 +551,11 @@ static tcp_scratch_t *scratch_get(tcp_ctx_t *ctx, size_t n_slices, size_t n_grou
     if (sc != NULL)
         ctx->scratch = sc->next;
     pthread_mutex_unlock(&ctx->lock);
-    if (sc == NULL && (sc = calloc(1, sizeof(*sc))) == NULL)
-        return NULL;
+    if (sc == NULL) {
+        if ((sc = calloc(1, sizeof(*sc))) == NULL)
+            return NULL;
+        pthread_mutex_init(&sc->lock, NULL);
+    }
     if (sc->cap_slices < n_slices) {
         free(sc->slices);
         free(sc->sorted);
@@ -507,9 +578,11 @@ static tcp_scratch_t *scratch_get(tcp_ctx_t *ctx, size_t n_slices, size_t n_grou
     if (sc->cap_conns < n_conns) {
         free(sc->conns);
         free(sc->pfds);
+        free(sc->cptr);
         sc->conns = malloc(n_conns * sizeof(*sc->conns));
         sc->pfds = malloc(n_conns * sizeof(*sc->pfds));
-        sc->cap_conns = sc->conns && sc->pfds ? n_conns : 0;
+        sc->cptr = malloc(n_conns * sizeof(*sc->cptr));
+        sc->cap_conns = sc->conns && sc->pfds && sc->cptr ? n_conns : 0;
     }
     if (sc->cap_slices < n_slices || sc->cap_groups < n_groups || sc->cap_conns < n_conns) {
         pthread_mutex_lock(&ctx->lock);
@@ -539,7 +612,175 @@ static void scratch_free(tcp_scratch_t *sc)
     free(sc->groups);
     free(sc->conns);
     free(sc->pfds);
+    free(sc->cptr);
+    pthread_mutex_destroy(&sc->lock);
     free(sc);
+}
+
+/* ---- running the connections: on the calling thread, or on several ---- */
+
+/* Drive connections cs[0..n) until none has work left or nothing moved for timeout_ms
+ * (then every request still in flight fails with KVP_ERR_TIMEOUT). */
+static void run_conns(run_t *run)
+{
+    xconn_t **cs = run->cs;
+    struct pollfd *pfds = run->pfds;
+    size_t n = run->n;
+    uint64_t last_progress = run->since_ms;
+    for (;;) {
+        nfds_t np = 0;
+        for (size_t c = 0; c < n; c++) {
+            xconn_t *x = cs[c];
+            conn_fill(x);
+            conn_send(x);
+            if (x->dead || x->count == 0) {
+                pfds[c].fd = -1;
+                continue;
+            }
+            pfds[c].fd = x->fd;
+            pfds[c].events =
+                (short)((x->sent > 0 ? POLLIN : 0) | (x->sent < x->count ? POLLOUT : 0));
+            pfds[c].revents = 0;
+            np++;
+        }
+        if (np == 0)
+            break;
+        uint64_t idle = kvp_now_ms() - last_progress;
+        int timeout = idle >= run->timeout_ms ? 0 : (int)(run->timeout_ms - idle);
+        int rc = poll(pfds, n, timeout);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0) {
+            if (rc == 0 || kvp_now_ms() - last_progress >= run->timeout_ms) {
+                KVP_LOG_WARN_LIMITED("tcp: no progress for %u ms; failing the rest of the batch",
+                                     run->timeout_ms);
+                for (size_t c = 0; c < n; c++)
+                    if (!cs[c]->dead && cs[c]->count > 0)
+                        conn_kill(cs[c], KVP_ERR_TIMEOUT);
+                break;
+            }
+            continue;
+        }
+        last_progress = kvp_now_ms();
+        for (size_t c = 0; c < n; c++) {
+            if (pfds[c].fd < 0 || pfds[c].revents == 0)
+                continue;
+            if (pfds[c].revents & (POLLIN | POLLERR | POLLHUP))
+                conn_recv(cs[c]);
+            if (pfds[c].revents & POLLOUT)
+                conn_send(cs[c]);
+        }
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    tcp_worker_t *w = arg;
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (w->job == NULL && !w->quit)
+            pthread_cond_wait(&w->cv, &w->mu);
+        if (w->quit)
+            break;
+        run_t *job = w->job;
+        pthread_mutex_unlock(&w->mu);
+        run_conns(job);
+        pthread_mutex_lock(&w->mu);
+        w->job = NULL;
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+/* An idle worker of the pool, started if none is idle and the pool has room; NULL: none
+ * (the caller runs that share itself). */
+static tcp_worker_t *worker_take(tcp_ctx_t *ctx)
+{
+    pthread_mutex_lock(&ctx->lock);
+    tcp_worker_t *w = ctx->idle_workers;
+    if (w != NULL) {
+        ctx->idle_workers = w->next_idle;
+        pthread_mutex_unlock(&ctx->lock);
+        return w;
+    }
+    if (ctx->n_workers == TCP_WORKERS_MAX || (w = calloc(1, sizeof(*w))) == NULL) {
+        pthread_mutex_unlock(&ctx->lock);
+        return NULL;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    /* the library's threads take no signals: the application's own handlers stay where
+     * it put them */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int err = pthread_create(&w->th, NULL, worker_main, w);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (err != 0) {
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+        pthread_mutex_unlock(&ctx->lock);
+        return NULL;
+    }
+    ctx->workers[ctx->n_workers++] = w;
+    pthread_mutex_unlock(&ctx->lock);
+    return w;
+}
+
+static void worker_give(tcp_worker_t *w, run_t *job)
+{
+    pthread_mutex_lock(&w->mu);
+    w->job = job;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Wait for w's job to end, then put it back in the pool. */
+static void worker_join_job(tcp_ctx_t *ctx, tcp_worker_t *w)
+{
+    pthread_mutex_lock(&w->mu);
+    while (w->job != NULL)
+        pthread_cond_wait(&w->cv, &w->mu);
+    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_lock(&ctx->lock);
+    w->next_idle = ctx->idle_workers;
+    ctx->idle_workers = w;
+    pthread_mutex_unlock(&ctx->lock);
+}
+
+/* Run the transfer's n connections: on threads = min(n, workers to be had + 1) threads,
+ * connection c on thread c % threads (streams of one group spread over them), when the
+ * transfer moves at least TCP_THREAD_MIN bytes; else all on the calling thread. */
+static void run_transfer(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n, uint64_t bytes,
+                         uint64_t since_ms)
+{
+    uint32_t timeout_ms = ctx->xfer->timeout_ms;
+    tcp_worker_t *w[TCP_WORKERS_MAX];
+    size_t nw = 0;
+    if (n >= 2 && bytes >= TCP_THREAD_MIN) {
+        while (nw + 1 < n && nw < TCP_WORKERS_MAX && (w[nw] = worker_take(ctx)) != NULL)
+            nw++;
+    }
+    size_t T = nw + 1, k = 0;
+    run_t runs[TCP_WORKERS_MAX + 1];
+    for (size_t t = 0; t < T; t++) {
+        runs[t] = (run_t){.cs = &sc->cptr[k],
+                          .pfds = &sc->pfds[k],
+                          .timeout_ms = timeout_ms,
+                          .since_ms = since_ms};
+        for (size_t c = t; c < n; c += T) {
+            sc->conns[c].lock = T > 1 ? &sc->lock : NULL;
+            sc->cptr[k++] = &sc->conns[c];
+            runs[t].n++;
+        }
+    }
+    for (size_t i = 0; i < nw; i++)
+        worker_give(w[i], &runs[i + 1]);
+    run_conns(&runs[0]);
+    for (size_t i = 0; i < nw; i++)
+        worker_join_job(ctx, w[i]);
 }
 
 static kvp_status_t tcp_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
@@ -559,6 +800,18 @@ static void tcp_cleanup(void *arg)
     tcp_ctx_t *ctx = arg;
     if (ctx == NULL)
         return;
+    /* no transfer runs now: every worker is idle, waiting for a job */
+    for (unsigned i = 0; i < ctx->n_workers; i++) {
+        tcp_worker_t *w = ctx->workers[i];
+        pthread_mutex_lock(&w->mu);
+        w->quit = true;
+        pthread_cond_broadcast(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->th, NULL);
+        pthread_cond_destroy(&w->cv);
+        pthread_mutex_destroy(&w->mu);
+        free(w);
+    }
     tcp_pool_t *p = ctx->pools;
     while (p) {
         tcp_pool_t *pn = p->next;
@@ -610,8 +863,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     uint32_t *gidx = sc->gidx;
     group_t *groups = sc->groups;
     xconn_t *conns = sc->conns;
-    struct pollfd *pfds = sc->pfds;
     size_t n_groups = 0, n_conns = 0;
+    uint64_t total_bytes = 0;
     /* slice the ops; give each distinct endpoint a group */
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
@@ -625,6 +878,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             continue;
         }
         size_t g = 0;
+        total_bytes += op->length;
         while (g < n_groups && groups[g].pool != pool)
             g++;
         if (g == n_groups)
@@ -698,50 +952,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         }
     }
 
-    for (;;) {
-        nfds_t np = 0;
-        for (size_t c = 0; c < n_conns; c++) {
-            xconn_t *x = &conns[c];
-            conn_fill(x);
-            conn_send(x);
-            if (x->dead || x->count == 0) {
-                pfds[c].fd = -1;
-                continue;
-            }
-            pfds[c].fd = x->fd;
-            pfds[c].events =
-                (short)((x->sent > 0 ? POLLIN : 0) | (x->sent < x->count ? POLLOUT : 0));
-            pfds[c].revents = 0;
-            np++;
-        }
-        if (np == 0)
-            break;
-        uint64_t idle = kvp_now_ms() - last_progress;
-        int timeout = idle >= xfer->timeout_ms ? 0 : (int)(xfer->timeout_ms - idle);
-        int rc = poll(pfds, n_conns, timeout);
-        if (rc < 0 && errno == EINTR)
-            continue;
-        if (rc <= 0) {
-            if (rc == 0 || kvp_now_ms() - last_progress >= xfer->timeout_ms) {
-                KVP_LOG_WARN_LIMITED("tcp: no progress for %u ms; failing the rest of the batch",
-                                     xfer->timeout_ms);
-                for (size_t c = 0; c < n_conns; c++)
-                    if (!conns[c].dead && conns[c].count > 0)
-                        conn_kill(&conns[c], KVP_ERR_TIMEOUT);
-                break;
-            }
-            continue;
-        }
-        last_progress = kvp_now_ms();
-        for (size_t c = 0; c < n_conns; c++) {
-            if (pfds[c].fd < 0 || pfds[c].revents == 0)
-                continue;
-            if (pfds[c].revents & (POLLIN | POLLERR | POLLHUP))
-                conn_recv(&conns[c]);
-            if (pfds[c].revents & POLLOUT)
-                conn_send(&conns[c]);
-        }
-    }
+    run_transfer(ctx, sc, n_conns, total_bytes, last_progress);
     for (size_t c = 0; c < n_conns; c++)
         if (!conns[c].dead)
             conn_release(ctx, conns[c].g->pool, conns[c].fd);

@@ -243,6 +243,7 @@ typedef struct fake_server {
     uint16_t port;
     int stop[2]; /* the test writes a byte once the client is done */
     pthread_t thread;
+    _Atomic int conn;   /* the connection it took (-1: none yet) */
     kvp_data_req_t req; /* the request it read */
 } fake_server_t;
 
@@ -252,6 +253,7 @@ static void *fake_main(void *arg)
     int fd = accept4(fs->listen_fd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
         return NULL; /* the test stopped us before a client came */
+    atomic_store(&fs->conn, fd);
     if (fs->mode != FAKE_NO_READ && kvp_recv_all(fd, &fs->req, sizeof(fs->req)) == KVP_OK) {
         kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = fs->req.length};
         switch (fs->mode) {
@@ -304,7 +306,7 @@ static void *fake_main(void *arg)
 
 static void fake_start(fake_server_t *fs, fake_mode_t mode)
 {
-    *fs = (fake_server_t){.mode = mode};
+    *fs = (fake_server_t){.mode = mode, .conn = -1};
     assert_int_equal(kvp_tcp_listen("127.0.0.1", 0, 4, &fs->listen_fd, &fs->port), KVP_OK);
     assert_int_equal(pipe(fs->stop), 0);
     assert_int_equal(pthread_create(&fs->thread, NULL, fake_main, fs), 0);
@@ -312,6 +314,11 @@ static void fake_start(fake_server_t *fs, fake_mode_t mode)
 
 static void fake_stop(fake_server_t *fs)
 {
+    /* a read of a request that never comes returns (the client sent its requests on
+     * another of its streams); before the stop byte, so the fd is still the fake's */
+    int conn = atomic_load(&fs->conn);
+    if (conn >= 0)
+        shutdown(conn, SHUT_RDWR);
     assert_int_equal(write(fs->stop[1], "x", 1), 1);
     shutdown(fs->listen_fd, SHUT_RDWR); /* an accept still waiting returns */
     pthread_join(fs->thread, NULL);
@@ -762,6 +769,137 @@ static void test_read_latency(void **state)
     assert_segment_as_written(fx);
 }
 
+/* Threads of this process (/proc/self/task). */
+static int threads_now(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        n += e->d_name[0] != '.';
+    closedir(d);
+    return n;
+}
+
+typedef struct big_arg {
+    fixture_t *fx;
+    uint64_t off;
+    unsigned id;
+    int bad;
+} big_arg_t;
+
+/* 5 MiB written and read back at a->off, three rounds: each a transfer big enough to run
+ * its streams on threads. */
+static void *big_thread(void *v)
+{
+    big_arg_t *a = v;
+    enum { LEN = 5 * 1024 * 1024 };
+    uint8_t *src = malloc(LEN), *dst = malloc(LEN);
+    for (int round = 0; round < 3 && src != NULL && dst != NULL; round++) {
+        fill(src, LEN, 7000 + a->id * 10 + (uint64_t)round);
+        kvp_xfer_op_t w = op_of(KVP_XFER_WRITE, a->fx->peer, src, a->off, LEN);
+        kvp_xfer_op_t *op = &w;
+        a->fx->tp->ops->submit(a->fx->tp->ctx, &op, 1);
+        memset(dst, 0, LEN);
+        kvp_xfer_op_t r = op_of(KVP_XFER_READ, a->fx->peer, dst, a->off, LEN);
+        op = &r;
+        a->fx->tp->ops->submit(a->fx->tp->ctx, &op, 1);
+        if (w.status != KVP_OK || r.status != KVP_OK || w.crc != kvp_crc32c(0, src, LEN) ||
+            r.crc != w.crc || memcmp(src, dst, LEN) != 0)
+            a->bad++;
+    }
+    if (src != NULL)
+        memcpy(a->fx->ref + a->off, src, LEN); /* the last round is what the segment holds */
+    free(src);
+    free(dst);
+    return NULL;
+}
+
+/* Transfers of 4 MiB or more over several streams run them on threads of the ctx's pool
+ * (tcp.c, run_transfer): the bytes and CRCs come out right, for one caller and for three
+ * at once (they share the pool; a caller that finds no idle worker runs its streams
+ * itself); the pool is started once and kept (no thread per transfer), and a transport's
+ * cleanup stops its workers (no thread left behind). A big read whose owner sends half
+ * its payload and closes fails, within the timeout, on both streams' threads. */
+static void test_threaded_transfers(void **state)
+{
+    fixture_t *fx = *state;
+    fx->xfer.tcp_streams = 4;
+    fx->xfer.tcp_slice = 256 * KIB;
+    /* four streams opened by a transfer too small for threads (the owner serves each
+     * connection on a thread of its own, in this process too) */
+    write_ok(fx, 0, MIB, 60);
+    read_check(fx, 0, MIB);
+    assert_int_equal(conns_to(fx->port), 4);
+    int t0 = threads_now();
+    write_ok(fx, 12345, 9 * MIB, 61);
+    read_check(fx, 12345, 9 * MIB);
+    int t1 = threads_now();
+    assert_true(t1 > t0);      /* workers started for it */
+    assert_true(t1 <= t0 + 3); /* at most one per stream but the caller's */
+    for (int i = 0; i < 4; i++) {
+        write_ok(fx, 1000 + (uint64_t)i, 6 * MIB, 62 + (uint64_t)i);
+        read_check(fx, 0, SEG_SIZE);
+    }
+    assert_int_equal(threads_now(), t1); /* the same workers, kept */
+
+    fx->xfer.tcp_streams = 2;
+    pthread_t th[3];
+    big_arg_t args[3];
+    for (unsigned i = 0; i < 3; i++) {
+        args[i] = (big_arg_t){.fx = fx, .off = (uint64_t)i * 5 * MIB + 7, .id = i};
+        assert_int_equal(pthread_create(&th[i], NULL, big_thread, &args[i]), 0);
+    }
+    for (unsigned i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        assert_int_equal(args[i].bad, 0);
+    }
+    assert_segment_as_written(fx);
+
+    /* an owner that breaks off mid-payload: the read fails, within the timeout */
+    fake_server_t fs;
+    fake_start(&fs, FAKE_HALF_PAYLOAD);
+    kvp_peer_t *p = peer_new(fx, SEG_ID, fs.port);
+    p->size = 64 * MIB;
+    fx->xfer.tcp_slice = MIB;
+    fx->xfer.timeout_ms = 500;
+    uint8_t *buf = xmalloc(8 * MIB);
+    kvp_xfer_op_t op = op_of(KVP_XFER_READ, p, buf, 0, 8 * MIB);
+    uint64_t t = kvp_now_ms();
+    tp_submit(fx->tp, &op, 1);
+    assert_true(op.status == KVP_ERR_IO || op.status == KVP_ERR_TIMEOUT);
+    assert_true(kvp_now_ms() - t < 3000);
+    fake_stop(&fs);
+    kvp_peer_unref(p);
+    free(buf);
+
+    /* a transport of its own: its cleanup takes its workers with it */
+    int before = threads_now();
+    kvp_transfer_t x = {.list = tcp_only, .timeout_ms = 10000, .tcp_streams = 3,
+                        .tcp_slice = 512 * KIB};
+    assert_int_equal(kvp_transfer_init(&x), KVP_OK);
+    kvp_peer_t *q = kvp_peer_create(SEG_ID);
+    assert_non_null(q);
+    q->size = SEG_SIZE;
+    snprintf(q->endpoint, sizeof(q->endpoint), "127.0.0.1:%u", (unsigned)fx->port);
+    assert_int_equal(kvp_transfer_route(&x, q), KVP_TRANSPORT_TCP);
+    uint8_t *dst = xmalloc(SEG_SIZE);
+    kvp_xfer_op_t r = op_of(KVP_XFER_READ, q, dst, 0, SEG_SIZE);
+    tp_submit(&x.tps[0], &r, 1);
+    assert_int_equal(r.status, KVP_OK);
+    assert_memory_equal(dst, fx->ref, SEG_SIZE);
+    assert_true(threads_now() > before);
+    kvp_peer_unref(q);
+    kvp_transfer_cleanup(&x);
+    /* its workers are joined; the owner's threads for its connections end as they see
+     * the connections close */
+    for (int i = 0; i < 200 && threads_now() != before; i++)
+        usleep(10000);
+    assert_int_equal(threads_now(), before);
+    free(dst);
+}
+
 /* A peer that breaks off mid-payload or answers garbage: the op fails with KVP_ERR_IO or
  * KVP_ERR_PROTOCOL at once (never reported as done with a half-filled buffer). */
 static void test_broken_peer(void **state)
@@ -1073,6 +1211,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_server_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stalled_peer_times_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_latency, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_threaded_transfers, setup, teardown),
         cmocka_unit_test_setup_teardown(test_broken_peer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_survives_malformed_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_submits, setup, teardown),
