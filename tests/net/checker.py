@@ -37,8 +37,10 @@ NOT_FOUND = -3  # kvpool.ERR_NOT_FOUND (the checker runs without the module)
 
 
 def read(path):
+    """The calls a log holds. A workload may still be writing it: a last line not yet
+    ended by its newline is a call still being written, left for the next read."""
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.strip() and line.endswith("\n")]
 
 
 def longest_gap(calls, start, end):

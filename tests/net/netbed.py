@@ -8,9 +8,17 @@ and stops what it started by PID. close() (also on a failed test: use it as a co
 manager or a fixture) kills every process it started, then deletes the veths, the bridge
 and the namespaces.
 
-Random loss is an nftables rule too (lossy(): `numgen random mod 100 < pct drop`, each
-way). Latency and reordering need netem, which this machine kind's kernel lacks
-(../shared/notes/network-namespaces.md); they are not offered here yet.
+What a link can be made to do besides being cut, here: lose packets at random (lossy(),
+lossy_all(): an nftables rule, `numgen random mod 100 < pct drop`, each way); and delay
+the TCP connections a host opens, with jitter if asked (delay(): they go through a
+delaying proxy of our own in that host, tests/net/netdelay.c, which holds every chunk a
+fixed time plus a uniformly random extra in [0, jitter], never releasing a chunk before
+the one ahead of it, so each stream stays in order). This machine kind's kernel has no
+netem (../shared/notes/network-namespaces.md), so neither uses it. Reordering is NOT
+offered by this module: a stream proxy cannot reorder TCP segments (the kernels at both
+ends hand the bytes over in order), and these nftables rules drop or pass packets, they
+never hold one back. Packet-level delay, jitter, reordering and loss are
+tests/net/netqueue.c's, through NFQUEUE (queue_link() in tests/net/test_net.py).
 
 Needs root, iproute2 and nftables. Names carry this process's PID, so two beds of two
 test processes do not meet; the subnet is 10.252.<k>.0/24 with k from the PID as well.
@@ -157,18 +165,25 @@ class NetBed:
                  f"10.252.{self.net}.0/24", "dev", "eth0", "proto", "kernel", "scope", "link",
                  "src", h.addr, "rto_min", value)
 
-    def delay(self, h, us, netdelay, to=None):
+    def delay(self, h, us, netdelay, to=None, jitter_us=0):
         """Add us microseconds each way to every TCP connection host h opens to the bed's
-        other hosts (to: a list of hosts, those only; the round trip grows by 2 x us): h's new connections are redirected
-        (nftables, nat output) to a netdelay proxy in h (the program at path netdelay),
-        which forwards them with every chunk held us; its own connections carry mark 42,
-        which the rule lets through. Connections opened before are not delayed; a second
-        call replaces the proxy. 0 still goes through the proxy (its copy's own cost)."""
+        other hosts (to: a list of hosts, those only; the round trip grows by 2 x us), plus
+        with jitter_us a uniformly random extra in [0, jitter_us] drawn for every chunk
+        (each direction its own draws: the round trip grows by 2 x us to 2 x (us +
+        jitter_us)); a chunk is never released before the one ahead of it, so a stream stays
+        in order (a chunk that drew less waits behind one that drew more). h's new
+        connections are redirected (nftables, nat output) to a netdelay proxy in h (the
+        program at path netdelay), which forwards them with every chunk held so; its own
+        connections carry mark 42, which the rule lets through. Connections opened before
+        are not delayed; a second call replaces the proxy. 0 still goes through the proxy
+        (its copy's own cost)."""
         old = getattr(h, "delay_proxy", None)
         if old is not None:
             self.stop(old, signal.SIGKILL)
-        p = self.start(h, [netdelay, "proxy", "0", str(int(us)), "42"], stdout=subprocess.PIPE,
-                       text=True)
+        argv = [netdelay, "proxy", "0", str(int(us)), "42"]
+        if jitter_us:
+            argv.append(str(int(jitter_us)))
+        p = self.start(h, argv, stdout=subprocess.PIPE, text=True)
         port = int(p.stdout.readline())
         h.delay_proxy = p
         dests = [f"10.252.{self.net}.0/24"] if to is None else [x.addr for x in to]
@@ -192,6 +207,21 @@ class NetBed:
                 self.loss.pop(pair, None)
         self._rules(a)
         self._rules(b)
+
+    def lossy_all(self, pct, hosts=None):
+        """lossy(a, b, pct) for every pair of hosts (default: all of the bed's), each host's
+        rules written once (36 pairs of 9 hosts in 9 nft runs, not 72)."""
+        assert 0 <= pct < 100 and pct == int(pct)
+        hosts = self.hosts if hosts is None else hosts
+        for a in hosts:
+            for b in hosts:
+                if a is not b:
+                    if pct:
+                        self.loss[(a.i, b.i)] = int(pct)
+                    else:
+                        self.loss.pop((a.i, b.i), None)
+        for h in hosts:
+            self._rules(h)
 
     def isolate(self, a):
         """Cut a from every other host, both ways."""

@@ -1,19 +1,28 @@
 /*
- * netdelay.c - the net test bed's latency and its socket pump (issue 27; tests/net).
+ * netdelay.c - the net test bed's latency, jitter and socket pump (issue 27; tests/net).
  *
  * This machine kind's kernel has no netem, so the bed adds latency in user space: a host's
  * outgoing TCP to the bed's subnet is redirected (an nftables `redirect` in its nat output
  * chain, netbed.py) to this proxy in the same host, which learns the original destination
  * (SO_ORIGINAL_DST), connects to it with a socket mark the redirect rule lets through, and
- * forwards each direction with every chunk held until `delay` after it was read. Both
- * directions are delayed: the round trip grows by 2 x delay. Reads go into a ring of
- * chunks per direction (a stalled writer stops the reader: TCP's own flow control); a
- * writer sleeps to each chunk's due time (timer slack 1 ns). A copy through user space
- * costs time and bandwidth of its own, so the bed's pump goes through it too: compare
- * against that, not the bare link.
+ * forwards each direction with every chunk (what one read() returned) held until `delay`
+ * after it was read, plus, with JITTER_US, a uniformly random extra hold in [0, JITTER_US]
+ * drawn per chunk. A TCP stream stays in order: a chunk is released no earlier than the
+ * chunk before it in its direction (its due time is raised to the previous one's), so a
+ * chunk that drew a short hold behind one that drew a long one waits for it; what jitter
+ * changes is when bytes arrive, never their order. Reordering is not something a stream
+ * proxy can do (the kernels at both ends put TCP's bytes back in order before any program
+ * sees them): packet-level reordering is tests/net/netqueue.c's (NFQUEUE).
+ * Both directions are delayed: the round trip grows by 2 x delay, plus up to 2 x jitter.
+ * Reads go into a ring of chunks per direction (a stalled writer stops the reader: TCP's
+ * own flow control); a writer sleeps to each chunk's due time (timer slack 1 ns). A copy
+ * through user space costs time and bandwidth of its own, so the bed's pump goes through
+ * it too: compare against that, not the bare link.
  *
- *   netdelay proxy PORT DELAY_US MARK   listen on 127.0.0.1:PORT (0: any; the port is
+ *   netdelay proxy PORT DELAY_US MARK [JITTER_US]
+ *                                       listen on 127.0.0.1:PORT (0: any; the port is
  *                                       printed as the first line), forward with DELAY_US
+ *                                       (+ 0..JITTER_US per chunk, default 0)
  *   netdelay sink PORT                  accept and discard (the pump's far end); prints
  *                                       the port
  *   netdelay pump HOST PORT STREAMS SECONDS   send for SECONDS on STREAMS connections;
@@ -55,6 +64,8 @@ typedef struct dir {
     chunk_t *ring;
     uint32_t head, count; /* guarded by lock */
     bool eof, broken;
+    uint64_t last_due_ns; /* the due time of the chunk read before (reader only) */
+    uint64_t rng;         /* xorshift64 state for this direction's jitter (reader only) */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     conn_t *conn;
@@ -63,7 +74,7 @@ typedef struct dir {
 struct conn {
     dir_t d[2];
     atomic_int live; /* threads still running; the last one frees */
-    uint64_t delay_ns;
+    uint64_t delay_ns, jitter_ns;
 };
 
 static uint64_t now_ns(void)
@@ -71,6 +82,18 @@ static uint64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A uniform draw in [0, max] (xorshift64; max + 1 is far below 2^64, so the modulo's bias
+ * is negligible for a test bed). */
+static uint64_t draw(uint64_t *state, uint64_t max)
+{
+    uint64_t x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    return max == 0 ? 0 : x % (max + 1);
 }
 
 static void conn_put(conn_t *c)
@@ -110,7 +133,10 @@ static void *reader(void *arg)
             break;
         }
         ch->len = (uint32_t)n;
-        ch->due_ns = now_ns() + d->conn->delay_ns;
+        uint64_t due = now_ns() + d->conn->delay_ns + draw(&d->rng, d->conn->jitter_ns);
+        if (due < d->last_due_ns) /* in order: never before the chunk ahead of it */
+            due = d->last_due_ns;
+        ch->due_ns = d->last_due_ns = due;
         d->count++;
         pthread_cond_broadcast(&d->cond);
         pthread_mutex_unlock(&d->lock);
@@ -183,6 +209,13 @@ static void start_dir(conn_t *c, int i, int src, int dst)
 {
     dir_t *d = &c->d[i];
     *d = (dir_t){.src = src, .dst = dst, .conn = c, .ring = malloc(RING * sizeof(chunk_t))};
+    /* a seed per direction: the time, the connection's address and the direction, mixed
+     * (splitmix64's finalizer); never 0, xorshift's fixed point */
+    uint64_t z = now_ns() ^ ((uint64_t)(uintptr_t)c << 1) ^ (uint64_t)i;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    d->rng = z != 0 ? z : 1;
     if (d->ring == NULL) {
         perror("netdelay: malloc");
         exit(1);
@@ -191,7 +224,7 @@ static void start_dir(conn_t *c, int i, int src, int dst)
     pthread_cond_init(&d->cond, NULL);
 }
 
-static _Noreturn void proxy(int port, uint64_t delay_us, int mark)
+static _Noreturn void proxy(int port, uint64_t delay_us, int mark, uint64_t jitter_us)
 {
     int bound, lfd = listen_on("127.0.0.1", port, &bound);
     printf("%d\n", bound);
@@ -222,6 +255,7 @@ static _Noreturn void proxy(int port, uint64_t delay_us, int mark)
         if (c == NULL)
             exit(1);
         c->delay_ns = delay_us * 1000u;
+        c->jitter_ns = jitter_us * 1000u;
         atomic_init(&c->live, 4);
         start_dir(c, 0, cfd, ufd);
         start_dir(c, 1, ufd, cfd);
@@ -308,13 +342,14 @@ static int pump(const char *host, int port, int streams, double seconds)
 int main(int argc, char **argv)
 {
     prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
-    if (argc == 5 && strcmp(argv[1], "proxy") == 0)
-        proxy(atoi(argv[2]), strtoull(argv[3], NULL, 10), atoi(argv[4]));
+    if ((argc == 5 || argc == 6) && strcmp(argv[1], "proxy") == 0)
+        proxy(atoi(argv[2]), strtoull(argv[3], NULL, 10), atoi(argv[4]),
+              argc == 6 ? strtoull(argv[5], NULL, 10) : 0);
     if (argc == 3 && strcmp(argv[1], "sink") == 0)
         sink(atoi(argv[2]));
     if (argc == 6 && strcmp(argv[1], "pump") == 0)
         return pump(argv[2], atoi(argv[3]), atoi(argv[4]), atof(argv[5]));
-    fprintf(stderr, "usage: netdelay proxy PORT DELAY_US MARK | sink PORT | "
+    fprintf(stderr, "usage: netdelay proxy PORT DELAY_US MARK [JITTER_US] | sink PORT | "
                     "pump HOST PORT STREAMS SECONDS\n");
     return 2;
 }
