@@ -108,7 +108,7 @@ typedef struct tcp_scratch {
     struct group *groups;
     struct xconn *conns;
     struct pollfd *pfds;
-    struct xconn **cptr; /* the connections in the order the threads take them */
+    struct xconn **cptr;  /* the connections in the order the threads take them */
     pthread_mutex_t lock; /* the transfer's shared state when it runs on several threads */
     struct tcp_scratch *next;
 } tcp_scratch_t;
@@ -176,9 +176,9 @@ typedef struct xconn {
     unsigned sent;        /* how many of the ring are fully sent */
     uint64_t send_off;    /* bytes of ring[head+sent] already sent (header+vector+payload) */
     kvp_data_resp_t resp;
-    uint64_t recv_off; /* bytes of the oldest request's response received */
-    const void *gset;  /* the grant set this connection sent last in this transfer (the owner
-                          keeps it: later requests naming it send only their indices) */
+    uint64_t recv_off;      /* bytes of the oldest request's response received */
+    const void *gset;       /* the grant set this connection sent last in this transfer (the owner
+                               keeps it: later requests naming it send only their indices) */
     pthread_mutex_t *lock;  /* the transfer's, when its connections run on several threads */
     uint64_t first_sent_ns; /* its first request, a read, fully sent (0: not yet, or no read) */
     bool timed;             /* that read's answer timed (the peer's read latency) */

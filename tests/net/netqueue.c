@@ -107,8 +107,7 @@ static held_t heap_pop(void)
     return top;
 }
 
-static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa,
-                     void *arg)
+static int on_packet(struct nfq_q_handle *qh, struct nfgenmsg *msg, struct nfq_data *nfa, void *arg)
 {
     (void)msg;
     (void)arg;
@@ -217,9 +216,9 @@ int main(int argc, char **argv)
         nfq_set_verdict(qh, x.id, NF_ACCEPT, 0, NULL);
         n_released++;
     }
-    printf("queued %llu released %llu dropped %llu reordered %llu\n",
-           (unsigned long long)n_queued, (unsigned long long)n_released,
-           (unsigned long long)n_dropped, (unsigned long long)n_reordered);
+    printf("queued %llu released %llu dropped %llu reordered %llu\n", (unsigned long long)n_queued,
+           (unsigned long long)n_released, (unsigned long long)n_dropped,
+           (unsigned long long)n_reordered);
     nfq_destroy_queue(qh);
     nfq_close(h);
     return 0;

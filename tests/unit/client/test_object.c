@@ -1108,11 +1108,8 @@ static void test_get_prefers_the_near_replica(void **state)
     assert_int_equal(put_one(fx->c, "near/v", v, 20000, 2, NULL, NULL), KVP_OK);
     assert_int_equal(put_one(fx->c, "near/w", w, 9000, 2, NULL, NULL), KVP_OK);
     fake_reset();
-    rule_t *slow = add_rule((rule_t){.act = ACT_DELAY,
-                                     .kind = KVP_XFER_READ,
-                                     .bind = true,
-                                     .left = -1,
-                                     .delay_ms = 80});
+    rule_t *slow = add_rule((rule_t){
+        .act = ACT_DELAY, .kind = KVP_XFER_READ, .bind = true, .left = -1, .delay_ms = 80});
     /* the first get reads the replica the master named first: the slow one from now on */
     assert_get(fx->c, "near/v", v, 20000);
     assert_int_equal(rule_hits(slow), 1);
@@ -1139,11 +1136,8 @@ static void test_get_prefers_the_near_replica(void **state)
     assert_int_equal(ops_to(near, KVP_XFER_READ), 8);
 
     /* the near one fails its reads: the slow one still serves them */
-    rule_t *broken = add_rule((rule_t){.act = ACT_FAIL,
-                                       .kind = KVP_XFER_READ,
-                                       .segment = near,
-                                       .left = 1,
-                                       .status = KVP_ERR_IO});
+    rule_t *broken = add_rule((rule_t){
+        .act = ACT_FAIL, .kind = KVP_XFER_READ, .segment = near, .left = 1, .status = KVP_ERR_IO});
     assert_get(fx->c, "near/v", v, 20000);
     assert_int_equal(rule_hits(broken), 1);
     assert_int_equal(rule_hits(slow), 2);

@@ -876,8 +876,8 @@ static void test_threaded_transfers(void **state)
 
     /* a transport of its own: its cleanup takes its workers with it */
     int before = threads_now();
-    kvp_transfer_t x = {.list = tcp_only, .timeout_ms = 10000, .tcp_streams = 3,
-                        .tcp_slice = 512 * KIB};
+    kvp_transfer_t x = {
+        .list = tcp_only, .timeout_ms = 10000, .tcp_streams = 3, .tcp_slice = 512 * KIB};
     assert_int_equal(kvp_transfer_init(&x), KVP_OK);
     kvp_peer_t *q = kvp_peer_create(SEG_ID);
     assert_non_null(q);
