@@ -18,6 +18,11 @@
  * "ready" once bound, and on SIGTERM/SIGINT releases every held packet, prints what it
  * did ("queued N released N dropped N reordered N") and exits 0.
  *
+ * Who may use it: its only socket is the netfilter queue's netlink socket in the network
+ * namespace it runs in, which the kernel lets only CAP_NET_ADMIN there bind (root, in a
+ * namespace the bed made); it listens on no address, so nothing on a network reaches it.
+ * A test tool, not a kvpool endpoint: no credential or /metrics count applies.
+ *
  * Thread: one. Root only (CAP_NET_ADMIN in the namespace).
  */
 #ifndef _GNU_SOURCE

@@ -169,6 +169,11 @@ def test_full_bed_loss_on_every_link(bed, tmp_path):
 
 # ---- jitter ---------------------------------------------------------------------------------
 
+# The jitter test's echo server. Who may use it: it listens on its bed host's address, in a
+# network namespace the test made, on a private /24 that only the bed's own veths carry
+# (nothing outside the bed reaches it), takes one connection (the test's own client) and
+# exits when that closes; the bed kills it by PID. A test tool, not a kvpool endpoint: no
+# credential or /metrics count applies.
 ECHO = ("import socket,sys\n"
         "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
         "s.bind((sys.argv[1], 0)); s.listen(1)\n"

@@ -141,6 +141,17 @@ def wait_calls(log, n, timeout=30):
                     f"{n} acknowledged puts in {log}")
 
 
+def settle_and_check(bed, host, cl, tmp, p, log, stop, **check):
+    """After a scenario's fault: wait for 50 more acknowledged puts, stop the workload
+    (asserting it ended cleanly), read every key back, and run the checker over the log
+    (check: lost_ok / missing_ok). (violations, stats, every call logged)."""
+    wait_calls(log, ok_count(log, "put") + 50)
+    assert finish(bed, p, stop) == 0
+    ver = verify(bed, host, cl, tmp, [log])
+    bad, stats = checker.check([log], ver, SIZE, **check)
+    return bad, stats, checker.read(log)
+
+
 @pytest.fixture
 def bed(request):
     beds = []
@@ -211,11 +222,8 @@ def test_owner_cut_from_client_not_from_master(bed, tmp_path):
     time.sleep(4)
     b.heal(o1, client)
     t_heal = time.time()
-    wait_calls(log, ok_count(log, "put") + 50)
-    assert finish(b, p, stop) == 0
-    ver = verify(b, client, cl, str(tmp_path), [log])
-    bad, stats = checker.check([log], ver, SIZE)
-    during = [c for c in checker.read(log) if t_cut <= c["t0"] and c["t1"] <= t_heal]
+    bad, stats, calls = settle_and_check(b, client, cl, str(tmp_path), p, log, stop)
+    during = [c for c in calls if t_cut <= c["t0"] and c["t1"] <= t_heal]
     report("owner cut from a client (4 s)", bad, stats,
            ok_during_cut=sum(1 for c in during if c["ok"]),
            failed_during_cut=sum(1 for c in during if not c["ok"]))
@@ -271,11 +279,8 @@ def test_owner_cut_from_master_not_from_clients(bed, tmp_path):
     t_heal = time.time()
     netbed.wait_for(lambda: "adopt" in cl.master_log().split("unmounted", 1)[-1], 20,
                     "the owner's mount and record offer after the heal")
-    wait_calls(log, ok_count(log, "put") + 50)
-    assert finish(b, p, stop) == 0
-    ver = verify(b, client, cl, str(tmp_path), [log])
-    bad, stats = checker.check([log], ver, SIZE,
-                               missing_ok=lambda c: t_cut <= c["t0"] <= t_heal + 10)
+    bad, stats, calls = settle_and_check(b, client, cl, str(tmp_path), p, log, stop,
+                                         missing_ok=lambda c: t_cut <= c["t0"] <= t_heal + 10)
     report("owner cut from the master (5 s, --client-ttl 2)", bad, stats)
     assert bad == []
     assert stats["longest_call_s"] < 2 + 1.5
@@ -494,11 +499,8 @@ def test_one_way_partition_and_flapping_link(bed, tmp_path):
         b.heal(client, o1)
         time.sleep(1)
     t_heal = time.time()
-    wait_calls(log, ok_count(log, "put") + 50)
-    assert finish(b, p, stop) == 0
-    ver = verify(b, client, cl, str(tmp_path), [log])
-    bad, stats = checker.check([log], ver, SIZE)
-    first_ok = min(c["t1"] for c in checker.read(log) if c["ok"] and c["t0"] >= t_heal)
+    bad, stats, calls = settle_and_check(b, client, cl, str(tmp_path), p, log, stop)
+    first_ok = min(c["t1"] for c in calls if c["ok"] and c["t0"] >= t_heal)
     report("one-way cut client->owner (3 s), then the link flapping (1 s of 2, 8 s)", bad,
            stats, back_after_heal_s=round(first_ok - t_heal, 3))
     assert bad == []
@@ -530,11 +532,7 @@ def test_lossy_links(bed, tmp_path, pct):
     time.sleep(6)
     b.heal()
     t_off = time.time()
-    wait_calls(log, ok_count(log, "put") + 50)
-    assert finish(b, p, stop) == 0
-    ver = verify(b, client, cl, str(tmp_path), [log])
-    bad, stats = checker.check([log], ver, SIZE)
-    calls = checker.read(log)
+    bad, stats, calls = settle_and_check(b, client, cl, str(tmp_path), p, log, stop)
     before = [c for c in calls if c["t1"] < t_on]
     during = [c for c in calls if t_on <= c["t0"] and c["t1"] <= t_off]
 
@@ -580,11 +578,7 @@ def test_stalling_owner(bed, tmp_path):
     finally:
         os.kill(slow.pid, signal.SIGCONT)
     t_off = time.time()
-    wait_calls(log, ok_count(log, "put") + 50)
-    assert finish(b, p, stop) == 0
-    ver = verify(b, client, cl, str(tmp_path), [log])
-    bad, stats = checker.check([log], ver, SIZE)
-    calls = checker.read(log)
+    bad, stats, calls = settle_and_check(b, client, cl, str(tmp_path), p, log, stop)
     during = [c for c in calls if t_on <= c["t0"] and c["t1"] <= t_off]
     slowest = sorted(c["t1"] - c["t0"] for c in during)
     report("an owner stalled 150 ms of every 250 ms (6 s)", bad, stats,
@@ -726,11 +720,7 @@ def test_reordering_jitter_and_loss_on_a_link(bed, tmp_path):
         counts.append(q.stdout.read().strip())
     t_off = time.time()
     after = {h.name: tcp_counters(h, REORDER) for h in (client, o1)}
-    wait_calls(log, ok_count(log, "put") + 50)
-    assert finish(b, p, stop) == 0
-    ver = verify(b, client, cl, str(tmp_path), [log])
-    bad, stats = checker.check([log], ver, SIZE)
-    calls = checker.read(log)
+    bad, stats, calls = settle_and_check(b, client, cl, str(tmp_path), p, log, stop)
     during = [c for c in calls if t_on <= c["t0"] and c["t1"] <= t_off]
     d = sorted(c["t1"] - c["t0"] for c in during if c["ok"])
     reordered = {h: {k: after[h].get(k, 0) - before[h].get(k, 0) for k in REORDER}
