@@ -402,16 +402,28 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     if (st != KVP_OK)
         goto err_free;
     if (c->params.segment_size > 0) {
+        char why[600] = "";
         kvp_segment_params_t sp = {.size = c->params.segment_size,
                                    .name = c->params.segment_name,
                                    .data_host = c->data_host,
                                    .data_port = c->params.data_port,
                                    .protected_mode = c->protected_mode,
                                    .client_id = c->client_id,
-                                   .xfer = &c->xfer};
+                                   .xfer = &c->xfer,
+                                   .file = c->params.segment_file,
+                                   .file_offset = c->params.segment_file_offset,
+                                   .err = why,
+                                   .err_len = sizeof(why)};
         st = kvp_segment_create(&sp, &c->seg);
-        if (st != KVP_OK)
+        if (st != KVP_OK) {
+            if (why[0] != '\0')
+                kvp_api_fail("create: %s", why);
             goto err_free;
+        }
+    } else if (c->params.segment_file != NULL) {
+        kvp_api_fail("create: segment_file needs a segment_size");
+        st = KVP_ERR_INVALID_ARG;
+        goto err_free;
     }
     char ssd_host[256];
     snprintf(ssd_host, sizeof(ssd_host), "%s", c->data_host);
@@ -430,6 +442,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     c->params.ssd_path = NULL;
     c->params.auth = NULL;
     c->params.segment_tenant = NULL;
+    c->params.segment_file = NULL;
     *client_p = c;
     return KVP_OK;
 

@@ -87,6 +87,15 @@ typedef struct kvp_client_params {
      * there, and its objects go there first (`kvpool serve --tenant`). The master must have
      * an ACL, and the tenant must be this client's own (an admin's: any). NULL: shared. */
     const char *segment_tenant;
+    /* Back the DRAM segment with [segment_file_offset, + segment_size) of this file
+     * (MAP_SHARED; e.g. a file on tmpfs or hugetlbfs) instead of anonymous memory, as
+     * Mooncake's mount_segment does. The file must be a regular file of this user's with
+     * mode 0600 or narrower (KVP_ERR_DENIED otherwise: its permissions are the segment's),
+     * the range inside it, the offset a multiple of the page size (KVP_ERR_INVALID_ARG).
+     * Same-host peers get the memory over shm only when the range is the whole file; else
+     * they use tcp. NULL: anonymous memory (a memfd). */
+    const char *segment_file;
+    uint64_t segment_file_offset;
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */

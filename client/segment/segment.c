@@ -1,5 +1,6 @@
 /*
- * segment.c - this client's own DRAM segment (segment.h): a memfd mapped
+ * segment.c - this client's own DRAM segment (segment.h): a memfd (or a
+ * range of a file the user names: Mooncake's mount_segment) mapped
  * MAP_POPULATE (the memory is really there once mounted, and no put pays a
  * first-touch page fault), served over tcp by its data server and over the
  * engine's serving transports (rdma), with its record of objects and its
@@ -12,6 +13,8 @@
 #include "client/segment/segment.h"
 
 #include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -19,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/grant.h"
@@ -47,21 +51,104 @@ struct kvp_segment {
     _Atomic uint64_t open_id;  /* the last mount whose offer ended (the segment open) */
 };
 
-/* The memory: a memfd of `size` bytes, mapped shared and faulted in. */
-static kvp_status_t memory_create(kvp_segment_t *seg)
+/* Why create failed, for the caller's last error (and the log). */
+static void __attribute__((format(printf, 2, 3)))
+create_fail(const kvp_segment_params_t *p, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    KVP_LOG_ERROR("segment: %s", buf);
+    if (p->err != NULL && p->err_len > 0)
+        snprintf(p->err, p->err_len, "%s", buf);
+}
+
+/* The memory of a memfd of `size` bytes. */
+static kvp_status_t memfd_open(kvp_segment_t *seg, const kvp_segment_params_t *p)
 {
     seg->fd = memfd_create("kvpool-segment", MFD_CLOEXEC);
     if (seg->fd < 0)
         return kvp_status_from_errno(errno);
     if (ftruncate(seg->fd, (off_t)seg->size) != 0) {
-        KVP_LOG_ERROR("cannot size a %llu-byte segment: %m", (unsigned long long)seg->size);
-        return kvp_status_from_errno(errno);
+        kvp_status_t st = kvp_status_from_errno(errno);
+        create_fail(p, "cannot size a %llu-byte segment: %s", (unsigned long long)seg->size,
+                    strerror(errno));
+        return st;
     }
+    return KVP_OK;
+}
+
+/* The memory of [file_offset, file_offset + size) of params->file, checked: a regular file
+ * of this user's that nobody else may read or write (its permissions are the segment's), the
+ * range inside it and page-aligned. *whole_p: the range is the whole file. */
+static kvp_status_t file_open(kvp_segment_t *seg, const kvp_segment_params_t *p, bool *whole_p)
+{
+    seg->fd = open(p->file, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (seg->fd < 0) {
+        /* a path that is not there is a bad argument (NOT_FOUND is a key's) */
+        bool bad_path = errno == ENOENT || errno == ELOOP || errno == EISDIR || errno == ENOTDIR;
+        kvp_status_t st = bad_path ? KVP_ERR_INVALID_ARG : kvp_status_from_errno(errno);
+        create_fail(p, "segment file %s: %s", p->file,
+                    errno == ELOOP ? "a symbolic link (name the file itself)" : strerror(errno));
+        return st;
+    }
+    struct stat sb;
+    if (fstat(seg->fd, &sb) != 0) {
+        kvp_status_t st = kvp_status_from_errno(errno);
+        create_fail(p, "segment file %s: %s", p->file, strerror(errno));
+        return st;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        create_fail(p, "segment file %s is not a regular file", p->file);
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (sb.st_uid != geteuid() || (sb.st_mode & 077) != 0) {
+        create_fail(p,
+                    "segment file %s may be read or written by others (mode %04o, owner %u): "
+                    "a segment's file must be this user's, mode 0600",
+                    p->file, (unsigned)(sb.st_mode & 07777), (unsigned)sb.st_uid);
+        return KVP_ERR_DENIED;
+    }
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t fsize = (uint64_t)sb.st_size;
+    if (p->file_offset % page != 0) {
+        create_fail(p, "segment file %s: offset %llu is not a multiple of the page size (%llu)",
+                    p->file, (unsigned long long)p->file_offset, (unsigned long long)page);
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (p->file_offset > fsize || seg->size > fsize - p->file_offset) {
+        create_fail(p, "segment file %s: [%llu, +%llu) runs past its end (%llu bytes)", p->file,
+                    (unsigned long long)p->file_offset, (unsigned long long)seg->size,
+                    (unsigned long long)fsize);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *whole_p = p->file_offset == 0 && seg->size == fsize;
+    return KVP_OK;
+}
+
+/* The memory: a memfd or a file's range, mapped shared and faulted in. */
+static kvp_status_t memory_create(kvp_segment_t *seg, const kvp_segment_params_t *p)
+{
+    bool shareable = true;
+    kvp_status_t st = p->file != NULL ? file_open(seg, p, &shareable) : memfd_open(seg, p);
+    if (st != KVP_OK)
+        return st;
+    off_t off = p->file != NULL ? (off_t)p->file_offset : 0;
     void *base =
-        mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, seg->fd, 0);
-    if (base == MAP_FAILED)
-        return kvp_status_from_errno(errno);
+        mmap(NULL, seg->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, seg->fd, off);
+    if (base == MAP_FAILED) {
+        st = kvp_status_from_errno(errno);
+        create_fail(p, "cannot map a %llu-byte segment: %s", (unsigned long long)seg->size,
+                    strerror(errno));
+        return st;
+    }
     seg->base = base;
+    if (!shareable) { /* the descriptor would open more than the segment: peers use tcp */
+        KVP_LOG_INFO("segment: %s is part of its file; same-host peers will use tcp", p->file);
+        return KVP_OK;
+    }
     /* same-host peers ask for the memory on this abstract Unix socket (segment_server.c):
      * a name nobody can guess ahead, so nobody can squat it */
     uint8_t rnd[8];
@@ -84,7 +171,9 @@ static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
         return st;
     snprintf(seg->endpoint, sizeof(seg->endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
              port);
-    st = kvp_segment_server_share(seg->server, seg->fd, seg->shm_path + 1);
+    st = seg->shm_path[0] != '\0'
+             ? kvp_segment_server_share(seg->server, seg->fd, seg->shm_path + 1)
+             : KVP_OK;
     if (st != KVP_OK) { /* no shm for it: same-host peers use tcp */
         KVP_LOG_WARN("segment: cannot listen on a Unix socket for same-host peers (%s); they "
                      "will use tcp",
@@ -108,7 +197,7 @@ kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_
     pthread_mutex_init(&seg->state_lock, NULL);
     kvp_status_t st = kvp_seg_record_create(&seg->record);
     if (st == KVP_OK)
-        st = memory_create(seg);
+        st = memory_create(seg, params);
     if (st == KVP_OK)
         st = serve(seg, params);
     if (st == KVP_OK)

@@ -44,6 +44,14 @@ typedef struct kvp_segment_params {
     bool protected_mode;   /* its data server takes peers of this host only (conn_server.h) */
     uint64_t client_id;    /* its owner's (this client's) */
     kvp_transfer_t *xfer;  /* serves it on the transports that serve; host id (borrowed) */
+    /* Map [file_offset, file_offset + size) of this file (MAP_SHARED) instead of a memfd: a
+     * regular file of this user's, mode 0600 or narrower (its permissions are the segment's),
+     * file_offset a multiple of the page size. Handed to same-host peers (shm) only when it is
+     * the whole file. NULL: a memfd. */
+    const char *file;
+    uint64_t file_offset;
+    char *err; /* why create failed, for the caller's last error ("" when not known) */
+    size_t err_len;
 } kvp_segment_params_t;
 
 /* Create the memory, the record, the data server, serve it on the transports; its state is

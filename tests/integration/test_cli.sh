@@ -288,6 +288,42 @@ done
 cli rm --regex '^drain/'
 ok "drain reports replicas moved, objects survive"
 
+# ---- serve --segment-file: the segment is a range of a file --------------------------
+
+head -c $((4 << 20)) /dev/zero >"$tmp/segfile"
+head -c $((4 << 20)) /dev/zero >>"$tmp/segfile" # 4 MiB before the range, 4 MiB of range
+chmod 644 "$tmp/segfile"
+"$KVPOOL_CLI_BIN" --master "$addr" serve --segment-size 4MiB --segment-file "$tmp/segfile" \
+    --segment-file-offset 4MiB --name seg-file >"$tmp/out" 2>"$tmp/err" && rc=0 || rc=$?
+[[ $rc -eq 1 ]] || fail "serve refuses a segment file others may read (exit $rc)" "$tmp/err"
+grep -qF "mode 0600" "$tmp/err" || fail "the refusal says the file must be mode 0600" "$tmp/err"
+cli serve --segment-file-offset 4KiB --segment-size 4MiB
+[[ $rc -eq 2 ]] || fail "--segment-file-offset alone is a usage error (exit $rc)" "$tmp/err"
+chmod 600 "$tmp/segfile"
+mkfifo "$tmp/serve3.ready"
+"$KVPOOL_CLI_BIN" --master "$addr" serve --segment-size 4MiB --segment-file "$tmp/segfile" \
+    --segment-file-offset 4MiB --name seg-file --ready-fd 3 \
+    3>"$tmp/serve3.ready" >"$tmp/serve3.out" 2>"$tmp/serve3.log" &
+s2pid=$!
+[[ "$(read_ready "$tmp/serve3.ready")" == seg-file ]] || fail "serve of a file ready" "$tmp/serve3.log"
+head -c $((1 << 20)) /dev/urandom >"$tmp/onfile"
+cli put --prefer seg-file file/obj "$tmp/onfile"
+[[ $rc -eq 0 ]] || fail "put on the file's segment (exit $rc)" "$tmp/err"
+python3 - "$tmp/segfile" "$tmp/onfile" <<'PY' || fail "the object's bytes are in the file's range"
+import sys
+data, obj = open(sys.argv[1], "rb").read(), open(sys.argv[2], "rb").read()
+at = data.find(obj)
+sys.exit(0 if at >= 4 << 20 and data[: 4 << 20] == bytes(4 << 20) else 1)
+PY
+rc=0
+stop "$s2pid" || rc=$?
+s2pid=""
+[[ $rc -eq 0 ]] || fail "serve of a file exits 0 on SIGTERM (exit $rc)" "$tmp/serve3.log"
+cli get file/obj "$tmp/onfile.out"
+cmp -s "$tmp/onfile" "$tmp/onfile.out" || fail "the object was drained off the file's segment"
+cli rm file/obj
+ok "serve --segment-file: the objects in the file's range, refused when others may read it"
+
 # ---- stat --watch --------------------------------------------------------------------
 
 "$KVPOOL_CLI_BIN" --master "$addr" stat --watch 0.5 >"$tmp/watch.out" 2>"$tmp/watch.err" &

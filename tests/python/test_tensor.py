@@ -84,8 +84,8 @@ SHAPES = {"0d": (), "1d": (7,), "4d": (2, 3, 4, 5), "empty": (0, 3)}
 def test_every_mooncake_method_exists_and_unsupported_ones_say_so(store):
     missing = [m for m in MOONCAKE_METHODS if not callable(getattr(store, m, None))]
     assert missing == []
-    with pytest.raises(NotImplementedError, match="mount_segment"):
-        store.mount_segment("/dev/shm/x", 1 << 20)
+    with pytest.raises(NotImplementedError, match="unmount_local_disk_segment"):
+        store.unmount_local_disk_segment()
     with pytest.raises(NotImplementedError, match="put_tensor_with_parallelism"):
         store.put_tensor_with_parallelism("k", torch.zeros(2))
     for m in MOONCAKE_METHODS:

@@ -126,7 +126,7 @@ class Client:
     Client(master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
            data_host=None, segment_name=None, rdma_devices=None,
            verify_crc=True, tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None,
-           token=None, segment_tenant=None)
+           token=None, segment_tenant=None, segment_file=None, segment_file_offset=0)
 
     master: "HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"; None: $KVPOOL_MASTER,
     else 127.0.0.1:50051. segment_size: bytes (or "1GiB") of DRAM to mount and
@@ -137,16 +137,20 @@ class Client:
     this client's principal; each None: $KVPOOL_TLS_CA, $KVPOOL_TLS_CERT,
     $KVPOOL_TLS_KEY, $KVPOOL_TOKEN (so mooncake.store picks them up unchanged).
     segment_tenant dedicates the mounted segment to that tenant (the caller's own; the
-    master needs an ACL): only its objects go there. The other arguments are kvp_client_params_t's fields of the same names.
+    master needs an ACL): only its objects go there. segment_file backs the segment
+    with [segment_file_offset, + segment_size) of that file (a regular file of this
+    user's, mode 0600; the offset page-aligned) instead of anonymous memory. The other
+    arguments are kvp_client_params_t's fields of the same names.
     """
 
     def __init__(self, master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
                  data_host=None, segment_name=None, rdma_devices=None, verify_crc=True,
                  tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None,
-                 segment_tenant=None):
+                 segment_tenant=None, segment_file=None, segment_file_offset=0):
         self._c = _kvpool.Client(master, parse_size(segment_size), transport, rpc_timeout_ms,
                                  data_host, segment_name, rdma_devices, bool(verify_crc),
-                                 tcp_streams, tls_cert, tls_key, tls_ca, token, segment_tenant)
+                                 tcp_streams, tls_cert, tls_key, tls_ca, token, segment_tenant,
+                                 segment_file, parse_size(segment_file_offset))
         self._registered = {}  # address -> memoryview holding a registered buffer
         self._lock = _threading.Lock()
         self._aio = None  # kvpool.aio's queue, made by the first async call
@@ -161,6 +165,17 @@ class Client:
             aio.close()
         self._c.close()
         self._registered.clear()
+
+    def drain(self, timeout_s=30.0):
+        """Leave the pool gracefully: copy every object whose only replica is in
+        this client's segment to other segments (where space allows, within
+        timeout_s), then unmount it. -> (moved, lost). The client stays usable
+        for gets and puts into other segments. Raises Error (INVALID_ARG: no
+        segment; PENDING: a drain is under way)."""
+        r = self._c.drain(int(timeout_s * 1000))
+        if isinstance(r, int):
+            _raise(r)
+        return r
 
     def __enter__(self):
         return self

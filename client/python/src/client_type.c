@@ -83,15 +83,25 @@ static PyObject *client_new(PyTypeObject *type, PyObject *args, PyObject *kw)
 }
 
 /* O&: Client()'s optional sizes; None leaves the library's default. */
-static int segment_size_conv(PyObject *o, void *p)
+static int size_or_none(PyObject *o, void *p, const char *what)
 {
     size_t v;
     if (o == Py_None)
         return 1;
-    if (kvp_py_size(o, &v, "segment_size") != 0)
+    if (kvp_py_size(o, &v, what) != 0)
         return 0;
     *(uint64_t *)p = v;
     return 1;
+}
+
+static int segment_size_conv(PyObject *o, void *p)
+{
+    return size_or_none(o, p, "segment_size");
+}
+
+static int file_offset_conv(PyObject *o, void *p)
+{
+    return size_or_none(o, p, "segment_file_offset");
 }
 
 static int rpc_timeout_conv(PyObject *o, void *p)
@@ -106,18 +116,20 @@ static int tcp_streams_conv(PyObject *o, void *p)
 
 static int client_init(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {
-        "master",       "segment_size", "transport",  "rpc_timeout_ms", "data_host",
-        "segment_name", "rdma_devices", "verify_crc", "tcp_streams",    "tls_cert",
-        "tls_key",      "tls_ca",       "token",      "segment_tenant", NULL};
+    static char *kwlist[] = {"master",      "segment_size",   "transport",    "rpc_timeout_ms",
+                             "data_host",   "segment_name",   "rdma_devices", "verify_crc",
+                             "tcp_streams", "tls_cert",       "tls_key",      "tls_ca",
+                             "token",       "segment_tenant", "segment_file", "segment_file_offset",
+                             NULL};
     kvp_client_params_t p;
     kvp_client_params_init(&p);
     int verify_crc = 1;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO&zO&zzzpO&zzzzz:Client", kwlist, &p.master_addr, segment_size_conv,
+            args, kw, "|zO&zO&zzzpO&zzzzzzO&:Client", kwlist, &p.master_addr, segment_size_conv,
             &p.segment_size, &p.transport, rpc_timeout_conv, &p.rpc_timeout_ms, &p.data_host,
             &p.segment_name, &p.rdma_devices, &verify_crc, tcp_streams_conv, &p.tcp_streams,
-            &p.tls_cert, &p.tls_key, &p.tls_ca, &p.token, &p.segment_tenant))
+            &p.tls_cert, &p.tls_key, &p.tls_ca, &p.token, &p.segment_tenant, &p.segment_file,
+            file_offset_conv, &p.segment_file_offset))
         return -1;
     if (self->c != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -390,6 +402,28 @@ static PyObject *client_remove_all(kvp_py_client_t *self, PyObject *args, PyObje
     uint64_t removed = 0;
     KVP_PY_WITH_CLIENT(self, c, st = kvp_remove_all(c, force, &removed));
     return count_result(self, c, st, removed);
+}
+
+static int drain_timeout_conv(PyObject *o, void *p)
+{
+    return o == Py_None || kvp_py_u32(o, p, "timeout_ms") == 0;
+}
+
+static PyObject *client_drain(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"timeout_ms", NULL};
+    uint32_t timeout_ms = 30000;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O&:drain", kwlist, drain_timeout_conv,
+                                     &timeout_ms))
+        return NULL;
+    kvp_client_t *c;
+    kvp_status_t st = KVP_OK;
+    uint64_t moved = 0, lost = 0;
+    KVP_PY_WITH_CLIENT(self, c, st = kvp_drain(c, timeout_ms, &moved, &lost));
+    PyObject *ret;
+    if (kvp_py_call_failed(self, c, st, &ret))
+        return ret;
+    return Py_BuildValue("(KK)", (unsigned long long)moved, (unsigned long long)lost);
 }
 
 static PyObject *client_remove_by_regex(kvp_py_client_t *self, PyObject *args, PyObject *kw)
@@ -716,6 +750,9 @@ static PyMethodDef client_methods[] = {
          "remove_all(force=False) -> count removed, or a negative status"),
     METH("remove_by_regex", client_remove_by_regex, KW,
          "remove_by_regex(pattern, force=False) -> count removed, or a negative status"),
+    METH("drain", client_drain, KW,
+         "drain(timeout_ms=30000) -> (moved, lost), or a negative status: move this client's "
+         "objects to other segments, then unmount its segment (kvp_drain)"),
     METH("register_buffer", client_register_buffer, KW, "register_buffer(ptr, size) -> status"),
     METH("unregister_buffer", client_unregister_buffer, KW, "unregister_buffer(ptr) -> status"),
     METH("batch_put", client_batch_put, KW,
@@ -782,7 +819,7 @@ static PyType_Slot client_slots[] = {
      (void *)PyDoc_STR("Client(master=None, segment_size=0, transport=None, rpc_timeout_ms=0, "
                        "data_host=None, segment_name=None, rdma_devices=None, verify_crc=True, "
                        "tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None, "
-                       "segment_tenant=None): "
+                       "segment_tenant=None, segment_file=None, segment_file_offset=0): "
                        "the raw libkvpool client (results are status codes)")},
     {Py_tp_new, client_new},
     {Py_tp_init, client_init},

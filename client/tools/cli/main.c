@@ -37,6 +37,7 @@ static const char global_usage[] =
     "commands:\n"
     "  serve --segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME]\n"
     "        [--ready-fd N] [--drain-timeout SECONDS]\n"
+    "        [--segment-file PATH [--segment-file-offset SIZE]]\n"
     "        [--ssd-path PATH --ssd-size SIZE [--ssd-buffered-io]]\n"
     "        [--http-listen HOST:PORT] [--auth protected|none] [--tenant T]\n"
     "        [--config FILE]\n"
@@ -46,6 +47,9 @@ static const char global_usage[] =
     "                            --ssd-path: also an SSD segment, the file PATH (created\n"
     "                            and preallocated; mounted again, its objects come back);\n"
     "                            either segment may be left out (--segment-size 0);\n"
+    "                            --segment-file: the DRAM segment is SIZE bytes of the\n"
+    "                            file PATH from the offset (page-aligned), mapped shared\n"
+    "                            (tmpfs, hugetlbfs); the file must be mode 0600\n"
     "                            --http-listen: serve /metrics (Prometheus) and /health\n"
     "                            (200 while the segment is mounted, else 503);\n"
     "                            --auth: protected (default; also $KVPOOL_AUTH): the data\n"
@@ -105,7 +109,8 @@ static const char global_usage[] =
 static const kvp_cli_command_t commands[] = {
     {"serve", "serve",
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
-     "[--ready-fd N] [--drain-timeout SECONDS] [--ssd-path PATH --ssd-size SIZE] "
+     "[--ready-fd N] [--drain-timeout SECONDS] [--segment-file PATH [--segment-file-offset SIZE]] "
+     "[--ssd-path PATH --ssd-size SIZE] "
      "[--http-listen HOST:PORT] [--auth protected|none] [--tenant T] [--config FILE]",
      kvp_cli_serve},
     {"put", "object", "[--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-", kvp_cli_put},

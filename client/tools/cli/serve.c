@@ -112,6 +112,16 @@ static int serve_option(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command
     case 'S':
         s->params.ssd_path = optarg;
         break;
+    case 'F':
+        s->params.segment_file = optarg;
+        break;
+    case 'O':
+        if (!kvp_parse_size(optarg, &s->params.segment_file_offset))
+            return kvp_cli_usage_error(cmd,
+                                       "--segment-file-offset needs a size such as 4KiB, got "
+                                       "'%s'",
+                                       optarg);
+        break;
     case 'Z':
         if (!kvp_parse_size(optarg, &s->params.ssd_size) || s->params.ssd_size < (1u << 20))
             return kvp_cli_usage_error(cmd, "--ssd-size needs a size of at least 1MiB, got '%s'",
@@ -195,6 +205,11 @@ static int serve_parse(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_
         return kvp_cli_usage_error(cmd, "serve needs --segment-size (and/or --ssd-path)");
     if (p->segment_size == 0 && p->ssd_path == NULL)
         return kvp_cli_usage_error(cmd, "--segment-size 0 needs an SSD segment (--ssd-path)");
+    if (p->segment_file == NULL && p->segment_file_offset != 0)
+        return kvp_cli_usage_error(cmd, "--segment-file-offset needs --segment-file");
+    if (p->segment_file != NULL && p->segment_size == 0)
+        return kvp_cli_usage_error(cmd, "--segment-file needs --segment-size (the bytes of it to "
+                                        "serve)");
     if ((p->ssd_path == NULL) != (p->ssd_size == 0))
         return kvp_cli_usage_error(cmd, "--ssd-path and --ssd-size go together");
     if (s->ready_fd >= 0 && fcntl(s->ready_fd, F_GETFD) < 0)
@@ -344,6 +359,8 @@ int kvp_cli_serve(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, 
         {"http-listen", required_argument, NULL, 'L'},
         {"auth", required_argument, NULL, 'A'},
         {"tenant", required_argument, NULL, 'T'},
+        {"segment-file", required_argument, NULL, 'F'},
+        {"segment-file-offset", required_argument, NULL, 'O'},
         KVP_CLI_GLOBAL_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},

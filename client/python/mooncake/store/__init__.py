@@ -98,8 +98,9 @@ class MooncakeDistributedStore(TensorAPI):
     batches), the tensor API (put_tensor, get_tensor, their batch, _into, _from,
     upsert, pub and _with_tp forms; torch imported on first use) and the
     housekeeping calls (remove*, is_exist, health_check, get_hostname,
-    get_replica_desc). Methods of Mooncake's binding that kvpool cannot honour
-    (segment mounting at run time, transfer sessions, copy/move tasks, the
+    get_replica_desc), and segments mounted at run time (mount_segment,
+    allocate_and_mount_segment and their unmounts). Methods of Mooncake's binding
+    that kvpool cannot honour (transfer sessions, copy/move tasks, the
     _with_parallelism family) raise NotImplementedError naming themselves.
     """
 
@@ -108,6 +109,8 @@ class MooncakeDistributedStore(TensorAPI):
         self._c = None  # kvpool._kvpool.Client
         self._hostname = ""
         self._lock = _threading.Lock()
+        self._args = None  # (master, data_host, rdma_devices) of setup, for mounted segments
+        self._mounted = {}  # segment id -> (kind "file" | "alloc", kvpool._kvpool.Client)
 
     # ---- setup ----
 
@@ -135,6 +138,7 @@ class MooncakeDistributedStore(TensorAPI):
         except _BAD_INPUT:
             return INVALID_PARAMS
         data_host = _host_of(local_hostname) if seg > 0 else None
+        args = (master_server_addr or None, _host_of(local_hostname), rdma_devices or None)
         try:
             c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0, data_host,
                             None, rdma_devices or None, True, 0)
@@ -145,6 +149,10 @@ class MooncakeDistributedStore(TensorAPI):
         with self._lock:
             old, self._c = self._c, c
             self._hostname = local_hostname or ""
+            self._args = args
+            mounted, self._mounted = self._mounted, {}
+        for _kind, m in mounted.values():
+            m.close()
         if old is not None:
             old.close()
         return OK
@@ -163,9 +171,13 @@ class MooncakeDistributedStore(TensorAPI):
         return self.setup("", "", 0, 0, "auto", "", server_address)
 
     def close(self):
-        """Unmount this store's segment and disconnect. 0."""
+        """Unmount this store's segments (setup's and those mounted since) and
+        disconnect. 0."""
         with self._lock:
             c, self._c = self._c, None
+            mounted, self._mounted = self._mounted, {}
+        for _kind, m in mounted.values():
+            m.close()
         if c is not None:
             c.close()
         return OK
@@ -179,6 +191,101 @@ class MooncakeDistributedStore(TensorAPI):
         except _kvpool.Error:
             name = None
         return name or self._hostname
+
+    # ---- segments at run time ----
+
+    def _mount(self, kind, size, protocol, location, path=None, offset=0):
+        """Mount one more segment of this process's memory: a kvpool client of the
+        same master that contributes it (its own data server and heartbeat; the
+        store's calls still go through setup's client). -> (code, [id], size)."""
+        try:
+            size = _kvpool.parse_size(size)
+            offset = _kvpool.parse_size(offset)
+            if not isinstance(protocol, str) or not isinstance(location, str):
+                raise TypeError("protocol and location must be str")
+            if path is not None and not isinstance(path, str):
+                raise TypeError("path must be str")
+        except _BAD_INPUT:
+            return INVALID_PARAMS, [], 0
+        if size == 0 or not (location == "" or location.startswith("cpu")):
+            # kvpool segments are host memory ("cpu", "cpu:N" or ""), never device memory
+            return INVALID_PARAMS, [], 0
+        with self._lock:
+            args = self._args if self._c is not None else None
+        if args is None:
+            return INTERNAL_ERROR, [], 0
+        try:
+            m = _raw.Client(args[0], size, _transport(protocol), 0, args[1], None, args[2], True,
+                            0, segment_file=path, segment_file_offset=offset)
+        except _kvpool.Error as e:
+            st = getattr(e, "status", None)
+            return (_code(st) if isinstance(st, int) and st < 0 else INTERNAL_ERROR), [], 0
+        except _BAD_INPUT:
+            return INVALID_PARAMS, [], 0
+        sid = m.segment_name()
+        with self._lock:
+            if self._c is None:  # closed meanwhile
+                m.close()
+                return INTERNAL_ERROR, [], 0
+            self._mounted[sid] = (kind, m)
+        return OK, [sid], size
+
+    def _unmount(self, kind, segment_ids, grace_period_seconds):
+        if isinstance(segment_ids, str):
+            segment_ids = [segment_ids]
+        try:
+            ids = list(segment_ids)
+            grace = float(grace_period_seconds)
+            if grace < 0 or not all(isinstance(i, str) for i in ids):
+                raise ValueError("segment ids must be str, the grace period >= 0")
+        except _BAD_INPUT:
+            return INVALID_PARAMS
+        first = OK
+        for sid in ids:
+            with self._lock:
+                entry = self._mounted.get(sid)
+                if entry is None or entry[0] != kind:
+                    entry = None
+                else:
+                    del self._mounted[sid]
+            if entry is None:  # not one this store mounted this way
+                first = first or INVALID_PARAMS
+                continue
+            m = entry[1]
+            if grace > 0:  # move its objects to other segments first, for up to grace s
+                r = m.drain(int(grace * 1000))
+                if isinstance(r, int) and r < 0:
+                    first = first or _code(r)
+            m.close()
+        return first
+
+    def mount_segment(self, path, size, offset=0, protocol="tcp", location=""):
+        """Mount [offset, offset + size) of the file at path (MAP_SHARED; a
+        regular file of this user's, mode 0600, offset page-aligned) as one more
+        segment of the pool, served by this process. -> {"ret": 0 or negative,
+        "segment_ids": [id]}; unmount it with unmount_segment(ids)."""
+        code, ids, _ = self._mount("file", size, protocol, location, path, offset)
+        return {"ret": code, "segment_ids": ids}
+
+    def unmount_segment(self, segment_ids, grace_period_seconds=0):
+        """Unmount segments mount_segment mounted (a list of ids). With a grace
+        period their objects are first moved to other segments (for up to that
+        many seconds); without, they leave the pool at once. 0, or the first
+        negative code (-600: an id this store did not mount)."""
+        return self._unmount("file", segment_ids, grace_period_seconds)
+
+    def allocate_and_mount_segment(self, size, protocol="tcp", location=""):
+        """Allocate size bytes of host memory and mount them as one more segment
+        of the pool, served by this process. -> {"ret": 0 or negative,
+        "segment_ids": [id], "allocated_size": bytes}; free it with
+        unmount_and_free_segment(ids)."""
+        code, ids, n = self._mount("alloc", size, protocol, location)
+        return {"ret": code, "segment_ids": ids, "allocated_size": n}
+
+    def unmount_and_free_segment(self, segment_ids, grace_period_seconds=0):
+        """Unmount and free segments allocate_and_mount_segment mounted, as
+        unmount_segment does. 0, or the first negative code."""
+        return self._unmount("alloc", segment_ids, grace_period_seconds)
 
     # ---- helpers ----
 
@@ -490,12 +597,6 @@ class ReplicaDescriptor(dict):
 # Each raises NotImplementedError naming itself, never returns a made-up answer.
 _UNSUPPORTED = {
     "init_all": "kvpool sets up its transports in setup()",
-    "mount_segment": "a kvpool client mounts its one DRAM segment in setup() "
-                     "(global_segment_size); more memory comes from `kvpool serve`",
-    "unmount_segment": "a kvpool segment leaves the pool when its client closes "
-                       "(or drains: `kvpool drain`)",
-    "allocate_and_mount_segment": "see mount_segment",
-    "unmount_and_free_segment": "see unmount_segment",
     "unmount_local_disk_segment": "SSD segments are `kvpool serve --ssd-path`'s",
     "alloc_from_mem_pool": "kvpool has no client-side transfer buffer pool",
     "batch_get_session_start": "kvpool has no transfer sessions",
