@@ -45,6 +45,18 @@
  * (kvpool-bench data --pieces 1,64, alternating runs).
  * The software path copies in 4 KiB chunks right after crc'ing them (from L1).
  *
+ * kvp_crc32c over 512 bytes or more, where the CPU has VPCLMULQDQ and AVX-512, folds
+ * instead (crc32c_fold): four 512-bit accumulators (sixteen 128-bit lanes) carry the
+ * message 256 bytes at a time, each 128-bit lane A folded forward over D bytes as
+ * clmul(A.lo, x^(8D+63) mod P) ^ clmul(A.hi, x^(8D-1) mod P) ^ the next data (reflected
+ * operands: a carry-less product stands one degree high, hence the -1); the lanes are then
+ * folded into one, and the crc32 instruction finishes the last 16 bytes and the tail (no
+ * Barrett reduction). The constants are computed at start from the polynomial
+ * (crc32c_xpow), none is typed in. Two carry-less multiplies per 64 bytes against three
+ * crc32 instructions per 24: about four times the three-chain loop's speed, and the CRC of
+ * a tcp slice is a fifth of a core's work at the socket's speed on this machine kind
+ * (issue 29). The copy variants keep the three-chain loop (they are bound by the stores).
+ *
  * Threads: every function is thread-safe. Tables and the CPU feature check are
  * set up once, on first use, under pthread_once; afterwards they are read-only.
  * Invariant: calls with len == 0 never dereference their pointers.
@@ -52,6 +64,7 @@
 #include "common/crc32c.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -71,6 +84,11 @@
 static pthread_once_t crc32c_once = PTHREAD_ONCE_INIT;
 static uint32_t crc32c_table[8][256];
 static bool crc32c_have_hw;
+/* x^(2^k) mod P for k = 0..63 (crc32c_combine, the folding constants) */
+static pthread_once_t crc32c_x2n_once = PTHREAD_ONCE_INIT;
+static uint32_t crc32c_x2n[64];
+static uint32_t crc32c_multmodp(uint32_t a, uint32_t b);
+static void crc32c_x2n_init(void);
 
 #if defined(KVP_CRC32C_X86)
 static uint32_t crc32c_zeros_long[4][256];
@@ -371,6 +389,114 @@ static KVP_TARGET_SSE42 uint32_t crc32c_hw_copy(uint32_t crc, void *dst, const v
     return crc32c_hw_impl(crc, dst, src, len, true, false);
 }
 
+/* ---- x86-64 VPCLMULQDQ + AVX-512: folding ---------------------------------------------- */
+
+#define KVP_TARGET_FOLD                                                                            \
+    __attribute__((target("sse4.2,pclmul,avx512f,avx512vl,avx512bw,avx512dq,vpclmulqdq")))
+#define KVP_CRC32C_FOLD_MIN 512 /* shorter buffers take the three-chain loop */
+
+static bool crc32c_have_fold;
+/* Per distance D (bytes), the 64-bit operands (x^(8D+63) mod P) << 32 for a lane's low half and
+ * (x^(8D-1) mod P) << 32 for its high half, reflected (crc32c_fold_consts). */
+enum { FOLD_256, FOLD_192, FOLD_128, FOLD_64, FOLD_48, FOLD_32, FOLD_16, FOLD_N };
+static const unsigned crc32c_fold_dist[FOLD_N] = {256, 192, 128, 64, 48, 32, 16};
+static uint64_t crc32c_fold_k[FOLD_N][2];
+
+/* x^n mod P, reflected (bit 31 is x^0). */
+static uint32_t crc32c_xpow(uint64_t n)
+{
+    uint32_t xp = 1u << 31;
+    for (unsigned k = 0; n != 0; n >>= 1, k++)
+        if (n & 1)
+            xp = crc32c_multmodp(crc32c_x2n[k], xp);
+    return xp;
+}
+
+static void crc32c_fold_consts(void)
+{
+    pthread_once(&crc32c_x2n_once, crc32c_x2n_init);
+    for (int i = 0; i < FOLD_N; i++) {
+        uint64_t bits = 8ull * crc32c_fold_dist[i];
+        crc32c_fold_k[i][0] = (uint64_t)crc32c_xpow(bits + 63) << 32;
+        crc32c_fold_k[i][1] = (uint64_t)crc32c_xpow(bits - 1) << 32;
+    }
+}
+
+static inline __attribute__((always_inline)) KVP_TARGET_FOLD __m512i crc32c_k512(int d)
+{
+    return _mm512_broadcast_i32x4(
+        _mm_set_epi64x((long long)crc32c_fold_k[d][1], (long long)crc32c_fold_k[d][0]));
+}
+
+/* Each 128-bit lane of x carried over its distance, xor y. */
+static inline __attribute__((always_inline)) KVP_TARGET_FOLD __m512i crc32c_fold512(__m512i x,
+                                                                                    __m512i k,
+                                                                                    __m512i y)
+{
+    return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(x, k, 0x00),
+                                     _mm512_clmulepi64_epi128(x, k, 0x11), y, 0x96);
+}
+
+static inline __attribute__((always_inline)) KVP_TARGET_FOLD __m128i crc32c_fold128(__m128i x,
+                                                                                    int d,
+                                                                                    __m128i y)
+{
+    __m128i k = _mm_set_epi64x((long long)crc32c_fold_k[d][1], (long long)crc32c_fold_k[d][0]);
+    return _mm_ternarylogic_epi64(_mm_clmulepi64_si128(x, k, 0x00),
+                                  _mm_clmulepi64_si128(x, k, 0x11), y, 0x96);
+}
+
+/* len >= KVP_CRC32C_FOLD_MIN. Conditioned crc in and out, as kvp_crc32c. */
+static KVP_TARGET_FOLD uint32_t crc32c_fold(uint32_t crc, const unsigned char *p, size_t len)
+{
+    __m512i x0 = _mm512_loadu_si512((const void *)p);
+    __m512i x1 = _mm512_loadu_si512((const void *)(p + 64));
+    __m512i x2 = _mm512_loadu_si512((const void *)(p + 128));
+    __m512i x3 = _mm512_loadu_si512((const void *)(p + 192));
+    /* the register's start value is the same as xor-ing it into the first four bytes */
+    x0 = _mm512_xor_si512(x0, _mm512_zextsi128_si512(_mm_cvtsi32_si128((int)~crc)));
+    p += 256;
+    len -= 256;
+    const __m512i k256 = crc32c_k512(FOLD_256);
+    while (len >= 256) {
+        x0 = crc32c_fold512(x0, k256, _mm512_loadu_si512((const void *)p));
+        x1 = crc32c_fold512(x1, k256, _mm512_loadu_si512((const void *)(p + 64)));
+        x2 = crc32c_fold512(x2, k256, _mm512_loadu_si512((const void *)(p + 128)));
+        x3 = crc32c_fold512(x3, k256, _mm512_loadu_si512((const void *)(p + 192)));
+        p += 256;
+        len -= 256;
+    }
+    /* the four accumulators into the last one's 64 bytes */
+    __m512i x = crc32c_fold512(x0, crc32c_k512(FOLD_192), x3);
+    x = crc32c_fold512(x1, crc32c_k512(FOLD_128), x);
+    x = crc32c_fold512(x2, crc32c_k512(FOLD_64), x);
+    const __m512i k64 = crc32c_k512(FOLD_64);
+    while (len >= 64) {
+        x = crc32c_fold512(x, k64, _mm512_loadu_si512((const void *)p));
+        p += 64;
+        len -= 64;
+    }
+    /* the four lanes into the last one's 16 bytes */
+    __m128i r = _mm512_extracti32x4_epi32(x, 3);
+    r = crc32c_fold128(_mm512_extracti32x4_epi32(x, 0), FOLD_48, r);
+    r = crc32c_fold128(_mm512_extracti32x4_epi32(x, 1), FOLD_32, r);
+    r = crc32c_fold128(_mm512_extracti32x4_epi32(x, 2), FOLD_16, r);
+    while (len >= 16) {
+        r = crc32c_fold128(r, FOLD_16, _mm_loadu_si128((const __m128i *)(const void *)p));
+        p += 16;
+        len -= 16;
+    }
+    /* what is left is r followed by the tail: the crc32 instruction from a zero register */
+    uint64_t c = _mm_crc32_u64(0, (uint64_t)_mm_cvtsi128_si64(r));
+    c = _mm_crc32_u64(c, (uint64_t)_mm_extract_epi64(r, 1));
+    uint32_t c32 = (uint32_t)c;
+    while (len > 0) {
+        c32 = _mm_crc32_u8(c32, *p++);
+        len--;
+    }
+    return ~c32;
+}
+
 #endif /* KVP_CRC32C_X86 */
 
 /* ---- dispatch --------------------------------------------------------------------------- */
@@ -385,6 +511,13 @@ static void crc32c_init(void)
         crc32c_zeros_init(crc32c_zeros_short, KVP_CRC32C_SHORT);
         crc32c_have_hw = true;
         crc32c_have_avx2 = __builtin_cpu_supports("avx2");
+        if (__builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("avx512f") &&
+            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("pclmul") &&
+            getenv("KVPOOL_CRC32C_NO_FOLD") == NULL) {
+            crc32c_fold_consts();
+            crc32c_have_fold = true;
+        }
     }
 #endif
 }
@@ -399,6 +532,8 @@ uint32_t kvp_crc32c(uint32_t crc, const void *buf, size_t len)
 {
     pthread_once(&crc32c_once, crc32c_init);
 #if defined(KVP_CRC32C_X86)
+    if (crc32c_have_fold && len >= KVP_CRC32C_FOLD_MIN)
+        return crc32c_fold(crc, buf, len);
     if (crc32c_have_hw)
         return crc32c_hw(crc, buf, len);
 #endif
@@ -447,8 +582,6 @@ bool kvp_crc32c_hw_available(void)
  * crc(B) (the pre/post conditioning cancels out, as in zlib's crc32_combine). Polynomials are
  * kept reflected: bit 31 is x^0. x^(2^k) mod P is tabled once for k = 0..63.
  */
-static pthread_once_t crc32c_x2n_once = PTHREAD_ONCE_INIT;
-static uint32_t crc32c_x2n[64];
 
 static uint32_t crc32c_multmodp(uint32_t a, uint32_t b)
 {

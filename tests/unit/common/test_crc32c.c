@@ -157,6 +157,22 @@ static void test_hw_matches_sw_large(void **state)
     free(buf);
 }
 
+/* Every length from just under the folding path's minimum (512) to past four of its 256-byte
+ * rounds, each tail of 64 and 16 bytes and bytes, at random offsets and seeds. */
+static void test_fold_lengths(void **state)
+{
+    (void)state;
+    unsigned char *buf = malloc(2200 + 64);
+    assert_non_null(buf);
+    for (size_t len = 500; len <= 2200; len++) {
+        size_t off = rng_next() % 64;
+        fill_random(buf + off, len);
+        uint32_t seed = (uint32_t)rng_next();
+        assert_int_equal(kvp_crc32c(seed, buf + off, len), kvp_crc32c_sw(seed, buf + off, len));
+    }
+    free(buf);
+}
+
 static void test_chaining(void **state)
 {
     (void)state;
@@ -351,6 +367,7 @@ int main(void)
         cmocka_unit_test(test_hw_available),
         cmocka_unit_test(test_hw_matches_sw_small),
         cmocka_unit_test(test_hw_matches_sw_large),
+        cmocka_unit_test(test_fold_lengths),
         cmocka_unit_test(test_chaining),
         cmocka_unit_test(test_combine),
         cmocka_unit_test(test_copy),
