@@ -572,10 +572,12 @@ static kvp_status_t etcd_curl_failure(kvp_etcd_t *e, CURLcode rc, const char *pa
         break;
     }
     /* TLS 1.3: the client's handshake ends before the server checks our certificate, so a
-     * refusal may arrive as the connection closing under libcurl rather than as the alert */
+     * refusal may arrive as the connection closing under libcurl rather than as the alert
+     * (or, when libcurl's first request is already on its way, as its send failing) */
     if (hint == NULL && strncmp(e->urls[idx], "https://", 8) == 0 &&
         (has(detail, "getpeername") || has(detail, "reset by peer") ||
-         has(detail, "SSL_ERROR_SYSCALL") || has(detail, "unexpected eof")))
+         has(detail, "SSL_ERROR_SYSCALL") || has(detail, "unexpected eof") ||
+         has(detail, "Broken pipe")))
         hint = "etcd closed the connection at the TLS handshake: it may refuse our client "
                "certificate, or want one (--client-cert-auth): give one signed by its "
                "--trusted-ca-file (--etcd-cert and --etcd-key, KVPOOL_ETCD_CERT and "
