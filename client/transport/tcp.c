@@ -12,9 +12,10 @@
  * the only copy of object bytes. Dynamic pulling keeps streams balanced.
  *
  * CRC: each slice is checksummed while its bytes are in cache: a READ's as
- * they land (per recv), a WRITE's whole when its request is built, just before
- * it is sent (256 KiB pieces interleaved with the sends measured no better and
- * cost more sendmsg calls). An op's CRC is its slices' CRCs put together in
+ * they land (per recv; poll() wakes a connection only once TCP_LOWAT of a payload is
+ * queued, SO_RCVLOWAT, so a recv takes a few hundred KiB, not one 64 KiB segment), a WRITE's whole
+ * when its request is built, just before it is sent (256 KiB pieces interleaved with the sends
+ * measured no better and cost more sendmsg calls). An op's CRC is its slices' CRCs put together in
  * order with kvp_crc32c_combine, so no second pass over the object is made.
  * Per-batch arrays come from scratches kept on the ctx between calls.
  *
@@ -71,6 +72,9 @@
 #define TCP_THREAD_MIN (4u << 20)
 #define TCP_WORKERS_MAX 7
 #define POOL_MAX_IDLE 64
+/* conn_lowat: poll() for a read's payload wakes once this much of it has come */
+#define TCP_LOWAT (256u << 10)
+#define TCP_LOWAT_MIN (64u << 10)
 /* Slices up to this size to one endpoint travel as chains in vectored requests. */
 #define VEC_SMALL (64u << 10)
 
@@ -181,6 +185,7 @@ typedef struct xconn {
                                keeps it: later requests naming it send only their indices) */
     pthread_mutex_t *lock;  /* the transfer's, when its connections run on several threads */
     uint64_t first_sent_ns; /* its first request, a read, fully sent (0: not yet, or no read) */
+    uint32_t lowat;         /* the socket's SO_RCVLOWAT as last set (conn_lowat) */
     bool timed;             /* that read's answer timed (the peer's read latency) */
     bool dead;
 } xconn_t;
@@ -543,6 +548,22 @@ static void conn_recv(xconn_t *c)
     }
 }
 
+/* While a read's payload streams in, poll() wakes this connection only once TCP_LOWAT of it
+ * (or what is left of it) is queued: a few large copies per slice instead of one poll, a
+ * recvmsg and an EAGAIN per 64 KiB segment the kernel delivers. 1 otherwise (a header). */
+static void conn_lowat(xconn_t *c)
+{
+    uint32_t want = 1;
+    if (c->sent > 0 && c->recv_off >= sizeof(c->resp)) {
+        const req_t *r = &c->ring[c->head];
+        uint64_t left = sizeof(c->resp) + r->hdr.length - c->recv_off;
+        if (req_reads(r) && left >= TCP_LOWAT_MIN)
+            want = (uint32_t)KVP_MIN(left, (uint64_t)TCP_LOWAT);
+    }
+    if (want != c->lowat && setsockopt(c->fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0)
+        c->lowat = want;
+}
+
 /* Take an idle scratch with room for the batch, growing one if needed (NULL: no memory). */
 static tcp_scratch_t *scratch_get(tcp_ctx_t *ctx, size_t n_slices, size_t n_groups, size_t n_conns)
 {
@@ -637,6 +658,8 @@ static void run_conns(run_t *run)
                 pfds[c].fd = -1;
                 continue;
             }
+            if (x->sent > 0)
+                conn_lowat(x);
             pfds[c].fd = x->fd;
             pfds[c].events =
                 (short)((x->sent > 0 ? POLLIN : 0) | (x->sent < x->count ? POLLOUT : 0));
@@ -940,7 +963,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             if (last != KVP_OK)
                 break;
             last_progress = kvp_now_ms(); /* a stream opened (and proved): progress */
-            conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g]};
+            conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1};
             groups[g].live++;
             n_conns++;
         }
@@ -953,9 +976,15 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     }
 
     run_transfer(ctx, sc, n_conns, total_bytes, last_progress);
-    for (size_t c = 0; c < n_conns; c++)
-        if (!conns[c].dead)
-            conn_release(ctx, conns[c].g->pool, conns[c].fd);
+    for (size_t c = 0; c < n_conns; c++) {
+        if (conns[c].dead)
+            continue;
+        if (conns[c].lowat != 1) { /* pooled connections wake at the first byte */
+            uint32_t one = 1;
+            setsockopt(conns[c].fd, SOL_SOCKET, SO_RCVLOWAT, &one, sizeof(one));
+        }
+        conn_release(ctx, conns[c].g->pool, conns[c].fd);
+    }
     /* An op's slices lie in order in `slices`: put their CRCs together. */
     for (size_t i = 0; i < n; i++)
         if (ops[i]->want_crc)

@@ -235,6 +235,8 @@ typedef enum fake_mode {
     FAKE_WRONG_LENGTH, /* answers a READ with another length */
     FAKE_HALF_PAYLOAD, /* sends half a READ's payload, then closes */
     FAKE_SLOW,         /* answers a READ in full (pattern 98), 150 ms late */
+    FAKE_DRIBBLE,      /* answers a READ in full (pattern 97), 24 KiB at a time, 0.2 ms apart */
+    FAKE_HALF_STALL,   /* sends half a READ's payload, then nothing (stays open) */
 } fake_mode_t;
 
 typedef struct fake_server {
@@ -281,6 +283,30 @@ static void *fake_main(void *arg)
             shutdown(fd, SHUT_RDWR);
             break;
         }
+        case FAKE_DRIBBLE:
+        case FAKE_HALF_STALL:
+            for (;;) { /* every request on the connection (DRIBBLE) */
+                uint8_t *p = malloc(fs->req.length);
+                if (p == NULL || kvp_send_all(fd, &r, sizeof(r)) != KVP_OK) {
+                    free(p);
+                    break;
+                }
+                fill(p, fs->req.length, 97);
+                uint64_t end = fs->mode == FAKE_DRIBBLE ? fs->req.length : fs->req.length / 2;
+                for (uint64_t off = 0; off < end; off += 24 * KIB) {
+                    uint64_t n = end - off < 24 * KIB ? end - off : 24 * KIB;
+                    if (kvp_send_all(fd, p + off, n) != KVP_OK)
+                        break;
+                    struct timespec ts = {0, 200 * 1000L};
+                    nanosleep(&ts, NULL);
+                }
+                free(p);
+                if (fs->mode != FAKE_DRIBBLE ||
+                    kvp_recv_all(fd, &fs->req, sizeof(fs->req)) != KVP_OK)
+                    break;
+                r.length = fs->req.length;
+            }
+            break;
         case FAKE_SLOW: {
             uint8_t *p = malloc(fs->req.length);
             if (p != NULL) {
@@ -900,6 +926,65 @@ static void test_threaded_transfers(void **state)
     free(dst);
 }
 
+/* A read's payload wakes its stream only once TCP_LOWAT of it has come (SO_RCVLOWAT): the
+ * rest of a payload shorter than that still wakes it (an odd length, sent a little at a
+ * time), a payload that stops coming fails at the timeout (not earlier, not never), and a
+ * pooled connection goes back waking at the first byte (a small read right after a large
+ * one on the same stream would otherwise wait out the timeout). */
+static void test_payload_wakeups(void **state)
+{
+    fixture_t *fx = *state;
+    fx->xfer.tcp_streams = 1;
+    const uint64_t len = MIB + 12345;
+    uint8_t *buf = xmalloc(len), *want = xmalloc(len);
+    fill(want, len, 97);
+
+    fake_server_t fs;
+    fake_start(&fs, FAKE_DRIBBLE);
+    kvp_peer_t *p = peer_new(fx, SEG_ID, fs.port);
+    p->size = 64 * MIB;
+    fx->xfer.tcp_slice = 4 * MIB; /* one request */
+    kvp_xfer_op_t op = op_of(KVP_XFER_READ, p, buf, 0, len);
+    tp_submit(fx->tp, &op, 1);
+    assert_int_equal(op.status, KVP_OK);
+    assert_memory_equal(buf, want, len);
+    /* its last wake-up waited for the whole rest: the connection went back to the pool
+     * with a high mark unless it was set back; a small read on it must not wait it out */
+    uint64_t t0 = kvp_now_ms();
+    op = op_of(KVP_XFER_READ, p, buf, 0, 100);
+    tp_submit(fx->tp, &op, 1);
+    assert_int_equal(op.status, KVP_OK);
+    assert_memory_equal(buf, want, 100);
+    assert_true(kvp_now_ms() - t0 < 1000);
+    fake_stop(&fs);
+    kvp_peer_unref(p);
+
+    fake_start(&fs, FAKE_HALF_STALL);
+    p = peer_new(fx, SEG_ID, fs.port);
+    p->size = 64 * MIB;
+    fx->xfer.timeout_ms = 400;
+    op = op_of(KVP_XFER_READ, p, buf, 0, len);
+    t0 = kvp_now_ms();
+    tp_submit(fx->tp, &op, 1);
+    uint64_t took = kvp_now_ms() - t0;
+    assert_int_equal(op.status, KVP_ERR_TIMEOUT);
+    assert_true(took >= 350 && took < 5000);
+    fake_stop(&fs);
+    kvp_peer_unref(p);
+
+    /* the real owner: a 4 MiB read, then 100 bytes on the same pooled connection */
+    fx->xfer.timeout_ms = 10000;
+    write_ok(fx, 0, 4 * MIB, 70);
+    read_check(fx, 0, 4 * MIB);
+    assert_int_equal(conns_to(fx->port), 1);
+    t0 = kvp_now_ms();
+    read_check(fx, 4096, 100);
+    assert_true(kvp_now_ms() - t0 < 1000);
+    assert_int_equal(conns_to(fx->port), 1);
+    free(buf);
+    free(want);
+}
+
 /* A peer that breaks off mid-payload or answers garbage: the op fails with KVP_ERR_IO or
  * KVP_ERR_PROTOCOL at once (never reported as done with a half-filled buffer). */
 static void test_broken_peer(void **state)
@@ -1212,6 +1297,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stalled_peer_times_out, setup, teardown),
         cmocka_unit_test_setup_teardown(test_read_latency, setup, teardown),
         cmocka_unit_test_setup_teardown(test_threaded_transfers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_payload_wakeups, setup, teardown),
         cmocka_unit_test_setup_teardown(test_broken_peer, setup, teardown),
         cmocka_unit_test_setup_teardown(test_server_survives_malformed_frames, setup, teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_submits, setup, teardown),
