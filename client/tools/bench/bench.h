@@ -143,6 +143,10 @@ int kvp_bench_json_write(const kvp_bench_out_t *results, const kvp_bench_opts_t 
  */
 double kvp_bench_limit_memcpy_gbps(uint64_t size);
 double kvp_bench_limit_tcp_gbps(uint64_t size, unsigned streams);
+/* The same pump over a batch's working set: each stream cycles through the buffers of its
+ * share of a batch of 32 (16 per stream at 2 streams; fewer for big objects, at most 128 MiB
+ * a side), as the data mode's gets and puts do, instead of one buffer that stays in cache. */
+double kvp_bench_limit_tcp_ws_gbps(uint64_t size, unsigned streams);
 /*
  * Measure (once) the memcpy and loopback-tcp limits for a size and stream count.
  * Returns 0, or -1 (message on stderr) when a measurement failed.

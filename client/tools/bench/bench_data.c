@@ -16,7 +16,8 @@
  * objects/s, and batch latency p50/p99/p99.9 (and the same divided by the
  * batch size, per object), next to the matching limit measured in the
  * same run: memcpy for shm, a loopback socket pump with the same number of
- * streams for tcp.
+ * streams for tcp (and, as %ws / pct_of_ws_limit, the same pump cycling through a
+ * batch's working set of buffers instead of one that stays in cache).
  *
  * --pieces LIST (issue 14): with N > 1 pieces each object's buffer is split into N
  * equal pieces (a layer-wise KV layout: 1 MiB as 64 x 16 KiB) and put and got with
@@ -413,6 +414,8 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
                    : strcmp(transport, "shm") == 0
                        ? kvp_bench_limit_memcpy_gbps(size)
                        : kvp_bench_limit_tcp_gbps(size, TCP_STREAMS * nt);
+    double ws_limit =
+        strcmp(transport, "tcp") == 0 ? kvp_bench_limit_tcp_ws_gbps(size, TCP_STREAMS * nt) : 0;
     for (int op = 0; op < N_OPS && rc == 0; op++) {
         if (loop >= 0 && op != loop)
             continue;
@@ -453,13 +456,14 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
         if (target > 0)
             snprintf(tgt, sizeof(tgt), "  target >= %.1fx: %s", target,
                      tval >= target ? "met" : "MISSED");
-        printf("%-4s %-5s %8s %5u %5u %3u %-6s %-3s %8.2f %6.1f%% %10.0f %9.1f %9.1f %9.1f %5.2fx "
-               "%5.2fx%s\n",
+        double ws_pct = op != OP_EXIST && ws_limit > 0 ? gbps / ws_limit * 100 : 0;
+        printf("%-4s %-5s %8s %5u %5u %3u %-6s %-3s %8.2f %6.1f%% %5.0f%% %10.0f %9.1f %9.1f %9.1f "
+               "%5.2fx %5.2fx%s\n",
                transport, op_names[op], fmt_size(size, sz, sizeof(sz)), batch, pieces, nt,
                nt == 1  ? "one"
                : shared ? "shared"
                         : "own",
-               crc ? "on" : "off", gbps, pct, objs_s, p50, p99, p999, ratio, pratio, tgt);
+               crc ? "on" : "off", gbps, pct, ws_pct, objs_s, p50, p99, p999, ratio, pratio, tgt);
         kvp_bench_result_begin(out, "data");
         kvp_bench_result_str(out, "op", op_names[op]);
         kvp_bench_result_str(out, "transport", transport);
@@ -505,6 +509,9 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
                              : strcmp(transport, "shm") == 0 ? "memcpy"
                                                              : "tcp-pump");
         kvp_bench_result_num(out, "pct_of_limit", pct);
+        /* tcp: the same pump over a batch's working set (bench_limits.c), for reference */
+        kvp_bench_result_num(out, "ws_limit_gbps", op == OP_EXIST ? 0 : ws_limit);
+        kvp_bench_result_num(out, "pct_of_ws_limit", ws_pct);
         kvp_bench_result_int(out, "batches", (int64_t)all.n);
         kvp_bench_result_end(out);
         free(all.v);
@@ -561,9 +568,9 @@ int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
            : o->clients_shared                 ? "sharing one client"
                                                : "one client per thread",
            o->duration_s, o->loop ? ", loop " : "", o->loop ? o->loop : "");
-    printf("%-4s %-5s %8s %5s %5s %3s %-6s %-3s %8s %7s %10s %9s %9s %9s %6s %6s\n", "tr", "op",
-           "size", "batch", "pcs", "thr", "client", "crc", "GB/s", "%limit", "obj/s", "p50 us",
-           "p99 us", "p99.9 us", "x1thr", "x1pc");
+    printf("%-4s %-5s %8s %5s %5s %3s %-6s %-3s %8s %7s %6s %10s %9s %9s %9s %6s %6s\n", "tr", "op",
+           "size", "batch", "pcs", "thr", "client", "crc", "GB/s", "%limit", "%ws", "obj/s",
+           "p50 us", "p99 us", "p99.9 us", "x1thr", "x1pc");
     for (size_t p = 0; p < o->n_pieces; p++)
         for (size_t s = 0; s < o->n_sizes; s++)
             if (o->sizes[s] % o->pieces[p] != 0) {
