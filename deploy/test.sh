@@ -215,6 +215,21 @@ pip_tests() {
   rm -f pip-test.out
 }
 pip_tests
+
+# A release build (-O3, NDEBUG) compiles too: the optimiser's warnings (format truncation,
+# maybe-uninitialized) differ from the debug build's, and -Werror makes them errors; the
+# side-by-side benchmark (../shared/peers) and packagers build this way. Counted as one test.
+release_build() {
+  if { [ -f build-release/build.ninja ] ||
+       meson setup build-release -Dbuildtype=release >build-release.setup.log 2>&1; } &&
+     ninja -C build-release >build-release.ninja.log 2>&1; then
+    echo "release-build: OK"; passed=$((passed+1))
+  else
+    tail -40 build-release.setup.log build-release.ninja.log 2>/dev/null
+    echo "release-build: FAIL"; failed=$((failed+1)); rc_all=1
+  fi
+}
+release_build
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1

@@ -467,8 +467,8 @@ static int int_list(PyObject *seq, const char *what, size_t elem, int_check_fn c
     if (v == NULL)
         return 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        char item[64];
-        snprintf(item, sizeof(item), "%s[%zd]", what, i);
+        char item[96]; /* the name cut at 60 bytes: room for any index */
+        snprintf(item, sizeof(item), "%.60s[%zd]", what, i);
         if (check(PyTuple_GET_ITEM(seq, i), v + (size_t)i * elem, item) != 0) {
             PyMem_Free(v);
             return 0;
