@@ -10,6 +10,7 @@ Run from the repository root:
 """
 
 import os
+import random
 import select
 import signal
 import socket
@@ -52,8 +53,28 @@ def master_security_args():
             "--acl-file", os.path.join(TLS_DIR, "acl.conf")]
 
 
+def _ephemeral_low():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    """A TCP port of 127.0.0.1 free a moment ago."""
+    """A TCP port of 127.0.0.1 free a moment ago, drawn below the kernel's ephemeral range:
+    a port the kernel hands out itself (bind to 0) may be taken by any connection's local
+    end before the process it is meant for binds it (a master failed to start so in CI)."""
+    low = _ephemeral_low()
+    if low > 12000:
+        for _ in range(200):
+            port = random.randrange(10000, low)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
