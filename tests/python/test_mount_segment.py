@@ -174,6 +174,9 @@ def test_refusals(bare_store, tmp_path):
     assert s.unmount_segment("not-a-segment") == INVALID_PARAMS
     assert s.unmount_segment([1, 2]) == INVALID_PARAMS
     assert s.unmount_segment([], grace_period_seconds=-1) == INVALID_PARAMS
+    assert s.unmount_segment([], grace_period_seconds=float("nan")) == INVALID_PARAMS
+    assert s.unmount_segment([], grace_period_seconds="soon") == INVALID_PARAMS
+    assert s.unmount_segment([], grace_period_seconds=float("inf")) == OK  # nothing named
     assert segments_of(p.addr) == {}  # nothing was left mounted
     unset = MooncakeDistributedStore()  # before setup
     assert unset.allocate_and_mount_segment(MiB)["ret"] == INTERNAL_ERROR

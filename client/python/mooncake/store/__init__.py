@@ -236,7 +236,7 @@ class MooncakeDistributedStore(TensorAPI):
         try:
             ids = list(segment_ids)
             grace = float(grace_period_seconds)
-            if grace < 0 or not all(isinstance(i, str) for i in ids):
+            if not grace >= 0 or not all(isinstance(i, str) for i in ids):  # NaN too
                 raise ValueError("segment ids must be str, the grace period >= 0")
         except _BAD_INPUT:
             return INVALID_PARAMS
@@ -253,7 +253,7 @@ class MooncakeDistributedStore(TensorAPI):
                 continue
             m = entry[1]
             if grace > 0:  # move its objects to other segments first, for up to grace s
-                r = m.drain(int(grace * 1000))
+                r = m.drain(0xFFFFFFFF if grace >= 4294967 else int(grace * 1000))
                 if isinstance(r, int) and r < 0:
                     first = first or _code(r)
             m.close()
