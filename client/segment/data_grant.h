@@ -103,10 +103,11 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
 /*
  * A HELLO (req, wire.h): with grants on, challenge the peer and check its proof of the
  * connection key of the tag it names; KVP_OK: *conn_tag_p is now that principal's tag, and
- * only grants sealed for it pass on this connection (grants off: answered, nothing
- * proven). A HELLO naming another segment than this server's: KVP_ERR_SEGMENT_GONE
- * replied, not counted (a client's descriptor from before a remount); close it. Anything
- * else: refused (counted, logged, replied where possible), close it.
+ * only grants sealed for it pass on this connection. A proof that passes is not answered:
+ * the client sends its first requests right behind it, and they are served after it (grants
+ * off: answered with no challenge, nothing proven). A HELLO naming another segment than this
+ * server's: KVP_ERR_SEGMENT_GONE replied, not counted (a client's descriptor from before a
+ * remount); close it. Anything else: refused (counted, logged, replied where possible), close it.
  */
 kvp_status_t kvp_data_hello(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                             _Atomic uint64_t *refused, const char *server, int fd,

@@ -12,8 +12,10 @@
 #include "common/status.h"
 
 /* Prove peer->conn_tag's principal with peer->conn_key on a new blocking connection fd to
- * peer's owner (SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms). KVP_OK: proven, or the owner
- * checks no grants. */
+ * peer's owner (SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms). KVP_OK: the proof is sent (the
+ * owner does not answer one that passes; one that fails is answered KVP_ERR_DENIED in place
+ * of the first request's answer, and the connection closed), or the owner checks no
+ * grants. */
 kvp_status_t kvp_data_hello_prove(int fd, const kvp_peer_t *peer, uint32_t timeout_ms);
 
 /* Ask the owner of peer (its shm_path "@NAME") for the segment's memory: connect, HELLO

@@ -167,19 +167,25 @@ def hello_proof(conn_key, challenge, segment_id, tag):
     return hmac.new(conn_key, msg, hashlib.sha256).digest()
 
 
-def hello(s, segment_id, tag, conn_key):
-    """Prove principal `tag` on data connection s; the owner's final status (None: closed)."""
+def hello(s, segment_id, tag, conn_key, verdict=False):
+    """Prove principal `tag` on data connection s. The owner answers a proof that passes
+    with nothing (the requests follow it at once) and one that fails with DENIED and a
+    close: 0 once the proof is sent; with verdict, the owner's answer to it (blocking: for
+    proofs that must fail; None: closed). A status answered before any challenge (a HELLO
+    for another segment) is returned as it is."""
     s.sendall(REQ.pack(DATA_MAGIC, HELLO, 0, segment_id, tag, 0))
     h = recv_exact(s, RESP.size)
     if len(h) < RESP.size:
         return None
     magic, status, length = RESP.unpack(h)
     assert magic == DATA_MAGIC, magic
-    if status != 0:  # answered before any challenge (a HELLO for another segment)
+    if status != 0:
         return status
     assert length == 32, length
     challenge = recv_exact(s, 32)
     s.sendall(hello_proof(conn_key, challenge, segment_id, tag))
+    if not verdict:
+        return 0
     h = recv_exact(s, RESP.size)
     return RESP.unpack(h)[1] if len(h) == RESP.size else None
 
@@ -445,9 +451,24 @@ def test_grant_needs_its_principals_connection(gm, victim):
     assert refused(request(rep, WRITE, rep.offset, 4096, rep.grant, b"\xee" * 4096, as_=arep))
     for wrong_key in (arep.conn_key, os.urandom(32)):
         with socket.create_connection(rep.endpoint, timeout=10) as s:
-            assert hello(s, rep.segment_id, rep.conn_tag, wrong_key) in (DENIED, None)
+            assert hello(s, rep.segment_id, rep.conn_tag, wrong_key, verdict=True) in (DENIED, None)
             assert closed(s)
     assert gm.owner_refused() == before + 5
+    # the library sends its first requests right behind its proof, not waiting for a
+    # verdict: a read sent behind a proof that fails is not served (DENIED in its place,
+    # or the close; nothing of the object either way)
+    flags, tail = grant_wire(rep.grant)
+    with socket.create_connection(rep.endpoint, timeout=10) as s:
+        assert hello(s, rep.segment_id, rep.conn_tag, arep.conn_key) == 0
+        try:
+            s.sendall(REQ.pack(DATA_MAGIC, READ, flags, rep.segment_id, rep.offset,
+                               rep.length) + tail)
+            r = reply(s)
+        except (BrokenPipeError, ConnectionResetError):
+            r = None
+        assert r in (None, (DENIED, b"")), r
+        assert closed(s)
+    assert gm.owner_refused() == before + 6
     # and with bob's own HELLO the same grant is taken
     status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
     assert status == 0 and payload == data
@@ -718,7 +739,8 @@ def test_grant_from_before_a_master_restart(certs, tmp_path):
         assert refused(request(old, READ, old.offset, old.length, old.grant,
                                segment_id=new.segment_id, as_=new))
         with socket.create_connection(old.endpoint, timeout=10) as s:
-            assert hello(s, new.segment_id, old.conn_tag, old.conn_key) in (DENIED, None)
+            assert hello(s, new.segment_id, old.conn_tag, old.conn_key, verdict=True) in (
+                DENIED, None)
         assert m.owner_refused() == before + 2
         status, payload, _ = request(new, READ, new.offset, new.length, new.grant)
         assert status == 0 and payload == data
