@@ -137,6 +137,10 @@ typedef struct kvp_master_state {
      * + probation_bias ticks (0: plain LRU over both lists), moved by the ghost's hits */
     uint64_t policy_clock;
     int64_t probation_bias;
+    /* the deepest-block rule's gate (policy/lists.c): of the recent puts the ghost was asked
+     * about, how many it remembered (victims coming back); the three counts are halved
+     * whenever the victims since the last halving pass the objects resident (1024 at least) */
+    uint64_t recent_puts, recent_returns, recent_victims;
     kvp_move_t *moves; /* drain copies in flight */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */

@@ -45,7 +45,12 @@
  *     the first block of a chain ends up the most recent and a chain is
  *     eaten from its tail, never from its head. The last key of a PutEnd
  *     batch of several keys (the deepest block of a chain, the least shared)
- *     goes to the evict end of probation, as old as its head.
+ *     goes to the evict end of probation, as old as its head, while victims
+ *     come back: at least 1 in KVP_POLICY_RETURN_RATIO (20) of the recent
+ *     puts is a key the ghost remembers (counted over a window of about the
+ *     resident objects' number of victims). Below that the pool keeps nearly
+ *     everything asked for again, LRU is at Belady's level, and a fresh block
+ *     evicted ahead of LRU's victim can only cost a miss LRU does not have.
  * Replayed with the real handlers (sim_eviction, the hit-rate unit test)
  * it is at or above exact LRU at 2-50 % of the unique blocks on every
  * generated class and on the FAST'25 synthetic trace, and closes about a
@@ -225,6 +230,7 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
                               prot ? KVP_GHOST_PROTECTED : KVP_GHOST_PROBATION,
                               st->index.count - st->index.pending);
                 kvp_object_release(st, obj);
+                kvp_policy_victim(st);
             }
             if (what != KVP_TIER_OFFLOAD)
                 freed += bytes;

@@ -10,11 +10,12 @@
  * or takes the head's if that is older, so each list stays in stamp order.
  * A put that the ghost remembers goes to protected and moves the bias (the
  * victim's list was too eager), the deepest block of a batch to the evict
- * end of probation, a read in flight to reading (eviction never walks it),
- * a finished read to protected's new end (or, for an object on the SSD
- * tier only, the SSD list's new end; for one being offloaded, the
- * offloading list: kvp_policy_home). The index puts a new COMPLETE object
- * on probation or a pin list.
+ * end of probation while victims come back (deepest_first), a read in
+ * flight to reading (eviction never walks it), a finished read to
+ * protected's new end (or, for an object on the SSD tier only, the SSD
+ * list's new end; for one being offloaded, the offloading list:
+ * kvp_policy_home). The index puts a new COMPLETE object on probation or
+ * a pin list.
  *
  * Thread: master loop only. Time: st->now_ms (soft pin expiry).
  */
@@ -72,6 +73,30 @@ static void bias_by(kvp_master_state_t *st, int dir)
     }
 }
 
+/*
+ * The deepest-block rule's gate: does evicting a batch's deepest block first pay now? Only
+ * while victims come back: when fewer than 1 recent put in KVP_POLICY_RETURN_RATIO is a
+ * victim the ghost remembers (false positives included), the pool keeps nearly everything
+ * that is asked for again, LRU is at Belady's level, and a fresh block evicted ahead of
+ * LRU's victim can only cost a miss LRU does not have. Counts, not time: the same at any pace.
+ */
+static bool deepest_first(const kvp_master_state_t *st)
+{
+    return st->recent_returns * KVP_POLICY_RETURN_RATIO >= st->recent_puts;
+}
+
+void kvp_policy_victim(kvp_master_state_t *st)
+{
+    uint64_t window = st->index.count - st->index.pending;
+    if (window < KVP_POLICY_WINDOW_MIN)
+        window = KVP_POLICY_WINDOW_MIN;
+    if (++st->recent_victims > window) {
+        st->recent_victims /= 2;
+        st->recent_puts /= 2;
+        st->recent_returns /= 2;
+    }
+}
+
 void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest)
 {
     /* the index put it at the new end of probation (or on a pin list) */
@@ -82,13 +107,18 @@ void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest)
         kvp_policy_move(st, obj, KVP_POLICY_SSD, false);
         return;
     }
-    if (kvp_ghost_has(&st->ghost, obj->hash, KVP_GHOST_PROBATION)) {
+    bool gate = deepest_first(st); /* as the puts before this one left it */
+    bool from_prob = kvp_ghost_has(&st->ghost, obj->hash, KVP_GHOST_PROBATION);
+    bool from_prot = !from_prob && kvp_ghost_has(&st->ghost, obj->hash, KVP_GHOST_PROTECTED);
+    st->recent_puts++;
+    st->recent_returns += from_prob || from_prot;
+    if (from_prob) {
         bias_by(st, -1); /* probation's victims come back: keep them longer */
         kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
-    } else if (kvp_ghost_has(&st->ghost, obj->hash, KVP_GHOST_PROTECTED)) {
+    } else if (from_prot) {
         bias_by(st, +1); /* protected's victims come back: keep them longer */
         kvp_policy_move(st, obj, KVP_POLICY_PROTECTED, false);
-    } else if (deepest)
+    } else if (deepest && gate)
         kvp_policy_move(st, obj, KVP_POLICY_PROBATION, true);
 }
 

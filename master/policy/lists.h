@@ -13,6 +13,11 @@
  * chosen by simulation (docs/benchmarks.md, "Eviction"), the same for every workload. */
 #define KVP_POLICY_BIAS_STEP 4
 #define KVP_POLICY_BIAS_LIMIT 4
+/* The deepest block of a batch goes first only while at least 1 in KVP_POLICY_RETURN_RATIO of
+ * the recent puts is a victim coming back (chosen by simulation, the same for every workload;
+ * the ghost's false positives alone are about 1 in 40-80). */
+#define KVP_POLICY_RETURN_RATIO 20
+#define KVP_POLICY_WINDOW_MIN 1024
 
 /*
  * kvp_policy_put: obj just became COMPLETE (PutEnd); `deepest`: it was the
@@ -26,6 +31,8 @@ void kvp_policy_put(kvp_master_state_t *st, kvp_object_t *obj, bool deepest);
 void kvp_policy_read_start(kvp_master_state_t *st, kvp_object_t *obj);
 void kvp_policy_read_end(kvp_master_state_t *st, kvp_object_t *obj);
 void kvp_policy_read(kvp_master_state_t *st, kvp_object_t *obj);
+/* A victim left DRAM for good (the ghost remembers it): counts towards the gate's window. */
+void kvp_policy_victim(kvp_master_state_t *st);
 
 /* The list a COMPLETE object not being read belongs on now (pins, tier, offload). */
 unsigned kvp_policy_home(const kvp_master_state_t *st, const kvp_object_t *obj);

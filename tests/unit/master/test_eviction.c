@@ -491,7 +491,12 @@ static uint64_t xorshift(uint64_t *s)
  *     victims / its own, + 1 each, when more; down for probation, up for
  *     protected; within +-KVP_POLICY_BIAS_LIMIT x probation + protected) and
  *     goes to the new end of protected, else the last key of a batch of
- *     several to the evict end of probation, the others stay at its new end.
+ *     several to the evict end of probation while the gate is open, the
+ *     others stay at its new end. The gate: each put the ghost is asked
+ *     about counts (before it is counted, open while the returns x
+ *     KVP_POLICY_RETURN_RATIO >= the puts), a key it remembers counts as a
+ *     return; the counts are halved when the victims since the last halving
+ *     pass max(KVP_POLICY_WINDOW_MIN, resident objects).
  *   - GetReplicaList handles its keys last to first: each one found gets a
  *     lease; a new lease moves it to the new end of the reading list (hard
  *     pins stay where they are). When its lease ends (the last release, or
@@ -512,8 +517,9 @@ static uint64_t xorshift(uint64_t *s)
  *     (a false positive, rare: counted, bounded) but must never forget one
  *     the model remembers; where they differ the model follows the master's
  *     answer.
- * Random steps: puts of 1..4 keys (new keys, and evicted ones back again;
- * some soft-pinned, a few hard-pinned), reads of 1..4 keys (resident ones,
+ * Random steps: puts of 1..4 keys (new keys, and evicted ones back again,
+ * except in the middle half of the run, so that the gate closes and opens
+ * again; some soft-pinned, a few hard-pinned), reads of 1..4 keys (resident ones,
  * sometimes the same twice, sometimes an evicted one) whose leases are
  * released at once, held a few steps or never released (the TTL ends them).
  * After each step the keys that EXIST must be the model's, and the master's
@@ -567,6 +573,9 @@ typedef struct model {
     uint64_t clock;                    /* the policy clock */
     int64_t bias;                      /* probation's bias (ticks) */
     uint64_t bias_moves, bias_nonzero; /* ghost hits that moved it; steps it was not 0 */
+    uint64_t recent_puts, recent_returns, recent_victims; /* the deepest-block rule's gate */
+    uint64_t deepest_first, deepest_kept; /* deepest keys sent to the evict end, or not */
+    uint64_t deepest_first_late;          /* deepest_first in the last quarter */
     uint64_t ghost_hits, ghost_fp, ghost_asked;
     uint64_t evict_while_reading, soft_demoted, soft_taken, lease_ttl_ended, grant_seq;
     uint32_t victims[M_SLOTS]; /* this step's */
@@ -737,6 +746,16 @@ static void m_evict_to(model_t *m, uint64_t target)
             unsigned kind = m->keys[k].where == M_PROT ? M_PROT : M_PROB;
             m_unlink(m, k);
             m_ghost_add(m, k, kind);
+            uint64_t window = 0;
+            for (unsigned l = 0; l < M_LISTS; l++)
+                window += m->n[l];
+            if (window < KVP_POLICY_WINDOW_MIN)
+                window = KVP_POLICY_WINDOW_MIN;
+            if (++m->recent_victims > window) {
+                m->recent_victims /= 2;
+                m->recent_puts /= 2;
+                m->recent_returns /= 2;
+            }
             m->used--;
             m->victims[m->n_victims++] = k;
             count++;
@@ -776,7 +795,8 @@ static void m_put(kvp_master_state_t *st, model_t *m, uint64_t *rng)
     }
     for (size_t j = 0; j < n; j++) {
         uint32_t k = M_NONE;
-        if (pin != KVP_PIN_HARD && xorshift(rng) % 4 == 0)
+        bool reuse = m->step < M_STEPS / 4 || m->step >= 3 * M_STEPS / 4;
+        if (pin != KVP_PIN_HARD && xorshift(rng) % 4 == 0 && reuse)
             k = m_pick_evicted(m, rng, ks, j);
         if (k == M_NONE)
             k = m->next_key++;
@@ -843,13 +863,20 @@ static void m_put(kvp_master_state_t *st, model_t *m, uint64_t *rng)
             continue;
         }
         m_place(m, ks[j], M_PROB, false, false); /* where the index puts it */
+        bool gate = m->recent_returns * KVP_POLICY_RETURN_RATIO >= m->recent_puts;
+        m->recent_puts++;
+        m->recent_returns += ghost[j][M_PROB] || ghost[j][M_PROT];
         if (ghost[j][M_PROB] || ghost[j][M_PROT]) {
             m_bias(m, ghost[j][M_PROB] ? M_PROB : M_PROT);
             m_unlink(m, ks[j]);
             m_link(m, ks[j], M_PROT, false);
-        } else if (n > 1 && j + 1 == n) {
+        } else if (n > 1 && j + 1 == n && gate) {
             m_unlink(m, ks[j]);
             m_link(m, ks[j], M_PROB, true);
+            m->deepest_first++;
+            m->deepest_first_late += m->step >= 3 * M_STEPS / 4;
+        } else if (n > 1 && j + 1 == n) {
+            m->deepest_kept++;
         }
     }
 }
@@ -1090,17 +1117,22 @@ static void model_run(fixture_t *fx, double high, double low, uint64_t seed)
     }
     print_message("%u steps: %llu evicted in %llu runs, %llu ghost rounds, %llu of %llu puts "
                   "back from the ghost (%llu false positives), %llu evictions with reads in "
-                  "flight, %llu soft pins expired, %llu taken, %llu leases ended by the TTL\n",
+                  "flight, %llu soft pins expired, %llu taken, %llu leases ended by the TTL; "
+                  "deepest keys first %llu (%llu in the last quarter), kept %llu\n",
                   M_STEPS, (unsigned long long)m->evicted, (unsigned long long)m->runs,
                   (unsigned long long)m->ghost_round, (unsigned long long)m->ghost_hits,
                   (unsigned long long)m->ghost_asked, (unsigned long long)m->ghost_fp,
                   (unsigned long long)m->evict_while_reading, (unsigned long long)m->soft_demoted,
-                  (unsigned long long)m->soft_taken, (unsigned long long)m->lease_ttl_ended);
+                  (unsigned long long)m->soft_taken, (unsigned long long)m->lease_ttl_ended,
+                  (unsigned long long)m->deepest_first, (unsigned long long)m->deepest_first_late,
+                  (unsigned long long)m->deepest_kept);
     /* the run went through what it is meant to check */
     assert_true(m->ghost_round >= 3); /* the ghost rotated (and forgot) at least twice */
     assert_true(m->ghost_hits > 100);
-    assert_true(m->bias_moves > 100 && m->bias_nonzero > 100); /* the bias moved and mattered */
-    assert_true(m->ghost_fp * 50 <= m->ghost_asked);           /* the Bloom filter's price: < 2 % */
+    assert_true(m->bias_moves > 100 && m->bias_nonzero > 100);    /* the bias moved and mattered */
+    assert_true(m->deepest_first > 100 && m->deepest_kept > 100); /* the gate opened and closed */
+    assert_true(m->deepest_first_late > 50);                      /* and opened again */
+    assert_true(m->ghost_fp * 50 <= m->ghost_asked); /* the Bloom filter's price: < 2 % */
     assert_true(m->evict_while_reading > 0);
     assert_true(m->soft_demoted > 0);
     assert_true(m->lease_ttl_ended > 0);
