@@ -61,6 +61,9 @@ def _ephemeral_low():
         return 32768
 
 
+_handed_out = set()
+
+
 def free_port():
     """A TCP port of 127.0.0.1 free a moment ago, drawn below the kernel's ephemeral range:
     a port the kernel hands out itself (bind to 0) may be taken by any connection's local
@@ -69,11 +72,16 @@ def free_port():
     if low > 12000:
         for _ in range(200):
             port = random.randrange(10000, low)
+            # Random draws collide (one test asked two ports and got the same one twice for
+            # --listen and --http-listen in CI): a port handed out once is never handed out again.
+            if port in _handed_out:
+                continue
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError:
                     continue
+                _handed_out.add(port)
                 return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
