@@ -208,6 +208,8 @@ typedef struct kvp_grant_verifier {
     kvp_grant_set_hdr_t set;
     kvp_grant_extent_t *set_ext;
     uint32_t set_cap;   /* extents set_ext has room for (grown, never shrunk) */
+    uint64_t expiry_ms; /* the earliest expiry of the grants the last request that passed
+                           carried (data_grant.c; rdma windows live no longer) */
 } kvp_grant_verifier_t; /* zero-initialised: nothing known yet */
 
 /* Catch up with the keyring (allocates only when its key changed). false: out of memory. */

@@ -7,8 +7,14 @@
 #
 #   deploy/bench-rdma.sh [OUTDIR]     (default build-rdma/)
 #
-# Writes OUTDIR/bench-rdma.json (kvpool-bench's JSON, limits included) and
-# OUTDIR/bench-rdma.txt (perftest's and kvpool-bench's output). Under TCG
+# Then the memory windows of issue 25 (KVPOOL_RDMA_WINDOWS): with TLS and data grants on,
+# 4 KiB x 128 and 1 MiB x 8 over rdma, the owner serving one rkey (whole-segment principals
+# only) against serving through windows (a BIND round trip to the owner's data server per
+# batch, an UNBIND after it), three rounds alternated.
+#
+# Writes OUTDIR/bench-rdma.json (kvpool-bench's JSON, limits included),
+# OUTDIR/bench-rdma-windows-{off,on}-N.json and OUTDIR/bench-rdma.txt (perftest's and
+# kvpool-bench's output). Under TCG
 # (no hardware KVM) the absolute figures are those of an emulated CPU (tens
 # of MB/s): what compares is kvpool against perftest on the same device.
 set -euo pipefail
@@ -18,6 +24,11 @@ mkdir -p "$OUT" build-rdma
 [ -f build-rdma/build.ninja ] || meson setup build-rdma >/dev/null
 ninja -C build-rdma >/dev/null
 tests/rdma/rxe-vm.sh build
+tls=build-rdma/bench-tls
+if [ ! -f "$tls/acl.conf" ]; then # the guest has no openssl tool: made here, read there
+  deploy/make-certs.sh "$tls" admin >/dev/null
+  printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$tls/acl.conf"
+fi
 
 cat >build-rdma/bench-rdma-guest.sh <<'EOF'
 # runs inside the guest: $1 = output dir
@@ -45,6 +56,19 @@ echo "perftest ib_read_bw  1 MiB: $r GB/s"
 build-rdma/client/kvpool-bench data --local --transport rdma --segment-size 256MiB \
   --sizes 1MiB --batch 8 --duration 4 --no-crc \
   --rdma-write-limit "$w" --rdma-read-limit "$r" --json "$out/bench-rdma.json" --quiet
+for round in 1 2 3; do
+  for mode in off on; do
+    if [ "$mode" = on ]; then export KVPOOL_RDMA_WINDOWS=unbounded; else unset KVPOOL_RDMA_WINDOWS; fi
+    for pt in "4KiB 128" "1MiB 8"; do
+      set -- $pt
+      echo "== windows $mode, round $round: $1 x $2 (TLS, data grants on)"
+      build-rdma/client/kvpool-bench data --local --transport rdma --segment-size 256MiB \
+        --tls-dir build-rdma/bench-tls --sizes "$1" --batch "$2" --duration 3 \
+        --json "$out/bench-rdma-windows-$mode-$round-$1.json" --quiet
+    done
+  done
+done
+unset KVPOOL_RDMA_WINDOWS
 EOF
 tests/rdma/rxe-vm.sh run bash build-rdma/bench-rdma-guest.sh "$OUT" 2>&1 | tee "$OUT/bench-rdma.txt"
 echo "results: $OUT/bench-rdma.json, $OUT/bench-rdma.txt"

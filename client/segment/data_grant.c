@@ -267,7 +267,8 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     }
     if (meta_recv(v, fd, kind, vec, vec_on_wire, n, g, idx, &why) != KVP_OK)
         return KVP_ERR_IO;
-    bool write = req->op == KVP_DATA_WRITE || req->op == KVP_DATA_WRITEV;
+    bool write =
+        req->op == KVP_DATA_WRITE || req->op == KVP_DATA_WRITEV || req->op == KVP_DATA_BIND_WRITE;
     uint8_t op = req->op == KVP_DATA_MAP ? KVP_GRANT_MAP : write ? KVP_GRANT_WRITE : KVP_GRANT_READ;
     uint64_t now = kvp_grant_now_ms();
     /* A request for another segment than ours: its grants were sealed for an earlier mount
@@ -306,6 +307,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
      * the end, all at once */
     uint64_t offs[KVP_DATA_VEC_MAX], vers[KVP_DATA_VEC_MAX];
     size_t m = 0;
+    v->expiry_ms = set ? v->set.expiry_ms : UINT64_MAX;
     for (uint64_t i = 0; i < n && why == NULL; i++) {
         if (set) {
             const kvp_grant_extent_t *e = idx[i] < v->set.count ? &v->set_ext[idx[i]] : NULL;
@@ -323,6 +325,8 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
         else if (why == NULL && (write || op == KVP_GRANT_READ)) {
             offs[m] = g[i].offset;
             vers[m++] = g[i].nonce;
+            if (g[i].expiry_ms < v->expiry_ms)
+                v->expiry_ms = g[i].expiry_ms;
         }
     }
     if (why == NULL && ended != NULL && m > 0)

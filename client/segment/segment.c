@@ -160,6 +160,15 @@ static kvp_status_t memory_create(kvp_segment_t *seg, const kvp_segment_params_t
     return KVP_OK;
 }
 
+/* The data server's rdma windows: the engine's serving transport binds them. */
+static kvp_status_t windows_of(void *xfer, uint32_t qp_num, uint64_t tag, const uint64_t *offs,
+                               const uint64_t *lens, size_t n_bind, bool write, uint64_t expiry_ms,
+                               uint32_t *rkeys, uint32_t *slots, size_t n_unbind)
+{
+    return kvp_transfer_windows(xfer, qp_num, tag, offs, lens, n_bind, write, expiry_ms, rkeys,
+                                slots, n_unbind);
+}
+
 /* Serve it: its tcp data server on host:port, then the engine's serving transports. */
 static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
 {
@@ -180,8 +189,11 @@ static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
                      kvp_strerror(st));
         seg->shm_path[0] = '\0';
     }
-    return kvp_transfer_serve_segment(p->xfer, seg->base, seg->size, seg->rdma_endpoint,
-                                      sizeof(seg->rdma_endpoint), &seg->rdma_addr, &seg->rdma_rkey);
+    st = kvp_transfer_serve_segment(p->xfer, seg->base, seg->size, seg->rdma_endpoint,
+                                    sizeof(seg->rdma_endpoint), &seg->rdma_addr, &seg->rdma_rkey);
+    if (st == KVP_OK && p->xfer->seg_windows)
+        kvp_segment_server_set_windows(seg->server, windows_of, p->xfer);
+    return st;
 }
 
 kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_t **seg_p)
@@ -306,6 +318,7 @@ void kvp_segment_describe(const kvp_segment_t *seg, Kvpool__SegmentDesc *d)
     d->rdma_endpoint = (char *)seg->rdma_endpoint;
     d->rdma_addr = seg->rdma_addr;
     d->rdma_rkey = seg->rdma_rkey;
+    d->rdma_windows = seg->xfer != NULL && seg->xfer->seg_windows;
 }
 
 void kvp_segment_state_lock(kvp_segment_t *seg)

@@ -60,6 +60,9 @@ struct kvp_segment_server {
     int mem_fd;
     kvp_conn_server_t *local;
     _Atomic uint64_t shm_refused; /* MAP requests refused */
+    /* rdma memory windows (kvp_segment_server_set_windows; NULL: none served here) */
+    kvp_segment_windows_fn windows;
+    void *windows_arg;
 };
 
 /* A connection's state between requests: its grant verifier, and the principal it proved
@@ -78,6 +81,23 @@ static kvp_status_t check_grants(struct kvp_segment_server *srv, conn_state_t *c
     return kvp_data_grants_check(&srv->grants, &cs->v, &srv->grants_refused, "segment server", fd,
                                  req, vec, n, vec_on_wire, atomic_load(&srv->segment_id), cs->tag,
                                  srv->has_record ? &srv->ended : NULL);
+}
+
+/* Do a vectored request's n entries lie in our segment, summing to the header's length? */
+static kvp_status_t check_extents(const struct kvp_segment_server *srv, const kvp_data_vec_t *vec,
+                                  uint64_t n, uint64_t length)
+{
+    uint64_t id = atomic_load(&srv->segment_id), total = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        const kvp_data_vec_t *v = &vec[i];
+        if (v->segment_id != id)
+            return KVP_ERR_SEGMENT_GONE;
+        if (v->length == 0 || v->offset > srv->size || v->length > srv->size - v->offset)
+            return KVP_ERR_OUT_OF_RANGE;
+        if (__builtin_add_overflow(total, v->length, &total))
+            return KVP_ERR_PROTOCOL;
+    }
+    return total == length ? KVP_OK : KVP_ERR_PROTOCOL; /* the header's length: their sum */
 }
 
 /*
@@ -105,19 +125,11 @@ static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
             kvp_data_reply(fd, KVP_ERR_DENIED, 0);
         return false;
     }
-    uint64_t id = atomic_load(&srv->segment_id), total = 0;
-    for (uint64_t i = 0; i < n && st == KVP_OK; i++) {
-        const kvp_data_vec_t *v = &vec[i];
-        if (v->segment_id != id)
-            st = KVP_ERR_SEGMENT_GONE;
-        else if (v->length == 0 || v->offset > srv->size || v->length > srv->size - v->offset)
-            st = KVP_ERR_OUT_OF_RANGE;
-        else if (__builtin_add_overflow(total, v->length, &total))
-            st = KVP_ERR_PROTOCOL;
-        iov[i + 1] = (struct iovec){.iov_base = srv->base + v->offset, .iov_len = v->length};
-    }
-    if (st == KVP_OK && total != req->length)
-        st = KVP_ERR_PROTOCOL; /* the header's length must be the entries' sum */
+    uint64_t total = req->length;
+    st = check_extents(srv, vec, n, total);
+    for (uint64_t i = 0; i < n && st == KVP_OK; i++)
+        iov[i + 1] =
+            (struct iovec){.iov_base = srv->base + vec[i].offset, .iov_len = vec[i].length};
     if (req->op == KVP_DATA_WRITEV) {
         if (st != KVP_OK) {
             kvp_data_reply(fd, st, 0);
@@ -139,6 +151,87 @@ static bool serve_vec(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
         return false;
     }
     return true;
+}
+
+/*
+ * BIND_READ / BIND_WRITE / UNBIND (wire.h): memory windows for the rdma queue pair named in
+ * segment_id, checked like a READV / WRITEV (the grants, the HELLO's principal, the extents
+ * inside the segment), bound by the rdma transport. Returns false when the connection must
+ * close (a refused grant, a stream that cannot be trusted, I/O).
+ */
+static bool serve_windows(struct kvp_segment_server *srv, conn_state_t *cs, int fd,
+                          const kvp_data_req_t *req)
+{
+    uint64_t n = req->offset;
+    if (n == 0 || n > KVP_DATA_VEC_MAX || req->segment_id > UINT32_MAX) {
+        KVP_LOG_WARN_LIMITED("segment server: a window request with %llu entries (1..%d) or "
+                             "no queue pair; closing",
+                             (unsigned long long)n, KVP_DATA_VEC_MAX);
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    uint32_t qp = (uint32_t)req->segment_id;
+    uint32_t rkeys[KVP_DATA_VEC_MAX], slots[KVP_DATA_VEC_MAX];
+    if (req->op == KVP_DATA_UNBIND) {
+        kvp_data_window_t w[KVP_DATA_VEC_MAX];
+        if (kvp_recv_all(fd, w, n * sizeof(*w)) != KVP_OK)
+            return false;
+        if (srv->windows == NULL || cs->tag == 0)
+            return false; /* nothing was bound on this connection's word */
+        for (uint64_t i = 0; i < n; i++) {
+            rkeys[i] = w[i].rkey;
+            slots[i] = w[i].slot;
+        }
+        kvp_status_t st =
+            srv->windows(srv->windows_arg, qp, cs->tag, NULL, NULL, 0, false, 0, rkeys, slots, n);
+        if (st == KVP_ERR_DENIED) {
+            atomic_fetch_add_explicit(&srv->grants_refused, 1, memory_order_relaxed);
+            KVP_LOG_WARN_LIMITED("segment server: an UNBIND for another principal's queue pair "
+                                 "refused; closing");
+            return false;
+        }
+        return true; /* no answer */
+    }
+    kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
+    kvp_data_req_t as = *req; /* the grants are checked as for the vectored op */
+    kvp_status_t st = check_grants(srv, cs, fd, &as, vec, n, true);
+    if (st == KVP_ERR_SEGMENT_GONE)
+        return kvp_data_reply(fd, st, 0) == KVP_OK;
+    if (st != KVP_OK) {
+        if (st == KVP_ERR_DENIED)
+            kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return false;
+    }
+    if (srv->windows == NULL || !cs->v.on || cs->tag == 0) {
+        KVP_LOG_WARN_LIMITED("segment server: a window request, but this segment is not served "
+                             "through rdma windows (KVPOOL_RDMA_WINDOWS, data grants on)");
+        return kvp_data_reply(fd, KVP_ERR_INVALID_ARG, 0) == KVP_OK;
+    }
+    uint64_t offs[KVP_DATA_VEC_MAX], lens[KVP_DATA_VEC_MAX];
+    st = check_extents(srv, vec, n, req->length);
+    for (uint64_t i = 0; i < n; i++) {
+        offs[i] = vec[i].offset;
+        lens[i] = vec[i].length;
+    }
+    if (st == KVP_OK)
+        st = srv->windows(srv->windows_arg, qp, cs->tag, offs, lens, n,
+                          req->op == KVP_DATA_BIND_WRITE, cs->v.expiry_ms + KVP_GRANT_SKEW_MS,
+                          rkeys, slots, 0);
+    if (st == KVP_ERR_DENIED) {
+        atomic_fetch_add_explicit(&srv->grants_refused, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("segment server: windows asked for another principal's queue pair "
+                             "refused; closing");
+        kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return false;
+    }
+    if (st != KVP_OK)
+        return kvp_data_reply(fd, st, 0) == KVP_OK;
+    kvp_data_window_t w[KVP_DATA_VEC_MAX];
+    for (uint64_t i = 0; i < n; i++)
+        w[i] = (kvp_data_window_t){.rkey = rkeys[i], .slot = slots[i]};
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = n * sizeof(*w)};
+    struct iovec iov[2] = {{&r, sizeof(r)}, {w, n * sizeof(*w)}};
+    return kvp_sendv_all(fd, iov, 2) == KVP_OK;
 }
 
 /*
@@ -193,6 +286,13 @@ static void serve_conn(void *arg, int fd)
         if (req.magic == KVP_DATA_MAGIC &&
             (req.op == KVP_DATA_READV || req.op == KVP_DATA_WRITEV)) {
             if (!serve_vec(srv, &cs, fd, &req))
+                break;
+            continue;
+        }
+        if (req.magic == KVP_DATA_MAGIC &&
+            (req.op == KVP_DATA_BIND_READ || req.op == KVP_DATA_BIND_WRITE ||
+             req.op == KVP_DATA_UNBIND)) {
+            if (!serve_windows(srv, &cs, fd, &req))
                 break;
             continue;
         }
@@ -318,6 +418,12 @@ void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_rec
     if (record != NULL)
         kvp_seg_record_set_pending(record, &srv->pending);
     srv->has_record = record != NULL;
+}
+
+void kvp_segment_server_set_windows(kvp_segment_server_t *srv, kvp_segment_windows_fn fn, void *arg)
+{
+    srv->windows = fn;
+    srv->windows_arg = arg;
 }
 
 uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv)

@@ -44,6 +44,15 @@ void kvp_segment_server_set_grants(kvp_segment_server_t *srv, const uint8_t *key
  * refused. Set once, before the first mount. */
 struct kvp_seg_record;
 void kvp_segment_server_set_record(kvp_segment_server_t *srv, struct kvp_seg_record *record);
+/* rdma memory windows (transport/wire.h BIND_READ, BIND_WRITE, UNBIND): fn binds or
+ * invalidates them (transfer/transport.h's windows op); set once, before the first mount,
+ * when the segment is served through windows. */
+typedef kvp_status_t (*kvp_segment_windows_fn)(void *arg, uint32_t qp_num, uint64_t tag,
+                                               const uint64_t *offs, const uint64_t *lens,
+                                               size_t n_bind, bool write, uint64_t expiry_ms,
+                                               uint32_t *rkeys, uint32_t *slots, size_t n_unbind);
+void kvp_segment_server_set_windows(kvp_segment_server_t *srv, kvp_segment_windows_fn fn,
+                                    void *arg);
 /* Requests refused for a missing or bad grant (the connection was closed). Thread: any. */
 uint64_t kvp_segment_server_grants_refused(const kvp_segment_server_t *srv);
 void kvp_segment_server_destroy(kvp_segment_server_t *srv);

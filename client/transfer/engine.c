@@ -393,7 +393,22 @@ kvp_status_t kvp_transfer_serve_segment(kvp_transfer_t *xfer, void *base, uint64
     snprintf(endpoint, endpoint_len, "%s", desc.rdma_endpoint);
     *addr_p = desc.rdma_addr;
     *rkey_p = desc.rdma_rkey;
+    xfer->seg_windows = desc.rdma_windows;
     return KVP_OK;
+}
+
+kvp_status_t kvp_transfer_windows(kvp_transfer_t *xfer, uint32_t qp_num, uint64_t tag,
+                                  const uint64_t *offs, const uint64_t *lens, size_t n_bind,
+                                  bool write, uint64_t expiry_ms, uint32_t *rkeys, uint32_t *slots,
+                                  size_t n_unbind)
+{
+    for (unsigned i = 0; i < xfer->n_tps; i++) {
+        kvp_transport_t *tp = &xfer->tps[i];
+        if (tp->ops->windows != NULL && (xfer->seg_tp_regs & (1u << i)))
+            return tp->ops->windows(tp->ctx, qp_num, tag, offs, lens, n_bind, write, expiry_ms,
+                                    rkeys, slots, n_unbind);
+    }
+    return KVP_ERR_INVALID_ARG; /* no windows here */
 }
 
 /* ---- staging ---- */

@@ -71,6 +71,9 @@ typedef struct kvp_transfer {
      * thread */
     _Atomic uint64_t serve_access_errors;
     _Atomic int64_t nic_access_errors;
+    /* our segment is served through memory windows only (rdma, KVPOOL_RDMA_WINDOWS=1 with
+     * data grants on): its descriptor says so, the data server binds them (BIND_READ/WRITE) */
+    bool seg_windows;
 } kvp_transfer_t;
 
 /* Create the transports of the list (only the forced one when one is forced). */
@@ -107,6 +110,13 @@ void kvp_transfer_unregister(kvp_transfer_t *xfer, void *addr, uint32_t tp_regs)
 kvp_status_t kvp_transfer_serve_segment(kvp_transfer_t *xfer, void *base, uint64_t size,
                                         char *endpoint, size_t endpoint_len, uint64_t *addr_p,
                                         uint32_t *rkey_p);
+
+/* The serving transport's windows op (transport.h): KVP_ERR_INVALID_ARG when none serves
+ * our segment through windows. */
+kvp_status_t kvp_transfer_windows(kvp_transfer_t *xfer, uint32_t qp_num, uint64_t tag,
+                                  const uint64_t *offs, const uint64_t *lens, size_t n_bind,
+                                  bool write, uint64_t expiry_ms, uint32_t *rkeys, uint32_t *slots,
+                                  size_t n_unbind);
 
 /* Register [addr, addr+len) (kvp_register_buffer): find its memory kind, register it with
  * every transport that wants it, add it to the registry. KVP_ERR_INVALID_ARG (overlaps a

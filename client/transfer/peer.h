@@ -49,8 +49,9 @@ typedef struct kvp_peer {
      * when the master gave one; without one (grants on) rdma does not take the peer */
     uint8_t rdma_key[32];
     bool has_rdma_key;
-    bool own;                   /* this client's own segment */
-    bool ssd;                   /* an SSD segment (medium "ssd": served over tcp) */
+    bool rdma_windows; /* its owner serves rdma through memory windows only (wire.h BIND) */
+    bool own;          /* this client's own segment */
+    bool ssd;          /* an SSD segment (medium "ssd": served over tcp) */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
     /* How long its owner takes to answer a read (tcp: a read request fully sent to its
      * response's header, the first on each stream of a transfer): a moving average in us

@@ -198,6 +198,7 @@ static bool desc_matches(const kvp_peer_t *p, const Kvpool__SegmentDesc *d)
            strcmp(p->name, d->name) == 0 && strcmp(p->endpoint, d->tcp_endpoint) == 0 &&
            strcmp(p->host_id, d->host_id) == 0 && strcmp(p->shm_path, d->shm_path) == 0 &&
            strcmp(p->rdma_endpoint, d->rdma_endpoint) == 0 && p->grants == d->grants &&
+           p->rdma_windows == d->rdma_windows &&
            p->has_conn_key == (d->conn_key.len == sizeof(p->conn_key)) &&
            (!p->has_conn_key || (p->conn_tag == d->conn_tag &&
                                  memcmp(p->conn_key, d->conn_key.data, sizeof(p->conn_key)) == 0));
@@ -247,6 +248,7 @@ void kvp_peers_update(kvp_peers_t *peers, Kvpool__SegmentDesc **descs, size_t n)
             p->conn_tag = d->conn_tag;
         }
         p->grants = d->grants;
+        p->rdma_windows = d->rdma_windows;
         p->has_rdma_key = d->rdma_key.len == sizeof(p->rdma_key);
         if (p->has_rdma_key)
             memcpy(p->rdma_key, d->rdma_key.data, sizeof(p->rdma_key));

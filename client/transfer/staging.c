@@ -387,6 +387,10 @@ static void slot_run(kvp_stager_t *s, unsigned k)
             .offset = op->offset + pc->op_off,
             .length = pc->len,
             .peer = op->peer,
+            /* the op's grant covers each piece of it (rdma windows are asked with it) */
+            .grant = op->grant,
+            .grant_set = op->grant_set,
+            .grant_index = op->grant_index,
             .status = KVP_ERR_INTERNAL, /* a callback that sets nothing fails the op */
         };
         sl->plain_piece[m++] = (uint16_t)i;

@@ -39,6 +39,7 @@ typedef struct kvp_serve_desc {
     char rdma_endpoint[72]; /* rdma_cm ipv4:port */
     uint64_t rdma_addr;
     uint32_t rdma_rkey;
+    bool rdma_windows; /* peers reach it only through memory windows (KVPOOL_RDMA_WINDOWS) */
 } kvp_serve_desc_t;
 
 typedef struct kvp_transport_ops {
@@ -68,6 +69,15 @@ typedef struct kvp_transport_ops {
     /* Optional: serve [base, base+size) (our own segment) to remote peers;
      * fills this transport's fields of the descriptor. */
     kvp_status_t (*serve)(void *ctx, void *base, uint64_t size, kvp_serve_desc_t *desc);
+    /* Optional (rdma serving through memory windows): on our queue pair qp_num, connected
+     * by principal tag, bind a window per extent [offs[i], offs[i] + lens[i]) of our segment
+     * with remote WRITE (write) or READ, good until expiry_ms at the latest; each one's rkey
+     * and slot into rkeys[i] and slots[i]. n_bind 0 and n_unbind > 0: invalidate the windows
+     * rkeys/slots name instead. KVP_ERR_DENIED: not that principal's QP; KVP_ERR_NOT_FOUND:
+     * no such QP. Thread: any (the data servers' connection threads). */
+    kvp_status_t (*windows)(void *ctx, uint32_t qp_num, uint64_t tag, const uint64_t *offs,
+                            const uint64_t *lens, size_t n_bind, bool write, uint64_t expiry_ms,
+                            uint32_t *rkeys, uint32_t *slots, size_t n_unbind);
     /*
      * Blocking: move every op (all to peers attached to this transport, their
      * local buffers reachable by it) and give each its status and, when

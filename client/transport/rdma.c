@@ -61,11 +61,14 @@
 #include "client/transfer/engine.h"
 #include "client/mem/gpu.h"
 #include "client/transfer/transport.h"
+#include "client/transport/hello.h"
 #include "client/transport/rdma_verbs.h"
+#include "client/transport/wire.h"
 #include "common/log.h"
 #include "common/clock.h"
 #include "common/grant.h"
 #include "common/parse.h"
+#include "common/sock.h"
 
 #include <openssl/crypto.h>
 
@@ -79,6 +82,8 @@
 #define PROOF_SEEN 1024
 /* Queue pairs one principal may hold to this owner (KVPOOL_RDMA_QP_CAP) */
 #define QP_CAP_DEFAULT 256
+/* Memory windows one queue pair may have bound at once (KVPOOL_RDMA_WINDOWS) */
+#define WINDOWS_PER_QP 1024u
 #define SPIN_POLLS 64
 #define FLUSH_WAIT_MS 5000
 
@@ -102,7 +107,8 @@ _Static_assert(sizeof(connect_pdata_t) <= KVP_RDMA_CONNECT_PDATA_MAX, "connect d
 typedef struct rqp {
     atomic_int refs;
     kvp_rdma_qp_t *qp;
-    uint32_t rkey; /* the owner's, from its accept */
+    uint32_t rkey;       /* the owner's, from its accept */
+    uint32_t remote_qpn; /* the owner's QP it is connected to (windows are bound there) */
     pthread_mutex_t post_lock;
 } rqp_t;
 
@@ -112,6 +118,10 @@ typedef struct rpeer {
     uint64_t addr;
     uint32_t rkey;
     rqp_t *slot[MAX_QPS_PER_PEER];
+    /* memory windows (the owner serves through them): a HELLO'd tcp connection to its data
+     * server that asks for them, one batch at a time (win_fd -1: none open) */
+    pthread_mutex_t win_lock;
+    int win_fd;
     struct rpeer *next;
 } rpeer_t;
 
@@ -121,9 +131,27 @@ typedef struct mr_ent {
     kvp_rdma_mr_t *mr;
 } mr_ent_t;
 
+/* A memory window of an accepted QP (KVPOOL_RDMA_WINDOWS). */
+typedef struct win {
+    kvp_rdma_mw_t *mw;
+    uint64_t expiry_ms; /* bound until then at the latest (the grants'); 0: free */
+} win_t;
+
+/* A chain of window WRs on an accepted QP, waited for (done_lock). */
+typedef struct win_wait {
+    bool done;
+    kvp_status_t status;
+    uint32_t nwr;
+} win_wait_t;
+
 typedef struct accepted {
     kvp_rdma_qp_t *qp;
     uint64_t tag; /* the principal it proved (0: none, grants off) */
+    /* its memory windows (acc_lock): n_win allocated, in win[] */
+    win_t *win;
+    uint32_t n_win;
+    win_wait_t wait;
+    bool stuck; /* a window chain never came back: never reaped (the device may still see it) */
     struct accepted *next;
 } accepted_t;
 
@@ -153,7 +181,9 @@ typedef struct rdma_ctx {
     accept_pdata_t seg_pdata;
     pthread_t acc_thread;
     bool acc_started;
-    accepted_t *accepted;
+    accepted_t *accepted; /* acc_lock: the accept thread adds and reaps, data servers bind */
+    pthread_mutex_t acc_lock;
+    bool windows; /* the segment is served through memory windows (KVPOOL_RDMA_WINDOWS=1) */
     /* the accept thread's gate (data grants on): its verifier, the nonces it saw, the cap,
      * and the tag of the request it let through last */
     kvp_grant_verifier_t acc_v;
@@ -177,6 +207,7 @@ typedef struct rslice {
     uint32_t len;
     uint32_t lane;
     uint32_t lkey; /* of the op's local buffer, looked up once per op */
+    uint32_t rkey; /* its window's (the lane's windows), else unused */
 } rslice_t;
 
 typedef struct rchain {
@@ -195,6 +226,9 @@ typedef struct lane {
     uint32_t beg, end, next; /* its slices in the batch's order */
     unsigned out;            /* chains posted, not completed (done_lock) */
     bool dead;
+    bool windows;                /* its slices use their windows' rkeys (s->rkey) */
+    struct kvp_data_window *win; /* the windows bound for it, n_win of them (to unbind) */
+    uint32_t n_win;
 } lane_t;
 
 typedef struct rbatch {
@@ -365,6 +399,21 @@ static uint32_t lkey_of(rdma_ctx_t *ctx, const void *addr)
 /* done_lock held */
 static void handle_wc(rdma_ctx_t *ctx, const kvp_rdma_wc_t *wc)
 {
+    if (wc->wr_id & 1) { /* an owner's window chain (win_post) */
+        win_wait_t *w = (win_wait_t *)(uintptr_t)(wc->wr_id & ~(uint64_t)1);
+        if (wc->status != KVP_RDMA_WC_OK && w->status == KVP_OK) {
+            w->status = KVP_ERR_IO;
+            if (wc->status != KVP_RDMA_WC_FLUSHED)
+                KVP_LOG_WARN("rdma: a memory window bind or invalidation failed: %s (ibv "
+                             "status %d)",
+                             kvp_rdma_wc_status_str(wc->status), wc->ibv_status);
+        }
+        if (wc->chain_end) {
+            ctx->wr_inflight -= w->nwr;
+            w->done = true;
+        }
+        return;
+    }
     rslice_t *s = (rslice_t *)(uintptr_t)wc->wr_id;
     rchain_t *ch = s->chain;
     rbatch_t *b = ch->b;
@@ -426,20 +475,228 @@ static void *cq_thread_main(void *arg)
     return NULL;
 }
 
+/* Wait on done_cond for completions, 20 ms at most. done_lock held. */
+static void done_wait(rdma_ctx_t *ctx)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 20 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&ctx->done_cond, &ctx->done_lock, &ts);
+}
+
 /* ------------------------------------------------------- segment serving */
+
+/* An accepted QP goes: its windows first (a bound one holds the QP and the segment's MR),
+ * then the QP (no work of ours is left on it). */
+static void accepted_free(accepted_t *a)
+{
+    for (uint32_t i = 0; i < a->n_win; i++)
+        kvp_rdma_mw_free(a->win[i].mw);
+    free(a->win);
+    kvp_rdma_qp_destroy(a->qp);
+    free(a);
+}
 
 static void reap_accepted(rdma_ctx_t *ctx)
 {
+    pthread_mutex_lock(&ctx->acc_lock);
     for (accepted_t **pp = &ctx->accepted; *pp;) {
         accepted_t *a = *pp;
-        if (kvp_rdma_qp_in_error(a->qp)) {
+        if (kvp_rdma_qp_in_error(a->qp) && !a->stuck) {
             *pp = a->next;
-            kvp_rdma_qp_destroy(a->qp); /* passive side: never any work on it */
-            free(a);
+            accepted_free(a);
         } else {
             pp = &a->next;
         }
     }
+    pthread_mutex_unlock(&ctx->acc_lock);
+}
+
+/* ------------------------------------------------------- memory windows (owner) */
+
+/*
+ * Post n window WRs (binds, invalidations) on accepted QP a, in chains, and wait for each.
+ * acc_lock held (one window chain per QP at a time). A chain that does not come back within
+ * the timeout flushes the QP; one whose flush does not come back leaves a stuck (never
+ * reaped: its wait record may still be written). KVP_OK or why not (the QP is then in error).
+ */
+static kvp_status_t win_post(rdma_ctx_t *ctx, accepted_t *a, const kvp_rdma_mw_wr_t *wrs, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        size_t k = n - i < KVP_RDMA_MAX_CHAIN ? n - i : KVP_RDMA_MAX_CHAIN;
+        pthread_mutex_lock(&ctx->done_lock);
+        if (ctx->wr_inflight + k > ctx->cq_depth) {
+            pthread_mutex_unlock(&ctx->done_lock);
+            if (i > 0) /* windows of the chains before are bound, and taken for free */
+                kvp_rdma_qp_flush(a->qp);
+            return KVP_ERR_TOO_MANY;
+        }
+        ctx->wr_inflight += (unsigned)k;
+        a->wait = (win_wait_t){.done = false, .status = KVP_OK, .nwr = (uint32_t)k};
+        pthread_mutex_unlock(&ctx->done_lock);
+        size_t posted = 0;
+        int rc =
+            kvp_rdma_post_windows(a->qp, ctx->seg_mr, wrs + i, k, (uintptr_t)&a->wait | 1, &posted);
+        pthread_mutex_lock(&ctx->done_lock);
+        ctx->wr_inflight -= (unsigned)(k - posted);
+        a->wait.nwr = (uint32_t)posted;
+        if (posted == 0) {
+            pthread_mutex_unlock(&ctx->done_lock);
+            KVP_LOG_WARN("rdma: cannot post memory window work: %s", kvp_rdma_last_error());
+            kvp_rdma_qp_flush(a->qp); /* its windows' state is unknown now: the QP goes */
+            return rc == -ENOTCONN ? KVP_ERR_CONNECT : KVP_ERR_IO;
+        }
+        uint64_t start = kvp_now_ms();
+        bool flushed = false;
+        while (!a->wait.done) {
+            done_wait(ctx);
+            uint64_t waited = kvp_now_ms() - start;
+            if (!a->wait.done && !flushed && waited >= ctx->xfer->timeout_ms) {
+                flushed = true;
+                kvp_rdma_qp_flush(a->qp);
+            } else if (!a->wait.done && waited >= ctx->xfer->timeout_ms + FLUSH_WAIT_MS) {
+                a->stuck = true;
+                pthread_mutex_unlock(&ctx->done_lock);
+                KVP_LOG_ERROR("rdma: memory window work did not complete; abandoning its QP");
+                return KVP_ERR_TIMEOUT;
+            }
+        }
+        kvp_status_t st = a->wait.status;
+        pthread_mutex_unlock(&ctx->done_lock);
+        if (st == KVP_OK && rc != 0)
+            st = KVP_ERR_IO; /* part of the chain went out, the rest did not: QP in error */
+        if (st != KVP_OK) {
+            kvp_rdma_qp_flush(a->qp); /* its windows' state is unknown now: the QP goes */
+            return st;
+        }
+        i += k;
+    }
+    return KVP_OK;
+}
+
+/* Invalidate a's windows whose expiry has passed (all of them when now is UINT64_MAX).
+ * acc_lock held. */
+static void win_sweep(rdma_ctx_t *ctx, accepted_t *a, uint64_t now)
+{
+    kvp_rdma_mw_wr_t wrs[KVP_RDMA_MAX_CHAIN];
+    size_t k = 0;
+    for (uint32_t i = 0; i < a->n_win; i++) {
+        if (a->win[i].expiry_ms == 0 || a->win[i].expiry_ms >= now)
+            continue;
+        wrs[k++] = (kvp_rdma_mw_wr_t){.mw = a->win[i].mw};
+        a->win[i].expiry_ms = 0;
+        if (k == KVP_RDMA_MAX_CHAIN || i + 1 == a->n_win) {
+            if (win_post(ctx, a, wrs, k) != KVP_OK)
+                return;
+            k = 0;
+        }
+    }
+    if (k > 0)
+        win_post(ctx, a, wrs, k);
+}
+
+static void sweep_windows(rdma_ctx_t *ctx)
+{
+    uint64_t now = kvp_grant_now_ms();
+    pthread_mutex_lock(&ctx->acc_lock);
+    for (accepted_t *a = ctx->accepted; a != NULL; a = a->next)
+        if (!a->stuck && !kvp_rdma_qp_in_error(a->qp))
+            win_sweep(ctx, a, now);
+    pthread_mutex_unlock(&ctx->acc_lock);
+}
+
+/* n free windows of a (allocating up to WINDOWS_PER_QP), their slots into slot[]; false:
+ * that many are bound already. acc_lock held. */
+static bool win_take(rdma_ctx_t *ctx, accepted_t *a, size_t n, uint32_t *slot)
+{
+    size_t got = 0;
+    for (uint32_t i = 0; i < a->n_win && got < n; i++)
+        if (a->win[i].expiry_ms == 0)
+            slot[got++] = i;
+    if (got < n && a->win == NULL) {
+        a->win = calloc(WINDOWS_PER_QP, sizeof(*a->win));
+        if (a->win == NULL)
+            return false;
+    }
+    while (got < n && a->n_win < WINDOWS_PER_QP) {
+        if (kvp_rdma_mw_alloc(ctx->dev, &a->win[a->n_win].mw) != 0) {
+            KVP_LOG_WARN("rdma: cannot allocate a memory window: %s", kvp_rdma_last_error());
+            return false;
+        }
+        a->win[a->n_win].expiry_ms = 0;
+        slot[got++] = a->n_win++;
+    }
+    return got == n;
+}
+
+/* The windows op (transfer/transport.h), the owner's side of wire.h's BIND and UNBIND. */
+static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, const uint64_t *offs,
+                                 const uint64_t *lens, size_t n_bind, bool write,
+                                 uint64_t expiry_ms, uint32_t *rkeys, uint32_t *slots,
+                                 size_t n_unbind)
+{
+    rdma_ctx_t *ctx = vctx;
+    if (!ctx->windows || ctx->seg_mr == NULL)
+        return KVP_ERR_INVALID_ARG;
+    if (n_bind > KVP_RDMA_MAX_CHAIN * 4u || n_unbind > KVP_RDMA_MAX_CHAIN * 4u)
+        return KVP_ERR_INVALID_ARG;
+    kvp_rdma_mw_wr_t wrs[KVP_RDMA_MAX_CHAIN * 4];
+    accepted_t *a = NULL;
+    /* a QP just connected may reach the list a moment after its peer sees it established */
+    for (int tries = 0;; tries++) {
+        pthread_mutex_lock(&ctx->acc_lock);
+        for (a = ctx->accepted; a != NULL && kvp_rdma_qp_num(a->qp) != qp_num;)
+            a = a->next;
+        if (a != NULL || tries == 100 || n_bind == 0)
+            break;
+        pthread_mutex_unlock(&ctx->acc_lock);
+        usleep(2000);
+    }
+    kvp_status_t st = KVP_OK;
+    if (a == NULL || kvp_rdma_qp_in_error(a->qp) || a->stuck)
+        st = KVP_ERR_NOT_FOUND;
+    else if (a->tag != tag)
+        st = KVP_ERR_DENIED;
+    if (st == KVP_OK && n_unbind > 0) {
+        size_t k = 0;
+        for (size_t i = 0; i < n_unbind; i++) {
+            uint32_t s = slots[i];
+            if (s < a->n_win && a->win[s].expiry_ms != 0 &&
+                kvp_rdma_mw_rkey(a->win[s].mw) == rkeys[i]) {
+                wrs[k++] = (kvp_rdma_mw_wr_t){.mw = a->win[s].mw};
+                a->win[s].expiry_ms = 0;
+            }
+        }
+        st = k > 0 ? win_post(ctx, a, wrs, k) : KVP_OK;
+    } else if (st == KVP_OK && n_bind > 0) {
+        uint64_t now = kvp_grant_now_ms();
+        if (expiry_ms <= now)
+            st = KVP_ERR_DENIED;
+        else if (!win_take(ctx, a, n_bind, slots)) {
+            win_sweep(ctx, a, now); /* the expired ones, and again */
+            if (!win_take(ctx, a, n_bind, slots))
+                st = KVP_ERR_TOO_MANY;
+        }
+        for (size_t i = 0; st == KVP_OK && i < n_bind; i++)
+            wrs[i] = (kvp_rdma_mw_wr_t){.mw = a->win[slots[i]].mw,
+                                        .addr = (uintptr_t)ctx->seg_mr->addr + offs[i],
+                                        .len = lens[i],
+                                        .write = write};
+        if (st == KVP_OK)
+            st = win_post(ctx, a, wrs, n_bind);
+        for (size_t i = 0; st == KVP_OK && i < n_bind; i++) {
+            a->win[slots[i]].expiry_ms = expiry_ms;
+            rkeys[i] = kvp_rdma_mw_rkey(a->win[slots[i]].mw);
+        }
+    }
+    pthread_mutex_unlock(&ctx->acc_lock);
+    if (st != KVP_OK && st != KVP_ERR_DENIED && st != KVP_ERR_NOT_FOUND)
+        KVP_LOG_WARN_LIMITED("rdma: memory windows on QP %u: %s", qp_num, kvp_strerror(st));
+    return st;
 }
 
 /*
@@ -504,6 +761,8 @@ static void *accept_thread_main(void *arg)
     for (unsigned round = 0; !atomic_load(&ctx->stop); round++) {
         kvp_rdma_qp_t *qp;
         reap_accepted(ctx);
+        if (ctx->windows)
+            sweep_windows(ctx); /* windows past their grants' expiry */
         /* what peers did wrong on our QPs: their async events, and the NIC's counter */
         int bad = kvp_rdma_dev_access_errors(ctx->dev);
         if (bad > 0) {
@@ -528,10 +787,11 @@ static void *accept_thread_main(void *arg)
             kvp_rdma_qp_destroy(qp);
             continue;
         }
-        a->qp = qp;
-        a->tag = ctx->acc_tag;
+        *a = (accepted_t){.qp = qp, .tag = ctx->acc_tag};
+        pthread_mutex_lock(&ctx->acc_lock);
         a->next = ctx->accepted;
         ctx->accepted = a;
+        pthread_mutex_unlock(&ctx->acc_lock);
     }
     return NULL;
 }
@@ -568,7 +828,25 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
                       kvp_rdma_last_error());
         return KVP_ERR_TRANSPORT;
     }
-    int rc = kvp_rdma_mr_reg(ctx->dev, base, size, true, &ctx->seg_mr);
+    /* through memory windows: the region opens nothing remotely, its rkey neither; a peer
+     * asks the data server for a window per granted extent on its own queue pair */
+    const char *w = getenv("KVPOOL_RDMA_WINDOWS");
+    ctx->windows = w != NULL && (strcmp(w, "1") == 0 || strcmp(w, "unbounded") == 0);
+    const char *dev_name = kvp_rdma_dev_info(ctx->dev)->name;
+    if (ctx->windows && strcmp(w, "unbounded") != 0 &&
+        (strncmp(dev_name, "rxe", 3) == 0 || strncmp(dev_name, "siw", 3) == 0)) {
+        /* Soft-RoCE's responder checks an access through a window against the region's
+         * range, not the window's (rxe_resp.c, check_rkey): its rkey, queue pair, op and
+         * lifetime hold, its extent does not */
+        KVP_LOG_ERROR("rdma: KVPOOL_RDMA_WINDOWS=1 refused on %s: this device does not keep "
+                      "an access through a memory window inside the window's extent; the "
+                      "segment is served without windows (KVPOOL_RDMA_WINDOWS=unbounded uses "
+                      "them anyway: docs/operations.md)",
+                      dev_name);
+        ctx->windows = false;
+    }
+    int rc = ctx->windows ? kvp_rdma_mr_reg_windows(ctx->dev, base, size, &ctx->seg_mr)
+                          : kvp_rdma_mr_reg(ctx->dev, base, size, true, &ctx->seg_mr);
     if (rc != 0) {
         KVP_LOG_ERROR("rdma: cannot register the segment: %s", kvp_rdma_last_error());
         return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
@@ -587,7 +865,7 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
                                       .version = CONN_VERSION,
                                       .addr = (uintptr_t)base,
                                       .size = size,
-                                      .rkey = ctx->seg_mr->rkey};
+                                      .rkey = ctx->windows ? 0 : ctx->seg_mr->rkey};
     if (pthread_create(&ctx->acc_thread, NULL, accept_thread_main, ctx) != 0) {
         st = KVP_ERR_SYSTEM;
         goto err_listen;
@@ -595,9 +873,11 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
     ctx->acc_started = true;
     snprintf(desc->rdma_endpoint, sizeof(desc->rdma_endpoint), "%s:%u", ip, port);
     desc->rdma_addr = (uintptr_t)base;
-    desc->rdma_rkey = ctx->seg_mr->rkey;
-    KVP_LOG_INFO("rdma: serving the segment on %s (device %s, rkey %#x)", desc->rdma_endpoint,
-                 kvp_rdma_dev_info(ctx->dev)->name, ctx->seg_mr->rkey);
+    desc->rdma_rkey = ctx->windows ? 0 : ctx->seg_mr->rkey;
+    desc->rdma_windows = ctx->windows;
+    KVP_LOG_INFO("rdma: serving the segment on %s (device %s, %s)", desc->rdma_endpoint,
+                 kvp_rdma_dev_info(ctx->dev)->name,
+                 ctx->windows ? "through memory windows only" : "one rkey");
     return KVP_OK;
 
 err_listen:
@@ -624,6 +904,8 @@ static rpeer_t *rpeer_get_locked(rdma_ctx_t *ctx, const kvp_peer_t *peer)
         return NULL;
     snprintf(rp->endpoint, sizeof(rp->endpoint), "%s", peer->rdma_endpoint);
     pthread_mutex_init(&rp->conn_lock, NULL);
+    pthread_mutex_init(&rp->win_lock, NULL);
+    rp->win_fd = -1;
     rp->next = ctx->peers;
     ctx->peers = rp;
     return rp;
@@ -678,6 +960,7 @@ static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **
     atomic_init(&q->refs, 1);
     q->qp = qp;
     q->rkey = ap->rkey;
+    q->remote_qpn = kvp_rdma_qp_remote_num(qp);
     pthread_mutex_init(&q->post_lock, NULL);
     *q_p = q;
     return KVP_OK;
@@ -818,6 +1101,8 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
 
 static void batch_free(rbatch_t *b)
 {
+    for (size_t i = 0; i < b->n_lanes; i++)
+        free(b->lanes[i].win);
     free(b->slices);
     free(b->chains);
     free(b->lanes);
@@ -865,7 +1150,7 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
                                      .lkey = s->lkey,
                                      .len = s->len,
                                      .remote = s->op->peer->rdma_addr + s->op->offset + s->off,
-                                     .rkey = l->q->rkey,
+                                     .rkey = l->windows ? s->rkey : l->q->rkey,
                                      .wr_id = (uintptr_t)s};
         }
         kvp_rdma_op_t op = kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
@@ -902,6 +1187,236 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
     return posted;
 }
 
+/* ------------------------------------------------------ memory windows (client) */
+
+/* One BIND request: entries [first, first + n) of lane l's windows. */
+typedef struct win_req {
+    lane_t *l;
+    uint32_t first, n;
+} win_req_t;
+
+/* The HELLO'd connection to rp's data server that windows are asked for on (win_lock held). */
+static kvp_status_t win_conn(rdma_ctx_t *ctx, rpeer_t *rp, const kvp_peer_t *peer)
+{
+    if (rp->win_fd >= 0)
+        return KVP_OK;
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = kvp_parse_hostport(peer->endpoint, host, sizeof(host), &port);
+    int fd = -1;
+    if (st == KVP_OK)
+        st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
+    if (st == KVP_OK && (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) != KVP_OK)
+        close(fd);
+    if (st == KVP_OK)
+        rp->win_fd = fd;
+    return st;
+}
+
+static void win_close(rpeer_t *rp)
+{
+    if (rp->win_fd >= 0)
+        close(rp->win_fd);
+    rp->win_fd = -1;
+}
+
+/* Send one BIND for ops[0..n) (one kind, one source of grants) on fd: the entries, then the
+ * grants as the tcp transport sends them (wire.h). */
+static kvp_status_t win_send(int fd, uint32_t qpn, kvp_xfer_op_t *const *ops, uint32_t n)
+{
+    kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
+    kvp_grant_t g[KVP_DATA_VEC_MAX];
+    uint32_t idx[KVP_DATA_VEC_MAX];
+    kvp_data_req_t h = {.magic = KVP_DATA_MAGIC,
+                        .op = ops[0]->kind == KVP_XFER_READ ? KVP_DATA_BIND_READ
+                                                            : KVP_DATA_BIND_WRITE,
+                        .segment_id = qpn,
+                        .offset = n};
+    for (uint32_t i = 0; i < n; i++) {
+        vec[i] = (kvp_data_vec_t){.segment_id = ops[i]->peer->segment_id,
+                                  .offset = ops[i]->offset,
+                                  .length = ops[i]->length};
+        h.length += ops[i]->length;
+        if (ops[0]->grant_set != NULL)
+            idx[i] = ops[i]->grant_index;
+        else if (ops[0]->grant != NULL)
+            memcpy(&g[i], ops[i]->grant, sizeof(g[i]));
+    }
+    struct iovec iov[4] = {{&h, sizeof(h)}, {vec, n * sizeof(*vec)}};
+    int k = 2;
+    if (ops[0]->grant_set != NULL) {
+        kvp_grant_set_hdr_t sh;
+        memcpy(&sh, ops[0]->grant_set, sizeof(sh)); /* its length checked by the planner */
+        h.flags = KVP_DATA_F_GRANT_SET;
+        iov[k++] = (struct iovec){(void *)ops[0]->grant_set, kvp_grant_set_len(sh.count)};
+        iov[k++] = (struct iovec){idx, n * sizeof(*idx)};
+    } else if (ops[0]->grant != NULL) {
+        h.flags = KVP_DATA_F_GRANT;
+        iov[k++] = (struct iovec){g, n * sizeof(*g)};
+    }
+    return kvp_sendv_all(fd, iov, k);
+}
+
+/* Do ops a and b go in one BIND? */
+static bool win_same(const kvp_xfer_op_t *a, const kvp_xfer_op_t *b)
+{
+    return a->kind == b->kind && a->grant_set == b->grant_set &&
+           (a->grant == NULL) == (b->grant == NULL);
+}
+
+/*
+ * Windows for every lane of the batch to a peer that serves through them: per lane, a BIND
+ * of its ops (grouped by kind and grant set) to the owner's data server, on the QP the lane
+ * uses; the answers' rkeys go to the lane's slices. Every request of a peer is sent before
+ * its answers are read (one round trip per peer). An op whose windows are refused fails
+ * with the owner's status; a broken connection fails the peer's lanes.
+ */
+static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b)
+{
+    size_t nreq_cap = b->n_slices + b->n_lanes;
+    win_req_t *reqs = NULL;
+    for (size_t i = 0; i < b->n_lanes;) {
+        size_t j = i + 1;
+        while (j < b->n_lanes && b->lanes[j].peer == b->lanes[i].peer)
+            j++;
+        const kvp_peer_t *peer = b->lanes[i].peer;
+        rpeer_t *rp = b->lanes[i].rp;
+        if (!peer->rdma_windows) {
+            i = j;
+            continue;
+        }
+        if (reqs == NULL && (reqs = malloc(nreq_cap * sizeof(*reqs))) == NULL) {
+            pthread_mutex_lock(&ctx->done_lock);
+            for (size_t l = i; l < j; l++)
+                lane_fail_rest(b, &b->lanes[l], KVP_ERR_NOMEM);
+            pthread_mutex_unlock(&ctx->done_lock);
+            i = j;
+            continue;
+        }
+        size_t nreq = 0;
+        kvp_status_t st = KVP_OK;
+        pthread_mutex_lock(&rp->win_lock);
+        for (size_t li = i; li < j; li++) {
+            lane_t *l = &b->lanes[li];
+            l->windows = true;
+            if (l->dead || l->beg == l->end)
+                continue;
+            /* the lane's distinct ops, in order (an op's slices in a lane are adjacent) */
+            uint32_t cnt = 0;
+            for (uint32_t s = l->beg; s < l->end; s++)
+                cnt += s == l->beg || b->slices[s].op != b->slices[s - 1].op;
+            kvp_xfer_op_t **lops = malloc(cnt * sizeof(*lops));
+            l->win = calloc(cnt, sizeof(*l->win));
+            if (lops == NULL || l->win == NULL) {
+                free(lops);
+                pthread_mutex_lock(&ctx->done_lock);
+                lane_fail_rest(b, l, KVP_ERR_NOMEM);
+                pthread_mutex_unlock(&ctx->done_lock);
+                continue;
+            }
+            uint32_t e = 0;
+            for (uint32_t s = l->beg; s < l->end; s++) {
+                if (s == l->beg || b->slices[s].op != b->slices[s - 1].op)
+                    lops[e++] = b->slices[s].op;
+                b->slices[s].rkey = e - 1; /* its entry, for now */
+            }
+            l->n_win = cnt;
+            if (st == KVP_OK)
+                st = win_conn(ctx, rp, peer);
+            for (uint32_t f = 0; st == KVP_OK && f < cnt;) {
+                uint32_t m = 1;
+                while (f + m < cnt && m < KVP_DATA_VEC_MAX && win_same(lops[f], lops[f + m]))
+                    m++;
+                st = win_send(rp->win_fd, l->q->remote_qpn, lops + f, m);
+                reqs[nreq++] = (win_req_t){.l = l, .first = f, .n = m};
+                f += m;
+            }
+            free(lops);
+        }
+        /* the answers, in order */
+        for (size_t r = 0; r < nreq; r++) {
+            lane_t *l = reqs[r].l;
+            kvp_data_resp_t resp;
+            kvp_status_t rst = st;
+            if (rst == KVP_OK)
+                rst = kvp_recv_all(rp->win_fd, &resp, sizeof(resp)) != KVP_OK ||
+                              resp.magic != KVP_DATA_MAGIC
+                          ? KVP_ERR_IO
+                          : (kvp_status_t)resp.status;
+            if (rst == KVP_OK && resp.length != reqs[r].n * sizeof(kvp_data_window_t))
+                rst = KVP_ERR_PROTOCOL;
+            if (rst == KVP_OK &&
+                kvp_recv_all(rp->win_fd, &l->win[reqs[r].first], resp.length) != KVP_OK)
+                rst = KVP_ERR_IO;
+            if (rst == KVP_ERR_IO || rst == KVP_ERR_PROTOCOL || rst == KVP_ERR_DENIED)
+                st = rst; /* the connection cannot be trusted (or was closed): the rest fail */
+            if (rst == KVP_OK)
+                continue;
+            if (rst == KVP_ERR_NOT_FOUND) { /* the owner knows no such QP: connect again */
+                pthread_mutex_lock(&l->q->post_lock);
+                kvp_rdma_qp_flush(l->q->qp);
+                pthread_mutex_unlock(&l->q->post_lock);
+                rst = KVP_ERR_CONNECT;
+            }
+            pthread_mutex_lock(&ctx->done_lock);
+            for (uint32_t s = l->beg; s < l->end; s++)
+                if (b->slices[s].rkey >= reqs[r].first &&
+                    b->slices[s].rkey < reqs[r].first + reqs[r].n)
+                    op_fail(b->slices[s].op, rst);
+            pthread_mutex_unlock(&ctx->done_lock);
+            for (uint32_t w = reqs[r].first; w < reqs[r].first + reqs[r].n; w++)
+                l->win[w] = (kvp_data_window_t){.rkey = 0, .slot = UINT32_MAX};
+        }
+        if (st != KVP_OK) { /* no connection, or one that broke: nothing of the peer goes */
+            win_close(rp);
+            pthread_mutex_lock(&ctx->done_lock);
+            for (size_t l = i; l < j; l++)
+                if (!b->lanes[l].dead)
+                    lane_fail_rest(b, &b->lanes[l], st);
+            pthread_mutex_unlock(&ctx->done_lock);
+        }
+        pthread_mutex_unlock(&rp->win_lock);
+        /* the slices' rkeys: their entries' windows */
+        for (size_t li = i; li < j; li++) {
+            lane_t *l = &b->lanes[li];
+            for (uint32_t s = l->beg; l->win != NULL && s < l->end; s++)
+                b->slices[s].rkey = l->win[b->slices[s].rkey].rkey;
+        }
+        i = j;
+    }
+    free(reqs);
+}
+
+/* The batch is over: its windows go (UNBIND, no answer; what does not reach the owner ends
+ * at its grants' expiry). */
+static void windows_unbind(rbatch_t *b)
+{
+    for (size_t i = 0; i < b->n_lanes; i++) {
+        lane_t *l = &b->lanes[i];
+        if (l->win == NULL || l->q == NULL)
+            continue;
+        kvp_data_window_t w[KVP_DATA_VEC_MAX];
+        rpeer_t *rp = l->rp;
+        pthread_mutex_lock(&rp->win_lock);
+        for (uint32_t f = 0; rp->win_fd >= 0 && f < l->n_win;) {
+            uint32_t m = 0;
+            for (; f < l->n_win && m < KVP_DATA_VEC_MAX; f++)
+                if (l->win[f].slot != UINT32_MAX)
+                    w[m++] = l->win[f];
+            if (m == 0)
+                break;
+            kvp_data_req_t h = {.magic = KVP_DATA_MAGIC,
+                                .op = KVP_DATA_UNBIND,
+                                .segment_id = l->q->remote_qpn,
+                                .offset = m};
+            struct iovec iov[2] = {{&h, sizeof(h)}, {w, m * sizeof(*w)}};
+            if (kvp_sendv_all(rp->win_fd, iov, 2) != KVP_OK)
+                win_close(rp);
+        }
+        pthread_mutex_unlock(&rp->win_lock);
+    }
+}
+
 static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
 {
     rdma_ctx_t *ctx = vctx;
@@ -936,6 +1451,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
             }
         }
     }
+    windows_bind(ctx, b);
     uint64_t last_progress = 0, last_ms = kvp_now_ms();
     bool flushed = false;
     for (;;) {
@@ -952,17 +1468,8 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
             pthread_mutex_unlock(&ctx->done_lock);
             break;
         }
-        if (b->chains_out > 0 || pending) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += 20 * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            if (b->progress == last_progress)
-                pthread_cond_timedwait(&ctx->done_cond, &ctx->done_lock, &ts);
-        }
+        if ((b->chains_out > 0 || pending) && b->progress == last_progress)
+            done_wait(ctx);
         uint64_t now = kvp_now_ms();
         if (b->progress != last_progress || b->chains_out == 0) {
             /* progress, or nothing of ours on the wire (waiting for room
@@ -1009,6 +1516,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
         }
         pthread_mutex_unlock(&ctx->done_lock);
     }
+    windows_unbind(b);
     for (size_t i = 0; i < b->n_lanes; i++)
         rqp_unref(b->lanes[i].q);
     batch_free(b);
@@ -1062,6 +1570,7 @@ static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p
     }
     ctx->cq_depth = kvp_rdma_dev_cq_depth(ctx->dev);
     pthread_mutex_init(&ctx->lock, NULL);
+    pthread_mutex_init(&ctx->acc_lock, NULL);
     pthread_rwlock_init(&ctx->mr_lock, NULL);
     pthread_mutex_init(&ctx->done_lock, NULL);
     pthread_cond_init(&ctx->done_cond, NULL);
@@ -1093,8 +1602,7 @@ static void rdma_cleanup(void *vctx)
     while (ctx->accepted) {
         accepted_t *a = ctx->accepted;
         ctx->accepted = a->next;
-        kvp_rdma_qp_destroy(a->qp);
-        free(a);
+        accepted_free(a);
     }
     kvp_rdma_listener_destroy(ctx->lst);
     pthread_join(ctx->cq_thread, NULL);
@@ -1104,6 +1612,9 @@ static void rdma_cleanup(void *vctx)
         for (unsigned i = 0; i < MAX_QPS_PER_PEER; i++)
             rqp_unref(rp->slot[i]);
         pthread_mutex_destroy(&rp->conn_lock);
+        pthread_mutex_destroy(&rp->win_lock);
+        if (rp->win_fd >= 0)
+            close(rp->win_fd);
         free(rp);
     }
     while (ctx->orphans) {
@@ -1121,6 +1632,7 @@ static void rdma_cleanup(void *vctx)
     pthread_cond_destroy(&ctx->done_cond);
     pthread_mutex_destroy(&ctx->done_lock);
     pthread_rwlock_destroy(&ctx->mr_lock);
+    pthread_mutex_destroy(&ctx->acc_lock);
     pthread_mutex_destroy(&ctx->lock);
     free(ctx);
 }
@@ -1134,6 +1646,8 @@ static kvp_status_t rdma_attach(void *vctx, kvp_peer_t *peer, void **state_p)
         return KVP_ERR_TRANSPORT;
     if ((peer->grants || peer->has_conn_key) && !peer->has_rdma_key)
         return KVP_ERR_TRANSPORT; /* data grants on, and no rdma key for us: tcp */
+    if (peer->rdma_windows && !peer->has_conn_key)
+        return KVP_ERR_TRANSPORT; /* windows are asked for on a proven connection: tcp */
     pthread_mutex_lock(&ctx->lock);
     rpeer_t *rp = rpeer_get_locked(ctx, peer);
     pthread_mutex_unlock(&ctx->lock);
@@ -1160,5 +1674,6 @@ const kvp_transport_ops_t kvp_transport_rdma_ops = {
     .mem_reg = rdma_mem_reg,
     .mem_dereg = rdma_mem_dereg,
     .serve = rdma_serve,
+    .windows = rdma_windows,
     .submit = rdma_transfer,
 };

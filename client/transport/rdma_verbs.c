@@ -379,19 +379,18 @@ int kvp_rdma_dev_fd(const kvp_rdma_dev_t *dev)
 
 /* ---------------------------------------------------------------- memory */
 
-int kvp_rdma_mr_reg(kvp_rdma_dev_t *dev, void *addr, size_t len, bool remote, kvp_rdma_mr_t **mr_p)
+/* Register [addr, addr+len) with `access` (what: its name for the error). */
+static int mr_reg_access(kvp_rdma_dev_t *dev, void *addr, size_t len, int access, const char *what,
+                         kvp_rdma_mr_t **mr_p)
 {
     kvp_rdma_mr_t *mr = calloc(1, sizeof(*mr));
     if (mr == NULL)
         return fail(ENOMEM, "out of memory");
-    int access = IBV_ACCESS_LOCAL_WRITE;
-    if (remote)
-        access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
     mr->mr = ibv_reg_mr(dev->pd, addr, len, access);
     if (mr->mr == NULL) {
-        int rc = fail(errno, "%s: ibv_reg_mr(%p, %zu bytes, %s): %s%s", dev->info.name, addr, len,
-                      remote ? "remote read+write" : "local", strerror(errno),
-                      errno == ENOMEM ? " (memlock limit? see ulimit -l)" : "");
+        int rc =
+            fail(errno, "%s: ibv_reg_mr(%p, %zu bytes, %s): %s%s", dev->info.name, addr, len, what,
+                 strerror(errno), errno == ENOMEM ? " (memlock limit? see ulimit -l)" : "");
         free(mr);
         return rc;
     }
@@ -401,6 +400,14 @@ int kvp_rdma_mr_reg(kvp_rdma_dev_t *dev, void *addr, size_t len, bool remote, kv
     mr->rkey = mr->mr->rkey;
     *mr_p = mr;
     return 0;
+}
+
+int kvp_rdma_mr_reg(kvp_rdma_dev_t *dev, void *addr, size_t len, bool remote, kvp_rdma_mr_t **mr_p)
+{
+    int access = IBV_ACCESS_LOCAL_WRITE;
+    if (remote)
+        access |= IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    return mr_reg_access(dev, addr, len, access, remote ? "remote read+write" : "local", mr_p);
 }
 
 int kvp_rdma_mr_reg_dmabuf(kvp_rdma_dev_t *dev, void *addr, size_t len, int fd, uint64_t offset,
@@ -425,6 +432,48 @@ int kvp_rdma_mr_reg_dmabuf(kvp_rdma_dev_t *dev, void *addr, size_t len, int fd, 
     mr->rkey = mr->mr->rkey;
     *mr_p = mr;
     return 0;
+}
+
+int kvp_rdma_mr_reg_windows(kvp_rdma_dev_t *dev, void *addr, size_t len, kvp_rdma_mr_t **mr_p)
+{
+    return mr_reg_access(dev, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND,
+                         "window binding", mr_p);
+}
+
+struct kvp_rdma_mw {
+    struct ibv_mw *mw;
+    uint32_t rkey; /* since the last bind (libibverbs leaves a type 2 window's to us) */
+};
+
+int kvp_rdma_mw_alloc(kvp_rdma_dev_t *dev, kvp_rdma_mw_t **mw_p)
+{
+    kvp_rdma_mw_t *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return fail(ENOMEM, "out of memory");
+    w->mw = ibv_alloc_mw(dev->pd, IBV_MW_TYPE_2);
+    if (w->mw == NULL) {
+        int rc = fail(errno ? errno : EOPNOTSUPP, "%s: ibv_alloc_mw(type 2): %s", dev->info.name,
+                      strerror(errno ? errno : EOPNOTSUPP));
+        free(w);
+        return rc;
+    }
+    w->rkey = w->mw->rkey;
+    *mw_p = w;
+    return 0;
+}
+
+void kvp_rdma_mw_free(kvp_rdma_mw_t *mw)
+{
+    if (mw == NULL)
+        return;
+    if (ibv_dealloc_mw(mw->mw) != 0)
+        fail(errno, "ibv_dealloc_mw: %s", strerror(errno));
+    free(mw);
+}
+
+uint32_t kvp_rdma_mw_rkey(const kvp_rdma_mw_t *mw)
+{
+    return mw->rkey;
 }
 
 void kvp_rdma_mr_dereg(kvp_rdma_mr_t *mr)
@@ -895,6 +944,88 @@ int kvp_rdma_post_chain(kvp_rdma_qp_t *qp, kvp_rdma_op_t op, const kvp_rdma_wr_t
     }
     return fail(rc, "ibv_post_send(QP %u, %zu WRs, failed at %zu): %s", qp->ibqp->qp_num, n, k,
                 strerror(rc));
+}
+
+int kvp_rdma_post_windows(kvp_rdma_qp_t *qp, kvp_rdma_mr_t *mr, const kvp_rdma_mw_wr_t *wrs,
+                          size_t n, uint64_t wr_id, size_t *posted_p)
+{
+    size_t posted_dummy;
+    if (posted_p == NULL)
+        posted_p = &posted_dummy;
+    *posted_p = 0;
+    if (n == 0 || n > KVP_RDMA_MAX_CHAIN)
+        return fail(EINVAL, "a chain has 1..%d WRs, not %zu", KVP_RDMA_MAX_CHAIN, n);
+    if (kvp_rdma_qp_in_error(qp))
+        return fail(ENOTCONN, "QP %u is in error; reconnect", qp->ibqp->qp_num);
+    uint64_t posted = atomic_load(&qp->posted);
+    uint64_t done = atomic_load(&qp->done);
+    if (posted - done + n > qp->depth)
+        return fail(EAGAIN, "QP %u send queue full (%u in flight of %u)", qp->ibqp->qp_num,
+                    (unsigned)(posted - done), qp->depth);
+    struct ibv_send_wr w[KVP_RDMA_MAX_CHAIN];
+    uint32_t rkeys[KVP_RDMA_MAX_CHAIN];
+    for (size_t i = 0; i < n; i++) {
+        uint64_t seq = posted + i;
+        memset(&w[i], 0, sizeof(w[i]));
+        w[i].wr_id = (uint64_t)qp->idx << SEQ_BITS | (seq & SEQ_MASK);
+        w[i].next = i + 1 < n ? &w[i + 1] : NULL;
+        w[i].send_flags = i + 1 == n ? IBV_SEND_SIGNALED : 0;
+        if (wrs[i].len == 0) {
+            w[i].opcode = IBV_WR_LOCAL_INV;
+            w[i].invalidate_rkey = wrs[i].mw->rkey;
+            rkeys[i] = wrs[i].mw->rkey;
+        } else {
+            rkeys[i] = ibv_inc_rkey(wrs[i].mw->rkey);
+            w[i].opcode = IBV_WR_BIND_MW;
+            w[i].bind_mw.mw = wrs[i].mw->mw;
+            w[i].bind_mw.rkey = rkeys[i];
+            w[i].bind_mw.bind_info = (struct ibv_mw_bind_info){
+                .mr = mr->mr,
+                .addr = wrs[i].addr,
+                .length = wrs[i].len,
+                .mw_access_flags = wrs[i].write ? IBV_ACCESS_REMOTE_WRITE : IBV_ACCESS_REMOTE_READ};
+        }
+        wr_slot_t *slot = &qp->slots[seq % qp->depth];
+        slot->wr_id = wr_id;
+        slot->last = i + 1 == n;
+    }
+    struct ibv_send_wr *bad = NULL;
+    int rc = ibv_post_send(qp->ibqp, w, &bad);
+    size_t k = rc == 0 ? n : bad != NULL ? (size_t)(bad - w) : 0;
+    for (size_t i = 0; i < k; i++) /* the provider names a window by ibv_mw.rkey: ours to move */
+        wrs[i].mw->rkey = wrs[i].mw->mw->rkey = rkeys[i];
+    if (rc == 0) {
+        atomic_store(&qp->posted, posted + n);
+        *posted_p = n;
+        return 0;
+    }
+    if (rc < 0)
+        rc = -rc;
+    if (k > 0 && k < n) { /* as kvp_rdma_post_chain: the first k are a chain of their own */
+        qp->slots[(posted + k - 1) % qp->depth].last = true;
+        atomic_store(&qp->posted, posted + k);
+        *posted_p = k;
+        atomic_store(&qp->error, true);
+        struct ibv_qp_attr attr = {.qp_state = IBV_QPS_ERR};
+        ibv_modify_qp(qp->ibqp, &attr, IBV_QP_STATE);
+    }
+    return fail(rc, "ibv_post_send(QP %u, %zu window WRs, failed at %zu): %s", qp->ibqp->qp_num, n,
+                k, strerror(rc));
+}
+
+uint32_t kvp_rdma_qp_num(const kvp_rdma_qp_t *qp)
+{
+    return qp->ibqp->qp_num;
+}
+
+uint32_t kvp_rdma_qp_remote_num(kvp_rdma_qp_t *qp)
+{
+    struct ibv_qp_attr attr;
+    struct ibv_qp_init_attr init;
+    memset(&attr, 0, sizeof(attr));
+    if (ibv_query_qp(qp->ibqp, &attr, IBV_QP_DEST_QPN, &init) != 0)
+        return 0;
+    return attr.dest_qp_num;
 }
 
 int kvp_rdma_poll(kvp_rdma_dev_t *dev, kvp_rdma_wc_t *wcs, int max)

@@ -138,6 +138,40 @@ int kvp_rdma_mr_reg_dmabuf(kvp_rdma_dev_t *dev, void *addr, size_t len, int fd, 
                            bool remote, kvp_rdma_mr_t **mr_p);
 void kvp_rdma_mr_dereg(kvp_rdma_mr_t *mr);
 
+/* Register [addr, addr+len) for local write and memory-window binding only: its own rkey
+ * opens nothing remotely; peers reach it through type 2 windows bound on their queue pairs
+ * (kvp_rdma_post_windows). */
+int kvp_rdma_mr_reg_windows(kvp_rdma_dev_t *dev, void *addr, size_t len, kvp_rdma_mr_t **mr_p);
+
+/*
+ * Memory windows, type 2: allocated free, bound by a work request on one QP to an extent of a
+ * window-bindable MR with remote READ or WRITE (only that QP's peer can then use the rkey,
+ * only on that extent), invalidated by another work request on the same QP. Each bind gives
+ * the window a new rkey (its key byte moves on).
+ */
+typedef struct kvp_rdma_mw kvp_rdma_mw_t;
+int kvp_rdma_mw_alloc(kvp_rdma_dev_t *dev, kvp_rdma_mw_t **mw_p);
+/* Bound or not; its QP's reference goes with it. */
+void kvp_rdma_mw_free(kvp_rdma_mw_t *mw);
+/* The window's rkey since its last bind. */
+uint32_t kvp_rdma_mw_rkey(const kvp_rdma_mw_t *mw);
+
+typedef struct kvp_rdma_mw_wr {
+    kvp_rdma_mw_t *mw;
+    uint64_t addr; /* bind: the extent (inside mr); len 0: invalidate the window instead */
+    uint64_t len;
+    bool write; /* bind: remote WRITE, else remote READ */
+} kvp_rdma_mw_wr_t;
+
+/* Post n (1..KVP_RDMA_MAX_CHAIN) binds / invalidations as one chain on qp, the last signaled;
+ * every WR's completion carries wr_id (the chain's end: chain_end). Errors as
+ * kvp_rdma_post_chain's. */
+int kvp_rdma_post_windows(kvp_rdma_qp_t *qp, kvp_rdma_mr_t *mr, const kvp_rdma_mw_wr_t *wrs,
+                          size_t n, uint64_t wr_id, size_t *posted_p);
+/* The QP's number on this device, and the number of the QP it is connected to (0: unknown). */
+uint32_t kvp_rdma_qp_num(const kvp_rdma_qp_t *qp);
+uint32_t kvp_rdma_qp_remote_num(kvp_rdma_qp_t *qp);
+
 /* Listen on ipv4:port (port 0: any; the bound port goes to *port_p). */
 int kvp_rdma_listen(kvp_rdma_dev_t *dev, const char *ipv4, uint16_t port, int backlog,
                     kvp_rdma_listener_t **lst_p, uint16_t *port_p);

@@ -34,6 +34,18 @@
  * carries the segment's memfd (SCM_RIGHTS), and the connection ends. Refused: the reply
  * says KVP_ERR_DENIED, no descriptor travels. */
 #define KVP_DATA_MAP 6
+/* rdma memory windows (an owner serving with KVPOOL_RDMA_WINDOWS=1, data grants on; on a
+ * connection that proved its principal in a HELLO): BIND_READ / BIND_WRITE are vectored like
+ * READV / WRITEV (`offset` n, `length` the entries' sum, the entries and their grants
+ * follow, no payload) but segment_id carries the number of the owner's queue pair (the
+ * client's QP's destination) the windows are for, which must be the same principal's. The
+ * owner checks the grants as for a READV / WRITEV, binds a type 2 window per entry on that
+ * QP with remote READ or WRITE over exactly the entry's extent, and answers with length
+ * 8 * n and n kvp_data_window_t. UNBIND: segment_id the QP, `offset` n, then n
+ * kvp_data_window_t from earlier answers: those windows are invalidated; no answer. */
+#define KVP_DATA_BIND_READ 7
+#define KVP_DATA_BIND_WRITE 8
+#define KVP_DATA_UNBIND 9
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1
@@ -66,6 +78,12 @@ typedef struct kvp_data_vec {
     uint64_t length;
 } kvp_data_vec_t; /* 24 bytes: one extent of a READV/WRITEV */
 
+typedef struct kvp_data_window {
+    uint32_t rkey; /* the window's, for RDMA READ/WRITE on the QP it was bound on */
+    uint32_t slot; /* the owner's name for it (UNBIND) */
+} kvp_data_window_t;
+
+_Static_assert(sizeof(kvp_data_window_t) == 8, "a window is 8 bytes");
 _Static_assert(sizeof(kvp_data_vec_t) == 24, "data vector entry is 24 bytes");
 _Static_assert(sizeof(kvp_data_req_t) == 32, "data request header is 32 bytes");
 _Static_assert(sizeof(kvp_data_resp_t) == 16, "data response header is 16 bytes");

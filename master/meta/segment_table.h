@@ -27,6 +27,7 @@ typedef struct kvp_segment {
     char *rdma_endpoint; /* "" when the owner serves no rdma */
     uint64_t rdma_addr;
     uint32_t rdma_rkey;
+    bool rdma_windows; /* served through memory windows only (its owner said so at mount) */
     uint64_t size;
     uint64_t owner_client_id;
     uint64_t owner_conn_id;  /* connection that mounted it; its close unmounts it */

@@ -337,6 +337,7 @@ static void render_segment_json(kvp_http_reply_t *r, const kvp_segment_t *seg)
     kvp_http_json_string(r, seg->tcp_endpoint, strlen(seg->tcp_endpoint));
     kvp_http_printf(r, ",\"rdma_endpoint\":");
     kvp_http_json_string(r, seg->rdma_endpoint, strlen(seg->rdma_endpoint));
+    kvp_http_printf(r, ",\"rdma_windows\":%s", seg->rdma_windows ? "true" : "false");
     kvp_http_printf(r, ",\"status\":\"%s\"}",
                     seg->draining ? "draining" : (seg->adopting ? "adopting" : "mounted"));
 }

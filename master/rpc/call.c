@@ -61,6 +61,7 @@ void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
     /* data grants on: the rkey goes only to peers that proved an rdma key (the accept) */
     d->rdma_rkey = seg->grant_mac != NULL ? 0 : seg->rdma_rkey;
     d->grants = seg->grant_mac != NULL;
+    d->rdma_windows = seg->rdma_windows && seg->grant_mac != NULL;
     d->draining = seg->draining;
 }
 
@@ -199,7 +200,11 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
         d->conn_key.data = key;
         d->conn_key.len = KVP_GRANT_KEY_LEN;
         d->conn_tag = call->who->tag;
-        if (seg->rdma_endpoint[0] != '\0' && may_hold(st, call->who, seg, false)) {
+        /* through memory windows (the owner binds one per granted extent on the caller's
+         * queue pair) every principal the master hands grants for the segment may use
+         * rdma; without, only one whose grants cover all the segment can hold */
+        if (seg->rdma_endpoint[0] != '\0' &&
+            (seg->rdma_windows || may_hold(st, call->who, seg, false))) {
             uint8_t *rkey = key + KVP_GRANT_KEY_LEN;
             if (!kvp_grant_rdma_key(seg->grant_mac, call->who->tag, rkey))
                 return false;

@@ -99,6 +99,7 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->rdma_endpoint = strdup(d->rdma_endpoint);
     seg->rdma_addr = d->rdma_addr;
     seg->rdma_rkey = d->rdma_rkey;
+    seg->rdma_windows = d->rdma_windows;
     seg->size = d->size;
     seg->owner_client_id = req->client_id;
     seg->owner_conn_id = conn_id;

@@ -860,3 +860,54 @@ def test_write_grant_ends_at_put_end_on_ssd(certs, tmp_path):
         assert rep.seg_size == 64 << 20 and rep.shm_path == ""  # the SSD segment
     finally:
         close_all([m])
+
+
+# ---- rdma memory windows' frames (wire.h BIND_READ 7, BIND_WRITE 8, UNBIND 9) on an owner
+# that serves no windows: what a stranger, a forger and an honest principal get. The windows
+# themselves are bound and used in the Soft-RoCE VM (tests/rdma/test_rdma_security.c). ----
+
+BIND_READ, BIND_WRITE, UNBIND = 7, 8, 9
+INVALID_ARG, PROTOCOL = kvpool.ERR_INVALID_ARG, kvpool.ERR_PROTOCOL
+
+
+def bind_request(rep, op, grant, qp=1, as_=None):
+    """One BIND of rep's extent for queue pair qp; (status, payload, closed-after)."""
+    flags, tail = grant_wire(grant)
+    body = VEC.pack(rep.segment_id, rep.offset, rep.length)
+    with data_conn(rep, as_) as s:
+        s.sendall(REQ.pack(DATA_MAGIC, op, flags, qp, 1, rep.length) + body + tail)
+        r = reply(s)
+        if r is None:
+            return None, b"", True
+        return r[0], r[1], closed(s, 1)
+
+
+def test_window_frames_on_an_owner_without_windows(gm, victim):
+    key, data, rep = victim
+    before = gm.owner_refused()
+    # no grant, a read grant used to bind for writing, a bit-flipped set: refused, closed,
+    # counted, as the same grants on a READV/WRITEV
+    assert refused(bind_request(rep, BIND_READ, None))
+    assert refused(bind_request(rep, BIND_WRITE, rep.grant))
+    bad = bytearray(rep.grant.blob)
+    bad[40] ^= 1
+    assert refused(bind_request(rep, BIND_READ, SetGrant(bytes(bad), rep.grant.index)))
+    assert gm.owner_refused() == before + 3
+    # an honest principal's valid grant: this owner binds no windows, says so, goes on
+    status, payload, was_closed = bind_request(rep, BIND_READ, rep.grant)
+    assert status == INVALID_ARG and payload == b"" and not was_closed
+    # absurd counts: a protocol error, closed before anything is read
+    with data_conn(rep) as s:
+        s.sendall(REQ.pack(DATA_MAGIC, BIND_READ, F_GRANT_SET, 1, 0, 0))
+        r = reply(s)
+        assert r is not None and r[0] == PROTOCOL and closed(s)
+    with data_conn(rep) as s:
+        s.sendall(REQ.pack(DATA_MAGIC, UNBIND, 0, 1, 100000, 0))
+        r = reply(s)
+        assert r is not None and r[0] == PROTOCOL and closed(s)
+    # an UNBIND from a connection that proved no principal: closed, nothing answered
+    with data_conn(rep, as_=False) as s:
+        s.sendall(REQ.pack(DATA_MAGIC, UNBIND, 0, 1, 1, 0) + struct.pack("<II", 1, 0))
+        assert closed(s)
+    assert gm.owner_refused() == before + 3
+    intact(gm, key, data)

@@ -21,6 +21,16 @@
  *  3. the cap: an owner with KVPOOL_RDMA_QP_CAP=3 takes alice's first client (2 QPs) and
  *     one QP of her second; the second client's transfers fail until the first is gone,
  *     then go through; the refusals are counted.
+ *  4. memory windows (an owner with KVPOOL_RDMA_WINDOWS=1): alice and carol (team-a, only
+ *     c@* keys: no rdma without windows) move bytes over rdma, byte-exact, one object
+ *     striped over both QPs and a batch of 64; the accept and the descriptor carry no rkey.
+ *     A hostile carol (her own keys and a real read grant, taken from her client's transfer)
+ *     binds a window on her own raw QP and reads her object through it (the positive
+ *     control); the window read past its extent's end, written through, used after its
+ *     UNBIND, or guessed next to (+-1, +-256): an error completion, no bytes, the objects
+ *     intact; windows asked with the read grant to write, a bit-flipped grant set, a write
+ *     grant after its put ended, or for alice's queue pair: refused (the connection closed,
+ *     counted); for a queue pair nobody has: KVP_ERR_NOT_FOUND.
  *
  * Certificates: $KVPOOL_RDMA_TEST_CERTS (made on the host by deploy/test-rdma.sh with
  * deploy/make-certs.sh; the VM has no openssl tool). No RDMA device: exit 77.
@@ -41,10 +51,16 @@
 #include <unistd.h>
 
 #include <openssl/evp.h>
+#include <pthread.h>
 
 #include "client/client_priv.h"
 #include "client/include/kvpool.h"
+#include "client/transfer/transport.h"
+#include "client/transport/hello.h"
 #include "client/transport/rdma_verbs.h"
+#include "client/transport/wire.h"
+#include "common/parse.h"
+#include "common/sock.h"
 #include "common/grant.h"
 #include "tests/harness.h"
 
@@ -55,7 +71,7 @@ static const char *const principals[][4] = {
     /* name, tenant, roles, keys ("" : every key) */
     {"seg-a", "team-a", "segment", ""},      {"seg-b", "team-b", "segment", ""},
     {"alice", "team-a", "read, write", ""},  {"bobw", "team-b", "read, write", ""},
-    {"bob", "team-b", "read, write", "b@*"},
+    {"bob", "team-b", "read, write", "b@*"}, {"carol", "team-a", "read, write", "c@*"},
 };
 #define N_PRINCIPALS (sizeof(principals) / sizeof(principals[0]))
 
@@ -133,7 +149,7 @@ static bool write_acl(const env_t *e)
 }
 
 static bool start_owner(env_t *e, int i, const char *principal, const char *tenant,
-                        const char *qp_cap)
+                        const char *qp_cap, const char *windows)
 {
     char ca[256], tok[256], port[32];
     path_of(e, "ca.crt", ca, sizeof(ca));
@@ -156,7 +172,13 @@ static bool start_owner(env_t *e, int i, const char *principal, const char *tena
                     port,
                     "--ready-fd",
                     "3",
+                    NULL,
+                    NULL,
                     NULL};
+    if (windows != NULL) { /* serve's flag (it sets KVPOOL_RDMA_WINDOWS) */
+        argv[16] = "--rdma-windows";
+        argv[17] = (char *)windows;
+    }
     if (qp_cap != NULL)
         setenv("KVPOOL_RDMA_QP_CAP", qp_cap, 1);
     e->started[i] = kvp_proc_start(&e->owner[i], argv, 10000);
@@ -194,7 +216,8 @@ static int setup(void **state)
     char *args[] = {"--lease-ttl", "0", NULL};
     if (!kvp_start_master_args(&e->master, args))
         return -1;
-    if (!start_owner(e, 0, "seg-a", "team-a", NULL) || !start_owner(e, 1, "seg-b", "team-b", NULL))
+    if (!start_owner(e, 0, "seg-a", "team-a", NULL, NULL) ||
+        !start_owner(e, 1, "seg-b", "team-b", NULL, NULL))
         return -1;
     *state = e;
     return 0;
@@ -441,7 +464,7 @@ static void test_queue_pair_cap(void **state)
     /* team-a's owner 0 first takes team-a's objects too: stop it, so owner 2 takes them */
     assert_int_equal(kvp_proc_stop(&e->owner[0], SIGTERM, 10000), 0);
     e->started[0] = false;
-    assert_true(start_owner(e, 2, "seg-a", "team-a", "3"));
+    assert_true(start_owner(e, 2, "seg-a", "team-a", "3", NULL));
     long before = refused_rdma(e, 2);
     kvp_client_t *one = client_of(e, "alice", "rdma");
     put_get(one, "a@cap-1", 1u << 20, 31, KVP_OK); /* 16 slices over its 2 QPs */
@@ -469,12 +492,320 @@ static void test_queue_pair_cap(void **state)
     kvp_client_destroy(two);
 }
 
+/* ---- 4. memory windows ---- */
+
+/* What the spy transport saw last: a READ's and a WRITE's grant set, with the extent. */
+typedef struct seen_set {
+    uint8_t set[KVP_GRANT_SET_HDR_LEN + 16 * sizeof(kvp_grant_extent_t)];
+    size_t len;
+    uint32_t index;
+    uint64_t offset, length;
+} seen_set_t;
+static pthread_mutex_t spy_lock = PTHREAD_MUTEX_INITIALIZER;
+static seen_set_t spy_seen[2]; /* [0] READ, [1] WRITE */
+static kvp_transport_ops_t spy_ops;
+static const kvp_transport_ops_t *const spy_list[] = {&spy_ops, NULL};
+
+/* The rdma transport, keeping a copy of its batches' first grant set (a hostile client has
+ * its own grants: this is how the test gets real ones). */
+static void spy_submit(void *ctx, kvp_xfer_op_t **ops, size_t n)
+{
+    if (n > 0 && ops[0]->grant_set != NULL) {
+        kvp_grant_set_hdr_t h;
+        memcpy(&h, ops[0]->grant_set, sizeof(h));
+        size_t len = kvp_grant_set_len(h.count);
+        pthread_mutex_lock(&spy_lock);
+        seen_set_t *s = &spy_seen[ops[0]->kind == KVP_XFER_READ ? 0 : 1];
+        if (len <= sizeof(s->set)) {
+            memcpy(s->set, ops[0]->grant_set, len);
+            s->len = len;
+            s->index = ops[0]->grant_index;
+            s->offset = ops[0]->offset;
+            s->length = ops[0]->length;
+        }
+        pthread_mutex_unlock(&spy_lock);
+    }
+    kvp_transport_rdma_ops.submit(ctx, ops, n);
+}
+
+/* The peer of c's that is served through windows. */
+static kvp_peer_t windows_peer(kvp_client_t *c)
+{
+    kvp_peer_t out = {0};
+    pthread_rwlock_rdlock(&c->peers.lock);
+    for (size_t i = 0; i < c->peers.table.cap; i++) {
+        kvp_peer_t *p = c->peers.table.slots[i];
+        if (p != NULL && p->rdma_windows)
+            memcpy(&out, p, offsetof(kvp_peer_t, failed_ms));
+    }
+    pthread_rwlock_unlock(&c->peers.lock);
+    assert_true(out.rdma_windows);
+    return out;
+}
+
+/* A data connection to p's owner that proved p's principal. */
+static int data_conn(const kvp_peer_t *p)
+{
+    char host[256];
+    uint16_t port;
+    int fd = -1;
+    assert_int_equal(kvp_parse_hostport(p->endpoint, host, sizeof(host), &port), KVP_OK);
+    assert_int_equal(kvp_tcp_connect(host, port, 5000, &fd), KVP_OK);
+    assert_int_equal(kvp_data_hello_prove(fd, p, 5000), KVP_OK);
+    return fd;
+}
+
+/* BIND on fd for the extent s names, on the owner's QP qpn; the answer's status (and the
+ * window). set_len 0: s's set as it is. */
+static kvp_status_t bind_raw(int fd, uint16_t op, uint32_t qpn, const kvp_peer_t *p,
+                             const seen_set_t *s, kvp_data_window_t *w)
+{
+    kvp_data_req_t h = {.magic = KVP_DATA_MAGIC,
+                        .op = op,
+                        .flags = KVP_DATA_F_GRANT_SET,
+                        .segment_id = qpn,
+                        .offset = 1,
+                        .length = s->length};
+    kvp_data_vec_t v = {.segment_id = p->segment_id, .offset = s->offset, .length = s->length};
+    uint32_t idx = s->index;
+    struct iovec iov[4] = {
+        {&h, sizeof(h)}, {&v, sizeof(v)}, {(void *)s->set, s->len}, {&idx, sizeof(idx)}};
+    assert_int_equal(kvp_sendv_all(fd, iov, 4), KVP_OK);
+    kvp_data_resp_t r;
+    if (kvp_recv_all(fd, &r, sizeof(r)) != KVP_OK)
+        return KVP_ERR_IO;
+    if (r.status != 0)
+        return r.status;
+    assert_int_equal(r.length, sizeof(*w));
+    assert_int_equal(kvp_recv_all(fd, w, sizeof(*w)), KVP_OK);
+    return KVP_OK;
+}
+
+/* One 4 KiB READ or WRITE at addr with rkey on qp; its completion status. */
+static kvp_rdma_wc_status_t op_with(kvp_rdma_dev_t *dev, kvp_rdma_qp_t *qp, kvp_rdma_op_t op,
+                                    const kvp_rdma_mr_t *mr, uint64_t addr, uint32_t rkey)
+{
+    kvp_rdma_wr_t wr = {
+        .local = mr->addr, .lkey = mr->lkey, .len = 4096, .remote = addr, .rkey = rkey, .wr_id = 9};
+    assert_int_equal(kvp_rdma_post_chain(qp, op, &wr, 1, NULL), 0);
+    kvp_rdma_wc_t wc;
+    assert_int_equal(kvp_rdma_wait(dev, &wc, 1, 10000), 1);
+    assert_true(wc.chain_end);
+    return wc.status;
+}
+
+static long refused_grant(const env_t *e, int i)
+{
+    long v = owner_metric(e, i, "kvpool_connections_refused_total{reason=\"grant\"} ");
+    assert_true(v >= 0);
+    return v;
+}
+
+static void get_check(kvp_client_t *c, const char *key, size_t len, uint64_t seed)
+{
+    uint8_t *want = malloc(len), *back = malloc(len);
+    assert_non_null(want);
+    assert_non_null(back);
+    kvp_fill_pattern(want, len, seed);
+    assert_int_equal(kvp_get_into(c, key, back, len), (int64_t)len);
+    assert_memory_equal(back, want, len);
+    free(want);
+    free(back);
+}
+
+static void test_windows(void **state)
+{
+    env_t *e = *state;
+    kvp_rdma_dev_t *dev;
+    kvp_rdma_dev_params_t dp = {0};
+    assert_int_equal(kvp_rdma_dev_open(&dp, &dev), 0);
+    bool soft = strncmp(kvp_rdma_dev_info(dev)->name, "rxe", 3) == 0;
+    /* team-a's objects go to owner 2. KVPOOL_RDMA_WINDOWS=1 on a device that does not keep
+     * an access inside its window (rxe): refused, served without windows (carol: tcp) */
+    assert_int_equal(kvp_proc_stop(&e->owner[0], SIGTERM, 10000), 0);
+    e->started[0] = false;
+    assert_true(start_owner(e, 2, "seg-a", "team-a", NULL, "on"));
+    kvp_client_t *probe = client_of(e, "carol", "auto");
+    put_get(probe, "c@win-0", 4096, 40, KVP_OK);
+    kvp_metrics_t pm = {.size = sizeof(pm)};
+    assert_int_equal(kvp_metrics_snapshot(probe, &pm), KVP_OK);
+    assert_int_equal(pm.client[KVP_METRICS_TP_RDMA].put.ops, soft ? 0 : 1);
+    kvp_client_destroy(probe);
+    assert_int_equal(kvp_proc_stop(&e->owner[2], SIGTERM, 10000), 0);
+    /* through windows on any device */
+    assert_true(start_owner(e, 2, "seg-a", "team-a", NULL, "unbounded"));
+
+    /* honest clients: every byte through windows */
+    kvp_client_t *alice = client_of(e, "alice", "rdma");
+    put_get(alice, "a@win-1", (1u << 20) + 5, 41, KVP_OK); /* 17 slices over 2 QPs */
+    kvp_client_t *carol = client_of(e, "carol", "rdma");
+    put_get(carol, "c@win-1", 70000, 42, KVP_OK);
+    enum { NB = 64, BS = 4096 };
+    static uint8_t bsrc[NB][BS], bdst[NB][BS];
+    char names[NB][32];
+    const char *keys[NB];
+    const void *srcs[NB];
+    void *dsts[NB];
+    size_t sizes[NB];
+    int64_t got[NB];
+    kvp_status_t res[NB];
+    for (int i = 0; i < NB; i++) {
+        snprintf(names[i], sizeof(names[i]), "c@win-batch-%d", i);
+        keys[i] = names[i];
+        kvp_fill_pattern(bsrc[i], BS, 500 + (uint64_t)i);
+        srcs[i] = bsrc[i];
+        dsts[i] = bdst[i];
+        sizes[i] = BS;
+    }
+    assert_int_equal(kvp_batch_put_from(carol, keys, srcs, sizes, NB, NULL, res), KVP_OK);
+    assert_int_equal(kvp_batch_get_into(carol, keys, dsts, sizes, NB, got), KVP_OK);
+    for (int i = 0; i < NB; i++) {
+        assert_int_equal(got[i], BS);
+        assert_memory_equal(bdst[i], bsrc[i], BS);
+    }
+    kvp_metrics_t m = {.size = sizeof(m)};
+    assert_int_equal(kvp_metrics_snapshot(carol, &m), KVP_OK);
+    assert_true(m.client[KVP_METRICS_TP_RDMA].put.ops >= 1 + NB);
+    assert_true(m.client[KVP_METRICS_TP_RDMA].get.ops >= 1 + NB);
+    kvp_peer_t cp = windows_peer(carol);
+    assert_true(cp.has_rdma_key && cp.has_conn_key);
+    assert_int_equal(cp.rdma_rkey, 0);
+
+    /* hostile carol: her keys, a real grant set from her own client's transfer */
+    spy_ops = kvp_transport_rdma_ops;
+    spy_ops.submit = spy_submit;
+    kvp_transports_test = spy_list;
+    kvp_client_t *spy = client_of(e, "carol", "rdma");
+    kvp_transports_test = NULL;
+    put_get(spy, "c@win-spy", 8192, 43, KVP_OK);
+    seen_set_t rd = spy_seen[0], wr = spy_seen[1];
+    assert_true(rd.len > 0 && wr.len > 0);
+    assert_int_equal(rd.length, 8192);
+    kvp_peer_t p = windows_peer(spy);
+    static uint8_t local[1 << 16];
+    kvp_rdma_mr_t *mr;
+    assert_int_equal(kvp_rdma_mr_reg(dev, local, sizeof(local), false, &mr), 0);
+    long refused_before = refused_grant(e, 2);
+    uint8_t want[4096];
+    kvp_fill_pattern(want, sizeof(want), 43);
+    uint64_t obj = p.rdma_addr + rd.offset;
+
+    /* the positive control: a window on her own QP reads her object */
+    kvp_rdma_qp_t *qp;
+    pdata_t pd = proof_of(&p, p.conn_tag, p.rdma_key);
+    assert_int_equal(raw_connect(dev, &p, &pd, sizeof(pd), &qp), 0);
+    size_t alen;
+    const accept_pdata_t *ap = kvp_rdma_qp_peer_pdata(qp, &alen);
+    assert_true(alen >= sizeof(*ap));
+    assert_int_equal(ap->rkey, 0); /* the region's rkey is never handed out */
+    int fd = data_conn(&p);
+    kvp_data_window_t w;
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, kvp_rdma_qp_remote_num(qp), &p, &rd, &w),
+                     KVP_OK);
+    memset(local, 0, 4096);
+    assert_int_equal(op_with(dev, qp, KVP_RDMA_READ, mr, obj, w.rkey), KVP_RDMA_WC_OK);
+    assert_memory_equal(local, want, 4096);
+    /* past its extent's end: refused by a device that checks a window's bounds, nothing
+     * lands. Soft-RoCE checks the region's (the reason KVPOOL_RDMA_WINDOWS=1 is refused
+     * there): printed, not asserted */
+    memset(local, 0x5A, 4096);
+    kvp_rdma_wc_status_t past = op_with(dev, qp, KVP_RDMA_READ, mr, obj + 8192 - 2048, w.rkey);
+    if (!soft) {
+        assert_int_not_equal(past, KVP_RDMA_WC_OK);
+        for (size_t k = 0; k < 4096; k++)
+            assert_int_equal(local[k], 0x5A);
+    } else {
+        fprintf(stderr,
+                "%s: a READ past a window's extent: %s (the device checks the "
+                "region's range only)\n",
+                kvp_rdma_dev_info(dev)->name, kvp_rdma_wc_status_str(past));
+    }
+    kvp_rdma_qp_destroy(qp);
+
+    /* a fresh QP and window per probe (an error completion ends a QP) */
+    enum { P_WRITE, P_UNBIND, P_GUESS1, P_GUESS2, P_GUESS3, P_GUESS4, N_PROBES };
+    for (int probe = 0; probe < N_PROBES; probe++) {
+        pd = proof_of(&p, p.conn_tag, p.rdma_key);
+        assert_int_equal(raw_connect(dev, &p, &pd, sizeof(pd), &qp), 0);
+        uint32_t qpn = kvp_rdma_qp_remote_num(qp);
+        assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, qpn, &p, &rd, &w), KVP_OK);
+        uint32_t rkey = w.rkey;
+        kvp_rdma_op_t op = KVP_RDMA_READ;
+        if (probe == P_WRITE) {
+            op = KVP_RDMA_WRITE;
+            memset(local, 0xEE, 4096);
+        } else if (probe == P_UNBIND) {
+            kvp_data_req_t h = {
+                .magic = KVP_DATA_MAGIC, .op = KVP_DATA_UNBIND, .segment_id = qpn, .offset = 1};
+            struct iovec iov[2] = {{&h, sizeof(h)}, {&w, sizeof(w)}};
+            assert_int_equal(kvp_sendv_all(fd, iov, 2), KVP_OK);
+            usleep(100000); /* no answer: give the owner the moment it takes */
+        } else {
+            static const int64_t delta[] = {1, -1, 256, -256};
+            rkey = (uint32_t)((int64_t)w.rkey + delta[probe - P_GUESS1]);
+        }
+        if (op == KVP_RDMA_READ)
+            memset(local, 0x5A, 4096);
+        assert_int_not_equal(op_with(dev, qp, op, mr, obj, rkey), KVP_RDMA_WC_OK);
+        for (size_t k = 0; op == KVP_RDMA_READ && k < 4096; k++)
+            assert_int_equal(local[k], 0x5A);
+        kvp_rdma_qp_destroy(qp);
+    }
+    assert_int_equal(refused_grant(e, 2), refused_before); /* nothing refused so far */
+
+    /* refused windows: the connection ends, the refusal is counted */
+    pd = proof_of(&p, p.conn_tag, p.rdma_key);
+    assert_int_equal(raw_connect(dev, &p, &pd, sizeof(pd), &qp), 0);
+    uint32_t qpn = kvp_rdma_qp_remote_num(qp);
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_WRITE, qpn, &p, &rd, &w), KVP_ERR_DENIED);
+    close(fd);
+    fd = data_conn(&p);
+    seen_set_t flipped = rd;
+    flipped.set[40] ^= 1; /* the header's principal tag */
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, qpn, &p, &flipped, &w), KVP_ERR_DENIED);
+    close(fd);
+    fd = data_conn(&p);
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_WRITE, qpn, &p, &wr, &w), KVP_ERR_DENIED);
+    close(fd);
+    /* alice's queue pair (a raw one under her proof) */
+    kvp_peer_t ap_peer = windows_peer(alice);
+    pdata_t apd = proof_of(&ap_peer, ap_peer.conn_tag, ap_peer.rdma_key);
+    kvp_rdma_qp_t *aqp;
+    assert_int_equal(raw_connect(dev, &ap_peer, &apd, sizeof(apd), &aqp), 0);
+    fd = data_conn(&p);
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, kvp_rdma_qp_remote_num(aqp), &p, &rd, &w),
+                     KVP_ERR_DENIED);
+    close(fd);
+    kvp_rdma_qp_destroy(aqp);
+    /* a queue pair nobody has: an answer, and the connection goes on */
+    fd = data_conn(&p);
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, 0xFFFFFFu, &p, &rd, &w), KVP_ERR_NOT_FOUND);
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, qpn, &p, &rd, &w), KVP_OK);
+    close(fd);
+    kvp_rdma_qp_destroy(qp);
+    assert_true(refused_grant(e, 2) - refused_before >= 4);
+
+    /* every object intact */
+    get_check(carol, "c@win-spy", 8192, 43);
+    get_check(alice, "a@win-1", (1u << 20) + 5, 41);
+    get_check(carol, "c@win-1", 70000, 42);
+    assert_int_equal(kvp_batch_get_into(alice, keys, dsts, sizes, NB, got), KVP_OK);
+    for (int i = 0; i < NB; i++)
+        assert_memory_equal(bdst[i], bsrc[i], BS);
+    kvp_rdma_mr_dereg(mr);
+    kvp_rdma_dev_close(dev);
+    kvp_client_destroy(spy);
+    kvp_client_destroy(carol);
+    kvp_client_destroy(alice);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_proven_principal_only, setup, teardown),
         cmocka_unit_test_setup_teardown(test_raw_queue_pairs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_queue_pair_cap, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_windows, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,7 +40,7 @@ static const char global_usage[] =
     "        [--segment-file PATH [--segment-file-offset SIZE]]\n"
     "        [--ssd-path PATH --ssd-size SIZE [--ssd-buffered-io]]\n"
     "        [--http-listen HOST:PORT] [--auth protected|none] [--tenant T]\n"
-    "        [--config FILE]\n"
+    "        [--rdma-windows on|unbounded|off] [--config FILE]\n"
     "                            mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and\n"
     "                            serve it until SIGINT or SIGTERM, then drain it: move\n"
     "                            its objects to other segments (default 30 s; 0: no);\n"
@@ -57,6 +57,12 @@ static const char global_usage[] =
     "                            reaches the port (a trusted network)\n"
     "                            --tenant: dedicate the segments to tenant T (the ACL's):\n"
     "                            only its objects go there, and its go there first\n"
+    "                            --rdma-windows: rdma peers reach the segment only\n"
+    "                            through a memory window per granted extent, bound on\n"
+    "                            their queue pair (data grants on; also\n"
+    "                            $KVPOOL_RDMA_WINDOWS=1); refused on a device that does\n"
+    "                            not keep an access inside its window (Soft-RoCE) unless\n"
+    "                            unbounded\n"
     "                            --config: an INI file whose keys are these flags and the\n"
     "                            global ones without dashes ([serve] section); flags on\n"
     "                            the command line override it\n"
@@ -111,7 +117,8 @@ static const kvp_cli_command_t commands[] = {
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
      "[--ready-fd N] [--drain-timeout SECONDS] [--segment-file PATH [--segment-file-offset SIZE]] "
      "[--ssd-path PATH --ssd-size SIZE] "
-     "[--http-listen HOST:PORT] [--auth protected|none] [--tenant T] [--config FILE]",
+     "[--http-listen HOST:PORT] [--auth protected|none] [--tenant T] "
+     "[--rdma-windows on|unbounded|off] [--config FILE]",
      kvp_cli_serve},
     {"put", "object", "[--replicas N] [--prefer SEGMENT] [--upsert] KEY FILE|-", kvp_cli_put},
     {"get", "object", "KEY [FILE|-]", kvp_cli_get},

@@ -21,6 +21,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -160,6 +161,19 @@ static int serve_option(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command
         if (!kvp_cli_parse_seconds(optarg, &s->drain_s))
             return kvp_cli_usage_error(cmd, "--drain-timeout needs seconds (0..86400), got '%s'",
                                        optarg);
+        break;
+    case 'W':
+        /* read by the rdma transport when it serves the segment (client/transport/rdma.c) */
+        if (strcmp(optarg, "on") != 0 && strcmp(optarg, "unbounded") != 0 &&
+            strcmp(optarg, "off") != 0)
+            return kvp_cli_usage_error(cmd,
+                                       "--rdma-windows must be on, unbounded or off, got "
+                                       "'%s'",
+                                       optarg);
+        if (strcmp(optarg, "off") == 0)
+            unsetenv("KVPOOL_RDMA_WINDOWS");
+        else
+            setenv("KVPOOL_RDMA_WINDOWS", strcmp(optarg, "on") == 0 ? "1" : optarg, 1);
         break;
     case 'L': {
         char host[256];
@@ -361,6 +375,7 @@ int kvp_cli_serve(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, 
         {"tenant", required_argument, NULL, 'T'},
         {"segment-file", required_argument, NULL, 'F'},
         {"segment-file-offset", required_argument, NULL, 'O'},
+        {"rdma-windows", required_argument, NULL, 'W'},
         KVP_CLI_GLOBAL_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},

@@ -1059,13 +1059,24 @@ static void test_server_survives_malformed_frames(void **state)
     assert_closed(fd);
     close(fd);
 
-    /* unknown ops (0, 7, 0xffff): closed */
-    const uint16_t unknown[] = {0, KVP_DATA_MAP + 1, 0xffff};
+    /* unknown ops (0, 10, 0xffff): closed */
+    const uint16_t unknown[] = {0, KVP_DATA_UNBIND + 1, 0xffff};
     for (size_t i = 0; i < 3; i++) {
         fd = raw_connect(fx->port);
         req = (kvp_data_req_t){
             .magic = KVP_DATA_MAGIC, .op = unknown[i], .segment_id = SEG_ID, .length = 16};
         assert_int_equal(kvp_send_all(fd, &req, sizeof(req)), KVP_OK);
+        assert_closed(fd);
+        close(fd);
+    }
+    /* rdma window requests (BIND_READ, BIND_WRITE, UNBIND) with no entries: a protocol
+     * error, closed */
+    const uint16_t window_ops[] = {KVP_DATA_BIND_READ, KVP_DATA_BIND_WRITE, KVP_DATA_UNBIND};
+    for (size_t i = 0; i < 3; i++) {
+        fd = raw_connect(fx->port);
+        req = (kvp_data_req_t){.magic = KVP_DATA_MAGIC, .op = window_ops[i], .segment_id = 1};
+        assert_int_equal(kvp_send_all(fd, &req, sizeof(req)), KVP_OK);
+        assert_int_equal(raw_reply(fd, NULL), KVP_ERR_PROTOCOL);
         assert_closed(fd);
         close(fd);
     }
