@@ -40,6 +40,11 @@ if [ ! -f "$dir/tests/rdma-certs/ca.crt" ]; then
     deploy/make-certs.sh "$dir/tests/rdma-certs" admin >"$dir/rdma-certs.log" 2>&1 ||
         { cat "$dir/rdma-certs.log"; summary 0 1; exit 1; }
 fi
+# ... and the ACL of the windows passes (rdma_windows_*: one admin principal, as deploy/test.sh's
+# TLS pass)
+[ -f "$dir/tests/rdma-certs/acl.conf" ] ||
+    printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' \
+        >"$dir/tests/rdma-certs/acl.conf"
 
 # The runner script, from the build's own test list (suite 'rdma' only).
 rm -rf "$dir/rdma-logs" && mkdir -p "$dir/rdma-logs"

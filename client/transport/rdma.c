@@ -1195,18 +1195,32 @@ typedef struct win_req {
     uint32_t first, n;
 } win_req_t;
 
-/* The HELLO'd connection to rp's data server that windows are asked for on (win_lock held). */
-static kvp_status_t win_conn(rdma_ctx_t *ctx, rpeer_t *rp, const kvp_peer_t *peer)
+/* How long the windows' next step may wait: what is left of timeout_ms since the batch's
+ * last progress (a queue pair connected, an answer read), as the tcp transport's
+ * no-progress clock; 0: nothing left. */
+static uint32_t win_left(const rdma_ctx_t *ctx, uint64_t progress_ms)
 {
-    if (rp->win_fd >= 0)
+    uint64_t now = kvp_now_ms(), end = progress_ms + ctx->xfer->timeout_ms;
+    return now < end ? (uint32_t)(end - now) : 0;
+}
+
+/* The HELLO'd connection to rp's data server that windows are asked for on, its receive
+ * timeout set to `left` ms (win_lock held). */
+static kvp_status_t win_conn(rpeer_t *rp, const kvp_peer_t *peer, uint32_t left)
+{
+    if (left == 0)
+        return KVP_ERR_TIMEOUT;
+    if (rp->win_fd >= 0) {
+        kvp_sock_set_timeout(rp->win_fd, left);
         return KVP_OK;
+    }
     char host[256];
     uint16_t port;
     kvp_status_t st = kvp_parse_hostport(peer->endpoint, host, sizeof(host), &port);
     int fd = -1;
     if (st == KVP_OK)
-        st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
-    if (st == KVP_OK && (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) != KVP_OK)
+        st = kvp_tcp_connect(host, port, left, &fd);
+    if (st == KVP_OK && (st = kvp_data_hello_prove(fd, peer, left)) != KVP_OK)
         close(fd);
     if (st == KVP_OK)
         rp->win_fd = fd;
@@ -1271,7 +1285,7 @@ static bool win_same(const kvp_xfer_op_t *a, const kvp_xfer_op_t *b)
  * its answers are read (one round trip per peer). An op whose windows are refused fails
  * with the owner's status; a broken connection fails the peer's lanes.
  */
-static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b)
+static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b, uint64_t progress_ms)
 {
     size_t nreq_cap = b->n_slices + b->n_lanes;
     win_req_t *reqs = NULL;
@@ -1322,7 +1336,7 @@ static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b)
             }
             l->n_win = cnt;
             if (st == KVP_OK)
-                st = win_conn(ctx, rp, peer);
+                st = win_conn(rp, peer, win_left(ctx, progress_ms));
             for (uint32_t f = 0; st == KVP_OK && f < cnt;) {
                 uint32_t m = 1;
                 while (f + m < cnt && m < KVP_DATA_VEC_MAX && win_same(lops[f], lops[f + m]))
@@ -1338,6 +1352,11 @@ static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b)
             lane_t *l = reqs[r].l;
             kvp_data_resp_t resp;
             kvp_status_t rst = st;
+            uint32_t left = win_left(ctx, progress_ms);
+            if (rst == KVP_OK && left == 0)
+                rst = KVP_ERR_TIMEOUT;
+            else if (rst == KVP_OK)
+                kvp_sock_set_timeout(rp->win_fd, left);
             if (rst == KVP_OK)
                 rst = kvp_recv_all(rp->win_fd, &resp, sizeof(resp)) != KVP_OK ||
                               resp.magic != KVP_DATA_MAGIC
@@ -1348,10 +1367,13 @@ static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b)
             if (rst == KVP_OK &&
                 kvp_recv_all(rp->win_fd, &l->win[reqs[r].first], resp.length) != KVP_OK)
                 rst = KVP_ERR_IO;
-            if (rst == KVP_ERR_IO || rst == KVP_ERR_PROTOCOL || rst == KVP_ERR_DENIED)
+            if (rst == KVP_ERR_IO || rst == KVP_ERR_PROTOCOL || rst == KVP_ERR_DENIED ||
+                rst == KVP_ERR_TIMEOUT)
                 st = rst; /* the connection cannot be trusted (or was closed): the rest fail */
-            if (rst == KVP_OK)
+            if (rst == KVP_OK) {
+                progress_ms = kvp_now_ms();
                 continue;
+            }
             if (rst == KVP_ERR_NOT_FOUND) { /* the owner knows no such QP: connect again */
                 pthread_mutex_lock(&l->q->post_lock);
                 kvp_rdma_qp_flush(l->q->qp);
@@ -1420,6 +1442,7 @@ static void windows_unbind(rbatch_t *b)
 static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
 {
     rdma_ctx_t *ctx = vctx;
+    uint64_t progress_ms = kvp_now_ms(); /* the last step that went through (windows) */
     for (size_t i = 0; i < n; i++)
         ops[i]->status = KVP_OK;
     kvp_xfer_crc_writes(ops, n);
@@ -1439,6 +1462,8 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
         if (l->beg == l->end || l->dead)
             continue;
         st = lane_acquire(ctx, l->rp, l->slot, l->peer, &l->q);
+        if (st == KVP_OK)
+            progress_ms = kvp_now_ms();
         if (st != KVP_OK) {
             pthread_mutex_lock(&ctx->done_lock);
             lane_fail_rest(b, l, st);
@@ -1451,7 +1476,7 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
             }
         }
     }
-    windows_bind(ctx, b);
+    windows_bind(ctx, b, progress_ms);
     uint64_t last_progress = 0, last_ms = kvp_now_ms();
     bool flushed = false;
     for (;;) {
