@@ -147,11 +147,15 @@ typedef struct win_wait {
 typedef struct accepted {
     kvp_rdma_qp_t *qp;
     uint64_t tag; /* the principal it proved (0: none, grants off) */
-    /* its memory windows (acc_lock): n_win allocated, in win[] */
+    /* its memory windows (win_lock, held across their work requests: one chain at a time on
+     * this QP, no other QP waits on it): n_win allocated, in win[] */
+    pthread_mutex_t win_lock;
     win_t *win;
     uint32_t n_win;
     win_wait_t wait;
-    bool stuck; /* a window chain never came back: never reaped (the device may still see it) */
+    unsigned users;    /* data servers between finding it and done with it (acc_lock) */
+    atomic_bool stuck; /* a window chain never came back: never reaped (the device may still
+                          see it) */
     struct accepted *next;
 } accepted_t;
 
@@ -181,7 +185,9 @@ typedef struct rdma_ctx {
     accept_pdata_t seg_pdata;
     pthread_t acc_thread;
     bool acc_started;
-    accepted_t *accepted; /* acc_lock: the accept thread adds and reaps, data servers bind */
+    /* the accept thread alone adds and reaps (under acc_lock) and reads it without; data
+     * servers find their QP under acc_lock and hold it by its `users` */
+    accepted_t *accepted;
     pthread_mutex_t acc_lock;
     bool windows; /* the segment is served through memory windows (KVPOOL_RDMA_WINDOWS=1) */
     /* the accept thread's gate (data grants on): its verifier, the nonces it saw, the cap,
@@ -497,6 +503,7 @@ static void accepted_free(accepted_t *a)
     for (uint32_t i = 0; i < a->n_win; i++)
         kvp_rdma_mw_free(a->win[i].mw);
     free(a->win);
+    pthread_mutex_destroy(&a->win_lock);
     kvp_rdma_qp_destroy(a->qp);
     free(a);
 }
@@ -506,7 +513,7 @@ static void reap_accepted(rdma_ctx_t *ctx)
     pthread_mutex_lock(&ctx->acc_lock);
     for (accepted_t **pp = &ctx->accepted; *pp;) {
         accepted_t *a = *pp;
-        if (kvp_rdma_qp_in_error(a->qp) && !a->stuck) {
+        if (kvp_rdma_qp_in_error(a->qp) && !atomic_load(&a->stuck) && a->users == 0) {
             *pp = a->next;
             accepted_free(a);
         } else {
@@ -520,7 +527,7 @@ static void reap_accepted(rdma_ctx_t *ctx)
 
 /*
  * Post n window WRs (binds, invalidations) on accepted QP a, in chains, and wait for each.
- * acc_lock held (one window chain per QP at a time). A chain that does not come back within
+ * a->win_lock held (one window chain per QP at a time). A chain that does not come back within
  * the timeout flushes the QP; one whose flush does not come back leaves a stuck (never
  * reaped: its wait record may still be written). KVP_OK or why not (the QP is then in error).
  */
@@ -559,7 +566,7 @@ static kvp_status_t win_post(rdma_ctx_t *ctx, accepted_t *a, const kvp_rdma_mw_w
                 flushed = true;
                 kvp_rdma_qp_flush(a->qp);
             } else if (!a->wait.done && waited >= ctx->xfer->timeout_ms + FLUSH_WAIT_MS) {
-                a->stuck = true;
+                atomic_store(&a->stuck, true);
                 pthread_mutex_unlock(&ctx->done_lock);
                 KVP_LOG_ERROR("rdma: memory window work did not complete; abandoning its QP");
                 return KVP_ERR_TIMEOUT;
@@ -578,8 +585,7 @@ static kvp_status_t win_post(rdma_ctx_t *ctx, accepted_t *a, const kvp_rdma_mw_w
     return KVP_OK;
 }
 
-/* Invalidate a's windows whose expiry has passed (all of them when now is UINT64_MAX).
- * acc_lock held. */
+/* Invalidate a's windows whose expiry has passed. a->win_lock held. */
 static void win_sweep(rdma_ctx_t *ctx, accepted_t *a, uint64_t now)
 {
     kvp_rdma_mw_wr_t wrs[KVP_RDMA_MAX_CHAIN];
@@ -589,7 +595,7 @@ static void win_sweep(rdma_ctx_t *ctx, accepted_t *a, uint64_t now)
             continue;
         wrs[k++] = (kvp_rdma_mw_wr_t){.mw = a->win[i].mw};
         a->win[i].expiry_ms = 0;
-        if (k == KVP_RDMA_MAX_CHAIN || i + 1 == a->n_win) {
+        if (k == KVP_RDMA_MAX_CHAIN) {
             if (win_post(ctx, a, wrs, k) != KVP_OK)
                 return;
             k = 0;
@@ -599,18 +605,20 @@ static void win_sweep(rdma_ctx_t *ctx, accepted_t *a, uint64_t now)
         win_post(ctx, a, wrs, k);
 }
 
+/* The accept thread's: it alone adds and reaps, so it walks the list without acc_lock. */
 static void sweep_windows(rdma_ctx_t *ctx)
 {
     uint64_t now = kvp_grant_now_ms();
-    pthread_mutex_lock(&ctx->acc_lock);
-    for (accepted_t *a = ctx->accepted; a != NULL; a = a->next)
-        if (!a->stuck && !kvp_rdma_qp_in_error(a->qp))
+    for (accepted_t *a = ctx->accepted; a != NULL; a = a->next) {
+        pthread_mutex_lock(&a->win_lock);
+        if (!atomic_load(&a->stuck) && !kvp_rdma_qp_in_error(a->qp))
             win_sweep(ctx, a, now);
-    pthread_mutex_unlock(&ctx->acc_lock);
+        pthread_mutex_unlock(&a->win_lock);
+    }
 }
 
 /* n free windows of a (allocating up to WINDOWS_PER_QP), their slots into slot[]; false:
- * that many are bound already. acc_lock held. */
+ * that many are bound already. a->win_lock held. */
 static bool win_take(rdma_ctx_t *ctx, accepted_t *a, size_t n, uint32_t *slot)
 {
     size_t got = 0;
@@ -642,25 +650,31 @@ static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, cons
     rdma_ctx_t *ctx = vctx;
     if (!ctx->windows || ctx->seg_mr == NULL)
         return KVP_ERR_INVALID_ARG;
-    if (n_bind > KVP_RDMA_MAX_CHAIN * 4u || n_unbind > KVP_RDMA_MAX_CHAIN * 4u)
+    if (n_bind > KVP_DATA_VEC_MAX || n_unbind > KVP_DATA_VEC_MAX)
         return KVP_ERR_INVALID_ARG;
-    kvp_rdma_mw_wr_t wrs[KVP_RDMA_MAX_CHAIN * 4];
+    kvp_rdma_mw_wr_t wrs[KVP_DATA_VEC_MAX];
     accepted_t *a = NULL;
+    kvp_status_t st = KVP_ERR_NOT_FOUND;
     /* a QP just connected may reach the list a moment after its peer sees it established */
-    for (int tries = 0;; tries++) {
+    for (int tries = 0; st == KVP_ERR_NOT_FOUND; tries++) {
+        if (tries > 0)
+            usleep(2000);
         pthread_mutex_lock(&ctx->acc_lock);
         for (a = ctx->accepted; a != NULL && kvp_rdma_qp_num(a->qp) != qp_num;)
             a = a->next;
-        if (a != NULL || tries == 100 || n_bind == 0)
-            break;
+        st = a == NULL ? KVP_ERR_NOT_FOUND : a->tag != tag ? KVP_ERR_DENIED : KVP_OK;
+        if (st == KVP_OK)
+            a->users++; /* not reaped while we use it */
         pthread_mutex_unlock(&ctx->acc_lock);
-        usleep(2000);
+        if (tries == 100 || n_bind == 0)
+            break;
     }
-    kvp_status_t st = KVP_OK;
-    if (a == NULL || kvp_rdma_qp_in_error(a->qp) || a->stuck)
+    if (st != KVP_OK)
+        return st;
+    /* this QP's windows only: binds on other QPs and the accept thread go on meanwhile */
+    pthread_mutex_lock(&a->win_lock);
+    if (kvp_rdma_qp_in_error(a->qp) || atomic_load(&a->stuck))
         st = KVP_ERR_NOT_FOUND;
-    else if (a->tag != tag)
-        st = KVP_ERR_DENIED;
     if (st == KVP_OK && n_unbind > 0) {
         size_t k = 0;
         for (size_t i = 0; i < n_unbind; i++) {
@@ -693,6 +707,9 @@ static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, cons
             rkeys[i] = kvp_rdma_mw_rkey(a->win[slots[i]].mw);
         }
     }
+    pthread_mutex_unlock(&a->win_lock);
+    pthread_mutex_lock(&ctx->acc_lock);
+    a->users--;
     pthread_mutex_unlock(&ctx->acc_lock);
     if (st != KVP_OK && st != KVP_ERR_DENIED && st != KVP_ERR_NOT_FOUND)
         KVP_LOG_WARN_LIMITED("rdma: memory windows on QP %u: %s", qp_num, kvp_strerror(st));
@@ -788,6 +805,8 @@ static void *accept_thread_main(void *arg)
             continue;
         }
         *a = (accepted_t){.qp = qp, .tag = ctx->acc_tag};
+        pthread_mutex_init(&a->win_lock, NULL);
+        atomic_init(&a->stuck, false);
         pthread_mutex_lock(&ctx->acc_lock);
         a->next = ctx->accepted;
         ctx->accepted = a;
