@@ -44,6 +44,17 @@ passed=0
 failed=0
 rc_all=0
 
+# Each phase's wall time, printed as it ends and summed up before the totals (CI has 30
+# minutes to aim for: this says where they go).
+phase_t0=$SECONDS
+phase_log=""
+phase() { # name of the phase that just ended
+  local s=$((SECONDS - phase_t0))
+  phase_t0=$SECONDS
+  phase_log+="$(printf '  %-28s %5d s' "$1" "$s")"$'\n'
+  echo "== phase $1: $s s"
+}
+
 # Add one `meson test` run's counts (its output file, its exit status) to the totals.
 tally() {
   local out=$1 rc=$2
@@ -164,12 +175,18 @@ fi
 # The bench suite (a short smoke of every kvpool-bench mode, and of data mode's threads
 # sharing one client: bench_smoke_threads_*) once, on the normal build;
 # not under ASan: it measures, and its figures would be the sanitizer's.
+phase deps+format
 if run_suite build; then
+  phase build+unit/integration/fault
   meson test -C build --suite bench --print-errorlogs 2>&1 | tee build/meson-test-bench.out
   tally build/meson-test-bench.out "${PIPESTATUS[0]}"
+  phase bench-smoke
   run_pytest build
+  phase pytest
   run_net build
+  phase net
   run_tls_pass build
+  phase tls-pass
   # The module with CUDA device memory (tests/gpu/test_gpu_python.py) against the test
   # double of the driver (tests/gpu/fake_cuda.c): device pointers from Python take the
   # library's GPU path, and nothing touches device memory on the CPU. It proves nothing
@@ -178,6 +195,7 @@ if run_suite build; then
     tee build/pytest-gpu-fake.out
   tally_pytest build/pytest-gpu-fake.out "${PIPESTATUS[0]}"
 fi
+phase gpu-fake
 
 # deploy/ and debian/: units (systemd-analyze verify), manifests (kubectl apply
 # --dry-run=client), dashboard, and the Debian package: built (~1 min), installed,
@@ -196,6 +214,7 @@ deploy_tests() {
   rm -f deploy-test.out
 }
 deploy_tests
+phase deploy
 
 # The Python packaging (tests/pip): pip install . into a fresh venv from a copy of the tree
 # and the pytest suite from that venv against the installed modules; a wheel built with
@@ -215,6 +234,7 @@ pip_tests() {
   rm -f pip-test.out
 }
 pip_tests
+phase pip
 
 # A release build (-O3, NDEBUG) compiles too: the optimiser's warnings (format truncation,
 # maybe-uninitialized) differ from the debug build's, and -Werror makes them errors; the
@@ -230,11 +250,13 @@ release_build() {
   fi
 }
 release_build
+phase release-build
 if [ "$asan" = 1 ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
   run_suite build-asan -Db_sanitize=address,undefined -Dc_args=-fno-sanitize-recover=all \
     -Db_lundef=false
+  phase asan
 fi
 
 # Fuzzing: the master's frame + message decoder under libFuzzer (clang, ASan,
@@ -248,6 +270,7 @@ if [ "$asan" = 1 ] && [ "$fuzz_s" != 0 ]; then
     tail -60 fuzz.out; echo "fuzz: FAIL"; failed=$((failed+1)); rc_all=1
   fi
   rm -f fuzz.out
+  phase fuzz
 fi
 
 # RDMA: the rdma suite inside a Soft-RoCE VM, on the normal build (build/).
@@ -263,7 +286,9 @@ if [ "$rdma" = 1 ]; then
     failed=$((failed + 1)); rc_all=1
   fi
   rm -f rdma.out
+  phase rdma-vm
 fi
 
+printf 'phases (wall time):\n%s  %-28s %5d s\n' "$phase_log" total "$SECONDS"
 echo "$passed passed, $failed failed"
 exit $rc_all
