@@ -360,8 +360,13 @@ def test_sighup_reloads_the_allow_list(make_curve_pool, zsock, keys, prefix):
 
         write_allow(pool.allow, [f"{keys.pub('all').decode()} *",
                                  f"{keys.pub('late').decode()} *"])
+        n = reloads(pool)
         os.kill(pool.master.pid, signal.SIGHUP)
-        late2 = zsock.sub(pool.pub_ep, "late")  # (the first one retries on its own too)
+        # a handshake that reaches the master before the reload is refused, and a refused
+        # subscriber need not come back by itself: subscribe once the reload is in (on a
+        # loaded machine the subscription could otherwise beat the signal's handling)
+        poll_until(lambda: reloads(pool) > n, "the allow-list reloaded")
+        late2 = zsock.sub(pool.pub_ep, "late")
         hear_probe(c, late2, prefix + "after-")
     assert "reloaded" in pool.log()
 
