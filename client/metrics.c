@@ -19,12 +19,15 @@
  */
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "client/api.h"
 #include "client/client_priv.h"
+#include "client/control/session.h"
+#include "common/rpc.h"
 
 static const char *const tp_names[KVP_METRICS_TP_COUNT] = {
     [KVP_METRICS_TP_TCP] = "tcp",
@@ -36,6 +39,38 @@ static const char *const tp_names[KVP_METRICS_TP_COUNT] = {
 const char *kvp_metrics_transport_name(unsigned tp)
 {
     return tp < KVP_METRICS_TP_COUNT ? tp_names[tp] : NULL;
+}
+
+/* master_rpc[]'s slots: the wire's method numbers (common/rpc.h, docs/protocol.md) */
+static const char *const rpc_names[KVP_METRICS_RPC_MAX] = {
+    [KVP_RPC_PING] = "ping",
+    [KVP_RPC_MOUNT] = "mount",
+    [KVP_RPC_UNMOUNT] = "unmount",
+    [KVP_RPC_PUT_START] = "put_start",
+    [KVP_RPC_PUT_END] = "put_end",
+    [KVP_RPC_PUT_REVOKE] = "put_revoke",
+    [KVP_RPC_GET_REPLICA_LIST] = "get_replica_list",
+    [KVP_RPC_EXIST] = "exist",
+    [KVP_RPC_REMOVE] = "remove",
+    [KVP_RPC_GET_SIZE] = "get_size",
+    [KVP_RPC_STAT] = "stat",
+    [KVP_RPC_HEARTBEAT] = "heartbeat",
+    [KVP_RPC_LIST] = "list",
+    [KVP_RPC_REMOVE_BY_REGEX] = "remove_by_regex",
+    [KVP_RPC_DRAIN] = "drain",
+    [KVP_RPC_MOVE_START] = "move_start",
+    [KVP_RPC_MOVE_END] = "move_end",
+    [KVP_RPC_LEASE_RELEASE] = "lease_release",
+    [KVP_RPC_SSD_TASKS] = "ssd_tasks",
+    [KVP_RPC_ADOPT] = "adopt",
+    [KVP_RPC_SEG_RECORD] = "seg_record",
+    [KVP_RPC_AUTH] = "auth",
+};
+_Static_assert(KVP_RPC_METHOD_MAX < KVP_METRICS_RPC_MAX, "master_rpc[] has a slot per method");
+
+const char *kvp_metrics_rpc_name(unsigned i)
+{
+    return i < KVP_METRICS_RPC_MAX ? rpc_names[i] : NULL;
 }
 
 static void load_count(kvp_metrics_count_t *out, const kvp_count_stats_t *c)
@@ -69,6 +104,17 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
     m.get_errors = atomic_load_explicit(&xs->errors[1], memory_order_relaxed);
     load_count(&m.staged[0], &xs->staged[0]);
     load_count(&m.staged[1], &xs->staged[1]);
+    for (int d = 0; d < 2; d++) {
+        kvp_metrics_count_t r;
+        load_count(&r, &xs->runs[d]);
+        m.transfer_runs[d] = r.ops;
+        m.transfer_ns[d] = r.bytes;
+    }
+    kvp_mconn_t *mc = c->session != NULL ? kvp_session_mconn(c->session) : NULL;
+    for (unsigned i = 0; mc != NULL && i < KVP_METRICS_RPC_MAX; i++) {
+        kvp_metrics_rpc_t *r = &m.master_rpc[i];
+        kvp_mconn_rpc_stats(mc, i, &r->calls, &r->failed, &r->wait_ns);
+    }
 
     const kvp_served_stats_t *sv = c->seg != NULL ? kvp_segment_served(c->seg) : NULL;
     if (sv != NULL) {
@@ -193,6 +239,50 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
             (unsigned long long)m->staged[0].bytes);
     put_fmt(&o, "kvpool_client_staged_bytes_total{kind=\"gpu\"} %llu\n",
             (unsigned long long)m->staged[1].bytes);
+
+    /* where a batch's time goes: its master calls and its transfers */
+    static const bool data_path[KVP_METRICS_RPC_MAX] = {
+        [KVP_RPC_PUT_START] = true,        [KVP_RPC_PUT_END] = true, [KVP_RPC_EXIST] = true,
+        [KVP_RPC_GET_REPLICA_LIST] = true, [KVP_RPC_REMOVE] = true,  [KVP_RPC_LEASE_RELEASE] = true,
+    };
+    static const struct {
+        const char *name, *help;
+    } rpc_fam[3] = {
+        {"kvpool_client_master_rpc_calls_total",
+         "Calls this client made on its master connection, by method (a one-way "
+         "lease_release: messages sent). The data path's methods are always listed, others "
+         "once used."},
+        {"kvpool_client_master_rpc_failed_total",
+         "Of those calls, the ones that got no answer (connection lost or not made, timed "
+         "out, frame refused)."},
+        {"kvpool_client_master_rpc_wait_seconds_total",
+         "Wall time those calls waited for their answers, summed (threads add up)."},
+    };
+    for (int f = 0; f < 3; f++) {
+        family(&o, rpc_fam[f].name, "counter", rpc_fam[f].help);
+        for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++) {
+            const kvp_metrics_rpc_t *r = &m->master_rpc[i];
+            if (rpc_names[i] == NULL || (!data_path[i] && r->calls == 0))
+                continue;
+            if (f < 2)
+                put_fmt(&o, "%s{method=\"%s\"} %llu\n", rpc_fam[f].name, rpc_names[i],
+                        (unsigned long long)(f == 0 ? r->calls : r->failed));
+            else
+                put_fmt(&o, "%s{method=\"%s\"} %.9f\n", rpc_fam[f].name, rpc_names[i],
+                        (double)r->wait_ns / 1e9);
+        }
+    }
+    family(&o, "kvpool_client_transfer_batches_total", "counter",
+           "Batches of transfers this client ran as initiator (a get's every round of "
+           "replicas counts), by direction.");
+    for (int d = 0; d < 2; d++)
+        put_fmt(&o, "kvpool_client_transfer_batches_total{op=\"%s\"} %llu\n", dir_names[d],
+                (unsigned long long)m->transfer_runs[d]);
+    family(&o, "kvpool_client_transfer_seconds_total", "counter",
+           "Wall time of those batches, summed (threads add up).");
+    for (int d = 0; d < 2; d++)
+        put_fmt(&o, "kvpool_client_transfer_seconds_total{op=\"%s\"} %.9f\n", dir_names[d],
+                (double)m->transfer_ns[d] / 1e9);
 
     /* only the data servers see requests: one-sided shm and rdma never reach the owner */
     static const int served_tps[] = {KVP_METRICS_TP_TCP, KVP_METRICS_TP_SSD};

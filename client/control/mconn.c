@@ -28,6 +28,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -44,6 +45,11 @@
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/sock.h"
+
+/* One method's calls (kvp_mconn_rpc_stats): bumped with relaxed atomics after each call. */
+typedef struct rpc_count {
+    _Atomic uint64_t calls, failed, wait_ns;
+} rpc_count_t;
 
 typedef struct mc_conn {
     kvp_chan_t *ch;
@@ -91,7 +97,8 @@ struct kvp_mconn {
     kvp_tls_t *tls; /* borrowed; NULL: plain */
     char *token;    /* NULL: none */
     size_t token_len;
-    char conn_err[320]; /* lock: why the last connect failed */
+    char conn_err[320];                      /* lock: why the last connect failed */
+    rpc_count_t rpc[KVP_RPC_METHOD_MAX + 1]; /* by method; no lock */
 };
 
 static uint64_t mono_ms(void)
@@ -99,6 +106,37 @@ static uint64_t mono_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* A call of `method` that began at t0 (mono_ns) ended with st. */
+static void rpc_count(kvp_mconn_t *m, uint16_t method, uint64_t t0, kvp_status_t st)
+{
+    if (method > KVP_RPC_METHOD_MAX)
+        return;
+    rpc_count_t *r = &m->rpc[method];
+    atomic_fetch_add_explicit(&r->calls, 1, memory_order_relaxed);
+    if (st != KVP_OK)
+        atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->wait_ns, mono_ns() - t0, memory_order_relaxed);
+}
+
+void kvp_mconn_rpc_stats(kvp_mconn_t *m, unsigned method, uint64_t *calls, uint64_t *failed,
+                         uint64_t *wait_ns)
+{
+    *calls = *failed = *wait_ns = 0;
+    if (m == NULL || method > KVP_RPC_METHOD_MAX)
+        return;
+    const rpc_count_t *r = &m->rpc[method];
+    *calls = atomic_load_explicit(&r->calls, memory_order_relaxed);
+    *failed = atomic_load_explicit(&r->failed, memory_order_relaxed);
+    *wait_ns = atomic_load_explicit(&r->wait_ns, memory_order_relaxed);
 }
 
 static struct timespec abs_ts(uint64_t ms)
@@ -620,6 +658,7 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
 {
     if (len > KVP_RPC_MAX_BODY)
         return KVP_ERR_FRAME_TOO_LARGE;
+    uint64_t t0 = mono_ns();
     uint64_t deadline = mono_ms() + m->timeout_ms;
     kvp_status_t st = KVP_ERR_CONNECT;
     unsigned nap_ms = 25;
@@ -655,15 +694,18 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
         if (!again)
             break;
     }
+    rpc_count(m, method, t0, st);
     return st;
 }
 
 kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, size_t len)
 {
+    uint64_t t0 = mono_ns();
     pthread_mutex_lock(&m->lock);
     mc_conn_t *c = m->conn;
     if (c == NULL) {
         pthread_mutex_unlock(&m->lock);
+        rpc_count(m, method, t0, KVP_ERR_CONNECT);
         return KVP_ERR_CONNECT;
     }
     c->refs++;
@@ -677,5 +719,6 @@ kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, s
         broken_locked(m, c, KVP_ERR_IO);
     conn_unref_locked(c);
     pthread_mutex_unlock(&m->lock);
+    rpc_count(m, method, t0, st);
     return st;
 }

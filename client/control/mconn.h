@@ -118,4 +118,10 @@ typedef struct kvp_mconn_stats {
 } kvp_mconn_stats_t;
 void kvp_mconn_stats(kvp_mconn_t *m, kvp_mconn_stats_t *out);
 
+/* The calls of one method so far (kvp_mconn_call and kvp_mconn_send; kvp_metrics_rpc_t's
+ * fields): made, failed, and their summed wait in ns. Zeros for a method out of range.
+ * Thread: any (relaxed atomics, no lock). */
+void kvp_mconn_rpc_stats(kvp_mconn_t *m, unsigned method, uint64_t *calls, uint64_t *failed,
+                         uint64_t *wait_ns);
+
 #endif

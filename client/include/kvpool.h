@@ -394,14 +394,30 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat);
 #define KVP_METRICS_TP_COUNT 4 /* in use now */
 #define KVP_METRICS_TP_MAX 8   /* slots in the struct (room to grow) */
 
-/* The version kvp_metrics_snapshot writes into kvp_metrics_t.version. */
-#define KVP_METRICS_VERSION 1
+/* The version kvp_metrics_snapshot writes into kvp_metrics_t.version (2: master_rpc[] and
+ * transfer_runs / transfer_ns added). */
+#define KVP_METRICS_VERSION 2
+
+/* Slots of kvp_metrics_t.master_rpc[]: indexed by the wire's method number
+ * (docs/protocol.md, "Control plane": the method table); kvp_metrics_rpc_name says
+ * which are in use. */
+#define KVP_METRICS_RPC_MAX 32
 
 /* Counters of one direction of one transport. */
 typedef struct kvp_metrics_count {
     uint64_t ops;   /* transfers that completed successfully */
     uint64_t bytes; /* their bytes */
 } kvp_metrics_count_t;
+
+/* Counters of one method of the master connection's calls. */
+typedef struct kvp_metrics_rpc {
+    uint64_t calls;   /* calls made (a one-way LeaseRelease: messages sent) */
+    uint64_t failed;  /* of them, calls that got no answer: the connection failed or could
+                         not be made, the call timed out, or the master refused the frame */
+    uint64_t wait_ns; /* summed wall time from each call's start to its answer (or its
+                         failure; a one-way message: to the end of its send), retries and
+                         reconnections included */
+} kvp_metrics_rpc_t;
 
 /*
  * A snapshot of this client's counters, all since kvp_client_create, all monotonic except
@@ -432,6 +448,15 @@ typedef struct kvp_metrics_count {
  * SSD I/O of this client's SSD segment (its data server, the offload worker and the
  * file's object table): reads and writes that completed, their bytes, and the ones that
  * failed.
+ *
+ * Where a batch's time goes (version 2): master_rpc[method] counts this client's calls on
+ * its master connection and the time each waited for its answer (a put batch is a
+ * PutStart and a PutEnd; a get batch a GetReplicaList and a one-way LeaseRelease; an
+ * exist batch an Exist), and transfer_runs / transfer_ns the batches of transfers its
+ * puts ([0]) and gets ([1]) ran and their wall time (a get's every round of replicas
+ * counts). A put batch's time is about its two calls' wait plus its transfer time; what
+ * is left is the client's own work (packing, checksums). Threads that share the client
+ * add up: their sums can exceed the wall clock.
  *
  * Thread: any; counters are read one by one with relaxed atomics, so a snapshot taken
  * while transfers run may show one counter a little ahead of another.
@@ -476,6 +501,10 @@ typedef struct kvp_metrics {
      * (-1: the device keeps none, e.g. Soft-RoCE) */
     uint64_t rdma_access_errors;
     int64_t rdma_nic_access_errors;
+    /* version 2: the master connection's calls by method, and the transfers' wall time */
+    kvp_metrics_rpc_t master_rpc[KVP_METRICS_RPC_MAX];
+    uint64_t transfer_runs[2]; /* [0] put, [1] get: batches of transfers run */
+    uint64_t transfer_ns[2];   /* their summed wall time */
 } kvp_metrics_t;
 
 /*
@@ -487,6 +516,10 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *client, kvp_metrics_t *out);
 
 /* "tcp", "shm", "rdma", "ssd" for a KVP_METRICS_TP_* index; NULL for an unused one. */
 const char *kvp_metrics_transport_name(unsigned tp);
+
+/* The method of kvp_metrics_t.master_rpc[i] ("put_start", "get_replica_list", ...); NULL
+ * for a slot no method uses. */
+const char *kvp_metrics_rpc_name(unsigned i);
 
 /*
  * The snapshot in the Prometheus text exposition format (version 0.0.4), with HELP and

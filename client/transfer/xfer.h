@@ -95,6 +95,7 @@ typedef struct kvp_xfer_stats {
     kvp_count_stats_t tp[KVP_METRICS_TP_MAX][2]; /* [KVP_METRICS_TP_*][dir] */
     _Atomic uint64_t errors[2];                  /* [dir] */
     kvp_count_stats_t staged[2];                 /* [0] host, [1] gpu */
+    kvp_count_stats_t runs[2]; /* [dir]: kvp_transfer_run calls (ops) and their ns (bytes) */
 } kvp_xfer_stats_t;
 
 static inline void kvp_count_add(kvp_count_stats_t *c, uint64_t ops, uint64_t bytes)

@@ -154,6 +154,88 @@ def test_metrics_dict_counts_exactly_what_the_client_did(master, serve):
     assert served == 3 * sum(sizes)
 
 
+def test_where_a_batch_time_goes(master, serve):
+    """master_rpc and transfer: every call to the master counted by method, with the
+    time it waited, and every batch of transfers with its time; never more time than
+    the calls took on the wall clock (one thread)."""
+    serve("--segment-size", "64MiB")
+    blobs = [os.urandom(n) for n in (4096, 70000, 1 << 20)]
+    with kvpool.Client(master, transport="tcp") as c:
+        m0 = c.metrics()
+        assert m0["version"] >= 2
+        for name in ("put_start", "put_end", "get_replica_list", "exist", "remove",
+                     "lease_release"):
+            assert name in m0["master_rpc"], name
+        t0 = time.monotonic()
+        for i, b in enumerate(blobs):
+            c.put(f"w{i}", b)
+        t_put = time.monotonic() - t0
+        t0 = time.monotonic()
+        for i, b in enumerate(blobs):
+            assert c.get(f"w{i}") == b
+        with pytest.raises(kvpool.Error):
+            c.get("no-such-key")  # refused by the master, nothing to move
+        t_get = time.monotonic() - t0
+        t0 = time.monotonic()
+        assert c.exists("w0") and not c.exists("no-such-key")
+        t_exist = time.monotonic() - t0
+        m = c.metrics()
+
+        def d(method, field):
+            return m["master_rpc"][method][field] - m0["master_rpc"][method][field]
+
+        assert (d("put_start", "calls"), d("put_end", "calls")) == (3, 3)
+        # Client.get asks the object's size, then reads it: the missing key ends at the size
+        assert (d("get_size", "calls"), d("get_replica_list", "calls")) == (4, 3)
+        assert d("exist", "calls") == 2
+        for name in m["master_rpc"]:
+            assert d(name, "failed") == 0, name
+        # each call waited for something, and no longer than the calls themselves took
+        assert 0 < d("put_start", "wait_s") + d("put_end", "wait_s") < t_put
+        assert 0 < d("get_replica_list", "wait_s") + d("get_size", "wait_s") < t_get
+        assert 0 < d("exist", "wait_s") < t_exist
+        xp = m["transfer"]["put"]["batches"] - m0["transfer"]["put"]["batches"]
+        xg = m["transfer"]["get"]["batches"] - m0["transfer"]["get"]["batches"]
+        assert (xp, xg) == (3, 3)  # the missing key moved nothing
+        put_s = m["transfer"]["put"]["seconds"] - m0["transfer"]["put"]["seconds"]
+        get_s = m["transfer"]["get"]["seconds"] - m0["transfer"]["get"]["seconds"]
+        assert 0 < put_s + d("put_start", "wait_s") + d("put_end", "wait_s") < t_put
+        assert 0 < get_s + d("get_replica_list", "wait_s") + d("get_size", "wait_s") < t_get
+
+        # the same in the text form: valid exposition, the same counts
+        text = c.metrics_text()
+        promtool_ok(text)
+        pm = parse_metrics(text)
+        assert sample(pm, "kvpool_client_master_rpc_calls_total",
+                      method="put_start") == m["master_rpc"]["put_start"]["calls"]
+        assert sample(pm, "kvpool_client_master_rpc_failed_total", method="put_end") == 0
+        assert sample(pm, "kvpool_client_master_rpc_wait_seconds_total",
+                      method="exist") == pytest.approx(m["master_rpc"]["exist"]["wait_s"],
+                                                       abs=1e-6)
+        assert sample(pm, "kvpool_client_transfer_batches_total", op="get") == \
+            m["transfer"]["get"]["batches"]
+        assert sample(pm, "kvpool_client_transfer_seconds_total", op="put") > 0
+
+
+def test_a_master_that_is_gone_counts_failed_calls(master_proc, serve):
+    """Calls that get no answer are counted as failed, with the time they waited."""
+    serve("--segment-size", "16MiB")
+    with kvpool.Client(master_proc.lines[0], transport="tcp", rpc_timeout_ms=1500) as c:
+        c.put("f0", b"x" * 100)
+        m0 = c.metrics()
+        os.kill(master_proc.pid, signal.SIGSTOP)  # alive, silent: every call times out
+        try:
+            with pytest.raises(kvpool.Error):
+                c.exists("f0")
+        finally:
+            os.kill(master_proc.pid, signal.SIGCONT)
+        m = c.metrics()
+        e0, e = m0["master_rpc"]["exist"], m["master_rpc"]["exist"]
+        assert e["calls"] - e0["calls"] >= 1
+        assert e["failed"] - e0["failed"] >= 1
+        assert e["wait_s"] - e0["wait_s"] >= 1.0  # it waited for its timeout
+
+
 def test_shm_is_counted_by_the_initiator_only(master, serve):
     _, http = serve("--segment-size", "64MiB")
     before = scrape(http)

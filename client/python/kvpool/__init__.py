@@ -382,7 +382,7 @@ class Client:
     def metrics(self):
         """This client's own counters since it was created (kvp_metrics_snapshot):
 
-        {"version": 1,
+        {"version": 2,
          "client": {TRANSPORT: {"put": {"ops", "bytes"}, "get": {"ops", "bytes"}}},
                     # what this client moved, TRANSPORT in tcp, shm, rdma, ssd
          "errors": {"put": n, "get": n},
@@ -393,7 +393,14 @@ class Client:
          "ssd_io": {"read": {...}, "write": {...}, "errors": n},
          "refused_protected": n,
                     # peers of other hosts its data servers refused (protected mode)
-         "segments": [{"name", "tier", "capacity", "mounted", "draining"}]}
+         "segments": [{"name", "tier", "capacity", "mounted", "draining"}],
+         "master_rpc": {METHOD: {"calls", "failed", "wait_s"}},
+                    # its calls to the master by method (put_start, put_end,
+                    # get_replica_list, exist, remove, lease_release, ...): made,
+                    # unanswered, and the seconds they waited for their answers
+         "transfer": {"put": {"batches", "seconds"}, "get": {...}}}
+                    # the batches of transfers its puts and gets ran, and their time:
+                    # with master_rpc, where a batch's time goes
 
         An op is one object extent moved (a replica; a multi-buffer object counts
         one per buffer)."""

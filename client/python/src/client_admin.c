@@ -152,6 +152,39 @@ static PyObject *dict_sub(PyObject *d, const char *name)
     return rc == 0 ? o : NULL;
 }
 
+/* d["master_rpc"] = {method: {calls, failed, wait_s}} (every method the library names) and
+ * d["transfer"] = {"put": {batches, seconds}, "get": ...}: where a batch's time goes. */
+static int dict_set_waits(PyObject *d, const kvp_metrics_t *m)
+{
+    PyObject *rpc = dict_sub(d, "master_rpc"), *xf = dict_sub(d, "transfer");
+    if (rpc == NULL || xf == NULL)
+        return -1;
+    for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++) {
+        const char *name = kvp_metrics_rpc_name(i);
+        if (name == NULL)
+            continue;
+        const kvp_metrics_rpc_t *r = &m->master_rpc[i];
+        PyObject *o =
+            Py_BuildValue("{s:K,s:K,s:d}", "calls", (unsigned long long)r->calls, "failed",
+                          (unsigned long long)r->failed, "wait_s", (double)r->wait_ns / 1e9);
+        int rc = o == NULL ? -1 : PyDict_SetItemString(rpc, name, o);
+        Py_XDECREF(o);
+        if (rc != 0)
+            return -1;
+    }
+    static const char *const dirs[2] = {"put", "get"};
+    for (int d2 = 0; d2 < 2; d2++) {
+        PyObject *o =
+            Py_BuildValue("{s:K,s:d}", "batches", (unsigned long long)m->transfer_runs[d2],
+                          "seconds", (double)m->transfer_ns[d2] / 1e9);
+        int rc = o == NULL ? -1 : PyDict_SetItemString(xf, dirs[d2], o);
+        Py_XDECREF(o);
+        if (rc != 0)
+            return -1;
+    }
+    return 0;
+}
+
 static PyObject *metrics_dict(const kvp_metrics_t *m)
 {
     PyObject *d = PyDict_New();
@@ -182,7 +215,8 @@ static PyObject *metrics_dict(const kvp_metrics_t *m)
         dict_set_u64(d, "refused_grant", m->refused_grant) != 0 ||
         dict_set_u64(d, "refused_shm", m->refused_shm) != 0 ||
         dict_set_u64(d, "refused_rdma", m->refused_rdma) != 0 ||
-        dict_set_u64(d, "rdma_access_errors", m->rdma_access_errors) != 0)
+        dict_set_u64(d, "rdma_access_errors", m->rdma_access_errors) != 0 ||
+        dict_set_waits(d, m) != 0)
         goto err;
     segs = PyList_New(0);
     if (segs == NULL)

@@ -17,7 +17,10 @@
  * batch size, per object), next to the matching limit measured in the
  * same run: memcpy for shm, a loopback socket pump with the same number of
  * streams for tcp (and, as %ws / pct_of_ws_limit, the same pump cycling through a
- * batch's working set of buffers instead of one that stays in cache).
+ * batch's working set of buffers instead of one that stays in cache). With one thread,
+ * also where a batch's time went (rpc us / master_rpc_us_per_batch: its calls to the
+ * master, waiting for their answers; xfer us / transfer_us_per_batch: its transfers),
+ * from the client's own metrics (kvp_metrics_t) read outside the timed calls.
  *
  * --pieces LIST (issue 14): with N > 1 pieces each object's buffer is split into N
  * equal pieces (a layer-wise KV layout: 1 MiB as 64 x 16 KiB) and put and got with
@@ -57,6 +60,10 @@ typedef struct worker {
     kvp_bench_lat_t lat[N_OPS];
     double busy[N_OPS];
     uint64_t objs[N_OPS];
+    /* one thread only (breakdown): the op's master calls' wait and its transfers' wall time,
+     * summed over the counted batches, from the client's metrics around each call */
+    bool breakdown;
+    uint64_t rpc_ns[N_OPS], xfer_ns[N_OPS];
     int failed;
     bool started; /* set by the caller's thread: the worker thread exists */
     char err[256];
@@ -92,6 +99,18 @@ static kvp_status_t client_new(const kvp_bench_opts_t *o, const char *transport,
     p.transport = transport;
     p.verify_crc = crc;
     return kvp_client_create(&p, c_p);
+}
+
+/* The client's master calls' summed wait and its transfers' summed wall time, in ns. */
+static void waits_now(kvp_client_t *c, uint64_t *rpc_ns, uint64_t *xfer_ns)
+{
+    kvp_metrics_t m = {.size = sizeof(m)};
+    *rpc_ns = *xfer_ns = 0;
+    if (kvp_metrics_snapshot(c, &m) != KVP_OK)
+        return;
+    for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++)
+        *rpc_ns += m.master_rpc[i].wait_ns;
+    *xfer_ns = m.transfer_ns[0] + m.transfer_ns[1];
 }
 
 static void *worker_main(void *arg)
@@ -178,6 +197,10 @@ static void *worker_main(void *arg)
                 snprintf(keys[i], 96, "bench@%s@t%u@%llu@%u", w->transport, w->id,
                          (unsigned long long)iter, i);
         iter++;
+        /* the breakdown's snapshots are taken outside the timed calls */
+        uint64_t r0 = 0, x0 = 0, r1 = 0, x1 = 0, r2 = 0, x2 = 0, r3 = 0, x3 = 0;
+        if (w->breakdown)
+            waits_now(c, &r0, &x0);
         double t0 = kvp_bench_now(), t1 = t0;
         if (!in_store) {
             if (P > 1)
@@ -193,8 +216,10 @@ static void *worker_main(void *arg)
             }
             in_store = looping;
         }
+        if (w->breakdown)
+            waits_now(c, &r1, &x1);
         size_t prefix = b;
-        double t2 = t1;
+        double t1e = kvp_bench_now(), t2 = t1e;
         if (w->loop != OP_GET) {
             st = kvp_batch_is_exist(c, (const char *const *)keys, b, ex, &prefix);
             t2 = kvp_bench_now();
@@ -211,7 +236,9 @@ static void *worker_main(void *arg)
             w->failed = 1;
             break;
         }
-        double t3 = t2;
+        if (w->breakdown)
+            waits_now(c, &r2, &x2);
+        double t2g = kvp_bench_now(), t3 = t2g;
         if (w->loop != OP_EXIST) {
             if (P > 1)
                 st = kvp_batch_get_into_multi(c, (const char *const *)keys, dstv, szv, n_parts, b,
@@ -233,6 +260,8 @@ static void *worker_main(void *arg)
             w->failed = 1;
             break;
         }
+        if (w->breakdown)
+            waits_now(c, &r3, &x3);
         for (unsigned i = 0; i < b && !w->failed && w->loop != OP_EXIST; i++) {
             const char *s = src[i], *d = dst[i];
             if (got[i] != (int64_t)w->size || d[0] != s[0] || d[w->size - 1] != s[w->size - 1]) {
@@ -251,13 +280,16 @@ static void *worker_main(void *arg)
         }
         if (iter == 1)
             continue; /* the warm-up round */
-        double d[N_OPS] = {t1 - t0, t3 - t2, t2 - t1};
+        double d[N_OPS] = {t1 - t0, t3 - t2g, t2 - t1e};
+        uint64_t rd[N_OPS] = {r1 - r0, r3 - r2, r2 - r1}, xd[N_OPS] = {x1 - x0, x3 - x2, x2 - x1};
         for (int op = 0; op < N_OPS; op++) {
             if (looping && op != w->loop)
                 continue;
             kvp_bench_lat_add(&w->lat[op], d[op]);
             w->busy[op] += d[op];
             w->objs[op] += b;
+            w->rpc_ns[op] += rd[op];
+            w->xfer_ns[op] += xd[op];
         }
     }
     if (in_store && !w->failed) {
@@ -384,7 +416,8 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
                           .id = t,
                           .crc = crc,
                           .t_start = t0,
-                          .t_end = t0 + o->duration_s};
+                          .t_end = t0 + o->duration_s,
+                          .breakdown = nt == 1};
         w[t].started = pthread_create(&th[t], NULL, worker_main, &w[t]) == 0;
         if (!w[t].started) {
             snprintf(w[t].err, sizeof(w[t].err), "cannot start a client thread");
@@ -435,6 +468,13 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
         double p50 = kvp_bench_percentile(all.v, all.n, 50) * 1e6;
         double p99 = kvp_bench_percentile(all.v, all.n, 99) * 1e6;
         double p999 = kvp_bench_percentile(all.v, all.n, 99.9) * 1e6;
+        /* one thread: per batch, the master calls' wait and the transfers' time (-1: not
+         * measured, several threads share the client's counters) */
+        double rpc_us = -1, xfer_us = -1;
+        if (nt == 1 && all.n > 0) {
+            rpc_us = (double)w[0].rpc_ns[op] / 1e3 / (double)all.n;
+            xfer_us = (double)w[0].xfer_ns[op] / 1e3 / (double)all.n;
+        }
         if (rdma) /* perftest's figure for the same verb, measured outside */
             limit = op == OP_PUT ? o->rdma_write_gbps : op == OP_GET ? o->rdma_read_gbps : 0;
         double pct = op != OP_EXIST && limit > 0 ? gbps / limit * 100 : 0;
@@ -457,13 +497,19 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
             snprintf(tgt, sizeof(tgt), "  target >= %.1fx: %s", target,
                      tval >= target ? "met" : "MISSED");
         double ws_pct = op != OP_EXIST && ws_limit > 0 ? gbps / ws_limit * 100 : 0;
+        char rpc_s[16] = "-", xfer_s[16] = "-";
+        if (rpc_us >= 0) {
+            snprintf(rpc_s, sizeof(rpc_s), "%.1f", rpc_us);
+            snprintf(xfer_s, sizeof(xfer_s), "%.1f", xfer_us);
+        }
         printf("%-4s %-5s %8s %5u %5u %3u %-6s %-3s %8.2f %6.1f%% %5.0f%% %10.0f %9.1f %9.1f %9.1f "
-               "%5.2fx %5.2fx%s\n",
+               "%5.2fx %5.2fx %8s %8s%s\n",
                transport, op_names[op], fmt_size(size, sz, sizeof(sz)), batch, pieces, nt,
                nt == 1  ? "one"
                : shared ? "shared"
                         : "own",
-               crc ? "on" : "off", gbps, pct, ws_pct, objs_s, p50, p99, p999, ratio, pratio, tgt);
+               crc ? "on" : "off", gbps, pct, ws_pct, objs_s, p50, p99, p999, ratio, pratio, rpc_s,
+               xfer_s, tgt);
         kvp_bench_result_begin(out, "data");
         kvp_bench_result_str(out, "op", op_names[op]);
         kvp_bench_result_str(out, "transport", transport);
@@ -513,6 +559,10 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
         kvp_bench_result_num(out, "ws_limit_gbps", op == OP_EXIST ? 0 : ws_limit);
         kvp_bench_result_num(out, "pct_of_ws_limit", ws_pct);
         kvp_bench_result_int(out, "batches", (int64_t)all.n);
+        /* where a batch's time went (1 thread; -1 otherwise): its master calls' wait and its
+         * transfers' wall time, per batch, from the client's metrics (kvp_metrics_t) */
+        kvp_bench_result_num(out, "master_rpc_us_per_batch", rpc_us);
+        kvp_bench_result_num(out, "transfer_us_per_batch", xfer_us);
         kvp_bench_result_end(out);
         free(all.v);
     }
@@ -568,9 +618,9 @@ int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
            : o->clients_shared                 ? "sharing one client"
                                                : "one client per thread",
            o->duration_s, o->loop ? ", loop " : "", o->loop ? o->loop : "");
-    printf("%-4s %-5s %8s %5s %5s %3s %-6s %-3s %8s %7s %6s %10s %9s %9s %9s %6s %6s\n", "tr", "op",
-           "size", "batch", "pcs", "thr", "client", "crc", "GB/s", "%limit", "%ws", "obj/s",
-           "p50 us", "p99 us", "p99.9 us", "x1thr", "x1pc");
+    printf("%-4s %-5s %8s %5s %5s %3s %-6s %-3s %8s %7s %6s %10s %9s %9s %9s %6s %6s %8s %8s\n",
+           "tr", "op", "size", "batch", "pcs", "thr", "client", "crc", "GB/s", "%limit", "%ws",
+           "obj/s", "p50 us", "p99 us", "p99.9 us", "x1thr", "x1pc", "rpc us", "xfer us");
     for (size_t p = 0; p < o->n_pieces; p++)
         for (size_t s = 0; s < o->n_sizes; s++)
             if (o->sizes[s] % o->pieces[p] != 0) {
