@@ -89,3 +89,46 @@ def test_missing_and_lost(tmp_path):
     # a failed upsert after the last acknowledged one may leave the key absent
     assert verdict(tmp_path, [up(1, 1.0, 1.1), up(2, 2.0, 2.1, ok=False)],
                    [miss(9.0, 9.1)]) == []
+
+
+def test_read_takes_whole_lines_of_a_log_being_written(tmp_path):
+    """A workload appends its calls while the scenarios read them: a record not yet ended by
+    its newline is left for the next read, never parsed in pieces."""
+    p = tmp_path / "w.jsonl"
+    recs = [get(v, v, v + 0.5) for v in range(3)]
+    line = [json.dumps(r) + "\n" for r in recs]
+    p.write_text(line[0] + line[1] + line[2][:40])  # the third one half written
+    assert checker.read(str(p)) == recs[:2]
+    with open(p, "a") as f:
+        f.write(line[2][40:])
+    assert checker.read(str(p)) == recs
+
+
+def test_read_while_a_writer_appends(tmp_path):
+    """Many reads while another thread appends records in small pieces: every read parses,
+    and sees a growing prefix of what was written."""
+    import threading
+
+    p = tmp_path / "w.jsonl"
+    p.write_text("")
+    done = threading.Event()
+    recs = [get(v % 7, v, v + 0.5) for v in range(2000)]
+
+    def writer():
+        with open(p, "a", buffering=1) as f:
+            for r in recs:
+                s = json.dumps(r) + "\n"
+                f.write(s[:30])
+                f.flush()
+                f.write(s[30:])
+        done.set()
+
+    t = threading.Thread(target=writer)
+    t.start()
+    seen = 0
+    while not done.is_set():
+        got = checker.read(str(p))
+        assert got == recs[:len(got)] and len(got) >= seen
+        seen = len(got)
+    t.join()
+    assert checker.read(str(p)) == recs
