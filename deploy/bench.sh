@@ -238,9 +238,14 @@ if pcs:
 md += ["", "## limits (disk_*: io_uring O_DIRECT, 1 MiB blocks, queue depth in the streams column)", "",
        "| limit | size | streams | GB/s |", "|---|---|---|---|"]
 for r in R:
-    if r["mode"] == "limits":
+    if r["mode"] == "limits" and "gbps" in r:
         md.append("| %s | %s | %s | %.2f |" % (r["limit"], r.get("size", "-"),
                   r.get("streams", r.get("depth", "-")), r["gbps"]))
+rtt = [r for r in R if r["mode"] == "limits" and "rtt_us" in r]
+if rtt:
+    md += ["", "Control plane round trip (3 KiB request, 128 B answer, loopback): " +
+           "; ".join("%s %.1f us (%.1f us CPU)" % (r["limit"], r["rtt_us"], r["cpu_us"])
+                     for r in rtt)]
 ssd = [r for r in R if r["mode"] == "ssd"]
 if ssd:
     md += ["", "## SSD tier (1 MiB objects, batches of 32, CRC on; limits measured in the same run)", "",

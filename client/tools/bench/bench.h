@@ -174,6 +174,15 @@ int kvp_bench_ssd_dir_check(const char *dir);
  * DIR/admin.crt ($KVPOOL_TLS_*). 0, or -1 when DIR lacks a file. */
 int kvp_bench_tls_use(const char *dir);
 bool kvp_bench_tls_on(void);
+/*
+ * The control plane's floor on this machine: one client thread sends a request of req_bytes
+ * (a header and a body in one write, as a call to the master goes) over loopback TCP to a
+ * thread of this process that answers 128 bytes, for duration_s; plain, or with tls TLS 1.3
+ * through the library's own channel and server session (--tls-dir's certificates). *us_p:
+ * the mean round trip; *cpu_us_p: this process's CPU (both ends) per round trip. 0, or -1
+ * (tls without --tls-dir, a socket or handshake failure: said on stderr).
+ */
+int kvp_bench_rtt(size_t req_bytes, double duration_s, bool tls, double *us_p, double *cpu_us_p);
 /* --data-grants on|off: the local masters' flag (unset: theirs). 0, or -1 for another value. */
 int kvp_bench_data_grants_use(const char *arg);
 /* A connection to the master at addr ("HOST:PORT"), TLS when --tls-dir is in use. NULL on

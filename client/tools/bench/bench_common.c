@@ -19,12 +19,17 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -32,6 +37,7 @@
 
 #include "client/tools/bench/bench.h"
 #include "common/parse.h"
+#include "common/rpc.h"
 #include "common/sock.h"
 
 /* ---------------- results ---------------- */
@@ -635,4 +641,137 @@ void kvp_bench_cluster_stop(kvp_bench_cluster_t *c)
     kvp_bench_stop_pid(c->master_pid);
     c->master_pid = 0;
     local_master_pid = -1;
+}
+
+/* ---- the control plane's round-trip limit (limits mode: rtt, rtt-tls) ---- */
+
+#define RTT_REPLY 128 /* a batch's answer of statuses: about what Exist and PutEnd return */
+
+typedef struct rtt_server {
+    int lfd;
+    size_t req_bytes;
+    kvp_tls_t *tls; /* NULL: plain */
+} rtt_server_t;
+
+/* Move exactly len bytes on the server's side (ssl NULL: plain). false: closed or failed. */
+static bool rtt_io(int fd, kvp_ssl_t *ssl, char *buf, size_t len, bool wr)
+{
+    char err[256];
+    for (size_t done = 0; done < len;) {
+        ssize_t n = ssl  ? (wr ? kvp_tls_write(ssl, buf + done, len - done, err, sizeof(err))
+                               : kvp_tls_read(ssl, buf + done, len - done, err, sizeof(err)))
+                    : wr ? send(fd, buf + done, len - done, MSG_NOSIGNAL)
+                         : recv(fd, buf + done, len - done, 0);
+        if (n == KVP_TLS_WANT_READ || n == KVP_TLS_WANT_WRITE) {
+            struct pollfd p = {.fd = fd, .events = n == KVP_TLS_WANT_READ ? POLLIN : POLLOUT};
+            poll(&p, 1, 5000);
+            continue;
+        }
+        if (n <= 0)
+            return false;
+        done += (size_t)n;
+    }
+    return true;
+}
+
+/* Answer each request of req_bytes with RTT_REPLY bytes until the peer closes. */
+static void *rtt_serve(void *arg)
+{
+    rtt_server_t *s = arg;
+    int fd = accept(s->lfd, NULL, NULL);
+    if (fd < 0)
+        return NULL;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    kvp_ssl_t *ssl = NULL;
+    if (s->tls != NULL && kvp_tls_accept(s->tls, fd, &ssl) != KVP_OK) {
+        close(fd);
+        return NULL;
+    }
+    char *buf = malloc(s->req_bytes > RTT_REPLY ? s->req_bytes : RTT_REPLY);
+    while (buf != NULL && rtt_io(fd, ssl, buf, s->req_bytes, false) &&
+           rtt_io(fd, ssl, buf, RTT_REPLY, true))
+        ;
+    free(buf);
+    kvp_tls_free(ssl);
+    close(fd);
+    return NULL;
+}
+
+static double cpu_s(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+int kvp_bench_rtt(size_t req_bytes, double duration_s, bool tls, double *us_p, double *cpu_us_p)
+{
+    *us_p = *cpu_us_p = 0;
+    if (req_bytes < KVP_RPC_HDR_LEN || (tls && !tls_on))
+        return -1;
+    rtt_server_t s = {.lfd = -1, .req_bytes = req_bytes};
+    char err[256] = "";
+    if (tls) {
+        kvp_tls_params_t sp = {.cert = tls_files[0], .key = tls_files[1], .ca = tls_files[2]};
+        if (kvp_tls_create(&sp, true, &s.tls, err, sizeof(err)) != KVP_OK) {
+            fprintf(stderr, "kvpool-bench: rtt-tls: %s\n", err);
+            return -1;
+        }
+    }
+    uint16_t port = 0;
+    int fd = -1, rc = -1;
+    pthread_t th;
+    bool started = false;
+    kvp_chan_t *ch = NULL;
+    uint8_t *req = calloc(1, req_bytes), reply[RTT_REPLY];
+    if (req == NULL || kvp_tcp_listen("127.0.0.1", 0, 1, &s.lfd, &port) != KVP_OK)
+        goto out;
+    started = pthread_create(&th, NULL, rtt_serve, &s) == 0;
+    if (!started || kvp_tcp_connect("127.0.0.1", port, 5000, &fd) != KVP_OK)
+        goto out;
+    kvp_sock_set_timeout(fd, 5000);
+    if (kvp_chan_open(tls ? tls_ctx : NULL, fd, "127.0.0.1", 5000, &ch, err, sizeof(err)) !=
+        KVP_OK) {
+        fprintf(stderr, "kvpool-bench: rtt%s: %s\n", tls ? "-tls" : "", err);
+        goto out;
+    }
+    /* as a call to the master goes: a header and its body in one write, then the answer */
+    for (int i = 0; i < 50; i++) /* warm-up: the handshake's last messages, the caches */
+        if (kvp_chan_send2(ch, req, KVP_RPC_HDR_LEN, req + KVP_RPC_HDR_LEN,
+                           req_bytes - KVP_RPC_HDR_LEN) != KVP_OK ||
+            kvp_chan_recv_all(ch, reply, sizeof(reply)) != KVP_OK)
+            goto out;
+    uint64_t n = 0;
+    double c0 = cpu_s(), t0 = kvp_bench_now(), t1 = t0;
+    while (t1 - t0 < duration_s) {
+        if (kvp_chan_send2(ch, req, KVP_RPC_HDR_LEN, req + KVP_RPC_HDR_LEN,
+                           req_bytes - KVP_RPC_HDR_LEN) != KVP_OK ||
+            kvp_chan_recv_all(ch, reply, sizeof(reply)) != KVP_OK)
+            goto out;
+        n++;
+        t1 = kvp_bench_now();
+    }
+    *us_p = (t1 - t0) / (double)n * 1e6;
+    *cpu_us_p = (cpu_s() - c0) / (double)n * 1e6;
+    rc = 0;
+out:
+    if (ch != NULL)
+        kvp_chan_close(ch);
+    else if (fd >= 0)
+        close(fd);
+    if (started) {
+        if (ch == NULL && fd < 0) { /* never connected: wake the accept */
+            int wake = -1;
+            if (kvp_tcp_connect("127.0.0.1", port, 1000, &wake) == KVP_OK)
+                close(wake);
+        }
+        pthread_join(th, NULL);
+    }
+    if (s.lfd >= 0)
+        close(s.lfd);
+    kvp_tls_destroy(s.tls);
+    free(req);
+    return rc;
 }

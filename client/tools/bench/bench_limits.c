@@ -57,6 +57,10 @@ typedef struct limit_entry {
     double gbps;
 } limit_entry_t;
 
+/* The rtt limits' request: about a batch of 128 keys' call to the master (an Exist's or a
+ * PutStart's request is 2.8-3.4 KB; its answer, RTT_REPLY in bench_common.c, 131 B). */
+#define RTT_REQ_BYTES 3072u
+
 static limit_entry_t limits[64];
 static size_t n_limits;
 
@@ -524,6 +528,25 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             printf("(iperf3 not installed: apt-get install iperf3 to add its figure)\n");
         }
     }
+    /* the control plane's floor: a call's round trip, plain and (--tls-dir) with TLS 1.3 */
+    for (int tls = 0; tls <= (kvp_bench_tls_on() ? 1 : 0); tls++) {
+        double us, cpu_us;
+        if (kvp_bench_rtt(RTT_REQ_BYTES, o->duration_s, tls, &us, &cpu_us) != 0) {
+            rc = 1;
+            continue;
+        }
+        printf("%-10s %-8s %8u %12s  (%.1f us a round trip, %.1f us of CPU at both ends)\n",
+               tls ? "rtt-tls" : "rtt", "1", RTT_REQ_BYTES, "-", us, cpu_us);
+        kvp_bench_result_begin(out, "limits");
+        kvp_bench_result_str(out, "limit", tls ? "rtt-tls" : "rtt");
+        kvp_bench_result_int(out, "size", RTT_REQ_BYTES);
+        kvp_bench_result_int(out, "streams", 1);
+        kvp_bench_result_num(out, "rtt_us", us);
+        kvp_bench_result_num(out, "cpu_us", cpu_us);
+        kvp_bench_result_end(out);
+    }
+    if (!kvp_bench_tls_on())
+        printf("(rtt-tls: with --tls-dir DIR, the same round trip through TLS 1.3)\n");
     /* the SSD tier's ceiling: this directory's disk through the SSD path's I/O code */
     if (kvp_bench_disk_limits_ensure(o) != 0) {
         rc = 1;

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# kvpool-bench limits with --tls-dir: the control plane's round trip plain (rtt) and
+# through TLS 1.3 with the library's own channel and server session (rtt-tls), on certs
+# made here (deploy/make-certs.sh) in a directory removed at the end. Fails when the mode
+# fails or either row is missing or not positive; never on speed. About 5 s.
+#   tests/bench/rtt_tls.sh KVPOOL_BENCH SOURCE_ROOT OUT_DIR
+set -euo pipefail
+bench=$1 src=$2 out=$3
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+bash "$src/deploy/make-certs.sh" "$dir" admin >/dev/null
+printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\n' >"$dir/acl.conf"
+"$bench" limits --sizes 4KiB --duration 0.3 --tls-dir "$dir" --ssd-dir "$out" \
+  --ssd-file-size 64MiB --quiet --json "$out/bench-smoke-rtt.json"
+python3 - "$out/bench-smoke-rtt.json" <<'EOF'
+import json, sys
+rows = {r["limit"]: r for r in json.load(open(sys.argv[1]))["results"]
+        if r.get("mode") == "limits" and "rtt_us" in r}
+assert set(rows) == {"rtt", "rtt-tls"}, rows
+for name, r in rows.items():
+    assert r["rtt_us"] > 0 and r["cpu_us"] > 0 and r["size"] == 3072, r
+print("rtt %.1f us, rtt-tls %.1f us" % (rows["rtt"]["rtt_us"], rows["rtt-tls"]["rtt_us"]))
+EOF
