@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# kvpool-bench limits with --tls-dir: the control plane's round trip plain (rtt) and
-# through TLS 1.3 with the library's own channel and server session (rtt-tls), on certs
+# kvpool-bench limits with --tls-dir: the control plane's round trip plain (rtt), through
+# TLS 1.3 with the library's own channel and server session (rtt-tls), and its TLS work
+# alone over memory buffers (rtt-tls-mem), on certs
 # made here (deploy/make-certs.sh) in a directory removed at the end. Fails when the mode
 # fails or either row is missing or not positive; never on speed. About 5 s.
 #   tests/bench/rtt_tls.sh KVPOOL_BENCH SOURCE_ROOT OUT_DIR
@@ -16,8 +17,9 @@ python3 - "$out/bench-smoke-rtt.json" <<'EOF'
 import json, sys
 rows = {r["limit"]: r for r in json.load(open(sys.argv[1]))["results"]
         if r.get("mode") == "limits" and "rtt_us" in r}
-assert set(rows) == {"rtt", "rtt-tls"}, rows
+assert set(rows) == {"rtt", "rtt-tls", "rtt-tls-mem"}, rows
 for name, r in rows.items():
     assert r["rtt_us"] > 0 and r["cpu_us"] > 0 and r["size"] == 3072, r
-print("rtt %.1f us, rtt-tls %.1f us" % (rows["rtt"]["rtt_us"], rows["rtt-tls"]["rtt_us"]))
+print("rtt %.1f us, rtt-tls %.1f us, rtt-tls-mem %.1f us" % tuple(
+    rows[k]["rtt_us"] for k in ("rtt", "rtt-tls", "rtt-tls-mem")))
 EOF

@@ -183,6 +183,10 @@ bool kvp_bench_tls_on(void);
  * (tls without --tls-dir, a socket or handshake failure: said on stderr).
  */
 int kvp_bench_rtt(size_t req_bytes, double duration_s, bool tls, double *us_p, double *cpu_us_p);
+/* The same round trip's TLS work alone: two TLS 1.3 sessions (the library's cipher and
+ * read-ahead) over memory buffers in this thread, no socket, no wake-up: the cipher and
+ * record cost of one call. *us_p: per round trip. 0, or -1 (no --tls-dir, a failure). */
+int kvp_bench_rtt_tls_mem(size_t req_bytes, double duration_s, double *us_p);
 /* --data-grants on|off: the local masters' flag (unset: theirs). 0, or -1 for another value. */
 int kvp_bench_data_grants_use(const char *arg);
 /* A connection to the master at addr ("HOST:PORT"), TLS when --tls-dir is in use. NULL on

@@ -35,6 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/ssl.h>
+
 #include "client/tools/bench/bench.h"
 #include "common/parse.h"
 #include "common/rpc.h"
@@ -773,5 +775,88 @@ out:
         close(s.lfd);
     kvp_tls_destroy(s.tls);
     free(req);
+    return rc;
+}
+
+/* Move what one memory BIO holds into another (the two sessions' "network"). */
+static void mem_pump(BIO *from, BIO *to)
+{
+    char buf[16384];
+    int n;
+    while ((n = BIO_read(from, buf, sizeof(buf))) > 0)
+        BIO_write(to, buf, n);
+}
+
+/* Read exactly len bytes of session s's plaintext (all of it is already in its BIO). */
+static bool mem_read(SSL *s, char *buf, size_t len)
+{
+    for (size_t got = 0, n = 0; got < len; got += n)
+        if (SSL_read_ex(s, buf + got, len - got, &n) != 1)
+            return false;
+    return true;
+}
+
+int kvp_bench_rtt_tls_mem(size_t req_bytes, double duration_s, double *us_p)
+{
+    *us_p = 0;
+    if (!tls_on || req_bytes < RTT_REPLY)
+        return -1;
+    int rc = -1;
+    SSL_CTX *sctx = SSL_CTX_new(TLS_server_method()), *cctx = SSL_CTX_new(TLS_client_method());
+    SSL *srv = NULL, *cli = NULL;
+    char *buf = malloc(req_bytes);
+    if (sctx == NULL || cctx == NULL || buf == NULL ||
+        SSL_CTX_use_certificate_chain_file(sctx, tls_files[0]) != 1 ||
+        SSL_CTX_use_PrivateKey_file(sctx, tls_files[1], SSL_FILETYPE_PEM) != 1)
+        goto out;
+    /* the library's settings (common/tls.c): TLS 1.3, AES-128-GCM first, read-ahead */
+    SSL_CTX *both[2] = {sctx, cctx};
+    for (int i = 0; i < 2; i++) {
+        SSL_CTX_set_min_proto_version(both[i], TLS1_3_VERSION);
+        SSL_CTX_set_ciphersuites(both[i], "TLS_AES_128_GCM_SHA256");
+        SSL_CTX_set_read_ahead(both[i], 1);
+    }
+    srv = SSL_new(sctx);
+    cli = SSL_new(cctx);
+    if (srv == NULL || cli == NULL)
+        goto out;
+    BIO *s_in = BIO_new(BIO_s_mem()), *s_out = BIO_new(BIO_s_mem());
+    BIO *c_in = BIO_new(BIO_s_mem()), *c_out = BIO_new(BIO_s_mem());
+    SSL_set_bio(srv, s_in, s_out);
+    SSL_set_bio(cli, c_in, c_out);
+    SSL_set_accept_state(srv);
+    SSL_set_connect_state(cli);
+    for (int i = 0; i < 10 && !(SSL_is_init_finished(srv) && SSL_is_init_finished(cli)); i++) {
+        SSL_do_handshake(cli);
+        mem_pump(c_out, s_in);
+        SSL_do_handshake(srv);
+        mem_pump(s_out, c_in);
+    }
+    if (!SSL_is_init_finished(srv) || !SSL_is_init_finished(cli))
+        goto out;
+    memset(buf, 7, req_bytes);
+    uint64_t n = 0;
+    double t0 = kvp_bench_now(), t1 = t0;
+    while (t1 - t0 < duration_s || n < 100) {
+        size_t w;
+        if (SSL_write_ex(cli, buf, req_bytes, &w) != 1)
+            goto out;
+        mem_pump(c_out, s_in);
+        if (!mem_read(srv, buf, req_bytes) || SSL_write_ex(srv, buf, RTT_REPLY, &w) != 1)
+            goto out;
+        mem_pump(s_out, c_in);
+        if (!mem_read(cli, buf, RTT_REPLY))
+            goto out;
+        n++;
+        t1 = kvp_bench_now();
+    }
+    *us_p = (t1 - t0) / (double)n * 1e6;
+    rc = 0;
+out:
+    SSL_free(srv);
+    SSL_free(cli);
+    SSL_CTX_free(sctx);
+    SSL_CTX_free(cctx);
+    free(buf);
     return rc;
 }

@@ -545,8 +545,23 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         kvp_bench_result_num(out, "cpu_us", cpu_us);
         kvp_bench_result_end(out);
     }
+    double mem_us;
+    if (kvp_bench_tls_on() && kvp_bench_rtt_tls_mem(RTT_REQ_BYTES, o->duration_s, &mem_us) == 0) {
+        printf("%-10s %-8s %8u %12s  (%.1f us a round trip: TLS's own work, no socket)\n",
+               "rtt-tls-mem", "1", RTT_REQ_BYTES, "-", mem_us);
+        kvp_bench_result_begin(out, "limits");
+        kvp_bench_result_str(out, "limit", "rtt-tls-mem");
+        kvp_bench_result_int(out, "size", RTT_REQ_BYTES);
+        kvp_bench_result_int(out, "streams", 1);
+        kvp_bench_result_num(out, "rtt_us", mem_us);
+        kvp_bench_result_num(out, "cpu_us", mem_us); /* one thread, never waits */
+        kvp_bench_result_end(out);
+    } else if (kvp_bench_tls_on()) {
+        rc = 1;
+    }
     if (!kvp_bench_tls_on())
-        printf("(rtt-tls: with --tls-dir DIR, the same round trip through TLS 1.3)\n");
+        printf("(rtt-tls, rtt-tls-mem: with --tls-dir DIR, the same round trip through TLS "
+               "1.3, and its TLS work alone)\n");
     /* the SSD tier's ceiling: this directory's disk through the SSD path's I/O code */
     if (kvp_bench_disk_limits_ensure(o) != 0) {
         rc = 1;
