@@ -41,6 +41,7 @@
 
 #include "client/control/mconn.h"
 #include "client/mem/scratch.h"
+#include "common/clock.h"
 #include "kvpool.pb-c.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -108,14 +109,7 @@ static uint64_t mono_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-/* A call of `method` that began at t0 (mono_ns) ended with st. */
+/* A call of `method` that began at t0 (kvp_now_ns) ended with st. */
 static void rpc_count(kvp_mconn_t *m, uint16_t method, uint64_t t0, kvp_status_t st)
 {
     if (method > KVP_RPC_METHOD_MAX)
@@ -124,7 +118,7 @@ static void rpc_count(kvp_mconn_t *m, uint16_t method, uint64_t t0, kvp_status_t
     atomic_fetch_add_explicit(&r->calls, 1, memory_order_relaxed);
     if (st != KVP_OK)
         atomic_fetch_add_explicit(&r->failed, 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&r->wait_ns, mono_ns() - t0, memory_order_relaxed);
+    atomic_fetch_add_explicit(&r->wait_ns, kvp_now_ns() - t0, memory_order_relaxed);
 }
 
 void kvp_mconn_rpc_stats(kvp_mconn_t *m, unsigned method, uint64_t *calls, uint64_t *failed,
@@ -658,7 +652,7 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
 {
     if (len > KVP_RPC_MAX_BODY)
         return KVP_ERR_FRAME_TOO_LARGE;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = kvp_now_ns();
     uint64_t deadline = mono_ms() + m->timeout_ms;
     kvp_status_t st = KVP_ERR_CONNECT;
     unsigned nap_ms = 25;
@@ -700,7 +694,7 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
 
 kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, size_t len)
 {
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = kvp_now_ns();
     pthread_mutex_lock(&m->lock);
     mc_conn_t *c = m->conn;
     if (c == NULL) {

@@ -41,10 +41,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "client/transfer/engine.h"
+#include "common/clock.h"
 #include "client/mem/gpu.h"
 #include "client/transfer/staging.h"
 #include "client/transfer/transport.h"
@@ -671,21 +671,14 @@ static void count_batch(kvp_transfer_t *xfer, const kvp_xfer_op_t *ops, size_t n
             atomic_fetch_add_explicit(&xfer->stats.errors[d], errors[d], memory_order_relaxed);
 }
 
-static uint64_t mono_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 void kvp_transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n)
 {
     if (n == 0)
         return;
-    uint64_t t0 = mono_ns();
+    uint64_t t0 = kvp_now_ns();
     transfer_run(xfer, ops, n, 0);
     /* the batch's wall time, by the direction of its first op (a batch is one direction) */
-    kvp_count_add(&xfer->stats.runs[ops[0].kind == KVP_XFER_READ], 1, mono_ns() - t0);
+    kvp_count_add(&xfer->stats.runs[ops[0].kind == KVP_XFER_READ], 1, kvp_now_ns() - t0);
     count_batch(xfer, ops, n);
 }
 
