@@ -725,7 +725,7 @@ int kvp_bench_rtt(size_t req_bytes, double duration_s, bool tls, double *us_p, d
     uint16_t port = 0;
     int fd = -1, rc = -1;
     pthread_t th;
-    bool started = false;
+    bool started = false, dialled = false;
     kvp_chan_t *ch = NULL;
     uint8_t *req = calloc(1, req_bytes), reply[RTT_REPLY];
     if (req == NULL || kvp_tcp_listen("127.0.0.1", 0, 1, &s.lfd, &port) != KVP_OK)
@@ -733,9 +733,12 @@ int kvp_bench_rtt(size_t req_bytes, double duration_s, bool tls, double *us_p, d
     started = pthread_create(&th, NULL, rtt_serve, &s) == 0;
     if (!started || kvp_tcp_connect("127.0.0.1", port, 5000, &fd) != KVP_OK)
         goto out;
+    dialled = true;
     kvp_sock_set_timeout(fd, 5000);
-    if (kvp_chan_open(tls ? tls_ctx : NULL, fd, "127.0.0.1", 5000, &ch, err, sizeof(err)) !=
-        KVP_OK) {
+    kvp_status_t cst =
+        kvp_chan_open(tls ? tls_ctx : NULL, fd, "127.0.0.1", 5000, &ch, err, sizeof(err));
+    fd = -1; /* the channel's from here on: it closes it, on failure too */
+    if (cst != KVP_OK) {
         fprintf(stderr, "kvpool-bench: rtt%s: %s\n", tls ? "-tls" : "", err);
         goto out;
     }
@@ -764,7 +767,7 @@ out:
     else if (fd >= 0)
         close(fd);
     if (started) {
-        if (ch == NULL && fd < 0) { /* never connected: wake the accept */
+        if (!dialled) { /* never connected: wake the accept */
             int wake = -1;
             if (kvp_tcp_connect("127.0.0.1", port, 1000, &wake) == KVP_OK)
                 close(wake);
