@@ -185,8 +185,11 @@ merged = {"machine": first["machine"],
 json.dump(merged, open(out_json, "w"), indent=1)
 R = merged["results"]
 md = ["# kvpool-bench results", "",
-      "Machine: %s, %d cores, %.0f GiB." % (first["machine"]["cpu"], first["machine"]["cores"],
-                                           first["machine"]["mem_bytes"] / 2**30), ""]
+      "Machine: %s, %d cores, %.0f GiB; idle CPUs: %s%s." % (
+          first["machine"]["cpu"], first["machine"]["cores"], first["machine"]["mem_bytes"] / 2**30,
+          first["machine"].get("cpuidle_driver", "unknown"),
+          ", guest_halt_poll_ns %d" % first["machine"]["guest_halt_poll_ns"]
+          if first["machine"].get("guest_halt_poll_ns", -1) >= 0 else ""), ""]
 md += ["## data (% of ws: of the tcp pump cycling through a batch's buffers)", "",
        "| transport | op | size | batch | crc | GB/s | % of limit | % of ws | obj/s | p50 us | p99 us | p99.9 us |",
        "|---|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -3,7 +3,8 @@
 # TLS 1.3 with the library's own channel and server session (rtt-tls), and its TLS work
 # alone over memory buffers (rtt-tls-mem), on certs
 # made here (deploy/make-certs.sh) in a directory removed at the end. Fails when the mode
-# fails or either row is missing or not positive; never on speed. About 5 s.
+# fails or either row is missing or not positive, or when the machine block's idle
+# settings differ from sysfs; never on speed. About 5 s.
 #   tests/bench/rtt_tls.sh KVPOOL_BENCH SOURCE_ROOT OUT_DIR
 set -euo pipefail
 bench=$1 src=$2 out=$3
@@ -14,8 +15,19 @@ printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\
 "$bench" limits --sizes 4KiB --duration 0.3 --tls-dir "$dir" --ssd-dir "$out" \
   --ssd-file-size 64MiB --quiet --json "$out/bench-smoke-rtt.json"
 python3 - "$out/bench-smoke-rtt.json" <<'EOF'
-import json, sys
-rows = {r["limit"]: r for r in json.load(open(sys.argv[1]))["results"]
+import json, os, sys
+doc = json.load(open(sys.argv[1]))
+# the machine block says how idle CPUs wait, as sysfs says it (docs/benchmarks.md, "Idle vCPUs")
+def sysfs(path):
+    try:
+        return open(path).readline().strip()
+    except OSError:
+        return None
+m = doc["machine"]
+assert m["cpuidle_driver"] == (sysfs("/sys/devices/system/cpu/cpuidle/current_driver") or "none"), m
+hp = sysfs("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+assert m["guest_halt_poll_ns"] == (int(hp) if hp else -1), m
+rows = {r["limit"]: r for r in doc["results"]
         if r.get("mode") == "limits" and "rtt_us" in r}
 assert set(rows) == {"rtt", "rtt-tls", "rtt-tls-mem"}, rows
 for name, r in rows.items():

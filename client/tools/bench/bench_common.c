@@ -130,6 +130,19 @@ void kvp_bench_out_cleanup(kvp_bench_out_t *out)
 
 /* ---------------- the JSON document ---------------- */
 
+/* The first line of a small sysfs file, without its newline ("none" when unreadable). */
+static void read_line(const char *path, char *buf, size_t len)
+{
+    snprintf(buf, len, "none");
+    FILE *f = fopen(path, "re");
+    if (f == NULL)
+        return;
+    if (fgets(buf, (int)len, f) == NULL)
+        snprintf(buf, len, "none");
+    buf[strcspn(buf, "\n")] = '\0';
+    fclose(f);
+}
+
 static void machine_json(kvp_bench_out_t *o)
 {
     struct utsname u;
@@ -158,6 +171,16 @@ static void machine_json(kvp_bench_out_t *o)
     kvp_bench_result_int(o, "mem_bytes", (int64_t)pages * psz);
     kvp_bench_result_str(o, "kernel", u.release);
     kvp_bench_result_str(o, "arch", u.machine);
+    /* How idle CPUs wait moves every round trip on a VM (docs/benchmarks.md, "Idle vCPUs"):
+     * the cpuidle driver, and the guest's halt-polling window where the driver is haltpoll
+     * (-1: no such setting here) */
+    char idle[64];
+    read_line("/sys/devices/system/cpu/cpuidle/current_driver", idle, sizeof(idle));
+    kvp_bench_result_str(o, "cpuidle_driver", idle);
+    read_line("/sys/module/haltpoll/parameters/guest_halt_poll_ns", idle, sizeof(idle));
+    char *end = NULL;
+    long long ns = strtoll(idle, &end, 10);
+    kvp_bench_result_int(o, "guest_halt_poll_ns", end != idle ? ns : -1);
     out_append(o, "},\n");
 }
 

@@ -64,6 +64,8 @@ typedef struct worker {
      * summed over the counted batches, from the client's metrics around each call */
     bool breakdown;
     uint64_t rpc_ns[N_OPS], xfer_ns[N_OPS];
+    /* ... and per master method: its calls and their summed wait */
+    uint64_t m_calls[N_OPS][KVP_METRICS_RPC_MAX], m_ns[N_OPS][KVP_METRICS_RPC_MAX];
     int failed;
     bool started; /* set by the caller's thread: the worker thread exists */
     char err[256];
@@ -101,16 +103,25 @@ static kvp_status_t client_new(const kvp_bench_opts_t *o, const char *transport,
     return kvp_client_create(&p, c_p);
 }
 
-/* The client's master calls' summed wait and its transfers' summed wall time, in ns. */
-static void waits_now(kvp_client_t *c, uint64_t *rpc_ns, uint64_t *xfer_ns)
+/* The client's master calls so far (their summed wait, in all and per method) and its
+ * transfers' summed wall time, in ns. */
+typedef struct waits {
+    uint64_t rpc_ns, xfer_ns;
+    uint64_t calls[KVP_METRICS_RPC_MAX], ns[KVP_METRICS_RPC_MAX];
+} waits_t;
+
+static void waits_now(kvp_client_t *c, waits_t *out)
 {
     kvp_metrics_t m = {.size = sizeof(m)};
-    *rpc_ns = *xfer_ns = 0;
+    memset(out, 0, sizeof(*out));
     if (kvp_metrics_snapshot(c, &m) != KVP_OK)
         return;
-    for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++)
-        *rpc_ns += m.master_rpc[i].wait_ns;
-    *xfer_ns = m.transfer_ns[0] + m.transfer_ns[1];
+    for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++) {
+        out->rpc_ns += m.master_rpc[i].wait_ns;
+        out->calls[i] = m.master_rpc[i].calls;
+        out->ns[i] = m.master_rpc[i].wait_ns;
+    }
+    out->xfer_ns = m.transfer_ns[0] + m.transfer_ns[1];
 }
 
 static void *worker_main(void *arg)
@@ -198,9 +209,9 @@ static void *worker_main(void *arg)
                          (unsigned long long)iter, i);
         iter++;
         /* the breakdown's snapshots are taken outside the timed calls */
-        uint64_t r0 = 0, x0 = 0, r1 = 0, x1 = 0, r2 = 0, x2 = 0, r3 = 0, x3 = 0;
+        waits_t s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
         if (w->breakdown)
-            waits_now(c, &r0, &x0);
+            waits_now(c, &s0);
         double t0 = kvp_bench_now(), t1 = t0;
         if (!in_store) {
             if (P > 1)
@@ -217,7 +228,7 @@ static void *worker_main(void *arg)
             in_store = looping;
         }
         if (w->breakdown)
-            waits_now(c, &r1, &x1);
+            waits_now(c, &s1);
         size_t prefix = b;
         double t1e = kvp_bench_now(), t2 = t1e;
         if (w->loop != OP_GET) {
@@ -237,7 +248,7 @@ static void *worker_main(void *arg)
             break;
         }
         if (w->breakdown)
-            waits_now(c, &r2, &x2);
+            waits_now(c, &s2);
         double t2g = kvp_bench_now(), t3 = t2g;
         if (w->loop != OP_EXIST) {
             if (P > 1)
@@ -261,7 +272,7 @@ static void *worker_main(void *arg)
             break;
         }
         if (w->breakdown)
-            waits_now(c, &r3, &x3);
+            waits_now(c, &s3);
         for (unsigned i = 0; i < b && !w->failed && w->loop != OP_EXIST; i++) {
             const char *s = src[i], *d = dst[i];
             if (got[i] != (int64_t)w->size || d[0] != s[0] || d[w->size - 1] != s[w->size - 1]) {
@@ -281,15 +292,19 @@ static void *worker_main(void *arg)
         if (iter == 1)
             continue; /* the warm-up round */
         double d[N_OPS] = {t1 - t0, t3 - t2g, t2 - t1e};
-        uint64_t rd[N_OPS] = {r1 - r0, r3 - r2, r2 - r1}, xd[N_OPS] = {x1 - x0, x3 - x2, x2 - x1};
+        const waits_t *from[N_OPS] = {&s0, &s2, &s1}, *to[N_OPS] = {&s1, &s3, &s2};
         for (int op = 0; op < N_OPS; op++) {
             if (looping && op != w->loop)
                 continue;
             kvp_bench_lat_add(&w->lat[op], d[op]);
             w->busy[op] += d[op];
             w->objs[op] += b;
-            w->rpc_ns[op] += rd[op];
-            w->xfer_ns[op] += xd[op];
+            w->rpc_ns[op] += to[op]->rpc_ns - from[op]->rpc_ns;
+            w->xfer_ns[op] += to[op]->xfer_ns - from[op]->xfer_ns;
+            for (unsigned m = 0; m < KVP_METRICS_RPC_MAX; m++) {
+                w->m_calls[op][m] += to[op]->calls[m] - from[op]->calls[m];
+                w->m_ns[op][m] += to[op]->ns[m] - from[op]->ns[m];
+            }
         }
     }
     if (in_store && !w->failed) {
@@ -563,6 +578,19 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
          * transfers' wall time, per batch, from the client's metrics (kvp_metrics_t) */
         kvp_bench_result_num(out, "master_rpc_us_per_batch", rpc_us);
         kvp_bench_result_num(out, "transfer_us_per_batch", xfer_us);
+        /* ... and per method the op called (1 thread): rpc_<method>_us, the mean wait of
+         * one call, and rpc_<method>_calls_per_batch */
+        for (unsigned m = 0; nt == 1 && all.n > 0 && m < KVP_METRICS_RPC_MAX; m++) {
+            const char *name = kvp_metrics_rpc_name(m);
+            if (w[0].m_calls[op][m] == 0 || name == NULL)
+                continue;
+            char field[64];
+            snprintf(field, sizeof(field), "rpc_%s_us", name);
+            kvp_bench_result_num(out, field,
+                                 (double)w[0].m_ns[op][m] / 1e3 / (double)w[0].m_calls[op][m]);
+            snprintf(field, sizeof(field), "rpc_%s_calls_per_batch", name);
+            kvp_bench_result_num(out, field, (double)w[0].m_calls[op][m] / (double)all.n);
+        }
         kvp_bench_result_end(out);
         free(all.v);
     }
