@@ -12,7 +12,10 @@
  * pump does the same over a batch's working set (each thread cycles through WS_BUFS buffers,
  * fewer for big objects), as memcpy's limit does: a batch of 32 objects moves 32 distinct
  * buffers through the caches, one reused buffer stays in L2 (measured here: the one-buffer
- * pump 1.4-1.8x the working-set one at 1-4 MiB).
+ * pump 1.4-1.8x the working-set one at 1-4 MiB). The "ws-splice" pump (2 streams, objects of
+ * SPLICE_MIN or more) is the ws pump with the sender's copy taken away: it hands its pages to
+ * the socket by reference (vmsplice into a pipe, splice from it), so only the receiver copies;
+ * what a tcp path with a copy fewer on the sending side could reach (docs/benchmarks.md).
  *
  * Disk: the SSD tier's ceiling, with the SSD path's own I/O code (client/ssd/ssd_io.h): a file
  * of --ssd-file-size in --ssd-dir (tmpfs and ramfs refused), opened O_DIRECT and preallocated
@@ -37,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -46,8 +50,10 @@
 #include "common/sock.h"
 
 #define WORKING_SET 64
-#define WS_BUFS 16           /* the ws pump's buffers per thread: a batch of 32 on 2 streams */
-#define WS_STREAMS_KEY 1000u /* the ws pump's entries in the table: streams + this */
+#define WS_BUFS 16              /* the ws pump's buffers per thread: a batch of 32 on 2 streams */
+#define WS_STREAMS_KEY 1000u    /* the ws pump's entries in the table: streams + this */
+#define SPLICE_MIN (256u << 10) /* objects it is measured for: the copy-bound sizes */
+#define SPLICE_PIPE (1u << 20)  /* the pipe's capacity asked for (pipe-max-size's default) */
 
 /* ---------------- memcpy and tcp limits measured in this run ---------------- */
 
@@ -141,6 +147,7 @@ typedef struct pump {
     int fd;
     uint64_t size;
     unsigned nbufs; /* buffers cycled through (1: one, kept in cache) */
+    bool splice;    /* the sender's pages go to the socket by reference (vmsplice + splice) */
     double deadline;
     uint64_t bytes;
     bool failed;  /* the thread could not run (allocation) */
@@ -157,19 +164,60 @@ static char *pump_bufs(const pump_t *p, int fill)
     return buf;
 }
 
+/* Send len bytes of buf by reference: vmsplice them into the pipe, splice the pipe into the
+ * socket, until all are out. false: a call failed. The pages stay the socket's until the
+ * receiver has copied them, so buf is not written meanwhile (the pump only reads it). */
+static bool splice_all(int fd, const int pipefd[2], char *buf, uint64_t len)
+{
+    while (len > 0) {
+        struct iovec iov = {.iov_base = buf, .iov_len = len};
+        ssize_t in = vmsplice(pipefd[1], &iov, 1, 0);
+        if (in <= 0) {
+            if (in < 0 && errno == EINTR)
+                continue;
+            return false;
+        }
+        for (ssize_t left = in; left > 0;) {
+            ssize_t out = splice(pipefd[0], NULL, fd, NULL, (size_t)left, SPLICE_F_MORE);
+            if (out <= 0) {
+                if (out < 0 && errno == EINTR)
+                    continue;
+                return false;
+            }
+            left -= out;
+        }
+        buf += in;
+        len -= (uint64_t)in;
+    }
+    return true;
+}
+
 static void *sender(void *arg)
 {
     pump_t *p = arg;
     char *buf = pump_bufs(p, 7);
-    if (buf == NULL) {
+    int pipefd[2] = {-1, -1};
+    if (buf == NULL || (p->splice && pipe2(pipefd, O_CLOEXEC) != 0)) {
         p->failed = true;
         shutdown(p->fd, SHUT_WR);
+        free(buf);
         return NULL;
     }
-    for (unsigned i = 0; kvp_bench_now() < p->deadline; i = (i + 1) % p->nbufs)
-        if (kvp_send_all(p->fd, buf + (uint64_t)i * p->size, p->size) != KVP_OK)
+    if (p->splice)
+        (void)fcntl(pipefd[1], F_SETPIPE_SZ, SPLICE_PIPE); /* the default 64 KiB otherwise */
+    for (unsigned i = 0; kvp_bench_now() < p->deadline; i = (i + 1) % p->nbufs) {
+        char *b = buf + (uint64_t)i * p->size;
+        if (p->splice ? !splice_all(p->fd, pipefd, b, p->size)
+                      : kvp_send_all(p->fd, b, p->size) != KVP_OK) {
+            p->failed = p->splice; /* a failed splice is the limit's failure, not an end */
             break;
+        }
+    }
     shutdown(p->fd, SHUT_WR);
+    if (p->splice) {
+        close(pipefd[0]);
+        close(pipefd[1]);
+    }
     free(buf);
     return NULL;
 }
@@ -194,7 +242,8 @@ static void *receiver(void *arg)
     return NULL;
 }
 
-static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, double duration)
+static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, bool splice,
+                          double duration)
 {
     int lfd;
     uint16_t port;
@@ -212,7 +261,8 @@ static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, doubl
             close(cfd);
             break;
         }
-        tx[s] = (pump_t){.fd = cfd, .size = size, .nbufs = nbufs, .deadline = t0 + duration};
+        tx[s] = (pump_t){
+            .fd = cfd, .size = size, .nbufs = nbufs, .splice = splice, .deadline = t0 + duration};
         rx[s] = (pump_t){.fd = afd, .size = size, .nbufs = nbufs};
         ok++;
     }
@@ -450,7 +500,7 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
     }
     if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
         kvp_bench_progress(o, "limits: tcp %u streams %llu B", streams, (unsigned long long)size);
-        limit_set(size, streams ? streams : 1, measure_tcp(size, streams, 1, d));
+        limit_set(size, streams ? streams : 1, measure_tcp(size, streams, 1, false, d));
         if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
             kvp_bench_progress_done(o);
             fprintf(stderr, "kvpool-bench: limits: loopback tcp pump (%u streams, %llu B) failed\n",
@@ -458,14 +508,14 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
             rc = -1;
         }
     }
+    unsigned nbufs = WS_BUFS;
+    while (nbufs > 2 && (uint64_t)nbufs * size * (streams ? streams : 1) > (128ull << 20))
+        nbufs /= 2;
     if (kvp_bench_limit_tcp_ws_gbps(size, streams) == 0) {
-        unsigned nbufs = WS_BUFS;
-        while (nbufs > 2 && (uint64_t)nbufs * size * (streams ? streams : 1) > (128ull << 20))
-            nbufs /= 2;
         kvp_bench_progress(o, "limits: tcp %u streams %llu B over %u buffers", streams,
                            (unsigned long long)size, nbufs);
         limit_set(size, (streams ? streams : 1) + WS_STREAMS_KEY,
-                  measure_tcp(size, streams, nbufs, d));
+                  measure_tcp(size, streams, nbufs, false, d));
         if (kvp_bench_limit_tcp_ws_gbps(size, streams) == 0) {
             kvp_bench_progress_done(o);
             fprintf(stderr,
@@ -513,6 +563,23 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             limit_print(out, "tcp-pump", "tcp", size, s, kvp_bench_limit_tcp_gbps(size, s));
             limit_print(out, "tcp-pump-ws", "tcp-ws", size, s,
                         kvp_bench_limit_tcp_ws_gbps(size, s));
+        }
+        if (size >= SPLICE_MIN) { /* the ws pump, 2 streams, with no copy on the sending side */
+            unsigned nbufs = WS_BUFS;
+            while (nbufs > 2 && (uint64_t)nbufs * size * 2 > (128ull << 20))
+                nbufs /= 2;
+            kvp_bench_progress(o, "limits: tcp 2 streams %llu B over %u buffers, spliced",
+                               (unsigned long long)size, nbufs);
+            double g = measure_tcp(size, 2, nbufs, true, o->duration_s < 1 ? o->duration_s : 1);
+            kvp_bench_progress_done(o);
+            if (g == 0) {
+                fprintf(stderr,
+                        "kvpool-bench: limits: loopback tcp pump with vmsplice + splice (2 "
+                        "streams, %llu B) failed\n",
+                        (unsigned long long)size);
+                rc = 1;
+            }
+            limit_print(out, "tcp-splice", "tcp-ws-splice", size, 2, g);
         }
     }
     for (unsigned s = 1; s <= 2; s++) {
