@@ -16,7 +16,7 @@ printf '[principal admin]\nroles = read, write, segment, admin\ncert-cn = admin\
 "$bench" limits --sizes 4KiB,1MiB --duration 0.3 --tls-dir "$dir" --ssd-dir "$out" \
   --ssd-file-size 64MiB --quiet --json "$out/bench-smoke-rtt.json"
 python3 - "$out/bench-smoke-rtt.json" <<'EOF'
-import json, os, sys
+import json, sys
 doc = json.load(open(sys.argv[1]))
 # the machine block says how idle CPUs wait, as sysfs says it (docs/benchmarks.md, "Idle vCPUs")
 def sysfs(path):

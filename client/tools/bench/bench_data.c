@@ -63,8 +63,8 @@ typedef struct worker {
     /* one thread only (breakdown): the op's master calls' wait and its transfers' wall time,
      * summed over the counted batches, from the client's metrics around each call */
     bool breakdown;
-    uint64_t rpc_ns[N_OPS], xfer_ns[N_OPS];
-    /* ... and per master method: its calls and their summed wait */
+    uint64_t xfer_ns[N_OPS];
+    /* per master method: its calls and their summed wait (the op's master wait is their sum) */
     uint64_t m_calls[N_OPS][KVP_METRICS_RPC_MAX], m_ns[N_OPS][KVP_METRICS_RPC_MAX];
     int failed;
     bool started; /* set by the caller's thread: the worker thread exists */
@@ -103,10 +103,10 @@ static kvp_status_t client_new(const kvp_bench_opts_t *o, const char *transport,
     return kvp_client_create(&p, c_p);
 }
 
-/* The client's master calls so far (their summed wait, in all and per method) and its
- * transfers' summed wall time, in ns. */
+/* The client's master calls so far (per method: calls and summed wait) and its transfers'
+ * summed wall time, in ns. */
 typedef struct waits {
-    uint64_t rpc_ns, xfer_ns;
+    uint64_t xfer_ns;
     uint64_t calls[KVP_METRICS_RPC_MAX], ns[KVP_METRICS_RPC_MAX];
 } waits_t;
 
@@ -117,7 +117,6 @@ static void waits_now(kvp_client_t *c, waits_t *out)
     if (kvp_metrics_snapshot(c, &m) != KVP_OK)
         return;
     for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++) {
-        out->rpc_ns += m.master_rpc[i].wait_ns;
         out->calls[i] = m.master_rpc[i].calls;
         out->ns[i] = m.master_rpc[i].wait_ns;
     }
@@ -299,7 +298,6 @@ static void *worker_main(void *arg)
             kvp_bench_lat_add(&w->lat[op], d[op]);
             w->busy[op] += d[op];
             w->objs[op] += b;
-            w->rpc_ns[op] += to[op]->rpc_ns - from[op]->rpc_ns;
             w->xfer_ns[op] += to[op]->xfer_ns - from[op]->xfer_ns;
             for (unsigned m = 0; m < KVP_METRICS_RPC_MAX; m++) {
                 w->m_calls[op][m] += to[op]->calls[m] - from[op]->calls[m];
@@ -487,7 +485,10 @@ static int run_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char
          * measured, several threads share the client's counters) */
         double rpc_us = -1, xfer_us = -1;
         if (nt == 1 && all.n > 0) {
-            rpc_us = (double)w[0].rpc_ns[op] / 1e3 / (double)all.n;
+            uint64_t rpc_ns = 0;
+            for (unsigned m = 0; m < KVP_METRICS_RPC_MAX; m++)
+                rpc_ns += w[0].m_ns[op][m];
+            rpc_us = (double)rpc_ns / 1e3 / (double)all.n;
             xfer_us = (double)w[0].xfer_ns[op] / 1e3 / (double)all.n;
         }
         if (rdma) /* perftest's figure for the same verb, measured outside */

@@ -242,6 +242,16 @@ static void *receiver(void *arg)
     return NULL;
 }
 
+/* The ws pumps' buffers per thread for objects of size on streams streams: WS_BUFS, fewer
+ * for big objects (at most 128 MiB cycled in all). */
+static unsigned ws_bufs(uint64_t size, unsigned streams)
+{
+    unsigned nbufs = WS_BUFS;
+    while (nbufs > 2 && (uint64_t)nbufs * size * (streams ? streams : 1) > (128ull << 20))
+        nbufs /= 2;
+    return nbufs;
+}
+
 static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, bool splice,
                           double duration)
 {
@@ -508,10 +518,8 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
             rc = -1;
         }
     }
-    unsigned nbufs = WS_BUFS;
-    while (nbufs > 2 && (uint64_t)nbufs * size * (streams ? streams : 1) > (128ull << 20))
-        nbufs /= 2;
     if (kvp_bench_limit_tcp_ws_gbps(size, streams) == 0) {
+        unsigned nbufs = ws_bufs(size, streams);
         kvp_bench_progress(o, "limits: tcp %u streams %llu B over %u buffers", streams,
                            (unsigned long long)size, nbufs);
         limit_set(size, (streams ? streams : 1) + WS_STREAMS_KEY,
@@ -565,9 +573,7 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
                         kvp_bench_limit_tcp_ws_gbps(size, s));
         }
         if (size >= SPLICE_MIN) { /* the ws pump, 2 streams, with no copy on the sending side */
-            unsigned nbufs = WS_BUFS;
-            while (nbufs > 2 && (uint64_t)nbufs * size * 2 > (128ull << 20))
-                nbufs /= 2;
+            unsigned nbufs = ws_bufs(size, 2);
             kvp_bench_progress(o, "limits: tcp 2 streams %llu B over %u buffers, spliced",
                                (unsigned long long)size, nbufs);
             double g = measure_tcp(size, 2, nbufs, true, o->duration_s < 1 ? o->duration_s : 1);
