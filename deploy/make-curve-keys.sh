@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make ZeroMQ CURVE key pairs for the KV events (kvpool-master
-# --kv-events-curve-secret / --kv-events-curve-allow; docs/operations.md,
-# "KV events" under "Security"), with python3 and python3-zmq (libzmq's own
+# --kv-events-curve-secret / --kv-events-curve-allow; docs/security.md,
+# "KV events: CURVE"), with python3 and python3-zmq (libzmq's own
 # zmq_curve_keypair, libsodium's random numbers).
 #
 #   deploy/make-curve-keys.sh DIR NAME...
