@@ -117,6 +117,7 @@ struct kvp_master_server {
     int http_fd;             /* its eventfd (epoll marker: &http_fd) */
     kvp_events_t *events;    /* NULL: no --kv-events-bind */
     kvp_rpc_hist_t hist[KVP_RPC_METHOD_MAX + 1];
+    const char *method_names[KVP_RPC_METHOD_MAX + 1]; /* the method table's, for the views */
     /* security (master/auth/): both NULL without --tls-cert; SIGHUP reloads both */
     kvp_tls_t *tls;
     kvp_acl_t *acl;
@@ -125,7 +126,7 @@ struct kvp_master_server {
 /* What the state holds of the server's (again after drop_all re-creates the state). */
 static void attach_obs(kvp_master_server_t *srv)
 {
-    srv->state.events = srv->events;
+    srv->state.events = kvp_events_sink(srv->events);
     srv->state.rpc_hist = srv->hist;
     srv->state.clients = srv->n_conns;
 }
@@ -986,6 +987,24 @@ static kvp_status_t start_obs(kvp_master_server_t *srv)
     return KVP_OK;
 }
 
+/* The views' RPCs (master/obs/http.c): a request of no connection and no principal. */
+static kvp_status_t call_as_client(kvp_master_state_t *st, uint16_t method, const uint8_t *body,
+                                   size_t body_len, uint8_t **resp_p, size_t *resp_len_p,
+                                   char *errmsg, size_t errmsg_len)
+{
+    return kvp_dispatch_handle(st, 0, NULL, method, body, body_len, resp_p, resp_len_p, errmsg,
+                               errmsg_len);
+}
+
+/* The method table's names by id, for the per-method metrics. */
+static void name_methods(kvp_master_server_t *srv)
+{
+    size_t n;
+    const kvp_method_t *tab = kvp_dispatch_table(&n);
+    for (size_t m = 0; m < n && m < KVP_ARRAY_SIZE(srv->method_names); m++)
+        srv->method_names[m] = tab[m].name;
+}
+
 /* For /health and /metrics: does this master serve? (No side effects, unlike may_serve.) */
 static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reason, size_t len)
 {
@@ -995,6 +1014,9 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->events = srv->events;
     v->acl = srv->acl;
     v->tls = srv->tls;
+    v->call = call_as_client;
+    v->method_names = srv->method_names;
+    v->n_methods = KVP_ARRAY_SIZE(srv->method_names);
     v->serving = srv->el == NULL || (kvp_election_leading(srv->el, kvp_now_ms(), &epoch) &&
                                      epoch == srv->epoch && !srv->reset_pending);
     reason[0] = '\0';
@@ -1087,6 +1109,7 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     if (status != KVP_OK)
         goto err_fds;
     attach_obs(srv);
+    name_methods(srv);
     *srv_p = srv;
     return KVP_OK;
 

@@ -143,3 +143,14 @@ void kvp_record_take(kvp_segment_t *seg, uint8_t **buf_p, size_t *len_p)
     seg->rec = NULL;
     seg->rec_len = seg->rec_cap = 0;
 }
+
+void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep)
+{
+    kvp_segment_t *seg = kvp_segment_table_get(table, rep->segment_id);
+    if (seg != NULL) {
+        kvp_offset_alloc_free(seg->alloc, rep->handle);
+        seg->objects--;
+        if (seg->record)
+            kvp_record_del(table, seg, rep->offset);
+    }
+}

@@ -32,6 +32,9 @@ void kvp_record_object(kvp_segment_table_t *table, const kvp_object_t *obj);
 void kvp_record_forget(kvp_segment_table_t *table, const kvp_object_t *obj);
 /* List seg again (the server subscribed a stream, or could not write the changes). */
 void kvp_record_relist(kvp_segment_table_t *table, kvp_segment_t *seg);
+/* Free one extent in its segment, if the segment is still mounted (and, when the segment
+ * is recorded, queue its deletion from the owner's record). */
+void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep);
 /* Hand over seg's queued changes: *buf_p (malloc'd, the caller frees), *len_p bytes. */
 void kvp_record_take(kvp_segment_t *seg, uint8_t **buf_p, size_t *len_p);
 

@@ -4,24 +4,28 @@
  * copies in flight, settings, counters and the master clock.
  *
  * One loop thread owns a kvp_master_state_t: no locks. Layers, each
- * including only those below it:
+ * including only those below it (tests/check_layering.py):
  *
  *   main.c, server.c   flags, epoll loop, connections, framing
  *   dispatch.c         the method table: method id -> handler
+ *   obs/               HTTP views, metrics, the KV events publisher
  *   rpc/               handlers by concern (segment, object, drain, admin)
  *                      and what they share (rpc/call.c: the response packer)
+ *   ha/                leadership (election glue), rebuild (adoption)
+ *   auth/              ACL, credentials, admission, audit
  *   policy/            eviction -> lease -> lists: what stays, what goes
- *   state.c, config.c  this struct and the settings
+ *   core/              this struct, the settings, the KV event sink
  *   meta/              object, segment_table, object_index, placement,
  *                      lease_table, ghost: data structures that know no state
  */
-#ifndef KVP_MASTER_STATE_H
-#define KVP_MASTER_STATE_H
+#ifndef KVP_MASTER_CORE_STATE_H
+#define KVP_MASTER_CORE_STATE_H
 
 #include <stdint.h>
 
 #include "common/status.h"
-#include "master/config.h"
+#include "master/core/config.h"
+#include "master/core/event_sink.h"
 #include "master/meta/ghost.h"
 #include "master/meta/lease_table.h"
 #include "master/meta/object.h"
@@ -169,9 +173,9 @@ typedef struct kvp_master_state {
     uint64_t stream_segment; /* set by SegRecord: the server streams this segment's record
                                 changes on the calling connection (no answer now) */
     /* operations (master/obs/) */
-    struct kvp_events *events; /* KV events publisher, or NULL */
-    kvp_rpc_hist_t *rpc_hist;  /* [KVP_RPC_METHOD_MAX + 1], or NULL (tests) */
-    uint32_t clients;          /* connections open now (server.c) */
+    const kvp_event_sink_t *events; /* KV events (core/event_sink.h), or NULL */
+    kvp_rpc_hist_t *rpc_hist;       /* [KVP_RPC_METHOD_MAX + 1], or NULL (tests) */
+    uint32_t clients;               /* connections open now (server.c) */
     /* tenants (meta/tenant.h): with an ACL, keys are scoped by tenant and charged to it */
     kvp_tenant_table_t tenants;
     bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
@@ -213,7 +217,7 @@ void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task);
 /* obj is going (its extents are being freed): its SSD owners forget their entries. */
 void kvp_state_forget_ssd(kvp_master_state_t *st, const kvp_object_t *obj);
 
-/* KV events (master/obs/events.h): the media an object's replicas are on (bit
+/* KV events (core/event_sink.h): the media an object's replicas are on (bit
  * 1 << KVP_MEDIUM_CPU for DRAM segments, 1 << KVP_MEDIUM_DISK for SSD ones). */
 unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n);
 /* A COMPLETE object's media went from `before` to `after`: `stored` for each medium
