@@ -62,7 +62,7 @@ typedef struct kvp_master_stats {
     uint64_t removes;     /* objects removed (Remove, RemoveByRegex) */
     uint64_t lease_waits; /* removes refused for a read lease, puts told to wait (POOL_BUSY) */
     uint64_t refused_protected; /* connections of other hosts refused in protected mode */
-    /* refusals of the ACL (master/server.c, dispatch.c; kvpool_connections_refused_total
+    /* refusals of the ACL (master/auth/admission.c, dispatch.c; kvpool_connections_refused_total
      * and kvpool_requests_refused_total by reason) */
     uint64_t refused_tls;         /* a TLS handshake that failed (not TLS, unknown CA, revoked..) */
     uint64_t refused_unauth;      /* a request before any credential */
@@ -166,7 +166,7 @@ typedef struct kvp_master_state {
      * offer their records: a put that finds no room meanwhile is told to wait
      * (KVP_ERR_POOL_BUSY, retried by the client) rather than evicting or failing. */
     uint64_t rebuild_until_ms;
-    /* high availability (server.c): what Stat shows */
+    /* high availability (ha/leadership.c): what Stat shows */
     uint64_t epoch;          /* the epoch this master leads under; 0: standalone */
     char leader[300];        /* the leader's address ("" standalone) */
     char standbys[1024];     /* the standbys' addresses, comma-separated */
