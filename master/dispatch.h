@@ -10,7 +10,7 @@
 
 #include "master/auth/acl.h"
 #include "master/rpc/call.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 typedef struct kvp_method {
     uint16_t id;                                 /* kvp_rpc_method_t */

@@ -24,7 +24,7 @@
 #include "common/conf.h"
 #include "common/log.h"
 #include "common/parse.h"
-#include "master/config.h"
+#include "master/core/config.h"
 #include "master/server.h"
 
 #define DEFAULT_LISTEN "127.0.0.1:50051"

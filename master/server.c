@@ -10,7 +10,15 @@
  * magic) and is closed; a peer that stops reading its replies is closed
  * when its queue passes KVP_MASTER_MAX_OUTBUF. Either way every other
  * connection is unaffected. SIGTERM/SIGINT arrive on a signalfd and end
- * the loop; everything is freed on the way out.
+ * the loop (SIGHUP reloads the credentials); everything is freed on the
+ * way out.
+ *
+ * What the loop asks of others: who is calling and may it send this
+ * (master/auth/: admission, audit, credentials), whether this master may
+ * serve now (master/ha/leadership.c), which segments' record changes to
+ * write (master/meta/record.c, kvp_record_push), and the views it hands to
+ * master/obs/ (the method table's names, the handlers' path, the KV event
+ * sink for the state).
  */
 #include "master/server.h"
 
@@ -29,21 +37,20 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <openssl/crypto.h>
-
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/macros.h"
 #include "common/clock.h"
 #include "common/sock.h"
 #include "common/parse.h"
-#include "common/grant.h"
 #include "common/tls.h"
-#include "master/auth/acl.h"
+#include "master/auth/admission.h"
+#include "master/auth/audit.h"
+#include "master/auth/credentials.h"
 #include "master/dispatch.h"
+#include "master/ha/leadership.h"
 #include "master/rpc/segment.h"
 #include "master/policy/eviction.h"
-#include "common/election.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
 #include "master/obs/events.h"
@@ -53,9 +60,6 @@
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
 #define TICK_MS 500
-/* The largest request a connection may send before it names a principal (an AuthRequest
- * is a token): a stranger's length prefix never makes the master allocate more. */
-#define PREAUTH_MAX_BODY 4096u
 
 typedef struct conn {
     int fd;
@@ -64,16 +68,13 @@ typedef struct conn {
     size_t in_len, in_cap;
     uint8_t *out;
     size_t out_len, out_off, out_cap;
-    bool want_out;     /* EPOLLOUT armed */
-    bool close_after;  /* close once the output queue is flushed */
-    bool refuse;       /* protected mode, a peer of another host: refused at its first header */
-    kvp_ssl_t *ssl;    /* TLS (--tls-cert): every byte goes through it; NULL: plain */
-    bool cert_checked; /* the handshake ended and its certificate was looked up */
-    const kvp_principal_t *who;   /* who is calling (srv->acl's); NULL: not yet known */
-    bool removed;                 /* its principal left the ACL (a reload): refused, closed */
-    char pname[KVP_ACL_NAME_MAX]; /* who->name, kept across ACL reloads */
-    uint64_t last_rx_ms;          /* when a byte last arrived: liveness for --client-ttl */
-    struct conn *next;            /* all connections, for shutdown */
+    bool want_out;       /* EPOLLOUT armed */
+    bool close_after;    /* close once the output queue is flushed */
+    bool refuse;         /* protected mode, a peer of another host: refused at its first header */
+    kvp_ssl_t *ssl;      /* TLS (--tls-cert): every byte goes through it; NULL: plain */
+    kvp_caller_t caller; /* who is calling (master/auth/admission.h) */
+    uint64_t last_rx_ms; /* when a byte last arrived: liveness for --client-ttl */
+    struct conn *next;   /* all connections, for shutdown */
     struct conn *prev;
 } conn_t;
 
@@ -101,31 +102,21 @@ struct kvp_master_server {
     kvp_master_state_t state;
     parked_t *parked;
     bool stop;
-    /* high availability (kvp_master_server_elect): NULL when standalone */
-    kvp_election_t *el;
-    uint64_t epoch;      /* the epoch this master leads (led) under; 0: never led */
-    bool reset_pending;  /* it leads again under a new epoch: drop the old state first */
-    char self[300];      /* its address in etcd */
-    pthread_t ha_thread; /* lists the standbys for Stat, once a second */
-    bool ha_started;
-    pthread_mutex_t ha_lock;
-    pthread_cond_t ha_cond;
-    bool ha_stop;
-    char standbys[1024]; /* ha_lock */
+    kvp_leadership_t ha; /* high availability (master/ha/): standalone until elect */
     /* operations (master/obs/) */
     kvp_master_http_t *http; /* NULL: --http-listen off (or its default was taken) */
     int http_fd;             /* its eventfd (epoll marker: &http_fd) */
     kvp_events_t *events;    /* NULL: no --kv-events-bind */
     kvp_rpc_hist_t hist[KVP_RPC_METHOD_MAX + 1];
-    /* security (master/auth/): both NULL without --tls-cert; SIGHUP reloads both */
-    kvp_tls_t *tls;
-    kvp_acl_t *acl;
+    const char *method_names[KVP_RPC_METHOD_MAX + 1]; /* the method table's, for the views */
+    kvp_credentials_t cred; /* TLS and ACL (master/auth/): NULL without --tls-cert; SIGHUP
+                               reloads both */
 };
 
 /* What the state holds of the server's (again after drop_all re-creates the state). */
 static void attach_obs(kvp_master_server_t *srv)
 {
-    srv->state.events = srv->events;
+    srv->state.events = kvp_events_sink(srv->events);
     srv->state.rpc_hist = srv->hist;
     srv->state.clients = srv->n_conns;
 }
@@ -141,10 +132,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
             pp = &p->next;
         }
     }
-    kvp_segment_table_t *t = &srv->state.segments;
-    for (uint32_t i = 0; i < t->n_slots; i++)
-        if (t->slots[i] != NULL && t->slots[i]->record_stream == c)
-            t->slots[i]->record_stream = NULL; /* its changes wait for the next stream */
+    kvp_record_stream_closed(&srv->state.segments, c);
     kvp_dispatch_conn_closed(&srv->state, c->id);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     kvp_tls_free(c->ssl);
@@ -197,7 +185,7 @@ static bool queue_frame(kvp_master_server_t *srv, conn_t *c, uint16_t method, ui
                        .request_id = req_id,
                        .body_len = (uint32_t)len,
                        .status = status,
-                       .epoch = srv->epoch};
+                       .epoch = srv->ha.epoch};
     kvp_rpc_hdr_pack(&h, c->out + c->out_len);
     if (len)
         memcpy(c->out + c->out_len + KVP_RPC_HDR_LEN, body, len);
@@ -255,7 +243,20 @@ static void reply_error(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t
                 strlen(msg));
 }
 
-/* ---- high availability ---- */
+/* Queue what admission answered in the dispatcher's place (master/auth/admission.h). */
+static void answer(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
+                   const kvp_admission_reply_t *a)
+{
+    if (a->status == KVP_OK)
+        queue_frame(srv, c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, 0, a->body,
+                    a->len);
+    else
+        reply_error(srv, c, h, a->status, a->msg);
+    if (a->close)
+        c->close_after = true;
+}
+
+/* ---- high availability (master/ha/leadership.c) ---- */
 
 /* Close every connection and let go of every held request. */
 static void close_all(kvp_master_server_t *srv)
@@ -281,118 +282,14 @@ static void drop_all(kvp_master_server_t *srv)
     attach_obs(srv);
 }
 
-/*
- * May this master answer requests now? Standalone: always. With an election: only while
- * it leads and its lease is surely alive (kvp_election_leading: a master paused past its
- * TTL gets false on its first call after waking). A new epoch (this master just won)
- * starts from an empty index: the owners remount and offer their records.
- */
-static bool may_serve(kvp_master_server_t *srv)
+static void drop_all_cb(void *arg)
 {
-    if (srv->el == NULL)
-        return true;
-    uint64_t epoch;
-    if (!kvp_election_leading(srv->el, kvp_now_ms(), &epoch))
-        return false;
-    if (epoch != srv->epoch) {
-        if (srv->epoch != 0) {
-            /* led before, under another epoch: that index is stale. Dropped by the loop
-             * (ha_tick), never here: a connection is being served. */
-            srv->reset_pending = true;
-            return false;
-        }
-        srv->epoch = epoch;
-        srv->state.epoch = epoch;
-        snprintf(srv->state.leader, sizeof(srv->state.leader), "%s", srv->self);
-        srv->state.rebuild_until_ms = kvp_now_ms() + KVP_REBUILD_GRACE_MS;
-        KVP_LOG_INFO("leading cluster as %s, epoch %llu: the index starts empty; segment owners "
-                     "remount and offer their records",
-                     srv->self, (unsigned long long)epoch);
-    }
-    return true;
-}
-
-static void not_leader_msg(kvp_master_server_t *srv, char *buf, size_t len)
-{
-    char leader[300];
-    uint64_t epoch = 0;
-    if (kvp_election_leader(srv->el, leader, sizeof(leader), &epoch) == KVP_OK &&
-        strcmp(leader, srv->self) != 0)
-        snprintf(buf, len, "%.100s is a standby: the leader is %.100s (epoch %llu)", srv->self,
-                 leader, (unsigned long long)epoch);
-    else if (srv->epoch == 0)
-        snprintf(buf, len, "%.100s is a standby: campaigning, no leader known yet", srv->self);
-    else
-        snprintf(buf, len, "%.100s is not sure it still leads (its etcd lease is unconfirmed)",
-                 srv->self);
-}
-
-/* Twice a second: a leader that lost for good (another master leads now) steps down; the
- * standby list Stat shows is refreshed. */
-static void ha_tick(kvp_master_server_t *srv)
-{
-    if (srv->el == NULL)
-        return;
-    char leader[300] = "";
-    uint64_t epoch = 0;
-    bool known = kvp_election_leader(srv->el, leader, sizeof(leader), &epoch) == KVP_OK;
-    if (srv->reset_pending ||
-        (srv->epoch != 0 && known && (strcmp(leader, srv->self) != 0 || epoch != srv->epoch) &&
-         !kvp_election_leading(srv->el, kvp_now_ms(), NULL))) {
-        KVP_LOG_WARN("stepping down: %s leads now (epoch %llu, was %llu here); dropping %llu "
-                     "objects and %u connections",
-                     leader, (unsigned long long)epoch, (unsigned long long)srv->epoch,
-                     (unsigned long long)srv->state.index.count, srv->n_conns);
-        drop_all(srv);
-        srv->epoch = 0;
-        srv->state.epoch = 0;
-        srv->reset_pending = false;
-    }
-    snprintf(srv->state.leader, sizeof(srv->state.leader), "%s", known ? leader : "");
-    pthread_mutex_lock(&srv->ha_lock);
-    snprintf(srv->state.standbys, sizeof(srv->state.standbys), "%s", srv->standbys);
-    pthread_mutex_unlock(&srv->ha_lock);
-}
-
-static void standby_cb(const char *addr, void *arg)
-{
-    char *buf = arg;
-    size_t n = strlen(buf);
-    if (n + strlen(addr) + 2 < 1024)
-        snprintf(buf + n, 1024 - n, "%s%s", n ? "," : "", addr);
-}
-
-/* The standbys, listed from etcd once a second off the loop thread (a blocking read). */
-static void *ha_main(void *arg)
-{
-    kvp_master_server_t *srv = arg;
-    pthread_mutex_lock(&srv->ha_lock);
-    while (!srv->ha_stop) {
-        pthread_mutex_unlock(&srv->ha_lock);
-        char buf[1024] = "";
-        bool ok = kvp_election_standbys(srv->el, standby_cb, buf) == KVP_OK;
-        pthread_mutex_lock(&srv->ha_lock);
-        if (ok)
-            snprintf(srv->standbys, sizeof(srv->standbys), "%s", buf);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
-        if (!srv->ha_stop)
-            pthread_cond_timedwait(&srv->ha_cond, &srv->ha_lock, &ts);
-    }
-    pthread_mutex_unlock(&srv->ha_lock);
-    return NULL;
+    drop_all(arg);
 }
 
 kvp_status_t kvp_master_server_elect(kvp_master_server_t *srv, const kvp_election_params_t *p)
 {
-    snprintf(srv->self, sizeof(srv->self), "%s", p->self);
-    kvp_status_t st = kvp_election_start(p, &srv->el);
-    if (st != KVP_OK)
-        return st;
-    if (pthread_create(&srv->ha_thread, NULL, ha_main, srv) == 0)
-        srv->ha_started = true;
-    return KVP_OK;
+    return kvp_leadership_start(&srv->ha, p);
 }
 
 /* Protected mode: a peer of another host gets KVP_ERR_DENIED for its first request, as soon
@@ -401,266 +298,127 @@ static void refuse_protected(kvp_master_server_t *srv, conn_t *c)
 {
     kvp_rpc_hdr_t h = {0};
     (void)kvp_rpc_hdr_unpack(c->in, KVP_RPC_MAX_BODY, &h); /* its id and method, if a frame */
-    char peer[80];
-    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
-    KVP_LOG_WARN_LIMITED("connection %llu from %s refused: protected mode takes connections from "
-                         "this host only (--auth none opens the port to a trusted network)",
-                         (unsigned long long)c->id, peer);
-    srv->state.stats.refused_protected++;
-    reply_error(srv, c, &h, KVP_ERR_DENIED,
-                "protected mode: this master takes connections from its own host only; start it "
-                "with --auth none on a trusted network");
+    kvp_admission_reply_t a;
+    kvp_admission_refuse_protected(&c->caller, &srv->state.stats, &a);
+    answer(srv, c, &h, &a);
     c->in_len = 0;
-    c->close_after = true;
 }
 
-/* ---- who is calling (--acl-file) ---- */
+/* ---- who is calling (master/auth/) ---- */
 
-/* A refusal of the ACL: logged (rate-limited, with the peer and the principal, never a
- * secret), answered with KVP_ERR_DENIED and msg; close: the connection ends after it. */
-static void deny(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, const char *msg,
-                 bool close)
+static void walk_callers(void *arg, void (*visit)(kvp_caller_t *c, void *ctx), void *ctx)
 {
-    char peer[80];
-    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
-    KVP_LOG_WARN_LIMITED("connection %llu from %s (principal %s) refused: %s",
-                         (unsigned long long)c->id, peer, c->pname[0] ? c->pname : "none", msg);
-    reply_error(srv, c, h, KVP_ERR_DENIED, msg);
-    if (close)
-        c->close_after = true;
+    kvp_master_server_t *srv = arg;
+    for (conn_t *c = srv->conns; c != NULL; c = c->next)
+        visit(&c->caller, ctx);
 }
 
-static void set_who(conn_t *c, const kvp_principal_t *who)
-{
-    c->who = who;
-    snprintf(c->pname, sizeof(c->pname), "%s", who->name);
-}
-
-/* Auth: a token names the connection's principal. */
-static void handle_auth(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
-                        const uint8_t *body)
-{
-    Kvpool__AuthRequest *req = kvpool__auth_request__unpack(NULL, h->body_len, body);
-    const kvp_principal_t *who =
-        req != NULL ? kvp_acl_by_token(srv->acl, req->token.data, req->token.len) : NULL;
-    if (req != NULL) {
-        OPENSSL_cleanse(req->token.data, req->token.len);
-        kvpool__auth_request__free_unpacked(req, NULL);
-    }
-    OPENSSL_cleanse((uint8_t *)body, h->body_len); /* the token's bytes in the input buffer */
-    if (who == NULL || (c->who != NULL && c->who != who)) {
-        srv->state.stats.refused_token++;
-        deny(srv, c, h,
-             who == NULL ? "authentication failed: no principal has this token"
-                         : "authentication failed: the token names another principal than the "
-                           "one this connection already has",
-             true);
-        return;
-    }
-    set_who(c, who);
-    Kvpool__AuthResponse resp = KVPOOL__AUTH_RESPONSE__INIT;
-    resp.principal = (char *)who->name;
-    resp.tenant = (char *)who->tenant;
-    resp.roles = who->roles;
-    uint8_t buf[512];
-    size_t len = kvpool__auth_response__get_packed_size(&resp);
-    if (len > sizeof(buf)) {
-        reply_error(srv, c, h, KVP_ERR_NOMEM, "auth response too large");
-        return;
-    }
-    kvpool__auth_response__pack(&resp, buf);
-    queue_frame(srv, c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, 0, buf, len);
-    KVP_LOG_DEBUG("connection %llu: principal %s (token)", (unsigned long long)c->id, who->name);
-}
-
-/*
- * Before a request is dispatched with an ACL on: may this connection send it? Answers
- * Auth itself. false: the frame is answered (or the connection is closing): skip it.
- */
-static bool admit(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, const uint8_t *body)
-{
-    if (c->removed) {
-        srv->state.stats.refused_removed++;
-        char msg[256];
-        snprintf(msg, sizeof(msg), "principal %s was removed from the ACL", c->pname);
-        deny(srv, c, h, msg, true);
-        return false;
-    }
-    if (h->method == KVP_RPC_AUTH) {
-        handle_auth(srv, c, h, body);
-        return false;
-    }
-    if (c->who == NULL) {
-        srv->state.stats.refused_unauth++;
-        deny(srv, c, h,
-             "authentication required: present a client certificate the ACL names "
-             "(KVPOOL_TLS_CERT) or send a token (KVPOOL_TOKEN)",
-             true);
-        return false;
-    }
-    return true;
-}
-
-/* Admin actions go to the audit log: who, from where, what, and how it ended. */
-static void audit(conn_t *c, uint16_t method, const uint8_t *body, size_t len, kvp_status_t s,
-                  const uint8_t *resp, size_t rlen)
-{
-    char what[600], outcome[400];
-    if (method == KVP_RPC_DRAIN) {
-        Kvpool__DrainRequest *r = kvpool__drain_request__unpack(NULL, len, body);
-        snprintf(what, sizeof(what), "drain of segment %.200s",
-                 r == NULL            ? "?"
-                 : r->segment_name[0] ? r->segment_name
-                                      : "(by id)");
-        if (r != NULL)
-            kvpool__drain_request__free_unpacked(r, NULL);
-        Kvpool__DrainResponse *a =
-            s == KVP_OK ? kvpool__drain_response__unpack(NULL, rlen, resp) : NULL;
-        if (a != NULL)
-            s = a->status;
-        snprintf(outcome, sizeof(outcome), "%.390s",
-                 a != NULL && a->message[0] ? a->message
-                 : s == KVP_OK              ? "draining"
-                                            : kvp_strerror(s));
-        if (a != NULL)
-            kvpool__drain_response__free_unpacked(a, NULL);
-    } else if (method == KVP_RPC_REMOVE_BY_REGEX) {
-        Kvpool__RemoveByRegexRequest *r = kvpool__remove_by_regex_request__unpack(NULL, len, body);
-        if (r != NULL && r->all)
-            snprintf(what, sizeof(what), "remove-all%s", r->force ? " --force" : "");
-        else
-            snprintf(what, sizeof(what), "remove-by-regex '%.300s'%s", r ? r->pattern : "?",
-                     r && r->force ? " --force" : "");
-        if (r != NULL)
-            kvpool__remove_by_regex_request__free_unpacked(r, NULL);
-        Kvpool__RemoveByRegexResponse *a =
-            s == KVP_OK ? kvpool__remove_by_regex_response__unpack(NULL, rlen, resp) : NULL;
-        if (a != NULL)
-            s = a->status;
-        if (a != NULL && s == KVP_OK)
-            snprintf(outcome, sizeof(outcome), "%llu objects removed",
-                     (unsigned long long)a->removed);
-        else
-            snprintf(outcome, sizeof(outcome), "%.390s",
-                     a != NULL && a->message[0] ? a->message : kvp_strerror(s));
-        if (a != NULL)
-            kvpool__remove_by_regex_response__free_unpacked(a, NULL);
-    } else {
-        return;
-    }
-    char peer[80];
-    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
-    KVP_LOG_INFO("audit: %s by principal %s (connection %llu from %s): %s", what,
-                 c->pname[0] ? c->pname : "(no ACL)", (unsigned long long)c->id, peer, outcome);
-}
-
-/* The handshake just ended: a certificate the ACL names makes the connection's principal. */
-static void check_cert(kvp_master_server_t *srv, conn_t *c)
-{
-    c->cert_checked = true;
-    char cn[256];
-    const kvp_principal_t *who;
-    if (kvp_tls_peer_cn(c->ssl, cn, sizeof(cn)) && (who = kvp_acl_by_cn(srv->acl, cn)) != NULL) {
-        set_who(c, who);
-        KVP_LOG_DEBUG("connection %llu: principal %s (certificate)", (unsigned long long)c->id,
-                      who->name);
-    }
-}
-
-/* SIGHUP: read the ACL (and the TLS files) again. Live connections keep their principal by
- * name: a narrowed one is held to its new roles from its next request, a removed one is
- * refused and closed at its next. A file that does not load changes nothing. */
-/* Read the TLS files and the ACL of cfg (at start and at each SIGHUP): both or neither;
- * why in err (a file and what is wrong with it, never a key's bytes). */
-static kvp_status_t security_read(const kvp_master_config_t *cfg, kvp_tls_t **tls_p,
-                                  kvp_acl_t **acl_p, char *err, size_t err_len)
-{
-    kvp_tls_params_t tp = {.cert = cfg->tls_cert,
-                           .key = cfg->tls_key,
-                           .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
-                           .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
-    kvp_status_t st = kvp_tls_create(&tp, true, tls_p, err, err_len);
-    if (st != KVP_OK)
-        return st;
-    st = kvp_acl_load(cfg->acl_file, acl_p, err, err_len);
-    if (st != KVP_OK) {
-        kvp_tls_destroy(*tls_p);
-        *tls_p = NULL;
-    }
-    return st;
-}
-
-/* The ACL's tenants into the master's table: each principal's tenant id, each tenant's
- * quotas and share (those the file no longer names have none). Keys are scoped by tenant
- * from now on. false: the table is full (KVP_TENANT_MAX). */
-static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
-{
-    for (size_t i = 0; i < acl->n; i++) {
-        kvp_principal_t *p = &acl->p[i];
-        int32_t id = kvp_tenant_id(&st->tenants, p->tenant, strlen(p->tenant), true);
-        if (id < 0)
-            return false;
-        p->tenant_id = (uint16_t)id;
-    }
-    for (uint32_t i = 0; i < st->tenants.n; i++) {
-        kvp_tenant_t *t = &st->tenants.t[i];
-        t->max_dram = t->max_ssd = t->max_objects = 0;
-        t->share_permille = 0;
-    }
-    for (size_t i = 0; i < acl->n_tenants; i++) {
-        const kvp_tenant_conf_t *c = &acl->t[i];
-        int32_t id = kvp_tenant_id(&st->tenants, c->name, strlen(c->name), true);
-        if (id < 0)
-            return false;
-        kvp_tenant_t *t = &st->tenants.t[id];
-        t->max_dram = c->max_dram;
-        t->max_ssd = c->max_ssd;
-        t->max_objects = c->max_objects;
-        t->share_permille = c->share_permille;
-    }
-    st->tenants_on = true;
-    return true;
-}
-
+/* SIGHUP: the KV events' CURVE allow-list, the ACL and the TLS files. */
 static void reload_security(kvp_master_server_t *srv)
 {
-    const kvp_master_config_t *cfg = &srv->state.config;
-    kvp_events_reload(srv->events); /* the KV events' CURVE allow-list */
-    if (srv->acl == NULL) {
-        KVP_LOG_INFO("SIGHUP: no --acl-file to reload");
+    kvp_events_reload(srv->events);
+    kvp_credentials_reload(&srv->cred, &srv->state, walk_callers, srv);
+}
+
+/* The loop's time on one request, into its method's latency histogram (/metrics). */
+static void count_latency(kvp_master_server_t *srv, uint16_t method, const struct timespec *t0,
+                          const struct timespec *t1)
+{
+    if (method > KVP_RPC_METHOD_MAX)
+        return;
+    uint64_t ns = (uint64_t)(t1->tv_sec - t0->tv_sec) * 1000000000u + (uint64_t)t1->tv_nsec -
+                  (uint64_t)t0->tv_nsec;
+    kvp_rpc_hist_t *hist = &srv->hist[method];
+    unsigned b = 0;
+    while (b < KVP_RPC_BUCKETS - 1 && ns > kvp_rpc_bucket_us[b] * 1000ull)
+        b++;
+    hist->count[b]++;
+    hist->sum_ns += ns;
+}
+
+/* Run an admitted request through the method table, if this master may serve: its latency
+ * counted, an admin action audited. *resp_p, *rlen_p and errmsg as kvp_dispatch_handle. */
+static kvp_status_t dispatch_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
+                                 const uint8_t *body, uint8_t **resp_p, size_t *rlen_p,
+                                 char *errmsg, size_t errmsg_len)
+{
+    if (h->method & KVP_RPC_RESPONSE_BIT) {
+        snprintf(errmsg, errmsg_len, "a response frame sent to the master");
+        return KVP_ERR_PROTOCOL;
+    }
+    if (!kvp_leadership_may_serve(&srv->ha, &srv->state)) {
+        /* a standby, or a leader not sure of its lease: nothing is answered, nothing
+         * changes (fencing) */
+        kvp_leadership_not_leader_msg(&srv->ha, errmsg, errmsg_len);
+        return KVP_ERR_NOT_LEADER;
+    }
+    srv->state.may_park = true;
+    srv->state.park_retry = false;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    srv->state.call_has_fd = true;
+    srv->state.call_fd = c->fd;
+    kvp_status_t s = kvp_dispatch_handle(&srv->state, c->id, c->caller.who, h->method, body,
+                                         h->body_len, resp_p, rlen_p, errmsg, errmsg_len);
+    srv->state.call_has_fd = false;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (s == KVP_ERR_DENIED) {
+        char peer[80];
+        kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+        KVP_LOG_WARN_LIMITED("connection %llu from %s: %s", (unsigned long long)c->id, peer,
+                             errmsg);
+    }
+    kvp_audit_request(&c->caller, h->method, body, h->body_len, s, *resp_p, *rlen_p);
+    srv->state.may_park = false;
+    count_latency(srv, h->method, &t0, &t1);
+    return s;
+}
+
+/* Hold a request without an answer (answer_parked answers it). */
+static void park(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, const uint8_t *body)
+{
+    parked_t *p = malloc(sizeof(*p) + h->body_len);
+    if (p == NULL) {
+        reply_error(srv, c, h, KVP_ERR_NOMEM, "out of memory");
         return;
     }
-    char err[512];
-    kvp_acl_t *acl;
-    kvp_tls_t *tls;
-    if (security_read(cfg, &tls, &acl, err, sizeof(err)) != KVP_OK) {
-        KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: %s", err);
-        return;
+    p->conn_id = c->id;
+    p->req_id = h->request_id;
+    p->method = h->method;
+    p->deadline_ms = srv->state.now_ms + PARK_MS;
+    p->len = h->body_len;
+    memcpy(p->body, body, h->body_len);
+    p->next = srv->parked;
+    srv->parked = p;
+}
+
+/* After a request ran: bind a record stream (SegRecord), hold it (SsdTasks with no task
+ * yet), or answer it. false: the peer is not draining its replies, close it. */
+static bool finish_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
+                       const uint8_t *body, kvp_status_t s, const uint8_t *resp, size_t rlen,
+                       const char *errmsg)
+{
+    if (srv->state.stream_segment != 0) {
+        /* SegRecord: this connection now carries the segment's record changes */
+        kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, srv->state.stream_segment);
+        srv->state.stream_segment = 0;
+        if (seg != NULL)
+            kvp_record_stream_open(&srv->state.segments, seg, c, h->request_id);
+    } else if (srv->state.parked) {
+        srv->state.parked = false;
+        park(srv, c, h, body);
+    } else if (kvp_rpc_is_oneway(h->method)) {
+        /* the sender waits for nothing: an error is only logged */
+        if (s != KVP_OK)
+            KVP_LOG_WARN_LIMITED("connection %llu: one-way method %u: %s",
+                                 (unsigned long long)c->id, h->method, errmsg);
+    } else if (s == KVP_OK) {
+        return queue_frame(srv, c, (uint16_t)(h->method | KVP_RPC_RESPONSE_BIT), h->request_id, 0,
+                           resp, rlen);
+    } else {
+        reply_error(srv, c, h, s, errmsg);
     }
-    if (!install_tenants(&srv->state, acl)) {
-        KVP_LOG_ERROR("audit: ACL reload failed, the old ACL stays: more than %u tenants",
-                      KVP_TENANT_MAX - 1);
-        kvp_acl_destroy(acl);
-        kvp_tls_destroy(tls);
-        return;
-    }
-    unsigned removed = 0;
-    for (conn_t *c = srv->conns; c != NULL; c = c->next) {
-        if (c->who == NULL)
-            continue;
-        c->who = kvp_acl_by_name(acl, c->pname);
-        if (c->who == NULL) {
-            c->removed = true;
-            removed++;
-        }
-    }
-    kvp_acl_destroy(srv->acl);
-    srv->acl = acl;
-    kvp_tls_destroy(srv->tls); /* sessions open keep the old context's reference */
-    srv->tls = tls;
-    KVP_LOG_INFO("audit: ACL reloaded from %s: %zu principals; %u connections of removed "
-                 "principals will be refused",
-                 cfg->acl_file, acl->n, removed);
+    return true;
 }
 
 /* Dispatch every whole frame in the input buffer. false: close the connection. */
@@ -672,12 +430,10 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         return true;
     }
     size_t off = 0;
-    bool ok = true;
     while (!c->close_after) {
         kvp_rpc_hdr_t h;
         size_t flen;
-        uint32_t max_body =
-            srv->acl != NULL && c->who == NULL && !c->removed ? PREAUTH_MAX_BODY : KVP_RPC_MAX_BODY;
+        uint32_t max_body = kvp_admission_max_body(srv->cred.acl, &c->caller);
         kvp_status_t s = kvp_rpc_frame_scan(c->in + off, c->in_len - off, max_body, &h, &flen);
         if (s == KVP_ERR_PENDING) {
             /* The buffer grows as bytes arrive (on_readable), not from what a header
@@ -695,96 +451,25 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
                      "%s (version %u, body %u bytes; this master speaks "
                      "version %u, at most %u bytes%s)",
                      kvp_strerror(s), h.version, h.body_len, KVP_RPC_VERSION, max_body,
-                     max_body == PREAUTH_MAX_BODY ? " before authentication" : "");
+                     max_body == KVP_PREAUTH_MAX_BODY ? " before authentication" : "");
             KVP_LOG_WARN_LIMITED("connection %llu: %s; closing", (unsigned long long)c->id, msg);
             reply_error(srv, c, &h, s, msg);
             c->close_after = true;
             break;
         }
-        uint8_t *resp = NULL;
-        size_t rlen = 0;
-        char errmsg[256] = "";
-        const uint8_t *body = c->in + off + KVP_RPC_HDR_LEN;
-        if (srv->acl != NULL && !admit(srv, c, &h, body)) {
+        uint8_t *body = c->in + off + KVP_RPC_HDR_LEN;
+        kvp_admission_reply_t a;
+        if (srv->cred.acl != NULL &&
+            !kvp_admission_admit(srv->cred.acl, &c->caller, &srv->state.stats, &h, body, &a)) {
+            answer(srv, c, &h, &a);
             off += flen;
             continue;
         }
-        if (h.method & KVP_RPC_RESPONSE_BIT) {
-            s = KVP_ERR_PROTOCOL;
-            snprintf(errmsg, sizeof(errmsg), "a response frame sent to the master");
-        } else if (!may_serve(srv)) {
-            /* a standby, or a leader not sure of its lease: nothing is answered, nothing
-             * changes (fencing) */
-            s = KVP_ERR_NOT_LEADER;
-            not_leader_msg(srv, errmsg, sizeof(errmsg));
-        } else {
-            srv->state.may_park = true;
-            srv->state.park_retry = false;
-            struct timespec t0, t1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-            srv->state.call_has_fd = true;
-            srv->state.call_fd = c->fd;
-            s = kvp_dispatch_handle(&srv->state, c->id, c->who, h.method, body, h.body_len, &resp,
-                                    &rlen, errmsg, sizeof(errmsg));
-            srv->state.call_has_fd = false;
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            if (s == KVP_ERR_DENIED) {
-                char peer[80];
-                kvp_sock_peer_name(c->fd, peer, sizeof(peer));
-                KVP_LOG_WARN_LIMITED("connection %llu from %s: %s", (unsigned long long)c->id, peer,
-                                     errmsg);
-            }
-            audit(c, h.method, body, h.body_len, s, resp, rlen);
-            srv->state.may_park = false;
-            if (h.method <= KVP_RPC_METHOD_MAX) {
-                uint64_t ns = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000000u +
-                              (uint64_t)t1.tv_nsec - (uint64_t)t0.tv_nsec;
-                kvp_rpc_hist_t *hist = &srv->hist[h.method];
-                unsigned b = 0;
-                while (b < KVP_RPC_BUCKETS - 1 && ns > kvp_rpc_bucket_us[b] * 1000ull)
-                    b++;
-                hist->count[b]++;
-                hist->sum_ns += ns;
-            }
-        }
-        if (srv->state.stream_segment != 0) {
-            /* SegRecord: this connection now carries the segment's record changes */
-            kvp_segment_t *seg =
-                kvp_segment_table_get(&srv->state.segments, srv->state.stream_segment);
-            srv->state.stream_segment = 0;
-            if (seg != NULL) {
-                seg->record_stream = c;
-                seg->record_req_id = h.request_id;
-                seg->record_ack = true; /* the owner waits for it before it opens the segment */
-                kvp_record_relist(&srv->state.segments, seg); /* what is queued goes now */
-            }
-        } else if (srv->state.parked) {
-            /* no answer yet: hold the request (answer_parked answers it) */
-            srv->state.parked = false;
-            parked_t *p = malloc(sizeof(*p) + h.body_len);
-            if (p == NULL) {
-                reply_error(srv, c, &h, KVP_ERR_NOMEM, "out of memory");
-            } else {
-                p->conn_id = c->id;
-                p->req_id = h.request_id;
-                p->method = h.method;
-                p->deadline_ms = srv->state.now_ms + PARK_MS;
-                p->len = h.body_len;
-                memcpy(p->body, c->in + off + KVP_RPC_HDR_LEN, h.body_len);
-                p->next = srv->parked;
-                srv->parked = p;
-            }
-        } else if (kvp_rpc_is_oneway(h.method)) {
-            /* the sender waits for nothing: an error is only logged */
-            if (s != KVP_OK)
-                KVP_LOG_WARN_LIMITED("connection %llu: one-way method %u: %s",
-                                     (unsigned long long)c->id, h.method, errmsg);
-        } else if (s == KVP_OK) {
-            ok = queue_frame(srv, c, (uint16_t)(h.method | KVP_RPC_RESPONSE_BIT), h.request_id, 0,
-                             resp, rlen);
-        } else {
-            reply_error(srv, c, &h, s, errmsg);
-        }
+        uint8_t *resp = NULL;
+        size_t rlen = 0;
+        char errmsg[256] = "";
+        s = dispatch_one(srv, c, &h, body, &resp, &rlen, errmsg, sizeof(errmsg));
+        bool ok = finish_one(srv, c, &h, body, s, resp, rlen, errmsg);
         free(resp);
         off += flen;
         if (!ok)
@@ -823,8 +508,8 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             if (n == KVP_TLS_WANT_READ || n == KVP_TLS_WANT_WRITE) {
                 if (n == KVP_TLS_WANT_WRITE)
                     set_events(srv, c, true);
-                if (!c->cert_checked && kvp_tls_established(c->ssl))
-                    check_cert(srv, c);
+                if (!c->caller.cert_checked && kvp_tls_established(c->ssl))
+                    kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
                 break;
             }
             if (n < 0) {
@@ -836,8 +521,8 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                 conn_close(srv, c);
                 return;
             }
-            if (n > 0 && !c->cert_checked)
-                check_cert(srv, c);
+            if (n > 0 && !c->caller.cert_checked)
+                kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
         } else {
             n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
         }
@@ -898,9 +583,10 @@ static void on_accept(kvp_master_server_t *srv)
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         /* credentials configured: anyone may connect, and must name a principal */
-        c->refuse = srv->tls == NULL && strcmp(srv->state.config.auth, "protected") == 0 &&
-                    !kvp_sock_peer_local(fd);
-        if (srv->tls != NULL && kvp_tls_accept(srv->tls, fd, &c->ssl) != KVP_OK) {
+        c->caller.conn_id = c->id;
+        c->caller.fd = fd;
+        c->refuse = kvp_admission_refuses(&srv->state.config, srv->cred.tls != NULL, fd);
+        if (srv->cred.tls != NULL && kvp_tls_accept(srv->cred.tls, fd, &c->ssl) != KVP_OK) {
             close(fd);
             free(c);
             continue;
@@ -986,56 +672,41 @@ static kvp_status_t start_obs(kvp_master_server_t *srv)
     return KVP_OK;
 }
 
-/* For /health and /metrics: does this master serve? (No side effects, unlike may_serve.) */
-static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reason, size_t len)
+/* The views' RPCs (master/obs/http.c): a request of no connection and no principal. */
+static kvp_status_t call_as_client(kvp_master_state_t *st, uint16_t method, const uint8_t *body,
+                                   size_t body_len, uint8_t **resp_p, size_t *resp_len_p,
+                                   char *errmsg, size_t errmsg_len)
 {
-    uint64_t epoch = 0;
-    v->ha = srv->el != NULL;
-    v->self = srv->self;
-    v->events = srv->events;
-    v->acl = srv->acl;
-    v->tls = srv->tls;
-    v->serving = srv->el == NULL || (kvp_election_leading(srv->el, kvp_now_ms(), &epoch) &&
-                                     epoch == srv->epoch && !srv->reset_pending);
-    reason[0] = '\0';
-    if (!v->serving)
-        not_leader_msg(srv, reason, len);
-    v->reason = reason;
+    return kvp_dispatch_handle(st, 0, NULL, method, body, body_len, resp_p, resp_len_p, errmsg,
+                               errmsg_len);
 }
 
-/* --tls-* and --acl-file, at start. */
-static kvp_status_t load_security(kvp_master_server_t *srv)
+/* The method table's names by id, for the per-method metrics. */
+static void name_methods(kvp_master_server_t *srv)
 {
-    const kvp_master_config_t *cfg = &srv->state.config;
-    if (cfg->tls_cert[0] == '\0')
-        return KVP_OK;
-    char err[512];
-    kvp_status_t st = security_read(cfg, &srv->tls, &srv->acl, err, sizeof(err));
-    if (st != KVP_OK) {
-        KVP_LOG_ERROR("%s", err);
-        return st;
-    }
-    if (srv->acl != NULL && !install_tenants(&srv->state, srv->acl)) {
-        KVP_LOG_ERROR("%s: more than %u tenants", cfg->acl_file, KVP_TENANT_MAX - 1);
-        return KVP_ERR_INVALID_ARG;
-    }
-    KVP_LOG_INFO("TLS 1.3 on the control port (client certificates %s); ACL %s: %zu principals",
-                 cfg->tls_ca[0] ? "verified against --tls-ca" : "not asked for", cfg->acl_file,
-                 srv->acl->n);
-    /* data grants: a new epoch each start, so no grant of an earlier master is taken */
-    if (cfg->data_grants) {
-        if (!kvp_grant_random(&srv->state.grant_epoch, sizeof(srv->state.grant_epoch))) {
-            KVP_LOG_ERROR("cannot draw the data grants' epoch (no randomness)");
-            return KVP_ERR_INTERNAL;
-        }
-        srv->state.grants_on = true;
-        KVP_LOG_INFO("data grants on: tcp data requests to segments mounted here need a grant "
-                     "this master sealed (--data-grants off to serve any)");
-    } else {
-        KVP_LOG_WARN("data grants off (--data-grants off): any peer that reaches a segment's "
-                     "data port may read and write it");
-    }
-    return KVP_OK;
+    size_t n;
+    const kvp_method_t *tab = kvp_dispatch_table(&n);
+    for (size_t m = 0; m < n && m < KVP_ARRAY_SIZE(srv->method_names); m++)
+        srv->method_names[m] = tab[m].name;
+}
+
+/* For the views (master/obs/): does this master serve (no side effects, unlike
+ * kvp_leadership_may_serve), and what it knows beyond the state. */
+static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reason, size_t len)
+{
+    v->ha = srv->ha.el != NULL;
+    v->self = srv->ha.self;
+    v->events = srv->events;
+    v->acl = srv->cred.acl;
+    v->tls = srv->cred.tls;
+    v->call = call_as_client;
+    v->method_names = srv->method_names;
+    v->n_methods = KVP_ARRAY_SIZE(srv->method_names);
+    v->serving = kvp_leadership_serving(&srv->ha);
+    reason[0] = '\0';
+    if (!v->serving)
+        kvp_leadership_not_leader_msg(&srv->ha, reason, len);
+    v->reason = reason;
 }
 
 kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
@@ -1045,14 +716,13 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     kvp_master_server_t *srv = calloc(1, sizeof(*srv));
     if (srv == NULL)
         return KVP_ERR_NOMEM;
-    pthread_mutex_init(&srv->ha_lock, NULL);
-    pthread_cond_init(&srv->ha_cond, NULL);
+    kvp_leadership_init(&srv->ha);
     kvp_status_t status = kvp_master_state_init(&srv->state);
     if (status != KVP_OK)
         goto err_free;
     if (config != NULL)
         srv->state.config = *config;
-    status = load_security(srv);
+    status = kvp_credentials_load(&srv->cred, &srv->state);
     if (status != KVP_OK)
         goto err_state;
     /* the owners of a restarted master's segments come back within a heartbeat or so */
@@ -1087,6 +757,7 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     if (status != KVP_OK)
         goto err_fds;
     attach_obs(srv);
+    name_methods(srv);
     *srv_p = srv;
     return KVP_OK;
 
@@ -1098,8 +769,7 @@ err_fds:
 err_listen:
     close(srv->listen_fd);
 err_state:
-    kvp_acl_destroy(srv->acl);
-    kvp_tls_destroy(srv->tls);
+    kvp_credentials_cleanup(&srv->cred);
     kvp_master_state_cleanup(&srv->state);
 err_free:
     free(srv);
@@ -1145,6 +815,30 @@ static conn_t *conn_find(kvp_master_server_t *srv, uint64_t id)
     return NULL;
 }
 
+/* One SegRecord frame of seg's record changes on its stream (kvp_record_write_cb_t). */
+static bool write_record(void *arg, kvp_segment_t *seg)
+{
+    kvp_master_server_t *srv = arg;
+    conn_t *c = seg->record_stream;
+    Kvpool__SegRecordResponse resp = KVPOOL__SEG_RECORD_RESPONSE__INIT;
+    resp.changes.data = seg->rec;
+    resp.changes.len = seg->rec_len;
+    resp.broken = seg->record_broken;
+    size_t len = kvpool__seg_record_response__get_packed_size(&resp);
+    if (!out_reserve(c, KVP_RPC_HDR_LEN + len))
+        return false;
+    kvp_rpc_hdr_t h = {.method = KVP_RPC_SEG_RECORD | KVP_RPC_RESPONSE_BIT,
+                       .request_id = seg->record_req_id,
+                       .body_len = (uint32_t)len,
+                       .epoch = srv->ha.epoch};
+    kvp_rpc_hdr_pack(&h, c->out + c->out_len);
+    kvpool__seg_record_response__pack(&resp, c->out + c->out_len + KVP_RPC_HDR_LEN);
+    c->out_len += KVP_RPC_HDR_LEN + len;
+    if (!flush_out(srv, c))
+        set_events(srv, c, true); /* the loop sees the failure again and closes c */
+    return true;
+}
+
 /*
  * Write each listed segment's queued record changes on its owner's SegRecord stream
  * (meta/record.c): called before the replies of the requests that made them are
@@ -1152,48 +846,7 @@ static conn_t *conn_find(kvp_master_server_t *srv, uint64_t id)
  */
 static void push_records(kvp_master_server_t *srv)
 {
-    kvp_segment_table_t *t = &srv->state.segments;
-    if (!t->records_dirty)
-        return;
-    t->records_dirty = false;
-    size_t n = t->n_dirty;
-    t->n_dirty = 0;
-    for (size_t i = 0; i < n; i++) {
-        kvp_segment_t *seg = kvp_segment_table_get(t, t->dirty_ids[i]);
-        if (seg == NULL)
-            continue;
-        seg->record_listed = false;
-        conn_t *c = seg->record_stream;
-        if (c == NULL || (seg->rec_len == 0 && !seg->record_broken && !seg->record_ack))
-            continue; /* no stream yet: the changes wait for one (bounded, record.c) */
-        Kvpool__SegRecordResponse resp = KVPOOL__SEG_RECORD_RESPONSE__INIT;
-        resp.changes.data = seg->rec;
-        resp.changes.len = seg->rec_len;
-        resp.broken = seg->record_broken;
-        size_t len = kvpool__seg_record_response__get_packed_size(&resp);
-        if (!out_reserve(c, KVP_RPC_HDR_LEN + len)) {
-            kvp_record_relist(t, seg); /* out of memory: the next turn tries again */
-            continue;
-        }
-        kvp_rpc_hdr_t h = {.method = KVP_RPC_SEG_RECORD | KVP_RPC_RESPONSE_BIT,
-                           .request_id = seg->record_req_id,
-                           .body_len = (uint32_t)len,
-                           .epoch = srv->epoch};
-        kvp_rpc_hdr_pack(&h, c->out + c->out_len);
-        kvpool__seg_record_response__pack(&resp, c->out + c->out_len + KVP_RPC_HDR_LEN);
-        c->out_len += KVP_RPC_HDR_LEN + len;
-        uint8_t *buf;
-        size_t blen;
-        kvp_record_take(seg, &buf, &blen);
-        free(buf);
-        seg->record_ack = false;
-        if (seg->record_broken) { /* said: the owner starts its record afresh */
-            seg->record_broken = false;
-            seg->record = true;
-        }
-        if (!flush_out(srv, c))
-            set_events(srv, c, true); /* the loop sees the failure again and closes c */
-    }
+    kvp_record_push(&srv->state.segments, write_record, srv);
 }
 
 /* Call the held requests again (a task was queued, or their time is up): those that get
@@ -1217,17 +870,17 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
         char errmsg[256] = "";
         st->may_park = st->now_ms < p->deadline_ms;
         st->park_retry = true;
-        if (srv->acl != NULL && c->who == NULL) { /* its principal was removed meanwhile */
+        kvp_admission_reply_t a;
+        if (!kvp_admission_still_admitted(srv->cred.acl, &c->caller, &st->stats, &a)) {
             kvp_rpc_hdr_t h = {.method = p->method, .request_id = p->req_id};
-            srv->state.stats.refused_removed++;
-            deny(srv, c, &h, "principal removed from the ACL", true);
+            answer(srv, c, &h, &a);
             set_events(srv, c, true); /* the loop writes it, then closes c */
             *pp = p->next;
             free(p);
             continue;
         }
-        kvp_status_t s = kvp_dispatch_handle(st, c->id, c->who, p->method, p->body, p->len, &resp,
-                                             &rlen, errmsg, sizeof(errmsg));
+        kvp_status_t s = kvp_dispatch_handle(st, c->id, c->caller.who, p->method, p->body, p->len,
+                                             &resp, &rlen, errmsg, sizeof(errmsg));
         st->may_park = false;
         st->park_retry = false;
         if (st->parked) {
@@ -1257,10 +910,11 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         /* Timers: twice a second, reclaim timed-out puts and keep usage under the high
          * watermark (puts also check it, this catches quiet periods). */
         srv->state.now_ms = kvp_now_ms();
-        if (srv->state.now_ms >= next_tick || srv->reset_pending) {
-            ha_tick(srv);
+        if (srv->state.now_ms >= next_tick || srv->ha.reset_pending) {
+            kvp_leadership_tick(&srv->ha, &srv->state, srv->n_conns, drop_all_cb, srv);
             expire_silent(srv);
-            if (may_serve(srv)) { /* a fenced leader changes nothing by itself either */
+            if (kvp_leadership_may_serve(
+                    &srv->ha, &srv->state)) { /* a fenced leader changes nothing by itself either */
                 kvp_expire_puts(&srv->state);
                 kvp_lease_expire(&srv->state);
                 kvp_segment_limbo_expire(&srv->state);
@@ -1310,7 +964,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
-        if (srv->state.tasks_ready && may_serve(srv))
+        if (srv->state.tasks_ready && kvp_leadership_may_serve(&srv->ha, &srv->state))
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */
     }
@@ -1321,25 +975,14 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
 {
     if (srv == NULL)
         return;
-    if (srv->ha_started) {
-        pthread_mutex_lock(&srv->ha_lock);
-        srv->ha_stop = true;
-        pthread_cond_signal(&srv->ha_cond);
-        pthread_mutex_unlock(&srv->ha_lock);
-        pthread_join(srv->ha_thread, NULL);
-    }
-    if (srv->el != NULL)
-        kvp_election_stop(srv->el, true); /* a standby takes over at once */
-    kvp_master_http_stop(srv->http);      /* its threads wait for no loop any more */
+    kvp_leadership_stop(&srv->ha);   /* a standby takes over at once */
+    kvp_master_http_stop(srv->http); /* its threads wait for no loop any more */
     close_all(srv);
     close(srv->listen_fd);
     close(srv->sig_fd);
     close(srv->epfd);
-    kvp_acl_destroy(srv->acl);
-    kvp_tls_destroy(srv->tls);
+    kvp_credentials_cleanup(&srv->cred);
     kvp_master_state_cleanup(&srv->state);
     kvp_events_destroy(srv->events); /* sends what is still queued */
-    pthread_mutex_destroy(&srv->ha_lock);
-    pthread_cond_destroy(&srv->ha_cond);
     free(srv);
 }

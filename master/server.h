@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "common/election.h"
-#include "master/config.h"
+#include "master/core/config.h"
 #include "common/status.h"
 
 typedef struct kvp_master_server kvp_master_server_t;

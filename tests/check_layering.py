@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Include layering of the tree: lower folders never include upward, no circles.
 
-The client's folders stand in layers, lowest first (docs/architecture.md, "Where
-the code lives"):
+Each daemon's and the library's folders stand in layers, lowest first
+(docs/architecture.md, "Where the code lives"). The client's:
 
     include/   the installed headers: include nothing of the library
     mem/       registered buffers, the GPU driver, thread buffers
@@ -14,9 +14,25 @@ the code lives"):
     (top)      client/*.c|h: the public API (client.c, object.c, admin.c, ...)
     tools/ python/  programs on the public API (and the few internals they need)
 
+The master's:
+
+    meta/      data structures that know no state: objects, the segment table, the
+               index, placement, leases, the ghost, tombstones, records, tenants
+    core/      the loop's state (state.[ch]), its settings (config.[ch]) and the
+               event sink the state emits KV events through (event_sink.h)
+    policy/    what stays and what goes: lists, leases, eviction, tiers
+    auth/      who is calling: the ACL, credentials (TLS, ACL, tenants) and their
+               reload, admission of each request, the audit log
+    ha/        high availability: leadership (election glue), rebuild (adoption)
+    rpc/       the request handlers, by concern, and what they share (call.c)
+    obs/       what operators see: HTTP views, metrics, the KV events publisher;
+               it reads a view the server fills, never the method table itself
+    (top)      master/*.c|h: dispatch.c (the method table), server.c (the loop), main.c
+
 A file may include a header of its own folder or of a lower one; anything else is
-an upward include. Across the tree: common/ includes neither master/ nor client/,
-and those two never include each other.
+an upward include. Across the tree: common/ includes only common/ (and proto/);
+master/, client/ and indexer/ (a daemon of its own, when it exists) include
+their own folder, common/ and proto/, never each other.
 
 A circle is a set of modules (X.c with X.h) that include each other, directly or
 through others (strongly connected components of the module graph).
@@ -25,7 +41,8 @@ through others (strongly connected components of the module graph).
 
 Prints every violation and circle and a summary line; exits 1 if there is any.
 --rev reads the tree of a git revision instead of the work tree (to compare
-before and after); --dot prints the client's module graph for graphviz.
+before and after); --dot prints the module graph (client, master, indexer) for
+graphviz.
 """
 import argparse
 import os
@@ -45,6 +62,27 @@ CLIENT_RANK = {
     "tools": 8,
     "python": 8,
 }
+MASTER_RANK = {
+    "meta": 0,
+    "core": 1,
+    "policy": 2,
+    "auth": 3,
+    "ha": 4,
+    "rpc": 5,
+    "obs": 6,
+    "": 7,  # master/*.c|h: dispatch, server, main
+}
+# The ranked trees; indexer/ has no folders ranked yet (its circles are checked).
+RANKS = {"client": CLIENT_RANK, "master": MASTER_RANK}
+# What each top-level folder may include besides itself.
+MAY_INCLUDE = {
+    "common": {"proto"},
+    "client": {"common", "proto"},
+    "master": {"common", "proto"},
+    "indexer": {"common", "proto"},
+}
+# Leaves of the module graph: programs on the API, never included back.
+GRAPH_LEAVES = {("client", "tools"), ("client", "python")}
 INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -55,7 +93,7 @@ def list_files(root, rev):
         names = out.split()
     else:
         names = []
-        for d in ("client", "common", "master"):
+        for d in MAY_INCLUDE:
             for dirpath, _, fnames in os.walk(os.path.join(root, d)):
                 names += [os.path.relpath(os.path.join(dirpath, f), root) for f in fnames]
     return sorted(n for n in names if n.endswith((".c", ".h")))
@@ -69,11 +107,9 @@ def read(root, rev, name):
         return f.read()
 
 
-def client_folder(path):
-    """The client folder of a path under client/ ('' for the top), or None."""
+def folder(path):
+    """The folder of a path inside its top-level tree ('' for the tree's own files)."""
     parts = path.split("/")
-    if parts[0] != "client":
-        return None
     return parts[1] if len(parts) > 2 else ""
 
 
@@ -141,31 +177,32 @@ def main():
     graph = {}
     for f in files:
         top = f.split("/")[0]
-        if top not in ("client", "common", "master"):
+        if top not in MAY_INCLUDE:
             continue
         for inc in INCLUDE_RE.findall(read(root, args.rev, f)):
             if inc not in present:
                 continue  # generated (kvpool.pb-c.h) or system-like
             itop = inc.split("/")[0]
-            if (top == "common" and itop in ("client", "master")) or \
-               (top == "master" and itop == "client") or (top == "client" and itop == "master"):
-                crossing.append((f, inc))
-            if top != "client" or itop != "client":
+            if itop != top:
+                if itop not in MAY_INCLUDE[top]:
+                    crossing.append((f, inc))
                 continue
-            ff, fi = client_folder(f), client_folder(inc)
-            if ff not in CLIENT_RANK or fi not in CLIENT_RANK:
-                print(f"unknown client folder: {f} or {inc}")
-                return 2
-            if fi != ff and CLIENT_RANK[fi] >= CLIENT_RANK[ff]:
-                upward.append((f, inc))
-            if ff in ("tools", "python") or module(f) == module(inc):
+            rank = RANKS.get(top)
+            ff, fi = folder(f), folder(inc)
+            if rank is not None:
+                if ff not in rank or fi not in rank:
+                    print(f"unknown {top} folder: {f} or {inc}")
+                    return 2
+                if fi != ff and rank[fi] >= rank[ff]:
+                    upward.append((f, inc))
+            if (top, ff) in GRAPH_LEAVES or module(f) == module(inc):
                 continue
             graph.setdefault(module(f), set()).add(module(inc))
             graph.setdefault(module(inc), set())
 
     circles = sccs(graph)
     if args.dot:
-        print("digraph client {")
+        print("digraph layering {")
         for m in sorted(graph):
             for t in sorted(graph[m]):
                 print(f'  "{m}" -> "{t}";')
@@ -173,10 +210,10 @@ def main():
     for f, inc in upward:
         print(f"upward include: {f} -> {inc}")
     for f, inc in crossing:
-        print(f"include across master/client/common: {f} -> {inc}")
+        print(f"include across top-level folders: {f} -> {inc}")
     for c in circles:
         print("circle: " + " <-> ".join(c))
-    print(f"layering: {len(upward)} upward includes, {len(crossing)} across master/client/common, "
+    print(f"layering: {len(upward)} upward includes, {len(crossing)} across top-level folders, "
           f"{len(circles)} circles")
     return 1 if upward or crossing or circles else 0
 

@@ -21,7 +21,7 @@
  * never be named and is refused at load, as are duplicate names, CNs or
  * token hashes (two principals for one credential). The master loads the
  * file at start and on SIGHUP into a new kvp_acl_t; the old one stays valid
- * until the loop swaps them (master/server.c).
+ * until the loop swaps them (master/auth/credentials.c).
  *
  * Thread: master loop (or main before it); an ACL is never changed once loaded.
  */

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 typedef struct kvp_adopt_entry {
     const char *key;

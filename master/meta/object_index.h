@@ -42,7 +42,7 @@ typedef struct kvp_object_index {
     kvp_object_list_t ssd;
     kvp_object_list_t offloading;
     /* what an object in the index is charged to its tenant: called with +1 when one is
-     * inserted, -1 when one leaves (master/state.c sets it; NULL: nothing is charged).
+     * inserted, -1 when one leaves (master/core/state.c sets it; NULL: nothing is charged).
      * Who changes an indexed object's replicas in place calls kvp_index_charge around. */
     void (*charge)(void *arg, const kvp_object_t *obj, int sign);
     void *charge_arg;

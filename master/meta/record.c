@@ -143,3 +143,61 @@ void kvp_record_take(kvp_segment_t *seg, uint8_t **buf_p, size_t *len_p)
     seg->rec = NULL;
     seg->rec_len = seg->rec_cap = 0;
 }
+
+void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep)
+{
+    kvp_segment_t *seg = kvp_segment_table_get(table, rep->segment_id);
+    if (seg != NULL) {
+        kvp_offset_alloc_free(seg->alloc, rep->handle);
+        seg->objects--;
+        if (seg->record)
+            kvp_record_del(table, seg, rep->offset);
+    }
+}
+
+void kvp_record_stream_open(kvp_segment_table_t *table, kvp_segment_t *seg, void *stream,
+                            uint64_t req_id)
+{
+    seg->record_stream = stream;
+    seg->record_req_id = req_id;
+    seg->record_ack = true;        /* the owner waits for it before it opens the segment */
+    kvp_record_relist(table, seg); /* what is queued goes now */
+}
+
+void kvp_record_stream_closed(kvp_segment_table_t *table, const void *stream)
+{
+    for (uint32_t i = 0; i < table->n_slots; i++)
+        if (table->slots[i] != NULL && table->slots[i]->record_stream == stream)
+            table->slots[i]->record_stream = NULL; /* its changes wait for the next stream */
+}
+
+void kvp_record_push(kvp_segment_table_t *table, kvp_record_write_cb_t *write, void *arg)
+{
+    if (!table->records_dirty)
+        return;
+    table->records_dirty = false;
+    size_t n = table->n_dirty;
+    table->n_dirty = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvp_segment_t *seg = kvp_segment_table_get(table, table->dirty_ids[i]);
+        if (seg == NULL)
+            continue;
+        seg->record_listed = false;
+        if (seg->record_stream == NULL ||
+            (seg->rec_len == 0 && !seg->record_broken && !seg->record_ack))
+            continue; /* no stream yet: the changes wait for one (bounded, above) */
+        if (!write(arg, seg)) {
+            kvp_record_relist(table, seg); /* out of memory: the next turn tries again */
+            continue;
+        }
+        uint8_t *buf;
+        size_t blen;
+        kvp_record_take(seg, &buf, &blen);
+        free(buf);
+        seg->record_ack = false;
+        if (seg->record_broken) { /* said: the owner starts its record afresh */
+            seg->record_broken = false;
+            seg->record = true;
+        }
+    }
+}

@@ -32,6 +32,25 @@ void kvp_record_object(kvp_segment_table_t *table, const kvp_object_t *obj);
 void kvp_record_forget(kvp_segment_table_t *table, const kvp_object_t *obj);
 /* List seg again (the server subscribed a stream, or could not write the changes). */
 void kvp_record_relist(kvp_segment_table_t *table, kvp_segment_t *seg);
+/* SegRecord: seg's record changes go on `stream` (a connection of the server's) from now
+ * on, in frames of request id req_id; the first goes out at once (the owner waits for it
+ * before it opens the segment). */
+void kvp_record_stream_open(kvp_segment_table_t *table, kvp_segment_t *seg, void *stream,
+                            uint64_t req_id);
+/* The connection `stream` closed: its segments' changes wait for their next stream. */
+void kvp_record_stream_closed(kvp_segment_table_t *table, const void *stream);
+
+/* Write seg's changes (seg->rec[rec_len], seg->record_broken) as one frame on its stream
+ * (seg->record_stream, request id seg->record_req_id). false: it could not (out of memory;
+ * the changes stay queued and the segment is listed again). */
+typedef bool kvp_record_write_cb_t(void *arg, kvp_segment_t *seg);
+/* Each listed segment with a stream and something to say goes to write; what it wrote is
+ * dropped from the queue (a broken record is said once: the owner starts afresh). The
+ * server calls it before it flushes the replies of the requests that made the changes. */
+void kvp_record_push(kvp_segment_table_t *table, kvp_record_write_cb_t *write, void *arg);
+/* Free one extent in its segment, if the segment is still mounted (and, when the segment
+ * is recorded, queue its deletion from the owner's record). */
+void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep);
 /* Hand over seg's queued changes: *buf_p (malloc'd, the caller frees), *len_p bytes. */
 void kvp_record_take(kvp_segment_t *seg, uint8_t **buf_p, size_t *len_p);
 

@@ -14,7 +14,6 @@
 #include "master/meta/limbo.h"
 #include "common/grant.h"
 #include "common/rand.h"
-#include "master/meta/record.h"
 
 void kvp_segment_table_init(kvp_segment_table_t *table)
 {
@@ -157,17 +156,6 @@ bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_obje
         if (kvp_segment_table_replica_on(table, &obj->replicas[r], ssd))
             return true;
     return false;
-}
-
-void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep)
-{
-    kvp_segment_t *seg = kvp_segment_table_get(table, rep->segment_id);
-    if (seg != NULL) {
-        kvp_offset_alloc_free(seg->alloc, rep->handle);
-        seg->objects--;
-        if (seg->record)
-            kvp_record_del(table, seg, rep->offset);
-    }
 }
 
 bool kvp_segment_table_on_draining(const kvp_segment_table_t *table, const kvp_object_t *obj)

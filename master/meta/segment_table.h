@@ -100,8 +100,8 @@ bool kvp_segment_table_replica_on(const kvp_segment_table_t *table, const kvp_re
 /* Has obj a replica on a mounted segment of that tier? */
 bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_object_t *obj,
                                 bool ssd);
-/* Free one extent in its segment, if the segment is still mounted. */
-void kvp_segment_table_free_extent(kvp_segment_table_t *table, const kvp_replica_t *rep);
+/* Freeing an extent: kvp_segment_table_free_extent (meta/record.h: it tells the owner's
+ * record too). */
 /* Does seg take new replicas? (Not while draining, nor while its owner offers what it
  * holds.) */
 static inline bool kvp_segment_open(const kvp_segment_t *seg)

@@ -14,7 +14,7 @@
  * "default" 0x1f KEY. A stored key's tenant is thus its valid-name prefix,
  * or "default" when it has none (kvp_tenant_prefix_len). An object carries its tenant's id
  * (obj->tenant, 16 bits that were padding), from which the charges are kept here: bytes per tier
- * and objects (master/state.c, kvp_state_charge), checked against the quotas of the tenant's
+ * and objects (master/core/state.c, kvp_state_charge), checked against the quotas of the tenant's
  * [tenant NAME] section when a put starts (rpc/object.c) and used by eviction to take from tenants
  * over their share first (policy/eviction.c).
  *

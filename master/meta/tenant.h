@@ -21,7 +21,7 @@
 
 typedef struct kvp_tenant {
     char name[64]; /* id 0: "default" */
-    /* charged: what its objects take now (master/state.c keeps these) */
+    /* charged: what its objects take now (master/core/state.c keeps these) */
     uint64_t dram_bytes; /* object bytes x DRAM replicas */
     uint64_t ssd_bytes;  /* object bytes x SSD replicas */
     uint64_t objects;    /* objects in the index (PENDING ones included) */

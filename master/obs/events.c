@@ -140,6 +140,7 @@ typedef struct replay_entry {
 } replay_entry_t;
 
 struct kvp_events {
+    kvp_event_sink_t sink; /* what kvp_events_sink hands out: ops on this publisher */
     /* settings, owned copies; read-only after create */
     bool tenants; /* an ACL is on: a key with no tenant prefix is the default tenant's */
     char *topic;
@@ -1259,14 +1260,10 @@ static void free_buffers(kvp_events_t *ev)
     msgpack_sbuffer_destroy(&ev->sbuf);
 }
 
-kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p, char *err,
-                               size_t err_len)
+/* What kvp_events_create refuses before it allocates anything. */
+static kvp_status_t check_params(const kvp_events_params_t *p, bool curve, char *err,
+                                 size_t err_len)
 {
-    if (p == NULL || p->bind == NULL || p->bind[0] == '\0') {
-        kvp_errf(err, err_len, "kv events: no endpoint to bind (e.g. tcp://127.0.0.1:5557)");
-        return KVP_ERR_INVALID_ARG;
-    }
-    bool curve = p->curve_secret != NULL && p->curve_secret[0] != '\0';
     if (curve != (p->curve_allow != NULL && p->curve_allow[0] != '\0')) {
         kvp_errf(err, err_len,
                  "kv events: CURVE needs both the master's secret key "
@@ -1287,20 +1284,20 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
                  REPLAY_BATCHES_LIMIT);
         return KVP_ERR_INVALID_ARG;
     }
+    return KVP_OK;
+}
 
-    kvp_status_t status = KVP_ERR_NOMEM;
-    kvp_events_t *ev = calloc(1, sizeof(*ev));
-    if (ev == NULL)
-        goto err_nomem;
-    msgpack_sbuffer_init(&ev->sbuf);
-    ev->wake_fd = -1;
+/* The settings' copies, the queue, the batch, the replay ring and the first stream.
+ * false: out of memory (free_buffers and free_settings undo what was done). */
+static bool alloc_queue(kvp_events_t *ev, const kvp_events_params_t *p, bool curve)
+{
     if (!dup_setting(p->topic, "kvpool", &ev->topic) ||
         !dup_setting(p->model_name, "kvpool", &ev->model_name) ||
         !dup_setting(p->additional_salt, NULL, &ev->additional_salt) ||
         !dup_setting(p->lora_name, NULL, &ev->lora_name) ||
         !dup_setting(p->tenant_id, "default", &ev->tenant_id) ||
         !dup_setting(p->backend_id, "kvpool-master", &ev->backend_id))
-        goto err_free;
+        return false;
     ev->topic_len = strlen(ev->topic);
     ev->block_size = p->block_size;
     ev->dp_rank = p->dp_rank;
@@ -1320,12 +1317,124 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
     if (ev->slots == NULL || ev->arena == NULL || ev->batch == NULL || ev->batch_keys == NULL ||
         (ev->ring_cap > 0 && ev->ring == NULL) || ev->streams == NULL || ev->stream_of == NULL ||
         (ev->streams[0] = calloc(1, sizeof(*ev->streams[0]))) == NULL)
-        goto err_free;
+        return false;
     ev->n_streams = 1;
     ev->streams[0]->topic = ev->topic; /* the stream of no tenant (of all without CURVE) */
     ev->streams[0]->topic_len = ev->topic_len;
     for (uint32_t i = 0; i < ev->ring_cap; i++)
         ev->ring[i].g = UINT64_MAX;
+    return true;
+}
+
+/* Open and bind the PUB socket and, when asked for, the replay socket. On failure neither
+ * stays open. */
+static kvp_status_t bind_sockets(kvp_events_t *ev, const kvp_events_params_t *p, char *err,
+                                 size_t err_len)
+{
+    kvp_status_t status = open_socket(ev, 0, NULL, &ev->pub, err, err_len);
+    if (status != KVP_OK)
+        return status;
+    status = bind_first(ev, 0, p->bind, err, err_len);
+    if (status != KVP_OK)
+        goto err_close_pub;
+    if (p->replay_bind != NULL && p->replay_bind[0] != '\0') {
+        status = open_socket(ev, 1, NULL, &ev->replay, err, err_len);
+        if (status != KVP_OK)
+            goto err_close_pub;
+        status = bind_first(ev, 1, p->replay_bind, err, err_len);
+        if (status != KVP_OK)
+            goto err_close_replay;
+    }
+    return KVP_OK;
+
+err_close_replay:
+    zmq_close(ev->replay);
+    ev->replay = NULL;
+err_close_pub:
+    zmq_close(ev->pub);
+    ev->pub = NULL;
+    return status;
+}
+
+/* The publisher thread, with every signal blocked: signals go to the master's own threads
+ * (its signalfd), never to this one. */
+static kvp_status_t start_publisher(kvp_events_t *ev, char *err, size_t err_len)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&ev->thread, NULL, publisher_main, ev);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        kvp_errf(err, err_len, "kv events: cannot start the publisher thread: %s", strerror(rc));
+        return KVP_ERR_SYSTEM;
+    }
+    return KVP_OK;
+}
+
+static void log_started(const kvp_events_t *ev, const kvp_events_params_t *p, bool curve)
+{
+    KVP_LOG_INFO("kv events: publishing on %s%s%s", ev->endpoint[0],
+                 ev->replay != NULL ? ", replays on " : "", ev->endpoint[1]);
+    if (curve)
+        KVP_LOG_INFO("kv events: CURVE on, subscribers of the allow-list only; the master's "
+                     "public key (the subscribers' server key) is %s",
+                     kvp_events_curve_public(ev->curve));
+    if (!curve && p->tenants)
+        KVP_LOG_WARN("kv events: an ACL is on but KV events have no CURVE: every tenant's keys "
+                     "are readable by anyone who reaches %s%s%s; give --kv-events-curve-secret "
+                     "and --kv-events-curve-allow (docs/operations.md, \"KV events\")",
+                     ev->endpoint[0], ev->replay != NULL ? " or " : "", ev->endpoint[1]);
+}
+
+/* The sink the state emits through (core/event_sink.h): the publisher's queue. */
+static void sink_stored(void *ctx, kvp_medium_t medium, const char *key, size_t key_len)
+{
+    kvp_events_stored(ctx, medium, key, key_len);
+}
+
+static void sink_removed(void *ctx, kvp_medium_t medium, const char *key, size_t key_len)
+{
+    kvp_events_removed(ctx, medium, key, key_len);
+}
+
+static void sink_cleared(void *ctx, kvp_medium_t medium)
+{
+    kvp_events_cleared(ctx, medium);
+}
+
+static const kvp_event_sink_ops_t sink_ops = {
+    .stored = sink_stored,
+    .removed = sink_removed,
+    .cleared = sink_cleared,
+};
+
+const kvp_event_sink_t *kvp_events_sink(kvp_events_t *ev)
+{
+    return ev != NULL ? &ev->sink : NULL;
+}
+
+kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p, char *err,
+                               size_t err_len)
+{
+    if (p == NULL || p->bind == NULL || p->bind[0] == '\0') {
+        kvp_errf(err, err_len, "kv events: no endpoint to bind (e.g. tcp://127.0.0.1:5557)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    bool curve = p->curve_secret != NULL && p->curve_secret[0] != '\0';
+    kvp_status_t status = check_params(p, curve, err, err_len);
+    if (status != KVP_OK)
+        return status;
+
+    status = KVP_ERR_NOMEM;
+    kvp_events_t *ev = calloc(1, sizeof(*ev));
+    if (ev == NULL)
+        goto err_nomem;
+    msgpack_sbuffer_init(&ev->sbuf);
+    ev->wake_fd = -1;
+    ev->sink = (kvp_event_sink_t){.ops = &sink_ops, .ctx = ev};
+    if (!alloc_queue(ev, p, curve))
+        goto err_free;
 
     status = KVP_ERR_SYSTEM;
     if (pthread_mutex_init(&ev->lock, NULL) != 0) {
@@ -1350,52 +1459,22 @@ kvp_status_t kvp_events_create(const kvp_events_params_t *p, kvp_events_t **ev_p
             goto err_term_ctx;
     }
     ev->replay_hwm = (int)ev->ring_cap + 16; /* a whole replay fits: never cut silently */
-    status = open_socket(ev, 0, NULL, &ev->pub, err, err_len);
+    status = bind_sockets(ev, p, err, err_len);
     if (status != KVP_OK)
         goto err_destroy_curve;
-    status = bind_first(ev, 0, p->bind, err, err_len);
-    if (status != KVP_OK)
-        goto err_close_pub;
-    if (p->replay_bind != NULL && p->replay_bind[0] != '\0') {
-        status = open_socket(ev, 1, NULL, &ev->replay, err, err_len);
-        if (status != KVP_OK)
-            goto err_close_pub;
-        status = bind_first(ev, 1, p->replay_bind, err, err_len);
-        if (status != KVP_OK)
-            goto err_close_replay;
-    }
     if (curve)
         kvp_events_curve_seal(ev->curve); /* libzmq holds the secret key now */
-    /* signals go to the master's own threads (its signalfd), never to this one */
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    ev->tenants = p->tenants != 0; /* (read by the thread) */
-    int rc = pthread_create(&ev->thread, NULL, publisher_main, ev);
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    if (rc != 0) {
-        kvp_errf(err, err_len, "kv events: cannot start the publisher thread: %s", strerror(rc));
-        status = KVP_ERR_SYSTEM;
-        goto err_close_replay;
-    }
-    KVP_LOG_INFO("kv events: publishing on %s%s%s", ev->endpoint[0],
-                 ev->replay != NULL ? ", replays on " : "", ev->endpoint[1]);
-    if (curve)
-        KVP_LOG_INFO("kv events: CURVE on, subscribers of the allow-list only; the master's "
-                     "public key (the subscribers' server key) is %s",
-                     kvp_events_curve_public(ev->curve));
-    if (!curve && p->tenants)
-        KVP_LOG_WARN("kv events: an ACL is on but KV events have no CURVE: every tenant's keys "
-                     "are readable by anyone who reaches %s%s%s; give --kv-events-curve-secret "
-                     "and --kv-events-curve-allow (docs/operations.md, \"KV events\")",
-                     ev->endpoint[0], ev->replay != NULL ? " or " : "", ev->endpoint[1]);
+    ev->tenants = p->tenants != 0;        /* (read by the thread) */
+    status = start_publisher(ev, err, err_len);
+    if (status != KVP_OK)
+        goto err_close_sockets;
+    log_started(ev, p, curve);
     *ev_p = ev;
     return KVP_OK;
 
-err_close_replay:
+err_close_sockets:
     if (ev->replay != NULL)
         zmq_close(ev->replay);
-err_close_pub:
     zmq_close(ev->pub);
 err_destroy_curve:
     kvp_events_curve_destroy(ev->curve);

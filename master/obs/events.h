@@ -62,14 +62,11 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "master/core/event_sink.h"
 
 typedef struct kvp_events kvp_events_t;
 
-typedef enum kvp_medium {
-    KVP_MEDIUM_CPU = 0,  /* DRAM segments */
-    KVP_MEDIUM_DISK = 1, /* SSD segments */
-} kvp_medium_t;
-#define KVP_MEDIUM_COUNT 2
+/* kvp_medium_t (KVP_MEDIUM_CPU, KVP_MEDIUM_DISK): core/event_sink.h */
 
 typedef struct kvp_events_params {
     const char *bind;        /* ZMQ endpoint of the PUB socket, e.g. "tcp://127.0.0.1:5557" */
@@ -134,6 +131,11 @@ void kvp_events_cleared(kvp_events_t *ev, kvp_medium_t medium);
  * (or fails) touches no connection. Returns at once (the reopening is the
  * publisher's). */
 void kvp_events_reload(kvp_events_t *ev);
+
+/* The event sink (core/event_sink.h) that pushes into ev: the server hands it to the
+ * state (kvp_master_state_t.events). NULL when ev is NULL. Borrowed until
+ * kvp_events_destroy. */
+const kvp_event_sink_t *kvp_events_sink(kvp_events_t *ev);
 
 /* Counters; ev may be NULL (zeros). */
 void kvp_events_stats(kvp_events_t *ev, kvp_events_stats_t *out);

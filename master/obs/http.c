@@ -9,8 +9,9 @@
  * wakes the waiters. A job the loop has not taken in time is unlinked by its
  * HTTP thread and answered 503: a stalled loop never leaves an HTTP thread
  * hanging, and a slow HTTP client never holds anything of the loop's. The
- * JSON views reuse the RPC handlers (Stat, List) through kvp_dispatch_handle,
- * so the HTTP API and the CLI show the same thing.
+ * JSON views reuse the RPC handlers (Stat, List) through the view's call (the
+ * server hands in dispatch.c's path), so the HTTP API and the CLI show the same
+ * thing.
  */
 #include "master/obs/http.h"
 
@@ -30,7 +31,6 @@
 #include "common/http.h"
 #include "common/log.h"
 #include "common/rpc.h"
-#include "master/dispatch.h"
 #include "kvpool.pb-c.h"
 
 typedef enum job_kind {
@@ -242,8 +242,8 @@ void kvp_master_http_stop(kvp_master_http_t *h)
 /* ---- the loop ---- */
 
 /* Call an RPC handler as a client would (conn 0: no client). NULL on failure. */
-static void *call_rpc(kvp_master_state_t *st, uint16_t method, const ProtobufCMessage *req,
-                      const ProtobufCMessageDescriptor *resp_desc)
+static void *call_rpc(kvp_master_state_t *st, const kvp_master_view_t *v, uint16_t method,
+                      const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc)
 {
     uint8_t small[2048], *body = NULL;
     size_t len = 0;
@@ -257,8 +257,7 @@ static void *call_rpc(kvp_master_state_t *st, uint16_t method, const ProtobufCMe
     uint8_t *resp = NULL;
     size_t rlen = 0;
     char err[256];
-    kvp_status_t s =
-        kvp_dispatch_handle(st, 0, NULL, method, body, len, &resp, &rlen, err, sizeof(err));
+    kvp_status_t s = v->call(st, method, body, len, &resp, &rlen, err, sizeof(err));
     if (body != small)
         free(body); /* NULL or a malloc'd one */
     void *msg = NULL;
@@ -294,7 +293,8 @@ static void json_kv_u64(kvp_http_reply_t *r, const char *name, uint64_t v, bool 
 
 static void render_stat(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_master_view_t *v)
 {
-    Kvpool__StatResponse *s = call_rpc(st, KVP_RPC_STAT, NULL, &kvpool__stat_response__descriptor);
+    Kvpool__StatResponse *s =
+        call_rpc(st, v, KVP_RPC_STAT, NULL, &kvpool__stat_response__descriptor);
     if (s == NULL) {
         r->status = 500;
         kvp_http_printf(r, "{\"error\":\"Stat failed\"}\n");
@@ -358,14 +358,15 @@ static void render_segments(kvp_http_reply_t *r, const kvp_master_state_t *st)
     kvp_http_printf(r, "]}\n");
 }
 
-static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const job_t *job)
+static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_master_view_t *v,
+                        const job_t *job)
 {
     Kvpool__ListRequest req = KVPOOL__LIST_REQUEST__INIT;
     req.pattern = (char *)job->text;
     req.cursor = job->cursor;
     req.limit = job->limit;
     Kvpool__ListResponse *l =
-        call_rpc(st, KVP_RPC_LIST, &req.base, &kvpool__list_response__descriptor);
+        call_rpc(st, v, KVP_RPC_LIST, &req.base, &kvpool__list_response__descriptor);
     if (l == NULL) {
         r->status = 500;
         kvp_http_printf(r, "{\"error\":\"List failed\"}\n");
@@ -487,7 +488,7 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
     }
     case JOB_KEYS:
         r->content_type = "application/json";
-        render_keys(r, st, job);
+        render_keys(r, st, v, job);
         break;
     }
 }

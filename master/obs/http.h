@@ -16,30 +16,42 @@
 #define KVP_MASTER_OBS_HTTP_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
 #include "master/obs/events.h"
 #include "common/tls.h"
 #include "master/auth/acl.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 #define KVP_MASTER_HTTP_WAIT_MS 5000
 
 typedef struct kvp_master_http kvp_master_http_t;
 
-/* What the loop knows beyond the state, for /health and /metrics. */
+/* Call an RPC handler as a client would (no connection, no principal), as
+ * kvp_dispatch_handle does: the JSON views (Stat, List) show what the CLI shows. */
+typedef kvp_status_t kvp_master_call_cb_t(kvp_master_state_t *st, uint16_t method,
+                                          const uint8_t *body, size_t body_len, uint8_t **resp_p,
+                                          size_t *resp_len_p, char *errmsg, size_t errmsg_len);
+
+/* What the loop knows beyond the state, for the views: filled by the server (obs/ reads
+ * the method table and calls the handlers only through it). */
 typedef struct kvp_master_view {
     bool serving;       /* standalone, or the leader sure of its lease */
     bool ha;            /* elected through etcd */
     const char *self;   /* this master's address ("" standalone) */
     const char *reason; /* why it does not serve (a standby: the leader's address) */
     kvp_events_t *events;
-    const kvp_acl_t *acl; /* --acl-file: the views beyond /metrics and /health need an admin
-                             principal's bearer token or client certificate; NULL: open to
-                             whoever reaches them */
-    kvp_tls_t *tls;       /* the control port's TLS (its CAs and CRL verify the HTTPS door's
-                             client certificates; reloaded with them on SIGHUP) */
+    const kvp_acl_t *acl;       /* --acl-file: the views beyond /metrics and /health need an admin
+                                   principal's bearer token or client certificate; NULL: open to
+                                   whoever reaches them */
+    kvp_tls_t *tls;             /* the control port's TLS (its CAs and CRL verify the HTTPS door's
+                                   client certificates; reloaded with them on SIGHUP) */
+    kvp_master_call_cb_t *call; /* the JSON views' RPCs (dispatch.c's path) */
+    const char *const *method_names; /* [n_methods], by method id (NULL: no such method):
+                                        the method table's, for the per-method metrics */
+    size_t n_methods;
 } kvp_master_view_t;
 
 /* Listen on "HOST:PORT"; *port_p gets the bound port. KVP_ERR_INVALID_ARG or

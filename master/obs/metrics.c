@@ -16,7 +16,6 @@
 #include "common/http.h"
 #include "common/macros.h"
 #include "master/meta/limbo.h"
-#include "master/dispatch.h"
 #include "master/obs/http.h"
 
 const uint32_t kvp_rpc_bucket_us[KVP_RPC_BUCKETS - 1] = {10,   25,   50,   100,   250,  500,
@@ -121,11 +120,10 @@ static void per_segment(kvp_http_reply_t *r, const kvp_master_state_t *st, const
     }
 }
 
-void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st,
-                               const kvp_master_view_t *v)
+/* Capacity, usage, objects and segments by tier; the index; the same per segment. */
+static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
     const kvp_segment_table_t *t = &st->segments;
-    const kvp_master_stats_t *s = &st->stats;
     uint64_t cap[2] = {0}, used[2] = {0}, objs[2] = {0}, segs[2] = {0};
     for (uint32_t i = 0; i < t->n_slots; i++) {
         const kvp_segment_t *seg = t->slots[i];
@@ -158,7 +156,12 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     per_segment(r, st, "kvpool_segment_capacity_bytes", "Bytes of the segment.", 0);
     per_segment(r, st, "kvpool_segment_used_bytes", "Bytes allocated on the segment.", 1);
     per_segment(r, st, "kvpool_segment_objects", "Object replicas on the segment.", 2);
+}
 
+/* Operation counters: puts, gets, removes, evictions, tiers, leases, adoption, limbo. */
+static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
+{
+    const kvp_master_stats_t *s = &st->stats;
     one(r, "kvpool_puts_total", "counter", "Puts ended (objects made visible).", s->puts);
     one(r, "kvpool_gets_total", "counter", "Keys asked for by gets.", s->gets);
     head(r, "kvpool_get_hits_total", "counter", "Gets that found the object, by the tier read.");
@@ -204,37 +207,46 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
         "Objects of a segment dropped for silence that did not come back: its grace passed, "
         "it came back as other memory, or they were removed or overwritten meanwhile.",
         s->limbo_expired);
+}
 
-    if (st->rpc_hist != NULL) {
-        head(r, "kvpool_rpc_duration_seconds", "histogram",
-             "Time the master's loop spent on a control RPC, by method.");
-        size_t n;
-        const kvp_method_t *tab = kvp_dispatch_table(&n);
-        for (size_t m = 0; m < n; m++) {
-            if (tab[m].name == NULL)
-                continue;
-            const kvp_rpc_hist_t *h = &st->rpc_hist[m];
-            uint64_t cum = 0;
-            for (int b = 0; b < KVP_RPC_BUCKETS; b++) {
-                cum += h->count[b];
-                if (b < KVP_RPC_BUCKETS - 1)
-                    kvp_http_printf(r,
-                                    "kvpool_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} "
-                                    "%" PRIu64 "\n",
-                                    tab[m].name, kvp_rpc_bucket_us[b] / 1e6, cum);
-                else
-                    kvp_http_printf(r,
-                                    "kvpool_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} "
-                                    "%" PRIu64 "\n",
-                                    tab[m].name, cum);
-            }
-            kvp_http_printf(r, "kvpool_rpc_duration_seconds_sum{method=\"%s\"} %.9f\n", tab[m].name,
-                            h->sum_ns / 1e9);
-            kvp_http_printf(r, "kvpool_rpc_duration_seconds_count{method=\"%s\"} %" PRIu64 "\n",
-                            tab[m].name, cum);
+/* Control-RPC latency by method: the loop's counters, named by the view's method table. */
+static void rpc_latency(kvp_http_reply_t *r, const kvp_master_state_t *st,
+                        const kvp_master_view_t *v)
+{
+    if (st->rpc_hist == NULL)
+        return;
+    head(r, "kvpool_rpc_duration_seconds", "histogram",
+         "Time the master's loop spent on a control RPC, by method.");
+    for (size_t m = 0; m < v->n_methods; m++) {
+        const char *name = v->method_names[m];
+        if (name == NULL)
+            continue;
+        const kvp_rpc_hist_t *h = &st->rpc_hist[m];
+        uint64_t cum = 0;
+        for (int b = 0; b < KVP_RPC_BUCKETS; b++) {
+            cum += h->count[b];
+            if (b < KVP_RPC_BUCKETS - 1)
+                kvp_http_printf(r,
+                                "kvpool_rpc_duration_seconds_bucket{method=\"%s\",le=\"%g\"} "
+                                "%" PRIu64 "\n",
+                                name, kvp_rpc_bucket_us[b] / 1e6, cum);
+            else
+                kvp_http_printf(r,
+                                "kvpool_rpc_duration_seconds_bucket{method=\"%s\",le=\"+Inf\"} "
+                                "%" PRIu64 "\n",
+                                name, cum);
         }
+        kvp_http_printf(r, "kvpool_rpc_duration_seconds_sum{method=\"%s\"} %.9f\n", name,
+                        h->sum_ns / 1e9);
+        kvp_http_printf(r, "kvpool_rpc_duration_seconds_count{method=\"%s\"} %" PRIu64 "\n", name,
+                        cum);
     }
+}
 
+/* Clients, and what the ACL, protected mode and TLS refused. */
+static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
+{
+    const kvp_master_stats_t *s = &st->stats;
     one(r, "kvpool_clients", "gauge", "Client connections open.", st->clients);
     kvp_http_printf(
         r,
@@ -261,7 +273,11 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
         s->refused_protected, s->refused_tls, s->refused_unauth, s->refused_token,
         s->refused_removed, s->refused_role, s->refused_key, s->refused_http_unauth,
         s->refused_http_role);
-    tenants(r, st);
+}
+
+/* Leadership and the etcd client's failures. */
+static void ha(kvp_http_reply_t *r, const kvp_master_state_t *st, const kvp_master_view_t *v)
+{
     one(r, "kvpool_leader", "gauge", "1 while this master serves (standalone or the leader).",
         v->serving ? 1 : 0);
     one(r, "kvpool_epoch", "gauge", "The epoch this master leads under (0: standalone).",
@@ -288,6 +304,11 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     one(r, "kvpool_etcd_reauthentications_total", "counter",
         "Of those: after etcd refused a token (expired, or the auth store changed).",
         ets.reauthentications);
+}
+
+/* The KV events publisher. */
+static void kv_events(kvp_http_reply_t *r, const kvp_master_view_t *v)
+{
     kvp_events_stats_t es;
     kvp_events_stats(v->events, &es);
     one(r, "kvpool_kv_events_enabled", "gauge", "1 when KV events are published.",
@@ -311,4 +332,16 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
                     "kvpool_kv_events_refused_total{reason=\"key\"} %" PRIu64 "\n"
                     "kvpool_kv_events_refused_total{reason=\"topic\"} %" PRIu64 "\n",
                     es.refused_curve, es.refused_key, es.refused_topic);
+}
+
+void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st,
+                               const kvp_master_view_t *v)
+{
+    capacity(r, st);
+    operations(r, st);
+    rpc_latency(r, st, v);
+    refusals(r, st);
+    tenants(r, st);
+    ha(r, st, v);
+    kv_events(r, v);
 }

@@ -7,7 +7,7 @@
 
 #include <stdint.h>
 
-#include "master/state.h"
+#include "master/core/state.h"
 
 /*
  * Evict COMPLETE objects in the policy's order, skipping leased ones, hard

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "master/state.h"
+#include "master/core/state.h"
 
 /*
  * A read of obj (COMPLETE) starts: one more reader, expiry pushed to now +

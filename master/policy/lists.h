@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "master/state.h"
+#include "master/core/state.h"
 
 /* The bias's step per ghost hit (policy clock ticks) and its bound (x objects listed):
  * chosen by simulation (docs/benchmarks.md, "Eviction"), the same for every workload. */

@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "master/state.h"
+#include "master/core/state.h"
 
 /* Longest key an SSD segment's file records (client/ssd/ssd_file.h, KVP_SSD_KEY_MAX): an
  * object with a longer key is never offloaded (a DRAM victim is dropped). */

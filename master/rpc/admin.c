@@ -22,7 +22,7 @@
 #include "common/macros.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
-#include "master/obs/events.h"
+#include "master/core/event_sink.h"
 
 #define LIST_DEFAULT 100u
 #define LIST_MAX 1000u
@@ -386,7 +386,7 @@ remove:
         st->tombstones.cleared = kvp_tier_next_version(st);
     /* KV events: remove-all is `cleared` on both media, then `stored` again for what
      * stays (objects being read, without force); a pattern is one `removed` each */
-    kvp_events_t *ev = req->all ? st->events : NULL;
+    const kvp_event_sink_t *ev = req->all ? st->events : NULL;
     st->events = ev != NULL ? NULL : st->events;
     for (size_t i = 0; i < n; i++) {
         if (!req->all)
@@ -397,7 +397,7 @@ remove:
     if (ev != NULL) {
         st->events = ev;
         for (unsigned m = 0; m < KVP_MEDIUM_COUNT; m++)
-            kvp_events_cleared(ev, (kvp_medium_t)m);
+            kvp_event_cleared(ev, (kvp_medium_t)m);
         for (uint64_t b = 0; b < st->index.n_buckets; b++)
             for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext)
                 if (obj->state == KVP_OBJ_COMPLETE)

@@ -11,7 +11,7 @@
 
 #include "kvpool.pb-c.h"
 #include "master/auth/acl.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 /*
  * One request being handled. The dispatcher fills st, conn_id and

@@ -43,7 +43,7 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 /* Fixed start of the master clock (ms): far from 0 so leases and deadlines are real. */
 #define FUZZ_EPOCH_MS 1700000000000ull

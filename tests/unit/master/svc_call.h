@@ -14,7 +14,7 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 /* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
 void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,

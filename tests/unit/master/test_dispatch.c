@@ -27,7 +27,7 @@
 #include "master/rpc/record.h"
 #include "master/rpc/segment.h"
 #include "master/rpc/ssd.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 typedef struct expect {
     uint16_t id;

@@ -28,7 +28,7 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/auth/acl.h"
-#include "master/state.h"
+#include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define OWNER 1 /* mounts A, the segment drained */

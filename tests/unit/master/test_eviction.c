@@ -48,7 +48,7 @@
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
-#include "master/state.h"
+#include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #ifdef KVP_EVICTION_SIM /* sim_eviction: only section 8 and the plumbing run */

@@ -21,7 +21,7 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 static kvp_object_t *new_obj(const char *key, uint64_t hash, kvp_obj_state_t state)
 {

@@ -21,7 +21,7 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
-#include "master/state.h"
+#include "master/core/state.h"
 
 #define ALIGN 64
 

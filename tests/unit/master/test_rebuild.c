@@ -29,7 +29,7 @@
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
 #include "master/rpc/segment.h"
-#include "master/state.h"
+#include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define C_A 1   /* owner of segment A (DRAM, adopting) */

@@ -25,7 +25,7 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
-#include "master/state.h"
+#include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define C1 1

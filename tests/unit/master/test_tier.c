@@ -20,7 +20,7 @@
 #include "kvpool.pb-c.h"
 #include "master/dispatch.h"
 #include "master/policy/tier.h"
-#include "master/state.h"
+#include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
 #define C_DRAM 1 /* the DRAM segment's owner */

@@ -6,7 +6,7 @@
  *
  * Thread: the loop's (before it starts and after it ends).
  */
-#include "master/state.h"
+#include "master/core/state.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,6 @@
 #include "common/clock.h"
 #include "common/rand.h"
 #include "master/meta/limbo.h"
-#include "master/obs/events.h"
 
 kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
 {
@@ -84,9 +83,9 @@ void kvp_state_media_event(kvp_master_state_t *st, const kvp_object_t *obj, unsi
     for (unsigned m = 0; m < KVP_MEDIUM_COUNT; m++) {
         unsigned bit = 1u << m;
         if ((after & bit) && !(before & bit))
-            kvp_events_stored(st->events, (kvp_medium_t)m, key, obj->key_len);
+            kvp_event_stored(st->events, (kvp_medium_t)m, key, obj->key_len);
         else if ((before & bit) && !(after & bit))
-            kvp_events_removed(st->events, (kvp_medium_t)m, key, obj->key_len);
+            kvp_event_removed(st->events, (kvp_medium_t)m, key, obj->key_len);
     }
 }
 

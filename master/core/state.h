@@ -4,24 +4,28 @@
  * copies in flight, settings, counters and the master clock.
  *
  * One loop thread owns a kvp_master_state_t: no locks. Layers, each
- * including only those below it:
+ * including only those below it (tests/check_layering.py):
  *
  *   main.c, server.c   flags, epoll loop, connections, framing
  *   dispatch.c         the method table: method id -> handler
+ *   obs/               HTTP views, metrics, the KV events publisher
  *   rpc/               handlers by concern (segment, object, drain, admin)
  *                      and what they share (rpc/call.c: the response packer)
+ *   ha/                leadership (election glue), rebuild (adoption)
+ *   auth/              ACL, credentials, admission, audit
  *   policy/            eviction -> lease -> lists: what stays, what goes
- *   state.c, config.c  this struct and the settings
+ *   core/              this struct, the settings, the KV event sink
  *   meta/              object, segment_table, object_index, placement,
  *                      lease_table, ghost: data structures that know no state
  */
-#ifndef KVP_MASTER_STATE_H
-#define KVP_MASTER_STATE_H
+#ifndef KVP_MASTER_CORE_STATE_H
+#define KVP_MASTER_CORE_STATE_H
 
 #include <stdint.h>
 
 #include "common/status.h"
-#include "master/config.h"
+#include "master/core/config.h"
+#include "master/core/event_sink.h"
 #include "master/meta/ghost.h"
 #include "master/meta/lease_table.h"
 #include "master/meta/object.h"
@@ -58,7 +62,7 @@ typedef struct kvp_master_stats {
     uint64_t removes;     /* objects removed (Remove, RemoveByRegex) */
     uint64_t lease_waits; /* removes refused for a read lease, puts told to wait (POOL_BUSY) */
     uint64_t refused_protected; /* connections of other hosts refused in protected mode */
-    /* refusals of the ACL (master/server.c, dispatch.c; kvpool_connections_refused_total
+    /* refusals of the ACL (master/auth/admission.c, dispatch.c; kvpool_connections_refused_total
      * and kvpool_requests_refused_total by reason) */
     uint64_t refused_tls;         /* a TLS handshake that failed (not TLS, unknown CA, revoked..) */
     uint64_t refused_unauth;      /* a request before any credential */
@@ -162,16 +166,16 @@ typedef struct kvp_master_state {
      * offer their records: a put that finds no room meanwhile is told to wait
      * (KVP_ERR_POOL_BUSY, retried by the client) rather than evicting or failing. */
     uint64_t rebuild_until_ms;
-    /* high availability (server.c): what Stat shows */
+    /* high availability (ha/leadership.c): what Stat shows */
     uint64_t epoch;          /* the epoch this master leads under; 0: standalone */
     char leader[300];        /* the leader's address ("" standalone) */
     char standbys[1024];     /* the standbys' addresses, comma-separated */
     uint64_t stream_segment; /* set by SegRecord: the server streams this segment's record
                                 changes on the calling connection (no answer now) */
     /* operations (master/obs/) */
-    struct kvp_events *events; /* KV events publisher, or NULL */
-    kvp_rpc_hist_t *rpc_hist;  /* [KVP_RPC_METHOD_MAX + 1], or NULL (tests) */
-    uint32_t clients;          /* connections open now (server.c) */
+    const kvp_event_sink_t *events; /* KV events (core/event_sink.h), or NULL */
+    kvp_rpc_hist_t *rpc_hist;       /* [KVP_RPC_METHOD_MAX + 1], or NULL (tests) */
+    uint32_t clients;               /* connections open now (server.c) */
     /* tenants (meta/tenant.h): with an ACL, keys are scoped by tenant and charged to it */
     kvp_tenant_table_t tenants;
     bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
@@ -213,7 +217,7 @@ void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task);
 /* obj is going (its extents are being freed): its SSD owners forget their entries. */
 void kvp_state_forget_ssd(kvp_master_state_t *st, const kvp_object_t *obj);
 
-/* KV events (master/obs/events.h): the media an object's replicas are on (bit
+/* KV events (core/event_sink.h): the media an object's replicas are on (bit
  * 1 << KVP_MEDIUM_CPU for DRAM segments, 1 << KVP_MEDIUM_DISK for SSD ones). */
 unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n);
 /* A COMPLETE object's media went from `before` to `after`: `stored` for each medium

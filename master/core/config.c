@@ -10,7 +10,7 @@
  *
  * Thread: any (no state); the master calls it from main before the loop.
  */
-#include "master/config.h"
+#include "master/core/config.h"
 
 #include <stddef.h>
 #include <stdio.h>
