@@ -203,44 +203,154 @@ static void family(out_t *o, const char *name, const char *type, const char *hel
 
 static const char *const dir_names[2] = {"put", "get"};
 
-size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t cap)
+/* How a row shows its field. */
+enum { ROW_U64, ROW_NS_AS_S, ROW_I64_IF_SET };
+
+/* One sample of the exposition: the row that has a help text starts its family (# HELP and
+ * # TYPE lines); the rows below it without one add samples to the same family. */
+typedef struct metric_row {
+    const char *name;
+    const char *type; /* NULL: a further sample of the family above */
+    const char *help;
+    const char *labels; /* the label pairs inside {}, or NULL */
+    size_t off;         /* offsetof(kvp_metrics_t, the field) */
+    int kind;           /* ROW_U64: a uint64_t (%llu); ROW_NS_AS_S: a uint64_t of ns shown in s
+                         * (%.9f); ROW_I64_IF_SET: an int64_t (%lld), no sample when < 0 */
+} metric_row_t;
+
+#define M_FAMILY(name, help, labels, field, kind)                                                  \
+    {                                                                                              \
+        name, "counter", help, labels, offsetof(kvp_metrics_t, field), kind                        \
+    }
+#define M_SAMPLE(name, labels, field, kind)                                                        \
+    {                                                                                              \
+        name, NULL, NULL, labels, offsetof(kvp_metrics_t, field), kind                             \
+    }
+
+/* the client's errors and staged transfers */
+static const metric_row_t client_rows[] = {
+    M_FAMILY("kvpool_client_errors_total",
+             "Transfers this client made that failed, and gets that failed their checksum.",
+             "op=\"put\"", put_errors, ROW_U64),
+    M_SAMPLE("kvpool_client_errors_total", "op=\"get\"", get_errors, ROW_U64),
+    M_FAMILY("kvpool_client_staged_ops_total",
+             "Transfers copied through staging buffers (host: memory the NIC has not "
+             "registered; gpu: CUDA device memory).",
+             "kind=\"host\"", staged[0].ops, ROW_U64),
+    M_SAMPLE("kvpool_client_staged_ops_total", "kind=\"gpu\"", staged[1].ops, ROW_U64),
+    M_FAMILY("kvpool_client_staged_bytes_total", "Bytes of the staged transfers.", "kind=\"host\"",
+             staged[0].bytes, ROW_U64),
+    M_SAMPLE("kvpool_client_staged_bytes_total", "kind=\"gpu\"", staged[1].bytes, ROW_U64),
+};
+
+/* where a batch's time goes, after its master calls: its transfers */
+static const metric_row_t transfer_rows[] = {
+    M_FAMILY("kvpool_client_transfer_batches_total",
+             "Batches of transfers this client ran as initiator (a get's every round of "
+             "replicas counts), by direction.",
+             "op=\"put\"", transfer_runs[0], ROW_U64),
+    M_SAMPLE("kvpool_client_transfer_batches_total", "op=\"get\"", transfer_runs[1], ROW_U64),
+    M_FAMILY("kvpool_client_transfer_seconds_total",
+             "Wall time of those batches, summed (threads add up).", "op=\"put\"", transfer_ns[0],
+             ROW_NS_AS_S),
+    M_SAMPLE("kvpool_client_transfer_seconds_total", "op=\"get\"", transfer_ns[1], ROW_NS_AS_S),
+};
+
+/* the data servers' refusals and the SSD segment file's I/O */
+static const metric_row_t server_rows[] = {
+    M_FAMILY("kvpool_connections_refused_total",
+             "Connections this process's data servers refused, by reason (protected_mode: a "
+             "peer of another host while no credentials are configured; grant: a data "
+             "request without a valid grant from the master, whose connection was closed; shm: "
+             "a request for a segment's memory from another user or without a valid MAP "
+             "grant; rdma: a queue pair without a valid proof of a principal that may hold the "
+             "segment, or past its cap).",
+             "reason=\"protected_mode\"", refused_protected, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"grant\"", refused_grant, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"shm\"", refused_shm, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"rdma\"", refused_rdma, ROW_U64),
+    M_FAMILY("kvpool_rdma_remote_access_errors_total",
+             "Remote access errors peers caused on this process's segment over rdma (a bad "
+             "rkey, address or permission): source qp_event, the queue pairs' asynchronous "
+             "events; source nic, the device's own counter, where it keeps one.",
+             "source=\"qp_event\"", rdma_access_errors, ROW_U64),
+    M_SAMPLE("kvpool_rdma_remote_access_errors_total", "source=\"nic\"", rdma_nic_access_errors,
+             ROW_I64_IF_SET),
+    M_FAMILY("kvpool_ssd_io_ops_total",
+             "Reads and writes of this process's SSD segment file that completed.", "op=\"read\"",
+             ssd_read.ops, ROW_U64),
+    M_SAMPLE("kvpool_ssd_io_ops_total", "op=\"write\"", ssd_write.ops, ROW_U64),
+    M_FAMILY("kvpool_ssd_io_bytes_total",
+             "Bytes read from and written to this process's SSD segment file.", "op=\"read\"",
+             ssd_read.bytes, ROW_U64),
+    M_SAMPLE("kvpool_ssd_io_bytes_total", "op=\"write\"", ssd_write.bytes, ROW_U64),
+    M_FAMILY("kvpool_ssd_io_errors_total",
+             "Reads and writes of this process's SSD segment file that failed.", NULL,
+             ssd_io_errors, ROW_U64),
+};
+
+static void put_rows(out_t *o, const kvp_metrics_t *m, const metric_row_t *rows, size_t n)
 {
-    out_t o = {.buf = buf, .cap = buf != NULL ? cap : 0, .len = 0};
-    if (o.cap > 0)
-        buf[0] = '\0';
+    for (size_t i = 0; i < n; i++) {
+        const metric_row_t *r = &rows[i];
+        const char *field = (const char *)m + r->off;
+        const char *lo = r->labels != NULL ? "{" : "", *lc = r->labels != NULL ? "}" : "";
+        const char *labels = r->labels != NULL ? r->labels : "";
+        uint64_t u;
+        int64_t s;
+        if (r->type != NULL)
+            family(o, r->name, r->type, r->help);
+        switch (r->kind) {
+        case ROW_U64:
+            memcpy(&u, field, sizeof(u));
+            put_fmt(o, "%s%s%s%s %llu\n", r->name, lo, labels, lc, (unsigned long long)u);
+            break;
+        case ROW_NS_AS_S:
+            memcpy(&u, field, sizeof(u));
+            put_fmt(o, "%s%s%s%s %.9f\n", r->name, lo, labels, lc, (double)u / 1e9);
+            break;
+        case ROW_I64_IF_SET:
+            memcpy(&s, field, sizeof(s));
+            if (s >= 0)
+                put_fmt(o, "%s%s%s%s %lld\n", r->name, lo, labels, lc, (long long)s);
+            break;
+        }
+    }
+}
 
-    family(&o, "kvpool_client_ops_total", "counter",
-           "Transfers this client completed as initiator (one per object extent moved).");
-    for (int t = 0; t < KVP_METRICS_TP_COUNT; t++)
-        for (int d = 0; d < 2; d++)
-            put_fmt(&o, "kvpool_client_ops_total{transport=\"%s\",op=\"%s\"} %llu\n", tp_names[t],
-                    dir_names[d],
-                    (unsigned long long)(d == 0 ? m->client[t].put.ops : m->client[t].get.ops));
-    family(&o, "kvpool_client_bytes_total", "counter",
-           "Bytes this client moved as initiator, by transport and direction.");
-    for (int t = 0; t < KVP_METRICS_TP_COUNT; t++)
-        for (int d = 0; d < 2; d++)
-            put_fmt(&o, "kvpool_client_bytes_total{transport=\"%s\",op=\"%s\"} %llu\n", tp_names[t],
-                    dir_names[d],
-                    (unsigned long long)(d == 0 ? m->client[t].put.bytes : m->client[t].get.bytes));
-    family(&o, "kvpool_client_errors_total", "counter",
-           "Transfers this client made that failed, and gets that failed their checksum.");
-    put_fmt(&o, "kvpool_client_errors_total{op=\"put\"} %llu\n", (unsigned long long)m->put_errors);
-    put_fmt(&o, "kvpool_client_errors_total{op=\"get\"} %llu\n", (unsigned long long)m->get_errors);
-    family(&o, "kvpool_client_staged_ops_total", "counter",
-           "Transfers copied through staging buffers (host: memory the NIC has not "
-           "registered; gpu: CUDA device memory).");
-    put_fmt(&o, "kvpool_client_staged_ops_total{kind=\"host\"} %llu\n",
-            (unsigned long long)m->staged[0].ops);
-    put_fmt(&o, "kvpool_client_staged_ops_total{kind=\"gpu\"} %llu\n",
-            (unsigned long long)m->staged[1].ops);
-    family(&o, "kvpool_client_staged_bytes_total", "counter", "Bytes of the staged transfers.");
-    put_fmt(&o, "kvpool_client_staged_bytes_total{kind=\"host\"} %llu\n",
-            (unsigned long long)m->staged[0].bytes);
-    put_fmt(&o, "kvpool_client_staged_bytes_total{kind=\"gpu\"} %llu\n",
-            (unsigned long long)m->staged[1].bytes);
+/* What this client moved as initiator, by transport and direction: ops, or bytes. */
+static void put_client_transports(out_t *o, const kvp_metrics_t *m, const char *name,
+                                  const char *help, bool bytes)
+{
+    family(o, name, "counter", help);
+    for (int t = 0; t < KVP_METRICS_TP_COUNT; t++) {
+        for (int d = 0; d < 2; d++) {
+            const kvp_metrics_count_t *c = d == 0 ? &m->client[t].put : &m->client[t].get;
+            put_fmt(o, "%s{transport=\"%s\",op=\"%s\"} %llu\n", name, tp_names[t], dir_names[d],
+                    (unsigned long long)(bytes ? c->bytes : c->ops));
+        }
+    }
+}
 
-    /* where a batch's time goes: its master calls and its transfers */
+/* What this process's data servers served to peers, by transport: requests, or bytes. Only
+ * the data servers see requests: one-sided shm and rdma never reach the owner. */
+static void put_served(out_t *o, const kvp_metrics_t *m, const char *name, const char *help,
+                       bool bytes)
+{
+    static const int served_tps[] = {KVP_METRICS_TP_TCP, KVP_METRICS_TP_SSD};
+    family(o, name, "counter", help);
+    for (size_t i = 0; i < sizeof(served_tps) / sizeof(served_tps[0]); i++) {
+        int t = served_tps[i];
+        const kvp_metrics_count_t *p = &m->served[t].put, *g = &m->served[t].get;
+        put_fmt(o, "%s{transport=\"%s\"} %llu\n", name, tp_names[t],
+                (unsigned long long)(bytes ? p->bytes + g->bytes : p->ops + g->ops));
+    }
+}
+
+/* Where a batch's time goes: its master calls, by method (the data path's always, others
+ * once used). */
+static void put_master_rpc(out_t *o, const kvp_metrics_t *m)
+{
     static const bool data_path[KVP_METRICS_RPC_MAX] = {
         [KVP_RPC_PUT_START] = true,        [KVP_RPC_PUT_END] = true, [KVP_RPC_EXIST] = true,
         [KVP_RPC_GET_REPLICA_LIST] = true, [KVP_RPC_REMOVE] = true,  [KVP_RPC_LEASE_RELEASE] = true,
@@ -259,101 +369,63 @@ size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t c
          "Wall time those calls waited for their answers, summed (threads add up)."},
     };
     for (int f = 0; f < 3; f++) {
-        family(&o, rpc_fam[f].name, "counter", rpc_fam[f].help);
+        family(o, rpc_fam[f].name, "counter", rpc_fam[f].help);
         for (unsigned i = 0; i < KVP_METRICS_RPC_MAX; i++) {
             const kvp_metrics_rpc_t *r = &m->master_rpc[i];
             if (rpc_names[i] == NULL || (!data_path[i] && r->calls == 0))
                 continue;
             if (f < 2)
-                put_fmt(&o, "%s{method=\"%s\"} %llu\n", rpc_fam[f].name, rpc_names[i],
+                put_fmt(o, "%s{method=\"%s\"} %llu\n", rpc_fam[f].name, rpc_names[i],
                         (unsigned long long)(f == 0 ? r->calls : r->failed));
             else
-                put_fmt(&o, "%s{method=\"%s\"} %.9f\n", rpc_fam[f].name, rpc_names[i],
+                put_fmt(o, "%s{method=\"%s\"} %.9f\n", rpc_fam[f].name, rpc_names[i],
                         (double)r->wait_ns / 1e9);
         }
     }
-    family(&o, "kvpool_client_transfer_batches_total", "counter",
-           "Batches of transfers this client ran as initiator (a get's every round of "
-           "replicas counts), by direction.");
-    for (int d = 0; d < 2; d++)
-        put_fmt(&o, "kvpool_client_transfer_batches_total{op=\"%s\"} %llu\n", dir_names[d],
-                (unsigned long long)m->transfer_runs[d]);
-    family(&o, "kvpool_client_transfer_seconds_total", "counter",
-           "Wall time of those batches, summed (threads add up).");
-    for (int d = 0; d < 2; d++)
-        put_fmt(&o, "kvpool_client_transfer_seconds_total{op=\"%s\"} %.9f\n", dir_names[d],
-                (double)m->transfer_ns[d] / 1e9);
+}
 
-    /* only the data servers see requests: one-sided shm and rdma never reach the owner */
-    static const int served_tps[] = {KVP_METRICS_TP_TCP, KVP_METRICS_TP_SSD};
-    family(&o, "kvpool_served_ops_total", "counter",
-           "Requests (extents read or written) this process's data servers served to peers; "
-           "one-sided shm and rdma transfers are not seen by the owner.");
-    for (size_t i = 0; i < sizeof(served_tps) / sizeof(served_tps[0]); i++) {
-        int t = served_tps[i];
-        put_fmt(&o, "kvpool_served_ops_total{transport=\"%s\"} %llu\n", tp_names[t],
-                (unsigned long long)(m->served[t].put.ops + m->served[t].get.ops));
+/* The segments this process mounts, when it mounts any (their names are label values). */
+static void put_segments(out_t *o, const kvp_metrics_t *m)
+{
+    if (m->dram_segment[0] == '\0' && m->ssd_segment[0] == '\0')
+        return;
+    family(o, "kvpool_segment_capacity_bytes", "gauge",
+           "Bytes of the segments this process mounts (0 once drained).");
+    if (m->dram_segment[0] != '\0') {
+        put_str(o, "kvpool_segment_capacity_bytes{segment=\"");
+        put_label_value(o, m->dram_segment);
+        put_fmt(o, "\",tier=\"dram\"} %llu\n", (unsigned long long)m->dram_capacity);
     }
-    family(&o, "kvpool_served_bytes_total", "counter",
-           "Bytes this process's data servers read or wrote for peers.");
-    for (size_t i = 0; i < sizeof(served_tps) / sizeof(served_tps[0]); i++) {
-        int t = served_tps[i];
-        put_fmt(&o, "kvpool_served_bytes_total{transport=\"%s\"} %llu\n", tp_names[t],
-                (unsigned long long)(m->served[t].put.bytes + m->served[t].get.bytes));
+    if (m->ssd_segment[0] != '\0') {
+        put_str(o, "kvpool_segment_capacity_bytes{segment=\"");
+        put_label_value(o, m->ssd_segment);
+        put_fmt(o, "\",tier=\"ssd\"} %llu\n", (unsigned long long)m->ssd_capacity);
     }
+}
 
-    family(&o, "kvpool_connections_refused_total", "counter",
-           "Connections this process's data servers refused, by reason (protected_mode: a "
-           "peer of another host while no credentials are configured; grant: a data "
-           "request without a valid grant from the master, whose connection was closed; shm: "
-           "a request for a segment's memory from another user or without a valid MAP "
-           "grant; rdma: a queue pair without a valid proof of a principal that may hold the "
-           "segment, or past its cap).");
-    put_fmt(&o, "kvpool_connections_refused_total{reason=\"protected_mode\"} %llu\n",
-            (unsigned long long)m->refused_protected);
-    put_fmt(&o, "kvpool_connections_refused_total{reason=\"grant\"} %llu\n",
-            (unsigned long long)m->refused_grant);
-    put_fmt(&o, "kvpool_connections_refused_total{reason=\"shm\"} %llu\n",
-            (unsigned long long)m->refused_shm);
-    put_fmt(&o, "kvpool_connections_refused_total{reason=\"rdma\"} %llu\n",
-            (unsigned long long)m->refused_rdma);
-    family(&o, "kvpool_rdma_remote_access_errors_total", "counter",
-           "Remote access errors peers caused on this process's segment over rdma (a bad "
-           "rkey, address or permission): source qp_event, the queue pairs' asynchronous "
-           "events; source nic, the device's own counter, where it keeps one.");
-    put_fmt(&o, "kvpool_rdma_remote_access_errors_total{source=\"qp_event\"} %llu\n",
-            (unsigned long long)m->rdma_access_errors);
-    if (m->rdma_nic_access_errors >= 0)
-        put_fmt(&o, "kvpool_rdma_remote_access_errors_total{source=\"nic\"} %lld\n",
-                (long long)m->rdma_nic_access_errors);
-    family(&o, "kvpool_ssd_io_ops_total", "counter",
-           "Reads and writes of this process's SSD segment file that completed.");
-    put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"read\"} %llu\n", (unsigned long long)m->ssd_read.ops);
-    put_fmt(&o, "kvpool_ssd_io_ops_total{op=\"write\"} %llu\n",
-            (unsigned long long)m->ssd_write.ops);
-    family(&o, "kvpool_ssd_io_bytes_total", "counter",
-           "Bytes read from and written to this process's SSD segment file.");
-    put_fmt(&o, "kvpool_ssd_io_bytes_total{op=\"read\"} %llu\n",
-            (unsigned long long)m->ssd_read.bytes);
-    put_fmt(&o, "kvpool_ssd_io_bytes_total{op=\"write\"} %llu\n",
-            (unsigned long long)m->ssd_write.bytes);
-    family(&o, "kvpool_ssd_io_errors_total", "counter",
-           "Reads and writes of this process's SSD segment file that failed.");
-    put_fmt(&o, "kvpool_ssd_io_errors_total %llu\n", (unsigned long long)m->ssd_io_errors);
+#define N_ROWS(rows) (sizeof(rows) / sizeof(rows[0]))
 
-    if (m->dram_segment[0] != '\0' || m->ssd_segment[0] != '\0') {
-        family(&o, "kvpool_segment_capacity_bytes", "gauge",
-               "Bytes of the segments this process mounts (0 once drained).");
-        if (m->dram_segment[0] != '\0') {
-            put_str(&o, "kvpool_segment_capacity_bytes{segment=\"");
-            put_label_value(&o, m->dram_segment);
-            put_fmt(&o, "\",tier=\"dram\"} %llu\n", (unsigned long long)m->dram_capacity);
-        }
-        if (m->ssd_segment[0] != '\0') {
-            put_str(&o, "kvpool_segment_capacity_bytes{segment=\"");
-            put_label_value(&o, m->ssd_segment);
-            put_fmt(&o, "\",tier=\"ssd\"} %llu\n", (unsigned long long)m->ssd_capacity);
-        }
-    }
+size_t kvp_metrics_format_prometheus(const kvp_metrics_t *m, char *buf, size_t cap)
+{
+    out_t o = {.buf = buf, .cap = buf != NULL ? cap : 0, .len = 0};
+    if (o.cap > 0)
+        buf[0] = '\0';
+    put_client_transports(
+        &o, m, "kvpool_client_ops_total",
+        "Transfers this client completed as initiator (one per object extent moved).", false);
+    put_client_transports(&o, m, "kvpool_client_bytes_total",
+                          "Bytes this client moved as initiator, by transport and direction.",
+                          true);
+    put_rows(&o, m, client_rows, N_ROWS(client_rows));
+    put_master_rpc(&o, m);
+    put_rows(&o, m, transfer_rows, N_ROWS(transfer_rows));
+    put_served(&o, m, "kvpool_served_ops_total",
+               "Requests (extents read or written) this process's data servers served to peers; "
+               "one-sided shm and rdma transfers are not seen by the owner.",
+               false);
+    put_served(&o, m, "kvpool_served_bytes_total",
+               "Bytes this process's data servers read or wrote for peers.", true);
+    put_rows(&o, m, server_rows, N_ROWS(server_rows));
+    put_segments(&o, m);
     return o.len;
 }

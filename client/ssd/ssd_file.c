@@ -827,6 +827,79 @@ static void file_free(kvp_ssd_file_t *f)
     free(f);
 }
 
+/* A file handle for a segment of data_size bytes and max_entries object table slots, its
+ * tables allocated (and the file not yet opened); NULL when out of memory. */
+static kvp_ssd_file_t *file_alloc(const char *path, uint64_t data_size, uint64_t max_entries)
+{
+    kvp_ssd_file_t *f = calloc(1, sizeof(*f));
+    if (f == NULL)
+        return NULL;
+    f->fd = -1;
+    f->root = NONE;
+    f->data_size = data_size;
+    f->max_entries = (uint32_t)max_entries;
+    f->data_base = SSD_TABLE_OFF + max_entries * KVP_SSD_BLOCK;
+    uint64_t hash_cap = 1;
+    while (hash_cap < 2 * max_entries)
+        hash_cap <<= 1;
+    f->hash_mask = hash_cap - 1;
+    f->path = strdup(path);
+    f->blk = kvp_ssd_buf_alloc(SSD_SLOT_BATCH * KVP_SSD_BLOCK);
+    f->zero = kvp_ssd_buf_alloc(KVP_SSD_BLOCK);
+    f->ent = calloc(max_entries, sizeof(f->ent[0]));
+    f->free_st = malloc(max_entries * sizeof(uint32_t));
+    f->hash = malloc(hash_cap * sizeof(uint32_t));
+    if (f->path == NULL || f->blk == NULL || f->zero == NULL || f->ent == NULL ||
+        f->free_st == NULL || f->hash == NULL) {
+        file_free(f);
+        return NULL;
+    }
+    memset(f->zero, 0, KVP_SSD_BLOCK);
+    memset(f->hash, 0xff, hash_cap * sizeof(uint32_t));
+    return f;
+}
+
+/* Take the file's lock (one process mounts it at a time). */
+static kvp_status_t fd_lock(kvp_ssd_file_t *f, const char *path, char *why, size_t why_len)
+{
+    if (flock(f->fd, LOCK_EX | LOCK_NB) == 0)
+        return KVP_OK;
+    if (errno == EWOULDBLOCK) {
+        set_why(why, why_len, "%s is mounted by another live process", path);
+        return KVP_ERR_IN_USE;
+    }
+    set_why(why, why_len, "%s: flock failed: %s", path, strerror(errno));
+    return KVP_ERR_SYSTEM;
+}
+
+/* Check the open file can hold the segment: a regular file, on a disk when its I/O is
+ * O_DIRECT (else refuse_direct decides). *size_p: its size. */
+static kvp_status_t fd_check(kvp_ssd_file_t *f, const kvp_ssd_open_params_t *p, uint64_t *size_p,
+                             char *why, size_t why_len)
+{
+    struct statfs sfs;
+    if (f->direct && fstatfs(f->fd, &sfs) == 0 &&
+        (sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC)) {
+        /* Linux >= 6.6 accepts O_DIRECT on tmpfs, but there is no disk behind it. */
+        kvp_status_t st = refuse_direct(
+            f, p->buffered_io, "the file is on tmpfs/ramfs, which has no disk for O_DIRECT I/O",
+            why, why_len);
+        if (st != KVP_OK)
+            return st;
+    }
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0) {
+        set_why(why, why_len, "%s: fstat failed: %s", p->path, strerror(errno));
+        return KVP_ERR_SYSTEM;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        set_why(why, why_len, "%s is not a regular file; it was left untouched", p->path);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *size_p = (uint64_t)sb.st_size;
+    return KVP_OK;
+}
+
 kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **f_p, char *why,
                                size_t why_len)
 {
@@ -851,29 +924,9 @@ kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **
     }
 
     kvp_status_t st = KVP_ERR_NOMEM;
-    kvp_ssd_file_t *f = calloc(1, sizeof(*f));
+    kvp_ssd_file_t *f = file_alloc(p->path, data_size, max_entries);
     if (f == NULL)
         goto err_nomem;
-    f->fd = -1;
-    f->root = NONE;
-    f->data_size = data_size;
-    f->max_entries = (uint32_t)max_entries;
-    f->data_base = SSD_TABLE_OFF + max_entries * KVP_SSD_BLOCK;
-    uint64_t hash_cap = 1;
-    while (hash_cap < 2 * max_entries)
-        hash_cap <<= 1;
-    f->hash_mask = hash_cap - 1;
-    f->path = strdup(p->path);
-    f->blk = kvp_ssd_buf_alloc(SSD_SLOT_BATCH * KVP_SSD_BLOCK);
-    f->zero = kvp_ssd_buf_alloc(KVP_SSD_BLOCK);
-    f->ent = calloc(max_entries, sizeof(f->ent[0]));
-    f->free_st = malloc(max_entries * sizeof(uint32_t));
-    f->hash = malloc(hash_cap * sizeof(uint32_t));
-    if (f->path == NULL || f->blk == NULL || f->zero == NULL || f->ent == NULL ||
-        f->free_st == NULL || f->hash == NULL)
-        goto err_free;
-    memset(f->zero, 0, KVP_SSD_BLOCK);
-    memset(f->hash, 0xff, hash_cap * sizeof(uint32_t));
     st = kvp_ssd_io_create(KVP_SSD_IO_DEPTH, &f->io);
     if (st != KVP_OK) {
         set_why(why, why_len, "%s: cannot create an io_uring (%s)", p->path, kvp_strerror(st));
@@ -886,39 +939,16 @@ kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **
     st = open_fd(f, p->buffered_io, &created, why, why_len);
     if (st != KVP_OK)
         goto err_destroy;
-    if (flock(f->fd, LOCK_EX | LOCK_NB) != 0) {
-        if (errno == EWOULDBLOCK) {
-            set_why(why, why_len, "%s is mounted by another live process", p->path);
-            st = KVP_ERR_IN_USE;
-        } else {
-            set_why(why, why_len, "%s: flock failed: %s", p->path, strerror(errno));
-            st = KVP_ERR_SYSTEM;
-        }
+    st = fd_lock(f, p->path, why, why_len);
+    if (st != KVP_OK) {
         created = false; /* another process may have it now: never remove it */
         goto err_close;
     }
-    struct statfs sfs;
-    if (f->direct && fstatfs(f->fd, &sfs) == 0 &&
-        (sfs.f_type == TMPFS_MAGIC || sfs.f_type == RAMFS_MAGIC)) {
-        /* Linux >= 6.6 accepts O_DIRECT on tmpfs, but there is no disk behind it. */
-        st = refuse_direct(f, p->buffered_io,
-                           "the file is on tmpfs/ramfs, which has no disk for O_DIRECT I/O", why,
-                           why_len);
-        if (st != KVP_OK)
-            goto err_close;
-    }
-    struct stat sb;
-    if (fstat(f->fd, &sb) != 0) {
-        set_why(why, why_len, "%s: fstat failed: %s", p->path, strerror(errno));
-        st = KVP_ERR_SYSTEM;
+    uint64_t size;
+    st = fd_check(f, p, &size, why, why_len);
+    if (st != KVP_OK)
         goto err_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        set_why(why, why_len, "%s is not a regular file; it was left untouched", p->path);
-        st = KVP_ERR_INVALID_ARG;
-        goto err_close;
-    }
-    bool formatting = sb.st_size == 0;
+    bool formatting = size == 0;
     if (formatting) {
         st = format(f, p->buffered_io, why, why_len);
         if (st != KVP_OK)
@@ -926,7 +956,7 @@ kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **
         for (uint32_t s = f->max_entries; s-- > 0;)
             f->free_st[f->n_free++] = s;
     } else {
-        st = read_header(f, (uint64_t)sb.st_size, p->buffered_io, why, why_len);
+        st = read_header(f, size, p->buffered_io, why, why_len);
         if (st != KVP_OK)
             goto err_close;
     }

@@ -1297,6 +1297,127 @@ static bool win_same(const kvp_xfer_op_t *a, const kvp_xfer_op_t *b)
            (a->grant == NULL) == (b->grant == NULL);
 }
 
+/* Send the BINDs of lane l (its distinct ops in order, grouped by win_same) on its peer's
+ * window connection, each recorded in reqs[*nreq_p]; st is the peer's status so far (once it
+ * failed nothing more is sent). Returns the peer's status after. Caller holds rp->win_lock. */
+static kvp_status_t lane_windows_send(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l, rpeer_t *rp,
+                                      kvp_status_t st, uint64_t progress_ms, win_req_t *reqs,
+                                      size_t *nreq_p)
+{
+    l->windows = true;
+    if (l->dead || l->beg == l->end)
+        return st;
+    /* the lane's distinct ops, in order (an op's slices in a lane are adjacent) */
+    uint32_t cnt = 0;
+    for (uint32_t s = l->beg; s < l->end; s++)
+        cnt += s == l->beg || b->slices[s].op != b->slices[s - 1].op;
+    kvp_xfer_op_t **lops = malloc(cnt * sizeof(*lops));
+    l->win = calloc(cnt, sizeof(*l->win));
+    if (lops == NULL || l->win == NULL) {
+        free(lops);
+        pthread_mutex_lock(&ctx->done_lock);
+        lane_fail_rest(b, l, KVP_ERR_NOMEM);
+        pthread_mutex_unlock(&ctx->done_lock);
+        return st;
+    }
+    uint32_t e = 0;
+    for (uint32_t s = l->beg; s < l->end; s++) {
+        if (s == l->beg || b->slices[s].op != b->slices[s - 1].op)
+            lops[e++] = b->slices[s].op;
+        b->slices[s].rkey = e - 1; /* its entry, for now */
+    }
+    l->n_win = cnt;
+    if (st == KVP_OK)
+        st = win_conn(rp, l->peer, win_left(ctx, progress_ms));
+    for (uint32_t f = 0; st == KVP_OK && f < cnt;) {
+        uint32_t m = 1;
+        while (f + m < cnt && m < KVP_DATA_VEC_MAX && win_same(lops[f], lops[f + m]))
+            m++;
+        st = win_send(rp->win_fd, l->q->remote_qpn, lops + f, m);
+        reqs[(*nreq_p)++] = (win_req_t){.l = l, .first = f, .n = m};
+        f += m;
+    }
+    free(lops);
+    return st;
+}
+
+/* Read the answer to BIND request `req` into its lane's windows; on a refusal (or st, the
+ * peer's status so far, not OK) its ops fail. Returns the peer's status after: a connection
+ * that cannot be trusted (or was closed) fails the rest. *progress_ms: bumped by an answer.
+ * Caller holds rp->win_lock. */
+static kvp_status_t window_answer(rdma_ctx_t *ctx, rbatch_t *b, rpeer_t *rp, const win_req_t *req,
+                                  kvp_status_t st, uint64_t *progress_ms)
+{
+    lane_t *l = req->l;
+    kvp_data_resp_t resp;
+    kvp_status_t rst = st;
+    uint32_t left = win_left(ctx, *progress_ms);
+    if (rst == KVP_OK && left == 0)
+        rst = KVP_ERR_TIMEOUT;
+    else if (rst == KVP_OK)
+        kvp_sock_set_timeout(rp->win_fd, left);
+    if (rst == KVP_OK)
+        rst =
+            kvp_recv_all(rp->win_fd, &resp, sizeof(resp)) != KVP_OK || resp.magic != KVP_DATA_MAGIC
+                ? KVP_ERR_IO
+                : (kvp_status_t)resp.status;
+    if (rst == KVP_OK && resp.length != req->n * sizeof(kvp_data_window_t))
+        rst = KVP_ERR_PROTOCOL;
+    if (rst == KVP_OK && kvp_recv_all(rp->win_fd, &l->win[req->first], resp.length) != KVP_OK)
+        rst = KVP_ERR_IO;
+    if (rst == KVP_ERR_IO || rst == KVP_ERR_PROTOCOL || rst == KVP_ERR_DENIED ||
+        rst == KVP_ERR_TIMEOUT)
+        st = rst; /* the connection cannot be trusted (or was closed): the rest fail */
+    if (rst == KVP_OK) {
+        *progress_ms = kvp_now_ms();
+        return st;
+    }
+    if (rst == KVP_ERR_NOT_FOUND) { /* the owner knows no such QP: connect again */
+        pthread_mutex_lock(&l->q->post_lock);
+        kvp_rdma_qp_flush(l->q->qp);
+        pthread_mutex_unlock(&l->q->post_lock);
+        rst = KVP_ERR_CONNECT;
+    }
+    pthread_mutex_lock(&ctx->done_lock);
+    for (uint32_t s = l->beg; s < l->end; s++)
+        if (b->slices[s].rkey >= req->first && b->slices[s].rkey < req->first + req->n)
+            op_fail(b->slices[s].op, rst);
+    pthread_mutex_unlock(&ctx->done_lock);
+    for (uint32_t w = req->first; w < req->first + req->n; w++)
+        l->win[w] = (kvp_data_window_t){.rkey = 0, .slot = UINT32_MAX};
+    return st;
+}
+
+/* windows_bind for the lanes [i, j) of one peer, with room for their requests in reqs. */
+static void peer_windows_bind(rdma_ctx_t *ctx, rbatch_t *b, size_t i, size_t j, win_req_t *reqs,
+                              uint64_t *progress_ms)
+{
+    rpeer_t *rp = b->lanes[i].rp;
+    size_t nreq = 0;
+    kvp_status_t st = KVP_OK;
+    pthread_mutex_lock(&rp->win_lock);
+    for (size_t li = i; li < j; li++)
+        st = lane_windows_send(ctx, b, &b->lanes[li], rp, st, *progress_ms, reqs, &nreq);
+    /* the answers, in order */
+    for (size_t r = 0; r < nreq; r++)
+        st = window_answer(ctx, b, rp, &reqs[r], st, progress_ms);
+    if (st != KVP_OK) { /* no connection, or one that broke: nothing of the peer goes */
+        win_close(rp);
+        pthread_mutex_lock(&ctx->done_lock);
+        for (size_t l = i; l < j; l++)
+            if (!b->lanes[l].dead)
+                lane_fail_rest(b, &b->lanes[l], st);
+        pthread_mutex_unlock(&ctx->done_lock);
+    }
+    pthread_mutex_unlock(&rp->win_lock);
+    /* the slices' rkeys: their entries' windows */
+    for (size_t li = i; li < j; li++) {
+        lane_t *l = &b->lanes[li];
+        for (uint32_t s = l->beg; l->win != NULL && s < l->end; s++)
+            b->slices[s].rkey = l->win[b->slices[s].rkey].rkey;
+    }
+}
+
 /*
  * Windows for every lane of the batch to a peer that serves through them: per lane, a BIND
  * of its ops (grouped by kind and grant set) to the owner's data server, on the QP the lane
@@ -1312,9 +1433,7 @@ static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b, uint64_t progress_ms)
         size_t j = i + 1;
         while (j < b->n_lanes && b->lanes[j].peer == b->lanes[i].peer)
             j++;
-        const kvp_peer_t *peer = b->lanes[i].peer;
-        rpeer_t *rp = b->lanes[i].rp;
-        if (!peer->rdma_windows) {
+        if (!b->lanes[i].peer->rdma_windows) {
             i = j;
             continue;
         }
@@ -1326,103 +1445,7 @@ static void windows_bind(rdma_ctx_t *ctx, rbatch_t *b, uint64_t progress_ms)
             i = j;
             continue;
         }
-        size_t nreq = 0;
-        kvp_status_t st = KVP_OK;
-        pthread_mutex_lock(&rp->win_lock);
-        for (size_t li = i; li < j; li++) {
-            lane_t *l = &b->lanes[li];
-            l->windows = true;
-            if (l->dead || l->beg == l->end)
-                continue;
-            /* the lane's distinct ops, in order (an op's slices in a lane are adjacent) */
-            uint32_t cnt = 0;
-            for (uint32_t s = l->beg; s < l->end; s++)
-                cnt += s == l->beg || b->slices[s].op != b->slices[s - 1].op;
-            kvp_xfer_op_t **lops = malloc(cnt * sizeof(*lops));
-            l->win = calloc(cnt, sizeof(*l->win));
-            if (lops == NULL || l->win == NULL) {
-                free(lops);
-                pthread_mutex_lock(&ctx->done_lock);
-                lane_fail_rest(b, l, KVP_ERR_NOMEM);
-                pthread_mutex_unlock(&ctx->done_lock);
-                continue;
-            }
-            uint32_t e = 0;
-            for (uint32_t s = l->beg; s < l->end; s++) {
-                if (s == l->beg || b->slices[s].op != b->slices[s - 1].op)
-                    lops[e++] = b->slices[s].op;
-                b->slices[s].rkey = e - 1; /* its entry, for now */
-            }
-            l->n_win = cnt;
-            if (st == KVP_OK)
-                st = win_conn(rp, peer, win_left(ctx, progress_ms));
-            for (uint32_t f = 0; st == KVP_OK && f < cnt;) {
-                uint32_t m = 1;
-                while (f + m < cnt && m < KVP_DATA_VEC_MAX && win_same(lops[f], lops[f + m]))
-                    m++;
-                st = win_send(rp->win_fd, l->q->remote_qpn, lops + f, m);
-                reqs[nreq++] = (win_req_t){.l = l, .first = f, .n = m};
-                f += m;
-            }
-            free(lops);
-        }
-        /* the answers, in order */
-        for (size_t r = 0; r < nreq; r++) {
-            lane_t *l = reqs[r].l;
-            kvp_data_resp_t resp;
-            kvp_status_t rst = st;
-            uint32_t left = win_left(ctx, progress_ms);
-            if (rst == KVP_OK && left == 0)
-                rst = KVP_ERR_TIMEOUT;
-            else if (rst == KVP_OK)
-                kvp_sock_set_timeout(rp->win_fd, left);
-            if (rst == KVP_OK)
-                rst = kvp_recv_all(rp->win_fd, &resp, sizeof(resp)) != KVP_OK ||
-                              resp.magic != KVP_DATA_MAGIC
-                          ? KVP_ERR_IO
-                          : (kvp_status_t)resp.status;
-            if (rst == KVP_OK && resp.length != reqs[r].n * sizeof(kvp_data_window_t))
-                rst = KVP_ERR_PROTOCOL;
-            if (rst == KVP_OK &&
-                kvp_recv_all(rp->win_fd, &l->win[reqs[r].first], resp.length) != KVP_OK)
-                rst = KVP_ERR_IO;
-            if (rst == KVP_ERR_IO || rst == KVP_ERR_PROTOCOL || rst == KVP_ERR_DENIED ||
-                rst == KVP_ERR_TIMEOUT)
-                st = rst; /* the connection cannot be trusted (or was closed): the rest fail */
-            if (rst == KVP_OK) {
-                progress_ms = kvp_now_ms();
-                continue;
-            }
-            if (rst == KVP_ERR_NOT_FOUND) { /* the owner knows no such QP: connect again */
-                pthread_mutex_lock(&l->q->post_lock);
-                kvp_rdma_qp_flush(l->q->qp);
-                pthread_mutex_unlock(&l->q->post_lock);
-                rst = KVP_ERR_CONNECT;
-            }
-            pthread_mutex_lock(&ctx->done_lock);
-            for (uint32_t s = l->beg; s < l->end; s++)
-                if (b->slices[s].rkey >= reqs[r].first &&
-                    b->slices[s].rkey < reqs[r].first + reqs[r].n)
-                    op_fail(b->slices[s].op, rst);
-            pthread_mutex_unlock(&ctx->done_lock);
-            for (uint32_t w = reqs[r].first; w < reqs[r].first + reqs[r].n; w++)
-                l->win[w] = (kvp_data_window_t){.rkey = 0, .slot = UINT32_MAX};
-        }
-        if (st != KVP_OK) { /* no connection, or one that broke: nothing of the peer goes */
-            win_close(rp);
-            pthread_mutex_lock(&ctx->done_lock);
-            for (size_t l = i; l < j; l++)
-                if (!b->lanes[l].dead)
-                    lane_fail_rest(b, &b->lanes[l], st);
-            pthread_mutex_unlock(&ctx->done_lock);
-        }
-        pthread_mutex_unlock(&rp->win_lock);
-        /* the slices' rkeys: their entries' windows */
-        for (size_t li = i; li < j; li++) {
-            lane_t *l = &b->lanes[li];
-            for (uint32_t s = l->beg; l->win != NULL && s < l->end; s++)
-                b->slices[s].rkey = l->win[b->slices[s].rkey].rkey;
-        }
+        peer_windows_bind(ctx, b, i, j, reqs, &progress_ms);
         i = j;
     }
     free(reqs);

@@ -857,11 +857,10 @@ static void tcp_cleanup(void *arg)
     free(ctx);
 }
 
-static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
+/* Check each op's extent against its segment (an op outside gets KVP_ERR_OUT_OF_RANGE, the
+ * others KVP_OK) and count the slices of the ops that move. */
+static size_t ops_check(kvp_xfer_op_t **ops, size_t n, uint64_t slice_len)
 {
-    tcp_ctx_t *ctx = arg;
-    kvp_transfer_t *xfer = ctx->xfer;
-    uint64_t slice_len = xfer->tcp_slice;
     size_t n_slices = 0;
     for (size_t i = 0; i < n; i++) {
         kvp_xfer_op_t *op = ops[i];
@@ -875,26 +874,17 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         op->status = KVP_OK;
         n_slices += (op->length + slice_len - 1) / slice_len;
     }
-    /* at most one group per op, and tcp_streams connections per group */
-    size_t max_streams = KVP_MAX((size_t)xfer->tcp_streams, (size_t)SSD_STREAMS);
-    tcp_scratch_t *sc =
-        scratch_get(ctx, n_slices + 1, n + 1, KVP_MIN(n_slices, n * max_streams) + 1);
-    if (sc == NULL) {
-        for (size_t i = 0; i < n; i++)
-            ops[i]->status = KVP_ERR_NOMEM;
-        return;
-    }
-    slice_t *slices = sc->slices;
-    slice_t **sorted = sc->sorted;
-    kvp_data_vec_t *vecs = sc->vecs;
-    kvp_grant_t *grants = sc->grants;
-    uint32_t *gidx = sc->gidx;
+    return n_slices;
+}
+
+/* Slice the ops into sc->slices, giving each distinct endpoint a group in sc->groups (counted
+ * in *n_groups_p; *bytes_p: the bytes to move). Returns the number of slices. */
+static size_t ops_slice(tcp_ctx_t *ctx, tcp_scratch_t *sc, kvp_xfer_op_t **ops, size_t n,
+                        uint64_t slice_len, size_t *n_groups_p, uint64_t *bytes_p)
+{
     group_t *groups = sc->groups;
-    xconn_t *conns = sc->conns;
-    size_t n_groups = 0, n_conns = 0;
+    size_t n_groups = 0, k = 0;
     uint64_t total_bytes = 0;
-    /* slice the ops; give each distinct endpoint a group */
-    size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         kvp_xfer_op_t *op = ops[i];
         if (op->status != KVP_OK)
@@ -912,7 +902,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         if (g == n_groups)
             groups[n_groups++] = (group_t){.pool = pool};
         for (uint64_t off = 0; off < op->length; off += slice_len) {
-            slice_t *s = &slices[k++];
+            slice_t *s = &sc->slices[k++];
             s->op = op;
             s->off = off;
             s->len = KVP_MIN(slice_len, op->length - off);
@@ -930,13 +920,23 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             groups[g].n++;
         }
     }
-    /* lay each group's slices out contiguously in `sorted`, keeping order */
+    *n_groups_p = n_groups;
+    *bytes_p = total_bytes;
+    return k;
+}
+
+/* Lay each group's k slices out contiguously in sc->sorted (with their vector entries,
+ * grants and grant indexes beside them), keeping order. */
+static void groups_lay_out(tcp_scratch_t *sc, size_t n_groups, size_t k)
+{
+    group_t *groups = sc->groups;
+    slice_t *slices = sc->slices;
     size_t base = 0;
     for (size_t g = 0; g < n_groups; g++) {
-        groups[g].slices = &sorted[base];
-        groups[g].vecs = &vecs[base];
-        groups[g].grants = &grants[base];
-        groups[g].gidx = &gidx[base];
+        groups[g].slices = &sc->sorted[base];
+        groups[g].vecs = &sc->vecs[base];
+        groups[g].grants = &sc->grants[base];
+        groups[g].gidx = &sc->gidx[base];
         base += groups[g].n;
         groups[g].n = 0;
     }
@@ -950,9 +950,19 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         gr->gidx[gr->n] = slices[s].op->grant_index;
         gr->slices[gr->n++] = &slices[s];
     }
-    /* the batch's no-progress clock starts here: opening a stream (connect, HELLO) to an
-     * owner that does not answer uses up the same timeout as a transfer that stalls, so a
-     * silent owner costs one timeout, not one per step */
+}
+
+/* Open each group's streams into sc->conns (counted in *n_conns_p); a group that reaches its
+ * owner on none fails its slices. Returns the time of the last progress, in ms: the batch's
+ * no-progress clock starts here, as opening a stream (connect, HELLO) to an owner that does
+ * not answer uses up the same timeout as a transfer that stalls, so a silent owner costs one
+ * timeout, not one per step. */
+static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_groups,
+                               size_t max_streams, uint64_t slice_len, size_t *n_conns_p)
+{
+    kvp_transfer_t *xfer = ctx->xfer;
+    group_t *groups = sc->groups;
+    size_t n_conns = 0;
     uint64_t last_progress = kvp_now_ms();
     for (size_t g = 0; g < n_groups; g++) {
         size_t streams = groups[g].pool->ssd ? max_streams : (size_t)xfer->tcp_streams;
@@ -968,7 +978,7 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             if (last != KVP_OK)
                 break;
             last_progress = kvp_now_ms(); /* a stream opened (and proved): progress */
-            conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1};
+            sc->conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1};
             groups[g].live++;
             n_conns++;
         }
@@ -979,8 +989,14 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
                 slice_fail(groups[g].slices[groups[g].next], last);
         }
     }
+    *n_conns_p = n_conns;
+    return last_progress;
+}
 
-    run_transfer(ctx, sc, n_conns, total_bytes, last_progress);
+/* Give the transfer's live connections back to their pools. */
+static void conns_release(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_conns)
+{
+    xconn_t *conns = sc->conns;
     for (size_t c = 0; c < n_conns; c++) {
         if (conns[c].dead)
             continue;
@@ -990,7 +1006,11 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
         }
         conn_release(ctx, conns[c].g->pool, conns[c].fd);
     }
-    /* An op's slices lie in order in `slices`: put their CRCs together. */
+}
+
+/* An op's slices lie in order in `slices`: put their CRCs together. */
+static void ops_crc(kvp_xfer_op_t **ops, size_t n, const slice_t *slices, size_t k)
+{
     for (size_t i = 0; i < n; i++)
         if (ops[i]->want_crc)
             ops[i]->crc = 0;
@@ -1001,6 +1021,31 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
             op->crc = kvp_crc32c_combine(op->crc, slices[s].crc, slices[s].len);
         }
     }
+}
+
+static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
+{
+    tcp_ctx_t *ctx = arg;
+    kvp_transfer_t *xfer = ctx->xfer;
+    uint64_t slice_len = xfer->tcp_slice;
+    size_t n_slices = ops_check(ops, n, slice_len);
+    /* at most one group per op, and tcp_streams connections per group */
+    size_t max_streams = KVP_MAX((size_t)xfer->tcp_streams, (size_t)SSD_STREAMS);
+    tcp_scratch_t *sc =
+        scratch_get(ctx, n_slices + 1, n + 1, KVP_MIN(n_slices, n * max_streams) + 1);
+    if (sc == NULL) {
+        for (size_t i = 0; i < n; i++)
+            ops[i]->status = KVP_ERR_NOMEM;
+        return;
+    }
+    size_t n_groups, n_conns;
+    uint64_t total_bytes;
+    size_t k = ops_slice(ctx, sc, ops, n, slice_len, &n_groups, &total_bytes);
+    groups_lay_out(sc, n_groups, k);
+    uint64_t last_progress = groups_connect(ctx, sc, n_groups, max_streams, slice_len, &n_conns);
+    run_transfer(ctx, sc, n_conns, total_bytes, last_progress);
+    conns_release(ctx, sc, n_conns);
+    ops_crc(ops, n, sc->slices, k);
     scratch_put(ctx, sc);
 }
 

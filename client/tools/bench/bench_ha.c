@@ -334,13 +334,77 @@ static int rb_verify(kvp_client_t *c, rb_buf_t *b, uint64_t n)
     return 0;
 }
 
+/* The rebuild part's figures. */
+typedef struct rb_figs {
+    uint64_t n, seg;        /* objects, bytes per segment */
+    double t_put;           /* seconds the puts took */
+    double remount_s;       /* from the new master's start to every segment back; -1: never */
+    double rebuild_s;       /* ... to every object in its index; -1: never */
+    uint64_t seen, adopted; /* objects the new master counts, and adopted */
+    long long rss_before, rss_after; /* the old master's RSS, the new one's */
+} rb_figs_t;
+
+/* Poll the new master's stat (started at t0) until it counts every object, at most
+ * HA_RB_MAX_S. */
+static void rb_wait(kvp_client_t *c, double t0, rb_figs_t *fg)
+{
+    kvp_pool_stat_t *ps = NULL;
+    while (kvp_bench_now() - t0 < HA_RB_MAX_S) {
+        if (kvp_pool_stat(c, &ps) == KVP_OK) {
+            double t = kvp_bench_now() - t0;
+            fg->seen = ps->objects;
+            fg->adopted = ps->adopted_objects;
+            if (fg->remount_s < 0 && ps->n_segments == HA_RB_SEGS)
+                fg->remount_s = t;
+            kvp_pool_stat_free(ps);
+            ps = NULL;
+            if (fg->seen >= fg->n) {
+                fg->rebuild_s = t;
+                break;
+            }
+        }
+        usleep(HA_RB_POLL_US);
+    }
+}
+
+/* The rebuild's table and result object. */
+static void rb_report(kvp_bench_out_t *out, const rb_figs_t *fg)
+{
+    printf("== ha: rebuild of the index after kill -9 of the master (%u segments of %" PRIu64
+           " MiB, records on) ==\n",
+           HA_RB_SEGS, fg->seg >> 20);
+    printf("%10s %8s %10s %11s %10s %13s %12s %12s %8s\n", "objects", "size", "put obj/s",
+           "remount ms", "rebuild ms", "adopted", "RSS before", "RSS after", "sample");
+    printf("%10" PRIu64 " %6uKiB %10.0f %11.1f %10.1f %13" PRIu64 " %9lld MiB %8lld MiB %8s\n",
+           fg->n, HA_RB_OBJ >> 10, (double)fg->n / fg->t_put, fg->remount_s * 1e3,
+           fg->rebuild_s * 1e3, fg->adopted, fg->rss_before >> 20, fg->rss_after >> 20, "ok");
+    kvp_bench_result_begin(out, "ha");
+    kvp_bench_result_str(out, "part", "rebuild");
+    kvp_bench_result_int(out, "objects", (int64_t)fg->n);
+    kvp_bench_result_int(out, "size", HA_RB_OBJ);
+    kvp_bench_result_int(out, "segments", HA_RB_SEGS);
+    kvp_bench_result_int(out, "segment_size", (int64_t)fg->seg);
+    kvp_bench_result_num(out, "put_objs_per_s", (double)fg->n / fg->t_put);
+    kvp_bench_result_num(out, "remount_ms", fg->remount_s * 1e3);
+    kvp_bench_result_num(out, "rebuild_ms", fg->rebuild_s * 1e3);
+    kvp_bench_result_int(out, "adopted_objects", (int64_t)fg->adopted);
+    kvp_bench_result_int(out, "rss_before_kib", fg->rss_before < 0 ? -1 : fg->rss_before >> 10);
+    kvp_bench_result_int(out, "rss_after_kib", fg->rss_after < 0 ? -1 : fg->rss_after >> 10);
+    kvp_bench_result_int(out, "verified", HA_RB_SAMPLE);
+    kvp_bench_result_str(out, "verify", "ok");
+    kvp_bench_result_end(out);
+    fflush(stdout);
+}
+
 static int run_rebuild(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 {
-    uint64_t n = o->ha_objects;
+    rb_figs_t fg = {.n = o->ha_objects, .remount_s = -1, .rebuild_s = -1};
+    uint64_t n = fg.n;
     /* about twice the objects' bytes over the segments (room to spare), in 64 MiB steps */
     uint64_t step = 64ull << 20, seg = (n * HA_RB_OBJ * 2 / HA_RB_SEGS + step - 1) / step * step;
     if (seg < step)
         seg = step;
+    fg.seg = seg;
     rb_buf_t *b = calloc(1, sizeof(*b));
     if (b == NULL) {
         fprintf(stderr, "kvpool-bench: ha: out of memory\n");
@@ -371,10 +435,10 @@ static int run_rebuild(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     }
     kvp_register_buffer(c, b->mem, sizeof(b->mem));
     kvp_bench_progress(o, "ha: rebuild: putting %" PRIu64 " objects of 1 KiB", n);
-    double t_put = kvp_bench_now();
+    fg.t_put = kvp_bench_now();
     if (rb_put(c, b, n) != 0)
         goto out;
-    t_put = kvp_bench_now() - t_put;
+    fg.t_put = kvp_bench_now() - fg.t_put;
     if ((st = kvp_pool_stat(c, &ps)) != KVP_OK || ps->objects != n) {
         fprintf(stderr,
                 "kvpool-bench: ha: rebuild: the pool holds %" PRIu64 " objects, not %" PRIu64
@@ -384,40 +448,24 @@ static int run_rebuild(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     }
     kvp_pool_stat_free(ps);
     ps = NULL;
-    long long rss_before = kvp_bench_rss_bytes(cl.master_pid);
+    fg.rss_before = kvp_bench_rss_bytes(cl.master_pid);
     kvp_bench_progress(o, "ha: rebuild: kill -9 of the master, a new one on %s", cl.master_addr);
     kill9(cl.master_pid);
     char addr[128];
     cl.master_pid = kvp_bench_master_start(cl.master_addr, "on", NULL, addr, sizeof(addr));
-    double t0 = kvp_bench_now(), remount_s = -1, rebuild_s = -1;
+    double t0 = kvp_bench_now();
     if (cl.master_pid < 0) {
         cl.master_pid = 0;
         fprintf(stderr, "kvpool-bench: ha: rebuild: no new master on %s\n", cl.master_addr);
         goto out;
     }
-    uint64_t seen = 0, adopted = 0;
-    while (kvp_bench_now() - t0 < HA_RB_MAX_S) {
-        if (kvp_pool_stat(c, &ps) == KVP_OK) {
-            double t = kvp_bench_now() - t0;
-            seen = ps->objects;
-            adopted = ps->adopted_objects;
-            if (remount_s < 0 && ps->n_segments == HA_RB_SEGS)
-                remount_s = t;
-            kvp_pool_stat_free(ps);
-            ps = NULL;
-            if (seen >= n) {
-                rebuild_s = t;
-                break;
-            }
-        }
-        usleep(HA_RB_POLL_US);
-    }
-    long long rss_after = kvp_bench_rss_bytes(cl.master_pid);
-    if (rebuild_s < 0 || seen != n) {
+    rb_wait(c, t0, &fg);
+    fg.rss_after = kvp_bench_rss_bytes(cl.master_pid);
+    if (fg.rebuild_s < 0 || fg.seen != n) {
         fprintf(stderr,
                 "kvpool-bench: ha: rebuild: the new master shows %" PRIu64 " objects of %" PRIu64
                 " after %.0f s\n",
-                seen, n, kvp_bench_now() - t0);
+                fg.seen, n, kvp_bench_now() - t0);
         goto out;
     }
     kvp_bench_progress(o, "ha: rebuild: reading %u random objects back", HA_RB_SAMPLE);
@@ -425,30 +473,7 @@ static int run_rebuild(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         goto out;
     rc = 0;
     kvp_bench_progress_done(o);
-    printf("== ha: rebuild of the index after kill -9 of the master (%u segments of %" PRIu64
-           " MiB, records on) ==\n",
-           HA_RB_SEGS, seg >> 20);
-    printf("%10s %8s %10s %11s %10s %13s %12s %12s %8s\n", "objects", "size", "put obj/s",
-           "remount ms", "rebuild ms", "adopted", "RSS before", "RSS after", "sample");
-    printf("%10" PRIu64 " %6uKiB %10.0f %11.1f %10.1f %13" PRIu64 " %9lld MiB %8lld MiB %8s\n", n,
-           HA_RB_OBJ >> 10, (double)n / t_put, remount_s * 1e3, rebuild_s * 1e3, adopted,
-           rss_before >> 20, rss_after >> 20, "ok");
-    kvp_bench_result_begin(out, "ha");
-    kvp_bench_result_str(out, "part", "rebuild");
-    kvp_bench_result_int(out, "objects", (int64_t)n);
-    kvp_bench_result_int(out, "size", HA_RB_OBJ);
-    kvp_bench_result_int(out, "segments", HA_RB_SEGS);
-    kvp_bench_result_int(out, "segment_size", (int64_t)seg);
-    kvp_bench_result_num(out, "put_objs_per_s", (double)n / t_put);
-    kvp_bench_result_num(out, "remount_ms", remount_s * 1e3);
-    kvp_bench_result_num(out, "rebuild_ms", rebuild_s * 1e3);
-    kvp_bench_result_int(out, "adopted_objects", (int64_t)adopted);
-    kvp_bench_result_int(out, "rss_before_kib", rss_before < 0 ? -1 : rss_before >> 10);
-    kvp_bench_result_int(out, "rss_after_kib", rss_after < 0 ? -1 : rss_after >> 10);
-    kvp_bench_result_int(out, "verified", HA_RB_SAMPLE);
-    kvp_bench_result_str(out, "verify", "ok");
-    kvp_bench_result_end(out);
-    fflush(stdout);
+    rb_report(out, &fg);
 out:
     kvp_bench_progress_done(o);
     kvp_pool_stat_free(ps);
@@ -1027,23 +1052,81 @@ static bool fo_any_missing(const fo_round_t *fr, unsigned n)
     return false;
 }
 
-static int run_failover(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+/* The failover part where no etcd can run: said, with a result that says why. */
+static int fo_skip(kvp_bench_out_t *out)
 {
-    if (!etcd_on_path()) {
-        printf("== ha: failover: SKIPPED: no etcd binary on PATH (Debian: apt-get install "
-               "etcd-server) ==\n");
-        kvp_bench_result_begin(out, "ha");
-        kvp_bench_result_str(out, "part", "failover");
-        kvp_bench_result_str(out, "skipped", "no etcd binary on PATH");
-        kvp_bench_result_end(out);
-        return 0;
-    }
-    /* our etcd is plain http: settings meant for another etcd would only break it */
+    printf("== ha: failover: SKIPPED: no etcd binary on PATH (Debian: apt-get install "
+           "etcd-server) ==\n");
+    kvp_bench_result_begin(out, "ha");
+    kvp_bench_result_str(out, "part", "failover");
+    kvp_bench_result_str(out, "skipped", "no etcd binary on PATH");
+    kvp_bench_result_end(out);
+    return 0;
+}
+
+/* Our etcd is plain http: settings meant for another etcd would only break it. */
+static void etcd_env_clear(void)
+{
     static const char *const etcd_env[] = {"KVPOOL_ETCD_CACERT", "KVPOOL_ETCD_CERT",
                                            "KVPOOL_ETCD_KEY", "KVPOOL_ETCD_USER",
                                            "KVPOOL_ETCD_PASSWORD_FILE"};
     for (size_t i = 0; i < sizeof(etcd_env) / sizeof(etcd_env[0]); i++)
         unsetenv(etcd_env[i]);
+}
+
+/* Start the failover cluster on the etcd at `endpoint`: HA_FO_MASTERS masters with f->flags,
+ * HA_FO_SEGS segments against eaddr (their pids in seg), f's client and etcd client; then
+ * put the resident objects. 0, or -1 (said on stderr). */
+static int fo_start(const kvp_bench_opts_t *o, fo_t *f, const char *endpoint, const char *eaddr,
+                    pid_t *seg)
+{
+    kvp_bench_progress(o, "ha: failover: starting %d masters and %u segments", HA_FO_MASTERS,
+                       HA_FO_SEGS);
+    for (int i = 0; i < HA_FO_MASTERS; i++)
+        if ((f->pid[i] =
+                 kvp_bench_master_start(NULL, "on", f->flags, f->addr[i], sizeof(f->addr[i]))) < 0)
+            return -1;
+    for (unsigned i = 0; i < HA_FO_SEGS; i++)
+        if ((seg[i] = kvp_bench_serve_start(eaddr, HA_FO_SEG_SIZE)) < 0)
+            return -1;
+    kvp_status_t st = client_open(eaddr, NULL, HA_FO_TIMEOUT_MS, &f->c);
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: ha: failover: client: %s\n", kvp_strerror(st));
+        return -1;
+    }
+    if ((st = kvp_etcd_create(endpoint, 2000, &f->h)) != KVP_OK) {
+        fprintf(stderr, "kvpool-bench: ha: failover: etcd client: %s\n", kvp_strerror(st));
+        return -1;
+    }
+    return fo_resident_put(f) != 0 ? -1 : 0;
+}
+
+/* The rounds, under the background load: the first kill after a full window of steady load,
+ * each next one a window after the failover (and a gap after the round); then the last
+ * round's window. *n_rounds_p: the rounds done. 0, or -1 when a round failed. */
+static int fo_rounds(const kvp_bench_opts_t *o, fo_t *f, fo_round_t *fr, unsigned *n_rounds_p)
+{
+    double next_kill = kvp_bench_now() + HA_FO_WINDOW_S;
+    for (; *n_rounds_p < o->ha_rounds; (*n_rounds_p)++) {
+        unsigned r = *n_rounds_p;
+        kvp_bench_progress(o, "ha: failover: round %u of %u", r + 1, o->ha_rounds);
+        sleep_until(next_kill);
+        if (fo_round(f, r, &fr[r]) != 0)
+            return -1;
+        double now = kvp_bench_now(), ok = fr[r].t_kill + fr[r].failover_s;
+        next_kill =
+            now + HA_FO_GAP_S > ok + HA_FO_WINDOW_S ? now + HA_FO_GAP_S : ok + HA_FO_WINDOW_S;
+    }
+    if (*n_rounds_p > 0)
+        sleep_until(fr[*n_rounds_p - 1].t_kill + HA_FO_WINDOW_S + HA_FO_BUCKET_S);
+    return 0;
+}
+
+static int run_failover(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
+{
+    if (!etcd_on_path())
+        return fo_skip(out);
+    etcd_env_clear();
     ha_etcd_t e;
     kvp_bench_progress(o, "ha: failover: starting etcd");
     if (etcd_start(&e) != 0) {
@@ -1077,25 +1160,7 @@ static int run_failover(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     }
     f->flags = flags;
     snprintf(f->leader_key, sizeof(f->leader_key), "/kvpool/%s/leader", name);
-    kvp_bench_progress(o, "ha: failover: starting %d masters and %u segments", HA_FO_MASTERS,
-                       HA_FO_SEGS);
-    for (int i = 0; i < HA_FO_MASTERS; i++)
-        if ((f->pid[i] =
-                 kvp_bench_master_start(NULL, "on", flags, f->addr[i], sizeof(f->addr[i]))) < 0)
-            goto out;
-    for (unsigned i = 0; i < HA_FO_SEGS; i++)
-        if ((seg[i] = kvp_bench_serve_start(eaddr, HA_FO_SEG_SIZE)) < 0)
-            goto out;
-    kvp_status_t st = client_open(eaddr, NULL, HA_FO_TIMEOUT_MS, &f->c);
-    if (st != KVP_OK) {
-        fprintf(stderr, "kvpool-bench: ha: failover: client: %s\n", kvp_strerror(st));
-        goto out;
-    }
-    if ((st = kvp_etcd_create(e.endpoint, 2000, &f->h)) != KVP_OK) {
-        fprintf(stderr, "kvpool-bench: ha: failover: etcd client: %s\n", kvp_strerror(st));
-        goto out;
-    }
-    if (fo_resident_put(f) != 0)
+    if (fo_start(o, f, e.endpoint, eaddr, seg) != 0)
         goto out;
     l.t0 = kvp_bench_now();
     if (pthread_create(&th, NULL, fo_load_main, &l) != 0) {
@@ -1109,20 +1174,8 @@ static int run_failover(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         fprintf(stderr, "kvpool-bench: ha: failover: the background client did not start\n");
         goto out;
     }
-    /* the first kill comes after a full window of steady load */
-    double next_kill = kvp_bench_now() + HA_FO_WINDOW_S;
-    for (; n_rounds < o->ha_rounds; n_rounds++) {
-        kvp_bench_progress(o, "ha: failover: round %u of %u", n_rounds + 1, o->ha_rounds);
-        sleep_until(next_kill);
-        if (fo_round(f, n_rounds, &fr[n_rounds]) != 0)
-            goto out;
-        double now = kvp_bench_now(), ok = fr[n_rounds].t_kill + fr[n_rounds].failover_s;
-        next_kill =
-            now + HA_FO_GAP_S > ok + HA_FO_WINDOW_S ? now + HA_FO_GAP_S : ok + HA_FO_WINDOW_S;
-    }
-    /* the last round's window after the kill */
-    if (n_rounds > 0)
-        sleep_until(fr[n_rounds - 1].t_kill + HA_FO_WINDOW_S + HA_FO_BUCKET_S);
+    if (fo_rounds(o, f, fr, &n_rounds) != 0)
+        goto out;
     rc = 0;
 out:
     if (load_started) {

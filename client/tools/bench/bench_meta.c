@@ -649,6 +649,179 @@ static uint64_t sum_keys(const meta_worker_t *ws, unsigned n, uint64_t *misses_p
     return k;
 }
 
+/* kvp_bench_meta's run: the shared state, the workers and the mounting connection. */
+typedef struct meta_run {
+    const kvp_bench_opts_t *o;
+    kvp_bench_out_t *out;
+    meta_shared_t sh;
+    meta_worker_t *ws;
+    kvp_chan_t *mount_ch; /* mounts the virtual segment; the master drops it when this closes */
+    pinger_t pinger;
+    uint64_t seg_id;
+    char seg_name[64];
+    double dur;     /* per point */
+    pid_t mpid;     /* a local master, or <= 0 */
+    long long rss0; /* its RSS before the fill; -1: unknown */
+    bool bad;       /* a figure found keys missing */
+} meta_run_t;
+
+/* The resident object counts asked for (0s dropped), ascending; their number. */
+static size_t meta_counts(const kvp_bench_opts_t *o, uint64_t counts[KVP_BENCH_MAX_LIST])
+{
+    size_t n_counts = 0;
+    for (size_t i = 0; i < o->n_meta_objects; i++)
+        if (o->meta_objects[i] > 0)
+            counts[n_counts++] = o->meta_objects[i];
+    qsort(counts, n_counts, sizeof(counts[0]), cmp_u64);
+    return n_counts;
+}
+
+/* Connect, mount the virtual segment (heartbeats on its connection from the pinger) and give
+ * each worker its connection. *connect_us_p: what a connection costs (TCP, and the TLS 1.3
+ * handshake with --tls-dir). 0, or -1. */
+static int meta_connect(meta_run_t *m, double *connect_us_p)
+{
+    const kvp_bench_opts_t *o = m->o;
+    if (connect_master(o->master, &m->mount_ch) != 0)
+        return -1;
+    *connect_us_p = kvp_bench_connect_us(o->master, 50);
+    if (mount(m->mount_ch, m->seg_name, META_SEG_SIZE, &m->seg_id) != KVP_OK) {
+        fprintf(stderr, "kvpool-bench meta: cannot mount the virtual segment %s\n", m->seg_name);
+        return -1;
+    }
+    m->pinger.ch = m->mount_ch;
+    m->pinger.started = pthread_create(&m->pinger.thread, NULL, pinger_main, &m->pinger) == 0;
+    for (unsigned i = 0; i < m->sh.threads; i++) {
+        meta_worker_t *w = &m->ws[i];
+        w->sh = &m->sh;
+        w->id = i;
+        w->rng = kvp_bench_mix64(0x5EED0000u + i) | 1;
+        for (size_t k = 0; k < META_BATCH; k++)
+            w->sizes[k] = META_OBJ_SIZE;
+        if (connect_master(o->master, &w->ch) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The run's header lines and the connect figure. */
+static void meta_header(meta_run_t *m, double connect_us)
+{
+    printf("master metadata: %u client threads (one connection each), batches of %u, %u-byte "
+           "objects on virtual segment %s, %zu-byte keys, %.1f s per point\n",
+           m->sh.threads, META_BATCH, META_OBJ_SIZE, m->seg_name, key_len(), m->dur);
+    if (m->rss0 < 0)
+        printf("master RSS unknown (not a local master): bytes/object reported as -1\n");
+    printf("a connection to the master (TCP%s): %.0f us (median of 50)\n",
+           kvp_bench_tls_on() ? " and the TLS 1.3 handshake" : "", connect_us);
+    kvp_bench_result_begin(m->out, "meta");
+    kvp_bench_result_str(m->out, "op", "connect");
+    kvp_bench_result_str(m->out, "tls", kvp_bench_tls_on() ? "on" : "off");
+    kvp_bench_result_num(m->out, "connect_us", connect_us);
+    kvp_bench_result_end(m->out);
+    printf("%10s %-16s %12s %12s %8s %8s %12s %10s %10s\n", "resident", "op", "keys/s", "B/object",
+           "key B", "threads", "fill keys/s", "master us", "client us");
+    printf("(us: CPU per 1000 keys, the master's and this process's)\n");
+}
+
+/* The figures of one resident count: put rounds that keep the extra residency within ~10% of
+ * it, then exist and get_replica_list of resident keys, for the duration each. 0, or -1 when
+ * a task failed. */
+static int meta_point(meta_run_t *m, double bpo, long long rss, double fill_kps)
+{
+    meta_shared_t *sh = &m->sh;
+    uint64_t r = sh->resident, misses;
+    uint64_t per_round = r / 10 / ((uint64_t)META_BATCH * sh->threads);
+    sh->put_batches = (unsigned)KVP_MAX(UINT64_C(1), KVP_MIN(per_round, UINT64_C(64)));
+    kvp_bench_progress(m->o, "meta: %" PRIu64 " resident: put", r);
+    sh->deadline = kvp_bench_now() + m->dur;
+    if (run_task(sh, m->ws, TASK_PUT) < 0)
+        return -1;
+    kvp_bench_progress_done(m->o);
+    uint64_t k = sum_keys(m->ws, sh->threads, &misses);
+    m->bad |= report(m->out, sh, "put", sh->put_time > 0 ? (double)k / sh->put_time : 0, bpo, rss,
+                     fill_kps, misses, k) != 0;
+    static const struct {
+        meta_task_t task;
+        const char *op;
+    } reads[] = {{TASK_EXIST, "exist"}, {TASK_GET, "get_replica_list"}};
+    for (size_t i = 0; i < sizeof(reads) / sizeof(reads[0]); i++) {
+        kvp_bench_progress(m->o, "meta: %" PRIu64 " resident: %s", r, reads[i].op);
+        sh->deadline = kvp_bench_now() + m->dur;
+        double dt = run_task(sh, m->ws, reads[i].task);
+        kvp_bench_progress_done(m->o);
+        if (dt < 0)
+            return -1;
+        k = sum_keys(m->ws, sh->threads, &misses);
+        m->bad |=
+            report(m->out, sh, reads[i].op, (double)k / dt, bpo, rss, fill_kps, misses, k) != 0;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+/* Fill the pool from *resident_p up to r objects, then measure meta_point there. 0, or -1. */
+static int meta_resident(meta_run_t *m, uint64_t r, uint64_t *resident_p)
+{
+    meta_shared_t *sh = &m->sh;
+    uint64_t resident = *resident_p;
+    sh->resident = r;
+    sh->range_lo = resident;
+    sh->range_hi = r;
+    double fill_kps = 0;
+    if (r > resident) {
+        double dt = run_task(sh, m->ws, TASK_FILL);
+        kvp_bench_progress_done(m->o);
+        if (dt < 0)
+            return -1;
+        fill_kps = (double)(r - resident) / dt;
+        if (fill_kps < 200e3)
+            fprintf(stderr,
+                    "kvpool-bench meta: filling ran at %.0f objects/s (%" PRIu64
+                    " objects in %.1f s)\n",
+                    fill_kps, r - resident, dt);
+    }
+    *resident_p = r;
+    long long rss = m->rss0 >= 0 ? kvp_bench_rss_bytes(m->mpid) : -1;
+    double bpo = rss >= 0 && m->rss0 >= 0 ? (double)(rss - m->rss0) / (double)r : -1.0;
+    return meta_point(m, bpo, rss, fill_kps);
+}
+
+/* The eviction point: a full pool where every put evicts one object first (the pinger is
+ * stopped: evict_point uses its connection). 0, or -1. */
+static int meta_evict(meta_run_t *m)
+{
+    meta_shared_t *sh = &m->sh;
+    atomic_store(&m->pinger.stop, true);
+    pthread_join(m->pinger.thread, NULL);
+    m->pinger.started = false;
+    char evict_name[80];
+    snprintf(evict_name, sizeof(evict_name), "%s-evict", m->seg_name);
+    double plain = 0;
+    double ev = evict_point(sh, m->ws, m->mount_ch, m->seg_id, evict_name, &plain);
+    if (ev < 0) {
+        fprintf(stderr, "kvpool-bench meta: the eviction point failed\n");
+        return -1;
+    }
+    double cost_ns = plain > 0 && ev > 0 ? 1e9 / ev - 1e9 / plain : -1;
+    uint64_t misses_ev;
+    uint64_t keys_ev = sum_keys(m->ws, sh->threads, &misses_ev);
+    m->bad |= report(m->out, sh, "put_evicting", ev, -1, -1, 0, misses_ev, keys_ev) != 0;
+    printf("eviction: %.0f puts/s into a full pool of %" PRIu64 " objects (every put evicts one) "
+           "vs %.0f puts/s into the same pool at 90 %% (no eviction): %.0f ns of eviction per "
+           "put\n",
+           ev, sh->resident, plain, cost_ns);
+    kvp_bench_result_begin(m->out, "meta");
+    kvp_bench_result_str(m->out, "op", "evict_cost");
+    kvp_bench_result_int(m->out, "objects_resident", (int64_t)sh->resident);
+    kvp_bench_result_num(m->out, "put_evicting_per_s", ev);
+    kvp_bench_result_num(m->out, "put_per_s", plain);
+    kvp_bench_result_int(m->out, "put_objects_resident", (int64_t)(sh->resident / 10 * 9));
+    kvp_bench_result_num(m->out, "evict_ns_per_put", cost_ns);
+    kvp_bench_result_end(m->out);
+    return 0;
+}
+
 int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 {
     if (o->master == NULL) {
@@ -656,175 +829,56 @@ int kvp_bench_meta(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
         return 1;
     }
     uint64_t counts[KVP_BENCH_MAX_LIST];
-    size_t n_counts = 0;
-    for (size_t i = 0; i < o->n_meta_objects; i++)
-        if (o->meta_objects[i] > 0)
-            counts[n_counts++] = o->meta_objects[i];
+    size_t n_counts = meta_counts(o, counts);
     if (n_counts == 0) {
         fprintf(stderr, "kvpool-bench meta: no resident object counts given\n");
         return 1;
     }
-    qsort(counts, n_counts, sizeof(counts[0]), cmp_u64);
-
-    meta_shared_t sh = {
-        .opts = o, .gate_lock = PTHREAD_MUTEX_INITIALIZER, .gate_cond = PTHREAD_COND_INITIALIZER};
-    sh.threads = o->threads > 1 ? o->threads : 2;
-    if (sh.threads > META_MAX_THREADS)
-        sh.threads = META_MAX_THREADS;
-    double dur = o->duration_s > 0 ? o->duration_s : 2.0;
-    char seg_name[64];
-    snprintf(seg_name, sizeof(seg_name), "bench-meta-%ld", (long)getpid());
-    sh.seg_name = seg_name;
+    meta_run_t m = {.o = o,
+                    .out = out,
+                    .sh = {.opts = o,
+                           .gate_lock = PTHREAD_MUTEX_INITIALIZER,
+                           .gate_cond = PTHREAD_COND_INITIALIZER},
+                    .pinger = {.ch = NULL},
+                    .dur = o->duration_s > 0 ? o->duration_s : 2.0};
+    m.sh.threads = o->threads > 1 ? o->threads : 2;
+    if (m.sh.threads > META_MAX_THREADS)
+        m.sh.threads = META_MAX_THREADS;
+    snprintf(m.seg_name, sizeof(m.seg_name), "bench-meta-%ld", (long)getpid());
+    m.sh.seg_name = m.seg_name;
 
     int rc = 1;
-    kvp_chan_t *mount_ch = NULL;
-    pinger_t pinger = {.ch = NULL};
-    meta_worker_t *ws = calloc(sh.threads, sizeof(*ws));
-    if (ws == NULL) {
+    m.ws = calloc(m.sh.threads, sizeof(*m.ws));
+    if (m.ws == NULL) {
         fprintf(stderr, "kvpool-bench meta: out of memory\n");
         return 1;
     }
-    if (connect_master(o->master, &mount_ch) != 0)
+    double connect_us = 0;
+    if (meta_connect(&m, &connect_us) != 0)
         goto out;
-    /* what a connection costs (TCP, and the TLS 1.3 handshake with --tls-dir) */
-    double connect_us = kvp_bench_connect_us(o->master, 50);
-    uint64_t seg_id = 0;
-    if (mount(mount_ch, seg_name, META_SEG_SIZE, &seg_id) != KVP_OK) {
-        fprintf(stderr, "kvpool-bench meta: cannot mount the virtual segment %s\n", seg_name);
-        goto out;
-    }
-    pinger.ch = mount_ch;
-    pinger.started = pthread_create(&pinger.thread, NULL, pinger_main, &pinger) == 0;
-    for (unsigned i = 0; i < sh.threads; i++) {
-        meta_worker_t *w = &ws[i];
-        w->sh = &sh;
-        w->id = i;
-        w->rng = kvp_bench_mix64(0x5EED0000u + i) | 1;
-        for (size_t k = 0; k < META_BATCH; k++)
-            w->sizes[k] = META_OBJ_SIZE;
-        if (connect_master(o->master, &w->ch) != 0)
-            goto out;
-    }
-
-    pid_t mpid = kvp_bench_master_pid();
-    long long rss0 = mpid > 0 ? kvp_bench_rss_bytes(mpid) : -1;
-    sh.master_pid = mpid;
-    printf("master metadata: %u client threads (one connection each), batches of %u, %u-byte "
-           "objects on virtual segment %s, %zu-byte keys, %.1f s per point\n",
-           sh.threads, META_BATCH, META_OBJ_SIZE, seg_name, key_len(), dur);
-    if (rss0 < 0)
-        printf("master RSS unknown (not a local master): bytes/object reported as -1\n");
-    printf("a connection to the master (TCP%s): %.0f us (median of 50)\n",
-           kvp_bench_tls_on() ? " and the TLS 1.3 handshake" : "", connect_us);
-    kvp_bench_result_begin(out, "meta");
-    kvp_bench_result_str(out, "op", "connect");
-    kvp_bench_result_str(out, "tls", kvp_bench_tls_on() ? "on" : "off");
-    kvp_bench_result_num(out, "connect_us", connect_us);
-    kvp_bench_result_end(out);
-    printf("%10s %-16s %12s %12s %8s %8s %12s %10s %10s\n", "resident", "op", "keys/s", "B/object",
-           "key B", "threads", "fill keys/s", "master us", "client us");
-    printf("(us: CPU per 1000 keys, the master's and this process's)\n");
-
+    m.mpid = kvp_bench_master_pid();
+    m.rss0 = m.mpid > 0 ? kvp_bench_rss_bytes(m.mpid) : -1;
+    m.sh.master_pid = m.mpid;
+    meta_header(&m, connect_us);
     uint64_t resident = 0;
-    bool bad = false;
-    for (size_t c = 0; c < n_counts; c++) {
-        uint64_t r = counts[c];
-        sh.resident = r;
-        sh.range_lo = resident;
-        sh.range_hi = r;
-        double fill_kps = 0;
-        if (r > resident) {
-            double dt = run_task(&sh, ws, TASK_FILL);
-            kvp_bench_progress_done(o);
-            if (dt < 0)
-                goto out;
-            fill_kps = (double)(r - resident) / dt;
-            if (fill_kps < 200e3)
-                fprintf(stderr,
-                        "kvpool-bench meta: filling ran at %.0f objects/s (%" PRIu64
-                        " objects in %.1f s)\n",
-                        fill_kps, r - resident, dt);
-        }
-        resident = r;
-
-        long long rss = rss0 >= 0 ? kvp_bench_rss_bytes(mpid) : -1;
-        double bpo = rss >= 0 && rss0 >= 0 ? (double)(rss - rss0) / (double)r : -1.0;
-        uint64_t misses;
-
-        /* put: rounds that keep the extra residency within ~10% of R */
-        uint64_t per_round = r / 10 / ((uint64_t)META_BATCH * sh.threads);
-        sh.put_batches = (unsigned)KVP_MAX(UINT64_C(1), KVP_MIN(per_round, UINT64_C(64)));
-        kvp_bench_progress(o, "meta: %" PRIu64 " resident: put", r);
-        sh.deadline = kvp_bench_now() + dur;
-        if (run_task(&sh, ws, TASK_PUT) < 0)
+    for (size_t c = 0; c < n_counts; c++)
+        if (meta_resident(&m, counts[c], &resident) != 0)
             goto out;
-        kvp_bench_progress_done(o);
-        uint64_t k = sum_keys(ws, sh.threads, &misses);
-        bad |= report(out, &sh, "put", sh.put_time > 0 ? (double)k / sh.put_time : 0, bpo, rss,
-                      fill_kps, misses, k) != 0;
-
-        kvp_bench_progress(o, "meta: %" PRIu64 " resident: exist", r);
-        sh.deadline = kvp_bench_now() + dur;
-        double dt = run_task(&sh, ws, TASK_EXIST);
-        kvp_bench_progress_done(o);
-        if (dt < 0)
-            goto out;
-        k = sum_keys(ws, sh.threads, &misses);
-        bad |= report(out, &sh, "exist", (double)k / dt, bpo, rss, fill_kps, misses, k) != 0;
-
-        kvp_bench_progress(o, "meta: %" PRIu64 " resident: get_replica_list", r);
-        sh.deadline = kvp_bench_now() + dur;
-        dt = run_task(&sh, ws, TASK_GET);
-        kvp_bench_progress_done(o);
-        if (dt < 0)
-            goto out;
-        k = sum_keys(ws, sh.threads, &misses);
-        bad |= report(out, &sh, "get_replica_list", (double)k / dt, bpo, rss, fill_kps, misses,
-                      k) != 0;
-        fflush(stdout);
-    }
-
-    /* eviction: a full pool where every put evicts one object first */
-    atomic_store(&pinger.stop, true);
-    pthread_join(pinger.thread, NULL);
-    pinger.started = false;
-    char evict_name[80];
-    snprintf(evict_name, sizeof(evict_name), "%s-evict", seg_name);
-    double plain = 0;
-    double ev = evict_point(&sh, ws, mount_ch, seg_id, evict_name, &plain);
-    if (ev < 0) {
-        fprintf(stderr, "kvpool-bench meta: the eviction point failed\n");
+    if (meta_evict(&m) != 0)
         goto out;
-    }
-    double cost_ns = plain > 0 && ev > 0 ? 1e9 / ev - 1e9 / plain : -1;
-    uint64_t misses_ev;
-    uint64_t keys_ev = sum_keys(ws, sh.threads, &misses_ev);
-    bad |= report(out, &sh, "put_evicting", ev, -1, -1, 0, misses_ev, keys_ev) != 0;
-    printf("eviction: %.0f puts/s into a full pool of %" PRIu64 " objects (every put evicts one) "
-           "vs %.0f puts/s into the same pool at 90 %% (no eviction): %.0f ns of eviction per "
-           "put\n",
-           ev, sh.resident, plain, cost_ns);
-    kvp_bench_result_begin(out, "meta");
-    kvp_bench_result_str(out, "op", "evict_cost");
-    kvp_bench_result_int(out, "objects_resident", (int64_t)sh.resident);
-    kvp_bench_result_num(out, "put_evicting_per_s", ev);
-    kvp_bench_result_num(out, "put_per_s", plain);
-    kvp_bench_result_int(out, "put_objects_resident", (int64_t)(sh.resident / 10 * 9));
-    kvp_bench_result_num(out, "evict_ns_per_put", cost_ns);
-    kvp_bench_result_end(out);
-    rc = bad ? 1 : 0;
+    rc = m.bad ? 1 : 0;
 out:
-    if (pinger.started) {
-        atomic_store(&pinger.stop, true);
-        pthread_join(pinger.thread, NULL);
+    if (m.pinger.started) {
+        atomic_store(&m.pinger.stop, true);
+        pthread_join(m.pinger.thread, NULL);
     }
     kvp_bench_progress_done(o);
-    for (unsigned i = 0; i < sh.threads; i++) {
-        kvp_chan_close(ws[i].ch);
-        free(ws[i].req_buf);
+    for (unsigned i = 0; i < m.sh.threads; i++) {
+        kvp_chan_close(m.ws[i].ch);
+        free(m.ws[i].req_buf);
     }
     /* The master unmounts the segment and drops its objects when this closes. */
-    kvp_chan_close(mount_ch);
-    free(ws);
+    kvp_chan_close(m.mount_ch);
+    free(m.ws);
     return rc;
 }

@@ -205,6 +205,82 @@ static void result_common(ssd_bench_t *s, const char *op, double gbps, double ob
     printf("\n");
 }
 
+/* Put objects [0, n) of `part` to the tier (ssd: medium "ssd", else DRAM); *put_done_p: how
+ * many were sent, for the removal. 0, or -1. */
+static int get_put_all(ssd_bench_t *s, bool ssd, const char *part, uint64_t n, uint64_t *put_done_p)
+{
+    for (*put_done_p = 0; *put_done_p < n; *put_done_p += SSD_BATCH) {
+        uint64_t done = *put_done_p;
+        unsigned b = (unsigned)(n - done < SSD_BATCH ? n - done : SSD_BATCH);
+        if (put_batch(s, part, done, b, ssd ? "ssd" : NULL) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* What run_get's reads did: batches timed after the warm-up one. */
+typedef struct get_reads {
+    kvp_bench_lat_t lat;
+    uint64_t objs;
+    double busy;
+    unsigned rounds; /* the warm-up included */
+} get_reads_t;
+
+/* Read objects [0, n) of `part` back in random batches (a fresh shuffle of all keys per
+ * pass, perm: room for n) for the duration and at least 4 batches. 0, or -1. */
+static int get_reads(ssd_bench_t *s, const char *part, uint64_t *perm, uint64_t n, get_reads_t *g)
+{
+    for (uint64_t i = 0; i < n; i++)
+        perm[i] = i;
+    unsigned seed = 12345;
+    uint64_t pos = n;
+    double t_end = kvp_bench_now() + s->o->duration_s;
+    while (kvp_bench_now() < t_end || g->rounds < 4) {
+        if (pos >= n) { /* a fresh random order of every key */
+            for (uint64_t i = n - 1; i > 0; i--) {
+                uint64_t j = (uint64_t)rand_r(&seed) % (i + 1), t = perm[i];
+                perm[i] = perm[j];
+                perm[j] = t;
+            }
+            pos = 0;
+        }
+        unsigned b = (unsigned)(n - pos < SSD_BATCH ? n - pos : SSD_BATCH);
+        double t0 = kvp_bench_now();
+        if (get_batch(s, part, perm + pos, b) != 0)
+            return -1;
+        double d = kvp_bench_now() - t0;
+        pos += b;
+        if (g->rounds++ == 0)
+            continue; /* warm-up: first connection to the SSD server */
+        kvp_bench_lat_add(&g->lat, d);
+        g->busy += d;
+        g->objs += b;
+    }
+    return 0;
+}
+
+/* The limit a get is compared with: ssd, the disk's read speed before and after the reads,
+ * averaged (it drifts: bench.h); dram, the transport's own limit. 0, or -1. */
+static int get_limit(ssd_bench_t *s, bool ssd, const char **limit_p, double *limit_gbps_p,
+                     double *lim_before_p, double *lim_after_p)
+{
+    if (ssd) {
+        *limit_p = "disk_read";
+        *lim_before_p = kvp_bench_limit_disk_gbps(false);
+        if (kvp_bench_disk_limits_remeasure(s->o) != 0)
+            return -1;
+        *lim_after_p = kvp_bench_limit_disk_gbps(false);
+        *limit_gbps_p = (*lim_before_p + *lim_after_p) / 2;
+    } else if (s->transport != NULL && strcmp(s->transport, "tcp") == 0) {
+        *limit_p = "tcp-pump";
+        *limit_gbps_p = kvp_bench_limit_tcp_gbps(SSD_OBJ, SSD_TCP_STREAMS);
+    } else {
+        *limit_p = "memcpy";
+        *limit_gbps_p = kvp_bench_limit_memcpy_gbps(SSD_OBJ);
+    }
+    return 0;
+}
+
 /*
  * get_ssd (ssd = true) or get_dram: put n objects to that tier, read them back in random
  * batches for the duration, check the master counted the reads on that tier.
@@ -215,7 +291,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
     const char *op = ssd ? "get_ssd" : "get_dram";
     int rc = -1;
     uint64_t *perm = malloc(n * sizeof(*perm));
-    kvp_bench_lat_t lat = {0};
+    get_reads_t g = {.lat = {0}};
     if (perm == NULL) {
         fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
         return -1;
@@ -228,11 +304,8 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
     }
     uint64_t put_done = 0;
     kvp_bench_progress(s->o, "ssd: %s: putting %" PRIu64 " objects", op, n);
-    for (; put_done < n; put_done += SSD_BATCH) {
-        unsigned b = (unsigned)(n - put_done < SSD_BATCH ? n - put_done : SSD_BATCH);
-        if (put_batch(s, part, put_done, b, ssd ? "ssd" : NULL) != 0)
-            goto out;
-    }
+    if (get_put_all(s, ssd, part, n, &put_done) != 0)
+        goto out;
     kvp_pool_stat_t before, after;
     if (kvp_bench_pool_stat(s->c, "ssd", &before) != 0)
         goto out;
@@ -242,60 +315,19 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
                 "master counts only %" PRIu64 " bytes on SSD\n",
                 n, before.ssd_used);
     kvp_bench_progress(s->o, "ssd: %s: reading for %.1f s", op, s->o->duration_s);
-    for (uint64_t i = 0; i < n; i++)
-        perm[i] = i;
-    unsigned seed = 12345;
-    uint64_t objs = 0, pos = n;
-    double busy = 0, t_end = kvp_bench_now() + s->o->duration_s;
-    unsigned rounds = 0;
-    while (kvp_bench_now() < t_end || rounds < 4) {
-        if (pos >= n) { /* a fresh random order of every key */
-            for (uint64_t i = n - 1; i > 0; i--) {
-                uint64_t j = (uint64_t)rand_r(&seed) % (i + 1), t = perm[i];
-                perm[i] = perm[j];
-                perm[j] = t;
-            }
-            pos = 0;
-        }
-        unsigned b = (unsigned)(n - pos < SSD_BATCH ? n - pos : SSD_BATCH);
-        double t0 = kvp_bench_now();
-        if (get_batch(s, part, perm + pos, b) != 0)
-            goto out;
-        double d = kvp_bench_now() - t0;
-        pos += b;
-        if (rounds++ == 0)
-            continue; /* warm-up: first connection to the SSD server */
-        kvp_bench_lat_add(&lat, d);
-        busy += d;
-        objs += b;
-    }
-    if (kvp_bench_pool_stat(s->c, "ssd", &after) != 0)
+    if (get_reads(s, part, perm, n, &g) != 0 || kvp_bench_pool_stat(s->c, "ssd", &after) != 0)
         goto out;
     uint64_t dh = after.hits_dram - before.hits_dram, sh = after.hits_ssd - before.hits_ssd;
-    uint64_t read_objs = objs + (uint64_t)(rounds > 0 ? SSD_BATCH : 0); /* with the warm-up */
-    bool tier_ok = ssd ? (dh == 0 && sh >= objs) : (sh == 0 && dh >= objs);
-    double objs_s = busy > 0 ? (double)objs / busy : 0;
+    uint64_t read_objs = g.objs + (uint64_t)(g.rounds > 0 ? SSD_BATCH : 0); /* the warm-up */
+    bool tier_ok = ssd ? (dh == 0 && sh >= g.objs) : (sh == 0 && dh >= g.objs);
+    double objs_s = g.busy > 0 ? (double)g.objs / g.busy : 0;
     double gbps = objs_s * SSD_OBJ / 1e9;
-    double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
-    double p99 = kvp_bench_percentile(lat.v, lat.n, 99) * 1e6;
+    double p50 = kvp_bench_percentile(g.lat.v, g.lat.n, 50) * 1e6;
+    double p99 = kvp_bench_percentile(g.lat.v, g.lat.n, 99) * 1e6;
     const char *limit;
-    double limit_gbps;
-    double lim_before = 0, lim_after = 0;
-    if (ssd) {
-        /* the disk's limit before and after the reads, averaged (it drifts: bench.h) */
-        limit = "disk_read";
-        lim_before = kvp_bench_limit_disk_gbps(false);
-        if (kvp_bench_disk_limits_remeasure(s->o) != 0)
-            goto out;
-        lim_after = kvp_bench_limit_disk_gbps(false);
-        limit_gbps = (lim_before + lim_after) / 2;
-    } else if (s->transport != NULL && strcmp(s->transport, "tcp") == 0) {
-        limit = "tcp-pump";
-        limit_gbps = kvp_bench_limit_tcp_gbps(SSD_OBJ, SSD_TCP_STREAMS);
-    } else {
-        limit = "memcpy";
-        limit_gbps = kvp_bench_limit_memcpy_gbps(SSD_OBJ);
-    }
+    double limit_gbps, lim_before = 0, lim_after = 0;
+    if (get_limit(s, ssd, &limit, &limit_gbps, &lim_before, &lim_after) != 0)
+        goto out;
     kvp_bench_progress_done(s->o);
     result_common(s, op, gbps, objs_s, p50, p99, limit, limit_gbps, ssd ? SSD_GET_TARGET : 0);
     if (ssd) {
@@ -306,7 +338,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
                lim_before, lim_after);
     }
     kvp_bench_result_int(s->out, "objects", (int64_t)n);
-    kvp_bench_result_int(s->out, "batches", (int64_t)lat.n);
+    kvp_bench_result_int(s->out, "batches", (int64_t)g.lat.n);
     kvp_bench_result_int(s->out, "objects_read", (int64_t)read_objs);
     kvp_bench_result_int(s->out, "hits_dram", (int64_t)dh);
     kvp_bench_result_int(s->out, "hits_ssd", (int64_t)sh);
@@ -316,7 +348,7 @@ static int run_get(ssd_bench_t *s, bool ssd, uint64_t n)
     kvp_bench_result_end(s->out);
     printf("          %" PRIu64 " objects, %zu batches; master: hits_dram +%" PRIu64
            ", hits_ssd +%" PRIu64 " for %" PRIu64 " objects read: %s\n",
-           n, lat.n, dh, sh, read_objs, tier_ok ? "as expected" : "NOT on the expected tier");
+           n, g.lat.n, dh, sh, read_objs, tier_ok ? "as expected" : "NOT on the expected tier");
     if (!tier_ok) {
         fprintf(stderr,
                 "kvpool-bench: ssd: %s: the master counted hits_dram +%" PRIu64
@@ -331,7 +363,7 @@ out:
     if (put_done > 0 && remove_range(s, part, put_done < n ? put_done : n) != 0)
         rc = -1;
     free(perm);
-    free(lat.v);
+    free(g.lat.v);
     return rc;
 }
 
@@ -340,166 +372,207 @@ typedef struct sample {
     uint64_t offloaded, put; /* objects */
 } sample_t;
 
-static int run_offload(ssd_bench_t *s)
+/* run_offload's figures. */
+typedef struct offload {
+    uint64_t total, put; /* objects to put, put */
+    sample_t *smp;       /* the master's stat every SSD_SAMPLE_S between batches */
+    size_t ns, max_samples;
+    kvp_bench_lat_t lat;       /* puts in the steady part */
+    kvp_pool_stat_t start, ps; /* the pool before, and after the offloads settled */
+    double t0, t_put_end, t_settled;
+    bool timed_out;
+    /* the steady part: from the first sample with offloads done to the last one */
+    double rate_objs, put_objs_s, steady_s;
+    uint64_t steady_off;
+    bool whole; /* no steady part: the rates are over the whole loop */
+} offload_t;
+
+/* Put fresh objects in batches until of->total are put (or SSD_OFFLOAD_MAX_S), sampling the
+ * master's stat between batches. 0, or -1. */
+static int offload_puts(ssd_bench_t *s, offload_t *of)
 {
-    uint64_t total = (s->dram_size + s->ssd_size / 10 * 8) / SSD_OBJ;
-    total = (total + SSD_BATCH - 1) / SSD_BATCH * SSD_BATCH;
-    size_t max_samples = (size_t)(SSD_OFFLOAD_MAX_S / SSD_SAMPLE_S) + 16;
-    sample_t *smp = calloc(max_samples, sizeof(*smp));
-    kvp_bench_lat_t lat = {0};
-    int rc = -1;
-    uint64_t put = 0;
-    if (smp == NULL) {
-        fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
-        return -1;
-    }
-    kvp_pool_stat_t start, ps;
-    /* the disk's limit just before the measured offload (it drifts: see bench.h) */
-    if (kvp_bench_disk_limits_remeasure(s->o) != 0)
-        goto out;
-    if (kvp_bench_pool_stat(s->c, "ssd", &start) != 0)
-        goto out;
-    size_t ns = 0;
-    double t0 = kvp_bench_now(), last = t0, now = t0;
-    smp[ns++] = (sample_t){t0, start.offloaded_objects, 0};
-    bool timed_out = false;
-    while (put < total) {
-        if (now - t0 > SSD_OFFLOAD_MAX_S) {
-            timed_out = true;
+    of->t0 = kvp_bench_now();
+    double last = of->t0, now = of->t0;
+    of->smp[of->ns++] = (sample_t){of->t0, of->start.offloaded_objects, 0};
+    while (of->put < of->total) {
+        if (now - of->t0 > SSD_OFFLOAD_MAX_S) {
+            of->timed_out = true;
             break;
         }
         double b0 = kvp_bench_now();
-        if (put_batch(s, "off", put, SSD_BATCH, NULL) != 0)
-            goto out;
+        if (put_batch(s, "off", of->put, SSD_BATCH, NULL) != 0)
+            return -1;
         now = kvp_bench_now();
-        put += SSD_BATCH;
-        bool steady = smp[ns - 1].offloaded > start.offloaded_objects;
+        of->put += SSD_BATCH;
+        bool steady = of->smp[of->ns - 1].offloaded > of->start.offloaded_objects;
         if (steady)
-            kvp_bench_lat_add(&lat, now - b0);
-        if (now - last >= SSD_SAMPLE_S && ns < max_samples) {
-            if (kvp_bench_pool_stat(s->c, "ssd", &ps) != 0)
-                goto out;
+            kvp_bench_lat_add(&of->lat, now - b0);
+        if (now - last >= SSD_SAMPLE_S && of->ns < of->max_samples) {
+            if (kvp_bench_pool_stat(s->c, "ssd", &of->ps) != 0)
+                return -1;
             now = kvp_bench_now();
             last = now;
-            smp[ns++] = (sample_t){now, ps.offloaded_objects, put};
+            of->smp[of->ns++] = (sample_t){now, of->ps.offloaded_objects, of->put};
             kvp_bench_progress(s->o,
                                "ssd: offload: %" PRIu64 "/%" PRIu64 " objects put, %" PRIu64
                                " offloaded, %" PRIu64 " in flight",
-                               put, total, ps.offloaded_objects - start.offloaded_objects,
-                               ps.offloading_objects);
+                               of->put, of->total,
+                               of->ps.offloaded_objects - of->start.offloaded_objects,
+                               of->ps.offloading_objects);
         }
     }
-    double t_put_end = kvp_bench_now();
-    /* the steady part: from the first sample with offloads done to the last one */
-    size_t first = 0;
-    while (first < ns && smp[first].offloaded == start.offloaded_objects)
+    of->t_put_end = kvp_bench_now();
+    return 0;
+}
+
+/* The steady part's rates; then let offloads in flight end (the counters are then final):
+ * a run too short for two samples while offloading (the bench smoke) gets the rate over the
+ * whole loop, offloads settled (a lower bound). 0, or -1. */
+static int offload_rates(ssd_bench_t *s, offload_t *of)
+{
+    const sample_t *smp = of->smp;
+    size_t ns = of->ns, first = 0;
+    while (first < ns && smp[first].offloaded == of->start.offloaded_objects)
         first++;
-    double rate_objs = 0, put_objs_s = 0, steady_s = 0;
-    uint64_t steady_off = 0;
     if (first < ns && ns - 1 > first) {
-        steady_s = smp[ns - 1].t - smp[first].t;
-        steady_off = smp[ns - 1].offloaded - smp[first].offloaded;
-        rate_objs = (double)steady_off / steady_s;
-        put_objs_s = (double)(smp[ns - 1].put - smp[first].put) / steady_s;
+        of->steady_s = smp[ns - 1].t - smp[first].t;
+        of->steady_off = smp[ns - 1].offloaded - smp[first].offloaded;
+        of->rate_objs = (double)of->steady_off / of->steady_s;
+        of->put_objs_s = (double)(smp[ns - 1].put - smp[first].put) / of->steady_s;
     }
-    /* let offloads in flight end (the counters below are then final) */
     double wait_end = kvp_bench_now() + 30;
     for (;;) {
-        if (kvp_bench_pool_stat(s->c, "ssd", &ps) != 0)
-            goto out;
-        if (ps.offloading_objects == 0 || kvp_bench_now() > wait_end)
+        if (kvp_bench_pool_stat(s->c, "ssd", &of->ps) != 0)
+            return -1;
+        if (of->ps.offloading_objects == 0 || kvp_bench_now() > wait_end)
             break;
         usleep(50000);
     }
-    double t_settled = kvp_bench_now();
-    /* a run too short for two samples while offloading (the bench smoke): the rate over the
-     * whole loop, offloads settled (a lower bound) */
-    bool whole = steady_s <= 0 && ps.offloaded_objects > start.offloaded_objects;
-    if (whole) {
-        rate_objs = (double)(ps.offloaded_objects - start.offloaded_objects) / (t_settled - t0);
-        put_objs_s = (double)put / (t_put_end - t0);
+    of->t_settled = kvp_bench_now();
+    of->whole = of->steady_s <= 0 && of->ps.offloaded_objects > of->start.offloaded_objects;
+    if (of->whole) {
+        of->rate_objs = (double)(of->ps.offloaded_objects - of->start.offloaded_objects) /
+                        (of->t_settled - of->t0);
+        of->put_objs_s = (double)of->put / (of->t_put_end - of->t0);
     }
-    kvp_bench_progress_done(s->o);
-    double all_s = t_put_end - t0;
-    double gbps = rate_objs * SSD_OBJ / 1e9;
-    /* the disk's limit before and after the offload, averaged (it drifts: bench.h) */
+    return 0;
+}
+
+/* The offload's result object and table lines, against the disk's write speed before and
+ * after the offload, averaged (it drifts: bench.h). 0, or -1 when the disk's could not be
+ * measured again. */
+static int offload_report(ssd_bench_t *s, offload_t *of)
+{
+    const kvp_pool_stat_t *ps = &of->ps, *start = &of->start;
+    double all_s = of->t_put_end - of->t0;
+    double gbps = of->rate_objs * SSD_OBJ / 1e9;
     double lim_before = kvp_bench_limit_disk_gbps(true);
     if (kvp_bench_disk_limits_remeasure(s->o) != 0)
-        goto out;
+        return -1;
     double lim_after = kvp_bench_limit_disk_gbps(true);
     double limit_gbps = (lim_before + lim_after) / 2;
-    double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
-    double p99 = kvp_bench_percentile(lat.v, lat.n, 99) * 1e6;
-    uint64_t off = ps.offloaded_objects - start.offloaded_objects;
-    uint64_t dropped = ps.offload_dropped - start.offload_dropped;
-    uint64_t failed = ps.offload_failed - start.offload_failed;
-    uint64_t evicted = ps.evicted_objects - start.evicted_objects;
-    uint64_t ssd_evicted = ps.ssd_evicted_objects - start.ssd_evicted_objects;
-    result_common(s, "offload", gbps, rate_objs, p50, p99, "disk_write", limit_gbps,
+    double p50 = kvp_bench_percentile(of->lat.v, of->lat.n, 50) * 1e6;
+    double p99 = kvp_bench_percentile(of->lat.v, of->lat.n, 99) * 1e6;
+    uint64_t off = ps->offloaded_objects - start->offloaded_objects;
+    uint64_t dropped = ps->offload_dropped - start->offload_dropped;
+    uint64_t failed = ps->offload_failed - start->offload_failed;
+    uint64_t evicted = ps->evicted_objects - start->evicted_objects;
+    uint64_t ssd_evicted = ps->ssd_evicted_objects - start->ssd_evicted_objects;
+    double put_gbps_all = all_s > 0 ? (double)of->put * SSD_OBJ / all_s / 1e9 : 0;
+    result_common(s, "offload", gbps, of->rate_objs, p50, p99, "disk_write", limit_gbps,
                   SSD_OFFLOAD_TARGET);
     kvp_bench_result_num(s->out, "limit_before_gbps", lim_before);
     kvp_bench_result_num(s->out, "limit_after_gbps", lim_after);
     printf("          disk_write measured %.2f GB/s before and %.2f after (the limit: their "
            "mean)\n",
            lim_before, lim_after);
-    kvp_bench_result_num(s->out, "put_gbps", put_objs_s * SSD_OBJ / 1e9);
-    kvp_bench_result_num(s->out, "put_gbps_all",
-                         all_s > 0 ? (double)put * SSD_OBJ / all_s / 1e9 : 0);
-    kvp_bench_result_num(s->out, "steady_s", steady_s);
+    kvp_bench_result_num(s->out, "put_gbps", of->put_objs_s * SSD_OBJ / 1e9);
+    kvp_bench_result_num(s->out, "put_gbps_all", put_gbps_all);
+    kvp_bench_result_num(s->out, "steady_s", of->steady_s);
     kvp_bench_result_num(s->out, "elapsed_s", all_s);
-    kvp_bench_result_int(s->out, "objects_put", (int64_t)put);
-    kvp_bench_result_int(s->out, "steady_offloaded", (int64_t)steady_off);
+    kvp_bench_result_int(s->out, "objects_put", (int64_t)of->put);
+    kvp_bench_result_int(s->out, "steady_offloaded", (int64_t)of->steady_off);
     kvp_bench_result_int(s->out, "offloaded_objects", (int64_t)off);
-    kvp_bench_result_int(s->out, "offloading_objects", (int64_t)ps.offloading_objects);
+    kvp_bench_result_int(s->out, "offloading_objects", (int64_t)ps->offloading_objects);
     kvp_bench_result_int(s->out, "offload_dropped", (int64_t)dropped);
     kvp_bench_result_int(s->out, "offload_failed", (int64_t)failed);
     kvp_bench_result_int(s->out, "evicted_objects", (int64_t)evicted);
     kvp_bench_result_int(s->out, "ssd_evicted_objects", (int64_t)ssd_evicted);
-    kvp_bench_result_int(s->out, "ssd_used", (int64_t)ps.ssd_used);
-    kvp_bench_result_int(s->out, "dram_used", (int64_t)(ps.used - ps.ssd_used));
-    kvp_bench_result_int(s->out, "objects", (int64_t)ps.objects);
+    kvp_bench_result_int(s->out, "ssd_used", (int64_t)ps->ssd_used);
+    kvp_bench_result_int(s->out, "dram_used", (int64_t)(ps->used - ps->ssd_used));
+    kvp_bench_result_int(s->out, "objects", (int64_t)ps->objects);
     kvp_bench_result_end(s->out);
     printf("          %" PRIu64 " objects put in %.2f s (%.2f GB/s; steady part %.2f s: puts %.2f "
            "GB/s); master: %" PRIu64 " offloaded, %" PRIu64 " dropped, %" PRIu64 " failed, %" PRIu64
            " still in flight, %" PRIu64 " evicted, %" PRIu64
            " objects resident (%.2f GiB on SSD)\n",
-           put, all_s, all_s > 0 ? (double)put * SSD_OBJ / all_s / 1e9 : 0, steady_s,
-           put_objs_s * SSD_OBJ / 1e9, off, dropped, failed, ps.offloading_objects, evicted,
-           ps.objects, (double)ps.ssd_used / (1 << 30));
-    if (timed_out)
+           of->put, all_s, put_gbps_all, of->steady_s, of->put_objs_s * SSD_OBJ / 1e9, off, dropped,
+           failed, ps->offloading_objects, evicted, ps->objects, (double)ps->ssd_used / (1 << 30));
+    return 0;
+}
+
+/* The offload's checks: a rate was measured; the master's dropped and failed offloads said;
+ * the first batch, put to DRAM first, is on SSD by now: read it back. 0, or -1. */
+static int offload_check(ssd_bench_t *s, offload_t *of)
+{
+    kvp_pool_stat_t *ps = &of->ps;
+    uint64_t dropped = ps->offload_dropped - of->start.offload_dropped;
+    uint64_t failed = ps->offload_failed - of->start.offload_failed;
+    if (of->timed_out)
         fprintf(stderr,
                 "kvpool-bench: ssd: offload: stopped after %.0f s with %" PRIu64 " of %" PRIu64
                 " objects put\n",
-                SSD_OFFLOAD_MAX_S, put, total);
-    if (whole)
+                SSD_OFFLOAD_MAX_S, of->put, of->total);
+    if (of->whole)
         printf("          (too short for a steady part: the rate is over the whole loop, until "
                "the offloads settled)\n");
-    if (steady_s <= 0 && !whole) {
+    if (of->steady_s <= 0 && !of->whole) {
         fprintf(stderr, "kvpool-bench: ssd: offload: nothing was offloaded while the puts ran: "
                         "no rate\n");
-        goto out;
+        return -1;
     }
     if (dropped || failed)
         fprintf(stderr,
                 "kvpool-bench: ssd: offload: the master counted %" PRIu64 " dropped and %" PRIu64
                 " failed offloads with the SSD tier at %.0f %%\n",
-                dropped, failed, 100.0 * (double)ps.ssd_used / (double)ps.ssd_capacity);
-    /* the first batch went to DRAM first and must be on SSD by now: read it back */
+                dropped, failed, 100.0 * (double)ps->ssd_used / (double)ps->ssd_capacity);
     uint64_t idx[SSD_BATCH];
     for (unsigned i = 0; i < SSD_BATCH; i++)
         idx[i] = i;
     kvp_pool_stat_t b4;
     if (kvp_bench_pool_stat(s->c, "ssd", &b4) != 0 || get_batch(s, "off", idx, SSD_BATCH) != 0 ||
-        kvp_bench_pool_stat(s->c, "ssd", &ps) != 0)
-        goto out;
+        kvp_bench_pool_stat(s->c, "ssd", ps) != 0)
+        return -1;
     printf("          the first %u objects read back: hits_ssd +%" PRIu64 ", hits_dram +%" PRIu64
            "\n",
-           SSD_BATCH, ps.hits_ssd - b4.hits_ssd, ps.hits_dram - b4.hits_dram);
+           SSD_BATCH, ps->hits_ssd - b4.hits_ssd, ps->hits_dram - b4.hits_dram);
+    return 0;
+}
+
+static int run_offload(ssd_bench_t *s)
+{
+    offload_t of = {.total = (s->dram_size + s->ssd_size / 10 * 8) / SSD_OBJ,
+                    .max_samples = (size_t)(SSD_OFFLOAD_MAX_S / SSD_SAMPLE_S) + 16};
+    of.total = (of.total + SSD_BATCH - 1) / SSD_BATCH * SSD_BATCH;
+    of.smp = calloc(of.max_samples, sizeof(*of.smp));
+    int rc = -1;
+    if (of.smp == NULL) {
+        fprintf(stderr, "kvpool-bench: ssd: out of memory\n");
+        return -1;
+    }
+    /* the disk's limit just before the measured offload (it drifts: see bench.h) */
+    if (kvp_bench_disk_limits_remeasure(s->o) != 0 ||
+        kvp_bench_pool_stat(s->c, "ssd", &of.start) != 0 || offload_puts(s, &of) != 0 ||
+        offload_rates(s, &of) != 0)
+        goto out;
+    kvp_bench_progress_done(s->o);
+    if (offload_report(s, &of) != 0 || offload_check(s, &of) != 0)
+        goto out;
     rc = 0;
 out:
     kvp_bench_progress_done(s->o);
-    free(smp);
-    free(lat.v);
+    free(of.smp);
+    free(of.lat.v);
     return rc;
 }
 

@@ -1137,126 +1137,140 @@ out:
     return rc;
 }
 
-/* Replay the trace once at capacity `frac` and pace `pace`. Returns 0, or -1 when the run
- * had to stop. */
-static int run_capacity(run_t *r, double frac, double pace, const char *name, kvp_bench_out_t *out)
+/* One capacity point of run_capacity: its sizes, what the replay did, and the references. */
+typedef struct cap_point {
+    double frac, pace;
+    const char *name;
+    size_t cap;        /* DRAM capacity in blocks */
+    uint64_t pool;     /* its bytes (client-lru: the pool's whole capacity) */
+    size_t ssd_cap;    /* tiers: SSD capacity in blocks (0: no SSD segment) */
+    uint64_t ssd_pool; /* its bytes */
+    size_t ref_cap;    /* the references' capacity: both tiers together */
+    size_t done;       /* requests replayed */
+    double elapsed;
+    uint64_t evicted;         /* store: objects the master evicted */
+    kvp_pool_stat_t ps0, ps1; /* store: the pool before and after the replay */
+    uint64_t lru_hits, bel_hits;
+} cap_point_t;
+
+/* The point's pool sizes: cap blocks of DRAM, each extent rounded up to the master's
+ * granularity; tiers: the SSD segment, ssd_cap blocks of whole 4 KiB extents (at least
+ * 1 MiB). */
+static void cap_sizes(const run_t *r, cap_point_t *cp)
 {
     const trace_t *t = r->t;
-    size_t cap = (size_t)(frac * (double)t->n_uniq);
-    if (cap == 0)
-        cap = 1;
-    r->hits = r->total = r->bytes_read = r->bytes_written = 0;
-    r->get_errors = r->put_errors = r->other_errors = r->mismatches = 0;
-    r->get_raced = r->put_exists = r->pool_full_evictions = 0;
-    /* the pool: exactly cap blocks, each extent rounded up to the master's granularity */
-    uint64_t pool = (uint64_t)cap * ((r->bb + TRACE_ALIGN - 1) / TRACE_ALIGN * TRACE_ALIGN);
-    /* tiers: the SSD segment, ssd_cap blocks of whole 4 KiB extents (at least 1 MiB) */
-    size_t ssd_cap = 0;
-    uint64_t ssd_pool = 0;
-    if (r->o->ssd_capacity > 0 && r->store) {
-        ssd_cap = (size_t)(r->o->ssd_capacity * (double)t->n_uniq);
-        ssd_cap = ssd_cap ? ssd_cap : 1;
-        ssd_pool =
-            (uint64_t)ssd_cap * ((r->bb + TRACE_SSD_ALIGN - 1) / TRACE_SSD_ALIGN * TRACE_SSD_ALIGN);
-        if (ssd_pool < (1u << 20))
-            ssd_pool = 1u << 20;
-        uint64_t slots = ssd_pool / TRACE_SSD_SLOT;
-        slots = slots < TRACE_SSD_MIN_SLOTS ? TRACE_SSD_MIN_SLOTS : slots;
-        if (slots < ssd_cap)
-            fprintf(stderr,
-                    "kvpool-bench: trace: the SSD file's object table has one slot per 64 KiB "
-                    "(at least 1024): %" PRIu64 " slots for %zu blocks of %" PRIu64
-                    " bytes, so offloads past that fail (use 64 KiB blocks or larger)\n",
-                    slots, ssd_cap, r->bb);
-    }
-    kvp_pool_stat_t ps0 = {0};
-    kvp_bench_cluster_t cl;
-    bool started = false;
-    int rc = 0;
-    r->ssd_path[0] = '\0';
+    cp->cap = (size_t)(cp->frac * (double)t->n_uniq);
+    if (cp->cap == 0)
+        cp->cap = 1;
+    cp->pool = (uint64_t)cp->cap * ((r->bb + TRACE_ALIGN - 1) / TRACE_ALIGN * TRACE_ALIGN);
+    if (r->o->ssd_capacity <= 0 || !r->store)
+        return;
+    size_t ssd_cap = (size_t)(r->o->ssd_capacity * (double)t->n_uniq);
+    ssd_cap = ssd_cap ? ssd_cap : 1;
+    uint64_t ssd_pool =
+        (uint64_t)ssd_cap * ((r->bb + TRACE_SSD_ALIGN - 1) / TRACE_SSD_ALIGN * TRACE_SSD_ALIGN);
+    if (ssd_pool < (1u << 20))
+        ssd_pool = 1u << 20;
+    uint64_t slots = ssd_pool / TRACE_SSD_SLOT;
+    slots = slots < TRACE_SSD_MIN_SLOTS ? TRACE_SSD_MIN_SLOTS : slots;
+    if (slots < ssd_cap)
+        fprintf(stderr,
+                "kvpool-bench: trace: the SSD file's object table has one slot per 64 KiB "
+                "(at least 1024): %" PRIu64 " slots for %zu blocks of %" PRIu64
+                " bytes, so offloads past that fail (use 64 KiB blocks or larger)\n",
+                slots, ssd_cap, r->bb);
+    cp->ssd_cap = ssd_cap;
+    cp->ssd_pool = ssd_pool;
+}
+
+/* The point's pool: store eviction, a fresh local cluster of exactly its size (*started: it
+ * runs); client-lru, the pool as it is, with the bench's LRU set to cap blocks. 0, or -1. */
+static int cap_pool(run_t *r, cap_point_t *cp, kvp_bench_cluster_t *cl, bool *started)
+{
     if (r->store) {
-        if (store_pool_open(r, pool, ssd_pool, &cl, &started) ||
-            kvp_bench_pool_stat(r->c, "trace", &ps0)) {
-            rc = -1;
-            goto out;
-        }
-    } else {
-        r->lru.cap = cap;
-        kvp_pool_stat_t ps = {0};
-        if (kvp_bench_pool_stat(r->c, "trace", &ps) != 0)
-            r->other_errors++;
-        else if ((double)cap * (double)r->bb > (double)ps.capacity)
-            fprintf(stderr,
-                    "kvpool-bench: trace: capacity %.3g = %zu blocks = %.2f GiB but the pool has "
-                    "%.2f GiB: expect POOL_FULL evictions and hit_rate below lru_hit_rate "
-                    "(give the local cluster more --segment-size)\n",
-                    frac, cap, (double)cap * (double)r->bb / (1 << 30),
-                    (double)ps.capacity / (1 << 30));
-        pool = ps.capacity;
+        if (store_pool_open(r, cp->pool, cp->ssd_pool, cl, started) ||
+            kvp_bench_pool_stat(r->c, "trace", &cp->ps0))
+            return -1;
+        return 0;
     }
+    r->lru.cap = cp->cap;
+    kvp_pool_stat_t ps = {0};
+    if (kvp_bench_pool_stat(r->c, "trace", &ps) != 0)
+        r->other_errors++;
+    else if ((double)cp->cap * (double)r->bb > (double)ps.capacity)
+        fprintf(stderr,
+                "kvpool-bench: trace: capacity %.3g = %zu blocks = %.2f GiB but the pool has "
+                "%.2f GiB: expect POOL_FULL evictions and hit_rate below lru_hit_rate "
+                "(give the local cluster more --segment-size)\n",
+                cp->frac, cp->cap, (double)cp->cap * (double)r->bb / (1 << 30),
+                (double)ps.capacity / (1 << 30));
+    cp->pool = ps.capacity;
+    return 0;
+}
 
-    double t0 = kvp_bench_now();
-    size_t done = 0;
-    if (replay(r, frac, pace, &done) != 0)
-        rc = -1;
-    double elapsed = kvp_bench_now() - t0;
-    kvp_bench_progress_done(r->o);
-
-    uint64_t evicted = 0;
-    kvp_pool_stat_t ps1 = ps0;
-    if (r->store) {
-        if (kvp_bench_pool_stat(r->c, "trace", &ps1) == 0)
-            evicted = ps1.evicted_objects - ps0.evicted_objects;
-        else
-            r->other_errors++;
-    } else if (remove_all(r)) {
-        rc = -1;
-    }
-
-    /* the references: the same requests without the store */
+/* The references: the same requests through an LRU and Belady's choice, at ref_cap blocks.
+ * 0, or -1 (out of memory). */
+static int cap_references(const run_t *r, cap_point_t *cp)
+{
+    const trace_t *t = r->t;
     kvp_bench_lru_t sim;
-    uint64_t lru_hits = 0, bel_hits = 0, total = t->off[done];
-    size_t ref_cap = cap + ssd_cap; /* tiers: both together */
-    if (kvp_bench_lru_init(&sim, t->n_uniq, ref_cap) ||
-        kvp_bench_belady_hits(t->blks, t->off, done, t->n_uniq, ref_cap, &bel_hits)) {
+    if (kvp_bench_lru_init(&sim, t->n_uniq, cp->ref_cap) ||
+        kvp_bench_belady_hits(t->blks, t->off, cp->done, t->n_uniq, cp->ref_cap, &cp->bel_hits)) {
         kvp_bench_lru_cleanup(&sim);
         fprintf(stderr, "kvpool-bench: trace: out of memory\n");
-        rc = -1;
-        goto out;
+        return -1;
     }
-    for (size_t q = 0; q < done; q++)
-        lru_hits += lru_sim_request(&sim, t->blks + t->off[q], t->off[q + 1] - t->off[q]);
+    for (size_t q = 0; q < cp->done; q++)
+        cp->lru_hits += lru_sim_request(&sim, t->blks + t->off[q], t->off[q + 1] - t->off[q]);
     kvp_bench_lru_cleanup(&sim);
+    return 0;
+}
 
-    const char *eviction = r->store ? "store" : "client-lru";
-    double hit = r->total ? (double)r->hits / (double)r->total : 0;
-    double lru = total ? (double)lru_hits / (double)total : 0;
-    double bel = total ? (double)bel_hits / (double)total : 0;
-    double rps = elapsed > 0 ? (double)done / elapsed : 0;
+/* The point's hit rates: the store's, the LRU's and Belady's. */
+typedef struct cap_rates {
+    double hit, lru, bel, rps;
+    uint64_t hd, hs; /* tiers: the master's hits from DRAM and from SSD */
+    double dram_share, ssd_share;
+} cap_rates_t;
+
+static void cap_rates(const run_t *r, const cap_point_t *cp, cap_rates_t *cr)
+{
+    uint64_t total = r->t->off[cp->done];
+    cr->hit = r->total ? (double)r->hits / (double)r->total : 0;
+    cr->lru = total ? (double)cp->lru_hits / (double)total : 0;
+    cr->bel = total ? (double)cp->bel_hits / (double)total : 0;
+    cr->rps = cp->elapsed > 0 ? (double)cp->done / cp->elapsed : 0;
+    cr->hd = cp->ps1.hits_dram - cp->ps0.hits_dram;
+    cr->hs = cp->ps1.hits_ssd - cp->ps0.hits_ssd;
+    cr->dram_share = cr->hd + cr->hs ? (double)cr->hd / (double)(cr->hd + cr->hs) : 0;
+    cr->ssd_share = cr->hd + cr->hs ? (double)cr->hs / (double)(cr->hd + cr->hs) : 0;
+}
+
+/* The point's lines of the human table. */
+static void cap_print(const run_t *r, const cap_point_t *cp, const cap_rates_t *cr)
+{
+    const kvp_pool_stat_t *ps0 = &cp->ps0, *ps1 = &cp->ps1;
     printf(
         "%-22.22s %-10s %8.3g %5.4g %10zu %9zu %8.4f %8.4f %8.4f %9.1f %8.2f %9.2f %9.2f %7" PRIu64
         "\n",
-        name, eviction, frac, pace, cap, done, hit, lru, bel, rps, elapsed,
-        (double)r->bytes_read / 1e9, (double)r->bytes_written / 1e9, run_errors(r));
+        cp->name, r->store ? "store" : "client-lru", cp->frac, cp->pace, cp->cap, cp->done, cr->hit,
+        cr->lru, cr->bel, cr->rps, cp->elapsed, (double)r->bytes_read / 1e9,
+        (double)r->bytes_written / 1e9, run_errors(r));
     if (r->store)
         printf("  %" PRIu64 "-byte pool: %" PRIu64 " objects evicted by the master, %" PRIu64
                " gets raced with an eviction, %" PRIu64 " puts found the block already there\n",
-               pool, evicted, r->get_raced, r->put_exists);
-    uint64_t hd = ps1.hits_dram - ps0.hits_dram, hs = ps1.hits_ssd - ps0.hits_ssd;
-    double dram_share = hd + hs ? (double)hd / (double)(hd + hs) : 0;
-    double ssd_share = hd + hs ? (double)hs / (double)(hd + hs) : 0;
-    uint64_t offloaded = ps1.offloaded_objects - ps0.offloaded_objects;
-    uint64_t promoted = ps1.promoted_objects - ps0.promoted_objects;
-    uint64_t dropped = ps1.offload_dropped - ps0.offload_dropped;
-    uint64_t off_failed = ps1.offload_failed - ps0.offload_failed;
-    uint64_t ssd_evicted = ps1.ssd_evicted_objects - ps0.ssd_evicted_objects;
-    if (ssd_cap > 0)
+               cp->pool, cp->evicted, r->get_raced, r->put_exists);
+    if (cp->ssd_cap > 0)
         printf("  tiers: SSD %zu blocks (%" PRIu64 " bytes) beside DRAM %zu: hits %.1f %% from "
                "DRAM, %.1f %% from SSD (%" PRIu64 " / %" PRIu64 " objects); %" PRIu64
                " offloaded, %" PRIu64 " promoted, %" PRIu64 " offloads dropped, %" PRIu64
                " failed, %" PRIu64 " evicted from SSD; references at %zu blocks\n",
-               ssd_cap, ssd_pool, cap, dram_share * 100, ssd_share * 100, hd, hs, offloaded,
-               promoted, dropped, off_failed, ssd_evicted, ref_cap);
+               cp->ssd_cap, cp->ssd_pool, cp->cap, cr->dram_share * 100, cr->ssd_share * 100,
+               cr->hd, cr->hs, ps1->offloaded_objects - ps0->offloaded_objects,
+               ps1->promoted_objects - ps0->promoted_objects,
+               ps1->offload_dropped - ps0->offload_dropped,
+               ps1->offload_failed - ps0->offload_failed,
+               ps1->ssd_evicted_objects - ps0->ssd_evicted_objects, cp->ref_cap);
     if (!r->store && (r->mismatches || r->pool_full_evictions))
         printf("  %" PRIu64 " store/bench mismatches, %" PRIu64
                " extra evictions after POOL_FULL\n",
@@ -1265,25 +1279,58 @@ static int run_capacity(run_t *r, double frac, double pace, const char *name, kv
         printf("  errors: %" PRIu64 " gets, %" PRIu64 " puts, %" PRIu64 " other\n", r->get_errors,
                r->put_errors, r->other_errors);
     fflush(stdout);
+}
 
+/* The tiers' fields of the point's result. */
+static void cap_json_tiers(const run_t *r, const cap_point_t *cp, const cap_rates_t *cr,
+                           kvp_bench_out_t *out)
+{
+    const kvp_pool_stat_t *ps0 = &cp->ps0, *ps1 = &cp->ps1;
+    kvp_bench_result_num(out, "ssd_capacity", r->o->ssd_capacity);
+    kvp_bench_result_int(out, "ssd_capacity_blocks", (int64_t)cp->ssd_cap);
+    kvp_bench_result_int(out, "ssd_pool_bytes", (int64_t)cp->ssd_pool);
+    kvp_bench_result_int(out, "ref_capacity_blocks", (int64_t)cp->ref_cap);
+    kvp_bench_result_int(out, "hits_dram", (int64_t)cr->hd);
+    kvp_bench_result_int(out, "hits_ssd", (int64_t)cr->hs);
+    kvp_bench_result_num(out, "dram_hit_share", cr->dram_share);
+    kvp_bench_result_num(out, "ssd_hit_share", cr->ssd_share);
+    kvp_bench_result_num(out, "dram_hit_rate", cr->hit * cr->dram_share);
+    kvp_bench_result_num(out, "ssd_hit_rate", cr->hit * cr->ssd_share);
+    kvp_bench_result_int(out, "offloaded_objects",
+                         (int64_t)(ps1->offloaded_objects - ps0->offloaded_objects));
+    kvp_bench_result_int(out, "promoted_objects",
+                         (int64_t)(ps1->promoted_objects - ps0->promoted_objects));
+    kvp_bench_result_int(out, "offload_dropped",
+                         (int64_t)(ps1->offload_dropped - ps0->offload_dropped));
+    kvp_bench_result_int(out, "offload_failed",
+                         (int64_t)(ps1->offload_failed - ps0->offload_failed));
+    kvp_bench_result_int(out, "ssd_evicted_objects",
+                         (int64_t)(ps1->ssd_evicted_objects - ps0->ssd_evicted_objects));
+    kvp_bench_result_int(out, "ssd_used", (int64_t)ps1->ssd_used);
+}
+
+/* The point's result object. */
+static void cap_json(const run_t *r, const cap_point_t *cp, const cap_rates_t *cr,
+                     kvp_bench_out_t *out)
+{
     kvp_bench_result_begin(out, "trace");
-    kvp_bench_result_str(out, "trace", name);
-    kvp_bench_result_str(out, "eviction", eviction);
-    kvp_bench_result_num(out, "capacity", frac);
-    kvp_bench_result_num(out, "pace", pace);
+    kvp_bench_result_str(out, "trace", cp->name);
+    kvp_bench_result_str(out, "eviction", r->store ? "store" : "client-lru");
+    kvp_bench_result_num(out, "capacity", cp->frac);
+    kvp_bench_result_num(out, "pace", cp->pace);
     kvp_bench_result_int(out, "clients",
                          r->store && r->o->trace_clients > 1 ? r->o->trace_clients : 1);
-    kvp_bench_result_int(out, "capacity_blocks", (int64_t)cap);
+    kvp_bench_result_int(out, "capacity_blocks", (int64_t)cp->cap);
     kvp_bench_result_int(out, "block_bytes", (int64_t)r->bb);
-    kvp_bench_result_int(out, "pool_bytes", (int64_t)pool);
-    kvp_bench_result_int(out, "requests", (int64_t)done);
+    kvp_bench_result_int(out, "pool_bytes", (int64_t)cp->pool);
+    kvp_bench_result_int(out, "requests", (int64_t)cp->done);
     kvp_bench_result_int(out, "blocks", (int64_t)r->total);
-    kvp_bench_result_int(out, "unique_blocks", (int64_t)t->n_uniq);
-    kvp_bench_result_num(out, "hit_rate", hit);
-    kvp_bench_result_num(out, "lru_hit_rate", lru);
-    kvp_bench_result_num(out, "belady_hit_rate", bel);
-    kvp_bench_result_num(out, "requests_per_s", rps);
-    kvp_bench_result_num(out, "elapsed_s", elapsed);
+    kvp_bench_result_int(out, "unique_blocks", (int64_t)r->t->n_uniq);
+    kvp_bench_result_num(out, "hit_rate", cr->hit);
+    kvp_bench_result_num(out, "lru_hit_rate", cr->lru);
+    kvp_bench_result_num(out, "belady_hit_rate", cr->bel);
+    kvp_bench_result_num(out, "requests_per_s", cr->rps);
+    kvp_bench_result_num(out, "elapsed_s", cp->elapsed);
     kvp_bench_result_int(out, "bytes_read", (int64_t)r->bytes_read);
     kvp_bench_result_int(out, "bytes_written", (int64_t)r->bytes_written);
     kvp_bench_result_int(out, "get_errors", (int64_t)r->get_errors);
@@ -1291,29 +1338,58 @@ static int run_capacity(run_t *r, double frac, double pace, const char *name, kv
     kvp_bench_result_int(out, "other_errors", (int64_t)r->other_errors);
     kvp_bench_result_int(out, "get_raced", (int64_t)r->get_raced);
     kvp_bench_result_int(out, "put_exists", (int64_t)r->put_exists);
-    kvp_bench_result_int(out, "store_evicted_objects", (int64_t)evicted);
+    kvp_bench_result_int(out, "store_evicted_objects", (int64_t)cp->evicted);
     kvp_bench_result_int(out, "mismatches", (int64_t)r->mismatches);
     kvp_bench_result_int(out, "pool_full_evictions", (int64_t)r->pool_full_evictions);
-    kvp_bench_result_int(out, "malformed_lines", (int64_t)t->malformed);
-    if (ssd_cap > 0) {
-        kvp_bench_result_num(out, "ssd_capacity", r->o->ssd_capacity);
-        kvp_bench_result_int(out, "ssd_capacity_blocks", (int64_t)ssd_cap);
-        kvp_bench_result_int(out, "ssd_pool_bytes", (int64_t)ssd_pool);
-        kvp_bench_result_int(out, "ref_capacity_blocks", (int64_t)ref_cap);
-        kvp_bench_result_int(out, "hits_dram", (int64_t)hd);
-        kvp_bench_result_int(out, "hits_ssd", (int64_t)hs);
-        kvp_bench_result_num(out, "dram_hit_share", dram_share);
-        kvp_bench_result_num(out, "ssd_hit_share", ssd_share);
-        kvp_bench_result_num(out, "dram_hit_rate", hit * dram_share);
-        kvp_bench_result_num(out, "ssd_hit_rate", hit * ssd_share);
-        kvp_bench_result_int(out, "offloaded_objects", (int64_t)offloaded);
-        kvp_bench_result_int(out, "promoted_objects", (int64_t)promoted);
-        kvp_bench_result_int(out, "offload_dropped", (int64_t)dropped);
-        kvp_bench_result_int(out, "offload_failed", (int64_t)off_failed);
-        kvp_bench_result_int(out, "ssd_evicted_objects", (int64_t)ssd_evicted);
-        kvp_bench_result_int(out, "ssd_used", (int64_t)ps1.ssd_used);
-    }
+    kvp_bench_result_int(out, "malformed_lines", (int64_t)r->t->malformed);
+    if (cp->ssd_cap > 0)
+        cap_json_tiers(r, cp, cr, out);
     kvp_bench_result_end(out);
+}
+
+/* Replay the trace once at capacity `frac` and pace `pace`. Returns 0, or -1 when the run
+ * had to stop. */
+static int run_capacity(run_t *r, double frac, double pace, const char *name, kvp_bench_out_t *out)
+{
+    cap_point_t cp = {.frac = frac, .pace = pace, .name = name};
+    r->hits = r->total = r->bytes_read = r->bytes_written = 0;
+    r->get_errors = r->put_errors = r->other_errors = r->mismatches = 0;
+    r->get_raced = r->put_exists = r->pool_full_evictions = 0;
+    cap_sizes(r, &cp);
+    kvp_bench_cluster_t cl;
+    bool started = false;
+    int rc = 0;
+    r->ssd_path[0] = '\0';
+    if (cap_pool(r, &cp, &cl, &started) != 0) {
+        rc = -1;
+        goto out;
+    }
+
+    double t0 = kvp_bench_now();
+    if (replay(r, frac, pace, &cp.done) != 0)
+        rc = -1;
+    cp.elapsed = kvp_bench_now() - t0;
+    kvp_bench_progress_done(r->o);
+
+    cp.ps1 = cp.ps0;
+    if (r->store) {
+        if (kvp_bench_pool_stat(r->c, "trace", &cp.ps1) == 0)
+            cp.evicted = cp.ps1.evicted_objects - cp.ps0.evicted_objects;
+        else
+            r->other_errors++;
+    } else if (remove_all(r)) {
+        rc = -1;
+    }
+
+    cp.ref_cap = cp.cap + cp.ssd_cap; /* tiers: both together */
+    if (cap_references(r, &cp) != 0) {
+        rc = -1;
+        goto out;
+    }
+    cap_rates_t cr;
+    cap_rates(r, &cp, &cr);
+    cap_print(r, &cp, &cr);
+    cap_json(r, &cp, &cr, out);
 out:
     if (r->store) {
         run_disconnect(r);

@@ -95,13 +95,13 @@ struct kvp_cli_command {
 
 /* ---- the commands ------------------------------------------------------- */
 
-/* object.c */
+/* cli_object.c */
 int kvp_cli_put(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
 int kvp_cli_get(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
 int kvp_cli_exist(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
 int kvp_cli_rm(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
 int kvp_cli_ls(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
-/* admin.c */
+/* cli_admin.c */
 int kvp_cli_drain(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
 int kvp_cli_stat(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv);
 /* `rm --regex RE` (regex NULL: `rm --all`), its input already checked. */

@@ -1,12 +1,12 @@
 /*
- * object.c - the kvpool commands on objects by key: put, get, exist, rm KEY... and ls.
+ * cli_object.c - the kvpool commands on objects by key: put, get, exist, rm KEY... and ls.
  *
  * Design: `put` checks the key, then loads FILE (a regular file is mapped, stdin and
  * other streams are read to their end) before it connects. `get` fetches the whole
  * object before it creates anything, then writes a temporary file beside FILE and
  * renames it over FILE: a failed get never leaves a partial FILE. Keys are sent in
  * batches of at most KVP_MAX_BATCH; a key the library left without an answer gets the
- * batch's status. `rm --regex` and `rm --all` are carried out by admin.c.
+ * batch's status. `rm --regex` and `rm --all` are carried out by cli_admin.c.
  *
  * Thread: the command's (main) thread; the library and the progress reporter run their
  * own threads.

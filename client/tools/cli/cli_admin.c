@@ -1,5 +1,5 @@
 /*
- * admin.c - the kvpool commands on the pool as a whole: stat (capacity, usage and
+ * cli_admin.c - the kvpool commands on the pool as a whole: stat (capacity, usage and
  * segments, once or --watch), drain (ask a segment's owner to move its objects elsewhere
  * and unmount) and the bulk removes of rm (--regex RE, --all).
  *
