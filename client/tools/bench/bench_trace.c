@@ -102,7 +102,7 @@
 #define TRACE_SSD_SLOT 65536u     /* an SSD file has one object-table slot per 64 KiB... */
 #define TRACE_SSD_MIN_SLOTS 1024u /* ... and at least this many */
 #define TRACE_MIN(a, b) ((a) < (b) ? (a) : (b))
-/* The master's rebuild grace (KVP_REBUILD_GRACE_MS, master/state.h: 2 s) and a margin: a
+/* The master's rebuild grace (KVP_REBUILD_GRACE_MS, master/core/state.h: 2 s) and a margin: a
  * fresh --local pool is replayed only after it (store_pool_open). */
 #define TRACE_REBUILD_GRACE_S 2.2
 
