@@ -1,8 +1,7 @@
 /*
- * conn_server.h - a tcp listener with a thread per connection, shared by the
- * data servers of DRAM segments (segment_server.c) and SSD segments
- * (ssd/ssd_server.c): they differ in how a connection is served, not in how
- * connections come and go (see conn_server.c).
+ * conn_server.h - a tcp (or Unix socket) listener with a thread per
+ * connection: how connections to a data server (data_server.c) come and go,
+ * apart from how each is served (see conn_server.c).
  */
 #ifndef KVP_CLIENT_SEGMENT_CONN_SERVER_H
 #define KVP_CLIENT_SEGMENT_CONN_SERVER_H

@@ -40,7 +40,7 @@ struct kvp_segment {
     char rdma_endpoint[64]; /* "" when the segment is not served over rdma */
     uint64_t rdma_addr;
     uint32_t rdma_rkey;
-    kvp_segment_server_t *server;
+    kvp_data_server_t *server;
     kvp_transfer_t *xfer;          /* the client's engine: its serving transports (rdma) */
     struct kvp_seg_record *record; /* kept current by the record thread (control/) */
 
@@ -149,7 +149,7 @@ static kvp_status_t memory_create(kvp_segment_t *seg, const kvp_segment_params_t
         KVP_LOG_INFO("segment: %s is part of its file; same-host peers will use tcp", p->file);
         return KVP_OK;
     }
-    /* same-host peers ask for the memory on this abstract Unix socket (segment_server.c):
+    /* same-host peers ask for the memory on this abstract Unix socket (data_server.c):
      * a name nobody can guess ahead, so nobody can squat it */
     uint8_t rnd[8];
     if (!kvp_grant_random(rnd, sizeof(rnd)))
@@ -180,9 +180,8 @@ static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
         return st;
     snprintf(seg->endpoint, sizeof(seg->endpoint), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
              port);
-    st = seg->shm_path[0] != '\0'
-             ? kvp_segment_server_share(seg->server, seg->fd, seg->shm_path + 1)
-             : KVP_OK;
+    st = seg->shm_path[0] != '\0' ? kvp_data_server_share(seg->server, seg->fd, seg->shm_path + 1)
+                                  : KVP_OK;
     if (st != KVP_OK) { /* no shm for it: same-host peers use tcp */
         KVP_LOG_WARN("segment: cannot listen on a Unix socket for same-host peers (%s); they "
                      "will use tcp",
@@ -192,7 +191,7 @@ static kvp_status_t serve(kvp_segment_t *seg, const kvp_segment_params_t *p)
     st = kvp_transfer_serve_segment(p->xfer, seg->base, seg->size, seg->rdma_endpoint,
                                     sizeof(seg->rdma_endpoint), &seg->rdma_addr, &seg->rdma_rkey);
     if (st == KVP_OK && p->xfer->seg_windows)
-        kvp_segment_server_set_windows(seg->server, windows_of, p->xfer);
+        kvp_data_server_set_windows(seg->server, windows_of, p->xfer);
     return st;
 }
 
@@ -231,7 +230,7 @@ void kvp_segment_stop(kvp_segment_t *seg)
         return;
     if (seg->record != NULL) /* the record thread may still apply: not into a freed table */
         kvp_seg_record_set_pending(seg->record, NULL);
-    kvp_segment_server_destroy(seg->server);
+    kvp_data_server_destroy(seg->server);
     seg->server = NULL;
 }
 
@@ -281,22 +280,22 @@ struct kvp_seg_record *kvp_segment_record(const kvp_segment_t *seg)
 
 const kvp_served_stats_t *kvp_segment_served(const kvp_segment_t *seg)
 {
-    return seg->server != NULL ? kvp_segment_server_stats(seg->server) : NULL;
+    return seg->server != NULL ? kvp_data_server_stats(seg->server) : NULL;
 }
 
 uint64_t kvp_segment_grants_refused(const kvp_segment_t *seg)
 {
-    return seg->server != NULL ? kvp_segment_server_grants_refused(seg->server) : 0;
+    return seg->server != NULL ? kvp_data_server_grants_refused(seg->server) : 0;
 }
 
 uint64_t kvp_segment_shm_refused(const kvp_segment_t *seg)
 {
-    return seg->server != NULL ? kvp_segment_server_shm_refused(seg->server) : 0;
+    return seg->server != NULL ? kvp_data_server_map_refused(seg->server) : 0;
 }
 
 uint64_t kvp_segment_refused(const kvp_segment_t *seg)
 {
-    return seg->server != NULL ? kvp_segment_server_refused(seg->server) : 0;
+    return seg->server != NULL ? kvp_data_server_refused(seg->server) : 0;
 }
 
 void *kvp_segment_extent(const kvp_segment_t *seg, uint64_t offset, uint64_t length)
@@ -358,12 +357,12 @@ void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
         atomic_store(&seg->offer_id, seg_id);
     /* the new key before the new id: no request for the new mount is served unchecked */
     if (seg->server != NULL)
-        kvp_segment_server_set_grants(seg->server, grant_key, grant_key_len, grant_epoch);
+        kvp_data_server_set_grants(seg->server, grant_key, grant_key_len, grant_epoch);
     kvp_grant_keyring_set(&seg->xfer->seg_grants, grant_key, grant_key_len, grant_epoch);
     if (grant_key != NULL)
         seal_process();
     atomic_store(&seg->id, seg_id);
-    kvp_segment_server_set_id(seg->server, seg_id);
+    kvp_data_server_set_id(seg->server, seg_id);
     KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", seg->name,
                  (unsigned long long)seg->size, (unsigned long long)seg_id);
 }

@@ -54,7 +54,7 @@ struct kvp_ssd_owner {
     kvp_transfer_t *xfer;
     kvp_peers_t *peers;
     kvp_ssd_file_t *file;
-    kvp_ssd_server_t *srv;
+    kvp_data_server_t *srv;
     kvp_mconn_t *mc;
     char name[300];
     char endpoint[280];
@@ -182,9 +182,9 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool fir
     }
     uint64_t id = mr->segment_id;
     /* the new key before the new id: no request for the new mount is served unchecked */
-    kvp_ssd_server_set_grants(o->srv, mr->grant_key.data, mr->grant_key.len, mr->grant_epoch);
+    kvp_data_server_set_grants(o->srv, mr->grant_key.data, mr->grant_key.len, mr->grant_epoch);
     kvpool__mount_response__free_unpacked(mr, NULL);
-    kvp_ssd_server_set_id(o->srv, id);
+    kvp_data_server_set_id(o->srv, id);
     atomic_store(&o->seg_id, id);
     KVP_LOG_INFO("mounted SSD segment %s (%llu bytes, file %s) as %#llx", o->name,
                  (unsigned long long)kvp_ssd_file_size(o->file), kvp_ssd_file_path(o->file),
@@ -560,7 +560,7 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
 
 void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
 {
-    const kvp_served_stats_t *sv = kvp_ssd_server_stats(o->srv);
+    const kvp_served_stats_t *sv = kvp_data_server_stats(o->srv);
     for (int d = 0; d < 2; d++) {
         kvp_metrics_count_t *out =
             d == 0 ? &m->served[KVP_METRICS_TP_SSD].put : &m->served[KVP_METRICS_TP_SSD].get;
@@ -576,8 +576,8 @@ void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
     snprintf(m->ssd_segment, sizeof(m->ssd_segment), "%s", o->name);
     m->ssd_capacity = kvp_ssd_file_size(o->file);
     m->ssd_mounted = 1;
-    m->refused_protected += kvp_ssd_server_refused(o->srv);
-    m->refused_grant += kvp_ssd_server_grants_refused(o->srv);
+    m->refused_protected += kvp_data_server_refused(o->srv);
+    m->refused_grant += kvp_data_server_grants_refused(o->srv);
 }
 
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)
@@ -610,7 +610,7 @@ void kvp_ssd_owner_stop(kvp_ssd_owner_t *o)
         kvp_mconn_call(o->mc, KVP_RPC_UNMOUNT, body, len, &resp, &rlen); /* best effort */
     }
     kvp_mconn_destroy(o->mc);
-    kvp_ssd_server_destroy(o->srv);
+    kvp_data_server_destroy(o->srv);
     kvp_ssd_io_destroy(o->io);
     kvp_ssd_file_close(o->file);
     free(o->staging);

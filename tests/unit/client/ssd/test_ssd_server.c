@@ -50,7 +50,7 @@ static char g_path[PATH_MAX + 16];
 
 typedef struct fixture {
     kvp_ssd_file_t *f;
-    kvp_ssd_server_t *srv;
+    kvp_data_server_t *srv;
     uint16_t port;
     int fd;
 } fixture_t;
@@ -78,7 +78,7 @@ static void start(fixture_t *fx)
 {
     assert_int_equal(kvp_ssd_server_create(fx->f, "127.0.0.1", 0, true, &fx->srv, &fx->port),
                      KVP_OK);
-    kvp_ssd_server_set_id(fx->srv, SEG_ID);
+    kvp_data_server_set_id(fx->srv, SEG_ID);
     fx->fd = connect_to(fx->port);
 }
 
@@ -95,7 +95,7 @@ static int teardown(void **state)
 {
     fixture_t *fx = *state;
     close(fx->fd);
-    kvp_ssd_server_destroy(fx->srv);
+    kvp_data_server_destroy(fx->srv);
     kvp_ssd_file_close(fx->f);
     free(fx);
     return 0;
@@ -312,11 +312,11 @@ static void test_wrong_segment(void **state)
     kvp_data_vec_t v = {.segment_id = 0, .offset = 0, .length = 16};
     uint8_t *out[1] = {buf};
     assert_int_equal(do_readv(fx->fd, &v, 1, out), KVP_ERR_SEGMENT_GONE);
-    kvp_ssd_server_set_id(fx->srv, SEG_ID + 1);
+    kvp_data_server_set_id(fx->srv, SEG_ID + 1);
     assert_int_equal(do_read(fx->fd, SEG_ID, 0, 16, buf), KVP_ERR_SEGMENT_GONE);
     assert_int_equal(do_write(fx->fd, SEG_ID, 0, buf, 16), KVP_ERR_SEGMENT_GONE);
     assert_closed(fx->fd);
-    kvp_ssd_server_set_id(fx->srv, SEG_ID);
+    kvp_data_server_set_id(fx->srv, SEG_ID);
 }
 
 static void test_unaligned_write(void **state)
@@ -364,7 +364,7 @@ static void test_recorded_survives_reopen(void **state)
     assert_int_equal(kvp_ssd_file_record(fx->f, &e, 1, NULL), KVP_OK);
 
     close(fx->fd);
-    kvp_ssd_server_destroy(fx->srv);
+    kvp_data_server_destroy(fx->srv);
     kvp_ssd_file_close(fx->f);
     fx->f = open_file();
     kvp_ssd_entry_t got;

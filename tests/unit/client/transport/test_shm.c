@@ -305,11 +305,11 @@ static void test_not_attached(void **state)
 
     /* the whole list: the other host's peer goes to tcp (the owner serves the same
      * memory), the same host's to shm */
-    kvp_segment_server_t *srv;
+    kvp_data_server_t *srv;
     uint16_t port;
     assert_int_equal(
         kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port), KVP_OK);
-    kvp_segment_server_set_id(srv, SEG_ID);
+    kvp_data_server_set_id(srv, SEG_ID);
     static const kvp_transport_ops_t *const shm_tcp[] = {&kvp_transport_shm_ops,
                                                          &kvp_transport_tcp_ops, NULL};
     kvp_transfer_t *x = calloc(1, sizeof(*x));
@@ -344,7 +344,7 @@ static void test_not_attached(void **state)
     assert_int_equal(seg_mappings(), 2);
     kvp_transfer_cleanup(x);
     free(x);
-    kvp_segment_server_destroy(srv);
+    kvp_data_server_destroy(srv);
 }
 
 /* Our own segment is not mapped a second time: shm uses the client's mapping
@@ -415,14 +415,14 @@ static pid_t owner_start(fixture_t *fx, const char *name, uid_t uid)
     pid_t child = fork();
     assert_true(child >= 0);
     if (child == 0) {
-        kvp_segment_server_t *srv;
+        kvp_data_server_t *srv;
         uint16_t port;
         char ok = 'n';
         if ((uid == 0 || (setgid(uid) == 0 && setuid(uid) == 0)) &&
             kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &srv, &port) ==
                 KVP_OK) {
-            kvp_segment_server_set_id(srv, SEG_ID);
-            if (kvp_segment_server_share(srv, fx->memfd, name) == KVP_OK)
+            kvp_data_server_set_id(srv, SEG_ID);
+            if (kvp_data_server_share(srv, fx->memfd, name) == KVP_OK)
                 ok = 'y';
         }
         if (write(ready[1], &ok, 1) != 1 || ok != 'y')

@@ -59,7 +59,7 @@ static const kvp_transport_ops_t *const tcp_only[] = {&kvp_transport_tcp_ops, NU
 typedef struct fixture {
     uint8_t *seg; /* served by srv */
     uint8_t *ref; /* what seg must hold */
-    kvp_segment_server_t *srv;
+    kvp_data_server_t *srv;
     uint16_t port;
     kvp_transfer_t xfer;
     kvp_transport_t *tp;
@@ -88,7 +88,7 @@ static int setup(void **state)
     assert_int_equal(
         kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", 0, true, &fx->srv, &fx->port),
         KVP_OK);
-    kvp_segment_server_set_id(fx->srv, SEG_ID);
+    kvp_data_server_set_id(fx->srv, SEG_ID);
     fx->xfer.list = tcp_only;
     fx->xfer.timeout_ms = 10000;
     fx->xfer.tcp_streams = 2;
@@ -107,7 +107,7 @@ static int teardown(void **state)
     fixture_t *fx = *state;
     kvp_peer_unref(fx->peer);
     kvp_transfer_cleanup(&fx->xfer);
-    kvp_segment_server_destroy(fx->srv);
+    kvp_data_server_destroy(fx->srv);
     free(fx->seg);
     free(fx->ref);
     free(fx);
@@ -148,12 +148,12 @@ static void read_check(const fixture_t *fx, uint64_t off, uint64_t len)
 
 static uint64_t served_ops(const fixture_t *fx, int dir)
 {
-    return atomic_load(&kvp_segment_server_stats(fx->srv)->dir[dir].ops);
+    return atomic_load(&kvp_data_server_stats(fx->srv)->dir[dir].ops);
 }
 
 static uint64_t served_bytes(const fixture_t *fx, int dir)
 {
-    return atomic_load(&kvp_segment_server_stats(fx->srv)->dir[dir].bytes);
+    return atomic_load(&kvp_data_server_stats(fx->srv)->dir[dir].bytes);
 }
 
 /* Connected sockets of this process whose peer is 127.0.0.1:port (the client's side). */
@@ -525,11 +525,11 @@ static void test_two_endpoints(void **state)
     fixture_t *fx = *state;
     uint8_t *seg2 = xmalloc(SEG_SIZE);
     memset(seg2, 0, SEG_SIZE);
-    kvp_segment_server_t *srv2;
+    kvp_data_server_t *srv2;
     uint16_t port2;
     assert_int_equal(kvp_segment_server_create(seg2, SEG_SIZE, "127.0.0.1", 0, true, &srv2, &port2),
                      KVP_OK);
-    kvp_segment_server_set_id(srv2, SEG2_ID);
+    kvp_data_server_set_id(srv2, SEG2_ID);
     kvp_peer_t *p2 = peer_new(fx, SEG2_ID, port2);
     enum { N = 6 };
     const uint64_t len[N] = {10, 200 * KIB, 3000, 2 * MIB + 1, 1, 70000};
@@ -563,7 +563,7 @@ static void test_two_endpoints(void **state)
         free(dst[i]);
     }
     kvp_peer_unref(p2);
-    kvp_segment_server_destroy(srv2);
+    kvp_data_server_destroy(srv2);
     free(seg2);
 }
 
@@ -660,7 +660,7 @@ static void test_wrong_segment(void **state)
     read_check(fx, 0, 64 * KIB);
 
     /* the owner remounted: the old id is gone for every op, the new one serves */
-    kvp_segment_server_set_id(fx->srv, SEG_ID + 1);
+    kvp_data_server_set_id(fx->srv, SEG_ID + 1);
     kvp_xfer_op_t op = op_of(KVP_XFER_WRITE, fx->peer, big, 0, sizeof(big));
     tp_submit(fx->tp, &op, 1);
     assert_int_equal(op.status, KVP_ERR_SEGMENT_GONE);
@@ -670,7 +670,7 @@ static void test_wrong_segment(void **state)
     assert_int_equal(op.status, KVP_OK);
     memcpy(fx->ref, big, sizeof(big));
     assert_segment_as_written(fx);
-    kvp_segment_server_set_id(fx->srv, SEG_ID);
+    kvp_data_server_set_id(fx->srv, SEG_ID);
     kvp_peer_unref(stale);
 }
 
@@ -685,7 +685,7 @@ static void test_server_gone(void **state)
     write_ok(fx, 0, 2 * MIB, 800);
     read_check(fx, 0, 2 * MIB);
     assert_int_equal(conns_to(fx->port), 3);
-    kvp_segment_server_destroy(fx->srv);
+    kvp_data_server_destroy(fx->srv);
     fx->srv = NULL;
     fx->xfer.timeout_ms = 5000;
     uint8_t *dst = xmalloc(2 * MIB);
@@ -1284,13 +1284,13 @@ static void test_bug_pool_hands_out_dead_connections(void **state)
     fx->xfer.tcp_slice = 64 * KIB;
     read_check(fx, 0, 2 * MIB); /* three connections pooled */
     assert_int_equal(conns_to(fx->port), 3);
-    kvp_segment_server_destroy(fx->srv);
+    kvp_data_server_destroy(fx->srv);
     uint16_t port;
     assert_int_equal(
         kvp_segment_server_create(fx->seg, SEG_SIZE, "127.0.0.1", fx->port, true, &fx->srv, &port),
         KVP_OK);
     assert_int_equal(port, fx->port);
-    kvp_segment_server_set_id(fx->srv, SEG_ID);
+    kvp_data_server_set_id(fx->srv, SEG_ID);
     read_check(fx, 0, 100); /* fails: KVP_ERR_IO on a dead pooled connection */
 }
 
