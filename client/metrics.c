@@ -4,8 +4,8 @@
  *
  * Design: the counters live where the work happens and are bumped there with relaxed
  * atomics, never under a lock: the transfer engine's (client/transfer/engine.c, one add
- * per transport and direction per batch), each data server's (segment/segment_server.c,
- * ssd/ssd_server.c, one add per request), the SSD file's I/O (ssd/ssd_io.c, one add per
+ * per transport and direction per batch), each data server's (segment/data_server.c, one
+ * add per request, whatever its backend), the SSD file's I/O (ssd/ssd_io.c, one add per
  * call). A snapshot reads them one by one into a struct on the stack and copies out as
  * much as the caller's struct holds (its `size`), so an application built against an
  * older, shorter kvp_metrics_t keeps working.

@@ -1,7 +1,7 @@
 /*
- * data_grant.h - the data servers' gate for data grants (common/grant.h): a
- * DRAM segment's (segment_server.c) and an SSD segment's (ssd/ssd_server.c)
- * call it after reading a request's header and entries, before any byte of
+ * data_grant.h - the data servers' gate for data grants (common/grant.h): the
+ * one request loop (data_server.c), over a DRAM segment's memory or an SSD
+ * segment's file, calls it after reading a request's header and entries, before any byte of
  * the segment is read or written.
  */
 #ifndef KVP_CLIENT_SEGMENT_DATA_GRANT_H

@@ -1,6 +1,6 @@
 /*
  * hello.c - HELLO and MAP, a client's side (hello.h; the owner's is
- * segment/data_grant.c and segment/segment_server.c).
+ * segment/data_grant.c and segment/data_server.c).
  *
  * Thread: any (state is the caller's connection).
  */

@@ -5,7 +5,7 @@
  * asks the owner for it on the owner's Unix socket (the descriptor's shm_path "@NAME", an
  * abstract name): HELLO proving its principal and MAP with the MAP grant the master gave
  * it (data grants on; hello.c), and gets the memfd over SCM_RIGHTS, after the owner
- * checked its uid (SO_PEERCRED) and the grant (segment/segment_server.c). The master gives
+ * checked its uid (SO_PEERCRED) and the grant (segment/data_server.c). The master gives
  * a MAP grant only to principals whose grants would cover every object the segment can
  * hold; without one, the peer is reached over tcp. A shm_path that is a file name is
  * opened instead (an owner that shares a file; the unit tests). The memfd is mapped

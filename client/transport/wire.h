@@ -1,8 +1,8 @@
 /*
  * wire.h - the tcp data plane's wire format (docs/protocol.md): the request
- * and reply headers a tcp transport sends and a data server (a DRAM
- * segment's, segment/segment_server.c; an SSD segment's, ssd/ssd_server.c)
- * reads.
+ * and reply headers a tcp transport sends and a data server
+ * (segment/data_server.c, over a DRAM segment's memory or an SSD segment's
+ * file) reads.
  *
  * Little-endian host order (x86-64, aarch64); every size is pinned below.
  */
