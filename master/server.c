@@ -54,7 +54,7 @@
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
 #include "master/obs/events.h"
-#include "master/obs/http.h"
+#include "master/obs/http_views.h"
 #include "kvpool.pb-c.h"
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
@@ -672,7 +672,7 @@ static kvp_status_t start_obs(kvp_master_server_t *srv)
     return KVP_OK;
 }
 
-/* The views' RPCs (master/obs/http.c): a request of no connection and no principal. */
+/* The views' RPCs (master/obs/http_views.c): a request of no connection and no principal. */
 static kvp_status_t call_as_client(kvp_master_state_t *st, uint16_t method, const uint8_t *body,
                                    size_t body_len, uint8_t **resp_p, size_t *resp_len_p,
                                    char *errmsg, size_t errmsg_len)

@@ -1,5 +1,5 @@
 /*
- * test_http.c - the master's HTTP endpoints (master/obs/http.c) over raw
+ * test_http.c - the master's HTTP endpoints (master/obs/http_views.c) over raw
  * sockets, against a real kvpool-master with --http-listen and a real segment:
  * every endpoint's status and content after puts the test made, then hostile
  * requests (garbage, a header over the limit, a POST with a body it never

@@ -1,6 +1,6 @@
 /*
- * http.h - the master's HTTP endpoints: /metrics, /health, /api/v1/stat,
- * /api/v1/segments, /api/v1/keys, /get_all_segments, /query_segment (see http.c;
+ * http_views.h - the master's HTTP endpoints: /metrics, /health, /api/v1/stat,
+ * /api/v1/segments, /api/v1/keys, /get_all_segments, /query_segment (see http_views.c;
  * every endpoint is described in docs/operations.md).
  *
  * Thread: requests arrive on the HTTP server's threads (common/http.h), which
@@ -67,7 +67,7 @@ void kvp_master_http_serve(kvp_master_http_t *h, kvp_master_state_t *st,
 /* Answer what waits with 503, stop the server, free. NULL is fine. */
 void kvp_master_http_stop(kvp_master_http_t *h);
 
-/* The Prometheus text exposition of the master (metrics.c). */
+/* The Prometheus text exposition of the master (prometheus.c). */
 struct kvp_http_reply;
 void kvp_master_metrics_render(struct kvp_http_reply *r, const kvp_master_state_t *st,
                                const kvp_master_view_t *view);

@@ -1,10 +1,10 @@
 /*
- * metrics.c - the master's /metrics in the Prometheus text format (0.0.4):
+ * prometheus.c - the master's /metrics in the Prometheus text format (0.0.4):
  * capacity, usage and objects per tier and per segment, operation counters,
  * control-RPC latency histograms per method, clients, segments, HA state and
  * the KV events publisher. Every metric is listed in docs/operations.md.
  *
- * Thread: the master loop (http.c hands it the request). O(segments + methods).
+ * Thread: the master loop (http_views.c hands it the request). O(segments + methods).
  */
 #include <inttypes.h>
 #include <stdbool.h>
@@ -16,7 +16,7 @@
 #include "common/http.h"
 #include "common/macros.h"
 #include "master/meta/limbo.h"
-#include "master/obs/http.h"
+#include "master/obs/http_views.h"
 
 const uint32_t kvp_rpc_bucket_us[KVP_RPC_BUCKETS - 1] = {10,   25,   50,   100,   250,  500,
                                                          1000, 2500, 5000, 10000, 50000};

@@ -1,5 +1,5 @@
 /*
- * http.c - the master's HTTP endpoints (see http.h): requests handed from the
+ * http_views.c - the master's HTTP endpoints (see http_views.h): requests handed from the
  * HTTP threads to the loop, and the JSON and text views.
  *
  * Design: a request becomes a job on a mutex-protected list; the HTTP thread
@@ -13,7 +13,7 @@
  * server hands in dispatch.c's path), so the HTTP API and the CLI show the same
  * thing.
  */
-#include "master/obs/http.h"
+#include "master/obs/http_views.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -503,7 +503,7 @@ void kvp_master_http_serve(kvp_master_http_t *h, kvp_master_state_t *st,
     job_t *jobs = h->jobs;
     h->jobs = NULL;
     pthread_mutex_unlock(&h->lock);
-    /* taken: each HTTP thread waits for its job's done flag (http.h) */
+    /* taken: each HTTP thread waits for its job's done flag (http_views.h) */
     while (jobs != NULL) {
         job_t *job = jobs;
         jobs = job->next;
