@@ -133,14 +133,15 @@ static kvp_status_t opt_set(const kvp_opt_t *o, void *base, const char *value, b
     case KVP_OPT_SET_TRUE:
     case KVP_OPT_SET_FALSE:
         /* a value only as the field's default ("on", "off"): a flag has none */
-        *(bool *)field = value != NULL ? strcmp(value, "on") == 0 : o->type == KVP_OPT_SET_TRUE;
+        store_uint(field, o->size,
+                   value != NULL ? strcmp(value, "on") == 0 : o->type == KVP_OPT_SET_TRUE);
         return KVP_OK;
     case KVP_OPT_ON_OFF:
         if (strcmp(value, "on") != 0 && strcmp(value, "off") != 0) {
             snprintf(err, err_len, "bad value '%s' for %s (on or off)", value, o->name);
             return KVP_ERR_INVALID_ARG;
         }
-        *(bool *)field = strcmp(value, "on") == 0;
+        store_uint(field, o->size, strcmp(value, "on") == 0);
         return KVP_OK;
     case KVP_OPT_FRACTION: {
         char *end;

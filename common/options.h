@@ -35,10 +35,11 @@ typedef enum kvp_opt_type {
     KVP_OPT_ACTION,     /* no field: the caller acts on it (--help); takes an argument
                          * only when `arg` names one (--config FILE, which common/conf.c
                          * reads before getopt does) */
-    KVP_OPT_SET_TRUE,   /* no argument: the bool field becomes true ("--lease-on-exist") */
+    KVP_OPT_SET_TRUE,   /* no argument: the field (bool, or an unsigned integer) becomes
+                         * true ("--lease-on-exist") */
     KVP_OPT_SET_FALSE,  /* no argument: the bool field becomes false ("--no-eviction");
                          * for both, `def` is the field's own default, "on" or "off" */
-    KVP_OPT_ON_OFF,     /* bool field, "on" or "off" */
+    KVP_OPT_ON_OFF,     /* "on" or "off" into a bool (or unsigned integer) field */
     KVP_OPT_FRACTION,   /* double field, 0..1 */
     KVP_OPT_SECONDS_MS, /* uint32_t milliseconds, given in seconds (fractions allowed) */
     KVP_OPT_SECONDS,    /* uint32_t whole seconds (a fraction is cut) */
