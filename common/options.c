@@ -105,7 +105,9 @@ static kvp_status_t set_string(const kvp_opt_t *o, void *field, const char *valu
         }
     }
     bool ptr = (o->flags & KVP_OPT_F_PTR) != 0;
-    size_t max = o->max > 0 ? (size_t)o->max : (ptr ? SIZE_MAX : o->size - 1);
+    size_t max = ptr ? SIZE_MAX : o->size - 1; /* a copy: what fits */
+    if (o->max > 0 && (size_t)o->max < max)
+        max = (size_t)o->max;
     if (((!ptr || (o->flags & KVP_OPT_F_NONEMPTY)) && len == 0) || len > max) {
         if (o->need != NULL)
             return bad_value(o, value, err, err_len, NULL);
@@ -161,8 +163,7 @@ static kvp_status_t opt_set(const kvp_opt_t *o, void *base, const char *value, b
     case KVP_OPT_INT: {
         bool is_signed = o->type == KVP_OPT_INT;
         int64_t max = o->max > 0 ? o->max : INT64_MAX;
-        if (!parse_int(value, is_signed, check ? o->min : INT64_MIN, check ? max : INT64_MAX,
-                       &v)) {
+        if (!parse_int(value, is_signed, check ? o->min : INT64_MIN, check ? max : INT64_MAX, &v)) {
             char what[96];
             snprintf(what, sizeof(what), "a whole number %lld..%lld", (long long)o->min,
                      (long long)max);
@@ -221,7 +222,9 @@ kvp_status_t kvp_opts_env(const kvp_opts_t *opts, char *err, size_t err_len)
     for (size_t i = 0; i < opts->count; i++) {
         const kvp_opt_t *o = &opts->rows[i];
         /* the daemons' own environment variables are read here, once, before their flags */
-        const char *v = o->env != NULL ? getenv(o->env) : NULL;
+        if (o->env == NULL || (o->flags & KVP_OPT_F_READ_ELSEWHERE))
+            continue;
+        const char *v = getenv(o->env);
         if (v == NULL || v[0] == '\0')
             continue;
         char why[256];
@@ -239,8 +242,7 @@ static bool takes_arg(const kvp_opt_t *o)
 {
     if (o->type == KVP_OPT_ACTION)
         return o->arg != NULL;
-    return o->type != KVP_OPT_SET_TRUE && o->type != KVP_OPT_SET_FALSE &&
-           o->type != KVP_OPT_GROUP;
+    return o->type != KVP_OPT_SET_TRUE && o->type != KVP_OPT_SET_FALSE && o->type != KVP_OPT_GROUP;
 }
 
 size_t kvp_opts_getopt(const kvp_opts_t *sets, size_t nsets, const struct option *extra,
@@ -313,8 +315,9 @@ const char *kvp_opt_type_name(const kvp_opt_t *o)
     switch (o->type) {
     case KVP_OPT_SET_TRUE:
     case KVP_OPT_SET_FALSE:
-    case KVP_OPT_ACTION:
         return "switch";
+    case KVP_OPT_ACTION:
+        return "";
     case KVP_OPT_ON_OFF:
         return "on|off";
     case KVP_OPT_FRACTION:
@@ -419,10 +422,10 @@ void kvp_opts_usage(const kvp_opts_t *opts, size_t col, FILE *f)
         }
         char buf[256], head[512];
         const char *a = arg_name(o, buf, sizeof(buf));
-        int n = o->short_flag ? snprintf(head, sizeof(head), "  -%c, --%s%s%s", o->short_flag,
-                                         o->name, a[0] ? " " : "", a)
-                              : snprintf(head, sizeof(head), "  --%s%s%s", o->name,
-                                         a[0] ? " " : "", a);
+        int n = o->short_flag
+                    ? snprintf(head, sizeof(head), "  -%c, --%s%s%s", o->short_flag, o->name,
+                               a[0] ? " " : "", a)
+                    : snprintf(head, sizeof(head), "  --%s%s%s", o->name, a[0] ? " " : "", a);
         fputs(head, f);
         size_t at = n < 0 ? 0 : (size_t)n;
         if (at + 2 > col) { /* the help on the next line */
@@ -461,14 +464,75 @@ static const char *default_text(const kvp_opt_t *o)
     return NULL;
 }
 
-static void md_header(FILE *f)
+/* A GROUP row: its heading and intro; the table that follows needs its header again. */
+static void md_group(FILE *f, const kvp_opt_t *o, bool *open_p)
 {
-    fputs("| Flag | Type | Default | Config key | Environment | Description |\n"
-          "|---|---|---|---|---|---|\n",
-          f);
+    fprintf(f, "%s### %s\n\n", *open_p ? "\n" : "", o->help);
+    if (o->intro != NULL) { /* a sentence: capitalised, unless it starts with a path */
+        size_t w = strcspn(o->intro, " ");
+        bool path = memchr(o->intro, '/', w) != NULL;
+        fprintf(f, "%c%s.\n\n", path ? o->intro[0] : toupper((unsigned char)o->intro[0]),
+                o->intro + 1);
+    }
+    *open_p = false;
 }
 
-void kvp_opts_markdown(const kvp_opts_t *opts, FILE *f)
+/* The type column: an ENUM's choices, a row's own argument name for CUSTOM, else the
+ * type's name. */
+static void md_type(FILE *f, const kvp_opt_t *o)
+{
+    char buf[256];
+    if (o->type == KVP_OPT_ENUM)
+        md_cell(f, choices_text(o, buf, sizeof(buf)));
+    else if (o->type == KVP_OPT_CUSTOM && o->arg != NULL)
+        md_cell(f, o->arg);
+    else
+        md_cell(f, kvp_opt_type_name(o));
+}
+
+/* The cells of a row from its default on: default, (more,) description. */
+static void md_default_help(FILE *f, const kvp_opt_t *o, const char *more)
+{
+    const char *d = default_text(o);
+    md_cell(f, d != NULL ? d : "");
+    fprintf(f, " | %s", more);
+    md_cell(f, o->help != NULL ? o->help : "");
+    fputs(" |\n", f);
+}
+
+static void md_env_row(FILE *f, const kvp_opt_t *o)
+{
+    fprintf(f, "| `%s` | ", o->env);
+    if (o->type == KVP_OPT_STRING && o->arg != NULL)
+        md_cell(f, o->arg);
+    else
+        md_type(f, o);
+    fputs(" | ", f);
+    md_default_help(f, o, "");
+}
+
+static void md_flag_row(FILE *f, const kvp_opt_t *o)
+{
+    char buf[256], more[256];
+    const char *a = arg_name(o, buf, sizeof(buf));
+    fputs("| ", f);
+    if (o->short_flag)
+        fprintf(f, "`-%c`, ", o->short_flag);
+    fprintf(f, "`--%s%s", o->name, a[0] ? " " : "");
+    md_cell(f, a);
+    fputs("` | ", f);
+    md_type(f, o);
+    fputs(" | ", f);
+    bool key = o->type != KVP_OPT_ACTION; /* --help in a file is no setting */
+    snprintf(more, sizeof(more), "%s%s%s | %s%s%s | ", key ? "`" : "", key ? o->name : "",
+             key ? "`" : "", o->env ? "`" : "", o->env ? o->env : "", o->env ? "`" : "");
+    md_default_help(f, o, more);
+}
+
+/* The rows as tables, a heading per group; `header` opens each table; env_only: the rows
+ * with an environment variable only. */
+static void md_tables(const kvp_opts_t *opts, FILE *f, const char *header, bool env_only,
+                      void (*row)(FILE *f, const kvp_opt_t *o))
 {
     bool open = false;
     for (size_t i = 0; i < opts->count; i++) {
@@ -476,32 +540,28 @@ void kvp_opts_markdown(const kvp_opts_t *opts, FILE *f)
         if (o->flags & KVP_OPT_F_HIDDEN)
             continue;
         if (o->type == KVP_OPT_GROUP) {
-            fprintf(f, "%s### %s\n\n", open ? "\n" : "", o->help);
-            if (o->intro != NULL)
-                fprintf(f, "%c%s.\n\n", toupper((unsigned char)o->intro[0]), o->intro + 1);
-            open = false;
+            md_group(f, o, &open);
             continue;
         }
+        if (env_only && o->env == NULL)
+            continue;
         if (!open)
-            md_header(f);
+            fputs(header, f);
         open = true;
-        char buf[256];
-        const char *a = arg_name(o, buf, sizeof(buf));
-        fputs("| ", f);
-        if (o->short_flag)
-            fprintf(f, "`-%c`, ", o->short_flag);
-        fprintf(f, "`--%s%s", o->name, a[0] ? " " : "");
-        md_cell(f, a);
-        fputs("` | ", f);
-        md_cell(f, o->type == KVP_OPT_ENUM ? choices_text(o, buf, sizeof(buf))
-                                           : kvp_opt_type_name(o));
-        fputs(" | ", f);
-        const char *d = default_text(o);
-        md_cell(f, d != NULL ? d : "");
-        fprintf(f, " | %s%s%s | %s%s%s | ", o->type == KVP_OPT_ACTION ? "" : "`",
-                o->type == KVP_OPT_ACTION ? "" : o->name, o->type == KVP_OPT_ACTION ? "" : "`",
-                o->env ? "`" : "", o->env ? o->env : "", o->env ? "`" : "");
-        md_cell(f, o->help != NULL ? o->help : "");
-        fputs(" |\n", f);
+        row(f, o);
     }
+}
+
+void kvp_opts_env_markdown(const kvp_opts_t *opts, FILE *f)
+{
+    md_tables(opts, f, "| Variable | Value | Default | Description |\n|---|---|---|---|\n", true,
+              md_env_row);
+}
+
+void kvp_opts_markdown(const kvp_opts_t *opts, FILE *f)
+{
+    md_tables(opts, f,
+              "| Flag | Type | Default | Config key | Environment | Description |\n"
+              "|---|---|---|---|---|---|\n",
+              false, md_flag_row);
 }

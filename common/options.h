@@ -56,10 +56,12 @@ typedef enum kvp_opt_type {
 
 /* Row flags. */
 enum {
-    KVP_OPT_F_PTR = 1u << 0,      /* STRING/HOSTPORT/ENUM: a const char * field, borrowed */
-    KVP_OPT_F_HIDDEN = 1u << 1,   /* not in --help nor the docs (--options-markdown) */
-    KVP_OPT_F_ENV_LAX = 1u << 2,  /* a bad value of the environment variable is ignored */
-    KVP_OPT_F_NONEMPTY = 1u << 3, /* STRING: "" is refused */
+    KVP_OPT_F_PTR = 1u << 0,            /* STRING/HOSTPORT/ENUM: a const char * field, borrowed */
+    KVP_OPT_F_HIDDEN = 1u << 1,         /* not in --help nor the docs (--options-markdown) */
+    KVP_OPT_F_ENV_LAX = 1u << 2,        /* a bad value of the environment variable is ignored */
+    KVP_OPT_F_NONEMPTY = 1u << 3,       /* STRING: "" is refused */
+    KVP_OPT_F_READ_ELSEWHERE = 1u << 4, /* an environment variable documented here but read
+                                         * where its setting lives: kvp_opts_env skips it */
 };
 
 typedef struct kvp_opt kvp_opt_t;
@@ -70,19 +72,19 @@ typedef kvp_status_t (*kvp_opt_parse_cb_t)(const kvp_opt_t *opt, const char *val
                                            char *err, size_t err_len);
 
 struct kvp_opt {
-    const char *name;  /* the long flag without "--", also the config-file key */
-    int short_flag;    /* 0: none */
+    const char *name; /* the long flag without "--", also the config-file key */
+    int short_flag;   /* 0: none */
     kvp_opt_type_t type;
-    unsigned flags;    /* KVP_OPT_F_* */
-    const char *arg;   /* the argument's name in --help ("HOST:PORT"); NULL: the type's */
-    const char *def;   /* the default as a value (applied by kvp_opts_defaults, read like
-                        * a flag's value but not range-checked: "-1" may mean "none");
-                        * NULL: the field is left as the caller initialised it */
-    const char *def_doc; /* the default as the docs say it when `def` cannot ("the
-                          * --listen address as bound"); NULL: `def`, else none */
-    size_t offset;       /* of the field in the caller's struct (KVP_OPT_FIELD) */
-    size_t size;         /* of the field */
-    int64_t min, max;    /* UINT, INT, SIZE (min only when max is 0) */
+    unsigned flags;             /* KVP_OPT_F_* */
+    const char *arg;            /* the argument's name in --help ("HOST:PORT"); NULL: the type's */
+    const char *def;            /* the default as a value (applied by kvp_opts_defaults, read like
+                                 * a flag's value but not range-checked: "-1" may mean "none");
+                                 * NULL: the field is left as the caller initialised it */
+    const char *def_doc;        /* the default as the docs say it when `def` cannot ("the
+                                 * --listen address as bound"); NULL: `def`, else none */
+    size_t offset;              /* of the field in the caller's struct (KVP_OPT_FIELD) */
+    size_t size;                /* of the field */
+    int64_t min, max;           /* UINT, INT, SIZE (min only when max is 0) */
     const char *const *choices; /* ENUM: NULL-terminated */
     const char *env;            /* environment variable read by kvp_opts_env; NULL: none */
     const char *need;           /* what a bad value is told it needs ("a size such as
@@ -95,9 +97,13 @@ struct kvp_opt {
 };
 
 /* The field of a row: .offset and .size of `field` in `type`. */
-#define KVP_OPT_FIELD(type, field) .offset = offsetof(type, field), .size = sizeof(((type *)0)->field)
+#define KVP_OPT_FIELD(type, field)                                                                 \
+    .offset = offsetof(type, field), .size = sizeof(((type *)0)->field)
 /* A heading of the usage text and of the docs table. */
-#define KVP_OPT_GROUP(title, text) {.type = KVP_OPT_GROUP, .help = (title), .intro = (text)}
+#define KVP_OPT_GROUP(title, text)                                                                 \
+    {                                                                                              \
+        .type = KVP_OPT_GROUP, .help = (title), .intro = (text)                                    \
+    }
 
 /* A table and the struct its rows' fields are in. */
 typedef struct kvp_opts {
@@ -148,6 +154,10 @@ void kvp_opts_usage(const kvp_opts_t *opts, size_t col, FILE *f);
 /* The rows as Markdown tables on f, one per group (a GROUP row starts a "### " heading):
  * flag, short, type, default, config key, environment variable, description. */
 void kvp_opts_markdown(const kvp_opts_t *opts, FILE *f);
+
+/* The rows' environment variables as Markdown tables on f, one per group: variable, type,
+ * default, description (rows without a variable are left out). */
+void kvp_opts_env_markdown(const kvp_opts_t *opts, FILE *f);
 
 /* A row's type in words ("seconds", "size", "on|off"), as --help and the docs show it. */
 const char *kvp_opt_type_name(const kvp_opt_t *opt);

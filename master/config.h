@@ -19,13 +19,13 @@
  */
 typedef struct kvp_master_config {
     /* the process (master/main.c); the strings are borrowed from argv */
-    const char *listen;   /* HOST:PORT of the control plane (127.0.0.1:50051) */
-    int ready_fd;         /* write the bound address here when listening (-1: none) */
-    int log_level;        /* kvp_log_level_t (info; $KVPOOL_LOG_LEVEL) */
-    const char *etcd;     /* etcd endpoints (NULL: standalone, no election) */
-    const char *cluster;  /* the masters of one pool share it (kvpool) */
-    uint32_t leader_ttl_s; /* lease of the leader (5) */
-    const char *advertise; /* the address clients reach us at (NULL: the bound one) */
+    const char *listen;        /* HOST:PORT of the control plane (127.0.0.1:50051) */
+    int ready_fd;              /* write the bound address here when listening (-1: none) */
+    int log_level;             /* kvp_log_level_t (info; $KVPOOL_LOG_LEVEL) */
+    const char *etcd;          /* etcd endpoints (NULL: standalone, no election) */
+    const char *cluster;       /* the masters of one pool share it (kvpool) */
+    uint32_t leader_ttl_s;     /* lease of the leader (5) */
+    const char *advertise;     /* the address clients reach us at (NULL: the bound one) */
     bool evict;                /* false: a full pool refuses puts (store, not cache) */
     double evict_high;         /* evict when used/capacity passes this (1.0: off) */
     double evict_low;          /* ... down to this (0.98) */

@@ -150,7 +150,7 @@ static const kvp_opt_t serve_rows[] = {
              "objects come back)"},
     {.name = "ssd-size", .type = KVP_OPT_SIZE, F(params.ssd_size), .min = 1u << 20,
      .need = "a size of at least 1MiB", .help = "the SSD segment's size (with --ssd-path)"},
-    {.name = "ssd-buffered-io", .type = KVP_OPT_SET_TRUE, F(params.ssd_buffered_io),
+    {.name = "ssd-buffered-io", .type = KVP_OPT_SET_TRUE, .def = "off", F(params.ssd_buffered_io),
      .help = "accept a filesystem without O_DIRECT (the page cache)"},
     {.name = "tenant", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR | KVP_OPT_F_NONEMPTY,
      .arg = "T", F(params.segment_tenant), .max = 63, .need = "a tenant's name of 1..63 bytes",
