@@ -179,7 +179,7 @@ static const kvp_opt_t env_rows[] = {
      .def_doc = "unset",
      F(keep_dumpable),
      .help = "with data grants on (a master with TLS) a process that mounts a segment makes "
-             "itself undumpable, so its /proc/<pid>/fd and memory are root's only; 1: it "
+             "itself undumpable, so its /proc entries (open files, memory) are root's only; 1: it "
              "stays dumpable, and any process of its user can open its segment"},
     {.name = "rdma-qp-cap",
      .env = "KVPOOL_RDMA_QP_CAP",
@@ -203,7 +203,7 @@ static const kvp_opt_t env_rows[] = {
              "serve --rdma-windows); 1 is refused on devices that do not keep an access inside "
              "its window (Soft-RoCE, siw), unbounded uses them anyway. Needs data grants on"},
 
-    KVP_OPT_GROUP("Process-wide", "read once per process, where the setting lives"),
+    KVP_OPT_GROUP("Process-wide", "process-wide settings, read where the setting lives"),
     {.name = "log-level",
      .env = "KVPOOL_LOG_LEVEL",
      .type = KVP_OPT_STRING,
