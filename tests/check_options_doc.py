@@ -19,9 +19,10 @@ HEADER = """# Options
 
 Every option of the daemons, and the client library's environment variables,
 one row each. This file is generated from the option tables in the source
-(common/options.h) by `tests/check_options_doc.py --write`; the `options_doc`
-test fails when it differs from what the binaries print. Do not edit it by hand:
-edit the table and regenerate.
+(common/options.h) by `tests/check_options_doc.py build/master/kvpool-master
+build/client/kvpool docs/options.md --write`; the `options_doc` test fails when
+it differs from what the binaries print. Do not edit it by hand: edit the table
+and regenerate.
 
 """
 
