@@ -59,14 +59,16 @@ const char *kvp_client_ssd_segment_name(const kvp_client_t *client)
  * leader_changed told of a new one). */
 static kvp_status_t master_addr_parse(kvp_client_t *c, kvp_discovery_change_cb_t leader_changed)
 {
-    const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
+    const char *master = c->params.master_addr ? c->params.master_addr : c->env.master;
     if (master == NULL || master[0] == '\0')
         master = "127.0.0.1:50051";
     if (kvp_discovery_is_etcd(master)) {
         uint32_t t = c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000;
         char why[512] = "";
-        kvp_status_t st =
-            kvp_discovery_create(master, t, leader_changed, c, &c->disc, why, sizeof(why));
+        const kvp_etcd_security_t *sec = &c->env.etcd;
+        bool any = sec->ca || sec->cert || sec->key || sec->user || sec->password_file;
+        kvp_status_t st = kvp_discovery_create(master, t, any ? sec : NULL, leader_changed, c,
+                                               &c->disc, why, sizeof(why));
         if (st == KVP_OK)
             return KVP_OK;
         if (why[0] != '\0') { /* etcd's settings (KVPOOL_ETCD_*) */
@@ -101,7 +103,7 @@ static void data_host_param(kvp_client_t *c)
     }
     char host[256] = "";
     uint16_t port = 0;
-    const char *master = c->params.master_addr ? c->params.master_addr : getenv("KVPOOL_MASTER");
+    const char *master = c->params.master_addr ? c->params.master_addr : c->env.master;
     if (c->disc != NULL && master != NULL && strstr(master, "://") != NULL) {
         const char *a = strstr(master, "://") + 3;
         char first[300];
@@ -124,7 +126,7 @@ static void data_host_param(kvp_client_t *c)
 /* The transport settings of the engine: forced transport, rdma devices and shape. */
 static kvp_status_t transport_params(kvp_client_t *c)
 {
-    const char *tr = c->params.transport ? c->params.transport : getenv("KVPOOL_TRANSPORT");
+    const char *tr = c->params.transport ? c->params.transport : c->env.transport;
     if (tr == NULL || tr[0] == '\0' || strcmp(tr, "auto") == 0) {
         c->xfer.forced = KVP_TRANSPORT_AUTO;
     } else if (strcmp(tr, "tcp") == 0) {
@@ -138,9 +140,8 @@ static kvp_status_t transport_params(kvp_client_t *c)
         kvp_api_fail("create: unknown transport '%s' (auto, tcp, shm, rdma)", tr);
         return KVP_ERR_INVALID_ARG;
     }
-    const char *rdev =
-        c->params.rdma_devices ? c->params.rdma_devices : getenv("KVPOOL_RDMA_DEVICE");
-    const char *rhost = c->params.rdma_host ? c->params.rdma_host : getenv("KVPOOL_RDMA_HOST");
+    const char *rdev = c->params.rdma_devices ? c->params.rdma_devices : c->env.rdma_devices;
+    const char *rhost = c->params.rdma_host ? c->params.rdma_host : c->env.rdma_host;
     if ((rdev && strlen(rdev) >= sizeof(c->xfer.rdma_devices)) ||
         (rhost && strlen(rhost) >= sizeof(c->xfer.rdma_host))) {
         KVP_LOG_ERROR("rdma device list or host too long");
@@ -160,13 +161,15 @@ static kvp_status_t transport_params(kvp_client_t *c)
     }
     c->xfer.rdma_qps = c->params.rdma_qps_per_peer;
     c->xfer.rdma_slice = c->params.rdma_slice_bytes;
+    c->xfer.rdma_windows = c->env.rdma_windows;
+    c->xfer.rdma_qp_cap = c->env.rdma_qp_cap;
     return KVP_OK;
 }
 
 /* Who may connect to our data servers: "protected" (this host only) or "none". */
 static kvp_status_t auth_param(kvp_client_t *c)
 {
-    const char *auth = c->params.auth ? c->params.auth : getenv("KVPOOL_AUTH");
+    const char *auth = c->params.auth ? c->params.auth : c->env.auth;
     if (auth == NULL || auth[0] == '\0' || strcmp(auth, "protected") == 0) {
         c->protected_mode = true;
         return KVP_OK;
@@ -180,21 +183,21 @@ static kvp_status_t auth_param(kvp_client_t *c)
     return KVP_ERR_INVALID_ARG;
 }
 
-/* A parameter, else its environment variable; an empty one is unset. */
+/* A parameter, else its environment variable (client/env.c); an empty one is unset. */
 static const char *param_env(const char *v, const char *env)
 {
     if (v == NULL)
-        v = getenv(env);
+        v = env;
     return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
 /* TLS to the master and the token (docs/operations.md, "Security"). */
 static kvp_status_t tls_param(kvp_client_t *c)
 {
-    kvp_tls_params_t tp = {.cert = param_env(c->params.tls_cert, "KVPOOL_TLS_CERT"),
-                           .key = param_env(c->params.tls_key, "KVPOOL_TLS_KEY"),
-                           .ca = param_env(c->params.tls_ca, "KVPOOL_TLS_CA")};
-    c->token = param_env(c->params.token, "KVPOOL_TOKEN");
+    kvp_tls_params_t tp = {.cert = param_env(c->params.tls_cert, c->env.tls_cert),
+                           .key = param_env(c->params.tls_key, c->env.tls_key),
+                           .ca = param_env(c->params.tls_ca, c->env.tls_ca)};
+    c->token = param_env(c->params.token, c->env.token);
     if (tp.cert == NULL && tp.key == NULL && tp.ca == NULL) {
         if (c->token == NULL)
             return KVP_OK;
@@ -383,6 +386,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     kvp_client_params_init(&c->params);
     memcpy(&c->params, params, KVP_MIN(params->size, sizeof(c->params)));
     c->params.size = sizeof(c->params);
+    kvp_client_env_read(&c->env); /* the one read of the library's environment (env.h) */
     c->client_id = kvp_random_u64();
     kvp_peers_init(&c->peers, &c->xfer, c->client_id);
 
@@ -412,6 +416,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
                                    .xfer = &c->xfer,
                                    .file = c->params.segment_file,
                                    .file_offset = c->params.segment_file_offset,
+                                   .keep_dumpable = c->env.keep_dumpable,
                                    .err = why,
                                    .err_len = sizeof(why)};
         st = kvp_segment_create(&sp, &c->seg);

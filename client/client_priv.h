@@ -17,6 +17,7 @@
 
 #include "common/tls.h"
 #include "client/control/discovery.h"
+#include "client/env.h"
 #include "client/control/heartbeat.h"
 #include "client/control/record_sync.h"
 #include "client/control/session.h"
@@ -28,6 +29,8 @@
 
 struct kvp_client {
     kvp_client_params_t params; /* its defaults filled; borrowed strings cleared */
+    kvp_client_env_t env;       /* the environment, read once at create (env.h); its strings
+                                 * are used during create only, as params' are */
     char master_host[256];
     uint16_t master_port;
     char data_host[64]; /* params.data_host, or the address that routes to the master */

@@ -514,6 +514,8 @@ static void crc32c_init(void)
         if (__builtin_cpu_supports("vpclmulqdq") && __builtin_cpu_supports("avx512f") &&
             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("pclmul") &&
+            /* a process-wide test knob, read once (pthread_once) where it acts; documented
+             * with the client's environment (client/env.c, docs/options.md) */
             getenv("KVPOOL_CRC32C_NO_FOLD") == NULL) {
             crc32c_fold_consts();
             crc32c_have_fold = true;

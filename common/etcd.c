@@ -1202,23 +1202,6 @@ void kvp_etcd_destroy(kvp_etcd_t *e)
     etcd_curl_unref();
 }
 
-/* An environment variable; an empty one is unset. */
-static const char *env(const char *name)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? v : NULL;
-}
-
-bool kvp_etcd_security_from_env(kvp_etcd_security_t *sec)
-{
-    sec->ca = env("KVPOOL_ETCD_CACERT");
-    sec->cert = env("KVPOOL_ETCD_CERT");
-    sec->key = env("KVPOOL_ETCD_KEY");
-    sec->user = env("KVPOOL_ETCD_USER");
-    sec->password_file = env("KVPOOL_ETCD_PASSWORD_FILE");
-    return sec->ca || sec->cert || sec->key || sec->user || sec->password_file;
-}
-
 /* ---- leases ---- */
 
 /* A unary call whose request is one int64 field: {"<field>":"<v>"}. */

@@ -148,14 +148,6 @@ kvp_status_t kvp_etcd_create_ex(const kvp_etcd_params_t *params, kvp_etcd_t **e_
 /* Also wipes the password and the token. */
 void kvp_etcd_destroy(kvp_etcd_t *e);
 
-/*
- * Fill *sec from the environment of clients: KVPOOL_ETCD_CACERT,
- * KVPOOL_ETCD_CERT, KVPOOL_ETCD_KEY, KVPOOL_ETCD_USER,
- * KVPOOL_ETCD_PASSWORD_FILE (an empty one is unset; the strings point into
- * the environment). true when any is set.
- */
-bool kvp_etcd_security_from_env(kvp_etcd_security_t *sec);
-
 /* The process-wide counters (any thread; relaxed atomics). */
 void kvp_etcd_stats(kvp_etcd_stats_t *stats);
 

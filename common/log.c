@@ -38,12 +38,14 @@ bool kvp_log_parse_level(const char *text, kvp_log_level_t *level_p)
     return false;
 }
 
-void kvp_log_init_from_env(void)
+bool kvp_log_init_from_env(void)
 {
     kvp_log_level_t level;
+    /* process-wide, like the level itself: read here, not by the client's env.c */
     const char *env = getenv("KVPOOL_LOG_LEVEL");
     if (env != NULL && kvp_log_parse_level(env, &level))
         kvp_log_set_level(level);
+    return env != NULL;
 }
 
 void kvp_log_write(kvp_log_level_t level, const char *file, int line, const char *fmt, ...)

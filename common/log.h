@@ -31,8 +31,10 @@ extern int kvp_log_level_g;
 void kvp_log_set_level(kvp_log_level_t level);
 /* Parse "off|error|warn|info|debug"; false when the text is none of these. */
 bool kvp_log_parse_level(const char *text, kvp_log_level_t *level_p);
-/* Apply $KVPOOL_LOG_LEVEL if set and valid. */
-void kvp_log_init_from_env(void);
+/* Apply $KVPOOL_LOG_LEVEL if set and valid; true when it is set (valid or not). The one
+ * place the library reads it (a process-wide setting: every client's creation applies it);
+ * kvpool-master reads it through its option table (master/master_options.c). */
+bool kvp_log_init_from_env(void);
 /* Prefix every line with this component name (borrowed; keep it static). */
 void kvp_log_set_component(const char *name);
 

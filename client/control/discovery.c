@@ -12,7 +12,8 @@
  * still answers), rather than when a call next fails.
  *
  * etcd's TLS and credentials come from the environment (KVPOOL_ETCD_*,
- * docs/operations.md "Security", "etcd"), so that the Python drop-in picks
+ * docs/operations.md "Security", "etcd"; read by the client when it is
+ * created, client/env.c, and handed in), so that the Python drop-in picks
  * them up without new arguments; both handles are made at create, where a
  * setting that cannot be used fails at once.
  *
@@ -97,8 +98,8 @@ static void *watch_main(void *arg)
 }
 
 kvp_status_t kvp_discovery_create(const char *addr, uint32_t timeout_ms,
-                                  kvp_discovery_change_cb_t cb, void *arg, kvp_discovery_t **d_p,
-                                  char *err, size_t err_len)
+                                  const kvp_etcd_security_t *security, kvp_discovery_change_cb_t cb,
+                                  void *arg, kvp_discovery_t **d_p, char *err, size_t err_len)
 {
     if (!kvp_discovery_is_etcd(addr))
         return KVP_ERR_INVALID_ARG;
@@ -116,10 +117,8 @@ kvp_status_t kvp_discovery_create(const char *addr, uint32_t timeout_ms,
     d->cb = cb;
     d->arg = arg;
     pthread_mutex_init(&d->lock, NULL);
-    kvp_etcd_security_t sec;
-    kvp_etcd_params_t ep = {.endpoints = d->endpoints,
-                            .timeout_ms = d->timeout_ms,
-                            .security = kvp_etcd_security_from_env(&sec) ? &sec : NULL};
+    kvp_etcd_params_t ep = {
+        .endpoints = d->endpoints, .timeout_ms = d->timeout_ms, .security = security};
     kvp_status_t st = kvp_etcd_create_ex(&ep, &d->etcd, err, err_len);
     if (st == KVP_OK)
         st = kvp_etcd_create_ex(&ep, &d->watch_etcd, err, err_len);

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/etcd.h"
 #include "common/status.h"
 
 typedef struct kvp_discovery kvp_discovery_t;
@@ -19,13 +20,13 @@ typedef void (*kvp_discovery_change_cb_t)(void *arg, const char *leader);
 /* Is addr of the form etcd://HOST:PORT[,HOST:PORT...]/CLUSTER? */
 bool kvp_discovery_is_etcd(const char *addr);
 /* Parse addr (KVP_ERR_INVALID_ARG when malformed) and start watching the leader key;
- * cb (may be NULL) runs on every change. etcd's TLS and credentials come from the
- * environment (KVPOOL_ETCD_CACERT, _CERT, _KEY, _USER, _PASSWORD_FILE; see
- * kvp_etcd_security_from_env). Contacts etcd only from the watch thread. On failure a
- * sentence in err[0..err_len) (may be NULL) says why. */
+ * cb (may be NULL) runs on every change. security: etcd's TLS and credentials (copied;
+ * NULL: plain http, none), which the client reads from KVPOOL_ETCD_CACERT, _CERT, _KEY,
+ * _USER, _PASSWORD_FILE (client/env.c). Contacts etcd only from the watch thread. On
+ * failure a sentence in err[0..err_len) (may be NULL) says why. */
 kvp_status_t kvp_discovery_create(const char *addr, uint32_t timeout_ms,
-                                  kvp_discovery_change_cb_t cb, void *arg, kvp_discovery_t **d_p,
-                                  char *err, size_t err_len);
+                                  const kvp_etcd_security_t *security, kvp_discovery_change_cb_t cb,
+                                  void *arg, kvp_discovery_t **d_p, char *err, size_t err_len);
 /* Stop the watch thread (no callback runs after it returns); resolving still works. */
 void kvp_discovery_stop(kvp_discovery_t *d);
 void kvp_discovery_destroy(kvp_discovery_t *d);

@@ -114,6 +114,9 @@ static kvp_status_t cu_fail(const char *fn, CUresult rc, kvp_status_t status)
 
 static void cu_load(void)
 {
+    /* process-wide, like the driver it names (loaded once, never closed): read here, once,
+     * and documented with the client's environment (client/env.c, docs/options.md); the
+     * unit tests point it at a fake driver without a client */
     const char *path = getenv("KVPOOL_CUDA_LIB");
     if (path == NULL || path[0] == '\0')
         path = "libcuda.so.1";

@@ -33,6 +33,7 @@ struct kvp_segment {
     void *base;
     uint64_t size;
     uint64_t client_id;
+    bool keep_dumpable; /* params.keep_dumpable: seal_process leaves it dumpable */
     char name[300];
     char endpoint[280];
     char shm_path[64];
@@ -204,6 +205,7 @@ kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_
     seg->size = params->size;
     seg->client_id = params->client_id;
     seg->xfer = params->xfer;
+    seg->keep_dumpable = params->keep_dumpable;
     snprintf(seg->host_id, sizeof(seg->host_id), "%s", params->xfer->host_id);
     pthread_mutex_init(&seg->state_lock, NULL);
     kvp_status_t st = kvp_seg_record_create(&seg->record);
@@ -335,12 +337,12 @@ void kvp_segment_state_unlock(kvp_segment_t *seg)
  * its memfd must not be reachable another way. A process of our user could otherwise open
  * it through /proc/<pid>/fd/<n> (or ptrace us and read it): not dumpable, our /proc
  * entries are root's and ptrace needs CAP_SYS_PTRACE. Also no core dumps of this process,
- * and debuggers need root. KVPOOL_KEEP_DUMPABLE=1 keeps it dumpable (docs/operations.md).
+ * and debuggers need root. KVPOOL_KEEP_DUMPABLE=1 (read by the client, client/env.c:
+ * `keep`) keeps it dumpable (docs/operations.md).
  */
-static void seal_process(void)
+static void seal_process(bool keep)
 {
-    const char *keep = getenv("KVPOOL_KEEP_DUMPABLE");
-    if (keep != NULL && strcmp(keep, "1") == 0) {
+    if (keep) {
         KVP_LOG_WARN_LIMITED("KVPOOL_KEEP_DUMPABLE=1: any process of this user can open this "
                              "process's segment through /proc");
         return;
@@ -360,7 +362,7 @@ void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
         kvp_data_server_set_grants(seg->server, grant_key, grant_key_len, grant_epoch);
     kvp_grant_keyring_set(&seg->xfer->seg_grants, grant_key, grant_key_len, grant_epoch);
     if (grant_key != NULL)
-        seal_process();
+        seal_process(seg->keep_dumpable);
     atomic_store(&seg->id, seg_id);
     kvp_data_server_set_id(seg->server, seg_id);
     KVP_LOG_INFO("mounted segment %s (%llu bytes) as %#llx", seg->name,

@@ -50,7 +50,8 @@ typedef struct kvp_segment_params {
      * the whole file. NULL: a memfd. */
     const char *file;
     uint64_t file_offset;
-    char *err; /* why create failed, for the caller's last error ("" when not known) */
+    bool keep_dumpable; /* with data grants, stay dumpable (KVPOOL_KEEP_DUMPABLE=1) */
+    char *err;          /* why create failed, for the caller's last error ("" when not known) */
     size_t err_len;
 } kvp_segment_params_t;
 

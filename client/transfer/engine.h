@@ -34,6 +34,9 @@ typedef struct kvp_stager_pool {
     struct kvp_stager *free[2][KVP_STAGERS_MAX]; /* ready to take */
 } kvp_stager_pool_t;
 
+/* kvp_transfer_t.rdma_windows: serve the segment over rdma through memory windows. */
+enum { KVP_RDMA_WINDOWS_OFF = 0, KVP_RDMA_WINDOWS_ON, KVP_RDMA_WINDOWS_UNBOUNDED };
+
 typedef struct kvp_transfer {
     /* settings, filled by the client before kvp_transfer_init */
     kvp_transport_id_t forced;
@@ -46,6 +49,10 @@ typedef struct kvp_transfer {
     char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
     uint32_t rdma_qps;      /* QPs per peer */
     uint64_t rdma_slice;    /* stripe size */
+    int rdma_windows;       /* serve through memory windows: KVP_RDMA_WINDOWS_* (below;
+                             * KVPOOL_RDMA_WINDOWS, client/env.c) */
+    unsigned rdma_qp_cap;   /* QPs one principal may hold to our segment; 0: the default
+                             * (KVPOOL_RDMA_QP_CAP) */
     /* the priority list to create; NULL: kvp_transports (tests put fakes here) */
     const kvp_transport_ops_t *const *list;
 

@@ -849,10 +849,9 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
     }
     /* through memory windows: the region opens nothing remotely, its rkey neither; a peer
      * asks the data server for a window per granted extent on its own queue pair */
-    const char *w = getenv("KVPOOL_RDMA_WINDOWS");
-    ctx->windows = w != NULL && (strcmp(w, "1") == 0 || strcmp(w, "unbounded") == 0);
+    ctx->windows = ctx->xfer->rdma_windows != 0; /* KVPOOL_RDMA_WINDOWS: 1 or unbounded */
     const char *dev_name = kvp_rdma_dev_info(ctx->dev)->name;
-    if (ctx->windows && strcmp(w, "unbounded") != 0 &&
+    if (ctx->windows && ctx->xfer->rdma_windows != KVP_RDMA_WINDOWS_UNBOUNDED &&
         (strncmp(dev_name, "rxe", 3) == 0 || strncmp(dev_name, "siw", 3) == 0)) {
         /* Soft-RoCE's responder checks an access through a window against the region's
          * range, not the window's (rxe_resp.c, check_rkey): its rkey, queue pair, op and
@@ -1618,8 +1617,8 @@ static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p
         return KVP_ERR_NOMEM;
     ctx->xfer = xfer;
     ctx->nqp = xfer->rdma_qps ? xfer->rdma_qps : 2;
-    const char *cap = getenv("KVPOOL_RDMA_QP_CAP");
-    ctx->qp_cap = cap != NULL && atoi(cap) > 0 ? (unsigned)atoi(cap) : QP_CAP_DEFAULT;
+    /* KVPOOL_RDMA_QP_CAP, read when the client was created */
+    ctx->qp_cap = xfer->rdma_qp_cap > 0 ? xfer->rdma_qp_cap : QP_CAP_DEFAULT;
     if (ctx->nqp > MAX_QPS_PER_PEER)
         ctx->nqp = MAX_QPS_PER_PEER;
     ctx->slice = xfer->rdma_slice ? xfer->rdma_slice : 256 * 1024;

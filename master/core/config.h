@@ -9,10 +9,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/options.h"
 #include "common/status.h"
 
-/* Master settings (flags of kvpool-master; defaults in kvp_master_config_init). */
+/*
+ * Master settings: every flag of kvpool-master (and key of its config file) is a field
+ * here, described by one row of the table in master/master_options.c (its name, type,
+ * default, environment variable and help); the defaults below are that table's.
+ */
 typedef struct kvp_master_config {
+    /* the process (master/main.c); the strings are borrowed from argv */
+    const char *listen;        /* HOST:PORT of the control plane (127.0.0.1:50051) */
+    int ready_fd;              /* write the bound address here when listening (-1: none) */
+    int log_level;             /* kvp_log_level_t (info; $KVPOOL_LOG_LEVEL) */
+    const char *etcd;          /* etcd endpoints (NULL: standalone, no election) */
+    const char *cluster;       /* the masters of one pool share it (kvpool) */
+    uint32_t leader_ttl_s;     /* lease of the leader (5) */
+    const char *advertise;     /* the address clients reach us at (NULL: the bound one) */
     bool evict;                /* false: a full pool refuses puts (store, not cache) */
     double evict_high;         /* evict when used/capacity passes this (1.0: off) */
     double evict_low;          /* ... down to this (0.98) */
@@ -63,14 +76,18 @@ typedef struct kvp_master_config {
     char etcd_password_file[512];
 } kvp_master_config_t;
 
-/* The defaults. */
+/* The defaults (the table's). */
 void kvp_master_config_init(kvp_master_config_t *cfg);
+
+/* The option table of kvpool-master (master_options.c) over *cfg's fields. */
+kvp_opts_t kvp_master_options(kvp_master_config_t *cfg);
 
 /*
  * Set one setting from its kvpool-master flag (long name without "--":
  * "lease-ttl", "no-eviction", ...). value is the flag's argument (NULL for
  * flags that take none). KVP_ERR_INVALID_ARG with a sentence in err on a bad
- * value; KVP_ERR_NOT_FOUND for a name that is not a setting.
+ * value; KVP_ERR_NOT_FOUND for a name that is not a setting (--help, --version
+ * are actions, not settings).
  */
 kvp_status_t kvp_master_config_set(kvp_master_config_t *cfg, const char *name, const char *value,
                                    char *err, size_t err_len);

@@ -3,7 +3,9 @@
  * into the pool, serve it until SIGINT or SIGTERM, then drain it (move its objects to
  * other segments) and unmount; optionally serve /metrics and /health over HTTP.
  *
- * Design: the flags may come from an INI file too (--config, common/conf.h): the file is
+ * Design: serve's options are the rows of serve_rows (common/options.h: name, type,
+ * default, field of serve_t, help), from which its getopt entries, --help and
+ * --options-markdown come. The flags may come from an INI file too (--config, common/conf.h): the file is
  * expanded into argv first, and a global option in it (or after `serve`) yields to the
  * same option given before `serve`. The steps: parse and check every input; block SIGINT
  * and SIGTERM before kvp_client_create, so every library thread inherits the mask and
@@ -31,6 +33,7 @@
 #include "common/conf.h"
 #include "common/http.h"
 #include "common/macros.h"
+#include "common/options.h"
 #include "common/parse.h"
 
 /* What serve's HTTP handler reads (on libmicrohttpd's threads). */
@@ -98,100 +101,145 @@ static void serve_http_handler(void *arg, const char *path, const kvp_http_reque
     }
 }
 
+/* --rdma-windows: read by the rdma transport when it serves the segment, from the
+ * environment the client reads at its creation (client/env.c). */
+static kvp_status_t parse_rdma_windows(const kvp_opt_t *opt, const char *value, void *field,
+                                       char *err, size_t err_len)
+{
+    (void)field;
+    if (strcmp(value, "on") != 0 && strcmp(value, "unbounded") != 0 &&
+        strcmp(value, "off") != 0) {
+        snprintf(err, err_len, "--%s must be on, unbounded or off, got '%s'", opt->name, value);
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (strcmp(value, "off") == 0)
+        unsetenv("KVPOOL_RDMA_WINDOWS");
+    else
+        setenv("KVPOOL_RDMA_WINDOWS", strcmp(value, "on") == 0 ? "1" : value, 1);
+    return KVP_OK;
+}
+
+#define F(field) KVP_OPT_FIELD(serve_t, field)
+static const char *const auth_choices[] = {"protected", "none", NULL};
+
+/* serve's own options, one row each (common/options.h); the global options (main.c) may
+ * be given after `serve` and in its config file too. */
+static const kvp_opt_t serve_rows[] = {
+    KVP_OPT_GROUP("Segments", NULL),
+    {.name = "segment-size", .type = KVP_OPT_SIZE, F(params.segment_size),
+     .help = "mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and serve it until SIGINT or "
+             "SIGTERM, then drain it; needed unless --ssd-path is given (0: no DRAM "
+             "segment)"},
+    {.name = "data-host", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "HOST",
+     F(params.data_host), .def_doc = "the address that routes to the master",
+     .help = "the address the data servers bind and advertise"},
+    {.name = "data-port", .type = KVP_OPT_UINT, .arg = "PORT", F(params.data_port),
+     .max = UINT16_MAX, .need = "a port 0..65535", .def = "0",
+     .help = "the data server's port (0: any free port)"},
+    {.name = "name", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "NAME",
+     F(params.segment_name), .def_doc = "generated", .help = "the segment's name"},
+    {.name = "segment-file", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "PATH",
+     F(params.segment_file),
+     .help = "the DRAM segment is SIZE bytes of the file PATH from --segment-file-offset "
+             "(page-aligned), mapped shared (tmpfs, hugetlbfs); the file must be mode 0600"},
+    {.name = "segment-file-offset", .type = KVP_OPT_SIZE, F(params.segment_file_offset),
+     .def = "0", .need = "a size such as 4KiB", .help = "where in --segment-file the segment starts"},
+    {.name = "ssd-path", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "PATH",
+     F(params.ssd_path),
+     .help = "also an SSD segment, the file PATH (created and preallocated; mounted again, its "
+             "objects come back)"},
+    {.name = "ssd-size", .type = KVP_OPT_SIZE, F(params.ssd_size), .min = 1u << 20,
+     .need = "a size of at least 1MiB", .help = "the SSD segment's size (with --ssd-path)"},
+    {.name = "ssd-buffered-io", .type = KVP_OPT_SET_TRUE, .def = "off", F(params.ssd_buffered_io),
+     .help = "accept a filesystem without O_DIRECT (the page cache)"},
+    {.name = "tenant", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR | KVP_OPT_F_NONEMPTY,
+     .arg = "T", F(params.segment_tenant), .max = 63, .need = "a tenant's name of 1..63 bytes",
+     .help = "dedicate the segments to tenant T (the ACL's): only its objects go there, and "
+             "its go there first"},
+
+    KVP_OPT_GROUP("Process", NULL),
+    {.name = "ready-fd", .type = KVP_OPT_INT, .arg = "N", F(ready_fd), .def = "-1",
+     .def_doc = "none", .max = INT_MAX, .need = "a file descriptor",
+     .help = "when serving, write the segment's name (then \"http HOST:PORT\" with "
+             "--http-listen) to fd N and close it"},
+    {.name = "drain-timeout", .type = KVP_OPT_SECONDS_F, F(drain_s), .def = "30", .max = 86400,
+     .need = "seconds (0..86400)",
+     .help = "on SIGINT or SIGTERM, move the segment's objects to other segments for at most "
+             "this long before unmounting (0: no drain)"},
+    {.name = "http-listen", .type = KVP_OPT_HOSTPORT, .flags = KVP_OPT_F_PTR, F(http_listen),
+     .def_doc = "none", .need = "HOST:PORT (port 0: any)",
+     .help = "serve /metrics (Prometheus) and /health (200 while the segment is mounted, else "
+             "503)"},
+    {.name = "config", .type = KVP_OPT_ACTION, .arg = "FILE",
+     .help = "an INI file whose keys are these flags and the global ones without dashes "
+             "([serve] section and keys before any section); flags on the command line "
+             "override it"},
+    {.name = "help", .short_flag = 'h', .type = KVP_OPT_ACTION, .help = "this text"},
+    {.name = "options-markdown", .type = KVP_OPT_ACTION, .flags = KVP_OPT_F_HIDDEN,
+     .help = "these options as Markdown tables (docs/options.md)"},
+
+    KVP_OPT_GROUP("Security", NULL),
+    {.name = "auth", .type = KVP_OPT_ENUM, .flags = KVP_OPT_F_PTR, F(params.auth),
+     .choices = auth_choices, .def_doc = "protected", .env = "KVPOOL_AUTH",
+     .need = "protected or none",
+     .help = "protected: the data servers take peers of this host only; none: anyone who "
+             "reaches the port (a trusted network)"},
+    {.name = "rdma-windows", .type = KVP_OPT_CUSTOM, .arg = "on|unbounded|off",
+     .parse = parse_rdma_windows, .def_doc = "off", .env = "KVPOOL_RDMA_WINDOWS",
+     .help = "rdma peers reach the segment only through a memory window per granted extent, "
+             "bound on their queue pair (data grants on; the variable's value for on is 1); "
+             "refused on a device that does not keep an access inside its window (Soft-RoCE) "
+             "unless unbounded"},
+};
+
+static kvp_opts_t serve_opts(serve_t *s)
+{
+    return (kvp_opts_t){.rows = serve_rows, .count = KVP_ARRAY_SIZE(serve_rows), .base = s};
+}
+
+/* serve --help, --options-markdown; KVP_CLI_OK. */
+static int serve_action(const kvp_cli_command_t *cmd, const char *name)
+{
+    kvp_opts_t opts = serve_opts(NULL);
+    if (strcmp(name, "help") == 0) {
+        printf("usage: kvpool [GLOBAL OPTIONS] %s [OPTIONS]\n", cmd->name);
+        kvp_opts_usage(&opts, 28, stdout);
+        printf("The global options (kvpool --help) may follow `serve` and be keys of its "
+               "config file too.\n");
+    } else {
+        printf("## kvpool serve\n\nGenerated by `kvpool serve --options-markdown` from the "
+               "option table (client/tools/cli/serve.c). Every flag is also a key of the file "
+               "that `--config FILE` reads (without its dashes; keys before any section and "
+               "under `[serve]`), and so are the global options of `kvpool --help`. An "
+               "environment variable named here is the library's (see Client environment): "
+               "the flag overrides it.\n\n");
+        kvp_opts_markdown(&opts, stdout);
+    }
+    return KVP_CLI_OK;
+}
+
 /* One of serve's own options, or a global one (from the config file or after `serve`);
  * -1, or the usage error's exit code. */
 static int serve_option(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_t *cmd, int opt)
 {
-    uint64_t v;
-    switch (opt) {
-    case 's':
-        if (!kvp_parse_size(optarg, &s->params.segment_size))
-            return kvp_cli_usage_error(cmd, "--segment-size needs a size such as 64MiB, got '%s'",
-                                       optarg);
-        s->dram_given = true;
-        break;
-    case 'S':
-        s->params.ssd_path = optarg;
-        break;
-    case 'F':
-        s->params.segment_file = optarg;
-        break;
-    case 'O':
-        if (!kvp_parse_size(optarg, &s->params.segment_file_offset))
-            return kvp_cli_usage_error(cmd,
-                                       "--segment-file-offset needs a size such as 4KiB, got "
-                                       "'%s'",
-                                       optarg);
-        break;
-    case 'Z':
-        if (!kvp_parse_size(optarg, &s->params.ssd_size) || s->params.ssd_size < (1u << 20))
-            return kvp_cli_usage_error(cmd, "--ssd-size needs a size of at least 1MiB, got '%s'",
-                                       optarg);
-        break;
-    case 'B':
-        s->params.ssd_buffered_io = 1;
-        break;
-    case 'H':
-        s->params.data_host = optarg;
-        break;
-    case 'A':
-        if (strcmp(optarg, "protected") != 0 && strcmp(optarg, "none") != 0)
-            return kvp_cli_usage_error(cmd, "--auth needs protected or none, got '%s'", optarg);
-        s->params.auth = optarg;
-        break;
-    case 'p':
-        if (!kvp_cli_parse_uint(optarg, UINT16_MAX, &v))
-            return kvp_cli_usage_error(cmd, "--data-port needs a port 0..65535, got '%s'", optarg);
-        s->params.data_port = (uint16_t)v;
-        break;
-    case 'n':
-        s->params.segment_name = optarg;
-        break;
-    case 'T':
-        if (optarg[0] == '\0' || strlen(optarg) > 63)
-            return kvp_cli_usage_error(cmd, "--tenant needs a tenant's name of 1..63 bytes");
-        s->params.segment_tenant = optarg;
-        break;
-    case 'r':
-        if (!kvp_cli_parse_uint(optarg, INT_MAX, &v))
-            return kvp_cli_usage_error(cmd, "--ready-fd needs a file descriptor, got '%s'", optarg);
-        s->ready_fd = (int)v;
-        break;
-    case 'd':
-        if (!kvp_cli_parse_seconds(optarg, &s->drain_s))
-            return kvp_cli_usage_error(cmd, "--drain-timeout needs seconds (0..86400), got '%s'",
-                                       optarg);
-        break;
-    case 'W':
-        /* read by the rdma transport when it serves the segment (client/transport/rdma.c) */
-        if (strcmp(optarg, "on") != 0 && strcmp(optarg, "unbounded") != 0 &&
-            strcmp(optarg, "off") != 0)
-            return kvp_cli_usage_error(cmd,
-                                       "--rdma-windows must be on, unbounded or off, got "
-                                       "'%s'",
-                                       optarg);
-        if (strcmp(optarg, "off") == 0)
-            unsetenv("KVPOOL_RDMA_WINDOWS");
-        else
-            setenv("KVPOOL_RDMA_WINDOWS", strcmp(optarg, "on") == 0 ? "1" : optarg, 1);
-        break;
-    case 'L': {
-        char host[256];
-        uint16_t port;
-        if (kvp_parse_hostport(optarg, host, sizeof(host), &port) != KVP_OK)
-            return kvp_cli_usage_error(cmd, "--http-listen needs HOST:PORT (port 0: any), got '%s'",
-                                       optarg);
-        s->http_listen = optarg;
-        break;
+    kvp_opts_t opts = serve_opts(s);
+    size_t set;
+    const kvp_opt_t *o = kvp_opts_lookup(&opts, 1, opt, &set);
+    if (o != NULL && o->type == KVP_OPT_ACTION)
+        return serve_action(cmd, o->name);
+    if (o != NULL) {
+        char err[300];
+        if (kvp_opt_set(o, s, optarg, err, sizeof(err)) != KVP_OK)
+            return kvp_cli_usage_error(cmd, "%s", err);
+        if (strcmp(o->name, "segment-size") == 0)
+            s->dram_given = true;
+        return -1;
     }
-    default:
-        /* a global option in the config file (or after `serve`): the command line's
-         * own, given before `serve`, wins */
-        if (gcli->given & (1u << (opt - KVP_CLI_OPT_MASTER)))
-            break;
-        return kvp_cli_global_option(&s->cli, cmd, opt, optarg);
-    }
-    return -1;
+    /* a global option in the config file (or after `serve`): the command line's own,
+     * given before `serve`, wins */
+    if (gcli->given & (1u << (opt - KVP_CLI_OPT_MASTER)))
+        return -1;
+    return kvp_cli_global_option(&s->cli, cmd, opt, optarg);
 }
 
 /* serve's argv (config file expanded) into *s, every input checked; -1, or the exit code
@@ -202,8 +250,8 @@ static int serve_parse(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_
     int opt;
     optind = 0;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
-        int rc = opt == 'h' || opt == '?' || opt == ':' ? kvp_cli_option_other(cmd, opt, argc, argv)
-                                                        : serve_option(s, gcli, cmd, opt);
+        int rc = opt == '?' || opt == ':' ? kvp_cli_option_other(cmd, opt, argc, argv)
+                                          : serve_option(s, gcli, cmd, opt);
         if (rc >= 0)
             return rc;
     }
@@ -336,8 +384,12 @@ static void serve_drain(serve_t *s)
 static int serve_run(const kvp_cli_t *gcli, const kvp_cli_command_t *cmd, const struct option *opts,
                      int argc, char **argv)
 {
-    serve_t s = {.cli = *gcli, .ready_fd = -1, .drain_s = 30};
+    serve_t s = {.cli = *gcli};
     kvp_client_params_init(&s.params);
+    kvp_opts_t so = serve_opts(&s);
+    char err[256];
+    if (kvp_opts_defaults(&so, err, sizeof(err)) != KVP_OK)
+        return kvp_cli_fail(err, "serve's option table");
     int rc = serve_parse(&s, gcli, cmd, opts, argc, argv);
     if (rc >= 0)
         return rc;
@@ -360,26 +412,16 @@ static int serve_run(const kvp_cli_t *gcli, const kvp_cli_command_t *cmd, const 
 int kvp_cli_serve(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv)
 {
     /* every flag is also a config file key (common/conf.h), global ones included */
-    static const struct option opts[] = {
-        {"segment-size", required_argument, NULL, 's'},
-        {"data-host", required_argument, NULL, 'H'},
-        {"data-port", required_argument, NULL, 'p'},
-        {"name", required_argument, NULL, 'n'},
-        {"ready-fd", required_argument, NULL, 'r'},
-        {"drain-timeout", required_argument, NULL, 'd'},
-        {"ssd-path", required_argument, NULL, 'S'},
-        {"ssd-size", required_argument, NULL, 'Z'},
-        {"ssd-buffered-io", no_argument, NULL, 'B'},
-        {"http-listen", required_argument, NULL, 'L'},
-        {"auth", required_argument, NULL, 'A'},
-        {"tenant", required_argument, NULL, 'T'},
-        {"segment-file", required_argument, NULL, 'F'},
-        {"segment-file-offset", required_argument, NULL, 'O'},
-        {"rdma-windows", required_argument, NULL, 'W'},
+    static const struct option globals[] = {
         KVP_CLI_GLOBAL_OPTIONS,
-        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    struct option opts[64];
+    char shortopts[16];
+    kvp_opts_t so = serve_opts(NULL);
+    if (kvp_opts_getopt(&so, 1, globals, opts, KVP_ARRAY_SIZE(opts), "+:", shortopts,
+                        sizeof(shortopts)) == 0)
+        return kvp_cli_fail("too many options", "serve's option table");
     int cargc;
     char **cargv;
     char err[512] = "";

@@ -1,0 +1,244 @@
+/*
+ * env.c - the library's environment variables, one row each (common/options.h): the
+ * variable, its type, default, the field of kvp_client_env_t it is read into, and its
+ * help. kvp_client_env_read reads them all once, when a client is created; the table
+ * also makes the "Client environment" section of docs/options.md (kvpool --env-markdown).
+ *
+ * Every value is read as before (a bad one is never an error here: client.c checks the
+ * ones that can be wrong, with the parameter's message). Rows marked
+ * KVP_OPT_F_READ_ELSEWHERE are process-wide settings read where they live (env.h).
+ *
+ * Thread: any.
+ */
+#include "client/env.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/macros.h"
+
+#define F(field) KVP_OPT_FIELD(kvp_client_env_t, field)
+#define LAX KVP_OPT_F_ENV_LAX
+#define STR (KVP_OPT_F_ENV_LAX | KVP_OPT_F_PTR)
+#define ELSEWHERE (KVP_OPT_F_ENV_LAX | KVP_OPT_F_READ_ELSEWHERE)
+
+/* KVPOOL_RDMA_WINDOWS: "1" on, "unbounded" on any device, anything else off. */
+static kvp_status_t parse_windows(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                                  size_t err_len)
+{
+    (void)opt, (void)err, (void)err_len;
+    *(int *)field = strcmp(value, "1") == 0           ? KVP_RDMA_WINDOWS_ON
+                    : strcmp(value, "unbounded") == 0 ? KVP_RDMA_WINDOWS_UNBOUNDED
+                                                      : KVP_RDMA_WINDOWS_OFF;
+    return KVP_OK;
+}
+
+/* KVPOOL_RDMA_QP_CAP: a number > 0 (atoi's reading), else the default (0). */
+static kvp_status_t parse_qp_cap(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                                 size_t err_len)
+{
+    (void)opt, (void)err, (void)err_len;
+    int v = atoi(value);
+    *(unsigned *)field = v > 0 ? (unsigned)v : 0;
+    return KVP_OK;
+}
+
+/* KVPOOL_KEEP_DUMPABLE: "1" only. */
+static kvp_status_t parse_one(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                              size_t err_len)
+{
+    (void)opt, (void)err, (void)err_len;
+    *(bool *)field = strcmp(value, "1") == 0;
+    return KVP_OK;
+}
+
+static const kvp_opt_t env_rows[] = {
+    KVP_OPT_GROUP("The master and the data path",
+                  "each variable stands in for the kvp_client_params_t field named, when the "
+                  "application leaves that field NULL"),
+    {.name = "master",
+     .env = "KVPOOL_MASTER",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "HOST:PORT",
+     .def = NULL,
+     .def_doc = "127.0.0.1:50051",
+     F(master),
+     .help = "master_addr: the master, or etcd://HOST:PORT[,HOST:PORT...]/CLUSTER (the leader "
+             "of masters started with --etcd ... --cluster CLUSTER)"},
+    {.name = "transport",
+     .env = "KVPOOL_TRANSPORT",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "auto|tcp|shm|rdma",
+     .def_doc = "auto",
+     F(transport),
+     .help = "transport: auto is shm on one host, else rdma if both sides have it, else tcp"},
+    {.name = "rdma-device",
+     .env = "KVPOOL_RDMA_DEVICE",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "LIST",
+     .def_doc = "any with an active port",
+     F(rdma_devices),
+     .help = "rdma_devices: RDMA devices to try, e.g. rxe0,mlx5_0"},
+    {.name = "rdma-host",
+     .env = "KVPOOL_RDMA_HOST",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "IPV4",
+     .def_doc = "the device's own",
+     F(rdma_host),
+     .help = "rdma_host: the address the segment's rdma listener binds and advertises"},
+    {.name = "auth",
+     .env = "KVPOOL_AUTH",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "protected|none",
+     .def_doc = "protected",
+     F(auth),
+     .help = "auth: protected: the segment's data servers take peers of this host only; none: "
+             "anyone who reaches them"},
+
+    KVP_OPT_GROUP("Security", "docs/operations.md, \"Security\""),
+    {.name = "tls-ca",
+     .env = "KVPOOL_TLS_CA",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     .def_doc = "none: plain TCP",
+     F(tls_ca),
+     .help = "tls_ca: TLS 1.3 to the master, its certificate checked against this CA and the "
+             "address dialled"},
+    {.name = "tls-cert",
+     .env = "KVPOOL_TLS_CERT",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     F(tls_cert),
+     .help = "tls_cert: this client's certificate (mutual TLS; its subject CN names the "
+             "principal); needs a CA"},
+    {.name = "tls-key",
+     .env = "KVPOOL_TLS_KEY",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     F(tls_key),
+     .help = "tls_key: the key of the certificate"},
+    {.name = "token",
+     .env = "KVPOOL_TOKEN",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "TOKEN",
+     F(token),
+     .help = "token: the principal's token, sent on every new connection to the master, over "
+             "TLS only (needs a CA)"},
+    {.name = "etcd-cacert",
+     .env = "KVPOOL_ETCD_CACERT",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     .def_doc = "none: plain http",
+     F(etcd.ca),
+     .help = "with an etcd:// master: TLS to etcd, its certificate checked against this CA"},
+    {.name = "etcd-cert",
+     .env = "KVPOOL_ETCD_CERT",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     F(etcd.cert),
+     .help = "client certificate for an etcd run with "
+             "--client-cert-auth"},
+    {.name = "etcd-key",
+     .env = "KVPOOL_ETCD_KEY",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     F(etcd.key),
+     .help = "the key of that certificate"},
+    {.name = "etcd-user",
+     .env = "KVPOOL_ETCD_USER",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "NAME",
+     F(etcd.user),
+     .help = "the etcd user"},
+    {.name = "etcd-password-file",
+     .env = "KVPOOL_ETCD_PASSWORD_FILE",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "FILE",
+     F(etcd.password_file),
+     .help = "the file of the etcd user's password"},
+    {.name = "keep-dumpable",
+     .env = "KVPOOL_KEEP_DUMPABLE",
+     .type = KVP_OPT_CUSTOM,
+     .flags = LAX,
+     .arg = "1",
+     .parse = parse_one,
+     .def_doc = "unset",
+     F(keep_dumpable),
+     .help = "with data grants on (a master with TLS) a process that mounts a segment makes "
+             "itself undumpable, so its /proc entries (open files, memory) are root's only; 1: it "
+             "stays dumpable, and any process of its user can open its segment"},
+    {.name = "rdma-qp-cap",
+     .env = "KVPOOL_RDMA_QP_CAP",
+     .type = KVP_OPT_CUSTOM,
+     .flags = LAX,
+     .arg = "N",
+     .parse = parse_qp_cap,
+     .def_doc = "256",
+     F(rdma_qp_cap),
+     .help = "with data grants on: queue pairs one principal may hold to this process's "
+             "segment; more are rejected"},
+    {.name = "rdma-windows",
+     .env = "KVPOOL_RDMA_WINDOWS",
+     .type = KVP_OPT_CUSTOM,
+     .flags = LAX,
+     .arg = "1|unbounded",
+     .parse = parse_windows,
+     .def_doc = "unset",
+     F(rdma_windows),
+     .help = "serve the segment over rdma through a memory window per granted extent (kvpool "
+             "serve --rdma-windows); 1 is refused on devices that do not keep an access inside "
+             "its window (Soft-RoCE, siw), unbounded uses them anyway. Needs data grants on"},
+
+    KVP_OPT_GROUP("Process-wide", "process-wide settings, read where the setting lives"),
+    {.name = "log-level",
+     .env = "KVPOOL_LOG_LEVEL",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "off|error|warn|info|debug",
+     .def_doc = "off (the library is silent)",
+     .help = "what the library logs on stderr (common/log.c, at every client's creation; the "
+             "kvpool command defaults to warn, kvpool-master to info)"},
+    {.name = "cuda-lib",
+     .env = "KVPOOL_CUDA_LIB",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "PATH",
+     .def_doc = "libcuda.so.1",
+     .help = "the CUDA driver library, loaded once when GPU memory is first seen "
+             "(client/mem/gpu.c)"},
+    {.name = "crc32c-no-fold",
+     .env = "KVPOOL_CRC32C_NO_FOLD",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "any",
+     .def_doc = "unset",
+     .help = "set: CRC32C uses the crc32 instruction's three chains only, not the "
+             "VPCLMULQDQ/AVX-512 fold (for comparing; common/crc32c.c)"},
+};
+
+kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)
+{
+    return (kvp_opts_t){.rows = env_rows, .count = KVP_ARRAY_SIZE(env_rows), .base = env};
+}
+
+void kvp_client_env_read(kvp_client_env_t *env)
+{
+    memset(env, 0, sizeof(*env));
+    kvp_opts_t t = kvp_client_env_table(env);
+    char err[8];
+    kvp_opts_env(&t, err, sizeof(err)); /* every row is lax: never fails */
+}

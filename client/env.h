@@ -1,0 +1,46 @@
+/*
+ * env.h - the library's environment (KVPOOL_*), read once, when a client is created
+ * (client.c), into a kvp_client_env_t that the layers below receive from their creators
+ * (the engine's settings, the segment's and discovery's parameters) instead of calling
+ * getenv themselves. See env.c for the table of variables.
+ *
+ * A parameter of kvp_client_params_t always wins over its variable; an empty variable is
+ * unset. Three variables are process-wide and read where their setting lives, once per
+ * process: KVPOOL_LOG_LEVEL (common/log.c, kvp_log_init_from_env), KVPOOL_CUDA_LIB
+ * (mem/gpu.c, when the driver is loaded) and KVPOOL_CRC32C_NO_FOLD (common/crc32c.c, a
+ * test knob); the table lists them too, for the docs.
+ */
+#ifndef KVP_CLIENT_ENV_H
+#define KVP_CLIENT_ENV_H
+
+#include <stdbool.h>
+
+#include "common/etcd.h"
+#include "common/options.h"
+#include "client/transfer/engine.h" /* KVP_RDMA_WINDOWS_* */
+
+/* The library's environment; NULL / 0 / false: the variable is not set (or empty). The
+ * strings point into the environment: use them while the client is created only. */
+typedef struct kvp_client_env {
+    const char *master;       /* KVPOOL_MASTER */
+    const char *transport;    /* KVPOOL_TRANSPORT */
+    const char *rdma_devices; /* KVPOOL_RDMA_DEVICE */
+    const char *rdma_host;    /* KVPOOL_RDMA_HOST */
+    const char *auth;         /* KVPOOL_AUTH */
+    const char *tls_cert;     /* KVPOOL_TLS_CERT */
+    const char *tls_key;      /* KVPOOL_TLS_KEY */
+    const char *tls_ca;       /* KVPOOL_TLS_CA */
+    const char *token;        /* KVPOOL_TOKEN */
+    kvp_etcd_security_t etcd; /* KVPOOL_ETCD_CACERT, _CERT, _KEY, _USER, _PASSWORD_FILE */
+    int rdma_windows;         /* KVPOOL_RDMA_WINDOWS: KVP_RDMA_WINDOWS_* */
+    unsigned rdma_qp_cap;     /* KVPOOL_RDMA_QP_CAP; 0: the transport's default */
+    bool keep_dumpable;       /* KVPOOL_KEEP_DUMPABLE=1 */
+} kvp_client_env_t;
+
+/* Read the variables into *env. Thread: any (reads the environment). */
+void kvp_client_env_read(kvp_client_env_t *env);
+
+/* The table of the variables over *env (docs: kvpool --env-markdown). */
+kvp_opts_t kvp_client_env_table(kvp_client_env_t *env);
+
+#endif

@@ -1,0 +1,363 @@
+/*
+ * master_options.c - kvpool-master's options, one row each (common/options.h): the flag
+ * (which is also the config-file key), its type, default, field of kvp_master_config_t,
+ * environment variable and help. main.c makes the getopt entries and --help from it,
+ * config.c the defaults and the reading of a value, --options-markdown docs/options.md.
+ *
+ * Thread: any (the table is constant).
+ */
+#include <string.h>
+
+#include "common/log.h"
+#include "common/macros.h"
+#include "master/core/config.h"
+
+#define F(field) KVP_OPT_FIELD(kvp_master_config_t, field)
+
+/* --log-level: off|error|warn|info|debug (any case) into an int. */
+static kvp_status_t parse_log_level(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                                    size_t err_len)
+{
+    (void)opt;
+    kvp_log_level_t lvl;
+    if (!kvp_log_parse_level(value, &lvl)) {
+        snprintf(err, err_len, "unknown log level '%s'", value);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *(int *)field = (int)lvl;
+    return KVP_OK;
+}
+
+/* --cluster: a name of 1..128 bytes without '/' (it is a path component of etcd keys). */
+static kvp_status_t parse_cluster(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                                  size_t err_len)
+{
+    (void)opt;
+    if (value[0] == '\0' || strlen(value) > 128 || strchr(value, '/') != NULL) {
+        snprintf(err, err_len, "--cluster needs a name of 1..128 bytes without '/'");
+        return KVP_ERR_INVALID_ARG;
+    }
+    *(const char **)field = value;
+    return KVP_OK;
+}
+
+static const kvp_opt_t master_rows[] = {
+    KVP_OPT_GROUP("General", NULL),
+    {.name = "listen",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "HOST:PORT",
+     .def = "127.0.0.1:50051",
+     F(listen),
+     .help = "control-plane address (port 0 picks a free port)"},
+    {.name = "ready-fd",
+     .type = KVP_OPT_INT,
+     .arg = "N",
+     .def = "-1",
+     .def_doc = "none",
+     F(ready_fd),
+     .min = 0,
+     .max = 65535,
+     .need = "a file descriptor number",
+     .help = "write the bound HOST:PORT and a newline to fd N when listening, then close it"},
+    {.name = "log-level",
+     .type = KVP_OPT_CUSTOM,
+     .flags = KVP_OPT_F_ENV_LAX,
+     .arg = "off|error|warn|info|debug",
+     .def = "info",
+     F(log_level),
+     .env = "KVPOOL_LOG_LEVEL",
+     .parse = parse_log_level,
+     .help = "what goes to stderr (an unknown value of the environment variable is "
+             "ignored)"},
+    {.name = "auth",
+     .type = KVP_OPT_STRING,
+     .arg = "protected|none",
+     .def = "protected",
+     F(auth),
+     .help = "protected (no credentials configured): take connections from this host only, "
+             "refusing others with KVP_ERR_DENIED; none: anyone who reaches the port (a "
+             "trusted network only)"},
+    {.name = "config",
+     .type = KVP_OPT_ACTION,
+     .arg = "FILE",
+     .help = "read settings from FILE (INI: every flag is a key, e.g. lease-ttl = 5, "
+             "no-eviction = true; keys before any section and under [master] apply; flags "
+             "given here override it)"},
+    {.name = "help", .short_flag = 'h', .type = KVP_OPT_ACTION, .help = "this text"},
+    {.name = "version", .type = KVP_OPT_ACTION, .help = "the version"},
+    {.name = "options-markdown",
+     .type = KVP_OPT_ACTION,
+     .flags = KVP_OPT_F_HIDDEN,
+     .help = "these options as Markdown tables (docs/options.md)"},
+
+    KVP_OPT_GROUP("Security",
+                  "with these the port is open to other hosts, and every connection is TLS 1.3 "
+                  "and names a principal; docs/operations.md, \"Security\""),
+    {.name = "tls-cert",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_cert),
+     .help = "the master's certificate (PEM)"},
+    {.name = "tls-key",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_key),
+     .help = "the key of --tls-cert"},
+    {.name = "tls-ca",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_ca),
+     .help = "the CA of client certificates (mutual TLS)"},
+    {.name = "tls-crl",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_crl),
+     .help = "revoked client certificates (PEM CRL)"},
+    {.name = "acl-file",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(acl_file),
+     .help = "principals: tenant, roles, cert-cn, token-sha256, key patterns; SIGHUP reloads "
+             "it (and the TLS files)"},
+    {.name = "data-grants",
+     .type = KVP_OPT_ON_OFF,
+     .def = "on",
+     F(data_grants),
+     .help = "with TLS: every tcp data request carries a grant the master sealed for that "
+             "extent, op and time, checked by the segment's owner (off: owners serve any "
+             "request, as without TLS)"},
+
+    KVP_OPT_GROUP("Eviction, leases, timeouts", NULL),
+    {.name = "evict-high-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "1.0",
+     F(evict_high),
+     .help = "also evict in the background when used/capacity passes F (1.0: off; puts "
+             "evict what they need)"},
+    {.name = "evict-low-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.98",
+     F(evict_low),
+     .help = "... down to F"},
+    {.name = "lease-ttl",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "5",
+     F(lease_ttl_ms),
+     .help = "safety net of a read lease: a get releases its lease when its transfer ends; "
+             "one never released (the reader died) ends this long after it was granted"},
+    {.name = "put-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "30",
+     F(put_timeout_ms),
+     .help = "revoke a put not ended by then"},
+    {.name = "soft-pin-ttl",
+     .type = KVP_OPT_SECONDS,
+     .def = "1800",
+     F(soft_pin_ttl_s),
+     .help = "default soft pin lifetime"},
+    {.name = "client-ttl",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "10",
+     F(client_ttl_ms),
+     .help = "drop a client silent this long: its segments are unmounted, its puts revoked "
+             "(0: never)"},
+    {.name = "segment-grace",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "60",
+     F(segment_grace_ms),
+     .help = "keep what a DRAM segment dropped so held: taken back if that segment mounts "
+             "again within it (its owner was cut off, not restarted) (0: off)"},
+    {.name = "lease-on-exist",
+     .type = KVP_OPT_SET_TRUE,
+     .def = "off",
+     F(lease_on_exist),
+     .help = "exist grants read leases too (default: only get)"},
+    {.name = "no-eviction",
+     .type = KVP_OPT_SET_FALSE,
+     .def = "on",
+     .def_doc = "off (evict)",
+     F(evict),
+     .help = "never evict: a full pool refuses puts"},
+
+    KVP_OPT_GROUP("SSD tier", "when SSD segments are mounted: kvpool serve --ssd-path"),
+    {.name = "offload-high-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.95",
+     F(offload_high),
+     .help = "offload DRAM victims to SSD in the background when DRAM used/capacity passes F"},
+    {.name = "offload-low-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.90",
+     F(offload_low),
+     .help = "... down to F"},
+    {.name = "ssd-evict-high-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.95",
+     F(ssd_evict_high),
+     .help = "drop SSD objects (LRU) when SSD used passes F"},
+    {.name = "ssd-evict-low-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.90",
+     F(ssd_evict_low),
+     .help = "... down to F"},
+    {.name = "promote-on-hit",
+     .type = KVP_OPT_ON_OFF,
+     .def = "on",
+     F(promote_on_hit),
+     .help = "copy an SSD-only object back to DRAM in the background when a get hits it"},
+
+    KVP_OPT_GROUP("High availability",
+                  "leader election through etcd; without --etcd the master is standalone and "
+                  "needs no etcd"),
+    {.name = "etcd",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "HOST:PORT[,HOST:PORT...]",
+     F(etcd),
+     .help = "etcd endpoints (v3 JSON gateway)"},
+    {.name = "cluster",
+     .type = KVP_OPT_CUSTOM,
+     .arg = "NAME",
+     .def = "kvpool",
+     F(cluster),
+     .parse = parse_cluster,
+     .help = "the masters of one pool share a name; clients use --master "
+             "etcd://HOST:PORT[,...]/NAME"},
+    {.name = "leader-ttl",
+     .type = KVP_OPT_UINT,
+     .arg = "SECONDS",
+     .def = "5",
+     F(leader_ttl_s),
+     .min = 2,
+     .max = 3600,
+     .need = "2..3600 seconds",
+     .help = "lease of the leader: a standby takes over this long after the leader stops "
+             "renewing it"},
+    {.name = "advertise",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "HOST:PORT",
+     .def_doc = "the --listen address as bound",
+     F(advertise),
+     .help = "the address clients reach this master at"},
+    {.name = "etcd-cacert",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(etcd_cacert),
+     .help = "CA of etcd's certificate: TLS to every endpoint (https://HOST:PORT endpoints "
+             "are TLS too)"},
+    {.name = "etcd-cert",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(etcd_cert),
+     .help = "client certificate for etcd's --client-cert-auth"},
+    {.name = "etcd-key",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(etcd_key),
+     .help = "the key of --etcd-cert"},
+    {.name = "etcd-user", .type = KVP_OPT_STRING, .arg = "NAME", F(etcd_user), .help = "etcd user"},
+    {.name = "etcd-password-file",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(etcd_password_file),
+     .help = "the file of --etcd-user's password (never a flag value; mode 0600)"},
+
+    KVP_OPT_GROUP("Metadata that survives the master", NULL),
+    {.name = "segment-records",
+     .type = KVP_OPT_ON_OFF,
+     .def = "on",
+     F(segment_records),
+     .help = "owners of DRAM segments keep a record of the objects on them, so that a "
+             "restarted master adopts them back at their remount (SSD segments' files always "
+             "describe themselves; with data grants the records are kept even when off, to "
+             "end write grants at their put's end, and nothing is adopted)"},
+
+    KVP_OPT_GROUP("Operations", "docs/operations.md"),
+    {.name = "http-listen",
+     .type = KVP_OPT_STRING,
+     .arg = "HOST:PORT",
+     .def = "127.0.0.1:9003",
+     F(http_listen),
+     .help = "HTTP for /metrics (Prometheus), /health, /api/v1/... and /get_all_segments "
+             "(when the default is taken the master runs without HTTP; off: none)"},
+    {.name = "kv-events-bind",
+     .type = KVP_OPT_STRING,
+     .arg = "ENDPOINT",
+     F(kv_events_bind),
+     .def_doc = "off",
+     .help = "publish KV events (stored/removed/cleared) on a ZeroMQ PUB socket, e.g. "
+             "tcp://127.0.0.1:5557"},
+    {.name = "kv-events-replay-bind",
+     .type = KVP_OPT_STRING,
+     .arg = "ENDPOINT",
+     F(kv_events_replay),
+     .help = "answer replays of missed batches here"},
+    {.name = "kv-events-topic",
+     .type = KVP_OPT_STRING,
+     .arg = "T",
+     .def = "kvpool",
+     F(kv_events_topic),
+     .help = "first frame of every message"},
+    {.name = "kv-events-queue",
+     .type = KVP_OPT_UINT,
+     .def = "65536",
+     F(kv_events_queue),
+     .max = 1u << 22,
+     .help = "events queued before the oldest are dropped"},
+    {.name = "kv-events-replay-batches",
+     .type = KVP_OPT_UINT,
+     .def = "4096",
+     F(kv_events_replay_batches),
+     .max = 1u << 20,
+     .help = "batches kept for replay"},
+    {.name = "kv-events-model",
+     .type = KVP_OPT_STRING,
+     .arg = "NAME",
+     .def = "kvpool",
+     F(kv_events_model),
+     .help = "the events' envelope: model name"},
+    {.name = "kv-events-block-size",
+     .type = KVP_OPT_UINT,
+     .def = "0",
+     F(kv_events_block_size),
+     .max = 1u << 24,
+     .help = "the events' envelope: block size"},
+    {.name = "kv-events-tenant",
+     .type = KVP_OPT_STRING,
+     .arg = "ID",
+     .def = "default",
+     F(kv_events_tenant),
+     .help = "the events' envelope: tenant"},
+    {.name = "kv-events-backend-id",
+     .type = KVP_OPT_STRING,
+     .arg = "ID",
+     .def = "kvpool-master",
+     F(kv_events_backend_id),
+     .help = "the events' envelope: backend id"},
+    {.name = "kv-events-dp-rank",
+     .type = KVP_OPT_UINT,
+     .def = "0",
+     F(kv_events_dp_rank),
+     .max = 1u << 16,
+     .help = "the events' envelope: data-parallel rank"},
+    {.name = "kv-events-curve-secret",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(kv_events_curve_secret),
+     .help = "the KV events sockets become CURVE servers with this secret key (40 Z85 "
+             "characters; FILE readable by the master's user only, mode 600)"},
+    {.name = "kv-events-curve-allow",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(kv_events_curve_allow),
+     .help = "who may subscribe: lines KEY TENANT or KEY * (a subscriber's Z85 public key; it "
+             "hears its tenant's events, * every tenant's); SIGHUP reloads it "
+             "(deploy/make-curve-keys.sh makes key pairs)"},
+};
+
+kvp_opts_t kvp_master_options(kvp_master_config_t *cfg)
+{
+    return (kvp_opts_t){.rows = master_rows, .count = KVP_ARRAY_SIZE(master_rows), .base = cfg};
+}
