@@ -9,7 +9,7 @@
  * table) then parses its own options from argv re-based at the command. Every command
  * checks all of its input (numbers, sizes, files, fds) before it connects, so a usage
  * mistake is reported at once and never waits on the master. The commands live one
- * group per file: object.c (put, get, exist, rm, ls), admin.c (drain, stat, rm --regex
+ * group per file: cli_object.c (put, get, exist, rm, ls), cli_admin.c (drain, stat, rm --regex
  * and --all), serve.c (serve); cli_common.c holds what they share.
  *
  * Exit status: see cli.h.
