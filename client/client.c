@@ -191,7 +191,7 @@ static const char *param_env(const char *v, const char *env)
     return v != NULL && v[0] != '\0' ? v : NULL;
 }
 
-/* TLS to the master and the token (docs/operations.md, "Security"). */
+/* TLS to the master and the token (docs/security.md). */
 static kvp_status_t tls_param(kvp_client_t *c)
 {
     kvp_tls_params_t tp = {.cert = param_env(c->params.tls_cert, c->env.tls_cert),

@@ -100,7 +100,7 @@ static const kvp_opt_t env_rows[] = {
      .help = "auth: protected: the segment's data servers take peers of this host only; none: "
              "anyone who reaches them"},
 
-    KVP_OPT_GROUP("Security", "docs/operations.md, \"Security\""),
+    KVP_OPT_GROUP("Security", "docs/security.md"),
     {.name = "tls-ca",
      .env = "KVPOOL_TLS_CA",
      .type = KVP_OPT_STRING,

@@ -13,7 +13,7 @@
  * "https://host:port" are accepted too. A CA (kvp_etcd_security_t.ca) makes
  * every endpoint without a scheme https and refuses an explicit http:// one.
  *
- * Security (kvp_etcd_create_ex, docs/operations.md "Security", "etcd"): TLS
+ * Security (kvp_etcd_create_ex, docs/security.md, "etcd"): TLS
  * that verifies etcd's certificate against the CA and its name against the
  * endpoint's host, a client certificate for etcd's --client-cert-auth, and
  * etcd's own authentication: POST /v3/auth/authenticate with user and

@@ -35,7 +35,7 @@
 #define KVP_GRANT_KEY_LEN 32
 #define KVP_GRANT_MAC_LEN 16
 /* How far an owner's wall clock may run ahead of the master's: a grant is taken until
- * its expiry plus this (hosts keep their clocks in step with NTP; docs/operations.md). */
+ * its expiry plus this (hosts keep their clocks in step with NTP; docs/security.md). */
 #define KVP_GRANT_SKEW_MS 1000u
 
 typedef struct kvp_grant {

@@ -47,7 +47,7 @@ void kvp_sock_set_timeout(int fd, uint32_t timeout_ms);
 /* Is the peer of a connected socket on this host? Loopback (127.0.0.0/8, ::1, and ::1's
  * v4-mapped forms), or the very address the connection arrived at (a host that connects to
  * one of its own addresses sends from it). A peer in another network namespace is another
- * host. Protected mode (operations.md) takes only these. */
+ * host. Protected mode (docs/security.md) takes only these. */
 bool kvp_sock_peer_local(int fd);
 /* The peer's address as text ("10.0.0.2:41234", "[fe80::1]:80"), for logs; "?" if unknown. */
 void kvp_sock_peer_name(int fd, char *buf, size_t len);

@@ -12,7 +12,7 @@
  * still answers), rather than when a call next fails.
  *
  * etcd's TLS and credentials come from the environment (KVPOOL_ETCD_*,
- * docs/operations.md "Security", "etcd"; read by the client when it is
+ * docs/security.md, "etcd"; read by the client when it is
  * created, client/env.c, and handed in), so that the Python drop-in picks
  * them up without new arguments; both handles are made at create, where a
  * setting that cannot be used fails at once.

@@ -42,7 +42,7 @@ typedef struct kvp_mconn_params {
      * delays calls instead of failing them. */
     kvp_mconn_resolve_cb_t resolve;
     void *resolve_arg;
-    /* Security (docs/operations.md): tls, borrowed until destroy, makes every connection
+    /* Security (docs/security.md): tls, borrowed until destroy, makes every connection
      * TLS 1.3 (NULL: plain); token, copied (and wiped at destroy), is sent in an Auth
      * request first on each connection; only over TLS. */
     kvp_tls_t *tls;

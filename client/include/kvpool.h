@@ -74,7 +74,7 @@ typedef struct kvp_client_params {
      * refuses others with KVP_ERR_DENIED; "none" takes anyone who reaches the port (a
      * trusted network). NULL: $KVPOOL_AUTH, else "protected". */
     const char *auth;
-    /* Security of the control plane (docs/operations.md, "Security"): with a CA, every
+    /* Security of the control plane (docs/security.md): with a CA, every
      * connection to the master is TLS 1.3 and the master's certificate must name the
      * address dialled; a certificate and key (mutual TLS) or a token name this client's
      * principal. A token is only ever sent over TLS. Each NULL: its environment variable

@@ -338,7 +338,7 @@ void kvp_segment_state_unlock(kvp_segment_t *seg)
  * it through /proc/<pid>/fd/<n> (or ptrace us and read it): not dumpable, our /proc
  * entries are root's and ptrace needs CAP_SYS_PTRACE. Also no core dumps of this process,
  * and debuggers need root. KVPOOL_KEEP_DUMPABLE=1 (read by the client, client/env.c:
- * `keep`) keeps it dumpable (docs/operations.md).
+ * `keep`) keeps it dumpable (docs/security.md).
  */
 static void seal_process(bool keep)
 {

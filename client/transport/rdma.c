@@ -859,7 +859,7 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
         KVP_LOG_ERROR("rdma: KVPOOL_RDMA_WINDOWS=1 refused on %s: this device does not keep "
                       "an access through a memory window inside the window's extent; the "
                       "segment is served without windows (KVPOOL_RDMA_WINDOWS=unbounded uses "
-                      "them anyway: docs/operations.md)",
+                      "them anyway: docs/security.md)",
                       dev_name);
         ctx->windows = false;
     }

@@ -1,6 +1,6 @@
 /*
  * acl.h - who may do what: principals, their tenant, roles and key patterns,
- * read from the master's --acl-file (docs/operations.md, "Security").
+ * read from the master's --acl-file (docs/security.md).
  */
 #ifndef KVP_MASTER_AUTH_ACL_H
 #define KVP_MASTER_AUTH_ACL_H
@@ -18,7 +18,7 @@ enum {
     KVP_ROLE_SEGMENT = 1u << 2, /* mount, serve and drain its own segments (kvpool serve) */
     KVP_ROLE_ADMIN = 1u << 3,   /* every method (remove-all, drain of any segment), every key */
     /* a trusted local worker: is handed the memory of any segment on its host (shm), so
-     * reads and writes every object in it, of every tenant (docs/operations.md) */
+     * reads and writes every object in it, of every tenant (docs/security.md) */
     KVP_ROLE_SHM = 1u << 4,
 };
 

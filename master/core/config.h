@@ -61,14 +61,14 @@ typedef struct kvp_master_config {
     /* who may connect: "protected" (this host only: no credentials are configured) or
      * "none" (anyone who reaches the port: a trusted network) */
     char auth[16];
-    /* TLS and the ACL (master/auth/, docs/operations.md "Security"): "" when not given */
+    /* TLS and the ACL (master/auth/, docs/security.md): "" when not given */
     char tls_cert[512];
     char tls_key[512];
     char tls_ca[512];
     char tls_crl[512];
     char acl_file[512];
     bool data_grants; /* with TLS: tcp data requests carry grants (common/grant.h) */
-    /* etcd's TLS and credentials (docs/operations.md "Security", "etcd"): "" when not given */
+    /* etcd's TLS and credentials (docs/security.md, "etcd"): "" when not given */
     char etcd_cacert[512];
     char etcd_cert[512];
     char etcd_key[512];

@@ -93,7 +93,7 @@ static const kvp_opt_t master_rows[] = {
 
     KVP_OPT_GROUP("Security",
                   "with these the port is open to other hosts, and every connection is TLS 1.3 "
-                  "and names a principal; docs/operations.md, \"Security\""),
+                  "and names a principal; docs/security.md"),
     {.name = "tls-cert",
      .type = KVP_OPT_STRING,
      .arg = "FILE",

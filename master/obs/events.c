@@ -1383,7 +1383,7 @@ static void log_started(const kvp_events_t *ev, const kvp_events_params_t *p, bo
     if (!curve && p->tenants)
         KVP_LOG_WARN("kv events: an ACL is on but KV events have no CURVE: every tenant's keys "
                      "are readable by anyone who reaches %s%s%s; give --kv-events-curve-secret "
-                     "and --kv-events-curve-allow (docs/operations.md, \"KV events\")",
+                     "and --kv-events-curve-allow (docs/security.md, \"KV events: CURVE\")",
                      ev->endpoint[0], ev->replay != NULL ? " or " : "", ev->endpoint[1]);
 }
 

@@ -3,7 +3,7 @@
  * allow-list of subscriber keys, each naming the tenant whose events it gets
  * (see events_curve.c; the wire and the streams are in events.h).
  *
- * Files (docs/operations.md, "KV events" under "Security"):
+ * Files (docs/security.md, "KV events: CURVE"):
  *   --kv-events-curve-secret FILE  the master's CURVE secret key: 40 Z85
  *       characters (one line); FILE must not be readable by group or others.
  *   --kv-events-curve-allow FILE   one subscriber a line: "Z85-PUBLIC-KEY TENANT"

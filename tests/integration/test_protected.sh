@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_protected.sh - protected mode (operations.md): with no credentials configured, the
+# test_protected.sh - protected mode (docs/security.md): with no credentials configured, the
 # master and the data servers take connections from their own host only.
 #
 # Two hosts: this one, and a network namespace the test makes, joined by a veth pair with

@@ -60,7 +60,7 @@ def ready_start(bed, host, argv, timeout=15.0, log=None):
 
 class Cluster:
     """A master on hosts[0] and a `kvpool serve` owner on each of owner_hosts, all with
-    --auth none (other hosts are let in: a trusted network, operations.md)."""
+    --auth none (other hosts are let in: a trusted network, docs/security.md)."""
 
     def __init__(self, bed, tmp, owner_hosts, master_args=(), serve_args=()):
         self.bed, self.tmp = bed, tmp

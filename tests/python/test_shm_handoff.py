@@ -327,7 +327,7 @@ def test_proc_fd_no_longer_opens_a_secured_segment(sm):
 def test_acl_reload_takes_the_shm_role_away(certs, tmp_path):
     """A reload that takes role shm away stops new hand-offs of a shared segment: the next
     client of that principal reaches it over tcp (a mapping already made stays: documented
-    in operations.md, "Not protected yet")."""
+    in docs/security.md, "Not protected yet")."""
     m = ShmMaster(certs, str(tmp_path))
     try:
         m.add_owner("d", "segd")
