@@ -1,7 +1,7 @@
 /*
  * svc_call.h - request/response plumbing shared by the master's handler
- * unit tests (test_service.c, test_eviction.c, test_admin.c): pack a
- * protobuf request, run it through kvp_dispatch_handle, unpack the reply.
+ * unit tests (rpc/, policy/, ha/): pack a protobuf request, run it through
+ * kvp_dispatch_handle, unpack the reply.
  */
 #ifndef KVP_TESTS_UNIT_MASTER_SVC_CALL_H
 #define KVP_TESTS_UNIT_MASTER_SVC_CALL_H
