@@ -9,9 +9,10 @@
  * (call.c, the one packer) where there is an answer, runs the handler's end callback (undo
  * what only the answer would have told the caller of) and releases everything, so a
  * handler has no cleanup ladder of its own. The `status` and `message` fields are found by
- * name in the response's descriptor, as dispatch.c finds a request's keys: every response
- * type has a `status`; those with a `message` give it room at init. A message is set only
- * when not empty: proto3 does not send an empty string, so the bytes are the same.
+ * name in the response's descriptor, as dispatch.c finds a request's keys: each response a
+ * handler builds has a `status` (tests/unit/master/rpc/test_reply.c checks the method
+ * table); those with a `message` give it room at init. A message is set only when not
+ * empty: proto3 does not send an empty string, so the bytes are the same.
  *
  * Thread: master loop only.
  */

@@ -16,6 +16,11 @@
 #include "master/policy/lease.h"
 #include "master/state.h"
 
+/* A fresh master state as kvp_master_state_init leaves it (*state), and its cleanup: a
+ * cmocka setup/teardown pair. */
+int svc_state_setup(void **state);
+int svc_state_teardown(void **state);
+
 /* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
 void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,
                const ProtobufCMessageDescriptor *resp_desc);
