@@ -41,7 +41,7 @@
 #include "common/tls.h"
 #include "master/auth/acl.h"
 #include "master/dispatch.h"
-#include "master/rpc/segment.h"
+#include "master/rpc/segment_calls.h"
 #include "master/policy/eviction.h"
 #include "common/election.h"
 #include "master/meta/record.h"

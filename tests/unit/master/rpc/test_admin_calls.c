@@ -1,5 +1,5 @@
 /*
- * test_admin_calls.c - unit tests for master/rpc/admin.c: List (patterns, segment
+ * test_admin_calls.c - unit tests for master/rpc/admin_calls.c: List (patterns, segment
  * filter, paging by cursor, a long hash chain) and RemoveByRegex.
  *
  * Drives kvp_dispatch_handle the way the server does (fixture_leases.h).

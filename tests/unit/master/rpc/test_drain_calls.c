@@ -1,5 +1,5 @@
 /*
- * test_drain_calls.c - unit tests for master/rpc/drain.c: Drain (and the
+ * test_drain_calls.c - unit tests for master/rpc/drain_calls.c: Drain (and the
  * segments a Heartbeat asks to drain), placement around draining segments,
  * MoveStart/MoveEnd, and the cleanup of moves in flight beside removed objects
  * kept for their readers.

@@ -1,5 +1,5 @@
 /*
- * test_drain_grants.c - MoveStart's failure paths (master/rpc/drain.c): a move whose
+ * test_drain_grants.c - MoveStart's failure paths (master/rpc/drain_calls.c): a move whose
  * answer cannot be built must leave nothing behind, neither a recorded move
  * (st->moves) nor its destination extent. The owner learns of a move only from
  * MoveStart's answer, so one it never got is one it never ends: before the fix

@@ -1,5 +1,5 @@
 /*
- * test_object_calls.c - unit tests for master/rpc/object.c: the object calls
+ * test_object_calls.c - unit tests for master/rpc/object_calls.c: the object calls
  * (PutStart, PutEnd, PutRevoke, Remove, Exist, GetReplicaList, GetSize) and
  * what every call gets: batch limits, mismatched arrays, bad keys, and the
  * frame-level errors of the dispatch path (undecodable body, unknown method).

@@ -1,5 +1,5 @@
 /*
- * test_object_calls_leased.c - unit tests for master/rpc/object.c with read leases
+ * test_object_calls_leased.c - unit tests for master/rpc/object_calls.c with read leases
  * on: upsert (PutConfig.upsert) in place, elsewhere and under a read, PutEnd's
  * per-replica written_mask (also after a replica's segment went away), and
  * Exist with --lease-on-exist.

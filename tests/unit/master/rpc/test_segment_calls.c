@@ -1,5 +1,5 @@
 /*
- * test_segment_calls.c - unit tests for master/rpc/segment.c: Mount (its checks
+ * test_segment_calls.c - unit tests for master/rpc/segment_calls.c: Mount (its checks
  * and what it says when it refuses), Unmount, and the unmount of a closed
  * connection's segments with the replicas it leaves.
  *

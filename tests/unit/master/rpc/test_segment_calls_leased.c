@@ -1,5 +1,5 @@
 /*
- * test_segment_calls_leased.c - unit tests for master/rpc/segment.c with read
+ * test_segment_calls_leased.c - unit tests for master/rpc/segment_calls.c with read
  * leases on: the segment table a Heartbeat hands out, and the bounds on a
  * mounted segment's size.
  *

@@ -1,5 +1,5 @@
 /*
- * record.c - the RPCs by which segments describe themselves (ha/rebuild.c).
+ * record_calls.c - the RPCs by which segments describe themselves (ha/rebuild.c).
  *
  * Adopt: after a mount flagged `adopting`, the owner offers the objects its
  * segment holds, in batches, newest first; each is adopted or refused
@@ -17,7 +17,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/record.h"
+#include "master/rpc/record_calls.h"
 
 #include <stdlib.h>
 

@@ -1,5 +1,5 @@
 /*
- * admin.c - the master's operator RPCs: Ping, Stat, List, RemoveByRegex.
+ * admin_calls.c - the master's operator RPCs: Ping, Stat, List, RemoveByRegex.
  *
  * Design: List returns keys matching a POSIX extended regex, paged by
  * bucket cursor (a key present for the whole scan is returned at least
@@ -10,7 +10,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/admin.h"
+#include "master/rpc/admin_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * segment.c - the master's segment RPCs: Mount, Unmount, Heartbeat, and the
+ * segment_calls.c - the master's segment RPCs: Mount, Unmount, Heartbeat, and the
  * unmount of a closed connection's segments.
  *
  * Design: a segment is mounted by one connection and lives as long as it:
@@ -12,7 +12,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/segment.h"
+#include "master/rpc/segment_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -109,7 +109,7 @@ static kvp_segment_t *segment_new(const kvp_call_t *call, const Kvpool__MountReq
     seg->adopting = req->adopting;
     seg->mounted_ms = st->now_ms;
     /* with data grants the owner needs the record's put ends even with --segment-records
-     * off (they end write grants); then its offers are refused (record.c): nothing adopted */
+     * off (they end write grants); then its offers are refused (record_calls.c): nothing adopted */
     seg->record = !seg->ssd && (st->config.segment_records || st->grants_on);
     return seg;
 }

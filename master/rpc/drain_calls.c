@@ -1,5 +1,5 @@
 /*
- * drain.c - moving objects off a segment before it goes: Drain, MoveStart,
+ * drain_calls.c - moving objects off a segment before it goes: Drain, MoveStart,
  * MoveEnd, and the end of a closed connection's moves.
  *
  * Design: Drain marks a segment draining: placement skips it and its owner
@@ -14,7 +14,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/drain.h"
+#include "master/rpc/drain_calls.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * ssd.c - the RPCs of SSD segment owners.
+ * ssd_calls.c - the RPCs of SSD segment owners.
  *
  * SsdTasks: the owner reports the tasks it finished and asks for new ones
  * (policy/tier.c queues them). When there is none the request is held
@@ -10,13 +10,13 @@
  * others).
  *
  * (After its mount the owner offers the objects its file holds: Adopt, in
- * rpc/record.c.)
+ * rpc/record_calls.c.)
  *
  * Only the connection that mounted an SSD segment may speak for it.
  *
  * Thread: master loop only.
  */
-#include "master/rpc/ssd.h"
+#include "master/rpc/ssd_calls.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * object.c - the master's object RPCs: PutStart, PutEnd, PutRevoke, Remove,
+ * object_calls.c - the master's object RPCs: PutStart, PutEnd, PutRevoke, Remove,
  * Exist, GetReplicaList, GetSize, LeaseRelease; and the revoke of a closed
  * connection's unfinished puts.
  *
@@ -13,7 +13,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/object.h"
+#include "master/rpc/object_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
