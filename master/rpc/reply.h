@@ -28,9 +28,10 @@ typedef void (*kvp_reply_end_cb_t)(kvp_reply_t *r, kvp_status_t rc, void *arg);
 /*
  * A response under construction: the handler's own protobuf-c message (on its stack, of
  * the method's response type), the arrays and segment descriptors it points into, and its
- * `message` text. All of it lives until kvp_reply_send / kvp_reply_fail / kvp_reply_abort,
- * which end the reply and release what it holds. A handler that answers later (a request
- * held: no answer now) may leave a reply that holds nothing without ending it.
+ * `message` text. All of it lives until kvp_reply_send, kvp_reply_fail, kvp_reply_deny or
+ * kvp_reply_abort, which end the reply and release what it holds. A handler that answers
+ * later (a request held: no answer now) may leave a reply that holds nothing without ending
+ * it. Thread: master loop only.
  */
 struct kvp_reply {
     kvp_call_t *call;
