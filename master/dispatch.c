@@ -21,12 +21,12 @@
 
 #include "common/macros.h"
 #include "common/rpc.h"
-#include "master/rpc/admin.h"
-#include "master/rpc/drain.h"
-#include "master/rpc/object.h"
-#include "master/rpc/segment.h"
-#include "master/rpc/record.h"
-#include "master/rpc/ssd.h"
+#include "master/rpc/admin_calls.h"
+#include "master/rpc/drain_calls.h"
+#include "master/rpc/object_calls.h"
+#include "master/rpc/segment_calls.h"
+#include "master/rpc/record_calls.h"
+#include "master/rpc/ssd_calls.h"
 #include "master/meta/tenant.h"
 
 #define ROW(id_, name_, req_, resp_, handler_, role_)                                              \

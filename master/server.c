@@ -49,7 +49,7 @@
 #include "master/auth/credentials.h"
 #include "master/dispatch.h"
 #include "master/ha/leadership.h"
-#include "master/rpc/segment.h"
+#include "master/rpc/segment_calls.h"
 #include "master/policy/eviction.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"

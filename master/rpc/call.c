@@ -2,8 +2,9 @@
  * call.c - the one response packer and what the handlers share.
  *
  * Design: handlers build a protobuf-c response that points into master
- * state and their own scratch arrays, and pack it here before they return,
- * so nothing in it outlives the call; the dispatcher (dispatch.c) decodes
+ * state and their own scratch arrays, and pack it here (through their
+ * response builder, reply.c) before they return, so nothing in it outlives
+ * the call; the dispatcher (dispatch.c) decodes
  * requests and frees them, so a handler neither unpacks nor frees. Every
  * batch RPC answers per key; a whole-request problem (too many keys,
  * mismatched array lengths) goes in the response's `status` with no
@@ -34,15 +35,6 @@ kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg)
     call->resp = b;
     call->resp_len = n;
     return KVP_OK;
-}
-
-kvp_status_t kvp_call_reply_statuses(kvp_call_t *call, int32_t status, int32_t *statuses, size_t n)
-{
-    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
-    resp.status = status;
-    resp.statuses = statuses;
-    resp.n_statuses = statuses ? n : 0;
-    return kvp_call_reply(call, &resp.base);
 }
 
 void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)

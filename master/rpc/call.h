@@ -1,6 +1,7 @@
 /*
  * call.h - what every RPC handler shares: the call it answers, the one
- * response packer, request checks and response builders (see call.c).
+ * response packer, request checks and the parts of responses that name
+ * replicas and segments (see call.c; the response builder is reply.h).
  */
 #ifndef KVP_MASTER_RPC_CALL_H
 #define KVP_MASTER_RPC_CALL_H
@@ -16,9 +17,9 @@
 /*
  * One request being handled. The dispatcher fills st, conn_id and
  * resp_desc (the method's response type; NULL: one-way) and frees the
- * request after the handler returns; the handler answers through
- * kvp_call_reply, which sets resp/resp_len (malloc'd, the dispatcher's
- * caller frees them).
+ * request after the handler returns; the handler answers through its
+ * response builder (reply.h), which packs with kvp_call_reply: that sets
+ * resp/resp_len (malloc'd, the dispatcher's caller frees them).
  */
 typedef struct kvp_call {
     kvp_master_state_t *st;
@@ -44,9 +45,6 @@ typedef kvp_status_t (*kvp_handler_t)(kvp_call_t *call, ProtobufCMessage *req);
  * need to live until this returns.
  */
 kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg);
-
-/* Answer a StatusesResponse (whole-request status, per-key statuses or NULL). */
-kvp_status_t kvp_call_reply_statuses(kvp_call_t *call, int32_t status, int32_t *statuses, size_t n);
 
 /*
  * Data grants (common/grant.h). Before building a response that names up to `count`

@@ -189,7 +189,7 @@ static void test_upsert(void **state)
  * Upsert right after a read, with a 30 s lease TTL: the read's lease ended with the
  * read, so the value is rewritten in place (no second extent kept for a reader that
  * is gone). Upsert under a read still in flight is tested in test_leases.c and
- * tests/unit/master/test_admin.c.
+ * tests/unit/master/rpc/test_object_calls_leased.c.
  */
 static void test_upsert_leased(void **state)
 {

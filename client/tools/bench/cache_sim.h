@@ -3,7 +3,7 @@
  * LRU and Belady's offline MIN, over dense block numbers 0..n_blocks-1 (a trace's
  * hash ids interned in order of first use). kvpool-bench trace reports both
  * beside the store's hit rate; the master's eviction test
- * (tests/unit/master/test_eviction.c) checks the store against the LRU and its
+ * (tests/unit/master/policy/test_eviction.c) checks the store against the LRU and its
  * simulator build prints all three. Plain C on arrays, no library: any thread,
  * one caller per structure.
  */

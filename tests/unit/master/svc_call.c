@@ -12,6 +12,22 @@
 
 #include "tests/unit/master/svc_call.h"
 
+int svc_state_setup(void **state)
+{
+    kvp_master_state_t *st = calloc(1, sizeof(*st));
+    if (st == NULL || kvp_master_state_init(st) != KVP_OK)
+        return -1;
+    *state = st;
+    return 0;
+}
+
+int svc_state_teardown(void **state)
+{
+    kvp_master_state_cleanup(*state);
+    free(*state);
+    return 0;
+}
+
 void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,
                const ProtobufCMessageDescriptor *resp_desc)
 {

@@ -1,7 +1,7 @@
 /*
  * svc_call.h - request/response plumbing shared by the master's handler
- * unit tests (test_service.c, test_eviction.c, test_admin.c): pack a
- * protobuf request, run it through kvp_dispatch_handle, unpack the reply.
+ * unit tests (rpc/, policy/, ha/): pack a protobuf request, run it through
+ * kvp_dispatch_handle, unpack the reply.
  */
 #ifndef KVP_TESTS_UNIT_MASTER_SVC_CALL_H
 #define KVP_TESTS_UNIT_MASTER_SVC_CALL_H
@@ -15,6 +15,11 @@
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/core/state.h"
+
+/* A fresh master state as kvp_master_state_init leaves it (*state), and its cleanup: a
+ * cmocka setup/teardown pair. */
+int svc_state_setup(void **state);
+int svc_state_teardown(void **state);
 
 /* Pack req, handle it (must be frame-level OK), unpack the response as resp_desc. */
 void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,

@@ -21,13 +21,14 @@
 
 #include "common/rpc.h"
 #include "master/dispatch.h"
-#include "master/rpc/admin.h"
-#include "master/rpc/drain.h"
-#include "master/rpc/object.h"
-#include "master/rpc/record.h"
-#include "master/rpc/segment.h"
-#include "master/rpc/ssd.h"
+#include "master/rpc/admin_calls.h"
+#include "master/rpc/drain_calls.h"
+#include "master/rpc/object_calls.h"
+#include "master/rpc/record_calls.h"
+#include "master/rpc/segment_calls.h"
+#include "master/rpc/ssd_calls.h"
 #include "master/core/state.h"
+#include "tests/unit/master/svc_call.h"
 
 typedef struct expect {
     uint16_t id;
@@ -81,22 +82,6 @@ static const expect_t expected[] = {
      &kvpool__auth_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
-
-static int setup(void **state)
-{
-    kvp_master_state_t *st = calloc(1, sizeof(*st));
-    if (st == NULL || kvp_master_state_init(st) != KVP_OK)
-        return -1;
-    *state = st;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    kvp_master_state_cleanup(*state);
-    free(*state);
-    return 0;
-}
 
 static void test_every_method_maps_to_its_handler(void **state)
 {
@@ -175,8 +160,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_method_maps_to_its_handler),
-        cmocka_unit_test_setup_teardown(test_unknown_method, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_undecodable_body, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unknown_method, svc_state_setup, svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_undecodable_body, svc_state_setup, svc_state_teardown),
     };
     return cmocka_run_group_tests_name("dispatch", tests, NULL, NULL);
 }

@@ -1,5 +1,5 @@
 /*
- * record.c - the RPCs by which segments describe themselves (ha/rebuild.c).
+ * record_calls.c - the RPCs by which segments describe themselves (ha/rebuild.c).
  *
  * Adopt: after a mount flagged `adopting`, the owner offers the objects its
  * segment holds, in batches, newest first; each is adopted or refused
@@ -17,7 +17,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/record.h"
+#include "master/rpc/record_calls.h"
 
 #include <stdlib.h>
 
@@ -25,6 +25,7 @@
 #include "master/ha/rebuild.h"
 #include "master/meta/limbo.h"
 #include "master/meta/record.h"
+#include "master/rpc/reply.h"
 
 static kvp_segment_t *own(kvp_call_t *call, uint64_t segment_id)
 {
@@ -85,56 +86,58 @@ static void take_back(kvp_master_state_t *st, kvp_segment_t *seg)
     kvp_limbo_free(l);
 }
 
+/* Adopt one offered entry (or refuse it), counted on seg. */
+static int32_t adopt_one(kvp_master_state_t *st, kvp_segment_t *seg, const Kvpool__AdoptEntry *m)
+{
+    kvp_object_t *dummy;
+    int32_t status = kvp_call_key_lookup(st, &m->key, &dummy, NULL);
+    if (status == KVP_OK && !seg->ssd && !st->config.segment_records)
+        status = KVP_ERR_UNSUPPORTED; /* kept for data grants only: not adopted */
+    if (status == KVP_OK) {
+        kvp_adopt_entry_t e = {.key = (const char *)m->key.data,
+                               .key_len = m->key.len,
+                               .version = m->version,
+                               .offset = m->offset,
+                               .size = m->size,
+                               .crc32c = m->crc32c,
+                               .pin = m->pin};
+        status = kvp_rebuild_adopt(st, seg, &e);
+    } else {
+        st->stats.adopt_refused++;
+    }
+    if (status == KVP_OK)
+        seg->adopt_ok++;
+    else
+        seg->adopt_refused++;
+    return status;
+}
+
 kvp_status_t kvp_handle_adopt(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__AdoptRequest *req = (Kvpool__AdoptRequest *)req_msg;
     Kvpool__AdoptResponse resp = KVPOOL__ADOPT_RESPONSE__INIT;
-    int32_t *out = NULL;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     kvp_segment_t *seg = own(call, req->segment_id);
-    resp.status = seg == NULL ? KVP_ERR_SEGMENT_GONE : kvp_call_check_batch(req->n_entries);
-    if (resp.status == KVP_OK) {
-        out = malloc((req->n_entries ? req->n_entries : 1) * sizeof(*out));
-        if (out == NULL)
-            return KVP_ERR_NOMEM;
-        for (size_t i = 0; i < req->n_entries; i++) {
-            const Kvpool__AdoptEntry *m = req->entries[i];
-            kvp_object_t *dummy;
-            out[i] = kvp_call_key_lookup(st, &m->key, &dummy, NULL);
-            if (out[i] == KVP_OK && !seg->ssd && !st->config.segment_records)
-                out[i] = KVP_ERR_UNSUPPORTED; /* kept for data grants only: not adopted */
-            if (out[i] == KVP_OK) {
-                kvp_adopt_entry_t e = {.key = (const char *)m->key.data,
-                                       .key_len = m->key.len,
-                                       .version = m->version,
-                                       .offset = m->offset,
-                                       .size = m->size,
-                                       .crc32c = m->crc32c,
-                                       .pin = m->pin};
-                out[i] = kvp_rebuild_adopt(st, seg, &e);
-            } else {
-                st->stats.adopt_refused++;
-            }
-            if (out[i] == KVP_OK)
-                seg->adopt_ok++;
-            else
-                seg->adopt_refused++;
-        }
-        resp.statuses = out;
-        resp.n_statuses = req->n_entries;
-        if (req->last && seg->adopting) {
-            take_back(st, seg);
-            seg->adopting = false;
-            KVP_LOG_INFO("segment %s (%s): %llu objects adopted back, %llu stale entries "
-                         "refused, in %llu ms",
-                         seg->name, seg->medium, (unsigned long long)seg->adopt_ok,
-                         (unsigned long long)seg->adopt_refused,
-                         (unsigned long long)(st->now_ms - seg->mounted_ms));
-        }
+    int32_t status = seg == NULL ? KVP_ERR_SEGMENT_GONE : kvp_call_check_batch(req->n_entries);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    int32_t *out = kvp_reply_statuses(&r, req->n_entries);
+    if (out == NULL)
+        return kvp_reply_abort(&r);
+    for (size_t i = 0; i < req->n_entries; i++)
+        out[i] = adopt_one(st, seg, req->entries[i]);
+    if (req->last && seg->adopting) {
+        take_back(st, seg);
+        seg->adopting = false;
+        KVP_LOG_INFO("segment %s (%s): %llu objects adopted back, %llu stale entries "
+                     "refused, in %llu ms",
+                     seg->name, seg->medium, (unsigned long long)seg->adopt_ok,
+                     (unsigned long long)seg->adopt_refused,
+                     (unsigned long long)(st->now_ms - seg->mounted_ms));
     }
-    kvp_status_t rc = kvp_call_reply(call, &resp.base);
-    free(out);
-    return rc;
+    return kvp_reply_send(&r);
 }
 
 kvp_status_t kvp_handle_seg_record(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -142,16 +145,16 @@ kvp_status_t kvp_handle_seg_record(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_master_state_t *st = call->st;
     Kvpool__SegRecordRequest *req = (Kvpool__SegRecordRequest *)req_msg;
     Kvpool__SegRecordResponse resp = KVPOOL__SEG_RECORD_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_id);
-    if (seg == NULL || seg->owner_client_id != req->client_id) {
-        resp.status = KVP_ERR_SEGMENT_GONE;
-    } else if (!seg->record && !seg->record_broken) {
-        /* an SSD segment (its file is its record), or --segment-records off */
-        resp.status = KVP_ERR_UNSUPPORTED;
-    } else {
-        /* no answer now: the server streams the changes on this connection */
-        st->stream_segment = seg->id;
-        return KVP_OK;
-    }
-    return kvp_call_reply(call, &resp.base);
+    if (seg == NULL || seg->owner_client_id != req->client_id)
+        return kvp_reply_fail(&r, KVP_ERR_SEGMENT_GONE, NULL);
+    /* an SSD segment (its file is its record), or --segment-records off */
+    if (!seg->record && !seg->record_broken)
+        return kvp_reply_fail(&r, KVP_ERR_UNSUPPORTED, NULL);
+    /* no answer now (the reply holds nothing): the server streams the changes on this
+     * connection */
+    st->stream_segment = seg->id;
+    return KVP_OK;
 }

@@ -1,16 +1,16 @@
 /*
- * test_drain.c - MoveStart's failure paths (master/rpc/drain.c): a move whose
+ * test_drain_grants.c - MoveStart's failure paths (master/rpc/drain_calls.c): a move whose
  * answer cannot be built must leave nothing behind, neither a recorded move
  * (st->moves) nor its destination extent. The owner learns of a move only from
  * MoveStart's answer, so one it never got is one it never ends: before the fix
  * it stayed allocated until the owner's connection closed.
  *
- * The failures are forced at the link boundary (-Wl,--wrap, tests/meson.build):
+ * The failures are forced at the link boundary (-Wl,--wrap, tests/unit/master/meson.build):
  * kvp_grant_seal (a write grant that cannot be sealed: that key's result is
  * KVP_ERR_INTERNAL) and kvp_grant_conn_key (a segment descriptor's connection key
  * that cannot be derived: the whole call fails at frame level). Data grants are
  * on (st->grants_on before the segments mount, so each gets a key); the other
- * MoveStart/MoveEnd behaviour is test_admin.c's. The fixture's teardown
+ * MoveStart/MoveEnd behaviour is rpc/test_drain_calls.c's. The fixture's teardown
  * (kvp_master_state_cleanup) frees everything: the ASan build fails on a leak.
  */
 #include <stdarg.h>

@@ -1,5 +1,5 @@
 /*
- * admin.c - the master's operator RPCs: Ping, Stat, List, RemoveByRegex.
+ * admin_calls.c - the master's operator RPCs: Ping, Stat, List, RemoveByRegex.
  *
  * Design: List returns keys matching a POSIX extended regex, paged by
  * bucket cursor (a key present for the whole scan is returned at least
@@ -10,7 +10,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/admin.h"
+#include "master/rpc/admin_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +20,7 @@
 #include <regex.h>
 
 #include "common/macros.h"
+#include "master/rpc/reply.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
 #include "master/core/event_sink.h"
@@ -48,13 +49,14 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     (void)req_msg; /* Stat takes no arguments: its body is ignored */
     kvp_master_state_t *st = call->st;
     Kvpool__StatResponse resp = KVPOOL__STAT_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     size_t n = st->segments.count;
-    Kvpool__SegmentStat *ss = calloc(n ? n : 1, sizeof(*ss));
-    Kvpool__SegmentStat **sp = calloc(n ? n : 1, sizeof(*sp));
-    Kvpool__SegmentDesc *ds = calloc(n ? n : 1, sizeof(*ds));
-    kvp_status_t rc = KVP_ERR_NOMEM;
+    Kvpool__SegmentStat *ss = kvp_reply_calloc(&r, n, sizeof(*ss));
+    Kvpool__SegmentStat **sp = kvp_reply_calloc(&r, n, sizeof(*sp));
+    Kvpool__SegmentDesc *ds = kvp_reply_calloc(&r, n, sizeof(*ds));
     if (!ss || !sp || !ds)
-        goto out;
+        return kvp_reply_abort(&r);
     size_t k = 0;
     uint64_t used = 0;
     for (uint32_t i = 0; i < st->segments.n_slots; i++) {
@@ -102,12 +104,7 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.offloading_objects = st->offloading;
     resp.n_segments = k;
     resp.segments = sp;
-    rc = kvp_call_reply(call, &resp.base);
-out:
-    free(ss);
-    free(sp);
-    free(ds);
-    return rc;
+    return kvp_reply_send(&r);
 }
 
 /* Compile a user pattern; on failure write a message for the reply. */
@@ -194,135 +191,177 @@ static bool may_list(const kvp_call_t *call, uint64_t segment_id, bool stored_ke
     return who == NULL || (who->roles & KVP_ROLE_READ) || own_segment(call, segment_id);
 }
 
+/* A page of List entries under construction: its arrays grow past their first room for a
+ * pathological chain (a bucket is finished once started). */
+typedef struct list_page {
+    Kvpool__ListEntry *ents;
+    Kvpool__ListEntry **entp;
+    Kvpool__Replica *reps;
+    Kvpool__Replica **repp;
+    size_t n, nr, cap; /* entries, replicas, room for entries */
+} list_page_t;
+
+static bool list_page_init(list_page_t *p, size_t cap)
+{
+    *p = (list_page_t){.cap = cap};
+    p->ents = calloc(cap, sizeof(*p->ents));
+    p->entp = calloc(cap, sizeof(*p->entp));
+    p->reps = calloc(cap * KVP_MAX_REPLICAS, sizeof(*p->reps));
+    p->repp = calloc(cap * KVP_MAX_REPLICAS, sizeof(*p->repp));
+    return p->ents && p->entp && p->reps && p->repp;
+}
+
+/* Twice the room (rare; chains average below one). false: out of memory. */
+static bool list_page_grow(list_page_t *p)
+{
+    size_t ncap = p->cap * 2;
+    Kvpool__ListEntry *ne = realloc(p->ents, ncap * sizeof(*ne));
+    if (ne == NULL)
+        return false;
+    p->ents = ne;
+    Kvpool__ListEntry **np = realloc(p->entp, ncap * sizeof(*np));
+    if (np == NULL)
+        return false;
+    p->entp = np;
+    Kvpool__Replica *nrp = realloc(p->reps, ncap * KVP_MAX_REPLICAS * sizeof(*nrp));
+    if (nrp == NULL)
+        return false;
+    /* entries point into reps through repp: rebuild those pointers */
+    p->reps = nrp;
+    Kvpool__Replica **nrpp = realloc(p->repp, ncap * KVP_MAX_REPLICAS * sizeof(*nrpp));
+    if (nrpp == NULL)
+        return false;
+    p->repp = nrpp;
+    for (size_t q = 0; q < p->nr; q++)
+        p->repp[q] = &p->reps[q];
+    size_t at = 0;
+    for (size_t e = 0; e < p->n; e++) {
+        p->entp[e] = &p->ents[e];
+        p->ents[e].replicas = &p->repp[at];
+        at += p->ents[e].n_replicas;
+    }
+    p->cap = ncap;
+    return true;
+}
+
+/* The reply's end: the page goes (kvp_reply_end_cb_t). */
+static void list_page_free(kvp_reply_t *r, kvp_status_t rc, void *arg)
+{
+    (void)r, (void)rc;
+    list_page_t *p = arg;
+    free(p->ents);
+    free(p->entp);
+    free(p->reps);
+    free(p->repp);
+}
+
+/* Append obj to the page (room made): its key (as stored, or as its tenant gave it), its
+ * state and its replicas. */
+static void list_page_add(const kvp_master_state_t *st, list_page_t *p, const kvp_object_t *obj,
+                          bool stored)
+{
+    Kvpool__ListEntry *e = &p->ents[p->n];
+    kvpool__list_entry__init(e);
+    size_t klen = obj->key_len;
+    e->key.data = (uint8_t *)(stored ? kvp_object_key(obj) : user_key(st, obj, &klen));
+    e->key.len = klen;
+    if (st->tenants_on && !stored) /* whose key (an admin sees every tenant's) */
+        e->tenant = st->tenants.t[obj->tenant < st->tenants.n ? obj->tenant : 0].name;
+    e->size = obj->size;
+    e->state = obj->state;
+    e->pin = obj->pin;
+    e->crc32c = obj->crc32c;
+    if (obj->state == KVP_OBJ_COMPLETE)
+        e->lease_ms = (uint32_t)KVP_MIN(kvp_lease_left_ms(st, obj), UINT32_MAX);
+    e->replicas = &p->repp[p->nr];
+    e->n_replicas = 0;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        if (obj->replicas[r].segment_id == 0)
+            continue; /* a PENDING object's replica whose segment went away */
+        e->n_replicas++;
+        kvpool__replica__init(&p->reps[p->nr]);
+        p->reps[p->nr].segment_id = obj->replicas[r].segment_id;
+        p->reps[p->nr].offset = obj->replicas[r].offset;
+        p->reps[p->nr].length = obj->size;
+        p->repp[p->nr] = &p->reps[p->nr];
+        p->nr++;
+    }
+    p->entp[p->n] = e;
+    p->n++;
+}
+
+/*
+ * Fill the page from the request's cursor: whole buckets, until `limit` entries or
+ * LIST_SCAN_BUDGET buckets. *next_p: the bucket to go on from (0: the end). false: out
+ * of memory.
+ */
+static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, const regex_t *re,
+                      uint32_t limit, list_page_t *p, uint64_t *next_p)
+{
+    const kvp_master_state_t *st = call->st;
+    /* a drain moves what its segment holds, whoever's it is: keys as stored */
+    bool stored = req->stored_keys;
+    uint64_t b = req->cursor;
+    uint64_t scanned = 0;
+    for (; b < st->index.n_buckets && p->n < limit && scanned < LIST_SCAN_BUDGET; b++, scanned++) {
+        for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
+            if (!on_segment(obj, req->segment_id) || !key_matches(st, obj, re) ||
+                (!stored && !may_key(call, obj)))
+                continue;
+            if (p->n == p->cap && !list_page_grow(p))
+                return false;
+            list_page_add(st, p, obj, stored);
+        }
+    }
+    *next_p = b < st->index.n_buckets ? b : 0;
+    return true;
+}
+
 kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__ListRequest *req = (Kvpool__ListRequest *)req_msg;
     Kvpool__ListResponse resp = KVPOOL__LIST_RESPONSE__INIT;
-    char msg[256] = "";
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 256);
+    uint32_t limit = req->limit == 0 ? LIST_DEFAULT : KVP_MIN(req->limit, LIST_MAX);
+    if (!may_list(call, req->segment_id, req->stored_keys)) {
+        if (call->who == NULL)
+            return kvp_reply_deny(&r, "stored keys are listed by segment only");
+        return kvp_reply_deny(&r,
+                              "principal %s may not list%s: that needs role read (or role "
+                              "segment, for a segment it serves itself)",
+                              call->who->name, req->stored_keys ? " stored keys" : "");
+    }
     regex_t re;
     bool have_re = false;
-    Kvpool__ListEntry *ents = NULL;
-    Kvpool__ListEntry **entp = NULL;
-    Kvpool__Replica *reps = NULL;
-    Kvpool__Replica **repp = NULL;
-    kvp_status_t rc = KVP_ERR_NOMEM;
-    uint32_t limit = req->limit == 0 ? LIST_DEFAULT : KVP_MIN(req->limit, LIST_MAX);
-    resp.message = msg;
-    if (!may_list(call, req->segment_id, req->stored_keys)) {
-        resp.status = KVP_ERR_DENIED;
-        st->stats.refused_role++;
-        if (call->who == NULL)
-            snprintf(msg, sizeof(msg), "stored keys are listed by segment only");
-        else
-            snprintf(msg, sizeof(msg),
-                     "principal %s may not list%s: that needs role read (or role segment, "
-                     "for a segment it serves itself)",
-                     call->who->name, req->stored_keys ? " stored keys" : "");
-        goto pack;
-    }
-    /* a drain moves what its segment holds, whoever's it is: keys as stored */
-    bool stored = req->stored_keys;
+    int32_t status = KVP_OK;
     if (req->pattern[0] != '\0') {
-        resp.status = pattern_compile(req->pattern, &re, msg, sizeof(msg));
-        have_re = resp.status == KVP_OK;
+        status = pattern_compile(req->pattern, &re, r.text, r.text_max);
+        have_re = status == KVP_OK;
     }
-    if (resp.status == KVP_OK && req->cursor > st->index.n_buckets)
-        resp.status = KVP_ERR_INVALID_ARG;
-    if (resp.status == KVP_ERR_INVALID_ARG && msg[0] == '\0')
-        snprintf(msg, sizeof(msg), "cursor %llu is past the end of the table",
+    if (status == KVP_OK && req->cursor > st->index.n_buckets)
+        status = KVP_ERR_INVALID_ARG;
+    if (status == KVP_ERR_INVALID_ARG && r.text[0] == '\0')
+        snprintf(r.text, r.text_max, "cursor %llu is past the end of the table",
                  (unsigned long long)req->cursor);
-    if (resp.status != KVP_OK)
-        goto pack;
-    /* a bucket is finished once started, so a page may pass the limit by a chain */
-    size_t cap = limit + 64;
-    ents = calloc(cap, sizeof(*ents));
-    entp = calloc(cap, sizeof(*entp));
-    reps = calloc(cap * KVP_MAX_REPLICAS, sizeof(*reps));
-    repp = calloc(cap * KVP_MAX_REPLICAS, sizeof(*repp));
-    if (!ents || !entp || !reps || !repp)
-        goto out;
-    size_t n = 0, nr = 0;
-    uint64_t b = req->cursor;
-    uint64_t scanned = 0;
-    for (; b < st->index.n_buckets && n < limit && scanned < LIST_SCAN_BUDGET; b++, scanned++) {
-        for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!on_segment(obj, req->segment_id) || !key_matches(st, obj, have_re ? &re : NULL) ||
-                (!stored && !may_key(call, obj)))
-                continue;
-            if (n == cap) {
-                /* a pathological chain: grow (rare; chains average below one) */
-                size_t ncap = cap * 2;
-                Kvpool__ListEntry *ne = realloc(ents, ncap * sizeof(*ne));
-                if (ne == NULL)
-                    goto out;
-                ents = ne;
-                Kvpool__ListEntry **np = realloc(entp, ncap * sizeof(*np));
-                if (np == NULL)
-                    goto out;
-                entp = np;
-                Kvpool__Replica *nrp = realloc(reps, ncap * KVP_MAX_REPLICAS * sizeof(*nrp));
-                if (nrp == NULL)
-                    goto out;
-                /* entries point into reps through repp: rebuild those pointers */
-                reps = nrp;
-                Kvpool__Replica **nrpp = realloc(repp, ncap * KVP_MAX_REPLICAS * sizeof(*nrpp));
-                if (nrpp == NULL)
-                    goto out;
-                repp = nrpp;
-                for (size_t q = 0; q < nr; q++)
-                    repp[q] = &reps[q];
-                size_t at = 0;
-                for (size_t e = 0; e < n; e++) {
-                    entp[e] = &ents[e];
-                    ents[e].replicas = &repp[at];
-                    at += ents[e].n_replicas;
-                }
-                cap = ncap;
-            }
-            Kvpool__ListEntry *e = &ents[n];
-            kvpool__list_entry__init(e);
-            size_t klen = obj->key_len;
-            e->key.data = (uint8_t *)(stored ? kvp_object_key(obj) : user_key(st, obj, &klen));
-            e->key.len = klen;
-            if (st->tenants_on && !stored) /* whose key (an admin sees every tenant's) */
-                e->tenant = st->tenants.t[obj->tenant < st->tenants.n ? obj->tenant : 0].name;
-            e->size = obj->size;
-            e->state = obj->state;
-            e->pin = obj->pin;
-            e->crc32c = obj->crc32c;
-            if (obj->state == KVP_OBJ_COMPLETE)
-                e->lease_ms = (uint32_t)KVP_MIN(kvp_lease_left_ms(st, obj), UINT32_MAX);
-            e->replicas = &repp[nr];
-            e->n_replicas = 0;
-            for (unsigned r = 0; r < obj->n_replicas; r++) {
-                if (obj->replicas[r].segment_id == 0)
-                    continue; /* a PENDING object's replica whose segment went away */
-                e->n_replicas++;
-                kvpool__replica__init(&reps[nr]);
-                reps[nr].segment_id = obj->replicas[r].segment_id;
-                reps[nr].offset = obj->replicas[r].offset;
-                reps[nr].length = obj->size;
-                repp[nr] = &reps[nr];
-                nr++;
-            }
-            entp[n] = e;
-            n++;
-        }
+    if (status != KVP_OK) {
+        if (have_re)
+            regfree(&re);
+        return kvp_reply_fail(&r, status, NULL);
     }
-    resp.entries = entp;
-    resp.n_entries = n;
-    resp.next_cursor = b < st->index.n_buckets ? b : 0;
-pack:
-    rc = kvp_call_reply(call, &resp.base);
-out:
+    list_page_t page;
+    kvp_reply_on_end(&r, list_page_free, &page);
+    /* a bucket is finished once started, so a page may pass the limit by a chain */
+    bool ok = list_page_init(&page, limit + 64) &&
+              list_scan(call, req, have_re ? &re : NULL, limit, &page, &resp.next_cursor);
     if (have_re)
         regfree(&re);
-    free(ents);
-    free(entp);
-    free(reps);
-    free(repp);
-    return rc;
+    if (!ok)
+        return kvp_reply_abort(&r);
+    resp.entries = page.entp;
+    resp.n_entries = page.n;
+    return kvp_reply_send(&r);
 }
 
 kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -330,28 +369,21 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     kvp_master_state_t *st = call->st;
     Kvpool__RemoveByRegexRequest *req = (Kvpool__RemoveByRegexRequest *)req_msg;
     Kvpool__RemoveByRegexResponse resp = KVPOOL__REMOVE_BY_REGEX_RESPONSE__INIT;
-    char msg[256] = "";
-    resp.message = msg;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 256);
     regex_t re;
     bool have_re = false;
     kvp_object_t **victims = NULL;
-    if (req->all && call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN)) {
-        resp.status = KVP_ERR_DENIED;
-        snprintf(msg, sizeof(msg),
-                 "principal %s may not remove every object: that needs role admin",
-                 call->who->name);
-        call->st->stats.refused_role++;
-        goto pack;
-    }
-    if (!req->all && req->pattern[0] == '\0') {
-        resp.status = KVP_ERR_INVALID_ARG;
-        snprintf(msg, sizeof(msg), "an empty pattern removes nothing; ask for all instead");
-        goto pack;
-    }
+    if (req->all && call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN))
+        return kvp_reply_deny(&r, "principal %s may not remove every object: that needs role admin",
+                              call->who->name);
+    if (!req->all && req->pattern[0] == '\0')
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                              "an empty pattern removes nothing; ask for all instead");
     if (!req->all) {
-        resp.status = pattern_compile(req->pattern, &re, msg, sizeof(msg));
-        if (resp.status != KVP_OK)
-            goto pack;
+        kvp_status_t status = pattern_compile(req->pattern, &re, r.text, r.text_max);
+        if (status != KVP_OK)
+            return kvp_reply_fail(&r, status, NULL);
         have_re = true;
     }
     /* collect first, then remove: removal unlinks from the chains being walked */
@@ -408,9 +440,8 @@ remove:
     if (n > 0)
         KVP_LOG_INFO("removed %zu objects matching %s%s", n, req->all ? "(all)" : req->pattern,
                      req->force ? " (force)" : "");
-pack:
     if (have_re)
         regfree(&re);
     free(victims);
-    return kvp_call_reply(call, &resp.base);
+    return kvp_reply_send(&r);
 }

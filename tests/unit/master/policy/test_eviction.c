@@ -1678,7 +1678,7 @@ static void test_fragmented_pool_keeps_evicting(void **state)
 /*
  * Slices of every workload class (tests/unit/master/data: the first 2000
  * requests of the FAST'25 Mooncake synthetic trace, and of each class
- * `kvpool-bench tracegen` writes; tests/meson.build passes their paths in
+ * `kvpool-bench tracegen` writes; tests/unit/master/meson.build passes their paths in
  * KVPOOL_TEST_TRACES, separated by ':'), each replayed through the master's
  * handlers exactly as kvpool-bench trace drives a store, per request: EXIST
  * of its keys (calls of at most 128) gives the cached prefix P;

@@ -1,8 +1,8 @@
 /*
- * admin.h - Ping, Stat, List, RemoveByRegex (see admin.c).
+ * admin_calls.h - Ping, Stat, List, RemoveByRegex (see admin_calls.c).
  */
-#ifndef KVP_MASTER_RPC_ADMIN_H
-#define KVP_MASTER_RPC_ADMIN_H
+#ifndef KVP_MASTER_RPC_ADMIN_CALLS_H
+#define KVP_MASTER_RPC_ADMIN_CALLS_H
 
 #include <stdint.h>
 

@@ -1,8 +1,8 @@
 /*
- * segment.h - Mount, Unmount, Heartbeat (see segment.c).
+ * segment_calls.h - Mount, Unmount, Heartbeat (see segment_calls.c).
  */
-#ifndef KVP_MASTER_RPC_SEGMENT_H
-#define KVP_MASTER_RPC_SEGMENT_H
+#ifndef KVP_MASTER_RPC_SEGMENT_CALLS_H
+#define KVP_MASTER_RPC_SEGMENT_CALLS_H
 
 #include <stdint.h>
 

@@ -1,5 +1,5 @@
 /*
- * test_rebuild.c - segments that describe themselves (ha/rebuild.c, rpc/record.c,
+ * test_rebuild.c - segments that describe themselves (ha/rebuild.c, rpc/record_calls.c,
  * meta/record.c) through their RPCs. Adopt: an owner's offer after a mount flagged
  * `adopting` (a new object; the same value from two segments merged; an older, a
  * removed, an overlapping, a misaligned or otherwise invalid entry refused; a newer
@@ -28,7 +28,7 @@
 #include "master/meta/object_index.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
-#include "master/rpc/segment.h"
+#include "master/rpc/segment_calls.h"
 #include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 

@@ -1,8 +1,8 @@
 /*
- * ssd.h - the RPC of SSD segment owners: SsdTasks (see ssd.c).
+ * ssd_calls.h - the RPC of SSD segment owners: SsdTasks (see ssd_calls.c).
  */
-#ifndef KVP_MASTER_RPC_SSD_H
-#define KVP_MASTER_RPC_SSD_H
+#ifndef KVP_MASTER_RPC_SSD_CALLS_H
+#define KVP_MASTER_RPC_SSD_CALLS_H
 
 #include "master/rpc/call.h"
 

@@ -1,5 +1,5 @@
 /*
- * segment.c - the master's segment RPCs: Mount, Unmount, Heartbeat, and the
+ * segment_calls.c - the master's segment RPCs: Mount, Unmount, Heartbeat, and the
  * unmount of a closed connection's segments.
  *
  * Design: a segment is mounted by one connection and lives as long as it:
@@ -12,7 +12,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/segment.h"
+#include "master/rpc/segment_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,71 +26,68 @@
 #include "master/meta/limbo.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
+#include "master/rpc/reply.h"
 
 static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg);
 
-kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
+/* Is d a segment one may mount? */
+static bool desc_valid(const Kvpool__SegmentDesc *d)
 {
-    kvp_master_state_t *st = call->st;
-    uint64_t conn_id = call->conn_id;
-    Kvpool__MountRequest *req = (Kvpool__MountRequest *)req_msg;
-    Kvpool__MountResponse resp = KVPOOL__MOUNT_RESPONSE__INIT;
-    char msg[400] = "";
-    const Kvpool__SegmentDesc *d = req->segment;
-    kvp_status_t status = KVP_ERR_INVALID_ARG;
     char host[256];
     uint16_t port;
-    if (d == NULL || d->size < KVP_SEGMENT_MIN_SIZE || d->size > KVP_SEGMENT_MAX_SIZE ||
-        d->name[0] == '\0' || strlen(d->name) > 255 ||
-        (strcmp(d->medium, "dram") != 0 && strcmp(d->medium, "ssd") != 0) ||
-        d->host_id[0] == '\0' ||
-        kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK ||
-        (d->rdma_endpoint[0] != '\0' &&
-         kvp_parse_hostport(d->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)) {
-        snprintf(
-            msg, sizeof(msg),
-            "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
-            "\"dram\" or \"ssd\", a host id, a tcp endpoint host:port and an empty or host:port "
-            "rdma endpoint",
-            KVP_SEGMENT_MIN_SIZE);
-        goto out;
+    return d != NULL && d->size >= KVP_SEGMENT_MIN_SIZE && d->size <= KVP_SEGMENT_MAX_SIZE &&
+           d->name[0] != '\0' && strlen(d->name) <= 255 &&
+           (strcmp(d->medium, "dram") == 0 || strcmp(d->medium, "ssd") == 0) &&
+           d->host_id[0] != '\0' &&
+           kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) == KVP_OK &&
+           (d->rdma_endpoint[0] == '\0' ||
+            kvp_parse_hostport(d->rdma_endpoint, host, sizeof(host), &port) == KVP_OK);
+}
+
+/*
+ * The tenant a mount dedicates its segment to (name; empty: none, *tenant_p -1): the
+ * caller's own (an admin's: any); tenants need an ACL. Otherwise a status, why in r->text.
+ */
+static kvp_status_t mount_tenant(kvp_reply_t *r, const char *name, int32_t *tenant_p)
+{
+    kvp_master_state_t *st = r->call->st;
+    const kvp_principal_t *who = r->call->who;
+    *tenant_p = -1;
+    if (name[0] == '\0')
+        return KVP_OK;
+    if (!st->tenants_on || who == NULL) {
+        snprintf(r->text, r->text_max,
+                 "a segment dedicated to tenant %.64s needs a master with an ACL "
+                 "(--acl-file): without one there are no tenants",
+                 name);
+        return KVP_ERR_INVALID_ARG;
     }
-    /* a dedicated segment: the caller's own tenant (an admin's: any); tenants need an ACL */
-    int32_t tenant = -1;
-    if (req->tenant[0] != '\0') {
-        const kvp_principal_t *who = call->who;
-        if (!st->tenants_on || who == NULL) {
-            snprintf(msg, sizeof(msg),
-                     "a segment dedicated to tenant %.64s needs a master with an ACL "
-                     "(--acl-file): without one there are no tenants",
-                     req->tenant);
-            goto out;
-        }
-        if (!(who->roles & KVP_ROLE_ADMIN) && strcmp(who->tenant, req->tenant) != 0) {
-            status = KVP_ERR_DENIED;
-            st->stats.refused_role++;
-            snprintf(msg, sizeof(msg),
-                     "principal %s (tenant %s) may not dedicate a segment to tenant %.64s",
-                     who->name, who->tenant, req->tenant);
-            KVP_LOG_WARN_LIMITED("mount refused: %s", msg);
-            goto out;
-        }
-        tenant = kvp_tenant_id(&st->tenants, req->tenant, strlen(req->tenant), true);
-        if (tenant < 0) {
-            snprintf(msg, sizeof(msg), "%.64s is no tenant name (1..63 of A-Z a-z 0-9 . _ -)",
-                     req->tenant);
-            goto out;
-        }
+    if (!(who->roles & KVP_ROLE_ADMIN) && strcmp(who->tenant, name) != 0) {
+        st->stats.refused_role++;
+        snprintf(r->text, r->text_max,
+                 "principal %s (tenant %s) may not dedicate a segment to tenant %.64s", who->name,
+                 who->tenant, name);
+        KVP_LOG_WARN_LIMITED("mount refused: %s", r->text);
+        return KVP_ERR_DENIED;
     }
-    if (kvp_segment_table_find_name(&st->segments, d->name) != NULL) {
-        status = KVP_ERR_EXISTS;
-        snprintf(msg, sizeof(msg), "a segment named %s is already mounted", d->name);
-        goto out;
+    *tenant_p = kvp_tenant_id(&st->tenants, name, strlen(name), true);
+    if (*tenant_p < 0) {
+        snprintf(r->text, r->text_max, "%.64s is no tenant name (1..63 of A-Z a-z 0-9 . _ -)",
+                 name);
+        return KVP_ERR_INVALID_ARG;
     }
+    return KVP_OK;
+}
+
+/* The segment a mount describes, owned by the caller's connection, not yet in the table;
+ * NULL: out of memory. */
+static kvp_segment_t *segment_new(const kvp_call_t *call, const Kvpool__MountRequest *req)
+{
+    const kvp_master_state_t *st = call->st;
+    const Kvpool__SegmentDesc *d = req->segment;
     kvp_segment_t *seg = calloc(1, sizeof(*seg));
-    status = KVP_ERR_NOMEM;
     if (seg == NULL)
-        goto out;
+        return NULL;
     seg->name = strdup(d->name);
     seg->medium = strdup(d->medium);
     seg->host_id = strdup(d->host_id);
@@ -102,39 +99,96 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->rdma_windows = d->rdma_windows;
     seg->size = d->size;
     seg->owner_client_id = req->client_id;
-    seg->owner_conn_id = conn_id;
+    seg->owner_conn_id = call->conn_id;
     if (!seg->name || !seg->medium || !seg->host_id || !seg->tcp_endpoint || !seg->shm_path ||
         !seg->rdma_endpoint) {
         kvp_segment_destroy(seg);
-        goto out;
+        return NULL;
     }
-    /* DRAM: 64-byte granularity (cache-line aligned extents, small metadata); SSD:
-     * 4 KiB, the unit of O_DIRECT I/O */
     seg->ssd = strcmp(d->medium, "ssd") == 0;
     seg->adopting = req->adopting;
     seg->mounted_ms = st->now_ms;
-    st->segments.records_dirty = true; /* a held SegRecord of the owner's is answered */
     /* with data grants the owner needs the record's put ends even with --segment-records
-     * off (they end write grants); then its offers are refused (record.c): nothing adopted */
+     * off (they end write grants); then its offers are refused (record_calls.c): nothing adopted */
     seg->record = !seg->ssd && (st->config.segment_records || st->grants_on);
-    status = kvp_offset_alloc_create(d->size, seg->ssd ? 4096 : KVP_SEGMENT_ALIGN, &seg->alloc);
+    return seg;
+}
+
+/* Give seg its allocator and its place in the table; otherwise destroy it: a status, why
+ * in r->text. */
+static kvp_status_t segment_place(kvp_reply_t *r, kvp_segment_t *seg)
+{
+    kvp_master_state_t *st = r->call->st;
+    /* DRAM: 64-byte granularity (cache-line aligned extents, small metadata); SSD:
+     * 4 KiB, the unit of O_DIRECT I/O */
+    kvp_status_t status =
+        kvp_offset_alloc_create(seg->size, seg->ssd ? 4096 : KVP_SEGMENT_ALIGN, &seg->alloc);
     if (status == KVP_OK)
         status = kvp_segment_table_add(&st->segments, seg);
     if (status != KVP_OK) {
-        snprintf(msg, sizeof(msg), "cannot set up segment %s: %s", d->name, kvp_strerror(status));
+        snprintf(r->text, r->text_max, "cannot set up segment %s: %s", seg->name,
+                 kvp_strerror(status));
         kvp_segment_destroy(seg);
-        goto out;
     }
+    return status;
+}
+
+/* A segment mounted from another host that advertises a loopback endpoint: say so. */
+static void warn_loopback(const kvp_master_state_t *st, const kvp_segment_t *seg)
+{
+    char host[256];
+    uint16_t port;
+    if (st->call_has_fd &&
+        kvp_parse_hostport(seg->tcp_endpoint, host, sizeof(host), &port) == KVP_OK &&
+        kvp_host_is_loopback(host) && !kvp_sock_peer_local(st->call_fd)) {
+        char peer[80];
+        kvp_sock_peer_name(st->call_fd, peer, sizeof(peer));
+        KVP_LOG_WARN("segment %s mounted from %s advertises the loopback endpoint %s: clients "
+                     "on other hosts cannot reach it (start its owner with --data-host ADDRESS, "
+                     "or without --data-host to advertise the address it reaches this master "
+                     "from)",
+                     seg->name, peer, seg->tcp_endpoint);
+    }
+}
+
+kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__MountRequest *req = (Kvpool__MountRequest *)req_msg;
+    Kvpool__MountResponse resp = KVPOOL__MOUNT_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 400);
+    const Kvpool__SegmentDesc *d = req->segment;
+    if (!desc_valid(d))
+        return kvp_reply_fail(
+            &r, KVP_ERR_INVALID_ARG,
+            "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
+            "\"dram\" or \"ssd\", a host id, a tcp endpoint host:port and an empty or host:port "
+            "rdma endpoint",
+            KVP_SEGMENT_MIN_SIZE);
+    /* a dedicated segment: the caller's own tenant (an admin's: any); tenants need an ACL */
+    int32_t tenant;
+    kvp_status_t status = mount_tenant(&r, req->tenant, &tenant);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    if (kvp_segment_table_find_name(&st->segments, d->name) != NULL)
+        return kvp_reply_fail(&r, KVP_ERR_EXISTS, "a segment named %s is already mounted", d->name);
+    kvp_segment_t *seg = segment_new(call, req);
+    if (seg == NULL)
+        return kvp_reply_fail(&r, KVP_ERR_NOMEM, NULL);
+    st->segments.records_dirty = true; /* a held SegRecord of the owner's is answered */
+    status = segment_place(&r, seg);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
     uint8_t key[KVP_GRANT_KEY_LEN];
     if (st->grants_on) { /* a key of its own, drawn now: its owner's data server checks
                             every request's grant with it */
         if (!kvp_grant_random(key, sizeof(key)) ||
             kvp_grant_mac_create(key, &seg->grant_mac) != KVP_OK) {
-            status = KVP_ERR_INTERNAL;
-            snprintf(msg, sizeof(msg), "cannot draw segment %s's grant key", d->name);
             kvp_segment_table_remove(&st->segments, seg);
             kvp_segment_destroy(seg);
-            goto out;
+            return kvp_reply_fail(&r, KVP_ERR_INTERNAL, "cannot draw segment %s's grant key",
+                                  d->name);
         }
         resp.grant_key.data = key;
         resp.grant_key.len = sizeof(key);
@@ -145,24 +199,11 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->tenant = tenant >= 0 ? (uint16_t)tenant : 0;
     st->tenants.t[seg->tenant].dedicated += seg->dedicated;
     limbo_attach(st, seg);
-    if (st->call_has_fd &&
-        kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) == KVP_OK &&
-        kvp_host_is_loopback(host) && !kvp_sock_peer_local(st->call_fd)) {
-        char peer[80];
-        kvp_sock_peer_name(st->call_fd, peer, sizeof(peer));
-        KVP_LOG_WARN("segment %s mounted from %s advertises the loopback endpoint %s: clients "
-                     "on other hosts cannot reach it (start its owner with --data-host ADDRESS, "
-                     "or without --data-host to advertise the address it reaches this master "
-                     "from)",
-                     seg->name, peer, seg->tcp_endpoint);
-    }
+    warn_loopback(st, seg);
     KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s%s%s)", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint,
                  seg->dedicated ? ", dedicated to tenant " : "", seg->dedicated ? req->tenant : "");
-out:
-    resp.status = status;
-    resp.message = msg;
-    return kvp_call_reply(call, &resp.base);
+    return kvp_reply_send(&r);
 }
 
 typedef struct drop_ctx {
@@ -264,47 +305,45 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool
 kvp_status_t kvp_handle_unmount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
-    uint64_t conn_id = call->conn_id;
     Kvpool__UnmountRequest *req = (Kvpool__UnmountRequest *)req_msg;
     Kvpool__UnmountResponse resp = KVPOOL__UNMOUNT_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_id);
     if (seg == NULL)
-        resp.status = KVP_ERR_SEGMENT_GONE;
-    else if (seg->owner_conn_id != conn_id)
-        resp.status = KVP_ERR_NOT_OWNER;
-    else
-        resp.objects_dropped = unmount_segment(st, seg, false);
-    return kvp_call_reply(call, &resp.base);
+        return kvp_reply_fail(&r, KVP_ERR_SEGMENT_GONE, NULL);
+    if (seg->owner_conn_id != call->conn_id)
+        return kvp_reply_fail(&r, KVP_ERR_NOT_OWNER, NULL);
+    resp.objects_dropped = unmount_segment(st, seg, false);
+    return kvp_reply_send(&r);
 }
 
 kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
-    uint64_t conn_id = call->conn_id;
     Kvpool__HeartbeatRequest *req = (Kvpool__HeartbeatRequest *)req_msg;
     Kvpool__HeartbeatResponse resp = KVPOOL__HEARTBEAT_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
+    if (req->n_segment_ids > 1024)
+        return kvp_reply_fail(&r, KVP_ERR_TOO_MANY, NULL);
     uint64_t drain[16];
     size_t n_drain = 0;
-    if (req->n_segment_ids > 1024) {
-        resp.status = KVP_ERR_TOO_MANY;
-    } else {
-        for (size_t i = 0; i < req->n_segment_ids; i++) {
-            kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_ids[i]);
-            if (seg == NULL || seg->owner_conn_id != conn_id)
-                resp.remount = true;
-            else if (seg->draining && n_drain < KVP_ARRAY_SIZE(drain))
-                drain[n_drain++] = seg->id;
-        }
+    for (size_t i = 0; i < req->n_segment_ids; i++) {
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_ids[i]);
+        if (seg == NULL || seg->owner_conn_id != call->conn_id)
+            resp.remount = true;
+        else if (seg->draining && n_drain < KVP_ARRAY_SIZE(drain))
+            drain[n_drain++] = seg->id;
     }
     resp.drain_segment_ids = drain;
     resp.n_drain_segment_ids = n_drain;
     /* the segment table changed since the client last looked: all of it (once per
      * mount or unmount per client, not per beat) */
-    Kvpool__SegmentDesc *ds = NULL, **dp = NULL;
-    if (resp.status == KVP_OK && req->segments_version != st->segments.version) {
+    if (req->segments_version != st->segments.version) {
         size_t n = st->segments.count;
-        ds = calloc(n ? n : 1, sizeof(*ds));
-        dp = calloc(n ? n : 1, sizeof(*dp));
+        Kvpool__SegmentDesc *ds = kvp_reply_calloc(&r, n, sizeof(*ds));
+        Kvpool__SegmentDesc **dp = kvp_reply_calloc(&r, n, sizeof(*dp));
         if (ds != NULL && dp != NULL) {
             size_t k = 0;
             for (uint32_t i = 0; i < st->segments.n_slots && k < n; i++)
@@ -318,10 +357,7 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
             resp.segments_version = st->segments.version;
         } /* out of memory: the next beat asks again */
     }
-    kvp_status_t rc = kvp_call_reply(call, &resp.base);
-    free(ds);
-    free(dp);
-    return rc;
+    return kvp_reply_send(&r);
 }
 
 void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id)

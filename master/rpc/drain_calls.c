@@ -1,5 +1,5 @@
 /*
- * drain.c - moving objects off a segment before it goes: Drain, MoveStart,
+ * drain_calls.c - moving objects off a segment before it goes: Drain, MoveStart,
  * MoveEnd, and the end of a closed connection's moves.
  *
  * Design: Drain marks a segment draining: placement skips it and its owner
@@ -14,9 +14,8 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/drain.h"
+#include "master/rpc/drain_calls.h"
 
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,43 +23,38 @@
 #include "common/log.h"
 #include "master/meta/placement.h"
 #include "master/meta/record.h"
+#include "master/rpc/reply.h"
 
 kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__DrainRequest *req = (Kvpool__DrainRequest *)req_msg;
     Kvpool__DrainResponse resp = KVPOOL__DRAIN_RESPONSE__INIT;
-    char msg[320] = "";
-    resp.message = msg;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 320);
     kvp_segment_t *seg = req->segment_name[0] != '\0'
                              ? kvp_segment_table_find_name(&st->segments, req->segment_name)
                              : kvp_segment_table_get(&st->segments, req->segment_id);
-    if (seg == NULL) {
-        resp.status = KVP_ERR_SEGMENT_GONE;
-        snprintf(msg, sizeof(msg), "no segment %s is mounted",
-                 req->segment_name[0] != '\0' ? req->segment_name : "with that id");
-    } else if (call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN) &&
-               seg->owner_conn_id != call->conn_id) {
-        resp.status = KVP_ERR_DENIED;
-        call->st->stats.refused_role++;
-        snprintf(msg, sizeof(msg),
-                 "principal %s may drain only the segments it serves itself; draining %s "
-                 "needs role admin",
-                 call->who->name, seg->name);
-    } else if (seg->ssd) {
-        resp.status = KVP_ERR_INVALID_ARG;
-        snprintf(msg, sizeof(msg),
-                 "%s is an SSD segment: it is not drained; stop its owner (kvpool serve) and "
-                 "its objects stay in its file, back at its next mount",
-                 seg->name);
-    } else {
-        if (!seg->draining)
-            KVP_LOG_INFO("segment %s (id %#llx) is draining: %llu objects to move or drop",
-                         seg->name, (unsigned long long)seg->id, (unsigned long long)seg->objects);
-        seg->draining = true;
-        resp.segment_id = seg->id;
-    }
-    return kvp_call_reply(call, &resp.base);
+    if (seg == NULL)
+        return kvp_reply_fail(&r, KVP_ERR_SEGMENT_GONE, "no segment %s is mounted",
+                              req->segment_name[0] != '\0' ? req->segment_name : "with that id");
+    if (call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN) &&
+        seg->owner_conn_id != call->conn_id)
+        return kvp_reply_deny(&r,
+                              "principal %s may drain only the segments it serves itself; "
+                              "draining %s needs role admin",
+                              call->who->name, seg->name);
+    if (seg->ssd)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                              "%s is an SSD segment: it is not drained; stop its owner (kvpool "
+                              "serve) and its objects stay in its file, back at its next mount",
+                              seg->name);
+    if (!seg->draining)
+        KVP_LOG_INFO("segment %s (id %#llx) is draining: %llu objects to move or drop", seg->name,
+                     (unsigned long long)seg->id, (unsigned long long)seg->objects);
+    seg->draining = true;
+    resp.segment_id = seg->id;
+    return kvp_reply_send(&r);
 }
 
 static int replica_on(const kvp_object_t *obj, uint64_t segment_id)
@@ -103,35 +97,40 @@ static void moves_abandon_since(kvp_master_state_t *st, kvp_move_t *since)
     }
 }
 
+/* A MoveStart not answered (a frame-level error instead): the owner never learns of its
+ * moves and sends no MoveEnd for them, and its connection may live on for long; undo them
+ * now. moves_before: st->moves before the call. */
+static void move_start_end(kvp_reply_t *r, kvp_status_t rc, void *moves_before)
+{
+    if (rc != KVP_OK)
+        moves_abandon_since(r->call->st, moves_before);
+}
+
 kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     uint64_t conn_id = call->conn_id;
     Kvpool__MoveStartRequest *req = (Kvpool__MoveStartRequest *)req_msg;
     Kvpool__MoveStartResponse resp = KVPOOL__MOVE_START_RESPONSE__INIT;
-    Kvpool__PutStartResult *res = NULL;
-    Kvpool__PutStartResult **resptr = NULL;
-    Kvpool__Replica *reps = NULL;
-    Kvpool__Replica **repptr = NULL;
-    kvp_seg_set_t segs = {0};
-    kvp_status_t rc = KVP_ERR_NOMEM;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     size_t n = req->n_keys;
     kvp_segment_t *from = kvp_segment_table_get(&st->segments, req->from_segment_id);
-    kvp_move_t *moves_before = st->moves; /* what this call records goes on top */
-    resp.status = kvp_call_check_batch(n);
-    if (resp.status == KVP_OK)
-        resp.status = from == NULL                     ? KVP_ERR_SEGMENT_GONE
-                      : from->owner_conn_id != conn_id ? KVP_ERR_NOT_OWNER
-                      : !from->draining                ? KVP_ERR_INVALID_ARG
-                                                       : KVP_OK;
-    if (resp.status != KVP_OK)
-        goto pack;
-    res = calloc(n ? n : 1, sizeof(*res));
-    resptr = calloc(n ? n : 1, sizeof(*resptr));
-    reps = calloc(n ? n : 1, sizeof(*reps));
-    repptr = calloc(n ? n : 1, sizeof(*repptr));
+    int32_t status = kvp_call_check_batch(n);
+    if (status == KVP_OK)
+        status = from == NULL                     ? KVP_ERR_SEGMENT_GONE
+                 : from->owner_conn_id != conn_id ? KVP_ERR_NOT_OWNER
+                 : !from->draining                ? KVP_ERR_INVALID_ARG
+                                                  : KVP_OK;
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    kvp_reply_on_end(&r, move_start_end, st->moves); /* what this call records goes on top */
+    Kvpool__PutStartResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
+    Kvpool__PutStartResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
+    Kvpool__Replica *reps = kvp_reply_calloc(&r, n, sizeof(*reps));
+    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n, sizeof(*repptr));
     if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n))
-        goto out;
+        return kvp_reply_abort(&r);
     for (size_t i = 0; i < n; i++) {
         kvpool__put_start_result__init(&res[i]);
         resptr[i] = &res[i];
@@ -169,7 +168,8 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         }
         kvp_move_t *mv = malloc(sizeof(*mv) + obj->key_len);
         if (mv == NULL ||
-            !kvp_seg_set_add(&segs, kvp_segment_table_get(&st->segments, dest.segment_id), NULL)) {
+            !kvp_seg_set_add(&r.segs, kvp_segment_table_get(&st->segments, dest.segment_id),
+                             NULL)) {
             free(mv);
             kvp_segment_table_free_extent(&st->segments, &dest);
             res[i].status = KVP_ERR_NOMEM;
@@ -188,25 +188,11 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         res[i].replicas = &repptr[i];
         res[i].n_replicas = 1;
     }
-    if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs))
-        goto out;
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
     resp.n_results = n;
     resp.results = resptr;
-    resp.n_segments = segs.n;
-    resp.segments = segs.ptrs;
-pack:
-    rc = kvp_call_reply(call, &resp.base);
-out:
-    /* No answer (a frame-level error instead): the owner never learns of these moves and
-     * sends no MoveEnd for them, and its connection may live on for long; undo them now. */
-    if (rc != KVP_OK)
-        moves_abandon_since(st, moves_before);
-    kvp_seg_set_free(&segs);
-    free(res);
-    free(resptr);
-    free(reps);
-    free(repptr);
-    return rc;
+    return kvp_reply_send(&r);
 }
 
 /* Unlink the move of `key` from `from` by conn, or NULL. */
@@ -265,28 +251,22 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
 
 kvp_status_t kvp_handle_move_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
-    kvp_master_state_t *st = call->st;
-    uint64_t conn_id = call->conn_id;
     Kvpool__MoveEndRequest *req = (Kvpool__MoveEndRequest *)req_msg;
+    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     int32_t status = kvp_call_check_batch(req->n_keys);
     if (status == KVP_OK && req->n_statuses != req->n_keys)
         status = KVP_ERR_INVALID_ARG;
-    int32_t *out = NULL;
-    kvp_status_t rc = KVP_OK;
-    if (status == KVP_OK) {
-        out = malloc((req->n_keys ? req->n_keys : 1) * sizeof(*out));
-        if (out == NULL) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
-        for (size_t i = 0; i < req->n_keys; i++)
-            out[i] =
-                move_end_one(st, conn_id, req->from_segment_id, &req->keys[i], req->statuses[i]);
-    }
-    rc = kvp_call_reply_statuses(call, status, out, req->n_keys);
-out:
-    free(out);
-    return rc;
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    int32_t *out = kvp_reply_statuses(&r, req->n_keys);
+    if (out == NULL)
+        return kvp_reply_abort(&r);
+    for (size_t i = 0; i < req->n_keys; i++)
+        out[i] = move_end_one(call->st, call->conn_id, req->from_segment_id, &req->keys[i],
+                              req->statuses[i]);
+    return kvp_reply_send(&r);
 }
 
 void kvp_drain_conn_closed(kvp_master_state_t *st, uint64_t conn_id)

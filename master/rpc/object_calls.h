@@ -1,8 +1,8 @@
 /*
- * object.h - object RPCs: puts, gets, removes, leases (see object.c).
+ * object_calls.h - object RPCs: puts, gets, removes, leases (see object_calls.c).
  */
-#ifndef KVP_MASTER_RPC_OBJECT_H
-#define KVP_MASTER_RPC_OBJECT_H
+#ifndef KVP_MASTER_RPC_OBJECT_CALLS_H
+#define KVP_MASTER_RPC_OBJECT_CALLS_H
 
 #include <stdint.h>
 

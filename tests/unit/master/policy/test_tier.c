@@ -1,5 +1,5 @@
 /*
- * test_tier.c - the master's SSD tier (policy/tier.c, rpc/ssd.c) through its
+ * test_tier.c - the master's SSD tier (policy/tier.c, rpc/ssd_calls.c) through its
  * RPCs: offload of DRAM victims and what ends an offload (done, failed, the
  * owner gone), the long poll, promotion (and a corrupt SSD copy), adoption
  * of an SSD segment's objects (unknown, known, stale, removed, overlapping,

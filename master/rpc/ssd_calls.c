@@ -1,5 +1,5 @@
 /*
- * ssd.c - the RPCs of SSD segment owners.
+ * ssd_calls.c - the RPCs of SSD segment owners.
  *
  * SsdTasks: the owner reports the tasks it finished and asks for new ones
  * (policy/tier.c queues them). When there is none the request is held
@@ -10,13 +10,13 @@
  * others).
  *
  * (After its mount the owner offers the objects its file holds: Adopt, in
- * rpc/record.c.)
+ * rpc/record_calls.c.)
  *
  * Only the connection that mounted an SSD segment may speak for it.
  *
  * Thread: master loop only.
  */
-#include "master/rpc/ssd.h"
+#include "master/rpc/ssd_calls.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,7 @@
 #include "common/macros.h"
 #include "master/policy/eviction.h"
 #include "master/policy/tier.h"
+#include "master/rpc/reply.h"
 
 /* Tasks one answer carries at most. */
 #define TASKS_MAX 256u
@@ -36,16 +37,39 @@ static kvp_segment_t *own_ssd(kvp_call_t *call, uint64_t segment_id)
     return seg != NULL && seg->ssd && seg->owner_conn_id == call->conn_id ? seg : NULL;
 }
 
+/* What an SsdTasks answer hands out: the tasks it marked sent, the FORGET ones among them. */
+typedef struct tasks_out {
+    Kvpool__SsdTask *tasks;
+    size_t k;
+    kvp_ssd_task_t **forget;
+    size_t nf;
+} tasks_out_t;
+
+static void tasks_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
+{
+    tasks_out_t *o = arg;
+    kvp_master_state_t *st = r->call->st;
+    if (rc != KVP_OK) { /* no answer goes out: the tasks are still to be sent */
+        for (kvp_ssd_task_t *t = st->tasks; t != NULL; t = t->next)
+            for (size_t i = 0; i < o->k; i++)
+                if (o->tasks[i].task_id == t->id)
+                    t->sent = false;
+    } else {
+        for (size_t i = 0; i < o->nf; i++)
+            kvp_state_task_remove(st, o->forget[i]);
+    }
+}
+
 kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__SsdTasksRequest *req = (Kvpool__SsdTasksRequest *)req_msg;
     Kvpool__SsdTasksResponse resp = KVPOOL__SSD_TASKS_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     kvp_segment_t *seg = own_ssd(call, req->segment_id);
-    if (seg == NULL) {
-        resp.status = KVP_ERR_SEGMENT_GONE;
-        return kvp_call_reply(call, &resp.base);
-    }
+    if (seg == NULL)
+        return kvp_reply_fail(&r, KVP_ERR_SEGMENT_GONE, NULL);
     if (!st->park_retry) {
         for (size_t i = 0; i < req->n_done; i++)
             kvp_tier_task_done(st, seg->id, req->done[i]->task_id, req->done[i]->status);
@@ -62,19 +86,19 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
         st->parked = true; /* the server holds the request: no answer now */
         return KVP_OK;
     }
-    Kvpool__SsdTask *tasks = calloc(n ? n : 1, sizeof(*tasks));
-    Kvpool__SsdTask **tp = calloc(n ? n : 1, sizeof(*tp));
-    Kvpool__Replica *reps = calloc(n ? n : 1, sizeof(*reps));
-    kvp_ssd_task_t **forget = calloc(n ? n : 1, sizeof(*forget));
-    kvp_seg_set_t segs = {0};
-    kvp_status_t rc = KVP_ERR_NOMEM;
-    size_t k = 0, nf = 0;
-    if (!tasks || !tp || !reps || !forget || !kvp_call_grants_reserve(st, n))
-        goto out;
-    for (kvp_ssd_task_t *t = st->tasks; t != NULL && k < n; t = t->next) {
+    tasks_out_t o = {0};
+    kvp_reply_on_end(&r, tasks_end, &o);
+    o.tasks = kvp_reply_calloc(&r, n, sizeof(*o.tasks));
+    Kvpool__SsdTask **tp = kvp_reply_calloc(&r, n, sizeof(*tp));
+    Kvpool__Replica *reps = kvp_reply_calloc(&r, n, sizeof(*reps));
+    o.forget = kvp_reply_calloc(&r, n, sizeof(*o.forget));
+    if (!o.tasks || !tp || !reps || !o.forget || !kvp_call_grants_reserve(st, n))
+        return kvp_reply_abort(&r);
+    for (kvp_ssd_task_t *t = st->tasks; t != NULL && o.k < n; t = t->next) {
         if (t->segment_id != seg->id || t->sent)
             continue;
-        Kvpool__SsdTask *m = &tasks[k];
+        size_t k = o.k;
+        Kvpool__SsdTask *m = &o.tasks[k];
         kvpool__ssd_task__init(m);
         m->task_id = t->id;
         m->kind = t->kind;
@@ -94,37 +118,19 @@ kvp_status_t kvp_handle_ssd_tasks(kvp_call_t *call, ProtobufCMessage *req_msg)
             if (!kvp_call_grant(call, &reps[k], k,
                                 t->kind == KVP_SSD_OFFLOAD ? KVP_GRANT_READ : KVP_GRANT_WRITE,
                                 st->config.put_timeout_ms, t->version))
-                goto out;
+                return kvp_reply_abort(&r);
             m->dram = &reps[k];
-            if (d != NULL && !kvp_seg_set_add(&segs, d, NULL))
-                goto out;
+            if (d != NULL && !kvp_seg_set_add(&r.segs, d, NULL))
+                return kvp_reply_abort(&r);
         }
-        tp[k++] = m;
+        tp[o.k++] = m;
         if (t->kind == KVP_SSD_FORGET)
-            forget[nf++] = t; /* nothing to report: gone once sent */
+            o.forget[o.nf++] = t; /* nothing to report: gone once sent */
         t->sent = true;
     }
-    if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs))
-        goto out;
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
     resp.tasks = tp;
-    resp.n_tasks = k;
-    resp.segments = segs.ptrs;
-    resp.n_segments = segs.n;
-    rc = kvp_call_reply(call, &resp.base);
-out:
-    if (rc != KVP_OK) { /* no answer goes out: the tasks are still to be sent */
-        for (kvp_ssd_task_t *t = st->tasks; t != NULL; t = t->next)
-            for (size_t i = 0; i < k; i++)
-                if (tasks[i].task_id == t->id)
-                    t->sent = false;
-    } else {
-        for (size_t i = 0; i < nf; i++)
-            kvp_state_task_remove(st, forget[i]);
-    }
-    kvp_seg_set_free(&segs);
-    free(tasks);
-    free(tp);
-    free(reps);
-    free(forget);
-    return rc;
+    resp.n_tasks = o.k;
+    return kvp_reply_send(&r);
 }

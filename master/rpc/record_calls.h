@@ -1,9 +1,9 @@
 /*
- * record.h - the RPCs by which segments describe themselves: Adopt, SegRecord
- * (see record.c).
+ * record_calls.h - the RPCs by which segments describe themselves: Adopt, SegRecord
+ * (see record_calls.c).
  */
-#ifndef KVP_MASTER_RPC_RECORD_H
-#define KVP_MASTER_RPC_RECORD_H
+#ifndef KVP_MASTER_RPC_RECORD_CALLS_H
+#define KVP_MASTER_RPC_RECORD_CALLS_H
 
 #include "master/rpc/call.h"
 

@@ -1,5 +1,5 @@
 /*
- * object.c - the master's object RPCs: PutStart, PutEnd, PutRevoke, Remove,
+ * object_calls.c - the master's object RPCs: PutStart, PutEnd, PutRevoke, Remove,
  * Exist, GetReplicaList, GetSize, LeaseRelease; and the revoke of a closed
  * connection's unfinished puts.
  *
@@ -13,7 +13,7 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/object.h"
+#include "master/rpc/object_calls.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +29,7 @@
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
 #include "master/policy/tier.h"
+#include "master/rpc/reply.h"
 
 static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placement_req_t *preq)
 {
@@ -228,62 +229,81 @@ static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
                               : "stored objects (eviction is off: --no-eviction)");
 }
 
+/* A put's options (PutConfig; NULL: the defaults) into preq; KVP_ERR_INVALID_ARG for a
+ * medium that is neither dram nor ssd. */
+static kvp_status_t put_config(kvp_master_state_t *st, const Kvpool__PutConfig *cfg,
+                               kvp_placement_req_t *preq)
+{
+    *preq = (kvp_placement_req_t){.replica_num = 1};
+    if (cfg != NULL) {
+        preq->replica_num = cfg->replica_num ? cfg->replica_num : 1;
+        if (cfg->pin <= KVP_PIN_HARD)
+            preq->pin = cfg->pin;
+        preq->soft_pin_ttl_s = cfg->soft_pin_ttl_s;
+        preq->upsert = cfg->upsert;
+        if (strcmp(cfg->medium, "ssd") == 0)
+            preq->ssd = true;
+        else if (cfg->medium[0] != '\0' && strcmp(cfg->medium, "dram") != 0)
+            return KVP_ERR_INVALID_ARG;
+        if (cfg->preferred_segment[0] != '\0')
+            preq->preferred = kvp_segment_table_find_name(&st->segments, cfg->preferred_segment);
+        preq->avoid = cfg->avoid_segments;
+        preq->n_avoid = (unsigned)KVP_MIN(cfg->n_avoid_segments, (size_t)8);
+    }
+    if (preq->replica_num > KVP_MAX_REPLICAS)
+        preq->replica_num = KVP_MAX_REPLICAS;
+    return KVP_OK;
+}
+
+/* A PutStart not answered: undo the PENDING objects it created (its results). */
+static void put_start_end(kvp_reply_t *r, kvp_status_t rc, void *req_arg)
+{
+    const Kvpool__PutStartRequest *req = req_arg;
+    const Kvpool__PutStartResponse *resp = (const Kvpool__PutStartResponse *)r->resp;
+    kvp_master_state_t *st = r->call->st;
+    for (size_t i = 0; rc != KVP_OK && i < resp->n_results; i++) {
+        if (resp->results[i] == NULL || resp->results[i]->status != KVP_OK)
+            continue;
+        kvp_object_t *obj;
+        if (kvp_call_key_lookup(st, &req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
+            obj->state == KVP_OBJ_PENDING && obj->writer_conn_id == r->call->conn_id) {
+            kvp_index_unlink(&st->index, obj);
+            kvp_object_release(st, obj);
+        }
+    }
+}
+
 kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
-    uint64_t conn_id = call->conn_id;
     Kvpool__PutStartRequest *req = (Kvpool__PutStartRequest *)req_msg;
     Kvpool__PutStartResponse resp = KVPOOL__PUT_START_RESPONSE__INIT;
-    Kvpool__PutStartResult *res = NULL;
-    Kvpool__PutStartResult **resptr = NULL;
-    Kvpool__Replica *reps = NULL;
-    Kvpool__Replica **repptr = NULL;
-    kvp_seg_set_t segs = {0};
-    kvp_status_t rc = KVP_OK;
-    char full_msg[384] = "";
-
-    resp.status = kvp_call_check_batch(req->n_keys);
-    if (resp.status == KVP_OK && req->n_sizes != req->n_keys)
-        resp.status = KVP_ERR_INVALID_ARG;
-    if (resp.status != KVP_OK)
-        goto pack;
-
-    kvp_placement_req_t preq = {.replica_num = 1};
-    if (req->config != NULL) {
-        preq.replica_num = req->config->replica_num ? req->config->replica_num : 1;
-        if (req->config->pin <= KVP_PIN_HARD)
-            preq.pin = req->config->pin;
-        preq.soft_pin_ttl_s = req->config->soft_pin_ttl_s;
-        preq.upsert = req->config->upsert;
-        if (strcmp(req->config->medium, "ssd") == 0) {
-            preq.ssd = true;
-        } else if (req->config->medium[0] != '\0' && strcmp(req->config->medium, "dram") != 0) {
-            resp.status = KVP_ERR_INVALID_ARG;
-            snprintf(full_msg, sizeof(full_msg), "unknown medium \"%s\" (dram or ssd)",
-                     req->config->medium);
-            goto pack;
-        }
-        if (req->config->preferred_segment[0] != '\0')
-            preq.preferred =
-                kvp_segment_table_find_name(&st->segments, req->config->preferred_segment);
-        preq.avoid = req->config->avoid_segments;
-        preq.n_avoid = (unsigned)KVP_MIN(req->config->n_avoid_segments, (size_t)8);
-    }
-    if (preq.replica_num > KVP_MAX_REPLICAS)
-        preq.replica_num = KVP_MAX_REPLICAS;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 384);
+    kvp_placement_req_t preq;
+    int32_t status = kvp_call_check_batch(req->n_keys);
+    if (status == KVP_OK && req->n_sizes != req->n_keys)
+        status = KVP_ERR_INVALID_ARG;
+    /* an unknown medium: the status alone (PutStart has always answered it without a
+     * message) */
+    if (status == KVP_OK)
+        status = put_config(st, req->config, &preq);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
     size_t n = req->n_keys;
-    res = calloc(n ? n : 1, sizeof(*res));
-    resptr = calloc(n ? n : 1, sizeof(*resptr));
+    Kvpool__PutStartResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
+    Kvpool__PutStartResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
     /* an in-place upsert answers with the existing object's replicas */
     size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num;
-    /* malloc: each one used is initialised; a calloc this large (tens of KiB) made the
-     * allocator hand back zeroed pages, a madvise and page faults on every call */
-    reps = malloc((n * per_key + 1) * sizeof(*reps));
-    repptr = calloc(n * per_key + 1, sizeof(*repptr));
-    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * per_key)) {
-        rc = KVP_ERR_NOMEM;
-        goto out;
-    }
+    /* uninitialised: each one used is initialised; a calloc this large (tens of KiB) made
+     * the allocator hand back zeroed pages, a madvise and page faults on every call */
+    Kvpool__Replica *reps = kvp_reply_alloc(&r, n * per_key + 1, sizeof(*reps));
+    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n * per_key + 1, sizeof(*repptr));
+    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * per_key))
+        return kvp_reply_abort(&r);
+    resp.n_results = n;
+    resp.results = resptr;
+    kvp_reply_on_end(&r, put_start_end, req);
     size_t nr = 0;
     int64_t give_back = -1;
     bool quota_said = false;
@@ -294,58 +314,28 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         resptr[i] = &res[i];
         kvp_object_t *obj = NULL;
         res[i].status =
-            put_start_one(st, conn_id, &req->keys[i], req->sizes[i], &preq, &give_back, &obj);
+            put_start_one(st, call->conn_id, &req->keys[i], req->sizes[i], &preq, &give_back, &obj);
         if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
-            full_msg[0] == '\0')
-            pool_full_message(st, full_msg, sizeof(full_msg));
+            r.text[0] == '\0')
+            pool_full_message(st, r.text, r.text_max);
         if (res[i].status == KVP_ERR_QUOTA && !quota_said) { /* the quota's words first */
-            quota_message(st, &preq, req->sizes[i], full_msg, sizeof(full_msg));
+            quota_message(st, &preq, req->sizes[i], r.text, r.text_max);
             quota_said = true;
-            KVP_LOG_WARN_LIMITED("put refused (principal %s): %s", call->who->name, full_msg);
+            KVP_LOG_WARN_LIMITED("put refused (principal %s): %s", call->who->name, r.text);
         }
         if (res[i].status != KVP_OK)
             continue;
         res[i].replicas = &repptr[nr];
         res[i].n_replicas = obj->n_replicas;
         /* write grants: good while the put may stay PENDING */
-        if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &segs, KVP_GRANT_WRITE,
-                                   st->config.put_timeout_ms)) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
+        if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &r.segs, KVP_GRANT_WRITE,
+                                   st->config.put_timeout_ms))
+            return kvp_reply_abort(&r);
     }
-    if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs)) {
-        rc = KVP_ERR_NOMEM;
-        goto out;
-    }
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
     kvp_evict_if_needed(st);
-    resp.n_results = n;
-    resp.results = resptr;
-    resp.n_segments = segs.n;
-    resp.segments = segs.ptrs;
-    resp.message = full_msg;
-pack:;
-    rc = kvp_call_reply(call, &resp.base);
-out:
-    if (rc != KVP_OK && res != NULL && resptr != NULL) {
-        /* Could not answer: undo the PENDING objects this call created. */
-        for (size_t i = 0; i < req->n_keys; i++) {
-            if (resptr[i] == NULL || res[i].status != KVP_OK)
-                continue;
-            kvp_object_t *obj;
-            if (kvp_call_key_lookup(st, &req->keys[i], &obj, NULL) == KVP_OK && obj != NULL &&
-                obj->state == KVP_OBJ_PENDING && obj->writer_conn_id == conn_id) {
-                kvp_index_unlink(&st->index, obj);
-                kvp_object_release(st, obj);
-            }
-        }
-    }
-    kvp_seg_set_free(&segs);
-    free(res);
-    free(resptr);
-    free(reps);
-    free(repptr);
-    return rc;
+    return kvp_reply_send(&r);
 }
 
 typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
@@ -478,29 +468,28 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
     return 1;
 }
 
-/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one packer. `end`: the
+/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one answer. `end`: the
  * PutEnd request (NULL for the others). */
 static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size_t n_keys,
                                const Kvpool__PutEndRequest *end, bool force, key_op_fn_t fn)
 {
+    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     int32_t status = kvp_call_check_batch(n_keys);
     if (status == KVP_OK && end != NULL &&
         (end->n_crc32c != n_keys || (end->n_written_mask != 0 && end->n_written_mask != n_keys)))
         status = KVP_ERR_INVALID_ARG;
-    int32_t *out = NULL;
-    kvp_status_t rc = KVP_OK;
-    if (status == KVP_OK) {
-        out = malloc((n_keys ? n_keys : 1) * sizeof(*out));
-        if (out == NULL)
-            return KVP_ERR_NOMEM;
-        /* last key first: the eviction policy sees a chain's first block last, so it
-         * ends up the most recent (policy/lists.c); each key's answer is its own */
-        for (size_t i = n_keys; i-- > 0;)
-            out[i] = fn(call->st, call->conn_id, &keys[i], end, i, force);
-    }
-    rc = kvp_call_reply_statuses(call, status, out, n_keys);
-    free(out);
-    return rc;
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    int32_t *out = kvp_reply_statuses(&r, n_keys);
+    if (out == NULL)
+        return kvp_reply_abort(&r);
+    /* last key first: the eviction policy sees a chain's first block last, so it ends up
+     * the most recent (policy/lists.c); each key's answer is its own */
+    for (size_t i = n_keys; i-- > 0;)
+        out[i] = fn(call->st, call->conn_id, &keys[i], end, i, force);
+    return kvp_reply_send(&r);
 }
 
 kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -527,81 +516,69 @@ kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)
     return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist);
 }
 
+/* A GetReplicaList not answered: nobody will release the leases it granted (its results). */
+static void get_replica_list_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
+{
+    (void)arg;
+    const Kvpool__GetReplicaListResponse *resp = (const Kvpool__GetReplicaListResponse *)r->resp;
+    for (size_t i = 0; rc != KVP_OK && i < resp->n_results; i++)
+        if (resp->results[i] != NULL && resp->results[i]->lease_id != 0)
+            kvp_lease_release(r->call->st, resp->results[i]->lease_id);
+}
+
 kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
     Kvpool__GetReplicaListResponse resp = KVPOOL__GET_REPLICA_LIST_RESPONSE__INIT;
-    Kvpool__GetReplicaResult *res = NULL;
-    Kvpool__GetReplicaResult **resptr = NULL;
-    Kvpool__Replica *reps = NULL;
-    Kvpool__Replica **repptr = NULL;
-    kvp_seg_set_t segs = {0};
-    kvp_status_t rc = KVP_OK;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
     size_t n = req->n_keys;
-    resp.status = kvp_call_check_batch(n);
-    if (resp.status == KVP_OK) {
-        res = calloc(n ? n : 1, sizeof(*res));
-        resptr = calloc(n ? n : 1, sizeof(*resptr));
-        reps = malloc((n * KVP_MAX_REPLICAS + 1) * sizeof(*reps)); /* as in put_start */
-        repptr = calloc(n * KVP_MAX_REPLICAS + 1, sizeof(*repptr));
-        if (!res || !resptr || !reps || !repptr ||
-            !kvp_call_grants_reserve(st, n * KVP_MAX_REPLICAS)) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
+    int32_t status = kvp_call_check_batch(n);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    Kvpool__GetReplicaResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
+    Kvpool__GetReplicaResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
+    /* as in put_start */
+    Kvpool__Replica *reps = kvp_reply_alloc(&r, n * KVP_MAX_REPLICAS + 1, sizeof(*reps));
+    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n * KVP_MAX_REPLICAS + 1, sizeof(*repptr));
+    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * KVP_MAX_REPLICAS))
+        return kvp_reply_abort(&r);
+    resp.n_results = n;
+    resp.results = resptr;
+    kvp_reply_on_end(&r, get_replica_list_end, NULL);
+    size_t nr = 0;
+    for (size_t i = n; i-- > 0;) { /* last key first, as in keys_batch */
+        kvpool__get_replica_result__init(&res[i]);
+        resptr[i] = &res[i];
+        kvp_object_t *obj;
+        res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
+        if (res[i].status != KVP_OK)
+            continue;
+        st->stats.gets++;
+        if (obj == NULL || obj->state != KVP_OBJ_COMPLETE) {
+            res[i].status = KVP_ERR_NOT_FOUND;
+            st->stats.get_misses++;
+            continue;
         }
-        size_t nr = 0;
-        for (size_t i = n; i-- > 0;) { /* last key first, as in do_keys */
-            kvpool__get_replica_result__init(&res[i]);
-            resptr[i] = &res[i];
-            kvp_object_t *obj;
-            res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
-            if (res[i].status != KVP_OK)
-                continue;
-            st->stats.gets++;
-            if (obj == NULL || obj->state != KVP_OBJ_COMPLETE) {
-                res[i].status = KVP_ERR_NOT_FOUND;
-                st->stats.get_misses++;
-                continue;
-            }
-            res[i].size = obj->size;
-            res[i].crc32c = obj->crc32c;
-            /* a read lease: the extents stay put (no eviction, no plain remove) until
-             * the client releases it after its transfer */
-            res[i].lease_id = kvp_lease_grant(st, obj); /* the read counts when it ends */
-            kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
-            res[i].replicas = &repptr[nr];
-            res[i].n_replicas = obj->n_replicas;
-            /* read grants: good while the read lease is (no leases: as long as a put) */
-            if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &segs, KVP_GRANT_READ,
-                                       st->config.lease_ttl_ms ? st->config.lease_ttl_ms
-                                                               : st->config.put_timeout_ms)) {
-                rc = KVP_ERR_NOMEM;
-                goto out;
-            }
-        }
-        if (!kvp_seg_set_finish(&segs) || !kvp_seg_set_conn_keys(call, &segs)) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
-        }
-        resp.n_results = n;
-        resp.results = resptr;
-        resp.n_segments = segs.n;
-        resp.segments = segs.ptrs;
-        resp.lease_ttl_ms = st->config.lease_ttl_ms;
+        res[i].size = obj->size;
+        res[i].crc32c = obj->crc32c;
+        /* a read lease: the extents stay put (no eviction, no plain remove) until the
+         * client releases it after its transfer */
+        res[i].lease_id = kvp_lease_grant(st, obj); /* the read counts when it ends */
+        kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
+        res[i].replicas = &repptr[nr];
+        res[i].n_replicas = obj->n_replicas;
+        /* read grants: good while the read lease is (no leases: as long as a put) */
+        if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &r.segs, KVP_GRANT_READ,
+                                   st->config.lease_ttl_ms ? st->config.lease_ttl_ms
+                                                           : st->config.put_timeout_ms))
+            return kvp_reply_abort(&r);
     }
-    rc = kvp_call_reply(call, &resp.base);
-out:
-    /* no answer goes out: nobody will release the leases this call granted */
-    for (size_t i = 0; rc != KVP_OK && resptr != NULL && i < n; i++)
-        if (resptr[i] != NULL && res[i].lease_id != 0)
-            kvp_lease_release(st, res[i].lease_id);
-    kvp_seg_set_free(&segs);
-    free(res);
-    free(resptr);
-    free(reps);
-    free(repptr);
-    return rc;
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
+    resp.lease_ttl_ms = st->config.lease_ttl_ms;
+    return kvp_reply_send(&r);
 }
 
 /* One-way: no response is packed. */
@@ -619,34 +596,29 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_master_state_t *st = call->st;
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
     Kvpool__GetSizeResponse resp = KVPOOL__GET_SIZE_RESPONSE__INIT;
-    int64_t *sizes = NULL;
-    kvp_status_t rc = KVP_OK;
-    resp.status = kvp_call_check_batch(req->n_keys);
-    if (resp.status == KVP_OK) {
-        sizes = malloc((req->n_keys ? req->n_keys : 1) * sizeof(*sizes));
-        if (sizes == NULL) {
-            rc = KVP_ERR_NOMEM;
-            goto out;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
+    int32_t status = kvp_call_check_batch(req->n_keys);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    int64_t *sizes = kvp_reply_alloc(&r, req->n_keys, sizeof(*sizes));
+    if (sizes == NULL)
+        return kvp_reply_abort(&r);
+    for (size_t i = 0; i < req->n_keys; i++) {
+        kvp_object_t *obj;
+        kvp_status_t s = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
+        if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE)) {
+            s = KVP_ERR_NOT_FOUND;
+            /* a get that learns the size first ends here on a miss: count it as one (a
+             * hit is counted by the GetReplicaList that follows) */
+            st->stats.gets++;
+            st->stats.get_misses++;
         }
-        for (size_t i = 0; i < req->n_keys; i++) {
-            kvp_object_t *obj;
-            kvp_status_t s = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
-            if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE)) {
-                s = KVP_ERR_NOT_FOUND;
-                /* a get that learns the size first ends here on a miss: count it as one
-                 * (a hit is counted by the GetReplicaList that follows) */
-                st->stats.gets++;
-                st->stats.get_misses++;
-            }
-            sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;
-        }
-        resp.sizes = sizes;
-        resp.n_sizes = req->n_keys;
+        sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;
     }
-    rc = kvp_call_reply(call, &resp.base);
-out:
-    free(sizes);
-    return rc;
+    resp.sizes = sizes;
+    resp.n_sizes = req->n_keys;
+    return kvp_reply_send(&r);
 }
 
 void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id)

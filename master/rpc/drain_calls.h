@@ -1,8 +1,8 @@
 /*
- * drain.h - Drain, MoveStart, MoveEnd (see drain.c).
+ * drain_calls.h - Drain, MoveStart, MoveEnd (see drain_calls.c).
  */
-#ifndef KVP_MASTER_RPC_DRAIN_H
-#define KVP_MASTER_RPC_DRAIN_H
+#ifndef KVP_MASTER_RPC_DRAIN_CALLS_H
+#define KVP_MASTER_RPC_DRAIN_CALLS_H
 
 #include <stdint.h>
 

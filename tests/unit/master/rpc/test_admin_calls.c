@@ -1,0 +1,288 @@
+/*
+ * test_admin_calls.c - unit tests for master/rpc/admin_calls.c: List (patterns, segment
+ * filter, paging by cursor, a long hash chain) and RemoveByRegex.
+ *
+ * Drives kvp_dispatch_handle the way the server does (fixture_leases.h).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rpc.h"
+#include "kvpool.pb-c.h"
+#include "master/dispatch.h"
+#include "master/meta/placement.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/core/state.h"
+#include "tests/unit/master/rpc/fixture_leases.h"
+#include "tests/unit/master/svc_call.h"
+
+/* ---- list ---- */
+
+#define LIST_N 150
+
+static void test_list(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t id1 = mount_seg(st, C1, "s1", "h1", 4 * MIB);
+    uint64_t id2 = mount_seg(st, C2, "s2", "h2", 4 * MIB);
+    char key[32];
+    for (int i = 0; i < LIST_N; i++) {
+        snprintf(key, sizeof(key), "a/%d", i);
+        put_done(st, C3, key, 100 + i, i % 10 == 0 ? 2 : 1, "s1", (uint32_t)i);
+        snprintf(key, sizeof(key), "b/%d", i);
+        put_done(st, C3, key, 100 + i, 1, "s2", (uint32_t)i);
+    }
+    assert_int_equal(put_cfg(st, C3, "a/p", 64, 1, "s1", false).status, KVP_OK); /* PENDING */
+    st->now_ms = 1000;
+    assert_int_equal(grl1(st, "a/5").status, KVP_OK); /* leased until 6000 */
+    st->now_ms = 3000;
+
+    bool seen[LIST_N] = {false};
+    unsigned n_seen = 0, pages = 0;
+    bool seen_pending = false;
+    uint64_t cursor = 0;
+    do {
+        Kvpool__ListResponse *r = list(st, "^a/", 0, cursor, 50);
+        assert_int_equal(r->status, KVP_OK);
+        assert_true(r->n_entries <= 50 + 8); /* a page may finish its last bucket */
+        for (size_t e = 0; e < r->n_entries; e++) {
+            Kvpool__ListEntry *en = r->entries[e];
+            char k[32];
+            assert_true(en->key.len < sizeof(k));
+            memcpy(k, en->key.data, en->key.len);
+            k[en->key.len] = '\0';
+            assert_memory_equal(k, "a/", 2);
+            if (strcmp(k, "a/p") == 0) {
+                assert_false(seen_pending);
+                seen_pending = true;
+                assert_int_equal(en->state, KVP_OBJ_PENDING);
+                assert_int_equal(en->size, 64);
+                assert_int_equal(en->n_replicas, 1);
+                assert_int_equal(en->lease_ms, 0);
+                continue;
+            }
+            int i = atoi(k + 2);
+            assert_true(i >= 0 && i < LIST_N);
+            assert_false(seen[i]);
+            seen[i] = true;
+            n_seen++;
+            assert_int_equal(en->state, KVP_OBJ_COMPLETE);
+            assert_int_equal(en->size, 100 + i);
+            assert_int_equal(en->crc32c, i);
+            assert_int_equal(en->n_replicas, i % 10 == 0 ? 2 : 1);
+            assert_int_equal(en->replicas[0]->segment_id, id1);
+            for (size_t q = 0; q < en->n_replicas; q++)
+                assert_int_equal(en->replicas[q]->length, 100 + i);
+            assert_int_equal(en->lease_ms, i == 5 ? 3000 : 0);
+        }
+        cursor = r->next_cursor;
+        svc_msg_free(r);
+        pages++;
+        assert_true(pages < 100);
+    } while (cursor != 0);
+    assert_int_equal(n_seen, LIST_N);
+    assert_true(seen_pending);
+    assert_true(pages >= 3);
+
+    /* only keys with a replica on s2: every b key and the 2-replica a keys */
+    unsigned on2 = 0;
+    cursor = 0;
+    do {
+        Kvpool__ListResponse *r = list(st, "", id2, cursor, 0);
+        assert_int_equal(r->status, KVP_OK);
+        for (size_t e = 0; e < r->n_entries; e++) {
+            Kvpool__ListEntry *en = r->entries[e];
+            bool here = false;
+            for (size_t q = 0; q < en->n_replicas; q++)
+                here |= en->replicas[q]->segment_id == id2;
+            assert_true(here);
+            on2++;
+        }
+        cursor = r->next_cursor;
+        svc_msg_free(r);
+    } while (cursor != 0);
+    assert_int_equal(on2, LIST_N + LIST_N / 10);
+    /* nothing of b is on s1 */
+    Kvpool__ListResponse *r = list(st, "^b/", id1, 0, 1000);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_entries, 0);
+    assert_int_equal(r->next_cursor, 0);
+    svc_msg_free(r);
+
+    /* refusals */
+    r = list(st, "(", 0, 0, 10);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_true(r->message[0] != '\0');
+    assert_int_equal(r->n_entries, 0);
+    svc_msg_free(r);
+    r = list(st, "", 0, st->index.n_buckets + 1, 10);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_int_equal(r->n_entries, 0);
+    svc_msg_free(r);
+    /* the end of the table is an empty last page */
+    r = list(st, "", 0, st->index.n_buckets, 10);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_entries, 0);
+    assert_int_equal(r->next_cursor, 0);
+    svc_msg_free(r);
+}
+
+/*
+ * One bucket chain longer than a page's slack (limit + 64): the page grows
+ * in place while its entries point into arrays being reallocated. Keys are
+ * picked so that they all hash into the same bucket.
+ */
+#define CHAIN_N 150
+
+static void test_list_long_chain(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t id1 = mount_seg(st, C1, "s1", "h1", 4 * MIB);
+    uint64_t id2 = mount_seg(st, C2, "s2", "h2", 4 * MIB);
+    uint64_t mask = st->index.n_buckets - 1;
+    assert_true(CHAIN_N < st->index.n_buckets); /* the table will not grow */
+    uint64_t bucket = kvp_index_hash("c/0", 3) & mask;
+    int found[CHAIN_N];
+    char key[32];
+    int n = 0;
+    for (int j = 0; n < CHAIN_N; j++) {
+        assert_true(j < 10000000);
+        snprintf(key, sizeof(key), "c/%d", j);
+        if ((kvp_index_hash(key, strlen(key)) & mask) != bucket)
+            continue;
+        found[n] = j;
+        put_done(st, C3, key, 64 + (uint64_t)n, n % 3 == 0 ? 2 : 1, "s1", (uint32_t)j);
+        n++;
+    }
+    /* limit 1: the first bucket with a match is the whole chain, 150 > 1 + 64 */
+    Kvpool__ListResponse *r = list(st, "^c/", 0, 0, 1);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_entries, CHAIN_N);
+    assert_int_equal(r->next_cursor, bucket + 1);
+    bool seen[CHAIN_N] = {false};
+    for (size_t e = 0; e < r->n_entries; e++) {
+        Kvpool__ListEntry *en = r->entries[e];
+        memcpy(key, en->key.data, en->key.len);
+        key[en->key.len] = '\0';
+        int j = atoi(key + 2), at = -1;
+        for (int q = 0; q < CHAIN_N; q++)
+            if (found[q] == j)
+                at = q;
+        assert_true(at >= 0);
+        assert_false(seen[at]);
+        seen[at] = true;
+        assert_int_equal(en->size, 64 + at);
+        assert_int_equal(en->crc32c, j);
+        assert_int_equal(en->n_replicas, at % 3 == 0 ? 2 : 1);
+        assert_int_equal(en->replicas[0]->segment_id, id1);
+        assert_int_equal(en->replicas[0]->length, 64 + at);
+        if (en->n_replicas == 2) {
+            assert_int_equal(en->replicas[1]->segment_id, id2);
+            assert_int_equal(en->replicas[1]->length, 64 + at);
+        }
+    }
+    svc_msg_free(r);
+}
+
+/* ---- remove by regex ---- */
+
+static void test_remove_by_regex(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    char key[32];
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "a/%d", i);
+        put_done(st, C1, key, 64, 1, NULL, 0);
+    }
+    for (int i = 0; i < 10; i++) {
+        snprintf(key, sizeof(key), "b/%d", i);
+        put_done(st, C1, key, 64, 1, NULL, 0);
+    }
+    assert_int_equal(put1(st, C1, "a/1p", 64).status, KVP_OK); /* PENDING, matches */
+    assert_int_equal(grl1(st, "a/12").status, KVP_OK);         /* leased until 5000 */
+    assert_int_equal(kvp_master_used(st), 41 * 64);
+
+    /* a/1, a/10..a/19 match: 11 complete, one of them leased */
+    Kvpool__RemoveByRegexResponse *r = rbr(st, "^a/1", false, false);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->removed, 10);
+    assert_int_equal(r->skipped_leased, 1);
+    assert_int_equal(r->skipped_pending, 1);
+    svc_msg_free(r);
+    for (int i = 0; i < 30; i++) {
+        snprintf(key, sizeof(key), "a/%d", i);
+        bool gone = (i == 1 || (i >= 10 && i < 20)) && i != 12;
+        assert_int_equal(exist1(st, key), gone ? 0 : 1);
+    }
+    assert_int_equal(kvp_master_used(st), 31 * 64);
+
+    /* force: the leased one goes too, its extent kept until the lease ends */
+    r = rbr(st, "^a/1", true, false);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->removed, 1);
+    assert_int_equal(r->skipped_leased, 0);
+    assert_int_equal(r->skipped_pending, 1);
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, "a/12"), 0);
+    assert_int_equal(grl1(st, "a/12").status, KVP_ERR_NOT_FOUND);
+    assert_int_equal(kvp_master_used(st), 31 * 64);
+    st->now_ms = 4999;
+    assert_int_equal(kvp_lease_expire(st), 0);
+    st->now_ms = 5000;
+    assert_int_equal(kvp_lease_expire(st), 1);
+    assert_int_equal(kvp_master_used(st), 30 * 64);
+
+    /* refusals */
+    r = rbr(st, "", false, false);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_true(r->message[0] != '\0');
+    assert_int_equal(r->removed, 0);
+    svc_msg_free(r);
+    r = rbr(st, "[", false, false);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_true(r->message[0] != '\0');
+    assert_int_equal(r->removed, 0);
+    svc_msg_free(r);
+    r = rbr(st, "^zzz", false, false);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->removed, 0);
+    svc_msg_free(r);
+    assert_int_equal(kvp_master_used(st), 30 * 64);
+
+    /* all: everything but the PENDING and the leased */
+    assert_int_equal(grl1(st, "b/3").status, KVP_OK); /* leased until 10000 */
+    r = rbr(st, "", false, true);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->removed, 28); /* a/0, a/2..9, a/20..29, every b but b/3 */
+    assert_int_equal(r->skipped_leased, 1);
+    assert_int_equal(r->skipped_pending, 1);
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, "b/3"), 1);
+    assert_int_equal(kvp_master_used(st), 2 * 64);
+    stat_snap_t s = stat_get(st);
+    assert_int_equal(s.objects, 1);
+    assert_int_equal(s.pending, 1);
+    assert_int_equal(graveyard_len(st), 0);
+}
+
+int main(void)
+{
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+    const struct CMUnitTest tests[] = {
+        T(test_list),
+        T(test_list_long_chain),
+        T(test_remove_by_regex),
+    };
+#undef T
+    return cmocka_run_group_tests_name("admin_calls", tests, NULL, NULL);
+}
