@@ -112,7 +112,7 @@ typedef struct kvp_ssd_task {
 #include "master/meta/tombstone.h"
 
 /*
- * A copy in flight during a drain (MoveStart .. MoveEnd, rpc/drain.c): a new
+ * A copy in flight during a drain (MoveStart .. MoveEnd, rpc/drain_calls.c): a new
  * extent `dest` for an object whose only replica is on segment `from`. The
  * key is stored inline after the struct.
  */

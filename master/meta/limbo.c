@@ -11,7 +11,7 @@
  * keeps, for --segment-grace, the dropped segment's COMPLETE objects (key, version,
  * extent, size, CRC, pin); when the same segment (name, host, and the name of its memory,
  * which a restarted owner does not keep) mounts again and its offer ends, each is taken
- * back through the same checks as an offered one (rpc/record.c, ha/rebuild.c) and
+ * back through the same checks as an offered one (rpc/record_calls.c, ha/rebuild.c) and
  * streamed to the owner's record.
  *
  * Thread: master loop only.

@@ -6,7 +6,7 @@
  * leader, rebuilds its index from the owners' remounts (ha/rebuild.c). The
  * master never waits for the owner: each change is appended, encoded as
  * the owner reads it (SegRecordResponse.changes in proto/kvpool.proto), to
- * the segment's queue, and the owner's long poll (rpc/record.c) takes the
+ * the segment's queue, and the owner's long poll (rpc/record_calls.c) takes the
  * whole queue at once. `table->records_dirty` tells the server to answer the
  * waiting polls; it does so before it writes the replies of the requests
  * that caused the changes, so an owner has an object's record no later than

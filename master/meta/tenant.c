@@ -4,7 +4,7 @@
  * Design. With an ACL (--acl-file) every principal belongs to a tenant, and
  * the keys a principal names are its tenant's: the master stores them as
  * TENANT 0x1f KEY (master/dispatch.c adds the prefix to every key a request
- * names and master/rpc/admin.c takes it off in listings), so tenant A's
+ * names and master/rpc/admin_calls.c takes it off in listings), so tenant A's
  * `m@blk-1` and tenant B's are two objects, and nothing a client sends can
  * name another tenant's key (a tenant name has no 0x1f, and the prefix is
  * always the caller's). The tenant "default" (id 0) is the one exception:
@@ -15,7 +15,7 @@
  * or "default" when it has none (kvp_tenant_prefix_len). An object carries its tenant's id
  * (obj->tenant, 16 bits that were padding), from which the charges are kept here: bytes per tier
  * and objects (master/core/state.c, kvp_state_charge), checked against the quotas of the tenant's
- * [tenant NAME] section when a put starts (rpc/object.c) and used by eviction to take from tenants
+ * [tenant NAME] section when a put starts (rpc/object_calls.c) and used by eviction to take from tenants
  * over their share first (policy/eviction.c).
  *
  * Ids are given in order of first sight and never reused while the master

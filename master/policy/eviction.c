@@ -75,7 +75,7 @@
  * passed over is moved once per scan.
  *
  * Eviction is on demand: a put that does not fit evicts just what it
- * needs (PutStart, rpc/object.c); the watermarks (off by default) can keep
+ * needs (PutStart, rpc/object_calls.c); the watermarks (off by default) can keep
  * headroom besides. With an SSD tier mounted, DRAM victims are offloaded
  * to it (policy/tier.c), in the background from --offload-high-watermark
  * on, and what is counted here is DRAM: a victim being offloaded frees its

@@ -5,7 +5,7 @@
  * Design (docs/architecture.md, "Tiers"). Object bytes never pass through
  * the master: it decides, and queues a task for the owner of the SSD
  * segment involved, who copies with its transfer engine and io_uring and
- * reports back (rpc/ssd.c: SsdTasks, a long poll that answers as soon as a
+ * reports back (rpc/ssd_calls.c: SsdTasks, a long poll that answers as soon as a
  * task is queued).
  *   - Offload: a DRAM eviction victim with no SSD copy gets an SSD extent
  *     (on its host's SSD segment when that has room, else any; the SSD tier
