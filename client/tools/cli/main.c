@@ -4,9 +4,13 @@
  * exist, list keys, drain a segment, show pool statistics), and the usage text.
  *
  * Design: one process per command, built only on the public API of kvpool.h (plus the
- * parsers of common/). Global options are parsed with getopt_long("+") so parsing stops
- * at the command name; the command's handler (a row of `commands`, like git's builtin
- * table) then parses its own options from argv re-based at the command. Every command
+ * parsers and the option tables of common/). The global options are the rows of two
+ * tables (common/options.h): global_rows, which kvpool serve also takes after its name and
+ * in its config file, and cli_rows, the command's alone; their getopt entries, the global
+ * part of --help and docs/options.md's section (--options-markdown) come from the rows.
+ * They are parsed with getopt_long("+") so parsing stops at the command name; the
+ * command's handler (a row of `commands`, like git's builtin table) then parses its own
+ * options from argv re-based at the command. Every command
  * checks all of its input (numbers, sizes, files, fds) before it connects, so a usage
  * mistake is reported at once and never waits on the master. The commands live one
  * group per file: cli_object.c (put, get, exist, rm, ls), cli_admin.c (drain, stat, rm --regex
