@@ -6,6 +6,7 @@ header, then the output of
 
     kvpool-master --options-markdown     (master/core/master_options.c)
     kvpool serve --options-markdown      (client/tools/cli/serve.c)
+    kvpool --options-markdown            (client/tools/cli/main.c: the global options)
     kvpool --env-markdown                (client/env.c)
 
 usage: check_options_doc.py MASTER_BIN CLI_BIN DOC [--write]
@@ -40,7 +41,7 @@ def main():
         return 2
     master, cli, doc = args
     parts = [run([master, "--options-markdown"]), run([cli, "serve", "--options-markdown"]),
-             run([cli, "--env-markdown"])]
+             run([cli, "--options-markdown"]), run([cli, "--env-markdown"])]
     want = HEADER + "\n".join(parts)
     if write:
         with open(doc, "w") as f:

@@ -22,47 +22,18 @@
 
 #include "client/include/kvpool.h"
 #include "client/tools/cli/progress.h"
+#include "common/options.h"
 
 /* Exit status: 0 success; 1 the operation failed ("kvpool: WHAT: WHY" on stderr);
  * 2 usage error (the message and the usage text on stderr). `exist` follows test(1):
  * 0 all keys exist, 1 some key does not, 2 error. */
 enum { KVP_CLI_OK = 0, KVP_CLI_FAIL = 1, KVP_CLI_USAGE = 2 };
 
-/* Long-only option codes of the global options (getopt returns them). */
-enum {
-    KVP_CLI_OPT_MASTER = 0x100,
-    KVP_CLI_OPT_TRANSPORT,
-    KVP_CLI_OPT_TIMEOUT,
-    KVP_CLI_OPT_RDMA_DEVICE,
-    KVP_CLI_OPT_RDMA_HOST,
-    KVP_CLI_OPT_PROGRESS,
-    KVP_CLI_OPT_NO_PROGRESS,
-    KVP_CLI_OPT_VERSION,
-    KVP_CLI_OPT_TLS_CERT,
-    KVP_CLI_OPT_TLS_KEY,
-    KVP_CLI_OPT_TLS_CA,
-    KVP_CLI_OPT_TOKEN_FILE,
-};
-
-/* The global options that may also be keys of a serve config file (and flags after
- * `serve`), in getopt_long's table form. */
-#define KVP_CLI_GLOBAL_OPTIONS                                                                     \
-    {"master", required_argument, NULL, KVP_CLI_OPT_MASTER},                                       \
-        {"transport", required_argument, NULL, KVP_CLI_OPT_TRANSPORT},                             \
-        {"timeout-ms", required_argument, NULL, KVP_CLI_OPT_TIMEOUT},                              \
-        {"rdma-device", required_argument, NULL, KVP_CLI_OPT_RDMA_DEVICE},                         \
-        {"rdma-host", required_argument, NULL, KVP_CLI_OPT_RDMA_HOST},                             \
-        {"tls-cert", required_argument, NULL, KVP_CLI_OPT_TLS_CERT},                               \
-        {"tls-key", required_argument, NULL, KVP_CLI_OPT_TLS_KEY},                                 \
-        {"tls-ca", required_argument, NULL, KVP_CLI_OPT_TLS_CA},                                   \
-    {                                                                                              \
-        "token-file", required_argument, NULL, KVP_CLI_OPT_TOKEN_FILE                              \
-    }
-
 /* Progress reports (kvp_cli_t.progress): on long work only, always, never. */
 enum { KVP_CLI_PROGRESS_AUTO = 0, KVP_CLI_PROGRESS_ALWAYS, KVP_CLI_PROGRESS_NEVER };
 
-/* The global options, parsed by main.c before the command. */
+/* The global options, parsed by main.c before the command (the rows of its option table,
+ * kvp_cli_global_opts, are over this struct). */
 typedef struct kvp_cli {
     const char *master;       /* "host:port", already validated */
     const char *transport;    /* NULL: library default */
@@ -74,7 +45,7 @@ typedef struct kvp_cli {
     const char *tls_key;
     const char *tls_ca;
     const char *token; /* read from --token-file (never a flag: ps would show it) */
-    unsigned given;    /* bit (KVP_CLI_OPT_x - KVP_CLI_OPT_MASTER): set on the command line
+    unsigned given;    /* bit i: row i of kvp_cli_global_opts was set on the command line
                         * before the command */
     int progress;      /* KVP_CLI_PROGRESS_* */
 } kvp_cli_t;
@@ -114,12 +85,21 @@ int kvp_cli_serve(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, 
 /* The whole usage text (kvpool --help) on `out`. */
 void kvp_cli_usage(FILE *out);
 
+/* The global options that every command runs under and that `kvpool serve` also takes
+ * after its name and as keys of its config file (common/options.h rows over *cli; NULL
+ * for their words or getopt entries only). */
+kvp_opts_t kvp_cli_global_opts(kvp_cli_t *cli);
+
 /*
- * Apply global option `opt` (a KVP_CLI_OPT_* code) with argument `arg` to *cli. Returns -1
- * when done, or the usage error's exit code (reported). `cmd`: the command whose argv
- * carried it (serve's config file), NULL before the command.
+ * Apply row `row` of kvp_cli_global_opts with argument `arg` to *cli. Returns -1 when
+ * done, or the usage error's exit code (reported). `cmd`: the command whose argv carried
+ * it (serve's config file), NULL before the command.
  */
-int kvp_cli_global_option(kvp_cli_t *cli, const kvp_cli_command_t *cmd, int opt, const char *arg);
+int kvp_cli_global_set(kvp_cli_t *cli, const kvp_cli_command_t *cmd, const kvp_opt_t *row,
+                       const char *arg);
+
+/* Whether row `row` of kvp_cli_global_opts was given before the command (cli->given). */
+bool kvp_cli_global_given(const kvp_cli_t *cli, const kvp_opt_t *row);
 
 /* The master address must be HOST:PORT or an etcd:// URL; -1 or the usage error's code.
  * `from` names where it came from ("--master", "$KVPOOL_MASTER"). */

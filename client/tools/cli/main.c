@@ -4,9 +4,13 @@
  * exist, list keys, drain a segment, show pool statistics), and the usage text.
  *
  * Design: one process per command, built only on the public API of kvpool.h (plus the
- * parsers of common/). Global options are parsed with getopt_long("+") so parsing stops
- * at the command name; the command's handler (a row of `commands`, like git's builtin
- * table) then parses its own options from argv re-based at the command. Every command
+ * parsers and the option tables of common/). The global options are the rows of two
+ * tables (common/options.h): global_rows, which kvpool serve also takes after its name and
+ * in its config file, and cli_rows, the command's alone; their getopt entries, the global
+ * part of --help and docs/options.md's section (--options-markdown) come from the rows.
+ * They are parsed with getopt_long("+") so parsing stops at the command name; the
+ * command's handler (a row of `commands`, like git's builtin table) then parses its own
+ * options from argv re-based at the command. Every command
  * checks all of its input (numbers, sizes, files, fds) before it connects, so a usage
  * mistake is reported at once and never waits on the master. The commands live one
  * group per file: cli_object.c (put, get, exist, rm, ls), cli_admin.c (drain, stat, rm --regex
@@ -31,7 +35,7 @@
 #define KVP_CLI_STR(x) KVP_CLI_STR_(x)
 #define KVP_CLI_DEFAULT_MASTER "127.0.0.1:" KVP_CLI_STR(KVP_DEFAULT_MASTER_PORT)
 
-static const char global_usage[] =
+static const char usage_head[] =
     "usage: kvpool [--master HOST:PORT] [--transport auto|tcp|shm|rdma] [--timeout-ms N]\n"
     "              [--progress | --no-progress] COMMAND [ARGS]\n"
     "\n"
@@ -59,32 +63,158 @@ static const char global_usage[] =
     "                            pool capacity, usage and segments; --watch: again every\n"
     "                            SECONDS (default 1) until Ctrl-C\n"
     "\n"
-    "global options:\n"
-    "  --master HOST:PORT        master address (default $KVPOOL_MASTER, "
-    "else " KVP_CLI_DEFAULT_MASTER ");\n"
-    "                            etcd://HOST:PORT[,HOST:PORT...]/CLUSTER: the leader of\n"
-    "                            masters started with --etcd ... --cluster CLUSTER\n"
-    "                            (etcd's TLS and user: $KVPOOL_ETCD_CACERT, _CERT, _KEY,\n"
-    "                            _USER, _PASSWORD_FILE; docs/security.md)\n"
-    "  --transport T             data transport: auto, tcp, shm or rdma (default auto:\n"
-    "                            shm on one host, else rdma if both sides have it, else tcp)\n"
-    "  --rdma-device LIST        RDMA devices to try, e.g. rxe0,mlx5_0 (default\n"
-    "                            $KVPOOL_RDMA_DEVICE, else any with an active port)\n"
-    "  --rdma-host IPV4          address serve's rdma listener binds and advertises\n"
-    "                            (default $KVPOOL_RDMA_HOST, else the device's own)\n"
-    "  --timeout-ms N            master RPC and transfer timeout\n"
-    "  --tls-ca FILE             TLS 1.3 to the master, whose certificate FILE's CA signs\n"
-    "                            (default $KVPOOL_TLS_CA; docs/security.md)\n"
-    "  --tls-cert FILE, --tls-key FILE  our client certificate (mutual TLS; default\n"
-    "                            $KVPOOL_TLS_CERT, $KVPOOL_TLS_KEY)\n"
-    "  --token-file FILE         our principal's token, read from FILE (default\n"
-    "                            $KVPOOL_TOKEN); sent over TLS only\n"
-    "  --progress, --no-progress progress on stderr (a bar on a terminal, else a line\n"
-    "                            every 2 s) always / never; default: for long work only\n"
-    "                            (drain, removing many keys, objects of 32 MiB or more)\n"
-    "  -h, --help, --version\n"
-    "\n"
-    "exit status: 0 success, 1 failure, 2 usage error\n";
+    "global options, before the command:\n";
+
+/* --transport: one of the library's transports (the value itself, borrowed). */
+static kvp_status_t parse_transport(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                                    size_t err_len)
+{
+    if (strcmp(value, "auto") != 0 && strcmp(value, "tcp") != 0 && strcmp(value, "shm") != 0 &&
+        strcmp(value, "rdma") != 0) {
+        snprintf(err, err_len, "--%s must be auto, tcp, shm or rdma, got '%s'", opt->name, value);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *(const char **)field = value;
+    return KVP_OK;
+}
+
+/* --token-file: the token read from the file (kvp_cli_read_token's static buffer). */
+static kvp_status_t parse_token_file(const kvp_opt_t *opt, const char *value, void *field,
+                                     char *err, size_t err_len)
+{
+    const char *token = kvp_cli_read_token(value);
+    if (token == NULL) {
+        snprintf(err, err_len, "--%s %s: cannot read a token from it", opt->name, value);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *(const char **)field = token;
+    return KVP_OK;
+}
+
+#define F(field) KVP_OPT_FIELD(kvp_cli_t, field)
+/* The variable is read where the setting lives: KVPOOL_MASTER by parse_globals (through
+ * client/env.c), the others by the library when the flag leaves its parameter NULL. */
+#define ENV_STR (KVP_OPT_F_PTR | KVP_OPT_F_READ_ELSEWHERE)
+
+/* The global options that every command runs under and that `kvpool serve` also takes
+ * after its name and as keys of its config file; one row each (common/options.h), over a
+ * kvp_cli_t. A row's index is its bit in kvp_cli_t.given. */
+static const kvp_opt_t global_rows[] = {
+    KVP_OPT_GROUP("The master and the data path", NULL),
+    {.name = "master",
+     .type = KVP_OPT_STRING,
+     .flags = ENV_STR,
+     .arg = "HOST:PORT",
+     F(master),
+     .def_doc = KVP_CLI_DEFAULT_MASTER,
+     .env = "KVPOOL_MASTER",
+     .help = "the master's address; etcd://HOST:PORT[,HOST:PORT...]/CLUSTER: the leader of "
+             "masters started with --etcd ... --cluster CLUSTER (etcd's TLS and user: "
+             "$KVPOOL_ETCD_CACERT, _CERT, _KEY, _USER, _PASSWORD_FILE; docs/security.md)"},
+    {.name = "transport",
+     .type = KVP_OPT_CUSTOM,
+     .flags = KVP_OPT_F_READ_ELSEWHERE,
+     .arg = "auto|tcp|shm|rdma",
+     F(transport),
+     .parse = parse_transport,
+     .def_doc = "auto",
+     .env = "KVPOOL_TRANSPORT",
+     .help = "the data transport; auto: shm on one host, else rdma if both sides have it, "
+             "else tcp"},
+    {.name = "timeout-ms",
+     .type = KVP_OPT_UINT,
+     F(timeout_ms),
+     .min = 1,
+     .max = UINT32_MAX,
+     .need = "milliseconds >= 1",
+     .def_doc = "10000",
+     .help = "the master RPC and data transfer timeout, in milliseconds"},
+    {.name = "rdma-device",
+     .type = KVP_OPT_STRING,
+     .flags = ENV_STR,
+     .arg = "LIST",
+     F(rdma_devices),
+     .def_doc = "any with an active port",
+     .env = "KVPOOL_RDMA_DEVICE",
+     .help = "the RDMA devices to try, e.g. rxe0,mlx5_0"},
+    {.name = "rdma-host",
+     .type = KVP_OPT_STRING,
+     .flags = ENV_STR,
+     .arg = "IPV4",
+     F(rdma_host),
+     .def_doc = "the device's own",
+     .env = "KVPOOL_RDMA_HOST",
+     .help = "the address serve's rdma listener binds and advertises"},
+
+    KVP_OPT_GROUP("Security", "TLS to the master and our principal; docs/security.md"),
+    {.name = "tls-ca",
+     .type = KVP_OPT_STRING,
+     .flags = ENV_STR,
+     .arg = "FILE",
+     F(tls_ca),
+     .def_doc = "none: plain TCP",
+     .env = "KVPOOL_TLS_CA",
+     .help = "TLS 1.3 to the master, whose certificate FILE's CA signs"},
+    {.name = "tls-cert",
+     .type = KVP_OPT_STRING,
+     .flags = ENV_STR,
+     .arg = "FILE",
+     F(tls_cert),
+     .env = "KVPOOL_TLS_CERT",
+     .help = "our client certificate (mutual TLS)"},
+    {.name = "tls-key",
+     .type = KVP_OPT_STRING,
+     .flags = ENV_STR,
+     .arg = "FILE",
+     F(tls_key),
+     .env = "KVPOOL_TLS_KEY",
+     .help = "the key of --tls-cert"},
+    {.name = "token-file",
+     .type = KVP_OPT_CUSTOM,
+     .flags = KVP_OPT_F_READ_ELSEWHERE,
+     .arg = "FILE",
+     F(token),
+     .parse = parse_token_file,
+     .env = "KVPOOL_TOKEN",
+     .help = "our principal's token, read from FILE (never a flag: ps would show it; the "
+             "variable holds the token itself); sent over TLS only"},
+};
+#undef F
+
+/* The global options of the kvpool command alone (before the command; no config key):
+ * acted on by parse_globals. */
+static const kvp_opt_t cli_rows[] = {
+    KVP_OPT_GROUP("The kvpool command alone",
+                  "before the command only: not after `serve` nor in its config file"),
+    {.name = "progress",
+     .type = KVP_OPT_ACTION,
+     .help = "progress on stderr (a bar on a terminal, else a line every 2 s) always; "
+             "default: for long work only (drain, removing many keys, objects of 32 MiB or "
+             "more)"},
+    {.name = "no-progress", .type = KVP_OPT_ACTION, .help = "no progress on stderr"},
+    {.name = "help", .short_flag = 'h', .type = KVP_OPT_ACTION, .help = "this text"},
+    {.name = "version", .type = KVP_OPT_ACTION, .help = "the version"},
+    {.name = "env-markdown",
+     .type = KVP_OPT_ACTION,
+     .flags = KVP_OPT_F_HIDDEN,
+     .help = "the library's environment as Markdown tables (docs/options.md)"},
+    {.name = "options-markdown",
+     .type = KVP_OPT_ACTION,
+     .flags = KVP_OPT_F_HIDDEN,
+     .help = "these options as Markdown tables (docs/options.md)"},
+};
+
+_Static_assert(KVP_ARRAY_SIZE(global_rows) <= 32, "kvp_cli_t.given has a bit per row");
+
+kvp_opts_t kvp_cli_global_opts(kvp_cli_t *cli)
+{
+    return (kvp_opts_t){.rows = global_rows, .count = KVP_ARRAY_SIZE(global_rows), .base = cli};
+}
+
+static kvp_opts_t cli_opts(void)
+{
+    return (kvp_opts_t){.rows = cli_rows, .count = KVP_ARRAY_SIZE(cli_rows), .base = NULL};
+}
 
 /* The commands: name, group (the file that holds it), usage line, handler. */
 static const kvp_cli_command_t commands[] = {
@@ -106,58 +236,25 @@ static const kvp_cli_command_t commands[] = {
 
 void kvp_cli_usage(FILE *out)
 {
-    fputs(global_usage, out);
+    fputs(usage_head, out);
+    kvp_opts_t globals = kvp_cli_global_opts(NULL), own = cli_opts();
+    kvp_opts_usage(&globals, 28, out);
+    kvp_opts_usage(&own, 28, out);
+    fputs("\nexit status: 0 success, 1 failure, 2 usage error\n", out);
 }
 
-int kvp_cli_global_option(kvp_cli_t *cli, const kvp_cli_command_t *cmd, int opt, const char *arg)
+int kvp_cli_global_set(kvp_cli_t *cli, const kvp_cli_command_t *cmd, const kvp_opt_t *row,
+                       const char *arg)
 {
-    uint64_t v;
-    switch (opt) {
-    case KVP_CLI_OPT_MASTER:
-        cli->master = arg;
-        break;
-    case KVP_CLI_OPT_TRANSPORT:
-        if (strcmp(arg, "auto") != 0 && strcmp(arg, "tcp") != 0 && strcmp(arg, "shm") != 0 &&
-            strcmp(arg, "rdma") != 0)
-            return kvp_cli_usage_error(cmd, "--transport must be auto, tcp, shm or rdma, got '%s'",
-                                       arg);
-        cli->transport = arg;
-        break;
-    case KVP_CLI_OPT_RDMA_DEVICE:
-        cli->rdma_devices = arg;
-        break;
-    case KVP_CLI_OPT_RDMA_HOST:
-        cli->rdma_host = arg;
-        break;
-    case KVP_CLI_OPT_TIMEOUT:
-        if (!kvp_cli_parse_uint(arg, UINT32_MAX, &v) || v == 0)
-            return kvp_cli_usage_error(cmd, "--timeout-ms needs milliseconds >= 1, got '%s'", arg);
-        cli->timeout_ms = (uint32_t)v;
-        break;
-    case KVP_CLI_OPT_TLS_CERT:
-        cli->tls_cert = arg;
-        break;
-    case KVP_CLI_OPT_TLS_KEY:
-        cli->tls_key = arg;
-        break;
-    case KVP_CLI_OPT_TLS_CA:
-        cli->tls_ca = arg;
-        break;
-    case KVP_CLI_OPT_TOKEN_FILE:
-        cli->token = kvp_cli_read_token(arg);
-        if (cli->token == NULL)
-            return kvp_cli_usage_error(cmd, "--token-file %s: cannot read a token from it", arg);
-        break;
-    case KVP_CLI_OPT_PROGRESS:
-        cli->progress = KVP_CLI_PROGRESS_ALWAYS;
-        break;
-    case KVP_CLI_OPT_NO_PROGRESS:
-        cli->progress = KVP_CLI_PROGRESS_NEVER;
-        break;
-    default:
-        return KVP_CLI_USAGE; /* not a global option: never asked */
-    }
+    char err[4352]; /* a path of PATH_MAX bytes and a sentence */
+    if (kvp_opt_set(row, cli, arg, err, sizeof(err)) != KVP_OK)
+        return kvp_cli_usage_error(cmd, "%s", err);
     return -1;
+}
+
+bool kvp_cli_global_given(const kvp_cli_t *cli, const kvp_opt_t *row)
+{
+    return (cli->given & (1u << (row - global_rows))) != 0;
 }
 
 int kvp_cli_check_master(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, const char *from)
@@ -172,9 +269,7 @@ int kvp_cli_check_master(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, con
     return -1;
 }
 
-/* Hidden global option: the library's environment as Markdown (docs/options.md). */
-enum { CLI_OPT_ENV_MARKDOWN = 0x200 };
-
+/* kvpool --env-markdown: the library's environment as Markdown (docs/options.md). */
 static int env_markdown(void)
 {
     kvp_opts_t t = kvp_client_env_table(NULL);
@@ -187,41 +282,69 @@ static int env_markdown(void)
     return KVP_CLI_OK;
 }
 
+/* kvpool --options-markdown: the global options as Markdown (docs/options.md). */
+static int options_markdown(void)
+{
+    kvp_opts_t globals = kvp_cli_global_opts(NULL), own = cli_opts();
+    printf("## Global options (every command, `kvpool serve` included)\n\nGenerated by "
+           "`kvpool --options-markdown` from the option tables (client/tools/cli/main.c). "
+           "Every command takes these before its name. `kvpool serve` also takes those with a "
+           "config key after `serve` and as keys of the file that `--config FILE` reads; the "
+           "same option given before `serve` wins over both. An environment variable named "
+           "here is read when the flag is not given (see Client environment; "
+           "`KVPOOL_TOKEN` holds the token itself). The kvpool command logs the library's "
+           "warnings on stderr (`KVPOOL_LOG_LEVEL` overrides).\n\n");
+    kvp_opts_markdown(&globals, stdout);
+    putchar('\n');
+    kvp_opts_markdown(&own, stdout);
+    return KVP_CLI_OK;
+}
+
+/* One of cli_rows: -1, or the exit code when the process must stop now. */
+static int global_action(kvp_cli_t *cli, const kvp_opt_t *row, int argc, char **argv)
+{
+    if (strcmp(row->name, "progress") == 0) {
+        cli->progress = KVP_CLI_PROGRESS_ALWAYS;
+        return -1;
+    }
+    if (strcmp(row->name, "no-progress") == 0) {
+        cli->progress = KVP_CLI_PROGRESS_NEVER;
+        return -1;
+    }
+    if (strcmp(row->name, "version") == 0) {
+        printf("kvpool " KVP_CLI_VERSION "\n");
+        return KVP_CLI_OK;
+    }
+    if (strcmp(row->name, "env-markdown") == 0)
+        return env_markdown();
+    if (strcmp(row->name, "options-markdown") == 0)
+        return options_markdown();
+    return kvp_cli_option_other(NULL, 'h', argc, argv); /* help */
+}
+
 /* The global options before the command into *cli, the master's default filled in and
  * checked; -1, or the exit code when the process must stop now (--help, --version, a
  * usage error). */
 static int parse_globals(kvp_cli_t *cli, int argc, char **argv)
 {
-    static const struct option opts[] = {
-        KVP_CLI_GLOBAL_OPTIONS,
-        {"progress", no_argument, NULL, KVP_CLI_OPT_PROGRESS},
-        {"no-progress", no_argument, NULL, KVP_CLI_OPT_NO_PROGRESS},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, KVP_CLI_OPT_VERSION},
-        {"env-markdown", no_argument, NULL, CLI_OPT_ENV_MARKDOWN}, /* hidden */
-        {NULL, 0, NULL, 0},
-    };
+    const kvp_opts_t sets[] = {kvp_cli_global_opts(cli), cli_opts()};
+    struct option opts[32];
+    char shortopts[16];
+    if (kvp_opts_getopt(sets, KVP_ARRAY_SIZE(sets), NULL, opts, KVP_ARRAY_SIZE(opts),
+                        "+:", shortopts, sizeof(shortopts)) == 0)
+        return kvp_cli_fail("too many options", "the global option table");
     const char *master_from = "--master";
     int opt;
-    while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
-        switch (opt) {
-        case KVP_CLI_OPT_VERSION:
-            printf("kvpool " KVP_CLI_VERSION "\n");
-            return KVP_CLI_OK;
-        case CLI_OPT_ENV_MARKDOWN:
-            return env_markdown();
-        case 'h':
-        case '?':
-        case ':':
-            return kvp_cli_option_other(NULL, opt, argc, argv);
-        default: {
-            int rc = kvp_cli_global_option(cli, NULL, opt, optarg);
-            if (rc >= 0)
-                return rc;
-            cli->given |= 1u << (opt - KVP_CLI_OPT_MASTER);
-            break;
-        }
-        }
+    while ((opt = getopt_long(argc, argv, shortopts, opts, NULL)) != -1) {
+        size_t set = 0;
+        const kvp_opt_t *row = kvp_opts_lookup(sets, KVP_ARRAY_SIZE(sets), opt, &set);
+        int rc = row == NULL ? kvp_cli_option_other(NULL, opt, argc, argv) /* '?', ':' */
+                 : set == 1  ? global_action(cli, row, argc, argv)
+                             : kvp_cli_global_set(cli, NULL, row, optarg);
+        if (rc >= 0)
+            return rc;
+        if (set == 0)
+            cli->given |= 1u << (row - global_rows);
     }
     if (cli->master == NULL) {
         kvp_client_env_t env; /* the library's reading of KVPOOL_MASTER (client/env.c) */

@@ -222,12 +222,12 @@ static int serve_action(const kvp_cli_command_t *cmd, const char *name)
  * -1, or the usage error's exit code. */
 static int serve_option(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_t *cmd, int opt)
 {
-    kvp_opts_t opts = serve_opts(s);
-    size_t set;
-    const kvp_opt_t *o = kvp_opts_lookup(&opts, 1, opt, &set);
-    if (o != NULL && o->type == KVP_OPT_ACTION)
+    const kvp_opts_t sets[] = {serve_opts(s), kvp_cli_global_opts(&s->cli)};
+    size_t set = 0;
+    const kvp_opt_t *o = kvp_opts_lookup(sets, KVP_ARRAY_SIZE(sets), opt, &set);
+    if (o != NULL && set == 0 && o->type == KVP_OPT_ACTION)
         return serve_action(cmd, o->name);
-    if (o != NULL) {
+    if (o != NULL && set == 0) {
         char err[300];
         if (kvp_opt_set(o, s, optarg, err, sizeof(err)) != KVP_OK)
             return kvp_cli_usage_error(cmd, "%s", err);
@@ -235,11 +235,13 @@ static int serve_option(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command
             s->dram_given = true;
         return -1;
     }
+    if (o == NULL)
+        return KVP_CLI_USAGE; /* none of the tables': never asked */
     /* a global option in the config file (or after `serve`): the command line's own,
      * given before `serve`, wins */
-    if (gcli->given & (1u << (opt - KVP_CLI_OPT_MASTER)))
+    if (kvp_cli_global_given(gcli, o))
         return -1;
-    return kvp_cli_global_option(&s->cli, cmd, opt, optarg);
+    return kvp_cli_global_set(&s->cli, cmd, o, optarg);
 }
 
 /* serve's argv (config file expanded) into *s, every input checked; -1, or the exit code
@@ -412,15 +414,11 @@ static int serve_run(const kvp_cli_t *gcli, const kvp_cli_command_t *cmd, const 
 int kvp_cli_serve(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, char **argv)
 {
     /* every flag is also a config file key (common/conf.h), global ones included */
-    static const struct option globals[] = {
-        KVP_CLI_GLOBAL_OPTIONS,
-        {NULL, 0, NULL, 0},
-    };
+    const kvp_opts_t sets[] = {serve_opts(NULL), kvp_cli_global_opts(NULL)};
     struct option opts[64];
     char shortopts[16];
-    kvp_opts_t so = serve_opts(NULL);
-    if (kvp_opts_getopt(&so, 1, globals, opts, KVP_ARRAY_SIZE(opts), "+:", shortopts,
-                        sizeof(shortopts)) == 0)
+    if (kvp_opts_getopt(sets, KVP_ARRAY_SIZE(sets), NULL, opts, KVP_ARRAY_SIZE(opts),
+                        "+:", shortopts, sizeof(shortopts)) == 0)
         return kvp_cli_fail("too many options", "serve's option table");
     int cargc;
     char **cargv;
