@@ -109,8 +109,8 @@ static const kvp_etcd_security_t *etcd_security(const kvp_master_config_t *cfg,
 
 /* HA: campaign for leadership through etcd as the address clients reach us at; -1, or the
  * exit code (reported) when the master cannot. */
-static int master_elect(kvp_master_server_t *srv, const kvp_master_config_t *cfg,
-                        const char *host, uint16_t bound)
+static int master_elect(kvp_master_server_t *srv, const kvp_master_config_t *cfg, const char *host,
+                        uint16_t bound)
 {
     char self[300];
     snprintf(self, sizeof(self), "%s:%u", host, bound);

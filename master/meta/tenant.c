@@ -15,8 +15,8 @@
  * or "default" when it has none (kvp_tenant_prefix_len). An object carries its tenant's id
  * (obj->tenant, 16 bits that were padding), from which the charges are kept here: bytes per tier
  * and objects (master/core/state.c, kvp_state_charge), checked against the quotas of the tenant's
- * [tenant NAME] section when a put starts (rpc/object_calls.c) and used by eviction to take from tenants
- * over their share first (policy/eviction.c).
+ * [tenant NAME] section when a put starts (rpc/object_calls.c) and used by eviction to take from
+ * tenants over their share first (policy/eviction.c).
  *
  * Ids are given in order of first sight and never reused while the master
  * runs (the ACL may be reloaded: quotas change, ids and charges stay).

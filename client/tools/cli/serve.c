@@ -5,14 +5,14 @@
  *
  * Design: serve's options are the rows of serve_rows (common/options.h: name, type,
  * default, field of serve_t, help), from which its getopt entries, --help and
- * --options-markdown come. The flags may come from an INI file too (--config, common/conf.h): the file is
- * expanded into argv first, and a global option in it (or after `serve`) yields to the
- * same option given before `serve`. The steps: parse and check every input; block SIGINT
- * and SIGTERM before kvp_client_create, so every library thread inherits the mask and
- * only the main thread takes them, in sigtimedwait(); create the client (which mounts
- * the segments) and the HTTP server; announce (stdout, then one write to --ready-fd);
- * wait for a signal, or for the segment to be drained on request (kvpool drain), which
- * ends serve at once; drain; stop HTTP, then destroy the client, which unmounts.
+ * --options-markdown come. The flags may come from an INI file too (--config, common/conf.h): the
+ * file is expanded into argv first, and a global option in it (or after `serve`) yields to the same
+ * option given before `serve`. The steps: parse and check every input; block SIGINT and SIGTERM
+ * before kvp_client_create, so every library thread inherits the mask and only the main thread
+ * takes them, in sigtimedwait(); create the client (which mounts the segments) and the HTTP server;
+ * announce (stdout, then one write to --ready-fd); wait for a signal, or for the segment to be
+ * drained on request (kvpool drain), which ends serve at once; drain; stop HTTP, then destroy the
+ * client, which unmounts.
  *
  * Thread: the main thread runs every step; serve_http_handler runs on libmicrohttpd's
  * threads and reads only the client (its metrics snapshot) and the atomic `leaving`; HTTP
@@ -107,8 +107,7 @@ static kvp_status_t parse_rdma_windows(const kvp_opt_t *opt, const char *value, 
                                        char *err, size_t err_len)
 {
     (void)field;
-    if (strcmp(value, "on") != 0 && strcmp(value, "unbounded") != 0 &&
-        strcmp(value, "off") != 0) {
+    if (strcmp(value, "on") != 0 && strcmp(value, "unbounded") != 0 && strcmp(value, "off") != 0) {
         snprintf(err, err_len, "--%s must be on, unbounded or off, got '%s'", opt->name, value);
         return KVP_ERR_INVALID_ARG;
     }
@@ -126,66 +125,131 @@ static const char *const auth_choices[] = {"protected", "none", NULL};
  * be given after `serve` and in its config file too. */
 static const kvp_opt_t serve_rows[] = {
     KVP_OPT_GROUP("Segments", NULL),
-    {.name = "segment-size", .type = KVP_OPT_SIZE, F(params.segment_size),
+    {.name = "segment-size",
+     .type = KVP_OPT_SIZE,
+     F(params.segment_size),
      .help = "mount a DRAM segment of SIZE (64MiB, 1g, 4096...) and serve it until SIGINT or "
              "SIGTERM, then drain it; needed unless --ssd-path is given (0: no DRAM "
              "segment)"},
-    {.name = "data-host", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "HOST",
-     F(params.data_host), .def_doc = "the address that routes to the master",
+    {.name = "data-host",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "HOST",
+     F(params.data_host),
+     .def_doc = "the address that routes to the master",
      .help = "the address the data servers bind and advertise"},
-    {.name = "data-port", .type = KVP_OPT_UINT, .arg = "PORT", F(params.data_port),
-     .max = UINT16_MAX, .need = "a port 0..65535", .def = "0",
+    {.name = "data-port",
+     .type = KVP_OPT_UINT,
+     .arg = "PORT",
+     F(params.data_port),
+     .max = UINT16_MAX,
+     .need = "a port 0..65535",
+     .def = "0",
      .help = "the data server's port (0: any free port)"},
-    {.name = "name", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "NAME",
-     F(params.segment_name), .def_doc = "generated", .help = "the segment's name"},
-    {.name = "segment-file", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "PATH",
+    {.name = "name",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "NAME",
+     F(params.segment_name),
+     .def_doc = "generated",
+     .help = "the segment's name"},
+    {.name = "segment-file",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "PATH",
      F(params.segment_file),
      .help = "the DRAM segment is SIZE bytes of the file PATH from --segment-file-offset "
              "(page-aligned), mapped shared (tmpfs, hugetlbfs); the file must be mode 0600"},
-    {.name = "segment-file-offset", .type = KVP_OPT_SIZE, F(params.segment_file_offset),
-     .def = "0", .need = "a size such as 4KiB", .help = "where in --segment-file the segment starts"},
-    {.name = "ssd-path", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR, .arg = "PATH",
+    {.name = "segment-file-offset",
+     .type = KVP_OPT_SIZE,
+     F(params.segment_file_offset),
+     .def = "0",
+     .need = "a size such as 4KiB",
+     .help = "where in --segment-file the segment starts"},
+    {.name = "ssd-path",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "PATH",
      F(params.ssd_path),
      .help = "also an SSD segment, the file PATH (created and preallocated; mounted again, its "
              "objects come back)"},
-    {.name = "ssd-size", .type = KVP_OPT_SIZE, F(params.ssd_size), .min = 1u << 20,
-     .need = "a size of at least 1MiB", .help = "the SSD segment's size (with --ssd-path)"},
-    {.name = "ssd-buffered-io", .type = KVP_OPT_SET_TRUE, .def = "off", F(params.ssd_buffered_io),
+    {.name = "ssd-size",
+     .type = KVP_OPT_SIZE,
+     F(params.ssd_size),
+     .min = 1u << 20,
+     .need = "a size of at least 1MiB",
+     .help = "the SSD segment's size (with --ssd-path)"},
+    {.name = "ssd-buffered-io",
+     .type = KVP_OPT_SET_TRUE,
+     .def = "off",
+     F(params.ssd_buffered_io),
      .help = "accept a filesystem without O_DIRECT (the page cache)"},
-    {.name = "tenant", .type = KVP_OPT_STRING, .flags = KVP_OPT_F_PTR | KVP_OPT_F_NONEMPTY,
-     .arg = "T", F(params.segment_tenant), .max = 63, .need = "a tenant's name of 1..63 bytes",
+    {.name = "tenant",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR | KVP_OPT_F_NONEMPTY,
+     .arg = "T",
+     F(params.segment_tenant),
+     .max = 63,
+     .need = "a tenant's name of 1..63 bytes",
      .help = "dedicate the segments to tenant T (the ACL's): only its objects go there, and "
              "its go there first"},
 
     KVP_OPT_GROUP("Process", NULL),
-    {.name = "ready-fd", .type = KVP_OPT_INT, .arg = "N", F(ready_fd), .def = "-1",
-     .def_doc = "none", .max = INT_MAX, .need = "a file descriptor",
+    {.name = "ready-fd",
+     .type = KVP_OPT_INT,
+     .arg = "N",
+     F(ready_fd),
+     .def = "-1",
+     .def_doc = "none",
+     .max = INT_MAX,
+     .need = "a file descriptor",
      .help = "when serving, write the segment's name (then \"http HOST:PORT\" with "
              "--http-listen) to fd N and close it"},
-    {.name = "drain-timeout", .type = KVP_OPT_SECONDS_F, F(drain_s), .def = "30", .max = 86400,
+    {.name = "drain-timeout",
+     .type = KVP_OPT_SECONDS_F,
+     F(drain_s),
+     .def = "30",
+     .max = 86400,
      .need = "seconds (0..86400)",
      .help = "on SIGINT or SIGTERM, move the segment's objects to other segments for at most "
              "this long before unmounting (0: no drain)"},
-    {.name = "http-listen", .type = KVP_OPT_HOSTPORT, .flags = KVP_OPT_F_PTR, F(http_listen),
-     .def_doc = "none", .need = "HOST:PORT (port 0: any)",
+    {.name = "http-listen",
+     .type = KVP_OPT_HOSTPORT,
+     .flags = KVP_OPT_F_PTR,
+     F(http_listen),
+     .def_doc = "none",
+     .need = "HOST:PORT (port 0: any)",
      .help = "serve /metrics (Prometheus) and /health (200 while the segment is mounted, else "
              "503)"},
-    {.name = "config", .type = KVP_OPT_ACTION, .arg = "FILE",
+    {.name = "config",
+     .type = KVP_OPT_ACTION,
+     .arg = "FILE",
      .help = "an INI file whose keys are these flags and the global ones without dashes "
              "([serve] section and keys before any section); flags on the command line "
              "override it"},
     {.name = "help", .short_flag = 'h', .type = KVP_OPT_ACTION, .help = "this text"},
-    {.name = "options-markdown", .type = KVP_OPT_ACTION, .flags = KVP_OPT_F_HIDDEN,
+    {.name = "options-markdown",
+     .type = KVP_OPT_ACTION,
+     .flags = KVP_OPT_F_HIDDEN,
      .help = "these options as Markdown tables (docs/options.md)"},
 
     KVP_OPT_GROUP("Security", NULL),
-    {.name = "auth", .type = KVP_OPT_ENUM, .flags = KVP_OPT_F_PTR, F(params.auth),
-     .choices = auth_choices, .def_doc = "protected", .env = "KVPOOL_AUTH",
+    {.name = "auth",
+     .type = KVP_OPT_ENUM,
+     .flags = KVP_OPT_F_PTR,
+     F(params.auth),
+     .choices = auth_choices,
+     .def_doc = "protected",
+     .env = "KVPOOL_AUTH",
      .need = "protected or none",
      .help = "protected: the data servers take peers of this host only; none: anyone who "
              "reaches the port (a trusted network)"},
-    {.name = "rdma-windows", .type = KVP_OPT_CUSTOM, .arg = "on|unbounded|off",
-     .parse = parse_rdma_windows, .def_doc = "off", .env = "KVPOOL_RDMA_WINDOWS",
+    {.name = "rdma-windows",
+     .type = KVP_OPT_CUSTOM,
+     .arg = "on|unbounded|off",
+     .parse = parse_rdma_windows,
+     .def_doc = "off",
+     .env = "KVPOOL_RDMA_WINDOWS",
      .help = "rdma peers reach the segment only through a memory window per granted extent, "
              "bound on their queue pair (data grants on; the variable's value for on is 1); "
              "refused on a device that does not keep an access inside its window (Soft-RoCE) "
