@@ -67,6 +67,7 @@ static void *field(kvp_reply_t *r, const char *name, ProtobufCType type, size_t 
     const ProtobufCFieldDescriptor *f =
         protobuf_c_message_descriptor_get_field_by_name(r->resp->descriptor, name);
     assert(f != NULL && f->type == type);
+    (void)type; /* only asserted */
     if (count_p != NULL)
         *count_p = (size_t *)((char *)r->resp + f->quantifier_offset);
     return (char *)r->resp + f->offset;
