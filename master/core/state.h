@@ -72,6 +72,11 @@ typedef struct kvp_master_stats {
     uint64_t refused_key;         /* a key outside its patterns */
     uint64_t refused_http_unauth; /* an HTTP view without an admin's bearer token */
     uint64_t refused_http_role;   /* ... with a token of a principal that is no admin */
+    /* claims on another principal's segment (rpc/segment_calls.c, record_calls.c;
+     * kvpool_segment_claims_refused_total by reason) */
+    uint64_t refused_seg_record;   /* SegRecord of a segment another principal mounted */
+    uint64_t refused_seg_endpoint; /* a mount advertising another principal's data endpoint */
+    uint64_t refused_seg_held;     /* a mount of a name held (limbo) for another principal */
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

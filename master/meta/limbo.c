@@ -14,6 +14,14 @@
  * back through the same checks as an offered one (rpc/record_calls.c, ha/rebuild.c) and
  * streamed to the owner's record.
  *
+ * Those three names are no secret (Stat and Heartbeat answers carry them, or carried them
+ * before a principal was checked): with an ACL, the limbo also keeps who mounted the
+ * segment (its principal, that principal's tenant, the tenant the segment was dedicated
+ * to), and only a mount by the same principal, tenant and dedication takes the objects
+ * back. Another principal's mount of that name, or of one of the data endpoints the
+ * segment advertised, is refused while the limbo lasts (rpc/segment_calls.c), so it can
+ * neither take them, nor make the master forget them, nor squat where the owner comes back.
+ *
  * Thread: master loop only.
  */
 #include "master/meta/limbo.h"
@@ -22,16 +30,21 @@
 #include <string.h>
 
 kvp_limbo_t *kvp_limbo_new(const char *name, const char *host_id, const char *shm_path,
-                           uint64_t until_ms)
+                           const char *tcp_endpoint, const char *rdma_endpoint,
+                           const kvp_limbo_owner_t *owner, uint64_t until_ms)
 {
     kvp_limbo_t *l = calloc(1, sizeof(*l));
     if (l == NULL)
         return NULL;
+    l->owner = *owner;
     l->name = strdup(name);
     l->host_id = strdup(host_id);
     l->shm_path = strdup(shm_path);
+    l->tcp_endpoint = strdup(tcp_endpoint);
+    l->rdma_endpoint = strdup(rdma_endpoint);
     l->until_ms = until_ms;
-    if (l->name == NULL || l->host_id == NULL || l->shm_path == NULL) {
+    if (l->name == NULL || l->host_id == NULL || l->shm_path == NULL || l->tcp_endpoint == NULL ||
+        l->rdma_endpoint == NULL) {
         kvp_limbo_free(l);
         return NULL;
     }
@@ -64,10 +77,19 @@ bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t ver
     return true;
 }
 
-bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id, const char *shm_path)
+bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id, const char *shm_path,
+                  const kvp_limbo_owner_t *owner)
 {
     return strcmp(l->name, name) == 0 && strcmp(l->host_id, host_id) == 0 &&
-           strcmp(l->shm_path, shm_path) == 0 && shm_path[0] != '\0';
+           strcmp(l->shm_path, shm_path) == 0 && shm_path[0] != '\0' &&
+           l->owner.tag == owner->tag && l->owner.tenant == owner->tenant &&
+           l->owner.dedicated == owner->dedicated &&
+           (!owner->dedicated || l->owner.dedicated_to == owner->dedicated_to);
+}
+
+bool kvp_limbo_held_by(const kvp_limbo_t *l, uint64_t tag)
+{
+    return l->owner.tag == tag;
 }
 
 void kvp_limbo_free(kvp_limbo_t *l)
@@ -80,5 +102,7 @@ void kvp_limbo_free(kvp_limbo_t *l)
     free(l->name);
     free(l->host_id);
     free(l->shm_path);
+    free(l->tcp_endpoint);
+    free(l->rdma_endpoint);
     free(l);
 }

@@ -29,6 +29,11 @@ typedef struct kvp_segment {
     uint32_t rdma_rkey;
     bool rdma_windows; /* served through memory windows only (its owner said so at mount) */
     uint64_t size;
+    /* with an ACL, the principal that mounted it (its tag, master/auth/acl.h) and that
+     * principal's tenant: only it may subscribe to its record, take back what it held
+     * when dropped (meta/limbo.c), or see its owner's client id; 0: no ACL */
+    uint64_t owner_tag;
+    uint16_t owner_tenant;
     uint64_t owner_client_id;
     uint64_t owner_conn_id;  /* connection that mounted it; its close unmounts it */
     uint64_t objects;        /* replicas stored here */

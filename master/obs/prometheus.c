@@ -334,6 +334,23 @@ static void kv_events(kvp_http_reply_t *r, const kvp_master_view_t *v)
                     es.refused_curve, es.refused_key, es.refused_topic);
 }
 
+/* Claims on segments another principal mounted, refused (rpc/segment_calls.c,
+ * record_calls.c). */
+static void segment_claims(kvp_http_reply_t *r, const kvp_master_state_t *st)
+{
+    const kvp_master_stats_t *s = &st->stats;
+    head(r, "kvpool_segment_claims_refused_total", "counter",
+         "Requests refused for acting on a segment another principal mounted, by reason "
+         "(record: SegRecord of its record; endpoint: a mount advertising a data endpoint "
+         "its segment advertises; held: a mount of its name while the master holds what it "
+         "held for --segment-grace).");
+    kvp_http_printf(r,
+                    "kvpool_segment_claims_refused_total{reason=\"record\"} %" PRIu64 "\n"
+                    "kvpool_segment_claims_refused_total{reason=\"endpoint\"} %" PRIu64 "\n"
+                    "kvpool_segment_claims_refused_total{reason=\"held\"} %" PRIu64 "\n",
+                    s->refused_seg_record, s->refused_seg_endpoint, s->refused_seg_held);
+}
+
 void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st,
                                const kvp_master_view_t *v)
 {
@@ -344,4 +361,5 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     tenants(r, st);
     ha(r, st, v);
     kv_events(r, v);
+    segment_claims(r, st);
 }

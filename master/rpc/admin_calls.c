@@ -44,6 +44,25 @@ kvp_status_t kvp_handle_auth(kvp_call_t *call, ProtobufCMessage *req_msg)
     return KVP_ERR_UNSUPPORTED; /* no --acl-file: this master takes no token */
 }
 
+/*
+ * A Stat segment as the caller may have it: with an ACL, a principal that neither is an
+ * admin nor mounted the segment gets what `kvpool stat` shows (name, medium, endpoint,
+ * size, use, draining), not what only serves to reach or impersonate its owner: the
+ * owner's client id, host id, shared-memory name and rdma address.
+ */
+static void stat_desc_for_caller(const kvp_call_t *call, const kvp_segment_t *seg,
+                                 Kvpool__SegmentDesc *d)
+{
+    kvp_seg_desc_for_caller(call, seg, d);
+    if (kvp_call_owns_segment(call, seg, true))
+        return;
+    d->host_id = "";
+    d->shm_path = "";
+    d->rdma_endpoint = "";
+    d->rdma_addr = 0;
+    d->rdma_rkey = 0;
+}
+
 kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     (void)req_msg; /* Stat takes no arguments: its body is ignored */
@@ -65,6 +84,7 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
             continue;
         kvpool__segment_stat__init(&ss[k]);
         kvp_seg_desc_fill(&ds[k], seg);
+        stat_desc_for_caller(call, seg, &ds[k]);
         ss[k].desc = &ds[k];
         ss[k].used = kvp_segment_used(seg);
         ss[k].objects = seg->objects;

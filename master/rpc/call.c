@@ -57,6 +57,19 @@ void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg)
     d->draining = seg->draining;
 }
 
+bool kvp_call_owns_segment(const kvp_call_t *call, const kvp_segment_t *seg, bool admin)
+{
+    const kvp_principal_t *who = call->who;
+    return who == NULL || (admin && (who->roles & KVP_ROLE_ADMIN)) || who->tag == seg->owner_tag;
+}
+
+void kvp_seg_desc_for_caller(const kvp_call_t *call, const kvp_segment_t *seg,
+                             Kvpool__SegmentDesc *d)
+{
+    if (!kvp_call_owns_segment(call, seg, true))
+        d->owner_client_id = 0;
+}
+
 /* An extent put in a grant set, with its descriptor's index. */
 struct kvp_set_ext {
     size_t desc;
@@ -172,6 +185,11 @@ static bool may_hold(const kvp_master_state_t *st, const kvp_principal_t *who,
 bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
 {
     kvp_master_state_t *st = call->st;
+    for (size_t i = 0; i < s->n; i++) {
+        const kvp_segment_t *seg = kvp_segment_table_get(&st->segments, s->descs[i].id);
+        if (seg != NULL)
+            kvp_seg_desc_for_caller(call, seg, &s->descs[i]);
+    }
     if (!st->grants_on || call->who == NULL || s->n == 0)
         return true;
     if (s->n_pend > 0 && !seal_sets(call, s))

@@ -86,11 +86,21 @@ typedef struct kvp_seg_set {
 } kvp_seg_set_t;
 
 void kvp_seg_desc_fill(Kvpool__SegmentDesc *d, const kvp_segment_t *seg);
+/* Is the caller seg's owner, for what only the owner may see or do: without an ACL anyone
+ * (there are no principals); with one the principal that mounted it, or an admin when
+ * admin is true. */
+bool kvp_call_owns_segment(const kvp_call_t *call, const kvp_segment_t *seg, bool admin);
+/* d, filled from seg, as the caller may have it: its owner's client id (which names the
+ * owner in SegRecord) only for seg's owner or an admin; the rest as every answer that
+ * hands descriptors out has it (a client compares them field by field, segment_calls.c). */
+void kvp_seg_desc_for_caller(const kvp_call_t *call, const kvp_segment_t *seg,
+                             Kvpool__SegmentDesc *d);
 /* Add seg's descriptor unless there (*index_p, when not NULL: its position). */
 bool kvp_seg_set_add(kvp_seg_set_t *s, const kvp_segment_t *seg, size_t *index_p);
 bool kvp_seg_set_finish(kvp_seg_set_t *s);
-/* Data grants on: give each descriptor the caller's connection key and tag for it, a MAP
- * grant where the caller may be handed the segment's memory, and its grant set when
+/* Each descriptor as the caller may have it (kvp_seg_desc_for_caller); then, data grants
+ * on: give each descriptor the caller's connection key and tag for it, a MAP grant where
+ * the caller may be handed the segment's memory, and its grant set when
  * kvp_call_add_replicas put extents in one (an answer that hands out grants, after
  * kvp_seg_set_finish). false: out of memory. */
 bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s);

@@ -12,8 +12,13 @@
  * them (server.c, push_records), each batch written before the replies of
  * the requests that caused it.
  *
- * Only the connection that mounted a segment may offer for it; only its
- * owning client may subscribe.
+ * Only the connection that mounted a segment may offer for it. Its record stream is on
+ * another connection of the same client (the owner dials it, as after each remount,
+ * control/record_sync.c), so the connection cannot be the proof there: a subscription
+ * must come from the principal that mounted the segment (with an ACL) and name the
+ * owning client's id, which the master hands to no other principal but an admin
+ * (call.c, kvp_seg_desc_for_caller). Another principal is refused (KVP_ERR_NOT_OWNER,
+ * counted and logged) and the owner's stream stays where it is.
  *
  * Thread: master loop only.
  */
@@ -148,6 +153,15 @@ kvp_status_t kvp_handle_seg_record(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_reply_t r;
     kvp_reply_init(&r, call, &resp.base, 0);
     kvp_segment_t *seg = kvp_segment_table_get(&st->segments, req->segment_id);
+    if (seg != NULL && !kvp_call_owns_segment(call, seg, false)) {
+        /* not even an admin: the stream is the owner's, and moving it cuts the owner off
+         * from its put ends */
+        st->stats.refused_seg_record++;
+        KVP_LOG_WARN_LIMITED("connection %llu: SegRecord of segment %s refused: principal %s "
+                             "did not mount it",
+                             (unsigned long long)call->conn_id, seg->name, call->who->name);
+        return kvp_reply_fail(&r, KVP_ERR_NOT_OWNER, NULL);
+    }
     if (seg == NULL || seg->owner_client_id != req->client_id)
         return kvp_reply_fail(&r, KVP_ERR_SEGMENT_GONE, NULL);
     /* an SSD segment (its file is its record), or --segment-records off */

@@ -10,10 +10,18 @@
  * the segments it believes mounted; the answer says whether it must
  * remount and which of its segments to drain.
  *
+ * Authority follows the principal (with an ACL): a mount may not advertise a data endpoint
+ * (tcp, rdma, shm) that a live segment of another principal advertises, nor take a name
+ * the master holds for another principal (what its segment held when it was dropped,
+ * meta/limbo.c); a Heartbeat hands a principal only the descriptors it can use, and the
+ * owner's client id only to the owner (call.c).
+ *
  * Thread: master loop only.
  */
 #include "master/rpc/segment_calls.h"
 
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,6 +108,8 @@ static kvp_segment_t *segment_new(const kvp_call_t *call, const Kvpool__MountReq
     seg->size = d->size;
     seg->owner_client_id = req->client_id;
     seg->owner_conn_id = call->conn_id;
+    seg->owner_tag = call->who != NULL ? call->who->tag : 0;
+    seg->owner_tenant = call->who != NULL ? call->who->tenant_id : 0;
     if (!seg->name || !seg->medium || !seg->host_id || !seg->tcp_endpoint || !seg->shm_path ||
         !seg->rdma_endpoint) {
         kvp_segment_destroy(seg);
@@ -151,6 +161,143 @@ static void warn_loopback(const kvp_master_state_t *st, const kvp_segment_t *seg
     }
 }
 
+/* An advertised host, as the master can compare it without asking anyone: IP literals
+ * written one way (inet_aton's forms for IPv4, an IPv4-mapped IPv6 as its IPv4); every
+ * loopback or wildcard address and "localhost" as one; other names by their spelling,
+ * case and a final dot aside. */
+static void host_canon(const char *host, char *out, size_t out_len)
+{
+    struct in_addr a4;
+    struct in6_addr a6;
+    char h[256];
+    snprintf(h, sizeof(h), "%s", host);
+    size_t n = strlen(h);
+    if (n > 1 && h[n - 1] == '.')
+        h[n - 1] = '\0';
+    for (char *p = h; *p; p++)
+        *p = (char)tolower((unsigned char)*p);
+    if (inet_aton(h, &a4) != 0)
+        inet_ntop(AF_INET, &a4, h, sizeof(h));
+    else if (inet_pton(AF_INET6, h, &a6) == 1 && IN6_IS_ADDR_V4MAPPED(&a6))
+        inet_ntop(AF_INET, &a6.s6_addr[12], h, sizeof(h));
+    else if (inet_pton(AF_INET6, h, &a6) == 1)
+        inet_ntop(AF_INET6, &a6, h, sizeof(h));
+    if (kvp_host_is_loopback(h) || strcmp(h, "0.0.0.0") == 0 || strcmp(h, "::") == 0)
+        snprintf(out, out_len, "loopback");
+    else
+        snprintf(out, out_len, "%s", h);
+}
+
+/* Do two advertised host:port endpoints name the same listener (host_canon)? */
+static bool same_endpoint(const char *a, const char *b)
+{
+    char ha[256], hb[256], ca[256], cb[256];
+    uint16_t pa, pb;
+    if (a[0] == '\0' || b[0] == '\0')
+        return false;
+    if (kvp_parse_hostport(a, ha, sizeof(ha), &pa) != KVP_OK ||
+        kvp_parse_hostport(b, hb, sizeof(hb), &pb) != KVP_OK)
+        return strcmp(a, b) == 0;
+    if (pa != pb)
+        return false;
+    host_canon(ha, ca, sizeof(ca));
+    host_canon(hb, cb, sizeof(cb));
+    return strcmp(ca, cb) == 0;
+}
+
+/* Which of d's data endpoints a segment that advertised tcp, rdma and shm also
+ * advertises (NULL: none). */
+static const char *shared_endpoint(const Kvpool__SegmentDesc *d, const char *tcp, const char *rdma,
+                                   const char *shm)
+{
+    if (same_endpoint(tcp, d->tcp_endpoint))
+        return "tcp endpoint";
+    if (same_endpoint(rdma, d->rdma_endpoint))
+        return "rdma endpoint";
+    if (d->shm_path[0] != '\0' && strcmp(shm, d->shm_path) == 0)
+        return "shm path";
+    return NULL;
+}
+
+/*
+ * With an ACL: the name of a segment of another principal, live or held in limbo, that
+ * advertises one of the data endpoints d advertises (*what_p: which), or NULL. Clients
+ * reach a segment at what its descriptor says; a mount that names another owner's server
+ * sends them there, where every request for the impostor's segment fails. The master
+ * cannot ask the server who it is (it does not connect to owners), so this catches a
+ * claim on an endpoint served now or held for its owner, by its spelling
+ * (same_endpoint), not an endpoint claimed before its owner first mounts, nor one named
+ * by another of its host's addresses or names (docs/security.md).
+ */
+static const char *endpoint_taken(const kvp_call_t *call, const Kvpool__SegmentDesc *d,
+                                  const char **what_p)
+{
+    const kvp_master_state_t *st = call->st;
+    if (call->who == NULL)
+        return NULL;
+    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
+        const kvp_segment_t *seg = st->segments.slots[i];
+        if (seg == NULL || seg->owner_tag == call->who->tag)
+            continue;
+        *what_p = shared_endpoint(d, seg->tcp_endpoint, seg->rdma_endpoint, seg->shm_path);
+        if (*what_p != NULL)
+            return seg->name;
+    }
+    for (const kvp_limbo_t *l = st->limbo; l != NULL; l = l->next) {
+        if (kvp_limbo_held_by(l, call->who->tag))
+            continue;
+        *what_p = shared_endpoint(d, l->tcp_endpoint, l->rdma_endpoint, l->shm_path);
+        if (*what_p != NULL)
+            return l->name;
+    }
+    return NULL;
+}
+
+/* With an ACL: what the master holds for a dropped segment of this name that another
+ * principal mounted (meta/limbo.c), or NULL. */
+static const kvp_limbo_t *name_held(const kvp_call_t *call, const char *name)
+{
+    if (call->who == NULL)
+        return NULL;
+    for (const kvp_limbo_t *l = call->st->limbo; l != NULL; l = l->next)
+        if (strcmp(l->name, name) == 0 && !kvp_limbo_held_by(l, call->who->tag))
+            return l;
+    return NULL;
+}
+
+/* A mount that claims another principal's segment (its endpoint, or its name while the
+ * master holds what it held): refused, counted, logged, why in r->text. KVP_OK: none. */
+static kvp_status_t mount_claims(kvp_reply_t *r, const Kvpool__SegmentDesc *d)
+{
+    const kvp_call_t *call = r->call;
+    kvp_master_state_t *st = call->st;
+    const char *what = NULL;
+    const kvp_limbo_t *held = name_held(call, d->name);
+    const char *other = held == NULL ? endpoint_taken(call, d, &what) : NULL;
+    if (other != NULL) {
+        st->stats.refused_seg_endpoint++;
+        snprintf(r->text, r->text_max,
+                 "principal %s may not mount segment %.255s: its %s is advertised by segment "
+                 "%.255s, which another principal mounted",
+                 call->who->name, d->name, what, other);
+    } else if (held != NULL) {
+        st->stats.refused_seg_held++;
+        snprintf(r->text, r->text_max,
+                 "principal %s may not mount segment %.255s: the master holds what a segment "
+                 "of that name held when it was dropped, for the principal that mounted it, "
+                 "for %llu s more (--segment-grace)",
+                 call->who->name, d->name,
+                 (unsigned long long)(held->until_ms > st->now_ms
+                                          ? (held->until_ms - st->now_ms + 999) / 1000
+                                          : 0));
+    } else {
+        return KVP_OK;
+    }
+    KVP_LOG_WARN_LIMITED("connection %llu: mount refused: %s", (unsigned long long)call->conn_id,
+                         r->text);
+    return KVP_ERR_DENIED;
+}
+
 kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -173,6 +320,9 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         return kvp_reply_fail(&r, status, NULL);
     if (kvp_segment_table_find_name(&st->segments, d->name) != NULL)
         return kvp_reply_fail(&r, KVP_ERR_EXISTS, "a segment named %s is already mounted", d->name);
+    status = mount_claims(&r, d);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
     kvp_segment_t *seg = segment_new(call, req);
     if (seg == NULL)
         return kvp_reply_fail(&r, KVP_ERR_NOMEM, NULL);
@@ -269,6 +419,15 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     return false;
 }
 
+/* Who held seg, for its limbo. */
+static kvp_limbo_owner_t limbo_owner(const kvp_segment_t *seg)
+{
+    return (kvp_limbo_owner_t){.tag = seg->owner_tag,
+                               .tenant = seg->owner_tenant,
+                               .dedicated = seg->dedicated,
+                               .dedicated_to = seg->dedicated ? seg->tenant : 0};
+}
+
 /*
  * silent: its owner's connection closed or went silent (not an Unmount): a DRAM segment
  * whose owner keeps a record leaves its COMPLETE objects in limbo for --segment-grace,
@@ -277,10 +436,12 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
 static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool silent)
 {
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
+    kvp_limbo_owner_t owner = limbo_owner(seg);
     if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && seg->objects > 0 &&
         !seg->draining)
-        ctx.limbo = kvp_limbo_new(seg->name, seg->host_id, seg->shm_path,
-                                  st->now_ms + st->config.segment_grace_ms);
+        ctx.limbo =
+            kvp_limbo_new(seg->name, seg->host_id, seg->shm_path, seg->tcp_endpoint,
+                          seg->rdma_endpoint, &owner, st->now_ms + st->config.segment_grace_ms);
     kvp_tier_segment_gone(st, seg->id); /* tasks of its owner, copies to or from it */
     if (seg->objects > 0)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
@@ -318,6 +479,24 @@ kvp_status_t kvp_handle_unmount(kvp_call_t *call, ProtobufCMessage *req_msg)
     return kvp_reply_send(&r);
 }
 
+/*
+ * Does a Heartbeat hand the caller seg's descriptor (every client gets the segments it
+ * may transfer with, to attach them before its first transfer)? Not a segment dedicated
+ * to another tenant (it never holds the caller's objects), and for a principal that
+ * neither reads nor writes (a segment owner) only its own: what its drain and tasks reach
+ * comes in their answers. Without an ACL, to admins and shm workers: every segment.
+ */
+static bool beat_shows(const kvp_call_t *call, const kvp_segment_t *seg)
+{
+    const kvp_principal_t *who = call->who;
+    if (who == NULL || (who->roles & (KVP_ROLE_ADMIN | KVP_ROLE_SHM)) ||
+        kvp_call_owns_segment(call, seg, false))
+        return true;
+    if (!(who->roles & (KVP_ROLE_READ | KVP_ROLE_WRITE)))
+        return false;
+    return !call->st->tenants_on || !seg->dedicated || seg->tenant == who->tenant_id;
+}
+
 kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -346,12 +525,15 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
         Kvpool__SegmentDesc **dp = kvp_reply_calloc(&r, n, sizeof(*dp));
         if (ds != NULL && dp != NULL) {
             size_t k = 0;
-            for (uint32_t i = 0; i < st->segments.n_slots && k < n; i++)
-                if (st->segments.slots[i] != NULL) {
-                    kvp_seg_desc_fill(&ds[k], st->segments.slots[i]);
-                    dp[k] = &ds[k];
-                    k++;
-                }
+            for (uint32_t i = 0; i < st->segments.n_slots && k < n; i++) {
+                const kvp_segment_t *seg = st->segments.slots[i];
+                if (seg == NULL || !beat_shows(call, seg))
+                    continue;
+                kvp_seg_desc_fill(&ds[k], seg);
+                kvp_seg_desc_for_caller(call, seg, &ds[k]);
+                dp[k] = &ds[k];
+                k++;
+            }
             resp.segments = dp;
             resp.n_segments = k;
             resp.segments_version = st->segments.version;
@@ -386,19 +568,23 @@ void kvp_segment_limbo_expire(kvp_master_state_t *st)
     }
 }
 
-/* A mount: the segment's limbo, if this is the same segment (name, host, memory) and it
- * offers what it holds; any other limbo of that name goes (its memory is not there). */
+/* A mount: the segment's limbo, if this is the same segment (name, host, memory, and the
+ * same principal, tenant and dedication) and it offers what it holds; any other limbo of
+ * that name the same principal held goes (its memory is not there). Another principal's
+ * stays (mount_claims refused such a mount already). */
 static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg)
 {
+    kvp_limbo_owner_t owner = limbo_owner(seg);
     for (kvp_limbo_t **pp = &st->limbo; *pp != NULL;) {
         kvp_limbo_t *l = *pp;
-        if (strcmp(l->name, seg->name) != 0) {
+        if (strcmp(l->name, seg->name) != 0 || !kvp_limbo_held_by(l, seg->owner_tag)) {
             pp = &l->next;
             continue;
         }
         *pp = l->next;
         l->next = NULL;
-        if (seg->adopting && !seg->ssd && kvp_limbo_is(l, seg->name, seg->host_id, seg->shm_path)) {
+        if (seg->adopting && !seg->ssd &&
+            kvp_limbo_is(l, seg->name, seg->host_id, seg->shm_path, &owner)) {
             kvp_limbo_free(seg->limbo);
             seg->limbo = l;
         } else {

@@ -25,6 +25,11 @@ int svc_state_teardown(void **state);
 void *svc_call(kvp_master_state_t *st, uint64_t conn, uint16_t method, const ProtobufCMessage *req,
                const ProtobufCMessageDescriptor *resp_desc);
 
+/* The same as principal who (NULL: no ACL); NULL when the handler answered nothing. */
+void *svc_call_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who,
+                  uint16_t method, const ProtobufCMessage *req,
+                  const ProtobufCMessageDescriptor *resp_desc);
+
 /* Free a message svc_call returned. */
 void svc_msg_free(void *msg);
 
