@@ -188,6 +188,14 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
         s->lease_waits);
     one(r, "kvpool_leases_expired_total", "counter", "Read leases ended by their TTL.",
         st->leases.expired);
+    head(r, "kvpool_lease_releases_refused_total", "counter",
+         "Lease releases ignored, by reason (not_owner: the lease was granted to another "
+         "principal, or without an ACL on another connection; unknown: no lease has the id: "
+         "ended by its TTL, from before a restart, or made up).");
+    kvp_http_printf(r,
+                    "kvpool_lease_releases_refused_total{reason=\"not_owner\"} %" PRIu64 "\n"
+                    "kvpool_lease_releases_refused_total{reason=\"unknown\"} %" PRIu64 "\n",
+                    st->leases.refused_owner, st->leases.refused_unknown);
     one(r, "kvpool_put_timeouts_total", "counter", "Puts revoked by --put-timeout.",
         s->put_timeouts);
     one(r, "kvpool_adopted_total", "counter", "Objects segments brought back at (re)mount.",
