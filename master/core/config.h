@@ -46,6 +46,7 @@ typedef struct kvp_master_config {
     /* operations (master/obs/) */
     char http_listen[300];      /* HOST:PORT of /metrics and the admin views; "off": none */
     bool http_listen_given;     /* set by a flag: failing to listen is fatal (else a warning) */
+    bool metrics_tenants;       /* /metrics names tenants to every scraper, not only to admins */
     char kv_events_bind[300];   /* ZMQ endpoint of the KV events PUB socket ("": off) */
     char kv_events_replay[300]; /* ... of its replay ROUTER socket ("": none) */
     char kv_events_topic[128];

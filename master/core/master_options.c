@@ -282,6 +282,13 @@ static const kvp_opt_t master_rows[] = {
      F(http_listen),
      .help = "HTTP for /metrics (Prometheus), /health, /api/v1/... and /get_all_segments "
              "(when the default is taken the master runs without HTTP; off: none)"},
+    {.name = "metrics-tenants",
+     .type = KVP_OPT_ON_OFF,
+     .def = "off",
+     F(metrics_tenants),
+     .help = "with an ACL: /metrics shows the per-tenant series (tenant names, objects, "
+             "bytes, quotas) to every scraper; off: only to an admin principal's token or "
+             "client certificate"},
     {.name = "kv-events-bind",
      .type = KVP_OPT_STRING,
      .arg = "ENDPOINT",

@@ -1,10 +1,12 @@
 /*
- * lease_table.c - set-up and teardown of the lease slots (lease_table.h).
+ * lease_table.c - set-up and teardown of the lease slots and their grants
+ * (lease_table.h).
  *
- * Design: slots grow by doubling in policy/lease.c; a free slot is on the
- * free list, a live one on the expiry list. At teardown a slot may still
- * hold a RETIRED object (removed while being read): nothing else points to
- * it, so it is freed here.
+ * Design: slots and grant records grow by doubling in policy/lease.c; a
+ * free slot is on the free list, a live one on the expiry list; a live
+ * grant record on its slot's list, a free one on the free grant list. At
+ * teardown a slot may still hold a RETIRED object (removed while being
+ * read): nothing else points to it, so it is freed here.
  *
  * Thread: master loop only.
  */
@@ -17,6 +19,7 @@ void kvp_lease_table_init(kvp_lease_table_t *t)
 {
     memset(t, 0, sizeof(*t));
     t->free_head = t->head = t->tail = KVP_LEASE_NIL;
+    t->free_grant = KVP_LEASE_NIL;
 }
 
 void kvp_lease_table_cleanup(kvp_lease_table_t *t)
@@ -25,5 +28,6 @@ void kvp_lease_table_cleanup(kvp_lease_table_t *t)
         if (t->slots[i].obj != NULL && t->slots[i].obj->state == KVP_OBJ_RETIRED)
             free(t->slots[i].obj);
     free(t->slots);
-    kvp_lease_table_init(t);
+    free(t->grants);
+    kvp_lease_table_init(t); /* the unused random tags are wiped with the rest */
 }

@@ -11,7 +11,9 @@
  * hanging, and a slow HTTP client never holds anything of the loop's. The
  * JSON views reuse the RPC handlers (Stat, List) through the view's call (the
  * server hands in dispatch.c's path), so the HTTP API and the CLI show the same
- * thing.
+ * thing. With an ACL, /metrics stays open but names no tenant unless the
+ * scrape is an admin's (or --metrics-tenants on): tenants' names and sizes
+ * are not a stranger's business.
  */
 #include "master/obs/http_views.h"
 
@@ -51,6 +53,7 @@ typedef struct job {
     uint64_t cursor;
     uint32_t limit;
     bool done;
+    bool tenants;       /* JOB_METRICS: with the per-tenant series (an admin's, or the flag's) */
     char token[1024];   /* "Authorization: Bearer TOKEN" (wiped once checked); "": none */
     uint8_t cert[8192]; /* the client certificate (DER) over HTTPS, not verified yet */
     size_t cert_len;    /* 0: none (or one too big to be ours) */
@@ -406,15 +409,11 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_m
     kvpool__list_response__free_unpacked(l, NULL);
 }
 
-/* With an ACL, every view but /metrics and /health (which hold no key) is an admin's:
- * its bearer token, or else its client certificate (verified against the control port's
- * CAs and CRL, its CN an ACL cert-cn), must name an admin principal. false: refused (401
- * or 403, counted). */
-static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
+/* The principal the job's bearer token, or else its client certificate (verified against
+ * the control port's CAs and CRL, its CN an ACL cert-cn), names; NULL: none. The token is
+ * wiped. */
+static const kvp_principal_t *credential(job_t *job, const kvp_master_view_t *v)
 {
-    if (v->acl == NULL || job->kind == JOB_METRICS || job->kind == JOB_HEALTH)
-        return true;
-    kvp_http_reply_t *r = job->reply;
     size_t len = strlen(job->token);
     const kvp_principal_t *who = len > 0 ? kvp_acl_by_token(v->acl, job->token, len) : NULL;
     OPENSSL_cleanse(job->token, sizeof(job->token));
@@ -426,6 +425,27 @@ static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t
         else
             KVP_LOG_WARN_LIMITED("http: a client certificate not taken: %s", why);
     }
+    return who;
+}
+
+/* With an ACL, every view but /metrics and /health (which hold no key) is an admin's: its
+ * credential must name an admin principal. false: refused (401 or 403, counted). /metrics
+ * is never refused: its per-tenant series go only to an admin (job->tenants), or to all
+ * with --metrics-tenants on; without an ACL there are no tenants to show. */
+static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
+{
+    job->tenants = v->acl == NULL || st->config.metrics_tenants;
+    if (v->acl == NULL || job->kind == JOB_HEALTH)
+        return true;
+    if (job->kind == JOB_METRICS) {
+        if (!job->tenants && (job->token[0] != '\0' || job->cert_len > 0)) {
+            const kvp_principal_t *who = credential(job, v);
+            job->tenants = who != NULL && (who->roles & KVP_ROLE_ADMIN);
+        }
+        return true;
+    }
+    kvp_http_reply_t *r = job->reply;
+    const kvp_principal_t *who = credential(job, v);
     if (who != NULL && (who->roles & KVP_ROLE_ADMIN))
         return true;
     r->content_type = "application/json";
@@ -457,7 +477,7 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
     switch (job->kind) {
     case JOB_METRICS:
         r->content_type = "text/plain; version=0.0.4; charset=utf-8";
-        kvp_master_metrics_render(r, st, v);
+        kvp_master_metrics_render(r, st, v, job->tenants);
         break;
     case JOB_HEALTH:
         render_health(r, st, v);

@@ -43,9 +43,10 @@ typedef struct kvp_master_view {
     const char *self;   /* this master's address ("" standalone) */
     const char *reason; /* why it does not serve (a standby: the leader's address) */
     kvp_events_t *events;
-    const kvp_acl_t *acl;       /* --acl-file: the views beyond /metrics and /health need an admin
-                                   principal's bearer token or client certificate; NULL: open to
-                                   whoever reaches them */
+    const kvp_acl_t *acl;       /* --acl-file: the views beyond /metrics and /health (and the
+                                   per-tenant series of /metrics) need an admin principal's
+                                   bearer token or client certificate; NULL: open to whoever
+                                   reaches them */
     kvp_tls_t *tls;             /* the control port's TLS (its CAs and CRL verify the HTTPS door's
                                    client certificates; reloaded with them on SIGHUP) */
     kvp_master_call_cb_t *call; /* the JSON views' RPCs (dispatch.c's path) */
@@ -67,9 +68,11 @@ void kvp_master_http_serve(kvp_master_http_t *h, kvp_master_state_t *st,
 /* Answer what waits with 503, stop the server, free. NULL is fine. */
 void kvp_master_http_stop(kvp_master_http_t *h);
 
-/* The Prometheus text exposition of the master (prometheus.c). */
+/* The Prometheus text exposition of the master (prometheus.c). tenant_names: with the
+ * per-tenant series, which name the ACL's tenants (an admin's scrape, or --metrics-tenants
+ * on); false: every other series, as before. */
 struct kvp_http_reply;
 void kvp_master_metrics_render(struct kvp_http_reply *r, const kvp_master_state_t *st,
-                               const kvp_master_view_t *view);
+                               const kvp_master_view_t *view, bool tenant_names);
 
 #endif

@@ -3,6 +3,8 @@
  * capacity, usage and objects per tier and per segment, operation counters,
  * control-RPC latency histograms per method, clients, segments, HA state and
  * the KV events publisher. Every metric is listed in docs/operations.md.
+ * The per-tenant series (they name the ACL's tenants) are rendered only when
+ * asked (http_views.c: an admin's scrape, or --metrics-tenants on).
  *
  * Thread: the master loop (http_views.c hands it the request). O(segments + methods).
  */
@@ -46,8 +48,9 @@ static void tenant_line(kvp_http_reply_t *r, const char *name, const kvp_tenant_
 }
 
 /* With an ACL: what each tenant holds, its quotas and what they refused (names from the
- * ACL; the tenant "default" holds the keys stored as given, those before it too). */
-static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st)
+ * ACL; the tenant "default" holds the keys stored as given, those before it too); by_name
+ * false: only what names no tenant. */
+static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st, bool by_name)
 {
     if (!st->tenants_on)
         return;
@@ -74,7 +77,7 @@ static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st)
          "Segments dedicated to a tenant (kvpool serve --tenant).", F(dedicated), NO_TIER},
     };
 #undef F
-    for (size_t k = 0; k < KVP_ARRAY_SIZE(m); k++) {
+    for (size_t k = 0; by_name && k < KVP_ARRAY_SIZE(m); k++) {
         head(r, m[k].name, m[k].type, m[k].help);
         for (uint32_t i = 0; i < st->tenants.n; i++) {
             const kvp_tenant_t *t = &st->tenants.t[i];
@@ -188,6 +191,14 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
         s->lease_waits);
     one(r, "kvpool_leases_expired_total", "counter", "Read leases ended by their TTL.",
         st->leases.expired);
+    head(r, "kvpool_lease_releases_refused_total", "counter",
+         "Lease releases ignored, by reason (not_owner: the lease was granted to another "
+         "principal, or without an ACL on another connection; unknown: no lease has the id: "
+         "ended by its TTL, from before a restart, or made up).");
+    kvp_http_printf(r,
+                    "kvpool_lease_releases_refused_total{reason=\"not_owner\"} %" PRIu64 "\n"
+                    "kvpool_lease_releases_refused_total{reason=\"unknown\"} %" PRIu64 "\n",
+                    st->leases.refused_owner, st->leases.refused_unknown);
     one(r, "kvpool_put_timeouts_total", "counter", "Puts revoked by --put-timeout.",
         s->put_timeouts);
     one(r, "kvpool_adopted_total", "counter", "Objects segments brought back at (re)mount.",
@@ -352,13 +363,13 @@ static void segment_claims(kvp_http_reply_t *r, const kvp_master_state_t *st)
 }
 
 void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st,
-                               const kvp_master_view_t *v)
+                               const kvp_master_view_t *v, bool tenant_names)
 {
     capacity(r, st);
     operations(r, st);
     rpc_latency(r, st, v);
     refusals(r, st);
-    tenants(r, st);
+    tenants(r, st, tenant_names);
     ha(r, st, v);
     kv_events(r, v);
     segment_claims(r, st);

@@ -15,14 +15,22 @@
  * grant moves its slot to the tail), so the timer ends expired leases from
  * the head: O(1) per grant, release and expiry. Whether an object is leased
  * is decided by the clock (kvp_leased), so a lease the timer has not yet
- * reaped is already over; whatever frees an object forgets its slot. A lease id is the slot's
- * generation and index: a release that comes late (after the TTL ended the
- * lease and the slot went to another object) names an old generation and
- * is ignored. Within one generation a release is trusted: readers of one
- * object share its lease id, so a client that releases more than it was
- * granted (a bug, or forged frames) can end another reader's lease early;
- * that reader's CRC check (on by default) still catches reused bytes. Generations start at a random
- * value so ids from before a master restart do not match.
+ * reaped is already over; whatever frees an object forgets its slot.
+ *
+ * Lease ids (what a reader hands back) name grants, not slots: each slot
+ * keeps one grant record per owner reading it (a principal with an ACL,
+ * else a connection; KVP_LEASE_NOBODY for Exist's leases, which have no
+ * id), with a count of that owner's reads. An id is the record's index
+ * and 32 random bits drawn for it from the kernel (getrandom(2), 64 tags a
+ * call), so ids are unrelated to each other: one reader's id says nothing
+ * of another's, and a record reused later has other bits. A release finds
+ * its record in O(1), and ends something only when it comes from the
+ * record's owner: one reader's releases, right or wrong, never end another
+ * reader's lease. Others are ignored and counted (refused_owner, and
+ * refused_unknown for an id no grant has: late after the TTL, from before
+ * a restart, or made up). Records per slot are few (the owners reading
+ * one object at once), and a grant looks its owner's up along the slot's
+ * list; a slot that ends frees its records.
  *
  * Objects end here too: kvp_object_release frees an unlinked object's
  * extents (forgetting its lease), kvp_object_retire postpones that while
@@ -34,6 +42,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "common/log.h"
 #include "common/rand.h"
@@ -66,34 +75,118 @@ static void live_append(kvp_lease_table_t *t, uint32_t i)
     t->tail = i;
 }
 
-static bool grow(kvp_lease_table_t *t, uint64_t *rng)
+/* An array of *n_p records of `size` bytes, doubled (256 at first): the new array (*n_p
+ * its count); NULL: out of memory or 2^31 records already (a and *n_p unchanged), so an
+ * index never reaches KVP_LEASE_NIL. */
+static void *doubled(void *a, uint32_t *n_p, size_t size)
 {
-    uint32_t n = t->n_slots ? t->n_slots * 2 : 256;
-    if (n <= t->n_slots)
-        return false;
-    kvp_lease_t *s = realloc(t->slots, (size_t)n * sizeof(*s));
+    uint32_t n = *n_p ? *n_p * 2 : 256;
+    if (n <= *n_p)
+        return NULL;
+    void *p = realloc(a, (size_t)n * size);
+    if (p != NULL)
+        *n_p = n;
+    return p;
+}
+
+static bool grow(kvp_lease_table_t *t)
+{
+    uint32_t old = t->n_slots;
+    kvp_lease_t *s = doubled(t->slots, &t->n_slots, sizeof(*s));
     if (s == NULL)
         return false;
-    for (uint32_t i = t->n_slots; i < n; i++) {
+    for (uint32_t i = old; i < t->n_slots; i++) {
         memset(&s[i], 0, sizeof(s[i]));
-        s[i].gen = (uint32_t)kvp_rng_next(rng);
-        s[i].prev = KVP_LEASE_NIL;
-        s[i].next = i + 1 < n ? i + 1 : t->free_head;
+        s[i].prev = s[i].grants = KVP_LEASE_NIL;
+        s[i].next = i + 1 < t->n_slots ? i + 1 : t->free_head;
     }
-    t->free_head = t->n_slots;
+    t->free_head = old;
     t->slots = s;
-    t->n_slots = n;
     return true;
+}
+
+static bool grow_grants(kvp_lease_table_t *t)
+{
+    uint32_t old = t->n_grants;
+    kvp_lease_grant_t *g = doubled(t->grants, &t->n_grants, sizeof(*g));
+    if (g == NULL)
+        return false;
+    for (uint32_t i = old; i < t->n_grants; i++) {
+        memset(&g[i], 0, sizeof(g[i]));
+        g[i].slot = g[i].prev = KVP_LEASE_NIL;
+        g[i].next = i + 1 < t->n_grants ? i + 1 : t->free_grant;
+    }
+    t->free_grant = old;
+    t->grants = g;
+    return true;
+}
+
+/* 32 random bits, never 0, from the kernel's CSPRNG (drawn KVP_LEASE_TAGS at a time). */
+static uint32_t draw_tag(kvp_lease_table_t *t)
+{
+    if (t->n_tags == 0) {
+        if (getrandom(t->tags, sizeof(t->tags), 0) != (ssize_t)sizeof(t->tags))
+            for (unsigned k = 0; k < KVP_LEASE_TAGS; k++)
+                t->tags[k] = (uint32_t)kvp_random_u64();
+        t->n_tags = KVP_LEASE_TAGS;
+    }
+    uint32_t v = t->tags[--t->n_tags];
+    t->tags[t->n_tags] = 0; /* used: nothing keeps it but its grant */
+    return v != 0 ? v : 1;
+}
+
+static uint64_t lease_id(const kvp_lease_table_t *t, uint32_t g)
+{
+    return (uint64_t)t->grants[g].tag << 32 | g;
+}
+
+/* owner's grant record on slot i, taken (count 0) when it has none; KVP_LEASE_NIL: out of
+ * memory. O(owners reading the slot's object). */
+static uint32_t grant_record(kvp_lease_table_t *t, uint32_t i, uint64_t owner)
+{
+    for (uint32_t g = t->slots[i].grants; g != KVP_LEASE_NIL; g = t->grants[g].next)
+        if (t->grants[g].owner == owner)
+            return g;
+    if (t->free_grant == KVP_LEASE_NIL && !grow_grants(t))
+        return KVP_LEASE_NIL;
+    uint32_t g = t->free_grant;
+    kvp_lease_grant_t *r = &t->grants[g];
+    t->free_grant = r->next;
+    r->owner = owner;
+    r->slot = i;
+    r->tag = draw_tag(t);
+    r->count = 0;
+    r->prev = KVP_LEASE_NIL;
+    r->next = t->slots[i].grants;
+    if (r->next != KVP_LEASE_NIL)
+        t->grants[r->next].prev = g;
+    t->slots[i].grants = g;
+    if (!(owner & KVP_LEASE_PRINCIPAL))
+        t->conn_owned++;
+    return g;
+}
+
+/* Unlink grant record g from its slot and free it (its reads stay counted in the slot). */
+static void grant_free(kvp_lease_table_t *t, uint32_t g)
+{
+    kvp_lease_grant_t *r = &t->grants[g];
+    if (r->prev != KVP_LEASE_NIL)
+        t->grants[r->prev].next = r->next;
+    else
+        t->slots[r->slot].grants = r->next;
+    if (r->next != KVP_LEASE_NIL)
+        t->grants[r->next].prev = r->prev;
+    if (!(r->owner & KVP_LEASE_PRINCIPAL))
+        t->conn_owned--;
+    memset(r, 0, sizeof(*r));
+    r->slot = r->prev = KVP_LEASE_NIL;
+    r->next = t->free_grant;
+    t->free_grant = g;
 }
 
 static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired);
 
-static uint64_t lease_id(const kvp_lease_table_t *t, uint32_t i)
-{
-    return (uint64_t)t->slots[i].gen << 32 | i;
-}
-
-uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
+uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj, uint64_t owner)
 {
     kvp_lease_table_t *t = &st->leases;
     if (st->config.lease_ttl_ms == 0) {
@@ -109,16 +202,14 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
         i = obj->lease - 1;
         live_unlink(t, i);
     } else {
-        if (t->free_head == KVP_LEASE_NIL && !grow(t, &st->rng))
+        if (t->free_head == KVP_LEASE_NIL && !grow(t))
             return 0;
         i = t->free_head;
         kvp_lease_t *l = &t->slots[i];
         t->free_head = l->next;
-        l->gen++;
-        if (l->gen == 0)
-            l->gen = 1; /* id 0 means "no lease" */
         l->obj = obj;
         l->readers = 0;
+        l->grants = KVP_LEASE_NIL;
         l->bytes = kvp_object_bytes(obj);
         t->bytes += l->bytes;
         t->live++;
@@ -129,7 +220,13 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj)
     l->readers++;
     l->expires_ms = st->now_ms + st->config.lease_ttl_ms;
     live_append(t, i);
-    return lease_id(t, i);
+    if (owner == KVP_LEASE_NOBODY)
+        return 0;
+    uint32_t g = grant_record(t, i, owner);
+    if (g == KVP_LEASE_NIL)
+        return 0; /* counted among the readers: the lease holds until its TTL */
+    t->grants[g].count++;
+    return lease_id(t, g);
 }
 
 /* The lease on slot i is over: free the slot (and a retired object with it when asked). */
@@ -138,6 +235,8 @@ static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
     kvp_lease_table_t *t = &st->leases;
     kvp_lease_t *l = &t->slots[i];
     kvp_object_t *obj = l->obj;
+    while (l->grants != KVP_LEASE_NIL) /* every id of it is unknown from now on */
+        grant_free(t, l->grants);
     live_unlink(t, i);
     t->bytes -= l->bytes;
     t->live--;
@@ -152,16 +251,46 @@ static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
         kvp_object_release(st, obj);
 }
 
-bool kvp_lease_release(kvp_master_state_t *st, uint64_t lease_id)
+/* The release of lease_id (by owner, when check_owner). */
+static kvp_lease_outcome_t release(kvp_master_state_t *st, uint64_t lease_id, uint64_t owner,
+                                   bool check_owner)
 {
     kvp_lease_table_t *t = &st->leases;
-    uint32_t i = (uint32_t)lease_id;
-    if (i >= t->n_slots || t->slots[i].obj == NULL || t->slots[i].gen != (uint32_t)(lease_id >> 32))
-        return false;
+    uint32_t g = (uint32_t)lease_id;
+    if (g >= t->n_grants || t->grants[g].slot == KVP_LEASE_NIL ||
+        t->grants[g].tag != (uint32_t)(lease_id >> 32)) {
+        t->refused_unknown++;
+        return KVP_LEASE_UNKNOWN;
+    }
+    if (check_owner && t->grants[g].owner != owner) {
+        t->refused_owner++;
+        return KVP_LEASE_NOT_OWNER;
+    }
+    uint32_t i = t->grants[g].slot;
     t->released++;
+    if (--t->grants[g].count == 0)
+        grant_free(t, g);
     if (--t->slots[i].readers == 0)
         lease_end(st, i, true);
-    return true;
+    return KVP_LEASE_RELEASED;
+}
+
+kvp_lease_outcome_t kvp_lease_release_by(kvp_master_state_t *st, uint64_t lease_id, uint64_t owner)
+{
+    return release(st, lease_id, owner, true);
+}
+
+bool kvp_lease_release(kvp_master_state_t *st, uint64_t lease_id)
+{
+    return release(st, lease_id, 0, false) == KVP_LEASE_RELEASED;
+}
+
+void kvp_lease_disown(kvp_master_state_t *st, uint64_t owner)
+{
+    kvp_lease_table_t *t = &st->leases;
+    for (uint32_t g = 0; g < t->n_grants && t->conn_owned > 0; g++)
+        if (t->grants[g].slot != KVP_LEASE_NIL && t->grants[g].owner == owner)
+            grant_free(t, g);
 }
 
 unsigned kvp_lease_expire(kvp_master_state_t *st)

@@ -8,8 +8,11 @@
  * pool is full; PutEnd by the same connection makes it COMPLETE with its
  * CRC32C; PutRevoke, the put timeout or the writer's connection closing
  * frees it. GetReplicaList grants a read lease per object (policy/lease.c)
- * that LeaseRelease (one-way) ends. Batches are handled last key first
- * (the eviction policy's chain order); each key's answer is its own.
+ * that LeaseRelease (one-way) ends, from its owner only: the caller's
+ * principal (any of its connections) with an ACL, else the caller's
+ * connection; another's release is ignored, counted and logged. Batches
+ * are handled last key first (the eviction policy's chain order); each
+ * key's answer is its own.
  *
  * Thread: master loop only.
  */
@@ -464,7 +467,7 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
     if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
         return 0;
     if (st->config.lease_on_exist)
-        kvp_lease_grant(st, obj); /* nobody releases it: it ends by the TTL */
+        kvp_lease_grant(st, obj, KVP_LEASE_NOBODY); /* it ends by the TTL */
     return 1;
 }
 
@@ -516,6 +519,14 @@ kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)
     return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist);
 }
 
+/* Who may hand back the leases granted to this call (policy/lease.h): its principal with
+ * an ACL (a client that reconnects releases on its new connection), else its connection. */
+static uint64_t lease_owner(const kvp_call_t *call)
+{
+    return call->who != NULL ? kvp_lease_owner_principal(call->who->tag)
+                             : kvp_lease_owner_conn(call->conn_id);
+}
+
 /* A GetReplicaList not answered: nobody will release the leases it granted (its results). */
 static void get_replica_list_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
 {
@@ -523,7 +534,7 @@ static void get_replica_list_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
     const Kvpool__GetReplicaListResponse *resp = (const Kvpool__GetReplicaListResponse *)r->resp;
     for (size_t i = 0; rc != KVP_OK && i < resp->n_results; i++)
         if (resp->results[i] != NULL && resp->results[i]->lease_id != 0)
-            kvp_lease_release(r->call->st, resp->results[i]->lease_id);
+            kvp_lease_release(r->call->st, resp->results[i]->lease_id); /* ids it granted */
 }
 
 kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -548,6 +559,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
     resp.results = resptr;
     kvp_reply_on_end(&r, get_replica_list_end, NULL);
     size_t nr = 0;
+    uint64_t owner = lease_owner(call);
     for (size_t i = n; i-- > 0;) { /* last key first, as in keys_batch */
         kvpool__get_replica_result__init(&res[i]);
         resptr[i] = &res[i];
@@ -565,7 +577,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
         res[i].crc32c = obj->crc32c;
         /* a read lease: the extents stay put (no eviction, no plain remove) until the
          * client releases it after its transfer */
-        res[i].lease_id = kvp_lease_grant(st, obj); /* the read counts when it ends */
+        res[i].lease_id = kvp_lease_grant(st, obj, owner); /* the read counts when it ends */
         kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
         res[i].replicas = &repptr[nr];
         res[i].n_replicas = obj->n_replicas;
@@ -581,13 +593,23 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
     return kvp_reply_send(&r);
 }
 
-/* One-way: no response is packed. */
+/* One-way: no response is packed, so a release refused (another owner's lease, an unknown
+ * id) is only ignored, counted (kvpool_lease_releases_refused_total) and logged. */
 kvp_status_t kvp_handle_lease_release(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__LeaseReleaseRequest *req = (Kvpool__LeaseReleaseRequest *)req_msg;
+    uint64_t owner = lease_owner(call);
+    size_t refused = 0;
     for (size_t i = 0; i < req->n_lease_ids; i++)
-        kvp_lease_release(st, req->lease_ids[i]);
+        if (kvp_lease_release_by(st, req->lease_ids[i], owner) == KVP_LEASE_NOT_OWNER)
+            refused++;
+    if (refused > 0) /* (no id logged: an id is what a release needs) */
+        KVP_LOG_WARN_LIMITED("connection %llu (principal %s): %zu of %zu lease releases "
+                             "refused: granted to another %s",
+                             (unsigned long long)call->conn_id,
+                             call->who != NULL ? call->who->name : "none", refused,
+                             req->n_lease_ids, call->who != NULL ? "principal" : "connection");
     return KVP_OK;
 }
 
@@ -623,6 +645,9 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
 
 void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
+    /* Its leases' ids (no ACL: owned by the connection) go: a release of one is unknown from
+     * now on, not another owner's; the reads hold until their TTL, as a dead reader's. */
+    kvp_lease_disown(st, kvp_lease_owner_conn(conn_id));
     /* Revoke the connection's unfinished puts. */
     kvp_object_t *obj = st->index.pending_list.head;
     unsigned revoked = 0;

@@ -331,13 +331,15 @@ class SecureMaster:
         self.host, port = self.addr.rsplit(":", 1)
         self.port = int(port)
 
+    extra_args = ()  # flags a subclass adds (a flag given again overrides the one above)
+
     def _start_master(self, certs):
         return Proc([self.master_bin, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
                             "--log-level", "info", "--lease-ttl", "0",
                             "--http-listen", f"127.0.0.1:{self.http_port}",
                             "--tls-cert", certs.server_crt, "--tls-key", certs.server_key,
                             "--tls-ca", certs.ca, "--tls-crl", certs.crl,
-                            "--acl-file", self.acl_path], stderr=self._log)
+                            "--acl-file", self.acl_path, *self.extra_args], stderr=self._log)
 
     @property
     def pid(self):

@@ -118,6 +118,13 @@ class TenantMaster(SecureMaster):
         os.kill(self.pid, signal.SIGHUP)
         poll(lambda: self.auth_status(canary) == 0, "the master reloaded its ACL")
 
+    def metrics(self):
+        """/metrics as an admin scrapes it: the per-tenant series are an admin's (with an
+        ACL and --metrics-tenants off, the default)."""
+        status, text = self.http("/metrics", token=TOKENS["admin"])
+        assert status == 200, text
+        return text
+
     def admin_http(self, path):
         status, body = self.http(path, token=TOKENS["admin"])
         assert status == 200, (path, status, body)

@@ -9,6 +9,12 @@
  * whether a put into a pool held by reads in flight waits (POOL_BUSY)
  * rather than fails, and that a stale or repeated release never ends
  * somebody else's lease. The master clock is set by the tests.
+ *
+ * Owners (the later tests): a lease id is released only by the principal it
+ * was granted to (any of its connections), or without an ACL by the
+ * connection; ids are random, so a reader's id says nothing of another's;
+ * a release by anyone else, the exact id or guesses near the attacker's
+ * own, ends nothing and is counted.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -375,6 +381,243 @@ static void test_put_reaps_expired_lease(void **state)
     assert_int_equal(st->leases.expired, 1);
 }
 
+/* ---- owners ---- */
+
+#define ALICE_CONN 5
+#define ALICE_CONN2 6
+#define BOB_CONN 7
+
+static const kvp_principal_t alice_p = {.name = "alice",
+                                        .tenant = "default",
+                                        .roles = KVP_ROLE_READ | KVP_ROLE_WRITE,
+                                        .tag = 0xA11CE00000000001ull};
+static const kvp_principal_t bob_p = {.name = "bob",
+                                      .tenant = "default",
+                                      .roles = KVP_ROLE_READ | KVP_ROLE_WRITE,
+                                      .tag = 0xB0B0000000000001ull};
+
+/* GetReplicaList of one present key on connection conn as principal who (NULL: no ACL):
+ * its lease id (never 0). */
+static uint64_t read_start_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who,
+                              const char *key)
+{
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    uint8_t body[256];
+    size_t len = kvpool__keys_request__pack(&req, body);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    char err[128] = "";
+    assert_int_equal(kvp_dispatch_handle(st, conn, who, KVP_RPC_GET_REPLICA_LIST, body, len, &resp,
+                                         &rlen, err, sizeof(err)),
+                     KVP_OK);
+    Kvpool__GetReplicaListResponse *r = kvpool__get_replica_list_response__unpack(NULL, rlen, resp);
+    free(resp);
+    assert_non_null(r);
+    assert_int_equal(r->results[0]->status, KVP_OK);
+    uint64_t id = r->results[0]->lease_id;
+    kvpool__get_replica_list_response__free_unpacked(r, NULL);
+    assert_true(id != 0);
+    return id;
+}
+
+/* LeaseRelease of ids[0..n) on connection conn as principal who. */
+static void read_end_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who,
+                        const uint64_t *ids, size_t n)
+{
+    Kvpool__LeaseReleaseRequest req = KVPOOL__LEASE_RELEASE_REQUEST__INIT;
+    req.lease_ids = (uint64_t *)ids;
+    req.n_lease_ids = n;
+    size_t len = kvpool__lease_release_request__get_packed_size(&req);
+    uint8_t *body = malloc(len ? len : 1);
+    assert_non_null(body);
+    kvpool__lease_release_request__pack(&req, body);
+    uint8_t *resp = (uint8_t *)1;
+    size_t rlen = 1;
+    char err[128] = "";
+    assert_int_equal(kvp_dispatch_handle(st, conn, who, KVP_RPC_LEASE_RELEASE, body, len, &resp,
+                                         &rlen, err, sizeof(err)),
+                     KVP_OK);
+    free(body);
+    assert_null(resp);
+}
+
+static void read_end1_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who,
+                         uint64_t id)
+{
+    read_end_as(st, conn, who, &id, 1);
+}
+
+/* Ids around `own` an attacker would try: its index +-1..64 with its tag, its index and
+ * the ones beside it with tags +-1..64 of its own, and the first 64 indexes with its own
+ * tag (but its own id). At most 448. */
+static size_t guesses(uint64_t own, uint64_t *out)
+{
+    size_t n = 0;
+    uint32_t idx = (uint32_t)own, tag = (uint32_t)(own >> 32);
+    for (uint32_t d = 1; d <= 64; d++) {
+        out[n++] = (uint64_t)tag << 32 | (idx + d);
+        out[n++] = (uint64_t)tag << 32 | (idx - d);
+        out[n++] = (uint64_t)(tag + d) << 32 | idx;
+        out[n++] = (uint64_t)(tag - d) << 32 | idx;
+        out[n++] = (uint64_t)(tag + d) << 32 | (idx + 1);
+        out[n++] = (uint64_t)(tag + d) << 32 | (idx - 1);
+    }
+    for (uint32_t g = 0; g < 64; g++)
+        if (g != idx)
+            out[n++] = (uint64_t)tag << 32 | g;
+    return n;
+}
+
+/* With an ACL: bob releases alice's exact id and ids near his own; alice's lease holds
+ * (a plain remove is refused), the refusals are counted, and alice's own release (from
+ * another connection of hers) ends it. */
+static void test_release_by_another_principal_refused(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 1 << 20);
+    put(st, "a", KVP_PIN_NONE);
+    put(st, "b", KVP_PIN_NONE);
+    uint64_t alice_id = read_start_as(st, ALICE_CONN, &alice_p, "a");
+    uint64_t bob_id = read_start_as(st, BOB_CONN, &bob_p, "b");
+    assert_true(alice_id != bob_id);
+
+    read_end1_as(st, BOB_CONN, &bob_p, alice_id); /* a perfect guess, or a leak */
+    assert_int_equal(st->leases.refused_owner, 1);
+    assert_int_equal(rm(st, "a"), KVP_ERR_LEASED);
+    uint64_t g[512];
+    size_t n = guesses(bob_id, g);
+    read_end_as(st, BOB_CONN, &bob_p, g, n);
+    assert_int_equal(rm(st, "a"), KVP_ERR_LEASED);
+    assert_true(st->leases.refused_owner + st->leases.refused_unknown >= 1 + n);
+    assert_int_equal(st->leases.live, 2);
+    /* bob on alice's connection is still bob */
+    read_end1_as(st, ALICE_CONN, &bob_p, alice_id);
+    assert_int_equal(rm(st, "a"), KVP_ERR_LEASED);
+
+    read_end1_as(st, ALICE_CONN2, &alice_p, alice_id); /* hers, from another connection */
+    assert_int_equal(rm(st, "a"), KVP_OK);
+    read_end1_as(st, BOB_CONN, &bob_p, bob_id);
+    assert_int_equal(rm(st, "b"), KVP_OK);
+    assert_int_equal(st->leases.live, 0);
+}
+
+/* Without an ACL the owner is the connection: another connection's release (the exact id
+ * or guesses) is refused; the reader's own ends the lease. */
+static void test_release_by_another_connection_refused(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 1 << 20);
+    put(st, "a", KVP_PIN_NONE);
+    put(st, "b", KVP_PIN_NONE);
+    uint64_t alice_id = read_start_as(st, ALICE_CONN, NULL, "a");
+    uint64_t bob_id = read_start_as(st, BOB_CONN, NULL, "b");
+    read_end1_as(st, BOB_CONN, NULL, alice_id);
+    uint64_t g[512];
+    size_t n = guesses(bob_id, g);
+    read_end_as(st, BOB_CONN, NULL, g, n);
+    assert_int_equal(st->leases.refused_owner, 1);
+    assert_int_equal(rm(st, "a"), KVP_ERR_LEASED);
+    read_end1_as(st, ALICE_CONN2, NULL, alice_id); /* another connection: refused too */
+    assert_int_equal(st->leases.refused_owner, 2);
+    assert_int_equal(rm(st, "a"), KVP_ERR_LEASED);
+    read_end1_as(st, ALICE_CONN, NULL, alice_id);
+    assert_int_equal(rm(st, "a"), KVP_OK);
+    read_end1_as(st, BOB_CONN, NULL, bob_id);
+    assert_int_equal(st->leases.live, 0);
+}
+
+/* Two owners reading one object hold separate ids: one releasing its own many times (a
+ * buggy or hostile client) never ends the other's read. */
+static void test_shared_object_separate_ids(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 1 << 20);
+    put(st, "k", KVP_PIN_NONE);
+    uint64_t a = read_start_as(st, ALICE_CONN, &alice_p, "k");
+    uint64_t a2 = read_start_as(st, ALICE_CONN2, &alice_p, "k"); /* her second read */
+    uint64_t b = read_start_as(st, BOB_CONN, &bob_p, "k");
+    assert_true(a == a2); /* one owner, one id, two reads */
+    assert_true(a != b);
+    assert_true((a >> 32) != (b >> 32));
+    for (int i = 0; i < 5; i++)
+        read_end1_as(st, BOB_CONN, &bob_p, b);
+    assert_int_equal(rm(st, "k"), KVP_ERR_LEASED);
+    assert_true(st->leases.refused_unknown >= 4);
+    read_end1_as(st, ALICE_CONN, &alice_p, a);
+    assert_int_equal(rm(st, "k"), KVP_ERR_LEASED); /* her second read is still on */
+    read_end1_as(st, ALICE_CONN2, &alice_p, a);
+    assert_int_equal(rm(st, "k"), KVP_OK);
+}
+
+/* Ids are random: 200 grants on one slot and record (each released before the next) get
+ * 200 different tags, none the last one plus or minus a little. */
+static void test_ids_random(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 1 << 20);
+    put(st, "k", KVP_PIN_NONE);
+    uint64_t ids[200];
+    for (int i = 0; i < 200; i++) {
+        ids[i] = read_start_as(st, ALICE_CONN, NULL, "k");
+        read_end1_as(st, ALICE_CONN, NULL, ids[i]);
+        assert_int_equal(st->leases.live, 0);
+    }
+    unsigned near = 0;
+    for (int i = 0; i < 200; i++) {
+        for (int j = 0; j < i; j++)
+            assert_true(ids[i] != ids[j]);
+        int64_t d = i > 0 ? (int64_t)(ids[i] >> 32) - (int64_t)(ids[i - 1] >> 32) : INT64_MAX;
+        near += d > -1024 && d < 1024;
+    }
+    assert_true(near <= 1); /* 2^-21 per pair by chance */
+    assert_int_equal(st->leases.refused_owner + st->leases.refused_unknown, 0);
+}
+
+/* A connection that closes (no ACL): its ids are forgotten (a release of one is unknown,
+ * not another owner's), and its reads still hold until the TTL, as a dead reader's. */
+static void test_closed_connection_reads_end_by_ttl(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 1 << 20);
+    put(st, "k", KVP_PIN_NONE);
+    uint64_t id = read_start_as(st, ALICE_CONN, NULL, "k");
+    kvp_dispatch_conn_closed(st, ALICE_CONN);
+    read_end1_as(st, ALICE_CONN2, NULL, id); /* the client reconnected: too late */
+    assert_int_equal(st->leases.refused_owner, 0);
+    assert_int_equal(st->leases.refused_unknown, 1);
+    assert_int_equal(rm(st, "k"), KVP_ERR_LEASED);
+    st->now_ms += TTL;
+    assert_int_equal(kvp_lease_expire(st), 1);
+    assert_int_equal(rm(st, "k"), KVP_OK);
+    /* a principal's leases outlive one of its connections (it may release on another) */
+    put(st, "p", KVP_PIN_NONE);
+    id = read_start_as(st, ALICE_CONN, &alice_p, "p");
+    kvp_dispatch_conn_closed(st, ALICE_CONN);
+    read_end1_as(st, ALICE_CONN2, &alice_p, id);
+    assert_int_equal(rm(st, "p"), KVP_OK);
+}
+
+/* A slot that ends (TTL, unmount) frees its grant records: their ids are unknown after. */
+static void test_ids_end_with_their_lease(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount(st, 1 << 20);
+    put(st, "k", KVP_PIN_NONE);
+    uint64_t a = read_start_as(st, ALICE_CONN, &alice_p, "k");
+    uint64_t b = read_start_as(st, BOB_CONN, &bob_p, "k");
+    st->now_ms += TTL;
+    assert_int_equal(kvp_lease_expire(st), 1);
+    uint64_t a2 = read_start_as(st, ALICE_CONN, &alice_p, "k"); /* a new lease */
+    read_end1_as(st, BOB_CONN, &bob_p, b);                      /* bob's old id: unknown */
+    read_end1_as(st, ALICE_CONN, &alice_p, a);                  /* so is alice's */
+    assert_int_equal(st->leases.refused_unknown, 2);
+    assert_int_equal(rm(st, "k"), KVP_ERR_LEASED);
+    read_end1_as(st, ALICE_CONN, &alice_p, a2);
+    assert_int_equal(rm(st, "k"), KVP_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -389,6 +632,12 @@ int main(void)
         T(test_pool_full_message),
         T(test_busy_only_when_reads_give_room_back),
         T(test_put_reaps_expired_lease),
+        T(test_release_by_another_principal_refused),
+        T(test_release_by_another_connection_refused),
+        T(test_shared_object_separate_ids),
+        T(test_ids_random),
+        T(test_closed_connection_reads_end_by_ttl),
+        T(test_ids_end_with_their_lease),
 #undef T
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
