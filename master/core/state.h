@@ -72,6 +72,9 @@ typedef struct kvp_master_stats {
     uint64_t refused_key;         /* a key outside its patterns */
     uint64_t refused_http_unauth; /* an HTTP view without an admin's bearer token */
     uint64_t refused_http_role;   /* ... with a token of a principal that is no admin */
+    /* List and RemoveByRegex patterns refused, by kvp_key_pattern_refusal_t
+     * (master/rpc/key_pattern.h; kvpool_patterns_refused_total by reason) */
+    uint64_t refused_pattern[8];
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of
