@@ -77,6 +77,9 @@ typedef struct kvp_master_stats {
     uint64_t refused_seg_record;   /* SegRecord of a segment another principal mounted */
     uint64_t refused_seg_endpoint; /* a mount advertising another principal's data endpoint */
     uint64_t refused_seg_held;     /* a mount of a name held (limbo) for another principal */
+    /* List and RemoveByRegex patterns refused, by kvp_key_pattern_refusal_t
+     * (master/rpc/key_pattern.h; kvpool_patterns_refused_total by reason) */
+    uint64_t refused_pattern[8];
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

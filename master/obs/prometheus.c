@@ -19,6 +19,7 @@
 #include "common/macros.h"
 #include "master/meta/limbo.h"
 #include "master/obs/http_views.h"
+#include "master/rpc/key_pattern.h"
 
 const uint32_t kvp_rpc_bucket_us[KVP_RPC_BUCKETS - 1] = {10,   25,   50,   100,   250,  500,
                                                          1000, 2500, 5000, 10000, 50000};
@@ -362,6 +363,22 @@ static void segment_claims(kvp_http_reply_t *r, const kvp_master_state_t *st)
                     s->refused_seg_record, s->refused_seg_endpoint, s->refused_seg_held);
 }
 
+/* List and RemoveByRegex patterns refused (master/rpc/key_pattern.h), by reason. */
+static void patterns_refused(kvp_http_reply_t *r, const kvp_master_state_t *st)
+{
+    _Static_assert(KVP_PATTERN_REFUSALS <= KVP_ARRAY_SIZE(st->stats.refused_pattern),
+                   "stats.refused_pattern has a slot per reason");
+    head(r, "kvpool_patterns_refused_total", "counter",
+         "List and remove-by-regex patterns refused with KVP_ERR_INVALID_ARG, by reason "
+         "(too_long, syntax, backref: a back-reference, nesting: groups too deep, repeat: a "
+         "count too large, cost: too large written out, work: more matching work than one "
+         "request may do).");
+    for (int i = KVP_PATTERN_OK + 1; i < KVP_PATTERN_REFUSALS; i++)
+        kvp_http_printf(r, "kvpool_patterns_refused_total{reason=\"%s\"} %" PRIu64 "\n",
+                        kvp_key_pattern_reason((kvp_key_pattern_refusal_t)i),
+                        st->stats.refused_pattern[i]);
+}
+
 void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st,
                                const kvp_master_view_t *v, bool tenant_names)
 {
@@ -369,6 +386,7 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     operations(r, st);
     rpc_latency(r, st, v);
     refusals(r, st);
+    patterns_refused(r, st);
     tenants(r, st, tenant_names);
     ha(r, st, v);
     kv_events(r, v);

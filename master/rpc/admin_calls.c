@@ -8,6 +8,16 @@
  * every COMPLETE matching object (or all); PENDING ones and, without force,
  * leased ones are skipped and counted.
  *
+ * A pattern is checked and bounded by key_pattern.c (no back-references, a bounded
+ * written-out size), runs only over keys the caller may see (may_key before the match,
+ * so no other tenant's keys cost it anything), and each request has a budget of matching
+ * work ((key length + 1) * pattern size per key) and of time: a List page past
+ * LIST_WORK_BUDGET or LIST_WORK_MS ends early at a bucket's end with its cursor (the page
+ * may be empty; the caller goes on, as after LIST_SCAN_BUDGET buckets); a RemoveByRegex
+ * past REMOVE_WORK_BUDGET or REMOVE_WORK_MS removes nothing and answers
+ * KVP_ERR_INVALID_ARG with why (it collects before it removes). Refusals are
+ * counted by reason (stats.refused_pattern, kvpool_patterns_refused_total).
+ *
  * Thread: master loop only.
  */
 #include "master/rpc/admin_calls.h"
@@ -17,9 +27,8 @@
 #include <string.h>
 
 #include "common/log.h"
-#include <regex.h>
-
 #include "common/macros.h"
+#include "master/rpc/key_pattern.h"
 #include "master/rpc/reply.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
@@ -29,7 +38,14 @@
 #define LIST_MAX 1000u
 /* Buckets one List call scans at most, so a filter that matches little stays cheap. */
 #define LIST_SCAN_BUDGET 65536u
-#define PATTERN_MAX 1024u
+/* Matching work one List page may do, and one RemoveByRegex (units: key bytes times the
+ * pattern's written-out size; key_pattern.h), and the time they may take (a safety net:
+ * the units' cost varies). A simple pattern (cost ~16 with the ^.*() around it) over keys
+ * of 50 bytes: ~80 000 keys a page, ~5 million for a remove. */
+#define LIST_WORK_BUDGET (1ull << 26)
+#define LIST_WORK_MS 50u
+#define REMOVE_WORK_BUDGET (1ull << 32)
+#define REMOVE_WORK_MS 2000u
 
 kvp_status_t kvp_handle_ping(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
@@ -127,21 +143,27 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     return kvp_reply_send(&r);
 }
 
-/* Compile a user pattern; on failure write a message for the reply. */
-static kvp_status_t pattern_compile(const char *pattern, regex_t *re, char *msg, size_t msg_len)
+/* A pattern refused (the reply's text says why): KVP_ERR_INVALID_ARG, counted by reason and
+ * logged (rate-limited) with who sent it. */
+static kvp_status_t pattern_refused(kvp_reply_t *r, kvp_key_pattern_refusal_t why,
+                                    const char *method)
 {
-    if (strlen(pattern) > PATTERN_MAX) {
-        snprintf(msg, msg_len, "pattern longer than %u bytes", PATTERN_MAX);
-        return KVP_ERR_INVALID_ARG;
-    }
-    int rc = regcomp(re, pattern, REG_EXTENDED | REG_NOSUB);
-    if (rc != 0) {
-        char err[160];
-        regerror(rc, re, err, sizeof(err));
-        snprintf(msg, msg_len, "bad regular expression '%s': %s", pattern, err);
-        return KVP_ERR_INVALID_ARG;
-    }
-    return KVP_OK;
+    kvp_call_t *call = r->call;
+    call->st->stats.refused_pattern[why]++;
+    KVP_LOG_WARN_LIMITED("connection %llu: %s of principal %s refused (%s): %s",
+                         (unsigned long long)call->conn_id, method,
+                         call->who != NULL ? call->who->name : "(no ACL)",
+                         kvp_key_pattern_reason(why), r->text);
+    return kvp_reply_fail(r, KVP_ERR_INVALID_ARG, NULL);
+}
+
+/* Check and compile a caller's pattern into kp (then kvp_key_pattern_cleanup it); false:
+ * refused, the reply's text says why (*why_p the reason). */
+static bool pattern_compile(kvp_reply_t *r, const char *pattern, kvp_key_pattern_t *kp,
+                            kvp_key_pattern_refusal_t *why_p)
+{
+    *why_p = kvp_key_pattern_init(kp, pattern, r->text, r->text_max);
+    return *why_p == KVP_PATTERN_OK;
 }
 
 /* The key as its tenant gave it (with tenants, after the prefix; master/meta/tenant.h). */
@@ -152,19 +174,15 @@ static const char *user_key(const kvp_master_state_t *st, const kvp_object_t *ob
                           : kvp_object_key(obj);
 }
 
-/* Does obj's key (as its tenant gave it) match? (Keys hold no NUL, so a NUL-terminated
- * copy is the key.) */
-static bool key_matches(const kvp_master_state_t *st, const kvp_object_t *obj, const regex_t *re)
+/* Does obj's key (as its tenant gave it) match? Charges kp's work. */
+static bool key_matches(const kvp_master_state_t *st, const kvp_object_t *obj,
+                        kvp_key_pattern_t *kp)
 {
-    if (re == NULL)
+    if (kp == NULL)
         return true;
-    char key[4097];
     size_t len;
     const char *k = user_key(st, obj, &len);
-    len = KVP_MIN(len, sizeof(key) - 1);
-    memcpy(key, k, len);
-    key[len] = '\0';
-    return regexec(re, key, 0, NULL, 0) == 0;
+    return kvp_key_pattern_match(kp, k, len);
 }
 
 static bool on_segment(const kvp_object_t *obj, uint64_t segment_id)
@@ -311,11 +329,11 @@ static void list_page_add(const kvp_master_state_t *st, list_page_t *p, const kv
 }
 
 /*
- * Fill the page from the request's cursor: whole buckets, until `limit` entries or
- * LIST_SCAN_BUDGET buckets. *next_p: the bucket to go on from (0: the end). false: out
- * of memory.
+ * Fill the page from the request's cursor: whole buckets, until `limit` entries,
+ * LIST_SCAN_BUDGET buckets or LIST_WORK_BUDGET of matching work. *next_p: the bucket to go
+ * on from (0: the end). false: out of memory.
  */
-static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, const regex_t *re,
+static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kvp_key_pattern_t *kp,
                       uint32_t limit, list_page_t *p, uint64_t *next_p)
 {
     const kvp_master_state_t *st = call->st;
@@ -323,10 +341,13 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, co
     bool stored = req->stored_keys;
     uint64_t b = req->cursor;
     uint64_t scanned = 0;
-    for (; b < st->index.n_buckets && p->n < limit && scanned < LIST_SCAN_BUDGET; b++, scanned++) {
+    for (; b < st->index.n_buckets && p->n < limit && scanned < LIST_SCAN_BUDGET &&
+           (kp == NULL || !kvp_key_pattern_over(kp, LIST_WORK_BUDGET, LIST_WORK_MS));
+         b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!on_segment(obj, req->segment_id) || !key_matches(st, obj, re) ||
-                (!stored && !may_key(call, obj)))
+            /* whose key it is first: the pattern runs over the caller's keys only */
+            if (!on_segment(obj, req->segment_id) || (!stored && !may_key(call, obj)) ||
+                !key_matches(st, obj, kp))
                 continue;
             if (p->n == p->cap && !list_page_grow(p))
                 return false;
@@ -334,7 +355,7 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, co
         }
     }
     *next_p = b < st->index.n_buckets ? b : 0;
-    return true;
+    return kp == NULL || !kp->failed;
 }
 
 kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -353,30 +374,29 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
                               "segment, for a segment it serves itself)",
                               call->who->name, req->stored_keys ? " stored keys" : "");
     }
-    regex_t re;
-    bool have_re = false;
-    int32_t status = KVP_OK;
+    if (req->cursor > st->index.n_buckets)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "cursor %llu is past the end of the table",
+                              (unsigned long long)req->cursor);
+    kvp_key_pattern_t *kp = NULL;
+    kvp_key_pattern_refusal_t why;
     if (req->pattern[0] != '\0') {
-        status = pattern_compile(req->pattern, &re, r.text, r.text_max);
-        have_re = status == KVP_OK;
-    }
-    if (status == KVP_OK && req->cursor > st->index.n_buckets)
-        status = KVP_ERR_INVALID_ARG;
-    if (status == KVP_ERR_INVALID_ARG && r.text[0] == '\0')
-        snprintf(r.text, r.text_max, "cursor %llu is past the end of the table",
-                 (unsigned long long)req->cursor);
-    if (status != KVP_OK) {
-        if (have_re)
-            regfree(&re);
-        return kvp_reply_fail(&r, status, NULL);
+        kp = malloc(sizeof(*kp));
+        if (kp == NULL)
+            return kvp_reply_abort(&r);
+        if (!pattern_compile(&r, req->pattern, kp, &why)) {
+            free(kp);
+            return pattern_refused(&r, why, "List");
+        }
     }
     list_page_t page;
     kvp_reply_on_end(&r, list_page_free, &page);
     /* a bucket is finished once started, so a page may pass the limit by a chain */
     bool ok = list_page_init(&page, limit + 64) &&
-              list_scan(call, req, have_re ? &re : NULL, limit, &page, &resp.next_cursor);
-    if (have_re)
-        regfree(&re);
+              list_scan(call, req, kp, limit, &page, &resp.next_cursor);
+    if (kp != NULL) {
+        kvp_key_pattern_cleanup(kp);
+        free(kp);
+    }
     if (!ok)
         return kvp_reply_abort(&r);
     resp.entries = page.entp;
@@ -391,8 +411,8 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     Kvpool__RemoveByRegexResponse resp = KVPOOL__REMOVE_BY_REGEX_RESPONSE__INIT;
     kvp_reply_t r;
     kvp_reply_init(&r, call, &resp.base, 256);
-    regex_t re;
-    bool have_re = false;
+    kvp_key_pattern_t *kp = NULL;
+    kvp_key_pattern_refusal_t why;
     kvp_object_t **victims = NULL;
     if (req->all && call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN))
         return kvp_reply_deny(&r, "principal %s may not remove every object: that needs role admin",
@@ -401,16 +421,22 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
         return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
                               "an empty pattern removes nothing; ask for all instead");
     if (!req->all) {
-        kvp_status_t status = pattern_compile(req->pattern, &re, r.text, r.text_max);
-        if (status != KVP_OK)
-            return kvp_reply_fail(&r, status, NULL);
-        have_re = true;
+        kp = malloc(sizeof(*kp));
+        if (kp == NULL)
+            return kvp_reply_abort(&r);
+        if (!pattern_compile(&r, req->pattern, kp, &why)) {
+            free(kp);
+            return pattern_refused(&r, why, "RemoveByRegex");
+        }
     }
     /* collect first, then remove: removal unlinks from the chains being walked */
     size_t n = 0, cap = 0;
     for (uint64_t b = 0; b < st->index.n_buckets; b++) {
+        if (kp != NULL && kvp_key_pattern_over(kp, REMOVE_WORK_BUDGET, REMOVE_WORK_MS))
+            break; /* nothing is removed: the answer says why */
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            if (!key_matches(st, obj, have_re ? &re : NULL) || !may_key(call, obj))
+            /* whose key it is first: the pattern runs over the caller's keys only */
+            if (!may_key(call, obj) || !key_matches(st, obj, kp))
                 continue;
             if (obj->state != KVP_OBJ_COMPLETE) {
                 resp.skipped_pending++;
@@ -433,6 +459,21 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
         }
     }
 remove:
+    if (kp != NULL && kvp_key_pattern_over(kp, REMOVE_WORK_BUDGET, REMOVE_WORK_MS)) {
+        bool nomem = kp->failed;
+        kvp_key_pattern_cleanup(kp);
+        free(kp);
+        free(victims);
+        if (nomem)
+            return kvp_reply_abort(&r);
+        resp.skipped_leased = resp.skipped_pending = 0;
+        snprintf(r.text, r.text_max,
+                 "pattern '%.100s' needs more matching work than one request may do (%llu "
+                 "units, key bytes times the pattern's size, or %u ms): nothing was removed; "
+                 "use a simpler pattern (an anchored prefix '^...' costs least)",
+                 req->pattern, (unsigned long long)REMOVE_WORK_BUDGET, REMOVE_WORK_MS);
+        return pattern_refused(&r, KVP_PATTERN_WORK, "RemoveByRegex");
+    }
     /* what an SSD segment's owner (down now) kept must not come back */
     if (req->all)
         st->tombstones.cleared = kvp_tier_next_version(st);
@@ -460,8 +501,10 @@ remove:
     if (n > 0)
         KVP_LOG_INFO("removed %zu objects matching %s%s", n, req->all ? "(all)" : req->pattern,
                      req->force ? " (force)" : "");
-    if (have_re)
-        regfree(&re);
+    if (kp != NULL) {
+        kvp_key_pattern_cleanup(kp);
+        free(kp);
+    }
     free(victims);
     return kvp_reply_send(&r);
 }

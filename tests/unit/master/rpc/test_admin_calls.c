@@ -1,6 +1,7 @@
 /*
  * test_admin_calls.c - unit tests for master/rpc/admin_calls.c: List (patterns, segment
- * filter, paging by cursor, a long hash chain) and RemoveByRegex.
+ * filter, paging by cursor, a long hash chain), RemoveByRegex, and patterns refused
+ * (counted by reason) or stopped at their budget of matching work.
  *
  * Drives kvp_dispatch_handle the way the server does (fixture_leases.h).
  */
@@ -22,6 +23,7 @@
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/core/state.h"
+#include "master/rpc/key_pattern.h"
 #include "tests/unit/master/rpc/fixture_leases.h"
 #include "tests/unit/master/svc_call.h"
 
@@ -275,6 +277,122 @@ static void test_remove_by_regex(void **state)
     assert_int_equal(graveyard_len(st), 0);
 }
 
+/* ---- patterns: refused before they compile, bounded while they match ---- */
+
+static void test_patterns_refused_and_counted(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    char key[801];
+    memset(key, 'a', 800);
+    key[800] = '\0';
+    put_done(st, C1, key, 64, 1, NULL, 0);
+
+    /* issue rows 1 and 2: a back-reference, and a compile that would take seconds */
+    Kvpool__ListResponse *l = list(st, "(a|aa)*\\1$", 0, 0, 10);
+    assert_int_equal(l->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(l->message, "back-reference"));
+    assert_int_equal(l->n_entries, 0);
+    svc_msg_free(l);
+    l = list(st, "((a{1,100}){1,100}){1,100}", 0, 0, 10);
+    assert_int_equal(l->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(l->message, "too costly"));
+    svc_msg_free(l);
+    Kvpool__RemoveByRegexResponse *r = rbr(st, "(a|aa)*\\1$", false, false);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(r->message, "back-reference"));
+    assert_int_equal(r->removed, 0);
+    svc_msg_free(r);
+    r = rbr(st, "(((((((((a)))))))))", false, false);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(r->message, "nested deeper"));
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, key), 1);
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_BACKREF], 2);
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_COST], 1);
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_NESTING], 1);
+    /* a bad regex is counted too */
+    l = list(st, "(", 0, 0, 10);
+    assert_int_equal(l->status, KVP_ERR_INVALID_ARG);
+    svc_msg_free(l);
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_SYNTAX], 1);
+
+    /* what users send still works */
+    l = list(st, "^a{800}$", 0, 0, 10);
+    assert_int_equal(l->status, KVP_ERR_INVALID_ARG); /* a count over 255 */
+    svc_msg_free(l);
+    l = list(st, "^(a{200}){4}$", 0, 0, 10);
+    assert_int_equal(l->status, KVP_OK);
+    assert_int_equal(l->n_entries, 1);
+    svc_msg_free(l);
+    l = list(st, "^a+$", 0, 0, 10);
+    assert_int_equal(l->status, KVP_OK);
+    assert_int_equal(l->n_entries, 1);
+    svc_msg_free(l);
+}
+
+/* Long keys and a pattern of the largest size allowed: a List page ends early at its work
+ * budget (the cursor goes on; every key is listed once), a remove over too much refuses
+ * and removes nothing. */
+#define LONG_KEY 4000
+#define LONG_N 600
+#define COSTLY "^w/|(abcdefg){200}"
+
+static void long_key(char *key, int i)
+{
+    memset(key, 'q', LONG_KEY);
+    int n = snprintf(key, LONG_KEY, "w/%d/", i);
+    key[n] = 'q';
+    key[LONG_KEY] = '\0';
+}
+
+static void test_pattern_work_budget(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", 4 * MIB);
+    static char key[LONG_KEY + 1];
+    for (int i = 0; i < LONG_N; i++) {
+        long_key(key, i);
+        put_done(st, C1, key, 64, 1, NULL, 0);
+    }
+    bool seen[LONG_N] = {false};
+    unsigned n_seen = 0, pages = 0;
+    uint64_t cursor = 0;
+    do {
+        Kvpool__ListResponse *l = list(st, COSTLY, 0, cursor, 1000);
+        assert_int_equal(l->status, KVP_OK);
+        assert_true(l->n_entries < 100); /* ~8 keys of work, plus a bucket's chain */
+        for (size_t e = 0; e < l->n_entries; e++) {
+            int i = atoi((const char *)l->entries[e]->key.data + 2);
+            assert_true(i >= 0 && i < LONG_N);
+            assert_false(seen[i]);
+            seen[i] = true;
+            n_seen++;
+        }
+        cursor = l->next_cursor;
+        svc_msg_free(l);
+        pages++;
+        assert_true(pages < 10000);
+    } while (cursor != 0);
+    assert_int_equal(n_seen, LONG_N);
+    assert_true(pages >= LONG_N / 20);
+
+    /* a remove over more work than one request may do: nothing removed */
+    Kvpool__RemoveByRegexResponse *r = rbr(st, COSTLY, false, false);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(r->message, "more matching work"));
+    assert_int_equal(r->removed, 0);
+    svc_msg_free(r);
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_WORK], 1);
+    stat_snap_t s = stat_get(st);
+    assert_int_equal(s.objects, LONG_N);
+    /* a simple pattern removes them all */
+    r = rbr(st, "^w/", false, false);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->removed, LONG_N);
+    svc_msg_free(r);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -282,6 +400,8 @@ int main(void)
         T(test_list),
         T(test_list_long_chain),
         T(test_remove_by_regex),
+        T(test_patterns_refused_and_counted),
+        T(test_pattern_work_budget),
     };
 #undef T
     return cmocka_run_group_tests_name("admin_calls", tests, NULL, NULL);

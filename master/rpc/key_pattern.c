@@ -1,0 +1,434 @@
+/*
+ * key_pattern.c - the regexes of List and RemoveByRegex, made harmless to the master.
+ *
+ * A caller's pattern is a POSIX extended regex that glibc compiles (regcomp) and runs
+ * (regexec) on the master's loop thread, so what it may cost is bounded before and
+ * while it runs:
+ *
+ * - Before regcomp, our own parse of the ERE syntax (as glibc reads it in the C locale)
+ *   refuses back-references (\1..\9: they make regexec exponential), groups nested deeper
+ *   than KVP_KEY_PATTERN_DEPTH_MAX, a count {n,m} over KVP_KEY_PATTERN_REPEAT_MAX, and a
+ *   pattern whose written-out size passes KVP_KEY_PATTERN_COST_MAX. The written-out size
+ *   follows what glibc's parser builds: x{n,m} is max(m, 1) copies of x (x{n,}: n + 1,
+ *   x+: two), so nested counts multiply; groups, alternatives and operators are one
+ *   each. regcomp's time and memory grow with that size (its closures at worst with its
+ *   square), and the property test in tests/unit/master/rpc/test_key_pattern.c holds
+ *   every accepted pattern to a bound.
+ * - regexec retries a search from every start position (quadratic in the key), so the
+ *   pattern P is compiled as ^.*(P): the same keys match (no REG_NEWLINE: ^ is the key's
+ *   start only, and . matches every byte of a key), and the search is one pass.
+ * - glibc caches the DFA states it meets and never drops them; a pattern with many
+ *   reachable states (counted repeats after a loop) fed many different keys would grow
+ *   the cache without bound. After `flush` key bytes the pattern is compiled again,
+ *   which drops the cache: at most about FLUSH_MEM bytes of states live at once.
+ * - Each key matched charges (its length + 1) * cost to kp->work; the handlers stop a
+ *   request at a budget of those units, or of time since the compile (admin_calls.c): a
+ *   cached DFA step costs nanoseconds, building a new state up to microseconds, so the
+ *   units bound the work deterministically and the time catches what they underrate.
+ *
+ * Thread: any; a kvp_key_pattern_t is used by one thread at a time (the master loop).
+ */
+#include "master/rpc/key_pattern.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/clock.h"
+
+/* DFA states glibc may cache between two compiles: about (2 KiB + 16 bytes per node of the
+ * state) each, one per key byte at most. */
+#define FLUSH_MEM (32u << 20)
+#define FLUSH_STATE_BYTES 4096u
+
+static const char *const reasons[KVP_PATTERN_REFUSALS] = {
+    [KVP_PATTERN_OK] = "",
+    [KVP_PATTERN_TOO_LONG] = "too_long",
+    [KVP_PATTERN_SYNTAX] = "syntax",
+    [KVP_PATTERN_BACKREF] = "backref",
+    [KVP_PATTERN_NESTING] = "nesting",
+    [KVP_PATTERN_REPEAT] = "repeat",
+    [KVP_PATTERN_COST] = "cost",
+    [KVP_PATTERN_WORK] = "work",
+};
+
+const char *kvp_key_pattern_reason(kvp_key_pattern_refusal_t why)
+{
+    return (unsigned)why < KVP_PATTERN_REFUSALS ? reasons[why] : "";
+}
+
+/* The parse: recursive descent over the ERE grammar, depth bounded by the nesting limit. */
+typedef struct parse {
+    const char *s;
+    size_t at;
+    kvp_key_pattern_refusal_t why;
+    char *msg;
+    size_t msg_len;
+    char *out; /* the pattern as compiled (unmatched ')' escaped), or NULL */
+    size_t out_len;
+} parse_t;
+
+/* Costs are held at COST_CAP at most, so products never overflow. */
+#define COST_CAP ((uint64_t)KVP_KEY_PATTERN_COST_MAX + 1)
+/* The largest part that may match nothing which a repetition may copy: (a?) and (a*) are
+ * 4, ((a?){0,2}) is 12. */
+#define NULLABLE_COPY_MAX 4u
+
+static uint64_t cap_cost(uint64_t c)
+{
+    return c > COST_CAP ? COST_CAP : c;
+}
+
+__attribute__((format(printf, 3, 4))) static void refuse(parse_t *p, kvp_key_pattern_refusal_t why,
+                                                         const char *fmt, ...)
+{
+    if (p->why != KVP_PATTERN_OK)
+        return;
+    p->why = why;
+    if (p->msg_len == 0)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, p->msg_len, fmt, ap);
+    va_end(ap);
+}
+
+static void emit(parse_t *p, char c)
+{
+    if (p->out != NULL)
+        p->out[p->out_len++] = c;
+}
+
+/* Copy s[from, to) to the output. */
+static void emit_span(parse_t *p, size_t from, size_t to)
+{
+    for (size_t i = from; i < to; i++)
+        emit(p, p->s[i]);
+}
+
+static uint64_t parse_alt(parse_t *p, unsigned depth, bool *nullable_p);
+
+/* A bracket expression from its '[' (p->at): [^]...], [:class:], [.c.], [=c=]. */
+static void parse_bracket(parse_t *p)
+{
+    size_t from = p->at++;
+    const char *s = p->s;
+    if (s[p->at] == '^')
+        p->at++;
+    if (s[p->at] == ']')
+        p->at++; /* a ']' first is a literal */
+    for (;;) {
+        char c = s[p->at];
+        if (c == '\0') {
+            refuse(p, KVP_PATTERN_SYNTAX, "unmatched [ at byte %zu", from);
+            return;
+        }
+        if (c == ']') {
+            p->at++;
+            break;
+        }
+        if (c == '[' && (s[p->at + 1] == ':' || s[p->at + 1] == '.' || s[p->at + 1] == '=')) {
+            char kind = s[p->at + 1];
+            const char *end = NULL;
+            for (const char *q = s + p->at + 2; *q != '\0'; q++)
+                if (q[0] == kind && q[1] == ']') {
+                    end = q;
+                    break;
+                }
+            if (end == NULL) {
+                refuse(p, KVP_PATTERN_SYNTAX, "unterminated [%c at byte %zu", kind, p->at);
+                return;
+            }
+            p->at = (size_t)(end - s) + 2;
+            continue;
+        }
+        p->at++; /* a backslash is a literal inside brackets */
+    }
+    emit_span(p, from, p->at);
+}
+
+/* A count: digits (none: -1), at most the cap plus one. */
+static long parse_count(parse_t *p)
+{
+    long n = -1;
+    while (p->s[p->at] >= '0' && p->s[p->at] <= '9') {
+        n = (n < 0 ? 0 : n) * 10 + (p->s[p->at] - '0');
+        if (n > (long)KVP_KEY_PATTERN_REPEAT_MAX)
+            n = (long)KVP_KEY_PATTERN_REPEAT_MAX + 1;
+        p->at++;
+    }
+    return n;
+}
+
+/* {n}, {n,}, {,m}, {n,m} from its '{' (p->at): how many copies of the repeated part glibc
+ * writes out. 0 with p->why set: refused. */
+static uint64_t parse_interval(parse_t *p)
+{
+    size_t from = p->at++;
+    long lo = parse_count(p), hi = lo;
+    bool comma = p->s[p->at] == ',';
+    if (comma) {
+        p->at++;
+        hi = parse_count(p); /* -1: no upper bound */
+        if (lo < 0)
+            lo = 0; /* {,m} is {0,m} */
+    }
+    if (lo < 0 || p->s[p->at] != '}') {
+        refuse(p, KVP_PATTERN_SYNTAX, "bad repetition count at byte %zu (want {n}, {n,} or {n,m})",
+               from);
+        return 0;
+    }
+    p->at++;
+    if (lo > (long)KVP_KEY_PATTERN_REPEAT_MAX || hi > (long)KVP_KEY_PATTERN_REPEAT_MAX) {
+        refuse(p, KVP_PATTERN_REPEAT, "repetition count at byte %zu is over %u", from,
+               KVP_KEY_PATTERN_REPEAT_MAX);
+        return 0;
+    }
+    if (hi >= 0 && lo > hi) {
+        refuse(p, KVP_PATTERN_SYNTAX, "repetition {%ld,%ld} at byte %zu has min over max", lo, hi,
+               from);
+        return 0;
+    }
+    emit_span(p, from, p->at);
+    if (hi < 0)
+        return (uint64_t)lo + 1;
+    return hi > 0 ? (uint64_t)hi : 1;
+}
+
+/* An atom and the repetitions after it. */
+/* An escape that matches no character (a GNU anchor): \b \B \< \> \` \'. */
+static bool zero_width_escape(char c)
+{
+    return c == 'b' || c == 'B' || c == '<' || c == '>' || c == '`' || c == '\'';
+}
+
+static uint64_t parse_piece(parse_t *p, unsigned depth, bool *nullable_p)
+{
+    bool nullable = false; /* may it match the empty string? */
+    const char *s = p->s;
+    char c = s[p->at];
+    uint64_t cost = 1;
+    switch (c) {
+    case '*':
+    case '+':
+    case '?':
+    case '{':
+        refuse(p, KVP_PATTERN_SYNTAX, "'%c' at byte %zu has nothing to repeat", c, p->at);
+        return 0;
+    case '(':
+        if (depth + 1 > KVP_KEY_PATTERN_DEPTH_MAX) {
+            refuse(p, KVP_PATTERN_NESTING, "groups nested deeper than %u (at byte %zu)",
+                   KVP_KEY_PATTERN_DEPTH_MAX, p->at);
+            return 0;
+        }
+        {
+            size_t open = p->at++;
+            emit(p, '(');
+            cost = parse_alt(p, depth + 1, &nullable) + 2;
+            if (p->why != KVP_PATTERN_OK)
+                return 0;
+            if (s[p->at] != ')') {
+                refuse(p, KVP_PATTERN_SYNTAX, "unmatched ( at byte %zu", open);
+                return 0;
+            }
+            p->at++;
+            emit(p, ')');
+        }
+        break;
+    case ')': /* only at the top (a group's end stops parse_alt): a literal, as in glibc */
+        p->at++;
+        emit(p, '\\');
+        emit(p, ')');
+        break;
+    case '[':
+        parse_bracket(p);
+        break;
+    case '\\':
+        if (s[p->at + 1] == '\0') {
+            refuse(p, KVP_PATTERN_SYNTAX, "trailing backslash");
+            return 0;
+        }
+        if (s[p->at + 1] >= '1' && s[p->at + 1] <= '9') {
+            refuse(p, KVP_PATTERN_BACKREF,
+                   "back-reference \\%c at byte %zu: back-references are not allowed", s[p->at + 1],
+                   p->at);
+            return 0;
+        }
+        nullable = zero_width_escape(s[p->at + 1]);
+        emit_span(p, p->at, p->at + 2);
+        p->at += 2;
+        break;
+    default: /* a character, '.', '^', '$' */
+        nullable = c == '^' || c == '$';
+        emit(p, c);
+        p->at++;
+        break;
+    }
+    if (p->why != KVP_PATTERN_OK)
+        return 0;
+    /* repetitions, stacked ones multiplying: glibc copies the part for each count */
+    for (;;) {
+        c = s[p->at];
+        uint64_t copies;
+        size_t at = p->at;
+        bool may_skip; /* the repetition may match nothing */
+        if (c == '*' || c == '?') {
+            emit(p, c);
+            p->at++;
+            copies = 1;
+            may_skip = true;
+        } else if (c == '+') {
+            emit(p, c);
+            p->at++;
+            copies = 2; /* x+ is x x* */
+            may_skip = false;
+        } else if (c == '{') {
+            may_skip = p->s[p->at + 1] == '0' || p->s[p->at + 1] == ',';
+            copies = parse_interval(p);
+            if (p->why != KVP_PATTERN_OK)
+                return 0;
+        } else {
+            break;
+        }
+        /* glibc's compile time explodes (minutes) when a part that may match nothing and
+         * holds repetitions of its own is copied: ((a?){0,2}){100,} */
+        if (copies > 1 && nullable && cost > NULLABLE_COPY_MAX) {
+            refuse(p, KVP_PATTERN_COST,
+                   "repetition at byte %zu copies a part that may match nothing and holds "
+                   "repetitions of its own; make the part match something",
+                   at);
+            return 0;
+        }
+        nullable |= may_skip;
+        cost = cap_cost(copies * (cost + 1));
+    }
+    *nullable_p = nullable;
+    return cost;
+}
+
+/* Branches separated by '|', up to the end or (inside a group) its ')'. *nullable_p: may
+ * one of them match the empty string? */
+static uint64_t parse_alt(parse_t *p, unsigned depth, bool *nullable_p)
+{
+    uint64_t cost = 0;
+    bool branch_nullable = true; /* every piece of the branch so far may match nothing */
+    *nullable_p = false;
+    for (;;) {
+        char c = p->s[p->at];
+        if (c == '\0' || (c == ')' && depth > 0) || c == '|')
+            *nullable_p |= branch_nullable;
+        if (c == '\0' || (c == ')' && depth > 0))
+            return cost;
+        if (c == '|') {
+            emit(p, '|');
+            p->at++;
+            cost = cap_cost(cost + 1);
+            branch_nullable = true;
+            continue;
+        }
+        bool piece_nullable = false;
+        cost = cap_cost(cost + parse_piece(p, depth, &piece_nullable));
+        if (p->why != KVP_PATTERN_OK)
+            return 0;
+        branch_nullable &= piece_nullable;
+    }
+}
+
+/* Parse `pattern`; out (room for twice its length plus 1) gets it as compiled, or NULL. */
+static kvp_key_pattern_refusal_t check(const char *pattern, uint32_t *cost_p, char *msg,
+                                       size_t msg_len, char *out)
+{
+    if (msg_len > 0)
+        msg[0] = '\0';
+    size_t len = strnlen(pattern, KVP_KEY_PATTERN_MAX + 1);
+    if (len > KVP_KEY_PATTERN_MAX) {
+        if (msg_len > 0)
+            snprintf(msg, msg_len, "pattern longer than %u bytes", KVP_KEY_PATTERN_MAX);
+        return KVP_PATTERN_TOO_LONG;
+    }
+    parse_t p = {.s = pattern, .msg = msg, .msg_len = msg_len, .out = out};
+    bool nullable;
+    uint64_t cost = parse_alt(&p, 0, &nullable);
+    if (p.why == KVP_PATTERN_OK && cost > KVP_KEY_PATTERN_COST_MAX)
+        refuse(&p, KVP_PATTERN_COST,
+               "pattern too costly: written out (each repeated part as often as it may "
+               "occur) it is over %u elements; use fewer or smaller repetition counts",
+               KVP_KEY_PATTERN_COST_MAX);
+    if (p.why != KVP_PATTERN_OK)
+        return p.why;
+    if (out != NULL)
+        out[p.out_len] = '\0';
+    *cost_p = (uint32_t)cost;
+    return KVP_PATTERN_OK;
+}
+
+kvp_key_pattern_refusal_t kvp_key_pattern_check(const char *pattern, uint32_t *cost_p, char *msg,
+                                                size_t msg_len)
+{
+    return check(pattern, cost_p, msg, msg_len, NULL);
+}
+
+static bool compile(kvp_key_pattern_t *kp)
+{
+    kp->since = 0;
+    return regcomp(&kp->re, kp->wrapped, REG_EXTENDED | REG_NOSUB) == 0;
+}
+
+kvp_key_pattern_refusal_t kvp_key_pattern_init(kvp_key_pattern_t *kp, const char *pattern,
+                                               char *msg, size_t msg_len)
+{
+    memset(kp, 0, sizeof(*kp));
+    char why[200];
+    static const char head[] = "^.*(";
+    uint32_t cost = 0;
+    kvp_key_pattern_refusal_t rc =
+        check(pattern, &cost, why, sizeof(why), kp->wrapped + sizeof(head) - 1);
+    if (rc == KVP_PATTERN_OK) {
+        memcpy(kp->wrapped, head, sizeof(head) - 1);
+        strcat(kp->wrapped, ")");
+        int e = regcomp(&kp->re, kp->wrapped, REG_EXTENDED | REG_NOSUB);
+        if (e != 0) {
+            regerror(e, &kp->re, why, sizeof(why));
+            rc = KVP_PATTERN_SYNTAX;
+        }
+    }
+    if (rc != KVP_PATTERN_OK) {
+        if (msg_len > 0)
+            snprintf(msg, msg_len, "bad regular expression '%.100s%s': %s", pattern,
+                     strlen(pattern) > 100 ? "..." : "", why);
+        return rc;
+    }
+    kp->compiled = true;
+    kp->started_ns = kvp_now_ns();
+    kp->cost = cost + 6; /* ^ .* ( ) */
+    kp->flush = FLUSH_MEM / (FLUSH_STATE_BYTES + 16u * kp->cost);
+    return KVP_PATTERN_OK;
+}
+
+void kvp_key_pattern_cleanup(kvp_key_pattern_t *kp)
+{
+    if (kp->compiled)
+        regfree(&kp->re);
+    kp->compiled = false;
+}
+
+bool kvp_key_pattern_match(kvp_key_pattern_t *kp, const char *key, size_t len)
+{
+    kp->work += ((uint64_t)len + 1) * kp->cost;
+    if (kp->since > kp->flush) {
+        regfree(&kp->re);
+        kp->compiled = compile(kp);
+        kp->failed |= !kp->compiled;
+    }
+    if (!kp->compiled)
+        return false;
+    kp->since += len + 1;
+    /* REG_STARTEND: the key is not NUL-terminated (and holds no NUL) */
+    regmatch_t m = {.rm_so = 0, .rm_eo = (regoff_t)len};
+    return regexec(&kp->re, key, 1, &m, REG_STARTEND) == 0;
+}
+
+bool kvp_key_pattern_over(const kvp_key_pattern_t *kp, uint64_t work, uint32_t ms)
+{
+    return kp->work > work || kp->failed || kvp_now_ns() - kp->started_ns > (uint64_t)ms * 1000000u;
+}
