@@ -13,6 +13,18 @@
  * the loop (SIGHUP reloads the credentials); everything is freed on the
  * way out.
  *
+ * What a peer may hold (docs/security.md, "Admission limits"): connections in
+ * all, per peer address and before authentication are capped
+ * (master/auth/admission.c decides, at the accept, before any TLS state is
+ * made); an accept that fails for want of descriptors closes the pending
+ * connection through a reserved descriptor, or stops watching the listener
+ * for LISTEN_PAUSE_MS, never spins. A connection must authenticate within
+ * --auth-timeout of its accept and finish each frame within --frame-timeout
+ * of its first byte, whatever it trickles meanwhile; --client-ttl counts
+ * from the last whole frame. An input buffer grows with what has arrived,
+ * never past the frame its header announces, and the buffers past their
+ * first READ_CHUNK stay under --max-input-buffers all together.
+ *
  * What the loop asks of others: who is calling and may it send this
  * (master/auth/: admission, audit, credentials), whether this master may
  * serve now (master/ha/leadership.c), which segments' record changes to
@@ -26,10 +38,12 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -60,6 +74,12 @@
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
 #define TICK_MS 500
+/* Accept failing for want of memory or descriptors (and none reserved to close the pending
+ * connection with): the listener is not watched for this long. */
+#define LISTEN_PAUSE_MS 100
+/* Descriptors kept for what the master opens besides connections (HTTP, etcd, files that
+ * are reloaded, the reserve): at most this, and at most a quarter of RLIMIT_NOFILE. */
+#define FD_RESERVE 64u
 
 typedef struct conn {
     int fd;
@@ -73,8 +93,9 @@ typedef struct conn {
     bool refuse;         /* protected mode, a peer of another host: refused at its first header */
     kvp_ssl_t *ssl;      /* TLS (--tls-cert): every byte goes through it; NULL: plain */
     kvp_caller_t caller; /* who is calling (master/auth/admission.h) */
-    uint64_t last_rx_ms; /* when a byte last arrived: liveness for --client-ttl */
-    struct conn *next;   /* all connections, for shutdown */
+    uint64_t last_rx_ms; /* when a whole frame last arrived: liveness for --client-ttl */
+    uint64_t frame_start_ms; /* when the first byte of the frame in `in` arrived (0: none) */
+    struct conn *next;       /* all connections, for shutdown */
     struct conn *prev;
 } conn_t;
 
@@ -111,7 +132,18 @@ struct kvp_master_server {
     const char *method_names[KVP_RPC_METHOD_MAX + 1]; /* the method table's, for the views */
     kvp_credentials_t cred; /* TLS and ACL (master/auth/): NULL without --tls-cert; SIGHUP
                                reloads both */
+    /* admission limits (master/auth/admission.h) */
+    kvp_admission_limits_t limits;
+    int reserve_fd;            /* /dev/null, closed to accept-and-close at EMFILE (-1: none) */
+    uint64_t listen_paused_ms; /* the listener is not watched until then (0: it is) */
+    uint64_t in_extra;         /* input buffers past READ_CHUNK, all connections together */
 };
+
+/* What c's input buffer counts against --max-input-buffers. */
+static size_t in_extra(const conn_t *c)
+{
+    return c->in_cap > READ_CHUNK ? c->in_cap - READ_CHUNK : 0;
+}
 
 /* What the state holds of the server's (again after drop_all re-creates the state). */
 static void attach_obs(kvp_master_server_t *srv)
@@ -134,6 +166,8 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     }
     kvp_record_stream_closed(&srv->state.segments, c);
     kvp_dispatch_conn_closed(&srv->state, c->id);
+    kvp_admission_close(&srv->limits, &c->caller);
+    srv->in_extra -= in_extra(c);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     kvp_tls_free(c->ssl);
     close(c->fd);
@@ -421,6 +455,15 @@ static bool finish_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
     return true;
 }
 
+/* c authenticates once it names a principal (with an ACL), or without one once a whole
+ * frame of it came in: from then on it is not among the unauthenticated (the caps,
+ * --auth-timeout). */
+static void note_authenticated(kvp_master_server_t *srv, conn_t *c, bool whole_frame)
+{
+    if (!c->caller.admitted && (srv->cred.acl != NULL ? c->caller.who != NULL : whole_frame))
+        kvp_admission_authenticated(&srv->limits, &c->caller);
+}
+
 /* Dispatch every whole frame in the input buffer. false: close the connection. */
 static bool process_input(kvp_master_server_t *srv, conn_t *c)
 {
@@ -478,29 +521,103 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
     if (off > 0) {
         memmove(c->in, c->in + off, c->in_len - off);
         c->in_len -= off;
+        /* liveness and the frame deadline count whole frames, never bytes */
+        c->last_rx_ms = srv->state.now_ms;
+        c->frame_start_ms = 0;
+        note_authenticated(srv, c, true);
     }
     return true;
 }
 
 static void push_records(kvp_master_server_t *srv);
 
+/*
+ * Close c for a limit or a deadline, telling it why (status, msg) where it can still hear
+ * us: a frame answering the request whose header is in (else request id 0), written if the
+ * socket takes it at once. A TLS session not established yet is just closed.
+ */
+static void close_with(kvp_master_server_t *srv, conn_t *c, kvp_status_t status, const char *msg)
+{
+    if (c->ssl == NULL || kvp_tls_established(c->ssl)) {
+        kvp_rpc_hdr_t h = {0};
+        if (c->in_len >= KVP_RPC_HDR_LEN)
+            (void)kvp_rpc_hdr_unpack(c->in, KVP_RPC_MAX_BODY, &h);
+        reply_error(srv, c, &h, status, msg);
+        (void)flush_out(srv, c);
+    }
+    conn_close(srv, c);
+}
+
+/*
+ * Room to read into c->in: the buffer doubles from READ_CHUNK as bytes arrive, never past
+ * the frame its header announces (a length prefix alone allocates nothing), and what the
+ * buffers hold past READ_CHUNK stays under --max-input-buffers for all connections
+ * together. false: c was closed (out of memory, or over that cap: counted, told).
+ */
+static bool in_grow(kvp_master_server_t *srv, conn_t *c)
+{
+    size_t bound = READ_CHUNK;
+    kvp_rpc_hdr_t h = {0};
+    if (c->in_len >= KVP_RPC_HDR_LEN &&
+        kvp_rpc_hdr_unpack(c->in, kvp_admission_max_body(srv->cred.acl, &c->caller), &h) == KVP_OK)
+        bound = KVP_MAX(bound, KVP_RPC_HDR_LEN + (size_t)h.body_len);
+    size_t cap = KVP_MIN(KVP_MAX(c->in_cap * 2, (size_t)READ_CHUNK), bound);
+    if (cap <= c->in_cap)
+        return true;
+    size_t add = (cap > READ_CHUNK ? cap - READ_CHUNK : 0) - in_extra(c);
+    uint64_t max = srv->state.config.max_input_bytes;
+    if (max != 0 && add > 0 && srv->in_extra + add > max) {
+        srv->state.stats.refused_input_buffers++;
+        char peer[80], msg[256];
+        kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+        snprintf(msg, sizeof(msg),
+                 "the master holds %llu bytes of unfinished requests, its cap "
+                 "(--max-input-buffers %llu): a frame of %u bytes does not fit now; retry",
+                 (unsigned long long)srv->in_extra, (unsigned long long)max, h.body_len);
+        KVP_LOG_WARN_LIMITED("connection %llu from %s (principal %s) closed: %s",
+                             (unsigned long long)c->id, peer,
+                             c->caller.pname[0] ? c->caller.pname : "none", msg);
+        close_with(srv, c, KVP_ERR_NOMEM, msg);
+        return false;
+    }
+    uint8_t *p = realloc(c->in, cap);
+    if (p == NULL) {
+        conn_close(srv, c);
+        return false;
+    }
+    c->in = p;
+    c->in_cap = cap;
+    srv->in_extra += add;
+    return true;
+}
+
+/* A request went through: give back what its buffer holds past READ_CHUNK. */
+static void in_shrink(kvp_master_server_t *srv, conn_t *c)
+{
+    if (c->in_cap <= READ_CHUNK || c->in_len > READ_CHUNK / 2)
+        return;
+    srv->in_extra -= in_extra(c);
+    if (c->in_len == 0) {
+        free(c->in);
+        c->in = NULL;
+        c->in_cap = 0;
+        return;
+    }
+    uint8_t *p = realloc(c->in, READ_CHUNK);
+    if (p != NULL) {
+        c->in = p;
+        c->in_cap = READ_CHUNK;
+    }
+    srv->in_extra += in_extra(c);
+}
+
 static void on_readable(kvp_master_server_t *srv, conn_t *c)
 {
     for (;;) {
-        if (c->in_cap - c->in_len < READ_CHUNK / 4) {
-            size_t cap = KVP_MAX(c->in_cap * 2, (size_t)READ_CHUNK);
-            if (cap > KVP_RPC_HDR_LEN + (size_t)KVP_RPC_MAX_BODY + READ_CHUNK)
-                cap = KVP_RPC_HDR_LEN + (size_t)KVP_RPC_MAX_BODY + READ_CHUNK;
-            if (cap > c->in_cap) {
-                uint8_t *p = realloc(c->in, cap);
-                if (p == NULL) {
-                    conn_close(srv, c);
-                    return;
-                }
-                c->in = p;
-                c->in_cap = cap;
-            }
-        }
+        if (c->close_after)
+            c->in_len = 0; /* it is answered and closes: what else it sends is never read */
+        if (c->in_cap - c->in_len < READ_CHUNK / 4 && !in_grow(srv, c))
+            return;
         ssize_t n;
         if (c->ssl != NULL) {
             char err[256];
@@ -508,8 +625,10 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             if (n == KVP_TLS_WANT_READ || n == KVP_TLS_WANT_WRITE) {
                 if (n == KVP_TLS_WANT_WRITE)
                     set_events(srv, c, true);
-                if (!c->caller.cert_checked && kvp_tls_established(c->ssl))
+                if (!c->caller.cert_checked && kvp_tls_established(c->ssl)) {
                     kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
+                    note_authenticated(srv, c, false);
+                }
                 break;
             }
             if (n < 0) {
@@ -521,8 +640,10 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                 conn_close(srv, c);
                 return;
             }
-            if (n > 0 && !c->caller.cert_checked)
+            if (n > 0 && !c->caller.cert_checked) {
                 kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
+                note_authenticated(srv, c, false);
+            }
         } else {
             n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
         }
@@ -539,36 +660,91 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             return;
         }
         c->in_len += (size_t)n;
-        c->last_rx_ms = srv->state.now_ms;
         if (!process_input(srv, c)) {
             conn_close(srv, c);
             return;
         }
+        if (c->in_len == 0)
+            c->frame_start_ms = 0;
+        else if (c->frame_start_ms == 0)
+            c->frame_start_ms = srv->state.now_ms; /* a frame begun: --frame-timeout from here */
         if (c->close_after)
             break;
     }
     /* An owner's record learns of the puts that just ended before their writers do: its
      * stream is written first (meta/record.c). */
     push_records(srv);
-    if (c->in_len == 0 && c->in_cap > 4 * READ_CHUNK) {
-        /* a big request went through: give its buffer back */
-        free(c->in);
-        c->in = NULL;
-        c->in_cap = 0;
-    }
+    in_shrink(srv, c);
     if (!flush_out(srv, c))
         conn_close(srv, c);
 }
 
+/* Stop watching the listener for LISTEN_PAUSE_MS: accept failed for want of memory or
+ * descriptors, and retrying at once would only spin. */
+static void pause_listener(kvp_master_server_t *srv, int err)
+{
+    struct epoll_event ev = {.events = 0, .data.ptr = &srv->listen_fd};
+    epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &ev);
+    srv->listen_paused_ms = srv->state.now_ms + LISTEN_PAUSE_MS;
+    KVP_LOG_WARN_LIMITED("accept failed: %s; %u connections open; not accepting for %u ms",
+                         strerror(err), srv->n_conns, LISTEN_PAUSE_MS);
+}
+
+/* Watch the listener again once its pause is over (and take a reserve descriptor back). */
+static void resume_listener(kvp_master_server_t *srv)
+{
+    if (srv->listen_paused_ms == 0 || srv->state.now_ms < srv->listen_paused_ms)
+        return;
+    if (srv->reserve_fd < 0)
+        srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &srv->listen_fd};
+    epoll_ctl(srv->epfd, EPOLL_CTL_MOD, srv->listen_fd, &ev);
+    srv->listen_paused_ms = 0;
+}
+
+/* No descriptor left (EMFILE, ENFILE): close the reserved one, accept the pending
+ * connection and close it at once (counted), take the reserve back. false: nothing to do
+ * so (no reserve, or it could not be taken back): pause the listener instead. */
+static bool shed_one(kvp_master_server_t *srv)
+{
+    if (srv->reserve_fd < 0)
+        return false;
+    close(srv->reserve_fd);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
+    if (fd >= 0) {
+        char peer[80];
+        kvp_sock_peer_name(fd, peer, sizeof(peer));
+        close(fd);
+        srv->state.stats.refused_descriptors++;
+        KVP_LOG_WARN_LIMITED("connection from %s refused: no descriptor left (RLIMIT_NOFILE; %u "
+                             "connections open)",
+                             peer, srv->n_conns);
+    }
+    srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    return fd >= 0 && srv->reserve_fd >= 0;
+}
+
+/* At most this many accepts per wakeup: a flood of connections cannot keep the loop from
+ * the requests of the connections it has. */
+#define ACCEPT_BATCH 64
+
 static void on_accept(kvp_master_server_t *srv)
 {
-    for (;;) {
-        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    for (unsigned i = 0; i < ACCEPT_BATCH; i++) {
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof(ss);
+        int fd = accept4(srv->listen_fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno == EINTR)
+            int err = errno;
+            if (err == EINTR || err == ECONNABORTED || err == EPROTO)
+                continue; /* that connection's trouble, not the listener's */
+            if (err == EAGAIN || err == EWOULDBLOCK)
+                return;
+            if ((err == EMFILE || err == ENFILE) && shed_one(srv))
                 continue;
-            if (errno != EAGAIN && errno != EWOULDBLOCK)
-                KVP_LOG_WARN_LIMITED("accept failed: %m");
+            pause_listener(srv, err);
             return;
         }
         conn_t *c = calloc(1, sizeof(*c));
@@ -578,27 +754,35 @@ static void on_accept(kvp_master_server_t *srv)
         }
         c->fd = fd;
         c->id = ++srv->next_conn_id;
+        c->caller.conn_id = c->id;
+        c->caller.fd = fd;
+        /* the caps, before any TLS state is made for it (master/auth/admission.c) */
+        kvp_caller_t *victim;
+        kvp_admit_verdict_t v;
+        while ((v = kvp_admission_open(&srv->limits, &c->caller, &ss, srv->state.now_ms,
+                                       &srv->state.stats, &victim)) == KVP_ADMIT_EVICT)
+            conn_close(srv, (conn_t *)((char *)victim - offsetof(conn_t, caller)));
+        if (v != KVP_ADMIT_OK) {
+            close(fd);
+            free(c);
+            continue;
+        }
         /* replies go out at once: over TLS a large reply is several records, and Nagle
          * would hold each record's last partial segment for the client's delayed ACK */
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
         /* credentials configured: anyone may connect, and must name a principal */
-        c->caller.conn_id = c->id;
-        c->caller.fd = fd;
         c->refuse = kvp_admission_refuses(&srv->state.config, srv->cred.tls != NULL, fd);
-        if (srv->cred.tls != NULL && kvp_tls_accept(srv->cred.tls, fd, &c->ssl) != KVP_OK) {
-            close(fd);
-            free(c);
-            continue;
-        }
-        c->last_rx_ms = srv->state.now_ms;
         struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-        if (epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        if ((srv->cred.tls != NULL && kvp_tls_accept(srv->cred.tls, fd, &c->ssl) != KVP_OK) ||
+            epoll_ctl(srv->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+            kvp_admission_close(&srv->limits, &c->caller);
             kvp_tls_free(c->ssl);
             close(fd);
             free(c);
             continue;
         }
+        c->last_rx_ms = srv->state.now_ms;
         c->next = srv->conns;
         if (srv->conns)
             srv->conns->prev = c;
@@ -709,6 +893,28 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->reason = reason;
 }
 
+/* The connection caps (master/auth/admission.c): --max-connections within what the
+ * descriptor limit leaves room for, and a reserved descriptor for accept-and-close when
+ * descriptors run out. */
+static void start_limits(kvp_master_server_t *srv)
+{
+    const kvp_master_config_t *cfg = &srv->state.config;
+    uint32_t room = 0;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        rlim_t reserve = KVP_MIN((rlim_t)FD_RESERVE, rl.rlim_cur / 4);
+        rlim_t r = rl.rlim_cur - reserve;
+        room = r > UINT32_MAX ? UINT32_MAX : r == 0 ? 1 : (uint32_t)r;
+    }
+    kvp_admission_limits_init(&srv->limits, cfg, room);
+    srv->reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (room != 0 && srv->limits.max_conns == room &&
+        (cfg->max_conns == 0 || room < cfg->max_conns))
+        KVP_LOG_INFO("at most %u connections: the descriptor limit (RLIMIT_NOFILE %llu) "
+                     "leaves room for no more (--max-connections %u)",
+                     srv->limits.max_conns, (unsigned long long)rl.rlim_cur, cfg->max_conns);
+}
+
 kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
                                       const kvp_master_config_t *config,
                                       kvp_master_server_t **srv_p, uint16_t *bound_port_p)
@@ -758,6 +964,7 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
         goto err_fds;
     attach_obs(srv);
     name_methods(srv);
+    start_limits(srv);
     *srv_p = srv;
     return KVP_OK;
 
@@ -776,28 +983,66 @@ err_free:
     return status;
 }
 
+/* Are bytes of c waiting in its socket, unread? (the loop was busy, not the peer) */
+static bool bytes_waiting(const conn_t *c)
+{
+    char byte;
+    return recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1;
+}
+
+/* Close c for a deadline (counted, logged, told why where it can hear). */
+static void expire(kvp_master_server_t *srv, conn_t *c, uint64_t *counter, const char *what,
+                   const char *flag, uint32_t limit_ms)
+{
+    (*counter)++;
+    char peer[80], msg[200];
+    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+    snprintf(msg, sizeof(msg), "%s within %u ms (%s): closing", what, limit_ms, flag);
+    KVP_LOG_WARN_LIMITED("connection %llu from %s (principal %s): %s", (unsigned long long)c->id,
+                         peer, c->caller.pname[0] ? c->caller.pname : "none", msg);
+    close_with(srv, c, KVP_ERR_TIMEOUT, msg);
+}
+
 /*
- * Liveness: clients heartbeat every second, so a connection that has sent
- * nothing for --client-ttl belongs to a dead, frozen or cut-off client. Closing
- * it unmounts its segments and revokes its puts; a client that was only slow
- * reconnects and remounts on its next heartbeat.
+ * Deadlines, whatever a peer trickles meanwhile: a connection must authenticate within
+ * --auth-timeout of its accept, and a frame must be whole within --frame-timeout of its
+ * first byte.
+ *
+ * Liveness: clients heartbeat every second, so a connection that has sent no whole frame
+ * for --client-ttl belongs to a dead, frozen or cut-off client. Closing it unmounts its
+ * segments and revokes its puts; a client that was only slow reconnects and remounts on
+ * its next heartbeat.
  */
 static void expire_silent(kvp_master_server_t *srv)
 {
-    uint32_t ttl = srv->state.config.client_ttl_ms;
-    if (ttl == 0)
-        return;
+    const kvp_master_config_t *cfg = &srv->state.config;
+    kvp_master_stats_t *stats = &srv->state.stats;
+    uint64_t now = srv->state.now_ms;
+    uint32_t ttl = cfg->client_ttl_ms;
     conn_t *c = srv->conns;
     while (c != NULL) {
         conn_t *next = c->next;
-        uint64_t silent = srv->state.now_ms - c->last_rx_ms;
-        char byte;
-        if (silent > ttl && recv(c->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
-            /* bytes are waiting: the loop was busy (a long request), not the client */
-            c->last_rx_ms = srv->state.now_ms;
+        if (cfg->auth_timeout_ms != 0 && c->caller.counted && !c->caller.admitted &&
+            now - c->caller.accepted_ms > cfg->auth_timeout_ms) {
+            expire(srv, c, &stats->refused_auth_timeout, "not authenticated", "--auth-timeout",
+                   cfg->auth_timeout_ms);
+            c = next;
+            continue;
+        }
+        /* bytes waiting unread: the loop was busy (a long request), not the peer */
+        if (cfg->frame_timeout_ms != 0 && c->frame_start_ms != 0 &&
+            now - c->frame_start_ms > cfg->frame_timeout_ms && !bytes_waiting(c)) {
+            expire(srv, c, &stats->refused_frame_timeout, "a frame begun was not whole",
+                   "--frame-timeout", cfg->frame_timeout_ms);
+            c = next;
+            continue;
+        }
+        uint64_t silent = now - c->last_rx_ms;
+        if (ttl != 0 && silent > ttl && bytes_waiting(c)) {
+            c->last_rx_ms = now;
             silent = 0;
         }
-        if (silent > ttl) {
+        if (ttl != 0 && silent > ttl) {
             KVP_LOG_WARN("connection %llu silent for %llu ms (client ttl %u ms): dropping it, "
                          "its segments and its unfinished puts",
                          (unsigned long long)c->id, (unsigned long long)silent, ttl);
@@ -923,8 +1168,12 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             }
             next_tick = srv->state.now_ms + TICK_MS;
         }
+        resume_listener(srv);
+        uint64_t wake = next_tick;
+        if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
+            wake = srv->listen_paused_ms;
         int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
-                           (int)(next_tick - srv->state.now_ms));
+                           wake > srv->state.now_ms ? (int)(wake - srv->state.now_ms) : 0);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -978,6 +1227,9 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     kvp_leadership_stop(&srv->ha);   /* a standby takes over at once */
     kvp_master_http_stop(srv->http); /* its threads wait for no loop any more */
     close_all(srv);
+    kvp_admission_limits_cleanup(&srv->limits);
+    if (srv->reserve_fd >= 0)
+        close(srv->reserve_fd);
     close(srv->listen_fd);
     close(srv->sig_fd);
     close(srv->epfd);

@@ -9,16 +9,26 @@
  * logged (rate-limited, with the peer and the principal, never a secret), counted by
  * reason (kvpool_connections_refused_total) and answered KVP_ERR_DENIED.
  *
+ * The connection limits count every connection in all and by peer address (a hash table
+ * keyed with a random seed, open addressing with backward-shift deletion) and keep the
+ * unauthenticated ones in a list, oldest first: a new connection past a cap closes the
+ * oldest unauthenticated connection in that cap's scope, or is refused when there is none
+ * (admission.h). Each is logged (rate-limited, with the peer) and counted by the cap.
+ *
  * Thread: the master's loop.
  */
 #include "master/auth/admission.h"
 
+#include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
+#include <xxhash.h>
 
 #include "common/log.h"
+#include "common/rand.h"
 #include "common/sock.h"
 #include "kvpool.pb-c.h"
 
@@ -156,4 +166,239 @@ void kvp_admission_check_cert(const kvp_acl_t *acl, kvp_caller_t *c, kvp_ssl_t *
         KVP_LOG_DEBUG("connection %llu: principal %s (certificate)", (unsigned long long)c->conn_id,
                       who->name);
     }
+}
+
+/* ---- connection limits ---- */
+
+struct kvp_peer_slot {
+    kvp_peer_key_t key;
+    uint32_t conns;  /* 0: a free slot */
+    uint32_t unauth; /* of them not authenticated yet */
+};
+
+#define SLOTS_MIN 64u
+
+void kvp_admission_limits_init(kvp_admission_limits_t *l, const kvp_master_config_t *cfg,
+                               uint32_t fd_room)
+{
+    memset(l, 0, sizeof(*l));
+    l->max_conns = cfg->max_conns;
+    if (fd_room != 0 && (l->max_conns == 0 || l->max_conns > fd_room))
+        l->max_conns = fd_room;
+    l->max_conns_per_peer = cfg->max_conns_per_peer;
+    l->max_unauth = cfg->max_unauth;
+    l->max_unauth_per_peer = cfg->max_unauth_per_peer;
+    l->seed = kvp_random_u64();
+}
+
+void kvp_admission_limits_cleanup(kvp_admission_limits_t *l)
+{
+    free(l->slots);
+    l->slots = NULL;
+    l->n_slots = l->n_used = 0;
+}
+
+static void peer_key(const struct sockaddr_storage *ss, kvp_peer_key_t *k)
+{
+    memset(k, 0, sizeof(*k));
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        k->b[10] = k->b[11] = 0xff;
+        memcpy(&k->b[12], &a->sin_addr, 4);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+        /* an IPv4 peer of a dual-stack socket is one address; any other IPv6 peer its /64 */
+        memcpy(k->b, &a->sin6_addr, IN6_IS_ADDR_V4MAPPED(&a->sin6_addr) ? 16 : 8);
+    }
+}
+
+static uint32_t slot_home(const kvp_admission_limits_t *l, const kvp_peer_key_t *k)
+{
+    return (uint32_t)XXH3_64bits_withSeed(k, sizeof(*k), l->seed) & (l->n_slots - 1);
+}
+
+/* The slot of k, or NULL when it holds no connection. */
+static struct kvp_peer_slot *slot_find(const kvp_admission_limits_t *l, const kvp_peer_key_t *k)
+{
+    if (l->n_slots == 0)
+        return NULL;
+    for (uint32_t i = slot_home(l, k);; i = (i + 1) & (l->n_slots - 1)) {
+        struct kvp_peer_slot *s = &l->slots[i];
+        if (s->conns == 0)
+            return NULL;
+        if (memcmp(&s->key, k, sizeof(*k)) == 0)
+            return s;
+    }
+}
+
+static struct kvp_peer_slot *slot_put(kvp_admission_limits_t *l, const kvp_peer_key_t *k)
+{
+    uint32_t i = slot_home(l, k);
+    while (l->slots[i].conns != 0)
+        i = (i + 1) & (l->n_slots - 1);
+    l->slots[i].key = *k;
+    l->slots[i].unauth = 0;
+    l->n_used++;
+    return &l->slots[i];
+}
+
+/* Room for one more peer (at most half the slots used). false: out of memory. */
+static bool slots_reserve(kvp_admission_limits_t *l)
+{
+    if ((l->n_used + 1) * 2 <= l->n_slots)
+        return true;
+    uint32_t n = l->n_slots ? l->n_slots * 2 : SLOTS_MIN;
+    struct kvp_peer_slot *old = l->slots;
+    uint32_t old_n = l->n_slots;
+    l->slots = calloc(n, sizeof(*l->slots));
+    if (l->slots == NULL) {
+        l->slots = old;
+        return false;
+    }
+    l->n_slots = n;
+    l->n_used = 0;
+    for (uint32_t i = 0; i < old_n; i++) {
+        if (old[i].conns == 0)
+            continue;
+        struct kvp_peer_slot *s = slot_put(l, &old[i].key);
+        s->conns = old[i].conns;
+        s->unauth = old[i].unauth;
+    }
+    free(old);
+    return true;
+}
+
+/* Free slot s (its peer holds no connection now): the later slots of its run move back. */
+static void slot_delete(kvp_admission_limits_t *l, struct kvp_peer_slot *s)
+{
+    uint32_t mask = l->n_slots - 1;
+    uint32_t i = (uint32_t)(s - l->slots);
+    for (uint32_t j = i;;) {
+        j = (j + 1) & mask;
+        if (l->slots[j].conns == 0)
+            break;
+        uint32_t h = slot_home(l, &l->slots[j].key);
+        /* j stays where it is when its home lies cyclically in (i, j] */
+        if (i <= j ? (i < h && h <= j) : (i < h || h <= j))
+            continue;
+        l->slots[i] = l->slots[j];
+        i = j;
+    }
+    memset(&l->slots[i], 0, sizeof(l->slots[i]));
+    l->n_used--;
+}
+
+static void unauth_unlink(kvp_admission_limits_t *l, kvp_caller_t *c)
+{
+    if (c->unauth_prev)
+        c->unauth_prev->unauth_next = c->unauth_next;
+    else
+        l->unauth_head = c->unauth_next;
+    if (c->unauth_next)
+        c->unauth_next->unauth_prev = c->unauth_prev;
+    else
+        l->unauth_tail = c->unauth_prev;
+    c->unauth_prev = c->unauth_next = NULL;
+}
+
+/* The oldest unauthenticated connection, of peer k (NULL: of any peer). */
+static kvp_caller_t *oldest_unauth(const kvp_admission_limits_t *l, const kvp_peer_key_t *k)
+{
+    for (kvp_caller_t *c = l->unauth_head; c != NULL; c = c->unauth_next)
+        if (k == NULL || memcmp(&c->peer, k, sizeof(*k)) == 0)
+            return c;
+    return NULL;
+}
+
+/* A cap reached: close the oldest unauthenticated connection in its scope (victim, may be
+ * NULL: then the new one c is refused). Logged and counted. */
+static kvp_admit_verdict_t over_cap(const kvp_caller_t *c, kvp_caller_t *victim, const char *flag,
+                                    uint32_t cap, uint64_t *counter, kvp_caller_t **victim_p)
+{
+    (*counter)++;
+    char peer[80];
+    if (victim != NULL) {
+        kvp_sock_peer_name(victim->fd, peer, sizeof(peer));
+        KVP_LOG_WARN_LIMITED("connection %llu from %s closed, not authenticated yet: %s %u "
+                             "reached, a new connection takes its place",
+                             (unsigned long long)victim->conn_id, peer, flag, cap);
+        *victim_p = victim;
+        return KVP_ADMIT_EVICT;
+    }
+    kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+    KVP_LOG_WARN_LIMITED("connection %llu from %s refused: %s %u reached",
+                         (unsigned long long)c->conn_id, peer, flag, cap);
+    return KVP_ADMIT_REFUSE;
+}
+
+kvp_admit_verdict_t kvp_admission_open(kvp_admission_limits_t *l, kvp_caller_t *c,
+                                       const struct sockaddr_storage *peer, uint64_t now_ms,
+                                       kvp_master_stats_t *stats, kvp_caller_t **victim_p)
+{
+    kvp_peer_key_t k;
+    peer_key(peer, &k);
+    struct kvp_peer_slot *s = slot_find(l, &k);
+    uint32_t p_conns = s ? s->conns : 0, p_unauth = s ? s->unauth : 0;
+    *victim_p = NULL;
+    if (l->max_unauth_per_peer && p_unauth >= l->max_unauth_per_peer)
+        return over_cap(c, oldest_unauth(l, &k), "--max-unauthenticated-per-peer",
+                        l->max_unauth_per_peer, &stats->refused_max_unauth_peer, victim_p);
+    if (l->max_conns_per_peer && p_conns >= l->max_conns_per_peer)
+        return over_cap(c, p_unauth ? oldest_unauth(l, &k) : NULL, "--max-connections-per-peer",
+                        l->max_conns_per_peer, &stats->refused_max_conns_peer, victim_p);
+    if (l->max_unauth && l->n_unauth >= l->max_unauth)
+        return over_cap(c, l->unauth_head, "--max-unauthenticated", l->max_unauth,
+                        &stats->refused_max_unauth, victim_p);
+    if (l->max_conns && l->n_conns >= l->max_conns)
+        return over_cap(c, l->unauth_head, "--max-connections", l->max_conns,
+                        &stats->refused_max_conns, victim_p);
+    if (s == NULL) {
+        if (!slots_reserve(l)) {
+            stats->refused_max_conns++;
+            KVP_LOG_WARN_LIMITED("connection %llu refused: out of memory for its peer's count",
+                                 (unsigned long long)c->conn_id);
+            return KVP_ADMIT_REFUSE;
+        }
+        s = slot_put(l, &k);
+    }
+    s->conns++;
+    s->unauth++;
+    l->n_conns++;
+    l->n_unauth++;
+    c->peer = k;
+    c->counted = true;
+    c->admitted = false;
+    c->accepted_ms = now_ms;
+    c->unauth_next = NULL;
+    c->unauth_prev = l->unauth_tail;
+    if (l->unauth_tail)
+        l->unauth_tail->unauth_next = c;
+    else
+        l->unauth_head = c;
+    l->unauth_tail = c;
+    return KVP_ADMIT_OK;
+}
+
+void kvp_admission_authenticated(kvp_admission_limits_t *l, kvp_caller_t *c)
+{
+    if (!c->counted || c->admitted)
+        return;
+    c->admitted = true;
+    unauth_unlink(l, c);
+    l->n_unauth--;
+    struct kvp_peer_slot *s = slot_find(l, &c->peer);
+    if (s != NULL)
+        s->unauth--;
+}
+
+void kvp_admission_close(kvp_admission_limits_t *l, kvp_caller_t *c)
+{
+    if (!c->counted)
+        return;
+    kvp_admission_authenticated(l, c); /* out of the unauthenticated first */
+    c->counted = false;
+    l->n_conns--;
+    struct kvp_peer_slot *s = slot_find(l, &c->peer);
+    if (s != NULL && --s->conns == 0)
+        slot_delete(l, s);
 }

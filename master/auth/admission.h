@@ -1,7 +1,8 @@
 /*
  * admission.h - who is calling the master and whether it may send a request:
  * protected mode, a token (Auth) or a client certificate the ACL names, the small
- * limit before authentication, principals a reload removed (see admission.c).
+ * limit before authentication, principals a reload removed, and the caps on connections
+ * in all, per peer and before authentication (see admission.c).
  *
  * The server keeps a kvp_caller_t per connection and asks here before it dispatches a
  * frame; what admission answers in the dispatcher's place comes back in a
@@ -15,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 #include "common/rpc.h"
 #include "common/status.h"
@@ -26,6 +28,12 @@
  * is a token): a stranger's length prefix never makes the master allocate more. */
 #define KVP_PREAUTH_MAX_BODY 4096u
 
+/* A peer address as the connection limits count it: IPv4 whole (as ::ffff:a.b.c.d), IPv6
+ * by its /64 (one host may hold a whole /64), a Unix socket as all zeros. */
+typedef struct kvp_peer_key {
+    uint8_t b[16];
+} kvp_peer_key_t;
+
 /* Who is on a connection (one per connection, the server's). */
 typedef struct kvp_caller {
     uint64_t conn_id;             /* for the logs */
@@ -34,6 +42,12 @@ typedef struct kvp_caller {
     const kvp_principal_t *who;   /* who is calling (the ACL's); NULL: not yet known */
     bool removed;                 /* its principal left the ACL (a reload): refused, closed */
     char pname[KVP_ACL_NAME_MAX]; /* who->name, kept across ACL reloads */
+    /* the connection limits (kvp_admission_open .. kvp_admission_close) */
+    kvp_peer_key_t peer;
+    bool counted;         /* counted in the limits */
+    bool admitted;        /* authenticated: no longer among the unauthenticated */
+    uint64_t accepted_ms; /* when it was accepted: --auth-timeout runs from here */
+    struct kvp_caller *unauth_prev, *unauth_next; /* the unauthenticated, oldest first */
 } kvp_caller_t;
 
 /* An answer admission gives in the dispatcher's place. */
@@ -69,5 +83,46 @@ bool kvp_admission_still_admitted(const kvp_acl_t *acl, const kvp_caller_t *c,
 
 /* The TLS handshake of c just ended: a certificate the ACL names makes its principal. */
 void kvp_admission_check_cert(const kvp_acl_t *acl, kvp_caller_t *c, kvp_ssl_t *ssl);
+
+/*
+ * Connection limits (--max-connections, --max-connections-per-peer, --max-unauthenticated,
+ * --max-unauthenticated-per-peer): how many connections are open, in all and per peer
+ * address, and which are not authenticated yet, oldest first. A new connection past a cap
+ * takes the place of the oldest unauthenticated connection in that cap's scope (a stranger
+ * that stalls cannot keep others out: a client authenticates within milliseconds); with
+ * none to take, it is refused. An authenticated connection is never closed for room.
+ */
+typedef struct kvp_admission_limits {
+    uint32_t max_conns;           /* 0: no cap (the descriptor limit's room already in) */
+    uint32_t max_conns_per_peer;  /* 0: no cap */
+    uint32_t max_unauth;          /* 0: no cap */
+    uint32_t max_unauth_per_peer; /* 0: no cap */
+    uint32_t n_conns, n_unauth;
+    kvp_caller_t *unauth_head, *unauth_tail;
+    struct kvp_peer_slot *slots; /* per peer: open addressing, a power of two */
+    uint32_t n_slots, n_used;
+    uint64_t seed; /* of the slots' hash (random: a peer cannot aim its addresses at one chain) */
+} kvp_admission_limits_t;
+
+typedef enum kvp_admit_verdict {
+    KVP_ADMIT_OK,     /* counted, unauthenticated until kvp_admission_authenticated */
+    KVP_ADMIT_EVICT,  /* close *victim_p (counted, logged), then ask again */
+    KVP_ADMIT_REFUSE, /* close the new connection (counted, logged) */
+} kvp_admit_verdict_t;
+
+/* The caps of cfg; fd_room: connections the descriptor limit leaves room for (caps
+ * --max-connections; 0: none). */
+void kvp_admission_limits_init(kvp_admission_limits_t *l, const kvp_master_config_t *cfg,
+                               uint32_t fd_room);
+void kvp_admission_limits_cleanup(kvp_admission_limits_t *l);
+/* A connection just accepted from peer (c->conn_id and c->fd set; accepted at now_ms). */
+kvp_admit_verdict_t kvp_admission_open(kvp_admission_limits_t *l, kvp_caller_t *c,
+                                       const struct sockaddr_storage *peer, uint64_t now_ms,
+                                       kvp_master_stats_t *stats, kvp_caller_t **victim_p);
+/* c authenticated (a principal, or without an ACL its first whole request): no longer
+ * among the unauthenticated. */
+void kvp_admission_authenticated(kvp_admission_limits_t *l, kvp_caller_t *c);
+/* c closes: it leaves the counts (a no-op for one never counted). */
+void kvp_admission_close(kvp_admission_limits_t *l, kvp_caller_t *c);
 
 #endif

@@ -69,6 +69,15 @@ typedef struct kvp_master_config {
     char tls_crl[512];
     char acl_file[512];
     bool data_grants; /* with TLS: tcp data requests carry grants (common/grant.h) */
+    /* admission limits (master/auth/admission.c, server.c; docs/security.md) */
+    uint32_t max_conns;           /* connections open at most (10000; 0: the fd limit's) */
+    uint32_t max_conns_per_peer;  /* ... from one peer address, IPv6 by /64 (1024; 0: no cap) */
+    uint32_t max_unauth;          /* ... not authenticated yet (1024; 0: no cap) */
+    uint32_t max_unauth_per_peer; /* ... of them from one peer address (128; 0: no cap) */
+    uint32_t auth_timeout_ms;     /* authenticate this long after the accept (5000; 0: never) */
+    uint32_t frame_timeout_ms;    /* a frame begun must end within this (10000; 0: never) */
+    uint64_t max_input_bytes;     /* input buffers past their first chunk, all together (1 GiB;
+                                   * 0: no cap) */
     /* etcd's TLS and credentials (docs/security.md, "etcd"): "" when not given */
     char etcd_cacert[512];
     char etcd_cert[512];

@@ -128,6 +128,63 @@ static const kvp_opt_t master_rows[] = {
              "extent, op and time, checked by the segment's owner (off: owners serve any "
              "request, as without TLS)"},
 
+    KVP_OPT_GROUP("Admission limits",
+                  "what peers may hold of the master: connections, time to authenticate, time "
+                  "to send a frame, buffered input; a refusal closes the connection and is "
+                  "counted in kvpool_connections_refused_total by reason (docs/security.md)"),
+    {.name = "max-connections",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "10000",
+     F(max_conns),
+     .max = 1u << 24,
+     .help = "connections open at most, never more than the descriptor limit (RLIMIT_NOFILE) "
+             "leaves room for; a new one past it takes the place of the oldest connection not "
+             "authenticated yet, or is closed (0: the descriptor limit only)"},
+    {.name = "max-connections-per-peer",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "1024",
+     F(max_conns_per_peer),
+     .max = 1u << 24,
+     .help = "... from one peer address (IPv6: one /64) (0: no cap)"},
+    {.name = "max-unauthenticated",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "1024",
+     F(max_unauth),
+     .max = 1u << 24,
+     .help = "connections not authenticated yet (TLS handshake and Auth, or without an ACL "
+             "their first whole request) at most: past it the oldest of them is closed (0: no "
+             "cap)"},
+    {.name = "max-unauthenticated-per-peer",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "128",
+     F(max_unauth_per_peer),
+     .max = 1u << 24,
+     .help = "... from one peer address (IPv6: one /64) (0: no cap)"},
+    {.name = "auth-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "5",
+     F(auth_timeout_ms),
+     .help = "close a connection not authenticated this long after it was accepted, whatever "
+             "it sends meanwhile (0: never)"},
+    {.name = "frame-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "10",
+     F(frame_timeout_ms),
+     .help = "close a connection whose frame (request) is not whole this long after its first "
+             "byte arrived, whatever it sends meanwhile (0: never)"},
+    {.name = "max-input-buffers",
+     .type = KVP_OPT_SIZE,
+     .arg = "SIZE",
+     .def = "1GiB",
+     F(max_input_bytes),
+     .help = "bytes of unfinished large requests (input buffers past their first 256 KiB) held "
+             "for all connections together; a connection whose frame would pass it is closed "
+             "(0: no cap)"},
+
     KVP_OPT_GROUP("Eviction, leases, timeouts", NULL),
     {.name = "evict-high-watermark",
      .type = KVP_OPT_FRACTION,

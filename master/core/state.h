@@ -80,6 +80,16 @@ typedef struct kvp_master_stats {
     /* List and RemoveByRegex patterns refused, by kvp_key_pattern_refusal_t
      * (master/rpc/key_pattern.h; kvpool_patterns_refused_total by reason) */
     uint64_t refused_pattern[8];
+    /* admission limits (master/auth/admission.c, server.c): connections closed, by the cap
+     * or deadline that closed them */
+    uint64_t refused_max_conns;       /* --max-connections */
+    uint64_t refused_max_conns_peer;  /* --max-connections-per-peer */
+    uint64_t refused_max_unauth;      /* --max-unauthenticated */
+    uint64_t refused_max_unauth_peer; /* --max-unauthenticated-per-peer */
+    uint64_t refused_descriptors;     /* accepted and closed: no descriptor left (EMFILE) */
+    uint64_t refused_auth_timeout;    /* --auth-timeout */
+    uint64_t refused_frame_timeout;   /* --frame-timeout */
+    uint64_t refused_input_buffers;   /* --max-input-buffers */
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

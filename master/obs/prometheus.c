@@ -265,13 +265,25 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "# HELP kvpool_connections_refused_total Connections refused and closed, by reason "
         "(protected_mode: a peer of another host while no credentials are configured; tls: a "
         "failed TLS handshake; unauthenticated: a request before any credential; bad_token; "
-        "principal_removed: its principal left the ACL).\n"
+        "principal_removed: its principal left the ACL; max_connections, "
+        "max_connections_per_peer, max_unauthenticated, max_unauthenticated_per_peer: a cap "
+        "reached, closing the new connection or the oldest unauthenticated one; descriptors: "
+        "none left to accept with; auth_timeout, frame_timeout: a deadline passed; "
+        "input_buffers: --max-input-buffers reached).\n"
         "# TYPE kvpool_connections_refused_total counter\n"
         "kvpool_connections_refused_total{reason=\"protected_mode\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"tls\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"unauthenticated\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"bad_token\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"principal_removed\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"max_connections\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"max_connections_per_peer\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"max_unauthenticated\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"max_unauthenticated_per_peer\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"descriptors\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"auth_timeout\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"frame_timeout\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"input_buffers\"} %" PRIu64 "\n"
         "# HELP kvpool_requests_refused_total Requests of a known principal refused by the ACL, "
         "by reason (role: a method its roles do not allow; key: a key outside its patterns).\n"
         "# TYPE kvpool_requests_refused_total counter\n"
@@ -283,8 +295,10 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "kvpool_http_refused_total{reason=\"unauthenticated\"} %" PRIu64 "\n"
         "kvpool_http_refused_total{reason=\"role\"} %" PRIu64 "\n",
         s->refused_protected, s->refused_tls, s->refused_unauth, s->refused_token,
-        s->refused_removed, s->refused_role, s->refused_key, s->refused_http_unauth,
-        s->refused_http_role);
+        s->refused_removed, s->refused_max_conns, s->refused_max_conns_peer, s->refused_max_unauth,
+        s->refused_max_unauth_peer, s->refused_descriptors, s->refused_auth_timeout,
+        s->refused_frame_timeout, s->refused_input_buffers, s->refused_role, s->refused_key,
+        s->refused_http_unauth, s->refused_http_role);
 }
 
 /* Leadership and the etcd client's failures. */

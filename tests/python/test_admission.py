@@ -1,0 +1,331 @@
+"""Admission limits of the master (issue 45, rows 4, 5 and 10), attacked as a stranger or
+a principal would, with a legitimate client working meanwhile:
+
+ 1. connections past --max-unauthenticated-per-peer, --max-connections-per-peer and
+    --max-connections: the oldest unauthenticated connection makes room or the new one is
+    refused, each counted by its cap; the loop does not spin; the client is answered;
+ 2. descriptors running out (the master's RLIMIT_NOFILE lowered under it while strangers
+    connect): pending connections are accepted and closed through a reserved descriptor,
+    counted (descriptors), the loop does not spin, and the master takes connections again
+    once descriptors are back;
+ 3. strangers trickling a frame header one byte at a time: closed at --auth-timeout,
+    whatever they send (counted auth_timeout);
+ 4. an authenticated connection trickling a frame: closed at --frame-timeout, told why
+    (KVP_ERR_TIMEOUT), counted frame_timeout;
+ 5. authenticated connections each holding most of a 64 MiB frame: the input buffers stay
+    under --max-input-buffers (the master's RSS with them; counted input_buffers), the
+    rest are closed at --frame-timeout.
+
+Strangers connect from 127.0.0.2 (and 127.0.0.3, 127.0.0.4: other peers), the legitimate
+client from 127.0.0.1, so that the per-peer caps part them. In the suite's TLS pass
+(KVPOOL_TEST_TLS_DIR) the master runs with TLS and the ACL: strangers speak plain TCP to
+the TLS port or TLS without a certificate, authenticated attackers TLS with the admin's
+certificate; otherwise "authenticated" is a connection whose first whole frame came in.
+"""
+
+import os
+import socket
+import ssl
+import time
+import urllib.request
+
+import kvpool
+from conftest import TLS_DIR, free_port, metric
+from test_security import M_PING, frame, poll, read_frame
+
+ERR_TIMEOUT = -15
+MiB = 1 << 20
+
+
+def tls_ctx(cert):
+    c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    c.load_verify_locations(os.path.join(TLS_DIR, "ca.crt"))
+    if cert:
+        c.load_cert_chain(os.environ.get("KVPOOL_TLS_CERT", os.path.join(TLS_DIR, "admin.crt")),
+                          os.environ.get("KVPOOL_TLS_KEY", os.path.join(TLS_DIR, "admin.key")))
+    return c
+
+
+class Master:
+    """A pool of this test's own: the master (with flags), one segment, its /metrics."""
+
+    def __init__(self, make_pool, *flags):
+        self.http_port = free_port()
+        self.pool = make_pool(segments=("16MiB",),
+                              master_args=("--lease-ttl", "0", "--http-listen",
+                                           f"127.0.0.1:{self.http_port}", *flags))
+        self.addr = self.pool.addr
+        host, port = self.addr.rsplit(":", 1)
+        self.host, self.port = host, int(port)
+        self.pid = self.pool.master.pid
+
+    def metrics(self):
+        if TLS_DIR:
+            url, ctx = f"https://127.0.0.1:{self.http_port}/metrics", tls_ctx(False)
+        else:
+            url, ctx = f"http://127.0.0.1:{self.http_port}/metrics", None
+        with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
+            return r.read().decode()
+
+    def refused(self, reason, text=None):
+        return metric(text or self.metrics(), "kvpool_connections_refused_total",
+                      {"reason": reason}) or 0
+
+    def raw(self, src="127.0.0.2", timeout=5.0):
+        """A plain TCP connection from src."""
+        return socket.create_connection((self.host, self.port), timeout=timeout,
+                                        source_address=(src, 0))
+
+    def stranger(self, src="127.0.0.2"):
+        """A connection that names nobody: TLS with no certificate (TLS pass), else TCP."""
+        s = self.raw(src)
+        if TLS_DIR:
+            try:
+                s = tls_ctx(False).wrap_socket(s, server_hostname=self.host)
+            except BaseException:
+                s.close()
+                raise
+        return s
+
+    def authenticated(self, src):
+        """A connection past authentication (the admin's certificate in the TLS pass; a whole
+        Ping answered), or None when the master closed it."""
+        s = None
+        try:
+            s = self.raw(src)
+            if TLS_DIR:
+                s = tls_ctx(True).wrap_socket(s, server_hostname=self.host)
+            s.sendall(frame(M_PING))
+            r = read_frame(s)
+            if r is not None and r[1] == 0:
+                return s
+        except (OSError, ssl.SSLError):
+            pass
+        if s is not None:
+            s.close()
+        return None
+
+    def loop_cpu_s(self):
+        """CPU seconds of the master's loop thread (its main thread)."""
+        with open(f"/proc/{self.pid}/task/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mib(self):
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        raise AssertionError("no VmRSS")
+
+    def open_fds(self):
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+
+def answered(client, key, data, bound_s=2.0):
+    """The client's get returns the bytes, within bound_s."""
+    t0 = time.monotonic()
+    assert client.get(key) == data
+    took = time.monotonic() - t0
+    assert took < bound_s, f"get took {took:.2f} s"
+
+
+def not_spinning(m, seconds=2.0, limit=0.5):
+    """The master's loop uses less than `limit` CPU seconds over `seconds`."""
+    c0 = m.loop_cpu_s()
+    time.sleep(seconds)
+    used = m.loop_cpu_s() - c0
+    assert used < limit, f"the master's loop used {used:.2f} s of CPU in {seconds} s"
+
+
+def close_all(socks):
+    for s in socks:
+        if s is not None:
+            s.close()
+
+
+# ---- 1. connections past the caps ----
+
+def test_connection_flood_is_capped_and_the_master_keeps_answering(make_pool):
+    m = Master(make_pool, "--max-connections", "64", "--max-connections-per-peer", "24",
+               "--max-unauthenticated", "32", "--max-unauthenticated-per-peer", "12",
+               "--auth-timeout", "30")
+    key, data = "adm/flood", os.urandom(200_000)
+    held = []
+    with kvpool.Client(m.addr, rpc_timeout_ms=3000) as alice:
+        alice.put(key, data)
+        try:
+            # a stranger: 150 connections that never authenticate (plain TCP, even to a TLS
+            # port): past 12 the oldest of them makes room, never another peer's
+            for _ in range(150):
+                held.append(m.raw("127.0.0.2"))
+            poll(lambda: m.refused("max_unauthenticated_per_peer") >= 130,
+                 "the stranger's connections past its cap closed")
+            answered(alice, key, data)
+            not_spinning(m)
+            # a peer of authenticated connections: past 24 the new ones are refused
+            mine = [m.authenticated("127.0.0.3") for _ in range(30)]
+            held += mine
+            assert sum(s is not None for s in mine) == 24, mine
+            assert m.refused("max_connections_per_peer") >= 6
+            # two more peers past the cap in all: the stranger's unauthenticated ones go
+            # first, then new ones are refused
+            more = [m.authenticated(src) for src in ("127.0.0.4", "127.0.0.5")
+                    for _ in range(20)]
+            held += more
+            assert sum(s is None for s in more) >= 1
+            text = m.metrics()
+            assert m.refused("max_connections", text) >= 13, text
+            assert metric(text, "kvpool_clients") <= 64
+            answered(alice, key, data)
+            alice.put(key + "/2", data)
+            not_spinning(m)
+        finally:
+            close_all(held)
+        # the caps free up with the connections
+        poll(lambda: metric(m.metrics(), "kvpool_clients") < 16, "the attackers' connections "
+             "closed")
+        with kvpool.Client(m.addr, rpc_timeout_ms=3000) as bob:
+            answered(bob, key, data)
+
+
+# ---- 2. descriptors run out ----
+
+def test_descriptors_run_out_without_spinning(make_pool):
+    import resource
+    m = Master(make_pool)
+    key, data = "adm/fds", os.urandom(100_000)
+    held = []
+    with kvpool.Client(m.addr, rpc_timeout_ms=3000) as alice:
+        alice.put(key, data)
+        soft, hard = resource.prlimit(m.pid, resource.RLIMIT_NOFILE)
+        resource.prlimit(m.pid, resource.RLIMIT_NOFILE, (m.open_fds() + 2, hard))
+        try:
+            for _ in range(60):
+                held.append(m.raw("127.0.0.2"))
+            # the loop's thread only: the HTTP thread may want descriptors too
+            not_spinning(m)
+            answered(alice, key, data)
+        finally:
+            resource.prlimit(m.pid, resource.RLIMIT_NOFILE, (soft, hard))
+        try:
+            refused = poll(lambda: m.refused("descriptors"), "refusals counted")
+            assert refused >= 40, refused
+        finally:
+            close_all(held)
+        with kvpool.Client(m.addr, rpc_timeout_ms=3000) as bob:
+            answered(bob, key, data)
+
+
+# ---- 3. a deadline to authenticate ----
+
+def test_trickling_strangers_are_closed_at_the_auth_deadline(make_pool):
+    m = Master(make_pool, "--client-ttl", "3", "--auth-timeout", "1.5")
+    before = m.refused("auth_timeout")
+    socks = [m.stranger() for _ in range(5)]
+    header = frame(M_PING)
+    open_ = list(socks)
+    t0 = time.monotonic()
+    try:
+        # one byte of a header each 0.3 s on every connection, as long as it stays open
+        for i in range(len(header)):
+            for s in list(open_):
+                try:
+                    s.sendall(header[i:i + 1])
+                    s.settimeout(0.01)
+                    if s.recv(4096) == b"":
+                        open_.remove(s)
+                except socket.timeout:
+                    pass
+                except (OSError, ssl.SSLError):
+                    open_.remove(s)
+            if not open_ or time.monotonic() - t0 > 4.0:
+                break
+            time.sleep(0.3)
+        took = time.monotonic() - t0
+        assert not open_, f"{len(open_)} trickling strangers still open after {took:.1f} s"
+    finally:
+        close_all(socks)
+    assert m.refused("auth_timeout") - before >= 5
+    with kvpool.Client(m.addr, rpc_timeout_ms=3000) as alice:
+        alice.put("adm/after-trickle", b"x" * 1000)
+
+
+# ---- 4. a deadline per frame ----
+
+def test_trickled_frame_is_closed_at_the_frame_deadline(make_pool):
+    m = Master(make_pool, "--client-ttl", "30", "--frame-timeout", "1.5")
+    s = m.authenticated("127.0.0.2")
+    assert s is not None
+    try:
+        header = frame(M_PING, req_id=7)
+        t0 = time.monotonic()
+        closed = False
+        for i in range(len(header)):  # one byte each 0.25 s: 8 s for the whole header
+            try:
+                s.sendall(header[i:i + 1])
+            except (OSError, ssl.SSLError):
+                closed = True
+                break
+            s.settimeout(0.25)
+            try:
+                r = read_frame(s)
+            except socket.timeout:
+                continue
+            except (OSError, ssl.SSLError):
+                closed = True
+                break
+            assert r is None or r[1] == ERR_TIMEOUT, r
+            closed = True
+            break
+        took = time.monotonic() - t0
+        assert closed, "the trickled frame's connection still open"
+        assert took < 3.5, f"closed after {took:.1f} s"
+    finally:
+        s.close()
+    assert m.refused("frame_timeout") >= 1
+
+
+# ---- 5. partial frames hold no more than the cap ----
+
+def test_partial_frames_stay_under_the_input_cap(make_pool):
+    m = Master(make_pool, "--frame-timeout", "3", "--max-input-buffers", "24MiB")
+    key, data = "adm/partial", os.urandom(100_000)
+    with kvpool.Client(m.addr, rpc_timeout_ms=3000) as alice:
+        alice.put(key, data)
+        rss0 = m.rss_mib()
+        socks = [m.authenticated("127.0.0.2") for _ in range(8)]
+        assert all(s is not None for s in socks)
+        peak = [rss0]
+        try:
+            chunk = os.urandom(MiB)
+            for s in socks:  # a 64 MiB frame announced, 10 MiB of it sent
+                try:
+                    s.sendall(frame(M_PING, req_id=9, body_len=64 * MiB))
+                    for _ in range(10):
+                        s.sendall(chunk)
+                except (OSError, ssl.SSLError):
+                    pass  # closed by the cap
+                peak[0] = max(peak[0], m.rss_mib())
+            answered(alice, key, data)
+            # then a byte now and then: each remaining one closed at --frame-timeout
+            t0 = time.monotonic()
+            open_ = list(socks)
+            while open_ and time.monotonic() - t0 < 5.0:
+                for s in list(open_):
+                    try:
+                        s.sendall(b"\0")
+                    except (OSError, ssl.SSLError):
+                        open_.remove(s)
+                peak[0] = max(peak[0], m.rss_mib())
+                time.sleep(0.25)
+            assert not open_, f"{len(open_)} partial frames still open after 5 s"
+        finally:
+            close_all(socks)
+        grew = peak[0] - rss0
+        print(f"\nRSS {rss0:.0f} MiB, peak {peak[0]:.0f} MiB with 8 x 10 MiB of partial frames")
+        assert grew < 48, f"the master's RSS grew by {grew:.0f} MiB (cap 24 MiB)"
+        text = m.metrics()
+        assert m.refused("input_buffers", text) >= 1, text
+        assert m.refused("frame_timeout", text) >= 1, text
+        answered(alice, key, data)
