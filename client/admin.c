@@ -113,9 +113,35 @@ void kvp_key_list_free(kvp_key_info_t *keys, size_t n)
     free(keys);
 }
 
+/* One RemoveByRegex call; *next_p: the cursor to go on from (0: done). */
+static kvp_status_t remove_page(kvp_client_t *c, Kvpool__RemoveByRegexRequest *req,
+                                uint64_t *removed_p, uint64_t *next_p)
+{
+    kvp_status_t st;
+    Kvpool__RemoveByRegexResponse *rr =
+        kvp_session_call_unpack(c->session, KVP_RPC_REMOVE_BY_REGEX, &req->base,
+                                &kvpool__remove_by_regex_response__descriptor, &st);
+    *next_p = 0;
+    if (rr == NULL)
+        return st;
+    st = rr->status;
+    if (st != KVP_OK) {
+        KVP_LOG_WARN("remove by regex: %s", rr->message);
+        kvp_api_fail("remove by regex: %s", rr->message);
+    }
+    *removed_p += rr->removed;
+    *next_p = st == KVP_OK ? rr->next_cursor : 0;
+    kvpool__remove_by_regex_response__free_unpacked(rr, NULL);
+    return st;
+}
+
+/* A pattern's removal goes page by page (the master does a bounded page of matching work
+ * per call, so no caller holds its loop up); *removed_p counts every page's, also when a
+ * later page fails. */
 static kvp_status_t remove_regex(kvp_client_t *c, const char *pattern, bool all, int force,
                                  uint64_t *removed_p)
 {
+    uint64_t removed = 0, next = 0;
     if (removed_p)
         *removed_p = 0;
     if (c == NULL || (!all && (pattern == NULL || pattern[0] == '\0')))
@@ -124,20 +150,14 @@ static kvp_status_t remove_regex(kvp_client_t *c, const char *pattern, bool all,
     req.pattern = all ? "" : (char *)pattern;
     req.all = all;
     req.force = force != 0;
+    req.paged = !all;
     kvp_status_t st;
-    Kvpool__RemoveByRegexResponse *rr =
-        kvp_session_call_unpack(c->session, KVP_RPC_REMOVE_BY_REGEX, &req.base,
-                                &kvpool__remove_by_regex_response__descriptor, &st);
-    if (rr == NULL)
-        return st;
-    st = rr->status;
-    if (st != KVP_OK) {
-        KVP_LOG_WARN("remove by regex: %s", rr->message);
-        kvp_api_fail("remove by regex: %s", rr->message);
-    }
+    do {
+        req.cursor = next;
+        st = remove_page(c, &req, &removed, &next);
+    } while (st == KVP_OK && next != 0);
     if (removed_p)
-        *removed_p = rr->removed;
-    kvpool__remove_by_regex_response__free_unpacked(rr, NULL);
+        *removed_p = removed;
     return st;
 }
 

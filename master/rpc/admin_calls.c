@@ -4,18 +4,21 @@
  * Design: List returns keys matching a POSIX extended regex, paged by
  * bucket cursor (a key present for the whole scan is returned at least
  * once; one that moves buckets when the table grows may be returned
- * twice), at most LIST_SCAN_BUDGET buckets per call. RemoveByRegex removes
+ * twice), at most PAGE_SCAN_BUDGET buckets per call. RemoveByRegex removes
  * every COMPLETE matching object (or all); PENDING ones and, without force,
- * leased ones are skipped and counted.
+ * leased ones are skipped and counted. A pattern's removal goes page by page
+ * as List does (paged, cursor / next_cursor; the client library goes on until
+ * the cursor is 0), each page's matches removed before the answer.
  *
  * A pattern is checked and bounded by key_pattern.c (no back-references, a bounded
  * written-out size), runs only over keys the caller may see (may_key before the match,
  * so no other tenant's keys cost it anything), and each request has a budget of matching
  * work ((key length + 1) * pattern size per key) and of time: a List page past
- * LIST_WORK_BUDGET or LIST_WORK_MS ends early at a bucket's end with its cursor (the page
- * may be empty; the caller goes on, as after LIST_SCAN_BUDGET buckets); a RemoveByRegex
- * past REMOVE_WORK_BUDGET or REMOVE_WORK_MS removes nothing and answers
- * KVP_ERR_INVALID_ARG with why (it collects before it removes). Refusals are
+ * PAGE_WORK_BUDGET or PAGE_WORK_MS ends early at a bucket's end with its cursor (the page
+ * may be empty; the caller goes on, as after PAGE_SCAN_BUDGET buckets), and so does a
+ * paged RemoveByRegex's page; an unpaged RemoveByRegex past them removes nothing and
+ * answers KVP_ERR_INVALID_ARG with why (it collects before it removes). So one request
+ * holds the loop (every other caller) up for about PAGE_WORK_MS at most. Refusals are
  * counted by reason (stats.refused_pattern, kvpool_patterns_refused_total).
  *
  * Thread: master loop only.
@@ -36,16 +39,16 @@
 
 #define LIST_DEFAULT 100u
 #define LIST_MAX 1000u
-/* Buckets one List call scans at most, so a filter that matches little stays cheap. */
-#define LIST_SCAN_BUDGET 65536u
-/* Matching work one List page may do, and one RemoveByRegex (units: key bytes times the
- * pattern's written-out size; key_pattern.h), and the time they may take (a safety net:
- * the units' cost varies). A simple pattern (cost ~16 with the ^.*() around it) over keys
- * of 50 bytes: ~80 000 keys a page, ~5 million for a remove. */
-#define LIST_WORK_BUDGET (1ull << 26)
-#define LIST_WORK_MS 50u
-#define REMOVE_WORK_BUDGET (1ull << 32)
-#define REMOVE_WORK_MS 2000u
+/* Buckets one List call (or one page of a paged RemoveByRegex) scans at most, so a filter
+ * that matches little stays cheap. */
+#define PAGE_SCAN_BUDGET 65536u
+/* Matching work one page may do (a List page, a page of a paged RemoveByRegex, a whole
+ * unpaged one; units: key bytes times the pattern's written-out size, key_pattern.h), and
+ * the time it may take (a safety net: the units' cost varies). Every page is one turn of
+ * the master's loop, so this bounds how long one caller holds every other one up. A simple
+ * pattern (cost ~16 with the ^.*() around it) over keys of 50 bytes: ~80 000 keys a page. */
+#define PAGE_WORK_BUDGET (1ull << 26)
+#define PAGE_WORK_MS 10u
 
 kvp_status_t kvp_handle_ping(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
@@ -330,7 +333,7 @@ static void list_page_add(const kvp_master_state_t *st, list_page_t *p, const kv
 
 /*
  * Fill the page from the request's cursor: whole buckets, until `limit` entries,
- * LIST_SCAN_BUDGET buckets or LIST_WORK_BUDGET of matching work. *next_p: the bucket to go
+ * PAGE_SCAN_BUDGET buckets or PAGE_WORK_BUDGET of matching work. *next_p: the bucket to go
  * on from (0: the end). false: out of memory.
  */
 static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kvp_key_pattern_t *kp,
@@ -341,8 +344,8 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kv
     bool stored = req->stored_keys;
     uint64_t b = req->cursor;
     uint64_t scanned = 0;
-    for (; b < st->index.n_buckets && p->n < limit && scanned < LIST_SCAN_BUDGET &&
-           (kp == NULL || !kvp_key_pattern_over(kp, LIST_WORK_BUDGET, LIST_WORK_MS));
+    for (; b < st->index.n_buckets && p->n < limit && scanned < PAGE_SCAN_BUDGET &&
+           (kp == NULL || !kvp_key_pattern_over(kp, PAGE_WORK_BUDGET, PAGE_WORK_MS));
          b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
             /* whose key it is first: the pattern runs over the caller's keys only */
@@ -404,6 +407,91 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     return kvp_reply_send(&r);
 }
 
+/* What a RemoveByRegex removes, collected before it is removed (removal unlinks from the
+ * chains being walked). */
+typedef struct {
+    kvp_object_t **v;
+    size_t n, cap;
+} victims_t;
+
+static bool victims_add(victims_t *vs, kvp_object_t *obj)
+{
+    if (vs->n == vs->cap) {
+        size_t cap = vs->cap ? vs->cap * 2 : 256;
+        kvp_object_t **v = realloc(vs->v, cap * sizeof(*v));
+        if (v == NULL)
+            return false;
+        vs->v = v;
+        vs->cap = cap;
+    }
+    vs->v[vs->n++] = obj;
+    return true;
+}
+
+/* Collect what a RemoveByRegex removes, whole buckets from the request's cursor (paged) or
+ * from the start, until the table's end or a page's budget of matching work (and, paged,
+ * of buckets); the first bucket is always scanned, so a paged removal always goes on.
+ * *next_p: the bucket to go on from, 0 at the end. False: out of memory (what was
+ * collected stays in vs). */
+static bool remove_scan(const kvp_call_t *call, const Kvpool__RemoveByRegexRequest *req, bool paged,
+                        kvp_key_pattern_t *kp, victims_t *vs, Kvpool__RemoveByRegexResponse *resp,
+                        uint64_t *next_p)
+{
+    const kvp_master_state_t *st = call->st;
+    uint64_t b = paged ? req->cursor : 0;
+    bool ok = true;
+    for (uint64_t scanned = 0; ok && b < st->index.n_buckets; b++, scanned++) {
+        if (scanned > 0 &&
+            ((paged && scanned >= PAGE_SCAN_BUDGET) ||
+             (kp != NULL && kvp_key_pattern_over(kp, PAGE_WORK_BUDGET, PAGE_WORK_MS))))
+            break;
+        for (kvp_object_t *obj = st->index.buckets[b]; ok && obj != NULL; obj = obj->hnext) {
+            /* whose key it is first: the pattern runs over the caller's keys only */
+            if (!may_key(call, obj) || !key_matches(st, obj, kp))
+                continue;
+            if (obj->state != KVP_OBJ_COMPLETE)
+                resp->skipped_pending++;
+            else if (kvp_leased(st, obj) && !req->force)
+                resp->skipped_leased++;
+            else
+                ok = victims_add(vs, obj);
+        }
+    }
+    *next_p = b < st->index.n_buckets ? b : 0;
+    return ok;
+}
+
+/* Remove what remove_scan collected: a tombstone each (what an SSD segment's owner, down now,
+ * kept must not come back) and KV events (remove-all: `cleared` on both media, then `stored`
+ * again for what stays, objects being read without force; a pattern: one `removed` each). */
+static void remove_victims(kvp_master_state_t *st, const Kvpool__RemoveByRegexRequest *req,
+                           const victims_t *vs)
+{
+    if (req->all)
+        st->tombstones.cleared = kvp_tier_next_version(st);
+    const kvp_event_sink_t *ev = req->all ? st->events : NULL;
+    st->events = ev != NULL ? NULL : st->events;
+    for (size_t i = 0; i < vs->n; i++) {
+        if (!req->all)
+            kvp_tombstone_add(&st->tombstones, vs->v[i]->hash, kvp_tier_next_version(st));
+        kvp_object_remove(st, vs->v[i]);
+    }
+    st->stats.removes += vs->n;
+    if (ev != NULL) {
+        st->events = ev;
+        for (unsigned m = 0; m < KVP_MEDIUM_COUNT; m++)
+            kvp_event_cleared(ev, (kvp_medium_t)m);
+        for (uint64_t b = 0; b < st->index.n_buckets; b++)
+            for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext)
+                if (obj->state == KVP_OBJ_COMPLETE)
+                    kvp_state_media_event(st, obj, 0,
+                                          kvp_state_media(st, obj->replicas, obj->n_replicas));
+    }
+    if (vs->n > 0)
+        KVP_LOG_INFO("removed %zu objects matching %s%s", vs->n, req->all ? "(all)" : req->pattern,
+                     req->force ? " (force)" : "");
+}
+
 kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -413,7 +501,6 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     kvp_reply_init(&r, call, &resp.base, 256);
     kvp_key_pattern_t *kp = NULL;
     kvp_key_pattern_refusal_t why;
-    kvp_object_t **victims = NULL;
     if (req->all && call->who != NULL && !(call->who->roles & KVP_ROLE_ADMIN))
         return kvp_reply_deny(&r, "principal %s may not remove every object: that needs role admin",
                               call->who->name);
@@ -429,82 +516,33 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
             return pattern_refused(&r, why, "RemoveByRegex");
         }
     }
-    /* collect first, then remove: removal unlinks from the chains being walked */
-    size_t n = 0, cap = 0;
-    for (uint64_t b = 0; b < st->index.n_buckets; b++) {
-        if (kp != NULL && kvp_key_pattern_over(kp, REMOVE_WORK_BUDGET, REMOVE_WORK_MS))
-            break; /* nothing is removed: the answer says why */
-        for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            /* whose key it is first: the pattern runs over the caller's keys only */
-            if (!may_key(call, obj) || !key_matches(st, obj, kp))
-                continue;
-            if (obj->state != KVP_OBJ_COMPLETE) {
-                resp.skipped_pending++;
-                continue;
-            }
-            if (kvp_leased(st, obj) && !req->force) {
-                resp.skipped_leased++;
-                continue;
-            }
-            if (n == cap) {
-                cap = cap ? cap * 2 : 256;
-                kvp_object_t **v = realloc(victims, cap * sizeof(*v));
-                if (v == NULL) {
-                    resp.status = KVP_ERR_NOMEM;
-                    goto remove;
-                }
-                victims = v;
-            }
-            victims[n++] = obj;
-        }
-    }
-remove:
-    if (kp != NULL && kvp_key_pattern_over(kp, REMOVE_WORK_BUDGET, REMOVE_WORK_MS)) {
-        bool nomem = kp->failed;
+    bool paged = req->paged && kp != NULL;
+    victims_t vs = {0};
+    uint64_t next = 0;
+    if (!remove_scan(call, req, paged, kp, &vs, &resp, &next))
+        resp.status = KVP_ERR_NOMEM; /* what was collected is removed; the answer says so */
+    bool failed = kp != NULL && kp->failed;
+    bool over = kp != NULL && !paged && next != 0;
+    if (kp != NULL) {
         kvp_key_pattern_cleanup(kp);
         free(kp);
-        free(victims);
-        if (nomem)
+    }
+    if (failed || over) {
+        free(vs.v);
+        if (failed)
             return kvp_reply_abort(&r);
         resp.skipped_leased = resp.skipped_pending = 0;
         snprintf(r.text, r.text_max,
                  "pattern '%.100s' needs more matching work than one request may do (%llu "
                  "units, key bytes times the pattern's size, or %u ms): nothing was removed; "
-                 "use a simpler pattern (an anchored prefix '^...' costs least)",
-                 req->pattern, (unsigned long long)REMOVE_WORK_BUDGET, REMOVE_WORK_MS);
+                 "ask page by page (paged, as kvpool's clients do) or use a simpler pattern "
+                 "(an anchored prefix '^...' costs least)",
+                 req->pattern, (unsigned long long)PAGE_WORK_BUDGET, PAGE_WORK_MS);
         return pattern_refused(&r, KVP_PATTERN_WORK, "RemoveByRegex");
     }
-    /* what an SSD segment's owner (down now) kept must not come back */
-    if (req->all)
-        st->tombstones.cleared = kvp_tier_next_version(st);
-    /* KV events: remove-all is `cleared` on both media, then `stored` again for what
-     * stays (objects being read, without force); a pattern is one `removed` each */
-    const kvp_event_sink_t *ev = req->all ? st->events : NULL;
-    st->events = ev != NULL ? NULL : st->events;
-    for (size_t i = 0; i < n; i++) {
-        if (!req->all)
-            kvp_tombstone_add(&st->tombstones, victims[i]->hash, kvp_tier_next_version(st));
-        kvp_object_remove(st, victims[i]);
-    }
-    st->stats.removes += n;
-    if (ev != NULL) {
-        st->events = ev;
-        for (unsigned m = 0; m < KVP_MEDIUM_COUNT; m++)
-            kvp_event_cleared(ev, (kvp_medium_t)m);
-        for (uint64_t b = 0; b < st->index.n_buckets; b++)
-            for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext)
-                if (obj->state == KVP_OBJ_COMPLETE)
-                    kvp_state_media_event(st, obj, 0,
-                                          kvp_state_media(st, obj->replicas, obj->n_replicas));
-    }
-    resp.removed = n;
-    if (n > 0)
-        KVP_LOG_INFO("removed %zu objects matching %s%s", n, req->all ? "(all)" : req->pattern,
-                     req->force ? " (force)" : "");
-    if (kp != NULL) {
-        kvp_key_pattern_cleanup(kp);
-        free(kp);
-    }
-    free(victims);
+    remove_victims(st, req, &vs);
+    resp.removed = vs.n;
+    resp.next_cursor = paged ? next : 0;
+    free(vs.v);
     return kvp_reply_send(&r);
 }

@@ -16,8 +16,10 @@ plus a token for the HTTPS views); otherwise both are plain clients of a master 
 credentials.
 """
 
+import contextlib
 import hashlib
 import os
+import random
 import ssl
 import threading
 import time
@@ -152,6 +154,17 @@ class Victim(threading.Thread):
         self.calls = 0
         self.error = None
 
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        self.stop_ev.set()
+        self.join(30)
+        if exc_type is None:  # else the test's own error is the one to see
+            assert not self.is_alive()
+            assert self.error is None, repr(self.error)
+
     def run(self):
         i = 0
         try:
@@ -182,21 +195,26 @@ def refused_fast(fn, *args):
     return str(ei.value)
 
 
-def test_hostile_patterns_are_refused_and_the_victim_is_answered(master):
+@contextlib.contextmanager
+def two_tenants(master, n_own, size):
+    """alice (the victim, with her own n_own objects) and mallory (the attacker)."""
     with master.client("alice", rpc_timeout_ms=VICTIM_TIMEOUT_MS) as alice, \
             master.client("mallory") as mallory:
-        own = {f"v{i}": os.urandom(8192 + i) for i in range(8)}
+        own = {f"v{i}": os.urandom(size + i) for i in range(n_own)}
         for k, v in own.items():
             alice.put(k, v)
+        yield alice, mallory, own
+
+
+def test_hostile_patterns_are_refused_and_the_victim_is_answered(master):
+    with two_tenants(master, 8, 8192) as (alice, mallory, own):
         # row 1's keys: mallory's own, 800 `a`s and a few shorter
         for n in range(780, 801):
             mallory.put("a" * n, b"x")
         rss0 = master.rss_kib()
         backref0, cost0 = master.refused("backref"), master.refused("cost")
 
-        victim = Victim(alice, "live/")
-        victim.start()
-        try:
+        with Victim(alice, "live/") as victim:
             msgs = [refused_fast(mallory.list_keys, BACKREF),
                     refused_fast(mallory.remove_by_regex, BACKREF)]
             assert all("back-reference" in m for m in msgs), msgs
@@ -214,11 +232,6 @@ def test_hostile_patterns_are_refused_and_the_victim_is_answered(master):
             deadline = time.monotonic() + 10
             while victim.calls < 40 and victim.error is None and time.monotonic() < deadline:
                 time.sleep(0.01)
-        finally:
-            victim.stop_ev.set()
-            victim.join(30)
-        assert not victim.is_alive()
-        assert victim.error is None, repr(victim.error)
         assert victim.calls >= 40
         assert victim.slowest < VICTIM_TIMEOUT_MS / 1000, victim.slowest
 
@@ -235,3 +248,40 @@ def test_hostile_patterns_are_refused_and_the_victim_is_answered(master):
         assert master.rss_kib() - rss0 < RSS_SLACK_KIB
         assert master.refused("backref") - backref0 == 2
         assert master.refused("cost") - cost0 == 12 * 2 + 1 + 1
+
+
+# A pattern whose matcher meets a new state at almost every byte of a random key of `a`s and
+# `b`s (a counted repeat after a loop: about 2^40 states), so it costs microseconds per key
+# byte, over long keys that all match (at their last byte): the removal needs far more than
+# one turn of the master's loop may take.
+WIDE = "a[ab]{40}c"
+WIDE_KEYS = 150
+KEY_LEN = 2000
+# No call of the victim's waits this long while the removal runs. A page holds the master's
+# loop for 10 ms plus what one key costs (glibc's regexec cannot be stopped inside a key:
+# 10 to 40 ms for one of these keys here), a victim's call waits for a page at each of its
+# round trips, and the whole removal takes seconds.
+PAGE_STALL_S = 0.5
+
+
+def test_costly_removal_goes_page_by_page_and_the_victim_is_answered(master):
+    with two_tenants(master, 4, 4096) as (alice, mallory, own):
+        for i in range(WIDE_KEYS):
+            k = f"w/{i}/"
+            k += "".join(random.choice("ab") for _ in range(KEY_LEN - len(k) - 42))
+            mallory.put(k + "a" + "b" * 40 + "c", b"x")
+        work0 = master.refused("work")
+        with Victim(alice, "live/") as victim:
+            t0 = time.monotonic()
+            removed = mallory.remove_by_regex(WIDE)
+            took = time.monotonic() - t0
+        assert removed == WIDE_KEYS
+        assert mallory.list_keys("^w/") == []
+        assert master.refused("work") == work0  # paged: nothing refused for its work
+        # the removal was long, and no call of the victim's waited for it
+        assert victim.calls > 0
+        assert victim.slowest < PAGE_STALL_S, (victim.slowest, took)
+        print(f"removal of {WIDE_KEYS} keys: {took:.2f} s; the victim's slowest call "
+              f"{victim.slowest * 1000:.1f} ms over {victim.calls} calls")
+        for k, v in own.items():
+            assert alice.get(k) == v

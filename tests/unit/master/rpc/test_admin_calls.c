@@ -332,8 +332,8 @@ static void test_patterns_refused_and_counted(void **state)
 }
 
 /* Long keys and a pattern of the largest size allowed: a List page ends early at its work
- * budget (the cursor goes on; every key is listed once), a remove over too much refuses
- * and removes nothing. */
+ * budget (the cursor goes on; every key is listed once), an unpaged remove over too much
+ * refuses and removes nothing, a paged one goes page by page and removes every key. */
 #define LONG_KEY 4000
 #define LONG_N 600
 #define COSTLY "^w/|(abcdefg){200}"
@@ -386,10 +386,41 @@ static void test_pattern_work_budget(void **state)
     assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_WORK], 1);
     stat_snap_t s = stat_get(st);
     assert_int_equal(s.objects, LONG_N);
-    /* a simple pattern removes them all */
+    /* page by page, the same pattern removes them all, each page a bounded part (the last
+     * page or two may hold what is left), every key once */
+    uint64_t removed = 0;
+    pages = 0;
+    cursor = 0;
+    do {
+        Kvpool__RemoveByRegexRequest req = KVPOOL__REMOVE_BY_REGEX_REQUEST__INIT;
+        req.pattern = COSTLY;
+        req.paged = true;
+        req.cursor = cursor;
+        r = svc_call(st, C3, KVP_RPC_REMOVE_BY_REGEX, &req.base,
+                     &kvpool__remove_by_regex_response__descriptor);
+        assert_int_equal(r->status, KVP_OK);
+        assert_true(r->removed < 100);
+        assert_true(r->next_cursor == 0 || r->next_cursor > cursor);
+        removed += r->removed;
+        cursor = r->next_cursor;
+        svc_msg_free(r);
+        pages++;
+        assert_true(pages < 10000);
+    } while (cursor != 0);
+    assert_int_equal(removed, LONG_N);
+    assert_true(pages >= LONG_N / 20);
+    assert_int_equal(stat_get(st).objects, 0);
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_WORK], 1);
+
+    /* a simple pattern over keys that fit one page: removed unpaged too */
+    for (int i = 0; i < 50; i++) {
+        long_key(key, i);
+        put_done(st, C1, key, 64, 1, NULL, 0);
+    }
     r = rbr(st, "^w/", false, false);
     assert_int_equal(r->status, KVP_OK);
-    assert_int_equal(r->removed, LONG_N);
+    assert_int_equal(r->removed, 50);
+    assert_int_equal(r->next_cursor, 0);
     svc_msg_free(r);
 }
 
