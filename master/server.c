@@ -7,11 +7,15 @@
  * KVP_RPC_MAX_BODY, checked from the header before any allocation) and its
  * replies are queued in an output buffer flushed as the socket allows. A
  * peer that sends a bad frame gets an error reply (when it speaks our
- * magic) and is closed; a peer that stops reading its replies is closed
- * when its queue passes KVP_MASTER_MAX_OUTBUF. Either way every other
- * connection is unaffected. SIGTERM/SIGINT arrive on a signalfd and end
- * the loop (SIGHUP reloads the credentials); everything is freed on the
- * way out.
+ * magic) and is closed. A peer that stops reading its replies is read no
+ * more (EPOLLIN off) once OUT_PAUSE bytes are queued for it, or any with
+ * replies queued once --max-output-buffers are queued for all, until they
+ * are read; a queue past KVP_MASTER_MAX_OUTBUF (a record stream's pushes)
+ * closes it. Each connection's turn handles at most TURN_FRAMES frames or
+ * TURN_NS of work, then the others get theirs (what it sent besides waits,
+ * held, for its next turn), so no peer holds the loop however much it
+ * pipelines. Either way every other connection is unaffected. SIGTERM/SIGINT arrive on a signalfd
+ * and end the loop (SIGHUP reloads the credentials); everything is freed on the way out.
  *
  * What a peer may hold (docs/security.md, "Admission limits"): connections in
  * all, per peer address and before authentication are capped
@@ -89,6 +93,9 @@ typedef struct conn {
     uint8_t *out;
     size_t out_len, out_off, out_cap;
     bool want_out;       /* EPOLLOUT armed */
+    bool out_paused;     /* EPOLLIN off, requests not read: its replies are not read (out_full) */
+    bool held;           /* its turn ended with input left: served again next turn (serve_held) */
+    uint64_t turn;       /* the loop's turn it was last served in */
     bool close_after;    /* close once the output queue is flushed */
     bool refuse;         /* protected mode, a peer of another host: refused at its first header */
     kvp_ssl_t *ssl;      /* TLS (--tls-cert): every byte goes through it; NULL: plain */
@@ -137,7 +144,49 @@ struct kvp_master_server {
     int reserve_fd;            /* /dev/null, closed to accept-and-close at EMFILE (-1: none) */
     uint64_t listen_paused_ms; /* the listener is not watched until then (0: it is) */
     uint64_t in_extra;         /* input buffers past READ_CHUNK, all connections together */
+    uint64_t out_queued;       /* replies queued and not written, all connections together */
+    uint64_t turn;             /* the loop's turns, counted */
+    unsigned n_held;           /* connections held (input left over from their turn) */
 };
+
+/* What one connection's turn may take of the loop (frames handled, time): then the others
+ * get theirs, and what is left of its input waits, held, for its next turn. */
+#define TURN_FRAMES 64u
+#define TURN_NS (5ull * 1000000ull)
+/* Replies queued for one connection past which the master reads no more of its requests
+ * until the peer reads them (and, past --max-output-buffers for all, any with replies
+ * queued): a peer that sends and never reads holds at most this plus one reply. */
+#define OUT_PAUSE (4u << 20)
+
+typedef struct turn {
+    uint64_t end_ns;
+    unsigned frames;
+} turn_t;
+
+static bool turn_over(const turn_t *t)
+{
+    return t->frames >= TURN_FRAMES || kvp_now_ns() >= t->end_ns;
+}
+
+static size_t out_backlog(const conn_t *c)
+{
+    return c->out_len - c->out_off;
+}
+
+/* c's peer is not reading its replies (or the replies queued for all are over the cap and
+ * c has some): read no more of its requests until they drain. */
+static bool out_full(const kvp_master_server_t *srv, const conn_t *c)
+{
+    uint64_t max = srv->state.config.max_output_bytes;
+    return out_backlog(c) >= OUT_PAUSE || (max != 0 && srv->out_queued > max && out_backlog(c) > 0);
+}
+
+static void hold(kvp_master_server_t *srv, conn_t *c, bool on)
+{
+    if (c->held != on)
+        srv->n_held += on ? 1 : -1u;
+    c->held = on;
+}
 
 /* What c's input buffer counts against --max-input-buffers. */
 static size_t in_extra(const conn_t *c)
@@ -168,6 +217,8 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     kvp_dispatch_conn_closed(&srv->state, c->id);
     kvp_admission_close(&srv->limits, &c->caller);
     srv->in_extra -= in_extra(c);
+    srv->out_queued -= out_backlog(c);
+    hold(srv, c, false);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     kvp_tls_free(c->ssl);
     close(c->fd);
@@ -224,16 +275,33 @@ static bool queue_frame(kvp_master_server_t *srv, conn_t *c, uint16_t method, ui
     if (len)
         memcpy(c->out + c->out_len + KVP_RPC_HDR_LEN, body, len);
     c->out_len += KVP_RPC_HDR_LEN + len;
+    srv->out_queued += KVP_RPC_HDR_LEN + len;
     return true;
+}
+
+static void arm(kvp_master_server_t *srv, conn_t *c, bool want_out, bool paused)
+{
+    if (c->want_out == want_out && c->out_paused == paused)
+        return;
+    struct epoll_event ev = {.events = (paused ? 0 : EPOLLIN) | (want_out ? EPOLLOUT : 0),
+                             .data.ptr = c};
+    epoll_ctl(srv->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+    c->want_out = want_out;
+    c->out_paused = paused;
 }
 
 static void set_events(kvp_master_server_t *srv, conn_t *c, bool want_out)
 {
-    if (c->want_out == want_out)
+    arm(srv, c, want_out, c->out_paused);
+}
+
+/* c's peer reads no replies: stop reading its requests (EPOLLIN off) until they drain. */
+static void pause_out(kvp_master_server_t *srv, conn_t *c)
+{
+    if (c->out_paused)
         return;
-    struct epoll_event ev = {.events = EPOLLIN | (want_out ? EPOLLOUT : 0), .data.ptr = c};
-    epoll_ctl(srv->epfd, EPOLL_CTL_MOD, c->fd, &ev);
-    c->want_out = want_out;
+    srv->state.stats.output_paused++;
+    arm(srv, c, true, true);
 }
 
 /* Write what the socket takes. false: the connection failed, close it. */
@@ -251,6 +319,7 @@ static bool flush_out(kvp_master_server_t *srv, conn_t *c)
             if (n < 0)
                 return false;
             c->out_off += (size_t)n;
+            srv->out_queued -= (size_t)n;
             continue;
         }
         ssize_t n = send(c->fd, c->out + c->out_off, c->out_len - c->out_off, MSG_NOSIGNAL);
@@ -264,9 +333,17 @@ static bool flush_out(kvp_master_server_t *srv, conn_t *c)
             return false;
         }
         c->out_off += (size_t)n;
+        srv->out_queued -= (size_t)n;
     }
     c->out_off = c->out_len = 0;
-    set_events(srv, c, false);
+    if (c->out_cap > OUT_PAUSE) { /* a large reply went out: keep no large buffer */
+        free(c->out);
+        c->out = NULL;
+        c->out_cap = 0;
+    }
+    if (c->out_paused) /* its replies are read: its requests are again, at its next turn */
+        hold(srv, c, true);
+    arm(srv, c, false, false);
     return !c->close_after;
 }
 
@@ -464,8 +541,9 @@ static void note_authenticated(kvp_master_server_t *srv, conn_t *c, bool whole_f
         kvp_admission_authenticated(&srv->limits, &c->caller);
 }
 
-/* Dispatch every whole frame in the input buffer. false: close the connection. */
-static bool process_input(kvp_master_server_t *srv, conn_t *c)
+/* Dispatch the whole frames in the input buffer, while c's turn lasts and its replies are
+ * read (out_full); what is left stays for its next turn. false: close the connection. */
+static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
 {
     if (c->refuse) {
         if (c->in_len >= KVP_RPC_HDR_LEN && !c->close_after)
@@ -473,7 +551,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         return true;
     }
     size_t off = 0;
-    while (!c->close_after) {
+    while (!c->close_after && !turn_over(turn) && !out_full(srv, c)) {
         kvp_rpc_hdr_t h;
         size_t flen;
         uint32_t max_body = kvp_admission_max_body(srv->cred.acl, &c->caller);
@@ -515,6 +593,7 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c)
         bool ok = finish_one(srv, c, &h, body, s, resp, rlen, errmsg);
         free(resp);
         off += flen;
+        turn->frames++;
         if (!ok)
             return false;
     }
@@ -611,13 +690,13 @@ static void in_shrink(kvp_master_server_t *srv, conn_t *c)
     srv->in_extra += in_extra(c);
 }
 
-static void on_readable(kvp_master_server_t *srv, conn_t *c)
+/* Read one TLS or plain chunk into c->in: > 0 bytes read, 0 nothing now (EAGAIN, or TLS
+ * wants more; c->in_len unchanged), -1 c was closed. */
+static ssize_t read_some(kvp_master_server_t *srv, conn_t *c)
 {
     for (;;) {
-        if (c->close_after)
-            c->in_len = 0; /* it is answered and closes: what else it sends is never read */
         if (c->in_cap - c->in_len < READ_CHUNK / 4 && !in_grow(srv, c))
-            return;
+            return -1;
         ssize_t n;
         if (c->ssl != NULL) {
             char err[256];
@@ -629,7 +708,7 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                     kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
                     note_authenticated(srv, c, false);
                 }
-                break;
+                return 0;
             }
             if (n < 0) {
                 char peer[80];
@@ -638,7 +717,7 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                 KVP_LOG_WARN_LIMITED("connection %llu from %s refused: %s",
                                      (unsigned long long)c->id, peer, err);
                 conn_close(srv, c);
-                return;
+                return -1;
             }
             if (n > 0 && !c->caller.cert_checked) {
                 kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
@@ -647,29 +726,61 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
         } else {
             n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
         }
-        if (n == 0) {
-            conn_close(srv, c);
-            return;
+        if (n > 0) {
+            c->in_len += (size_t)n;
+            return n;
         }
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                break;
-            conn_close(srv, c);
-            return;
-        }
-        c->in_len += (size_t)n;
-        if (!process_input(srv, c)) {
-            conn_close(srv, c);
-            return;
-        }
-        if (c->in_len == 0)
-            c->frame_start_ms = 0;
-        else if (c->frame_start_ms == 0)
-            c->frame_start_ms = srv->state.now_ms; /* a frame begun: --frame-timeout from here */
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        conn_close(srv, c); /* the peer closed, or the socket failed */
+        return -1;
+    }
+}
+
+/*
+ * c's turn: handle the whole frames it sent, reading more as it comes, until the socket is
+ * empty, c is closed, its replies go unread (out_full: paused until they drain), or its
+ * turn is over (TURN_FRAMES, TURN_NS: held, and served again at the loop's next turn, after
+ * every other connection had its chance), so no peer holds the loop, however many
+ * requests it sends at once.
+ */
+static void on_readable(kvp_master_server_t *srv, conn_t *c)
+{
+    turn_t turn = {.end_ns = kvp_now_ns() + TURN_NS};
+    c->turn = srv->turn;
+    hold(srv, c, false);
+    bool more = c->in_len > 0; /* what an earlier turn left */
+    for (;;) {
         if (c->close_after)
+            c->in_len = 0; /* it is answered and closes: what else it sends is never read */
+        if (more) {
+            if (!process_input(srv, c, &turn)) {
+                conn_close(srv, c);
+                return;
+            }
+            if (c->in_len == 0)
+                c->frame_start_ms = 0;
+            else if (c->frame_start_ms == 0)
+                c->frame_start_ms = srv->state.now_ms; /* a frame begun: --frame-timeout */
+            if (c->close_after)
+                break;
+            if (out_full(srv, c)) {
+                pause_out(srv, c);
+                break;
+            }
+            if (turn_over(&turn)) {
+                hold(srv, c, true);
+                break;
+            }
+        }
+        ssize_t n = read_some(srv, c);
+        if (n < 0)
+            return; /* closed */
+        if (n == 0)
             break;
+        more = true;
     }
     /* An owner's record learns of the puts that just ended before their writers do: its
      * stream is written first (meta/record.c). */
@@ -677,6 +788,23 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
     in_shrink(srv, c);
     if (!flush_out(srv, c))
         conn_close(srv, c);
+}
+
+/* Give each connection held at its last turn (input left) its next one; a connection served
+ * in this turn already waits for the next. One served may close others (a record stream
+ * whose write fails), so the walk starts over after each. */
+static void serve_held(kvp_master_server_t *srv)
+{
+    for (bool again = srv->n_held > 0; again;) {
+        again = false;
+        for (conn_t *c = srv->conns; c != NULL; c = c->next) {
+            if (c->held && !c->out_paused && c->turn != srv->turn) {
+                on_readable(srv, c);
+                again = srv->n_held > 0;
+                break;
+            }
+        }
+    }
 }
 
 /* Stop watching the listener for LISTEN_PAUSE_MS: accept failed for want of memory or
@@ -878,6 +1006,7 @@ static void name_methods(kvp_master_server_t *srv)
  * kvp_leadership_may_serve), and what it knows beyond the state. */
 static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reason, size_t len)
 {
+    srv->state.stats.output_queued = srv->out_queued;
     v->ha = srv->ha.el != NULL;
     v->self = srv->ha.self;
     v->events = srv->events;
@@ -1079,6 +1208,7 @@ static bool write_record(void *arg, kvp_segment_t *seg)
     kvp_rpc_hdr_pack(&h, c->out + c->out_len);
     kvpool__seg_record_response__pack(&resp, c->out + c->out_len + KVP_RPC_HDR_LEN);
     c->out_len += KVP_RPC_HDR_LEN + len;
+    srv->out_queued += KVP_RPC_HDR_LEN + len;
     if (!flush_out(srv, c))
         set_events(srv, c, true); /* the loop sees the failure again and closes c */
     return true;
@@ -1172,8 +1302,9 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         uint64_t wake = next_tick;
         if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
             wake = srv->listen_paused_ms;
-        int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
-                           wake > srv->state.now_ms ? (int)(wake - srv->state.now_ms) : 0);
+        int n = epoll_wait(
+            srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
+            wake > srv->state.now_ms && srv->n_held == 0 ? (int)(wake - srv->state.now_ms) : 0);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -1181,6 +1312,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             return KVP_ERR_SYSTEM;
         }
         srv->state.now_ms = kvp_now_ms();
+        srv->turn++;
         for (int i = 0; i < n; i++) {
             void *p = evs[i].data.ptr;
             if (p == &srv->listen_fd) {
@@ -1202,8 +1334,10 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             } else {
                 conn_t *c = p;
-                if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
-                    (c->ssl != NULL && !kvp_tls_established(c->ssl))) {
+                if (c->out_paused && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
+                    conn_close(srv, c); /* gone without reading its replies */
+                } else if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
+                           (c->ssl != NULL && !kvp_tls_established(c->ssl))) {
                     /* (a TLS handshake that waited to write goes on reading) */
                     on_readable(srv, c);
                     /* c may be freed now: never touch it again in this iteration */
@@ -1213,6 +1347,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
+        serve_held(srv); /* the connections whose turn ended with requests left */
         if (srv->state.tasks_ready && kvp_leadership_may_serve(&srv->ha, &srv->state))
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */

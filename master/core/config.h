@@ -78,6 +78,8 @@ typedef struct kvp_master_config {
     uint32_t frame_timeout_ms;    /* a frame begun must end within this (10000; 0: never) */
     uint64_t max_input_bytes;     /* input buffers past their first chunk, all together (1 GiB;
                                    * 0: no cap) */
+    uint64_t max_output_bytes;    /* replies queued and not read, all together: past it no
+                                   * connection with replies queued is read (1 GiB; 0: no cap) */
     /* etcd's TLS and credentials (docs/security.md, "etcd"): "" when not given */
     char etcd_cacert[512];
     char etcd_cert[512];

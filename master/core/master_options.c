@@ -184,6 +184,14 @@ static const kvp_opt_t master_rows[] = {
      .help = "bytes of unfinished large requests (input buffers past their first 256 KiB) held "
              "for all connections together; a connection whose frame would pass it is closed "
              "(0: no cap)"},
+    {.name = "max-output-buffers",
+     .type = KVP_OPT_SIZE,
+     .arg = "SIZE",
+     .def = "1GiB",
+     F(max_output_bytes),
+     .help = "bytes of replies queued and not yet read by their peers, all connections "
+             "together; past it the master reads no request from a connection with replies "
+             "queued until they are read (one connection: past 4 MiB; 0: no cap in all)"},
 
     KVP_OPT_GROUP("Eviction, leases, timeouts", NULL),
     {.name = "evict-high-watermark",

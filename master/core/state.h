@@ -90,6 +90,10 @@ typedef struct kvp_master_stats {
     uint64_t refused_auth_timeout;    /* --auth-timeout */
     uint64_t refused_frame_timeout;   /* --frame-timeout */
     uint64_t refused_input_buffers;   /* --max-input-buffers */
+    /* server.c: connections whose requests were no longer read, their replies unread (over
+     * 4 MiB queued, or --max-output-buffers for all), and the replies queued now */
+    uint64_t output_paused;
+    uint64_t output_queued;
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

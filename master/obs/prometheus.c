@@ -260,6 +260,13 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
     const kvp_master_stats_t *s = &st->stats;
     one(r, "kvpool_clients", "gauge", "Client connections open.", st->clients);
+    one(r, "kvpool_output_paused_total", "counter",
+        "Times the master stopped reading a connection's requests because its peer did not read "
+        "the replies (over 4 MiB queued for it, or --max-output-buffers for all).",
+        s->output_paused);
+    one(r, "kvpool_output_queued_bytes", "gauge",
+        "Bytes of replies queued and not yet written to their peers, all connections.",
+        s->output_queued);
     kvp_http_printf(
         r,
         "# HELP kvpool_connections_refused_total Connections refused and closed, by reason "

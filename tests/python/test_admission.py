@@ -24,14 +24,16 @@ certificate; otherwise "authenticated" is a connection whose first whole frame c
 """
 
 import os
+import random
 import socket
 import ssl
+import threading
 import time
 import urllib.request
 
 import kvpool
 from conftest import TLS_DIR, free_port, metric
-from test_security import M_PING, frame, poll, read_frame
+from test_security import M_PING, frame, poll, read_frame, varint
 
 ERR_TIMEOUT = -15
 MiB = 1 << 20
@@ -329,3 +331,100 @@ def test_partial_frames_stay_under_the_input_cap(make_pool):
         assert m.refused("input_buffers", text) >= 1, text
         assert m.refused("frame_timeout", text) >= 1, text
         answered(alice, key, data)
+
+
+# ---- 6. replies never read, requests pipelined ----
+
+M_LIST = 13
+
+
+def list_body(pattern, limit=1000):
+    p = pattern.encode()
+    return b"\x0a" + varint(len(p)) + p + b"\x20" + varint(limit)
+
+
+def read_all(s, n, timeout=60.0):
+    """The statuses of the next n frames on s."""
+    s.settimeout(timeout)
+    out = []
+    for _ in range(n):
+        r = read_frame(s)
+        assert r is not None, f"closed after {len(out)} of {n} replies"
+        out.append(r[1])
+    return out
+
+
+def test_unread_replies_pause_the_connection_and_nothing_is_lost(make_pool):
+    """Four connections each pipeline 120 Lists of about 0.8 MB replies (380 MB in all) and
+    read none: the master stops reading each once 4 MiB are queued for it (and any with
+    replies queued past --max-output-buffers), so its RSS stays far under what they asked
+    for, counted; alice is answered meanwhile; then they read, and every reply arrives."""
+    m = Master(make_pool, "--max-output-buffers", "12MiB")
+    key, data = "adm/out", os.urandom(50_000)
+    n_req = 120
+    with kvpool.Client(m.addr, rpc_timeout_ms=3000) as alice:
+        alice.put(key, data)
+        for i in range(200):
+            k = f"adm/long/{i}/"
+            alice.put(k + "x" * (4000 - len(k)), b"v")
+        rss0 = m.rss_mib()
+        socks = [m.authenticated("127.0.0.2") for _ in range(4)]
+        try:
+            assert all(s is not None for s in socks)
+            body = list_body("^adm/long/")
+            for s in socks:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+                s.sendall(b"".join(frame(M_LIST, body, req_id=i + 1) for i in range(n_req)))
+            text = poll(lambda: (lambda t: t if metric(t, "kvpool_output_paused_total") >= 4
+                                 else None)(m.metrics()), "four connections paused")
+            answered(alice, key, data)
+            grew = m.rss_mib() - rss0
+            print(f"\nRSS {rss0:.0f} MiB, +{grew:.0f} MiB with 4 x {n_req} unread List replies; "
+                  f"{metric(text, 'kvpool_output_queued_bytes') / MiB:.1f} MiB queued")
+            assert grew < 64, f"the master's RSS grew by {grew:.0f} MiB"
+            for s in socks:  # now they read: every reply, in order, none lost
+                assert read_all(s, n_req) == [0] * n_req
+        finally:
+            close_all(socks)
+        answered(alice, key, data)
+        assert metric(m.metrics(), "kvpool_output_queued_bytes") == 0
+
+
+def test_pipelined_costly_requests_take_turns(make_pool):
+    """One connection sends 150 Lists at once whose pattern costs microseconds per key byte
+    (each page ends at its 10 ms budget): the master handles them a turn at a time, the
+    others' requests between them, so alice's calls wait for a page, not for 150."""
+    m = Master(make_pool)
+    key, data = "adm/turns", os.urandom(20_000)
+    n_req = 150
+    with kvpool.Client(m.addr, rpc_timeout_ms=3000) as alice:
+        alice.put(key, data)
+        rnd = random.Random(7)
+        for i in range(40):
+            k = f"w{i}-" + "".join(rnd.choice("ab") for _ in range(2000))
+            alice.put(k + "a" + "b" * 40 + "c", b"v")
+        s = m.authenticated("127.0.0.2")
+        assert s is not None
+        replies = []
+        reader = threading.Thread(target=lambda: replies.extend(read_all(s, n_req)),
+                                  daemon=True)
+        try:
+            t0 = time.monotonic()
+            s.sendall(b"".join(frame(M_LIST, list_body("a[ab]{40}c"), req_id=i + 1)
+                               for i in range(n_req)))
+            reader.start()
+            slowest = 0.0
+            while reader.is_alive() and time.monotonic() - t0 < 60:
+                t1 = time.monotonic()
+                assert alice.get(key) == data
+                slowest = max(slowest, time.monotonic() - t1)
+            reader.join(60)
+            took = time.monotonic() - t0
+        finally:
+            s.close()
+        statuses = replies
+        print(f"\n{n_req} pipelined costly Lists took {took:.2f} s; alice's slowest get "
+              f"{slowest * 1000:.0f} ms")
+        assert statuses == [0] * n_req
+        assert took > 1.0  # the Lists were costly: without turns, alice would wait for them
+        assert slowest < 0.5, f"alice's get waited {slowest:.2f} s"
