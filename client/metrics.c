@@ -79,6 +79,17 @@ static void load_count(kvp_metrics_count_t *out, const kvp_count_stats_t *c)
     out->bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed);
 }
 
+/* The data servers' closings by reason (conn_server.h), summed with the SSD owner's. */
+static void add_admission(kvp_metrics_t *m, const kvp_conn_refusals_t *a)
+{
+    m->refused_conn_limit += a->conn_limit;
+    m->refused_peer_limit += a->peer_limit;
+    m->refused_unauth_limit += a->unauth_limit;
+    m->refused_handshake_timeout += a->handshake_timeout;
+    m->refused_frame_timeout += a->frame_timeout;
+    m->refused_resources += a->resources;
+}
+
 kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
 {
     if (c == NULL || out == NULL || out->size < offsetof(kvp_metrics_t, client)) {
@@ -122,6 +133,9 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         load_count(&m.served[KVP_METRICS_TP_TCP].get, &sv->dir[1]);
     }
     if (c->seg != NULL) {
+        kvp_conn_refusals_t adm = {0};
+        kvp_segment_admission(c->seg, &adm);
+        add_admission(&m, &adm);
         m.refused_protected += kvp_segment_refused(c->seg);
         m.refused_grant += kvp_segment_grants_refused(c->seg);
         m.refused_shm += kvp_segment_shm_refused(c->seg);
@@ -137,8 +151,12 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         m.dram_draining = kvp_segment_state(c->seg) == KVP_SEG_DRAINING;
         m.dram_capacity = m.dram_mounted ? kvp_segment_size(c->seg) : 0;
     }
-    if (c->ssd != NULL)
+    if (c->ssd != NULL) {
+        kvp_conn_refusals_t adm = {0};
         kvp_ssd_owner_metrics(c->ssd, &m);
+        kvp_ssd_owner_admission(c->ssd, &adm);
+        add_admission(&m, &adm);
+    }
 
     size_t n = out->size < sizeof(m) ? out->size : sizeof(m);
     memcpy(out, &m, n);
@@ -264,11 +282,28 @@ static const metric_row_t server_rows[] = {
              "request without a valid grant from the master, whose connection was closed; shm: "
              "a request for a segment's memory from another user or without a valid MAP "
              "grant; rdma: a queue pair without a valid proof of a principal that may hold the "
-             "segment, or past its cap).",
+             "segment, or past its cap; conn_limit, peer_limit: past the data server's cap of "
+             "connections in all or of one peer, an address or a uid on the shm socket; "
+             "unauth_limit: past its cap of connections not yet authenticated, or the oldest "
+             "of those closed for a new one; handshake_timeout: not authenticated in time; "
+             "frame_timeout: a request not completed in time; resources: accepted and closed "
+             "for want of descriptors or threads).",
              "reason=\"protected_mode\"", refused_protected, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"grant\"", refused_grant, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"shm\"", refused_shm, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"rdma\"", refused_rdma, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"conn_limit\"", refused_conn_limit,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"peer_limit\"", refused_peer_limit,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"unauth_limit\"", refused_unauth_limit,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"handshake_timeout\"",
+             refused_handshake_timeout, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"frame_timeout\"", refused_frame_timeout,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"resources\"", refused_resources,
+             ROW_U64),
     M_FAMILY("kvpool_rdma_remote_access_errors_total",
              "Remote access errors peers caused on this process's segment over rdma (a bad "
              "rkey, address or permission): source qp_event, the queue pairs' asynchronous "
