@@ -214,9 +214,12 @@ static void put_label_value(out_t *o, const char *s)
     }
 }
 
+/* In pieces, not through put_fmt: a help text may be longer than its buffer. */
 static void family(out_t *o, const char *name, const char *type, const char *help)
 {
-    put_fmt(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    const char *parts[] = {"# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n"};
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+        put_str(o, parts[i]);
 }
 
 static const char *const dir_names[2] = {"put", "get"};
@@ -282,12 +285,9 @@ static const metric_row_t server_rows[] = {
              "request without a valid grant from the master, whose connection was closed; shm: "
              "a request for a segment's memory from another user or without a valid MAP "
              "grant; rdma: a queue pair without a valid proof of a principal that may hold the "
-             "segment, or past its cap; conn_limit, peer_limit: past the data server's cap of "
-             "connections in all or of one peer, an address or a uid on the shm socket; "
-             "unauth_limit: past its cap of connections not yet authenticated, or the oldest "
-             "of those closed for a new one; handshake_timeout: not authenticated in time; "
-             "frame_timeout: a request not completed in time; resources: accepted and closed "
-             "for want of descriptors or threads).",
+             "segment, or past its cap; conn_limit, peer_limit, unauth_limit: past a cap of "
+             "connections, in all, of a peer, unauthenticated; handshake_timeout, "
+             "frame_timeout: too slow; resources: no fd or thread left).",
              "reason=\"protected_mode\"", refused_protected, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"grant\"", refused_grant, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"shm\"", refused_shm, ROW_U64),
