@@ -138,6 +138,19 @@ static uint32_t or_default(uint32_t v, uint32_t def)
     return v != 0 ? v : def;
 }
 
+void kvp_conn_limits_fill(const kvp_conn_limits_t *limits)
+{
+    pthread_mutex_lock(&g_limits_lock);
+    kvp_conn_limits_t *g = &g_limits;
+    g->max_conns = or_default(g->max_conns, limits->max_conns);
+    g->max_per_peer = or_default(g->max_per_peer, limits->max_per_peer);
+    g->max_unauth = or_default(g->max_unauth, limits->max_unauth);
+    g->max_unauth_per_peer = or_default(g->max_unauth_per_peer, limits->max_unauth_per_peer);
+    g->handshake_ms = or_default(g->handshake_ms, limits->handshake_ms);
+    g->frame_ms = or_default(g->frame_ms, limits->frame_ms);
+    pthread_mutex_unlock(&g_limits_lock);
+}
+
 static uint32_t min_u32(uint32_t a, uint32_t b)
 {
     return a < b ? a : b;

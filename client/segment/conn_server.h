@@ -31,9 +31,17 @@ typedef struct kvp_conn kvp_conn_t;
  *    or not; a frame (kvp_conn_recv_head ... kvp_conn_frame_end) is closed frame_ms after
  *    its first byte, plus a second per KVP_CONN_FRAME_RATE bytes it moves
  *    (kvp_conn_frame_extend); between frames an authenticated connection may stay idle.
- * 0 in a field: the default's (KVP_CONN_DEFAULT_*). max_conns is lowered to what the
- * process's descriptor limit leaves (a quarter of RLIMIT_NOFILE for a tcp server, a
- * sixteenth for a Unix socket, whose connections are shorter).
+ * 0 in a field: the default's (KVP_CONN_DEFAULT_*; max_unauth_per_peer: a quarter of
+ * max_unauth). max_conns is lowered to what the process's descriptor limit leaves (a
+ * quarter of RLIMIT_NOFILE for a tcp server, a sixteenth for a Unix socket), logged.
+ *
+ * The defaults are sized so that honest load never meets them (docs/security.md, "Owner
+ * data servers"): a client process opens up to tcp_streams connections per transfer
+ * thread to an owner (8 to an SSD owner) and keeps 64 idle, so one host of a hundred
+ * threads opens some hundreds at once, every one unauthenticated for its first round trip;
+ * hundreds of such hosts dial one owner. In all, like Redis's maxclients (10 000); one
+ * address at most 4 096 of them; the caps before authentication only bound what strangers
+ * hold for the handshake deadline.
  */
 typedef struct kvp_conn_limits {
     uint32_t max_conns;
@@ -44,14 +52,14 @@ typedef struct kvp_conn_limits {
     uint32_t frame_ms;
 } kvp_conn_limits_t;
 
-#define KVP_CONN_DEFAULT_MAX_CONNS 2048u
-#define KVP_CONN_DEFAULT_MAX_PER_PEER 256u
-#define KVP_CONN_DEFAULT_MAX_UNAUTH 256u
+#define KVP_CONN_DEFAULT_MAX_CONNS 10000u
+#define KVP_CONN_DEFAULT_MAX_PER_PEER 4096u
+#define KVP_CONN_DEFAULT_MAX_UNAUTH 4096u
 #define KVP_CONN_DEFAULT_HANDSHAKE_MS 10000u
 #define KVP_CONN_DEFAULT_FRAME_MS 30000u
 /* A Unix socket (the shm hand-off: one short connection per mapping) takes at most this
- * many at once, whatever max_conns says. */
-#define KVP_CONN_UNIX_MAX_CONNS 256u
+ * many at once, whatever max_conns says, one uid a quarter of them. */
+#define KVP_CONN_UNIX_MAX_CONNS 1024u
 /* A frame's allowance per byte moved: a second per MiB (a peer slower than that is cut). */
 #define KVP_CONN_FRAME_RATE (1u << 20)
 
@@ -62,6 +70,10 @@ typedef struct kvp_conn_limits {
  * Thread: any, but servers already listening keep theirs.
  */
 void kvp_conn_limits_set_default(const kvp_conn_limits_t *limits);
+/* Fields of the process's limits still 0 (not set by kvp_conn_limits_set_default) take
+ * limits' nonzero ones: the library's environment (KVPOOL_DATA_*, client/env.c) under
+ * `kvpool serve`'s flags. Thread: any. */
+void kvp_conn_limits_fill(const kvp_conn_limits_t *limits);
 /* The limits a server created now would take (the defaults filled in). */
 void kvp_conn_limits_get_default(kvp_conn_limits_t *out);
 

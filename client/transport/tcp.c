@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -190,6 +191,7 @@ typedef struct xconn {
     uint64_t first_sent_ns; /* its first request, a read, fully sent (0: not yet, or no read) */
     uint32_t lowat;         /* the socket's SO_RCVLOWAT as last set (conn_lowat) */
     bool timed;             /* that read's answer timed (the peer's read latency) */
+    bool fresh;             /* opened for this transfer, nothing answered on it yet */
     bool dead;
 } xconn_t;
 
@@ -216,8 +218,48 @@ static bool conn_alive(int fd)
     return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+/* A new connection to pool's owner, its principal proved (data grants on). An owner at its
+ * connection limits (docs/security.md, "Owner data servers") closes a new one before it
+ * answers the HELLO: tried again a few times, 10 ms apart and doubling (85 ms in all),
+ * then reported; never a request sent on it. Without a HELLO to answer, such a close
+ * shows as the first request's I/O error (conn_kill logs it). */
+static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer, int *fd_p)
+{
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
+    if (st != KVP_OK)
+        return st;
+    for (unsigned attempt = 0;; attempt++) {
+        int fd;
+        st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
+        if (st != KVP_OK)
+            return st;
+        if (!peer->has_conn_key ||
+            (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) == KVP_OK) {
+            *fd_p = fd;
+            return KVP_OK;
+        }
+        close(fd);
+        if (st != KVP_ERR_IO || attempt == 3)
+            break;
+        struct timespec pause = {.tv_sec = 0, .tv_nsec = (10L << attempt) * 1000000L};
+        nanosleep(&pause, NULL);
+    }
+    if (st == KVP_ERR_IO)
+        KVP_LOG_WARN_LIMITED("tcp: %s closed new connections before it answered their HELLO, 4 "
+                             "times: it is at its connection limits (its "
+                             "kvpool_connections_refused_total), or restarting",
+                             pool->endpoint);
+    else if (st != KVP_ERR_SEGMENT_GONE) /* gone: our descriptor is from before a remount */
+        KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
+                             kvp_strerror(st));
+    return st;
+}
+
+/* A connection to pool's owner: an idle one of the pool, else a new one (*fresh_p). */
 static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer,
-                                 int *fd_p)
+                                 int *fd_p, bool *fresh_p)
 {
     for (;;) {
         pthread_mutex_lock(&ctx->lock);
@@ -227,29 +269,18 @@ static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_pee
             break;
         if (conn_alive(fd)) {
             *fd_p = fd;
+            *fresh_p = false;
             return KVP_OK;
         }
         close(fd); /* dead while idle: take the next, or open one */
     }
-    char host[256];
-    uint16_t port;
-    kvp_status_t st = kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
-    if (st != KVP_OK)
-        return st;
     int fd;
-    st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
+    kvp_status_t st = conn_open(ctx, pool, peer, &fd);
     if (st != KVP_OK)
         return st;
-    if (peer->has_conn_key &&
-        (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) != KVP_OK) {
-        if (st != KVP_ERR_SEGMENT_GONE) /* gone: our descriptor is from before a remount */
-            KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
-                                 kvp_strerror(st));
-        close(fd);
-        return st;
-    }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     *fd_p = fd;
+    *fresh_p = true;
     return KVP_OK;
 }
 
@@ -301,6 +332,12 @@ static void conn_kill(xconn_t *c, kvp_status_t st)
 {
     if (c->dead)
         return;
+    if (c->fresh && st == KVP_ERR_IO)
+        KVP_LOG_WARN_LIMITED("tcp: %s closed a new connection before its first answer: it is at "
+                             "its connection limits (its kvpool_connections_refused_total), or "
+                             "restarting; its requests fail (KVP_ERR_IO), no byte of them is "
+                             "taken as read",
+                             c->g->pool->endpoint);
     shared_lock(c);
     for (unsigned i = 0; i < c->count; i++)
         req_fail(&c->ring[(c->head + i) % PIPE_DEPTH], st);
@@ -481,6 +518,7 @@ static void req_crc_landed(req_t *r, uint64_t from, uint64_t to)
 
 static void conn_pop(xconn_t *c)
 {
+    c->fresh = false;
     c->head = (c->head + 1) % PIPE_DEPTH;
     c->count--;
     c->sent--;
@@ -974,11 +1012,12 @@ static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_group
         kvp_status_t last = KVP_OK;
         for (size_t c = 0; c < want; c++) {
             int fd;
-            last = conn_acquire(ctx, groups[g].pool, groups[g].slices[0]->op->peer, &fd);
+            bool fresh;
+            last = conn_acquire(ctx, groups[g].pool, groups[g].slices[0]->op->peer, &fd, &fresh);
             if (last != KVP_OK)
                 break;
             last_progress = kvp_now_ms(); /* a stream opened (and proved): progress */
-            sc->conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1};
+            sc->conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1, .fresh = fresh};
             groups[g].live++;
             n_conns++;
         }

@@ -33,6 +33,7 @@
 #include "client/tools/cli/cli.h"
 #include "common/clock.h"
 #include "common/conf.h"
+#include "common/log.h"
 #include "common/http.h"
 #include "common/macros.h"
 #include "common/options.h"
@@ -199,20 +200,21 @@ static const kvp_opt_t serve_rows[] = {
 
     KVP_OPT_GROUP("Data servers",
                   "what peers may hold of the segments' data servers (tcp, and the Unix socket "
-                  "of the shm hand-off): docs/security.md, \"Owner data servers\""),
+                  "of the shm hand-off): docs/security.md, \"Owner data servers\"; a flag left "
+                  "out takes its KVPOOL_DATA_* variable, else the default"),
     {.name = "data-max-conns",
      .type = KVP_OPT_UINT,
      F(data_limits.max_conns),
-     .def = "2048",
+     .def_doc = "10000",
      .min = 1,
      .max = 1000000,
-     .help = "connections each data server takes at once (the shm socket 256 at most), and at "
+     .help = "connections each data server takes at once (the shm socket 1024 at most), and at "
              "most a quarter of the descriptor limit (serve raises its soft limit to the hard "
-             "one); more are closed as they come, nothing read"},
+             "one, and logs it); more are closed as they come, nothing read"},
     {.name = "data-max-conns-per-peer",
      .type = KVP_OPT_UINT,
      F(data_limits.max_per_peer),
-     .def = "256",
+     .def_doc = "4096",
      .min = 1,
      .max = 1000000,
      .help = "of them, from one address (on the shm socket: one uid, a quarter of its "
@@ -220,16 +222,22 @@ static const kvp_opt_t serve_rows[] = {
     {.name = "data-max-unauth",
      .type = KVP_OPT_UINT,
      F(data_limits.max_unauth),
-     .def = "256",
+     .def_doc = "4096",
      .min = 1,
      .max = 1000000,
      .help = "of them, not yet authenticated (no HELLO proven; without data grants, no request "
-             "header yet), a quarter of those per address: past its share a peer's new one is "
-             "closed, past the total the oldest is closed for the new one"},
+             "header yet): past it the oldest is closed for the new one"},
+    {.name = "data-max-unauth-per-peer",
+     .type = KVP_OPT_UINT,
+     F(data_limits.max_unauth_per_peer),
+     .def_doc = "a quarter of --data-max-unauth",
+     .min = 1,
+     .max = 1000000,
+     .help = "of those, from one address (uid): past it the peer's new one is closed"},
     {.name = "data-handshake-timeout",
      .type = KVP_OPT_SECONDS_MS,
      F(data_limits.handshake_ms),
-     .def = "10",
+     .def_doc = "10",
      .min = 1,
      .max = 3600,
      .need = "seconds (1..3600)",
@@ -238,7 +246,7 @@ static const kvp_opt_t serve_rows[] = {
     {.name = "data-frame-timeout",
      .type = KVP_OPT_SECONDS_MS,
      F(data_limits.frame_ms),
-     .def = "30",
+     .def_doc = "30",
      .min = 1,
      .max = 3600,
      .need = "seconds (1..3600)",
@@ -398,15 +406,25 @@ static int serve_parse(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_
 }
 
 /* An owner takes hundreds of peers' connections, and its data servers take a quarter of
- * the descriptor limit each (conn_server.h): the soft limit goes up to the hard one. */
+ * the descriptor limit each (conn_server.h): the soft limit goes up to the hard one (as
+ * Redis does for its maxclients), logged. A library-mode segment leaves its process's
+ * limit alone. */
 static void serve_raise_nofile(void)
 {
     const rlim_t most = 1u << 20;
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max || rl.rlim_cur >= most)
         return;
+    rlim_t was = rl.rlim_cur;
     rl.rlim_cur = rl.rlim_max < most ? rl.rlim_max : most;
-    setrlimit(RLIMIT_NOFILE, &rl); /* a failure leaves the limit as it was: fewer peers */
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0) /* a failure leaves it as it was: fewer peers */
+        KVP_LOG_INFO("serve: descriptor limit (ulimit -n) raised from %llu to %llu for the data "
+                     "servers' connections",
+                     (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+    else
+        KVP_LOG_WARN("serve: cannot raise the descriptor limit from %llu to %llu: %m; the data "
+                     "servers take fewer connections",
+                     (unsigned long long)was, (unsigned long long)rl.rlim_cur);
 }
 
 /* Block the signals, create the client (mounting the segments), start HTTP; -1, or the
