@@ -201,6 +201,9 @@ static bool serve_rw(conn_t *c, const kvp_data_req_t *req)
     }
     if (!backend_open(c))
         return false;
+    /* its payload or reply: time for its bytes, once they are known to lie in the segment
+     * (a length a header only claims extends nothing) */
+    kvp_conn_frame_extend(c->conn, req->length);
     return write ? serve_write(c, n, req->length) : serve_read(c, n, req->length);
 }
 
@@ -344,7 +347,6 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
         case KVP_DATA_WRITE:
         case KVP_DATA_READV:
         case KVP_DATA_WRITEV:
-            kvp_conn_frame_extend(c->conn, req->length); /* its payload or reply, checked later */
             return serve_rw(c, req);
         case KVP_DATA_HELLO:
             return kvp_data_hello(&srv->grants, &c->v, &srv->grants_refused, srv->ops->name, c->fd,

@@ -24,8 +24,10 @@ honest client proves its principal in a HELLO.
 """
 import inspect
 import os
+import re
 import select
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -34,7 +36,7 @@ import uuid
 import pytest
 
 import kvpool
-from conftest import Proc, _bin, free_port, http_get, master_security_args, metric
+from conftest import TLS_DIR, Proc, _bin, free_port, http_get, master_security_args, metric
 
 CAPS = ["--data-max-conns", "64", "--data-max-conns-per-peer", "24",
         "--data-max-unauth", "32", "--data-handshake-timeout", "2"]
@@ -46,14 +48,18 @@ NOBODY = 65534
 class Owner:
     """A master and one `kvpool serve` owner (its data port and /metrics known)."""
 
-    def __init__(self, serve_args=(), nofile=None):
+    def __init__(self, serve_args=(), nofile=None, ssd=None):
         self.master = Proc([_bin("KVPOOL_MASTER_BIN"), "--listen", "127.0.0.1:0",
                             "--ready-fd", "{fd}", "--log-level", "error", "--lease-ttl", "0",
                             *master_security_args()])
         self.addr = self.master.ready
         self.data_port = free_port()
-        argv = [_bin("KVPOOL_CLI_BIN"), "--master", self.addr, "serve",
-                "--segment-size", "32MiB", "--data-host", "127.0.0.1",
+        # ssd: an SSD segment in that file, and no DRAM one
+        seg = (["--segment-size", "32MiB"] if ssd is None else
+               ["--segment-size", "0", "--ssd-path", str(ssd), "--ssd-size", "32MiB",
+                "--ssd-buffered-io"])
+        argv = [_bin("KVPOOL_CLI_BIN"), "--master", self.addr, "serve", *seg,
+                "--data-host", "127.0.0.1",
                 "--data-port", str(self.data_port), "--http-listen", "127.0.0.1:0",
                 "--ready-fd", "{fd}", *serve_args]
         if nofile is not None:  # soft and hard: serve cannot raise it
@@ -92,6 +98,14 @@ class Owner:
         v = metric(text, "kvpool_connections_refused_total", {"reason": reason})
         assert v is not None, f"no kvpool_connections_refused_total{{reason={reason!r}}}"
         return v
+
+    def ssd_port(self):
+        """The SSD segment's data port (its name on /metrics is HOST:PORT/ssd)."""
+        status, text = http_get(self.http_port, "/metrics")
+        assert status == 200, text
+        m = re.search(r'kvpool_segment_capacity_bytes\{segment="127\.0\.0\.1:(\d+)/ssd"', text)
+        assert m, "no SSD segment on the owner's /metrics"
+        return int(m.group(1))
 
     def shm_name(self):
         """The abstract name of its shm socket ("kvpool-PID-...", /proc/net/unix)."""
@@ -323,3 +337,153 @@ def test_descriptor_limit_bounds_what_is_taken(owner):
 
     flood_from_addresses(o, k, range(2, 12), 30, 40, cap=40, during=room_left)
     assert o.refused("resources") == 0  # never ran out
+
+
+# ---- the SSD owner's data port (the issue's untried surface) ----
+
+DATA_MAGIC = 0x4450564B
+OP_READ, OP_WRITE, OP_READV = 1, 2, 3
+F_GRANT_SET = 0x2
+GRANT_SET_MAX = 8192
+ERR_PROTOCOL, ERR_SEGMENT_GONE, ERR_OUT_OF_RANGE, ERR_DENIED = -16, -19, -20, -38
+FRAME_S = 2.0
+
+
+def data_req(op, flags=0, segment_id=0, offset=0, length=0):
+    """A 32-byte data-protocol request header (docs/protocol.md)."""
+    return struct.pack("<IHHQQQ", DATA_MAGIC, op, flags, segment_id, offset, length)
+
+
+def grant_set_hdr(count):
+    """A grant set's 64-byte header claiming `count` extents (its MAC is never reached)."""
+    return struct.pack("<BBHIQQQQQ16s", 1, 1, 0, count, 0, 0, 0, 0, 0, bytes(16))
+
+
+def stranger(port, host, first=b""):
+    s = socket.socket()
+    s.bind((f"127.0.0.{host}", 0))
+    s.settimeout(10)
+    s.connect(("127.0.0.1", port))
+    if first:
+        s.sendall(first)
+    return s
+
+
+def answer_then_closed(s):
+    """The owner's answer to what s sent (its status), and then the end of the stream."""
+    s.settimeout(5)
+    got = b""
+    while len(got) < 16:
+        b = s.recv(16 - len(got))
+        assert b, f"closed with no answer ({len(got)} bytes)"
+        got += b
+    magic, status, length = struct.unpack("<IiQ", got)
+    assert magic == DATA_MAGIC and length == 0, (magic, status, length)
+    try:
+        assert s.recv(1) == b""
+    except ConnectionResetError:
+        pass
+    return status
+
+
+def trickle(socks, every_s, limit_s):
+    """A byte to each of socks every every_s until the owner closed them all (or limit_s):
+    the seconds it took."""
+    t0 = time.monotonic()
+    live = list(socks)
+    while live and time.monotonic() - t0 < limit_s:
+        for s in list(live):
+            try:
+                s.send(b"\0")
+            except OSError:
+                live.remove(s)
+                continue
+            if closed(s):
+                live.remove(s)
+        select.select(live, [], [], every_s)
+    assert not live, f"{len(live)} trickled connections still open after {limit_s} s"
+    return time.monotonic() - t0
+
+
+def test_ssd_owner_data_port_hostile(owner, tmp_path):
+    """An SSD segment's data server (the same loop over the file backend): a flood of idle
+    connections, frames trickled a byte at a time (one claiming 2^62 bytes), absurd vector
+    and grant-set counts, an absurd write length. The victim's SSD-tier objects stay exact
+    and its gets answered within 10 s throughout, the owner's threads, descriptors and RSS
+    stay bounded, and the closings are counted on its /metrics."""
+    o = owner(serve_args=CAPS + ["--data-frame-timeout", str(int(FRAME_S))],
+              ssd=tmp_path / "seg.ssd")
+    port = o.ssd_port()
+    k = f"adm-ssd-{uuid.uuid4().hex[:8]}"
+    # the trickled frames: never admitted with data grants on (no HELLO), so the handshake
+    # deadline cuts them; without grants a whole header admits, and the frame's does
+    trickle_reason = "handshake_timeout" if TLS_DIR else "frame_timeout"
+    reasons = ("unauth_limit", "handshake_timeout", "frame_timeout", "grant")
+    with kvpool.Client(o.addr, transport="tcp") as victim:
+        objs = {f"{k}-{i}": os.urandom(n) for i, n in enumerate((4096, 100_003, 1 << 20))}
+        for key, data in objs.items():
+            victim.put(key, data, medium="ssd")
+
+        def victim_served():
+            for key, data in objs.items():
+                t0 = time.monotonic()
+                assert victim.get(key) == data
+                assert time.monotonic() - t0 < 10.0
+
+        victim_served()
+        threads0, fds0, rss0 = o.threads(), o.fds(), o.rss_kib()
+        before = {r: o.refused(r) for r in reasons}
+
+        # idle: past the address's share closed at once, the rest at the handshake deadline
+        flood = idle_tcp(port, 300)
+        try:
+            assert count_closed(flood, 300 - UNAUTH_PER_PEER, 1.0) >= 300 - UNAUTH_PER_PEER
+            bounded(o, threads0, fds0, UNAUTH_PER_PEER)
+            victim_served()
+            assert count_closed(flood, len(flood), HANDSHAKE_S + 4) == len(flood)
+        finally:
+            for s in flood:
+                s.close()
+        victim_served()
+
+        # trickled, each from an address of its own: a READV of 256 entries whose header
+        # claims 2^62 bytes (a claim that must not buy time), a READV of one, and a grant
+        # set announcing the most extents, its header whole, then a byte at a time
+        tricklers = [
+            stranger(port, 3, data_req(OP_READV, offset=256, length=1 << 62)),
+            stranger(port, 4, data_req(OP_READV, offset=1, length=4096)),
+            stranger(port, 5, data_req(OP_READ, F_GRANT_SET, length=4096)
+                     + grant_set_hdr(GRANT_SET_MAX)),
+        ]
+        try:
+            took = trickle(tricklers, 0.2, FRAME_S + 6)
+            assert took < FRAME_S + 4, took
+        finally:
+            for s in tricklers:
+                s.close()
+        victim_served()
+
+        # absurd counts and sizes: answered and closed, nothing allocated for the claim
+        s = stranger(port, 6, data_req(OP_READV, offset=1 << 40, length=4096))
+        assert answer_then_closed(s) == ERR_PROTOCOL
+        s.close()
+        s = stranger(port, 7, data_req(OP_READ, F_GRANT_SET, length=4096)
+                     + grant_set_hdr(0xFFFFFFFF))
+        assert answer_then_closed(s) == ERR_DENIED  # counted: grant
+        s.close()
+        s = stranger(port, 8, data_req(OP_WRITE, offset=0, length=1 << 62))
+        assert answer_then_closed(s) in (ERR_SEGMENT_GONE, ERR_OUT_OF_RANGE, ERR_DENIED)
+        s.close()
+
+        victim_served()
+        bounded(o, threads0, fds0, 0)
+        assert o.rss_kib() < rss0 + 64 * 1024
+        after = {r: o.refused(r) - before[r] for r in reasons}
+        assert after["unauth_limit"] >= 300 - UNAUTH_PER_PEER - 2, after
+        assert after["handshake_timeout"] >= UNAUTH_PER_PEER - 2, after
+        assert after[trickle_reason] >= len(tricklers), after
+        assert after["grant"] >= 1, after
+    with kvpool.Client(o.addr, transport="tcp") as c:  # new connections, a new HELLO
+        data = os.urandom(256 * 1024)
+        c.put(k + "-new", data, medium="ssd")
+        assert c.get(k + "-new") == data
