@@ -121,9 +121,20 @@ static void test_defaults(void **state)
     assert_int_equal(l.max_unauth_per_peer, 4);
     assert_int_equal(l.frame_ms, 5);
     assert_int_equal(l.max_conns, KVP_CONN_DEFAULT_MAX_CONNS);
+    /* the environment's (KVPOOL_DATA_*) fill only what was not set (kvpool serve's flags) */
+    kvp_conn_limits_fill(&(kvp_conn_limits_t){.max_unauth = 99, .max_conns = 77});
+    kvp_conn_limits_get_default(&l);
+    assert_int_equal(l.max_unauth, 16);
+    assert_int_equal(l.max_conns, 77);
+    assert_int_equal(l.frame_ms, 5);
     kvp_conn_limits_set_default(NULL);
     kvp_conn_limits_get_default(&l);
     assert_int_equal(l.frame_ms, KVP_CONN_DEFAULT_FRAME_MS);
+    assert_int_equal(l.max_conns, KVP_CONN_DEFAULT_MAX_CONNS);
+    /* honest load from one host: 100 transfer threads of 8 streams each (an SSD owner) may
+     * be unauthenticated at once, every one for its first round trip */
+    assert_true(l.max_unauth_per_peer >= 100 * 8);
+    assert_true(l.max_per_peer >= 100 * 8 + 64);
 }
 
 static void test_unauthenticated_flood(void **state)
