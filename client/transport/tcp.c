@@ -69,6 +69,7 @@
 #include "common/grant.h"
 #include "common/sock.h"
 #include "common/parse.h"
+#include "common/rand.h"
 
 #define PIPE_DEPTH 8
 /* A transfer of at least this many bytes on two or more connections runs them on as many
@@ -76,6 +77,9 @@
 #define TCP_THREAD_MIN (4u << 20)
 #define TCP_WORKERS_MAX 7
 #define POOL_MAX_IDLE 64
+/* A new connection an owner closes before it answers the HELLO is tried again so many
+ * times (conn_open) */
+#define CONN_RETRIES 6u
 /* conn_lowat: poll() for a read's payload wakes once this much of it has come */
 #define TCP_LOWAT (256u << 10)
 #define TCP_LOWAT_MIN (64u << 10)
@@ -220,9 +224,11 @@ static bool conn_alive(int fd)
 
 /* A new connection to pool's owner, its principal proved (data grants on). An owner at its
  * connection limits (docs/security.md, "Owner data servers") closes a new one before it
- * answers the HELLO: tried again a few times, 10 ms apart and doubling (85 ms in all),
- * then reported; never a request sent on it. Without a HELLO to answer, such a close
- * shows as the first request's I/O error (conn_kill logs it). */
+ * answers the HELLO: tried again CONN_RETRIES times after a pause from 10 ms doubling
+ * (about 0.6 s in all; each pause drawn between half and all of it, so that a burst's
+ * threads do not come back together), within the transfer's timeout, then reported;
+ * never a request sent on it. Without a HELLO to answer, such a close shows as the first
+ * request's I/O error (conn_kill logs it). */
 static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer, int *fd_p)
 {
     char host[256];
@@ -230,6 +236,7 @@ static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t
     kvp_status_t st = kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
     if (st != KVP_OK)
         return st;
+    uint64_t give_up = kvp_now_ms() + ctx->xfer->timeout_ms;
     for (unsigned attempt = 0;; attempt++) {
         int fd;
         st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
@@ -241,16 +248,18 @@ static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t
             return KVP_OK;
         }
         close(fd);
-        if (st != KVP_ERR_IO || attempt == 3)
+        uint64_t pause_us = (10000u << attempt) / 2 + kvp_random_u64() % ((10000u << attempt) / 2);
+        if (st != KVP_ERR_IO || attempt == CONN_RETRIES ||
+            kvp_now_ms() + pause_us / 1000 >= give_up)
             break;
-        struct timespec pause = {.tv_sec = 0, .tv_nsec = (10L << attempt) * 1000000L};
+        struct timespec pause = {.tv_sec = 0, .tv_nsec = (long)pause_us * 1000L};
         nanosleep(&pause, NULL);
     }
     if (st == KVP_ERR_IO)
-        KVP_LOG_WARN_LIMITED("tcp: %s closed new connections before it answered their HELLO, 4 "
-                             "times: it is at its connection limits (its "
+        KVP_LOG_WARN_LIMITED("tcp: %s closed new connections before it answered their HELLO, "
+                             "%u times: it is at its connection limits (its "
                              "kvpool_connections_refused_total), or restarting",
-                             pool->endpoint);
+                             pool->endpoint, CONN_RETRIES + 1);
     else if (st != KVP_ERR_SEGMENT_GONE) /* gone: our descriptor is from before a remount */
         KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
                              kvp_strerror(st));
