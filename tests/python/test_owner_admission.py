@@ -36,7 +36,8 @@ import uuid
 import pytest
 
 import kvpool
-from conftest import TLS_DIR, Proc, _bin, free_port, http_get, master_security_args, metric
+from conftest import (TLS_DIR, Proc, _bin, free_port, http_get, master_security_args, metric,
+                      stop_all)
 
 CAPS = ["--data-max-conns", "64", "--data-max-conns-per-peer", "24",
         "--data-max-unauth", "32", "--data-handshake-timeout", "2"]
@@ -118,12 +119,7 @@ class Owner:
         raise AssertionError(f"no listening socket {want}* in /proc/net/unix")
 
     def close(self):
-        bad = []
-        for p in (self.serve, self.master):
-            rc = p.stop()
-            if rc != 0:
-                bad.append((p.argv[0], rc))
-        return bad
+        return stop_all((self.serve, self.master))
 
 
 @pytest.fixture
