@@ -387,6 +387,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     memcpy(&c->params, params, KVP_MIN(params->size, sizeof(c->params)));
     c->params.size = sizeof(c->params);
     kvp_client_env_read(&c->env); /* the one read of the library's environment (env.h) */
+    kvp_conn_limits_fill(&c->env.data_limits); /* under kvpool serve's flags, before mounts */
     c->client_id = kvp_random_u64();
     kvp_peers_init(&c->peers, &c->xfer, c->client_id);
 

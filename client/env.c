@@ -21,6 +21,15 @@
 #define LAX KVP_OPT_F_ENV_LAX
 #define STR (KVP_OPT_F_ENV_LAX | KVP_OPT_F_PTR)
 #define ELSEWHERE (KVP_OPT_F_ENV_LAX | KVP_OPT_F_READ_ELSEWHERE)
+/* A row of the data servers' limits (kvp_conn_limits_t): a count (UINT, 1..1000000) or a
+ * time (SECONDS, 1..3600 s, kept in ms) */
+#define DATA_LIMIT_UINT KVP_OPT_UINT, .arg = "N", .max = 1000000
+#define DATA_LIMIT_SECONDS KVP_OPT_SECONDS_MS, .arg = "SECONDS", .max = 3600
+#define DATA_LIMIT(nm, var, kind, field, def, text)                                                \
+    {                                                                                              \
+        .name = nm, .env = var, .type = DATA_LIMIT_##kind, .flags = LAX, .min = 1, .def_doc = def, \
+        F(data_limits.field), .help = text                                                         \
+    }
 
 /* KVPOOL_RDMA_WINDOWS: "1" on, "unbounded" on any device, anything else off. */
 static kvp_status_t parse_windows(const kvp_opt_t *opt, const char *value, void *field, char *err,
@@ -202,6 +211,34 @@ static const kvp_opt_t env_rows[] = {
      .help = "serve the segment over rdma through a memory window per granted extent (kvpool "
              "serve --rdma-windows); 1 is refused on devices that do not keep an access inside "
              "its window (Soft-RoCE, siw), unbounded uses them anyway. Needs data grants on"},
+
+    KVP_OPT_GROUP("Data servers",
+                  "what peers may hold of the data servers of this process's segments (tcp, and "
+                  "the Unix socket of the shm hand-off; docs/security.md, \"Owner data "
+                  "servers\"): for a segment mounted in the application (library mode), whose "
+                  "descriptor limit the library leaves as it is; `kvpool serve`'s --data-* flags "
+                  "win over them"),
+    DATA_LIMIT("data-max-conns", "KVPOOL_DATA_MAX_CONNS", UINT, max_conns, "10000",
+               "connections each data server takes at once (the shm socket 1024 at most), and at "
+               "most a quarter of the process's descriptor limit (ulimit -n; the shm socket a "
+               "sixteenth): raise that limit for more"),
+    DATA_LIMIT("data-max-conns-per-peer", "KVPOOL_DATA_MAX_CONNS_PER_PEER", UINT, max_per_peer,
+               "4096",
+               "of them, from one address (on the shm socket: one uid, a quarter of the socket's "
+               "at most)"),
+    DATA_LIMIT("data-max-unauth", "KVPOOL_DATA_MAX_UNAUTH", UINT, max_unauth, "4096",
+               "of them, not yet authenticated (no HELLO proven; without data grants, no request "
+               "header yet); past it the oldest is closed for a new one"),
+    DATA_LIMIT("data-max-unauth-per-peer", "KVPOOL_DATA_MAX_UNAUTH_PER_PEER", UINT,
+               max_unauth_per_peer, "a quarter of KVPOOL_DATA_MAX_UNAUTH",
+               "of those, from one address (uid): past it the peer's new one is closed"),
+    DATA_LIMIT("data-handshake-timeout", "KVPOOL_DATA_HANDSHAKE_TIMEOUT", SECONDS, handshake_ms,
+               "10",
+               "close a connection not authenticated this long after it connected, bytes or "
+               "not"),
+    DATA_LIMIT("data-frame-timeout", "KVPOOL_DATA_FRAME_TIMEOUT", SECONDS, frame_ms, "30",
+               "close a connection whose request is not over this long after its first byte, "
+               "plus a second per MiB the request moves"),
 
     KVP_OPT_GROUP("Process-wide", "process-wide settings, read where the setting lives"),
     {.name = "log-level",

@@ -17,7 +17,8 @@
 
 #include "common/etcd.h"
 #include "common/options.h"
-#include "client/transfer/engine.h" /* KVP_RDMA_WINDOWS_* */
+#include "client/segment/conn_server.h" /* kvp_conn_limits_t */
+#include "client/transfer/engine.h"     /* KVP_RDMA_WINDOWS_* */
 
 /* The library's environment; NULL / 0 / false: the variable is not set (or empty). The
  * strings point into the environment: use them while the client is created only. */
@@ -35,6 +36,8 @@ typedef struct kvp_client_env {
     int rdma_windows;         /* KVPOOL_RDMA_WINDOWS: KVP_RDMA_WINDOWS_* */
     unsigned rdma_qp_cap;     /* KVPOOL_RDMA_QP_CAP; 0: the transport's default */
     bool keep_dumpable;       /* KVPOOL_KEEP_DUMPABLE=1 */
+    /* KVPOOL_DATA_*: what peers may hold of our segments' data servers (0: not set) */
+    kvp_conn_limits_t data_limits;
 } kvp_client_env_t;
 
 /* Read the variables into *env. Thread: any (reads the environment). */

@@ -79,6 +79,17 @@ static void load_count(kvp_metrics_count_t *out, const kvp_count_stats_t *c)
     out->bytes = atomic_load_explicit(&c->bytes, memory_order_relaxed);
 }
 
+/* The data servers' closings by reason (conn_server.h), summed with the SSD owner's. */
+static void add_admission(kvp_metrics_t *m, const kvp_conn_refusals_t *a)
+{
+    m->refused_conn_limit += a->conn_limit;
+    m->refused_peer_limit += a->peer_limit;
+    m->refused_unauth_limit += a->unauth_limit;
+    m->refused_handshake_timeout += a->handshake_timeout;
+    m->refused_frame_timeout += a->frame_timeout;
+    m->refused_resources += a->resources;
+}
+
 kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
 {
     if (c == NULL || out == NULL || out->size < offsetof(kvp_metrics_t, client)) {
@@ -122,6 +133,9 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         load_count(&m.served[KVP_METRICS_TP_TCP].get, &sv->dir[1]);
     }
     if (c->seg != NULL) {
+        kvp_conn_refusals_t adm = {0};
+        kvp_segment_admission(c->seg, &adm);
+        add_admission(&m, &adm);
         m.refused_protected += kvp_segment_refused(c->seg);
         m.refused_grant += kvp_segment_grants_refused(c->seg);
         m.refused_shm += kvp_segment_shm_refused(c->seg);
@@ -137,8 +151,12 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         m.dram_draining = kvp_segment_state(c->seg) == KVP_SEG_DRAINING;
         m.dram_capacity = m.dram_mounted ? kvp_segment_size(c->seg) : 0;
     }
-    if (c->ssd != NULL)
+    if (c->ssd != NULL) {
+        kvp_conn_refusals_t adm = {0};
         kvp_ssd_owner_metrics(c->ssd, &m);
+        kvp_ssd_owner_admission(c->ssd, &adm);
+        add_admission(&m, &adm);
+    }
 
     size_t n = out->size < sizeof(m) ? out->size : sizeof(m);
     memcpy(out, &m, n);
@@ -196,9 +214,12 @@ static void put_label_value(out_t *o, const char *s)
     }
 }
 
+/* In pieces, not through put_fmt: a help text may be longer than its buffer. */
 static void family(out_t *o, const char *name, const char *type, const char *help)
 {
-    put_fmt(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    const char *parts[] = {"# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n"};
+    for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+        put_str(o, parts[i]);
 }
 
 static const char *const dir_names[2] = {"put", "get"};
@@ -264,11 +285,25 @@ static const metric_row_t server_rows[] = {
              "request without a valid grant from the master, whose connection was closed; shm: "
              "a request for a segment's memory from another user or without a valid MAP "
              "grant; rdma: a queue pair without a valid proof of a principal that may hold the "
-             "segment, or past its cap).",
+             "segment, or past its cap; conn_limit, peer_limit, unauth_limit: past a cap of "
+             "connections, in all, of a peer, unauthenticated; handshake_timeout, "
+             "frame_timeout: too slow; resources: no fd or thread left).",
              "reason=\"protected_mode\"", refused_protected, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"grant\"", refused_grant, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"shm\"", refused_shm, ROW_U64),
     M_SAMPLE("kvpool_connections_refused_total", "reason=\"rdma\"", refused_rdma, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"conn_limit\"", refused_conn_limit,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"peer_limit\"", refused_peer_limit,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"unauth_limit\"", refused_unauth_limit,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"handshake_timeout\"",
+             refused_handshake_timeout, ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"frame_timeout\"", refused_frame_timeout,
+             ROW_U64),
+    M_SAMPLE("kvpool_connections_refused_total", "reason=\"resources\"", refused_resources,
+             ROW_U64),
     M_FAMILY("kvpool_rdma_remote_access_errors_total",
              "Remote access errors peers caused on this process's segment over rdma (a bad "
              "rkey, address or permission): source qp_event, the queue pairs' asynchronous "

@@ -396,7 +396,7 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat);
 
 /* The version kvp_metrics_snapshot writes into kvp_metrics_t.version (2: master_rpc[] and
  * transfer_runs / transfer_ns added). */
-#define KVP_METRICS_VERSION 2
+#define KVP_METRICS_VERSION 3
 
 /* Slots of kvp_metrics_t.master_rpc[]: indexed by the wire's method number
  * (docs/protocol.md, "Control plane": the method table); kvp_metrics_rpc_name says
@@ -505,6 +505,18 @@ typedef struct kvp_metrics {
     kvp_metrics_rpc_t master_rpc[KVP_METRICS_RPC_MAX];
     uint64_t transfer_runs[2]; /* [0] put, [1] get: batches of transfers run */
     uint64_t transfer_ns[2];   /* their summed wall time */
+    /* version 3: connections its data servers (tcp and the shm socket) closed for their
+     * limits (docs/security.md, "Owner data servers"): past the cap in all, past the
+     * peer's (an address; a uid on the shm socket), past the cap of connections not yet
+     * authenticated (a new one refused, or the oldest closed for it), not authenticated
+     * in time, a request not completed in time, and accepted and closed for want of
+     * descriptors or threads */
+    uint64_t refused_conn_limit;
+    uint64_t refused_peer_limit;
+    uint64_t refused_unauth_limit;
+    uint64_t refused_handshake_timeout;
+    uint64_t refused_frame_timeout;
+    uint64_t refused_resources;
 } kvp_metrics_t;
 
 /*

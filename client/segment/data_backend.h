@@ -11,12 +11,13 @@
  * bytes of checked extents between the connection's socket and where they
  * live (read, write), without allocating or copying per request beyond what
  * its medium needs: memory is sent and received in place; a file goes
- * through buffers made once per connection (conn_open).
+ * through buffers made once per connection (conn_open), at its first read or
+ * write (not as it connects: a connection that never gets that far holds none).
  *
  * Thread: every op runs on a connection's thread, several connections at
  * once (they must be reentrant); conn_open and conn_close on the thread of
- * the connection they serve, at its start and end; destroy once, after every
- * connection ended.
+ * the connection they serve, at its first read or write and at its end;
+ * destroy once, after every connection ended.
  */
 #ifndef KVP_CLIENT_SEGMENT_DATA_BACKEND_H
 #define KVP_CLIENT_SEGMENT_DATA_BACKEND_H
@@ -36,8 +37,9 @@
 typedef struct kvp_data_backend_ops {
     const char *name; /* of the server, in its logs: "segment server", "ssd server" */
     unsigned frames;  /* KVP_DATA_FRAME_* */
-    /* Optional: the connection's own state (*conn_p, handed to read and write), made as
-     * it starts. An error closes it before its first request (the backend says why). */
+    /* Optional: the connection's own state (*conn_p, handed to read and write), made at
+     * its first read or write, once checked. An error closes it without serving that
+     * request (the backend says why). */
     kvp_status_t (*conn_open)(void *backend, void **conn_p);
     void (*conn_close)(void *backend, void *conn);
     /* Optional: the backend's own limits on an extent [off, off + len) that lies inside

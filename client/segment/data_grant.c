@@ -197,31 +197,48 @@ static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
     return NULL;
 }
 
-/* A grant set's header h was read: make room for its extents in v (*why_p: refused). */
-static bool set_room(kvp_grant_verifier_t *v, const kvp_grant_set_hdr_t *h, const char **why_p)
+/* A grant set's header h was read: is its count one to read (*why_p: refused)? */
+static bool set_take(kvp_grant_verifier_t *v, const kvp_grant_set_hdr_t *h, const char **why_p)
 {
     if (h->count == 0 || h->count > KVP_GRANT_SET_MAX) {
         *why_p = "a grant set of no extents or too many";
         return false;
-    }
-    if (h->count > v->set_cap) {
-        kvp_grant_extent_t *e = realloc(v->set_ext, h->count * sizeof(*e));
-        if (e == NULL) {
-            *why_p = "the owner has no memory for the grant set";
-            return false;
-        }
-        v->set_ext = e;
-        v->set_cap = h->count;
     }
     v->set_ok = false; /* the connection's set is this one from now on, once checked */
     v->set = *h;
     return true;
 }
 
+/* A set's h.count extents into v->set_ext, its room grown with what has arrived (doubling
+ * from 64), not made from the count the header promises. KVP_ERR_IO: the stream broke, or
+ * no memory for the rest (*why_p; the connection closes either way). */
+static kvp_status_t set_recv(kvp_grant_verifier_t *v, int fd, uint32_t count, const char **why_p)
+{
+    uint32_t got = 0;
+    while (got < count) {
+        if (got == v->set_cap) {
+            uint32_t cap = v->set_cap < 64 ? 64 : v->set_cap * 2;
+            cap = cap < count ? cap : count;
+            kvp_grant_extent_t *e = realloc(v->set_ext, cap * sizeof(*e));
+            if (e == NULL) {
+                *why_p = "the owner has no memory for the grant set";
+                return KVP_ERR_IO;
+            }
+            v->set_ext = e;
+            v->set_cap = cap;
+        }
+        uint32_t room = v->set_cap - got, k = count - got < room ? count - got : room;
+        if (kvp_recv_all(fd, v->set_ext + got, k * sizeof(*v->set_ext)) != KVP_OK)
+            return KVP_ERR_IO;
+        got += k;
+    }
+    return KVP_OK;
+}
+
 /* What follows the header before the payload (kvp_data_grants_check): the entries (when on
  * the wire) and the grant part whose size the header gives, in one read; a set's extents
- * and the indices after it in a second. KVP_ERR_IO: the stream broke (*why_p: a set's size
- * refused, nothing more read). */
+ * (set_recv) and the indices after them next. KVP_ERR_IO: the stream broke (*why_p: a set's
+ * size refused, nothing more read). */
 static kvp_status_t meta_recv(kvp_grant_verifier_t *v, int fd, uint16_t kind, kvp_data_vec_t *vec,
                               bool vec_on_wire, uint64_t n, kvp_grant_t *g, uint32_t *idx,
                               const char **why_p)
@@ -241,11 +258,11 @@ static kvp_status_t meta_recv(kvp_grant_verifier_t *v, int fd, uint16_t kind, kv
         return KVP_ERR_IO;
     if (kind != KVP_DATA_F_GRANT_SET)
         return KVP_OK;
-    if (!set_room(v, &h, why_p))
+    if (!set_take(v, &h, why_p))
         return KVP_OK; /* refused: nothing more is read */
-    iov[0] = (struct iovec){v->set_ext, h.count * sizeof(*v->set_ext)};
-    iov[1] = (struct iovec){idx, n * sizeof(*idx)};
-    return kvp_recvv_all(fd, iov, 2) == KVP_OK ? KVP_OK : KVP_ERR_IO;
+    if (set_recv(v, fd, h.count, why_p) != KVP_OK)
+        return KVP_ERR_IO;
+    return kvp_recv_all(fd, idx, n * sizeof(*idx)) == KVP_OK ? KVP_OK : KVP_ERR_IO;
 }
 
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,

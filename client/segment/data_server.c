@@ -24,6 +24,14 @@
  * sent and closes the connection, since the stream can no longer be trusted.
  * Every entry is checked before any byte moves.
  *
+ * Admission (conn_server.h): a connection is unauthenticated until its HELLO
+ * proved a principal (data grants on) or, with nothing to prove, until a
+ * first request header came in whole; each request is a frame, from its
+ * header's first byte to its reply, with a deadline that its length extends.
+ * A backend's per-connection state (an SSD segment's ring and buffers) is
+ * made at the connection's first read or write, not as it connects: an idle
+ * connection holds a thread's stack and a descriptor, nothing more.
+ *
  * Counters: each request served adds its extents and bytes to srv->stats with
  * relaxed atomics just before its reply is sent (a read's taken back if its reply
  * does not all go), so a peer that has its reply always sees it counted
@@ -73,8 +81,10 @@ struct kvp_data_server {
  * its HELLO (0: none), the backend's state for it, and room for a request's entries. */
 typedef struct conn {
     struct kvp_data_server *srv;
+    kvp_conn_t *conn;
     int fd;
     void *backend_conn;
+    bool backend_open; /* conn_open ran (at the first read or write) */
     kvp_grant_verifier_t v;
     uint64_t tag;
     kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
@@ -111,6 +121,20 @@ static kvp_status_t check_extents(const struct kvp_data_server *srv, const kvp_d
             return KVP_ERR_PROTOCOL;
     }
     return total == length ? KVP_OK : KVP_ERR_PROTOCOL; /* the header's length: their sum */
+}
+
+/* The backend's state for this connection, made at its first read or write (what a
+ * connection that never gets that far holds is no more than its thread and fd). false:
+ * it cannot be made (the backend said why); the connection closes. */
+static bool backend_open(conn_t *c)
+{
+    struct kvp_data_server *srv = c->srv;
+    if (c->backend_open || srv->ops->conn_open == NULL)
+        return true;
+    if (srv->ops->conn_open(srv->backend, &c->backend_conn) != KVP_OK)
+        return false;
+    c->backend_open = true;
+    return true;
 }
 
 /* The backend reads the checked c->vec[0..n) out (total bytes): counted before its first
@@ -175,6 +199,11 @@ static bool serve_rw(conn_t *c, const kvp_data_req_t *req)
         bool replied = kvp_data_reply(c->fd, st, 0) == KVP_OK;
         return replied && !write;
     }
+    if (!backend_open(c))
+        return false;
+    /* its payload or reply: time for its bytes, once they are known to lie in the segment
+     * (a length a header only claims extends nothing) */
+    kvp_conn_frame_extend(c->conn, req->length);
     return write ? serve_write(c, n, req->length) : serve_read(c, n, req->length);
 }
 
@@ -307,55 +336,77 @@ static void serve_map(conn_t *c, const kvp_data_req_t *req)
         KVP_LOG_DEBUG("%s: segment memory handed to pid %d (uid %u)", srv->ops->name, pid, uid);
 }
 
-/* One request of the connection. Returns false when the connection ends. */
-static bool serve_request(conn_t *c)
+/* Serve one request whose header is req. Returns false when the connection ends. */
+static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
 {
     struct kvp_data_server *srv = c->srv;
-    kvp_data_req_t req;
-    if (kvp_recv_all(c->fd, &req, sizeof(req)) != KVP_OK)
-        return false;
     unsigned frames = srv->ops->frames;
-    if (req.magic == KVP_DATA_MAGIC) {
-        switch (req.op) {
+    if (req->magic == KVP_DATA_MAGIC) {
+        switch (req->op) {
         case KVP_DATA_READ:
         case KVP_DATA_WRITE:
         case KVP_DATA_READV:
         case KVP_DATA_WRITEV:
-            return serve_rw(c, &req);
+            return serve_rw(c, req);
         case KVP_DATA_HELLO:
             return kvp_data_hello(&srv->grants, &c->v, &srv->grants_refused, srv->ops->name, c->fd,
-                                  &req, atomic_load(&srv->segment_id), &c->tag) == KVP_OK;
+                                  req, atomic_load(&srv->segment_id), &c->tag) == KVP_OK;
         case KVP_DATA_MAP:
             if ((frames & KVP_DATA_FRAME_MAP) == 0)
                 break;
-            serve_map(c, &req);
+            serve_map(c, req);
             return false;
         case KVP_DATA_BIND_READ:
         case KVP_DATA_BIND_WRITE:
         case KVP_DATA_UNBIND:
             if ((frames & KVP_DATA_FRAME_WINDOWS) == 0)
                 break;
-            return serve_windows(c, &req);
+            return serve_windows(c, req);
         default:
             break;
         }
     }
     KVP_LOG_WARN_LIMITED("%s: bad request header (magic %#x op %u); closing", srv->ops->name,
-                         req.magic, req.op);
+                         req->magic, req->op);
     return false;
 }
 
+/* A connection not yet admitted (conn_server.h) is, once it proved a principal in a HELLO
+ * (data grants on) or, with nothing to prove, once a request's header came in whole (a
+ * first request that moves many bytes is then timed as a request, not as a handshake). */
+static void admit(conn_t *c)
+{
+    if (kvp_conn_admitted(c->conn) || !kvp_grant_verifier_sync(&c->v, &c->srv->grants))
+        return;
+    if (!c->v.on || c->tag != 0)
+        kvp_conn_admit(c->conn);
+}
+
+/* One request of the connection (its frame). Returns false when the connection ends. */
+static bool serve_request(conn_t *c)
+{
+    kvp_data_req_t req;
+    if (kvp_conn_recv_head(c->conn, &req, sizeof(req)) != KVP_OK)
+        return false;
+    if (req.magic == KVP_DATA_MAGIC)
+        admit(c);
+    bool ok = serve_frame(c, &req);
+    if (ok) {
+        admit(c); /* a HELLO's proof */
+        kvp_conn_frame_end(c->conn);
+    }
+    return ok;
+}
+
 /* One connection's requests, in order, until it ends or cannot be trusted. */
-static void serve_conn(void *arg, int fd)
+static void serve_conn(void *arg, kvp_conn_t *conn)
 {
     struct kvp_data_server *srv = arg;
-    conn_t c = {.srv = srv, .fd = fd, .v = {0}};
-    if (srv->ops->conn_open != NULL && srv->ops->conn_open(srv->backend, &c.backend_conn) != KVP_OK)
-        return;
+    conn_t c = {.srv = srv, .conn = conn, .fd = kvp_conn_fd(conn), .v = {0}};
     while (serve_request(&c))
         ;
     kvp_grant_verifier_cleanup(&c.v);
-    if (srv->ops->conn_close != NULL)
+    if (c.backend_open && srv->ops->conn_close != NULL)
         srv->ops->conn_close(srv->backend, c.backend_conn);
 }
 
@@ -460,4 +511,12 @@ uint64_t kvp_data_server_grants_refused(const kvp_data_server_t *srv)
 uint64_t kvp_data_server_map_refused(const kvp_data_server_t *srv)
 {
     return atomic_load_explicit(&srv->map_refused, memory_order_relaxed);
+}
+
+void kvp_data_server_admission(const kvp_data_server_t *srv, kvp_conn_refusals_t *sum)
+{
+    if (srv == NULL)
+        return;
+    kvp_conn_server_refusals(srv->conns, sum);
+    kvp_conn_server_refusals(srv->local, sum);
 }

@@ -2,7 +2,8 @@
  * data_server.h - the tcp data server of a segment this client owns (data_server.c):
  * the data protocol (transport/wire.h, docs/protocol.md) with its grant checks, served
  * from a backend (data_backend.h): a DRAM segment's memory (segment_server.h) or an SSD
- * segment's file (ssd/ssd_server.h). A thread per connection (conn_server.c).
+ * segment's file (ssd/ssd_server.h). A thread per connection (conn_server.c), within
+ * the process's limits on connections (conn_server.h, kvp_conn_limits_t).
  */
 #ifndef KVP_CLIENT_SEGMENT_DATA_SERVER_H
 #define KVP_CLIENT_SEGMENT_DATA_SERVER_H
@@ -11,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "client/segment/conn_server.h"
 #include "client/segment/data_backend.h"
 #include "client/segment/data_grant.h"
 #include "client/transfer/xfer.h"
@@ -85,5 +87,8 @@ uint64_t kvp_data_server_refused(const kvp_data_server_t *srv);
 uint64_t kvp_data_server_grants_refused(const kvp_data_server_t *srv);
 /* MAP requests refused (the peer's user, its grant, the socket it came on). Thread: any. */
 uint64_t kvp_data_server_map_refused(const kvp_data_server_t *srv);
+/* Adds the connections its listeners (tcp and the shm socket) closed for their limits
+ * (conn_server.h) to *sum, by reason. NULL srv: nothing. Thread: any. */
+void kvp_data_server_admission(const kvp_data_server_t *srv, kvp_conn_refusals_t *sum);
 
 #endif

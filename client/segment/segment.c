@@ -300,6 +300,11 @@ uint64_t kvp_segment_refused(const kvp_segment_t *seg)
     return seg->server != NULL ? kvp_data_server_refused(seg->server) : 0;
 }
 
+void kvp_segment_admission(const kvp_segment_t *seg, kvp_conn_refusals_t *sum)
+{
+    kvp_data_server_admission(seg->server, sum);
+}
+
 void *kvp_segment_extent(const kvp_segment_t *seg, uint64_t offset, uint64_t length)
 {
     if (offset > seg->size || length > seg->size - offset)

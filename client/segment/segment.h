@@ -95,6 +95,8 @@ void kvp_segment_mounted(kvp_segment_t *seg, uint64_t seg_id, bool adopting,
 uint64_t kvp_segment_grants_refused(const kvp_segment_t *seg);
 /* Requests for its memory (shm hand-off) refused. */
 uint64_t kvp_segment_shm_refused(const kvp_segment_t *seg);
+/* Adds the connections its data server closed for their limits to *sum, by reason. */
+void kvp_segment_admission(const kvp_segment_t *seg, kvp_conn_refusals_t *sum);
 
 /* Begin a drain (MOUNTED -> DRAINING, under the state lock, so no remount slips a new id in
  * between): the id to drain in *seg_id_p. KVP_ERR_PENDING: a drain is under way;

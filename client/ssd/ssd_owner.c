@@ -580,6 +580,11 @@ void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
     m->refused_grant += kvp_data_server_grants_refused(o->srv);
 }
 
+void kvp_ssd_owner_admission(const kvp_ssd_owner_t *o, kvp_conn_refusals_t *sum)
+{
+    kvp_data_server_admission(o->srv, sum);
+}
+
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o)
 {
     return o->name;

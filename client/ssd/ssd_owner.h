@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "client/control/discovery.h"
+#include "client/segment/conn_server.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer_table.h"
 #include "common/status.h"
@@ -56,5 +57,7 @@ const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o);
  * capacity). Thread: any. */
 struct kvp_metrics;
 void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, struct kvp_metrics *m);
+/* Adds the connections its data server closed for their limits to *sum, by reason. */
+void kvp_ssd_owner_admission(const kvp_ssd_owner_t *o, kvp_conn_refusals_t *sum);
 
 #endif

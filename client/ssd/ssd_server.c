@@ -5,8 +5,8 @@
  * checks every request; this file moves the bytes of checked extents.
  *
  * Design: each connection owns an io_uring and KVP_SSD_IO_DEPTH aligned
- * buffers of KVP_SSD_IO_CHUNK, made once when the connection starts
- * (conn_open): a request allocates nothing.
+ * buffers of KVP_SSD_IO_CHUNK, made once, at the connection's first read or
+ * write (conn_open; an idle connection has none): a request allocates nothing.
  *
  *  - READ / READV: the 4 KiB-aligned file range covering each extent is read
  *    in chunks, up to the depth in flight; chunks are sent in order as they

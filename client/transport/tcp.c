@@ -55,6 +55,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -68,6 +69,7 @@
 #include "common/grant.h"
 #include "common/sock.h"
 #include "common/parse.h"
+#include "common/rand.h"
 
 #define PIPE_DEPTH 8
 /* A transfer of at least this many bytes on two or more connections runs them on as many
@@ -75,6 +77,9 @@
 #define TCP_THREAD_MIN (4u << 20)
 #define TCP_WORKERS_MAX 7
 #define POOL_MAX_IDLE 64
+/* A new connection an owner closes before it answers the HELLO is tried again so many
+ * times (conn_open) */
+#define CONN_RETRIES 6u
 /* conn_lowat: poll() for a read's payload wakes once this much of it has come */
 #define TCP_LOWAT (256u << 10)
 #define TCP_LOWAT_MIN (64u << 10)
@@ -190,6 +195,7 @@ typedef struct xconn {
     uint64_t first_sent_ns; /* its first request, a read, fully sent (0: not yet, or no read) */
     uint32_t lowat;         /* the socket's SO_RCVLOWAT as last set (conn_lowat) */
     bool timed;             /* that read's answer timed (the peer's read latency) */
+    bool fresh;             /* opened for this transfer, nothing answered on it yet */
     bool dead;
 } xconn_t;
 
@@ -216,8 +222,53 @@ static bool conn_alive(int fd)
     return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+/* A new connection to pool's owner, its principal proved (data grants on). An owner at its
+ * connection limits (docs/security.md, "Owner data servers") closes a new one before it
+ * answers the HELLO: tried again CONN_RETRIES times after a pause from 10 ms doubling
+ * (about 0.6 s in all; each pause drawn between half and all of it, so that a burst's
+ * threads do not come back together), within the transfer's timeout, then reported;
+ * never a request sent on it. Without a HELLO to answer, such a close shows as the first
+ * request's I/O error (conn_kill logs it). */
+static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer, int *fd_p)
+{
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
+    if (st != KVP_OK)
+        return st;
+    uint64_t give_up = kvp_now_ms() + ctx->xfer->timeout_ms;
+    for (unsigned attempt = 0;; attempt++) {
+        int fd;
+        st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
+        if (st != KVP_OK)
+            return st;
+        if (!peer->has_conn_key ||
+            (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) == KVP_OK) {
+            *fd_p = fd;
+            return KVP_OK;
+        }
+        close(fd);
+        uint64_t pause_us = (10000u << attempt) / 2 + kvp_random_u64() % ((10000u << attempt) / 2);
+        if (st != KVP_ERR_IO || attempt == CONN_RETRIES ||
+            kvp_now_ms() + pause_us / 1000 >= give_up)
+            break;
+        struct timespec pause = {.tv_sec = 0, .tv_nsec = (long)pause_us * 1000L};
+        nanosleep(&pause, NULL);
+    }
+    if (st == KVP_ERR_IO)
+        KVP_LOG_WARN_LIMITED("tcp: %s closed new connections before it answered their HELLO, "
+                             "%u times: it is at its connection limits (its "
+                             "kvpool_connections_refused_total), or restarting",
+                             pool->endpoint, CONN_RETRIES + 1);
+    else if (st != KVP_ERR_SEGMENT_GONE) /* gone: our descriptor is from before a remount */
+        KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
+                             kvp_strerror(st));
+    return st;
+}
+
+/* A connection to pool's owner: an idle one of the pool, else a new one (*fresh_p). */
 static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer,
-                                 int *fd_p)
+                                 int *fd_p, bool *fresh_p)
 {
     for (;;) {
         pthread_mutex_lock(&ctx->lock);
@@ -227,29 +278,18 @@ static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_pee
             break;
         if (conn_alive(fd)) {
             *fd_p = fd;
+            *fresh_p = false;
             return KVP_OK;
         }
         close(fd); /* dead while idle: take the next, or open one */
     }
-    char host[256];
-    uint16_t port;
-    kvp_status_t st = kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
-    if (st != KVP_OK)
-        return st;
     int fd;
-    st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
+    kvp_status_t st = conn_open(ctx, pool, peer, &fd);
     if (st != KVP_OK)
         return st;
-    if (peer->has_conn_key &&
-        (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) != KVP_OK) {
-        if (st != KVP_ERR_SEGMENT_GONE) /* gone: our descriptor is from before a remount */
-            KVP_LOG_WARN_LIMITED("tcp: %s did not take our principal's proof: %s", pool->endpoint,
-                                 kvp_strerror(st));
-        close(fd);
-        return st;
-    }
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
     *fd_p = fd;
+    *fresh_p = true;
     return KVP_OK;
 }
 
@@ -301,6 +341,12 @@ static void conn_kill(xconn_t *c, kvp_status_t st)
 {
     if (c->dead)
         return;
+    if (c->fresh && st == KVP_ERR_IO)
+        KVP_LOG_WARN_LIMITED("tcp: %s closed a new connection before its first answer: it is at "
+                             "its connection limits (its kvpool_connections_refused_total), or "
+                             "restarting; its requests fail (KVP_ERR_IO), no byte of them is "
+                             "taken as read",
+                             c->g->pool->endpoint);
     shared_lock(c);
     for (unsigned i = 0; i < c->count; i++)
         req_fail(&c->ring[(c->head + i) % PIPE_DEPTH], st);
@@ -481,6 +527,7 @@ static void req_crc_landed(req_t *r, uint64_t from, uint64_t to)
 
 static void conn_pop(xconn_t *c)
 {
+    c->fresh = false;
     c->head = (c->head + 1) % PIPE_DEPTH;
     c->count--;
     c->sent--;
@@ -974,11 +1021,12 @@ static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_group
         kvp_status_t last = KVP_OK;
         for (size_t c = 0; c < want; c++) {
             int fd;
-            last = conn_acquire(ctx, groups[g].pool, groups[g].slices[0]->op->peer, &fd);
+            bool fresh;
+            last = conn_acquire(ctx, groups[g].pool, groups[g].slices[0]->op->peer, &fd, &fresh);
             if (last != KVP_OK)
                 break;
             last_progress = kvp_now_ms(); /* a stream opened (and proved): progress */
-            sc->conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1};
+            sc->conns[n_conns] = (xconn_t){.fd = fd, .g = &groups[g], .lowat = 1, .fresh = fresh};
             groups[g].live++;
             n_conns++;
         }

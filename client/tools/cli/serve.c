@@ -25,12 +25,15 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "client/segment/conn_server.h"
 #include "client/tools/cli/cli.h"
 #include "common/clock.h"
 #include "common/conf.h"
+#include "common/log.h"
 #include "common/http.h"
 #include "common/macros.h"
 #include "common/options.h"
@@ -47,11 +50,12 @@ typedef struct serve_http {
 typedef struct serve {
     kvp_cli_t cli; /* the global options; the config file's under the command line's */
     kvp_client_params_t params;
-    int ready_fd;            /* -1: none */
-    double drain_s;          /* drain timeout; 0: no drain */
-    bool dram_given;         /* --segment-size was given (0 included) */
-    const char *http_listen; /* NULL: no HTTP */
-    sigset_t mask;           /* SIGINT, SIGTERM: blocked */
+    kvp_conn_limits_t data_limits; /* the data servers' (client/segment/conn_server.h) */
+    int ready_fd;                  /* -1: none */
+    double drain_s;                /* drain timeout; 0: no drain */
+    bool dram_given;               /* --segment-size was given (0 included) */
+    const char *http_listen;       /* NULL: no HTTP */
+    sigset_t mask;                 /* SIGINT, SIGTERM: blocked */
     kvp_client_t *client;
     kvp_http_t *http;
     serve_http_t hs;
@@ -193,6 +197,61 @@ static const kvp_opt_t serve_rows[] = {
      .need = "a tenant's name of 1..63 bytes",
      .help = "dedicate the segments to tenant T (the ACL's): only its objects go there, and "
              "its go there first"},
+
+    KVP_OPT_GROUP("Data servers",
+                  "what peers may hold of the segments' data servers (tcp, and the Unix socket "
+                  "of the shm hand-off): docs/security.md, \"Owner data servers\"; a flag left "
+                  "out takes its KVPOOL_DATA_* variable, else the default"),
+    {.name = "data-max-conns",
+     .type = KVP_OPT_UINT,
+     F(data_limits.max_conns),
+     .def_doc = "10000",
+     .min = 1,
+     .max = 1000000,
+     .help = "connections each data server takes at once (the shm socket 1024 at most), and at "
+             "most a quarter of the descriptor limit (serve raises its soft limit to the hard "
+             "one, and logs it); more are closed as they come, nothing read"},
+    {.name = "data-max-conns-per-peer",
+     .type = KVP_OPT_UINT,
+     F(data_limits.max_per_peer),
+     .def_doc = "4096",
+     .min = 1,
+     .max = 1000000,
+     .help = "of them, from one address (on the shm socket: one uid, a quarter of its "
+             "connections at most)"},
+    {.name = "data-max-unauth",
+     .type = KVP_OPT_UINT,
+     F(data_limits.max_unauth),
+     .def_doc = "4096",
+     .min = 1,
+     .max = 1000000,
+     .help = "of them, not yet authenticated (no HELLO proven; without data grants, no request "
+             "header yet): past it the oldest is closed for the new one"},
+    {.name = "data-max-unauth-per-peer",
+     .type = KVP_OPT_UINT,
+     F(data_limits.max_unauth_per_peer),
+     .def_doc = "a quarter of --data-max-unauth",
+     .min = 1,
+     .max = 1000000,
+     .help = "of those, from one address (uid): past it the peer's new one is closed"},
+    {.name = "data-handshake-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     F(data_limits.handshake_ms),
+     .def_doc = "10",
+     .min = 1,
+     .max = 3600,
+     .need = "seconds (1..3600)",
+     .help = "close a connection not authenticated this long after it connected, bytes or "
+             "not"},
+    {.name = "data-frame-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     F(data_limits.frame_ms),
+     .def_doc = "30",
+     .min = 1,
+     .max = 3600,
+     .need = "seconds (1..3600)",
+     .help = "close a connection whose request is not over this long after its first byte, "
+             "plus a second per MiB the request moves"},
 
     KVP_OPT_GROUP("Process", NULL),
     {.name = "ready-fd",
@@ -346,6 +405,28 @@ static int serve_parse(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_
     return -1;
 }
 
+/* An owner takes hundreds of peers' connections, and its data servers take a quarter of
+ * the descriptor limit each (conn_server.h): the soft limit goes up to the hard one (as
+ * Redis does for its maxclients), logged. A library-mode segment leaves its process's
+ * limit alone. */
+static void serve_raise_nofile(void)
+{
+    const rlim_t most = 1u << 20;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= rl.rlim_max || rl.rlim_cur >= most)
+        return;
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max < most ? rl.rlim_max : most;
+    if (setrlimit(RLIMIT_NOFILE, &rl) == 0) /* a failure leaves it as it was: fewer peers */
+        KVP_LOG_INFO("serve: descriptor limit (ulimit -n) raised from %llu to %llu for the data "
+                     "servers' connections",
+                     (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+    else
+        KVP_LOG_WARN("serve: cannot raise the descriptor limit from %llu to %llu: %m; the data "
+                     "servers take fewer connections",
+                     (unsigned long long)was, (unsigned long long)rl.rlim_cur);
+}
+
 /* Block the signals, create the client (mounting the segments), start HTTP; -1, or the
  * failure's exit code (reported, nothing left running). */
 static int serve_start(serve_t *s)
@@ -355,6 +436,8 @@ static int serve_start(serve_t *s)
     if (rc >= 0)
         return rc;
     s->params.drain_timeout_ms = s->drain_s > 0 ? (uint32_t)(s->drain_s * 1000) : 30000;
+    serve_raise_nofile();
+    kvp_conn_limits_set_default(&s->data_limits); /* before the client starts its servers */
     if (kvp_cli_client_open(&s->cli, &s->params, &s->client) != KVP_OK)
         return KVP_CLI_FAIL;
     s->hs.client = s->client;
