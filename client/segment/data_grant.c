@@ -197,6 +197,14 @@ static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
     return NULL;
 }
 
+const char *kvp_data_extents_recheck(const kvp_data_ended_t *ended, uint64_t gen,
+                                     const kvp_data_checked_t *c)
+{
+    if (ended == NULL || c->n == 0)
+        return NULL;
+    return extents_taken(ended, gen, c->offset, c->version, c->n, false, kvp_grant_now_ms());
+}
+
 /* A grant set's header h was read: is its count one to read (*why_p: refused)? */
 static bool set_take(kvp_grant_verifier_t *v, const kvp_grant_set_hdr_t *h, const char **why_p)
 {
@@ -269,10 +277,12 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
                                    _Atomic uint64_t *refused, const char *server, int fd,
                                    const kvp_data_req_t *req, kvp_data_vec_t *vec, uint64_t n,
                                    bool vec_on_wire, uint64_t segment_id, uint64_t conn_tag,
-                                   const kvp_data_ended_t *ended)
+                                   const kvp_data_ended_t *ended, kvp_data_checked_t *checked)
 {
     kvp_grant_t g[KVP_DATA_VEC_MAX];
     uint32_t idx[KVP_DATA_VEC_MAX];
+    if (checked != NULL)
+        checked->n = 0;
     if (n == 0 || n > KVP_DATA_VEC_MAX)
         return KVP_ERR_IO;
     const char *why = NULL;
@@ -348,8 +358,14 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
     }
     if (why == NULL && ended != NULL && m > 0)
         why = extents_taken(ended, v->gen, offs, vers, m, write, now);
-    if (why == NULL)
+    if (why == NULL) {
+        if (checked != NULL) {
+            memcpy(checked->offset, offs, m * sizeof(*offs));
+            memcpy(checked->version, vers, m * sizeof(*vers));
+            checked->n = m;
+        }
         return KVP_OK;
+    }
     v->set_ok = false;
     atomic_fetch_add_explicit(refused, 1, memory_order_relaxed);
     char peer[80];

@@ -68,6 +68,21 @@ typedef struct kvp_data_ended {
     kvp_data_pending_t *pending;
 } kvp_data_ended_t;
 
+/* The extents (offset, object version) of the last request whose grants passed
+ * (kvp_data_grants_check, data grants on): what kvp_data_extents_recheck looks at again. */
+typedef struct kvp_data_checked {
+    uint64_t offset[KVP_DATA_VEC_MAX];
+    uint64_t version[KVP_DATA_VEC_MAX];
+    size_t n;
+} kvp_data_checked_t;
+
+/* The checked extents again, as a read's (nothing noted): NULL while no later object is
+ * recorded at any of them and no later put has written there since; else why not. For an
+ * rdma window, whose access outlives its check: bound, then checked again, so a put let
+ * in between the two is seen by one or the other (data_server.c, serve_windows). */
+const char *kvp_data_extents_recheck(const kvp_data_ended_t *ended, uint64_t gen,
+                                     const kvp_data_checked_t *c);
+
 /*
  * Read what follows a request's header up to its payload: its n vector entries into vec
  * (vec_on_wire: a READV/WRITEV; else vec holds the header's one extent), and the grants it
@@ -92,13 +107,14 @@ typedef struct kvp_data_ended {
  * or NULL): a write grant whose object version (its nonce) it already has at the extent,
  * or a later one, is refused: its put ended; so is one of an older version than a put
  * that has written there since (ended->pending). A read grant is refused once a later
- * object is recorded at its extent, or a later put has written there.
+ * object is recorded at its extent, or a later put has written there. checked (may be
+ * NULL): on KVP_OK, the extents and versions the grants named (n 0: none, grants off).
  */
 kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t *v,
                                    _Atomic uint64_t *refused, const char *server, int fd,
                                    const kvp_data_req_t *req, kvp_data_vec_t *vec, uint64_t n,
                                    bool vec_on_wire, uint64_t segment_id, uint64_t conn_tag,
-                                   const kvp_data_ended_t *ended);
+                                   const kvp_data_ended_t *ended, kvp_data_checked_t *checked);
 
 /*
  * A HELLO (req, wire.h): with grants on, challenge the peer and check its proof of the

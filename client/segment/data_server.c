@@ -88,6 +88,7 @@ typedef struct conn {
     kvp_grant_verifier_t v;
     uint64_t tag;
     kvp_data_vec_t vec[KVP_DATA_VEC_MAX];
+    kvp_data_checked_t checked; /* the extents and versions the last passed grants named */
 } conn_t;
 
 /* vec_on_wire: the request's n entries follow its header (READV/WRITEV, windows): read with
@@ -97,7 +98,24 @@ static kvp_status_t check_grants(conn_t *c, const kvp_data_req_t *req, uint64_t 
     struct kvp_data_server *srv = c->srv;
     return kvp_data_grants_check(&srv->grants, &c->v, &srv->grants_refused, srv->ops->name, c->fd,
                                  req, c->vec, n, vec_on_wire, atomic_load(&srv->segment_id), c->tag,
-                                 srv->has_ended ? &srv->ended : NULL);
+                                 srv->has_ended ? &srv->ended : NULL, &c->checked);
+}
+
+/* A write at the checked c->vec[0..n) is let in (its put noted by check_grants): the rdma
+ * windows bound over those extents go before its first byte lands (transport.h, the
+ * windows op with rkeys NULL): a window kept past its object's removal opens nothing of
+ * the next object put there. */
+static void windows_written(conn_t *c, uint64_t n)
+{
+    struct kvp_data_server *srv = c->srv;
+    if (srv->windows == NULL || !c->v.on)
+        return;
+    uint64_t offs[KVP_DATA_VEC_MAX], lens[KVP_DATA_VEC_MAX];
+    for (uint64_t i = 0; i < n; i++) {
+        offs[i] = c->vec[i].offset;
+        lens[i] = c->vec[i].length;
+    }
+    srv->windows(srv->windows_arg, 0, c->tag, offs, lens, n, true, 0, NULL, NULL, 0);
 }
 
 /* Do a request's n entries lie in our segment (and pass the backend's own check), summing
@@ -204,6 +222,8 @@ static bool serve_rw(conn_t *c, const kvp_data_req_t *req)
     /* its payload or reply: time for its bytes, once they are known to lie in the segment
      * (a length a header only claims extends nothing) */
     kvp_conn_frame_extend(c->conn, req->length);
+    if (write)
+        windows_written(c, n);
     return write ? serve_write(c, n, req->length) : serve_read(c, n, req->length);
 }
 
@@ -276,9 +296,22 @@ static bool serve_windows(conn_t *c, const kvp_data_req_t *req)
         offs[i] = c->vec[i].offset;
         lens[i] = c->vec[i].length;
     }
+    if (st == KVP_OK && write)
+        windows_written(c, n); /* other principals' windows there go first */
     if (st == KVP_OK)
         st = srv->windows(srv->windows_arg, qp, c->tag, offs, lens, n, write,
                           c->v.expiry_ms + KVP_GRANT_SKEW_MS, rkeys, slots, 0);
+    const char *why = NULL;
+    if (st == KVP_OK && (why = kvp_data_extents_recheck(srv->has_ended ? &srv->ended : NULL,
+                                                        c->v.gen, &c->checked)) != NULL) {
+        /* a later put was let in at an extent between the check and the bind (its scan of
+         * the windows may have missed these): undone, refused like a stale grant */
+        srv->windows(srv->windows_arg, qp, c->tag, NULL, NULL, 0, false, 0, rkeys, slots, n);
+        atomic_fetch_add_explicit(&srv->grants_refused, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("%s: windows refused: %s; closing", name, why);
+        kvp_data_reply(c->fd, KVP_ERR_DENIED, 0);
+        return false;
+    }
     if (st == KVP_ERR_DENIED) {
         atomic_fetch_add_explicit(&srv->grants_refused, 1, memory_order_relaxed);
         KVP_LOG_WARN_LIMITED("%s: windows asked for another principal's queue pair refused; "
@@ -325,7 +358,7 @@ static void serve_map(conn_t *c, const kvp_data_req_t *req)
     }
     kvp_data_vec_t whole = {.segment_id = id, .offset = 0, .length = srv->size};
     kvp_status_t st = kvp_data_grants_check(&srv->grants, &c->v, &srv->map_refused, srv->ops->name,
-                                            c->fd, req, &whole, 1, false, id, c->tag, NULL);
+                                            c->fd, req, &whole, 1, false, id, c->tag, NULL, NULL);
     if (st != KVP_OK) {
         if (st == KVP_ERR_DENIED)
             kvp_data_reply(c->fd, KVP_ERR_DENIED, 0);

@@ -71,8 +71,10 @@ kvp_data_pending_t *kvp_data_server_pending(kvp_data_server_t *srv);
  * transport maps it). Before the first mount. mem_fd stays the caller's. */
 kvp_status_t kvp_data_server_share(kvp_data_server_t *srv, int mem_fd, const char *sock_name);
 /* A backend with KVP_DATA_FRAME_WINDOWS: rdma memory windows (transport/wire.h BIND_READ,
- * BIND_WRITE, UNBIND): fn binds or invalidates them (transfer/transport.h's windows op);
- * set once, before the first mount, when the segment is served through windows. */
+ * BIND_WRITE, UNBIND): fn binds or invalidates them (transfer/transport.h's windows op),
+ * and is told of every write let in (rkeys NULL), before its bytes land, so that windows
+ * over the extent it writes go; set once, before the first mount, when the segment is
+ * served through windows. */
 typedef kvp_status_t (*kvp_data_windows_fn)(void *arg, uint32_t qp_num, uint64_t tag,
                                             const uint64_t *offs, const uint64_t *lens,
                                             size_t n_bind, bool write, uint64_t expiry_ms,

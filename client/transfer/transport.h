@@ -73,8 +73,11 @@ typedef struct kvp_transport_ops {
      * by principal tag, bind a window per extent [offs[i], offs[i] + lens[i]) of our segment
      * with remote WRITE (write) or READ, good until expiry_ms at the latest; each one's rkey
      * and slot into rkeys[i] and slots[i]. n_bind 0 and n_unbind > 0: invalidate the windows
-     * rkeys/slots name instead. KVP_ERR_DENIED: not that principal's QP; KVP_ERR_NOT_FOUND:
-     * no such QP. Thread: any (the data servers' connection threads). */
+     * rkeys/slots name instead. rkeys NULL: a write at the n_bind extents was let in for
+     * principal tag: every bound window (any QP) that overlaps one is invalidated but tag's
+     * own write windows (qp_num, write and expiry_ms unused). KVP_ERR_DENIED: not that
+     * principal's QP; KVP_ERR_NOT_FOUND: no such QP. Thread: any (the data servers'
+     * connection threads). */
     kvp_status_t (*windows)(void *ctx, uint32_t qp_num, uint64_t tag, const uint64_t *offs,
                             const uint64_t *lens, size_t n_bind, bool write, uint64_t expiry_ms,
                             uint32_t *rkeys, uint32_t *slots, size_t n_unbind);

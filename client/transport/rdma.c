@@ -135,6 +135,8 @@ typedef struct mr_ent {
 typedef struct win {
     kvp_rdma_mw_t *mw;
     uint64_t expiry_ms; /* bound until then at the latest (the grants'); 0: free */
+    uint64_t off, len;  /* the extent of the segment it opens, while bound */
+    bool write;         /* opens it to remote WRITE (else READ) */
 } win_t;
 
 /* A chain of window WRs on an accepted QP, waited for (done_lock). */
@@ -152,6 +154,9 @@ typedef struct accepted {
     pthread_mutex_t win_lock;
     win_t *win;
     uint32_t n_win;
+    /* windows bound now (win_lock to change; read without it by a write's scan, which a
+     * bind's recheck orders against: rdma_windows_written) */
+    atomic_uint live;
     win_wait_t wait;
     unsigned users;    /* data servers between finding it and done with it (acc_lock) */
     atomic_bool stuck; /* a window chain never came back: never reaped (the device may still
@@ -595,6 +600,7 @@ static void win_sweep(rdma_ctx_t *ctx, accepted_t *a, uint64_t now)
             continue;
         wrs[k++] = (kvp_rdma_mw_wr_t){.mw = a->win[i].mw};
         a->win[i].expiry_ms = 0;
+        atomic_fetch_sub(&a->live, 1);
         if (k == KVP_RDMA_MAX_CHAIN) {
             if (win_post(ctx, a, wrs, k) != KVP_OK)
                 return;
@@ -641,6 +647,63 @@ static bool win_take(rdma_ctx_t *ctx, accepted_t *a, size_t n, uint32_t *slot)
     return got == n;
 }
 
+/* Does [off, off + len) overlap one of the n extents? */
+static bool win_overlaps(const win_t *w, const uint64_t *offs, const uint64_t *lens, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (w->off < offs[i] + lens[i] && offs[i] < w->off + w->len)
+            return true;
+    return false;
+}
+
+/*
+ * A write at the n extents was let in for principal tag (the windows op with rkeys NULL):
+ * every bound window that overlaps one goes, on every QP, but tag's own write windows (its
+ * put's other lanes). A window outlives the check of its grant (it is bound until the
+ * grant's expiry): without this, one kept after its object was removed would open the next
+ * object put at that extent, another principal's, to its holder. The data server notes the
+ * write (data_grant.h, the begun puts) before calling this, and checks a bind's extents
+ * again after the bind (serve_windows): a bind that this scan misses (not yet counted in
+ * `live`) sees the note then and is undone.
+ */
+static kvp_status_t rdma_windows_written(rdma_ctx_t *ctx, uint64_t tag, const uint64_t *offs,
+                                         const uint64_t *lens, size_t n)
+{
+    unsigned revoked = 0;
+    pthread_mutex_lock(&ctx->acc_lock); /* nesting acc_lock -> win_lock: nobody the other way */
+    for (accepted_t *a = ctx->accepted; a != NULL; a = a->next) {
+        if (atomic_load(&a->live) == 0)
+            continue;
+        kvp_rdma_mw_wr_t wrs[KVP_RDMA_MAX_CHAIN];
+        size_t k = 0;
+        pthread_mutex_lock(&a->win_lock);
+        bool usable = !kvp_rdma_qp_in_error(a->qp) && !atomic_load(&a->stuck);
+        for (uint32_t i = 0; i < a->n_win; i++) {
+            win_t *w = &a->win[i];
+            if (w->expiry_ms == 0 || (w->write && a->tag == tag) || !win_overlaps(w, offs, lens, n))
+                continue;
+            w->expiry_ms = 0;
+            atomic_fetch_sub(&a->live, 1);
+            revoked++;
+            wrs[k++] = (kvp_rdma_mw_wr_t){.mw = w->mw};
+            if (k == KVP_RDMA_MAX_CHAIN) {
+                if (usable && win_post(ctx, a, wrs, k) != KVP_OK)
+                    usable = false; /* the QP is flushed: its windows open nothing */
+                k = 0;
+            }
+        }
+        if (k > 0 && usable)
+            win_post(ctx, a, wrs, k);
+        pthread_mutex_unlock(&a->win_lock);
+    }
+    pthread_mutex_unlock(&ctx->acc_lock);
+    if (revoked > 0)
+        KVP_LOG_WARN_LIMITED("rdma: %u memory window(s) over an extent a new put writes revoked "
+                             "(their objects were removed; their holders lose access)",
+                             revoked);
+    return KVP_OK;
+}
+
 /* The windows op (transfer/transport.h), the owner's side of wire.h's BIND and UNBIND. */
 static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, const uint64_t *offs,
                                  const uint64_t *lens, size_t n_bind, bool write,
@@ -652,6 +715,8 @@ static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, cons
         return KVP_ERR_INVALID_ARG;
     if (n_bind > KVP_DATA_VEC_MAX || n_unbind > KVP_DATA_VEC_MAX)
         return KVP_ERR_INVALID_ARG;
+    if (rkeys == NULL)
+        return rdma_windows_written(ctx, tag, offs, lens, n_bind);
     kvp_rdma_mw_wr_t wrs[KVP_DATA_VEC_MAX];
     accepted_t *a = NULL;
     kvp_status_t st = KVP_ERR_NOT_FOUND;
@@ -683,6 +748,7 @@ static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, cons
                 kvp_rdma_mw_rkey(a->win[s].mw) == rkeys[i]) {
                 wrs[k++] = (kvp_rdma_mw_wr_t){.mw = a->win[s].mw};
                 a->win[s].expiry_ms = 0;
+                atomic_fetch_sub(&a->live, 1);
             }
         }
         st = k > 0 ? win_post(ctx, a, wrs, k) : KVP_OK;
@@ -703,8 +769,14 @@ static kvp_status_t rdma_windows(void *vctx, uint32_t qp_num, uint64_t tag, cons
         if (st == KVP_OK)
             st = win_post(ctx, a, wrs, n_bind);
         for (size_t i = 0; st == KVP_OK && i < n_bind; i++) {
-            a->win[slots[i]].expiry_ms = expiry_ms;
-            rkeys[i] = kvp_rdma_mw_rkey(a->win[slots[i]].mw);
+            win_t *w = &a->win[slots[i]];
+            *w = (win_t){.mw = w->mw,
+                         .expiry_ms = expiry_ms,
+                         .off = offs[i],
+                         .len = lens[i],
+                         .write = write};
+            atomic_fetch_add(&a->live, 1);
+            rkeys[i] = kvp_rdma_mw_rkey(w->mw);
         }
     }
     pthread_mutex_unlock(&a->win_lock);
@@ -807,6 +879,7 @@ static void *accept_thread_main(void *arg)
         *a = (accepted_t){.qp = qp, .tag = ctx->acc_tag};
         pthread_mutex_init(&a->win_lock, NULL);
         atomic_init(&a->stuck, false);
+        atomic_init(&a->live, 0);
         pthread_mutex_lock(&ctx->acc_lock);
         a->next = ctx->accepted;
         ctx->accepted = a;

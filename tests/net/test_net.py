@@ -30,6 +30,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MASTER_BIN = os.path.abspath(os.environ.get("KVPOOL_MASTER_BIN", "build/master/kvpool-master"))
 CLI_BIN = os.path.abspath(os.environ.get("KVPOOL_CLI_BIN", "build/client/kvpool"))
 SIZE = 16384
+# How long after a new leader's election the HA tests wait for every owner to offer its
+# record to it: twice the documented bound (docs/operations.md, "High availability":
+# "Owners follow a new leader within about 3 s of its election"), a margin for a machine
+# starved of CPU (measured there: at most 1.4 s).
+FOLLOW_BOUND_S = 6.0
 
 
 def ready_start(bed, host, argv, timeout=15.0, log=None):
@@ -381,6 +386,46 @@ def probe_leader(bed, host, addr, out, stop):
                      stderr=open(out + ".err", "ab"))
 
 
+def elections(ha, i, since):
+    """The times master i logged its election as leader, at or after since."""
+    return [log_time(x) for x in ha.log(i).splitlines()
+            if "elected leader" in x and log_time(x) >= since]
+
+
+def offers(ha, i, since):
+    """{segment: when its record was offered} to master i at or after since (its log's
+    "segment S (dram): N objects adopted back" lines; the first per segment)."""
+    out = {}
+    for x in ha.log(i).splitlines():
+        if "adopted back" in x and log_time(x) >= since:
+            seg = x.split(" segment ", 1)[1].split(" ", 1)[0]
+            out.setdefault(seg, log_time(x))
+    return out
+
+
+def wait_owners_follow(ha, candidates, t_cut, n_owners):
+    """Wait until n_owners segments offered their records to the master of candidates that
+    leads now, each within FOLLOW_BOUND_S of that master's last election after t_cut (the
+    event, not a moment: a leader elected again restarts the clock, 60 s in all at most).
+    (the leader, its election time, {segment: offer time})."""
+    deadline = time.time() + 60
+    while True:
+        lead = next((i for i in candidates if ha.leads(i)), None)
+        since = max(elections(ha, lead, t_cut - 1), default=None) if lead is not None else None
+        got = offers(ha, lead, since) if since is not None else {}
+        if len(got) >= n_owners:
+            return lead, since, got
+        now = time.time()
+        if since is not None and now > since + FOLLOW_BOUND_S and ha.leads(lead):
+            raise AssertionError(
+                f"{len(got)} of {n_owners} owners offered their records to the leader "
+                f"(master {lead}) within {FOLLOW_BOUND_S} s of its election: "
+                f"{sorted(got)}\n" + ha.log(lead)[-3000:])
+        if now > deadline:
+            raise AssertionError(f"no leader with every owner's record within 60 s: {got}")
+        time.sleep(0.05)
+
+
 def test_leader_cut_from_etcd_not_from_clients(bed, tmp_path):
     """The leader's host is cut from the other two etcd/master hosts (its own etcd member is
     then in the minority) but not from clients or owners. It must stop answering before a
@@ -406,20 +451,23 @@ def test_leader_cut_from_etcd_not_from_clients(bed, tmp_path):
     new = netbed.wait_for(lambda: next((i for i in others if ha.leads(i)), None), 30,
                           "a new leader")
     wait_calls(log, ok_count(log, "put") + 50, timeout=30)
+    # Both owners offer their records to the leader within the documented bound after its
+    # election (FOLLOW_BOUND_S): waited for, not looked at once (the workload goes on with
+    # one owner, so its progress says nothing of the other's). On a busy machine the new
+    # leader may lose its lease in turn: then the owners follow the one after it.
+    new, since, adopted = wait_owners_follow(ha, others, t_cut, len(ha.owners))
+    b.heal()
     b.heal()
     wait_calls(log, ok_count(log, "put") + 50, timeout=30)
     open(stop, "w").close()
     assert finish(b, w, wstop) == 0
     assert pinned.wait(10) == 0
-    elected = [log_time(x) for x in ha.log(new).splitlines()
-               if "elected leader" in x and log_time(x) >= t_cut - 1]
+    # the first master elected after the cut (the one the old leader must not overlap)
+    elected = sorted(t for i in others for t in elections(ha, i, t_cut - 1))
     assert elected, ha.log(new)[-3000:]
     answers = checker.read(plog)
     last_ok_old = max(a["t1"] for a in answers if a["r"] == "ok" and a["t0"] >= t_cut - 5)
-    adopted = [log_time(x) for x in ha.log(new).splitlines()
-               if "adopted back" in x and log_time(x) >= elected[0]]
-    assert len(adopted) >= 2, ha.log(new)[-3000:]  # both owners offered their records
-    rebuilt = max(adopted)
+    rebuilt = max(adopted.values())
     ver = verify(b, client, ha, tmp, [log])
     bad, stats = checker.check([log], ver, SIZE, missing_ok=lambda c: c["t1"] <= rebuilt + 0.2)
     if last_ok_old >= elected[0]:
@@ -429,6 +477,9 @@ def test_leader_cut_from_etcd_not_from_clients(bed, tmp_path):
            old_leader_last_answer_after_cut_s=round(last_ok_old - t_cut, 3),
            new_leader_elected_after_cut_s=round(elected[0] - t_cut, 3),
            records_offered_after_cut_s=round(rebuilt - t_cut, 3),
+           owners_followed_after_election_s=sorted(round(t - since, 3)
+                                                   for t in adopted.values()),
+           elections_after_cut=len(elected),
            absent_during_rebuild=stats["not_found"])
     assert bad == []
 
@@ -450,9 +501,9 @@ def test_leader_cut_from_everything(bed, tmp_path):
     wait_calls(log, 50)
     t_cut = time.time()
     b.isolate(ha.mh[old])
-    new = netbed.wait_for(lambda: next((i for i in others if ha.leads(i)), None), 30,
-                          "a new leader")
+    netbed.wait_for(lambda: next((i for i in others if ha.leads(i)), None), 30, "a new leader")
     wait_calls(log, ok_count(log, "put") + 50, timeout=30)
+    new, since, adopted = wait_owners_follow(ha, others, t_cut, len(ha.owners))
     time.sleep(max(0.0, t_cut + 10 - time.time()))
     b.heal()
     t_heal = time.time()
@@ -460,18 +511,16 @@ def test_leader_cut_from_everything(bed, tmp_path):
     leaders = netbed.wait_for(lambda: ha.leader() is not None and [ha.leader()], 30,
                               "exactly one leader after the heal")
     assert finish(b, w, wstop) == 0
-    elected = [log_time(x) for x in ha.log(new).splitlines()
-               if "elected leader" in x and log_time(x) >= t_cut - 1]
+    elected = sorted(t for i in others for t in elections(ha, i, t_cut - 1))
     assert elected, ha.log(new)[-3000:]
-    adopted = [log_time(x) for x in ha.log(new).splitlines()
-               if "adopted back" in x and log_time(x) >= elected[0]]
-    assert len(adopted) >= 2, ha.log(new)[-3000:]  # both owners offered their records
-    rebuilt = max(adopted)
+    rebuilt = max(adopted.values())
     ver = verify(b, client, ha, tmp, [log])
     bad, stats = checker.check([log], ver, SIZE, missing_ok=lambda c: c["t1"] <= rebuilt + 0.2)
     report("leader cut from every host (10 s), then healed", bad, stats,
            new_leader_elected_after_cut_s=round(elected[0] - t_cut, 3),
            records_offered_after_cut_s=round(rebuilt - t_cut, 3),
+           owners_followed_after_election_s=sorted(round(t - since, 3)
+                                                   for t in adopted.values()),
            absent_during_rebuild=stats["not_found"],
            leader_after_heal=("the new one" if leaders[0] == new else
                               "the old one" if leaders[0] == old else "the third"),

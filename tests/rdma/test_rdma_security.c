@@ -31,6 +31,12 @@
  *     intact; windows asked with the read grant to write, a bit-flipped grant set, a write
  *     grant after its put ended, or for alice's queue pair: refused (the connection closed,
  *     counted); for a queue pair nobody has: KVP_ERR_NOT_FOUND.
+ *  5. a hostile tenant on a shared owner with windows (test_windows_hostile_tenant): bob
+ *     (team-b) with real grants and windows for his own objects asks for windows outside
+ *     his grant (refused, counted), uses alice's window rkey and rkeys near it and his own
+ *     on his QP, keeps a window past its grant's end and past his object's removal when
+ *     alice's next put takes the extent: error completions on his side only, her bytes
+ *     exact, the owner serving both.
  *
  * Certificates: $KVPOOL_RDMA_TEST_CERTS (made on the host by deploy/test-rdma.sh with
  * deploy/make-certs.sh; the VM has no openssl tool). No RDMA device: exit 77.
@@ -167,7 +173,7 @@ static bool start_owner(env_t *e, int i, const char *principal, const char *tena
                     "--segment-size",
                     SEG,
                     "--tenant",
-                    (char *)tenant,
+                    (char *)(tenant != NULL ? tenant : ""),
                     "--http-listen",
                     port,
                     "--ready-fd",
@@ -179,6 +185,8 @@ static bool start_owner(env_t *e, int i, const char *principal, const char *tena
         argv[16] = "--rdma-windows";
         argv[17] = (char *)windows;
     }
+    if (tenant == NULL) /* a shared segment: no --tenant (every tenant's objects) */
+        memmove(&argv[10], &argv[12], (sizeof(argv) / sizeof(argv[0]) - 12) * sizeof(argv[0]));
     if (qp_cap != NULL)
         setenv("KVPOOL_RDMA_QP_CAP", qp_cap, 1);
     e->started[i] = kvp_proc_start(&e->owner[i], argv, 10000);
@@ -186,7 +194,7 @@ static bool start_owner(env_t *e, int i, const char *principal, const char *tena
     return e->started[i];
 }
 
-static int setup(void **state)
+static int setup_leases(void **state, const char *lease_ttl)
 {
     const char *src = getenv("KVPOOL_RDMA_TEST_CERTS");
     kvp_rdma_dev_t *dev;
@@ -213,7 +221,7 @@ static int setup(void **state)
     if (!write_acl(e))
         return -1;
     setenv("KVPOOL_TEST_TLS_DIR", e->dir, 1); /* the harness's master: TLS + this ACL */
-    char *args[] = {"--lease-ttl", "0", NULL};
+    char *args[] = {"--lease-ttl", (char *)lease_ttl, NULL};
     if (!kvp_start_master_args(&e->master, args))
         return -1;
     if (!start_owner(e, 0, "seg-a", "team-a", NULL, NULL) ||
@@ -221,6 +229,18 @@ static int setup(void **state)
         return -1;
     *state = e;
     return 0;
+}
+
+static int setup(void **state)
+{
+    return setup_leases(state, "0");
+}
+
+/* Read grants (and the windows bound with them) good for LEASE_S: test_windows_hostile_tenant. */
+#define LEASE_S 4
+static int setup_short_leases(void **state)
+{
+    return setup_leases(state, "4");
 }
 
 static int teardown(void **state)
@@ -594,6 +614,27 @@ static kvp_rdma_wc_status_t op_with(kvp_rdma_dev_t *dev, kvp_rdma_qp_t *qp, kvp_
     return wc.status;
 }
 
+/* A 4 KiB READ at addr with rkey that must fail: an error completion, and nothing lands in
+ * local. region_only: the device checks an access through a window against the region's
+ * range, not the window's (Soft-RoCE), and addr lies in the region: printed, not asserted. */
+static void read_denied(kvp_rdma_dev_t *dev, kvp_rdma_qp_t *qp, const kvp_rdma_mr_t *mr,
+                        uint8_t *local, uint64_t addr, uint32_t rkey, bool region_only,
+                        const char *what)
+{
+    memset(local, 0x5A, 4096);
+    kvp_rdma_wc_status_t st = op_with(dev, qp, KVP_RDMA_READ, mr, addr, rkey);
+    if (region_only) {
+        fprintf(stderr, "%s: a READ %s: %s (the device checks the region's range only)\n",
+                kvp_rdma_dev_info(dev)->name, what, kvp_rdma_wc_status_str(st));
+        return;
+    }
+    if (st == KVP_RDMA_WC_OK)
+        fprintf(stderr, "a READ %s went through\n", what);
+    assert_int_not_equal(st, KVP_RDMA_WC_OK);
+    for (size_t k = 0; k < 4096; k++)
+        assert_int_equal(local[k], 0x5A);
+}
+
 static long refused_grant(const env_t *e, int i)
 {
     long v = owner_metric(e, i, "kvpool_connections_refused_total{reason=\"grant\"} ");
@@ -708,18 +749,7 @@ static void test_windows(void **state)
     /* past its extent's end: refused by a device that checks a window's bounds, nothing
      * lands. Soft-RoCE checks the region's (the reason KVPOOL_RDMA_WINDOWS=1 is refused
      * there): printed, not asserted */
-    memset(local, 0x5A, 4096);
-    kvp_rdma_wc_status_t past = op_with(dev, qp, KVP_RDMA_READ, mr, obj + 8192 - 2048, w.rkey);
-    if (!soft) {
-        assert_int_not_equal(past, KVP_RDMA_WC_OK);
-        for (size_t k = 0; k < 4096; k++)
-            assert_int_equal(local[k], 0x5A);
-    } else {
-        fprintf(stderr,
-                "%s: a READ past a window's extent: %s (the device checks the "
-                "region's range only)\n",
-                kvp_rdma_dev_info(dev)->name, kvp_rdma_wc_status_str(past));
-    }
+    read_denied(dev, qp, mr, local, obj + 8192 - 2048, w.rkey, soft, "past a window's extent");
     kvp_rdma_qp_destroy(qp);
 
     /* a fresh QP and window per probe (an error completion ends a QP) */
@@ -799,6 +829,193 @@ static void test_windows(void **state)
     kvp_client_destroy(alice);
 }
 
+/* ---- 5. a hostile tenant's windows on a shared owner ---- */
+
+/* A fresh read grant set for key (c's get through the spy), its bytes checked. */
+static seen_set_t read_set(kvp_client_t *c, const char *key, size_t len, uint64_t seed)
+{
+    get_check(c, key, len, seed);
+    pthread_mutex_lock(&spy_lock);
+    seen_set_t s = spy_seen[0];
+    pthread_mutex_unlock(&spy_lock);
+    assert_true(s.len > 0);
+    assert_int_equal(s.length, len);
+    return s;
+}
+
+/* A raw QP under p's principal, and a READ window on it for the extent of s. */
+static kvp_rdma_qp_t *window_qp(kvp_rdma_dev_t *dev, const kvp_peer_t *p, const seen_set_t *s,
+                                kvp_data_window_t *w)
+{
+    kvp_rdma_qp_t *qp;
+    pdata_t pd = proof_of(p, p->conn_tag, p->rdma_key);
+    assert_int_equal(raw_connect(dev, p, &pd, sizeof(pd), &qp), 0);
+    int fd = data_conn(p);
+    assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, kvp_rdma_qp_remote_num(qp), p, s, w), KVP_OK);
+    close(fd);
+    return qp;
+}
+
+/*
+ * bobw (team-b, his own keys only) and alice (team-a) on one shared owner served through
+ * windows. bobw holds real grants and windows for his own objects (the positive control)
+ * and tries to reach alice's bytes: a window for an extent outside his grant (refused,
+ * counted); a window kept after his object was removed and its extent taken by alice's
+ * next put (invalidated by her put's write); a window kept past its grant's end (swept);
+ * the rkey of alice's window on her queue pair, and rkeys next to it and to his own, on
+ * his queue pair. Each access: an error completion on his side, nothing read; alice's
+ * bytes read back exact afterwards, the owner still serves both, refusals counted.
+ */
+static void test_windows_hostile_tenant(void **state)
+{
+    env_t *e = *state;
+    kvp_rdma_dev_t *dev;
+    kvp_rdma_dev_params_t dp = {0};
+    assert_int_equal(kvp_rdma_dev_open(&dp, &dev), 0);
+    bool soft = strncmp(kvp_rdma_dev_info(dev)->name, "rxe", 3) == 0;
+    /* one shared owner (no tenant): both tenants' objects land there */
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(kvp_proc_stop(&e->owner[i], SIGTERM, 10000), 0);
+        e->started[i] = false;
+    }
+    assert_true(start_owner(e, 2, "seg-a", NULL, NULL, "unbounded"));
+    spy_ops = kvp_transport_rdma_ops;
+    spy_ops.submit = spy_submit;
+    kvp_transports_test = spy_list;
+    kvp_client_t *bob = client_of(e, "bobw", "rdma");
+    kvp_client_t *alice = client_of(e, "alice", "rdma");
+    kvp_transports_test = NULL;
+
+    /* bob's object first (the segment's first extent), then alice's next to it */
+    enum { SZ = 8192 };
+    put_get(bob, "b@mine", SZ, 61, KVP_OK);
+    put_get(alice, "a@next", SZ, 62, KVP_OK);
+    kvp_peer_t bp = windows_peer(bob), ap = windows_peer(alice);
+    assert_int_equal(bp.segment_id, ap.segment_id); /* the same owner */
+    static uint8_t local[1 << 16];
+    kvp_rdma_mr_t *mr;
+    assert_int_equal(kvp_rdma_mr_reg(dev, local, sizeof(local), false, &mr), 0);
+    long refused_before = refused_grant(e, 2), errors_before = access_errors(e, 2);
+    uint8_t want[SZ];
+
+    /* the positive control: his window reads his object */
+    seen_set_t mine = read_set(bob, "b@mine", SZ, 61);
+    seen_set_t hers = read_set(alice, "a@next", SZ, 62);
+    assert_int_not_equal(mine.offset, hers.offset);
+    kvp_data_window_t w;
+    kvp_rdma_qp_t *qp = window_qp(dev, &bp, &mine, &w);
+    uint64_t base = bp.rdma_addr;
+    kvp_fill_pattern(want, SZ, 61);
+    memset(local, 0, 4096);
+    assert_int_equal(op_with(dev, qp, KVP_RDMA_READ, mr, base + mine.offset, w.rkey),
+                     KVP_RDMA_WC_OK);
+    assert_memory_equal(local, want, 4096);
+    /* his window, read at her extent: outside its bounds (a device that checks them refuses;
+     * Soft-RoCE checks the region's: the reason `unbounded` is a test mode, printed) */
+    read_denied(dev, qp, mr, local, base + hers.offset, w.rkey, soft,
+                "through his window at her extent");
+    kvp_rdma_qp_destroy(qp);
+
+    /* windows for extents his grant does not name: hers, his own one widened, one shifted
+     * onto hers; refused (the connection closed, counted) */
+    qp = NULL;
+    {
+        pdata_t pd = proof_of(&bp, bp.conn_tag, bp.rdma_key);
+        assert_int_equal(raw_connect(dev, &bp, &pd, sizeof(pd), &qp), 0);
+        uint32_t qpn = kvp_rdma_qp_remote_num(qp);
+        seen_set_t outside[3] = {mine, mine, mine};
+        outside[0].offset = hers.offset; /* her extent under his grant */
+        outside[1].length = 2 * SZ;      /* his, widened over hers */
+        outside[2].offset = mine.offset + 4096;
+        for (int i = 0; i < 3; i++) {
+            int fd = data_conn(&bp);
+            assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, qpn, &bp, &outside[i], &w),
+                             KVP_ERR_DENIED);
+            close(fd);
+        }
+        /* her grant set (taken from her client) on his proven connection: another
+         * principal's */
+        int fd = data_conn(&bp);
+        assert_int_equal(bind_raw(fd, KVP_DATA_BIND_READ, qpn, &bp, &hers, &w), KVP_ERR_DENIED);
+        close(fd);
+        kvp_rdma_qp_destroy(qp);
+    }
+    assert_true(refused_grant(e, 2) - refused_before >= 4);
+
+    /* her window on her queue pair: its rkey, and those next to it and to his own, used on
+     * his queue pair (a fresh one per try: an error completion ends a QP) */
+    kvp_data_window_t hw;
+    hers = read_set(alice, "a@next", SZ, 62);
+    kvp_rdma_qp_t *aqp = window_qp(dev, &ap, &hers, &hw);
+    kvp_fill_pattern(want, SZ, 62);
+    memset(local, 0, 4096); /* hers reads her object on her QP */
+    assert_int_equal(op_with(dev, aqp, KVP_RDMA_READ, mr, base + hers.offset, hw.rkey),
+                     KVP_RDMA_WC_OK);
+    assert_memory_equal(local, want, 4096);
+    const int64_t near[] = {0, 1, -1, 256, -256};
+    for (size_t i = 0; i < 2 * sizeof(near) / sizeof(near[0]); i++) {
+        bool of_hers = i < sizeof(near) / sizeof(near[0]);
+        int64_t d = near[i % (sizeof(near) / sizeof(near[0]))];
+        if (!of_hers && d == 0)
+            continue; /* his own window's rkey: the positive control above */
+        mine = read_set(bob, "b@mine", SZ, 61); /* a grant of LEASE_S: fresh for each */
+        qp = window_qp(dev, &bp, &mine, &w);
+        uint32_t rkey = (uint32_t)((int64_t)(of_hers ? hw.rkey : w.rkey) + d);
+        if (rkey == w.rkey) {
+            kvp_rdma_qp_destroy(qp);
+            continue;
+        }
+        read_denied(dev, qp, mr, local, base + hers.offset, rkey, false, "with a guessed rkey");
+        kvp_rdma_qp_destroy(qp);
+    }
+    kvp_rdma_qp_destroy(aqp);
+
+    /* a window kept past its grant's end (LEASE_S, --lease-ttl, plus the skew): swept by
+     * the owner (its accept loop, every 200 ms) */
+    mine = read_set(bob, "b@mine", SZ, 61);
+    qp = window_qp(dev, &bp, &mine, &w);
+    usleep((LEASE_S * 1000u + KVP_GRANT_SKEW_MS + 600u) * 1000u);
+    read_denied(dev, qp, mr, local, base + mine.offset, w.rkey, false, "past its grant's end");
+    kvp_rdma_qp_destroy(qp);
+
+    /* a window kept after his object was removed, its extent taken by her next put: her
+     * write invalidates it before her bytes land */
+    uint64_t t_grant = kvp_grant_now_ms();
+    mine = read_set(bob, "b@mine", SZ, 61);
+    qp = window_qp(dev, &bp, &mine, &w);
+    assert_int_equal(kvp_remove(bob, "b@mine"), KVP_OK);
+    put_get(alice, "a@reuse", SZ, 63, KVP_OK);
+    pthread_mutex_lock(&spy_lock);
+    seen_set_t her_put = spy_seen[1];
+    pthread_mutex_unlock(&spy_lock);
+    assert_int_equal(her_put.offset, mine.offset); /* the extent was reused (TLSF: lowest) */
+    /* the window's grant is still good: what ends it is her write, not the sweep */
+    uint64_t t_read = kvp_grant_now_ms();
+    fprintf(stderr, "the reused extent read through his window %llu ms after his grant\n",
+            (unsigned long long)(t_read - t_grant));
+    assert_true(t_read < t_grant + LEASE_S * 1000u);
+    read_denied(dev, qp, mr, local, base + mine.offset, w.rkey, false,
+                "after the extent was reused");
+    kvp_rdma_qp_destroy(qp);
+
+    /* her bytes exact; the owner serves both tenants still */
+    get_check(alice, "a@next", SZ, 62);
+    get_check(alice, "a@reuse", SZ, 63);
+    put_get(alice, "a@after", 70000, 64, KVP_OK);
+    put_get(bob, "b@after", 70000, 65, KVP_OK);
+    long errors = 0;
+    for (int i = 0; i < 10 && (errors = access_errors(e, 2) - errors_before) == 0; i++)
+        usleep(100000);
+    fprintf(stderr,
+            "owner: %ld remote access error(s) counted (queue pair events), %ld "
+            "window requests refused\n",
+            errors, refused_grant(e, 2) - refused_before);
+    kvp_rdma_mr_dereg(mr);
+    kvp_rdma_dev_close(dev);
+    kvp_client_destroy(bob);
+    kvp_client_destroy(alice);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -806,6 +1023,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_raw_queue_pairs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_queue_pair_cap, setup, teardown),
         cmocka_unit_test_setup_teardown(test_windows, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_windows_hostile_tenant, setup_short_leases, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

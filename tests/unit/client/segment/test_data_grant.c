@@ -6,7 +6,8 @@
  * 200 000 random steps against a plain array (collisions
  * and linear probing's deletions); growth to the cap, then a full table drops a note
  * (counted) until the sweep of notes older than a minute makes room; a request's entries
- * at once (kvp_data_pending_check).
+ * at once (kvp_data_pending_check); a window's extents checked again after its bind
+ * (kvp_data_extents_recheck): refused once a later put was noted or recorded there.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -173,6 +174,44 @@ static void test_full_table_drops_then_sweeps(void **state)
     assert_int_equal(p->dropped, 1);
 }
 
+/* The record of test_recheck: the version at offset 0 and at 4096. */
+static uint64_t rec_v[2];
+
+static void rec_versions_at(void *arg, const uint64_t *offsets, uint64_t *versions, size_t n)
+{
+    (void)arg;
+    for (size_t i = 0; i < n; i++)
+        versions[i] = rec_v[offsets[i] == 0 ? 0 : 1];
+}
+
+/* A read window of v3 at 0 and of v5 at 4096, checked again after its bind: fine until a
+ * later put writes (noted) or is recorded at one of them; a write window's own put (its
+ * note) does not refuse it; nothing checked (grants off) passes. */
+static void test_recheck(void **state)
+{
+    kvp_data_pending_t *p = *state;
+    kvp_data_ended_t ended = {.versions_at = rec_versions_at, .pending = p};
+    kvp_data_checked_t c = {.offset = {0, 4096}, .version = {3, 5}, .n = 2};
+    rec_v[0] = 3;
+    rec_v[1] = 5;
+    assert_null(kvp_data_extents_recheck(&ended, 1, &c));
+    assert_int_equal(kvp_data_pending_at(p, 1, 4096, 5, 9, 10), 0); /* put v9 writes there */
+    assert_non_null(kvp_data_extents_recheck(&ended, 1, &c));
+    kvp_data_checked_t w = {.offset = {4096}, .version = {9}, .n = 1}; /* v9's own window */
+    assert_null(kvp_data_extents_recheck(&ended, 1, &w));
+    rec_v[1] = 9; /* v9 recorded: the old read stays refused; v9's note goes */
+    assert_non_null(kvp_data_extents_recheck(&ended, 1, &c));
+    assert_null(kvp_data_extents_recheck(&ended, 1, &w));
+    assert_int_equal(p->count, 0);
+    c.n = 1; /* the extent at 0 alone: still v3 */
+    assert_null(kvp_data_extents_recheck(&ended, 1, &c));
+    rec_v[0] = 4; /* a later object recorded there */
+    assert_non_null(kvp_data_extents_recheck(&ended, 1, &c));
+    c.n = 0;
+    assert_null(kvp_data_extents_recheck(&ended, 1, &c));
+    assert_null(kvp_data_extents_recheck(NULL, 1, &w));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -181,6 +220,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_random_against_an_array, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recorded_puts_leave_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_table_drops_then_sweeps, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recheck, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
