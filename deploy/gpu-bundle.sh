@@ -12,6 +12,7 @@
 # The GPU machine needs a glibc at least as new as this one. There, from the checkout:
 #
 #   OUTDIR/run.sh           # gpu_real and gpu_python; exits non-zero on a failure
+#   KVPOOL_GPU_BENCH=FILE OUTDIR/run.sh    # and then tests/gpu/bench_gpu.py, JSON to FILE
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -61,6 +62,13 @@ timeout 300 "$here/build/tests/gpu_test_gpu_real" || rc=1
 echo "== gpu_python"
 timeout 300 bash tests/gpu/run_gpu_python.sh "${here#$PWD/}/build" || rc=1
 echo "gpu suite: rc=$rc"
+if [ -n "${KVPOOL_GPU_BENCH:-}" ]; then # the GPU path's speed (tests/gpu/bench_gpu.py)
+  b=${here#$PWD/}/build
+  echo "== bench_gpu"
+  PYTHONPATH=$b/client/python KVPOOL_MASTER_BIN=$b/master/kvpool-master \
+    KVPOOL_CLI_BIN=$b/client/kvpool timeout 300 "$(deploy/pick-python.sh "$b")" \
+    tests/gpu/bench_gpu.py --json "$KVPOOL_GPU_BENCH" || rc=1
+fi
 exit $rc
 EOF
 chmod +x "$out/run.sh"
