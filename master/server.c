@@ -73,6 +73,10 @@
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
+/* Bytes one connection's read may take before the loop turns to the others: a peer sending
+ * a 64 MiB frame as fast as it can gets it read (and decrypted) in slices, between which
+ * every other connection is served. */
+#define READ_BUDGET (1u << 20)
 #define TICK_MS 500
 /* Accept failing for want of memory or descriptors (and none reserved to close the pending
  * connection with): the listener is not watched for this long. */
@@ -95,6 +99,8 @@ typedef struct conn {
     kvp_caller_t caller; /* who is calling (master/auth/admission.h) */
     uint64_t last_rx_ms; /* when a whole frame last arrived: liveness for --client-ttl */
     uint64_t frame_start_ms; /* when the first byte of the frame in `in` arrived (0: none) */
+    bool read_more;          /* its read stopped at READ_BUDGET: read again after this round
+                                (TLS may hold decrypted bytes epoll cannot see) */
     struct conn *next;       /* all connections, for shutdown */
     struct conn *prev;
 } conn_t;
@@ -120,6 +126,7 @@ struct kvp_master_server {
     uint64_t next_conn_id;
     conn_t *conns;
     unsigned n_conns;
+    unsigned n_read_more; /* connections with read_more set */
     kvp_master_state_t state;
     parked_t *parked;
     bool stop;
@@ -166,6 +173,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     }
     kvp_record_stream_closed(&srv->state.segments, c);
     kvp_dispatch_conn_closed(&srv->state, c->id);
+    srv->n_read_more -= c->read_more;
     kvp_admission_close(&srv->limits, &c->caller);
     srv->in_extra -= in_extra(c);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
@@ -613,6 +621,11 @@ static void in_shrink(kvp_master_server_t *srv, conn_t *c)
 
 static void on_readable(kvp_master_server_t *srv, conn_t *c)
 {
+    size_t got = 0;
+    if (c->read_more) {
+        c->read_more = false;
+        srv->n_read_more--;
+    }
     for (;;) {
         if (c->close_after)
             c->in_len = 0; /* it is answered and closes: what else it sends is never read */
@@ -660,6 +673,7 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             return;
         }
         c->in_len += (size_t)n;
+        got += (size_t)n;
         if (!process_input(srv, c)) {
             conn_close(srv, c);
             return;
@@ -670,6 +684,11 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             c->frame_start_ms = srv->state.now_ms; /* a frame begun: --frame-timeout from here */
         if (c->close_after)
             break;
+        if (got >= READ_BUDGET) { /* the others' turn; this one's after this round */
+            c->read_more = true;
+            srv->n_read_more++;
+            break;
+        }
     }
     /* An owner's record learns of the puts that just ended before their writers do: its
      * stream is written first (meta/record.c). */
@@ -677,6 +696,24 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
     in_shrink(srv, c);
     if (!flush_out(srv, c))
         conn_close(srv, c);
+}
+
+static conn_t *conn_find(kvp_master_server_t *srv, uint64_t id);
+
+/* Read on from the connections whose read stopped at READ_BUDGET (by id: a read may close
+ * its connection). */
+static void read_more(kvp_master_server_t *srv)
+{
+    uint64_t ids[64];
+    size_t n = 0;
+    for (conn_t *c = srv->conns; c != NULL && n < KVP_ARRAY_SIZE(ids); c = c->next)
+        if (c->read_more)
+            ids[n++] = c->id;
+    for (size_t i = 0; i < n; i++) {
+        conn_t *c = conn_find(srv, ids[i]);
+        if (c != NULL && c->read_more)
+            on_readable(srv, c);
+    }
 }
 
 /* Stop watching the listener for LISTEN_PAUSE_MS: accept failed for want of memory or
@@ -1173,7 +1210,9 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
             wake = srv->listen_paused_ms;
         int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
-                           wake > srv->state.now_ms ? (int)(wake - srv->state.now_ms) : 0);
+                           wake > srv->state.now_ms && srv->n_read_more == 0
+                               ? (int)(wake - srv->state.now_ms)
+                               : 0);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -1213,6 +1252,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
+        read_more(srv);
         if (srv->state.tasks_ready && kvp_leadership_may_serve(&srv->ha, &srv->state))
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */
