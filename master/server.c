@@ -1252,7 +1252,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
-        read_more(srv);
+        if (srv->n_read_more > 0)
+            read_more(srv);
         if (srv->state.tasks_ready && kvp_leadership_may_serve(&srv->ha, &srv->state))
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */
