@@ -306,7 +306,7 @@ ssize_t kvp_tls_write(kvp_ssl_t *ssl, const void *buf, size_t len, char *err, si
 
 bool kvp_tls_pending(kvp_ssl_t *ssl)
 {
-    return SSL_pending(ssl) > 0;
+    return SSL_has_pending(ssl) == 1; /* decrypted or read ahead (see kvp_chan_wait_readable) */
 }
 
 bool kvp_tls_established(kvp_ssl_t *ssl)
@@ -588,8 +588,12 @@ kvp_status_t kvp_chan_recv_all(kvp_chan_t *ch, void *buf, size_t len)
 kvp_status_t kvp_chan_wait_readable(kvp_chan_t *ch, int timeout_ms)
 {
     if (ch->ssl != NULL) {
+        /* SSL_has_pending, not SSL_pending: with read-ahead on, a whole record after the
+         * one just read sits in OpenSSL's buffer unprocessed, which SSL_pending does not
+         * count and poll cannot see: a reply waited there for the next bytes to arrive
+         * (a heartbeat's answer, up to a second later) */
         pthread_mutex_lock(&ch->lock);
-        bool pending = SSL_pending(ch->ssl) > 0;
+        bool pending = SSL_has_pending(ch->ssl) == 1;
         pthread_mutex_unlock(&ch->lock);
         if (pending)
             return KVP_OK;

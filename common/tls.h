@@ -57,7 +57,7 @@ void kvp_tls_free(kvp_ssl_t *ssl);
  */
 ssize_t kvp_tls_read(kvp_ssl_t *ssl, void *buf, size_t len, char *err, size_t err_len);
 ssize_t kvp_tls_write(kvp_ssl_t *ssl, const void *buf, size_t len, char *err, size_t err_len);
-/* Bytes decrypted and not yet read (epoll cannot see them). */
+/* Bytes decrypted, or read ahead from the socket, and not yet read (epoll cannot see them). */
 bool kvp_tls_pending(kvp_ssl_t *ssl);
 /* The handshake is done. */
 bool kvp_tls_established(kvp_ssl_t *ssl);
@@ -95,8 +95,8 @@ kvp_status_t kvp_chan_send_all(kvp_chan_t *ch, const void *buf, size_t len);
 kvp_status_t kvp_chan_send2(kvp_chan_t *ch, const void *a, size_t alen, const void *b, size_t blen);
 kvp_status_t kvp_chan_recv_all(kvp_chan_t *ch, void *buf, size_t len);
 /*
- * Wait until the channel has bytes to read (decrypted ones count) or timeout_ms
- * passes. KVP_OK, KVP_ERR_TIMEOUT, KVP_ERR_IO.
+ * Wait until the channel has bytes to read (decrypted ones and whole records OpenSSL read
+ * ahead count) or timeout_ms passes. KVP_OK, KVP_ERR_TIMEOUT, KVP_ERR_IO.
  */
 kvp_status_t kvp_chan_wait_readable(kvp_chan_t *ch, int timeout_ms);
 

@@ -20,7 +20,9 @@
 #include <string.h>
 
 #include "common/macros.h"
+#include "common/log.h"
 #include "common/rpc.h"
+#include "master/auth/decode_cost.h"
 #include "master/rpc/admin_calls.h"
 #include "master/rpc/drain_calls.h"
 #include "master/rpc/object_calls.h"
@@ -230,6 +232,16 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
     ProtobufCMessage *req = NULL;
     kvp_status_t status = KVP_ERR_PROTOCOL;
     if (m->req_desc != NULL) {
+        /* what the decode would allocate, judged from the wire first (auth/decode_cost.h) */
+        kvp_decode_cost_t cost;
+        char why[200];
+        if (!kvp_decode_cost(m->req_desc, body, body_len, &cost, why, sizeof(why))) {
+            snprintf(errmsg, errmsg_len, "%s", why);
+            st->stats.refused_decode_cost++;
+            KVP_LOG_WARN_LIMITED("connection %llu (principal %s): %s", (unsigned long long)conn_id,
+                                 who != NULL ? who->name : "-", why);
+            return KVP_ERR_TOO_MANY;
+        }
         req = protobuf_c_message_unpack(m->req_desc, NULL, body_len, body);
         if (req == NULL)
             goto out;

@@ -77,6 +77,10 @@
 
 #define KVP_MASTER_MAX_OUTBUF (256u << 20)
 #define READ_CHUNK (256u << 10)
+/* Bytes one connection's read may take before the loop turns to the others: a peer sending
+ * a 64 MiB frame as fast as it can gets it read (and decrypted) in slices, between which
+ * every other connection is served. */
+#define READ_BUDGET (1u << 20)
 #define TICK_MS 500
 /* Accept failing for want of memory or descriptors (and none reserved to close the pending
  * connection with): the listener is not watched for this long. */
@@ -161,6 +165,7 @@ struct kvp_master_server {
 typedef struct turn {
     uint64_t end_ns;
     unsigned frames;
+    size_t bytes; /* read in this turn (READ_BUDGET) */
 } turn_t;
 
 static bool turn_over(const turn_t *t)
@@ -770,8 +775,8 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                 pause_out(srv, c);
                 break;
             }
-            if (turn_over(&turn)) {
-                hold(srv, c, true);
+            if (turn_over(&turn) || turn.bytes >= READ_BUDGET) {
+                hold(srv, c, true); /* TLS may hold decrypted bytes epoll cannot see */
                 break;
             }
         }
@@ -780,6 +785,7 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
             return; /* closed */
         if (n == 0)
             break;
+        turn.bytes += (size_t)n;
         more = true;
     }
     /* An owner's record learns of the puts that just ended before their writers do: its

@@ -70,6 +70,8 @@ typedef struct kvp_master_stats {
     uint64_t refused_removed;     /* a principal removed from the ACL while connected */
     uint64_t refused_role;        /* a method its roles do not allow */
     uint64_t refused_key;         /* a key outside its patterns */
+    uint64_t refused_decode_cost; /* a body that would decode into far more than its size
+                                     (master/auth/decode_cost.h) */
     uint64_t refused_http_unauth; /* an HTTP view without an admin's bearer token */
     uint64_t refused_http_role;   /* ... with a token of a principal that is no admin */
     /* claims on another principal's segment (rpc/segment_calls.c, record_calls.c;

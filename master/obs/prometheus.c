@@ -292,10 +292,13 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "kvpool_connections_refused_total{reason=\"frame_timeout\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"input_buffers\"} %" PRIu64 "\n"
         "# HELP kvpool_requests_refused_total Requests of a known principal refused by the ACL, "
-        "by reason (role: a method its roles do not allow; key: a key outside its patterns).\n"
+        "by reason (role: a method its roles do not allow; key: a key outside its patterns; "
+        "decode_cost: a body that would decode into far more memory than its size, or with "
+        "too many unknown fields, refused before decoding, with or without an ACL).\n"
         "# TYPE kvpool_requests_refused_total counter\n"
         "kvpool_requests_refused_total{reason=\"role\"} %" PRIu64 "\n"
         "kvpool_requests_refused_total{reason=\"key\"} %" PRIu64 "\n"
+        "kvpool_requests_refused_total{reason=\"decode_cost\"} %" PRIu64 "\n"
         "# HELP kvpool_http_refused_total HTTP views refused (the views beyond /metrics and "
         "/health need an admin's bearer token when an ACL is on), by reason.\n"
         "# TYPE kvpool_http_refused_total counter\n"
@@ -305,7 +308,7 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         s->refused_removed, s->refused_max_conns, s->refused_max_conns_peer, s->refused_max_unauth,
         s->refused_max_unauth_peer, s->refused_descriptors, s->refused_auth_timeout,
         s->refused_frame_timeout, s->refused_input_buffers, s->refused_role, s->refused_key,
-        s->refused_http_unauth, s->refused_http_role);
+        s->refused_decode_cost, s->refused_http_unauth, s->refused_http_role);
 }
 
 /* Leadership and the etcd client's failures. */
