@@ -189,6 +189,9 @@ bool kvp_decode_cost(const ProtobufCMessageDescriptor *desc, const uint8_t *body
                      kvp_decode_cost_t *cost, char *why, size_t why_len)
 {
     *cost = (kvp_decode_cost_t){0};
+    static const uint8_t empty[1];
+    if (body == NULL) /* a frame without a body: no arithmetic on NULL, even + 0 */
+        body = empty;
     walk_t w = {.c = cost, .budget = KVP_DECODE_BUDGET(len)};
     (void)walk_message(&w, desc, body, body + len, 0);
     if (!w.over)
