@@ -233,15 +233,34 @@ def test_idle_tcp_flood_from_one_address(owner):
     assert o.refused("handshake_timeout") - before["handshake_timeout"] >= UNAUTH_PER_PEER - 2
 
 
+def accept_queue(port):
+    """Connections to 127.0.0.1:port the kernel completed and the owner has not accepted yet
+    (the listening socket's rx_queue in /proc/net/tcp)."""
+    local = f"0100007F:{port:04X}"
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == local and fields[3] == "0A":
+                return int(fields[4].split(":")[1], 16)
+    return 0
+
+
 def flood_from_addresses(o, key, hosts, per_host, held, cap=64, during=lambda: None):
     """per_host idle connections from each 127.0.0.<host>: the owner holds at most `held`,
     the honest client is served (then `during` checks more), every one of the stranger's
-    is closed by the handshake deadline, and once they are gone the owner is back."""
+    is closed by the handshake deadline, and once they are gone the owner is back. The
+    honest client connects once the owner has taken every connection of the flood from its
+    accept queue: without TLS it is unauthenticated until its first request is read, and a
+    stranger's connection accepted after it would make it the oldest to make way."""
     threads0, fds0 = o.threads(), o.fds()
     flood = []
     try:
         for host in hosts:
             flood += idle_tcp(o.data_port, per_host, src=f"127.0.0.{host}")
+        deadline = time.monotonic() + 5.0
+        while accept_queue(o.data_port) > 0 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert accept_queue(o.data_port) == 0, "the owner did not take the flood in 5 s"
         bounded(o, threads0, fds0, held, cap=cap)
         honest_roundtrip(o, key + "-1")
         during()
