@@ -255,7 +255,7 @@ kvp_status_t kvp_batch_remove_force(kvp_client_t *client, const char *const *key
 
 /*
  * Remove every complete object whose key matches `pattern`, a POSIX extended
- * regular expression (regcomp(3), REG_EXTENDED; "^prefix/" for a prefix).
+ * regular expression (regcomp(3) syntax, REG_EXTENDED, C locale; "^prefix/" for a prefix).
  * Objects being written are skipped, and so are objects under a read lease
  * unless `force`. *removed_p (may be NULL) receives the count. An empty or
  * invalid pattern is KVP_ERR_INVALID_ARG.

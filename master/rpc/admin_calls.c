@@ -160,6 +160,19 @@ static kvp_status_t pattern_refused(kvp_reply_t *r, kvp_key_pattern_refusal_t wh
     return kvp_reply_fail(r, KVP_ERR_INVALID_ARG, NULL);
 }
 
+/* A key needed more of the matcher than one key may take: the request is refused (nothing
+ * listed or removed from the page), counted as work. */
+static kvp_status_t key_over_refused(kvp_reply_t *r, const char *pattern, const char *method)
+{
+    snprintf(r->text, r->text_max,
+             "pattern '%.100s' needs more matching work on one key than a key may take (%u "
+             "steps of the matcher): nothing was %s; use a simpler pattern (an anchored "
+             "prefix '^...' costs least)",
+             pattern, KVP_KEY_PATTERN_KEY_STEPS_MAX,
+             strcmp(method, "List") == 0 ? "listed" : "removed");
+    return pattern_refused(r, KVP_PATTERN_WORK, method);
+}
+
 /* Check and compile a caller's pattern into kp (then kvp_key_pattern_cleanup it); false:
  * refused, the reply's text says why (*why_p the reason). */
 static bool pattern_compile(kvp_reply_t *r, const char *pattern, kvp_key_pattern_t *kp,
@@ -358,7 +371,7 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kv
         }
     }
     *next_p = b < st->index.n_buckets ? b : 0;
-    return kp == NULL || !kp->failed;
+    return true;
 }
 
 kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -396,12 +409,15 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     /* a bucket is finished once started, so a page may pass the limit by a chain */
     bool ok = list_page_init(&page, limit + 64) &&
               list_scan(call, req, kp, limit, &page, &resp.next_cursor);
+    bool key_over = kp != NULL && kp->key_over;
     if (kp != NULL) {
         kvp_key_pattern_cleanup(kp);
         free(kp);
     }
     if (!ok)
         return kvp_reply_abort(&r);
+    if (key_over)
+        return key_over_refused(&r, req->pattern, "List");
     resp.entries = page.entp;
     resp.n_entries = page.n;
     return kvp_reply_send(&r);
@@ -521,16 +537,19 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     uint64_t next = 0;
     if (!remove_scan(call, req, paged, kp, &vs, &resp, &next))
         resp.status = KVP_ERR_NOMEM; /* what was collected is removed; the answer says so */
-    bool failed = kp != NULL && kp->failed;
     bool over = kp != NULL && !paged && next != 0;
+    bool key_over = kp != NULL && kp->key_over;
     if (kp != NULL) {
         kvp_key_pattern_cleanup(kp);
         free(kp);
     }
-    if (failed || over) {
+    if (key_over) {
         free(vs.v);
-        if (failed)
-            return kvp_reply_abort(&r);
+        resp.skipped_leased = resp.skipped_pending = 0;
+        return key_over_refused(&r, req->pattern, "RemoveByRegex");
+    }
+    if (over) {
+        free(vs.v);
         resp.skipped_leased = resp.skipped_pending = 0;
         snprintf(r.text, r.text_max,
                  "pattern '%.100s' needs more matching work than one request may do (%llu "

@@ -1,14 +1,15 @@
 /*
  * key_pattern.h - the POSIX extended regexes of List and RemoveByRegex, checked before
- * they are compiled and bounded while they match (see key_pattern.c).
+ * they are compiled and matched in time linear in the key (see key_pattern.c).
  */
 #ifndef KVP_MASTER_RPC_KEY_PATTERN_H
 #define KVP_MASTER_RPC_KEY_PATTERN_H
 
-#include <regex.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "master/rpc/key_nfa.h"
 
 /* A pattern's limits (docs/security.md, "Key patterns"). */
 #define KVP_KEY_PATTERN_MAX 1024u       /* bytes */
@@ -18,6 +19,10 @@
  * one per character, class, anchor or operator, a repeated part counted as often as it
  * may occur. A literal pattern of KVP_KEY_PATTERN_MAX bytes stays under it. */
 #define KVP_KEY_PATTERN_COST_MAX 2048u
+/* The matcher's steps (instructions visited) one key may take: a key that needs more ends
+ * its request, refused as KVP_PATTERN_WORK. About 5 ms; an anchored prefix over a key of
+ * 4 KiB takes a few; the worst pattern the bounds accept, 8 million. */
+#define KVP_KEY_PATTERN_KEY_STEPS_MAX (1u << 20)
 
 /* Why a pattern was refused: the reason label of kvpool_patterns_refused_total. */
 typedef enum kvp_key_pattern_refusal {
@@ -45,15 +50,12 @@ kvp_key_pattern_refusal_t kvp_key_pattern_check(const char *pattern, uint32_t *c
 
 /* A checked, compiled pattern and the work it did. Caller's memory. */
 typedef struct kvp_key_pattern {
-    regex_t re;
+    kvp_nfa_t nfa;
     bool compiled;
-    bool failed;         /* a recompile ran out of memory: nothing matches any more */
-    uint32_t cost;       /* written-out size of what regcomp compiled */
+    bool key_over;       /* a key needed more than KVP_KEY_PATTERN_KEY_STEPS_MAX steps */
+    uint32_t cost;       /* instructions of the program: what one key byte may visit */
     uint64_t work;       /* units charged: per key matched, (its length + 1) * cost */
-    uint64_t since;      /* key bytes matched since the last regcomp */
-    uint64_t flush;      /* ... past which it is compiled again (its DFA cache dropped) */
     uint64_t started_ns; /* when it was compiled (kvp_now_ns) */
-    char wrapped[KVP_KEY_PATTERN_MAX * 2 + 8];
 } kvp_key_pattern_t;
 
 /*
@@ -66,14 +68,15 @@ kvp_key_pattern_refusal_t kvp_key_pattern_init(kvp_key_pattern_t *kp, const char
 void kvp_key_pattern_cleanup(kvp_key_pattern_t *kp);
 
 /*
- * Does key (len bytes, no NUL among them) hold a match? Charges kp->work. Linear in len
- * for a given pattern: the search is one pass from the key's start, never restarted.
+ * Does key (len bytes, no NUL among them) hold a match? Charges kp->work. At most
+ * (len + 1) * kp->cost steps, whatever the pattern (key_nfa.c), and never more than
+ * KVP_KEY_PATTERN_KEY_STEPS_MAX: a key that needs more sets kp->key_over (false then, and
+ * for every later key: the request is to be refused). Allocates nothing.
  */
 bool kvp_key_pattern_match(kvp_key_pattern_t *kp, const char *key, size_t len);
 
-/* Has kp charged more than `work` units, or run for more than `ms` since it was compiled?
- * (The time is a safety net under the work units, whose cost per unit varies with the
- * states the matcher has to build.) */
+/* Has kp charged more than `work` units, run for more than `ms` since it was compiled, or
+ * met a key over its steps? (The time is a safety net under the work units.) */
 bool kvp_key_pattern_over(const kvp_key_pattern_t *kp, uint64_t work, uint32_t ms);
 
 #endif

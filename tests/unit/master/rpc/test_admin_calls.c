@@ -424,6 +424,42 @@ static void test_pattern_work_budget(void **state)
     svc_msg_free(r);
 }
 
+/* A key on which the pattern needs more of the matcher than one key may take: the List and
+ * the RemoveByRegex (paged or not) are refused, counted as work, and remove nothing; a
+ * simple pattern over the same key still answers. */
+#define STEPS_HOG "[^!]{0,255}[^!]{0,255}[^!]{0,255}[^!]{0,250}!"
+
+static void test_pattern_key_steps(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", 4 * MIB);
+    static char key[LONG_KEY + 1];
+    long_key(key, 1);
+    put_done(st, C1, key, 64, 1, NULL, 0);
+    Kvpool__ListResponse *l = list(st, STEPS_HOG, 0, 0, 1000);
+    assert_int_equal(l->status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(l->message, "on one key"));
+    assert_int_equal(l->n_entries, 0);
+    svc_msg_free(l);
+    for (int paged = 0; paged < 2; paged++) {
+        Kvpool__RemoveByRegexRequest req = KVPOOL__REMOVE_BY_REGEX_REQUEST__INIT;
+        req.pattern = STEPS_HOG;
+        req.paged = paged;
+        Kvpool__RemoveByRegexResponse *r = svc_call(st, C3, KVP_RPC_REMOVE_BY_REGEX, &req.base,
+                                                    &kvpool__remove_by_regex_response__descriptor);
+        assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+        assert_non_null(strstr(r->message, "nothing was removed"));
+        assert_int_equal(r->removed, 0);
+        svc_msg_free(r);
+    }
+    assert_int_equal(st->stats.refused_pattern[KVP_PATTERN_WORK], 3);
+    assert_int_equal(stat_get(st).objects, 1);
+    l = list(st, "^w/1/q+$", 0, 0, 1000);
+    assert_int_equal(l->status, KVP_OK);
+    assert_int_equal(l->n_entries, 1);
+    svc_msg_free(l);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -433,6 +469,7 @@ int main(void)
         T(test_remove_by_regex),
         T(test_patterns_refused_and_counted),
         T(test_pattern_work_budget),
+        T(test_pattern_key_steps),
     };
 #undef T
     return cmocka_run_group_tests_name("admin_calls", tests, NULL, NULL);
