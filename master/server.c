@@ -108,6 +108,8 @@ typedef struct conn {
     uint64_t frame_start_ms; /* when the first byte of the frame in `in` arrived (0: none) */
     struct conn *next;       /* all connections, for shutdown */
     struct conn *prev;
+    struct conn *held_next; /* the held ones, in the order they are to be served */
+    struct conn *held_prev;
 } conn_t;
 
 /* A request held without an answer (SsdTasks with no task yet: a long poll). */
@@ -145,12 +147,13 @@ struct kvp_master_server {
                                reloads both */
     /* admission limits (master/auth/admission.h) */
     kvp_admission_limits_t limits;
-    int reserve_fd;            /* /dev/null, closed to accept-and-close at EMFILE (-1: none) */
-    uint64_t listen_paused_ms; /* the listener is not watched until then (0: it is) */
-    uint64_t in_extra;         /* input buffers past READ_CHUNK, all connections together */
-    uint64_t out_queued;       /* replies queued and not written, all connections together */
-    uint64_t turn;             /* the loop's turns, counted */
-    unsigned n_held;           /* connections held (input left over from their turn) */
+    int reserve_fd;                /* /dev/null, closed to accept-and-close at EMFILE (-1: none) */
+    uint64_t listen_paused_ms;     /* the listener is not watched until then (0: it is) */
+    uint64_t in_extra;             /* input buffers past READ_CHUNK, all connections together */
+    uint64_t out_queued;           /* replies queued and not written, all connections together */
+    uint64_t turn;                 /* the loop's turns, counted */
+    unsigned n_held;               /* connections held (input left over from their turn) */
+    conn_t *held_head, *held_tail; /* ... in a list, the next to be served first */
 };
 
 /* What one connection's turn may take of the loop (frames handled, time): then the others
@@ -186,11 +189,43 @@ static bool out_full(const kvp_master_server_t *srv, const conn_t *c)
     return out_backlog(c) >= OUT_PAUSE || (max != 0 && srv->out_queued > max && out_backlog(c) > 0);
 }
 
+static void held_unlink(kvp_master_server_t *srv, conn_t *c)
+{
+    if (c->held_prev != NULL)
+        c->held_prev->held_next = c->held_next;
+    else
+        srv->held_head = c->held_next;
+    if (c->held_next != NULL)
+        c->held_next->held_prev = c->held_prev;
+    else
+        srv->held_tail = c->held_prev;
+    c->held_next = c->held_prev = NULL;
+}
+
+static void held_append(kvp_master_server_t *srv, conn_t *c)
+{
+    c->held_prev = srv->held_tail;
+    c->held_next = NULL;
+    if (srv->held_tail != NULL)
+        srv->held_tail->held_next = c;
+    else
+        srv->held_head = c;
+    srv->held_tail = c;
+}
+
+/* Hold c (its turn ended with input left: serve_held gives it the next) or let it go. */
 static void hold(kvp_master_server_t *srv, conn_t *c, bool on)
 {
-    if (c->held != on)
-        srv->n_held += on ? 1 : -1u;
+    if (c->held == on)
+        return;
     c->held = on;
+    if (on) {
+        held_append(srv, c);
+        srv->n_held++;
+    } else {
+        held_unlink(srv, c);
+        srv->n_held--;
+    }
 }
 
 /* What c's input buffer counts against --max-input-buffers. */
@@ -797,19 +832,19 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
 }
 
 /* Give each connection held at its last turn (input left) its next one; a connection served
- * in this turn already waits for the next. One served may close others (a record stream
- * whose write fails), so the walk starts over after each. */
+ * in this turn already, or whose output is paused, waits for the next. Each is taken from
+ * the head of the held list and put back at its tail (on_readable lets it go if its input
+ * is done), so a walk costs what is held, not every connection times that. One served may
+ * close others (a record stream whose write fails: they leave the list), hence the count
+ * rather than a pointer kept across the call. */
 static void serve_held(kvp_master_server_t *srv)
 {
-    for (bool again = srv->n_held > 0; again;) {
-        again = false;
-        for (conn_t *c = srv->conns; c != NULL; c = c->next) {
-            if (c->held && !c->out_paused && c->turn != srv->turn) {
-                on_readable(srv, c);
-                again = srv->n_held > 0;
-                break;
-            }
-        }
+    for (unsigned left = srv->n_held; left > 0 && srv->held_head != NULL; left--) {
+        conn_t *c = srv->held_head;
+        held_unlink(srv, c);
+        held_append(srv, c);
+        if (!c->out_paused && c->turn != srv->turn)
+            on_readable(srv, c);
     }
 }
 
