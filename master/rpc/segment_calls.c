@@ -351,6 +351,11 @@ static kvp_status_t mount_proven(kvp_reply_t *r, const Kvpool__MountRequest *req
         uint16_t port;
         if (kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK)
             return KVP_ERR_INVALID_ARG; /* desc_valid checked it */
+        /* a loopback endpoint mounted from another host (warn_loopback): served on that
+         * host only, out of this master's reach; compared instead (every loopback endpoint
+         * of a port compares as one: endpoint_taken) */
+        if (kvp_host_is_loopback(host) && st->call_has_fd && !kvp_sock_peer_local(st->call_fd))
+            return KVP_OK;
         probe_host(st, host, st->proof_ask.host, sizeof(st->proof_ask.host));
         st->proof_ask.port = port;
         snprintf(st->proof_ask.name, sizeof(st->proof_ask.name), "%s", d->name);

@@ -33,7 +33,8 @@ from conftest import free_port, metric
 from test_authority import (AUTH_PRINCIPALS, DENIED, M_MOUNT, M_STAT, call, claims, f_bytes,
                             f_varint, puts_and_gets, raw, seg_desc, stat_segments, status_of)
 from test_data_grants import GrantMaster
-from test_security import certs, close_all, frame, poll  # noqa: F401
+from test_security import (certs, close_all, frame, no_ambient_credentials,  # noqa: F401
+                           poll)
 
 MAGIC = 0x4450564B
 OP_PROVE = 10
