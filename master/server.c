@@ -128,12 +128,14 @@ typedef struct parked {
 
 /* How long a held request waits at most (the tick answers it: up to TICK_MS later). */
 #define PARK_MS 1000
-/* Mount proofs (auth/mount_proof.h): probes run at once at most (the others wait in a
- * queue of PROOF_QUEUE; past it a mount is refused, to be tried again), and how long past
- * its --mount-proof-timeout a Mount waits for its probe's result at most. */
+/* Mount proofs (auth/mount_proof.h): probes run at once at most, of them for one principal
+ * (its black holes hold no more workers than that), the others wait in a queue of
+ * PROOF_QUEUE (past it a mount is refused, to be tried again); a Mount waits this long
+ * for its probe's result at most (it comes within --mount-proof-timeout of its start). */
 #define PROOF_THREADS 16
+#define PROOF_PER_PRINCIPAL 8
 #define PROOF_QUEUE 4096
-#define PROOF_SLACK_MS 1000
+#define PROOF_WAIT_MS 30000
 
 struct kvp_master_server {
     int epfd;
@@ -534,7 +536,9 @@ static void park_proof(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
 {
     kvp_master_state_t *st = &srv->state;
     st->proof_asked = false;
-    kvp_proof_job_t job = {.id = ++srv->next_proof, .port = st->proof_ask.port};
+    kvp_proof_job_t job = {.id = ++srv->next_proof,
+                           .tag = c->caller.who != NULL ? c->caller.who->tag : 0,
+                           .port = st->proof_ask.port};
     snprintf(job.host, sizeof(job.host), "%s", st->proof_ask.host);
     snprintf(job.name, sizeof(job.name), "%s", st->proof_ask.name);
     memcpy(job.secret, st->proof_ask.secret, sizeof(job.secret));
@@ -546,7 +550,7 @@ static void park_proof(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
         return;
     }
     p->proof_id = job.id;
-    p->deadline_ms = st->now_ms + st->config.mount_proof_timeout_ms + PROOF_SLACK_MS;
+    p->deadline_ms = st->now_ms + st->config.mount_proof_timeout_ms + PROOF_WAIT_MS;
     if (!kvp_prover_submit(srv->prover, &job)) {
         p->proof = -1;
         snprintf(p->why, sizeof(p->why),
@@ -1147,7 +1151,7 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->sig_fd, &ev);
     /* threads of their own from here on: they inherit the blocked signals */
     if (srv->state.config.mount_proof) {
-        status = kvp_prover_create(PROOF_THREADS, PROOF_QUEUE,
+        status = kvp_prover_create(PROOF_THREADS, PROOF_PER_PRINCIPAL, PROOF_QUEUE,
                                    srv->state.config.mount_proof_timeout_ms, &srv->prover);
         if (status != KVP_OK)
             goto err_fds;
@@ -1198,6 +1202,15 @@ static void expire(kvp_master_server_t *srv, conn_t *c, uint64_t *counter, const
     close_with(srv, c, KVP_ERR_TIMEOUT, msg);
 }
 
+/* Does c wait for a Mount's proof (its request held: not silent of its own doing)? */
+static bool proving(const kvp_master_server_t *srv, const conn_t *c)
+{
+    for (const parked_t *p = srv->parked; p != NULL; p = p->next)
+        if (p->conn_id == c->id && p->proof_id != 0)
+            return true;
+    return false;
+}
+
 /*
  * Deadlines, whatever a peer trickles meanwhile: a connection must authenticate within
  * --auth-timeout of its accept, and a frame must be whole within --frame-timeout of its
@@ -1237,7 +1250,7 @@ static void expire_silent(kvp_master_server_t *srv)
             c->last_rx_ms = now;
             silent = 0;
         }
-        if (ttl != 0 && silent > ttl) {
+        if (ttl != 0 && silent > ttl && !proving(srv, c)) {
             KVP_LOG_WARN("connection %llu silent for %llu ms (client ttl %u ms): dropping it, "
                          "its segments and its unfinished puts",
                          (unsigned long long)c->id, (unsigned long long)silent, ttl);
@@ -1374,7 +1387,7 @@ static void take_proofs(kvp_master_server_t *srv, bool tick)
         for (parked_t *p = srv->parked; p != NULL; p = p->next)
             if (p->proof_id != 0 && p->proof == 0 && srv->state.now_ms >= p->deadline_ms) {
                 p->proof = -1;
-                snprintf(p->why, sizeof(p->why), "no answer within --mount-proof-timeout");
+                snprintf(p->why, sizeof(p->why), "no result from the master's prover in time");
                 srv->proofs_ready = true;
             }
 }
@@ -1428,7 +1441,8 @@ static void answer_proofs(kvp_master_server_t *srv)
             else
                 reply_error(srv, c, &h, s, errmsg);
             free(resp);
-            set_events(srv, c, true); /* the loop writes it (and closes c if that fails) */
+            c->last_rx_ms = st->now_ms; /* --client-ttl counts from the answer it waited for */
+            set_events(srv, c, true);   /* the loop writes it (and closes c if that fails) */
         }
         explicit_bzero(p->body, p->len); /* the owner's proof secret */
         free(p);

@@ -1,17 +1,18 @@
 /*
  * mount_proof.c - the master's prover of mounts (mount_proof.h).
  *
- * Design: a fixed set of worker threads takes jobs from a ring of queue_max slots (the
- * loop never waits: a full ring refuses the job); each worker resolves the endpoint
+ * Design: a fixed set of worker threads takes jobs from a queue of at most queue_max (the
+ * loop never waits: a full queue refuses the job), oldest first, but never more than
+ * per_tag at once for one principal: one principal's black holes hold that many workers
+ * for the timeout, the others go on proving everyone else's. Each worker resolves the endpoint
  * (getaddrinfo: an address as written, a host name as the system resolves it), connects
  * to each address in turn on a non-blocking socket, sends a PROVE (common/grant.h) with a
  * nonce drawn for this probe and waits for the answer, all within one deadline (poll);
  * then checks the proof against the secret with a constant-time compare, wipes the
- * secret, queues the result and wakes the loop through the eventfd. A black-hole endpoint
- * holds one worker for the timeout; the others go on.
+ * secret, queues the result (in the job's own node) and wakes the loop through the eventfd.
  *
- * Thread: the loop (submit, take, fd, busy) and the workers; the ring and the results are
- * guarded by `lock`.
+ * Thread: the loop (submit, take, fd, busy) and the workers; the queue, the results and
+ * what each worker runs are guarded by `lock`.
  */
 #include "master/auth/mount_proof.h"
 
@@ -34,23 +35,27 @@
 
 #define MAX_THREADS 64
 
-typedef struct done {
-    struct done *next;
+/* A job, then its result (the same node: a result never needs memory of its own). */
+typedef struct node {
+    struct node *next;
+    kvp_proof_job_t job;
     kvp_proof_result_t r;
-} done_t;
+} node_t;
 
 struct kvp_prover {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stop;
-    kvp_proof_job_t *ring;
-    unsigned cap, head, n;
-    done_t *done, **done_tail;
+    node_t *queue, **queue_tail; /* waiting, oldest first */
+    unsigned n, cap;
+    node_t *done, **done_tail; /* results, for the loop */
     int efd;
     uint32_t timeout_ms;
+    unsigned per_tag; /* probes of one principal run at once at most */
     _Atomic unsigned busy;
     unsigned n_threads;
     pthread_t threads[MAX_THREADS];
+    uint64_t running[MAX_THREADS]; /* the tag each worker's probe is for (0: none) */
 };
 
 /* The 32-byte data request header (transport/wire.h's kvp_data_req_t, little-endian). */
@@ -223,32 +228,60 @@ static void prove(kvp_prover_t *p, const kvp_proof_job_t *job, kvp_proof_result_
     r->ms = (uint32_t)(kvp_now_ms() - t0);
 }
 
+/* The oldest waiting job whose principal has fewer than per_tag probes running (lock
+ * held), taken off the queue; NULL: none may run now. */
+static node_t *next_job(kvp_prover_t *p)
+{
+    for (node_t **pp = &p->queue; *pp != NULL; pp = &(*pp)->next) {
+        unsigned running = 0;
+        for (unsigned i = 0; i < p->n_threads; i++)
+            running += p->running[i] == (*pp)->job.tag + 1;
+        if (running >= p->per_tag)
+            continue;
+        node_t *nd = *pp;
+        *pp = nd->next;
+        if (*pp == NULL)
+            p->queue_tail = pp;
+        nd->next = NULL;
+        p->n--;
+        return nd;
+    }
+    return NULL;
+}
+
+typedef struct worker_arg {
+    kvp_prover_t *p;
+    unsigned slot;
+} worker_arg_t;
+
 static void *worker(void *arg)
 {
-    kvp_prover_t *p = arg;
+    kvp_prover_t *p = ((worker_arg_t *)arg)->p;
+    unsigned slot = ((worker_arg_t *)arg)->slot;
+    free(arg);
     pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (!p->stop && p->n == 0)
+        node_t *nd = NULL;
+        while (!p->stop && (nd = next_job(p)) == NULL)
             pthread_cond_wait(&p->cond, &p->lock);
-        if (p->stop)
+        if (p->stop) {
+            if (nd != NULL) {
+                explicit_bzero(nd, sizeof(*nd));
+                free(nd);
+            }
             break;
-        kvp_proof_job_t job = p->ring[p->head];
-        explicit_bzero(&p->ring[p->head], sizeof(p->ring[p->head]));
-        p->head = (p->head + 1) % p->cap;
-        p->n--;
-        pthread_mutex_unlock(&p->lock);
-        done_t *d = calloc(1, sizeof(*d));
-        if (d != NULL) {
-            d->r.id = job.id;
-            prove(p, &job, &d->r);
         }
-        explicit_bzero(&job, sizeof(job));
+        p->running[slot] = nd->job.tag + 1;
+        pthread_mutex_unlock(&p->lock);
+        nd->r.id = nd->job.id;
+        prove(p, &nd->job, &nd->r);
+        explicit_bzero(&nd->job, sizeof(nd->job));
         pthread_mutex_lock(&p->lock);
-        if (d != NULL) {
-            *p->done_tail = d;
-            p->done_tail = &d->next;
-        } /* out of memory: the loop's deadline answers it */
+        p->running[slot] = 0;
+        *p->done_tail = nd;
+        p->done_tail = &nd->next;
         atomic_fetch_sub(&p->busy, 1);
+        pthread_cond_broadcast(&p->cond); /* a job of the same principal may run now */
         uint64_t one = 1;
         ssize_t w = write(p->efd, &one, sizeof(one));
         (void)w;
@@ -257,27 +290,31 @@ static void *worker(void *arg)
     return NULL;
 }
 
-kvp_status_t kvp_prover_create(unsigned threads, unsigned queue_max, uint32_t timeout_ms,
-                               kvp_prover_t **pp)
+kvp_status_t kvp_prover_create(unsigned threads, unsigned per_tag, unsigned queue_max,
+                               uint32_t timeout_ms, kvp_prover_t **pp)
 {
     kvp_prover_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return KVP_ERR_NOMEM;
     p->cap = queue_max > 0 ? queue_max : 1;
-    p->ring = calloc(p->cap, sizeof(*p->ring));
+    p->per_tag = per_tag > 0 ? per_tag : 1;
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     p->timeout_ms = timeout_ms > 0 ? timeout_ms : 1;
+    p->queue_tail = &p->queue;
     p->done_tail = &p->done;
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->cond, NULL);
-    if (p->ring == NULL || p->efd < 0) {
-        kvp_status_t st = p->efd < 0 ? KVP_ERR_SYSTEM : KVP_ERR_NOMEM;
+    if (p->efd < 0) {
         kvp_prover_destroy(p);
-        return st;
+        return KVP_ERR_SYSTEM;
     }
     threads = threads < 1 ? 1 : threads > MAX_THREADS ? MAX_THREADS : threads;
     for (unsigned i = 0; i < threads; i++) {
-        if (pthread_create(&p->threads[i], NULL, worker, p) != 0) {
+        worker_arg_t *a = malloc(sizeof(*a));
+        if (a != NULL)
+            *a = (worker_arg_t){.p = p, .slot = i};
+        if (a == NULL || pthread_create(&p->threads[i], NULL, worker, a) != 0) {
+            free(a);
             KVP_LOG_ERROR("mount proofs: cannot start a worker thread");
             kvp_prover_destroy(p);
             return KVP_ERR_SYSTEM;
@@ -295,15 +332,24 @@ int kvp_prover_fd(const kvp_prover_t *p)
 
 bool kvp_prover_submit(kvp_prover_t *p, const kvp_proof_job_t *job)
 {
+    node_t *nd = calloc(1, sizeof(*nd));
+    if (nd == NULL)
+        return false;
+    nd->job = *job;
     pthread_mutex_lock(&p->lock);
     bool ok = p->n < p->cap;
     if (ok) {
-        p->ring[(p->head + p->n) % p->cap] = *job;
+        *p->queue_tail = nd;
+        p->queue_tail = &nd->next;
         p->n++;
         atomic_fetch_add(&p->busy, 1);
-        pthread_cond_signal(&p->cond);
+        pthread_cond_broadcast(&p->cond);
     }
     pthread_mutex_unlock(&p->lock);
+    if (!ok) {
+        explicit_bzero(nd, sizeof(*nd));
+        free(nd);
+    }
     return ok;
 }
 
@@ -315,7 +361,7 @@ size_t kvp_prover_take(kvp_prover_t *p, kvp_proof_result_t *out, size_t max)
     size_t k = 0;
     pthread_mutex_lock(&p->lock);
     while (p->done != NULL && k < max) {
-        done_t *d = p->done;
+        node_t *d = p->done;
         p->done = d->next;
         out[k++] = d->r;
         free(d);
@@ -346,14 +392,13 @@ void kvp_prover_destroy(kvp_prover_t *p)
     pthread_mutex_unlock(&p->lock);
     for (unsigned i = 0; i < p->n_threads; i++)
         pthread_join(p->threads[i], NULL);
-    while (p->done != NULL) {
-        done_t *d = p->done;
-        p->done = d->next;
-        free(d);
-    }
-    if (p->ring != NULL)
-        explicit_bzero(p->ring, (size_t)p->cap * sizeof(*p->ring));
-    free(p->ring);
+    for (node_t *lists[2] = {p->queue, p->done}, **l = lists; l < lists + 2; l++)
+        while (*l != NULL) {
+            node_t *d = *l;
+            *l = d->next;
+            explicit_bzero(d, sizeof(*d));
+            free(d);
+        }
     if (p->efd >= 0)
         close(p->efd);
     pthread_cond_destroy(&p->cond);

@@ -22,7 +22,8 @@ typedef struct kvp_prover kvp_prover_t;
 
 /* One probe: the server at host:port must prove it serves segment `name` with secret. */
 typedef struct kvp_proof_job {
-    uint64_t id; /* the caller's, handed back with the result */
+    uint64_t id;  /* the caller's, handed back with the result */
+    uint64_t tag; /* whose mount (a principal's tag; 0: none): per_tag of them run at once */
     char host[256];
     uint16_t port;
     char name[KVP_PROVE_NAME_MAX + 1];
@@ -36,10 +37,11 @@ typedef struct kvp_proof_result {
     uint32_t ms;   /* how long the probe took */
 } kvp_proof_result_t;
 
-/* threads workers (1..64), at most queue_max jobs waiting, each probe given timeout_ms
- * (connect, send and answer together). */
-kvp_status_t kvp_prover_create(unsigned threads, unsigned queue_max, uint32_t timeout_ms,
-                               kvp_prover_t **p);
+/* threads workers (1..64), at most per_tag of them on one principal's probes, at most
+ * queue_max jobs waiting; each probe given timeout_ms from its start (connect, send and
+ * answer together). */
+kvp_status_t kvp_prover_create(unsigned threads, unsigned per_tag, unsigned queue_max,
+                               uint32_t timeout_ms, kvp_prover_t **p);
 /* Readable (an eventfd) when results wait. */
 int kvp_prover_fd(const kvp_prover_t *p);
 /* Queue a probe (the job is copied, the caller's copy may be wiped). false: the queue is

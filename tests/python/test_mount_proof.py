@@ -32,9 +32,9 @@ import pytest
 from conftest import free_port, metric
 from test_authority import (AUTH_PRINCIPALS, DENIED, M_MOUNT, M_STAT, call, claims, f_bytes,
                             f_varint, puts_and_gets, raw, seg_desc, stat_segments, status_of)
-from test_data_grants import GrantMaster
+from test_data_grants import GrantMaster, pb
 from test_security import (certs, close_all, frame, no_ambient_credentials,  # noqa: F401
-                           poll)
+                           poll, read_frame)
 
 MAGIC = 0x4450564B
 OP_PROVE = 10
@@ -332,6 +332,38 @@ def test_mount_proof_off_compares_only(certs, tmp_path):  # noqa: F811
                       {"reason": "proof"}) == 0
     finally:
         close_all([m])
+
+
+def test_black_holes_of_one_principal_do_not_hold_an_owners_mount(pm):
+    """bobseg's 24 mounts at black holes at once (more than the master's 16 prover threads):
+    at most 8 of its probes run at a time, so the owner's mount (another principal) is
+    proven meanwhile, not after them."""
+    hole = ProveServer(silent=True)
+    conns = [raw(pm, "bobseg") for _ in range(24)]
+    proof0 = claims(pm, "proof")
+    try:
+        for i, s in enumerate(conns):
+            s.sendall(frame(M_MOUNT, mount_body(seg_desc(f"bh-{i}", f"127.0.0.1:{hole.port}"),
+                                                os.urandom(32)), req_id=1))
+        poll(lambda: len(hole.held) >= 8, "the master connected to the black holes", 5)
+        t0 = time.monotonic()
+        pm.owner = pm.add_owner()
+        dt = time.monotonic() - t0
+        assert len(stat_segments(pm, "admin")) == 1
+        assert dt < 1.9, dt  # before the first black holes' 2 s are over
+        assert len(hole.held) <= 8, len(hole.held)  # only 8 of bobseg's at a time
+        puts_and_gets(pm, 5, "bh")
+        # each answered DENIED in turn, 8 at a time (its connection waiting past
+        # --client-ttl 3 meanwhile is not dropped for silence)
+        for s in conns:
+            s.settimeout(15)
+            r = read_frame(s)
+            assert r is not None and status_of(pb(r[2])) == DENIED
+        assert claims(pm, "proof") == proof0 + 24
+    finally:
+        for s in conns:
+            s.close()
+        hole.close()
 
 
 def test_stat_answers_while_proofs_run(pm):
