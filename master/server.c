@@ -400,6 +400,7 @@ static void close_all(kvp_master_server_t *srv)
     while (srv->parked != NULL) {
         parked_t *p = srv->parked;
         srv->parked = p->next;
+        explicit_bzero(p->body, p->len); /* a Mount's proof secret */
         free(p);
     }
 }

@@ -10,7 +10,9 @@ only) and owners from `kvpool serve` (principal segsrv):
   {reason="endpoint"} where the spelling compares); the owner then mounts on that port,
   and alice's puts all succeed and read back exact;
 - a black-hole endpoint (a listener that accepts and never answers): refused within
-  --mount-proof-timeout, while the master answers alice within 1 s;
+  --mount-proof-timeout, while the master answers alice within 1 s; 24 black holes of
+  bobseg at once hold at most 8 prover threads: an owner mounts meanwhile, the master's
+  RSS stays put;
 - a server that answers with the wrong proof, and a mount with no secret: refused;
 - 50 mounts at once, each proven by a server of their own (the PROVE frame written here
   from docs/protocol.md, not from the C code): all mount; their latency with and without
@@ -135,6 +137,14 @@ def pm(certs, tmp_path):  # noqa: F811
     m = new_master(certs, tmp_path)
     yield m
     close_all([m])
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
 
 
 def secret_seen(m, secret):
@@ -341,6 +351,7 @@ def test_black_holes_of_one_principal_do_not_hold_an_owners_mount(pm):
     hole = ProveServer(silent=True)
     conns = [raw(pm, "bobseg") for _ in range(24)]
     proof0 = claims(pm, "proof")
+    rss0 = rss_kib(pm.master.p.pid)
     try:
         for i, s in enumerate(conns):
             s.sendall(frame(M_MOUNT, mount_body(seg_desc(f"bh-{i}", f"127.0.0.1:{hole.port}"),
@@ -360,6 +371,7 @@ def test_black_holes_of_one_principal_do_not_hold_an_owners_mount(pm):
             r = read_frame(s)
             assert r is not None and status_of(pb(r[2])) == DENIED
         assert claims(pm, "proof") == proof0 + 24
+        assert rss_kib(pm.master.p.pid) < rss0 + 32 * 1024  # the master's RSS: bounded
     finally:
         for s in conns:
             s.close()
