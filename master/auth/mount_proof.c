@@ -170,7 +170,7 @@ static bool prove_at(const kvp_proof_job_t *job, const struct addrinfo *ai, uint
         return false;
     }
     memcpy(req + 32 + KVP_PROVE_NONCE_LEN, job->name, name_len);
-    uint8_t ans[16 + KVP_PROVE_LEN];
+    uint8_t ans[16 + KVP_PROVE_LEN] = {0};
     int x = exchange(fd, req, 32 + KVP_PROVE_NONCE_LEN + name_len, ans, 16, deadline_ms);
     uint32_t magic;
     int32_t status;
