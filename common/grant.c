@@ -221,6 +221,27 @@ uint64_t kvp_grant_now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+bool kvp_grant_mount_proof(const uint8_t secret[KVP_PROVE_SECRET_LEN],
+                           const uint8_t nonce[KVP_PROVE_NONCE_LEN], const char *name,
+                           uint8_t out[KVP_PROVE_LEN])
+{
+    size_t name_len = strnlen(name, KVP_PROVE_NAME_MAX + 1);
+    if (name_len > KVP_PROVE_NAME_MAX)
+        return false;
+    uint8_t msg[16 + KVP_PROVE_NONCE_LEN + KVP_PROVE_NAME_MAX] = "kvpool prove"; /* NUL-padded */
+    memcpy(msg + 16, nonce, KVP_PROVE_NONCE_LEN);
+    memcpy(msg + 16 + KVP_PROVE_NONCE_LEN, name, name_len);
+    size_t n = 0;
+    return EVP_Q_mac(NULL, "HMAC", NULL, "SHA256", NULL, secret, KVP_PROVE_SECRET_LEN, msg,
+                     16 + KVP_PROVE_NONCE_LEN + name_len, out, KVP_PROVE_LEN, &n) != NULL &&
+           n == KVP_PROVE_LEN;
+}
+
+bool kvp_grant_equal(const void *a, const void *b, size_t n)
+{
+    return CRYPTO_memcmp(a, b, n) == 0;
+}
+
 bool kvp_grant_random(void *buf, size_t len)
 {
     return RAND_bytes(buf, (int)len) == 1;

@@ -179,6 +179,28 @@ bool kvp_grant_hello_proof(const uint8_t *conn_key, const uint8_t *challenge, ui
                            uint64_t tag, uint8_t out[KVP_GRANT_PROOF_LEN]);
 
 /*
+ * Mount proofs (docs/security.md, "A mount's endpoint is proven"): an owner's data server
+ * draws a secret as it starts; the owner sends it in its Mount; before answering, the
+ * master connects to the advertised tcp endpoint and sends a PROVE frame (the data
+ * protocol's 32-byte header with op KVP_PROVE_OP, length 32 + the name's length, then a
+ * fresh nonce and the segment's name); a server that serves a segment of that name answers
+ * status 0, length 32 and kvp_grant_mount_proof of its secret, any other KVP_ERR_DENIED.
+ */
+#define KVP_PROVE_MAGIC 0x4450564Bu /* the data protocol's ("KVPD", transport/wire.h) */
+#define KVP_PROVE_OP 10
+#define KVP_PROVE_SECRET_LEN 32
+#define KVP_PROVE_NONCE_LEN 32
+#define KVP_PROVE_LEN 32
+#define KVP_PROVE_NAME_MAX 255
+/* HMAC-SHA256(secret, "kvpool prove" NUL-padded to 16 || nonce || name). false: not
+ * computed. */
+bool kvp_grant_mount_proof(const uint8_t secret[KVP_PROVE_SECRET_LEN],
+                           const uint8_t nonce[KVP_PROVE_NONCE_LEN], const char *name,
+                           uint8_t out[KVP_PROVE_LEN]);
+/* Constant-time equality of two n-byte strings. */
+bool kvp_grant_equal(const void *a, const void *b, size_t n);
+
+/*
  * An owner's side. The keyring holds its segment's key and epoch from the last mount (set
  * by the thread that mounts; a generation counts the changes); each connection's verifier
  * keys its own MAC context from it when the generation moved, so a check takes no lock.

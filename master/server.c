@@ -65,6 +65,7 @@
 #include "master/auth/admission.h"
 #include "master/auth/audit.h"
 #include "master/auth/credentials.h"
+#include "master/auth/mount_proof.h"
 #include "master/dispatch.h"
 #include "master/ha/leadership.h"
 #include "master/rpc/segment_calls.h"
@@ -112,12 +113,16 @@ typedef struct conn {
     struct conn *held_prev;
 } conn_t;
 
-/* A request held without an answer (SsdTasks with no task yet: a long poll). */
+/* A request held without an answer (SsdTasks with no task yet: a long poll; a Mount whose
+ * endpoint is being proven: proof_id). */
 typedef struct parked {
     struct parked *next;
     uint64_t conn_id;
     uint64_t req_id;
     uint64_t deadline_ms; /* answer by then, even with nothing */
+    uint64_t proof_id;    /* a Mount waiting for its proof (auth/mount_proof.h); 0: none */
+    int proof;            /* ... its result: 0 not yet, 1 proven, -1 not (why) */
+    char why[400];
     uint16_t method;
     size_t len;
     uint8_t body[];
@@ -125,6 +130,14 @@ typedef struct parked {
 
 /* How long a held request waits at most (the tick answers it: up to TICK_MS later). */
 #define PARK_MS 1000
+/* Mount proofs (auth/mount_proof.h): probes run at once at most, of them for one principal
+ * (its black holes hold no more workers than that), the others wait in a queue of
+ * PROOF_QUEUE (past it a mount is refused, to be tried again); a Mount waits this long
+ * for its probe's result at most (it comes within --mount-proof-timeout of its start). */
+#define PROOF_THREADS 16
+#define PROOF_PER_PRINCIPAL 8
+#define PROOF_QUEUE 4096
+#define PROOF_WAIT_MS 30000
 
 struct kvp_master_server {
     int epfd;
@@ -135,6 +148,9 @@ struct kvp_master_server {
     unsigned n_conns;
     kvp_master_state_t state;
     parked_t *parked;
+    kvp_prover_t *prover; /* --mount-proof on (epoll marker: &prover); NULL: off */
+    uint64_t next_proof;
+    bool proofs_ready; /* a held Mount has its proof's result: answer_proofs */
     bool stop;
     kvp_leadership_t ha; /* high availability (master/ha/): standalone until elect */
     /* operations (master/obs/) */
@@ -240,6 +256,7 @@ static void attach_obs(kvp_master_server_t *srv)
     srv->state.events = kvp_events_sink(srv->events);
     srv->state.rpc_hist = srv->hist;
     srv->state.clients = srv->n_conns;
+    srv->state.mount_proof = srv->prover != NULL;
 }
 
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
@@ -248,6 +265,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
         parked_t *p = *pp;
         if (p->conn_id == c->id) {
             *pp = p->next;
+            explicit_bzero(p->body, p->len); /* a Mount's proof secret */
             free(p);
         } else {
             pp = &p->next;
@@ -417,6 +435,7 @@ static void close_all(kvp_master_server_t *srv)
     while (srv->parked != NULL) {
         parked_t *p = srv->parked;
         srv->parked = p->next;
+        explicit_bzero(p->body, p->len); /* a Mount's proof secret */
         free(p);
     }
 }
@@ -537,10 +556,45 @@ static void park(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h, co
     p->req_id = h->request_id;
     p->method = h->method;
     p->deadline_ms = srv->state.now_ms + PARK_MS;
+    p->proof_id = 0;
+    p->proof = 0;
+    p->why[0] = '\0';
     p->len = h->body_len;
     memcpy(p->body, body, h->body_len);
     p->next = srv->parked;
     srv->parked = p;
+}
+
+/* Hold a Mount while the server at its endpoint proves it serves the segment (the state's
+ * proof_ask, wiped here): answer_proofs calls it again with the result. */
+static void park_proof(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
+                       const uint8_t *body)
+{
+    kvp_master_state_t *st = &srv->state;
+    st->proof_asked = false;
+    kvp_proof_job_t job = {.id = ++srv->next_proof,
+                           .tag = c->caller.who != NULL ? c->caller.who->tag : 0,
+                           .port = st->proof_ask.port};
+    snprintf(job.host, sizeof(job.host), "%s", st->proof_ask.host);
+    snprintf(job.name, sizeof(job.name), "%s", st->proof_ask.name);
+    memcpy(job.secret, st->proof_ask.secret, sizeof(job.secret));
+    explicit_bzero(st->proof_ask.secret, sizeof(st->proof_ask.secret));
+    park(srv, c, h, body);
+    parked_t *p = srv->parked; /* park puts it first */
+    if (p == NULL || p->conn_id != c->id || p->req_id != h->request_id) {
+        explicit_bzero(&job, sizeof(job)); /* out of memory: answered already */
+        return;
+    }
+    p->proof_id = job.id;
+    p->deadline_ms = st->now_ms + st->config.mount_proof_timeout_ms + PROOF_WAIT_MS;
+    if (!kvp_prover_submit(srv->prover, &job)) {
+        p->proof = -1;
+        snprintf(p->why, sizeof(p->why),
+                 "the master is proving %u mounts already: try again shortly",
+                 kvp_prover_busy(srv->prover));
+        srv->proofs_ready = true;
+    }
+    explicit_bzero(&job, sizeof(job));
 }
 
 /* After a request ran: bind a record stream (SegRecord), hold it (SsdTasks with no task
@@ -557,7 +611,10 @@ static bool finish_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
             kvp_record_stream_open(&srv->state.segments, seg, c, h->request_id);
     } else if (srv->state.parked) {
         srv->state.parked = false;
-        park(srv, c, h, body);
+        if (srv->state.proof_asked)
+            park_proof(srv, c, h, body);
+        else
+            park(srv, c, h, body);
     } else if (kvp_rpc_is_oneway(h->method)) {
         /* the sender waits for nothing: an error is only logged */
         if (s != KVP_OK)
@@ -1129,6 +1186,14 @@ kvp_status_t kvp_master_server_create(const char *host, uint16_t port,
     ev.data.ptr = &srv->sig_fd;
     epoll_ctl(srv->epfd, EPOLL_CTL_ADD, srv->sig_fd, &ev);
     /* threads of their own from here on: they inherit the blocked signals */
+    if (srv->state.config.mount_proof) {
+        status = kvp_prover_create(PROOF_THREADS, PROOF_PER_PRINCIPAL, PROOF_QUEUE,
+                                   srv->state.config.mount_proof_timeout_ms, &srv->prover);
+        if (status != KVP_OK)
+            goto err_fds;
+        ev.data.ptr = &srv->prover;
+        epoll_ctl(srv->epfd, EPOLL_CTL_ADD, kvp_prover_fd(srv->prover), &ev);
+    }
     status = start_obs(srv);
     if (status != KVP_OK)
         goto err_fds;
@@ -1173,6 +1238,15 @@ static void expire(kvp_master_server_t *srv, conn_t *c, uint64_t *counter, const
     close_with(srv, c, KVP_ERR_TIMEOUT, msg);
 }
 
+/* Does c wait for a Mount's proof (its request held: not silent of its own doing)? */
+static bool proving(const kvp_master_server_t *srv, const conn_t *c)
+{
+    for (const parked_t *p = srv->parked; p != NULL; p = p->next)
+        if (p->conn_id == c->id && p->proof_id != 0)
+            return true;
+    return false;
+}
+
 /*
  * Deadlines, whatever a peer trickles meanwhile: a connection must authenticate within
  * --auth-timeout of its accept, and a frame must be whole within --frame-timeout of its
@@ -1212,7 +1286,7 @@ static void expire_silent(kvp_master_server_t *srv)
             c->last_rx_ms = now;
             silent = 0;
         }
-        if (ttl != 0 && silent > ttl) {
+        if (ttl != 0 && silent > ttl && !proving(srv, c)) {
             KVP_LOG_WARN("connection %llu silent for %llu ms (client ttl %u ms): dropping it, "
                          "its segments and its unfinished puts",
                          (unsigned long long)c->id, (unsigned long long)silent, ttl);
@@ -1275,6 +1349,10 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
     st->tasks_ready = false;
     for (parked_t **pp = &srv->parked; *pp != NULL;) {
         parked_t *p = *pp;
+        if (p->proof_id != 0) { /* a Mount: answer_proofs */
+            pp = &p->next;
+            continue;
+        }
         conn_t *c = conn_find(srv, p->conn_id);
         if (c == NULL) {
             *pp = p->next;
@@ -1318,6 +1396,95 @@ static void answer_parked(kvp_master_server_t *srv, bool tick)
     }
 }
 
+/* The probes' results (auth/mount_proof.h), onto their held Mounts; and, on the tick, the
+ * Mounts whose probe has not answered in time (it will not be waited for). */
+static void take_proofs(kvp_master_server_t *srv, bool tick)
+{
+    kvp_proof_result_t res[64];
+    size_t n;
+    while (!tick && (n = kvp_prover_take(srv->prover, res, KVP_ARRAY_SIZE(res))) > 0) {
+        for (size_t i = 0; i < n; i++) {
+            for (parked_t *p = srv->parked; p != NULL; p = p->next) {
+                if (p->proof_id != res[i].id || p->proof != 0)
+                    continue;
+                p->proof = res[i].ok ? 1 : -1;
+                snprintf(p->why, sizeof(p->why), "%s", res[i].why);
+                srv->proofs_ready = true;
+                KVP_LOG_DEBUG("connection %llu: mount proof %s in %u ms",
+                              (unsigned long long)p->conn_id, res[i].ok ? "passed" : "failed",
+                              res[i].ms);
+                break;
+            }
+        }
+        if (n < KVP_ARRAY_SIZE(res))
+            break;
+    }
+    if (tick)
+        for (parked_t *p = srv->parked; p != NULL; p = p->next)
+            if (p->proof_id != 0 && p->proof == 0 && srv->state.now_ms >= p->deadline_ms) {
+                p->proof = -1;
+                snprintf(p->why, sizeof(p->why), "no result from the master's prover in time");
+                srv->proofs_ready = true;
+            }
+}
+
+/* Call each held Mount whose proof has its result again (answered now, whatever it says;
+ * everything is checked again: the pool may have changed while it was proven). */
+static void answer_proofs(kvp_master_server_t *srv)
+{
+    kvp_master_state_t *st = &srv->state;
+    if (!srv->proofs_ready)
+        return;
+    srv->proofs_ready = false;
+    for (parked_t **pp = &srv->parked; *pp != NULL;) {
+        parked_t *p = *pp;
+        if (p->proof_id == 0 || p->proof == 0) {
+            pp = &p->next;
+            continue;
+        }
+        *pp = p->next;
+        conn_t *c = conn_find(srv, p->conn_id);
+        kvp_rpc_hdr_t h = {.method = p->method, .request_id = p->req_id};
+        kvp_admission_reply_t a;
+        if (c == NULL) {
+            /* gone meanwhile: nothing to answer */
+        } else if (!kvp_admission_still_admitted(srv->cred.acl, &c->caller, &st->stats, &a)) {
+            answer(srv, c, &h, &a);
+            set_events(srv, c, true);
+        } else {
+            uint8_t *resp = NULL;
+            size_t rlen = 0;
+            char errmsg[256] = "";
+            kvp_status_t s;
+            if (!kvp_leadership_may_serve(&srv->ha, st)) {
+                kvp_leadership_not_leader_msg(&srv->ha, errmsg, sizeof(errmsg));
+                s = KVP_ERR_NOT_LEADER;
+            } else {
+                st->proof_result = p->proof;
+                snprintf(st->proof_why, sizeof(st->proof_why), "%s", p->why);
+                st->call_has_fd = true;
+                st->call_fd = c->fd;
+                s = kvp_dispatch_handle(st, c->id, c->caller.who, p->method, p->body, p->len, &resp,
+                                        &rlen, errmsg, sizeof(errmsg));
+                st->call_has_fd = false;
+                st->proof_result = 0;
+                st->parked = st->proof_asked = false; /* (a proven call asks nothing) */
+                kvp_audit_request(&c->caller, p->method, p->body, p->len, s, resp, rlen);
+            }
+            if (s == KVP_OK)
+                queue_frame(srv, c, (uint16_t)(p->method | KVP_RPC_RESPONSE_BIT), p->req_id, 0,
+                            resp, rlen);
+            else
+                reply_error(srv, c, &h, s, errmsg);
+            free(resp);
+            c->last_rx_ms = st->now_ms; /* --client-ttl counts from the answer it waited for */
+            set_events(srv, c, true);   /* the loop writes it (and closes c if that fails) */
+        }
+        explicit_bzero(p->body, p->len); /* the owner's proof secret */
+        free(p);
+    }
+}
+
 kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
 {
     struct epoll_event evs[128];
@@ -1336,6 +1503,10 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 kvp_segment_limbo_expire(&srv->state);
                 kvp_evict_if_needed(&srv->state);
                 answer_parked(srv, true);
+            }
+            if (srv->prover != NULL) {
+                take_proofs(srv, true);
+                answer_proofs(srv);
             }
             next_tick = srv->state.now_ms + TICK_MS;
         }
@@ -1358,6 +1529,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             void *p = evs[i].data.ptr;
             if (p == &srv->listen_fd) {
                 on_accept(srv);
+            } else if (p == &srv->prover) {
+                take_proofs(srv, false);
             } else if (p == &srv->http_fd) {
                 kvp_master_view_t view;
                 char reason[256];
@@ -1388,7 +1561,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             }
         }
-        serve_held(srv); /* the connections whose turn ended with requests left */
+        serve_held(srv);    /* the connections whose turn ended with requests left */
+        answer_proofs(srv); /* mounts whose endpoints proved themselves (or did not) */
         if (srv->state.tasks_ready && kvp_leadership_may_serve(&srv->ha, &srv->state))
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */
@@ -1403,6 +1577,7 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     kvp_leadership_stop(&srv->ha);   /* a standby takes over at once */
     kvp_master_http_stop(srv->http); /* its threads wait for no loop any more */
     close_all(srv);
+    kvp_prover_destroy(srv->prover); /* a probe under way ends within its timeout */
     kvp_admission_limits_cleanup(&srv->limits);
     if (srv->reserve_fd >= 0)
         close(srv->reserve_fd);

@@ -63,11 +63,18 @@ static kvp_status_t mount_pack(kvp_session_t *s, bool heap, bool adopting, uint8
     req.segment = &d;
     req.adopting = adopting; /* its record is offered next (control/record_sync.c) */
     req.tenant = s->tenant;
+    uint8_t secret[KVP_PROVE_SECRET_LEN]; /* the master asks our server to prove it */
+    kvp_segment_proof_secret(s->seg, secret);
+    req.proof_secret.data = secret;
+    req.proof_secret.len = sizeof(secret);
     size_t len = kvpool__mount_request__get_packed_size(&req);
     uint8_t *body = heap ? malloc(len ? len : 1) : pack_buf(len);
-    if (body == NULL)
+    if (body == NULL) {
+        explicit_bzero(secret, sizeof(secret));
         return KVP_ERR_NOMEM;
+    }
     kvpool__mount_request__pack(&req, body);
+    explicit_bzero(secret, sizeof(secret));
     *body_p = body;
     *len_p = len;
     return KVP_OK;

@@ -42,9 +42,11 @@
  */
 #include "client/segment/data_server.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -75,7 +77,15 @@ struct kvp_data_server {
     /* rdma memory windows (kvp_data_server_set_windows; NULL: none served here) */
     kvp_data_windows_fn windows;
     void *windows_arg;
+    /* mount proofs (kvp_data_server_proof): the secret drawn at create, the name it is
+     * proven for (set before the mount that sends the secret; "": none yet) */
+    pthread_mutex_t proof_lock;
+    uint8_t proof_secret[KVP_PROVE_SECRET_LEN];
+    char proof_name[KVP_PROVE_NAME_MAX + 1];
 };
+
+_Static_assert(KVP_DATA_PROVE == KVP_PROVE_OP && KVP_DATA_MAGIC == KVP_PROVE_MAGIC,
+               "the PROVE frame the master sends (common/grant.h) is this server's");
 
 /* A connection's state between requests: its grant verifier, the principal it proved in
  * its HELLO (0: none), the backend's state for it, and room for a request's entries. */
@@ -369,6 +379,47 @@ static void serve_map(conn_t *c, const kvp_data_req_t *req)
         KVP_LOG_DEBUG("%s: segment memory handed to pid %d (uid %u)", srv->ops->name, pid, uid);
 }
 
+/*
+ * A PROVE (wire.h): the master asks whether this server serves the segment a mount names.
+ * Answered with the proof of our secret when the name is ours, KVP_ERR_DENIED otherwise
+ * (logged, no secret); the connection ends either way.
+ */
+static void serve_prove(conn_t *c, const kvp_data_req_t *req)
+{
+    struct kvp_data_server *srv = c->srv;
+    uint8_t body[KVP_PROVE_NONCE_LEN + KVP_PROVE_NAME_MAX + 1];
+    if (req->segment_id != 0 || req->offset != 0 || req->length <= KVP_PROVE_NONCE_LEN ||
+        req->length > KVP_PROVE_NONCE_LEN + KVP_PROVE_NAME_MAX) {
+        KVP_LOG_WARN_LIMITED("%s: a malformed PROVE; closing", srv->ops->name);
+        kvp_data_reply(c->fd, KVP_ERR_DENIED, 0);
+        return;
+    }
+    size_t len = (size_t)req->length;
+    if (kvp_recv_all(c->fd, body, len) != KVP_OK)
+        return;
+    body[len] = '\0';
+    const char *name = (const char *)body + KVP_PROVE_NONCE_LEN;
+    uint8_t proof[KVP_PROVE_LEN];
+    pthread_mutex_lock(&srv->proof_lock);
+    bool ours = srv->proof_name[0] != '\0' && strlen(name) == len - KVP_PROVE_NONCE_LEN &&
+                strcmp(name, srv->proof_name) == 0 &&
+                kvp_grant_mount_proof(srv->proof_secret, body, name, proof);
+    pthread_mutex_unlock(&srv->proof_lock);
+    if (!ours) {
+        char peer[80];
+        kvp_sock_peer_name(c->fd, peer, sizeof(peer));
+        KVP_LOG_WARN_LIMITED("%s: %s asked this server to prove it serves segment %.255s, which "
+                             "it does not serve: a mount names this endpoint for another "
+                             "segment (refused)",
+                             srv->ops->name, peer, name);
+        kvp_data_reply(c->fd, KVP_ERR_DENIED, 0);
+        return;
+    }
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = KVP_PROVE_LEN};
+    struct iovec iov[2] = {{&r, sizeof(r)}, {proof, sizeof(proof)}};
+    (void)kvp_sendv_all(c->fd, iov, 2);
+}
+
 /* Serve one request whose header is req. Returns false when the connection ends. */
 static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
 {
@@ -384,6 +435,9 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
         case KVP_DATA_HELLO:
             return kvp_data_hello(&srv->grants, &c->v, &srv->grants_refused, srv->ops->name, c->fd,
                                   req, atomic_load(&srv->segment_id), &c->tag) == KVP_OK;
+        case KVP_DATA_PROVE:
+            serve_prove(c, req);
+            return false;
         case KVP_DATA_MAP:
             if ((frames & KVP_DATA_FRAME_MAP) == 0)
                 break;
@@ -454,6 +508,11 @@ kvp_status_t kvp_data_server_create(const kvp_data_server_params_t *p, kvp_data_
     srv->size = p->size;
     srv->mem_fd = -1;
     atomic_store(&srv->segment_id, p->segment_id);
+    if (!kvp_grant_random(srv->proof_secret, sizeof(srv->proof_secret))) {
+        free(srv);
+        return KVP_ERR_SYSTEM;
+    }
+    pthread_mutex_init(&srv->proof_lock, NULL);
     kvp_grant_keyring_init(&srv->grants);
     kvp_data_pending_init(&srv->pending);
     kvp_data_server_set_versions(srv, p->versions_at, p->versions_arg);
@@ -461,6 +520,7 @@ kvp_status_t kvp_data_server_create(const kvp_data_server_params_t *p, kvp_data_
     kvp_status_t status = kvp_conn_server_create(p->ops->name, p->host, p->port, p->protected_mode,
                                                  serve_conn, srv, &srv->conns, bound_port_p);
     if (status != KVP_OK) {
+        pthread_mutex_destroy(&srv->proof_lock);
         kvp_grant_keyring_cleanup(&srv->grants);
         kvp_data_pending_cleanup(&srv->pending);
         free(srv);
@@ -480,7 +540,18 @@ void kvp_data_server_destroy(kvp_data_server_t *srv)
         srv->ops->destroy(srv->backend);
     kvp_grant_keyring_cleanup(&srv->grants);
     kvp_data_pending_cleanup(&srv->pending);
+    explicit_bzero(srv->proof_secret, sizeof(srv->proof_secret));
+    pthread_mutex_destroy(&srv->proof_lock);
     free(srv);
+}
+
+void kvp_data_server_proof(kvp_data_server_t *srv, const char *name,
+                           uint8_t secret[KVP_PROVE_SECRET_LEN])
+{
+    pthread_mutex_lock(&srv->proof_lock);
+    snprintf(srv->proof_name, sizeof(srv->proof_name), "%s", name);
+    memcpy(secret, srv->proof_secret, KVP_PROVE_SECRET_LEN);
+    pthread_mutex_unlock(&srv->proof_lock);
 }
 
 void *kvp_data_server_backend(const kvp_data_server_t *srv)

@@ -81,6 +81,11 @@ typedef kvp_status_t (*kvp_data_windows_fn)(void *arg, uint32_t qp_num, uint64_t
                                             uint32_t *rkeys, uint32_t *slots, size_t n_unbind);
 void kvp_data_server_set_windows(kvp_data_server_t *srv, kvp_data_windows_fn fn, void *arg);
 
+/* Mount proofs (common/grant.h): answer the master's PROVE for segment `name` from now on,
+ * and copy the secret this server drew as it started into secret (for the Mount request;
+ * never logged). Thread: any. */
+void kvp_data_server_proof(kvp_data_server_t *srv, const char *name,
+                           uint8_t secret[KVP_PROVE_SECRET_LEN]);
 /* Its counters (live, updated by the connection threads); valid until destroy. */
 const kvp_served_stats_t *kvp_data_server_stats(const kvp_data_server_t *srv);
 /* Connections of other hosts refused in protected mode (conn_server.h). Thread: any. */

@@ -312,6 +312,11 @@ void *kvp_segment_extent(const kvp_segment_t *seg, uint64_t offset, uint64_t len
     return (char *)seg->base + offset;
 }
 
+void kvp_segment_proof_secret(kvp_segment_t *seg, uint8_t secret[KVP_PROVE_SECRET_LEN])
+{
+    kvp_data_server_proof(seg->server, seg->name, secret);
+}
+
 void kvp_segment_describe(const kvp_segment_t *seg, Kvpool__SegmentDesc *d)
 {
     d->name = (char *)seg->name;

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "client/segment/seg_record.h"
+#include "common/grant.h"
 #include "client/segment/segment_server.h"
 #include "client/transfer/engine.h"
 #include "common/status.h"
@@ -80,6 +81,9 @@ uint64_t kvp_segment_refused(const kvp_segment_t *seg);
 /* Its bytes [offset, offset+length), or NULL when that is not inside it. */
 void *kvp_segment_extent(const kvp_segment_t *seg, uint64_t offset, uint64_t length);
 
+/* The secret of its data server's mount proofs (data_server.h, kvp_data_server_proof),
+ * answered for its name from now on: for the Mount request only. */
+void kvp_segment_proof_secret(kvp_segment_t *seg, uint8_t secret[KVP_PROVE_SECRET_LEN]);
 /* Fill a descriptor for its mount (strings point into the segment: valid until destroy). */
 void kvp_segment_describe(const kvp_segment_t *seg, Kvpool__SegmentDesc *d);
 /* Orders a remount (held around it) against a drain's change of state. */

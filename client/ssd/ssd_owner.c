@@ -159,12 +159,18 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool fir
     req.segment = &d;
     req.adopting = true; /* the file's objects are offered next */
     req.tenant = o->tenant;
+    uint8_t secret[KVP_PROVE_SECRET_LEN]; /* the master asks our server to prove it */
+    kvp_data_server_proof(o->srv, o->name, secret);
+    req.proof_secret.data = secret;
+    req.proof_secret.len = sizeof(secret);
     size_t len = kvpool__mount_request__get_packed_size(&req);
     uint8_t *body = malloc(len ? len : 1), *resp = NULL;
     size_t rlen = 0;
+    if (body != NULL)
+        kvpool__mount_request__pack(&req, body);
+    explicit_bzero(secret, sizeof(secret));
     if (body == NULL)
         return KVP_ERR_NOMEM;
-    kvpool__mount_request__pack(&req, body);
     kvp_status_t st = kvp_mconn_ready_call(m, ch, KVP_RPC_MOUNT, body, len, &resp, &rlen);
     free(body);
     if (st != KVP_OK)

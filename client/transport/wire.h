@@ -46,6 +46,12 @@
 #define KVP_DATA_BIND_READ 7
 #define KVP_DATA_BIND_WRITE 8
 #define KVP_DATA_UNBIND 9
+/* PROVE (the master, before it answers a Mount; needs no HELLO): segment_id 0, offset 0,
+ * length 32 + the segment name's length (1..255); a 32-byte nonce and the name follow. A
+ * server serving a segment of that name answers status 0, length 32 and the proof
+ * (common/grant.h, kvp_grant_mount_proof of the secret its owner sent in the Mount);
+ * otherwise KVP_ERR_DENIED, length 0. The connection ends either way. */
+#define KVP_DATA_PROVE 10
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

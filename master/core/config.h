@@ -69,6 +69,8 @@ typedef struct kvp_master_config {
     char tls_crl[512];
     char acl_file[512];
     bool data_grants; /* with TLS: tcp data requests carry grants (common/grant.h) */
+    bool mount_proof; /* a mount's tcp endpoint proves it serves the segment (true) */
+    uint32_t mount_proof_timeout_ms; /* ... within this (2000) */
     /* admission limits (master/auth/admission.c, server.c; docs/security.md) */
     uint32_t max_conns;           /* connections open at most (10000; 0: the fd limit's) */
     uint32_t max_conns_per_peer;  /* ... from one peer address, IPv6 by /64 (1024; 0: no cap) */

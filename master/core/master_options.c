@@ -127,6 +127,20 @@ static const kvp_opt_t master_rows[] = {
      .help = "with TLS: every tcp data request carries a grant the master sealed for that "
              "extent, op and time, checked by the segment's owner (off: owners serve any "
              "request, as without TLS)"},
+    {.name = "mount-proof",
+     .type = KVP_OPT_ON_OFF,
+     .def = "on",
+     F(mount_proof),
+     .help = "before a mount is answered, connect to the tcp endpoint it advertises: the "
+             "server there must prove it serves that segment with the secret its owner sent "
+             "(refused otherwise; off: the endpoint is only compared with other principals', "
+             "for masters that cannot reach the owners' data ports)"},
+    {.name = "mount-proof-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "2",
+     F(mount_proof_timeout_ms),
+     .help = "a mount whose endpoint has not proven itself within this (connect and answer) "
+             "is refused"},
 
     KVP_OPT_GROUP("Admission limits",
                   "what peers may hold of the master: connections, time to authenticate, time "

@@ -79,6 +79,7 @@ typedef struct kvp_master_stats {
     uint64_t refused_seg_record;   /* SegRecord of a segment another principal mounted */
     uint64_t refused_seg_endpoint; /* a mount advertising another principal's data endpoint */
     uint64_t refused_seg_held;     /* a mount of a name held (limbo) for another principal */
+    uint64_t refused_seg_proof;    /* a mount whose endpoint did not prove it serves it */
     /* List and RemoveByRegex patterns refused, by kvp_key_pattern_refusal_t
      * (master/rpc/key_pattern.h; kvpool_patterns_refused_total by reason) */
     uint64_t refused_pattern[8];
@@ -186,6 +187,20 @@ typedef struct kvp_master_state {
     bool may_park;   /* set by the server: SsdTasks may wait instead of answering now */
     bool parked;     /* set by SsdTasks: no answer yet, the server holds the request */
     bool park_retry; /* set by the server: this SsdTasks call was held (its results are in) */
+    /* mount proofs (auth/mount_proof.h; docs/security.md): mount_proof is set by the server
+     * (--mount-proof on); a Mount that needs its endpoint proven fills proof_ask and sets
+     * proof_asked and parked (no answer now); the server proves it and calls the Mount
+     * again with proof_result 1 (proven) or -1 (not: why in proof_why); 0: a first call */
+    bool mount_proof;
+    bool proof_asked;
+    int proof_result;
+    char proof_why[400];
+    struct {
+        char host[256];
+        uint16_t port;
+        char name[256];
+        uint8_t secret[32];
+    } proof_ask;
     /* A restarted master or a new leader waits this long for the segments to remount and
      * offer their records: a put that finds no room meanwhile is told to wait
      * (KVP_ERR_POOL_BUSY, retried by the client) rather than evicting or failing. */

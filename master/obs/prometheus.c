@@ -379,12 +379,15 @@ static void segment_claims(kvp_http_reply_t *r, const kvp_master_state_t *st)
          "Requests refused for acting on a segment another principal mounted, by reason "
          "(record: SegRecord of its record; endpoint: a mount advertising a data endpoint "
          "its segment advertises; held: a mount of its name while the master holds what it "
-         "held for --segment-grace).");
+         "held for --segment-grace; proof: a mount whose tcp endpoint did not prove it serves "
+         "the segment, --mount-proof).");
     kvp_http_printf(r,
                     "kvpool_segment_claims_refused_total{reason=\"record\"} %" PRIu64 "\n"
                     "kvpool_segment_claims_refused_total{reason=\"endpoint\"} %" PRIu64 "\n"
-                    "kvpool_segment_claims_refused_total{reason=\"held\"} %" PRIu64 "\n",
-                    s->refused_seg_record, s->refused_seg_endpoint, s->refused_seg_held);
+                    "kvpool_segment_claims_refused_total{reason=\"held\"} %" PRIu64 "\n"
+                    "kvpool_segment_claims_refused_total{reason=\"proof\"} %" PRIu64 "\n",
+                    s->refused_seg_record, s->refused_seg_endpoint, s->refused_seg_held,
+                    s->refused_seg_proof);
 }
 
 /* List and RemoveByRegex patterns refused (master/rpc/key_pattern.h), by reason. */

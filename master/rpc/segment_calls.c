@@ -298,6 +298,79 @@ static kvp_status_t mount_claims(kvp_reply_t *r, const Kvpool__SegmentDesc *d)
     return KVP_ERR_DENIED;
 }
 
+/* The host the master probes for an advertised tcp endpoint's host: as written, or for a
+ * wildcard (an owner listening on every address) the address the mount came from. */
+static void probe_host(const kvp_master_state_t *st, const char *host, char *out, size_t out_len)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    snprintf(out, out_len, "%s", host);
+    if (host[0] != '\0' && strcmp(host, "0.0.0.0") != 0 && strcmp(host, "::") != 0)
+        return;
+    if (!st->call_has_fd || getpeername(st->call_fd, (struct sockaddr *)&ss, &sl) != 0)
+        return;
+    if (ss.ss_family == AF_INET)
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, out, (socklen_t)out_len);
+    else if (ss.ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, out, (socklen_t)out_len);
+}
+
+/*
+ * --mount-proof (docs/security.md, "A mount's endpoint is proven"): before a mount is
+ * answered the server at its tcp endpoint proves it serves the segment, with the secret
+ * the owner sent (auth/mount_proof.h; the server runs the probe off the loop and calls the
+ * mount again with st->proof_result). KVP_OK and *asked_p: the probe is asked (no answer
+ * now); KVP_OK alone: proven, or no proof wanted; otherwise refused, counted, logged (never
+ * the secret), why in r->text.
+ */
+static kvp_status_t mount_proven(kvp_reply_t *r, const Kvpool__MountRequest *req, bool *asked_p)
+{
+    const kvp_call_t *call = r->call;
+    kvp_master_state_t *st = call->st;
+    const Kvpool__SegmentDesc *d = req->segment;
+    *asked_p = false;
+    if (!st->mount_proof || st->proof_result > 0)
+        return KVP_OK;
+    const char *who = call->who != NULL ? call->who->name : "(no ACL)";
+    if (st->proof_result < 0)
+        snprintf(r->text, r->text_max,
+                 "principal %s may not mount segment %.128s: the server at its tcp endpoint %s "
+                 "did not prove it serves that segment: %s (a mount may only advertise an "
+                 "endpoint its owner serves; --mount-proof)",
+                 who, d->name, d->tcp_endpoint, st->proof_why);
+    else if (req->proof_secret.len != KVP_PROVE_SECRET_LEN)
+        snprintf(r->text, r->text_max,
+                 "principal %s may not mount segment %.128s: the mount carries no proof secret "
+                 "(its owner's kvpool predates mount proofs: upgrade it, or start the master "
+                 "with --mount-proof off)",
+                 who, d->name);
+    else if (!st->may_park)
+        snprintf(r->text, r->text_max, "segment %.255s: its proof cannot be asked now", d->name);
+    else {
+        char host[256];
+        uint16_t port;
+        if (kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) != KVP_OK)
+            return KVP_ERR_INVALID_ARG; /* desc_valid checked it */
+        /* a loopback endpoint mounted from another host (warn_loopback): served on that
+         * host only, out of this master's reach; compared instead (every loopback endpoint
+         * of a port compares as one: endpoint_taken) */
+        if (kvp_host_is_loopback(host) && st->call_has_fd && !kvp_sock_peer_local(st->call_fd))
+            return KVP_OK;
+        probe_host(st, host, st->proof_ask.host, sizeof(st->proof_ask.host));
+        st->proof_ask.port = port;
+        snprintf(st->proof_ask.name, sizeof(st->proof_ask.name), "%s", d->name);
+        memcpy(st->proof_ask.secret, req->proof_secret.data, KVP_PROVE_SECRET_LEN);
+        st->proof_asked = true;
+        st->parked = true; /* the server holds the request: no answer now */
+        *asked_p = true;
+        return KVP_OK;
+    }
+    st->stats.refused_seg_proof++;
+    KVP_LOG_WARN_LIMITED("connection %llu: mount refused: %s", (unsigned long long)call->conn_id,
+                         r->text);
+    return KVP_ERR_DENIED;
+}
+
 kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -323,6 +396,12 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     status = mount_claims(&r, d);
     if (status != KVP_OK)
         return kvp_reply_fail(&r, status, NULL);
+    bool asked;
+    status = mount_proven(&r, req, &asked);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    if (asked)
+        return KVP_OK; /* called again once its endpoint answered (or did not) */
     kvp_segment_t *seg = segment_new(call, req);
     if (seg == NULL)
         return kvp_reply_fail(&r, KVP_ERR_NOMEM, NULL);

@@ -248,13 +248,13 @@ def test_mount_claiming_the_owners_endpoint(am):
         held.append(s)
         assert st == DENIED and "shm path" in msg, msg
         assert claims(am, "endpoint") == refused0 + len(spellings) + 1
-        # the check is not a blanket refusal: an endpoint nobody serves mounts (adopting, so
-        # nothing is placed there before its connection closes)
+        # an endpoint nobody serves: no longer mounted either, now that a mount's endpoint
+        # must prove it serves the segment (test_mount_proof.py); the honest owner did
         st, msg, s = try_mount(am, "bobseg", seg_desc("own", f"127.0.0.1:{free_port()}"),
                                adopting=True)
-        assert st == 0, msg
+        assert st == DENIED and "proof" in msg, msg
         s.close()
-        poll(lambda: len(stat_segments(am, "admin")) == 1, "bobseg's segment unmounted")
+        assert len(stat_segments(am, "admin")) == 1
         # alice's puts, with bobseg's refused mounts still connected: every one succeeds
         puts_and_gets(am, 10, "ep")
     finally:

@@ -580,6 +580,9 @@ pid_t kvp_bench_master_start(const char *listen, const char *records, const char
                        "--segment-records",
                        (char *)(records != NULL ? records : segment_records)};
     size_t na = 9;
+    /* the meta mode mounts a segment nobody serves (127.0.0.1:1): no mount proofs */
+    margv[na++] = "--mount-proof";
+    margv[na++] = "off";
     static const char *const tls_flags[4] = {"--tls-cert", "--tls-key", "--tls-ca", "--acl-file"};
     for (int i = 0; tls_on && i < 4; i++) {
         margv[na++] = (char *)tls_flags[i];

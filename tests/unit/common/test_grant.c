@@ -348,6 +348,33 @@ static void test_grant_set(void **state)
     kvp_grant_mac_destroy(m2);
 }
 
+/* A mount proof (PROVE) is HMAC-SHA256(secret, "kvpool prove" NUL-padded to 16, nonce, name):
+ * the vector computed by Python's hmac, as tests/python/test_mount_proof.py's server does. */
+static void test_mount_proof_vector(void **state)
+{
+    (void)state;
+    uint8_t secret[KVP_PROVE_SECRET_LEN], nonce[KVP_PROVE_NONCE_LEN], out[KVP_PROVE_LEN];
+    for (unsigned i = 0; i < 32; i++) {
+        secret[i] = (uint8_t)i;
+        nonce[i] = (uint8_t)(100 + i);
+    }
+    static const uint8_t want[KVP_PROVE_LEN] = {0x26, 0xcf, 0x8e, 0x4d, 0x07, 0xd7, 0x86, 0x31,
+                                                0x0b, 0x82, 0x49, 0x27, 0x98, 0xe3, 0x7c, 0x48,
+                                                0xb6, 0x0b, 0x30, 0xaa, 0xc0, 0x6a, 0x7b, 0x0e,
+                                                0x34, 0x46, 0x13, 0x3e, 0x73, 0x9e, 0x68, 0xc2};
+    assert_true(kvp_grant_mount_proof(secret, nonce, "seg-a", out));
+    assert_memory_equal(out, want, sizeof(want));
+    assert_true(kvp_grant_equal(out, want, sizeof(want)));
+    out[31] ^= 1;
+    assert_false(kvp_grant_equal(out, want, sizeof(want)));
+    assert_true(kvp_grant_mount_proof(secret, nonce, "seg-b", out)); /* another name */
+    assert_false(kvp_grant_equal(out, want, sizeof(want)));
+    char long_name[KVP_PROVE_NAME_MAX + 2];
+    memset(long_name, 'n', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = '\0';
+    assert_false(kvp_grant_mount_proof(secret, nonce, long_name, out)); /* past 255 bytes */
+}
+
 int main(void)
 {
     CRYPTO_set_mem_functions(count_malloc, count_realloc, count_free);
@@ -359,6 +386,7 @@ int main(void)
         cmocka_unit_test(test_grant_random),
         cmocka_unit_test(test_grant_keyring),
         cmocka_unit_test(test_grant_set),
+        cmocka_unit_test(test_mount_proof_vector),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
