@@ -1059,8 +1059,8 @@ static void test_server_survives_malformed_frames(void **state)
     assert_closed(fd);
     close(fd);
 
-    /* unknown ops (0, 10, 0xffff): closed */
-    const uint16_t unknown[] = {0, KVP_DATA_UNBIND + 1, 0xffff};
+    /* unknown ops (0, 11, 0xffff): closed */
+    const uint16_t unknown[] = {0, KVP_DATA_PROVE + 1, 0xffff};
     for (size_t i = 0; i < 3; i++) {
         fd = raw_connect(fx->port);
         req = (kvp_data_req_t){
