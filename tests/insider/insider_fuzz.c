@@ -7,6 +7,13 @@
  *                --principal NAME=TOKEN_FILE [--principal ...] [--seconds 60] [--seed N]
  *                [--latency-ms 1000] [--rss-max-mib 256] [--fds-max 256] [--dump FILE]
  *                [--no-fuzz 1]
+ *                [--owner HOST:PORT --owner-shm NAME --owner-pid PID [--owner-rss-max-mib 256]
+ *                 [--owner-fds-max 512] [--unwritten-puts 1]]
+ *
+ * --owner: the same run against a segment owner's data plane instead of the master's
+ * methods (owner_frames.c); the canary then works on the owner's shared segment, and the
+ * monitor samples the owner too. Without --ca the master is plain (no ACL): a principal
+ * NAME=- has no token, and --canary - too. NAME=none is a stranger: no master connection.
  *
  * The master runs with TLS 1.3 and an ACL (tests/python/test_insider_fuzz.py starts one,
  * with a segment dedicated to tenant A); every principal here is named by a token, read
@@ -30,11 +37,12 @@
  * cut and the connection closed). Every answer's body is decoded to learn ids and names.
  *
  * The canary (tenant A, libkvpool): puts objects under keys with a random marker the
- * fuzzer never learns, reads them back byte-exact, checks that they exist and that its
- * listing shows them, removes old ones, every call timed (a call over 250 ms is reported
- * as it happens, the first 20, with where its time went: the master's calls by method,
- * the transfers). Meanwhile the master's VmRSS and open descriptors are sampled every
- * 50 ms. --no-fuzz 1: the canary and the sampling only (a baseline).
+ * fuzzer never learns (in their values too, every 256 bytes), reads them back
+ * byte-exact, checks that they exist and that its listing shows them, removes old ones,
+ * every call timed (a call over 250 ms is reported as it happens, the first 20, with
+ * where its time went: the master's calls by method, the transfers). Meanwhile the
+ * master's VmRSS and open descriptors are sampled every 50 ms. --no-fuzz 1: the canary
+ * and the sampling only (a baseline).
  *
  * A violation: a canary call failing or slower than --latency-ms, wrong bytes or a
  * missing object, the canary's marker in anything the fuzzer received (an answer, an

@@ -2,20 +2,23 @@
  * owner_frames.c - the insider fuzzer against a segment owner (issue 45): tenant B's
  * principals, each in turn, and a stranger with no credentials, send every data-plane frame
  * (docs/protocol.md, "Data plane": READ, WRITE, READV, WRITEV, HELLO, MAP, BIND_READ,
- * BIND_WRITE, UNBIND, an unknown op, a bad magic) to the owner's tcp data port and to its
- * shm socket, while insider_fuzz.c's canary (tenant A) works on the same shared segment.
+ * BIND_WRITE, UNBIND, an unknown op, a bad magic) to the owner's tcp data ports (its DRAM
+ * segment's and, when it serves one, its SSD segment's: the addresses the master's
+ * descriptors name) and to its shm socket, while insider_fuzz.c's canary (tenant A) works
+ * on the same shared DRAM segment.
  *
- * The principals get real grants first: PutStart of keys of their own (written honestly
- * over a proven connection, then PutEnd), GetReplicaList of those keys; the answers'
- * descriptors give the segment, its connection key and tag, single grants and grant sets.
+ * The principals get real grants first: PutStart of keys of their own (a third of them
+ * straight to the SSD tier; written honestly over a proven connection, then PutEnd),
+ * GetReplicaList of those keys; the answers' descriptors give the segments, their
+ * addresses, connection keys and tags, single grants and grant sets.
  * A stranger has what the principals left behind (grants sealed for others) and the
  * addresses. Each round: a connection (tcp, or the shm socket), a HELLO (proven, or with a
  * wrong tag, segment or proof, or none), then a few frames built from what is held and
  * mutated: segment ids (the real one, next to it, 0, random), offsets and lengths (the
  * granted extent, next to it, anywhere in the segment, past its end, wrapping), entry
  * counts (0, 1..4, 256, 257, huge), flags (none, GRANT, GRANT_SET, GRANT_SAME, several),
- * grants (the right one, another extent's, another principal's, a bit flipped, garbage,
- * short), grant sets (a count that lies, cut), indices past the set; then now and then the
+ * grants (the right one, another extent's, another principal's, a bit flipped, garbage),
+ * grant sets (a bit flipped, a count that lies), indices past the set; then now and then the
  * frame cut, trickled a byte at a time, the connection half-closed, or a burst of idle
  * connections opened at once.
  *
@@ -96,7 +99,17 @@ static gset_t sets[SETS];
 static size_t n_sets;
 static ckey_t keys[KEYS];
 static size_t n_keys;
-static uint64_t seg_id, seg_size = 64u << 20;
+/* the segments the answers named (the owner's DRAM one, its SSD one): where to reach them */
+typedef struct seg {
+    uint64_t id, size;
+    char host[64];
+    uint16_t port;
+    bool dram;
+} seg_t;
+#define SEGS 8
+static seg_t segs[SEGS];
+static size_t n_segs;
+static uint64_t seg_id, seg_size = 64u << 20;     /* the round's segment */
 static uint64_t b_next, b_ended[B_KEYS], n_ended; /* B's keys: "b/ofz/N" */
 static bool unwritten_puts;                       /* owner_init's: end some puts unwritten */
 
@@ -106,7 +119,7 @@ static struct {
     uint64_t sent, cut, trickled, closed, unanswered;
     uint64_t by_status[64];
 } per[KINDS];
-static uint64_t n_tcp, n_shm, n_bursts, n_half, n_puts, n_gets, n_refused_calls, read_bytes;
+static uint64_t n_tcp, n_ssd, n_shm, n_bursts, n_half, n_puts, n_gets, n_refused_calls, read_bytes;
 
 static void tally(int kind, int32_t st)
 {
@@ -132,10 +145,18 @@ bool owner_init(const char *data_addr, const char *shm_name, bool grants, bool u
 
 static void learn_desc(const Kvpool__SegmentDesc *d, const char *who)
 {
-    if (seg_id == 0 || d->id != seg_id) {
-        seg_id = d->id;
-        if (d->size)
-            seg_size = d->size;
+    seg_t *sg = NULL;
+    for (size_t i = 0; i < n_segs && i < SEGS; i++)
+        if (segs[i].id == d->id)
+            sg = &segs[i];
+    const char *colon = d->tcp_endpoint != NULL ? strrchr(d->tcp_endpoint, ':') : NULL;
+    if (sg == NULL && colon != NULL && (size_t)(colon - d->tcp_endpoint) < sizeof(sg->host)) {
+        sg = &segs[n_segs++ % SEGS];
+        *sg = (seg_t){.id = d->id,
+                      .size = d->size,
+                      .port = (uint16_t)atoi(colon + 1),
+                      .dram = d->medium == NULL || strcmp(d->medium, "ssd") != 0};
+        memcpy(sg->host, d->tcp_endpoint, (size_t)(colon - d->tcp_endpoint));
     }
     if (d->conn_key.len == KVP_GRANT_KEY_LEN) {
         ckey_t *k = NULL;
@@ -212,15 +233,32 @@ typedef struct dconn {
     const ckey_t *key; /* the key its HELLO proved (NULL: none) */
 } dconn_t;
 
-static bool dconn_open(dconn_t *d, bool shm)
+/* The round's segment: a known one at random (shm: the DRAM one), or none yet. Returns it
+ * (NULL: none known; the owner's address from owner_init). */
+static const seg_t *choose_seg(rng_t *r, bool shm)
+{
+    size_t n = n_segs < SEGS ? n_segs : SEGS;
+    const seg_t *sg = NULL;
+    for (int t = 0; n > 0 && t < 8 && (sg == NULL || (shm && !sg->dram)); t++)
+        sg = &segs[below(r, n)];
+    if (sg != NULL && shm && !sg->dram)
+        sg = NULL;
+    seg_id = sg != NULL ? sg->id : seg_id;
+    seg_size = sg != NULL && sg->size ? sg->size : seg_size;
+    return sg;
+}
+
+static bool dconn_open(dconn_t *d, bool shm, const seg_t *sg)
 {
     *d = (dconn_t){.fd = -1, .shm = shm};
-    kvp_status_t s = shm ? kvp_unix_connect(tg.shm, WAIT_MS, &d->fd)
-                         : kvp_tcp_connect(tg.host, tg.port, WAIT_MS, &d->fd);
+    kvp_status_t s = shm          ? kvp_unix_connect(tg.shm, WAIT_MS, &d->fd)
+                     : sg != NULL ? kvp_tcp_connect(sg->host, sg->port, WAIT_MS, &d->fd)
+                                  : kvp_tcp_connect(tg.host, tg.port, WAIT_MS, &d->fd);
     if (s != KVP_OK)
         return false;
     kvp_sock_set_timeout(d->fd, WAIT_MS);
     *(shm ? &n_shm : &n_tcp) += 1;
+    n_ssd += sg != NULL && !sg->dram;
     return true;
 }
 
@@ -278,9 +316,11 @@ static int reply(dconn_t *d, int kind, int wait_ms)
 /* HELLO on d: proven with a key held (mutated now and then), or not. false: closed. */
 static bool hello(rng_t *r, dconn_t *d, const char *who, bool honest)
 {
-    const ckey_t *k = n_keys ? &keys[below(r, n_keys < KEYS ? n_keys : KEYS)] : NULL;
+    const ckey_t *k = NULL;
+    for (int t = 0; n_keys > 0 && t < 8 && (k == NULL || k->seg != seg_id); t++)
+        k = &keys[below(r, n_keys < KEYS ? n_keys : KEYS)];
     for (size_t i = 0; honest && i < n_keys && i < KEYS; i++)
-        if (keys[i].who == who)
+        if (keys[i].who == who && keys[i].seg == seg_id)
             k = &keys[i];
     kvp_data_req_t h = {.magic = KVP_DATA_MAGIC,
                         .op = KVP_DATA_HELLO,
@@ -337,9 +377,9 @@ static const extent_t *pick(rng_t *r, uint8_t op)
         return forced;
     if (n == 0)
         return NULL;
-    for (int t = 0; t < 8; t++) {
+    for (int t = 0; t < 16; t++) {
         const extent_t *e = &held[below(r, n)];
-        if (e->op == op || chance(r, 6))
+        if ((e->op == op || chance(r, 6)) && (e->seg == seg_id || chance(r, 8)))
             return e;
     }
     return &held[below(r, n)];
@@ -614,6 +654,7 @@ static void acquire(rng_t *r, conn_t *c, const char *who)
         sizes[i] = 512 + below(r, 16384);
     Kvpool__PutConfig pc = KVPOOL__PUT_CONFIG__INIT;
     pc.pin = 2;
+    pc.medium = chance(r, 3) ? "ssd" : ""; /* straight to the owner's SSD segment, if any */
     Kvpool__PutStartRequest ps = KVPOOL__PUT_START_REQUEST__INIT;
     ps.n_keys = ps.n_sizes = nk;
     ps.keys = kb;
@@ -640,18 +681,23 @@ static void acquire(rng_t *r, conn_t *c, const char *who)
     kvpool__put_start_response__free_unpacked(p, NULL);
     /* write them honestly (B's bytes, 'B' all through), or now and then not at all: an
      * object ended unwritten holds what its extent held before (of whichever tenant) */
-    dconn_t d;
-    bool ok = first < n_held && !(unwritten_puts && chance(r, 4)) && dconn_open(&d, false),
-         opened = ok;
-    if (ok && (ok = hello(r, &d, who, true))) {
-        for (size_t i = first; i < n_held && ok; i++) {
+    for (size_t i = first; i < n_held && !(unwritten_puts && chance(r, 4)); i++) {
+        const seg_t *sg = NULL;
+        for (size_t k = 0; k < n_segs && k < SEGS; k++)
+            if (segs[k].id == held[i % HELD].seg)
+                sg = &segs[k];
+        dconn_t d;
+        if (sg == NULL || !dconn_open(&d, false, sg))
+            continue;
+        seg_id = sg->id;
+        seg_size = sg->size;
+        if (hello(r, &d, who, true)) {
             forced = &held[i % HELD];
-            ok = one_frame(r, &d, who, true, KVP_DATA_WRITE);
+            one_frame(r, &d, who, true, KVP_DATA_WRITE);
             forced = NULL;
         }
-    }
-    if (opened)
         dconn_close(&d);
+    }
     /* and end them */
     uint32_t crc[4];
     static uint8_t bytes[16384 + 512];
@@ -694,7 +740,7 @@ static void burst(rng_t *r)
     n_bursts++;
     for (; n < BURST; n++) {
         dconn_t d;
-        if (!dconn_open(&d, shm))
+        if (!dconn_open(&d, shm, shm ? NULL : choose_seg(r, false)))
             break;
         fds[n] = d.fd;
         if (chance(r, 2)) {
@@ -715,8 +761,10 @@ void owner_fuzz_one(rng_t *r, conn_t *c, const char *who)
         burst(r);
         return;
     }
+    bool shm = tg.shm != NULL && chance(r, 4);
+    const seg_t *sg = choose_seg(r, shm);
     dconn_t d;
-    if (!dconn_open(&d, tg.shm != NULL && chance(r, 4)))
+    if (!dconn_open(&d, shm, sg))
         return;
     bool alive = chance(r, 6) || hello(r, &d, who, chance(r, 2));
     for (unsigned i = 0, n = 1 + (unsigned)below(r, 8); alive && i < n; i++) {
@@ -745,10 +793,11 @@ size_t owner_report(char *out, size_t cap)
         OUT("} cut %" PRIu64 " trickled %" PRIu64 " closed %" PRIu64 " unanswered %" PRIu64 ";",
             per[k].cut, per[k].trickled, per[k].closed, per[k].unanswered);
     }
-    OUT(" connections tcp %" PRIu64 " shm %" PRIu64 ", bursts %" PRIu64 ", half-closed %" PRIu64
-        "; tenant B's puts %" PRIu64 " gets %" PRIu64 " (calls refused %" PRIu64
-        "), extents held %zu, keys %zu, read %" PRIu64 " bytes, grants %s)",
-        n_tcp, n_shm, n_bursts, n_half, n_puts, n_gets, n_refused_calls,
+    OUT(" connections tcp %" PRIu64 " (SSD segment %" PRIu64 ") shm %" PRIu64 ", bursts %" PRIu64
+        ", half-closed %" PRIu64 "; tenant B's puts %" PRIu64 " gets %" PRIu64
+        " (calls refused %" PRIu64 "), segments %zu, extents held %zu, keys %zu, read %" PRIu64
+        " bytes, grants %s)",
+        n_tcp, n_ssd, n_shm, n_bursts, n_half, n_puts, n_gets, n_refused_calls, n_segs,
         n_held < HELD ? n_held : HELD, n_keys < KEYS ? n_keys : KEYS, read_bytes,
         tg.grants ? "on" : "off");
 #undef OUT

@@ -1,7 +1,9 @@
 """The insider fuzzer against a segment owner (issue 45, "the same against an owner's data
 port and the shm socket"): tests/insider/insider_fuzz.c --owner (owner_frames.c) against a
-`kvpool serve` owner whose one DRAM segment is shared by both tenants, with TLS 1.3, an ACL
-of two tenants and data grants on, and again without TLS (no ACL, no grants).
+`kvpool serve` owner whose DRAM segment is shared by both tenants, and which serves an SSD
+segment too (its own data port; tenant B puts a third of its objects straight there), with
+TLS 1.3, an ACL of two tenants and data grants on, and again without TLS (no ACL, no
+grants).
 
 The principals are test_insider_fuzz.py's. Tenant A (team-a): alice (read, write), the
 canary; owna (segment) serves the segment, shared here (no --tenant).
@@ -13,8 +15,8 @@ client of the master with no token, and the stranger.
 For KVPOOL_OWNER_FUZZ_SECONDS (default 60; longer by hand, e.g. 1800) the principals take
 real grants from the master (PutStart, written and ended; GetReplicaList) for their own
 keys, and send every data-plane frame (READ, WRITE, READV, WRITEV, HELLO, MAP, BIND_READ,
-BIND_WRITE, UNBIND, an unknown op, a bad magic) to the owner's tcp data port and its shm
-socket with mutated segment ids, offsets, lengths, counts, flags, grants, grant sets and
+BIND_WRITE, UNBIND, an unknown op, a bad magic) to the owner's tcp data ports (DRAM and
+SSD) and its shm socket with mutated segment ids, offsets, lengths, counts, flags, grants, grant sets and
 indices, cut, trickled and half-closed frames, and bursts of connections; alice puts and
 gets objects (her marker every 256 bytes) on the same segment. A violation: a call of
 alice's over 1 s or wrong, her marker in any reply tenant B received (with grants on), a
@@ -71,7 +73,9 @@ def test_owner_fuzzer(tmp_path, tls):
         port = free_port()
         owner = Proc([_bin("KVPOOL_CLI_BIN"), "--master", master.ready, *serve_args, "serve",
                       "--segment-size", "64MiB", "--data-host", "127.0.0.1",
-                      "--data-port", str(port), "--ready-fd", "{fd}"], env=env)
+                      "--data-port", str(port), "--ssd-path", str(d / "ssd.seg"),
+                      "--ssd-size", "32MiB", "--ssd-buffered-io", "--ready-fd", "{fd}"],
+                     env=env)
         procs.insert(0, owner)
         argv = [fuzzer, "--master", master.ready, "--pid", str(master.pid),
                 "--owner", f"127.0.0.1:{port}", "--owner-shm", shm_name(owner.pid),
