@@ -109,7 +109,8 @@ typedef struct seg {
 #define SEGS 8
 static seg_t segs[SEGS];
 static size_t n_segs;
-static uint64_t seg_id, seg_size = 64u << 20;     /* the round's segment */
+static uint64_t seg_id, seg_size = 64u << 20; /* the round's segment */
+static uint64_t cur_tag;                      /* the principal the round's HELLO proved (0: none) */
 static uint64_t b_next, b_ended[B_KEYS], n_ended; /* B's keys: "b/ofz/N" */
 static bool unwritten_puts;                       /* owner_init's: end some puts unwritten */
 
@@ -360,6 +361,7 @@ static bool hello(rng_t *r, dconn_t *d, const char *who, bool honest)
         return false;
     d->proven = k != NULL && m > 5;
     d->key = k;
+    cur_tag = d->proven ? k->tag : 0; /* its grants first: the paths that pass, then on */
     return n == sizeof(proof);
 }
 
@@ -379,7 +381,8 @@ static const extent_t *pick(rng_t *r, uint8_t op)
         return NULL;
     for (int t = 0; t < 16; t++) {
         const extent_t *e = &held[below(r, n)];
-        if ((e->op == op || chance(r, 6)) && (e->seg == seg_id || chance(r, 8)))
+        if ((e->op == op || chance(r, 6)) && (e->seg == seg_id || chance(r, 8)) &&
+            (cur_tag == 0 || e->tag == cur_tag || chance(r, 4)))
             return e;
     }
     return &held[below(r, n)];
@@ -763,6 +766,7 @@ void owner_fuzz_one(rng_t *r, conn_t *c, const char *who)
     }
     bool shm = tg.shm != NULL && chance(r, 4);
     const seg_t *sg = choose_seg(r, shm);
+    cur_tag = 0;
     dconn_t d;
     if (!dconn_open(&d, shm, sg))
         return;
