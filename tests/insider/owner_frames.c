@@ -481,7 +481,7 @@ static size_t build(rng_t *r, int kind, bool honest)
                 v[i].length = gen_u64(r, v[i].length);
             }
         }
-        if (write)
+        if (write && !honest) /* an honest write is of B's own new object */
             keep_writes_to_b(r, &v[i]);
         total += v[i].length;
     }
