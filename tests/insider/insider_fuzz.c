@@ -7,6 +7,13 @@
  *                --principal NAME=TOKEN_FILE [--principal ...] [--seconds 60] [--seed N]
  *                [--latency-ms 1000] [--rss-max-mib 256] [--fds-max 256] [--dump FILE]
  *                [--no-fuzz 1]
+ *                [--owner HOST:PORT --owner-shm NAME --owner-pid PID [--owner-rss-max-mib 256]
+ *                 [--owner-fds-max 512] [--unwritten-puts 1]]
+ *
+ * --owner: the same run against a segment owner's data plane instead of the master's
+ * methods (owner_frames.c); the canary then works on the owner's shared segment, and the
+ * monitor samples the owner too. Without --ca the master is plain (no ACL): a principal
+ * NAME=- has no token, and --canary - too. NAME=none is a stranger: no master connection.
  *
  * The master runs with TLS 1.3 and an ACL (tests/python/test_insider_fuzz.py starts one,
  * with a segment dedicated to tenant A); every principal here is named by a token, read
@@ -30,11 +37,12 @@
  * cut and the connection closed). Every answer's body is decoded to learn ids and names.
  *
  * The canary (tenant A, libkvpool): puts objects under keys with a random marker the
- * fuzzer never learns, reads them back byte-exact, checks that they exist and that its
- * listing shows them, removes old ones, every call timed (a call over 250 ms is reported
- * as it happens, the first 20, with where its time went: the master's calls by method,
- * the transfers). Meanwhile the master's VmRSS and open descriptors are sampled every
- * 50 ms. --no-fuzz 1: the canary and the sampling only (a baseline).
+ * fuzzer never learns (in their values too, every 256 bytes), reads them back
+ * byte-exact, checks that they exist and that its listing shows them, removes old ones,
+ * every call timed (a call over 250 ms is reported as it happens, the first 20, with
+ * where its time went: the master's calls by method, the transfers). Meanwhile the
+ * master's VmRSS and open descriptors are sampled every 50 ms. --no-fuzz 1: the canary
+ * and the sampling only (a baseline).
  *
  * A violation: a canary call failing or slower than --latency-ms, wrong bytes or a
  * missing object, the canary's marker in anything the fuzzer received (an answer, an
@@ -67,7 +75,9 @@
 #include "common/tls.h"
 #include "kvpool.h"
 #include "tests/harness.h"
+#include "tests/insider/fuzz.h"
 #include "tests/insider/methods.h"
+#include "tests/insider/owner_frames.h"
 
 #define MAX_METHODS 64
 #define MAX_PRINCIPALS 16
@@ -83,7 +93,8 @@
 typedef struct principal {
     char name[64];
     char token[256];
-    size_t token_len;
+    size_t token_len; /* 0: none (a master without an ACL) */
+    bool stranger;    /* no master connection at all (--owner: the data plane only) */
 } principal_t;
 
 static struct {
@@ -99,7 +110,17 @@ static struct {
     unsigned latency_ms;
     unsigned rss_max_mib, fds_max;
     bool no_fuzz; /* the canary and the monitor only: a baseline */
-} cfg = {.seconds = 60, .latency_ms = 1000, .rss_max_mib = 256, .fds_max = 256};
+    /* --owner: the owner's data plane is fuzzed instead of the master's methods */
+    const char *owner, *owner_shm;
+    pid_t owner_pid;
+    unsigned owner_rss_max_mib, owner_fds_max;
+    bool unwritten_puts;
+} cfg = {.seconds = 60,
+         .latency_ms = 1000,
+         .rss_max_mib = 256,
+         .fds_max = 256,
+         .owner_rss_max_mib = 256,
+         .owner_fds_max = 512};
 
 static insider_method_t methods[MAX_METHODS];
 static size_t n_methods;
@@ -115,16 +136,16 @@ static struct {
     atomic_ulong puts, gets, exists, lists, removes, worst_us, slow;
     char worst_op[32];
 } canary;
-static atomic_long rss_max_kib, fds_max_seen;
+static atomic_long rss_max_kib, fds_max_seen, owner_rss_kib, owner_fds_seen;
 
-static uint64_t now_us(void)
+uint64_t now_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-static void violation(const char *fmt, ...)
+void violation(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -136,30 +157,6 @@ static void violation(const char *fmt, ...)
     va_end(ap);
     atomic_fetch_add(&violations, 1);
     atomic_store(&stop, true);
-}
-
-/* ---- random numbers (xorshift64*, one stream per thread) ---- */
-
-typedef struct rng {
-    uint64_t s;
-} rng_t;
-
-static uint64_t rnd(rng_t *r)
-{
-    r->s ^= r->s >> 12;
-    r->s ^= r->s << 25;
-    r->s ^= r->s >> 27;
-    return r->s * 0x2545F4914F6CDD1Dull;
-}
-
-static uint64_t below(rng_t *r, uint64_t n)
-{
-    return n == 0 ? 0 : rnd(r) % n;
-}
-
-static bool chance(rng_t *r, unsigned one_in)
-{
-    return below(r, one_in) == 0;
 }
 
 /* ---- what the fuzzer learned from answers ---- */
@@ -644,11 +641,11 @@ static void conn_drop(conn_t *c)
 }
 
 /* The marker in what the fuzzer received: a violation. */
-static void check_leak(const uint8_t *b, size_t n, const char *method)
+void check_leak(const uint8_t *b, size_t n, const char *what)
 {
     if (n >= strlen(marker) && memmem(b, n, marker, strlen(marker)) != NULL)
-        violation("tenant A's key marker %s in an answer to %s's %s (%zu bytes)", marker,
-                  "the fuzzer", method, n);
+        violation("tenant A's marker %s in an answer to %s's %s (%zu bytes)", marker, "the fuzzer",
+                  what, n);
 }
 
 typedef struct answer {
@@ -708,6 +705,10 @@ static bool conn_open(conn_t *c, const principal_t *who)
         c->ch = NULL;
         return false;
     }
+    if (who->token_len == 0) { /* a master without an ACL: nothing to prove */
+        c->authed = true;
+        return true;
+    }
     /* Auth with its token */
     uint8_t body[300];
     buf_t o = {.b = body, .cap = sizeof(body)};
@@ -740,26 +741,61 @@ typedef struct sent {
     uint64_t n;
     const char *who, *method;
     uint8_t *frame;
-    size_t len;
+    size_t len, head; /* head: the bytes before the body (a frame header) */
 } sent_t;
 static sent_t ring[RING];
 
-static void remember(uint64_t n, const char *who, const char *method, const uint8_t *hdr,
-                     const uint8_t *body, size_t blen)
+uint64_t remember(const char *who, const char *what, const uint8_t *a, size_t alen,
+                  const uint8_t *b, size_t blen)
 {
+    uint64_t n = ++total_sent;
+    atomic_store(&sent_now, n);
     sent_t *s = &ring[n % RING];
     free(s->frame);
-    s->frame = malloc(KVP_RPC_HDR_LEN + blen);
+    s->frame = malloc(alen + blen + 1);
     s->len = 0;
+    s->head = alen;
     if (s->frame != NULL) {
-        memcpy(s->frame, hdr, KVP_RPC_HDR_LEN);
+        if (alen)
+            memcpy(s->frame, a, alen);
         if (blen)
-            memcpy(s->frame + KVP_RPC_HDR_LEN, body, blen);
-        s->len = KVP_RPC_HDR_LEN + blen;
+            memcpy(s->frame + alen, b, blen);
+        s->len = alen + blen;
     }
     s->n = n;
     s->who = who;
-    s->method = method;
+    s->method = what;
+    return n;
+}
+
+bool master_call(conn_t *c, uint16_t method, const uint8_t *body, size_t len, uint8_t **resp_p,
+                 size_t *resp_len_p)
+{
+    *resp_p = NULL;
+    *resp_len_p = 0;
+    if (c->ch == NULL)
+        return false;
+    uint64_t req_id = 2 + total_sent;
+    kvp_rpc_hdr_t h = {.method = method, .request_id = req_id, .body_len = (uint32_t)len};
+    uint8_t hb[KVP_RPC_HDR_LEN];
+    kvp_rpc_hdr_pack(&h, hb);
+    remember(c->who->name, "(master call)", hb, sizeof(hb), body, len);
+    if (kvp_chan_send2(c->ch, hb, sizeof(hb), body, len) != KVP_OK) {
+        conn_drop(c);
+        return false;
+    }
+    answer_t a = read_answer(c, req_id, "(master call)", ANSWER_WAIT_MS);
+    if (a.got != 1) {
+        conn_drop(c);
+        return false;
+    }
+    if (a.frame_status != 0) {
+        free(a.body);
+        return false;
+    }
+    *resp_p = a.body;
+    *resp_len_p = a.len;
+    return true;
 }
 
 static int32_t resp_status(const uint8_t *b, size_t n)
@@ -826,11 +862,9 @@ static void fuzz_one(rng_t *r, conn_t *c, uint8_t *body_buf)
         hb[4] = 0x7f;
         garbled = true;
     }
-    total_sent++;
-    atomic_store(&sent_now, total_sent);
     per[mi].sent++;
     per[mi].garbled += garbled || frame_lies || cut;
-    remember(total_sent, c->who->name, m->name, hb, o.b, o.len);
+    remember(c->who->name, m->name, hb, sizeof(hb), o.b, o.len);
     size_t send_len = cut ? below(r, o.len + 1) : o.len;
     kvp_status_t s = kvp_chan_send2(c->ch, hb, sizeof(hb), o.b, send_len);
     if (s != KVP_OK || cut || frame_lies) {
@@ -877,7 +911,7 @@ static void *fuzzer_main(void *arg)
     conn_t c = {0};
     char err[256];
     kvp_tls_params_t tp = {.ca = cfg.ca};
-    if (kvp_tls_create(&tp, false, &c.tls, err, sizeof(err)) != KVP_OK) {
+    if (cfg.ca != NULL && kvp_tls_create(&tp, false, &c.tls, err, sizeof(err)) != KVP_OK) {
         violation("TLS context: %s", err);
         return NULL;
     }
@@ -892,6 +926,11 @@ static void *fuzzer_main(void *arg)
     unsigned fails = 0;
     while (!atomic_load(&stop)) {
         const principal_t *who = &cfg.p[((now_us() - t0) / slice) % cfg.n_p];
+        if (who->stranger) {
+            conn_drop(&c);
+            owner_fuzz_one(&r, NULL, who->name);
+            continue;
+        }
         if (c.ch == NULL || c.who != who) {
             if (!conn_open(&c, who)) {
                 if (++fails > 50) {
@@ -903,10 +942,14 @@ static void *fuzzer_main(void *arg)
             }
             fails = 0;
         }
-        fuzz_one(&r, &c, body);
+        if (cfg.owner)
+            owner_fuzz_one(&r, &c, who->name);
+        else
+            fuzz_one(&r, &c, body);
     }
     conn_drop(&c);
-    kvp_tls_destroy(c.tls);
+    if (c.tls != NULL)
+        kvp_tls_destroy(c.tls);
     free(body);
     return NULL;
 }
@@ -962,12 +1005,17 @@ static void timed(const char *op, uint64_t t0)
                   cfg.latency_ms);
 }
 
+/* Object n's bytes: random, with the marker every MARKER_EVERY bytes (so that any read of
+ * an owner's segment that reaches into one of them carries it). */
+#define MARKER_EVERY 256
 static size_t object_of(uint64_t n, uint8_t *b, size_t cap)
 {
     rng_t r = {(cfg.seed ^ (n * 0x9E3779B97F4A7C15ull)) | 1};
-    size_t len = 1 + below(&r, cap);
+    size_t ml = strlen(marker), len = ml + below(&r, cap - ml + 1);
     for (size_t i = 0; i < len; i++)
         b[i] = (uint8_t)rnd(&r);
+    for (size_t i = 0; i + ml <= len; i += MARKER_EVERY)
+        memcpy(b + i, marker, ml);
     return len;
 }
 
@@ -1076,24 +1124,36 @@ static void *canary_main(void *arg)
 
 /* ---- the master's RSS and descriptors ---- */
 
+/* One sample of a watched process (the master, an owner): false when it is gone. */
+static bool sample(const char *who, pid_t pid, unsigned rss_max_mib, unsigned fds_max,
+                   atomic_long *rss_seen, atomic_long *fds_seen)
+{
+    if (kill(pid, 0) != 0) {
+        violation("the %s (pid %d) is gone", who, (int)pid);
+        return false;
+    }
+    long kib = kvp_proc_rss_kib(pid);
+    int fds = kvp_proc_fd_count(pid);
+    if (kib > atomic_load(rss_seen))
+        atomic_store(rss_seen, kib);
+    if (fds > atomic_load(fds_seen))
+        atomic_store(fds_seen, fds);
+    if (kib > (long)rss_max_mib * 1024)
+        violation("the %s's RSS %ld MiB, over %u MiB", who, kib / 1024, rss_max_mib);
+    if (fds > (int)fds_max)
+        violation("the %s has %d descriptors open, over %u", who, fds, fds_max);
+    return true;
+}
+
 static void *monitor_main(void *arg)
 {
     (void)arg;
     while (!atomic_load(&stop)) {
-        if (kill(cfg.pid, 0) != 0) {
-            violation("the master (pid %d) is gone", (int)cfg.pid);
+        if (!sample("master", cfg.pid, cfg.rss_max_mib, cfg.fds_max, &rss_max_kib, &fds_max_seen))
             break;
-        }
-        long kib = kvp_proc_rss_kib(cfg.pid);
-        int fds = kvp_proc_fd_count(cfg.pid);
-        if (kib > atomic_load(&rss_max_kib))
-            atomic_store(&rss_max_kib, kib);
-        if (fds > atomic_load(&fds_max_seen))
-            atomic_store(&fds_max_seen, fds);
-        if (kib > (long)cfg.rss_max_mib * 1024)
-            violation("the master's RSS %ld MiB, over %u MiB", kib / 1024, cfg.rss_max_mib);
-        if (fds > (int)cfg.fds_max)
-            violation("the master has %d descriptors open, over %u", fds, cfg.fds_max);
+        if (cfg.owner_pid > 0 && !sample("owner", cfg.owner_pid, cfg.owner_rss_max_mib,
+                                         cfg.owner_fds_max, &owner_rss_kib, &owner_fds_seen))
+            break;
         usleep(50000);
     }
     return NULL;
@@ -1113,32 +1173,40 @@ static void report(double secs)
     } while (0)
     OUT("insider_fuzz: seed %" PRIu64 ", %.0f s: %" PRIu64 " requests (", cfg.seed, secs,
         total_sent);
-    uint64_t status_all[1 - STATUS_MIN] = {0}, closed = 0, unanswered = 0;
-    for (size_t i = 0; i < n_methods; i++) {
-        OUT("%s%s %" PRIu64, i ? ", " : "", methods[i].name, per[i].sent);
-        for (int k = 0; k < 1 - STATUS_MIN; k++)
-            status_all[k] += per[i].by_status[k];
-        closed += per[i].closed;
-        unanswered += per[i].unanswered;
-    }
-    OUT("), unanswered {");
-    for (size_t i = 0, k = 0; i < n_methods; i++)
-        if (per[i].unanswered)
-            OUT("%s%s %" PRIu64, k++ ? ", " : "", methods[i].name, per[i].unanswered);
-    OUT("}, answers {");
-    bool any = false;
-    for (int k = 0; k < 1 - STATUS_MIN; k++)
-        if (status_all[k]) {
-            OUT("%s%d: %" PRIu64, any ? ", " : "", -k, status_all[k]);
-            any = true;
+    if (cfg.owner != NULL) {
+        n += owner_report(line + n, sizeof(line) - n);
+    } else {
+        uint64_t status_all[1 - STATUS_MIN] = {0}, closed = 0, unanswered = 0;
+        for (size_t i = 0; i < n_methods; i++) {
+            OUT("%s%s %" PRIu64, i ? ", " : "", methods[i].name, per[i].sent);
+            for (int k = 0; k < 1 - STATUS_MIN; k++)
+                status_all[k] += per[i].by_status[k];
+            closed += per[i].closed;
+            unanswered += per[i].unanswered;
         }
-    OUT("}, closed %" PRIu64 " (%" PRIu64 " unanswered); canary %lu puts %lu gets %lu exists "
-        "%lu lists %lu removes, worst %lu ms (%s); master RSS max %ld MiB, fds max %ld; %u "
-        "violations",
-        closed, unanswered, atomic_load(&canary.puts), atomic_load(&canary.gets),
-        atomic_load(&canary.exists), atomic_load(&canary.lists), atomic_load(&canary.removes),
+        OUT("), unanswered {");
+        for (size_t i = 0, k = 0; i < n_methods; i++)
+            if (per[i].unanswered)
+                OUT("%s%s %" PRIu64, k++ ? ", " : "", methods[i].name, per[i].unanswered);
+        OUT("}, answers {");
+        bool any = false;
+        for (int k = 0; k < 1 - STATUS_MIN; k++)
+            if (status_all[k]) {
+                OUT("%s%d: %" PRIu64, any ? ", " : "", -k, status_all[k]);
+                any = true;
+            }
+        OUT("}, closed %" PRIu64 " (%" PRIu64 " unanswered)", closed, unanswered);
+    }
+    OUT("; canary %lu puts %lu gets %lu exists %lu lists %lu removes, worst %lu ms (%s); master "
+        "RSS max %ld MiB, fds max %ld",
+        atomic_load(&canary.puts), atomic_load(&canary.gets), atomic_load(&canary.exists),
+        atomic_load(&canary.lists), atomic_load(&canary.removes),
         atomic_load(&canary.worst_us) / 1000, canary.worst_op[0] ? canary.worst_op : "-",
-        atomic_load(&rss_max_kib) / 1024, atomic_load(&fds_max_seen), atomic_load(&violations));
+        atomic_load(&rss_max_kib) / 1024, atomic_load(&fds_max_seen));
+    if (cfg.owner_pid > 0)
+        OUT("; owner RSS max %ld MiB, fds max %ld", atomic_load(&owner_rss_kib) / 1024,
+            atomic_load(&owner_fds_seen));
+    OUT("; %u violations", atomic_load(&violations));
 #undef OUT
     printf("%s\n", line);
     fflush(stdout);
@@ -1164,8 +1232,8 @@ static void report_last(void)
         if (i < from)
             continue;
         fprintf(stderr, "  #%" PRIu64 " %s %s, %zu bytes:", s->n, s->who, s->method, s->len);
-        for (size_t k = 0; k < s->len && k < KVP_RPC_HDR_LEN + 48; k++)
-            fprintf(stderr, "%s%02x", k == KVP_RPC_HDR_LEN ? " | " : "", s->frame[k]);
+        for (size_t k = 0; k < s->len && k < s->head + 48; k++)
+            fprintf(stderr, "%s%02x", k == s->head ? " | " : "", s->frame[k]);
         fprintf(stderr, "\n");
     }
     if (dump != NULL) {
@@ -1193,10 +1261,11 @@ static bool read_token(const char *path, char *out, size_t cap, size_t *len_p)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: insider_fuzz --master HOST:PORT --ca CA --pid PID --canary "
-            "TOKEN_FILE --principal NAME=TOKEN_FILE... [--seconds N] [--seed N] "
-            "[--latency-ms N] [--rss-max-mib N] [--fds-max N] [--dump FILE] [--no-fuzz 1]\n");
+    fprintf(stderr, "usage: insider_fuzz --master HOST:PORT [--ca CA] --pid PID --canary "
+                    "TOKEN_FILE|- --principal NAME=TOKEN_FILE|-|none... [--seconds N] [--seed N] "
+                    "[--latency-ms N] [--rss-max-mib N] [--fds-max N] [--dump FILE] [--no-fuzz 1] "
+                    "[--owner HOST:PORT --owner-shm NAME --owner-pid PID [--owner-rss-max-mib N] "
+                    "[--owner-fds-max N] [--unwritten-puts 1]]\n");
     exit(2);
 }
 
@@ -1230,12 +1299,30 @@ int main(int argc, char **argv)
             cfg.dump = v;
         else if (strcmp(a, "--no-fuzz") == 0)
             cfg.no_fuzz = atoi(v) != 0;
+        else if (strcmp(a, "--owner") == 0)
+            cfg.owner = v;
+        else if (strcmp(a, "--owner-shm") == 0)
+            cfg.owner_shm = v;
+        else if (strcmp(a, "--owner-pid") == 0)
+            cfg.owner_pid = (pid_t)atoi(v);
+        else if (strcmp(a, "--owner-rss-max-mib") == 0)
+            cfg.owner_rss_max_mib = (unsigned)atoi(v);
+        else if (strcmp(a, "--owner-fds-max") == 0)
+            cfg.owner_fds_max = (unsigned)atoi(v);
+        else if (strcmp(a, "--unwritten-puts") == 0)
+            cfg.unwritten_puts = atoi(v) != 0;
         else if (strcmp(a, "--principal") == 0 && cfg.n_p < MAX_PRINCIPALS) {
             const char *eq = strchr(v, '=');
             principal_t *p = &cfg.p[cfg.n_p];
             if (eq == NULL || (size_t)(eq - v) >= sizeof(p->name))
                 usage();
             memcpy(p->name, v, (size_t)(eq - v));
+            if (strcmp(eq + 1, "-") == 0 || strcmp(eq + 1, "none") == 0) {
+                p->stranger = strcmp(eq + 1, "none") == 0; /* "-": no token, no ACL */
+                cfg.n_p++;
+                i++;
+                continue;
+            }
             if (!read_token(eq + 1, p->token, sizeof(p->token), &p->token_len)) {
                 fprintf(stderr, "insider_fuzz: cannot read a token from %s\n", eq + 1);
                 return 2;
@@ -1245,15 +1332,16 @@ int main(int argc, char **argv)
             usage();
         i++;
     }
-    if (cfg.master == NULL || cfg.ca == NULL || cfg.pid <= 0 || canary_file == NULL ||
-        cfg.n_p == 0 || cfg.seconds == 0)
+    if (cfg.master == NULL || cfg.pid <= 0 || canary_file == NULL || cfg.n_p == 0 ||
+        cfg.seconds == 0)
         usage();
     const char *colon = strrchr(cfg.master, ':');
     if (colon == NULL || (size_t)(colon - cfg.master) >= sizeof(cfg.host))
         usage();
     memcpy(cfg.host, cfg.master, (size_t)(colon - cfg.master));
     cfg.port = (uint16_t)atoi(colon + 1);
-    if (!read_token(canary_file, cfg.canary_token, sizeof(cfg.canary_token), NULL)) {
+    if (strcmp(canary_file, "-") != 0 &&
+        !read_token(canary_file, cfg.canary_token, sizeof(cfg.canary_token), NULL)) {
         fprintf(stderr, "insider_fuzz: cannot read the canary's token from %s\n", canary_file);
         return 2;
     }
@@ -1261,12 +1349,17 @@ int main(int argc, char **argv)
     rng_t mr = {cfg.seed ^ 0x3A5C3A5Cull};
     snprintf(marker, sizeof(marker), "cnry%016" PRIx64, rnd(&mr));
     signal(SIGPIPE, SIG_IGN);
+    if (cfg.owner != NULL &&
+        !owner_init(cfg.owner, cfg.owner_shm, cfg.ca != NULL, cfg.unwritten_puts)) {
+        fprintf(stderr, "insider_fuzz: --owner HOST:PORT, --owner-shm NAME\n");
+        return 2;
+    }
 
     kvp_client_params_t cp;
     kvp_client_params_init(&cp);
     cp.master_addr = cfg.master;
     cp.tls_ca = cfg.ca;
-    cp.token = cfg.canary_token;
+    cp.token = cfg.canary_token[0] ? cfg.canary_token : NULL;
     cp.rpc_timeout_ms = 5000;
     kvp_client_t *cl = NULL;
     kvp_status_t s = kvp_client_create(&cp, &cl);

@@ -194,6 +194,17 @@ class Proc:
             self.p.wait(5)
 
 
+def shm_name(pid):
+    """The abstract name of owner pid's shm socket ("kvpool-PID-...", /proc/net/unix)."""
+    want = f"@kvpool-{pid}-"
+    with open("/proc/net/unix") as f:
+        for line in f:
+            path = line.split()[-1]
+            if path.startswith(want):
+                return path[1:]
+    raise AssertionError(f"no listening socket {want}* in /proc/net/unix")
+
+
 def stop_all(procs):
     """Stop each Proc in order; [(argv[0], status)] of those that did not exit 0."""
     bad = []

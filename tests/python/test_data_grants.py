@@ -920,3 +920,37 @@ def test_window_frames_on_an_owner_without_windows(gm, victim):
         assert closed(s)
     assert gm.owner_refused() == before + 3
     intact(gm, key, data)
+
+
+@pytest.mark.xfail(strict=True, reason="open finding (docs/security.md): an extent is not "
+                   "cleared between objects, and PutEnd takes the writer's word")
+def test_an_object_ended_unwritten_reads_nothing_of_the_extents_last_object(gm):
+    """Found by the owner fuzzer (tests/insider/owner_frames.c, --unwritten-puts): bob ends
+    a put without writing a byte of it (PutEnd takes the client's word that it wrote) and
+    reads his object back with the read grant GetReplicaList gives him. The extent was
+    alice's object's until she removed it: what the owner returns must not be her bytes.
+    Open: it does (strict xfail, so that the fix has to take the mark off)."""
+    size = 8192
+    mark = b"alice-" + uuid.uuid4().hex.encode()
+    secret = (mark * (size // len(mark) + 1))[:size]
+    with gm.client("alice", transport="tcp") as alice:
+        old = f"a@unwritten-{uuid.uuid4().hex[:8]}"
+        alice.put(old, secret)
+        (rep_a,) = replicas_of(gm, old, who="alice")
+        alice.remove(old)
+    landed = None
+    with bob_control(gm) as s:
+        for i in range(64):  # raw puts of her size until one is given her old extent
+            k = f"b@unwritten-{i}-{uuid.uuid4().hex[:6]}"
+            w = put_start_raw(s, k, size)
+            if w.segment_id == rep_a.segment_id and w.offset == rep_a.offset:
+                landed = k
+                put_end_raw(s, k, 0)  # not a byte written
+                break
+            d = bytes([i]) * size
+            assert request(w, WRITE, w.offset, size, w.grant, d)[0] == 0
+            put_end_raw(s, k, crc32c(d))
+        assert landed is not None, "no put of bob's landed on alice's old extent"
+        rep, _ = get_replicas_raw(s, landed)
+    status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+    assert mark not in payload, "bob read the bytes of alice's removed object"

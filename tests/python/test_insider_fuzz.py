@@ -26,7 +26,7 @@ import uuid
 
 import pytest
 
-from conftest import TLS_DIR, Proc, _bin
+from conftest import TLS_DIR, Proc, _bin, stop_all
 
 SECONDS = int(os.environ.get("KVPOOL_INSIDER_SECONDS", "60"))
 
@@ -53,21 +53,28 @@ def fuzz_bin():
     return path if os.access(path, os.X_OK) else None
 
 
-@pytest.mark.skipif(TLS_DIR is not None, reason="runs its own TLS master: once is enough")
-@pytest.mark.skipif(SECONDS <= 0, reason="KVPOOL_INSIDER_SECONDS=0")
-def test_insider_fuzzer(tmp_path):
-    fuzzer = fuzz_bin()
-    if fuzzer is None:
-        pytest.skip("no tests/insider_fuzz next to the master binary (a pip-installed tree)")
-    env = {k: v for k, v in os.environ.items() if k not in CRED_ENV}
-    d = tmp_path
+def run_fuzzer(argv, env, seconds, master, owner):
+    """Run the fuzzer (argv) for its seconds: no violation, the master and owner still up."""
+    run = subprocess.run(argv, env=env, capture_output=True, timeout=seconds + 120)
+    out, err = run.stdout.decode(), run.stderr.decode()
+    print(out)
+    assert run.returncode == 0, f"{out}\n{err[-6000:]}"
+    assert " 0 violations" in out, out
+    assert master.p.poll() is None, "the master exited"
+    assert owner.p.poll() is None, "the owner exited"
+
+
+def certs_and_acl(d, env, principals, extra):
+    """deploy/make-certs.sh's certificates in d and an ACL (d/acl.conf) naming each principal
+    of principals (name -> (tenant, roles, keys)) by a fresh token, then the lines extra:
+    {name: the token's file}."""
     r = subprocess.run(["bash", os.path.join(os.path.dirname(__file__), "..", "..", "deploy",
                                              "make-certs.sh"), str(d)],
                        env=env, capture_output=True, timeout=120)
     assert r.returncode == 0, r.stderr.decode()
     acl = []
     tokens = {}
-    for name, (tenant, roles, keys) in PRINCIPALS.items():
+    for name, (tenant, roles, keys) in principals.items():
         tok = f"{name}-{uuid.uuid4().hex}"
         tokens[name] = d / f"{name}.token"
         tokens[name].write_text(tok)
@@ -78,8 +85,20 @@ def test_insider_fuzzer(tmp_path):
         if keys:
             acl.append(f"keys = {keys}")
         acl.append("")
-    acl += ["[tenant team-b]", "max-dram = 8MiB", "max-objects = 2000", ""]
-    (d / "acl.conf").write_text("\n".join(acl))
+    (d / "acl.conf").write_text("\n".join(acl + extra))
+    return tokens
+
+
+@pytest.mark.skipif(TLS_DIR is not None, reason="runs its own TLS master: once is enough")
+@pytest.mark.skipif(SECONDS <= 0, reason="KVPOOL_INSIDER_SECONDS=0")
+def test_insider_fuzzer(tmp_path):
+    fuzzer = fuzz_bin()
+    if fuzzer is None:
+        pytest.skip("no tests/insider_fuzz next to the master binary (a pip-installed tree)")
+    env = {k: v for k, v in os.environ.items() if k not in CRED_ENV}
+    d = tmp_path
+    tokens = certs_and_acl(d, env, PRINCIPALS,
+                           ["[tenant team-b]", "max-dram = 8MiB", "max-objects = 2000", ""])
     log = open(d / "master.log", "wb")
     master = Proc([_bin("KVPOOL_MASTER_BIN"), "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
                    "--log-level", "warn", "--tls-cert", str(d / "server.crt"),
@@ -99,18 +118,8 @@ def test_insider_fuzzer(tmp_path):
             argv += ["--seed", os.environ["KVPOOL_INSIDER_SEED"]]
         for name in FUZZERS:
             argv += ["--principal", f"{name}={tokens[name]}"]
-        run = subprocess.run(argv, env=env, capture_output=True, timeout=SECONDS + 120)
-        out, err = run.stdout.decode(), run.stderr.decode()
-        print(out)
-        assert run.returncode == 0, f"{out}\n{err[-6000:]}"
-        assert " 0 violations" in out, out
-        assert master.p.poll() is None, "the master exited"
-        assert owner.p.poll() is None, "the owner exited"
+        run_fuzzer(argv, env, SECONDS, master, owner)
     finally:
-        bad = []
-        for p in procs:
-            rc = p.stop()
-            if rc != 0:
-                bad.append((p.argv[0], rc))
+        bad = stop_all(procs)
         log.close()
     assert not bad, f"children exited non-zero: {bad}"

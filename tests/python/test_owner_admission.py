@@ -37,7 +37,7 @@ import pytest
 
 import kvpool
 from conftest import (TLS_DIR, Proc, _bin, free_port, http_get, master_security_args, metric,
-                      stop_all)
+                      shm_name, stop_all)
 
 CAPS = ["--data-max-conns", "64", "--data-max-conns-per-peer", "24",
         "--data-max-unauth", "32", "--data-handshake-timeout", "2"]
@@ -109,14 +109,8 @@ class Owner:
         return int(m.group(1))
 
     def shm_name(self):
-        """The abstract name of its shm socket ("kvpool-PID-...", /proc/net/unix)."""
-        want = f"@kvpool-{self.pid}-"
-        with open("/proc/net/unix") as f:
-            for line in f:
-                path = line.split()[-1]
-                if path.startswith(want):
-                    return path[1:]
-        raise AssertionError(f"no listening socket {want}* in /proc/net/unix")
+        """The abstract name of its shm socket."""
+        return shm_name(self.pid)
 
     def close(self):
         return stop_all((self.serve, self.master))
