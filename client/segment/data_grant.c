@@ -185,6 +185,17 @@ static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
 {
     uint64_t recs[KVP_DATA_VEC_MAX];
     ended->versions_at(ended->arg, offsets, recs, n);
+    /* a read of an object whose end this owner has not recorded yet waits for it (its
+     * bytes are checked there: seg_record.c), then looks again */
+    bool unrecorded = false;
+    for (size_t i = 0; i < n && !write && ended->wait_recorded != NULL; i++)
+        unrecorded |= recs[i] < versions[i];
+    if (unrecorded) {
+        if (!ended->wait_recorded(ended->arg, offsets, versions, n))
+            return "the object's end is not recorded by this owner (not ended, or its record "
+                   "late)";
+        ended->versions_at(ended->arg, offsets, recs, n);
+    }
     for (size_t i = 0; i < n; i++) {
         if (write && recs[i] >= versions[i])
             return "the put this write grant was for has ended";

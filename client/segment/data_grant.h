@@ -60,10 +60,12 @@ size_t kvp_data_pending_check(kvp_data_pending_t *p, uint64_t gen, const uint64_
 void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version);
 
 /* What a data server knows of ended puts: the versions of the objects its record or file
- * holds at n extents' offsets (versions[i], 0: none; one lock for them all); pending: the
- * server's begun puts (or NULL). */
+ * holds at n extents' offsets (versions[i], 0: none; one lock for them all); wait_recorded
+ * (or NULL): wait until n objects a read names are recorded (seg_record.h,
+ * kvp_seg_record_wait); pending: the server's begun puts (or NULL). */
 typedef struct kvp_data_ended {
     void (*versions_at)(void *arg, const uint64_t *offsets, uint64_t *versions, size_t n);
+    bool (*wait_recorded)(void *arg, const uint64_t *offsets, const uint64_t *versions, size_t n);
     void *arg;
     kvp_data_pending_t *pending;
 } kvp_data_ended_t;

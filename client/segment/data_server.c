@@ -515,7 +515,7 @@ kvp_status_t kvp_data_server_create(const kvp_data_server_params_t *p, kvp_data_
     pthread_mutex_init(&srv->proof_lock, NULL);
     kvp_grant_keyring_init(&srv->grants);
     kvp_data_pending_init(&srv->pending);
-    kvp_data_server_set_versions(srv, p->versions_at, p->versions_arg);
+    kvp_data_server_set_versions(srv, p->versions_at, NULL, p->versions_arg);
     snprintf(srv->local_name, sizeof(srv->local_name), "%s (shm)", p->ops->name);
     kvp_status_t status = kvp_conn_server_create(p->ops->name, p->host, p->port, p->protected_mode,
                                                  serve_conn, srv, &srv->conns, bound_port_p);
@@ -573,10 +573,14 @@ void kvp_data_server_set_grants(kvp_data_server_t *srv, const uint8_t *key, size
 void kvp_data_server_set_versions(kvp_data_server_t *srv,
                                   void (*versions_at)(void *arg, const uint64_t *offsets,
                                                       uint64_t *versions, size_t n),
+                                  bool (*wait_recorded)(void *arg, const uint64_t *offsets,
+                                                        const uint64_t *versions, size_t n),
                                   void *arg)
 {
-    srv->ended =
-        (kvp_data_ended_t){.versions_at = versions_at, .arg = arg, .pending = &srv->pending};
+    srv->ended = (kvp_data_ended_t){.versions_at = versions_at,
+                                    .wait_recorded = wait_recorded,
+                                    .arg = arg,
+                                    .pending = &srv->pending};
     srv->has_ended = versions_at != NULL;
 }
 

@@ -56,10 +56,13 @@ void kvp_data_server_set_id(kvp_data_server_t *srv, uint64_t segment_id);
 void kvp_data_server_set_grants(kvp_data_server_t *srv, const uint8_t *key, size_t key_len,
                                 uint64_t epoch);
 /* What the segment holds (as params->versions_at; NULL: nothing known): a write grant for a
- * put it shows ended is refused. Set once, before the first mount. */
+ * put it shows ended is refused; wait_recorded (or NULL): a read waits there for its
+ * object's end to be recorded (data_grant.h). Set once, before the first mount. */
 void kvp_data_server_set_versions(kvp_data_server_t *srv,
                                   void (*versions_at)(void *arg, const uint64_t *offsets,
                                                       uint64_t *versions, size_t n),
+                                  bool (*wait_recorded)(void *arg, const uint64_t *offsets,
+                                                        const uint64_t *versions, size_t n),
                                   void *arg);
 /* The puts whose writes were let in and are not yet where versions_at sees them
  * (data_grant.h); valid until destroy. */

@@ -11,16 +11,34 @@
  * still valid. Entries are kept by extent offset: a DEL names only the
  * offset, and a later ADD at an offset replaces what was there.
  *
- * Thread: any; one mutex (the record thread applies, a remount snapshots).
+ * An object ended without its bytes (docs/security.md, "An object ended unwritten"): the
+ * master takes a put's word that it wrote its extent, and an extent is not cleared between
+ * objects, so a principal that ends a put without writing (or writing part of it) could
+ * read, through its own object, what another tenant's removed object left there. Once the
+ * record has seen objects of two tenants (their keys' prefixes, master/meta/tenant.h), each
+ * ADD is checked against the bytes at its extent (CRC32C, the one its writer declared):
+ * one that does not match is kept as bad (no read or write grant passes at it, and it is
+ * not offered back to a master) and its extent is zeroed, so a wrong guess of what lies
+ * there wipes it. A read waits (kvp_seg_record_wait) for its object's ADD once any
+ * tenant's key was seen, so it cannot slip in before the check; DELs leave a tombstone for
+ * a while, so a read of an object removed meanwhile does not wait for nothing.
+ *
+ * Thread: any; one mutex (the record thread applies, a remount snapshots), and a condition
+ * that each apply signals (readers waiting for an ADD).
  */
 #include "client/segment/seg_record.h"
 
 #include "client/segment/data_grant.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+#include "common/crc32c.h"
+#include "common/log.h"
 
 #define ADD 1u
 #define DEL 2u
@@ -33,9 +51,18 @@ typedef struct ent {
     uint64_t version;
     uint32_t crc32c;
     uint8_t pin;
+    bool bad; /* ended without the bytes its CRC says: never served (see above) */
     uint16_t key_len;
     char key[];
 } ent_t;
+
+/* DELs remembered (offset, the version removed), so a read of a removed object does not
+ * wait for an ADD that came and went. */
+#define TOMBSTONES 4096u
+/* The longest a read waits for its object's ADD. */
+#define WAIT_ADD_MS 500u
+/* The longest tenant name a key's prefix is compared by (longer ones: their first bytes). */
+#define TENANT_MAX 64u
 
 struct kvp_seg_record {
     pthread_mutex_t lock;
@@ -45,6 +72,18 @@ struct kvp_seg_record {
     size_t key_bytes;
     uint64_t segment_id;
     kvp_data_pending_t *pending; /* the data server's begun puts (or NULL) */
+    pthread_cond_t applied;      /* broadcast after each apply */
+    const uint8_t *base;         /* the segment's bytes (NULL: not checked) */
+    uint64_t size;
+    bool tenants; /* a key with a tenant's prefix was seen: reads wait for their ADD */
+    bool mixed;   /* ... of two tenants: every ADD is checked */
+    uint8_t first_len;
+    char first[TENANT_MAX];
+    struct {
+        uint64_t offset, version;
+    } tomb[TOMBSTONES];
+    uint32_t tomb_next;
+    uint64_t n_bad; /* ADDs found without their bytes */
 };
 
 kvp_status_t kvp_seg_record_create(kvp_seg_record_t **r_p)
@@ -59,6 +98,11 @@ kvp_status_t kvp_seg_record_create(kvp_seg_record_t **r_p)
         return KVP_ERR_NOMEM;
     }
     pthread_mutex_init(&r->lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&r->applied, &ca);
+    pthread_condattr_destroy(&ca);
     *r_p = r;
     return KVP_OK;
 }
@@ -82,6 +126,7 @@ void kvp_seg_record_destroy(kvp_seg_record_t *r)
         return;
     clear_locked(r);
     free(r->buckets);
+    pthread_cond_destroy(&r->applied);
     pthread_mutex_destroy(&r->lock);
     free(r);
 }
@@ -114,21 +159,59 @@ static void grow(kvp_seg_record_t *r)
     free(old);
 }
 
-/* Unlink and free the entry at offset (and, when version != 0, only with that version). */
-static void del_locked(kvp_seg_record_t *r, uint64_t offset, uint64_t version)
+/* Unlink and free the entry at offset (and, when version != 0, only with that version):
+ * the version it had, 0 when none was there. */
+static uint64_t del_locked(kvp_seg_record_t *r, uint64_t offset, uint64_t version)
 {
     for (ent_t **pp = &r->buckets[bucket(r, offset)]; *pp != NULL; pp = &(*pp)->next) {
         ent_t *e = *pp;
         if (e->offset == offset) {
             if (version != 0 && e->version != version)
-                return;
+                return 0;
+            uint64_t had = e->version;
             *pp = e->next;
             r->count--;
             r->key_bytes -= e->key_len;
             free(e);
-            return;
+            return had;
         }
     }
+    return 0;
+}
+
+/* Note the tenant of a key (its prefix up to 0x1f; none: tenants are off). */
+static void see_tenant(kvp_seg_record_t *r, const char *key, size_t len)
+{
+    const char *sep = memchr(key, 0x1f, len);
+    if (sep == NULL)
+        return;
+    size_t n = (size_t)(sep - key) < TENANT_MAX ? (size_t)(sep - key) : TENANT_MAX;
+    if (!r->tenants) {
+        r->tenants = true;
+        r->first_len = (uint8_t)n;
+        memcpy(r->first, key, n);
+    } else if (!r->mixed && (n != r->first_len || memcmp(r->first, key, n) != 0)) {
+        r->mixed = true;
+    }
+}
+
+/* Once two tenants' objects were seen: do e's extent's bytes have the CRC its writer
+ * declared? If not, e is bad and the extent zeroed (what lay there is gone). */
+static void check_bytes(kvp_seg_record_t *r, ent_t *e)
+{
+    if (!r->mixed || r->base == NULL || e->size > r->size || e->offset > r->size - e->size)
+        return;
+    uint8_t *at = (uint8_t *)r->base + e->offset;
+    if (kvp_crc32c(0, at, e->size) == e->crc32c)
+        return;
+    e->bad = true;
+    memset(at, 0, e->size);
+    r->n_bad++;
+    KVP_LOG_WARN_LIMITED("segment %llu: the object at offset %llu (%llu bytes, version %llu) "
+                         "ended without the bytes its writer declared (CRC mismatch): never "
+                         "served, its extent zeroed",
+                         (unsigned long long)r->segment_id, (unsigned long long)e->offset,
+                         (unsigned long long)e->size, (unsigned long long)e->version);
 }
 
 static uint64_t get(const uint8_t *p, size_t n)
@@ -161,7 +244,12 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
         }
         uint64_t offset = get(buf + at + 1, 8);
         if (buf[at] == DEL) {
-            del_locked(r, offset, 0);
+            uint64_t had = del_locked(r, offset, 0);
+            if (had != 0) {
+                r->tomb[r->tomb_next].offset = offset;
+                r->tomb[r->tomb_next].version = had;
+                r->tomb_next = (r->tomb_next + 1) % TOMBSTONES;
+            }
             at += 9;
             continue;
         }
@@ -185,8 +273,11 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
         e->version = get(p + 17, 8);
         e->crc32c = (uint32_t)get(p + 25, 4);
         e->pin = p[29];
+        e->bad = false;
         e->key_len = key_len;
         memcpy(e->key, p + ADD_FIXED, key_len);
+        see_tenant(r, e->key, key_len);
+        check_bytes(r, e);
         del_locked(r, offset, 0);
         if (r->count >= r->n_buckets)
             grow(r);
@@ -202,6 +293,7 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
     if (st != KVP_OK)
         clear_locked(r); /* no longer in step with the master: trust none of it */
 out:
+    pthread_cond_broadcast(&r->applied);
     pthread_mutex_unlock(&r->lock);
     return st;
 }
@@ -227,13 +319,68 @@ void kvp_seg_record_forget(kvp_seg_record_t *r, uint64_t offset, uint64_t versio
     pthread_mutex_unlock(&r->lock);
 }
 
+/* The version recorded at offset (0: none; UINT64_MAX: a bad object, which no grant
+ * passes: later than any read's, ended for any write's). */
 static uint64_t version_at_locked(const kvp_seg_record_t *r, uint64_t offset)
 {
     if (r->n_buckets > 0)
         for (const ent_t *e = r->buckets[bucket(r, offset)]; e != NULL; e = e->next)
             if (e->offset == offset)
-                return e->version;
+                return e->bad ? UINT64_MAX : e->version;
     return 0;
+}
+
+/* Is the object (offset, version) recorded, or recorded and removed since? */
+static bool recorded_locked(const kvp_seg_record_t *r, uint64_t offset, uint64_t version)
+{
+    if (version_at_locked(r, offset) >= version)
+        return true;
+    for (uint32_t i = 0; i < TOMBSTONES; i++)
+        if (r->tomb[i].offset == offset && r->tomb[i].version >= version)
+            return true;
+    return false;
+}
+
+bool kvp_seg_record_wait(kvp_seg_record_t *r, const uint64_t *offsets, const uint64_t *versions,
+                         size_t n)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += WAIT_ADD_MS / 1000;
+    until.tv_nsec += (long)(WAIT_ADD_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&r->lock);
+    bool all = true;
+    for (size_t i = 0; i < n && r->tenants; i++) {
+        while (!(all = recorded_locked(r, offsets[i], versions[i])))
+            if (pthread_cond_timedwait(&r->applied, &r->lock, &until) == ETIMEDOUT) {
+                all = recorded_locked(r, offsets[i], versions[i]);
+                break;
+            }
+        if (!all)
+            break;
+    }
+    pthread_mutex_unlock(&r->lock);
+    return all;
+}
+
+void kvp_seg_record_set_memory(kvp_seg_record_t *r, const void *base, uint64_t size)
+{
+    pthread_mutex_lock(&r->lock);
+    r->base = base;
+    r->size = size;
+    pthread_mutex_unlock(&r->lock);
+}
+
+uint64_t kvp_seg_record_bad(kvp_seg_record_t *r)
+{
+    pthread_mutex_lock(&r->lock);
+    uint64_t n = r->n_bad;
+    pthread_mutex_unlock(&r->lock);
+    return n;
 }
 
 uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset)
@@ -281,6 +428,8 @@ kvp_status_t kvp_seg_record_snapshot(kvp_seg_record_t *r, kvp_record_entry_t **e
     size_t i = 0;
     for (size_t b = 0; b < r->n_buckets; b++) {
         for (const ent_t *e = r->buckets[b]; e != NULL; e = e->next) {
+            if (e->bad)
+                continue; /* not offered back: no master is to hand it out */
             memcpy(keys, e->key, e->key_len);
             out[i++] = (kvp_record_entry_t){.key = keys,
                                             .key_len = e->key_len,
@@ -293,6 +442,7 @@ kvp_status_t kvp_seg_record_snapshot(kvp_seg_record_t *r, kvp_record_entry_t **e
         }
     }
     pthread_mutex_unlock(&r->lock);
+    n = i;
     qsort(out, n, sizeof(*out), newest_first);
     *e_p = out;
     *n_p = n;

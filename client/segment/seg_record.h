@@ -5,6 +5,7 @@
 #ifndef KVP_CLIENT_SEGMENT_SEG_RECORD_H
 #define KVP_CLIENT_SEGMENT_SEG_RECORD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,22 @@ uint64_t kvp_seg_record_version_at(kvp_seg_record_t *r, uint64_t offset);
 void kvp_seg_record_versions_at(kvp_seg_record_t *r, const uint64_t *offsets, uint64_t *versions,
                                 size_t n);
 size_t kvp_seg_record_count(kvp_seg_record_t *r);
+
+/* The segment's bytes, for checking what an ADD declares (seg_record.c, "An object ended
+ * without its bytes"). NULL: not checked. */
+void kvp_seg_record_set_memory(kvp_seg_record_t *r, const void *base, uint64_t size);
+
+/*
+ * Once a key with a tenant's prefix was recorded: wait (at most 500 ms) until each of the
+ * n objects (offsets[i], versions[i]) is recorded (its ADD applied and checked) or was and
+ * is removed since. true: all are; false: not in time. Without tenants: true at once.
+ * Thread: a data server's connection thread.
+ */
+bool kvp_seg_record_wait(kvp_seg_record_t *r, const uint64_t *offsets, const uint64_t *versions,
+                         size_t n);
+
+/* ADDs found without their bytes, since the record was made. */
+uint64_t kvp_seg_record_bad(kvp_seg_record_t *r);
 /*
  * Every entry, newest (largest version) first: *e_p (malloc'd, with the keys after
  * the array: one free), *n_p entries.

@@ -213,8 +213,10 @@ kvp_status_t kvp_segment_create(const kvp_segment_params_t *params, kvp_segment_
         st = memory_create(seg, params);
     if (st == KVP_OK)
         st = serve(seg, params);
-    if (st == KVP_OK)
+    if (st == KVP_OK) {
+        kvp_seg_record_set_memory(seg->record, seg->base, seg->size);
         kvp_segment_server_set_record(seg->server, seg->record);
+    }
     if (st != KVP_OK) {
         kvp_segment_destroy(seg);
         return st;

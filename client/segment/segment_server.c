@@ -77,9 +77,15 @@ static void record_versions_at(void *record, const uint64_t *offsets, uint64_t *
     kvp_seg_record_versions_at(record, offsets, versions, n);
 }
 
+static bool record_wait(void *record, const uint64_t *offsets, const uint64_t *versions, size_t n)
+{
+    return kvp_seg_record_wait(record, offsets, versions, n);
+}
+
 void kvp_segment_server_set_record(kvp_data_server_t *srv, struct kvp_seg_record *record)
 {
-    kvp_data_server_set_versions(srv, record != NULL ? record_versions_at : NULL, record);
+    kvp_data_server_set_versions(srv, record != NULL ? record_versions_at : NULL,
+                                 record != NULL ? record_wait : NULL, record);
     if (record != NULL)
         kvp_seg_record_set_pending(record, kvp_data_server_pending(srv));
 }

@@ -922,14 +922,16 @@ def test_window_frames_on_an_owner_without_windows(gm, victim):
     intact(gm, key, data)
 
 
-@pytest.mark.xfail(strict=True, reason="open finding (docs/security.md): an extent is not "
-                   "cleared between objects, and PutEnd takes the writer's word")
 def test_an_object_ended_unwritten_reads_nothing_of_the_extents_last_object(gm):
     """Found by the owner fuzzer (tests/insider/owner_frames.c, --unwritten-puts): bob ends
     a put without writing a byte of it (PutEnd takes the client's word that it wrote) and
     reads his object back with the read grant GetReplicaList gives him. The extent was
     alice's object's until she removed it: what the owner returns must not be her bytes.
-    Open: it does (strict xfail, so that the fix has to take the mark off)."""
+    The owner, its segment holding two tenants' objects, checks each ended object's bytes
+    against the CRC its writer declared (client/segment/seg_record.c): bob's does not
+    match, so it is never served (his read refused) and the extent is zeroed. A second
+    try, writing half of it and declaring the CRC of his half and her bytes (as if her
+    bytes were still there to be confirmed by a guess), is refused too: zeros are there."""
     size = 8192
     mark = b"alice-" + uuid.uuid4().hex.encode()
     secret = (mark * (size // len(mark) + 1))[:size]
@@ -952,5 +954,24 @@ def test_an_object_ended_unwritten_reads_nothing_of_the_extents_last_object(gm):
             put_end_raw(s, k, crc32c(d))
         assert landed is not None, "no put of bob's landed on alice's old extent"
         rep, _ = get_replicas_raw(s, landed)
-    status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
-    assert mark not in payload, "bob read the bytes of alice's removed object"
+        status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+        assert mark not in payload, "bob read the bytes of alice's removed object"
+        assert status == DENIED and payload == b"", status
+        # again at the zeroed extent: half written, the rest guessed as hers
+        with gm.client("bob", transport="tcp") as bob:
+            bob.remove(landed)
+        half = b"b" * (size // 2)
+        again = None
+        for i in range(64):
+            k = f"b@half-{i}-{uuid.uuid4().hex[:6]}"
+            w = put_start_raw(s, k, size)
+            if w.segment_id == rep_a.segment_id and w.offset == rep_a.offset:
+                assert request(w, WRITE, w.offset, size // 2, w.grant, half)[0] == 0
+                put_end_raw(s, k, crc32c(half + secret[size // 2:]))  # a guess of hers: wrong
+                again = k
+                break
+            put_end_raw(s, k, 0)
+        assert again is not None, "no later put of bob's landed on the extent"
+        rep, _ = get_replicas_raw(s, again)
+        status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+        assert mark not in payload and status == DENIED, status

@@ -25,10 +25,12 @@ RSS over 256 MiB or more than 512 descriptors. The fuzzer prints the seed and th
 frames (all in owner-last.bin in the test's directory) and exits 1;
 KVPOOL_OWNER_FUZZ_SEED=N replays a seed (answers steer it: close, not exact).
 
-Open finding (docs/security.md): KVPOOL_OWNER_FUZZ_UNWRITTEN=1 has tenant B end a quarter of
-its puts without writing a byte, then read them back with the real read grant it is given:
-the extent still holds what it held before, part of an object alice removed, and the run
-fails (her marker in B's READ) within seconds. Off by default until it is closed.
+Tenant B also ends a quarter of its puts without writing a byte and reads them back with
+the real read grant it is given (the finding this fuzzer made: the extent held part of an
+object alice removed, and her marker came back within seconds). The owner now checks each
+ended object's bytes once its segment holds two tenants' objects (docs/security.md, "An
+object ended unwritten"): such a read is refused. KVPOOL_OWNER_FUZZ_UNWRITTEN=0 leaves
+that attack out.
 
 Without TLS the owner trusts every peer (by design): replies are not checked for alice's
 marker and the fuzzer writes only to its own hard-pinned objects; what is tested is the
@@ -81,7 +83,7 @@ def test_owner_fuzzer(tmp_path, tls):
                 "--owner", f"127.0.0.1:{port}", "--owner-shm", shm_name(owner.pid),
                 "--owner-pid", str(owner.pid), "--seconds", str(SECONDS),
                 "--dump", str(d / "owner-last.bin"), *fuzz_args]
-        if os.environ.get("KVPOOL_OWNER_FUZZ_UNWRITTEN") == "1":  # an open finding: fails
+        if os.environ.get("KVPOOL_OWNER_FUZZ_UNWRITTEN", "1") == "1":
             argv += ["--unwritten-puts", "1"]
         if os.environ.get("KVPOOL_OWNER_FUZZ_SEED"):
             argv += ["--seed", os.environ["KVPOOL_OWNER_FUZZ_SEED"]]

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "client/segment/seg_record.h"
+#include "common/crc32c.h"
 
 #define SEG_ID 7u
 
@@ -483,6 +484,68 @@ static void test_apply_while_snapshotting(void **state)
     assert_true(kvp_seg_record_count(x.r) <= SLOTS);
 }
 
+/* An object ended without its bytes: checked once two tenants' objects were seen (never
+ * before), bad (UINT64_MAX to grants, not in the snapshot, its extent zeroed); reads wait
+ * for their object's ADD once a tenant's key was seen, and not for a removed one. */
+static void test_ended_without_bytes(void **state)
+{
+    kvp_seg_record_t *r = *state;
+    static uint8_t mem[4 * 4096];
+    memset(mem, 'A', sizeof(mem)); /* team-a's bytes everywhere */
+    kvp_seg_record_set_memory(r, mem, sizeof(mem));
+    uint32_t crc_a = kvp_crc32c(0, mem, 4096);
+    uint64_t off = 0, v = 1;
+    /* before any tenant's key: nothing waits */
+    assert_true(kvp_seg_record_wait(r, &off, &v, 1));
+    stream_t s = {0};
+    /* one tenant: a wrong CRC is not looked at (nothing of another tenant can be there) */
+    s_add(&s, 0, 4096, 1, crc_a ^ 1, 0, "team-a\x1fk1");
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_int_equal(kvp_seg_record_version_at(r, 0), 1);
+    assert_int_equal(kvp_seg_record_bad(r), 0);
+    /* a second tenant: each ADD is checked from then on, this one's too */
+    s_reset(&s);
+    s_del(&s, 0);
+    s_add(&s, 0, 4096, 2, 0x1234, 0, "team-b\x1fstolen"); /* nothing written: team-a's bytes */
+    s_add(&s, 4096, 4096, 3, crc_a, 0, "team-b\x1fhonest");
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_int_equal(kvp_seg_record_bad(r), 1);
+    assert_int_equal(kvp_seg_record_version_at(r, 0), UINT64_MAX);
+    assert_int_equal(kvp_seg_record_version_at(r, 4096), 3);
+    for (size_t i = 0; i < 4096; i++)
+        assert_int_equal(mem[i], 0); /* zeroed: a guess finds nothing */
+    assert_int_equal(mem[4096], 'A');
+    kvp_record_entry_t *e = NULL;
+    size_t n = 0;
+    assert_int_equal(kvp_seg_record_snapshot(r, &e, &n), KVP_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(e[0].version, 3);
+    free(e);
+    /* reads: recorded (the bad one too: grants refuse it), removed since (tombstone), and one
+     * whose ADD never comes (waits its 500 ms) */
+    uint64_t offs[2] = {0, 4096}, vers[2] = {2, 3};
+    assert_true(kvp_seg_record_wait(r, offs, vers, 2));
+    s_reset(&s);
+    s_del(&s, 4096);
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_true(kvp_seg_record_wait(r, &offs[1], &vers[1], 1));
+    uint64_t off3 = 8192, v9 = 9;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_false(kvp_seg_record_wait(r, &off3, &v9, 1));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+    assert_true(waited >= 0.4);
+    /* ... and is let go once it is applied */
+    s_reset(&s);
+    uint32_t crc_z = kvp_crc32c(0, mem + 8192, 4096);
+    s_add(&s, 8192, 4096, 9, crc_z, 0, "team-a\x1fk9");
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_true(kvp_seg_record_wait(r, &off3, &v9, 1));
+    assert_int_equal(kvp_seg_record_version_at(r, 8192), 9);
+    s_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +558,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_clear, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_entries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_apply_while_snapshotting, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ended_without_bytes, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
