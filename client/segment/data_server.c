@@ -515,7 +515,7 @@ kvp_status_t kvp_data_server_create(const kvp_data_server_params_t *p, kvp_data_
     pthread_mutex_init(&srv->proof_lock, NULL);
     kvp_grant_keyring_init(&srv->grants);
     kvp_data_pending_init(&srv->pending);
-    kvp_data_server_set_versions(srv, p->versions_at, NULL, p->versions_arg);
+    kvp_data_server_set_versions(srv, p->versions_at, p->wait_recorded, p->versions_arg);
     snprintf(srv->local_name, sizeof(srv->local_name), "%s (shm)", p->ops->name);
     kvp_status_t status = kvp_conn_server_create(p->ops->name, p->host, p->port, p->protected_mode,
                                                  serve_conn, srv, &srv->conns, bound_port_p);

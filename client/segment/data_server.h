@@ -33,6 +33,8 @@ typedef struct kvp_data_server_params {
     /* Optional (NULL: none yet, kvp_data_server_set_versions): what the segment holds,
      * for the grants of ended puts (data_grant.h, kvp_data_ended_t) */
     void (*versions_at)(void *arg, const uint64_t *offsets, uint64_t *versions, size_t n);
+    /* ... and where a read waits for its object's end to be recorded (or NULL) */
+    bool (*wait_recorded)(void *arg, const uint64_t *offsets, const uint64_t *versions, size_t n);
     void *versions_arg;
     const char *host; /* listen on host:port (port 0: any) */
     uint16_t port;

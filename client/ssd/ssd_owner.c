@@ -18,7 +18,13 @@
  *     write it with io_uring (O_DIRECT), record the entries (data synced
  *     first, then the entries: ssd_file.c). PROMOTE: read the extent from
  *     the file, check the CRC32C, WRITE it to the DRAM extent. RECORD (a
- *     put straight to SSD, written through the data server): record.
+ *     put straight to SSD, written through the data server): record; on a
+ *     segment whose objects have been two tenants' (their keys' prefixes),
+ *     first read the extent back and check it against the CRC32C its writer
+ *     declared: a put ended without writing would otherwise read back what
+ *     the extent held before, another tenant's removed object (docs/security.md,
+ *     "An object ended unwritten"); one that does not match is not recorded,
+ *     its extent is zeroed, its reads refused and its offset reported bad.
  *     FORGET: clear the entry.
  *   - Gets from other clients never come here: they READ the SSD segment
  *     through its data server like any tcp segment.
@@ -62,6 +68,11 @@ struct kvp_ssd_owner {
     _Atomic bool stop;
     pthread_t thread;
     bool started;
+    /* the tenants of the keys seen (worker; at create, the file's): two, and each RECORD is
+     * checked */
+    bool tenants, mixed;
+    uint8_t first_len;
+    char first[64];
     /* worker state */
     kvp_ssd_io_t *io;
     uint8_t *staging;
@@ -213,6 +224,79 @@ static void report(kvp_ssd_owner_t *o, uint64_t task_id, kvp_status_t status)
 static uint64_t blocks(uint64_t size)
 {
     return (size + KVP_SSD_BLOCK - 1) / KVP_SSD_BLOCK * KVP_SSD_BLOCK;
+}
+
+/* Note the tenant of a key (its prefix up to 0x1f; none: tenants are off). */
+static void see_tenant(kvp_ssd_owner_t *o, const char *key, size_t len)
+{
+    const char *sep = memchr(key, 0x1f, len);
+    if (sep == NULL)
+        return;
+    size_t n = (size_t)(sep - key) < sizeof(o->first) ? (size_t)(sep - key) : sizeof(o->first);
+    if (!o->tenants) {
+        o->tenants = true;
+        o->first_len = (uint8_t)n;
+        memcpy(o->first, key, n);
+        kvp_ssd_server_saw_tenants(o->srv);
+    } else if (!o->mixed && (n != o->first_len || memcmp(o->first, key, n) != 0)) {
+        o->mixed = true;
+    }
+}
+
+static void see_entry(const kvp_ssd_entry_t *e, void *arg)
+{
+    see_tenant(arg, e->key, e->key_len);
+}
+
+/* Once two tenants' objects were seen: do the RECORD entries' extents hold the bytes their
+ * writers declared (rec[i], KVP_ERR_CHECKSUM: not, the extent zeroed; reads of it refused
+ * and its offset reported bad)? Read back through the staging buffer, in batches. */
+static void check_written(kvp_ssd_owner_t *o, const kvp_ssd_entry_t *ent, size_t n,
+                          kvp_status_t *rec)
+{
+    int fd = kvp_ssd_file_fd(o->file);
+    uint64_t base = kvp_ssd_file_data_base(o->file);
+    for (size_t i = 0; i < n; i++)
+        rec[i] = KVP_OK;
+    for (size_t i = 0; i < n && o->mixed;) {
+        kvp_ssd_iov_t iov[TASKS_PER_ASK];
+        size_t k = 0;
+        uint64_t off = 0;
+        for (; i + k < n && off + blocks(ent[i + k].size) <= STAGING_BYTES; k++) {
+            iov[k] = (kvp_ssd_iov_t){.buf = o->staging + off,
+                                     .file_off = base + ent[i + k].offset,
+                                     .len = blocks(ent[i + k].size)};
+            off += blocks(ent[i + k].size);
+        }
+        if (k == 0) { /* larger than the staging buffer: not checked (cannot be put) */
+            i++;
+            continue;
+        }
+        kvp_ssd_io_rw(o->io, fd, false, iov, k);
+        kvp_ssd_iov_t zero[TASKS_PER_ASK];
+        size_t nz = 0;
+        for (size_t j = 0; j < k; j++) {
+            const kvp_ssd_entry_t *e = &ent[i + j];
+            if (iov[j].status != KVP_OK) {
+                rec[i + j] = iov[j].status;
+                continue;
+            }
+            if (kvp_crc32c(0, iov[j].buf, e->size) == e->crc32c)
+                continue;
+            rec[i + j] = KVP_ERR_CHECKSUM;
+            memset(iov[j].buf, 0, iov[j].len);
+            zero[nz++] = iov[j];
+            kvp_ssd_server_unwritten(o->srv, e->offset, e->version);
+            KVP_LOG_WARN_LIMITED("SSD segment %s: the object at offset %llu (%llu bytes, version "
+                                 "%llu) ended without the bytes its writer declared (CRC "
+                                 "mismatch): not recorded, never served, its extent zeroed",
+                                 o->name, (unsigned long long)e->offset,
+                                 (unsigned long long)e->size, (unsigned long long)e->version);
+        }
+        if (nz > 0)
+            kvp_ssd_io_rw(o->io, fd, true, zero, nz);
+        i += k;
+    }
 }
 
 /* READ tasks t[i0..i1) from their DRAM segments into the staging buffer at off[i], with
@@ -425,13 +509,15 @@ static void run_tasks(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r)
 {
     kvp_peers_update(o->peers, r->segments, r->n_segments);
     kvp_ssd_entry_t ent[TASKS_PER_ASK];
-    kvp_status_t rec[TASKS_PER_ASK];
     uint64_t rid[TASKS_PER_ASK];
     size_t ne = 0;
     for (size_t i = 0; i < r->n_tasks; i++) {
         Kvpool__SsdTask *t = r->tasks[i];
+        if (t->key.len > 0)
+            see_tenant(o, (const char *)t->key.data, t->key.len);
         if (t->kind == KVP_SSD_TASK_FORGET) {
             kvp_ssd_file_forget(o->file, t->ssd_offset, t->version);
+            kvp_ssd_server_forgot(o->srv, t->ssd_offset, t->version);
         } else if (t->kind == KVP_SSD_TASK_RECORD && ne < TASKS_PER_ASK) {
             ent[ne] = (kvp_ssd_entry_t){.version = t->version,
                                         .offset = t->ssd_offset,
@@ -445,11 +531,24 @@ static void run_tasks(kvp_ssd_owner_t *o, Kvpool__SsdTasksResponse *r)
         }
     }
     if (ne > 0) {
-        kvp_ssd_file_record(o->file, ent, ne, rec);
+        kvp_status_t checked[TASKS_PER_ASK];
+        check_written(o, ent, ne, checked);
+        kvp_ssd_entry_t ok[TASKS_PER_ASK];
+        size_t nok = 0, at[TASKS_PER_ASK];
+        for (size_t k = 0; k < ne; k++)
+            if (checked[k] == KVP_OK) {
+                at[nok] = k;
+                ok[nok++] = ent[k];
+            }
+        kvp_status_t okrec[TASKS_PER_ASK];
+        if (nok > 0)
+            kvp_ssd_file_record(o->file, ok, nok, okrec);
+        for (size_t j = 0; j < nok; j++)
+            checked[at[j]] = okrec[j];
         for (size_t k = 0; k < ne; k++) {
-            if (rec[k] == KVP_OK)
+            if (checked[k] == KVP_OK)
                 kvp_ssd_server_recorded(o->srv, ent[k].offset, ent[k].version);
-            report(o, rid[k], rec[k]);
+            report(o, rid[k], checked[k]);
         }
     }
     run_kind(o, r, KVP_SSD_TASK_OFFLOAD);
@@ -522,6 +621,8 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
     }
     uint16_t port = 0;
     st = kvp_ssd_server_create(o->file, host, 0, p->protected_mode, &o->srv, &port);
+    if (st == KVP_OK) /* the tenants of what the file holds already */
+        kvp_ssd_file_foreach(o->file, see_entry, o);
     if (st == KVP_OK) {
         st = kvp_ssd_io_create(KVP_SSD_IO_DEPTH, &o->io);
         if (st == KVP_OK)

@@ -32,11 +32,13 @@
  */
 #include "client/ssd/ssd_server.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 
 #include "client/segment/data_backend.h"
 #include "client/transport/wire.h"
@@ -48,6 +50,8 @@
 #define DEPTH KVP_SSD_IO_DEPTH
 #define CHUNK ((uint64_t)KVP_SSD_IO_CHUNK)
 #define BLOCK ((uint64_t)KVP_SSD_BLOCK)
+/* FORGETs and unwritten objects remembered (file_backend_t) */
+#define SSD_TOMBS 1024u
 
 /* The backend: the segment's file. */
 typedef struct file_backend {
@@ -60,7 +64,23 @@ typedef struct file_backend {
     /* extents whose reads failed with an I/O error, for the owner to report (bad_lock) */
     uint64_t bad[KVP_SSD_SERVER_BAD_MAX];
     size_t n_bad;
+    /* Once the owner saw a tenant's key, a read waits for its object's RECORD (where the
+     * owner checks what a put straight to SSD wrote: ssd_owner.c); FORGETs and refused
+     * RECORDs leave a tombstone, so a read of a removed object does not wait for
+     * nothing and one of an object found unwritten is refused at once (rec_lock). */
+    pthread_mutex_t rec_lock;
+    pthread_cond_t rec_cond;
+    bool tenants;
+    struct {
+        uint64_t offset, version;
+        bool unwritten;
+    } tomb[SSD_TOMBS];
+    uint32_t tomb_next;
 } file_backend_t;
+
+/* The longest a read waits for its object's RECORD (a task the master sends at the put's
+ * end, which the owner asks for in a long poll). */
+#define WAIT_RECORD_MS 1000u
 
 /* One piece of a read: a chunk of the file and the bytes of it to send. */
 typedef struct rd_chunk {
@@ -313,14 +333,58 @@ err_log:
     return KVP_ERR_NOMEM;
 }
 
-static void file_versions_at(void *file, const uint64_t *offsets, uint64_t *versions, size_t n)
+static void file_versions_at(void *backend, const uint64_t *offsets, uint64_t *versions, size_t n)
 {
-    kvp_ssd_file_versions_at(file, offsets, versions, n);
+    file_backend_t *fb = backend;
+    kvp_ssd_file_versions_at(fb->file, offsets, versions, n);
+}
+
+/* 1: (offset, version) is recorded, or was and is gone; -1: it was found unwritten; 0:
+ * neither yet (rec_lock held). */
+static int recorded_locked(file_backend_t *fb, uint64_t offset, uint64_t version)
+{
+    uint64_t v = 0;
+    kvp_ssd_file_versions_at(fb->file, &offset, &v, 1);
+    if (v >= version)
+        return 1;
+    for (uint32_t i = 0; i < SSD_TOMBS; i++)
+        if (fb->tomb[i].offset == offset && fb->tomb[i].version >= version)
+            return fb->tomb[i].unwritten && fb->tomb[i].version == version ? -1 : 1;
+    return 0;
+}
+
+static bool file_wait_recorded(void *backend, const uint64_t *offsets, const uint64_t *versions,
+                               size_t n)
+{
+    file_backend_t *fb = backend;
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += WAIT_RECORD_MS / 1000;
+    until.tv_nsec += (long)(WAIT_RECORD_MS % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&fb->rec_lock);
+    bool all = true;
+    for (size_t i = 0; i < n && fb->tenants && all; i++) {
+        int r;
+        while ((r = recorded_locked(fb, offsets[i], versions[i])) == 0)
+            if (pthread_cond_timedwait(&fb->rec_cond, &fb->rec_lock, &until) == ETIMEDOUT) {
+                r = recorded_locked(fb, offsets[i], versions[i]);
+                break;
+            }
+        all = r > 0;
+    }
+    pthread_mutex_unlock(&fb->rec_lock);
+    return all;
 }
 
 static void file_destroy(void *backend)
 {
     file_backend_t *fb = backend;
+    pthread_cond_destroy(&fb->rec_cond);
+    pthread_mutex_destroy(&fb->rec_lock);
     pthread_mutex_destroy(&fb->bad_lock);
     free(fb);
 }
@@ -348,12 +412,19 @@ kvp_status_t kvp_ssd_server_create(kvp_ssd_file_t *f, const char *host, uint16_t
     fb->size = kvp_ssd_file_size(f);
     atomic_store(&fb->io_errors, 0);
     pthread_mutex_init(&fb->bad_lock, NULL);
+    pthread_mutex_init(&fb->rec_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&fb->rec_cond, &ca);
+    pthread_condattr_destroy(&ca);
     kvp_data_server_params_t p = {.ops = &file_ops,
                                   .backend = fb,
                                   .size = fb->size,
                                   .segment_id = 0,
                                   .versions_at = file_versions_at,
-                                  .versions_arg = f,
+                                  .wait_recorded = file_wait_recorded,
+                                  .versions_arg = fb,
                                   .host = host,
                                   .port = port,
                                   .protected_mode = protected_mode};
@@ -384,4 +455,44 @@ uint64_t kvp_ssd_server_io_errors(const kvp_data_server_t *srv)
 void kvp_ssd_server_recorded(kvp_data_server_t *srv, uint64_t offset, uint64_t version)
 {
     kvp_data_pending_forget(kvp_data_server_pending(srv), offset, version);
+    file_backend_t *fb = kvp_data_server_backend(srv);
+    pthread_mutex_lock(&fb->rec_lock);
+    pthread_cond_broadcast(&fb->rec_cond);
+    pthread_mutex_unlock(&fb->rec_lock);
+}
+
+/* A tombstone for (offset, version), and the waiting reads woken. */
+static void tomb_add(kvp_data_server_t *srv, uint64_t offset, uint64_t version, bool unwritten)
+{
+    file_backend_t *fb = kvp_data_server_backend(srv);
+    pthread_mutex_lock(&fb->rec_lock);
+    fb->tomb[fb->tomb_next].offset = offset;
+    fb->tomb[fb->tomb_next].version = version;
+    fb->tomb[fb->tomb_next].unwritten = unwritten;
+    fb->tomb_next = (fb->tomb_next + 1) % SSD_TOMBS;
+    pthread_cond_broadcast(&fb->rec_cond);
+    pthread_mutex_unlock(&fb->rec_lock);
+}
+
+void kvp_ssd_server_forgot(kvp_data_server_t *srv, uint64_t offset, uint64_t version)
+{
+    tomb_add(srv, offset, version, false);
+}
+
+void kvp_ssd_server_unwritten(kvp_data_server_t *srv, uint64_t offset, uint64_t version)
+{
+    tomb_add(srv, offset, version, true);
+    file_backend_t *fb = kvp_data_server_backend(srv);
+    pthread_mutex_lock(&fb->bad_lock); /* the master drops the copy (SsdTasks.bad_offsets) */
+    if (fb->n_bad < KVP_SSD_SERVER_BAD_MAX)
+        fb->bad[fb->n_bad++] = offset;
+    pthread_mutex_unlock(&fb->bad_lock);
+}
+
+void kvp_ssd_server_saw_tenants(kvp_data_server_t *srv)
+{
+    file_backend_t *fb = kvp_data_server_backend(srv);
+    pthread_mutex_lock(&fb->rec_lock);
+    fb->tenants = true;
+    pthread_mutex_unlock(&fb->rec_lock);
 }

@@ -813,45 +813,45 @@ def put_end_raw(s, key, crc):
     assert st.get(1, [0])[0] == 0, st
 
 
-@pytest.mark.xfail(strict=True, reason="open (docs/security.md, 'Not protected yet'): an "
-                   "SSD segment's extents are not checked at a put's end")
 def test_an_object_ended_unwritten_on_ssd_reads_nothing_of_the_extents_last_object(certs,
                                                                                    tmp_path):
-    """The same on an SSD segment, open: an object written there and removed, then a put
-    at its extent ended without a byte written reads back the removed object's bytes (here
-    bob's own, to show the extent is not checked; another tenant's the same way). Strict,
-    so that the fix has to take the mark off."""
+    """The same on an SSD segment (a put straight to its file): alice's object written there
+    and removed, then bob's put at its extent ended without a byte written. The SSD owner,
+    its segment's objects two tenants', reads each put's extent back at its RECORD and
+    checks it against the declared CRC: bob's is not recorded, its extent zeroed, its
+    offset reported bad, and his reads (which wait for the RECORD) refused."""
     m = GrantMaster(certs, str(tmp_path), PRINCIPALS)
     try:
         m.add_owner(size="0", extra=("--ssd-path", str(tmp_path / "ssd.seg"),
                                      "--ssd-size", "64MiB"))
         size = 8192
-        mark = b"old-" + uuid.uuid4().hex.encode()
-        old_bytes = (mark * (size // len(mark) + 1))[:size]
-        old = f"b@old-{uuid.uuid4().hex[:8]}"
-        with bob_control(m) as s:
-            w_old = put_start_raw(s, old, size, "ssd")
-            assert request(w_old, WRITE, w_old.offset, size, w_old.grant, old_bytes)[0] == 0
-            put_end_raw(s, old, crc32c(old_bytes))
-        with m.client("bob", transport="tcp") as bob:
-            assert bob.get(old) == old_bytes
-            bob.remove(old)
+        mark = b"alice-" + uuid.uuid4().hex.encode()
+        secret = (mark * (size // len(mark) + 1))[:size]
+        with m.client("alice", transport="tcp") as alice:
+            old = f"a@ssd-{uuid.uuid4().hex[:8]}"
+            alice.put(old, secret, medium="ssd")
+            assert alice.get(old) == secret
+            (rep_a,) = replicas_of(m, old, who="alice")
+            alice.remove(old)
         landed = None
         with bob_control(m) as s:
             for i in range(64):
                 k = f"b@unwritten-{i}-{uuid.uuid4().hex[:6]}"
                 w = put_start_raw(s, k, size, "ssd")
                 put_end_raw(s, k, 0)  # not a byte written
-                if w.segment_id == w_old.segment_id and w.offset == w_old.offset:
+                if w.segment_id == rep_a.segment_id and w.offset == rep_a.offset:
                     landed = k
                     break
-            assert landed is not None, "no later put landed on the removed object's extent"
+            assert landed is not None, "no put of bob's landed on alice's old extent"
             rep, _ = get_replicas_raw(s, landed)
-            deadline = time.monotonic() + 1  # before and after its RECORD task has run
-            while time.monotonic() < deadline:
-                status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
-                assert mark not in payload, "the removed object's bytes were read back"
-                time.sleep(0.1)
+            status, payload, _ = request(rep, READ, rep.offset, rep.length, rep.grant)
+            assert mark not in payload, "bob read the bytes of alice's removed object"
+            assert status == DENIED and payload == b"", status
+        with m.client("bob", transport="tcp") as bob:  # the master dropped the bad copy
+            deadline = time.monotonic() + 5
+            while bob.exists(landed):
+                assert time.monotonic() < deadline, "the unwritten object is still listed"
+                time.sleep(0.05)
     finally:
         close_all([m])
 
