@@ -181,14 +181,15 @@ void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t ve
  * table of begun puts): NULL, or why it is refused. write: each entry's put is noted. */
 static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
                                  const uint64_t *offsets, const uint64_t *versions, size_t n,
-                                 bool write, uint64_t now)
+                                 bool write, bool wait, uint64_t now)
 {
     uint64_t recs[KVP_DATA_VEC_MAX];
     ended->versions_at(ended->arg, offsets, recs, n);
     /* a read of an object whose end this owner has not recorded yet waits for it (its
-     * bytes are checked there: seg_record.c), then looks again */
+     * bytes are checked there: seg_record.c), then looks again (not a recheck: a write
+     * window's is one, its object not ended) */
     bool unrecorded = false;
-    for (size_t i = 0; i < n && !write && ended->wait_recorded != NULL; i++)
+    for (size_t i = 0; i < n && !write && wait && ended->wait_recorded != NULL; i++)
         unrecorded |= recs[i] < versions[i];
     if (unrecorded) {
         if (!ended->wait_recorded(ended->arg, offsets, versions, n))
@@ -213,7 +214,7 @@ const char *kvp_data_extents_recheck(const kvp_data_ended_t *ended, uint64_t gen
 {
     if (ended == NULL || c->n == 0)
         return NULL;
-    return extents_taken(ended, gen, c->offset, c->version, c->n, false, kvp_grant_now_ms());
+    return extents_taken(ended, gen, c->offset, c->version, c->n, false, false, kvp_grant_now_ms());
 }
 
 /* A grant set's header h was read: is its count one to read (*why_p: refused)? */
@@ -368,7 +369,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
         }
     }
     if (why == NULL && ended != NULL && m > 0)
-        why = extents_taken(ended, v->gen, offs, vers, m, write, now);
+        why = extents_taken(ended, v->gen, offs, vers, m, write, true, now);
     if (why == NULL) {
         if (checked != NULL) {
             memcpy(checked->offset, offs, m * sizeof(*offs));
