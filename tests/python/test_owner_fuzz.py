@@ -12,7 +12,7 @@ bob-seg, bob-mix, bob-keys (b/*), bob-none, and a stranger with no credentials (
 connection: the owner's addresses and what the principals left behind). Without TLS: one
 client of the master with no token, and the stranger.
 
-For KVPOOL_OWNER_FUZZ_SECONDS (default 60; longer by hand, e.g. 1800) the principals take
+For KVPOOL_OWNER_FUZZ_SECONDS (default 60 with TLS, 30 without; longer by hand, e.g. 1800) the principals take
 real grants from the master (PutStart, written and ended; GetReplicaList) for their own
 keys, and send every data-plane frame (READ, WRITE, READV, WRITEV, HELLO, MAP, BIND_READ,
 BIND_WRITE, UNBIND, an unknown op, a bad magic) to the owner's tcp data ports (DRAM and
@@ -45,11 +45,14 @@ from conftest import TLS_DIR, Proc, _bin, free_port, shm_name, stop_all
 from test_insider_fuzz import CRED_ENV, FUZZERS, PRINCIPALS, certs_and_acl, fuzz_bin, run_fuzzer
 
 SECONDS = int(os.environ.get("KVPOOL_OWNER_FUZZ_SECONDS", "60"))
+# Without TLS nothing but parsing and limits is checked (see above): half as long by default.
+PLAIN_SECONDS = int(os.environ.get("KVPOOL_OWNER_FUZZ_SECONDS", "30"))
 
 @pytest.mark.skipif(TLS_DIR is not None, reason="runs its own masters, with and without TLS")
 @pytest.mark.skipif(SECONDS <= 0, reason="KVPOOL_OWNER_FUZZ_SECONDS=0")
 @pytest.mark.parametrize("tls", [True, False], ids=["tls", "plain"])
 def test_owner_fuzzer(tmp_path, tls):
+    seconds = SECONDS if tls else PLAIN_SECONDS
     fuzzer = fuzz_bin()
     if fuzzer is None:
         pytest.skip("no tests/insider_fuzz next to the master binary (a pip-installed tree)")
@@ -81,13 +84,13 @@ def test_owner_fuzzer(tmp_path, tls):
         procs.insert(0, owner)
         argv = [fuzzer, "--master", master.ready, "--pid", str(master.pid),
                 "--owner", f"127.0.0.1:{port}", "--owner-shm", shm_name(owner.pid),
-                "--owner-pid", str(owner.pid), "--seconds", str(SECONDS),
+                "--owner-pid", str(owner.pid), "--seconds", str(seconds),
                 "--dump", str(d / "owner-last.bin"), *fuzz_args]
         if os.environ.get("KVPOOL_OWNER_FUZZ_UNWRITTEN", "1") == "1":
             argv += ["--unwritten-puts", "1"]
         if os.environ.get("KVPOOL_OWNER_FUZZ_SEED"):
             argv += ["--seed", os.environ["KVPOOL_OWNER_FUZZ_SEED"]]
-        run_fuzzer(argv, env, SECONDS, master, owner)
+        run_fuzzer(argv, env, seconds, master, owner)
     finally:
         bad = stop_all(procs)
         log.close()
