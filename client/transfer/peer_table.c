@@ -190,18 +190,27 @@ static void peers_sweep_locked(kvp_peers_t *peers)
 }
 
 /* Does the peer we know under this id describe the same segment? A restarted master
- * numbers its segments from scratch: an id we know may now name another segment. */
+ * numbers its segments from scratch: an id we know may now name another segment. A
+ * descriptor of a segment with grants that carries no connection key (an answer that
+ * hands none; Heartbeats did until 0.1.0's failover fix) says nothing of the key: the one
+ * we have is kept, as a peer without it opens data connections that prove no principal,
+ * which its owner refuses. */
 static bool desc_matches(const kvp_peer_t *p, const Kvpool__SegmentDesc *d)
 {
+    bool keyed = d->conn_key.len == sizeof(p->conn_key);
+    if (p->has_conn_key && !keyed && d->grants)
+        keyed = true; /* compared as ours below */
+    else if (p->has_conn_key != keyed)
+        return false;
     return p->size == d->size && p->owner_client_id == d->owner_client_id &&
            p->rdma_addr == d->rdma_addr && p->rdma_rkey == d->rdma_rkey &&
            strcmp(p->name, d->name) == 0 && strcmp(p->endpoint, d->tcp_endpoint) == 0 &&
            strcmp(p->host_id, d->host_id) == 0 && strcmp(p->shm_path, d->shm_path) == 0 &&
            strcmp(p->rdma_endpoint, d->rdma_endpoint) == 0 && p->grants == d->grants &&
            p->rdma_windows == d->rdma_windows &&
-           p->has_conn_key == (d->conn_key.len == sizeof(p->conn_key)) &&
-           (!p->has_conn_key || (p->conn_tag == d->conn_tag &&
-                                 memcmp(p->conn_key, d->conn_key.data, sizeof(p->conn_key)) == 0));
+           (!p->has_conn_key || d->conn_key.len != sizeof(p->conn_key) ||
+            (p->conn_tag == d->conn_tag &&
+             memcmp(p->conn_key, d->conn_key.data, sizeof(p->conn_key)) == 0));
 }
 
 /* Learn segments from a master response. Caller holds no lock. */

@@ -597,26 +597,21 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.drain_segment_ids = drain;
     resp.n_drain_segment_ids = n_drain;
     /* the segment table changed since the client last looked: all of it (once per
-     * mount or unmount per client, not per beat) */
+     * mount or unmount per client, not per beat), each descriptor as any other answer
+     * gives it to the caller, its connection key included (data grants on): a client takes
+     * a descriptor that differs from the one it knows as a new one, and one without the
+     * key would have it open data connections that prove no principal (refused) */
     if (req->segments_version != st->segments.version) {
-        size_t n = st->segments.count;
-        Kvpool__SegmentDesc *ds = kvp_reply_calloc(&r, n, sizeof(*ds));
-        Kvpool__SegmentDesc **dp = kvp_reply_calloc(&r, n, sizeof(*dp));
-        if (ds != NULL && dp != NULL) {
-            size_t k = 0;
-            for (uint32_t i = 0; i < st->segments.n_slots && k < n; i++) {
-                const kvp_segment_t *seg = st->segments.slots[i];
-                if (seg == NULL || !beat_shows(call, seg))
-                    continue;
-                kvp_seg_desc_fill(&ds[k], seg);
-                kvp_seg_desc_for_caller(call, seg, &ds[k]);
-                dp[k] = &ds[k];
-                k++;
-            }
-            resp.segments = dp;
-            resp.n_segments = k;
+        bool ok = true;
+        for (uint32_t i = 0; ok && i < st->segments.n_slots; i++) {
+            const kvp_segment_t *seg = st->segments.slots[i];
+            if (seg != NULL && beat_shows(call, seg))
+                ok = kvp_seg_set_add(&r.segs, seg, NULL);
+        }
+        if (ok && kvp_reply_segments(&r))
             resp.segments_version = st->segments.version;
-        } /* out of memory: the next beat asks again */
+        else /* out of memory: the next beat asks again */
+            resp.n_segments = 0;
     }
     return kvp_reply_send(&r);
 }

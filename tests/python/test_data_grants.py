@@ -32,7 +32,7 @@ from test_security import (M_AUTH, PRINCIPALS, SecureMaster, auth_body,  # noqa:
 
 DENIED = kvpool.ERR_DENIED
 SEGMENT_GONE = kvpool.ERR_SEGMENT_GONE
-M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST, M_LEASE_RELEASE = 4, 5, 7, 18
+M_PUT_START, M_PUT_END, M_GET_REPLICA_LIST, M_HEARTBEAT, M_LEASE_RELEASE = 4, 5, 7, 12, 18
 DATA_MAGIC = 0x4450564B
 READ, WRITE, READV, WRITEV, HELLO = 1, 2, 3, 4, 5
 F_GRANT, F_GRANT_SET, F_GRANT_SAME = 1, 2, 4
@@ -356,6 +356,32 @@ def test_honest_tcp_round_trips_carry_grants(gm, victim):
         assert all(s == 0 for s in bob.batch_put(keys, vals))
         assert bob.batch_get(keys) == vals
     assert gm.owner_refused() == 0
+
+
+def test_heartbeat_hands_the_connection_key_a_get_does(gm, victim):
+    """A Heartbeat that brings the segment table (after any mount or unmount: every owner
+    remounts after a failover) gives each descriptor as a get's answer does, the caller's
+    connection key and tag included. A client takes a descriptor that differs from the one
+    it knows as a new segment: a keyless one, taken between a get's answer and its transfer,
+    had the library open data connections with no HELLO, whose reads the owner refused (the
+    failover bench with TLS lost every resident object of a round to it)."""
+    key, data, rep = victim
+    crt, k = gm.certs.pair(PRINCIPALS["bob"]["cn"])
+    with tls_connect(gm, tls_client_ctx(gm.certs.ca, crt, k)) as s:
+        s.sendall(frame(M_HEARTBEAT, b"", req_id=3))  # segments_version 0: the whole table
+        r = read_frame(s)
+    assert r is not None and r[1] == 0, r
+    resp = pb(r[2])
+    assert resp.get(4, [0])[0] > 0  # the table's version
+    d = {pb(x)[1][0]: pb(x) for x in resp.get(5, [])}[rep.segment_id]  # its segments
+    assert d.get(13, [b""])[0] == rep.conn_key and len(rep.conn_key) == 32
+    assert d.get(14, [0])[0] == rep.conn_tag != 0
+    assert d[7][0].decode() == "%s:%d" % rep.endpoint
+    # and the key proves bob's principal to the owner: a read with the get's grant passes
+    hb = Replica.__new__(Replica)
+    hb.__dict__.update(rep.__dict__, conn_key=d[13][0], conn_tag=d[14][0])
+    status, payload, _ = request(hb, READ, rep.offset, rep.length, rep.grant)
+    assert status == 0 and payload == data
 
 
 def test_past_a_sets_limit_single_grants(gm):

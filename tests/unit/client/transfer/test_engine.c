@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "client/transfer/engine.h"
+#include "client/transfer/peer_table.h"
 #include "client/mem/registry.h"
 #include "client/transfer/transport.h"
 #include "common/crc32c.h"
@@ -563,6 +564,71 @@ static void test_registry_lookup(void **state)
     kvp_mem_registry_cleanup(&reg);
 }
 
+/* Descriptors from the master's answers (peer_table.c, kvp_peers_update): one that differs
+ * from the peer known under its id replaces it; one of a segment with grants that carries
+ * no connection key says nothing of the key, and the keyed peer stays (a keyless peer put in
+ * between a get's answer and its transfer opened data connections with no HELLO, which the
+ * owner refused: the failover bench with TLS lost whole rounds to it). */
+static void test_peers_keep_their_connection_key(void **state)
+{
+    (void)state;
+    kvp_transfer_t *x = xfer_new(KVP_TRANSPORT_AUTO);
+    kvp_peers_t peers;
+    kvp_peers_init(&peers, x, 7);
+    uint8_t key[32], key2[32];
+    memset(key, 0x5a, sizeof(key));
+    memset(key2, 0xa5, sizeof(key2));
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.id = 9;
+    d.name = "seg";
+    d.medium = "dram";
+    d.size = SEG;
+    d.owner_client_id = 3;
+    d.host_id = "c";
+    d.tcp_endpoint = "127.0.0.1:1";
+    d.grants = true;
+    d.conn_key.data = key;
+    d.conn_key.len = sizeof(key);
+    d.conn_tag = 0x4447;
+    Kvpool__SegmentDesc *dp = &d;
+    kvp_peers_update(&peers, &dp, 1);
+    kvp_peer_t *p = kvp_peers_get(&peers, 9);
+    assert_non_null(p);
+    assert_true(p->has_conn_key);
+    assert_memory_equal(p->conn_key, key, sizeof(key));
+    /* the same segment without our key (a keyless answer): the same peer, its key kept */
+    Kvpool__SegmentDesc bare = d;
+    bare.conn_key.data = NULL;
+    bare.conn_key.len = 0;
+    bare.conn_tag = 0;
+    dp = &bare;
+    kvp_peers_update(&peers, &dp, 1);
+    kvp_peer_t *q = kvp_peers_get(&peers, 9);
+    assert_ptr_equal(q, p);
+    assert_true(q->has_conn_key);
+    kvp_peer_unref(q);
+    /* another key (a remount): a new peer with it */
+    d.conn_key.data = key2;
+    dp = &d;
+    kvp_peers_update(&peers, &dp, 1);
+    q = kvp_peers_get(&peers, 9);
+    assert_ptr_not_equal(q, p);
+    assert_true(q->has_conn_key);
+    assert_memory_equal(q->conn_key, key2, sizeof(key2));
+    kvp_peer_unref(q);
+    kvp_peer_unref(p);
+    /* without grants the segment has no key: a peer without one */
+    bare.grants = false;
+    dp = &bare;
+    kvp_peers_update(&peers, &dp, 1);
+    q = kvp_peers_get(&peers, 9);
+    assert_false(q->has_conn_key);
+    assert_false(q->grants);
+    kvp_peer_unref(q);
+    kvp_peers_cleanup(&peers);
+    xfer_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -573,6 +639,7 @@ int main(void)
         cmocka_unit_test(test_large_batch),
         cmocka_unit_test(test_staged_pool),
         cmocka_unit_test(test_registry_lookup),
+        cmocka_unit_test(test_peers_keep_their_connection_key),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
