@@ -17,7 +17,7 @@
 # links cut and healed, tests/net/checker.py's verdict; as root), then the TLS pass (run_tls_pass): the integration tests
 # that use the library's clients, the fault suite and the pytest suite again, every master
 # with TLS 1.3 and an ACL.
-# Then tests/pip/test_pip.sh (pip install . and the pytest suite from a venv, a wheel
+# Then tests/pip/test_pip.sh (pip install . and the API's pytest files from a venv, a wheel
 # installed in another), its checks counted one each.
 # After the normal build's pytest run: tests/deploy/test_deploy.sh (systemd units,
 # Kubernetes manifests, Grafana dashboard, the Debian package built in a copy of
@@ -217,7 +217,8 @@ deploy_tests
 phase deploy
 
 # The Python packaging (tests/pip): pip install . into a fresh venv from a copy of the tree
-# and the pytest suite from that venv against the installed modules; a wheel built with
+# and the pytest files of the modules' API from that venv against the installed modules
+# (the whole suite ran against the build tree above); a wheel built with
 # python3 -m build, installed in a second venv, imported, a put/get. Its last line
 # "N passed, N failed" is counted (the pytest suite's tests one each).
 pip_tests() {

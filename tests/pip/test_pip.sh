@@ -13,10 +13,14 @@
 #                  `pip install --no-build-isolation .` from the copy; kvpool, mooncake.store
 #                  and the tools import / run from the venv, kvpool.__version__ and the
 #                  wheel's metadata say the project's version
-#   pip-pytest     the pytest suite (tests/python) with the venv's python3, against the
-#                  installed modules (conftest.py checks where they come from:
-#                  KVPOOL_TEST_MODULE_PREFIX) and the venv's kvpool-master and kvpool;
-#                  failures print pytest's report
+#   pip-pytest     the pytest files of the modules' API (PIP_PYTEST below: kvpool,
+#                  mooncake.store, the connectors, tensors, asyncio, threads, types, TLS
+#                  clients) with the venv's python3, against the installed modules
+#                  (conftest.py checks where they come from: KVPOOL_TEST_MODULE_PREFIX) and
+#                  the venv's kvpool-master and kvpool; failures print pytest's report. The
+#                  rest of tests/python (attacks, admission, grants, events) tests the
+#                  daemons' C code, the same as the build tree's that deploy/test.sh ran
+#                  the whole suite against, twice (plain and TLS)
 #   wheel-build    `python3 -m build --wheel --no-isolation` of the copy
 #   wheel-install  the wheel into a second venv without the system's site-packages; it
 #                  imports there, libkvpool is the wheel's own (.kvpool.mesonpy.libs, found
@@ -67,13 +71,17 @@ EOF
   "$v1/bin/kvpool" --help >/dev/null 2>&1 || { echo "no kvpool CLI in the venv"; return 1; }
 }
 
+PIP_PYTEST=(test_native.py test_mooncake.py test_connectors.py test_tensor.py test_async.py
+  test_kwargs.py test_threads.py test_typing.py test_client_metrics.py test_mount_segment.py
+  test_security.py)
 t_pip_pytest() {
   [ -x "$v1/bin/python3" ] || { echo "no venv (pip-install failed)"; return 1; }
   local site
   site=$("$v1/bin/python3" -c 'import kvpool, os; print(os.path.dirname(os.path.dirname(kvpool.__file__)))')
   (cd "$tmp" && KVPOOL_TEST_MODULE_PREFIX=$site KVPOOL_MASTER_BIN=$v1/bin/kvpool-master \
     KVPOOL_CLI_BIN=$v1/bin/kvpool PYTHONDONTWRITEBYTECODE=1 \
-    "$v1/bin/python3" -m pytest -q -p no:cacheprovider "$src/tests/python") >"$tmp/pytest.out" 2>&1
+    "$v1/bin/python3" -m pytest -q -p no:cacheprovider "${PIP_PYTEST[@]/#/$src/tests/python/}") \
+    >"$tmp/pytest.out" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || { tail -80 "$tmp/pytest.out"; return 1; }
 }
