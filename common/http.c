@@ -15,6 +15,8 @@
 #include <gnutls/gnutls.h>
 #include <microhttpd.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,14 +33,84 @@ struct kvp_http {
     struct MHD_Daemon *d;
     kvp_http_handler_fn fn;
     void *arg;
-    char *cert, *key; /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
-    char *trust;      /* HTTPS: the CAs whose client certificates are asked for; NULL: none */
+    _Atomic size_t post_max; /* POST bodies taken up to this size; 0: no POST */
+    char *cert, *key;        /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
+    char *trust; /* HTTPS: the CAs whose client certificates are asked for; NULL: none */
     size_t cert_len, key_len, trust_len;
 };
 
 struct kvp_http_request {
     struct MHD_Connection *c;
+    const char *method;
+    const char *body; /* a POST's whole body (NUL-terminated), or NULL */
+    size_t body_len;
 };
+
+/* A POST being received: its body so far. */
+typedef struct post {
+    char *buf;
+    size_t len, cap;
+} post_t;
+
+void kvp_http_accept_post(kvp_http_t *h, size_t max_body)
+{
+    atomic_store(&h->post_max, max_body);
+}
+
+const char *kvp_http_method(const kvp_http_request_t *req)
+{
+    return req->method;
+}
+
+const char *kvp_http_body(const kvp_http_request_t *req, size_t *len_p)
+{
+    *len_p = req->body_len;
+    return req->body;
+}
+
+bool kvp_http_peer_is_loopback(const kvp_http_request_t *req)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(req->c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci == NULL || ci->client_addr == NULL)
+        return false;
+    if (ci->client_addr->sa_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ci->client_addr;
+        return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+    }
+    if (ci->client_addr->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ci->client_addr;
+        return IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr);
+    }
+    return false;
+}
+
+static void post_done(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe)
+{
+    (void)cls, (void)c, (void)toe;
+    post_t *p = *con_cls;
+    if (p != NULL) {
+        free(p->buf);
+        free(p);
+        *con_cls = NULL;
+    }
+}
+
+/* A fixed answer (413, 500) at once, before the body is read: the library closes the
+ * connection after it. */
+static enum MHD_Result answer_now(struct MHD_Connection *c, unsigned status, const char *text)
+{
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+    if (resp == NULL)
+        return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
 
 const char *kvp_http_query(const kvp_http_request_t *req, const char *name)
 {
@@ -120,17 +192,54 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
                               size_t *upload_len, void **con_cls)
 {
     kvp_http_t *h = cls;
-    (void)version, (void)upload, (void)con_cls;
+    (void)version;
     kvp_http_reply_t r = {.status = 200, .content_type = "text/plain; charset=utf-8"};
-    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+    size_t post_max = atomic_load(&h->post_max);
+    kvp_http_request_t req = {.c = c, .method = method};
+    if (post_max > 0 && strcmp(method, "POST") == 0) {
+        static const char too_big[] = "{\"error\": \"the body is over the size limit\"}";
+        post_t *p = *con_cls;
+        if (p == NULL) { /* the header is in: a body may follow */
+            const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+            if (cl != NULL && strtoull(cl, NULL, 10) > post_max)
+                return answer_now(c, 413, too_big);
+            if ((p = calloc(1, sizeof(*p))) == NULL)
+                return MHD_NO;
+            *con_cls = p;
+            return MHD_YES;
+        }
+        if (*upload_len > 0) {
+            if (p->len + *upload_len > post_max)
+                return answer_now(c, 413, too_big);
+            if (p->len + *upload_len + 1 > p->cap) {
+                size_t cap = p->cap ? p->cap : 4096;
+                while (cap < p->len + *upload_len + 1)
+                    cap *= 2;
+                char *b = realloc(p->buf, cap);
+                if (b == NULL)
+                    return MHD_NO;
+                p->buf = b;
+                p->cap = cap;
+            }
+            memcpy(p->buf + p->len, upload, *upload_len);
+            p->len += *upload_len;
+            *upload_len = 0;
+            return MHD_YES;
+        }
+        req.body = p->buf != NULL ? p->buf : "";
+        if (p->buf != NULL)
+            p->buf[p->len] = '\0';
+        req.body_len = p->len;
+        h->fn(h->arg, url, &req, &r);
+    } else if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         if (*upload_len > 0) { /* a body we do not read: drop it */
             *upload_len = 0;
             return MHD_YES;
         }
         r.status = 405;
-        kvp_http_printf(&r, "method %s not allowed: only GET and HEAD\n", method);
+        kvp_http_printf(&r, "method %s not allowed: only GET%s and HEAD\n", method,
+                        post_max > 0 ? ", POST" : "");
     } else {
-        kvp_http_request_t req = {.c = c};
         h->fn(h->arg, url, &req, &r);
     }
     if (r.oom) {
@@ -151,7 +260,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     }
     MHD_add_response_header(resp, "Content-Type", r.content_type);
     if (r.status == 405)
-        MHD_add_response_header(resp, "Allow", "GET, HEAD");
+        MHD_add_response_header(resp, "Allow", post_max > 0 ? "GET, HEAD, POST" : "GET, HEAD");
     enum MHD_Result ret = MHD_queue_response(c, r.status, resp);
     MHD_destroy_response(resp);
     return ret;
@@ -272,7 +381,8 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)KVP_HTTP_MAX_CONNS, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
         (size_t)KVP_HTTP_CONN_MEMORY, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_NOTIFY_COMPLETED, post_done, NULL,
+        MHD_OPTION_END);
     if (h->d == NULL) {
         free(h->cert);
         free(h->trust);

@@ -10,6 +10,7 @@
 #ifndef KVP_COMMON_HTTP_H
 #define KVP_COMMON_HTTP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,7 +28,8 @@ typedef struct kvp_http_reply {
     int oom; /* an append failed: the server answers 500 */
 } kvp_http_reply_t;
 
-/* Called for every GET or HEAD: path is the URL's path (no query). */
+/* Called for every GET or HEAD (and POST, kvp_http_accept_post): path is the URL's path
+ * (no query). */
 typedef void (*kvp_http_handler_fn)(void *arg, const char *path, const kvp_http_request_t *req,
                                     kvp_http_reply_t *reply);
 
@@ -61,6 +63,17 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
 size_t kvp_http_peer_cert(const kvp_http_request_t *req, const void **der_p);
 /* A request header (e.g. "Authorization"), or NULL. */
 const char *kvp_http_header(const kvp_http_request_t *req, const char *name);
+
+/* Take POST requests too (else 405), with bodies of up to max_body bytes (a larger one is
+ * answered 413 before it is read, and the connection closed), handed to the handler whole
+ * (kvp_http_body). Call it right after start, before the address is announced. */
+void kvp_http_accept_post(kvp_http_t *http, size_t max_body);
+/* The request's method ("GET", "HEAD", "POST"). */
+const char *kvp_http_method(const kvp_http_request_t *req);
+/* A POST's body (NUL-terminated; "" when empty), its length in *len_p; NULL for others. */
+const char *kvp_http_body(const kvp_http_request_t *req, size_t *len_p);
+/* Is the client on this host (127.0.0.0/8 or ::1)? */
+bool kvp_http_peer_is_loopback(const kvp_http_request_t *req);
 
 /* Stop serving, close every connection, wait for the handler threads. NULL is fine. */
 void kvp_http_stop(kvp_http_t *http);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"
 
@@ -564,4 +565,17 @@ void kvp_opts_markdown(const kvp_opts_t *opts, FILE *f)
               "| Flag | Type | Default | Config key | Environment | Description |\n"
               "|---|---|---|---|---|---|\n",
               false, md_flag_row);
+}
+
+kvp_status_t kvp_opt_parse_log_level(const kvp_opt_t *opt, const char *value, void *field,
+                                     char *err, size_t err_len)
+{
+    (void)opt;
+    kvp_log_level_t lvl;
+    if (!kvp_log_parse_level(value, &lvl)) {
+        snprintf(err, err_len, "unknown log level '%s'", value);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *(int *)field = (int)lvl;
+    return KVP_OK;
 }

@@ -105,6 +105,30 @@ struct kvp_opt {
         .type = KVP_OPT_GROUP, .help = (title), .intro = (text)                                    \
     }
 
+/* The rows every daemon has: --ready-fd N and --log-level into int fields of `cfg_t`
+ * (env: the log level's environment variable), --help, --version and the hidden
+ * --options-markdown (KVP_OPT_ACTION: the daemon acts on them). */
+#define KVP_OPT_ROW_READY_FD(cfg_t, field)                                                         \
+    {                                                                                              \
+        .name = "ready-fd", .type = KVP_OPT_INT, .arg = "N", .def = "-1", .def_doc = "none",       \
+        KVP_OPT_FIELD(cfg_t, field), .min = 0, .max = 65535, .need = "a file descriptor number",   \
+        .help = "write the bound HOST:PORT and a newline to fd N when listening, then close it"    \
+    }
+#define KVP_OPT_ROW_LOG_LEVEL(cfg_t, field, envvar)                                                \
+    {                                                                                              \
+        .name = "log-level", .type = KVP_OPT_CUSTOM, .flags = KVP_OPT_F_ENV_LAX,                   \
+        .arg = "off|error|warn|info|debug", .def = "info", KVP_OPT_FIELD(cfg_t, field),            \
+        .env = (envvar), .parse = kvp_opt_parse_log_level,                                         \
+        .help = "what goes to stderr (an unknown value of the environment variable is ignored)"    \
+    }
+#define KVP_OPT_ROWS_ACTIONS                                                                       \
+    {.name = "help", .short_flag = 'h', .type = KVP_OPT_ACTION, .help = "this text"},              \
+        {.name = "version", .type = KVP_OPT_ACTION, .help = "the version"},                        \
+    {                                                                                              \
+        .name = "options-markdown", .type = KVP_OPT_ACTION, .flags = KVP_OPT_F_HIDDEN,             \
+        .help = "these options as Markdown tables (docs/options.md)"                               \
+    }
+
 /* A table and the struct its rows' fields are in. */
 typedef struct kvp_opts {
     const kvp_opt_t *rows;
@@ -158,6 +182,11 @@ void kvp_opts_markdown(const kvp_opts_t *opts, FILE *f);
 /* The rows' environment variables as Markdown tables on f, one per group: variable, type,
  * default, description (rows without a variable are left out). */
 void kvp_opts_env_markdown(const kvp_opts_t *opts, FILE *f);
+
+/* A CUSTOM row's reader of a log level, off|error|warn|info|debug in any case, into an int
+ * field (a kvp_log_level_t): the daemons' --log-level. */
+kvp_status_t kvp_opt_parse_log_level(const kvp_opt_t *opt, const char *value, void *field,
+                                     char *err, size_t err_len);
 
 /* A row's type in words ("seconds", "size", "on|off"), as --help and the docs show it. */
 const char *kvp_opt_type_name(const kvp_opt_t *opt);

@@ -8,11 +8,14 @@ header, then the output of
     kvpool serve --options-markdown      (client/tools/cli/serve.c)
     kvpool --options-markdown            (client/tools/cli/main.c: the global options)
     kvpool --env-markdown                (client/env.c)
+    kvpool-indexer --options-markdown    (indexer/main.c; found beside the master's build
+                                          folder: BUILD/indexer/kvpool-indexer)
 
 usage: check_options_doc.py MASTER_BIN CLI_BIN DOC [--write]
   --write: regenerate DOC instead of checking it.
 """
 import difflib
+import os
 import subprocess
 import sys
 
@@ -40,8 +43,11 @@ def main():
         print(__doc__, file=sys.stderr)
         return 2
     master, cli, doc = args
+    indexer = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(master))), "indexer",
+                           "kvpool-indexer")
     parts = [run([master, "--options-markdown"]), run([cli, "serve", "--options-markdown"]),
-             run([cli, "--options-markdown"]), run([cli, "--env-markdown"])]
+             run([cli, "--options-markdown"]), run([cli, "--env-markdown"]),
+             run([indexer, "--options-markdown"])]
     want = HEADER + "\n".join(parts)
     if write:
         with open(doc, "w") as f:

@@ -14,20 +14,6 @@
 
 #define F(field) KVP_OPT_FIELD(kvp_master_config_t, field)
 
-/* --log-level: off|error|warn|info|debug (any case) into an int. */
-static kvp_status_t parse_log_level(const kvp_opt_t *opt, const char *value, void *field, char *err,
-                                    size_t err_len)
-{
-    (void)opt;
-    kvp_log_level_t lvl;
-    if (!kvp_log_parse_level(value, &lvl)) {
-        snprintf(err, err_len, "unknown log level '%s'", value);
-        return KVP_ERR_INVALID_ARG;
-    }
-    *(int *)field = (int)lvl;
-    return KVP_OK;
-}
-
 /* --cluster: a name of 1..128 bytes without '/' (it is a path component of etcd keys). */
 static kvp_status_t parse_cluster(const kvp_opt_t *opt, const char *value, void *field, char *err,
                                   size_t err_len)
@@ -50,26 +36,8 @@ static const kvp_opt_t master_rows[] = {
      .def = "127.0.0.1:50051",
      F(listen),
      .help = "control-plane address (port 0 picks a free port)"},
-    {.name = "ready-fd",
-     .type = KVP_OPT_INT,
-     .arg = "N",
-     .def = "-1",
-     .def_doc = "none",
-     F(ready_fd),
-     .min = 0,
-     .max = 65535,
-     .need = "a file descriptor number",
-     .help = "write the bound HOST:PORT and a newline to fd N when listening, then close it"},
-    {.name = "log-level",
-     .type = KVP_OPT_CUSTOM,
-     .flags = KVP_OPT_F_ENV_LAX,
-     .arg = "off|error|warn|info|debug",
-     .def = "info",
-     F(log_level),
-     .env = "KVPOOL_LOG_LEVEL",
-     .parse = parse_log_level,
-     .help = "what goes to stderr (an unknown value of the environment variable is "
-             "ignored)"},
+    KVP_OPT_ROW_READY_FD(kvp_master_config_t, ready_fd),
+    KVP_OPT_ROW_LOG_LEVEL(kvp_master_config_t, log_level, "KVPOOL_LOG_LEVEL"),
     {.name = "auth",
      .type = KVP_OPT_STRING,
      .arg = "protected|none",
@@ -84,12 +52,7 @@ static const kvp_opt_t master_rows[] = {
      .help = "read settings from FILE (INI: every flag is a key, e.g. lease-ttl = 5, "
              "no-eviction = true; keys before any section and under [master] apply; flags "
              "given here override it)"},
-    {.name = "help", .short_flag = 'h', .type = KVP_OPT_ACTION, .help = "this text"},
-    {.name = "version", .type = KVP_OPT_ACTION, .help = "the version"},
-    {.name = "options-markdown",
-     .type = KVP_OPT_ACTION,
-     .flags = KVP_OPT_F_HIDDEN,
-     .help = "these options as Markdown tables (docs/options.md)"},
+    KVP_OPT_ROWS_ACTIONS,
 
     KVP_OPT_GROUP("Security",
                   "with these the port is open to other hosts, and every connection is TLS 1.3 "

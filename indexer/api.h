@@ -1,0 +1,36 @@
+/*
+ * api.h - kvpool-indexer's HTTP API (api.c; docs/indexer.md, "HTTP API").
+ *
+ * Thread: the handler runs on the HTTP server's threads.
+ */
+#ifndef KVP_INDEXER_API_H
+#define KVP_INDEXER_API_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/http.h"
+#include "indexer/index.h"
+#include "indexer/sub.h"
+
+#define KVP_API_BODY_MAX (16u << 20) /* bytes of a request body */
+
+typedef struct kvp_api {
+    kvp_idx_t *idx;
+    kvp_sub_t *sub;      /* woken after a registration changed */
+    bool protected_mode; /* requests from this host only */
+    uint64_t seed;       /* the standard hash's seed (--hash-seed) */
+} kvp_api_t;
+
+/* The kvp_http_handler_fn of the API (arg: a kvp_api_t). */
+void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
+                    kvp_http_reply_t *reply);
+
+/* Register one publisher from a JSON object's text (the config file's entries, and POST
+ * /register); default_instance: the instance id when the object has none (NULL: it must).
+ * 0, or the HTTP status of a refusal with its sentence in err. */
+unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
+                               const char *default_instance, char *err, size_t err_len);
+
+#endif

@@ -1,0 +1,1354 @@
+/*
+ * index.c - the prefix index of kvpool-indexer (index.h; docs/indexer.md).
+ *
+ * Design. A block is a node: its scope (tenant, model, LoRA, block size, salt: interned,
+ * an id), its standard seq hash, and its holders, each a u32 naming (registration,
+ * publisher slot of that registration, medium) - three inline, more in an array of its
+ * own. Nodes live in one array (stable indices, a free list) and are found through an
+ * open-addressing table of u64 slots, (hash's high 32 bits << 32) | node index, probed
+ * linearly and deleted by backward shift; the hash is XXH3 of (seq, scope) under a seed
+ * drawn at start, so a publisher that picks its hashes cannot pile them on one probe run.
+ * A doubly linked list through the nodes orders them by their last store: past
+ * --max-blocks the least recently stored node goes, holders and all.
+ *
+ * Engine hashes. An engine that hashes otherwise sends token ids; the standard hashes
+ * made from them are remembered as maps (scope, engine hash) -> node, in a second table of
+ * the same kind, chained from their node so that they go with it. A map never says
+ * anything false (it is a function of the tokens); it only goes away with its block.
+ *
+ * Queries walk the prompt's hashes in order, one table lookup per block, and fold each
+ * node's holders into per-registration medium masks, from which the runs of docs/indexer.md
+ * are advanced; the walk stops at the first block no candidate holds, or when no run is
+ * still going.
+ *
+ * Thread: one rwlock (index.h); counters that HTTP threads bump are atomics.
+ */
+#include "indexer/index.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <xxhash.h>
+
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/rand.h"
+
+#define HOLDER(reg, pub, m) (((uint32_t)(reg) << 7) | ((uint32_t)(pub) << 3) | (uint32_t)(m))
+#define HOLDER_REG(h) ((h) >> 7)
+#define HOLDER_PUB(h) (((h) >> 3) & 15u)
+#define HOLDER_MEDIUM(h) ((h)&7u)
+#define INLINE_HOLDERS 3
+#define NODES_MAX (1u << 31)
+#define SCOPES_MAX 4096
+#define SUBS_MAX 4096
+#define TYPE_MAX 32
+
+typedef struct node {
+    uint64_t seq;
+    uint32_t scope;      /* 0: a free node */
+    uint32_t prev, next; /* the store order (free: next is the free list) */
+    uint32_t maps;       /* the engine-hash maps that name it: a chain through map_t.next */
+    uint16_t n, cap;     /* holders; cap 0: inline */
+    union {
+        uint32_t in[INLINE_HOLDERS];
+        uint32_t *ext;
+    } h;
+} node_t;
+
+typedef struct map {
+    uint64_t engine;
+    uint32_t scope; /* 0: free */
+    uint32_t node;
+    uint32_t next; /* the node's chain; free: the free list */
+} map_t;
+
+/* An open-addressing table of u32 indices (nodes or maps) tagged with their hash. */
+typedef struct table {
+    uint64_t *slots;
+    uint32_t mask, count;
+} table_t;
+
+typedef struct scope {
+    char tenant[KVP_IDX_NAME_MAX], model[KVP_IDX_NAME_MAX], lora[KVP_IDX_NAME_MAX],
+        salt[KVP_IDX_NAME_MAX];
+    uint32_t block_size, refs; /* refs 0: free */
+} scope_t;
+
+typedef struct pub {
+    uint32_t sub;
+    char type[TYPE_MAX];
+    bool pool; /* kvpool or Mooncake: its blocks count for the registration's rank */
+} pub_t;
+
+typedef struct reg {
+    bool live;
+    char instance[KVP_IDX_NAME_MAX];
+    uint32_t rank, scope, n_pubs;
+    pub_t pubs[KVP_IDX_PUBS_MAX];
+    uint64_t holders;
+} reg_t;
+
+typedef struct sub {
+    bool live, has_seq, connected;
+    char endpoint[KVP_IDX_ENDPOINT_MAX], replay[KVP_IDX_ENDPOINT_MAX];
+    uint64_t gen, last_seq, resyncs;
+    uint32_t refs;
+    uint32_t *targets; /* (reg << 4) | publisher slot, for every registration naming it */
+    uint32_t n_targets, cap_targets;
+} sub_t;
+
+struct kvp_idx {
+    pthread_rwlock_t lock;
+    uint64_t seed, tseed, max_blocks;
+    node_t *nodes;
+    uint32_t n_nodes_cap, n_nodes_used, free_nodes, live_nodes, lru_head, lru_tail;
+    table_t blocks;
+    map_t *maps;
+    uint32_t n_maps_cap, n_maps_used, free_maps;
+    table_t map_table;
+    scope_t *scopes;
+    uint32_t n_scopes;
+    reg_t **regs;
+    uint32_t n_regs; /* slots used (live or not) */
+    sub_t *subs;
+    uint32_t n_subs;
+    uint64_t sub_gen;
+    char media[KVP_IDX_MEDIA_MAX][TYPE_MAX];
+    unsigned n_media;
+    /* scratch of the writer (write lock) */
+    uint64_t *hbuf, *sbuf;
+    uint32_t *tbuf;
+    size_t hcap, tcap;
+    /* counters */
+    uint64_t holders, evicted, unplaced, media_dropped, stored_ev, removed_ev, cleared_ev,
+        resync_gap, resync_restart, resync_malformed, maps_live;
+    _Atomic uint64_t batches, replayed, q_tokens, q_hashes, refused_json, refused_body,
+        refused_method, refused_field, refused_path, refused_peer;
+};
+
+/* ---- hashing ---- */
+
+void kvp_idx_hash_tokens(uint64_t seed, const uint32_t *tokens, size_t n, uint32_t bs,
+                         bool has_parent, uint64_t parent, uint64_t *seq)
+{
+    uint64_t prev = parent;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t *t = tokens + i * bs;
+        uint64_t local;
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        local = XXH3_64bits_withSeed(t, (size_t)bs * 4, seed);
+#else
+#error "kvpool-indexer hashes tokens as little-endian u32: a big-endian build must swap them"
+#endif
+        if (i == 0 && !has_parent) {
+            prev = local;
+        } else {
+            uint64_t two[2] = {prev, local};
+            prev = XXH3_64bits_withSeed(two, sizeof(two), seed);
+        }
+        seq[i] = prev;
+    }
+}
+
+static uint64_t key_hash(const kvp_idx_t *idx, uint32_t scope, uint64_t v)
+{
+    uint64_t k[2] = {v, scope};
+    return XXH3_64bits_withSeed(k, 12, idx->tseed);
+}
+
+/* ---- tables ---- */
+
+static bool table_init(table_t *t, uint32_t cap)
+{
+    t->slots = calloc(cap, sizeof(*t->slots));
+    t->mask = cap - 1;
+    t->count = 0;
+    return t->slots != NULL;
+}
+
+/* Room for one more; false: out of memory (the table is unchanged). */
+static bool table_reserve(table_t *t)
+{
+    if ((uint64_t)(t->count + 1) * 2 <= (uint64_t)t->mask + 1)
+        return true;
+    uint64_t cap = ((uint64_t)t->mask + 1) * 2;
+    if (cap > (1ull << 32))
+        return false;
+    uint64_t *slots = calloc(cap, sizeof(*slots));
+    if (slots == NULL)
+        return false;
+    uint32_t mask = (uint32_t)(cap - 1);
+    for (uint64_t i = 0; i <= t->mask; i++) {
+        uint64_t s = t->slots[i];
+        if (s == 0)
+            continue;
+        uint32_t j = (uint32_t)(s >> 32) & mask;
+        while (slots[j] != 0)
+            j = (j + 1) & mask;
+        slots[j] = s;
+    }
+    free(t->slots);
+    t->slots = slots;
+    t->mask = mask;
+    return true;
+}
+
+static void table_put(table_t *t, uint64_t h, uint32_t v)
+{
+    uint32_t tag = (uint32_t)(h >> 32), i = tag & t->mask;
+    while (t->slots[i] != 0)
+        i = (i + 1) & t->mask;
+    t->slots[i] = ((uint64_t)tag << 32) | v;
+    t->count++;
+}
+
+/* Remove the slot holding v (found by its hash h). */
+static void table_del(table_t *t, uint64_t h, uint32_t v)
+{
+    uint32_t i = (uint32_t)(h >> 32) & t->mask;
+    while ((uint32_t)t->slots[i] != v) {
+        if (t->slots[i] == 0)
+            return; /* not there: nothing to do */
+        i = (i + 1) & t->mask;
+    }
+    for (uint32_t j = (i + 1) & t->mask; t->slots[j] != 0; j = (j + 1) & t->mask) {
+        uint32_t k = (uint32_t)(t->slots[j] >> 32) & t->mask; /* its home */
+        bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+        if (!stays) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    t->slots[i] = 0;
+    t->count--;
+}
+
+/* The index of table t holding the entry that key (scope, v) names (0: none); is_it reads
+ * an index's key. Inlined with its is_it: the probe of both tables. */
+static inline uint32_t probe(const kvp_idx_t *idx, const table_t *t, uint32_t scope, uint64_t v,
+                             bool (*is_it)(const kvp_idx_t *, uint32_t, uint32_t, uint64_t))
+{
+    uint64_t h = key_hash(idx, scope, v);
+    uint32_t tag = (uint32_t)(h >> 32);
+    for (uint32_t i = tag & t->mask;; i = (i + 1) & t->mask) {
+        uint64_t s = t->slots[i];
+        if (s == 0)
+            return 0;
+        if ((uint32_t)(s >> 32) == tag && is_it(idx, (uint32_t)s, scope, v))
+            return (uint32_t)s;
+    }
+}
+
+static bool node_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t seq)
+{
+    return idx->nodes[i].seq == seq && idx->nodes[i].scope == scope;
+}
+
+static bool map_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t engine)
+{
+    return idx->maps[i].engine == engine && idx->maps[i].scope == scope;
+}
+
+static uint32_t node_find(const kvp_idx_t *idx, uint32_t scope, uint64_t seq)
+{
+    return probe(idx, &idx->blocks, scope, seq, node_is);
+}
+
+static uint32_t map_find(const kvp_idx_t *idx, uint32_t scope, uint64_t engine)
+{
+    return probe(idx, &idx->map_table, scope, engine, map_is);
+}
+
+/* The standard hash an engine hash stands for in scope: *std_p, true; false: none known. */
+static bool map_lookup(const kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint64_t *std_p)
+{
+    uint32_t m = map_find(idx, scope, engine);
+    if (m == 0)
+        return false;
+    *std_p = idx->nodes[idx->maps[m].node].seq;
+    return true;
+}
+
+/* ---- nodes ---- */
+
+static uint32_t *holders_of(node_t *n)
+{
+    return n->cap == 0 ? n->h.in : n->h.ext;
+}
+
+static void lru_unlink(kvp_idx_t *idx, uint32_t i)
+{
+    node_t *n = &idx->nodes[i];
+    if (n->prev != 0)
+        idx->nodes[n->prev].next = n->next;
+    else
+        idx->lru_head = n->next;
+    if (n->next != 0)
+        idx->nodes[n->next].prev = n->prev;
+    else
+        idx->lru_tail = n->prev;
+    n->prev = n->next = 0;
+}
+
+static void lru_push(kvp_idx_t *idx, uint32_t i) /* most recent at the tail */
+{
+    node_t *n = &idx->nodes[i];
+    n->prev = idx->lru_tail;
+    n->next = 0;
+    if (idx->lru_tail != 0)
+        idx->nodes[idx->lru_tail].next = i;
+    else
+        idx->lru_head = i;
+    idx->lru_tail = i;
+}
+
+static void map_free_chain(kvp_idx_t *idx, uint32_t head)
+{
+    while (head != 0) {
+        map_t *m = &idx->maps[head];
+        uint32_t next = m->next;
+        table_del(&idx->map_table, key_hash(idx, m->scope, m->engine), head);
+        m->scope = 0;
+        m->next = idx->free_maps;
+        idx->free_maps = head;
+        idx->maps_live--;
+        head = next;
+    }
+}
+
+/* Free node i (its holders already counted off). */
+static void node_free(kvp_idx_t *idx, uint32_t i)
+{
+    node_t *n = &idx->nodes[i];
+    lru_unlink(idx, i);
+    table_del(&idx->blocks, key_hash(idx, n->scope, n->seq), i);
+    map_free_chain(idx, n->maps);
+    if (n->cap != 0)
+        free(n->h.ext);
+    memset(n, 0, sizeof(*n));
+    n->next = idx->free_nodes;
+    idx->free_nodes = i;
+    idx->live_nodes--;
+}
+
+/* Drop node i and all its holders (eviction). */
+static void node_drop(kvp_idx_t *idx, uint32_t i)
+{
+    node_t *n = &idx->nodes[i];
+    uint32_t *h = holders_of(n);
+    for (unsigned k = 0; k < n->n; k++) {
+        reg_t *r = idx->regs[HOLDER_REG(h[k])];
+        if (r != NULL)
+            r->holders--;
+    }
+    idx->holders -= n->n;
+    node_free(idx, i);
+}
+
+/* The node of (scope, seq), made when absent (the least recently stored one evicted past
+ * --max-blocks); 0 when out of memory. */
+static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
+{
+    uint32_t i = node_find(idx, scope, seq);
+    if (i != 0) {
+        lru_unlink(idx, i);
+        lru_push(idx, i);
+        return i;
+    }
+    while (idx->live_nodes >= idx->max_blocks && idx->lru_head != 0) {
+        node_drop(idx, idx->lru_head);
+        idx->evicted++;
+    }
+    if (!table_reserve(&idx->blocks))
+        return 0;
+    if (idx->free_nodes != 0) {
+        i = idx->free_nodes;
+        idx->free_nodes = idx->nodes[i].next;
+    } else {
+        if (idx->n_nodes_used == idx->n_nodes_cap) {
+            uint64_t cap = (uint64_t)idx->n_nodes_cap * 2;
+            if (cap > NODES_MAX)
+                return 0;
+            node_t *nodes = realloc(idx->nodes, cap * sizeof(*nodes));
+            if (nodes == NULL)
+                return 0;
+            idx->nodes = nodes;
+            idx->n_nodes_cap = (uint32_t)cap;
+        }
+        i = idx->n_nodes_used++;
+    }
+    node_t *n = &idx->nodes[i];
+    memset(n, 0, sizeof(*n));
+    n->seq = seq;
+    n->scope = scope;
+    table_put(&idx->blocks, key_hash(idx, scope, seq), i);
+    lru_push(idx, i);
+    idx->live_nodes++;
+    return i;
+}
+
+static bool holder_add(kvp_idx_t *idx, uint32_t i, uint32_t holder)
+{
+    node_t *n = &idx->nodes[i];
+    uint32_t *h = holders_of(n);
+    for (unsigned k = 0; k < n->n; k++)
+        if (h[k] == holder)
+            return true;
+    unsigned cap = n->cap == 0 ? INLINE_HOLDERS : n->cap;
+    if (n->n == cap) {
+        if (cap >= 32768)
+            return false;
+        unsigned ncap = cap * 2;
+        uint32_t *ext = malloc(ncap * sizeof(*ext));
+        if (ext == NULL)
+            return false;
+        memcpy(ext, h, n->n * sizeof(*ext));
+        if (n->cap != 0)
+            free(n->h.ext);
+        n->h.ext = ext;
+        n->cap = (uint16_t)ncap;
+        h = ext;
+    }
+    h[n->n++] = holder;
+    idx->holders++;
+    idx->regs[HOLDER_REG(holder)]->holders++;
+    return true;
+}
+
+/* Remove the holders of node i that match (reg, pub, and medium unless any_medium);
+ * the node goes when none is left. */
+static void holder_del(kvp_idx_t *idx, uint32_t i, uint32_t reg, uint32_t pub, bool any_pub,
+                       uint32_t medium, bool any_medium)
+{
+    node_t *n = &idx->nodes[i];
+    uint32_t *h = holders_of(n);
+    for (unsigned k = 0; k < n->n;) {
+        uint32_t x = h[k];
+        if (HOLDER_REG(x) == reg && (any_pub || HOLDER_PUB(x) == pub) &&
+            (any_medium || HOLDER_MEDIUM(x) == medium)) {
+            h[k] = h[--n->n];
+            idx->holders--;
+            idx->regs[reg]->holders--;
+            continue;
+        }
+        k++;
+    }
+    if (n->n == 0)
+        node_free(idx, i);
+}
+
+/* Every node: remove the holders matching, as holder_del. O(nodes). */
+static void purge(kvp_idx_t *idx, uint32_t reg, uint32_t pub, bool any_pub, uint32_t medium,
+                  bool any_medium)
+{
+    if (idx->regs[reg] == NULL || idx->regs[reg]->holders == 0)
+        return;
+    for (uint32_t i = 1; i < idx->n_nodes_used; i++)
+        if (idx->nodes[i].scope != 0)
+            holder_del(idx, i, reg, pub, any_pub, medium, any_medium);
+}
+
+/* ---- create ---- */
+
+/* The index's arrays and itself (NULL ones are fine). */
+static void free_all(kvp_idx_t *idx)
+{
+    free(idx->blocks.slots);
+    free(idx->map_table.slots);
+    free(idx->nodes);
+    free(idx->maps);
+    free(idx->scopes);
+    free(idx->regs);
+    free(idx->subs);
+    free(idx->hbuf);
+    free(idx->sbuf);
+    free(idx->tbuf);
+    free(idx);
+}
+
+kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
+{
+    kvp_idx_t *idx = calloc(1, sizeof(*idx));
+    if (idx == NULL)
+        return KVP_ERR_NOMEM;
+    idx->seed = p->seed;
+    idx->max_blocks = p->max_blocks != 0 ? p->max_blocks : NODES_MAX - 1;
+    idx->tseed = kvp_random_u64();
+    idx->n_nodes_cap = 1024;
+    idx->nodes = calloc(idx->n_nodes_cap, sizeof(*idx->nodes));
+    idx->n_nodes_used = 1; /* node 0: none */
+    idx->n_maps_cap = 1024;
+    idx->maps = calloc(idx->n_maps_cap, sizeof(*idx->maps));
+    idx->n_maps_used = 1;
+    idx->scopes = calloc(SCOPES_MAX, sizeof(*idx->scopes));
+    idx->regs = calloc(KVP_IDX_REGS_MAX, sizeof(*idx->regs));
+    idx->subs = calloc(SUBS_MAX, sizeof(*idx->subs));
+    static const char *media[] = {"GPU", "CPU", "DISK"};
+    for (unsigned m = 0; m < 3; m++)
+        snprintf(idx->media[m], TYPE_MAX, "%s", media[m]);
+    idx->n_media = 3;
+    bool tables = table_init(&idx->blocks, 2048) && table_init(&idx->map_table, 2048);
+    if (idx->nodes == NULL || idx->maps == NULL || idx->scopes == NULL || idx->regs == NULL ||
+        idx->subs == NULL || !tables || pthread_rwlock_init(&idx->lock, NULL) != 0) {
+        free_all(idx);
+        return KVP_ERR_NOMEM;
+    }
+    *idx_p = idx;
+    return KVP_OK;
+}
+
+void kvp_idx_destroy(kvp_idx_t *idx)
+{
+    if (idx == NULL)
+        return;
+    for (uint32_t i = 1; i < idx->n_nodes_used; i++)
+        if (idx->nodes[i].scope != 0 && idx->nodes[i].cap != 0)
+            free(idx->nodes[i].h.ext);
+    for (uint32_t r = 0; r < idx->n_regs; r++)
+        free(idx->regs[r]);
+    for (uint32_t s = 0; s < idx->n_subs; s++)
+        free(idx->subs[s].targets);
+    pthread_rwlock_destroy(&idx->lock);
+    free_all(idx);
+}
+
+void kvp_idx_rdlock(kvp_idx_t *idx)
+{
+    pthread_rwlock_rdlock(&idx->lock);
+}
+
+void kvp_idx_wrlock(kvp_idx_t *idx)
+{
+    pthread_rwlock_wrlock(&idx->lock);
+}
+
+void kvp_idx_unlock(kvp_idx_t *idx)
+{
+    pthread_rwlock_unlock(&idx->lock);
+}
+
+/* ---- scopes, registrations, subscriptions ---- */
+
+static uint32_t scope_find(const kvp_idx_t *idx, const char *tenant, const char *model,
+                           const char *lora, uint32_t bs, const char *salt)
+{
+    for (uint32_t s = 0; s < idx->n_scopes; s++) {
+        const scope_t *sc = &idx->scopes[s];
+        if (sc->refs != 0 && sc->block_size == bs && strcmp(sc->tenant, tenant) == 0 &&
+            strcmp(sc->model, model) == 0 && strcmp(sc->lora, lora) == 0 &&
+            strcmp(sc->salt, salt) == 0)
+            return s + 1;
+    }
+    return 0;
+}
+
+static uint32_t scope_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p)
+{
+    uint32_t s = scope_find(idx, p->tenant, p->model, p->lora, p->block_size, p->salt);
+    if (s != 0) {
+        idx->scopes[s - 1].refs++;
+        return s;
+    }
+    uint32_t free_slot = idx->n_scopes;
+    for (uint32_t k = 0; k < idx->n_scopes; k++)
+        if (idx->scopes[k].refs == 0) {
+            free_slot = k;
+            break;
+        }
+    if (free_slot == SCOPES_MAX)
+        return 0;
+    scope_t *sc = &idx->scopes[free_slot];
+    snprintf(sc->tenant, sizeof(sc->tenant), "%s", p->tenant);
+    snprintf(sc->model, sizeof(sc->model), "%s", p->model);
+    snprintf(sc->lora, sizeof(sc->lora), "%s", p->lora);
+    snprintf(sc->salt, sizeof(sc->salt), "%s", p->salt);
+    sc->block_size = p->block_size;
+    sc->refs = 1;
+    if (free_slot == idx->n_scopes)
+        idx->n_scopes++;
+    return free_slot + 1;
+}
+
+static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay)
+{
+    uint32_t free_slot = idx->n_subs;
+    for (uint32_t s = 0; s < idx->n_subs; s++) {
+        sub_t *sb = &idx->subs[s];
+        if (!sb->live) {
+            if (free_slot == idx->n_subs)
+                free_slot = s;
+            continue;
+        }
+        if (strcmp(sb->endpoint, endpoint) == 0) {
+            if (replay[0] != '\0' && strcmp(sb->replay, replay) != 0) {
+                snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
+                sb->gen = ++idx->sub_gen;
+            }
+            sb->refs++;
+            return s;
+        }
+    }
+    if (free_slot == SUBS_MAX)
+        return UINT32_MAX;
+    sub_t *sb = &idx->subs[free_slot];
+    uint32_t *targets = sb->targets;
+    uint32_t cap = sb->cap_targets;
+    memset(sb, 0, sizeof(*sb));
+    sb->targets = targets;
+    sb->cap_targets = cap;
+    sb->live = true;
+    snprintf(sb->endpoint, sizeof(sb->endpoint), "%s", endpoint);
+    snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
+    sb->gen = ++idx->sub_gen;
+    sb->refs = 1;
+    if (free_slot == idx->n_subs)
+        idx->n_subs++;
+    return free_slot;
+}
+
+static void sub_put(kvp_idx_t *idx, uint32_t s)
+{
+    sub_t *sb = &idx->subs[s];
+    if (--sb->refs == 0) {
+        sb->live = false;
+        sb->n_targets = 0;
+    }
+}
+
+/* Every subscription's registrations, made again (after a change of registrations). */
+static void targets_rebuild(kvp_idx_t *idx)
+{
+    for (uint32_t s = 0; s < idx->n_subs; s++)
+        idx->subs[s].n_targets = 0;
+    for (uint32_t r = 0; r < idx->n_regs; r++) {
+        reg_t *rg = idx->regs[r];
+        if (rg == NULL || !rg->live)
+            continue;
+        for (uint32_t p = 0; p < rg->n_pubs; p++) {
+            sub_t *sb = &idx->subs[rg->pubs[p].sub];
+            if (sb->n_targets == sb->cap_targets) {
+                uint32_t cap = sb->cap_targets ? sb->cap_targets * 2 : 8;
+                uint32_t *t = realloc(sb->targets, cap * sizeof(*t));
+                if (t == NULL)
+                    continue; /* out of memory: this publisher feeds it nothing */
+                sb->targets = t;
+                sb->cap_targets = cap;
+            }
+            sb->targets[sb->n_targets++] = (r << 4) | p;
+        }
+    }
+}
+
+static reg_t *reg_find(const kvp_idx_t *idx, const char *instance, const char *tenant,
+                       uint32_t rank, uint32_t *id_p)
+{
+    for (uint32_t r = 0; r < idx->n_regs; r++) {
+        reg_t *rg = idx->regs[r];
+        if (rg != NULL && rg->live && rg->rank == rank && strcmp(rg->instance, instance) == 0 &&
+            strcmp(idx->scopes[rg->scope - 1].tenant, tenant) == 0) {
+            *id_p = r;
+            return rg;
+        }
+    }
+    return NULL;
+}
+
+/* Remove registration r: its blocks, its subscriptions' references, its scope's. */
+static void reg_remove(kvp_idx_t *idx, uint32_t r)
+{
+    reg_t *rg = idx->regs[r];
+    purge(idx, r, 0, true, 0, true);
+    for (uint32_t p = 0; p < rg->n_pubs; p++)
+        sub_put(idx, rg->pubs[p].sub);
+    idx->scopes[rg->scope - 1].refs--;
+    rg->live = false;
+    rg->n_pubs = 0;
+}
+
+static bool is_pool(const char *type)
+{
+    return strcasecmp(type, "kvpool") == 0 || strcasecmp(type, "mooncake") == 0;
+}
+
+kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool *changed_p,
+                              char *err, size_t err_len)
+{
+    *changed_p = false;
+    uint32_t r;
+    reg_t *rg = reg_find(idx, p->instance, p->tenant, p->dp_rank, &r);
+    if (rg != NULL) {
+        const scope_t *sc = &idx->scopes[rg->scope - 1];
+        bool same_scope = sc->block_size == p->block_size && strcmp(sc->model, p->model) == 0 &&
+                          strcmp(sc->lora, p->lora) == 0 && strcmp(sc->salt, p->salt) == 0;
+        if (same_scope) {
+            for (uint32_t k = 0; k < rg->n_pubs; k++) {
+                sub_t *sb = &idx->subs[rg->pubs[k].sub];
+                if (strcmp(sb->endpoint, p->endpoint) != 0)
+                    continue;
+                /* the same publisher again: its replay endpoint and type */
+                if (p->replay_endpoint[0] != '\0' && strcmp(sb->replay, p->replay_endpoint) != 0) {
+                    snprintf(sb->replay, sizeof(sb->replay), "%s", p->replay_endpoint);
+                    sb->gen = ++idx->sub_gen;
+                    *changed_p = true;
+                }
+                snprintf(rg->pubs[k].type, TYPE_MAX, "%s", p->type);
+                rg->pubs[k].pool = is_pool(p->type);
+                return KVP_OK;
+            }
+            if (rg->n_pubs == KVP_IDX_PUBS_MAX) {
+                snprintf(err, err_len, "registration %s|%s|%u has %u publishers already",
+                         p->instance, p->tenant, p->dp_rank, KVP_IDX_PUBS_MAX);
+                return KVP_ERR_TOO_MANY;
+            }
+            uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint);
+            if (s == UINT32_MAX) {
+                snprintf(err, err_len, "%u publisher endpoints already", SUBS_MAX);
+                return KVP_ERR_TOO_MANY;
+            }
+            pub_t *pb = &rg->pubs[rg->n_pubs++];
+            pb->sub = s;
+            snprintf(pb->type, TYPE_MAX, "%s", p->type);
+            pb->pool = is_pool(p->type);
+            targets_rebuild(idx);
+            *changed_p = true;
+            return KVP_OK;
+        }
+        reg_remove(idx, r); /* another scope: made anew */
+        *changed_p = true;
+    } else {
+        for (r = 0; r < idx->n_regs && idx->regs[r] != NULL && idx->regs[r]->live; r++)
+            ;
+        if (r == KVP_IDX_REGS_MAX) {
+            snprintf(err, err_len, "%u registrations already", KVP_IDX_REGS_MAX);
+            return KVP_ERR_TOO_MANY;
+        }
+        if (idx->regs[r] == NULL && (idx->regs[r] = calloc(1, sizeof(reg_t))) == NULL)
+            return KVP_ERR_NOMEM;
+        if (r == idx->n_regs)
+            idx->n_regs++;
+        rg = idx->regs[r];
+    }
+    uint32_t scope = scope_get(idx, p);
+    if (scope == 0) {
+        snprintf(err, err_len, "%u scopes (tenant, model, LoRA, block size, salt) already",
+                 SCOPES_MAX);
+        return KVP_ERR_TOO_MANY;
+    }
+    uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint);
+    if (s == UINT32_MAX) {
+        idx->scopes[scope - 1].refs--;
+        snprintf(err, err_len, "%u publisher endpoints already", SUBS_MAX);
+        return KVP_ERR_TOO_MANY;
+    }
+    memset(rg, 0, sizeof(*rg));
+    rg->live = true;
+    snprintf(rg->instance, sizeof(rg->instance), "%s", p->instance);
+    rg->rank = p->dp_rank;
+    rg->scope = scope;
+    rg->n_pubs = 1;
+    rg->pubs[0].sub = s;
+    snprintf(rg->pubs[0].type, TYPE_MAX, "%s", p->type);
+    rg->pubs[0].pool = is_pool(p->type);
+    targets_rebuild(idx);
+    *changed_p = true;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_idx_unregister(kvp_idx_t *idx, const char *instance, const char *tenant,
+                                bool all_ranks, uint32_t rank,
+                                void (*cb)(void *arg, const char *name), void *arg)
+{
+    bool any = false;
+    for (uint32_t r = 0; r < idx->n_regs; r++) {
+        reg_t *rg = idx->regs[r];
+        if (rg == NULL || !rg->live || strcmp(rg->instance, instance) != 0 ||
+            strcmp(idx->scopes[rg->scope - 1].tenant, tenant) != 0 ||
+            (!all_ranks && rg->rank != rank))
+            continue;
+        char name[3 * KVP_IDX_NAME_MAX];
+        snprintf(name, sizeof(name), "%s|%s|%u", rg->instance, tenant, rg->rank);
+        reg_remove(idx, r);
+        cb(arg, name);
+        any = true;
+    }
+    if (any)
+        targets_rebuild(idx);
+    return any ? KVP_OK : KVP_ERR_NOT_FOUND;
+}
+
+size_t kvp_idx_subs(kvp_idx_t *idx, kvp_idx_sub_info_t *out, size_t max)
+{
+    size_t n = 0;
+    for (uint32_t s = 0; s < idx->n_subs; s++) {
+        const sub_t *sb = &idx->subs[s];
+        if (!sb->live)
+            continue;
+        if (n < max) {
+            out[n].id = s;
+            out[n].gen = sb->gen;
+            memcpy(out[n].endpoint, sb->endpoint, sizeof(out[n].endpoint));
+            memcpy(out[n].replay, sb->replay, sizeof(out[n].replay));
+        }
+        n++;
+    }
+    return n;
+}
+
+/* ---- events ---- */
+
+/* The index of a medium name (NULL: GPU), interned; KVP_IDX_MEDIA_MAX: no room. */
+static unsigned medium_of(kvp_idx_t *idx, const char *name, size_t len)
+{
+    if (name == NULL)
+        return KVP_IDX_MEDIUM_GPU;
+    char up[TYPE_MAX];
+    if (len == 0 || len >= sizeof(up))
+        return KVP_IDX_MEDIA_MAX;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)name[i];
+        if (c < 0x21 || c > 0x7e || c == '"' || c == '\\')
+            return KVP_IDX_MEDIA_MAX; /* printable, and safe in JSON and labels */
+        up[i] = (char)toupper(c);
+    }
+    up[len] = '\0';
+    for (unsigned m = 0; m < idx->n_media; m++)
+        if (strcmp(idx->media[m], up) == 0)
+            return m;
+    if (idx->n_media == KVP_IDX_MEDIA_MAX)
+        return KVP_IDX_MEDIA_MAX;
+    memcpy(idx->media[idx->n_media], up, len + 1);
+    return idx->n_media++;
+}
+
+static bool scratch(kvp_idx_t *idx, size_t nh, size_t nt)
+{
+    if (nh > idx->hcap) {
+        uint64_t *h = realloc(idx->hbuf, nh * sizeof(*h));
+        uint64_t *s = realloc(idx->sbuf, nh * sizeof(*s));
+        if (h != NULL)
+            idx->hbuf = h;
+        if (s != NULL)
+            idx->sbuf = s;
+        if (h == NULL || s == NULL)
+            return false;
+        idx->hcap = nh;
+    }
+    if (nt > idx->tcap) {
+        uint32_t *t = realloc(idx->tbuf, nt * sizeof(*t));
+        if (t == NULL)
+            return false;
+        idx->tbuf = t;
+        idx->tcap = nt;
+    }
+    return true;
+}
+
+/* Remember engine -> node (scope), unless known. */
+static void map_add(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint32_t node)
+{
+    if (map_find(idx, scope, engine) != 0 || !table_reserve(&idx->map_table))
+        return;
+    uint32_t m;
+    if (idx->free_maps != 0) {
+        m = idx->free_maps;
+        idx->free_maps = idx->maps[m].next;
+    } else {
+        if (idx->n_maps_used == idx->n_maps_cap) {
+            uint64_t cap = (uint64_t)idx->n_maps_cap * 2;
+            map_t *maps = cap < (1ull << 31) ? realloc(idx->maps, cap * sizeof(*maps)) : NULL;
+            if (maps == NULL)
+                return;
+            idx->maps = maps;
+            idx->n_maps_cap = (uint32_t)cap;
+        }
+        m = idx->n_maps_used++;
+    }
+    map_t *mp = &idx->maps[m];
+    mp->engine = engine;
+    mp->scope = scope;
+    mp->node = node;
+    mp->next = idx->nodes[node].maps;
+    idx->nodes[node].maps = m;
+    table_put(&idx->map_table, key_hash(idx, scope, engine), m);
+    idx->maps_live++;
+}
+
+/* The standard hashes of a stored or removed op's blocks in scope (idx->sbuf; the raw
+ * hashes in idx->hbuf); false when they cannot be placed (counted). */
+static bool std_hashes(kvp_idx_t *idx, const kvp_idx_batch_t *b, const kvp_idx_op_t *op,
+                       uint32_t scope, bool envelope)
+{
+    size_t n = op->n_hashes;
+    const uint64_t *h = idx->hbuf;
+    uint64_t *s = idx->sbuf;
+    uint32_t bs = idx->scopes[scope - 1].block_size;
+    if (op->kind == KVP_IDX_STORED && op->has_tokens && op->n_tokens > 0) {
+        if (op->n_tokens != n * (size_t)bs) { /* not whole blocks of this scope's size */
+            idx->unplaced += n;
+            return false;
+        }
+        bool has_parent = false;
+        uint64_t parent = 0;
+        if (op->has_base && op->base == 0) {
+            has_parent = false;
+        } else if (op->has_parent) {
+            has_parent = true;
+            if (!map_lookup(idx, scope, op->parent, &parent)) {
+                if (!envelope) { /* an engine's parent we never mapped */
+                    idx->unplaced += n;
+                    return false;
+                }
+                parent = op->parent; /* the contract's parent_hash: a standard hash */
+            }
+        } else if (envelope && op->has_base && op->base > 0) {
+            idx->unplaced += n; /* a depth, but no parent to continue from */
+            return false;
+        }
+        b->tokens(b->arg, op, idx->tbuf);
+        kvp_idx_hash_tokens(idx->seed, idx->tbuf, n, bs, has_parent, parent, s);
+        return true;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!map_lookup(idx, scope, h[i], &s[i]))
+            s[i] = h[i];
+    return true;
+}
+
+/* Should target (r, p) of subscription sub take a batch of DP rank `rank`? */
+static bool rank_takes(const kvp_idx_t *idx, const sub_t *sb, const reg_t *rg, const pub_t *pb,
+                       bool has_rank, uint32_t rank)
+{
+    if (!has_rank || pb->pool || rg->rank == rank)
+        return true;
+    /* an engine's batch of another rank: not for this registration when the same publisher
+     * is registered under that rank for the instance */
+    for (uint32_t t = 0; t < sb->n_targets; t++) {
+        const reg_t *o = idx->regs[sb->targets[t] >> 4];
+        if (o->rank == rank && strcmp(o->instance, rg->instance) == 0 && o->scope == rg->scope)
+            return false;
+    }
+    return true;
+}
+
+void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
+{
+    if (sub >= idx->n_subs || !idx->subs[sub].live)
+        return;
+    const sub_t *sb = &idx->subs[sub];
+    for (size_t k = 0; k < b->n_ops; k++) {
+        const kvp_idx_op_t *op = &b->ops[k];
+        bool envelope = op->envelope;
+        unsigned m = medium_of(idx, op->medium, op->medium_len);
+        if (op->kind == KVP_IDX_STORED)
+            idx->stored_ev++;
+        else if (op->kind == KVP_IDX_REMOVED)
+            idx->removed_ev++;
+        else
+            idx->cleared_ev++;
+        if (m == KVP_IDX_MEDIA_MAX && !(op->kind == KVP_IDX_CLEARED && op->all_media)) {
+            idx->media_dropped++;
+            continue;
+        }
+        if (op->kind != KVP_IDX_CLEARED) {
+            if (!scratch(idx, op->n_hashes, op->has_tokens ? op->n_tokens : 0)) {
+                idx->unplaced += op->n_hashes;
+                continue;
+            }
+            b->hashes(b->arg, op, idx->hbuf);
+        }
+        bool has_rank = op->has_rank || b->has_rank;
+        uint32_t rank = op->has_rank ? op->rank : b->rank;
+        uint32_t done_scope = 0; /* the scope idx->sbuf holds the hashes of */
+        for (uint32_t t = 0; t < sb->n_targets; t++) {
+            uint32_t r = sb->targets[t] >> 4, p = sb->targets[t] & 15u;
+            const reg_t *rg = idx->regs[r];
+            const pub_t *pb = &rg->pubs[p];
+            const scope_t *sc = &idx->scopes[rg->scope - 1];
+            if (op->tenant != NULL && (strlen(sc->tenant) != op->tenant_len ||
+                                       memcmp(sc->tenant, op->tenant, op->tenant_len) != 0))
+                continue;
+            if (!rank_takes(idx, sb, rg, pb, has_rank, rank))
+                continue;
+            if (op->kind == KVP_IDX_CLEARED) {
+                purge(idx, r, p, false, m, op->all_media);
+                continue;
+            }
+            if (done_scope != rg->scope) {
+                if (!std_hashes(idx, b, op, rg->scope, envelope)) {
+                    done_scope = 0;
+                    continue;
+                }
+                done_scope = rg->scope;
+            }
+            for (size_t i = 0; i < op->n_hashes; i++) {
+                uint64_t seq = idx->sbuf[i];
+                if (op->kind == KVP_IDX_STORED) {
+                    uint32_t nd = node_get(idx, rg->scope, seq);
+                    if (nd == 0 || !holder_add(idx, nd, HOLDER(r, p, m))) {
+                        idx->unplaced++;
+                        continue;
+                    }
+                    if (idx->hbuf[i] != seq)
+                        map_add(idx, rg->scope, idx->hbuf[i], nd);
+                } else {
+                    uint32_t nd = node_find(idx, rg->scope, seq);
+                    if (nd != 0)
+                        holder_del(idx, nd, r, p, false, m, false);
+                }
+            }
+        }
+    }
+}
+
+void kvp_idx_resync(kvp_idx_t *idx, uint32_t sub, const char *reason)
+{
+    if (sub >= idx->n_subs || !idx->subs[sub].live)
+        return;
+    sub_t *sb = &idx->subs[sub];
+    for (uint32_t t = 0; t < sb->n_targets; t++)
+        purge(idx, sb->targets[t] >> 4, sb->targets[t] & 15u, false, 0, true);
+    sb->resyncs++;
+    if (strcmp(reason, "gap") == 0)
+        idx->resync_gap++;
+    else if (strcmp(reason, "restart") == 0)
+        idx->resync_restart++;
+    else
+        idx->resync_malformed++;
+    KVP_LOG_WARN("publisher %s: resynchronized (%s): its blocks were dropped", sb->endpoint,
+                 reason);
+}
+
+void kvp_idx_sub_seen(kvp_idx_t *idx, uint32_t sub, uint64_t seq, bool connected)
+{
+    if (sub >= idx->n_subs || !idx->subs[sub].live)
+        return;
+    sub_t *sb = &idx->subs[sub];
+    sb->last_seq = seq;
+    sb->has_seq = true;
+    sb->connected = connected;
+}
+
+void kvp_idx_count_batch(kvp_idx_t *idx, bool replayed)
+{
+    atomic_fetch_add_explicit(replayed ? &idx->replayed : &idx->batches, 1, memory_order_relaxed);
+}
+
+void kvp_idx_count_query(kvp_idx_t *idx, bool by_hash)
+{
+    atomic_fetch_add_explicit(by_hash ? &idx->q_hashes : &idx->q_tokens, 1, memory_order_relaxed);
+}
+
+void kvp_idx_count_refused(kvp_idx_t *idx, const char *reason)
+{
+    _Atomic uint64_t *c = strcmp(reason, "json") == 0     ? &idx->refused_json
+                          : strcmp(reason, "body") == 0   ? &idx->refused_body
+                          : strcmp(reason, "method") == 0 ? &idx->refused_method
+                          : strcmp(reason, "path") == 0   ? &idx->refused_path
+                          : strcmp(reason, "peer") == 0   ? &idx->refused_peer
+                                                          : &idx->refused_field;
+    atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
+}
+
+/* ---- queries ---- */
+
+/* A JSON string (quotes included) through put. */
+static void put_json_str(void (*put)(void *, const char *, size_t), void *arg, const char *s)
+{
+    char buf[2 * KVP_IDX_NAME_MAX + 8];
+    size_t n = 0;
+    buf[n++] = '"';
+    for (; *s != '\0' && n < sizeof(buf) - 8; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            buf[n++] = '\\';
+            buf[n++] = (char)c;
+        } else if (c < 0x20) {
+            n += (size_t)snprintf(buf + n, sizeof(buf) - n, "\\u%04x", c);
+        } else {
+            buf[n++] = (char)c;
+        }
+    }
+    buf[n++] = '"';
+    put(arg, buf, n);
+}
+
+#define PUTF(...)                                                                                  \
+    do {                                                                                           \
+        char b_[256];                                                                              \
+        int n_ = snprintf(b_, sizeof(b_), __VA_ARGS__);                                            \
+        put(arg, b_, (size_t)KVP_MIN(n_, (int)sizeof(b_) - 1));                                    \
+    } while (0)
+
+/* A candidate registration of a query and its runs. */
+typedef struct qreg {
+    uint32_t reg, inst; /* its instance: an index into the query's instances */
+    uint8_t mask;       /* media holding the current block */
+    bool dp_alive, tier_alive;
+    uint8_t tier; /* the walk's current tier: 0 GPU, 1 CPU, 2 DISK */
+    uint64_t dp, tiers[3];
+} qreg_t;
+
+typedef struct qinst {
+    uint32_t first; /* its first qreg */
+    uint8_t mask, alive_media;
+    bool any_alive;
+    uint64_t any, media[KVP_IDX_MEDIA_MAX];
+} qinst_t;
+
+kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
+                           void (*put)(void *arg, const char *s, size_t len), void *arg)
+{
+    uint32_t scope = scope_find(idx, q->tenant, q->model, q->lora, q->block_size, q->salt);
+    uint32_t nq = 0, ni = 0;
+    qreg_t *qr = NULL;
+    qinst_t *qi = NULL;
+    uint32_t *slot = NULL; /* reg id -> qreg index + 1 */
+    if (scope != 0) {
+        qr = calloc(idx->n_regs + 1, sizeof(*qr));
+        qi = calloc(idx->n_regs + 1, sizeof(*qi));
+        slot = calloc(idx->n_regs + 1, sizeof(*slot));
+        if (qr == NULL || qi == NULL || slot == NULL) {
+            free(qr);
+            free(qi);
+            free(slot);
+            return KVP_ERR_NOMEM;
+        }
+        for (uint32_t r = 0; r < idx->n_regs; r++) {
+            const reg_t *rg = idx->regs[r];
+            if (rg == NULL || !rg->live || rg->scope != scope ||
+                (q->instance != NULL && strcmp(rg->instance, q->instance) != 0))
+                continue;
+            uint32_t i;
+            for (i = 0; i < ni; i++)
+                if (strcmp(idx->regs[qr[qi[i].first].reg]->instance, rg->instance) == 0)
+                    break;
+            if (i == ni) {
+                qi[ni].first = nq;
+                qi[ni].any_alive = true;
+                qi[ni].alive_media = (uint8_t)((1u << idx->n_media) - 1);
+                ni++;
+            }
+            qr[nq] = (qreg_t){.reg = r, .inst = i, .dp_alive = true, .tier_alive = true};
+            slot[r] = ++nq;
+        }
+    }
+    /* walk the blocks */
+    for (size_t b = 0; b < q->n && nq > 0; b++) {
+        uint32_t nd = node_find(idx, scope, q->hashes[b]);
+        if (nd == 0)
+            break;
+        node_t *n = &idx->nodes[nd];
+        uint32_t *h = holders_of(n);
+        for (uint32_t k = 0; k < nq; k++)
+            qr[k].mask = 0;
+        for (uint32_t k = 0; k < ni; k++)
+            qi[k].mask = 0;
+        for (unsigned k = 0; k < n->n; k++) {
+            uint32_t r = HOLDER_REG(h[k]);
+            if (r <= idx->n_regs && slot[r] != 0) {
+                qreg_t *x = &qr[slot[r] - 1];
+                x->mask |= (uint8_t)(1u << HOLDER_MEDIUM(h[k]));
+                qi[x->inst].mask |= (uint8_t)(1u << HOLDER_MEDIUM(h[k]));
+            }
+        }
+        bool going = false;
+        for (uint32_t k = 0; k < nq; k++) {
+            qreg_t *x = &qr[k];
+            if (x->dp_alive && x->mask != 0)
+                x->dp++;
+            else
+                x->dp_alive = false;
+            if (x->tier_alive) {
+                uint8_t t = x->tier;
+                while (t < 3 && !(x->mask & (1u << t)))
+                    t++;
+                if (t < 3) {
+                    x->tier = t;
+                    x->tiers[t]++;
+                } else {
+                    x->tier_alive = false;
+                }
+            }
+            going |= x->dp_alive || x->tier_alive;
+        }
+        for (uint32_t k = 0; k < ni; k++) {
+            qinst_t *x = &qi[k];
+            if (x->any_alive && x->mask != 0)
+                x->any++;
+            else
+                x->any_alive = false;
+            x->alive_media &= x->mask;
+            for (unsigned m = 0; m < idx->n_media; m++)
+                if (x->alive_media & (1u << m))
+                    x->media[m]++;
+            going |= x->any_alive;
+        }
+        if (!going)
+            break;
+    }
+    /* the answer */
+    uint64_t bs = q->block_size;
+    put(arg, "{", 1);
+    put_json_str(put, arg, q->tenant);
+    put(arg, ":{", 2);
+    for (uint32_t i = 0; i < ni; i++) {
+        const qinst_t *x = &qi[i];
+        if (i > 0)
+            put(arg, ",", 1);
+        put_json_str(put, arg, idx->regs[qr[x->first].reg]->instance);
+        PUTF(":{\"longest_matched\":%" PRIu64, x->any * bs);
+        for (unsigned m = 0; m < idx->n_media; m++) {
+            if (m >= 3 && x->media[m] == 0) /* beyond the three: named when it has a run */
+                continue;
+            PUTF(",\"%s\":%" PRIu64, idx->media[m], x->media[m] * bs);
+        }
+        put(arg, ",\"DP\":{", 7);
+        bool first = true;
+        for (uint32_t k = x->first; k < nq; k++) {
+            if (qr[k].inst != i)
+                continue;
+            PUTF("%s\"%u\":%" PRIu64, first ? "" : ",", idx->regs[qr[k].reg]->rank, qr[k].dp * bs);
+            first = false;
+        }
+        put(arg, "},\"rank_matches\":{", 18);
+        first = true;
+        for (uint32_t k = x->first; k < nq; k++) {
+            if (qr[k].inst != i)
+                continue;
+            const qreg_t *y = &qr[k];
+            uint64_t g = y->tiers[0] * bs, c = g + y->tiers[1] * bs, d = c + y->tiers[2] * bs;
+            PUTF("%s\"%u\":{\"gpu\":%" PRIu64 ",\"cpu\":%" PRIu64 ",\"disk\":%" PRIu64 "}",
+                 first ? "" : ",", idx->regs[y->reg]->rank, g, c, d);
+            first = false;
+        }
+        put(arg, "}}", 2);
+    }
+    put(arg, "}}", 2);
+    free(qr);
+    free(qi);
+    free(slot);
+    return KVP_OK;
+}
+
+/* ---- views ---- */
+
+void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
+                            void *arg)
+{
+    kvp_idx_rdlock(idx);
+    put(arg, "{\"instances\":[", 14);
+    bool first = true;
+    for (uint32_t r = 0; r < idx->n_regs; r++) {
+        const reg_t *rg = idx->regs[r];
+        if (rg == NULL || !rg->live)
+            continue;
+        const scope_t *sc = &idx->scopes[rg->scope - 1];
+        put(arg, first ? "{\"instance_id\":" : ",{\"instance_id\":", first ? 15 : 16);
+        first = false;
+        put_json_str(put, arg, rg->instance);
+        put(arg, ",\"tenant_id\":", 13);
+        put_json_str(put, arg, sc->tenant);
+        PUTF(",\"dp_rank\":%u,\"block_size\":%u,\"modelname\":", rg->rank, sc->block_size);
+        put_json_str(put, arg, sc->model);
+        put(arg, ",\"lora_name\":", 13);
+        put_json_str(put, arg, sc->lora);
+        put(arg, ",\"additionalsalt\":", 18);
+        put_json_str(put, arg, sc->salt);
+        PUTF(",\"blocks\":%" PRIu64 ",\"publishers\":[", rg->holders);
+        for (uint32_t p = 0; p < rg->n_pubs; p++) {
+            const sub_t *sb = &idx->subs[rg->pubs[p].sub];
+            put(arg, p == 0 ? "{\"endpoint\":" : ",{\"endpoint\":", p == 0 ? 12 : 13);
+            put_json_str(put, arg, sb->endpoint);
+            put(arg, ",\"replay_endpoint\":", 19);
+            put_json_str(put, arg, sb->replay);
+            put(arg, ",\"type\":", 8);
+            put_json_str(put, arg, rg->pubs[p].type);
+            if (sb->has_seq)
+                PUTF(",\"seq\":%" PRIu64, sb->last_seq);
+            else
+                put(arg, ",\"seq\":null", 11);
+            PUTF(",\"connected\":%s,\"resyncs\":%" PRIu64 "}", sb->connected ? "true" : "false",
+                 sb->resyncs);
+        }
+        put(arg, "]}", 2);
+    }
+    put(arg, "]}", 2);
+    kvp_idx_unlock(idx);
+}
+
+void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len), void *arg)
+{
+    kvp_idx_rdlock(idx);
+    uint32_t regs = 0, subs = 0;
+    for (uint32_t r = 0; r < idx->n_regs; r++)
+        regs += idx->regs[r] != NULL && idx->regs[r]->live;
+    for (uint32_t s = 0; s < idx->n_subs; s++)
+        subs += idx->subs[s].live;
+    PUTF("# HELP kvpool_indexer_blocks Blocks indexed.\n# TYPE kvpool_indexer_blocks gauge\n"
+         "kvpool_indexer_blocks %u\n",
+         idx->live_nodes);
+    PUTF("# HELP kvpool_indexer_block_holders (block, registration, publisher, medium) "
+         "entries.\n# TYPE kvpool_indexer_block_holders gauge\nkvpool_indexer_block_holders "
+         "%" PRIu64 "\n",
+         idx->holders);
+    PUTF("# HELP kvpool_indexer_engine_hashes Engine hashes mapped to standard ones.\n"
+         "# TYPE kvpool_indexer_engine_hashes gauge\nkvpool_indexer_engine_hashes %" PRIu64 "\n",
+         idx->maps_live);
+    PUTF("# HELP kvpool_indexer_registrations Registrations.\n"
+         "# TYPE kvpool_indexer_registrations gauge\nkvpool_indexer_registrations %u\n",
+         regs);
+    PUTF("# HELP kvpool_indexer_subscriptions Publisher endpoints subscribed to.\n"
+         "# TYPE kvpool_indexer_subscriptions gauge\nkvpool_indexer_subscriptions %u\n",
+         subs);
+    PUTF("# HELP kvpool_indexer_batches_total Event batches applied.\n"
+         "# TYPE kvpool_indexer_batches_total counter\nkvpool_indexer_batches_total %" PRIu64 "\n",
+         atomic_load(&idx->batches));
+    PUTF("# HELP kvpool_indexer_replayed_batches_total Batches applied from a replay.\n"
+         "# TYPE kvpool_indexer_replayed_batches_total counter\n"
+         "kvpool_indexer_replayed_batches_total %" PRIu64 "\n",
+         atomic_load(&idx->replayed));
+    PUTF("# HELP kvpool_indexer_events_total Events applied, by type.\n"
+         "# TYPE kvpool_indexer_events_total counter\n");
+    PUTF("kvpool_indexer_events_total{type=\"stored\"} %" PRIu64 "\n", idx->stored_ev);
+    PUTF("kvpool_indexer_events_total{type=\"removed\"} %" PRIu64 "\n", idx->removed_ev);
+    PUTF("kvpool_indexer_events_total{type=\"cleared\"} %" PRIu64 "\n", idx->cleared_ev);
+    PUTF("# HELP kvpool_indexer_resyncs_total Publishers whose blocks were dropped, by reason.\n"
+         "# TYPE kvpool_indexer_resyncs_total counter\n");
+    PUTF("kvpool_indexer_resyncs_total{reason=\"gap\"} %" PRIu64 "\n", idx->resync_gap);
+    PUTF("kvpool_indexer_resyncs_total{reason=\"restart\"} %" PRIu64 "\n", idx->resync_restart);
+    PUTF("kvpool_indexer_resyncs_total{reason=\"malformed\"} %" PRIu64 "\n", idx->resync_malformed);
+    PUTF("# HELP kvpool_indexer_unplaced_blocks_total Stored blocks that could not be placed "
+         "(an unknown parent, token ids of another block size).\n"
+         "# TYPE kvpool_indexer_unplaced_blocks_total counter\n"
+         "kvpool_indexer_unplaced_blocks_total %" PRIu64 "\n",
+         idx->unplaced);
+    PUTF("# HELP kvpool_indexer_media_dropped_total Events naming a medium past the %u kept.\n"
+         "# TYPE kvpool_indexer_media_dropped_total counter\n"
+         "kvpool_indexer_media_dropped_total %" PRIu64 "\n",
+         KVP_IDX_MEDIA_MAX, idx->media_dropped);
+    PUTF("# HELP kvpool_indexer_evicted_blocks_total Blocks dropped past --max-blocks.\n"
+         "# TYPE kvpool_indexer_evicted_blocks_total counter\n"
+         "kvpool_indexer_evicted_blocks_total %" PRIu64 "\n",
+         idx->evicted);
+    PUTF("# HELP kvpool_indexer_queries_total Queries answered, by kind.\n"
+         "# TYPE kvpool_indexer_queries_total counter\n");
+    PUTF("kvpool_indexer_queries_total{kind=\"tokens\"} %" PRIu64 "\n",
+         atomic_load(&idx->q_tokens));
+    PUTF("kvpool_indexer_queries_total{kind=\"hashes\"} %" PRIu64 "\n",
+         atomic_load(&idx->q_hashes));
+    PUTF("# HELP kvpool_indexer_http_refused_total HTTP requests refused, by reason.\n"
+         "# TYPE kvpool_indexer_http_refused_total counter\n");
+    static const char *reasons[] = {"json", "field", "body", "method", "path", "peer"};
+    _Atomic uint64_t *counts[] = {&idx->refused_json,   &idx->refused_field, &idx->refused_body,
+                                  &idx->refused_method, &idx->refused_path,  &idx->refused_peer};
+    for (size_t i = 0; i < KVP_ARRAY_SIZE(reasons); i++)
+        PUTF("kvpool_indexer_http_refused_total{reason=\"%s\"} %" PRIu64 "\n", reasons[i],
+             atomic_load(counts[i]));
+    kvp_idx_unlock(idx);
+}

@@ -1,0 +1,151 @@
+/*
+ * index.h - kvpool-indexer's prefix index: registrations, their publishers, and which
+ * blocks each holds on which medium (see index.c for the design; docs/indexer.md for the
+ * semantics it implements).
+ *
+ * Thread: one lock (kvp_idx_rdlock / kvp_idx_wrlock) guards everything here. The
+ * subscriber thread applies batches under the write lock; HTTP threads query under the
+ * read lock and (un)register under the write lock. Functions say which they need.
+ */
+#ifndef KVP_INDEXER_INDEX_H
+#define KVP_INDEXER_INDEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+#define KVP_IDX_MEDIA_MAX 8 /* GPU, CPU, DISK and five more names */
+#define KVP_IDX_MEDIUM_GPU 0
+#define KVP_IDX_MEDIUM_CPU 1
+#define KVP_IDX_MEDIUM_DISK 2
+#define KVP_IDX_PUBS_MAX 16  /* publishers of one registration */
+#define KVP_IDX_NAME_MAX 256 /* instance, tenant, model, LoRA, salt: bytes + NUL */
+#define KVP_IDX_ENDPOINT_MAX 256
+#define KVP_IDX_REGS_MAX 65536 /* registrations */
+#define KVP_IDX_BLOCK_SIZE_MAX 65536
+#define KVP_IDX_RANK_MAX 65535
+
+typedef struct kvp_idx kvp_idx_t;
+
+typedef struct kvp_idx_params {
+    uint64_t seed;       /* the standard hash's seed S */
+    uint64_t max_blocks; /* blocks indexed at most (least recently stored go); 0: 2^31 */
+} kvp_idx_params_t;
+
+kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p);
+void kvp_idx_destroy(kvp_idx_t *idx);
+
+void kvp_idx_rdlock(kvp_idx_t *idx);
+void kvp_idx_wrlock(kvp_idx_t *idx);
+void kvp_idx_unlock(kvp_idx_t *idx);
+
+/* ---- the standard hashes (no lock) ---- */
+
+/* seq[0..n) of n complete blocks of bs tokens (tokens[0..n*bs)), continuing from
+ * *parent when has_parent. */
+void kvp_idx_hash_tokens(uint64_t seed, const uint32_t *tokens, size_t n, uint32_t bs,
+                         bool has_parent, uint64_t parent, uint64_t *seq);
+
+/* ---- registrations (write lock) ---- */
+
+typedef struct kvp_idx_reg_params {
+    const char *endpoint, *replay_endpoint, *type;
+    const char *model, *lora, *tenant, *instance, *salt;
+    uint32_t block_size, dp_rank;
+} kvp_idx_reg_params_t;
+
+/* Register (docs/indexer.md, "POST /register"). KVP_ERR_TOO_MANY past the limits
+ * (registrations, publishers of one); *changed_p: subscriptions changed (the subscriber
+ * thread must look again). err: why, for a refusal. */
+kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool *changed_p,
+                              char *err, size_t err_len);
+
+/* Unregister (instance, tenant, rank; all_ranks: every rank): the names of those removed,
+ * "instance|tenant|rank", each written by cb. KVP_ERR_NOT_FOUND when none matched. */
+kvp_status_t kvp_idx_unregister(kvp_idx_t *idx, const char *instance, const char *tenant,
+                                bool all_ranks, uint32_t rank,
+                                void (*cb)(void *arg, const char *name), void *arg);
+
+/* ---- subscriptions (the subscriber thread's view) ---- */
+
+/* A subscription: one publisher endpoint, shared by every registration naming it. */
+typedef struct kvp_idx_sub_info {
+    uint32_t id;  /* stable while the subscription lives */
+    uint64_t gen; /* changes when its endpoint is re-made (replay endpoint changed) */
+    char endpoint[KVP_IDX_ENDPOINT_MAX];
+    char replay[KVP_IDX_ENDPOINT_MAX];
+} kvp_idx_sub_info_t;
+
+/* The live subscriptions into out[0..max) (read lock); how many there are. */
+size_t kvp_idx_subs(kvp_idx_t *idx, kvp_idx_sub_info_t *out, size_t max);
+
+/* ---- events (write lock) ---- */
+
+/* One decoded event (decode.c fills them; the hash and token arrays are read through the
+ * callbacks of kvp_idx_batch_t). */
+typedef enum kvp_idx_op_kind { KVP_IDX_STORED, KVP_IDX_REMOVED, KVP_IDX_CLEARED } kvp_idx_op_kind_t;
+
+typedef struct kvp_idx_op {
+    kvp_idx_op_kind_t kind;
+    bool all_media; /* vLLM's AllBlocksCleared: every medium */
+    bool envelope;  /* the standardized envelope (else vLLM's event) */
+    bool has_parent, has_base, has_tokens, has_rank;
+    const char *medium; /* NULL: GPU */
+    size_t medium_len;
+    const char *tenant; /* an envelope's tenant_id; NULL: none */
+    size_t tenant_len;
+    uint32_t rank; /* an envelope's dp_rank (has_rank) */
+    uint64_t parent, base;
+    size_t n_hashes, n_tokens;
+    size_t hashes_at, tokens_at; /* where decode.c reads them again */
+} kvp_idx_op_t;
+
+typedef struct kvp_idx_batch {
+    const kvp_idx_op_t *ops;
+    size_t n_ops;
+    bool has_rank; /* the batch's data_parallel_rank */
+    uint32_t rank;
+    /* reads op's hashes / tokens into out[0..op->n_*) */
+    void (*hashes)(void *arg, const kvp_idx_op_t *op, uint64_t *out);
+    void (*tokens)(void *arg, const kvp_idx_op_t *op, uint32_t *out);
+    void *arg;
+} kvp_idx_batch_t;
+
+/* Apply one batch of subscription sub to the registrations it publishes for. */
+void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b);
+
+/* Drop every block subscription sub's publisher holds (a resync), with its reason
+ * ("gap", "restart", "malformed"). */
+void kvp_idx_resync(kvp_idx_t *idx, uint32_t sub, const char *reason);
+
+/* The subscription's sequence state, kept here so /instances shows it. */
+void kvp_idx_sub_seen(kvp_idx_t *idx, uint32_t sub, uint64_t seq, bool connected);
+/* Counters the subscriber thread keeps (any lock). */
+void kvp_idx_count_batch(kvp_idx_t *idx, bool replayed);
+
+/* ---- queries (read lock) ---- */
+
+typedef struct kvp_idx_query {
+    const char *model, *lora, *tenant, *salt, *instance; /* instance NULL: all */
+    uint32_t block_size;
+    const uint64_t *hashes; /* the prompt's seq hashes */
+    size_t n;
+} kvp_idx_query_t;
+
+/* Answer q as JSON (docs/indexer.md "POST /query") through put(arg, text, len). */
+kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
+                           void (*put)(void *arg, const char *s, size_t len), void *arg);
+
+/* GET /instances and GET /metrics bodies (read lock taken inside). */
+void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
+                            void *arg);
+void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len), void *arg);
+
+/* A query counted (kind "tokens" or "hashes"); a refused HTTP request (reason). */
+void kvp_idx_count_query(kvp_idx_t *idx, bool by_hash);
+void kvp_idx_count_refused(kvp_idx_t *idx, const char *reason);
+/* A batch the decoder refused (the reason counted with resyncs). */
+
+#endif

@@ -1,0 +1,339 @@
+/*
+ * main.c - kvpool-indexer: options (one row each, common/options.h), the Conductor's JSON
+ * config, the index, the subscriber thread, the HTTP API; readiness on --ready-fd; a clean
+ * exit on SIGINT / SIGTERM.
+ *
+ *   kvpool-indexer [--listen HOST:PORT] [--config FILE] [--hash-seed N] ...
+ *
+ * Thread: the main thread, which waits for a signal once everything runs.
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/http.h"
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/options.h"
+#include "common/parse.h"
+#include "indexer/api.h"
+#include "indexer/index.h"
+#include "indexer/json.h"
+#include "indexer/sub.h"
+
+#define KVP_INDEXER_VERSION "0.1.0"
+#define CONFIG_MAX (16u << 20)
+
+typedef struct indexer_config {
+    char listen[300];
+    char config[4096];
+    char auth[16];
+    uint64_t hash_seed, max_blocks, max_message;
+    uint32_t replay_timeout_ms;
+    int ready_fd;
+    int log_level;
+} indexer_config_t;
+
+#define F(field) KVP_OPT_FIELD(indexer_config_t, field)
+
+static const char *const auth_choices[] = {"protected", "none", NULL};
+
+static const kvp_opt_t indexer_rows[] = {
+    KVP_OPT_GROUP("General", NULL),
+    {.name = "listen",
+     .type = KVP_OPT_HOSTPORT,
+     .arg = "HOST:PORT",
+     .def = "127.0.0.1:13333",
+     .def_doc = "127.0.0.1:13333, or the config file's http_server_port",
+     F(listen),
+     .help = "the HTTP API's address (port 0 picks a free port)"},
+    {.name = "config",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     .def_doc = "none",
+     F(config),
+     .env = "CONDUCTOR_CONFIG_PATH",
+     .help = "Mooncake Conductor's JSON config: http_server_port, and kvevent_instance (a map "
+             "of name to a /register object, registered at start; the name is the instance "
+             "id when the object has none)"},
+    {.name = "hash-seed",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "0",
+     F(hash_seed),
+     .min = 0,
+     .max = INT64_MAX,
+     .help = "the standard hash's seed S: local = XXH3-64(tokens as LE u32, S)"},
+    KVP_OPT_ROW_READY_FD(indexer_config_t, ready_fd),
+    KVP_OPT_ROW_LOG_LEVEL(indexer_config_t, log_level, "CONDUCTOR_LOG_LEVEL"),
+    {.name = "auth",
+     .type = KVP_OPT_ENUM,
+     .arg = "protected|none",
+     .def = "protected",
+     F(auth),
+     .choices = auth_choices,
+     .help = "protected: answer requests from this host only (others get 403, counted); "
+             "none: anyone who reaches the port (a trusted network only)"},
+    KVP_OPT_ROWS_ACTIONS,
+
+    KVP_OPT_GROUP("Limits", NULL),
+    {.name = "max-blocks",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "16777216",
+     F(max_blocks),
+     .min = 1,
+     .max = (1u << 31) - 2,
+     .help = "blocks indexed at most; past it the least recently stored block goes, with all "
+             "its holders (kvpool_indexer_evicted_blocks_total)"},
+    {.name = "replay-timeout",
+     .type = KVP_OPT_SECONDS_MS,
+     .arg = "SECONDS",
+     .def = "1",
+     F(replay_timeout_ms),
+     .min = 1,
+     .max = 60000,
+     .help = "how long a replay that heals a gap may take before the publisher is "
+             "resynchronized instead"},
+    {.name = "max-message",
+     .type = KVP_OPT_SIZE,
+     .arg = "SIZE",
+     .def = "64MiB",
+     F(max_message),
+     .min = 4096,
+     .help = "the largest ZeroMQ message taken from a publisher (a larger one is dropped by "
+             "ZeroMQ, which shows as a gap)"},
+};
+
+static kvp_opts_t indexer_options(indexer_config_t *cfg)
+{
+    return (kvp_opts_t){.rows = indexer_rows, .count = KVP_ARRAY_SIZE(indexer_rows), .base = cfg};
+}
+
+static void usage(const kvp_opts_t *opts, FILE *f)
+{
+    fputs("usage: kvpool-indexer [options]\n", f);
+    kvp_opts_usage(opts, 23, f);
+}
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    stop_signal = sig;
+}
+
+/* The config file: its port (0: none), and its registrations. -1, or the exit code. */
+static int load_config(kvp_api_t *api, const char *path, uint64_t *port_p)
+{
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fprintf(stderr, "kvpool-indexer: --config %s: %m\n", path);
+        return 2;
+    }
+    char *text = malloc(CONFIG_MAX);
+    size_t len = text != NULL ? fread(text, 1, CONFIG_MAX, f) : 0;
+    bool whole = feof(f) != 0;
+    fclose(f);
+    if (text == NULL || !whole) {
+        free(text);
+        fprintf(stderr, "kvpool-indexer: --config %s: unreadable or over 16 MiB\n", path);
+        return 2;
+    }
+    kvp_json_t j;
+    char why[256];
+    int rc = -1;
+    if (kvp_json_parse(&j, text, len, why, sizeof(why)) != KVP_JSON_OK ||
+        j.t[0].type != KVP_J_OBJECT) {
+        fprintf(stderr, "kvpool-indexer: --config %s: %s\n", path,
+                j.t != NULL && j.n > 0 ? "not a JSON object" : why);
+        rc = 2;
+        goto out;
+    }
+    int64_t p = kvp_json_get(&j, 0, "http_server_port");
+    if (p >= 0 && (!kvp_json_u64(&j, (uint32_t)p, port_p) || *port_p > 65535)) {
+        fprintf(stderr, "kvpool-indexer: --config %s: http_server_port must be a port\n", path);
+        rc = 2;
+        goto out;
+    }
+    int64_t inst = kvp_json_get(&j, 0, "kvevent_instance");
+    if (inst < 0)
+        goto out;
+    if (j.t[inst].type != KVP_J_OBJECT) {
+        fprintf(stderr, "kvpool-indexer: --config %s: kvevent_instance must be an object\n", path);
+        rc = 2;
+        goto out;
+    }
+    uint32_t k = (uint32_t)inst + 1;
+    for (uint32_t i = 0; i < j.t[inst].size; i++) {
+        uint32_t v = j.t[k].next;
+        char name[KVP_IDX_NAME_MAX], err[256];
+        if (!kvp_json_str(&j, k, name, sizeof(name))) {
+            fprintf(stderr, "kvpool-indexer: --config %s: an instance name over %d bytes\n", path,
+                    KVP_IDX_NAME_MAX - 1);
+            rc = 2;
+            goto out;
+        }
+        unsigned st = j.t[v].type != KVP_J_OBJECT ? 400
+                                                  : kvp_api_register_json(api, text + j.t[v].start,
+                                                                          j.t[v].end - j.t[v].start,
+                                                                          name, err, sizeof(err));
+        if (st != 0) {
+            fprintf(stderr, "kvpool-indexer: --config %s: kvevent_instance \"%s\": %s\n", path,
+                    name, j.t[v].type != KVP_J_OBJECT ? "not an object" : err);
+            rc = 2;
+            goto out;
+        }
+        k = j.t[v].next;
+    }
+out:
+    kvp_json_free(&j);
+    free(text);
+    return rc;
+}
+
+static int indexer_main(int argc, char **argv)
+{
+    indexer_config_t cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    kvp_opts_t opts = indexer_options(&cfg);
+    char err[256];
+    kvp_log_set_component("kvpool-indexer");
+    if (kvp_opts_defaults(&opts, err, sizeof(err)) != KVP_OK ||
+        kvp_opts_env(&opts, err, sizeof(err)) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: %s\n", err);
+        return 2;
+    }
+    static struct option longopts[32];
+    char shortopts[16];
+    if (kvp_opts_getopt(&opts, 1, NULL, longopts, KVP_ARRAY_SIZE(longopts), "", shortopts,
+                        sizeof(shortopts)) == 0) {
+        fprintf(stderr, "kvpool-indexer: the option table outgrew its getopt table\n");
+        return 1;
+    }
+    bool listen_given = false, config_given = false;
+    int opt;
+    while ((opt = getopt_long(argc, argv, shortopts, longopts, NULL)) != -1) {
+        size_t set;
+        const kvp_opt_t *o = kvp_opts_lookup(&opts, 1, opt, &set);
+        if (o == NULL) {
+            usage(&opts, stderr);
+            return 2;
+        }
+        if (o->type == KVP_OPT_ACTION) {
+            if (strcmp(o->name, "help") == 0) {
+                usage(&opts, stdout);
+            } else if (strcmp(o->name, "version") == 0) {
+                printf("kvpool-indexer " KVP_INDEXER_VERSION "\n");
+            } else {
+                printf("## kvpool-indexer\n\nGenerated by `kvpool-indexer --options-markdown` "
+                       "from the option table (indexer/main.c). `--config FILE` is Mooncake "
+                       "Conductor's JSON file (docs/indexer.md), not a file of these flags.\n\n");
+                kvp_opts_markdown(&opts, stdout);
+            }
+            return 0;
+        }
+        if (kvp_opt_set(o, &cfg, optarg, err, sizeof(err)) != KVP_OK) {
+            fprintf(stderr, "kvpool-indexer: %s\n", err);
+            return 2;
+        }
+        listen_given |= strcmp(o->name, "listen") == 0;
+        config_given |= strcmp(o->name, "config") == 0;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "kvpool-indexer: unexpected argument '%s'\n", argv[optind]);
+        usage(&opts, stderr);
+        return 2;
+    }
+    kvp_log_set_level((kvp_log_level_t)cfg.log_level);
+
+    kvp_idx_t *idx;
+    kvp_idx_params_t ip = {.seed = cfg.hash_seed, .max_blocks = cfg.max_blocks};
+    if (kvp_idx_create(&ip, &idx) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: out of memory\n");
+        return 1;
+    }
+    kvp_api_t api = {
+        .idx = idx, .protected_mode = strcmp(cfg.auth, "protected") == 0, .seed = cfg.hash_seed};
+    uint64_t cfg_port = 0;
+    if (cfg.config[0] != '\0' && !config_given && access(cfg.config, F_OK) != 0) {
+        /* as the Conductor: a CONDUCTOR_CONFIG_PATH that names no file is no registration */
+        KVP_LOG_WARN("CONDUCTOR_CONFIG_PATH=%s: no such file: no registrations from it",
+                     cfg.config);
+    } else if (cfg.config[0] != '\0') {
+        int rc = load_config(&api, cfg.config, &cfg_port);
+        if (rc >= 0) {
+            kvp_idx_destroy(idx);
+            return rc;
+        }
+        if (!listen_given && cfg_port != 0)
+            snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:%" PRIu64, cfg_port);
+    }
+    kvp_sub_params_t sp = {
+        .idx = idx, .replay_timeout_ms = cfg.replay_timeout_ms, .max_message = cfg.max_message};
+    kvp_sub_t *sub;
+    if (kvp_sub_start(&sp, &sub) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: cannot start the subscriber thread\n");
+        kvp_idx_destroy(idx);
+        return 1;
+    }
+    api.sub = sub;
+    kvp_sub_wake(sub); /* the config's registrations */
+
+    /* the signals are taken only inside sigsuspend below: none is lost before it */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kvp_http_t *http;
+    uint16_t bound;
+    if (kvp_http_start(cfg.listen, kvp_api_handle, &api, &http, &bound) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: cannot listen on %s\n", cfg.listen);
+        kvp_sub_stop(sub);
+        kvp_idx_destroy(idx);
+        return 1;
+    }
+    kvp_http_accept_post(http, KVP_API_BODY_MAX);
+    char host[256];
+    uint16_t port;
+    (void)kvp_parse_hostport(cfg.listen, host, sizeof(host), &port);
+    if (!api.protected_mode || strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0)
+        ;
+    else
+        KVP_LOG_WARN("protected mode: requests from other hosts are refused (403); --auth none "
+                     "serves them");
+    KVP_LOG_INFO("serving the indexer API on %s:%u (seed %" PRIu64 ", at most %" PRIu64 " blocks)",
+                 host, bound, cfg.hash_seed, cfg.max_blocks);
+    if (cfg.ready_fd >= 0) {
+        char line[300];
+        int n = snprintf(line, sizeof(line), "%s:%u\n", host, bound);
+        if (write(cfg.ready_fd, line, (size_t)n) != n)
+            KVP_LOG_WARN("cannot write to --ready-fd %d: %m", cfg.ready_fd);
+        close(cfg.ready_fd);
+    }
+    while (stop_signal == 0)
+        sigsuspend(&old);
+    KVP_LOG_INFO("stopping (signal %d)", (int)stop_signal);
+    kvp_http_stop(http);
+    kvp_sub_stop(sub);
+    kvp_idx_destroy(idx);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    return indexer_main(argc, argv);
+}

@@ -1,0 +1,174 @@
+/*
+ * test_json.c - unit tests for indexer/json.c: what it takes (RFC 8259 values, nested,
+ * escaped), what it refuses (malformed, too deep, too many values), 64-bit integers read
+ * exactly, keys found in objects of any shape.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "indexer/json.h"
+
+static kvp_json_rc_t parse(kvp_json_t *j, const char *s)
+{
+    char why[128];
+    return kvp_json_parse(j, s, strlen(s), why, sizeof(why));
+}
+
+static void test_accepts(void **state)
+{
+    (void)state;
+    static const char *ok[] = {
+        "{}",
+        "[]",
+        "0",
+        "-1.5e+3",
+        "\"a\\\"b\\u00e9\"",
+        "true",
+        " null ",
+        "{\"a\":[1,2,{\"b\":[]}],\"c\":{}}",
+        "[[[[]]]]",
+        "{\"k\" : \"v\" , \"x\":[ ]}",
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        kvp_json_t j;
+        if (parse(&j, ok[i]) != KVP_JSON_OK)
+            fail_msg("refused %s", ok[i]);
+        kvp_json_free(&j);
+    }
+}
+
+static void test_refuses(void **state)
+{
+    (void)state;
+    static const char *bad[] = {
+        "",           "{",
+        "}",          "[1,]",
+        "{\"a\"}",    "{\"a\":}",
+        "{,}",        "[1 2]",
+        "01",         "1.",
+        "-",          "\"\\x\"",
+        "\"a",        "tru",
+        "{\"a\":1,}", "[1]]",
+        "{} {}",      "\"\x01\"",
+        "{1:2}",      "[\"\\u12\"]",
+        "nul",        "{\"a\":1 \"b\":2}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvp_json_t j;
+        if (parse(&j, bad[i]) != KVP_JSON_BAD)
+            fail_msg("took %s", bad[i]);
+        kvp_json_free(&j);
+    }
+}
+
+static void test_limits(void **state)
+{
+    (void)state;
+    char deep[200];
+    memset(deep, '[', KVP_JSON_DEPTH_MAX + 1);
+    memset(deep + KVP_JSON_DEPTH_MAX + 1, ']', KVP_JSON_DEPTH_MAX + 1);
+    deep[2 * (KVP_JSON_DEPTH_MAX + 1)] = '\0';
+    kvp_json_t j;
+    assert_int_equal(parse(&j, deep), KVP_JSON_TOO_BIG);
+    kvp_json_free(&j);
+    deep[2 * KVP_JSON_DEPTH_MAX + 1] = '\0'; /* one level less: fine */
+    memmove(deep, deep + 1, strlen(deep));
+    assert_int_equal(parse(&j, deep), KVP_JSON_OK);
+    kvp_json_free(&j);
+    /* more values than the cap: refused as too big, not as malformed */
+    size_t n = KVP_JSON_TOKENS_MAX + 10, len = 2 * n + 2;
+    char *big = malloc(len + 1);
+    assert_non_null(big);
+    big[0] = '[';
+    for (size_t i = 0; i < n; i++) {
+        big[1 + 2 * i] = '0';
+        big[2 + 2 * i] = ',';
+    }
+    big[2 * n] = ']';
+    big[2 * n + 1] = '\0';
+    assert_int_equal(parse(&j, big), KVP_JSON_TOO_BIG);
+    kvp_json_free(&j);
+    free(big);
+}
+
+static void test_values(void **state)
+{
+    (void)state;
+    kvp_json_t j;
+    const char *s = "{\"h\":[18446744073709551615, 9007199254740993, 0, 1.0, -1, 1e3,"
+                    " 18446744073709551616],\"s\":\"a\\n\\u00e9\\ud83d\\ude00\","
+                    "\"n\":null,\"o\":{\"h\":7},\"z\":\"\\u0000\"}";
+    assert_int_equal(parse(&j, s), KVP_JSON_OK);
+    int64_t h = kvp_json_get(&j, 0, "h");
+    assert_true(h > 0);
+    assert_int_equal(j.t[h].type, KVP_J_ARRAY);
+    assert_int_equal(j.t[h].size, 7);
+    uint64_t v;
+    uint32_t e = (uint32_t)h + 1;
+    assert_true(kvp_json_u64(&j, e, &v));
+    assert_true(v == UINT64_MAX);
+    e = j.t[e].next;
+    assert_true(kvp_json_u64(&j, e, &v));
+    assert_true(v == 9007199254740993ull); /* a double would say ...992 */
+    e = j.t[e].next;
+    assert_true(kvp_json_u64(&j, e, &v) && v == 0);
+    for (int i = 0; i < 4; i++) { /* 1.0, -1, 1e3, 2^64: not a u64 */
+        e = j.t[e].next;
+        assert_false(kvp_json_u64(&j, e, &v));
+    }
+    char out[32];
+    assert_true(kvp_json_str(&j, (uint32_t)kvp_json_get(&j, 0, "s"), out, sizeof(out)));
+    assert_string_equal(out, "a\n\xc3\xa9\xf0\x9f\x98\x80");
+    assert_false(kvp_json_str(&j, (uint32_t)kvp_json_get(&j, 0, "s"), out, 4)); /* too long */
+    assert_int_equal(j.t[kvp_json_get(&j, 0, "n")].type, KVP_J_NULL);
+    int64_t o = kvp_json_get(&j, 0, "o");
+    assert_true(kvp_json_u64(&j, (uint32_t)kvp_json_get(&j, (uint32_t)o, "h"), &v) && v == 7);
+    assert_int_equal(kvp_json_get(&j, 0, "absent"), -1);
+    assert_int_equal(kvp_json_get(&j, (uint32_t)h, "h"), -1); /* not an object */
+    assert_false(kvp_json_str(&j, (uint32_t)kvp_json_get(&j, 0, "z"), out, sizeof(out)));
+    kvp_json_free(&j);
+}
+
+/* Random bytes and mutations of a valid body: parsed or refused, never read past the end
+ * (ASan in CI). */
+static void test_random(void **state)
+{
+    (void)state;
+    const char *seed =
+        "{\"model\":\"m\",\"token_ids\":[1,2,3],\"x\":{\"y\":[true,null,\"\\u0041\"]}}";
+    size_t n = strlen(seed);
+    uint64_t r = 88172645463325252ull;
+    for (int it = 0; it < 20000; it++) {
+        char *b = malloc(n);
+        assert_non_null(b);
+        memcpy(b, seed, n);
+        for (int k = 0; k < 1 + it % 4; k++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            b[r % n] = (char)(r >> 32);
+        }
+        size_t len = (r >> 40) % (n + 1);
+        kvp_json_t j;
+        char why[64];
+        (void)kvp_json_parse(&j, b, len, why, sizeof(why));
+        kvp_json_free(&j);
+        free(b);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accepts), cmocka_unit_test(test_refuses),
+        cmocka_unit_test(test_limits),  cmocka_unit_test(test_values),
+        cmocka_unit_test(test_random),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
