@@ -10,10 +10,12 @@
  */
 #include "indexer/api.h"
 
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/log.h"
 #include "indexer/json.h"
@@ -177,6 +179,61 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
     return 0;
 }
 
+typedef struct text {
+    char *s;
+    size_t n, cap;
+    bool oom;
+} text_t;
+
+static void text_put(void *arg, const char *s, size_t len)
+{
+    text_t *t = arg;
+    if (t->oom)
+        return;
+    if (t->n + len + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap * 2 : 4096;
+        while (cap < t->n + len + 1)
+            cap *= 2;
+        char *b = realloc(t->s, cap);
+        if (b == NULL) {
+            t->oom = true;
+            return;
+        }
+        t->s = b;
+        t->cap = cap;
+    }
+    memcpy(t->s + t->n, s, len);
+    t->n += len;
+}
+
+bool kvp_api_save(kvp_api_t *api)
+{
+    if (api->state == NULL)
+        return true;
+    pthread_mutex_lock(&api->state_lock);
+    text_t t = {0};
+    kvp_idx_rdlock(api->idx);
+    kvp_idx_registrations_json(api->idx, text_put, &t);
+    kvp_idx_unlock(api->idx);
+    char tmp[4200];
+    snprintf(tmp, sizeof(tmp), "%s.tmp", api->state);
+    bool ok = !t.oom;
+    int fd = ok ? open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
+    ok = fd >= 0 && write(fd, t.s, t.n) == (ssize_t)t.n && fsync(fd) == 0;
+    if (fd >= 0 && close(fd) != 0)
+        ok = false;
+    ok = ok && rename(tmp, api->state) == 0;
+    if (!ok) {
+        KVP_LOG_ERROR("--state-dir: cannot write %s (%m): a restart would not know the "
+                      "registrations made since the last write",
+                      api->state);
+        unlink(tmp);
+    }
+    free(t.s);
+    pthread_mutex_unlock(&api->state_lock);
+    return ok;
+}
+
 static void do_register(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_reply_t *r)
 {
     size_t len;
@@ -192,6 +249,7 @@ static void do_register(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_
     if (kvp_json_parse(&j, body, len, err, sizeof(err)) == KVP_JSON_OK)
         (void)field_str(&j, "instance_id", "", instance, sizeof(instance), err, sizeof(err));
     kvp_json_free(&j);
+    (void)kvp_api_save(api);
     r->content_type = "application/json";
     kvp_http_printf(r, "{\"status\":\"registered successfully\",\"instance_id\":");
     kvp_http_json_string(r, instance, strlen(instance));
@@ -252,6 +310,7 @@ static void do_unregister(kvp_api_t *api, const kvp_http_request_t *req, kvp_htt
     }
     if (api->sub != NULL)
         kvp_sub_wake(api->sub);
+    (void)kvp_api_save(api);
     kvp_http_printf(r, "]}\n");
 }
 

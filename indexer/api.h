@@ -6,6 +6,7 @@
 #ifndef KVP_INDEXER_API_H
 #define KVP_INDEXER_API_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,10 +19,16 @@
 
 typedef struct kvp_api {
     kvp_idx_t *idx;
-    kvp_sub_t *sub;      /* woken after a registration changed */
-    bool protected_mode; /* requests from this host only */
-    uint64_t seed;       /* the standard hash's seed (--hash-seed) */
+    kvp_sub_t *sub;             /* woken after a registration changed */
+    bool protected_mode;        /* requests from this host only */
+    uint64_t seed;              /* the standard hash's seed (--hash-seed) */
+    const char *state;          /* --state-dir's registrations file, or NULL */
+    pthread_mutex_t state_lock; /* one writer of it at a time */
 } kvp_api_t;
+
+/* Write the registrations to api->state (NULL: nothing), atomically (a new file renamed over
+ * the old, fsynced): false when it could not be written (logged). */
+bool kvp_api_save(kvp_api_t *api);
 
 /* The kvp_http_handler_fn of the API (arg: a kvp_api_t). */
 void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,

@@ -35,6 +35,7 @@
 
 #include <xxhash.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/rand.h"
@@ -98,6 +99,8 @@ typedef struct sub {
     bool live, has_seq, connected;
     char endpoint[KVP_IDX_ENDPOINT_MAX], replay[KVP_IDX_ENDPOINT_MAX];
     uint64_t gen, last_seq, resyncs;
+    uint64_t last_ms; /* its last batch (0: none yet; then since it was subscribed) */
+    uint64_t since_ms;
     uint32_t refs;
     uint32_t *targets; /* (reg << 4) | publisher slot, for every registration naming it */
     uint32_t n_targets, cap_targets;
@@ -106,6 +109,7 @@ typedef struct sub {
 struct kvp_idx {
     pthread_rwlock_t lock;
     uint64_t seed, tseed, max_blocks;
+    uint32_t ttl_ms;
     node_t *nodes;
     uint32_t n_nodes_cap, n_nodes_used, free_nodes, live_nodes, lru_head, lru_tail;
     table_t blocks;
@@ -480,6 +484,7 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
     idx->seed = p->seed;
     idx->max_blocks = p->max_blocks != 0 ? p->max_blocks : NODES_MAX - 1;
     idx->tseed = kvp_random_u64();
+    idx->ttl_ms = p->ttl_ms;
     idx->n_nodes_cap = 1024;
     idx->nodes = calloc(idx->n_nodes_cap, sizeof(*idx->nodes));
     idx->n_nodes_used = 1; /* node 0: none */
@@ -607,6 +612,7 @@ static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay
     snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
     sb->gen = ++idx->sub_gen;
     sb->refs = 1;
+    sb->since_ms = kvp_now_ms();
     if (free_slot == idx->n_subs)
         idx->n_subs++;
     return free_slot;
@@ -1031,6 +1037,7 @@ void kvp_idx_sub_seen(kvp_idx_t *idx, uint32_t sub, uint64_t seq, bool connected
     sub_t *sb = &idx->subs[sub];
     sb->last_seq = seq;
     sb->has_seq = true;
+    sb->last_ms = kvp_now_ms();
     sb->connected = connected;
 }
 
@@ -1238,10 +1245,53 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
 
 /* ---- views ---- */
 
+/* Has sub's publisher been silent past --instance-ttl? */
+static bool stale(const kvp_idx_t *idx, const sub_t *sb, uint64_t now)
+{
+    uint64_t last = sb->last_ms != 0 ? sb->last_ms : sb->since_ms;
+    return idx->ttl_ms != 0 && now - last > idx->ttl_ms;
+}
+
+void kvp_idx_registrations_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
+                                void *arg)
+{
+    put(arg, "{\"kvevent_instance\":{", 21);
+    unsigned k = 0;
+    for (uint32_t r = 0; r < idx->n_regs; r++) {
+        const reg_t *rg = idx->regs[r];
+        if (rg == NULL || !rg->live)
+            continue;
+        const scope_t *sc = &idx->scopes[rg->scope - 1];
+        for (uint32_t p = 0; p < rg->n_pubs; p++) {
+            const sub_t *sb = &idx->subs[rg->pubs[p].sub];
+            unsigned name = k++;
+            PUTF("%s\"%u\":{\"endpoint\":", name > 0 ? ",\n" : "\n", name);
+            put_json_str(put, arg, sb->endpoint);
+            put(arg, ",\"replay_endpoint\":", 19);
+            put_json_str(put, arg, sb->replay);
+            put(arg, ",\"type\":", 8);
+            put_json_str(put, arg, rg->pubs[p].type);
+            put(arg, ",\"modelname\":", 13);
+            put_json_str(put, arg, sc->model);
+            put(arg, ",\"lora_name\":", 13);
+            put_json_str(put, arg, sc->lora);
+            put(arg, ",\"tenant_id\":", 13);
+            put_json_str(put, arg, sc->tenant);
+            put(arg, ",\"instance_id\":", 15);
+            put_json_str(put, arg, rg->instance);
+            PUTF(",\"block_size\":%u,\"dp_rank\":%u,\"additionalsalt\":", sc->block_size, rg->rank);
+            put_json_str(put, arg, sc->salt);
+            put(arg, "}", 1);
+        }
+    }
+    put(arg, "\n}}\n", 4);
+}
+
 void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
                             void *arg)
 {
     kvp_idx_rdlock(idx);
+    uint64_t now = kvp_now_ms();
     put(arg, "{\"instances\":[", 14);
     bool first = true;
     for (uint32_t r = 0; r < idx->n_regs; r++) {
@@ -1273,7 +1323,8 @@ void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s
                 PUTF(",\"seq\":%" PRIu64, sb->last_seq);
             else
                 put(arg, ",\"seq\":null", 11);
-            PUTF(",\"connected\":%s,\"resyncs\":%" PRIu64 "}", sb->connected ? "true" : "false",
+            PUTF(",\"connected\":%s,\"stale\":%s,\"resyncs\":%" PRIu64 "}",
+                 sb->connected ? "true" : "false", stale(idx, sb, now) ? "true" : "false",
                  sb->resyncs);
         }
         put(arg, "]}", 2);
@@ -1285,11 +1336,14 @@ void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s
 void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len), void *arg)
 {
     kvp_idx_rdlock(idx);
-    uint32_t regs = 0, subs = 0;
+    uint32_t regs = 0, subs = 0, stales = 0;
+    uint64_t now = kvp_now_ms();
     for (uint32_t r = 0; r < idx->n_regs; r++)
         regs += idx->regs[r] != NULL && idx->regs[r]->live;
-    for (uint32_t s = 0; s < idx->n_subs; s++)
+    for (uint32_t s = 0; s < idx->n_subs; s++) {
         subs += idx->subs[s].live;
+        stales += idx->subs[s].live && stale(idx, &idx->subs[s], now);
+    }
     PUTF("# HELP kvpool_indexer_blocks Blocks indexed.\n# TYPE kvpool_indexer_blocks gauge\n"
          "kvpool_indexer_blocks %u\n",
          idx->live_nodes);
@@ -1306,6 +1360,9 @@ void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_
     PUTF("# HELP kvpool_indexer_subscriptions Publisher endpoints subscribed to.\n"
          "# TYPE kvpool_indexer_subscriptions gauge\nkvpool_indexer_subscriptions %u\n",
          subs);
+    PUTF("# HELP kvpool_indexer_stale_publishers Publishers silent past --instance-ttl.\n"
+         "# TYPE kvpool_indexer_stale_publishers gauge\nkvpool_indexer_stale_publishers %u\n",
+         stales);
     PUTF("# HELP kvpool_indexer_batches_total Event batches applied.\n"
          "# TYPE kvpool_indexer_batches_total counter\nkvpool_indexer_batches_total %" PRIu64 "\n",
          atomic_load(&idx->batches));

@@ -32,6 +32,7 @@ typedef struct kvp_idx kvp_idx_t;
 typedef struct kvp_idx_params {
     uint64_t seed;       /* the standard hash's seed S */
     uint64_t max_blocks; /* blocks indexed at most (least recently stored go); 0: 2^31 */
+    uint32_t ttl_ms;     /* a publisher silent this long is reported stale; 0: never */
 } kvp_idx_params_t;
 
 kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p);
@@ -67,6 +68,11 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
 kvp_status_t kvp_idx_unregister(kvp_idx_t *idx, const char *instance, const char *tenant,
                                 bool all_ranks, uint32_t rank,
                                 void (*cb)(void *arg, const char *name), void *arg);
+
+/* Every registration's publishers as Conductor config entries: the text of
+ * {"kvevent_instance": {NAME: {/register object}, ...}} through put (read lock). */
+void kvp_idx_registrations_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
+                                void *arg);
 
 /* ---- subscriptions (the subscriber thread's view) ---- */
 

@@ -7,6 +7,7 @@
  *
  * Thread: the main thread, which waits for a signal once everything runs.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <inttypes.h>
@@ -15,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/http.h"
@@ -33,6 +35,8 @@
 typedef struct indexer_config {
     char listen[300];
     char config[4096];
+    char state_dir[4000];
+    uint32_t instance_ttl_ms;
     char auth[16];
     uint64_t hash_seed, max_blocks, max_message;
     uint32_t replay_timeout_ms;
@@ -62,6 +66,14 @@ static const kvp_opt_t indexer_rows[] = {
      .help = "Mooncake Conductor's JSON config: http_server_port, and kvevent_instance (a map "
              "of name to a /register object, registered at start; the name is the instance "
              "id when the object has none)"},
+    {.name = "state-dir",
+     .type = KVP_OPT_STRING,
+     .arg = "DIR",
+     .def_doc = "none (registrations are lost with the process)",
+     F(state_dir),
+     .help = "keep the registrations in DIR/registrations.json (mode 600, rewritten "
+             "atomically on every change); a restarted indexer registers them again, subscribes "
+             "and replays what each publisher still holds"},
     {.name = "hash-seed",
      .type = KVP_OPT_UINT,
      .arg = "N",
@@ -92,6 +104,16 @@ static const kvp_opt_t indexer_rows[] = {
      .max = (1u << 31) - 2,
      .help = "blocks indexed at most; past it the least recently stored block goes, with all "
              "its holders (kvpool_indexer_evicted_blocks_total)"},
+    {.name = "instance-ttl",
+     .type = KVP_OPT_SECONDS_MS,
+     .arg = "SECONDS",
+     .def = "0",
+     .def_doc = "0 (never)",
+     F(instance_ttl_ms),
+     .min = 0,
+     .max = 86400000,
+     .help = "a publisher with no batch for this long is reported stale (GET /instances, "
+             "kvpool_indexer_stale_publishers); its blocks stay"},
     {.name = "replay-timeout",
      .type = KVP_OPT_SECONDS_MS,
      .arg = "SECONDS",
@@ -254,13 +276,39 @@ static int indexer_main(int argc, char **argv)
     kvp_log_set_level((kvp_log_level_t)cfg.log_level);
 
     kvp_idx_t *idx;
-    kvp_idx_params_t ip = {.seed = cfg.hash_seed, .max_blocks = cfg.max_blocks};
+    kvp_idx_params_t ip = {
+        .seed = cfg.hash_seed, .max_blocks = cfg.max_blocks, .ttl_ms = cfg.instance_ttl_ms};
     if (kvp_idx_create(&ip, &idx) != KVP_OK) {
         fprintf(stderr, "kvpool-indexer: out of memory\n");
         return 1;
     }
-    kvp_api_t api = {
-        .idx = idx, .protected_mode = strcmp(cfg.auth, "protected") == 0, .seed = cfg.hash_seed};
+    kvp_api_t api = {.idx = idx,
+                     .protected_mode = strcmp(cfg.auth, "protected") == 0,
+                     .seed = cfg.hash_seed,
+                     .state_lock = PTHREAD_MUTEX_INITIALIZER};
+    char state[4100];
+    if (cfg.state_dir[0] != '\0') {
+        if (mkdir(cfg.state_dir, 0700) != 0 && errno != EEXIST) {
+            fprintf(stderr, "kvpool-indexer: --state-dir %s: %m\n", cfg.state_dir);
+            kvp_idx_destroy(idx);
+            return 2;
+        }
+        snprintf(state, sizeof(state), "%s/registrations.json", cfg.state_dir);
+        if (access(state, F_OK) == 0) {
+            uint64_t ignored = 0;
+            int rc = load_config(&api, state, &ignored);
+            if (rc >= 0) {
+                fprintf(stderr,
+                        "kvpool-indexer: --state-dir: %s cannot be read back: move it "
+                        "away to start without its registrations\n",
+                        state);
+                kvp_idx_destroy(idx);
+                return rc;
+            }
+            KVP_LOG_INFO("registrations read back from %s", state);
+        }
+        api.state = state;
+    }
     uint64_t cfg_port = 0;
     if (cfg.config[0] != '\0' && !config_given && access(cfg.config, F_OK) != 0) {
         /* as the Conductor: a CONDUCTOR_CONFIG_PATH that names no file is no registration */
