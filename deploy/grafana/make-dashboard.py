@@ -186,6 +186,31 @@ panel("timeseries", "SSD I/O ops and errors / s",
       [(rate("kvpool_ssd_io_ops_total", "op"), "{{op}}"),
        (rate("kvpool_ssd_io_errors_total"), "errors")], 16, 8, unit="ops", newline=True)
 
+# ---------------------------------------------------------------- the indexer
+row("Indexer (kvpool-indexer)")
+panel("stat", "Blocks indexed", [("max(kvpool_indexer_blocks)", "blocks")], 0, 4, 4)
+panel("stat", "Holders", [("max(kvpool_indexer_block_holders)", "holders")], 4, 4, 4,
+      desc="(block, registration, publisher, medium) entries.")
+panel("stat", "Registrations", [("max(kvpool_indexer_registrations)", "registrations")], 8, 4,
+      4)
+panel("stat", "Publishers", [("max(kvpool_indexer_subscriptions)", "subscribed"),
+                             ("max(kvpool_indexer_stale_publishers)", "stale")], 12, 6, 4)
+panel("stat", "Evicted blocks", [("max(kvpool_indexer_evicted_blocks_total)", "evicted")], 18,
+      6, 4, desc="Blocks dropped past --max-blocks.")
+panel("timeseries", "Events / s by type",
+      [(rate("kvpool_indexer_events_total", "type"), "{{type}}"),
+       (rate("kvpool_indexer_batches_total"), "batches"),
+       (rate("kvpool_indexer_replayed_batches_total"), "replayed batches")], 0, 8, unit="ops")
+panel("timeseries", "Queries / s",
+      [(rate("kvpool_indexer_queries_total", "kind"), "{{kind}}")], 8, 8, unit="reqps")
+panel("timeseries", "Resyncs, unplaced, refusals / s",
+      [(rate("kvpool_indexer_resyncs_total", "reason"), "resync {{reason}}"),
+       (rate("kvpool_indexer_unplaced_blocks_total"), "unplaced blocks"),
+       (rate("kvpool_indexer_http_refused_total", "reason"), "refused {{reason}}")], 16, 8,
+      unit="ops", newline=True,
+      desc="A resync drops a publisher's blocks (a gap no replay healed, a restart, a "
+           "malformed batch); unplaced: stored blocks whose parent was never seen.")
+
 dashboard = {
     "__inputs": [{"name": "DS_PROMETHEUS", "label": "Prometheus", "type": "datasource",
                   "pluginId": "prometheus", "pluginName": "Prometheus"}],
@@ -201,7 +226,8 @@ dashboard = {
     "uid": "kvpool-overview",
     "title": "kvpool",
     "description": "kvpool: pool capacity and use per tier, operations, hit ratio, "
-                   "eviction/tiering, RPC latency, HA, KV events, segments, segment owners.",
+                   "eviction/tiering, RPC latency, HA, KV events, segments, segment owners, "
+                   "the indexer.",
     "tags": ["kvpool", "kv-cache"],
     "timezone": "browser",
     "editable": True,

@@ -163,7 +163,7 @@ EOF
 }
 
 # ------------------------------------------------------------------ systemd
-units=(kvpool-master.service kvpool-serve@.service)
+units=(kvpool-master.service kvpool-serve@.service kvpool-indexer.service)
 
 verify_units() { # dir with the units; instance units are verified as @default
   local dir=$1 u out rc=0
@@ -184,7 +184,7 @@ t_systemd_verify() {
   command -v systemd-analyze >/dev/null || { echo "no systemd-analyze (package systemd)"; return 1; }
   mkdir -p "$tmp/units" "$tmp/standins"
   local u
-  for b in kvpool-master kvpool; do printf '#!/bin/sh\nexit 0\n' >"$tmp/standins/$b"; chmod +x "$tmp/standins/$b"; done
+  for b in kvpool-master kvpool kvpool-indexer; do printf '#!/bin/sh\nexit 0\n' >"$tmp/standins/$b"; chmod +x "$tmp/standins/$b"; done
   for u in "${units[@]}"; do
     sed "s|/usr/bin/kvpool|$tmp/standins/kvpool|g" "deploy/systemd/$u" >"$tmp/units/$u"
   done
@@ -220,6 +220,8 @@ t_deb_contents() {
     '/usr/lib/python3[^/]*/[^/]*-packages/kvpool/_kvpool[^/]*\.so' \
     '/usr/lib/python3[^/]*/[^/]*-packages/mooncake/store/__init__.py' \
     /lib/systemd/system/kvpool-master.service '/lib/systemd/system/kvpool-serve@.service' \
+    /usr/bin/kvpool-indexer /lib/systemd/system/kvpool-indexer.service \
+    /etc/kvpool/conductor_config.json \
     /etc/kvpool/master.conf /etc/kvpool/serve-default.conf /etc/default/kvpool \
     /usr/share/kvpool/grafana/kvpool-dashboard.json /usr/share/kvpool/k8s/30-master.yaml; do
     grep -q "^$want" "$tmp/contents" || { echo "missing: $want"; rc=1; }
@@ -365,7 +367,9 @@ EOF
 
 t_metrics() {
   [ -s "$tmp/master.metrics" ] && [ -s "$tmp/serve.metrics" ] || { echo "no /metrics scraped (daemons-config failed)"; return 1; }
-  $PY - deploy/grafana/kvpool-dashboard.json "$tmp/master.metrics" "$tmp/serve.metrics" <<'EOF'
+  [ -s "$tmp/indexer.metrics" ] || { echo "no indexer /metrics scraped (units-commands failed)"; return 1; }
+  $PY - deploy/grafana/kvpool-dashboard.json "$tmp/master.metrics" "$tmp/serve.metrics" \
+    "$tmp/indexer.metrics" <<'EOF'
 import json, re, sys
 d = json.load(open(sys.argv[1]))
 used = set()
@@ -420,6 +424,25 @@ t_units_commands() {
   chmod 755 "$tmp"
   round_trip "$maddr" deploy/test/units || return 1
   stop_pid "$spid"; stop_pid "$mpid"
+  # the indexer's unit: its config and a state directory of its own, as systemd gives it
+  local icmd iaddr
+  icmd=$(unit_cmd /lib/systemd/system/kvpool-indexer.service "") || return 1
+  echo "indexer: $icmd"
+  mkdir -p "$tmp/istate" && chown 65534:65534 "$tmp/istate" && chmod 700 "$tmp/istate"
+  rm -f "$tmp/iaddr"
+  # shellcheck disable=SC2086
+  (set -a; . /etc/default/kvpool; STATE_DIRECTORY=$tmp/istate
+   exec "${asuser[@]}" $(eval echo "$icmd") --listen 127.0.0.1:0 --ready-fd 3) \
+    3>"$tmp/iaddr" >"$tmp/indexer.out" 2>&1 &
+  ipid=$!; pids+=("$ipid")
+  wait_file "$tmp/iaddr" 10 "$ipid" || { cat "$tmp/indexer.out"; return 1; }
+  iaddr=$(head -1 "$tmp/iaddr")
+  curl -fsS "http://$iaddr/register" -d '{"endpoint": "tcp://127.0.0.1:5557", "type": "vLLM",
+    "modelname": "m", "instance_id": "unit-test", "block_size": 16, "dp_rank": 0}' || return 1
+  echo
+  [ -s "$tmp/istate/registrations.json" ] || { echo "indexer: no state written"; return 1; }
+  curl -fsS "http://$iaddr/metrics" >"$tmp/indexer.metrics" || return 1
+  stop_pid "$ipid"
 }
 
 t_deb_remove() {
