@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/rpc/call.h"
 #include "master/core/state.h"
 

@@ -21,7 +21,7 @@
 #include "common/rpc.h"
 #include "common/status.h"
 #include "common/tls.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/core/state.h"
 
 /* The largest request a connection may send before it names a principal (an AuthRequest

@@ -7,7 +7,7 @@
 
 #include "common/status.h"
 #include "common/tls.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/auth/admission.h"
 #include "master/core/state.h"
 

@@ -47,19 +47,6 @@ void kvp_tenant_table_cleanup(kvp_tenant_table_t *tt)
     memset(tt, 0, sizeof(*tt));
 }
 
-bool kvp_tenant_name_valid(const char *name, size_t len)
-{
-    if (len == 0 || len >= sizeof(((kvp_tenant_t *)0)->name))
-        return false;
-    for (size_t i = 0; i < len; i++) {
-        char c = name[i];
-        if (!(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z') && !(c >= '0' && c <= '9') &&
-            c != '.' && c != '_' && c != '-')
-            return false;
-    }
-    return true;
-}
-
 int32_t kvp_tenant_id(kvp_tenant_table_t *tt, const char *name, size_t len, bool create)
 {
     if (!kvp_tenant_name_valid(name, len))

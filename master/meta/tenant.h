@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/acl.h"
 #include "common/status.h"
 
 /* An object key of a tenant is stored as TENANT KVP_TENANT_SEP KEY (docs/architecture.md,
@@ -41,9 +42,6 @@ typedef struct kvp_tenant_table {
 
 kvp_status_t kvp_tenant_table_init(kvp_tenant_table_t *tt);
 void kvp_tenant_table_cleanup(kvp_tenant_table_t *tt);
-
-/* Is this a valid tenant name (1..63 bytes of [A-Za-z0-9._-])? */
-bool kvp_tenant_name_valid(const char *name, size_t len);
 
 /* The id of a tenant by name, made when `create` and the name is new; -1: none (unknown
  * name without create, an invalid name, a table full, or out of memory). */

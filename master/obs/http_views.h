@@ -22,7 +22,7 @@
 #include "common/status.h"
 #include "master/obs/events.h"
 #include "common/tls.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/core/state.h"
 
 #define KVP_MASTER_HTTP_WAIT_MS 5000

@@ -22,7 +22,7 @@
 
 #include "common/grant.h"
 #include "common/key.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 
 kvp_status_t kvp_call_reply(kvp_call_t *call, const ProtobufCMessage *msg)
 {

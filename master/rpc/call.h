@@ -11,7 +11,7 @@
 #include <stdint.h>
 
 #include "kvpool.pb-c.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/core/state.h"
 
 /*

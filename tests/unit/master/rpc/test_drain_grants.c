@@ -27,7 +27,7 @@
 #include "common/grant.h"
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 

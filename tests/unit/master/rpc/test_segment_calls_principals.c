@@ -21,7 +21,7 @@
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
-#include "master/auth/acl.h"
+#include "common/acl.h"
 #include "master/dispatch.h"
 #include "master/meta/limbo.h"
 #include "master/core/state.h"

@@ -2,8 +2,8 @@
  * acl.h - who may do what: principals, their tenant, roles and key patterns,
  * read from the master's --acl-file (docs/security.md).
  */
-#ifndef KVP_MASTER_AUTH_ACL_H
-#define KVP_MASTER_AUTH_ACL_H
+#ifndef KVP_COMMON_ACL_H
+#define KVP_COMMON_ACL_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -78,5 +78,8 @@ bool kvp_principal_may_key(const kvp_principal_t *p, const void *key, size_t len
 
 /* "read,write" for roles (into buf). */
 const char *kvp_roles_str(uint32_t roles, char *buf, size_t len);
+
+/* Is this a valid tenant name (1..63 bytes of [A-Za-z0-9._-])? */
+bool kvp_tenant_name_valid(const char *name, size_t len);
 
 #endif

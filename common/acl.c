@@ -25,7 +25,7 @@
  *
  * Thread: master loop (or main before it); an ACL is never changed once loaded.
  */
-#include "master/auth/acl.h"
+#include "common/acl.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -38,7 +38,6 @@
 #include <openssl/evp.h>
 
 #include "common/parse.h"
-#include "master/meta/tenant.h"
 
 static char *trim(char *s)
 {
@@ -382,4 +381,17 @@ const char *kvp_roles_str(uint32_t roles, char *buf, size_t len)
     if (buf[0] == '\0')
         snprintf(buf, len, "none");
     return buf;
+}
+
+bool kvp_tenant_name_valid(const char *name, size_t len)
+{
+    if (len == 0 || len >= KVP_TENANT_NAME_MAX)
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = name[i];
+        if (!(c >= 'a' && c <= 'z') && !(c >= 'A' && c <= 'Z') && !(c >= '0' && c <= '9') &&
+            c != '.' && c != '_' && c != '-')
+            return false;
+    }
+    return true;
 }
