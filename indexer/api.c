@@ -15,9 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
+#include "common/acl.h"
 #include "common/log.h"
+#include "common/tls.h"
 #include "indexer/json.h"
 
 static void put_reply(void *arg, const char *s, size_t len)
@@ -105,8 +110,31 @@ static unsigned parse_object(kvp_json_t *j, const char *text, size_t len, char *
     return 0;
 }
 
+/* The tenant a request names: its tenant_id ("" or absent: the principal's, or
+ * "default"); a principal of a tenant may name only its own (admins: any). 0, or 403 with
+ * err. */
+static unsigned tenant_of(const kvp_principal_t *who, char *tenant, size_t cap, char *err,
+                          size_t err_len)
+{
+    if (tenant[0] == '\0')
+        snprintf(tenant, cap, "%s", who != NULL ? who->tenant : "default");
+    if (who != NULL && !(who->roles & KVP_ROLE_ADMIN) && strcmp(tenant, who->tenant) != 0) {
+        snprintf(err, err_len, "principal %s (tenant %s) may not name tenant %s", who->name,
+                 who->tenant, tenant);
+        return 403;
+    }
+    return 0;
+}
+
+/* The refusal reason counted for an HTTP status. */
+static const char *reason_of(unsigned st)
+{
+    return st == 413 ? "body" : st == 400 ? "field" : st == 403 ? "tenant" : "json";
+}
+
 unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
-                               const char *default_instance, char *err, size_t err_len)
+                               const char *default_instance, const kvp_principal_t *who, char *err,
+                               size_t err_len)
 {
     kvp_json_t j;
     unsigned st = parse_object(&j, text, len, err, err_len);
@@ -132,7 +160,7 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
          field_str(&j, "type", NULL, type, sizeof(type), err, err_len) &&
          field_str(&j, "modelname", NULL, model, sizeof(model), err, err_len) &&
          field_str(&j, "lora_name", "", lora, sizeof(lora), err, err_len) &&
-         field_str(&j, "tenant_id", "default", tenant, sizeof(tenant), err, err_len) &&
+         field_str(&j, "tenant_id", "", tenant, sizeof(tenant), err, err_len) &&
          field_str(&j, "instance_id", default_instance, instance, sizeof(instance), err, err_len) &&
          field_uint(&j, "block_size", false, 0, 1, KVP_IDX_BLOCK_SIZE_MAX, &bs, err, err_len) &&
          field_uint(&j, "dp_rank", default_instance != NULL, 0, 0, KVP_IDX_RANK_MAX, &rank, err,
@@ -141,8 +169,9 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
     kvp_json_free(&j);
     if (!ok)
         return 400;
-    if (tenant[0] == '\0')
-        snprintf(tenant, sizeof(tenant), "default");
+    unsigned ts = tenant_of(who, tenant, sizeof(tenant), err, err_len);
+    if (ts != 0)
+        return ts;
     if (!endpoint_ok(endpoint) || (replay[0] != '\0' && !endpoint_ok(replay))) {
         snprintf(err, err_len,
                  "\"endpoint\" and \"replay_endpoint\" must be tcp://HOST:PORT (or ipc://PATH)");
@@ -234,14 +263,15 @@ bool kvp_api_save(kvp_api_t *api)
     return ok;
 }
 
-static void do_register(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_reply_t *r)
+static void do_register(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_reply_t *r,
+                        const kvp_principal_t *who)
 {
     size_t len;
     const char *body = kvp_http_body(req, &len);
     char err[256];
-    unsigned st = kvp_api_register_json(api, body, len, NULL, err, sizeof(err));
+    unsigned st = kvp_api_register_json(api, body, len, NULL, who, err, sizeof(err));
     if (st != 0) {
-        fail(api, r, st, st == 413 ? "body" : st == 400 ? "field" : "json", err);
+        fail(api, r, st, reason_of(st), err);
         return;
     }
     char instance[KVP_IDX_NAME_MAX] = "";
@@ -269,7 +299,8 @@ static void removed_one(void *arg, const char *name)
     kvp_http_json_string(x->r, name, strlen(name));
 }
 
-static void do_unregister(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_reply_t *r)
+static void do_unregister(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_reply_t *r,
+                          const kvp_principal_t *who)
 {
     size_t len;
     const char *body = kvp_http_body(req, &len);
@@ -282,18 +313,18 @@ static void do_unregister(kvp_api_t *api, const kvp_http_request_t *req, kvp_htt
         all = kvp_json_get(&j, 0, "dp_rank") < 0 ||
               j.t[kvp_json_get(&j, 0, "dp_rank")].type == KVP_J_NULL;
         if (!field_str(&j, "instance_id", NULL, instance, sizeof(instance), err, sizeof(err)) ||
-            !field_str(&j, "tenant_id", "default", tenant, sizeof(tenant), err, sizeof(err)) ||
+            !field_str(&j, "tenant_id", "", tenant, sizeof(tenant), err, sizeof(err)) ||
             (!all &&
              !field_uint(&j, "dp_rank", false, 0, 0, KVP_IDX_RANK_MAX, &rank, err, sizeof(err))))
             st = 400;
+        else
+            st = tenant_of(who, tenant, sizeof(tenant), err, sizeof(err));
     }
     kvp_json_free(&j);
     if (st != 0) {
-        fail(api, r, st, st == 413 ? "body" : "field", err);
+        fail(api, r, st, reason_of(st), err);
         return;
     }
-    if (tenant[0] == '\0')
-        snprintf(tenant, sizeof(tenant), "default");
     r->content_type = "application/json";
     kvp_http_printf(r, "{\"status\":\"unregistered successfully\",\"removed_instances\":[");
     removed_t x = {.r = r};
@@ -315,7 +346,7 @@ static void do_unregister(kvp_api_t *api, const kvp_http_request_t *req, kvp_htt
 }
 
 static void do_query(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_reply_t *r,
-                     bool by_hash)
+                     bool by_hash, const kvp_principal_t *who)
 {
     size_t len;
     const char *body = kvp_http_body(req, &len);
@@ -332,7 +363,7 @@ static void do_query(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_rep
         goto out;
     st = 400;
     if (!field_str(&j, "model", NULL, model, sizeof(model), err, sizeof(err)) ||
-        !field_str(&j, "tenant_id", "default", tenant, sizeof(tenant), err, sizeof(err)) ||
+        !field_str(&j, "tenant_id", "", tenant, sizeof(tenant), err, sizeof(err)) ||
         !field_str(&j, "cache_salt", "", salt, sizeof(salt), err, sizeof(err)) ||
         !field_uint(&j, "block_size", false, 0, 1, KVP_IDX_BLOCK_SIZE_MAX, &bs, err, sizeof(err)))
         goto out;
@@ -365,8 +396,9 @@ static void do_query(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_rep
     if (has_instance &&
         !field_str(&j, "instance_id", "", instance, sizeof(instance), err, sizeof(err)))
         goto out;
-    if (tenant[0] == '\0')
-        snprintf(tenant, sizeof(tenant), "default");
+    if ((st = tenant_of(who, tenant, sizeof(tenant), err, sizeof(err))) != 0)
+        goto out;
+    st = 400;
     const char *arr_key = by_hash ? "seq_hashes" : "token_ids";
     int64_t a = kvp_json_get(&j, 0, arr_key);
     if (by_hash && a < 0) {
@@ -406,7 +438,7 @@ out:
     if (st != 0) {
         free(hashes);
         free(tokens);
-        fail(api, r, st, st == 413 ? "body" : st == 400 ? "field" : "json", err);
+        fail(api, r, st, reason_of(st), err);
         return;
     }
     kvp_idx_count_query(api->idx, by_hash);
@@ -432,6 +464,31 @@ out:
         kvp_http_append(r, "\n", 1);
 }
 
+/* The principal a request's bearer token, or else its client certificate (verified against
+ * --tls-ca and --tls-crl, its CN an ACL cert-cn), names; NULL: none. The copy of the token
+ * is wiped. */
+static const kvp_principal_t *credential(kvp_api_t *api, const kvp_http_request_t *req)
+{
+    const char *auth = kvp_http_header(req, "Authorization");
+    char tok[1024] = "";
+    if (auth != NULL && strncasecmp(auth, "Bearer ", 7) == 0 && strlen(auth + 7) < sizeof(tok))
+        snprintf(tok, sizeof(tok), "%s", auth + 7);
+    size_t len = strlen(tok);
+    const kvp_principal_t *who = len > 0 ? kvp_acl_by_token(api->acl, tok, len) : NULL;
+    OPENSSL_cleanse(tok, sizeof(tok));
+    const void *der;
+    size_t der_len;
+    if (auth == NULL && api->tls != NULL && (der_len = kvp_http_peer_cert(req, &der)) > 0) {
+        char cn[256];
+        const char *why = NULL;
+        if (kvp_tls_verify_der(api->tls, der, der_len, cn, sizeof(cn), &why))
+            who = kvp_acl_by_cn(api->acl, cn);
+        else
+            KVP_LOG_WARN_LIMITED("indexer: a client certificate not taken: %s", why);
+    }
+    return who;
+}
+
 void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
                     kvp_http_reply_t *reply)
 {
@@ -444,6 +501,27 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
     }
     const char *m = kvp_http_method(req);
     bool post = strcmp(m, "POST") == 0;
+    const kvp_principal_t *who = NULL;
+    if (api->acl != NULL && strcmp(path, "/health") != 0 && strcmp(path, "/metrics") != 0) {
+        if ((who = credential(api, req)) == NULL) {
+            fail(api, reply, 401, "unauthenticated",
+                 "authentication required: send Authorization: Bearer TOKEN, or a client "
+                 "certificate, of a principal the ACL names");
+            KVP_LOG_WARN_LIMITED("indexer: a request for %s refused: no principal", path);
+            return;
+        }
+        /* registering needs role write, asking role read; an admin may do both */
+        uint32_t need = strcmp(path, "/register") == 0 || strcmp(path, "/unregister") == 0
+                            ? KVP_ROLE_WRITE
+                            : KVP_ROLE_READ;
+        if (!(who->roles & (need | KVP_ROLE_ADMIN))) {
+            char msg[KVP_ACL_NAME_MAX + 64];
+            snprintf(msg, sizeof(msg), "principal %s may not call %s: it needs role %s", who->name,
+                     path, need == KVP_ROLE_WRITE ? "write" : "read");
+            fail(api, reply, 403, "role", msg);
+            return;
+        }
+    }
     static const char *posts[] = {"/register", "/unregister", "/query", "/query_by_hash"};
     static const char *gets[] = {"/instances", "/health", "/metrics"};
     for (size_t i = 0; i < 4; i++)
@@ -453,11 +531,11 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
                 return;
             }
             if (i == 0)
-                do_register(api, req, reply);
+                do_register(api, req, reply, who);
             else if (i == 1)
-                do_unregister(api, req, reply);
+                do_unregister(api, req, reply, who);
             else
-                do_query(api, req, reply, i == 3);
+                do_query(api, req, reply, i == 3, who);
             return;
         }
     for (size_t i = 0; i < 3; i++)
@@ -468,7 +546,9 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
             }
             if (i == 0) {
                 reply->content_type = "application/json";
-                kvp_idx_instances_json(api->idx, put_reply, reply);
+                kvp_idx_instances_json(
+                    api->idx, who != NULL && !(who->roles & KVP_ROLE_ADMIN) ? who->tenant : NULL,
+                    put_reply, reply); /* a tenant's principal: its tenant's only */
                 kvp_http_append(reply, "\n", 1);
             } else if (i == 1) {
                 reply->content_type = "application/json";

@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/acl.h"
 #include "common/http.h"
+#include "common/tls.h"
 #include "indexer/index.h"
 #include "indexer/sub.h"
 
@@ -23,6 +25,9 @@ typedef struct kvp_api {
     bool protected_mode;        /* requests from this host only */
     uint64_t seed;              /* the standard hash's seed (--hash-seed) */
     const char *state;          /* --state-dir's registrations file, or NULL */
+    const kvp_acl_t *acl;       /* --acl-file: every request but /health and /metrics names
+                                 * a principal; NULL: none */
+    kvp_tls_t *tls;             /* verifies client certificates (--tls-ca); NULL: none */
     pthread_mutex_t state_lock; /* one writer of it at a time */
 } kvp_api_t;
 
@@ -35,9 +40,12 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
                     kvp_http_reply_t *reply);
 
 /* Register one publisher from a JSON object's text (the config file's entries, and POST
- * /register); default_instance: the instance id when the object has none (NULL: it must).
+ * /register); default_instance: the instance id when the object has none (NULL: it must);
+ * who: the caller's principal (NULL: none, or no ACL), which may register into its tenant
+ * only unless an admin.
  * 0, or the HTTP status of a refusal with its sentence in err. */
 unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
-                               const char *default_instance, char *err, size_t err_len);
+                               const char *default_instance, const kvp_principal_t *who, char *err,
+                               size_t err_len);
 
 #endif

@@ -133,7 +133,8 @@ struct kvp_idx {
     uint64_t holders, evicted, unplaced, media_dropped, stored_ev, removed_ev, cleared_ev,
         resync_gap, resync_restart, resync_malformed, maps_live;
     _Atomic uint64_t batches, replayed, q_tokens, q_hashes, refused_json, refused_body,
-        refused_method, refused_field, refused_path, refused_peer;
+        refused_method, refused_field, refused_path, refused_peer, refused_unauth, refused_role,
+        refused_tenant;
 };
 
 /* ---- hashing ---- */
@@ -1053,12 +1054,15 @@ void kvp_idx_count_query(kvp_idx_t *idx, bool by_hash)
 
 void kvp_idx_count_refused(kvp_idx_t *idx, const char *reason)
 {
-    _Atomic uint64_t *c = strcmp(reason, "json") == 0     ? &idx->refused_json
-                          : strcmp(reason, "body") == 0   ? &idx->refused_body
-                          : strcmp(reason, "method") == 0 ? &idx->refused_method
-                          : strcmp(reason, "path") == 0   ? &idx->refused_path
-                          : strcmp(reason, "peer") == 0   ? &idx->refused_peer
-                                                          : &idx->refused_field;
+    _Atomic uint64_t *c = strcmp(reason, "json") == 0              ? &idx->refused_json
+                          : strcmp(reason, "body") == 0            ? &idx->refused_body
+                          : strcmp(reason, "method") == 0          ? &idx->refused_method
+                          : strcmp(reason, "path") == 0            ? &idx->refused_path
+                          : strcmp(reason, "peer") == 0            ? &idx->refused_peer
+                          : strcmp(reason, "unauthenticated") == 0 ? &idx->refused_unauth
+                          : strcmp(reason, "role") == 0            ? &idx->refused_role
+                          : strcmp(reason, "tenant") == 0          ? &idx->refused_tenant
+                                                                   : &idx->refused_field;
     atomic_fetch_add_explicit(c, 1, memory_order_relaxed);
 }
 
@@ -1287,8 +1291,8 @@ void kvp_idx_registrations_json(kvp_idx_t *idx, void (*put)(void *arg, const cha
     put(arg, "\n}}\n", 4);
 }
 
-void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
-                            void *arg)
+void kvp_idx_instances_json(kvp_idx_t *idx, const char *tenant,
+                            void (*put)(void *arg, const char *s, size_t len), void *arg)
 {
     kvp_idx_rdlock(idx);
     uint64_t now = kvp_now_ms();
@@ -1299,6 +1303,8 @@ void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s
         if (rg == NULL || !rg->live)
             continue;
         const scope_t *sc = &idx->scopes[rg->scope - 1];
+        if (tenant != NULL && strcmp(sc->tenant, tenant) != 0)
+            continue;
         put(arg, first ? "{\"instance_id\":" : ",{\"instance_id\":", first ? 15 : 16);
         first = false;
         put_json_str(put, arg, rg->instance);
@@ -1401,9 +1407,11 @@ void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_
          atomic_load(&idx->q_hashes));
     PUTF("# HELP kvpool_indexer_http_refused_total HTTP requests refused, by reason.\n"
          "# TYPE kvpool_indexer_http_refused_total counter\n");
-    static const char *reasons[] = {"json", "field", "body", "method", "path", "peer"};
+    static const char *reasons[] = {"json", "field",           "body", "method", "path",
+                                    "peer", "unauthenticated", "role", "tenant"};
     _Atomic uint64_t *counts[] = {&idx->refused_json,   &idx->refused_field, &idx->refused_body,
-                                  &idx->refused_method, &idx->refused_path,  &idx->refused_peer};
+                                  &idx->refused_method, &idx->refused_path,  &idx->refused_peer,
+                                  &idx->refused_unauth, &idx->refused_role,  &idx->refused_tenant};
     for (size_t i = 0; i < KVP_ARRAY_SIZE(reasons); i++)
         PUTF("kvpool_indexer_http_refused_total{reason=\"%s\"} %" PRIu64 "\n", reasons[i],
              atomic_load(counts[i]));

@@ -144,9 +144,10 @@ typedef struct kvp_idx_query {
 kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
                            void (*put)(void *arg, const char *s, size_t len), void *arg);
 
-/* GET /instances and GET /metrics bodies (read lock taken inside). */
-void kvp_idx_instances_json(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
-                            void *arg);
+/* GET /instances (of one tenant; NULL: all) and GET /metrics bodies (read lock taken
+ * inside). */
+void kvp_idx_instances_json(kvp_idx_t *idx, const char *tenant,
+                            void (*put)(void *arg, const char *s, size_t len), void *arg);
 void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len), void *arg);
 
 /* A query counted (kind "tokens" or "hashes"); a refused HTTP request (reason). */

@@ -19,11 +19,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/acl.h"
 #include "common/http.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/options.h"
 #include "common/parse.h"
+#include "common/tls.h"
 #include "indexer/api.h"
 #include "indexer/index.h"
 #include "indexer/json.h"
@@ -36,6 +38,7 @@ typedef struct indexer_config {
     char listen[300];
     char config[4096];
     char state_dir[4000];
+    char tls_cert[4096], tls_key[4096], tls_ca[4096], tls_crl[4096], acl_file[4096];
     uint32_t instance_ttl_ms;
     char auth[16];
     uint64_t hash_seed, max_blocks, max_message;
@@ -93,6 +96,40 @@ static const kvp_opt_t indexer_rows[] = {
      .help = "protected: answer requests from this host only (others get 403, counted); "
              "none: anyone who reaches the port (a trusted network only)"},
     KVP_OPT_ROWS_ACTIONS,
+
+    KVP_OPT_GROUP("Security",
+                  "with --acl-file every request but /health and /metrics names a principal "
+                  "(a bearer token or a client certificate) over HTTPS (docs/indexer.md)"),
+    {.name = "tls-cert",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     .def_doc = "none (plain HTTP)",
+     F(tls_cert),
+     .help = "serve HTTPS (TLS 1.3) with this PEM certificate (chain)"},
+    {.name = "tls-key",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_key),
+     .help = "its private key"},
+    {.name = "tls-ca",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_ca),
+     .help = "PEM CAs whose client certificates are asked for and verified (their CN names a "
+             "principal: cert-cn in the ACL)"},
+    {.name = "tls-crl",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     F(tls_crl),
+     .help = "PEM CRLs of those CAs"},
+    {.name = "acl-file",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     .def_doc = "none",
+     F(acl_file),
+     .help = "the ACL (the master's format, docs/security.md): /register and /unregister need "
+             "role write, /query and /instances role read (admin: both, every tenant); a "
+             "principal names only its own tenant. Needs --tls-cert"},
 
     KVP_OPT_GROUP("Limits", NULL),
     {.name = "max-blocks",
@@ -202,10 +239,11 @@ static int load_config(kvp_api_t *api, const char *path, uint64_t *port_p)
             rc = 2;
             goto out;
         }
-        unsigned st = j.t[v].type != KVP_J_OBJECT ? 400
-                                                  : kvp_api_register_json(api, text + j.t[v].start,
-                                                                          j.t[v].end - j.t[v].start,
-                                                                          name, err, sizeof(err));
+        unsigned st =
+            j.t[v].type != KVP_J_OBJECT
+                ? 400
+                : kvp_api_register_json(api, text + j.t[v].start, j.t[v].end - j.t[v].start, name,
+                                        NULL, err, sizeof(err));
         if (st != 0) {
             fprintf(stderr, "kvpool-indexer: --config %s: kvevent_instance \"%s\": %s\n", path,
                     name, j.t[v].type != KVP_J_OBJECT ? "not an object" : err);
@@ -218,6 +256,41 @@ out:
     kvp_json_free(&j);
     free(text);
     return rc;
+}
+
+/* --tls-* and --acl-file: read and checked. -1, or the exit code (reported). */
+static int security(const indexer_config_t *cfg, kvp_tls_t **tls_p, kvp_acl_t **acl_p)
+{
+    char err[512];
+    if (cfg->acl_file[0] != '\0' && cfg->tls_cert[0] == '\0') {
+        fprintf(stderr, "kvpool-indexer: --acl-file needs --tls-cert and --tls-key (tokens are "
+                        "never taken in clear)\n");
+        return 2;
+    }
+    if ((cfg->tls_cert[0] != '\0') != (cfg->tls_key[0] != '\0') ||
+        ((cfg->tls_ca[0] != '\0' || cfg->tls_crl[0] != '\0') && cfg->tls_cert[0] == '\0')) {
+        fprintf(stderr, "kvpool-indexer: --tls-cert and --tls-key go together, and --tls-ca, "
+                        "--tls-crl need them\n");
+        return 2;
+    }
+    if (cfg->tls_cert[0] != '\0') { /* the files checked now, the client certificates later */
+        kvp_tls_params_t tp = {.cert = cfg->tls_cert,
+                               .key = cfg->tls_key,
+                               .ca = cfg->tls_ca[0] ? cfg->tls_ca : NULL,
+                               .crl = cfg->tls_crl[0] ? cfg->tls_crl : NULL};
+        if (kvp_tls_create(&tp, true, tls_p, err, sizeof(err)) != KVP_OK) {
+            fprintf(stderr, "kvpool-indexer: %s\n", err);
+            return 2;
+        }
+    }
+    if (cfg->acl_file[0] != '\0' &&
+        kvp_acl_load(cfg->acl_file, acl_p, err, sizeof(err)) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: --acl-file %s: %s\n", cfg->acl_file, err);
+        kvp_tls_destroy(*tls_p);
+        *tls_p = NULL;
+        return 2;
+    }
+    return -1;
 }
 
 static int indexer_main(int argc, char **argv)
@@ -282,8 +355,17 @@ static int indexer_main(int argc, char **argv)
         fprintf(stderr, "kvpool-indexer: out of memory\n");
         return 1;
     }
+    kvp_tls_t *tls = NULL;
+    kvp_acl_t *acl = NULL;
+    int src = security(&cfg, &tls, &acl);
+    if (src >= 0) {
+        kvp_idx_destroy(idx);
+        return src;
+    }
     kvp_api_t api = {.idx = idx,
-                     .protected_mode = strcmp(cfg.auth, "protected") == 0,
+                     .protected_mode = strcmp(cfg.auth, "protected") == 0 && acl == NULL,
+                     .acl = acl,
+                     .tls = cfg.tls_ca[0] != '\0' ? tls : NULL,
                      .seed = cfg.hash_seed,
                      .state_lock = PTHREAD_MUTEX_INITIALIZER};
     char state[4100];
@@ -348,7 +430,12 @@ static int indexer_main(int argc, char **argv)
 
     kvp_http_t *http;
     uint16_t bound;
-    if (kvp_http_start(cfg.listen, kvp_api_handle, &api, &http, &bound) != KVP_OK) {
+    kvp_status_t hs = cfg.tls_cert[0] != '\0'
+                          ? kvp_http_start_tls(cfg.listen, cfg.tls_cert, cfg.tls_key,
+                                               cfg.tls_ca[0] ? cfg.tls_ca : NULL, kvp_api_handle,
+                                               &api, &http, &bound)
+                          : kvp_http_start(cfg.listen, kvp_api_handle, &api, &http, &bound);
+    if (hs != KVP_OK) {
         fprintf(stderr, "kvpool-indexer: cannot listen on %s\n", cfg.listen);
         kvp_sub_stop(sub);
         kvp_idx_destroy(idx);
@@ -378,6 +465,8 @@ static int indexer_main(int argc, char **argv)
     kvp_http_stop(http);
     kvp_sub_stop(sub);
     kvp_idx_destroy(idx);
+    kvp_acl_destroy(acl);
+    kvp_tls_destroy(tls);
     return 0;
 }
 
