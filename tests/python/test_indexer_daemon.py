@@ -177,7 +177,10 @@ def test_state_dir_survives_a_kill(tmp_path):
         s, inst = http(port, "/instances")
         assert [i["instance_id"] for i in inst["instances"]] == ["engine-a"], inst
         assert inst["instances"][0]["publishers"][0]["replay_endpoint"] == pub.replay
-        pub.send([["BlockRemoved", [b"\x03" * 32], None]])  # seq > 0: replay from 0 first
+        # its first batch has seq > 0: everything from seq 0 is replayed before it
+        synced(port, pub)
+        wait_for(lambda: gpu_tokens(port) == 12, "the replayed blocks")
+        pub.send([["BlockRemoved", [b"\x03" * 32], None]])
         wait_for(lambda: gpu_tokens(port) == 8, "the replayed blocks, less the removed one")
         assert metric(port, "kvpool_indexer_replayed_batches_total") >= 2
         assert metric(port, "kvpool_indexer_resyncs_total{reason=\"gap\"}") == 0
