@@ -123,10 +123,8 @@ static void sync_conns(kvp_sub_t *s)
         cn->live = true;
         memcpy(cn->endpoint, in->endpoint, sizeof(cn->endpoint));
         memcpy(cn->replay, in->replay, sizeof(cn->replay));
-        KVP_LOG_INFO("indexer: subscribed to %s%s%s", cn->endpoint,
-                     cn->replay[0] ? " (replay " : "", cn->replay[0] ? cn->replay : "");
-        if (cn->replay[0])
-            KVP_LOG_DEBUG("indexer: %s replays from %s", cn->endpoint, cn->replay);
+        KVP_LOG_INFO("indexer: subscribed to %s%s%s%s", cn->endpoint,
+                     cn->replay[0] ? " (replay " : "", cn->replay, cn->replay[0] ? ")" : "");
     }
     size_t k = 0;
     for (size_t c = 0; c < s->n_conns; c++) {
