@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <openssl/crypto.h>
+#include <zmq.h>
 
 #include "common/acl.h"
 #include "common/log.h"
@@ -145,6 +146,7 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
     char endpoint[KVP_IDX_ENDPOINT_MAX], replay[KVP_IDX_ENDPOINT_MAX], type[32];
     char model[KVP_IDX_NAME_MAX], lora[KVP_IDX_NAME_MAX], tenant[KVP_IDX_NAME_MAX];
     char instance[KVP_IDX_NAME_MAX], salt[KVP_IDX_NAME_MAX], ip[200];
+    char curve[KVP_IDX_CURVE_KEY_LEN + 2];
     uint64_t bs, rank, port;
     bool ok = true;
     /* an older Conductor file names ip and port instead of endpoint */
@@ -165,7 +167,8 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
          field_uint(&j, "block_size", false, 0, 1, KVP_IDX_BLOCK_SIZE_MAX, &bs, err, err_len) &&
          field_uint(&j, "dp_rank", default_instance != NULL, 0, 0, KVP_IDX_RANK_MAX, &rank, err,
                     err_len) &&
-         field_str(&j, "additionalsalt", "", salt, sizeof(salt), err, err_len);
+         field_str(&j, "additionalsalt", "", salt, sizeof(salt), err, err_len) &&
+         field_str(&j, "curve_server_key", "", curve, sizeof(curve), err, err_len);
     kvp_json_free(&j);
     if (!ok)
         return 400;
@@ -177,12 +180,27 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
                  "\"endpoint\" and \"replay_endpoint\" must be tcp://HOST:PORT (or ipc://PATH)");
         return 400;
     }
+    uint8_t key[32];
+    if (curve[0] != '\0' &&
+        (strlen(curve) != KVP_IDX_CURVE_KEY_LEN || zmq_z85_decode(key, curve) == NULL)) {
+        snprintf(err, err_len,
+                 "\"curve_server_key\" must be a CURVE public key: 40 Z85 "
+                 "characters (the publisher's NAME.pub)");
+        return 400;
+    }
+    if (curve[0] != '\0' && !api->curve_on) {
+        snprintf(err, err_len,
+                 "\"curve_server_key\" given, but this indexer has no CURVE key "
+                 "pair (start it with --curve-secret FILE)");
+        return 400;
+    }
     if (instance[0] == '\0' || model[0] == '\0' || type[0] == '\0') {
         snprintf(err, err_len, "\"instance_id\", \"modelname\" and \"type\" must not be empty");
         return 400;
     }
     kvp_idx_reg_params_t p = {.endpoint = endpoint,
                               .replay_endpoint = replay,
+                              .curve_server_key = curve,
                               .type = type,
                               .model = model,
                               .lora = lora,

@@ -21,13 +21,14 @@
 
 typedef struct kvp_api {
     kvp_idx_t *idx;
-    kvp_sub_t *sub;             /* woken after a registration changed */
-    bool protected_mode;        /* requests from this host only */
-    uint64_t seed;              /* the standard hash's seed (--hash-seed) */
-    const char *state;          /* --state-dir's registrations file, or NULL */
-    const kvp_acl_t *acl;       /* --acl-file: every request but /health and /metrics names
-                                 * a principal; NULL: none */
-    kvp_tls_t *tls;             /* verifies client certificates (--tls-ca); NULL: none */
+    kvp_sub_t *sub;       /* woken after a registration changed */
+    bool protected_mode;  /* requests from this host only */
+    uint64_t seed;        /* the standard hash's seed (--hash-seed) */
+    const char *state;    /* --state-dir's registrations file, or NULL */
+    const kvp_acl_t *acl; /* --acl-file: every request but /health and /metrics names
+                           * a principal; NULL: none */
+    bool curve_on;        /* --curve-secret: publishers may be registered with a curve_server_key */
+    kvp_tls_t *tls;       /* verifies client certificates (--tls-ca); NULL: none */
     pthread_mutex_t state_lock; /* one writer of it at a time */
 } kvp_api_t;
 

@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <xxhash.h>
 
@@ -98,6 +99,7 @@ typedef struct reg {
 typedef struct sub {
     bool live, has_seq, connected;
     char endpoint[KVP_IDX_ENDPOINT_MAX], replay[KVP_IDX_ENDPOINT_MAX];
+    char curve[KVP_IDX_CURVE_KEY_LEN + 1]; /* the publisher's CURVE public key; "": none */
     uint64_t gen, last_seq, resyncs;
     uint64_t last_ms; /* its last batch (0: none yet; then since it was subscribed) */
     uint64_t since_ms;
@@ -581,7 +583,24 @@ static uint32_t scope_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p)
     return free_slot + 1;
 }
 
-static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay)
+/* A publisher's replay endpoint and CURVE key, when given and new: its sockets are made
+ * again (gen). */
+static void sub_update(kvp_idx_t *idx, sub_t *sb, const char *replay, const char *curve)
+{
+    bool changed = false;
+    if (replay[0] != '\0' && strcmp(sb->replay, replay) != 0) {
+        snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
+        changed = true;
+    }
+    if (curve[0] != '\0' && strcmp(sb->curve, curve) != 0) {
+        snprintf(sb->curve, sizeof(sb->curve), "%s", curve);
+        changed = true;
+    }
+    if (changed)
+        sb->gen = ++idx->sub_gen;
+}
+
+static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay, const char *curve)
 {
     uint32_t free_slot = idx->n_subs;
     for (uint32_t s = 0; s < idx->n_subs; s++) {
@@ -592,10 +611,7 @@ static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay
             continue;
         }
         if (strcmp(sb->endpoint, endpoint) == 0) {
-            if (replay[0] != '\0' && strcmp(sb->replay, replay) != 0) {
-                snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
-                sb->gen = ++idx->sub_gen;
-            }
+            sub_update(idx, sb, replay, curve);
             sb->refs++;
             return s;
         }
@@ -611,6 +627,7 @@ static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay
     sb->live = true;
     snprintf(sb->endpoint, sizeof(sb->endpoint), "%s", endpoint);
     snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
+    snprintf(sb->curve, sizeof(sb->curve), "%s", curve);
     sb->gen = ++idx->sub_gen;
     sb->refs = 1;
     sb->since_ms = kvp_now_ms();
@@ -678,6 +695,11 @@ static void reg_remove(kvp_idx_t *idx, uint32_t r)
     rg->n_pubs = 0;
 }
 
+static const char *curve_of(const kvp_idx_reg_params_t *p)
+{
+    return p->curve_server_key != NULL ? p->curve_server_key : "";
+}
+
 static bool is_pool(const char *type)
 {
     return strcasecmp(type, "kvpool") == 0 || strcasecmp(type, "mooncake") == 0;
@@ -698,12 +720,10 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
                 sub_t *sb = &idx->subs[rg->pubs[k].sub];
                 if (strcmp(sb->endpoint, p->endpoint) != 0)
                     continue;
-                /* the same publisher again: its replay endpoint and type */
-                if (p->replay_endpoint[0] != '\0' && strcmp(sb->replay, p->replay_endpoint) != 0) {
-                    snprintf(sb->replay, sizeof(sb->replay), "%s", p->replay_endpoint);
-                    sb->gen = ++idx->sub_gen;
-                    *changed_p = true;
-                }
+                /* the same publisher again: its replay endpoint, key and type */
+                uint64_t gen = sb->gen;
+                sub_update(idx, sb, p->replay_endpoint, curve_of(p));
+                *changed_p = sb->gen != gen;
                 snprintf(rg->pubs[k].type, TYPE_MAX, "%s", p->type);
                 rg->pubs[k].pool = is_pool(p->type);
                 return KVP_OK;
@@ -713,7 +733,7 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
                          p->instance, p->tenant, p->dp_rank, KVP_IDX_PUBS_MAX);
                 return KVP_ERR_TOO_MANY;
             }
-            uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint);
+            uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint, curve_of(p));
             if (s == UINT32_MAX) {
                 snprintf(err, err_len, "%u publisher endpoints already", SUBS_MAX);
                 return KVP_ERR_TOO_MANY;
@@ -747,7 +767,7 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
                  SCOPES_MAX);
         return KVP_ERR_TOO_MANY;
     }
-    uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint);
+    uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint, curve_of(p));
     if (s == UINT32_MAX) {
         idx->scopes[scope - 1].refs--;
         snprintf(err, err_len, "%u publisher endpoints already", SUBS_MAX);
@@ -801,6 +821,12 @@ size_t kvp_idx_subs(kvp_idx_t *idx, kvp_idx_sub_info_t *out, size_t max)
             out[n].gen = sb->gen;
             memcpy(out[n].endpoint, sb->endpoint, sizeof(out[n].endpoint));
             memcpy(out[n].replay, sb->replay, sizeof(out[n].replay));
+            memcpy(out[n].curve, sb->curve, sizeof(out[n].curve));
+            out[n].topic_replay = false;
+            for (uint32_t t = 0; t < sb->n_targets; t++) {
+                const pub_t *pb = &idx->regs[sb->targets[t] >> 4]->pubs[sb->targets[t] & 15u];
+                out[n].topic_replay |= strcasecmp(pb->type, "kvpool") == 0;
+            }
         }
         n++;
     }
@@ -1285,6 +1311,10 @@ void kvp_idx_registrations_json(kvp_idx_t *idx, void (*put)(void *arg, const cha
             put_json_str(put, arg, rg->instance);
             PUTF(",\"block_size\":%u,\"dp_rank\":%u,\"additionalsalt\":", sc->block_size, rg->rank);
             put_json_str(put, arg, sc->salt);
+            if (sb->curve[0] != '\0') {
+                put(arg, ",\"curve_server_key\":", 20);
+                put_json_str(put, arg, sb->curve);
+            }
             put(arg, "}", 1);
         }
     }

@@ -26,6 +26,7 @@
 #define KVP_IDX_REGS_MAX 65536 /* registrations */
 #define KVP_IDX_BLOCK_SIZE_MAX 65536
 #define KVP_IDX_RANK_MAX 65535
+#define KVP_IDX_CURVE_KEY_LEN 40 /* a CURVE key in Z85 */
 
 typedef struct kvp_idx kvp_idx_t;
 
@@ -53,6 +54,7 @@ void kvp_idx_hash_tokens(uint64_t seed, const uint32_t *tokens, size_t n, uint32
 
 typedef struct kvp_idx_reg_params {
     const char *endpoint, *replay_endpoint, *type;
+    const char *curve_server_key; /* the publisher's CURVE public key (Z85); "": none */
     const char *model, *lora, *tenant, *instance, *salt;
     uint32_t block_size, dp_rank;
 } kvp_idx_reg_params_t;
@@ -82,6 +84,8 @@ typedef struct kvp_idx_sub_info {
     uint64_t gen; /* changes when its endpoint is re-made (replay endpoint changed) */
     char endpoint[KVP_IDX_ENDPOINT_MAX];
     char replay[KVP_IDX_ENDPOINT_MAX];
+    char curve[KVP_IDX_CURVE_KEY_LEN + 1]; /* its CURVE public key; "": none */
+    bool topic_replay; /* a kvpool master publishes on it: replays name their topic */
 } kvp_idx_sub_info_t;
 
 /* The live subscriptions into out[0..max) (read lock); how many there are. */

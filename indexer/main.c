@@ -8,6 +8,7 @@
  * Thread: the main thread, which waits for a signal once everything runs.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <pthread.h>
 #include <inttypes.h>
@@ -18,6 +19,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <zmq.h>
 
 #include "common/acl.h"
 #include "common/http.h"
@@ -39,6 +43,7 @@ typedef struct indexer_config {
     char config[4096];
     char state_dir[4000];
     char tls_cert[4096], tls_key[4096], tls_ca[4096], tls_crl[4096], acl_file[4096];
+    char curve_secret[4096];
     uint32_t instance_ttl_ms;
     char auth[16];
     uint64_t hash_seed, max_blocks, max_message;
@@ -130,6 +135,16 @@ static const kvp_opt_t indexer_rows[] = {
      .help = "the ACL (the master's format, docs/security.md): /register and /unregister need "
              "role write, /query and /instances role read (admin: both, every tenant); a "
              "principal names only its own tenant. Needs --tls-cert"},
+
+    {.name = "curve-secret",
+     .type = KVP_OPT_STRING,
+     .arg = "FILE",
+     .def_doc = "none",
+     F(curve_secret),
+     .help = "the indexer's ZeroMQ CURVE secret key (40 Z85 characters, deploy/make-curve-keys.sh; "
+             "mode 600): publishers registered with a curve_server_key (a kvpool master's "
+             "--kv-events-curve-secret) are reached over CURVE with it; its public key (logged "
+             "at start) goes in their allow-list"},
 
     KVP_OPT_GROUP("Limits", NULL),
     {.name = "max-blocks",
@@ -293,6 +308,51 @@ static int security(const indexer_config_t *cfg, kvp_tls_t **tls_p, kvp_acl_t **
     return -1;
 }
 
+/* --curve-secret: the key pair into p (the secret read from FILE, readable by its owner
+ * only; the public one derived). -1, or the exit code (reported). */
+static int curve_keys(const char *path, kvp_sub_params_t *p)
+{
+    if (path[0] == '\0')
+        return -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    struct stat st;
+    char buf[128];
+    ssize_t n = -1;
+    if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (st.st_mode & (S_IRWXG | S_IRWXO)) == 0)
+        n = read(fd, buf, sizeof(buf) - 1);
+    if (fd < 0 || n < 0) {
+        fprintf(stderr, "kvpool-indexer: --curve-secret %s: %s\n", path,
+                fd < 0 ? strerror(errno)
+                       : "not a regular file readable by its owner only (chmod 600 it)");
+        if (fd >= 0)
+            close(fd);
+        return 2;
+    }
+    close(fd);
+    while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    buf[n] = '\0';
+    uint8_t raw[32];
+    bool ok = n == KVP_IDX_CURVE_KEY_LEN && zmq_z85_decode(raw, buf) != NULL &&
+              zmq_curve_public(p->curve_public, buf) == 0;
+    if (ok)
+        memcpy(p->curve_secret, buf, sizeof(p->curve_secret));
+    OPENSSL_cleanse(buf, sizeof(buf));
+    OPENSSL_cleanse(raw, sizeof(raw));
+    if (!ok) {
+        fprintf(stderr,
+                "kvpool-indexer: --curve-secret %s: not a CURVE secret key (40 Z85 "
+                "characters on one line, as deploy/make-curve-keys.sh writes in "
+                "NAME.key)\n",
+                path);
+        return 2;
+    }
+    KVP_LOG_INFO("CURVE on: the indexer's public key (for the publishers' allow-lists) is %s",
+                 p->curve_public);
+    return -1;
+}
+
 static int indexer_main(int argc, char **argv)
 {
     indexer_config_t cfg;
@@ -362,7 +422,16 @@ static int indexer_main(int argc, char **argv)
         kvp_idx_destroy(idx);
         return src;
     }
+    kvp_sub_params_t sp = {
+        .idx = idx, .replay_timeout_ms = cfg.replay_timeout_ms, .max_message = cfg.max_message};
+    if ((src = curve_keys(cfg.curve_secret, &sp)) >= 0) {
+        kvp_acl_destroy(acl);
+        kvp_tls_destroy(tls);
+        kvp_idx_destroy(idx);
+        return src;
+    }
     kvp_api_t api = {.idx = idx,
+                     .curve_on = sp.curve_secret[0] != '\0',
                      .protected_mode = strcmp(cfg.auth, "protected") == 0 && acl == NULL,
                      .acl = acl,
                      .tls = cfg.tls_ca[0] != '\0' ? tls : NULL,
@@ -405,8 +474,6 @@ static int indexer_main(int argc, char **argv)
         if (!listen_given && cfg_port != 0)
             snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:%" PRIu64, cfg_port);
     }
-    kvp_sub_params_t sp = {
-        .idx = idx, .replay_timeout_ms = cfg.replay_timeout_ms, .max_message = cfg.max_message};
     kvp_sub_t *sub;
     if (kvp_sub_start(&sp, &sub) != KVP_OK) {
         fprintf(stderr, "kvpool-indexer: cannot start the subscriber thread\n");
@@ -464,6 +531,7 @@ static int indexer_main(int argc, char **argv)
     KVP_LOG_INFO("stopping (signal %d)", (int)stop_signal);
     kvp_http_stop(http);
     kvp_sub_stop(sub);
+    OPENSSL_cleanse(sp.curve_secret, sizeof(sp.curve_secret));
     kvp_idx_destroy(idx);
     kvp_acl_destroy(acl);
     kvp_tls_destroy(tls);

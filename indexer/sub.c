@@ -39,16 +39,29 @@
 #include "indexer/decode.h"
 
 #define SUBS_OPEN_MAX 4096
-#define DRAIN_MAX 256 /* messages taken from one socket per turn */
+#define DRAIN_MAX 256  /* messages taken from one socket per turn */
+#define STREAMS_MAX 64 /* topics of one publisher followed */
+#define TOPIC_MAX 256
+
+/* A stream of a publisher: its topic, and the seq it is at. A vLLM engine has one; a
+ * kvpool master with CURVE one per tenant, each with its own seqs. */
+typedef struct stream {
+    char topic[TOPIC_MAX];
+    size_t len;
+    bool has_next;
+    uint64_t next; /* the seq expected */
+} stream_t;
 
 typedef struct conn {
     uint32_t id;
     uint64_t gen;
     void *sock;
-    bool has_next;
-    uint64_t next; /* the seq expected */
+    stream_t streams[STREAMS_MAX];
+    unsigned n_streams;
     char endpoint[KVP_IDX_ENDPOINT_MAX], replay[KVP_IDX_ENDPOINT_MAX];
-    bool live; /* still in the index (this turn's compare) */
+    char curve[KVP_IDX_CURVE_KEY_LEN + 1]; /* the publisher's public key; "": no CURVE */
+    bool topic_replay;                     /* a replay names its stream's topic (a kvpool master) */
+    bool live;                             /* still in the index (this turn's compare) */
 } conn_t;
 
 struct kvp_sub {
@@ -71,8 +84,11 @@ void kvp_sub_wake(kvp_sub_t *s)
         KVP_LOG_WARN("indexer: cannot wake the subscriber thread: %m");
 }
 
-static void *sock_new(kvp_sub_t *s, int type, const char *endpoint)
+/* A SUB (to cn's endpoint) or DEALER (to its replay endpoint) socket, connected; CURVE
+ * when the publisher has a key. NULL: it cannot be made (logged). */
+static void *sock_new(kvp_sub_t *s, int type, const conn_t *cn)
 {
+    const char *endpoint = type == ZMQ_SUB ? cn->endpoint : cn->replay;
     void *z = zmq_socket(s->ctx, type);
     if (z == NULL)
         return NULL;
@@ -81,6 +97,15 @@ static void *sock_new(kvp_sub_t *s, int type, const char *endpoint)
     zmq_setsockopt(z, ZMQ_LINGER, &zero, sizeof(zero));
     zmq_setsockopt(z, ZMQ_RCVHWM, &hwm, sizeof(hwm));
     zmq_setsockopt(z, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
+    if (cn->curve[0] != '\0' &&
+        (zmq_setsockopt(z, ZMQ_CURVE_SERVERKEY, cn->curve, KVP_IDX_CURVE_KEY_LEN) != 0 ||
+         zmq_setsockopt(z, ZMQ_CURVE_PUBLICKEY, s->p.curve_public, KVP_IDX_CURVE_KEY_LEN) != 0 ||
+         zmq_setsockopt(z, ZMQ_CURVE_SECRETKEY, s->p.curve_secret, KVP_IDX_CURVE_KEY_LEN) != 0)) {
+        KVP_LOG_WARN("indexer: cannot set CURVE keys for %s: %s", endpoint,
+                     zmq_strerror(zmq_errno()));
+        zmq_close(z);
+        return NULL;
+    }
     if (type == ZMQ_SUB)
         zmq_setsockopt(z, ZMQ_SUBSCRIBE, "", 0);
     if (zmq_connect(z, endpoint) != 0) {
@@ -110,19 +135,21 @@ static void sync_conns(kvp_sub_t *s)
                 break;
         if (c < s->n_conns) {
             s->conns[c].live = true;
+            s->conns[c].topic_replay = in->topic_replay;
             continue;
         }
-        void *z = sock_new(s, ZMQ_SUB, in->endpoint);
-        if (z == NULL)
-            continue; /* tried again at the next change */
-        conn_t *cn = &s->conns[s->n_conns++];
+        conn_t *cn = &s->conns[s->n_conns];
         memset(cn, 0, sizeof(*cn));
         cn->id = in->id;
         cn->gen = in->gen;
-        cn->sock = z;
         cn->live = true;
+        cn->topic_replay = in->topic_replay;
         memcpy(cn->endpoint, in->endpoint, sizeof(cn->endpoint));
         memcpy(cn->replay, in->replay, sizeof(cn->replay));
+        memcpy(cn->curve, in->curve, sizeof(cn->curve));
+        if ((cn->sock = sock_new(s, ZMQ_SUB, cn)) == NULL)
+            continue; /* tried again at the next change */
+        s->n_conns++;
         KVP_LOG_INFO("indexer: subscribed to %s%s%s%s", cn->endpoint,
                      cn->replay[0] ? " (replay " : "", cn->replay, cn->replay[0] ? ")" : "");
     }
@@ -178,26 +205,31 @@ static uint64_t seq_of(const zmq_msg_t *m)
     return v;
 }
 
-/* Ask cn's replay endpoint for [from, until) and apply what comes, in order, from
- * cn->next == from on. gap: the reason to resync with when the answer does not hold every
- * batch of [from, until) (NULL: nothing to resync, as before the first message); the
+/* Ask cn's replay endpoint for stream st's [from, until) and apply what comes, in order,
+ * from st->next == from on. gap: the reason to resync with when the answer does not hold
+ * every batch of [from, until) (NULL: nothing to resync, as before the first message); the
  * resync comes before any batch after a hole is applied, so a block the lost batches
- * removed is never left standing. */
-static void replay(kvp_sub_t *s, conn_t *cn, uint64_t from, uint64_t until, const char *gap)
+ * removed is never left standing. vLLM's request is [start]; a kvpool master's names the
+ * stream's topic too, [topic, start] (each after the DEALER's empty frame). */
+static void replay(kvp_sub_t *s, conn_t *cn, stream_t *st, uint64_t from, uint64_t until,
+                   const char *gap)
 {
     bool resynced = false;
-    cn->next = from;
-    void *z = cn->replay[0] != '\0' && from < until ? sock_new(s, ZMQ_DEALER, cn->replay) : NULL;
+    st->next = from;
+    void *z = cn->replay[0] != '\0' && from < until ? sock_new(s, ZMQ_DEALER, cn) : NULL;
     uint8_t start[8];
     for (int i = 0; i < 8; i++)
         start[i] = (uint8_t)(from >> (56 - 8 * i));
     uint64_t deadline = kvp_now_ms() + s->p.replay_timeout_ms;
-    if (z != NULL && (zmq_send(z, "", 0, ZMQ_SNDMORE) < 0 || zmq_send(z, start, 8, 0) < 0)) {
+    bool named = cn->topic_replay && st->len > 0;
+    if (z != NULL && (zmq_send(z, "", 0, ZMQ_SNDMORE) < 0 ||
+                      (named && zmq_send(z, st->topic, st->len, ZMQ_SNDMORE) < 0) ||
+                      zmq_send(z, start, 8, 0) < 0)) {
         zmq_close(z);
         z = NULL;
     }
     zmq_msg_t parts[4];
-    while (z != NULL && cn->next < until) {
+    while (z != NULL && st->next < until) {
         uint64_t now = kvp_now_ms();
         if (now >= deadline)
             break;
@@ -221,15 +253,15 @@ static void replay(kvp_sub_t *s, conn_t *cn, uint64_t from, uint64_t until, cons
         bool ok = !more && n - at == 2 && zmq_msg_size(&parts[at]) == 8;
         uint64_t seq = ok ? seq_of(&parts[at]) : 0;
         bool done = !ok || seq == UINT64_MAX;
-        if (!done && seq >= cn->next && seq < until) {
-            if (seq > cn->next && gap != NULL && !resynced) {
+        if (!done && seq >= st->next && seq < until) {
+            if (seq > st->next && gap != NULL && !resynced) {
                 resync(s, cn, gap); /* a hole: what came before it may be undone by it */
                 resynced = true;
             }
             if (!apply(s, cn, zmq_msg_data(&parts[at + 1]), zmq_msg_size(&parts[at + 1]), seq,
                        true))
                 resynced = done = true; /* apply resynchronized ("malformed") */
-            cn->next = seq + 1;
+            st->next = seq + 1;
         }
         for (int i = 0; i < n; i++)
             zmq_msg_close(&parts[i]);
@@ -244,40 +276,60 @@ static void replay(kvp_sub_t *s, conn_t *cn, uint64_t from, uint64_t until, cons
     }
     if (z != NULL)
         zmq_close(z);
-    if (cn->next < until && gap != NULL && !resynced) {
+    if (st->next < until && gap != NULL && !resynced) {
         KVP_LOG_WARN("indexer: %s: batches %llu..%llu missed and not replayed", cn->endpoint,
-                     (unsigned long long)cn->next, (unsigned long long)until - 1);
+                     (unsigned long long)st->next, (unsigned long long)until - 1);
         resync(s, cn, gap);
     }
+}
+
+/* The stream of a topic (made at its first message); NULL: too many. */
+static stream_t *stream_of(conn_t *cn, const void *topic, size_t len)
+{
+    for (unsigned i = 0; i < cn->n_streams; i++)
+        if (cn->streams[i].len == len && memcmp(cn->streams[i].topic, topic, len) == 0)
+            return &cn->streams[i];
+    if (cn->n_streams == STREAMS_MAX || len >= TOPIC_MAX)
+        return NULL;
+    stream_t *st = &cn->streams[cn->n_streams++];
+    memcpy(st->topic, topic, len);
+    st->len = len;
+    st->has_next = false;
+    return st;
 }
 
 /* One message of cn's publisher. */
 static void take(kvp_sub_t *s, conn_t *cn, zmq_msg_t *parts, int n)
 {
-    if (n != 3 || zmq_msg_size(&parts[1]) != 8) {
-        KVP_LOG_WARN_LIMITED("indexer: %s: a message of %d parts, not [topic, seq, payload]",
-                             cn->endpoint, n);
+    stream_t *st = n == 3 && zmq_msg_size(&parts[1]) == 8
+                       ? stream_of(cn, zmq_msg_data(&parts[0]), zmq_msg_size(&parts[0]))
+                       : NULL;
+    if (st == NULL) {
+        KVP_LOG_WARN_LIMITED("indexer: %s: a message of %d parts, not [topic, seq, payload] "
+                             "(or a topic past the %d followed)",
+                             cn->endpoint, n, STREAMS_MAX);
         resync(s, cn, "malformed");
-        cn->has_next = false;
+        for (unsigned i = 0; i < cn->n_streams; i++)
+            cn->streams[i].has_next = false;
         return;
     }
     uint64_t seq = seq_of(&parts[1]);
     const void *payload = zmq_msg_data(&parts[2]);
     size_t len = zmq_msg_size(&parts[2]);
-    if (!cn->has_next) {
-        cn->has_next = true;
-        replay(s, cn, 0, seq, NULL); /* what it stored before we joined, if it still has it */
-    } else if (seq > cn->next) {
-        replay(s, cn, cn->next, seq, "gap");
-    } else if (seq < cn->next) {
+    if (!st->has_next) {
+        st->has_next = true;
+        replay(s, cn, st, 0, seq, NULL); /* what it stored before we joined, if it has it */
+    } else if (seq > st->next) {
+        replay(s, cn, st, st->next, seq, "gap");
+    } else if (seq < st->next) {
         KVP_LOG_WARN("indexer: %s: seq went back from %llu to %llu: the publisher restarted",
-                     cn->endpoint, (unsigned long long)cn->next - 1, (unsigned long long)seq);
+                     cn->endpoint, (unsigned long long)st->next - 1, (unsigned long long)seq);
         resync(s, cn, "restart");
     }
     if (apply(s, cn, payload, len, seq, false))
-        cn->next = seq + 1;
+        st->next = seq + 1;
     else
-        cn->has_next = false;
+        st->has_next = false;
 }
 
 /* Up to DRAIN_MAX messages waiting on cn. */
@@ -378,6 +430,7 @@ void kvp_sub_stop(kvp_sub_t *s)
     zmq_ctx_term(s->ctx);
     close(s->wake_fd);
     kvp_decoder_cleanup(&s->dec);
+    explicit_bzero(s->p.curve_secret, sizeof(s->p.curve_secret));
     free(s->conns);
     free(s->infos);
     free(s->items);

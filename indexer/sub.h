@@ -20,6 +20,9 @@ typedef struct kvp_sub_params {
     kvp_idx_t *idx;
     uint32_t replay_timeout_ms; /* a replay that has not ended by then: the gap stays */
     uint64_t max_message;       /* bytes of one ZeroMQ message at most */
+    /* the indexer's CURVE key pair (Z85), for publishers registered with a server key;
+     * "" when --curve-secret is not given */
+    char curve_secret[KVP_IDX_CURVE_KEY_LEN + 1], curve_public[KVP_IDX_CURVE_KEY_LEN + 1];
 } kvp_sub_params_t;
 
 kvp_status_t kvp_sub_start(const kvp_sub_params_t *p, kvp_sub_t **sub_p);
