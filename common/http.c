@@ -33,8 +33,9 @@ struct kvp_http {
     struct MHD_Daemon *d;
     kvp_http_handler_fn fn;
     void *arg;
-    _Atomic size_t post_max; /* POST bodies taken up to this size; 0: no POST */
-    char *cert, *key;        /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
+    _Atomic size_t post_max;    /* POST bodies taken up to this size; 0: no POST */
+    void (*too_big)(void *arg); /* a POST body refused for its size (counted by the caller) */
+    char *cert, *key;           /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
     char *trust; /* HTTPS: the CAs whose client certificates are asked for; NULL: none */
     size_t cert_len, key_len, trust_len;
 };
@@ -52,8 +53,9 @@ typedef struct post {
     size_t len, cap;
 } post_t;
 
-void kvp_http_accept_post(kvp_http_t *h, size_t max_body)
+void kvp_http_accept_post(kvp_http_t *h, size_t max_body, void (*too_big)(void *arg))
 {
+    h->too_big = too_big;
     atomic_store(&h->post_max, max_body);
 }
 
@@ -99,6 +101,17 @@ static void post_done(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* A fixed answer (413, 500) at once, before the body is read: the library closes the
  * connection after it. */
+static enum MHD_Result answer_now(struct MHD_Connection *c, unsigned status, const char *text);
+
+/* 413 for a POST body over the limit, before it is read; counted through too_big. */
+static enum MHD_Result refuse_big(kvp_http_t *h, struct MHD_Connection *c)
+{
+    static const char msg[] = "{\"error\": \"the body is over the size limit\"}";
+    if (h->too_big != NULL)
+        h->too_big(h->arg);
+    return answer_now(c, 413, msg);
+}
+
 static enum MHD_Result answer_now(struct MHD_Connection *c, unsigned status, const char *text)
 {
     struct MHD_Response *resp =
@@ -197,12 +210,11 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     size_t post_max = atomic_load(&h->post_max);
     kvp_http_request_t req = {.c = c, .method = method};
     if (post_max > 0 && strcmp(method, "POST") == 0) {
-        static const char too_big[] = "{\"error\": \"the body is over the size limit\"}";
         post_t *p = *con_cls;
         if (p == NULL) { /* the header is in: a body may follow */
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
             if (cl != NULL && strtoull(cl, NULL, 10) > post_max)
-                return answer_now(c, 413, too_big);
+                return refuse_big(h, c);
             if ((p = calloc(1, sizeof(*p))) == NULL)
                 return MHD_NO;
             *con_cls = p;
@@ -210,7 +222,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
         }
         if (*upload_len > 0) {
             if (p->len + *upload_len > post_max)
-                return answer_now(c, 413, too_big);
+                return refuse_big(h, c);
             if (p->len + *upload_len + 1 > p->cap) {
                 size_t cap = p->cap ? p->cap : 4096;
                 while (cap < p->len + *upload_len + 1)

@@ -65,9 +65,10 @@ size_t kvp_http_peer_cert(const kvp_http_request_t *req, const void **der_p);
 const char *kvp_http_header(const kvp_http_request_t *req, const char *name);
 
 /* Take POST requests too (else 405), with bodies of up to max_body bytes (a larger one is
- * answered 413 before it is read, and the connection closed), handed to the handler whole
- * (kvp_http_body). Call it right after start, before the address is announced. */
-void kvp_http_accept_post(kvp_http_t *http, size_t max_body);
+ * answered 413 before it is read, and the connection closed: too_big(the handler's arg) is
+ * called, to count it; NULL: nothing), handed to the handler whole (kvp_http_body). Call it
+ * right after start, before the address is announced. */
+void kvp_http_accept_post(kvp_http_t *http, size_t max_body, void (*too_big)(void *arg));
 /* The request's method ("GET", "HEAD", "POST"). */
 const char *kvp_http_method(const kvp_http_request_t *req);
 /* A POST's body (NUL-terminated; "" when empty), its length in *len_p; NULL for others. */

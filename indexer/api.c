@@ -579,3 +579,9 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
         }
     fail(api, reply, 404, "path", "no such endpoint");
 }
+
+void kvp_api_too_big(void *arg)
+{
+    kvp_api_t *api = arg;
+    kvp_idx_count_refused(api->idx, "body");
+}

@@ -40,6 +40,10 @@ bool kvp_api_save(kvp_api_t *api);
 void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
                     kvp_http_reply_t *reply);
 
+/* A body over KVP_API_BODY_MAX refused by the HTTP layer before it was read: counted
+ * (reason "body"; arg: a kvp_api_t). */
+void kvp_api_too_big(void *arg);
+
 /* Register one publisher from a JSON object's text (the config file's entries, and POST
  * /register); default_instance: the instance id when the object has none (NULL: it must);
  * who: the caller's principal (NULL: none, or no ACL), which may register into its tenant

@@ -508,7 +508,7 @@ static int indexer_main(int argc, char **argv)
         kvp_idx_destroy(idx);
         return 1;
     }
-    kvp_http_accept_post(http, KVP_API_BODY_MAX);
+    kvp_http_accept_post(http, KVP_API_BODY_MAX, kvp_api_too_big);
     char host[256];
     uint16_t port;
     (void)kvp_parse_hostport(cfg.listen, host, sizeof(host), &port);
