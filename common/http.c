@@ -248,9 +248,12 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
             *upload_len = 0;
             return MHD_YES;
         }
-        r.status = 405;
-        kvp_http_printf(&r, "method %s not allowed: only GET%s and HEAD\n", method,
-                        post_max > 0 ? ", POST" : "");
+        if (post_max > 0) { /* an API: the handler answers (405 in its own words) */
+            h->fn(h->arg, url, &req, &r);
+        } else {
+            r.status = 405;
+            kvp_http_printf(&r, "method %s not allowed: only GET and HEAD\n", method);
+        }
     } else {
         h->fn(h->arg, url, &req, &r);
     }

@@ -28,8 +28,9 @@ typedef struct kvp_http_reply {
     int oom; /* an append failed: the server answers 500 */
 } kvp_http_reply_t;
 
-/* Called for every GET or HEAD (and POST, kvp_http_accept_post): path is the URL's path
- * (no query). */
+/* Called for every GET or HEAD (and, after kvp_http_accept_post, every request: the
+ * handler answers a method it does not take, kvp_http_method): path is the URL's path (no
+ * query). */
 typedef void (*kvp_http_handler_fn)(void *arg, const char *path, const kvp_http_request_t *req,
                                     kvp_http_reply_t *reply);
 

@@ -519,6 +519,7 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
     }
     const char *m = kvp_http_method(req);
     bool post = strcmp(m, "POST") == 0;
+    bool get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
     const kvp_principal_t *who = NULL;
     if (api->acl != NULL && strcmp(path, "/health") != 0 && strcmp(path, "/metrics") != 0) {
         if ((who = credential(api, req)) == NULL) {
@@ -558,7 +559,7 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
         }
     for (size_t i = 0; i < 3; i++)
         if (strcmp(path, gets[i]) == 0) {
-            if (post) {
+            if (!get) {
                 fail(api, reply, 405, "method", "use GET");
                 return;
             }

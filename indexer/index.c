@@ -12,9 +12,13 @@
  * --max-blocks the least recently stored node goes, holders and all.
  *
  * Engine hashes. An engine that hashes otherwise sends token ids; the standard hashes
- * made from them are remembered as maps (scope, engine hash) -> node, in a second table of
- * the same kind, chained from their node so that they go with it. A map never says
- * anything false (it is a function of the tokens); it only goes away with its block.
+ * made from them are remembered as maps (scope, engine hash) -> standard hash, in a second
+ * table of the same kind. A map never says anything false (it is a function of the
+ * tokens), so it outlives its block: a kvpool master's event naming the engine hash after
+ * the engine removed the block (an offload that ends after the eviction; two publishers'
+ * batches come in no common order) still finds it. At most --max-blocks maps are kept; past
+ * that a clock (a used bit per map, cleared as the hand passes) evicts one not used since
+ * the hand last passed it.
  *
  * Queries walk the prompt's hashes in order, one table lookup per block, and fold each
  * node's holders into per-registration medium masks, from which the runs of docs/indexer.md
@@ -55,7 +59,6 @@ typedef struct node {
     uint64_t seq;
     uint32_t scope;      /* 0: a free node */
     uint32_t prev, next; /* the store order (free: next is the free list) */
-    uint32_t maps;       /* the engine-hash maps that name it: a chain through map_t.next */
     uint16_t n, cap;     /* holders; cap 0: inline */
     union {
         uint32_t in[INLINE_HOLDERS];
@@ -64,10 +67,10 @@ typedef struct node {
 } node_t;
 
 typedef struct map {
-    uint64_t engine;
+    uint64_t engine, std;
     uint32_t scope; /* 0: free */
-    uint32_t node;
-    uint32_t next; /* the node's chain; free: the free list */
+    uint32_t used;  /* looked up or set since the clock's hand last passed; free: the next
+                     * free map */
 } map_t;
 
 /* An open-addressing table of u32 indices (nodes or maps) tagged with their hash. */
@@ -94,6 +97,7 @@ typedef struct reg {
     uint32_t rank, scope, n_pubs;
     pub_t pubs[KVP_IDX_PUBS_MAX];
     uint64_t holders;
+    uint64_t by_medium[KVP_IDX_MEDIA_MAX]; /* its holders on each medium */
 } reg_t;
 
 typedef struct sub {
@@ -116,7 +120,7 @@ struct kvp_idx {
     uint32_t n_nodes_cap, n_nodes_used, free_nodes, live_nodes, lru_head, lru_tail;
     table_t blocks;
     map_t *maps;
-    uint32_t n_maps_cap, n_maps_used, free_maps;
+    uint32_t n_maps_cap, n_maps_used, free_maps, hand;
     table_t map_table;
     scope_t *scopes;
     uint32_t n_scopes;
@@ -133,7 +137,7 @@ struct kvp_idx {
     size_t hcap, tcap;
     /* counters */
     uint64_t holders, evicted, unplaced, media_dropped, stored_ev, removed_ev, cleared_ev,
-        resync_gap, resync_restart, resync_malformed, maps_live;
+        resync_gap, resync_restart, resync_malformed, maps_live, maps_evicted;
     _Atomic uint64_t batches, replayed, q_tokens, q_hashes, refused_json, refused_body,
         refused_method, refused_field, refused_path, refused_peer, refused_unauth, refused_role,
         refused_tenant;
@@ -278,7 +282,8 @@ static bool map_lookup(const kvp_idx_t *idx, uint32_t scope, uint64_t engine, ui
     uint32_t m = map_find(idx, scope, engine);
     if (m == 0)
         return false;
-    *std_p = idx->nodes[idx->maps[m].node].seq;
+    idx->maps[m].used = 1; /* (the write lock: only apply looks maps up) */
+    *std_p = idx->maps[m].std;
     return true;
 }
 
@@ -315,27 +320,12 @@ static void lru_push(kvp_idx_t *idx, uint32_t i) /* most recent at the tail */
     idx->lru_tail = i;
 }
 
-static void map_free_chain(kvp_idx_t *idx, uint32_t head)
-{
-    while (head != 0) {
-        map_t *m = &idx->maps[head];
-        uint32_t next = m->next;
-        table_del(&idx->map_table, key_hash(idx, m->scope, m->engine), head);
-        m->scope = 0;
-        m->next = idx->free_maps;
-        idx->free_maps = head;
-        idx->maps_live--;
-        head = next;
-    }
-}
-
 /* Free node i (its holders already counted off). */
 static void node_free(kvp_idx_t *idx, uint32_t i)
 {
     node_t *n = &idx->nodes[i];
     lru_unlink(idx, i);
     table_del(&idx->blocks, key_hash(idx, n->scope, n->seq), i);
-    map_free_chain(idx, n->maps);
     if (n->cap != 0)
         free(n->h.ext);
     memset(n, 0, sizeof(*n));
@@ -352,7 +342,7 @@ static void node_drop(kvp_idx_t *idx, uint32_t i)
     for (unsigned k = 0; k < n->n; k++) {
         reg_t *r = idx->regs[HOLDER_REG(h[k])];
         if (r != NULL)
-            r->holders--;
+            r->holders--, r->by_medium[HOLDER_MEDIUM(h[k])]--;
     }
     idx->holders -= n->n;
     node_free(idx, i);
@@ -425,6 +415,7 @@ static bool holder_add(kvp_idx_t *idx, uint32_t i, uint32_t holder)
     h[n->n++] = holder;
     idx->holders++;
     idx->regs[HOLDER_REG(holder)]->holders++;
+    idx->regs[HOLDER_REG(holder)]->by_medium[HOLDER_MEDIUM(holder)]++;
     return true;
 }
 
@@ -442,6 +433,7 @@ static void holder_del(kvp_idx_t *idx, uint32_t i, uint32_t reg, uint32_t pub, b
             h[k] = h[--n->n];
             idx->holders--;
             idx->regs[reg]->holders--;
+            idx->regs[reg]->by_medium[HOLDER_MEDIUM(x)]--;
             continue;
         }
         k++;
@@ -882,15 +874,45 @@ static bool scratch(kvp_idx_t *idx, size_t nh, size_t nt)
     return true;
 }
 
-/* Remember engine -> node (scope), unless known. */
-static void map_add(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint32_t node)
+/* Drop one map the clock finds unused since its hand last passed (at most two turns). */
+static void map_evict(kvp_idx_t *idx)
 {
-    if (map_find(idx, scope, engine) != 0 || !table_reserve(&idx->map_table))
+    for (uint64_t steps = 0; steps < 2ull * idx->n_maps_used; steps++) {
+        if (++idx->hand >= idx->n_maps_used)
+            idx->hand = 1;
+        map_t *m = &idx->maps[idx->hand];
+        if (m->scope == 0)
+            continue;
+        if (m->used) {
+            m->used = 0;
+            continue;
+        }
+        table_del(&idx->map_table, key_hash(idx, m->scope, m->engine), idx->hand);
+        m->scope = 0;
+        m->used = idx->free_maps;
+        idx->free_maps = idx->hand;
+        idx->maps_live--;
+        idx->maps_evicted++;
         return;
-    uint32_t m;
+    }
+}
+
+/* Remember engine -> std (scope). */
+static void map_add(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint64_t std)
+{
+    uint32_t m = map_find(idx, scope, engine);
+    if (m != 0) {
+        idx->maps[m].std = std;
+        idx->maps[m].used = 1;
+        return;
+    }
+    if (idx->maps_live >= idx->max_blocks)
+        map_evict(idx);
+    if (!table_reserve(&idx->map_table))
+        return;
     if (idx->free_maps != 0) {
         m = idx->free_maps;
-        idx->free_maps = idx->maps[m].next;
+        idx->free_maps = idx->maps[m].used;
     } else {
         if (idx->n_maps_used == idx->n_maps_cap) {
             uint64_t cap = (uint64_t)idx->n_maps_cap * 2;
@@ -904,10 +926,9 @@ static void map_add(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint32_t no
     }
     map_t *mp = &idx->maps[m];
     mp->engine = engine;
+    mp->std = std;
     mp->scope = scope;
-    mp->node = node;
-    mp->next = idx->nodes[node].maps;
-    idx->nodes[node].maps = m;
+    mp->used = 1;
     table_put(&idx->map_table, key_hash(idx, scope, engine), m);
     idx->maps_live++;
 }
@@ -1028,7 +1049,7 @@ void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
                         continue;
                     }
                     if (idx->hbuf[i] != seq)
-                        map_add(idx, rg->scope, idx->hbuf[i], nd);
+                        map_add(idx, rg->scope, idx->hbuf[i], seq);
                 } else {
                     uint32_t nd = node_find(idx, rg->scope, seq);
                     if (nd != 0)
@@ -1240,8 +1261,12 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
             put(arg, ",", 1);
         put_json_str(put, arg, idx->regs[qr[x->first].reg]->instance);
         PUTF(":{\"longest_matched\":%" PRIu64, x->any * bs);
+        uint8_t held = 0; /* the media the instance holds any block on */
+        for (uint32_t k = x->first; k < nq; k++)
+            for (unsigned m = 0; qr[k].inst == i && m < idx->n_media; m++)
+                held |= (uint8_t)(idx->regs[qr[k].reg]->by_medium[m] > 0) << m;
         for (unsigned m = 0; m < idx->n_media; m++) {
-            if (m >= 3 && x->media[m] == 0) /* beyond the three: named when it has a run */
+            if (m >= 3 && !(held & (1u << m))) /* beyond the three: named when it holds any */
                 continue;
             PUTF(",\"%s\":%" PRIu64, idx->media[m], x->media[m] * bs);
         }
@@ -1390,6 +1415,11 @@ void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_
     PUTF("# HELP kvpool_indexer_engine_hashes Engine hashes mapped to standard ones.\n"
          "# TYPE kvpool_indexer_engine_hashes gauge\nkvpool_indexer_engine_hashes %" PRIu64 "\n",
          idx->maps_live);
+    PUTF("# HELP kvpool_indexer_engine_hashes_evicted_total Engine hash maps dropped past "
+         "--max-blocks (least recently used).\n"
+         "# TYPE kvpool_indexer_engine_hashes_evicted_total counter\n"
+         "kvpool_indexer_engine_hashes_evicted_total %" PRIu64 "\n",
+         idx->maps_evicted);
     PUTF("# HELP kvpool_indexer_registrations Registrations.\n"
          "# TYPE kvpool_indexer_registrations gauge\nkvpool_indexer_registrations %u\n",
          regs);

@@ -308,9 +308,7 @@ static void take(kvp_sub_t *s, conn_t *cn, zmq_msg_t *parts, int n)
         KVP_LOG_WARN_LIMITED("indexer: %s: a message of %d parts, not [topic, seq, payload] "
                              "(or a topic past the %d followed)",
                              cn->endpoint, n, STREAMS_MAX);
-        resync(s, cn, "malformed");
-        for (unsigned i = 0; i < cn->n_streams; i++)
-            cn->streams[i].has_next = false;
+        resync(s, cn, "malformed"); /* its streams go on where they were */
         return;
     }
     uint64_t seq = seq_of(&parts[1]);
@@ -326,10 +324,10 @@ static void take(kvp_sub_t *s, conn_t *cn, zmq_msg_t *parts, int n)
                      cn->endpoint, (unsigned long long)st->next - 1, (unsigned long long)seq);
         resync(s, cn, "restart");
     }
-    if (apply(s, cn, payload, len, seq, false))
-        st->next = seq + 1;
-    else
-        st->has_next = false;
+    /* a batch that does not decode was resynchronized (apply): the stream goes on after it,
+     * never asking again for what came before it, which the resync dropped */
+    (void)apply(s, cn, payload, len, seq, false);
+    st->next = seq + 1;
 }
 
 /* Up to DRAIN_MAX messages waiting on cn. */

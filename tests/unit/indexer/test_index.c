@@ -388,12 +388,66 @@ static void test_model(void **state)
     kvp_idx_destroy(idx);
 }
 
+/* An engine hash's map outlives its block: a pool's event naming it after the engine removed
+ * the block (their batches have no common order) still finds the standard hash; past
+ * --max-blocks maps the least recently used go. A medium beyond the three is named in an
+ * answer while the instance holds any block on it. */
+static void test_maps_outlive_blocks(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(4);
+    uint32_t e = reg(idx, "tcp://e:1", "vLLM", "inst", "default", 0);
+    uint32_t pool = reg(idx, "tcp://pool:1", "kvpool", "inst", "default", 0);
+    for (int i = 0; i < 4; i++)
+        T[0][i] = (uint32_t)i + 1;
+    uint64_t eng = 777;
+    kvp_idx_op_t op = stored(&eng, 1, NULL);
+    op.has_tokens = true;
+    op.n_tokens = 4;
+    apply(idx, e, &op, 1, -1);
+    op = removed(&eng, 1, NULL); /* the engine evicts it: no block left */
+    apply(idx, e, &op, 1, -1);
+    uint64_t std = 0x6fc1ebd4f4d6ea31ull;
+    assert_non_null(strstr(query(idx, "default", "m", 4, &std, 1, NULL), "\"longest_matched\":0,"));
+    op = stored(&eng, 1, "cpu"); /* the pool's offload ends after it */
+    op.envelope = true;
+    apply(idx, pool, &op, 1, -1);
+    assert_non_null(strstr(query(idx, "default", "m", 4, &std, 1, NULL), "\"CPU\":4,"));
+    /* a fifth medium: named while held, with its run; not once its last block goes */
+    uint64_t other = 4242;
+    op = stored(&other, 1, "nvme");
+    op.envelope = true;
+    apply(idx, pool, &op, 1, -1);
+    const char *a = query(idx, "default", "m", 4, &std, 1, NULL);
+    assert_non_null(strstr(a, "\"NVME\":0,"));
+    op = removed(&other, 1, "nvme");
+    op.envelope = true;
+    apply(idx, pool, &op, 1, -1);
+    assert_null(strstr(query(idx, "default", "m", 4, &std, 1, NULL), "NVME"));
+    /* more maps than --max-blocks (4): the oldest unused go, counted */
+    for (uint64_t k = 0; k < 10; k++) {
+        uint64_t h = 9000 + k;
+        for (int i = 0; i < 4; i++)
+            T[0][i] = (uint32_t)(k * 4 + (uint64_t)i + 100);
+        op = stored(&h, 1, NULL);
+        op.has_tokens = true;
+        op.n_tokens = 4;
+        apply(idx, e, &op, 1, -1);
+    }
+    buf_t m = {.n = 0};
+    kvp_idx_metrics(idx, put, &m);
+    assert_non_null(strstr(m.s, "kvpool_indexer_engine_hashes 4\n"));
+    assert_non_null(strstr(m.s, "kvpool_indexer_engine_hashes_evicted_total 7\n"));
+    kvp_idx_destroy(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash_vectors),  cmocka_unit_test(test_runs),
         cmocka_unit_test(test_engine_hashes), cmocka_unit_test(test_ranks_tenants_clear),
-        cmocka_unit_test(test_max_blocks),    cmocka_unit_test(test_model),
+        cmocka_unit_test(test_max_blocks),    cmocka_unit_test(test_maps_outlive_blocks),
+        cmocka_unit_test(test_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
