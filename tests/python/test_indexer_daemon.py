@@ -323,3 +323,46 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read():
         assert http(port, "/health")[0] == 200
     finally:
         p.stop()
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_memory_bounded_under_a_flood():
+    """A publisher that stores far more blocks (and engine hashes) than --max-blocks: the
+    index keeps at most that many, counts what it evicts, and its memory stops growing."""
+    pub = Publisher()
+    p, port = start("--max-blocks", "20000")
+    try:
+        assert http(port, "/register", dict(REG, endpoint=pub.endpoint))[0] == 200
+        synced(port, pub)
+        base = metric(port, "kvpool_indexer_batches_total")
+        rss = []
+        n = 0
+        for rnd in range(3):
+            for _ in range(100):  # 100 batches of 1000 blocks: 100 000 per round
+                ev = [["BlockStored", list(range(n, n + 500)), None, [], 4, None, None]]
+                toks = [t & 0xFFFFFFFF for t in range(4 * n, 4 * (n + 500))]
+                ev.append(["BlockStored", [b"\x07" * 24 + (n + 10 ** 9 + i).to_bytes(8, "big")
+                                           for i in range(500)], None, toks, 4, None, None])
+                pub.send(ev)
+                n += 500
+            want = base + (rnd + 1) * 100
+            wait_for(lambda: metric(port, "kvpool_indexer_batches_total") >= want,
+                     "the flood to be applied", timeout=60)
+            rss.append(rss_kib(p.pid))
+        assert metric(port, "kvpool_indexer_blocks") <= 20000
+        assert metric(port, "kvpool_indexer_engine_hashes") <= 20000
+        assert metric(port, "kvpool_indexer_evicted_blocks_total") >= 300000 - 20000
+        assert metric(port, "kvpool_indexer_engine_hashes_evicted_total") > 0
+        # the last two rounds add 200 000 blocks each: the memory does not follow them
+        assert rss[2] - rss[0] < 8 * 1024, rss
+        assert rss[2] < 128 * 1024, rss
+    finally:
+        p.stop()
+        pub.close()
