@@ -507,10 +507,9 @@ static const kvp_principal_t *credential(kvp_api_t *api, const kvp_http_request_
     return who;
 }
 
-void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
-                    kvp_http_reply_t *reply)
+static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *req,
+                   kvp_http_reply_t *reply)
 {
-    kvp_api_t *api = arg;
     if (api->protected_mode && !kvp_http_peer_is_loopback(req)) {
         fail(api, reply, 403, "peer",
              "protected mode: requests from this host only (start kvpool-indexer with "
@@ -585,4 +584,29 @@ void kvp_api_too_big(void *arg)
 {
     kvp_api_t *api = arg;
     kvp_idx_count_refused(api->idx, "body");
+}
+
+void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
+                    kvp_http_reply_t *reply)
+{
+    kvp_api_t *api = arg;
+    pthread_rwlock_rdlock(&api->acl_lock); /* the principal found stays valid meanwhile */
+    handle(api, path, req, reply);
+    pthread_rwlock_unlock(&api->acl_lock);
+}
+
+void kvp_api_reload_acl(kvp_api_t *api, const char *path)
+{
+    kvp_acl_t *acl;
+    char err[512];
+    if (kvp_acl_load(path, &acl, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("ACL reload failed, the old ACL stays: %s: %s", path, err);
+        return;
+    }
+    pthread_rwlock_wrlock(&api->acl_lock);
+    kvp_acl_t *old = api->acl;
+    api->acl = acl;
+    pthread_rwlock_unlock(&api->acl_lock);
+    kvp_acl_destroy(old);
+    KVP_LOG_INFO("ACL reloaded from %s: %zu principals", path, acl->n);
 }

@@ -21,14 +21,17 @@
 
 typedef struct kvp_api {
     kvp_idx_t *idx;
-    kvp_sub_t *sub;       /* woken after a registration changed */
-    bool protected_mode;  /* requests from this host only */
-    uint64_t seed;        /* the standard hash's seed (--hash-seed) */
-    const char *state;    /* --state-dir's registrations file, or NULL */
-    const kvp_acl_t *acl; /* --acl-file: every request but /health and /metrics names
-                           * a principal; NULL: none */
-    bool curve_on;        /* --curve-secret: publishers may be registered with a curve_server_key */
-    kvp_tls_t *tls;       /* verifies client certificates (--tls-ca); NULL: none */
+    kvp_sub_t *sub;      /* woken after a registration changed */
+    bool protected_mode; /* requests from this host only */
+    uint64_t seed;       /* the standard hash's seed (--hash-seed) */
+    const char *state;   /* --state-dir's registrations file, or NULL */
+    kvp_acl_t *acl;      /* (swapped on SIGHUP under acl_lock) */
+    pthread_rwlock_t acl_lock;
+        /* read by every request, written by a reload */ /* --acl-file: every request but /health
+                                                          * and /metrics names a principal; NULL:
+                                                          * none */
+    bool curve_on;  /* --curve-secret: publishers may be registered with a curve_server_key */
+    kvp_tls_t *tls; /* verifies client certificates (--tls-ca); NULL: none */
     pthread_mutex_t state_lock; /* one writer of it at a time */
 } kvp_api_t;
 
@@ -39,6 +42,11 @@ bool kvp_api_save(kvp_api_t *api);
 /* The kvp_http_handler_fn of the API (arg: a kvp_api_t). */
 void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
                     kvp_http_reply_t *reply);
+
+/* Read --acl-file again (SIGHUP; main thread): the new ACL serves the next requests, the
+ * old one is freed once no request uses it; a file that does not parse leaves the old one
+ * (logged). */
+void kvp_api_reload_acl(kvp_api_t *api, const char *path);
 
 /* A body over KVP_API_BODY_MAX refused by the HTTP layer before it was read: counted
  * (reason "body"; arg: a kvp_api_t). */

@@ -196,11 +196,14 @@ static void usage(const kvp_opts_t *opts, FILE *f)
     kvp_opts_usage(opts, 23, f);
 }
 
-static volatile sig_atomic_t stop_signal;
+static volatile sig_atomic_t stop_signal, reload_signal;
 
 static void on_signal(int sig)
 {
-    stop_signal = sig;
+    if (sig == SIGHUP)
+        reload_signal = 1;
+    else
+        stop_signal = sig;
 }
 
 /* The config file: its port (0: none), and its registrations. -1, or the exit code. */
@@ -434,6 +437,7 @@ static int indexer_main(int argc, char **argv)
                      .curve_on = sp.curve_secret[0] != '\0',
                      .protected_mode = strcmp(cfg.auth, "protected") == 0 && acl == NULL,
                      .acl = acl,
+                     .acl_lock = PTHREAD_RWLOCK_INITIALIZER,
                      .tls = cfg.tls_ca[0] != '\0' ? tls : NULL,
                      .seed = cfg.hash_seed,
                      .state_lock = PTHREAD_MUTEX_INITIALIZER};
@@ -488,11 +492,13 @@ static int indexer_main(int argc, char **argv)
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
     pthread_sigmask(SIG_BLOCK, &block, &old);
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
     kvp_http_t *http;
@@ -526,14 +532,22 @@ static int indexer_main(int argc, char **argv)
             KVP_LOG_WARN("cannot write to --ready-fd %d: %m", cfg.ready_fd);
         close(cfg.ready_fd);
     }
-    while (stop_signal == 0)
+    while (stop_signal == 0) {
         sigsuspend(&old);
+        if (reload_signal) {
+            reload_signal = 0;
+            if (api.acl != NULL)
+                kvp_api_reload_acl(&api, cfg.acl_file);
+            else
+                KVP_LOG_INFO("SIGHUP: no --acl-file to read again");
+        }
+    }
     KVP_LOG_INFO("stopping (signal %d)", (int)stop_signal);
     kvp_http_stop(http);
     kvp_sub_stop(sub);
     OPENSSL_cleanse(sp.curve_secret, sizeof(sp.curve_secret));
     kvp_idx_destroy(idx);
-    kvp_acl_destroy(acl);
+    kvp_acl_destroy(api.acl); /* (the one a reload left) */
     kvp_tls_destroy(tls);
     return 0;
 }

@@ -143,3 +143,31 @@ def test_acl_needs_tls(tmp_path):
     r = subprocess.run([BIN, "--listen", "127.0.0.1:0", "--acl-file", str(acl)],
                        capture_output=True, text=True, timeout=10)
     assert r.returncode == 2 and "--acl-file needs --tls-cert" in r.stderr
+
+
+def test_acl_reloaded_on_sighup(certs, tmp_path):  # noqa: F811
+    import signal
+    import time
+    acl = tmp_path / "acl.conf"
+    acl.write_text(acl_text(PRINCIPALS))
+    p = Proc([BIN, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}", "--tls-cert",
+              certs.server_crt, "--tls-key", certs.server_key, "--acl-file", str(acl)])
+    port = int(p.ready.rsplit(":", 1)[1])
+    late = f"late-{_RUN}-tok"
+    try:
+        assert call(certs, port, "/instances", token=late)[0] == 401
+        more = dict(PRINCIPALS, late=dict(tenant="team-c", roles="read", token=late))
+        acl.write_text(acl_text(more))
+        os.kill(p.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while call(certs, port, "/instances", token=late)[0] != 200:
+            assert time.monotonic() < deadline, "the new principal was never taken"
+            time.sleep(0.05)
+        # a file that does not parse: the ACL in force stays
+        acl.write_text("[principal broken]\nroles = nonsense\n")
+        os.kill(p.pid, signal.SIGHUP)
+        time.sleep(0.3)  # nothing to wait for: nothing may change
+        assert call(certs, port, "/instances", token=late)[0] == 200
+        assert call(certs, port, "/instances", who="reader-a")[0] == 200
+    finally:
+        assert p.stop() == 0
