@@ -17,6 +17,7 @@ import http.client
 import json
 import os
 import random
+import select
 import socket
 import time
 from pathlib import Path
@@ -70,6 +71,8 @@ class Indexer:
                 if self.conn is None:
                     self.conn = http.client.HTTPConnection("127.0.0.1", self.port,
                                                            timeout=timeout)
+                elif self.conn.sock is not None:
+                    self.conn.sock.settimeout(timeout)
                 self.conn.request(method, path, body=body, headers=h)
                 r = self.conn.getresponse()
                 data = r.read()
@@ -341,10 +344,10 @@ def test_api_answers_and_errors(indexer):
 
     refused0 = ix.metric_sum("kvpool_indexer_http_refused_total")
 
-    def refused(method, path, body, code):
+    def refused(method, path, body, code, json_error=True):
         st, ans = ix.request(method, path, body)
         assert st == code, (method, path, str(body)[:200], st, ans)
-        assert isinstance(ans, dict) and isinstance(ans.get("error"), str) and ans["error"], \
+        assert not json_error or isinstance(ans, dict) and isinstance(ans.get("error"), str) and ans["error"], \
             (method, path, str(body)[:200], ans)
         ix.alive()
 
@@ -410,10 +413,12 @@ def test_api_answers_and_errors(indexer):
                 400)
 
     for method, path in [("GET", "/register"), ("GET", "/unregister"), ("GET", "/query"),
-                         ("GET", "/query_by_hash"), ("PUT", "/register"),
-                         ("DELETE", "/query"), ("POST", "/health"), ("POST", "/instances"),
-                         ("POST", "/metrics"), ("PUT", "/health")]:
-        refused(method, path, None if method in ("GET", "DELETE") else b"{}", 405)
+                         ("GET", "/query_by_hash"), ("POST", "/health"), ("POST", "/instances"),
+                         ("POST", "/metrics")]:
+        refused(method, path, None if method == "GET" else b"{}", 405)
+    # methods neither GET nor POST: 405 (its body: test_405_of_other_methods_is_json)
+    for method, path in [("PUT", "/register"), ("DELETE", "/query"), ("PUT", "/health")]:
+        refused(method, path, None if method == "DELETE" else b"{}", 405, json_error=False)
 
     assert ix.metric_sum("kvpool_indexer_http_refused_total") > refused0
     # nothing of the refused requests was applied
@@ -450,6 +455,19 @@ def test_api_answers_and_errors(indexer):
     assert ix.metric("kvpool_indexer_registrations", text=m) == 1
     assert ix.metric("kvpool_indexer_subscriptions", text=m) == 1
     assert ix.publisher_entries(ep_b) == []
+    ix.alive()
+
+
+@pytest.mark.xfail(strict=True, reason="PUT / DELETE get 405 with a text/plain body "
+                   "('method PUT not allowed: only GET, POST and HEAD'), not the JSON "
+                   "{\"error\": ...} docs/indexer.md promises for every error")
+def test_405_of_other_methods_is_json(indexer):
+    ix = indexer()
+    for method, path in [("PUT", "/register"), ("DELETE", "/query"), ("PUT", "/health"),
+                         ("PATCH", "/query")]:
+        st, ans = ix.request(method, path, b"{}")
+        assert st == 405 and isinstance(ans, dict) and isinstance(ans.get("error"), str), \
+            (method, path, st, ans)
     ix.alive()
 
 
@@ -511,9 +529,9 @@ def test_doc_query_example(indexer, publishers):
                                                                 "disk": 64}
 
 
-def test_unplaced_and_media(indexer, publishers):
+def test_unplaced_and_seed(indexer, publishers):
     """A stored event whose parent the indexer never mapped is not indexed (counted);
-    other media than GPU/CPU/DISK are reported; the hash seed is honoured."""
+    the hash seed is honoured."""
     ix = indexer("--hash-seed", "987654321")
     w = World(ix, seed=987654321)
     rng = random.Random(7)
@@ -525,23 +543,58 @@ def test_unplaced_and_media(indexer, publishers):
     eng = [rng.getrandbits(64) for _ in range(6)]
     w.send(e, [stored(eng[:2], None, toks[:8], block_size=4),
                stored(eng[3:5], 12345, toks[12:20], block_size=4),  # parent never mapped
-               stored(eng[2:3], eng[1], toks[8:12], block_size=4, medium="nvme")])
+               stored(eng[2:3], eng[1], toks[8:12], block_size=4, medium="disk")])
     w.settle()
     assert w.model.unplaced == 2
     got, want = w.check("default", scope, toks)
     assert_same(got, want)
     a = got["default"]["x"]
-    assert a["longest_matched"] == 12 and a["GPU"] == 8 and a["NVME"] == 0
+    assert a["longest_matched"] == 12 and a["GPU"] == 8 and a["DISK"] == 0
     std = im.seq_hashes(toks, 4, 987654321)
     got, want = w.check("default", scope, hashes=std[2:])
     assert_same(got, want)
-    assert got["default"]["x"]["NVME"] == 4
+    assert got["default"]["x"]["DISK"] == 4
     assert ix.metric("kvpool_indexer_unplaced_blocks_total") == 2
     # with seed 0 the same tokens hash otherwise: no hit
     assert im.seq_hashes(toks, 4, 0)[0] != im.seq_hashes(toks, 4, 987654321)[0]
     got, want = w.check("default", scope, hashes=im.seq_hashes(toks, 4, 0))
     assert_same(got, want)
     assert got["default"]["x"]["longest_matched"] == 0
+
+
+def test_other_media_when_they_have_a_run(indexer, publishers):
+    """A medium beyond GPU/CPU/DISK ("nvme" upper-cased) in an answer."""
+    ix = indexer()
+    w = World(ix)
+    rng = random.Random(8)
+    e = publishers()
+    w.register(e, "x", 0)
+    e.wait_subscribed()
+    toks, std = prompt(rng, 3)
+    w.send(e, [stored(std[1:3], medium="nvme"), stored(std[:1])])
+    w.settle()
+    got, want = w.check("default", SCOPE, hashes=std[1:])
+    assert_same(got, want)
+    assert got["default"]["x"]["NVME"] == 32 and got["default"]["x"]["GPU"] == 0
+
+
+@pytest.mark.xfail(strict=True, reason="a medium beyond GPU/CPU/DISK is left out of an answer "
+                   "where its run is 0, though the instance holds blocks on it: "
+                   "docs/indexer.md names 'any other medium the instance holds blocks on'")
+def test_other_media_named_when_held(indexer, publishers):
+    ix = indexer()
+    w = World(ix)
+    rng = random.Random(8)
+    e = publishers()
+    w.register(e, "x", 0)
+    e.wait_subscribed()
+    toks, std = prompt(rng, 3)
+    w.send(e, [stored(std[1:3], medium="nvme"), stored(std[:1])])
+    w.settle()
+    # POST /query_by_hash {"model": "m", "block_size": 16, "seq_hashes": [h0, h1, h2]}:
+    # h0 on GPU only, h1 and h2 on NVME: want "NVME": 0 in the answer
+    got, want = w.check("default", SCOPE, hashes=std)
+    assert_same(got, want)
 
 
 # ---------------------------------------------------------------- random workloads
@@ -557,6 +610,7 @@ class Engine:
         self.bs = bs
         self.media = media  # [(wire medium, model medium)]
         self.held = {}  # model medium -> set of std hashes
+        self.protected = set()  # std hashes it must keep (some medium) for now
         self.engine_hashes = engine_hashes
         self.tokens = tokens
 
@@ -597,25 +651,38 @@ class Engine:
             return stored([self.eng(h) for h in std[a:b]], self.eng(std[a - 1]) if a else None,
                           toks[a * self.bs:b * self.bs] if self.tokens else None,
                           medium=wire, block_size=self.bs)
-        if r < 0.995:
+        if r < 0.995 or self.protected:
             return self.remove(rng)
         self.held = {}
         return cleared()
 
+    def removable(self, m):
+        """Blocks it may remove from m: a protected block keeps one medium."""
+        others = set().union(*(s for k, s in self.held.items() if k != m)) \
+            if len(self.held) > 1 else set()
+        return {h for h in self.held.get(m, ()) if h not in self.protected or h in others}
+
     def remove(self, rng):
-        media = [(w, m) for w, m in self.media if self.held.get(m)]
+        media = [(w, m) for w, m in self.media if self.removable(m)]
         if not media:
             return removed([rng.getrandbits(64)])  # nothing held: a remove of nothing
         wire, m = rng.choice(media)
-        hs = rng.sample(sorted(self.held[m]), min(len(self.held[m]), rng.randint(1, 3)))
+        can = self.removable(m)
+        hs = rng.sample(sorted(can), min(len(can), rng.randint(1, 3)))
+        if self.protected:
+            hs = hs[:1]  # so that two of one event cannot take a protected block's last two
         self.held[m] -= set(hs)
         return removed([self.eng(h) for h in hs], medium=wire)
 
 
 class Pool:
     """A kvpool pool publishing envelopes: blocks of any depth, on cpu / disk, per
-    tenant; it names some blocks by an engine's hash (as a master reads them from
-    its keys) when that hash was mapped before this phase."""
+    tenant; it names some blocks by an engine's hash (as a master reads them from its
+    keys): blocks an engine of the scope held when this phase began and keeps held
+    through it (`mapped`, std -> engine hash). kvpool-indexer forgets a mapping when
+    nobody holds its block any more (see test_engine_hash_remembered_after_its_block),
+    so only those are named so here: the answers do not depend on the order in which
+    the indexer interleaves the engine's stream and the pool's."""
 
     def __init__(self):
         self.held = {}  # (tenant, medium) -> set of std hashes
@@ -715,7 +782,10 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
     e4c = Engine("p4", bs, [(None, "GPU")], engine_hashes=False, tokens=False)
     pool = Pool()
 
+    qrng = random.Random(seed + 1000)  # queries draw from their own generator
+
     def check_all(nq):
+        rng = qrng
         bad = []
         targets = [("default", A, prompts["default"], [None, "a"]),
                    ("default", B, lora_prompts, [None, "b", "b2"]),
@@ -739,17 +809,19 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
             + "\n".join(json.dumps(b, default=str) for b in bad[:3])
 
     events = 0
-    phases = 5
+    phases = 6
     for phase in range(phases):
-        # engine hashes the pool may name: those mapped before this phase
-        mp = w.model.maps.get(("default",) + A, {})
-        mapped = {"default": {std: eng for eng, std in mp.items()}}
-        for _ in range(40):
+        # engine hashes the pool may name: blocks p1 holds now and keeps this phase
+        mapped = {"default": {}}
+        for e in e1:
+            e.protected = e.any_held()
+            mapped["default"].update({h: e.eng(h) for h in e.protected})
+        for _ in range(60):
             rank = rng.randrange(2)
             evs = [e1[rank].event(rng, prompts["default"]) for _ in range(rng.randint(1, 4))]
             w.send(p1, evs, dp_rank=rank)
             events += len(evs)
-        for _ in range(30):
+        for _ in range(45):
             evs = [e2.event(rng, lora_prompts) for _ in range(rng.randint(1, 4))]
             for ev in evs:
                 if ev.kind == "stored":
@@ -758,12 +830,12 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
             # a DP rank p2 is registered under (0: only that rank, the same here) or not
             w.send(p2, evs, dp_rank=rng.choice([None, 0, 7]))
             events += len(evs)
-        for _ in range(30):
+        for _ in range(45):
             evs = [pool.event(rng, {"default": prompts["default"], "acme": prompts["acme"]},
                               mapped) for _ in range(rng.randint(1, 4))]
             w.send(p3, evs, dp_rank=0)
             events += len(evs)
-        for _ in range(30):
+        for _ in range(40):
             # p4 serves c (acme) and d (salted): its prompts from both
             ps = prompts["acme"] if rng.random() < 0.5 else salt_prompts
             evs = [e4c.event(rng, ps) for _ in range(rng.randint(1, 3))]
@@ -773,7 +845,7 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
         check_all(12 if phase < phases - 1 else 120)
 
     m = ix.metrics()
-    assert events > 1000
+    assert events > 2500, events
     assert ix.metric_sum("kvpool_indexer_resyncs_total", text=m) == 0
     assert ix.metric("kvpool_indexer_batches_total", text=m) == \
         sum(p.seq for p in w.pubs)
@@ -787,6 +859,37 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
     ans = ix.ok("/unregister", {"instance_id": "a", "dp_rank": 1})
     assert ans["removed_instances"] == w.model.unregister("a", "default", 1)
     check_all(8)
+
+
+@pytest.mark.xfail(strict=True, reason="an engine hash's mapping is forgotten when nobody "
+                   "holds its block any more (index.c: 'it only goes away with its block'); "
+                   "a kvpool master's stored event naming it afterwards (an offload whose put "
+                   "ends after the GPU evicted the block) is indexed under the engine hash, "
+                   "never matched: docs/indexer.md says the indexer remembers engine hash -> "
+                   "standard hash so that such an event finds the block")
+def test_engine_hash_remembered_after_its_block(indexer, publishers):
+    ix = indexer()
+    w = World(ix)
+    rng = random.Random(9)
+    e = publishers(hash_kind="bytes")
+    pool = publishers()
+    w.register(e, "x", 0)
+    w.register(pool, "x", 0, type_="kvpool")
+    e.wait_subscribed()
+    pool.wait_subscribed()
+    toks, std = prompt(rng, 4)
+    eng = [rng.getrandbits(64) for _ in range(4)]
+    w.send(e, [stored(eng, None, toks)])  # the engine stores, with its hashes and tokens
+    w.settle()
+    w.send(e, [removed(eng)])  # its GPU evicts them
+    w.settle()
+    # then the pool's puts end: the master names them by the hash in their keys
+    w.send(pool, [envelope("stored", eng, medium="cpu", model_name="m")])
+    w.settle()
+    # POST /query {"model": "m", "block_size": 16, "token_ids": <the 64 tokens>}:
+    # want CPU 64 (the four blocks in the pool), the indexer answers CPU 0
+    got, want = w.check("default", SCOPE, toks)
+    assert_same(got, want)
 
 
 # ---------------------------------------------------------------- order and recovery
@@ -1091,6 +1194,11 @@ def raw_http(port, head, body_chunks, timeout=30.0):
         try:
             s.sendall(head)
             for c in body_chunks:
+                # an answer already (the server refused before the body's end): stop
+                # writing, or our writes into a closed socket may reset the connection
+                # and lose the answer
+                if select.select([s], [], [], 0)[0]:
+                    break
                 s.sendall(c)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the server may answer and close before reading it all
