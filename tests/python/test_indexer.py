@@ -1157,6 +1157,9 @@ def test_kvpool_master_as_a_second_publisher(indexer, publishers):
             endpoint, replay_endpoint = pub_ep, rep_ep
 
         w.register(MasterEndpoint, "eng", 0, scope=scope, type_="kvpool")
+        # the same master for an instance of another tenant: its events (tenant_id
+        # "default") do not apply there
+        w.register(MasterEndpoint, "other", 0, tenant="acme", scope=scope, type_="kvpool")
         e.wait_subscribed()
 
         def key(h):
@@ -1200,6 +1203,9 @@ def test_kvpool_master_as_a_second_publisher(indexer, publishers):
             return got["default"]["eng"]
 
         a = until(lambda a: a["CPU"] == 64, "the pool's blocks on CPU")
+        got, want = w.check("acme", scope, hashes=[hp] + eng)
+        assert_same(got, want, "tenant acme")
+        assert got["acme"]["other"]["CPU"] == 0
         assert a == {"longest_matched": 64, "GPU": 64, "CPU": 64, "DISK": 0, "DP": {"0": 64},
                      "rank_matches": {"0": {"gpu": 64, "cpu": 64, "disk": 64}}}
         # the engine drops them from GPU: CPU stays
@@ -1266,6 +1272,51 @@ def raw_http(port, head, body_chunks, timeout=30.0):
     return int(data.split(b" ", 2)[1]), data.partition(b"\r\n\r\n")[2].decode(errors="replace")
 
 
+CHUNKED_HEAD = (b"POST /register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def big_chunks(size, step=1 << 20):
+    return [b"%x\r\n" % step + b" " * step + b"\r\n" for _ in range(size // step)] + \
+        [b"0\r\n\r\n"]
+
+
+@pytest.mark.xfail(strict=True, reason="a chunked POST body over 16 MiB gets the connection "
+                   "closed with no answer (common/http.c queues the 413 mid-upload, which "
+                   "libmicrohttpd refuses); docs/indexer.md: 413 for a body over 16 MiB")
+def test_chunked_body_over_the_limit_413(indexer):
+    ix = indexer()
+    st, body = raw_http(ix.port, CHUNKED_HEAD, big_chunks(BODY_LIMIT + (1 << 20)))
+    assert st == 413, (st, body[:200])
+
+
+DEEP = (b"[" * 200_000 + b"]" * 200_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
+        b'{"model": "m", "block_size": 16, "token_ids": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+
+
+def many_tokens_body():
+    """A /query with as many token ids as fit under the limit (about 8 M)."""
+    n = (BODY_LIMIT - 100) // 2
+    body = b'{"model":"m","block_size":16,"token_ids":[' + b"0," * (n - 1) + b"0]}"
+    assert len(body) <= BODY_LIMIT
+    return body
+
+
+@pytest.mark.xfail(strict=True, reason="413 for bodies under 16 MiB: JSON nested deeper than 32 "
+                   "('nested deeper than 32', a 400 KB body) and more than 1 048 640 values "
+                   "('more than 1048640 values', 8 M token ids in 16 MB); docs/indexer.md: 413 is "
+                   "for a body over 16 MiB, 400 for malformed JSON or fields (and it names no "
+                   "limit on nesting or on the number of token ids)")
+def test_413_only_for_bodies_over_16_MiB(indexer):
+    ix = indexer()
+    bad = []
+    for b in DEEP + (many_tokens_body(),):
+        st, ans = ix.post("/query", b, timeout=60)
+        if st == 413:
+            bad.append((b[:60], len(b), st, ans))
+    assert not bad, bad
+
+
 def test_hostile_http(indexer):
     ix = indexer()
     ix.ok("/register", {**REG, "endpoint": f"tcp://127.0.0.1:{free_port()}"})
@@ -1277,27 +1328,24 @@ def test_hostile_http(indexer):
                               b"\r\nContent-Length: %d\r\n\r\n" % big,
                         [chunk] * (big >> 20))
     assert st == 413, (st, body[:200])
+    assert json.loads(body)["error"]
     ix.alive()
-    # ... and sent chunked
-    step = (1 << 20)
-    chunks = [b"%x\r\n" % step + b" " * step + b"\r\n" for _ in range(big // step)] + [b"0\r\n\r\n"]
-    st, body = raw_http(port, b"POST /register HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                              b"application/json\r\nTransfer-Encoding: chunked\r\n\r\n", chunks)
-    assert st == 413, (st, body[:200])
+    # ... and sent chunked: refused (with an answer: test_chunked_body_over_the_limit_413)
+    refused = ix.metric_sum("kvpool_indexer_http_refused_total")
+    st, body = raw_http(port, CHUNKED_HEAD, big_chunks(BODY_LIMIT + (1 << 20)))
+    assert st in (413, None), (st, body[:200])
+    assert ix.metric_sum("kvpool_indexer_http_refused_total") == refused + 1
     ix.alive()
-    # deep nesting
-    for b in (b"[" * 200_000 + b"]" * 200_000, b'{"a":' * 100_000 + b"1" + b"}" * 100_000,
-              b'{"model": "m", "block_size": 16, "token_ids": ' + b"[" * 50_000 +
-              b"]" * 50_000 + b"}"):
+    assert ix.metric("kvpool_indexer_registrations") == 1
+    # deep nesting: refused (400 or 413: test_413_only_for_bodies_over_16_MiB)
+    for b in DEEP:
         st, ans = ix.post("/query", b)
-        assert st == 400, (st, ans)
+        assert st in (400, 413) and ans["error"], (st, ans)
         ix.alive()
-    # as many token ids as fit under the limit (16 MiB / 2 bytes: about 8 M)
-    n = (BODY_LIMIT - 100) // 2
-    body = b'{"model":"m","block_size":16,"token_ids":[' + b"0," * (n - 1) + b"0]}"
-    assert len(body) <= BODY_LIMIT
+    # as many token ids as fit under the limit (16 MiB / 2 bytes: about 8 M): answered or
+    # refused (400, or 413: test_413_only_for_bodies_over_16_MiB)
     t0 = time.monotonic()
-    st, ans = ix.post("/query", body, timeout=60)
+    st, ans = ix.post("/query", many_tokens_body(), timeout=60)
     assert st in (200, 400, 413), (st, str(ans)[:200])
     if st == 200:
         # 0-tokens blocks: the answer of an instance that holds nothing
