@@ -740,7 +740,7 @@ def random_prompt(rng, prompts, bs):
     return toks
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("seed", [1, 2, 3])
 def test_random_workloads_match_the_model(indexer, publishers, seed):
     rng = random.Random(seed)
     hseed = [0, 0xDEADBEEF][seed % 2]
@@ -811,14 +811,20 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
     events = 0
     phases = 6
     for phase in range(phases):
-        # engine hashes the pool may name: blocks p1 holds now and keeps this phase
-        mapped = {"default": {}}
-        for e in e1:
-            e.protected = e.any_held()
-            mapped["default"].update({h: e.eng(h) for h in e.protected})
-        for _ in range(60):
+        # engine hashes the pool may name: blocks one rank of p1 holds now and keeps this
+        # phase (the other rank is free to remove and clear)
+        keeper, free = e1[phase % 2], e1[1 - phase % 2]
+        keeper.protected = keeper.any_held()
+        free.protected = set()
+        mapped = {"default": {h: keeper.eng(h) for h in keeper.protected}}
+        for k in range(60):
             rank = rng.randrange(2)
+            if k == 30 and phase in (2, 3):
+                rank = e1.index(free)
             evs = [e1[rank].event(rng, prompts["default"]) for _ in range(rng.randint(1, 4))]
+            if k == 30 and phase in (2, 3):  # an AllBlocksCleared of the free rank
+                evs.append(cleared())
+                free.held = {}
             w.send(p1, evs, dp_rank=rank)
             events += len(evs)
         for _ in range(45):
