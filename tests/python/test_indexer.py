@@ -47,9 +47,10 @@ BODY_LIMIT = 16 << 20
 class Indexer:
     """A kvpool-indexer started with --ready-fd, and an HTTP client to it."""
 
-    def __init__(self, *args):
-        self.proc = Proc([INDEXER_BIN, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
-                          "--log-level", "error", *args])
+    def __init__(self, *args, listen=True, env=None):
+        self.args = args
+        self.proc = Proc([INDEXER_BIN, *(["--listen", "127.0.0.1:0"] if listen else []),
+                          "--ready-fd", "{fd}", "--log-level", "error", *args], env=env)
         self.port = int(self.proc.ready.rsplit(":", 1)[1])
         self.conn = None
 
@@ -174,8 +175,8 @@ class Indexer:
 def indexer():
     made = []
 
-    def make(*args):
-        ix = Indexer(*args)
+    def make(*args, **kw):
+        ix = Indexer(*args, **kw)
         made.append(ix)
         return ix
 
@@ -1132,6 +1133,146 @@ def test_malformed_batch_not_undone_by_replay(indexer, publishers):
     # want longest_matched 0; got 32 (seq 0 replayed and applied again)
     got, want = w.check("default", SCOPE, hashes=[1, 2])
     assert_same(got, want)
+
+
+def test_register_again_updates_the_replay_endpoint(indexer, publishers):
+    """The same endpoint registered again for the same key and scope: its replay
+    endpoint and type change, its blocks stay; a gap then heals through the new one."""
+    ix = indexer()
+    w = World(ix)
+    p = publishers()
+    body = {"endpoint": p.endpoint, "replay_endpoint": f"tcp://127.0.0.1:{free_port()}",
+            "type": "SGLang", "modelname": "m", "instance_id": "g", "block_size": 16,
+            "dp_rank": 0}
+    ix.ok("/register", body)
+    w.model.register("g", "default", 0, SCOPE, p.endpoint, "SGLang")
+    w.pubs.append(p)
+    p.wait_subscribed()
+    rng = random.Random(18)
+    toks, std = prompt(rng, 4)
+    w.send(p, [stored(std[:2])])
+    w.settle()
+    n = p.subscriptions
+    w.register(p, "g", 0)  # vLLM, the real replay endpoint
+    [e] = ix.publisher_entries(p.endpoint)
+    assert (e.get("replay_endpoint"), e.get("type")) == (p.replay_endpoint, "vLLM"), e
+    assert ix.metric("kvpool_indexer_subscriptions") == 1
+    try:
+        # kvpool-indexer makes the subscription's socket anew for its new replay endpoint:
+        # wait for it (an indexer that keeps the socket loses nothing meanwhile)
+        p.wait_subscribed(n + 1, timeout=2)
+    except AssertionError:
+        pass
+    w.send(p, [stored(std[2:3])], pub=False)
+    w.send(p, [stored(std[3:4])])
+    w.settle()
+    got, want = w.check("default", SCOPE, toks)
+    assert_same(got, want)
+    assert got["default"]["g"]["GPU"] == 64
+    # asked from the gap (2), or from 0 by a subscription made anew
+    assert p.replay_requests and p.replay_requests[0] <= 2, p.replay_requests
+    assert ix.metric_sum("kvpool_indexer_resyncs_total") == 0
+
+
+def test_max_blocks_evicts_the_least_recently_stored(indexer, publishers):
+    ix = indexer("--max-blocks", "8")
+    w = World(ix)
+    p = publishers()
+    w.register(p, "g", 0)
+    p.wait_subscribed()
+    hs = [1000 + i for i in range(12)]
+    w.send(p, [stored([h]) for h in hs[:8]])
+    w.settle()
+    w.send(p, [stored([h]) for h in hs[8:11]])  # 3 more: hs[0..2] go
+    w.settle()
+    w.send(p, [stored([hs[3]])])  # hs[3] stored again: now the most recent
+    w.send(p, [stored([hs[11]])])  # so hs[4] goes
+    w.settle()
+
+    def present(h):
+        return ix.ok("/query_by_hash", {"model": "m", "block_size": 16,
+                                        "seq_hashes": [h]})["default"]["g"]["GPU"] == 16
+
+    assert [h for h in hs if present(h)] == [hs[3]] + hs[5:12]
+    m = ix.metrics()
+    assert ix.metric("kvpool_indexer_evicted_blocks_total", text=m) == 4
+    assert ix.metric("kvpool_indexer_blocks", text=m) == 8
+    assert ix.metric("kvpool_indexer_block_holders", text=m) == 8
+
+
+def test_conductor_config_file(indexer, publishers, tmp_path):
+    """--config (and CONDUCTOR_CONFIG_PATH): the Conductor's JSON, http_server_port and
+    kvevent_instance (name -> a /register object; the name is the instance id when the
+    object has none; ip + port stand for endpoint)."""
+    p1 = publishers()
+    p2 = publishers(encoding="map")
+    host, port = p1.endpoint[len("tcp://"):].rsplit(":", 1)
+    http_port = free_port()
+    cfg = {"http_server_port": http_port, "kvevent_instance": {
+        "engine-a": {"ip": host, "port": int(port), "type": "vLLM", "modelname": "m",
+                     "block_size": 16, "dp_rank": 0, "replay_endpoint": p1.replay_endpoint},
+        "second": {"endpoint": p2.endpoint, "type": "SGLang", "modelname": "m",
+                   "instance_id": "engine-b", "block_size": 16, "dp_rank": 1,
+                   "tenant_id": "acme"}}}
+    path = tmp_path / "conductor.json"
+    path.write_text(json.dumps(cfg))
+    rng = random.Random(19)
+    toks, std = prompt(rng, 3)
+    for how in ("flag", "env"):
+        if how == "flag":
+            ix = indexer("--config", str(path), listen=False)
+        else:
+            ix = indexer(listen=False, env={"CONDUCTOR_CONFIG_PATH": str(path)})
+        assert ix.port == http_port
+        w = World(ix)
+        w.model.register("engine-a", "default", 0, SCOPE, p1.endpoint, "vLLM")
+        w.model.register("engine-b", "acme", 1, SCOPE, p2.endpoint, "SGLang")
+        w.pubs += [p1, p2]
+        p1.wait_subscribed(p1.subscriptions + 1)
+        p2.wait_subscribed(p2.subscriptions + 1)
+        p1.restart()
+        p2.restart()
+        w.send(p1, [stored(std)])
+        w.send(p2, [stored(std[:2])])
+        w.settle()
+        for tenant in ("default", "acme"):
+            got, want = w.check(tenant, SCOPE, toks)
+            assert_same(got, want, f"{how}: {tenant}")
+        assert w.model.query("default", SCOPE, toks)["default"]["engine-a"]["GPU"] == 48
+        assert w.model.query("acme", SCOPE, toks)["acme"]["engine-b"]["DP"] == {"1": 32}
+        assert ix.close() == 0
+
+
+def test_indexer_restart_keeps_registrations(indexer, publishers, tmp_path):
+    """--state-dir: a restarted indexer registers again, subscribes, and replays what
+    each publisher still holds (from seq 0) when it hears from it."""
+    state = str(tmp_path / "state")
+    os.mkdir(state, 0o700)
+    ix = indexer("--state-dir", state)
+    w = World(ix)
+    p = publishers(hash_kind="bytes")
+    w.register(p, "g", 0)
+    p.wait_subscribed()
+    rng = random.Random(20)
+    toks, std = prompt(rng, 6)
+    eng = [rng.getrandbits(64) for _ in range(6)]
+    w.send(p, [stored(eng[:3], None, toks[:48])])
+    w.send(p, [stored(eng[3:5], eng[2], toks[48:80]), removed([eng[0]])])
+    w.settle()
+    assert ix.close() == 0
+    ix2 = indexer("--state-dir", state)
+    assert [r.get("instance_id") for r in ix2.instances()["instances"]] == ["g"]
+    p.wait_subscribed(p.subscriptions + 1)
+    w.ix = ix2
+    w.send(p, [stored(eng[5:6], eng[4], toks[80:96])])
+    w.settle()
+    got, want = w.check("default", SCOPE, toks)
+    assert_same(got, want, "after the indexer's restart")
+    got, want = w.check("default", SCOPE, hashes=std[1:])
+    assert_same(got, want)
+    assert got["default"]["g"]["GPU"] == 80  # h[1..5]: h[0] alone was removed
+    assert got["default"]["g"]["longest_matched"] == 80
+    assert p.replay_requests == [0]
 
 
 # ---------------------------------------------------------------- a real kvpool master
