@@ -598,6 +598,31 @@ def test_other_media_named_when_held(indexer, publishers):
     assert got["default"]["x"]["NVME"] == 0
 
 
+def test_at_most_8_media(indexer, publishers):
+    """GPU, CPU, DISK and five more names; an event naming a ninth is counted and
+    dropped, the rest of its batch applied."""
+    ix = indexer()
+    w = World(ix)
+    e = publishers()
+    w.register(e, "x", 0)
+    e.wait_subscribed()
+    names = ["m1", "m2", "M3", "m4", "m5"]
+    w.send(e, [stored([1], medium=m) for m in names])
+    w.settle()
+    e.publish([stored([2], medium="m6"), stored([3], medium="m1"), stored([4], medium="gpu")])
+    w.model.apply_batch(e.endpoint, [stored([3], medium="m1"), stored([4], medium="gpu")])
+    ix.wait_seq(e)
+    got, want = w.check("default", SCOPE, hashes=[1])
+    assert_same(got, want)
+    assert sorted(got["default"]["x"]) == sorted(
+        ["longest_matched", "GPU", "CPU", "DISK", "M1", "M2", "M3", "M4", "M5", "DP",
+         "rank_matches"])
+    for h in (2, 3, 4):
+        got, want = w.check("default", SCOPE, hashes=[h])
+        assert_same(got, want)
+    assert ix.metric("kvpool_indexer_media_dropped_total") == 1
+
+
 # ---------------------------------------------------------------- random workloads
 
 
