@@ -51,7 +51,14 @@ struct kvp_http_request {
 typedef struct post {
     char *buf;
     size_t len, cap;
+    bool too_big;   /* a body without a Content-Length grew past the limit: dropped */
+    size_t dropped; /* bytes dropped since */
 } post_t;
+
+/* A body without a Content-Length (chunked) that grows past the limit is dropped as it
+ * comes and answered 413 at its end (libmicrohttpd answers nothing in the middle of a
+ * body); past this much more, the connection is closed. */
+#define KVP_HTTP_DROP_MAX (64u << 20)
 
 void kvp_http_accept_post(kvp_http_t *h, size_t max_body, void (*too_big)(void *arg))
 {
@@ -221,8 +228,19 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
             return MHD_YES;
         }
         if (*upload_len > 0) {
-            if (p->len + *upload_len > post_max)
-                return refuse_big(h, c);
+            if (!p->too_big && p->len + *upload_len > post_max) {
+                p->too_big = true; /* counted now, answered at the body's end */
+                if (h->too_big != NULL)
+                    h->too_big(h->arg);
+                free(p->buf);
+                p->buf = NULL;
+                p->len = p->cap = 0;
+            }
+            if (p->too_big) {
+                p->dropped += *upload_len;
+                *upload_len = 0;
+                return p->dropped > KVP_HTTP_DROP_MAX ? MHD_NO : MHD_YES;
+            }
             if (p->len + *upload_len + 1 > p->cap) {
                 size_t cap = p->cap ? p->cap : 4096;
                 while (cap < p->len + *upload_len + 1)
@@ -237,6 +255,10 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
             p->len += *upload_len;
             *upload_len = 0;
             return MHD_YES;
+        }
+        if (p->too_big) {
+            static const char msg[] = "{\"error\": \"the body is over the size limit\"}";
+            return answer_now(c, 413, msg);
         }
         req.body = p->buf != NULL ? p->buf : "";
         if (p->buf != NULL)

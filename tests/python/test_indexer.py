@@ -1429,9 +1429,6 @@ def big_chunks(size, step=1 << 20):
         [b"0\r\n\r\n"]
 
 
-@pytest.mark.xfail(strict=True, reason="a chunked POST body over 16 MiB gets the connection "
-                   "closed with no answer (common/http.c queues the 413 mid-upload, which "
-                   "libmicrohttpd refuses); docs/indexer.md: 413 for a body over 16 MiB")
 def test_chunked_body_over_the_limit_413(indexer):
     ix = indexer()
     st, body = raw_http(ix.port, CHUNKED_HEAD, big_chunks(BODY_LIMIT + (1 << 20)))
