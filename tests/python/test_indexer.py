@@ -27,7 +27,7 @@ import pytest
 import xxhash
 
 import indexer_model as im
-from conftest import Proc, free_port, metric
+from conftest import Proc, free_port, master_security_args, metric
 from vllm_publisher import (MASK, Publisher, cleared, digest32, envelope, removed,
                             stored)
 
@@ -1291,7 +1291,7 @@ def test_kvpool_master_as_a_second_publisher(indexer, publishers):
     master = Proc([master_bin, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}",
                    "--log-level", "error", "--lease-ttl", "0", "--kv-events-bind", pub_ep,
                    "--kv-events-replay-bind", rep_ep, "--kv-events-model", model_name,
-                   "--kv-events-block-size", "16"])
+                   "--kv-events-block-size", "16", *master_security_args()])
     client = None
     try:
         client = kvpool.Client(master=master.ready, segment_size="64MiB")

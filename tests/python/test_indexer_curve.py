@@ -12,6 +12,7 @@ own segment), kvpool-indexer, keys from deploy/make-curve-keys.sh.
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -20,7 +21,7 @@ import urllib.request
 import pytest
 
 import kvpool
-from conftest import Proc
+from conftest import TLS_DIR, Proc, master_security_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN = os.environ.get("KVPOOL_INDEXER_BIN", os.path.join(ROOT, "build", "indexer",
@@ -79,7 +80,7 @@ def pool(keys, tmp_path_factory):
               "--kv-events-replay-bind", f"tcp://127.0.0.1:{rp}",
               "--kv-events-model", "m", "--kv-events-block-size", "16",
               "--kv-events-curve-secret", str(keys / "master.key"),
-              "--kv-events-curve-allow", str(allow)])
+              "--kv-events-curve-allow", str(allow), *master_security_args()])
     c = kvpool.Client(master=m.ready, segment_size="64MiB")
     yield m, c, ev, rp, http
     c.close()
@@ -149,7 +150,11 @@ def test_without_the_key_nothing_is_heard(keys, pool):
         assert s == 200, a
 
         def refused():
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics", timeout=10) as r:
+            url, ctx = f"http://127.0.0.1:{http}/metrics", None
+            if TLS_DIR is not None:  # the TLS pass: the master's HTTP is HTTPS
+                ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
+                url = "https" + url[4:]
+            with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
                 for line in r.read().decode().splitlines():
                     if line.startswith('kvpool_kv_events_refused_total{reason="curve"}'):
                         return float(line.split()[1])
