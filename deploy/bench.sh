@@ -469,11 +469,14 @@ if ix:
              "limit_events_per_s", 1e6, "M", ">="),
             ("query_latency", "POST /query, 8192 tokens, 64 instances, p99", "p99_us",
              "limit_p99_us", 1, "us", "<="),
-            ("memory", "bytes per (block, instance) pair", "bytes_per_pair",
+            ("memory", "", "bytes_per_pair",
              "limit_bytes_per_pair", 1, "B", "<=")]
+    mems = [r for r in R if r["mode"] == "index" and r["part"] == "memory"]
     for part, name, key, lim, scale, unit, op in rows:
-        if part in ix:
-            r = ix[part]
+        for r in (mems if part == "memory" else [ix[part]] if part in ix else []):
+            if part == "memory":
+                name = "bytes per (block, instance) pair, %d holder(s) per block" % (
+                    r["holders_per_block"])
             md.append("| %s | %.2f %s | %s %g %s | %s |" % (name, r[key] / scale, unit, op,
                       r[lim] / scale, unit, r["limit_met"]))
     if "in_process" in ix:
