@@ -149,7 +149,7 @@ fi
 # in process on one core (limit >= 10 M block ops/s) next to a naive baseline, end to end
 # through ZeroMQ into a kvpool-indexer of its own (>= 2 M block events/s), POST /query of
 # 8192 tokens against 64 instances (p99 <= 1 ms) and the daemon's RSS at 10 M (block,
-# instance) pairs (<= 64 B each). About 2 minutes.
+# instance) pairs (<= 64 B each), one holder per block and four. About a minute.
 if [ -f "$TRACE" ]; then
   run index index --trace "$TRACE"
 else
