@@ -22,6 +22,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/types.h>
 
 #include "client/include/kvpool.h"
@@ -101,6 +102,11 @@ typedef struct kvp_bench_opts {
     uint64_t ha_objects; /* rebuild: 1 KiB objects put before the master is killed (1000000) */
     unsigned ha_rounds;  /* failover: leader kills (default 10) */
     unsigned leader_ttl; /* failover: the masters' --leader-ttl in seconds (default 2) */
+    /* index mode: mock engines (count, LRU blocks of 16 tokens each), (block, instance)
+     * pairs loaded for the memory figure, timed /query calls, the daemon's binary */
+    unsigned idx_engines;
+    uint64_t idx_engine_blocks, idx_pairs, idx_queries;
+    const char *idx_bin;
     /* output */
     const char *json_path;
     bool quiet; /* no progress line */
@@ -237,8 +243,13 @@ pid_t kvp_bench_master_start(const char *listen, const char *records, const char
 pid_t kvp_bench_serve_start(const char *master, uint64_t seg_size);
 /* SIGTERM pid, SIGKILL after 10 s; reap. */
 void kvp_bench_stop_pid(pid_t pid);
-/* Path of a sibling binary ("kvpool-master", "kvpool"): env, next to us, build tree, PATH. */
+/* Path of a sibling binary ("kvpool-master", "kvpool", "kvpool-indexer"): env
+ * ($KVPOOL_MASTER_BIN, $KVPOOL_CLI_BIN, $KVPOOL_INDEXER_BIN), next to us, build tree, PATH. */
 const char *kvp_bench_find_bin(const char *name);
+/* Start argv (its stdout to /dev/null) with fd 3 a pipe, and read the one line a daemon's
+ * --ready-fd 3 writes into `line` (15 s at most). Returns the pid, or -1 (said on stderr;
+ * nothing left running). */
+pid_t kvp_bench_spawn_ready(char *const argv[], char *line, size_t len);
 /* PID of a running master we started (for RSS), or -1. */
 pid_t kvp_bench_master_pid(void);
 
@@ -278,6 +289,26 @@ static inline uint64_t kvp_bench_mix64(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* ---- traces (bench_trace.c, bench_tracegen.c) ---- */
+
+/* Make *p (*cap elements of elem bytes) hold at least `need`: doubled from 1024. 0, or -1
+ * (out of memory; *p unchanged). */
+int kvp_bench_grow(void **p, size_t *cap, size_t need, size_t elem);
+
+/* The requests of a FAST'25 JSONL trace, as read: request q's hash ids are
+ * ids[off[q] .. off[q+1]). */
+typedef struct kvp_bench_reqs {
+    uint64_t *ids;
+    size_t *off;
+    size_t n_req, n_ids, malformed;
+} kvp_bench_reqs_t;
+/* Read at most `limit` requests (0: all) of f (named `name` in messages); lines without a
+ * well-formed hash_ids array are skipped and counted. 0, or -1 (said on stderr). */
+int kvp_bench_trace_read(FILE *f, const char *name, uint64_t limit, kvp_bench_reqs_t *r);
+void kvp_bench_reqs_free(kvp_bench_reqs_t *r);
+/* Write n requests of tracegen's class (its seed) to f. 0, or -1 (said on stderr). */
+int kvp_bench_tracegen_write(const char *class_name, uint64_t seed, uint64_t n, FILE *f);
+
 /* ---- modes ---- */
 int kvp_bench_data(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
@@ -290,5 +321,7 @@ int kvp_bench_tracegen(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 const char *kvp_bench_tracegen_classes(void);
 int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_ha(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+/* index: kvpool-indexer in process, end to end, /query latency, memory (bench_index.c) */
+int kvp_bench_index(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 
 #endif

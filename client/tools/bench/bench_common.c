@@ -504,12 +504,13 @@ const char *kvp_bench_find_bin(const char *name)
     static char found[4][PATH_MAX];
     static int next;
     char *out = found[next++ % 4];
-    const char *env =
-        strcmp(name, "kvpool-master") == 0 ? getenv("KVPOOL_MASTER_BIN") : getenv("KVPOOL_CLI_BIN");
+    const char *env = strcmp(name, "kvpool-master") == 0    ? getenv("KVPOOL_MASTER_BIN")
+                      : strcmp(name, "kvpool-indexer") == 0 ? getenv("KVPOOL_INDEXER_BIN")
+                                                            : getenv("KVPOOL_CLI_BIN");
     if (env != NULL && access(env, X_OK) == 0)
         return env;
-    /* installed side by side, or the build tree (client/ and master/) */
-    const char *rel[] = {"%s/%s", "%s/../master/%s", "%s/../client/%s"};
+    /* installed side by side, or the build tree (client/, master/ and indexer/) */
+    const char *rel[] = {"%s/%s", "%s/../master/%s", "%s/../client/%s", "%s/../indexer/%s"};
     for (size_t i = 0; i < sizeof(rel) / sizeof(rel[0]); i++) {
         snprintf(out, PATH_MAX, rel[i], self_dir, name);
         if (access(out, X_OK) == 0)
@@ -518,8 +519,7 @@ const char *kvp_bench_find_bin(const char *name)
     return name; /* PATH */
 }
 
-/* Start argv with fd 3 a pipe; read one line into `line`. Returns the pid or -1. */
-static pid_t spawn_ready(char *const argv[], char *line, size_t len)
+pid_t kvp_bench_spawn_ready(char *const argv[], char *line, size_t len)
 {
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0)
@@ -595,7 +595,7 @@ pid_t kvp_bench_master_start(const char *listen, const char *records, const char
     for (size_t i = 0; flags != NULL && flags[i] != NULL && na < 31; i++)
         margv[na++] = (char *)flags[i];
     margv[na] = NULL;
-    return spawn_ready(margv, addr, len);
+    return kvp_bench_spawn_ready(margv, addr, len);
 }
 
 /* One `kvpool serve` of seg_size bytes of DRAM, and an SSD segment when ssd_path is set. */
@@ -619,7 +619,7 @@ static pid_t serve_start(const char *master, uint64_t seg_size, const char *ssd_
         sargv[10] = "--ssd-size";
         sargv[11] = ssd_size;
     }
-    return spawn_ready(sargv, name, sizeof(name));
+    return kvp_bench_spawn_ready(sargv, name, sizeof(name));
 }
 
 pid_t kvp_bench_serve_start(const char *master, uint64_t seg_size)

@@ -1,7 +1,7 @@
 /*
  * bench_main.c - kvpool-bench: main, the global options and the mode table.
  *
- *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace tracegen ssd ha all
+ *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace tracegen ssd ha index all
  *
  * Output: each mode prints a human-readable table (and a progress line on
  * stderr while it runs); --json FILE writes
@@ -125,6 +125,18 @@ static const bench_mode_t modes[] = {
      "  --ha-rounds N          leader kills in the failover part (default 10)\n"
      "  --leader-ttl S         the masters' --leader-ttl (default 2)\n",
      kvp_bench_ha, MODE_OWN, NULL},
+    {"index",
+     "index (kvpool-indexer: a trace through mock engines, in process and end to end through\n"
+     "    its own kvpool-indexer over ZeroMQ and HTTP; bench_index.c, docs/benchmarks.md):\n"
+     "  --trace FILE / --class NAME  the trace (FAST'25 JSONL), or tracegen's class made in\n"
+     "                         memory (--requests, --seed); --trace-limit N\n"
+     "  --engines N            mock engines (default 16)\n"
+     "  --engine-blocks N      each engine's LRU pool in blocks of 16 tokens (default 16384)\n"
+     "  --queries N            timed POST /query calls of 8192 tokens (default 2000)\n"
+     "  --pairs N              (block, instance) pairs loaded for the memory figure\n"
+     "                         (default 10000000)\n"
+     "  --indexer-bin PATH     kvpool-indexer (default $KVPOOL_INDEXER_BIN, the build tree)\n",
+     kvp_bench_index, MODE_OWN, NULL},
     {"all", NULL, NULL, 0, all_parts},
 };
 
@@ -143,7 +155,7 @@ static void usage(FILE *f)
     fputs("usage: kvpool-bench MODE [options]\nmodes: ", f);
     for (size_t i = 0; i < N_MODES; i++)
         fprintf(f, "%s%s", i ? " | " : "", modes[i].name);
-    fputs(" (all but ssd and ha)\n"
+    fputs(" (all but ssd, ha and index)\n"
           "cluster:\n"
           "  --master HOST:PORT     a running master (default $KVPOOL_MASTER)\n"
           "  --local                start a master and segments on 127.0.0.1 and stop them after\n"
@@ -210,6 +222,11 @@ static const struct option long_opts[] = {
     {"ha-objects", required_argument, NULL, 'H'},
     {"ha-rounds", required_argument, NULL, 'U'},
     {"leader-ttl", required_argument, NULL, 'Y'},
+    {"engines", required_argument, NULL, 'x'},
+    {"engine-blocks", required_argument, NULL, 'y'},
+    {"pairs", required_argument, NULL, 'z'},
+    {"queries", required_argument, NULL, 'u'},
+    {"indexer-bin", required_argument, NULL, 'J'},
     {"json", required_argument, NULL, 'j'},
     {"quiet", no_argument, NULL, 'q'},
     {"help", no_argument, NULL, 'h'},
@@ -252,6 +269,10 @@ static void opts_defaults(kvp_bench_opts_t *o)
         .ha_objects = 1000000,
         .ha_rounds = 10,
         .leader_ttl = 2,
+        .idx_engines = 16,
+        .idx_engine_blocks = 16384,
+        .idx_pairs = 10000000,
+        .idx_queries = 2000,
     };
 }
 
@@ -556,11 +577,38 @@ static int opt_ssd_ha(kvp_bench_opts_t *o, int opt, const char *arg)
     }
 }
 
+/* index */
+static int opt_index(kvp_bench_opts_t *o, int opt, const char *arg)
+{
+    uint64_t v;
+    switch (opt) {
+    case 'x':
+        if (parse_whole(arg, &v) != 0 || v == 0 || v > 1024)
+            return -1;
+        o->idx_engines = (unsigned)v;
+        return 0;
+    case 'y':
+        return parse_whole(arg, &o->idx_engine_blocks) != 0 || o->idx_engine_blocks < 64 ||
+                       o->idx_engine_blocks > (1u << 24)
+                   ? -1
+                   : 0;
+    case 'z':
+        return parse_whole(arg, &o->idx_pairs) != 0 || o->idx_pairs == 0 ? -1 : 0;
+    case 'u':
+        return parse_whole(arg, &o->idx_queries) != 0 || o->idx_queries == 0 ? -1 : 0;
+    case 'J':
+        o->idx_bin = arg;
+        return 0;
+    default:
+        return OPT_NOT_MINE;
+    }
+}
+
 /* Parse the options after MODE into o (defaults first). Returns BENCH_GO_ON or an exit code. */
 static int opts_parse(int argc, char **argv, kvp_bench_opts_t *o)
 {
     static int (*const groups[])(kvp_bench_opts_t *, int, const char *) = {
-        opt_cluster, opt_data_points, opt_data_clients, opt_meta_trace, opt_ssd_ha};
+        opt_cluster, opt_data_points, opt_data_clients, opt_meta_trace, opt_ssd_ha, opt_index};
     opts_defaults(o);
     optind = 2;
     int opt, li = 0;

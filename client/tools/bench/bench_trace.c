@@ -130,7 +130,7 @@ static size_t hash_u64(uint64_t x)
     return (size_t)x;
 }
 
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
+int kvp_bench_grow(void **p, size_t *cap, size_t need, size_t elem)
 {
     if (need <= *cap)
         return 0;
@@ -185,7 +185,7 @@ static uint32_t intern(trace_t *t, uint64_t id, size_t *ids_cap)
         s = (s + 1) & (t->map_cap - 1);
     }
     if (t->n_uniq >= TRACE_NIL - 1 ||
-        grow((void **)&t->ids, ids_cap, t->n_uniq + 1, sizeof(*t->ids)))
+        kvp_bench_grow((void **)&t->ids, ids_cap, t->n_uniq + 1, sizeof(*t->ids)))
         return TRACE_NIL;
     t->map_key[s] = id;
     t->map_val[s] = (uint32_t)t->n_uniq;
@@ -228,7 +228,7 @@ static long parse_line(const char *line, uint64_t **tmp, size_t *tmp_cap)
                 return -1;
             v = v * 10 + (uint64_t)(*p - '0');
         }
-        if (grow((void **)tmp, tmp_cap, n + 1, sizeof(**tmp)))
+        if (kvp_bench_grow((void **)tmp, tmp_cap, n + 1, sizeof(**tmp)))
             return -1;
         (*tmp)[n++] = v;
         p = skip_ws(p);
@@ -280,7 +280,7 @@ static int trace_load(trace_t *t, const char *path, uint64_t limit)
     uint64_t *tmp = NULL;
     int rc = -1;
     ssize_t len;
-    if (grow((void **)&t->off, &off_cap, 1, sizeof(*t->off)))
+    if (kvp_bench_grow((void **)&t->off, &off_cap, 1, sizeof(*t->off)))
         goto out;
     t->off[0] = 0;
     while ((limit == 0 || t->n_req < limit) && (len = getline(&line, &line_cap, f)) >= 0) {
@@ -294,9 +294,9 @@ static int trace_load(trace_t *t, const char *path, uint64_t limit)
                         path, lineno);
             continue;
         }
-        if (grow((void **)&t->blks, &blks_cap, t->n_blks + (size_t)n, sizeof(*t->blks)) ||
-            grow((void **)&t->off, &off_cap, t->n_req + 2, sizeof(*t->off)) ||
-            grow((void **)&t->ts, &ts_cap, t->n_req + 1, sizeof(*t->ts)))
+        if (kvp_bench_grow((void **)&t->blks, &blks_cap, t->n_blks + (size_t)n, sizeof(*t->blks)) ||
+            kvp_bench_grow((void **)&t->off, &off_cap, t->n_req + 2, sizeof(*t->off)) ||
+            kvp_bench_grow((void **)&t->ts, &ts_cap, t->n_req + 1, sizeof(*t->ts)))
             goto out_nomem;
         t->ts[t->n_req] = parse_ts(line);
         for (long i = 0; i < n; i++) {
@@ -328,6 +328,49 @@ out:
     if (rc != 0)
         trace_free(t);
     return rc;
+}
+
+int kvp_bench_trace_read(FILE *f, const char *name, uint64_t limit, kvp_bench_reqs_t *r)
+{
+    memset(r, 0, sizeof(*r));
+    char *line = NULL;
+    size_t line_cap = 0, ids_cap = 0, off_cap = 0, tmp_cap = 0;
+    uint64_t *tmp = NULL;
+    ssize_t len;
+    int rc = -1;
+    if (kvp_bench_grow((void **)&r->off, &off_cap, 1, sizeof(*r->off)))
+        goto out;
+    r->off[0] = 0;
+    while ((limit == 0 || r->n_req < limit) && (len = getline(&line, &line_cap, f)) >= 0) {
+        long n = (size_t)len == strlen(line) ? parse_line(line, &tmp, &tmp_cap) : -1;
+        if (n < 0) { /* a blank or malformed line */
+            r->malformed += *skip_ws(line) != '\0';
+            continue;
+        }
+        if (kvp_bench_grow((void **)&r->ids, &ids_cap, r->n_ids + (size_t)n, sizeof(*r->ids)) ||
+            kvp_bench_grow((void **)&r->off, &off_cap, r->n_req + 2, sizeof(*r->off)))
+            goto out;
+        memcpy(r->ids + r->n_ids, tmp, (size_t)n * sizeof(*tmp));
+        r->n_ids += (size_t)n;
+        r->off[++r->n_req] = r->n_ids;
+    }
+    rc = ferror(f) || r->n_req == 0 ? -1 : 0;
+out:
+    if (rc != 0)
+        fprintf(stderr, "kvpool-bench: %s: %s\n", name,
+                r->n_req == 0 ? "no request with hash_ids" : "cannot read it (or out of memory)");
+    free(tmp);
+    free(line);
+    if (rc != 0)
+        kvp_bench_reqs_free(r);
+    return rc;
+}
+
+void kvp_bench_reqs_free(kvp_bench_reqs_t *r)
+{
+    free(r->ids);
+    free(r->off);
+    memset(r, 0, sizeof(*r));
 }
 
 /* ---------------- the references (cache_sim.h) ---------------- */

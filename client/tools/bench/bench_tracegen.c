@@ -413,6 +413,36 @@ static int gen_write(gen_t *g, FILE *f, size_t n, uint64_t *blocks_p)
     return ferror(f) ? -1 : 0;
 }
 
+/* Lay the trace out and write its first n requests to f. 0, or -1 (said on stderr). */
+static int gen_run(gen_t *g, uint64_t n, FILE *f, uint64_t *blocks_p)
+{
+    g->shared = calloc(g->c->n_shared, sizeof(*g->shared));
+    if (g->shared == NULL || zipf_init(&g->zipf, g->c->n_shared, g->c->shared_zipf) != 0 ||
+        gen_layout(g, n) != 0) {
+        fprintf(stderr, "kvpool-bench tracegen: out of memory\n");
+        return -1;
+    }
+    if (gen_write(g, f, n, blocks_p) != 0) {
+        fprintf(stderr, "kvpool-bench tracegen: writing the trace failed\n");
+        return -1;
+    }
+    return 0;
+}
+
+int kvp_bench_tracegen_write(const char *class_name, uint64_t seed, uint64_t n, FILE *f)
+{
+    const gen_class_t *c = class_find(class_name != NULL ? class_name : "");
+    if (c == NULL) {
+        fprintf(stderr, "kvpool-bench: --class is one of %s\n", kvp_bench_tracegen_classes());
+        return -1;
+    }
+    gen_t g = {.c = c, .rng = {seed}};
+    uint64_t blocks = 0;
+    int rc = gen_run(&g, n, f, &blocks);
+    gen_free(&g);
+    return rc;
+}
+
 int kvp_bench_tracegen(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
 {
     const gen_class_t *c = class_find(o->gen_class ? o->gen_class : "");
@@ -427,24 +457,15 @@ int kvp_bench_tracegen(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
     }
     gen_t g = {.c = c, .rng = {o->gen_seed}};
     int rc = 1;
-    FILE *f = NULL;
-    g.shared = calloc(c->n_shared, sizeof(*g.shared));
-    if (g.shared == NULL || zipf_init(&g.zipf, c->n_shared, c->shared_zipf) != 0 ||
-        gen_layout(&g, o->gen_requests) != 0) {
-        fprintf(stderr, "kvpool-bench tracegen: out of memory\n");
-        goto out;
-    }
-    f = fopen(o->gen_out, "we");
+    FILE *f = fopen(o->gen_out, "we");
     if (f == NULL) {
         fprintf(stderr, "kvpool-bench tracegen: cannot write %s: %s\n", o->gen_out,
                 strerror(errno));
         goto out;
     }
     uint64_t blocks = 0;
-    if (gen_write(&g, f, o->gen_requests, &blocks) != 0) {
-        fprintf(stderr, "kvpool-bench tracegen: writing %s failed\n", o->gen_out);
+    if (gen_run(&g, o->gen_requests, f, &blocks) != 0)
         goto out;
-    }
     rc = 0;
     printf("tracegen %s seed %" PRIu64 ": %" PRIu64 " requests, %" PRIu64 " blocks, %" PRIu64
            " ids, in %s\n",
