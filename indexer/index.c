@@ -57,14 +57,16 @@
 
 typedef struct node {
     uint64_t seq;
-    uint32_t scope;      /* 0: a free node */
-    uint32_t prev, next; /* the store order (free: next is the free list) */
-    uint16_t n, cap;     /* holders; cap 0: inline */
+    uint32_t scope;  /* 0: a free node (h.in[0]: the next free one); NODE_USED: stored since
+                      * the clock's hand last passed */
+    uint16_t n, cap; /* holders; cap 0: inline */
     union {
         uint32_t in[INLINE_HOLDERS];
         uint32_t *ext;
     } h;
 } node_t;
+#define NODE_USED 0x80000000u
+#define NODE_SCOPE(n) ((n)->scope & ~NODE_USED)
 
 typedef struct map {
     uint64_t engine, std;
@@ -95,6 +97,8 @@ typedef struct reg {
     bool live;
     char instance[KVP_IDX_NAME_MAX];
     uint32_t rank, scope, n_pubs;
+    uint32_t inst_id; /* the same for every registration of its (instance, scope): the index
+                       * of one of them */
     pub_t pubs[KVP_IDX_PUBS_MAX];
     uint64_t holders;
     uint64_t by_medium[KVP_IDX_MEDIA_MAX]; /* its holders on each medium */
@@ -117,7 +121,7 @@ struct kvp_idx {
     uint64_t seed, tseed, max_blocks;
     uint32_t ttl_ms;
     node_t *nodes;
-    uint32_t n_nodes_cap, n_nodes_used, free_nodes, live_nodes, lru_head, lru_tail;
+    uint32_t n_nodes_cap, n_nodes_used, free_nodes, live_nodes, node_hand;
     table_t blocks;
     map_t *maps;
     uint32_t n_maps_cap, n_maps_used, free_maps, hand;
@@ -167,10 +171,15 @@ void kvp_idx_hash_tokens(uint64_t seed, const uint32_t *tokens, size_t n, uint32
     }
 }
 
-static uint64_t key_hash(const kvp_idx_t *idx, uint32_t scope, uint64_t v)
+/* The tables' hash of (scope, v): a keyed mix (the key drawn at start), so that a
+ * publisher that picks its hashes cannot aim them at one probe run; cheaper than XXH3,
+ * which the blocks' own hashes have been through already. */
+static inline uint64_t key_hash(const kvp_idx_t *idx, uint32_t scope, uint64_t v)
 {
-    uint64_t k[2] = {v, scope};
-    return XXH3_64bits_withSeed(k, 12, idx->tseed);
+    uint64_t x = (v ^ idx->tseed) + (uint64_t)scope * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
 }
 
 /* ---- tables ---- */
@@ -258,7 +267,7 @@ static inline uint32_t probe(const kvp_idx_t *idx, const table_t *t, uint32_t sc
 
 static bool node_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t seq)
 {
-    return idx->nodes[i].seq == seq && idx->nodes[i].scope == scope;
+    return idx->nodes[i].seq == seq && NODE_SCOPE(&idx->nodes[i]) == scope;
 }
 
 static bool map_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t engine)
@@ -294,42 +303,15 @@ static uint32_t *holders_of(node_t *n)
     return n->cap == 0 ? n->h.in : n->h.ext;
 }
 
-static void lru_unlink(kvp_idx_t *idx, uint32_t i)
-{
-    node_t *n = &idx->nodes[i];
-    if (n->prev != 0)
-        idx->nodes[n->prev].next = n->next;
-    else
-        idx->lru_head = n->next;
-    if (n->next != 0)
-        idx->nodes[n->next].prev = n->prev;
-    else
-        idx->lru_tail = n->prev;
-    n->prev = n->next = 0;
-}
-
-static void lru_push(kvp_idx_t *idx, uint32_t i) /* most recent at the tail */
-{
-    node_t *n = &idx->nodes[i];
-    n->prev = idx->lru_tail;
-    n->next = 0;
-    if (idx->lru_tail != 0)
-        idx->nodes[idx->lru_tail].next = i;
-    else
-        idx->lru_head = i;
-    idx->lru_tail = i;
-}
-
 /* Free node i (its holders already counted off). */
 static void node_free(kvp_idx_t *idx, uint32_t i)
 {
     node_t *n = &idx->nodes[i];
-    lru_unlink(idx, i);
-    table_del(&idx->blocks, key_hash(idx, n->scope, n->seq), i);
+    table_del(&idx->blocks, key_hash(idx, NODE_SCOPE(n), n->seq), i);
     if (n->cap != 0)
         free(n->h.ext);
     memset(n, 0, sizeof(*n));
-    n->next = idx->free_nodes;
+    n->h.in[0] = idx->free_nodes;
     idx->free_nodes = i;
     idx->live_nodes--;
 }
@@ -348,25 +330,42 @@ static void node_drop(kvp_idx_t *idx, uint32_t i)
     node_free(idx, i);
 }
 
-/* The node of (scope, seq), made when absent (the least recently stored one evicted past
- * --max-blocks); 0 when out of memory. */
+/* Evict one node that was not stored since the clock's hand last passed it (the hand
+ * clears the bit of those it passes that were): about the least recently stored. */
+static void node_evict(kvp_idx_t *idx)
+{
+    for (uint64_t steps = 0; steps < 2ull * idx->n_nodes_used + 2; steps++) {
+        if (++idx->node_hand >= idx->n_nodes_used)
+            idx->node_hand = 1;
+        node_t *n = &idx->nodes[idx->node_hand];
+        if (n->scope == 0)
+            continue;
+        if (n->scope & NODE_USED) {
+            n->scope &= ~NODE_USED;
+            continue;
+        }
+        node_drop(idx, idx->node_hand);
+        idx->evicted++;
+        return;
+    }
+}
+
+/* The node of (scope, seq), marked stored, made when absent (one not stored lately evicted
+ * past --max-blocks); 0 when out of memory. */
 static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
 {
     uint32_t i = node_find(idx, scope, seq);
     if (i != 0) {
-        lru_unlink(idx, i);
-        lru_push(idx, i);
+        idx->nodes[i].scope |= NODE_USED;
         return i;
     }
-    while (idx->live_nodes >= idx->max_blocks && idx->lru_head != 0) {
-        node_drop(idx, idx->lru_head);
-        idx->evicted++;
-    }
+    while (idx->live_nodes >= idx->max_blocks && idx->live_nodes > 0)
+        node_evict(idx);
     if (!table_reserve(&idx->blocks))
         return 0;
     if (idx->free_nodes != 0) {
         i = idx->free_nodes;
-        idx->free_nodes = idx->nodes[i].next;
+        idx->free_nodes = idx->nodes[i].h.in[0];
     } else {
         if (idx->n_nodes_used == idx->n_nodes_cap) {
             uint64_t cap = (uint64_t)idx->n_nodes_cap * 2;
@@ -383,9 +382,8 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
     node_t *n = &idx->nodes[i];
     memset(n, 0, sizeof(*n));
     n->seq = seq;
-    n->scope = scope;
+    n->scope = scope | NODE_USED;
     table_put(&idx->blocks, key_hash(idx, scope, seq), i);
-    lru_push(idx, i);
     idx->live_nodes++;
     return i;
 }
@@ -685,6 +683,15 @@ static void reg_remove(kvp_idx_t *idx, uint32_t r)
     idx->scopes[rg->scope - 1].refs--;
     rg->live = false;
     rg->n_pubs = 0;
+    uint32_t heir = UINT32_MAX; /* its instance's ids named it: they name another now */
+    for (uint32_t o = 0; o < idx->n_regs; o++) {
+        reg_t *og = idx->regs[o];
+        if (og == NULL || !og->live || og->inst_id != r)
+            continue;
+        if (heir == UINT32_MAX)
+            heir = o;
+        og->inst_id = heir;
+    }
 }
 
 static const char *curve_of(const kvp_idx_reg_params_t *p)
@@ -770,6 +777,15 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
     snprintf(rg->instance, sizeof(rg->instance), "%s", p->instance);
     rg->rank = p->dp_rank;
     rg->scope = scope;
+    rg->inst_id = r;
+    for (uint32_t o = 0; o < idx->n_regs; o++) { /* its instance's other ranks */
+        const reg_t *og = idx->regs[o];
+        if (o != r && og != NULL && og->live && og->scope == scope &&
+            strcmp(og->instance, p->instance) == 0) {
+            rg->inst_id = og->inst_id;
+            break;
+        }
+    }
     rg->n_pubs = 1;
     rg->pubs[0].sub = s;
     snprintf(rg->pubs[0].type, TYPE_MAX, "%s", p->type);
@@ -1146,7 +1162,8 @@ static void put_json_str(void (*put)(void *, const char *, size_t), void *arg, c
 /* A candidate registration of a query and its runs. */
 typedef struct qreg {
     uint32_t reg, inst; /* its instance: an index into the query's instances */
-    uint8_t mask;       /* media holding the current block */
+    uint32_t stamp;     /* the block its mask is of (+1) */
+    uint8_t mask;       /* media holding that block */
     bool dp_alive, tier_alive;
     uint8_t tier; /* the walk's current tier: 0 GPU, 1 CPU, 2 DISK */
     uint64_t dp, tiers[3];
@@ -1154,6 +1171,7 @@ typedef struct qreg {
 
 typedef struct qinst {
     uint32_t first; /* its first qreg */
+    uint32_t stamp;
     uint8_t mask, alive_media;
     bool any_alive;
     uint64_t any, media[KVP_IDX_MEDIA_MAX];
@@ -1166,15 +1184,22 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
     uint32_t nq = 0, ni = 0;
     qreg_t *qr = NULL;
     qinst_t *qi = NULL;
-    uint32_t *slot = NULL; /* reg id -> qreg index + 1 */
+    uint32_t *slot = NULL;  /* reg id -> qreg index + 1 */
+    uint32_t *islot = NULL; /* inst_id -> qinst index + 1 */
+    uint32_t *alive = NULL; /* the qregs, then the qinsts, with a run still going */
     if (scope != 0) {
-        qr = calloc(idx->n_regs + 1, sizeof(*qr));
-        qi = calloc(idx->n_regs + 1, sizeof(*qi));
-        slot = calloc(idx->n_regs + 1, sizeof(*slot));
-        if (qr == NULL || qi == NULL || slot == NULL) {
+        size_t n = (size_t)idx->n_regs + 1;
+        qr = calloc(n, sizeof(*qr));
+        qi = calloc(n, sizeof(*qi));
+        slot = calloc(n, sizeof(*slot));
+        islot = calloc(n, sizeof(*islot));
+        alive = calloc(2 * n, sizeof(*alive));
+        if (qr == NULL || qi == NULL || slot == NULL || islot == NULL || alive == NULL) {
             free(qr);
             free(qi);
             free(slot);
+            free(islot);
+            free(alive);
             return KVP_ERR_NOMEM;
         }
         for (uint32_t r = 0; r < idx->n_regs; r++) {
@@ -1182,49 +1207,56 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
             if (rg == NULL || !rg->live || rg->scope != scope ||
                 (q->instance != NULL && strcmp(rg->instance, q->instance) != 0))
                 continue;
-            uint32_t i;
-            for (i = 0; i < ni; i++)
-                if (strcmp(idx->regs[qr[qi[i].first].reg]->instance, rg->instance) == 0)
-                    break;
-            if (i == ni) {
-                qi[ni].first = nq;
-                qi[ni].any_alive = true;
-                qi[ni].alive_media = (uint8_t)((1u << idx->n_media) - 1);
-                ni++;
+            uint32_t i = islot[rg->inst_id];
+            if (i == 0) {
+                qi[ni] = (qinst_t){.first = nq,
+                                   .any_alive = true,
+                                   .alive_media = (uint8_t)((1u << idx->n_media) - 1)};
+                i = islot[rg->inst_id] = ++ni;
             }
-            qr[nq] = (qreg_t){.reg = r, .inst = i, .dp_alive = true, .tier_alive = true};
+            qr[nq] = (qreg_t){.reg = r, .inst = i - 1, .dp_alive = true, .tier_alive = true};
             slot[r] = ++nq;
         }
     }
-    /* walk the blocks */
-    for (size_t b = 0; b < q->n && nq > 0; b++) {
+    /* walk the blocks: each folds its holders into the masks of their registrations and
+     * instances (stamped with the block), then only the runs still going are advanced, so
+     * a block costs its holders and the candidates still matching, not every candidate */
+    uint32_t *ar = alive, *ai = alive + nq, n_ar = nq, n_ai = ni;
+    for (uint32_t k = 0; k < nq; k++)
+        ar[k] = k;
+    for (uint32_t k = 0; k < ni; k++)
+        ai[k] = k;
+    for (size_t b = 0; b < q->n && (n_ar > 0 || n_ai > 0); b++) {
         uint32_t nd = node_find(idx, scope, q->hashes[b]);
         if (nd == 0)
             break;
+        uint32_t stamp = (uint32_t)b + 1;
         node_t *n = &idx->nodes[nd];
         uint32_t *h = holders_of(n);
-        for (uint32_t k = 0; k < nq; k++)
-            qr[k].mask = 0;
-        for (uint32_t k = 0; k < ni; k++)
-            qi[k].mask = 0;
         for (unsigned k = 0; k < n->n; k++) {
             uint32_t r = HOLDER_REG(h[k]);
-            if (r <= idx->n_regs && slot[r] != 0) {
-                qreg_t *x = &qr[slot[r] - 1];
-                x->mask |= (uint8_t)(1u << HOLDER_MEDIUM(h[k]));
-                qi[x->inst].mask |= (uint8_t)(1u << HOLDER_MEDIUM(h[k]));
-            }
+            if (r >= idx->n_regs || slot[r] == 0)
+                continue;
+            qreg_t *x = &qr[slot[r] - 1];
+            qinst_t *y = &qi[x->inst];
+            uint8_t bit = (uint8_t)(1u << HOLDER_MEDIUM(h[k]));
+            if (x->stamp != stamp)
+                x->stamp = stamp, x->mask = 0;
+            if (y->stamp != stamp)
+                y->stamp = stamp, y->mask = 0;
+            x->mask |= bit;
+            y->mask |= bit;
         }
-        bool going = false;
-        for (uint32_t k = 0; k < nq; k++) {
-            qreg_t *x = &qr[k];
-            if (x->dp_alive && x->mask != 0)
+        for (uint32_t a = 0; a < n_ar;) {
+            qreg_t *x = &qr[ar[a]];
+            uint8_t mask = x->stamp == stamp ? x->mask : 0;
+            if (x->dp_alive && mask != 0)
                 x->dp++;
             else
                 x->dp_alive = false;
             if (x->tier_alive) {
                 uint8_t t = x->tier;
-                while (t < 3 && !(x->mask & (1u << t)))
+                while (t < 3 && !(mask & (1u << t)))
                     t++;
                 if (t < 3) {
                     x->tier = t;
@@ -1233,22 +1265,26 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
                     x->tier_alive = false;
                 }
             }
-            going |= x->dp_alive || x->tier_alive;
+            if (x->dp_alive || x->tier_alive)
+                a++;
+            else
+                ar[a] = ar[--n_ar];
         }
-        for (uint32_t k = 0; k < ni; k++) {
-            qinst_t *x = &qi[k];
-            if (x->any_alive && x->mask != 0)
+        for (uint32_t a = 0; a < n_ai;) {
+            qinst_t *x = &qi[ai[a]];
+            uint8_t mask = x->stamp == stamp ? x->mask : 0;
+            if (x->any_alive && mask != 0)
                 x->any++;
             else
                 x->any_alive = false;
-            x->alive_media &= x->mask;
-            for (unsigned m = 0; m < idx->n_media; m++)
-                if (x->alive_media & (1u << m))
-                    x->media[m]++;
-            going |= x->any_alive;
+            x->alive_media &= mask;
+            for (uint8_t m = x->alive_media; m != 0; m &= (uint8_t)(m - 1))
+                x->media[__builtin_ctz(m)]++;
+            if (x->any_alive || x->alive_media != 0)
+                a++;
+            else
+                ai[a] = ai[--n_ai];
         }
-        if (!going)
-            break;
     }
     /* the answer */
     uint64_t bs = q->block_size;
@@ -1295,6 +1331,8 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
     free(qr);
     free(qi);
     free(slot);
+    free(islot);
+    free(alive);
     return KVP_OK;
 }
 
