@@ -1,15 +1,16 @@
 /*
  * decode.c - KV event batches from msgpack (decode.h).
  *
- * Design. A cursor reads the payload in place: nothing is allocated per batch (the op
- * array grows once to the largest batch seen), no object tree is built, and a container
- * header is taken only when its count fits in the bytes left (each element needs one),
- * so a few bytes that claim 2^32 elements cost nothing. Values we do not use are skipped
- * iteratively (a count of elements still to skip, no recursion), so nesting cannot
- * exhaust the stack. The first pass checks the whole batch and records, per event, where
- * its hash and token arrays are; the index reads them again through the batch's
- * callbacks (decode_hashes, decode_tokens) once it applies the batch, which the caller
- * does only when the whole batch decoded.
+ * Design. A cursor reads the payload in place, once: nothing is allocated per batch (the
+ * op, hash and token arrays grow to the largest batch seen and stay), no object tree is
+ * built, and a container header is taken only when its count fits in the bytes left
+ * (each element needs one), so a few bytes that claim 2^32 elements cost nothing. Values
+ * we do not use are skipped iteratively (a count of elements still to skip, no
+ * recursion), so nesting cannot exhaust the stack. The events' hashes and token ids are
+ * read into the decoder's arrays as they are checked (token ids by a reader of their
+ * common forms); the index takes them through the batch's callbacks (decode_hashes,
+ * decode_tokens) once it applies the batch, which the caller does only when the whole
+ * batch decoded.
  *
  * Hashes: an integer (negative ones as their two's complement), or bytes (bin or str,
  * 1..64 bytes) read as the u64 of their last 8 bytes, big-endian.
@@ -250,16 +251,68 @@ static bool is(const uint8_t *s, size_t len, const char *lit)
     return strlen(lit) == len && memcmp(s, lit, len) == 0;
 }
 
-/* An array of hashes: *at where it starts, *n its length (each element checked). */
+/* Room for n more elements of size sz in a growable array (the decoder keeps it). */
+static void *room(kvp_decoder_t *d, void **buf, size_t *cap, size_t used, size_t n, size_t sz)
+{
+    if (used + n > *cap) {
+        size_t c = *cap ? *cap : 4096;
+        while (c < used + n)
+            c *= 2;
+        void *b = realloc(*buf, c * sz);
+        if (b == NULL) {
+            d->oom = true;
+            return NULL;
+        }
+        *buf = b;
+        *cap = c;
+    }
+    return (char *)*buf + used * sz;
+}
+
+/* An array of hashes, read into the decoder's hash array: *at where they start there,
+ * *n how many. */
 static bool hash_array(kvp_decoder_t *d, cur_t *c, size_t *at, size_t *n)
 {
     if (!container(c, false, n))
         return false;
-    *at = (size_t)(c->p - d->buf);
-    uint64_t v;
+    uint64_t *v = room(d, (void **)&d->hv, &d->cap_hv, d->n_hv, *n, sizeof(*v));
+    if (v == NULL)
+        return false;
     for (size_t i = 0; i < *n; i++)
-        if (!hash(c, &v))
+        if (!hash(c, &v[i]))
             return false;
+    *at = d->n_hv;
+    d->n_hv += *n;
+    return true;
+}
+
+/* A token id: the common forms (fixint, uint16, uint32) without the general reader's
+ * branches. */
+static inline bool token(cur_t *c, uint32_t *v)
+{
+    if (c->p < c->end) {
+        uint8_t t = c->p[0];
+        if (t <= 0x7f) {
+            *v = t;
+            c->p++;
+            return true;
+        }
+        if (t == 0xcd && c->end - c->p >= 3) {
+            *v = (uint32_t)c->p[1] << 8 | c->p[2];
+            c->p += 3;
+            return true;
+        }
+        if (t == 0xce && c->end - c->p >= 5) {
+            *v = (uint32_t)c->p[1] << 24 | (uint32_t)c->p[2] << 16 | (uint32_t)c->p[3] << 8 |
+                 c->p[4];
+            c->p += 5;
+            return true;
+        }
+    }
+    uint64_t w;
+    if (!uint_max(c, UINT32_MAX, &w))
+        return false;
+    *v = (uint32_t)w;
     return true;
 }
 
@@ -267,11 +320,14 @@ static bool token_array(kvp_decoder_t *d, cur_t *c, size_t *at, size_t *n)
 {
     if (!container(c, false, n))
         return false;
-    *at = (size_t)(c->p - d->buf);
-    uint64_t v;
+    uint32_t *v = room(d, (void **)&d->tv, &d->cap_tv, d->n_tv, *n, sizeof(*v));
+    if (v == NULL)
+        return false;
     for (size_t i = 0; i < *n; i++)
-        if (!uint_max(c, UINT32_MAX, &v))
+        if (!token(c, &v[i]))
             return false;
+    *at = d->n_tv;
+    d->n_tv += *n;
     return true;
 }
 
@@ -484,21 +540,13 @@ static ev_t events(kvp_decoder_t *d, cur_t *c)
 static void decode_hashes(void *arg, const kvp_idx_op_t *op, uint64_t *out)
 {
     const kvp_decoder_t *d = arg;
-    cur_t c = {d->buf + op->hashes_at, d->buf + d->len};
-    for (size_t i = 0; i < op->n_hashes; i++)
-        if (!hash(&c, &out[i]))
-            out[i] = 0; /* checked at decode: not reached */
+    memcpy(out, d->hv + op->hashes_at, op->n_hashes * sizeof(*out));
 }
 
 static void decode_tokens(void *arg, const kvp_idx_op_t *op, uint32_t *out)
 {
     const kvp_decoder_t *d = arg;
-    cur_t c = {d->buf + op->tokens_at, d->buf + d->len};
-    for (size_t i = 0; i < op->n_tokens; i++) {
-        uint64_t v = 0;
-        (void)uint_max(&c, UINT32_MAX, &v); /* checked at decode */
-        out[i] = (uint32_t)v;
-    }
+    memcpy(out, d->tv + op->tokens_at, op->n_tokens * sizeof(*out));
 }
 
 void kvp_decoder_init(kvp_decoder_t *d)
@@ -508,6 +556,8 @@ void kvp_decoder_init(kvp_decoder_t *d)
 
 void kvp_decoder_cleanup(kvp_decoder_t *d)
 {
+    free(d->hv);
+    free(d->tv);
     free(d->ops);
     memset(d, 0, sizeof(*d));
 }
@@ -517,7 +567,8 @@ kvp_status_t kvp_decode_batch(kvp_decoder_t *d, const uint8_t *buf, size_t len, 
 {
     d->buf = buf;
     d->len = len;
-    d->n_ops = 0;
+    d->n_ops = d->n_hv = d->n_tv = 0;
+    d->oom = false;
     memset(b, 0, sizeof(*b));
     cur_t c = {buf, buf + len};
     size_t n;
@@ -565,7 +616,7 @@ kvp_status_t kvp_decode_batch(kvp_decoder_t *d, const uint8_t *buf, size_t len, 
     } else {
         bad = true;
     }
-    if (r == EV_NOMEM) {
+    if (r == EV_NOMEM || d->oom) {
         snprintf(why, why_len, "out of memory for the batch's events");
         return KVP_ERR_NOMEM;
     }

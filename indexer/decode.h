@@ -1,12 +1,13 @@
 /*
  * decode.h - KV event batches off the wire (msgpack) into index ops (decode.c).
  *
- * Thread: a decoder is its caller's (the subscriber thread's); it keeps the payload
- * borrowed until the next decode.
+ * Thread: a decoder is its caller's (the subscriber thread's). A decoded batch's hashes
+ * and token ids are in the decoder's arrays until the next decode.
  */
 #ifndef KVP_INDEXER_DECODE_H
 #define KVP_INDEXER_DECODE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,10 @@ typedef struct kvp_decoder {
     size_t len;
     kvp_idx_op_t *ops;
     size_t n_ops, cap_ops;
+    uint64_t *hv; /* the batch's hashes and token ids, read once (ops index them) */
+    uint32_t *tv;
+    size_t n_hv, cap_hv, n_tv, cap_tv;
+    bool oom;
     size_t unknown; /* events of a tag we do not know, skipped */
 } kvp_decoder_t;
 
