@@ -251,7 +251,8 @@ static bool is(const uint8_t *s, size_t len, const char *lit)
     return strlen(lit) == len && memcmp(s, lit, len) == 0;
 }
 
-/* Room for n more elements of size sz in a growable array (the decoder keeps it). */
+/* Room for n more elements of size sz in a growable array (the decoder keeps it); NULL
+ * when out of memory (d->oom), or for none while the array is still empty. */
 static void *room(kvp_decoder_t *d, void **buf, size_t *cap, size_t used, size_t n, size_t sz)
 {
     if (used + n > *cap) {
@@ -276,7 +277,7 @@ static bool hash_array(kvp_decoder_t *d, cur_t *c, size_t *at, size_t *n)
     if (!container(c, false, n))
         return false;
     uint64_t *v = room(d, (void **)&d->hv, &d->cap_hv, d->n_hv, *n, sizeof(*v));
-    if (v == NULL)
+    if (v == NULL && *n > 0)
         return false;
     for (size_t i = 0; i < *n; i++)
         if (!hash(c, &v[i]))
@@ -321,7 +322,7 @@ static bool token_array(kvp_decoder_t *d, cur_t *c, size_t *at, size_t *n)
     if (!container(c, false, n))
         return false;
     uint32_t *v = room(d, (void **)&d->tv, &d->cap_tv, d->n_tv, *n, sizeof(*v));
-    if (v == NULL)
+    if (v == NULL && *n > 0)
         return false;
     for (size_t i = 0; i < *n; i++)
         if (!token(c, &v[i]))
@@ -540,13 +541,15 @@ static ev_t events(kvp_decoder_t *d, cur_t *c)
 static void decode_hashes(void *arg, const kvp_idx_op_t *op, uint64_t *out)
 {
     const kvp_decoder_t *d = arg;
-    memcpy(out, d->hv + op->hashes_at, op->n_hashes * sizeof(*out));
+    if (op->n_hashes > 0)
+        memcpy(out, d->hv + op->hashes_at, op->n_hashes * sizeof(*out));
 }
 
 static void decode_tokens(void *arg, const kvp_idx_op_t *op, uint32_t *out)
 {
     const kvp_decoder_t *d = arg;
-    memcpy(out, d->tv + op->tokens_at, op->n_tokens * sizeof(*out));
+    if (op->n_tokens > 0)
+        memcpy(out, d->tv + op->tokens_at, op->n_tokens * sizeof(*out));
 }
 
 void kvp_decoder_init(kvp_decoder_t *d)

@@ -238,6 +238,39 @@ static void test_map_and_envelope(void **state)
     kvp_decoder_cleanup(&d);
 }
 
+/* Empty arrays (no token ids, no hashes) decode, before any array was ever read: the
+ * decoder's arrays start empty. */
+static void test_empty_arrays(void **state)
+{
+    (void)state;
+    mp_t m = {.n = 0};
+    arr(&m, 2);
+    f64(&m);
+    arr(&m, 2);
+    arr(&m, 4);
+    str(&m, "BlockStored");
+    arr(&m, 1);
+    u(&m, 5);
+    nil(&m);
+    arr(&m, 0); /* token_ids [] */
+    arr(&m, 2);
+    str(&m, "BlockRemoved");
+    arr(&m, 0); /* block_hashes [] */
+    kvp_decoder_t d;
+    kvp_decoder_init(&d);
+    kvp_idx_batch_t b;
+    char why[128];
+    assert_int_equal(kvp_decode_batch(&d, m.b, m.n, &b, why, sizeof(why)), KVP_OK);
+    assert_int_equal(b.n_ops, 2);
+    assert_int_equal(b.ops[0].n_tokens, 0);
+    assert_int_equal(b.ops[1].n_hashes, 0);
+    uint64_t h;
+    b.hashes(b.arg, &b.ops[0], &h);
+    assert_true(h == 5);
+    b.hashes(b.arg, &b.ops[1], &h);
+    kvp_decoder_cleanup(&d);
+}
+
 static void test_refused(void **state)
 {
     (void)state;
@@ -344,9 +377,8 @@ static void test_mutations(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_vllm_array),
-        cmocka_unit_test(test_map_and_envelope),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_vllm_array),   cmocka_unit_test(test_map_and_envelope),
+        cmocka_unit_test(test_empty_arrays), cmocka_unit_test(test_refused),
         cmocka_unit_test(test_mutations),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
