@@ -267,7 +267,7 @@ static void *room(kvp_decoder_t *d, void **buf, size_t *cap, size_t used, size_t
         *buf = b;
         *cap = c;
     }
-    return (char *)*buf + used * sz;
+    return *buf != NULL ? (char *)*buf + used * sz : NULL;
 }
 
 /* An array of hashes, read into the decoder's hash array: *at where they start there,
