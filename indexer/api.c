@@ -120,8 +120,8 @@ static unsigned tenant_of(const kvp_principal_t *who, char *tenant, size_t cap, 
     if (tenant[0] == '\0')
         snprintf(tenant, cap, "%s", who != NULL ? who->tenant : "default");
     if (who != NULL && !(who->roles & KVP_ROLE_ADMIN) && strcmp(tenant, who->tenant) != 0) {
-        snprintf(err, err_len, "principal %s (tenant %s) may not name tenant %s", who->name,
-                 who->tenant, tenant);
+        snprintf(err, err_len, "principal %.50s (tenant %.63s) may not name tenant %.63s",
+                 who->name, who->tenant, tenant);
         return 403;
     }
     return 0;
