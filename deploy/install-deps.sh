@@ -30,8 +30,9 @@ PKGS=(
   python3-mesonpy python3-build python3-venv patchelf
   # operations: HTTP (/metrics, admin views), KV events (ZeroMQ + msgpack), config files
   libmicrohttpd-dev libzmq3-dev libmsgpack-dev libinih-dev
-  # their tests: a real Prometheus (and promtool), a Python KV-event subscriber
-  prometheus python3-zmq python3-msgpack
+  # their tests: a real Prometheus (and promtool), a Python KV-event subscriber; the
+  # indexer's reference model hashes by the standard (XXH3-64: python3-xxhash)
+  prometheus python3-zmq python3-msgpack python3-xxhash
   # tests/deploy (deploy/, debian/): the Debian package's build (dpkg-buildpackage,
   # debhelper, make and gcc through build-essential), systemd-analyze for the
   # units, python3-yaml for the manifests, curl for the daemons' HTTP
