@@ -25,11 +25,10 @@ typedef struct kvp_api {
     bool protected_mode; /* requests from this host only */
     uint64_t seed;       /* the standard hash's seed (--hash-seed) */
     const char *state;   /* --state-dir's registrations file, or NULL */
-    kvp_acl_t *acl;      /* (swapped on SIGHUP under acl_lock) */
+    /* --acl-file: every request but /health and /metrics names a principal; NULL: none.
+     * Swapped by a reload (SIGHUP) under acl_lock, which every request holds for reading */
+    kvp_acl_t *acl;
     pthread_rwlock_t acl_lock;
-        /* read by every request, written by a reload */ /* --acl-file: every request but /health
-                                                          * and /metrics names a principal; NULL:
-                                                          * none */
     bool curve_on;  /* --curve-secret: publishers may be registered with a curve_server_key */
     kvp_tls_t *tls; /* verifies client certificates (--tls-ca); NULL: none */
     pthread_mutex_t state_lock; /* one writer of it at a time */
