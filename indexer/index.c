@@ -1,24 +1,28 @@
 /*
  * index.c - the prefix index of kvpool-indexer (index.h; docs/indexer.md).
  *
- * Design. A block is a node: its scope (tenant, model, LoRA, block size, salt: interned,
- * an id), its standard seq hash, and its holders, each a u32 naming (registration,
- * publisher slot of that registration, medium) - three inline, more in an array of its
- * own. Nodes live in one array (stable indices, a free list) and are found through an
- * open-addressing table of u64 slots, (hash's high 32 bits << 32) | node index, probed
- * linearly and deleted by backward shift; the hash is XXH3 of (seq, scope) under a seed
- * drawn at start, so a publisher that picks its hashes cannot pile them on one probe run.
- * A doubly linked list through the nodes orders them by their last store: past
- * --max-blocks the least recently stored node goes, holders and all.
+ * Design. A block is a node of 24 bytes: its standard seq hash, the engine hash mapped to it
+ * (below), and a word of its scope (tenant, model, LoRA, block size, salt: interned, an
+ * id), a used bit and its holder count; then its holders, each a u32 naming (registration,
+ * publisher slot of that registration, medium) - one inline, more in an array of their own
+ * (idx->ext). Nodes live in one array (stable indices, a free list) and are found through
+ * an open-addressing table of u64 slots, (hash's high 32 bits << 32) | node index, probed
+ * linearly and deleted by backward shift; the hash is a keyed mix of (seq, scope) under a
+ * key drawn at start, so a publisher that picks its hashes cannot pile them on one probe
+ * run. Past --max-blocks nodes a clock (the used bit, set by a store, cleared as the hand
+ * passes) evicts one not stored since the hand last passed it: about the least recently
+ * stored.
  *
- * Engine hashes. An engine that hashes otherwise sends token ids; the standard hashes
- * made from them are remembered as maps (scope, engine hash) -> standard hash, in a second
- * table of the same kind. A map never says anything false (it is a function of the
- * tokens), so it outlives its block: a kvpool master's event naming the engine hash after
- * the engine removed the block (an offload that ends after the eviction; two publishers'
- * batches come in no common order) still finds it. At most --max-blocks maps are kept; past
- * that a clock (a used bit per map, cleared as the hand passes) evicts one not used since
- * the hand last passed it.
+ * Engine hashes. An engine that hashes otherwise sends token ids; the standard hashes made
+ * from them are remembered engine hash -> block, in the block's node, found through a
+ * second table of the same kind keyed by (scope, engine hash). A map never says anything
+ * false (it is a function of the tokens), so it outlives its block: a node whose last
+ * holder goes stays while an engine hash names it (a kvpool master's event naming the
+ * engine hash after the engine removed the block - an offload that ends after the eviction;
+ * two publishers' batches come in no common order - still finds it), with its used bit
+ * clear, so that the clock takes such nodes first. A second engine hash of one block
+ * (engines of two hashings stored it) goes to an overflow table of maps, at most
+ * --max-blocks of them, with a clock of its own.
  *
  * Queries walk the prompt's hashes in order, one table lookup per block, and fold each
  * node's holders into per-registration medium masks, from which the runs of docs/indexer.md
@@ -49,24 +53,24 @@
 #define HOLDER_REG(h) ((h) >> 7)
 #define HOLDER_PUB(h) (((h) >> 3) & 15u)
 #define HOLDER_MEDIUM(h) ((h)&7u)
-#define INLINE_HOLDERS 3
 #define NODES_MAX (1u << 31)
 #define SCOPES_MAX 4096
+_Static_assert(SCOPES_MAX < 0x2000, "a scope id fits NODE_SCOPE's 13 bits");
 #define SUBS_MAX 4096
 #define TYPE_MAX 32
 
 typedef struct node {
-    uint64_t seq;
-    uint32_t scope;  /* 0: a free node (h.in[0]: the next free one); NODE_USED: stored since
-                      * the clock's hand last passed */
-    uint16_t n, cap; /* holders; cap 0: inline */
-    union {
-        uint32_t in[INLINE_HOLDERS];
-        uint32_t *ext;
-    } h;
+    uint64_t seq;    /* its standard hash */
+    uint64_t engine; /* the engine hash mapped to it (in the engine table); seq: none */
+    uint32_t meta;   /* NODE_USED | scope << 16 | holders; 0: a free node */
+    uint32_t h;      /* one holder: it; more: the index of their array in idx->ext; a free
+                      * node: the next free one */
 } node_t;
 #define NODE_USED 0x80000000u
-#define NODE_SCOPE(n) ((n)->scope & ~NODE_USED)
+#define NODE_SCOPE(n) (((n)->meta >> 16) & 0x1fffu)
+#define NODE_N(n) ((n)->meta & 0xffffu)
+#define NODE_META(scope, n) (((uint32_t)(scope) << 16) | (uint32_t)(n))
+#define HOLDERS_MAX 32768u
 
 typedef struct map {
     uint64_t engine, std;
@@ -121,8 +125,14 @@ struct kvp_idx {
     uint64_t seed, tseed, max_blocks;
     uint32_t ttl_ms;
     node_t *nodes;
-    uint32_t n_nodes_cap, n_nodes_used, free_nodes, live_nodes, node_hand;
-    table_t blocks;
+    uint32_t n_nodes_cap, n_nodes_used, free_nodes, node_hand;
+    uint32_t n_nodes;    /* not free: blocks, and removed ones kept for their engine hash */
+    uint32_t live_nodes; /* blocks: nodes with a holder */
+    table_t blocks;      /* (scope, seq) -> node */
+    table_t engines;     /* (scope, engine hash) -> node, for nodes with one */
+    uint32_t **ext;      /* holder arrays of nodes with more than one */
+    uint32_t *ext_free;
+    uint32_t n_ext, cap_ext, n_ext_free;
     map_t *maps;
     uint32_t n_maps_cap, n_maps_used, free_maps, hand;
     table_t map_table;
@@ -272,14 +282,26 @@ static bool node_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t s
     return idx->nodes[i].seq == seq && NODE_SCOPE(&idx->nodes[i]) == scope;
 }
 
+static bool engine_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t engine)
+{
+    return idx->nodes[i].engine == engine && NODE_SCOPE(&idx->nodes[i]) == scope;
+}
+
 static bool map_is(const kvp_idx_t *idx, uint32_t i, uint32_t scope, uint64_t engine)
 {
     return idx->maps[i].engine == engine && idx->maps[i].scope == scope;
 }
 
+/* The node of (scope, seq), live or kept for its engine hash; 0: none. */
 static uint32_t node_find(const kvp_idx_t *idx, uint32_t scope, uint64_t seq)
 {
     return probe(idx, &idx->blocks, scope, seq, node_is);
+}
+
+/* The node an engine hash of scope is mapped to in the node itself; 0: none. */
+static uint32_t engine_find(const kvp_idx_t *idx, uint32_t scope, uint64_t engine)
+{
+    return probe(idx, &idx->engines, scope, engine, engine_is);
 }
 
 static uint32_t map_find(const kvp_idx_t *idx, uint32_t scope, uint64_t engine)
@@ -302,87 +324,142 @@ static inline void prefetch_slot(const kvp_idx_t *idx, const table_t *t, uint32_
 #endif
 }
 
-/* The standard hash an engine hash stands for in scope: *std_p, true; false: none known. */
-static bool map_lookup(const kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint64_t *std_p)
+/* The standard hash an engine hash stands for in scope: *std_p, true; false: none known.
+ * The node it names is marked used (the write lock: only apply looks engine hashes up). */
+static bool map_lookup(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint64_t *std_p)
 {
-    uint32_t m = map_find(idx, scope, engine);
+    uint32_t i = engine_find(idx, scope, engine);
+    if (i != 0) {
+        idx->nodes[i].meta |= NODE_USED;
+        *std_p = idx->nodes[i].seq;
+        return true;
+    }
+    uint32_t m = idx->maps_live != 0 ? map_find(idx, scope, engine) : 0;
     if (m == 0)
         return false;
-    idx->maps[m].used = 1; /* (the write lock: only apply looks maps up) */
+    idx->maps[m].used = 1;
     *std_p = idx->maps[m].std;
     return true;
 }
 
 /* ---- nodes ---- */
 
-static uint32_t *holders_of(node_t *n)
+/* Node n's holders (NODE_N of them). */
+static uint32_t *holders_of(const kvp_idx_t *idx, node_t *n)
 {
-    return n->cap == 0 ? n->h.in : n->h.ext;
+    return NODE_N(n) <= 1 ? &n->h : idx->ext[n->h] + 1;
 }
 
-/* Free node i (its holders already counted off). */
+/* A holder array of room for cap (its first u32: cap): its index in idx->ext; UINT32_MAX:
+ * out of memory. */
+static uint32_t ext_new(kvp_idx_t *idx, uint32_t cap)
+{
+    uint32_t *a = malloc((cap + 1) * sizeof(*a));
+    if (a == NULL)
+        return UINT32_MAX;
+    a[0] = cap;
+    if (idx->n_ext_free > 0) {
+        uint32_t id = idx->ext_free[--idx->n_ext_free];
+        idx->ext[id] = a;
+        return id;
+    }
+    if (idx->n_ext == idx->cap_ext) {
+        uint32_t ncap = idx->cap_ext != 0 ? idx->cap_ext * 2 : 1024;
+        uint32_t **e = ncap > idx->cap_ext ? realloc(idx->ext, ncap * sizeof(*e)) : NULL;
+        uint32_t *f = e != NULL ? realloc(idx->ext_free, ncap * sizeof(*f)) : NULL;
+        if (e != NULL)
+            idx->ext = e;
+        if (f == NULL) {
+            free(a);
+            return UINT32_MAX;
+        }
+        idx->ext_free = f;
+        idx->cap_ext = ncap;
+    }
+    idx->ext[idx->n_ext] = a;
+    return idx->n_ext++;
+}
+
+static void ext_release(kvp_idx_t *idx, uint32_t id)
+{
+    free(idx->ext[id]);
+    idx->ext[id] = NULL;
+    idx->ext_free[idx->n_ext_free++] = id;
+}
+
+/* Free node i (its holders already counted off): out of both tables. */
 static void node_free(kvp_idx_t *idx, uint32_t i)
 {
     node_t *n = &idx->nodes[i];
-    table_del(&idx->blocks, key_hash(idx, NODE_SCOPE(n), n->seq), i);
-    if (n->cap != 0)
-        free(n->h.ext);
+    uint32_t scope = NODE_SCOPE(n);
+    table_del(&idx->blocks, key_hash(idx, scope, n->seq), i);
+    if (n->engine != n->seq)
+        table_del(&idx->engines, key_hash(idx, scope, n->engine), i);
+    if (NODE_N(n) > 1)
+        ext_release(idx, n->h);
+    if (NODE_N(n) > 0)
+        idx->live_nodes--;
     memset(n, 0, sizeof(*n));
-    n->h.in[0] = idx->free_nodes;
+    n->h = idx->free_nodes;
     idx->free_nodes = i;
-    idx->live_nodes--;
+    idx->n_nodes--;
 }
 
-/* Drop node i and all its holders (eviction). */
+/* Drop node i, all its holders and its engine hash (eviction). */
 static void node_drop(kvp_idx_t *idx, uint32_t i)
 {
     node_t *n = &idx->nodes[i];
-    uint32_t *h = holders_of(n);
-    for (unsigned k = 0; k < n->n; k++) {
+    uint32_t *h = holders_of(idx, n);
+    unsigned nh = NODE_N(n);
+    for (unsigned k = 0; k < nh; k++) {
         reg_t *r = idx->regs[HOLDER_REG(h[k])];
         if (r != NULL)
             r->holders--, r->by_medium[HOLDER_MEDIUM(h[k])]--;
     }
-    idx->holders -= n->n;
+    idx->holders -= nh;
+    if (nh > 0)
+        idx->evicted++;
+    if (n->engine != n->seq)
+        idx->maps_evicted++;
     node_free(idx, i);
 }
 
-/* Evict one node that was not stored since the clock's hand last passed it (the hand
- * clears the bit of those it passes that were): about the least recently stored. */
+/* Evict one node not used since the clock's hand last passed it (the hand clears the bit of
+ * those it passes that were): about the least recently stored block, or a removed block kept
+ * for its engine hash (kept with the bit clear, so that it goes first). */
 static void node_evict(kvp_idx_t *idx)
 {
     for (uint64_t steps = 0; steps < 2ull * idx->n_nodes_used + 2; steps++) {
         if (++idx->node_hand >= idx->n_nodes_used)
             idx->node_hand = 1;
         node_t *n = &idx->nodes[idx->node_hand];
-        if (n->scope == 0)
+        if (n->meta == 0)
             continue;
-        if (n->scope & NODE_USED) {
-            n->scope &= ~NODE_USED;
+        if (n->meta & NODE_USED) {
+            n->meta &= ~NODE_USED;
             continue;
         }
         node_drop(idx, idx->node_hand);
-        idx->evicted++;
         return;
     }
 }
 
-/* The node of (scope, seq), marked stored, made when absent (one not stored lately evicted
- * past --max-blocks); 0 when out of memory. */
+/* The node of (scope, seq), marked used, made when absent (one not used lately evicted past
+ * --max-blocks); 0 when out of memory. */
 static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
 {
     uint32_t i = node_find(idx, scope, seq);
     if (i != 0) {
-        idx->nodes[i].scope |= NODE_USED;
+        idx->nodes[i].meta |= NODE_USED;
         return i;
     }
-    while (idx->live_nodes >= idx->max_blocks && idx->live_nodes > 0)
+    while (idx->n_nodes >= idx->max_blocks && idx->n_nodes > 0)
         node_evict(idx);
     if (!table_reserve(&idx->blocks))
         return 0;
     if (idx->free_nodes != 0) {
         i = idx->free_nodes;
-        idx->free_nodes = idx->nodes[i].h.in[0];
+        idx->free_nodes = idx->nodes[i].h;
     } else {
         if (idx->n_nodes_used == idx->n_nodes_cap) {
             uint64_t cap = (uint64_t)idx->n_nodes_cap * 2;
@@ -397,55 +474,79 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
         i = idx->n_nodes_used++;
     }
     node_t *n = &idx->nodes[i];
-    memset(n, 0, sizeof(*n));
     n->seq = seq;
-    n->scope = scope | NODE_USED;
+    n->engine = seq;
+    n->meta = NODE_META(scope, 0) | NODE_USED;
+    n->h = 0;
     table_put(&idx->blocks, key_hash(idx, scope, seq), i);
-    idx->live_nodes++;
+    idx->n_nodes++;
     return i;
+}
+
+/* A node with no holder: kept while an engine hash names it, else freed. */
+static void node_emptied(kvp_idx_t *idx, uint32_t i)
+{
+    node_t *n = &idx->nodes[i];
+    if (n->engine == n->seq) {
+        node_free(idx, i);
+        return;
+    }
+    n->meta &= ~NODE_USED; /* the clock's next pass takes it */
 }
 
 static bool holder_add(kvp_idx_t *idx, uint32_t i, uint32_t holder)
 {
     node_t *n = &idx->nodes[i];
-    uint32_t *h = holders_of(n);
-    for (unsigned k = 0; k < n->n; k++)
+    unsigned nh = NODE_N(n);
+    uint32_t *h = holders_of(idx, n);
+    for (unsigned k = 0; k < nh; k++)
         if (h[k] == holder)
             return true;
-    unsigned cap = n->cap == 0 ? INLINE_HOLDERS : n->cap;
-    if (n->n == cap) {
-        if (cap >= 32768)
+    if (nh == 0) {
+        n->h = holder;
+        idx->live_nodes++;
+    } else if (nh == 1) {
+        uint32_t id = ext_new(idx, 4);
+        if (id == UINT32_MAX)
             return false;
-        unsigned ncap = cap * 2;
-        uint32_t *ext = malloc(ncap * sizeof(*ext));
-        if (ext == NULL)
-            return false;
-        memcpy(ext, h, n->n * sizeof(*ext));
-        if (n->cap != 0)
-            free(n->h.ext);
-        n->h.ext = ext;
-        n->cap = (uint16_t)ncap;
-        h = ext;
+        idx->ext[id][1] = n->h;
+        idx->ext[id][2] = holder;
+        n->h = id;
+    } else {
+        uint32_t *a = idx->ext[n->h];
+        if (nh == a[0]) {
+            if (nh >= HOLDERS_MAX)
+                return false;
+            uint32_t *b = realloc(a, (2 * (size_t)nh + 1) * sizeof(*b));
+            if (b == NULL)
+                return false;
+            b[0] = 2 * nh;
+            idx->ext[n->h] = a = b;
+        }
+        a[1 + nh] = holder;
     }
-    h[n->n++] = holder;
+    n->meta++;
     idx->holders++;
     idx->regs[HOLDER_REG(holder)]->holders++;
     idx->regs[HOLDER_REG(holder)]->by_medium[HOLDER_MEDIUM(holder)]++;
     return true;
 }
 
-/* Remove the holders of node i that match (reg, pub, and medium unless any_medium);
- * the node goes when none is left. */
+/* Remove the holders of node i that match (reg, pub, and medium unless any_medium); with
+ * none left the block is gone (node_emptied). */
 static void holder_del(kvp_idx_t *idx, uint32_t i, uint32_t reg, uint32_t pub, bool any_pub,
                        uint32_t medium, bool any_medium)
 {
     node_t *n = &idx->nodes[i];
-    uint32_t *h = holders_of(n);
-    for (unsigned k = 0; k < n->n;) {
+    unsigned nh = NODE_N(n), was = nh;
+    if (nh == 0)
+        return;
+    uint32_t *h = holders_of(idx, n);
+    for (unsigned k = 0; k < nh;) {
         uint32_t x = h[k];
         if (HOLDER_REG(x) == reg && (any_pub || HOLDER_PUB(x) == pub) &&
             (any_medium || HOLDER_MEDIUM(x) == medium)) {
-            h[k] = h[--n->n];
+            h[k] = h[--nh];
             idx->holders--;
             idx->regs[reg]->holders--;
             idx->regs[reg]->by_medium[HOLDER_MEDIUM(x)]--;
@@ -453,8 +554,18 @@ static void holder_del(kvp_idx_t *idx, uint32_t i, uint32_t reg, uint32_t pub, b
         }
         k++;
     }
-    if (n->n == 0)
-        node_free(idx, i);
+    if (nh == was)
+        return;
+    if (was > 1 && nh <= 1) { /* back inline */
+        uint32_t id = n->h;
+        n->h = nh == 1 ? h[0] : 0;
+        ext_release(idx, id);
+    }
+    n->meta = (n->meta & ~0xffffu) | nh;
+    if (nh == 0) {
+        idx->live_nodes--;
+        node_emptied(idx, i);
+    }
 }
 
 /* Every node: remove the holders matching, as holder_del. O(nodes). */
@@ -464,7 +575,7 @@ static void purge(kvp_idx_t *idx, uint32_t reg, uint32_t pub, bool any_pub, uint
     if (idx->regs[reg] == NULL || idx->regs[reg]->holders == 0)
         return;
     for (uint32_t i = 1; i < idx->n_nodes_used; i++)
-        if (idx->nodes[i].scope != 0)
+        if (NODE_N(&idx->nodes[i]) != 0)
             holder_del(idx, i, reg, pub, any_pub, medium, any_medium);
 }
 
@@ -474,7 +585,10 @@ static void purge(kvp_idx_t *idx, uint32_t reg, uint32_t pub, bool any_pub, uint
 static void free_all(kvp_idx_t *idx)
 {
     free(idx->blocks.slots);
+    free(idx->engines.slots);
     free(idx->map_table.slots);
+    free(idx->ext);
+    free(idx->ext_free);
     free(idx->nodes);
     free(idx->maps);
     free(idx->scopes);
@@ -508,7 +622,8 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
     for (unsigned m = 0; m < 3; m++)
         snprintf(idx->media[m], TYPE_MAX, "%s", media[m]);
     idx->n_media = 3;
-    bool tables = table_init(&idx->blocks, 2048) && table_init(&idx->map_table, 2048);
+    bool tables = table_init(&idx->blocks, 2048) && table_init(&idx->engines, 2048) &&
+                  table_init(&idx->map_table, 2048);
     if (idx->nodes == NULL || idx->maps == NULL || idx->scopes == NULL || idx->regs == NULL ||
         idx->subs == NULL || !tables || pthread_rwlock_init(&idx->lock, NULL) != 0) {
         free_all(idx);
@@ -522,9 +637,8 @@ void kvp_idx_destroy(kvp_idx_t *idx)
 {
     if (idx == NULL)
         return;
-    for (uint32_t i = 1; i < idx->n_nodes_used; i++)
-        if (idx->nodes[i].scope != 0 && idx->nodes[i].cap != 0)
-            free(idx->nodes[i].h.ext);
+    for (uint32_t i = 0; i < idx->n_ext; i++)
+        free(idx->ext[i]);
     for (uint32_t r = 0; r < idx->n_regs; r++)
         free(idx->regs[r]);
     for (uint32_t s = 0; s < idx->n_subs; s++)
@@ -907,6 +1021,19 @@ static bool scratch(kvp_idx_t *idx, size_t nh, size_t nt)
     return true;
 }
 
+/* The overflow maps: an engine hash of a block whose node names another engine hash already
+ * (engines of two hashings stored it), at most --max-blocks of them. */
+
+static void map_del(kvp_idx_t *idx, uint32_t m)
+{
+    map_t *mp = &idx->maps[m];
+    table_del(&idx->map_table, key_hash(idx, mp->scope, mp->engine), m);
+    mp->scope = 0;
+    mp->used = idx->free_maps;
+    idx->free_maps = m;
+    idx->maps_live--;
+}
+
 /* Drop one map the clock finds unused since its hand last passed (at most two turns). */
 static void map_evict(kvp_idx_t *idx)
 {
@@ -920,11 +1047,7 @@ static void map_evict(kvp_idx_t *idx)
             m->used = 0;
             continue;
         }
-        table_del(&idx->map_table, key_hash(idx, m->scope, m->engine), idx->hand);
-        m->scope = 0;
-        m->used = idx->free_maps;
-        idx->free_maps = idx->hand;
-        idx->maps_live--;
+        map_del(idx, idx->hand);
         idx->maps_evicted++;
         return;
     }
@@ -966,6 +1089,41 @@ static void map_add(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint64_t st
     idx->maps_live++;
 }
 
+/* Map engine hash `engine` of scope to node i's block: in the node when it has no engine
+ * hash yet, else in the overflow maps. A map names one block: one that named another
+ * until now (an engine's hash of other tokens) is moved. */
+static void engine_set(kvp_idx_t *idx, uint32_t scope, uint32_t i, uint64_t engine)
+{
+    node_t *n = &idx->nodes[i];
+    if (n->engine == engine)
+        return;
+    uint32_t k = engine_find(idx, scope, engine);
+    if (k != 0) {
+        node_t *o = &idx->nodes[k];
+        table_del(&idx->engines, key_hash(idx, scope, engine), k);
+        o->engine = o->seq;
+        if (NODE_N(o) == 0)
+            node_free(idx, k); /* kept only for that map */
+    } else if (idx->maps_live != 0) {
+        uint32_t m = map_find(idx, scope, engine);
+        if (m != 0 && n->engine != n->seq) {
+            idx->maps[m].std = n->seq;
+            idx->maps[m].used = 1;
+            return;
+        }
+        if (m != 0)
+            map_del(idx, m); /* into the node, below */
+    }
+    if (n->engine != n->seq) {
+        map_add(idx, scope, engine, n->seq);
+        return;
+    }
+    if (!table_reserve(&idx->engines))
+        return;
+    n->engine = engine;
+    table_put(&idx->engines, key_hash(idx, scope, engine), i);
+}
+
 /* The standard hashes of a stored or removed op's blocks in scope (idx->sbuf; the raw
  * hashes in idx->hbuf); false when they cannot be placed (counted). */
 static bool std_hashes(kvp_idx_t *idx, const kvp_idx_batch_t *b, const kvp_idx_op_t *op,
@@ -1003,7 +1161,7 @@ static bool std_hashes(kvp_idx_t *idx, const kvp_idx_batch_t *b, const kvp_idx_o
     }
     for (size_t i = 0; i < n; i++) {
         if (i + PREFETCH_AHEAD < n)
-            prefetch_slot(idx, &idx->map_table, scope, h[i + PREFETCH_AHEAD]);
+            prefetch_slot(idx, &idx->engines, scope, h[i + PREFETCH_AHEAD]);
         if (!map_lookup(idx, scope, h[i], &s[i]))
             s[i] = h[i];
     }
@@ -1082,7 +1240,7 @@ void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
                     size_t f = i + PREFETCH_AHEAD;
                     prefetch_slot(idx, &idx->blocks, rg->scope, idx->sbuf[f]);
                     if (op->kind == KVP_IDX_STORED && idx->hbuf[f] != idx->sbuf[f])
-                        prefetch_slot(idx, &idx->map_table, rg->scope, idx->hbuf[f]);
+                        prefetch_slot(idx, &idx->engines, rg->scope, idx->hbuf[f]);
                 }
                 if (op->kind == KVP_IDX_STORED) {
                     uint32_t nd = node_get(idx, rg->scope, seq);
@@ -1091,7 +1249,7 @@ void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
                         continue;
                     }
                     if (idx->hbuf[i] != seq)
-                        map_add(idx, rg->scope, idx->hbuf[i], seq);
+                        engine_set(idx, rg->scope, nd, idx->hbuf[i]);
                 } else {
                     uint32_t nd = node_find(idx, rg->scope, seq);
                     if (nd != 0)
@@ -1254,12 +1412,13 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
         ai[k] = k;
     for (size_t b = 0; b < q->n && (n_ar > 0 || n_ai > 0); b++) {
         uint32_t nd = node_find(idx, scope, q->hashes[b]);
-        if (nd == 0)
+        if (nd == 0 || NODE_N(&idx->nodes[nd]) == 0)
             break;
         uint32_t stamp = (uint32_t)b + 1;
         node_t *n = &idx->nodes[nd];
-        uint32_t *h = holders_of(n);
-        for (unsigned k = 0; k < n->n; k++) {
+        uint32_t *h = holders_of(idx, n);
+        unsigned nh = NODE_N(n);
+        for (unsigned k = 0; k < nh; k++) {
             uint32_t r = HOLDER_REG(h[k]);
             if (r >= idx->n_regs || slot[r] == 0)
                 continue;
@@ -1478,7 +1637,7 @@ void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_
          idx->holders);
     PUTF("# HELP kvpool_indexer_engine_hashes Engine hashes mapped to standard ones.\n"
          "# TYPE kvpool_indexer_engine_hashes gauge\nkvpool_indexer_engine_hashes %" PRIu64 "\n",
-         idx->maps_live);
+         (uint64_t)idx->engines.count + idx->maps_live);
     PUTF("# HELP kvpool_indexer_engine_hashes_evicted_total Engine hash maps dropped past "
          "--max-blocks (least recently used).\n"
          "# TYPE kvpool_indexer_engine_hashes_evicted_total counter\n"

@@ -154,8 +154,9 @@ static const kvp_opt_t indexer_rows[] = {
      F(max_blocks),
      .min = 1,
      .max = (1u << 31) - 2,
-     .help = "blocks indexed at most; past it the least recently stored block goes, with all "
-             "its holders (kvpool_indexer_evicted_blocks_total)"},
+     .help = "blocks indexed at most, removed ones kept for their engine hash included; past it "
+             "the least recently stored goes, with all its holders "
+             "(kvpool_indexer_evicted_blocks_total)"},
     {.name = "instance-ttl",
      .type = KVP_OPT_SECONDS_MS,
      .arg = "SECONDS",

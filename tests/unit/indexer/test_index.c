@@ -441,12 +441,128 @@ static void test_maps_outlive_blocks(void **state)
     kvp_idx_destroy(idx);
 }
 
+static uint64_t metric_of(kvp_idx_t *idx, const char *name)
+{
+    static buf_t m;
+    m.n = 0;
+    kvp_idx_metrics(idx, put, &m);
+    char key[128];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    const char *at = strstr(m.s, key);
+    assert_non_null(at);
+    return strtoull(at + strlen(key), NULL, 10);
+}
+
+/* A block stored by engines of two hashings: both engine hashes find it (the second one in
+ * the overflow maps), each engine's remove takes its own holder. An engine hash that comes
+ * again for other tokens names the new block from then on. */
+static void test_two_hashings(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t e1 = reg(idx, "tcp://e:1", "vLLM", "a", "default", 0);
+    uint32_t e2 = reg(idx, "tcp://e:2", "SGLang", "b", "default", 0);
+    uint32_t pool = reg(idx, "tcp://pool:1", "kvpool", "a", "default", 0);
+    for (int i = 0; i < 4; i++)
+        T[0][i] = (uint32_t)i + 1;
+    uint64_t std = 0x6fc1ebd4f4d6ea31ull, h1 = 1001, h2 = 2001;
+    kvp_idx_op_t op = stored(&h1, 1, NULL);
+    op.has_tokens = true;
+    op.n_tokens = 4;
+    apply(idx, e1, &op, 1, -1);
+    op = stored(&h2, 1, NULL);
+    op.has_tokens = true;
+    op.n_tokens = 4;
+    apply(idx, e2, &op, 1, -1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_engine_hashes"), 2);
+    const char *a = query(idx, "default", "m", 4, &std, 1, NULL);
+    assert_non_null(strstr(a, "\"a\":{\"longest_matched\":4,"));
+    assert_non_null(strstr(a, "\"b\":{\"longest_matched\":4,"));
+    /* the second engine removes by its hash: its holder goes, the first engine's stays */
+    op = removed(&h2, 1, NULL);
+    apply(idx, e2, &op, 1, -1);
+    a = query(idx, "default", "m", 4, &std, 1, NULL);
+    assert_non_null(strstr(a, "\"a\":{\"longest_matched\":4,"));
+    assert_non_null(strstr(a, "\"b\":{\"longest_matched\":0,"));
+    op = removed(&h1, 1, NULL);
+    apply(idx, e1, &op, 1, -1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 0);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_block_holders"), 0);
+    /* both maps outlive the block: the pool names the second engine's hash */
+    assert_int_equal(metric_of(idx, "kvpool_indexer_engine_hashes"), 2);
+    op = stored(&h2, 1, "cpu");
+    op.envelope = true;
+    apply(idx, pool, &op, 1, -1);
+    assert_non_null(strstr(query(idx, "default", "m", 4, &std, 1, NULL), "\"CPU\":4,"));
+    /* engine hash 1001 again, for other tokens: it names that block now */
+    for (int i = 0; i < 4; i++)
+        T[0][i] = (uint32_t)i + 50;
+    uint64_t other;
+    kvp_idx_hash_tokens(0, T[0], 1, 4, false, 0, &other);
+    op = stored(&h1, 1, NULL);
+    op.has_tokens = true;
+    op.n_tokens = 4;
+    apply(idx, e1, &op, 1, -1);
+    assert_non_null(strstr(query(idx, "default", "m", 4, &other, 1, NULL), "\"GPU\":4,"));
+    op = removed(&h1, 1, NULL);
+    apply(idx, e1, &op, 1, -1);
+    assert_non_null(strstr(query(idx, "default", "m", 4, &other, 1, NULL), "\"GPU\":0,"));
+    a = query(idx, "default", "m", 4, &std, 1, NULL);
+    assert_non_null(strstr(a, "\"CPU\":4,")); /* the first block untouched */
+    kvp_idx_destroy(idx);
+}
+
+/* A block held by many (registration, medium) pairs: every holder counted and answered,
+ * removed one by one until the block is gone (the holder array grows and shrinks back). */
+static void test_many_holders(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    enum { N = 12 };
+    uint32_t sub[N];
+    for (int k = 0; k < N; k++) {
+        char ep[32], inst[16];
+        snprintf(ep, sizeof(ep), "tcp://e:%d", k + 1);
+        snprintf(inst, sizeof(inst), "i%02d", k);
+        sub[k] = reg(idx, ep, "kvpool", inst, "default", 0);
+    }
+    static const char *media[3] = {"GPU", "CPU", "DISK"};
+    uint64_t h[2] = {77, 78};
+    for (int k = 0; k < N; k++)
+        for (int m = 0; m < 3; m++) {
+            kvp_idx_op_t op = stored(h, 2, media[m]);
+            apply(idx, sub[k], &op, 1, -1);
+        }
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 2);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_block_holders"), 2 * N * 3);
+    for (int k = 0; k < N; k++) {
+        for (int m = 0; m < 3; m++) {
+            const char *a = query(idx, "default", "m", 4, h, 2, NULL);
+            char want[96];
+            snprintf(want, sizeof(want), "\"i%02d\":{\"longest_matched\":8,", k);
+            assert_non_null(strstr(a, want));
+            kvp_idx_op_t op = removed(h, 1, media[m]); /* the first block only */
+            apply(idx, sub[k], &op, 1, -1);
+        }
+        const char *a = query(idx, "default", "m", 4, h, 2, NULL);
+        char want[96];
+        snprintf(want, sizeof(want), "\"i%02d\":{\"longest_matched\":0,", k);
+        assert_non_null(strstr(a, want));
+        assert_int_equal(metric_of(idx, "kvpool_indexer_block_holders"),
+                         (uint64_t)(2 * N * 3 - 3 * (k + 1)));
+    }
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 1);
+    kvp_idx_destroy(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash_vectors),  cmocka_unit_test(test_runs),
         cmocka_unit_test(test_engine_hashes), cmocka_unit_test(test_ranks_tenants_clear),
         cmocka_unit_test(test_max_blocks),    cmocka_unit_test(test_maps_outlive_blocks),
+        cmocka_unit_test(test_two_hashings),  cmocka_unit_test(test_many_holders),
         cmocka_unit_test(test_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
