@@ -49,14 +49,6 @@ static char *trim(char *s)
     return s;
 }
 
-static int hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    c = tolower(c);
-    return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-}
-
 static bool parse_roles(char *v, uint32_t *roles)
 {
     *roles = 0;
@@ -110,7 +102,7 @@ static const char *set_field(kvp_principal_t *p, const char *k, char *v)
         if (strlen(v) != 64)
             return "token-sha256 needs 64 hex digits (printf %s \"$TOKEN\" | sha256sum)";
         for (int i = 0; i < 32; i++) {
-            int hi = hexval(v[2 * i]), lo = hexval(v[2 * i + 1]);
+            int hi = kvp_parse_hex_digit(v[2 * i]), lo = kvp_parse_hex_digit(v[2 * i + 1]);
             if (hi < 0 || lo < 0)
                 return "token-sha256 needs 64 hex digits";
             p->token_hash[i] = (uint8_t)(hi << 4 | lo);

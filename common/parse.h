@@ -21,4 +21,16 @@ kvp_status_t kvp_parse_hostport(const char *text, char *host, size_t host_len, u
 /* Parse "64MiB", "1g", "4096" ... into bytes. false on garbage or overflow. */
 bool kvp_parse_size(const char *text, uint64_t *bytes_p);
 
+/* The value of hex digit c (either case), or -1. */
+static inline int kvp_parse_hex_digit(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 #endif

@@ -1361,6 +1361,75 @@ typedef struct qinst {
     uint64_t any, media[KVP_IDX_MEDIA_MAX];
 } qinst_t;
 
+/* A query's arrays, per HTTP thread, grown to the registrations and kept (a query allocates
+ * nothing once its thread has answered one as large): slot and islot all zero between
+ * queries. */
+typedef struct qscratch {
+    qreg_t *qr;
+    qinst_t *qi;
+    uint32_t *slot;  /* reg id -> qreg index + 1 */
+    uint32_t *islot; /* inst_id -> qinst index + 1 */
+    uint32_t *alive; /* the qregs, then the qinsts, with a run still going */
+    size_t cap;
+} qscratch_t;
+
+static pthread_key_t qscratch_key;
+static pthread_once_t qscratch_once = PTHREAD_ONCE_INIT;
+
+static void qscratch_free(void *arg)
+{
+    qscratch_t *x = arg;
+    free(x->qr);
+    free(x->qi);
+    free(x->slot);
+    free(x->islot);
+    free(x->alive);
+    free(x);
+}
+
+static void qscratch_key_make(void)
+{
+    if (pthread_key_create(&qscratch_key, qscratch_free) != 0)
+        abort(); /* only out of keys: at start, and never */
+}
+
+/* The calling thread's scratch with room for n registrations; NULL: out of memory. */
+static qscratch_t *qscratch_get(size_t n)
+{
+    pthread_once(&qscratch_once, qscratch_key_make);
+    qscratch_t *x = pthread_getspecific(qscratch_key);
+    if (x == NULL) {
+        if ((x = calloc(1, sizeof(*x))) == NULL || pthread_setspecific(qscratch_key, x) != 0) {
+            free(x);
+            return NULL;
+        }
+    }
+    if (x->cap >= n)
+        return x;
+    size_t cap = n < 64 ? 64 : n + n / 2;
+    qreg_t *qr = realloc(x->qr, cap * sizeof(*qr));
+    if (qr != NULL)
+        x->qr = qr;
+    qinst_t *qi = realloc(x->qi, cap * sizeof(*qi));
+    if (qi != NULL)
+        x->qi = qi;
+    uint32_t *alive = realloc(x->alive, 2 * cap * sizeof(*alive));
+    if (alive != NULL)
+        x->alive = alive;
+    uint32_t *slot = calloc(cap, sizeof(*slot)), *islot = calloc(cap, sizeof(*islot));
+    if (qr == NULL || qi == NULL || alive == NULL || slot == NULL || islot == NULL) {
+        free(slot);
+        free(islot);
+        return NULL;
+    }
+    free(x->slot);
+    free(x->islot);
+    x->slot = slot;
+    x->islot = islot;
+    x->cap = cap;
+    return x;
+}
+
 kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
                            void (*put)(void *arg, const char *s, size_t len), void *arg)
 {
@@ -1368,24 +1437,16 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
     uint32_t nq = 0, ni = 0;
     qreg_t *qr = NULL;
     qinst_t *qi = NULL;
-    uint32_t *slot = NULL;  /* reg id -> qreg index + 1 */
-    uint32_t *islot = NULL; /* inst_id -> qinst index + 1 */
-    uint32_t *alive = NULL; /* the qregs, then the qinsts, with a run still going */
+    uint32_t *slot = NULL, *islot = NULL, *alive = NULL;
     if (scope != 0) {
-        size_t n = (size_t)idx->n_regs + 1;
-        qr = calloc(n, sizeof(*qr));
-        qi = calloc(n, sizeof(*qi));
-        slot = calloc(n, sizeof(*slot));
-        islot = calloc(n, sizeof(*islot));
-        alive = calloc(2 * n, sizeof(*alive));
-        if (qr == NULL || qi == NULL || slot == NULL || islot == NULL || alive == NULL) {
-            free(qr);
-            free(qi);
-            free(slot);
-            free(islot);
-            free(alive);
+        qscratch_t *x = qscratch_get((size_t)idx->n_regs + 1);
+        if (x == NULL)
             return KVP_ERR_NOMEM;
-        }
+        qr = x->qr;
+        qi = x->qi;
+        slot = x->slot;
+        islot = x->islot;
+        alive = x->alive;
         for (uint32_t r = 0; r < idx->n_regs; r++) {
             const reg_t *rg = idx->regs[r];
             if (rg == NULL || !rg->live || rg->scope != scope ||
@@ -1401,6 +1462,8 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
             qr[nq] = (qreg_t){.reg = r, .inst = i - 1, .dp_alive = true, .tier_alive = true};
             slot[r] = ++nq;
         }
+        for (uint32_t k = 0; k < nq; k++) /* all zero again (slot: after the walk) */
+            islot[idx->regs[qr[k].reg]->inst_id] = 0;
     }
     /* walk the blocks: each folds its holders into the masks of their registrations and
      * instances (stamped with the block), then only the runs still going are advanced, so
@@ -1513,11 +1576,8 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
         put(arg, "}}", 2);
     }
     put(arg, "}}", 2);
-    free(qr);
-    free(qi);
-    free(slot);
-    free(islot);
-    free(alive);
+    for (uint32_t k = 0; k < nq; k++)
+        slot[qr[k].reg] = 0;
     return KVP_OK;
 }
 

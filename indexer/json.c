@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/parse.h"
+
 typedef struct parser {
     const char *s;
     size_t len, at;
@@ -22,17 +24,6 @@ static void ws(parser_t *p)
     while (p->at < p->len && (p->s[p->at] == ' ' || p->s[p->at] == '\t' || p->s[p->at] == '\n' ||
                               p->s[p->at] == '\r'))
         p->at++;
-}
-
-static int hexv(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
 }
 
 /* A string at p->at (its opening quote): its body's bounds. */
@@ -57,7 +48,7 @@ static bool string(parser_t *p, uint32_t *start, uint32_t *end)
                 if (p->at + 5 >= p->len)
                     return false;
                 for (int i = 2; i < 6; i++)
-                    if (hexv(p->s[p->at + i]) < 0)
+                    if (kvp_parse_hex_digit(p->s[p->at + i]) < 0)
                         return false;
                 p->at += 6;
                 continue;
@@ -294,12 +285,12 @@ bool kvp_json_str(const kvp_json_t *j, uint32_t tok, char *out, size_t cap)
         if (x == 'u') {
             cp = 0;
             for (int i = 0; i < 4; i++)
-                cp = (cp << 4) | (unsigned)hexv(s[i]);
+                cp = (cp << 4) | (unsigned)kvp_parse_hex_digit(s[i]);
             s += 4;
             if (cp >= 0xd800 && cp <= 0xdbff && e - s >= 6 && s[0] == '\\' && s[1] == 'u') {
                 unsigned lo = 0;
                 for (int i = 0; i < 4; i++)
-                    lo = (lo << 4) | (unsigned)hexv(s[2 + i]);
+                    lo = (lo << 4) | (unsigned)kvp_parse_hex_digit(s[2 + i]);
                 if (lo >= 0xdc00 && lo <= 0xdfff) {
                     cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
                     s += 6;

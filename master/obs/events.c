@@ -73,6 +73,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/parse.h"
 #include "master/meta/tenant.h"
 #include "master/obs/events_curve.h"
 
@@ -232,17 +233,6 @@ static uint64_t get_be64(const uint8_t *p)
 
 /* ---- the block hash of a key ---------------------------------------------------------------- */
 
-static int hex_val(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Whether s[0..n) is a hash by the rules of events.h; its value mod 2^64.
  * may_be_decimal: digits alone may be read as decimal (the key's last
  * component only). */
@@ -263,7 +253,7 @@ static bool component_hash(const char *s, size_t n, bool may_be_decimal, uint64_
 
     bool all_dec = true;
     for (size_t i = 0; i < n; i++) {
-        int v = hex_val(s[i]);
+        int v = kvp_parse_hex_digit(s[i]);
         if (v < 0)
             return false;
         if (v > 9)
@@ -287,7 +277,7 @@ static bool component_hash(const char *s, size_t n, bool may_be_decimal, uint64_
     if (!decimal) {
         v = 0;
         for (size_t i = n > 16 ? n - 16 : 0; i < n; i++)
-            v = v << 4 | (uint64_t)hex_val(s[i]);
+            v = v << 4 | (uint64_t)kvp_parse_hex_digit(s[i]);
     }
     *hash = neg ? (uint64_t)0 - v : v;
     return true;
