@@ -14,6 +14,7 @@
 #include "client/api.h"
 #include "client/client_priv.h"
 #include "client/control/drain.h"
+#include "client/control/task.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "common/macros.h"
@@ -209,6 +210,34 @@ kvp_status_t kvp_request_drain(kvp_client_t *c, const char *segment_name)
     kvp_api_enter();
     kvp_status_t st = c == NULL ? KVP_ERR_INVALID_ARG : kvp_drain_request(c->session, segment_name);
     return (kvp_status_t)kvp_api_leave(st, "request_drain");
+}
+
+kvp_status_t kvp_create_copy_task(kvp_client_t *c, const char *key, const char *const *targets,
+                                  size_t n_targets, kvp_task_id_t *id_p)
+{
+    kvp_api_enter();
+    kvp_status_t st = c == NULL || n_targets == 0 ? KVP_ERR_INVALID_ARG
+                                                  : kvp_task_create(c->session, KVP_COPY_TASK, key,
+                                                                    NULL, targets, n_targets, id_p);
+    return (kvp_status_t)kvp_api_leave(st, "create_copy_task");
+}
+
+kvp_status_t kvp_create_move_task(kvp_client_t *c, const char *key, const char *source,
+                                  const char *target, kvp_task_id_t *id_p)
+{
+    kvp_api_enter();
+    const char *t[1] = {target};
+    kvp_status_t st = c == NULL || target == NULL
+                          ? KVP_ERR_INVALID_ARG
+                          : kvp_task_create(c->session, KVP_MOVE_TASK, key, source, t, 1, id_p);
+    return (kvp_status_t)kvp_api_leave(st, "create_move_task");
+}
+
+kvp_status_t kvp_query_task(kvp_client_t *c, kvp_task_id_t id, kvp_task_info_t *info)
+{
+    kvp_api_enter();
+    kvp_status_t st = c == NULL ? KVP_ERR_INVALID_ARG : kvp_task_query(c->session, id, info);
+    return (kvp_status_t)kvp_api_leave(st, "query_task");
 }
 
 int kvp_client_segment_mounted(kvp_client_t *c)

@@ -65,6 +65,10 @@ static const char *const rpc_names[KVP_METRICS_RPC_MAX] = {
     [KVP_RPC_ADOPT] = "adopt",
     [KVP_RPC_SEG_RECORD] = "seg_record",
     [KVP_RPC_AUTH] = "auth",
+    [KVP_RPC_TASK_CREATE] = "task_create",
+    [KVP_RPC_TASK_QUERY] = "task_query",
+    [KVP_RPC_TASK_START] = "task_start",
+    [KVP_RPC_TASK_END] = "task_end",
 };
 _Static_assert(KVP_RPC_METHOD_MAX < KVP_METRICS_RPC_MAX, "master_rpc[] has a slot per method");
 

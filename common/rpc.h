@@ -58,7 +58,11 @@ typedef enum kvp_rpc_method {
     KVP_RPC_ADOPT = 20,         /* a segment's owner offers what it holds (after a mount) */
     KVP_RPC_SEG_RECORD = 21,    /* long poll, like SSD_TASKS */
     KVP_RPC_AUTH = 22,          /* a token, the first request on a TLS connection (server.c) */
-    KVP_RPC_METHOD_MAX = 22,
+    KVP_RPC_TASK_CREATE = 23,   /* copy and move tasks (rpc/task_calls.c) */
+    KVP_RPC_TASK_QUERY = 24,
+    KVP_RPC_TASK_START = 25, /* the owner of the task's source segment runs it */
+    KVP_RPC_TASK_END = 26,
+    KVP_RPC_METHOD_MAX = 26,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {

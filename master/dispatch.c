@@ -29,6 +29,7 @@
 #include "master/rpc/segment_calls.h"
 #include "master/rpc/record_calls.h"
 #include "master/rpc/ssd_calls.h"
+#include "master/rpc/task_calls.h"
 #include "master/meta/tenant.h"
 
 #define ROW(id_, name_, req_, resp_, handler_, role_)                                              \
@@ -89,6 +90,14 @@ static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
         &kvpool__seg_record_response__descriptor, kvp_handle_seg_record, SEGMENT),
     ROW(KVP_RPC_AUTH, "Auth", &kvpool__auth_request__descriptor, &kvpool__auth_response__descriptor,
         kvp_handle_auth, ANY),
+    ROW(KVP_RPC_TASK_CREATE, "TaskCreate", &kvpool__task_create_request__descriptor,
+        &kvpool__task_create_response__descriptor, kvp_handle_task_create, WRITE),
+    ROW(KVP_RPC_TASK_QUERY, "TaskQuery", &kvpool__task_query_request__descriptor,
+        &kvpool__task_query_response__descriptor, kvp_handle_task_query, READ),
+    ROW(KVP_RPC_TASK_START, "TaskStart", &kvpool__task_start_request__descriptor,
+        &kvpool__task_start_response__descriptor, kvp_handle_task_start, SEGMENT),
+    ROW(KVP_RPC_TASK_END, "TaskEnd", &kvpool__task_end_request__descriptor,
+        &kvpool__task_query_response__descriptor, kvp_handle_task_end, SEGMENT),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)
@@ -288,6 +297,7 @@ out:
 void kvp_dispatch_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
     kvp_drain_conn_closed(st, conn_id);
+    kvp_task_conn_closed(st, conn_id);
     kvp_object_conn_closed(st, conn_id);
     kvp_segment_conn_closed(st, conn_id);
 }

@@ -69,6 +69,7 @@
 #include "master/dispatch.h"
 #include "master/ha/leadership.h"
 #include "master/rpc/segment_calls.h"
+#include "master/rpc/task_calls.h"
 #include "master/policy/eviction.h"
 #include "master/meta/record.h"
 #include "master/policy/lease.h"
@@ -1501,6 +1502,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 kvp_expire_puts(&srv->state);
                 kvp_lease_expire(&srv->state);
                 kvp_segment_limbo_expire(&srv->state);
+                kvp_task_tick(&srv->state);
                 kvp_evict_if_needed(&srv->state);
                 answer_parked(srv, true);
             }

@@ -7,7 +7,7 @@
  * which remounts the segment: its old content is gone from the master's
  * view. The reply may also ask us to remount (the master does not know our
  * segment) or to drain it (kvp_request_drain from anyone): that drain runs
- * on its own thread.
+ * on its own thread; and offer copy and move tasks from our segment, run here (task.c).
  *
  * Thread: the heartbeat thread; start/stop from create/destroy. Its state is
  * its own (struct kvp_heartbeat): nothing else reads or writes it.
@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "client/control/heartbeat.h"
+#include "client/control/task.h"
 #include "common/log.h"
 #include "common/rpc.h"
 
@@ -107,6 +108,12 @@ static kvp_status_t heartbeat_once(kvp_heartbeat_t *hb)
         if (kvp_segment_state(seg) == KVP_SEG_MOUNTED &&
             hr->drain_segment_ids[i] == kvp_segment_id(seg) && !atomic_load(&hb->drain_running))
             drain_start(hb);
+    /* copy and move tasks from our segment (task.c): run here, one after the other (a copy
+     * is the time of its bytes on the wire, far below --client-ttl) */
+    for (size_t i = 0; i < hr->n_tasks; i++)
+        if (kvp_segment_state(seg) == KVP_SEG_MOUNTED &&
+            hr->tasks[i]->segment_id == kvp_segment_id(seg))
+            (void)kvp_task_run(&hb->p.drain, hr->tasks[i]->id_hi, hr->tasks[i]->id_lo);
     kvpool__heartbeat_response__free_unpacked(hr, NULL);
     return KVP_OK;
 }

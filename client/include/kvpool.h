@@ -306,6 +306,41 @@ kvp_status_t kvp_drain(kvp_client_t *client, uint32_t timeout_ms, uint64_t *move
 kvp_status_t kvp_request_drain(kvp_client_t *client, const char *segment_name);
 
 /*
+ * Copy and move tasks (Mooncake's create_copy_task / create_move_task / query_task): new
+ * replicas of an object on named segments, or its replica on one segment taken to another,
+ * written in the background by the owner of a source replica (never through the master).
+ * The new replicas become the object's together, or not at all (the task FAILED, why in
+ * its message). Kinds and states are Mooncake's numbers.
+ */
+#define KVP_COPY_TASK 0
+#define KVP_MOVE_TASK 1
+#define KVP_TASK_PENDING 0
+#define KVP_TASK_PROCESSING 1
+#define KVP_TASK_FAILED 2
+#define KVP_TASK_SUCCESS 3
+typedef struct kvp_task_id {
+    uint64_t hi, lo;
+} kvp_task_id_t;
+typedef struct kvp_task_info {
+    uint32_t kind;                   /* KVP_COPY_TASK, KVP_MOVE_TASK */
+    uint32_t status;                 /* KVP_TASK_* */
+    uint64_t created_ms, updated_ms; /* wall clock, ms since the epoch */
+    char assigned[128];              /* the source segment, whose owner runs it */
+    char message[160];               /* why it failed */
+} kvp_task_info_t;
+/* A copy of key to each of targets[0..n) (segment names, 1..8; a target that holds a
+ * replica already needs nothing). KVP_ERR_NOT_FOUND: no such object; KVP_ERR_INVALID_ARG: a
+ * target not mounted, an SSD one, or one that takes no new replicas (the last error says). */
+kvp_status_t kvp_create_copy_task(kvp_client_t *client, const char *key, const char *const *targets,
+                                  size_t n_targets, kvp_task_id_t *id_p);
+/* A move of key's replica on segment source to segment target. */
+kvp_status_t kvp_create_move_task(kvp_client_t *client, const char *key, const char *source,
+                                  const char *target, kvp_task_id_t *id_p);
+/* Where a task stands. KVP_ERR_NOT_FOUND: no task of the caller's tenant has this id (the
+ * master keeps the 4096 newest ended ones, and none across its restarts). */
+kvp_status_t kvp_query_task(kvp_client_t *client, kvp_task_id_t id, kvp_task_info_t *info);
+
+/*
  * 1 while this client's segment is mounted, 0 once drained (by kvp_drain or
  * a drain requested from elsewhere) or when it mounts none.
  */

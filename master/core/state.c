@@ -109,6 +109,11 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
         st->moves = mv->next;
         free(mv);
     }
+    while (st->copy_tasks != NULL) { /* (their extents go with the segments) */
+        kvp_task_t *t = st->copy_tasks;
+        st->copy_tasks = t->next;
+        free(t);
+    }
     st->index.charge = NULL; /* nothing is charged any more */
     kvp_index_cleanup(&st->index);
     kvp_segment_table_cleanup(&st->segments);

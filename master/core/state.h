@@ -40,6 +40,10 @@ typedef struct kvp_master_stats {
     uint64_t evicted_share; /* victims taken from a tenant over its share, passing others */
     uint64_t put_timeouts;  /* PENDING puts revoked by --put-timeout */
     uint64_t moved;         /* objects moved off draining segments */
+    /* copy and move tasks (rpc/task_calls.c): created, and ended each way */
+    uint64_t tasks_created;
+    uint64_t tasks_succeeded;
+    uint64_t tasks_failed;
     /* tiers (policy/tier.c) */
     uint64_t offloaded;
     uint64_t offload_dropped; /* DRAM victims dropped: no SSD room */
@@ -152,6 +156,39 @@ typedef struct kvp_move {
     char key[];
 } kvp_move_t;
 
+/*
+ * A copy or move task (rpc/task_calls.c, Mooncake's create_copy_task / create_move_task):
+ * new replicas of an object on named segments, written by the owner of its source replica.
+ * kind and status are Mooncake's numbers. The key (as stored) follows the struct.
+ */
+#define KVP_TASK_COPY 0
+#define KVP_TASK_MOVE 1
+#define KVP_TASK_PENDING 0
+#define KVP_TASK_PROCESSING 1
+#define KVP_TASK_FAILED 2
+#define KVP_TASK_SUCCESS 3
+#define KVP_TASK_TARGETS_MAX 8
+typedef struct kvp_task {
+    struct kvp_task *next; /* newest first */
+    uint64_t id_hi, id_lo;
+    uint8_t kind, status;
+    bool drop_pending; /* MOVE: the new replica is in; the source's goes once no read leases it */
+    uint16_t tenant;
+    uint64_t created_ms, updated_ms; /* wall clock */
+    uint64_t deadline_ms;            /* master clock: not ended by then, it fails */
+    uint64_t source_seg;             /* the source replica's segment; its owner runs the task */
+    uint64_t exec_conn;              /* ... that owner's connection */
+    uint64_t version, size;          /* the object when the task started */
+    uint32_t crc32c;
+    uint8_t n_targets, n_dests;
+    uint64_t targets[KVP_TASK_TARGETS_MAX];    /* segment ids */
+    kvp_replica_t dests[KVP_TASK_TARGETS_MAX]; /* PROCESSING: new extents, held by the task */
+    char assigned[128];                        /* the source segment's name */
+    char message[160];
+    uint16_t key_len;
+    char key[];
+} kvp_task_t;
+
 typedef struct kvp_master_state {
     kvp_segment_table_t segments;
     kvp_object_index_t index;
@@ -170,7 +207,9 @@ typedef struct kvp_master_state {
      * about, how many it remembered (victims coming back); the three counts are halved
      * whenever the victims since the last halving pass the objects resident (1024 at least) */
     uint64_t recent_puts, recent_returns, recent_victims;
-    kvp_move_t *moves; /* drain copies in flight */
+    kvp_move_t *moves;      /* drain copies in flight */
+    kvp_task_t *copy_tasks; /* copy and move tasks, newest first (rpc/task_calls.c) */
+    uint32_t n_copy_tasks, n_copy_tasks_live; /* all kept; not ended */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */
     uint64_t next_task_id;

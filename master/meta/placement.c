@@ -174,3 +174,11 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     *n_p = n;
     return KVP_OK;
 }
+
+kvp_status_t kvp_placement_alloc_on(kvp_segment_t *seg, uint64_t size, uint16_t tenant,
+                                    kvp_replica_t *out)
+{
+    if (!kvp_segment_open(seg) || !allowed(seg, tenant))
+        return KVP_ERR_INVALID_ARG;
+    return try_alloc(seg, size, out) ? KVP_OK : KVP_ERR_POOL_FULL;
+}

@@ -35,4 +35,12 @@ typedef struct kvp_placement_req {
 kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement_req_t *req,
                                  uint64_t *rng_state, kvp_replica_t *out, unsigned *n_p);
 
+/*
+ * One extent of `size` on seg itself (a copy task's target): open (not draining or
+ * adopting), of the tier asked, and not dedicated to another tenant. KVP_ERR_INVALID_ARG
+ * (it may not take it), KVP_ERR_POOL_FULL (no room there).
+ */
+kvp_status_t kvp_placement_alloc_on(kvp_segment_t *seg, uint64_t size, uint16_t tenant,
+                                    kvp_replica_t *out);
+
 #endif

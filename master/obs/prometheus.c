@@ -175,6 +175,15 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
     one(r, "kvpool_exists_total", "counter", "Keys asked whether they exist.", s->exists);
     one(r, "kvpool_removes_total", "counter", "Objects removed (remove, remove by regex).",
         s->removes);
+    one(r, "kvpool_tasks_created_total", "counter", "Copy and move tasks created.",
+        s->tasks_created);
+    head(r, "kvpool_tasks_ended_total", "counter", "Copy and move tasks ended, by outcome.");
+    kvp_http_printf(r, "kvpool_tasks_ended_total{outcome=\"success\"} %" PRIu64 "\n",
+                    s->tasks_succeeded);
+    kvp_http_printf(r, "kvpool_tasks_ended_total{outcome=\"failed\"} %" PRIu64 "\n",
+                    s->tasks_failed);
+    one(r, "kvpool_tasks_live", "gauge", "Copy and move tasks waiting or running.",
+        st->n_copy_tasks_live);
     one(r, "kvpool_evictions_total", "counter", "Objects evicted from DRAM (dropped or offloaded).",
         s->evicted_objects);
     one(r, "kvpool_evicted_bytes_total", "counter", "Bytes freed by evictions.", s->evicted_bytes);

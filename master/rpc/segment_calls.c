@@ -35,6 +35,7 @@
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
 #include "master/rpc/reply.h"
+#include "master/rpc/task_calls.h"
 
 static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg);
 
@@ -596,6 +597,12 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
     }
     resp.drain_segment_ids = drain;
     resp.n_drain_segment_ids = n_drain;
+    /* copy and move tasks waiting for this owner (rpc/task_calls.c) */
+    Kvpool__TaskOffer offers[16], *offp[16];
+    resp.n_tasks = kvp_task_offers(st, call->conn_id, offers, KVP_ARRAY_SIZE(offers));
+    for (size_t i = 0; i < resp.n_tasks; i++)
+        offp[i] = &offers[i];
+    resp.tasks = offp;
     /* the segment table changed since the client last looked: all of it (once per
      * mount or unmount per client, not per beat), each descriptor as any other answer
      * gives it to the caller, its connection key included (data grants on): a client takes

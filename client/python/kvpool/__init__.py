@@ -18,6 +18,7 @@ TypeError or ValueError. Full reference: docs/python.md.
 
 import re as _re
 import threading as _threading
+import time as _time
 
 from . import _kvpool
 from ._version import __version__
@@ -31,6 +32,9 @@ STATUS_NAMES = {v: k for k, v in STATUS.items()}
 globals().update({k[4:]: v for k, v in STATUS.items()})
 
 PIN_NONE, PIN_SOFT, PIN_HARD = 0, 1, 2
+#: copy and move tasks (Client.copy_task): kinds and states, Mooncake's numbers
+COPY_TASK, MOVE_TASK = 0, 1
+TASK_PENDING, TASK_PROCESSING, TASK_FAILED, TASK_SUCCESS = 0, 1, 2, 3
 PUT_INSERT, PUT_UPSERT = 0, 1
 #: preferred_segment meaning "this client's own segment"
 SEGMENT_LOCAL = _kvpool.SEGMENT_LOCAL
@@ -423,6 +427,49 @@ class Client:
         if isinstance(r, int):
             _raise(r)
         return r
+
+    # ---- copy and move tasks ----
+
+    def copy_task(self, key, targets):
+        """Start copying `key` to each segment named in `targets` (1..8; one that
+        holds a replica already needs nothing), done in the background by the
+        owner of a source replica. -> the task's id, a pair of ints, for
+        query_task. Raises Error: NOT_FOUND (no such object), INVALID_ARG (a target
+        not mounted, on SSD, or taking no new replicas: the error's message says
+        which)."""
+        r = self._c.create_copy_task(key, list(targets))
+        if isinstance(r, int):
+            _raise(r, _kvpool.last_error())
+        return r
+
+    def move_task(self, key, source, target):
+        """Start moving `key`'s replica on segment `source` to segment `target`.
+        -> the task's id. Raises Error as copy_task."""
+        r = self._c.create_move_task(key, source, target)
+        if isinstance(r, int):
+            _raise(r, _kvpool.last_error())
+        return r
+
+    def query_task(self, task_id):
+        """Where a task stands: a dict of kind (COPY_TASK, MOVE_TASK), status
+        (TASK_PENDING, TASK_PROCESSING, TASK_FAILED, TASK_SUCCESS), created_ms,
+        updated_ms (wall clock), assigned (the source segment) and message (why it
+        failed). Raises Error NOT_FOUND: no task of this client's tenant has that
+        id (the master keeps the 4096 newest ended ones, none across restarts)."""
+        r = self._c.query_task(tuple(task_id))
+        if isinstance(r, int):
+            _raise(r)
+        return r
+
+    def wait_task(self, task_id, timeout_s=30.0):
+        """query_task until the task ends (SUCCESS or FAILED) or timeout_s passes;
+        the last answer."""
+        deadline = _time.monotonic() + timeout_s
+        while True:
+            r = self.query_task(task_id)
+            if r["status"] in (TASK_FAILED, TASK_SUCCESS) or _time.monotonic() >= deadline:
+                return r
+            _time.sleep(0.05)
 
     # ---- asyncio ----
 

@@ -339,3 +339,86 @@ PyObject *kvp_py_client_list_keys(kvp_py_client_t *self, PyObject *args, PyObjec
     kvp_key_list_free(keys, n);
     return list;
 }
+
+/* The (hi, lo) of a task id as Mooncake's binding gives it: a pair of ints. */
+static PyObject *task_id_tuple(kvp_task_id_t id)
+{
+    return Py_BuildValue("(KK)", (unsigned long long)id.hi, (unsigned long long)id.lo);
+}
+
+/* create_copy_task(key, targets) -> (hi, lo), or a negative status */
+PyObject *kvp_py_client_create_copy_task(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "targets", NULL};
+    const char *key;
+    PyObject *targets;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sO:create_copy_task", kwlist, &key, &targets))
+        return NULL;
+    PyObject *seq = PySequence_Fast(targets, "targets must be a sequence of str");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > 64) {
+        Py_DECREF(seq);
+        PyErr_SetString(PyExc_ValueError, "at most 64 targets");
+        return NULL;
+    }
+    const char *names[64];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, i);
+        names[i] = PyUnicode_Check(o) ? PyUnicode_AsUTF8(o) : NULL;
+        if (names[i] == NULL) {
+            Py_DECREF(seq);
+            if (!PyErr_Occurred())
+                PyErr_SetString(PyExc_TypeError, "targets must be str");
+            return NULL;
+        }
+    }
+    kvp_client_t *c;
+    kvp_task_id_t id = {0, 0};
+    kvp_status_t st = KVP_OK;
+    PyObject *ret;
+    KVP_PY_WITH_CLIENT(self, c, st = kvp_create_copy_task(c, key, names, (size_t)n, &id));
+    Py_DECREF(seq);
+    if (kvp_py_call_failed(self, c, st, &ret))
+        return ret;
+    return task_id_tuple(id);
+}
+
+/* create_move_task(key, source, target) -> (hi, lo), or a negative status */
+PyObject *kvp_py_client_create_move_task(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"key", "source", "target", NULL};
+    const char *key, *source, *target;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sss:create_move_task", kwlist, &key, &source,
+                                     &target))
+        return NULL;
+    kvp_client_t *c;
+    kvp_task_id_t id = {0, 0};
+    kvp_status_t st = KVP_OK;
+    PyObject *ret;
+    KVP_PY_WITH_CLIENT(self, c, st = kvp_create_move_task(c, key, source, target, &id));
+    if (kvp_py_call_failed(self, c, st, &ret))
+        return ret;
+    return task_id_tuple(id);
+}
+
+/* query_task((hi, lo)) -> dict, or a negative status */
+PyObject *kvp_py_client_query_task(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"task_id", NULL};
+    unsigned long long hi, lo;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "(KK):query_task", kwlist, &hi, &lo))
+        return NULL;
+    kvp_client_t *c;
+    kvp_task_info_t info;
+    kvp_status_t st = KVP_OK;
+    PyObject *ret;
+    KVP_PY_WITH_CLIENT(self, c, st = kvp_query_task(c, (kvp_task_id_t){hi, lo}, &info));
+    if (kvp_py_call_failed(self, c, st, &ret))
+        return ret;
+    return Py_BuildValue("{s:I,s:I,s:K,s:K,s:s,s:s}", "kind", info.kind, "status", info.status,
+                         "created_ms", (unsigned long long)info.created_ms, "updated_ms",
+                         (unsigned long long)info.updated_ms, "assigned", info.assigned, "message",
+                         info.message);
+}

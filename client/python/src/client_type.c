@@ -801,6 +801,14 @@ static PyMethodDef client_methods[] = {
          "metrics_text() -> the counters in the Prometheus text format, or a negative status"),
     METH("list_keys", kvp_py_client_list_keys, KW,
          "list_keys(pattern=None, max=1000) -> [dict], or a negative status"),
+    METH("create_copy_task", kvp_py_client_create_copy_task, KW,
+         "create_copy_task(key, targets) -> task id (hi, lo), or a negative status: new "
+         "replicas of key on the target segments, written by a source replica's owner"),
+    METH("create_move_task", kvp_py_client_create_move_task, KW,
+         "create_move_task(key, source, target) -> task id (hi, lo), or a negative status"),
+    METH("query_task", kvp_py_client_query_task, KW,
+         "query_task((hi, lo)) -> dict(kind, status, created_ms, updated_ms, assigned, "
+         "message), or a negative status"),
     {NULL, NULL, 0, NULL},
 };
 

@@ -117,6 +117,9 @@ PyObject *kvp_py_client_stat(kvp_py_client_t *self, PyObject *unused);
 PyObject *kvp_py_client_metrics(kvp_py_client_t *self, PyObject *unused);
 PyObject *kvp_py_client_metrics_text(kvp_py_client_t *self, PyObject *unused);
 PyObject *kvp_py_client_list_keys(kvp_py_client_t *self, PyObject *args, PyObject *kw);
+PyObject *kvp_py_client_create_copy_task(kvp_py_client_t *self, PyObject *args, PyObject *kw);
+PyObject *kvp_py_client_create_move_task(kvp_py_client_t *self, PyObject *args, PyObject *kw);
+PyObject *kvp_py_client_query_task(kvp_py_client_t *self, PyObject *args, PyObject *kw);
 
 /* ---------------- argument converters (args.c) ---------------- */
 

@@ -27,6 +27,7 @@
 #include "master/rpc/record_calls.h"
 #include "master/rpc/segment_calls.h"
 #include "master/rpc/ssd_calls.h"
+#include "master/rpc/task_calls.h"
 #include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
@@ -80,6 +81,14 @@ static const expect_t expected[] = {
      &kvpool__seg_record_response__descriptor},
     {KVP_RPC_AUTH, kvp_handle_auth, &kvpool__auth_request__descriptor,
      &kvpool__auth_response__descriptor},
+    {KVP_RPC_TASK_CREATE, kvp_handle_task_create, &kvpool__task_create_request__descriptor,
+     &kvpool__task_create_response__descriptor},
+    {KVP_RPC_TASK_QUERY, kvp_handle_task_query, &kvpool__task_query_request__descriptor,
+     &kvpool__task_query_response__descriptor},
+    {KVP_RPC_TASK_START, kvp_handle_task_start, &kvpool__task_start_request__descriptor,
+     &kvpool__task_start_response__descriptor},
+    {KVP_RPC_TASK_END, kvp_handle_task_end, &kvpool__task_end_request__descriptor,
+     &kvpool__task_query_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 

@@ -1,0 +1,573 @@
+/*
+ * task_calls.c - copy and move tasks: TaskCreate, TaskQuery, TaskStart, TaskEnd, the
+ * heartbeat's offers, the end of a closed connection's tasks, and the timer's.
+ *
+ * Design. Mooncake's create_copy_task (new replicas of an object on named segments) and
+ * create_move_task (its replica on one segment taken to another) are done in the background
+ * by the owner of a source replica, never through the master. TaskCreate checks the key and
+ * the segments and records the task, PENDING, for the owner of a DRAM segment holding a
+ * replica (the copy is written from that owner's memory); that owner's next heartbeat offers
+ * it; TaskStart gives it the source extent and a new extent on each target that holds no
+ * replica yet, with write grants (PROCESSING); the owner writes them, their CRC checked on
+ * the way (client/control/task.c), and TaskEnd adds the new replicas (COPY) or swaps the
+ * target's in for the source's (MOVE), if the object is still the one copied (same version,
+ * size and CRC) and every copy was written. Otherwise the new extents are freed and the task
+ * FAILED: its new replicas become visible together or not at all. A MOVE whose object is
+ * being read keeps both replicas until no read leases it (the timer), then frees the
+ * source's. A task whose runner's connection closes, or that has not ended by its deadline
+ * (30 s to start, then --put-timeout), FAILED, its extents freed. Ended tasks are kept for
+ * TaskQuery (the newest KEEP_ENDED). Tasks live in the master's memory only: after a restart
+ * or a failover a TaskQuery of one is NOT_FOUND, and its runner's TaskEnd too, so extents it
+ * wrote were never the object's.
+ *
+ * Who. TaskCreate needs the write role and the key (the dispatcher checks both, and scopes
+ * the key to the caller's tenant); the task is that tenant's: a TaskQuery of it by another
+ * tenant is NOT_FOUND, as an unknown id. Targets are mounted DRAM segments that take new
+ * replicas and are not dedicated to another tenant; the copies count against the tenant's
+ * DRAM quota. TaskStart and TaskEnd come from the connection that owns the source segment
+ * only (NOT_OWNER otherwise, and nothing changes).
+ *
+ * Thread: master loop only.
+ */
+#include "master/rpc/task_calls.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/grant.h"
+#include "common/log.h"
+#include "common/macros.h"
+#include "common/rand.h"
+#include "master/meta/placement.h"
+#include "master/meta/record.h"
+#include "master/policy/lease.h"
+#include "master/policy/tier.h"
+#include "master/rpc/reply.h"
+
+_Static_assert(KVP_MAX_REPLICAS == 8, "messages below say 8");
+#define LIVE_MAX 4096       /* tasks not ended at once */
+#define KEEP_ENDED 4096     /* ended tasks kept for TaskQuery */
+#define START_WAIT_MS 30000 /* a PENDING task its runner has not started by then fails */
+
+static uint64_t wall_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static kvp_task_t *task_find(kvp_master_state_t *st, uint64_t hi, uint64_t lo)
+{
+    for (kvp_task_t *t = st->copy_tasks; t != NULL; t = t->next)
+        if (t->id_hi == hi && t->id_lo == lo)
+            return t;
+    return NULL;
+}
+
+static bool task_live(const kvp_task_t *t)
+{
+    return t->status == KVP_TASK_PENDING || t->status == KVP_TASK_PROCESSING;
+}
+
+/* Free the extents a task holds (not yet the object's). */
+static void task_free_dests(kvp_master_state_t *st, kvp_task_t *t)
+{
+    for (unsigned i = 0; i < t->n_dests; i++)
+        kvp_segment_table_free_extent(&st->segments, &t->dests[i]);
+    t->n_dests = 0;
+}
+
+/* End t with status (FAILED: its held extents freed, why in fmt). */
+static void task_end(kvp_master_state_t *st, kvp_task_t *t, uint8_t status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void task_end(kvp_master_state_t *st, kvp_task_t *t, uint8_t status, const char *fmt, ...)
+{
+    if (!task_live(t))
+        return;
+    if (status == KVP_TASK_FAILED)
+        task_free_dests(st, t);
+    t->n_dests = 0;
+    t->status = status;
+    t->drop_pending = false;
+    t->updated_ms = wall_ms();
+    t->message[0] = '\0';
+    if (fmt != NULL) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(t->message, sizeof(t->message), fmt, ap);
+        va_end(ap);
+    }
+    st->n_copy_tasks_live--;
+    if (status == KVP_TASK_SUCCESS) {
+        st->stats.tasks_succeeded++;
+    } else {
+        st->stats.tasks_failed++;
+        KVP_LOG_INFO("%s task %016" PRIx64 "%016" PRIx64 " failed: %s",
+                     t->kind == KVP_TASK_COPY ? "copy" : "move", t->id_hi, t->id_lo, t->message);
+    }
+}
+
+/* Past KEEP_ENDED ended tasks, the oldest go. */
+static void tasks_trim(kvp_master_state_t *st)
+{
+    uint32_t ended = st->n_copy_tasks - st->n_copy_tasks_live;
+    if (ended <= KEEP_ENDED)
+        return;
+    uint32_t keep = KEEP_ENDED;
+    for (kvp_task_t **pp = &st->copy_tasks; *pp != NULL;) {
+        kvp_task_t *t = *pp;
+        if (task_live(t) || keep > 0) {
+            keep -= !task_live(t);
+            pp = &t->next;
+            continue;
+        }
+        *pp = t->next;
+        free(t);
+        st->n_copy_tasks--;
+    }
+}
+
+static kvp_object_t *task_object(kvp_master_state_t *st, const kvp_task_t *t)
+{
+    kvp_object_t *obj =
+        kvp_index_lookup(&st->index, t->key, t->key_len, kvp_index_hash(t->key, t->key_len));
+    return obj != NULL && obj->state == KVP_OBJ_COMPLETE ? obj : NULL;
+}
+
+static int replica_on(const kvp_object_t *obj, uint64_t segment_id)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (obj->replicas[r].segment_id == segment_id)
+            return (int)r;
+    return -1;
+}
+
+/* ---------------- TaskCreate ---------------- */
+
+/* A DRAM replica's segment of obj to copy from: one that stays first. NULL: none. */
+static kvp_segment_t *copy_source(kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    kvp_segment_t *any = NULL;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg == NULL || seg->ssd)
+            continue;
+        if (!seg->draining)
+            return seg;
+        any = seg;
+    }
+    return any;
+}
+
+/* The target named `name` for obj's task, or NULL with why in r. */
+static kvp_segment_t *target_check(kvp_master_state_t *st, kvp_reply_t *r, const kvp_object_t *obj,
+                                   const char *name)
+{
+    kvp_segment_t *seg = kvp_segment_table_find_name(&st->segments, name);
+    if (seg == NULL)
+        snprintf(r->text, sizeof(r->text), "no segment %s is mounted", name);
+    else if (seg->ssd)
+        snprintf(r->text, sizeof(r->text), "%s is an SSD segment: copies go to DRAM segments",
+                 name);
+    else if (!kvp_segment_open(seg))
+        snprintf(r->text, sizeof(r->text), "%s takes no new replicas now (draining or adopting)",
+                 name);
+    else if (seg->dedicated && seg->tenant != obj->tenant)
+        snprintf(r->text, sizeof(r->text), "%s is dedicated to another tenant", name);
+    else
+        return seg;
+    return NULL;
+}
+
+kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__TaskCreateRequest *req = (Kvpool__TaskCreateRequest *)req_msg;
+    Kvpool__TaskCreateResponse resp = KVPOOL__TASK_CREATE_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 320);
+    if (req->kind != KVP_TASK_COPY && req->kind != KVP_TASK_MOVE)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "task kind %u: 0 copy or 1 move", req->kind);
+    bool move = req->kind == KVP_TASK_MOVE;
+    if (req->n_keys != 1)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "a task names one key, not %zu",
+                              req->n_keys);
+    if (req->n_targets == 0 || req->n_targets > (move ? 1u : KVP_TASK_TARGETS_MAX))
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                              move ? "a move names one target"
+                                   : "a copy names 1 to 8 target segments");
+    _Static_assert(KVP_TASK_TARGETS_MAX == 8, "the message above says 8");
+    if (st->n_copy_tasks_live >= LIVE_MAX)
+        return kvp_reply_fail(&r, KVP_ERR_TOO_MANY, "%u tasks are waiting or running already",
+                              LIVE_MAX);
+    kvp_object_t *obj;
+    kvp_status_t status = kvp_call_key_lookup(st, &req->keys[0], &obj, NULL);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
+        return kvp_reply_fail(&r, KVP_ERR_NOT_FOUND, "no such object");
+    kvp_segment_t *source;
+    if (move) {
+        source = kvp_segment_table_find_name(&st->segments, req->source);
+        if (source == NULL || replica_on(obj, source->id) < 0)
+            return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "%s holds no replica of the object",
+                                  req->source);
+        if (source->ssd)
+            return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                                  "%s is an SSD segment: moves start from DRAM replicas",
+                                  req->source);
+    } else {
+        source = copy_source(st, obj);
+        if (source == NULL)
+            return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                                  "the object has no DRAM replica to copy from");
+    }
+    uint64_t targets[KVP_TASK_TARGETS_MAX];
+    unsigned n_targets = 0;
+    for (size_t i = 0; i < req->n_targets; i++) {
+        kvp_segment_t *seg = target_check(st, &r, obj, req->targets[i]);
+        if (seg == NULL)
+            return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
+        if (move && seg == source)
+            return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "source and target are the same");
+        if (move && replica_on(obj, seg->id) >= 0)
+            return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "%s holds a replica already", seg->name);
+        bool dup = false;
+        for (unsigned k = 0; k < n_targets; k++)
+            dup |= targets[k] == seg->id;
+        if (!dup)
+            targets[n_targets++] = seg->id;
+    }
+    kvp_task_t *t = calloc(1, sizeof(*t) + obj->key_len);
+    if (t == NULL)
+        return kvp_reply_abort(&r);
+    do {
+        t->id_hi = kvp_random_u64();
+        t->id_lo = kvp_random_u64();
+    } while ((t->id_hi == 0 && t->id_lo == 0) || task_find(st, t->id_hi, t->id_lo) != NULL);
+    t->kind = (uint8_t)req->kind;
+    t->status = KVP_TASK_PENDING;
+    t->tenant = obj->tenant;
+    t->created_ms = t->updated_ms = wall_ms();
+    t->deadline_ms = st->now_ms + START_WAIT_MS;
+    t->source_seg = source->id;
+    t->exec_conn = source->owner_conn_id;
+    t->n_targets = (uint8_t)n_targets;
+    memcpy(t->targets, targets, n_targets * sizeof(*targets));
+    snprintf(t->assigned, sizeof(t->assigned), "%s", source->name);
+    t->key_len = obj->key_len;
+    memcpy(t->key, kvp_object_key(obj), obj->key_len);
+    t->next = st->copy_tasks;
+    st->copy_tasks = t;
+    st->n_copy_tasks++;
+    st->n_copy_tasks_live++;
+    st->stats.tasks_created++;
+    tasks_trim(st);
+    resp.id_hi = t->id_hi;
+    resp.id_lo = t->id_lo;
+    return kvp_reply_send(&r);
+}
+
+/* ---------------- TaskQuery ---------------- */
+
+/* resp filled from t. */
+static void task_describe(const kvp_task_t *t, Kvpool__TaskQueryResponse *resp)
+{
+    resp->kind = t->kind;
+    resp->task_status = t->status;
+    resp->created_ms = t->created_ms;
+    resp->updated_ms = t->updated_ms;
+    resp->assigned_client = (char *)t->assigned;
+    resp->message = (char *)t->message;
+}
+
+/* The task of that id the caller may see (its tenant's), or NULL. */
+static kvp_task_t *task_for(kvp_call_t *call, uint64_t hi, uint64_t lo)
+{
+    kvp_task_t *t = task_find(call->st, hi, lo);
+    if (t != NULL && call->who != NULL && call->who->tenant_id != t->tenant)
+        return NULL; /* another tenant's: as unknown */
+    return t;
+}
+
+kvp_status_t kvp_handle_task_query(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    Kvpool__TaskQueryRequest *req = (Kvpool__TaskQueryRequest *)req_msg;
+    Kvpool__TaskQueryResponse resp = KVPOOL__TASK_QUERY_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
+    kvp_task_t *t = task_for(call, req->id_hi, req->id_lo);
+    if (t == NULL)
+        return kvp_reply_fail(&r, KVP_ERR_NOT_FOUND, NULL);
+    task_describe(t, &resp);
+    return kvp_reply_send(&r);
+}
+
+/* ---------------- the heartbeat's offers ---------------- */
+
+size_t kvp_task_offers(kvp_master_state_t *st, uint64_t conn_id, Kvpool__TaskOffer *out, size_t max)
+{
+    size_t n = 0;
+    for (kvp_task_t *t = st->copy_tasks; t != NULL && n < max; t = t->next) {
+        if (t->status != KVP_TASK_PENDING || t->exec_conn != conn_id)
+            continue;
+        kvpool__task_offer__init(&out[n]);
+        out[n].id_hi = t->id_hi;
+        out[n].id_lo = t->id_lo;
+        out[n].segment_id = t->source_seg;
+        n++;
+    }
+    return n;
+}
+
+/* ---------------- TaskStart ---------------- */
+
+/* The task of a TaskStart or TaskEnd: the caller's to run, in state `want`; NULL with the
+ * reply failed (*rc_p its status). */
+static kvp_task_t *task_of_runner(kvp_call_t *call, kvp_reply_t *r, uint64_t hi, uint64_t lo,
+                                  uint8_t want, kvp_status_t *rc_p)
+{
+    kvp_task_t *t = task_find(call->st, hi, lo);
+    if (t == NULL)
+        *rc_p = kvp_reply_fail(r, KVP_ERR_NOT_FOUND, "no such task");
+    else if (t->exec_conn != call->conn_id)
+        *rc_p =
+            kvp_reply_fail(r, KVP_ERR_NOT_OWNER, "the task is for the owner of %s", t->assigned);
+    else if (t->status != want)
+        *rc_p = kvp_reply_fail(r, KVP_ERR_INVALID_ARG, "the task is %s",
+                               t->status == KVP_TASK_PENDING      ? "not started"
+                               : t->status == KVP_TASK_PROCESSING ? "started already"
+                                                                  : "over");
+    else
+        return t;
+    return NULL;
+}
+
+/* A TaskStart whose answer did not go out: the runner knows nothing of its extents. */
+static void task_start_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
+{
+    if (rc != KVP_OK)
+        task_end(r->call->st, arg, KVP_TASK_FAILED, "out of memory starting it");
+}
+
+kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__TaskStartRequest *req = (Kvpool__TaskStartRequest *)req_msg;
+    Kvpool__TaskStartResponse resp = KVPOOL__TASK_START_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 200);
+    kvp_status_t rc;
+    kvp_task_t *t = task_of_runner(call, &r, req->id_hi, req->id_lo, KVP_TASK_PENDING, &rc);
+    if (t == NULL)
+        return rc;
+    kvp_object_t *obj = task_object(st, t);
+    int src = obj != NULL ? replica_on(obj, t->source_seg) : -1;
+    if (src < 0) {
+        task_end(st, t, KVP_TASK_FAILED, "the object or its source replica went before it began");
+        return kvp_reply_fail(&r, KVP_ERR_NOT_FOUND, "%s", t->message);
+    }
+    unsigned n = 0;
+    const char *why = NULL;
+    kvp_status_t fail = KVP_OK;
+    const kvp_segment_t *full = NULL;
+    for (unsigned i = 0; i < t->n_targets && fail == KVP_OK; i++) {
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, t->targets[i]);
+        if (seg == NULL) {
+            fail = KVP_ERR_SEGMENT_GONE;
+            why = "a target segment was unmounted";
+        } else if (replica_on(obj, seg->id) >= 0) {
+            continue; /* holds one already: nothing to copy there */
+        } else if (obj->n_replicas + n >= KVP_MAX_REPLICAS) {
+            fail = KVP_ERR_TOO_MANY;
+            why = "the object would have more replicas than a key may (8)";
+        } else if ((fail = kvp_placement_alloc_on(seg, obj->size, obj->tenant, &t->dests[n])) ==
+                   KVP_OK) {
+            n++;
+        } else {
+            full = seg;
+        }
+    }
+    t->n_dests = (uint8_t)n;
+    const kvp_tenant_t *tn = &st->tenants.t[obj->tenant];
+    uint64_t more = (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN * n;
+    if (fail == KVP_OK && tn->max_dram != 0 &&
+        (more > tn->max_dram || tn->dram_bytes > tn->max_dram - more)) {
+        fail = KVP_ERR_QUOTA;
+        why = "the copies would take the tenant over its DRAM quota";
+    }
+    if (fail != KVP_OK) {
+        if (full != NULL)
+            task_end(st, t, KVP_TASK_FAILED, "%s: %s", full->name,
+                     fail == KVP_ERR_POOL_FULL ? "no room" : "takes no new replicas now");
+        else
+            task_end(st, t, KVP_TASK_FAILED, "%s", why);
+        return kvp_reply_fail(&r, fail, "%s", t->message);
+    }
+    if (n == 0) { /* every target holds a replica: done */
+        task_end(st, t, KVP_TASK_SUCCESS, NULL);
+        return kvp_reply_send(&r);
+    }
+    Kvpool__Replica *reps = kvp_reply_calloc(&r, n, sizeof(*reps));
+    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n, sizeof(*repptr));
+    kvp_reply_on_end(&r, task_start_end, t);
+    if (reps == NULL || repptr == NULL || !kvp_call_grants_reserve(st, n))
+        return kvp_reply_abort(&r);
+    for (unsigned i = 0; i < n; i++) {
+        kvpool__replica__init(&reps[i]);
+        reps[i].segment_id = t->dests[i].segment_id;
+        reps[i].offset = t->dests[i].offset;
+        reps[i].length = obj->size;
+        repptr[i] = &reps[i];
+        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms,
+                            obj->version) ||
+            !kvp_seg_set_add(&r.segs, kvp_segment_table_get(&st->segments, reps[i].segment_id),
+                             NULL))
+            return kvp_reply_abort(&r);
+    }
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
+    t->status = KVP_TASK_PROCESSING;
+    t->updated_ms = wall_ms();
+    t->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+    t->version = obj->version;
+    t->size = obj->size;
+    t->crc32c = obj->crc32c;
+    resp.size = obj->size;
+    resp.crc32c = obj->crc32c;
+    resp.source_segment_id = t->source_seg;
+    resp.source_offset = obj->replicas[src].offset;
+    resp.dests = repptr;
+    resp.n_dests = n;
+    return kvp_reply_send(&r);
+}
+
+/* ---------------- TaskEnd ---------------- */
+
+/* MOVE: take the source replica out of obj, freeing its extent (no read leases it). */
+static void move_drop_source(kvp_master_state_t *st, kvp_task_t *t, kvp_object_t *obj)
+{
+    int src = replica_on(obj, t->source_seg);
+    if (src >= 0 && obj->n_replicas > 1) {
+        kvp_replica_t reps[KVP_MAX_REPLICAS], gone = obj->replicas[src];
+        unsigned n = 0;
+        for (unsigned i = 0; i < obj->n_replicas; i++)
+            if ((int)i != src)
+                reps[n++] = obj->replicas[i];
+        if (kvp_tier_set_replicas(st, obj, reps, n) == NULL) {
+            task_end(st, t, KVP_TASK_FAILED,
+                     "out of memory dropping the source replica "
+                     "(the object keeps both)");
+            return;
+        }
+        kvp_segment_table_free_extent(&st->segments, &gone);
+    }
+    task_end(st, t, KVP_TASK_SUCCESS, NULL);
+}
+
+/* The copies are written: make them the object's (t PROCESSING). */
+static void task_commit(kvp_master_state_t *st, kvp_task_t *t, const int32_t *statuses)
+{
+    kvp_object_t *obj = task_object(st, t);
+    if (obj == NULL || obj->version != t->version || obj->size != t->size ||
+        obj->crc32c != t->crc32c || replica_on(obj, t->source_seg) < 0) {
+        task_end(st, t, KVP_TASK_FAILED, "the object changed or went while it was copied");
+        return;
+    }
+    for (unsigned i = 0; i < t->n_dests; i++) {
+        if (statuses[i] != KVP_OK) {
+            task_end(st, t, KVP_TASK_FAILED, "a copy could not be written: %s",
+                     kvp_strerror(statuses[i]));
+            return;
+        }
+        if (kvp_segment_table_get(&st->segments, t->dests[i].segment_id) == NULL) {
+            task_end(st, t, KVP_TASK_FAILED, "a target segment was unmounted");
+            return;
+        }
+    }
+    kvp_replica_t reps[KVP_MAX_REPLICAS];
+    unsigned n = obj->n_replicas;
+    memcpy(reps, obj->replicas, n * sizeof(*reps));
+    for (unsigned i = 0; i < t->n_dests && n < KVP_MAX_REPLICAS; i++)
+        reps[n++] = t->dests[i];
+    kvp_object_t *o = kvp_tier_set_replicas(st, obj, reps, n);
+    if (o == NULL) {
+        task_end(st, t, KVP_TASK_FAILED, "out of memory adding the replicas");
+        return;
+    }
+    for (unsigned i = 0; i < t->n_dests; i++)
+        kvp_record_replica(&st->segments, o, &t->dests[i]);
+    t->n_dests = 0; /* the object's now */
+    if (t->kind == KVP_TASK_COPY) {
+        task_end(st, t, KVP_TASK_SUCCESS, NULL);
+    } else if (kvp_leased(st, o)) {
+        /* readers may be reading the source replica: it goes when they are done */
+        t->drop_pending = true;
+        t->updated_ms = wall_ms();
+        t->deadline_ms = st->now_ms + st->config.lease_ttl_ms + st->config.put_timeout_ms;
+    } else {
+        move_drop_source(st, t, o);
+    }
+}
+
+kvp_status_t kvp_handle_task_end(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__TaskEndRequest *req = (Kvpool__TaskEndRequest *)req_msg;
+    Kvpool__TaskQueryResponse resp = KVPOOL__TASK_QUERY_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 200); /* a refusal's; else the task's */
+    kvp_status_t rc;
+    kvp_task_t *t = task_of_runner(call, &r, req->id_hi, req->id_lo, KVP_TASK_PROCESSING, &rc);
+    if (t == NULL)
+        return rc;
+    if (t->drop_pending)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "the task ended already");
+    if (req->n_statuses != t->n_dests)
+        task_end(st, t, KVP_TASK_FAILED, "its runner reported %zu copies of %u", req->n_statuses,
+                 t->n_dests);
+    else
+        task_commit(st, t, req->statuses);
+    task_describe(t, &resp);
+    return kvp_reply_send(&r);
+}
+
+/* ---------------- ends ---------------- */
+
+void kvp_task_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
+{
+    for (kvp_task_t *t = st->copy_tasks; t != NULL; t = t->next)
+        if (task_live(t) && t->exec_conn == conn_id && !t->drop_pending)
+            task_end(st, t, KVP_TASK_FAILED, "the owner of %s went before the task ended",
+                     t->assigned);
+}
+
+void kvp_task_tick(kvp_master_state_t *st)
+{
+    if (st->n_copy_tasks_live == 0)
+        return;
+    for (kvp_task_t *t = st->copy_tasks; t != NULL; t = t->next) {
+        if (!task_live(t))
+            continue;
+        if (t->drop_pending) {
+            kvp_object_t *obj = task_object(st, t);
+            if (obj == NULL || obj->version != t->version)
+                task_end(st, t, KVP_TASK_SUCCESS, NULL); /* the object went: nothing to drop */
+            else if (!kvp_leased(st, obj))
+                move_drop_source(st, t, obj);
+            else if (st->now_ms >= t->deadline_ms)
+                task_end(st, t, KVP_TASK_FAILED,
+                         "the object is still being read: it keeps its source replica too");
+            continue;
+        }
+        if (st->now_ms >= t->deadline_ms)
+            task_end(st, t, KVP_TASK_FAILED,
+                     t->status == KVP_TASK_PENDING ? "the owner of %s did not start it in time"
+                                                   : "the owner of %s did not end it in time",
+                     t->assigned);
+    }
+}

@@ -1,0 +1,152 @@
+"""Copy and move tasks (Mooncake's create_copy_task / create_move_task / query_task) with
+real processes: a kvpool-master, `kvpool serve` segments named as Mooncake's clients name
+theirs, and a client that asks. The bytes are checked where a user would: after a copy,
+each source is killed in turn and a get still returns the object's bytes from the copies;
+after a move, the source segment's death loses nothing. Faults: the owner that is to run a
+task dies before it does; a target dies; nothing half-done is ever visible."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import kvpool
+from conftest import Pool, Proc, freeze
+
+TASK_FAILED, TASK_SUCCESS = kvpool.TASK_FAILED, kvpool.TASK_SUCCESS
+
+
+@pytest.fixture
+def world(request):
+    """A master and three 32 MiB segments, localhost:10001..3 (their owners' Procs)."""
+    pool = Pool(segments=())
+    segs = {}
+    try:
+        for i in range(3):
+            name = f"localhost:1000{i + 1}"
+            segs[name] = Proc([pool.cli_bin, "--master", pool.addr, "serve", "--segment-size",
+                               "32MiB", "--name", name, "--ready-fd", "{fd}"])
+            pool.segments.append(segs[name])
+    except Exception:
+        pool.close()
+        raise
+    c = kvpool.Client(pool.addr)
+
+    def fin():
+        c.close()
+        pool.close()
+
+    request.addfinalizer(fin)
+    return pool, segs, c
+
+
+def segment_ids(c):
+    return {s["name"]: s["id"] for s in c.stat()["segments"]}
+
+
+def replica_segments(c, key):
+    ids = {v: k for k, v in segment_ids(c).items()}
+    [entry] = c.list_keys("^" + key + "$")
+    return sorted(ids.get(i, "?") for i in entry["segment_ids"][:entry["replicas"]])
+
+
+def test_copy_then_the_source_dies(world):
+    pool, segs, c = world
+    data = os.urandom(2 << 20)
+    c.put("copied", data, preferred_segment="localhost:10001")
+    tid = c.copy_task("copied", ["localhost:10002", "localhost:10003"])
+    assert isinstance(tid, tuple) and len(tid) == 2
+    r = c.wait_task(tid)
+    assert r["status"] == TASK_SUCCESS, r
+    assert r["kind"] == kvpool.COPY_TASK and r["assigned"] == "localhost:10001"
+    assert r["message"] == "" and r["updated_ms"] >= r["created_ms"] > 0
+    assert replica_segments(c, "copied") == ["localhost:10001", "localhost:10002",
+                                             "localhost:10003"]
+    # each copy holds the bytes: the source goes, then the second; the third answers
+    segs["localhost:10001"].kill()
+    assert c.get("copied") == data
+    segs["localhost:10002"].kill()
+    assert c.get("copied") == data
+    assert replica_segments(c, "copied") == ["localhost:10003"]
+
+
+def test_move_then_the_source_dies(world):
+    pool, segs, c = world
+    data = os.urandom(1 << 20)
+    c.put("moved", data, preferred_segment="localhost:10001")
+    tid = c.move_task("moved", "localhost:10001", "localhost:10003")
+    r = c.wait_task(tid)
+    assert r["status"] == TASK_SUCCESS and r["kind"] == kvpool.MOVE_TASK, r
+    assert replica_segments(c, "moved") == ["localhost:10003"]
+    segs["localhost:10001"].kill()
+    assert c.get("moved") == data
+
+
+def test_refusals_say_why(world):
+    pool, segs, c = world
+    c.put("k", b"x" * 4096, preferred_segment="localhost:10001")
+    with pytest.raises(kvpool.Error) as e:
+        c.copy_task("no-such-key", ["localhost:10002"])
+    assert e.value.status == kvpool.ERR_NOT_FOUND
+    with pytest.raises(kvpool.Error) as e:
+        c.copy_task("k", ["localhost:10002", "unknown_segment_1"])
+    assert e.value.status == kvpool.ERR_INVALID_ARG
+    assert "unknown_segment_1" in str(e.value)
+    with pytest.raises(kvpool.Error) as e:
+        c.move_task("k", "localhost:10002", "localhost:10003")  # no replica there
+    assert e.value.status == kvpool.ERR_INVALID_ARG
+    with pytest.raises(kvpool.Error) as e:
+        c.move_task("k", "localhost:10001", "localhost:10001")
+    assert e.value.status == kvpool.ERR_INVALID_ARG
+    with pytest.raises(kvpool.Error) as e:
+        c.query_task((12345, 67890))
+    assert e.value.status == kvpool.ERR_NOT_FOUND
+    assert replica_segments(c, "k") == ["localhost:10001"]
+
+
+def test_the_runner_dies_before_it_runs(world):
+    """The owner of the source is frozen (so it cannot take the task), then killed: the
+    task fails, naming it, and the object is not copied anywhere."""
+    pool, segs, c = world
+    c.put("stuck", os.urandom(65536), preferred_segment="localhost:10001")
+    c.put("other", b"o" * 100, preferred_segment="localhost:10002")
+    owner = segs["localhost:10001"]
+    freeze(owner.pid)
+    try:
+        tid = c.copy_task("stuck", ["localhost:10002"])
+        assert c.query_task(tid)["status"] == kvpool.TASK_PENDING
+    finally:
+        owner.kill()  # SIGKILL reaches a stopped process
+    r = c.wait_task(tid, timeout_s=60)
+    assert r["status"] == TASK_FAILED, r
+    assert "localhost:10001" in r["message"]
+    # nothing of it on the target: the segment holds exactly the other object
+    ids = segment_ids(c)
+    entries = c.list_keys()
+    on_target = [e["key"] for e in entries if ids["localhost:10002"] in e["segment_ids"]]
+    assert on_target == ["other"]
+
+
+def test_a_target_that_dies_fails_the_copy_whole(world):
+    """A copy to two segments, one of which dies before the copy starts: the task fails,
+    and the surviving target does not keep a replica either (all or nothing)."""
+    pool, segs, c = world
+    data = os.urandom(1 << 20)
+    c.put("whole", data, preferred_segment="localhost:10001")
+    owner = segs["localhost:10001"]
+    freeze(owner.pid)
+    try:
+        tid = c.copy_task("whole", ["localhost:10002", "localhost:10003"])
+        segs["localhost:10003"].kill()
+        # the master has dropped the dead target's segment before the owner runs again
+        for _ in range(200):
+            if "localhost:10003" not in segment_ids(c):
+                break
+            time.sleep(0.05)
+    finally:
+        os.kill(owner.pid, signal.SIGCONT)
+    r = c.wait_task(tid, timeout_s=60)
+    assert r["status"] == TASK_FAILED, r
+    assert replica_segments(c, "whole") == ["localhost:10001"]
+    assert c.get("whole") == data

@@ -1,0 +1,348 @@
+/*
+ * test_task_calls.c - unit tests for master/rpc/task_calls.c: copy and move tasks through
+ * kvp_dispatch_handle as the server calls it (fixture_leases.h: read leases of 5000 ms).
+ * What is checked is what the client sees: the heartbeat's offers, who may start and end a
+ * task, the replicas a get is handed afterwards, the bytes each segment has in use (nothing
+ * leaked on any failure), and the task's status and message.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rpc.h"
+#include "kvpool.pb-c.h"
+#include "master/dispatch.h"
+#include "master/rpc/task_calls.h"
+#include "master/core/state.h"
+#include "tests/unit/master/rpc/fixture_leases.h"
+#include "tests/unit/master/svc_call.h"
+
+typedef struct tid {
+    int32_t status;
+    uint64_t hi, lo;
+    char msg[320];
+} tid_t;
+
+static tid_t create(kvp_master_state_t *st, uint64_t conn, uint32_t kind, const char *key,
+                    const char *source, const char *const *targets, size_t n)
+{
+    Kvpool__TaskCreateRequest req = KVPOOL__TASK_CREATE_REQUEST__INIT;
+    req.kind = kind;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.source = (char *)(source ? source : "");
+    req.targets = (char **)targets;
+    req.n_targets = n;
+    Kvpool__TaskCreateResponse *r = svc_call(st, conn, KVP_RPC_TASK_CREATE, &req.base,
+                                             &kvpool__task_create_response__descriptor);
+    tid_t t = {.status = r->status, .hi = r->id_hi, .lo = r->id_lo};
+    snprintf(t.msg, sizeof(t.msg), "%s", r->message);
+    svc_msg_free(r);
+    return t;
+}
+
+typedef struct tq {
+    int32_t status;
+    uint32_t kind, task_status;
+    char assigned[64], msg[200];
+} tq_t;
+
+static tq_t query(kvp_master_state_t *st, uint64_t conn, tid_t id)
+{
+    Kvpool__TaskQueryRequest req = KVPOOL__TASK_QUERY_REQUEST__INIT;
+    req.id_hi = id.hi;
+    req.id_lo = id.lo;
+    Kvpool__TaskQueryResponse *r =
+        svc_call(st, conn, KVP_RPC_TASK_QUERY, &req.base, &kvpool__task_query_response__descriptor);
+    tq_t q = {.status = r->status, .kind = r->kind, .task_status = r->task_status};
+    snprintf(q.assigned, sizeof(q.assigned), "%s", r->assigned_client);
+    snprintf(q.msg, sizeof(q.msg), "%s", r->message);
+    svc_msg_free(r);
+    return q;
+}
+
+/* The tasks a heartbeat of conn is offered: their count, the first one's id in *first. */
+static size_t offers(kvp_master_state_t *st, uint64_t conn, tid_t *first)
+{
+    Kvpool__HeartbeatRequest req = KVPOOL__HEARTBEAT_REQUEST__INIT;
+    req.client_id = 1000 + conn;
+    Kvpool__HeartbeatResponse *r =
+        svc_call(st, conn, KVP_RPC_HEARTBEAT, &req.base, &kvpool__heartbeat_response__descriptor);
+    size_t n = r->n_tasks;
+    if (n > 0 && first != NULL) {
+        first->hi = r->tasks[0]->id_hi;
+        first->lo = r->tasks[0]->id_lo;
+    }
+    svc_msg_free(r);
+    return n;
+}
+
+typedef struct started {
+    int32_t status;
+    uint64_t size, source_seg, source_off;
+    uint32_t crc;
+    size_t n;
+    rep_t d[8];
+} started_t;
+
+static started_t start(kvp_master_state_t *st, uint64_t conn, tid_t id)
+{
+    Kvpool__TaskStartRequest req = KVPOOL__TASK_START_REQUEST__INIT;
+    req.id_hi = id.hi;
+    req.id_lo = id.lo;
+    Kvpool__TaskStartResponse *r =
+        svc_call(st, conn, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor);
+    started_t s = {.status = r->status,
+                   .size = r->size,
+                   .crc = r->crc32c,
+                   .source_seg = r->source_segment_id,
+                   .source_off = r->source_offset,
+                   .n = r->n_dests};
+    assert_true(s.n <= 8);
+    for (size_t i = 0; i < s.n; i++)
+        s.d[i] = (rep_t){r->dests[i]->segment_id, r->dests[i]->offset, r->dests[i]->length};
+    svc_msg_free(r);
+    return s;
+}
+
+static tq_t end(kvp_master_state_t *st, uint64_t conn, tid_t id, const int32_t *statuses, size_t n)
+{
+    Kvpool__TaskEndRequest req = KVPOOL__TASK_END_REQUEST__INIT;
+    req.id_hi = id.hi;
+    req.id_lo = id.lo;
+    req.statuses = (int32_t *)statuses;
+    req.n_statuses = n;
+    Kvpool__TaskQueryResponse *r =
+        svc_call(st, conn, KVP_RPC_TASK_END, &req.base, &kvpool__task_query_response__descriptor);
+    tq_t q = {.status = r->status, .kind = r->kind, .task_status = r->task_status};
+    snprintf(q.msg, sizeof(q.msg), "%s", r->message);
+    svc_msg_free(r);
+    return q;
+}
+
+static bool has_replica_on(const view_t *v, uint64_t seg)
+{
+    for (size_t i = 0; i < v->n; i++)
+        if (v->r[i].seg == seg)
+            return true;
+    return false;
+}
+
+/* A copy to two segments: offered to the source's owner only, started and ended by it only;
+ * then a get is handed three replicas, and the targets hold the bytes' extents. */
+static void test_copy(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t s1 = mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t s2 = mount_seg(st, C2, "s2", "h2", MIB);
+    uint64_t s3 = mount_seg(st, C3, "s3", "h3", MIB);
+    view_t put = put_done(st, C3, "k", SZ, 1, "s1", 0xC0FFEEu);
+    assert_int_equal(put.r[0].seg, s1);
+    const char *targets[] = {"s2", "s3", "s2"}; /* a name twice: one copy */
+    tid_t t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 3);
+    assert_int_equal(t.status, KVP_OK);
+    assert_true(t.hi != 0 || t.lo != 0);
+    tq_t q = query(st, C2, t);
+    assert_int_equal(q.status, KVP_OK);
+    assert_int_equal(q.task_status, KVP_TASK_PENDING);
+    assert_string_equal(q.assigned, "s1");
+    tid_t offered = {0};
+    assert_int_equal(offers(st, C2, NULL), 0);
+    assert_int_equal(offers(st, C1, &offered), 1);
+    assert_true(offered.hi == t.hi && offered.lo == t.lo);
+    /* only the source's owner starts it */
+    assert_int_equal(start(st, C2, t).status, KVP_ERR_NOT_OWNER);
+    started_t s = start(st, C1, t);
+    assert_int_equal(s.status, KVP_OK);
+    assert_int_equal(s.size, SZ);
+    assert_int_equal(s.crc, 0xC0FFEEu);
+    assert_int_equal(s.source_seg, s1);
+    assert_int_equal(s.source_off, put.r[0].off);
+    assert_int_equal(s.n, 2);
+    assert_true((s.d[0].seg == s2 && s.d[1].seg == s3) || (s.d[0].seg == s3 && s.d[1].seg == s2));
+    assert_int_equal(seg_used(st, s2), EXT);
+    assert_int_equal(query(st, C3, t).task_status, KVP_TASK_PROCESSING);
+    assert_int_equal(start(st, C1, t).status, KVP_ERR_INVALID_ARG); /* started already */
+    assert_int_equal(offers(st, C1, NULL), 0);
+    /* the copies are not the object's until the end */
+    assert_int_equal(grl1(st, "k").n, 1);
+    int32_t ok[2] = {KVP_OK, KVP_OK};
+    assert_int_equal(end(st, C2, t, ok, 2).status, KVP_ERR_NOT_OWNER);
+    q = end(st, C1, t, ok, 2);
+    assert_int_equal(q.status, KVP_OK);
+    assert_int_equal(q.task_status, KVP_TASK_SUCCESS);
+    view_t v = grl1(st, "k");
+    assert_int_equal(v.n, 3);
+    assert_true(has_replica_on(&v, s1) && has_replica_on(&v, s2) && has_replica_on(&v, s3));
+    assert_int_equal(v.crc, 0xC0FFEEu);
+    assert_int_equal(end(st, C1, t, ok, 2).status, KVP_ERR_INVALID_ARG); /* over */
+    /* a copy to segments that hold replicas already: nothing to write, done at start */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 2);
+    assert_int_equal(t.status, KVP_OK);
+    s = start(st, C1, t);
+    assert_int_equal(s.status, KVP_OK);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(query(st, C3, t).task_status, KVP_TASK_SUCCESS);
+    assert_int_equal(seg_used(st, s2), EXT);
+}
+
+/* A copy fails whole: one copy not written, the object changed meanwhile, its runner's
+ * connection gone, or not started in time. Each time no replica is added and the new
+ * extents are freed. */
+static void test_copy_fails_whole(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t s2 = mount_seg(st, C2, "s2", "h2", MIB);
+    uint64_t s3 = mount_seg(st, C3, "s3", "h3", MIB);
+    put_done(st, C3, "k", SZ, 1, "s1", 7);
+    const char *targets[] = {"s2", "s3"};
+    tid_t t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 2);
+    assert_int_equal(start(st, C1, t).n, 2);
+    int32_t one_bad[2] = {KVP_OK, KVP_ERR_CHECKSUM};
+    tq_t q = end(st, C1, t, one_bad, 2);
+    assert_int_equal(q.task_status, KVP_TASK_FAILED);
+    assert_non_null(strstr(q.msg, "checksum"));
+    assert_int_equal(grl1(st, "k").n, 1);
+    assert_int_equal(seg_used(st, s2), 0);
+    assert_int_equal(seg_used(st, s3), 0);
+    /* the runner reports the wrong number of copies */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 2);
+    assert_int_equal(start(st, C1, t).n, 2);
+    int32_t ok[2] = {KVP_OK, KVP_OK};
+    assert_int_equal(end(st, C1, t, ok, 1).task_status, KVP_TASK_FAILED);
+    assert_int_equal(seg_used(st, s2) + seg_used(st, s3), 0);
+    /* overwritten while copied: the copies are of the old bytes */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 1);
+    assert_int_equal(start(st, C1, t).n, 1);
+    assert_int_equal(keys1(st, C3, KVP_RPC_REMOVE, "k", true), KVP_OK);
+    put_done(st, C3, "k", SZ, 1, "s1", 8);
+    q = end(st, C1, t, ok, 1);
+    assert_int_equal(q.task_status, KVP_TASK_FAILED);
+    assert_non_null(strstr(q.msg, "changed"));
+    assert_int_equal(grl1(st, "k").n, 1);
+    assert_int_equal(seg_used(st, s2), 0);
+    /* not started in time */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 1);
+    st->now_ms += 30001;
+    kvp_task_tick(st);
+    q = query(st, C3, t);
+    assert_int_equal(q.task_status, KVP_TASK_FAILED);
+    assert_non_null(strstr(q.msg, "did not start"));
+    assert_int_equal(start(st, C1, t).status, KVP_ERR_INVALID_ARG);
+    /* started, not ended by --put-timeout */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 1);
+    assert_int_equal(start(st, C1, t).n, 1);
+    st->now_ms += st->config.put_timeout_ms + 1;
+    kvp_task_tick(st);
+    assert_int_equal(query(st, C3, t).task_status, KVP_TASK_FAILED);
+    assert_int_equal(seg_used(st, s2), 0);
+    /* its runner's connection closes mid-copy */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, targets, 2);
+    assert_int_equal(start(st, C1, t).n, 2);
+    kvp_dispatch_conn_closed(st, C1);
+    q = query(st, C3, t);
+    assert_int_equal(q.task_status, KVP_TASK_FAILED);
+    assert_non_null(strstr(q.msg, "s1"));
+    assert_int_equal(seg_used(st, s2) + seg_used(st, s3), 0);
+}
+
+/* A move: the target's replica in, the source's out; while a read leases the object the
+ * source stays (a reader may be on it) and goes once the lease ends. */
+static void test_move(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t s1 = mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t s2 = mount_seg(st, C2, "s2", "h2", MIB);
+    put_done(st, C3, "m", SZ, 1, "s1", 9);
+    const char *to[] = {"s2"};
+    tid_t t = create(st, C3, KVP_TASK_MOVE, "m", "s1", to, 1);
+    assert_int_equal(t.status, KVP_OK);
+    assert_int_equal(query(st, C3, t).kind, KVP_TASK_MOVE);
+    started_t s = start(st, C1, t);
+    assert_int_equal(s.n, 1);
+    assert_int_equal(s.d[0].seg, s2);
+    int32_t ok[1] = {KVP_OK};
+    assert_int_equal(end(st, C1, t, ok, 1).task_status, KVP_TASK_SUCCESS);
+    view_t v = grl1(st, "m"); /* (leases the object: below) */
+    assert_int_equal(v.n, 1);
+    assert_int_equal(v.r[0].seg, s2);
+    assert_int_equal(seg_used(st, s1), 0);
+    /* back to s1 while that read's lease holds: both replicas until it ends */
+    const char *back[] = {"s1"};
+    t = create(st, C3, KVP_TASK_MOVE, "m", "s2", back, 1);
+    assert_int_equal(start(st, C2, t).n, 1);
+    tq_t q = end(st, C2, t, ok, 1);
+    assert_int_equal(q.task_status, KVP_TASK_PROCESSING);
+    assert_int_equal(seg_used(st, s1), EXT);
+    assert_int_equal(seg_used(st, s2), EXT);
+    kvp_task_tick(st);
+    assert_int_equal(query(st, C3, t).task_status, KVP_TASK_PROCESSING);
+    st->now_ms += 5001; /* the lease's TTL */
+    kvp_task_tick(st);
+    assert_int_equal(query(st, C3, t).task_status, KVP_TASK_SUCCESS);
+    assert_int_equal(seg_used(st, s2), 0);
+    v = grl1(st, "m");
+    assert_int_equal(v.n, 1);
+    assert_int_equal(v.r[0].seg, s1);
+}
+
+/* What TaskCreate refuses, and what a stranger learns of a task id. */
+static void test_create_refusals(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    mount_seg(st, C2, "s2", "h2", MIB);
+    put_done(st, C3, "k", SZ, 1, "s1", 1);
+    const char *s2[] = {"s2"}, *nope[] = {"s2", "nope"}, *s1[] = {"s1"};
+    tid_t t = create(st, C3, KVP_TASK_COPY, "missing", NULL, s2, 1);
+    assert_int_equal(t.status, KVP_ERR_NOT_FOUND);
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, nope, 2);
+    assert_int_equal(t.status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(t.msg, "nope"));
+    assert_int_equal(create(st, C3, KVP_TASK_COPY, "k", NULL, NULL, 0).status, KVP_ERR_INVALID_ARG);
+    assert_int_equal(create(st, C3, 7, "k", NULL, s2, 1).status, KVP_ERR_INVALID_ARG);
+    t = create(st, C3, KVP_TASK_MOVE, "k", "s2", s1, 1); /* s2 holds no replica */
+    assert_int_equal(t.status, KVP_ERR_INVALID_ARG);
+    assert_int_equal(create(st, C3, KVP_TASK_MOVE, "k", "s1", s1, 1).status, KVP_ERR_INVALID_ARG);
+    assert_int_equal(create(st, C3, KVP_TASK_MOVE, "k", "s1", nope, 2).status, KVP_ERR_INVALID_ARG);
+    assert_int_equal(drain(st, C3, "s2", 0, NULL, NULL), KVP_OK);
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, s2, 1);
+    assert_int_equal(t.status, KVP_ERR_INVALID_ARG);
+    assert_non_null(strstr(t.msg, "draining"));
+    /* an unknown id */
+    tid_t none = {.hi = 1, .lo = 2};
+    assert_int_equal(query(st, C3, none).status, KVP_ERR_NOT_FOUND);
+    assert_int_equal(start(st, C1, none).status, KVP_ERR_NOT_FOUND);
+    /* another tenant's principal: as unknown */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, s1, 1);
+    assert_int_equal(t.status, KVP_OK);
+    kvp_principal_t other = {.name = "bob", .tenant = "t5", .tenant_id = 5, .roles = KVP_ROLE_READ};
+    Kvpool__TaskQueryRequest req = KVPOOL__TASK_QUERY_REQUEST__INIT;
+    req.id_hi = t.hi;
+    req.id_lo = t.lo;
+    Kvpool__TaskQueryResponse *r = svc_call_as(st, C2, &other, KVP_RPC_TASK_QUERY, &req.base,
+                                               &kvpool__task_query_response__descriptor);
+    assert_non_null(r);
+    assert_int_equal(r->status, KVP_ERR_NOT_FOUND);
+    assert_string_equal(r->assigned_client, "");
+    svc_msg_free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_copy, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_copy_fails_whole, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_move, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_create_refusals, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
