@@ -31,10 +31,19 @@ from kvpool import _kvpool as _raw
 
 from . import codes
 from ._tensor_api import TensorAPI, _put_code
+from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
+                     ReadTarget, ReplicaStatus, SoftPinAction, TaskStatus, TaskType,
+                     TensorParallelism)
 from .codes import INTERNAL_ERROR, INVALID_PARAMS, OK
 from .codes import to_mooncake as _code
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes"]
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes",
+           "SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "TaskStatus",
+           "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget"]
+
+# Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
+# TaskStatus as module attributes too (pybind11's export_values()).
+globals().update(EXPORTED_VALUES)
 
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
