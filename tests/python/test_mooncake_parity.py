@@ -1,13 +1,19 @@
 """mooncake.store against Mooncake's binding at the snapshot kvpool follows:
-the value types' names, members, numbers, defaults and exceptions
-(docs/python.md)."""
+the value types' names, members, numbers, defaults and exceptions, and the
+ReplicateConfig rules Mooncake's master applies to a put (docs/python.md)."""
+
+import ctypes
+import re
 
 import pytest
 
+import kvpool
 import mooncake.store as mstore
 from mooncake.store import (ObjectDataType, ParallelAxis, QueryTaskResponse, ReadTarget,
-                            ReplicaStatus, SoftPinAction, TaskStatus, TaskType,
+                            ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus, TaskType,
                             TensorParallelism)
+
+OK, INVALID, DFS_UNAVAILABLE = 0, -600, -1601
 
 
 # ---- 1. the names ----
@@ -97,3 +103,110 @@ def test_parallel_axis_tensor_parallelism_read_target():
     r.parallelism = None
     with pytest.raises(TypeError):
         r.parallelism = [a]
+
+
+# ---- 2. ReplicateConfig ----
+
+def test_replicate_config_defaults_and_conversions():
+    c = ReplicateConfig()
+    assert (c.replica_num, c.nof_replica_num, c.dfs_replica_num) == (1, 0, 0)
+    assert c.soft_pin_action is SoftPinAction.PRESERVE and c.soft_pin_ttl_ms is None
+    assert (c.with_hard_pin, c.prefer_alloc_in_same_node) == (False, False)
+    assert (c.preferred_segments, c.preferred_nof_segments, c.preferred_segment) == ([], [], "")
+    assert c.data_type is ObjectDataType.UNKNOWN and c.group_ids is None
+    assert str(c) == ("ReplicateConfig: { replica_num: 1, nof_replica_num: 0, "
+                      "dfs_replica_num: 0, soft_pin_action: PRESERVE, soft_pin_ttl_ms: default, "
+                      "with_hard_pin: 0, preferred_segments: [], preferred_nof_segments: [], "
+                      "prefer_alloc_in_same_node: 0, data_type: UNKNOWN }")
+
+    c.soft_pin_ttl_ms = 1000
+    assert c.soft_pin_ttl_ms == 1000
+    c.soft_pin_ttl_ms = (1 << 64) - 1
+    c.soft_pin_ttl_ms = None
+    for field in ("soft_pin_ttl_ms", "replica_num", "nof_replica_num", "dfs_replica_num"):
+        for bad in (-1, 1 << 64, 1.5, "3"):
+            with pytest.raises(TypeError):
+                setattr(c, field, bad)
+    assert c.soft_pin_ttl_ms is None and c.replica_num == 1
+    for field, bad in (("soft_pin_action", 1), ("data_type", 2), ("preferred_segments", "ab"),
+                       ("preferred_segment", 5), ("group_ids", [1]), ("with_hard_pin", "yes")):
+        with pytest.raises(TypeError):
+            setattr(c, field, bad)
+    with pytest.raises(AttributeError):
+        c.host_id = "h"  # not bound in Mooncake's binding
+
+    c.replica_num, c.nof_replica_num, c.dfs_replica_num = 3, 2, 1
+    c.soft_pin_action, c.soft_pin_ttl_ms = SoftPinAction.ENABLE, 1500
+    c.with_hard_pin = 1  # pybind11 converts anything with __bool__
+    c.preferred_segments = ("a", "b")
+    c.preferred_nof_segments = ["n"]
+    c.preferred_segment = "p"
+    c.data_type = ObjectDataType.KVCACHE
+    c.group_ids = ["g1", ""]
+    c.preferred_segments.append("lost")
+    assert c.preferred_segments == ["a", "b"] and c.with_hard_pin is True
+    assert str(c) == ("ReplicateConfig: { replica_num: 3, nof_replica_num: 2, "
+                      "dfs_replica_num: 1, soft_pin_action: ENABLE, soft_pin_ttl_ms: 1500, "
+                      "with_hard_pin: 1, preferred_segments: [a, b], preferred_segment "
+                      "(deprecated): p, preferred_nof_segments: [n], "
+                      "prefer_alloc_in_same_node: 0, data_type: KVCACHE, group_ids: [g1, ] }")
+    # the older Mooncake's boolean, a view of soft_pin_action
+    d = ReplicateConfig(with_soft_pin=True)
+    assert d.soft_pin_action is SoftPinAction.ENABLE and d.with_soft_pin
+    d.with_soft_pin = False
+    assert d.soft_pin_action is SoftPinAction.PRESERVE
+
+
+def _pin(store, key):
+    info = store._c.list_keys("^" + re.escape(key) + "$", 1)
+    assert len(info) == 1, info
+    return info[0]["pin"]
+
+
+def test_replicate_config_rules_of_a_put(store, prefix):
+    k = prefix + "k"
+
+    def cfg(**f):
+        c = ReplicateConfig()
+        for name, v in f.items():
+            setattr(c, name, v)
+        return c
+
+    enable = cfg(soft_pin_action=SoftPinAction.ENABLE, soft_pin_ttl_ms=1000)
+    assert store.put(k, b"soft", enable) == OK
+    assert _pin(store, k) == kvpool.PIN_SOFT
+    # a TTL without ENABLE: -600, and the object is left as it was
+    assert store.upsert(k, b"preserve", cfg(soft_pin_ttl_ms=1000)) == INVALID
+    assert store.upsert(k, b"disable", cfg(soft_pin_action=SoftPinAction.DISABLE,
+                                           soft_pin_ttl_ms=1000)) == INVALID
+    assert store.put(k, b"exists", cfg(soft_pin_ttl_ms=1)) == INVALID  # before the key's check
+    assert store.get(k) == b"soft"
+    assert store.upsert(k, b"plain") == OK
+    assert store.upsert(k, b"off", cfg(soft_pin_action=SoftPinAction.DISABLE)) == OK
+    assert store.get(k) == b"off" and _pin(store, k) == kvpool.PIN_NONE
+    # ENABLE without a TTL: the default soft pin; over Mooncake's 24 h cap: -600
+    assert store.put(prefix + "d", b"d", cfg(soft_pin_action=SoftPinAction.ENABLE)) == OK
+    assert _pin(store, prefix + "d") == kvpool.PIN_SOFT
+    assert store.put(prefix + "long", b"x", cfg(soft_pin_action=SoftPinAction.ENABLE,
+                                                 soft_pin_ttl_ms=24 * 3600 * 1000 + 1)) == INVALID
+    assert store.put(prefix + "day", b"x", cfg(soft_pin_action=SoftPinAction.ENABLE,
+                                                soft_pin_ttl_ms=24 * 3600 * 1000)) == OK
+
+    # replica counts as Mooncake's master (built without NoF, no DFS) refuses them
+    refused = {"zero": (cfg(replica_num=0), INVALID),
+               "nof": (cfg(nof_replica_num=1), INVALID),
+               "nof_same_node": (cfg(nof_replica_num=1, prefer_alloc_in_same_node=True), INVALID),
+               "dfs2": (cfg(dfs_replica_num=2), INVALID),
+               "dfs_only": (cfg(replica_num=0, dfs_replica_num=1), INVALID),
+               "dfs": (cfg(dfs_replica_num=1), DFS_UNAVAILABLE)}
+    buf = ctypes.create_string_buffer(b"0123456789", 10)
+    for name, (c, code) in refused.items():
+        key = prefix + name
+        assert store.put(key, b"x", c) == code, name
+        assert store.put_from(key, ctypes.addressof(buf), 10, c) == code, name
+        assert store.batch_put_from([key, key + "2"], [ctypes.addressof(buf)] * 2, [10, 10],
+                                    c) == [code, code], name
+        assert store.is_exist(key) == 0 and store.is_exist(key + "2") == 0
+    # stored, not used: data_type, group_ids, preferred_nof_segments
+    ok = cfg(data_type=ObjectDataType.TENSOR, group_ids=["g"], preferred_nof_segments=["n"])
+    assert store.put(prefix + "typed", b"t", ok) == OK and store.get(prefix + "typed") == b"t"

@@ -32,8 +32,8 @@ from kvpool import _kvpool as _raw
 from . import codes
 from ._tensor_api import TensorAPI, _put_code
 from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
-                     ReadTarget, ReplicaStatus, SoftPinAction, TaskStatus, TaskType,
-                     TensorParallelism)
+                     ReadTarget, ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus,
+                     TaskType, TensorParallelism)
 from .codes import INTERNAL_ERROR, INVALID_PARAMS, OK
 from .codes import to_mooncake as _code
 
@@ -48,38 +48,24 @@ globals().update(EXPORTED_VALUES)
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
 
+#: Mooncake's default max_kv_soft_pin_ttl (types.h: 24 h); a longer TTL is -600
+MAX_SOFT_PIN_TTL_MS = 24 * 60 * 60 * 1000
+DFS_SERVICE_UNAVAILABLE = codes.MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
+
+
+class _Refused(Exception):
+    """A request refused with this Mooncake code (not -600)."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
+
+
 def _n(keys):
     try:
         return len(keys)
     except TypeError:
         return 0
-
-
-class ReplicateConfig:
-    """Where and how a put's replicas go (Mooncake's fields; kvpool honours
-    replica_num, preferred_segment(s), the pins and prefer_alloc_in_same_node)."""
-
-    def __init__(self, **fields):
-        self.replica_num = 1
-        self.preferred_segment = ""
-        self.preferred_segments = []
-        self.with_soft_pin = False
-        self.soft_pin_ttl_ms = 0
-        self.with_hard_pin = False
-        self.prefer_alloc_in_same_node = False
-        self.group_ids = []
-        for k, v in fields.items():
-            if not hasattr(self, k):
-                raise TypeError(f"ReplicateConfig has no field {k!r}")
-            setattr(self, k, v)
-
-    def __repr__(self):
-        return ("ReplicateConfig(replica_num={0.replica_num}, preferred_segment={0.preferred_segment!r}, "
-                "preferred_segments={0.preferred_segments!r}, with_soft_pin={0.with_soft_pin}, "
-                "soft_pin_ttl_ms={0.soft_pin_ttl_ms}, with_hard_pin={0.with_hard_pin}, "
-                "prefer_alloc_in_same_node={0.prefer_alloc_in_same_node})").format(self)
-
-    __str__ = __repr__
 
 
 def _host_of(local_hostname):
@@ -305,30 +291,63 @@ class MooncakeDistributedStore(TensorAPI):
         return c
 
     def _cfg(self, config):
+        """A ReplicateConfig as kvpool's put config, refused as Mooncake's master
+        refuses it (PutStart, ResolveSoftPinRequest): no replica of any kind,
+        more than one DFS replica or one without a memory replica, NoF replicas
+        (kvpool has no NoF pool, as a Mooncake built without it), NoF with
+        prefer_alloc_in_same_node, a soft_pin_ttl_ms without ENABLE or over 24 h
+        -> -600 (ValueError); a DFS replica -> -1601 DFS_SERVICE_UNAVAILABLE
+        (kvpool has no DFS tier, as a Mooncake master without one)."""
         if config is None:
             return None
         if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
             raise TypeError("config must be a ReplicateConfig")
-        replica_num = getattr(config, "replica_num", 1)
-        if isinstance(replica_num, bool) or not isinstance(replica_num, int):
-            raise TypeError("replica_num must be an int")
+        counts = [getattr(config, f, d) for f, d in
+                  (("replica_num", 1), ("nof_replica_num", 0), ("dfs_replica_num", 0))]
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts):
+            raise TypeError("replica_num, nof_replica_num and dfs_replica_num must be ints >= 0")
+        replica_num, nof, dfs = counts
+        same_node = bool(getattr(config, "prefer_alloc_in_same_node", False))
+        if replica_num == 0 and nof == 0 and dfs == 0:
+            raise ValueError("no replica asked for")
+        if dfs > 1 or (dfs > 0 and replica_num == 0):
+            raise ValueError("at most one DFS replica, and only with a memory replica")
+        if dfs > 0:
+            raise _Refused(DFS_SERVICE_UNAVAILABLE)
+        if nof > 0:  # with prefer_alloc_in_same_node too: both -600 in Mooncake
+            raise ValueError("kvpool has no NoF pool")
+        if replica_num < 1:
+            raise ValueError("replica_num must be >= 1")
+        action = getattr(config, "soft_pin_action", None)
+        ttl_ms = getattr(config, "soft_pin_ttl_ms", None)
+        if action is None:  # an object of the older Mooncake's fields
+            action = (SoftPinAction.ENABLE if getattr(config, "with_soft_pin", False)
+                      else SoftPinAction.PRESERVE)
+            ttl_ms = ttl_ms or None
+        if not isinstance(action, SoftPinAction):
+            raise TypeError("soft_pin_action must be a SoftPinAction")
+        if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int)
+                                   or ttl_ms < 0):
+            raise TypeError("soft_pin_ttl_ms must be None or an int >= 0")
+        if ttl_ms is not None and (action is not SoftPinAction.ENABLE
+                                   or ttl_ms > MAX_SOFT_PIN_TTL_MS):
+            raise ValueError("soft_pin_ttl_ms needs SoftPinAction.ENABLE and <= 24 h")
         seg = getattr(config, "preferred_segment", "") or ""
         if not seg:
             segs = list(getattr(config, "preferred_segments", []) or [])
             seg = segs[0] if segs else ""
-        if not seg and getattr(config, "prefer_alloc_in_same_node", False):
+        if not seg and same_node:
             seg = _kvpool.SEGMENT_LOCAL
         if not isinstance(seg, str):
             raise TypeError("preferred_segment must be str")
         pin, ttl = _kvpool.PIN_NONE, 0
         if getattr(config, "with_hard_pin", False):
             pin = _kvpool.PIN_HARD
-        elif getattr(config, "with_soft_pin", False):
+        elif action is SoftPinAction.ENABLE and ttl_ms != 0:
+            # kvpool's soft pins last whole seconds; None: the master's default (30 min,
+            # Mooncake's default_kv_soft_pin_ttl too); 0 ms would expire at once: no pin
             pin = _kvpool.PIN_SOFT
-            ms = int(getattr(config, "soft_pin_ttl_ms", 0) or 0)
-            ttl = (ms + 999) // 1000 if ms > 0 else 0
-        if replica_num < 1:
-            raise ValueError("replica_num must be >= 1")
+            ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
         return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None)
 
     def _call(self, fn, fail):
@@ -338,6 +357,8 @@ class MooncakeDistributedStore(TensorAPI):
         except _kvpool.Error as e:
             st = getattr(e, "status", None)
             return fail(_code(st) if isinstance(st, int) and st < 0 else INTERNAL_ERROR)
+        except _Refused as e:
+            return fail(e.code)
         except _BAD_INPUT:
             return fail(INVALID_PARAMS)
 

@@ -7,20 +7,23 @@ task_manager.h, rpc_types.h, store_py_internal.h):
 - the enums (SoftPinAction, ObjectDataType, ReplicaStatus, TaskType,
   TaskStatus) behave as pybind11's scoped enums: `.name`, `.value`, `int()`,
   `__members__`, equal only to a member of their own type (never to an int);
-- the structs (QueryTaskResponse, ParallelAxis, TensorParallelism,
-  ReadTarget) take only their fields, each converted as
+- the structs (ReplicateConfig, QueryTaskResponse, ParallelAxis,
+  TensorParallelism, ReadTarget) take only their fields, each converted as
   pybind11 converts it to its C++ type: a value the type cannot hold raises
-  TypeError (an int out of a C int's range, an int for an enum), a list
-  field reads back as a fresh copy, an unknown attribute raises
+  TypeError (-1 or 2**64 for an unsigned 64-bit field, an int for an enum), a
+  list field reads back as a fresh copy, an unknown attribute raises
   AttributeError.
+
+What kvpool does with each field is in docs/python.md ("ReplicateConfig").
 """
 
 import enum as _enum
 
 __all__ = ["SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "TaskStatus",
-           "QueryTaskResponse", "ParallelAxis", "TensorParallelism",
+           "ReplicateConfig", "QueryTaskResponse", "ParallelAxis", "TensorParallelism",
            "ReadTarget", "EXPORTED_VALUES"]
 
+_U64_MAX = (1 << 64) - 1
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -94,6 +97,21 @@ del _e
 
 # ---- pybind11's conversions, one per C++ field type ----
 
+def _uint(v, bits=64):
+    """size_t / uint64_t: an int (or __index__) in [0, 2**bits); else TypeError."""
+    if isinstance(v, float) or isinstance(v, _ScopedEnum):
+        raise TypeError(f"incompatible value {v!r}: an unsigned {bits}-bit integer is required")
+    try:
+        n = v.__index__()
+    except (AttributeError, TypeError):
+        raise TypeError(f"incompatible value {v!r}: an unsigned {bits}-bit integer is "
+                        "required") from None
+    if not 0 <= n < (1 << bits):
+        raise TypeError(f"incompatible value {v!r}: out of range of an unsigned {bits}-bit "
+                        "integer")
+    return n
+
+
 def _cint(v):
     """int (C's): an int in [-2**31, 2**31); else TypeError."""
     if isinstance(v, float) or isinstance(v, _ScopedEnum):
@@ -111,6 +129,17 @@ def _opt(conv):
     return lambda v: None if v is None else conv(v)
 
 
+def _bool(v):
+    """bool: True/False, None (False), or anything with __bool__ (pybind11 converts)."""
+    if v is True or v is False:
+        return v
+    if v is None:
+        return False
+    if hasattr(type(v), "__bool__"):
+        return bool(v)
+    raise TypeError(f"incompatible value {v!r}: a bool is required")
+
+
 def _str(v):
     """std::string: str, or bytes (read back as str)."""
     if isinstance(v, str):
@@ -118,6 +147,13 @@ def _str(v):
     if isinstance(v, bytes):
         return v.decode("utf-8", "surrogateescape")
     raise TypeError(f"incompatible value {v!r}: a str is required")
+
+
+def _str_list(v):
+    """std::vector<std::string>: a sequence (not a str) of str."""
+    if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or not hasattr(v, "__iter__"):
+        raise TypeError(f"incompatible value {v!r}: a list of str is required")
+    return [_str(x) for x in v]
 
 
 def _of(cls):
@@ -173,6 +209,69 @@ class _Struct:
 
     def _fields(self):
         return {name: getattr(self, name) for name, _d, _c in self.FIELDS}
+
+
+@_define
+class ReplicateConfig(_Struct):
+    """Where and how a put's replicas go: Mooncake's fields and defaults
+    (replica.h). Each is stored as Mooncake stores it; what kvpool does with
+    each is in docs/python.md. `with_soft_pin` is the older Mooncake's
+    boolean, kept as a view of soft_pin_action (True: ENABLE)."""
+
+    __slots__ = ("_replica_num", "_nof_replica_num", "_dfs_replica_num", "_soft_pin_action",
+                 "_soft_pin_ttl_ms", "_with_hard_pin", "_preferred_segments",
+                 "_preferred_segment", "_preferred_nof_segments",
+                 "_prefer_alloc_in_same_node", "_data_type", "_group_ids")
+    FIELDS = (
+        ("replica_num", 1, _uint),
+        ("nof_replica_num", 0, _uint),
+        ("dfs_replica_num", 0, _uint),
+        ("soft_pin_action", SoftPinAction.PRESERVE, _of(SoftPinAction)),
+        ("soft_pin_ttl_ms", None, _opt(_uint)),
+        ("with_hard_pin", False, _bool),
+        ("preferred_segments", [], _str_list),
+        ("preferred_nof_segments", [], _str_list),
+        ("preferred_segment", "", _str),
+        ("prefer_alloc_in_same_node", False, _bool),
+        ("data_type", ObjectDataType.UNKNOWN, _of(ObjectDataType)),
+        ("group_ids", None, _opt(_str_list)),
+    )
+    ALIASES = ("with_soft_pin",)
+
+    @property
+    def with_soft_pin(self):
+        """The older Mooncake's flag: soft_pin_action is ENABLE."""
+        return self._soft_pin_action is SoftPinAction.ENABLE
+
+    @with_soft_pin.setter
+    def with_soft_pin(self, v):
+        if _bool(v):
+            self._soft_pin_action = SoftPinAction.ENABLE
+        elif self._soft_pin_action is SoftPinAction.ENABLE:
+            self._soft_pin_action = SoftPinAction.PRESERVE
+
+    def __str__(self):
+        # replica.h's operator<<: bools as 1/0, an unset TTL as "default"
+        f = self._fields()
+        s = (f"ReplicateConfig: {{ replica_num: {f['replica_num']}, "
+             f"nof_replica_num: {f['nof_replica_num']}, "
+             f"dfs_replica_num: {f['dfs_replica_num']}, "
+             f"soft_pin_action: {f['soft_pin_action'].name}, soft_pin_ttl_ms: "
+             f"{'default' if f['soft_pin_ttl_ms'] is None else f['soft_pin_ttl_ms']}, "
+             f"with_hard_pin: {int(f['with_hard_pin'])}, "
+             f"preferred_segments: [{', '.join(f['preferred_segments'])}]")
+        if f["preferred_segment"]:
+            s += f", preferred_segment (deprecated): {f['preferred_segment']}"
+        s += (f", preferred_nof_segments: [{', '.join(f['preferred_nof_segments'])}]"
+              f", prefer_alloc_in_same_node: {int(f['prefer_alloc_in_same_node'])}"
+              f", data_type: {f['data_type'].name}")
+        if f["group_ids"] is not None:
+            s += f", group_ids: [{', '.join(f['group_ids'])}]"
+        return s + " }"
+
+    def __repr__(self):
+        return "ReplicateConfig(" + ", ".join(f"{k}={v!r}" for k, v in self._fields().items()) \
+            + ")"
 
 
 def _any(v):
