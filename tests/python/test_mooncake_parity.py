@@ -1,6 +1,7 @@
 """mooncake.store against Mooncake's binding at the snapshot kvpool follows:
-the value types' names, members, numbers, defaults and exceptions, and the
-ReplicateConfig rules Mooncake's master applies to a put (docs/python.md)."""
+the value types' names, members, numbers, defaults and exceptions, the
+ReplicateConfig rules Mooncake's master applies to a put, and
+get_into_ranges' answer to lists of different lengths (docs/python.md)."""
 
 import ctypes
 import re
@@ -210,3 +211,35 @@ def test_replicate_config_rules_of_a_put(store, prefix):
     # stored, not used: data_type, group_ids, preferred_nof_segments
     ok = cfg(data_type=ObjectDataType.TENSOR, group_ids=["g"], preferred_nof_segments=["n"])
     assert store.put(prefix + "typed", b"t", ok) == OK and store.get(prefix + "typed") == b"t"
+
+
+# ---- 3. get_into_ranges ----
+
+def test_get_into_ranges_lists_of_different_lengths(store, prefix):
+    k1, k2 = prefix + "r1", prefix + "r2"
+    d1, d2 = b"0123456789ABCDEF", b"abcdefghijklmnop"
+    assert store.put(k1, d1) == OK and store.put(k2, d2) == OK
+    buf = (ctypes.c_ubyte * 32)()
+    p = ctypes.addressof(buf)
+    ctypes.memset(buf, ord("_"), 32)
+
+    # key 0's offsets differ in length: its ranges -600; key 1 is still read
+    r = store.get_into_ranges([p], [[k1, k2]], [[[0], [8]]], [[[0, 1], [2]]], [[[4, 4], [3]]])
+    assert r == [[[INVALID], [3]]]
+    assert bytes(buf[8:11]) == d2[2:5] and bytes(buf[0:4]) == b"____"
+    # Mooncake's own case: an empty key row keeps its (empty) shape
+    r = store.get_into_ranges([p], [[k1, k2]], [[[0], []]], [[[0, 1], []]], [[[], []]])
+    assert len(r) == 1 and len(r[0]) == 2 and r[0][0][0] < 0 and r[0][1] == []
+    # a buffer whose key and offset lists differ: all its ranges -600
+    r = store.get_into_ranges([p, p], [[k1, k2], [k1]], [[[0], [4]], [[12]]],
+                              [[[0], [0]], [[0]]], [[[2], [2]], [[2], [9]]])
+    assert r == [[[2], [2]], [[INVALID]]]
+    assert bytes(buf[0:2]) == d1[:2] and bytes(buf[12:14]) == b"__"
+    # the five top-level lists differ: the whole answer -600, shaped by keys and offsets
+    r = store.get_into_ranges([p, p], [[k1], [k1, k2]], [[[0, 1]], [[0], [1]]], [[[0, 0]]],
+                              [[[1, 1]]])
+    assert r == [[[INVALID, INVALID]], [[INVALID], [INVALID]]]
+    r = store.get_into_ranges([p, p], [[k1]], [[[0]]], [[[0]]], [[[1]]])
+    assert r == [[[INVALID]], [[INVALID]]]
+    # a null buffer: its ranges -600
+    assert store.get_into_ranges([0], [[k1]], [[[0]]], [[[0]]], [[[1]]]) == [[[INVALID]]]

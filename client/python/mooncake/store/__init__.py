@@ -566,34 +566,65 @@ class MooncakeDistributedStore(TensorAPI):
                         all_sizes):
         """Byte ranges of objects into buffers: for buffer i, key j of all_keys[i],
         range k: all_sizes[i][j][k] bytes from offset all_src_offsets[i][j][k] of
-        the object to buffer_ptrs[i] + all_dst_offsets[i][j][k]. Returns the same
-        nesting of bytes read / negative per range. Not CRC-checked (the stored
-        CRC covers whole objects)."""
+        the object to buffer_ptrs[i] + all_dst_offsets[i][j][k]. Returns bytes
+        read / negative per range, nested as Mooncake nests them (one list per
+        buffer, one per key, one entry per destination offset). As in Mooncake,
+        lists of different lengths are -600 where they differ: the whole answer
+        when the five top-level lists differ, one key's ranges when its three
+        lists do (or one buffer's keys when its key and offset lists do), and
+        the other ranges are still read. Not CRC-checked (the stored CRC covers
+        whole objects)."""
         def run(c):
-            flat, shape = [], []
+            res = _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, INVALID_PARAMS)
+            n = len(buffer_ptrs)
+            if not n == len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) \
+                    == len(all_sizes):
+                return res
+            flat, where = [], []
             for i, keys in enumerate(all_keys):
-                per_key = []
+                dsts, srcs, lens = all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
+                if not buffer_ptrs[i] or not len(keys) == len(dsts) == len(srcs) == len(lens):
+                    continue
                 for j, key in enumerate(keys):
-                    dsts, srcs, lens = (all_dst_offsets[i][j], all_src_offsets[i][j],
-                                        all_sizes[i][j])
-                    if not len(dsts) == len(srcs) == len(lens):
-                        raise ValueError("offsets and sizes differ in length")
-                    for d, s, n in zip(dsts, srcs, lens):
-                        flat.append((key, s, (buffer_ptrs[i] + d, n)))
-                    per_key.append(len(dsts))
-                shape.append(per_key)
-            res = []
+                    if not len(dsts[j]) == len(srcs[j]) == len(lens[j]):
+                        continue
+                    for k, (d, s, z) in enumerate(zip(dsts[j], srcs[j], lens[j])):
+                        flat.append((key, s, (buffer_ptrs[i] + d, z)))
+                        where.append((i, j, k))
+            got = []
             for lo in range(0, len(flat), _kvpool.MAX_BATCH):
-                res += c.get_ranges(flat[lo:lo + _kvpool.MAX_BATCH])
-            it = iter(_code(r) for r in res)
-            return [[[next(it) for _ in range(n)] for n in per_key] for per_key in shape]
-        return self._call(run, lambda code: [[[code] * len(s) for s in sizes]
-                                             for sizes in (all_sizes or [])])
+                got += c.get_ranges(flat[lo:lo + _kvpool.MAX_BATCH])
+            for (i, j, k), r in zip(where, got):
+                res[i][j][k] = _code(r)
+            return res
+
+        def fail(code):
+            try:
+                return _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, code)
+            except _BAD_INPUT:
+                return []
+        return self._call(run, fail)
 
     def get_offload_rpc_read_count(self):
         """Reads Mooncake served over its offload RPC: kvpool has no such path
         (SSD replicas are read over the data transports), so always 0."""
         return 0
+
+
+def _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, code):
+    """get_into_ranges' answer filled with code, shaped as Mooncake shapes it
+    (pyclient.h, build_ranged_read_results_like): a list per buffer, in it a
+    list per key of all_keys[i] (one when all_keys has no row i), in that an
+    entry per destination offset (one when there is no such row)."""
+    out = []
+    for i in range(len(buffer_ptrs)):
+        rows = []
+        for j in range(len(all_keys[i]) if i < len(all_keys) else 1):
+            dst = (all_dst_offsets[i][j]
+                   if i < len(all_dst_offsets) and j < len(all_dst_offsets[i]) else [0])
+            rows.append([code] * len(dst))
+        out.append(rows)
+    return out
 
 
 class ReplicaDescriptor(dict):
