@@ -1,15 +1,20 @@
 """mooncake.store against Mooncake's binding at the snapshot kvpool follows:
 the value types' names, members, numbers, defaults and exceptions, the
-ReplicateConfig rules Mooncake's master applies to a put, and
-get_into_ranges' answer to lists of different lengths (docs/python.md)."""
+ReplicateConfig rules Mooncake's master applies to a put, get_into_ranges'
+answer to lists of different lengths, and the mooncake.mooncake_config and
+mooncake.async_store modules (docs/python.md)."""
 
+import asyncio
 import ctypes
+import json
 import re
 
 import pytest
 
 import kvpool
 import mooncake.store as mstore
+from mooncake.async_store import MooncakeDistributedStoreAsync
+from mooncake.mooncake_config import MooncakeConfig
 from mooncake.store import (ObjectDataType, ParallelAxis, QueryTaskResponse, ReadTarget,
                             ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus, TaskType,
                             TensorParallelism)
@@ -243,3 +248,93 @@ def test_get_into_ranges_lists_of_different_lengths(store, prefix):
     assert r == [[[INVALID]], [[INVALID]]]
     # a null buffer: its ranges -600
     assert store.get_into_ranges([0], [[k1]], [[[0]]], [[[0]]], [[[1]]]) == [[[INVALID]]]
+
+
+# ---- 4. mooncake.mooncake_config and mooncake.async_store ----
+
+def test_mooncake_config_from_env_and_file(monkeypatch, tmp_path, caplog):
+    for v in ("MOONCAKE_CONFIG_PATH", "MOONCAKE_MASTER", "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+              "MOONCAKE_LOCAL_BUFFER_SIZE", "MOONCAKE_PROTOCOL", "MOONCAKE_DEVICE",
+              "MOONCAKE_LOCAL_HOSTNAME", "MOONCAKE_TE_META_DATA_SERVER",
+              "MOONCAKE_OFFLOAD_ENABLED", "MOONCAKE_TENANT_ID", "MOONCAKE_CLIENT_HTTP_PORT",
+              "MOONCAKE_ENABLE_CLIENT_HTTP_SERVER", "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(ValueError, match="MOONCAKE_MASTER"):
+        MooncakeConfig.load_from_env()
+    monkeypatch.setenv("MOONCAKE_MASTER", "10.0.0.1:50051")
+    c = MooncakeConfig.load_from_env()
+    assert (c.local_hostname, c.metadata_server, c.global_segment_size, c.local_buffer_size,
+            c.protocol, c.device_name, c.master_server_address) == \
+        ("localhost", "P2PHANDSHAKE", 3355443200, 1 << 30, "tcp", "", "10.0.0.1:50051")
+    assert (c.enable_ssd_offload, c.ssd_offload_path, c.tenant_id,
+            c.enable_client_http_server, c.client_http_port) == (False, "", "default", False, 9300)
+    monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "1.5 GB")
+    monkeypatch.setenv("MOONCAKE_LOCAL_BUFFER_SIZE", "512k")
+    monkeypatch.setenv("MOONCAKE_PROTOCOL", " RDMA ")
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_ENABLED", "Yes")
+    monkeypatch.setenv("MOONCAKE_CLIENT_HTTP_PORT", "9400")
+    c = MooncakeConfig.load_from_env()
+    assert (c.global_segment_size, c.local_buffer_size, c.protocol, c.enable_ssd_offload,
+            c.client_http_port) == (3 << 29, 512 << 10, "rdma", True, 9400)
+    for bad_size in ("", "gb", "x"):
+        monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", bad_size)
+        with pytest.raises(ValueError):
+            MooncakeConfig.load_from_env()
+    monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "-1")
+    with pytest.raises(ValueError, match="non-negative"):
+        MooncakeConfig.load_from_env()
+    monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "16mb")
+    monkeypatch.setenv("MOONCAKE_OFFLOAD_ENABLED", "maybe")
+    with pytest.raises(ValueError, match="Invalid boolean"):
+        MooncakeConfig.load_from_env()
+
+    f = tmp_path / "mooncake.json"
+    f.write_text(json.dumps({"local_hostname": "n1", "metadata_server": "P2PHANDSHAKE",
+                             "master_server_address": "m:1", "protocol": "Warp",
+                             "global_segment_size": "2gb", "enable_ssd_offload": "off",
+                             "tenant_id": None, "ssd_offload_path": 7}))
+    monkeypatch.setenv("MOONCAKE_CONFIG_PATH", str(f))
+    with caplog.at_level("WARNING", logger="mooncake.mooncake_config"):
+        c = MooncakeConfig.load_from_env()  # the file wins over MOONCAKE_*
+    assert "Unrecognised protocol 'warp'" in caplog.text
+    assert (c.local_hostname, c.master_server_address, c.protocol, c.global_segment_size,
+            c.local_buffer_size, c.enable_ssd_offload, c.tenant_id, c.ssd_offload_path) == \
+        ("n1", "m:1", "warp", 2 << 30, 1 << 30, False, "default", "7")
+    f.write_text(json.dumps({"local_hostname": "n1", "metadata_server": "P2PHANDSHAKE"}))
+    with pytest.raises(ValueError, match="master_server_address"):
+        MooncakeConfig.from_file(str(f))
+    f.write_text(json.dumps({"local_hostname": " ", "metadata_server": "P2PHANDSHAKE",
+                             "master_server_address": "m:1"}))
+    with pytest.raises(ValueError, match="local_hostname"):
+        MooncakeConfig.from_file(str(f))
+    with pytest.raises(ValueError, match="Invalid protocol"):
+        MooncakeConfig("h", "m", 0, 0, "  ", "", "a:1")
+
+
+def test_async_store(pool, prefix):
+    s = MooncakeDistributedStoreAsync()
+    assert isinstance(s, mstore.MooncakeDistributedStore)
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == OK
+    try:
+        async def main():
+            keys = [f"{prefix}a{i}" for i in range(16)]
+            codes = await asyncio.gather(*(s.async_put(k, k.encode()) for k in keys))
+            got = await asyncio.gather(*(s.async_get(k) for k in keys))
+            missing = await s.async_get_size(prefix + "none")
+            return codes, got, missing, await s.async_remove(keys[0])
+        codes, got, missing, removed = asyncio.run(main())
+        assert codes == [OK] * 16 and got == [f"{prefix}a{i}".encode() for i in range(16)]
+        assert missing == -704 and removed == OK
+        assert s.__dict__["async_put"] is s.async_put  # made once, kept on the instance
+        assert s.async_put.__name__ == "put"
+        with pytest.raises(AttributeError, match="nor 'no_such'"):
+            s.async_no_such
+        with pytest.raises(AttributeError):
+            s.put_everything
+        s._not_callable = 3
+        with pytest.raises(AttributeError, match="is not callable"):
+            s.async__not_callable
+        with pytest.raises(NotImplementedError):  # what the method raises, through the await
+            asyncio.run(s.async_query_task("id"))
+    finally:
+        assert s.close() == OK
