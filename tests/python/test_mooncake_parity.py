@@ -250,6 +250,33 @@ def test_get_into_ranges_lists_of_different_lengths(store, prefix):
     assert store.get_into_ranges([0], [[k1]], [[[0]]], [[[0]]], [[[1]]]) == [[[INVALID]]]
 
 
+def test_get_into_ranges_bounds(store, prefix):
+    k = prefix + "b"
+    data = b"0123456789ABCDEF"
+    assert store.put(k, data) == OK
+    reg = (ctypes.c_ubyte * 32)()
+    p = ctypes.addressof(reg)
+    ctypes.memset(reg, ord("_"), 32)
+    assert store.register_buffer(p, 32) == OK
+    # past the object's end: -600 (Mooncake checks src_offset + size against its size);
+    # kvpool's short read has written the one byte there is
+    assert store.get_into_ranges([p], [[k]], [[[0]]], [[[len(data) - 1]]], [[[4]]]) == \
+        [[[INVALID]]]
+    assert bytes(reg[0:2]) == b"F_"
+    reg[0] = ord("_")
+    # past the registered buffer's end (from its start, and from inside it): -600, not written
+    r = store.get_into_ranges([p, p + 8], [[k, k], [k]], [[[31], [29]], [[20]]],
+                              [[[0], [0]], [[0]]], [[[4], [3]], [[5]]])
+    assert r == [[[INVALID], [3]], [[INVALID]]]
+    assert bytes(reg[29:32]) == data[:3] and bytes(reg[0:29]) == b"_" * 29
+    # unregistered after unregister_buffer: no bound but the caller's
+    assert store.unregister_buffer(p) == OK
+    big = ctypes.create_string_buffer(64)
+    assert store.get_into_ranges([ctypes.addressof(big)], [[k]], [[[40]]], [[[2]]], [[[4]]]) == \
+        [[[4]]]
+    assert big.raw[40:44] == data[2:6]
+
+
 # ---- 4. mooncake.mooncake_config and mooncake.async_store ----
 
 def test_mooncake_config_from_env_and_file(monkeypatch, tmp_path, caplog):

@@ -106,6 +106,7 @@ class MooncakeDistributedStore(TensorAPI):
         self._lock = _threading.Lock()
         self._args = None  # (master, data_host, rdma_devices) of setup, for mounted segments
         self._mounted = {}  # segment id -> (kind "file" | "alloc", kvpool._kvpool.Client)
+        self._regs = {}  # registered buffers of self._c: ptr -> size (get_into_ranges' bounds)
 
     # ---- setup ----
 
@@ -143,6 +144,7 @@ class MooncakeDistributedStore(TensorAPI):
             return INVALID_PARAMS
         with self._lock:
             old, self._c = self._c, c
+            self._regs = {}
             self._hostname = local_hostname or ""
             self._args = args
             mounted, self._mounted = self._mounted, {}
@@ -170,6 +172,7 @@ class MooncakeDistributedStore(TensorAPI):
         disconnect. 0."""
         with self._lock:
             c, self._c = self._c, None
+            self._regs = {}
             mounted, self._mounted = self._mounted, {}
         for _kind, m in mounted.values():
             m.close()
@@ -370,11 +373,32 @@ class MooncakeDistributedStore(TensorAPI):
 
     def register_buffer(self, buffer_ptr, size):
         """Register memory (host or CUDA) for transfers. 0 or negative."""
-        return self._call(lambda c: _code(c.register_buffer(buffer_ptr, size)), lambda x: x)
+        def run(c):
+            r = _code(c.register_buffer(buffer_ptr, size))
+            if r == OK:
+                with self._lock:
+                    if self._c is c:
+                        self._regs[buffer_ptr] = size
+            return r
+        return self._call(run, lambda x: x)
 
     def unregister_buffer(self, buffer_ptr):
         """Unregister memory registered with register_buffer. 0 or negative."""
-        return self._call(lambda c: _code(c.unregister_buffer(buffer_ptr)), lambda x: x)
+        def run(c):
+            r = _code(c.unregister_buffer(buffer_ptr))
+            if r == OK:
+                with self._lock:
+                    self._regs.pop(buffer_ptr, None)
+            return r
+        return self._call(run, lambda x: x)
+
+    def _capacity(self, ptr):
+        """Bytes from ptr to the end of the registered buffer holding it, or None."""
+        with self._lock:
+            for base, size in self._regs.items():
+                if base <= ptr < base + size:
+                    return base + size - ptr
+        return None
 
     # ---- existence ----
 
@@ -572,8 +596,11 @@ class MooncakeDistributedStore(TensorAPI):
         lists of different lengths are -600 where they differ: the whole answer
         when the five top-level lists differ, one key's ranges when its three
         lists do (or one buffer's keys when its key and offset lists do), and
-        the other ranges are still read. Not CRC-checked (the stored CRC covers
-        whole objects)."""
+        the other ranges are still read. So is a range past the object's end
+        (the bytes up to the end may have been written) and, in a buffer
+        registered with register_buffer, a range past the registration's end
+        (nothing written). Not CRC-checked (the stored CRC covers whole
+        objects)."""
         def run(c):
             res = _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, INVALID_PARAMS)
             n = len(buffer_ptrs)
@@ -585,17 +612,21 @@ class MooncakeDistributedStore(TensorAPI):
                 dsts, srcs, lens = all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
                 if not buffer_ptrs[i] or not len(keys) == len(dsts) == len(srcs) == len(lens):
                     continue
+                cap = self._capacity(buffer_ptrs[i])
                 for j, key in enumerate(keys):
                     if not len(dsts[j]) == len(srcs[j]) == len(lens[j]):
                         continue
                     for k, (d, s, z) in enumerate(zip(dsts[j], srcs[j], lens[j])):
+                        if cap is not None and (d > cap or z > cap - d):
+                            continue  # past the registered buffer: -600
                         flat.append((key, s, (buffer_ptrs[i] + d, z)))
-                        where.append((i, j, k))
+                        where.append((i, j, k, z))
             got = []
             for lo in range(0, len(flat), _kvpool.MAX_BATCH):
                 got += c.get_ranges(flat[lo:lo + _kvpool.MAX_BATCH])
-            for (i, j, k), r in zip(where, got):
-                res[i][j][k] = _code(r)
+            for (i, j, k, z), r in zip(where, got):
+                # a range past the object's end reads short: Mooncake refuses it (-600)
+                res[i][j][k] = INVALID_PARAMS if 0 <= r < z else _code(r)
             return res
 
         def fail(code):
