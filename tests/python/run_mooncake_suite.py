@@ -3,9 +3,11 @@
 
 The tests are unchanged copies of Mooncake's (../shared/peers/mooncake-tests,
 its README says where each comes from). For each file this starts a fresh
-kvpool-master and one `kvpool serve` (the memory Mooncake's standalone client
-would hold for its dummy clients), runs the file with pytest against them and
-prints one line per file: passed / failed / errors / skipped.
+kvpool-master, and for the dummy-client tests one `kvpool serve` (the memory
+Mooncake's standalone client holds for them), runs the file with pytest and
+prints one line per file: passed / failed / errors / skipped. test_multi_dummy_clients
+runs as Mooncake's CI runs it, two processes at once (--client-id client1 and client2),
+its counts summed.
 
     PYTHONPATH=build/client/python KVPOOL_MASTER_BIN=$PWD/build/master/kvpool-master \\
     KVPOOL_CLI_BIN=$PWD/build/client/kvpool python3 tests/python/run_mooncake_suite.py \\
@@ -36,6 +38,9 @@ from conftest import Pool  # noqa: E402  (the fixtures' process handling)
 DEFAULT_TESTS = os.path.normpath(os.path.join(HERE, "..", "..", "..", "shared", "peers",
                                               "mooncake-tests"))
 DUMMY_FILES = ("test_dummy_client.py", "test_multi_dummy_clients.py")
+# Run as Mooncake's scripts/run_tests.sh runs it: two processes at once, each with its
+# --client-id (its module reads sys.argv, so through unittest, not pytest).
+PAIRED = {"test_multi_dummy_clients.py": ("client1", "client2")}
 SUMMARY = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
 
@@ -53,8 +58,23 @@ def counts(output):
     return out
 
 
+def unittest_counts(output):
+    """{passed, failed, error, skipped} from unittest's "Ran N tests" and verdict lines."""
+    ran = re.search(r"^Ran (\d+) tests?", output, re.M)
+    if not ran:
+        return None
+    out = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    for what, n in re.findall(r"(failures|errors|skipped)=(\d+)", output):
+        out[{"failures": "failed", "errors": "error", "skipped": "skipped"}[what]] += int(n)
+    out["passed"] = int(ran.group(1)) - out["failed"] - out["error"] - out["skipped"]
+    return out
+
+
 def run_file(name, src, work, timeout, verbose):
-    pool = Pool(segments=("1GiB",), master_args=("--lease-ttl", "1"))
+    # Mooncake's CI runs its standalone client (memory for the dummy clients) only for
+    # those tests; every other store contributes its own segment and is alone with it.
+    pool = Pool(segments=("1GiB",) if name in DUMMY_FILES else (),
+                master_args=("--lease-ttl", "1"))
     try:
         path = os.path.join(work, name)
         with open(os.path.join(src, name)) as f:
@@ -72,19 +92,41 @@ def run_file(name, src, work, timeout, verbose):
                "MC_METADATA_SERVER": "P2PHANDSHAKE",
                "MOONCAKE_TE_META_DATA_SERVER": "P2PHANDSHAKE",
                "DEFAULT_KV_LEASE_TTL": "1000"}
-        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
-                "--rootdir", work, path]
-        try:
-            r = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, timeout=timeout)
-            output, rc = r.stdout.decode(errors="replace"), r.returncode
-        except subprocess.TimeoutExpired as e:
-            output, rc = (e.stdout or b"").decode(errors="replace"), "timeout"
+        if name in PAIRED:
+            procs = [subprocess.Popen([sys.executable, path, "--client-id", cid], cwd=work,
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                     for cid in PAIRED[name]]
+            outputs, total, rc = [], {"passed": 0, "failed": 0, "error": 0, "skipped": 0}, 0
+            for p in procs:
+                try:
+                    o = p.communicate(timeout=timeout)[0].decode(errors="replace")
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    o = p.communicate()[0].decode(errors="replace")
+                outputs.append(o)
+                c = unittest_counts(o)
+                if c is None:
+                    total["error"] += 1
+                else:
+                    for k in total:
+                        total[k] += c[k]
+                rc = rc or p.returncode
+            output, result = "\n".join(outputs), total
+        else:
+            argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
+                    "--rootdir", work, path]
+            try:
+                r = subprocess.run(argv, cwd=work, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, timeout=timeout)
+                output, rc = r.stdout.decode(errors="replace"), r.returncode
+            except subprocess.TimeoutExpired as e:
+                output, rc = (e.stdout or b"").decode(errors="replace"), "timeout"
+            result = counts(output)
     finally:
         bad = pool.close()
     if verbose:
         print(output)
-    return counts(output), rc, bad, output
+    return result, rc, bad, output
 
 
 def main():
