@@ -49,8 +49,8 @@ _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
 
 #: Mooncake's default max_kv_soft_pin_ttl (types.h: 24 h); a longer TTL is -600
-MAX_SOFT_PIN_TTL_MS = 24 * 60 * 60 * 1000
-DFS_SERVICE_UNAVAILABLE = codes.MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
+_MAX_SOFT_PIN_TTL_MS = 24 * 60 * 60 * 1000
+_DFS_SERVICE_UNAVAILABLE = codes.MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
 
 
 class _Refused(Exception):
@@ -316,11 +316,9 @@ class MooncakeDistributedStore(TensorAPI):
         if dfs > 1 or (dfs > 0 and replica_num == 0):
             raise ValueError("at most one DFS replica, and only with a memory replica")
         if dfs > 0:
-            raise _Refused(DFS_SERVICE_UNAVAILABLE)
+            raise _Refused(_DFS_SERVICE_UNAVAILABLE)
         if nof > 0:  # with prefer_alloc_in_same_node too: both -600 in Mooncake
             raise ValueError("kvpool has no NoF pool")
-        if replica_num < 1:
-            raise ValueError("replica_num must be >= 1")
         action = getattr(config, "soft_pin_action", None)
         ttl_ms = getattr(config, "soft_pin_ttl_ms", None)
         if action is None:  # an object of the older Mooncake's fields
@@ -333,7 +331,7 @@ class MooncakeDistributedStore(TensorAPI):
                                    or ttl_ms < 0):
             raise TypeError("soft_pin_ttl_ms must be None or an int >= 0")
         if ttl_ms is not None and (action is not SoftPinAction.ENABLE
-                                   or ttl_ms > MAX_SOFT_PIN_TTL_MS):
+                                   or ttl_ms > _MAX_SOFT_PIN_TTL_MS):
             raise ValueError("soft_pin_ttl_ms needs SoftPinAction.ENABLE and <= 24 h")
         seg = getattr(config, "preferred_segment", "") or ""
         if not seg:

@@ -23,7 +23,6 @@ __all__ = ["SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "Task
            "ReplicateConfig", "QueryTaskResponse", "ParallelAxis", "TensorParallelism",
            "ReadTarget", "EXPORTED_VALUES"]
 
-_U64_MAX = (1 << 64) - 1
 _INT_MIN, _INT_MAX = -(1 << 31), (1 << 31) - 1
 
 
@@ -298,15 +297,6 @@ class QueryTaskResponse(_Struct):
 
     def __init__(self):
         super().__init__()
-
-    @classmethod
-    def _make(cls, **fields):
-        """kvpool's constructor of a filled answer (the fields stay read-only)."""
-        r = cls()
-        for name, _d, conv in cls.FIELDS:
-            if name in fields:
-                object.__setattr__(r, "_" + name, conv(fields[name]))
-        return r
 
     def __repr__(self):
         f = self._fields()
