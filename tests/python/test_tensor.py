@@ -128,32 +128,44 @@ def test_round_trip_every_dtype(store, prefix, shape_name):
         assert torch.bfloat16 in DTYPES
 
 
-def test_large_tensors_have_their_data_page_aligned_and_mooncake_layout_reads(store, prefix):
-    """From 256 KiB kvpool writes the data at offset 4096 (zeros after the header); a
-    Mooncake-written object (data at 304) of the same size still reads into a tensor
-    (read again at its own offset), and by get_tensor."""
+def test_large_tensors_in_mooncake_layout_and_older_kvpool_layout_reads(store, prefix):
+    """Every tensor is written as Mooncake writes it, its data at 304: an object read
+    whole into a buffer stores back with put_tensor_from(key, ptr, 304 + nbytes)
+    (Mooncake's test_tensor_api 05-08). An object of an older kvpool (data at 4096, zeros
+    after the header) still reads, into a tensor (its header read first), by get_tensor
+    and by the pointer form."""
     t = sample(torch.float32, (256, 256), 11)  # 256 KiB
     assert store.put_tensor(prefix + "big", t) == OK
     blob = store.get(prefix + "big")
-    assert struct.unpack_from("<QQ", blob, 24) == (4096, t.numel() * 4)
-    assert len(blob) == 4096 + t.numel() * 4 and blob[4096:] == raw(t)
-    assert blob[HDR:4096] == bytes(4096 - HDR)
-    small = sample(torch.float32, (255, 256), 12)  # just under: data at 304
-    assert store.put_tensor(prefix + "small", small) == OK
-    assert struct.unpack_from("<Q", store.get(prefix + "small"), 24)[0] == HDR
-    # Mooncake's layout of the same tensor, stored as raw bytes
-    mc = bytearray(T.pack_header(T.dtype_code(torch.float32), (256, 256), t.numel() * 4,
-                                 data_offset=HDR)) + raw(t)
-    assert store.put(prefix + "mc", bytes(mc)) == OK
-    for k in ("big", "mc"):
+    assert struct.unpack_from("<QQ", blob, 24) == (HDR, t.numel() * 4)
+    assert len(blob) == HDR + t.numel() * 4 and blob[HDR:] == raw(t)
+    mc = bytes(T.pack_header(T.dtype_code(torch.float32), (256, 256), t.numel() * 4,
+                             data_offset=HDR)) + raw(t)
+    assert blob == mc  # byte for byte Mooncake's object
+    # Mooncake's round trip through a buffer
+    buf = torch.zeros(HDR + t.numel() * 4, dtype=torch.uint8)
+    assert store.register_buffer(buf.data_ptr(), buf.numel()) == OK
+    assert torch.equal(store.get_tensor_into(prefix + "big", buf.data_ptr(), buf.numel()), t)
+    assert store.put_tensor_from(prefix + "again", buf.data_ptr(), HDR + t.numel() * 4) == OK
+    assert store.get(prefix + "again") == mc
+    assert store.unregister_buffer(buf.data_ptr()) == OK
+    # an older kvpool's layout of the same tensor, stored as raw bytes
+    old = bytearray(T.pack_header(T.dtype_code(torch.float32), (256, 256), t.numel() * 4,
+                                  data_offset=4096))
+    old += bytes(4096 - HDR) + raw(t)
+    assert store.put(prefix + "old", bytes(old)) == OK
+    for k in ("big", "old"):
         dest = torch.zeros(256, 256)
         assert store.get_tensor_into(prefix + k, dest) is dest and torch.equal(dest, t), k
         assert same(store.get_tensor(prefix + k), t), k
-        buf = torch.zeros(4096 + t.numel() * 4, dtype=torch.uint8)
-        assert torch.equal(store.get_tensor_into(prefix + k, buf.data_ptr(), buf.numel()), t)
-    got = store.batch_get_tensor_into([prefix + "mc", prefix + "big", prefix + "none"],
+        wide = torch.zeros(4096 + t.numel() * 4, dtype=torch.uint8)
+        assert torch.equal(store.get_tensor_into(prefix + k, wide.data_ptr(), wide.numel()), t)
+    got = store.batch_get_tensor_into([prefix + "old", prefix + "big", prefix + "none"],
                                       [torch.zeros(256, 256) for _ in range(3)])
     assert torch.equal(got[0], t) and torch.equal(got[1], t) and got[2] is None
+    # a destination the object does not fit is still refused, old layout or not
+    assert store.get_tensor_into(prefix + "old", torch.zeros(128, 256)) is None
+    assert store.get_tensor_into_cuda(prefix + "old", torch.zeros(255, 256)) == INVALID
 
 
 def test_non_contiguous_views_are_stored_contiguous(store, prefix):

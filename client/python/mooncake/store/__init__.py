@@ -31,12 +31,34 @@ from kvpool import _kvpool as _raw
 
 from . import codes
 from ._tensor_api import TensorAPI, _put_code
+from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
+                     ReadTarget, ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus,
+                     TaskType, TensorParallelism)
 from .codes import INTERNAL_ERROR, INVALID_PARAMS, OK
 from .codes import to_mooncake as _code
 
-__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes"]
+__all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes",
+           "SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "TaskStatus",
+           "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget"]
+
+# Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
+# TaskStatus as module attributes too (pybind11's export_values()).
+globals().update(EXPORTED_VALUES)
 
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
+
+
+#: Mooncake's default max_kv_soft_pin_ttl (types.h: 24 h); a longer TTL is -600
+_MAX_SOFT_PIN_TTL_MS = 24 * 60 * 60 * 1000
+_DFS_SERVICE_UNAVAILABLE = codes.MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
+
+
+class _Refused(Exception):
+    """A request refused with this Mooncake code (not -600)."""
+
+    def __init__(self, code):
+        super().__init__(code)
+        self.code = code
 
 
 def _n(keys):
@@ -44,33 +66,6 @@ def _n(keys):
         return len(keys)
     except TypeError:
         return 0
-
-
-class ReplicateConfig:
-    """Where and how a put's replicas go (Mooncake's fields; kvpool honours
-    replica_num, preferred_segment(s), the pins and prefer_alloc_in_same_node)."""
-
-    def __init__(self, **fields):
-        self.replica_num = 1
-        self.preferred_segment = ""
-        self.preferred_segments = []
-        self.with_soft_pin = False
-        self.soft_pin_ttl_ms = 0
-        self.with_hard_pin = False
-        self.prefer_alloc_in_same_node = False
-        self.group_ids = []
-        for k, v in fields.items():
-            if not hasattr(self, k):
-                raise TypeError(f"ReplicateConfig has no field {k!r}")
-            setattr(self, k, v)
-
-    def __repr__(self):
-        return ("ReplicateConfig(replica_num={0.replica_num}, preferred_segment={0.preferred_segment!r}, "
-                "preferred_segments={0.preferred_segments!r}, with_soft_pin={0.with_soft_pin}, "
-                "soft_pin_ttl_ms={0.soft_pin_ttl_ms}, with_hard_pin={0.with_hard_pin}, "
-                "prefer_alloc_in_same_node={0.prefer_alloc_in_same_node})").format(self)
-
-    __str__ = __repr__
 
 
 def _host_of(local_hostname):
@@ -111,6 +106,7 @@ class MooncakeDistributedStore(TensorAPI):
         self._lock = _threading.Lock()
         self._args = None  # (master, data_host, rdma_devices) of setup, for mounted segments
         self._mounted = {}  # segment id -> (kind "file" | "alloc", kvpool._kvpool.Client)
+        self._regs = {}  # registered buffers of self._c: ptr -> size (get_into_ranges' bounds)
 
     # ---- setup ----
 
@@ -148,6 +144,7 @@ class MooncakeDistributedStore(TensorAPI):
             return INVALID_PARAMS
         with self._lock:
             old, self._c = self._c, c
+            self._regs = {}
             self._hostname = local_hostname or ""
             self._args = args
             mounted, self._mounted = self._mounted, {}
@@ -175,6 +172,7 @@ class MooncakeDistributedStore(TensorAPI):
         disconnect. 0."""
         with self._lock:
             c, self._c = self._c, None
+            self._regs = {}
             mounted, self._mounted = self._mounted, {}
         for _kind, m in mounted.values():
             m.close()
@@ -296,30 +294,61 @@ class MooncakeDistributedStore(TensorAPI):
         return c
 
     def _cfg(self, config):
+        """A ReplicateConfig as kvpool's put config, refused as Mooncake's master
+        refuses it (PutStart, ResolveSoftPinRequest): no replica of any kind,
+        more than one DFS replica or one without a memory replica, NoF replicas
+        (kvpool has no NoF pool, as a Mooncake built without it), NoF with
+        prefer_alloc_in_same_node, a soft_pin_ttl_ms without ENABLE or over 24 h
+        -> -600 (ValueError); a DFS replica -> -1601 DFS_SERVICE_UNAVAILABLE
+        (kvpool has no DFS tier, as a Mooncake master without one)."""
         if config is None:
             return None
         if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
             raise TypeError("config must be a ReplicateConfig")
-        replica_num = getattr(config, "replica_num", 1)
-        if isinstance(replica_num, bool) or not isinstance(replica_num, int):
-            raise TypeError("replica_num must be an int")
+        counts = [getattr(config, f, d) for f, d in
+                  (("replica_num", 1), ("nof_replica_num", 0), ("dfs_replica_num", 0))]
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts):
+            raise TypeError("replica_num, nof_replica_num and dfs_replica_num must be ints >= 0")
+        replica_num, nof, dfs = counts
+        same_node = bool(getattr(config, "prefer_alloc_in_same_node", False))
+        if replica_num == 0 and nof == 0 and dfs == 0:
+            raise ValueError("no replica asked for")
+        if dfs > 1 or (dfs > 0 and replica_num == 0):
+            raise ValueError("at most one DFS replica, and only with a memory replica")
+        if dfs > 0:
+            raise _Refused(_DFS_SERVICE_UNAVAILABLE)
+        if nof > 0:  # with prefer_alloc_in_same_node too: both -600 in Mooncake
+            raise ValueError("kvpool has no NoF pool")
+        action = getattr(config, "soft_pin_action", None)
+        ttl_ms = getattr(config, "soft_pin_ttl_ms", None)
+        if action is None:  # an object of the older Mooncake's fields
+            action = (SoftPinAction.ENABLE if getattr(config, "with_soft_pin", False)
+                      else SoftPinAction.PRESERVE)
+            ttl_ms = ttl_ms or None
+        if not isinstance(action, SoftPinAction):
+            raise TypeError("soft_pin_action must be a SoftPinAction")
+        if ttl_ms is not None and (isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int)
+                                   or ttl_ms < 0):
+            raise TypeError("soft_pin_ttl_ms must be None or an int >= 0")
+        if ttl_ms is not None and (action is not SoftPinAction.ENABLE
+                                   or ttl_ms > _MAX_SOFT_PIN_TTL_MS):
+            raise ValueError("soft_pin_ttl_ms needs SoftPinAction.ENABLE and <= 24 h")
         seg = getattr(config, "preferred_segment", "") or ""
         if not seg:
             segs = list(getattr(config, "preferred_segments", []) or [])
             seg = segs[0] if segs else ""
-        if not seg and getattr(config, "prefer_alloc_in_same_node", False):
+        if not seg and same_node:
             seg = _kvpool.SEGMENT_LOCAL
         if not isinstance(seg, str):
             raise TypeError("preferred_segment must be str")
         pin, ttl = _kvpool.PIN_NONE, 0
         if getattr(config, "with_hard_pin", False):
             pin = _kvpool.PIN_HARD
-        elif getattr(config, "with_soft_pin", False):
+        elif action is SoftPinAction.ENABLE and ttl_ms != 0:
+            # kvpool's soft pins last whole seconds; None: the master's default (30 min,
+            # Mooncake's default_kv_soft_pin_ttl too); 0 ms would expire at once: no pin
             pin = _kvpool.PIN_SOFT
-            ms = int(getattr(config, "soft_pin_ttl_ms", 0) or 0)
-            ttl = (ms + 999) // 1000 if ms > 0 else 0
-        if replica_num < 1:
-            raise ValueError("replica_num must be >= 1")
+            ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
         return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None)
 
     def _call(self, fn, fail):
@@ -329,6 +358,8 @@ class MooncakeDistributedStore(TensorAPI):
         except _kvpool.Error as e:
             st = getattr(e, "status", None)
             return fail(_code(st) if isinstance(st, int) and st < 0 else INTERNAL_ERROR)
+        except _Refused as e:
+            return fail(e.code)
         except _BAD_INPUT:
             return fail(INVALID_PARAMS)
 
@@ -340,11 +371,32 @@ class MooncakeDistributedStore(TensorAPI):
 
     def register_buffer(self, buffer_ptr, size):
         """Register memory (host or CUDA) for transfers. 0 or negative."""
-        return self._call(lambda c: _code(c.register_buffer(buffer_ptr, size)), lambda x: x)
+        def run(c):
+            r = _code(c.register_buffer(buffer_ptr, size))
+            if r == OK:
+                with self._lock:
+                    if self._c is c:
+                        self._regs[buffer_ptr] = size
+            return r
+        return self._call(run, lambda x: x)
 
     def unregister_buffer(self, buffer_ptr):
         """Unregister memory registered with register_buffer. 0 or negative."""
-        return self._call(lambda c: _code(c.unregister_buffer(buffer_ptr)), lambda x: x)
+        def run(c):
+            r = _code(c.unregister_buffer(buffer_ptr))
+            if r == OK:
+                with self._lock:
+                    self._regs.pop(buffer_ptr, None)
+            return r
+        return self._call(run, lambda x: x)
+
+    def _capacity(self, ptr):
+        """Bytes from ptr to the end of the registered buffer holding it, or None."""
+        with self._lock:
+            for base, size in self._regs.items():
+                if base <= ptr < base + size:
+                    return base + size - ptr
+        return None
 
     # ---- existence ----
 
@@ -536,34 +588,72 @@ class MooncakeDistributedStore(TensorAPI):
                         all_sizes):
         """Byte ranges of objects into buffers: for buffer i, key j of all_keys[i],
         range k: all_sizes[i][j][k] bytes from offset all_src_offsets[i][j][k] of
-        the object to buffer_ptrs[i] + all_dst_offsets[i][j][k]. Returns the same
-        nesting of bytes read / negative per range. Not CRC-checked (the stored
-        CRC covers whole objects)."""
+        the object to buffer_ptrs[i] + all_dst_offsets[i][j][k]. Returns bytes
+        read / negative per range, nested as Mooncake nests them (one list per
+        buffer, one per key, one entry per destination offset). As in Mooncake,
+        lists of different lengths are -600 where they differ: the whole answer
+        when the five top-level lists differ, one key's ranges when its three
+        lists do (or one buffer's keys when its key and offset lists do), and
+        the other ranges are still read. So is a range past the object's end
+        (the bytes up to the end may have been written) and, in a buffer
+        registered with register_buffer, a range past the registration's end
+        (nothing written). Not CRC-checked (the stored CRC covers whole
+        objects)."""
         def run(c):
-            flat, shape = [], []
+            res = _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, INVALID_PARAMS)
+            n = len(buffer_ptrs)
+            if not n == len(all_keys) == len(all_dst_offsets) == len(all_src_offsets) \
+                    == len(all_sizes):
+                return res
+            flat, where = [], []
             for i, keys in enumerate(all_keys):
-                per_key = []
+                dsts, srcs, lens = all_dst_offsets[i], all_src_offsets[i], all_sizes[i]
+                if not buffer_ptrs[i] or not len(keys) == len(dsts) == len(srcs) == len(lens):
+                    continue
+                cap = self._capacity(buffer_ptrs[i])
                 for j, key in enumerate(keys):
-                    dsts, srcs, lens = (all_dst_offsets[i][j], all_src_offsets[i][j],
-                                        all_sizes[i][j])
-                    if not len(dsts) == len(srcs) == len(lens):
-                        raise ValueError("offsets and sizes differ in length")
-                    for d, s, n in zip(dsts, srcs, lens):
-                        flat.append((key, s, (buffer_ptrs[i] + d, n)))
-                    per_key.append(len(dsts))
-                shape.append(per_key)
-            res = []
+                    if not len(dsts[j]) == len(srcs[j]) == len(lens[j]):
+                        continue
+                    for k, (d, s, z) in enumerate(zip(dsts[j], srcs[j], lens[j])):
+                        if cap is not None and (d > cap or z > cap - d):
+                            continue  # past the registered buffer: -600
+                        flat.append((key, s, (buffer_ptrs[i] + d, z)))
+                        where.append((i, j, k, z))
+            got = []
             for lo in range(0, len(flat), _kvpool.MAX_BATCH):
-                res += c.get_ranges(flat[lo:lo + _kvpool.MAX_BATCH])
-            it = iter(_code(r) for r in res)
-            return [[[next(it) for _ in range(n)] for n in per_key] for per_key in shape]
-        return self._call(run, lambda code: [[[code] * len(s) for s in sizes]
-                                             for sizes in (all_sizes or [])])
+                got += c.get_ranges(flat[lo:lo + _kvpool.MAX_BATCH])
+            for (i, j, k, z), r in zip(where, got):
+                # a range past the object's end reads short: Mooncake refuses it (-600)
+                res[i][j][k] = INVALID_PARAMS if 0 <= r < z else _code(r)
+            return res
+
+        def fail(code):
+            try:
+                return _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, code)
+            except _BAD_INPUT:
+                return []
+        return self._call(run, fail)
 
     def get_offload_rpc_read_count(self):
         """Reads Mooncake served over its offload RPC: kvpool has no such path
         (SSD replicas are read over the data transports), so always 0."""
         return 0
+
+
+def _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, code):
+    """get_into_ranges' answer filled with code, shaped as Mooncake shapes it
+    (pyclient.h, build_ranged_read_results_like): a list per buffer, in it a
+    list per key of all_keys[i] (one when all_keys has no row i), in that an
+    entry per destination offset (one when there is no such row)."""
+    out = []
+    for i in range(len(buffer_ptrs)):
+        rows = []
+        for j in range(len(all_keys[i]) if i < len(all_keys) else 1):
+            dst = (all_dst_offsets[i][j]
+                   if i < len(all_dst_offsets) and j < len(all_dst_offsets[i]) else [0])
+            rows.append([code] * len(dst))
+        out.append(rows)
+    return out
 
 
 class ReplicaDescriptor(dict):

@@ -44,18 +44,17 @@ MAX_AXES = 4
 LAYOUT_FULL, LAYOUT_SHARD = 0, 1
 AXIS_TP = 1
 
-# Tensors of PAD_MIN bytes or more are written with their data at PADDED_OFFSET (header,
-# then zeros): the data then sits page-aligned in page-multiple extents, and a read into
-# a page-aligned tensor takes the library's fast copy path (measured over shm, 64 x 1 MiB:
-# 9.2 ms instead of 12.1 with the data at 304, the same as 1 MiB byte objects). Mooncake's
-# reader honours data_offset, so it reads these objects too.
-PAD_MIN = 256 << 10
+# Every tensor is written as Mooncake writes it, its data right after the header (304),
+# so an object read whole into a buffer (get_tensor_into's pointer form) stores back
+# byte for byte with put_tensor_from(key, ptr, 304 + nbytes). kvpool once wrote tensors
+# of 256 KiB or more with their data at PADDED_OFFSET (the header, then zeros); readers
+# still accept any data_offset from 304 to PADDED_OFFSET, so those objects read too.
 PADDED_OFFSET = 4096
 
 
 def data_offset_for(nbytes):
-    """Where kvpool writes the data of a tensor of nbytes."""
-    return PADDED_OFFSET if nbytes >= PAD_MIN else HEADER_SIZE
+    """Where kvpool writes the data of a tensor of nbytes: after the header (Mooncake's)."""
+    return HEADER_SIZE
 
 
 _HDR = _struct.Struct("<IHHiiIIQQ8q8qII" + "iiiiiiq" * MAX_AXES)

@@ -265,8 +265,8 @@ class TensorAPI:
                     T.log_refusal(method, e)
                     continue
                 idx.append(i)
-                # the data offset kvpool writes for this size (another writer's object,
-                # Mooncake's with its data at 304, is read again below)
+                # the data offset kvpool and Mooncake write (an older kvpool's object,
+                # with its data at 4096, is read again below)
                 off = T.data_offset_for(nbytes)
                 want.append((code, shape, off, nbytes))
                 if nbytes:
@@ -276,6 +276,18 @@ class TensorAPI:
                     ptrs.append([scratch.ptr(i)])
                     sizes.append([off])
             got = _chunked(c.batch_get_into_multi, [keys[i] for i in idx], ptrs, sizes)
+            # objects longer than the buffers: their headers alone, to learn where the
+            # data starts (an older kvpool's, with it at 4096)
+            longer = [j for j, r in enumerate(got) if r == _kvpool.ERR_BUFFER_TOO_SMALL]
+            if longer:
+                ranges = [(keys[idx[j]], 0, (scratch.ptr(idx[j]), T.HEADER_SIZE))
+                          for j in longer]
+                heads = []
+                for lo in range(0, len(ranges), _kvpool.MAX_BATCH):
+                    heads += c.get_ranges(ranges[lo:lo + _kvpool.MAX_BATCH])
+                for j, r in zip(longer, heads):
+                    if r == T.HEADER_SIZE:
+                        got[j] = _struct_off(scratch.view(idx[j])) + want[j][3]
             again = []
             for j, i in enumerate(idx):
                 r = got[j]
@@ -284,6 +296,8 @@ class TensorAPI:
                     if off != want[j][2] and T.HEADER_SIZE <= off <= T.PADDED_OFFSET and \
                             r == off + want[j][3]:
                         again.append(j)
+            for j in set(longer) - set(again):  # no offset that fits: too small after all
+                got[j] = _kvpool.ERR_BUFFER_TOO_SMALL
             if again:  # objects whose data starts elsewhere: scatter at their own offset
                 redo = _chunked(
                     c.batch_get_into_multi, [keys[idx[j]] for j in again],
