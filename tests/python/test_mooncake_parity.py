@@ -362,6 +362,6 @@ def test_async_store(pool, prefix):
         with pytest.raises(AttributeError, match="is not callable"):
             s.async__not_callable
         with pytest.raises(NotImplementedError):  # what the method raises, through the await
-            asyncio.run(s.async_query_task("id"))
+            asyncio.run(s.async_batch_replica_clear(["k"]))
     finally:
         assert s.close() == OK

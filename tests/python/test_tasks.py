@@ -150,3 +150,47 @@ def test_a_target_that_dies_fails_the_copy_whole(world):
     assert r["status"] == TASK_FAILED, r
     assert replica_segments(c, "whole") == ["localhost:10001"]
     assert c.get("whole") == data
+
+
+def test_through_mooncake_store(world):
+    """Mooncake's calls: a store set up as "localhost:PORT" is that segment; a copy to it
+    and the replica descriptors naming it; query_task's QueryTaskResponse; an unknown id
+    is -1400 TASK_NOT_FOUND; a hostname without a port gets one in Mooncake's range."""
+    from mooncake.store import MooncakeDistributedStore, TaskStatus, TaskType
+    pool, segs, c = world
+    s = MooncakeDistributedStore()
+    assert s.setup("localhost:10009", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == 0
+    try:
+        assert s.get_hostname() == "localhost:10009"
+        data = os.urandom(300000)
+        c.put("mc", data, preferred_segment="localhost:10001")
+        tid, err = s.create_copy_task("mc", ["localhost:10009"])
+        assert err == 0 and tid != (0, 0)
+        deadline = time.monotonic() + 30
+        while True:
+            resp, err = s.query_task(tid)
+            assert err == 0
+            if resp.status in (TaskStatus.SUCCESS, TaskStatus.FAILED) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert resp.status == TaskStatus.SUCCESS and resp.type == TaskType.REPLICA_COPY
+        assert resp.id == tid
+        ends = sorted(d.get_memory_descriptor().buffer_descriptor.transport_endpoint
+                      for d in s.get_replica_desc("mc"))
+        assert ends == ["localhost:10001", "localhost:10009"]
+        segs["localhost:10001"].kill()
+        assert s.get("mc") == data  # from the copy in this store's own segment
+        assert s.query_task((7, 7)) == (None, -1400)
+        assert s.create_copy_task("nope", ["localhost:10009"]) == ((0, 0), -704)
+        assert s.create_copy_task("mc", ["unknown_segment_1"]) == ((0, 0), -600)
+        assert s.create_move_task("mc", "localhost:10009", "localhost:10009")[1] == -600
+    finally:
+        s.close()
+    t = MooncakeDistributedStore()
+    assert t.setup("localhost", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == 0
+    try:
+        host, port = t.get_hostname().split(":")
+        assert host == "localhost" and 12300 <= int(port) < 14300
+    finally:
+        t.close()

@@ -23,6 +23,7 @@ and not used (kvpool needs no metadata server or transfer buffer; its SSD
 tier is set up on `kvpool serve`).
 """
 
+import random as _random
 import re as _re
 import threading as _threading
 
@@ -81,6 +82,26 @@ def _host_of(local_hostname):
     return h or None
 
 
+# Mooncake's RPC ports: a local_hostname without one gets one of these, as Mooncake's
+# client does, and its segment is named "host:port" (what get_hostname() answers and what
+# preferred_segment, copy and move tasks name it by).
+_PORT_LO, _PORT_HI = 12300, 14300
+
+
+def _segment_names(local_hostname):
+    """The names setup's segment tries in turn: local_hostname itself when it has a port,
+    else host:port with ports drawn from Mooncake's range; [] without a hostname (kvpool
+    names it)."""
+    h = (local_hostname or "").strip()
+    if not h:
+        return []
+    if _re.match(r"^\[.*\]:\d+$", h) or (h.count(":") == 1 and _re.match(r".*:\d+$", h)):
+        return [h]
+    host = f"[{h}]" if ":" in h and not h.startswith("[") else h
+    rnd = _random.Random()
+    return [f"{host}:{rnd.randrange(_PORT_LO, _PORT_HI)}" for _ in range(8)]
+
+
 def _transport(protocol):
     p = (protocol or "").lower()
     return p if p in ("rdma", "tcp") else "auto"
@@ -135,13 +156,18 @@ class MooncakeDistributedStore(TensorAPI):
             return INVALID_PARAMS
         data_host = _host_of(local_hostname) if seg > 0 else None
         args = (master_server_addr or None, _host_of(local_hostname), rdma_devices or None)
-        try:
-            c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0, data_host,
-                            None, rdma_devices or None, True, 0)
-        except _kvpool.Error as e:
-            return _code(e.status)
-        except _BAD_INPUT:
-            return INVALID_PARAMS
+        names = _segment_names(local_hostname) if seg > 0 else []
+        for i, name in enumerate(names or [None]):
+            try:
+                c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0,
+                                data_host, name, rdma_devices or None, True, 0)
+                break
+            except _kvpool.Error as e:
+                # a drawn port whose name another segment has: the next one
+                if e.status != _kvpool.ERR_EXISTS or len(names) < 2 or i + 1 == len(names):
+                    return _code(e.status)
+            except _BAD_INPUT:
+                return INVALID_PARAMS
         with self._lock:
             old, self._c = self._c, c
             self._regs = {}
@@ -532,6 +558,49 @@ class MooncakeDistributedStore(TensorAPI):
         """[ReplicaDescriptor] of key's replicas; [] when it is missing."""
         return self.batch_get_replica_desc([key]).get(key, []) if isinstance(key, str) else []
 
+    # ---- copy and move tasks ----
+
+    def create_copy_task(self, key, targets):
+        """Copy key's object to the segments named in targets (1..8), in the
+        background: (task id, 0), the id a pair of ints for query_task, or
+        ((0, 0), negative code): -704 no such object, -600 a target not mounted
+        (or on SSD, or draining). The owner of a replica writes the copies."""
+        def run(c):
+            if not isinstance(key, str) or isinstance(targets, str):
+                raise TypeError("key must be str, targets a list of str")
+            r = c.create_copy_task(key, list(targets))
+            return ((0, 0), _code(r)) if isinstance(r, int) else (r, OK)
+        return self._call(run, lambda code: ((0, 0), code))
+
+    def create_move_task(self, key, source, target):
+        """Move key's replica on segment source to segment target, in the
+        background: (task id, 0), or ((0, 0), negative code) as create_copy_task
+        (-600 also when source holds no replica or equals target)."""
+        def run(c):
+            r = c.create_move_task(key, source, target)
+            return ((0, 0), _code(r)) if isinstance(r, int) else (r, OK)
+        return self._call(run, lambda code: ((0, 0), code))
+
+    def query_task(self, task_id):
+        """(QueryTaskResponse, 0), or (None, negative code): -1400 TASK_NOT_FOUND
+        when no task of this store's tenant has the id (the master keeps the 4096
+        newest ended tasks, and none across its restarts)."""
+        def run(c):
+            hi, lo = task_id
+            r = c.query_task((hi, lo))
+            if isinstance(r, int):
+                return None, (codes.MOONCAKE["TASK_NOT_FOUND"] if r == _kvpool.ERR_NOT_FOUND
+                              else _code(r))
+            q = QueryTaskResponse()
+            for name, v in (("id", (hi, lo)), ("type", TaskType(r["kind"])),
+                            ("status", TaskStatus(r["status"])),
+                            ("created_at_ms_epoch", r["created_ms"]),
+                            ("last_updated_at_ms_epoch", r["updated_ms"]),
+                            ("message", r["message"])):
+                object.__setattr__(q, "_" + name, v)
+            return q, OK
+        return self._call(run, lambda code: (None, code))
+
     # ---- more of Mooncake's calls ----
 
     def batch_remove(self, keys, force=False):
@@ -682,6 +751,37 @@ class ReplicaDescriptor(dict):
         (an SSD segment is a pool segment, is_disk_replica)."""
         return False
 
+    def get_memory_descriptor(self):
+        """A memory replica's descriptor, as Mooncake's: .buffer_descriptor with
+        transport_endpoint (the segment's name) and size. ValueError for a disk
+        replica, as Mooncake's raises for the wrong kind."""
+        if not self.is_memory_replica():
+            raise ValueError("not a memory replica")
+        return _MemoryDescriptor(self["segment"], self["size"])
+
+
+class _BufferDescriptor:
+    """Mooncake's AllocatedBuffer::Descriptor as far as kvpool knows it: the
+    segment that holds the replica (transport_endpoint) and its size."""
+
+    __slots__ = ("transport_endpoint", "size")
+
+    def __init__(self, endpoint, size):
+        self.transport_endpoint = endpoint
+        self.size = size
+
+    def __repr__(self):
+        return f"BufferDescriptor(transport_endpoint={self.transport_endpoint!r}, size={self.size})"
+
+
+class _MemoryDescriptor:
+    """Mooncake's MemoryDescriptor: its buffer_descriptor."""
+
+    __slots__ = ("buffer_descriptor",)
+
+    def __init__(self, endpoint, size):
+        self.buffer_descriptor = _BufferDescriptor(endpoint, size)
+
 
 # Methods of Mooncake's MooncakeDistributedStore that kvpool does not provide, and why.
 # Each raises NotImplementedError naming itself, never returns a made-up answer.
@@ -697,9 +797,6 @@ _UNSUPPORTED = {
     "batch_put_session_end": "kvpool has no transfer sessions",
     "batch_put_session_revoke": "kvpool has no transfer sessions",
     "batch_replica_clear": "kvpool has no per-replica removal",
-    "create_copy_task": "kvpool has no copy/move tasks (the master re-replicates itself)",
-    "create_move_task": "kvpool has no copy/move tasks",
-    "query_task": "kvpool has no copy/move tasks",
     "save_tensor_to_safetensor": "not provided: get_tensor, then safetensors.torch.save_file",
     "load_tensor_from_safetensor": "not provided: safetensors.torch.load_file, then put_tensor",
     "_get_pyclient_capsule": "Mooncake-internal",
