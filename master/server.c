@@ -69,6 +69,7 @@
 #include "master/dispatch.h"
 #include "master/ha/leadership.h"
 #include "master/rpc/segment_calls.h"
+#include "master/rpc/hot_keys.h"
 #include "master/rpc/task_calls.h"
 #include "master/policy/eviction.h"
 #include "master/meta/record.h"
@@ -1503,6 +1504,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 kvp_lease_expire(&srv->state);
                 kvp_segment_limbo_expire(&srv->state);
                 kvp_task_tick(&srv->state);
+                kvp_hot_tick(&srv->state);
                 kvp_evict_if_needed(&srv->state);
                 answer_parked(srv, true);
             }

@@ -36,6 +36,10 @@ typedef struct kvp_master_config {
     uint32_t segment_grace_ms; /* a DRAM segment dropped so: its objects kept for its
                                 * owner's return this long (60000; 0: not kept) */
     bool lease_on_exist;       /* Exist grants read leases too (false) */
+    /* hot keys (rpc/hot_keys.c): a key read this often per second gets replicas of its own
+     * on more segments, dropped when it cools (0: off) */
+    uint32_t hot_key_reads;
+    uint32_t hot_key_replicas; /* ... at most this many more (2) */
     /* SSD tier (policy/tier.c) */
     double offload_high;   /* offload DRAM victims in the background above this (0.95) */
     double offload_low;    /* ... down to this (0.90) */

@@ -109,6 +109,9 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
         st->moves = mv->next;
         free(mv);
     }
+    for (uint32_t i = 0; st->hot != NULL && i <= st->hot_mask; i++)
+        free(st->hot[i].key);
+    free(st->hot);
     while (st->copy_tasks != NULL) { /* (their extents go with the segments) */
         kvp_task_t *t = st->copy_tasks;
         st->copy_tasks = t->next;

@@ -44,6 +44,8 @@ typedef struct kvp_master_stats {
     uint64_t tasks_created;
     uint64_t tasks_succeeded;
     uint64_t tasks_failed;
+    uint64_t hot_added;   /* replicas given to hot keys */
+    uint64_t hot_dropped; /* ... and taken back when they cooled */
     /* tiers (policy/tier.c) */
     uint64_t offloaded;
     uint64_t offload_dropped; /* DRAM victims dropped: no SSD room */
@@ -189,6 +191,25 @@ typedef struct kvp_task {
     char key[];
 } kvp_task_t;
 
+/*
+ * A key counted by the hot-key fanout (rpc/hot_keys.c, --hot-key-reads): its reads in the
+ * current window, and the replicas it was given while hot. An open-addressing table by the
+ * key's index hash; the key's bytes are kept once it is hot.
+ */
+#define KVP_HOT_REPLICAS_MAX 7
+typedef struct kvp_hot_key {
+    uint64_t hash; /* 0: a free slot */
+    uint64_t version;
+    uint32_t reads; /* in this window */
+    uint8_t cool;   /* windows in a row under the cooling rate */
+    uint8_t n_dyn;  /* replicas it was given (their segments in dyn) */
+    bool pending;   /* a copy task in flight: its id and target */
+    uint64_t task_hi, task_lo, task_target;
+    uint64_t dyn[KVP_HOT_REPLICAS_MAX];
+    char *key; /* malloc'd once hot; NULL before */
+    uint16_t key_len;
+} kvp_hot_key_t;
+
 typedef struct kvp_master_state {
     kvp_segment_table_t segments;
     kvp_object_index_t index;
@@ -209,6 +230,9 @@ typedef struct kvp_master_state {
     uint64_t recent_puts, recent_returns, recent_victims;
     kvp_move_t *moves;      /* drain copies in flight */
     kvp_task_t *copy_tasks; /* copy and move tasks, newest first (rpc/task_calls.c) */
+    kvp_hot_key_t *hot;     /* the hot-key fanout's table (rpc/hot_keys.c), or NULL */
+    uint32_t hot_mask, hot_count;
+    uint64_t hot_window_ms;                   /* when the current window ends */
     uint32_t n_copy_tasks, n_copy_tasks_live; /* all kept; not ended */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */

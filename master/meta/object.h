@@ -80,6 +80,15 @@ static inline const char *kvp_object_key(const kvp_object_t *obj)
 }
 
 /* Bytes obj's extents take in their segments (every replica, aligned). */
+/* The index of obj's replica on segment_id, or -1. */
+static inline int kvp_object_replica_on(const kvp_object_t *obj, uint64_t segment_id)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (obj->replicas[r].segment_id == segment_id)
+            return (int)r;
+    return -1;
+}
+
 static inline uint64_t kvp_object_bytes(const kvp_object_t *obj)
 {
     return (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN *

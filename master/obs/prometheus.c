@@ -162,6 +162,15 @@ static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
     per_segment(r, st, "kvpool_segment_objects", "Object replicas on the segment.", 2);
 }
 
+/* Hot keys: those whose bytes were copied (read --hot-key-reads times in a window). */
+static uint64_t hot_keys(const kvp_master_state_t *st)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; st->hot != NULL && i <= st->hot_mask; i++)
+        n += st->hot[i].key != NULL;
+    return n;
+}
+
 /* Operation counters: puts, gets, removes, evictions, tiers, leases, adoption, limbo. */
 static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
@@ -184,6 +193,13 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
                     s->tasks_failed);
     one(r, "kvpool_tasks_live", "gauge", "Copy and move tasks waiting or running.",
         st->n_copy_tasks_live);
+    one(r, "kvpool_hot_keys", "gauge",
+        "Keys read --hot-key-reads times a second or more lately, or holding replicas for it.",
+        hot_keys(st));
+    one(r, "kvpool_hot_replicas_added_total", "counter", "Replicas given to hot keys.",
+        s->hot_added);
+    one(r, "kvpool_hot_replicas_dropped_total", "counter",
+        "Replicas taken back from hot keys that cooled.", s->hot_dropped);
     one(r, "kvpool_evictions_total", "counter", "Objects evicted from DRAM (dropped or offloaded).",
         s->evicted_objects);
     one(r, "kvpool_evicted_bytes_total", "counter", "Bytes freed by evictions.", s->evicted_bytes);

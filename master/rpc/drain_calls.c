@@ -57,14 +57,6 @@ kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
     return kvp_reply_send(&r);
 }
 
-static int replica_on(const kvp_object_t *obj, uint64_t segment_id)
-{
-    for (unsigned r = 0; r < obj->n_replicas; r++)
-        if (obj->replicas[r].segment_id == segment_id)
-            return (int)r;
-    return -1;
-}
-
 /* Does obj have a replica on a mounted, non-draining segment other than `from`? */
 static bool kept_elsewhere(kvp_master_state_t *st, const kvp_object_t *obj, uint64_t from)
 {
@@ -138,7 +130,8 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
         if (res[i].status != KVP_OK)
             continue;
-        if (obj == NULL || obj->state != KVP_OBJ_COMPLETE || replica_on(obj, from->id) < 0) {
+        if (obj == NULL || obj->state != KVP_OBJ_COMPLETE ||
+            kvp_object_replica_on(obj, from->id) < 0) {
             res[i].status = KVP_ERR_NOT_FOUND;
             continue;
         }
@@ -222,7 +215,7 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
     if (copy_status == KVP_OK) {
         kvp_call_key_lookup(st, key, &obj, NULL);
         if (obj != NULL)
-            r = replica_on(obj, from);
+            r = kvp_object_replica_on(obj, from);
         /* swap only onto the very object that was copied, into a live segment */
         if (obj == NULL || obj->state != KVP_OBJ_COMPLETE || obj->size != mv->size ||
             obj->crc32c != mv->crc32c || r < 0 ||

@@ -32,6 +32,7 @@
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
 #include "master/policy/tier.h"
+#include "master/rpc/hot_keys.h"
 #include "master/rpc/reply.h"
 
 static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placement_req_t *preq)
@@ -579,6 +580,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
          * client releases it after its transfer */
         res[i].lease_id = kvp_lease_grant(st, obj, owner); /* the read counts when it ends */
         kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
+        kvp_hot_on_read(st, obj); /* --hot-key-reads: counted */
         res[i].replicas = &repptr[nr];
         res[i].n_replicas = obj->n_replicas;
         /* read grants: good while the read lease is (no leases: as long as a put) */

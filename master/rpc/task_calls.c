@@ -138,18 +138,9 @@ static kvp_object_t *task_object(kvp_master_state_t *st, const kvp_task_t *t)
     return obj != NULL && obj->state == KVP_OBJ_COMPLETE ? obj : NULL;
 }
 
-static int replica_on(const kvp_object_t *obj, uint64_t segment_id)
-{
-    for (unsigned r = 0; r < obj->n_replicas; r++)
-        if (obj->replicas[r].segment_id == segment_id)
-            return (int)r;
-    return -1;
-}
-
 /* ---------------- TaskCreate ---------------- */
 
-/* A DRAM replica's segment of obj to copy from: one that stays first. NULL: none. */
-static kvp_segment_t *copy_source(kvp_master_state_t *st, const kvp_object_t *obj)
+kvp_segment_t *kvp_task_source(kvp_master_state_t *st, const kvp_object_t *obj)
 {
     kvp_segment_t *any = NULL;
     for (unsigned r = 0; r < obj->n_replicas; r++) {
@@ -183,6 +174,43 @@ static kvp_segment_t *target_check(kvp_master_state_t *st, kvp_reply_t *r, const
     return NULL;
 }
 
+kvp_task_t *kvp_task_add(kvp_master_state_t *st, const kvp_object_t *obj, uint8_t kind,
+                         const kvp_segment_t *source, const uint64_t *targets, unsigned n_targets)
+{
+    kvp_task_t *t = calloc(1, sizeof(*t) + obj->key_len);
+    if (t == NULL)
+        return NULL;
+    do {
+        t->id_hi = kvp_random_u64();
+        t->id_lo = kvp_random_u64();
+    } while ((t->id_hi == 0 && t->id_lo == 0) || task_find(st, t->id_hi, t->id_lo) != NULL);
+    t->kind = kind;
+    t->status = KVP_TASK_PENDING;
+    t->tenant = obj->tenant;
+    t->created_ms = t->updated_ms = wall_ms();
+    t->deadline_ms = st->now_ms + START_WAIT_MS;
+    t->source_seg = source->id;
+    t->exec_conn = source->owner_conn_id;
+    t->n_targets = (uint8_t)n_targets;
+    memcpy(t->targets, targets, n_targets * sizeof(*targets));
+    snprintf(t->assigned, sizeof(t->assigned), "%s", source->name);
+    t->key_len = obj->key_len;
+    memcpy(t->key, kvp_object_key(obj), obj->key_len);
+    t->next = st->copy_tasks;
+    st->copy_tasks = t;
+    st->n_copy_tasks++;
+    st->n_copy_tasks_live++;
+    st->stats.tasks_created++;
+    tasks_trim(st);
+    return t;
+}
+
+int kvp_task_status(kvp_master_state_t *st, uint64_t id_hi, uint64_t id_lo)
+{
+    const kvp_task_t *t = task_find(st, id_hi, id_lo);
+    return t != NULL ? t->status : -1;
+}
+
 kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -213,7 +241,7 @@ kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_segment_t *source;
     if (move) {
         source = kvp_segment_table_find_name(&st->segments, req->source);
-        if (source == NULL || replica_on(obj, source->id) < 0)
+        if (source == NULL || kvp_object_replica_on(obj, source->id) < 0)
             return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "%s holds no replica of the object",
                                   req->source);
         if (source->ssd)
@@ -221,7 +249,7 @@ kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
                                   "%s is an SSD segment: moves start from DRAM replicas",
                                   req->source);
     } else {
-        source = copy_source(st, obj);
+        source = kvp_task_source(st, obj);
         if (source == NULL)
             return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
                                   "the object has no DRAM replica to copy from");
@@ -234,7 +262,7 @@ kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
             return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
         if (move && seg == source)
             return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "source and target are the same");
-        if (move && replica_on(obj, seg->id) >= 0)
+        if (move && kvp_object_replica_on(obj, seg->id) >= 0)
             return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "%s holds a replica already", seg->name);
         bool dup = false;
         for (unsigned k = 0; k < n_targets; k++)
@@ -242,31 +270,9 @@ kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
         if (!dup)
             targets[n_targets++] = seg->id;
     }
-    kvp_task_t *t = calloc(1, sizeof(*t) + obj->key_len);
+    kvp_task_t *t = kvp_task_add(st, obj, (uint8_t)req->kind, source, targets, n_targets);
     if (t == NULL)
         return kvp_reply_abort(&r);
-    do {
-        t->id_hi = kvp_random_u64();
-        t->id_lo = kvp_random_u64();
-    } while ((t->id_hi == 0 && t->id_lo == 0) || task_find(st, t->id_hi, t->id_lo) != NULL);
-    t->kind = (uint8_t)req->kind;
-    t->status = KVP_TASK_PENDING;
-    t->tenant = obj->tenant;
-    t->created_ms = t->updated_ms = wall_ms();
-    t->deadline_ms = st->now_ms + START_WAIT_MS;
-    t->source_seg = source->id;
-    t->exec_conn = source->owner_conn_id;
-    t->n_targets = (uint8_t)n_targets;
-    memcpy(t->targets, targets, n_targets * sizeof(*targets));
-    snprintf(t->assigned, sizeof(t->assigned), "%s", source->name);
-    t->key_len = obj->key_len;
-    memcpy(t->key, kvp_object_key(obj), obj->key_len);
-    t->next = st->copy_tasks;
-    st->copy_tasks = t;
-    st->n_copy_tasks++;
-    st->n_copy_tasks_live++;
-    st->stats.tasks_created++;
-    tasks_trim(st);
     resp.id_hi = t->id_hi;
     resp.id_lo = t->id_lo;
     return kvp_reply_send(&r);
@@ -366,7 +372,7 @@ kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     if (t == NULL)
         return rc;
     kvp_object_t *obj = task_object(st, t);
-    int src = obj != NULL ? replica_on(obj, t->source_seg) : -1;
+    int src = obj != NULL ? kvp_object_replica_on(obj, t->source_seg) : -1;
     if (src < 0) {
         task_end(st, t, KVP_TASK_FAILED, "the object or its source replica went before it began");
         return kvp_reply_fail(&r, KVP_ERR_NOT_FOUND, "%s", t->message);
@@ -380,7 +386,7 @@ kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         if (seg == NULL) {
             fail = KVP_ERR_SEGMENT_GONE;
             why = "a target segment was unmounted";
-        } else if (replica_on(obj, seg->id) >= 0) {
+        } else if (kvp_object_replica_on(obj, seg->id) >= 0) {
             continue; /* holds one already: nothing to copy there */
         } else if (obj->n_replicas + n >= KVP_MAX_REPLICAS) {
             fail = KVP_ERR_TOO_MANY;
@@ -448,25 +454,30 @@ kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 
 /* ---------------- TaskEnd ---------------- */
 
+bool kvp_task_drop_replica(kvp_master_state_t *st, kvp_object_t *obj, uint64_t segment_id)
+{
+    int r = kvp_object_replica_on(obj, segment_id);
+    if (r < 0 || obj->n_replicas < 2)
+        return true; /* none there, or its last: nothing taken */
+    kvp_replica_t reps[KVP_MAX_REPLICAS], gone = obj->replicas[r];
+    unsigned n = 0;
+    for (unsigned i = 0; i < obj->n_replicas; i++)
+        if ((int)i != r)
+            reps[n++] = obj->replicas[i];
+    if (kvp_tier_set_replicas(st, obj, reps, n) == NULL)
+        return false;
+    kvp_segment_table_free_extent(&st->segments, &gone);
+    return true;
+}
+
 /* MOVE: take the source replica out of obj, freeing its extent (no read leases it). */
 static void move_drop_source(kvp_master_state_t *st, kvp_task_t *t, kvp_object_t *obj)
 {
-    int src = replica_on(obj, t->source_seg);
-    if (src >= 0 && obj->n_replicas > 1) {
-        kvp_replica_t reps[KVP_MAX_REPLICAS], gone = obj->replicas[src];
-        unsigned n = 0;
-        for (unsigned i = 0; i < obj->n_replicas; i++)
-            if ((int)i != src)
-                reps[n++] = obj->replicas[i];
-        if (kvp_tier_set_replicas(st, obj, reps, n) == NULL) {
-            task_end(st, t, KVP_TASK_FAILED,
-                     "out of memory dropping the source replica "
-                     "(the object keeps both)");
-            return;
-        }
-        kvp_segment_table_free_extent(&st->segments, &gone);
-    }
-    task_end(st, t, KVP_TASK_SUCCESS, NULL);
+    if (!kvp_task_drop_replica(st, obj, t->source_seg))
+        task_end(st, t, KVP_TASK_FAILED,
+                 "out of memory dropping the source replica (the object keeps both)");
+    else
+        task_end(st, t, KVP_TASK_SUCCESS, NULL);
 }
 
 /* The copies are written: make them the object's (t PROCESSING). */
@@ -474,7 +485,7 @@ static void task_commit(kvp_master_state_t *st, kvp_task_t *t, const int32_t *st
 {
     kvp_object_t *obj = task_object(st, t);
     if (obj == NULL || obj->version != t->version || obj->size != t->size ||
-        obj->crc32c != t->crc32c || replica_on(obj, t->source_seg) < 0) {
+        obj->crc32c != t->crc32c || kvp_object_replica_on(obj, t->source_seg) < 0) {
         task_end(st, t, KVP_TASK_FAILED, "the object changed or went while it was copied");
         return;
     }

@@ -17,14 +17,12 @@ from conftest import Pool, Proc, freeze
 TASK_FAILED, TASK_SUCCESS = kvpool.TASK_FAILED, kvpool.TASK_SUCCESS
 
 
-@pytest.fixture
-def world(request):
-    """A master and three 32 MiB segments, localhost:10001..3 (their owners' Procs)."""
-    pool = Pool(segments=())
+def make_world(request, names, master_args=("--lease-ttl", "0")):
+    """A master and a 32 MiB segment per name (their owners' Procs), and a client."""
+    pool = Pool(segments=(), master_args=master_args)
     segs = {}
     try:
-        for i in range(3):
-            name = f"localhost:1000{i + 1}"
+        for name in names:
             segs[name] = Proc([pool.cli_bin, "--master", pool.addr, "serve", "--segment-size",
                                "32MiB", "--name", name, "--ready-fd", "{fd}"])
             pool.segments.append(segs[name])
@@ -39,6 +37,12 @@ def world(request):
 
     request.addfinalizer(fin)
     return pool, segs, c
+
+
+@pytest.fixture
+def world(request):
+    """Three segments named as Mooncake's clients name theirs, localhost:10001..3."""
+    return make_world(request, [f"localhost:1000{i}" for i in (1, 2, 3)])
 
 
 def segment_ids(c):
@@ -194,3 +198,43 @@ def test_through_mooncake_store(world):
         assert host == "localhost" and 12300 <= int(port) < 14300
     finally:
         t.close()
+
+
+@pytest.fixture
+def hot_world(request):
+    """The hot-key fanout on (20 reads a second, 2 replicas more at most); three segments."""
+    return make_world(request, ["hot:1", "hot:2", "hot:3"],
+                      ("--lease-ttl", "0", "--hot-key-reads", "20", "--hot-key-replicas", "2"))
+
+
+def read_until(c, key, data, want, timeout_s, rate=True):
+    """Read key (about 60 times a second when rate) until it has `want` replicas."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if rate:
+            for _ in range(6):
+                assert c.get(key) == data
+        if len(replica_segments(c, key)) == want:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_hot_key_gets_replicas_and_loses_them_when_it_cools(hot_world):
+    pool, segs, c = hot_world
+    data = os.urandom(1 << 20)
+    c.put("hot-key", data, preferred_segment="hot:1")
+    c.put("cold-key", b"c" * 4096, preferred_segment="hot:1")
+    assert c.get("cold-key") == b"c" * 4096
+    # read often: a replica on each other segment (two more at most)
+    assert read_until(c, "hot-key", data, 3, 20), replica_segments(c, "hot-key")
+    assert replica_segments(c, "hot-key") == ["hot:1", "hot:2", "hot:3"]
+    assert replica_segments(c, "cold-key") == ["hot:1"]  # read once: never copied
+    # the copies hold the bytes: the first segment goes, the key is still read
+    segs["hot:1"].kill()
+    assert c.get("hot-key") == data
+    # no more reads: it cools, and gives back what it was given but its last copy
+    assert read_until(c, "hot-key", data, 1, 30, rate=False), replica_segments(c, "hot-key")
+    assert c.get("hot-key") == data
+    used = {s["name"]: s["used"] for s in c.stat()["segments"]}
+    assert sorted(used.values()) == [0, 1 << 20]  # nothing left behind on the other one
