@@ -155,6 +155,10 @@ if [ -f "$TRACE" ]; then
 else
   run index index --class conversation --requests 4000
 fi
+# Copy and move tasks (issue 47): 256 MiB of 64 KiB, 1 MiB and 4 MiB objects put on one of 3
+# segments of a cluster of its own per transport, then copied to a second and moved to a
+# third by tasks their owner runs, every byte read back. Under a minute.
+run tasks tasks --sizes 64KiB,1MiB,4MiB
 # Workload classes (issue 26): kvpool-bench tracegen writes 4000 requests of each class (seed
 # 1; the classes and their sources: docs/benchmarks.md, "Workload classes"), each replayed
 # with 4 KiB blocks at 2-50 % of its unique blocks, unpaced, and the trace above at 2 and 50 %
@@ -487,6 +491,20 @@ if ix:
                    r["ops_per_s_apply_only"] / 1e6, r["baseline_ops_per_s"] / 1e6,
                    r["ratio_to_baseline"], r["requests"], r["stored_blocks"], r["removed_blocks"],
                    r["query_blocks"])]
+tk = [r for r in R if r["mode"] == "tasks"]
+if tk:
+    md += ["", "## Copy and move tasks (kvpool-bench tasks; issue 47)", "",
+           "Rates from the first task started to the last ended; the wait for the owner's "
+           "heartbeat (up to a second) apart.", "",
+           "| transport | size | objects | put GB/s | copy GB/s | copy tasks/s | x put | "
+           "move GB/s | x put | tcp pump GB/s | first started after (copy / move) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in tk:
+        md.append("| %s | %s | %d | %.2f | %.2f | %.0f | %.2f | %.2f | %.2f | %s | %.0f / %.0f ms |" % (
+            r["transport"], r["size"], r["objects"], r["put_gbps"], r["copy_gbps"],
+            r["copy_tasks_per_s"], r["copy_ratio_to_put"], r["move_gbps"],
+            r["move_ratio_to_put"], "%.2f" % r["tcp_pump_gbps"] if "tcp_pump_gbps" in r else "-",
+            r["copy_start_ms"], r["move_start_ms"]))
 open(out_md, "w").write("\n".join(md) + "\n")
 print("\n".join(md))
 PY

@@ -32,7 +32,8 @@ struct kvp_heartbeat {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stop;
-    bool closing; /* stop began: start no new drain */
+    bool closing;   /* stop began: start no new drain */
+    bool tasks_ran; /* the last beat ran tasks: beat again at once (more may wait) */
     /* a drain asked for by someone else runs on its own thread */
     pthread_t drain_thread;
     _Atomic bool drain_running;
@@ -108,12 +109,20 @@ static kvp_status_t heartbeat_once(kvp_heartbeat_t *hb)
         if (kvp_segment_state(seg) == KVP_SEG_MOUNTED &&
             hr->drain_segment_ids[i] == kvp_segment_id(seg) && !atomic_load(&hb->drain_running))
             drain_start(hb);
-    /* copy and move tasks from our segment (task.c): run here, one after the other (a copy
-     * is the time of its bytes on the wire, far below --client-ttl) */
-    for (size_t i = 0; i < hr->n_tasks; i++)
+    /* copy and move tasks from our segment (task.c): run here, together (a batch is the
+     * time of its bytes on the wire, far below --client-ttl); more may wait: beat again */
+    hb->tasks_ran = false;
+    uint64_t ids[2 * 64];
+    size_t n = 0;
+    for (size_t i = 0; i < hr->n_tasks && n < 64; i++)
         if (kvp_segment_state(seg) == KVP_SEG_MOUNTED &&
-            hr->tasks[i]->segment_id == kvp_segment_id(seg))
-            (void)kvp_task_run(&hb->p.drain, hr->tasks[i]->id_hi, hr->tasks[i]->id_lo);
+            hr->tasks[i]->segment_id == kvp_segment_id(seg)) {
+            ids[2 * n] = hr->tasks[i]->id_hi;
+            ids[2 * n + 1] = hr->tasks[i]->id_lo;
+            n++;
+        }
+    if (n > 0)
+        hb->tasks_ran = kvp_task_run(&hb->p.drain, ids, n) > 0;
     kvpool__heartbeat_response__free_unpacked(hr, NULL);
     return KVP_OK;
 }
@@ -128,7 +137,7 @@ static void *heartbeat_main(void *arg)
         uint64_t ns = (uint64_t)ts.tv_nsec + (uint64_t)hb->p.interval_ms * 1000000u;
         ts.tv_sec += (time_t)(ns / 1000000000u);
         ts.tv_nsec = (long)(ns % 1000000000u);
-        int rc = 0;
+        int rc = hb->tasks_ran ? ETIMEDOUT : 0; /* tasks ran: the next ones now */
         while (!hb->stop && rc != ETIMEDOUT)
             rc = pthread_cond_timedwait(&hb->cond, &hb->lock, &ts);
         if (hb->stop)

@@ -18,8 +18,9 @@ kvp_status_t kvp_task_create(kvp_session_t *s, uint32_t kind, const char *key, c
                              const char *const *targets, size_t n_targets, kvp_task_id_t *id_p);
 /* TaskQuery. KVP_ERR_NOT_FOUND: no task of the caller's tenant has this id. */
 kvp_status_t kvp_task_query(kvp_session_t *s, kvp_task_id_t id, kvp_task_info_t *info);
-/* Run one task offered to this client: TaskStart, the copies written from its segment's
- * memory (their CRC checked), TaskEnd. Thread: the heartbeat's. */
-kvp_status_t kvp_task_run(const kvp_drain_params_t *p, uint64_t id_hi, uint64_t id_lo);
+/* Run the n tasks offered to this client (ids: hi, lo pairs): TaskStart each, all their
+ * copies written from its segment's memory in one transfer run (their CRC checked), TaskEnd
+ * each. Returns how many started. Thread: the heartbeat's. */
+size_t kvp_task_run(const kvp_drain_params_t *p, const uint64_t *ids, size_t n);
 
 #endif

@@ -598,7 +598,7 @@ kvp_status_t kvp_handle_heartbeat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.drain_segment_ids = drain;
     resp.n_drain_segment_ids = n_drain;
     /* copy and move tasks waiting for this owner (rpc/task_calls.c) */
-    Kvpool__TaskOffer offers[16], *offp[16];
+    Kvpool__TaskOffer offers[64], *offp[64];
     resp.n_tasks = kvp_task_offers(st, call->conn_id, offers, KVP_ARRAY_SIZE(offers));
     for (size_t i = 0; i < resp.n_tasks; i++)
         offp[i] = &offers[i];

@@ -323,5 +323,7 @@ int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_ha(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 /* index: kvpool-indexer in process, end to end, /query latency, memory (bench_index.c) */
 int kvp_bench_index(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+/* Copy and move tasks on a cluster of its own (bench_tasks.c). */
+int kvp_bench_tasks(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 
 #endif

@@ -137,6 +137,12 @@ static const bench_mode_t modes[] = {
      "                         (default 10000000)\n"
      "  --indexer-bin PATH     kvpool-indexer (default $KVPOOL_INDEXER_BIN, the build tree)\n",
      kvp_bench_index, MODE_OWN, NULL},
+    {"tasks",
+     "tasks (copy and move tasks, on 3 segments of its own per transport; bench_tasks.c):\n"
+     "  --transport LIST       tcp,shm (default both)\n"
+     "  --sizes LIST           object sizes (default 64KiB,1MiB,4MiB); 256 MiB of each\n"
+     "  --segment-size SIZE    each segment (default 1GiB)\n",
+     kvp_bench_tasks, MODE_OWN, NULL},
     {"all", NULL, NULL, 0, all_parts},
 };
 
