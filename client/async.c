@@ -56,6 +56,8 @@ typedef struct aq_job {
     kvp_put_config_t config; /* strings pointing at the two below */
     char preferred_segment[256];
     char medium[32];
+    char preferred_names[8][256]; /* config.preferred_segments, copied */
+    const char *preferred_ptrs[8];
     kvp_aq_completion_t done;
 } aq_job_t;
 
@@ -245,6 +247,27 @@ static bool copy_config_string(const char **s, char *buf, size_t cap)
     return true;
 }
 
+/* job->config.preferred_segments, copied into the job (8 names of 255 bytes at most). */
+static bool copy_config_list(aq_job_t *job)
+{
+    kvp_put_config_t *c = &job->config;
+    if (c->preferred_segments == NULL || c->n_preferred_segments == 0) {
+        c->preferred_segments = NULL;
+        c->n_preferred_segments = 0;
+        return true;
+    }
+    if (c->n_preferred_segments > 8)
+        return false;
+    for (size_t i = 0; i < c->n_preferred_segments; i++) {
+        job->preferred_ptrs[i] = c->preferred_segments[i];
+        if (!copy_config_string(&job->preferred_ptrs[i], job->preferred_names[i],
+                                sizeof(job->preferred_names[i])))
+            return false;
+    }
+    c->preferred_segments = job->preferred_ptrs;
+    return true;
+}
+
 /* Take a slot, fill it from `tmpl` (and the config), queue it for a worker. */
 static kvp_status_t submit(kvp_aq_t *aq, const aq_job_t *tmpl, const kvp_put_config_t *config)
 {
@@ -274,7 +297,8 @@ static kvp_status_t submit(kvp_aq_t *aq, const aq_job_t *tmpl, const kvp_put_con
         job->config = cfg;
         if (!copy_config_string(&job->config.preferred_segment, job->preferred_segment,
                                 sizeof(job->preferred_segment)) ||
-            !copy_config_string(&job->config.medium, job->medium, sizeof(job->medium))) {
+            !copy_config_string(&job->config.medium, job->medium, sizeof(job->medium)) ||
+            !copy_config_list(job)) {
             kvp_api_fail("aq_put: a config string is too long (preferred_segment: at most %zu "
                          "bytes, medium: %zu)",
                          sizeof(job->preferred_segment) - 1, sizeof(job->medium) - 1);

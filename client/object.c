@@ -445,6 +445,8 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
         else
             pc.preferred_segment = (char *)cfg->preferred_segment;
     }
+    pc.preferred_segments = (char **)cfg->preferred_segments;
+    pc.n_preferred_segments = cfg->preferred_segments != NULL ? cfg->n_preferred_segments : 0;
     /* segments we failed to reach lately: the master places elsewhere while it can */
     uint64_t avoid[KVP_PEERS_SUSPECTS];
     pc.n_avoid_segments = kvp_peers_suspects(&c->peers, kvp_now_ms(), avoid, KVP_PEERS_SUSPECTS);
@@ -623,8 +625,11 @@ static kvp_status_t put_config(const kvp_put_config_t *config, kvp_put_config_t 
     if (config != NULL)
         memcpy(cfg, config, KVP_MIN(config->size, sizeof(*cfg)));
     if (cfg->replica_num == 0 || cfg->replica_num > REPLICAS_MAX || cfg->pin > KVP_PIN_HARD ||
-        cfg->mode > KVP_PUT_UPSERT)
+        cfg->mode > KVP_PUT_UPSERT || cfg->n_preferred_segments > 8)
         return KVP_ERR_INVALID_ARG;
+    for (size_t i = 0; cfg->preferred_segments != NULL && i < cfg->n_preferred_segments; i++)
+        if (cfg->preferred_segments[i] == NULL)
+            return KVP_ERR_INVALID_ARG;
     return KVP_OK;
 }
 

@@ -157,6 +157,11 @@ typedef struct kvp_put_config {
     uint32_t mode;                 /* KVP_PUT_INSERT (default) or KVP_PUT_UPSERT */
     const char *medium;            /* NULL or "dram": DRAM; "ssd": straight to the SSD tier
                                       (blocks known to be cold) */
+    /* replica i on the segment named preferred_segments[i] while it has room (i <
+     * n_preferred_segments <= 8; Mooncake's preferred_segments); when given, it replaces
+     * preferred_segment */
+    const char *const *preferred_segments;
+    size_t n_preferred_segments;
 } kvp_put_config_t;
 
 /*

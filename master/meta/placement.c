@@ -110,10 +110,15 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     if (want > KVP_MAX_REPLICAS)
         want = KVP_MAX_REPLICAS;
     unsigned n = 0;
-    if (req->preferred != NULL && kvp_segment_open(req->preferred) &&
-        req->preferred->ssd == req->ssd && allowed(req->preferred, req->tenant) &&
-        !avoided(req, req->preferred->id))
-        n += try_alloc((kvp_segment_t *)req->preferred, req->size, &out[n]);
+    const kvp_segment_t *const *pref =
+        req->n_preferred_list > 0 ? req->preferred_list : &req->preferred;
+    unsigned n_pref = req->n_preferred_list > 0 ? req->n_preferred_list : 1;
+    for (unsigned k = 0; k < n_pref && n < want; k++) {
+        const kvp_segment_t *p = pref[k];
+        if (p != NULL && kvp_segment_open(p) && p->ssd == req->ssd && allowed(p, req->tenant) &&
+            !avoided(req, p->id) && !chosen(out, n, p->id))
+            n += try_alloc((kvp_segment_t *)p, req->size, &out[n]);
+    }
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
         if (seg != NULL && kvp_segment_open(seg) && seg->ssd == req->ssd &&

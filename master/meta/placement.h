@@ -14,16 +14,20 @@ typedef struct kvp_placement_req {
     uint64_t size;
     unsigned replica_num;
     const kvp_segment_t *preferred; /* may be NULL */
-    unsigned pin;                   /* kvp_pin_t for the new object */
-    uint32_t soft_pin_ttl_s;        /* 0: the master's default */
-    bool upsert;                    /* replace an existing object (PutStart only) */
-    bool ssd;                       /* on SSD segments (else DRAM ones): one tier per call */
-    const char *near_host;          /* prefer segments on this host id when no preferred one */
-    uint16_t tenant;                /* whose object: never on another tenant's dedicated
-                                       segment */
-    bool dedicated_first;           /* the tenant has dedicated segments: draw there first */
-    const uint64_t *avoid;          /* segments the writer could not reach lately: used only */
-    unsigned n_avoid;               /* ... for replicas no other segment has room for */
+    /* replica i on preferred_list[i] while it has room (Mooncake's preferred_segments): when
+     * given, it replaces preferred */
+    const kvp_segment_t *preferred_list[8];
+    unsigned n_preferred_list;
+    unsigned pin;            /* kvp_pin_t for the new object */
+    uint32_t soft_pin_ttl_s; /* 0: the master's default */
+    bool upsert;             /* replace an existing object (PutStart only) */
+    bool ssd;                /* on SSD segments (else DRAM ones): one tier per call */
+    const char *near_host;   /* prefer segments on this host id when no preferred one */
+    uint16_t tenant;         /* whose object: never on another tenant's dedicated
+                                segment */
+    bool dedicated_first;    /* the tenant has dedicated segments: draw there first */
+    const uint64_t *avoid;   /* segments the writer could not reach lately: used only */
+    unsigned n_avoid;        /* ... for replicas no other segment has room for */
 } kvp_placement_req_t;
 
 /*

@@ -251,6 +251,9 @@ static kvp_status_t put_config(kvp_master_state_t *st, const Kvpool__PutConfig *
             return KVP_ERR_INVALID_ARG;
         if (cfg->preferred_segment[0] != '\0')
             preq->preferred = kvp_segment_table_find_name(&st->segments, cfg->preferred_segment);
+        for (size_t i = 0; i < cfg->n_preferred_segments && i < 8; i++)
+            preq->preferred_list[preq->n_preferred_list++] =
+                kvp_segment_table_find_name(&st->segments, cfg->preferred_segments[i]);
         preq->avoid = cfg->avoid_segments;
         preq->n_avoid = (unsigned)KVP_MIN(cfg->n_avoid_segments, (size_t)8);
     }

@@ -238,3 +238,27 @@ def test_a_hot_key_gets_replicas_and_loses_them_when_it_cools(hot_world):
     assert c.get("hot-key") == data
     used = {s["name"]: s["used"] for s in c.stat()["segments"]}
     assert sorted(used.values()) == [0, 1 << 20]  # nothing left behind on the other one
+
+
+def test_a_segment_per_replica(world):
+    """preferred_segment as a list (Mooncake's preferred_segments): replica i on the i-th
+    segment; the kvpool module's and mooncake.store's forms."""
+    from mooncake.store import MooncakeDistributedStore, ReplicateConfig
+    pool, segs, c = world
+    for order in (["localhost:10002", "localhost:10003"], ["localhost:10003", "localhost:10001"]):
+        for i in range(4):
+            key = f"placed/{order[0]}/{i}"
+            c.put(key, b"p" * 3000, replicas=2, preferred_segment=order)
+            assert replica_segments(c, key) == sorted(order)
+    s = MooncakeDistributedStore()
+    assert s.setup("", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == 0
+    try:
+        cfg = ReplicateConfig()
+        cfg.replica_num = 2
+        cfg.preferred_segments = ["localhost:10001", "localhost:10003"]
+        for i in range(4):
+            assert s.put(f"mc-placed/{i}", b"q" * 2048, cfg) == 0
+            assert replica_segments(c, f"mc-placed/{i}") == ["localhost:10001", "localhost:10003"]
+            assert s.get(f"mc-placed/{i}") == b"q" * 2048
+    finally:
+        s.close()

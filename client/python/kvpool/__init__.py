@@ -120,6 +120,11 @@ def _config(replicas=1, preferred_segment=None, pin=PIN_NONE, soft_pin_ttl_s=0,
         return None
     if not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+    if isinstance(preferred_segment, (list, tuple)):
+        # a segment per replica: replica i on preferred_segment[i] while it has room
+        names = tuple(preferred_segment)
+        return (replicas, names[0] if names else None, pin, soft_pin_ttl_s,
+                PUT_UPSERT if upsert else PUT_INSERT, medium, names)
     return (replicas, preferred_segment, pin, soft_pin_ttl_s,
             PUT_UPSERT if upsert else PUT_INSERT, medium)
 

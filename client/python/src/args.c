@@ -134,10 +134,28 @@ int kvp_py_config_conv(PyObject *o, void *config_p)
     config->p = NULL;
     if (o == Py_None)
         return 1;
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) != 6) {
-        PyErr_SetString(PyExc_TypeError, "config must be None or a 6-tuple (replica_num, "
-                                         "preferred_segment, pin, soft_pin_ttl_s, mode, medium)");
+    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 6 && PyTuple_GET_SIZE(o) != 7)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "config must be None or a 6-tuple (replica_num, preferred_segment, pin, "
+                        "soft_pin_ttl_s, mode, medium), or a 7-tuple with preferred_segments "
+                        "(a tuple of at most 8 str, or None) last");
         return 0;
+    }
+    if (PyTuple_GET_SIZE(o) == 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
+        PyObject *l = PyTuple_GET_ITEM(o, 6);
+        if (!PyTuple_Check(l) || PyTuple_GET_SIZE(l) > 8) {
+            PyErr_SetString(PyExc_TypeError,
+                            "config: preferred_segments must be None or a tuple of at most 8 str");
+            return 0;
+        }
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(l); i++)
+            if (key_check(PyTuple_GET_ITEM(l, i), &config->preferred[i]) != 0) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_TypeError, "config: preferred_segments must be str");
+                return 0;
+            }
+        cfg->preferred_segments = config->preferred;
+        cfg->n_preferred_segments = (size_t)PyTuple_GET_SIZE(l);
     }
     unsigned long v[6] = {0};
     static const int ints[] = {0, 2, 3, 4};

@@ -172,6 +172,7 @@ typedef struct kvp_py_lists {
 typedef struct kvp_py_config {
     kvp_put_config_t cfg;
     const kvp_put_config_t *p;
+    const char *preferred[8]; /* cfg.preferred_segments (borrowed from the tuple's str) */
 } kvp_py_config_t;
 
 /* str without NUL -> const char * (borrowed from the argument) */

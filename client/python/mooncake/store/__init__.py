@@ -360,9 +360,11 @@ class MooncakeDistributedStore(TensorAPI):
                                    or ttl_ms > _MAX_SOFT_PIN_TTL_MS):
             raise ValueError("soft_pin_ttl_ms needs SoftPinAction.ENABLE and <= 24 h")
         seg = getattr(config, "preferred_segment", "") or ""
+        segs = list(getattr(config, "preferred_segments", []) or [])
         if not seg:
-            segs = list(getattr(config, "preferred_segments", []) or [])
             seg = segs[0] if segs else ""
+        # more than one: replica i on segs[i] while it has room (the master's placement)
+        pref = (tuple(segs[:8]),) if len(segs) > 1 else ()
         if not seg and same_node:
             seg = _kvpool.SEGMENT_LOCAL
         if not isinstance(seg, str):
@@ -375,7 +377,7 @@ class MooncakeDistributedStore(TensorAPI):
             # Mooncake's default_kv_soft_pin_ttl too); 0 ms would expire at once: no pin
             pin = _kvpool.PIN_SOFT
             ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
-        return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None)
+        return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None) + pref
 
     def _call(self, fn, fail):
         """Run fn(client); bad input -> fail(INVALID_PARAMS), kvpool.Error -> fail(code)."""

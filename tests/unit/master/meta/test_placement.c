@@ -283,6 +283,60 @@ static void test_preferred(void **state)
     kvp_segment_table_cleanup(&t);
 }
 
+/* A segment per replica (Mooncake's preferred_segments): replica i on the i-th while it has
+ * room; a full one, an unknown one (NULL) or the same one twice leaves its replica to the
+ * draw, which never doubles a segment. */
+static void test_preferred_list(void **state)
+{
+    (void)state;
+    kvp_segment_table_t t;
+    kvp_segment_table_init(&t);
+    kvp_segment_t *a = add_seg(&t, "a", "h1", 64 << 20);
+    kvp_segment_t *b = add_seg(&t, "b", "h2", 64 * 1024);
+    kvp_segment_t *c = add_seg(&t, "c", "h3", 64 << 20);
+    kvp_segment_t *d = add_seg(&t, "d", "h4", 64 << 20);
+    uint64_t rng = 9;
+    kvp_replica_t out[KVP_MAX_REPLICAS];
+    unsigned n;
+    for (int trial = 0; trial < 100; trial++) {
+        kvp_placement_req_t req = {.size = 4096, .replica_num = 3, .preferred = a};
+        req.preferred_list[0] = c; /* the list replaces preferred */
+        req.preferred_list[1] = b;
+        req.preferred_list[2] = d;
+        req.n_preferred_list = 3;
+        assert_int_equal(kvp_placement_alloc(&t, &req, &rng, out, &n), KVP_OK);
+        assert_int_equal(n, 3);
+        assert_true(out[0].segment_id == c->id && out[1].segment_id == b->id &&
+                    out[2].segment_id == d->id);
+        release(&t, out, n);
+        /* an unknown name and a repeat: their replicas drawn, on other segments */
+        req.preferred_list[0] = NULL;
+        req.preferred_list[1] = d;
+        req.preferred_list[2] = d;
+        assert_int_equal(kvp_placement_alloc(&t, &req, &rng, out, &n), KVP_OK);
+        assert_int_equal(n, 3);
+        assert_true(out[0].segment_id == d->id);
+        check_replicas(&t, 4096, out, n);
+        release(&t, out, n);
+    }
+    /* b full: its replica goes elsewhere */
+    kvp_replica_t held[16];
+    for (unsigned i = 0; i < 16; i++)
+        assert_int_equal(place(&t, 4096, 1, b, &rng, &held[i], &n), KVP_OK);
+    kvp_placement_req_t req = {.size = 4096, .replica_num = 2};
+    req.preferred_list[0] = b;
+    req.preferred_list[1] = c;
+    req.n_preferred_list = 2;
+    assert_int_equal(kvp_placement_alloc(&t, &req, &rng, out, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_true(out[0].segment_id == c->id);
+    assert_true(out[1].segment_id != b->id);
+    check_replicas(&t, 4096, out, n);
+    release(&t, out, n);
+    release(&t, held, 16);
+    kvp_segment_table_cleanup(&t);
+}
+
 /* Segments the writer asks to avoid (it failed to reach them lately): never used while
  * another has room, preferred or not; used for the replicas nothing else can take. */
 static void test_avoided_segments(void **state)
@@ -552,6 +606,7 @@ int main(void)
         cmocka_unit_test(test_replicas_distinct_hosts),
         cmocka_unit_test(test_hosts_first_then_segments),
         cmocka_unit_test(test_preferred),
+        cmocka_unit_test(test_preferred_list),
         cmocka_unit_test(test_avoided_segments),
         cmocka_unit_test(test_weighted_by_free_space),
         cmocka_unit_test(test_fill_until_full),
