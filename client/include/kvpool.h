@@ -342,7 +342,8 @@ kvp_status_t kvp_create_copy_task(kvp_client_t *client, const char *key, const c
 kvp_status_t kvp_create_move_task(kvp_client_t *client, const char *key, const char *source,
                                   const char *target, kvp_task_id_t *id_p);
 /* Where a task stands. KVP_ERR_NOT_FOUND: no task of the caller's tenant has this id (the
- * master keeps the 4096 newest ended ones, and none across its restarts). */
+ * master keeps the 4096 newest ended ones); a task of a master that has since restarted or
+ * failed over: KVP_TASK_FAILED, why in the message. */
 kvp_status_t kvp_query_task(kvp_client_t *client, kvp_task_id_t id, kvp_task_info_t *info);
 
 /*

@@ -234,6 +234,7 @@ typedef struct kvp_master_state {
     uint32_t hot_mask, hot_count;
     uint64_t hot_window_ms;                   /* when the current window ends */
     uint32_t n_copy_tasks, n_copy_tasks_live; /* all kept; not ended */
+    uint64_t task_incarnation; /* 48 random bits naming this master's tasks (0: none yet) */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */
     uint64_t next_task_id;

@@ -16,8 +16,10 @@
  * being read keeps both replicas until no read leases it (the timer), then frees the
  * source's. A task whose runner's connection closes, or that has not ended by its deadline
  * (30 s to start, then --put-timeout), FAILED, its extents freed. Ended tasks are kept for
- * TaskQuery (the newest KEEP_ENDED). Tasks live in the master's memory only: after a restart
- * or a failover a TaskQuery of one is NOT_FOUND, and its runner's TaskEnd too, so extents it
+ * TaskQuery (the newest KEEP_ENDED). Tasks live in the master's memory only: an id carries
+ * the master that gave it (48 random bits drawn at its first task, and a 16-bit check), so
+ * after a restart or a failover a TaskQuery of an earlier master's task answers FAILED, saying
+ * why, while a made-up id is NOT_FOUND; its runner's TaskEnd is NOT_FOUND, so extents it
  * wrote were never the object's.
  *
  * Who. TaskCreate needs the write role and the key (the dispatcher checks both, and scopes
@@ -174,16 +176,32 @@ static kvp_segment_t *target_check(kvp_master_state_t *st, kvp_reply_t *r, const
     return NULL;
 }
 
+/* A task id's check: 16 bits of (incarnation, id_lo), so that an id this or an earlier
+ * master gave is told from a made-up one. */
+static uint64_t id_check(uint64_t incarnation, uint64_t id_lo)
+{
+    uint64_t x = (incarnation ^ id_lo) * 0x9E3779B97F4A7C15ull;
+    return (x ^ (x >> 29)) >> 48;
+}
+
+/* Did some master give this id (its incarnation in the high 48 bits, then the check)? */
+static bool id_genuine(uint64_t id_hi, uint64_t id_lo)
+{
+    return (id_hi >> 16) != 0 && (id_hi & 0xffffu) == id_check(id_hi >> 16, id_lo);
+}
+
 kvp_task_t *kvp_task_add(kvp_master_state_t *st, const kvp_object_t *obj, uint8_t kind,
                          const kvp_segment_t *source, const uint64_t *targets, unsigned n_targets)
 {
     kvp_task_t *t = calloc(1, sizeof(*t) + obj->key_len);
     if (t == NULL)
         return NULL;
+    while (st->task_incarnation == 0) /* this master's: its ids say it (TaskQuery) */
+        st->task_incarnation = kvp_random_u64() >> 16;
     do {
-        t->id_hi = kvp_random_u64();
         t->id_lo = kvp_random_u64();
-    } while ((t->id_hi == 0 && t->id_lo == 0) || task_find(st, t->id_hi, t->id_lo) != NULL);
+        t->id_hi = st->task_incarnation << 16 | id_check(st->task_incarnation, t->id_lo);
+    } while (task_find(st, t->id_hi, t->id_lo) != NULL);
     t->kind = kind;
     t->status = KVP_TASK_PENDING;
     t->tenant = obj->tenant;
@@ -307,6 +325,16 @@ kvp_status_t kvp_handle_task_query(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_reply_t r;
     kvp_reply_init(&r, call, &resp.base, 0);
     kvp_task_t *t = task_for(call, req->id_hi, req->id_lo);
+    if (t == NULL && id_genuine(req->id_hi, req->id_lo) &&
+        req->id_hi >> 16 != call->st->task_incarnation) {
+        /* an earlier master's (a restart, a failover): its tasks ended with it, and nothing
+         * of them became a replica here */
+        resp.task_status = KVP_TASK_FAILED;
+        resp.assigned_client = "";
+        resp.message = "the master that had this task stopped (a restart or a failover): its "
+                       "tasks ended with it, and nothing of them was kept";
+        return kvp_reply_send(&r);
+    }
     if (t == NULL)
         return kvp_reply_fail(&r, KVP_ERR_NOT_FOUND, NULL);
     task_describe(t, &resp);

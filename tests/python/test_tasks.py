@@ -12,7 +12,7 @@ import time
 import pytest
 
 import kvpool
-from conftest import Pool, Proc, freeze
+from conftest import Pool, Proc, _bin, free_port, freeze, master_security_args, stop_all
 
 TASK_FAILED, TASK_SUCCESS = kvpool.TASK_FAILED, kvpool.TASK_SUCCESS
 
@@ -262,3 +262,61 @@ def test_a_segment_per_replica(world):
             assert s.get(f"mc-placed/{i}") == b"q" * 2048
     finally:
         s.close()
+
+
+def test_a_task_of_a_master_that_restarted_is_reported_failed():
+    """The master dies (kill -9) with a task waiting for its runner (frozen), and a new one
+    takes its port: the task is reported FAILED, saying why, not unknown; nothing of it
+    became a replica (the owner's object comes back alone). mooncake.store sees the same."""
+    from mooncake.store import MooncakeDistributedStore, TaskStatus
+    port = free_port()
+    argv = [_bin("KVPOOL_MASTER_BIN"), "--listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}",
+            "--log-level", "error", *master_security_args(), "--lease-ttl", "0"]
+    cli = _bin("KVPOOL_CLI_BIN")
+    procs = [Proc(argv)]
+    addr = procs[0].ready
+    c = s = None
+    try:
+        segs = [Proc([cli, "--master", addr, "serve", "--segment-size", "16MiB", "--name",
+                      f"r:{i}", "--ready-fd", "{fd}"]) for i in (1, 2)]
+        procs = segs + procs
+        c = kvpool.Client(addr)
+        data = os.urandom(100000)
+        c.put("before", data, preferred_segment="r:1")
+        freeze(segs[0].pid)
+        tid = c.copy_task("before", ["r:2"])
+        procs[-1].kill()
+        procs[-1] = Proc(argv)
+        os.kill(segs[0].pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                r = c.query_task(tid)
+                break
+            except kvpool.Error:  # reconnecting to the new master
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert r["status"] == TASK_FAILED and "restart" in r["message"], r
+        s = MooncakeDistributedStore()
+        assert s.setup("", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", addr) == 0
+        resp, err = s.query_task(tid)
+        assert err == 0 and resp.status == TaskStatus.FAILED
+        # the owner offers its object back: one replica, the bytes intact, no copy on r:2
+        while time.monotonic() < deadline:
+            try:
+                if replica_segments(c, "before") == ["r:1"]:
+                    break
+            except (kvpool.Error, ValueError):
+                pass
+            time.sleep(0.1)
+        assert replica_segments(c, "before") == ["r:1"]
+        assert c.get("before") == data
+        with pytest.raises(kvpool.Error) as e:
+            c.query_task((tid[0] ^ 1, tid[1]))  # made up: unknown
+        assert e.value.status == kvpool.ERR_NOT_FOUND
+    finally:
+        if s is not None:
+            s.close()
+        if c is not None:
+            c.close()
+        stop_all(procs)

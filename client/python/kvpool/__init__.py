@@ -460,7 +460,8 @@ class Client:
         (TASK_PENDING, TASK_PROCESSING, TASK_FAILED, TASK_SUCCESS), created_ms,
         updated_ms (wall clock), assigned (the source segment) and message (why it
         failed). Raises Error NOT_FOUND: no task of this client's tenant has that
-        id (the master keeps the 4096 newest ended ones, none across restarts)."""
+        id (the master keeps the 4096 newest ended ones); a task of a master that
+        has since restarted or failed over is TASK_FAILED, saying so."""
         r = self._c.query_task(tuple(task_id))
         if isinstance(r, int):
             _raise(r)

@@ -586,7 +586,8 @@ class MooncakeDistributedStore(TensorAPI):
     def query_task(self, task_id):
         """(QueryTaskResponse, 0), or (None, negative code): -1400 TASK_NOT_FOUND
         when no task of this store's tenant has the id (the master keeps the 4096
-        newest ended tasks, and none across its restarts)."""
+        newest ended tasks); a task of a master that has since restarted or
+        failed over answers TaskStatus.FAILED, saying so in its message."""
         def run(c):
             hi, lo = task_id
             r = c.query_task((hi, lo))

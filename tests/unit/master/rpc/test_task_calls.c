@@ -323,6 +323,16 @@ static void test_create_refusals(void **state)
     tid_t none = {.hi = 1, .lo = 2};
     assert_int_equal(query(st, C3, none).status, KVP_ERR_NOT_FOUND);
     assert_int_equal(start(st, C1, none).status, KVP_ERR_NOT_FOUND);
+    /* an id an earlier master gave (another incarnation, its check right): FAILED, why */
+    t = create(st, C3, KVP_TASK_COPY, "k", NULL, s1, 1);
+    uint64_t inc = (t.hi >> 16) ^ 0x5a5a, x = (inc ^ t.lo) * 0x9E3779B97F4A7C15ull;
+    tid_t earlier = {.hi = inc << 16 | ((x ^ (x >> 29)) >> 48), .lo = t.lo};
+    tq_t q = query(st, C3, earlier);
+    assert_int_equal(q.status, KVP_OK);
+    assert_int_equal(q.task_status, KVP_TASK_FAILED);
+    assert_non_null(strstr(q.msg, "restart"));
+    earlier.hi ^= 1; /* its check wrong: made up */
+    assert_int_equal(query(st, C3, earlier).status, KVP_ERR_NOT_FOUND);
     /* another tenant's principal: as unknown */
     t = create(st, C3, KVP_TASK_COPY, "k", NULL, s1, 1);
     assert_int_equal(t.status, KVP_OK);
