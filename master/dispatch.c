@@ -97,7 +97,7 @@ static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
     ROW(KVP_RPC_TASK_START, "TaskStart", &kvpool__task_start_request__descriptor,
         &kvpool__task_start_response__descriptor, kvp_handle_task_start, SEGMENT),
     ROW(KVP_RPC_TASK_END, "TaskEnd", &kvpool__task_end_request__descriptor,
-        &kvpool__task_query_response__descriptor, kvp_handle_task_end, SEGMENT),
+        &kvpool__statuses_response__descriptor, kvp_handle_task_end, SEGMENT),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)

@@ -80,45 +80,34 @@ kvp_status_t kvp_task_query(kvp_session_t *s, kvp_task_id_t id, kvp_task_info_t 
     return st;
 }
 
-/* One task of a batch: its TaskStart answer and where its writes are in the batch's ops. */
+/* One task of a batch: its TaskStart result and where its writes are in the batch's ops. */
 typedef struct run {
-    uint64_t hi, lo;
-    Kvpool__TaskStartResponse *sr; /* NULL: not started (nothing to end) */
-    size_t first_op, n_ops;        /* its dests' ops: ops[first_op..first_op + n_ops) */
+    const Kvpool__TaskStartResult *res; /* NULL: not started (nothing to end) */
+    size_t first_op;                    /* its dests' ops: ops[first_op..) */
     int32_t statuses[8];
 } run_t;
 
-/* TaskStart of r; its dests' writes appended to ops (room for 8 more). */
-static void run_start(const kvp_drain_params_t *p, run_t *r, kvp_xfer_op_t *ops, size_t *n_ops)
+/* Result i of a TaskStart answer: its dests' writes appended to ops (room for 8 more). */
+static void run_plan(const kvp_drain_params_t *p, const Kvpool__TaskStartResult *res, run_t *r,
+                     kvp_xfer_op_t *ops, size_t *n_ops)
 {
-    Kvpool__TaskStartRequest req = KVPOOL__TASK_START_REQUEST__INIT;
-    req.id_hi = r->hi;
-    req.id_lo = r->lo;
-    kvp_status_t st;
-    Kvpool__TaskStartResponse *sr = kvp_session_call_unpack(
-        p->session, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor, &st);
-    if (sr == NULL)
-        return; /* the master fails it by its deadline */
-    if (sr->status != KVP_OK || sr->n_dests == 0 || sr->n_dests > 8) {
-        if (sr->status != KVP_OK)
-            KVP_LOG_INFO("task %016llx%016llx not started: %s", (unsigned long long)r->hi,
-                         (unsigned long long)r->lo, sr->message);
-        kvpool__task_start_response__free_unpacked(sr, NULL);
+    if (res->status != KVP_OK || res->n_dests == 0 || res->n_dests > 8) {
+        if (res->status != KVP_OK)
+            KVP_LOG_INFO("a task not started: %s", res->message);
         return; /* (more than 8: never from a master; it fails the task by its deadline) */
     }
-    r->sr = sr;
-    kvp_peers_update(p->peers, sr->segments, sr->n_segments);
-    const void *local = p->seg != NULL && sr->source_segment_id == kvp_segment_id(p->seg)
-                            ? kvp_segment_extent(p->seg, sr->source_offset, sr->size)
+    r->res = res;
+    const void *local = p->seg != NULL && res->source_segment_id == kvp_segment_id(p->seg)
+                            ? kvp_segment_extent(p->seg, res->source_offset, res->size)
                             : NULL;
     r->first_op = *n_ops;
-    for (size_t i = 0; i < sr->n_dests; i++) {
-        const Kvpool__Replica *d = sr->dests[i];
+    for (size_t i = 0; i < res->n_dests; i++) {
+        const Kvpool__Replica *d = res->dests[i];
         kvp_peer_t *peer = kvp_peers_get(p->peers, d->segment_id);
-        r->statuses[i] = local == NULL           ? KVP_ERR_OUT_OF_RANGE
-                         : peer == NULL          ? KVP_ERR_UNKNOWN_SEGMENT
-                         : d->length != sr->size ? KVP_ERR_PROTOCOL
-                                                 : KVP_OK;
+        r->statuses[i] = local == NULL            ? KVP_ERR_OUT_OF_RANGE
+                         : peer == NULL           ? KVP_ERR_UNKNOWN_SEGMENT
+                         : d->length != res->size ? KVP_ERR_PROTOCOL
+                                                  : KVP_OK;
         if (r->statuses[i] != KVP_OK) {
             if (peer != NULL)
                 kvp_peer_unref(peer);
@@ -127,67 +116,88 @@ static void run_start(const kvp_drain_params_t *p, run_t *r, kvp_xfer_op_t *ops,
         ops[(*n_ops)++] = (kvp_xfer_op_t){.kind = KVP_XFER_WRITE,
                                           .local = (void *)local,
                                           .offset = d->offset,
-                                          .length = sr->size,
+                                          .length = res->size,
                                           .peer = peer,
                                           .want_crc = true,
                                           .grant = KVP_XFER_GRANT(d->grant)};
     }
-    r->n_ops = *n_ops - r->first_op;
 }
 
-/* The writes of r are done: TaskEnd with a status per dest. */
-static void run_end(const kvp_drain_params_t *p, run_t *r, kvp_xfer_op_t *ops)
+/* The writes of r are done: its statuses per dest (its peers released). */
+static void run_statuses(run_t *r, kvp_xfer_op_t *ops)
 {
-    Kvpool__TaskStartResponse *sr = r->sr;
-    for (size_t i = 0, q = r->first_op; i < sr->n_dests; i++) {
+    const Kvpool__TaskStartResult *res = r->res;
+    for (size_t i = 0, q = r->first_op; i < res->n_dests; i++) {
         if (r->statuses[i] != KVP_OK)
             continue;
         kvp_status_t s = ops[q].status;
-        if (s == KVP_OK && ops[q].crc != sr->crc32c)
+        if (s == KVP_OK && ops[q].crc != res->crc32c)
             s = KVP_ERR_CHECKSUM; /* the source extent was rewritten meanwhile */
         r->statuses[i] = s;
         kvp_peer_unref(ops[q].peer);
         q++;
     }
-    Kvpool__TaskEndRequest end = KVPOOL__TASK_END_REQUEST__INIT;
-    end.id_hi = r->hi;
-    end.id_lo = r->lo;
-    end.statuses = r->statuses;
-    end.n_statuses = sr->n_dests;
-    kvp_status_t st;
-    Kvpool__TaskQueryResponse *er = kvp_session_call_unpack(
-        p->session, KVP_RPC_TASK_END, &end.base, &kvpool__task_query_response__descriptor, &st);
-    if (er != NULL && er->status == KVP_OK && er->task_status == 2 /* FAILED */)
-        KVP_LOG_INFO("task %016llx%016llx failed: %s", (unsigned long long)r->hi,
-                     (unsigned long long)r->lo, er->message);
-    if (er != NULL)
-        kvpool__task_query_response__free_unpacked(er, NULL);
-    kvpool__task_start_response__free_unpacked(sr, NULL);
-    r->sr = NULL;
 }
 
 size_t kvp_task_run(const kvp_drain_params_t *p, const uint64_t *ids, size_t n)
 {
-    /* all the batch's writes in one transfer run: they go in parallel, over the
-     * transport's streams, as a put's do */
+    if (n == 0 || n > 64)
+        return 0;
+    /* one TaskStart for the batch, all its writes in one transfer run (in parallel, over the
+     * transport's streams, as a put's), one TaskEnd */
+    Kvpool__TaskOffer offers[64], *offp[64];
+    for (size_t i = 0; i < n; i++) {
+        kvpool__task_offer__init(&offers[i]);
+        offers[i].id_hi = ids[2 * i];
+        offers[i].id_lo = ids[2 * i + 1];
+        offp[i] = &offers[i];
+    }
+    Kvpool__TaskStartRequest req = KVPOOL__TASK_START_REQUEST__INIT;
+    req.tasks = offp;
+    req.n_tasks = n;
+    kvp_status_t st;
+    Kvpool__TaskStartResponse *sr = kvp_session_call_unpack(
+        p->session, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor, &st);
+    if (sr == NULL)
+        return 0; /* the master fails them by their deadline */
     run_t *runs = calloc(n, sizeof(*runs));
     kvp_xfer_op_t *ops = calloc(8 * n + 1, sizeof(*ops));
-    if (runs == NULL || ops == NULL) {
-        free(runs);
-        free(ops);
-        return 0; /* out of memory: the master offers them again at the next beat */
-    }
     size_t n_ops = 0, started = 0;
-    for (size_t i = 0; i < n; i++) {
-        runs[i].hi = ids[2 * i];
-        runs[i].lo = ids[2 * i + 1];
-        run_start(p, &runs[i], ops, &n_ops);
-        started += runs[i].sr != NULL;
+    if (runs != NULL && ops != NULL && sr->status == KVP_OK && sr->n_results == n) {
+        kvp_peers_update(p->peers, sr->segments, sr->n_segments);
+        for (size_t i = 0; i < n; i++)
+            run_plan(p, sr->results[i], &runs[i], ops, &n_ops);
+        kvp_transfer_run(p->xfer, ops, n_ops);
+        Kvpool__TaskEndItem items[64], *itemp[64];
+        for (size_t i = 0; i < n; i++) {
+            if (runs[i].res == NULL)
+                continue;
+            run_statuses(&runs[i], ops);
+            kvpool__task_end_item__init(&items[started]);
+            items[started].id_hi = ids[2 * i];
+            items[started].id_lo = ids[2 * i + 1];
+            items[started].statuses = runs[i].statuses;
+            items[started].n_statuses = runs[i].res->n_dests;
+            itemp[started] = &items[started];
+            started++;
+        }
+        if (started > 0) {
+            Kvpool__TaskEndRequest end = KVPOOL__TASK_END_REQUEST__INIT;
+            end.tasks = itemp;
+            end.n_tasks = started;
+            Kvpool__StatusesResponse *er =
+                kvp_session_call_unpack(p->session, KVP_RPC_TASK_END, &end.base,
+                                        &kvpool__statuses_response__descriptor, &st);
+            for (size_t i = 0; er != NULL && i < er->n_statuses; i++)
+                if (er->statuses[i] == 2 /* FAILED: why in the task, for query_task */)
+                    KVP_LOG_INFO("a copy or move task failed (query_task says why)");
+            if (er != NULL)
+                kvpool__statuses_response__free_unpacked(er, NULL);
+        }
+    } else if (sr->status != KVP_OK) {
+        KVP_LOG_INFO("tasks not started: %s", sr->message);
     }
-    kvp_transfer_run(p->xfer, ops, n_ops);
-    for (size_t i = 0; i < n; i++)
-        if (runs[i].sr != NULL)
-            run_end(p, &runs[i], ops);
+    kvpool__task_start_response__free_unpacked(sr, NULL);
     free(runs);
     free(ops);
     return started;

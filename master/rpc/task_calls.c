@@ -360,50 +360,41 @@ size_t kvp_task_offers(kvp_master_state_t *st, uint64_t conn_id, Kvpool__TaskOff
 
 /* ---------------- TaskStart ---------------- */
 
-/* The task of a TaskStart or TaskEnd: the caller's to run, in state `want`; NULL with the
- * reply failed (*rc_p its status). */
-static kvp_task_t *task_of_runner(kvp_call_t *call, kvp_reply_t *r, uint64_t hi, uint64_t lo,
-                                  uint8_t want, kvp_status_t *rc_p)
+#define BATCH_MAX 64 /* tasks a TaskStart or TaskEnd names at most */
+
+/* May the caller start or end t (in state `want`) now? KVP_OK, or why not (*why_p). */
+static kvp_status_t runner_check(const kvp_call_t *call, const kvp_task_t *t, uint8_t want,
+                                 const char **why_p)
 {
-    kvp_task_t *t = task_find(call->st, hi, lo);
-    if (t == NULL)
-        *rc_p = kvp_reply_fail(r, KVP_ERR_NOT_FOUND, "no such task");
-    else if (t->exec_conn != call->conn_id)
-        *rc_p =
-            kvp_reply_fail(r, KVP_ERR_NOT_OWNER, "the task is for the owner of %s", t->assigned);
-    else if (t->status != want)
-        *rc_p = kvp_reply_fail(r, KVP_ERR_INVALID_ARG, "the task is %s",
-                               t->status == KVP_TASK_PENDING      ? "not started"
-                               : t->status == KVP_TASK_PROCESSING ? "started already"
-                                                                  : "over");
-    else
-        return t;
-    return NULL;
+    if (t == NULL) {
+        *why_p = "no such task";
+        return KVP_ERR_NOT_FOUND;
+    }
+    if (t->exec_conn != call->conn_id) {
+        *why_p = "the task is for the owner of its source segment";
+        return KVP_ERR_NOT_OWNER;
+    }
+    if (t->status != want || t->drop_pending) {
+        *why_p = t->status == KVP_TASK_PENDING      ? "the task is not started"
+                 : t->status == KVP_TASK_PROCESSING ? "the task is started already"
+                                                    : "the task is over";
+        return KVP_ERR_INVALID_ARG;
+    }
+    return KVP_OK;
 }
 
-/* A TaskStart whose answer did not go out: the runner knows nothing of its extents. */
-static void task_start_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
+/* Start t (PENDING, the caller its runner): an extent on each target that holds no replica
+ * yet, in t->dests, and t PROCESSING (SUCCESS with none to write). Anything else ends it
+ * FAILED, why in t->message, and returns the status. *obj_p, *src_p: the object and its
+ * source replica. */
+static kvp_status_t start_one(kvp_master_state_t *st, kvp_task_t *t, kvp_object_t **obj_p,
+                              int *src_p)
 {
-    if (rc != KVP_OK)
-        task_end(r->call->st, arg, KVP_TASK_FAILED, "out of memory starting it");
-}
-
-kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
-{
-    kvp_master_state_t *st = call->st;
-    Kvpool__TaskStartRequest *req = (Kvpool__TaskStartRequest *)req_msg;
-    Kvpool__TaskStartResponse resp = KVPOOL__TASK_START_RESPONSE__INIT;
-    kvp_reply_t r;
-    kvp_reply_init(&r, call, &resp.base, 200);
-    kvp_status_t rc;
-    kvp_task_t *t = task_of_runner(call, &r, req->id_hi, req->id_lo, KVP_TASK_PENDING, &rc);
-    if (t == NULL)
-        return rc;
     kvp_object_t *obj = task_object(st, t);
     int src = obj != NULL ? kvp_object_replica_on(obj, t->source_seg) : -1;
     if (src < 0) {
         task_end(st, t, KVP_TASK_FAILED, "the object or its source replica went before it began");
-        return kvp_reply_fail(&r, KVP_ERR_NOT_FOUND, "%s", t->message);
+        return KVP_ERR_NOT_FOUND;
     }
     unsigned n = 0;
     const char *why = NULL;
@@ -440,43 +431,102 @@ kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
                      fail == KVP_ERR_POOL_FULL ? "no room" : "takes no new replicas now");
         else
             task_end(st, t, KVP_TASK_FAILED, "%s", why);
-        return kvp_reply_fail(&r, fail, "%s", t->message);
+        return fail;
     }
     if (n == 0) { /* every target holds a replica: done */
         task_end(st, t, KVP_TASK_SUCCESS, NULL);
-        return kvp_reply_send(&r);
+        return KVP_OK;
     }
-    Kvpool__Replica *reps = kvp_reply_calloc(&r, n, sizeof(*reps));
-    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n, sizeof(*repptr));
-    kvp_reply_on_end(&r, task_start_end, t);
-    if (reps == NULL || repptr == NULL || !kvp_call_grants_reserve(st, n))
-        return kvp_reply_abort(&r);
-    for (unsigned i = 0; i < n; i++) {
-        kvpool__replica__init(&reps[i]);
-        reps[i].segment_id = t->dests[i].segment_id;
-        reps[i].offset = t->dests[i].offset;
-        reps[i].length = obj->size;
-        repptr[i] = &reps[i];
-        if (!kvp_call_grant(call, &reps[i], i, KVP_GRANT_WRITE, st->config.put_timeout_ms,
-                            obj->version) ||
-            !kvp_seg_set_add(&r.segs, kvp_segment_table_get(&st->segments, reps[i].segment_id),
-                             NULL))
-            return kvp_reply_abort(&r);
-    }
-    if (!kvp_reply_segments(&r))
-        return kvp_reply_abort(&r);
     t->status = KVP_TASK_PROCESSING;
     t->updated_ms = wall_ms();
     t->deadline_ms = st->now_ms + st->config.put_timeout_ms;
     t->version = obj->version;
     t->size = obj->size;
     t->crc32c = obj->crc32c;
-    resp.size = obj->size;
-    resp.crc32c = obj->crc32c;
-    resp.source_segment_id = t->source_seg;
-    resp.source_offset = obj->replicas[src].offset;
-    resp.dests = repptr;
-    resp.n_dests = n;
+    *obj_p = obj;
+    *src_p = src;
+    return KVP_OK;
+}
+
+/* The tasks a TaskStart started: if its answer does not go out, its runner knows nothing of
+ * their extents. */
+typedef struct start_arg {
+    kvp_task_t **t;
+    size_t n;
+} start_arg_t;
+
+static void task_start_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
+{
+    start_arg_t *a = arg;
+    for (size_t i = 0; rc != KVP_OK && i < a->n; i++)
+        task_end(r->call->st, a->t[i], KVP_TASK_FAILED, "out of memory starting it");
+}
+
+kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__TaskStartRequest *req = (Kvpool__TaskStartRequest *)req_msg;
+    Kvpool__TaskStartResponse resp = KVPOOL__TASK_START_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 200);
+    size_t n = req->n_tasks;
+    if (n == 0 || n > BATCH_MAX)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "1 to %u tasks a call, not %zu", BATCH_MAX,
+                              n);
+    size_t cap = n * KVP_TASK_TARGETS_MAX;
+    Kvpool__TaskStartResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
+    Kvpool__TaskStartResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
+    Kvpool__Replica *reps = kvp_reply_calloc(&r, cap, sizeof(*reps));
+    Kvpool__Replica **repptr = kvp_reply_calloc(&r, cap, sizeof(*repptr));
+    start_arg_t *arg = kvp_reply_calloc(&r, 1, sizeof(*arg));
+    kvp_task_t **started = kvp_reply_calloc(&r, n, sizeof(*started));
+    if (!res || !resptr || !reps || !repptr || !arg || !started ||
+        !kvp_call_grants_reserve(st, cap))
+        return kvp_reply_abort(&r);
+    arg->t = started;
+    kvp_reply_on_end(&r, task_start_end, arg);
+    size_t nr = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvpool__task_start_result__init(&res[i]);
+        resptr[i] = &res[i];
+        kvp_task_t *t = task_find(st, req->tasks[i]->id_hi, req->tasks[i]->id_lo);
+        const char *why = NULL;
+        res[i].status = runner_check(call, t, KVP_TASK_PENDING, &why);
+        if (res[i].status != KVP_OK) {
+            res[i].message = (char *)why;
+            continue;
+        }
+        kvp_object_t *obj = NULL;
+        int src = -1;
+        res[i].status = start_one(st, t, &obj, &src);
+        if (res[i].status != KVP_OK || t->status != KVP_TASK_PROCESSING) {
+            res[i].message = t->message;
+            continue;
+        }
+        started[arg->n++] = t; /* (failed, its extents freed, if no answer goes out) */
+        res[i].dests = &repptr[nr];
+        res[i].n_dests = t->n_dests;
+        for (unsigned k = 0; k < t->n_dests; k++, nr++) {
+            kvpool__replica__init(&reps[nr]);
+            reps[nr].segment_id = t->dests[k].segment_id;
+            reps[nr].offset = t->dests[k].offset;
+            reps[nr].length = obj->size;
+            repptr[nr] = &reps[nr];
+            if (!kvp_call_grant(call, &reps[nr], nr, KVP_GRANT_WRITE, st->config.put_timeout_ms,
+                                obj->version) ||
+                !kvp_seg_set_add(&r.segs, kvp_segment_table_get(&st->segments, reps[nr].segment_id),
+                                 NULL))
+                return kvp_reply_abort(&r);
+        }
+        res[i].size = obj->size;
+        res[i].crc32c = obj->crc32c;
+        res[i].source_segment_id = t->source_seg;
+        res[i].source_offset = obj->replicas[src].offset;
+    }
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
+    resp.results = resptr;
+    resp.n_results = n;
     return kvp_reply_send(&r);
 }
 
@@ -557,21 +607,29 @@ kvp_status_t kvp_handle_task_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__TaskEndRequest *req = (Kvpool__TaskEndRequest *)req_msg;
-    Kvpool__TaskQueryResponse resp = KVPOOL__TASK_QUERY_RESPONSE__INIT;
+    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
     kvp_reply_t r;
-    kvp_reply_init(&r, call, &resp.base, 200); /* a refusal's; else the task's */
-    kvp_status_t rc;
-    kvp_task_t *t = task_of_runner(call, &r, req->id_hi, req->id_lo, KVP_TASK_PROCESSING, &rc);
-    if (t == NULL)
-        return rc;
-    if (t->drop_pending)
-        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "the task ended already");
-    if (req->n_statuses != t->n_dests)
-        task_end(st, t, KVP_TASK_FAILED, "its runner reported %zu copies of %u", req->n_statuses,
-                 t->n_dests);
-    else
-        task_commit(st, t, req->statuses);
-    task_describe(t, &resp);
+    kvp_reply_init(&r, call, &resp.base, 0);
+    size_t n = req->n_tasks;
+    if (n == 0 || n > BATCH_MAX)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
+    int32_t *out = kvp_reply_statuses(&r, n);
+    if (out == NULL)
+        return kvp_reply_abort(&r);
+    for (size_t i = 0; i < n; i++) {
+        const Kvpool__TaskEndItem *it = req->tasks[i];
+        kvp_task_t *t = task_find(st, it->id_hi, it->id_lo);
+        const char *why;
+        out[i] = runner_check(call, t, KVP_TASK_PROCESSING, &why);
+        if (out[i] != KVP_OK)
+            continue;
+        if (it->n_statuses != t->n_dests)
+            task_end(st, t, KVP_TASK_FAILED, "its runner reported %zu copies of %u", it->n_statuses,
+                     t->n_dests);
+        else
+            task_commit(st, t, it->statuses);
+        out[i] = t->status;
+    }
     return kvp_reply_send(&r);
 }
 

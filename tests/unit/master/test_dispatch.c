@@ -88,7 +88,7 @@ static const expect_t expected[] = {
     {KVP_RPC_TASK_START, kvp_handle_task_start, &kvpool__task_start_request__descriptor,
      &kvpool__task_start_response__descriptor},
     {KVP_RPC_TASK_END, kvp_handle_task_end, &kvpool__task_end_request__descriptor,
-     &kvpool__task_query_response__descriptor},
+     &kvpool__statuses_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 

@@ -94,38 +94,56 @@ typedef struct started {
     rep_t d[8];
 } started_t;
 
+/* A TaskStart of one task: the call's status when it failed whole, else the task's. */
 static started_t start(kvp_master_state_t *st, uint64_t conn, tid_t id)
 {
+    Kvpool__TaskOffer o = KVPOOL__TASK_OFFER__INIT, *op = &o;
+    o.id_hi = id.hi;
+    o.id_lo = id.lo;
     Kvpool__TaskStartRequest req = KVPOOL__TASK_START_REQUEST__INIT;
-    req.id_hi = id.hi;
-    req.id_lo = id.lo;
+    req.tasks = &op;
+    req.n_tasks = 1;
     Kvpool__TaskStartResponse *r =
         svc_call(st, conn, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor);
-    started_t s = {.status = r->status,
-                   .size = r->size,
-                   .crc = r->crc32c,
-                   .source_seg = r->source_segment_id,
-                   .source_off = r->source_offset,
-                   .n = r->n_dests};
-    assert_true(s.n <= 8);
-    for (size_t i = 0; i < s.n; i++)
-        s.d[i] = (rep_t){r->dests[i]->segment_id, r->dests[i]->offset, r->dests[i]->length};
+    started_t s = {.status = r->status};
+    if (r->status == KVP_OK) {
+        assert_int_equal(r->n_results, 1);
+        const Kvpool__TaskStartResult *x = r->results[0];
+        s = (started_t){.status = x->status,
+                        .size = x->size,
+                        .crc = x->crc32c,
+                        .source_seg = x->source_segment_id,
+                        .source_off = x->source_offset,
+                        .n = x->n_dests};
+        assert_true(s.n <= 8);
+        for (size_t i = 0; i < s.n; i++)
+            s.d[i] = (rep_t){x->dests[i]->segment_id, x->dests[i]->offset, x->dests[i]->length};
+    }
     svc_msg_free(r);
     return s;
 }
 
+/* A TaskEnd of one task: .status its refusal (negative) or 0, .task_status the task's after
+ * it, .msg the task's message (TaskQuery). */
 static tq_t end(kvp_master_state_t *st, uint64_t conn, tid_t id, const int32_t *statuses, size_t n)
 {
+    Kvpool__TaskEndItem it = KVPOOL__TASK_END_ITEM__INIT, *itp = &it;
+    it.id_hi = id.hi;
+    it.id_lo = id.lo;
+    it.statuses = (int32_t *)statuses;
+    it.n_statuses = n;
     Kvpool__TaskEndRequest req = KVPOOL__TASK_END_REQUEST__INIT;
-    req.id_hi = id.hi;
-    req.id_lo = id.lo;
-    req.statuses = (int32_t *)statuses;
-    req.n_statuses = n;
-    Kvpool__TaskQueryResponse *r =
-        svc_call(st, conn, KVP_RPC_TASK_END, &req.base, &kvpool__task_query_response__descriptor);
-    tq_t q = {.status = r->status, .kind = r->kind, .task_status = r->task_status};
-    snprintf(q.msg, sizeof(q.msg), "%s", r->message);
+    req.tasks = &itp;
+    req.n_tasks = 1;
+    Kvpool__StatusesResponse *r =
+        svc_call(st, conn, KVP_RPC_TASK_END, &req.base, &kvpool__statuses_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_statuses, 1);
+    int32_t v = r->statuses[0];
     svc_msg_free(r);
+    tq_t q = {.status = v < 0 ? v : KVP_OK, .task_status = v < 0 ? 0u : (uint32_t)v};
+    if (v >= 0)
+        snprintf(q.msg, sizeof(q.msg), "%s", query(st, C3, id).msg);
     return q;
 }
 
@@ -414,6 +432,82 @@ static void test_hot_keys(void **state)
     assert_int_equal(seg_used(st, s2) + seg_used(st, s3), 0);
 }
 
+/* TaskStart and TaskEnd name many tasks at once: each gets its own result, a refusal of one
+ * (unknown, another runner's) leaves the others alone; more than 64 is refused whole. */
+static void test_batches(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t s2 = mount_seg(st, C2, "s2", "h2", MIB);
+    const char *to[] = {"s2"};
+    tid_t t[3];
+    for (int i = 0; i < 3; i++) {
+        char key[8];
+        snprintf(key, sizeof(key), "b%d", i);
+        put_done(st, C3, key, SZ, 1, "s1", 100 + (uint32_t)i);
+        t[i] = create(st, C3, KVP_TASK_COPY, key, NULL, to, 1);
+    }
+    Kvpool__TaskOffer o[4], *op[4];
+    for (int i = 0; i < 4; i++) {
+        kvpool__task_offer__init(&o[i]);
+        o[i].id_hi = i < 3 ? t[i].hi : 1;
+        o[i].id_lo = i < 3 ? t[i].lo : 2;
+        op[i] = &o[i];
+    }
+    Kvpool__TaskStartRequest req = KVPOOL__TASK_START_REQUEST__INIT;
+    req.tasks = op;
+    req.n_tasks = 4;
+    Kvpool__TaskStartResponse *r =
+        svc_call(st, C1, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_results, 4);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(r->results[i]->status, KVP_OK);
+        assert_int_equal(r->results[i]->n_dests, 1);
+        assert_int_equal(r->results[i]->crc32c, 100 + i);
+        assert_int_equal(r->results[i]->dests[0]->segment_id, s2);
+    }
+    assert_int_equal(r->results[3]->status, KVP_ERR_NOT_FOUND);
+    svc_msg_free(r);
+    assert_int_equal(seg_used(st, s2), 3 * EXT);
+    /* end: the first written, the second not; the third left running */
+    int32_t ok = KVP_OK, bad = KVP_ERR_IO;
+    Kvpool__TaskEndItem it[2], *itp[2];
+    for (int i = 0; i < 2; i++) {
+        kvpool__task_end_item__init(&it[i]);
+        it[i].id_hi = t[i].hi;
+        it[i].id_lo = t[i].lo;
+        it[i].statuses = i == 0 ? &ok : &bad;
+        it[i].n_statuses = 1;
+        itp[i] = &it[i];
+    }
+    Kvpool__TaskEndRequest ereq = KVPOOL__TASK_END_REQUEST__INIT;
+    ereq.tasks = itp;
+    ereq.n_tasks = 2;
+    Kvpool__StatusesResponse *e =
+        svc_call(st, C2, KVP_RPC_TASK_END, &ereq.base, &kvpool__statuses_response__descriptor);
+    assert_int_equal(e->statuses[0], KVP_ERR_NOT_OWNER); /* not the runner: nothing done */
+    assert_int_equal(e->statuses[1], KVP_ERR_NOT_OWNER);
+    svc_msg_free(e);
+    e = svc_call(st, C1, KVP_RPC_TASK_END, &ereq.base, &kvpool__statuses_response__descriptor);
+    assert_int_equal(e->statuses[0], KVP_TASK_SUCCESS);
+    assert_int_equal(e->statuses[1], KVP_TASK_FAILED);
+    svc_msg_free(e);
+    assert_int_equal(grl1(st, "b0").n, 2);
+    assert_int_equal(grl1(st, "b1").n, 1);
+    assert_int_equal(query(st, C3, t[2]).task_status, KVP_TASK_PROCESSING);
+    assert_int_equal(seg_used(st, s2), 2 * EXT);
+    /* 65 tasks in one call: refused whole */
+    Kvpool__TaskOffer *many[65];
+    for (int i = 0; i < 65; i++)
+        many[i] = &o[3];
+    req.tasks = many;
+    req.n_tasks = 65;
+    r = svc_call(st, C1, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    svc_msg_free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -422,6 +516,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_move, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hot_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
