@@ -623,6 +623,12 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
     st = kvp_ssd_server_create(o->file, host, 0, p->protected_mode, &o->srv, &port);
     if (st == KVP_OK) /* the tenants of what the file holds already */
         kvp_ssd_file_foreach(o->file, see_entry, o);
+    /* With TLS to the master (principals, and tenants with its ACL), reads wait for their
+     * object's RECORD from the first one on: the first tenant key the owner sees may be in
+     * the very RECORD a read is waiting for (a put that wrote nothing over another tenant's
+     * removed object: until it is checked, the extent still holds that object's bytes). */
+    if (st == KVP_OK && p->tls != NULL)
+        kvp_ssd_server_saw_tenants(o->srv);
     if (st == KVP_OK) {
         st = kvp_ssd_io_create(KVP_SSD_IO_DEPTH, &o->io);
         if (st == KVP_OK)
