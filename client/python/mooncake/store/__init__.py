@@ -23,6 +23,7 @@ and not used (kvpool needs no metadata server or transfer buffer; its SSD
 tier is set up on `kvpool serve`).
 """
 
+import logging as _logging
 import random as _random
 import re as _re
 import threading as _threading
@@ -30,7 +31,7 @@ import threading as _threading
 import kvpool as _kvpool
 from kvpool import _kvpool as _raw
 
-from . import codes
+from . import _safetensors, codes
 from ._tensor_api import TensorAPI, _put_code
 from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
                      ReadTarget, ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus,
@@ -45,6 +46,8 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "
 # Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
 # TaskStatus as module attributes too (pybind11's export_values()).
 globals().update(EXPORTED_VALUES)
+
+_log = _logging.getLogger(__name__)
 
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
@@ -116,8 +119,8 @@ class MooncakeDistributedStore(TensorAPI):
     housekeeping calls (remove*, is_exist, health_check, get_hostname,
     get_replica_desc), and segments mounted at run time (mount_segment,
     allocate_and_mount_segment and their unmounts). Methods of Mooncake's binding
-    that kvpool cannot honour (transfer sessions, copy/move tasks, the
-    _with_parallelism family) raise NotImplementedError naming themselves.
+    that kvpool cannot honour (transfer sessions, the _with_parallelism family)
+    raise NotImplementedError naming themselves.
     """
 
     def __init__(self):
@@ -703,6 +706,61 @@ class MooncakeDistributedStore(TensorAPI):
                 return []
         return self._call(run, fail)
 
+    # ---- safetensors files ----
+
+    def save_tensor_to_safetensor(self, key, file_name=None):
+        """Write the tensor stored under key to a safetensors file named
+        file_name (None: the key itself), holding one tensor named key. 0;
+        -1100 FILE_NOT_FOUND when key holds no tensor; -600 when the store is
+        not set up or the file cannot be written. The file is what
+        safetensors.torch.save_file writes (Mooncake calls it), without needing
+        that package."""
+        if not isinstance(key, str):
+            raise TypeError("save_tensor_to_safetensor(): key must be str")
+        if self._c is None:
+            return INVALID_PARAMS
+        tensor = self.get_tensor(key)
+        if tensor is None:
+            return codes.MOONCAKE["FILE_NOT_FOUND"]
+        if file_name is not None and not isinstance(file_name, str):
+            raise RuntimeError("save_tensor_to_safetensor(): file_name must be str or None")
+        try:
+            _safetensors.save({key: tensor}, key if file_name is None else file_name)
+        except (OSError, TypeError, ValueError):
+            return INVALID_PARAMS
+        return OK
+
+    def load_tensor_from_safetensor(self, key=None, file_name=None):
+        """Read a safetensors file and put_tensor one of its tensors: the one
+        named key, else (with a warning, as Mooncake) the first in the file,
+        stored under key (None: under file_name). Returns the tensor read, or
+        None: the store not set up, no such file, not a safetensors file, no
+        tensor in it, or the put failed."""
+        if file_name is None:
+            raise TypeError("load_tensor_from_safetensor() missing argument 'file_name'")
+        if not isinstance(file_name, str):
+            raise TypeError("load_tensor_from_safetensor(): file_name must be str")
+        if self._c is None:
+            return None
+        try:
+            loaded = _safetensors.load(file_name)
+        except (OSError, ValueError):
+            return None
+        if not loaded:
+            return None
+        if key is not None and not isinstance(key, str):
+            raise RuntimeError("load_tensor_from_safetensor(): key must be str or None")
+        target = file_name if key is None else key
+        name = next(iter(loaded))
+        if key is not None:
+            if key in loaded:
+                name = key
+            else:
+                _log.warning("key %s not found in safetensor file %s; using its first "
+                             "tensor, %s", key, file_name, name)
+        tensor = loaded[name]
+        return tensor if self.put_tensor(target, tensor) == OK else None
+
     def get_offload_rpc_read_count(self):
         """Reads Mooncake served over its offload RPC: kvpool has no such path
         (SSD replicas are read over the data transports), so always 0."""
@@ -797,8 +855,6 @@ _UNSUPPORTED = {
     "batch_put_session_end": "kvpool has no transfer sessions",
     "batch_put_session_revoke": "kvpool has no transfer sessions",
     "batch_replica_clear": "kvpool has no per-replica removal",
-    "save_tensor_to_safetensor": "not provided: get_tensor, then safetensors.torch.save_file",
-    "load_tensor_from_safetensor": "not provided: safetensors.torch.load_file, then put_tensor",
     "_get_pyclient_capsule": "Mooncake-internal",
 }
 for _p in ("get_tensor_with_parallelism", "batch_get_tensor_with_parallelism",
