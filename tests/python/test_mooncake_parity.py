@@ -365,3 +365,34 @@ def test_async_store(pool, prefix):
             asyncio.run(s.async_batch_replica_clear(["k"]))
     finally:
         assert s.close() == OK
+
+
+# ---- alloc_from_mem_pool (Mooncake's dummy client) ----
+
+def test_alloc_from_mem_pool(pool, prefix, store):
+    d = mstore.MooncakeDistributedStore()
+    assert d.alloc_from_mem_pool(4096) == 0  # not set up
+    assert d.setup_dummy(0, 0, pool.addr) == OK
+    try:
+        assert d.alloc_from_mem_pool(0) == 0
+        for bad in (-1, 1 << 64, 1.5, True, "8"):
+            with pytest.raises(TypeError):
+                d.alloc_from_mem_pool(bad)
+        n = 3 << 20
+        a, b = d.alloc_from_mem_pool(n), d.alloc_from_mem_pool(4096)
+        assert a and b and a % 4096 == 0 and b % 4096 == 0
+        assert b + 4096 <= a or a + n <= b  # two mappings
+        assert ctypes.string_at(a, n) == bytes(n)  # zeroed
+        data = bytes(range(256)) * 4096
+        ctypes.memmove(a, data, len(data))
+        assert d.register_buffer(a, n) == OK
+        assert d.put_from(prefix + "m", a, len(data)) == OK
+        assert store.get(prefix + "m") == data  # another store reads what it wrote
+        ctypes.memset(a, 0, n)
+        assert d.get_into(prefix + "m", a + 4096, n - 4096) == len(data)
+        assert ctypes.string_at(a + 4096, len(data)) == data
+        assert d.unregister_buffer(a) == OK
+    finally:
+        assert d.close() == OK
+    assert ctypes.string_at(a + 4096, 16) == data[:16]  # still mapped after close
+    assert store.alloc_from_mem_pool(4096) == 0  # a real client: 0, as Mooncake's

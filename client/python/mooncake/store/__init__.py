@@ -23,7 +23,9 @@ and not used (kvpool needs no metadata server or transfer buffer; its SSD
 tier is set up on `kvpool serve`).
 """
 
+import ctypes as _ctypes
 import logging as _logging
+import mmap as _mmap
 import random as _random
 import re as _re
 import threading as _threading
@@ -48,6 +50,11 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "
 globals().update(EXPORTED_VALUES)
 
 _log = _logging.getLogger(__name__)
+
+# alloc_from_mem_pool's memory: (mapping, its ctypes view), kept mapped until the process
+# exits, as Mooncake's ShmHelper keeps its shared memory (freed by its destructor)
+_MEM_POOL = []
+_MEM_POOL_LOCK = _threading.Lock()
 
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
@@ -131,6 +138,7 @@ class MooncakeDistributedStore(TensorAPI):
         self._args = None  # (master, data_host, rdma_devices) of setup, for mounted segments
         self._mounted = {}  # segment id -> (kind "file" | "alloc", kvpool._kvpool.Client)
         self._regs = {}  # registered buffers of self._c: ptr -> size (get_into_ranges' bounds)
+        self._dummy = False  # set up by setup_dummy (alloc_from_mem_pool allocates)
 
     # ---- setup ----
 
@@ -175,6 +183,7 @@ class MooncakeDistributedStore(TensorAPI):
             old, self._c = self._c, c
             self._regs = {}
             self._hostname = local_hostname or ""
+            self._dummy = False
             self._args = args
             mounted, self._mounted = self._mounted, {}
         for _kind, m in mounted.values():
@@ -194,7 +203,30 @@ class MooncakeDistributedStore(TensorAPI):
                 raise TypeError("server_address must be str")
         except _BAD_INPUT:
             return INVALID_PARAMS
-        return self.setup("", "", 0, 0, "auto", "", server_address)
+        r = self.setup("", "", 0, 0, "auto", "", server_address)
+        if r == OK:
+            self._dummy = True
+        return r
+
+    def alloc_from_mem_pool(self, size):
+        """Mooncake's dummy-client call: size bytes of shared memory (page-aligned,
+        zeroed, MAP_SHARED) for the caller to fill, register_buffer and hand to
+        the pointer calls. Returns its address as an int, or 0: a store not set
+        up with setup_dummy (Mooncake's real client answers 0 too), size 0, or
+        the mapping failed. The memory stays mapped until the process exits, as
+        Mooncake's ShmHelper keeps it; there is no call to free it."""
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 1 << 64:
+            raise TypeError("alloc_from_mem_pool(): size must be an int >= 0")
+        if not self._dummy or self._c is None or size == 0:
+            return 0
+        try:
+            m = _mmap.mmap(-1, size)
+        except (OSError, ValueError, OverflowError):
+            return 0
+        view = (_ctypes.c_char * size).from_buffer(m)
+        with _MEM_POOL_LOCK:
+            _MEM_POOL.append((m, view))
+        return _ctypes.addressof(view)
 
     def close(self):
         """Unmount this store's segments (setup's and those mounted since) and
@@ -846,7 +878,6 @@ class _MemoryDescriptor:
 _UNSUPPORTED = {
     "init_all": "kvpool sets up its transports in setup()",
     "unmount_local_disk_segment": "SSD segments are `kvpool serve --ssd-path`'s",
-    "alloc_from_mem_pool": "kvpool has no client-side transfer buffer pool",
     "batch_get_session_start": "kvpool has no transfer sessions",
     "batch_get_into_multi_buffer_ranges": "kvpool has no transfer sessions",
     "batch_get_session_end": "kvpool has no transfer sessions",
