@@ -7,6 +7,7 @@ mooncake.async_store modules (docs/python.md)."""
 import asyncio
 import ctypes
 import json
+import logging
 import re
 
 import pytest
@@ -362,7 +363,7 @@ def test_async_store(pool, prefix):
         with pytest.raises(AttributeError, match="is not callable"):
             s.async__not_callable
         with pytest.raises(NotImplementedError):  # what the method raises, through the await
-            asyncio.run(s.async_batch_replica_clear(["k"]))
+            asyncio.run(s.async_init_all())
     finally:
         assert s.close() == OK
 
@@ -396,3 +397,49 @@ def test_alloc_from_mem_pool(pool, prefix, store):
         assert d.close() == OK
     assert ctypes.string_at(a + 4096, 16) == data[:16]  # still mapped after close
     assert store.alloc_from_mem_pool(4096) == 0  # a real client: 0, as Mooncake's
+
+
+# ---- batch_replica_clear ----
+
+def test_batch_replica_clear(make_pool, prefix, caplog):
+    pool = make_pool(segments=("32MiB", "32MiB"), master_args=("--lease-ttl", "0"))
+    s = mstore.MooncakeDistributedStore()
+    assert s.batch_replica_clear([prefix + "a"]) == []  # not set up
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == OK
+    try:
+        two = ReplicateConfig()
+        two.replica_num = 2
+        keys = [f"{prefix}k{i}" for i in range(3)]
+        for k in keys:
+            assert s.put(k, k.encode(), config=two) == OK
+        segs = [d["segment"] for d in s.get_replica_desc(keys[0])]
+        assert len(set(segs)) == 2 and all(segs)
+        # no key, an empty key, a missing key, a key twice: each cleared key once
+        assert s.batch_replica_clear([]) == []
+        assert s.batch_replica_clear(["", prefix + "none", keys[1], keys[1]]) == [keys[1]]
+        assert s.is_exist(keys[1]) == 0 and s.get(keys[1]) == b""
+        # a segment holding no replica: nothing; one holding one of two: kept whole
+        assert s.batch_replica_clear(keys, segment_name="nowhere:1") == []
+        with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+            assert s.batch_replica_clear([keys[0]], segment_name=segs[0]) == []
+        assert "removes whole objects only" in caplog.text
+        assert s.get(keys[0]) == keys[0].encode()
+        assert len(s.get_replica_desc(keys[0])) == 2
+        # a segment holding every replica: cleared
+        one = ReplicateConfig()
+        one.preferred_segment = segs[1]
+        assert s.put(prefix + "on1", b"x" * 100, config=one) == OK
+        assert [d["segment"] for d in s.get_replica_desc(prefix + "on1")] == [segs[1]]
+        assert s.batch_replica_clear([prefix + "on1", keys[0]], segs[1]) == [prefix + "on1"]
+        assert s.is_exist(prefix + "on1") == 0 and s.is_exist(keys[0]) == 1
+        # every replica (segment_name ""): the rest, in the order asked
+        assert s.batch_replica_clear([keys[2], keys[0]]) == [keys[2], keys[0]]
+        assert [s.is_exist(k) for k in keys] == [0, 0, 0]
+        for bad in ("k", [b"k"], [1]):
+            with pytest.raises(TypeError):
+                s.batch_replica_clear(bad)
+        with pytest.raises(TypeError):
+            s.batch_replica_clear([keys[0]], None)
+    finally:
+        assert s.close() == OK
+    assert s.batch_replica_clear(keys) == []  # closed

@@ -569,18 +569,14 @@ class MooncakeDistributedStore(TensorAPI):
         medium of the segment that holds it, and reads as a dict too
         ({"status", "size", "replica", "segment", "medium"})."""
         def run(c):
-            media = {}
-            st = c.stat()
-            if isinstance(st, dict):
-                media = {g["id"]: (g["name"], g["medium"]) for g in st.get("segments", [])}
+            media = _segments(c)
             out = {}
             for k in keys:
                 if not isinstance(k, str):
                     raise TypeError("keys must be str")
-                r = c.list_keys("^" + _re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", k) + "$", 1)
-                if isinstance(r, int) or not r:
+                info = _key_info(c, k)
+                if info is None:
                     continue
-                info = r[0]
                 ids = info.get("segment_ids", [])
                 out[k] = [ReplicaDescriptor(
                     "COMPLETE" if info["complete"] else "PROCESSING", info["size"], i,
@@ -588,6 +584,52 @@ class MooncakeDistributedStore(TensorAPI):
                     for i in range(info["replicas"])]
             return out
         return self._call(run, lambda code: {})
+
+    def batch_replica_clear(self, keys, segment_name=""):
+        """Mooncake's replica clear: the keys whose replicas were cleared, in the
+        order asked ([] when the store is not set up or the master fails). With
+        segment_name "" a key's object is removed as remove(key) removes it,
+        and skipped (not listed) when it is missing, being written or under a
+        read lease. With a segment name, a key is cleared only when that
+        segment holds one of its complete replicas and no other segment holds
+        one: kvpool cannot drop one replica of an object, so an object with
+        replicas elsewhere too is left whole, not listed, and a warning says so.
+        Two differences from Mooncake, whose master records the writer and
+        leases an object on its put: any store of the tenant may clear a key
+        (Mooncake: only the client that put it), and an object just put is
+        cleared at once (Mooncake waits out the put's lease)."""
+        if isinstance(keys, (str, bytes)) or not all(isinstance(k, str) for k in keys):
+            raise TypeError("batch_replica_clear(): keys must be a list of str")
+        if not isinstance(segment_name, str):
+            raise TypeError("batch_replica_clear(): segment_name must be str")
+        if self._c is None:
+            return []
+
+        def run(c):
+            todo = [k for k in dict.fromkeys(keys) if k]  # a key twice: cleared once
+            if segment_name:
+                names = {i: g[0] for i, g in _segments(c).items()}
+                on_segment = []
+                for k in todo:
+                    info = _key_info(c, k)
+                    if info is None or not info["complete"]:
+                        continue
+                    segs = [names.get(i) for i in info["segment_ids"][:info["replicas"]]]
+                    if segment_name not in segs:
+                        continue
+                    if any(g != segment_name for g in segs):
+                        _log.warning("batch_replica_clear: %s has replicas on other segments "
+                                     "than %s too; kvpool removes whole objects only, so it "
+                                     "is not cleared", k, segment_name)
+                        continue
+                    on_segment.append(k)
+                todo = on_segment
+            cleared = []
+            for lo in range(0, len(todo), _kvpool.MAX_BATCH):
+                part = todo[lo:lo + _kvpool.MAX_BATCH]
+                cleared += [k for k, r in zip(part, c.batch_remove(part, False)) if r == 0]
+            return cleared
+        return self._call(run, lambda code: [])
 
     def get_replica_desc(self, key):
         """[ReplicaDescriptor] of key's replicas; [] when it is missing."""
@@ -799,6 +841,20 @@ class MooncakeDistributedStore(TensorAPI):
         return 0
 
 
+def _segments(c):
+    """{segment id: (name, medium)} of the pool's segments."""
+    st = c.stat()
+    if not isinstance(st, dict):
+        return {}
+    return {g["id"]: (g["name"], g["medium"]) for g in st.get("segments", [])}
+
+
+def _key_info(c, key):
+    """list_keys' entry of exactly this key, or None when it is missing."""
+    r = c.list_keys("^" + _re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", key) + "$", 1)
+    return None if isinstance(r, int) or not r else r[0]
+
+
 def _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, code):
     """get_into_ranges' answer filled with code, shaped as Mooncake shapes it
     (pyclient.h, build_ranged_read_results_like): a list per buffer, in it a
@@ -885,7 +941,6 @@ _UNSUPPORTED = {
     "batch_put_from_multi_buffer_ranges": "kvpool has no transfer sessions",
     "batch_put_session_end": "kvpool has no transfer sessions",
     "batch_put_session_revoke": "kvpool has no transfer sessions",
-    "batch_replica_clear": "kvpool has no per-replica removal",
     "_get_pyclient_capsule": "Mooncake-internal",
 }
 for _p in ("get_tensor_with_parallelism", "batch_get_tensor_with_parallelism",
