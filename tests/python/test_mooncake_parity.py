@@ -342,7 +342,7 @@ def test_mooncake_config_from_env_and_file(monkeypatch, tmp_path, caplog):
 def test_async_store(pool, prefix):
     s = MooncakeDistributedStoreAsync()
     assert isinstance(s, mstore.MooncakeDistributedStore)
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == OK
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", pool.addr) == OK
     try:
         async def main():
             keys = [f"{prefix}a{i}" for i in range(16)]
@@ -443,3 +443,53 @@ def test_batch_replica_clear(make_pool, prefix, caplog):
     finally:
         assert s.close() == OK
     assert s.batch_replica_clear(keys) == []  # closed
+
+
+# ---- local_buffer_size 0 (Mooncake's TestZeroLocalBufferSize) ----
+
+def test_zero_local_buffer_size_refuses_the_byte_copying_calls(pool, prefix, store, caplog):
+    s = mstore.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", pool.addr) == OK
+    try:
+        k = prefix + "z"
+        assert store.put(k, b"stored") == OK  # by a store with a buffer
+        with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+            assert s.put(prefix + "p", b"v") == INVALID
+        assert "local_buffer_size 0" in caplog.text
+        assert s.put_parts(prefix + "p", b"a", b"b") == INVALID
+        assert s.put_batch([prefix + "p", prefix + "q"], [b"a", b"b"]) == INVALID
+        assert s.upsert(k, b"new") == INVALID
+        assert s.upsert_parts(k, b"n", b"w") == INVALID
+        assert s.upsert_batch([k], [b"new"]) == INVALID
+        assert [s.is_exist(x) for x in (prefix + "p", prefix + "q")] == [0, 0]
+        assert s.get(k) == b"" and s.get_batch([k]) == [b""]
+        assert s.get_buffer(k) is None and s.batch_get_buffer([k, k]) == [None, None]
+        assert store.get(k) == b"stored"  # nothing was written
+        # the calls on the caller's memory do not need the buffer
+        buf = ctypes.create_string_buffer(64)
+        ptr = ctypes.addressof(buf)
+        assert s.get_into(k, ptr, 64) == 6 and buf.raw[:6] == b"stored"
+        assert s.put_from(prefix + "f", ptr, 6) == OK and store.get(prefix + "f") == b"stored"
+        assert s.batch_put_from([prefix + "g"], [ptr], [6]) == [OK]
+        assert s.batch_get_into([prefix + "g"], [ptr + 8], [32]) == [6]
+        assert s.get_size(k) == 6 and s.is_exist(k) == 1 and s.remove(prefix + "g") == OK
+        # a dict without local_buffer_size gets Mooncake's default, a buffer; 0 refuses
+        cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+               "global_segment_size": 0, "protocol": "tcp", "master_server_address": pool.addr}
+        assert s.setup(cfg) == OK and s.get(k) == b"stored"
+        assert s.setup(dict(cfg, local_buffer_size="0")) == OK and s.get(k) == b""
+        assert s.setup(dict(cfg, local_buffer_size="1MB")) == OK
+        assert s.put(prefix + "p", b"v") == OK and s.get(prefix + "p") == b"v"
+    finally:
+        assert s.close() == OK
+    d = mstore.MooncakeDistributedStore()  # the dummy client's buffer too
+    assert d.setup_dummy(0, 0, pool.addr) == OK
+    try:
+        assert d.put(prefix + "d", b"v") == INVALID and d.get(k) == b""
+    finally:
+        assert d.close() == OK
+    assert d.setup_dummy(0, 1 << 20, pool.addr) == OK
+    try:
+        assert d.put(prefix + "d", b"v") == OK and d.get(prefix + "d") == b"v"
+    finally:
+        assert d.close() == OK

@@ -157,3 +157,18 @@ def test_load_key_choice_and_refusals(store, prefix, tmp_path, caplog):
     assert MooncakeDistributedStore().load_tensor_from_safetensor(ka, path) is None
     with pytest.raises(TypeError):  # file_name has no default, as in Mooncake
         store.load_tensor_from_safetensor(ka)
+
+
+def test_tensor_gets_need_the_local_buffer(pool, prefix, store):
+    # Mooncake reads get_tensor / batch_get_tensor through its local buffer (get_buffer):
+    # with local_buffer_size 0 they answer None; put_tensor writes from the tensor's memory
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", pool.addr) == OK
+    try:
+        t = torch.arange(6, dtype=torch.float32)
+        assert s.put_tensor(prefix + "t", t) == OK
+        assert s.get_tensor(prefix + "t") is None
+        assert s.batch_get_tensor([prefix + "t"]) == [None]
+        assert same(store.get_tensor(prefix + "t"), t)
+    finally:
+        assert s.close() == OK

@@ -350,7 +350,7 @@ def test_put_tensor_with_tp_from(store, prefix):
 def test_one_gib_tensor(make_pool):
     pool = make_pool(segments=("1100MiB",))
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "", 0, 0, "auto", "", pool.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", pool.addr) == OK
     try:
         n = 1 << 30
         t = torch.empty(n, dtype=torch.uint8)
@@ -458,7 +458,7 @@ import sys
 sys.modules["torch"] = None  # import torch -> ImportError
 from mooncake.store import MooncakeDistributedStore
 s = MooncakeDistributedStore()
-assert s.setup("127.0.0.1", "", 0, 0, "auto", "", {pool.addr!r}) == 0
+assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", {pool.addr!r}) == 0
 assert s.put("nt@k", b"abc") == 0 and s.get("nt@k") == b"abc"
 try:
     s.put_tensor("nt@t", object())

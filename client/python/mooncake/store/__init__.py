@@ -18,9 +18,12 @@ global_segment_size the DRAM this process contributes to the pool (0: none),
 protocol "rdma" or "tcp" the transport (anything else: auto, i.e. shm on the
 same host), rdma_devices the RDMA devices, local_hostname the address the
 segment's data server binds and advertises. metadata_server,
-local_buffer_size, engine and the SSD / tenant / HTTP arguments are accepted
-and not used (kvpool needs no metadata server or transfer buffer; its SSD
-tier is set up on `kvpool serve`).
+engine and the SSD / tenant / HTTP arguments are accepted and not used
+(kvpool needs no metadata server; its SSD tier is set up on `kvpool serve`).
+kvpool needs no transfer buffer either, but a local_buffer_size of 0 makes
+the calls Mooncake copies through that buffer (put, put_batch, put_parts,
+the upserts of bytes, get, get_batch, get_buffer, batch_get_buffer,
+get_tensor, batch_get_tensor) refuse, as Mooncake's do: -600, b"" or None.
 """
 
 import ctypes as _ctypes
@@ -139,6 +142,7 @@ class MooncakeDistributedStore(TensorAPI):
         self._mounted = {}  # segment id -> (kind "file" | "alloc", kvpool._kvpool.Client)
         self._regs = {}  # registered buffers of self._c: ptr -> size (get_into_ranges' bounds)
         self._dummy = False  # set up by setup_dummy (alloc_from_mem_pool allocates)
+        self._buffer_size = 0  # setup's local_buffer_size: 0 refuses the byte-copying calls
 
     # ---- setup ----
 
@@ -155,11 +159,13 @@ class MooncakeDistributedStore(TensorAPI):
             global_segment_size = cfg.get("global_segment_size", 0)
             protocol = cfg.get("protocol", "tcp")
             rdma_devices = cfg.get("rdma_devices", cfg.get("device_name", ""))
+            # Mooncake's default when the key is missing: a buffer (16 MiB)
+            local_buffer_size = cfg.get("local_buffer_size", 16 << 20)
             master_server_addr = cfg.get("master_server_address",
                                          cfg.get("master_server_addr"))
         try:
             seg = _kvpool.parse_size(global_segment_size)
-            _kvpool.parse_size(local_buffer_size)
+            buffer_size = _kvpool.parse_size(local_buffer_size)
             for v in (local_hostname, protocol, rdma_devices, master_server_addr):
                 if v is not None and not isinstance(v, str):
                     raise TypeError("host, protocol, devices and master must be str")
@@ -184,6 +190,7 @@ class MooncakeDistributedStore(TensorAPI):
             self._regs = {}
             self._hostname = local_hostname or ""
             self._dummy = False
+            self._buffer_size = buffer_size
             self._args = args
             mounted, self._mounted = self._mounted, {}
         for _kind, m in mounted.values():
@@ -203,7 +210,7 @@ class MooncakeDistributedStore(TensorAPI):
                 raise TypeError("server_address must be str")
         except _BAD_INPUT:
             return INVALID_PARAMS
-        r = self.setup("", "", 0, 0, "auto", "", server_address)
+        r = self.setup("", "", 0, local_buffer_size, "auto", "", server_address)
         if r == OK:
             self._dummy = True
         return r
@@ -412,6 +419,15 @@ class MooncakeDistributedStore(TensorAPI):
             ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
         return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None)
 
+    def _unbuffered(self, method):
+        """True, with a warning, when this store was set up with local_buffer_size 0:
+        Mooncake copies method's bytes through that buffer and refuses it."""
+        if self._c is None or self._buffer_size:
+            return False
+        _log.warning("%s: refused: the store was set up with local_buffer_size 0, the "
+                     "buffer Mooncake copies this call's bytes through", method)
+        return True
+
     def _call(self, fn, fail):
         """Run fn(client); bad input -> fail(INVALID_PARAMS), kvpool.Error -> fail(code)."""
         try:
@@ -472,7 +488,10 @@ class MooncakeDistributedStore(TensorAPI):
     # ---- puts ----
 
     def put(self, key, value, config=None):
-        """Store bytes (or any buffer). 0 (also when the key exists) or negative."""
+        """Store bytes (or any buffer). 0 (also when the key exists) or negative
+        (-600 with local_buffer_size 0)."""
+        if self._unbuffered("put"):
+            return INVALID_PARAMS
         return self._call(lambda c: _put_code(c.put(key, value, self._cfg(config))), lambda x: x)
 
     def put_from(self, key, buffer_ptr, size, config=None):
@@ -482,7 +501,10 @@ class MooncakeDistributedStore(TensorAPI):
                           lambda x: x)
 
     def put_parts(self, key, *parts, config=None):
-        """One object from several 1-D byte buffers, concatenated in order."""
+        """One object from several 1-D byte buffers, concatenated in order. 0 or
+        negative (-600 with local_buffer_size 0)."""
+        if self._unbuffered("put_parts"):
+            return INVALID_PARAMS
         return self._call(lambda c: _put_code(c.put_parts(key, parts, self._cfg(config))),
                           lambda x: x)
 
@@ -492,7 +514,10 @@ class MooncakeDistributedStore(TensorAPI):
                                                              self._cfg(config)), _put_code)
 
     def put_batch(self, keys, values, config=None):
-        """Store several bytes values: 0 when all were stored, else the first error."""
+        """Store several bytes values: 0 when all were stored, else the first error
+        (-600 with local_buffer_size 0)."""
+        if self._unbuffered("put_batch"):
+            return INVALID_PARAMS
         res = self._batch(keys, lambda c: c.batch_put(keys, values, self._cfg(config)), _put_code)
         return next((r for r in res if r != 0), OK)
 
@@ -505,7 +530,10 @@ class MooncakeDistributedStore(TensorAPI):
     # ---- gets ----
 
     def get(self, key):
-        """The object's bytes; b"" when it is missing (or on any error)."""
+        """The object's bytes; b"" when it is missing (or on any error, or with
+        local_buffer_size 0)."""
+        if self._unbuffered("get"):
+            return b""
         def run(c):
             r = c.get(key)
             return b"" if isinstance(r, int) else r
@@ -532,7 +560,9 @@ class MooncakeDistributedStore(TensorAPI):
 
     def batch_get_buffer(self, keys):
         """[BufferHandle or None] per key: each object in memory of its own
-        (buffer protocol, ptr(), size(), len())."""
+        (buffer protocol, ptr(), size(), len()); None each with local_buffer_size 0."""
+        if self._unbuffered("batch_get_buffer"):
+            return [None] * _n(keys)
         def run(c):
             return [None if isinstance(h, int) else h for h in c.batch_get_buffer(keys)]
         return self._call(run, lambda code: [None] * _n(keys))
@@ -697,7 +727,10 @@ class MooncakeDistributedStore(TensorAPI):
         return 0 if isinstance(r, dict) else 2
 
     def upsert(self, key, value, config=None):
-        """put, replacing the key's object if it exists. 0 or negative."""
+        """put, replacing the key's object if it exists. 0 or negative (-600 with
+        local_buffer_size 0)."""
+        if self._unbuffered("upsert"):
+            return INVALID_PARAMS
         return self._call(lambda c: _code(c.put(key, value, self._write_cfg(config, True))),
                           lambda x: x)
 
@@ -712,12 +745,18 @@ class MooncakeDistributedStore(TensorAPI):
                                                              self._write_cfg(config, True)), _code)
 
     def upsert_parts(self, key, *parts, config=None):
-        """put_parts, replacing an existing object. 0 or negative."""
+        """put_parts, replacing an existing object. 0 or negative (-600 with
+        local_buffer_size 0)."""
+        if self._unbuffered("upsert_parts"):
+            return INVALID_PARAMS
         return self._call(lambda c: _code(c.put_parts(key, parts, self._write_cfg(config, True))),
                           lambda x: x)
 
     def upsert_batch(self, keys, values, config=None):
-        """put_batch, replacing existing objects: 0, else the first error."""
+        """put_batch, replacing existing objects: 0, else the first error (-600
+        with local_buffer_size 0)."""
+        if self._unbuffered("upsert_batch"):
+            return INVALID_PARAMS
         res = self._batch(keys, lambda c: c.batch_put(keys, values, self._write_cfg(config, True)),
                           _code)
         return next((r for r in res if r != 0), OK)

@@ -219,6 +219,8 @@ class TensorAPI:
             T.log_refusal(method, e)
             return []
         n = len(keys)
+        if self._unbuffered(method):  # Mooncake reads them through get_buffer
+            return [None] * n
 
         def run(c):
             T._t()
