@@ -119,7 +119,7 @@ try:
         c.put("wheel/a", data)
         assert c.get("wheel/a") == data
         s = mooncake.store.MooncakeDistributedStore()
-        assert s.setup("127.0.0.1", "", 0, 0, "auto", "", addr) == 0
+        assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", addr) == 0
         assert s.put("wheel/b", b"mooncake") == 0 and s.get("wheel/b") == b"mooncake"
         assert s.get("wheel/a") == data
         s.close()

@@ -63,8 +63,8 @@ def test_setup_forms(pool):
     s.remove("setup@dict")
     s.close()
     # setup twice replaces the client
-    assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", pool.addr) == OK
-    assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", pool.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "tcp", "", pool.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "tcp", "", pool.addr) == OK
     s.close()
     s.close()
 
@@ -214,7 +214,7 @@ def test_replicate_config_used(store, prefix):
 def test_remove_all_counts(make_pool):
     p = make_pool()
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "", 0, 0, "tcp", "", p.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "tcp", "", p.addr) == OK
     for i in range(7):
         assert s.put(f"ra/{i}", b"x") == OK
     assert s.remove_by_regex("^ra/[01]$") == 2
@@ -229,14 +229,14 @@ def test_pool_full_is_no_available_handle(make_pool):
     p = make_pool(segments=("1MiB",), master_args=("--lease-ttl", "0", "--no-eviction"))
     p2 = make_pool(segments=())
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "", 0, 0, "auto", "", p.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", p.addr) == OK
     blob = np.ones(400 << 10, np.uint8)
     res = s.batch_put_from([f"full{i}" for i in range(4)], [ptr(blob)] * 4, [blob.nbytes] * 4)
     assert res[:2] == [0, 0] and NO_HANDLE in res[2:], res
     assert s.put("huge", np.zeros(2 << 20, np.uint8)) == NO_HANDLE  # larger than any segment
     s.close()
     # no segment at all
-    assert s.setup("127.0.0.1", "", 0, 0, "auto", "", p2.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", p2.addr) == OK
     assert s.put("k", b"v") == NO_HANDLE
     s.close()
 
@@ -278,8 +278,8 @@ def test_bad_input_returns_invalid_params(store, prefix):
 def test_shared_by_tcp_and_auto_stores(pool, prefix):
     """A tcp store and an auto (shm) store see each other's objects."""
     a, b = MooncakeDistributedStore(), MooncakeDistributedStore()
-    assert a.setup("127.0.0.1", "", 16 << 20, 0, "tcp", "", pool.addr) == OK
-    assert b.setup("127.0.0.1", "", 0, 0, "auto", "", pool.addr) == OK
+    assert a.setup("127.0.0.1", "", 16 << 20, 16 << 20, "tcp", "", pool.addr) == OK
+    assert b.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", pool.addr) == OK
     data = np.random.default_rng(5).integers(0, 255, 3 << 20, dtype=np.uint8)
     cfg = ReplicateConfig(preferred_segment=a.get_hostname())
     assert a.put(prefix + "x", data, cfg) == OK

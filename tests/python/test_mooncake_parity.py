@@ -7,6 +7,7 @@ mooncake.async_store modules (docs/python.md)."""
 import asyncio
 import ctypes
 import json
+import logging
 import re
 
 import pytest
@@ -341,7 +342,7 @@ def test_mooncake_config_from_env_and_file(monkeypatch, tmp_path, caplog):
 def test_async_store(pool, prefix):
     s = MooncakeDistributedStoreAsync()
     assert isinstance(s, mstore.MooncakeDistributedStore)
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == OK
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", pool.addr) == OK
     try:
         async def main():
             keys = [f"{prefix}a{i}" for i in range(16)]
@@ -362,6 +363,133 @@ def test_async_store(pool, prefix):
         with pytest.raises(AttributeError, match="is not callable"):
             s.async__not_callable
         with pytest.raises(NotImplementedError):  # what the method raises, through the await
-            asyncio.run(s.async_batch_replica_clear(["k"]))
+            asyncio.run(s.async_init_all())
     finally:
         assert s.close() == OK
+
+
+# ---- alloc_from_mem_pool (Mooncake's dummy client) ----
+
+def test_alloc_from_mem_pool(pool, prefix, store):
+    d = mstore.MooncakeDistributedStore()
+    assert d.alloc_from_mem_pool(4096) == 0  # not set up
+    assert d.setup_dummy(0, 0, pool.addr) == OK
+    try:
+        assert d.alloc_from_mem_pool(0) == 0
+        for bad in (-1, 1 << 64, 1.5, True, "8"):
+            with pytest.raises(TypeError):
+                d.alloc_from_mem_pool(bad)
+        n = 3 << 20
+        a, b = d.alloc_from_mem_pool(n), d.alloc_from_mem_pool(4096)
+        assert a and b and a % 4096 == 0 and b % 4096 == 0
+        assert b + 4096 <= a or a + n <= b  # two mappings
+        assert ctypes.string_at(a, n) == bytes(n)  # zeroed
+        data = bytes(range(256)) * 4096
+        ctypes.memmove(a, data, len(data))
+        assert d.register_buffer(a, n) == OK
+        assert d.put_from(prefix + "m", a, len(data)) == OK
+        assert store.get(prefix + "m") == data  # another store reads what it wrote
+        ctypes.memset(a, 0, n)
+        assert d.get_into(prefix + "m", a + 4096, n - 4096) == len(data)
+        assert ctypes.string_at(a + 4096, len(data)) == data
+        assert d.unregister_buffer(a) == OK
+    finally:
+        assert d.close() == OK
+    assert ctypes.string_at(a + 4096, 16) == data[:16]  # still mapped after close
+    assert store.alloc_from_mem_pool(4096) == 0  # a real client: 0, as Mooncake's
+
+
+# ---- batch_replica_clear ----
+
+def test_batch_replica_clear(make_pool, prefix, caplog):
+    pool = make_pool(segments=("32MiB", "32MiB"), master_args=("--lease-ttl", "0"))
+    s = mstore.MooncakeDistributedStore()
+    assert s.batch_replica_clear([prefix + "a"]) == []  # not set up
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == OK
+    try:
+        two = ReplicateConfig()
+        two.replica_num = 2
+        keys = [f"{prefix}k{i}" for i in range(3)]
+        for k in keys:
+            assert s.put(k, k.encode(), config=two) == OK
+        segs = [d["segment"] for d in s.get_replica_desc(keys[0])]
+        assert len(set(segs)) == 2 and all(segs)
+        # no key, an empty key, a missing key, a key twice: each cleared key once
+        assert s.batch_replica_clear([]) == []
+        assert s.batch_replica_clear(["", prefix + "none", keys[1], keys[1]]) == [keys[1]]
+        assert s.is_exist(keys[1]) == 0 and s.get(keys[1]) == b""
+        # a segment holding no replica: nothing; one holding one of two: kept whole
+        assert s.batch_replica_clear(keys, segment_name="nowhere:1") == []
+        with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+            assert s.batch_replica_clear([keys[0]], segment_name=segs[0]) == []
+        assert "removes whole objects only" in caplog.text
+        assert s.get(keys[0]) == keys[0].encode()
+        assert len(s.get_replica_desc(keys[0])) == 2
+        # a segment holding every replica: cleared
+        one = ReplicateConfig()
+        one.preferred_segment = segs[1]
+        assert s.put(prefix + "on1", b"x" * 100, config=one) == OK
+        assert [d["segment"] for d in s.get_replica_desc(prefix + "on1")] == [segs[1]]
+        assert s.batch_replica_clear([prefix + "on1", keys[0]], segs[1]) == [prefix + "on1"]
+        assert s.is_exist(prefix + "on1") == 0 and s.is_exist(keys[0]) == 1
+        # every replica (segment_name ""): the rest, in the order asked
+        assert s.batch_replica_clear([keys[2], keys[0]]) == [keys[2], keys[0]]
+        assert [s.is_exist(k) for k in keys] == [0, 0, 0]
+        for bad in ("k", [b"k"], [1]):
+            with pytest.raises(TypeError):
+                s.batch_replica_clear(bad)
+        with pytest.raises(TypeError):
+            s.batch_replica_clear([keys[0]], None)
+    finally:
+        assert s.close() == OK
+    assert s.batch_replica_clear(keys) == []  # closed
+
+
+# ---- local_buffer_size 0 (Mooncake's TestZeroLocalBufferSize) ----
+
+def test_zero_local_buffer_size_refuses_the_byte_copying_calls(pool, prefix, store, caplog):
+    s = mstore.MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", pool.addr) == OK
+    try:
+        k = prefix + "z"
+        assert store.put(k, b"stored") == OK  # by a store with a buffer
+        with caplog.at_level(logging.WARNING, logger="mooncake.store"):
+            assert s.put(prefix + "p", b"v") == INVALID
+        assert "local_buffer_size 0" in caplog.text
+        assert s.put_parts(prefix + "p", b"a", b"b") == INVALID
+        assert s.put_batch([prefix + "p", prefix + "q"], [b"a", b"b"]) == INVALID
+        assert s.upsert(k, b"new") == INVALID
+        assert s.upsert_parts(k, b"n", b"w") == INVALID
+        assert s.upsert_batch([k], [b"new"]) == INVALID
+        assert [s.is_exist(x) for x in (prefix + "p", prefix + "q")] == [0, 0]
+        assert s.get(k) == b"" and s.get_batch([k]) == [b""]
+        assert s.get_buffer(k) is None and s.batch_get_buffer([k, k]) == [None, None]
+        assert store.get(k) == b"stored"  # nothing was written
+        # the calls on the caller's memory do not need the buffer
+        buf = ctypes.create_string_buffer(64)
+        ptr = ctypes.addressof(buf)
+        assert s.get_into(k, ptr, 64) == 6 and buf.raw[:6] == b"stored"
+        assert s.put_from(prefix + "f", ptr, 6) == OK and store.get(prefix + "f") == b"stored"
+        assert s.batch_put_from([prefix + "g"], [ptr], [6]) == [OK]
+        assert s.batch_get_into([prefix + "g"], [ptr + 8], [32]) == [6]
+        assert s.get_size(k) == 6 and s.is_exist(k) == 1 and s.remove(prefix + "g") == OK
+        # a dict without local_buffer_size gets Mooncake's default, a buffer; 0 refuses
+        cfg = {"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+               "global_segment_size": 0, "protocol": "tcp", "master_server_address": pool.addr}
+        assert s.setup(cfg) == OK and s.get(k) == b"stored"
+        assert s.setup(dict(cfg, local_buffer_size="0")) == OK and s.get(k) == b""
+        assert s.setup(dict(cfg, local_buffer_size="1MB")) == OK
+        assert s.put(prefix + "p", b"v") == OK and s.get(prefix + "p") == b"v"
+    finally:
+        assert s.close() == OK
+    d = mstore.MooncakeDistributedStore()  # the dummy client's buffer too
+    assert d.setup_dummy(0, 0, pool.addr) == OK
+    try:
+        assert d.put(prefix + "d", b"v") == INVALID and d.get(k) == b""
+    finally:
+        assert d.close() == OK
+    assert d.setup_dummy(0, 1 << 20, pool.addr) == OK
+    try:
+        assert d.put(prefix + "d", b"v") == OK and d.get(prefix + "d") == b"v"
+    finally:
+        assert d.close() == OK

@@ -42,7 +42,7 @@ def bare_store(make_pool):
     """A store of a pool with no memory at all, contributing none at setup."""
     p = make_pool(segments=())
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", p.addr) == OK
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", p.addr) == OK
     yield p, s
     s.close()
 
@@ -107,7 +107,7 @@ def test_mount_segment_maps_the_files_range(bare_store, prefix, tmp_path):
 def test_unmount_with_a_grace_period_moves_the_objects(make_pool, prefix):
     p = make_pool(segments=("64MiB",))
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", p.addr) == OK
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", p.addr) == OK
     try:
         sid = s.allocate_and_mount_segment(16 * MiB)["segment_ids"][0]
         keys = [f"{prefix}{i}" for i in range(32)]
@@ -125,7 +125,7 @@ def test_unmount_with_a_grace_period_moves_the_objects(make_pool, prefix):
 def test_close_unmounts_what_was_mounted(make_pool, tmp_path):
     p = make_pool(segments=())
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 0, "tcp", "", p.addr) == OK
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", p.addr) == OK
     path = tmp_path / "seg.bin"
     path.write_bytes(b"\0" * (2 * MiB))
     os.chmod(path, 0o600)

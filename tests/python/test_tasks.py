@@ -163,7 +163,7 @@ def test_through_mooncake_store(world):
     from mooncake.store import MooncakeDistributedStore, TaskStatus, TaskType
     pool, segs, c = world
     s = MooncakeDistributedStore()
-    assert s.setup("localhost:10009", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == 0
+    assert s.setup("localhost:10009", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", pool.addr) == 0
     try:
         assert s.get_hostname() == "localhost:10009"
         data = os.urandom(300000)
@@ -192,7 +192,7 @@ def test_through_mooncake_store(world):
     finally:
         s.close()
     t = MooncakeDistributedStore()
-    assert t.setup("localhost", "P2PHANDSHAKE", 16 << 20, 0, "tcp", "", pool.addr) == 0
+    assert t.setup("localhost", "P2PHANDSHAKE", 16 << 20, 16 << 20, "tcp", "", pool.addr) == 0
     try:
         host, port = t.get_hostname().split(":")
         assert host == "localhost" and 12300 <= int(port) < 14300

@@ -255,6 +255,16 @@ def test_get_into_pointer_and_put_from(store, prefix):
     got = store.batch_get_tensor_into([prefix + "t", prefix + "miss"], [buf.data_ptr()] * 2,
                                       [buf.numel()] * 2)
     assert torch.equal(got[0], t) and got[1] is None
+    # refused before any read, -600 per key as Mooncake: lists of different lengths, a
+    # null pointer, a store not set up
+    assert store.batch_get_tensor_into([prefix + "t", prefix + "miss"], [buf.data_ptr()],
+                                       [buf.numel()]) == [INVALID, INVALID]
+    assert store.batch_get_tensor_into([prefix + "t", prefix + "t"], [buf.data_ptr(), 0],
+                                       [buf.numel()] * 2) == [INVALID, INVALID]
+    assert MooncakeDistributedStore().batch_get_tensor_into(
+        [prefix + "t"], [buf.data_ptr()], [buf.numel()]) == [INVALID]
+    assert MooncakeDistributedStore().batch_get_tensor_with_tp_into(
+        [prefix + "t"], [buf.data_ptr()], [buf.numel()], tp_size=2) == [None]
     # put_tensor_from: the buffer as get_tensor_into left it
     n = HDR + t.numel() * 8
     assert store.put_tensor_from(prefix + "copy", buf.data_ptr(), n) == OK
@@ -305,7 +315,7 @@ def test_with_tp(store, prefix, tp):
                                         tp_size=tp)
     assert same(got, ts[1].chunk(tp)[0].contiguous())
     got = store.batch_get_tensor_with_tp_into(keys, [buf.data_ptr()], [buf.numel()])
-    assert got == [None, None]  # list lengths differ: refused
+    assert got == [INVALID, INVALID]  # list lengths differ: -600 per key, as Mooncake
     assert store.batch_pub_tensor_with_tp([prefix + "p"], [ts[0]], ReplicateConfig(),
                                           tp_size=tp) == [OK]
     assert store.pub_tensor_with_tp(prefix + "p1", ts[1], None, 0, tp, 0) == OK
@@ -340,7 +350,7 @@ def test_put_tensor_with_tp_from(store, prefix):
 def test_one_gib_tensor(make_pool):
     pool = make_pool(segments=("1100MiB",))
     s = MooncakeDistributedStore()
-    assert s.setup("127.0.0.1", "", 0, 0, "auto", "", pool.addr) == OK
+    assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", pool.addr) == OK
     try:
         n = 1 << 30
         t = torch.empty(n, dtype=torch.uint8)
@@ -448,7 +458,7 @@ import sys
 sys.modules["torch"] = None  # import torch -> ImportError
 from mooncake.store import MooncakeDistributedStore
 s = MooncakeDistributedStore()
-assert s.setup("127.0.0.1", "", 0, 0, "auto", "", {pool.addr!r}) == 0
+assert s.setup("127.0.0.1", "", 0, 16 << 20, "auto", "", {pool.addr!r}) == 0
 assert s.put("nt@k", b"abc") == 0 and s.get("nt@k") == b"abc"
 try:
     s.put_tensor("nt@t", object())

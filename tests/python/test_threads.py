@@ -28,7 +28,7 @@ def test_threads_share_one_store(make_pool):
     # instead of pulling the bytes from under it
     pool = make_pool(segments=("64MiB",), master_args=())
     store = MooncakeDistributedStore()
-    assert store.setup("127.0.0.1", "", 16 << 20, 0, "auto", "", pool.addr) == 0
+    assert store.setup("127.0.0.1", "", 16 << 20, 16 << 20, "auto", "", pool.addr) == 0
     keys = [f"thr@blk-{i}" for i in range(NKEYS)]
     data = {k: payload(k) for k in keys}
     stats = {"ops": 0, "bytes_checked": 0, "hits": 0}

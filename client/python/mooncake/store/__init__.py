@@ -18,11 +18,17 @@ global_segment_size the DRAM this process contributes to the pool (0: none),
 protocol "rdma" or "tcp" the transport (anything else: auto, i.e. shm on the
 same host), rdma_devices the RDMA devices, local_hostname the address the
 segment's data server binds and advertises. metadata_server,
-local_buffer_size, engine and the SSD / tenant / HTTP arguments are accepted
-and not used (kvpool needs no metadata server or transfer buffer; its SSD
-tier is set up on `kvpool serve`).
+engine and the SSD / tenant / HTTP arguments are accepted and not used
+(kvpool needs no metadata server; its SSD tier is set up on `kvpool serve`).
+kvpool needs no transfer buffer either, but a local_buffer_size of 0 makes
+the calls Mooncake copies through that buffer (put, put_batch, put_parts,
+the upserts of bytes, get, get_batch, get_buffer, batch_get_buffer,
+get_tensor, batch_get_tensor) refuse, as Mooncake's do: -600, b"" or None.
 """
 
+import ctypes as _ctypes
+import logging as _logging
+import mmap as _mmap
 import random as _random
 import re as _re
 import threading as _threading
@@ -30,7 +36,7 @@ import threading as _threading
 import kvpool as _kvpool
 from kvpool import _kvpool as _raw
 
-from . import codes
+from . import _safetensors, codes
 from ._tensor_api import TensorAPI, _put_code
 from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
                      ReadTarget, ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus,
@@ -45,6 +51,13 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "
 # Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
 # TaskStatus as module attributes too (pybind11's export_values()).
 globals().update(EXPORTED_VALUES)
+
+_log = _logging.getLogger(__name__)
+
+# alloc_from_mem_pool's memory: (mapping, its ctypes view), kept mapped until the process
+# exits, as Mooncake's ShmHelper keeps its shared memory (freed by its destructor)
+_MEM_POOL = []
+_MEM_POOL_LOCK = _threading.Lock()
 
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
@@ -116,8 +129,8 @@ class MooncakeDistributedStore(TensorAPI):
     housekeeping calls (remove*, is_exist, health_check, get_hostname,
     get_replica_desc), and segments mounted at run time (mount_segment,
     allocate_and_mount_segment and their unmounts). Methods of Mooncake's binding
-    that kvpool cannot honour (transfer sessions, copy/move tasks, the
-    _with_parallelism family) raise NotImplementedError naming themselves.
+    that kvpool cannot honour (transfer sessions, the _with_parallelism family)
+    raise NotImplementedError naming themselves.
     """
 
     def __init__(self):
@@ -128,6 +141,8 @@ class MooncakeDistributedStore(TensorAPI):
         self._args = None  # (master, data_host, rdma_devices) of setup, for mounted segments
         self._mounted = {}  # segment id -> (kind "file" | "alloc", kvpool._kvpool.Client)
         self._regs = {}  # registered buffers of self._c: ptr -> size (get_into_ranges' bounds)
+        self._dummy = False  # set up by setup_dummy (alloc_from_mem_pool allocates)
+        self._buffer_size = 0  # setup's local_buffer_size: 0 refuses the byte-copying calls
 
     # ---- setup ----
 
@@ -144,11 +159,13 @@ class MooncakeDistributedStore(TensorAPI):
             global_segment_size = cfg.get("global_segment_size", 0)
             protocol = cfg.get("protocol", "tcp")
             rdma_devices = cfg.get("rdma_devices", cfg.get("device_name", ""))
+            # Mooncake's default when the key is missing: a buffer (16 MiB)
+            local_buffer_size = cfg.get("local_buffer_size", 16 << 20)
             master_server_addr = cfg.get("master_server_address",
                                          cfg.get("master_server_addr"))
         try:
             seg = _kvpool.parse_size(global_segment_size)
-            _kvpool.parse_size(local_buffer_size)
+            buffer_size = _kvpool.parse_size(local_buffer_size)
             for v in (local_hostname, protocol, rdma_devices, master_server_addr):
                 if v is not None and not isinstance(v, str):
                     raise TypeError("host, protocol, devices and master must be str")
@@ -172,6 +189,8 @@ class MooncakeDistributedStore(TensorAPI):
             old, self._c = self._c, c
             self._regs = {}
             self._hostname = local_hostname or ""
+            self._dummy = False
+            self._buffer_size = buffer_size
             self._args = args
             mounted, self._mounted = self._mounted, {}
         for _kind, m in mounted.values():
@@ -191,7 +210,30 @@ class MooncakeDistributedStore(TensorAPI):
                 raise TypeError("server_address must be str")
         except _BAD_INPUT:
             return INVALID_PARAMS
-        return self.setup("", "", 0, 0, "auto", "", server_address)
+        r = self.setup("", "", 0, local_buffer_size, "auto", "", server_address)
+        if r == OK:
+            self._dummy = True
+        return r
+
+    def alloc_from_mem_pool(self, size):
+        """Mooncake's dummy-client call: size bytes of shared memory (page-aligned,
+        zeroed, MAP_SHARED) for the caller to fill, register_buffer and hand to
+        the pointer calls. Returns its address as an int, or 0: a store not set
+        up with setup_dummy (Mooncake's real client answers 0 too), size 0, or
+        the mapping failed. The memory stays mapped until the process exits, as
+        Mooncake's ShmHelper keeps it; there is no call to free it."""
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 1 << 64:
+            raise TypeError("alloc_from_mem_pool(): size must be an int >= 0")
+        if not self._dummy or self._c is None or size == 0:
+            return 0
+        try:
+            m = _mmap.mmap(-1, size)
+        except (OSError, ValueError, OverflowError):
+            return 0
+        view = (_ctypes.c_char * size).from_buffer(m)
+        with _MEM_POOL_LOCK:
+            _MEM_POOL.append((m, view))
+        return _ctypes.addressof(view)
 
     def close(self):
         """Unmount this store's segments (setup's and those mounted since) and
@@ -379,6 +421,15 @@ class MooncakeDistributedStore(TensorAPI):
             ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
         return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None) + pref
 
+    def _unbuffered(self, method):
+        """True, with a warning, when this store was set up with local_buffer_size 0:
+        Mooncake copies method's bytes through that buffer and refuses it."""
+        if self._c is None or self._buffer_size:
+            return False
+        _log.warning("%s: refused: the store was set up with local_buffer_size 0, the "
+                     "buffer Mooncake copies this call's bytes through", method)
+        return True
+
     def _call(self, fn, fail):
         """Run fn(client); bad input -> fail(INVALID_PARAMS), kvpool.Error -> fail(code)."""
         try:
@@ -439,7 +490,10 @@ class MooncakeDistributedStore(TensorAPI):
     # ---- puts ----
 
     def put(self, key, value, config=None):
-        """Store bytes (or any buffer). 0 (also when the key exists) or negative."""
+        """Store bytes (or any buffer). 0 (also when the key exists) or negative
+        (-600 with local_buffer_size 0)."""
+        if self._unbuffered("put"):
+            return INVALID_PARAMS
         return self._call(lambda c: _put_code(c.put(key, value, self._cfg(config))), lambda x: x)
 
     def put_from(self, key, buffer_ptr, size, config=None):
@@ -449,7 +503,10 @@ class MooncakeDistributedStore(TensorAPI):
                           lambda x: x)
 
     def put_parts(self, key, *parts, config=None):
-        """One object from several 1-D byte buffers, concatenated in order."""
+        """One object from several 1-D byte buffers, concatenated in order. 0 or
+        negative (-600 with local_buffer_size 0)."""
+        if self._unbuffered("put_parts"):
+            return INVALID_PARAMS
         return self._call(lambda c: _put_code(c.put_parts(key, parts, self._cfg(config))),
                           lambda x: x)
 
@@ -459,7 +516,10 @@ class MooncakeDistributedStore(TensorAPI):
                                                              self._cfg(config)), _put_code)
 
     def put_batch(self, keys, values, config=None):
-        """Store several bytes values: 0 when all were stored, else the first error."""
+        """Store several bytes values: 0 when all were stored, else the first error
+        (-600 with local_buffer_size 0)."""
+        if self._unbuffered("put_batch"):
+            return INVALID_PARAMS
         res = self._batch(keys, lambda c: c.batch_put(keys, values, self._cfg(config)), _put_code)
         return next((r for r in res if r != 0), OK)
 
@@ -472,7 +532,10 @@ class MooncakeDistributedStore(TensorAPI):
     # ---- gets ----
 
     def get(self, key):
-        """The object's bytes; b"" when it is missing (or on any error)."""
+        """The object's bytes; b"" when it is missing (or on any error, or with
+        local_buffer_size 0)."""
+        if self._unbuffered("get"):
+            return b""
         def run(c):
             r = c.get(key)
             return b"" if isinstance(r, int) else r
@@ -499,7 +562,9 @@ class MooncakeDistributedStore(TensorAPI):
 
     def batch_get_buffer(self, keys):
         """[BufferHandle or None] per key: each object in memory of its own
-        (buffer protocol, ptr(), size(), len())."""
+        (buffer protocol, ptr(), size(), len()); None each with local_buffer_size 0."""
+        if self._unbuffered("batch_get_buffer"):
+            return [None] * _n(keys)
         def run(c):
             return [None if isinstance(h, int) else h for h in c.batch_get_buffer(keys)]
         return self._call(run, lambda code: [None] * _n(keys))
@@ -536,18 +601,14 @@ class MooncakeDistributedStore(TensorAPI):
         medium of the segment that holds it, and reads as a dict too
         ({"status", "size", "replica", "segment", "medium"})."""
         def run(c):
-            media = {}
-            st = c.stat()
-            if isinstance(st, dict):
-                media = {g["id"]: (g["name"], g["medium"]) for g in st.get("segments", [])}
+            media = _segments(c)
             out = {}
             for k in keys:
                 if not isinstance(k, str):
                     raise TypeError("keys must be str")
-                r = c.list_keys("^" + _re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", k) + "$", 1)
-                if isinstance(r, int) or not r:
+                info = _key_info(c, k)
+                if info is None:
                     continue
-                info = r[0]
                 ids = info.get("segment_ids", [])
                 out[k] = [ReplicaDescriptor(
                     "COMPLETE" if info["complete"] else "PROCESSING", info["size"], i,
@@ -555,6 +616,52 @@ class MooncakeDistributedStore(TensorAPI):
                     for i in range(info["replicas"])]
             return out
         return self._call(run, lambda code: {})
+
+    def batch_replica_clear(self, keys, segment_name=""):
+        """Mooncake's replica clear: the keys whose replicas were cleared, in the
+        order asked ([] when the store is not set up or the master fails). With
+        segment_name "" a key's object is removed as remove(key) removes it,
+        and skipped (not listed) when it is missing, being written or under a
+        read lease. With a segment name, a key is cleared only when that
+        segment holds one of its complete replicas and no other segment holds
+        one: kvpool cannot drop one replica of an object, so an object with
+        replicas elsewhere too is left whole, not listed, and a warning says so.
+        Two differences from Mooncake, whose master records the writer and
+        leases an object on its put: any store of the tenant may clear a key
+        (Mooncake: only the client that put it), and an object just put is
+        cleared at once (Mooncake waits out the put's lease)."""
+        if isinstance(keys, (str, bytes)) or not all(isinstance(k, str) for k in keys):
+            raise TypeError("batch_replica_clear(): keys must be a list of str")
+        if not isinstance(segment_name, str):
+            raise TypeError("batch_replica_clear(): segment_name must be str")
+        if self._c is None:
+            return []
+
+        def run(c):
+            todo = [k for k in dict.fromkeys(keys) if k]  # a key twice: cleared once
+            if segment_name:
+                names = {i: g[0] for i, g in _segments(c).items()}
+                on_segment = []
+                for k in todo:
+                    info = _key_info(c, k)
+                    if info is None or not info["complete"]:
+                        continue
+                    segs = [names.get(i) for i in info["segment_ids"][:info["replicas"]]]
+                    if segment_name not in segs:
+                        continue
+                    if any(g != segment_name for g in segs):
+                        _log.warning("batch_replica_clear: %s has replicas on other segments "
+                                     "than %s too; kvpool removes whole objects only, so it "
+                                     "is not cleared", k, segment_name)
+                        continue
+                    on_segment.append(k)
+                todo = on_segment
+            cleared = []
+            for lo in range(0, len(todo), _kvpool.MAX_BATCH):
+                part = todo[lo:lo + _kvpool.MAX_BATCH]
+                cleared += [k for k, r in zip(part, c.batch_remove(part, False)) if r == 0]
+            return cleared
+        return self._call(run, lambda code: [])
 
     def get_replica_desc(self, key):
         """[ReplicaDescriptor] of key's replicas; [] when it is missing."""
@@ -623,7 +730,10 @@ class MooncakeDistributedStore(TensorAPI):
         return 0 if isinstance(r, dict) else 2
 
     def upsert(self, key, value, config=None):
-        """put, replacing the key's object if it exists. 0 or negative."""
+        """put, replacing the key's object if it exists. 0 or negative (-600 with
+        local_buffer_size 0)."""
+        if self._unbuffered("upsert"):
+            return INVALID_PARAMS
         return self._call(lambda c: _code(c.put(key, value, self._write_cfg(config, True))),
                           lambda x: x)
 
@@ -638,12 +748,18 @@ class MooncakeDistributedStore(TensorAPI):
                                                              self._write_cfg(config, True)), _code)
 
     def upsert_parts(self, key, *parts, config=None):
-        """put_parts, replacing an existing object. 0 or negative."""
+        """put_parts, replacing an existing object. 0 or negative (-600 with
+        local_buffer_size 0)."""
+        if self._unbuffered("upsert_parts"):
+            return INVALID_PARAMS
         return self._call(lambda c: _code(c.put_parts(key, parts, self._write_cfg(config, True))),
                           lambda x: x)
 
     def upsert_batch(self, keys, values, config=None):
-        """put_batch, replacing existing objects: 0, else the first error."""
+        """put_batch, replacing existing objects: 0, else the first error (-600
+        with local_buffer_size 0)."""
+        if self._unbuffered("upsert_batch"):
+            return INVALID_PARAMS
         res = self._batch(keys, lambda c: c.batch_put(keys, values, self._write_cfg(config, True)),
                           _code)
         return next((r for r in res if r != 0), OK)
@@ -706,10 +822,79 @@ class MooncakeDistributedStore(TensorAPI):
                 return []
         return self._call(run, fail)
 
+    # ---- safetensors files ----
+
+    def save_tensor_to_safetensor(self, key, file_name=None):
+        """Write the tensor stored under key to a safetensors file named
+        file_name (None: the key itself), holding one tensor named key. 0;
+        -1100 FILE_NOT_FOUND when key holds no tensor; -600 when the store is
+        not set up or the file cannot be written. The file is what
+        safetensors.torch.save_file writes (Mooncake calls it), without needing
+        that package."""
+        if not isinstance(key, str):
+            raise TypeError("save_tensor_to_safetensor(): key must be str")
+        if self._c is None:
+            return INVALID_PARAMS
+        tensor = self.get_tensor(key)
+        if tensor is None:
+            return codes.MOONCAKE["FILE_NOT_FOUND"]
+        if file_name is not None and not isinstance(file_name, str):
+            raise RuntimeError("save_tensor_to_safetensor(): file_name must be str or None")
+        try:
+            _safetensors.save({key: tensor}, key if file_name is None else file_name)
+        except (OSError, TypeError, ValueError):
+            return INVALID_PARAMS
+        return OK
+
+    def load_tensor_from_safetensor(self, key=None, file_name=None):
+        """Read a safetensors file and put_tensor one of its tensors: the one
+        named key, else (with a warning, as Mooncake) the first in the file,
+        stored under key (None: under file_name). Returns the tensor read, or
+        None: the store not set up, no such file, not a safetensors file, no
+        tensor in it, or the put failed."""
+        if file_name is None:
+            raise TypeError("load_tensor_from_safetensor() missing argument 'file_name'")
+        if not isinstance(file_name, str):
+            raise TypeError("load_tensor_from_safetensor(): file_name must be str")
+        if self._c is None:
+            return None
+        try:
+            loaded = _safetensors.load(file_name)
+        except (OSError, ValueError):
+            return None
+        if not loaded:
+            return None
+        if key is not None and not isinstance(key, str):
+            raise RuntimeError("load_tensor_from_safetensor(): key must be str or None")
+        target = file_name if key is None else key
+        name = next(iter(loaded))
+        if key is not None:
+            if key in loaded:
+                name = key
+            else:
+                _log.warning("key %s not found in safetensor file %s; using its first "
+                             "tensor, %s", key, file_name, name)
+        tensor = loaded[name]
+        return tensor if self.put_tensor(target, tensor) == OK else None
+
     def get_offload_rpc_read_count(self):
         """Reads Mooncake served over its offload RPC: kvpool has no such path
         (SSD replicas are read over the data transports), so always 0."""
         return 0
+
+
+def _segments(c):
+    """{segment id: (name, medium)} of the pool's segments."""
+    st = c.stat()
+    if not isinstance(st, dict):
+        return {}
+    return {g["id"]: (g["name"], g["medium"]) for g in st.get("segments", [])}
+
+
+def _key_info(c, key):
+    """list_keys' entry of exactly this key, or None when it is missing."""
+    r = c.list_keys("^" + _re.sub(r"([\\.^$|?*+()\[\]{}])", r"\\\1", key) + "$", 1)
+    return None if isinstance(r, int) or not r else r[0]
 
 
 def _ranges_shape(buffer_ptrs, all_keys, all_dst_offsets, code):
@@ -791,7 +976,6 @@ class _MemoryDescriptor:
 _UNSUPPORTED = {
     "init_all": "kvpool sets up its transports in setup()",
     "unmount_local_disk_segment": "SSD segments are `kvpool serve --ssd-path`'s",
-    "alloc_from_mem_pool": "kvpool has no client-side transfer buffer pool",
     "batch_get_session_start": "kvpool has no transfer sessions",
     "batch_get_into_multi_buffer_ranges": "kvpool has no transfer sessions",
     "batch_get_session_end": "kvpool has no transfer sessions",
@@ -799,9 +983,6 @@ _UNSUPPORTED = {
     "batch_put_from_multi_buffer_ranges": "kvpool has no transfer sessions",
     "batch_put_session_end": "kvpool has no transfer sessions",
     "batch_put_session_revoke": "kvpool has no transfer sessions",
-    "batch_replica_clear": "kvpool has no per-replica removal",
-    "save_tensor_to_safetensor": "not provided: get_tensor, then safetensors.torch.save_file",
-    "load_tensor_from_safetensor": "not provided: safetensors.torch.load_file, then put_tensor",
     "_get_pyclient_capsule": "Mooncake-internal",
 }
 for _p in ("get_tensor_with_parallelism", "batch_get_tensor_with_parallelism",

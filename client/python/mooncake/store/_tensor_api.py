@@ -219,6 +219,8 @@ class TensorAPI:
             T.log_refusal(method, e)
             return []
         n = len(keys)
+        if self._unbuffered(method):  # Mooncake reads them through get_buffer
+            return [None] * n
 
         def run(c):
             T._t()
@@ -445,8 +447,9 @@ class TensorAPI:
 
     def batch_get_tensor_into(self, keys, buffer_ptrs, sizes=None):
         """get_tensor_into per key, in one batch: (keys, buffer_ptrs, sizes) ->
-        [tensor viewing the buffer, or None]; (keys, tensors) -> [the tensor, or
-        None]."""
+        [tensor viewing the buffer, or None] (-600 per key, as Mooncake, for a
+        store not set up, lists of different lengths or a null pointer);
+        (keys, tensors) -> [the tensor, or None]."""
         tensor_type = T._t().Tensor
         if sizes is None and isinstance(buffer_ptrs, (list, tuple)) and buffer_ptrs and \
                 all(isinstance(t, tensor_type) for t in buffer_ptrs):
@@ -454,7 +457,25 @@ class TensorAPI:
             if len(r) != len(buffer_ptrs):
                 return [None] * len(r)
             return [t if x >= 0 else None for t, x in zip(buffer_ptrs, r)]
+        refused = self._into_refused(keys, buffer_ptrs, sizes)
+        if refused is not None:
+            return refused
         return self._get_into_ptrs("batch_get_tensor_into", keys, buffer_ptrs, sizes)
+
+    def _into_refused(self, keys, buffer_ptrs, sizes):
+        """Mooncake's batch_get_tensor_into refuses a store not set up, lists of
+        different lengths and a null pointer with -600 per key (not None): that
+        list, or None when the call may go on."""
+        try:
+            n = len(keys)
+            if self._c is None or len(buffer_ptrs) != n or len(sizes) != n or \
+                    any(p == 0 for p in buffer_ptrs):
+                T.log_refusal("batch_get_tensor_into", "not set up, keys, buffer_ptrs and "
+                              "sizes differ in length, or a null pointer")
+                return [INVALID_PARAMS] * n
+        except TypeError:
+            return None  # _get_into_ptrs refuses it
+        return None
 
     def get_tensor_into_cuda(self, key, tensor):
         """The payload of key read into tensor (CUDA or host; its memory as it is):
@@ -536,6 +557,8 @@ class TensorAPI:
     def batch_get_tensor_with_tp_into(self, base_keys, buffer_ptrs, sizes, tp_rank=0, tp_size=1):
         """batch_get_tensor_into of rank tp_rank's shards (tp_size <= 1: of the keys)."""
         keys = list(base_keys) if isinstance(base_keys, (list, tuple)) else base_keys
+        if self._c is None and isinstance(keys, list):
+            return [None] * len(keys)  # Mooncake: None per key before setup
         if isinstance(tp_size, int) and tp_size > 1 and isinstance(keys, list):
             keys = [T.tp_key(k, tp_rank) for k in keys]
         return self.batch_get_tensor_into(keys, buffer_ptrs, sizes)
