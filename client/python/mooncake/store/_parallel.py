@@ -545,8 +545,9 @@ class ParallelAPI:
         return total, [(read_key, 0, 0, total)], None
 
     def _plan_recon(self, rec, header_of):
-        """A reconstruction of rec: the full tensor (header_of None) or the target shard
-        header_of(target shape) describes, cut at [start, start + extent)."""
+        """A reconstruction of rec: header_of(rec) gives the range along split_dim
+        [start, start + extent) to cut (all of it for the full tensor) and the header
+        the result gets (_full_of, _shard_of)."""
         start, ext, header = header_of(rec)
         frags, nbytes = plan_cut(rec, start, ext)
         hdr = header(nbytes)
