@@ -37,6 +37,7 @@ import kvpool as _kvpool
 from kvpool import _kvpool as _raw
 
 from . import _safetensors, codes
+from ._parallel import ParallelAPI
 from ._tensor_api import TensorAPI, _put_code
 from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
                      ReadTarget, ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus,
@@ -120,17 +121,17 @@ def _transport(protocol):
     return p if p in ("rdma", "tcp") else "auto"
 
 
-class MooncakeDistributedStore(TensorAPI):
+class MooncakeDistributedStore(TensorAPI, ParallelAPI):
     """Mooncake's store client, backed by a kvpool.Client (see the module doc).
 
     Byte calls (put/get, the _from/_into forms with raw pointers, the multi-buffer
     batches), the tensor API (put_tensor, get_tensor, their batch, _into, _from,
-    upsert, pub and _with_tp forms; torch imported on first use) and the
+    upsert, pub, _with_tp and _with_parallelism forms; torch imported on first
+    use; _parallel.py has the parallel layouts) and the
     housekeeping calls (remove*, is_exist, health_check, get_hostname,
     get_replica_desc), and segments mounted at run time (mount_segment,
     allocate_and_mount_segment and their unmounts). Methods of Mooncake's binding
-    that kvpool cannot honour (transfer sessions, the _with_parallelism family)
-    raise NotImplementedError naming themselves.
+    that kvpool cannot honour (transfer sessions) raise NotImplementedError naming themselves.
     """
 
     def __init__(self):
@@ -985,14 +986,6 @@ _UNSUPPORTED = {
     "batch_put_session_revoke": "kvpool has no transfer sessions",
     "_get_pyclient_capsule": "Mooncake-internal",
 }
-for _p in ("get_tensor_with_parallelism", "batch_get_tensor_with_parallelism",
-           "get_tensor_with_parallelism_into", "batch_get_tensor_with_parallelism_into",
-           "put_tensor_with_parallelism", "batch_put_tensor_with_parallelism",
-           "put_tensor_with_parallelism_from", "batch_put_tensor_with_parallelism_from",
-           "upsert_tensor_with_parallelism", "upsert_tensor_with_parallelism_from",
-           "batch_upsert_tensor_with_parallelism_from", "batch_upsert_tensor_with_parallelism"):
-    _UNSUPPORTED[_p] = ("the ParallelAxis/ReadTarget layouts are not implemented; the _with_tp "
-                        "forms store Mooncake's TP shards")
 
 
 def _unsupported(name, why):
@@ -1007,4 +1000,4 @@ def _unsupported(name, why):
 
 for _name, _why in _UNSUPPORTED.items():
     setattr(MooncakeDistributedStore, _name, _unsupported(_name, _why))
-del _name, _why, _p
+del _name, _why
