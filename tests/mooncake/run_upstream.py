@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
-from conftest import Proc  # noqa: E402  (the tests' way to start a daemon)
+from conftest import Proc, free_port  # noqa: E402  (the tests' way to start a daemon)
 
 # (file, how): scripts = one of Mooncake's scripts/ tests, which its CI runs with
 # LOCAL_HOSTNAME=127.0.0.1 (mooncake-wheel/tests' run with the default, "localhost");
@@ -65,12 +64,6 @@ RAN = re.compile(r"^Ran (\d+) tests? in ", re.M)
 VERBOSE = re.compile(r"^(\w+) \(([\w.]+)\)(?:\n.*?)? \.\.\. (ok|FAIL|ERROR|skipped '(.*)'|"
                      r"expected failure|unexpected success)\s*$", re.M)
 REPORT = re.compile(r"^(FAIL|ERROR): (\w+) \(([\w.]+)\)", re.M)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(argv, timeout=15.0):
