@@ -69,6 +69,7 @@ static const char *const rpc_names[KVP_METRICS_RPC_MAX] = {
     [KVP_RPC_TASK_QUERY] = "task_query",
     [KVP_RPC_TASK_START] = "task_start",
     [KVP_RPC_TASK_END] = "task_end",
+    [KVP_RPC_REPLICA_CLEAR] = "replica_clear",
 };
 _Static_assert(KVP_RPC_METHOD_MAX < KVP_METRICS_RPC_MAX, "master_rpc[] has a slot per method");
 

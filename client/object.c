@@ -1194,8 +1194,24 @@ int64_t kvp_get_into(kvp_client_t *c, const char *key, void *buf, size_t cap)
  * receives each key's answer (invalid keys answered locally). Returns a
  * whole-call error (master unreachable, bad reply) or KVP_OK.
  */
+/* REPLICA_CLEAR's request for keys[idx[0..m)]: the keys and the segment's name. */
+static kvp_status_t replica_clear_call(kvp_client_t *c, const char *const *keys, const size_t *idx,
+                                       size_t m, const char *segment, uint8_t **resp_p,
+                                       size_t *rlen_p)
+{
+    ProtobufCBinaryData *kp = wire_keys(keys, idx, m);
+    if (kp == NULL)
+        return KVP_ERR_NOMEM;
+    Kvpool__ReplicaClearRequest req = KVPOOL__REPLICA_CLEAR_REQUEST__INIT;
+    req.keys = kp;
+    req.n_keys = m;
+    req.segment = (char *)segment;
+    return kvp_session_call(c->session, KVP_RPC_REPLICA_CLEAR, &req.base, resp_p, rlen_p);
+}
+
+/* Per-key statuses of EXIST, REMOVE or REPLICA_CLEAR (segment: its segment name). */
 static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *const *keys,
-                                  size_t n, bool force, int32_t *st)
+                                  size_t n, bool force, const char *segment, int32_t *st)
 {
     size_t *idx = kvp_scratch_alloc((n ? n : 1) * sizeof(*idx));
     if (idx == NULL)
@@ -1205,7 +1221,9 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
     if (m > 0) {
         uint8_t *resp;
         size_t rlen;
-        rc = keys_call(c, method, keys, idx, m, force, &resp, &rlen);
+        rc = method == KVP_RPC_REPLICA_CLEAR
+                 ? replica_clear_call(c, keys, idx, m, segment, &resp, &rlen)
+                 : keys_call(c, method, keys, idx, m, force, &resp, &rlen);
         if (rc == KVP_OK) {
             Kvpool__StatusesResponse *sr =
                 kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, resp);
@@ -1217,7 +1235,7 @@ static kvp_status_t statuses_call(kvp_client_t *c, uint16_t method, const char *
         }
     }
     if (rc == KVP_OK)
-        kvp_api_fail_keys(method == KVP_RPC_REMOVE ? "remove" : "exist", keys, st, n);
+        kvp_api_fail_keys(method == KVP_RPC_EXIST ? "exist" : "remove", keys, st, n);
     return rc;
 }
 
@@ -1227,7 +1245,8 @@ static kvp_status_t batch_is_exist_impl(kvp_client_t *c, const char *const *keys
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     int32_t *st = kvp_scratch_alloc((n ? n : 1) * sizeof(*st));
-    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_EXIST, keys, n, false, st) : KVP_ERR_NOMEM;
+    kvp_status_t rc =
+        st ? statuses_call(c, KVP_RPC_EXIST, keys, n, false, NULL, st) : KVP_ERR_NOMEM;
     size_t prefix = 0;
     for (size_t i = 0; i < n; i++)
         results[i] = rc == KVP_OK ? st[i] : rc;
@@ -1265,12 +1284,38 @@ static kvp_status_t batch_remove(kvp_client_t *c, const char *const *keys, size_
     if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
     int32_t *st = kvp_scratch_alloc((n ? n : 1) * sizeof(*st));
-    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_REMOVE, keys, n, force, st) : KVP_ERR_NOMEM;
+    kvp_status_t rc =
+        st ? statuses_call(c, KVP_RPC_REMOVE, keys, n, force, NULL, st) : KVP_ERR_NOMEM;
     for (size_t i = 0; i < n; i++)
         results[i] = rc == KVP_OK ? (kvp_status_t)st[i] : rc;
     if (rc == KVP_OK)
         rc = first_error(st, n);
     return rc;
+}
+
+static kvp_status_t batch_replica_clear(kvp_client_t *c, const char *const *keys, size_t n,
+                                        const char *segment, kvp_status_t *results)
+{
+    if (c == NULL || keys == NULL || results == NULL || n > KVP_MAX_BATCH ||
+        (segment != NULL && strlen(segment) > 255))
+        return KVP_ERR_INVALID_ARG;
+    int32_t *st = kvp_scratch_alloc((n ? n : 1) * sizeof(*st));
+    kvp_status_t rc = st ? statuses_call(c, KVP_RPC_REPLICA_CLEAR, keys, n, false,
+                                         segment != NULL ? segment : "", st)
+                         : KVP_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++)
+        results[i] = rc == KVP_OK ? (kvp_status_t)st[i] : rc;
+    if (rc == KVP_OK)
+        rc = first_error(st, n);
+    return rc;
+}
+
+kvp_status_t kvp_batch_replica_clear(kvp_client_t *c, const char *const *keys, size_t n,
+                                     const char *segment, kvp_status_t *results)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(batch_replica_clear(c, keys, n, segment, results),
+                                       "replica_clear");
 }
 
 kvp_status_t kvp_batch_remove(kvp_client_t *c, const char *const *keys, size_t n,

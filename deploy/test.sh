@@ -97,6 +97,29 @@ run_pytest() { # builddir [output name]
   tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
 }
 
+# Mooncake Store's own Python tests, unchanged (../shared/peers/mooncake-tests), against
+# kvpool's mooncake package (tests/mooncake/run_upstream.py, issue 47): each file against a
+# master of its own, four files at a time. Its last line "N passed, N failed" is counted;
+# a skip not for hardware (CUDA, RDMA) counts as failed.
+run_mooncake() { # builddir
+  local dir=$1 py res
+  if ! py=$(deploy/pick-python.sh "$dir"); then
+    echo "mooncake-upstream: cannot run"
+    failed=$((failed+1)); rc_all=1; return
+  fi
+  PYTHON=$py KVPOOL_MASTER_BIN=$dir/master/kvpool-master KVPOOL_CLI_BIN=$dir/client/kvpool \
+    PYTHONDONTWRITEBYTECODE=1 "$py" tests/mooncake/run_upstream.py --jobs 4 2>&1 |
+    tee "$dir/mooncake-upstream.out"
+  [ "${PIPESTATUS[0]}" -ne 0 ] && rc_all=1
+  res=$(tail -n 1 "$dir/mooncake-upstream.out")
+  if [[ $res =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed$ ]]; then
+    passed=$((passed + BASH_REMATCH[1]))
+    failed=$((failed + BASH_REMATCH[2]))
+  else
+    failed=$((failed + 1)); rc_all=1
+  fi
+}
+
 # The network test bed (tests/net, issue 27): hosts in network namespaces, links cut and
 # healed under a logging workload, a checker of every promise; its short scenarios here
 # (root only: a non-root run counts it as failed, not skipped).
@@ -183,6 +206,8 @@ if run_suite build; then
   phase bench-smoke
   run_pytest build
   phase pytest
+  run_mooncake build
+  phase mooncake-upstream
   run_net build
   phase net
   run_tls_pass build

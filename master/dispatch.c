@@ -98,6 +98,8 @@ static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
         &kvpool__task_start_response__descriptor, kvp_handle_task_start, SEGMENT),
     ROW(KVP_RPC_TASK_END, "TaskEnd", &kvpool__task_end_request__descriptor,
         &kvpool__statuses_response__descriptor, kvp_handle_task_end, SEGMENT),
+    ROW(KVP_RPC_REPLICA_CLEAR, "ReplicaClear", &kvpool__replica_clear_request__descriptor,
+        &kvpool__statuses_response__descriptor, kvp_handle_replica_clear, WRITE),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)

@@ -154,6 +154,52 @@ out:
     return moved;
 }
 
+/* One pass over the objects listed on the segment: moves what has no other replica. */
+static kvp_status_t drain_pass(const kvp_drain_params_t *p, uint64_t seg_id, uint64_t deadline,
+                               uint64_t *moved_p, uint64_t *to_copy_p, uint64_t *failed_p)
+{
+    kvp_status_t st = KVP_OK;
+    uint64_t cursor = 0;
+    do {
+        Kvpool__ListRequest lreq = KVPOOL__LIST_REQUEST__INIT;
+        lreq.pattern = "";
+        lreq.segment_id = seg_id;
+        lreq.stored_keys = true; /* MoveStart names them as the master stores them */
+        lreq.cursor = cursor;
+        lreq.limit = DRAIN_PAGE;
+        Kvpool__ListResponse *lr = kvp_session_call_unpack(p->session, KVP_RPC_LIST, &lreq.base,
+                                                           &kvpool__list_response__descriptor, &st);
+        if (lr == NULL)
+            break;
+        if (lr->status != KVP_OK) {
+            st = lr->status;
+            kvpool__list_response__free_unpacked(lr, NULL);
+            break;
+        }
+        *moved_p += drain_page(p, seg_id, lr, to_copy_p, failed_p);
+        cursor = lr->next_cursor;
+        kvpool__list_response__free_unpacked(lr, NULL);
+    } while (cursor != 0 && kvp_now_ms() < deadline);
+    return st;
+}
+
+/* DRAIN (again: it only marks the segment): *pending_p the puts still being written with
+ * a replica on it. */
+static kvp_status_t drain_call(const kvp_drain_params_t *p, uint64_t seg_id, uint64_t *pending_p)
+{
+    kvp_status_t st;
+    Kvpool__DrainRequest dreq = KVPOOL__DRAIN_REQUEST__INIT;
+    dreq.segment_id = seg_id;
+    Kvpool__DrainResponse *dr = kvp_session_call_unpack(p->session, KVP_RPC_DRAIN, &dreq.base,
+                                                        &kvpool__drain_response__descriptor, &st);
+    if (dr != NULL) {
+        st = dr->status;
+        *pending_p = dr->pending;
+        kvpool__drain_response__free_unpacked(dr, NULL);
+    }
+    return st;
+}
+
 kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uint64_t *moved_p,
                            uint64_t *lost_p)
 {
@@ -167,45 +213,34 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
     kvp_status_t st = kvp_segment_drain_begin(p->seg, &seg_id);
     if (st != KVP_OK)
         return st;
-    uint64_t deadline = kvp_now_ms() + timeout_ms;
-    Kvpool__DrainRequest dreq = KVPOOL__DRAIN_REQUEST__INIT;
-    dreq.segment_id = seg_id;
-    Kvpool__DrainResponse *dr = kvp_session_call_unpack(p->session, KVP_RPC_DRAIN, &dreq.base,
-                                                        &kvpool__drain_response__descriptor, &st);
-    if (dr != NULL) {
-        st = dr->status;
-        kvpool__drain_response__free_unpacked(dr, NULL);
-    }
+    uint64_t deadline = kvp_now_ms() + timeout_ms, pending = 0;
+    st = drain_call(p, seg_id, &pending);
     uint64_t moved = 0, failed = 0;
     if (st == KVP_OK)
         KVP_LOG_INFO("draining segment %s (%.1f s at most)", kvp_segment_name(p->seg),
                      timeout_ms / 1000.0);
     /* A pass sees every object present throughout; puts that were in flight when the
      * drain began finish later, so pass again while there is time and progress. */
+    bool no_room = false;
     for (int pass = 0; pass < 3 && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
-        uint64_t cursor = 0, to_copy = 0, failed_before = failed;
-        do {
-            Kvpool__ListRequest lreq = KVPOOL__LIST_REQUEST__INIT;
-            lreq.pattern = "";
-            lreq.segment_id = seg_id;
-            lreq.stored_keys = true; /* MoveStart names them as the master stores them */
-            lreq.cursor = cursor;
-            lreq.limit = DRAIN_PAGE;
-            Kvpool__ListResponse *lr = kvp_session_call_unpack(
-                p->session, KVP_RPC_LIST, &lreq.base, &kvpool__list_response__descriptor, &st);
-            if (lr == NULL)
-                break;
-            if (lr->status != KVP_OK) {
-                st = lr->status;
-                kvpool__list_response__free_unpacked(lr, NULL);
-                break;
-            }
-            moved += drain_page(p, seg_id, lr, &to_copy, &failed);
-            cursor = lr->next_cursor;
-            kvpool__list_response__free_unpacked(lr, NULL);
-        } while (cursor != 0 && kvp_now_ms() < deadline);
-        if (to_copy == 0 || failed > failed_before)
+        uint64_t to_copy = 0, failed_before = failed;
+        st = drain_pass(p, seg_id, deadline, &moved, &to_copy, &failed);
+        no_room = failed > failed_before;
+        if (to_copy == 0 || no_room)
             break; /* nothing left, or no room elsewhere: more passes would not help */
+    }
+    /* Nothing new is placed on a draining segment, but a put placed on it before may end
+     * after the last pass listed the segment: once none is left being written (or time is
+     * up), one more pass moves what they wrote, then the segment goes. */
+    while (st == KVP_OK && !no_room && kvp_now_ms() < deadline) {
+        st = drain_call(p, seg_id, &pending);
+        if (st != KVP_OK || pending == 0)
+            break;
+        usleep(10 * 1000);
+    }
+    if (st == KVP_OK && !no_room && kvp_now_ms() < deadline) {
+        uint64_t to_copy = 0;
+        st = drain_pass(p, seg_id, deadline, &moved, &to_copy, &failed);
     }
     if (st == KVP_ERR_SEGMENT_GONE)
         st = KVP_OK; /* the master no longer has it (restart, ttl): nothing to unmount */

@@ -254,6 +254,18 @@ kvp_status_t kvp_remove_force(kvp_client_t *client, const char *key);
 /* Batch remove; results[i] per key; returns as kvp_batch_put_from. */
 kvp_status_t kvp_batch_remove(kvp_client_t *client, const char *const *keys, size_t n,
                               kvp_status_t *results);
+/*
+ * Mooncake's BatchReplicaClear. segment NULL or "": each key's object is
+ * removed as kvp_batch_remove removes it. Else only its replicas on the
+ * segments named segment go, the object staying readable from its others
+ * (removed whole when those were all it had). results[i]: KVP_OK cleared;
+ * KVP_ERR_NOT_FOUND no such object, or none of its replicas there;
+ * KVP_ERR_PENDING being written; KVP_ERR_LEASED under a read lease (the
+ * master's --lease-on-put leases one just written). Returns as
+ * kvp_batch_put_from.
+ */
+kvp_status_t kvp_batch_replica_clear(kvp_client_t *client, const char *const *keys, size_t n,
+                                     const char *segment, kvp_status_t *results);
 /* The same, also removing objects under a read lease. */
 kvp_status_t kvp_batch_remove_force(kvp_client_t *client, const char *const *keys, size_t n,
                                     kvp_status_t *results);

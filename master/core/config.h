@@ -36,6 +36,7 @@ typedef struct kvp_master_config {
     uint32_t segment_grace_ms; /* a DRAM segment dropped so: its objects kept for its
                                 * owner's return this long (60000; 0: not kept) */
     bool lease_on_exist;       /* Exist grants read leases too (false) */
+    bool lease_on_put;         /* PutEnd leases the object for the TTL (false) */
     /* hot keys (rpc/hot_keys.c): a key read this often per second gets replicas of its own
      * on more segments, dropped when it cools (0: off) */
     uint32_t hot_key_reads;

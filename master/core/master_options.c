@@ -215,6 +215,12 @@ static const kvp_opt_t master_rows[] = {
      .def = "off",
      F(lease_on_exist),
      .help = "exist grants read leases too (default: only get)"},
+    {.name = "lease-on-put",
+     .type = KVP_OPT_SET_TRUE,
+     .def = "off",
+     F(lease_on_put),
+     .help = "an object just written is leased for --lease-ttl, as in Mooncake Store: no "
+             "plain remove or replica clear until then"},
     {.name = "hot-key-reads",
      .type = KVP_OPT_UINT,
      .arg = "N",

@@ -54,6 +54,10 @@ kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
                      (unsigned long long)seg->id, (unsigned long long)seg->objects);
     seg->draining = true;
     resp.segment_id = seg->id;
+    /* placement skips it from now on: this count only goes down */
+    for (const kvp_object_t *o = st->index.pending_list.head; o != NULL; o = o->lnext)
+        if (kvp_object_replica_on(o, seg->id) >= 0)
+            resp.pending++;
     return kvp_reply_send(&r);
 }
 

@@ -412,6 +412,8 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     st->stats.puts++;
     kvp_state_media_event(st, obj, 0, kvp_state_media(st, obj->replicas, obj->n_replicas));
     kvp_policy_put(st, obj, end->n_keys > 1 && i + 1 == end->n_keys);
+    if (st->config.lease_on_put)
+        kvp_lease_grant(st, obj, KVP_LEASE_NOBODY); /* Mooncake's: it ends by the TTL */
     kvp_record_object(&st->segments, obj); /* DRAM owners' records, in the same loop turn */
     kvp_tier_on_put_end(st, obj);          /* replicas on SSD get recorded by their owners */
     return KVP_OK;
@@ -515,6 +517,73 @@ kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
     return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_remove);
+}
+
+/* One key of REPLICA_CLEAR with a segment name: its complete replicas on segments of that
+ * name go; the whole object when they are all it has. NOT_FOUND: none there. */
+static kvp_status_t clear_on_segment(kvp_master_state_t *st, kvp_object_t *obj, const char *segment)
+{
+    kvp_replica_t keep[KVP_MAX_REPLICAS], gone[KVP_MAX_REPLICAS];
+    unsigned n_keep = 0, n_gone = 0;
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->name != NULL && strcmp(seg->name, segment) == 0)
+            gone[n_gone++] = obj->replicas[r];
+        else
+            keep[n_keep++] = obj->replicas[r];
+    }
+    if (n_gone == 0)
+        return KVP_ERR_NOT_FOUND;
+    if (n_keep == 0) {
+        kvp_tombstone_add(&st->tombstones, obj->hash, kvp_tier_next_version(st));
+        kvp_object_remove(st, obj);
+        st->stats.removes++;
+        return KVP_OK;
+    }
+    if (kvp_tier_set_replicas(st, obj, keep, n_keep) == NULL)
+        return KVP_ERR_NOMEM;
+    for (unsigned i = 0; i < n_gone; i++)
+        kvp_segment_table_free_extent(&st->segments, &gone[i]);
+    return KVP_OK;
+}
+
+kvp_status_t kvp_handle_replica_clear(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__ReplicaClearRequest *req = (Kvpool__ReplicaClearRequest *)req_msg;
+    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 0);
+    const char *segment = req->segment != NULL ? req->segment : "";
+    int32_t status = kvp_call_check_batch(req->n_keys);
+    if (status == KVP_OK && strlen(segment) > 255)
+        status = KVP_ERR_INVALID_ARG;
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
+    int32_t *out = kvp_reply_statuses(&r, req->n_keys);
+    if (out == NULL)
+        return kvp_reply_abort(&r);
+    for (size_t i = 0; i < req->n_keys; i++) {
+        if (segment[0] == '\0') {
+            out[i] = op_remove(st, call->conn_id, &req->keys[i], NULL, i, false);
+            continue;
+        }
+        kvp_object_t *obj;
+        out[i] = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
+        if (out[i] != KVP_OK)
+            continue;
+        if (obj == NULL)
+            out[i] = KVP_ERR_NOT_FOUND;
+        else if (obj->state == KVP_OBJ_PENDING)
+            out[i] = KVP_ERR_PENDING;
+        else if (kvp_leased(st, obj)) {
+            st->stats.lease_waits++;
+            out[i] = KVP_ERR_LEASED;
+        } else
+            out[i] = clear_on_segment(st, obj, segment);
+    }
+    return kvp_reply_send(&r);
 }
 
 kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)

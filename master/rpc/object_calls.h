@@ -13,6 +13,8 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *msg);
+/* REPLICA_CLEAR: Remove, or the replicas on one segment only (Mooncake's BatchReplicaClear) */
+kvp_status_t kvp_handle_replica_clear(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *msg);

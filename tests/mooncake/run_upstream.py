@@ -25,6 +25,7 @@ Environment: KVPOOL_MASTER_BIN, KVPOOL_CLI_BIN (default: build/), PYTHON (defaul
 /usr/bin/python3).
 """
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -113,7 +114,7 @@ def test_id(name, cls):
 def run_file(suite, name, how, master_bin, cli_bin, python, timeout, work):
     port = free_port()
     master, addr = start([master_bin, "--listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}",
-                          "--log-level", "error", "--lease-ttl", "0.5"])
+                          "--log-level", "error", "--lease-ttl", "0.5", "--lease-on-put"])
     serve = None
     try:
         path = os.path.join(suite, name)
@@ -183,6 +184,7 @@ def main():
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--timeout", type=float, default=900.0)
     ap.add_argument("--verbose", action="store_true", help="each file's output tail")
+    ap.add_argument("--jobs", type=int, default=1, help="files run at once (default 1)")
     a = ap.parse_args()
     suite = os.path.abspath(a.suite)
     if not os.path.isdir(suite):
@@ -197,20 +199,28 @@ def main():
     passed = failed = 0
     hw_skips, other_skips = [], []
     try:
-        for name, how in FILES:
-            if a.only and name not in a.only:
-                continue
+        todo = [(name, how) for name, how in FILES if not a.only or name in a.only]
+
+        def one(item):
+            # each file against a master of its own (segment names are per master), so
+            # files run side by side; most of their time is sleeps (lease TTLs)
+            name, how = item
             t0 = time.monotonic()
             try:
-                results = run_file(suite, name, how, master_bin, cli_bin, python,
-                                   a.timeout, work)
+                return run_file(suite, name, how, master_bin, cli_bin, python, a.timeout,
+                                work), time.monotonic() - t0
             except RuntimeError as e:
-                print(f"{name}: not run: {e}")
+                return e, time.monotonic() - t0
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, a.jobs)) as pool:
+            done = list(pool.map(one, todo))
+        for (name, how), (results, dt) in zip(todo, done):
+            if isinstance(results, RuntimeError):
+                print(f"{name}: not run: {results}")
                 failed += 1
                 continue
             for k, r in enumerate(results):
                 label = name if len(results) == 1 else f"{name} #{k + 1}"
-                dt = time.monotonic() - t0
                 if not r["summary"]:
                     why = "timed out" if r["timed_out"] else f"exit {r['rc']}, no summary"
                     print(f"{label}: NOT RUN ({why}, {dt:.0f} s); its last lines:")

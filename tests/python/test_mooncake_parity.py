@@ -401,7 +401,7 @@ def test_alloc_from_mem_pool(pool, prefix, store):
 
 # ---- batch_replica_clear ----
 
-def test_batch_replica_clear(make_pool, prefix, caplog):
+def test_batch_replica_clear(make_pool, prefix):
     pool = make_pool(segments=("32MiB", "32MiB"), master_args=("--lease-ttl", "0"))
     s = mstore.MooncakeDistributedStore()
     assert s.batch_replica_clear([prefix + "a"]) == []  # not set up
@@ -418,21 +418,28 @@ def test_batch_replica_clear(make_pool, prefix, caplog):
         assert s.batch_replica_clear([]) == []
         assert s.batch_replica_clear(["", prefix + "none", keys[1], keys[1]]) == [keys[1]]
         assert s.is_exist(keys[1]) == 0 and s.get(keys[1]) == b""
-        # a segment holding no replica: nothing; one holding one of two: kept whole
+        # a segment holding no replica: nothing; one holding one of two: that replica goes,
+        # the object stays readable from the other, whose bytes a second store reads
         assert s.batch_replica_clear(keys, segment_name="nowhere:1") == []
-        with caplog.at_level(logging.WARNING, logger="mooncake.store"):
-            assert s.batch_replica_clear([keys[0]], segment_name=segs[0]) == []
-        assert "removes whole objects only" in caplog.text
-        assert s.get(keys[0]) == keys[0].encode()
-        assert len(s.get_replica_desc(keys[0])) == 2
-        # a segment holding every replica: cleared
+        assert s.batch_replica_clear([keys[0]], segment_name=segs[0]) == [keys[0]]
+        assert [d["segment"] for d in s.get_replica_desc(keys[0])] == [segs[1]]
+        assert s.batch_replica_clear([keys[0]], segment_name=segs[0]) == []  # none there now
+        other = mstore.MooncakeDistributedStore()
+        assert other.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == OK
+        try:
+            assert other.get(keys[0]) == keys[0].encode()
+        finally:
+            assert other.close() == OK
+        # a segment holding every replica: the object goes
         one = ReplicateConfig()
         one.preferred_segment = segs[1]
         assert s.put(prefix + "on1", b"x" * 100, config=one) == OK
         assert [d["segment"] for d in s.get_replica_desc(prefix + "on1")] == [segs[1]]
-        assert s.batch_replica_clear([prefix + "on1", keys[0]], segs[1]) == [prefix + "on1"]
-        assert s.is_exist(prefix + "on1") == 0 and s.is_exist(keys[0]) == 1
+        assert s.batch_replica_clear([prefix + "on1", keys[0]], segs[1]) == [prefix + "on1",
+                                                                             keys[0]]
+        assert s.is_exist(prefix + "on1") == 0 and s.is_exist(keys[0]) == 0
         # every replica (segment_name ""): the rest, in the order asked
+        assert s.put(keys[0], b"again", config=two) == OK
         assert s.batch_replica_clear([keys[2], keys[0]]) == [keys[2], keys[0]]
         assert [s.is_exist(k) for k in keys] == [0, 0, 0]
         for bad in ("k", [b"k"], [1]):

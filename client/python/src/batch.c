@@ -91,6 +91,9 @@ static void batch_call_locked(kvp_client_t *c, kvp_py_batch_op_t op, kvp_py_batc
     case KVP_PY_BATCH_GET_RANGES:
         kvp_get_into_ranges(c, b->ranges, n, b->results);
         break;
+    case KVP_PY_BATCH_REPLICA_CLEAR:
+        kvp_batch_replica_clear(c, keys, n, b->segment, st);
+        break;
     }
 }
 

@@ -546,6 +546,18 @@ static PyObject *client_batch_remove(kvp_py_client_t *self, PyObject *args, PyOb
                              NULL);
 }
 
+/* replica_clear(keys, segment="") -> [status]: kvp_batch_replica_clear */
+static PyObject *client_replica_clear(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "segment", NULL};
+    kvp_py_batch_t b = {0};
+    b.segment = "";
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|s:replica_clear", kwlist, kvp_py_keys_conv,
+                                     &b.keys, &b.segment))
+        return NULL;
+    return kvp_py_batch_call(self, KVP_PY_BATCH_REPLICA_CLEAR, &b, NULL);
+}
+
 /*
  * get_ranges(ranges) -> [bytes read or negative status]: ranges is a list of
  * (key, offset, buffer) or (key, offset, (ptr, length)); each reads bytes
@@ -793,6 +805,9 @@ static PyMethodDef client_methods[] = {
     METH("batch_exists", client_batch_exists, KW,
          "batch_exists(keys) -> ([1, 0 or negative status], cached prefix length)"),
     METH("batch_remove", client_batch_remove, KW, "batch_remove(keys, force=False) -> [status]"),
+    METH("replica_clear", client_replica_clear, KW,
+         "replica_clear(keys, segment='') -> [status]: Mooncake's replica clear (see the C API's "
+         "kvp_batch_replica_clear)"),
     METH("stat", kvp_py_client_stat, METH_NOARGS, "stat() -> dict, or a negative status"),
     METH("metrics", kvp_py_client_metrics, METH_NOARGS,
          "metrics() -> dict of this client's counters (kvp_metrics_snapshot), or a negative "

@@ -89,6 +89,8 @@ static const expect_t expected[] = {
      &kvpool__task_start_response__descriptor},
     {KVP_RPC_TASK_END, kvp_handle_task_end, &kvpool__task_end_request__descriptor,
      &kvpool__statuses_response__descriptor},
+    {KVP_RPC_REPLICA_CLEAR, kvp_handle_replica_clear, &kvpool__replica_clear_request__descriptor,
+     &kvpool__statuses_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 

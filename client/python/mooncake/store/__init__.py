@@ -109,11 +109,14 @@ def _segment_names(local_hostname):
     h = (local_hostname or "").strip()
     if not h:
         return []
+    first = []
     if _re.match(r"^\[.*\]:\d+$", h) or (h.count(":") == 1 and _re.match(r".*:\d+$", h)):
-        return [h]
+        # its own port first; when another segment has that name (a second store of one
+        # process given the same local_hostname), ports drawn on the same host
+        first, h = [h], h.rsplit(":", 1)[0]
     host = f"[{h}]" if ":" in h and not h.startswith("[") else h
     rnd = _random.Random()
-    return [f"{host}:{rnd.randrange(_PORT_LO, _PORT_HI)}" for _ in range(8)]
+    return first + [f"{host}:{rnd.randrange(_PORT_LO, _PORT_HI)}" for _ in range(8)]
 
 
 def _transport(protocol):
@@ -371,7 +374,9 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         -> -600 (ValueError); a DFS replica -> -1601 DFS_SERVICE_UNAVAILABLE
         (kvpool has no DFS tier, as a Mooncake master without one)."""
         if config is None:
-            return None
+            # Mooncake's master places a writer's replicas on its own host's segments
+            # first (writer_host_id): this store's own segment, while it has room
+            return (1, _kvpool.SEGMENT_LOCAL, _kvpool.PIN_NONE, 0, _kvpool.PUT_INSERT, None)
         if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
             raise TypeError("config must be a ReplicateConfig")
         counts = [getattr(config, f, d) for f, d in
@@ -379,7 +384,6 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in counts):
             raise TypeError("replica_num, nof_replica_num and dfs_replica_num must be ints >= 0")
         replica_num, nof, dfs = counts
-        same_node = bool(getattr(config, "prefer_alloc_in_same_node", False))
         if replica_num == 0 and nof == 0 and dfs == 0:
             raise ValueError("no replica asked for")
         if dfs > 1 or (dfs > 0 and replica_num == 0):
@@ -408,7 +412,7 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             seg = segs[0] if segs else ""
         # more than one: replica i on segs[i] while it has room (the master's placement)
         pref = (tuple(segs[:8]),) if len(segs) > 1 else ()
-        if not seg and same_node:
+        if not seg:  # as with no config (prefer_alloc_in_same_node: the same)
             seg = _kvpool.SEGMENT_LOCAL
         if not isinstance(seg, str):
             raise TypeError("preferred_segment must be str")
@@ -621,16 +625,15 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
     def batch_replica_clear(self, keys, segment_name=""):
         """Mooncake's replica clear: the keys whose replicas were cleared, in the
         order asked ([] when the store is not set up or the master fails). With
-        segment_name "" a key's object is removed as remove(key) removes it,
-        and skipped (not listed) when it is missing, being written or under a
-        read lease. With a segment name, a key is cleared only when that
-        segment holds one of its complete replicas and no other segment holds
-        one: kvpool cannot drop one replica of an object, so an object with
-        replicas elsewhere too is left whole, not listed, and a warning says so.
-        Two differences from Mooncake, whose master records the writer and
-        leases an object on its put: any store of the tenant may clear a key
-        (Mooncake: only the client that put it), and an object just put is
-        cleared at once (Mooncake waits out the put's lease)."""
+        segment_name "" a key's object is removed as remove(key) removes it;
+        with a segment name only its replicas on that segment go (the object
+        stays readable from its others; removed whole when those were all it
+        had). A key is skipped (not listed) when it is missing, has no replica
+        on that segment, is being written or is under a read lease (a master
+        started with --lease-on-put, as Mooncake's tests expect, leases an
+        object just written for --lease-ttl). One difference from Mooncake,
+        whose master records the writer: any store of the tenant with write
+        rights may clear a key (Mooncake: only the client that put it)."""
         if isinstance(keys, (str, bytes)) or not all(isinstance(k, str) for k in keys):
             raise TypeError("batch_replica_clear(): keys must be a list of str")
         if not isinstance(segment_name, str):
@@ -640,27 +643,10 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
 
         def run(c):
             todo = [k for k in dict.fromkeys(keys) if k]  # a key twice: cleared once
-            if segment_name:
-                names = {i: g[0] for i, g in _segments(c).items()}
-                on_segment = []
-                for k in todo:
-                    info = _key_info(c, k)
-                    if info is None or not info["complete"]:
-                        continue
-                    segs = [names.get(i) for i in info["segment_ids"][:info["replicas"]]]
-                    if segment_name not in segs:
-                        continue
-                    if any(g != segment_name for g in segs):
-                        _log.warning("batch_replica_clear: %s has replicas on other segments "
-                                     "than %s too; kvpool removes whole objects only, so it "
-                                     "is not cleared", k, segment_name)
-                        continue
-                    on_segment.append(k)
-                todo = on_segment
             cleared = []
             for lo in range(0, len(todo), _kvpool.MAX_BATCH):
                 part = todo[lo:lo + _kvpool.MAX_BATCH]
-                cleared += [k for k, r in zip(part, c.batch_remove(part, False)) if r == 0]
+                cleared += [k for k, r in zip(part, c.replica_clear(part, segment_name)) if r == 0]
             return cleared
         return self._call(run, lambda code: [])
 

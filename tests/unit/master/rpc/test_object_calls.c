@@ -546,16 +546,126 @@ static void test_key_with_embedded_nul(void **state)
                  exist_answer, remove_answer, KVP_ERR_BAD_KEY, k_still_there);
 }
 
+/* ---- REPLICA_CLEAR (Mooncake's BatchReplicaClear) ---- */
+
+static int32_t *replica_clear(kvp_master_state_t *st, const char *const *keys, size_t n,
+                              const char *segment, Kvpool__StatusesResponse **resp_p)
+{
+    ProtobufCBinaryData kb[8];
+    for (size_t i = 0; i < n; i++)
+        kb[i] = (ProtobufCBinaryData){strlen(keys[i]), (uint8_t *)keys[i]};
+    Kvpool__ReplicaClearRequest req = KVPOOL__REPLICA_CLEAR_REQUEST__INIT;
+    req.keys = kb;
+    req.n_keys = n;
+    req.segment = (char *)segment;
+    Kvpool__StatusesResponse *r =
+        svc_call(st, C1, KVP_RPC_REPLICA_CLEAR, &req.base, &kvpool__statuses_response__descriptor);
+    assert_non_null(r);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_statuses, n);
+    *resp_p = r;
+    return r->statuses;
+}
+
+static void test_replica_clear(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t seg_a, seg_b;
+    assert_int_equal(mount_seg(st, C1, "host1:12345", "host1", 64 << 20, &seg_a), KVP_OK);
+    assert_int_equal(mount_seg(st, C2, "host2:12346", "host2", 64 << 20, &seg_b), KVP_OK);
+    /* two replicas each (one per segment), one replica, one still being written */
+    const char *two[] = {"r2-a", "r2-b"};
+    uint64_t sizes[] = {4096, 4096};
+    Kvpool__PutStartResponse *ps = put_start(st, C1, two, 2, sizes, 2, 2, NULL);
+    assert_int_equal(ps->results[0]->n_replicas, 2);
+    svc_msg_free(ps);
+    Kvpool__StatusesResponse *e = put_end(st, C1, two, 2, (uint32_t[]){1, 2}, 2);
+    svc_msg_free(e);
+    Kvpool__Replica rep;
+    assert_int_equal(put1(st, C1, "one", 8192, &rep), KVP_OK);
+    assert_int_equal(end1(st, C1, "one", 3), KVP_OK);
+    uint64_t one_seg = rep.segment_id;
+    const char *one_name = one_seg == seg_a ? "host1:12345" : "host2:12346";
+    assert_int_equal(put1(st, C1, "pending", 4096, NULL), KVP_OK);
+    stat_snap_t before = stat_get(st);
+
+    /* a segment holding one of two replicas: that replica goes, the other stays readable */
+    Kvpool__StatusesResponse *r;
+    const char *ka[] = {"r2-a", "missing", "pending"};
+    int32_t *s = replica_clear(st, ka, 3, "host1:12345", &r);
+    assert_int_equal(s[0], KVP_OK);
+    assert_int_equal(s[1], KVP_ERR_NOT_FOUND);
+    assert_int_equal(s[2], KVP_ERR_PENDING);
+    svc_msg_free(r);
+    Kvpool__GetReplicaListResponse *gl = replicas(st, (const char *[]){"r2-a"}, 1);
+    assert_int_equal(gl->results[0]->status, KVP_OK);
+    assert_int_equal(gl->results[0]->n_replicas, 1);
+    assert_true(gl->results[0]->replicas[0]->segment_id == seg_b);
+    svc_msg_free(gl);
+    stat_snap_t after = stat_get(st);
+    assert_true(after.used == before.used - 4096); /* the extent was freed */
+    assert_int_equal(after.objects, before.objects);
+
+    /* again on the same segment: nothing of r2-a there any more */
+    s = replica_clear(st, (const char *[]){"r2-a"}, 1, "host1:12345", &r);
+    assert_int_equal(s[0], KVP_ERR_NOT_FOUND);
+    svc_msg_free(r);
+    /* a segment of no replica of it, an unknown segment: nothing taken */
+    const char *other = one_seg == seg_a ? "host2:12346" : "host1:12345";
+    s = replica_clear(st, (const char *[]){"one"}, 1, other, &r);
+    assert_int_equal(s[0], KVP_ERR_NOT_FOUND);
+    svc_msg_free(r);
+    s = replica_clear(st, (const char *[]){"one"}, 1, "nowhere:1", &r);
+    assert_int_equal(s[0], KVP_ERR_NOT_FOUND);
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, "one"), 1);
+
+    /* the segment of its only replica: the object goes */
+    s = replica_clear(st, (const char *[]){"one"}, 1, one_name, &r);
+    assert_int_equal(s[0], KVP_OK);
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, "one"), 0);
+    assert_int_equal(stat_get(st).objects, after.objects - 1);
+
+    /* no segment: the whole object, as Remove */
+    s = replica_clear(st, (const char *[]){"r2-b"}, 1, "", &r);
+    assert_int_equal(s[0], KVP_OK);
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, "r2-b"), 0);
+    assert_int_equal(exist1(st, "r2-a"), 1);
+
+    /* a name longer than any segment's: the whole call refused */
+    char longname[300];
+    memset(longname, 'x', sizeof(longname) - 1);
+    longname[sizeof(longname) - 1] = '\0';
+    ProtobufCBinaryData kb = {4, (uint8_t *)"r2-a"};
+    Kvpool__ReplicaClearRequest req = KVPOOL__REPLICA_CLEAR_REQUEST__INIT;
+    req.keys = &kb;
+    req.n_keys = 1;
+    req.segment = longname;
+    r = svc_call(st, C1, KVP_RPC_REPLICA_CLEAR, &req.base, &kvpool__statuses_response__descriptor);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    svc_msg_free(r);
+    assert_int_equal(exist1(st, "r2-a"), 1);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
-        T(test_put_lifecycle),     T(test_batch),
-        T(test_put_revoke),        T(test_conn_closed_revokes_pending),
-        T(test_preferred_segment), T(test_pool_full),
-        T(test_mismatched_arrays), T(test_too_many_keys),
-        T(test_undecodable_body),  T(test_unknown_method),
-        T(test_bad_keys),          T(test_key_with_embedded_nul),
+        T(test_put_lifecycle),
+        T(test_batch),
+        T(test_put_revoke),
+        T(test_conn_closed_revokes_pending),
+        T(test_preferred_segment),
+        T(test_replica_clear),
+        T(test_pool_full),
+        T(test_mismatched_arrays),
+        T(test_too_many_keys),
+        T(test_undecodable_body),
+        T(test_unknown_method),
+        T(test_bad_keys),
+        T(test_key_with_embedded_nul),
     };
 #undef T
     return cmocka_run_group_tests_name("object_calls", tests, NULL, NULL);

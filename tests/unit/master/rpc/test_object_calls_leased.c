@@ -275,6 +275,50 @@ static void test_exist_lease(void **state)
     assert_int_equal(kvp_master_used(st), 0);
 }
 
+/* --lease-on-put (Mooncake's tests expect it): an object just written is leased for the
+ * TTL, so neither a plain remove nor REPLICA_CLEAR takes it until then; a forced remove
+ * does. */
+static int32_t clear1(kvp_master_state_t *st, const char *key, const char *segment)
+{
+    ProtobufCBinaryData kb = {strlen(key), (uint8_t *)key};
+    Kvpool__ReplicaClearRequest req = KVPOOL__REPLICA_CLEAR_REQUEST__INIT;
+    req.keys = &kb;
+    req.n_keys = 1;
+    req.segment = (char *)segment;
+    Kvpool__StatusesResponse *r =
+        svc_call(st, C2, KVP_RPC_REPLICA_CLEAR, &req.base, &kvpool__statuses_response__descriptor);
+    assert_non_null(r);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_statuses, 1);
+    int32_t s = r->statuses[0];
+    svc_msg_free(r);
+    return s;
+}
+
+static void test_put_lease(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    put_done(st, C1, "plain", 64, 1, NULL, 0); /* off (the default): no lease */
+    assert_int_equal(clear1(st, "plain", "s1"), KVP_OK);
+    assert_int_equal(exist1(st, "plain"), 0);
+
+    st->config.lease_on_put = true;
+    st->now_ms = 1000;
+    put_done(st, C1, "k1", 64, 1, NULL, 0);
+    put_done(st, C1, "k2", 64, 1, NULL, 0);
+    assert_int_equal(clear1(st, "k1", "s1"), KVP_ERR_LEASED);
+    assert_int_equal(clear1(st, "k1", ""), KVP_ERR_LEASED);
+    assert_int_equal(keys1(st, C2, KVP_RPC_REMOVE, "k1", false), KVP_ERR_LEASED);
+    assert_int_equal(keys1(st, C2, KVP_RPC_REMOVE, "k2", true), KVP_OK); /* force */
+    st->now_ms = 5999;
+    assert_int_equal(clear1(st, "k1", "s1"), KVP_ERR_LEASED);
+    st->now_ms = 6000;
+    assert_int_equal(clear1(st, "k1", "s1"), KVP_OK);
+    assert_int_equal(exist1(st, "k1"), 0);
+    assert_int_equal(exist1(st, "k2"), 0);
+}
+
 /*
  * Review finding: a replica's segment unmounted while the put is PENDING must
  * not shift the indices PutEnd's written_mask refers to.
@@ -319,6 +363,7 @@ int main(void)
         T(test_upsert_refusals),
         T(test_put_end_written_mask),
         T(test_exist_lease),
+        T(test_put_lease),
         T(test_written_mask_after_unmount),
     };
 #undef T
