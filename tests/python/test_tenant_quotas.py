@@ -24,18 +24,21 @@ Covered:
  6. without an ACL (no tenants: Mooncake's multi-tenant mode off): 409
     UNAVAILABLE_IN_CURRENT_MODE for GET, PUT and DELETE;
  7. HA: a policy set and one deleted on the leader survive its death: the standby answers
-    503 while it stands by, then, leading, has both (from etcd) and enforces them.
+    503 while it stands by, then, leading, has both (from etcd) and enforces them; a change
+    etcd does not take (etcd frozen) is 500 PERSISTENT_FAIL; a leader paused past its lease
+    that steps down and later leads again has the ACL's tenants and the newer policies.
 """
 
 import json
 import os
+import signal
 import urllib.error
 import urllib.request
 
 import pytest
 
 import kvpool
-from conftest import Proc, _bin, free_port, metric
+from conftest import Proc, _bin, free_port, freeze, metric
 from test_ops_http import etcd  # noqa: F401 (fixture)
 from test_security import (certs, close_all, no_ambient_credentials,  # noqa: F401 (fixtures)
                            poll, tls_client_ctx)
@@ -378,6 +381,85 @@ def test_policies_survive_a_failover(certs, etcd, tmp_path):  # noqa: F811
         with standby.client("alice") as alice:
             quota_error(alice.put, "ha@big", os.urandom(3 * MiB + 1))
         with standby.client("carol") as carol:
+            assert "admission is closed" in quota_error(carol.put, "c@x", b"x")
+    finally:
+        for m in killed:
+            m._log.close()
+        close_all([m for m in made if m not in killed])
+
+
+def etcd_pid(addr):
+    """The PID of the etcd this test's fixture started at addr (its command line names it)."""
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"etcd") and f"http://{addr}".encode() in argv:
+                return int(pid)
+    raise AssertionError(f"no etcd at {addr}")
+
+
+def test_a_change_etcd_does_not_take_is_500(certs, etcd, tmp_path):  # noqa: F811
+    d = tmp_path / "m"
+    d.mkdir()
+    m = HAMaster(certs, str(d), {"team-a": {"max-dram": "4MiB"}}, etcd, f"tqp{os.getpid()}")
+    pid = etcd_pid(etcd)
+    try:
+        poll(lambda: m.http("/health")[0] == 200, "the master leads", 20)
+        ok(m, "PUT", "tenant_id=team-a", {"requested_quota_bytes": 3 * MiB})
+        freeze(pid)
+        try:
+            msg = mc_error(call(m, "PUT", "tenant_id=team-a", {"requested_quota_bytes": 2 * MiB}),
+                           500, -1503, "etcd did not save it")
+            assert "new leader would not have it" in msg
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert "etcd did not take it" in m.log_text()
+        # etcd back: the same PUT goes through (once the master serves again)
+        poll(lambda: call(m, "PUT", "tenant_id=team-a",
+                          {"requested_quota_bytes": 2 * MiB})[0] == 200, "a PUT saved", 20, 0.2)
+    finally:
+        close_all([m])
+
+
+def test_a_master_that_leads_again(certs, etcd, tmp_path):  # noqa: F811
+    """A leader paused past its lease steps down when it wakes (its state dropped) and,
+    when it leads again, has the ACL's tenants and the API's policies as etcd has them
+    (the newer ones, set on the other leader meanwhile)."""
+    tenants = {"team-a": {"max-dram": "4MiB"}, "team-b": {"max-objects": 10},
+               "team-c": {"max-dram": "4MiB"}}
+    cluster = f"tqr{os.getpid()}"
+    made, killed = [], []
+    try:
+        for i in range(2):
+            d = tmp_path / f"m{i}"
+            d.mkdir()
+            made.append(HAMaster(certs, str(d), tenants, etcd, cluster))
+            if i == 0:
+                poll(lambda: made[0].http("/health")[0] == 200, "the first master leads", 20)
+        first, second = made
+        ok(first, "PUT", "tenant_id=team-a", {"requested_quota_bytes": 3 * MiB})
+        freeze(first.pid)
+        try:
+            poll(lambda: second.http("/health")[0] == 200, "the second master leads", 30, 0.1)
+            ok(second, "PUT", "tenant_id=team-a", {"requested_quota_bytes": 5 * MiB})
+            assert call(second, "DELETE", "tenant_id=team-c")[0] == 200
+        finally:
+            os.kill(first.pid, signal.SIGCONT)
+        poll(lambda: "stepping down" in first.log_text(), "the first one steps down", 20, 0.1)
+        second.master.kill()
+        killed.append(second)
+        poll(lambda: first.http("/health")[0] == 200, "the first master leads again", 30, 0.1)
+        by = {x["tenant_id"]: x for x in ok(first, "GET")}
+        assert by["team-a"]["requested_quota_bytes"] == 5 * MiB, by
+        assert by["team-c"]["admission_closed"] is True, by
+        # the ACL's tenants are back (a state started afresh knew only "default")
+        assert "team-b" in by and by["team-b"]["has_explicit_policy"] is False, by
+        assert first.tm("kvpool_tenant_quota_objects", "team-b") == 10
+        with first.client("carol") as carol:
             assert "admission is closed" in quota_error(carol.put, "c@x", b"x")
     finally:
         for m in killed:
