@@ -33,7 +33,7 @@ struct kvp_http {
     struct MHD_Daemon *d;
     kvp_http_handler_fn fn;
     void *arg;
-    _Atomic size_t post_max;    /* POST bodies taken up to this size; 0: no POST */
+    _Atomic size_t post_max;    /* POST/PUT bodies taken up to this size; 0: none */
     void (*too_big)(void *arg); /* a POST body refused for its size (counted by the caller) */
     char *cert, *key;           /* HTTPS: PEM text (the key wiped at stop); NULL: plain HTTP */
     char *trust; /* HTTPS: the CAs whose client certificates are asked for; NULL: none */
@@ -43,11 +43,11 @@ struct kvp_http {
 struct kvp_http_request {
     struct MHD_Connection *c;
     const char *method;
-    const char *body; /* a POST's whole body (NUL-terminated), or NULL */
+    const char *body; /* a POST's or PUT's whole body (NUL-terminated), or NULL */
     size_t body_len;
 };
 
-/* A POST being received: its body so far. */
+/* A POST or PUT being received: its body so far. */
 typedef struct post {
     char *buf;
     size_t len, cap;
@@ -216,7 +216,7 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     kvp_http_reply_t r = {.status = 200, .content_type = "text/plain; charset=utf-8"};
     size_t post_max = atomic_load(&h->post_max);
     kvp_http_request_t req = {.c = c, .method = method};
-    if (post_max > 0 && strcmp(method, "POST") == 0) {
+    if (post_max > 0 && (strcmp(method, "POST") == 0 || strcmp(method, "PUT") == 0)) {
         post_t *p = *con_cls;
         if (p == NULL) { /* the header is in: a body may follow */
             const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -297,7 +297,10 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c, const char *u
     }
     MHD_add_response_header(resp, "Content-Type", r.content_type);
     if (r.status == 405)
-        MHD_add_response_header(resp, "Allow", post_max > 0 ? "GET, HEAD, POST" : "GET, HEAD");
+        MHD_add_response_header(resp, "Allow",
+                                r.allow != NULL ? r.allow
+                                : post_max > 0  ? "GET, HEAD, POST"
+                                                : "GET, HEAD");
     enum MHD_Result ret = MHD_queue_response(c, r.status, resp);
     MHD_destroy_response(resp);
     return ret;

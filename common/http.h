@@ -25,7 +25,8 @@ typedef struct kvp_http_reply {
     const char *content_type; /* static string; default "text/plain; charset=utf-8" */
     char *body;
     size_t len, cap;
-    int oom; /* an append failed: the server answers 500 */
+    int oom;           /* an append failed: the server answers 500 */
+    const char *allow; /* a 405's Allow header (static); NULL: the methods the server takes */
 } kvp_http_reply_t;
 
 /* Called for every GET or HEAD (and, after kvp_http_accept_post, every request: the
@@ -65,14 +66,15 @@ size_t kvp_http_peer_cert(const kvp_http_request_t *req, const void **der_p);
 /* A request header (e.g. "Authorization"), or NULL. */
 const char *kvp_http_header(const kvp_http_request_t *req, const char *name);
 
-/* Take POST requests too (else 405), with bodies of up to max_body bytes (a larger one is
+/* Take POST and PUT requests too (else 405), with bodies of up to max_body bytes (a larger one is
  * answered 413 before it is read, and the connection closed: too_big(the handler's arg) is
  * called, to count it; NULL: nothing), handed to the handler whole (kvp_http_body). Call it
  * right after start, before the address is announced. */
 void kvp_http_accept_post(kvp_http_t *http, size_t max_body, void (*too_big)(void *arg));
-/* The request's method ("GET", "HEAD", "POST"). */
+/* The request's method ("GET", "HEAD", "POST", "PUT", "DELETE", ...). */
 const char *kvp_http_method(const kvp_http_request_t *req);
-/* A POST's body (NUL-terminated; "" when empty), its length in *len_p; NULL for others. */
+/* A POST's or PUT's body (NUL-terminated; "" when empty), its length in *len_p; NULL for
+ * others. */
 const char *kvp_http_body(const kvp_http_request_t *req, size_t *len_p);
 /* Is the client on this host (127.0.0.0/8 or ::1)? */
 bool kvp_http_peer_is_loopback(const kvp_http_request_t *req);

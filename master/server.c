@@ -68,6 +68,7 @@
 #include "master/auth/mount_proof.h"
 #include "master/dispatch.h"
 #include "master/ha/leadership.h"
+#include "master/ha/quota_store.h"
 #include "master/rpc/segment_calls.h"
 #include "master/rpc/hot_keys.h"
 #include "master/rpc/task_calls.h"
@@ -155,6 +156,8 @@ struct kvp_master_server {
     bool proofs_ready; /* a held Mount has its proof's result: answer_proofs */
     bool stop;
     kvp_leadership_t ha; /* high availability (master/ha/): standalone until elect */
+    /* HA: the tenant quota admin API's policies in etcd (NULL: standalone) */
+    kvp_quota_store_t *quotas;
     /* operations (master/obs/) */
     kvp_master_http_t *http; /* NULL: --http-listen off (or its default was taken) */
     int http_fd;             /* its eventfd (epoll marker: &http_fd) */
@@ -452,6 +455,7 @@ static void drop_all(kvp_master_server_t *srv)
     kvp_master_state_init(&srv->state);
     srv->state.config = cfg;
     attach_obs(srv);
+    kvp_credentials_restore(&srv->cred, &srv->state); /* the ACL's tenants, data grants */
 }
 
 static void drop_all_cb(void *arg)
@@ -459,8 +463,37 @@ static void drop_all_cb(void *arg)
     drop_all(arg);
 }
 
+/* Beginning to lead: the tenant quota policies set through /api/v1/tenant_quotas, as etcd
+ * keeps them, over the ACL's, before the first request is served. An etcd that does not
+ * answer: not yet (kvp_leadership_t.on_lead); a text that does not parse: the ACL's. */
+static bool quotas_on_lead(void *arg, kvp_master_state_t *st)
+{
+    kvp_master_server_t *srv = arg;
+    char *text, err[256] = "";
+    size_t len;
+    kvp_status_t s = kvp_quota_store_load(srv->quotas, &text, &len, err, sizeof(err));
+    if (s != KVP_OK) {
+        KVP_LOG_WARN_LIMITED("leading, but the tenant quota policies cannot be read from etcd "
+                             "(%s: %s): not serving until they can",
+                             kvp_strerror(s), err);
+        return false;
+    }
+    if (!kvp_tenant_policy_load(&st->tenants, text, len))
+        KVP_LOG_ERROR("the tenant quota policies in etcd do not parse: the ACL's quotas "
+                      "apply until a PUT or DELETE of /api/v1/tenant_quotas writes them again");
+    else if (len > 0)
+        KVP_LOG_INFO("tenant quota policies from etcd: %zu bytes", len);
+    free(text);
+    return true;
+}
+
 kvp_status_t kvp_master_server_elect(kvp_master_server_t *srv, const kvp_election_params_t *p)
 {
+    kvp_status_t s = kvp_quota_store_create(p, &srv->quotas);
+    if (s != KVP_OK)
+        return s;
+    srv->ha.on_lead = quotas_on_lead;
+    srv->ha.on_lead_arg = srv;
     return kvp_leadership_start(&srv->ha, p);
 }
 
@@ -1112,6 +1145,7 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->events = srv->events;
     v->acl = srv->cred.acl;
     v->tls = srv->cred.tls;
+    v->quotas = srv->quotas;
     v->call = call_as_client;
     v->method_names = srv->method_names;
     v->n_methods = KVP_ARRAY_SIZE(srv->method_names);
@@ -1580,6 +1614,7 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
         return;
     kvp_leadership_stop(&srv->ha);   /* a standby takes over at once */
     kvp_master_http_stop(srv->http); /* its threads wait for no loop any more */
+    kvp_quota_store_destroy(srv->quotas);
     close_all(srv);
     kvp_prover_destroy(srv->prover); /* a probe under way ends within its timeout */
     kvp_admission_limits_cleanup(&srv->limits);

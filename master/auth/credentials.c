@@ -36,7 +36,8 @@ static kvp_status_t security_read(const kvp_master_config_t *cfg, kvp_tls_t **tl
 }
 
 /* The ACL's tenants into the master's table: each principal's tenant id, each tenant's
- * quotas and share (those the file no longer names have none). Keys are scoped by tenant
+ * quotas and share (those the file no longer names have none), except a max-dram the
+ * tenant quota admin API set or deleted: that stays (docs/security.md). Keys are scoped by tenant
  * from now on. false: the table is full (KVP_TENANT_MAX). */
 static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
 {
@@ -49,7 +50,7 @@ static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
     }
     for (uint32_t i = 0; i < st->tenants.n; i++) {
         kvp_tenant_t *t = &st->tenants.t[i];
-        t->max_dram = t->max_ssd = t->max_objects = 0;
+        t->acl_max_dram = t->max_ssd = t->max_objects = 0;
         t->share_permille = 0;
     }
     for (size_t i = 0; i < acl->n_tenants; i++) {
@@ -58,11 +59,14 @@ static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
         if (id < 0)
             return false;
         kvp_tenant_t *t = &st->tenants.t[id];
-        t->max_dram = c->max_dram;
+        t->acl_max_dram = c->max_dram;
         t->max_ssd = c->max_ssd;
         t->max_objects = c->max_objects;
         t->share_permille = c->share_permille;
     }
+    /* the admin API's policies (/api/v1/tenant_quotas) stay over the file's max-dram */
+    for (uint32_t i = 0; i < st->tenants.n; i++)
+        kvp_tenant_policy_apply(&st->tenants.t[i]);
     st->tenants_on = true;
     return true;
 }
@@ -150,6 +154,16 @@ void kvp_credentials_reload(kvp_credentials_t *cr, kvp_master_state_t *st,
     KVP_LOG_INFO("audit: ACL reloaded from %s: %zu principals; %u connections of removed "
                  "principals will be refused",
                  cfg->acl_file, acl->n, rb.removed);
+}
+
+void kvp_credentials_restore(kvp_credentials_t *cr, kvp_master_state_t *st)
+{
+    if (cr->acl == NULL)
+        return;
+    if (!install_tenants(st, cr->acl))
+        KVP_LOG_ERROR("%s: more than %u tenants", st->config.acl_file, KVP_TENANT_MAX - 1);
+    if (st->config.data_grants && kvp_grant_random(&st->grant_epoch, sizeof(st->grant_epoch)))
+        st->grants_on = true;
 }
 
 void kvp_credentials_cleanup(kvp_credentials_t *cr)

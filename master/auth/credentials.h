@@ -30,6 +30,10 @@ kvp_status_t kvp_credentials_load(kvp_credentials_t *cr, kvp_master_state_t *st)
 void kvp_credentials_reload(kvp_credentials_t *cr, kvp_master_state_t *st,
                             kvp_callers_walk_cb_t *walk, void *walk_arg);
 
+/* After the state was started afresh (a master that led, stepped down and leads again):
+ * the ACL's tenants and a new data grants' epoch, as kvp_credentials_load gave them. */
+void kvp_credentials_restore(kvp_credentials_t *cr, kvp_master_state_t *st);
+
 /* Free both (either may be NULL). */
 void kvp_credentials_cleanup(kvp_credentials_t *cr);
 

@@ -42,6 +42,14 @@ bool kvp_leadership_may_serve(kvp_leadership_t *l, kvp_master_state_t *st)
             l->reset_pending = true;
             return false;
         }
+        if (l->on_lead != NULL) {
+            uint64_t now = kvp_now_ms();
+            if (now < l->on_lead_retry_ms || !l->on_lead(l->on_lead_arg, st)) {
+                if (now >= l->on_lead_retry_ms)
+                    l->on_lead_retry_ms = now + 1000;
+                return false;
+            }
+        }
         l->epoch = epoch;
         st->epoch = epoch;
         snprintf(st->leader, sizeof(st->leader), "%s", l->self);

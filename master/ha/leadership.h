@@ -26,6 +26,13 @@ typedef struct kvp_leadership {
     pthread_cond_t cond;
     bool stop;           /* lock */
     char standbys[1024]; /* lock */
+
+    /* called on the loop when this master begins to lead (a new epoch), before its first
+     * request is served (NULL: none); false: not ready, tried again a second later and
+     * nothing is served meanwhile (the tenant quota policies from etcd, server.c) */
+    bool (*on_lead)(void *arg, kvp_master_state_t *st);
+    void *on_lead_arg;
+    uint64_t on_lead_retry_ms; /* not before then after a false */
 } kvp_leadership_t;
 
 /* Standalone until kvp_leadership_start. */

@@ -18,6 +18,11 @@
  * [tenant NAME] section when a put starts (rpc/object_calls.c) and used by eviction to take from
  * tenants over their share first (policy/eviction.c).
  *
+ * The tenant quota admin API (master/obs/tenant_quotas.c) sets a policy over the ACL's
+ * max-dram: a quota of its own (_SET) or none and admission closed (_CLOSED, Mooncake's
+ * DELETE). The ACL's figure is kept (acl_max_dram), so an ACL reload changes what the API
+ * did not set and leaves what it did (kvp_tenant_policy_apply after each load).
+ *
  * Ids are given in order of first sight and never reused while the master
  * runs (the ACL may be reloaded: quotas change, ids and charges stay).
  * Lookups by name are linear: they happen at ACL loads, at mounts and when
@@ -27,6 +32,8 @@
  */
 #include "master/meta/tenant.h"
 
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,4 +88,92 @@ uint16_t kvp_tenant_of_key(kvp_tenant_table_t *tt, const char *key, size_t len)
     size_t p = kvp_tenant_prefix_len(key, len);
     int32_t id = p > 0 ? kvp_tenant_id(tt, key, p, true) : 0;
     return id > 0 ? (uint16_t)id : 0;
+}
+
+void kvp_tenant_policy_apply(kvp_tenant_t *t)
+{
+    t->max_dram = t->policy == KVP_TENANT_POLICY_SET      ? t->policy_dram
+                  : t->policy == KVP_TENANT_POLICY_CLOSED ? 0
+                                                          : t->acl_max_dram;
+    t->closed = t->policy == KVP_TENANT_POLICY_CLOSED;
+}
+
+char *kvp_tenant_policy_dump(const kvp_tenant_table_t *tt)
+{
+    size_t cap = 1, len = 0;
+    for (uint32_t i = 0; i < tt->n; i++)
+        if (tt->t[i].policy != KVP_TENANT_POLICY_ACL)
+            cap += sizeof(tt->t[i].name) + 24;
+    char *text = malloc(cap);
+    if (text == NULL)
+        return NULL;
+    text[0] = '\0';
+    for (uint32_t i = 0; i < tt->n; i++) {
+        const kvp_tenant_t *t = &tt->t[i];
+        if (t->policy == KVP_TENANT_POLICY_SET)
+            len += (size_t)snprintf(text + len, cap - len, "%s %" PRIu64 "\n", t->name,
+                                    t->policy_dram);
+        else if (t->policy == KVP_TENANT_POLICY_CLOSED)
+            len += (size_t)snprintf(text + len, cap - len, "%s closed\n", t->name);
+    }
+    return text;
+}
+
+/* One line of a policy text: the name's length, and the quota (0: closed). */
+static bool policy_line(const char *s, size_t len, size_t *name_len_p, uint64_t *bytes_p)
+{
+    const char *sp = memchr(s, ' ', len);
+    if (sp == NULL || !kvp_tenant_name_valid(s, (size_t)(sp - s)))
+        return false;
+    *name_len_p = (size_t)(sp - s);
+    const char *v = sp + 1;
+    size_t vlen = len - *name_len_p - 1;
+    if (vlen == 6 && memcmp(v, "closed", 6) == 0) {
+        *bytes_p = 0;
+        return true;
+    }
+    uint64_t n = 0;
+    if (vlen == 0 || vlen > 19)
+        return false;
+    for (size_t i = 0; i < vlen; i++) {
+        if (v[i] < '0' || v[i] > '9')
+            return false;
+        n = n * 10 + (uint64_t)(v[i] - '0'); /* 19 digits: no overflow */
+    }
+    if (n == 0 || n > KVP_TENANT_QUOTA_MAX)
+        return false;
+    *bytes_p = n;
+    return true;
+}
+
+bool kvp_tenant_policy_load(kvp_tenant_table_t *tt, const char *text, size_t len)
+{
+    for (int pass = 0; pass < 2; pass++) { /* 0: check every line, 1: apply */
+        if (pass == 1)
+            for (uint32_t i = 0; i < tt->n; i++) {
+                tt->t[i].policy = KVP_TENANT_POLICY_ACL;
+                kvp_tenant_policy_apply(&tt->t[i]);
+            }
+        for (size_t off = 0; off < len;) {
+            const char *nl = memchr(text + off, '\n', len - off);
+            size_t l = nl != NULL ? (size_t)(nl - (text + off)) : len - off;
+            size_t name_len;
+            uint64_t bytes;
+            if (l > 0) {
+                if (!policy_line(text + off, l, &name_len, &bytes))
+                    return false;
+                if (pass == 1) {
+                    int32_t id = kvp_tenant_id(tt, text + off, name_len, true);
+                    if (id >= 0) { /* (a full table: that tenant keeps its ACL's) */
+                        kvp_tenant_t *t = &tt->t[id];
+                        t->policy = bytes ? KVP_TENANT_POLICY_SET : KVP_TENANT_POLICY_CLOSED;
+                        t->policy_dram = bytes;
+                        kvp_tenant_policy_apply(t);
+                    }
+                }
+            }
+            off += l + 1;
+        }
+    }
+    return true;
 }

@@ -32,7 +32,21 @@ typedef struct kvp_tenant {
     uint64_t share_bytes;   /* its share of DRAM in the eviction run under way (eviction.c) */
     uint64_t refused_quota; /* puts refused for a quota */
     uint64_t dedicated;     /* segments mounted for it alone (kvpool serve --tenant) */
+    /* the tenant quota admin API's policy (/api/v1/tenant_quotas, master/obs/tenant_quotas.c),
+     * applied over the ACL's max-dram by kvp_tenant_policy_apply */
+    uint8_t policy;        /* KVP_TENANT_POLICY_* */
+    uint64_t policy_dram;  /* _SET: the max-dram the API gave */
+    uint64_t acl_max_dram; /* the ACL's max-dram (0: none), kept to apply the policy over */
+    uint64_t closed;       /* 1: admission closed (_CLOSED): no put of it is admitted */
 } kvp_tenant_t;
+
+/* Where a tenant's max-dram comes from. */
+enum {
+    KVP_TENANT_POLICY_ACL = 0, /* the ACL's [tenant NAME] max-dram (or none) */
+    KVP_TENANT_POLICY_SET,     /* PUT: policy_dram */
+    KVP_TENANT_POLICY_CLOSED,  /* DELETE: no quota and admission closed */
+};
+#define KVP_TENANT_QUOTA_MAX 0x7fffffffffffffffull /* 2^63 - 1: a policy's largest */
 
 typedef struct kvp_tenant_table {
     kvp_tenant_t *t; /* [n]; t[0] is the default tenant */
@@ -46,6 +60,19 @@ void kvp_tenant_table_cleanup(kvp_tenant_table_t *tt);
 /* The id of a tenant by name, made when `create` and the name is new; -1: none (unknown
  * name without create, an invalid name, a table full, or out of memory). */
 int32_t kvp_tenant_id(kvp_tenant_table_t *tt, const char *name, size_t len, bool create);
+
+/* max_dram and closed from acl_max_dram and the policy (after an ACL load and a change of
+ * policy). */
+void kvp_tenant_policy_apply(kvp_tenant_t *t);
+
+/* The policies set through the admin API as text, one tenant a line: "NAME BYTES\n" (_SET)
+ * or "NAME closed\n" (_CLOSED), in id order; what etcd keeps (master/ha/quota_store.c). A
+ * malloc'd NUL-terminated string (NULL: out of memory). */
+char *kvp_tenant_policy_dump(const kvp_tenant_table_t *tt);
+/* Take such a text as the policies of the table's tenants (those it does not name go back
+ * to their ACL's), making the tenants it names. false: a line that is not one of those
+ * (nothing changed then). */
+bool kvp_tenant_policy_load(kvp_tenant_table_t *tt, const char *text, size_t len);
 
 /* The tenant of a stored key (its prefix, made when new); 0 (the default tenant): none. */
 uint16_t kvp_tenant_of_key(kvp_tenant_table_t *tt, const char *key, size_t len);

@@ -43,7 +43,10 @@ typedef enum job_kind {
     JOB_ALL_SEGMENTS,
     JOB_QUERY_SEGMENT,
     JOB_KEYS,
+    JOB_TENANT_QUOTAS,
 } job_kind_t;
+
+#define TENANT_QUOTAS_BODY_MAX 4096 /* a PUT's body: {"requested_quota_bytes":N} and room */
 
 typedef struct job {
     struct job *next;
@@ -57,6 +60,14 @@ typedef struct job {
     char token[1024];   /* "Authorization: Bearer TOKEN" (wiped once checked); "": none */
     uint8_t cert[8192]; /* the client certificate (DER) over HTTPS, not verified yet */
     size_t cert_len;    /* 0: none (or one too big to be ours) */
+    /* JOB_TENANT_QUOTAS: the method, ?tenant_id= (in text; has_tenant), a PUT's body */
+    char method[8];
+    bool has_tenant;
+    char body[TENANT_QUOTAS_BODY_MAX + 1];
+    size_t body_len;
+    char who[KVP_ACL_NAME_MAX]; /* the admin admitted ("": no ACL) */
+    bool save;                  /* a policy changed: save it to etcd before replying */
+    kvp_quota_store_t *quotas;  /* ... there */
 } job_t;
 
 struct kvp_master_http {
@@ -99,7 +110,32 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
 {
     kvp_master_http_t *h = arg;
     job_t job = {.reply = reply, .limit = 100};
-    if (strcmp(path, "/metrics") == 0) {
+    const char *method = kvp_http_method(req);
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    if (strcmp(path, "/api/v1/tenant_quotas") == 0) {
+        job.kind = JOB_TENANT_QUOTAS;
+        if (!get && strcmp(method, "PUT") != 0 && strcmp(method, "DELETE") != 0) {
+            reply->status = 405;
+            reply->allow = "GET, HEAD, PUT, DELETE";
+            kvp_http_printf(reply, "method %.16s not allowed: GET, PUT or DELETE\n", method);
+            return;
+        }
+        snprintf(job.method, sizeof(job.method), "%s", get ? "GET" : method);
+        const char *tenant = kvp_http_query(req, "tenant_id");
+        job.has_tenant = tenant != NULL && tenant[0] != '\0'; /* empty: none, as Mooncake */
+        snprintf(job.text, sizeof(job.text), "%s", job.has_tenant ? tenant : "");
+        size_t blen = 0;
+        const char *body = kvp_http_body(req, &blen);
+        if (body != NULL && blen <= TENANT_QUOTAS_BODY_MAX) { /* (the server refused more) */
+            memcpy(job.body, body, blen);
+            job.body_len = blen;
+        }
+    } else if (!get) {
+        reply->status = 405;
+        reply->allow = "GET, HEAD";
+        kvp_http_printf(reply, "method %.16s not allowed: only GET and HEAD\n", method);
+        return;
+    } else if (strcmp(path, "/metrics") == 0) {
         job.kind = JOB_METRICS;
     } else if (strcmp(path, "/health") == 0) {
         job.kind = JOB_HEALTH;
@@ -142,7 +178,7 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
         kvp_http_printf(reply,
                         "no such endpoint: %.200s (see docs/operations.md: /metrics, "
                         "/health, /api/v1/stat, /api/v1/segments, /api/v1/keys, "
-                        "/get_all_segments, /query_segment)\n",
+                        "/api/v1/tenant_quotas, /get_all_segments, /query_segment)\n",
                         path);
         return;
     }
@@ -190,6 +226,17 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
         reply->len = 0;
         kvp_http_printf(reply, "the master's loop did not answer within %u ms\n",
                         KVP_MASTER_HTTP_WAIT_MS);
+    } else if (job.save && job.quotas != NULL) {
+        /* a tenant quota policy changed on the loop: into etcd before the admin hears so
+         * (here, off the loop: etcd may be slow) */
+        char err[256] = "";
+        if (kvp_quota_store_save(job.quotas, err, sizeof(err)) != KVP_OK) {
+            KVP_LOG_ERROR("a tenant quota policy changed on this master but etcd did not take "
+                          "it (%s): a new leader would not have it",
+                          err);
+            reply->len = 0;
+            kvp_tenant_quotas_unsaved(reply, err);
+        }
     }
 }
 
@@ -218,6 +265,8 @@ kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const
         free(h);
         return s;
     }
+    /* PUT /api/v1/tenant_quotas has a body; every other method is answered in handle() */
+    kvp_http_accept_post(h->http, TENANT_QUOTAS_BODY_MAX, NULL);
     *h_p = h;
     return KVP_OK;
 }
@@ -446,8 +495,10 @@ static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t
     }
     kvp_http_reply_t *r = job->reply;
     const kvp_principal_t *who = credential(job, v);
-    if (who != NULL && (who->roles & KVP_ROLE_ADMIN))
+    if (who != NULL && (who->roles & KVP_ROLE_ADMIN)) {
+        snprintf(job->who, sizeof(job->who), "%s", who->name);
         return true;
+    }
     r->content_type = "application/json";
     if (who == NULL) {
         r->status = 401;
@@ -509,6 +560,11 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
     case JOB_KEYS:
         r->content_type = "application/json";
         render_keys(r, st, v, job);
+        break;
+    case JOB_TENANT_QUOTAS:
+        kvp_tenant_quotas_render(r, st, v, job->method, job->has_tenant ? job->text : NULL,
+                                 job->body, job->body_len, job->who, &job->save);
+        job->quotas = job->save ? v->quotas : NULL;
         break;
     }
 }

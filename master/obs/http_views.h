@@ -1,6 +1,7 @@
 /*
  * http_views.h - the master's HTTP endpoints: /metrics, /health, /api/v1/stat,
- * /api/v1/segments, /api/v1/keys, /get_all_segments, /query_segment (see http_views.c;
+ * /api/v1/segments, /api/v1/keys, /api/v1/tenant_quotas (GET, PUT, DELETE: tenant_quotas.c),
+ * /get_all_segments, /query_segment (see http_views.c;
  * every endpoint is described in docs/operations.md).
  *
  * Thread: requests arrive on the HTTP server's threads (common/http.h), which
@@ -24,6 +25,7 @@
 #include "common/tls.h"
 #include "common/acl.h"
 #include "master/core/state.h"
+#include "master/ha/quota_store.h"
 
 #define KVP_MASTER_HTTP_WAIT_MS 5000
 
@@ -47,6 +49,7 @@ typedef struct kvp_master_view {
                                    per-tenant series of /metrics) need an admin principal's
                                    bearer token or client certificate; NULL: open to whoever
                                    reaches them */
+    kvp_quota_store_t *quotas;  /* HA: where tenant quota policies are saved; NULL: standalone */
     kvp_tls_t *tls;             /* the control port's TLS (its CAs and CRL verify the HTTPS door's
                                    client certificates; reloaded with them on SIGHUP) */
     kvp_master_call_cb_t *call; /* the JSON views' RPCs (dispatch.c's path) */
@@ -74,5 +77,16 @@ void kvp_master_http_stop(kvp_master_http_t *h);
 struct kvp_http_reply;
 void kvp_master_metrics_render(struct kvp_http_reply *r, const kvp_master_state_t *st,
                                const kvp_master_view_t *view, bool tenant_names);
+
+/* /api/v1/tenant_quotas (tenant_quotas.c), for a caller admitted as an admin, on the loop:
+ * method "GET" (or "HEAD"), "PUT" or "DELETE"; tenant: ?tenant_id= (NULL: absent); body: a
+ * PUT's (body_len bytes). Answers in Mooncake's JSON. *save_p: a policy changed and
+ * view->quotas has it staged: the HTTP thread saves it to etcd before it replies. who: the
+ * admin's name, for the audit log line of a change. */
+void kvp_tenant_quotas_render(struct kvp_http_reply *r, kvp_master_state_t *st,
+                              const kvp_master_view_t *view, const char *method, const char *tenant,
+                              const char *body, size_t body_len, const char *who, bool *save_p);
+/* The reply of a change that etcd did not take (err: why): 500, PERSISTENT_FAIL. */
+void kvp_tenant_quotas_unsaved(struct kvp_http_reply *r, const char *err);
 
 #endif

@@ -74,6 +74,10 @@ static void tenants(kvp_http_reply_t *r, const kvp_master_state_t *st, bool by_n
          F(max_objects), NO_TIER},
         {"kvpool_tenant_puts_refused_total", "counter", "Puts refused for a tenant's quota.",
          F(refused_quota), NO_TIER},
+        {"kvpool_tenant_admission_closed", "gauge",
+         "1 while a tenant's admission is closed (its quota deleted through "
+         "/api/v1/tenant_quotas): no put of it is admitted.",
+         F(closed), NO_TIER},
         {"kvpool_tenant_dedicated_segments", "gauge",
          "Segments dedicated to a tenant (kvpool serve --tenant).", F(dedicated), NO_TIER},
     };

@@ -296,7 +296,7 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     if (cap == 0 || (double)(used + bytes) > st->config.offload_high * (double)cap)
         return;
     const kvp_tenant_t *ten = &st->tenants.t[obj->tenant]; /* nor past its tenant's quota */
-    if (ten->max_dram != 0 && ten->dram_bytes + obj->size > ten->max_dram)
+    if (ten->closed || (ten->max_dram != 0 && ten->dram_bytes + obj->size > ten->max_dram))
         return;
     kvp_placement_req_t req = {.size = obj->size,
                                .replica_num = 1,

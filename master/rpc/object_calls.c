@@ -70,13 +70,16 @@ static uint64_t reads_give_back(kvp_master_state_t *st, int64_t *cache_p)
     return bytes;
 }
 
-/* Which quota of the putting tenant this put would pass ("objects", "DRAM", "SSD"); NULL:
- * none. Charged: every replica asked for, on the tier the put goes to. */
+/* Which quota of the putting tenant this put would pass ("objects", "DRAM", "SSD"), or
+ * "closed" (the admin API deleted its policy: nothing is admitted); NULL: none. Charged:
+ * every replica asked for, on the tier the put goes to. */
 static const char *over_quota(const kvp_master_state_t *st, const kvp_placement_req_t *preq,
                               uint64_t size)
 {
     const kvp_tenant_t *t = &st->tenants.t[preq->tenant];
     uint64_t bytes = size * (preq->replica_num ? preq->replica_num : 1);
+    if (t->closed)
+        return "closed";
     if (t->max_objects != 0 && t->objects + 1 > t->max_objects)
         return "objects";
     if (!preq->ssd && t->max_dram != 0 &&
@@ -95,7 +98,12 @@ static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_
     const char *which = over_quota(st, preq, size);
     if (which == NULL)
         which = "objects"; /* (not reached: the quota that refused is still full) */
-    if (strcmp(which, "objects") == 0)
+    if (strcmp(which, "closed") == 0)
+        snprintf(buf, len,
+                 "tenant %s has no quota policy: its admission is closed (DELETE "
+                 "/api/v1/tenant_quotas); an admin's PUT of a quota opens it again",
+                 t->name);
+    else if (strcmp(which, "objects") == 0)
         snprintf(buf, len, "tenant %s is at its quota of objects: %llu of max-objects %llu",
                  t->name, (unsigned long long)t->objects, (unsigned long long)t->max_objects);
     else

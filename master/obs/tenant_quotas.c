@@ -1,0 +1,309 @@
+/*
+ * tenant_quotas.c - Mooncake's tenant quota admin API, /api/v1/tenant_quotas, on the
+ * master's HTTP port (declared in http_views.h; docs/operations.md, docs/security.md).
+ *
+ * Design: Mooncake's memory quota of a tenant is kvpool's max-dram: GET lists every tenant
+ * the master knows (or one, ?tenant_id=) as Mooncake's snapshot, PUT ?tenant_id= sets a
+ * max-dram of the caller's choosing, DELETE ?tenant_id= removes it and closes the tenant's
+ * admission (no put of it is admitted until a PUT) when it holds nothing. A change is made
+ * here, on the loop, between two requests: a put is checked against the quota before or
+ * after it, never half way (rpc/object_calls.c). What is charged does not change: a quota
+ * lowered below a tenant's usage refuses its next puts (KVP_ERR_QUOTA) and leaves its
+ * objects. The policy is kept over the ACL's max-dram (meta/tenant.c), so a SIGHUP
+ * reload leaves it, and, with HA, staged for etcd (ha/quota_store.c), which the HTTP thread
+ * writes before it answers; a new leader reads it before it serves.
+ *
+ * The answers are Mooncake's (mooncake-store/src/master_admin_service.cpp): a snapshot
+ * {"success":true,"data":{...}}, a list {"success":true,"data":[...]}, an error
+ * {"success":false,"error_code":N,"error_message":"..."} with its HTTP status (400
+ * INVALID_PARAMS, 404 OBJECT_NOT_FOUND, 409 UNAVAILABLE_IN_CURRENT_MODE or TENANT_NOT_EMPTY,
+ * 503 on a standby, 500 PERSISTENT_FAIL when etcd did not take a change). Only an admin
+ * gets here (http_views.c, admitted()); without an ACL there are no tenants: 409.
+ *
+ * Thread: the loop's (render); kvp_tenant_quotas_unsaved on the HTTP thread (the reply is
+ * its own then).
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/http.h"
+#include "common/log.h"
+#include "master/obs/http_views.h"
+
+/* Mooncake's ErrorCode values (mooncake-store/include/types.h) */
+#define MC_INTERNAL_ERROR (-1)
+#define MC_INVALID_PARAMS (-600)
+#define MC_OBJECT_NOT_FOUND (-704)
+#define MC_UNAVAILABLE_IN_CURRENT_MODE (-1011)
+#define MC_PERSISTENT_FAIL (-1503)
+#define MC_TENANT_NOT_EMPTY (-1702)
+
+static const char *mc_name(int code)
+{
+    switch (code) {
+    case MC_INVALID_PARAMS:
+        return "INVALID_PARAMS";
+    case MC_OBJECT_NOT_FOUND:
+        return "OBJECT_NOT_FOUND";
+    case MC_UNAVAILABLE_IN_CURRENT_MODE:
+        return "UNAVAILABLE_IN_CURRENT_MODE";
+    case MC_PERSISTENT_FAIL:
+        return "PERSISTENT_FAIL";
+    case MC_TENANT_NOT_EMPTY:
+        return "TENANT_NOT_EMPTY";
+    default:
+        return "INTERNAL_ERROR";
+    }
+}
+
+/* Mooncake's WriteErrorResponse: msg NULL: the code's name. */
+static void fail(kvp_http_reply_t *r, unsigned status, int code, const char *msg)
+{
+    r->status = status;
+    r->content_type = "application/json; charset=utf-8";
+    r->len = 0;
+    const char *m = msg != NULL ? msg : mc_name(code);
+    kvp_http_printf(r, "{\"success\":false,\"error_code\":%d,\"error_message\":", code);
+    kvp_http_json_string(r, m, strlen(m));
+    kvp_http_printf(r, "}");
+}
+
+void kvp_tenant_quotas_unsaved(kvp_http_reply_t *r, const char *err)
+{
+    char msg[400];
+    snprintf(msg, sizeof(msg),
+             "the tenant quota policy changed on this master but etcd did not save it "
+             "(%.250s): a new leader would not have it; send the request again",
+             err);
+    fail(r, 500, MC_PERSISTENT_FAIL, msg);
+}
+
+static void snapshot(kvp_http_reply_t *r, const kvp_tenant_t *t)
+{
+    /* a tenant without max-dram has no explicit policy: no DRAM quota, admission open */
+    bool explicit_policy = t->max_dram != 0;
+    kvp_http_printf(r, "{\"tenant_id\":");
+    kvp_http_json_string(r, t->name, strlen(t->name));
+    kvp_http_printf(r,
+                    ",\"requested_quota_bytes\":%" PRIu64 ",\"effective_quota_bytes\":%" PRIu64
+                    ",\"charged_bytes\":%" PRIu64
+                    ",\"admission_closed\":%s,\"over_quota\":%s,\"has_explicit_policy\":%s}",
+                    t->max_dram, t->max_dram, t->dram_bytes, t->closed ? "true" : "false",
+                    explicit_policy && t->dram_bytes > t->max_dram ? "true" : "false",
+                    explicit_policy ? "true" : "false");
+}
+
+static void ok_one(kvp_http_reply_t *r, const kvp_tenant_t *t)
+{
+    r->content_type = "application/json; charset=utf-8";
+    kvp_http_printf(r, "{\"success\":true,\"data\":");
+    snapshot(r, t);
+    kvp_http_printf(r, "}");
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp((*(const kvp_tenant_t *const *)a)->name, (*(const kvp_tenant_t *const *)b)->name);
+}
+
+/* Every tenant, by name (Mooncake lists its accounts in name order). */
+static void list(kvp_http_reply_t *r, const kvp_tenant_table_t *tt)
+{
+    const kvp_tenant_t **v = malloc(tt->n * sizeof(*v));
+    if (v == NULL) {
+        fail(r, 500, MC_INTERNAL_ERROR, "out of memory");
+        return;
+    }
+    for (uint32_t i = 0; i < tt->n; i++)
+        v[i] = &tt->t[i];
+    qsort(v, tt->n, sizeof(*v), by_name);
+    r->content_type = "application/json; charset=utf-8";
+    kvp_http_printf(r, "{\"success\":true,\"data\":[");
+    for (uint32_t i = 0; i < tt->n; i++) {
+        if (i > 0)
+            kvp_http_append(r, ",", 1);
+        snapshot(r, v[i]);
+    }
+    kvp_http_printf(r, "]}");
+    free(v);
+}
+
+/* A PUT's body: {"requested_quota_bytes": N}, N an integer in 0..2^64-1 (its range is
+ * checked after). false: why in why (Mooncake's "Invalid JSON body: ..."). Strict: one
+ * object, that one field once, nothing after it. */
+static bool parse_body(const char *b, size_t len, uint64_t *v, char *why, size_t why_len)
+{
+    static const char field[] = "requested_quota_bytes";
+    size_t i = 0;
+    bool seen = false;
+#define WS()                                                                                       \
+    while (i < len && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))               \
+    i++
+    WS();
+    if (i >= len || b[i] != '{') {
+        snprintf(why, why_len, "Invalid JSON body: not a JSON object");
+        return false;
+    }
+    i++;
+    WS();
+    if (i < len && b[i] == '}') {
+        i++;
+    } else {
+        for (;;) {
+            if (i >= len || b[i] != '"') {
+                snprintf(why, why_len, "Invalid JSON body: a field name expected at byte %zu", i);
+                return false;
+            }
+            size_t k = ++i;
+            while (i < len && b[i] != '"' && b[i] != '\\' && (unsigned char)b[i] >= 0x20)
+                i++;
+            if (i >= len || b[i] != '"') {
+                snprintf(why, why_len,
+                         "Invalid JSON body: a field name of plain characters "
+                         "expected");
+                return false;
+            }
+            size_t klen = i - k;
+            i++;
+            WS();
+            if (i >= len || b[i] != ':') {
+                snprintf(why, why_len, "Invalid JSON body: ':' expected at byte %zu", i);
+                return false;
+            }
+            i++;
+            WS();
+            if (klen != sizeof(field) - 1 || memcmp(b + k, field, klen) != 0) {
+                snprintf(why, why_len, "Invalid JSON body: unknown field \"%.*s\"",
+                         (int)(klen > 64 ? 64 : klen), b + k);
+                return false;
+            }
+            if (seen) {
+                snprintf(why, why_len, "Invalid JSON body: requested_quota_bytes given twice");
+                return false;
+            }
+            size_t d = i;
+            uint64_t n = 0;
+            while (i < len && b[i] >= '0' && b[i] <= '9') {
+                unsigned digit = (unsigned)(b[i] - '0');
+                if (n > (UINT64_MAX - digit) / 10) {
+                    snprintf(why, why_len,
+                             "Invalid JSON body: requested_quota_bytes is out of "
+                             "range");
+                    return false;
+                }
+                n = n * 10 + digit;
+                i++;
+            }
+            if (i == d || (i - d > 1 && b[d] == '0') ||
+                (i < len && (b[i] == '.' || b[i] == 'e' || b[i] == 'E'))) {
+                snprintf(why, why_len,
+                         "Invalid JSON body: requested_quota_bytes needs an "
+                         "unsigned integer");
+                return false;
+            }
+            *v = n;
+            seen = true;
+            WS();
+            if (i < len && b[i] == ',') {
+                i++;
+                WS();
+                continue;
+            }
+            if (i < len && b[i] == '}') {
+                i++;
+                break;
+            }
+            snprintf(why, why_len, "Invalid JSON body: ',' or '}' expected at byte %zu", i);
+            return false;
+        }
+    }
+    WS();
+#undef WS
+    if (i != len) {
+        snprintf(why, why_len, "Invalid JSON body: something after the object at byte %zu", i);
+        return false;
+    }
+    if (!seen) {
+        snprintf(why, why_len, "Invalid JSON body: requested_quota_bytes is missing");
+        return false;
+    }
+    return true;
+}
+
+static int32_t known(kvp_tenant_table_t *tt, const char *tenant)
+{
+    return kvp_tenant_id(tt, tenant, strlen(tenant), false);
+}
+
+void kvp_tenant_quotas_render(kvp_http_reply_t *r, kvp_master_state_t *st,
+                              const kvp_master_view_t *v, const char *method, const char *tenant,
+                              const char *body, size_t body_len, const char *who, bool *save_p)
+{
+    *save_p = false;
+    bool valid = tenant != NULL && kvp_tenant_name_valid(tenant, strlen(tenant));
+    bool put = strcmp(method, "PUT") == 0, del = strcmp(method, "DELETE") == 0;
+    uint64_t bytes = 0;
+    /* Mooncake's order: a PUT's or DELETE's tenant and body first, then the service */
+    if ((put || del) && !valid)
+        return fail(r, 400, MC_INVALID_PARAMS, "Missing or invalid tenant_id");
+    if (put) {
+        char why[200];
+        if (!parse_body(body, body_len, &bytes, why, sizeof(why)))
+            return fail(r, 400, MC_INVALID_PARAMS, why);
+        if (bytes == 0 || bytes > KVP_TENANT_QUOTA_MAX)
+            return fail(r, 400, MC_INVALID_PARAMS, "Tenant quota must be in [1, 2^63 - 1] bytes");
+    }
+    if (!v->serving)
+        return fail(r, 503, MC_UNAVAILABLE_IN_CURRENT_MODE, "service plane is not active");
+    if (v->acl == NULL) /* no ACL: no tenants (Mooncake's multi-tenant mode off) */
+        return fail(r, 409, MC_UNAVAILABLE_IN_CURRENT_MODE, NULL);
+    kvp_tenant_table_t *tt = &st->tenants;
+    if (!put && !del) {
+        if (tenant == NULL)
+            return list(r, tt);
+        if (!valid)
+            return fail(r, 400, MC_INVALID_PARAMS, "Invalid tenant_id");
+        int32_t id = known(tt, tenant);
+        if (id < 0)
+            return fail(r, 404, MC_OBJECT_NOT_FOUND, NULL);
+        return ok_one(r, &tt->t[id]);
+    }
+    if (put) {
+        int32_t id = kvp_tenant_id(tt, tenant, strlen(tenant), true);
+        if (id < 0)
+            return fail(r, 500, MC_INTERNAL_ERROR, "the master knows as many tenants as it may");
+        kvp_tenant_t *t = &tt->t[id];
+        uint64_t was = t->max_dram;
+        t->policy = KVP_TENANT_POLICY_SET;
+        t->policy_dram = bytes;
+        kvp_tenant_policy_apply(t);
+        KVP_LOG_INFO("audit: tenant %s's DRAM quota set to %" PRIu64 " bytes (was %" PRIu64
+                     "%s) by principal %s over HTTP; %" PRIu64 " bytes charged",
+                     t->name, bytes, was, was == 0 ? ": none" : "", who, t->dram_bytes);
+    } else {
+        int32_t id = known(tt, tenant);
+        kvp_tenant_t *t = id >= 0 ? &tt->t[id] : NULL;
+        if (t == NULL || t->max_dram == 0) /* no explicit policy to delete */
+            return fail(r, 404, MC_OBJECT_NOT_FOUND, NULL);
+        if (t->dram_bytes != 0 || t->ssd_bytes != 0 || t->objects != 0)
+            return fail(r, 409, MC_TENANT_NOT_EMPTY, NULL);
+        t->policy = KVP_TENANT_POLICY_CLOSED;
+        kvp_tenant_policy_apply(t);
+        KVP_LOG_INFO("audit: tenant %s's DRAM quota deleted by principal %s over HTTP: its "
+                     "admission is closed until a PUT",
+                     t->name, who);
+    }
+    if (v->quotas != NULL) {
+        char *text = kvp_tenant_policy_dump(tt);
+        if (text == NULL)
+            return fail(r, 500, MC_PERSISTENT_FAIL, "out of memory");
+        kvp_quota_store_stage(v->quotas, text);
+        *save_p = true;
+    }
+    if (put)
+        return ok_one(r, &tt->t[known(tt, tenant)]);
+    r->content_type = "application/json; charset=utf-8";
+    kvp_http_printf(r, "{\"success\":true,\"data\":null}"); /* Mooncake's: no account left */
+}
