@@ -81,6 +81,12 @@ uint16_t kvp_tenant_of_key(kvp_tenant_table_t *tt, const char *key, size_t len);
  * separator); 0: none (a key of the default tenant as its user gave it). */
 size_t kvp_tenant_prefix_len(const char *key, size_t len);
 
+/* Do `bytes` more of DRAM fit t's max-dram (0: no quota)? Admission (closed) apart. */
+static inline bool kvp_tenant_dram_fits(const kvp_tenant_t *t, uint64_t bytes)
+{
+    return t->max_dram == 0 || (bytes <= t->max_dram && t->dram_bytes <= t->max_dram - bytes);
+}
+
 /* The user's part of a stored key (after its tenant's prefix, if any). */
 static inline const char *kvp_tenant_user_key(const char *key, size_t len, size_t *ulen_p)
 {

@@ -145,6 +145,11 @@ static void fanout(kvp_master_state_t *st, kvp_hot_key_t *e, const kvp_object_t 
 {
     if (obj->n_replicas >= KVP_MAX_REPLICAS || obj->flags != 0)
         return;
+    /* the replica counts against the tenant's DRAM quota: none for a tenant it would take
+     * past it, or whose admission is closed (the copy's start would refuse it anyway) */
+    const kvp_tenant_t *tn = &st->tenants.t[obj->tenant];
+    if (tn->closed || !kvp_tenant_dram_fits(tn, obj->size))
+        return;
     kvp_segment_t *src = kvp_task_source(st, obj), *dst = fanout_target(st, obj);
     if (src == NULL || dst == NULL)
         return;

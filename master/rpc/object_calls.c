@@ -82,8 +82,7 @@ static const char *over_quota(const kvp_master_state_t *st, const kvp_placement_
         return "closed";
     if (t->max_objects != 0 && t->objects + 1 > t->max_objects)
         return "objects";
-    if (!preq->ssd && t->max_dram != 0 &&
-        (bytes > t->max_dram || t->dram_bytes > t->max_dram - bytes))
+    if (!preq->ssd && !kvp_tenant_dram_fits(t, bytes))
         return "DRAM";
     if (preq->ssd && t->max_ssd != 0 && (bytes > t->max_ssd || t->ssd_bytes > t->max_ssd - bytes))
         return "SSD";

@@ -419,10 +419,8 @@ static kvp_status_t start_one(kvp_master_state_t *st, kvp_task_t *t, kvp_object_
     }
     t->n_dests = (uint8_t)n;
     const kvp_tenant_t *tn = &st->tenants.t[obj->tenant];
-    uint64_t more = (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN * n;
-    if (fail == KVP_OK &&
-        (tn->closed ||
-         (tn->max_dram != 0 && (more > tn->max_dram || tn->dram_bytes > tn->max_dram - more)))) {
+    uint64_t more = obj->size * n; /* charged as a put is: its size per replica */
+    if (fail == KVP_OK && (tn->closed || !kvp_tenant_dram_fits(tn, more))) {
         fail = KVP_ERR_QUOTA;
         why = "the copies would take the tenant over its DRAM quota";
     }

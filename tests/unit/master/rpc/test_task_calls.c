@@ -432,6 +432,37 @@ static void test_hot_keys(void **state)
     assert_int_equal(seg_used(st, s2) + seg_used(st, s3), 0);
 }
 
+/* A hot key's replica counts against its tenant's DRAM quota: none while it would pass
+ * max-dram or the tenant's admission is closed (the quota admin API), one once it fits. */
+static void test_hot_keys_quota(void **state)
+{
+    kvp_master_state_t *st = *state;
+    st->config.hot_key_reads = 10;
+    st->config.hot_key_replicas = 1;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    mount_seg(st, C2, "s2", "h2", MIB);
+    put_done(st, C3, "hot", SZ, 1, "s1", 42);
+    kvp_tenant_t *tn = &st->tenants.t[0];
+    assert_int_equal(tn->dram_bytes, SZ); /* charged: its size per replica */
+    tn->max_dram = 2 * SZ - 1;            /* holds the replica it has, not a second */
+    window(st, "hot", 10);
+    window(st, "hot", 10);
+    assert_int_equal(offers(st, C1, NULL), 0);
+    tn->max_dram = 2 * SZ;
+    tn->closed = 1;
+    window(st, "hot", 10);
+    assert_int_equal(offers(st, C1, NULL), 0);
+    tn->closed = 0;
+    window(st, "hot", 10);
+    tid_t t = {0};
+    assert_int_equal(offers(st, C1, &t), 1);
+    assert_int_equal(start(st, C1, t).n, 1);
+    int32_t ok[1] = {KVP_OK};
+    assert_int_equal(end(st, C1, t, ok, 1).task_status, KVP_TASK_SUCCESS);
+    assert_int_equal(grl1(st, "hot").n, 2);
+    assert_int_equal(tn->dram_bytes, 2 * SZ);
+}
+
 /* TaskStart and TaskEnd name many tasks at once: each gets its own result, a refusal of one
  * (unknown, another runner's) leaves the others alone; more than 64 is refused whole. */
 static void test_batches(void **state)
@@ -516,6 +547,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_move, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_hot_keys, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_hot_keys_quota, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
