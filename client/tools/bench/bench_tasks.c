@@ -14,6 +14,10 @@
  * object's replicas where the tasks put them, and every object read back byte for byte
  * after the moves. The objects are removed before the next size.
  *
+ * Then the hot-key fanout (the master runs with --hot-key-reads 200 --hot-key-replicas 2):
+ * one 1 MiB object read back to back (each read checked) until it has its 2 more replicas,
+ * timed from the first read, then left until they are taken back (run_fanout).
+ *
  * Reported per point: put, copy and move GB/s and tasks/s, the copy's and the move's ratio
  * to the put rate, and for tcp the socket pump's limit of `kvpool-bench limits` (2 streams)
  * for that size. No target fails the run; a wrong byte or a failed task does.
@@ -207,6 +211,128 @@ out:
     return rc;
 }
 
+/* ---- hot-key fanout (the master's --hot-key-reads) ---- */
+
+#define FANOUT_READS 200u  /* the cluster's master: --hot-key-reads (reads in one window) */
+#define FANOUT_REPLICAS 2u /* ... and --hot-key-replicas */
+#define FANOUT_SIZE (1u << 20)
+#define FANOUT_WAIT_S 15.0
+
+typedef struct fpoint {
+    double first_ms, all_ms, cool_ms; /* from the first read: 1 more replica, all; back to 1 */
+    double reads_per_s;               /* the reader's rate meanwhile */
+    unsigned replicas;                /* the most seen */
+} fpoint_t;
+
+static unsigned replicas_of(kvp_client_t *c, const char *key)
+{
+    char pattern[96];
+    snprintf(pattern, sizeof(pattern), "^%s$", key);
+    kvp_key_info_t *keys = NULL;
+    size_t n = 0;
+    unsigned r = 0;
+    if (kvp_list_keys(c, pattern, 1, &keys, &n) == KVP_OK && n == 1)
+        r = keys[0].n_replicas;
+    kvp_key_list_free(keys, n);
+    return r;
+}
+
+/*
+ * One object put on the first segment, read back to back (every read checked byte for
+ * byte) until the master has given it its FANOUT_REPLICAS more replicas, then left alone
+ * until it has taken them back. Timed from the first read; fails on a wrong byte or when
+ * the replicas do not come (or go) within FANOUT_WAIT_S.
+ */
+static int run_fanout(kvp_client_t *c, char names[3][256], fpoint_t *f)
+{
+    const char *key = "bench-tasks/hot";
+    uint8_t *buf = malloc(FANOUT_SIZE), *back = malloc(FANOUT_SIZE);
+    int rc = -1;
+    memset(f, 0, sizeof(*f));
+    if (buf == NULL || back == NULL)
+        goto out;
+    fill(buf, FANOUT_SIZE, 7);
+    kvp_put_config_t cfg = {.size = sizeof(cfg), .replica_num = 1, .preferred_segment = names[0]};
+    kvp_status_t st = kvp_put(c, key, buf, FANOUT_SIZE, &cfg);
+    if (st != KVP_OK) {
+        fprintf(stderr, "kvpool-bench tasks: fanout: put: %s\n", kvp_strerror(st));
+        goto out;
+    }
+    double t0 = kvp_bench_now(), next_look = t0, end = t0 + FANOUT_WAIT_S;
+    uint64_t reads = 0;
+    f->replicas = 1;
+    while (kvp_bench_now() < end) {
+        int64_t got = kvp_get_into(c, key, back, FANOUT_SIZE);
+        if (got != (int64_t)FANOUT_SIZE || memcmp(back, buf, FANOUT_SIZE) != 0) {
+            fprintf(stderr, "kvpool-bench tasks: fanout: read back wrong (%s)\n",
+                    got < 0 ? kvp_strerror((kvp_status_t)got) : "other bytes");
+            goto out;
+        }
+        reads++;
+        double now = kvp_bench_now();
+        if (now < next_look)
+            continue;
+        next_look = now + 0.01;
+        unsigned r = replicas_of(c, key);
+        if (r > f->replicas)
+            f->replicas = r;
+        if (r >= 2 && f->first_ms == 0)
+            f->first_ms = (now - t0) * 1e3;
+        if (r >= 1 + FANOUT_REPLICAS) {
+            f->all_ms = (now - t0) * 1e3;
+            break;
+        }
+    }
+    f->reads_per_s = (double)reads / (kvp_bench_now() - t0);
+    if (f->all_ms == 0) {
+        fprintf(stderr, "kvpool-bench tasks: fanout: %u replicas after %.0f s of %.0f reads/s\n",
+                f->replicas, FANOUT_WAIT_S, f->reads_per_s);
+        goto out;
+    }
+    double cool0 = kvp_bench_now();
+    for (;;) {
+        unsigned r = replicas_of(c, key);
+        if (r == 1)
+            break;
+        if (kvp_bench_now() - cool0 > FANOUT_WAIT_S) {
+            fprintf(stderr, "kvpool-bench tasks: fanout: %u replicas %.0f s after the reads\n", r,
+                    FANOUT_WAIT_S);
+            goto out;
+        }
+        usleep(10 * 1000);
+    }
+    f->cool_ms = (kvp_bench_now() - cool0) * 1e3;
+    int64_t got = kvp_get_into(c, key, back, FANOUT_SIZE);
+    if (got != (int64_t)FANOUT_SIZE || memcmp(back, buf, FANOUT_SIZE) != 0) {
+        fprintf(stderr, "kvpool-bench tasks: fanout: read back wrong after it cooled\n");
+        goto out;
+    }
+    rc = 0;
+out:
+    kvp_remove(c, key);
+    free(buf);
+    free(back);
+    return rc;
+}
+
+static void report_fanout(kvp_bench_out_t *out, const char *transport, const fpoint_t *f)
+{
+    printf("  %-4s fanout: %u B read %.0f/s (--hot-key-reads %u): +1 replica after %.0f ms, "
+           "+%u after %.0f ms; back to 1 %.0f ms after the reads stopped\n",
+           transport, FANOUT_SIZE, f->reads_per_s, FANOUT_READS, f->first_ms, FANOUT_REPLICAS,
+           f->all_ms, f->cool_ms);
+    kvp_bench_result_begin(out, "tasks_fanout");
+    kvp_bench_result_str(out, "transport", transport);
+    kvp_bench_result_int(out, "size", FANOUT_SIZE);
+    kvp_bench_result_int(out, "hot_key_reads", FANOUT_READS);
+    kvp_bench_result_int(out, "hot_key_replicas", FANOUT_REPLICAS);
+    kvp_bench_result_num(out, "reads_per_s", f->reads_per_s);
+    kvp_bench_result_num(out, "first_replica_ms", f->first_ms);
+    kvp_bench_result_num(out, "all_replicas_ms", f->all_ms);
+    kvp_bench_result_num(out, "cool_ms", f->cool_ms);
+    kvp_bench_result_end(out);
+}
+
 static void report(kvp_bench_out_t *out, const char *transport, const tpoint_t *p,
                    double limit_gbps)
 {
@@ -258,7 +384,10 @@ int kvp_bench_tasks(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
                 return 1;
         setenv("KVPOOL_TRANSPORT", tr, 1); /* the serve processes', as ours */
         kvp_bench_cluster_t cl;
-        kvp_bench_cluster_params_t cp = {.n = 3, .seg_size = seg};
+        /* hot keys on (nothing is read that often while the copies and moves run) */
+        static const char *const hot_flags[] = {"--hot-key-reads", "200", "--hot-key-replicas", "2",
+                                                NULL};
+        kvp_bench_cluster_params_t cp = {.n = 3, .seg_size = seg, .master_flags = hot_flags};
         if (kvp_bench_cluster_start_params(&cl, &cp) != 0) {
             unsetenv("KVPOOL_TRANSPORT");
             return 1;
@@ -284,6 +413,11 @@ int kvp_bench_tasks(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             report(out, tr, &pt,
                    strcmp(tr, "tcp") == 0 ? kvp_bench_limit_tcp_gbps(sizes[s], 2) : 0);
         }
+        fpoint_t fp;
+        if (rc == 0 && run_fanout(c, names, &fp) != 0)
+            rc = 1;
+        else if (rc == 0)
+            report_fanout(out, tr, &fp);
         kvp_client_destroy(c);
         kvp_bench_cluster_stop(&cl);
         if (rc != 0)
