@@ -26,6 +26,7 @@
 #include "client/ssd/ssd_owner.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer_table.h"
+#include "client/xfer_sessions.h"
 
 struct kvp_client {
     kvp_client_params_t params; /* its defaults filled; borrowed strings cleared */
@@ -48,6 +49,7 @@ struct kvp_client {
     kvp_record_sync_t *rec; /* keeps seg's record current; NULL without seg */
     kvp_heartbeat_t *hb;    /* liveness, remounts and requested drains */
     kvp_ssd_owner_t *ssd;   /* our SSD segment; NULL: none */
+    kvp_xsessions_t *xs;    /* the transfer sessions open (xfer_sessions.c) */
 };
 
 /* What a drain of this client's segment works with. */
