@@ -21,6 +21,7 @@
 
 #include "client/api.h"
 #include "client/client_priv.h"
+#include "client/xfer_sessions.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"

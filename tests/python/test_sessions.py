@@ -266,6 +266,32 @@ def test_two_replicas_each_read(make_pool, prefix, kill):
         s.close()
 
 
+@pytest.mark.parametrize("protocol", ["tcp", "auto"])
+def test_owner_gone_under_get_session(make_pool, prefix, protocol):
+    """The only replica's owner killed while a get session is open: each range read either
+    fails with a negative code or (shm: the owner's memory still mapped here, nobody left
+    to change it) returns the object's own bytes; never other bytes, never a hang."""
+    pool = make_pool()
+    s = new_store(pool.addr, protocol)
+    try:
+        key, page = prefix + "gone", 64 * 1024
+        src = layered(s, [key], page, 4)
+        assert s.batch_put_session_end([key]) == [OK]
+        assert s.batch_get_session_start([key]) == [OK]
+        pool.segments.pop().kill()  # killed on purpose: not a bad exit
+        out = np.zeros(page, dtype=np.uint8)
+        for layer in range(4):
+            out[:] = 0
+            rc = s.batch_get_into_multi_buffer_ranges([key], [[ptr(out)]], [[page]],
+                                                      [[layer * page]])
+            assert rc == [page] and (out == src[layer]).all() or rc[0] < 0, rc
+            if protocol == "tcp":
+                assert rc[0] < 0, rc
+        assert s.batch_get_session_end([key]) == 0
+    finally:
+        s.close()
+
+
 def test_lease_expiry(make_pool, prefix):
     pool = make_pool(master_args=("--lease-ttl", "1"))
     s = new_store(pool.addr)
