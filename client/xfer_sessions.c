@@ -973,8 +973,10 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
         sess_ent_t *e = ents[i];
         if (e == NULL)
             continue;
-        /* the fields are ours: sealed, no range call in flight */
-        if (e->crc_lost || e->n_iv != 1 || e->iv[0].off != 0 || e->iv[0].len != e->size) {
+        /* the fields are ours: sealed, no range call in flight. No replica left whole: the
+         * PutEnd of no replica revokes it (KVP_ERR_IO) */
+        if (e->mask != 0 &&
+            (e->crc_lost || e->n_iv != 1 || e->iv[0].off != 0 || e->iv[0].len != e->size)) {
             results[i] = KVP_ERR_INVALID_ARG;
             kvp_api_fail_key(keys[i],
                              "put session %s: %s; write every byte once (or the same range "
@@ -984,7 +986,7 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
                                          : "some of its bytes were never written");
             continue;
         }
-        crcs[m] = e->iv[0].crc;
+        crcs[m] = e->mask != 0 ? e->iv[0].crc : 0;
         masks[m] = e->mask;
         idx[m++] = i;
     }
