@@ -14,10 +14,11 @@
  * --put-timeout, which PutStartResponse.put_timeout_ms carries); each range call writes its
  * ranges straight from the caller's buffers into every replica still good (zero-copy, as a
  * put), each op computing the CRC32C of its bytes on the way. The CRCs of the ranges written
- * are kept as disjoint intervals, merged as they meet (kvp_crc32c_combine): end wants one
+ * are kept as sorted disjoint intervals (the same range written again replaces its CRC),
+ * merged when SESS_IV_MAX are held and at the end (kvp_crc32c_combine): end wants one
  * interval covering the object, whose CRC goes to PutEnd (the object's stored CRC, which
  * every get checks). A range that overlaps one written before (other than the same range
- * again), or more than SESS_IV_MAX pieces apart, loses the CRC: end refuses, as it refuses
+ * again, while unmerged), or too many pieces apart, loses the CRC: end refuses, as it refuses
  * an object with bytes never written (KVP_ERR_INVALID_ARG; the session stays, to write the
  * rest or revoke). A replica a range failed to reach is left out of PutEnd (written_mask).
  * No range is written past the put's deadline (less a margin): the master revokes a put
@@ -48,9 +49,9 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 
-/* Written pieces of a put session's object kept apart, at most (layers written in order
- * merge into one as they go). */
-#define SESS_IV_MAX 64
+/* Ranges of a put session's object kept apart, at most (then the runs that touch merge):
+ * 3 KiB per key, allocated at start. */
+#define SESS_IV_MAX 128
 /* A put session writes nothing this close to its deadline: a write may take this long. */
 #define SESS_PUT_MARGIN_MS 1000u
 
@@ -85,7 +86,7 @@ typedef struct sess_ent {
     sess_resp_t *resp;
     sess_rep_t rep[KVP_OBJ_REPLICAS_MAX]; /* get: in the order to read them */
     uint32_t n_iv;
-    sess_iv_t *iv; /* put: [SESS_IV_MAX], sorted, disjoint, none adjacent */
+    sess_iv_t *iv; /* put: [SESS_IV_MAX], sorted, disjoint */
     size_t key_len;
     char key[];
 } sess_ent_t;
@@ -573,46 +574,56 @@ static void get_ranges_xfer(range_call_t *rc)
     }
 }
 
-/* Record a range written (its CRC) in e's intervals; an overlap or no room loses the CRC. */
+/* Merge e's intervals that touch (each run into one, its CRC combined in order). */
+static void iv_compact(sess_ent_t *e)
+{
+    sess_iv_t *iv = e->iv;
+    uint32_t w = 0;
+    for (uint32_t r = 0; r < e->n_iv; r++) {
+        if (w > 0 && iv[w - 1].off + iv[w - 1].len == iv[r].off) {
+            iv[w - 1].crc = kvp_crc32c_combine(iv[w - 1].crc, iv[r].crc, iv[r].len);
+            iv[w - 1].len += iv[r].len;
+        } else {
+            iv[w++] = iv[r];
+        }
+    }
+    e->n_iv = w;
+}
+
+/*
+ * Record a range written (its CRC) in e's intervals: sorted, disjoint, kept apart while
+ * there is room, so that the same range written again (a layer rewritten) replaces its
+ * CRC; when full, the runs that touch are merged. An overlap with another range (or with
+ * part of a merged run), or no room even then, loses the CRC.
+ */
 static void iv_add(sess_ent_t *e, uint64_t off, uint64_t len, uint32_t crc)
 {
     if (e->crc_lost || len == 0)
         return;
     sess_iv_t *iv = e->iv;
-    uint32_t n = e->n_iv, p = 0;
-    while (p < n && iv[p].off < off)
+    uint32_t p = 0;
+    while (p < e->n_iv && iv[p].off < off)
         p++;
-    if (p < n && iv[p].off == off && iv[p].len == len) {
+    if (p < e->n_iv && iv[p].off == off && iv[p].len == len) {
         iv[p].crc = crc; /* the same range again: its bytes are the new ones */
         return;
     }
-    if ((p > 0 && iv[p - 1].off + iv[p - 1].len > off) || (p < n && off + len > iv[p].off)) {
+    if ((p > 0 && iv[p - 1].off + iv[p - 1].len > off) || (p < e->n_iv && off + len > iv[p].off)) {
         e->crc_lost = true;
         return;
     }
-    sess_iv_t x = {.off = off, .len = len, .crc = crc};
-    if (p > 0 && iv[p - 1].off + iv[p - 1].len == off) {
-        x = (sess_iv_t){.off = iv[p - 1].off,
-                        .len = iv[p - 1].len + len,
-                        .crc = kvp_crc32c_combine(iv[p - 1].crc, crc, len)};
-        memmove(&iv[p - 1], &iv[p], (n - p) * sizeof(*iv));
-        n--, p--;
+    if (e->n_iv == SESS_IV_MAX) {
+        iv_compact(e);
+        if (e->n_iv == SESS_IV_MAX) {
+            e->crc_lost = true;
+            return;
+        }
+        for (p = 0; p < e->n_iv && iv[p].off < off;)
+            p++;
     }
-    if (p < n && x.off + x.len == iv[p].off) {
-        x = (sess_iv_t){.off = x.off,
-                        .len = x.len + iv[p].len,
-                        .crc = kvp_crc32c_combine(x.crc, iv[p].crc, iv[p].len)};
-        memmove(&iv[p], &iv[p + 1], (n - p - 1) * sizeof(*iv));
-        n--;
-    }
-    if (n == SESS_IV_MAX) {
-        e->crc_lost = true;
-        e->n_iv = n;
-        return;
-    }
-    memmove(&iv[p + 1], &iv[p], (n - p) * sizeof(*iv));
-    iv[p] = x;
-    e->n_iv = n + 1;
+    memmove(&iv[p + 1], &iv[p], (e->n_iv - p) * sizeof(*iv));
+    iv[p] = (sess_iv_t){.off = off, .len = len, .crc = crc};
+    e->n_iv++;
 }
 
 /* Put: every range to every replica still good, at once. */
@@ -975,6 +986,7 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
             continue;
         /* the fields are ours: sealed, no range call in flight. No replica left whole: the
          * PutEnd of no replica revokes it (KVP_ERR_IO) */
+        iv_compact(e);
         if (e->mask != 0 &&
             (e->crc_lost || e->n_iv != 1 || e->iv[0].off != 0 || e->iv[0].len != e->size)) {
             results[i] = KVP_ERR_INVALID_ARG;

@@ -196,10 +196,28 @@ def test_end_needs_every_byte(store, prefix):
     assert store.batch_put_from_multi_buffer_ranges([key], [[ptr(b)]], [[page]], [[0]]) == [page]
     assert store.batch_put_from_multi_buffer_ranges([key], [[ptr(a)]], [[page]], [[page]]) == \
         [page]
+    # and a layer rewritten after its neighbours were written (the CRC follows the new bytes)
+    assert store.batch_put_from_multi_buffer_ranges([key], [[ptr(b)]], [[page]], [[page]]) == \
+        [page]
     assert store.batch_put_session_end([key]) == [OK]
     out = np.zeros(3 * page, dtype=np.uint8)
     assert store.get_into(key, ptr(out), out.nbytes) == 3 * page
-    assert (out[:page] == 9).all() and (out[page:] == 7).all()
+    assert (out[:2 * page] == 9).all() and (out[2 * page:] == 7).all()
+
+    # 200 ranges of 10 bytes: more than are kept apart, merged as they touch
+    k3 = prefix + "many"
+    assert store.batch_put_session_start([k3], [2000]) == [OK]
+    src = np.random.default_rng(3).integers(0, 256, 2000, dtype=np.uint8)
+    order = np.random.default_rng(4).permutation(200)
+    for lo in range(0, 200, 50):
+        sel = order[lo:lo + 50]
+        assert store.batch_put_from_multi_buffer_ranges(
+            [k3], [[ptr(src[10 * j:]) for j in sel]], [[10] * 50],
+            [[10 * int(j) for j in sel]]) == [500]
+    assert store.batch_put_session_end([k3]) == [OK]
+    got = np.zeros(2000, dtype=np.uint8)
+    assert store.get_into(k3, ptr(got), 2000) == 2000
+    assert (got == src).all()
 
     # an overlap that is not the same range: the CRC is not known, end refuses
     k2 = prefix + "overlap"
