@@ -134,6 +134,9 @@ def test_error_codes(store, prefix):
     assert store.batch_get_session_end([k1]) == 0  # Mooncake: 0 whatever the keys
     # sizes of another length; a missing key
     assert store.batch_put_session_start([k1, k2], [page]) == [INVALID, INVALID]
+    cfg = ReplicateConfig()
+    cfg.group_ids = ["g"]  # one group id for two keys
+    assert store.batch_put_session_start([k1, k2], [page, page], cfg) == [INVALID, INVALID]
     assert store.batch_get_session_start([missing]) == [NOT_FOUND]
 
     assert store.batch_put_session_start([k1, k2], [2 * page, 2 * page]) == [OK, OK]
