@@ -21,6 +21,7 @@
 
 #include "client/api.h"
 #include "client/client_priv.h"
+#include "client/xfer_sessions.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"
@@ -372,6 +373,7 @@ static void client_free(kvp_client_t *c, bool unmount)
     kvp_transfer_cleanup(&c->xfer); /* deregisters the buffers (and the segment) still registered */
     kvp_segment_destroy(c->seg);    /* unmapped only now */
     kvp_tls_destroy(c->tls);        /* every connection that used it is closed */
+    kvp_xsessions_destroy(c->xs);
     free(c);
 }
 
@@ -406,6 +408,11 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     st = kvp_transfer_init(&c->xfer);
     if (st != KVP_OK)
         goto err_free;
+    c->xs = kvp_xsessions_create();
+    if (c->xs == NULL) {
+        st = KVP_ERR_NOMEM;
+        goto err_free;
+    }
     if (c->params.segment_size > 0) {
         char why[600] = "";
         kvp_segment_params_t sp = {.size = c->params.segment_size,

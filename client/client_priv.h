@@ -43,11 +43,12 @@ struct kvp_client {
     kvp_peers_t peers;   /* every segment we know of */
     /* etcd:// master address: the leader is found through etcd (control/discovery.c) */
     kvp_discovery_t *disc;
-    kvp_session_t *session; /* the master connection, shared by all threads */
-    kvp_segment_t *seg;     /* our DRAM segment; NULL: none */
-    kvp_record_sync_t *rec; /* keeps seg's record current; NULL without seg */
-    kvp_heartbeat_t *hb;    /* liveness, remounts and requested drains */
-    kvp_ssd_owner_t *ssd;   /* our SSD segment; NULL: none */
+    kvp_session_t *session;   /* the master connection, shared by all threads */
+    kvp_segment_t *seg;       /* our DRAM segment; NULL: none */
+    kvp_record_sync_t *rec;   /* keeps seg's record current; NULL without seg */
+    kvp_heartbeat_t *hb;      /* liveness, remounts and requested drains */
+    kvp_ssd_owner_t *ssd;     /* our SSD segment; NULL: none */
+    struct kvp_xsessions *xs; /* the transfer sessions open (xfer_sessions.c) */
 };
 
 /* What a drain of this client's segment works with. */

@@ -36,6 +36,7 @@
 
 #include "client/api.h"
 #include "client/client_priv.h"
+#include "client/object_priv.h"
 #include "client/mem/gpu.h"
 #include "client/mem/scratch.h"
 #include "common/crc32c.h"
@@ -428,29 +429,39 @@ static void put_gather(put_batch_t *b, size_t n)
     b->m = mm;
 }
 
+/* The PutConfig of cfg on the wire (strings borrowed from cfg; avoid: room for
+ * KVP_PEERS_SUSPECTS segment ids, the caller's). */
+void kvp_obj_put_config_wire(kvp_client_t *c, const kvp_put_config_t *cfg, Kvpool__PutConfig *pc,
+                             uint64_t *avoid)
+{
+    Kvpool__PutConfig init = KVPOOL__PUT_CONFIG__INIT;
+    *pc = init;
+    pc->replica_num = cfg->replica_num;
+    pc->pin = cfg->pin;
+    pc->soft_pin_ttl_s = cfg->soft_pin_ttl_s;
+    pc->upsert = cfg->mode == KVP_PUT_UPSERT;
+    pc->medium = cfg->medium != NULL ? (char *)cfg->medium : "";
+    pc->preferred_segment = "";
+    if (cfg->preferred_segment != NULL) {
+        if (strcmp(cfg->preferred_segment, KVP_SEGMENT_LOCAL) == 0)
+            pc->preferred_segment = c->seg ? (char *)kvp_segment_name(c->seg) : "";
+        else
+            pc->preferred_segment = (char *)cfg->preferred_segment;
+    }
+    pc->preferred_segments = (char **)cfg->preferred_segments;
+    pc->n_preferred_segments = cfg->preferred_segments != NULL ? cfg->n_preferred_segments : 0;
+    /* segments we failed to reach lately: the master places elsewhere while it can */
+    pc->n_avoid_segments = kvp_peers_suspects(&c->peers, kvp_now_ms(), avoid, KVP_PEERS_SUSPECTS);
+    pc->avoid_segments = avoid;
+}
+
 /* PutStart for the gathered keys; b->sr the answer (its segments learnt). */
 static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
 {
     kvp_client_t *c = b->c;
     Kvpool__PutConfig pc = KVPOOL__PUT_CONFIG__INIT;
-    pc.replica_num = cfg->replica_num;
-    pc.pin = cfg->pin;
-    pc.soft_pin_ttl_s = cfg->soft_pin_ttl_s;
-    pc.upsert = cfg->mode == KVP_PUT_UPSERT;
-    pc.medium = cfg->medium != NULL ? (char *)cfg->medium : "";
-    pc.preferred_segment = "";
-    if (cfg->preferred_segment != NULL) {
-        if (strcmp(cfg->preferred_segment, KVP_SEGMENT_LOCAL) == 0)
-            pc.preferred_segment = c->seg ? (char *)kvp_segment_name(c->seg) : "";
-        else
-            pc.preferred_segment = (char *)cfg->preferred_segment;
-    }
-    pc.preferred_segments = (char **)cfg->preferred_segments;
-    pc.n_preferred_segments = cfg->preferred_segments != NULL ? cfg->n_preferred_segments : 0;
-    /* segments we failed to reach lately: the master places elsewhere while it can */
     uint64_t avoid[KVP_PEERS_SUSPECTS];
-    pc.n_avoid_segments = kvp_peers_suspects(&c->peers, kvp_now_ms(), avoid, KVP_PEERS_SUSPECTS);
-    pc.avoid_segments = avoid;
+    kvp_obj_put_config_wire(c, cfg, &pc, avoid);
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     req.keys = b->kp;
     req.n_keys = b->m;
@@ -1468,4 +1479,36 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat)
         return;
     free(stat->segments);
     free(stat);
+}
+
+/* ---------------- for the transfer sessions (object_priv.h) ---------------- */
+
+kvp_status_t kvp_obj_keys_call(kvp_client_t *c, uint16_t method, const char *const *keys,
+                               const size_t *idx, size_t m, bool force, uint8_t **resp_p,
+                               size_t *rlen_p)
+{
+    return keys_call(c, method, keys, idx, m, force, resp_p, rlen_p);
+}
+
+void kvp_obj_end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
+                           const size_t *idx, const uint32_t *crcs, const uint32_t *masks, size_t m,
+                           int32_t *out)
+{
+    end_or_revoke(c, method, keys, idx, crcs, masks, m, out);
+}
+
+kvp_status_t kvp_obj_put_config(const kvp_put_config_t *config, kvp_put_config_t *cfg)
+{
+    return put_config(config, cfg);
+}
+
+kvp_xfer_grant_t kvp_obj_rep_grant(const Kvpool__Replica *rep, Kvpool__SegmentDesc *const *segs,
+                                   size_t n_segs)
+{
+    return rep_grant(rep, segs, n_segs);
+}
+
+void kvp_obj_order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t *order)
+{
+    order_replicas(c, r, order);
 }

@@ -660,6 +660,76 @@ kvp_status_t kvp_get_into_ranges(kvp_client_t *client, const kvp_range_t *ranges
                                  int64_t *results);
 
 /*
+ * Transfer sessions (Mooncake's batch_get_session_* / batch_put_session_*): the master is
+ * asked once per key at start; the ranged transfers in between go straight to the replicas
+ * with no master call (SGLang's layer-wise KV load and save). Sessions belong to this
+ * client (any of its threads) and see only what the master lets its principal see (its
+ * tenant's keys). Every array has n entries (n <= KVP_MAX_BATCH); results[i] is key i's.
+ * The range calls allocate nothing per call beyond the thread's reused scratch arena.
+ *
+ * kvp_batch_get_session_start: look up each key's replicas and take a read lease (a start
+ * of a key already in a get session replaces it). results[i]: KVP_OK, KVP_ERR_NOT_FOUND,
+ * KVP_ERR_BAD_KEY, master errors (a failed start ends the key's session).
+ *
+ * kvp_batch_get_into_multi_ranges: key i's ranges b < n_bufs[i]: sizes[i][b] bytes of the
+ * object from offsets[i][b] into bufs[i][b]. results[i]: the bytes read (the sum of its
+ * sizes), or KVP_ERR_INVALID_ARG (no get session, or a range past the object's end:
+ * nothing read), KVP_ERR_LEASE_EXPIRED (the lease ended before or during the read: the
+ * session is dropped; the bytes are not trusted), transfer errors (each replica is tried).
+ * Not CRC-checked (the stored CRC covers whole objects).
+ *
+ * kvp_batch_get_session_end: drop the keys' get sessions (and hand their leases back);
+ * keys with none are ignored. KVP_OK.
+ */
+kvp_status_t kvp_batch_get_session_start(kvp_client_t *client, const char *const *keys, size_t n,
+                                         kvp_status_t *results);
+kvp_status_t kvp_batch_get_into_multi_ranges(kvp_client_t *client, const char *const *keys,
+                                             void *const *const *bufs, const size_t *const *sizes,
+                                             const uint64_t *const *offsets, const size_t *n_bufs,
+                                             size_t n, int64_t *results);
+kvp_status_t kvp_batch_get_session_end(kvp_client_t *client, const char *const *keys, size_t n);
+
+/*
+ * kvp_batch_put_session_start: reserve each object of sizes[i] bytes (PutStart: invisible
+ * until the end). results[i]: KVP_OK; KVP_ERR_INVALID_ARG (the key is in a put session
+ * already, size 0, a bad config); KVP_ERR_EXISTS, KVP_ERR_PENDING, KVP_ERR_POOL_FULL,
+ * KVP_ERR_QUOTA and the other PutStart outcomes of kvp_batch_put_from.
+ *
+ * kvp_batch_put_from_multi_ranges: write key i's ranges (sizes[i][b] bytes from bufs[i][b]
+ * at object offset offsets[i][b]) into every replica, zero-copy. results[i]: the bytes
+ * written, or KVP_ERR_INVALID_ARG (no put session, it is being ended, or a range past the
+ * object's size: nothing written), KVP_ERR_PUT_REVOKED (the master's put timeout is near
+ * or over: nothing written), transfer errors (KVP_ERR_NO_REPLICA: no replica reached).
+ * A replica a write missed is dropped at the end; the others keep the object.
+ *
+ * kvp_batch_put_session_end: make the objects visible (PutEnd). Each byte must have been
+ * written by a range (the same range may be written again): else KVP_ERR_INVALID_ARG and
+ * the session stays open. results[i]: KVP_OK; KVP_ERR_INVALID_ARG (no put session);
+ * KVP_ERR_PUT_REVOKED (the master dropped the put: timed out, or its connection closed);
+ * KVP_ERR_IO (no replica was written whole). A put that is over leaves its session.
+ *
+ * kvp_batch_put_session_revoke: drop the puts (PutRevoke): the keys stay absent.
+ * results[i]: KVP_OK (also when the master had dropped it already), KVP_ERR_INVALID_ARG
+ * (no put session), master errors (the session stays, to retry).
+ *
+ * End and revoke wait for the range calls in flight on their keys; a range call started
+ * after them gets KVP_ERR_INVALID_ARG. A client that dies holding put sessions leaves
+ * nothing: the master revokes its PENDING puts (its connection closes, or --put-timeout).
+ */
+kvp_status_t kvp_batch_put_session_start(kvp_client_t *client, const char *const *keys,
+                                         const uint64_t *sizes, size_t n,
+                                         const kvp_put_config_t *config, kvp_status_t *results);
+kvp_status_t kvp_batch_put_from_multi_ranges(kvp_client_t *client, const char *const *keys,
+                                             const void *const *const *bufs,
+                                             const size_t *const *sizes,
+                                             const uint64_t *const *offsets, const size_t *n_bufs,
+                                             size_t n, int64_t *results);
+kvp_status_t kvp_batch_put_session_end(kvp_client_t *client, const char *const *keys, size_t n,
+                                       kvp_status_t *results);
+kvp_status_t kvp_batch_put_session_revoke(kvp_client_t *client, const char *const *keys, size_t n,
+                                          kvp_status_t *results);
+
+/*
  * Asynchronous batches. A queue runs submitted batches on its own worker
  * threads (a fixed pool, started at create; never a thread per call), each
  * exactly as the synchronous call would, and signals each completion on an

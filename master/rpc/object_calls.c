@@ -317,6 +317,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         return kvp_reply_abort(&r);
     resp.n_results = n;
     resp.results = resptr;
+    resp.put_timeout_ms = st->config.put_timeout_ms;
     kvp_reply_on_end(&r, put_start_end, req);
     size_t nr = 0;
     int64_t give_back = -1;

@@ -345,6 +345,48 @@ class Client:
         ERR_OUT_OF_RANGE). Not CRC-checked: the stored CRC covers whole objects."""
         return _check_batch(self._c.get_ranges(ranges))
 
+    # ---- transfer sessions ----
+
+    def get_session_start(self, keys):
+        """Look up each key's replicas and take its read lease once, for the ranged
+        reads of get_session_ranges (no master call each). A status per key."""
+        return _check_batch(self._c.get_session_start(keys))
+
+    def get_session_ranges(self, keys, buffers, offsets):
+        """Key i's ranges, read with no master call: buffers[i][j] (a writable buffer
+        or an (address, size) pair) gets its size in bytes of the object from
+        offsets[i][j]. Per key the bytes read, or a negative status
+        (ERR_INVALID_ARG: no get session, or a range past the object's end;
+        ERR_LEASE_EXPIRED: the lease ended, the session is dropped)."""
+        ptrs, sizes = _split_multi(buffers, True)
+        return _check_batch(self._c.get_session_ranges(keys, ptrs, sizes, offsets))
+
+    def get_session_end(self, keys):
+        """Drop the keys' get sessions (their leases handed back)."""
+        _check_batch([self._c.get_session_end(keys)])
+
+    def put_session_start(self, keys, sizes, **config):
+        """Reserve each object of sizes[i] bytes, invisible until put_session_end
+        (config as put's). A status per key (ERR_INVALID_ARG: already in a put
+        session)."""
+        return _check_batch(self._c.put_session_start(keys, sizes, _config(**config)))
+
+    def put_session_ranges(self, keys, buffers, offsets):
+        """Key i's ranges, written with no master call into every replica: buffers[i][j]
+        (a buffer or an (address, size) pair) at object offset offsets[i][j]. Per key
+        the bytes written, or a negative status."""
+        ptrs, sizes = _split_multi(buffers, False)
+        return _check_batch(self._c.put_session_ranges(keys, ptrs, sizes, offsets))
+
+    def put_session_end(self, keys):
+        """Make the objects visible (each byte must have been written). A status per
+        key."""
+        return _check_batch(self._c.put_session_end(keys))
+
+    def put_session_revoke(self, keys):
+        """Drop the puts: the keys stay absent. A status per key."""
+        return _check_batch(self._c.put_session_revoke(keys))
+
     # ---- memory registration ----
 
     def register_buffer(self, buffer, size=None):

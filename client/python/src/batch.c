@@ -12,7 +12,10 @@
  * Thread: the calling Python thread; the GIL is released only around the
  * library call.
  */
+#include <stdint.h>
 #include <string.h>
+
+_Static_assert(sizeof(size_t) == sizeof(uint64_t), "offsets and sizes are passed as uint64_t");
 
 #include "kvpool_py.h"
 
@@ -33,8 +36,18 @@ int kvp_py_batch_check(kvp_py_batch_t *b)
         (f->views == NULL && f->ptrs.v != NULL && check_n(f->ptrs.n, n, "ptrs") != 0) ||
         (f->views == NULL && f->sizes.v != NULL && check_n(f->sizes.n, n, "sizes") != 0) ||
         (b->part_ptrs.ptrs != NULL && check_n(b->part_ptrs.n, n, "ptrs") != 0) ||
-        (b->part_sizes.sizes != NULL && check_n(b->part_sizes.n, n, "sizes") != 0))
+        (b->part_sizes.sizes != NULL && check_n(b->part_sizes.n, n, "sizes") != 0) ||
+        (b->part_offsets.sizes != NULL && check_n(b->part_offsets.n, n, "offsets") != 0))
         return -1;
+    for (Py_ssize_t i = 0; b->part_offsets.sizes != NULL && b->part_sizes.sizes != NULL && i < n;
+         i++) {
+        if (b->part_offsets.counts[i] != b->part_sizes.counts[i]) {
+            PyErr_Format(PyExc_ValueError,
+                         "offsets[%zd] has %zu offsets but sizes[%zd] has %zu sizes", i,
+                         b->part_offsets.counts[i], i, b->part_sizes.counts[i]);
+            return -1;
+        }
+    }
     if (b->part_ptrs.ptrs != NULL && b->part_sizes.sizes != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) {
             size_t m = b->part_ptrs.counts[i], ms = b->part_sizes.counts[i];
@@ -94,6 +107,36 @@ static void batch_call_locked(kvp_client_t *c, kvp_py_batch_op_t op, kvp_py_batc
     case KVP_PY_BATCH_REPLICA_CLEAR:
         kvp_batch_replica_clear(c, keys, n, b->segment, st);
         break;
+    case KVP_PY_BATCH_GET_SESSION_START:
+        kvp_batch_get_session_start(c, keys, n, st);
+        break;
+    case KVP_PY_BATCH_GET_SESSION_RANGES:
+        kvp_batch_get_into_multi_ranges(c, keys, (void *const *const *)b->part_ptrs.ptrs,
+                                        (const size_t *const *)b->part_sizes.sizes,
+                                        (const uint64_t *const *)b->part_offsets.sizes,
+                                        b->part_ptrs.counts, n, b->results);
+        break;
+    case KVP_PY_BATCH_GET_SESSION_END: {
+        kvp_status_t rc = kvp_batch_get_session_end(c, keys, n);
+        for (size_t i = 0; i < n; i++)
+            st[i] = rc;
+        break;
+    }
+    case KVP_PY_BATCH_PUT_SESSION_START:
+        kvp_batch_put_session_start(c, keys, (const uint64_t *)b->bufs.sizes.v, n, cfg, st);
+        break;
+    case KVP_PY_BATCH_PUT_SESSION_RANGES:
+        kvp_batch_put_from_multi_ranges(c, keys, (const void *const *const *)b->part_ptrs.ptrs,
+                                        (const size_t *const *)b->part_sizes.sizes,
+                                        (const uint64_t *const *)b->part_offsets.sizes,
+                                        b->part_ptrs.counts, n, b->results);
+        break;
+    case KVP_PY_BATCH_PUT_SESSION_END:
+        kvp_batch_put_session_end(c, keys, n, st);
+        break;
+    case KVP_PY_BATCH_PUT_SESSION_REVOKE:
+        kvp_batch_put_session_revoke(c, keys, n, st);
+        break;
     }
 }
 
@@ -109,8 +152,9 @@ int kvp_py_batch_run(kvp_py_client_t *self, kvp_py_batch_op_t op, kvp_py_batch_t
     if (n == 0)
         return 0;
     /* the statuses (put, remove) and exist answers are int-sized: widened after the call */
-    int wide =
-        op == KVP_PY_BATCH_GET || op == KVP_PY_BATCH_GET_MULTI || op == KVP_PY_BATCH_GET_RANGES;
+    int wide = op == KVP_PY_BATCH_GET || op == KVP_PY_BATCH_GET_MULTI ||
+               op == KVP_PY_BATCH_GET_RANGES || op == KVP_PY_BATCH_GET_SESSION_RANGES ||
+               op == KVP_PY_BATCH_PUT_SESSION_RANGES;
     kvp_status_t *st = NULL;
     int *ex = NULL;
     if (op == KVP_PY_BATCH_EXIST)
@@ -169,6 +213,7 @@ void kvp_py_batch_release(kvp_py_batch_t *b)
     kvp_py_buffers_conv(NULL, &b->bufs);
     kvp_py_ptr_lists_conv(NULL, &b->part_ptrs);
     kvp_py_size_lists_conv(NULL, &b->part_sizes);
+    kvp_py_size_lists_conv(NULL, &b->part_offsets);
     PyMem_Free(b->ranges);
     PyMem_Free(b->results);
     b->ranges = NULL;

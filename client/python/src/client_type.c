@@ -572,6 +572,89 @@ static PyObject *client_get_ranges(kvp_py_client_t *self, PyObject *args, PyObje
     return kvp_py_batch_call(self, KVP_PY_BATCH_GET_RANGES, &b, NULL);
 }
 
+/* ---- transfer sessions (kvp_batch_*_session_*: Mooncake's) ---- */
+
+/* The (keys) session calls: [status] per key. */
+static PyObject *keys_only_call(kvp_py_client_t *self, PyObject *args, PyObject *kw,
+                                const char *format, kvp_py_batch_op_t op)
+{
+    static char *kwlist[] = {"keys", NULL};
+    kvp_py_batch_t b = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, format, kwlist, kvp_py_keys_conv, &b.keys))
+        return NULL;
+    return kvp_py_batch_call(self, op, &b, NULL);
+}
+
+static PyObject *client_get_session_start(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    return keys_only_call(self, args, kw, "O&:get_session_start", KVP_PY_BATCH_GET_SESSION_START);
+}
+
+/* get_session_end(keys) -> status (0) */
+static PyObject *client_get_session_end(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", NULL};
+    kvp_py_batch_t b = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&:get_session_end", kwlist, kvp_py_keys_conv,
+                                     &b.keys))
+        return NULL;
+    PyObject *ret = NULL;
+    if (kvp_py_batch_run(self, KVP_PY_BATCH_GET_SESSION_END, &b, NULL, NULL) == 0)
+        ret = PyLong_FromLongLong(b.keys.n > 0 ? b.results[0] : 0);
+    kvp_py_batch_release(&b);
+    return ret;
+}
+
+static PyObject *client_put_session_end(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    return keys_only_call(self, args, kw, "O&:put_session_end", KVP_PY_BATCH_PUT_SESSION_END);
+}
+
+static PyObject *client_put_session_revoke(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    return keys_only_call(self, args, kw, "O&:put_session_revoke", KVP_PY_BATCH_PUT_SESSION_REVOKE);
+}
+
+/* put_session_start(keys, sizes, config=None) -> [status] */
+static PyObject *client_put_session_start(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "sizes", "config", NULL};
+    kvp_py_batch_t b = {0};
+    kvp_py_config_t cfg = {.p = NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&O&|O&:put_session_start", kwlist,
+                                     kvp_py_keys_conv, &b.keys, kvp_py_sizes_conv, &b.bufs.sizes,
+                                     kvp_py_config_conv, &cfg))
+        return NULL;
+    return kvp_py_batch_call(self, KVP_PY_BATCH_PUT_SESSION_START, &b, &cfg);
+}
+
+/* The (keys, ptrs, sizes, offsets) range calls: [bytes or negative status] per key. */
+static PyObject *session_ranges_call(kvp_py_client_t *self, PyObject *args, PyObject *kw,
+                                     const char *format, kvp_py_batch_op_t op)
+{
+    static char *kwlist[] = {"keys", "ptrs", "sizes", "offsets", NULL};
+    kvp_py_batch_t b = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, format, kwlist, kvp_py_keys_conv, &b.keys,
+                                     kvp_py_ptr_lists_conv, &b.part_ptrs, kvp_py_size_lists_conv,
+                                     &b.part_sizes, kvp_py_size_lists_conv, &b.part_offsets)) {
+        kvp_py_batch_release(&b);
+        return NULL;
+    }
+    return kvp_py_batch_call(self, op, &b, NULL);
+}
+
+static PyObject *client_get_session_ranges(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    return session_ranges_call(self, args, kw, "O&O&O&O&:get_session_ranges",
+                               KVP_PY_BATCH_GET_SESSION_RANGES);
+}
+
+static PyObject *client_put_session_ranges(kvp_py_client_t *self, PyObject *args, PyObject *kw)
+{
+    return session_ranges_call(self, args, kw, "O&O&O&O&:put_session_ranges",
+                               KVP_PY_BATCH_PUT_SESSION_RANGES);
+}
+
 /* The keys of an exist call (`name` for the messages) and its run: 0, or -1 raised. */
 static int exists_run(kvp_py_client_t *self, PyObject *args, PyObject *kw, const char *format,
                       kvp_py_batch_t *b, size_t *prefix)
@@ -784,6 +867,22 @@ static PyMethodDef client_methods[] = {
          "[[int]]"),
     METH("get_ranges", client_get_ranges, KW,
          "get_ranges([(key, offset, buffer or (ptr, length))]) -> [bytes read or negative status]"),
+    METH("get_session_start", client_get_session_start, KW,
+         "get_session_start(keys) -> [status]: look up replicas and take a read lease once"),
+    METH("get_session_ranges", client_get_session_ranges, KW,
+         "get_session_ranges(keys, ptrs, sizes, offsets) -> [bytes read or negative status]; "
+         "ptrs, sizes, offsets: [[int]] (object offsets), no master call"),
+    METH("get_session_end", client_get_session_end, KW,
+         "get_session_end(keys) -> 0: drop the get sessions, hand the leases back"),
+    METH("put_session_start", client_put_session_start, KW,
+         "put_session_start(keys, sizes, config=None) -> [status]: reserve the objects"),
+    METH("put_session_ranges", client_put_session_ranges, KW,
+         "put_session_ranges(keys, ptrs, sizes, offsets) -> [bytes written or negative status]; "
+         "into every replica, no master call"),
+    METH("put_session_end", client_put_session_end, KW,
+         "put_session_end(keys) -> [status]: make the objects visible"),
+    METH("put_session_revoke", client_put_session_revoke, KW,
+         "put_session_revoke(keys) -> [status]: drop the puts, the keys stay absent"),
     METH("aq_open", kvp_py_aq_open, KW, "aq_open(workers=0): start the async queue (idempotent)"),
     METH("aq_fd", kvp_py_aq_fd, METH_NOARGS,
          "aq_fd() -> the queue's eventfd, readable while completions wait"),

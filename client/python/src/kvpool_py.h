@@ -221,21 +221,29 @@ typedef struct kvp_py_batch {
     kvp_py_bufs_t bufs;       /* single-buffer calls */
     kvp_py_lists_t part_ptrs; /* multi-buffer calls */
     kvp_py_lists_t part_sizes;
-    kvp_range_t *ranges; /* get_ranges */
-    int64_t *results;    /* keys.n results, allocated by kvp_py_batch_check */
-    const char *segment; /* replica_clear: the segment's name (borrowed) */
+    kvp_py_lists_t part_offsets; /* the session range calls: an object offset per buffer */
+    kvp_range_t *ranges;         /* get_ranges */
+    int64_t *results;            /* keys.n results, allocated by kvp_py_batch_check */
+    const char *segment;         /* replica_clear: the segment's name (borrowed) */
 } kvp_py_batch_t;
 
 typedef enum kvp_py_batch_op {
-    KVP_PY_BATCH_PUT,           /* kvp_batch_put_from over bufs */
-    KVP_PY_BATCH_GET,           /* kvp_batch_get_into over bufs */
-    KVP_PY_BATCH_PUT_MULTI,     /* kvp_batch_put_from_multi over parts */
-    KVP_PY_BATCH_GET_MULTI,     /* kvp_batch_get_into_multi over parts */
-    KVP_PY_BATCH_EXIST,         /* kvp_batch_is_exist */
-    KVP_PY_BATCH_REMOVE,        /* kvp_batch_remove */
-    KVP_PY_BATCH_REMOVE_FORCE,  /* kvp_batch_remove_force */
-    KVP_PY_BATCH_GET_RANGES,    /* kvp_get_into_ranges over ranges */
-    KVP_PY_BATCH_REPLICA_CLEAR, /* kvp_batch_replica_clear with segment */
+    KVP_PY_BATCH_PUT,                /* kvp_batch_put_from over bufs */
+    KVP_PY_BATCH_GET,                /* kvp_batch_get_into over bufs */
+    KVP_PY_BATCH_PUT_MULTI,          /* kvp_batch_put_from_multi over parts */
+    KVP_PY_BATCH_GET_MULTI,          /* kvp_batch_get_into_multi over parts */
+    KVP_PY_BATCH_EXIST,              /* kvp_batch_is_exist */
+    KVP_PY_BATCH_REMOVE,             /* kvp_batch_remove */
+    KVP_PY_BATCH_REMOVE_FORCE,       /* kvp_batch_remove_force */
+    KVP_PY_BATCH_GET_RANGES,         /* kvp_get_into_ranges over ranges */
+    KVP_PY_BATCH_GET_SESSION_START,  /* kvp_batch_get_session_start */
+    KVP_PY_BATCH_GET_SESSION_RANGES, /* kvp_batch_get_into_multi_ranges over parts */
+    KVP_PY_BATCH_GET_SESSION_END,    /* kvp_batch_get_session_end (its status per key) */
+    KVP_PY_BATCH_PUT_SESSION_START,  /* kvp_batch_put_session_start, sizes in bufs.sizes */
+    KVP_PY_BATCH_PUT_SESSION_RANGES, /* kvp_batch_put_from_multi_ranges over parts */
+    KVP_PY_BATCH_PUT_SESSION_END,    /* kvp_batch_put_session_end */
+    KVP_PY_BATCH_PUT_SESSION_REVOKE, /* kvp_batch_put_session_revoke */
+    KVP_PY_BATCH_REPLICA_CLEAR,      /* kvp_batch_replica_clear with segment */
 } kvp_py_batch_op_t;
 
 /* The parts b holds have one entry per key, the parts lists pair up; results

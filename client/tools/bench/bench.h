@@ -325,5 +325,7 @@ int kvp_bench_ha(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_index(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 /* Copy and move tasks on a cluster of its own (bench_tasks.c). */
 int kvp_bench_tasks(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+/* Layer-wise save and load through transfer sessions (bench_sessions.c). */
+int kvp_bench_sessions(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 
 #endif

@@ -143,6 +143,15 @@ static const bench_mode_t modes[] = {
      "  --sizes LIST           object sizes (default 64KiB,1MiB,4MiB); 256 MiB of each\n"
      "  --segment-size SIZE    each segment (default 1GiB)\n",
      kvp_bench_tasks, MODE_OWN, NULL},
+    {"sessions",
+     "sessions (layer-wise save and load through transfer sessions against the calls\n"
+     "    without one, on one segment of its own per transport; bench_sessions.c):\n"
+     "  --transport LIST       tcp,shm (default both)\n"
+     "  --sizes LIST           bytes of one layer of one key (default 16KiB,128KiB)\n"
+     "  --batch N              keys (default 32)    --pieces N  layers (default 32)\n"
+     "  --segment-size SIZE    the segment (default 1GiB)\n"
+     "  --duration S           seconds of each load form (default 2)\n",
+     kvp_bench_sessions, MODE_OWN, NULL},
     {"all", NULL, NULL, 0, all_parts},
 };
 

@@ -1,6 +1,7 @@
 /*
  * test_object.c - unit tests for client/object.c, the object flows: batch put / get / exist /
- * remove, scatter/gather pieces, ranged reads, replicas.
+ * remove, scatter/gather pieces, ranged reads, replicas; and the transfer sessions
+ * (client/xfer_sessions.c), which run on the same pieces and fakes.
  *
  * The flows run for real: a real kvpool-master on 127.0.0.1 (tests/harness.c) and two
  * segments ("seg-a", "seg-b") mounted by clients of this process. Only the transport is a
@@ -1147,6 +1148,141 @@ static void test_get_prefers_the_near_replica(void **state)
     free(w);
 }
 
+/* ---------------- transfer sessions (xfer_sessions.c, on the same flows) ---------------- */
+
+#define LAYER ((size_t)4096)
+#define LAYERS 4
+
+/* One key's put session: each layer of v written as one range; results[] per layer. */
+static void session_put_layers(kvp_client_t *c, const char *key, const uint8_t *v, int64_t *results)
+{
+    for (size_t l = 0; l < LAYERS; l++) {
+        const void *pieces[1] = {v + l * LAYER};
+        size_t psz[1] = {LAYER};
+        uint64_t off[1] = {l * LAYER};
+        const void *const *bufs[1] = {pieces};
+        const size_t *sizes[1] = {psz};
+        const uint64_t *offs[1] = {off};
+        size_t n_bufs[1] = {1};
+        results[l] = 0;
+        kvp_batch_put_from_multi_ranges(c, &key, bufs, sizes, offs, n_bufs, 1, &results[l]);
+    }
+}
+
+/* A put session of two replicas whose first range to one of them fails: that replica gets
+ * no further range and is dropped at the end (its extent freed); the object is whole on
+ * the other, CRC-checked. */
+static void test_session_put_replica_fails(void **state)
+{
+    fixture_t *fx = *state;
+    uint64_t used_b = seg_used(fx->c, SEG_B);
+    rule_t *r = add_rule((rule_t){.act = ACT_FAIL,
+                                  .kind = KVP_XFER_WRITE,
+                                  .segment = SEG_B,
+                                  .left = 1,
+                                  .status = KVP_ERR_IO});
+    const char *key = "sess/rep";
+    uint8_t *v = pattern(LAYERS * LAYER, 71);
+    kvp_put_config_t cfg;
+    kvp_put_config_init(&cfg);
+    cfg.replica_num = 2;
+    cfg.preferred_segment = SEG_A;
+    uint64_t size = LAYERS * LAYER;
+    kvp_status_t st = KVP_ERR_PROTOCOL;
+    assert_int_equal(kvp_batch_put_session_start(fx->c, &key, &size, 1, &cfg, &st), KVP_OK);
+    assert_int_equal(st, KVP_OK);
+    int64_t res[LAYERS];
+    session_put_layers(fx->c, key, v, res);
+    for (int l = 0; l < LAYERS; l++)
+        assert_int_equal(res[l], (int64_t)LAYER);
+    assert_int_equal(rule_hits(r), 1);
+    assert_int_equal(ops_to(SEG_B, KVP_XFER_WRITE), 1); /* never again after it failed */
+    assert_int_equal(ops_to(SEG_A, KVP_XFER_WRITE), LAYERS);
+    int exists = -1;
+    assert_int_equal(kvp_batch_is_exist(fx->c, &key, 1, &exists, NULL), KVP_OK);
+    assert_int_equal(exists, 0); /* invisible until the end */
+    assert_int_equal(kvp_batch_put_session_end(fx->c, &key, 1, &st), KVP_OK);
+    assert_int_equal(st, KVP_OK);
+    assert_true(seg_used(fx->c, SEG_B) == used_b);
+    fake_reset();
+    assert_get(fx->c, key, v, LAYERS * LAYER);
+    assert_int_equal(ops_to(SEG_B, KVP_XFER_READ), 0);
+    /* the session is over */
+    assert_int_equal(kvp_batch_put_session_end(fx->c, &key, 1, &st), KVP_ERR_INVALID_ARG);
+    free(v);
+}
+
+/* Every write of a one-replica put session fails: each range answers the write's failure,
+ * the end KVP_ERR_IO (the master revokes it: nothing visible, its space back), and the key
+ * can be put again. */
+static void test_session_put_all_writes_fail(void **state)
+{
+    fixture_t *fx = *state;
+    uint64_t used = seg_used(fx->c, SEG_A) + seg_used(fx->c, SEG_B);
+    add_rule(
+        (rule_t){.act = ACT_FAIL, .kind = KVP_XFER_WRITE, .left = -1, .status = KVP_ERR_TIMEOUT});
+    const char *key = "sess/none";
+    uint8_t *v = pattern(LAYERS * LAYER, 72);
+    uint64_t size = LAYERS * LAYER;
+    kvp_status_t st = KVP_ERR_PROTOCOL;
+    assert_int_equal(kvp_batch_put_session_start(fx->c, &key, &size, 1, NULL, &st), KVP_OK);
+    int64_t res[LAYERS];
+    session_put_layers(fx->c, key, v, res);
+    assert_int_equal(res[0], KVP_ERR_TIMEOUT);
+    assert_int_equal(kvp_batch_put_session_end(fx->c, &key, 1, &st), KVP_ERR_IO);
+    assert_int_equal(st, KVP_ERR_IO);
+    assert_true(seg_used(fx->c, SEG_A) + seg_used(fx->c, SEG_B) == used);
+    fake_reset();
+    uint8_t tiny[1];
+    assert_int_equal(kvp_get_into(fx->c, key, tiny, 1), KVP_ERR_NOT_FOUND);
+    assert_int_equal(put_one(fx->c, key, v, LAYERS * LAYER, 1, NULL, NULL), KVP_OK);
+    assert_get(fx->c, key, v, LAYERS * LAYER);
+    free(v);
+}
+
+/* A get session's reads fall back to the other replica when one keeps failing; a read past
+ * the object is refused before anything moves. */
+static void test_session_get_falls_back(void **state)
+{
+    fixture_t *fx = *state;
+    const char *key = "sess/get";
+    uint8_t *v = pattern(LAYERS * LAYER, 73);
+    assert_int_equal(put_one(fx->c, key, v, LAYERS * LAYER, 2, NULL, NULL), KVP_OK);
+    kvp_status_t st = KVP_ERR_PROTOCOL;
+    assert_int_equal(kvp_batch_get_session_start(fx->c, &key, 1, &st), KVP_OK);
+    rule_t *r = add_rule((rule_t){.act = ACT_FAIL,
+                                  .kind = KVP_XFER_READ,
+                                  .bind = true,
+                                  .left = -1,
+                                  .status = KVP_ERR_TIMEOUT});
+    uint8_t *out = untouched(2 * LAYER);
+    void *pieces[2] = {out, out + LAYER};
+    size_t psz[2] = {LAYER, LAYER};
+    uint64_t off[2] = {3 * LAYER, 100};
+    void *const *bufs[1] = {pieces};
+    const size_t *sizes[1] = {psz};
+    const uint64_t *offs[1] = {off};
+    size_t n_bufs[1] = {2};
+    int64_t n = 0;
+    assert_int_equal(kvp_batch_get_into_multi_ranges(fx->c, &key, bufs, sizes, offs, n_bufs, 1, &n),
+                     KVP_OK);
+    assert_int_equal(n, (int64_t)(2 * LAYER));
+    assert_memory_equal(out, v + 3 * LAYER, LAYER);
+    assert_memory_equal(out + LAYER, v + 100, LAYER);
+    assert_int_equal(rule_hits(r), 2); /* both pieces, from the failing replica, once */
+    fake_reset();
+    memset(out, UNTOUCHED, 2 * LAYER);
+    off[0] = 3 * LAYER + 1; /* one byte past the end */
+    assert_int_equal(kvp_batch_get_into_multi_ranges(fx->c, &key, bufs, sizes, offs, n_bufs, 1, &n),
+                     KVP_ERR_INVALID_ARG);
+    assert_int_equal(n, KVP_ERR_INVALID_ARG);
+    assert_true(all_untouched(out, 2 * LAYER));
+    assert_int_equal(ops_to(SEG_A, KVP_XFER_READ) + ops_to(SEG_B, KVP_XFER_READ), 0);
+    assert_int_equal(kvp_batch_get_session_end(fx->c, &key, 1), KVP_OK);
+    free(out);
+    free(v);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1165,6 +1301,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_multi_put_get, setup, teardown),
         cmocka_unit_test_setup_teardown(test_multi_batch_mixed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ranges, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_session_put_replica_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_session_put_all_writes_fail, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_session_get_falls_back, setup, teardown),
     };
     const struct CMUnitTest lease_tests[] = {
         cmocka_unit_test_setup_teardown(test_read_outlasts_lease, setup, teardown),

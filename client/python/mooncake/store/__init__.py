@@ -132,9 +132,11 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
     upsert, pub, _with_tp and _with_parallelism forms; torch imported on first
     use; _parallel.py has the parallel layouts) and the
     housekeeping calls (remove*, is_exist, health_check, get_hostname,
-    get_replica_desc), and segments mounted at run time (mount_segment,
-    allocate_and_mount_segment and their unmounts). Methods of Mooncake's binding
-    that kvpool cannot honour (transfer sessions) raise NotImplementedError naming themselves.
+    get_replica_desc), segments mounted at run time (mount_segment,
+    allocate_and_mount_segment and their unmounts), and the transfer sessions
+    (batch_get_session_*, batch_put_session_*, the *_multi_buffer_ranges calls).
+    Methods of Mooncake's binding that kvpool cannot honour raise NotImplementedError
+    naming themselves.
     """
 
     def __init__(self):
@@ -809,6 +811,81 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
                 return []
         return self._call(run, fail)
 
+    # ---- transfer sessions (SGLang's layer-wise path) ----
+
+    def batch_get_session_start(self, keys):
+        """Look up each key's replicas and take its read lease once, for the ranged
+        reads of batch_get_into_multi_buffer_ranges. [0 / negative] per key (-704
+        missing); a failed start ends the key's session."""
+        return self._batch(keys, lambda c: c.get_session_start(list(keys)), _code)
+
+    def batch_get_into_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_src_offsets):
+        """Ranged reads with no master call: for key i, all_sizes[i][j] bytes of the
+        object from all_src_offsets[i][j] into all_buffer_ptrs[i][j]. [bytes read /
+        negative] per key: -600 with no get session (or after its end), a range past
+        the object's size, or lists of different lengths (all keys when the four
+        lists differ); -707 when the read lease ended (the session is dropped)."""
+        return self._session_ranges(keys, all_buffer_ptrs, all_sizes, all_src_offsets,
+                                    lambda c, *a: c.get_session_ranges(*a))
+
+    def batch_get_session_end(self, keys):
+        """Drop the keys' get sessions (their leases handed back). 0."""
+        return self._call(lambda c: _code(c.get_session_end(list(keys))), lambda x: x)
+
+    def batch_put_session_start(self, keys, sizes, config=None):
+        """Reserve each object of sizes[i] bytes (invisible until the end). [0 /
+        negative] per key: -600 for a key already in a put session, lists of
+        different lengths, or group_ids of another length; -705 a key that exists."""
+        n = _n(keys)
+        if n != _n(sizes):
+            return [INVALID_PARAMS] * n
+        gids = getattr(config, "group_ids", None) if config is not None else None
+        if gids is not None and _n(gids) != n:
+            return [INVALID_PARAMS] * n
+        return self._batch(keys, lambda c: c.put_session_start(list(keys), list(sizes),
+                                                               self._cfg(config)), _code)
+
+    def batch_put_from_multi_buffer_ranges(self, keys, all_buffer_ptrs, all_sizes,
+                                           all_dst_offsets):
+        """Ranged writes with no master call, into every replica, zero-copy: key i gets
+        all_sizes[i][j] bytes from all_buffer_ptrs[i][j] at object offset
+        all_dst_offsets[i][j]. [bytes written / negative] per key: -600 with no put
+        session (or after its end or revoke), a range past the object's size, lists of
+        different lengths; -500 past the master's put timeout."""
+        return self._session_ranges(keys, all_buffer_ptrs, all_sizes, all_dst_offsets,
+                                    lambda c, *a: c.put_session_ranges(*a))
+
+    def batch_put_session_end(self, keys):
+        """Make the objects visible. [0 / negative] per key: -600 with no put session,
+        or bytes of the object never written (the session stays: write them, or
+        revoke); -500 when the master dropped the put (its timeout)."""
+        return self._batch(keys, lambda c: c.put_session_end(list(keys)), _code)
+
+    def batch_put_session_revoke(self, keys):
+        """Drop the puts: the keys stay absent. [0 / negative] per key (-600 with no put
+        session)."""
+        return self._batch(keys, lambda c: c.put_session_revoke(list(keys)), _code)
+
+    def _session_ranges(self, keys, ptrs, sizes, offsets, call):
+        """The range calls' shapes as Mooncake checks them: four lists of one length (else
+        -600 for every key), each key's three lists of one length (else -600 for it)."""
+        n = _n(keys)
+        if not n == _n(ptrs) == _n(sizes) == _n(offsets):
+            return [INVALID_PARAMS] * n
+
+        def run(c):
+            res = [INVALID_PARAMS] * n
+            at = [i for i in range(n)
+                  if 0 < _n(ptrs[i]) == _n(sizes[i]) == _n(offsets[i])]
+            if at:
+                got = call(c, [keys[i] for i in at], [list(ptrs[i]) for i in at],
+                           [list(sizes[i]) for i in at], [list(offsets[i]) for i in at])
+                for i, r in zip(at, got):
+                    res[i] = _code(r)
+            return res
+        return self._call(run, lambda code: [code] * n)
+
     # ---- safetensors files ----
 
     def save_tensor_to_safetensor(self, key, file_name=None):
@@ -963,13 +1040,6 @@ class _MemoryDescriptor:
 _UNSUPPORTED = {
     "init_all": "kvpool sets up its transports in setup()",
     "unmount_local_disk_segment": "SSD segments are `kvpool serve --ssd-path`'s",
-    "batch_get_session_start": "kvpool has no transfer sessions",
-    "batch_get_into_multi_buffer_ranges": "kvpool has no transfer sessions",
-    "batch_get_session_end": "kvpool has no transfer sessions",
-    "batch_put_session_start": "kvpool has no transfer sessions",
-    "batch_put_from_multi_buffer_ranges": "kvpool has no transfer sessions",
-    "batch_put_session_end": "kvpool has no transfer sessions",
-    "batch_put_session_revoke": "kvpool has no transfer sessions",
     "_get_pyclient_capsule": "Mooncake-internal",
 }
 
