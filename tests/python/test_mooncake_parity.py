@@ -363,7 +363,26 @@ def test_async_store(pool, prefix):
         with pytest.raises(AttributeError, match="is not callable"):
             s.async__not_callable
         with pytest.raises(NotImplementedError):  # what the method raises, through the await
-            asyncio.run(s.async_init_all())
+            asyncio.run(s.async_unmount_local_disk_segment())
+    finally:
+        assert s.close() == OK
+
+
+# ---- init_all ----
+
+def test_init_all(pool, prefix, monkeypatch):
+    """Mooncake's init_all: setup with its fixed arguments and a segment of the size given;
+    the master from MOONCAKE_MASTER; a second init is -600."""
+    monkeypatch.setenv("MOONCAKE_MASTER", pool.addr)
+    s = mstore.MooncakeDistributedStore()
+    assert s.init_all("tcp", "", 32 << 20) == OK
+    try:
+        assert s.get_hostname().startswith("localhost:")
+        assert s.put(prefix + "ia", b"init all") == OK
+        assert s.get(prefix + "ia") == b"init all"
+        assert [d["segment"] for d in s.get_replica_desc(prefix + "ia")] == [s.get_hostname()]
+        assert s.init_all("tcp", "") == -600
+        assert s.remove(prefix + "ia") == OK
     finally:
         assert s.close() == OK
 

@@ -29,6 +29,7 @@ get_tensor, batch_get_tensor) refuse, as Mooncake's do: -600, b"" or None.
 import ctypes as _ctypes
 import logging as _logging
 import mmap as _mmap
+import os as _os
 import random as _random
 import re as _re
 import threading as _threading
@@ -204,6 +205,19 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         if old is not None:
             old.close()
         return OK
+
+    def init_all(self, protocol, device_name, mount_segment_size=16 << 20):
+        """Mooncake's init_all: setup() with Mooncake's fixed arguments (local
+        hostname "localhost:12345", a 1 GiB local buffer, the master at
+        127.0.0.1:50051 unless MOONCAKE_MASTER or KVPOOL_MASTER names another)
+        and a segment of mount_segment_size. -600 when the store is set up
+        already, as Mooncake's refuses a second init."""
+        if self._c is not None:
+            return INVALID_PARAMS
+        master = (_os.environ.get("MOONCAKE_MASTER") or _os.environ.get("KVPOOL_MASTER")
+                  or "127.0.0.1:50051")
+        return self.setup("localhost:12345", "127.0.0.1:2379", mount_segment_size, 1 << 30,
+                          protocol, device_name, master)
 
     def setup_dummy(self, mem_pool_size, local_buffer_size, server_address):
         """Mooncake's dummy client (memory served by another process): a kvpool
@@ -1038,7 +1052,6 @@ class _MemoryDescriptor:
 # Methods of Mooncake's MooncakeDistributedStore that kvpool does not provide, and why.
 # Each raises NotImplementedError naming itself, never returns a made-up answer.
 _UNSUPPORTED = {
-    "init_all": "kvpool sets up its transports in setup()",
     "unmount_local_disk_segment": "SSD segments are `kvpool serve --ssd-path`'s",
     "_get_pyclient_capsule": "Mooncake-internal",
 }
