@@ -4,6 +4,7 @@ without a grace period, and the refusals. Against a real master; the bytes are
 checked where they land (in the file) and where they come back (a get of
 another client)."""
 
+import ctypes
 import os
 import time
 
@@ -204,3 +205,42 @@ def test_native_client_says_why(pool, tmp_path):
         assert b"z" * 3000 in path.read_bytes()
         assert c.drain(5.0) == (1, 0)  # moved to the pool's other segment
         assert c.get("native@file") == b"z" * 3000
+
+
+def test_corrupted_bytes_are_checksum_mismatch(bare_store, prefix, tmp_path, monkeypatch):
+    """Mooncake's checksum diagnostics (MOONCAKE_STORE_CHECKSUM=1) are always on in kvpool:
+    every object's CRC32C is checked on every read. A byte changed under the store (here in
+    the file a segment maps) makes a read fail with CHECKSUM_MISMATCH (-801), never return
+    the wrong bytes; the switch is accepted and changes nothing."""
+    monkeypatch.setenv("MOONCAKE_STORE_CHECKSUM", "1")
+    p, s = bare_store
+    path = tmp_path / "seg.bin"
+    with open(path, "wb") as f:
+        f.write(b"\0" * (4 * MiB))
+    os.chmod(path, 0o600)
+    r = s.mount_segment(str(path), 4 * MiB, 0, "tcp", "")
+    assert r["ret"] == OK
+    v = pattern(3, 64 * 1024)
+    assert s.put(prefix + "crc", v, ReplicateConfig(preferred_segment=r["segment_ids"][0])) == OK
+    assert s.get(prefix + "crc") == v
+    data = path.read_bytes()
+    at = data.find(v)
+    assert at >= 0
+    with open(path, "r+b") as f:  # one byte of the object's, flipped
+        f.seek(at + 1000)
+        f.write(bytes([v[1000] ^ 0xFF]))
+    reader = MooncakeDistributedStore()
+    assert reader.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 * MiB, "tcp", "", p.addr) == OK
+    try:
+        buf = (ctypes.c_char * (64 * 1024))()
+        ptr = ctypes.addressof(buf)
+        assert reader.get(prefix + "crc") == b""  # Mooncake's answer for a failed get
+        assert reader.register_buffer(ptr, len(buf)) == OK
+        assert reader.get_into(prefix + "crc", ptr, len(buf)) == MOONCAKE["CHECKSUM_MISMATCH"]
+        assert reader.unregister_buffer(ptr) == OK
+        with kvpool.Client(p.addr, transport="tcp") as c:
+            with pytest.raises(kvpool.Error) as e:
+                c.get(prefix + "crc")
+            assert e.value.status == kvpool.ERR_CHECKSUM
+    finally:
+        assert reader.close() == OK
