@@ -63,6 +63,7 @@ typedef struct te_peer {
     char target[256];
     bool shm;
     kvp_peer_t *peer;
+    _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
 } te_peer_t;
 
 typedef struct te_batch {
@@ -419,12 +420,12 @@ static bool host_is_local(const char *host)
 }
 
 /* The peer for target ("host:port"), made at its first transfer and kept. */
-static kvp_status_t peer_get(kvp_te_t *te, const char *target, kvp_peer_t **peer_p)
+static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_p)
 {
     pthread_mutex_lock(&te->peers_lock);
     for (size_t i = 0; i < te->n_peers; i++)
         if (strcmp(te->peers[i].target, target) == 0) {
-            *peer_p = te->peers[i].peer;
+            *peer_p = &te->peers[i];
             pthread_mutex_unlock(&te->peers_lock);
             return KVP_OK;
         }
@@ -458,7 +459,7 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, kvp_peer_t **peer
         snprintf(tp->target, sizeof(tp->target), "%s", target);
         tp->shm = shm;
         tp->peer = peer;
-        *peer_p = peer;
+        *peer_p = tp;
     }
     pthread_mutex_unlock(&te->peers_lock);
     return st;
@@ -473,8 +474,8 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
     for (size_t i = 0; i < n; i++)
         if (lens[i] == 0 || remotes[i] + lens[i] < remotes[i])
             return KVP_ERR_INVALID_ARG;
-    kvp_peer_t *peer;
-    kvp_status_t st = peer_get(te, target, &peer);
+    te_peer_t *tp;
+    kvp_status_t st = peer_get(te, target, &tp);
     if (st != KVP_OK) {
         atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
         return st;
@@ -490,7 +491,7 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
                 .local = locals[base + i],
                 .offset = remotes[base + i],
                 .length = lens[base + i],
-                .peer = peer,
+                .peer = tp->peer,
             };
         kvp_transfer_run(&te->xfer, ops, m);
         for (size_t i = 0; i < m; i++) {
@@ -505,6 +506,9 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
         atomic_fetch_add_explicit(&te->transfers[opcode], m - failed, memory_order_relaxed);
         atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
         atomic_fetch_add_explicit(&te->failures, failed, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->transfers, m - failed, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->failures, failed, memory_order_relaxed);
     }
     return first;
 }
@@ -629,4 +633,21 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->refused_range = atomic_load_explicit(&te->refused_range, memory_order_relaxed);
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
+}
+
+size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
+{
+    pthread_mutex_lock(&te->peers_lock);
+    size_t n = te->n_peers;
+    for (size_t i = 0; i < n && i < cap; i++) {
+        te_peer_t *tp = &te->peers[i];
+        kvp_te_peer_stat_t *o = &out[i];
+        snprintf(o->target, sizeof(o->target), "%s", tp->target);
+        snprintf(o->route, sizeof(o->route), "%s", tp->shm ? "shm" : "tcp");
+        o->transfers = atomic_load_explicit(&tp->transfers, memory_order_relaxed);
+        o->bytes = atomic_load_explicit(&tp->bytes, memory_order_relaxed);
+        o->failures = atomic_load_explicit(&tp->failures, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&te->peers_lock);
+    return n;
 }

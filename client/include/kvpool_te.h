@@ -90,6 +90,15 @@ typedef struct kvp_te_counters {
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
 
+/* Per target this engine transferred to (as initiator): its name and counts. */
+typedef struct kvp_te_peer_stat {
+    char target[256]; /* "host:port" */
+    char route[8];    /* "tcp" or "shm" */
+    uint64_t transfers, bytes, failures;
+} kvp_te_peer_stat_t;
+/* Up to cap targets into out; returns how many there are (may exceed cap). */
+size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

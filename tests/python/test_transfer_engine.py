@@ -119,6 +119,9 @@ def test_prefill_writes_decode_kv_cache_byte_exact(peers, tmp_path, proto):
         assert shm_conns(port) == before  # the shm socket carried nothing
     else:
         assert shm_conns(port) > before  # the prefill's streams came on the Unix socket
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm == {"route": "tcp" if proto == "tcp" else "shm", "transfers": LAYERS * 2 * 6,
+                  "bytes": len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES, "failures": 0}, pm
     m = decode.ask(op="metrics")
     assert m["served_writes"] >= 1 and m["served_write_bytes"] == len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES
     assert m["refused_range"] == 0
@@ -179,6 +182,8 @@ def test_write_to_a_vanished_decode_fails_fast(peers):
     r = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[0, 1], dblocks=[3, 4])
     assert r["rc"] == -1 and r["status"] in (S["KVP_ERR_CONNECT"], S["KVP_ERR_IO"]), r
     assert r["secs"] < 5, r
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm["transfers"] == LAYERS * 2 and pm["failures"] == LAYERS * 2, pm  # one run each
 
 
 def test_write_to_a_stopped_decode_times_out(peers):

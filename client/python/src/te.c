@@ -235,13 +235,27 @@ static PyObject *py_te_counters(PyObject *mod, PyObject *cap)
         return NULL;
     kvp_te_counters_t c;
     kvp_te_get_counters(te, &c);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "writes",
+    kvp_te_peer_stat_t ps[64];
+    size_t np = kvp_te_peer_stats(te, ps, 64);
+    PyObject *peers = PyDict_New();
+    for (size_t i = 0; peers != NULL && i < np && i < 64; i++) {
+        PyObject *v = Py_BuildValue("{s:s,s:K,s:K,s:K}", "route", ps[i].route, "transfers",
+                                    (unsigned long long)ps[i].transfers, "bytes",
+                                    (unsigned long long)ps[i].bytes, "failures",
+                                    (unsigned long long)ps[i].failures);
+        if (v == NULL || PyDict_SetItemString(peers, ps[i].target, v) != 0)
+            Py_CLEAR(peers);
+        Py_XDECREF(v);
+    }
+    if (peers == NULL)
+        return NULL;
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "writes",
                          c.transfers[KVP_TE_WRITE], "write_bytes", c.bytes[KVP_TE_WRITE], "reads",
                          c.transfers[KVP_TE_READ], "read_bytes", c.bytes[KVP_TE_READ], "failures",
                          c.failures, "served_writes", c.served[KVP_TE_WRITE], "served_write_bytes",
                          c.served_bytes[KVP_TE_WRITE], "served_reads", c.served[KVP_TE_READ],
                          "refused_range", c.refused_range, "refused_protected", c.refused_protected,
-                         "refused_user", c.refused_user);
+                         "refused_user", c.refused_user, "peers", peers);
 }
 
 PyMethodDef kvp_py_te_methods[] = {
