@@ -190,9 +190,25 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
     return ok;
 }
 
+/* REGIONS (wire.h): the registered ranges, as they are kept (te_region_t is the wire's pair) */
+static bool te_regions(void *backend, int fd)
+{
+    _Static_assert(sizeof(te_region_t) == 16, "te_region_t is the wire's (address, length)");
+    kvp_te_t *te = backend;
+    pthread_rwlock_rdlock(&te->lock);
+    size_t n = te->n_regions < KVP_DATA_REGIONS_MAX ? te->n_regions : KVP_DATA_REGIONS_MAX;
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = n * sizeof(te_region_t)};
+    struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
+                           {.iov_base = te->regions, .iov_len = n * sizeof(te_region_t)}};
+    bool ok = kvp_sendv_all(fd, iov, n > 0 ? 2 : 1) == KVP_OK;
+    pthread_rwlock_unlock(&te->lock);
+    return ok;
+}
+
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
-    .frames = 0,
+    .frames = KVP_DATA_FRAME_REGIONS,
+    .regions = te_regions,
     .check = te_check,
     .read = te_read,
     .write = te_write,
@@ -435,6 +451,11 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
     if (st != KVP_OK || port == 0 || strlen(target) >= sizeof(te->peers[0].target))
         st = KVP_ERR_INVALID_ARG;
     bool shm = false;
+    char src[64];
+    if (st == KVP_OK && kvp_sock_route_addr(host, port, src, sizeof(src)) == KVP_ERR_INVALID_ARG) {
+        KVP_LOG_WARN_LIMITED("transfer engine: %s: its host does not resolve", target);
+        st = KVP_ERR_CONNECT; /* Mooncake's openSegment fails here too, before any transfer */
+    }
     if (st == KVP_OK && te->protocol != KVP_TRANSPORT_TCP) {
         shm = host_is_local(host);
         if (!shm && te->protocol == KVP_TRANSPORT_SHM) {
@@ -546,6 +567,10 @@ kvp_status_t kvp_te_submit(kvp_te_t *te, const char *target, int opcode, size_t 
     if (target == NULL || strlen(target) >= sizeof(((te_batch_t *)0)->target) ||
         (n > 0 && (locals == NULL || remotes == NULL || lens == NULL)))
         return KVP_ERR_INVALID_ARG;
+    te_peer_t *tp; /* a target that cannot be named fails the submit, as Mooncake's does */
+    kvp_status_t st = peer_get(te, target, &tp);
+    if (st != KVP_OK)
+        return st;
     /* one allocation per async batch: its arrays, copied */
     te_batch_t *b = calloc(1, sizeof(*b) + n * (sizeof(void *) + 2 * sizeof(uint64_t)));
     if (b == NULL)
@@ -650,4 +675,58 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
     }
     pthread_mutex_unlock(&te->peers_lock);
     return n;
+}
+
+kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *addrs,
+                                   uint64_t *lens, size_t cap, size_t *n_p)
+{
+    *n_p = 0;
+    te_peer_t *tp;
+    kvp_status_t st = target != NULL ? peer_get(te, target, &tp) : KVP_ERR_INVALID_ARG;
+    if (st != KVP_OK)
+        return st;
+    const char *ep = tp->peer->endpoint;
+    uint32_t timeout = te->xfer.timeout_ms;
+    int fd = -1;
+    if (ep[0] == '@') {
+        int pid;
+        uint32_t uid;
+        st = kvp_unix_connect(ep + 1, timeout, &fd);
+        if (st == KVP_OK && (!kvp_unix_peer(fd, &pid, &uid) || (uid != 0 && uid != getuid())))
+            st = KVP_ERR_DENIED;
+    } else {
+        char host[256];
+        uint16_t port;
+        st = kvp_parse_hostport(ep, host, sizeof(host), &port);
+        if (st == KVP_OK)
+            st = kvp_tcp_connect(host, port, timeout, &fd);
+    }
+    if (st == KVP_OK) {
+        kvp_sock_set_timeout(fd, timeout);
+        kvp_data_req_t req = {
+            .magic = KVP_DATA_MAGIC, .op = KVP_DATA_REGIONS, .segment_id = KVP_TE_SEGMENT_ID};
+        kvp_data_resp_t r;
+        st = kvp_send_all(fd, &req, sizeof(req));
+        if (st == KVP_OK)
+            st = kvp_recv_all(fd, &r, sizeof(r));
+        if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
+            st = KVP_ERR_PROTOCOL;
+        else if (st == KVP_OK && r.status != KVP_OK)
+            st = r.status;
+        else if (st == KVP_OK && (r.length % 16 != 0 || r.length / 16 > KVP_DATA_REGIONS_MAX))
+            st = KVP_ERR_PROTOCOL;
+        for (uint64_t i = 0; st == KVP_OK && i < r.length / 16; i++) {
+            uint64_t pair[2];
+            st = kvp_recv_all(fd, pair, sizeof(pair));
+            if (st == KVP_OK && i < cap) {
+                addrs[i] = pair[0];
+                lens[i] = pair[1];
+            }
+            if (st == KVP_OK)
+                *n_p = (size_t)i + 1;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return st;
 }

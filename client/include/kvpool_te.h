@@ -69,13 +69,21 @@ uintptr_t kvp_te_first_buffer(kvp_te_t *te);
 kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_t n,
                              void *const *locals, const uint64_t *remotes, const uint64_t *lens);
 
-/* The same, run on the engine's worker thread: *id_p (> 0) names it for kvp_te_status. */
+/* The same, run on the engine's worker thread: *id_p (> 0) names it for kvp_te_status. A
+ * target that is malformed or does not resolve fails here (KVP_ERR_INVALID_ARG,
+ * KVP_ERR_CONNECT), as in kvp_te_transfer. */
 kvp_status_t kvp_te_submit(kvp_te_t *te, const char *target, int opcode, size_t n,
                            void *const *locals, const uint64_t *remotes, const uint64_t *lens,
                            uint64_t *id_p);
 /* A submitted batch: 1 done (its id is then forgotten), 0 running, or its failure (< 0);
  * KVP_ERR_NOT_FOUND: no such batch. wait_ms > 0: wait that long for it to end. */
 int kvp_te_status(kvp_te_t *te, uint64_t id, uint32_t wait_ms);
+
+/* The ranges target ("host:port") registered, lowest address first (Mooncake's segment
+ * descriptor: get_first_buffer_address): up to cap into addrs/lens, *n_p how many there are
+ * (at most 4096 are told). Any peer that may transfer to target may ask. */
+kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *addrs,
+                                   uint64_t *lens, size_t cap, size_t *n_p);
 
 /* What this engine did and refused. */
 typedef struct kvp_te_counters {

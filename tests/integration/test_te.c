@@ -48,6 +48,13 @@ static void roundtrip(const char *proto)
     assert_int_equal(kvp_te_register(a, dst, 4 * MIB), KVP_OK);
     char t[64];
     target_of(a, t, sizeof(t));
+    /* what the target registered, asked over the wire (REGIONS) */
+    uint64_t ra[4], rl[4];
+    size_t rn;
+    assert_int_equal(kvp_te_remote_regions(b, t, ra, rl, 4, &rn), KVP_OK);
+    assert_int_equal(rn, 1);
+    assert_int_equal(ra[0], (uintptr_t)dst);
+    assert_int_equal(rl[0], 4 * MIB);
     /* 64 ranges: every 64 KiB piece of src to the mirrored place in dst */
     void *locals[64], *backs[64];
     uint64_t remotes[64], lens[64];

@@ -212,6 +212,8 @@ def test_in_process_api_async_and_buffers():
     src = b.allocate_managed_buffer(1 << 20)
     assert dst and src
     assert a.get_first_buffer_address(target) == dst
+    assert b.get_first_buffer_address(target) == dst  # asked over the wire (REGIONS)
+    assert b.send_probe(target) == 0
     payload = bytes(range(256)) * 4096
     assert b.write_bytes_to_buffer(src, payload, len(payload)) == 0
     assert b.transfer_sync_write(target, src, dst, 1 << 20) == 0
@@ -256,9 +258,11 @@ def test_what_is_not_here_says_so():
     assert e.last_status == S["KVP_ERR_TRANSPORT"]
     for name, args in [("get_notifies", ()), ("transfer_write_on_cuda", ("x", 0, 0, 1)),
                        ("batch_transfer_read_on_cuda", ("x", [], [], [])),
-                       ("get_local_topology", ()), ("send_probe", ("x",))]:
+                       ("get_local_topology", ())]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(e, name)(*args)
+    assert e.send_probe("127.0.0.1:1") == -1  # nobody there
+    assert e.last_status == S["KVP_ERR_CONNECT"]
     with pytest.raises(NotImplementedError, match="transfer_sync"):
         e.transfer_sync("127.0.0.1:1", 0, 0, 1, TransferOpcode.WRITE, TransferNotify("a", "b"))
     e.close()
@@ -294,3 +298,53 @@ def test_protected_mode_refuses_another_host(peers, tmp_path):
                 assert np.array_equal(got, expected([0, 1], [0, 1]))
             decode.close()
             prefill.close()
+
+
+MOONCAKE_REPO = os.environ.get("KVPOOL_MOONCAKE_REPO", "/work/.mirror/kvcache-ai+Mooncake/repo")
+PEERS_TESTS = os.path.join(HERE, "..", "..", "..", "shared", "peers", "mooncake-tests")
+
+
+def mooncake_file(name, tmp_path):
+    """Mooncake's mooncake-wheel/tests/NAME, unchanged: the copy in ../shared/peers/
+    mooncake-tests if there is one, else from a Mooncake git repository
+    ($KVPOOL_MOONCAKE_REPO); None when neither has it."""
+    local = os.path.join(PEERS_TESTS, name)
+    if os.path.exists(local):
+        return local
+    r = subprocess.run(["git", "-C", MOONCAKE_REPO, "show", f"HEAD:mooncake-wheel/tests/{name}"],
+                       capture_output=True)
+    if r.returncode != 0:
+        return None
+    path = tmp_path / name
+    path.write_bytes(r.stdout)
+    return str(path)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "auto"])
+def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
+    """Mooncake's transfer_engine_target.py and transfer_engine_initiator_test.py (its
+    wheel's tests: write/read rounds, batches, async batches, failure sentinels, send_probe)
+    unchanged, with P2PHANDSHAKE as their CI's P2P runs set it."""
+    target_py = mooncake_file("transfer_engine_target.py", tmp_path)
+    init_py = mooncake_file("transfer_engine_initiator_test.py", tmp_path)
+    if target_py is None or init_py is None:
+        pytest.skip("Mooncake's transfer engine tests: no copy in ../shared/peers/mooncake-tests "
+                    "and no Mooncake repository at $KVPOOL_MOONCAKE_REPO")
+    port = 20000 + os.getpid() % 20000
+    env = dict(os.environ, TARGET_SERVER_NAME=f"127.0.0.1:{port}",
+               INITIATOR_SERVER_NAME="127.0.0.1:0", MC_METADATA_SERVER="P2PHANDSHAKE",
+               PROTOCOL=proto, CIRCLE="200")
+    target = subprocess.Popen([sys.executable, target_py], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        line = target.stdout.readline()
+        while line and "ready" not in line:
+            line = target.stdout.readline()
+        assert "Target server ready" in line, line
+        r = subprocess.run([sys.executable, init_py, "-v"], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Ran 6 tests" in r.stderr and "\nOK" in r.stderr, r.stderr[-3000:]
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(10)

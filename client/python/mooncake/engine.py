@@ -17,8 +17,7 @@ Beyond Mooncake: ``last_status`` holds the last call's kvpool status (a
 
 Not in this version (each raises NotImplementedError naming itself): rdma,
 notifies (``get_notifies``, a ``notify`` argument), the ``_on_cuda`` forms,
-``get_local_topology``, ``warmup_efa_segment``, ``send_probe``,
-``get_engine_ptr``, a remote segment's ``get_first_buffer_address``.
+``get_local_topology``, ``warmup_efa_segment``, ``get_engine_ptr``.
 """
 
 import ctypes
@@ -192,9 +191,14 @@ class TransferEngine:
         return ctypes.string_at(int(source_address), int(length))
 
     def get_first_buffer_address(self, segment_name):
+        """The first (lowest) buffer segment_name registered: ours, or a peer's, asked over
+        the data plane (REGIONS); 0 when none or the peer cannot be asked."""
+        te = self._need()
         if segment_name == self._hostname:
-            return _kvpool.te_first_buffer(self._need())
-        _unsupported("get_first_buffer_address", "a peer's buffers (only this engine's own segment)")
+            return _kvpool.te_first_buffer(te)
+        st, regions = _kvpool.te_remote_regions(te, segment_name)
+        self.last_status = st
+        return regions[0][0] if st == 0 and regions else 0
 
     # ---- transfers ----
 
@@ -290,7 +294,10 @@ class TransferEngine:
         _unsupported("warmup_efa_segment", "no EFA transport in kvpool")
 
     def send_probe(self, peer_server_name):
-        _unsupported("send_probe", "not in this version")
+        """0 when the peer's engine answers (a REGIONS request over the data plane), else -1."""
+        st, _ = _kvpool.te_remote_regions(self._need(), peer_server_name)
+        self.last_status = st
+        return _ok(st)
 
     def transfer_write_on_cuda(self, *args, **kwargs):
         _unsupported("transfer_write_on_cuda", "the CUDA forms come in a later version")

@@ -258,7 +258,35 @@ static PyObject *py_te_counters(PyObject *mod, PyObject *cap)
                          "refused_user", c.refused_user, "peers", peers);
 }
 
+static PyObject *py_te_remote_regions(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *cap;
+    const char *target;
+    if (!PyArg_ParseTuple(args, "Os", &cap, &target))
+        return NULL;
+    kvp_te_t *te = te_of(cap);
+    if (te == NULL)
+        return NULL;
+    uint64_t addrs[64], lens[64];
+    size_t n = 0;
+    PyThreadState *ts = PyEval_SaveThread();
+    kvp_status_t st = kvp_te_remote_regions(te, target, addrs, lens, 64, &n);
+    PyEval_RestoreThread(ts);
+    PyObject *list = PyList_New(0);
+    for (size_t i = 0; list != NULL && i < n && i < 64; i++) {
+        PyObject *t =
+            Py_BuildValue("(KK)", (unsigned long long)addrs[i], (unsigned long long)lens[i]);
+        if (t == NULL || PyList_Append(list, t) != 0)
+            Py_CLEAR(list);
+        Py_XDECREF(t);
+    }
+    return list == NULL ? NULL : Py_BuildValue("(iN)", (int)st, list);
+}
+
 PyMethodDef kvp_py_te_methods[] = {
+    {"te_remote_regions", py_te_remote_regions, METH_VARARGS,
+     "te_remote_regions(engine, target) -> (status, [(address, length), ...] (64 at most))"},
     {"te_create", py_te_create, METH_VARARGS,
      "te_create(local_hostname, metadata, protocol) -> (status, engine or None)"},
     {"te_destroy", py_te_destroy, METH_O, "te_destroy(engine)"},
