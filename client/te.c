@@ -352,6 +352,13 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
     uintptr_t a = (uintptr_t)addr;
     if (addr == NULL || len == 0 || a + len < a)
         return KVP_ERR_INVALID_ARG;
+    const kvp_mem_region_t *region;
+    if (kvp_transfer_mem_find(&te->xfer, addr, len, &region) != KVP_MEM_HOST) {
+        /* the data server's threads move bytes with the CPU: device memory later (GPU path) */
+        KVP_LOG_ERROR("transfer engine: [%p, +%zu) is device memory: not served in this version",
+                      addr, len);
+        return KVP_ERR_UNSUPPORTED;
+    }
     pthread_rwlock_wrlock(&te->lock);
     size_t i = 0;
     while (i < te->n_regions && te->regions[i].addr < a)
