@@ -35,8 +35,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include <netinet/in.h>
 
 #include "client/segment/data_backend.h"
 #include "client/segment/data_server.h"
@@ -81,7 +83,8 @@ struct kvp_te {
     kvp_transfer_t xfer;
     kvp_data_server_t *srv;
     uint16_t port;
-    int protocol; /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
+    int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
+    bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
     pthread_rwlock_t lock; /* the regions */
     te_region_t *regions;  /* sorted by addr, disjoint */
@@ -136,21 +139,120 @@ static kvp_status_t te_check(void *backend, uint64_t off, uint64_t len, bool wri
     return KVP_OK;
 }
 
-/* Under the read lock: may this connection's peer move bytes (a Unix socket peer: our uid
- * or root), and is every extent still registered? Unlocked again when not. */
-static bool te_admit_locked(kvp_te_t *te, int fd, const kvp_data_vec_t *v, size_t n)
+/* A connection's state (data_backend.h conn_open): whether its peer was admitted. */
+typedef struct te_conn {
+    int admitted; /* 0: not asked yet, 1: yes, -1: no */
+} te_conn_t;
+
+static kvp_status_t te_conn_open(void *backend, void **conn_p)
 {
-    int pid;
-    uint32_t uid;
-    if (kvp_unix_peer(fd, &pid, &uid) && uid != 0 && uid != (uint32_t)getuid()) {
-        atomic_fetch_add_explicit(&te->refused_user, 1, memory_order_relaxed);
-        KVP_LOG_WARN_LIMITED("transfer engine: pid %d of uid %u on the shm socket; refused", pid,
-                             uid);
-        return false;
+    (void)backend;
+    te_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return KVP_ERR_NOMEM;
+    *conn_p = c;
+    return KVP_OK;
+}
+
+static void te_conn_close(void *backend, void *conn)
+{
+    (void)backend;
+    free(conn);
+}
+
+/* An address as /proc/net/tcp{,6} prints it: "0100007F:1F90" (the 32-bit words of the
+ * address as the kernel holds them, in hex, then the port). A v4-mapped v6 address is
+ * printed as v4 (a v4 socket's row). false: another family. */
+static bool proc_net_addr(const struct sockaddr_storage *ss, char *buf, size_t len, bool *v6_p)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        snprintf(buf, len, "%08X:%04X", (unsigned)a->sin_addr.s_addr, ntohs(a->sin_port));
+        *v6_p = false;
+        return true;
     }
+    if (ss->ss_family != AF_INET6)
+        return false;
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    uint32_t w[4];
+    memcpy(w, &a->sin6_addr, sizeof(w));
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+        snprintf(buf, len, "%08X:%04X", (unsigned)w[3], ntohs(a->sin6_port));
+        *v6_p = false;
+    } else {
+        snprintf(buf, len, "%08X%08X%08X%08X:%04X", (unsigned)w[0], (unsigned)w[1], (unsigned)w[2],
+                 (unsigned)w[3], ntohs(a->sin6_port));
+        *v6_p = true;
+    }
+    return true;
+}
+
+/* The uid of the process of this host at the other end of tcp connection fd: the row of
+ * its socket in /proc/net/tcp (or tcp6), whose local address is our peer's and remote
+ * address ours. false: not found (another host or network namespace, or already gone). */
+static bool tcp_peer_uid(int fd, uint32_t *uid_p)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof(me), pl = sizeof(peer);
+    char want_local[64], want_rem[64];
+    bool v6, v6b;
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 ||
+        !proc_net_addr(&peer, want_local, sizeof(want_local), &v6) ||
+        !proc_net_addr(&me, want_rem, sizeof(want_rem), &v6b) || v6 != v6b)
+        return false;
+    FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "re");
+    if (f == NULL)
+        return false;
+    char line[512], local[64], rem[64];
+    unsigned uid;
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = sscanf(line, " %*[^:]: %63s %63s %*s %*s %*s %*s %u", local, rem, &uid) == 3 &&
+                strcmp(local, want_local) == 0 && strcmp(rem, want_rem) == 0;
+    fclose(f);
+    if (found)
+        *uid_p = uid;
+    return found;
+}
+
+/* May this connection's peer touch our memory? A Unix socket's: our uid or root
+ * (SO_PEERCRED). A tcp peer's, in protected mode (peers of this host only): the same, by
+ * its socket's owner (tcp_peer_uid); with KVPOOL_AUTH=none: anyone. Refusals counted. */
+static bool peer_allowed(kvp_te_t *te, int fd)
+{
+    int pid = 0;
+    uint32_t uid = 0;
+    bool unix_sock = kvp_unix_peer(fd, &pid, &uid);
+    if (!unix_sock && !te->protected_mode)
+        return true;
+    bool known = unix_sock || tcp_peer_uid(fd, &uid);
+    if (known && (uid == 0 || uid == (uint32_t)getuid()))
+        return true;
+    atomic_fetch_add_explicit(&te->refused_user, 1, memory_order_relaxed);
+    if (known)
+        KVP_LOG_WARN_LIMITED("transfer engine: a peer of uid %u (%s); refused: protected mode "
+                             "takes this user's processes (and root's) only",
+                             uid, unix_sock ? "shm socket" : "tcp");
+    else
+        KVP_LOG_WARN_LIMITED("transfer engine: a tcp peer whose user cannot be found; refused");
+    return false;
+}
+
+static bool conn_admitted(kvp_te_t *te, te_conn_t *c, int fd)
+{
+    if (c->admitted == 0)
+        c->admitted = peer_allowed(te, fd) ? 1 : -1;
+    return c->admitted > 0;
+}
+
+/* Under the read lock: is every extent still registered (not unregistered since its
+ * check)? */
+static bool still_inside_locked(kvp_te_t *te, const kvp_data_vec_t *v, size_t n)
+{
     for (size_t i = 0; i < n; i++)
         if (!inside_locked(te, v[i].offset, v[i].length))
-            return false; /* unregistered since its check: close */
+            return false;
     return true;
 }
 
@@ -163,15 +265,17 @@ static void te_iov(const kvp_data_vec_t *v, size_t n, struct iovec *iov)
 static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
                     uint64_t total, kvp_status_t *reply_p)
 {
-    (void)conn;
-    (void)reply_p;
     kvp_te_t *te = backend;
+    if (!conn_admitted(te, conn, fd)) {
+        *reply_p = KVP_ERR_DENIED; /* answered; the connection goes on, refused again */
+        return true;
+    }
     struct iovec iov[KVP_DATA_VEC_MAX + 1];
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
     iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
     te_iov(v, n, iov + 1);
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = te_admit_locked(te, fd, v, n) && kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+    bool ok = still_inside_locked(te, v, n) && kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
     pthread_rwlock_unlock(&te->lock);
     return ok;
 }
@@ -179,13 +283,24 @@ static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, 
 static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
                      kvp_status_t *reply_p)
 {
-    (void)conn;
-    (void)reply_p;
     kvp_te_t *te = backend;
+    if (!conn_admitted(te, conn, fd)) {
+        /* its payload read and dropped, then KVP_ERR_DENIED: the peer reads the refusal */
+        uint8_t sink[16384];
+        for (size_t i = 0; i < n; i++)
+            for (uint64_t left = v[i].length; left > 0;) {
+                size_t k = left < sizeof(sink) ? (size_t)left : sizeof(sink);
+                if (kvp_recv_all(fd, sink, k) != KVP_OK)
+                    return false;
+                left -= k;
+            }
+        *reply_p = KVP_ERR_DENIED;
+        return true;
+    }
     struct iovec iov[KVP_DATA_VEC_MAX];
     te_iov(v, n, iov);
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = te_admit_locked(te, fd, v, n) && kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
+    bool ok = still_inside_locked(te, v, n) && kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
     pthread_rwlock_unlock(&te->lock);
     return ok;
 }
@@ -195,6 +310,8 @@ static bool te_regions(void *backend, int fd)
 {
     _Static_assert(sizeof(te_region_t) == 16, "te_region_t is the wire's (address, length)");
     kvp_te_t *te = backend;
+    if (!peer_allowed(te, fd))
+        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
     pthread_rwlock_rdlock(&te->lock);
     size_t n = te->n_regions < KVP_DATA_REGIONS_MAX ? te->n_regions : KVP_DATA_REGIONS_MAX;
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = n * sizeof(te_region_t)};
@@ -208,6 +325,8 @@ static bool te_regions(void *backend, int fd)
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
     .frames = KVP_DATA_FRAME_REGIONS,
+    .conn_open = te_conn_open,
+    .conn_close = te_conn_close,
     .regions = te_regions,
     .check = te_check,
     .read = te_read,
@@ -265,6 +384,7 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     if (te == NULL)
         return KVP_ERR_NOMEM;
     te->protocol = proto;
+    te->protected_mode = protected_mode;
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
     pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);

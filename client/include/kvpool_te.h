@@ -9,7 +9,7 @@
  * "host:port" (Mooncake's P2PHANDSHAKE). A range outside what the target
  * registered is refused by the target (KVP_ERR_OUT_OF_RANGE), before any byte
  * of it moves. Protected mode (KVPOOL_AUTH, default "protected"): only peers
- * of this host may connect.
+ * of this host running as this process's user or root (KVP_ERR_DENIED otherwise).
  *
  * Thread: every call from any thread at once, but destroy (no call in flight).
  */
@@ -94,7 +94,7 @@ typedef struct kvp_te_counters {
     uint64_t served_bytes[2];
     uint64_t refused_range;     /* peer ranges outside what we registered */
     uint64_t refused_protected; /* connections of another host (protected mode) */
-    uint64_t refused_user;      /* Unix socket peers of another uid */
+    uint64_t refused_user;      /* peers of this host of another user (protected mode) */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
 

@@ -348,3 +348,35 @@ def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     finally:
         os.kill(target.pid, signal.SIGKILL)
         target.wait(10)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_another_user_of_this_host_is_refused(peers, tmp_path, proto):
+    """Protected mode takes the processes of the engine's own user (and root's): a prefill
+    running as `nobody` gets KVP_ERR_DENIED for writes, reads and REGIONS, counted
+    (refused_user), the decode's bytes intact; with KVPOOL_AUTH=none its tcp writes land
+    (the shm socket still takes our user only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the prefill as another user")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    for auth in ("protected", "none"):
+        decode = peers("decode", proto, env={"KVPOOL_AUTH": auth})
+        prefill = peers("prefill", proto, argv_prefix=as_nobody)
+        target = f"127.0.0.1:{decode.info['port']}"
+        w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                        pblocks=[0, 1], dblocks=[0, 1])
+        rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
+                         write=False)
+        got = dump(decode, tmp_path, f"{auth}-{proto}.npy")
+        m = decode.ask(op="metrics")
+        if auth == "protected" or proto == "shm":
+            assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+            assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), rd
+            assert (got == 0xEE).all()
+            assert m["refused_user"] >= 1 and m["served_writes"] == 0, m
+        else:
+            assert (w["rc"], w["status"], rd["rc"]) == (0, 0, 0), (w, rd)
+            assert np.array_equal(got, expected([0, 1], [0, 1]))
+            assert m["refused_user"] == 0, m
+        decode.close()
+        prefill.close()
