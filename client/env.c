@@ -265,6 +265,23 @@ static const kvp_opt_t env_rows[] = {
      .def_doc = "unset",
      .help = "set: CRC32C uses the crc32 instruction's three chains only, not the "
              "VPCLMULQDQ/AVX-512 fold (for comparing; common/crc32c.c)"},
+
+    KVP_OPT_GROUP("Transfer engine", "mooncake.engine.TransferEngine / kvp_te_* (client/te.c), "
+                                     "read as each engine is created; KVPOOL_AUTH applies too"),
+    {.name = "te-timeout-ms",
+     .env = "KVPOOL_TE_TIMEOUT_MS",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "N",
+     .def_doc = "10000",
+     .help = "a transfer to a peer that makes no progress this long fails (KVP_ERR_TIMEOUT)"},
+    {.name = "te-streams",
+     .env = "KVPOOL_TE_STREAMS",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "N",
+     .def_doc = "2",
+     .help = "connections one transfer drives to one peer (tcp and shm)"},
 };
 
 kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)

@@ -359,7 +359,11 @@ static void sweep_locked(struct kvp_conn_server *srv, uint64_t now)
 }
 
 /* A peer of another host, in protected mode: its first header (if it sends one within a
- * second) gets KVP_ERR_DENIED; nothing else of it is read. */
+ * second) gets KVP_ERR_DENIED; nothing else of it is served. What it sent behind the header
+ * (a write's payload, up to REFUSE_DRAIN bytes for 200 ms) is read and dropped before the
+ * close, so that the close does not reset the connection under the reply: the peer reads
+ * KVP_ERR_DENIED, not an I/O error. */
+#define REFUSE_DRAIN (1u << 20)
 static void refuse(struct kvp_conn_server *srv, int fd)
 {
     char peer[80];
@@ -370,8 +374,19 @@ static void refuse(struct kvp_conn_server *srv, int fd)
     atomic_fetch_add_explicit(&srv->refused, 1, memory_order_relaxed);
     kvp_sock_set_timeout(fd, 1000);
     kvp_data_req_t req;
-    if (kvp_recv_all(fd, &req, sizeof(req)) == KVP_OK)
-        kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+    if (kvp_recv_all(fd, &req, sizeof(req)) != KVP_OK ||
+        kvp_data_reply(fd, KVP_ERR_DENIED, 0) != KVP_OK)
+        return;
+    shutdown(fd, SHUT_WR);
+    kvp_sock_set_timeout(fd, 200);
+    uint8_t sink[4096];
+    uint64_t until = kvp_now_ms() + 200;
+    for (size_t drained = 0; drained < REFUSE_DRAIN && kvp_now_ms() < until;) {
+        ssize_t n = recv(fd, sink, sizeof(sink), 0);
+        if (n <= 0)
+            break;
+        drained += (size_t)n;
+    }
 }
 
 static void *conn_main(void *arg)

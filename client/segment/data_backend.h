@@ -33,6 +33,7 @@
  * others are bad requests on its server. */
 #define KVP_DATA_FRAME_MAP 0x1u     /* MAP: the bytes are memory the owner shares (a memfd) */
 #define KVP_DATA_FRAME_WINDOWS 0x2u /* BIND_READ, BIND_WRITE, UNBIND: rdma memory windows */
+#define KVP_DATA_FRAME_REGIONS 0x4u /* REGIONS: a transfer engine's registered ranges (regions) */
 
 typedef struct kvp_data_backend_ops {
     const char *name; /* of the server, in its logs: "segment server", "ssd server" */
@@ -65,6 +66,9 @@ typedef struct kvp_data_backend_ops {
      */
     bool (*write)(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
                   kvp_status_t *reply_p);
+    /* With KVP_DATA_FRAME_REGIONS: answer a REGIONS request (wire.h) on fd, reply header
+     * included; false: the connection must close. */
+    bool (*regions)(void *backend, int fd);
     /* Optional: the server is gone; free the backend. */
     void (*destroy)(void *backend);
 } kvp_data_backend_ops_t;

@@ -449,6 +449,15 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
             if ((frames & KVP_DATA_FRAME_WINDOWS) == 0)
                 break;
             return serve_windows(c, req);
+        case KVP_DATA_REGIONS:
+            if ((frames & KVP_DATA_FRAME_REGIONS) == 0 || srv->ops->regions == NULL)
+                break;
+            if (req->segment_id != atomic_load(&srv->segment_id) || req->offset != 0 ||
+                req->length != 0) {
+                kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
+                return false;
+            }
+            return srv->ops->regions(srv->backend, c->fd);
         default:
             break;
         }

@@ -222,6 +222,25 @@ static bool conn_alive(int fd)
     return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
 }
 
+/* A connection to the abstract Unix socket name, whose listener is our uid or root; with no
+ * socket timeouts (the streams poll with their own). */
+static kvp_status_t unix_open(const char *name, uint32_t timeout_ms, int *fd_p)
+{
+    int fd, pid;
+    uint32_t uid;
+    kvp_status_t st = kvp_unix_connect(name, timeout_ms, &fd);
+    if (st != KVP_OK)
+        return st;
+    if (!kvp_unix_peer(fd, &pid, &uid) || (uid != 0 && uid != (uint32_t)getuid())) {
+        KVP_LOG_WARN_LIMITED("tcp: @%s is served by another user (pid %d); not used", name, pid);
+        close(fd);
+        return KVP_ERR_DENIED;
+    }
+    kvp_sock_set_timeout(fd, 0);
+    *fd_p = fd;
+    return KVP_OK;
+}
+
 /* A new connection to pool's owner, its principal proved (data grants on). An owner at its
  * connection limits (docs/security.md, "Owner data servers") closes a new one before it
  * answers the HELLO: tried again CONN_RETRIES times after a pause from 10 ms doubling
@@ -232,14 +251,20 @@ static bool conn_alive(int fd)
 static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t *peer, int *fd_p)
 {
     char host[256];
-    uint16_t port;
-    kvp_status_t st = kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
+    uint16_t port = 0;
+    /* "@NAME": an abstract Unix socket of this host (a transfer engine's shm socket,
+     * client/te.c), served by the same data server code; its owner must be our uid or root
+     * (anyone may bind an abstract name) */
+    bool unix_sock = pool->endpoint[0] == '@';
+    kvp_status_t st =
+        unix_sock ? KVP_OK : kvp_parse_hostport(pool->endpoint, host, sizeof(host), &port);
     if (st != KVP_OK)
         return st;
     uint64_t give_up = kvp_now_ms() + ctx->xfer->timeout_ms;
     for (unsigned attempt = 0;; attempt++) {
         int fd;
-        st = kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
+        st = unix_sock ? unix_open(pool->endpoint + 1, ctx->xfer->timeout_ms, &fd)
+                       : kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
         if (st != KVP_OK)
             return st;
         if (!peer->has_conn_key ||

@@ -52,6 +52,12 @@
  * (common/grant.h, kvp_grant_mount_proof of the secret its owner sent in the Mount);
  * otherwise KVP_ERR_DENIED, length 0. The connection ends either way. */
 #define KVP_DATA_PROVE 10
+/* REGIONS (a transfer engine's server only, client/te.c): header with segment_id the engine's,
+ * offset 0, length 0; answered status 0, length 16 x n, then n (address, length) pairs of
+ * u64, the ranges the engine registered, lowest address first (at most
+ * KVP_DATA_REGIONS_MAX). The connection goes on. */
+#define KVP_DATA_REGIONS 11
+#define KVP_DATA_REGIONS_MAX 4096
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

@@ -59,8 +59,8 @@ t_pip_install() {
     --config-settings=compile-args=-j"$JOBS" .) || return 1
   (cd "$tmp" && "$v1/bin/python3" - "$v1" "$(meson_version)" <<'EOF'
 import importlib.metadata, os, sys
-import kvpool, mooncake.store
-for m in (kvpool, mooncake.store):
+import kvpool, mooncake.store, mooncake.engine
+for m in (kvpool, mooncake.store, mooncake.engine):
     assert m.__file__.startswith(sys.argv[1] + "/lib/"), m.__file__
     print(m.__name__, m.__file__)
 assert kvpool.__version__ == sys.argv[2] == importlib.metadata.version("kvpool"), kvpool.__version__
@@ -73,7 +73,7 @@ EOF
 
 PIP_PYTEST=(test_native.py test_mooncake.py test_connectors.py test_tensor.py test_async.py
   test_kwargs.py test_threads.py test_typing.py test_client_metrics.py test_mount_segment.py
-  test_security.py)
+  test_security.py test_transfer_engine.py)
 t_pip_pytest() {
   [ -x "$v1/bin/python3" ] || { echo "no venv (pip-install failed)"; return 1; }
   local site
@@ -124,6 +124,17 @@ try:
         assert s.get("wheel/a") == data
         s.close()
     print("put/get of 1 MiB through the wheel's module and master: bytes match")
+    # mooncake.engine: one engine writes into another's registered buffer
+    from mooncake.engine import TransferEngine
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    dst, src = a.allocate_managed_buffer(1 << 20), b.allocate_managed_buffer(1 << 20)
+    assert b.write_bytes_to_buffer(src, data, len(data)) == 0
+    assert b.transfer_sync_write("127.0.0.1:%d" % a.get_rpc_port(), src, dst, len(data)) == 0
+    assert a.read_bytes_from_buffer(dst, len(data)) == data
+    a.close(); b.close()
+    print("mooncake.engine: 1 MiB written from one engine into another: bytes match")
 finally:
     m.terminate()
     assert m.wait(10) == 0

@@ -270,4 +270,7 @@ PyObject *kvp_py_buffer_handle_new(kvp_py_state_t *state, size_t cap);
 void *kvp_py_buffer_handle_ptr(PyObject *h);
 void kvp_py_buffer_handle_set_size(PyObject *h, size_t size);
 
+/* The transfer engine's module functions (te.c): te_create, te_transfer, ... */
+extern PyMethodDef kvp_py_te_methods[];
+
 #endif

@@ -246,7 +246,8 @@ static int module_exec(PyObject *m)
     if (add_statuses(m) != 0 || PyModule_AddIntConstant(m, "MAX_BATCH", KVP_MAX_BATCH) != 0 ||
         PyModule_AddIntConstant(m, "MAX_KEY_LEN", KVP_MAX_KEY_LEN) != 0 ||
         PyModule_AddStringConstant(m, "SEGMENT_LOCAL", KVP_SEGMENT_LOCAL) != 0 ||
-        PyModule_AddIntConstant(m, "AQ_MAX_INFLIGHT", KVP_AQ_MAX_INFLIGHT) != 0)
+        PyModule_AddIntConstant(m, "AQ_MAX_INFLIGHT", KVP_AQ_MAX_INFLIGHT) != 0 ||
+        PyModule_AddFunctions(m, kvp_py_te_methods) != 0)
         return -1;
     return 0;
 }

@@ -48,6 +48,7 @@ typedef struct kvp_bench_opts {
     size_t n_sizes;
     unsigned batches[KVP_BENCH_MAX_LIST];
     size_t n_batches;
+    bool sizes_set, batches_set; /* --sizes / --batch given (te: its own defaults otherwise) */
     unsigned threads; /* client threads (default 1); data: the largest of thread_counts */
     /* data: --threads LIST, ascending; a count > 1 also measures 1 thread, the baseline of
      * ratio_to_1_thread */
@@ -327,5 +328,7 @@ int kvp_bench_index(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_tasks(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 /* Layer-wise save and load through transfer sessions (bench_sessions.c). */
 int kvp_bench_sessions(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+/* te: the transfer engine's batch_transfer_sync_write (bench_te.c) */
+int kvp_bench_te(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 
 #endif

@@ -152,6 +152,15 @@ static const bench_mode_t modes[] = {
      "  --segment-size SIZE    the segment (default 1GiB)\n"
      "  --duration S           seconds of each load form (default 2)\n",
      kvp_bench_sessions, MODE_OWN, NULL},
+    {"te",
+     "te (the transfer engine, kvp_te_* / mooncake.engine: batch_transfer_sync_write of\n"
+     "    runs into a second engine's registered memory, in this process; bench_te.c):\n"
+     "  --transport LIST       tcp,shm (default both): tcp against the 2-stream socket\n"
+     "                         pump, shm against memcpy\n"
+     "  --sizes LIST           bytes of one run (default 64KiB,256KiB,1MiB,4MiB)\n"
+     "  --batch LIST           runs per batch (default 32,128,512; at most 256 MiB a batch)\n"
+     "  --duration S           seconds per point (default 2)\n",
+     kvp_bench_te, 0, NULL},
     {"all", NULL, NULL, 0, all_parts},
 };
 
@@ -453,8 +462,10 @@ static int opt_data_points(kvp_bench_opts_t *o, int opt, const char *arg)
     case 't':
         return parse_transports(arg, o);
     case 's':
+        o->sizes_set = true;
         return parse_list_u64(arg, o->sizes, &o->n_sizes, true);
     case 'b':
+        o->batches_set = true;
         return parse_counts(arg, 65536, false, o->batches, &o->n_batches);
     case 'T':
         if (parse_counts(arg, 256, true, o->thread_counts, &o->n_thread_counts) != 0)

@@ -1,0 +1,114 @@
+/*
+ * kvpool_te.h - the transfer engine: Mooncake's point-to-point TransferEngine
+ * (prefill -> decode KV transfers) on kvpool's transports (docs/architecture.md,
+ * "Transfer engine"; wire: docs/protocol.md, "Transfer engine").
+ *
+ * An engine serves the memory this process registered (kvp_te_register) on its
+ * rpc port, with the data plane of a segment's data server: a peer reads and
+ * writes it by virtual address, one-sided. No master: a peer is named
+ * "host:port" (Mooncake's P2PHANDSHAKE). A range outside what the target
+ * registered is refused by the target (KVP_ERR_OUT_OF_RANGE), before any byte
+ * of it moves. Protected mode (KVPOOL_AUTH, default "protected"): only peers
+ * of this host running as this process's user or root (KVP_ERR_DENIED otherwise).
+ *
+ * Thread: every call from any thread at once, but destroy (no call in flight).
+ */
+#ifndef KVPOOL_TE_H
+#define KVPOOL_TE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvpool_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_te kvp_te_t;
+
+/* Transfer directions (Mooncake's TransferOpcode: READ 0, WRITE 1). */
+#define KVP_TE_READ 0
+#define KVP_TE_WRITE 1
+
+/*
+ * Create and start an engine. local_hostname: "host" or "host:port" (port 0 or none: any
+ * free port; bound on host, "" or NULL: all addresses). metadata: "P2PHANDSHAKE" (the only
+ * one here; anything else is KVP_ERR_UNSUPPORTED). protocol: "tcp", "shm" (peers of this
+ * host, over a Unix socket), "auto" or "" (shm for a peer of this host, else tcp); "rdma"
+ * is KVP_ERR_UNSUPPORTED in this version. Environment: KVPOOL_AUTH (protected|none),
+ * KVPOOL_TE_TIMEOUT_MS (a transfer with no progress that long fails, default 10000),
+ * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2).
+ */
+kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
+                           kvp_te_t **te_p);
+void kvp_te_destroy(kvp_te_t *te);
+/* The port peers reach this engine on ("host:port"). */
+uint16_t kvp_te_rpc_port(const kvp_te_t *te);
+
+/* Open [addr, addr + len) to peers (read and write). KVP_ERR_INVALID_ARG: empty, or it
+ * overlaps a registered range; KVP_ERR_UNSUPPORTED: CUDA device memory (not yet). */
+kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len);
+/* Close the range registered at addr (waits for transfers in it); KVP_ERR_NOT_FOUND. */
+kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr);
+/* Batch forms: stop at the first failure (those before it stay registered). */
+kvp_status_t kvp_te_register_batch(kvp_te_t *te, void *const *addrs, const size_t *lens, size_t n);
+kvp_status_t kvp_te_unregister_batch(kvp_te_t *te, void *const *addrs, size_t n);
+/* The first registered range's address (0: none). */
+uintptr_t kvp_te_first_buffer(kvp_te_t *te);
+
+/*
+ * Move n ranges between this process's memory and target's registered memory:
+ * opcode KVP_TE_WRITE: locals[i] -> remotes[i] at target, KVP_TE_READ the other way;
+ * lens[i] bytes each. Blocking; KVP_OK when every range moved, else the first failure:
+ * KVP_ERR_OUT_OF_RANGE (the target did not register it: nothing of that range moved),
+ * KVP_ERR_CONNECT, KVP_ERR_TIMEOUT / KVP_ERR_IO (the target vanished), KVP_ERR_DENIED
+ * (protected mode, another host), KVP_ERR_TRANSPORT (shm to a peer of another host).
+ * Ranges of one batch are independent: when one fails, others may have moved.
+ */
+kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_t n,
+                             void *const *locals, const uint64_t *remotes, const uint64_t *lens);
+
+/* The same, run on the engine's worker thread: *id_p (> 0) names it for kvp_te_status. A
+ * target that is malformed or does not resolve fails here (KVP_ERR_INVALID_ARG,
+ * KVP_ERR_CONNECT), as in kvp_te_transfer. */
+kvp_status_t kvp_te_submit(kvp_te_t *te, const char *target, int opcode, size_t n,
+                           void *const *locals, const uint64_t *remotes, const uint64_t *lens,
+                           uint64_t *id_p);
+/* A submitted batch: 1 done (its id is then forgotten), 0 running, or its failure (< 0);
+ * KVP_ERR_NOT_FOUND: no such batch. wait_ms > 0: wait that long for it to end. */
+int kvp_te_status(kvp_te_t *te, uint64_t id, uint32_t wait_ms);
+
+/* The ranges target ("host:port") registered, lowest address first (Mooncake's segment
+ * descriptor: get_first_buffer_address): up to cap into addrs/lens, *n_p how many there are
+ * (at most 4096 are told). Any peer that may transfer to target may ask. */
+kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *addrs,
+                                   uint64_t *lens, size_t cap, size_t *n_p);
+
+/* What this engine did and refused. */
+typedef struct kvp_te_counters {
+    uint64_t transfers[2]; /* [opcode]: ranges moved as initiator */
+    uint64_t bytes[2];
+    uint64_t failures;  /* ranges that failed, as initiator */
+    uint64_t served[2]; /* [opcode of the peer]: ranges peers moved in our memory */
+    uint64_t served_bytes[2];
+    uint64_t refused_range;     /* peer ranges outside what we registered */
+    uint64_t refused_protected; /* connections of another host (protected mode) */
+    uint64_t refused_user;      /* peers of this host of another user (protected mode) */
+} kvp_te_counters_t;
+void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
+
+/* Per target this engine transferred to (as initiator): its name and counts. */
+typedef struct kvp_te_peer_stat {
+    char target[256]; /* "host:port" */
+    char route[8];    /* "tcp" or "shm" */
+    uint64_t transfers, bytes, failures;
+} kvp_te_peer_stat_t;
+/* Up to cap targets into out; returns how many there are (may exceed cap). */
+size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,329 @@
+"""mooncake.engine: Mooncake's TransferEngine on kvpool's transports.
+
+What vLLM's MooncakeConnector calls (``initialize(hostname, "P2PHANDSHAKE",
+protocol, device)``, ``get_rpc_port()``, ``batch_register_memory``,
+``batch_transfer_sync_write("host:port", ...)``) with Mooncake's signatures and
+return codes (0 on success, -1 on failure; batch ids 0 on failure), on
+libkvpool's transfer engine (kvpool_te.h, docs/architecture.md "Transfer
+engine"): the memory a process registers is served on its rpc port, peers
+write and read it by virtual address over tcp or, on one host, a Unix socket
+(protocol "shm"; "auto" picks per peer). A range the target did not register
+is refused by the target; protected mode (KVPOOL_AUTH, default) takes peers
+of this host only.
+
+Beyond Mooncake: ``last_status`` holds the last call's kvpool status (a
+``kvpool.STATUS`` value: -20 KVP_ERR_OUT_OF_RANGE, -13 KVP_ERR_CONNECT, ...),
+``metrics()`` the engine's counters.
+
+Not in this version (each raises NotImplementedError naming itself): rdma,
+notifies (``get_notifies``, a ``notify`` argument), the ``_on_cuda`` forms,
+``get_local_topology``, ``warmup_efa_segment``, ``get_engine_ptr``.
+"""
+
+import ctypes
+import enum
+import logging
+import mmap
+
+from kvpool import _kvpool
+
+__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "InnerTransferEngine"]
+
+_log = logging.getLogger("mooncake.engine")
+
+SUPPORT_CUDA = False
+
+
+class TransferOpcode(enum.IntEnum):
+    """Mooncake's TransferOpcode (pybind11 names Read/Write, exported as READ/WRITE)."""
+
+    Read = 0
+    Write = 1
+    READ = 0
+    WRITE = 1
+
+
+class TransferNotify:
+    """Mooncake's TransferNotify(name, msg)."""
+
+    def __init__(self, name="", msg=""):
+        self.name = name
+        self.msg = msg
+
+    def __repr__(self):
+        return f"TransferNotify(name={self.name!r}, msg={self.msg!r})"
+
+
+class InnerTransferEngine:
+    """What ``get_engine()`` hands out: the engine, for code that passes it around."""
+
+    def __init__(self, outer):
+        self._outer = outer
+
+
+def _unsupported(name, why):
+    raise NotImplementedError(f"TransferEngine.{name} is not supported by kvpool yet: {why}")
+
+
+def _ok(st):
+    return 0 if st == 0 else -1
+
+
+class TransferEngine:
+    """Mooncake's TransferEngine (mooncake.engine) over libkvpool (kvpool_te.h)."""
+
+    def __init__(self):
+        self._te = None
+        self._hostname = ""
+        self._managed = {}  # address -> mmap
+        self.last_status = 0
+
+    # ---- initialization ----
+
+    def initialize(self, local_hostname, metadata_server, protocol, device_name):
+        return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "p2p")
+
+    def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
+        del device_name  # devices are rdma's; tcp and shm take none
+        if self._te is not None:
+            _log.error("initialize: this engine is initialized already")
+            self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
+            return -1
+        if metadata_server != "P2PHANDSHAKE":
+            _log.error(
+                "initialize: metadata %r (%s): kvpool's transfer engine takes P2PHANDSHAKE only",
+                metadata_server,
+                metadata_type,
+            )
+            self.last_status = _kvpool.STATUS["KVP_ERR_UNSUPPORTED"]
+            return -1
+        proto = protocol or "auto"
+        if proto == "rdma":
+            _log.error("initialize: protocol rdma is not in kvpool's transfer engine yet: tcp, shm, auto")
+        st, te = _kvpool.te_create(local_hostname or "", "P2PHANDSHAKE", proto)
+        self.last_status = st
+        if st != 0:
+            return -1
+        self._te = te
+        host = local_hostname or "127.0.0.1"
+        if host.count(":") == 1:
+            host = host.split(":")[0]
+        self._hostname = f"{host}:{_kvpool.te_rpc_port(te)}"
+        return 0
+
+    def get_rpc_port(self):
+        return _kvpool.te_rpc_port(self._need())
+
+    def get_engine(self):
+        return InnerTransferEngine(self)
+
+    def get_engine_ptr(self):
+        _unsupported("get_engine_ptr", "there is no C++ engine object to point at")
+
+    def _need(self):
+        if self._te is None:
+            raise RuntimeError("TransferEngine: call initialize() first")
+        return self._te
+
+    # ---- memory ----
+
+    def register_memory(self, buffer_addr, capacity, location="*"):
+        del location
+        self.last_status = _kvpool.te_register(self._need(), int(buffer_addr), int(capacity))
+        return _ok(self.last_status)
+
+    def unregister_memory(self, buffer_addr):
+        self.last_status = _kvpool.te_unregister(self._need(), int(buffer_addr))
+        return _ok(self.last_status)
+
+    def batch_register_memory(self, buffer_addresses, capacities, location="*"):
+        del location
+        if len(buffer_addresses) != len(capacities):
+            self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
+            return -1
+        for addr, cap in zip(buffer_addresses, capacities):
+            if self.register_memory(addr, cap) != 0:
+                return -1
+        return 0
+
+    def batch_unregister_memory(self, buffer_addresses):
+        for addr in buffer_addresses:
+            if self.unregister_memory(addr) != 0:
+                return -1
+        return 0
+
+    def allocate_managed_buffer(self, length):
+        """A registered buffer of length bytes (anonymous memory), its address; 0 on failure."""
+        te = self._need()
+        try:
+            m = mmap.mmap(-1, int(length))
+        except (OSError, ValueError):
+            return 0
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        self.last_status = _kvpool.te_register(te, addr, int(length))
+        if self.last_status != 0:
+            m.close()
+            return 0
+        self._managed[addr] = m
+        return addr
+
+    def free_managed_buffer(self, buffer_addr, length):
+        del length
+        m = self._managed.pop(int(buffer_addr), None)
+        if m is None:
+            self.last_status = _kvpool.STATUS["KVP_ERR_NOT_FOUND"]
+            return -1
+        self.last_status = _kvpool.te_unregister(self._need(), int(buffer_addr))
+        try:
+            m.close()
+        except BufferError:  # an exported view still holds it: left to the GC
+            pass
+        return 0
+
+    def write_bytes_to_buffer(self, dest_address, src_ptr, length):
+        data = bytes(src_ptr)
+        if length > len(data):
+            return -1
+        ctypes.memmove(int(dest_address), data, int(length))
+        return 0
+
+    def read_bytes_from_buffer(self, source_address, length):
+        return ctypes.string_at(int(source_address), int(length))
+
+    def get_first_buffer_address(self, segment_name):
+        """The first (lowest) buffer segment_name registered: ours, or a peer's, asked over
+        the data plane (REGIONS); 0 when none or the peer cannot be asked."""
+        te = self._need()
+        if segment_name == self._hostname:
+            return _kvpool.te_first_buffer(te)
+        st, regions = _kvpool.te_remote_regions(te, segment_name)
+        self.last_status = st
+        return regions[0][0] if st == 0 and regions else 0
+
+    # ---- transfers ----
+
+    def _move(self, target, opcode, buffers, peer_addresses, lengths):
+        if not (len(buffers) == len(peer_addresses) == len(lengths)):
+            self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
+            return -1
+        self.last_status = _kvpool.te_transfer(
+            self._need(), target, int(opcode), buffers, peer_addresses, lengths
+        )
+        return _ok(self.last_status)
+
+    def _submit(self, target, opcode, buffers, peer_addresses, lengths):
+        if not (len(buffers) == len(peer_addresses) == len(lengths)):
+            self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
+            return 0
+        st, batch_id = _kvpool.te_submit(
+            self._need(), target, int(opcode), buffers, peer_addresses, lengths
+        )
+        self.last_status = st
+        return batch_id if st == 0 else 0
+
+    def transfer_sync_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        return self._move(target_hostname, 1, [buffer], [peer_buffer_address], [length])
+
+    def transfer_sync_read(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        return self._move(target_hostname, 0, [buffer], [peer_buffer_address], [length])
+
+    def transfer_sync(
+        self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint=""
+    ):
+        if notify is not None:
+            _unsupported("transfer_sync", "a notify (notifies come in a later version)")
+        return self._move(target_hostname, opcode, [buffer], [peer_buffer_address], [length])
+
+    def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        return self._move(target_hostname, 1, buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_sync_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        return self._move(target_hostname, 0, buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_sync(
+        self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None, transport_hint=""
+    ):
+        if notify is not None:
+            _unsupported("batch_transfer_sync", "a notify (notifies come in a later version)")
+        return self._move(target_hostname, opcode, buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        return self._submit(target_hostname, 1, buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_async_read(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
+        return self._submit(target_hostname, 0, buffers, peer_buffer_addresses, lengths)
+
+    def batch_transfer_async(self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, transport_hint=""):
+        return self._submit(target_hostname, opcode, buffers, peer_buffer_addresses, lengths)
+
+    def transfer_submit_write(self, target_hostname, buffer, peer_buffer_address, length, transport_hint=""):
+        return self._submit(target_hostname, 1, [buffer], [peer_buffer_address], [length])
+
+    def transfer_check_status(self, batch_id):
+        """1 done, 0 in progress, -1 failed (Mooncake's -2, timed out, is -1 here with
+        last_status KVP_ERR_TIMEOUT)."""
+        st = _kvpool.te_status(self._need(), int(batch_id), 0)
+        if st < 0:
+            self.last_status = st
+            return -1
+        return st
+
+    def get_batch_transfer_status(self, batch_ids):
+        """Wait for every batch: 0 when all completed, -1 when any failed."""
+        te = self._need()
+        failed = False
+        for bid in batch_ids:
+            while True:
+                st = _kvpool.te_status(te, int(bid), 1000)
+                if st != 0:
+                    break
+            if st < 0:
+                self.last_status = st
+                failed = True
+        return -1 if failed else 0
+
+    # ---- not in this version ----
+
+    def get_notifies(self):
+        _unsupported("get_notifies", "notifies come in a later version")
+
+    def get_local_topology(self, device_name=None):
+        _unsupported("get_local_topology", "no rdma topology in kvpool's transfer engine yet")
+
+    def warmup_efa_segment(self, segment_name):
+        _unsupported("warmup_efa_segment", "no EFA transport in kvpool")
+
+    def send_probe(self, peer_server_name):
+        """0 when the peer's engine answers (a REGIONS request over the data plane), else -1."""
+        st, _ = _kvpool.te_remote_regions(self._need(), peer_server_name)
+        self.last_status = st
+        return _ok(st)
+
+    def transfer_write_on_cuda(self, *args, **kwargs):
+        _unsupported("transfer_write_on_cuda", "the CUDA forms come in a later version")
+
+    def transfer_read_on_cuda(self, *args, **kwargs):
+        _unsupported("transfer_read_on_cuda", "the CUDA forms come in a later version")
+
+    def batch_transfer_write_on_cuda(self, *args, **kwargs):
+        _unsupported("batch_transfer_write_on_cuda", "the CUDA forms come in a later version")
+
+    def batch_transfer_read_on_cuda(self, *args, **kwargs):
+        _unsupported("batch_transfer_read_on_cuda", "the CUDA forms come in a later version")
+
+    # ---- kvpool's own ----
+
+    def metrics(self):
+        """The engine's counters: ranges and bytes moved, failures, ranges peers moved here,
+        refusals (outside what was registered, another host in protected mode, another uid
+        on the shm socket)."""
+        return _kvpool.te_counters(self._need())
+
+    def close(self):
+        """Stop serving and free the engine (also done when it is collected)."""
+        if self._te is not None:
+            _kvpool.te_destroy(self._te)
+            self._te = None
+
+
+TransferEngine.TransferOpcode = TransferOpcode

@@ -1,0 +1,859 @@
+/*
+ * te.c - the transfer engine (kvpool_te.h): Mooncake's point-to-point
+ * TransferEngine on kvpool's data plane (docs/architecture.md, "Transfer
+ * engine").
+ *
+ * Design: the engine is a segment's data server (segment/data_server.c) whose
+ * "segment" is this process's whole address space, id KVP_TE_SEGMENT_ID, and
+ * whose backend (below) lets a peer at none of it but the ranges the process
+ * registered: an extent's offset is a virtual address. The data server reads
+ * and checks each request (every extent through the backend's check before any
+ * byte moves) and the backend moves the payload in place, a WRITE received
+ * straight into the registered memory (one recvmsg over an iovec), a READ sent
+ * straight out of it: no copy in user space, nothing allocated per transfer.
+ * It listens on the rpc port (tcp, protected mode as KVPOOL_AUTH says) and on
+ * the abstract Unix socket "kvpool-te-<port>" (the shm protocol: the same
+ * frames between processes of one host; a peer of another uid is refused).
+ *
+ * The initiator side is a transfer engine (transfer/engine.c) holding only the
+ * tcp transport: a target "host:port" is a peer whose endpoint is that address
+ * (tcp) or "@kvpool-te-<port>" (shm), so a batch runs on the tcp transport's
+ * streams, slices, vectored chains and timeouts as a store's transfer does.
+ *
+ * Unregistering a range takes the regions' lock for writing: it waits for the
+ * payloads being moved in registered memory (the backend holds it for reading
+ * while it moves bytes), and a request checked before the range went but not
+ * yet moved is rechecked under the lock and its connection closed.
+ *
+ * Thread: any; the regions under a writer-preferring rwlock, the peers under a
+ * mutex, the async batches on one worker thread of the engine's.
+ */
+#include "client/include/kvpool_te.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include <netinet/in.h>
+
+#include "client/segment/data_backend.h"
+#include "client/segment/data_server.h"
+#include "client/transfer/engine.h"
+#include "client/transfer/peer.h"
+#include "client/transport/wire.h"
+#include "common/log.h"
+#include "common/sock.h"
+#include "common/clock.h"
+#include "common/parse.h"
+
+/* The id every request to an engine carries (a data server serves one segment). */
+#define KVP_TE_SEGMENT_ID 0x4b56505445ull /* "KVPTE" */
+/* Ranges per kvp_transfer_run (the ops live on the stack). */
+#define TE_CHUNK 256
+#define TE_PEERS_MAX 1024
+
+typedef struct te_region {
+    uintptr_t addr;
+    uint64_t len;
+} te_region_t;
+
+typedef struct te_peer {
+    char target[256];
+    bool shm;
+    kvp_peer_t *peer;
+    _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
+} te_peer_t;
+
+typedef struct te_batch {
+    struct te_batch *next;
+    uint64_t id;
+    char target[256];
+    int opcode;
+    size_t n;
+    void **locals;
+    uint64_t *remotes, *lens;
+    int status; /* 0 running, 1 done, < 0 failed */
+} te_batch_t;
+
+struct kvp_te {
+    kvp_transfer_t xfer;
+    kvp_data_server_t *srv;
+    uint16_t port;
+    int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
+    bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
+    bool shm_served;
+    pthread_rwlock_t lock; /* the regions */
+    te_region_t *regions;  /* sorted by addr, disjoint */
+    size_t n_regions, cap_regions;
+    pthread_mutex_t peers_lock;
+    te_peer_t peers[TE_PEERS_MAX];
+    size_t n_peers;
+    /* async batches */
+    pthread_mutex_t q_lock;
+    pthread_cond_t q_cond;
+    te_batch_t *queue, *done;
+    uint64_t next_id;
+    bool worker_on, stop;
+    pthread_t worker;
+    /* counters (relaxed) */
+    _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user;
+};
+
+/* ---- the backend: registered memory by virtual address ---- */
+
+/* Is [off, off + len) inside one registered region? (lock held) */
+static bool inside_locked(const kvp_te_t *te, uint64_t off, uint64_t len)
+{
+    size_t lo = 0, hi = te->n_regions;
+    while (lo < hi) { /* the last region starting at or below off */
+        size_t mid = lo + (hi - lo) / 2;
+        if (te->regions[mid].addr <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return false;
+    const te_region_t *r = &te->regions[lo - 1];
+    return off - r->addr <= r->len && len <= r->len - (off - r->addr);
+}
+
+static kvp_status_t te_check(void *backend, uint64_t off, uint64_t len, bool write)
+{
+    (void)write;
+    kvp_te_t *te = backend;
+    pthread_rwlock_rdlock(&te->lock);
+    bool ok = inside_locked(te, off, len);
+    pthread_rwlock_unlock(&te->lock);
+    if (!ok) {
+        atomic_fetch_add_explicit(&te->refused_range, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("transfer engine: a peer named [0x%llx, +%llu), not registered here; "
+                             "refused",
+                             (unsigned long long)off, (unsigned long long)len);
+        return KVP_ERR_OUT_OF_RANGE;
+    }
+    return KVP_OK;
+}
+
+/* A connection's state (data_backend.h conn_open): whether its peer was admitted. */
+typedef struct te_conn {
+    int admitted; /* 0: not asked yet, 1: yes, -1: no */
+} te_conn_t;
+
+static kvp_status_t te_conn_open(void *backend, void **conn_p)
+{
+    (void)backend;
+    te_conn_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return KVP_ERR_NOMEM;
+    *conn_p = c;
+    return KVP_OK;
+}
+
+static void te_conn_close(void *backend, void *conn)
+{
+    (void)backend;
+    free(conn);
+}
+
+/* An address as /proc/net/tcp{,6} prints it: "0100007F:1F90" (the 32-bit words of the
+ * address as the kernel holds them, in hex, then the port). A v4-mapped v6 address is
+ * printed as v4 (a v4 socket's row). false: another family. */
+static bool proc_net_addr(const struct sockaddr_storage *ss, char *buf, size_t len, bool *v6_p)
+{
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)ss;
+        snprintf(buf, len, "%08X:%04X", (unsigned)a->sin_addr.s_addr, ntohs(a->sin_port));
+        *v6_p = false;
+        return true;
+    }
+    if (ss->ss_family != AF_INET6)
+        return false;
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)ss;
+    uint32_t w[4];
+    memcpy(w, &a->sin6_addr, sizeof(w));
+    if (IN6_IS_ADDR_V4MAPPED(&a->sin6_addr)) {
+        snprintf(buf, len, "%08X:%04X", (unsigned)w[3], ntohs(a->sin6_port));
+        *v6_p = false;
+    } else {
+        snprintf(buf, len, "%08X%08X%08X%08X:%04X", (unsigned)w[0], (unsigned)w[1], (unsigned)w[2],
+                 (unsigned)w[3], ntohs(a->sin6_port));
+        *v6_p = true;
+    }
+    return true;
+}
+
+/* The uid of the process of this host at the other end of tcp connection fd: the row of
+ * its socket in /proc/net/tcp (or tcp6), whose local address is our peer's and remote
+ * address ours. false: not found (another host or network namespace, or already gone). */
+static bool tcp_peer_uid(int fd, uint32_t *uid_p)
+{
+    struct sockaddr_storage me, peer;
+    socklen_t ml = sizeof(me), pl = sizeof(peer);
+    char want_local[64], want_rem[64];
+    bool v6, v6b;
+    if (getsockname(fd, (struct sockaddr *)&me, &ml) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 ||
+        !proc_net_addr(&peer, want_local, sizeof(want_local), &v6) ||
+        !proc_net_addr(&me, want_rem, sizeof(want_rem), &v6b) || v6 != v6b)
+        return false;
+    FILE *f = fopen(v6 ? "/proc/net/tcp6" : "/proc/net/tcp", "re");
+    if (f == NULL)
+        return false;
+    char line[512], local[64], rem[64];
+    unsigned uid;
+    bool found = false;
+    while (!found && fgets(line, sizeof(line), f) != NULL)
+        found = sscanf(line, " %*[^:]: %63s %63s %*s %*s %*s %*s %u", local, rem, &uid) == 3 &&
+                strcmp(local, want_local) == 0 && strcmp(rem, want_rem) == 0;
+    fclose(f);
+    if (found)
+        *uid_p = uid;
+    return found;
+}
+
+/* May this connection's peer touch our memory? A Unix socket's: our uid or root
+ * (SO_PEERCRED). A tcp peer's, in protected mode (peers of this host only): the same, by
+ * its socket's owner (tcp_peer_uid); with KVPOOL_AUTH=none: anyone. Refusals counted. */
+static bool peer_allowed(kvp_te_t *te, int fd)
+{
+    int pid = 0;
+    uint32_t uid = 0;
+    bool unix_sock = kvp_unix_peer(fd, &pid, &uid);
+    if (!unix_sock && !te->protected_mode)
+        return true;
+    bool known = unix_sock || tcp_peer_uid(fd, &uid);
+    if (known && (uid == 0 || uid == (uint32_t)getuid()))
+        return true;
+    atomic_fetch_add_explicit(&te->refused_user, 1, memory_order_relaxed);
+    if (known)
+        KVP_LOG_WARN_LIMITED("transfer engine: a peer of uid %u (%s); refused: protected mode "
+                             "takes this user's processes (and root's) only",
+                             uid, unix_sock ? "shm socket" : "tcp");
+    else
+        KVP_LOG_WARN_LIMITED("transfer engine: a tcp peer whose user cannot be found; refused");
+    return false;
+}
+
+static bool conn_admitted(kvp_te_t *te, te_conn_t *c, int fd)
+{
+    if (c->admitted == 0)
+        c->admitted = peer_allowed(te, fd) ? 1 : -1;
+    return c->admitted > 0;
+}
+
+/* Under the read lock: is every extent still registered (not unregistered since its
+ * check)? */
+static bool still_inside_locked(kvp_te_t *te, const kvp_data_vec_t *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (!inside_locked(te, v[i].offset, v[i].length))
+            return false;
+    return true;
+}
+
+static void te_iov(const kvp_data_vec_t *v, size_t n, struct iovec *iov)
+{
+    for (size_t i = 0; i < n; i++)
+        iov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)v[i].offset, .iov_len = v[i].length};
+}
+
+static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
+                    uint64_t total, kvp_status_t *reply_p)
+{
+    kvp_te_t *te = backend;
+    if (!conn_admitted(te, conn, fd)) {
+        *reply_p = KVP_ERR_DENIED; /* answered; the connection goes on, refused again */
+        return true;
+    }
+    struct iovec iov[KVP_DATA_VEC_MAX + 1];
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
+    iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
+    te_iov(v, n, iov + 1);
+    pthread_rwlock_rdlock(&te->lock);
+    bool ok = still_inside_locked(te, v, n) && kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+    pthread_rwlock_unlock(&te->lock);
+    return ok;
+}
+
+static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
+                     kvp_status_t *reply_p)
+{
+    kvp_te_t *te = backend;
+    if (!conn_admitted(te, conn, fd)) {
+        /* its payload read and dropped, then KVP_ERR_DENIED: the peer reads the refusal */
+        uint8_t sink[16384];
+        for (size_t i = 0; i < n; i++)
+            for (uint64_t left = v[i].length; left > 0;) {
+                size_t k = left < sizeof(sink) ? (size_t)left : sizeof(sink);
+                if (kvp_recv_all(fd, sink, k) != KVP_OK)
+                    return false;
+                left -= k;
+            }
+        *reply_p = KVP_ERR_DENIED;
+        return true;
+    }
+    struct iovec iov[KVP_DATA_VEC_MAX];
+    te_iov(v, n, iov);
+    pthread_rwlock_rdlock(&te->lock);
+    bool ok = still_inside_locked(te, v, n) && kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
+    pthread_rwlock_unlock(&te->lock);
+    return ok;
+}
+
+/* REGIONS (wire.h): the registered ranges, as they are kept (te_region_t is the wire's pair) */
+static bool te_regions(void *backend, int fd)
+{
+    _Static_assert(sizeof(te_region_t) == 16, "te_region_t is the wire's (address, length)");
+    kvp_te_t *te = backend;
+    if (!peer_allowed(te, fd))
+        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+    pthread_rwlock_rdlock(&te->lock);
+    size_t n = te->n_regions < KVP_DATA_REGIONS_MAX ? te->n_regions : KVP_DATA_REGIONS_MAX;
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = n * sizeof(te_region_t)};
+    struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
+                           {.iov_base = te->regions, .iov_len = n * sizeof(te_region_t)}};
+    bool ok = kvp_sendv_all(fd, iov, n > 0 ? 2 : 1) == KVP_OK;
+    pthread_rwlock_unlock(&te->lock);
+    return ok;
+}
+
+static const kvp_data_backend_ops_t te_ops = {
+    .name = "transfer engine",
+    .frames = KVP_DATA_FRAME_REGIONS,
+    .conn_open = te_conn_open,
+    .conn_close = te_conn_close,
+    .regions = te_regions,
+    .check = te_check,
+    .read = te_read,
+    .write = te_write,
+};
+
+/* ---- create / destroy ---- */
+
+static uint32_t env_u32(const char *name, uint32_t def)
+{
+    const char *s = getenv(name);
+    if (s == NULL || s[0] == '\0')
+        return def;
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    return *end == '\0' && v > 0 && v <= UINT32_MAX ? (uint32_t)v : def;
+}
+
+kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
+                           kvp_te_t **te_p)
+{
+    *te_p = NULL;
+    if (metadata != NULL && strcmp(metadata, "P2PHANDSHAKE") != 0) {
+        KVP_LOG_ERROR("transfer engine: metadata '%s': only P2PHANDSHAKE is supported", metadata);
+        return KVP_ERR_UNSUPPORTED;
+    }
+    int proto;
+    if (protocol == NULL || protocol[0] == '\0' || strcmp(protocol, "auto") == 0)
+        proto = KVP_TRANSPORT_AUTO;
+    else if (strcmp(protocol, "tcp") == 0)
+        proto = KVP_TRANSPORT_TCP;
+    else if (strcmp(protocol, "shm") == 0)
+        proto = KVP_TRANSPORT_SHM;
+    else {
+        KVP_LOG_ERROR("transfer engine: protocol '%s' is not supported here (tcp, shm, auto)",
+                      protocol);
+        return KVP_ERR_UNSUPPORTED;
+    }
+    bool protected_mode = true;
+    const char *auth = getenv("KVPOOL_AUTH");
+    if (auth != NULL && strcmp(auth, "none") == 0)
+        protected_mode = false;
+    else if (auth != NULL && auth[0] != '\0' && strcmp(auth, "protected") != 0)
+        return KVP_ERR_INVALID_ARG;
+    char host[256] = "";
+    uint16_t port = 0;
+    if (local_hostname != NULL && local_hostname[0] != '\0') {
+        if (strchr(local_hostname, ':') != NULL && local_hostname[0] != '[') {
+            if (kvp_parse_hostport(local_hostname, host, sizeof(host), &port) != KVP_OK)
+                return KVP_ERR_INVALID_ARG;
+        } else
+            snprintf(host, sizeof(host), "%s", local_hostname);
+    }
+    kvp_te_t *te = calloc(1, sizeof(*te));
+    if (te == NULL)
+        return KVP_ERR_NOMEM;
+    te->protocol = proto;
+    te->protected_mode = protected_mode;
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&te->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
+    pthread_mutex_init(&te->peers_lock, NULL);
+    pthread_mutex_init(&te->q_lock, NULL);
+    pthread_cond_init(&te->q_cond, NULL);
+    te->next_id = 1;
+    te->xfer.forced = KVP_TRANSPORT_TCP;
+    kvp_host_id(te->xfer.host_id, sizeof(te->xfer.host_id));
+    te->xfer.timeout_ms = env_u32("KVPOOL_TE_TIMEOUT_MS", 10000);
+    te->xfer.tcp_streams = env_u32("KVPOOL_TE_STREAMS", 2);
+    te->xfer.tcp_slice = 1 << 20;
+    kvp_status_t st = kvp_transfer_init(&te->xfer);
+    if (st != KVP_OK) {
+        free(te);
+        return st;
+    }
+    /* host "" listens on every address; a name binds that one */
+    const char *bind = host[0] != '\0' && strcmp(host, "localhost") != 0 ? host : NULL;
+    if (host[0] != '\0' && strcmp(host, "localhost") == 0)
+        bind = "127.0.0.1";
+    kvp_data_server_params_t p = {.ops = &te_ops,
+                                  .backend = te,
+                                  .size = UINT64_MAX,
+                                  .segment_id = KVP_TE_SEGMENT_ID,
+                                  .host = bind,
+                                  .port = port,
+                                  .protected_mode = protected_mode};
+    st = kvp_data_server_create(&p, &te->srv, &te->port);
+    if (st != KVP_OK) {
+        KVP_LOG_ERROR("transfer engine: cannot listen on %s:%u: %s", bind ? bind : "*", port,
+                      kvp_strerror(st));
+        kvp_transfer_cleanup(&te->xfer);
+        free(te);
+        return st;
+    }
+    char sock[64];
+    snprintf(sock, sizeof(sock), "kvpool-te-%u", te->port);
+    if (kvp_data_server_share(te->srv, -1, sock) == KVP_OK)
+        te->shm_served = true;
+    else
+        KVP_LOG_WARN("transfer engine: the shm socket @%s is taken: peers reach us over tcp", sock);
+    *te_p = te;
+    return KVP_OK;
+}
+
+void kvp_te_destroy(kvp_te_t *te)
+{
+    if (te == NULL)
+        return;
+    pthread_mutex_lock(&te->q_lock);
+    te->stop = true;
+    pthread_cond_broadcast(&te->q_cond);
+    pthread_mutex_unlock(&te->q_lock);
+    if (te->worker_on)
+        pthread_join(te->worker, NULL);
+    kvp_data_server_destroy(te->srv); /* ends every connection first */
+    for (size_t i = 0; i < te->n_peers; i++)
+        kvp_peer_unref(te->peers[i].peer);
+    kvp_transfer_cleanup(&te->xfer);
+    for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
+        for (te_batch_t *b = *l, *next; b != NULL; b = next) {
+            next = b->next;
+            free(b);
+        }
+    free(te->regions);
+    pthread_rwlock_destroy(&te->lock);
+    pthread_mutex_destroy(&te->peers_lock);
+    pthread_mutex_destroy(&te->q_lock);
+    pthread_cond_destroy(&te->q_cond);
+    free(te);
+}
+
+uint16_t kvp_te_rpc_port(const kvp_te_t *te)
+{
+    return te->port;
+}
+
+/* ---- registration ---- */
+
+kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
+{
+    uintptr_t a = (uintptr_t)addr;
+    if (addr == NULL || len == 0 || a + len < a)
+        return KVP_ERR_INVALID_ARG;
+    const kvp_mem_region_t *region;
+    if (kvp_transfer_mem_find(&te->xfer, addr, len, &region) != KVP_MEM_HOST) {
+        /* the data server's threads move bytes with the CPU: device memory later (GPU path) */
+        KVP_LOG_ERROR("transfer engine: [%p, +%zu) is device memory: not served in this version",
+                      addr, len);
+        return KVP_ERR_UNSUPPORTED;
+    }
+    pthread_rwlock_wrlock(&te->lock);
+    size_t i = 0;
+    while (i < te->n_regions && te->regions[i].addr < a)
+        i++;
+    kvp_status_t st = KVP_OK;
+    if ((i > 0 && te->regions[i - 1].addr + te->regions[i - 1].len > a) ||
+        (i < te->n_regions && te->regions[i].addr < a + len))
+        st = KVP_ERR_INVALID_ARG; /* overlaps */
+    else if (te->n_regions == te->cap_regions) {
+        size_t cap = te->cap_regions ? te->cap_regions * 2 : 16;
+        te_region_t *r = realloc(te->regions, cap * sizeof(*r));
+        if (r == NULL)
+            st = KVP_ERR_NOMEM;
+        else {
+            te->regions = r;
+            te->cap_regions = cap;
+        }
+    }
+    if (st == KVP_OK) {
+        memmove(&te->regions[i + 1], &te->regions[i], (te->n_regions - i) * sizeof(te_region_t));
+        te->regions[i] = (te_region_t){.addr = a, .len = len};
+        te->n_regions++;
+    }
+    pthread_rwlock_unlock(&te->lock);
+    return st;
+}
+
+kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
+{
+    pthread_rwlock_wrlock(&te->lock);
+    kvp_status_t st = KVP_ERR_NOT_FOUND;
+    for (size_t i = 0; i < te->n_regions; i++)
+        if (te->regions[i].addr == (uintptr_t)addr) {
+            memmove(&te->regions[i], &te->regions[i + 1],
+                    (te->n_regions - i - 1) * sizeof(te_region_t));
+            te->n_regions--;
+            st = KVP_OK;
+            break;
+        }
+    pthread_rwlock_unlock(&te->lock);
+    return st;
+}
+
+kvp_status_t kvp_te_register_batch(kvp_te_t *te, void *const *addrs, const size_t *lens, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvp_status_t st = kvp_te_register(te, addrs[i], lens[i]);
+        if (st != KVP_OK)
+            return st;
+    }
+    return KVP_OK;
+}
+
+kvp_status_t kvp_te_unregister_batch(kvp_te_t *te, void *const *addrs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvp_status_t st = kvp_te_unregister(te, addrs[i]);
+        if (st != KVP_OK)
+            return st;
+    }
+    return KVP_OK;
+}
+
+uintptr_t kvp_te_first_buffer(kvp_te_t *te)
+{
+    pthread_rwlock_rdlock(&te->lock);
+    uintptr_t a = te->n_regions > 0 ? te->regions[0].addr : 0;
+    pthread_rwlock_unlock(&te->lock);
+    return a;
+}
+
+/* ---- transfers ---- */
+
+/* Does host name this host (shm may reach it)? Loopback, or the address our routes send
+ * from toward it. */
+static bool host_is_local(const char *host)
+{
+    if (kvp_host_is_loopback(host))
+        return true;
+    char src[64];
+    return kvp_sock_route_addr(host, 1, src, sizeof(src)) == KVP_OK && strcmp(src, host) == 0;
+}
+
+/* The peer for target ("host:port"), made at its first transfer and kept. */
+static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_p)
+{
+    pthread_mutex_lock(&te->peers_lock);
+    for (size_t i = 0; i < te->n_peers; i++)
+        if (strcmp(te->peers[i].target, target) == 0) {
+            *peer_p = &te->peers[i];
+            pthread_mutex_unlock(&te->peers_lock);
+            return KVP_OK;
+        }
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = kvp_parse_hostport(target, host, sizeof(host), &port);
+    if (st != KVP_OK || port == 0 || strlen(target) >= sizeof(te->peers[0].target))
+        st = KVP_ERR_INVALID_ARG;
+    bool shm = false;
+    char src[64];
+    if (st == KVP_OK && kvp_sock_route_addr(host, port, src, sizeof(src)) == KVP_ERR_INVALID_ARG) {
+        KVP_LOG_WARN_LIMITED("transfer engine: %s: its host does not resolve", target);
+        st = KVP_ERR_CONNECT; /* Mooncake's openSegment fails here too, before any transfer */
+    }
+    if (st == KVP_OK && te->protocol != KVP_TRANSPORT_TCP) {
+        shm = host_is_local(host);
+        if (!shm && te->protocol == KVP_TRANSPORT_SHM) {
+            KVP_LOG_ERROR("transfer engine: protocol shm, and %s is not this host", target);
+            st = KVP_ERR_TRANSPORT;
+        }
+    }
+    if (st == KVP_OK && te->n_peers == TE_PEERS_MAX)
+        st = KVP_ERR_TOO_MANY;
+    kvp_peer_t *peer = NULL;
+    if (st == KVP_OK && (peer = kvp_peer_create(KVP_TE_SEGMENT_ID)) == NULL)
+        st = KVP_ERR_NOMEM;
+    if (st == KVP_OK) {
+        peer->size = UINT64_MAX;
+        if (shm)
+            snprintf(peer->endpoint, sizeof(peer->endpoint), "@kvpool-te-%u", port);
+        else
+            snprintf(peer->endpoint, sizeof(peer->endpoint), "%s", target);
+        snprintf(peer->name, sizeof(peer->name), "%s", target);
+        kvp_transfer_attach(&te->xfer, peer);
+        te_peer_t *tp = &te->peers[te->n_peers++];
+        snprintf(tp->target, sizeof(tp->target), "%s", target);
+        tp->shm = shm;
+        tp->peer = peer;
+        *peer_p = tp;
+    }
+    pthread_mutex_unlock(&te->peers_lock);
+    return st;
+}
+
+kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_t n,
+                             void *const *locals, const uint64_t *remotes, const uint64_t *lens)
+{
+    if (target == NULL || (opcode != KVP_TE_READ && opcode != KVP_TE_WRITE) ||
+        (n > 0 && (locals == NULL || remotes == NULL || lens == NULL)))
+        return KVP_ERR_INVALID_ARG;
+    for (size_t i = 0; i < n; i++)
+        if (lens[i] == 0 || remotes[i] + lens[i] < remotes[i])
+            return KVP_ERR_INVALID_ARG;
+    te_peer_t *tp;
+    kvp_status_t st = peer_get(te, target, &tp);
+    if (st != KVP_OK) {
+        atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
+        return st;
+    }
+    kvp_xfer_op_t ops[TE_CHUNK];
+    kvp_status_t first = KVP_OK;
+    for (size_t base = 0; base < n; base += TE_CHUNK) {
+        size_t m = n - base < TE_CHUNK ? n - base : TE_CHUNK;
+        uint64_t bytes = 0, failed = 0;
+        for (size_t i = 0; i < m; i++)
+            ops[i] = (kvp_xfer_op_t){
+                .kind = opcode == KVP_TE_WRITE ? KVP_XFER_WRITE : KVP_XFER_READ,
+                .local = locals[base + i],
+                .offset = remotes[base + i],
+                .length = lens[base + i],
+                .peer = tp->peer,
+            };
+        kvp_transfer_run(&te->xfer, ops, m);
+        for (size_t i = 0; i < m; i++) {
+            if (ops[i].status == KVP_OK)
+                bytes += ops[i].length;
+            else {
+                failed++;
+                if (first == KVP_OK)
+                    first = ops[i].status;
+            }
+        }
+        atomic_fetch_add_explicit(&te->transfers[opcode], m - failed, memory_order_relaxed);
+        atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&te->failures, failed, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->transfers, m - failed, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->failures, failed, memory_order_relaxed);
+    }
+    return first;
+}
+
+/* ---- async batches: one worker thread per engine, started at the first submit ---- */
+
+static void *worker_main(void *arg)
+{
+    kvp_te_t *te = arg;
+    pthread_mutex_lock(&te->q_lock);
+    for (;;) {
+        while (te->queue == NULL && !te->stop)
+            pthread_cond_wait(&te->q_cond, &te->q_lock);
+        if (te->stop)
+            break;
+        te_batch_t *b = te->queue;
+        pthread_mutex_unlock(&te->q_lock);
+        kvp_status_t st =
+            kvp_te_transfer(te, b->target, b->opcode, b->n, b->locals, b->remotes, b->lens);
+        pthread_mutex_lock(&te->q_lock);
+        te->queue = b->next;
+        b->status = st == KVP_OK ? 1 : st;
+        b->next = te->done;
+        te->done = b;
+        pthread_cond_broadcast(&te->q_cond);
+    }
+    pthread_mutex_unlock(&te->q_lock);
+    return NULL;
+}
+
+kvp_status_t kvp_te_submit(kvp_te_t *te, const char *target, int opcode, size_t n,
+                           void *const *locals, const uint64_t *remotes, const uint64_t *lens,
+                           uint64_t *id_p)
+{
+    if (target == NULL || strlen(target) >= sizeof(((te_batch_t *)0)->target) ||
+        (n > 0 && (locals == NULL || remotes == NULL || lens == NULL)))
+        return KVP_ERR_INVALID_ARG;
+    te_peer_t *tp; /* a target that cannot be named fails the submit, as Mooncake's does */
+    kvp_status_t st = peer_get(te, target, &tp);
+    if (st != KVP_OK)
+        return st;
+    /* one allocation per async batch: its arrays, copied */
+    te_batch_t *b = calloc(1, sizeof(*b) + n * (sizeof(void *) + 2 * sizeof(uint64_t)));
+    if (b == NULL)
+        return KVP_ERR_NOMEM;
+    b->locals = (void **)(b + 1);
+    b->remotes = (uint64_t *)(b->locals + n);
+    b->lens = b->remotes + n;
+    if (n > 0) {
+        memcpy(b->locals, locals, n * sizeof(void *));
+        memcpy(b->remotes, remotes, n * sizeof(uint64_t));
+        memcpy(b->lens, lens, n * sizeof(uint64_t));
+    }
+    snprintf(b->target, sizeof(b->target), "%s", target);
+    b->opcode = opcode;
+    b->n = n;
+    pthread_mutex_lock(&te->q_lock);
+    if (!te->worker_on) {
+        if (pthread_create(&te->worker, NULL, worker_main, te) != 0) {
+            pthread_mutex_unlock(&te->q_lock);
+            free(b);
+            return KVP_ERR_SYSTEM;
+        }
+        te->worker_on = true;
+    }
+    b->id = te->next_id++;
+    te_batch_t **tail = &te->queue;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = b;
+    *id_p = b->id;
+    pthread_cond_broadcast(&te->q_cond);
+    pthread_mutex_unlock(&te->q_lock);
+    return KVP_OK;
+}
+
+int kvp_te_status(kvp_te_t *te, uint64_t id, uint32_t wait_ms)
+{
+    uint64_t until = kvp_now_ms() + wait_ms;
+    pthread_mutex_lock(&te->q_lock);
+    for (;;) {
+        for (te_batch_t **p = &te->done; *p != NULL; p = &(*p)->next)
+            if ((*p)->id == id) {
+                te_batch_t *b = *p;
+                int status = b->status;
+                *p = b->next;
+                pthread_mutex_unlock(&te->q_lock);
+                free(b);
+                return status;
+            }
+        bool queued = false;
+        for (te_batch_t *b = te->queue; b != NULL; b = b->next)
+            queued |= b->id == id;
+        if (!queued) {
+            pthread_mutex_unlock(&te->q_lock);
+            return KVP_ERR_NOT_FOUND;
+        }
+        uint64_t now = kvp_now_ms();
+        if (wait_ms == 0 || now >= until)
+            break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t ns = (uint64_t)ts.tv_nsec + (until - now) * 1000000ull;
+        ts.tv_sec += (time_t)(ns / 1000000000ull);
+        ts.tv_nsec = (long)(ns % 1000000000ull);
+        pthread_cond_timedwait(&te->q_cond, &te->q_lock, &ts);
+    }
+    pthread_mutex_unlock(&te->q_lock);
+    return 0;
+}
+
+void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
+{
+    memset(out, 0, sizeof(*out));
+    for (int d = 0; d < 2; d++) {
+        out->transfers[d] = atomic_load_explicit(&te->transfers[d], memory_order_relaxed);
+        out->bytes[d] = atomic_load_explicit(&te->bytes[d], memory_order_relaxed);
+    }
+    out->failures = atomic_load_explicit(&te->failures, memory_order_relaxed);
+    const kvp_served_stats_t *s = kvp_data_server_stats(te->srv);
+    /* the server's dir: 0 a peer's WRITE, 1 its READ */
+    out->served[KVP_TE_WRITE] = atomic_load_explicit(&s->dir[0].ops, memory_order_relaxed);
+    out->served_bytes[KVP_TE_WRITE] = atomic_load_explicit(&s->dir[0].bytes, memory_order_relaxed);
+    out->served[KVP_TE_READ] = atomic_load_explicit(&s->dir[1].ops, memory_order_relaxed);
+    out->served_bytes[KVP_TE_READ] = atomic_load_explicit(&s->dir[1].bytes, memory_order_relaxed);
+    out->refused_range = atomic_load_explicit(&te->refused_range, memory_order_relaxed);
+    out->refused_protected = kvp_data_server_refused(te->srv);
+    out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
+}
+
+size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
+{
+    pthread_mutex_lock(&te->peers_lock);
+    size_t n = te->n_peers;
+    for (size_t i = 0; i < n && i < cap; i++) {
+        te_peer_t *tp = &te->peers[i];
+        kvp_te_peer_stat_t *o = &out[i];
+        snprintf(o->target, sizeof(o->target), "%s", tp->target);
+        snprintf(o->route, sizeof(o->route), "%s", tp->shm ? "shm" : "tcp");
+        o->transfers = atomic_load_explicit(&tp->transfers, memory_order_relaxed);
+        o->bytes = atomic_load_explicit(&tp->bytes, memory_order_relaxed);
+        o->failures = atomic_load_explicit(&tp->failures, memory_order_relaxed);
+    }
+    pthread_mutex_unlock(&te->peers_lock);
+    return n;
+}
+
+kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *addrs,
+                                   uint64_t *lens, size_t cap, size_t *n_p)
+{
+    *n_p = 0;
+    te_peer_t *tp;
+    kvp_status_t st = target != NULL ? peer_get(te, target, &tp) : KVP_ERR_INVALID_ARG;
+    if (st != KVP_OK)
+        return st;
+    const char *ep = tp->peer->endpoint;
+    uint32_t timeout = te->xfer.timeout_ms;
+    int fd = -1;
+    if (ep[0] == '@') {
+        int pid;
+        uint32_t uid;
+        st = kvp_unix_connect(ep + 1, timeout, &fd);
+        if (st == KVP_OK && (!kvp_unix_peer(fd, &pid, &uid) || (uid != 0 && uid != getuid())))
+            st = KVP_ERR_DENIED;
+    } else {
+        char host[256];
+        uint16_t port;
+        st = kvp_parse_hostport(ep, host, sizeof(host), &port);
+        if (st == KVP_OK)
+            st = kvp_tcp_connect(host, port, timeout, &fd);
+    }
+    if (st == KVP_OK) {
+        kvp_sock_set_timeout(fd, timeout);
+        kvp_data_req_t req = {
+            .magic = KVP_DATA_MAGIC, .op = KVP_DATA_REGIONS, .segment_id = KVP_TE_SEGMENT_ID};
+        kvp_data_resp_t r;
+        st = kvp_send_all(fd, &req, sizeof(req));
+        if (st == KVP_OK)
+            st = kvp_recv_all(fd, &r, sizeof(r));
+        if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
+            st = KVP_ERR_PROTOCOL;
+        else if (st == KVP_OK && r.status != KVP_OK)
+            st = r.status;
+        else if (st == KVP_OK && (r.length % 16 != 0 || r.length / 16 > KVP_DATA_REGIONS_MAX))
+            st = KVP_ERR_PROTOCOL;
+        for (uint64_t i = 0; st == KVP_OK && i < r.length / 16; i++) {
+            uint64_t pair[2];
+            st = kvp_recv_all(fd, pair, sizeof(pair));
+            if (st == KVP_OK && i < cap) {
+                addrs[i] = pair[0];
+                lens[i] = pair[1];
+            }
+            if (st == KVP_OK)
+                *n_p = (size_t)i + 1;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return st;
+}

@@ -1,0 +1,382 @@
+"""mooncake.engine.TransferEngine on kvpool (issue 48): vLLM MooncakeConnector's call
+sequence between two real processes, prefill and decode (tests/python/te_peer.py):
+initialize(host, "P2PHANDSHAKE", protocol, ""), get_rpc_port(), batch_register_memory of
+KV caches of vLLM's host layout, then the prefill's batch_transfer_sync_write of block
+lists as merged contiguous runs into the decode's cache; byte-exact on tcp and shm. And
+what a target refuses: ranges it did not register (its bytes intact, counted), peers of
+another host in protected mode (network namespaces, as root); a decode that vanished or
+stopped fails the transfer in bounded time."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from kvpool import _kvpool
+from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER = os.path.join(HERE, "te_peer.py")
+LAYERS, BLOCKS, BLOCK_BYTES, SEED = 4, 64, 16384, 1234
+S = _kvpool.STATUS
+
+
+class Peer:
+    """A te_peer.py process, killed by its PID at the end."""
+
+    def __init__(self, role, proto, host="127.0.0.1", env=None, argv_prefix=()):
+        e = dict(os.environ)
+        e.update(env or {})
+        self.p = subprocess.Popen(
+            list(argv_prefix) + [sys.executable, PEER, role, proto, host],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=e)
+        self.info = json.loads(self.p.stdout.readline())
+        assert "error" not in self.info, self.info
+
+    def ask(self, **cmd):
+        self.p.stdin.write(json.dumps(cmd) + "\n")
+        self.p.stdin.flush()
+        return json.loads(self.p.stdout.readline())
+
+    def kill(self, sig=signal.SIGKILL):
+        if self.p.poll() is None:
+            os.kill(self.p.pid, sig)
+        if sig == signal.SIGKILL:
+            self.p.wait(10)
+
+    def close(self):
+        if self.p.poll() is None:
+            os.kill(self.p.pid, signal.SIGCONT)
+            os.kill(self.p.pid, signal.SIGKILL)
+        self.p.wait(10)
+
+
+@pytest.fixture
+def peers():
+    made = []
+
+    def make(*a, **kw):
+        p = Peer(*a, **kw)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
+
+
+def prefill_cache():
+    return np.stack([np.random.default_rng(SEED + l).integers(0, 256, (2, BLOCKS, BLOCK_BYTES),
+                                                              np.uint8) for l in range(LAYERS)])
+
+
+def expected(pblocks, dblocks):
+    want = np.full((LAYERS, 2, BLOCKS, BLOCK_BYTES), 0xEE, np.uint8)
+    src = prefill_cache()
+    for p, d in zip(pblocks, dblocks):
+        want[:, :, d] = src[:, :, p]
+    return want
+
+
+def dump(decode, tmp_path, name="dump.npy"):
+    path = str(tmp_path / name)
+    assert decode.ask(op="dump", path=path) == {"ok": True}
+    return np.load(path)
+
+
+def shm_conns(port):
+    """Sockets of /proc/net/unix bound to the engine's shm name (its listener and the
+    connections it accepted)."""
+    with open("/proc/net/unix") as f:
+        return sum(1 for line in f if line.rstrip().endswith(f"@kvpool-te-{port}"))
+
+
+# vLLM hands over scattered block ids; runs of consecutive ids on both sides merge.
+PBLOCKS = [0, 1, 2, 3, 10, 11, 12, 30, 40, 41, 42, 43, 44, 45, 46, 47, 63]
+DBLOCKS = [5, 6, 7, 8, 20, 21, 9, 0, 48, 49, 50, 51, 52, 53, 54, 55, 1]
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm", "auto"])
+def test_prefill_writes_decode_kv_cache_byte_exact(peers, tmp_path, proto):
+    decode = peers("decode", proto)
+    prefill = peers("prefill", proto)
+    port = decode.info["port"]
+    target = f"127.0.0.1:{port}"
+    before = shm_conns(port)
+    r = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (r["rc"], r["status"]) == (0, 0), r
+    assert r["runs"] == LAYERS * 2 * 6  # 6 merged runs per layer and K/V
+    got = dump(decode, tmp_path)
+    want = expected(PBLOCKS, DBLOCKS)
+    assert np.array_equal(got, want)
+    if proto == "tcp":
+        assert shm_conns(port) == before  # the shm socket carried nothing
+    else:
+        assert shm_conns(port) > before  # the prefill's streams came on the Unix socket
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm == {"route": "tcp" if proto == "tcp" else "shm", "transfers": LAYERS * 2 * 6,
+                  "bytes": len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES, "failures": 0}, pm
+    m = decode.ask(op="metrics")
+    assert m["served_writes"] >= 1 and m["served_write_bytes"] == len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES
+    assert m["refused_range"] == 0
+    # and read back: the prefill's batch_transfer_sync_read of the same runs gives the same
+    # bytes (its own blocks, overwritten with what it wrote: unchanged)
+    r = prefill.ask(op="read", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (r["rc"], r["status"]) == (0, 0), r
+
+
+def test_large_runs_and_many_ranges(peers, tmp_path):
+    """Every block, one run per layer and K/V of 1 MiB, then every block on its own (512
+    ranges in one batch: past the engine's 256 per run)."""
+    decode = peers("decode", "tcp")
+    prefill = peers("prefill", "tcp")
+    target = f"127.0.0.1:{decode.info['port']}"
+    allb = list(range(BLOCKS))
+    r = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=allb,
+                    dblocks=allb)
+    assert (r["rc"], r["runs"]) == (0, LAYERS * 2), r
+    assert np.array_equal(dump(decode, tmp_path), prefill_cache())
+    rev = allb[::-1]  # nothing merges: 64 ranges per layer and K/V
+    r = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=allb,
+                    dblocks=rev)
+    assert (r["rc"], r["runs"]) == (0, LAYERS * 2 * BLOCKS), r
+    assert np.array_equal(dump(decode, tmp_path), prefill_cache()[:, :, ::-1])
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_write_outside_registered_memory_is_refused_bytes_intact(peers, tmp_path, proto):
+    decode = peers("decode", proto)
+    prefill = peers("prefill", proto)
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs, sizes = decode.info["ptrs"], decode.info["sizes"]
+    r = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[0], dblocks=[0])
+    assert r["rc"] == 0
+    before = dump(decode, tmp_path, "before.npy")
+    # past the end of a layer's tensor (its last 100 bytes and 3996 beyond), and before it
+    for remote in (ptrs[0] + sizes[0] - 100, ptrs[0] - 4096, 4096):
+        r = prefill.ask(op="raw", target=target, remote=remote, length=4096, write=True)
+        assert (r["rc"], r["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), r
+        r = prefill.ask(op="raw", target=target, remote=remote, length=4096, write=False)
+        assert (r["rc"], r["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), r
+    assert np.array_equal(dump(decode, tmp_path, "after.npy"), before)
+    assert decode.ask(op="metrics")["refused_range"] == 6
+    # the decode keeps serving
+    r = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[1], dblocks=[2])
+    assert r["rc"] == 0
+
+
+def test_write_to_a_vanished_decode_fails_fast(peers):
+    decode = peers("decode", "tcp")
+    prefill = peers("prefill", "tcp")
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    assert prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[0], dblocks=[0])["rc"] == 0
+    decode.kill()
+    r = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[0, 1], dblocks=[3, 4])
+    assert r["rc"] == -1 and r["status"] in (S["KVP_ERR_CONNECT"], S["KVP_ERR_IO"]), r
+    assert r["secs"] < 5, r
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm["transfers"] == LAYERS * 2 and pm["failures"] == LAYERS * 2, pm  # one run each
+
+
+def test_write_to_a_stopped_decode_times_out(peers):
+    """A decode that stops answering (SIGSTOP) mid-session: the write fails within the
+    engine's timeout (KVPOOL_TE_TIMEOUT_MS), never hangs."""
+    decode = peers("decode", "tcp")
+    prefill = peers("prefill", "tcp", env={"KVPOOL_TE_TIMEOUT_MS": "1500"})
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    assert prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[0], dblocks=[0])["rc"] == 0
+    decode.kill(signal.SIGSTOP)
+    allb = list(range(BLOCKS))  # 8 MiB: more than the socket buffers hold
+    r = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=allb, dblocks=allb)
+    assert r["rc"] == -1 and r["status"] in (S["KVP_ERR_TIMEOUT"], S["KVP_ERR_IO"]), r
+    assert 1.0 < r["secs"] < 10, r
+
+
+def test_in_process_api_async_and_buffers():
+    """The rest of the API in one process: managed buffers, single transfers, async batches
+    and their status, get_first_buffer_address, TransferOpcode/TransferNotify."""
+    a, b = TransferEngine(), TransferEngine()
+    assert a.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    assert b.initialize("127.0.0.1", "P2PHANDSHAKE", "auto", "") == 0
+    target = f"127.0.0.1:{a.get_rpc_port()}"
+    dst = a.allocate_managed_buffer(1 << 20)
+    src = b.allocate_managed_buffer(1 << 20)
+    assert dst and src
+    assert a.get_first_buffer_address(target) == dst
+    assert b.get_first_buffer_address(target) == dst  # asked over the wire (REGIONS)
+    assert b.send_probe(target) == 0
+    payload = bytes(range(256)) * 4096
+    assert b.write_bytes_to_buffer(src, payload, len(payload)) == 0
+    assert b.transfer_sync_write(target, src, dst, 1 << 20) == 0
+    assert a.read_bytes_from_buffer(dst, 1 << 20) == payload
+    assert b.transfer_sync(target, src + 5, dst + 7, 1000, TransferOpcode.READ) == 0
+    assert b.read_bytes_from_buffer(src + 5, 1000) == payload[7:1007]
+    ids = [b.batch_transfer_async_write(target, [src], [dst + 4096 * i], [4096]) for i in range(4)]
+    assert all(ids) and len(set(ids)) == 4
+    assert b.get_batch_transfer_status(ids) == 0
+    bid = b.transfer_submit_write(target, src, dst, 4096)
+    assert bid
+    for _ in range(1000):
+        st = b.transfer_check_status(bid)
+        if st != 0:
+            break
+        time.sleep(0.01)
+    assert st == 1
+    bad = b.batch_transfer_async_write(target, [src], [dst + (1 << 20) - 10], [4096])
+    assert bad and b.get_batch_transfer_status([bad]) == -1
+    assert b.last_status == S["KVP_ERR_OUT_OF_RANGE"]
+    assert b.batch_transfer_sync_write(target, [src, src], [dst], [1, 2]) == -1
+    assert b.metrics()["failures"] == 1 and a.metrics()["refused_range"] == 1
+    # registration: an overlap is refused, an unknown address too
+    assert a.register_memory(dst + 10, 100) == -1
+    assert a.unregister_memory(dst + 10) == -1
+    assert a.free_managed_buffer(dst, 1 << 20) == 0
+    assert b.transfer_sync_write(target, src, dst, 4096) == -1  # unregistered: refused
+    assert b.last_status == S["KVP_ERR_OUT_OF_RANGE"]
+    assert TransferNotify("n", "m").msg == "m" and int(TransferOpcode.Write) == 1
+    a.close()
+    b.close()
+
+
+def test_what_is_not_here_says_so():
+    e = TransferEngine()
+    assert e.initialize("127.0.0.1", "etcd://127.0.0.1:2379", "tcp", "") == -1
+    assert e.last_status == S["KVP_ERR_UNSUPPORTED"]
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "rdma", "") == -1
+    assert e.initialize("127.0.0.1", "P2PHANDSHAKE", "shm", "") == 0
+    # shm reaches this host only
+    assert e.transfer_sync_write("10.255.255.1:4000", 4096, 4096, 1) == -1
+    assert e.last_status == S["KVP_ERR_TRANSPORT"]
+    for name, args in [("get_notifies", ()), ("transfer_write_on_cuda", ("x", 0, 0, 1)),
+                       ("batch_transfer_read_on_cuda", ("x", [], [], [])),
+                       ("get_local_topology", ())]:
+        with pytest.raises(NotImplementedError, match=name):
+            getattr(e, name)(*args)
+    assert e.send_probe("127.0.0.1:1") == -1  # nobody there
+    assert e.last_status == S["KVP_ERR_CONNECT"]
+    with pytest.raises(NotImplementedError, match="transfer_sync"):
+        e.transfer_sync("127.0.0.1:1", 0, 0, 1, TransferOpcode.WRITE, TransferNotify("a", "b"))
+    e.close()
+
+
+def test_protected_mode_refuses_another_host(peers, tmp_path):
+    """The decode in one network namespace, the prefill in another ("hosts" on a bridge):
+    refused (KVP_ERR_DENIED, counted, the decode's bytes intact) in protected mode, the
+    default; let in with KVPOOL_AUTH=none."""
+    sys.path.insert(0, os.path.join(HERE, "..", "net"))
+    import netbed
+
+    ok, why = netbed.available()
+    if not ok:
+        pytest.skip(why)
+    with netbed.NetBed(2) as bed:
+        d_host, p_host = bed.hosts
+        for auth in ("protected", "none"):
+            env = {"KVPOOL_AUTH": auth}
+            decode = peers("decode", "tcp", host=d_host.addr, env=env,
+                           argv_prefix=d_host.argv([])[:4])
+            prefill = peers("prefill", "auto", host=p_host.addr, argv_prefix=p_host.argv([])[:4])
+            target = f"{d_host.addr}:{decode.info['port']}"
+            r = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                            pblocks=[0, 1], dblocks=[0, 1])
+            got = dump(decode, tmp_path, f"{auth}.npy")
+            if auth == "protected":
+                assert (r["rc"], r["status"]) == (-1, S["KVP_ERR_DENIED"]), r
+                assert (got == 0xEE).all()
+                assert decode.ask(op="metrics")["refused_protected"] >= 1
+            else:
+                assert (r["rc"], r["status"]) == (0, 0), r
+                assert np.array_equal(got, expected([0, 1], [0, 1]))
+            decode.close()
+            prefill.close()
+
+
+MOONCAKE_REPO = os.environ.get("KVPOOL_MOONCAKE_REPO", "/work/.mirror/kvcache-ai+Mooncake/repo")
+PEERS_TESTS = os.path.join(HERE, "..", "..", "..", "shared", "peers", "mooncake-tests")
+
+
+def mooncake_file(name, tmp_path):
+    """Mooncake's mooncake-wheel/tests/NAME, unchanged: the copy in ../shared/peers/
+    mooncake-tests if there is one, else from a Mooncake git repository
+    ($KVPOOL_MOONCAKE_REPO); None when neither has it."""
+    local = os.path.join(PEERS_TESTS, name)
+    if os.path.exists(local):
+        return local
+    r = subprocess.run(["git", "-C", MOONCAKE_REPO, "show", f"HEAD:mooncake-wheel/tests/{name}"],
+                       capture_output=True)
+    if r.returncode != 0:
+        return None
+    path = tmp_path / name
+    path.write_bytes(r.stdout)
+    return str(path)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "auto"])
+def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
+    """Mooncake's transfer_engine_target.py and transfer_engine_initiator_test.py (its
+    wheel's tests: write/read rounds, batches, async batches, failure sentinels, send_probe)
+    unchanged, with P2PHANDSHAKE as their CI's P2P runs set it."""
+    target_py = mooncake_file("transfer_engine_target.py", tmp_path)
+    init_py = mooncake_file("transfer_engine_initiator_test.py", tmp_path)
+    if target_py is None or init_py is None:
+        pytest.skip("Mooncake's transfer engine tests: no copy in ../shared/peers/mooncake-tests "
+                    "and no Mooncake repository at $KVPOOL_MOONCAKE_REPO")
+    port = 20000 + os.getpid() % 20000
+    env = dict(os.environ, TARGET_SERVER_NAME=f"127.0.0.1:{port}",
+               INITIATOR_SERVER_NAME="127.0.0.1:0", MC_METADATA_SERVER="P2PHANDSHAKE",
+               PROTOCOL=proto, CIRCLE="200")
+    target = subprocess.Popen([sys.executable, target_py], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        line = target.stdout.readline()
+        while line and "ready" not in line:
+            line = target.stdout.readline()
+        assert "Target server ready" in line, line
+        r = subprocess.run([sys.executable, init_py, "-v"], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert "Ran 6 tests" in r.stderr and "\nOK" in r.stderr, r.stderr[-3000:]
+    finally:
+        os.kill(target.pid, signal.SIGKILL)
+        target.wait(10)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_another_user_of_this_host_is_refused(peers, tmp_path, proto):
+    """Protected mode takes the processes of the engine's own user (and root's): a prefill
+    running as `nobody` gets KVP_ERR_DENIED for writes, reads and REGIONS, counted
+    (refused_user), the decode's bytes intact; with KVPOOL_AUTH=none its tcp writes land
+    (the shm socket still takes our user only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the prefill as another user")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    for auth in ("protected", "none"):
+        decode = peers("decode", proto, env={"KVPOOL_AUTH": auth})
+        prefill = peers("prefill", proto, argv_prefix=as_nobody)
+        target = f"127.0.0.1:{decode.info['port']}"
+        w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                        pblocks=[0, 1], dblocks=[0, 1])
+        rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
+                         write=False)
+        got = dump(decode, tmp_path, f"{auth}-{proto}.npy")
+        m = decode.ask(op="metrics")
+        if auth == "protected" or proto == "shm":
+            assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+            assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), rd
+            assert (got == 0xEE).all()
+            assert m["refused_user"] >= 1 and m["served_writes"] == 0, m
+        else:
+            assert (w["rc"], w["status"], rd["rc"]) == (0, 0, 0), (w, rd)
+            assert np.array_equal(got, expected([0, 1], [0, 1]))
+            assert m["refused_user"] == 0, m
+        decode.close()
+        prefill.close()
