@@ -10,7 +10,7 @@
  * in the multi handle's cache.
  *
  * The gateway (etcd 3.4.23, checked against a live server; see
- * /work/shared/notes/toolchain.md section 3):
+ * ../shared/notes/toolchain.md section 3):
  *  - POST only; keys and values base64; int64s in answers are JSON strings
  *    (read with strtoll, never through cJSON's double); fields that are zero,
  *    false or empty are left out (a failed txn has no "succeeded", a missing

@@ -1,5 +1,5 @@
 """Each connector's call sequence on mooncake.store, replayed as the contract
-(/work/shared/context/connector-contract.md) describes it: setup,
+(../shared/context/connector-contract.md) describes it: setup,
 register_buffer, the batch_is_exist lookup, the puts and gets it uses
 (multi-buffer ones included), remove_all, close. Host memory stands in for
 GPU memory (the pointers are ints either way)."""

@@ -1,5 +1,5 @@
 """mooncake.store on kvpool: every method of the connector contract
-(/work/shared/context/connector-contract.md) and Mooncake's return codes."""
+(../shared/context/connector-contract.md) and Mooncake's return codes."""
 
 import ctypes
 

@@ -300,24 +300,13 @@ def test_protected_mode_refuses_another_host(peers, tmp_path):
             prefill.close()
 
 
-MOONCAKE_REPO = os.environ.get("KVPOOL_MOONCAKE_REPO", "/work/.mirror/kvcache-ai+Mooncake/repo")
-PEERS_TESTS = os.path.join(HERE, "..", "..", "..", "shared", "peers", "mooncake-tests")
+UPSTREAM = os.path.join(HERE, "..", "mooncake", "upstream")
 
 
 def mooncake_file(name, tmp_path):
-    """Mooncake's mooncake-wheel/tests/NAME, unchanged: the copy in ../shared/peers/
-    mooncake-tests if there is one, else from a Mooncake git repository
-    ($KVPOOL_MOONCAKE_REPO); None when neither has it."""
-    local = os.path.join(PEERS_TESTS, name)
-    if os.path.exists(local):
-        return local
-    r = subprocess.run(["git", "-C", MOONCAKE_REPO, "show", f"HEAD:mooncake-wheel/tests/{name}"],
-                       capture_output=True)
-    if r.returncode != 0:
-        return None
-    path = tmp_path / name
-    path.write_bytes(r.stdout)
-    return str(path)
+    """Mooncake's mooncake-wheel/tests/NAME, unchanged: the copy in tests/mooncake/upstream
+    (Mooncake's commit 3b5a594, Apache-2.0; its README says so)."""
+    return os.path.join(UPSTREAM, name)
 
 
 @pytest.mark.parametrize("proto", ["tcp", "auto"])
@@ -327,9 +316,7 @@ def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     unchanged, with P2PHANDSHAKE as their CI's P2P runs set it."""
     target_py = mooncake_file("transfer_engine_target.py", tmp_path)
     init_py = mooncake_file("transfer_engine_initiator_test.py", tmp_path)
-    if target_py is None or init_py is None:
-        pytest.skip("Mooncake's transfer engine tests: no copy in ../shared/peers/mooncake-tests "
-                    "and no Mooncake repository at $KVPOOL_MOONCAKE_REPO")
+    assert os.path.exists(target_py) and os.path.exists(init_py)
     port = 20000 + os.getpid() % 20000
     env = dict(os.environ, TARGET_SERVER_NAME=f"127.0.0.1:{port}",
                INITIATOR_SERVER_NAME="127.0.0.1:0", MC_METADATA_SERVER="P2PHANDSHAKE",
