@@ -61,7 +61,8 @@ static kvp_status_t check(kvp_master_state_t *st, const kvp_segment_t *seg, kvp_
                 return KVP_ERR_EXISTS;
         return KVP_OK;
     }
-    if (obj->state != KVP_OBJ_COMPLETE || obj->version >= e->version || obj->flags != 0)
+    if (obj->state != KVP_OBJ_COMPLETE || obj->version >= e->version ||
+        (obj->flags & KVP_OBJ_F_COPYING) != 0)
         return KVP_ERR_EXISTS; /* the master's is newer, or in the making */
     /* ours is newer: the master's value was overwritten before it restarted */
     kvp_object_remove(st, obj);

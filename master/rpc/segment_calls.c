@@ -493,7 +493,7 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     if (ctx->st->events != NULL)
         kvp_state_media_event(ctx->st, obj, before, kvp_state_media(ctx->st, obj->replicas, w));
     /* Shift the key down behind the shortened replica array. */
-    memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+    memmove((char *)&obj->replicas[w], kvp_object_key(obj), kvp_object_tail_len(obj));
     obj->n_replicas = (uint8_t)w;
     kvp_index_charge(&ctx->st->index, obj, +1);
     return false;
