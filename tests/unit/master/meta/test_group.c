@@ -195,8 +195,9 @@ static int setup(void **state)
     return status == KVP_OK ? 0 : -1;
 }
 
-/* PutStart + PutEnd of one 64-byte key in group (NULL: none named); upsert. */
-static int32_t put(kvp_master_state_t *st, const char *key, const char *group, bool upsert)
+/* PutStart + PutEnd of one 64-byte key in group (NULL: none named); upsert; pin. */
+static int32_t put_pin(kvp_master_state_t *st, const char *key, const char *group, bool upsert,
+                       unsigned pin)
 {
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
@@ -208,6 +209,7 @@ static int32_t put(kvp_master_state_t *st, const char *key, const char *group, b
     req.n_sizes = 1;
     cfg.replica_num = 1;
     cfg.upsert = upsert;
+    cfg.pin = pin;
     req.config = &cfg;
     if (group != NULL) {
         req.group_ids = &g;
@@ -230,6 +232,11 @@ static int32_t put(kvp_master_state_t *st, const char *key, const char *group, b
     status = e->status != KVP_OK ? e->status : e->statuses[0];
     svc_msg_free(e);
     return status;
+}
+
+static int32_t put(kvp_master_state_t *st, const char *key, const char *group, bool upsert)
+{
+    return put_pin(st, key, group, upsert, KVP_PIN_NONE);
 }
 
 static int32_t keys1(kvp_master_state_t *st, uint16_t method, const char *key)
@@ -286,33 +293,7 @@ static void test_eviction_checks_each_member(void **state)
 {
     kvp_master_state_t *st = *state;
     assert_int_equal(put(st, "p1", "p", false), KVP_OK);
-    /* p2 hard-pinned: a raw pin (PutConfig.pin 2) */
-    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
-    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
-    const char *k = "p2";
-    uint64_t size = OBJ;
-    ProtobufCBinaryData g = {.len = 1, .data = (uint8_t *)"p"};
-    req.keys = svc_keys(&k, 1);
-    req.n_keys = 1;
-    req.sizes = &size;
-    req.n_sizes = 1;
-    cfg.replica_num = 1;
-    cfg.pin = KVP_PIN_HARD;
-    req.config = &cfg;
-    req.group_ids = &g;
-    req.n_group_ids = 1;
-    Kvpool__PutStartResponse *r =
-        svc_call(st, 2, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
-    assert_int_equal(r->results[0]->status, KVP_OK);
-    svc_msg_free(r);
-    Kvpool__PutEndRequest end = KVPOOL__PUT_END_REQUEST__INIT;
-    uint32_t crc = 0;
-    end.keys = svc_keys(&k, 1);
-    end.n_keys = 1;
-    end.crc32c = &crc;
-    end.n_crc32c = 1;
-    svc_msg_free(
-        svc_call(st, 2, KVP_RPC_PUT_END, &end.base, &kvpool__statuses_response__descriptor));
+    assert_int_equal(put_pin(st, "p2", "p", false, KVP_PIN_HARD), KVP_OK); /* pinned */
     assert_int_equal(put(st, "q1", "q", false), KVP_OK);
     assert_int_equal(put(st, "q2", "q", false), KVP_OK);
     assert_int_equal(put(st, "q3", "q", false), KVP_OK);
