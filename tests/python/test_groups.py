@@ -159,3 +159,37 @@ def test_removal_cleans_membership(gpool, prefix):
         assert c.get(prefix + "r3") == _val("r3")
         assert not c.exists(prefix + "r1")
         assert not c.exists(prefix + "n")
+
+
+
+def test_tensor_writes_take_groups(pool, prefix):
+    torch = pytest.importorskip("torch")
+    s = _store(pool)
+    try:
+        t = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+        keys = [prefix + "b0", prefix + "b1"]
+        # batch: one group id per key; another count: -600 for every key, nothing stored
+        assert s.batch_pub_tensor(keys, [t, t], _cfg(["g"])) == [-600, -600]
+        assert s.batch_is_exist(keys) == [0, 0]
+        assert s.batch_pub_tensor(keys, [t, t], _cfg(["g", "h"])) == [0, 0]
+        assert s.upsert(keys[0], b"x", _cfg(["h"])) == -600  # b0 is in g
+        assert s.upsert(keys[1], b"x", _cfg(["g"])) == -600  # b1 is in h
+        assert torch.equal(s.get_tensor(keys[0]), t)
+        # TP shards: each base key's shards in its group
+        assert s.batch_pub_tensor_with_tp([prefix + "p0", prefix + "p1"], [t, t],
+                                          _cfg(["g", "h"]), tp_size=2, split_dim=0) == [0, 0]
+        for r in (0, 1):
+            assert s.upsert(f"{prefix}p0_tp_{r}", b"x", _cfg(["h"])) == -600
+            assert s.upsert(f"{prefix}p1_tp_{r}", b"x", _cfg(["g"])) == -600
+        assert s.upsert(f"{prefix}p1_tp_1", b"y", _cfg(["h"])) == 0
+        # one key's shards, one group id
+        assert s.pub_tensor_with_tp(prefix + "one", t, _cfg(["q"]), tp_size=2, split_dim=1) == 0
+        assert s.upsert(prefix + "one_tp_1", b"x", _cfg(["g"])) == -600
+        # the parallelism batch: per key
+        assert s.batch_put_tensor_with_parallelism([prefix + "m0", prefix + "m1"], [t, t],
+                                                   config=_cfg(["g"])) == [-600, -600]
+        assert s.batch_put_tensor_with_parallelism([prefix + "m0", prefix + "m1"], [t, t],
+                                                   config=_cfg(["g", "h"])) == [0, 0]
+        assert s.upsert(prefix + "m1", b"x", _cfg(["g"])) == -600
+    finally:
+        s.close()
