@@ -193,3 +193,42 @@ def test_tensor_writes_take_groups(pool, prefix):
         assert s.upsert(prefix + "m1", b"x", _cfg(["g"])) == -600
     finally:
         s.close()
+
+
+# ---- tenants: a group is its tenant's (tests/python/test_tenants.py's ACL and principals) ----
+
+from test_security import certs, close_all  # noqa: E402,F401 (fixtures)
+from test_tenants import TenantMaster, PRINCIPALS  # noqa: E402
+
+
+class _LeasedTenantMaster(TenantMaster):
+    extra_args = ("--lease-ttl", "30")
+
+
+def test_tenant_groups_are_apart(certs, tmp_path):  # noqa: F811
+    m = _LeasedTenantMaster(certs, str(tmp_path), PRINCIPALS, {})
+    try:
+        m.add_segment("16MiB")
+        with m.client("alice") as alice, m.client("bob") as bob:
+            bob.put("b1", _val("b1"), group_ids=["g"])    # bob's "g"
+            bob.put("b2", _val("b2"), group_ids=["g"])
+            alice.put("a1", _val("a1"), group_ids=["g"])  # alice's "g": another group
+            alice.put("a2", _val("a2"), group_ids=["g"])
+            # the same key and group name in two tenants: each upsert sees its own object
+            alice.put("k", b"a", group_ids=["g"])
+            bob.put("k", b"b", group_ids=["h"])
+            alice.put("k", b"a2", upsert=True, group_ids=["g"])
+            with pytest.raises(kvpool.Error) as e:
+                bob.put("k", b"b2", upsert=True, group_ids=["g"])
+            assert e.value.status == kvpool.ERR_INVALID_ARG
+            # alice reads a1: her a2 is leased, bob's b1/b2 (also "g") are not
+            assert alice.get("a1") == _val("a1")
+            for i in range(40):                            # bob's puts evict
+                bob.put(f"fill{i}", _val(f"f{i}"))
+            assert not bob.exists("b1") and not bob.exists("b2")
+            assert alice.get("a2") == _val("a2")
+            assert alice.get("a1") == _val("a1")
+            # alice's k is in her "g" (leased with it); bob's, in his unleased "h", went
+            assert alice.get("k") == b"a2" and not bob.exists("k")
+    finally:
+        close_all([m])
