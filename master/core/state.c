@@ -40,6 +40,7 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     st->index.charge = kvp_state_charge;
     st->index.charge_arg = st;
     st->index.groups = &st->groups;
+    st->segments.groups = &st->groups;
     return s;
 }
 

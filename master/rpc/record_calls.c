@@ -105,7 +105,9 @@ static int32_t adopt_one(kvp_master_state_t *st, kvp_segment_t *seg, const Kvpoo
                                .offset = m->offset,
                                .size = m->size,
                                .crc32c = m->crc32c,
-                               .pin = m->pin};
+                               .pin = m->pin,
+                               .group = (const char *)m->group_id.data,
+                               .group_len = m->group_id.len};
         status = kvp_rebuild_adopt(st, seg, &e);
     } else {
         st->stats.adopt_refused++;

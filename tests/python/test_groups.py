@@ -232,3 +232,47 @@ def test_tenant_groups_are_apart(certs, tmp_path):  # noqa: F811
             assert alice.get("k") == b"a2" and not bob.exists("k")
     finally:
         close_all([m])
+
+
+# ---- a master restart: the owners' records carry the group (ha/rebuild.c) ----
+
+def test_group_survives_a_master_restart():
+    import time
+
+    from conftest import Proc, _bin, free_port, master_security_args
+    port = free_port()
+    argv = [_bin("KVPOOL_MASTER_BIN"), "--listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}",
+            "--log-level", "error", *master_security_args(), "--lease-ttl", "30"]
+    master = Proc(argv)
+    seg = Proc([_bin("KVPOOL_CLI_BIN"), "--master", master.ready, "serve", "--segment-size",
+                "16MiB", "--ready-fd", "{fd}"])
+    try:
+        with kvpool.Client(master.ready) as c:
+            c.put("g1", _val("g1"), group_ids=["g"])
+            c.put("g2", _val("g2"), group_ids=["g"])
+            c.put("u", _val("u"))
+            master.kill()
+            master = Proc(argv)
+            deadline = time.monotonic() + 30
+            while True:  # the owner remounts and offers its record back
+                try:
+                    if c.exists("u"):
+                        break
+                except kvpool.Error:
+                    pass
+                assert time.monotonic() < deadline, "the objects did not come back"
+                time.sleep(0.1)
+            assert c.get("g1") == _val("g1")  # and leases g2 (30 s)
+            with pytest.raises(kvpool.Error) as e:  # still in g
+                c.put("g2", b"x", upsert=True, group_ids=["h"])
+            assert e.value.status == kvpool.ERR_INVALID_ARG
+            with pytest.raises(kvpool.Error) as e:
+                c.put("u", b"x", upsert=True, group_ids=["g"])  # still ungrouped
+            assert e.value.status == kvpool.ERR_INVALID_ARG
+            for i in range(40):  # pressure: g2, leased with g1, stays
+                c.put(f"fill{i}", _val(f"f{i}"))
+            assert c.get("g2") == _val("g2")
+            assert not c.exists("u")
+    finally:
+        seg.stop()
+        master.stop()
