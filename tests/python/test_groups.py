@@ -197,6 +197,7 @@ def test_tensor_writes_take_groups(pool, prefix):
 
 # ---- tenants: a group is its tenant's (tests/python/test_tenants.py's ACL and principals) ----
 
+from conftest import metric  # noqa: E402
 from test_security import certs, close_all  # noqa: E402,F401 (fixtures)
 from test_tenants import TenantMaster, PRINCIPALS  # noqa: E402
 
@@ -230,6 +231,11 @@ def test_tenant_groups_are_apart(certs, tmp_path):  # noqa: F811
             assert alice.get("a1") == _val("a1")
             # alice's k is in her "g" (leased with it); bob's, in his unleased "h", went
             assert alice.get("k") == b"a2" and not bob.exists("k")
+            text = m.metrics()
+            assert metric(text, "kvpool_group_refused_total") == 1  # bob's upsert
+            assert metric(text, "kvpool_group_evicted_total") >= 1  # b2 with b1
+            assert metric(text, "kvpool_groups") == 1               # alice's g
+            assert metric(text, "kvpool_group_members") == 3        # a1, a2, k
     finally:
         close_all([m])
 
