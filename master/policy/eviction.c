@@ -74,6 +74,10 @@
  * on in plain policy order. Cost: O(tenants) per run to set the shares, and each object
  * passed over is moved once per scan.
  *
+ * Object groups (meta/group.h): an object a member of whose group is leased is passed
+ * over (as a draining one is), and a victim takes the members of its group that may go
+ * (evict_group: each checked as a victim is), O(members) per grouped victim.
+ *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, rpc/object_calls.c); the watermarks (off by default) can keep
  * headroom besides. With an SSD tier mounted, DRAM victims are offloaded
