@@ -68,7 +68,9 @@ static void take_back(kvp_master_state_t *st, kvp_segment_t *seg)
                                .offset = le->offset,
                                .size = le->size,
                                .crc32c = le->crc32c,
-                               .pin = le->pin};
+                               .pin = le->pin,
+                               .group = le->group,
+                               .group_len = le->group_len};
         if (kvp_rebuild_adopt(st, seg, &e) != KVP_OK) {
             st->stats.adopt_refused = refused_before; /* not the owner's offer: counted below */
             refused++;

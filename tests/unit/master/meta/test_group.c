@@ -21,6 +21,7 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/core/state.h"
+#include "master/dispatch.h"
 #include "master/meta/group.h"
 #include "master/meta/object_index.h"
 #include "master/policy/lease.h"
@@ -167,6 +168,28 @@ static void test_bytes_per_object(void **state)
 
 /* ---- the master with groups ---- */
 
+/* Mount segment "s1" (SLOTS objects) on conn, adopting (its objects offered back); its id. */
+static uint64_t mount(kvp_master_state_t *st, uint64_t conn, bool adopting)
+{
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = (char *)"s1";
+    d.medium = (char *)"dram";
+    d.size = SLOTS * OBJ;
+    d.host_id = (char *)"h1";
+    d.tcp_endpoint = (char *)"10.0.0.1:7000";
+    d.shm_path = (char *)"/dev/shm/kvp-seg";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = 1000 + conn;
+    req.segment = &d;
+    req.adopting = adopting;
+    Kvpool__MountResponse *r =
+        svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    uint64_t id = r->segment_id;
+    svc_msg_free(r);
+    return id;
+}
+
 static int setup(void **state)
 {
     if (svc_state_setup(state) != 0)
@@ -178,21 +201,8 @@ static int setup(void **state)
     st->config.lease_ttl_ms = 5000;
     st->config.put_timeout_ms = 30000;
     st->config.soft_pin_ttl_s = 1800;
-    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
-    d.name = (char *)"s1";
-    d.medium = (char *)"dram";
-    d.size = SLOTS * OBJ;
-    d.host_id = (char *)"h1";
-    d.tcp_endpoint = (char *)"10.0.0.1:7000";
-    d.shm_path = (char *)"/dev/shm/kvp-seg";
-    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
-    req.client_id = 1001;
-    req.segment = &d;
-    Kvpool__MountResponse *r =
-        svc_call(st, 1, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
-    int32_t status = r->status;
-    svc_msg_free(r);
-    return status == KVP_OK ? 0 : -1;
+    st->config.segment_records = true;
+    return mount(st, 1, false) != 0 ? 0 : -1;
 }
 
 /* PutStart + PutEnd of one 64-byte key in group (NULL: none named); upsert; pin. */
@@ -362,6 +372,34 @@ static void test_count_mismatch(void **state)
     assert_int_equal(st->index.count, 0);
 }
 
+/* A segment dropped (its owner's connection gone) and mounted again: its objects come
+ * back from the master's limbo in their groups. */
+static void test_dropped_segment_keeps_groups(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(put(st, "d1", "d", false), KVP_OK);
+    assert_int_equal(put(st, "d2", "d", false), KVP_OK);
+    assert_int_equal(put(st, "d3", NULL, false), KVP_OK);
+    kvp_dispatch_conn_closed(st, 1);
+    assert_false(resident(st, "d1"));
+    assert_int_equal(st->groups.live, 0);
+    assert_non_null(st->limbo);
+    uint64_t back = mount(st, 4, true);
+    Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;
+    req.segment_id = back;
+    req.last = true;
+    Kvpool__AdoptResponse *r =
+        svc_call(st, 4, KVP_RPC_ADOPT, &req.base, &kvpool__adopt_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    svc_msg_free(r);
+    assert_true(resident(st, "d1") && resident(st, "d2") && resident(st, "d3"));
+    uint32_t id = kvp_group_find(&st->groups, 0, "d", 1);
+    assert_true(id != 0);
+    assert_int_equal(kvp_group_get(&st->groups, id)->n, 2);
+    assert_int_equal(put(st, "d1", "e", true), KVP_ERR_INVALID_ARG);
+    assert_int_equal(put(st, "d3", "d", true), KVP_ERR_INVALID_ARG); /* still ungrouped */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -373,6 +411,8 @@ int main(void)
                                         svc_state_teardown),
         cmocka_unit_test_setup_teardown(test_upsert_keeps_group, setup, svc_state_teardown),
         cmocka_unit_test_setup_teardown(test_count_mismatch, setup, svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_segment_keeps_groups, setup,
+                                        svc_state_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
