@@ -251,6 +251,10 @@ static bool copy_config_string(const char **s, char *buf, size_t cap)
 static bool copy_config_list(aq_job_t *job)
 {
     kvp_put_config_t *c = &job->config;
+    if (c->group_ids != NULL) {
+        kvp_api_fail("aq: group_ids are not supported by the async queue: use kvp_put");
+        return false;
+    }
     if (c->preferred_segments == NULL || c->n_preferred_segments == 0) {
         c->preferred_segments = NULL;
         c->n_preferred_segments = 0;

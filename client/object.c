@@ -392,12 +392,14 @@ kvp_status_t kvp_batch_put_from(kvp_client_t *c, const char *const *keys, const 
 typedef struct put_batch {
     kvp_client_t *c;
     const char *const *keys;
+    const char *const *groups; /* [n] the config's group_ids, or NULL */
     const pieces_t *src;
     int32_t *st;   /* [n] per key */
     size_t *idx;   /* [m] the key of each started slot */
     uint64_t *szs; /* [m] its size */
     size_t *used;  /* [m] how many of its pieces hold bytes */
     ProtobufCBinaryData *kp;
+    ProtobufCBinaryData *gp; /* [m] their group ids (config's group_ids; NULL: none) */
     size_t m;
     Kvpool__PutStartResponse *sr;
     kvp_xfer_op_t *ops; /* [k] one per replica and piece; NULL: none could be made */
@@ -423,6 +425,10 @@ static void put_gather(put_batch_t *b, size_t n)
         b->idx[mm] = i;
         b->kp[mm].data = (uint8_t *)b->keys[i];
         b->kp[mm].len = strlen(b->keys[i]);
+        if (b->gp != NULL) {
+            b->gp[mm].data = (uint8_t *)b->groups[i];
+            b->gp[mm].len = strlen(b->groups[i]);
+        }
         b->szs[mm] = total;
         mm++;
     }
@@ -468,6 +474,8 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
     req.sizes = b->szs;
     req.n_sizes = b->m;
     req.config = &pc;
+    req.group_ids = b->gp;
+    req.n_group_ids = b->gp != NULL ? b->m : 0;
     uint8_t *resp;
     size_t rlen;
     kvp_status_t rc = kvp_session_call(c->session, KVP_RPC_PUT_START, &req.base, &resp, &rlen);
@@ -644,6 +652,24 @@ static kvp_status_t put_config(const kvp_put_config_t *config, kvp_put_config_t 
     return KVP_OK;
 }
 
+/* The config's group ids, one per key, each a string of at most KVP_GROUP_ID_MAX bytes. */
+static kvp_status_t groups_check(const kvp_put_config_t *cfg, size_t n)
+{
+    if (cfg->group_ids == NULL)
+        return KVP_OK;
+    if (cfg->n_group_ids != n) {
+        kvp_api_fail("put: %zu group_ids for %zu keys: one per key", cfg->n_group_ids, n);
+        return KVP_ERR_INVALID_ARG;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (cfg->group_ids[i] == NULL || strlen(cfg->group_ids[i]) > KVP_GROUP_ID_MAX) {
+            kvp_api_fail("put: group_ids[%zu] is %s", i,
+                         cfg->group_ids[i] == NULL ? "NULL" : "longer than 1024 bytes");
+            return KVP_ERR_INVALID_ARG;
+        }
+    return KVP_OK;
+}
+
 /* One put attempt: gather, PutStart, write every replica, PutEnd / PutRevoke. */
 static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys,
                                         const pieces_t *src, size_t n,
@@ -655,19 +681,20 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
     if (n == 0)
         return KVP_OK;
     kvp_put_config_t cfg;
-    if (put_config(config, &cfg) != KVP_OK)
+    if (put_config(config, &cfg) != KVP_OK || groups_check(&cfg, n) != KVP_OK)
         return KVP_ERR_INVALID_ARG;
     if (replicas_written != NULL)
         memset(replicas_written, 0, n * sizeof(*replicas_written));
 
-    put_batch_t b = {.c = c, .keys = keys, .src = src};
+    put_batch_t b = {.c = c, .keys = keys, .groups = cfg.group_ids, .src = src};
     b.st = kvp_scratch_alloc(n * sizeof(*b.st));
     b.idx = kvp_scratch_alloc(n * sizeof(*b.idx));
     b.szs = kvp_scratch_alloc(n * sizeof(*b.szs));
     b.used = kvp_scratch_alloc(n * sizeof(*b.used));
     b.kp = kvp_scratch_alloc(n * sizeof(*b.kp));
+    b.gp = b.groups != NULL ? kvp_scratch_alloc(n * sizeof(*b.gp)) : NULL;
     kvp_status_t rc = KVP_ERR_NOMEM;
-    if (!b.st || !b.idx || !b.szs || !b.used || !b.kp)
+    if (!b.st || !b.idx || !b.szs || !b.used || !b.kp || (b.groups != NULL && !b.gp))
         goto out_all;
     put_gather(&b, n);
     if (b.m > 0) {
@@ -754,7 +781,26 @@ static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const
             kvp_scratch_release(mark);
             break;
         }
-        put_batch_once(c, k2, &src2, m, config, r2, w2);
+        /* the busy keys' group ids (config's are the whole call's) */
+        kvp_put_config_t cfg2;
+        const kvp_put_config_t *config2 = config;
+        const char **g2 = NULL;
+        if (config != NULL &&
+            config->size >= offsetof(kvp_put_config_t, n_group_ids) + sizeof(config->n_group_ids) &&
+            config->group_ids != NULL) {
+            g2 = kvp_scratch_alloc(m * sizeof(*g2));
+            if (g2 == NULL) {
+                kvp_scratch_release(mark);
+                break;
+            }
+            for (size_t j = 0; j < m; j++)
+                g2[j] = config->group_ids[at[j]];
+            memcpy(&cfg2, config, sizeof(cfg2));
+            cfg2.group_ids = g2;
+            cfg2.n_group_ids = m;
+            config2 = &cfg2;
+        }
+        put_batch_once(c, k2, &src2, m, config2, r2, w2);
         kvp_scratch_release(mark);
         nb = 0;
         for (size_t j = 0; j < m; j++) {

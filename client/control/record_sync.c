@@ -98,6 +98,8 @@ kvp_status_t kvp_record_offer(kvp_mconn_t *m, kvp_chan_t *ch, uint64_t seg_id,
             me[i].size = x->size;
             me[i].crc32c = x->crc32c;
             me[i].pin = x->pin;
+            me[i].group_id.data = (uint8_t *)x->group;
+            me[i].group_id.len = x->group_len;
             mp[i] = &me[i];
         }
         Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;

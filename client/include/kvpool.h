@@ -162,7 +162,18 @@ typedef struct kvp_put_config {
      * preferred_segment */
     const char *const *preferred_segments;
     size_t n_preferred_segments;
+    /* object groups (Mooncake's ReplicateConfig.group_ids): NULL: none named (a new object
+     * is ungrouped, an upsert keeps the object's group); else group_ids[i] is key i's
+     * group ("": ungrouped), n_group_ids equal to the call's key count (1 for kvp_put),
+     * each at most KVP_GROUP_ID_MAX bytes (KVP_ERR_INVALID_ARG otherwise). Scoped by the
+     * client's tenant. A read of one member leases the group; an eviction of one takes
+     * the group's members that are not being read or pinned. An upsert naming another
+     * group than the object's gets KVP_ERR_INVALID_ARG. Not for kvp_aq (INVALID_ARG). */
+    const char *const *group_ids;
+    size_t n_group_ids;
 } kvp_put_config_t;
+
+#define KVP_GROUP_ID_MAX 1024
 
 /*
  * Put modes. INSERT fails with KVP_ERR_EXISTS when the key exists. UPSERT

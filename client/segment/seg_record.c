@@ -42,6 +42,7 @@
 
 #define ADD 1u
 #define DEL 2u
+#define ADD_GROUPED 3u /* ADD, then u16 group_len and the object's group id */
 #define ADD_FIXED (1 + 8 + 8 + 8 + 4 + 1 + 2)
 
 typedef struct ent {
@@ -53,6 +54,7 @@ typedef struct ent {
     uint8_t pin;
     bool bad; /* ended without the bytes its CRC says: never served (see above) */
     uint16_t key_len;
+    uint16_t group_len; /* its object group's id, after the key (0: none) */
     char key[];
 } ent_t;
 
@@ -171,7 +173,7 @@ static uint64_t del_locked(kvp_seg_record_t *r, uint64_t offset, uint64_t versio
             uint64_t had = e->version;
             *pp = e->next;
             r->count--;
-            r->key_bytes -= e->key_len;
+            r->key_bytes -= e->key_len + e->group_len;
             free(e);
             return had;
         }
@@ -238,7 +240,7 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
         goto out; /* an earlier mount's: the remount's offer did without them */
     size_t at = 0;
     while (at < len) {
-        if (len - at < 9 || (buf[at] != ADD && buf[at] != DEL)) {
+        if (len - at < 9 || (buf[at] != ADD && buf[at] != DEL && buf[at] != ADD_GROUPED)) {
             st = KVP_ERR_PROTOCOL;
             break;
         }
@@ -263,7 +265,18 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
             st = KVP_ERR_PROTOCOL;
             break;
         }
-        ent_t *e = malloc(sizeof(*e) + key_len);
+        uint16_t group_len = 0;
+        size_t gx = 0; /* the group's length field and bytes */
+        if (p[0] == ADD_GROUPED) {
+            if (len - at - ADD_FIXED - key_len < 2 ||
+                (group_len = (uint16_t)get(p + ADD_FIXED + key_len, 2)) == 0 ||
+                len - at - ADD_FIXED - key_len - 2 < group_len) {
+                st = KVP_ERR_PROTOCOL;
+                break;
+            }
+            gx = 2u + group_len;
+        }
+        ent_t *e = malloc(sizeof(*e) + key_len + group_len);
         if (e == NULL) {
             st = KVP_ERR_NOMEM;
             break;
@@ -275,7 +288,9 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
         e->pin = p[29];
         e->bad = false;
         e->key_len = key_len;
+        e->group_len = group_len;
         memcpy(e->key, p + ADD_FIXED, key_len);
+        memcpy(e->key + key_len, p + ADD_FIXED + key_len + 2, group_len);
         see_tenant(r, e->key, key_len);
         check_bytes(r, e);
         del_locked(r, offset, 0);
@@ -285,10 +300,10 @@ kvp_status_t kvp_seg_record_apply(kvp_seg_record_t *r, uint64_t segment_id, cons
         e->next = r->buckets[b];
         r->buckets[b] = e;
         r->count++;
-        r->key_bytes += key_len;
+        r->key_bytes += key_len + group_len;
         if (r->pending != NULL)
             kvp_data_pending_forget(r->pending, offset, e->version);
-        at += ADD_FIXED + key_len;
+        at += ADD_FIXED + key_len + gx;
     }
     if (st != KVP_OK)
         clear_locked(r); /* no longer in step with the master: trust none of it */
@@ -430,15 +445,17 @@ kvp_status_t kvp_seg_record_snapshot(kvp_seg_record_t *r, kvp_record_entry_t **e
         for (const ent_t *e = r->buckets[b]; e != NULL; e = e->next) {
             if (e->bad)
                 continue; /* not offered back: no master is to hand it out */
-            memcpy(keys, e->key, e->key_len);
+            memcpy(keys, e->key, (size_t)e->key_len + e->group_len);
             out[i++] = (kvp_record_entry_t){.key = keys,
                                             .key_len = e->key_len,
                                             .version = e->version,
                                             .offset = e->offset,
                                             .size = e->size,
                                             .crc32c = e->crc32c,
-                                            .pin = e->pin};
-            keys += e->key_len;
+                                            .pin = e->pin,
+                                            .group = keys + e->key_len,
+                                            .group_len = e->group_len};
+            keys += (size_t)e->key_len + e->group_len;
         }
     }
     pthread_mutex_unlock(&r->lock);

@@ -20,6 +20,8 @@ typedef struct kvp_record_entry {
     uint64_t size;
     uint32_t crc32c;
     uint32_t pin;
+    const char *group; /* its object group (group_len bytes; 0: none) */
+    size_t group_len;
 } kvp_record_entry_t;
 
 typedef struct kvp_seg_record kvp_seg_record_t;

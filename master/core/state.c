@@ -33,9 +33,14 @@ kvp_status_t kvp_master_state_init(kvp_master_state_t *st)
     kvp_status_t s = kvp_tenant_table_init(&st->tenants);
     if (s != KVP_OK)
         return s;
+    s = kvp_group_table_init(&st->groups);
+    if (s != KVP_OK)
+        return s;
     s = kvp_index_init(&st->index);
     st->index.charge = kvp_state_charge;
     st->index.charge_arg = st;
+    st->index.groups = &st->groups;
+    st->segments.groups = &st->groups;
     return s;
 }
 
@@ -118,7 +123,9 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
         free(t);
     }
     st->index.charge = NULL; /* nothing is charged any more */
+    st->index.groups = NULL; /* (the table goes whole, below) */
     kvp_index_cleanup(&st->index);
+    kvp_group_table_cleanup(&st->groups);
     kvp_segment_table_cleanup(&st->segments);
     kvp_tenant_table_cleanup(&st->tenants);
     free(st->scope_buf);

@@ -27,6 +27,7 @@
 #include "master/core/config.h"
 #include "master/core/event_sink.h"
 #include "master/meta/ghost.h"
+#include "master/meta/group.h"
 #include "master/meta/lease_table.h"
 #include "master/meta/object.h"
 #include "master/meta/object_index.h"
@@ -67,7 +68,11 @@ typedef struct kvp_master_stats {
     uint64_t exists;      /* keys asked whether they exist */
     uint64_t removes;     /* objects removed (Remove, RemoveByRegex) */
     uint64_t lease_waits; /* removes refused for a read lease, puts told to wait (POOL_BUSY) */
-    uint64_t refused_protected; /* connections of other hosts refused in protected mode */
+    /* object groups (meta/group.h) */
+    uint64_t group_refused;         /* puts refused for their group ids (moved, bad length) */
+    uint64_t group_lease_refreshes; /* a group's members leased by a read of one */
+    uint64_t group_evicted;         /* objects evicted with a victim of their group */
+    uint64_t refused_protected;     /* connections of other hosts refused in protected mode */
     /* refusals of the ACL (master/auth/admission.c, dispatch.c; kvpool_connections_refused_total
      * and kvpool_requests_refused_total by reason) */
     uint64_t refused_tls;         /* a TLS handshake that failed (not TLS, unknown CA, revoked..) */
@@ -281,6 +286,8 @@ typedef struct kvp_master_state {
     uint32_t clients;               /* connections open now (server.c) */
     /* tenants (meta/tenant.h): with an ACL, keys are scoped by tenant and charged to it */
     kvp_tenant_table_t tenants;
+    /* object groups (meta/group.h), scoped by tenant: members leased and evicted together */
+    kvp_group_table_t groups;
     bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
     bool share_evict; /* an eviction run takes objects of tenants over their share first */
     /* data grants (common/grant.h): with TLS, answers that name extents carry grants the

@@ -61,7 +61,8 @@ static kvp_status_t check(kvp_master_state_t *st, const kvp_segment_t *seg, kvp_
                 return KVP_ERR_EXISTS;
         return KVP_OK;
     }
-    if (obj->state != KVP_OBJ_COMPLETE || obj->version >= e->version || obj->flags != 0)
+    if (obj->state != KVP_OBJ_COMPLETE || obj->version >= e->version ||
+        (obj->flags & KVP_OBJ_F_COPYING) != 0)
         return KVP_ERR_EXISTS; /* the master's is newer, or in the making */
     /* ours is newer: the master's value was overwritten before it restarted */
     kvp_object_remove(st, obj);
@@ -76,7 +77,7 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
     uint64_t usable = kvp_segment_usable(seg);
     if (e->version == 0 || e->size == 0 || e->offset % align != 0 || e->offset >= usable ||
         e->size > usable - e->offset || aligned(e->size, align) > usable - e->offset ||
-        e->pin > KVP_PIN_HARD || e->key_len == 0) {
+        e->pin > KVP_PIN_HARD || e->key_len == 0 || e->group_len > KVP_GROUP_ID_MAX) {
         st->stats.adopt_refused++;
         return KVP_ERR_INVALID_ARG;
     }
@@ -110,7 +111,14 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
         st->stats.adopted++;
         return KVP_OK;
     }
-    obj = kvp_object_create(e->key, e->key_len, hash, 1);
+    /* its group (the tenant's of its key), as the put gave it */
+    obj = e->group_len > 0 ? kvp_object_create_grouped(e->key, e->key_len, hash, 1)
+                           : kvp_object_create(e->key, e->key_len, hash, 1);
+    if (obj != NULL && e->group_len > 0 &&
+        kvp_group_join(&st->groups, tenant, e->group, e->group_len, 0, obj) != KVP_OK) {
+        free(obj);
+        obj = NULL;
+    }
     if (obj == NULL) {
         kvp_segment_table_free_extent(&st->segments, &rep);
         return KVP_ERR_NOMEM;

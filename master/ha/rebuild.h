@@ -18,7 +18,9 @@ typedef struct kvp_adopt_entry {
     uint64_t offset;
     uint64_t size;
     uint32_t crc32c;
-    uint32_t pin; /* kvp_pin_t */
+    uint32_t pin;      /* kvp_pin_t */
+    const char *group; /* its object group (group_len bytes; 0: none) */
+    size_t group_len;
 } kvp_adopt_entry_t;
 
 /*

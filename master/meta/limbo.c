@@ -52,7 +52,8 @@ kvp_limbo_t *kvp_limbo_new(const char *name, const char *host_id, const char *sh
 }
 
 bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t version,
-                   uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin)
+                   uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin, const char *group,
+                   size_t group_len)
 {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 256;
@@ -62,18 +63,22 @@ bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t ver
         l->e = e;
         l->cap = cap;
     }
-    char *k = malloc(key_len + 1);
+    char *k = malloc(key_len + 1 + group_len);
     if (k == NULL)
         return false;
     memcpy(k, key, key_len);
     k[key_len] = '\0';
+    if (group_len > 0)
+        memcpy(k + key_len + 1, group, group_len);
     l->e[l->n++] = (kvp_limbo_entry_t){.key = k,
                                        .key_len = key_len,
                                        .version = version,
                                        .offset = offset,
                                        .size = size,
                                        .crc32c = crc32c,
-                                       .pin = pin};
+                                       .pin = pin,
+                                       .group = k + key_len + 1,
+                                       .group_len = group_len};
     return true;
 }
 

@@ -17,6 +17,8 @@ typedef struct kvp_limbo_entry {
     uint64_t size;
     uint32_t crc32c;
     uint32_t pin;
+    const char *group; /* its object group's id (after the key's NUL; group_len 0: none) */
+    size_t group_len;
 } kvp_limbo_entry_t;
 
 /* Whose a dropped segment was: the principal that mounted it (its tag; 0: no ACL) and
@@ -52,7 +54,8 @@ kvp_limbo_t *kvp_limbo_new(const char *name, const char *host_id, const char *sh
                            const kvp_limbo_owner_t *owner, uint64_t until_ms);
 /* Note one object's extent; false: out of memory (the entry is not kept). */
 bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t version,
-                   uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin);
+                   uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin, const char *group,
+                   size_t group_len);
 /* Is this the segment l was (the same name, host and memory, mounted by the same owner)? */
 bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id, const char *shm_path,
                   const kvp_limbo_owner_t *owner);

@@ -26,6 +26,10 @@ typedef enum kvp_obj_state {
 /* obj->flags: a copy between tiers in flight (policy/tier.c) */
 #define KVP_OBJ_F_OFFLOADING 1u /* DRAM replica being copied to SSD (a task holds the extent) */
 #define KVP_OBJ_F_PROMOTING 2u  /* SSD replica being copied to DRAM */
+#define KVP_OBJ_F_COPYING (KVP_OBJ_F_OFFLOADING | KVP_OBJ_F_PROMOTING)
+/* in an object group (meta/group.h): its group id, a uint32_t, follows its key bytes (4
+ * bytes more than an ungrouped object; none for one without) */
+#define KVP_OBJ_F_GROUPED 4u
 
 typedef enum kvp_pin {
     KVP_PIN_NONE = 0,
@@ -77,6 +81,27 @@ _Static_assert(sizeof(kvp_object_t) == 80, "kvp_object_t grew");
 static inline const char *kvp_object_key(const kvp_object_t *obj)
 {
     return (const char *)&obj->replicas[obj->n_replicas];
+}
+
+/* The bytes after the replicas: the key, and a grouped object's group id. */
+static inline size_t kvp_object_tail_len(const kvp_object_t *obj)
+{
+    return obj->key_len + ((obj->flags & KVP_OBJ_F_GROUPED) ? sizeof(uint32_t) : 0);
+}
+
+/* obj's group id (meta/group.h); 0: none. */
+static inline uint32_t kvp_object_group(const kvp_object_t *obj)
+{
+    uint32_t g = 0;
+    if (obj->flags & KVP_OBJ_F_GROUPED)
+        __builtin_memcpy(&g, kvp_object_key(obj) + obj->key_len, sizeof(g));
+    return g;
+}
+
+/* (an object made with kvp_object_create_grouped only) */
+static inline void kvp_object_set_group(kvp_object_t *obj, uint32_t g)
+{
+    __builtin_memcpy((char *)kvp_object_key(obj) + obj->key_len, &g, sizeof(g));
 }
 
 /* Bytes obj's extents take in their segments (every replica, aligned). */

@@ -18,6 +18,8 @@
 
 #include "master/meta/object_index.h"
 
+#include "master/meta/group.h"
+
 kvp_status_t kvp_index_init(kvp_object_index_t *index)
 {
     memset(index, 0, sizeof(*index));
@@ -184,6 +186,8 @@ void kvp_index_unlink(kvp_object_index_t *index, kvp_object_t *obj)
     index->count--;
     lists_unlink(index, obj);
     kvp_index_charge(index, obj, -1);
+    if (index->groups != NULL && (obj->flags & KVP_OBJ_F_GROUPED))
+        kvp_group_leave(index->groups, obj);
 }
 
 void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_state_t state)
@@ -215,11 +219,14 @@ void kvp_index_replace(kvp_object_index_t *index, kvp_object_t *obj, kvp_object_
         obj->lnext->lprev = repl;
     else if (l->tail == obj)
         l->tail = repl;
+    if (index->groups != NULL && (obj->flags & KVP_OBJ_F_GROUPED))
+        kvp_group_rebind(index->groups, obj, repl);
 }
 
-kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)
+static kvp_object_t *create(const char *key, size_t len, uint64_t hash, unsigned n_replicas,
+                            size_t extra)
 {
-    kvp_object_t *obj = malloc(sizeof(*obj) + n_replicas * sizeof(kvp_replica_t) + len);
+    kvp_object_t *obj = malloc(sizeof(*obj) + n_replicas * sizeof(kvp_replica_t) + len + extra);
     if (obj == NULL)
         return NULL;
     memset(obj, 0, sizeof(*obj));
@@ -227,6 +234,22 @@ kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsi
     obj->key_len = (uint16_t)len;
     obj->n_replicas = (uint8_t)n_replicas;
     memcpy((char *)&obj->replicas[n_replicas], key, len);
+    return obj;
+}
+
+kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas)
+{
+    return create(key, len, hash, n_replicas, 0);
+}
+
+kvp_object_t *kvp_object_create_grouped(const char *key, size_t len, uint64_t hash,
+                                        unsigned n_replicas)
+{
+    kvp_object_t *obj = create(key, len, hash, n_replicas, sizeof(uint32_t));
+    if (obj != NULL) {
+        obj->flags = KVP_OBJ_F_GROUPED;
+        kvp_object_set_group(obj, 0);
+    }
     return obj;
 }
 
@@ -242,6 +265,8 @@ void kvp_index_foreach_remove(kvp_object_index_t *index, kvp_index_visit_cb_t cb
                 index->count--;
                 lists_unlink(index, obj);
                 kvp_index_charge(index, obj, -1);
+                if (index->groups != NULL && (obj->flags & KVP_OBJ_F_GROUPED))
+                    kvp_group_leave(index->groups, obj);
                 free(obj);
                 continue;
             }

@@ -46,6 +46,9 @@ typedef struct kvp_object_index {
      * Who changes an indexed object's replicas in place calls kvp_index_charge around. */
     void (*charge)(void *arg, const kvp_object_t *obj, int sign);
     void *charge_arg;
+    /* object groups (meta/group.h; NULL: none): a grouped object leaves its group when it
+     * leaves the index, and its replacement (kvp_index_replace) takes its place there */
+    struct kvp_group_table *groups;
 } kvp_object_index_t;
 
 static inline void kvp_index_charge(kvp_object_index_t *index, const kvp_object_t *obj, int sign)
@@ -77,6 +80,10 @@ void kvp_object_list_remove(kvp_object_list_t *list, kvp_object_t *obj);
 void kvp_index_replace(kvp_object_index_t *index, kvp_object_t *obj, kvp_object_t *repl);
 /* Allocate an object with room for n replicas and the key. */
 kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsigned n_replicas);
+/* The same with room for a group id after the key (KVP_OBJ_F_GROUPED; group 0 until it
+ * joins one, kvp_group_join). */
+kvp_object_t *kvp_object_create_grouped(const char *key, size_t len, uint64_t hash,
+                                        unsigned n_replicas);
 
 /*
  * Visit every object. When cb returns true the object is unlinked and its

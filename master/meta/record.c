@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "master/meta/group.h"
 
 /* Put seg on the table's dirty list (once). */
 static void list(kvp_segment_table_t *table, kvp_segment_t *seg)
@@ -85,10 +86,14 @@ static uint8_t *put(uint8_t *p, uint64_t v, size_t n)
 void kvp_record_add(kvp_segment_table_t *table, kvp_segment_t *seg, const kvp_object_t *obj,
                     const kvp_replica_t *rep)
 {
-    uint8_t *p = reserve(table, seg, 1 + 8 + 8 + 8 + 4 + 1 + 2 + obj->key_len);
+    const kvp_group_t *g = table->groups != NULL ? kvp_group_get((kvp_group_table_t *)table->groups,
+                                                                 kvp_object_group(obj))
+                                                 : NULL;
+    size_t glen = g != NULL ? 2 + g->name_len : 0;
+    uint8_t *p = reserve(table, seg, 1 + 8 + 8 + 8 + 4 + 1 + 2 + obj->key_len + glen);
     if (p == NULL)
         return;
-    p = put(p, KVP_RECORD_ADD, 1);
+    p = put(p, g != NULL ? KVP_RECORD_ADD_GROUPED : KVP_RECORD_ADD, 1);
     p = put(p, rep->offset, 8);
     p = put(p, obj->size, 8);
     p = put(p, obj->version, 8);
@@ -96,6 +101,10 @@ void kvp_record_add(kvp_segment_table_t *table, kvp_segment_t *seg, const kvp_ob
     p = put(p, obj->pin, 1);
     p = put(p, obj->key_len, 2);
     memcpy(p, kvp_object_key(obj), obj->key_len);
+    if (g != NULL) {
+        p = put(p + obj->key_len, g->name_len, 2);
+        memcpy(p, g->name, g->name_len);
+    }
 }
 
 void kvp_record_del(kvp_segment_table_t *table, kvp_segment_t *seg, uint64_t offset)

@@ -13,6 +13,7 @@
 #include "master/meta/segment_table.h"
 
 #define KVP_RECORD_ADD 1u
+#define KVP_RECORD_ADD_GROUPED 3u /* ADD, then u16 group_len and the group id */
 #define KVP_RECORD_DEL 2u
 /* A segment whose unsent changes pass this stops being recorded (the owner is told). */
 #define KVP_RECORD_MAX_QUEUED (64u << 20)

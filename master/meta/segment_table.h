@@ -71,6 +71,8 @@ typedef struct kvp_segment_table {
     uint64_t version;
     /* segments whose record changed since the server last wrote their streams (record.c) */
     bool records_dirty;
+    /* object groups (meta/group.h): a grouped object's record carries its group id */
+    const struct kvp_group_table *groups;
     uint64_t *dirty_ids;
     size_t n_dirty, dirty_cap;
 } kvp_segment_table_t;

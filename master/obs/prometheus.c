@@ -221,6 +221,25 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
         s->lease_waits);
     one(r, "kvpool_leases_expired_total", "counter", "Read leases ended by their TTL.",
         st->leases.expired);
+    /* object groups (meta/group.h) */
+    const struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } groups[] = {
+        {"kvpool_groups", "gauge", "Object groups with members (all tenants).", st->groups.live},
+        {"kvpool_group_members", "gauge", "Objects in object groups.", st->groups.members},
+        {"kvpool_group_refused_total", "counter",
+         "Puts refused for their group_ids (another count than the keys, an id over 1024 "
+         "bytes, an upsert that moves or clears an object's group).",
+         s->group_refused},
+        {"kvpool_group_lease_refreshes_total", "counter",
+         "Reads or lookups of a grouped object that leased its group's other members.",
+         s->group_lease_refreshes},
+        {"kvpool_group_evicted_total", "counter",
+         "Objects evicted with a victim of their object group.", s->group_evicted},
+    };
+    for (size_t i = 0; i < sizeof(groups) / sizeof(groups[0]); i++)
+        one(r, groups[i].name, groups[i].type, groups[i].help, groups[i].v);
     head(r, "kvpool_lease_releases_refused_total", "counter",
          "Lease releases ignored, by reason (not_owner: the lease was granted to another "
          "principal, or without an ACL on another connection; unknown: no lease has the id: "

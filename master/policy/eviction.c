@@ -74,6 +74,10 @@
  * on in plain policy order. Cost: O(tenants) per run to set the shares, and each object
  * passed over is moved once per scan.
  *
+ * Object groups (meta/group.h): an object a member of whose group is leased is passed
+ * over (as a draining one is), and a victim takes the members of its group that may go
+ * (evict_group: each checked as a victim is), O(members) per grouped victim.
+ *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, rpc/object_calls.c); the watermarks (off by default) can keep
  * headroom besides. With an SSD tier mounted, DRAM victims are offloaded
@@ -100,12 +104,19 @@
 
 /* Objects on the scanned lists are neither being read nor pinned (other lists hold
  * those): what is left to check is the segment, and with tenant shares, its tenant. */
-static bool evictable(const kvp_master_state_t *st, const kvp_object_t *obj)
+static bool evictable(kvp_master_state_t *st, const kvp_object_t *obj)
 {
     /* an object on a draining segment is being moved away: evicting it frees no room
      * that new puts could use */
     if (kvp_segment_table_on_draining(&st->segments, obj))
         return false;
+    /* a member of a group one of whose members is being read stays (Mooncake's group
+     * eviction: a group with a leased member is passed over whole) */
+    const kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
+    for (uint32_t i = 0; g != NULL && i < g->n; i++)
+        if (g->members[i] != obj && g->members[i]->state == KVP_OBJ_COMPLETE &&
+            kvp_leased(st, g->members[i]))
+            return false;
     if (!st->share_evict || obj->tenant >= st->tenants.n)
         return true;
     const kvp_tenant_t *t = &st->tenants.t[obj->tenant];
@@ -198,6 +209,74 @@ static kvp_object_t *victim(kvp_master_state_t *st, bool take_soft)
     return obj;
 }
 
+/* One DRAM victim goes: dropped, or offloaded to SSD (its room free when the copy is
+ * durable). Counted in *freed_p (bytes free now), *used_p, *count_p. */
+static void evict_one(kvp_master_state_t *st, kvp_object_t *obj, uint64_t *freed_p,
+                      uint64_t *used_p, uint64_t *count_p)
+{
+    uint64_t bytes = kvp_object_bytes(obj);
+    kvp_tier_victim_t what = kvp_tier_victim(st, obj);
+    if (what == KVP_TIER_DROP) {
+        kvp_state_object_gone(st, obj);
+        bool prot = (obj->policy & KVP_POLICY_LIST_MASK) == KVP_POLICY_PROTECTED;
+        kvp_index_unlink(&st->index, obj);
+        kvp_ghost_add(&st->ghost, obj->hash, prot ? KVP_GHOST_PROTECTED : KVP_GHOST_PROBATION,
+                      st->index.count - st->index.pending);
+        kvp_object_release(st, obj);
+        kvp_policy_victim(st);
+    }
+    if (what != KVP_TIER_OFFLOAD)
+        *freed_p += bytes;
+    *used_p = bytes < *used_p ? *used_p - bytes : 0;
+    (*count_p)++;
+}
+
+/* May a member of an evicted object's group go with it? The checks a victim passes:
+ * complete, on a list eviction scans (not being read, not hard-pinned, not on its way to
+ * or from SSD; soft-pinned only in the soft pass or when its pin is over), evictable. */
+static bool member_goes(kvp_master_state_t *st, const kvp_object_t *m, bool take_soft)
+{
+    if (m->state != KVP_OBJ_COMPLETE || (m->flags & KVP_OBJ_F_COPYING))
+        return false;
+    switch (m->policy & KVP_POLICY_LIST_MASK) {
+    case KVP_POLICY_PROBATION:
+    case KVP_POLICY_PROTECTED:
+        break;
+    case KVP_POLICY_SOFT:
+        if (!take_soft && kvp_policy_soft_pin_live(st, m))
+            return false;
+        break;
+    default:
+        return false;
+    }
+    return evictable(st, m);
+}
+
+/* The victim of group gid went: the group's other members that may go, go too
+ * (Mooncake's group eviction: a victim expands to its group's current members, each
+ * checked as a victim is). */
+static void evict_group(kvp_master_state_t *st, uint32_t gid, bool take_soft, uint64_t *freed_p,
+                        uint64_t *used_p, uint64_t *count_p)
+{
+    const kvp_group_t *g = kvp_group_get(&st->groups, gid);
+    if (g == NULL || g->n == 0)
+        return;
+    /* a copy: members leave the group (and the last one frees it) as they go */
+    uint32_t n = g->n;
+    kvp_object_t **m = malloc(n * sizeof(*m));
+    if (m == NULL)
+        return; /* (a hint, not a promise: the others go by the policy alone) */
+    memcpy(m, g->members, n * sizeof(*m));
+    bool ssd = kvp_tier_has_ssd(st);
+    for (uint32_t i = 0; i < n && !(ssd && kvp_tier_offload_full(st)); i++) {
+        if (!member_goes(st, m[i], take_soft))
+            continue;
+        evict_one(st, m[i], freed_p, used_p, count_p);
+        st->stats.group_evicted++;
+    }
+    free(m);
+}
+
 /* DRAM bytes in use, less what the offloads in flight free when they end. */
 static uint64_t dram_used(const kvp_master_state_t *st)
 {
@@ -220,22 +299,9 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
          * puts wait for them (POOL_BUSY) rather than drop objects SSD could keep */
         while (used > target && !(ssd && kvp_tier_offload_full(st)) &&
                (obj = victim(st, pass == 1)) != NULL) {
-            uint64_t bytes = kvp_object_bytes(obj);
-            kvp_tier_victim_t what = kvp_tier_victim(st, obj);
-            if (what == KVP_TIER_DROP) {
-                kvp_state_object_gone(st, obj);
-                bool prot = (obj->policy & KVP_POLICY_LIST_MASK) == KVP_POLICY_PROTECTED;
-                kvp_index_unlink(&st->index, obj);
-                kvp_ghost_add(&st->ghost, obj->hash,
-                              prot ? KVP_GHOST_PROTECTED : KVP_GHOST_PROBATION,
-                              st->index.count - st->index.pending);
-                kvp_object_release(st, obj);
-                kvp_policy_victim(st);
-            }
-            if (what != KVP_TIER_OFFLOAD)
-                freed += bytes;
-            used = bytes < used ? used - bytes : 0;
-            count++;
+            uint32_t gid = kvp_object_group(obj);
+            evict_one(st, obj, &freed, &used, &count);
+            evict_group(st, gid, pass == 1, &freed, &used, &count);
             if (st->share_evict && !any_over(st))
                 st->share_evict = false;
         }

@@ -229,6 +229,23 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj, uint64_t own
     return lease_id(t, g);
 }
 
+void kvp_lease_group(kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
+    if (g == NULL || st->config.lease_ttl_ms == 0)
+        return;
+    if (!g->stale && st->now_ms - g->refreshed_ms < st->config.lease_ttl_ms / 4)
+        return;
+    g->stale = false;
+    g->refreshed_ms = st->now_ms;
+    st->stats.group_lease_refreshes++;
+    for (uint32_t i = 0; i < g->n; i++) {
+        kvp_object_t *m = g->members[i];
+        if (m != obj && m->state == KVP_OBJ_COMPLETE)
+            kvp_lease_grant(st, m, KVP_LEASE_NOBODY); /* it ends by the TTL */
+    }
+}
+
 /* The lease on slot i is over: free the slot (and a retired object with it when asked). */
 static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
 {

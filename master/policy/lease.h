@@ -55,6 +55,14 @@ bool kvp_lease_release(kvp_master_state_t *st, uint64_t lease_id);
  * unknown from now on); the reads they counted still hold their leases, which end by
  * their TTL, as a dead reader's. O(grant records), only while a connection owns one. */
 void kvp_lease_disown(kvp_master_state_t *st, uint64_t owner);
+/*
+ * obj (COMPLETE) was read or looked up: the other COMPLETE members of its group (meta/
+ * group.h) get a read lease that ends by its TTL, as Exist's (--lease-on-exist). Soft
+ * pins are not extended. A group refreshed less than a quarter of the TTL ago, none
+ * joined since, is not refreshed again (each member's lease still has 3/4 of it to go):
+ * O(members) at most 4 times a TTL per group. Nothing without leases (--lease-ttl-ms 0).
+ */
+void kvp_lease_group(kvp_master_state_t *st, const kvp_object_t *obj);
 /* End leases whose TTL passed (readers that died). Returns how many. */
 unsigned kvp_lease_expire(kvp_master_state_t *st);
 /* obj is going away (evicted, its last segment unmounted, ...): forget its lease, if any. */

@@ -83,7 +83,10 @@ kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
             kvp_index_charge(&st->index, obj, +1);
         return obj;
     }
-    kvp_object_t *o = kvp_object_create(kvp_object_key(obj), obj->key_len, obj->hash, n);
+    kvp_object_t *o =
+        (obj->flags & KVP_OBJ_F_GROUPED)
+            ? kvp_object_create_grouped(kvp_object_key(obj), obj->key_len, obj->hash, n)
+            : kvp_object_create(kvp_object_key(obj), obj->key_len, obj->hash, n);
     if (o == NULL)
         return NULL;
     if (indexed)
@@ -93,8 +96,8 @@ kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
     memcpy(o, obj, head);
     o->n_replicas = (uint8_t)n;
     memcpy(keep, reps, n * sizeof(*reps));
-    memcpy((char *)&o->replicas[n], kvp_object_key(obj), obj->key_len);
-    kvp_index_replace(&st->index, obj, o);
+    memcpy((char *)&o->replicas[n], kvp_object_key(obj), kvp_object_tail_len(obj));
+    kvp_index_replace(&st->index, obj, o); /* (and its group's member list) */
     if (indexed)
         kvp_index_charge(&st->index, o, +1);
     if (o->state != KVP_OBJ_PENDING && o->lease != 0)

@@ -143,7 +143,7 @@ static kvp_segment_t *fanout_target(kvp_master_state_t *st, const kvp_object_t *
 /* One more replica for hot key e (obj): a copy task. */
 static void fanout(kvp_master_state_t *st, kvp_hot_key_t *e, const kvp_object_t *obj)
 {
-    if (obj->n_replicas >= KVP_MAX_REPLICAS || obj->flags != 0)
+    if (obj->n_replicas >= KVP_MAX_REPLICAS || (obj->flags & KVP_OBJ_F_COPYING) != 0)
         return;
     /* the replica counts against the tenant's DRAM quota: none for a tenant it would take
      * past it, or whose admission is closed (the copy's start would refuse it anyway) */

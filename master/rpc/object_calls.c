@@ -115,10 +115,21 @@ static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_
                  (unsigned long long)(size * (preq->replica_num ? preq->replica_num : 1)));
 }
 
-static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
+/* Is group id `cur` (0: none) the one a put names (empty: none)? */
+static bool same_group(kvp_master_state_t *st, uint32_t cur, const ProtobufCBinaryData *group)
+{
+    const kvp_group_t *g = kvp_group_get(&st->groups, cur);
+    if (g == NULL)
+        return group->len == 0;
+    return group->len == g->name_len && memcmp(group->data, g->name, g->name_len) == 0;
+}
+
+/* group: the group this key's put names (NULL: none named, an upsert keeps the object's;
+ * empty: ungrouped). *held_p: a group held for the new object (the caller drops it). */
+static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
                                   const ProtobufCBinaryData *key, uint64_t size,
-                                  const kvp_placement_req_t *preq, int64_t *give_back_p,
-                                  kvp_object_t **obj_p)
+                                  const kvp_placement_req_t *preq, const ProtobufCBinaryData *group,
+                                  int64_t *give_back_p, uint32_t *held_p, kvp_object_t **obj_p)
 {
     kvp_object_t *obj;
     uint64_t hash;
@@ -131,17 +142,26 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_PENDING;
     if (obj != NULL && !preq->upsert)
         return KVP_ERR_EXISTS;
+    /* group membership is immutable while the object exists (Mooncake's UpsertStart:
+     * INVALID_PARAMS): an upsert may keep its group, not move or clear it */
+    if (obj != NULL && group != NULL && !same_group(st, kvp_object_group(obj), group)) {
+        st->stats.group_refused++;
+        return KVP_ERR_INVALID_ARG;
+    }
     if (obj != NULL) {
         /* Upsert. Same size and nobody reading: rewrite the extents in place (the
          * object is PENDING, so invisible, while that happens). Otherwise the old
          * object goes now (its extents stay until readers' leases end) and the new
          * one gets extents of its own. Either way the key is absent until PutEnd,
          * and absent for good if the new put fails. */
-        if (obj->size == size && !kvp_leased(st, obj) && obj->flags == 0 && !preq->ssd &&
-            !kvp_segment_table_has_tier(&st->segments, obj, true) &&
+        if (obj->size == size && !kvp_leased(st, obj) && (obj->flags & KVP_OBJ_F_COPYING) == 0 &&
+            !preq->ssd && !kvp_segment_table_has_tier(&st->segments, obj, true) &&
             !kvp_segment_table_on_draining(&st->segments, obj) &&
             obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
-            kvp_lease_forget(st, obj);             /* a lease whose TTL is over: its slot goes */
+            kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
+            if (g != NULL)
+                g->stale = true;       /* a member without a lease: the next read leases it again */
+            kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
             kvp_record_forget(&st->segments, obj); /* the bytes are about to change */
             kvp_state_object_gone(st, obj);        /* absent until PutEnd (KV events) */
             kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
@@ -152,6 +172,9 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
             *obj_p = obj;
             return KVP_OK;
         }
+        /* the new value keeps the old one's group, even when it was its last member */
+        *held_p = kvp_object_group(obj);
+        kvp_group_hold(&st->groups, *held_p);
         kvp_object_remove(st, obj);
     }
     if (over_quota(st, preq, size) != NULL) {
@@ -199,7 +222,15 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     }
     if (status != KVP_OK)
         return status;
-    obj = kvp_object_create((const char *)key->data, key->len, hash, n);
+    bool grouped = group != NULL ? group->len > 0 : *held_p != 0;
+    obj = grouped ? kvp_object_create_grouped((const char *)key->data, key->len, hash, n)
+                  : kvp_object_create((const char *)key->data, key->len, hash, n);
+    if (obj != NULL && grouped &&
+        kvp_group_join(&st->groups, r.tenant, group != NULL ? (const char *)group->data : NULL,
+                       group != NULL ? group->len : 0, *held_p, obj) != KVP_OK) {
+        free(obj);
+        obj = NULL;
+    }
     if (obj == NULL) {
         for (unsigned i = 0; i < n; i++) {
             kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
@@ -219,6 +250,17 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     kvp_index_insert(&st->index, obj);
     *obj_p = obj;
     return KVP_OK;
+}
+
+static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
+                                  const ProtobufCBinaryData *key, uint64_t size,
+                                  const kvp_placement_req_t *preq, const ProtobufCBinaryData *group,
+                                  int64_t *give_back_p, kvp_object_t **obj_p)
+{
+    uint32_t held = 0;
+    kvp_status_t s = put_start_key(st, conn_id, key, size, preq, group, give_back_p, &held, obj_p);
+    kvp_group_drop(&st->groups, held);
+    return s;
 }
 
 /* What holds a pool that has no room left (PutStartResponse.message). */
@@ -298,6 +340,14 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     int32_t status = kvp_call_check_batch(req->n_keys);
     if (status == KVP_OK && req->n_sizes != req->n_keys)
         status = KVP_ERR_INVALID_ARG;
+    /* group ids: none (every key as before), or one per key (Mooncake: INVALID_PARAMS) */
+    if (status == KVP_OK && req->n_group_ids != 0 && req->n_group_ids != req->n_keys)
+        status = KVP_ERR_INVALID_ARG;
+    for (size_t i = 0; status == KVP_OK && i < req->n_group_ids; i++)
+        if (req->group_ids[i].len > KVP_GROUP_ID_MAX)
+            status = KVP_ERR_INVALID_ARG;
+    if (status != KVP_OK && req->n_group_ids != 0)
+        st->stats.group_refused++;
     /* an unknown medium: the status alone (PutStart has always answered it without a
      * message) */
     if (status == KVP_OK)
@@ -329,7 +379,8 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         resptr[i] = &res[i];
         kvp_object_t *obj = NULL;
         res[i].status =
-            put_start_one(st, call->conn_id, &req->keys[i], req->sizes[i], &preq, &give_back, &obj);
+            put_start_one(st, call->conn_id, &req->keys[i], req->sizes[i], &preq,
+                          req->n_group_ids ? &req->group_ids[i] : NULL, &give_back, &obj);
         if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
             r.text[0] == '\0')
             pool_full_message(st, r.text, r.text_max);
@@ -403,7 +454,7 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
             kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
     }
     if (w > 0 && w < obj->n_replicas) {
-        memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+        memmove((char *)&obj->replicas[w], kvp_object_key(obj), kvp_object_tail_len(obj));
         obj->n_replicas = (uint8_t)w;
     }
     kvp_index_charge(&st->index, obj, +1);
@@ -480,8 +531,12 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
     st->stats.exists++;
     if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)
         return 0;
-    if (st->config.lease_on_exist)
+    /* a grouped object's lookup leases its whole group (Mooncake's ExistKey) */
+    bool grouped = kvp_object_group(obj) != 0;
+    if (st->config.lease_on_exist || grouped)
         kvp_lease_grant(st, obj, KVP_LEASE_NOBODY); /* it ends by the TTL */
+    if (grouped)
+        kvp_lease_group(st, obj);
     return 1;
 }
 
@@ -659,6 +714,7 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
         /* a read lease: the extents stay put (no eviction, no plain remove) until the
          * client releases it after its transfer */
         res[i].lease_id = kvp_lease_grant(st, obj, owner); /* the read counts when it ends */
+        kvp_lease_group(st, obj); /* and its group's other members are leased too */
         kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
         kvp_hot_on_read(st, obj); /* --hot-key-reads: counted */
         res[i].replicas = &repptr[nr];

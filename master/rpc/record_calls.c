@@ -68,7 +68,9 @@ static void take_back(kvp_master_state_t *st, kvp_segment_t *seg)
                                .offset = le->offset,
                                .size = le->size,
                                .crc32c = le->crc32c,
-                               .pin = le->pin};
+                               .pin = le->pin,
+                               .group = le->group,
+                               .group_len = le->group_len};
         if (kvp_rebuild_adopt(st, seg, &e) != KVP_OK) {
             st->stats.adopt_refused = refused_before; /* not the owner's offer: counted below */
             refused++;
@@ -105,7 +107,9 @@ static int32_t adopt_one(kvp_master_state_t *st, kvp_segment_t *seg, const Kvpoo
                                .offset = m->offset,
                                .size = m->size,
                                .crc32c = m->crc32c,
-                               .pin = m->pin};
+                               .pin = m->pin,
+                               .group = (const char *)m->group_id.data,
+                               .group_len = m->group_id.len};
         status = kvp_rebuild_adopt(st, seg, &e);
     } else {
         st->stats.adopt_refused++;

@@ -462,11 +462,13 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     }
     if (!hit)
         return false;
+    const kvp_group_t *g = kvp_group_get(&ctx->st->groups, kvp_object_group(obj));
     if (ctx->limbo != NULL && obj->state == KVP_OBJ_COMPLETE)
         for (unsigned i = 0; i < obj->n_replicas; i++)
             if (obj->replicas[i].segment_id == ctx->segment_id &&
                 !kvp_limbo_add(ctx->limbo, kvp_object_key(obj), obj->key_len, obj->version,
-                               obj->replicas[i].offset, obj->size, obj->crc32c, obj->pin))
+                               obj->replicas[i].offset, obj->size, obj->crc32c, obj->pin,
+                               g != NULL ? g->name : NULL, g != NULL ? g->name_len : 0))
                 ctx->limbo_failed++;
     if (live == 0) {
         ctx->dropped++;
@@ -493,7 +495,7 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     if (ctx->st->events != NULL)
         kvp_state_media_event(ctx->st, obj, before, kvp_state_media(ctx->st, obj->replicas, w));
     /* Shift the key down behind the shortened replica array. */
-    memmove((char *)&obj->replicas[w], kvp_object_key(obj), obj->key_len);
+    memmove((char *)&obj->replicas[w], kvp_object_key(obj), kvp_object_tail_len(obj));
     obj->n_replicas = (uint8_t)w;
     kvp_index_charge(&ctx->st->index, obj, +1);
     return false;

@@ -109,7 +109,15 @@ def _check_batch(results, what=None):
 
 
 def _config(replicas=1, preferred_segment=None, pin=PIN_NONE, soft_pin_ttl_s=0,
-            upsert=False, medium=None):
+            upsert=False, medium=None, group_ids=None):
+    if group_ids is not None:
+        # object groups: one group id per key ("" ungrouped); the rest as below
+        if isinstance(group_ids, (str, bytes)):
+            raise TypeError("group_ids must be a list of str, one per key")
+        base = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium)
+        if base is None:
+            base = (1, None, PIN_NONE, 0, PUT_INSERT, None)
+        return base + (None,) * (7 - len(base)) + (tuple(group_ids),)
     if isinstance(pin, str):
         try:
             pin = {"none": PIN_NONE, "soft": PIN_SOFT, "hard": PIN_HARD}[pin]
@@ -209,12 +217,13 @@ class Client:
     # ---- single objects ----
 
     def put(self, key, data, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
-            soft_pin_ttl_s=0, upsert=False, medium=None):
+            soft_pin_ttl_s=0, upsert=False, medium=None, group_ids=None):
         """Store `data` (bytes or any C-contiguous buffer: numpy array, memoryview,
         ...) under `key`, read straight from its memory. Raises Error: EXISTS
-        (the key exists; upsert=True replaces it), POOL_FULL, ..."""
+        (the key exists; upsert=True replaces it), POOL_FULL, ... group_ids: [group]
+        puts the object in an object group (docs/python.md, "Object groups")."""
         st = self._c.put(key, data, _config(replicas, preferred_segment, pin, soft_pin_ttl_s,
-                                            upsert, medium))
+                                            upsert, medium, group_ids))
         if st != 0:
             _raise(st)
 
@@ -282,12 +291,13 @@ class Client:
     # ---- batches ----
 
     def batch_put(self, keys, buffers, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
-                  soft_pin_ttl_s=0, upsert=False, medium=None):
+                  soft_pin_ttl_s=0, upsert=False, medium=None, group_ids=None):
         """Store keys[i] from buffers[i]: buffer objects (numpy arrays, bytes, ...)
         or (address, size) pairs of ints (torch: (t.data_ptr(), t.nbytes); CUDA
         addresses go to the library as they are). Returns a status per key:
         0, or negative (kvpool.ERR_EXISTS, ERR_POOL_FULL, ...)."""
-        cfg = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium)
+        cfg = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium,
+                      group_ids)
         return _check_batch(self._c.batch_put(keys, buffers, cfg))
 
     def batch_get_into(self, keys, buffers):

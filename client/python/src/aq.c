@@ -225,7 +225,9 @@ PyObject *kvp_py_aq_put(kvp_py_client_t *self, PyObject *args, PyObject *kw)
                                      &token))
         return NULL;
     aq_op_t *op = op_take(OP_PUT, &b, token);
-    return op != NULL ? submit(self, op, cfg.p) : NULL;
+    PyObject *r = op != NULL ? submit(self, op, cfg.p) : NULL;
+    kvp_py_config_release(&cfg);
+    return r;
 }
 
 /* aq_get(keys, buffers, token) -> 0 submitted, or a negative status */

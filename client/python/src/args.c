@@ -126,22 +126,30 @@ int kvp_py_size_conv(PyObject *o, void *size_p)
     return kvp_py_size(o, size_p, "size") == 0;
 }
 
+void kvp_py_config_release(kvp_py_config_t *config)
+{
+    PyMem_Free(config->groups);
+    config->groups = NULL;
+}
+
 int kvp_py_config_conv(PyObject *o, void *config_p)
 {
     kvp_py_config_t *config = config_p;
     kvp_put_config_t *cfg = &config->cfg;
     kvp_put_config_init(cfg);
     config->p = NULL;
+    config->groups = NULL;
     if (o == Py_None)
         return 1;
-    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 6 && PyTuple_GET_SIZE(o) != 7)) {
+    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) < 6 || PyTuple_GET_SIZE(o) > 8) {
         PyErr_SetString(PyExc_TypeError,
                         "config must be None or a 6-tuple (replica_num, preferred_segment, pin, "
                         "soft_pin_ttl_s, mode, medium), or a 7-tuple with preferred_segments "
-                        "(a tuple of at most 8 str, or None) last");
+                        "(a tuple of at most 8 str, or None) last, or an 8-tuple with "
+                        "group_ids (a sequence of str, one per key, or None) last");
         return 0;
     }
-    if (PyTuple_GET_SIZE(o) == 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
+    if (PyTuple_GET_SIZE(o) >= 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
         PyObject *l = PyTuple_GET_ITEM(o, 6);
         if (!PyTuple_Check(l) || PyTuple_GET_SIZE(l) > 8) {
             PyErr_SetString(PyExc_TypeError,
@@ -195,6 +203,33 @@ int kvp_py_config_conv(PyObject *o, void *config_p)
     }
     cfg->preferred_segment = strs[0];
     cfg->medium = strs[1];
+    if (PyTuple_GET_SIZE(o) == 8 && PyTuple_GET_ITEM(o, 7) != Py_None) {
+        /* checked here; the count against the keys by the library (INVALID_ARG) */
+        PyObject *l = PyTuple_GET_ITEM(o, 7);
+        if (!PyTuple_Check(l) && !PyList_Check(l)) {
+            PyErr_SetString(PyExc_TypeError, "config: group_ids must be None or a list of str");
+            return 0;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(l);
+        if (n > KVP_MAX_BATCH) {
+            PyErr_SetString(PyExc_ValueError, "config: more group_ids than a batch has keys");
+            return 0;
+        }
+        config->groups = PyMem_Malloc((size_t)(n > 0 ? n : 1) * sizeof(*config->groups));
+        if (config->groups == NULL) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (key_check(PySequence_Fast_GET_ITEM(l, i), &config->groups[i]) != 0) {
+                PyErr_Clear();
+                PyErr_SetString(PyExc_TypeError, "config: group_ids must be str without NUL");
+                kvp_py_config_release(config);
+                return 0;
+            }
+        cfg->group_ids = config->groups;
+        cfg->n_group_ids = (size_t)n;
+    }
     config->p = cfg;
     return 1;
 }

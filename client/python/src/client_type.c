@@ -237,6 +237,7 @@ static PyObject *client_put(kvp_py_client_t *self, PyObject *args, PyObject *kw)
     kvp_status_t st = KVP_OK;
     KVP_PY_WITH_CLIENT(self, c, st = kvp_put(c, key, view.buf, (size_t)view.len, cfg.p));
     PyBuffer_Release(&view);
+    kvp_py_config_release(&cfg);
     return int_result(self, c, st);
 }
 
@@ -254,6 +255,7 @@ static PyObject *client_put_from(kvp_py_client_t *self, PyObject *args, PyObject
     kvp_client_t *c;
     kvp_status_t st = KVP_OK;
     KVP_PY_WITH_CLIENT(self, c, st = kvp_put(c, key, ptr, size, cfg.p));
+    kvp_py_config_release(&cfg);
     return int_result(self, c, st);
 }
 
@@ -275,6 +277,7 @@ static PyObject *client_put_parts(kvp_py_client_t *self, PyObject *args, PyObjec
     KVP_PY_WITH_CLIENT(self, c,
                        kvp_batch_put_from_multi(c, &key, bufs1, sizes1, nb, 1, cfg.p, res));
     kvp_py_parts_conv(NULL, &parts);
+    kvp_py_config_release(&cfg);
     return int_result(self, c, res[0]);
 }
 
@@ -480,7 +483,9 @@ static PyObject *client_batch_put(kvp_py_client_t *self, PyObject *args, PyObjec
                                      &b.keys, kvp_py_buffers_conv, &b.bufs, kvp_py_config_conv,
                                      &cfg))
         return NULL;
-    return kvp_py_batch_call(self, KVP_PY_BATCH_PUT, &b, &cfg);
+    PyObject *r = kvp_py_batch_call(self, KVP_PY_BATCH_PUT, &b, &cfg);
+    kvp_py_config_release(&cfg);
+    return r;
 }
 
 static PyObject *client_batch_get_into(kvp_py_client_t *self, PyObject *args, PyObject *kw)
@@ -511,7 +516,9 @@ static PyObject *ptrs_call(kvp_py_client_t *self, PyObject *args, PyObject *kw, 
                                      multi ? kvp_py_size_lists_conv : kvp_py_sizes_conv, sizes,
                                      kvp_py_config_conv, &cfg))
         return NULL;
-    return kvp_py_batch_call(self, op, &b, &cfg);
+    PyObject *r = kvp_py_batch_call(self, op, &b, &cfg);
+    kvp_py_config_release(&cfg);
+    return r;
 }
 
 static PyObject *client_batch_put_from(kvp_py_client_t *self, PyObject *args, PyObject *kw)

@@ -173,7 +173,11 @@ typedef struct kvp_py_config {
     kvp_put_config_t cfg;
     const kvp_put_config_t *p;
     const char *preferred[8]; /* cfg.preferred_segments (borrowed from the tuple's str) */
+    const char **groups;      /* cfg.group_ids (PyMem; the str borrowed): kvp_py_config_release */
 } kvp_py_config_t;
+
+/* Free what kvp_py_config_conv allocated (the group ids' array). */
+void kvp_py_config_release(kvp_py_config_t *config);
 
 /* str without NUL -> const char * (borrowed from the argument) */
 int kvp_py_key_conv(PyObject *o, void *key_p);
@@ -182,7 +186,8 @@ int kvp_py_ptr_conv(PyObject *o, void *ptr_p);
 /* int >= 0 -> size_t ("size") */
 int kvp_py_size_conv(PyObject *o, void *size_p);
 /* None or (replica_num, preferred_segment|None, pin, soft_pin_ttl_s, mode,
- * medium|None) -> kvp_py_config_t; the strings are borrowed from the tuple */
+ * medium|None[, preferred_segments|None[, group_ids|None]]) -> kvp_py_config_t; the
+ * strings are borrowed from the tuple */
 int kvp_py_config_conv(PyObject *o, void *config_p);
 /* list of str -> kvp_py_keys_t (at most KVP_MAX_BATCH) */
 int kvp_py_keys_conv(PyObject *o, void *keys_p);

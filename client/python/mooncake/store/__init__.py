@@ -440,7 +440,16 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             # Mooncake's default_kv_soft_pin_ttl too); 0 ms would expire at once: no pin
             pin = _kvpool.PIN_SOFT
             ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
-        return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None) + pref
+        cfg = (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None) + pref
+        # object groups: one id per key of the call ("" ungrouped), None: none named (an
+        # upsert keeps the object's group); a count other than the keys' -> -600 per key
+        # (the library's INVALID_ARG), an upsert that moves a group -> -600 (the master's)
+        groups = getattr(config, "group_ids", None)
+        if groups is not None:
+            if isinstance(groups, (str, bytes)) or not all(isinstance(g, str) for g in groups):
+                raise TypeError("group_ids must be None or a list of str")
+            cfg = cfg + (None,) * (7 - len(cfg)) + (tuple(groups),)
+        return cfg
 
     def _unbuffered(self, method):
         """True, with a warning, when this store was set up with local_buffer_size 0:

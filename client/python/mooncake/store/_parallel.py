@@ -49,13 +49,14 @@ refused: Mooncake would read past its data.
 """
 
 import collections as _collections
+import copy as _copy
 import ctypes as _ctypes
 import struct as _struct
 
 import kvpool as _kvpool
 
 from . import _tensor as T
-from ._tensor_api import _as_list, _put_code
+from ._tensor_api import _as_list, _groups_differ, _put_code
 from .codes import INVALID_PARAMS, OK
 from .codes import to_mooncake as _code
 
@@ -78,6 +79,17 @@ class _Refused(Exception):
 
 
 # ---- requests ----
+
+
+def _indexed(config, i):
+    """config for key i of a batch: group_ids [group_ids[i]] (Mooncake's
+    MakeIndexedConfig), the rest as it is."""
+    g = getattr(config, "group_ids", None)
+    if g is None:
+        return config
+    c = _copy.copy(config)
+    c.group_ids = [g[i]]
+    return c
 
 def _int(v, what):
     """pybind11's cast<int>: an int (or __index__) of 32 bits, else TypeError."""
@@ -900,7 +912,7 @@ class ParallelAPI:
         return self._call(run, lambda code: code)
 
     def _batch_par(self, method, keys, values, parallelisms, writer_partitions, direct, one,
-                   extra=None):
+                   extra=None, config=None):
         """Mooncake's execute_batch_parallelism_write_requests: parallelisms or
         writer_partitions (lists as long as keys), never both; neither: direct()."""
         try:
@@ -915,6 +927,9 @@ class ParallelAPI:
             return [INVALID_PARAMS] * n
         if len(values) != n or (extra is not None and len(extra) != n):
             T.log_refusal(method, "values and keys must have the same length")
+            return [INVALID_PARAMS] * n
+        if _groups_differ(config, n):
+            T.log_refusal(method, "group_ids size must match keys size")
             return [INVALID_PARAMS] * n
         if parallelisms is None and writer_partitions is None:
             return direct(keys, values)
@@ -935,7 +950,8 @@ class ParallelAPI:
             return self._put_tensors(method, ks, ts, config, upsert)
         return self._batch_par(
             method, keys, tensors_list, parallelisms, writer_partitions, direct,
-            lambda i, k, t, p, w: self._one_put(method, k, t, p, config, w, upsert))
+            lambda i, k, t, p, w: self._one_put(method, k, t, p, _indexed(config, i), w, upsert),
+            config=config)
 
     def _batch_put_from(self, method, keys, buffer_ptrs, sizes, parallelisms, config,
                         writer_partitions, upsert):
@@ -951,8 +967,9 @@ class ParallelAPI:
             return self._put_from(method, ks, ps, sizes, config, upsert)
         return self._batch_par(
             method, keys, buffer_ptrs, parallelisms, writer_partitions, direct,
-            lambda i, k, p, par, w: self._one_put_from(method, k, p, sizes[i], par, config, w,
-                                                        upsert), sizes)
+            lambda i, k, p, par, w: self._one_put_from(method, k, p, sizes[i], par,
+                                                        _indexed(config, i), w, upsert),
+            sizes, config)
 
     # ---- Mooncake's methods: writes ----
 

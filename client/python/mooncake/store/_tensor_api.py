@@ -54,12 +54,34 @@ def _chunks(n):
         yield lo, min(n, lo + step)
 
 
+def _groups_of(cfg):
+    """A put config's group ids (its 8th item), or None."""
+    return cfg[7] if cfg is not None and len(cfg) > 7 and cfg[7] is not None else None
+
+
+def _regroup(cfg, owners):
+    """cfg with group id owners[j] of its group ids for key j (the keys written for base
+    key owners[j]: Mooncake's MakeIndexedConfig)."""
+    g = _groups_of(cfg)
+    return cfg if g is None else cfg[:7] + (tuple(g[i] for i in owners),)
+
+
+def _groups_differ(config, n):
+    """config's group_ids are not one per key of n: Mooncake's -600 for every key."""
+    g = getattr(config, "group_ids", None)
+    return g is not None and len(g) != n
+
+
 def _chunked(call, keys, ptrs, sizes, *rest):
     """call(keys, ptrs, sizes, *rest) of the client, over slices of at most MAX_BATCH keys
-    (and the lists parallel to them): the per-key results, concatenated in order."""
+    (and the lists parallel to them, a config's group ids too): the per-key results,
+    concatenated in order."""
     out = []
     for lo, hi in _chunks(len(keys)):
-        out += call(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi], *rest)
+        r = rest
+        if rest and _groups_of(rest[0]) is not None:
+            r = (_regroup(rest[0], range(lo, hi)),) + rest[1:]
+        out += call(keys[lo:hi], ptrs[lo:hi], sizes[lo:hi], *r)
     return out
 
 
@@ -82,8 +104,12 @@ class TensorAPI:
 
     def _write_pieces(self, c, keys, headers, datas, cfg, upsert):
         """Store keys[i] as headers[i] (304 bytes) + datas[i] ((ptr, nbytes) of host or
-        CUDA memory, or None for an empty tensor). -> [code]."""
+        CUDA memory, or None for an empty tensor). -> [code]. One group id for several
+        keys (one tensor's shards): each of them in that group."""
         n = len(keys)
+        g = _groups_of(cfg)
+        if g is not None and len(g) == 1 and n > 1:
+            cfg = _regroup(cfg, [0] * n)
         offs = [T.data_offset_for(d[1]) if d is not None else T.HEADER_SIZE for d in datas]
         scratch = T.HeaderScratch(n, max(offs, default=T.HEADER_SIZE))
         ptrs, sizes = [], []
@@ -108,8 +134,8 @@ class TensorAPI:
             T.log_refusal(method, e)
             return [INVALID_PARAMS] * (len(keys) if isinstance(keys, list) else 0)
         n = len(keys)
-        if len(tensors) != n:
-            T.log_refusal(method, f"{n} keys but {len(tensors)} tensors")
+        if len(tensors) != n or _groups_differ(config, n):
+            T.log_refusal(method, f"{n} keys but {len(tensors)} tensors (or group_ids)")
             return [INVALID_PARAMS] * n
 
         def run(c):
@@ -129,7 +155,8 @@ class TensorAPI:
                 hdrs.append(T.pack_header(code, shape, nbytes))
                 datas.append((t.data_ptr(), nbytes) if nbytes else None)
             if idx:
-                got = self._write_pieces(c, [keys[i] for i in idx], hdrs, datas, cfg, upsert)
+                got = self._write_pieces(c, [keys[i] for i in idx], hdrs, datas,
+                                         _regroup(cfg, idx), upsert)
                 for j, i in enumerate(idx):
                     res[i] = got[j]
             return res
@@ -147,8 +174,8 @@ class TensorAPI:
             T.log_refusal(method, e)
             return []
         n = len(base_keys)
-        if len(tensors) != n:
-            T.log_refusal(method, f"{n} keys but {len(tensors)} tensors")
+        if len(tensors) != n or _groups_differ(config, n):
+            T.log_refusal(method, f"{n} keys but {len(tensors)} tensors (or group_ids)")
             return [INVALID_PARAMS] * n
 
         def run(c):
@@ -172,7 +199,7 @@ class TensorAPI:
                     alive.append(s)
                 res[i] = OK
             if keys:
-                got = self._write_pieces(c, keys, hdrs, datas, cfg, upsert)
+                got = self._write_pieces(c, keys, hdrs, datas, _regroup(cfg, owners), upsert)
                 for i, r in zip(owners, got):
                     if r != OK and res[i] == OK:
                         res[i] = r
@@ -188,8 +215,8 @@ class TensorAPI:
             T.log_refusal(method, e)
             return []
         n = len(keys)
-        if len(ptrs) != n or len(sizes) != n:
-            T.log_refusal(method, "keys, buffer_ptrs and sizes differ in length")
+        if len(ptrs) != n or len(sizes) != n or _groups_differ(config, n):
+            T.log_refusal(method, "keys, buffer_ptrs, sizes (and group_ids) differ in length")
             return [INVALID_PARAMS] * n
         for i in range(n):
             try:

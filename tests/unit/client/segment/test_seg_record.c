@@ -263,7 +263,7 @@ static void test_malformed_stream_clears(void **state)
     /* unknown ops, alone or where a whole ADD's worth of bytes follows */
     uint8_t bad[9] = {0};
     refused(r, bad, sizeof(bad));
-    static const uint8_t ops[] = {0, 3, 0x81, 0xFF};
+    static const uint8_t ops[] = {0, 4, 0x81, 0xFF};
     for (size_t i = 0; i < sizeof(ops); i++) {
         bad[0] = ops[i];
         refused(r, bad, sizeof(bad));
@@ -294,6 +294,39 @@ static void test_malformed_stream_clears(void **state)
     /* and it works again afterwards */
     fill3(r);
     assert_int_equal(kvp_seg_record_count(r), 3);
+}
+
+/* ADD_GROUPED (3): an ADD and its object's group id, offered back with it; cut or with
+ * an empty group: refused. */
+static void test_grouped_add(void **state)
+{
+    kvp_seg_record_t *r = *state;
+    stream_t s = {0};
+    s_add(&s, 0, 100, 5, 1, 0, "plain");
+    size_t at = s.len;
+    s_add(&s, 4096, 200, 6, 2, 1, "grouped");
+    s.buf[at] = 3;
+    s_put(&s, 5, 2);
+    for (const char *g = "req-7"; *g; g++)
+        s_put(&s, (uint8_t)*g, 1);
+    assert_int_equal(apply(r, &s), KVP_OK);
+    kvp_record_entry_t *e = NULL;
+    size_t n = 0;
+    assert_int_equal(kvp_seg_record_snapshot(r, &e, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_entry(&e[0], 4096, 200, 6, 2, 1, "grouped"); /* newest first */
+    assert_int_equal(e[0].group_len, 5);
+    assert_memory_equal(e[0].group, "req-7", 5);
+    assert_entry(&e[1], 0, 100, 5, 1, 0, "plain");
+    assert_int_equal(e[1].group_len, 0);
+    free(e);
+    for (size_t cut = at + 1; cut < s.len; cut++) /* cut in the ADD or its group */
+        assert_int_equal(kvp_seg_record_apply(r, SEG_ID, s.buf + at, cut - at), KVP_ERR_PROTOCOL);
+    s.buf[s.len - 7] = 0; /* group_len 0 */
+    s.buf[s.len - 6] = 0;
+    assert_int_equal(kvp_seg_record_apply(r, SEG_ID, s.buf + at, s.len - at - 5), KVP_ERR_PROTOCOL);
+    assert_int_equal(kvp_seg_record_count(r), 0); /* out of step: cleared */
+    s_free(&s);
 }
 
 static void test_forget_only_that_version(void **state)
@@ -554,6 +587,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_del_of_unknown_offset_is_harmless, setup, teardown),
         cmocka_unit_test_setup_teardown(test_other_segment_ignored, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_stream_clears, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_grouped_add, setup, teardown),
         cmocka_unit_test_setup_teardown(test_forget_only_that_version, setup, teardown),
         cmocka_unit_test_setup_teardown(test_clear, setup, teardown),
         cmocka_unit_test_setup_teardown(test_many_entries, setup, teardown),

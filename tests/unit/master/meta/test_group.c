@@ -1,0 +1,418 @@
+/*
+ * test_group.c - unit tests for master/meta/group.c (the group table) and for what the
+ * master does with groups (policy/eviction.c's expansion, policy/lease.c's group lease,
+ * rpc/object_calls.c's upsert check), through kvp_dispatch_handle as the server calls it.
+ *
+ * Objects are 64 bytes in a segment of 64 x 64 bytes, so "full" is exact; the master's
+ * clock is set by the tests (leases of 5000 ms).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <malloc.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rpc.h"
+#include "kvpool.pb-c.h"
+#include "master/core/state.h"
+#include "master/dispatch.h"
+#include "master/meta/group.h"
+#include "master/meta/object_index.h"
+#include "master/policy/lease.h"
+#include "tests/unit/master/svc_call.h"
+
+#define OBJ 64u
+#define SLOTS 64u
+
+/* ---- the table alone ---- */
+
+static kvp_object_t *grouped(const char *key)
+{
+    kvp_object_t *o =
+        kvp_object_create_grouped(key, strlen(key), kvp_index_hash(key, strlen(key)), 1);
+    assert_non_null(o);
+    assert_int_equal(kvp_object_group(o), 0);
+    return o;
+}
+
+static void test_join_leave_and_scope(void **state)
+{
+    (void)state;
+    kvp_group_table_t gt;
+    assert_int_equal(kvp_group_table_init(&gt), KVP_OK);
+    kvp_object_t *a = grouped("a"), *b = grouped("b"), *c = grouped("c");
+    assert_int_equal(kvp_group_join(&gt, 0, "g", 1, 0, a), KVP_OK);
+    assert_int_equal(kvp_group_join(&gt, 0, "g", 1, 0, b), KVP_OK);
+    assert_int_equal(kvp_group_join(&gt, 1, "g", 1, 0, c), KVP_OK); /* tenant 1's "g" */
+    uint32_t g0 = kvp_group_find(&gt, 0, "g", 1), g1 = kvp_group_find(&gt, 1, "g", 1);
+    assert_true(g0 != 0 && g1 != 0 && g0 != g1);
+    assert_int_equal(kvp_object_group(a), g0);
+    assert_int_equal(kvp_object_group(c), g1);
+    assert_int_equal(kvp_group_get(&gt, g0)->n, 2);
+    assert_int_equal(kvp_group_get(&gt, g1)->n, 1);
+    assert_int_equal(gt.live, 2);
+    assert_int_equal(gt.members, 3);
+    /* a replacement takes its place */
+    kvp_object_t *a2 = grouped("a");
+    kvp_object_set_group(a2, g0);
+    kvp_group_rebind(&gt, a, a2);
+    assert_ptr_equal(kvp_group_get(&gt, g0)->members[0], a2);
+    /* the last member gone, the group goes; its slot is reused */
+    kvp_group_leave(&gt, c);
+    assert_int_equal(kvp_group_find(&gt, 1, "g", 1), 0);
+    assert_null(kvp_group_get(&gt, g1));
+    assert_int_equal(gt.live, 1);
+    kvp_object_t *d = grouped("d");
+    assert_int_equal(kvp_group_join(&gt, 2, "other", 5, 0, d), KVP_OK);
+    assert_int_equal(kvp_object_group(d), g1);
+    /* a hold keeps an empty group (an upsert between the old value and the new) */
+    kvp_group_hold(&gt, g1);
+    kvp_group_leave(&gt, d);
+    assert_non_null(kvp_group_get(&gt, g1));
+    assert_int_equal(kvp_group_join(&gt, 0, NULL, 0, g1, d), KVP_OK);
+    kvp_group_drop(&gt, g1);
+    assert_int_equal(kvp_group_get(&gt, g1)->n, 1);
+    /* bad names; an ungrouped object cannot join */
+    kvp_object_t *e = grouped("e");
+    assert_int_equal(kvp_group_join(&gt, 0, "", 0, 0, e), KVP_ERR_INVALID_ARG);
+    char big[KVP_GROUP_ID_MAX + 1];
+    memset(big, 'x', sizeof(big));
+    assert_int_equal(kvp_group_join(&gt, 0, big, sizeof(big), 0, e), KVP_ERR_INVALID_ARG);
+    assert_int_equal(kvp_group_join(&gt, 0, big, KVP_GROUP_ID_MAX, 0, e), KVP_OK);
+    kvp_object_t *u = kvp_object_create("u", 1, 1, 1);
+    assert_int_equal(kvp_group_join(&gt, 0, "g", 1, 0, u), KVP_ERR_INVALID_ARG);
+    kvp_group_leave(&gt, a2);
+    kvp_group_leave(&gt, b);
+    kvp_group_leave(&gt, d);
+    kvp_group_leave(&gt, e);
+    assert_int_equal(gt.live, 0);
+    assert_int_equal(gt.members, 0);
+    free(a), free(a2), free(b), free(c), free(d), free(e), free(u);
+    kvp_group_table_cleanup(&gt);
+}
+
+/* Many groups: the hash grows, every one is still found, and all go. */
+static void test_many_groups(void **state)
+{
+    (void)state;
+    kvp_group_table_t gt;
+    assert_int_equal(kvp_group_table_init(&gt), KVP_OK);
+    enum { N = 5000 };
+    kvp_object_t **o = calloc(N, sizeof(*o));
+    assert_non_null(o);
+    char name[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "k%d", i);
+        o[i] = grouped(name);
+        snprintf(name, sizeof(name), "g%d", i / 2);
+        assert_int_equal(kvp_group_join(&gt, (uint16_t)(i % 3), name, strlen(name), 0, o[i]),
+                         KVP_OK);
+    }
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "g%d", i / 2);
+        assert_int_equal(kvp_group_find(&gt, (uint16_t)(i % 3), name, strlen(name)),
+                         kvp_object_group(o[i]));
+    }
+    for (int i = 0; i < N; i++) {
+        kvp_group_leave(&gt, o[i]);
+        free(o[i]);
+    }
+    assert_int_equal(gt.live, 0);
+    free(o);
+    kvp_group_table_cleanup(&gt);
+}
+
+/* What a group costs per object (glibc's count of bytes in use): printed, and bounded. */
+static void test_bytes_per_object(void **state)
+{
+    (void)state;
+    enum { N = 100000, PER_GROUP = 8 };
+    kvp_group_table_t gt;
+    assert_int_equal(kvp_group_table_init(&gt), KVP_OK);
+    kvp_object_t **o = calloc(N, sizeof(*o));
+    assert_non_null(o);
+    char key[64], name[32];
+    size_t base = mallinfo2().uordblks;
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(key, sizeof(key), "model/layer/%08d/blockhash", i);
+        o[i] = kvp_object_create(key, (size_t)n, (uint64_t)i, 1);
+    }
+    double plain = (double)(mallinfo2().uordblks - base) / N;
+    for (int i = 0; i < N; i++)
+        free(o[i]);
+    base = mallinfo2().uordblks;
+    for (int i = 0; i < N; i++) {
+        int n = snprintf(key, sizeof(key), "model/layer/%08d/blockhash", i);
+        o[i] = kvp_object_create_grouped(key, (size_t)n, (uint64_t)i, 1);
+        int m = snprintf(name, sizeof(name), "req-%d", i / PER_GROUP);
+        assert_int_equal(kvp_group_join(&gt, 0, name, (size_t)m, 0, o[i]), KVP_OK);
+    }
+    double with = (double)(mallinfo2().uordblks - base) / N;
+    print_message("bytes per object (a 35-byte key, 1 replica): %.1f ungrouped, %.1f in a group "
+                  "of %d (+%.1f: id after the key, member pointer, the group's share)\n",
+                  plain, with, PER_GROUP, with - plain);
+    assert_true(with - plain <= 32.0);
+    for (int i = 0; i < N; i++) {
+        kvp_group_leave(&gt, o[i]);
+        free(o[i]);
+    }
+    free(o);
+    kvp_group_table_cleanup(&gt);
+}
+
+/* ---- the master with groups ---- */
+
+/* Mount segment "s1" (SLOTS objects) on conn, adopting (its objects offered back); its id. */
+static uint64_t mount(kvp_master_state_t *st, uint64_t conn, bool adopting)
+{
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = (char *)"s1";
+    d.medium = (char *)"dram";
+    d.size = SLOTS * OBJ;
+    d.host_id = (char *)"h1";
+    d.tcp_endpoint = (char *)"10.0.0.1:7000";
+    d.shm_path = (char *)"/dev/shm/kvp-seg";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = 1000 + conn;
+    req.segment = &d;
+    req.adopting = adopting;
+    Kvpool__MountResponse *r =
+        svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    uint64_t id = r->segment_id;
+    svc_msg_free(r);
+    return id;
+}
+
+static int setup(void **state)
+{
+    if (svc_state_setup(state) != 0)
+        return -1;
+    kvp_master_state_t *st = *state;
+    st->rng = 0x5EED5EED5EED5EEDull;
+    st->now_ms = 1;
+    st->config.evict = true;
+    st->config.lease_ttl_ms = 5000;
+    st->config.put_timeout_ms = 30000;
+    st->config.soft_pin_ttl_s = 1800;
+    st->config.segment_records = true;
+    return mount(st, 1, false) != 0 ? 0 : -1;
+}
+
+/* PutStart + PutEnd of one 64-byte key in group (NULL: none named); upsert; pin. */
+static int32_t put_pin(kvp_master_state_t *st, const char *key, const char *group, bool upsert,
+                       unsigned pin)
+{
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
+    uint64_t size = OBJ;
+    ProtobufCBinaryData g = {.len = group ? strlen(group) : 0, .data = (uint8_t *)group};
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.sizes = &size;
+    req.n_sizes = 1;
+    cfg.replica_num = 1;
+    cfg.upsert = upsert;
+    cfg.pin = pin;
+    req.config = &cfg;
+    if (group != NULL) {
+        req.group_ids = &g;
+        req.n_group_ids = 1;
+    }
+    Kvpool__PutStartResponse *r =
+        svc_call(st, 2, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+    int32_t status = r->status != KVP_OK ? r->status : r->results[0]->status;
+    svc_msg_free(r);
+    if (status != KVP_OK)
+        return status;
+    Kvpool__PutEndRequest end = KVPOOL__PUT_END_REQUEST__INIT;
+    uint32_t crc = 0;
+    end.keys = svc_keys(&key, 1);
+    end.n_keys = 1;
+    end.crc32c = &crc;
+    end.n_crc32c = 1;
+    Kvpool__StatusesResponse *e =
+        svc_call(st, 2, KVP_RPC_PUT_END, &end.base, &kvpool__statuses_response__descriptor);
+    status = e->status != KVP_OK ? e->status : e->statuses[0];
+    svc_msg_free(e);
+    return status;
+}
+
+static int32_t put(kvp_master_state_t *st, const char *key, const char *group, bool upsert)
+{
+    return put_pin(st, key, group, upsert, KVP_PIN_NONE);
+}
+
+static int32_t keys1(kvp_master_state_t *st, uint16_t method, const char *key)
+{
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    Kvpool__StatusesResponse *r =
+        svc_call(st, 3, method, &req.base, &kvpool__statuses_response__descriptor);
+    int32_t s = r->status != KVP_OK ? r->status : r->statuses[0];
+    svc_msg_free(r);
+    return s;
+}
+
+/* Is key resident? (without an Exist, which would lease a grouped key's group) */
+static bool resident(kvp_master_state_t *st, const char *key)
+{
+    kvp_object_t *o =
+        kvp_index_lookup(&st->index, key, strlen(key), kvp_index_hash(key, strlen(key)));
+    return o != NULL && o->state == KVP_OBJ_COMPLETE;
+}
+
+static void fill(kvp_master_state_t *st, const char *prefix, unsigned n)
+{
+    char key[32];
+    for (unsigned i = 0; i < n; i++) {
+        snprintf(key, sizeof(key), "%s%u", prefix, i);
+        assert_int_equal(put(st, key, NULL, false), KVP_OK);
+    }
+}
+
+/* A victim takes its group's members with it; an older ungrouped object stays. */
+static void test_eviction_expands(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(put(st, "a1", "a", false), KVP_OK); /* the oldest: the first victim */
+    assert_int_equal(put(st, "x", NULL, false), KVP_OK);
+    assert_int_equal(put(st, "a2", "a", false), KVP_OK);
+    assert_int_equal(put(st, "b1", "", false), KVP_OK); /* "": ungrouped */
+    fill(st, "f", SLOTS - 4);                           /* full */
+    assert_true(resident(st, "a1") && resident(st, "a2"));
+    uint64_t evicted = st->stats.group_evicted;
+    assert_int_equal(put(st, "one-more", NULL, false), KVP_OK);
+    assert_false(resident(st, "a1"));
+    assert_false(resident(st, "a2")); /* with a1 */
+    assert_true(resident(st, "x"));   /* older than a2, ungrouped: stays */
+    assert_true(resident(st, "b1"));
+    assert_int_equal(st->stats.group_evicted, evicted + 1);
+    assert_int_equal(st->groups.live, 0); /* membership cleaned up */
+}
+
+/* Members that may not go stay: pinned ones; one being read keeps the group whole. */
+static void test_eviction_checks_each_member(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(put(st, "p1", "p", false), KVP_OK);
+    assert_int_equal(put_pin(st, "p2", "p", false, KVP_PIN_HARD), KVP_OK); /* pinned */
+    assert_int_equal(put(st, "q1", "q", false), KVP_OK);
+    assert_int_equal(put(st, "q2", "q", false), KVP_OK);
+    assert_int_equal(put(st, "q3", "q", false), KVP_OK);
+    /* q1 looked up: Exist leases its group (q2, q3 too) */
+    assert_int_equal(keys1(st, KVP_RPC_EXIST, "q1"), 1);
+    assert_true(kvp_leased(st, kvp_index_lookup(&st->index, "q3", 2, kvp_index_hash("q3", 2))));
+    fill(st, "f", SLOTS - 5);
+    /* pressure: 10 more puts, each evicting */
+    fill(st, "more", 10);
+    assert_false(resident(st, "p1"));
+    assert_true(resident(st, "p2")); /* pinned: skipped by the expansion */
+    assert_true(resident(st, "q1") && resident(st, "q2") && resident(st, "q3"));
+    /* the leases end by their TTL: the group is ordinary again, and goes together */
+    st->now_ms += 5001;
+    char key[32];
+    for (unsigned i = 0; resident(st, "q1"); i++) { /* puts until q1 is a victim */
+        assert_true(i < 2 * SLOTS);
+        assert_true(resident(st, "q2") && resident(st, "q3"));
+        snprintf(key, sizeof(key), "late%u", i);
+        assert_int_equal(put(st, key, NULL, false), KVP_OK);
+    }
+    assert_false(resident(st, "q2")); /* with it */
+    assert_false(resident(st, "q3"));
+}
+
+/* An upsert keeps the group or is refused (INVALID_ARG); a new value keeps its group. */
+static void test_upsert_keeps_group(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(put(st, "k", "g", false), KVP_OK);
+    assert_int_equal(put(st, "k", "h", true), KVP_ERR_INVALID_ARG);
+    assert_int_equal(put(st, "k", "", true), KVP_ERR_INVALID_ARG);
+    assert_int_equal(st->stats.group_refused, 2);
+    assert_int_equal(put(st, "k", NULL, true), KVP_OK);
+    assert_int_equal(put(st, "k", "g", true), KVP_OK);
+    uint32_t id = kvp_group_find(&st->groups, 0, "g", 1);
+    assert_true(id != 0);
+    assert_int_equal(kvp_group_get(&st->groups, id)->n, 1);
+    /* the only member replaced by a new value (the old one being read): still in g */
+    assert_int_equal(put(st, "u", NULL, false), KVP_OK);
+    assert_int_equal(put(st, "u", "g", true), KVP_ERR_INVALID_ARG);
+    assert_int_equal(keys1(st, KVP_RPC_REMOVE, "k"), KVP_OK);
+    assert_int_equal(kvp_group_find(&st->groups, 0, "g", 1), 0);
+    assert_int_equal(st->groups.live, 0);
+}
+
+/* group_ids of another count than the keys: the whole request is refused. */
+static void test_count_mismatch(void **state)
+{
+    kvp_master_state_t *st = *state;
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    const char *keys[2] = {"m1", "m2"};
+    uint64_t sizes[2] = {OBJ, OBJ};
+    ProtobufCBinaryData g = {.len = 1, .data = (uint8_t *)"g"};
+    req.keys = svc_keys(keys, 2);
+    req.n_keys = 2;
+    req.sizes = sizes;
+    req.n_sizes = 2;
+    req.group_ids = &g;
+    req.n_group_ids = 1;
+    Kvpool__PutStartResponse *r =
+        svc_call(st, 2, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    svc_msg_free(r);
+    assert_false(resident(st, "m1"));
+    assert_int_equal(st->index.count, 0);
+}
+
+/* A segment dropped (its owner's connection gone) and mounted again: its objects come
+ * back from the master's limbo in their groups. */
+static void test_dropped_segment_keeps_groups(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(put(st, "d1", "d", false), KVP_OK);
+    assert_int_equal(put(st, "d2", "d", false), KVP_OK);
+    assert_int_equal(put(st, "d3", NULL, false), KVP_OK);
+    kvp_dispatch_conn_closed(st, 1);
+    assert_false(resident(st, "d1"));
+    assert_int_equal(st->groups.live, 0);
+    assert_non_null(st->limbo);
+    uint64_t back = mount(st, 4, true);
+    Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;
+    req.segment_id = back;
+    req.last = true;
+    Kvpool__AdoptResponse *r =
+        svc_call(st, 4, KVP_RPC_ADOPT, &req.base, &kvpool__adopt_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    svc_msg_free(r);
+    assert_true(resident(st, "d1") && resident(st, "d2") && resident(st, "d3"));
+    uint32_t id = kvp_group_find(&st->groups, 0, "d", 1);
+    assert_true(id != 0);
+    assert_int_equal(kvp_group_get(&st->groups, id)->n, 2);
+    assert_int_equal(put(st, "d1", "e", true), KVP_ERR_INVALID_ARG);
+    assert_int_equal(put(st, "d3", "d", true), KVP_ERR_INVALID_ARG); /* still ungrouped */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_join_leave_and_scope),
+        cmocka_unit_test(test_many_groups),
+        cmocka_unit_test(test_bytes_per_object),
+        cmocka_unit_test_setup_teardown(test_eviction_expands, setup, svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_eviction_checks_each_member, setup,
+                                        svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_upsert_keeps_group, setup, svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_count_mismatch, setup, svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_segment_keeps_groups, setup,
+                                        svc_state_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
