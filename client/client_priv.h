@@ -48,6 +48,7 @@ struct kvp_client {
     kvp_record_sync_t *rec; /* keeps seg's record current; NULL without seg */
     kvp_heartbeat_t *hb;    /* liveness, remounts and requested drains */
     kvp_ssd_owner_t *ssd;   /* our SSD segment; NULL: none */
+    kvp_ssd_owner_t *dfs;   /* our DFS segment (a shard file in the DFS directory); NULL */
 };
 
 /* What a drain of this client's segment works with. */

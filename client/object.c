@@ -438,6 +438,9 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
     pc.soft_pin_ttl_s = cfg->soft_pin_ttl_s;
     pc.upsert = cfg->mode == KVP_PUT_UPSERT;
     pc.medium = cfg->medium != NULL ? (char *)cfg->medium : "";
+    pc.dfs_replica_num = cfg->size >= offsetof(kvp_put_config_t, dfs_replica_num) + sizeof(uint32_t)
+                             ? cfg->dfs_replica_num
+                             : 0;
     pc.preferred_segment = "";
     if (cfg->preferred_segment != NULL) {
         if (strcmp(cfg->preferred_segment, KVP_SEGMENT_LOCAL) == 0)

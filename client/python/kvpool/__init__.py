@@ -109,22 +109,28 @@ def _check_batch(results, what=None):
 
 
 def _config(replicas=1, preferred_segment=None, pin=PIN_NONE, soft_pin_ttl_s=0,
-            upsert=False, medium=None):
+            upsert=False, medium=None, dfs_replica_num=0):
     if isinstance(pin, str):
         try:
             pin = {"none": PIN_NONE, "soft": PIN_SOFT, "hard": PIN_HARD}[pin]
         except KeyError:
             raise ValueError(f"pin must be 'none', 'soft' or 'hard', got {pin!r}") from None
     if replicas == 1 and preferred_segment is None and pin == PIN_NONE and not soft_pin_ttl_s \
-            and not upsert and medium is None:
+            and not upsert and medium is None and not dfs_replica_num:
         return None
+    if isinstance(dfs_replica_num, bool) or not isinstance(dfs_replica_num, int) \
+            or dfs_replica_num < 0:
+        raise ValueError(f"dfs_replica_num must be an int >= 0, got {dfs_replica_num!r}")
     if not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
     if isinstance(preferred_segment, (list, tuple)):
         # a segment per replica: replica i on preferred_segment[i] while it has room
         names = tuple(preferred_segment)
         return (replicas, names[0] if names else None, pin, soft_pin_ttl_s,
-                PUT_UPSERT if upsert else PUT_INSERT, medium, names)
+                PUT_UPSERT if upsert else PUT_INSERT, medium, names, dfs_replica_num)
+    if dfs_replica_num:  # Mooncake's dfs_replica_num: a DFS replica besides the memory ones
+        return (replicas, preferred_segment, pin, soft_pin_ttl_s,
+                PUT_UPSERT if upsert else PUT_INSERT, medium, None, dfs_replica_num)
     return (replicas, preferred_segment, pin, soft_pin_ttl_s,
             PUT_UPSERT if upsert else PUT_INSERT, medium)
 
@@ -209,12 +215,13 @@ class Client:
     # ---- single objects ----
 
     def put(self, key, data, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
-            soft_pin_ttl_s=0, upsert=False, medium=None):
+            soft_pin_ttl_s=0, upsert=False, medium=None, dfs_replica_num=0):
         """Store `data` (bytes or any C-contiguous buffer: numpy array, memoryview,
         ...) under `key`, read straight from its memory. Raises Error: EXISTS
-        (the key exists; upsert=True replaces it), POOL_FULL, ..."""
+        (the key exists; upsert=True replaces it), POOL_FULL, ...
+        dfs_replica_num=1: also a replica on a DFS segment (UNSUPPORTED: none mounted)."""
         st = self._c.put(key, data, _config(replicas, preferred_segment, pin, soft_pin_ttl_s,
-                                            upsert, medium))
+                                            upsert, medium, dfs_replica_num))
         if st != 0:
             _raise(st)
 
@@ -282,12 +289,13 @@ class Client:
     # ---- batches ----
 
     def batch_put(self, keys, buffers, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
-                  soft_pin_ttl_s=0, upsert=False, medium=None):
+                  soft_pin_ttl_s=0, upsert=False, medium=None, dfs_replica_num=0):
         """Store keys[i] from buffers[i]: buffer objects (numpy arrays, bytes, ...)
         or (address, size) pairs of ints (torch: (t.data_ptr(), t.nbytes); CUDA
         addresses go to the library as they are). Returns a status per key:
         0, or negative (kvpool.ERR_EXISTS, ERR_POOL_FULL, ...)."""
-        cfg = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium)
+        cfg = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium,
+                      dfs_replica_num)
         return _check_batch(self._c.batch_put(keys, buffers, cfg))
 
     def batch_get_into(self, keys, buffers):

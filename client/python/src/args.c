@@ -18,6 +18,8 @@
  */
 #include <string.h>
 
+#include <limits.h>
+
 #include "kvpool_py.h"
 
 /* ---------------- single values ---------------- */
@@ -134,14 +136,26 @@ int kvp_py_config_conv(PyObject *o, void *config_p)
     config->p = NULL;
     if (o == Py_None)
         return 1;
-    if (!PyTuple_Check(o) || (PyTuple_GET_SIZE(o) != 6 && PyTuple_GET_SIZE(o) != 7)) {
+    Py_ssize_t len = PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 0;
+    if (len < 6 || len > 8) {
         PyErr_SetString(PyExc_TypeError,
                         "config must be None or a 6-tuple (replica_num, preferred_segment, pin, "
                         "soft_pin_ttl_s, mode, medium), or a 7-tuple with preferred_segments "
-                        "(a tuple of at most 8 str, or None) last");
+                        "(a tuple of at most 8 str, or None) last, or an 8-tuple with "
+                        "dfs_replica_num (an int) after it");
         return 0;
     }
-    if (PyTuple_GET_SIZE(o) == 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
+    if (len == 8) {
+        PyObject *d = PyTuple_GET_ITEM(o, 7);
+        unsigned long dv = PyLong_Check(d) ? PyLong_AsUnsignedLong(d) : ULONG_MAX;
+        if (PyErr_Occurred() || dv > UINT32_MAX) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "config: dfs_replica_num must be an int >= 0");
+            return 0;
+        }
+        cfg->dfs_replica_num = (uint32_t)dv;
+    }
+    if (len >= 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
         PyObject *l = PyTuple_GET_ITEM(o, 6);
         if (!PyTuple_Check(l) || PyTuple_GET_SIZE(l) > 8) {
             PyErr_SetString(PyExc_TypeError,

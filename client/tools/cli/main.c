@@ -221,7 +221,7 @@ static const kvp_cli_command_t commands[] = {
     {"serve", "serve",
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
      "[--ready-fd N] [--drain-timeout SECONDS] [--segment-file PATH [--segment-file-offset SIZE]] "
-     "[--ssd-path PATH --ssd-size SIZE] "
+     "[--ssd-path PATH --ssd-size SIZE] [--dfs-path DIR [--dfs-size SIZE]] "
      "[--http-listen HOST:PORT] [--auth protected|none] [--tenant T] "
      "[--rdma-windows on|unbounded|off] [--config FILE]",
      kvp_cli_serve},
