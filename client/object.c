@@ -474,7 +474,9 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
         bool full = false;
         for (size_t j = 0; j < b->m; j++)
             full |= sr->results[j]->status == KVP_ERR_POOL_FULL ||
-                    sr->results[j]->status == KVP_ERR_QUOTA;
+                    sr->results[j]->status == KVP_ERR_QUOTA ||
+                    sr->results[j]->status == KVP_ERR_TOO_LARGE ||
+                    sr->results[j]->status == KVP_ERR_UNSUPPORTED; /* no DFS segment */
         if (full) {
             KVP_LOG_WARN("put: %s", sr->message);
             kvp_api_fail("put: %s", sr->message);

@@ -428,7 +428,7 @@ void kvp_tier_ssd_bad(kvp_master_state_t *st, kvp_segment_t *seg, uint64_t offse
 
 void kvp_tier_on_put_end(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if (!kvp_tier_has_ssd(st))
+    if (!kvp_tier_has_file(st))
         return;
     for (unsigned r = 0; r < obj->n_replicas; r++) {
         if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))

@@ -29,6 +29,7 @@ get_tensor, batch_get_tensor) refuse, as Mooncake's do: -600, b"" or None.
 import ctypes as _ctypes
 import logging as _logging
 import mmap as _mmap
+import os as _os
 import random as _random
 import re as _re
 import threading as _threading
@@ -65,7 +66,6 @@ _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
 #: Mooncake's default max_kv_soft_pin_ttl (types.h: 24 h); a longer TTL is -600
 _MAX_SOFT_PIN_TTL_MS = 24 * 60 * 60 * 1000
-_DFS_SERVICE_UNAVAILABLE = codes.MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
 
 
 class _Refused(Exception):
@@ -177,8 +177,11 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         names = _segment_names(local_hostname) if seg > 0 else []
         for i, name in enumerate(names or [None]):
             try:
+                # Mooncake's DFS root: this client reads and writes DFS replicas there
+                # itself (else $KVPOOL_DFS_PATH, read by the library)
                 c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0,
-                                data_host, name, rdma_devices or None, True, 0)
+                                data_host, name, rdma_devices or None, True, 0,
+                                dfs_path=_os.environ.get("MOONCAKE_DFS_ROOT_DIR") or None)
                 break
             except _kvpool.Error as e:
                 # a drawn port whose name another segment has: the next one
@@ -368,8 +371,8 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         more than one DFS replica or one without a memory replica, NoF replicas
         (kvpool has no NoF pool, as a Mooncake built without it), NoF with
         prefer_alloc_in_same_node, a soft_pin_ttl_ms without ENABLE or over 24 h
-        -> -600 (ValueError); a DFS replica -> -1601 DFS_SERVICE_UNAVAILABLE
-        (kvpool has no DFS tier, as a Mooncake master without one)."""
+        -> -600 (ValueError). A DFS replica goes to the master (dfs_replica_num 1): no
+        DFS segment mounted -> -1601 DFS_SERVICE_UNAVAILABLE, a full DFS -> -200."""
         if config is None:
             return None
         if not isinstance(config, ReplicateConfig) and not hasattr(config, "replica_num"):
@@ -384,8 +387,6 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             raise ValueError("no replica asked for")
         if dfs > 1 or (dfs > 0 and replica_num == 0):
             raise ValueError("at most one DFS replica, and only with a memory replica")
-        if dfs > 0:
-            raise _Refused(_DFS_SERVICE_UNAVAILABLE)
         if nof > 0:  # with prefer_alloc_in_same_node too: both -600 in Mooncake
             raise ValueError("kvpool has no NoF pool")
         action = getattr(config, "soft_pin_action", None)
@@ -420,6 +421,9 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             # Mooncake's default_kv_soft_pin_ttl too); 0 ms would expire at once: no pin
             pin = _kvpool.PIN_SOFT
             ttl = 0 if ttl_ms is None else (ttl_ms + 999) // 1000
+        if dfs:  # the 8-tuple: preferred_segments (or None), then dfs_replica_num
+            return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None,
+                    pref[0] if pref else None, dfs)
         return (replica_num, seg or None, pin, ttl, _kvpool.PUT_INSERT, None) + pref
 
     def _unbuffered(self, method):
