@@ -21,8 +21,10 @@ on NFS or 3FS-FUSE. Covered:
  6. a tenant's max-ssd quota counts DFS bytes (test_tenants.py's TLS master and ACL).
 """
 
+import json
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -106,6 +108,17 @@ def test_dfs_segment_is_named_for_its_directory(dfs_pool):
     with kvpool.Client(p.addr) as c:
         segs = {s["name"]: s for s in c.stat()["segments"]}
     assert segs[p.dfs_name]["medium"] == "dfs" and segs[p.dfs_name]["size"] == 8 * MiB
+    # the CLI: put --dfs, and ls shows where the replicas are
+    src = os.path.join(p.dfs_dir, "..", "cli-src")
+    with open(src, "wb") as f:
+        f.write(os.urandom(5000))
+    cli = [p.cli_bin, "--master", p.addr]
+    assert subprocess.run(cli + ["put", "--dfs", "cli1", src], timeout=30).returncode == 0
+    assert subprocess.run(cli + ["put", "cli2", src], timeout=30).returncode == 0
+    out = subprocess.run(cli + ["ls", "--json", "^cli"], capture_output=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    media = {k["key"]: k["medium"] for k in json.loads(out.stdout)}
+    assert media == {"cli1": "dram+dfs", "cli2": "dram"}, media
 
 
 def test_get_falls_back_to_the_dfs_replica_when_memory_owner_dies(dfs_pool):
