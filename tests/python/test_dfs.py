@@ -18,7 +18,10 @@ on NFS or 3FS-FUSE. Covered:
     replica_num 0: -600 / INVALID_ARG; no DFS segment mounted: UNSUPPORTED / -1601;
  5. the DFS owner killed and started again on the same directory: its shard comes back
     with the objects (offered back to the master), readable after the memory replica died;
- 6. a tenant's max-ssd quota counts DFS bytes (test_tenants.py's TLS master and ACL).
+ 6. a tenant's max-ssd quota counts DFS bytes (test_tenants.py's TLS master and ACL);
+ 7. the master killed and restarted on its port: the DFS owner offers its objects again,
+    read back from DFS after the memory owner died;
+ and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
 import json
@@ -30,7 +33,8 @@ import time
 import pytest
 
 import kvpool
-from conftest import Pool, Proc, _bin, freeze, http_get, metric
+from conftest import (Pool, Proc, _bin, free_port, freeze, http_get, master_security_args,
+                      metric)
 from test_security import certs  # noqa: F401 (the fixture)
 
 KiB, MiB = 1024, 1024 * 1024
@@ -346,3 +350,46 @@ def test_tenant_quota_counts_dfs_bytes(certs, tmp_path):
         assert m.tm("kvpool_tenant_bytes", "team-a", "ssd") == 3 * 300 * KiB
     finally:
         close_all([m])
+
+
+def test_master_restart_keeps_dfs_replicas(tmp_path):
+    """The master killed (kill -9) and started again on its port: the DFS owner mounts again
+    and offers its shard's objects; with the memory owner gone meanwhile, the objects are
+    read back from DFS, through the owner and in the file."""
+    port = free_port()
+    argv = [_bin("KVPOOL_MASTER_BIN"), "--listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}",
+            "--log-level", "error", *master_security_args(), "--lease-ttl", "0"]
+    cli = _bin("KVPOOL_CLI_BIN")
+    d = tmp_path / "dfs"
+    d.mkdir()
+    procs = [Proc(argv)]
+    addr = procs[0].ready
+    try:
+        dfs = Proc([cli, "--master", addr, "serve", "--segment-size", "0", "--dfs-path", str(d),
+                    "--dfs-size", "8MiB", "--ready-fd", "{fd}"])
+        mem = Proc([cli, "--master", addr, "serve", "--segment-size", "32MiB", "--ready-fd",
+                    "{fd}"])
+        procs = [mem, dfs] + procs
+        blobs = {f"h{i}": os.urandom(30_000 + i) for i in range(8)}
+        with kvpool.Client(addr) as c:
+            assert c.batch_put(list(blobs), list(blobs.values()), dfs_replica_num=1) == [0] * 8
+        time.sleep(0.5)  # recorded by the DFS owner
+        procs[-1].kill()
+        mem.kill()  # the memory replicas are gone for good
+        procs[-1] = Proc(argv)
+        deadline = time.monotonic() + 30
+        with kvpool.Client(addr) as c, kvpool.Client(addr, dfs_path=str(d)) as direct:
+            for k, v in blobs.items():
+                while True:
+                    try:
+                        assert c.get(k) == v
+                        break
+                    except kvpool.Error as e:  # the owner remounting and offering
+                        assert time.monotonic() < deadline, (k, e)
+                        time.sleep(0.1)
+                assert direct.get(k) == v
+            assert client_dfs(direct)["get"]["ops"] == len(blobs)
+            assert client_ssd(c)["get"]["ops"] == len(blobs)
+    finally:
+        for p in procs:
+            p.kill()
