@@ -347,7 +347,19 @@ def test_tenant_quota_counts_dfs_bytes(certs, tmp_path):
             alice.remove("q0")  # refunds its DFS bytes
             alice.put("q4", blob, dfs_replica_num=1)
             assert alice.get("q4") == blob
-        assert m.tm("kvpool_tenant_bytes", "team-a", "ssd") == 3 * 300 * KiB
+        # another tenant: its own namespace, nothing of team-a's DFS objects
+        with m.client("bob") as bob:
+            with pytest.raises(kvpool.Error) as ei:
+                bob.get("q4")
+            assert ei.value.status == kvpool.ERR_NOT_FOUND
+            bob.put("q4", b"bob's", dfs_replica_num=1)  # no quota for team-b
+            assert bob.get("q4") == b"bob's"
+        with m.client("alice") as alice:
+            assert alice.get("q4") == blob
+        text = m.metrics()
+        assert m.tm("kvpool_tenant_bytes", "team-a", "ssd", text) == 3 * 300 * KiB
+        assert m.tm("kvpool_tenant_puts_refused_total", "team-a", text=text) == 1
+        assert m.tm("kvpool_tenant_puts_refused_total", "team-b", text=text) == 0
     finally:
         close_all([m])
 
