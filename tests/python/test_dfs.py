@@ -21,6 +21,7 @@ on NFS or 3FS-FUSE. Covered:
  6. a tenant's max-ssd quota counts DFS bytes (test_tenants.py's TLS master and ACL);
  7. the master killed and restarted on its port: the DFS owner offers its objects again,
     read back from DFS after the memory owner died;
+ 8. a DFS write that fails (its owner stopped): the put fails (IO), the key stays absent;
  and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
@@ -405,3 +406,28 @@ def test_master_restart_keeps_dfs_replicas(tmp_path):
     finally:
         for p in procs:
             p.kill()
+
+
+def test_dfs_write_that_fails_leaves_no_object(dfs_pool):
+    """The DFS owner stopped (SIGSTOP) under a client without the directory: its DFS write
+    times out, the put fails, and the key is absent (the memory replica written alone is not
+    kept: a put asked with a DFS replica is stored with it or not at all)."""
+    p = dfs_pool()
+    data = os.urandom(100_000)
+    with kvpool.Client(p.addr, rpc_timeout_ms=1500) as c:
+        c.put("w0", b"warm", dfs_replica_num=1)  # the connection to the owner is made
+        freeze(p.dfs.pid)
+        try:
+            with pytest.raises(kvpool.Error) as ei:
+                c.put("w1", data, dfs_replica_num=1)
+            # the master revoked it at PutEnd (the DFS replica not written): KVP_ERR_IO
+            assert ei.value.status == kvpool.STATUS["KVP_ERR_IO"], ei.value
+            assert "timed out" in str(ei.value)
+        finally:
+            os.kill(p.dfs.pid, signal.SIGCONT)
+        assert not c.exists("w1")
+        with pytest.raises(kvpool.Error) as ei:
+            c.get("w1")
+        assert ei.value.status == kvpool.ERR_NOT_FOUND
+        c.put("w1", data, dfs_replica_num=1)  # the owner back: the same put succeeds
+        assert c.get("w1") == data
