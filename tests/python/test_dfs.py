@@ -325,9 +325,11 @@ def test_dfs_owner_restart_brings_its_objects_back(dfs_pool):
                     time.sleep(0.05)
 
 
-def test_tenant_quota_counts_dfs_bytes(certs, tmp_path):
+def test_tenant_quota_counts_dfs_bytes(certs, tmp_path, monkeypatch):
     from test_tenants import PRINCIPALS, TenantMaster, quota_error
-    from test_security import close_all
+    from test_security import _CRED_ENV, close_all
+    for var in _CRED_ENV:  # every credential named here (the suite's TLS pass sets them)
+        monkeypatch.delenv(var, raising=False)
     m = TenantMaster(certs, str(tmp_path), PRINCIPALS, {"team-a": {"max-ssd": "1MiB"}})
     try:
         m.add_segment("64MiB")
