@@ -22,6 +22,7 @@ on NFS or 3FS-FUSE. Covered:
  7. the master killed and restarted on its port: the DFS owner offers its objects again,
     read back from DFS after the memory owner died;
  8. a DFS write that fails (its owner stopped): the put fails (IO), the key stays absent;
+ 9. DRAM eviction: an object with a DFS replica loses only its memory replica;
  and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
@@ -433,3 +434,21 @@ def test_dfs_write_that_fails_leaves_no_object(dfs_pool):
         assert ei.value.status == kvpool.ERR_NOT_FOUND
         c.put("w1", data, dfs_replica_num=1)  # the owner back: the same put succeeds
         assert c.get("w1") == data
+
+
+def test_dram_eviction_keeps_the_dfs_replica(dfs_pool):
+    """DRAM full: an object with a DFS replica loses only its memory one (it stays, on DFS
+    only, and reads back); objects without one are evicted."""
+    p = dfs_pool(dfs_size="32MiB", memory=("8MiB",))
+    keep = os.urandom(1 * MiB)
+    with kvpool.Client(p.addr) as c:
+        c.put("keep", keep, dfs_replica_num=1)
+        for i in range(24):  # 3x the DRAM segment: the oldest go
+            c.put(f"fill{i}", os.urandom(1 * MiB))
+        assert not c.exists("fill0")
+        listed = {k["key"]: k for k in c.list_keys("^keep$")}
+        dfs_id = {s["id"] for s in c.stat()["segments"] if s["medium"] == "dfs"}
+        assert set(listed["keep"]["segment_ids"]) == dfs_id, listed  # on DFS only now
+        ssd0 = client_ssd(c)["get"]["ops"]
+        assert c.get("keep") == keep
+        assert client_ssd(c)["get"]["ops"] == ssd0 + 1  # read from DFS (through its owner)
