@@ -29,14 +29,16 @@ on NFS or 3FS-FUSE. Covered:
 import json
 import os
 import signal
+import ssl
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
 import kvpool
-from conftest import (Pool, Proc, _bin, free_port, freeze, http_get, master_security_args,
-                      metric)
+from conftest import (TLS_DIR, Pool, Proc, _bin, free_port, freeze, http_get,
+                      master_security_args, metric)
 from test_security import certs  # noqa: F401 (the fixture)
 
 KiB, MiB = 1024, 1024 * 1024
@@ -50,7 +52,9 @@ class DfsPool(Pool):
     --http-listen`) and memory segments."""
 
     def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",)):
-        super().__init__(segments=())
+        self.http_port = free_port()  # the master's /metrics
+        super().__init__(segments=(), master_args=("--lease-ttl", "0", "--http-listen",
+                                                   f"127.0.0.1:{self.http_port}"))
         self.dfs_dir = str(dfs_dir)
         self.dfs_size = dfs_size
         try:
@@ -69,6 +73,17 @@ class DfsPool(Pool):
         self.dfs_name = d.lines[0]
         self.dfs_http = int(d.lines[1].rsplit(":", 1)[1])  # its HTTP port
         return d
+
+    def master_metric(self, name, **labels):
+        if TLS_DIR:  # the suite's TLS pass: the master serves HTTPS
+            ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
+            with urllib.request.urlopen(f"https://127.0.0.1:{self.http_port}/metrics",
+                                        timeout=10, context=ctx) as r:
+                text = r.read().decode()
+        else:
+            status, text = http_get(self.http_port, "/metrics")
+            assert status == 200, text
+        return metric(text, name, labels or None)
 
     def dfs_served(self):
         """Requests the DFS owner's data server answered (kvpool_served_ops_total)."""
@@ -125,6 +140,16 @@ def test_dfs_segment_is_named_for_its_directory(dfs_pool):
     assert out.returncode == 0, out.stderr
     media = {k["key"]: k["medium"] for k in json.loads(out.stdout)}
     assert media == {"cli1": "dram+dfs", "cli2": "dram"}, media
+    # the master's metrics of the tier
+    assert p.master_metric("kvpool_capacity_bytes", tier="dfs") == 8 * MiB
+    assert p.master_metric("kvpool_segments", tier="dfs") == 1
+    assert p.master_metric("kvpool_objects", tier="dfs") == 1
+    assert p.master_metric("kvpool_used_bytes", tier="dfs") == 8 * KiB  # 5000 B, 4 KiB blocks
+    assert p.master_metric("kvpool_dfs_puts_total") == 1
+    assert p.master_metric("kvpool_dfs_full_total") == 0
+    assert p.master_metric("kvpool_capacity_bytes", tier="ssd") == 0
+    assert p.master_metric("kvpool_segment_capacity_bytes", segment=p.dfs_name,
+                           tier="dfs") == 8 * MiB
 
 
 def test_get_falls_back_to_the_dfs_replica_when_memory_owner_dies(dfs_pool):
@@ -149,6 +174,7 @@ def test_get_falls_back_to_the_dfs_replica_when_memory_owner_dies(dfs_pool):
                 time.sleep(0.05)
         assert got == data
         assert client_ssd(c)["get"]["bytes"] >= len(data)
+        assert p.master_metric("kvpool_get_hits_total", tier="dfs") >= 1
         with pytest.raises(kvpool.Error) as ei:
             c.get("plain")
         assert ei.value.status in (kvpool.ERR_NOT_FOUND, kvpool.STATUS["KVP_ERR_NO_REPLICA"],
