@@ -476,8 +476,11 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         goto err_free;
     data_host_param(c);
     st = kvp_transfer_init(&c->xfer);
-    if (st != KVP_OK)
+    if (st != KVP_OK) {
+        if (c->xfer.why[0] != '\0') /* e.g. a DFS path that is no directory */
+            kvp_api_fail("create: %s", c->xfer.why);
         goto err_free;
+    }
     if (c->params.segment_size > 0) {
         char why[600] = "";
         kvp_segment_params_t sp = {.size = c->params.segment_size,

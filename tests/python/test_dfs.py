@@ -309,6 +309,9 @@ def test_refusals(dfs_pool, make_pool):
         assert s.is_exist("r2") == 0
     finally:
         s.close()
+    with pytest.raises(kvpool.Error) as ei:  # a directory that is not there: said so
+        kvpool.Client(p.addr, dfs_path=p.dfs_dir + "/no-such-dir")
+    assert ei.value.status == INVALID and "is not a directory" in str(ei.value), ei.value
     plain = make_pool()  # no DFS segment mounted
     with kvpool.Client(plain.addr) as c:
         with pytest.raises(kvpool.Error) as ei:
