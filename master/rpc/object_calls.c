@@ -113,6 +113,19 @@ static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_
             (unsigned long long)(dfs ? size : size * (preq->replica_num ? preq->replica_num : 1)));
 }
 
+/* Would no DFS segment take an object of size now (the DFS part of a put refused)? */
+static bool dfs_short(const kvp_master_state_t *st, uint64_t size)
+{
+    const kvp_segment_table_t *t = &st->segments;
+    for (uint32_t i = 0; i < t->n_slots; i++) {
+        const kvp_segment_t *seg = t->slots[i];
+        if (seg != NULL && seg->dfs && kvp_segment_open(seg) &&
+            kvp_segment_usable(seg) - kvp_segment_used(seg) >= size)
+            return false;
+    }
+    return true;
+}
+
 /* The DFS replica of a put (dfs_replica_num 1) after its memory ones: reps[*n_p] on a DFS
  * segment. No DFS segment mounted: KVP_ERR_UNSUPPORTED; none with room: KVP_ERR_POOL_FULL
  * (the DFS tier evicts nothing for a put: Mooncake's NO_AVAILABLE_HANDLE); bigger than every
@@ -187,6 +200,13 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
     if (over_quota(st, preq, size) != NULL) {
         st->tenants.t[preq->tenant].refused_quota++;
         return KVP_ERR_QUOTA;
+    }
+    /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
+    if (preq->dfs_extra && st->segments.capacity_dfs == 0)
+        return KVP_ERR_UNSUPPORTED;
+    if (preq->dfs_extra && dfs_short(st, size)) {
+        st->stats.dfs_full++;
+        return KVP_ERR_POOL_FULL;
     }
     kvp_replica_t reps[KVP_MAX_REPLICAS];
     unsigned n = 0;
@@ -272,19 +292,6 @@ static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
              (unsigned long long)st->index.pending, (unsigned long long)other,
              st->config.evict ? "pinned objects or objects on draining segments"
                               : "stored objects (eviction is off: --no-eviction)");
-}
-
-/* Would no DFS segment take an object of size now (the DFS part of a put refused)? */
-static bool dfs_short(const kvp_master_state_t *st, uint64_t size)
-{
-    const kvp_segment_table_t *t = &st->segments;
-    for (uint32_t i = 0; i < t->n_slots; i++) {
-        const kvp_segment_t *seg = t->slots[i];
-        if (seg != NULL && seg->dfs && kvp_segment_open(seg) &&
-            kvp_segment_usable(seg) - kvp_segment_used(seg) >= size)
-            return false;
-    }
-    return true;
 }
 
 /* Why the DFS replica of a put was refused (PutStartResponse.message). */
