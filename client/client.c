@@ -18,10 +18,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/api.h"
 #include "client/client_priv.h"
 #include "client/xfer_sessions.h"
+#include "client/ssd/dfs.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"
@@ -52,6 +54,11 @@ const char *kvp_client_segment_name(const kvp_client_t *client)
 const char *kvp_client_ssd_segment_name(const kvp_client_t *client)
 {
     return client->ssd ? kvp_ssd_owner_name(client->ssd) : NULL;
+}
+
+const char *kvp_client_dfs_segment_name(const kvp_client_t *client)
+{
+    return client->dfs ? kvp_ssd_owner_name(client->dfs) : NULL;
 }
 
 /* ---------------- parameters ---------------- */
@@ -224,6 +231,26 @@ static kvp_status_t other_params(kvp_client_t *c)
                      p->ssd_path, (unsigned long long)p->ssd_size);
         return KVP_ERR_INVALID_ARG;
     }
+    /* the DFS directory: read and written in place (a transport before the others), and a
+     * DFS segment there with a size */
+    p->dfs_path = param_env(p->dfs_path, c->env.dfs_path);
+    if (p->dfs_path != NULL && p->dfs_size == 0)
+        p->dfs_size = c->env.dfs_size;
+    if (p->dfs_path == NULL && p->dfs_size != 0) {
+        kvp_api_fail("create: dfs_size needs a dfs_path (KVPOOL_DFS_PATH)");
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (p->dfs_path != NULL && (strlen(p->dfs_path) >= sizeof(c->xfer.dfs_dir) - 300 ||
+                                (p->dfs_size != 0 && p->dfs_size < (1u << 20)))) {
+        kvp_api_fail("create: a DFS directory needs a path under 700 bytes and a DFS segment a "
+                     "size of at least 1 MiB (got '%s', %llu bytes)",
+                     p->dfs_path, (unsigned long long)p->dfs_size);
+        return KVP_ERR_INVALID_ARG;
+    }
+    if (p->dfs_path != NULL) {
+        snprintf(c->xfer.dfs_dir, sizeof(c->xfer.dfs_dir), "%s", p->dfs_path);
+        c->xfer.first = &kvp_transport_dfs_ops;
+    }
     if (p->segment_tenant != NULL &&
         (p->segment_tenant[0] == '\0' || strlen(p->segment_tenant) > 63)) {
         kvp_api_fail("create: segment_tenant must be a tenant's name of 1..63 bytes");
@@ -268,6 +295,7 @@ static void leader_changed(void *arg, const char *leader)
     if (c->session != NULL)
         kvp_mconn_follow(kvp_session_mconn(c->session), leader);
     kvp_ssd_owner_follow(c->ssd, leader);
+    kvp_ssd_owner_follow(c->dfs, leader);
 }
 
 /* The session with the master (mounting the segment), the heartbeat, the record thread;
@@ -346,6 +374,48 @@ static kvp_status_t ssd_start(kvp_client_t *c, const char *host)
     return st;
 }
 
+/* Our DFS segment: a shard file of the DFS directory (shard-<host>-<k>.kvpdfs, the first k
+ * no live process holds, so a restart takes its own back), with its own master connection. */
+static kvp_status_t dfs_start(kvp_client_t *c, const char *host)
+{
+    char id[KVP_DFS_ID_LEN + 1], why[1024] = "", hn[64] = "host", path[1100];
+    kvp_status_t st = kvp_dfs_dir_id(c->params.dfs_path, id, why, sizeof(why));
+    if (st != KVP_OK) {
+        kvp_api_fail("create: %s", why);
+        return st;
+    }
+    gethostname(hn, sizeof(hn) - 1);
+    for (char *q = hn; *q; q++)
+        if (*q == '/' || *q == '.')
+            *q = '-';
+    for (unsigned k = 0; k < 64; k++) {
+        snprintf(path, sizeof(path), "%s/shard-%s-%u.kvpdfs", c->params.dfs_path, hn, k);
+        kvp_ssd_owner_params_t p = {.path = path,
+                                    .size = c->params.dfs_size,
+                                    .buffered_io = true, /* NFS, FUSE: O_DIRECT where it works */
+                                    .host = host,
+                                    .protected_mode = c->protected_mode,
+                                    .master_host = c->master_host,
+                                    .master_port = c->master_port,
+                                    .disc = c->disc,
+                                    .timeout_ms = c->params.rpc_timeout_ms,
+                                    .client_id = c->client_id,
+                                    .xfer = &c->xfer,
+                                    .peers = &c->peers,
+                                    .tls = c->tls,
+                                    .token = c->token,
+                                    .tenant = c->params.segment_tenant,
+                                    .dfs_id = id};
+        why[0] = '\0';
+        st = kvp_ssd_owner_start(&p, &c->dfs, why, sizeof(why));
+        if (st != KVP_ERR_IN_USE)
+            break;
+    }
+    if (st != KVP_OK && why[0] != '\0')
+        kvp_api_fail("create: DFS %s", why);
+    return st;
+}
+
 /* Stop and free every part (each NULL or stopped is skipped), in reverse order of creation.
  * unmount: tell the master the segment is gone (destroy; a failed create does not). */
 static void client_free(kvp_client_t *c, bool unmount)
@@ -355,6 +425,8 @@ static void client_free(kvp_client_t *c, bool unmount)
     kvp_heartbeat_stop(c->hb);      /* also waits for a drain in progress */
     kvp_ssd_owner_stop(c->ssd);     /* unmounts it: its file keeps the objects */
     c->ssd = NULL;
+    kvp_ssd_owner_stop(c->dfs); /* the same for the DFS shard */
+    c->dfs = NULL;
     int seg_state = c->seg != NULL ? kvp_segment_set_drained(c->seg) : KVP_SEG_NONE;
     if (unmount && (seg_state == KVP_SEG_MOUNTED || seg_state == KVP_SEG_DRAINING) &&
         c->session != NULL && kvp_mconn_connected(kvp_session_mconn(c->session))) {
@@ -406,8 +478,11 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         goto err_free;
     data_host_param(c);
     st = kvp_transfer_init(&c->xfer);
-    if (st != KVP_OK)
+    if (st != KVP_OK) {
+        if (c->xfer.why[0] != '\0') /* e.g. a DFS path that is no directory */
+            kvp_api_fail("create: %s", c->xfer.why);
         goto err_free;
+    }
     c->xs = kvp_xsessions_create();
     if (c->xs == NULL) {
         st = KVP_ERR_NOMEM;
@@ -443,6 +518,8 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     st = control_start(c);
     if (st == KVP_OK && c->params.ssd_path != NULL)
         st = ssd_start(c, ssd_host);
+    if (st == KVP_OK && c->params.dfs_path != NULL && c->params.dfs_size != 0)
+        st = dfs_start(c, ssd_host);
     if (st != KVP_OK)
         goto err_free;
     /* keep only what outlives the call: the strings are borrowed */
@@ -453,6 +530,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     c->params.data_host = NULL;
     c->params.segment_name = NULL;
     c->params.ssd_path = NULL;
+    c->params.dfs_path = NULL;
     c->params.auth = NULL;
     c->params.segment_tenant = NULL;
     c->params.segment_file = NULL;

@@ -49,6 +49,7 @@ struct kvp_client {
     kvp_heartbeat_t *hb;      /* liveness, remounts and requested drains */
     kvp_ssd_owner_t *ssd;     /* our SSD segment; NULL: none */
     struct kvp_xsessions *xs; /* the transfer sessions open (xfer_sessions.c) */
+    kvp_ssd_owner_t *dfs;     /* our DFS segment (a shard file in the DFS directory); NULL */
 };
 
 /* What a drain of this client's segment works with. */

@@ -36,6 +36,8 @@ typedef struct kvp_client_env {
     int rdma_windows;         /* KVPOOL_RDMA_WINDOWS: KVP_RDMA_WINDOWS_* */
     unsigned rdma_qp_cap;     /* KVPOOL_RDMA_QP_CAP; 0: the transport's default */
     bool keep_dumpable;       /* KVPOOL_KEEP_DUMPABLE=1 */
+    const char *dfs_path;     /* KVPOOL_DFS_PATH */
+    uint64_t dfs_size;        /* KVPOOL_DFS_SIZE */
     /* KVPOOL_DATA_*: what peers may hold of our segments' data servers (0: not set) */
     kvp_conn_limits_t data_limits;
 } kvp_client_env_t;

@@ -30,10 +30,8 @@
 #include "common/rpc.h"
 
 static const char *const tp_names[KVP_METRICS_TP_COUNT] = {
-    [KVP_METRICS_TP_TCP] = "tcp",
-    [KVP_METRICS_TP_SHM] = "shm",
-    [KVP_METRICS_TP_RDMA] = "rdma",
-    [KVP_METRICS_TP_SSD] = "ssd",
+    [KVP_METRICS_TP_TCP] = "tcp", [KVP_METRICS_TP_SHM] = "shm", [KVP_METRICS_TP_RDMA] = "rdma",
+    [KVP_METRICS_TP_SSD] = "ssd", [KVP_METRICS_TP_DFS] = "dfs",
 };
 
 const char *kvp_metrics_transport_name(unsigned tp)
@@ -160,6 +158,12 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         kvp_conn_refusals_t adm = {0};
         kvp_ssd_owner_metrics(c->ssd, &m);
         kvp_ssd_owner_admission(c->ssd, &adm);
+        add_admission(&m, &adm);
+    }
+    if (c->dfs != NULL) {
+        kvp_conn_refusals_t adm = {0};
+        kvp_ssd_owner_metrics(c->dfs, &m);
+        kvp_ssd_owner_admission(c->dfs, &adm);
         add_admission(&m, &adm);
     }
 
@@ -377,7 +381,7 @@ static void put_client_transports(out_t *o, const kvp_metrics_t *m, const char *
 static void put_served(out_t *o, const kvp_metrics_t *m, const char *name, const char *help,
                        bool bytes)
 {
-    static const int served_tps[] = {KVP_METRICS_TP_TCP, KVP_METRICS_TP_SSD};
+    static const int served_tps[] = {KVP_METRICS_TP_TCP, KVP_METRICS_TP_SSD, KVP_METRICS_TP_DFS};
     family(o, name, "counter", help);
     for (size_t i = 0; i < sizeof(served_tps) / sizeof(served_tps[0]); i++) {
         int t = served_tps[i];

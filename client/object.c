@@ -447,6 +447,10 @@ void kvp_obj_put_config_wire(kvp_client_t *c, const kvp_put_config_t *cfg, Kvpoo
     pc->soft_pin_ttl_s = cfg->soft_pin_ttl_s;
     pc->upsert = cfg->mode == KVP_PUT_UPSERT;
     pc->medium = cfg->medium != NULL ? (char *)cfg->medium : "";
+    pc->dfs_replica_num =
+        cfg->size >= offsetof(kvp_put_config_t, dfs_replica_num) + sizeof(uint32_t)
+            ? cfg->dfs_replica_num
+            : 0;
     pc->preferred_segment = "";
     if (cfg->preferred_segment != NULL) {
         if (strcmp(cfg->preferred_segment, KVP_SEGMENT_LOCAL) == 0)
@@ -490,7 +494,9 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
         bool full = false;
         for (size_t j = 0; j < b->m; j++)
             full |= sr->results[j]->status == KVP_ERR_POOL_FULL ||
-                    sr->results[j]->status == KVP_ERR_QUOTA;
+                    sr->results[j]->status == KVP_ERR_QUOTA ||
+                    sr->results[j]->status == KVP_ERR_TOO_LARGE ||
+                    sr->results[j]->status == KVP_ERR_UNSUPPORTED; /* no DFS segment */
         if (full) {
             KVP_LOG_WARN("put: %s", sr->message);
             kvp_api_fail("put: %s", sr->message);

@@ -60,6 +60,11 @@ run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --
 # put straight to SSD, read back in random batches of 32; target 85 % of disk_read), get_dram,
 # offload (256 MiB DRAM, 2 GiB SSD: ~1.9 GiB put; target 80 % of disk_write). About 20 s.
 run ssd    ssd --local --ssd-dir "$SSD_DIR"
+# The DFS tier (issue 47): a DFS segment in a directory of $SSD_DIR (standing in for the shared
+# file system); 1 MiB objects put without and with a DFS replica (through the DFS owner, and
+# by a client that writes the shard file itself), then read back from DFS once the DRAM owner
+# is killed (through the owner, and in the file). 256 objects per point. About 5 s.
+run dfs    dfs --ssd-dir "$SSD_DIR" --segment-size 1GiB --ssd-size 1GiB --ssd-objects 256
 # Multi-buffer gets and the Python module (issue 14). pieces: 32 objects of 1 MiB put and got
 # as one buffer each and as 64 pieces of 16 KiB (kvp_batch_*_multi), shm and tcp; target: the
 # 64-piece get >= 0.8x the 1-piece get. python: deploy/py-bench.py, the `kvpool` module against
@@ -288,6 +293,15 @@ if ssd:
             if ref:
                 md += ["", "get_dram %.2f GB/s through a segment with an SSD tier vs the data mode's shm "
                        "get of the same size %.2f GB/s." % (r["gbps"], ref[0]["gbps"])]
+dfs = [r for r in R if r["mode"] == "dfs"]
+if dfs:
+    md += ["", "## DFS tier (1 MiB objects, batches of 32, CRC on; a local directory as the DFS)", "",
+           "| op | client | objects | GB/s | obj/s | p50 batch us | p99 batch us |",
+           "|---|---|---|---|---|---|---|"]
+    for r in dfs:
+        md.append("| %s | %s | %d | %.2f | %.0f | %.0f | %.0f |" % (
+            r["op"], r["client"], r["objects"], r["gbps"], r["objs_per_s"], r["p50_batch_us"],
+            r["p99_batch_us"]))
 md += ["", "## meta", "", "| op | objects resident | keys/s | bytes/object |", "|---|---|---|---|"]
 for r in R:
     if r["mode"] == "meta" and "keys_per_s" in r and r["run"] == "meta":

@@ -96,6 +96,14 @@ typedef struct kvp_client_params {
      * they use tcp. NULL: anonymous memory (a memfd). */
     const char *segment_file;
     uint64_t segment_file_offset;
+    /* The DFS tier (docs/architecture.md "The DFS tier"): a directory every node sees
+     * (NFS, 3FS-FUSE; one host's local directory in tests). With dfs_path this client
+     * reads and writes DFS replicas in the directory's shard files itself (no owner in the
+     * path); with dfs_size (>= 1 MiB) too it mounts a DFS segment: a shard file of that
+     * size there, served to clients without the directory like an SSD segment. NULL:
+     * $KVPOOL_DFS_PATH (and $KVPOOL_DFS_SIZE), else none. */
+    const char *dfs_path;
+    uint64_t dfs_size;
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */
@@ -125,6 +133,8 @@ void kvp_client_destroy(kvp_client_t *client);
 const char *kvp_client_segment_name(const kvp_client_t *client);
 /* Name of this client's SSD segment, or NULL when it mounts none. */
 const char *kvp_client_ssd_segment_name(const kvp_client_t *client);
+/* The name of this client's DFS segment (dfs_path with dfs_size), or NULL. */
+const char *kvp_client_dfs_segment_name(const kvp_client_t *client);
 
 /*
  * Register a buffer for transfers: host memory, or CUDA device memory (found
@@ -171,6 +181,12 @@ typedef struct kvp_put_config {
      * group than the object's gets KVP_ERR_INVALID_ARG. Not for kvp_aq (INVALID_ARG). */
     const char *const *group_ids;
     size_t n_group_ids;
+    /* Mooncake's dfs_replica_num: 1 adds a replica on a DFS segment (kvpool serve
+     * --dfs-path) besides the memory ones: the put succeeds only once it is written
+     * (KVP_ERR_UNSUPPORTED: no DFS segment mounted; KVP_ERR_POOL_FULL: the DFS is full;
+     * nothing is stored either way); 0 (default): none; more, or 1 with medium "ssd":
+     * KVP_ERR_INVALID_ARG */
+    uint32_t dfs_replica_num;
 } kvp_put_config_t;
 
 #define KVP_GROUP_ID_MAX 1024
@@ -455,7 +471,8 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat);
 #define KVP_METRICS_TP_SHM 1
 #define KVP_METRICS_TP_RDMA 2
 #define KVP_METRICS_TP_SSD 3
-#define KVP_METRICS_TP_COUNT 4 /* in use now */
+#define KVP_METRICS_TP_DFS 4   /* DFS replicas read or written in the shard files themselves */
+#define KVP_METRICS_TP_COUNT 5 /* in use now */
 #define KVP_METRICS_TP_MAX 8   /* slots in the struct (room to grow) */
 
 /* The version kvp_metrics_snapshot writes into kvp_metrics_t.version (2: master_rpc[] and

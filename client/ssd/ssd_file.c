@@ -992,6 +992,27 @@ err_nomem:
     return st;
 }
 
+kvp_status_t kvp_ssd_file_peek(int fd, uint64_t *data_base_p, uint64_t *data_size_p)
+{
+    uint8_t blk[2 * KVP_SSD_BLOCK];
+    ssize_t got = pread(fd, blk, sizeof(blk), 0);
+    if (got != (ssize_t)sizeof(blk))
+        return got < 0 ? KVP_ERR_IO : KVP_ERR_INVALID_ARG;
+    for (int copy = 0; copy < 2; copy++) {
+        ssd_header_t h;
+        memcpy(&h, blk + copy * KVP_SSD_BLOCK, sizeof(h));
+        if (header_valid(&h)) {
+            struct stat sb;
+            if (fstat(fd, &sb) != 0 || (uint64_t)sb.st_size < h.data_base + h.data_size)
+                return KVP_ERR_INVALID_ARG;
+            *data_base_p = h.data_base;
+            *data_size_p = h.data_size;
+            return KVP_OK;
+        }
+    }
+    return KVP_ERR_INVALID_ARG;
+}
+
 void kvp_ssd_file_close(kvp_ssd_file_t *f)
 {
     if (f == NULL)

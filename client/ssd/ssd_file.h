@@ -60,6 +60,10 @@ typedef struct kvp_ssd_open_params {
 kvp_status_t kvp_ssd_file_open(const kvp_ssd_open_params_t *p, kvp_ssd_file_t **f_p, char *why,
                                size_t why_len);
 void kvp_ssd_file_close(kvp_ssd_file_t *f);
+/* Read the header of a file another process owns (a DFS shard: fd opened by the caller,
+ * neither locked nor recovered): the file offset of segment byte 0 and the segment's
+ * bytes. KVP_ERR_INVALID_ARG: no valid header, or the file is shorter than it says. */
+kvp_status_t kvp_ssd_file_peek(int fd, uint64_t *data_base_p, uint64_t *data_size_p);
 
 int kvp_ssd_file_fd(const kvp_ssd_file_t *f);             /* O_DIRECT unless buffered */
 uint64_t kvp_ssd_file_data_base(const kvp_ssd_file_t *f); /* file offset of segment byte 0 */

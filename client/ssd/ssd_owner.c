@@ -41,6 +41,7 @@
 
 #include "client/control/mconn.h"
 #include "client/control/record_sync.h"
+#include "client/ssd/dfs.h"
 #include "client/ssd/ssd_io.h"
 #include "client/ssd/ssd_server.h"
 #include "common/clock.h"
@@ -64,6 +65,7 @@ struct kvp_ssd_owner {
     kvp_mconn_t *mc;
     char name[300];
     char endpoint[280];
+    bool dfs; /* a DFS segment's shard file (medium "dfs") */
     _Atomic uint64_t seg_id;
     _Atomic bool stop;
     pthread_t thread;
@@ -158,7 +160,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool fir
     kvp_ssd_owner_t *o = arg;
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = o->name;
-    d.medium = "ssd";
+    d.medium = o->dfs ? "dfs" : "ssd";
     d.size = kvp_ssd_file_size(o->file);
     d.owner_client_id = o->client_id;
     d.host_id = o->xfer->host_id;
@@ -641,7 +643,14 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
     }
     if (st == KVP_OK) {
         snprintf(o->endpoint, sizeof(o->endpoint), "%s:%u", host, port);
-        snprintf(o->name, sizeof(o->name), "%s:%u/ssd", host, port);
+        if (p->dfs_id != NULL) { /* host:port/dfs/<directory id>/<shard file> (dfs.h) */
+            const char *base = strrchr(p->path, '/');
+            o->dfs = true;
+            snprintf(o->name, sizeof(o->name), "%s:%u" KVP_DFS_NAME_TAG "%s/%s", host, port,
+                     p->dfs_id, base != NULL ? base + 1 : p->path);
+        } else {
+            snprintf(o->name, sizeof(o->name), "%s:%u/ssd", host, port);
+        }
         snprintf(o->tenant, sizeof(o->tenant), "%s", p->tenant ? p->tenant : "");
         kvp_mconn_params_t mp = {.host = p->master_host,
                                  .port = p->master_port,
@@ -674,11 +683,16 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
 void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, kvp_metrics_t *m)
 {
     const kvp_served_stats_t *sv = kvp_data_server_stats(o->srv);
+    int tp = o->dfs ? KVP_METRICS_TP_DFS : KVP_METRICS_TP_SSD;
     for (int d = 0; d < 2; d++) {
-        kvp_metrics_count_t *out =
-            d == 0 ? &m->served[KVP_METRICS_TP_SSD].put : &m->served[KVP_METRICS_TP_SSD].get;
+        kvp_metrics_count_t *out = d == 0 ? &m->served[tp].put : &m->served[tp].get;
         out->ops = atomic_load_explicit(&sv->dir[d].ops, memory_order_relaxed);
         out->bytes = atomic_load_explicit(&sv->dir[d].bytes, memory_order_relaxed);
+    }
+    if (o->dfs) {
+        m->refused_protected += kvp_data_server_refused(o->srv);
+        m->refused_grant += kvp_data_server_grants_refused(o->srv);
+        return;
     }
     const kvp_ssd_io_stats_t *io = kvp_ssd_file_io_stats(o->file);
     m->ssd_read.ops = atomic_load_explicit(&io->reads, memory_order_relaxed);

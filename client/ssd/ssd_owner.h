@@ -35,6 +35,10 @@ typedef struct kvp_ssd_owner_params {
     kvp_tls_t *tls;       /* TLS to the master (borrowed); NULL: plain */
     const char *token;    /* Auth on its master connection (copied); NULL: none */
     const char *tenant;   /* the segment is dedicated to this tenant (copied); NULL: shared */
+    /* a DFS segment (client/ssd/dfs.h): the file is a shard in the DFS directory whose id
+     * this is (KVP_DFS_ID_LEN hex digits), mounted with medium "dfs" under a name that
+     * carries the id and the file's name; NULL: an SSD segment */
+    const char *dfs_id;
 } kvp_ssd_owner_params_t;
 
 /* SsdTask kinds (proto/kvpool.proto). */
@@ -54,7 +58,7 @@ void kvp_ssd_owner_stop(kvp_ssd_owner_t *o);
 void kvp_ssd_owner_follow(kvp_ssd_owner_t *o, const char *leader);
 const char *kvp_ssd_owner_name(const kvp_ssd_owner_t *o);
 /* Fill the SSD fields of a metrics snapshot (served[ssd], ssd I/O, the segment's name and
- * capacity). Thread: any. */
+ * capacity); a DFS segment's owner fills served[dfs] only. Thread: any. */
 struct kvp_metrics;
 void kvp_ssd_owner_metrics(kvp_ssd_owner_t *o, struct kvp_metrics *m);
 /* Adds the connections its data server closed for their limits to *sum, by reason. */

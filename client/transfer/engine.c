@@ -166,6 +166,18 @@ kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
     atomic_store(&xfer->serve_access_errors, 0);
     atomic_store(&xfer->nic_access_errors, -1);
     xfer->gpu = kvp_gpu_available();
+    if (xfer->first != NULL) { /* DFS: its own peers only, so forcing another keeps it */
+        kvp_transport_t *tp = &xfer->tps[0];
+        xfer->why[0] = '\0';
+        st = xfer->first->create(xfer, 0, &tp->ctx);
+        if (st != KVP_OK) {
+            KVP_LOG_ERROR("transport %s cannot be used: %s", xfer->first->name,
+                          xfer->why[0] ? xfer->why : kvp_strerror(st));
+            return st;
+        }
+        tp->ops = xfer->first;
+        tp->index = xfer->n_tps++;
+    }
     for (unsigned k = 0; list[k] != NULL && xfer->n_tps < KVP_TP_MAX; k++) {
         const kvp_transport_ops_t *ops = list[k];
         if (xfer->forced != KVP_TRANSPORT_AUTO && ops->id != (int)xfer->forced)
@@ -630,6 +642,8 @@ static int metrics_slot(const kvp_peer_t *peer)
     const kvp_transport_t *tp = atomic_load_explicit(&peer->tp, memory_order_acquire);
     if (tp == NULL)
         return -1;
+    if (tp->ops->id == KVP_TRANSPORT_DFS)
+        return KVP_METRICS_TP_DFS;
     if (peer->ssd)
         return KVP_METRICS_TP_SSD;
     switch (tp->ops->id) {

@@ -55,6 +55,10 @@ typedef struct kvp_transfer {
                              * (KVPOOL_RDMA_QP_CAP) */
     /* the priority list to create; NULL: kvp_transports (tests put fakes here) */
     const kvp_transport_ops_t *const *list;
+    /* a transport created before the list, forced or not (the DFS shard files, when the
+     * client has a DFS directory: it takes only DFS segments' peers); NULL: none */
+    const kvp_transport_ops_t *first;
+    char dfs_dir[1024]; /* the DFS directory (client/ssd/dfs.h); "": none */
 
     char why[512]; /* why the last transport that could not be created could not */
     bool gpu;      /* the CUDA driver is loaded: device pointers are possible */

@@ -52,6 +52,7 @@ typedef struct kvp_peer {
     bool rdma_windows; /* its owner serves rdma through memory windows only (wire.h BIND) */
     bool own;          /* this client's own segment */
     bool ssd;          /* an SSD segment (medium "ssd": served over tcp) */
+    bool dfs;          /* a DFS segment (medium "dfs"; ssd is set too: served like one) */
     _Atomic uint64_t failed_ms; /* last transfer failure (kvp_now_ms), 0: none */
     /* How long its owner takes to answer a read (tcp: a read request fully sent to its
      * response's header, the first on each stream of a transfer): a moving average in us

@@ -264,7 +264,8 @@ void kvp_peers_update(kvp_peers_t *peers, Kvpool__SegmentDesc **descs, size_t n)
         p->has_shm_grant = d->shm_grant.len == sizeof(p->shm_grant);
         if (p->has_shm_grant)
             memcpy(p->shm_grant, d->shm_grant.data, sizeof(p->shm_grant));
-        p->ssd = strcmp(d->medium, "ssd") == 0;
+        p->dfs = strcmp(d->medium, "dfs") == 0;
+        p->ssd = p->dfs || strcmp(d->medium, "ssd") == 0;
         p->own = d->id == atomic_load(&peers->own_seg_id) && d->owner_client_id == peers->client_id;
         if (kvp_peer_table_insert(&peers->table, p) != KVP_OK) {
             kvp_peer_unref(p);

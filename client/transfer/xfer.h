@@ -67,6 +67,7 @@ typedef enum kvp_transport_id {
     KVP_TRANSPORT_TCP = 1,
     KVP_TRANSPORT_SHM = 2,
     KVP_TRANSPORT_RDMA = 3,
+    KVP_TRANSPORT_DFS = 4, /* DFS shard files read and written in place (never forced) */
 } kvp_transport_id_t;
 
 /* A transport that moves bytes in slices, in any order, checksums whole ops: the source of

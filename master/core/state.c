@@ -172,7 +172,7 @@ void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task)
 
 void kvp_state_forget_ssd(kvp_master_state_t *st, const kvp_object_t *obj)
 {
-    if (st->segments.capacity_ssd == 0 || obj->state == KVP_OBJ_PENDING)
+    if (st->segments.capacity_ssd + st->segments.capacity_dfs == 0 || obj->state == KVP_OBJ_PENDING)
         return;
     for (unsigned r = 0; r < obj->n_replicas; r++) {
         if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))

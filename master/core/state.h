@@ -54,6 +54,9 @@ typedef struct kvp_master_stats {
     uint64_t promoted;
     uint64_t hits_dram;
     uint64_t hits_ssd;
+    uint64_t hits_dfs; /* gets of objects on DFS only (policy/tier.c) */
+    uint64_t dfs_puts; /* puts that asked for a DFS replica and got one (rpc/object_calls.c) */
+    uint64_t dfs_full; /* ... refused: no DFS segment had room (KVP_ERR_POOL_FULL) */
     uint64_t ssd_evicted;
     uint64_t adopted;       /* objects segments brought back at (re)mount (ha/rebuild.c) */
     uint64_t adopt_refused; /* stale entries they offered: dropped, never served */

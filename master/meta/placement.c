@@ -1,7 +1,8 @@
 /*
  * placement.c - where a new object's replicas go.
  *
- * Replicas go to segments of one tier (req->ssd: SSD segments, else DRAM).
+ * Replicas go to segments of one tier (req->ssd: SSD segments, req->dfs too: DFS
+ * segments, else DRAM).
  * Replica 0 goes to the preferred segment when one is given and has room
  * (locality: a client's own segment is served through shm), else, when
  * near_host is given, to a segment of that host that has room (an offload
@@ -48,6 +49,12 @@ static bool avoided(const kvp_placement_req_t *req, uint64_t id)
     return false;
 }
 
+/* Is seg of the tier req asks for (DRAM, SSD or DFS)? */
+static bool tier_ok(const kvp_segment_t *seg, const kvp_placement_req_t *req)
+{
+    return seg->ssd == req->ssd && seg->dfs == req->dfs;
+}
+
 /* May this tenant's objects go to seg (its own or a shared one)? */
 static bool allowed(const kvp_segment_t *seg, uint16_t tenant)
 {
@@ -61,8 +68,8 @@ static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, uns
                      unsigned n_excl, const kvp_placement_req_t *req, bool dedicated,
                      uint64_t *free_p)
 {
-    if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd ||
-        !allowed(seg, req->tenant) || (dedicated && !seg->dedicated) || chosen(out, n, seg->id) ||
+    if (seg == NULL || !kvp_segment_open(seg) || !tier_ok(seg, req) || !allowed(seg, req->tenant) ||
+        (dedicated && !seg->dedicated) || chosen(out, n, seg->id) ||
         (distinct_hosts && host_used(t, out, n, seg)))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
@@ -94,7 +101,7 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     bool fits_any = false, any = false;
     for (uint32_t i = 0; i < table->n_slots; i++) {
         const kvp_segment_t *seg = table->slots[i];
-        if (seg == NULL || !kvp_segment_open(seg) || seg->ssd != req->ssd ||
+        if (seg == NULL || !kvp_segment_open(seg) || !tier_ok(seg, req) ||
             !allowed(seg, req->tenant))
             continue;
         any = true;
@@ -115,13 +122,13 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     unsigned n_pref = req->n_preferred_list > 0 ? req->n_preferred_list : 1;
     for (unsigned k = 0; k < n_pref && n < want; k++) {
         const kvp_segment_t *p = pref[k];
-        if (p != NULL && kvp_segment_open(p) && p->ssd == req->ssd && allowed(p, req->tenant) &&
+        if (p != NULL && kvp_segment_open(p) && tier_ok(p, req) && allowed(p, req->tenant) &&
             !avoided(req, p->id) && !chosen(out, n, p->id))
             n += try_alloc((kvp_segment_t *)p, req->size, &out[n]);
     }
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
-        if (seg != NULL && kvp_segment_open(seg) && seg->ssd == req->ssd &&
+        if (seg != NULL && kvp_segment_open(seg) && tier_ok(seg, req) &&
             allowed(seg, req->tenant) && strcmp(seg->host_id, req->near_host) == 0 &&
             kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size && !avoided(req, seg->id))
             n += try_alloc(seg, req->size, &out[n]);

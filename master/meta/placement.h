@@ -22,6 +22,8 @@ typedef struct kvp_placement_req {
     uint32_t soft_pin_ttl_s; /* 0: the master's default */
     bool upsert;             /* replace an existing object (PutStart only) */
     bool ssd;                /* on SSD segments (else DRAM ones): one tier per call */
+    bool dfs;                /* on DFS segments (ssd set too) */
+    bool dfs_extra;          /* PutStart: one more replica on a DFS segment (dfs_replica_num) */
     const char *near_host;   /* prefer segments on this host id when no preferred one */
     uint16_t tenant;         /* whose object: never on another tenant's dedicated
                                 segment */

@@ -80,7 +80,9 @@ kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *se
     table->slots[slot] = seg;
     table->count++;
     table->capacity += seg->size;
-    if (seg->ssd)
+    if (seg->dfs)
+        table->capacity_dfs += seg->size;
+    else if (seg->ssd)
         table->capacity_ssd += seg->size;
     table->version++;
     return KVP_OK;
@@ -113,7 +115,9 @@ void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg)
         table->slots[slot] = NULL;
         table->count--;
         table->capacity -= seg->size;
-        if (seg->ssd)
+        if (seg->dfs)
+            table->capacity_dfs -= seg->size;
+        else if (seg->ssd)
             table->capacity_ssd -= seg->size;
         table->version++;
     }
@@ -138,7 +142,16 @@ uint64_t kvp_segment_table_used_tier(const kvp_segment_table_t *table, bool ssd)
 {
     uint64_t used = 0;
     for (uint32_t i = 0; i < table->n_slots; i++)
-        if (table->slots[i] != NULL && table->slots[i]->ssd == ssd)
+        if (table->slots[i] != NULL && table->slots[i]->ssd == ssd && !table->slots[i]->dfs)
+            used += kvp_segment_used(table->slots[i]);
+    return used;
+}
+
+uint64_t kvp_segment_table_used_dfs(const kvp_segment_table_t *table)
+{
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < table->n_slots; i++)
+        if (table->slots[i] != NULL && table->slots[i]->dfs)
             used += kvp_segment_used(table->slots[i]);
     return used;
 }

@@ -35,11 +35,13 @@ typedef struct kvp_segment {
     uint64_t owner_tag;
     uint16_t owner_tenant;
     uint64_t owner_client_id;
-    uint64_t owner_conn_id;  /* connection that mounted it; its close unmounts it */
-    uint64_t objects;        /* replicas stored here */
-    bool draining;           /* no new replicas; the owner is asked to move objects away */
-    bool ssd;                /* medium "ssd": a file on its owner's disk (4 KiB extents) */
-    bool adopting;           /* its owner is offering what it holds: no new replicas yet */
+    uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
+    uint64_t objects;       /* replicas stored here */
+    bool draining;          /* no new replicas; the owner is asked to move objects away */
+    bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
+    bool dfs;      /* medium "dfs": a shard file in a shared directory (ssd is set too: a file tier;
+                    * its own placement and capacity; docs/architecture.md "The DFS tier") */
+    bool adopting; /* its owner is offering what it holds: no new replicas yet */
     struct kvp_limbo *limbo; /* what it held when dropped for silence: taken back when the
                               * offer ends (meta/limbo.c) */
     bool dedicated;          /* to one tenant (kvpool serve --tenant): only its objects */
@@ -66,6 +68,7 @@ typedef struct kvp_segment_table {
     uint32_t count;
     uint64_t capacity;     /* sum of sizes */
     uint64_t capacity_ssd; /* of which on SSD segments */
+    uint64_t capacity_dfs; /* of which on DFS segments (not in capacity_ssd) */
     /* changes with every mount and unmount; starts random, so a client that knew
      * an earlier master's table never takes this one's for the same */
     uint64_t version;
@@ -94,14 +97,17 @@ static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
 {
     return seg->size / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN;
 }
-/* Bytes allocated over the segments of one tier (ssd or dram). O(slots). */
+/* Bytes allocated over the segments of one tier (ssd or dram; DFS segments in neither).
+ * O(slots). */
 uint64_t kvp_segment_table_used_tier(const kvp_segment_table_t *table, bool ssd);
-/* Capacity of one tier. */
+/* Bytes allocated over the DFS segments. O(slots). */
+uint64_t kvp_segment_table_used_dfs(const kvp_segment_table_t *table);
+/* Capacity of one tier (DFS segments in neither). */
 static inline uint64_t kvp_segment_table_capacity_tier(const kvp_segment_table_t *table, bool ssd)
 {
-    return ssd ? table->capacity_ssd : table->capacity - table->capacity_ssd;
+    return ssd ? table->capacity_ssd : table->capacity - table->capacity_ssd - table->capacity_dfs;
 }
-/* Is replica r of obj on a mounted segment of that tier? */
+/* Is replica r of obj on a mounted segment of that tier (ssd: a file tier, SSD or DFS)? */
 bool kvp_segment_table_replica_on(const kvp_segment_table_t *table, const kvp_replica_t *r,
                                   bool ssd);
 /* Has obj a replica on a mounted segment of that tier? */

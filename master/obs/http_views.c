@@ -321,7 +321,7 @@ static void *call_rpc(kvp_master_state_t *st, const kvp_master_view_t *v, uint16
 
 static const char *tier_name(const kvp_segment_t *seg)
 {
-    return seg->ssd ? "ssd" : "dram";
+    return seg->dfs ? "dfs" : seg->ssd ? "ssd" : "dram";
 }
 
 static void render_health(kvp_http_reply_t *r, const kvp_master_state_t *st,

@@ -124,7 +124,11 @@ static void per_segment(kvp_http_reply_t *r, const kvp_master_state_t *st, const
         uint64_t v = what == 0 ? seg->size : what == 1 ? kvp_segment_used(seg) : seg->objects;
         kvp_http_printf(r, "%s{segment=\"", name);
         label(r, seg->name);
-        kvp_http_printf(r, "\",tier=\"%s\"} %" PRIu64 "\n", seg->ssd ? "ssd" : "dram", v);
+        kvp_http_printf(r, "\",tier=\"%s\"} %" PRIu64 "\n",
+                        seg->dfs   ? "dfs"
+                        : seg->ssd ? "ssd"
+                                   : "dram",
+                        v);
     }
 }
 
@@ -132,18 +136,18 @@ static void per_segment(kvp_http_reply_t *r, const kvp_master_state_t *st, const
 static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
     const kvp_segment_table_t *t = &st->segments;
-    uint64_t cap[2] = {0}, used[2] = {0}, objs[2] = {0}, segs[2] = {0};
+    uint64_t cap[3] = {0}, used[3] = {0}, objs[3] = {0}, segs[3] = {0};
     for (uint32_t i = 0; i < t->n_slots; i++) {
         const kvp_segment_t *seg = t->slots[i];
         if (seg == NULL)
             continue;
-        int k = seg->ssd ? 1 : 0;
+        int k = seg->dfs ? 2 : seg->ssd ? 1 : 0;
         cap[k] += seg->size;
         used[k] += kvp_segment_used(seg);
         objs[k] += seg->objects;
         segs[k]++;
     }
-    static const char *tiers[2] = {"dram", "ssd"};
+    static const char *tiers[3] = {"dram", "ssd", "dfs"};
     const uint64_t *tv[3] = {cap, used, objs};
     static const char *tn[3][2] = {
         {"kvpool_capacity_bytes", "Bytes of the mounted segments of the tier."},
@@ -152,11 +156,11 @@ static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
     };
     for (int m = 0; m < 3; m++) {
         head(r, tn[m][0], "gauge", tn[m][1]);
-        for (int k = 0; k < 2; k++)
+        for (int k = 0; k < 3; k++)
             kvp_http_printf(r, "%s{tier=\"%s\"} %" PRIu64 "\n", tn[m][0], tiers[k], tv[m][k]);
     }
     head(r, "kvpool_segments", "gauge", "Mounted segments of the tier.");
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         kvp_http_printf(r, "kvpool_segments{tier=\"%s\"} %" PRIu64 "\n", tiers[k], segs[k]);
     one(r, "kvpool_keys", "gauge", "Keys in the index (complete and being written).",
         st->index.count);
@@ -184,6 +188,11 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
     head(r, "kvpool_get_hits_total", "counter", "Gets that found the object, by the tier read.");
     kvp_http_printf(r, "kvpool_get_hits_total{tier=\"dram\"} %" PRIu64 "\n", s->hits_dram);
     kvp_http_printf(r, "kvpool_get_hits_total{tier=\"ssd\"} %" PRIu64 "\n", s->hits_ssd);
+    kvp_http_printf(r, "kvpool_get_hits_total{tier=\"dfs\"} %" PRIu64 "\n", s->hits_dfs);
+    one(r, "kvpool_dfs_puts_total", "counter", "Puts given a DFS replica (dfs_replica_num 1).",
+        s->dfs_puts);
+    one(r, "kvpool_dfs_full_total", "counter",
+        "Puts refused because no DFS segment had room for their DFS replica.", s->dfs_full);
     one(r, "kvpool_get_misses_total", "counter", "Gets that found no object.", s->get_misses);
     one(r, "kvpool_exists_total", "counter", "Keys asked whether they exist.", s->exists);
     one(r, "kvpool_removes_total", "counter", "Objects removed (remove, remove by regex).",

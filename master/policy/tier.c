@@ -114,12 +114,28 @@ static kvp_object_t *lookup(kvp_master_state_t *st, const char *key, size_t len,
 
 /* ---- eviction from SSD ---- */
 
+/* Has obj a replica on a DFS segment? */
+static bool on_dfs(const kvp_master_state_t *st, const kvp_object_t *obj)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->dfs)
+            return true;
+    }
+    return false;
+}
+
 uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
 {
     kvp_lease_expire(st);
     uint64_t used = kvp_segment_table_used_tier(&st->segments, true), freed = 0;
-    while (used > target && st->index.ssd.head != NULL) {
-        kvp_object_t *obj = st->index.ssd.head;
+    kvp_object_t *next = st->index.ssd.head;
+    while (used > target && next != NULL) {
+        kvp_object_t *obj = next;
+        next = obj->lnext;
+        if (on_dfs(st, obj)) /* a DFS copy frees no SSD room: the DFS tier keeps it */
+            continue;
         uint64_t bytes = aligned(obj->size, 4096) * obj->n_replicas;
         kvp_state_object_gone(st, obj);
         kvp_index_unlink(&st->index, obj);
@@ -176,9 +192,9 @@ static void free_extent(kvp_master_state_t *st, const kvp_replica_t *rep)
 
 kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if (!kvp_tier_has_ssd(st) || obj->pin == KVP_PIN_HARD)
+    if (!kvp_tier_has_file(st) || obj->pin == KVP_PIN_HARD)
         return KVP_TIER_DROP;
-    /* its SSD replicas stay; its DRAM ones go (now when it has an SSD copy, else once an
+    /* its SSD (and DFS) replicas stay; its DRAM ones go (now when it has an SSD copy, else once an
      * offload of the first one is durable) */
     kvp_replica_t keep[KVP_MAX_REPLICAS], gone[KVP_MAX_REPLICAS];
     unsigned nk = 0, nd = 0;
@@ -197,7 +213,8 @@ kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj)
         kvp_policy_move(st, o, KVP_POLICY_SSD, false);
         return KVP_TIER_FREED;
     }
-    if (nd == 0 || kvp_tier_offload_full(st) || obj->key_len > KVP_TIER_KEY_MAX)
+    if (nd == 0 || !kvp_tier_has_ssd(st) || kvp_tier_offload_full(st) ||
+        obj->key_len > KVP_TIER_KEY_MAX)
         return KVP_TIER_DROP;
     kvp_replica_t ssd;
     if (!ssd_extent(st, obj->size, host_of(st, obj, false), obj->tenant, &ssd)) {
@@ -284,11 +301,14 @@ static void offload_done(kvp_master_state_t *st, kvp_ssd_task_t *t, kvp_status_t
 
 void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if (!kvp_tier_has_ssd(st) || kvp_segment_table_has_tier(&st->segments, obj, false)) {
+    if (!kvp_tier_has_file(st) || kvp_segment_table_has_tier(&st->segments, obj, false)) {
         st->stats.hits_dram++;
         return;
     }
-    st->stats.hits_ssd++;
+    if (on_dfs(st, obj))
+        st->stats.hits_dfs++;
+    else
+        st->stats.hits_ssd++;
     if (!st->config.promote_on_hit || (obj->flags & (KVP_OBJ_F_PROMOTING | KVP_OBJ_F_OFFLOADING)) ||
         obj->n_replicas >= KVP_MAX_REPLICAS)
         return;
@@ -411,7 +431,7 @@ void kvp_tier_ssd_bad(kvp_master_state_t *st, kvp_segment_t *seg, uint64_t offse
 
 void kvp_tier_on_put_end(kvp_master_state_t *st, kvp_object_t *obj)
 {
-    if (!kvp_tier_has_ssd(st))
+    if (!kvp_tier_has_file(st))
         return;
     for (unsigned r = 0; r < obj->n_replicas; r++) {
         if (!kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))

@@ -21,6 +21,12 @@ static inline bool kvp_tier_has_ssd(const kvp_master_state_t *st)
     return st->segments.capacity_ssd > 0;
 }
 
+/* Is a file tier mounted (SSD or DFS segments: DRAM victims with a copy there keep it)? */
+static inline bool kvp_tier_has_file(const kvp_master_state_t *st)
+{
+    return st->segments.capacity_ssd + st->segments.capacity_dfs > 0;
+}
+
 /* A new version for a put (larger than every version given or adopted before). */
 uint64_t kvp_tier_next_version(kvp_master_state_t *st);
 

@@ -327,7 +327,8 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
     /* a COMPLETE object's readers get DRAM replicas first (a PENDING one's writer gets
      * them in place order: its PutEnd's written_mask refers to them by position) */
     unsigned order[KVP_MAX_REPLICAS], k = 0;
-    bool tiers = obj->state == KVP_OBJ_COMPLETE && st->segments.capacity_ssd > 0;
+    bool tiers =
+        obj->state == KVP_OBJ_COMPLETE && st->segments.capacity_ssd + st->segments.capacity_dfs > 0;
     for (int ssd = 0; ssd < 2; ssd++)
         for (unsigned r = 0; r < obj->n_replicas; r++)
             if (!tiers ? ssd == 0

@@ -86,6 +86,10 @@ static const char *over_quota(const kvp_master_state_t *st, const kvp_placement_
         return "DRAM";
     if (preq->ssd && t->max_ssd != 0 && (bytes > t->max_ssd || t->ssd_bytes > t->max_ssd - bytes))
         return "SSD";
+    /* a DFS replica is disk bytes: max-ssd covers it */
+    if (preq->dfs_extra && t->max_ssd != 0 &&
+        (size > t->max_ssd || t->ssd_bytes > t->max_ssd - size))
+        return "DFS";
     return NULL;
 }
 
@@ -97,6 +101,7 @@ static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_
     const char *which = over_quota(st, preq, size);
     if (which == NULL)
         which = "objects"; /* (not reached: the quota that refused is still full) */
+    bool dfs = strcmp(which, "DFS") == 0, disk = preq->ssd || dfs;
     if (strcmp(which, "closed") == 0)
         snprintf(buf, len,
                  "tenant %s has no quota policy: its admission is closed (DELETE "
@@ -106,13 +111,58 @@ static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_
         snprintf(buf, len, "tenant %s is at its quota of objects: %llu of max-objects %llu",
                  t->name, (unsigned long long)t->objects, (unsigned long long)t->max_objects);
     else
-        snprintf(buf, len,
-                 "tenant %s is over its %s quota: %llu of max-%s %llu bytes used, this put "
-                 "needs %llu more",
-                 t->name, which, (unsigned long long)(preq->ssd ? t->ssd_bytes : t->dram_bytes),
-                 preq->ssd ? "ssd" : "dram",
-                 (unsigned long long)(preq->ssd ? t->max_ssd : t->max_dram),
-                 (unsigned long long)(size * (preq->replica_num ? preq->replica_num : 1)));
+        snprintf(
+            buf, len,
+            "tenant %s is over its %s quota: %llu of max-%s %llu bytes used, this put "
+            "needs %llu more",
+            t->name, which, (unsigned long long)(disk ? t->ssd_bytes : t->dram_bytes),
+            disk ? "ssd" : "dram", (unsigned long long)(disk ? t->max_ssd : t->max_dram),
+            (unsigned long long)(dfs ? size : size * (preq->replica_num ? preq->replica_num : 1)));
+}
+
+/* Would no DFS segment take an object of size now (the DFS part of a put refused)? */
+static bool dfs_short(const kvp_master_state_t *st, uint64_t size)
+{
+    const kvp_segment_table_t *t = &st->segments;
+    for (uint32_t i = 0; i < t->n_slots; i++) {
+        const kvp_segment_t *seg = t->slots[i];
+        if (seg != NULL && seg->dfs && kvp_segment_open(seg) &&
+            kvp_segment_usable(seg) - kvp_segment_used(seg) >= size)
+            return false;
+    }
+    return true;
+}
+
+/* The DFS replica of a put (dfs_replica_num 1) after its memory ones: reps[*n_p] on a DFS
+ * segment. No DFS segment mounted: KVP_ERR_UNSUPPORTED; none with room: KVP_ERR_POOL_FULL
+ * (the DFS tier evicts nothing for a put: Mooncake's NO_AVAILABLE_HANDLE); bigger than every
+ * DFS segment: KVP_ERR_TOO_LARGE. On failure the memory extents are freed too. */
+static kvp_status_t put_dfs_replica(kvp_master_state_t *st, const kvp_placement_req_t *r,
+                                    kvp_replica_t *reps, unsigned *n_p)
+{
+    kvp_placement_req_t d = {.size = r->size,
+                             .replica_num = 1,
+                             .ssd = true,
+                             .dfs = true,
+                             .tenant = r->tenant,
+                             .dedicated_first = r->dedicated_first};
+    unsigned nd = 0;
+    kvp_status_t status = *n_p < KVP_MAX_REPLICAS
+                              ? kvp_placement_alloc(&st->segments, &d, &st->rng, &reps[*n_p], &nd)
+                              : KVP_ERR_INVALID_ARG;
+    if (status == KVP_OK) {
+        *n_p += nd;
+        return KVP_OK;
+    }
+    for (unsigned i = 0; i < *n_p; i++) {
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
+        kvp_offset_alloc_free(seg->alloc, reps[i].handle);
+        seg->objects--;
+    }
+    if (status == KVP_ERR_NO_SEGMENT)
+        return KVP_ERR_UNSUPPORTED;
+    st->stats.dfs_full++;
+    return status;
 }
 
 /* Is group id `cur` (0: none) the one a put names (empty: none)? */
@@ -155,7 +205,8 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
          * one gets extents of its own. Either way the key is absent until PutEnd,
          * and absent for good if the new put fails. */
         if (obj->size == size && !kvp_leased(st, obj) && (obj->flags & KVP_OBJ_F_COPYING) == 0 &&
-            !preq->ssd && !kvp_segment_table_has_tier(&st->segments, obj, true) &&
+            !preq->ssd && !preq->dfs_extra &&
+            !kvp_segment_table_has_tier(&st->segments, obj, true) &&
             !kvp_segment_table_on_draining(&st->segments, obj) &&
             obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
             kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
@@ -180,6 +231,13 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
     if (over_quota(st, preq, size) != NULL) {
         st->tenants.t[preq->tenant].refused_quota++;
         return KVP_ERR_QUOTA;
+    }
+    /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
+    if (preq->dfs_extra && st->segments.capacity_dfs == 0)
+        return KVP_ERR_UNSUPPORTED;
+    if (preq->dfs_extra && dfs_short(st, size)) {
+        st->stats.dfs_full++;
+        return KVP_ERR_POOL_FULL;
     }
     kvp_replica_t reps[KVP_MAX_REPLICAS];
     unsigned n = 0;
@@ -220,8 +278,12 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
         st->stats.lease_waits++;
         return KVP_ERR_POOL_BUSY;
     }
+    if (status == KVP_OK && preq->dfs_extra)
+        status = put_dfs_replica(st, &r, reps, &n);
     if (status != KVP_OK)
         return status;
+    if (preq->dfs_extra)
+        st->stats.dfs_puts++;
     bool grouped = group != NULL ? group->len > 0 : *held_p != 0;
     obj = grouped ? kvp_object_create_grouped((const char *)key->data, key->len, hash, n)
                   : kvp_object_create((const char *)key->data, key->len, hash, n);
@@ -282,6 +344,22 @@ static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
                               : "stored objects (eviction is off: --no-eviction)");
 }
 
+/* Why the DFS replica of a put was refused (PutStartResponse.message). */
+static void dfs_message(const kvp_master_state_t *st, kvp_status_t status, char *buf, size_t len)
+{
+    if (status == KVP_ERR_UNSUPPORTED)
+        snprintf(buf, len,
+                 "dfs_replica_num 1 but no DFS segment is mounted (kvpool serve "
+                 "--dfs-path DIR --dfs-size N): nothing stored");
+    else
+        snprintf(buf, len,
+                 "DFS full: %llu of %llu bytes of the DFS segments used, and a DFS replica is "
+                 "never made by evicting another one: nothing stored (remove objects with DFS "
+                 "replicas or mount a larger --dfs-size)",
+                 (unsigned long long)kvp_segment_table_used_dfs(&st->segments),
+                 (unsigned long long)st->segments.capacity_dfs);
+}
+
 /* A put's options (PutConfig; NULL: the defaults) into preq; KVP_ERR_INVALID_ARG for a
  * medium that is neither dram nor ssd. */
 static kvp_status_t put_config(kvp_master_state_t *st, const Kvpool__PutConfig *cfg,
@@ -298,6 +376,10 @@ static kvp_status_t put_config(kvp_master_state_t *st, const Kvpool__PutConfig *
             preq->ssd = true;
         else if (cfg->medium[0] != '\0' && strcmp(cfg->medium, "dram") != 0)
             return KVP_ERR_INVALID_ARG;
+        /* Mooncake's dfs_replica_num: 0 or 1, and a DFS replica goes with memory ones */
+        if (cfg->dfs_replica_num > 1 || (cfg->dfs_replica_num == 1 && preq->ssd))
+            return KVP_ERR_INVALID_ARG;
+        preq->dfs_extra = cfg->dfs_replica_num == 1;
         if (cfg->preferred_segment[0] != '\0')
             preq->preferred = kvp_segment_table_find_name(&st->segments, cfg->preferred_segment);
         for (size_t i = 0; i < cfg->n_preferred_segments && i < 8; i++)
@@ -306,8 +388,8 @@ static kvp_status_t put_config(kvp_master_state_t *st, const Kvpool__PutConfig *
         preq->avoid = cfg->avoid_segments;
         preq->n_avoid = (unsigned)KVP_MIN(cfg->n_avoid_segments, (size_t)8);
     }
-    if (preq->replica_num > KVP_MAX_REPLICAS)
-        preq->replica_num = KVP_MAX_REPLICAS;
+    if (preq->replica_num > KVP_MAX_REPLICAS - (preq->dfs_extra ? 1u : 0u))
+        preq->replica_num = KVP_MAX_REPLICAS - (preq->dfs_extra ? 1u : 0u);
     return KVP_OK;
 }
 
@@ -358,7 +440,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     Kvpool__PutStartResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
     Kvpool__PutStartResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
     /* an in-place upsert answers with the existing object's replicas */
-    size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num;
+    size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num + preq.dfs_extra;
     /* uninitialised: each one used is initialised; a calloc this large (tens of KiB) made
      * the allocator hand back zeroed pages, a madvise and page faults on every call */
     Kvpool__Replica *reps = kvp_reply_alloc(&r, n * per_key + 1, sizeof(*reps));
@@ -381,6 +463,11 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         res[i].status =
             put_start_one(st, call->conn_id, &req->keys[i], req->sizes[i], &preq,
                           req->n_group_ids ? &req->group_ids[i] : NULL, &give_back, &obj);
+        if (preq.dfs_extra && r.text[0] == '\0' &&
+            (res[i].status == KVP_ERR_UNSUPPORTED ||
+             ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_TOO_LARGE) &&
+              dfs_short(st, req->sizes[i]))))
+            dfs_message(st, res[i].status, r.text, r.text_max);
         if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
             r.text[0] == '\0')
             pool_full_message(st, r.text, r.text_max);
@@ -445,6 +532,14 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
      * answer; no mask: all), free the rest, and drop tombstones of replicas whose
      * segment went away meanwhile. */
     uint32_t mask = end->n_written_mask > 0 ? end->written_mask[i] : UINT32_MAX;
+    /* a DFS replica not written fails the whole put (Mooncake: the put succeeds only once
+     * its DFS write did): no object is left without the replica it was asked with */
+    for (unsigned r = 0; r < obj->n_replicas; r++) {
+        const kvp_segment_t *seg =
+            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (seg != NULL && seg->dfs && !(mask & (1u << r)))
+            mask = 0;
+    }
     unsigned w = 0;
     kvp_index_charge(&st->index, obj, -1); /* its replicas change: charged again below */
     for (unsigned r = 0; r < obj->n_replicas; r++) {

@@ -46,7 +46,8 @@ static bool desc_valid(const Kvpool__SegmentDesc *d)
     uint16_t port;
     return d != NULL && d->size >= KVP_SEGMENT_MIN_SIZE && d->size <= KVP_SEGMENT_MAX_SIZE &&
            d->name[0] != '\0' && strlen(d->name) <= 255 &&
-           (strcmp(d->medium, "dram") == 0 || strcmp(d->medium, "ssd") == 0) &&
+           (strcmp(d->medium, "dram") == 0 || strcmp(d->medium, "ssd") == 0 ||
+            strcmp(d->medium, "dfs") == 0) &&
            d->host_id[0] != '\0' &&
            kvp_parse_hostport(d->tcp_endpoint, host, sizeof(host), &port) == KVP_OK &&
            (d->rdma_endpoint[0] == '\0' ||
@@ -116,7 +117,8 @@ static kvp_segment_t *segment_new(const kvp_call_t *call, const Kvpool__MountReq
         kvp_segment_destroy(seg);
         return NULL;
     }
-    seg->ssd = strcmp(d->medium, "ssd") == 0;
+    seg->dfs = strcmp(d->medium, "dfs") == 0; /* a file tier like SSD, placed apart */
+    seg->ssd = seg->dfs || strcmp(d->medium, "ssd") == 0;
     seg->adopting = req->adopting;
     seg->mounted_ms = st->now_ms;
     /* with data grants the owner needs the record's put ends even with --segment-records
@@ -384,7 +386,8 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
         return kvp_reply_fail(
             &r, KVP_ERR_INVALID_ARG,
             "mount needs a size of %u bytes to 1 PiB, a name of 1..255 bytes, medium "
-            "\"dram\" or \"ssd\", a host id, a tcp endpoint host:port and an empty or host:port "
+            "\"dram\", \"ssd\" or \"dfs\", a host id, a tcp endpoint host:port and an empty or "
+            "host:port "
             "rdma endpoint",
             KVP_SEGMENT_MIN_SIZE);
     /* a dedicated segment: the caller's own tenant (an admin's: any); tenants need an ACL */

@@ -120,7 +120,7 @@ def test_metrics_dict_counts_exactly_what_the_client_did(master, serve):
     with kvpool.Client(master, transport="tcp") as c:
         m0 = c.metrics()
         assert m0["version"] >= 1
-        assert set(m0["client"]) == {"tcp", "shm", "rdma", "ssd"}
+        assert set(m0["client"]) == {"tcp", "shm", "rdma", "ssd", "dfs"}
         assert m0["client"]["tcp"] == {"put": {"ops": 0, "bytes": 0}, "get": {"ops": 0, "bytes": 0}}
         assert m0["segments"] == []  # this client mounts nothing
         served0 = sample(scrape(http), "kvpool_served_bytes_total", transport="tcp")

@@ -109,32 +109,37 @@ def _check_batch(results, what=None):
 
 
 def _config(replicas=1, preferred_segment=None, pin=PIN_NONE, soft_pin_ttl_s=0,
-            upsert=False, medium=None, group_ids=None):
-    if group_ids is not None:
-        # object groups: one group id per key ("" ungrouped); the rest as below
-        if isinstance(group_ids, (str, bytes)):
-            raise TypeError("group_ids must be a list of str, one per key")
-        base = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium)
-        if base is None:
-            base = (1, None, PIN_NONE, 0, PUT_INSERT, None)
-        return base + (None,) * (7 - len(base)) + (tuple(group_ids),)
+            upsert=False, medium=None, group_ids=None, dfs_replica_num=0):
+    """The native config tuple: (replicas, preferred_segment, pin, soft_pin_ttl_s, mode,
+    medium[, preferred_segments[, group_ids[, dfs_replica_num]]]); None: the defaults."""
     if isinstance(pin, str):
         try:
             pin = {"none": PIN_NONE, "soft": PIN_SOFT, "hard": PIN_HARD}[pin]
         except KeyError:
             raise ValueError(f"pin must be 'none', 'soft' or 'hard', got {pin!r}") from None
+    if isinstance(dfs_replica_num, bool) or not isinstance(dfs_replica_num, int) \
+            or dfs_replica_num < 0:
+        raise ValueError(f"dfs_replica_num must be an int >= 0, got {dfs_replica_num!r}")
+    if group_ids is not None and isinstance(group_ids, (str, bytes)):
+        raise TypeError("group_ids must be a list of str, one per key")
     if replicas == 1 and preferred_segment is None and pin == PIN_NONE and not soft_pin_ttl_s \
-            and not upsert and medium is None:
+            and not upsert and medium is None and group_ids is None and not dfs_replica_num:
         return None
     if not isinstance(replicas, int) or replicas < 1:
         raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
+    names = None
     if isinstance(preferred_segment, (list, tuple)):
         # a segment per replica: replica i on preferred_segment[i] while it has room
         names = tuple(preferred_segment)
-        return (replicas, names[0] if names else None, pin, soft_pin_ttl_s,
-                PUT_UPSERT if upsert else PUT_INSERT, medium, names)
-    return (replicas, preferred_segment, pin, soft_pin_ttl_s,
-            PUT_UPSERT if upsert else PUT_INSERT, medium)
+        preferred_segment = names[0] if names else None
+    cfg = (replicas, preferred_segment, pin, soft_pin_ttl_s,
+           PUT_UPSERT if upsert else PUT_INSERT, medium)
+    # optional items, each only when it or one after it is given
+    tail = [names, tuple(group_ids) if group_ids is not None else None,
+            dfs_replica_num or None]
+    while tail and tail[-1] is None:
+        tail.pop()
+    return cfg + tuple(tail)
 
 
 class Client:
@@ -156,18 +161,24 @@ class Client:
     segment_tenant dedicates the mounted segment to that tenant (the caller's own; the
     master needs an ACL): only its objects go there. segment_file backs the segment
     with [segment_file_offset, + segment_size) of that file (a regular file of this
-    user's, mode 0600; the offset page-aligned) instead of anonymous memory. The other
+    user's, mode 0600; the offset page-aligned) instead of anonymous memory. dfs_path
+    names a DFS directory (kvpool serve --dfs-path) this client reads and writes DFS
+    replicas in itself, none: $KVPOOL_DFS_PATH, else through their owners. The other
     arguments are kvp_client_params_t's fields of the same names.
     """
 
     def __init__(self, master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
                  data_host=None, segment_name=None, rdma_devices=None, verify_crc=True,
                  tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None,
-                 segment_tenant=None, segment_file=None, segment_file_offset=0):
+                 segment_tenant=None, segment_file=None, segment_file_offset=0,
+                 dfs_path=None):
+        # dfs_path: a DFS directory this client reads and writes DFS replicas in itself
+        # (None: $KVPOOL_DFS_PATH, else through their owners)
         self._c = _kvpool.Client(master, parse_size(segment_size), transport, rpc_timeout_ms,
                                  data_host, segment_name, rdma_devices, bool(verify_crc),
                                  tcp_streams, tls_cert, tls_key, tls_ca, token, segment_tenant,
-                                 segment_file, parse_size(segment_file_offset))
+                                 segment_file, parse_size(segment_file_offset),
+                                 dfs_path=dfs_path)
         self._registered = {}  # address -> memoryview holding a registered buffer
         self._lock = _threading.Lock()
         self._aio = None  # kvpool.aio's queue, made by the first async call
@@ -217,13 +228,14 @@ class Client:
     # ---- single objects ----
 
     def put(self, key, data, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
-            soft_pin_ttl_s=0, upsert=False, medium=None, group_ids=None):
+            soft_pin_ttl_s=0, upsert=False, medium=None, group_ids=None, dfs_replica_num=0):
         """Store `data` (bytes or any C-contiguous buffer: numpy array, memoryview,
         ...) under `key`, read straight from its memory. Raises Error: EXISTS
         (the key exists; upsert=True replaces it), POOL_FULL, ... group_ids: [group]
-        puts the object in an object group (docs/python.md, "Object groups")."""
+        puts the object in an object group (docs/python.md, "Object groups").
+        dfs_replica_num=1: also a replica on a DFS segment (UNSUPPORTED: none mounted)."""
         st = self._c.put(key, data, _config(replicas, preferred_segment, pin, soft_pin_ttl_s,
-                                            upsert, medium, group_ids))
+                                            upsert, medium, group_ids, dfs_replica_num))
         if st != 0:
             _raise(st)
 
@@ -291,13 +303,14 @@ class Client:
     # ---- batches ----
 
     def batch_put(self, keys, buffers, *, replicas=1, preferred_segment=None, pin=PIN_NONE,
-                  soft_pin_ttl_s=0, upsert=False, medium=None, group_ids=None):
+                  soft_pin_ttl_s=0, upsert=False, medium=None, group_ids=None,
+                  dfs_replica_num=0):
         """Store keys[i] from buffers[i]: buffer objects (numpy arrays, bytes, ...)
         or (address, size) pairs of ints (torch: (t.data_ptr(), t.nbytes); CUDA
         addresses go to the library as they are). Returns a status per key:
         0, or negative (kvpool.ERR_EXISTS, ERR_POOL_FULL, ...)."""
         cfg = _config(replicas, preferred_segment, pin, soft_pin_ttl_s, upsert, medium,
-                      group_ids)
+                      group_ids, dfs_replica_num)
         return _check_batch(self._c.batch_put(keys, buffers, cfg))
 
     def batch_get_into(self, keys, buffers):

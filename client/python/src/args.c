@@ -18,6 +18,8 @@
  */
 #include <string.h>
 
+#include <limits.h>
+
 #include "kvpool_py.h"
 
 /* ---------------- single values ---------------- */
@@ -141,15 +143,27 @@ int kvp_py_config_conv(PyObject *o, void *config_p)
     config->groups = NULL;
     if (o == Py_None)
         return 1;
-    if (!PyTuple_Check(o) || PyTuple_GET_SIZE(o) < 6 || PyTuple_GET_SIZE(o) > 8) {
+    Py_ssize_t len = PyTuple_Check(o) ? PyTuple_GET_SIZE(o) : 0;
+    if (len < 6 || len > 9) {
         PyErr_SetString(PyExc_TypeError,
                         "config must be None or a 6-tuple (replica_num, preferred_segment, pin, "
                         "soft_pin_ttl_s, mode, medium), or a 7-tuple with preferred_segments "
                         "(a tuple of at most 8 str, or None) last, or an 8-tuple with "
-                        "group_ids (a sequence of str, one per key, or None) last");
+                        "group_ids (a sequence of str, one per key, or None) after it, or a "
+                        "9-tuple with dfs_replica_num (an int, or None) last");
         return 0;
     }
-    if (PyTuple_GET_SIZE(o) >= 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
+    if (len == 9 && PyTuple_GET_ITEM(o, 8) != Py_None) {
+        PyObject *d = PyTuple_GET_ITEM(o, 8);
+        unsigned long dv = PyLong_Check(d) ? PyLong_AsUnsignedLong(d) : ULONG_MAX;
+        if (PyErr_Occurred() || dv > UINT32_MAX) {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, "config: dfs_replica_num must be an int >= 0");
+            return 0;
+        }
+        cfg->dfs_replica_num = (uint32_t)dv;
+    }
+    if (len >= 7 && PyTuple_GET_ITEM(o, 6) != Py_None) {
         PyObject *l = PyTuple_GET_ITEM(o, 6);
         if (!PyTuple_Check(l) || PyTuple_GET_SIZE(l) > 8) {
             PyErr_SetString(PyExc_TypeError,
@@ -203,7 +217,7 @@ int kvp_py_config_conv(PyObject *o, void *config_p)
     }
     cfg->preferred_segment = strs[0];
     cfg->medium = strs[1];
-    if (PyTuple_GET_SIZE(o) == 8 && PyTuple_GET_ITEM(o, 7) != Py_None) {
+    if (len >= 8 && PyTuple_GET_ITEM(o, 7) != Py_None) {
         /* checked here; the count against the keys by the library (INVALID_ARG) */
         PyObject *l = PyTuple_GET_ITEM(o, 7);
         if (!PyTuple_Check(l) && !PyList_Check(l)) {

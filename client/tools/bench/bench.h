@@ -321,6 +321,7 @@ int kvp_bench_tracegen(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 /* The classes tracegen knows, for messages. */
 const char *kvp_bench_tracegen_classes(void);
 int kvp_bench_ssd(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
+int kvp_bench_dfs(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 int kvp_bench_ha(const kvp_bench_opts_t *o, kvp_bench_out_t *out);
 /* index: kvpool-indexer in process, end to end, /query latency, memory (bench_index.c) */
 int kvp_bench_index(const kvp_bench_opts_t *o, kvp_bench_out_t *out);

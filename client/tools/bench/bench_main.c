@@ -1,7 +1,8 @@
 /*
  * bench_main.c - kvpool-bench: main, the global options and the mode table.
  *
- *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace tracegen ssd ha index all
+ *   kvpool-bench MODE [options]       MODE: data limits meta alloc trace tracegen ssd dfs ha index
+ * all
  *
  * Output: each mode prints a human-readable table (and a progress line on
  * stderr while it runs); --json FILE writes
@@ -117,6 +118,12 @@ static const bench_mode_t modes[] = {
      "  --ssd-objects N        1 MiB objects put straight to SSD and read back (default\n"
      "                         1024: as much as the disk limit's file)\n",
      kvp_bench_ssd, MODE_MASTER, NULL},
+    {"dfs",
+     "dfs (always its own master, a DRAM segment and a DFS segment whose directory is made in\n"
+     "    --ssd-dir; --segment-size its DRAM, --ssd-size its DFS segment, --ssd-objects the\n"
+     "    1 MiB objects per point): puts without and with a DFS replica, through the DFS\n"
+     "    owner and in the shard file; gets from DFS once the DRAM owner is killed\n",
+     kvp_bench_dfs, MODE_OWN, NULL},
     {"ha",
      "ha (always its own processes on 127.0.0.1; records cost, rebuild after a restart,\n"
      "    failover through etcd):\n"
@@ -179,7 +186,7 @@ static void usage(FILE *f)
     fputs("usage: kvpool-bench MODE [options]\nmodes: ", f);
     for (size_t i = 0; i < N_MODES; i++)
         fprintf(f, "%s%s", i ? " | " : "", modes[i].name);
-    fputs(" (all but ssd, ha and index)\n"
+    fputs(" (all but ssd, dfs, ha and index)\n"
           "cluster:\n"
           "  --master HOST:PORT     a running master (default $KVPOOL_MASTER)\n"
           "  --local                start a master and segments on 127.0.0.1 and stop them after\n"

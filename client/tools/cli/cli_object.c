@@ -132,14 +132,21 @@ static void input_release(input_t *in)
 static int put_parse(const kvp_cli_command_t *cmd, int argc, char **argv, kvp_put_config_t *config)
 {
     static const struct option opts[] = {
-        {"replicas", required_argument, NULL, 'r'}, {"prefer", required_argument, NULL, 'p'},
-        {"upsert", no_argument, NULL, 'u'},         {"medium", required_argument, NULL, 'm'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0},
+        {"replicas", required_argument, NULL, 'r'},
+        {"prefer", required_argument, NULL, 'p'},
+        {"upsert", no_argument, NULL, 'u'},
+        {"medium", required_argument, NULL, 'm'},
+        {"dfs", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     uint64_t v;
     int opt;
     while ((opt = getopt_long(argc, argv, "+:h", opts, NULL)) != -1) {
         switch (opt) {
+        case 'd': /* a DFS replica besides the memory ones (dfs_replica_num 1) */
+            config->dfs_replica_num = 1;
+            break;
         case 'r':
             if (!kvp_cli_parse_uint(optarg, UINT32_MAX, &v) || v == 0)
                 return kvp_cli_usage_error(cmd, "--replicas needs a count >= 1, got '%s'", optarg);
@@ -492,15 +499,19 @@ int kvp_cli_rm(const kvp_cli_t *cli, const kvp_cli_command_t *cmd, int argc, cha
 /* ---- ls ----------------------------------------------------------------- */
 
 /* Where key k's replicas are, from their segments in ps (NULL: not known): "dram", "ssd",
- * "dram+ssd" or "-". */
+ * "dfs", "dram+ssd", "dram+dfs", "ssd+dfs", "dram+ssd+dfs" or "-". */
 static const char *ls_medium(const kvp_key_info_t *k, const kvp_pool_stat_t *ps)
 {
-    bool on[2] = {false, false};
+    static const char *const names[8] = {"-",   "dram",     "ssd",     "dram+ssd",
+                                         "dfs", "dram+dfs", "ssd+dfs", "dram+ssd+dfs"};
+    unsigned on = 0;
     for (uint32_t r = 0; r < k->n_replicas && r < 8; r++)
         for (size_t g = 0; ps != NULL && g < ps->n_segments; g++)
             if (ps->segments[g].id == k->segment_ids[r])
-                on[strcmp(ps->segments[g].medium, "ssd") == 0] = true;
-    return on[0] && on[1] ? "dram+ssd" : on[1] ? "ssd" : on[0] ? "dram" : "-";
+                on |= strcmp(ps->segments[g].medium, "ssd") == 0   ? 2u
+                      : strcmp(ps->segments[g].medium, "dfs") == 0 ? 4u
+                                                                   : 1u;
+    return names[on];
 }
 
 /* The n keys on stdout: a table under a header line, or (json) an array. */

@@ -45,8 +45,9 @@ static const char usage_head[] =
     "                            an SSD segment and serve them until SIGINT or SIGTERM,\n"
     "                            then drain them: move their objects to other segments\n"
     "                            (its options: kvpool serve --help)\n"
-    "  put [--replicas N] [--prefer SEGMENT] [--upsert] [--medium dram|ssd] KEY FILE|-\n"
-    "                            store FILE (or stdin) under KEY (--upsert: replace)\n"
+    "  put [--replicas N] [--prefer SEGMENT] [--upsert] [--medium dram|ssd] [--dfs] KEY FILE|-\n"
+    "                            store FILE (or stdin) under KEY (--upsert: replace;\n"
+    "                            --dfs: also a replica on a DFS segment)\n"
     "  get KEY [FILE|-]          write the object to FILE (default: stdout)\n"
     "  exist KEY...              print KEY<TAB>yes|no; exit 0 if all exist, 1 if not\n"
     "  rm [--force] KEY...       remove objects (--force: also ones being read)\n"
@@ -221,7 +222,7 @@ static const kvp_cli_command_t commands[] = {
     {"serve", "serve",
      "--segment-size SIZE [--data-host HOST] [--data-port PORT] [--name NAME] "
      "[--ready-fd N] [--drain-timeout SECONDS] [--segment-file PATH [--segment-file-offset SIZE]] "
-     "[--ssd-path PATH --ssd-size SIZE] "
+     "[--ssd-path PATH --ssd-size SIZE] [--dfs-path DIR [--dfs-size SIZE]] "
      "[--http-listen HOST:PORT] [--auth protected|none] [--tenant T] "
      "[--rdma-windows on|unbounded|off] [--config FILE]",
      kvp_cli_serve},

@@ -183,6 +183,20 @@ static const kvp_opt_t serve_rows[] = {
      .min = 1u << 20,
      .need = "a size of at least 1MiB",
      .help = "the SSD segment's size (with --ssd-path)"},
+    {.name = "dfs-path",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     .arg = "DIR",
+     F(params.dfs_path),
+     .help = "a DFS directory every node sees (NFS, 3FS-FUSE): DFS replicas are read and "
+             "written in its shard files directly; with --dfs-size also a DFS segment, a shard "
+             "file there (kept across restarts)"},
+    {.name = "dfs-size",
+     .type = KVP_OPT_SIZE,
+     F(params.dfs_size),
+     .min = 1u << 20,
+     .need = "a size of at least 1MiB",
+     .help = "the DFS segment's size (with --dfs-path): its shard file's data area"},
     {.name = "ssd-buffered-io",
      .type = KVP_OPT_SET_TRUE,
      .def = "off",
@@ -388,10 +402,15 @@ static int serve_parse(serve_t *s, const kvp_cli_t *gcli, const kvp_cli_command_
             return bad;
     }
     const kvp_client_params_t *p = &s->params;
-    if (!s->dram_given && p->ssd_path == NULL)
-        return kvp_cli_usage_error(cmd, "serve needs --segment-size (and/or --ssd-path)");
-    if (p->segment_size == 0 && p->ssd_path == NULL)
-        return kvp_cli_usage_error(cmd, "--segment-size 0 needs an SSD segment (--ssd-path)");
+    bool dfs_seg = p->dfs_path != NULL && p->dfs_size != 0;
+    if (!s->dram_given && p->ssd_path == NULL && !dfs_seg)
+        return kvp_cli_usage_error(cmd, "serve needs --segment-size (and/or --ssd-path, "
+                                        "--dfs-path with --dfs-size)");
+    if (p->segment_size == 0 && p->ssd_path == NULL && !dfs_seg)
+        return kvp_cli_usage_error(cmd, "--segment-size 0 needs an SSD segment (--ssd-path) or "
+                                        "a DFS segment (--dfs-path with --dfs-size)");
+    if (p->dfs_size != 0 && p->dfs_path == NULL)
+        return kvp_cli_usage_error(cmd, "--dfs-size needs --dfs-path");
     if (p->segment_file == NULL && p->segment_file_offset != 0)
         return kvp_cli_usage_error(cmd, "--segment-file-offset needs --segment-file");
     if (p->segment_file != NULL && p->segment_size == 0)
@@ -469,11 +488,15 @@ static void serve_announce(serve_t *s)
     if (ssd_name != NULL)
         printf("serving SSD segment %s (%" PRIu64 " bytes, file %s) for master %s\n", ssd_name,
                s->params.ssd_size, s->params.ssd_path, s->cli.master);
+    const char *dfs_name = kvp_client_dfs_segment_name(s->client);
+    if (dfs_name != NULL)
+        printf("serving DFS segment %s (%" PRIu64 " bytes, directory %s) for master %s\n", dfs_name,
+               s->params.dfs_size, s->params.dfs_path, s->cli.master);
     if (s->http != NULL)
         printf("metrics on http://%s/metrics, health on http://%s/health\n", s->http_addr,
                s->http_addr);
     if (name == NULL)
-        name = ssd_name != NULL ? ssd_name : "(unnamed)";
+        name = ssd_name != NULL ? ssd_name : dfs_name != NULL ? dfs_name : "(unnamed)";
     s->name = name;
     fflush(stdout);
     if (s->ready_fd < 0)

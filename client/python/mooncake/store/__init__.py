@@ -66,7 +66,6 @@ _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
 
 #: Mooncake's default max_kv_soft_pin_ttl (types.h: 24 h); a longer TTL is -600
 _MAX_SOFT_PIN_TTL_MS = 24 * 60 * 60 * 1000
-_DFS_SERVICE_UNAVAILABLE = codes.MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
 
 
 class _Refused(Exception):
@@ -183,8 +182,11 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         names = _segment_names(local_hostname) if seg > 0 else []
         for i, name in enumerate(names or [None]):
             try:
+                # Mooncake's DFS root: this client reads and writes DFS replicas there
+                # itself (else $KVPOOL_DFS_PATH, read by the library)
                 c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0,
-                                data_host, name, rdma_devices or None, True, 0)
+                                data_host, name, rdma_devices or None, True, 0,
+                                dfs_path=_os.environ.get("MOONCAKE_DFS_ROOT_DIR") or None)
                 break
             except _kvpool.Error as e:
                 # a drawn port whose name another segment has: the next one
@@ -387,8 +389,8 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         more than one DFS replica or one without a memory replica, NoF replicas
         (kvpool has no NoF pool, as a Mooncake built without it), NoF with
         prefer_alloc_in_same_node, a soft_pin_ttl_ms without ENABLE or over 24 h
-        -> -600 (ValueError); a DFS replica -> -1601 DFS_SERVICE_UNAVAILABLE
-        (kvpool has no DFS tier, as a Mooncake master without one)."""
+        -> -600 (ValueError). A DFS replica goes to the master (dfs_replica_num 1): no
+        DFS segment mounted -> -1601 DFS_SERVICE_UNAVAILABLE, a full DFS -> -200."""
         if config is None:
             # Mooncake's master places a writer's replicas on its own host's segments
             # first (writer_host_id): this store's own segment, while it has room
@@ -404,8 +406,6 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             raise ValueError("no replica asked for")
         if dfs > 1 or (dfs > 0 and replica_num == 0):
             raise ValueError("at most one DFS replica, and only with a memory replica")
-        if dfs > 0:
-            raise _Refused(_DFS_SERVICE_UNAVAILABLE)
         if nof > 0:  # with prefer_alloc_in_same_node too: both -600 in Mooncake
             raise ValueError("kvpool has no NoF pool")
         action = getattr(config, "soft_pin_action", None)
@@ -449,6 +449,8 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             if isinstance(groups, (str, bytes)) or not all(isinstance(g, str) for g in groups):
                 raise TypeError("group_ids must be None or a list of str")
             cfg = cfg + (None,) * (7 - len(cfg)) + (tuple(groups),)
+        if dfs:  # the 9-tuple: preferred_segments, group_ids (or None), dfs_replica_num
+            cfg = cfg + (None,) * (8 - len(cfg)) + (dfs,)
         return cfg
 
     def _unbuffered(self, method):

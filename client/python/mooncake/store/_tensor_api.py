@@ -13,11 +13,12 @@ import threading as _threading
 import kvpool as _kvpool
 
 from . import _tensor as T
-from .codes import INTERNAL_ERROR, INVALID_PARAMS, KVP_TO_MOONCAKE, OK
+from .codes import INTERNAL_ERROR, INVALID_PARAMS, KVP_TO_MOONCAKE, MOONCAKE, OK
 from .codes import to_mooncake as _code
 
 _EXISTS = _kvpool.STATUS["KVP_ERR_EXISTS"]
 _PENDING = _kvpool.STATUS["KVP_ERR_PENDING"]
+_UNSUPPORTED = _kvpool.STATUS["KVP_ERR_UNSUPPORTED"]
 
 
 def _put_code(st):
@@ -26,6 +27,8 @@ def _put_code(st):
     OBJECT_ALREADY_EXISTS does for the connectors."""
     if st == 0 or st == _EXISTS or st == _PENDING:
         return OK
+    if st == _UNSUPPORTED:  # a put's only UNSUPPORTED: a DFS replica and no DFS segment
+        return MOONCAKE["DFS_SERVICE_UNAVAILABLE"]
     return KVP_TO_MOONCAKE.get(st, INTERNAL_ERROR)
 
 
@@ -63,7 +66,7 @@ def _regroup(cfg, owners):
     """cfg with group id owners[j] of its group ids for key j (the keys written for base
     key owners[j]: Mooncake's MakeIndexedConfig)."""
     g = _groups_of(cfg)
-    return cfg if g is None else cfg[:7] + (tuple(g[i] for i in owners),)
+    return cfg if g is None else cfg[:7] + (tuple(g[i] for i in owners),) + cfg[8:]
 
 
 def _groups_differ(config, n):

@@ -464,6 +464,138 @@ static void test_adoption_rules(void **state)
     assert_int_equal(fx->st.stats.adopted, 3);
 }
 
+/* ---- the DFS tier (dfs_replica_num; docs/architecture.md "The DFS tier") ---- */
+
+#define C_DFS 4 /* the DFS segment's owner */
+
+/* PutStart of one key with dfs_replica_num dfs (and medium); its status, the replicas'
+ * segments in segs[] and their count in *n_p. */
+static int32_t put_start_dfs(kvp_master_state_t *st, const char *key, uint64_t size, uint32_t dfs,
+                             const char *medium, uint64_t *segs, size_t *n_p)
+{
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.sizes = &size;
+    req.n_sizes = 1;
+    cfg.replica_num = 1;
+    cfg.dfs_replica_num = dfs;
+    cfg.medium = (char *)(medium ? medium : "");
+    req.config = &cfg;
+    Kvpool__PutStartResponse *r =
+        svc_call(st, C_CLI, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);
+    int32_t s = r->status != KVP_OK ? r->status : r->results[0]->status;
+    *n_p = 0;
+    for (size_t i = 0; s == KVP_OK && i < r->results[0]->n_replicas; i++)
+        segs[(*n_p)++] = r->results[0]->replicas[i]->segment_id;
+    svc_msg_free(r);
+    return s;
+}
+
+/* PutEnd of one key with its written mask. */
+static int32_t put_end_mask(kvp_master_state_t *st, const char *key, uint32_t crc, uint32_t mask)
+{
+    Kvpool__PutEndRequest req = KVPOOL__PUT_END_REQUEST__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.crc32c = &crc;
+    req.n_crc32c = 1;
+    req.written_mask = &mask;
+    req.n_written_mask = 1;
+    Kvpool__StatusesResponse *r =
+        svc_call(st, C_CLI, KVP_RPC_PUT_END, &req.base, &kvpool__statuses_response__descriptor);
+    int32_t s = r->statuses[0];
+    svc_msg_free(r);
+    return s;
+}
+
+static void test_dfs_replica(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t segs[8];
+    size_t n;
+    /* no DFS segment yet: the DFS part is refused, nothing held */
+    assert_int_equal(put_start_dfs(&fx->st, "d0", OBJ, 1, NULL, segs, &n), KVP_ERR_UNSUPPORTED);
+    assert_int_equal(kvp_segment_table_used(&fx->st.segments), 0);
+    uint64_t dfs = mount(&fx->st, C_DFS, "127.0.0.1:7001/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
+    kvp_segment_t *seg = kvp_segment_table_get(&fx->st.segments, dfs);
+    assert_true(seg->dfs && seg->ssd);
+    /* a tier of its own: neither the SSD tier's capacity nor DRAM's */
+    assert_int_equal(kvp_segment_table_capacity_tier(&fx->st.segments, true), 1 << 20);
+    assert_int_equal(kvp_segment_table_capacity_tier(&fx->st.segments, false), 65536);
+    assert_int_equal(fx->st.segments.capacity_dfs, 65536);
+    /* 2 or more, or with medium "ssd": refused */
+    assert_int_equal(put_start_dfs(&fx->st, "d0", OBJ, 2, NULL, segs, &n), KVP_ERR_INVALID_ARG);
+    assert_int_equal(put_start_dfs(&fx->st, "d0", OBJ, 1, "ssd", segs, &n), KVP_ERR_INVALID_ARG);
+    /* the memory replica first, the DFS one last */
+    assert_int_equal(put_start_dfs(&fx->st, "d0", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_true(segs[0] == fx->dram && segs[1] == dfs);
+    /* a PutEnd without the DFS replica revokes the key: nothing visible, nothing held */
+    assert_int_equal(put_end_mask(&fx->st, "d0", 5, 0x1), KVP_ERR_IO);
+    assert_int_equal(kvp_segment_table_used(&fx->st.segments), 0);
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_ERR_NOT_FOUND);
+    /* with both: stored; the DFS owner records it; reads list DRAM first */
+    assert_int_equal(put_start_dfs(&fx->st, "d0", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_int_equal(put_end_mask(&fx->st, "d0", 5, 0x3), KVP_OK);
+    assert_int_equal(fx->st.stats.dfs_puts, 2);
+    Kvpool__SsdTasksRequest tr = KVPOOL__SSD_TASKS_REQUEST__INIT;
+    tr.segment_id = dfs;
+    tr.max_tasks = 8;
+    Kvpool__SsdTasksResponse *t = svc_call(&fx->st, C_DFS, KVP_RPC_SSD_TASKS, &tr.base,
+                                           &kvpool__ssd_tasks_response__descriptor);
+    assert_int_equal(t->n_tasks, 1);
+    assert_int_equal(t->tasks[0]->kind, KVP_SSD_RECORD);
+    assert_int_equal(t->tasks[0]->crc32c, 5);
+    svc_msg_free(t);
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_true(segs[0] == fx->dram && segs[1] == dfs);
+    /* puts to the SSD tier never land on DFS */
+    for (int i = 0; i < 4; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "s%d", i);
+        assert_int_equal(put_start(&fx->st, k, OBJ, "ssd", segs), KVP_OK);
+        assert_true(segs[0] == fx->ssd);
+    }
+}
+
+static void test_dfs_full_and_eviction(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t segs[8], dfs = mount(&fx->st, C_DFS, "h:1/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
+    size_t n;
+    /* 4 objects fill the DFS segment (16000 B in 16 KiB blocks) */
+    for (int i = 0; i < 4; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "f%d", i);
+        assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
+        assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
+    }
+    /* DRAM is full too: a put there evicts the oldest, which loses its DRAM replica only */
+    put(&fx->st, "m0", NULL);
+    assert_int_equal(get(&fx->st, "f0", segs, &n), KVP_OK);
+    assert_int_equal(n, 1);
+    assert_true(segs[0] == dfs);
+    assert_int_equal(fx->st.stats.offloaded, 0); /* not an offload: the copy was there */
+    /* the fifth: refused (no DFS room, none evicted for it), nothing held */
+    uint64_t used = kvp_segment_table_used(&fx->st.segments);
+    assert_int_equal(put_start_dfs(&fx->st, "f4", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(kvp_segment_table_used(&fx->st.segments), used);
+    assert_int_equal(fx->st.stats.dfs_full, 1);
+    assert_int_equal(get(&fx->st, "f4", segs, &n), KVP_ERR_NOT_FOUND);
+    /* the SSD tier's eviction takes nothing of DFS */
+    kvp_tier_evict_ssd_to(&fx->st, 0);
+    for (int i = 0; i < 4; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "f%d", i);
+        assert_int_equal(get(&fx->st, k, segs, &n), KVP_OK);
+    }
+    /* without a DFS replica the put still fits (DRAM evicts as usual) */
+    assert_int_equal(put_start(&fx->st, "f4", OBJ, NULL, NULL), KVP_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -475,6 +607,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_put_to_ssd_is_recorded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_promotion_and_corrupt_copy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_adoption_rules, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dfs_replica, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dfs_full_and_eviction, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
