@@ -10,6 +10,9 @@
  * registered is refused by the target (KVP_ERR_OUT_OF_RANGE), before any byte
  * of it moves. Protected mode (KVPOOL_AUTH, default "protected"): only peers
  * of this host running as this process's user or root (KVP_ERR_DENIED otherwise).
+ * With credentials (KVPOOL_TLS_CA, KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, all three),
+ * instead: peers of any host that prove a certificate of that CA whose CN
+ * KVPOOL_TE_PEERS names (unset: any); this engine proves its own to its targets.
  *
  * Thread: every call from any thread at once, but destroy (no call in flight).
  */
@@ -95,6 +98,7 @@ typedef struct kvp_te_counters {
     uint64_t refused_range;     /* peer ranges outside what we registered */
     uint64_t refused_protected; /* connections of another host (protected mode) */
     uint64_t refused_user;      /* peers of this host of another user (protected mode) */
+    uint64_t refused_auth;      /* credentials on: connections that proved no allowed principal */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
 

@@ -58,6 +58,18 @@
  * KVP_DATA_REGIONS_MAX). The connection goes on. */
 #define KVP_DATA_REGIONS 11
 #define KVP_DATA_REGIONS_MAX 4096
+/* TE_AUTH (a transfer engine's server only, client/te.c, with credentials): header with
+ * segment_id the engine's, offset 0, length 0; answered status 0, length 32 and a fresh
+ * 32-byte challenge (length 0, no challenge: the engine asks for no proof). The peer then
+ * sends u32 cert_len, u32 sig_len (LE), its certificate (DER, at most
+ * KVP_DATA_TE_CERT_MAX) and its signature (SHA-256, at most KVP_DATA_TE_SIG_MAX) with the
+ * certificate's key over "kvpool te auth" padded with NULs to 16 bytes || challenge ||
+ * segment_id (8 bytes LE); answered status 0 (the connection is now that certificate's
+ * principal, its CN) or KVP_ERR_DENIED (not of the engine's CA, a bad signature, or a
+ * principal KVPOOL_TE_PEERS does not name), length 0. The connection goes on. */
+#define KVP_DATA_TE_AUTH 12
+#define KVP_DATA_TE_CERT_MAX 16384
+#define KVP_DATA_TE_SIG_MAX 1024
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

@@ -24,13 +24,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "te_peer.py")
 LAYERS, BLOCKS, BLOCK_BYTES, SEED = 4, 64, 16384, 1234
 S = _kvpool.STATUS
+CRED_VARS = ("KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY", "KVPOOL_TE_PEERS",
+             "KVPOOL_TOKEN")
 
 
 class Peer:
     """A te_peer.py process, killed by its PID at the end."""
 
     def __init__(self, role, proto, host="127.0.0.1", env=None, argv_prefix=()):
-        e = dict(os.environ)
+        # credentials only where a test gives them (the suite's TLS pass sets them for all)
+        e = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
         e.update(env or {})
         self.p = subprocess.Popen(
             list(argv_prefix) + [sys.executable, PEER, role, proto, host],
@@ -367,3 +370,63 @@ def test_another_user_of_this_host_is_refused(peers, tmp_path, proto):
             assert m["refused_user"] == 0, m
         decode.close()
         prefill.close()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """deploy/make-certs.sh's CA, with principals decode, prefill-a and prefill-b, and (its
+    hostile-case certs) rogue: CN admin, of another CA."""
+    d = tmp_path_factory.mktemp("te-certs")
+    script = os.path.join(HERE, "..", "..", "deploy", "make-certs.sh")
+    subprocess.run([script, str(d), "decode", "prefill-a", "prefill-b"], check=True,
+                   capture_output=True, env=dict(os.environ, KVPOOL_TEST_CERTS="1"))
+    return d
+
+
+def cred_env(certs, cn, ca="ca.crt"):
+    return {"KVPOOL_TLS_CA": str(certs / ca), "KVPOOL_TLS_CERT": str(certs / f"{cn}.crt"),
+            "KVPOOL_TLS_KEY": str(certs / f"{cn}.key")}
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, certs, proto):
+    """With KVPOOL_TLS_CA/_CERT/_KEY an engine takes only peers that prove a certificate of
+    its CA (TE_AUTH), and of those only the principals KVPOOL_TE_PEERS names: a peer with
+    no credentials, one of another CA (CN admin, named) and prefill-b (not named) get
+    KVP_ERR_DENIED for writes and reads, counted (refused_auth), the decode's bytes intact;
+    prefill-a's blocks land byte-exact."""
+    denv = dict(cred_env(certs, "decode"), KVPOOL_TE_PEERS="prefill-a, admin")
+    decode = peers("decode", proto, env=denv)
+    target = f"127.0.0.1:{decode.info['port']}"
+    refused = 0
+    for name, env in (("none", {}), ("rogue", cred_env(certs, "rogue")),
+                      ("prefill-b", cred_env(certs, "prefill-b"))):
+        prefill = peers("prefill", proto, env=env)
+        w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                        pblocks=[0, 1], dblocks=[0, 1])
+        rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
+                         write=False)
+        assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
+        assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
+        assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
+        m = decode.ask(op="metrics")
+        assert m["refused_auth"] > refused and m["served_writes"] == 0, (name, m)
+        refused = m["refused_auth"]
+        prefill.close()
+    prefill = peers("prefill", proto, env=cred_env(certs, "prefill-a"))
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    assert m["refused_auth"] == refused and m["served_writes"] > 0, m
+
+
+def test_credentials_half_given_fail_initialize(certs):
+    """KVPOOL_TLS_CERT without _KEY and _CA: initialize fails (KVP_ERR_INVALID_ARG), never
+    an engine that silently takes anyone."""
+    env = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
+    env["KVPOOL_TLS_CERT"] = str(certs / "decode.crt")
+    p = subprocess.run([sys.executable, PEER, "decode", "tcp"], env=env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, p.stdout
