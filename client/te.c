@@ -35,6 +35,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -88,6 +90,10 @@ typedef struct te_peer {
     bool shm;
     kvp_peer_t *peer;
     _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
+    /* the one-copy shm path (TE_CMA): its connection, one batch at a time */
+    pthread_mutex_t cma_lock;
+    int cma_fd, cma_pid;
+    _Atomic bool cma_off; /* the kernel refused (EPERM): the socket path from then on */
 } te_peer_t;
 
 typedef struct te_batch {
@@ -108,9 +114,11 @@ struct kvp_te {
     int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
-    te_auth_t *auth;       /* credentials configured: every peer proves a principal */
-    pthread_rwlock_t lock; /* the regions */
-    te_region_t *regions;  /* sorted by addr, disjoint */
+    te_auth_t *auth;          /* credentials configured: every peer proves a principal */
+    bool cma;                 /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    pthread_mutex_t cma_lock; /* as target: one peer at a time is our ptracer */
+    pthread_rwlock_t lock;    /* the regions */
+    te_region_t *regions;     /* sorted by addr, disjoint */
     size_t n_regions, cap_regions;
     pthread_mutex_t peers_lock;
     te_peer_t peers[TE_PEERS_MAX];
@@ -123,7 +131,8 @@ struct kvp_te {
     bool worker_on, stop;
     pthread_t worker;
     /* counters (relaxed) */
-    _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth;
+    _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth,
+        cma_served[2], cma_bytes[2];
 };
 
 /* ---- the backend: registered memory by virtual address ---- */
@@ -596,10 +605,69 @@ static kvp_status_t auth_load(te_auth_t **a_p)
     return KVP_OK;
 }
 
+/* ---- the one-copy shm path, target's side (TE_CMA, wire.h) ---- */
+
+static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
+{
+    kvp_te_t *te = backend;
+    kvp_data_vec_t v[KVP_DATA_VEC_MAX];
+    uint64_t n = req->offset, total = 0;
+    if (n == 0 || n > KVP_DATA_VEC_MAX) {
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    if (kvp_recv_all(fd, v, n * sizeof(v[0])) != KVP_OK)
+        return false;
+    bool write = (req->flags & KVP_DATA_TE_CMA_WRITE) != 0;
+    int pid = 0;
+    uint32_t uid;
+    if (!conn_admitted(te, conn, fd))
+        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+    if (!kvp_unix_peer(fd, &pid, &uid) || pid <= 0)
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK; /* tcp: not this host */
+    for (uint64_t i = 0; i < n; i++) {
+        if (v[i].segment_id != KVP_TE_SEGMENT_ID)
+            return kvp_data_reply(fd, KVP_ERR_SEGMENT_GONE, 0) == KVP_OK;
+        kvp_status_t st =
+            v[i].length == 0 ? KVP_ERR_INVALID_ARG : te_check(te, v[i].offset, v[i].length, write);
+        if (st != KVP_OK)
+            return kvp_data_reply(fd, st, 0) == KVP_OK;
+        total += v[i].length;
+    }
+    if (total != req->length) {
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    /* the ranges stay registered (an unregister waits) and the peer may ptrace-access us
+     * (Yama's ptrace_scope 1) until it says it is done; one peer at a time */
+    pthread_mutex_lock(&te->cma_lock);
+    pthread_rwlock_rdlock(&te->lock);
+    bool ok;
+    int32_t err = -1;
+    if (!still_inside_locked(te, v, n))
+        ok = kvp_data_reply(fd, KVP_ERR_OUT_OF_RANGE, 0) == KVP_OK;
+    else {
+        (void)prctl(PR_SET_PTRACER, (unsigned long)pid, 0, 0, 0); /* EINVAL: no Yama */
+        ok = kvp_data_reply(fd, KVP_OK, 0) == KVP_OK &&
+             kvp_recv_all(fd, &err, sizeof(err)) == KVP_OK;
+        (void)prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    }
+    pthread_rwlock_unlock(&te->lock);
+    pthread_mutex_unlock(&te->cma_lock);
+    if (ok && err == 0) {
+        atomic_fetch_add_explicit(&te->cma_served[write ? KVP_TE_WRITE : KVP_TE_READ], n,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&te->cma_bytes[write ? KVP_TE_WRITE : KVP_TE_READ], total,
+                                  memory_order_relaxed);
+    }
+    return ok;
+}
+
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
-    .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH,
+    .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH | KVP_DATA_FRAME_TE_CMA,
     .auth = te_auth,
+    .cma = te_cma,
     .conn_open = te_conn_open,
     .conn_close = te_conn_close,
     .regions = te_regions,
@@ -668,6 +736,15 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     if (auth != NULL) /* a proved principal from any host; protected mode lifted */
         protected_mode = false;
     te->protocol = proto;
+    const char *shm_mode = getenv("KVPOOL_TE_SHM");
+    te->cma = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
+    if (!te->cma && strcmp(shm_mode, "socket") != 0) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma or socket", shm_mode);
+        auth_free(auth);
+        free(te);
+        return KVP_ERR_INVALID_ARG;
+    }
+    pthread_mutex_init(&te->cma_lock, NULL);
     te->protected_mode = protected_mode;
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
@@ -735,8 +812,12 @@ void kvp_te_destroy(kvp_te_t *te)
     if (te->worker_on)
         pthread_join(te->worker, NULL);
     kvp_data_server_destroy(te->srv); /* ends every connection first */
-    for (size_t i = 0; i < te->n_peers; i++)
+    for (size_t i = 0; i < te->n_peers; i++) {
         kvp_peer_unref(te->peers[i].peer);
+        if (te->peers[i].cma_fd >= 0)
+            close(te->peers[i].cma_fd);
+        pthread_mutex_destroy(&te->peers[i].cma_lock);
+    }
     kvp_transfer_cleanup(&te->xfer);
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
@@ -747,6 +828,7 @@ void kvp_te_destroy(kvp_te_t *te)
     auth_free(te->auth);
     pthread_rwlock_destroy(&te->lock);
     pthread_mutex_destroy(&te->peers_lock);
+    pthread_mutex_destroy(&te->cma_lock);
     pthread_mutex_destroy(&te->q_lock);
     pthread_cond_destroy(&te->q_cond);
     free(te);
@@ -903,9 +985,109 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
         snprintf(tp->target, sizeof(tp->target), "%s", target);
         tp->shm = shm;
         tp->peer = peer;
+        pthread_mutex_init(&tp->cma_lock, NULL);
+        tp->cma_fd = -1;
         *peer_p = tp;
     }
     pthread_mutex_unlock(&te->peers_lock);
+    return st;
+}
+
+/* A connection to the Unix socket of tp (shm): its owner of our uid or root, our principal
+ * proved (credentials on). */
+static kvp_status_t shm_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int *pid_p)
+{
+    uint32_t uid;
+    int fd;
+    kvp_status_t st = kvp_unix_connect(tp->peer->endpoint + 1, te->xfer.timeout_ms, &fd);
+    if (st != KVP_OK)
+        return st;
+    if (!kvp_unix_peer(fd, pid_p, &uid) || (uid != 0 && uid != getuid()))
+        st = KVP_ERR_DENIED;
+    if (st == KVP_OK) {
+        kvp_sock_set_timeout(fd, te->xfer.timeout_ms);
+        if (te->auth != NULL)
+            st = te_auth_prove(te, fd, te->xfer.timeout_ms);
+    }
+    if (st != KVP_OK)
+        close(fd);
+    else
+        *fd_p = fd;
+    return st;
+}
+
+/* Ranges [0, n) to tp over TE_CMA (wire.h), up to KVP_DATA_VEC_MAX per request: the target
+ * checks them and lets us at its memory, we copy with process_vm_writev / readv (one kernel
+ * copy). *moved_p: how many ranges moved. KVP_ERR_UNSUPPORTED with tp->cma_off set: the
+ * kernel refused (EPERM), the rest goes over the socket path. */
+static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
+                                 void *const *locals, const uint64_t *remotes, const uint64_t *lens,
+                                 size_t *moved_p)
+{
+    *moved_p = 0;
+    kvp_status_t st = KVP_OK;
+    pthread_mutex_lock(&tp->cma_lock);
+    for (size_t base = 0; base < n && st == KVP_OK;) {
+        size_t m = n - base < KVP_DATA_VEC_MAX ? n - base : KVP_DATA_VEC_MAX;
+        if (tp->cma_fd < 0 && (st = shm_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
+            break;
+        kvp_data_vec_t v[KVP_DATA_VEC_MAX];
+        struct iovec liov[KVP_DATA_VEC_MAX], riov[KVP_DATA_VEC_MAX];
+        uint64_t total = 0;
+        for (size_t i = 0; i < m; i++) {
+            v[i] = (kvp_data_vec_t){.segment_id = KVP_TE_SEGMENT_ID,
+                                    .offset = remotes[base + i],
+                                    .length = lens[base + i]};
+            liov[i] = (struct iovec){.iov_base = locals[base + i], .iov_len = lens[base + i]};
+            riov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)remotes[base + i],
+                                     .iov_len = lens[base + i]};
+            total += lens[base + i];
+        }
+        kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
+                              .op = KVP_DATA_TE_CMA,
+                              .flags = opcode == KVP_TE_WRITE ? KVP_DATA_TE_CMA_WRITE : 0,
+                              .segment_id = KVP_TE_SEGMENT_ID,
+                              .offset = m,
+                              .length = total};
+        struct iovec hv[2] = {{.iov_base = &req, .iov_len = sizeof(req)},
+                              {.iov_base = v, .iov_len = m * sizeof(v[0])}};
+        kvp_data_resp_t r;
+        st = kvp_sendv_all(tp->cma_fd, hv, 2);
+        if (st == KVP_OK)
+            st = kvp_recv_all(tp->cma_fd, &r, sizeof(r));
+        if (st == KVP_OK && (r.magic != KVP_DATA_MAGIC || r.length != 0))
+            st = KVP_ERR_PROTOCOL;
+        if (st != KVP_OK) {
+            close(tp->cma_fd);
+            tp->cma_fd = -1;
+            break;
+        }
+        if (r.status != KVP_OK) { /* refused: the connection goes on */
+            st = r.status;
+            break;
+        }
+        ssize_t got = opcode == KVP_TE_WRITE ? process_vm_writev(tp->cma_pid, liov, m, riov, m, 0)
+                                             : process_vm_readv(tp->cma_pid, liov, m, riov, m, 0);
+        int32_t err = got == (ssize_t)total ? 0 : got < 0 ? errno : EFAULT;
+        if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK) {
+            close(tp->cma_fd);
+            tp->cma_fd = -1;
+        }
+        if (err == EPERM && got < 0) {
+            atomic_store(&tp->cma_off, true);
+            KVP_LOG_WARN("transfer engine: the kernel refused process_vm_%s to %s (pid %d: "
+                         "EPERM; Yama ptrace_scope, or the target is not dumpable): its "
+                         "transfers go over its Unix socket from now on",
+                         opcode == KVP_TE_WRITE ? "writev" : "readv", tp->target, tp->cma_pid);
+            st = KVP_ERR_UNSUPPORTED;
+        } else if (err != 0)
+            st = KVP_ERR_IO;
+        else {
+            base += m;
+            *moved_p = base;
+        }
+    }
+    pthread_mutex_unlock(&tp->cma_lock);
     return st;
 }
 
@@ -923,6 +1105,24 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
     if (st != KVP_OK) {
         atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
         return st;
+    }
+    if (tp->shm && te->cma && !atomic_load(&tp->cma_off)) {
+        size_t moved;
+        st = cma_transfer(te, tp, opcode, n, locals, remotes, lens, &moved);
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < moved; i++)
+            bytes += lens[i];
+        atomic_fetch_add_explicit(&te->transfers[opcode], moved, memory_order_relaxed);
+        atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->transfers, moved, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
+        if (!(st == KVP_ERR_UNSUPPORTED && atomic_load(&tp->cma_off))) {
+            atomic_fetch_add_explicit(&te->failures, n - moved, memory_order_relaxed);
+            atomic_fetch_add_explicit(&tp->failures, n - moved, memory_order_relaxed);
+            return st;
+        }
+        /* the kernel refused: the rest over the socket path */
+        locals += moved, remotes += moved, lens += moved, n -= moved;
     }
     kvp_xfer_op_t ops[TE_CHUNK];
     kvp_status_t first = KVP_OK;
@@ -1082,6 +1282,12 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
     out->refused_auth = atomic_load_explicit(&te->refused_auth, memory_order_relaxed);
+    for (int d = 0; d < 2; d++) {
+        uint64_t ops = atomic_load_explicit(&te->cma_served[d], memory_order_relaxed);
+        out->served[d] += ops;
+        out->served_cma[d] = ops;
+        out->served_bytes[d] += atomic_load_explicit(&te->cma_bytes[d], memory_order_relaxed);
+    }
 }
 
 size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)

@@ -99,6 +99,7 @@ typedef struct kvp_te_counters {
     uint64_t refused_protected; /* connections of another host (protected mode) */
     uint64_t refused_user;      /* peers of this host of another user (protected mode) */
     uint64_t refused_auth;      /* credentials on: connections that proved no allowed principal */
+    uint64_t served_cma[2];     /* of served: moved by the peer with process_vm_* (shm, one copy) */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
 

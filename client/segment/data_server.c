@@ -467,6 +467,10 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
                 return false;
             }
             return backend_open(c) && srv->ops->auth(srv->backend, c->backend_conn, c->fd);
+        case KVP_DATA_TE_CMA:
+            if ((frames & KVP_DATA_FRAME_TE_CMA) == 0 || srv->ops->cma == NULL)
+                break;
+            return backend_open(c) && srv->ops->cma(srv->backend, c->backend_conn, c->fd, req);
         default:
             break;
         }

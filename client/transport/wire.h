@@ -70,6 +70,15 @@
 #define KVP_DATA_TE_AUTH 12
 #define KVP_DATA_TE_CERT_MAX 16384
 #define KVP_DATA_TE_SIG_MAX 1024
+/* TE_CMA (a transfer engine's Unix socket only, client/te.c): the peer moves the bytes itself
+ * with process_vm_writev / process_vm_readv. Header: segment_id the engine's, flags
+ * KVP_DATA_TE_CMA_WRITE for a write (else a read), offset the entry count n (1..
+ * KVP_DATA_VEC_MAX), length their total; n kvp_data_vec_t follow. Checked as a READV /
+ * WRITEV; answered status 0, length 0 (go: the target lets the peer at its memory and holds
+ * the ranges registered) or the refusal (the connection goes on). After a go the peer moves
+ * the bytes and sends an int32 errno (0: all moved), not answered. */
+#define KVP_DATA_TE_CMA 13
+#define KVP_DATA_TE_CMA_WRITE 0x1
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

@@ -430,3 +430,42 @@ def test_credentials_half_given_fail_initialize(certs):
     p = subprocess.run([sys.executable, PEER, "decode", "tcp"], env=env, capture_output=True,
                        text=True, stdin=subprocess.DEVNULL, timeout=60)
     assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, p.stdout
+
+
+@pytest.mark.parametrize("mode", ["cma", "socket"])
+def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
+    """shm: by default the prefill copies with process_vm_writev / readv once the decode
+    checked the ranges (served_cma_*); KVPOOL_TE_SHM=socket, the frames over the Unix
+    socket. Both byte-exact, writes and reads; a range outside what the decode registered is
+    refused on both before any byte moves."""
+    env = {"KVPOOL_TE_SHM": mode}
+    decode = peers("decode", "shm", env=env)
+    prefill = peers("prefill", "shm", env=env)
+    target = f"127.0.0.1:{decode.info['port']}"
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "w.npy"), expected(PBLOCKS, DBLOCKS))
+    # read the decode's block 5 (every layer, K and V) into the prefill's block 9
+    r = prefill.ask(op="read", target=target, remote_ptrs=decode.info["ptrs"], pblocks=[9],
+                    dblocks=[5])
+    assert (r["rc"], r["status"]) == (0, 0), r
+    bad = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0] + decode.info[
+        "sizes"][0] - 100, length=4096, write=True)
+    assert (bad["rc"], bad["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), bad
+    assert np.array_equal(dump(decode, tmp_path, "w2.npy"), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    if mode == "cma":
+        assert m["served_cma_writes"] > 0 and m["served_cma_reads"] > 0, m
+    else:
+        assert m["served_cma_writes"] == 0 and m["served_cma_reads"] == 0, m
+        assert m["served_writes"] > 0, m
+    assert m["refused_range"] >= 1, m
+    # the read put the decode's block 5 (the prefill's block 0: PBLOCKS[0] -> DBLOCKS[0])
+    # into the prefill's block 9; written back to the decode's block 63, it is block 0
+    p = prefill_cache()
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=[9],
+                    dblocks=[63])
+    assert (w["rc"], w["status"]) == (0, 0), w
+    got = dump(decode, tmp_path, "w3.npy")
+    assert np.array_equal(got[:, :, 63], p[:, :, 0])
