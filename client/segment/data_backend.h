@@ -35,8 +35,7 @@
 #define KVP_DATA_FRAME_WINDOWS 0x2u /* BIND_READ, BIND_WRITE, UNBIND: rdma memory windows */
 #define KVP_DATA_FRAME_REGIONS 0x4u /* REGIONS: a transfer engine's registered ranges (regions) */
 #define KVP_DATA_FRAME_TE_AUTH 0x8u /* TE_AUTH: a transfer engine's peer proves a certificate */
-#define KVP_DATA_FRAME_TE_CMA 0x10u /* TE_CMA: a transfer engine's peer copies (one kernel copy)   \
-                                     */
+#define KVP_DATA_FRAME_TE_CMA 0x10u /* TE_CMA: a transfer engine's peer copies, one kernel copy */
 
 typedef struct kvp_data_backend_ops {
     const char *name; /* of the server, in its logs: "segment server", "ssd server" */
