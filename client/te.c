@@ -96,6 +96,14 @@ typedef struct te_peer {
     _Atomic bool cma_off; /* the kernel refused (EPERM): the socket path from then on */
 } te_peer_t;
 
+#define TE_NOTIFIES_MAX 4096 /* pending notifies a target keeps */
+
+typedef struct te_notify {
+    struct te_notify *next;
+    size_t name_len, msg_len;
+    char data[]; /* name, then msg */
+} te_notify_t;
+
 typedef struct te_batch {
     struct te_batch *next;
     uint64_t id;
@@ -114,11 +122,14 @@ struct kvp_te {
     int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
-    te_auth_t *auth;          /* credentials configured: every peer proves a principal */
-    bool cma;                 /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
-    pthread_mutex_t cma_lock; /* as target: one peer at a time is our ptracer */
-    pthread_rwlock_t lock;    /* the regions */
-    te_region_t *regions;     /* sorted by addr, disjoint */
+    te_auth_t *auth;             /* credentials configured: every peer proves a principal */
+    bool cma;                    /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    pthread_mutex_t cma_lock;    /* as target: one peer at a time is our ptracer */
+    pthread_mutex_t notify_lock; /* the notifies peers sent, oldest first */
+    te_notify_t *notify_head, **notify_tail;
+    size_t n_notifies;
+    pthread_rwlock_t lock; /* the regions */
+    te_region_t *regions;  /* sorted by addr, disjoint */
     size_t n_regions, cap_regions;
     pthread_mutex_t peers_lock;
     te_peer_t peers[TE_PEERS_MAX];
@@ -132,7 +143,7 @@ struct kvp_te {
     pthread_t worker;
     /* counters (relaxed) */
     _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth,
-        cma_served[2], cma_bytes[2];
+        cma_served[2], cma_bytes[2], notifies, notifies_dropped;
 };
 
 /* ---- the backend: registered memory by virtual address ---- */
@@ -663,11 +674,51 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
     return ok;
 }
 
+/* ---- notifies (TE_NOTIFY, wire.h) ---- */
+
+static bool te_notify(void *backend, void *conn, int fd, const kvp_data_req_t *req)
+{
+    kvp_te_t *te = backend;
+    if (req->offset > req->length || req->length > KVP_DATA_TE_NOTIFY_MAX) {
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    te_notify_t *nt = malloc(sizeof(*nt) + req->length + 1);
+    if (nt == NULL || kvp_recv_all(fd, nt->data, req->length) != KVP_OK) {
+        free(nt);
+        return false;
+    }
+    kvp_status_t st = KVP_OK;
+    if (!conn_admitted(te, conn, fd))
+        st = KVP_ERR_DENIED;
+    else {
+        nt->next = NULL;
+        nt->name_len = req->offset;
+        nt->msg_len = req->length - req->offset;
+        pthread_mutex_lock(&te->notify_lock);
+        if (te->n_notifies == TE_NOTIFIES_MAX)
+            st = KVP_ERR_NO_SPACE;
+        else {
+            *te->notify_tail = nt;
+            te->notify_tail = &nt->next;
+            te->n_notifies++;
+            nt = NULL;
+        }
+        pthread_mutex_unlock(&te->notify_lock);
+    }
+    free(nt);
+    atomic_fetch_add_explicit(st == KVP_OK ? &te->notifies : &te->notifies_dropped, 1,
+                              memory_order_relaxed);
+    return kvp_data_reply(fd, st, 0) == KVP_OK;
+}
+
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
-    .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH | KVP_DATA_FRAME_TE_CMA,
+    .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH | KVP_DATA_FRAME_TE_CMA |
+              KVP_DATA_FRAME_TE_NOTIFY,
     .auth = te_auth,
     .cma = te_cma,
+    .notify = te_notify,
     .conn_open = te_conn_open,
     .conn_close = te_conn_close,
     .regions = te_regions,
@@ -745,6 +796,8 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         return KVP_ERR_INVALID_ARG;
     }
     pthread_mutex_init(&te->cma_lock, NULL);
+    pthread_mutex_init(&te->notify_lock, NULL);
+    te->notify_tail = &te->notify_head;
     te->protected_mode = protected_mode;
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
@@ -829,6 +882,11 @@ void kvp_te_destroy(kvp_te_t *te)
     pthread_rwlock_destroy(&te->lock);
     pthread_mutex_destroy(&te->peers_lock);
     pthread_mutex_destroy(&te->cma_lock);
+    for (te_notify_t *nt = te->notify_head, *next; nt != NULL; nt = next) {
+        next = nt->next;
+        free(nt);
+    }
+    pthread_mutex_destroy(&te->notify_lock);
     pthread_mutex_destroy(&te->q_lock);
     pthread_cond_destroy(&te->q_cond);
     free(te);
@@ -993,25 +1051,36 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
     return st;
 }
 
-/* A connection to the Unix socket of tp (shm): its owner of our uid or root, our principal
+/* A connection of our own to tp (its endpoint: tcp, or "@NAME" a Unix socket whose owner
+ * must be of our uid or root; *pid_p its pid there, else 0), timeouts set, our principal
  * proved (credentials on). */
-static kvp_status_t shm_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int *pid_p)
+static kvp_status_t te_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int *pid_p)
 {
-    uint32_t uid;
-    int fd;
-    kvp_status_t st = kvp_unix_connect(tp->peer->endpoint + 1, te->xfer.timeout_ms, &fd);
-    if (st != KVP_OK)
-        return st;
-    if (!kvp_unix_peer(fd, pid_p, &uid) || (uid != 0 && uid != getuid()))
-        st = KVP_ERR_DENIED;
-    if (st == KVP_OK) {
-        kvp_sock_set_timeout(fd, te->xfer.timeout_ms);
-        if (te->auth != NULL)
-            st = te_auth_prove(te, fd, te->xfer.timeout_ms);
+    const char *ep = tp->peer->endpoint;
+    uint32_t timeout = te->xfer.timeout_ms;
+    int fd = -1;
+    kvp_status_t st;
+    *pid_p = 0;
+    if (ep[0] == '@') {
+        uint32_t uid;
+        st = kvp_unix_connect(ep + 1, timeout, &fd);
+        if (st == KVP_OK && (!kvp_unix_peer(fd, pid_p, &uid) || (uid != 0 && uid != getuid())))
+            st = KVP_ERR_DENIED;
+    } else {
+        char host[256];
+        uint16_t port;
+        st = kvp_parse_hostport(ep, host, sizeof(host), &port);
+        if (st == KVP_OK)
+            st = kvp_tcp_connect(host, port, timeout, &fd);
     }
-    if (st != KVP_OK)
+    if (st == KVP_OK) {
+        kvp_sock_set_timeout(fd, timeout);
+        if (te->auth != NULL)
+            st = te_auth_prove(te, fd, timeout);
+    }
+    if (st != KVP_OK && fd >= 0)
         close(fd);
-    else
+    else if (st == KVP_OK)
         *fd_p = fd;
     return st;
 }
@@ -1029,7 +1098,7 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
     pthread_mutex_lock(&tp->cma_lock);
     for (size_t base = 0; base < n && st == KVP_OK;) {
         size_t m = n - base < KVP_DATA_VEC_MAX ? n - base : KVP_DATA_VEC_MAX;
-        if (tp->cma_fd < 0 && (st = shm_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
+        if (tp->cma_fd < 0 && (st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
             break;
         kvp_data_vec_t v[KVP_DATA_VEC_MAX];
         struct iovec liov[KVP_DATA_VEC_MAX], riov[KVP_DATA_VEC_MAX];
@@ -1282,6 +1351,8 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
     out->refused_auth = atomic_load_explicit(&te->refused_auth, memory_order_relaxed);
+    out->notifies = atomic_load_explicit(&te->notifies, memory_order_relaxed);
+    out->notifies_dropped = atomic_load_explicit(&te->notifies_dropped, memory_order_relaxed);
     for (int d = 0; d < 2; d++) {
         uint64_t ops = atomic_load_explicit(&te->cma_served[d], memory_order_relaxed);
         out->served[d] += ops;
@@ -1315,27 +1386,8 @@ kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *a
     kvp_status_t st = target != NULL ? peer_get(te, target, &tp) : KVP_ERR_INVALID_ARG;
     if (st != KVP_OK)
         return st;
-    const char *ep = tp->peer->endpoint;
-    uint32_t timeout = te->xfer.timeout_ms;
-    int fd = -1;
-    if (ep[0] == '@') {
-        int pid;
-        uint32_t uid;
-        st = kvp_unix_connect(ep + 1, timeout, &fd);
-        if (st == KVP_OK && (!kvp_unix_peer(fd, &pid, &uid) || (uid != 0 && uid != getuid())))
-            st = KVP_ERR_DENIED;
-    } else {
-        char host[256];
-        uint16_t port;
-        st = kvp_parse_hostport(ep, host, sizeof(host), &port);
-        if (st == KVP_OK)
-            st = kvp_tcp_connect(host, port, timeout, &fd);
-    }
-    if (st == KVP_OK) {
-        kvp_sock_set_timeout(fd, timeout);
-        if (te->auth != NULL)
-            st = te_auth_prove(te, fd, timeout);
-    }
+    int fd = -1, pid;
+    st = te_connect(te, tp, &fd, &pid);
     if (st == KVP_OK) {
         kvp_data_resp_t r;
         st = te_ask(fd, KVP_DATA_REGIONS, &r);
@@ -1355,4 +1407,54 @@ kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *a
     if (fd >= 0)
         close(fd);
     return st;
+}
+
+/* ---- notifies ---- */
+
+kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, size_t name_len,
+                           const char *msg, size_t msg_len)
+{
+    if (target == NULL || (name == NULL && name_len > 0) || (msg == NULL && msg_len > 0) ||
+        name_len + msg_len > KVP_DATA_TE_NOTIFY_MAX)
+        return KVP_ERR_INVALID_ARG;
+    te_peer_t *tp;
+    kvp_status_t st = peer_get(te, target, &tp);
+    int fd = -1, pid;
+    if (st == KVP_OK)
+        st = te_connect(te, tp, &fd, &pid);
+    if (st != KVP_OK)
+        return st;
+    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
+                          .op = KVP_DATA_TE_NOTIFY,
+                          .segment_id = KVP_TE_SEGMENT_ID,
+                          .offset = name_len,
+                          .length = name_len + msg_len};
+    struct iovec iov[3] = {{.iov_base = &req, .iov_len = sizeof(req)},
+                           {.iov_base = (void *)name, .iov_len = name_len},
+                           {.iov_base = (void *)msg, .iov_len = msg_len}};
+    kvp_data_resp_t r;
+    st = kvp_sendv_all(fd, iov, 3);
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, &r, sizeof(r));
+    if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
+        st = KVP_ERR_PROTOCOL;
+    close(fd);
+    return st == KVP_OK ? r.status : st;
+}
+
+size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg)
+{
+    pthread_mutex_lock(&te->notify_lock);
+    te_notify_t *nt = te->notify_head;
+    te->notify_head = NULL;
+    te->notify_tail = &te->notify_head;
+    size_t n = te->n_notifies;
+    te->n_notifies = 0;
+    pthread_mutex_unlock(&te->notify_lock);
+    for (te_notify_t *next; nt != NULL; nt = next) {
+        next = nt->next;
+        fn(arg, nt->data, nt->name_len, nt->data + nt->name_len, nt->msg_len);
+        free(nt);
+    }
+    return n;
 }

@@ -100,8 +100,21 @@ typedef struct kvp_te_counters {
     uint64_t refused_user;      /* peers of this host of another user (protected mode) */
     uint64_t refused_auth;      /* credentials on: connections that proved no allowed principal */
     uint64_t served_cma[2];     /* of served: moved by the peer with process_vm_* (shm, one copy) */
+    uint64_t notifies;          /* notifies peers sent us, queued */
+    uint64_t notifies_dropped;  /* ... refused: not admitted, or TE_NOTIFIES_MAX pending */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
+
+/* Send target a notify (Mooncake's TransferNotify: name, msg; bytes, at most 64 KiB in all)
+ * on a connection of its own, after what this thread moved to it: KVP_OK once queued
+ * there; KVP_ERR_DENIED (not admitted), KVP_ERR_NO_SPACE (4096 pending there). */
+kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, size_t name_len,
+                           const char *msg, size_t msg_len);
+/* The notifies peers sent, oldest first, each handed to fn and then forgotten; returns how
+ * many. */
+typedef void (*kvp_te_notify_fn)(void *arg, const char *name, size_t name_len, const char *msg,
+                                 size_t msg_len);
+size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg);
 
 /* Per target this engine transferred to (as initiator): its name and counts. */
 typedef struct kvp_te_peer_stat {

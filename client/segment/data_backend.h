@@ -35,6 +35,7 @@
 #define KVP_DATA_FRAME_WINDOWS 0x2u /* BIND_READ, BIND_WRITE, UNBIND: rdma memory windows */
 #define KVP_DATA_FRAME_REGIONS 0x4u /* REGIONS: a transfer engine's registered ranges (regions) */
 #define KVP_DATA_FRAME_TE_AUTH 0x8u /* TE_AUTH: a transfer engine's peer proves a certificate */
+#define KVP_DATA_FRAME_TE_NOTIFY 0x20u /* TE_NOTIFY: a transfer engine's notifies */
 #define KVP_DATA_FRAME_TE_CMA 0x10u /* TE_CMA: a transfer engine's peer copies, one kernel copy */
 
 typedef struct kvp_data_backend_ops {
@@ -77,6 +78,8 @@ typedef struct kvp_data_backend_ops {
     /* With KVP_DATA_FRAME_TE_CMA: serve a TE_CMA request whose header is req (wire.h),
      * entries and replies included; false: the connection must close. */
     bool (*cma)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
+    /* With KVP_DATA_FRAME_TE_NOTIFY: the same for a TE_NOTIFY. */
+    bool (*notify)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
     /* Optional: the server is gone; free the backend. */
     void (*destroy)(void *backend);
 } kvp_data_backend_ops_t;

@@ -79,6 +79,13 @@
  * the bytes and sends an int32 errno (0: all moved), not answered. */
 #define KVP_DATA_TE_CMA 13
 #define KVP_DATA_TE_CMA_WRITE 0x1
+/* TE_NOTIFY (a transfer engine's only): header with segment_id the engine's, offset the
+ * name's length, length the name's and the message's; the name then the message follow
+ * (length at most KVP_DATA_TE_NOTIFY_MAX). Answered status 0 (queued for get_notifies),
+ * KVP_ERR_DENIED (a peer not admitted) or KVP_ERR_NO_SPACE (KVP_TE_NOTIFIES_MAX pending),
+ * length 0, the payload read first; the connection goes on. */
+#define KVP_DATA_TE_NOTIFY 14
+#define KVP_DATA_TE_NOTIFY_MAX 65536
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

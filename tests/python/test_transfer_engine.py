@@ -259,15 +259,13 @@ def test_what_is_not_here_says_so():
     # shm reaches this host only
     assert e.transfer_sync_write("10.255.255.1:4000", 4096, 4096, 1) == -1
     assert e.last_status == S["KVP_ERR_TRANSPORT"]
-    for name, args in [("get_notifies", ()), ("transfer_write_on_cuda", ("x", 0, 0, 1)),
+    for name, args in [("transfer_write_on_cuda", ("x", 0, 0, 1)),
                        ("batch_transfer_read_on_cuda", ("x", [], [], [])),
                        ("get_local_topology", ())]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(e, name)(*args)
     assert e.send_probe("127.0.0.1:1") == -1  # nobody there
     assert e.last_status == S["KVP_ERR_CONNECT"]
-    with pytest.raises(NotImplementedError, match="transfer_sync"):
-        e.transfer_sync("127.0.0.1:1", 0, 0, 1, TransferOpcode.WRITE, TransferNotify("a", "b"))
     e.close()
 
 
@@ -406,8 +404,11 @@ def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, 
                         pblocks=[0, 1], dblocks=[0, 1])
         rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
                          write=False)
+        nt = prefill.ask(op="notify", target=target, remote=0, name="n", msg=name, only=True)
         assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
         assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
+        assert (nt["rc"], nt["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, nt)
+        assert decode.ask(op="notifies") == {"notifies": []}, name
         assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
         m = decode.ask(op="metrics")
         assert m["refused_auth"] > refused and m["served_writes"] == 0, (name, m)
@@ -420,6 +421,13 @@ def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, 
     assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
     m = decode.ask(op="metrics")
     assert m["refused_auth"] == refused and m["served_writes"] > 0, m
+    # the peer without credentials sent its notify and was refused; the others' proofs
+    # were refused first (refused_auth), their notifies never sent
+    assert m["notifies"] == 0 and m["notifies_dropped"] == 1, m
+    nt = prefill.ask(op="notify", target=target, remote=decode.info["ptrs"][0] + 7, name="req-1",
+                     msg="done")
+    assert (nt["rc"], nt["status"]) == (0, 0), nt
+    assert decode.ask(op="notifies") == {"notifies": [["req-1", "done"]]}
 
 
 def test_credentials_half_given_fail_initialize(certs):
@@ -469,3 +477,31 @@ def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
     assert (w["rc"], w["status"]) == (0, 0), w
     got = dump(decode, tmp_path, "w3.npy")
     assert np.array_equal(got[:, :, 63], p[:, :, 0])
+
+
+def test_notifies_in_process():
+    """transfer_sync / batch_transfer_sync with a notify: after the bytes moved, the target's
+    get_notifies() returns TransferNotify(name, msg), oldest first, each once; a transfer
+    that fails sends none (tcp and shm)."""
+    for proto in ("tcp", "shm"):
+        a, b = TransferEngine(), TransferEngine()
+        assert a.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        assert b.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        target = f"127.0.0.1:{a.get_rpc_port()}"
+        dst, src = a.allocate_managed_buffer(1 << 16), b.allocate_managed_buffer(1 << 16)
+        assert b.write_bytes_to_buffer(src, b"\x5a" * 4096, 4096) == 0
+        assert a.get_notifies() == []
+        assert b.transfer_sync(target, src, dst, 4096, TransferOpcode.WRITE,
+                               TransferNotify("req-1", "kv ready")) == 0
+        assert b.batch_transfer_sync(target, [src], [dst + 4096], [100], TransferOpcode.WRITE,
+                                     TransferNotify("req-2", "\u00e9" * 1000)) == 0
+        assert b.transfer_sync(target, src, dst + (1 << 16) - 10, 4096, TransferOpcode.WRITE,
+                               TransferNotify("req-3", "never")) == -1
+        assert b.last_status == S["KVP_ERR_OUT_OF_RANGE"]
+        got = [(n.name, n.msg) for n in a.get_notifies()]
+        assert got == [("req-1", "kv ready"), ("req-2", "\u00e9" * 1000)], proto
+        assert a.read_bytes_from_buffer(dst, 4096) == b"\x5a" * 4096
+        assert a.get_notifies() == []
+        assert a.metrics()["notifies"] == 2
+        a.close()
+        b.close()
