@@ -470,6 +470,7 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
         case KVP_DATA_TE_CMA:
             if ((frames & KVP_DATA_FRAME_TE_CMA) == 0 || srv->ops->cma == NULL)
                 break;
+            kvp_conn_frame_extend(c->conn, req->length); /* the peer moves them meanwhile */
             return backend_open(c) && srv->ops->cma(srv->backend, c->backend_conn, c->fd, req);
         case KVP_DATA_TE_NOTIFY:
             if ((frames & KVP_DATA_FRAME_TE_NOTIFY) == 0 || srv->ops->notify == NULL)
