@@ -1369,7 +1369,10 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
         te_peer_t *tp = &te->peers[i];
         kvp_te_peer_stat_t *o = &out[i];
         snprintf(o->target, sizeof(o->target), "%s", tp->target);
-        snprintf(o->route, sizeof(o->route), "%s", tp->shm ? "shm" : "tcp");
+        snprintf(o->route, sizeof(o->route), "%s",
+                 !tp->shm                                ? "tcp"
+                 : te->cma && !atomic_load(&tp->cma_off) ? "shm-cma"
+                                                         : "shm");
         o->transfers = atomic_load_explicit(&tp->transfers, memory_order_relaxed);
         o->bytes = atomic_load_explicit(&tp->bytes, memory_order_relaxed);
         o->failures = atomic_load_explicit(&tp->failures, memory_order_relaxed);

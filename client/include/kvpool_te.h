@@ -119,7 +119,7 @@ size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg);
 /* Per target this engine transferred to (as initiator): its name and counts. */
 typedef struct kvp_te_peer_stat {
     char target[256]; /* "host:port" */
-    char route[8];    /* "tcp" or "shm" */
+    char route[8];    /* "tcp", "shm" (the socket frames) or "shm-cma" (one copy) */
     uint64_t transfers, bytes, failures;
 } kvp_te_peer_stat_t;
 /* Up to cap targets into out; returns how many there are (may exceed cap). */

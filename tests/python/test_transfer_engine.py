@@ -123,7 +123,7 @@ def test_prefill_writes_decode_kv_cache_byte_exact(peers, tmp_path, proto):
     else:
         assert shm_conns(port) > before  # the prefill's streams came on the Unix socket
     pm = prefill.ask(op="metrics")["peers"][target]
-    assert pm == {"route": "tcp" if proto == "tcp" else "shm", "transfers": LAYERS * 2 * 6,
+    assert pm == {"route": "tcp" if proto == "tcp" else "shm-cma", "transfers": LAYERS * 2 * 6,
                   "bytes": len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES, "failures": 0}, pm
     m = decode.ask(op="metrics")
     assert m["served_writes"] >= 1 and m["served_write_bytes"] == len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES
@@ -463,6 +463,9 @@ def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
     assert (bad["rc"], bad["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), bad
     assert np.array_equal(dump(decode, tmp_path, "w2.npy"), expected(PBLOCKS, DBLOCKS))
     m = decode.ask(op="metrics")
+    route = prefill.ask(op="metrics")["peers"][target]
+    assert route["route"] == ("shm-cma" if mode == "cma" else "shm"), route
+    assert route["transfers"] >= 2 and route["failures"] == 1, route
     if mode == "cma":
         assert m["served_cma_writes"] > 0 and m["served_cma_reads"] > 0, m
     else:
