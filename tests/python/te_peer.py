@@ -14,7 +14,9 @@ one answer on stdout. Its KV cache is vLLM's host layout: one registered tensor 
            a notify ("only": true, the notify without the transfer). Either: {"op": "notifies"} its get_notifies().
 """
 
+import ctypes
 import json
+import os
 import sys
 import time
 
@@ -37,6 +39,8 @@ def runs(pblocks, dblocks):
 
 
 def main():
+    if os.environ.get("TE_PEER_UNDUMPABLE"):  # PR_SET_DUMPABLE 0: others may not ptrace us
+        assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0
     role, proto = sys.argv[1], sys.argv[2]
     host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
     te = TransferEngine()

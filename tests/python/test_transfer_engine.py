@@ -9,9 +9,12 @@ stopped fails the transfer in bounded time."""
 
 import json
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -508,3 +511,28 @@ def test_notifies_in_process():
         assert a.metrics()["notifies"] == 2
         a.close()
         b.close()
+
+
+def test_shm_falls_back_to_the_socket_when_the_kernel_refuses(peers, tmp_path):
+    """A decode that is not dumpable (PR_SET_DUMPABLE 0), both as `nobody` (no
+    CAP_SYS_PTRACE): process_vm_writev gets EPERM, and the prefill's batch goes over the
+    socket frames instead, byte-exact; its route to the decode says shm from then on."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the peers as another user")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    out = pathlib.Path(tempfile.mkdtemp(prefix="te-fallback-"))  # tmp_path: root's 0700
+    os.chmod(out, 0o777)
+    decode = peers("decode", "shm", env={"TE_PEER_UNDUMPABLE": "1"}, argv_prefix=as_nobody)
+    prefill = peers("prefill", "shm", argv_prefix=as_nobody)
+    target = f"127.0.0.1:{decode.info['port']}"
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    path = str(out / "d.npy")
+    assert decode.ask(op="dump", path=path) == {"ok": True}
+    assert np.array_equal(np.load(path), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    assert m["served_cma_writes"] == 0 and m["served_writes"] > 0, m
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm["route"] == "shm" and pm["failures"] == 0, pm
+    shutil.rmtree(out)
