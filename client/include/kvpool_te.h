@@ -41,7 +41,11 @@ typedef struct kvp_te kvp_te_t;
  * host, over a Unix socket), "auto" or "" (shm for a peer of this host, else tcp); "rdma"
  * is KVP_ERR_UNSUPPORTED in this version. Environment: KVPOOL_AUTH (protected|none),
  * KVPOOL_TE_TIMEOUT_MS (a transfer with no progress that long fails, default 10000),
- * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2).
+ * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2), KVPOOL_TE_SHM (cma,
+ * the default: shm peers copy with process_vm_writev/readv, one kernel copy, falling back to
+ * the socket frames where the kernel refuses; socket), KVPOOL_TLS_CA/_CERT/_KEY and
+ * KVPOOL_TE_PEERS (peers authenticate; see above). Some credentials only, or a
+ * KVPOOL_TE_SHM of neither: KVP_ERR_INVALID_ARG.
  */
 kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
                            kvp_te_t **te_p);
