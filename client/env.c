@@ -300,6 +300,24 @@ static const kvp_opt_t env_rows[] = {
      .arg = "N",
      .def_doc = "2",
      .help = "connections one transfer drives to one peer (tcp and shm)"},
+    {.name = "te-peers",
+     .env = "KVPOOL_TE_PEERS",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "CN,CN,...",
+     .def_doc = "unset",
+     .help = "with KVPOOL_TLS_CA, _CERT and _KEY (peers then prove a certificate of that CA, "
+             "from any host): the principals (CNs) admitted; unset: any of the CA "
+             "(docs/security.md, \"The transfer engine\")"},
+    {.name = "te-shm",
+     .env = "KVPOOL_TE_SHM",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "cma|socket",
+     .def_doc = "cma",
+     .help = "shm peers: cma, the initiator copies with process_vm_writev/readv once the "
+             "target checked the ranges (one kernel copy; the socket path when the kernel "
+             "refuses); socket, the frames over the Unix socket"},
 };
 
 kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)

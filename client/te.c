@@ -35,10 +35,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <netinet/in.h>
+
+#include <openssl/crypto.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/x509.h>
+#include <openssl/x509_vfy.h>
+#include <openssl/x509v3.h>
 
 #include "client/segment/data_backend.h"
 #include "client/segment/data_server.h"
@@ -55,6 +66,19 @@
 /* Ranges per kvp_transfer_run (the ops live on the stack). */
 #define TE_CHUNK 256
 #define TE_PEERS_MAX 1024
+#define TE_ALLOWED_MAX 64
+
+/* Credentials (KVPOOL_TLS_CA, _CERT, _KEY): what an engine proves to its targets, and the
+ * CA its own peers' certificates must come from (TE_AUTH, wire.h). */
+typedef struct te_auth {
+    X509_STORE *ca;
+    EVP_PKEY *key;
+    uint8_t *cert_der;
+    int cert_len;
+    char cn[128];
+    char allowed[TE_ALLOWED_MAX][128]; /* KVPOOL_TE_PEERS; n_allowed 0: any of the CA */
+    size_t n_allowed;
+} te_auth_t;
 
 typedef struct te_region {
     uintptr_t addr;
@@ -66,7 +90,19 @@ typedef struct te_peer {
     bool shm;
     kvp_peer_t *peer;
     _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
+    /* the one-copy shm path (TE_CMA): its connection, one batch at a time */
+    pthread_mutex_t cma_lock;
+    int cma_fd, cma_pid;
+    _Atomic bool cma_off; /* the kernel refused (EPERM): the socket path from then on */
 } te_peer_t;
+
+#define TE_NOTIFIES_MAX 4096 /* pending notifies a target keeps */
+
+typedef struct te_notify {
+    struct te_notify *next;
+    size_t name_len, msg_len;
+    char data[]; /* name, then msg */
+} te_notify_t;
 
 typedef struct te_batch {
     struct te_batch *next;
@@ -86,6 +122,12 @@ struct kvp_te {
     int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
+    te_auth_t *auth;             /* credentials configured: every peer proves a principal */
+    bool cma;                    /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    pthread_mutex_t cma_lock;    /* as target: one peer at a time is our ptracer */
+    pthread_mutex_t notify_lock; /* the notifies peers sent, oldest first */
+    te_notify_t *notify_head, **notify_tail;
+    size_t n_notifies;
     pthread_rwlock_t lock; /* the regions */
     te_region_t *regions;  /* sorted by addr, disjoint */
     size_t n_regions, cap_regions;
@@ -100,7 +142,8 @@ struct kvp_te {
     bool worker_on, stop;
     pthread_t worker;
     /* counters (relaxed) */
-    _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user;
+    _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth,
+        cma_served[2], cma_bytes[2], notifies, notifies_dropped;
 };
 
 /* ---- the backend: registered memory by virtual address ---- */
@@ -142,6 +185,7 @@ static kvp_status_t te_check(void *backend, uint64_t off, uint64_t len, bool wri
 /* A connection's state (data_backend.h conn_open): whether its peer was admitted. */
 typedef struct te_conn {
     int admitted; /* 0: not asked yet, 1: yes, -1: no */
+    bool authed;  /* credentials on: a TE_AUTH proved an allowed principal */
 } te_conn_t;
 
 static kvp_status_t te_conn_open(void *backend, void **conn_p)
@@ -219,11 +263,21 @@ static bool tcp_peer_uid(int fd, uint32_t *uid_p)
 /* May this connection's peer touch our memory? A Unix socket's: our uid or root
  * (SO_PEERCRED). A tcp peer's, in protected mode (peers of this host only): the same, by
  * its socket's owner (tcp_peer_uid); with KVPOOL_AUTH=none: anyone. Refusals counted. */
-static bool peer_allowed(kvp_te_t *te, int fd)
+static bool peer_allowed(kvp_te_t *te, te_conn_t *c, int fd)
 {
     int pid = 0;
     uint32_t uid = 0;
     bool unix_sock = kvp_unix_peer(fd, &pid, &uid);
+    if (te->auth != NULL && !c->authed) {
+        /* credentials on: a principal, proved (TE_AUTH), before anything; counted once per
+         * connection at its first refused request (te_auth counts a failed proof) */
+        if (c->admitted == 0)
+            atomic_fetch_add_explicit(&te->refused_auth, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("transfer engine: a peer that proved no principal; refused");
+        return false;
+    }
+    if (te->auth != NULL && !unix_sock)
+        return true; /* a proved principal: protected mode lifted (any host) */
     if (!unix_sock && !te->protected_mode)
         return true;
     bool known = unix_sock || tcp_peer_uid(fd, &uid);
@@ -242,7 +296,7 @@ static bool peer_allowed(kvp_te_t *te, int fd)
 static bool conn_admitted(kvp_te_t *te, te_conn_t *c, int fd)
 {
     if (c->admitted == 0)
-        c->admitted = peer_allowed(te, fd) ? 1 : -1;
+        c->admitted = peer_allowed(te, c, fd) ? 1 : -1;
     return c->admitted > 0;
 }
 
@@ -306,11 +360,11 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
 }
 
 /* REGIONS (wire.h): the registered ranges, as they are kept (te_region_t is the wire's pair) */
-static bool te_regions(void *backend, int fd)
+static bool te_regions(void *backend, void *conn, int fd)
 {
     _Static_assert(sizeof(te_region_t) == 16, "te_region_t is the wire's (address, length)");
     kvp_te_t *te = backend;
-    if (!peer_allowed(te, fd))
+    if (!conn_admitted(te, conn, fd))
         return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
     pthread_rwlock_rdlock(&te->lock);
     size_t n = te->n_regions < KVP_DATA_REGIONS_MAX ? te->n_regions : KVP_DATA_REGIONS_MAX;
@@ -322,9 +376,349 @@ static bool te_regions(void *backend, int fd)
     return ok;
 }
 
+/* ---- authentication (credentials on): TE_AUTH, wire.h ---- */
+
+/* What a TE_AUTH signature covers: the tag, the challenge, the engine's segment id. */
+static void auth_message(const uint8_t challenge[32], uint8_t msg[56])
+{
+    memset(msg, 0, 16);
+    memcpy(msg, "kvpool te auth", 14);
+    memcpy(msg + 16, challenge, 32);
+    uint64_t id = KVP_TE_SEGMENT_ID; /* little-endian hosts only (as the wire) */
+    memcpy(msg + 48, &id, 8);
+}
+
+/* Is der a certificate of our CA, for a client, whose key signed msg, naming a principal
+ * KVPOOL_TE_PEERS allows? Its CN into cn. */
+static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, const uint8_t *sig,
+                        size_t sig_len, const uint8_t *msg, size_t msg_len, char *cn, size_t cn_len,
+                        const char **why_p)
+{
+    const unsigned char *p = der;
+    X509 *cert = d2i_X509(NULL, &p, (long)der_len);
+    X509_STORE_CTX *vc = X509_STORE_CTX_new();
+    EVP_PKEY *pub = NULL;
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    bool ok = false;
+    cn[0] = '\0';
+    *why_p = "not a certificate";
+    if (cert != NULL && p == der + der_len && vc != NULL && md != NULL &&
+        X509_STORE_CTX_init(vc, a->ca, cert, NULL) == 1) {
+        X509_STORE_CTX_set_purpose(vc, X509_PURPOSE_SSL_CLIENT);
+        if (X509_verify_cert(vc) != 1)
+            *why_p = X509_verify_cert_error_string(X509_STORE_CTX_get_error(vc));
+        else if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn,
+                                           (int)cn_len) <= 0)
+            *why_p = "no subject CN";
+        else if ((pub = X509_get_pubkey(cert)) == NULL ||
+                 EVP_DigestVerifyInit(md, NULL, EVP_sha256(), NULL, pub) != 1 ||
+                 EVP_DigestVerify(md, sig, sig_len, msg, msg_len) != 1)
+            *why_p = "the signature does not verify with the certificate's key";
+        else {
+            ok = a->n_allowed == 0;
+            for (size_t i = 0; i < a->n_allowed && !ok; i++)
+                ok = strcmp(a->allowed[i], cn) == 0;
+            *why_p = ok ? NULL : "a principal KVPOOL_TE_PEERS does not name";
+        }
+    }
+    ERR_clear_error();
+    EVP_MD_CTX_free(md);
+    EVP_PKEY_free(pub);
+    X509_STORE_CTX_free(vc);
+    X509_free(cert);
+    return ok;
+}
+
+/* The target's side of TE_AUTH. A refusal is answered KVP_ERR_DENIED and counted; the
+ * connection goes on, unproved (every request of it refused until a proof passes). */
+static bool te_auth(void *backend, void *conn, int fd)
+{
+    kvp_te_t *te = backend;
+    te_conn_t *c = conn;
+    if (te->auth == NULL)
+        return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK; /* nothing to prove */
+    uint8_t challenge[32];
+    if (RAND_bytes(challenge, sizeof(challenge)) != 1)
+        return false;
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = sizeof(challenge)};
+    struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
+                           {.iov_base = challenge, .iov_len = sizeof(challenge)}};
+    uint32_t lens[2];
+    if (kvp_sendv_all(fd, iov, 2) != KVP_OK || kvp_recv_all(fd, lens, sizeof(lens)) != KVP_OK)
+        return false;
+    if (lens[0] == 0 || lens[0] > KVP_DATA_TE_CERT_MAX || lens[1] == 0 ||
+        lens[1] > KVP_DATA_TE_SIG_MAX) {
+        atomic_fetch_add_explicit(&te->refused_auth, 1, memory_order_relaxed);
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    uint8_t *buf = malloc((size_t)lens[0] + lens[1]);
+    if (buf == NULL || kvp_recv_all(fd, buf, (size_t)lens[0] + lens[1]) != KVP_OK) {
+        free(buf);
+        return false;
+    }
+    uint8_t msg[56];
+    auth_message(challenge, msg);
+    char cn[128];
+    const char *why;
+    bool ok = auth_verify(te->auth, buf, lens[0], buf + lens[0], lens[1], msg, sizeof(msg), cn,
+                          sizeof(cn), &why);
+    free(buf);
+    c->authed = ok;
+    c->admitted = 0; /* asked again at the next request */
+    if (!ok) {
+        atomic_fetch_add_explicit(&te->refused_auth, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("transfer engine: a peer's certificate (CN '%s') refused: %s", cn,
+                             why);
+    }
+    return kvp_data_reply(fd, ok ? KVP_OK : KVP_ERR_DENIED, 0) == KVP_OK;
+}
+
+/* Send an engine request of op (offset 0, length 0) on fd and read its answer's header:
+ * KVP_OK with *r (status 0), or the failure (the answer's status). */
+static kvp_status_t te_ask(int fd, uint16_t op, kvp_data_resp_t *r)
+{
+    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC, .op = op, .segment_id = KVP_TE_SEGMENT_ID};
+    kvp_status_t st = kvp_send_all(fd, &req, sizeof(req));
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, r, sizeof(*r));
+    if (st == KVP_OK && r->magic != KVP_DATA_MAGIC)
+        st = KVP_ERR_PROTOCOL;
+    return st == KVP_OK ? r->status : st;
+}
+
+/* The initiator's side (peer->hello of every target, and REGIONS): prove our certificate
+ * on a new connection fd. KVP_ERR_DENIED: the target refused it. */
+static kvp_status_t te_auth_prove(void *arg, int fd, uint32_t timeout_ms)
+{
+    (void)timeout_ms; /* fd's SO_RCVTIMEO / SO_SNDTIMEO are set */
+    kvp_te_t *te = arg;
+    const te_auth_t *a = te->auth;
+    kvp_data_resp_t r;
+    kvp_status_t st = te_ask(fd, KVP_DATA_TE_AUTH, &r);
+    if (st != KVP_OK)
+        return st;
+    if (r.length == 0)
+        return KVP_OK; /* the target asks for no proof */
+    if (r.length != 32)
+        return KVP_ERR_PROTOCOL;
+    uint8_t challenge[32], msg[56], sig[KVP_DATA_TE_SIG_MAX];
+    if ((st = kvp_recv_all(fd, challenge, sizeof(challenge))) != KVP_OK)
+        return st;
+    auth_message(challenge, msg);
+    size_t sig_len = sizeof(sig);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    bool signed_ok = md != NULL && EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, a->key) == 1 &&
+                     EVP_DigestSign(md, sig, &sig_len, msg, sizeof(msg)) == 1;
+    EVP_MD_CTX_free(md);
+    if (!signed_ok) {
+        ERR_clear_error();
+        return KVP_ERR_SYSTEM;
+    }
+    uint32_t lens[2] = {(uint32_t)a->cert_len, (uint32_t)sig_len};
+    struct iovec iov[3] = {{.iov_base = lens, .iov_len = sizeof(lens)},
+                           {.iov_base = a->cert_der, .iov_len = (size_t)a->cert_len},
+                           {.iov_base = sig, .iov_len = sig_len}};
+    st = kvp_sendv_all(fd, iov, 3);
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, &r, sizeof(r));
+    if (st == KVP_OK && (r.magic != KVP_DATA_MAGIC || r.length != 0))
+        st = KVP_ERR_PROTOCOL;
+    return st == KVP_OK ? r.status : st;
+}
+
+static void auth_free(te_auth_t *a)
+{
+    if (a == NULL)
+        return;
+    X509_STORE_free(a->ca);
+    EVP_PKEY_free(a->key);
+    OPENSSL_free(a->cert_der);
+    free(a);
+}
+
+/* Credentials from the environment, as the store's client takes them (KVPOOL_TLS_CA,
+ * KVPOOL_TLS_CERT, KVPOOL_TLS_KEY), and KVPOOL_TE_PEERS. *a_p NULL: none configured.
+ * Some but not all three, or files that do not load: KVP_ERR_INVALID_ARG. */
+static kvp_status_t auth_load(te_auth_t **a_p)
+{
+    *a_p = NULL;
+    const char *ca = getenv("KVPOOL_TLS_CA"), *cert = getenv("KVPOOL_TLS_CERT"),
+               *key = getenv("KVPOOL_TLS_KEY");
+    int given = (ca && ca[0]) + (cert && cert[0]) + (key && key[0]);
+    if (given == 0) {
+        const char *tok = getenv("KVPOOL_TOKEN");
+        if (tok != NULL && tok[0] != '\0')
+            KVP_LOG_WARN("transfer engine: KVPOOL_TOKEN alone does not authenticate engine "
+                         "peers (a token cannot be proved to a peer without the master): "
+                         "protected mode; give KVPOOL_TLS_CA, _CERT and _KEY");
+        return KVP_OK;
+    }
+    if (given != 3) {
+        KVP_LOG_ERROR("transfer engine: peers authenticate with KVPOOL_TLS_CA, KVPOOL_TLS_CERT "
+                      "and KVPOOL_TLS_KEY together; only some are set");
+        return KVP_ERR_INVALID_ARG;
+    }
+    te_auth_t *a = calloc(1, sizeof(*a));
+    if (a == NULL)
+        return KVP_ERR_NOMEM;
+    FILE *f = NULL;
+    X509 *x = NULL;
+    const char *bad = NULL;
+    if ((a->ca = X509_STORE_new()) == NULL || X509_STORE_load_locations(a->ca, ca, NULL) != 1)
+        bad = ca;
+    else if ((f = fopen(cert, "re")) == NULL || (x = PEM_read_X509(f, NULL, NULL, NULL)) == NULL ||
+             (a->cert_len = i2d_X509(x, &a->cert_der)) <= 0 || a->cert_len > KVP_DATA_TE_CERT_MAX ||
+             X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, a->cn,
+                                       sizeof(a->cn)) <= 0)
+        bad = cert;
+    if (f != NULL)
+        fclose(f);
+    f = NULL;
+    if (bad == NULL && ((f = fopen(key, "re")) == NULL ||
+                        (a->key = PEM_read_PrivateKey(f, NULL, NULL, NULL)) == NULL ||
+                        X509_check_private_key(x, a->key) != 1))
+        bad = key;
+    if (f != NULL)
+        fclose(f);
+    X509_free(x);
+    ERR_clear_error();
+    const char *peers = getenv("KVPOOL_TE_PEERS");
+    for (const char *s = peers; bad == NULL && s != NULL && *s != '\0';) {
+        size_t n = strcspn(s, ",");
+        while (n > 0 && *s == ' ')
+            s++, n--;
+        size_t m = n;
+        while (m > 0 && s[m - 1] == ' ')
+            m--;
+        if (m > 0) {
+            if (a->n_allowed == TE_ALLOWED_MAX || m >= sizeof(a->allowed[0])) {
+                KVP_LOG_ERROR("transfer engine: KVPOOL_TE_PEERS: at most %d names of at most "
+                              "127 bytes",
+                              TE_ALLOWED_MAX);
+                auth_free(a);
+                return KVP_ERR_INVALID_ARG;
+            }
+            memcpy(a->allowed[a->n_allowed], s, m);
+            a->allowed[a->n_allowed++][m] = '\0';
+        }
+        s += n;
+        if (*s == ',')
+            s++;
+    }
+    if (bad != NULL) {
+        KVP_LOG_ERROR("transfer engine: %s does not load (or the key is not the certificate's)",
+                      bad);
+        auth_free(a);
+        return KVP_ERR_INVALID_ARG;
+    }
+    *a_p = a;
+    return KVP_OK;
+}
+
+/* ---- the one-copy shm path, target's side (TE_CMA, wire.h) ---- */
+
+static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
+{
+    kvp_te_t *te = backend;
+    kvp_data_vec_t v[KVP_DATA_VEC_MAX];
+    uint64_t n = req->offset, total = 0;
+    if (n == 0 || n > KVP_DATA_VEC_MAX) {
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    if (kvp_recv_all(fd, v, n * sizeof(v[0])) != KVP_OK)
+        return false;
+    bool write = (req->flags & KVP_DATA_TE_CMA_WRITE) != 0;
+    int pid = 0;
+    uint32_t uid;
+    if (!conn_admitted(te, conn, fd))
+        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+    if (!kvp_unix_peer(fd, &pid, &uid) || pid <= 0)
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK; /* tcp: not this host */
+    for (uint64_t i = 0; i < n; i++) {
+        if (v[i].segment_id != KVP_TE_SEGMENT_ID)
+            return kvp_data_reply(fd, KVP_ERR_SEGMENT_GONE, 0) == KVP_OK;
+        kvp_status_t st =
+            v[i].length == 0 ? KVP_ERR_INVALID_ARG : te_check(te, v[i].offset, v[i].length, write);
+        if (st != KVP_OK)
+            return kvp_data_reply(fd, st, 0) == KVP_OK;
+        total += v[i].length;
+    }
+    if (total != req->length) {
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    /* the ranges stay registered (an unregister waits) and the peer may ptrace-access us
+     * (Yama's ptrace_scope 1) until it says it is done; one peer at a time */
+    pthread_mutex_lock(&te->cma_lock);
+    pthread_rwlock_rdlock(&te->lock);
+    bool ok;
+    int32_t err = -1;
+    if (!still_inside_locked(te, v, n))
+        ok = kvp_data_reply(fd, KVP_ERR_OUT_OF_RANGE, 0) == KVP_OK;
+    else {
+        (void)prctl(PR_SET_PTRACER, (unsigned long)pid, 0, 0, 0); /* EINVAL: no Yama */
+        ok = kvp_data_reply(fd, KVP_OK, 0) == KVP_OK &&
+             kvp_recv_all(fd, &err, sizeof(err)) == KVP_OK;
+        (void)prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+    }
+    pthread_rwlock_unlock(&te->lock);
+    pthread_mutex_unlock(&te->cma_lock);
+    if (ok && err == 0) {
+        atomic_fetch_add_explicit(&te->cma_served[write ? KVP_TE_WRITE : KVP_TE_READ], n,
+                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&te->cma_bytes[write ? KVP_TE_WRITE : KVP_TE_READ], total,
+                                  memory_order_relaxed);
+    }
+    return ok;
+}
+
+/* ---- notifies (TE_NOTIFY, wire.h) ---- */
+
+static bool te_notify(void *backend, void *conn, int fd, const kvp_data_req_t *req)
+{
+    kvp_te_t *te = backend;
+    if (req->offset > req->length || req->length > KVP_DATA_TE_NOTIFY_MAX) {
+        kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+        return false;
+    }
+    te_notify_t *nt = malloc(sizeof(*nt) + req->length + 1);
+    if (nt == NULL || kvp_recv_all(fd, nt->data, req->length) != KVP_OK) {
+        free(nt);
+        return false;
+    }
+    kvp_status_t st = KVP_OK;
+    if (!conn_admitted(te, conn, fd))
+        st = KVP_ERR_DENIED;
+    else {
+        nt->next = NULL;
+        nt->name_len = req->offset;
+        nt->msg_len = req->length - req->offset;
+        pthread_mutex_lock(&te->notify_lock);
+        if (te->n_notifies == TE_NOTIFIES_MAX)
+            st = KVP_ERR_NO_SPACE;
+        else {
+            *te->notify_tail = nt;
+            te->notify_tail = &nt->next;
+            te->n_notifies++;
+            nt = NULL;
+        }
+        pthread_mutex_unlock(&te->notify_lock);
+    }
+    free(nt);
+    atomic_fetch_add_explicit(st == KVP_OK ? &te->notifies : &te->notifies_dropped, 1,
+                              memory_order_relaxed);
+    return kvp_data_reply(fd, st, 0) == KVP_OK;
+}
+
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
-    .frames = KVP_DATA_FRAME_REGIONS,
+    .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH | KVP_DATA_FRAME_TE_CMA |
+              KVP_DATA_FRAME_TE_NOTIFY,
+    .auth = te_auth,
+    .cma = te_cma,
+    .notify = te_notify,
     .conn_open = te_conn_open,
     .conn_close = te_conn_close,
     .regions = te_regions,
@@ -366,10 +760,10 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         return KVP_ERR_UNSUPPORTED;
     }
     bool protected_mode = true;
-    const char *auth = getenv("KVPOOL_AUTH");
-    if (auth != NULL && strcmp(auth, "none") == 0)
+    const char *auth_env = getenv("KVPOOL_AUTH");
+    if (auth_env != NULL && strcmp(auth_env, "none") == 0)
         protected_mode = false;
-    else if (auth != NULL && auth[0] != '\0' && strcmp(auth, "protected") != 0)
+    else if (auth_env != NULL && auth_env[0] != '\0' && strcmp(auth_env, "protected") != 0)
         return KVP_ERR_INVALID_ARG;
     char host[256] = "";
     uint16_t port = 0;
@@ -380,10 +774,30 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         } else
             snprintf(host, sizeof(host), "%s", local_hostname);
     }
+    te_auth_t *auth;
+    kvp_status_t ast = auth_load(&auth);
+    if (ast != KVP_OK)
+        return ast;
     kvp_te_t *te = calloc(1, sizeof(*te));
-    if (te == NULL)
+    if (te == NULL) {
+        auth_free(auth);
         return KVP_ERR_NOMEM;
+    }
+    te->auth = auth;
+    if (auth != NULL) /* a proved principal from any host; protected mode lifted */
+        protected_mode = false;
     te->protocol = proto;
+    const char *shm_mode = getenv("KVPOOL_TE_SHM");
+    te->cma = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
+    if (!te->cma && strcmp(shm_mode, "socket") != 0) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma or socket", shm_mode);
+        auth_free(auth);
+        free(te);
+        return KVP_ERR_INVALID_ARG;
+    }
+    pthread_mutex_init(&te->cma_lock, NULL);
+    pthread_mutex_init(&te->notify_lock, NULL);
+    te->notify_tail = &te->notify_head;
     te->protected_mode = protected_mode;
     pthread_rwlockattr_t ra;
     pthread_rwlockattr_init(&ra);
@@ -401,6 +815,7 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     te->xfer.tcp_slice = 1 << 20;
     kvp_status_t st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK) {
+        auth_free(te->auth);
         free(te);
         return st;
     }
@@ -420,9 +835,15 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         KVP_LOG_ERROR("transfer engine: cannot listen on %s:%u: %s", bind ? bind : "*", port,
                       kvp_strerror(st));
         kvp_transfer_cleanup(&te->xfer);
+        auth_free(te->auth);
         free(te);
         return st;
     }
+    if (auth != NULL)
+        KVP_LOG_INFO("transfer engine: peers prove a certificate of %s (ours: CN '%s'); "
+                     "admitted: %s",
+                     getenv("KVPOOL_TLS_CA"), auth->cn,
+                     auth->n_allowed ? getenv("KVPOOL_TE_PEERS") : "any principal of that CA");
     char sock[64];
     snprintf(sock, sizeof(sock), "kvpool-te-%u", te->port);
     if (kvp_data_server_share(te->srv, -1, sock) == KVP_OK)
@@ -444,8 +865,12 @@ void kvp_te_destroy(kvp_te_t *te)
     if (te->worker_on)
         pthread_join(te->worker, NULL);
     kvp_data_server_destroy(te->srv); /* ends every connection first */
-    for (size_t i = 0; i < te->n_peers; i++)
+    for (size_t i = 0; i < te->n_peers; i++) {
         kvp_peer_unref(te->peers[i].peer);
+        if (te->peers[i].cma_fd >= 0)
+            close(te->peers[i].cma_fd);
+        pthread_mutex_destroy(&te->peers[i].cma_lock);
+    }
     kvp_transfer_cleanup(&te->xfer);
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
@@ -453,8 +878,15 @@ void kvp_te_destroy(kvp_te_t *te)
             free(b);
         }
     free(te->regions);
+    auth_free(te->auth);
     pthread_rwlock_destroy(&te->lock);
     pthread_mutex_destroy(&te->peers_lock);
+    pthread_mutex_destroy(&te->cma_lock);
+    for (te_notify_t *nt = te->notify_head, *next; nt != NULL; nt = next) {
+        next = nt->next;
+        free(nt);
+    }
+    pthread_mutex_destroy(&te->notify_lock);
     pthread_mutex_destroy(&te->q_lock);
     pthread_cond_destroy(&te->q_cond);
     free(te);
@@ -602,14 +1034,129 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
         else
             snprintf(peer->endpoint, sizeof(peer->endpoint), "%s", target);
         snprintf(peer->name, sizeof(peer->name), "%s", target);
+        if (te->auth != NULL) {
+            peer->hello = te_auth_prove;
+            peer->hello_arg = te;
+        }
         kvp_transfer_attach(&te->xfer, peer);
         te_peer_t *tp = &te->peers[te->n_peers++];
         snprintf(tp->target, sizeof(tp->target), "%s", target);
         tp->shm = shm;
         tp->peer = peer;
+        pthread_mutex_init(&tp->cma_lock, NULL);
+        tp->cma_fd = -1;
         *peer_p = tp;
     }
     pthread_mutex_unlock(&te->peers_lock);
+    return st;
+}
+
+/* A connection of our own to tp (its endpoint: tcp, or "@NAME" a Unix socket whose owner
+ * must be of our uid or root; *pid_p its pid there, else 0), timeouts set, our principal
+ * proved (credentials on). */
+static kvp_status_t te_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int *pid_p)
+{
+    const char *ep = tp->peer->endpoint;
+    uint32_t timeout = te->xfer.timeout_ms;
+    int fd = -1;
+    kvp_status_t st;
+    *pid_p = 0;
+    if (ep[0] == '@') {
+        uint32_t uid;
+        st = kvp_unix_connect(ep + 1, timeout, &fd);
+        if (st == KVP_OK && (!kvp_unix_peer(fd, pid_p, &uid) || (uid != 0 && uid != getuid())))
+            st = KVP_ERR_DENIED;
+    } else {
+        char host[256];
+        uint16_t port;
+        st = kvp_parse_hostport(ep, host, sizeof(host), &port);
+        if (st == KVP_OK)
+            st = kvp_tcp_connect(host, port, timeout, &fd);
+    }
+    if (st == KVP_OK) {
+        kvp_sock_set_timeout(fd, timeout);
+        if (te->auth != NULL)
+            st = te_auth_prove(te, fd, timeout);
+    }
+    if (st != KVP_OK && fd >= 0)
+        close(fd);
+    else if (st == KVP_OK)
+        *fd_p = fd;
+    return st;
+}
+
+/* Ranges [0, n) to tp over TE_CMA (wire.h), up to KVP_DATA_VEC_MAX per request: the target
+ * checks them and lets us at its memory, we copy with process_vm_writev / readv (one kernel
+ * copy). *moved_p: how many ranges moved. KVP_ERR_UNSUPPORTED with tp->cma_off set: the
+ * kernel refused (EPERM), the rest goes over the socket path. */
+static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
+                                 void *const *locals, const uint64_t *remotes, const uint64_t *lens,
+                                 size_t *moved_p)
+{
+    *moved_p = 0;
+    kvp_status_t st = KVP_OK;
+    pthread_mutex_lock(&tp->cma_lock);
+    for (size_t base = 0; base < n && st == KVP_OK;) {
+        size_t m = n - base < KVP_DATA_VEC_MAX ? n - base : KVP_DATA_VEC_MAX;
+        if (tp->cma_fd < 0 && (st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
+            break;
+        kvp_data_vec_t v[KVP_DATA_VEC_MAX];
+        struct iovec liov[KVP_DATA_VEC_MAX], riov[KVP_DATA_VEC_MAX];
+        uint64_t total = 0;
+        for (size_t i = 0; i < m; i++) {
+            v[i] = (kvp_data_vec_t){.segment_id = KVP_TE_SEGMENT_ID,
+                                    .offset = remotes[base + i],
+                                    .length = lens[base + i]};
+            liov[i] = (struct iovec){.iov_base = locals[base + i], .iov_len = lens[base + i]};
+            riov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)remotes[base + i],
+                                     .iov_len = lens[base + i]};
+            total += lens[base + i];
+        }
+        kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
+                              .op = KVP_DATA_TE_CMA,
+                              .flags = opcode == KVP_TE_WRITE ? KVP_DATA_TE_CMA_WRITE : 0,
+                              .segment_id = KVP_TE_SEGMENT_ID,
+                              .offset = m,
+                              .length = total};
+        struct iovec hv[2] = {{.iov_base = &req, .iov_len = sizeof(req)},
+                              {.iov_base = v, .iov_len = m * sizeof(v[0])}};
+        kvp_data_resp_t r;
+        st = kvp_sendv_all(tp->cma_fd, hv, 2);
+        if (st == KVP_OK)
+            st = kvp_recv_all(tp->cma_fd, &r, sizeof(r));
+        if (st == KVP_OK && (r.magic != KVP_DATA_MAGIC || r.length != 0))
+            st = KVP_ERR_PROTOCOL;
+        if (st != KVP_OK) {
+            close(tp->cma_fd);
+            tp->cma_fd = -1;
+            break;
+        }
+        if (r.status != KVP_OK) { /* refused: the connection goes on */
+            st = r.status;
+            break;
+        }
+        ssize_t got = opcode == KVP_TE_WRITE ? process_vm_writev(tp->cma_pid, liov, m, riov, m, 0)
+                                             : process_vm_readv(tp->cma_pid, liov, m, riov, m, 0);
+        int32_t err = got == (ssize_t)total ? 0 : got < 0 ? errno : EFAULT;
+        if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK) {
+            close(tp->cma_fd);
+            tp->cma_fd = -1;
+        }
+        if (err == EPERM && got < 0) {
+            atomic_store(&tp->cma_off, true);
+            KVP_LOG_WARN("transfer engine: the kernel refused process_vm_%s to %s (pid %d: "
+                         "EPERM; Yama ptrace_scope, or the target is not dumpable): its "
+                         "transfers go over its Unix socket from now on",
+                         opcode == KVP_TE_WRITE ? "writev" : "readv", tp->target, tp->cma_pid);
+            st = KVP_ERR_UNSUPPORTED;
+        } else if (err != 0)
+            st = KVP_ERR_IO;
+        else {
+            base += m;
+            *moved_p = base;
+        }
+    }
+    pthread_mutex_unlock(&tp->cma_lock);
     return st;
 }
 
@@ -627,6 +1174,24 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
     if (st != KVP_OK) {
         atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
         return st;
+    }
+    if (tp->shm && te->cma && !atomic_load(&tp->cma_off)) {
+        size_t moved;
+        st = cma_transfer(te, tp, opcode, n, locals, remotes, lens, &moved);
+        uint64_t bytes = 0;
+        for (size_t i = 0; i < moved; i++)
+            bytes += lens[i];
+        atomic_fetch_add_explicit(&te->transfers[opcode], moved, memory_order_relaxed);
+        atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->transfers, moved, memory_order_relaxed);
+        atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
+        if (!(st == KVP_ERR_UNSUPPORTED && atomic_load(&tp->cma_off))) {
+            atomic_fetch_add_explicit(&te->failures, n - moved, memory_order_relaxed);
+            atomic_fetch_add_explicit(&tp->failures, n - moved, memory_order_relaxed);
+            return st;
+        }
+        /* the kernel refused: the rest over the socket path */
+        locals += moved, remotes += moved, lens += moved, n -= moved;
     }
     kvp_xfer_op_t ops[TE_CHUNK];
     kvp_status_t first = KVP_OK;
@@ -785,6 +1350,15 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->refused_range = atomic_load_explicit(&te->refused_range, memory_order_relaxed);
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
+    out->refused_auth = atomic_load_explicit(&te->refused_auth, memory_order_relaxed);
+    out->notifies = atomic_load_explicit(&te->notifies, memory_order_relaxed);
+    out->notifies_dropped = atomic_load_explicit(&te->notifies_dropped, memory_order_relaxed);
+    for (int d = 0; d < 2; d++) {
+        uint64_t ops = atomic_load_explicit(&te->cma_served[d], memory_order_relaxed);
+        out->served[d] += ops;
+        out->served_cma[d] = ops;
+        out->served_bytes[d] += atomic_load_explicit(&te->cma_bytes[d], memory_order_relaxed);
+    }
 }
 
 size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
@@ -795,7 +1369,10 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
         te_peer_t *tp = &te->peers[i];
         kvp_te_peer_stat_t *o = &out[i];
         snprintf(o->target, sizeof(o->target), "%s", tp->target);
-        snprintf(o->route, sizeof(o->route), "%s", tp->shm ? "shm" : "tcp");
+        snprintf(o->route, sizeof(o->route), "%s",
+                 !tp->shm                                ? "tcp"
+                 : te->cma && !atomic_load(&tp->cma_off) ? "shm-cma"
+                                                         : "shm");
         o->transfers = atomic_load_explicit(&tp->transfers, memory_order_relaxed);
         o->bytes = atomic_load_explicit(&tp->bytes, memory_order_relaxed);
         o->failures = atomic_load_explicit(&tp->failures, memory_order_relaxed);
@@ -812,35 +1389,12 @@ kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *a
     kvp_status_t st = target != NULL ? peer_get(te, target, &tp) : KVP_ERR_INVALID_ARG;
     if (st != KVP_OK)
         return st;
-    const char *ep = tp->peer->endpoint;
-    uint32_t timeout = te->xfer.timeout_ms;
-    int fd = -1;
-    if (ep[0] == '@') {
-        int pid;
-        uint32_t uid;
-        st = kvp_unix_connect(ep + 1, timeout, &fd);
-        if (st == KVP_OK && (!kvp_unix_peer(fd, &pid, &uid) || (uid != 0 && uid != getuid())))
-            st = KVP_ERR_DENIED;
-    } else {
-        char host[256];
-        uint16_t port;
-        st = kvp_parse_hostport(ep, host, sizeof(host), &port);
-        if (st == KVP_OK)
-            st = kvp_tcp_connect(host, port, timeout, &fd);
-    }
+    int fd = -1, pid;
+    st = te_connect(te, tp, &fd, &pid);
     if (st == KVP_OK) {
-        kvp_sock_set_timeout(fd, timeout);
-        kvp_data_req_t req = {
-            .magic = KVP_DATA_MAGIC, .op = KVP_DATA_REGIONS, .segment_id = KVP_TE_SEGMENT_ID};
         kvp_data_resp_t r;
-        st = kvp_send_all(fd, &req, sizeof(req));
-        if (st == KVP_OK)
-            st = kvp_recv_all(fd, &r, sizeof(r));
-        if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
-            st = KVP_ERR_PROTOCOL;
-        else if (st == KVP_OK && r.status != KVP_OK)
-            st = r.status;
-        else if (st == KVP_OK && (r.length % 16 != 0 || r.length / 16 > KVP_DATA_REGIONS_MAX))
+        st = te_ask(fd, KVP_DATA_REGIONS, &r);
+        if (st == KVP_OK && (r.length % 16 != 0 || r.length / 16 > KVP_DATA_REGIONS_MAX))
             st = KVP_ERR_PROTOCOL;
         for (uint64_t i = 0; st == KVP_OK && i < r.length / 16; i++) {
             uint64_t pair[2];
@@ -856,4 +1410,54 @@ kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *a
     if (fd >= 0)
         close(fd);
     return st;
+}
+
+/* ---- notifies ---- */
+
+kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, size_t name_len,
+                           const char *msg, size_t msg_len)
+{
+    if (target == NULL || (name == NULL && name_len > 0) || (msg == NULL && msg_len > 0) ||
+        name_len + msg_len > KVP_DATA_TE_NOTIFY_MAX)
+        return KVP_ERR_INVALID_ARG;
+    te_peer_t *tp;
+    kvp_status_t st = peer_get(te, target, &tp);
+    int fd = -1, pid;
+    if (st == KVP_OK)
+        st = te_connect(te, tp, &fd, &pid);
+    if (st != KVP_OK)
+        return st;
+    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
+                          .op = KVP_DATA_TE_NOTIFY,
+                          .segment_id = KVP_TE_SEGMENT_ID,
+                          .offset = name_len,
+                          .length = name_len + msg_len};
+    struct iovec iov[3] = {{.iov_base = &req, .iov_len = sizeof(req)},
+                           {.iov_base = (void *)name, .iov_len = name_len},
+                           {.iov_base = (void *)msg, .iov_len = msg_len}};
+    kvp_data_resp_t r;
+    st = kvp_sendv_all(fd, iov, 3);
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, &r, sizeof(r));
+    if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
+        st = KVP_ERR_PROTOCOL;
+    close(fd);
+    return st == KVP_OK ? r.status : st;
+}
+
+size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg)
+{
+    pthread_mutex_lock(&te->notify_lock);
+    te_notify_t *nt = te->notify_head;
+    te->notify_head = NULL;
+    te->notify_tail = &te->notify_head;
+    size_t n = te->n_notifies;
+    te->n_notifies = 0;
+    pthread_mutex_unlock(&te->notify_lock);
+    for (te_notify_t *next; nt != NULL; nt = next) {
+        next = nt->next;
+        fn(arg, nt->data, nt->name_len, nt->data + nt->name_len, nt->msg_len);
+        free(nt);
+    }
+    return n;
 }

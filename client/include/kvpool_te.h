@@ -10,6 +10,9 @@
  * registered is refused by the target (KVP_ERR_OUT_OF_RANGE), before any byte
  * of it moves. Protected mode (KVPOOL_AUTH, default "protected"): only peers
  * of this host running as this process's user or root (KVP_ERR_DENIED otherwise).
+ * With credentials (KVPOOL_TLS_CA, KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, all three),
+ * instead: peers of any host that prove a certificate of that CA whose CN
+ * KVPOOL_TE_PEERS names (unset: any); this engine proves its own to its targets.
  *
  * Thread: every call from any thread at once, but destroy (no call in flight).
  */
@@ -38,7 +41,11 @@ typedef struct kvp_te kvp_te_t;
  * host, over a Unix socket), "auto" or "" (shm for a peer of this host, else tcp); "rdma"
  * is KVP_ERR_UNSUPPORTED in this version. Environment: KVPOOL_AUTH (protected|none),
  * KVPOOL_TE_TIMEOUT_MS (a transfer with no progress that long fails, default 10000),
- * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2).
+ * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2), KVPOOL_TE_SHM (cma,
+ * the default: shm peers copy with process_vm_writev/readv, one kernel copy, falling back to
+ * the socket frames where the kernel refuses; socket), KVPOOL_TLS_CA/_CERT/_KEY and
+ * KVPOOL_TE_PEERS (peers authenticate; see above). Some credentials only, or a
+ * KVPOOL_TE_SHM of neither: KVP_ERR_INVALID_ARG.
  */
 kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
                            kvp_te_t **te_p);
@@ -95,13 +102,28 @@ typedef struct kvp_te_counters {
     uint64_t refused_range;     /* peer ranges outside what we registered */
     uint64_t refused_protected; /* connections of another host (protected mode) */
     uint64_t refused_user;      /* peers of this host of another user (protected mode) */
+    uint64_t refused_auth;      /* credentials on: connections that proved no allowed principal */
+    uint64_t served_cma[2];     /* of served: moved by the peer with process_vm_* (shm, one copy) */
+    uint64_t notifies;          /* notifies peers sent us, queued */
+    uint64_t notifies_dropped;  /* ... refused: not admitted, or TE_NOTIFIES_MAX pending */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
+
+/* Send target a notify (Mooncake's TransferNotify: name, msg; bytes, at most 64 KiB in all)
+ * on a connection of its own, after what this thread moved to it: KVP_OK once queued
+ * there; KVP_ERR_DENIED (not admitted), KVP_ERR_NO_SPACE (4096 pending there). */
+kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, size_t name_len,
+                           const char *msg, size_t msg_len);
+/* The notifies peers sent, oldest first, each handed to fn and then forgotten; returns how
+ * many. */
+typedef void (*kvp_te_notify_fn)(void *arg, const char *name, size_t name_len, const char *msg,
+                                 size_t msg_len);
+size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg);
 
 /* Per target this engine transferred to (as initiator): its name and counts. */
 typedef struct kvp_te_peer_stat {
     char target[256]; /* "host:port" */
-    char route[8];    /* "tcp" or "shm" */
+    char route[8];    /* "tcp", "shm" (the socket frames) or "shm-cma" (one copy) */
     uint64_t transfers, bytes, failures;
 } kvp_te_peer_stat_t;
 /* Up to cap targets into out; returns how many there are (may exceed cap). */

@@ -34,6 +34,9 @@
 #define KVP_DATA_FRAME_MAP 0x1u     /* MAP: the bytes are memory the owner shares (a memfd) */
 #define KVP_DATA_FRAME_WINDOWS 0x2u /* BIND_READ, BIND_WRITE, UNBIND: rdma memory windows */
 #define KVP_DATA_FRAME_REGIONS 0x4u /* REGIONS: a transfer engine's registered ranges (regions) */
+#define KVP_DATA_FRAME_TE_AUTH 0x8u /* TE_AUTH: a transfer engine's peer proves a certificate */
+#define KVP_DATA_FRAME_TE_NOTIFY 0x20u /* TE_NOTIFY: a transfer engine's notifies */
+#define KVP_DATA_FRAME_TE_CMA 0x10u /* TE_CMA: a transfer engine's peer copies, one kernel copy */
 
 typedef struct kvp_data_backend_ops {
     const char *name; /* of the server, in its logs: "segment server", "ssd server" */
@@ -68,7 +71,15 @@ typedef struct kvp_data_backend_ops {
                   kvp_status_t *reply_p);
     /* With KVP_DATA_FRAME_REGIONS: answer a REGIONS request (wire.h) on fd, reply header
      * included; false: the connection must close. */
-    bool (*regions)(void *backend, int fd);
+    bool (*regions)(void *backend, void *conn, int fd);
+    /* With KVP_DATA_FRAME_TE_AUTH: run a TE_AUTH exchange (wire.h) on fd, replies included,
+     * noting the outcome in conn; false: the connection must close. */
+    bool (*auth)(void *backend, void *conn, int fd);
+    /* With KVP_DATA_FRAME_TE_CMA: serve a TE_CMA request whose header is req (wire.h),
+     * entries and replies included; false: the connection must close. */
+    bool (*cma)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
+    /* With KVP_DATA_FRAME_TE_NOTIFY: the same for a TE_NOTIFY. */
+    bool (*notify)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
     /* Optional: the server is gone; free the backend. */
     void (*destroy)(void *backend);
 } kvp_data_backend_ops_t;

@@ -457,7 +457,25 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
                 kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
                 return false;
             }
-            return srv->ops->regions(srv->backend, c->fd);
+            return backend_open(c) && srv->ops->regions(srv->backend, c->backend_conn, c->fd);
+        case KVP_DATA_TE_AUTH:
+            if ((frames & KVP_DATA_FRAME_TE_AUTH) == 0 || srv->ops->auth == NULL)
+                break;
+            if (req->segment_id != atomic_load(&srv->segment_id) || req->offset != 0 ||
+                req->length != 0) {
+                kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
+                return false;
+            }
+            return backend_open(c) && srv->ops->auth(srv->backend, c->backend_conn, c->fd);
+        case KVP_DATA_TE_CMA:
+            if ((frames & KVP_DATA_FRAME_TE_CMA) == 0 || srv->ops->cma == NULL)
+                break;
+            kvp_conn_frame_extend(c->conn, req->length); /* the peer moves them meanwhile */
+            return backend_open(c) && srv->ops->cma(srv->backend, c->backend_conn, c->fd, req);
+        case KVP_DATA_TE_NOTIFY:
+            if ((frames & KVP_DATA_FRAME_TE_NOTIFY) == 0 || srv->ops->notify == NULL)
+                break;
+            return backend_open(c) && srv->ops->notify(srv->backend, c->backend_conn, c->fd, req);
         default:
             break;
         }

@@ -267,8 +267,11 @@ static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t
                        : kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
         if (st != KVP_OK)
             return st;
-        if (!peer->has_conn_key ||
-            (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) == KVP_OK) {
+        if (peer->hello != NULL)
+            st = peer->hello(peer->hello_arg, fd, ctx->xfer->timeout_ms);
+        if (st == KVP_OK &&
+            (!peer->has_conn_key ||
+             (st = kvp_data_hello_prove(fd, peer, ctx->xfer->timeout_ms)) == KVP_OK)) {
             *fd_p = fd;
             return KVP_OK;
         }

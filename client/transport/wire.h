@@ -58,6 +58,34 @@
  * KVP_DATA_REGIONS_MAX). The connection goes on. */
 #define KVP_DATA_REGIONS 11
 #define KVP_DATA_REGIONS_MAX 4096
+/* TE_AUTH (a transfer engine's server only, client/te.c, with credentials): header with
+ * segment_id the engine's, offset 0, length 0; answered status 0, length 32 and a fresh
+ * 32-byte challenge (length 0, no challenge: the engine asks for no proof). The peer then
+ * sends u32 cert_len, u32 sig_len (LE), its certificate (DER, at most
+ * KVP_DATA_TE_CERT_MAX) and its signature (SHA-256, at most KVP_DATA_TE_SIG_MAX) with the
+ * certificate's key over "kvpool te auth" padded with NULs to 16 bytes || challenge ||
+ * segment_id (8 bytes LE); answered status 0 (the connection is now that certificate's
+ * principal, its CN) or KVP_ERR_DENIED (not of the engine's CA, a bad signature, or a
+ * principal KVPOOL_TE_PEERS does not name), length 0. The connection goes on. */
+#define KVP_DATA_TE_AUTH 12
+#define KVP_DATA_TE_CERT_MAX 16384
+#define KVP_DATA_TE_SIG_MAX 1024
+/* TE_CMA (a transfer engine's Unix socket only, client/te.c): the peer moves the bytes itself
+ * with process_vm_writev / process_vm_readv. Header: segment_id the engine's, flags
+ * KVP_DATA_TE_CMA_WRITE for a write (else a read), offset the entry count n (1..
+ * KVP_DATA_VEC_MAX), length their total; n kvp_data_vec_t follow. Checked as a READV /
+ * WRITEV; answered status 0, length 0 (go: the target lets the peer at its memory and holds
+ * the ranges registered) or the refusal (the connection goes on). After a go the peer moves
+ * the bytes and sends an int32 errno (0: all moved), not answered. */
+#define KVP_DATA_TE_CMA 13
+#define KVP_DATA_TE_CMA_WRITE 0x1
+/* TE_NOTIFY (a transfer engine's only): header with segment_id the engine's, offset the
+ * name's length, length the name's and the message's; the name then the message follow
+ * (length at most KVP_DATA_TE_NOTIFY_MAX). Answered status 0 (queued for get_notifies),
+ * KVP_ERR_DENIED (a peer not admitted) or KVP_ERR_NO_SPACE (KVP_TE_NOTIFIES_MAX pending),
+ * length 0, the payload read first; the connection goes on. */
+#define KVP_DATA_TE_NOTIFY 14
+#define KVP_DATA_TE_NOTIFY_MAX 65536
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

@@ -248,6 +248,10 @@ static void test_nobody_there(void **state)
 
 int main(void)
 {
+    /* raw frames without TE_AUTH: no credentials (a TLS pass's would make them DENIED) */
+    unsetenv("KVPOOL_TLS_CA");
+    unsetenv("KVPOOL_TLS_CERT");
+    unsetenv("KVPOOL_TLS_KEY");
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip_tcp),
         cmocka_unit_test(test_roundtrip_shm),

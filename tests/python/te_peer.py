@@ -9,16 +9,20 @@ one answer on stdout. Its KV cache is vLLM's host layout: one registered tensor 
            {"op": "write"|"read", "target", "remote_ptrs", "pblocks", "dblocks"} moves the
            blocks pblocks[i] -> dblocks[i] of every layer and K/V as merged contiguous runs
            with batch_transfer_sync_write (or _read), answers {"rc", "status", "runs", "secs"};
-           {"op": "raw", "target", "remote", "length", "write"} one range from its cache.
+           {"op": "raw", "target", "remote", "length", "write"} one range from its cache;
+           {"op": "notify", "target", "remote", "name", "msg"} transfer_sync of one byte with
+           a notify ("only": true, the notify without the transfer). Either: {"op": "notifies"} its get_notifies().
 """
 
+import ctypes
 import json
+import os
 import sys
 import time
 
 import numpy as np
 
-from mooncake.engine import TransferEngine
+from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
 LAYERS, BLOCKS, BLOCK_BYTES, SEED = 4, 64, 16384, 1234
 
@@ -35,6 +39,8 @@ def runs(pblocks, dblocks):
 
 
 def main():
+    if os.environ.get("TE_PEER_UNDUMPABLE"):  # PR_SET_DUMPABLE 0: others may not ptrace us
+        assert ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0
     role, proto = sys.argv[1], sys.argv[2]
     host = sys.argv[3] if len(sys.argv) > 3 else "127.0.0.1"
     te = TransferEngine()
@@ -82,6 +88,16 @@ def main():
             f = te.transfer_sync_write if cmd["write"] else te.transfer_sync_read
             rc = f(cmd["target"], ptrs[0], cmd["remote"], cmd["length"])
             ans = {"rc": rc, "status": te.last_status, "secs": time.monotonic() - t0}
+        elif op == "notify":  # a one-byte write of its cache's first byte, with a notify
+            nt = TransferNotify(cmd["name"], cmd["msg"])
+            if cmd.get("only"):  # the notify alone, as a peer that skips the transfer could
+                rc = te._notify(cmd["target"], nt)
+            else:
+                rc = te.transfer_sync(cmd["target"], ptrs[0], cmd["remote"], 1,
+                                      TransferOpcode.WRITE, nt)
+            ans = {"rc": rc, "status": te.last_status}
+        elif op == "notifies":
+            ans = {"notifies": [[n.name, n.msg] for n in te.get_notifies()]}
         else:
             ans = {"error": "unknown op"}
         print(json.dumps(ans), flush=True)

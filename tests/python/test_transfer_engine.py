@@ -9,9 +9,12 @@ stopped fails the transfer in bounded time."""
 
 import json
 import os
+import pathlib
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -24,13 +27,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "te_peer.py")
 LAYERS, BLOCKS, BLOCK_BYTES, SEED = 4, 64, 16384, 1234
 S = _kvpool.STATUS
+CRED_VARS = ("KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY", "KVPOOL_TE_PEERS",
+             "KVPOOL_TOKEN")
 
 
 class Peer:
     """A te_peer.py process, killed by its PID at the end."""
 
     def __init__(self, role, proto, host="127.0.0.1", env=None, argv_prefix=()):
-        e = dict(os.environ)
+        # credentials only where a test gives them (the suite's TLS pass sets them for all)
+        e = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
         e.update(env or {})
         self.p = subprocess.Popen(
             list(argv_prefix) + [sys.executable, PEER, role, proto, host],
@@ -120,7 +126,7 @@ def test_prefill_writes_decode_kv_cache_byte_exact(peers, tmp_path, proto):
     else:
         assert shm_conns(port) > before  # the prefill's streams came on the Unix socket
     pm = prefill.ask(op="metrics")["peers"][target]
-    assert pm == {"route": "tcp" if proto == "tcp" else "shm", "transfers": LAYERS * 2 * 6,
+    assert pm == {"route": "tcp" if proto == "tcp" else "shm-cma", "transfers": LAYERS * 2 * 6,
                   "bytes": len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES, "failures": 0}, pm
     m = decode.ask(op="metrics")
     assert m["served_writes"] >= 1 and m["served_write_bytes"] == len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES
@@ -256,15 +262,13 @@ def test_what_is_not_here_says_so():
     # shm reaches this host only
     assert e.transfer_sync_write("10.255.255.1:4000", 4096, 4096, 1) == -1
     assert e.last_status == S["KVP_ERR_TRANSPORT"]
-    for name, args in [("get_notifies", ()), ("transfer_write_on_cuda", ("x", 0, 0, 1)),
+    for name, args in [("transfer_write_on_cuda", ("x", 0, 0, 1)),
                        ("batch_transfer_read_on_cuda", ("x", [], [], [])),
                        ("get_local_topology", ())]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(e, name)(*args)
     assert e.send_probe("127.0.0.1:1") == -1  # nobody there
     assert e.last_status == S["KVP_ERR_CONNECT"]
-    with pytest.raises(NotImplementedError, match="transfer_sync"):
-        e.transfer_sync("127.0.0.1:1", 0, 0, 1, TransferOpcode.WRITE, TransferNotify("a", "b"))
     e.close()
 
 
@@ -367,3 +371,168 @@ def test_another_user_of_this_host_is_refused(peers, tmp_path, proto):
             assert m["refused_user"] == 0, m
         decode.close()
         prefill.close()
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """deploy/make-certs.sh's CA, with principals decode, prefill-a and prefill-b, and (its
+    hostile-case certs) rogue: CN admin, of another CA."""
+    d = tmp_path_factory.mktemp("te-certs")
+    script = os.path.join(HERE, "..", "..", "deploy", "make-certs.sh")
+    subprocess.run([script, str(d), "decode", "prefill-a", "prefill-b"], check=True,
+                   capture_output=True, env=dict(os.environ, KVPOOL_TEST_CERTS="1"))
+    return d
+
+
+def cred_env(certs, cn, ca="ca.crt"):
+    return {"KVPOOL_TLS_CA": str(certs / ca), "KVPOOL_TLS_CERT": str(certs / f"{cn}.crt"),
+            "KVPOOL_TLS_KEY": str(certs / f"{cn}.key")}
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, certs, proto):
+    """With KVPOOL_TLS_CA/_CERT/_KEY an engine takes only peers that prove a certificate of
+    its CA (TE_AUTH), and of those only the principals KVPOOL_TE_PEERS names: a peer with
+    no credentials, one of another CA (CN admin, named) and prefill-b (not named) get
+    KVP_ERR_DENIED for writes and reads, counted (refused_auth), the decode's bytes intact;
+    prefill-a's blocks land byte-exact."""
+    denv = dict(cred_env(certs, "decode"), KVPOOL_TE_PEERS="prefill-a, admin")
+    decode = peers("decode", proto, env=denv)
+    target = f"127.0.0.1:{decode.info['port']}"
+    refused = 0
+    for name, env in (("none", {}), ("rogue", cred_env(certs, "rogue")),
+                      ("prefill-b", cred_env(certs, "prefill-b"))):
+        prefill = peers("prefill", proto, env=env)
+        w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                        pblocks=[0, 1], dblocks=[0, 1])
+        rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
+                         write=False)
+        nt = prefill.ask(op="notify", target=target, remote=0, name="n", msg=name, only=True)
+        assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
+        assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
+        assert (nt["rc"], nt["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, nt)
+        assert decode.ask(op="notifies") == {"notifies": []}, name
+        assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
+        m = decode.ask(op="metrics")
+        assert m["refused_auth"] > refused and m["served_writes"] == 0, (name, m)
+        refused = m["refused_auth"]
+        prefill.close()
+    prefill = peers("prefill", proto, env=cred_env(certs, "prefill-a"))
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    assert m["refused_auth"] == refused and m["served_writes"] > 0, m
+    # the peer without credentials sent its notify and was refused; the others' proofs
+    # were refused first (refused_auth), their notifies never sent
+    assert m["notifies"] == 0 and m["notifies_dropped"] == 1, m
+    nt = prefill.ask(op="notify", target=target, remote=decode.info["ptrs"][0] + 7, name="req-1",
+                     msg="done")
+    assert (nt["rc"], nt["status"]) == (0, 0), nt
+    assert decode.ask(op="notifies") == {"notifies": [["req-1", "done"]]}
+
+
+def test_credentials_half_given_fail_initialize(certs):
+    """KVPOOL_TLS_CERT without _KEY and _CA: initialize fails (KVP_ERR_INVALID_ARG), never
+    an engine that silently takes anyone."""
+    env = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
+    env["KVPOOL_TLS_CERT"] = str(certs / "decode.crt")
+    p = subprocess.run([sys.executable, PEER, "decode", "tcp"], env=env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, p.stdout
+
+
+@pytest.mark.parametrize("mode", ["cma", "socket"])
+def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
+    """shm: by default the prefill copies with process_vm_writev / readv once the decode
+    checked the ranges (served_cma_*); KVPOOL_TE_SHM=socket, the frames over the Unix
+    socket. Both byte-exact, writes and reads; a range outside what the decode registered is
+    refused on both before any byte moves."""
+    env = {"KVPOOL_TE_SHM": mode}
+    decode = peers("decode", "shm", env=env)
+    prefill = peers("prefill", "shm", env=env)
+    target = f"127.0.0.1:{decode.info['port']}"
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "w.npy"), expected(PBLOCKS, DBLOCKS))
+    # read the decode's block 5 (every layer, K and V) into the prefill's block 9
+    r = prefill.ask(op="read", target=target, remote_ptrs=decode.info["ptrs"], pblocks=[9],
+                    dblocks=[5])
+    assert (r["rc"], r["status"]) == (0, 0), r
+    bad = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0] + decode.info[
+        "sizes"][0] - 100, length=4096, write=True)
+    assert (bad["rc"], bad["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), bad
+    assert np.array_equal(dump(decode, tmp_path, "w2.npy"), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    route = prefill.ask(op="metrics")["peers"][target]
+    assert route["route"] == ("shm-cma" if mode == "cma" else "shm"), route
+    assert route["transfers"] >= 2 and route["failures"] == 1, route
+    if mode == "cma":
+        assert m["served_cma_writes"] > 0 and m["served_cma_reads"] > 0, m
+    else:
+        assert m["served_cma_writes"] == 0 and m["served_cma_reads"] == 0, m
+        assert m["served_writes"] > 0, m
+    assert m["refused_range"] >= 1, m
+    # the read put the decode's block 5 (the prefill's block 0: PBLOCKS[0] -> DBLOCKS[0])
+    # into the prefill's block 9; written back to the decode's block 63, it is block 0
+    p = prefill_cache()
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=[9],
+                    dblocks=[63])
+    assert (w["rc"], w["status"]) == (0, 0), w
+    got = dump(decode, tmp_path, "w3.npy")
+    assert np.array_equal(got[:, :, 63], p[:, :, 0])
+
+
+def test_notifies_in_process():
+    """transfer_sync / batch_transfer_sync with a notify: after the bytes moved, the target's
+    get_notifies() returns TransferNotify(name, msg), oldest first, each once; a transfer
+    that fails sends none (tcp and shm)."""
+    for proto in ("tcp", "shm"):
+        a, b = TransferEngine(), TransferEngine()
+        assert a.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        assert b.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        target = f"127.0.0.1:{a.get_rpc_port()}"
+        dst, src = a.allocate_managed_buffer(1 << 16), b.allocate_managed_buffer(1 << 16)
+        assert b.write_bytes_to_buffer(src, b"\x5a" * 4096, 4096) == 0
+        assert a.get_notifies() == []
+        assert b.transfer_sync(target, src, dst, 4096, TransferOpcode.WRITE,
+                               TransferNotify("req-1", "kv ready")) == 0
+        assert b.batch_transfer_sync(target, [src], [dst + 4096], [100], TransferOpcode.WRITE,
+                                     TransferNotify("req-2", "\u00e9" * 1000)) == 0
+        assert b.transfer_sync(target, src, dst + (1 << 16) - 10, 4096, TransferOpcode.WRITE,
+                               TransferNotify("req-3", "never")) == -1
+        assert b.last_status == S["KVP_ERR_OUT_OF_RANGE"]
+        got = [(n.name, n.msg) for n in a.get_notifies()]
+        assert got == [("req-1", "kv ready"), ("req-2", "\u00e9" * 1000)], proto
+        assert a.read_bytes_from_buffer(dst, 4096) == b"\x5a" * 4096
+        assert a.get_notifies() == []
+        assert a.metrics()["notifies"] == 2
+        a.close()
+        b.close()
+
+
+def test_shm_falls_back_to_the_socket_when_the_kernel_refuses(peers, tmp_path):
+    """A decode that is not dumpable (PR_SET_DUMPABLE 0), both as `nobody` (no
+    CAP_SYS_PTRACE): process_vm_writev gets EPERM, and the prefill's batch goes over the
+    socket frames instead, byte-exact; its route to the decode says shm from then on."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the peers as another user")
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    out = pathlib.Path(tempfile.mkdtemp(prefix="te-fallback-"))  # tmp_path: root's 0700
+    os.chmod(out, 0o777)
+    decode = peers("decode", "shm", env={"TE_PEER_UNDUMPABLE": "1"}, argv_prefix=as_nobody)
+    prefill = peers("prefill", "shm", argv_prefix=as_nobody)
+    target = f"127.0.0.1:{decode.info['port']}"
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    path = str(out / "d.npy")
+    assert decode.ask(op="dump", path=path) == {"ok": True}
+    assert np.array_equal(np.load(path), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    assert m["served_cma_writes"] == 0 and m["served_writes"] > 0, m
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm["route"] == "shm" and pm["failures"] == 0, pm
+    shutil.rmtree(out)

@@ -16,7 +16,7 @@ Beyond Mooncake: ``last_status`` holds the last call's kvpool status (a
 ``metrics()`` the engine's counters.
 
 Not in this version (each raises NotImplementedError naming itself): rdma,
-notifies (``get_notifies``, a ``notify`` argument), the ``_on_cuda`` forms,
+the ``_on_cuda`` forms,
 ``get_local_topology``, ``warmup_efa_segment``, ``get_engine_ptr``.
 """
 
@@ -230,9 +230,8 @@ class TransferEngine:
     def transfer_sync(
         self, target_hostname, buffer, peer_buffer_address, length, opcode, notify=None, transport_hint=""
     ):
-        if notify is not None:
-            _unsupported("transfer_sync", "a notify (notifies come in a later version)")
-        return self._move(target_hostname, opcode, [buffer], [peer_buffer_address], [length])
+        rc = self._move(target_hostname, opcode, [buffer], [peer_buffer_address], [length])
+        return self._notify(target_hostname, notify) if rc == 0 and notify is not None else rc
 
     def batch_transfer_sync_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
         return self._move(target_hostname, 1, buffers, peer_buffer_addresses, lengths)
@@ -243,9 +242,15 @@ class TransferEngine:
     def batch_transfer_sync(
         self, target_hostname, buffers, peer_buffer_addresses, lengths, opcode, notify=None, transport_hint=""
     ):
-        if notify is not None:
-            _unsupported("batch_transfer_sync", "a notify (notifies come in a later version)")
-        return self._move(target_hostname, opcode, buffers, peer_buffer_addresses, lengths)
+        rc = self._move(target_hostname, opcode, buffers, peer_buffer_addresses, lengths)
+        return self._notify(target_hostname, notify) if rc == 0 and notify is not None else rc
+
+    def _notify(self, target_hostname, notify):
+        """After a transfer that moved: queue notify (name, msg) at the target (its
+        get_notifies); 0, or -1 with last_status (KVP_ERR_DENIED, KVP_ERR_NO_SPACE)."""
+        st = _kvpool.te_notify(self._need(), target_hostname, str(notify.name), str(notify.msg))
+        self.last_status = st
+        return _ok(st)
 
     def batch_transfer_async_write(self, target_hostname, buffers, peer_buffer_addresses, lengths, transport_hint=""):
         return self._submit(target_hostname, 1, buffers, peer_buffer_addresses, lengths)
@@ -282,10 +287,13 @@ class TransferEngine:
                 failed = True
         return -1 if failed else 0
 
-    # ---- not in this version ----
-
     def get_notifies(self):
-        _unsupported("get_notifies", "notifies come in a later version")
+        """The notifies peers sent this engine since the last call, oldest first
+        (TransferNotify(name, msg)); each is returned once."""
+        return [TransferNotify(n.decode("utf-8", "replace"), m.decode("utf-8", "replace"))
+                for n, m in _kvpool.te_get_notifies(self._need())]
+
+    # ---- not in this version ----
 
     def get_local_topology(self, device_name=None):
         _unsupported("get_local_topology", "no rdma topology in kvpool's transfer engine yet")

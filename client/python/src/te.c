@@ -249,13 +249,16 @@ static PyObject *py_te_counters(PyObject *mod, PyObject *cap)
     }
     if (peers == NULL)
         return NULL;
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "writes",
-                         c.transfers[KVP_TE_WRITE], "write_bytes", c.bytes[KVP_TE_WRITE], "reads",
-                         c.transfers[KVP_TE_READ], "read_bytes", c.bytes[KVP_TE_READ], "failures",
-                         c.failures, "served_writes", c.served[KVP_TE_WRITE], "served_write_bytes",
-                         c.served_bytes[KVP_TE_WRITE], "served_reads", c.served[KVP_TE_READ],
-                         "refused_range", c.refused_range, "refused_protected", c.refused_protected,
-                         "refused_user", c.refused_user, "peers", peers);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "writes",
+        c.transfers[KVP_TE_WRITE], "write_bytes", c.bytes[KVP_TE_WRITE], "reads",
+        c.transfers[KVP_TE_READ], "read_bytes", c.bytes[KVP_TE_READ], "failures", c.failures,
+        "served_writes", c.served[KVP_TE_WRITE], "served_write_bytes", c.served_bytes[KVP_TE_WRITE],
+        "served_reads", c.served[KVP_TE_READ], "refused_range", c.refused_range,
+        "refused_protected", c.refused_protected, "refused_user", c.refused_user, "refused_auth",
+        c.refused_auth, "served_cma_writes", c.served_cma[KVP_TE_WRITE], "served_cma_reads",
+        c.served_cma[KVP_TE_READ], "notifies", c.notifies, "notifies_dropped", c.notifies_dropped,
+        "peers", peers);
 }
 
 static PyObject *py_te_remote_regions(PyObject *mod, PyObject *args)
@@ -284,7 +287,51 @@ static PyObject *py_te_remote_regions(PyObject *mod, PyObject *args)
     return list == NULL ? NULL : Py_BuildValue("(iN)", (int)st, list);
 }
 
+static PyObject *py_te_notify(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    PyObject *cap;
+    const char *target, *name, *msg;
+    Py_ssize_t name_len, msg_len;
+    if (!PyArg_ParseTuple(args, "Oss#s#", &cap, &target, &name, &name_len, &msg, &msg_len))
+        return NULL;
+    kvp_te_t *te = te_of(cap);
+    if (te == NULL)
+        return NULL;
+    PyThreadState *ts = PyEval_SaveThread();
+    kvp_status_t st = kvp_te_notify(te, target, name, (size_t)name_len, msg, (size_t)msg_len);
+    PyEval_RestoreThread(ts);
+    return PyLong_FromLong(st);
+}
+
+static void notify_append(void *arg, const char *name, size_t name_len, const char *msg,
+                          size_t msg_len)
+{
+    PyObject **list = arg;
+    if (*list == NULL)
+        return;
+    PyObject *t = Py_BuildValue("(y#y#)", name, (Py_ssize_t)name_len, msg, (Py_ssize_t)msg_len);
+    if (t == NULL || PyList_Append(*list, t) != 0)
+        Py_CLEAR(*list);
+    Py_XDECREF(t);
+}
+
+static PyObject *py_te_get_notifies(PyObject *mod, PyObject *cap)
+{
+    (void)mod;
+    kvp_te_t *te = te_of(cap);
+    if (te == NULL)
+        return NULL;
+    PyObject *list = PyList_New(0);
+    kvp_te_get_notifies(te, notify_append, &list); /* taken even when the list fails */
+    return list;
+}
+
 PyMethodDef kvp_py_te_methods[] = {
+    {"te_notify", py_te_notify, METH_VARARGS,
+     "te_notify(engine, target, name, msg) -> status (queued at target)"},
+    {"te_get_notifies", py_te_get_notifies, METH_O,
+     "te_get_notifies(engine) -> [(name bytes, msg bytes), ...], oldest first, taken"},
     {"te_remote_regions", py_te_remote_regions, METH_VARARGS,
      "te_remote_regions(engine, target) -> (status, [(address, length), ...] (64 at most))"},
     {"te_create", py_te_create, METH_VARARGS,
