@@ -150,6 +150,13 @@ static kvp_status_t put_dfs_replica(kvp_master_state_t *st, const kvp_placement_
     kvp_status_t status = *n_p < KVP_MAX_REPLICAS
                               ? kvp_placement_alloc(&st->segments, &d, &st->rng, &reps[*n_p], &nd)
                               : KVP_ERR_INVALID_ARG;
+    /* no extent (a fragmented DFS): free DFS copies (--dfs-eviction) and try again */
+    while (status == KVP_ERR_POOL_FULL && st->config.dfs_evict) {
+        uint64_t used = kvp_segment_table_used_dfs(&st->segments);
+        if (kvp_tier_evict_dfs_to(st, used > r->size ? used - r->size : 0) == 0)
+            break;
+        status = kvp_placement_alloc(&st->segments, &d, &st->rng, &reps[*n_p], &nd);
+    }
     if (status == KVP_OK) {
         *n_p += nd;
         return KVP_OK;
@@ -235,6 +242,12 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
     /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
     if (preq->dfs_extra && st->segments.capacity_dfs == 0)
         return KVP_ERR_UNSUPPORTED;
+    while (preq->dfs_extra && st->config.dfs_evict && dfs_short(st, size)) {
+        /* free DFS copies, least recently used first (--dfs-eviction) */
+        uint64_t used = kvp_segment_table_used_dfs(&st->segments);
+        if (kvp_tier_evict_dfs_to(st, used > size ? used - size : 0) == 0)
+            break;
+    }
     if (preq->dfs_extra && dfs_short(st, size)) {
         st->stats.dfs_full++;
         return KVP_ERR_POOL_FULL;

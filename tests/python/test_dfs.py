@@ -51,10 +51,11 @@ class DfsPool(Pool):
     """A master, a DFS owner (`kvpool serve --segment-size 0 --dfs-path DIR --dfs-size N
     --http-listen`) and memory segments."""
 
-    def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",)):
+    def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",), master_args=()):
         self.http_port = free_port()  # the master's /metrics
         super().__init__(segments=(), master_args=("--lease-ttl", "0", "--http-listen",
-                                                   f"127.0.0.1:{self.http_port}"))
+                                                   f"127.0.0.1:{self.http_port}",
+                                                   *master_args))
         self.dfs_dir = str(dfs_dir)
         self.dfs_size = dfs_size
         try:
@@ -256,7 +257,7 @@ def test_env_var_names_the_directory(dfs_pool, monkeypatch):
 
 
 def test_full_dfs_refuses_the_put_and_leaves_nothing(dfs_pool):
-    p = dfs_pool(dfs_size="1MiB")
+    p = dfs_pool(dfs_size="1MiB", master_args=("--dfs-eviction", "off"))
     big = os.urandom(600 * KiB)
     with kvpool.Client(p.addr) as c:
         c.put("f1", big, dfs_replica_num=1)
@@ -481,3 +482,45 @@ def test_dram_eviction_keeps_the_dfs_replica(dfs_pool):
         ssd0 = client_ssd(c)["get"]["ops"]
         assert c.get("keep") == keep
         assert client_ssd(c)["get"]["ops"] == ssd0 + 1  # read from DFS (through its owner)
+
+
+def test_full_dfs_evicts_least_recently_used(dfs_pool):
+    """DFS eviction (on by default, Mooncake's MOONCAKE_DFS_EVICTION_ENABLED): DFS puts into a
+    full DFS succeed; objects on DFS only (DRAM evicted them) go, least recently used first;
+    objects with a memory replica lose their DFS copy only and read back byte-exact."""
+    p = dfs_pool(dfs_size="4MiB", memory=("8MiB",))
+    with kvpool.Client(p.addr) as c:
+        dfs_id = {s["id"] for s in c.stat()["segments"] if s["medium"] == "dfs"}
+        old = {f"a{i}": os.urandom(1 * MiB - 4 * KiB) for i in range(3)}
+        for k, v in old.items():
+            c.put(k, v, dfs_replica_num=1)
+        fill = {f"fill{i}": os.urandom(1 * MiB) for i in range(12)}
+        for k, v in fill.items():  # DRAM evicts a0..a2: on DFS only now
+            c.put(k, v)
+        for k in old:
+            listed = {x["key"]: x for x in c.list_keys(f"^{k}$")}
+            assert set(listed[k]["segment_ids"]) == dfs_id, listed
+        assert c.get("a1") == old["a1"]  # read: a1 is more recent than a0 and a2
+        new = {f"b{i}": os.urandom(1 * MiB - 4 * KiB) for i in range(6)}
+        ks = list(new)
+        for k in ks[:2]:  # b0 passes the high watermark (0.9): down to 0.7, a0 and a2 go
+            c.put(k, new[k], dfs_replica_num=1)
+        assert [c.exists(k) for k in old] == [False, True, False]  # DFS only, LRU first
+        assert c.get("a1") == old["a1"]
+        for k in ks[2:]:
+            c.put(k, new[k], dfs_replica_num=1)  # never POOL_FULL: the DFS makes room
+        assert p.master_metric("kvpool_dfs_full_total") == 0
+        assert p.master_metric("kvpool_dfs_evicted_objects_total") >= 2
+        assert p.master_metric("kvpool_dfs_evictions_total") > \
+            p.master_metric("kvpool_dfs_evicted_objects_total")  # copies of DRAM objects too
+        with pytest.raises(kvpool.Error) as ei:
+            c.get("a0")
+        assert ei.value.status == kvpool.ERR_NOT_FOUND
+        on_dfs = 0
+        for k, v in new.items():  # all still there: in memory, some on DFS as well
+            listed = {x["key"]: x for x in c.list_keys(f"^{k}$")}
+            segs = set(listed[k]["segment_ids"])
+            assert segs - dfs_id, (k, listed)  # a memory replica kept
+            on_dfs += bool(segs & dfs_id)
+            assert c.get(k) == v
+        assert 0 < on_dfs < len(new), on_dfs  # the newest keep their DFS copy, the oldest lost it

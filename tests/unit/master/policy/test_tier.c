@@ -19,6 +19,9 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/dispatch.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/policy/lists.h"
 #include "master/policy/tier.h"
 #include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
@@ -566,6 +569,7 @@ static void test_dfs_full_and_eviction(void **state)
     fx_t *fx = *state;
     uint64_t segs[8], dfs = mount(&fx->st, C_DFS, "h:1/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
     size_t n;
+    fx->st.config.dfs_evict = false; /* --dfs-eviction off (test_dfs_eviction: on) */
     /* 4 objects fill the DFS segment (16000 B in 16 KiB blocks) */
     for (int i = 0; i < 4; i++) {
         char k[8];
@@ -596,6 +600,91 @@ static void test_dfs_full_and_eviction(void **state)
     assert_int_equal(put_start(&fx->st, "f4", OBJ, NULL, NULL), KVP_OK);
 }
 
+/* Find the task of kind queued for segment seg (NULL: none). */
+static const kvp_ssd_task_t *task_of(const kvp_master_state_t *st, uint64_t seg, int kind)
+{
+    for (const kvp_ssd_task_t *t = st->tasks; t != NULL; t = t->next)
+        if (t->segment_id == seg && (int)t->kind == kind)
+            return t;
+    return NULL;
+}
+
+static void test_dfs_eviction(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t segs[8], dfs = mount(&fx->st, C_DFS, "h:1/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
+    mount(&fx->st, C_DRAM, "dram-b", "dram", 1 << 20); /* DRAM has room: no DRAM eviction */
+    size_t n;
+    /* high watermark 1.0: only puts that need room evict */
+    fx->st.config.dfs_evict_high = 1.0;
+    fx->st.config.dfs_evict_low = 1.0;
+    fx->st.config.promote_on_hit = false; /* (a promotion in flight is never a victim) */
+    for (int i = 0; i < 4; i++) {         /* DFS full: f0..f3 */
+        char k[8];
+        snprintf(k, sizeof(k), "f%d", i);
+        assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
+        assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
+    }
+    /* f0 a DRAM victim: on DFS only now */
+    kvp_object_t *f0 = kvp_index_lookup(&fx->st.index, "f0", 2, kvp_index_hash("f0", 2));
+    assert_int_equal(kvp_tier_victim(&fx->st, f0), KVP_TIER_FREED);
+    assert_int_equal(get(&fx->st, "f0", segs, &n), KVP_OK);
+    assert_true(n == 1 && segs[0] == dfs);
+    /* f1 hard-pinned: never a DFS victim */
+    kvp_object_t *f1 = kvp_index_lookup(&fx->st.index, "f1", 2, kvp_index_hash("f1", 2));
+    f1->pin = KVP_PIN_HARD;
+    kvp_policy_move(&fx->st, f1, KVP_POLICY_PINNED, false);
+    fx->st.now_ms += 3600 * 1000; /* the reads' leases (get) are over */
+    /* a fifth DFS put: the least recently used DFS copy goes; f0 had no other: removed */
+    assert_int_equal(put_start_dfs(&fx->st, "f4", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_true(n == 2 && segs[1] == dfs);
+    assert_int_equal(put_end_mask(&fx->st, "f4", 9, 0x3), KVP_OK);
+    assert_int_equal(get(&fx->st, "f0", segs, &n), KVP_ERR_NOT_FOUND);
+    assert_int_equal(fx->st.stats.dfs_evicted, 1);
+    assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    assert_int_equal(fx->st.stats.dfs_full, 0);
+    const kvp_ssd_task_t *fg = task_of(&fx->st, dfs, KVP_SSD_FORGET); /* its entry goes */
+    assert_non_null(fg);
+    assert_int_equal(fg->key_len, 2);
+    assert_memory_equal(fg->key, "f0", 2);
+    fx->st.now_ms += 3600 * 1000;
+    /* the sixth: f2 (the oldest in DRAM but f1, pinned) loses its DFS copy, keeps DRAM */
+    assert_int_equal(put_start_dfs(&fx->st, "f5", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_int_equal(put_end_mask(&fx->st, "f5", 9, 0x3), KVP_OK);
+    assert_int_equal(fx->st.stats.dfs_evicted, 2);
+    assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    assert_int_equal(get(&fx->st, "f2", segs, &n), KVP_OK);
+    assert_true(n == 1 && segs[0] != dfs);
+    assert_int_equal(get(&fx->st, "f1", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(get(&fx->st, "f3", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    /* the watermarks: above the high one, down to the low one */
+    fx->st.now_ms += 3600 * 1000;
+    fx->st.config.dfs_evict_high = 0.5;
+    fx->st.config.dfs_evict_low = 0.25;
+    kvp_evict_if_needed(&fx->st);
+    assert_int_equal(kvp_segment_table_used_dfs(&fx->st.segments), 16384); /* f1's */
+    const char *ks[] = {"f2", "f3", "f4", "f5"};
+    for (int i = 0; i < 4; i++) { /* all still there, in DRAM */
+        assert_int_equal(get(&fx->st, ks[i], segs, &n), KVP_OK);
+        assert_true(n == 1 && segs[0] != dfs);
+    }
+    assert_int_equal(fx->st.stats.dfs_evicted, 5);
+    assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    /* --dfs-eviction off: a full DFS refuses */
+    fx->st.config.dfs_evict = false;
+    fx->st.config.dfs_evict_high = 1.0;
+    for (int i = 0; i < 3; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "g%d", i);
+        assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
+        assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
+    }
+    assert_int_equal(put_start_dfs(&fx->st, "g3", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(fx->st.stats.dfs_evicted, 5);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -609,6 +698,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adoption_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dfs_replica, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dfs_full_and_eviction, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dfs_eviction, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
