@@ -60,6 +60,8 @@ typedef struct kvp_master_stats {
     uint64_t ssd_evicted;
     uint64_t dfs_evicted;         /* DFS copies freed by DFS eviction (policy/tier.c) */
     uint64_t dfs_evicted_objects; /* ... of which objects on no other tier: removed */
+    uint64_t dfs_orphaned;        /* DFS segments kept after their owner went silent */
+    uint64_t dfs_taken_over;      /* ... objects handed to a new owner of their shard file */
     uint64_t adopted;             /* objects segments brought back at (re)mount (ha/rebuild.c) */
     uint64_t adopt_refused;       /* stale entries they offered: dropped, never served */
     uint64_t taken_back;          /* objects of a segment dropped for silence, taken back at its

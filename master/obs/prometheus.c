@@ -221,6 +221,12 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
         s->ssd_evicted);
     one(r, "kvpool_dfs_evictions_total", "counter",
         "DFS copies freed by DFS eviction (least recently used first).", s->dfs_evicted);
+    one(r, "kvpool_dfs_orphaned_total", "counter",
+        "DFS segments kept, their objects readable, after their owner went silent.",
+        s->dfs_orphaned);
+    one(r, "kvpool_dfs_taken_over_total", "counter",
+        "Objects of an ownerless DFS segment handed to the next owner of its shard file.",
+        s->dfs_taken_over);
     one(r, "kvpool_dfs_evicted_objects_total", "counter",
         "Objects removed by DFS eviction (they had no copy on another tier).",
         s->dfs_evicted_objects);

@@ -151,22 +151,34 @@ uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
 
 static void free_extent(kvp_master_state_t *st, const kvp_replica_t *rep);
 
-/* Index of obj's replica on a DFS segment, or -1. */
+/* Index of obj's replica on a DFS segment that takes new replicas, or -1. (Freeing room on
+ * one that takes none, an ownerless one, helps no put.) */
 static int dfs_replica(const kvp_master_state_t *st, const kvp_object_t *obj)
 {
     for (unsigned r = 0; r < obj->n_replicas; r++) {
         const kvp_segment_t *seg =
             kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
-        if (seg != NULL && seg->dfs)
+        if (seg != NULL && seg->dfs && kvp_segment_open(seg))
             return (int)r;
     }
     return -1;
 }
 
+uint64_t kvp_tier_dfs_used(const kvp_master_state_t *st)
+{
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
+        const kvp_segment_t *seg = st->segments.slots[i];
+        if (seg != NULL && seg->dfs && kvp_segment_open(seg))
+            used += kvp_segment_used(seg);
+    }
+    return used;
+}
+
 uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target)
 {
     kvp_lease_expire(st);
-    uint64_t used = kvp_segment_table_used_dfs(&st->segments), freed = 0;
+    uint64_t used = kvp_tier_dfs_used(st), freed = 0;
     /* the pinned, soft-pinned, reading and offloading lists are never walked; the pending
      * objects are on none of these */
     kvp_object_list_t *lists[3] = {&st->index.ssd, &st->index.probation, &st->index.protected};
@@ -395,9 +407,11 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     if (kvp_placement_alloc(&st->segments, &req, &st->rng, &dram, &n) != KVP_OK || n != 1)
         return;
     const kvp_replica_t *src = NULL;
-    for (unsigned r = 0; r < obj->n_replicas && src == NULL; r++)
-        if (kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+    for (unsigned r = 0; r < obj->n_replicas && src == NULL; r++) {
+        const kvp_segment_t *s = kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (s != NULL && s->ssd && !s->orphan) /* (an ownerless DFS segment copies nothing) */
             src = &obj->replicas[r];
+    }
     kvp_ssd_task_t *t = src == NULL ? NULL
                                     : kvp_state_task_add(st, KVP_SSD_PROMOTE, src->segment_id,
                                                          kvp_object_key(obj), obj->key_len);

@@ -55,6 +55,8 @@ uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target);
  * protected) lose their DFS copy and keep their memory ones. Never an object being
  * written, read, pinned, offloaded or promoted. Returns bytes freed. */
 uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target);
+/* Bytes used on the DFS segments that take new replicas (what DFS eviction counts). */
+uint64_t kvp_tier_dfs_used(const kvp_master_state_t *st);
 
 /* A get found obj: count the hit per tier; promote an SSD-only object (promote-on-hit). */
 void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj);

@@ -152,7 +152,7 @@ static kvp_status_t put_dfs_replica(kvp_master_state_t *st, const kvp_placement_
                               : KVP_ERR_INVALID_ARG;
     /* no extent (a fragmented DFS): free DFS copies (--dfs-eviction) and try again */
     while (status == KVP_ERR_POOL_FULL && st->config.dfs_evict) {
-        uint64_t used = kvp_segment_table_used_dfs(&st->segments);
+        uint64_t used = kvp_tier_dfs_used(st);
         if (kvp_tier_evict_dfs_to(st, used > r->size ? used - r->size : 0) == 0)
             break;
         status = kvp_placement_alloc(&st->segments, &d, &st->rng, &reps[*n_p], &nd);
@@ -244,7 +244,7 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_UNSUPPORTED;
     while (preq->dfs_extra && st->config.dfs_evict && dfs_short(st, size)) {
         /* free DFS copies, least recently used first (--dfs-eviction) */
-        uint64_t used = kvp_segment_table_used_dfs(&st->segments);
+        uint64_t used = kvp_tier_dfs_used(st);
         if (kvp_tier_evict_dfs_to(st, used > size ? used - size : 0) == 0)
             break;
     }

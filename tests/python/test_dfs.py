@@ -524,3 +524,109 @@ def test_full_dfs_evicts_least_recently_used(dfs_pool):
             on_dfs += bool(segs & dfs_id)
             assert c.get(k) == v
         assert 0 < on_dfs < len(new), on_dfs  # the newest keep their DFS copy, the oldest lost it
+
+
+def _wait_get(c, key, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return c.get(key)
+        except kvpool.Error as e:
+            assert time.monotonic() < deadline, (key, e)
+            time.sleep(0.05)
+
+
+def _shard_locked(path):
+    """Does a live process hold the shard file (its owner's flock)?"""
+    import fcntl
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def test_dfs_owner_killed_objects_stay_and_a_new_owner_takes_over(dfs_pool):
+    """The DFS owner killed by PID: its segment stays, ownerless, for --segment-grace; a
+    client with the directory still reads its DFS-only objects in the shard file; a client
+    without it gets an error (no owner to read through). The next `kvpool serve --dfs-path`
+    of the directory takes the free shard file over: the objects are handed to it, read
+    through it, and new DFS puts go there. Two owners never hold one shard file."""
+    p = dfs_pool()
+    data = {f"o{i}": os.urandom(50_000 + i * 4099) for i in range(6)}
+    with kvpool.Client(p.addr) as c:
+        for k, v in data.items():
+            c.put(k, v, dfs_replica_num=1)
+    shard = os.path.join(p.dfs_dir, p.dfs_name.rsplit("/", 1)[1])
+    assert _shard_locked(shard)  # its owner holds it
+    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
+    mem = p.segments[-1]
+    mem.kill()  # the memory replicas go: the objects are on DFS only
+    p.segments.remove(mem)
+    with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
+        assert _wait_get(c, "o0") == data["o0"]
+    p.dfs.kill()  # kill -9 the DFS owner
+    p.segments.remove(p.dfs)
+    deadline = time.monotonic() + 10
+    while p.master_metric("kvpool_dfs_orphaned_total") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not _shard_locked(shard)  # free: the next owner may take it
+    with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
+        dfs0 = client_dfs(c)["get"]["ops"]
+        for k, v in data.items():  # in the shard file, no owner needed
+            assert c.get(k) == v
+        assert client_dfs(c)["get"]["ops"] == dfs0 + len(data)
+        assert c.exists("o1")
+    with kvpool.Client(p.addr) as c:  # no directory: nobody to read through
+        with pytest.raises(kvpool.Error):
+            c.get("o1")
+        assert c.exists("o1")  # still an object: it comes back with an owner
+        with pytest.raises(kvpool.Error) as ei:  # no owner: no new DFS replica there
+            c.put("n0", b"n" * 1000, dfs_replica_num=1)
+        assert ei.value.status in (POOL_FULL, UNSUPPORTED), ei.value
+    # a new owner of the directory (another node in production): it takes the free shard over
+    p.dfs = p.start_dfs()
+    assert p.dfs_name.endswith("/" + os.path.basename(shard)), p.dfs_name
+    assert _shard_locked(shard)
+    assert p.master_metric("kvpool_dfs_taken_over_total") == len(data)
+    p.add_segment("64MiB")
+    with kvpool.Client(p.addr) as c:  # through the new owner
+        for k, v in data.items():
+            assert _wait_get(c, k) == v
+        c.put("n0", b"n" * 1000, dfs_replica_num=1)  # new DFS puts work again
+        assert c.get("n0") == b"n" * 1000
+        segs = {s["name"] for s in c.stat()["segments"] if s["medium"] == "dfs"}
+        assert segs == {p.dfs_name}, segs  # the ownerless one is gone
+    assert p.master_metric("kvpool_adopt_refused_total") in (0, None)
+    # a second owner beside it never opens the same shard file: it makes one of its own
+    owner = p.dfs_name
+    other = p.start_dfs()
+    assert other.lines[0] != owner
+    assert other.lines[0].rsplit("/", 1)[1] != os.path.basename(shard)
+    assert _shard_locked(shard)
+    with kvpool.Client(p.addr) as c:
+        assert c.get("o2") == data["o2"]
+
+
+def test_ownerless_dfs_segment_goes_after_the_grace(dfs_pool):
+    p = dfs_pool(master_args=("--segment-grace", "1"))
+    v = os.urandom(40_000)
+    with kvpool.Client(p.addr) as c:
+        c.put("g1", v, dfs_replica_num=1)
+    mem = p.segments[-1]
+    mem.kill()
+    p.segments.remove(mem)
+    p.dfs.kill()
+    p.segments.remove(p.dfs)
+    with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
+        assert _wait_get(c, "g1") == v  # within the grace: read in the file
+        deadline = time.monotonic() + 10
+        while c.exists("g1"):  # past it: the segment is unmounted, the object gone
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(kvpool.Error) as ei:
+            c.get("g1")
+        assert ei.value.status == kvpool.ERR_NOT_FOUND
