@@ -209,7 +209,9 @@ static const kvp_opt_t master_rows[] = {
      .def = "60",
      F(segment_grace_ms),
      .help = "keep what a DRAM segment dropped so held: taken back if that segment mounts "
-             "again within it (its owner was cut off, not restarted) (0: off)"},
+             "again within it (its owner was cut off, not restarted); keep a DFS segment "
+             "whose owner went silent, its objects readable in the directory, until a mount of "
+             "its shard file takes it over (0: off)"},
     {.name = "lease-on-exist",
      .type = KVP_OPT_SET_TRUE,
      .def = "off",
