@@ -581,8 +581,10 @@ def test_dfs_owner_killed_objects_stay_and_a_new_owner_takes_over(dfs_pool):
         assert client_dfs(c)["get"]["ops"] == dfs0 + len(data)
         assert c.exists("o1")
     with kvpool.Client(p.addr) as c:  # no directory: nobody to read through
-        with pytest.raises(kvpool.Error):
+        with pytest.raises(kvpool.Error) as ei:
             c.get("o1")
+        assert ei.value.status == kvpool.STATUS["KVP_ERR_CONNECT"], ei.value  # its owner's
+        assert "cannot connect" in str(ei.value), str(ei.value)
         assert c.exists("o1")  # still an object: it comes back with an owner
         with pytest.raises(kvpool.Error) as ei:  # no owner: no new DFS replica there
             c.put("n0", b"n" * 1000, dfs_replica_num=1)
