@@ -632,3 +632,56 @@ def test_ownerless_dfs_segment_goes_after_the_grace(dfs_pool):
         with pytest.raises(kvpool.Error) as ei:
             c.get("g1")
         assert ei.value.status == kvpool.ERR_NOT_FOUND
+
+
+def test_another_principal_never_takes_a_shard_over(certs, tmp_path, monkeypatch):
+    """With an ACL: the DFS owner (principal segsrv) killed; another principal's serve of the
+    same directory (segthief, team-b) opens the free shard file but is handed none of the
+    objects; segsrv's next serve is, and team-a's client reads them byte-exact."""
+    from test_tenants import PRINCIPALS, TenantMaster
+    from test_security import _CRED_ENV, close_all
+    for var in _CRED_ENV:
+        monkeypatch.delenv(var, raising=False)
+    m = TenantMaster(certs, str(tmp_path), PRINCIPALS, {})
+    m.metric = lambda name: metric(m.metrics(), name)
+    dfs_dir = tmp_path / "dfs"
+    dfs_dir.mkdir()
+
+    def serve(who):
+        crt, key = certs.pair(PRINCIPALS[who]["cn"])
+        s = Proc([_bin("KVPOOL_CLI_BIN"), "--master", m.addr, "--tls-ca", certs.ca,
+                  "--tls-cert", crt, "--tls-key", key, "serve", "--segment-size", "0",
+                  "--dfs-path", str(dfs_dir), "--dfs-size", "8MiB", "--ready-fd", "{fd}"])
+        m.segments.append(s)
+        return s
+
+    try:
+        m.add_segment("64MiB")
+        owner = serve("segsrv")
+        blobs = {f"t{i}": os.urandom(30_000 + i * 777) for i in range(4)}
+        with m.client("alice") as alice:
+            for k, v in blobs.items():
+                alice.put(k, v, dfs_replica_num=1)
+        time.sleep(0.5)  # RECORD tasks
+        owner.kill()
+        m.segments.remove(owner)
+        deadline = time.monotonic() + 10
+        while m.metric("kvpool_dfs_orphaned_total") != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        shard = owner.lines[0].rsplit("/", 1)[1]
+        thief = serve("segthief")
+        assert thief.lines[0].endswith("/" + shard), thief.lines  # the free file: opened
+        assert m.metric("kvpool_dfs_taken_over_total") == 0  # but not its principal's
+        thief.kill()
+        m.segments.remove(thief)
+        serve("segsrv")  # its own principal: the objects are handed over
+        deadline = time.monotonic() + 10
+        while m.metric("kvpool_dfs_taken_over_total") != len(blobs):
+            assert time.monotonic() < deadline, m.metric("kvpool_dfs_taken_over_total")
+            time.sleep(0.05)
+        with m.client("alice") as alice:
+            for k, v in blobs.items():
+                assert alice.get(k) == v
+    finally:
+        close_all([m])
