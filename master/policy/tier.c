@@ -151,34 +151,36 @@ uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
 
 static void free_extent(kvp_master_state_t *st, const kvp_replica_t *rep);
 
-/* Index of obj's replica on a DFS segment that takes new replicas, or -1. (Freeing room on
- * one that takes none, an ownerless one, helps no put.) */
-static int dfs_replica(const kvp_master_state_t *st, const kvp_object_t *obj)
+/* Would freeing room on seg help a DFS put of `tenant` (-1: any)? A DFS segment that takes
+ * new replicas (not an ownerless one), not dedicated to another tenant. */
+static bool dfs_room_for(const kvp_segment_t *seg, int32_t tenant)
 {
-    for (unsigned r = 0; r < obj->n_replicas; r++) {
-        const kvp_segment_t *seg =
-            kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
-        if (seg != NULL && seg->dfs && kvp_segment_open(seg))
+    return seg != NULL && seg->dfs && kvp_segment_open(seg) &&
+           (tenant < 0 || !seg->dedicated || seg->tenant == (uint16_t)tenant);
+}
+
+/* Index of obj's replica on such a segment, or -1. */
+static int dfs_replica(const kvp_master_state_t *st, const kvp_object_t *obj, int32_t tenant)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (dfs_room_for(kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id), tenant))
             return (int)r;
-    }
     return -1;
 }
 
-uint64_t kvp_tier_dfs_used(const kvp_master_state_t *st)
+uint64_t kvp_tier_dfs_used(const kvp_master_state_t *st, int32_t tenant)
 {
     uint64_t used = 0;
-    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
-        const kvp_segment_t *seg = st->segments.slots[i];
-        if (seg != NULL && seg->dfs && kvp_segment_open(seg))
-            used += kvp_segment_used(seg);
-    }
+    for (uint32_t i = 0; i < st->segments.n_slots; i++)
+        if (dfs_room_for(st->segments.slots[i], tenant))
+            used += kvp_segment_used(st->segments.slots[i]);
     return used;
 }
 
-uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target)
+uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target, int32_t tenant)
 {
     kvp_lease_expire(st);
-    uint64_t used = kvp_tier_dfs_used(st), freed = 0;
+    uint64_t used = kvp_tier_dfs_used(st, tenant), freed = 0;
     /* the pinned, soft-pinned, reading and offloading lists are never walked; the pending
      * objects are on none of these */
     kvp_object_list_t *lists[3] = {&st->index.ssd, &st->index.probation, &st->index.protected};
@@ -187,7 +189,7 @@ uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target)
         while (used > target && next != NULL) {
             kvp_object_t *obj = next;
             next = obj->lnext;
-            int d = dfs_replica(st, obj);
+            int d = dfs_replica(st, obj, tenant);
             if (d < 0 || obj->state != KVP_OBJ_COMPLETE || (obj->flags & KVP_OBJ_F_COPYING) ||
                 obj->pin == KVP_PIN_HARD || kvp_leased(st, obj))
                 continue;

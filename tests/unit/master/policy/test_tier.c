@@ -674,16 +674,27 @@ static void test_dfs_eviction(void **state)
     }
     assert_int_equal(fx->st.stats.dfs_evicted, 5);
     assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    /* a DFS segment dedicated to another tenant: a put of tenant 0 cannot use it, and
+     * evicts nothing there */
+    assert_int_equal(put_start_dfs(&fx->st, "y0", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_int_equal(put_end_mask(&fx->st, "y0", 9, 0x3), KVP_OK); /* evictable */
+    kvp_segment_t *ds = kvp_segment_table_get(&fx->st.segments, dfs);
+    ds->dedicated = true;
+    ds->tenant = 7;
+    assert_int_equal(put_start_dfs(&fx->st, "x0", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(fx->st.stats.dfs_evicted, 5);
+    assert_int_equal(kvp_segment_table_used_dfs(&fx->st.segments), 2 * 16384);
+    ds->dedicated = false;
     /* --dfs-eviction off: a full DFS refuses */
     fx->st.config.dfs_evict = false;
     fx->st.config.dfs_evict_high = 1.0;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 2; i++) {
         char k[8];
         snprintf(k, sizeof(k), "g%d", i);
         assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
         assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
     }
-    assert_int_equal(put_start_dfs(&fx->st, "g3", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(put_start_dfs(&fx->st, "g2", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
     assert_int_equal(fx->st.stats.dfs_evicted, 5);
 }
 
