@@ -15,10 +15,12 @@
  * transfer.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "client/api.h"
@@ -380,7 +382,20 @@ static int name_cmp(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-/* The shard files already in the directory, sorted (names[], at most max; their count). */
+/* Is a shard file free (no live process holds its flock)? A hint only: the owner's own
+ * open takes the lock for good (KVP_ERR_IN_USE when another got there first). */
+static bool shard_free(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC); /* (NFS: an exclusive lock needs write) */
+    if (fd < 0)
+        return false;
+    bool free_ = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd); /* (releases it) */
+    return free_;
+}
+
+/* The free shard files already in the directory, sorted (names[], at most max; their
+ * count). */
 static size_t dfs_shards(const char *dir, char **names, size_t max)
 {
     DIR *d = opendir(dir);
@@ -390,7 +405,8 @@ static size_t dfs_shards(const char *dir, char **names, size_t max)
     for (struct dirent *e; n < max && (e = readdir(d)) != NULL;) {
         size_t len = strlen(e->d_name);
         if (strncmp(e->d_name, "shard-", 6) == 0 && len > 13 &&
-            strcmp(e->d_name + len - 7, ".kvpdfs") == 0 && (names[n] = strdup(e->d_name)) != NULL)
+            strcmp(e->d_name + len - 7, ".kvpdfs") == 0 && shard_free(dirfd(d), e->d_name) &&
+            (names[n] = strdup(e->d_name)) != NULL)
             n++;
     }
     closedir(d);
