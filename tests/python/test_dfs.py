@@ -12,8 +12,8 @@ on NFS or 3FS-FUSE. Covered:
  2. no owner in the path: a client with the directory reads and writes DFS replicas with
     the DFS owner frozen (SIGSTOP), its served counters unchanged; a client of another
     directory (another id) does not touch the files: it goes through the owner;
- 3. a full DFS: the put is refused (POOL_FULL, "DFS full", Mooncake's -200), nothing of it
-    is visible, the memory tier still takes puts without a DFS replica;
+ 3. a full DFS with --dfs-eviction off: the put is refused (POOL_FULL, "DFS full", Mooncake's
+    -200), nothing of it is visible, the memory tier still takes puts without a DFS replica;
  4. refusals: dfs_replica_num 2, or with medium "ssd", or (mooncake.store) with
     replica_num 0: -600 / INVALID_ARG; no DFS segment mounted: UNSUPPORTED / -1601;
  5. the DFS owner killed and started again on the same directory: its shard comes back
@@ -23,6 +23,13 @@ on NFS or 3FS-FUSE. Covered:
     read back from DFS after the memory owner died;
  8. a DFS write that fails (its owner stopped): the put fails (IO), the key stays absent;
  9. DRAM eviction: an object with a DFS replica loses only its memory replica;
+10. DFS eviction (on by default): puts into a full DFS succeed; objects on DFS only go,
+    least recently used first; objects with memory replicas keep them, byte-exact;
+11. the DFS owner killed by PID: its objects stay, read in the shard file by a client with
+    the directory (one without it gets KVP_ERR_CONNECT); a new serve of the directory takes
+    the free shard file over (flock), the objects are handed to it, new DFS puts work; a
+    second serve beside it gets a shard file of its own; past --segment-grace with no new
+    owner the objects go; another principal's serve is handed none of them;
  and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
