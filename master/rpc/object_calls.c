@@ -243,6 +243,13 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
     /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
     if (preq->dfs_extra && st->segments.capacity_dfs == 0)
         return KVP_ERR_UNSUPPORTED;
+    /* (not while the segments of a master just restarted offer what they hold: the client
+     * asks again, as for DRAM below) */
+    bool settling = st->now_ms < st->rebuild_until_ms;
+    if (preq->dfs_extra && settling && dfs_short(st, size, preq->tenant)) {
+        st->stats.lease_waits++;
+        return KVP_ERR_POOL_BUSY;
+    }
     while (preq->dfs_extra && st->config.dfs_evict && dfs_short(st, size, preq->tenant)) {
         /* free DFS copies, least recently used first (--dfs-eviction) */
         uint64_t used = kvp_tier_dfs_used(st, preq->tenant);
