@@ -29,7 +29,9 @@ on NFS or 3FS-FUSE. Covered:
     the directory (one without it gets KVP_ERR_CONNECT); a new serve of the directory takes
     the free shard file over (flock), the objects are handed to it, new DFS puts work; a
     second serve beside it gets a shard file of its own; past --segment-grace with no new
-    owner the objects go; another principal's serve is handed none of them;
+    owner the objects go; another principal's serve is handed none of them; a serve of
+    another node (its own host name: unshare --uts) finds the dead node's shard file and
+    takes it over;
  and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
@@ -58,7 +60,7 @@ class DfsPool(Pool):
     """A master, a DFS owner (`kvpool serve --segment-size 0 --dfs-path DIR --dfs-size N
     --http-listen`) and memory segments."""
 
-    def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",), master_args=()):
+    def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",), master_args=(), node=None):
         self.http_port = free_port()  # the master's /metrics
         super().__init__(segments=(), master_args=("--lease-ttl", "0", "--http-listen",
                                                    f"127.0.0.1:{self.http_port}",
@@ -66,15 +68,17 @@ class DfsPool(Pool):
         self.dfs_dir = str(dfs_dir)
         self.dfs_size = dfs_size
         try:
-            self.dfs = self.start_dfs()
+            self.dfs = self.start_dfs(node)
             for size in memory:
                 self.add_segment(size)
         except Exception:
             self.close()
             raise
 
-    def start_dfs(self):
-        d = Proc([self.cli_bin, "--master", self.addr, "serve", "--segment-size", "0",
+    def start_dfs(self, node=None):
+        """node: the serve's host name (its own UTS namespace: another node's shard name)."""
+        pre = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node] if node else []
+        d = Proc([*pre, self.cli_bin, "--master", self.addr, "serve", "--segment-size", "0",
                   "--dfs-path", self.dfs_dir, "--dfs-size", self.dfs_size,
                   "--http-listen", "127.0.0.1:0", "--ready-fd", "{fd}"], lines=2)
         self.segments.append(d)
@@ -692,3 +696,32 @@ def test_another_principal_never_takes_a_shard_over(certs, tmp_path, monkeypatch
                 assert alice.get(k) == v
     finally:
         close_all([m])
+
+
+def test_a_serve_on_another_node_takes_the_shard_over(dfs_pool):
+    """The DFS owner of node "nodeb" (its own host name, shard-nodeb-0) killed: a serve on this
+    node finds that free shard file in the directory and takes it over."""
+    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare --uts (root) to give a serve another host name")
+    p = dfs_pool(node="nodeb")
+    assert p.dfs_name.endswith("/shard-nodeb-0.kvpdfs"), p.dfs_name
+    data = {f"n{i}": os.urandom(20_000 + i * 999) for i in range(5)}
+    with kvpool.Client(p.addr) as c:
+        for k, v in data.items():
+            c.put(k, v, dfs_replica_num=1)
+    time.sleep(0.5)  # RECORD tasks
+    mem = p.segments[-1]
+    mem.kill()
+    p.segments.remove(mem)
+    p.dfs.kill()
+    p.segments.remove(p.dfs)
+    deadline = time.monotonic() + 10
+    while p.master_metric("kvpool_dfs_orphaned_total") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    p.dfs = p.start_dfs()  # this node's serve
+    assert p.dfs_name.endswith("/shard-nodeb-0.kvpdfs"), p.dfs_name
+    assert p.master_metric("kvpool_dfs_taken_over_total") == len(data)
+    with kvpool.Client(p.addr) as c:  # no directory: through the new owner
+        for k, v in data.items():
+            assert _wait_get(c, k) == v
