@@ -375,6 +375,19 @@ static kvp_status_t mount_proven(kvp_reply_t *r, const Kvpool__MountRequest *req
     return KVP_ERR_DENIED;
 }
 
+/* Is seg an ownerless DFS segment the caller's mount of d (dedicated to tenant, -1: none)
+ * takes over (dfs_take_over)? Its owner back under the same name: a reconnect after it was
+ * dropped for silence. */
+static bool own_orphan(const kvp_call_t *call, const kvp_segment_t *seg,
+                       const Kvpool__SegmentDesc *d, int32_t tenant)
+{
+    const kvp_principal_t *who = call->who;
+    return seg->orphan && strcmp(d->medium, "dfs") == 0 && seg->size == d->size &&
+           seg->owner_tag == (who != NULL ? who->tag : 0) &&
+           seg->owner_tenant == (who != NULL ? who->tenant_id : 0) &&
+           seg->dedicated == (tenant >= 0) && (!seg->dedicated || seg->tenant == tenant);
+}
+
 kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -396,7 +409,8 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_status_t status = mount_tenant(&r, req->tenant, &tenant);
     if (status != KVP_OK)
         return kvp_reply_fail(&r, status, NULL);
-    if (kvp_segment_table_find_name(&st->segments, d->name) != NULL)
+    const kvp_segment_t *same = kvp_segment_table_find_name(&st->segments, d->name);
+    if (same != NULL && !own_orphan(call, same, d, tenant))
         return kvp_reply_fail(&r, KVP_ERR_EXISTS, "a segment named %s is already mounted", d->name);
     status = mount_claims(&r, d);
     if (status != KVP_OK)

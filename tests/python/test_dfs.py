@@ -31,7 +31,7 @@ on NFS or 3FS-FUSE. Covered:
     second serve beside it gets a shard file of its own; past --segment-grace with no new
     owner the objects go; another principal's serve is handed none of them; a serve of
     another node (its own host name: unshare --uts) finds the dead node's shard file and
-    takes it over;
+    takes it over; the owner frozen past --client-ttl and resumed takes its segment back;
  and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
@@ -723,5 +723,35 @@ def test_a_serve_on_another_node_takes_the_shard_over(dfs_pool):
     assert p.dfs_name.endswith("/shard-nodeb-0.kvpdfs"), p.dfs_name
     assert p.master_metric("kvpool_dfs_taken_over_total") == len(data)
     with kvpool.Client(p.addr) as c:  # no directory: through the new owner
+        for k, v in data.items():
+            assert _wait_get(c, k) == v
+
+
+def test_dfs_owner_back_after_silence_takes_its_segment_back(dfs_pool):
+    """The DFS owner frozen (SIGSTOP) past --client-ttl: the master drops its connection and
+    keeps the segment ownerless; resumed (SIGCONT), the owner mounts again under the same
+    name and takes its segment back (not refused as a name already mounted)."""
+    p = dfs_pool(master_args=("--client-ttl", "1"))
+    data = {f"z{i}": os.urandom(10_000 + i * 333) for i in range(4)}
+    with kvpool.Client(p.addr) as c:
+        for k, v in data.items():
+            c.put(k, v, dfs_replica_num=1)
+    time.sleep(0.5)  # RECORD tasks
+    mem = p.segments[-1]
+    mem.kill()
+    p.segments.remove(mem)
+    os.kill(p.dfs.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 15
+    while p.master_metric("kvpool_dfs_orphaned_total") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(p.dfs.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while p.master_metric("kvpool_dfs_taken_over_total") != len(data):
+        assert time.monotonic() < deadline, p.master_metric("kvpool_dfs_taken_over_total")
+        time.sleep(0.1)
+    with kvpool.Client(p.addr) as c:  # through its owner again
+        segs = [s for s in c.stat()["segments"] if s["medium"] == "dfs"]
+        assert [s["name"] for s in segs] == [p.dfs_name], segs
         for k, v in data.items():
             assert _wait_get(c, k) == v
