@@ -547,6 +547,20 @@ def _wait_get(c, key, timeout=10):
             time.sleep(0.05)
 
 
+def _on_dfs_only(p, prefix, n, size):
+    """Objects put with a DFS replica (recorded by its owner), then their memory segment
+    killed: on DFS only. Returns {key: bytes}."""
+    data = {f"{prefix}{i}": os.urandom(size + i * 4099) for i in range(n)}
+    with kvpool.Client(p.addr) as c:
+        for k, v in data.items():
+            c.put(k, v, dfs_replica_num=1)
+    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
+    mem = p.segments[-1]
+    mem.kill()  # the memory replicas go
+    p.segments.remove(mem)
+    return data
+
+
 def _shard_locked(path):
     """Does a live process hold the shard file (its owner's flock)?"""
     import fcntl
@@ -566,16 +580,9 @@ def test_dfs_owner_killed_objects_stay_and_a_new_owner_takes_over(dfs_pool):
     of the directory takes the free shard file over: the objects are handed to it, read
     through it, and new DFS puts go there. Two owners never hold one shard file."""
     p = dfs_pool()
-    data = {f"o{i}": os.urandom(50_000 + i * 4099) for i in range(6)}
-    with kvpool.Client(p.addr) as c:
-        for k, v in data.items():
-            c.put(k, v, dfs_replica_num=1)
     shard = os.path.join(p.dfs_dir, p.dfs_name.rsplit("/", 1)[1])
     assert _shard_locked(shard)  # its owner holds it
-    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
-    mem = p.segments[-1]
-    mem.kill()  # the memory replicas go: the objects are on DFS only
-    p.segments.remove(mem)
+    data = _on_dfs_only(p, "o", 6, 50_000)
     with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
         assert _wait_get(c, "o0") == data["o0"]
     p.dfs.kill()  # kill -9 the DFS owner
@@ -705,14 +712,7 @@ def test_a_serve_on_another_node_takes_the_shard_over(dfs_pool):
         pytest.skip("needs unshare --uts (root) to give a serve another host name")
     p = dfs_pool(node="nodeb")
     assert p.dfs_name.endswith("/shard-nodeb-0.kvpdfs"), p.dfs_name
-    data = {f"n{i}": os.urandom(20_000 + i * 999) for i in range(5)}
-    with kvpool.Client(p.addr) as c:
-        for k, v in data.items():
-            c.put(k, v, dfs_replica_num=1)
-    time.sleep(0.5)  # RECORD tasks
-    mem = p.segments[-1]
-    mem.kill()
-    p.segments.remove(mem)
+    data = _on_dfs_only(p, "n", 5, 20_000)
     p.dfs.kill()
     p.segments.remove(p.dfs)
     deadline = time.monotonic() + 10
@@ -732,14 +732,7 @@ def test_dfs_owner_back_after_silence_takes_its_segment_back(dfs_pool):
     keeps the segment ownerless; resumed (SIGCONT), the owner mounts again under the same
     name and takes its segment back (not refused as a name already mounted)."""
     p = dfs_pool(master_args=("--client-ttl", "1"))
-    data = {f"z{i}": os.urandom(10_000 + i * 333) for i in range(4)}
-    with kvpool.Client(p.addr) as c:
-        for k, v in data.items():
-            c.put(k, v, dfs_replica_num=1)
-    time.sleep(0.5)  # RECORD tasks
-    mem = p.segments[-1]
-    mem.kill()
-    p.segments.remove(mem)
+    data = _on_dfs_only(p, "z", 4, 10_000)
     os.kill(p.dfs.pid, signal.SIGSTOP)
     deadline = time.monotonic() + 15
     while p.master_metric("kvpool_dfs_orphaned_total") != 1:
