@@ -14,10 +14,13 @@
  * registry its lock (lookups take none). No lock is held across a data
  * transfer.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "client/api.h"
@@ -374,8 +377,47 @@ static kvp_status_t ssd_start(kvp_client_t *c, const char *host)
     return st;
 }
 
-/* Our DFS segment: a shard file of the DFS directory (shard-<host>-<k>.kvpdfs, the first k
- * no live process holds, so a restart takes its own back), with its own master connection. */
+static int name_cmp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Is a shard file free (no live process holds its flock)? A hint only: the owner's own
+ * open takes the lock for good (KVP_ERR_IN_USE when another got there first). */
+static bool shard_free(int dirfd, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDWR | O_CLOEXEC); /* (NFS: an exclusive lock needs write) */
+    if (fd < 0)
+        return false;
+    bool free_ = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    close(fd); /* (releases it) */
+    return free_;
+}
+
+/* The free shard files already in the directory, sorted (names[], at most max; their
+ * count). */
+static size_t dfs_shards(const char *dir, char **names, size_t max)
+{
+    DIR *d = opendir(dir);
+    size_t n = 0;
+    if (d == NULL)
+        return 0;
+    for (struct dirent *e; n < max && (e = readdir(d)) != NULL;) {
+        size_t len = strlen(e->d_name);
+        if (strncmp(e->d_name, "shard-", 6) == 0 && len > 13 &&
+            strcmp(e->d_name + len - 7, ".kvpdfs") == 0 && shard_free(dirfd(d), e->d_name) &&
+            (names[n] = strdup(e->d_name)) != NULL)
+            n++;
+    }
+    closedir(d);
+    qsort(names, n, sizeof(names[0]), name_cmp);
+    return n;
+}
+
+/* Our DFS segment: a shard file of the DFS directory, with its own master connection. First
+ * a shard file already there that no live process holds (flock: an owner that died, on this
+ * node or another; the master hands the new owner its objects), else shard-<host>-<k>.kvpdfs,
+ * the first k no live process holds. */
 static kvp_status_t dfs_start(kvp_client_t *c, const char *host)
 {
     char id[KVP_DFS_ID_LEN + 1], why[1024] = "", hn[64] = "host", path[1100];
@@ -388,8 +430,14 @@ static kvp_status_t dfs_start(kvp_client_t *c, const char *host)
     for (char *q = hn; *q; q++)
         if (*q == '/' || *q == '.')
             *q = '-';
-    for (unsigned k = 0; k < 64; k++) {
-        snprintf(path, sizeof(path), "%s/shard-%s-%u.kvpdfs", c->params.dfs_path, hn, k);
+    char *have[256];
+    size_t n_have = dfs_shards(c->params.dfs_path, have, KVP_ARRAY_SIZE(have));
+    for (unsigned k = 0; k < n_have + 64; k++) {
+        if (k < n_have)
+            snprintf(path, sizeof(path), "%s/%s", c->params.dfs_path, have[k]);
+        else
+            snprintf(path, sizeof(path), "%s/shard-%s-%u.kvpdfs", c->params.dfs_path, hn,
+                     (unsigned)(k - n_have));
         kvp_ssd_owner_params_t p = {.path = path,
                                     .size = c->params.dfs_size,
                                     .buffered_io = true, /* NFS, FUSE: O_DIRECT where it works */
@@ -408,9 +456,11 @@ static kvp_status_t dfs_start(kvp_client_t *c, const char *host)
                                     .dfs_id = id};
         why[0] = '\0';
         st = kvp_ssd_owner_start(&p, &c->dfs, why, sizeof(why));
-        if (st != KVP_ERR_IN_USE)
-            break;
+        if (st == KVP_OK || (st != KVP_ERR_IN_USE && k >= n_have))
+            break; /* (one there already that does not open here, another size: the next) */
     }
+    for (size_t i = 0; i < n_have; i++)
+        free(have[i]);
     if (st != KVP_OK && why[0] != '\0')
         kvp_api_fail("create: DFS %s", why);
     return st;

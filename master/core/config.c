@@ -95,5 +95,9 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
         snprintf(err, err_len, "--ssd-evict-low-watermark must not exceed the high one");
         return KVP_ERR_INVALID_ARG;
     }
+    if (cfg->dfs_evict_low > cfg->dfs_evict_high) {
+        snprintf(err, err_len, "--dfs-evict-low-watermark must not exceed the high one");
+        return KVP_ERR_INVALID_ARG;
+    }
     return KVP_OK;
 }

@@ -47,7 +47,13 @@ typedef struct kvp_master_config {
     double ssd_evict_high; /* drop SSD-tier objects above this share of SSD capacity (0.95) */
     double ssd_evict_low;  /* ... down to this (0.90) */
     bool promote_on_hit;   /* copy SSD-only objects back to DRAM when read (true) */
-    bool segment_records;  /* DRAM segments' owners keep a record of their objects (true) */
+    /* DFS tier: free DFS copies, least recently used first, when a DFS replica has no room
+     * or DFS used passes dfs_evict_high (down to dfs_evict_low); Mooncake's
+     * MOONCAKE_DFS_EVICTION_* (true, 0.9, 0.7) */
+    bool dfs_evict;
+    double dfs_evict_high;
+    double dfs_evict_low;
+    bool segment_records; /* DRAM segments' owners keep a record of their objects (true) */
     /* operations (master/obs/) */
     char http_listen[300];      /* HOST:PORT of /metrics and the admin views; "off": none */
     bool http_listen_given;     /* set by a flag: failing to listen is fatal (else a warning) */

@@ -209,7 +209,9 @@ static const kvp_opt_t master_rows[] = {
      .def = "60",
      F(segment_grace_ms),
      .help = "keep what a DRAM segment dropped so held: taken back if that segment mounts "
-             "again within it (its owner was cut off, not restarted) (0: off)"},
+             "again within it (its owner was cut off, not restarted); keep a DFS segment "
+             "whose owner went silent, its objects readable in the directory, until a mount of "
+             "its shard file takes it over (0: off)"},
     {.name = "lease-on-exist",
      .type = KVP_OPT_SET_TRUE,
      .def = "off",
@@ -265,6 +267,22 @@ static const kvp_opt_t master_rows[] = {
      .type = KVP_OPT_FRACTION,
      .def = "0.90",
      F(ssd_evict_low),
+     .help = "... down to F"},
+    {.name = "dfs-eviction",
+     .type = KVP_OPT_ON_OFF,
+     .def = "on",
+     F(dfs_evict),
+     .help = "free DFS copies (LRU) when a DFS replica has no room or DFS used passes the high "
+             "watermark (Mooncake's MOONCAKE_DFS_EVICTION_ENABLED)"},
+    {.name = "dfs-evict-high-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.90",
+     F(dfs_evict_high),
+     .help = "free DFS copies (LRU) when DFS used passes F"},
+    {.name = "dfs-evict-low-watermark",
+     .type = KVP_OPT_FRACTION,
+     .def = "0.70",
+     F(dfs_evict_low),
      .help = "... down to F"},
     {.name = "promote-on-hit",
      .type = KVP_OPT_ON_OFF,

@@ -58,12 +58,16 @@ typedef struct kvp_master_stats {
     uint64_t dfs_puts; /* puts that asked for a DFS replica and got one (rpc/object_calls.c) */
     uint64_t dfs_full; /* ... refused: no DFS segment had room (KVP_ERR_POOL_FULL) */
     uint64_t ssd_evicted;
-    uint64_t adopted;       /* objects segments brought back at (re)mount (ha/rebuild.c) */
-    uint64_t adopt_refused; /* stale entries they offered: dropped, never served */
-    uint64_t taken_back;    /* objects of a segment dropped for silence, taken back at its
-                             * remount (meta/limbo.c) */
-    uint64_t limbo_expired; /* ... dropped for good: the segment did not come back in time */
-    uint64_t ssd_lost;      /* SSD objects found unreadable by an owner (promotion) */
+    uint64_t dfs_evicted;         /* DFS copies freed by DFS eviction (policy/tier.c) */
+    uint64_t dfs_evicted_objects; /* ... of which objects on no other tier: removed */
+    uint64_t dfs_orphaned;        /* DFS segments kept after their owner went silent */
+    uint64_t dfs_taken_over;      /* ... objects handed to a new owner of their shard file */
+    uint64_t adopted;             /* objects segments brought back at (re)mount (ha/rebuild.c) */
+    uint64_t adopt_refused;       /* stale entries they offered: dropped, never served */
+    uint64_t taken_back;          /* objects of a segment dropped for silence, taken back at its
+                                   * remount (meta/limbo.c) */
+    uint64_t limbo_expired;       /* ... dropped for good: the segment did not come back in time */
+    uint64_t ssd_lost;            /* SSD objects found unreadable by an owner (promotion) */
     /* operations (master/obs/): per key or object, not per request */
     uint64_t puts;        /* puts ended (objects made visible) */
     uint64_t gets;        /* keys asked for replicas (GetReplicaList) */

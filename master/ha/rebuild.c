@@ -89,6 +89,13 @@ kvp_status_t kvp_rebuild_adopt(kvp_master_state_t *st, kvp_segment_t *seg,
     }
     uint64_t hash = kvp_index_hash(e->key, e->key_len);
     kvp_object_t *obj = kvp_index_lookup(&st->index, e->key, e->key_len, hash);
+    if (obj != NULL && same_value(obj, e))
+        for (unsigned r = 0; r < obj->n_replicas; r++)
+            if (obj->replicas[r].segment_id == seg->id && obj->replicas[r].offset == e->offset) {
+                st->stats
+                    .adopted++; /* there already: a DFS shard taken over (rpc/segment_calls.c) */
+                return KVP_OK;
+            }
     kvp_status_t s = check(st, seg, &obj, hash, e);
     kvp_replica_t rep = {.segment_id = seg->id, .offset = e->offset};
     if (s == KVP_OK)

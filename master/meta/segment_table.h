@@ -42,6 +42,10 @@ typedef struct kvp_segment {
     bool dfs;      /* medium "dfs": a shard file in a shared directory (ssd is set too: a file tier;
                     * its own placement and capacity; docs/architecture.md "The DFS tier") */
     bool adopting; /* its owner is offering what it holds: no new replicas yet */
+    bool orphan;   /* a DFS segment whose owner went silent: its objects kept (readers with the
+                    * directory need no owner), no new replicas, until orphan_until_ms or a
+                    * mount of its shard file takes it over (rpc/segment_calls.c) */
+    uint64_t orphan_until_ms;
     struct kvp_limbo *limbo; /* what it held when dropped for silence: taken back when the
                               * offer ends (meta/limbo.c) */
     bool dedicated;          /* to one tenant (kvpool serve --tenant): only its objects */
@@ -119,7 +123,7 @@ bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_obje
  * holds.) */
 static inline bool kvp_segment_open(const kvp_segment_t *seg)
 {
-    return !seg->draining && !seg->adopting;
+    return !seg->draining && !seg->adopting && !seg->orphan;
 }
 /* Has obj a replica on a draining segment? (No new bytes go there.) */
 bool kvp_segment_table_on_draining(const kvp_segment_table_t *table, const kvp_object_t *obj);

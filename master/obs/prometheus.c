@@ -219,6 +219,17 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
     one(r, "kvpool_eviction_runs_total", "counter", "Eviction runs.", s->evictions);
     one(r, "kvpool_ssd_evictions_total", "counter", "Objects dropped from the SSD tier.",
         s->ssd_evicted);
+    one(r, "kvpool_dfs_evictions_total", "counter",
+        "DFS copies freed by DFS eviction (least recently used first).", s->dfs_evicted);
+    one(r, "kvpool_dfs_orphaned_total", "counter",
+        "DFS segments kept, their objects readable, after their owner went silent.",
+        s->dfs_orphaned);
+    one(r, "kvpool_dfs_taken_over_total", "counter",
+        "Objects of an ownerless DFS segment handed to the next owner of its shard file.",
+        s->dfs_taken_over);
+    one(r, "kvpool_dfs_evicted_objects_total", "counter",
+        "Objects removed by DFS eviction (they had no copy on another tier).",
+        s->dfs_evicted_objects);
     one(r, "kvpool_offloads_total", "counter", "Objects copied from DRAM to SSD.", s->offloaded);
     one(r, "kvpool_offload_failures_total", "counter", "Offloads that failed.", s->offload_failed);
     one(r, "kvpool_offload_dropped_total", "counter",

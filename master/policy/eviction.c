@@ -330,6 +330,10 @@ void kvp_evict_if_needed(kvp_master_state_t *st)
     if (scap > 0 && (double)kvp_segment_table_used_tier(&st->segments, true) >
                         st->config.ssd_evict_high * (double)scap)
         kvp_tier_evict_ssd_to(st, (uint64_t)(st->config.ssd_evict_low * (double)scap));
+    uint64_t dcap = st->segments.capacity_dfs;
+    if (dcap > 0 && st->config.dfs_evict && st->now_ms >= st->rebuild_until_ms &&
+        (double)kvp_tier_dfs_used(st, -1) > st->config.dfs_evict_high * (double)dcap)
+        kvp_tier_evict_dfs_to(st, (uint64_t)(st->config.dfs_evict_low * (double)dcap), -1);
 }
 
 unsigned kvp_expire_puts(kvp_master_state_t *st)

@@ -147,6 +147,84 @@ uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target)
     return freed;
 }
 
+/* ---- eviction from DFS ---- */
+
+static void free_extent(kvp_master_state_t *st, const kvp_replica_t *rep);
+
+/* Would freeing room on seg help a DFS put of `tenant` (-1: any)? A DFS segment that takes
+ * new replicas (not an ownerless one), not dedicated to another tenant. */
+static bool dfs_room_for(const kvp_segment_t *seg, int32_t tenant)
+{
+    return seg != NULL && seg->dfs && kvp_segment_open(seg) &&
+           (tenant < 0 || !seg->dedicated || seg->tenant == (uint16_t)tenant);
+}
+
+/* Index of obj's replica on such a segment, or -1. */
+static int dfs_replica(const kvp_master_state_t *st, const kvp_object_t *obj, int32_t tenant)
+{
+    for (unsigned r = 0; r < obj->n_replicas; r++)
+        if (dfs_room_for(kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id), tenant))
+            return (int)r;
+    return -1;
+}
+
+uint64_t kvp_tier_dfs_used(const kvp_master_state_t *st, int32_t tenant)
+{
+    uint64_t used = 0;
+    for (uint32_t i = 0; i < st->segments.n_slots; i++)
+        if (dfs_room_for(st->segments.slots[i], tenant))
+            used += kvp_segment_used(st->segments.slots[i]);
+    return used;
+}
+
+uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target, int32_t tenant)
+{
+    kvp_lease_expire(st);
+    uint64_t used = kvp_tier_dfs_used(st, tenant), freed = 0;
+    /* the pinned, soft-pinned, reading and offloading lists are never walked; the pending
+     * objects are on none of these */
+    kvp_object_list_t *lists[3] = {&st->index.ssd, &st->index.probation, &st->index.protected};
+    for (unsigned l = 0; l < 3 && used > target; l++) {
+        kvp_object_t *next = lists[l]->head;
+        while (used > target && next != NULL) {
+            kvp_object_t *obj = next;
+            next = obj->lnext;
+            int d = dfs_replica(st, obj, tenant);
+            if (d < 0 || obj->state != KVP_OBJ_COMPLETE || (obj->flags & KVP_OBJ_F_COPYING) ||
+                obj->pin == KVP_PIN_HARD || kvp_leased(st, obj))
+                continue;
+            uint64_t bytes = aligned(obj->size, 4096);
+            if (obj->n_replicas == 1) { /* its only copy: the object goes (as SSD evictions) */
+                st->stats.dfs_evicted_objects++;
+                kvp_state_object_gone(st, obj);
+                kvp_index_unlink(&st->index, obj);
+                kvp_object_release(st, obj); /* its owner forgets the entry too */
+            } else {
+                kvp_replica_t keep[KVP_MAX_REPLICAS], gone = obj->replicas[d];
+                unsigned nk = 0;
+                for (unsigned r = 0; r < obj->n_replicas; r++)
+                    if ((int)r != d)
+                        keep[nk++] = obj->replicas[r];
+                kvp_object_t *o = kvp_tier_set_replicas(st, obj, keep, nk);
+                if (o == NULL)
+                    continue; /* out of memory: it keeps its DFS copy */
+                kvp_ssd_task_t *t = kvp_state_task_add(st, KVP_SSD_FORGET, gone.segment_id,
+                                                       kvp_object_key(o), o->key_len);
+                if (t != NULL) { /* else the entry stays; its version refuses it later */
+                    t->ssd = gone;
+                    t->version = o->version;
+                    t->size = o->size;
+                }
+                free_extent(st, &gone);
+            }
+            st->stats.dfs_evicted++;
+            used = bytes < used ? used - bytes : 0;
+            freed += bytes;
+        }
+    }
+    return freed;
+}
+
 /* ---- offload ---- */
 
 static const char *host_of(const kvp_master_state_t *st, const kvp_object_t *obj, bool ssd)
@@ -331,9 +409,11 @@ void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj)
     if (kvp_placement_alloc(&st->segments, &req, &st->rng, &dram, &n) != KVP_OK || n != 1)
         return;
     const kvp_replica_t *src = NULL;
-    for (unsigned r = 0; r < obj->n_replicas && src == NULL; r++)
-        if (kvp_segment_table_replica_on(&st->segments, &obj->replicas[r], true))
+    for (unsigned r = 0; r < obj->n_replicas && src == NULL; r++) {
+        const kvp_segment_t *s = kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
+        if (s != NULL && s->ssd && !s->orphan) /* (an ownerless DFS segment copies nothing) */
             src = &obj->replicas[r];
+    }
     kvp_ssd_task_t *t = src == NULL ? NULL
                                     : kvp_state_task_add(st, KVP_SSD_PROMOTE, src->segment_id,
                                                          kvp_object_key(obj), obj->key_len);

@@ -49,6 +49,18 @@ bool kvp_tier_offload_full(const kvp_master_state_t *st);
  * target bytes (objects being read are not touched). Returns bytes freed. */
 uint64_t kvp_tier_evict_ssd_to(kvp_master_state_t *st, uint64_t target);
 
+/* Free DFS copies, least recently used first, until the DFS tier uses at most target
+ * bytes: objects on the file tiers only (the SSD list: they left DRAM, the coldest) lose
+ * their DFS copy, removed when it was their last; then objects in DRAM (probation, then
+ * protected) lose their DFS copy and keep their memory ones. Never an object being
+ * written, read, pinned, offloaded or promoted; only copies on segments a put of tenant
+ * could use (-1: any). Returns bytes freed. */
+uint64_t kvp_tier_evict_dfs_to(kvp_master_state_t *st, uint64_t target, int32_t tenant);
+/* Bytes used on the DFS segments that take new replicas of tenant's (-1: anyone's; not an
+ * ownerless segment nor one dedicated to another tenant): what DFS eviction counts and frees
+ * (target above is of these bytes). */
+uint64_t kvp_tier_dfs_used(const kvp_master_state_t *st, int32_t tenant);
+
 /* A get found obj: count the hit per tier; promote an SSD-only object (promote-on-hit). */
 void kvp_tier_on_get(kvp_master_state_t *st, kvp_object_t *obj);
 /* obj became COMPLETE with replicas on SSD (a put straight to SSD): have them recorded. */

@@ -121,12 +121,13 @@ static void quota_message(const kvp_master_state_t *st, const kvp_placement_req_
 }
 
 /* Would no DFS segment take an object of size now (the DFS part of a put refused)? */
-static bool dfs_short(const kvp_master_state_t *st, uint64_t size)
+static bool dfs_short(const kvp_master_state_t *st, uint64_t size, uint16_t tenant)
 {
     const kvp_segment_table_t *t = &st->segments;
     for (uint32_t i = 0; i < t->n_slots; i++) {
         const kvp_segment_t *seg = t->slots[i];
         if (seg != NULL && seg->dfs && kvp_segment_open(seg) &&
+            (!seg->dedicated || seg->tenant == tenant) &&
             kvp_segment_usable(seg) - kvp_segment_used(seg) >= size)
             return false;
     }
@@ -150,6 +151,13 @@ static kvp_status_t put_dfs_replica(kvp_master_state_t *st, const kvp_placement_
     kvp_status_t status = *n_p < KVP_MAX_REPLICAS
                               ? kvp_placement_alloc(&st->segments, &d, &st->rng, &reps[*n_p], &nd)
                               : KVP_ERR_INVALID_ARG;
+    /* no extent (a fragmented DFS): free DFS copies (--dfs-eviction) and try again */
+    while (status == KVP_ERR_POOL_FULL && st->config.dfs_evict) {
+        uint64_t used = kvp_tier_dfs_used(st, r->tenant);
+        if (kvp_tier_evict_dfs_to(st, used > r->size ? used - r->size : 0, r->tenant) == 0)
+            break;
+        status = kvp_placement_alloc(&st->segments, &d, &st->rng, &reps[*n_p], &nd);
+    }
     if (status == KVP_OK) {
         *n_p += nd;
         return KVP_OK;
@@ -235,7 +243,20 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
     /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
     if (preq->dfs_extra && st->segments.capacity_dfs == 0)
         return KVP_ERR_UNSUPPORTED;
-    if (preq->dfs_extra && dfs_short(st, size)) {
+    /* (not while the segments of a master just restarted offer what they hold: the client
+     * asks again, as for DRAM below) */
+    bool settling = st->now_ms < st->rebuild_until_ms;
+    if (preq->dfs_extra && settling && dfs_short(st, size, preq->tenant)) {
+        st->stats.lease_waits++;
+        return KVP_ERR_POOL_BUSY;
+    }
+    while (preq->dfs_extra && st->config.dfs_evict && dfs_short(st, size, preq->tenant)) {
+        /* free DFS copies, least recently used first (--dfs-eviction) */
+        uint64_t used = kvp_tier_dfs_used(st, preq->tenant);
+        if (kvp_tier_evict_dfs_to(st, used > size ? used - size : 0, preq->tenant) == 0)
+            break;
+    }
+    if (preq->dfs_extra && dfs_short(st, size, preq->tenant)) {
         st->stats.dfs_full++;
         return KVP_ERR_POOL_FULL;
     }
@@ -466,7 +487,7 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
         if (preq.dfs_extra && r.text[0] == '\0' &&
             (res[i].status == KVP_ERR_UNSUPPORTED ||
              ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_TOO_LARGE) &&
-              dfs_short(st, req->sizes[i]))))
+              dfs_short(st, req->sizes[i], preq.tenant))))
             dfs_message(st, res[i].status, r.text, r.text_max);
         if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
             r.text[0] == '\0')

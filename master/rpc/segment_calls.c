@@ -38,6 +38,7 @@
 #include "master/rpc/task_calls.h"
 
 static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg);
+static void dfs_take_over(kvp_master_state_t *st, kvp_segment_t *seg);
 
 /* Is d a segment one may mount? */
 static bool desc_valid(const Kvpool__SegmentDesc *d)
@@ -374,6 +375,19 @@ static kvp_status_t mount_proven(kvp_reply_t *r, const Kvpool__MountRequest *req
     return KVP_ERR_DENIED;
 }
 
+/* Is seg an ownerless DFS segment the caller's mount of d (dedicated to tenant, -1: none)
+ * takes over (dfs_take_over)? Its owner back under the same name: a reconnect after it was
+ * dropped for silence. */
+static bool own_orphan(const kvp_call_t *call, const kvp_segment_t *seg,
+                       const Kvpool__SegmentDesc *d, int32_t tenant)
+{
+    const kvp_principal_t *who = call->who;
+    return seg->orphan && strcmp(d->medium, "dfs") == 0 && seg->size == d->size &&
+           seg->owner_tag == (who != NULL ? who->tag : 0) &&
+           seg->owner_tenant == (who != NULL ? who->tenant_id : 0) &&
+           seg->dedicated == (tenant >= 0) && (!seg->dedicated || seg->tenant == tenant);
+}
+
 kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -395,7 +409,8 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_status_t status = mount_tenant(&r, req->tenant, &tenant);
     if (status != KVP_OK)
         return kvp_reply_fail(&r, status, NULL);
-    if (kvp_segment_table_find_name(&st->segments, d->name) != NULL)
+    const kvp_segment_t *same = kvp_segment_table_find_name(&st->segments, d->name);
+    if (same != NULL && !own_orphan(call, same, d, tenant))
         return kvp_reply_fail(&r, KVP_ERR_EXISTS, "a segment named %s is already mounted", d->name);
     status = mount_claims(&r, d);
     if (status != KVP_OK)
@@ -432,6 +447,8 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
     seg->tenant = tenant >= 0 ? (uint16_t)tenant : 0;
     st->tenants.t[seg->tenant].dedicated += seg->dedicated;
     limbo_attach(st, seg);
+    if (seg->dfs)
+        dfs_take_over(st, seg);
     warn_loopback(st, seg);
     KVP_LOG_INFO("mounted segment %s (id %#llx, %llu bytes, endpoint %s%s%s)", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)seg->size, seg->tcp_endpoint,
@@ -520,6 +537,25 @@ static kvp_limbo_owner_t limbo_owner(const kvp_segment_t *seg)
  */
 static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool silent)
 {
+    if (silent && seg->dfs && !seg->orphan && !seg->draining && st->config.segment_grace_ms > 0) {
+        /* a DFS segment: its shard file is in the shared directory, its objects readable
+         * there without an owner. Kept for --segment-grace, ownerless: no new replicas;
+         * tasks sent to the dead owner are sent again to the next (its shard's next mount
+         * takes it over: dfs_take_over) */
+        seg->orphan = true;
+        seg->orphan_until_ms = st->now_ms + st->config.segment_grace_ms;
+        seg->owner_conn_id = 0;
+        for (kvp_ssd_task_t *t = st->tasks; t != NULL; t = t->next)
+            if (t->segment_id == seg->id)
+                t->sent = false;
+        st->stats.dfs_orphaned++;
+        KVP_LOG_WARN("DFS segment %s (id %#llx): its owner went silent; its %llu objects stay "
+                     "readable in the directory for %u s (--segment-grace) until a mount of its "
+                     "shard file takes it over",
+                     seg->name, (unsigned long long)seg->id, (unsigned long long)seg->objects,
+                     st->config.segment_grace_ms / 1000);
+        return 0;
+    }
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
     kvp_limbo_owner_t owner = limbo_owner(seg);
     if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && seg->objects > 0 &&
@@ -632,13 +668,22 @@ void kvp_segment_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
     for (uint32_t i = 0; i < st->segments.n_slots; i++) {
         kvp_segment_t *seg = st->segments.slots[i];
-        if (seg != NULL && seg->owner_conn_id == conn_id)
+        if (seg != NULL && seg->owner_conn_id == conn_id && !seg->orphan)
             unmount_segment(st, seg, true);
     }
 }
 
 void kvp_segment_limbo_expire(kvp_master_state_t *st)
 {
+    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
+        kvp_segment_t *seg = st->segments.slots[i];
+        if (seg != NULL && seg->orphan && seg->orphan_until_ms <= st->now_ms) {
+            KVP_LOG_WARN("DFS segment %s: no owner took its shard file over within "
+                         "--segment-grace: unmounted",
+                         seg->name);
+            unmount_segment(st, seg, false);
+        }
+    }
     for (kvp_limbo_t **pp = &st->limbo; *pp != NULL;) {
         kvp_limbo_t *l = *pp;
         if (l->until_ms > st->now_ms) {
@@ -651,6 +696,75 @@ void kvp_segment_limbo_expire(kvp_master_state_t *st)
         st->stats.limbo_expired += l->n;
         *pp = l->next;
         kvp_limbo_free(l);
+    }
+}
+
+/* The shard a DFS segment's name names: "/dfs/<directory id>/<shard file>" (NULL: none). */
+static const char *dfs_shard(const char *name)
+{
+    return strstr(name, "/dfs/");
+}
+
+typedef struct take_ctx {
+    kvp_master_state_t *st;
+    kvp_segment_t *from, *to;
+} take_ctx_t;
+
+/* An object's replica on the ownerless segment moves to the new one (the same extent of the
+ * same file); when its extent cannot be reserved there, the replica is dropped. */
+static bool take_cb(kvp_object_t *obj, void *arg)
+{
+    take_ctx_t *c = arg;
+    for (unsigned i = 0; i < obj->n_replicas; i++) {
+        kvp_replica_t *rep = &obj->replicas[i];
+        if (rep->segment_id != c->from->id)
+            continue;
+        uint32_t h;
+        if (kvp_offset_alloc_reserve(c->to->alloc, rep->offset, obj->size, &h) != KVP_OK) {
+            drop_ctx_t d = {.st = c->st, .segment_id = c->from->id};
+            return drop_replica_cb(obj, &d);
+        }
+        kvp_index_charge(&c->st->index, obj, -1);
+        rep->segment_id = c->to->id;
+        rep->handle = h;
+        kvp_index_charge(&c->st->index, obj, +1);
+        c->to->objects++;
+        c->st->stats.dfs_taken_over++;
+    }
+    return false;
+}
+
+/* A mount of a DFS segment: an ownerless DFS segment of the same shard file (directory and
+ * file, the same size; the same principal, tenant and dedication) is taken over: its objects'
+ * replicas and its queued tasks move to the new segment, the old one goes. The new owner's
+ * offer then finds them there already (ha/rebuild.c). */
+static void dfs_take_over(kvp_master_state_t *st, kvp_segment_t *seg)
+{
+    const char *shard = dfs_shard(seg->name);
+    kvp_limbo_owner_t owner = limbo_owner(seg), prev;
+    for (uint32_t i = 0; shard != NULL && i < st->segments.n_slots; i++) {
+        kvp_segment_t *o = st->segments.slots[i];
+        if (o == NULL || o == seg || !o->orphan || o->size != seg->size ||
+            dfs_shard(o->name) == NULL || strcmp(dfs_shard(o->name), shard) != 0)
+            continue;
+        prev = limbo_owner(o);
+        if (prev.tag != owner.tag || prev.tenant != owner.tenant ||
+            prev.dedicated != owner.dedicated || prev.dedicated_to != owner.dedicated_to)
+            continue;
+        take_ctx_t c = {.st = st, .from = o, .to = seg};
+        uint64_t before = st->stats.dfs_taken_over;
+        if (o->objects > 0)
+            kvp_index_foreach_remove(&st->index, take_cb, &c);
+        for (kvp_ssd_task_t *t = st->tasks; t != NULL; t = t->next) {
+            if (t->segment_id == o->id)
+                t->segment_id = seg->id;
+            if (t->ssd.segment_id == o->id)
+                t->ssd.segment_id = seg->id;
+        }
+        KVP_LOG_INFO("DFS segment %s takes over the shard of %s: %llu objects handed over",
+                     seg->name, o->name, (unsigned long long)(st->stats.dfs_taken_over - before));
+        kvp_segment_table_remove(&st->segments, o);
+        return;
     }
 }
 

@@ -12,8 +12,8 @@ on NFS or 3FS-FUSE. Covered:
  2. no owner in the path: a client with the directory reads and writes DFS replicas with
     the DFS owner frozen (SIGSTOP), its served counters unchanged; a client of another
     directory (another id) does not touch the files: it goes through the owner;
- 3. a full DFS: the put is refused (POOL_FULL, "DFS full", Mooncake's -200), nothing of it
-    is visible, the memory tier still takes puts without a DFS replica;
+ 3. a full DFS with --dfs-eviction off: the put is refused (POOL_FULL, "DFS full", Mooncake's
+    -200), nothing of it is visible, the memory tier still takes puts without a DFS replica;
  4. refusals: dfs_replica_num 2, or with medium "ssd", or (mooncake.store) with
     replica_num 0: -600 / INVALID_ARG; no DFS segment mounted: UNSUPPORTED / -1601;
  5. the DFS owner killed and started again on the same directory: its shard comes back
@@ -23,6 +23,15 @@ on NFS or 3FS-FUSE. Covered:
     read back from DFS after the memory owner died;
  8. a DFS write that fails (its owner stopped): the put fails (IO), the key stays absent;
  9. DRAM eviction: an object with a DFS replica loses only its memory replica;
+10. DFS eviction (on by default): puts into a full DFS succeed; objects on DFS only go,
+    least recently used first; objects with memory replicas keep them, byte-exact;
+11. the DFS owner killed by PID: its objects stay, read in the shard file by a client with
+    the directory (one without it gets KVP_ERR_CONNECT); a new serve of the directory takes
+    the free shard file over (flock), the objects are handed to it, new DFS puts work; a
+    second serve beside it gets a shard file of its own; past --segment-grace with no new
+    owner the objects go; another principal's serve is handed none of them; a serve of
+    another node (its own host name: unshare --uts) finds the dead node's shard file and
+    takes it over; the owner frozen past --client-ttl and resumed takes its segment back;
  and the CLI: `kvpool put --dfs`, `kvpool ls` naming dram+dfs.
 """
 
@@ -51,22 +60,25 @@ class DfsPool(Pool):
     """A master, a DFS owner (`kvpool serve --segment-size 0 --dfs-path DIR --dfs-size N
     --http-listen`) and memory segments."""
 
-    def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",)):
+    def __init__(self, dfs_dir, dfs_size="8MiB", memory=("64MiB",), master_args=(), node=None):
         self.http_port = free_port()  # the master's /metrics
         super().__init__(segments=(), master_args=("--lease-ttl", "0", "--http-listen",
-                                                   f"127.0.0.1:{self.http_port}"))
+                                                   f"127.0.0.1:{self.http_port}",
+                                                   *master_args))
         self.dfs_dir = str(dfs_dir)
         self.dfs_size = dfs_size
         try:
-            self.dfs = self.start_dfs()
+            self.dfs = self.start_dfs(node)
             for size in memory:
                 self.add_segment(size)
         except Exception:
             self.close()
             raise
 
-    def start_dfs(self):
-        d = Proc([self.cli_bin, "--master", self.addr, "serve", "--segment-size", "0",
+    def start_dfs(self, node=None):
+        """node: the serve's host name (its own UTS namespace: another node's shard name)."""
+        pre = ["unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', node] if node else []
+        d = Proc([*pre, self.cli_bin, "--master", self.addr, "serve", "--segment-size", "0",
                   "--dfs-path", self.dfs_dir, "--dfs-size", self.dfs_size,
                   "--http-listen", "127.0.0.1:0", "--ready-fd", "{fd}"], lines=2)
         self.segments.append(d)
@@ -256,7 +268,7 @@ def test_env_var_names_the_directory(dfs_pool, monkeypatch):
 
 
 def test_full_dfs_refuses_the_put_and_leaves_nothing(dfs_pool):
-    p = dfs_pool(dfs_size="1MiB")
+    p = dfs_pool(dfs_size="1MiB", master_args=("--dfs-eviction", "off"))
     big = os.urandom(600 * KiB)
     with kvpool.Client(p.addr) as c:
         c.put("f1", big, dfs_replica_num=1)
@@ -481,3 +493,258 @@ def test_dram_eviction_keeps_the_dfs_replica(dfs_pool):
         ssd0 = client_ssd(c)["get"]["ops"]
         assert c.get("keep") == keep
         assert client_ssd(c)["get"]["ops"] == ssd0 + 1  # read from DFS (through its owner)
+
+
+def test_full_dfs_evicts_least_recently_used(dfs_pool):
+    """DFS eviction (on by default, Mooncake's MOONCAKE_DFS_EVICTION_ENABLED): DFS puts into a
+    full DFS succeed; objects on DFS only (DRAM evicted them) go, least recently used first;
+    objects with a memory replica lose their DFS copy only and read back byte-exact."""
+    p = dfs_pool(dfs_size="4MiB", memory=("8MiB",))
+    with kvpool.Client(p.addr) as c:
+        dfs_id = {s["id"] for s in c.stat()["segments"] if s["medium"] == "dfs"}
+        old = {f"a{i}": os.urandom(1 * MiB - 4 * KiB) for i in range(3)}
+        for k, v in old.items():
+            c.put(k, v, dfs_replica_num=1)
+        fill = {f"fill{i}": os.urandom(1 * MiB) for i in range(12)}
+        for k, v in fill.items():  # DRAM evicts a0..a2: on DFS only now
+            c.put(k, v)
+        for k in old:
+            listed = {x["key"]: x for x in c.list_keys(f"^{k}$")}
+            assert set(listed[k]["segment_ids"]) == dfs_id, listed
+        assert c.get("a1") == old["a1"]  # read: a1 is more recent than a0 and a2
+        new = {f"b{i}": os.urandom(1 * MiB - 4 * KiB) for i in range(6)}
+        ks = list(new)
+        for k in ks[:2]:  # b0 passes the high watermark (0.9): down to 0.7, a0 and a2 go
+            c.put(k, new[k], dfs_replica_num=1)
+        assert [c.exists(k) for k in old] == [False, True, False]  # DFS only, LRU first
+        assert c.get("a1") == old["a1"]
+        for k in ks[2:]:
+            c.put(k, new[k], dfs_replica_num=1)  # never POOL_FULL: the DFS makes room
+        assert p.master_metric("kvpool_dfs_full_total") == 0
+        assert p.master_metric("kvpool_dfs_evicted_objects_total") >= 2
+        assert p.master_metric("kvpool_dfs_evictions_total") > \
+            p.master_metric("kvpool_dfs_evicted_objects_total")  # copies of DRAM objects too
+        with pytest.raises(kvpool.Error) as ei:
+            c.get("a0")
+        assert ei.value.status == kvpool.ERR_NOT_FOUND
+        on_dfs = 0
+        for k, v in new.items():  # all still there: in memory, some on DFS as well
+            listed = {x["key"]: x for x in c.list_keys(f"^{k}$")}
+            segs = set(listed[k]["segment_ids"])
+            assert segs - dfs_id, (k, listed)  # a memory replica kept
+            on_dfs += bool(segs & dfs_id)
+            assert c.get(k) == v
+        assert 0 < on_dfs < len(new), on_dfs  # the newest keep their DFS copy, the oldest lost it
+
+
+def _wait_get(c, key, timeout=10):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return c.get(key)
+        except kvpool.Error as e:
+            assert time.monotonic() < deadline, (key, e)
+            time.sleep(0.05)
+
+
+def _on_dfs_only(p, prefix, n, size):
+    """Objects put with a DFS replica (recorded by its owner), then their memory segment
+    killed: on DFS only. Returns {key: bytes}."""
+    data = {f"{prefix}{i}": os.urandom(size + i * 4099) for i in range(n)}
+    with kvpool.Client(p.addr) as c:
+        for k, v in data.items():
+            c.put(k, v, dfs_replica_num=1)
+    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
+    mem = p.segments[-1]
+    mem.kill()  # the memory replicas go
+    p.segments.remove(mem)
+    return data
+
+
+def _shard_locked(path):
+    """Does a live process hold the shard file (its owner's flock)?"""
+    import fcntl
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+        return False
+
+
+def test_dfs_owner_killed_objects_stay_and_a_new_owner_takes_over(dfs_pool):
+    """The DFS owner killed by PID: its segment stays, ownerless, for --segment-grace; a
+    client with the directory still reads its DFS-only objects in the shard file; a client
+    without it gets an error (no owner to read through). The next `kvpool serve --dfs-path`
+    of the directory takes the free shard file over: the objects are handed to it, read
+    through it, and new DFS puts go there. Two owners never hold one shard file."""
+    p = dfs_pool()
+    shard = os.path.join(p.dfs_dir, p.dfs_name.rsplit("/", 1)[1])
+    assert _shard_locked(shard)  # its owner holds it
+    data = _on_dfs_only(p, "o", 6, 50_000)
+    with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
+        assert _wait_get(c, "o0") == data["o0"]
+    p.dfs.kill()  # kill -9 the DFS owner
+    p.segments.remove(p.dfs)
+    deadline = time.monotonic() + 10
+    while p.master_metric("kvpool_dfs_orphaned_total") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not _shard_locked(shard)  # free: the next owner may take it
+    with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
+        dfs0 = client_dfs(c)["get"]["ops"]
+        for k, v in data.items():  # in the shard file, no owner needed
+            assert c.get(k) == v
+        assert client_dfs(c)["get"]["ops"] == dfs0 + len(data)
+        assert c.exists("o1")
+    with kvpool.Client(p.addr) as c:  # no directory: nobody to read through
+        with pytest.raises(kvpool.Error) as ei:
+            c.get("o1")
+        assert ei.value.status == kvpool.STATUS["KVP_ERR_CONNECT"], ei.value  # its owner's
+        assert "cannot connect" in str(ei.value), str(ei.value)
+        assert c.exists("o1")  # still an object: it comes back with an owner
+        with pytest.raises(kvpool.Error) as ei:  # no owner: no new DFS replica there
+            c.put("n0", b"n" * 1000, dfs_replica_num=1)
+        assert ei.value.status in (POOL_FULL, UNSUPPORTED), ei.value
+    # a new owner of the directory (another node in production): it takes the free shard over
+    p.dfs = p.start_dfs()
+    assert p.dfs_name.endswith("/" + os.path.basename(shard)), p.dfs_name
+    assert _shard_locked(shard)
+    assert p.master_metric("kvpool_dfs_taken_over_total") == len(data)
+    p.add_segment("64MiB")
+    with kvpool.Client(p.addr) as c:  # through the new owner
+        for k, v in data.items():
+            assert _wait_get(c, k) == v
+        c.put("n0", b"n" * 1000, dfs_replica_num=1)  # new DFS puts work again
+        assert c.get("n0") == b"n" * 1000
+        segs = {s["name"] for s in c.stat()["segments"] if s["medium"] == "dfs"}
+        assert segs == {p.dfs_name}, segs  # the ownerless one is gone
+    assert p.master_metric("kvpool_adopt_refused_total") in (0, None)
+    # a second owner beside it never opens the same shard file: it makes one of its own
+    owner = p.dfs_name
+    other = p.start_dfs()
+    assert other.lines[0] != owner
+    assert other.lines[0].rsplit("/", 1)[1] != os.path.basename(shard)
+    assert _shard_locked(shard)
+    with kvpool.Client(p.addr) as c:
+        assert c.get("o2") == data["o2"]
+
+
+def test_ownerless_dfs_segment_goes_after_the_grace(dfs_pool):
+    p = dfs_pool(master_args=("--segment-grace", "1"))
+    v = os.urandom(40_000)
+    with kvpool.Client(p.addr) as c:
+        c.put("g1", v, dfs_replica_num=1)
+    mem = p.segments[-1]
+    mem.kill()
+    p.segments.remove(mem)
+    p.dfs.kill()
+    p.segments.remove(p.dfs)
+    with kvpool.Client(p.addr, dfs_path=p.dfs_dir) as c:
+        assert _wait_get(c, "g1") == v  # within the grace: read in the file
+        deadline = time.monotonic() + 10
+        while c.exists("g1"):  # past it: the segment is unmounted, the object gone
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        with pytest.raises(kvpool.Error) as ei:
+            c.get("g1")
+        assert ei.value.status == kvpool.ERR_NOT_FOUND
+
+
+def test_another_principal_never_takes_a_shard_over(certs, tmp_path, monkeypatch):
+    """With an ACL: the DFS owner (principal segsrv) killed; another principal's serve of the
+    same directory (segthief, team-b) opens the free shard file but is handed none of the
+    objects; segsrv's next serve is, and team-a's client reads them byte-exact."""
+    from test_tenants import PRINCIPALS, TenantMaster
+    from test_security import _CRED_ENV, close_all
+    for var in _CRED_ENV:
+        monkeypatch.delenv(var, raising=False)
+    m = TenantMaster(certs, str(tmp_path), PRINCIPALS, {})
+    m.metric = lambda name: metric(m.metrics(), name)
+    dfs_dir = tmp_path / "dfs"
+    dfs_dir.mkdir()
+
+    def serve(who):
+        crt, key = certs.pair(PRINCIPALS[who]["cn"])
+        s = Proc([_bin("KVPOOL_CLI_BIN"), "--master", m.addr, "--tls-ca", certs.ca,
+                  "--tls-cert", crt, "--tls-key", key, "serve", "--segment-size", "0",
+                  "--dfs-path", str(dfs_dir), "--dfs-size", "8MiB", "--ready-fd", "{fd}"])
+        m.segments.append(s)
+        return s
+
+    try:
+        m.add_segment("64MiB")
+        owner = serve("segsrv")
+        blobs = {f"t{i}": os.urandom(30_000 + i * 777) for i in range(4)}
+        with m.client("alice") as alice:
+            for k, v in blobs.items():
+                alice.put(k, v, dfs_replica_num=1)
+        time.sleep(0.5)  # RECORD tasks
+        owner.kill()
+        m.segments.remove(owner)
+        deadline = time.monotonic() + 10
+        while m.metric("kvpool_dfs_orphaned_total") != 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        shard = owner.lines[0].rsplit("/", 1)[1]
+        thief = serve("segthief")
+        assert thief.lines[0].endswith("/" + shard), thief.lines  # the free file: opened
+        assert m.metric("kvpool_dfs_taken_over_total") == 0  # but not its principal's
+        thief.kill()
+        m.segments.remove(thief)
+        serve("segsrv")  # its own principal: the objects are handed over
+        deadline = time.monotonic() + 10
+        while m.metric("kvpool_dfs_taken_over_total") != len(blobs):
+            assert time.monotonic() < deadline, m.metric("kvpool_dfs_taken_over_total")
+            time.sleep(0.05)
+        with m.client("alice") as alice:
+            for k, v in blobs.items():
+                assert alice.get(k) == v
+    finally:
+        close_all([m])
+
+
+def test_a_serve_on_another_node_takes_the_shard_over(dfs_pool):
+    """The DFS owner of node "nodeb" (its own host name, shard-nodeb-0) killed: a serve on this
+    node finds that free shard file in the directory and takes it over."""
+    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare --uts (root) to give a serve another host name")
+    p = dfs_pool(node="nodeb")
+    assert p.dfs_name.endswith("/shard-nodeb-0.kvpdfs"), p.dfs_name
+    data = _on_dfs_only(p, "n", 5, 20_000)
+    p.dfs.kill()
+    p.segments.remove(p.dfs)
+    deadline = time.monotonic() + 10
+    while p.master_metric("kvpool_dfs_orphaned_total") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    p.dfs = p.start_dfs()  # this node's serve
+    assert p.dfs_name.endswith("/shard-nodeb-0.kvpdfs"), p.dfs_name
+    assert p.master_metric("kvpool_dfs_taken_over_total") == len(data)
+    with kvpool.Client(p.addr) as c:  # no directory: through the new owner
+        for k, v in data.items():
+            assert _wait_get(c, k) == v
+
+
+def test_dfs_owner_back_after_silence_takes_its_segment_back(dfs_pool):
+    """The DFS owner frozen (SIGSTOP) past --client-ttl: the master drops its connection and
+    keeps the segment ownerless; resumed (SIGCONT), the owner mounts again under the same
+    name and takes its segment back (not refused as a name already mounted)."""
+    p = dfs_pool(master_args=("--client-ttl", "1"))
+    data = _on_dfs_only(p, "z", 4, 10_000)
+    os.kill(p.dfs.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 15
+    while p.master_metric("kvpool_dfs_orphaned_total") != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    os.kill(p.dfs.pid, signal.SIGCONT)
+    deadline = time.monotonic() + 15
+    while p.master_metric("kvpool_dfs_taken_over_total") != len(data):
+        assert time.monotonic() < deadline, p.master_metric("kvpool_dfs_taken_over_total")
+        time.sleep(0.1)
+    with kvpool.Client(p.addr) as c:  # through its owner again
+        segs = [s for s in c.stat()["segments"] if s["medium"] == "dfs"]
+        assert [s["name"] for s in segs] == [p.dfs_name], segs
+        for k, v in data.items():
+            assert _wait_get(c, k) == v

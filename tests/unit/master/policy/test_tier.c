@@ -19,7 +19,12 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/dispatch.h"
+#include "master/ha/rebuild.h"
+#include "master/policy/eviction.h"
+#include "master/policy/lease.h"
+#include "master/policy/lists.h"
 #include "master/policy/tier.h"
+#include "master/rpc/segment_calls.h"
 #include "master/core/state.h"
 #include "tests/unit/master/svc_call.h"
 
@@ -566,6 +571,7 @@ static void test_dfs_full_and_eviction(void **state)
     fx_t *fx = *state;
     uint64_t segs[8], dfs = mount(&fx->st, C_DFS, "h:1/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
     size_t n;
+    fx->st.config.dfs_evict = false; /* --dfs-eviction off (test_dfs_eviction: on) */
     /* 4 objects fill the DFS segment (16000 B in 16 KiB blocks) */
     for (int i = 0; i < 4; i++) {
         char k[8];
@@ -596,6 +602,169 @@ static void test_dfs_full_and_eviction(void **state)
     assert_int_equal(put_start(&fx->st, "f4", OBJ, NULL, NULL), KVP_OK);
 }
 
+/* Find the task of kind queued for segment seg (NULL: none). */
+static const kvp_ssd_task_t *task_of(const kvp_master_state_t *st, uint64_t seg, int kind)
+{
+    for (const kvp_ssd_task_t *t = st->tasks; t != NULL; t = t->next)
+        if (t->segment_id == seg && (int)t->kind == kind)
+            return t;
+    return NULL;
+}
+
+static void test_dfs_eviction(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t segs[8], dfs = mount(&fx->st, C_DFS, "h:1/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
+    mount(&fx->st, C_DRAM, "dram-b", "dram", 1 << 20); /* DRAM has room: no DRAM eviction */
+    size_t n;
+    /* high watermark 1.0: only puts that need room evict */
+    fx->st.config.dfs_evict_high = 1.0;
+    fx->st.config.dfs_evict_low = 1.0;
+    fx->st.config.promote_on_hit = false; /* (a promotion in flight is never a victim) */
+    for (int i = 0; i < 4; i++) {         /* DFS full: f0..f3 */
+        char k[8];
+        snprintf(k, sizeof(k), "f%d", i);
+        assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
+        assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
+    }
+    /* f0 a DRAM victim: on DFS only now */
+    kvp_object_t *f0 = kvp_index_lookup(&fx->st.index, "f0", 2, kvp_index_hash("f0", 2));
+    assert_int_equal(kvp_tier_victim(&fx->st, f0), KVP_TIER_FREED);
+    assert_int_equal(get(&fx->st, "f0", segs, &n), KVP_OK);
+    assert_true(n == 1 && segs[0] == dfs);
+    /* f1 hard-pinned: never a DFS victim */
+    kvp_object_t *f1 = kvp_index_lookup(&fx->st.index, "f1", 2, kvp_index_hash("f1", 2));
+    f1->pin = KVP_PIN_HARD;
+    kvp_policy_move(&fx->st, f1, KVP_POLICY_PINNED, false);
+    fx->st.now_ms += 3600 * 1000; /* the reads' leases (get) are over */
+    /* a fifth DFS put: the least recently used DFS copy goes; f0 had no other: removed */
+    assert_int_equal(put_start_dfs(&fx->st, "f4", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_true(n == 2 && segs[1] == dfs);
+    assert_int_equal(put_end_mask(&fx->st, "f4", 9, 0x3), KVP_OK);
+    assert_int_equal(get(&fx->st, "f0", segs, &n), KVP_ERR_NOT_FOUND);
+    assert_int_equal(fx->st.stats.dfs_evicted, 1);
+    assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    assert_int_equal(fx->st.stats.dfs_full, 0);
+    const kvp_ssd_task_t *fg = task_of(&fx->st, dfs, KVP_SSD_FORGET); /* its entry goes */
+    assert_non_null(fg);
+    assert_int_equal(fg->key_len, 2);
+    assert_memory_equal(fg->key, "f0", 2);
+    fx->st.now_ms += 3600 * 1000;
+    /* the sixth: f2 (the oldest in DRAM but f1, pinned) loses its DFS copy, keeps DRAM */
+    assert_int_equal(put_start_dfs(&fx->st, "f5", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_int_equal(put_end_mask(&fx->st, "f5", 9, 0x3), KVP_OK);
+    assert_int_equal(fx->st.stats.dfs_evicted, 2);
+    assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    assert_int_equal(get(&fx->st, "f2", segs, &n), KVP_OK);
+    assert_true(n == 1 && segs[0] != dfs);
+    assert_int_equal(get(&fx->st, "f1", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(get(&fx->st, "f3", segs, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    /* the watermarks: above the high one, down to the low one */
+    fx->st.now_ms += 3600 * 1000;
+    fx->st.config.dfs_evict_high = 0.5;
+    fx->st.config.dfs_evict_low = 0.25;
+    kvp_evict_if_needed(&fx->st);
+    assert_int_equal(kvp_segment_table_used_dfs(&fx->st.segments), 16384); /* f1's */
+    const char *ks[] = {"f2", "f3", "f4", "f5"};
+    for (int i = 0; i < 4; i++) { /* all still there, in DRAM */
+        assert_int_equal(get(&fx->st, ks[i], segs, &n), KVP_OK);
+        assert_true(n == 1 && segs[0] != dfs);
+    }
+    assert_int_equal(fx->st.stats.dfs_evicted, 5);
+    assert_int_equal(fx->st.stats.dfs_evicted_objects, 1);
+    /* a DFS segment dedicated to another tenant: a put of tenant 0 cannot use it, and
+     * evicts nothing there */
+    assert_int_equal(put_start_dfs(&fx->st, "y0", OBJ, 1, NULL, segs, &n), KVP_OK);
+    assert_int_equal(put_end_mask(&fx->st, "y0", 9, 0x3), KVP_OK); /* evictable */
+    kvp_segment_t *ds = kvp_segment_table_get(&fx->st.segments, dfs);
+    ds->dedicated = true;
+    ds->tenant = 7;
+    assert_int_equal(put_start_dfs(&fx->st, "x0", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(fx->st.stats.dfs_evicted, 5);
+    assert_int_equal(kvp_segment_table_used_dfs(&fx->st.segments), 2 * 16384);
+    ds->dedicated = false;
+    /* --dfs-eviction off: a full DFS refuses */
+    fx->st.config.dfs_evict = false;
+    fx->st.config.dfs_evict_high = 1.0;
+    for (int i = 0; i < 2; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "g%d", i);
+        assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
+        assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
+    }
+    assert_int_equal(put_start_dfs(&fx->st, "g2", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(fx->st.stats.dfs_evicted, 5);
+}
+
+/* The DFS owner's connection closes: its segment stays, ownerless, its objects readable;
+ * a mount of the same shard file takes it over; past --segment-grace it goes. */
+static void test_dfs_owner_gone_and_takeover(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t segs[8], dfs = mount(&fx->st, C_DFS, "h:1/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
+    size_t n;
+    fx->st.config.segment_grace_ms = 60000;
+    fx->st.config.promote_on_hit = false;
+    for (int i = 0; i < 2; i++) {
+        char k[8];
+        snprintf(k, sizeof(k), "d%d", i);
+        assert_int_equal(put_start_dfs(&fx->st, k, OBJ, 1, NULL, segs, &n), KVP_OK);
+        assert_int_equal(put_end_mask(&fx->st, k, 9, 0x3), KVP_OK);
+    }
+    kvp_object_t *d0 = kvp_index_lookup(&fx->st.index, "d0", 2, kvp_index_hash("d0", 2));
+    assert_int_equal(kvp_tier_victim(&fx->st, d0), KVP_TIER_FREED); /* d0: on DFS only */
+    uint64_t off = 0;
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_OK);
+    d0 = kvp_index_lookup(&fx->st.index, "d0", 2, kvp_index_hash("d0", 2));
+    off = d0->replicas[0].offset;
+    kvp_dispatch_conn_closed(&fx->st, C_DFS); /* kill -9 of its owner */
+    kvp_segment_t *seg = kvp_segment_table_get(&fx->st.segments, dfs);
+    assert_non_null(seg);
+    assert_true(seg->orphan);
+    assert_int_equal(fx->st.stats.dfs_orphaned, 1);
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_OK); /* still an object, on DFS */
+    assert_true(n == 1 && segs[0] == dfs);
+    /* no new DFS replica there, and a DFS put evicts nothing (no room to make) */
+    fx->st.now_ms += 3600 * 1000;
+    assert_int_equal(put_start_dfs(&fx->st, "d2", OBJ, 1, NULL, segs, &n), KVP_ERR_POOL_FULL);
+    assert_int_equal(fx->st.stats.dfs_evicted, 0);
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_OK);
+    /* another shard file (or size) takes nothing over */
+    uint64_t other = mount(&fx->st, 5, "h:2/dfs/0123/shard-h2-0.kvpdfs", "dfs", 65536);
+    assert_non_null(kvp_segment_table_get(&fx->st.segments, dfs));
+    assert_int_equal(fx->st.stats.dfs_taken_over, 0);
+    /* the same shard file, mounted by a new owner: the objects are handed to it */
+    uint64_t now = mount(&fx->st, 6, "h:3/dfs/0123/shard-h-0.kvpdfs", "dfs", 65536);
+    assert_null(kvp_segment_table_get(&fx->st.segments, dfs));
+    assert_int_equal(fx->st.stats.dfs_taken_over, 2);
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_OK);
+    assert_true(n == 1 && segs[0] == now);
+    assert_int_equal(get(&fx->st, "d1", segs, &n), KVP_OK);
+    assert_true(n == 2 && segs[1] == now);
+    /* its owner's offer of d0 finds it there: adopted, no second replica */
+    d0 = kvp_index_lookup(&fx->st.index, "d0", 2, kvp_index_hash("d0", 2));
+    kvp_adopt_entry_t e = {
+        .key = "d0", .key_len = 2, .version = d0->version, .offset = off, .size = OBJ, .crc32c = 9};
+    uint64_t refused = fx->st.stats.adopt_refused;
+    assert_int_equal(kvp_rebuild_adopt(&fx->st, kvp_segment_table_get(&fx->st.segments, now), &e),
+                     KVP_OK);
+    assert_int_equal(fx->st.stats.adopt_refused, refused);
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_OK);
+    assert_int_equal(n, 1);
+    /* the new owner dies too; nobody takes over within the grace: the segment goes */
+    kvp_dispatch_conn_closed(&fx->st, 6);
+    assert_non_null(kvp_segment_table_get(&fx->st.segments, now));
+    fx->st.now_ms += 61000;
+    kvp_segment_limbo_expire(&fx->st);
+    assert_null(kvp_segment_table_get(&fx->st.segments, now));
+    assert_int_equal(get(&fx->st, "d0", segs, &n), KVP_ERR_NOT_FOUND);
+    assert_int_equal(get(&fx->st, "d1", segs, &n), KVP_OK); /* its DRAM replica */
+    assert_true(n == 1 && segs[0] == fx->dram);
+    (void)other;
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -609,6 +778,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adoption_rules, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dfs_replica, setup, teardown),
         cmocka_unit_test_setup_teardown(test_dfs_full_and_eviction, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dfs_eviction, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dfs_owner_gone_and_takeover, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
