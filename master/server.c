@@ -264,6 +264,30 @@ static void attach_obs(kvp_master_server_t *srv)
     srv->state.mount_proof = srv->prover != NULL;
 }
 
+/*
+ * Close a connection's socket so that what the kernel holds for it still goes out. A close
+ * with unread input resets the connection, and the kernel then drops what it had not sent
+ * yet: a record change queued for an owner's SEG_RECORD stream (written before the replies
+ * of the puts that made it, docs/architecture.md) could be lost after those puts were
+ * acknowledged, if the master stops or loses leadership then. So what the peer sent and we
+ * did not read is read first (and dropped; 256 KiB at most, never waiting), then FIN
+ * follows the queued bytes.
+ */
+static void close_socket(int fd)
+{
+    char sink[4096];
+    for (int i = 0; i < 64; i++) {
+        ssize_t n = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+        if (n > 0)
+            continue;
+        if (n < 0 && errno == EINTR)
+            continue;
+        break;
+    }
+    shutdown(fd, SHUT_WR);
+    close(fd);
+}
+
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
 {
     for (parked_t **pp = &srv->parked; *pp != NULL;) {
@@ -284,7 +308,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     hold(srv, c, false);
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     kvp_tls_free(c->ssl);
-    close(c->fd);
+    close_socket(c->fd);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -433,8 +457,21 @@ static void answer(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t *h,
 /* ---- high availability (master/ha/leadership.c) ---- */
 
 /* Close every connection and let go of every held request. */
+static void push_records(kvp_master_server_t *srv);
+
 static void close_all(kvp_master_server_t *srv)
 {
+    /* what is queued in our buffers goes to the kernel first (one try each: a peer that
+     * reads nothing does not hold the stop): the owners' records before the replies, as
+     * in a loop turn */
+    push_records(srv);
+    for (uint32_t i = 0; i < srv->state.segments.n_slots; i++) {
+        kvp_segment_t *seg = srv->state.segments.slots[i];
+        if (seg != NULL && seg->record_stream != NULL)
+            (void)flush_out(srv, seg->record_stream);
+    }
+    for (conn_t *c = srv->conns; c != NULL; c = c->next)
+        (void)flush_out(srv, c);
     while (srv->conns != NULL)
         conn_close(srv, srv->conns);
     while (srv->parked != NULL) {
@@ -739,8 +776,6 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
     }
     return true;
 }
-
-static void push_records(kvp_master_server_t *srv);
 
 /*
  * Close c for a limit or a deadline, telling it why (status, msg) where it can still hear

@@ -31,6 +31,9 @@ cd "$(dirname "$0")/../.." || exit 1
 
 PY=/usr/bin/python3
 tmp=$(mktemp -d /tmp/kvpool-pip-test.XXXXXX)
+# others may traverse it (source copies and venvs, nothing secret): the transfer-engine
+# tests run a peer as user nobody from here
+chmod 755 "$tmp"
 trap 'rm -rf "$tmp"' EXIT
 # meson-python runs ninja with its default parallelism (cores + 2); keep to 2 jobs
 JOBS=${KVPOOL_PIP_JOBS:-2}
