@@ -56,6 +56,7 @@
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
 #include "client/transport/wire.h"
+#include "common/acl.h"
 #include "common/log.h"
 #include "common/sock.h"
 #include "common/clock.h"
@@ -78,7 +79,13 @@ typedef struct te_auth {
     char cn[128];
     char allowed[TE_ALLOWED_MAX][128]; /* KVPOOL_TE_PEERS; n_allowed 0: any of the CA */
     size_t n_allowed;
+    kvp_acl_t *acl; /* KVPOOL_TE_ACL: a peer's roles and tenant; NULL: every admitted peer rw */
+    char tenant[KVP_TENANT_NAME_MAX]; /* with acl: our own principal's */
 } te_auth_t;
+
+/* What a connection's proved principal may do here (te_conn_t.rights). */
+#define TE_MAY_READ 1u
+#define TE_MAY_WRITE 2u
 
 typedef struct te_region {
     uintptr_t addr;
@@ -143,7 +150,7 @@ struct kvp_te {
     pthread_t worker;
     /* counters (relaxed) */
     _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth,
-        cma_served[2], cma_bytes[2], notifies, notifies_dropped;
+        refused_role, refused_tenant, cma_served[2], cma_bytes[2], notifies, notifies_dropped;
 };
 
 /* ---- the backend: registered memory by virtual address ---- */
@@ -184,8 +191,10 @@ static kvp_status_t te_check(void *backend, uint64_t off, uint64_t len, bool wri
 
 /* A connection's state (data_backend.h conn_open): whether its peer was admitted. */
 typedef struct te_conn {
-    int admitted; /* 0: not asked yet, 1: yes, -1: no */
-    bool authed;  /* credentials on: a TE_AUTH proved an allowed principal */
+    int admitted;   /* 0: not asked yet, 1: yes, -1: no */
+    bool authed;    /* credentials on: a TE_AUTH proved an allowed principal */
+    uint8_t rights; /* credentials on: TE_MAY_* of that principal */
+    bool own;       /* credentials on: that principal is ours (the one-copy shm path) */
 } te_conn_t;
 
 static kvp_status_t te_conn_open(void *backend, void **conn_p)
@@ -300,6 +309,21 @@ static bool conn_admitted(kvp_te_t *te, te_conn_t *c, int fd)
     return c->admitted > 0;
 }
 
+/* Admitted, and (credentials on) its principal's rights hold need (TE_MAY_*)? A principal
+ * refused for its rights is counted (refused_role) once per request. */
+static bool conn_may(kvp_te_t *te, te_conn_t *c, int fd, uint8_t need)
+{
+    if (!conn_admitted(te, c, fd))
+        return false;
+    if (te->auth == NULL || (c->rights & need) == need)
+        return true;
+    atomic_fetch_add_explicit(&te->refused_role, 1, memory_order_relaxed);
+    KVP_LOG_WARN_LIMITED("transfer engine: a peer whose principal may not %s here (its roles in "
+                         "KVPOOL_TE_ACL); refused",
+                         need & TE_MAY_WRITE ? "write" : "read");
+    return false;
+}
+
 /* Under the read lock: is every extent still registered (not unregistered since its
  * check)? */
 static bool still_inside_locked(kvp_te_t *te, const kvp_data_vec_t *v, size_t n)
@@ -320,7 +344,7 @@ static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, 
                     uint64_t total, kvp_status_t *reply_p)
 {
     kvp_te_t *te = backend;
-    if (!conn_admitted(te, conn, fd)) {
+    if (!conn_may(te, conn, fd, TE_MAY_READ)) {
         *reply_p = KVP_ERR_DENIED; /* answered; the connection goes on, refused again */
         return true;
     }
@@ -338,7 +362,7 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
                      kvp_status_t *reply_p)
 {
     kvp_te_t *te = backend;
-    if (!conn_admitted(te, conn, fd)) {
+    if (!conn_may(te, conn, fd, TE_MAY_WRITE)) {
         /* its payload read and dropped, then KVP_ERR_DENIED: the peer reads the refusal */
         uint8_t sink[16384];
         for (size_t i = 0; i < n; i++)
@@ -429,6 +453,43 @@ static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, 
     return ok;
 }
 
+/* What the proved principal cn may do here (TE_MAY_*), KVPOOL_TE_ACL's rule: none set,
+ * read and write (KVPOOL_TE_PEERS already named it). With it: cn must be a principal's
+ * cert-cn; an admin may read and write; anyone else must be of our own principal's tenant
+ * and have no key patterns (our memory holds KV of every key of the tenant, as a segment
+ * does for role shm's rule), then `read` lets it read and `write` write. 0 with *why_p
+ * and the counter to bump in *count_p: refused. */
+static uint8_t auth_rights(kvp_te_t *te, const char *cn, const char **why_p,
+                           _Atomic uint64_t **count_p)
+{
+    const te_auth_t *a = te->auth;
+    if (a->acl == NULL)
+        return TE_MAY_READ | TE_MAY_WRITE;
+    const kvp_principal_t *p = kvp_acl_by_cn(a->acl, cn);
+    *count_p = &te->refused_auth;
+    if (p == NULL) {
+        *why_p = "no principal of KVPOOL_TE_ACL has this cert-cn";
+        return 0;
+    }
+    if (p->roles & KVP_ROLE_ADMIN)
+        return TE_MAY_READ | TE_MAY_WRITE;
+    *count_p = &te->refused_tenant;
+    if (strcmp(p->tenant, a->tenant) != 0) {
+        *why_p = "a principal of another tenant than this engine's";
+        return 0;
+    }
+    *count_p = &te->refused_role;
+    if (p->n_patterns > 0) {
+        *why_p = "a principal with key patterns (an engine's KV is every key of its tenant's)";
+        return 0;
+    }
+    uint8_t r = (p->roles & KVP_ROLE_READ ? TE_MAY_READ : 0) |
+                (p->roles & KVP_ROLE_WRITE ? TE_MAY_WRITE : 0);
+    if (r == 0)
+        *why_p = "a principal with neither role read nor role write";
+    return r;
+}
+
 /* The target's side of TE_AUTH. A refusal is answered KVP_ERR_DENIED and counted; the
  * connection goes on, unproved (every request of it refused until a proof passes). */
 static bool te_auth(void *backend, void *conn, int fd)
@@ -464,10 +525,14 @@ static bool te_auth(void *backend, void *conn, int fd)
     bool ok = auth_verify(te->auth, buf, lens[0], buf + lens[0], lens[1], msg, sizeof(msg), cn,
                           sizeof(cn), &why);
     free(buf);
+    _Atomic uint64_t *count = &te->refused_auth;
+    c->rights = ok ? auth_rights(te, cn, &why, &count) : 0;
+    ok = ok && c->rights != 0;
+    c->own = ok && strcmp(cn, te->auth->cn) == 0;
     c->authed = ok;
     c->admitted = 0; /* asked again at the next request */
     if (!ok) {
-        atomic_fetch_add_explicit(&te->refused_auth, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(count, 1, memory_order_relaxed);
         KVP_LOG_WARN_LIMITED("transfer engine: a peer's certificate (CN '%s') refused: %s", cn,
                              why);
     }
@@ -532,9 +597,34 @@ static void auth_free(te_auth_t *a)
     if (a == NULL)
         return;
     X509_STORE_free(a->ca);
+    kvp_acl_destroy(a->acl);
     EVP_PKEY_free(a->key);
     OPENSSL_free(a->cert_der);
     free(a);
+}
+
+/* KVPOOL_TE_ACL (an ACL file, the master's --acl-file format) into a, with our own
+ * principal's tenant: a file that does not load, or names no principal with our
+ * certificate's CN, is KVP_ERR_INVALID_ARG (never an engine that takes anyone). */
+static kvp_status_t acl_load(te_auth_t *a)
+{
+    const char *path = getenv("KVPOOL_TE_ACL");
+    if (path == NULL || path[0] == '\0')
+        return KVP_OK;
+    char err[512];
+    if (kvp_acl_load(path, &a->acl, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s: %s", path, err);
+        return KVP_ERR_INVALID_ARG;
+    }
+    const kvp_principal_t *me = kvp_acl_by_cn(a->acl, a->cn);
+    if (me == NULL) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s has no principal whose cert-cn is our "
+                      "certificate's CN '%s' (its tenant is the one peers must be of)",
+                      path, a->cn);
+        return KVP_ERR_INVALID_ARG;
+    }
+    snprintf(a->tenant, sizeof(a->tenant), "%s", me->tenant);
+    return KVP_OK;
 }
 
 /* Credentials from the environment, as the store's client takes them (KVPOOL_TLS_CA,
@@ -547,6 +637,12 @@ static kvp_status_t auth_load(te_auth_t **a_p)
                *key = getenv("KVPOOL_TLS_KEY");
     int given = (ca && ca[0]) + (cert && cert[0]) + (key && key[0]);
     if (given == 0) {
+        const char *acl = getenv("KVPOOL_TE_ACL");
+        if (acl != NULL && acl[0] != '\0') {
+            KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL needs KVPOOL_TLS_CA, _CERT and _KEY "
+                          "(a peer's roles are its proved certificate's)");
+            return KVP_ERR_INVALID_ARG;
+        }
         const char *tok = getenv("KVPOOL_TOKEN");
         if (tok != NULL && tok[0] != '\0')
             KVP_LOG_WARN("transfer engine: KVPOOL_TOKEN alone does not authenticate engine "
@@ -612,6 +708,11 @@ static kvp_status_t auth_load(te_auth_t **a_p)
         auth_free(a);
         return KVP_ERR_INVALID_ARG;
     }
+    kvp_status_t st = acl_load(a);
+    if (st != KVP_OK) {
+        auth_free(a);
+        return st;
+    }
     *a_p = a;
     return KVP_OK;
 }
@@ -632,8 +733,13 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
     bool write = (req->flags & KVP_DATA_TE_CMA_WRITE) != 0;
     int pid = 0;
     uint32_t uid;
-    if (!conn_admitted(te, conn, fd))
+    if (!conn_may(te, conn, fd, write ? TE_MAY_WRITE : TE_MAY_READ))
         return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+    /* credentials on: the kernel access would open all our memory, not only the ranges,
+     * to the peer for the batch; only our own principal gets it, another the socket frames
+     * (the initiator falls back at KVP_ERR_UNSUPPORTED, route "shm") */
+    if (te->auth != NULL && !((te_conn_t *)conn)->own)
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
     if (!kvp_unix_peer(fd, &pid, &uid) || pid <= 0)
         return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK; /* tcp: not this host */
     for (uint64_t i = 0; i < n; i++) {
@@ -689,7 +795,7 @@ static bool te_notify(void *backend, void *conn, int fd, const kvp_data_req_t *r
         return false;
     }
     kvp_status_t st = KVP_OK;
-    if (!conn_admitted(te, conn, fd))
+    if (!conn_may(te, conn, fd, TE_MAY_WRITE)) /* "the bytes are there": a writer's word */
         st = KVP_ERR_DENIED;
     else {
         nt->next = NULL;
@@ -841,9 +947,11 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     }
     if (auth != NULL)
         KVP_LOG_INFO("transfer engine: peers prove a certificate of %s (ours: CN '%s'); "
-                     "admitted: %s",
+                     "admitted: %s%s%s",
                      getenv("KVPOOL_TLS_CA"), auth->cn,
-                     auth->n_allowed ? getenv("KVPOOL_TE_PEERS") : "any principal of that CA");
+                     auth->n_allowed ? getenv("KVPOOL_TE_PEERS") : "any principal of that CA",
+                     auth->acl ? ", as the roles of KVPOOL_TE_ACL allow, tenant " : "",
+                     auth->acl ? auth->tenant : "");
     char sock[64];
     snprintf(sock, sizeof(sock), "kvpool-te-%u", te->port);
     if (kvp_data_server_share(te->srv, -1, sock) == KVP_OK)
@@ -1133,6 +1241,13 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
         }
         if (r.status != KVP_OK) { /* refused: the connection goes on */
             st = r.status;
+            if (st == KVP_ERR_UNSUPPORTED) { /* the target declines the one-copy path */
+                atomic_store(&tp->cma_off, true);
+                KVP_LOG_INFO("transfer engine: %s declines the one-copy shm path (another "
+                             "principal, or not this host): its transfers go over its Unix "
+                             "socket",
+                             tp->target);
+            }
             break;
         }
         ssize_t got = opcode == KVP_TE_WRITE ? process_vm_writev(tp->cma_pid, liov, m, riov, m, 0)
@@ -1351,6 +1466,8 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
     out->refused_auth = atomic_load_explicit(&te->refused_auth, memory_order_relaxed);
+    out->refused_role = atomic_load_explicit(&te->refused_role, memory_order_relaxed);
+    out->refused_tenant = atomic_load_explicit(&te->refused_tenant, memory_order_relaxed);
     out->notifies = atomic_load_explicit(&te->notifies, memory_order_relaxed);
     out->notifies_dropped = atomic_load_explicit(&te->notifies_dropped, memory_order_relaxed);
     for (int d = 0; d < 2; d++) {

@@ -13,6 +13,10 @@
  * With credentials (KVPOOL_TLS_CA, KVPOOL_TLS_CERT, KVPOOL_TLS_KEY, all three),
  * instead: peers of any host that prove a certificate of that CA whose CN
  * KVPOOL_TE_PEERS names (unset: any); this engine proves its own to its targets.
+ * KVPOOL_TE_ACL (an ACL file, the master's format) then says what each may do: read
+ * with role read, write (and notify) with role write, an admin both; others of our own
+ * principal's tenant only, without key patterns (docs/security.md, "The transfer
+ * engine"). With credentials, only our own principal gets the one-copy shm path.
  *
  * Thread: every call from any thread at once, but destroy (no call in flight).
  */
@@ -43,9 +47,10 @@ typedef struct kvp_te kvp_te_t;
  * KVPOOL_TE_TIMEOUT_MS (a transfer with no progress that long fails, default 10000),
  * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2), KVPOOL_TE_SHM (cma,
  * the default: shm peers copy with process_vm_writev/readv, one kernel copy, falling back to
- * the socket frames where the kernel refuses; socket), KVPOOL_TLS_CA/_CERT/_KEY and
- * KVPOOL_TE_PEERS (peers authenticate; see above). Some credentials only, or a
- * KVPOOL_TE_SHM of neither: KVP_ERR_INVALID_ARG.
+ * the socket frames where the kernel refuses; socket), KVPOOL_TLS_CA/_CERT/_KEY,
+ * KVPOOL_TE_PEERS and KVPOOL_TE_ACL (peers authenticate; see above). Some credentials
+ * only, a KVPOOL_TE_SHM of neither, or a KVPOOL_TE_ACL without credentials, that does not
+ * load or names no principal with our certificate's CN: KVP_ERR_INVALID_ARG.
  */
 kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
                            kvp_te_t **te_p);
@@ -106,6 +111,9 @@ typedef struct kvp_te_counters {
     uint64_t served_cma[2];     /* of served: moved by the peer with process_vm_* (shm, one copy) */
     uint64_t notifies;          /* notifies peers sent us, queued */
     uint64_t notifies_dropped;  /* ... refused: not admitted, or TE_NOTIFIES_MAX pending */
+    /* KVPOOL_TE_ACL: proved principals refused, by reason */
+    uint64_t refused_role;   /* a request its roles do not allow (or no rights at all) */
+    uint64_t refused_tenant; /* connections of a principal of another tenant */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
 

@@ -11,7 +11,8 @@ one answer on stdout. Its KV cache is vLLM's host layout: one registered tensor 
            with batch_transfer_sync_write (or _read), answers {"rc", "status", "runs", "secs"};
            {"op": "raw", "target", "remote", "length", "write"} one range from its cache;
            {"op": "notify", "target", "remote", "name", "msg"} transfer_sync of one byte with
-           a notify ("only": true, the notify without the transfer). Either: {"op": "notifies"} its get_notifies().
+           a notify ("only": true, the notify without the transfer). Either: {"op": "notifies"} its get_notifies(),
+           {"op": "regions", "target"} the target's first registered address (its REGIONS).
 """
 
 import ctypes
@@ -98,6 +99,9 @@ def main():
             ans = {"rc": rc, "status": te.last_status}
         elif op == "notifies":
             ans = {"notifies": [[n.name, n.msg] for n in te.get_notifies()]}
+        elif op == "regions":  # what a peer learns of the target's memory (REGIONS)
+            addr = te.get_first_buffer_address(cmd["target"])
+            ans = {"addr": addr, "status": te.last_status}
         else:
             ans = {"error": "unknown op"}
         print(json.dumps(ans), flush=True)

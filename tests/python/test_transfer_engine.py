@@ -536,3 +536,186 @@ def test_shm_falls_back_to_the_socket_when_the_kernel_refuses(peers, tmp_path):
     pm = prefill.ask(op="metrics")["peers"][target]
     assert pm["route"] == "shm" and pm["failures"] == 0, pm
     shutil.rmtree(out)
+
+
+# ---- who may write into an engine: KVPOOL_TE_ACL's roles, two principals, and which
+# shm route a principal other than the target's own gets (issue 48's security bullet) ----
+
+ACL_CNS = ("decode", "prefill-w", "reader", "other-tenant", "patterned", "stranger")
+# (principal, cert-cn, tenant, roles, keys)
+ACL_PRINCIPALS = (("decode", "decode", "team-a", "read, write, segment", ""),
+                  ("prefill", "prefill-w", "team-a", "read, write", ""),
+                  ("reader", "reader", "team-a", "read", ""),
+                  ("other", "other-tenant", "team-b", "read, write", ""),
+                  ("patterned", "patterned", "team-a", "read, write", "llama3@*"))
+ACL = "".join(f"[principal {n}]\ntenant = {t}\nroles = {r}\ncert-cn = {cn}\n"
+              + (f"keys = {k}\n" if k else "") + "\n" for n, cn, t, r, k in ACL_PRINCIPALS)
+
+
+@pytest.fixture(scope="module")
+def acl_certs(tmp_path_factory):
+    """deploy/make-certs.sh's CA with the principals of ACL (stranger: of the CA, not in
+    the ACL; rogue: CN admin, another CA), and the ACL file."""
+    d = tmp_path_factory.mktemp("te-acl-certs")
+    script = os.path.join(HERE, "..", "..", "deploy", "make-certs.sh")
+    subprocess.run([script, str(d), *ACL_CNS], check=True, capture_output=True,
+                   env=dict(os.environ, KVPOOL_TEST_CERTS="1"))
+    (d / "acl.conf").write_text(ACL)
+    return d
+
+
+def served_cma_writes(decode):
+    """The decode's served_cma_writes, once its count of the last one-copy batch is in (the
+    target counts after the peer's done, which the peer does not wait on): up to 2 s."""
+    for _ in range(200):
+        n = decode.ask(op="metrics")["served_cma_writes"]
+        if n > 0:
+            return n
+        time.sleep(0.01)
+    return 0
+
+
+def acl_env(certs, cn):
+    return dict(cred_env(certs, cn), KVPOOL_TE_ACL=str(certs / "acl.conf"))
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_acl_roles_say_who_may_write_into_an_engine(peers, tmp_path, acl_certs, proto):
+    """The decode (principal decode, tenant team-a) reads KVPOOL_TE_ACL. Refused whole, the
+    decode's bytes intact, nothing learnt of its memory (REGIONS: KVP_ERR_DENIED), counted
+    by reason: a peer with no certificate and one of the CA the ACL does not name
+    (refused_auth), one of another CA (refused_auth), a principal of tenant team-b
+    (refused_tenant), one with key patterns (refused_role). The reader (role read) may read,
+    byte-exact, but its writes and notifies are refused (refused_role). prefill-w (read,
+    write) writes vLLM's connector sequence byte-exact; on shm over the socket frames, not
+    the one-copy path (route "shm", no served_cma_writes), which only the decode's own
+    principal gets."""
+    decode = peers("decode", proto, env=acl_env(acl_certs, "decode"))
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    m0 = decode.ask(op="metrics")
+    assert (m0["refused_auth"], m0["refused_role"], m0["refused_tenant"]) == (0, 0, 0), m0
+    for name, env, reason in (("none", {}, "refused_auth"),
+                              ("stranger", cred_env(acl_certs, "stranger"), "refused_auth"),
+                              ("rogue", cred_env(acl_certs, "rogue"),
+                               "refused_auth"),
+                              ("other-tenant", cred_env(acl_certs, "other-tenant"),
+                               "refused_tenant"),
+                              ("patterned", cred_env(acl_certs, "patterned"), "refused_role")):
+        before = decode.ask(op="metrics")
+        prefill = peers("prefill", proto, env=env)
+        w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
+                        dblocks=DBLOCKS)
+        rd = prefill.ask(op="raw", target=target, remote=ptrs[0], length=4096, write=False)
+        rg = prefill.ask(op="regions", target=target)
+        nt = prefill.ask(op="notify", target=target, remote=0, name="n", msg=name, only=True)
+        assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
+        assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
+        assert rg == {"addr": 0, "status": S["KVP_ERR_DENIED"]}, (name, rg)
+        assert (nt["rc"], nt["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, nt)
+        assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
+        m = decode.ask(op="metrics")
+        assert m[reason] > before[reason], (name, reason, m)
+        assert m["served_writes"] == 0 and m["served_reads"] == 0, (name, m)
+        assert m["notifies"] == 0, (name, m)
+        prefill.close()
+    assert decode.ask(op="notifies") == {"notifies": []}
+
+    # the reader: reads byte-exact (the decode's blocks, all 0xEE, into its blocks 0..3),
+    # its writes and notifies refused
+    reader = peers("prefill", proto, env=cred_env(acl_certs, "reader"))
+    before = decode.ask(op="metrics")
+    w = reader.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+    nt = reader.ask(op="notify", target=target, remote=0, name="n", msg="reader", only=True)
+    assert (nt["rc"], nt["status"]) == (-1, S["KVP_ERR_DENIED"]), nt
+    assert (dump(decode, tmp_path, "reader-w.npy") == 0xEE).all()
+    m = decode.ask(op="metrics")
+    assert m["refused_role"] >= before["refused_role"] + 2 and m["served_writes"] == 0, m
+    r = reader.ask(op="read", target=target, remote_ptrs=ptrs, pblocks=[0, 1, 2, 3],
+                   dblocks=[10, 11, 12, 13])
+    assert (r["rc"], r["status"]) == (0, 0), r
+    got = dump(reader, tmp_path, "reader-r.npy")
+    want = prefill_cache()
+    want[:, :, 0:4] = 0xEE
+    assert np.array_equal(got, want)
+    rg = reader.ask(op="regions", target=target)
+    assert rg == {"addr": min(ptrs), "status": 0}, rg
+    assert reader.ask(op="metrics")["peers"][target]["route"] == ("tcp" if proto == "tcp"
+                                                                  else "shm")
+    reader.close()
+
+    # prefill-w: the connector's write sequence, byte-exact
+    prefill = peers("prefill", proto, env=cred_env(acl_certs, "prefill-w"))
+    before = decode.ask(op="metrics")
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
+                    dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "w.npy"), expected(PBLOCKS, DBLOCKS))
+    m = decode.ask(op="metrics")
+    for k in ("refused_auth", "refused_role", "refused_tenant"):
+        assert m[k] == before[k], (k, m)
+    assert m["served_write_bytes"] == len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES, m
+    assert m["served_cma_writes"] == 0, m  # never the one-copy path: another principal
+    pm = prefill.ask(op="metrics")["peers"][target]
+    assert pm == {"route": "tcp" if proto == "tcp" else "shm", "transfers": LAYERS * 2 * 6,
+                  "bytes": len(PBLOCKS) * 2 * LAYERS * BLOCK_BYTES, "failures": 0}, pm
+    nt = prefill.ask(op="notify", target=target, remote=ptrs[0] + 7, name="req-1", msg="done")
+    assert (nt["rc"], nt["status"]) == (0, 0), nt
+    assert decode.ask(op="notifies") == {"notifies": [["req-1", "done"]]}
+    prefill.close()
+
+    if proto == "shm":
+        # the decode's own principal (another process of it) keeps the one-copy path
+        own = peers("prefill", proto, env=cred_env(acl_certs, "decode"))
+        w = own.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+        assert (w["rc"], w["status"]) == (0, 0), w
+        assert own.ask(op="metrics")["peers"][target]["route"] == "shm-cma"
+        assert served_cma_writes(decode) > 0
+        got = dump(decode, tmp_path, "own.npy")
+        assert np.array_equal(got[:, :, 63], prefill_cache()[:, :, 9])
+
+
+def test_shm_one_copy_path_only_for_the_targets_own_principal(peers, tmp_path, acl_certs):
+    """Credentials without an ACL (KVPOOL_TE_PEERS names both): prefill-w may write, but
+    over the shm socket frames (the target writes after its range check), since the
+    one-copy path would open all of the decode's memory to it for the batch; the decode's
+    own principal gets the one-copy path. Both byte-exact; a read too."""
+    denv = dict(cred_env(acl_certs, "decode"), KVPOOL_TE_PEERS="prefill-w,decode")
+    decode = peers("decode", "shm", env=denv)
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    other = peers("prefill", "shm", env=cred_env(acl_certs, "prefill-w"))
+    w = other.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    r = other.ask(op="read", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[5])
+    assert (r["rc"], r["status"]) == (0, 0), r
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+    assert np.array_equal(dump(other, tmp_path, "o.npy")[:, :, 9], prefill_cache()[:, :, 0])
+    m = decode.ask(op="metrics")
+    assert m["served_cma_writes"] == 0 and m["served_cma_reads"] == 0, m
+    assert m["served_writes"] > 0 and m["served_reads"] > 0, m
+    assert other.ask(op="metrics")["peers"][target]["route"] == "shm"
+    own = peers("prefill", "shm", env=cred_env(acl_certs, "decode"))
+    w = own.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert own.ask(op="metrics")["peers"][target]["route"] == "shm-cma"
+    assert served_cma_writes(decode) > 0
+    assert np.array_equal(dump(decode, tmp_path, "b.npy")[:, :, 63], prefill_cache()[:, :, 9])
+
+
+def test_acl_without_credentials_or_own_principal_fails_initialize(acl_certs, tmp_path):
+    """KVPOOL_TE_ACL without KVPOOL_TLS_*, with a certificate the ACL names no principal
+    for, or a file that does not load: initialize fails (KVP_ERR_INVALID_ARG), never an
+    engine that takes anyone."""
+    bad = tmp_path / "bad.conf"
+    bad.write_text("[principal x]\nroles = fly\ncert-cn = x\n")
+    base = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
+    for env in ({"KVPOOL_TE_ACL": str(acl_certs / "acl.conf")},
+                acl_env(acl_certs, "stranger"),
+                dict(cred_env(acl_certs, "decode"), KVPOOL_TE_ACL=str(bad)),
+                dict(cred_env(acl_certs, "decode"), KVPOOL_TE_ACL=str(tmp_path / "none.conf"))):
+        p = subprocess.run([sys.executable, PEER, "decode", "tcp"], env=dict(base, **env),
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+        assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, (
+            env, p.stdout, p.stderr)

@@ -250,7 +250,7 @@ static PyObject *py_te_counters(PyObject *mod, PyObject *cap)
     if (peers == NULL)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "writes",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "writes",
         c.transfers[KVP_TE_WRITE], "write_bytes", c.bytes[KVP_TE_WRITE], "reads",
         c.transfers[KVP_TE_READ], "read_bytes", c.bytes[KVP_TE_READ], "failures", c.failures,
         "served_writes", c.served[KVP_TE_WRITE], "served_write_bytes", c.served_bytes[KVP_TE_WRITE],
@@ -258,7 +258,7 @@ static PyObject *py_te_counters(PyObject *mod, PyObject *cap)
         "refused_protected", c.refused_protected, "refused_user", c.refused_user, "refused_auth",
         c.refused_auth, "served_cma_writes", c.served_cma[KVP_TE_WRITE], "served_cma_reads",
         c.served_cma[KVP_TE_READ], "notifies", c.notifies, "notifies_dropped", c.notifies_dropped,
-        "peers", peers);
+        "refused_role", c.refused_role, "refused_tenant", c.refused_tenant, "peers", peers);
 }
 
 static PyObject *py_te_remote_regions(PyObject *mod, PyObject *args)
