@@ -309,6 +309,17 @@ static const kvp_opt_t env_rows[] = {
      .help = "with KVPOOL_TLS_CA, _CERT and _KEY (peers then prove a certificate of that CA, "
              "from any host): the principals (CNs) admitted; unset: any of the CA "
              "(docs/security.md, \"The transfer engine\")"},
+    {.name = "te-acl",
+     .env = "KVPOOL_TE_ACL",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "FILE",
+     .def_doc = "unset",
+     .help = "with KVPOOL_TLS_CA, _CERT and _KEY: an ACL file in the master's --acl-file "
+             "format saying what each proved peer may do (role read: read; write: write and "
+             "notify; admin: both; others of the engine's own principal's tenant, without key "
+             "patterns); unset: every admitted peer reads and writes (docs/security.md, \"The "
+             "transfer engine\")"},
     {.name = "te-shm",
      .env = "KVPOOL_TE_SHM",
      .type = KVP_OPT_STRING,

@@ -324,7 +324,8 @@ class TransferEngine:
     def metrics(self):
         """The engine's counters: ranges and bytes moved, failures, ranges peers moved here,
         refusals (outside what was registered, another host in protected mode, another uid
-        on the shm socket)."""
+        on the shm socket; with credentials: refused_auth, and with KVPOOL_TE_ACL
+        refused_role and refused_tenant), per target the route taken."""
         return _kvpool.te_counters(self._need())
 
     def close(self):
