@@ -27,6 +27,7 @@
 #include "client/api.h"
 #include "client/client_priv.h"
 #include "client/control/session.h"
+#include "client/te_registry.h"
 #include "common/rpc.h"
 
 static const char *const tp_names[KVP_METRICS_TP_COUNT] = {
@@ -166,6 +167,14 @@ kvp_status_t kvp_metrics_snapshot(kvp_client_t *c, kvp_metrics_t *out)
         kvp_ssd_owner_admission(c->dfs, &adm);
         add_admission(&m, &adm);
     }
+    kvp_te_counters_t te;
+    kvp_te_registry_sum(&te);
+    m.te_refused_range = te.refused_range;
+    m.te_refused_protected = te.refused_protected;
+    m.te_refused_user = te.refused_user;
+    m.te_refused_auth = te.refused_auth;
+    m.te_refused_role = te.refused_role;
+    m.te_refused_tenant = te.refused_tenant;
 
     size_t n = out->size < sizeof(m) ? out->size : sizeof(m);
     memcpy(out, &m, n);
@@ -328,6 +337,19 @@ static const metric_row_t server_rows[] = {
              "Bytes read from and written to this process's SSD segment file.", "op=\"read\"",
              ssd_read.bytes, ROW_U64),
     M_SAMPLE("kvpool_ssd_io_bytes_total", "op=\"write\"", ssd_write.bytes, ROW_U64),
+    M_FAMILY("kvpool_te_refused_total",
+             "Requests and connections this process's transfer engines (mooncake.engine) "
+             "refused, by reason (range: a range the engine did not register; "
+             "protected_mode: a peer of another host; user: a peer of this host of another "
+             "user; auth: no proved principal, or one not admitted; role: a request its "
+             "principal's roles (KVPOOL_TE_ACL) do not allow; tenant: a principal of another "
+             "tenant).",
+             "reason=\"range\"", te_refused_range, ROW_U64),
+    M_SAMPLE("kvpool_te_refused_total", "reason=\"protected_mode\"", te_refused_protected, ROW_U64),
+    M_SAMPLE("kvpool_te_refused_total", "reason=\"user\"", te_refused_user, ROW_U64),
+    M_SAMPLE("kvpool_te_refused_total", "reason=\"auth\"", te_refused_auth, ROW_U64),
+    M_SAMPLE("kvpool_te_refused_total", "reason=\"role\"", te_refused_role, ROW_U64),
+    M_SAMPLE("kvpool_te_refused_total", "reason=\"tenant\"", te_refused_tenant, ROW_U64),
     M_FAMILY("kvpool_ssd_io_errors_total",
              "Reads and writes of this process's SSD segment file that failed.", NULL,
              ssd_io_errors, ROW_U64),

@@ -55,6 +55,7 @@
 #include "client/segment/data_server.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
+#include "client/te_registry.h"
 #include "client/transport/wire.h"
 #include "common/acl.h"
 #include "common/log.h"
@@ -958,6 +959,8 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         te->shm_served = true;
     else
         KVP_LOG_WARN("transfer engine: the shm socket @%s is taken: peers reach us over tcp", sock);
+    if (kvp_te_registry_add(te) != KVP_OK) /* its counts: metrics() only, not the client's */
+        KVP_LOG_WARN("transfer engine: out of memory: not counted in the client's metrics");
     *te_p = te;
     return KVP_OK;
 }
@@ -966,6 +969,7 @@ void kvp_te_destroy(kvp_te_t *te)
 {
     if (te == NULL)
         return;
+    kvp_te_registry_remove(te); /* its counts kept in the client's metrics */
     pthread_mutex_lock(&te->q_lock);
     te->stop = true;
     pthread_cond_broadcast(&te->q_cond);

@@ -476,8 +476,8 @@ void kvp_pool_stat_free(kvp_pool_stat_t *stat);
 #define KVP_METRICS_TP_MAX 8   /* slots in the struct (room to grow) */
 
 /* The version kvp_metrics_snapshot writes into kvp_metrics_t.version (2: master_rpc[] and
- * transfer_runs / transfer_ns added). */
-#define KVP_METRICS_VERSION 3
+ * transfer_runs / transfer_ns added; 4: te_refused_*). */
+#define KVP_METRICS_VERSION 4
 
 /* Slots of kvp_metrics_t.master_rpc[]: indexed by the wire's method number
  * (docs/protocol.md, "Control plane": the method table); kvp_metrics_rpc_name says
@@ -598,6 +598,16 @@ typedef struct kvp_metrics {
     uint64_t refused_handshake_timeout;
     uint64_t refused_frame_timeout;
     uint64_t refused_resources;
+    /* version 4: what this process's transfer engines (kvpool_te.h; all of them, live and
+     * destroyed) refused, by reason: a range not registered, another host (protected
+     * mode), another user of this host, no proved allowed principal, a request the
+     * principal's roles do not allow, a principal of another tenant (kvp_te_counters_t) */
+    uint64_t te_refused_range;
+    uint64_t te_refused_protected;
+    uint64_t te_refused_user;
+    uint64_t te_refused_auth;
+    uint64_t te_refused_role;
+    uint64_t te_refused_tenant;
 } kvp_metrics_t;
 
 /*

@@ -719,3 +719,49 @@ def test_acl_without_credentials_or_own_principal_fails_initialize(acl_certs, tm
                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
         assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, (
             env, p.stdout, p.stderr)
+
+
+def test_engine_refusals_in_the_store_clients_metrics(client, acl_certs, peers, monkeypatch):
+    """What this process's engines refuse is in its store client's exposition
+    (metrics_text(): what `kvpool serve --http-listen` and an inference process's /metrics
+    serve), kvpool_te_refused_total by reason, the same counts as the engine's metrics(),
+    and still there once the engine is destroyed: a peer with no certificate (auth), a
+    principal of another tenant (tenant), a reader's write (role), a range not registered
+    (range)."""
+    from conftest import metric
+
+    reasons = ("auth", "tenant", "role", "range")
+
+    def refused():
+        text = client.metrics_text()
+        return {r: metric(text, "kvpool_te_refused_total", {"reason": r}) for r in reasons}
+
+    before = refused()
+    assert None not in before.values(), before
+    procs = {name: peers("prefill", "tcp", env=env) for name, env in (
+        ("none", {}), ("other-tenant", cred_env(acl_certs, "other-tenant")),
+        ("reader", cred_env(acl_certs, "reader")))}
+    te = TransferEngine()
+    with monkeypatch.context() as mp:  # the engine's credentials: read at its initialize
+        mp.delenv("KVPOOL_TE_PEERS", raising=False)
+        for k, v in acl_env(acl_certs, "decode").items():
+            mp.setenv(k, v)
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+    buf = te.allocate_managed_buffer(1 << 16)
+    assert te.write_bytes_to_buffer(buf, b"\x11" * 4096, 4096) == 0
+    target = f"127.0.0.1:{te.get_rpc_port()}"
+    for name, p in procs.items():
+        r = p.ask(op="raw", target=target, remote=buf, length=4096, write=True)
+        assert (r["rc"], r["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, r)
+    r = procs["reader"].ask(op="raw", target=target, remote=buf + (1 << 16) - 100, length=4096,
+                            write=False)
+    assert (r["rc"], r["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), r
+    assert te.read_bytes_from_buffer(buf, 4096) == b"\x11" * 4096
+    m = te.metrics()
+    after = refused()
+    got = {r: after[r] - before[r] for r in reasons}
+    assert got == {"auth": m["refused_auth"], "tenant": m["refused_tenant"],
+                   "role": m["refused_role"], "range": m["refused_range"]}, (got, m)
+    assert got["auth"] >= 1 and got["tenant"] >= 1 and got["role"] >= 1 and got["range"] == 1, got
+    te.close()
+    assert refused() == after  # a destroyed engine's counts stay
