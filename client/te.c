@@ -55,6 +55,7 @@
 #include "client/segment/data_server.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
+#include "client/te_cuda.h"
 #include "client/te_registry.h"
 #include "client/transport/wire.h"
 #include "common/acl.h"
@@ -1294,7 +1295,10 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
         atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
         return st;
     }
-    if (tp->shm && te->cma && !atomic_load(&tp->cma_off)) {
+    /* process_vm_* cannot reach device memory: such a batch takes the socket path, which
+     * stages it (te_cuda.c) */
+    if (tp->shm && te->cma && !atomic_load(&tp->cma_off) &&
+        !kvp_te_cuda_locals(&te->xfer, n, locals, lens)) {
         size_t moved;
         st = cma_transfer(te, tp, opcode, n, locals, remotes, lens, &moved);
         uint64_t bytes = 0;

@@ -212,7 +212,8 @@ if run_suite build; then
   phase net
   run_tls_pass build
   phase tls-pass
-  # The module with CUDA device memory (tests/gpu/test_gpu_python.py) against the test
+  # The module with CUDA device memory (tests/gpu/test_gpu_python.py; the transfer engine's
+  # _on_cuda forms: test_gpu_te.py) against the test
   # double of the driver (tests/gpu/fake_cuda.c): device pointers from Python take the
   # library's GPU path, and nothing touches device memory on the CPU. It proves nothing
   # about a real GPU: the gpu suite runs the same file on one.

@@ -81,6 +81,19 @@ uintptr_t kvp_te_first_buffer(kvp_te_t *te);
 kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_t n,
                              void *const *locals, const uint64_t *remotes, const uint64_t *lens);
 
+/*
+ * Mooncake's `_on_cuda` forms (transfer_write_on_cuda, ...): wait until the work issued so
+ * far on the caller's CUDA stream (a cudaStream_t / CUstream; 0: the legacy default
+ * stream) is done, then kvp_te_transfer. locals may be CUDA device memory (staged through
+ * the engine's reused pinned host buffers with the driver's copies) or host memory. Beyond
+ * Mooncake, which runs the transfer from a host function on the stream and ends the process
+ * when it fails: blocking, its failure returned. KVP_ERR_TRANSPORT: no CUDA driver or
+ * device; KVP_ERR_IO: the driver refused the stream or work on it failed.
+ */
+kvp_status_t kvp_te_transfer_on_cuda(kvp_te_t *te, const char *target, int opcode, size_t n,
+                                     void *const *locals, const uint64_t *remotes,
+                                     const uint64_t *lens, uintptr_t stream);
+
 /* The same, run on the engine's worker thread: *id_p (> 0) names it for kvp_te_status. A
  * target that is malformed or does not resolve fails here (KVP_ERR_INVALID_ARG,
  * KVP_ERR_CONNECT), as in kvp_te_transfer. */

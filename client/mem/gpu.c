@@ -464,3 +464,33 @@ kvp_status_t kvp_gpu_stream_sync(kvp_gpu_stream_t *s)
         return cu_fail("cuStreamSynchronize", rc, KVP_ERR_IO);
     return KVP_OK;
 }
+
+kvp_status_t kvp_gpu_caller_stream_sync(uintptr_t stream, const void *dev_ptr)
+{
+    if (!kvp_gpu_available())
+        return KVP_ERR_TRANSPORT;
+    CUcontext cur = NULL;
+    CUresult rc = cu.ctx_get_current(&cur);
+    if (rc != CUDA_SUCCESS)
+        return cu_fail("cuCtxGetCurrent", rc, KVP_ERR_IO);
+    int retained_dev = -1;
+    kvp_status_t st = KVP_OK;
+    if (cur == NULL) {
+        if (dev_ptr != NULL && kvp_gpu_is_device_ptr(dev_ptr))
+            st = ptr_ctx(dev_ptr, &cur, &retained_dev);
+        else
+            st = host_ctx_get(&cur);
+        if (st != KVP_OK)
+            return st;
+    }
+    ctx_guard_t g;
+    st = ctx_enter(cur, &g);
+    if (st == KVP_OK) {
+        rc = cu.stream_synchronize((CUstream)stream);
+        ctx_leave(&g);
+        if (rc != CUDA_SUCCESS)
+            st = cu_fail("cuStreamSynchronize (the caller's stream)", rc, KVP_ERR_IO);
+    }
+    ptr_ctx_release(retained_dev);
+    return st;
+}

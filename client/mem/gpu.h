@@ -81,4 +81,13 @@ kvp_status_t kvp_gpu_copy_async(kvp_gpu_stream_t *s, void *dst, const void *src,
 /* Wait until every copy issued on s is done; the first failure is returned. */
 kvp_status_t kvp_gpu_stream_sync(kvp_gpu_stream_t *s);
 
+/*
+ * Wait until every operation issued so far on a caller's stream is done (a CUstream, the
+ * same handle as a cudaStream_t; 0 is the legacy default stream, 2 the per-thread one): in
+ * the calling thread's current context, else the context of dev_ptr (device memory, may be
+ * NULL), else GPU 0's primary context. KVP_ERR_TRANSPORT without CUDA, KVP_ERR_IO when the
+ * driver refuses the stream or one of its operations failed.
+ */
+kvp_status_t kvp_gpu_caller_stream_sync(uintptr_t stream, const void *dev_ptr);
+
 #endif

@@ -21,7 +21,8 @@
  * - Each stream has a worker thread that performs the async copies in issue
  *   order, each after an optional delay (fake_cuda_set_delay_us), so a copy
  *   really is still in flight after cuMemcpy*Async returns and
- *   cuStreamSynchronize really has to wait.
+ *   cuStreamSynchronize really has to wait. The default streams (handles 0, 1,
+ *   2) take no copies here; synchronizing them is counted (default_syncs).
  * - Every entry point is counted (fake_cuda_counter("htod"), ...), a copy or
  *   a synchronize can be made to fail, and dma-buf export can be switched off.
  *
@@ -123,6 +124,7 @@ static size_t last_dmabuf_size;
     X(dtoh_done)                                                                                   \
     X(pageable)                                                                                    \
     X(syncs)                                                                                       \
+    X(default_syncs)                                                                               \
     X(streams_created)                                                                             \
     X(streams_live)                                                                                \
     X(host_live)                                                                                   \
@@ -543,7 +545,15 @@ CUresult cuStreamDestroy_v2(CUstream s)
 CUresult cuStreamSynchronize(CUstream s)
 {
     NEED_INIT();
-    if (s == NULL || s->magic != STREAM_MAGIC)
+    /* the default streams (0: legacy, CU_STREAM_LEGACY 1, CU_STREAM_PER_THREAD 2) of the
+     * current context: nothing is ever queued on them here */
+    if ((uintptr_t)s <= 2) {
+        NEED_CTX();
+        atomic_fetch_add(&cnt.syncs, 1);
+        atomic_fetch_add(&cnt.default_syncs, 1);
+        return (CUresult)atomic_exchange(&fail_sync_err, 0);
+    }
+    if (s->magic != STREAM_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     atomic_fetch_add(&cnt.syncs, 1);
     pthread_mutex_lock(&s->mu);

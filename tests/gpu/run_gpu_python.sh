@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tests/gpu/test_gpu_python.py under pytest, against build dir BUILD (default: build).
+# tests/gpu/test_gpu_python.py and test_gpu_te.py under pytest, against build dir BUILD
+# (default: build).
 #   tests/gpu/run_gpu_python.sh [BUILD]
 # With KVPOOL_CUDA_LIB naming a driver (the test double libfake_cuda.so in CI) it runs
 # against that; without, against the real libcuda.so.1. No driver or no device: exit 77
@@ -23,4 +24,4 @@ then
 fi
 PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
   KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
-  exec "$py" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_python.py
+  exec "$py" -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_python.py tests/gpu/test_gpu_te.py

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from kvpool import _kvpool
+from mooncake import engine as engine_mod
 from mooncake.engine import TransferEngine, TransferNotify, TransferOpcode
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -262,11 +263,16 @@ def test_what_is_not_here_says_so():
     # shm reaches this host only
     assert e.transfer_sync_write("10.255.255.1:4000", 4096, 4096, 1) == -1
     assert e.last_status == S["KVP_ERR_TRANSPORT"]
-    for name, args in [("transfer_write_on_cuda", ("x", 0, 0, 1)),
-                       ("batch_transfer_read_on_cuda", ("x", [], [], [])),
-                       ("get_local_topology", ())]:
+    for name, args in [("get_local_topology", ()), ("warmup_efa_segment", ("x",))]:
         with pytest.raises(NotImplementedError, match=name):
             getattr(e, name)(*args)
+    if not engine_mod.SUPPORT_CUDA:  # no CUDA driver: the _on_cuda forms say so (tests/gpu/
+        # test_gpu_te.py moves device memory with them)
+        for name, args in [("transfer_write_on_cuda", ("127.0.0.1:1", 4096, 4096, 1)),
+                           ("batch_transfer_read_on_cuda", ("127.0.0.1:1", [4096], [4096], [1]))]:
+            with pytest.raises(RuntimeError, match=f"{name}.*KVP_ERR_TRANSPORT"):
+                getattr(e, name)(*args)
+            assert e.last_status == S["KVP_ERR_TRANSPORT"]
     assert e.send_probe("127.0.0.1:1") == -1  # nobody there
     assert e.last_status == S["KVP_ERR_CONNECT"]
     e.close()

@@ -15,8 +15,12 @@ Beyond Mooncake: ``last_status`` holds the last call's kvpool status (a
 ``kvpool.STATUS`` value: -20 KVP_ERR_OUT_OF_RANGE, -13 KVP_ERR_CONNECT, ...),
 ``metrics()`` the engine's counters.
 
+The ``_on_cuda`` forms wait for the caller's CUDA stream, then move device
+memory through the library's GPU path (staged in reused pinned host buffers);
+they return once the bytes moved and raise RuntimeError on failure (Mooncake
+runs them from a host function on the stream and ends the process on failure).
+
 Not in this version (each raises NotImplementedError naming itself): rdma,
-the ``_on_cuda`` forms,
 ``get_local_topology``, ``warmup_efa_segment``, ``get_engine_ptr``.
 """
 
@@ -24,6 +28,7 @@ import ctypes
 import enum
 import logging
 import mmap
+import os
 
 from kvpool import _kvpool
 
@@ -31,7 +36,17 @@ __all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "InnerTransferE
 
 _log = logging.getLogger("mooncake.engine")
 
-SUPPORT_CUDA = False
+def _cuda_driver():
+    """Whether a CUDA driver library loads (what libkvpool's GPU path opens: $KVPOOL_CUDA_LIB,
+    else libcuda.so.1): Mooncake's SUPPORT_CUDA, the `_on_cuda` forms can run."""
+    try:
+        ctypes.CDLL(os.environ.get("KVPOOL_CUDA_LIB") or "libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+SUPPORT_CUDA = _cuda_driver()
 
 
 class TransferOpcode(enum.IntEnum):
@@ -307,17 +322,50 @@ class TransferEngine:
         self.last_status = st
         return _ok(st)
 
-    def transfer_write_on_cuda(self, *args, **kwargs):
-        _unsupported("transfer_write_on_cuda", "the CUDA forms come in a later version")
+    # ---- the CUDA forms ----
 
-    def transfer_read_on_cuda(self, *args, **kwargs):
-        _unsupported("transfer_read_on_cuda", "the CUDA forms come in a later version")
+    def _on_cuda(self, name, target, opcode, buffers, peer_addresses, lengths, stream_ptr):
+        """Wait for the work issued on stream_ptr, then move (device or host memory); None,
+        or RuntimeError naming the kvpool status (also in last_status)."""
+        if not (len(buffers) == len(peer_addresses) == len(lengths)):
+            self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
+            raise RuntimeError("buffers, peer_buffer_addresses and lengths have different size")
+        st = _kvpool.te_transfer_on_cuda(
+            self._need(), target, int(opcode), buffers, peer_addresses, lengths, int(stream_ptr or 0)
+        )
+        self.last_status = st
+        if st != 0:
+            why = next((k for k, v in _kvpool.STATUS.items() if v == st), "kvpool error")
+            raise RuntimeError(f"TransferEngine.{name} to {target}: {why} ({st})")
 
-    def batch_transfer_write_on_cuda(self, *args, **kwargs):
-        _unsupported("batch_transfer_write_on_cuda", "the CUDA forms come in a later version")
+    def transfer_write_on_cuda(self, target_hostname, buffer, peer_buffer_address, length, stream_ptr=0,
+                               transport_hint=""):
+        """Mooncake's transfer_write_on_cuda: after the work issued on the CUDA stream
+        stream_ptr (0: the default stream), local buffer (device or host memory) ->
+        peer_buffer_address at target_hostname. Returns None once the bytes moved; a
+        failure raises RuntimeError (Mooncake: the process exits)."""
+        self._on_cuda("transfer_write_on_cuda", target_hostname, 1, [buffer], [peer_buffer_address],
+                      [length], stream_ptr)
 
-    def batch_transfer_read_on_cuda(self, *args, **kwargs):
-        _unsupported("batch_transfer_read_on_cuda", "the CUDA forms come in a later version")
+    def transfer_read_on_cuda(self, target_hostname, buffer, peer_buffer_address, length, stream_ptr=0,
+                              transport_hint=""):
+        """Mooncake's transfer_read_on_cuda: peer_buffer_address at target_hostname -> local
+        buffer (device or host memory), after the work issued on stream_ptr; as
+        transfer_write_on_cuda."""
+        self._on_cuda("transfer_read_on_cuda", target_hostname, 0, [buffer], [peer_buffer_address],
+                      [length], stream_ptr)
+
+    def batch_transfer_write_on_cuda(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                     stream_ptr=0, transport_hint=""):
+        """The batch form of transfer_write_on_cuda (lists of equal length, else RuntimeError)."""
+        self._on_cuda("batch_transfer_write_on_cuda", target_hostname, 1, buffers, peer_buffer_addresses,
+                      lengths, stream_ptr)
+
+    def batch_transfer_read_on_cuda(self, target_hostname, buffers, peer_buffer_addresses, lengths,
+                                    stream_ptr=0, transport_hint=""):
+        """The batch form of transfer_read_on_cuda."""
+        self._on_cuda("batch_transfer_read_on_cuda", target_hostname, 0, buffers, peer_buffer_addresses,
+                      lengths, stream_ptr)
 
     # ---- kvpool's own ----
 

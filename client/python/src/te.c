@@ -158,14 +158,19 @@ static PyObject *py_te_unregister(PyObject *mod, PyObject *args)
     return PyLong_FromLong(st);
 }
 
-/* (cap, target, opcode, locals, remotes, lens[, async]) */
-static PyObject *te_move(PyObject *args, bool async)
+enum { TE_SYNC, TE_ASYNC, TE_ON_CUDA };
+
+/* (cap, target, opcode, locals, remotes, lens[, stream: TE_ON_CUDA]) */
+static PyObject *te_move(PyObject *args, int how)
 {
     PyObject *cap, *pl, *pr, *pn;
     const char *target;
     int opcode;
-    if (!PyArg_ParseTuple(args, "OsiOOO", &cap, &target, &opcode, &pl, &pr, &pn))
+    unsigned long long stream = 0;
+    if (!PyArg_ParseTuple(args, how == TE_ON_CUDA ? "OsiOOO|K" : "OsiOOO", &cap, &target, &opcode,
+                          &pl, &pr, &pn, &stream))
         return NULL;
+    bool async = how == TE_ASYNC;
     kvp_te_t *te = te_of(cap);
     if (te == NULL)
         return NULL;
@@ -186,6 +191,9 @@ static PyObject *te_move(PyObject *args, bool async)
     PyThreadState *ts = PyEval_SaveThread();
     if (async)
         st = kvp_te_submit(te, target, opcode, (size_t)nl, locals, r, n, &id);
+    else if (how == TE_ON_CUDA)
+        st = kvp_te_transfer_on_cuda(te, target, opcode, (size_t)nl, locals, r, n,
+                                     (uintptr_t)stream);
     else
         st = kvp_te_transfer(te, target, opcode, (size_t)nl, locals, r, n);
     PyEval_RestoreThread(ts);
@@ -200,13 +208,19 @@ out:
 static PyObject *py_te_transfer(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    return te_move(args, false);
+    return te_move(args, TE_SYNC);
 }
 
 static PyObject *py_te_submit(PyObject *mod, PyObject *args)
 {
     (void)mod;
-    return te_move(args, true);
+    return te_move(args, TE_ASYNC);
+}
+
+static PyObject *py_te_transfer_on_cuda(PyObject *mod, PyObject *args)
+{
+    (void)mod;
+    return te_move(args, TE_ON_CUDA);
 }
 
 static PyObject *py_te_status(PyObject *mod, PyObject *args)
@@ -343,6 +357,8 @@ PyMethodDef kvp_py_te_methods[] = {
     {"te_unregister", py_te_unregister, METH_VARARGS, "te_unregister(engine, addr) -> status"},
     {"te_transfer", py_te_transfer, METH_VARARGS,
      "te_transfer(engine, target, opcode, locals, remotes, lens) -> status"},
+    {"te_transfer_on_cuda", py_te_transfer_on_cuda, METH_VARARGS,
+     "te_transfer_on_cuda(engine, target, opcode, locals, remotes, lens, stream) -> status"},
     {"te_submit", py_te_submit, METH_VARARGS,
      "te_submit(engine, target, opcode, locals, remotes, lens) -> (status, batch id)"},
     {"te_status", py_te_status, METH_VARARGS,

@@ -1,0 +1,215 @@
+"""mooncake.engine's `_on_cuda` forms with CUDA device memory (issue 48): two transfer
+engines of this process, initiator and target, on tcp and shm; the initiator's buffers are
+device memory, the target's registered host memory. Device -> remote host and remote host
+-> device byte-exact (through the library's GPU path: client/transfer/staging.c, staged in
+pinned host buffers), a range the target did not register refused (RuntimeError,
+KVP_ERR_OUT_OF_RANGE, the target's and the device's bytes intact), a host pointer moved as
+Mooncake moves it (whatever address it is given), and the call waits for the caller's
+stream first.
+
+Run as tests/gpu/test_gpu_python.py is (tests/gpu/run_gpu_python.sh): in CI's gpu-fake
+phase against the test double of the driver (tests/gpu/fake_cuda.c, whose device memory
+crashes the process when the CPU touches it), in the `gpu` suite on a real GPU.
+"""
+
+import ctypes
+import importlib.util
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from kvpool import _kvpool
+from mooncake import engine as engine_mod
+from mooncake.engine import TransferEngine
+
+_here = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location(
+    "kvp_gpu_python", os.path.join(_here, "test_gpu_python.py"))
+_gpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_gpu)
+
+S = _kvpool.STATUS
+REGION = 8 << 20
+# small, odd, one over the stager's 1 MiB buffers, several of them
+SIZES = (1, 4096, 65536 + 13, (1 << 20) + 4097, (3 << 20) + 5)
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    c = _gpu.Cuda()
+    L = c.lib
+    L.cuStreamCreate.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+    L.cuStreamDestroy_v2.argtypes = [ctypes.c_void_p]
+    L.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+    L.cuMemcpyHtoDAsync_v2.argtypes = [_gpu.CUdeviceptr, ctypes.c_void_p, ctypes.c_size_t,
+                                       ctypes.c_void_p]
+    yield c
+    c.free_all()
+
+
+class Pair:
+    """A target engine serving REGION bytes of host memory, and an initiator."""
+
+    def __init__(self, proto):
+        self.target = TransferEngine()
+        assert self.target.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        self.mem = mmap.mmap(-1, REGION)
+        self.host = np.frombuffer(self.mem, np.uint8)
+        self.base = self.host.ctypes.data
+        assert self.target.register_memory(self.base, REGION) == 0
+        self.name = f"127.0.0.1:{self.target.get_rpc_port()}"
+        self.init = TransferEngine()
+        assert self.init.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+
+    def close(self):
+        self.init.close()
+        self.target.close()
+        del self.host
+        self.mem.close()
+
+
+@pytest.fixture(params=["tcp", "shm"])
+def pair(request):
+    p = Pair(request.param)
+    yield p
+    p.close()
+
+
+def pattern(n, seed):
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+def layout(sizes, gap=4096):
+    """Offsets of sizes in the target's region, gap bytes apart."""
+    offs, at = [], gap
+    for n in sizes:
+        offs.append(at)
+        at += n + gap
+    assert at <= REGION
+    return offs
+
+
+def test_support_cuda_says_a_driver_loads():
+    assert engine_mod.SUPPORT_CUDA is True
+
+
+def test_device_to_remote_host_and_back(pair, cuda):
+    cuda.current()
+    srcs = [pattern(n, 10 + i) for i, n in enumerate(SIZES)]
+    dev = [cuda.upload(a) for a in srcs]
+    offs = layout(SIZES)
+    remotes = [pair.base + o for o in offs]
+    before = cuda.staged()
+    assert pair.init.batch_transfer_write_on_cuda(
+        pair.name, dev, remotes, [a.nbytes for a in srcs]) is None
+    assert pair.init.last_status == 0
+    expect = np.zeros(REGION, np.uint8)
+    for o, a in zip(offs, srcs):
+        expect[o:o + a.nbytes] = a
+    assert np.array_equal(pair.host, expect)  # the ranges, nothing between them
+    if before is not None:  # device memory went through the staging copies
+        assert cuda.staged()[0] - before[0] >= len(SIZES)
+    # remote host -> device: other bytes there first, so the read cannot pass by chance
+    for o, a in zip(offs, srcs):
+        pair.host[o:o + a.nbytes] = 255 - a
+    back = [cuda.zeros(a.nbytes + 64) for a in srcs]
+    before = cuda.staged()
+    assert pair.init.batch_transfer_read_on_cuda(
+        pair.name, back, remotes, [a.nbytes for a in srcs]) is None
+    for d, a in zip(back, srcs):
+        got = cuda.download(d, a.nbytes + 64)
+        assert np.array_equal(got[: a.nbytes], 255 - a)
+        assert not got[a.nbytes:].any()  # nothing past the range
+    if before is not None:
+        assert cuda.staged()[1] - before[1] >= len(SIZES)
+    # the single forms
+    one = pattern(70000, 99)
+    d1 = cuda.upload(one)
+    assert pair.init.transfer_write_on_cuda(pair.name, d1, pair.base + 16, one.nbytes) is None
+    assert np.array_equal(pair.host[16:16 + one.nbytes], one)
+    d2 = cuda.zeros(one.nbytes)
+    assert pair.init.transfer_read_on_cuda(pair.name, d2, pair.base + 16, one.nbytes, 0) is None
+    assert np.array_equal(cuda.download(d2, one.nbytes), one)
+    m = pair.init.metrics()
+    assert m["writes"] >= len(SIZES) + 1 and m["reads"] >= len(SIZES) + 1 and m["failures"] == 0
+
+
+def test_out_of_range_remote_refused(pair, cuda):
+    cuda.current()
+    src = pattern(8192, 5)
+    dev = cuda.upload(src)
+    pair.host[:] = 7
+    refused = pair.target.metrics()["refused_range"]
+    for remote in (pair.base + REGION - 4096,  # runs past the end
+                   pair.base - 8192):          # before the region
+        with pytest.raises(RuntimeError, match="transfer_write_on_cuda.*KVP_ERR_OUT_OF_RANGE"):
+            pair.init.transfer_write_on_cuda(pair.name, dev, remote, src.nbytes)
+        assert pair.init.last_status == S["KVP_ERR_OUT_OF_RANGE"]
+    assert (pair.host == 7).all()  # not a byte of it
+    dst = cuda.zeros(8192)
+    with pytest.raises(RuntimeError, match="batch_transfer_read_on_cuda.*KVP_ERR_OUT_OF_RANGE"):
+        pair.init.batch_transfer_read_on_cuda(pair.name, [dst], [pair.base + REGION - 1], [8192])
+    assert not cuda.download(dst, 8192).any()
+    assert pair.target.metrics()["refused_range"] >= refused + 3
+    # lists of different lengths: RuntimeError, as Mooncake
+    with pytest.raises(RuntimeError, match="different size"):
+        pair.init.batch_transfer_write_on_cuda(pair.name, [dev, dev], [pair.base], [1, 1])
+    assert (pair.host == 7).all()
+
+
+def test_host_pointer_moves_as_host_memory(pair, cuda):
+    """Mooncake's _on_cuda forms move whatever address they are given (its transports
+    take host memory): so do these."""
+    cuda.current()
+    src = pattern(100000, 3)
+    assert pair.init.transfer_write_on_cuda(pair.name, src.ctypes.data, pair.base + 100,
+                                            src.nbytes) is None
+    assert np.array_equal(pair.host[100:100 + src.nbytes], src)
+    out = np.zeros(src.nbytes, np.uint8)
+    pair.init.batch_transfer_read_on_cuda(pair.name, [out.ctypes.data], [pair.base + 100],
+                                          [src.nbytes])
+    assert np.array_equal(out, src)
+    # device and host ranges in one batch
+    a, b = pattern(5000, 1), pattern(6000, 2)
+    da = cuda.upload(a)
+    pair.init.batch_transfer_write_on_cuda(pair.name, [da, b.ctypes.data],
+                                           [pair.base + 200000, pair.base + 300000],
+                                           [a.nbytes, b.nbytes])
+    assert np.array_equal(pair.host[200000:205000], a)
+    assert np.array_equal(pair.host[300000:306000], b)
+
+
+def test_waits_for_the_callers_stream(pair, cuda):
+    """What the caller's stream wrote to the device is what moves: the library waits for
+    the stream before it copies (the test double runs each queued copy after a delay)."""
+    cuda.current()
+    L = cuda.lib
+    stream = ctypes.c_void_p()
+    cuda.check(L.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
+    try:
+        n = 1 << 20
+        dev = cuda.zeros(n)
+        fresh = pattern(n, 42)
+        # on the test double, each queued copy runs 300 ms late (the library's staging
+        # copies too, on their own streams: without the wait they would still overtake it)
+        if cuda.fake:
+            L.fake_cuda_set_delay_us.argtypes = [ctypes.c_uint]
+            L.fake_cuda_set_delay_us(300000)
+        try:
+            cuda.check(L.cuMemcpyHtoDAsync_v2(dev, fresh.ctypes.data, n, stream),
+                       "cuMemcpyHtoDAsync_v2")
+            pair.init.transfer_write_on_cuda(pair.name, dev, pair.base, n, stream.value)
+        finally:
+            if cuda.fake:
+                L.fake_cuda_set_delay_us(0)
+        assert np.array_equal(pair.host[:n], fresh)
+        # the default stream (0) is waited for in the current context
+        if cuda.fake:
+            before = L.fake_cuda_counter(b"default_syncs")
+            pair.init.transfer_write_on_cuda(pair.name, dev, pair.base, 1)
+            assert L.fake_cuda_counter(b"default_syncs") == before + 1
+    finally:
+        L.cuStreamSynchronize(stream)
+        L.cuStreamDestroy_v2(stream)
