@@ -132,6 +132,13 @@ def test_device_to_remote_host_and_back(pair, cuda):
     d2 = cuda.zeros(one.nbytes)
     assert pair.init.transfer_read_on_cuda(pair.name, d2, pair.base + 16, one.nbytes, 0) is None
     assert np.array_equal(cuda.download(d2, one.nbytes), one)
+    # the sync form takes device buffers too (staged, not the one-copy shm path)
+    again = pattern(300000, 77)
+    d3 = cuda.upload(again)
+    assert pair.init.batch_transfer_sync_write(pair.name, [d3], [pair.base + 8192],
+                                               [again.nbytes]) == 0
+    assert np.array_equal(pair.host[8192:8192 + again.nbytes], again)
+    assert pair.target.metrics()["served_cma_writes"] == 0  # every write came as frames
     m = pair.init.metrics()
     assert m["writes"] >= len(SIZES) + 1 and m["reads"] >= len(SIZES) + 1 and m["failures"] == 0
 
