@@ -138,6 +138,7 @@ struct kvp_te {
     te_notify_t *notify_head, **notify_tail;
     size_t n_notifies;
     pthread_rwlock_t lock; /* the regions */
+    te_cuda_t *cuda;       /* device memory among them (te_cuda.c); NULL: none yet (lock) */
     te_region_t *regions;  /* sorted by addr, disjoint */
     size_t n_regions, cap_regions;
     pthread_mutex_t peers_lock;
@@ -355,7 +356,10 @@ static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, 
     iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
     te_iov(v, n, iov + 1);
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = still_inside_locked(te, v, n) && kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+    bool ok = still_inside_locked(te, v, n) &&
+              (kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n)
+                   ? kvp_te_cuda_send(te->cuda, &te->xfer, fd, v, n, total)
+                   : kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK);
     pthread_rwlock_unlock(&te->lock);
     return ok;
 }
@@ -380,7 +384,10 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
     struct iovec iov[KVP_DATA_VEC_MAX];
     te_iov(v, n, iov);
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = still_inside_locked(te, v, n) && kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
+    bool ok = still_inside_locked(te, v, n) &&
+              (kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n)
+                   ? kvp_te_cuda_recv(te->cuda, &te->xfer, fd, v, n, reply_p)
+                   : kvp_recvv_all(fd, iov, (int)n) == KVP_OK);
     pthread_rwlock_unlock(&te->lock);
     return ok;
 }
@@ -765,6 +772,8 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
     int32_t err = -1;
     if (!still_inside_locked(te, v, n))
         ok = kvp_data_reply(fd, KVP_ERR_OUT_OF_RANGE, 0) == KVP_OK;
+    else if (kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n)) /* the kernel cannot reach it */
+        ok = kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
     else {
         (void)prctl(PR_SET_PTRACER, (unsigned long)pid, 0, 0, 0); /* EINVAL: no Yama */
         ok = kvp_data_reply(fd, KVP_OK, 0) == KVP_OK &&
@@ -991,6 +1000,7 @@ void kvp_te_destroy(kvp_te_t *te)
             free(b);
         }
     free(te->regions);
+    kvp_te_cuda_free(te->cuda);
     auth_free(te->auth);
     pthread_rwlock_destroy(&te->lock);
     pthread_mutex_destroy(&te->peers_lock);
@@ -1018,13 +1028,13 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
     if (addr == NULL || len == 0 || a + len < a)
         return KVP_ERR_INVALID_ARG;
     const kvp_mem_region_t *region;
-    if (kvp_transfer_mem_find(&te->xfer, addr, len, &region) != KVP_MEM_HOST) {
-        /* the data server's threads move bytes with the CPU: device memory later (GPU path) */
-        KVP_LOG_ERROR("transfer engine: [%p, +%zu) is device memory: not served in this version",
-                      addr, len);
-        return KVP_ERR_UNSUPPORTED;
-    }
+    /* device memory: served through pinned staging (te_cuda.c) */
+    bool dev = kvp_transfer_mem_find(&te->xfer, addr, len, &region) == KVP_MEM_CUDA;
     pthread_rwlock_wrlock(&te->lock);
+    if (dev && te->cuda == NULL && kvp_te_cuda_new(&te->cuda) != KVP_OK) {
+        pthread_rwlock_unlock(&te->lock);
+        return KVP_ERR_NOMEM;
+    }
     size_t i = 0;
     while (i < te->n_regions && te->regions[i].addr < a)
         i++;
@@ -1046,6 +1056,8 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
         memmove(&te->regions[i + 1], &te->regions[i], (te->n_regions - i) * sizeof(te_region_t));
         te->regions[i] = (te_region_t){.addr = a, .len = len};
         te->n_regions++;
+        if (dev)
+            kvp_te_cuda_registered(te->cuda);
     }
     pthread_rwlock_unlock(&te->lock);
     return st;
@@ -1057,6 +1069,7 @@ kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
     kvp_status_t st = KVP_ERR_NOT_FOUND;
     for (size_t i = 0; i < te->n_regions; i++)
         if (te->regions[i].addr == (uintptr_t)addr) {
+            kvp_te_cuda_unregistered(te->cuda, &te->xfer, te->regions[i].addr, te->regions[i].len);
             memmove(&te->regions[i], &te->regions[i + 1],
                     (te->n_regions - i - 1) * sizeof(te_region_t));
             te->n_regions--;

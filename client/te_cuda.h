@@ -1,6 +1,7 @@
 /*
  * te_cuda.h - the transfer engine's CUDA device memory (te_cuda.c): which of an
- * initiator's local ranges are device memory, for te.c's route choice.
+ * initiator's local ranges are device memory, for te.c's route choice; a target's
+ * registered device memory, served through pinned staging.
  *
  * Thread: any.
  */
@@ -12,10 +13,36 @@
 #include <stdint.h>
 
 #include "client/transfer/engine.h"
+#include "client/transport/wire.h"
 
 /* Is any of the n local ranges CUDA device memory? The kernel's process_vm_* cannot
  * reach it: such a batch takes the socket path, whose engine stages it through pinned
  * host memory. False at once when the process has no CUDA. */
 bool kvp_te_cuda_locals(kvp_transfer_t *xfer, size_t n, void *const *locals, const uint64_t *lens);
+
+/*
+ * A target's registered device memory: a peer's WRITEV into it is received into pinned host
+ * staging buffers and copied to the device, a READV copied from the device into them and
+ * sent. Staging slots (two 1 MiB pinned buffers and a copy stream per buffer) are made at
+ * the first such request and reused, at most TE_CUDA_SLOTS (requests beyond wait for one).
+ * Made by the engine's first registration of device memory (under its regions' write lock),
+ * freed at its destroy (no request in flight).
+ */
+typedef struct te_cuda te_cuda_t;
+kvp_status_t kvp_te_cuda_new(te_cuda_t **c_p);
+void kvp_te_cuda_free(te_cuda_t *c);
+/* A device region was registered; a region [addr, addr + len) is unregistered (counted
+ * off when it is device memory; c NULL: nothing). */
+void kvp_te_cuda_registered(te_cuda_t *c);
+void kvp_te_cuda_unregistered(te_cuda_t *c, kvp_transfer_t *xfer, uintptr_t addr, uint64_t len);
+/* Does any of v[0..n) (each inside one registered region) lie in device memory? False at
+ * once when none is registered. */
+bool kvp_te_cuda_vecs(te_cuda_t *c, kvp_transfer_t *xfer, const kvp_data_vec_t *v, size_t n);
+/* The data server's write and read (data_backend.h's contract) of extents some of which are
+ * device memory; host ones move directly. */
+bool kvp_te_cuda_recv(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data_vec_t *v, size_t n,
+                      kvp_status_t *reply_p);
+bool kvp_te_cuda_send(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data_vec_t *v, size_t n,
+                      uint64_t total);
 
 #endif

@@ -220,3 +220,52 @@ def test_waits_for_the_callers_stream(pair, cuda):
     finally:
         L.cuStreamSynchronize(stream)
         L.cuStreamDestroy_v2(stream)
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_device_memory_registered_on_the_target(cuda, proto):
+    """vLLM's connector registers its KV caches, device memory, on both sides: the target
+    serves its registered device memory through pinned staging (a host or device initiator
+    buffer, write and read, byte-exact, ranges outside refused with its bytes intact); on
+    shm the one-copy path cannot reach it and the socket frames carry it."""
+    cuda.current()
+    n = (2 << 20) + 12345  # over two of the target's 1 MiB staging chunks
+    target, init = TransferEngine(), TransferEngine()
+    try:
+        assert target.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        assert init.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        kv = cuda.zeros(n)
+        assert target.register_memory(kv, n) == 0
+        name = f"127.0.0.1:{target.get_rpc_port()}"
+        assert init.get_first_buffer_address(name) == kv
+        # host -> the target's device memory (the sync form, as the connector calls it)
+        a = pattern(n, 21)
+        assert init.batch_transfer_sync_write(name, [a.ctypes.data], [kv], [n]) == 0
+        assert np.array_equal(cuda.download(kv, n), a)
+        # device -> the target's device memory, in pieces, with the CUDA form
+        b = pattern(n, 22)
+        src = cuda.upload(b)
+        cut = [0, 4096, 1 << 20, n]
+        init.batch_transfer_write_on_cuda(name, [src + s for s in cut[:-1]],
+                                          [kv + s for s in cut[:-1]],
+                                          [e - s for s, e in zip(cut, cut[1:])])
+        assert np.array_equal(cuda.download(kv, n), b)
+        # the target's device memory -> host and -> device
+        h = np.zeros(n, np.uint8)
+        assert init.transfer_sync_read(name, h.ctypes.data, kv, n) == 0
+        assert np.array_equal(h, b)
+        d = cuda.zeros(n)
+        init.transfer_read_on_cuda(name, d, kv + 0, n)
+        assert np.array_equal(cuda.download(d, n), b)
+        # outside what it registered: refused, its bytes intact
+        assert init.transfer_sync_write(name, a.ctypes.data, kv + n - 10, 4096) == -1
+        assert init.last_status == S["KVP_ERR_OUT_OF_RANGE"]
+        assert np.array_equal(cuda.download(kv, n), b)
+        m = target.metrics()
+        assert m["served_cma_writes"] == 0 and m["served_cma_reads"] == 0
+        assert m["served_writes"] >= 4 and m["served_reads"] >= 2 and m["refused_range"] >= 1
+        assert target.unregister_memory(kv) == 0
+        assert init.transfer_sync_write(name, a.ctypes.data, kv, 1) == -1
+    finally:
+        init.close()
+        target.close()
