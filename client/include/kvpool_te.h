@@ -58,8 +58,9 @@ void kvp_te_destroy(kvp_te_t *te);
 /* The port peers reach this engine on ("host:port"). */
 uint16_t kvp_te_rpc_port(const kvp_te_t *te);
 
-/* Open [addr, addr + len) to peers (read and write). KVP_ERR_INVALID_ARG: empty, or it
- * overlaps a registered range; KVP_ERR_UNSUPPORTED: CUDA device memory (not yet). */
+/* Open [addr, addr + len) to peers (read and write): host or CUDA device memory (served
+ * through pinned staging, not the one-copy shm path). KVP_ERR_INVALID_ARG: empty, or it
+ * overlaps a registered range; KVP_ERR_NOMEM. */
 kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len);
 /* Close the range registered at addr (waits for transfers in it); KVP_ERR_NOT_FOUND. */
 kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr);

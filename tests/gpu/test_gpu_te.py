@@ -5,7 +5,9 @@ device memory, the target's registered host memory. Device -> remote host and re
 pinned host buffers), a range the target did not register refused (RuntimeError,
 KVP_ERR_OUT_OF_RANGE, the target's and the device's bytes intact), a host pointer moved as
 Mooncake moves it (whatever address it is given), and the call waits for the caller's
-stream first.
+stream first. And a target whose registered memory is device memory (vLLM's KV caches):
+host and device -> it and back byte-exact on tcp and shm (not the one-copy path), its
+ranges outside refused, a failed device copy there an error while it keeps serving.
 
 Run as tests/gpu/test_gpu_python.py is (tests/gpu/run_gpu_python.sh): in CI's gpu-fake
 phase against the test double of the driver (tests/gpu/fake_cuda.c, whose device memory
@@ -266,6 +268,36 @@ def test_device_memory_registered_on_the_target(cuda, proto):
         assert m["served_writes"] >= 4 and m["served_reads"] >= 2 and m["refused_range"] >= 1
         assert target.unregister_memory(kv) == 0
         assert init.transfer_sync_write(name, a.ctypes.data, kv, 1) == -1
+    finally:
+        init.close()
+        target.close()
+
+
+def test_target_device_copy_failure_is_an_error_and_it_keeps_serving(cuda):
+    """On the test double: the target's copy to its device fails (as a driver fault):
+    the write is KVP_ERR_IO at the initiator, and the next one is served byte-exact."""
+    if not cuda.fake:
+        pytest.skip("needs the test double of the driver to fail a copy")
+    cuda.current()
+    L = cuda.lib
+    L.fake_cuda_fail_copy.argtypes = [ctypes.c_long, ctypes.c_int]
+    n = 1 << 20
+    target, init = TransferEngine(), TransferEngine()
+    try:
+        assert target.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        assert init.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        kv = cuda.zeros(n)
+        assert target.register_memory(kv, n) == 0
+        name = f"127.0.0.1:{target.get_rpc_port()}"
+        a = pattern(n, 31)
+        L.fake_cuda_fail_copy(1, 700)  # CUDA_ERROR_ILLEGAL_ADDRESS, the next copy issued
+        try:
+            assert init.transfer_sync_write(name, a.ctypes.data, kv, n) == -1
+        finally:
+            L.fake_cuda_fail_copy(0, 0)
+        assert init.last_status == S["KVP_ERR_IO"]
+        assert init.transfer_sync_write(name, a.ctypes.data, kv, n) == 0
+        assert np.array_equal(cuda.download(kv, n), a)
     finally:
         init.close()
         target.close()
