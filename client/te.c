@@ -1262,8 +1262,8 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
             if (st == KVP_ERR_UNSUPPORTED) { /* the target declines the one-copy path */
                 atomic_store(&tp->cma_off, true);
                 KVP_LOG_INFO("transfer engine: %s declines the one-copy shm path (another "
-                             "principal, or not this host): its transfers go over its Unix "
-                             "socket",
+                             "principal, not this host, or its device memory): its transfers "
+                             "go over its Unix socket",
                              tp->target);
             }
             break;
