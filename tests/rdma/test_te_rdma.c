@@ -1,0 +1,381 @@
+/*
+ * test_te_rdma.c - the transfer engine's rdma route (client/te_rdma.c) between two processes,
+ * as vLLM's MooncakeConnector drives it (prefill writes into decode's KV cache):
+ *   - both engines protocol "rdma"; each registers its KV cache, vLLM's layout (per layer a
+ *     K and a V tensor of NUM_BLOCKS blocks), one region per tensor;
+ *   - the prefill writes block lists as merged contiguous runs (one range per run and
+ *     tensor), then 512 single-block ranges (more than one chunk); the decode's memory is
+ *     compared byte for byte with a mirror the prefill keeps;
+ *   - ranges outside what the decode registered are refused (KVP_ERR_OUT_OF_RANGE) with its
+ *     bytes intact; a tensor the decode unregistered after the prefill got its table is
+ *     refused by the NIC (the region is gone), and the next batch reconnects;
+ *   - a read of the decode's blocks; a local buffer the prefill did not register goes over
+ *     tcp; an rdma connect without a token is refused and counted.
+ * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+
+#include "client/include/kvpool_te.h"
+#include "client/te_rdma.h"
+#include "client/transport/rdma_verbs.h"
+#include "tests/harness.h"
+
+#define LAYERS 4
+#define TENSORS (LAYERS * 2) /* K and V per layer */
+#define NUM_BLOCKS 64
+#define BLOCK (32u * 1024) /* 16 tokens x 8 heads x 128 x 2 bytes */
+#define TENSOR ((size_t)NUM_BLOCKS * BLOCK)
+
+static int to_child = -1, from_child = -1;
+static pid_t child;
+static uint64_t dec_addr[TENSORS];
+static uint16_t dec_port;
+static uint8_t *mirror; /* what the decode's tensors must hold, TENSORS x TENSOR */
+
+static void xwrite(int fd, const void *buf, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t k = write(fd, (const uint8_t *)buf + off, len - off);
+        if (k <= 0 && errno != EINTR)
+            abort();
+        off += k > 0 ? (size_t)k : 0;
+    }
+}
+
+static bool xread(int fd, void *buf, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t k = read(fd, (uint8_t *)buf + off, len - off);
+        if (k == 0 || (k < 0 && errno != EINTR))
+            return false;
+        off += k > 0 ? (size_t)k : 0;
+    }
+    return true;
+}
+
+/* The decode: its engine, its KV cache, then commands from the prefill. */
+static void decode_main(int in, int out)
+{
+    kvp_te_t *te;
+    if (kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &te) != KVP_OK)
+        _exit(3);
+    void *t[TENSORS];
+    size_t lens[TENSORS];
+    for (int i = 0; i < TENSORS; i++) {
+        t[i] = aligned_alloc(4096, TENSOR);
+        kvp_fill_pattern(t[i], TENSOR, 1000 + (uint64_t)i);
+        lens[i] = TENSOR;
+    }
+    if (kvp_te_register_batch(te, t, lens, TENSORS) != KVP_OK)
+        _exit(4);
+    uint16_t port = kvp_te_rpc_port(te);
+    xwrite(out, &port, sizeof(port));
+    for (int i = 0; i < TENSORS; i++) {
+        uint64_t a = (uintptr_t)t[i];
+        xwrite(out, &a, sizeof(a));
+    }
+    char cmd;
+    while (xread(in, &cmd, 1)) {
+        if (cmd == 'D') {
+            for (int i = 0; i < TENSORS; i++)
+                xwrite(out, t[i], TENSOR);
+        } else if (cmd == 'U') {
+            int32_t st = kvp_te_unregister(te, t[TENSORS - 1]);
+            xwrite(out, &st, sizeof(st));
+        } else if (cmd == 'C') {
+            kvp_te_counters_t c;
+            kvp_te_get_counters(te, &c);
+            xwrite(out, &c, sizeof(c));
+        } else
+            break;
+    }
+    kvp_te_destroy(te);
+    _exit(0);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    int a[2], b[2];
+    if (pipe(a) != 0 || pipe(b) != 0)
+        return -1;
+    child = fork();
+    if (child == 0) {
+        close(a[1]);
+        close(b[0]);
+        decode_main(a[0], b[1]);
+    }
+    close(a[0]);
+    close(b[1]);
+    to_child = a[1];
+    from_child = b[0];
+    if (!xread(from_child, &dec_port, sizeof(dec_port)) ||
+        !xread(from_child, dec_addr, sizeof(dec_addr)))
+        return -1;
+    mirror = malloc(TENSORS * TENSOR);
+    for (int i = 0; i < TENSORS; i++)
+        kvp_fill_pattern(mirror + i * TENSOR, TENSOR, 1000 + (uint64_t)i);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char q = 'Q';
+    xwrite(to_child, &q, 1);
+    int status = -1;
+    waitpid(child, &status, 0);
+    free(mirror);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* The decode's tensors, byte for byte, against the mirror. */
+static void assert_decode_is_mirror(void)
+{
+    uint8_t *got = malloc(TENSOR);
+    char d = 'D';
+    xwrite(to_child, &d, 1);
+    for (int i = 0; i < TENSORS; i++) {
+        assert_true(xread(from_child, got, TENSOR));
+        assert_memory_equal(got, mirror + i * TENSOR, TENSOR);
+    }
+    free(got);
+}
+
+static void decode_counters(kvp_te_counters_t *c)
+{
+    char d = 'C';
+    xwrite(to_child, &d, 1);
+    assert_true(xread(from_child, c, sizeof(*c)));
+}
+
+typedef struct prefill {
+    kvp_te_t *te;
+    uint8_t *t[TENSORS];
+    char target[64];
+} prefill_t;
+
+static void prefill_open(prefill_t *p)
+{
+    assert_int_equal(kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &p->te), KVP_OK);
+    void *t[TENSORS];
+    size_t lens[TENSORS];
+    for (int i = 0; i < TENSORS; i++) {
+        p->t[i] = aligned_alloc(4096, TENSOR);
+        kvp_fill_pattern(p->t[i], TENSOR, 1 + (uint64_t)i);
+        t[i] = p->t[i];
+        lens[i] = TENSOR;
+    }
+    assert_int_equal(kvp_te_register_batch(p->te, t, lens, TENSORS), KVP_OK);
+    snprintf(p->target, sizeof(p->target), "127.0.0.1:%u", dec_port);
+}
+
+static void prefill_close(prefill_t *p)
+{
+    kvp_te_destroy(p->te);
+    for (int i = 0; i < TENSORS; i++)
+        free(p->t[i]);
+}
+
+/* vLLM's connector: block ids on both sides, merged into runs where both are consecutive,
+ * one range per run and tensor. Returns the range count; the mirror takes the writes. */
+static size_t block_runs(prefill_t *p, const int *lb, const int *rb, size_t nb, void **locals,
+                         uint64_t *remotes, uint64_t *lens)
+{
+    size_t n = 0;
+    for (int t = 0; t < TENSORS; t++)
+        for (size_t i = 0; i < nb;) {
+            size_t j = i + 1;
+            while (j < nb && lb[j] == lb[j - 1] + 1 && rb[j] == rb[j - 1] + 1)
+                j++;
+            locals[n] = p->t[t] + (size_t)lb[i] * BLOCK;
+            remotes[n] = dec_addr[t] + (uint64_t)rb[i] * BLOCK;
+            lens[n] = (j - i) * BLOCK;
+            memcpy(mirror + t * TENSOR + (size_t)rb[i] * BLOCK, locals[n], lens[n]);
+            n++;
+            i = j;
+        }
+    return n;
+}
+
+static void test_connector_sequence(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    /* merged runs: 4 runs of 4, 2, 1 and 8 blocks in each of the 8 tensors */
+    int lb[] = {3, 4, 5, 6, 10, 11, 20, 40, 41, 42, 43, 44, 45, 46, 47};
+    int rb[] = {0, 1, 2, 3, 8, 9, 30, 50, 51, 52, 53, 54, 55, 56, 57};
+    void *locals[512];
+    uint64_t remotes[512], lens[512];
+    size_t n = block_runs(&p, lb, rb, 15, locals, remotes, lens);
+    assert_int_equal(n, 32);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    assert_decode_is_mirror();
+    kvp_te_peer_stat_t ps[2];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 2), 1);
+    assert_string_equal(ps[0].route, "rdma");
+    assert_int_equal(ps[0].transfers, 32);
+    /* 512 single-block ranges, reversed: two chunks, many chains */
+    int lb2[NUM_BLOCKS], rb2[NUM_BLOCKS];
+    for (int i = 0; i < NUM_BLOCKS; i++)
+        lb2[i] = i, rb2[i] = NUM_BLOCKS - 1 - i;
+    n = block_runs(&p, lb2, rb2, NUM_BLOCKS, locals, remotes, lens);
+    assert_int_equal(n, 512);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    assert_decode_is_mirror();
+    /* a read of every block of tensor 2 into a zeroed registered buffer */
+    uint8_t *back = aligned_alloc(4096, TENSOR);
+    memset(back, 0, TENSOR);
+    assert_int_equal(kvp_te_register(p.te, back, TENSOR), KVP_OK);
+    for (int i = 0; i < NUM_BLOCKS; i++) {
+        locals[i] = back + (size_t)i * BLOCK;
+        remotes[i] = dec_addr[2] + (uint64_t)i * BLOCK;
+        lens[i] = BLOCK;
+    }
+    assert_int_equal(
+        kvp_te_transfer(p.te, p.target, KVP_TE_READ, NUM_BLOCKS, locals, remotes, lens), KVP_OK);
+    assert_memory_equal(back, mirror + 2 * TENSOR, TENSOR);
+    kvp_te_counters_t c;
+    kvp_te_get_counters(p.te, &c);
+    assert_int_equal(c.transfers[KVP_TE_WRITE], 32 + 512);
+    assert_int_equal(c.bytes[KVP_TE_READ], TENSOR);
+    assert_int_equal(c.failures, 0);
+    assert_int_equal(kvp_te_unregister(p.te, back), KVP_OK);
+    free(back);
+    prefill_close(&p);
+}
+
+static void test_out_of_range_refused(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    void *locals[3] = {p.t[0], p.t[1], p.t[2]};
+    /* across the end of tensor 0; before the first; far outside any */
+    uint64_t remotes[3] = {dec_addr[0] + TENSOR - BLOCK / 2, dec_addr[0] - BLOCK, 4096};
+    uint64_t lens[3] = {BLOCK, BLOCK, BLOCK};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(
+            kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, &locals[i], &remotes[i], &lens[i]),
+            KVP_ERR_OUT_OF_RANGE);
+    assert_decode_is_mirror();
+    kvp_te_counters_t c;
+    kvp_te_get_counters(p.te, &c);
+    assert_int_equal(c.failures, 3);
+    assert_int_equal(c.transfers[KVP_TE_WRITE], 0);
+
+    /* the last tensor unregistered at the decode after we got its table: the NIC refuses */
+    uint64_t ok_remote = dec_addr[0];
+    uint64_t blk = BLOCK;
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &ok_remote, &blk),
+                     KVP_OK);
+    memcpy(mirror, p.t[0], BLOCK);
+    char u = 'U';
+    xwrite(to_child, &u, 1);
+    int32_t ust;
+    assert_true(xread(from_child, &ust, sizeof(ust)));
+    assert_int_equal(ust, KVP_OK);
+    uint64_t gone = dec_addr[TENSORS - 1];
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &gone, &blk),
+                     KVP_ERR_OUT_OF_RANGE);
+    assert_decode_is_mirror();
+    /* the next batch (a new queue pair, the table asked again) goes; the gone tensor is
+     * refused before the NIC now */
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &ok_remote, &blk),
+                     KVP_OK);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &gone, &blk),
+                     KVP_ERR_OUT_OF_RANGE);
+    assert_decode_is_mirror();
+    prefill_close(&p);
+}
+
+static void test_unregistered_local_goes_over_tcp(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    uint8_t *plain = malloc(BLOCK);
+    kvp_fill_pattern(plain, BLOCK, 77);
+    void *local = plain;
+    uint64_t remote = dec_addr[1] + 5 * BLOCK, len = BLOCK;
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, &local, &remote, &len),
+                     KVP_OK);
+    memcpy(mirror + TENSOR + 5 * BLOCK, plain, BLOCK);
+    assert_decode_is_mirror();
+    free(plain);
+    prefill_close(&p);
+}
+
+/* A stranger's rdma connect: no token (or a made-up one): refused, counted. */
+static void test_connect_without_token_refused(void **state)
+{
+    (void)state;
+    kvp_te_counters_t before, after;
+    decode_counters(&before);
+    kvp_rdma_dev_t *dev;
+    kvp_rdma_dev_params_t dp = {0};
+    assert_int_equal(kvp_rdma_dev_open(&dp, &dev), 0);
+    char ip[64];
+    assert_int_equal(kvp_rdma_dev_ipv4(dev, ip, sizeof(ip)), 0);
+    struct {
+        uint32_t magic, version;
+        uint8_t token[16];
+    } pd = {0x5450564Bu, 1, {0}};
+    int refused = 0;
+    kvp_te_t *probe;
+    assert_int_equal(kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &probe), KVP_OK);
+    /* the probe's rdma port (a stranger could scan for it): a connect with a made-up token,
+     * then one with no private data */
+    const char *w = strrchr(te_rdma_where(kvp_te_rdma(probe)), ':');
+    assert_non_null(w);
+    uint16_t port = (uint16_t)atoi(w + 1);
+    kvp_rdma_qp_t *qp = NULL;
+    if (kvp_rdma_connect(dev, ip, port, 2000, &pd, sizeof(pd), &qp) != 0)
+        refused++;
+    else
+        kvp_rdma_qp_destroy(qp);
+    qp = NULL;
+    if (kvp_rdma_connect(dev, ip, port, 2000, NULL, 0, &qp) != 0)
+        refused++;
+    else
+        kvp_rdma_qp_destroy(qp);
+    assert_int_equal(refused, 2);
+    kvp_te_counters_t pc;
+    kvp_te_get_counters(probe, &pc);
+    assert_int_equal(pc.refused_auth, 2);
+    kvp_te_destroy(probe);
+    kvp_rdma_dev_close(dev);
+    decode_counters(&after);
+    assert_int_equal(after.refused_auth, before.refused_auth);
+}
+
+int main(void)
+{
+    if (!te_rdma_present()) {
+        fprintf(stderr, "no RDMA device: SKIP\n");
+        return 77;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_connector_sequence),
+        cmocka_unit_test(test_out_of_range_refused),
+        cmocka_unit_test(test_unregistered_local_goes_over_tcp),
+        cmocka_unit_test(test_connect_without_token_refused),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
