@@ -10,7 +10,10 @@
  *     bytes intact; a tensor the decode unregistered after the prefill got its table is
  *     refused by the NIC (the region is gone), and the next batch reconnects;
  *   - a read of the decode's blocks; a local buffer the prefill did not register goes over
- *     tcp; an rdma connect without a token is refused and counted.
+ *     tcp; an rdma connect without a token is refused and counted;
+ *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TE_PEERS=admin): a prefill without
+ *     any and one of another principal are refused (KVP_ERR_DENIED) with its bytes intact,
+ *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh).
  * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
  */
 #include <stdarg.h>
@@ -66,9 +69,19 @@ static bool xread(int fd, void *buf, size_t len)
 }
 
 /* The decode: its engine, its KV cache, then commands from the prefill. */
-static void decode_main(int in, int out)
+static void decode_main(int in, int out, const char *certs)
 {
     kvp_te_t *te;
+    if (certs != NULL) { /* credentials on: peers prove a certificate that names admin */
+        char path[512];
+        snprintf(path, sizeof(path), "%s/ca.crt", certs);
+        setenv("KVPOOL_TLS_CA", path, 1);
+        snprintf(path, sizeof(path), "%s/server.crt", certs);
+        setenv("KVPOOL_TLS_CERT", path, 1);
+        snprintf(path, sizeof(path), "%s/server.key", certs);
+        setenv("KVPOOL_TLS_KEY", path, 1);
+        setenv("KVPOOL_TE_PEERS", "admin", 1);
+    }
     if (kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &te) != KVP_OK)
         _exit(3);
     void *t[TENSORS];
@@ -105,9 +118,10 @@ static void decode_main(int in, int out)
     _exit(0);
 }
 
-static int setup(void **state)
+/* Start a decode (credentials from certs, or none): its pipes, port and tensors into the
+ * globals, the mirror reset to its initial bytes. */
+static int decode_start(const char *certs)
 {
-    (void)state;
     int a[2], b[2];
     if (pipe(a) != 0 || pipe(b) != 0)
         return -1;
@@ -115,7 +129,7 @@ static int setup(void **state)
     if (child == 0) {
         close(a[1]);
         close(b[0]);
-        decode_main(a[0], b[1]);
+        decode_main(a[0], b[1], certs);
     }
     close(a[0]);
     close(b[1]);
@@ -124,21 +138,36 @@ static int setup(void **state)
     if (!xread(from_child, &dec_port, sizeof(dec_port)) ||
         !xread(from_child, dec_addr, sizeof(dec_addr)))
         return -1;
-    mirror = malloc(TENSORS * TENSOR);
+    if (mirror == NULL)
+        mirror = malloc(TENSORS * TENSOR);
     for (int i = 0; i < TENSORS; i++)
         kvp_fill_pattern(mirror + i * TENSOR, TENSOR, 1000 + (uint64_t)i);
     return 0;
 }
 
-static int teardown(void **state)
+static int decode_stop(void)
 {
-    (void)state;
     char q = 'Q';
     xwrite(to_child, &q, 1);
     int status = -1;
     waitpid(child, &status, 0);
-    free(mirror);
+    close(to_child);
+    close(from_child);
     return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return decode_start(NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = decode_stop();
+    free(mirror);
+    return rc;
 }
 
 /* The decode's tensors, byte for byte, against the mirror. */
@@ -364,6 +393,81 @@ static void test_connect_without_token_refused(void **state)
     assert_int_equal(after.refused_auth, before.refused_auth);
 }
 
+static void set_creds(const char *certs, const char *who)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/ca.crt", certs);
+    setenv("KVPOOL_TLS_CA", path, 1);
+    snprintf(path, sizeof(path), "%s/%s.crt", certs, who);
+    setenv("KVPOOL_TLS_CERT", path, 1);
+    snprintf(path, sizeof(path), "%s/%s.key", certs, who);
+    setenv("KVPOOL_TLS_KEY", path, 1);
+}
+
+static void clear_creds(void)
+{
+    unsetenv("KVPOOL_TLS_CA");
+    unsetenv("KVPOOL_TLS_CERT");
+    unsetenv("KVPOOL_TLS_KEY");
+}
+
+/* A decode with credentials that admits principal admin: a prefill without credentials,
+ * and one proving another principal (server), get no rkey and move nothing
+ * (KVP_ERR_DENIED); admin's prefill writes byte-exact. */
+static void test_credentials_admit_only_the_named_principal(void **state)
+{
+    (void)state;
+    const char *certs = getenv("KVPOOL_RDMA_TEST_CERTS");
+    if (certs == NULL || access(certs, R_OK) != 0) {
+        fprintf(stderr, "KVPOOL_RDMA_TEST_CERTS not there (deploy/test-rdma.sh makes them)\n");
+        fail();
+    }
+    /* the group's decode aside, one with credentials */
+    int keep_to = to_child, keep_from = from_child;
+    pid_t keep_child = child;
+    uint16_t keep_port = dec_port;
+    uint64_t keep_addr[TENSORS];
+    memcpy(keep_addr, dec_addr, sizeof(keep_addr));
+    uint8_t *keep_mirror = mirror;
+    mirror = NULL;
+    assert_int_equal(decode_start(certs), 0);
+    int lb[] = {0, 1, 2, 9}, rb[] = {4, 5, 6, 20};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    const char *who[] = {NULL, "server", "admin"};
+    for (int w = 0; w < 3; w++) {
+        if (who[w] != NULL)
+            set_creds(certs, who[w]);
+        prefill_t p;
+        prefill_open(&p);
+        clear_creds();
+        uint8_t *before = malloc(TENSORS * TENSOR);
+        memcpy(before, mirror, TENSORS * TENSOR);
+        size_t n = block_runs(&p, lb, rb, 4, locals, remotes, lens);
+        kvp_status_t st = kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens);
+        if (w < 2) {
+            assert_int_equal(st, KVP_ERR_DENIED);
+            memcpy(mirror, before, TENSORS * TENSOR); /* nothing may have landed */
+        } else
+            assert_int_equal(st, KVP_OK);
+        free(before);
+        assert_decode_is_mirror();
+        kvp_te_peer_stat_t ps[1];
+        assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+        if (w == 2)
+            assert_string_equal(ps[0].route, "rdma");
+        prefill_close(&p);
+    }
+    kvp_te_counters_t c;
+    decode_counters(&c);
+    assert_true(c.refused_auth >= 2);
+    assert_int_equal(decode_stop(), 0);
+    free(mirror);
+    to_child = keep_to, from_child = keep_from, child = keep_child, dec_port = keep_port;
+    memcpy(dec_addr, keep_addr, sizeof(keep_addr));
+    mirror = keep_mirror;
+}
+
 int main(void)
 {
     if (!te_rdma_present()) {
@@ -376,6 +480,7 @@ int main(void)
         cmocka_unit_test(test_out_of_range_refused),
         cmocka_unit_test(test_unregistered_local_goes_over_tcp),
         cmocka_unit_test(test_connect_without_token_refused),
+        cmocka_unit_test(test_credentials_admit_only_the_named_principal),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
