@@ -504,9 +504,10 @@ static bool local_lkey_locked(te_rdma_t *r, const void *addr, uint64_t len, uint
 }
 
 /* Take the completions there are (waiting up to wait_ms for the first): each chain's end
- * frees its record, an error marks its ranges. Returns how many came, or < 0. */
+ * frees its record, an error marks its ranges (a flushed one as flushed_as, unless
+ * KVP_OK). Returns how many came, or < 0. */
 static int reap(te_rdma_t *r, kvp_rdma_qp_t *qp, chain_rec_t *ring, kvp_status_t *st, unsigned *out,
-                int wait_ms)
+                int wait_ms, kvp_status_t flushed_as)
 {
     kvp_rdma_wc_t wcs[32];
     int got =
@@ -516,7 +517,9 @@ static int reap(te_rdma_t *r, kvp_rdma_qp_t *qp, chain_rec_t *ring, kvp_status_t
         if (wcs[i].qp != qp || !c->live || c->seq != wcs[i].wr_id)
             continue; /* a batch's that gave up on it (its QP is left alone) */
         if (wcs[i].status != KVP_RDMA_WC_OK) {
-            kvp_status_t e = kvp_rdma_wc_to_status(wcs[i].status);
+            kvp_status_t e = flushed_as != KVP_OK && wcs[i].status == KVP_RDMA_WC_FLUSHED
+                                 ? flushed_as
+                                 : kvp_rdma_wc_to_status(wcs[i].status);
             for (uint32_t k = c->first; k <= c->last; k++)
                 if (st[k] == KVP_OK)
                     st[k] = e;
@@ -595,15 +598,15 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
         }
         if (out == 0)
             return; /* every chain posted came back */
-        int got = reap(r, p->qp, ring, st, &out, 0);
+        int got = reap(r, p->qp, ring, st, &out, 0, KVP_OK);
         if (got == 0)
-            got = reap(r, p->qp, ring, st, &out, 50);
+            got = reap(r, p->qp, ring, st, &out, 50, KVP_OK);
         uint64_t now = kvp_now_ms();
         if (got > 0) {
             last_progress = now;
             continue;
         }
-        if (got == 0 && now - last_progress < r->timeout_ms)
+        if (got <= 0 && now - last_progress < r->timeout_ms) /* an error: as none came */
             continue;
         /* no completion that long: the device gives the rest up (flushes); we wait for that,
          * so it never touches the caller's buffers afterwards */
@@ -613,7 +616,7 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
         kvp_rdma_qp_flush(p->qp);
         uint64_t until = kvp_now_ms() + FLUSH_WAIT_MS;
         while (out > 0 && kvp_now_ms() < until)
-            (void)reap(r, p->qp, ring, st, &out, 50);
+            (void)reap(r, p->qp, ring, st, &out, 50, KVP_ERR_TIMEOUT);
         for (size_t k = 0; k < m; k++)
             if (st[k] == KVP_OK && (k >= i || out > 0))
                 st[k] = KVP_ERR_TIMEOUT;

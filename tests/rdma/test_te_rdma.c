@@ -13,7 +13,8 @@
  *     tcp; an rdma connect without a token is refused and counted;
  *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TE_PEERS=admin): a prefill without
  *     any and one of another principal are refused (KVP_ERR_DENIED) with its bytes intact,
- *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh).
+ *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh);
+ *   - a decode killed between batches: the next fails with a code within the timeout.
  * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
  */
 #include <stdarg.h>
@@ -23,12 +24,14 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <sys/wait.h>
+#include <time.h>
 
 #include "client/include/kvpool_te.h"
 #include "client/te_rdma.h"
@@ -40,6 +43,13 @@
 #define NUM_BLOCKS 64
 #define BLOCK (32u * 1024) /* 16 tokens x 8 heads x 128 x 2 bytes */
 #define TENSOR ((size_t)NUM_BLOCKS * BLOCK)
+
+static uint64_t kvp_now_ms_for_test(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
 
 static int to_child = -1, from_child = -1;
 static pid_t child;
@@ -125,11 +135,19 @@ static int decode_start(const char *certs)
     int a[2], b[2];
     if (pipe(a) != 0 || pipe(b) != 0)
         return -1;
+    /* our ends are not inherited by later decodes */
+    fcntl(a[1], F_SETFD, FD_CLOEXEC);
+    fcntl(b[0], F_SETFD, FD_CLOEXEC);
     child = fork();
     if (child == 0) {
-        close(a[1]);
-        close(b[0]);
-        decode_main(a[0], b[1], certs);
+        /* a fresh process image: a forked one would share this process's verbs context
+         * (librdmacm opens it once), and its queue pairs and regions would outlive it */
+        char in[16], out[16];
+        snprintf(in, sizeof(in), "%d", a[0]);
+        snprintf(out, sizeof(out), "%d", b[1]);
+        execl("/proc/self/exe", "rdma_test_te", "decode", in, out, certs ? certs : "",
+              (char *)NULL);
+        _exit(5);
     }
     close(a[0]);
     close(b[1]);
@@ -393,6 +411,30 @@ static void test_connect_without_token_refused(void **state)
     assert_int_equal(after.refused_auth, before.refused_auth);
 }
 
+/* The group's decode set aside while a test runs one of its own, and back. */
+static struct {
+    int to, from;
+    pid_t child;
+    uint16_t port;
+    uint64_t addr[TENSORS];
+    uint8_t *mirror;
+} aside;
+
+static void decode_aside(void)
+{
+    aside.to = to_child, aside.from = from_child, aside.child = child, aside.port = dec_port;
+    memcpy(aside.addr, dec_addr, sizeof(aside.addr));
+    aside.mirror = mirror;
+    mirror = NULL;
+}
+
+static void decode_back(void)
+{
+    to_child = aside.to, from_child = aside.from, child = aside.child, dec_port = aside.port;
+    memcpy(dec_addr, aside.addr, sizeof(aside.addr));
+    mirror = aside.mirror;
+}
+
 static void set_creds(const char *certs, const char *who)
 {
     char path[512];
@@ -423,13 +465,7 @@ static void test_credentials_admit_only_the_named_principal(void **state)
         fail();
     }
     /* the group's decode aside, one with credentials */
-    int keep_to = to_child, keep_from = from_child;
-    pid_t keep_child = child;
-    uint16_t keep_port = dec_port;
-    uint64_t keep_addr[TENSORS];
-    memcpy(keep_addr, dec_addr, sizeof(keep_addr));
-    uint8_t *keep_mirror = mirror;
-    mirror = NULL;
+    decode_aside();
     assert_int_equal(decode_start(certs), 0);
     int lb[] = {0, 1, 2, 9}, rb[] = {4, 5, 6, 20};
     void *locals[64];
@@ -463,13 +499,54 @@ static void test_credentials_admit_only_the_named_principal(void **state)
     assert_true(c.refused_auth >= 2);
     assert_int_equal(decode_stop(), 0);
     free(mirror);
-    to_child = keep_to, from_child = keep_from, child = keep_child, dec_port = keep_port;
-    memcpy(dec_addr, keep_addr, sizeof(keep_addr));
-    mirror = keep_mirror;
+    decode_back();
 }
 
-int main(void)
+/* A decode killed between two batches: writes to it fail with a code (once the kernel
+ * tore its queue pairs down), each within the engine's timeout (KVPOOL_TE_TIMEOUT_MS,
+ * 10 s): never a hang. */
+static void test_decode_that_dies_fails_in_time(void **state)
 {
+    (void)state;
+    decode_aside();
+    assert_int_equal(decode_start(NULL), 0);
+    prefill_t p;
+    prefill_open(&p);
+    int lb[] = {1, 2, 3}, rb[] = {7, 8, 9};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    size_t n = block_runs(&p, lb, rb, 3, locals, remotes, lens);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    kill(child, SIGKILL);
+    int status;
+    waitpid(child, &status, 0);
+    /* the kernel tears the dead process's queue pairs and regions down after its exit;
+     * within a few batches the writes fail, each within the timeout */
+    kvp_status_t st = KVP_OK;
+    for (int round = 0; round < 10 && st == KVP_OK; round++) {
+        usleep(500 * 1000);
+        uint64_t t0 = kvp_now_ms_for_test();
+        st = kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens);
+        uint64_t dt = kvp_now_ms_for_test() - t0;
+        fprintf(stderr, "a write to the killed decode, round %d: %s after %llu ms\n", round,
+                kvp_strerror(st), (unsigned long long)dt);
+        assert_true(dt < 15000);
+    }
+    /* no completion for KVPOOL_TE_TIMEOUT_MS: KVP_ERR_TIMEOUT; the QP's retries exhausted
+     * first: KVP_ERR_CONNECT */
+    assert_true(st == KVP_ERR_CONNECT || st == KVP_ERR_TIMEOUT);
+    prefill_close(&p);
+    close(to_child);
+    close(from_child);
+    free(mirror);
+    decode_back();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && strcmp(argv[1], "decode") == 0)
+        decode_main(atoi(argv[2]), atoi(argv[3]), argv[4][0] != '\0' ? argv[4] : NULL);
     if (!te_rdma_present()) {
         fprintf(stderr, "no RDMA device: SKIP\n");
         return 77;
@@ -481,6 +558,7 @@ int main(void)
         cmocka_unit_test(test_unregistered_local_goes_over_tcp),
         cmocka_unit_test(test_connect_without_token_refused),
         cmocka_unit_test(test_credentials_admit_only_the_named_principal),
+        cmocka_unit_test(test_decode_that_dies_fails_in_time),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
