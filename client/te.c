@@ -52,6 +52,7 @@
 #include <openssl/x509v3.h>
 
 #include "client/segment/data_backend.h"
+#include "client/te_rdma.h"
 #include "client/segment/data_server.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
@@ -103,6 +104,7 @@ typedef struct te_peer {
     pthread_mutex_t cma_lock;
     int cma_fd, cma_pid;
     _Atomic bool cma_off; /* the kernel refused (EPERM): the socket path from then on */
+    te_rdma_peer_t *rdma; /* the rdma route (te_rdma.c), NULL: not this peer's */
 } te_peer_t;
 
 #define TE_NOTIFIES_MAX 4096 /* pending notifies a target keeps */
@@ -128,7 +130,8 @@ struct kvp_te {
     kvp_transfer_t xfer;
     kvp_data_server_t *srv;
     uint16_t port;
-    int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM */
+    int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM, _RDMA */
+    te_rdma_t *rdma;     /* this host's rdma device, served and used (te_rdma.c); NULL: none */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
     te_auth_t *auth;             /* credentials configured: every peer proves a principal */
@@ -829,11 +832,25 @@ static bool te_notify(void *backend, void *conn, int fd, const kvp_data_req_t *r
     return kvp_data_reply(fd, st, 0) == KVP_OK;
 }
 
+/* ---- the rdma route's keys (TE_RDMA, wire.h): admitted peers only ---- */
+
+static bool te_rdma_frame(void *backend, void *conn, int fd, const kvp_data_req_t *req)
+{
+    (void)req;
+    kvp_te_t *te = backend;
+    if (!conn_admitted(te, conn, fd))
+        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+    if (te->rdma == NULL)
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
+    return te_rdma_serve(te->rdma, fd);
+}
+
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
     .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH | KVP_DATA_FRAME_TE_CMA |
-              KVP_DATA_FRAME_TE_NOTIFY,
+              KVP_DATA_FRAME_TE_NOTIFY | KVP_DATA_FRAME_TE_RDMA,
     .auth = te_auth,
+    .rdma = te_rdma_frame,
     .cma = te_cma,
     .notify = te_notify,
     .conn_open = te_conn_open,
@@ -871,8 +888,11 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         proto = KVP_TRANSPORT_TCP;
     else if (strcmp(protocol, "shm") == 0)
         proto = KVP_TRANSPORT_SHM;
+    else if (strcmp(protocol, "rdma") == 0)
+        proto = KVP_TRANSPORT_RDMA;
     else {
-        KVP_LOG_ERROR("transfer engine: protocol '%s' is not supported here (tcp, shm, auto)",
+        KVP_LOG_ERROR("transfer engine: protocol '%s' is not supported here (tcp, shm, rdma, "
+                      "auto)",
                       protocol);
         return KVP_ERR_UNSUPPORTED;
     }
@@ -956,6 +976,20 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         free(te);
         return st;
     }
+    if (proto == KVP_TRANSPORT_RDMA || (proto == KVP_TRANSPORT_AUTO && te_rdma_present())) {
+        st = te_rdma_open(te->xfer.timeout_ms, &te->rdma);
+        if (st != KVP_OK && proto == KVP_TRANSPORT_RDMA) {
+            kvp_data_server_destroy(te->srv);
+            kvp_transfer_cleanup(&te->xfer);
+            auth_free(te->auth);
+            free(te);
+            return st;
+        }
+        if (st == KVP_OK)
+            KVP_LOG_INFO("transfer engine: rdma on %s", te_rdma_where(te->rdma));
+        else
+            KVP_LOG_WARN("transfer engine: no rdma here (auto): tcp and shm only");
+    }
     if (auth != NULL)
         KVP_LOG_INFO("transfer engine: peers prove a certificate of %s (ours: CN '%s'); "
                      "admitted: %s%s%s",
@@ -991,8 +1025,10 @@ void kvp_te_destroy(kvp_te_t *te)
         kvp_peer_unref(te->peers[i].peer);
         if (te->peers[i].cma_fd >= 0)
             close(te->peers[i].cma_fd);
+        te_rdma_peer_free(te->peers[i].rdma);
         pthread_mutex_destroy(&te->peers[i].cma_lock);
     }
+    te_rdma_close(te->rdma); /* after its peers' queue pairs */
     kvp_transfer_cleanup(&te->xfer);
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
@@ -1018,6 +1054,11 @@ void kvp_te_destroy(kvp_te_t *te)
 uint16_t kvp_te_rpc_port(const kvp_te_t *te)
 {
     return te->port;
+}
+
+te_rdma_t *kvp_te_rdma(kvp_te_t *te)
+{
+    return te->rdma;
 }
 
 /* ---- registration ---- */
@@ -1052,6 +1093,11 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
             te->cap_regions = cap;
         }
     }
+    /* rdma: the range is a memory region of its own (its rkey opens it and nothing else) */
+    /* (no GPUDirect RDMA: device memory is no memory region, a peer's batch that touches it
+     * goes over tcp, staged) */
+    if (st == KVP_OK && te->rdma != NULL && !dev)
+        st = te_rdma_reg(te->rdma, addr, len);
     if (st == KVP_OK) {
         memmove(&te->regions[i + 1], &te->regions[i], (te->n_regions - i) * sizeof(te_region_t));
         te->regions[i] = (te_region_t){.addr = a, .len = len};
@@ -1065,6 +1111,8 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
 
 kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
 {
+    if (te->rdma != NULL)
+        te_rdma_dereg(te->rdma, addr); /* first: the NIC refuses the range from now on */
     pthread_rwlock_wrlock(&te->lock);
     kvp_status_t st = KVP_ERR_NOT_FOUND;
     for (size_t i = 0; i < te->n_regions; i++)
@@ -1148,6 +1196,12 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
             st = KVP_ERR_TRANSPORT;
         }
     }
+    /* rdma: every peer with protocol rdma, a peer of another host with auto (this host's
+     * have shm); one that offers none falls back to tcp at its first batch */
+    bool rdma = te->rdma != NULL && (te->protocol == KVP_TRANSPORT_RDMA ||
+                                     (te->protocol == KVP_TRANSPORT_AUTO && !shm));
+    if (te->protocol == KVP_TRANSPORT_RDMA)
+        shm = false;
     if (st == KVP_OK && te->n_peers == TE_PEERS_MAX)
         st = KVP_ERR_TOO_MANY;
     kvp_peer_t *peer = NULL;
@@ -1169,6 +1223,7 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
         snprintf(tp->target, sizeof(tp->target), "%s", target);
         tp->shm = shm;
         tp->peer = peer;
+        tp->rdma = rdma ? te_rdma_peer_new() : NULL;
         pthread_mutex_init(&tp->cma_lock, NULL);
         tp->cma_fd = -1;
         *peer_p = tp;
@@ -1293,6 +1348,49 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
     return st;
 }
 
+/* te_rdma.h's dial: an admitted connection to the peer, for its TE_RDMA */
+typedef struct te_dial {
+    kvp_te_t *te;
+    te_peer_t *tp;
+} te_dial_t;
+
+static kvp_status_t te_dial(void *arg, int *fd_p)
+{
+    te_dial_t *d = arg;
+    int pid;
+    return te_connect(d->te, d->tp, fd_p, &pid);
+}
+
+/* The rdma route (te_rdma.c) of a batch. *fallback_p: it offers none, or a local buffer is
+ * not registered here; nothing moved, the batch takes the tcp route. */
+static kvp_status_t rdma_route(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
+                               void *const *locals, const uint64_t *remotes, const uint64_t *lens,
+                               bool *fallback_p)
+{
+    te_dial_t d = {.te = te, .tp = tp};
+    size_t moved;
+    uint64_t bytes;
+    kvp_status_t st = te_rdma_transfer(te->rdma, tp->rdma, te_dial, &d, opcode, n, locals, remotes,
+                                       lens, &moved, &bytes);
+    *fallback_p = st == KVP_ERR_UNSUPPORTED && moved == 0;
+    if (*fallback_p) {
+        KVP_LOG_WARN_LIMITED("transfer engine: %s: %s; this batch goes over tcp", tp->target,
+                             te_rdma_peer_offers(tp->rdma)
+                                 ? "a local buffer is not registered with this engine, or a "
+                                   "remote range is not in a region the target offers on rdma "
+                                   "(rdma moves registered host memory only)"
+                                 : "the target offers no rdma");
+        return st;
+    }
+    atomic_fetch_add_explicit(&te->transfers[opcode], moved, memory_order_relaxed);
+    atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&te->failures, n - moved, memory_order_relaxed);
+    atomic_fetch_add_explicit(&tp->transfers, moved, memory_order_relaxed);
+    atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&tp->failures, n - moved, memory_order_relaxed);
+    return st;
+}
+
 kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_t n,
                              void *const *locals, const uint64_t *remotes, const uint64_t *lens)
 {
@@ -1307,6 +1405,12 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
     if (st != KVP_OK) {
         atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
         return st;
+    }
+    if (tp->rdma != NULL && n > 0) {
+        bool fallback;
+        st = rdma_route(te, tp, opcode, n, locals, remotes, lens, &fallback);
+        if (!fallback)
+            return st;
     }
     /* process_vm_* cannot reach device memory: such a batch takes the socket path, which
      * stages it (te_cuda.c) */
@@ -1484,9 +1588,13 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->served[KVP_TE_READ] = atomic_load_explicit(&s->dir[1].ops, memory_order_relaxed);
     out->served_bytes[KVP_TE_READ] = atomic_load_explicit(&s->dir[1].bytes, memory_order_relaxed);
     out->refused_range = atomic_load_explicit(&te->refused_range, memory_order_relaxed);
+    if (te->rdma != NULL) { /* a peer's rdma access the NIC refused; a connect with no token */
+        out->refused_range += te_rdma_access_errors(te->rdma);
+        out->refused_auth += te_rdma_refused_connects(te->rdma);
+    }
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
-    out->refused_auth = atomic_load_explicit(&te->refused_auth, memory_order_relaxed);
+    out->refused_auth += atomic_load_explicit(&te->refused_auth, memory_order_relaxed);
     out->refused_role = atomic_load_explicit(&te->refused_role, memory_order_relaxed);
     out->refused_tenant = atomic_load_explicit(&te->refused_tenant, memory_order_relaxed);
     out->notifies = atomic_load_explicit(&te->notifies, memory_order_relaxed);
@@ -1508,9 +1616,10 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
         kvp_te_peer_stat_t *o = &out[i];
         snprintf(o->target, sizeof(o->target), "%s", tp->target);
         snprintf(o->route, sizeof(o->route), "%s",
-                 !tp->shm                                ? "tcp"
-                 : te->cma && !atomic_load(&tp->cma_off) ? "shm-cma"
-                                                         : "shm");
+                 tp->rdma != NULL && te_rdma_peer_offers(tp->rdma) ? "rdma"
+                 : !tp->shm                                        ? "tcp"
+                 : te->cma && !atomic_load(&tp->cma_off)           ? "shm-cma"
+                                                                   : "shm");
         o->transfers = atomic_load_explicit(&tp->transfers, memory_order_relaxed);
         o->bytes = atomic_load_explicit(&tp->bytes, memory_order_relaxed);
         o->failures = atomic_load_explicit(&tp->failures, memory_order_relaxed);

@@ -12,6 +12,9 @@
 # only) against serving through windows (a BIND round trip to the owner's data server per
 # batch, an UNBIND after it), three rounds alternated.
 #
+# Then `kvpool-bench te --transport rdma` (the transfer engine's rdma route) against
+# ib_write_bw: OUTDIR/bench-rdma-te.json.
+#
 # Writes OUTDIR/bench-rdma.json (kvpool-bench's JSON, limits included),
 # OUTDIR/bench-rdma-windows-{off,on}-N.json and OUTDIR/bench-rdma.txt (perftest's and
 # kvpool-bench's output). Under TCG
@@ -56,6 +59,10 @@ echo "perftest ib_read_bw  1 MiB: $r GB/s"
 build-rdma/client/kvpool-bench data --local --transport rdma --segment-size 256MiB \
   --sizes 1MiB --batch 8 --duration 4 --no-crc \
   --rdma-write-limit "$w" --rdma-read-limit "$r" --json "$out/bench-rdma.json" --quiet
+# the transfer engine's rdma route (issue 48): the connector's batch_transfer_sync_write
+# against ib_write_bw
+build-rdma/client/kvpool-bench te --transport rdma --sizes 64KiB,1MiB,4MiB --batch 32,128 \
+  --duration 3 --rdma-write-limit "$w" --json "$out/bench-rdma-te.json"
 for round in 1 2 3; do
   for mode in off on; do
     if [ "$mode" = on ]; then export KVPOOL_RDMA_WINDOWS=unbounded; else unset KVPOOL_RDMA_WINDOWS; fi

@@ -42,8 +42,9 @@ typedef struct kvp_te kvp_te_t;
  * Create and start an engine. local_hostname: "host" or "host:port" (port 0 or none: any
  * free port; bound on host, "" or NULL: all addresses). metadata: "P2PHANDSHAKE" (the only
  * one here; anything else is KVP_ERR_UNSUPPORTED). protocol: "tcp", "shm" (peers of this
- * host, over a Unix socket), "auto" or "" (shm for a peer of this host, else tcp); "rdma"
- * is KVP_ERR_UNSUPPORTED in this version. Environment: KVPOOL_AUTH (protected|none),
+ * host, over a Unix socket), "rdma" (one-sided RDMA into the peer's registered ranges; no
+ * device here: KVP_ERR_TRANSPORT), "auto" or "" (shm for a peer of this host, else rdma
+ * where both ends have it, else tcp). Environment: KVPOOL_AUTH (protected|none),
  * KVPOOL_TE_TIMEOUT_MS (a transfer with no progress that long fails, default 10000),
  * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2), KVPOOL_TE_SHM (cma,
  * the default: shm peers copy with process_vm_writev/readv, one kernel copy, falling back to
@@ -145,7 +146,7 @@ size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg);
 /* Per target this engine transferred to (as initiator): its name and counts. */
 typedef struct kvp_te_peer_stat {
     char target[256]; /* "host:port" */
-    char route[8];    /* "tcp", "shm" (the socket frames) or "shm-cma" (one copy) */
+    char route[8];    /* "tcp", "shm" (the socket frames), "shm-cma" (one copy) or "rdma" */
     uint64_t transfers, bytes, failures;
 } kvp_te_peer_stat_t;
 /* Up to cap targets into out; returns how many there are (may exceed cap). */

@@ -36,7 +36,8 @@
 #define KVP_DATA_FRAME_REGIONS 0x4u /* REGIONS: a transfer engine's registered ranges (regions) */
 #define KVP_DATA_FRAME_TE_AUTH 0x8u /* TE_AUTH: a transfer engine's peer proves a certificate */
 #define KVP_DATA_FRAME_TE_NOTIFY 0x20u /* TE_NOTIFY: a transfer engine's notifies */
-#define KVP_DATA_FRAME_TE_CMA 0x10u /* TE_CMA: a transfer engine's peer copies, one kernel copy */
+#define KVP_DATA_FRAME_TE_CMA 0x10u  /* TE_CMA: a transfer engine's peer copies, one kernel copy */
+#define KVP_DATA_FRAME_TE_RDMA 0x40u /* TE_RDMA: a transfer engine's rdma keys (te_rdma.c) */
 
 typedef struct kvp_data_backend_ops {
     const char *name; /* of the server, in its logs: "segment server", "ssd server" */
@@ -80,6 +81,8 @@ typedef struct kvp_data_backend_ops {
     bool (*cma)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
     /* With KVP_DATA_FRAME_TE_NOTIFY: the same for a TE_NOTIFY. */
     bool (*notify)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
+    /* With KVP_DATA_FRAME_TE_RDMA: the same for a TE_RDMA. */
+    bool (*rdma)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
     /* Optional: the server is gone; free the backend. */
     void (*destroy)(void *backend);
 } kvp_data_backend_ops_t;

@@ -476,6 +476,15 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
             if ((frames & KVP_DATA_FRAME_TE_NOTIFY) == 0 || srv->ops->notify == NULL)
                 break;
             return backend_open(c) && srv->ops->notify(srv->backend, c->backend_conn, c->fd, req);
+        case KVP_DATA_TE_RDMA:
+            if ((frames & KVP_DATA_FRAME_TE_RDMA) == 0 || srv->ops->rdma == NULL)
+                break;
+            if (req->segment_id != atomic_load(&srv->segment_id) || req->offset != 0 ||
+                req->length != 0) {
+                kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
+                return false;
+            }
+            return backend_open(c) && srv->ops->rdma(srv->backend, c->backend_conn, c->fd, req);
         default:
             break;
         }

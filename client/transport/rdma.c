@@ -56,12 +56,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <dirent.h>
-
 #include "client/transfer/engine.h"
 #include "client/mem/gpu.h"
 #include "client/transfer/transport.h"
 #include "client/transport/hello.h"
+#include "client/transport/rdma_status.h"
 #include "client/transport/rdma_verbs.h"
 #include "client/transport/wire.h"
 #include "common/log.h"
@@ -256,20 +255,6 @@ typedef struct rbatch {
 
 /* ------------------------------------------------------------ utilities */
 
-static kvp_status_t map_wc(kvp_rdma_wc_status_t s)
-{
-    switch (s) {
-    case KVP_RDMA_WC_OK:
-        return KVP_OK;
-    case KVP_RDMA_WC_REMOTE_ACCESS:
-        return KVP_ERR_OUT_OF_RANGE;
-    case KVP_RDMA_WC_RETRY_EXCEEDED:
-        return KVP_ERR_CONNECT;
-    default:
-        return KVP_ERR_IO;
-    }
-}
-
 static void op_fail(kvp_xfer_op_t *op, kvp_status_t st)
 {
     if (op->status == KVP_OK)
@@ -440,7 +425,7 @@ static void handle_wc(rdma_ctx_t *ctx, const kvp_rdma_wc_t *wc)
     if (wc->status != KVP_RDMA_WC_OK) {
         kvp_status_t st = b->flush_status != KVP_OK && wc->status == KVP_RDMA_WC_FLUSHED
                               ? b->flush_status
-                              : map_wc(wc->status);
+                              : kvp_rdma_wc_to_status(wc->status);
         if (ch->err == KVP_OK || (ch->err == KVP_ERR_IO && st != KVP_ERR_IO))
             ch->err = st;
         if (wc->status != KVP_RDMA_WC_FLUSHED)
@@ -1664,24 +1649,10 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
 
 /* --------------------------------------------------------- init / cleanup */
 
-/* Does this host have any RDMA device at all? (Cheap; touches no verbs.) */
-static bool rdma_devices_present(void)
-{
-    DIR *d = opendir("/sys/class/infiniband");
-    if (d == NULL)
-        return false;
-    bool any = false;
-    struct dirent *e;
-    while (!any && (e = readdir(d)) != NULL)
-        any = e->d_name[0] != '.';
-    closedir(d);
-    return any;
-}
-
 static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
 {
     (void)index; /* its per-peer state (rpeer_t) is also found by endpoint, as before */
-    if (xfer->forced == KVP_TRANSPORT_AUTO && !rdma_devices_present()) {
+    if (xfer->forced == KVP_TRANSPORT_AUTO && !kvp_rdma_devices_present()) {
         snprintf(xfer->why, sizeof(xfer->why), "no RDMA device on this host");
         return KVP_ERR_NOT_FOUND;
     }

@@ -86,6 +86,31 @@
  * length 0, the payload read first; the connection goes on. */
 #define KVP_DATA_TE_NOTIFY 14
 #define KVP_DATA_TE_NOTIFY_MAX 65536
+/* TE_RDMA (a transfer engine's only, client/te_rdma.c): header with segment_id the engine's,
+ * offset 0, length 0. An admitted peer is answered status 0, length 40 + 24 x n: a
+ * kvp_data_te_rdma_t (the rdma_cm address to connect to, n, a fresh one-time token) and n
+ * kvp_data_te_rdma_region_t (the ranges the engine registered, lowest address first, each
+ * with its memory region's rkey; at most KVP_DATA_REGIONS_MAX). The peer connects an RC
+ * queue pair there with private data {u32 "KVPT", u32 1, the token}: the target accepts a
+ * token it handed out within KVP_DATA_TE_RDMA_TOKEN_MS, once. Otherwise KVP_ERR_DENIED (not
+ * admitted) or KVP_ERR_UNSUPPORTED (no rdma here), length 0. The connection goes on. */
+#define KVP_DATA_TE_RDMA 15
+#define KVP_DATA_TE_RDMA_TOKEN_MS 30000u
+typedef struct kvp_data_te_rdma {
+    char ipv4[16]; /* dotted, NUL-terminated */
+    uint16_t port;
+    uint16_t pad;
+    uint32_t n;
+    uint8_t token[16];
+} kvp_data_te_rdma_t;
+_Static_assert(sizeof(kvp_data_te_rdma_t) == 40, "kvp_data_te_rdma_t is pinned");
+typedef struct kvp_data_te_rdma_region {
+    uint64_t addr;
+    uint64_t len;
+    uint32_t rkey;
+    uint32_t pad;
+} kvp_data_te_rdma_region_t;
+_Static_assert(sizeof(kvp_data_te_rdma_region_t) == 24, "kvp_data_te_rdma_region_t is pinned");
 /* flags: grants follow (data grants on, common/grant.h): a READ/WRITE's one grant after the
  * header; a READV/WRITEV's n grants after its n entries, in their order. Then any payload. */
 #define KVP_DATA_F_GRANT 0x1

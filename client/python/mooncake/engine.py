@@ -6,8 +6,9 @@ protocol, device)``, ``get_rpc_port()``, ``batch_register_memory``,
 return codes (0 on success, -1 on failure; batch ids 0 on failure), on
 libkvpool's transfer engine (kvpool_te.h, docs/architecture.md "Transfer
 engine"): the memory a process registers is served on its rpc port, peers
-write and read it by virtual address over tcp or, on one host, a Unix socket
-(protocol "shm"; "auto" picks per peer). A range the target did not register
+write and read it by virtual address over tcp, on one host a Unix socket
+(protocol "shm"), or one-sided rdma into its registered regions (protocol
+"rdma"); "auto" picks per peer. A range the target did not register
 is refused by the target; protected mode (KVPOOL_AUTH, default) takes peers
 of this host only.
 
@@ -20,7 +21,7 @@ memory through the library's GPU path (staged in reused pinned host buffers);
 they return once the bytes moved and raise RuntimeError on failure (Mooncake
 runs them from a host function on the stream and ends the process on failure).
 
-Not in this version (each raises NotImplementedError naming itself): rdma,
+Not in this version (each raises NotImplementedError naming itself):
 ``get_local_topology``, ``warmup_efa_segment``, ``get_engine_ptr``.
 """
 
@@ -99,7 +100,7 @@ class TransferEngine:
         return self.initialize_ext(local_hostname, metadata_server, protocol, device_name, "p2p")
 
     def initialize_ext(self, local_hostname, metadata_server, protocol, device_name, metadata_type):
-        del device_name  # devices are rdma's; tcp and shm take none
+        del device_name  # rdma's device: KVPOOL_RDMA_DEVICE (kvpool_te.h)
         if self._te is not None:
             _log.error("initialize: this engine is initialized already")
             self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
@@ -113,8 +114,6 @@ class TransferEngine:
             self.last_status = _kvpool.STATUS["KVP_ERR_UNSUPPORTED"]
             return -1
         proto = protocol or "auto"
-        if proto == "rdma":
-            _log.error("initialize: protocol rdma is not in kvpool's transfer engine yet: tcp, shm, auto")
         st, te = _kvpool.te_create(local_hostname or "", "P2PHANDSHAKE", proto)
         self.last_status = st
         if st != 0:

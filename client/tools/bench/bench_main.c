@@ -162,8 +162,9 @@ static const bench_mode_t modes[] = {
     {"te",
      "te (the transfer engine, kvp_te_* / mooncake.engine: batch_transfer_sync_write of\n"
      "    runs into a second engine's registered memory, in this process; bench_te.c):\n"
-     "  --transport LIST       tcp,shm (default both): tcp against the 2-stream socket\n"
-     "                         pump, shm against memcpy\n"
+     "  --transport LIST       tcp,shm,rdma (default tcp,shm): tcp against the 2-stream\n"
+     "                         socket pump, shm against memcpy, rdma against\n"
+     "                         --rdma-write-limit (ib_write_bw)\n"
      "  --sizes LIST           bytes of one run (default 64KiB,256KiB,1MiB,4MiB)\n"
      "  --batch LIST           runs per batch (default 32,128,512; at most 256 MiB a batch)\n"
      "  --duration S           seconds per point (default 2)\n",

@@ -46,6 +46,8 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char 
         st = kvp_te_create("127.0.0.1", "P2PHANDSHAKE", tr, &src_te);
     if (st == KVP_OK)
         st = kvp_te_register(dst_te, dst, total);
+    if (st == KVP_OK && strcmp(tr, "rdma") == 0) /* rdma moves registered memory only */
+        st = kvp_te_register(src_te, src, total);
     if (st != KVP_OK) {
         fprintf(stderr, "kvpool-bench te: %s: %s\n", tr, kvp_strerror(st));
         goto out;
@@ -83,14 +85,17 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char 
     }
     double gbps = (double)n * (double)total / (t - t0) / 1e9;
     bool tcp = strcmp(tr, "tcp") == 0;
-    double limit =
-        tcp ? kvp_bench_limit_tcp_gbps(size, TE_STREAMS) : kvp_bench_limit_memcpy_gbps(size);
+    /* rdma: ib_write_bw of this session (--rdma-write-limit), 0 when not given */
+    bool rdma = strcmp(tr, "rdma") == 0;
+    const char *limit_name = rdma ? "ib_write_bw" : tcp ? "tcp-pump" : "memcpy";
+    double limit = rdma  ? o->rdma_write_gbps
+                   : tcp ? kvp_bench_limit_tcp_gbps(size, TE_STREAMS)
+                         : kvp_bench_limit_memcpy_gbps(size);
     double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
     double p99 = kvp_bench_percentile(lat.v, lat.n, 99) * 1e6;
     printf("  %-4s %8" PRIu64
            " KiB x %4u  %7.2f GB/s  %6.1f %% of %s  p50 %9.0f us  p99 %9.0f us\n",
-           tr, size >> 10, batch, gbps, limit > 0 ? 100 * gbps / limit : 0,
-           tcp ? "tcp-pump" : "memcpy", p50, p99);
+           tr, size >> 10, batch, gbps, limit > 0 ? 100 * gbps / limit : 0, limit_name, p50, p99);
     kvp_bench_result_begin(out, "te");
     kvp_bench_result_str(out, "op", "batch_transfer_sync_write");
     kvp_bench_result_str(out, "transport", tr);
@@ -100,7 +105,7 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, const char 
     kvp_bench_result_int(out, "batches", (int64_t)n);
     kvp_bench_result_num(out, "p50_us", p50);
     kvp_bench_result_num(out, "p99_us", p99);
-    kvp_bench_result_str(out, "limit", tcp ? "tcp-pump" : "memcpy");
+    kvp_bench_result_str(out, "limit", limit_name);
     kvp_bench_result_int(out, "limit_streams", tcp ? TE_STREAMS : 0);
     kvp_bench_result_num(out, "limit_gbps", limit);
     kvp_bench_result_num(out, "pct_of_limit", limit > 0 ? 100 * gbps / limit : 0);
@@ -135,7 +140,7 @@ int kvp_bench_te(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
            o->duration_s);
     for (size_t t = 0; t < o->n_transports; t++) {
         const char *tr = o->transports[t];
-        if (strcmp(tr, "tcp") != 0 && strcmp(tr, "shm") != 0) {
+        if (strcmp(tr, "tcp") != 0 && strcmp(tr, "shm") != 0 && strcmp(tr, "rdma") != 0) {
             printf("  %s: not in the transfer engine yet, skipped\n", tr);
             continue;
         }

@@ -1,0 +1,724 @@
+/*
+ * te_rdma.c - the transfer engine's rdma route (te_rdma.h; docs/architecture.md, "Transfer
+ * engine").
+ *
+ * Target: every registered range is a memory region of its own (remote READ+WRITE over that
+ * range only), so its rkey opens nothing else; the table of (addr, len, rkey) is handed to
+ * admitted peers (TE_RDMA over the engine's tcp connection, wire.h) with a one-time token,
+ * and the accept thread lets a queue pair in only for a token it handed out (at most
+ * TOKENS_MAX outstanding, each good for KVP_DATA_TE_RDMA_TOKEN_MS). Deregistering a range
+ * deregisters its region: the NIC refuses any later access to it (a remote access error at
+ * the initiator).
+ *
+ * Initiator: one RC queue pair per target, connected at its first rdma batch; each batch
+ * checks every range against the advertised table (asking it again once on a miss), cuts the
+ * ranges into work requests of at most SLICE bytes and posts them in chains of up to
+ * KVP_RDMA_MAX_CHAIN with one doorbell, only each chain's last signaled, while the send
+ * queue has room; the calling thread polls the device's completion queue itself. Nothing is
+ * allocated per batch (chain records and statuses live on the stack, TE_RDMA_CHUNK ranges at
+ * a time). A batch with no completion for the engine's timeout flushes its queue pair and
+ * fails what is left with KVP_ERR_TIMEOUT; a queue pair that saw an error is replaced at the
+ * next batch.
+ *
+ * Thread: batches one at a time (xfer_lock: one completion queue, polled by the batch's
+ * thread); the region table under mr_lock; tokens and accepted queue pairs under acc_lock.
+ */
+#include "client/te_rdma.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+#include <openssl/rand.h>
+
+#include "client/include/kvpool_te.h"
+#include "client/segment/conn_server.h"
+#include "client/transport/rdma_status.h"
+#include "client/transport/rdma_verbs.h"
+#include "client/transport/wire.h"
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/sock.h"
+
+#define TE_RDMA_MAGIC 0x5450564Bu /* "KVPT" */
+#define TE_RDMA_VERSION 1u
+#define TOKENS_MAX 256
+#define ACCEPTED_MAX 1024
+#define SLICE (1u << 20) /* bytes per work request */
+#define TE_RDMA_CHUNK 256
+#define CHAINS_RING 512 /* >= the send queue's depth: chains in flight */
+#define QP_DEPTH 256
+#define FLUSH_WAIT_MS 5000
+
+typedef struct conn_pdata {
+    uint32_t magic, version;
+    uint8_t token[16];
+} conn_pdata_t;
+
+typedef struct token {
+    uint8_t token[16];
+    uint64_t expiry_ms; /* 0: free */
+} token_t;
+
+typedef struct accepted {
+    kvp_rdma_qp_t *qp;
+    struct accepted *next;
+} accepted_t;
+
+struct te_rdma {
+    kvp_rdma_dev_t *dev;
+    uint32_t timeout_ms;
+    char ipv4[16];
+    uint16_t port;
+    char where[96];
+    kvp_rdma_listener_t *lst;
+    pthread_t acc_thread;
+    atomic_bool stop;
+    /* the regions: wire entries (rkeys) and their memory regions, sorted by addr, disjoint */
+    pthread_rwlock_t mr_lock;
+    kvp_data_te_rdma_region_t *ents;
+    kvp_rdma_mr_t **mrs;
+    size_t n, cap;
+    /* tokens handed out and the queue pairs they let in */
+    pthread_mutex_t acc_lock;
+    token_t tokens[TOKENS_MAX];
+    accepted_t *accepted;
+    size_t n_accepted;
+    _Atomic uint64_t access_errors, refused_connects;
+    /* batches, one at a time */
+    pthread_mutex_t xfer_lock;
+    uint64_t chain_seq;
+};
+
+struct te_rdma_peer {
+    kvp_rdma_qp_t *qp;              /* NULL: not connected */
+    bool no_rdma;                   /* the target offers none */
+    bool leaked;                    /* a flush never came back: the QP is left alone */
+    kvp_data_te_rdma_region_t *tab; /* what the target advertised, sorted */
+    size_t n_tab;
+};
+
+typedef struct chain_rec {
+    uint64_t seq;
+    uint32_t first, last; /* ranges of the chunk it carries */
+    bool live;
+} chain_rec_t;
+
+bool te_rdma_present(void)
+{
+    return kvp_rdma_devices_present();
+}
+
+/* ---- target: the accept gate ---- */
+
+static int accept_check(void *arg, const void *pdata, size_t len)
+{
+    te_rdma_t *r = arg;
+    conn_pdata_t cp;
+    if (pdata == NULL || len < sizeof(cp)) {
+        atomic_fetch_add_explicit(&r->refused_connects, 1, memory_order_relaxed);
+        return -1;
+    }
+    memcpy(&cp, pdata, sizeof(cp));
+    if (cp.magic != TE_RDMA_MAGIC || cp.version != TE_RDMA_VERSION) {
+        atomic_fetch_add_explicit(&r->refused_connects, 1, memory_order_relaxed);
+        return -1;
+    }
+    uint64_t now = kvp_now_ms();
+    int ok = -1;
+    pthread_mutex_lock(&r->acc_lock);
+    for (size_t i = 0; i < TOKENS_MAX && ok != 0; i++) {
+        token_t *t = &r->tokens[i];
+        if (t->expiry_ms != 0 && now < t->expiry_ms &&
+            CRYPTO_memcmp(t->token, cp.token, sizeof(cp.token)) == 0) {
+            t->expiry_ms = 0; /* once */
+            ok = r->n_accepted < ACCEPTED_MAX ? 0 : -1;
+        }
+    }
+    pthread_mutex_unlock(&r->acc_lock);
+    if (ok != 0) {
+        atomic_fetch_add_explicit(&r->refused_connects, 1, memory_order_relaxed);
+        KVP_LOG_WARN_LIMITED("transfer engine: an rdma connect with no valid token (or %d queue "
+                             "pairs held); refused",
+                             ACCEPTED_MAX);
+    }
+    return ok;
+}
+
+static void reap_accepted(te_rdma_t *r)
+{
+    pthread_mutex_lock(&r->acc_lock);
+    for (accepted_t **pp = &r->accepted; *pp != NULL;) {
+        accepted_t *a = *pp;
+        if (kvp_rdma_qp_in_error(a->qp)) {
+            *pp = a->next;
+            kvp_rdma_qp_destroy(a->qp);
+            free(a);
+            r->n_accepted--;
+        } else
+            pp = &a->next;
+    }
+    pthread_mutex_unlock(&r->acc_lock);
+}
+
+static void *accept_main(void *arg)
+{
+    te_rdma_t *r = arg;
+    while (!atomic_load(&r->stop)) {
+        reap_accepted(r);
+        int bad = kvp_rdma_dev_access_errors(r->dev);
+        if (bad > 0) {
+            atomic_fetch_add_explicit(&r->access_errors, (uint64_t)bad, memory_order_relaxed);
+            KVP_LOG_WARN_LIMITED("transfer engine: %d remote access error(s) on our rdma queue "
+                                 "pairs (a peer named memory not registered here)",
+                                 bad);
+        }
+        kvp_rdma_qp_t *qp;
+        int rc = kvp_rdma_accept(r->lst, 200, NULL, 0, accept_check, r, &qp);
+        if (rc == -ETIMEDOUT || rc == -EACCES)
+            continue;
+        if (rc != 0) {
+            KVP_LOG_WARN_LIMITED("transfer engine: rdma accept: %s", kvp_rdma_last_error());
+            continue;
+        }
+        accepted_t *a = malloc(sizeof(*a));
+        if (a == NULL) {
+            kvp_rdma_qp_destroy(qp);
+            continue;
+        }
+        a->qp = qp;
+        pthread_mutex_lock(&r->acc_lock);
+        a->next = r->accepted;
+        r->accepted = a;
+        r->n_accepted++;
+        pthread_mutex_unlock(&r->acc_lock);
+    }
+    return NULL;
+}
+
+kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_t **r_p)
+{
+    *r_p = NULL;
+    te_rdma_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return KVP_ERR_NOMEM;
+    r->timeout_ms = timeout_ms;
+    const char *devs = getenv("KVPOOL_RDMA_DEVICE"), *host = getenv("KVPOOL_RDMA_HOST");
+    kvp_rdma_dev_params_t dp = {.device_names = devs != NULL && devs[0] ? devs : NULL,
+                                .ipv4 = host != NULL && host[0] ? host : NULL,
+                                .cq_depth = 8192,
+                                .qp_depth = QP_DEPTH};
+    if (kvp_rdma_dev_open(&dp, &r->dev) != 0) {
+        KVP_LOG_ERROR("transfer engine: no rdma device: %s", kvp_rdma_last_error());
+        free(r);
+        return KVP_ERR_TRANSPORT;
+    }
+    if (dp.ipv4 != NULL)
+        snprintf(r->ipv4, sizeof(r->ipv4), "%s", dp.ipv4);
+    else if (kvp_rdma_dev_ipv4(r->dev, r->ipv4, sizeof(r->ipv4)) != 0) {
+        KVP_LOG_ERROR("transfer engine: rdma device %s has no IPv4 address to serve on (%s); "
+                      "set KVPOOL_RDMA_HOST",
+                      kvp_rdma_dev_info(r->dev)->name, kvp_rdma_last_error());
+        kvp_rdma_dev_close(r->dev);
+        free(r);
+        return KVP_ERR_TRANSPORT;
+    }
+    if (kvp_rdma_listen(r->dev, r->ipv4, 0, 128, &r->lst, &r->port) != 0) {
+        KVP_LOG_ERROR("transfer engine: rdma listen on %s: %s", r->ipv4, kvp_rdma_last_error());
+        kvp_rdma_dev_close(r->dev);
+        free(r);
+        return KVP_ERR_TRANSPORT;
+    }
+    pthread_rwlock_init(&r->mr_lock, NULL);
+    pthread_mutex_init(&r->acc_lock, NULL);
+    pthread_mutex_init(&r->xfer_lock, NULL);
+    snprintf(r->where, sizeof(r->where), "%s %s:%u", kvp_rdma_dev_info(r->dev)->name, r->ipv4,
+             r->port);
+    if (pthread_create(&r->acc_thread, NULL, accept_main, r) != 0) {
+        kvp_rdma_listener_destroy(r->lst);
+        kvp_rdma_dev_close(r->dev);
+        pthread_rwlock_destroy(&r->mr_lock);
+        pthread_mutex_destroy(&r->acc_lock);
+        pthread_mutex_destroy(&r->xfer_lock);
+        free(r);
+        return KVP_ERR_SYSTEM;
+    }
+    *r_p = r;
+    return KVP_OK;
+}
+
+const char *te_rdma_where(const te_rdma_t *r)
+{
+    return r->where;
+}
+
+/* Peers' queue pairs are gone (te.c freed its peers first). */
+void te_rdma_close(te_rdma_t *r)
+{
+    if (r == NULL)
+        return;
+    atomic_store(&r->stop, true);
+    pthread_join(r->acc_thread, NULL);
+    for (accepted_t *a = r->accepted, *next; a != NULL; a = next) {
+        next = a->next;
+        kvp_rdma_qp_destroy(a->qp);
+        free(a);
+    }
+    kvp_rdma_listener_destroy(r->lst);
+    for (size_t i = 0; i < r->n; i++)
+        kvp_rdma_mr_dereg(r->mrs[i]);
+    free(r->ents);
+    free(r->mrs);
+    kvp_rdma_dev_close(r->dev);
+    pthread_rwlock_destroy(&r->mr_lock);
+    pthread_mutex_destroy(&r->acc_lock);
+    pthread_mutex_destroy(&r->xfer_lock);
+    free(r);
+}
+
+uint64_t te_rdma_access_errors(te_rdma_t *r)
+{
+    return atomic_load_explicit(&r->access_errors, memory_order_relaxed);
+}
+
+uint64_t te_rdma_refused_connects(te_rdma_t *r)
+{
+    return atomic_load_explicit(&r->refused_connects, memory_order_relaxed);
+}
+
+/* ---- the region table ---- */
+
+kvp_status_t te_rdma_reg(te_rdma_t *r, void *addr, size_t len)
+{
+    kvp_rdma_mr_t *mr;
+    int rc = kvp_rdma_mr_reg(r->dev, addr, len, true, &mr);
+    if (rc != 0) {
+        KVP_LOG_ERROR("transfer engine: cannot register [%p, +%zu) with %s: %s", addr, len,
+                      kvp_rdma_dev_info(r->dev)->name, kvp_rdma_last_error());
+        return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
+    }
+    uintptr_t a = (uintptr_t)addr;
+    kvp_status_t st = KVP_OK;
+    pthread_rwlock_wrlock(&r->mr_lock);
+    if (r->n == r->cap) {
+        size_t cap = r->cap ? r->cap * 2 : 16;
+        kvp_data_te_rdma_region_t *e = realloc(r->ents, cap * sizeof(*e));
+        if (e != NULL)
+            r->ents = e;
+        kvp_rdma_mr_t **m = e != NULL ? realloc(r->mrs, cap * sizeof(*m)) : NULL;
+        if (m != NULL) {
+            r->mrs = m;
+            r->cap = cap;
+        } else
+            st = KVP_ERR_NOMEM;
+    }
+    if (st == KVP_OK) {
+        size_t i = 0;
+        while (i < r->n && r->ents[i].addr < a)
+            i++;
+        memmove(&r->ents[i + 1], &r->ents[i], (r->n - i) * sizeof(r->ents[0]));
+        memmove(&r->mrs[i + 1], &r->mrs[i], (r->n - i) * sizeof(r->mrs[0]));
+        r->ents[i] = (kvp_data_te_rdma_region_t){.addr = a, .len = len, .rkey = mr->rkey};
+        r->mrs[i] = mr;
+        r->n++;
+    }
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (st != KVP_OK)
+        kvp_rdma_mr_dereg(mr);
+    return st;
+}
+
+void te_rdma_dereg(te_rdma_t *r, void *addr)
+{
+    kvp_rdma_mr_t *mr = NULL;
+    pthread_rwlock_wrlock(&r->mr_lock);
+    for (size_t i = 0; i < r->n; i++)
+        if (r->ents[i].addr == (uintptr_t)addr) {
+            mr = r->mrs[i];
+            memmove(&r->ents[i], &r->ents[i + 1], (r->n - i - 1) * sizeof(r->ents[0]));
+            memmove(&r->mrs[i], &r->mrs[i + 1], (r->n - i - 1) * sizeof(r->mrs[0]));
+            r->n--;
+            break;
+        }
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (mr != NULL)
+        kvp_rdma_mr_dereg(mr); /* the NIC refuses the range from now on */
+}
+
+/* The entry of tab[0..n) holding [addr, addr + len) whole, or NULL. */
+static const kvp_data_te_rdma_region_t *tab_find(const kvp_data_te_rdma_region_t *tab, size_t n,
+                                                 uint64_t addr, uint64_t len)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (tab[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    const kvp_data_te_rdma_region_t *e = &tab[lo - 1];
+    return addr - e->addr <= e->len && len <= e->len - (addr - e->addr) ? e : NULL;
+}
+
+/* ---- target: TE_RDMA ---- */
+
+bool te_rdma_serve(te_rdma_t *r, int fd)
+{
+    kvp_data_te_rdma_t info = {.port = r->port};
+    memcpy(info.ipv4, r->ipv4, sizeof(info.ipv4));
+    if (RAND_bytes(info.token, sizeof(info.token)) != 1)
+        return kvp_data_reply(fd, KVP_ERR_SYSTEM, 0) == KVP_OK;
+    /* the token: a free (or expired) slot, else the one that expires first */
+    uint64_t now = kvp_now_ms();
+    pthread_mutex_lock(&r->acc_lock);
+    token_t *slot = &r->tokens[0];
+    for (size_t i = 0; i < TOKENS_MAX; i++) {
+        token_t *t = &r->tokens[i];
+        if (t->expiry_ms <= now) {
+            slot = t;
+            break;
+        }
+        if (t->expiry_ms < slot->expiry_ms)
+            slot = t;
+    }
+    memcpy(slot->token, info.token, sizeof(info.token));
+    slot->expiry_ms = now + KVP_DATA_TE_RDMA_TOKEN_MS;
+    pthread_mutex_unlock(&r->acc_lock);
+    pthread_rwlock_rdlock(&r->mr_lock);
+    size_t n = r->n < KVP_DATA_REGIONS_MAX ? r->n : KVP_DATA_REGIONS_MAX;
+    info.n = (uint32_t)n;
+    kvp_data_resp_t h = {
+        .magic = KVP_DATA_MAGIC, .status = 0, .length = sizeof(info) + n * sizeof(r->ents[0])};
+    struct iovec iov[3] = {{.iov_base = &h, .iov_len = sizeof(h)},
+                           {.iov_base = &info, .iov_len = sizeof(info)},
+                           {.iov_base = r->ents, .iov_len = n * sizeof(r->ents[0])}};
+    bool ok = kvp_sendv_all(fd, iov, n > 0 ? 3 : 2) == KVP_OK;
+    pthread_rwlock_unlock(&r->mr_lock);
+    return ok;
+}
+
+/* ---- initiator ---- */
+
+te_rdma_peer_t *te_rdma_peer_new(void)
+{
+    return calloc(1, sizeof(te_rdma_peer_t));
+}
+
+bool te_rdma_peer_offers(const te_rdma_peer_t *p)
+{
+    return !p->no_rdma;
+}
+
+void te_rdma_peer_free(te_rdma_peer_t *p)
+{
+    if (p == NULL)
+        return;
+    if (p->qp != NULL && !p->leaked)
+        kvp_rdma_qp_destroy(p->qp);
+    free(p->tab);
+    free(p);
+}
+
+/* Ask the target for its table (and a token) on a new admitted connection; connect a queue
+ * pair with the token when p has none. xfer_lock held. */
+static kvp_status_t peer_hello(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg)
+{
+    int fd = -1;
+    kvp_status_t st = dial(arg, &fd);
+    if (st != KVP_OK)
+        return st;
+    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
+                          .op = KVP_DATA_TE_RDMA,
+                          .segment_id = 0x4b56505445ull /* KVP_TE_SEGMENT_ID, te.c */};
+    kvp_data_resp_t h;
+    kvp_data_te_rdma_t info;
+    kvp_data_te_rdma_region_t *tab = NULL;
+    st = kvp_send_all(fd, &req, sizeof(req));
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, &h, sizeof(h));
+    if (st == KVP_OK && h.magic != KVP_DATA_MAGIC)
+        st = KVP_ERR_PROTOCOL;
+    if (st == KVP_OK && h.status != 0)
+        st = h.status < 0 ? (kvp_status_t)h.status : KVP_ERR_PROTOCOL;
+    /* an engine of an older version answers the unknown frame by closing: no rdma there */
+    if (st == KVP_ERR_IO || st == KVP_ERR_CONNECT)
+        st = KVP_ERR_UNSUPPORTED;
+    if (st == KVP_OK &&
+        (h.length < sizeof(info) || (h.length - sizeof(info)) % sizeof(tab[0]) != 0 ||
+         (h.length - sizeof(info)) / sizeof(tab[0]) > KVP_DATA_REGIONS_MAX))
+        st = KVP_ERR_PROTOCOL;
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, &info, sizeof(info));
+    size_t n = st == KVP_OK ? (size_t)(h.length - sizeof(info)) / sizeof(tab[0]) : 0;
+    if (st == KVP_OK && (info.n != n || memchr(info.ipv4, '\0', sizeof(info.ipv4)) == NULL))
+        st = KVP_ERR_PROTOCOL;
+    if (st == KVP_OK && n > 0 && (tab = malloc(n * sizeof(tab[0]))) == NULL)
+        st = KVP_ERR_NOMEM;
+    if (st == KVP_OK && n > 0)
+        st = kvp_recv_all(fd, tab, n * sizeof(tab[0]));
+    for (size_t i = 1; st == KVP_OK && i < n; i++)
+        if (tab[i].addr < tab[i - 1].addr + tab[i - 1].len)
+            st = KVP_ERR_PROTOCOL; /* not sorted, or overlapping: not a table we search */
+    close(fd);
+    if (st == KVP_ERR_UNSUPPORTED)
+        p->no_rdma = true;
+    if (st != KVP_OK) {
+        free(tab);
+        return st;
+    }
+    free(p->tab);
+    p->tab = tab;
+    p->n_tab = n;
+    if (p->qp != NULL)
+        return KVP_OK; /* a refresh of the table */
+    conn_pdata_t cp = {.magic = TE_RDMA_MAGIC, .version = TE_RDMA_VERSION};
+    memcpy(cp.token, info.token, sizeof(cp.token));
+    if (kvp_rdma_connect(r->dev, info.ipv4, info.port, (int)r->timeout_ms, &cp, sizeof(cp),
+                         &p->qp) != 0) {
+        KVP_LOG_WARN_LIMITED("transfer engine: rdma connect to %s:%u: %s", info.ipv4, info.port,
+                             kvp_rdma_last_error());
+        p->qp = NULL;
+        return KVP_ERR_CONNECT;
+    }
+    p->leaked = false;
+    return KVP_OK;
+}
+
+/* The lkey of the local memory region holding [addr, addr + len) whole (mr_lock held). */
+static bool local_lkey_locked(te_rdma_t *r, const void *addr, uint64_t len, uint32_t *lkey_p)
+{
+    const kvp_data_te_rdma_region_t *e = tab_find(r->ents, r->n, (uintptr_t)addr, len);
+    if (e == NULL)
+        return false;
+    *lkey_p = r->mrs[e - r->ents]->lkey;
+    return true;
+}
+
+/* Take the completions there are (waiting up to wait_ms for the first): each chain's end
+ * frees its record, an error marks its ranges (a flushed one as flushed_as, unless
+ * KVP_OK). Returns how many came, or < 0. */
+static int reap(te_rdma_t *r, kvp_rdma_qp_t *qp, chain_rec_t *ring, kvp_status_t *st, unsigned *out,
+                int wait_ms, kvp_status_t flushed_as)
+{
+    kvp_rdma_wc_t wcs[32];
+    int got =
+        wait_ms > 0 ? kvp_rdma_wait(r->dev, wcs, 32, wait_ms) : kvp_rdma_poll(r->dev, wcs, 32);
+    for (int i = 0; i < got; i++) {
+        chain_rec_t *c = &ring[wcs[i].wr_id % CHAINS_RING];
+        if (wcs[i].qp != qp || !c->live || c->seq != wcs[i].wr_id)
+            continue; /* a batch's that gave up on it (its QP is left alone) */
+        if (wcs[i].status != KVP_RDMA_WC_OK) {
+            kvp_status_t e = flushed_as != KVP_OK && wcs[i].status == KVP_RDMA_WC_FLUSHED
+                                 ? flushed_as
+                                 : kvp_rdma_wc_to_status(wcs[i].status);
+            for (uint32_t k = c->first; k <= c->last; k++)
+                if (st[k] == KVP_OK)
+                    st[k] = e;
+        }
+        if (wcs[i].chain_end) {
+            c->live = false;
+            (*out)--;
+        }
+    }
+    return got;
+}
+
+/* Ranges [0, m) (m <= TE_RDMA_CHUNK; those with st[i] KVP_OK go, with lkeys[i], rkeys[i])
+ * over p->qp; their outcomes into st. xfer_lock held. */
+static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, void *const *locals,
+                      const uint64_t *remotes, const uint64_t *lens, const uint32_t *lkeys,
+                      const uint32_t *rkeys, kvp_status_t *st)
+{
+    chain_rec_t ring[CHAINS_RING];
+    kvp_rdma_wr_t wrs[KVP_RDMA_MAX_CHAIN];
+    unsigned out = 0;
+    for (size_t k = 0; k < CHAINS_RING; k++)
+        ring[k].live = false;
+    kvp_rdma_op_t op = opcode == KVP_TE_WRITE ? KVP_RDMA_WRITE : KVP_RDMA_READ;
+    size_t i = 0;     /* the next range to post ... */
+    uint64_t off = 0; /* ... from this offset in it */
+    uint64_t last_progress = kvp_now_ms();
+    for (;;) {
+        /* post chains while ranges are left and the send queue takes them */
+        while (i < m && out < CHAINS_RING) {
+            size_t nw = 0, si = i;
+            uint64_t soff = off, seq = r->chain_seq;
+            uint32_t first = (uint32_t)i, last = (uint32_t)i;
+            while (si < m && nw < KVP_RDMA_MAX_CHAIN) {
+                if (st[si] != KVP_OK) {
+                    si++, soff = 0;
+                    continue;
+                }
+                uint64_t k = lens[si] - soff < SLICE ? lens[si] - soff : SLICE;
+                wrs[nw++] = (kvp_rdma_wr_t){.local = (uint8_t *)locals[si] + soff,
+                                            .lkey = lkeys[si],
+                                            .len = (uint32_t)k,
+                                            .remote = remotes[si] + soff,
+                                            .rkey = rkeys[si],
+                                            .wr_id = seq};
+                last = (uint32_t)si;
+                soff += k;
+                if (soff == lens[si])
+                    si++, soff = 0;
+            }
+            if (nw == 0) { /* only refused ranges were left */
+                i = m;
+                break;
+            }
+            size_t posted = 0;
+            int rc = kvp_rdma_post_chain(p->qp, op, wrs, nw, &posted);
+            if (rc == 0 || posted > 0) {
+                ring[seq % CHAINS_RING] =
+                    (chain_rec_t){.seq = seq, .first = first, .last = last, .live = true};
+                r->chain_seq++;
+                out++;
+            }
+            if (rc == 0) {
+                i = si, off = soff;
+                continue;
+            }
+            if (rc == -EAGAIN && out > 0)
+                break; /* the queue is full: completions first */
+            /* the QP is in error (or the device refused): what did not go fails; what went
+             * in part is flushed and marked as its completions come */
+            kvp_status_t broken = rc == -ENOTCONN ? KVP_ERR_CONNECT : KVP_ERR_IO;
+            for (size_t k = posted > 0 ? (size_t)last + 1 : first; k < m; k++)
+                if (st[k] == KVP_OK)
+                    st[k] = broken;
+            i = m;
+        }
+        if (out == 0)
+            return; /* every chain posted came back */
+        int got = reap(r, p->qp, ring, st, &out, 0, KVP_OK);
+        if (got == 0)
+            got = reap(r, p->qp, ring, st, &out, 50, KVP_OK);
+        uint64_t now = kvp_now_ms();
+        if (got > 0) {
+            last_progress = now;
+            continue;
+        }
+        if (got <= 0 && now - last_progress < r->timeout_ms) /* an error: as none came */
+            continue;
+        /* no completion that long: the device gives the rest up (flushes); we wait for that,
+         * so it never touches the caller's buffers afterwards */
+        KVP_LOG_WARN_LIMITED("transfer engine: rdma: no completion in %u ms; flushing the "
+                             "queue pair",
+                             r->timeout_ms);
+        kvp_rdma_qp_flush(p->qp);
+        uint64_t until = kvp_now_ms() + FLUSH_WAIT_MS;
+        while (out > 0 && kvp_now_ms() < until)
+            (void)reap(r, p->qp, ring, st, &out, 50, KVP_ERR_TIMEOUT);
+        for (size_t k = 0; k < m; k++)
+            if (st[k] == KVP_OK && (k >= i || out > 0))
+                st[k] = KVP_ERR_TIMEOUT;
+        if (out > 0) {
+            p->leaked = true; /* work may still be on it: never destroyed */
+            KVP_LOG_ERROR("transfer engine: rdma: a flush did not come back; the queue pair is "
+                          "abandoned");
+        }
+        return;
+    }
+}
+
+kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg,
+                              int opcode, size_t n, void *const *locals, const uint64_t *remotes,
+                              const uint64_t *lens, size_t *moved_p, uint64_t *bytes_p)
+{
+    *moved_p = 0;
+    *bytes_p = 0;
+    /* every local buffer inside memory this engine registered, or nothing goes this way */
+    pthread_rwlock_rdlock(&r->mr_lock);
+    bool locals_ok = true;
+    for (size_t i = 0; i < n && locals_ok; i++) {
+        uint32_t lkey;
+        locals_ok = local_lkey_locked(r, locals[i], lens[i], &lkey);
+    }
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (!locals_ok)
+        return KVP_ERR_UNSUPPORTED;
+    pthread_mutex_lock(&r->xfer_lock);
+    kvp_status_t first = KVP_OK;
+    if (p->no_rdma) {
+        pthread_mutex_unlock(&r->xfer_lock);
+        return KVP_ERR_UNSUPPORTED;
+    }
+    if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp)) {
+        if (!p->leaked)
+            kvp_rdma_qp_destroy(p->qp);
+        p->qp = NULL; /* replaced below, with the table asked again */
+    }
+    if (p->qp == NULL)
+        first = peer_hello(r, p, dial, arg);
+    if (first != KVP_OK) {
+        pthread_mutex_unlock(&r->xfer_lock);
+        return first;
+    }
+    /* every remote range in a region the target offered on rdma (asked once more on a miss:
+     * it may have registered it since), or the whole batch goes over tcp, where the target
+     * itself says whether the range is out of what it registered or memory it serves staged
+     * (CUDA device memory is no memory region here) */
+    bool refreshed = false;
+    for (size_t i = 0; i < n; i++)
+        if (tab_find(p->tab, p->n_tab, remotes[i], lens[i]) == NULL) {
+            if (refreshed || peer_hello(r, p, dial, arg) != KVP_OK) {
+                pthread_mutex_unlock(&r->xfer_lock);
+                return KVP_ERR_UNSUPPORTED;
+            }
+            refreshed = true;
+            i = (size_t)-1; /* from the start, against the new table */
+        }
+    kvp_status_t st[TE_RDMA_CHUNK];
+    uint32_t lkeys[TE_RDMA_CHUNK], rkeys[TE_RDMA_CHUNK];
+    for (size_t base = 0; base < n; base += TE_RDMA_CHUNK) {
+        size_t m = n - base < TE_RDMA_CHUNK ? n - base : TE_RDMA_CHUNK;
+        bool miss;
+        do {
+            miss = false;
+            for (size_t i = 0; i < m; i++) {
+                const kvp_data_te_rdma_region_t *e =
+                    tab_find(p->tab, p->n_tab, remotes[base + i], lens[base + i]);
+                st[i] = e != NULL ? KVP_OK : KVP_ERR_OUT_OF_RANGE;
+                rkeys[i] = e != NULL ? e->rkey : 0;
+                miss |= e == NULL;
+            }
+            /* a miss: the target may have registered it since we asked; ask once more */
+        } while (miss && !refreshed && (refreshed = true) && peer_hello(r, p, dial, arg) == KVP_OK);
+        pthread_rwlock_rdlock(&r->mr_lock);
+        for (size_t i = 0; i < m; i++)
+            if (!local_lkey_locked(r, locals[base + i], lens[base + i], &lkeys[i]))
+                st[i] = KVP_ERR_INVALID_ARG; /* unregistered meanwhile */
+        /* held across the batch: a local region is not deregistered under the NIC */
+        chunk_run(r, p, opcode, m, locals + base, remotes + base, lens + base, lkeys, rkeys, st);
+        pthread_rwlock_unlock(&r->mr_lock);
+        for (size_t i = 0; i < m; i++) {
+            if (st[i] == KVP_OK) {
+                (*moved_p)++;
+                *bytes_p += lens[base + i];
+            } else if (first == KVP_OK)
+                first = st[i];
+        }
+        if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp) && base + m < n) {
+            /* the rest of the batch on a new queue pair */
+            if (!p->leaked)
+                kvp_rdma_qp_destroy(p->qp);
+            p->qp = NULL;
+            kvp_status_t hs = peer_hello(r, p, dial, arg);
+            if (hs != KVP_OK) {
+                if (first == KVP_OK)
+                    first = hs;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&r->xfer_lock);
+    return first;
+}

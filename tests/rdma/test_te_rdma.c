@@ -1,0 +1,564 @@
+/*
+ * test_te_rdma.c - the transfer engine's rdma route (client/te_rdma.c) between two processes,
+ * as vLLM's MooncakeConnector drives it (prefill writes into decode's KV cache):
+ *   - both engines protocol "rdma"; each registers its KV cache, vLLM's layout (per layer a
+ *     K and a V tensor of NUM_BLOCKS blocks), one region per tensor;
+ *   - the prefill writes block lists as merged contiguous runs (one range per run and
+ *     tensor), then 512 single-block ranges (more than one chunk); the decode's memory is
+ *     compared byte for byte with a mirror the prefill keeps;
+ *   - ranges outside what the decode registered are refused (KVP_ERR_OUT_OF_RANGE) with its
+ *     bytes intact; a tensor the decode unregistered after the prefill got its table is
+ *     refused by the NIC (the region is gone), and the next batch reconnects;
+ *   - a read of the decode's blocks; a local buffer the prefill did not register goes over
+ *     tcp; an rdma connect without a token is refused and counted;
+ *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TE_PEERS=admin): a prefill without
+ *     any and one of another principal are refused (KVP_ERR_DENIED) with its bytes intact,
+ *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh);
+ *   - a decode killed between batches: the next fails with a code within the timeout.
+ * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "client/include/kvpool_te.h"
+#include "client/te_rdma.h"
+#include "client/transport/rdma_verbs.h"
+#include "tests/harness.h"
+
+#define LAYERS 4
+#define TENSORS (LAYERS * 2) /* K and V per layer */
+#define NUM_BLOCKS 64
+#define BLOCK (32u * 1024) /* 16 tokens x 8 heads x 128 x 2 bytes */
+#define TENSOR ((size_t)NUM_BLOCKS * BLOCK)
+
+static uint64_t kvp_now_ms_for_test(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static int to_child = -1, from_child = -1;
+static pid_t child;
+static uint64_t dec_addr[TENSORS];
+static uint16_t dec_port;
+static uint8_t *mirror; /* what the decode's tensors must hold, TENSORS x TENSOR */
+
+static void xwrite(int fd, const void *buf, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t k = write(fd, (const uint8_t *)buf + off, len - off);
+        if (k <= 0 && errno != EINTR)
+            abort();
+        off += k > 0 ? (size_t)k : 0;
+    }
+}
+
+static bool xread(int fd, void *buf, size_t len)
+{
+    for (size_t off = 0; off < len;) {
+        ssize_t k = read(fd, (uint8_t *)buf + off, len - off);
+        if (k == 0 || (k < 0 && errno != EINTR))
+            return false;
+        off += k > 0 ? (size_t)k : 0;
+    }
+    return true;
+}
+
+/* The decode: its engine, its KV cache, then commands from the prefill. */
+static void decode_main(int in, int out, const char *certs)
+{
+    kvp_te_t *te;
+    if (certs != NULL) { /* credentials on: peers prove a certificate that names admin */
+        char path[512];
+        snprintf(path, sizeof(path), "%s/ca.crt", certs);
+        setenv("KVPOOL_TLS_CA", path, 1);
+        snprintf(path, sizeof(path), "%s/server.crt", certs);
+        setenv("KVPOOL_TLS_CERT", path, 1);
+        snprintf(path, sizeof(path), "%s/server.key", certs);
+        setenv("KVPOOL_TLS_KEY", path, 1);
+        setenv("KVPOOL_TE_PEERS", "admin", 1);
+    }
+    if (kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &te) != KVP_OK)
+        _exit(3);
+    void *t[TENSORS];
+    size_t lens[TENSORS];
+    for (int i = 0; i < TENSORS; i++) {
+        t[i] = aligned_alloc(4096, TENSOR);
+        kvp_fill_pattern(t[i], TENSOR, 1000 + (uint64_t)i);
+        lens[i] = TENSOR;
+    }
+    if (kvp_te_register_batch(te, t, lens, TENSORS) != KVP_OK)
+        _exit(4);
+    uint16_t port = kvp_te_rpc_port(te);
+    xwrite(out, &port, sizeof(port));
+    for (int i = 0; i < TENSORS; i++) {
+        uint64_t a = (uintptr_t)t[i];
+        xwrite(out, &a, sizeof(a));
+    }
+    char cmd;
+    while (xread(in, &cmd, 1)) {
+        if (cmd == 'D') {
+            for (int i = 0; i < TENSORS; i++)
+                xwrite(out, t[i], TENSOR);
+        } else if (cmd == 'U') {
+            int32_t st = kvp_te_unregister(te, t[TENSORS - 1]);
+            xwrite(out, &st, sizeof(st));
+        } else if (cmd == 'C') {
+            kvp_te_counters_t c;
+            kvp_te_get_counters(te, &c);
+            xwrite(out, &c, sizeof(c));
+        } else
+            break;
+    }
+    kvp_te_destroy(te);
+    _exit(0);
+}
+
+/* Start a decode (credentials from certs, or none): its pipes, port and tensors into the
+ * globals, the mirror reset to its initial bytes. */
+static int decode_start(const char *certs)
+{
+    int a[2], b[2];
+    if (pipe(a) != 0 || pipe(b) != 0)
+        return -1;
+    /* our ends are not inherited by later decodes */
+    fcntl(a[1], F_SETFD, FD_CLOEXEC);
+    fcntl(b[0], F_SETFD, FD_CLOEXEC);
+    child = fork();
+    if (child == 0) {
+        /* a fresh process image: a forked one would share this process's verbs context
+         * (librdmacm opens it once), and its queue pairs and regions would outlive it */
+        char in[16], out[16];
+        snprintf(in, sizeof(in), "%d", a[0]);
+        snprintf(out, sizeof(out), "%d", b[1]);
+        execl("/proc/self/exe", "rdma_test_te", "decode", in, out, certs ? certs : "",
+              (char *)NULL);
+        _exit(5);
+    }
+    close(a[0]);
+    close(b[1]);
+    to_child = a[1];
+    from_child = b[0];
+    if (!xread(from_child, &dec_port, sizeof(dec_port)) ||
+        !xread(from_child, dec_addr, sizeof(dec_addr)))
+        return -1;
+    if (mirror == NULL)
+        mirror = malloc(TENSORS * TENSOR);
+    for (int i = 0; i < TENSORS; i++)
+        kvp_fill_pattern(mirror + i * TENSOR, TENSOR, 1000 + (uint64_t)i);
+    return 0;
+}
+
+static int decode_stop(void)
+{
+    char q = 'Q';
+    xwrite(to_child, &q, 1);
+    int status = -1;
+    waitpid(child, &status, 0);
+    close(to_child);
+    close(from_child);
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return decode_start(NULL);
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    int rc = decode_stop();
+    free(mirror);
+    return rc;
+}
+
+/* The decode's tensors, byte for byte, against the mirror. */
+static void assert_decode_is_mirror(void)
+{
+    uint8_t *got = malloc(TENSOR);
+    char d = 'D';
+    xwrite(to_child, &d, 1);
+    for (int i = 0; i < TENSORS; i++) {
+        assert_true(xread(from_child, got, TENSOR));
+        assert_memory_equal(got, mirror + i * TENSOR, TENSOR);
+    }
+    free(got);
+}
+
+static void decode_counters(kvp_te_counters_t *c)
+{
+    char d = 'C';
+    xwrite(to_child, &d, 1);
+    assert_true(xread(from_child, c, sizeof(*c)));
+}
+
+typedef struct prefill {
+    kvp_te_t *te;
+    uint8_t *t[TENSORS];
+    char target[64];
+} prefill_t;
+
+static void prefill_open(prefill_t *p)
+{
+    assert_int_equal(kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &p->te), KVP_OK);
+    void *t[TENSORS];
+    size_t lens[TENSORS];
+    for (int i = 0; i < TENSORS; i++) {
+        p->t[i] = aligned_alloc(4096, TENSOR);
+        kvp_fill_pattern(p->t[i], TENSOR, 1 + (uint64_t)i);
+        t[i] = p->t[i];
+        lens[i] = TENSOR;
+    }
+    assert_int_equal(kvp_te_register_batch(p->te, t, lens, TENSORS), KVP_OK);
+    snprintf(p->target, sizeof(p->target), "127.0.0.1:%u", dec_port);
+}
+
+static void prefill_close(prefill_t *p)
+{
+    kvp_te_destroy(p->te);
+    for (int i = 0; i < TENSORS; i++)
+        free(p->t[i]);
+}
+
+/* vLLM's connector: block ids on both sides, merged into runs where both are consecutive,
+ * one range per run and tensor. Returns the range count; the mirror takes the writes. */
+static size_t block_runs(prefill_t *p, const int *lb, const int *rb, size_t nb, void **locals,
+                         uint64_t *remotes, uint64_t *lens)
+{
+    size_t n = 0;
+    for (int t = 0; t < TENSORS; t++)
+        for (size_t i = 0; i < nb;) {
+            size_t j = i + 1;
+            while (j < nb && lb[j] == lb[j - 1] + 1 && rb[j] == rb[j - 1] + 1)
+                j++;
+            locals[n] = p->t[t] + (size_t)lb[i] * BLOCK;
+            remotes[n] = dec_addr[t] + (uint64_t)rb[i] * BLOCK;
+            lens[n] = (j - i) * BLOCK;
+            memcpy(mirror + t * TENSOR + (size_t)rb[i] * BLOCK, locals[n], lens[n]);
+            n++;
+            i = j;
+        }
+    return n;
+}
+
+static void test_connector_sequence(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    /* merged runs: 4 runs of 4, 2, 1 and 8 blocks in each of the 8 tensors */
+    int lb[] = {3, 4, 5, 6, 10, 11, 20, 40, 41, 42, 43, 44, 45, 46, 47};
+    int rb[] = {0, 1, 2, 3, 8, 9, 30, 50, 51, 52, 53, 54, 55, 56, 57};
+    void *locals[512];
+    uint64_t remotes[512], lens[512];
+    size_t n = block_runs(&p, lb, rb, 15, locals, remotes, lens);
+    assert_int_equal(n, 32);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    assert_decode_is_mirror();
+    kvp_te_peer_stat_t ps[2];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 2), 1);
+    assert_string_equal(ps[0].route, "rdma");
+    assert_int_equal(ps[0].transfers, 32);
+    /* 512 single-block ranges, reversed: two chunks, many chains */
+    int lb2[NUM_BLOCKS], rb2[NUM_BLOCKS];
+    for (int i = 0; i < NUM_BLOCKS; i++)
+        lb2[i] = i, rb2[i] = NUM_BLOCKS - 1 - i;
+    n = block_runs(&p, lb2, rb2, NUM_BLOCKS, locals, remotes, lens);
+    assert_int_equal(n, 512);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    assert_decode_is_mirror();
+    /* a read of every block of tensor 2 into a zeroed registered buffer */
+    uint8_t *back = aligned_alloc(4096, TENSOR);
+    memset(back, 0, TENSOR);
+    assert_int_equal(kvp_te_register(p.te, back, TENSOR), KVP_OK);
+    for (int i = 0; i < NUM_BLOCKS; i++) {
+        locals[i] = back + (size_t)i * BLOCK;
+        remotes[i] = dec_addr[2] + (uint64_t)i * BLOCK;
+        lens[i] = BLOCK;
+    }
+    assert_int_equal(
+        kvp_te_transfer(p.te, p.target, KVP_TE_READ, NUM_BLOCKS, locals, remotes, lens), KVP_OK);
+    assert_memory_equal(back, mirror + 2 * TENSOR, TENSOR);
+    kvp_te_counters_t c;
+    kvp_te_get_counters(p.te, &c);
+    assert_int_equal(c.transfers[KVP_TE_WRITE], 32 + 512);
+    assert_int_equal(c.bytes[KVP_TE_READ], TENSOR);
+    assert_int_equal(c.failures, 0);
+    assert_int_equal(kvp_te_unregister(p.te, back), KVP_OK);
+    free(back);
+    prefill_close(&p);
+}
+
+static void test_out_of_range_refused(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    void *locals[3] = {p.t[0], p.t[1], p.t[2]};
+    /* across the end of tensor 0; before the first; far outside any */
+    uint64_t remotes[3] = {dec_addr[0] + TENSOR - BLOCK / 2, dec_addr[0] - BLOCK, 4096};
+    uint64_t lens[3] = {BLOCK, BLOCK, BLOCK};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(
+            kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, &locals[i], &remotes[i], &lens[i]),
+            KVP_ERR_OUT_OF_RANGE);
+    assert_decode_is_mirror();
+    kvp_te_counters_t c;
+    kvp_te_get_counters(p.te, &c);
+    assert_int_equal(c.failures, 3);
+    assert_int_equal(c.transfers[KVP_TE_WRITE], 0);
+
+    /* the last tensor unregistered at the decode after we got its table: the NIC refuses */
+    uint64_t ok_remote = dec_addr[0];
+    uint64_t blk = BLOCK;
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &ok_remote, &blk),
+                     KVP_OK);
+    memcpy(mirror, p.t[0], BLOCK);
+    char u = 'U';
+    xwrite(to_child, &u, 1);
+    int32_t ust;
+    assert_true(xread(from_child, &ust, sizeof(ust)));
+    assert_int_equal(ust, KVP_OK);
+    uint64_t gone = dec_addr[TENSORS - 1];
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &gone, &blk),
+                     KVP_ERR_OUT_OF_RANGE);
+    assert_decode_is_mirror();
+    /* the next batch (a new queue pair, the table asked again) goes; the gone tensor is
+     * refused before the NIC now */
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &ok_remote, &blk),
+                     KVP_OK);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, &gone, &blk),
+                     KVP_ERR_OUT_OF_RANGE);
+    assert_decode_is_mirror();
+    prefill_close(&p);
+}
+
+static void test_unregistered_local_goes_over_tcp(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    uint8_t *plain = malloc(BLOCK);
+    kvp_fill_pattern(plain, BLOCK, 77);
+    void *local = plain;
+    uint64_t remote = dec_addr[1] + 5 * BLOCK, len = BLOCK;
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, &local, &remote, &len),
+                     KVP_OK);
+    memcpy(mirror + TENSOR + 5 * BLOCK, plain, BLOCK);
+    assert_decode_is_mirror();
+    free(plain);
+    prefill_close(&p);
+}
+
+/* A stranger's rdma connect: no token (or a made-up one): refused, counted. */
+static void test_connect_without_token_refused(void **state)
+{
+    (void)state;
+    kvp_te_counters_t before, after;
+    decode_counters(&before);
+    kvp_rdma_dev_t *dev;
+    kvp_rdma_dev_params_t dp = {0};
+    assert_int_equal(kvp_rdma_dev_open(&dp, &dev), 0);
+    char ip[64];
+    assert_int_equal(kvp_rdma_dev_ipv4(dev, ip, sizeof(ip)), 0);
+    struct {
+        uint32_t magic, version;
+        uint8_t token[16];
+    } pd = {0x5450564Bu, 1, {0}};
+    int refused = 0;
+    kvp_te_t *probe;
+    assert_int_equal(kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &probe), KVP_OK);
+    /* the probe's rdma port (a stranger could scan for it): a connect with a made-up token,
+     * then one with no private data */
+    const char *w = strrchr(te_rdma_where(kvp_te_rdma(probe)), ':');
+    assert_non_null(w);
+    uint16_t port = (uint16_t)atoi(w + 1);
+    kvp_rdma_qp_t *qp = NULL;
+    if (kvp_rdma_connect(dev, ip, port, 2000, &pd, sizeof(pd), &qp) != 0)
+        refused++;
+    else
+        kvp_rdma_qp_destroy(qp);
+    qp = NULL;
+    if (kvp_rdma_connect(dev, ip, port, 2000, NULL, 0, &qp) != 0)
+        refused++;
+    else
+        kvp_rdma_qp_destroy(qp);
+    assert_int_equal(refused, 2);
+    kvp_te_counters_t pc;
+    kvp_te_get_counters(probe, &pc);
+    assert_int_equal(pc.refused_auth, 2);
+    kvp_te_destroy(probe);
+    kvp_rdma_dev_close(dev);
+    decode_counters(&after);
+    assert_int_equal(after.refused_auth, before.refused_auth);
+}
+
+/* The group's decode set aside while a test runs one of its own, and back. */
+static struct {
+    int to, from;
+    pid_t child;
+    uint16_t port;
+    uint64_t addr[TENSORS];
+    uint8_t *mirror;
+} aside;
+
+static void decode_aside(void)
+{
+    aside.to = to_child, aside.from = from_child, aside.child = child, aside.port = dec_port;
+    memcpy(aside.addr, dec_addr, sizeof(aside.addr));
+    aside.mirror = mirror;
+    mirror = NULL;
+}
+
+static void decode_back(void)
+{
+    to_child = aside.to, from_child = aside.from, child = aside.child, dec_port = aside.port;
+    memcpy(dec_addr, aside.addr, sizeof(aside.addr));
+    mirror = aside.mirror;
+}
+
+static void set_creds(const char *certs, const char *who)
+{
+    char path[512];
+    snprintf(path, sizeof(path), "%s/ca.crt", certs);
+    setenv("KVPOOL_TLS_CA", path, 1);
+    snprintf(path, sizeof(path), "%s/%s.crt", certs, who);
+    setenv("KVPOOL_TLS_CERT", path, 1);
+    snprintf(path, sizeof(path), "%s/%s.key", certs, who);
+    setenv("KVPOOL_TLS_KEY", path, 1);
+}
+
+static void clear_creds(void)
+{
+    unsetenv("KVPOOL_TLS_CA");
+    unsetenv("KVPOOL_TLS_CERT");
+    unsetenv("KVPOOL_TLS_KEY");
+}
+
+/* A decode with credentials that admits principal admin: a prefill without credentials,
+ * and one proving another principal (server), get no rkey and move nothing
+ * (KVP_ERR_DENIED); admin's prefill writes byte-exact. */
+static void test_credentials_admit_only_the_named_principal(void **state)
+{
+    (void)state;
+    const char *certs = getenv("KVPOOL_RDMA_TEST_CERTS");
+    if (certs == NULL || access(certs, R_OK) != 0) {
+        fprintf(stderr, "KVPOOL_RDMA_TEST_CERTS not there (deploy/test-rdma.sh makes them)\n");
+        fail();
+    }
+    /* the group's decode aside, one with credentials */
+    decode_aside();
+    assert_int_equal(decode_start(certs), 0);
+    int lb[] = {0, 1, 2, 9}, rb[] = {4, 5, 6, 20};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    const char *who[] = {NULL, "server", "admin"};
+    for (int w = 0; w < 3; w++) {
+        if (who[w] != NULL)
+            set_creds(certs, who[w]);
+        prefill_t p;
+        prefill_open(&p);
+        clear_creds();
+        uint8_t *before = malloc(TENSORS * TENSOR);
+        memcpy(before, mirror, TENSORS * TENSOR);
+        size_t n = block_runs(&p, lb, rb, 4, locals, remotes, lens);
+        kvp_status_t st = kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens);
+        if (w < 2) {
+            assert_int_equal(st, KVP_ERR_DENIED);
+            memcpy(mirror, before, TENSORS * TENSOR); /* nothing may have landed */
+        } else
+            assert_int_equal(st, KVP_OK);
+        free(before);
+        assert_decode_is_mirror();
+        kvp_te_peer_stat_t ps[1];
+        assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+        if (w == 2)
+            assert_string_equal(ps[0].route, "rdma");
+        prefill_close(&p);
+    }
+    kvp_te_counters_t c;
+    decode_counters(&c);
+    assert_true(c.refused_auth >= 2);
+    assert_int_equal(decode_stop(), 0);
+    free(mirror);
+    decode_back();
+}
+
+/* A decode killed between two batches: writes to it fail with a code (once the kernel
+ * tore its queue pairs down), each within the engine's timeout (KVPOOL_TE_TIMEOUT_MS,
+ * 10 s): never a hang. */
+static void test_decode_that_dies_fails_in_time(void **state)
+{
+    (void)state;
+    decode_aside();
+    assert_int_equal(decode_start(NULL), 0);
+    prefill_t p;
+    prefill_open(&p);
+    int lb[] = {1, 2, 3}, rb[] = {7, 8, 9};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    size_t n = block_runs(&p, lb, rb, 3, locals, remotes, lens);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    kill(child, SIGKILL);
+    int status;
+    waitpid(child, &status, 0);
+    /* the kernel tears the dead process's queue pairs and regions down after its exit;
+     * within a few batches the writes fail, each within the timeout */
+    kvp_status_t st = KVP_OK;
+    for (int round = 0; round < 10 && st == KVP_OK; round++) {
+        usleep(500 * 1000);
+        uint64_t t0 = kvp_now_ms_for_test();
+        st = kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens);
+        uint64_t dt = kvp_now_ms_for_test() - t0;
+        fprintf(stderr, "a write to the killed decode, round %d: %s after %llu ms\n", round,
+                kvp_strerror(st), (unsigned long long)dt);
+        assert_true(dt < 15000);
+    }
+    /* no completion for KVPOOL_TE_TIMEOUT_MS: KVP_ERR_TIMEOUT; the QP's retries exhausted
+     * first: KVP_ERR_CONNECT */
+    assert_true(st == KVP_ERR_CONNECT || st == KVP_ERR_TIMEOUT);
+    prefill_close(&p);
+    close(to_child);
+    close(from_child);
+    free(mirror);
+    decode_back();
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && strcmp(argv[1], "decode") == 0)
+        decode_main(atoi(argv[2]), atoi(argv[3]), argv[4][0] != '\0' ? argv[4] : NULL);
+    if (!te_rdma_present()) {
+        fprintf(stderr, "no RDMA device: SKIP\n");
+        return 77;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_connector_sequence),
+        cmocka_unit_test(test_out_of_range_refused),
+        cmocka_unit_test(test_unregistered_local_goes_over_tcp),
+        cmocka_unit_test(test_connect_without_token_refused),
+        cmocka_unit_test(test_credentials_admit_only_the_named_principal),
+        cmocka_unit_test(test_decode_that_dies_fails_in_time),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
