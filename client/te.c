@@ -842,6 +842,15 @@ static bool te_rdma_frame(void *backend, void *conn, int fd, const kvp_data_req_
         return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
     if (te->rdma == NULL)
         return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
+    /* a region's rkey opens it for remote reads and writes alike: with KVPOOL_TE_ACL, a
+     * principal that may only read (or only write) gets no keys and is served over tcp, where
+     * each request is checked against its roles */
+    const uint8_t both = TE_MAY_READ | TE_MAY_WRITE;
+    if (te->auth != NULL && (((te_conn_t *)conn)->rights & both) != both) {
+        KVP_LOG_WARN_LIMITED("transfer engine: a peer whose principal may not both read and "
+                             "write here asked for rdma keys; it is served over tcp");
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
+    }
     return te_rdma_serve(te->rdma, fd);
 }
 
