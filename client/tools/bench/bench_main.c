@@ -161,9 +161,10 @@ static const bench_mode_t modes[] = {
      kvp_bench_sessions, MODE_OWN, NULL},
     {"te",
      "te (the transfer engine, kvp_te_* / mooncake.engine: batch_transfer_sync_write of\n"
-     "    runs into a second engine's registered memory, in this process; bench_te.c):\n"
+     "    runs into a second process's registered memory, as vLLM's prefill; bench_te.c):\n"
      "  --transport LIST       tcp,shm (default both): tcp against the 2-stream socket\n"
-     "                         pump, shm against memcpy\n"
+     "                         pump (target 90 %), shm against memcpy of the same bytes\n"
+     "                         (target 85 %), each measured next to its point\n"
      "  --sizes LIST           bytes of one run (default 64KiB,256KiB,1MiB,4MiB)\n"
      "  --batch LIST           runs per batch (default 32,128,512; at most 256 MiB a batch)\n"
      "  --duration S           seconds per point (default 2)\n",
