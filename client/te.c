@@ -65,7 +65,7 @@
 /* The id every request to an engine carries (a data server serves one segment). */
 #define KVP_TE_SEGMENT_ID 0x4b56505445ull /* "KVPTE" */
 /* Ranges per kvp_transfer_run (the ops live on the stack). */
-#define TE_CHUNK 512
+#define TE_CHUNK 256
 /* Ranges per TE_CMA request: IOV_MAX, one round trip for a batch of up to 1024 runs. */
 #define TE_CMA_VEC_MAX 1024
 #define TE_PEERS_MAX 1024
@@ -1123,15 +1123,11 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
         if (tp->cma_fd < 0 && (st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
             break;
         kvp_data_vec_t v[TE_CMA_VEC_MAX];
-        struct iovec liov[TE_CMA_VEC_MAX], riov[TE_CMA_VEC_MAX];
         uint64_t total = 0;
         for (size_t i = 0; i < m; i++) {
             v[i] = (kvp_data_vec_t){.segment_id = KVP_TE_SEGMENT_ID,
                                     .offset = remotes[base + i],
                                     .length = lens[base + i]};
-            liov[i] = (struct iovec){.iov_base = locals[base + i], .iov_len = lens[base + i]};
-            riov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)remotes[base + i],
-                                     .iov_len = lens[base + i]};
             total += lens[base + i];
         }
         kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
@@ -1157,7 +1153,8 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
             st = r.status;
             break;
         }
-        int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, liov, riov, m);
+        int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
+                                      remotes + base, lens + base, m);
         if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK) {
             close(tp->cma_fd);
             tp->cma_fd = -1;

@@ -14,6 +14,7 @@
 #include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/uio.h>
 
 #define COPY_THREADS_MAX 8
 #define COPY_IOV 1024              /* IOV_MAX: iovecs per process_vm_* call */
@@ -47,14 +48,15 @@ struct kvp_te_copy {
     /* the job */
     pid_t pid;
     bool write;
-    const struct iovec *local, *remote;
+    void *const *locals;
+    const uint64_t *remotes, *lens;
     size_t n;
     copy_part_t parts[COPY_THREADS_MAX];
 };
 
 /* One part: its bytes from its first range on, IOV_MAX ranges and COPY_CALL_MAX bytes a call. */
-static int part_copy(pid_t pid, bool write, const struct iovec *local, const struct iovec *remote,
-                     size_t n, const copy_part_t *p)
+static int part_copy(pid_t pid, bool write, void *const *locals, const uint64_t *remotes,
+                     const uint64_t *lens, size_t n, const copy_part_t *p)
 {
     struct iovec l[COPY_IOV], r[COPY_IOV];
     size_t i = p->first;
@@ -63,17 +65,18 @@ static int part_copy(pid_t pid, bool write, const struct iovec *local, const str
         size_t k = 0;
         uint64_t chunk = 0;
         while (k < COPY_IOV && chunk < left && chunk < COPY_CALL_MAX && i < n) {
-            uint64_t take = local[i].iov_len - off;
+            uint64_t take = lens[i] - off;
             if (take > left - chunk)
                 take = left - chunk;
             if (take > COPY_CALL_MAX - chunk)
                 take = COPY_CALL_MAX - chunk;
-            l[k] = (struct iovec){.iov_base = (char *)local[i].iov_base + off, .iov_len = take};
-            r[k] = (struct iovec){.iov_base = (char *)remote[i].iov_base + off, .iov_len = take};
+            l[k] = (struct iovec){.iov_base = (char *)locals[i] + off, .iov_len = take};
+            r[k] =
+                (struct iovec){.iov_base = (void *)(uintptr_t)(remotes[i] + off), .iov_len = take};
             k++;
             chunk += take;
             off += take;
-            if (off == local[i].iov_len) {
+            if (off == lens[i]) {
                 i++;
                 off = 0;
             }
@@ -107,7 +110,7 @@ static void *helper_main(void *arg)
         if (h >= c->k)
             continue;
         pthread_mutex_unlock(&c->lock);
-        int err = part_copy(c->pid, c->write, c->local, c->remote, c->n, &c->parts[h]);
+        int err = part_copy(c->pid, c->write, c->locals, c->remotes, c->lens, c->n, &c->parts[h]);
         pthread_mutex_lock(&c->lock);
         c->parts[h].err = err;
         if (--c->pending == 0)
@@ -148,18 +151,18 @@ void kvp_te_copy_destroy(kvp_te_copy_t *c)
     free(c);
 }
 
-int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, const struct iovec *local,
-                    const struct iovec *remote, size_t n)
+int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, void *const *locals,
+                    const uint64_t *remotes, const uint64_t *lens, size_t n)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total += local[i].iov_len;
+        total += lens[i];
     unsigned k = c->threads;
     while (k > 1 && total / k < COPY_PART_MIN)
         k--;
     copy_part_t whole = {.bytes = total};
     if (k <= 1 || pthread_mutex_trylock(&c->use) != 0)
-        return part_copy(pid, write, local, remote, n, &whole);
+        return part_copy(pid, write, locals, remotes, lens, n, &whole);
     pthread_mutex_lock(&c->lock);
     while (c->started + 1 < k) { /* helper h is tid[h-1] */
         c->started++;
@@ -177,22 +180,23 @@ int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, const struct iovec 
     size_t i = 0;
     for (unsigned p = 0; p < k; p++) {
         uint64_t start = (uint64_t)p * q;
-        while (i < n && cum + local[i].iov_len <= start)
-            cum += local[i++].iov_len;
+        while (i < n && cum + lens[i] <= start)
+            cum += lens[i++];
         c->parts[p] = (copy_part_t){
             .first = i, .first_off = start - cum, .bytes = p + 1 == k ? total - start : q};
     }
     c->pid = pid;
     c->write = write;
-    c->local = local;
-    c->remote = remote;
+    c->locals = locals;
+    c->remotes = remotes;
+    c->lens = lens;
     c->n = n;
     c->k = k;
     c->pending = k - 1;
     c->gen++;
     pthread_cond_broadcast(&c->go);
     pthread_mutex_unlock(&c->lock);
-    int err = part_copy(pid, write, local, remote, n, &c->parts[0]);
+    int err = part_copy(pid, write, locals, remotes, lens, n, &c->parts[0]);
     pthread_mutex_lock(&c->lock);
     while (c->pending > 0)
         pthread_cond_wait(&c->done, &c->lock);

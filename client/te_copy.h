@@ -14,7 +14,6 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
-#include <sys/uio.h>
 
 typedef struct kvp_te_copy kvp_te_copy_t;
 
@@ -23,10 +22,10 @@ typedef struct kvp_te_copy kvp_te_copy_t;
 kvp_te_copy_t *kvp_te_copy_create(unsigned threads);
 void kvp_te_copy_destroy(kvp_te_copy_t *c);
 
-/* Move n ranges (local[i] and remote[i] of equal lengths) to (write) or from pid's memory.
- * Returns 0 when every byte moved, else the errno of the first call that failed (EFAULT
- * for a short copy). */
-int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, const struct iovec *local,
-                    const struct iovec *remote, size_t n);
+/* Move n ranges (lens[i] bytes between locals[i] and pid's address remotes[i]) to (write)
+ * or from pid's memory. Returns 0 when every byte moved, else the errno of the first call
+ * that failed (EFAULT for a short copy). */
+int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, void *const *locals,
+                    const uint64_t *remotes, const uint64_t *lens, size_t n);
 
 #endif

@@ -32,7 +32,8 @@
 
 typedef struct batch {
     size_t n;
-    struct iovec *l, *r;
+    void **l;
+    uint64_t *r, *lens;
     uint8_t *src, *dst;
     size_t src_len, dst_len;
 } batch_t;
@@ -49,6 +50,7 @@ static void batch_make(batch_t *b, size_t n, const size_t *lens, size_t n_lens)
     b->n = n;
     b->l = calloc(n, sizeof(*b->l));
     b->r = calloc(n, sizeof(*b->r));
+    b->lens = calloc(n, sizeof(*b->lens));
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += lens[i % n_lens];
@@ -58,6 +60,7 @@ static void batch_make(batch_t *b, size_t n, const size_t *lens, size_t n_lens)
     b->dst = malloc(b->dst_len);
     assert_non_null(b->l);
     assert_non_null(b->r);
+    assert_non_null(b->lens);
     assert_non_null(b->src);
     assert_non_null(b->dst);
     for (size_t i = 0; i < total; i++)
@@ -66,9 +69,10 @@ static void batch_make(batch_t *b, size_t n, const size_t *lens, size_t n_lens)
     size_t so = 0, d_end = b->dst_len - GUARD;
     for (size_t i = 0; i < n; i++) {
         size_t len = lens[i % n_lens];
-        b->l[i] = (struct iovec){.iov_base = b->src + so, .iov_len = len};
+        b->l[i] = b->src + so;
+        b->lens[i] = len;
         d_end -= len;
-        b->r[i] = (struct iovec){.iov_base = b->dst + d_end, .iov_len = len};
+        b->r[i] = (uintptr_t)(b->dst + d_end);
         d_end -= GUARD;
         so += len;
     }
@@ -80,7 +84,7 @@ static void batch_check(const batch_t *b)
     assert_non_null(want);
     memset(want, 0xEE, b->dst_len);
     for (size_t i = 0; i < b->n; i++)
-        memcpy(want + ((uint8_t *)b->r[i].iov_base - b->dst), b->l[i].iov_base, b->l[i].iov_len);
+        memcpy(want + ((uint8_t *)(uintptr_t)b->r[i] - b->dst), b->l[i], b->lens[i]);
     assert_memory_equal(b->dst, want, b->dst_len);
     free(want);
 }
@@ -89,6 +93,7 @@ static void batch_free(batch_t *b)
 {
     free(b->l);
     free(b->r);
+    free(b->lens);
     free(b->src);
     free(b->dst);
 }
@@ -99,14 +104,14 @@ static void write_then_read(unsigned threads, size_t n, const size_t *lens, size
     assert_non_null(c);
     batch_t b;
     batch_make(&b, n, lens, n_lens);
-    assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.n), 0);
+    assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.lens, b.n), 0);
     batch_check(&b);
     /* read it back into a cleared source */
     uint8_t *keep = malloc(b.src_len);
     assert_non_null(keep);
     memcpy(keep, b.src, b.src_len);
     memset(b.src, 0, b.src_len);
-    assert_int_equal(kvp_te_copy_run(c, getpid(), false, b.l, b.r, b.n), 0);
+    assert_int_equal(kvp_te_copy_run(c, getpid(), false, b.l, b.r, b.lens, b.n), 0);
     assert_memory_equal(b.src, keep, b.src_len);
     free(keep);
     batch_free(&b);
@@ -152,13 +157,14 @@ static void test_unmapped_remote_is_efault(void **state)
     void *gone = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(gone != MAP_FAILED);
     munmap(gone, len);
-    struct iovec l = {.iov_base = src, .iov_len = len}, r = {.iov_base = gone, .iov_len = len};
-    assert_int_equal(kvp_te_copy_run(c, getpid(), true, &l, &r, 1), EFAULT);
+    void *l = src;
+    uint64_t r = (uintptr_t)gone, rlen = len;
+    assert_int_equal(kvp_te_copy_run(c, getpid(), true, &l, &r, &rlen, 1), EFAULT);
     /* the pool still serves */
     static const size_t lens[] = {(1u << 20) + 5};
     batch_t b;
     batch_make(&b, 4, lens, 1);
-    assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.n), 0);
+    assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.lens, b.n), 0);
     batch_check(&b);
     batch_free(&b);
     free(src);
@@ -177,7 +183,7 @@ static void *share_main(void *arg)
     for (int i = 0; i < 20 && s->rc == 0; i++) {
         batch_t b;
         batch_make(&b, 6, lens, 2);
-        s->rc = kvp_te_copy_run(s->c, getpid(), true, b.l, b.r, b.n);
+        s->rc = kvp_te_copy_run(s->c, getpid(), true, b.l, b.r, b.lens, b.n);
         if (s->rc == 0)
             batch_check(&b);
         batch_free(&b);
