@@ -54,6 +54,7 @@
 #include "client/segment/data_backend.h"
 #include "client/te_rdma.h"
 #include "client/segment/data_server.h"
+#include "client/te_copy.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
 #include "client/te_cuda.h"
@@ -69,6 +70,8 @@
 #define KVP_TE_SEGMENT_ID 0x4b56505445ull /* "KVPTE" */
 /* Ranges per kvp_transfer_run (the ops live on the stack). */
 #define TE_CHUNK 256
+/* Ranges per TE_CMA request: IOV_MAX, one round trip for a batch of up to 1024 runs. */
+#define TE_CMA_VEC_MAX 1024
 #define TE_PEERS_MAX 1024
 #define TE_ALLOWED_MAX 64
 
@@ -157,6 +160,7 @@ struct kvp_te {
     /* counters (relaxed) */
     _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth,
         refused_role, refused_tenant, cma_served[2], cma_bytes[2], notifies, notifies_dropped;
+    kvp_te_copy_t *_Atomic copy; /* the same-host copy's threads (te_copy.h), made at first use */
 };
 
 /* ---- the backend: registered memory by virtual address ---- */
@@ -734,9 +738,9 @@ static kvp_status_t auth_load(te_auth_t **a_p)
 static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
 {
     kvp_te_t *te = backend;
-    kvp_data_vec_t v[KVP_DATA_VEC_MAX];
+    kvp_data_vec_t v[TE_CMA_VEC_MAX];
     uint64_t n = req->offset, total = 0;
-    if (n == 0 || n > KVP_DATA_VEC_MAX) {
+    if (n == 0 || n > TE_CMA_VEC_MAX) {
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
@@ -1039,6 +1043,7 @@ void kvp_te_destroy(kvp_te_t *te)
     }
     te_rdma_close(te->rdma); /* after its peers' queue pairs */
     kvp_transfer_cleanup(&te->xfer);
+    kvp_te_copy_destroy(atomic_load(&te->copy));
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
             next = b->next;
@@ -1275,10 +1280,24 @@ static kvp_status_t te_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int
     return st;
 }
 
-/* Ranges [0, n) to tp over TE_CMA (wire.h), up to KVP_DATA_VEC_MAX per request: the target
+/* The engine's copy threads (KVPOOL_TE_COPY_THREADS, default 2), made at the first copy. */
+static kvp_te_copy_t *te_copy_pool(kvp_te_t *te)
+{
+    kvp_te_copy_t *c = atomic_load(&te->copy);
+    if (c != NULL)
+        return c;
+    kvp_te_copy_t *mine = kvp_te_copy_create(env_u32("KVPOOL_TE_COPY_THREADS", 2)), *none = NULL;
+    if (mine == NULL || atomic_compare_exchange_strong(&te->copy, &none, mine))
+        return mine;
+    kvp_te_copy_destroy(mine); /* another thread made it first */
+    return none;
+}
+
+/* Ranges [0, n) to tp over TE_CMA (wire.h), up to TE_CMA_VEC_MAX per request: the target
  * checks them and lets us at its memory, we copy with process_vm_writev / readv (one kernel
- * copy). *moved_p: how many ranges moved. KVP_ERR_UNSUPPORTED with tp->cma_off set: the
- * kernel refused (EPERM), the rest goes over the socket path. */
+ * copy, split over the engine's copy threads: te_copy.c). *moved_p: how many ranges moved.
+ * KVP_ERR_UNSUPPORTED with tp->cma_off set: the kernel refused (EPERM), the rest goes over the
+ * socket path. */
 static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
                                  void *const *locals, const uint64_t *remotes, const uint64_t *lens,
                                  size_t *moved_p)
@@ -1286,20 +1305,19 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
     *moved_p = 0;
     kvp_status_t st = KVP_OK;
     pthread_mutex_lock(&tp->cma_lock);
+    kvp_te_copy_t *pool = te_copy_pool(te);
+    if (pool == NULL)
+        st = KVP_ERR_NOMEM;
     for (size_t base = 0; base < n && st == KVP_OK;) {
-        size_t m = n - base < KVP_DATA_VEC_MAX ? n - base : KVP_DATA_VEC_MAX;
+        size_t m = n - base < TE_CMA_VEC_MAX ? n - base : TE_CMA_VEC_MAX;
         if (tp->cma_fd < 0 && (st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
             break;
-        kvp_data_vec_t v[KVP_DATA_VEC_MAX];
-        struct iovec liov[KVP_DATA_VEC_MAX], riov[KVP_DATA_VEC_MAX];
+        kvp_data_vec_t v[TE_CMA_VEC_MAX];
         uint64_t total = 0;
         for (size_t i = 0; i < m; i++) {
             v[i] = (kvp_data_vec_t){.segment_id = KVP_TE_SEGMENT_ID,
                                     .offset = remotes[base + i],
                                     .length = lens[base + i]};
-            liov[i] = (struct iovec){.iov_base = locals[base + i], .iov_len = lens[base + i]};
-            riov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)remotes[base + i],
-                                     .iov_len = lens[base + i]};
             total += lens[base + i];
         }
         kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
@@ -1332,14 +1350,13 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
             }
             break;
         }
-        ssize_t got = opcode == KVP_TE_WRITE ? process_vm_writev(tp->cma_pid, liov, m, riov, m, 0)
-                                             : process_vm_readv(tp->cma_pid, liov, m, riov, m, 0);
-        int32_t err = got == (ssize_t)total ? 0 : got < 0 ? errno : EFAULT;
+        int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
+                                      remotes + base, lens + base, m);
         if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK) {
             close(tp->cma_fd);
             tp->cma_fd = -1;
         }
-        if (err == EPERM && got < 0) {
+        if (err == EPERM) {
             atomic_store(&tp->cma_off, true);
             KVP_LOG_WARN("transfer engine: the kernel refused process_vm_%s to %s (pid %d: "
                          "EPERM; Yama ptrace_scope, or the target is not dumpable): its "

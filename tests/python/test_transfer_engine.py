@@ -494,6 +494,45 @@ def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
     assert np.array_equal(got[:, :, 63], p[:, :, 0])
 
 
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_shm_copy_threads_split_a_batch_byte_exact(peers, tmp_path, threads):
+    """The same-host copy splits a batch of 2 MiB or more by bytes over the engine's copy
+    threads (KVPOOL_TE_COPY_THREADS; 3: parts that end inside a run), up to 1024 ranges per
+    request to the decode: 8 runs of 1 MiB, then 512 ranges of 16 KiB, written and read
+    back, byte-exact; a range past what the decode registered moves nothing."""
+    env = {"KVPOOL_TE_COPY_THREADS": threads}
+    decode = peers("decode", "shm", env=env)
+    prefill = peers("prefill", "shm", env=env)
+    target = f"127.0.0.1:{decode.info['port']}"
+    allb = list(range(BLOCKS))
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=allb,
+                    dblocks=allb)
+    assert (w["rc"], w["runs"]) == (0, LAYERS * 2), w
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), prefill_cache())
+    rev = allb[::-1]
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=allb,
+                    dblocks=rev)
+    assert (w["rc"], w["runs"]) == (0, LAYERS * 2 * BLOCKS), w
+    assert np.array_equal(dump(decode, tmp_path, "b.npy"), prefill_cache()[:, :, ::-1])
+    # read the decode's (reversed) cache into the prefill's, 512 ranges, then write it back
+    # reversed: the decode holds the prefill's original cache again
+    r = prefill.ask(op="read", target=target, remote_ptrs=decode.info["ptrs"], pblocks=allb,
+                    dblocks=allb)
+    assert (r["rc"], r["status"]) == (0, 0), r
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"], pblocks=allb,
+                    dblocks=rev)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "c.npy"), prefill_cache())
+    m = decode.ask(op="metrics")
+    assert m["served_cma_writes"] >= LAYERS * 2 * (1 + 2 * BLOCKS), m
+    assert m["served_cma_reads"] >= LAYERS * 2, m
+    bad = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0] + decode.info[
+        "sizes"][0] - 100, length=1 << 20, write=True)
+    assert (bad["rc"], bad["status"]) == (-1, S["KVP_ERR_OUT_OF_RANGE"]), bad
+    assert np.array_equal(dump(decode, tmp_path, "d.npy"), prefill_cache())
+    assert prefill.ask(op="metrics")["peers"][target]["route"] == "shm-cma"
+
+
 def test_notifies_in_process():
     """transfer_sync / batch_transfer_sync with a notify: after the bytes moved, the target's
     get_notifies() returns TransferNotify(name, msg), oldest first, each once; a transfer

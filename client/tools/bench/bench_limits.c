@@ -537,6 +537,12 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
     return rc;
 }
 
+double kvp_bench_measure_tcp_pump_gbps(uint64_t size, unsigned streams, unsigned nbufs,
+                                       double duration)
+{
+    return measure_tcp(size, streams ? streams : 1, nbufs ? nbufs : 1, false, duration);
+}
+
 /* One tcp limit: a line of the table and a result. */
 static void limit_print(kvp_bench_out_t *out, const char *label, const char *name, uint64_t size,
                         unsigned streams, double gbps)

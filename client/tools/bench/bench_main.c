@@ -161,10 +161,11 @@ static const bench_mode_t modes[] = {
      kvp_bench_sessions, MODE_OWN, NULL},
     {"te",
      "te (the transfer engine, kvp_te_* / mooncake.engine: batch_transfer_sync_write of\n"
-     "    runs into a second engine's registered memory, in this process; bench_te.c):\n"
+     "    runs into a second process's registered memory, as vLLM's prefill; bench_te.c):\n"
      "  --transport LIST       tcp,shm,rdma (default tcp,shm): tcp against the 2-stream\n"
-     "                         socket pump, shm against memcpy, rdma against\n"
-     "                         --rdma-write-limit (ib_write_bw)\n"
+     "                         socket pump (target 90 %), shm against memcpy of the same\n"
+     "                         bytes (target 85 %), each measured next to its point; rdma\n"
+     "                         against --rdma-write-limit (ib_write_bw)\n"
      "  --sizes LIST           bytes of one run (default 64KiB,256KiB,1MiB,4MiB)\n"
      "  --batch LIST           runs per batch (default 32,128,512; at most 256 MiB a batch)\n"
      "  --duration S           seconds per point (default 2)\n",
