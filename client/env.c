@@ -329,6 +329,14 @@ static const kvp_opt_t env_rows[] = {
      .help = "shm peers: cma, the initiator copies with process_vm_writev/readv once the "
              "target checked the ranges (one kernel copy; the socket path when the kernel "
              "refuses); socket, the frames over the Unix socket"},
+    {.name = "te-copy-threads",
+     .env = "KVPOOL_TE_COPY_THREADS",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "N (1-8)",
+     .def_doc = "2",
+     .help = "shm's cma route: threads that copy one batch of 2 MiB or more (the caller and "
+             "N-1 helpers of the engine's, the batch split by bytes; parts of at least 1 MiB)"},
 };
 
 kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)
