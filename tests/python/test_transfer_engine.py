@@ -323,6 +323,22 @@ def mooncake_file(name, tmp_path):
 
 
 @pytest.mark.parametrize("proto", ["tcp", "auto"])
+def free_port_below_ephemeral():
+    """A port no one listens on, below the kernel's ephemeral range (the target script
+    takes the port it is given: a port another test's outgoing connection holds would fail
+    its bind)."""
+    import socket
+    for _ in range(200):
+        port = 20000 + int.from_bytes(os.urandom(2), "little") % 12000
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no free port in 20000-31999")
+
+
 def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     """Mooncake's transfer_engine_target.py and transfer_engine_initiator_test.py (its
     wheel's tests: write/read rounds, batches, async batches, failure sentinels, send_probe)
@@ -330,7 +346,7 @@ def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     target_py = mooncake_file("transfer_engine_target.py", tmp_path)
     init_py = mooncake_file("transfer_engine_initiator_test.py", tmp_path)
     assert os.path.exists(target_py) and os.path.exists(init_py)
-    port = 20000 + os.getpid() % 20000
+    port = free_port_below_ephemeral()
     env = dict(os.environ, TARGET_SERVER_NAME=f"127.0.0.1:{port}",
                INITIATOR_SERVER_NAME="127.0.0.1:0", MC_METADATA_SERVER="P2PHANDSHAKE",
                PROTOCOL=proto, CIRCLE="200")
