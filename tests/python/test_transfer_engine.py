@@ -322,7 +322,6 @@ def mooncake_file(name, tmp_path):
     return os.path.join(UPSTREAM, name)
 
 
-@pytest.mark.parametrize("proto", ["tcp", "auto"])
 def free_port_below_ephemeral():
     """A port no one listens on, below the kernel's ephemeral range (the target script
     takes the port it is given: a port another test's outgoing connection holds would fail
@@ -339,6 +338,7 @@ def free_port_below_ephemeral():
     raise AssertionError("no free port in 20000-31999")
 
 
+@pytest.mark.parametrize("proto", ["tcp", "auto"])
 def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     """Mooncake's transfer_engine_target.py and transfer_engine_initiator_test.py (its
     wheel's tests: write/read rounds, batches, async batches, failure sentinels, send_probe)
