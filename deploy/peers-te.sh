@@ -20,6 +20,7 @@
 #   REPS (2)  DURATION (5 s per point per system)
 #   STREAMS (2)        kvpool's KVPOOL_TE_STREAMS and Mooncake's MC_TCP_LANES_PER_PEER:
 #                      TCP connections per peer (Mooncake's default is 4, kvpool's 2)
+#   MC_LANES (STREAMS) Mooncake's MC_TCP_LANES_PER_PEER alone, to try Mooncake at other counts
 #   MC_THREADS (1)     transfer_engine_bench's --threads: submitting threads (kvpool-bench te
 #                      has one caller)
 # Writes OUTDIR/peers-te.json and OUTDIR/peers-te.md (OUTDIR defaults to the repository
@@ -35,6 +36,7 @@ REPS=${REPS:-2}
 DURATION=${DURATION:-5}
 STREAMS=${STREAMS:-2}
 MC_THREADS=${MC_THREADS:-1}
+MC_LANES=${MC_LANES:-$STREAMS}
 LOGS=$OUT/peers-te-logs
 RAW=$LOGS/raw.jsonl
 mkdir -p "$LOGS"
@@ -56,9 +58,10 @@ mc_point() { # size batch rep -> GB/s on stdout, empty on failure
   local buf=$((size * batch * MC_THREADS))
   tlog=$LOGS/mc-target-$size-$batch-r$rep.log
   ilog=$LOGS/mc-initiator-$size-$batch-r$rep.log
-  GLOG_logtostderr=1 MC_TCP_LANES_PER_PEER=$STREAMS "$MC" --mode=target \
+  GLOG_logtostderr=1 MC_TCP_LANES_PER_PEER=$MC_LANES "$MC" --mode=target \
     --metadata_server=P2PHANDSHAKE --local_server_name=127.0.0.1 --protocol=tcp \
-    --buffer_size=$buf > "$tlog" 2>&1 &
+    --block_size=$size --batch_size=$batch --threads=$MC_THREADS --buffer_size=$buf \
+    > "$tlog" 2>&1 &
   tpid=$!
   for i in $(seq 1 300); do # the target logs its P2P port once its RPC server listens
     port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$tlog" | head -1)
@@ -71,7 +74,7 @@ mc_point() { # size batch rep -> GB/s on stdout, empty on failure
     return
   fi
   sleep 1 # its buffer is registered right after the transport is installed
-  GLOG_logtostderr=1 MC_TCP_LANES_PER_PEER=$STREAMS timeout $((DURATION + 60)) "$MC" \
+  GLOG_logtostderr=1 MC_TCP_LANES_PER_PEER=$MC_LANES timeout $((DURATION + 60)) "$MC" \
     --mode=initiator --metadata_server=P2PHANDSHAKE --local_server_name=127.0.0.1 \
     --protocol=tcp --segment_id=127.0.0.1:$port --operation=write --block_size=$size \
     --batch_size=$batch --threads=$MC_THREADS --duration=$DURATION --buffer_size=$buf \
@@ -102,7 +105,7 @@ record() { # system size batch rep gbps [pump-gbps]
     "$2" "$3" "$4" "${5:-null}" "${6:-null}" >> "$RAW"
 }
 
-say "Mooncake: $MC; kvpool: $KB; points: $POINTS; $REPS repetitions of $DURATION s; $STREAMS TCP connections per peer each; Mooncake submitting threads: $MC_THREADS"
+say "Mooncake: $MC; kvpool: $KB; points: $POINTS; $REPS repetitions of $DURATION s; TCP connections per peer: kvpool $STREAMS, Mooncake $MC_LANES; Mooncake submitting threads: $MC_THREADS"
 failed=0
 for rep in $(seq 1 "$REPS"); do
   for p in $POINTS; do
@@ -123,9 +126,9 @@ for rep in $(seq 1 "$REPS"); do
 done
 
 python3 - "$RAW" "$OUT/peers-te.json" "$OUT/peers-te.md" "$REPS" "$DURATION" "$STREAMS" "$MC_THREADS" \
-  "$(git rev-parse --short HEAD)" "$(nproc)" "$(uname -r)" <<'EOF'
+  "$(git rev-parse --short HEAD)" "$(nproc)" "$(uname -r)" "$MC_LANES" <<'EOF'
 import json, sys
-raw, out_json, out_md, reps, duration, streams, mc_threads, commit, nproc, kernel = sys.argv[1:11]
+raw, out_json, out_md, reps, duration, streams, mc_threads, commit, nproc, kernel, mc_lanes = sys.argv[1:12]
 rows = [json.loads(l) for l in open(raw) if l.strip()]
 reps = int(reps)
 cpu = ""
@@ -167,7 +170,8 @@ for k in points:
     lines.append("| %s x %d | %s | %s |" % (size_s(k[0]), k[1], " | ".join(cells),
                  "%.2f" % entry["min_ratio"] if entry["min_ratio"] is not None else "-"))
 meta = {"commit": commit, "nproc": int(nproc), "kernel": kernel, "cpu": cpu, "reps": reps,
-        "duration_s": float(duration), "tcp_connections_per_peer": int(streams),
+        "duration_s": float(duration), "kvpool_tcp_streams": int(streams),
+        "mooncake_tcp_lanes_per_peer": int(mc_lanes),
         "mooncake_threads": int(mc_threads), "op": "batch write (kvpool: batch_transfer_sync_write"
         "; Mooncake: submitTransfer + getTransferStatus polling)", "target_ratio": 1.1}
 json.dump({"meta": meta, "points": table, "raw": rows}, open(out_json, "w"), indent=1)
