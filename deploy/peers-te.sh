@@ -26,7 +26,7 @@
 # Writes OUTDIR/peers-te.json and OUTDIR/peers-te.md (OUTDIR defaults to the repository
 # root; both names are ignored by git), every process's log under OUTDIR/peers-te-logs/.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 OUT=${1:-$ROOT}
 MC=${MOONCAKE_TE_BENCH:?set MOONCAKE_TE_BENCH to Mooncake\'s transfer_engine_bench (docs/benchmarks.md, "Transfer engine vs Mooncake")}
@@ -54,7 +54,7 @@ fi
 # One Mooncake point: a target process (it registers one buffer and serves), then an initiator
 # process that writes batches for DURATION seconds and logs "throughput X GB/s" (GB = 1e9 B).
 mc_point() { # size batch rep -> GB/s on stdout, empty on failure
-  local size=$1 batch=$2 rep=$3 tlog ilog port="" tpid i
+  local size=$1 batch=$2 rep=$3 tlog ilog port="" tpid
   local buf=$((size * batch * MC_THREADS))
   tlog=$LOGS/mc-target-$size-$batch-r$rep.log
   ilog=$LOGS/mc-initiator-$size-$batch-r$rep.log
@@ -63,7 +63,7 @@ mc_point() { # size batch rep -> GB/s on stdout, empty on failure
     --block_size=$size --batch_size=$batch --threads=$MC_THREADS --buffer_size=$buf \
     > "$tlog" 2>&1 &
   tpid=$!
-  for i in $(seq 1 300); do # the target logs its P2P port once its RPC server listens
+  for _ in $(seq 1 300); do # the target logs its P2P port once its RPC server listens
     port=$(sed -n 's/.*listening on 127\.0\.0\.1:\([0-9][0-9]*\).*/\1/p' "$tlog" | head -1)
     [ -n "$port" ] && break
     kill -0 $tpid 2>/dev/null || break
@@ -80,7 +80,7 @@ mc_point() { # size batch rep -> GB/s on stdout, empty on failure
     --batch_size=$batch --threads=$MC_THREADS --duration=$DURATION --buffer_size=$buf \
     --report_unit=GB --report_precision=3 > "$ilog" 2>&1
   kill -TERM $tpid 2>/dev/null
-  for i in $(seq 1 50); do kill -0 $tpid 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 1 50); do kill -0 $tpid 2>/dev/null || break; sleep 0.1; done
   kill -9 $tpid 2>/dev/null
   wait $tpid 2>/dev/null
   sed -n 's/.*throughput \([0-9.][0-9.]*\) GB\/s.*/\1/p' "$ilog" | tail -1
