@@ -353,10 +353,10 @@ def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     target = subprocess.Popen([sys.executable, target_py], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
-        line = target.stdout.readline()
-        while line and "ready" not in line:
-            line = target.stdout.readline()
-        assert "Target server ready" in line, line
+        seen = [target.stdout.readline()]
+        while seen[-1] and "ready" not in seen[-1]:
+            seen.append(target.stdout.readline())
+        assert "Target server ready" in seen[-1], "".join(seen)[-3000:]
         r = subprocess.run([sys.executable, init_py, "-v"], env=env, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-3000:]
