@@ -85,6 +85,14 @@ run_suite() { # builddir, setup args...; returns non-zero when the build failed
 # against a build dir's tree (PYTHONPATH, the daemons the fixtures start); each test
 # counts. The interpreter: the first python3 that imports pytest, numpy and the built
 # module (a pyenv python3 without pytest falls back to Debian's /usr/bin/python3).
+# The suite's tests wait far more than they compute (daemons starting, leases and
+# deadlines running out): pytest-xdist (python3-pytest-xdist) runs them in two workers,
+# which halves the phase on CI's two cores (each worker draws its ports from its own
+# slice: tests/python/conftest.py's free_port). KVPOOL_PYTEST_JOBS=0: one process.
+pytest_jobs() { # python
+  local n=${KVPOOL_PYTEST_JOBS:-2}
+  [ "$n" != 0 ] && [ "$n" != 1 ] && "$1" -c 'import xdist' 2>/dev/null && echo "-n $n"
+}
 run_pytest() { # builddir [output name]
   local dir=$1 out=${2:-pytest} py
   if ! py=$(deploy/pick-python.sh "$dir"); then
@@ -93,7 +101,8 @@ run_pytest() { # builddir [output name]
   fi
   PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
     KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
-    "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$dir/$out.out"
+    "$py" -m pytest -q -p no:cacheprovider $(pytest_jobs "$py") tests/python 2>&1 |
+    tee "$dir/$out.out"
   tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
 }
 
