@@ -21,6 +21,8 @@ PKGS=(
   clang libclang-rt-14-dev llvm
   # the Python module (client/python) and its pytest suite (tests/python)
   python3-dev python3-pytest python3-numpy
+  # the suite's tests in two processes (deploy/test.sh: pytest -n 2)
+  python3-pytest-xdist
   # mooncake.store's tensor API and its tests (tests/python/test_tensor.py): Debian's
   # CPU build of torch (~50 MB installed, ~170 packages with its libraries)
   python3-torch

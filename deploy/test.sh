@@ -85,16 +85,36 @@ run_suite() { # builddir, setup args...; returns non-zero when the build failed
 # against a build dir's tree (PYTHONPATH, the daemons the fixtures start); each test
 # counts. The interpreter: the first python3 that imports pytest, numpy and the built
 # module (a pyenv python3 without pytest falls back to Debian's /usr/bin/python3).
+# The suite's tests wait far more than they compute (daemons starting, leases and
+# deadlines running out): pytest-xdist (python3-pytest-xdist) runs them in two workers
+# (each draws its ports from its own slice: tests/python/conftest.py's free_port). Not the
+# fuzzers (PYTEST_ALONE): they load both cores for a fixed time, so they run after, one at
+# a time, as before, beside no test that times itself; nor test_ops_http.py, whose hostile
+# clients test compares the master's answers per second before and during a flood (a
+# neighbour's load changing in between failed it once in three proof runs).
+# KVPOOL_PYTEST_JOBS=1: one process.
+PYTEST_ALONE=(test_insider_fuzz.py test_owner_fuzz.py test_ops_http.py)
 run_pytest() { # builddir [output name]
-  local dir=$1 out=${2:-pytest} py
+  local dir=$1 out=${2:-pytest} py n=${KVPOOL_PYTEST_JOBS:-2} f
   if ! py=$(deploy/pick-python.sh "$dir"); then
     echo "pytest: cannot run"
     failed=$((failed+1)); rc_all=1; return
   fi
-  PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
-    KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
-    "$py" -m pytest -q -p no:cacheprovider tests/python 2>&1 | tee "$dir/$out.out"
-  tally_pytest "$dir/$out.out" "${PIPESTATUS[0]}"
+  pyt() { # output file, pytest arguments...
+    local o=$1; shift
+    PYTHONPATH=$dir/client/python KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
+      KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
+      "$py" -m pytest -q -p no:cacheprovider "$@" 2>&1 | tee "$o"
+    tally_pytest "$o" "${PIPESTATUS[0]}"
+  }
+  if [ "$n" -gt 1 ] 2>/dev/null && "$py" -c 'import xdist' 2>/dev/null; then
+    local ignore=()
+    for f in "${PYTEST_ALONE[@]}"; do ignore+=(--ignore "tests/python/$f"); done
+    pyt "$dir/$out.out" -n "$n" "${ignore[@]}" tests/python
+    pyt "$dir/$out-alone.out" "${PYTEST_ALONE[@]/#/tests/python/}"
+  else
+    pyt "$dir/$out.out" tests/python
+  fi
 }
 
 # Mooncake Store's own Python tests, unchanged (../shared/peers/mooncake-tests), against

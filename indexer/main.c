@@ -479,6 +479,16 @@ static int indexer_main(int argc, char **argv)
         if (!listen_given && cfg_port != 0)
             snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:%" PRIu64, cfg_port);
     }
+    /* the signals are taken only inside sigsuspend below: none is lost before it. Blocked
+     * before the subscriber thread starts (it inherits the mask): a SIGHUP that came while
+     * the main thread was not yet in sigsuspend went to that thread, set reload_signal, and
+     * the main thread slept in sigsuspend without seeing it until the next signal */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
     kvp_sub_t *sub;
     if (kvp_sub_start(&sp, &sub) != KVP_OK) {
         fprintf(stderr, "kvpool-indexer: cannot start the subscriber thread\n");
@@ -488,13 +498,6 @@ static int indexer_main(int argc, char **argv)
     api.sub = sub;
     kvp_sub_wake(sub); /* the config's registrations */
 
-    /* the signals are taken only inside sigsuspend below: none is lost before it */
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
     struct sigaction sa = {.sa_handler = on_signal};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);

@@ -79,11 +79,14 @@ PIP_PYTEST=(test_native.py test_mooncake.py test_connectors.py test_tensor.py te
   test_security.py test_transfer_engine.py)
 t_pip_pytest() {
   [ -x "$v1/bin/python3" ] || { echo "no venv (pip-install failed)"; return 1; }
-  local site
+  local site jobs=()
   site=$("$v1/bin/python3" -c 'import kvpool, os; print(os.path.dirname(os.path.dirname(kvpool.__file__)))')
+  # two workers, as deploy/test.sh runs the suite (pytest-xdist, from the system site)
+  "$v1/bin/python3" -c 'import xdist' 2>/dev/null && jobs=(-n 2)
   (cd "$tmp" && KVPOOL_TEST_MODULE_PREFIX=$site KVPOOL_MASTER_BIN=$v1/bin/kvpool-master \
     KVPOOL_CLI_BIN=$v1/bin/kvpool PYTHONDONTWRITEBYTECODE=1 \
-    "$v1/bin/python3" -m pytest -q -p no:cacheprovider "${PIP_PYTEST[@]/#/$src/tests/python/}") \
+    "$v1/bin/python3" -m pytest -q -p no:cacheprovider "${jobs[@]}" \
+    "${PIP_PYTEST[@]/#/$src/tests/python/}") \
     >"$tmp/pytest.out" 2>&1
   local rc=$?
   [ $rc -eq 0 ] || { tail -80 "$tmp/pytest.out"; return 1; }

@@ -70,8 +70,17 @@ def free_port():
     end before the process it is meant for binds it (a master failed to start so in CI)."""
     low = _ephemeral_low()
     if low > 12000:
+        # Under pytest-xdist (deploy/test.sh runs the suite with -n 2) each worker draws
+        # from its own slice of the range: two workers cannot hand out the same port.
+        lo, hi = 10000, low
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+        if worker.startswith("gw") and worker[2:].isdigit() and workers > 1:
+            span = (hi - lo) // workers
+            lo += int(worker[2:]) % workers * span
+            hi = lo + span
         for _ in range(200):
-            port = random.randrange(10000, low)
+            port = random.randrange(lo, hi)
             # Random draws collide (one test asked two ports and got the same one twice for
             # --listen and --http-listen in CI): a port handed out once is never handed out again.
             if port in _handed_out:
