@@ -322,22 +322,6 @@ def mooncake_file(name, tmp_path):
     return os.path.join(UPSTREAM, name)
 
 
-def free_port_below_ephemeral():
-    """A port no one listens on, below the kernel's ephemeral range (the target script
-    takes the port it is given: a port another test's outgoing connection holds would fail
-    its bind)."""
-    import socket
-    for _ in range(200):
-        port = 20000 + int.from_bytes(os.urandom(2), "little") % 12000
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-                return port
-            except OSError:
-                continue
-    raise AssertionError("no free port in 20000-31999")
-
-
 @pytest.mark.parametrize("proto", ["tcp", "auto"])
 def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     """Mooncake's transfer_engine_target.py and transfer_engine_initiator_test.py (its
@@ -346,7 +330,8 @@ def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
     target_py = mooncake_file("transfer_engine_target.py", tmp_path)
     init_py = mooncake_file("transfer_engine_initiator_test.py", tmp_path)
     assert os.path.exists(target_py) and os.path.exists(init_py)
-    port = free_port_below_ephemeral()
+    from conftest import free_port  # below the ephemeral range, this worker's slice
+    port = free_port()
     env = dict(os.environ, TARGET_SERVER_NAME=f"127.0.0.1:{port}",
                INITIATOR_SERVER_NAME="127.0.0.1:0", MC_METADATA_SERVER="P2PHANDSHAKE",
                PROTOCOL=proto, CIRCLE="200")
