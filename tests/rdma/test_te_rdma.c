@@ -14,6 +14,8 @@
  *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TE_PEERS=admin): a prefill without
  *     any and one of another principal are refused (KVP_ERR_DENIED) with its bytes intact,
  *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh);
+ *   - a decode whose KVPOOL_TE_ACL lets admin only read: admin gets no rkeys (they would
+ *     open the regions for writes too); its write is refused over tcp, its read served;
  *   - a decode killed between batches: the next fails with a code within the timeout.
  * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
  */
@@ -502,6 +504,72 @@ static void test_credentials_admit_only_the_named_principal(void **state)
     decode_back();
 }
 
+/* A decode (principal server, CN kvpool-master) whose KVPOOL_TE_ACL lets principal admin only read
+ * (an rkey would open its regions for writes too): admin's prefill gets no rkeys, its write is
+ * refused over tcp (KVP_ERR_DENIED, the decode's bytes intact, counted refused_role), its read
+ * comes back byte-exact over tcp, and the peer's route says tcp, not rdma. */
+static void test_reader_principal_gets_no_rdma_keys(void **state)
+{
+    (void)state;
+    const char *certs = getenv("KVPOOL_RDMA_TEST_CERTS");
+    if (certs == NULL || access(certs, R_OK) != 0) {
+        fprintf(stderr, "KVPOOL_RDMA_TEST_CERTS not there (deploy/test-rdma.sh makes them)\n");
+        fail();
+    }
+    char acl[] = "/tmp/kvpool-te-acl-XXXXXX";
+    int fd = mkstemp(acl);
+    assert_true(fd >= 0);
+    const char *text = "[principal server]\nroles = read, write\ncert-cn = kvpool-master\n\n"
+                       "[principal admin]\nroles = read\ncert-cn = admin\n";
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    decode_aside();
+    setenv("KVPOOL_TE_ACL", acl, 1); /* the decode inherits it; the prefill has no use for it */
+    int started = decode_start(certs);
+    unsetenv("KVPOOL_TE_ACL");
+    assert_int_equal(started, 0);
+    set_creds(certs, "admin");
+    prefill_t p;
+    prefill_open(&p);
+    clear_creds();
+    int lb[] = {0, 1, 2, 9}, rb[] = {4, 5, 6, 20};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    uint8_t *before = malloc(TENSORS * TENSOR);
+    memcpy(before, mirror, TENSORS * TENSOR);
+    size_t n = block_runs(&p, lb, rb, 4, locals, remotes, lens); /* (the mirror takes them) */
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_ERR_DENIED);
+    memcpy(mirror, before, TENSORS * TENSOR); /* nothing may have landed */
+    free(before);
+    assert_decode_is_mirror();
+    uint8_t *back = aligned_alloc(4096, TENSOR);
+    memset(back, 0, TENSOR);
+    assert_int_equal(kvp_te_register(p.te, back, TENSOR), KVP_OK);
+    for (int i = 0; i < NUM_BLOCKS; i++) {
+        locals[i % 64] = back + (size_t)i * BLOCK;
+        remotes[i % 64] = dec_addr[1] + (uint64_t)i * BLOCK;
+        lens[i % 64] = BLOCK;
+        if (i % 64 == 63)
+            assert_int_equal(
+                kvp_te_transfer(p.te, p.target, KVP_TE_READ, 64, locals, remotes, lens), KVP_OK);
+    }
+    assert_memory_equal(back, mirror + 1 * TENSOR, TENSOR);
+    kvp_te_peer_stat_t ps[1];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+    assert_string_equal(ps[0].route, "tcp");
+    assert_int_equal(kvp_te_unregister(p.te, back), KVP_OK);
+    free(back);
+    prefill_close(&p);
+    kvp_te_counters_t c;
+    decode_counters(&c);
+    assert_true(c.refused_role >= 1);
+    assert_int_equal(decode_stop(), 0);
+    unlink(acl);
+    free(mirror);
+    decode_back();
+}
+
 /* A decode killed between two batches: writes to it fail with a code (once the kernel
  * tore its queue pairs down), each within the engine's timeout (KVPOOL_TE_TIMEOUT_MS,
  * 10 s): never a hang. */
@@ -558,6 +626,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_unregistered_local_goes_over_tcp),
         cmocka_unit_test(test_connect_without_token_refused),
         cmocka_unit_test(test_credentials_admit_only_the_named_principal),
+        cmocka_unit_test(test_reader_principal_gets_no_rdma_keys),
         cmocka_unit_test(test_decode_that_dies_fails_in_time),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
