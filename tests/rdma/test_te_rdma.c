@@ -455,17 +455,24 @@ static void clear_creds(void)
     unsetenv("KVPOOL_TLS_KEY");
 }
 
+/* The certificates deploy/test-rdma.sh makes ($KVPOOL_RDMA_TEST_CERTS); fails without. */
+static const char *test_certs(void)
+{
+    const char *certs = getenv("KVPOOL_RDMA_TEST_CERTS");
+    if (certs == NULL || access(certs, R_OK) != 0) {
+        fprintf(stderr, "KVPOOL_RDMA_TEST_CERTS not there (deploy/test-rdma.sh makes them)\n");
+        fail();
+    }
+    return certs;
+}
+
 /* A decode with credentials that admits principal admin: a prefill without credentials,
  * and one proving another principal (server), get no rkey and move nothing
  * (KVP_ERR_DENIED); admin's prefill writes byte-exact. */
 static void test_credentials_admit_only_the_named_principal(void **state)
 {
     (void)state;
-    const char *certs = getenv("KVPOOL_RDMA_TEST_CERTS");
-    if (certs == NULL || access(certs, R_OK) != 0) {
-        fprintf(stderr, "KVPOOL_RDMA_TEST_CERTS not there (deploy/test-rdma.sh makes them)\n");
-        fail();
-    }
+    const char *certs = test_certs();
     /* the group's decode aside, one with credentials */
     decode_aside();
     assert_int_equal(decode_start(certs), 0);
@@ -511,11 +518,7 @@ static void test_credentials_admit_only_the_named_principal(void **state)
 static void test_reader_principal_gets_no_rdma_keys(void **state)
 {
     (void)state;
-    const char *certs = getenv("KVPOOL_RDMA_TEST_CERTS");
-    if (certs == NULL || access(certs, R_OK) != 0) {
-        fprintf(stderr, "KVPOOL_RDMA_TEST_CERTS not there (deploy/test-rdma.sh makes them)\n");
-        fail();
-    }
+    const char *certs = test_certs();
     char acl[] = "/tmp/kvpool-te-acl-XXXXXX";
     int fd = mkstemp(acl);
     assert_true(fd >= 0);
