@@ -1269,6 +1269,30 @@ kvp_status_t kvp_etcd_put(kvp_etcd_t *e, const char *key, const void *val, size_
     return status;
 }
 
+kvp_status_t kvp_etcd_put_if(kvp_etcd_t *e, const char *key, const void *val, size_t len,
+                             const char *guard_key, int64_t guard_rev)
+{
+    char *k = b64_encode(key, strlen(key)), *v = b64_encode(val, len);
+    char *g = b64_encode(guard_key, strlen(guard_key));
+    char *body =
+        k != NULL && v != NULL && g != NULL
+            ? etcd_fmt("{\"compare\":[{\"key\":\"%s\",\"target\":\"CREATE\",\"result\":"
+                       "\"EQUAL\",\"create_revision\":\"%" PRId64 "\"}],"
+                       "\"success\":[{\"request_put\":{\"key\":\"%s\",\"value\":\"%s\"}}]}",
+                       g, guard_rev, k, v)
+            : NULL;
+    free(k);
+    free(v);
+    free(g);
+    cJSON *j = NULL;
+    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &j);
+    if (status != KVP_OK)
+        return status;
+    status = j_true(j, "succeeded") ? KVP_OK : KVP_ERR_NOT_OWNER;
+    cJSON_Delete(j);
+    return status;
+}
+
 /* The first kv of a range answer (a txn's response_range or a plain range):
  * KVP_ERR_NOT_FOUND when it holds none. */
 static kvp_status_t etcd_first_kv(kvp_etcd_t *e, const cJSON *range, etcd_kv_t *kv)

@@ -184,6 +184,16 @@ kvp_status_t kvp_etcd_put(kvp_etcd_t *e, const char *key, const void *val, size_
                           int64_t lease);
 
 /*
+ * Put val[0..len) at key (no lease) only while guard_key exists with create revision
+ * guard_rev (one txn): a leader's write, fenced by its leader key, so that a master that
+ * lost its leadership and has not seen it yet cannot overwrite what its successor wrote.
+ * KVP_OK when written, KVP_ERR_NOT_OWNER when guard_key is absent or another's (nothing
+ * written).
+ */
+kvp_status_t kvp_etcd_put_if(kvp_etcd_t *e, const char *key, const void *val, size_t len,
+                             const char *guard_key, int64_t guard_rev);
+
+/*
  * Read `key`. *val_p: malloc'd, NUL-terminated copy of the value (the caller
  * frees it), *len_p its length; *create_rev_p / *mod_rev_p the key's
  * revisions; *rev_p the store's revision at the read (watch from *rev_p + 1

@@ -20,10 +20,13 @@ kvp_status_t kvp_quota_store_create(const kvp_election_params_t *p, kvp_quota_st
 /* NULL is fine. */
 void kvp_quota_store_destroy(kvp_quota_store_t *qs);
 
-/* The loop: the policies' text (kvp_tenant_policy_dump's, taken) as the next to save. */
-void kvp_quota_store_stage(kvp_quota_store_t *qs, char *text);
+/* The loop: the policies' text (kvp_tenant_policy_dump's, taken) as the next to save,
+ * changed under epoch (the leader key's create revision this master leads under). */
+void kvp_quota_store_stage(kvp_quota_store_t *qs, char *text, uint64_t epoch);
 /* Any thread (the HTTP one that answers a change): write the latest staged text to etcd,
- * unless it is written already. Blocks for etcd. KVP_OK, or etcd's failure (why in err). */
+ * unless it is written already, only while the leader key is still epoch's. Blocks for
+ * etcd. KVP_OK; KVP_ERR_NOT_OWNER: this master no longer leads (nothing written); or etcd's
+ * failure (why in err). */
 kvp_status_t kvp_quota_store_save(kvp_quota_store_t *qs, char *err, size_t err_len);
 /* The loop, once when it begins to lead: the text etcd keeps (*text_p malloc'd, "" when the
  * key is absent). Blocks for etcd (one read). KVP_ERR_CONNECT / _TIMEOUT / _DENIED as

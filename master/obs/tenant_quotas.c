@@ -299,7 +299,7 @@ void kvp_tenant_quotas_render(kvp_http_reply_t *r, kvp_master_state_t *st,
         char *text = kvp_tenant_policy_dump(tt);
         if (text == NULL)
             return fail(r, 500, MC_PERSISTENT_FAIL, "out of memory");
-        kvp_quota_store_stage(v->quotas, text);
+        kvp_quota_store_stage(v->quotas, text, st->epoch);
         *save_p = true;
     }
     if (put)
