@@ -318,8 +318,9 @@ static const kvp_opt_t env_rows[] = {
      .help = "with KVPOOL_TLS_CA, _CERT and _KEY: an ACL file in the master's --acl-file "
              "format saying what each proved peer may do (role read: read; write: write and "
              "notify; admin: both; others of the engine's own principal's tenant, without key "
-             "patterns); unset: every admitted peer reads and writes (docs/security.md, \"The "
-             "transfer engine\")"},
+             "patterns); unset: every admitted peer reads and writes; read again when the "
+             "file changes (at most once a second; one that does not load keeps the one "
+             "before) (docs/security.md, \"The transfer engine\")"},
     {.name = "te-shm",
      .env = "KVPOOL_TE_SHM",
      .type = KVP_OPT_STRING,

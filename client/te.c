@@ -38,6 +38,7 @@
 #include <errno.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <netinet/in.h>
@@ -85,9 +86,19 @@ typedef struct te_auth {
     char cn[128];
     char allowed[TE_ALLOWED_MAX][128]; /* KVPOOL_TE_PEERS; n_allowed 0: any of the CA */
     size_t n_allowed;
-    kvp_acl_t *acl; /* KVPOOL_TE_ACL: a peer's roles and tenant; NULL: every admitted peer rw */
+    /* KVPOOL_TE_ACL: a peer's roles and tenant (NULL: every admitted peer rw); taken again
+     * when the file changes (acl_refresh), under acl_lock */
+    pthread_mutex_t acl_lock;
+    kvp_acl_t *acl;
     char tenant[KVP_TENANT_NAME_MAX]; /* with acl: our own principal's */
+    char acl_path[4096];              /* "": none */
+    struct stat acl_st;               /* the file as last read (its inode, size, mtime) */
+    _Atomic uint64_t acl_gen;         /* bumped at each reload */
+    _Atomic uint64_t acl_checked_ms;  /* when the file was last looked at */
 } te_auth_t;
+
+/* How often a changed KVPOOL_TE_ACL is looked for (at a request, at most this often). */
+#define TE_ACL_CHECK_MS 1000
 
 /* What a connection's proved principal may do here (te_conn_t.rights). */
 #define TE_MAY_READ 1u
@@ -205,6 +216,8 @@ typedef struct te_conn {
     bool authed;    /* credentials on: a TE_AUTH proved an allowed principal */
     uint8_t rights; /* credentials on: TE_MAY_* of that principal */
     bool own;       /* credentials on: that principal is ours (the one-copy shm path) */
+    char cn[128];   /* credentials on: the proved certificate's CN */
+    uint64_t gen;   /* the ACL generation rights was taken from */
 } te_conn_t;
 
 static kvp_status_t te_conn_open(void *backend, void **conn_p)
@@ -319,13 +332,37 @@ static bool conn_admitted(kvp_te_t *te, te_conn_t *c, int fd)
     return c->admitted > 0;
 }
 
+static uint8_t auth_rights(kvp_te_t *te, const char *cn, const char **why_p,
+                           _Atomic uint64_t **count_p);
+static void acl_check(kvp_te_t *te);
+
+/* Credentials on: c's rights (TE_MAY_*), as the ACL now says: a KVPOOL_TE_ACL changed since
+ * they were taken is read again (at most every TE_ACL_CHECK_MS), and a connection's rights
+ * follow it at its next request (a principal removed or narrowed there loses what it lost
+ * on the connections it has, not only on new ones). */
+static uint8_t conn_rights(kvp_te_t *te, te_conn_t *c)
+{
+    te_auth_t *a = te->auth;
+    if (a->acl_path[0] == '\0' || !c->authed)
+        return c->rights;
+    acl_check(te);
+    uint64_t gen = atomic_load(&a->acl_gen);
+    if (c->gen != gen) {
+        const char *why = NULL;
+        _Atomic uint64_t *count = NULL;
+        c->rights = auth_rights(te, c->cn, &why, &count);
+        c->gen = gen;
+    }
+    return c->rights;
+}
+
 /* Admitted, and (credentials on) its principal's rights hold need (TE_MAY_*)? A principal
  * refused for its rights is counted (refused_role) once per request. */
 static bool conn_may(kvp_te_t *te, te_conn_t *c, int fd, uint8_t need)
 {
     if (!conn_admitted(te, c, fd))
         return false;
-    if (te->auth == NULL || (c->rights & need) == need)
+    if (te->auth == NULL || (conn_rights(te, c) & need) == need)
         return true;
     atomic_fetch_add_explicit(&te->refused_role, 1, memory_order_relaxed);
     KVP_LOG_WARN_LIMITED("transfer engine: a peer whose principal may not %s here (its roles in "
@@ -469,6 +506,41 @@ static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, 
     return ok;
 }
 
+/* Why acl_rights refused (te's counter of it). */
+enum { TE_WHY_AUTH, TE_WHY_TENANT, TE_WHY_ROLE };
+
+/* What cn may do under acl (NULL: everything), tenant being our own principal's; 0 with
+ * *why_p and *reason_p (TE_WHY_*): nothing. */
+static uint8_t acl_rights(const kvp_acl_t *acl, const char *tenant, const char *cn,
+                          const char **why_p, int *reason_p)
+{
+    if (acl == NULL)
+        return TE_MAY_READ | TE_MAY_WRITE;
+    const kvp_principal_t *p = kvp_acl_by_cn(acl, cn);
+    *reason_p = TE_WHY_AUTH;
+    if (p == NULL) {
+        *why_p = "no principal of KVPOOL_TE_ACL has this cert-cn";
+        return 0;
+    }
+    if (p->roles & KVP_ROLE_ADMIN)
+        return TE_MAY_READ | TE_MAY_WRITE;
+    *reason_p = TE_WHY_TENANT;
+    if (strcmp(p->tenant, tenant) != 0) {
+        *why_p = "a principal of another tenant than this engine's";
+        return 0;
+    }
+    *reason_p = TE_WHY_ROLE;
+    if (p->n_patterns > 0) {
+        *why_p = "a principal with key patterns (an engine's KV is every key of its tenant's)";
+        return 0;
+    }
+    uint8_t r = (p->roles & KVP_ROLE_READ ? TE_MAY_READ : 0) |
+                (p->roles & KVP_ROLE_WRITE ? TE_MAY_WRITE : 0);
+    if (r == 0)
+        *why_p = "a principal with neither role read nor role write";
+    return r;
+}
+
 /* What the proved principal cn may do here (TE_MAY_*), KVPOOL_TE_ACL's rule: none set,
  * read and write (KVPOOL_TE_PEERS already named it). With it: cn must be a principal's
  * cert-cn; an admin may read and write; anyone else must be of our own principal's tenant
@@ -478,31 +550,14 @@ static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, 
 static uint8_t auth_rights(kvp_te_t *te, const char *cn, const char **why_p,
                            _Atomic uint64_t **count_p)
 {
-    const te_auth_t *a = te->auth;
-    if (a->acl == NULL)
-        return TE_MAY_READ | TE_MAY_WRITE;
-    const kvp_principal_t *p = kvp_acl_by_cn(a->acl, cn);
-    *count_p = &te->refused_auth;
-    if (p == NULL) {
-        *why_p = "no principal of KVPOOL_TE_ACL has this cert-cn";
-        return 0;
-    }
-    if (p->roles & KVP_ROLE_ADMIN)
-        return TE_MAY_READ | TE_MAY_WRITE;
-    *count_p = &te->refused_tenant;
-    if (strcmp(p->tenant, a->tenant) != 0) {
-        *why_p = "a principal of another tenant than this engine's";
-        return 0;
-    }
-    *count_p = &te->refused_role;
-    if (p->n_patterns > 0) {
-        *why_p = "a principal with key patterns (an engine's KV is every key of its tenant's)";
-        return 0;
-    }
-    uint8_t r = (p->roles & KVP_ROLE_READ ? TE_MAY_READ : 0) |
-                (p->roles & KVP_ROLE_WRITE ? TE_MAY_WRITE : 0);
-    if (r == 0)
-        *why_p = "a principal with neither role read nor role write";
+    te_auth_t *a = te->auth;
+    int reason = TE_WHY_AUTH;
+    pthread_mutex_lock(&a->acl_lock);
+    uint8_t r = acl_rights(a->acl, a->tenant, cn, why_p, &reason);
+    pthread_mutex_unlock(&a->acl_lock);
+    *count_p = reason == TE_WHY_TENANT ? &te->refused_tenant
+               : reason == TE_WHY_ROLE ? &te->refused_role
+                                       : &te->refused_auth;
     return r;
 }
 
@@ -542,7 +597,11 @@ static bool te_auth(void *backend, void *conn, int fd)
                           sizeof(cn), &why);
     free(buf);
     _Atomic uint64_t *count = &te->refused_auth;
+    if (ok && te->auth->acl_path[0] != '\0')
+        acl_check(te);
+    c->gen = atomic_load(&te->auth->acl_gen);
     c->rights = ok ? auth_rights(te, cn, &why, &count) : 0;
+    snprintf(c->cn, sizeof(c->cn), "%s", ok ? cn : "");
     ok = ok && c->rights != 0;
     c->own = ok && strcmp(cn, te->auth->cn) == 0;
     c->authed = ok;
@@ -614,32 +673,139 @@ static void auth_free(te_auth_t *a)
         return;
     X509_STORE_free(a->ca);
     kvp_acl_destroy(a->acl);
+    pthread_mutex_destroy(&a->acl_lock);
     EVP_PKEY_free(a->key);
     OPENSSL_free(a->cert_der);
     free(a);
 }
 
-/* KVPOOL_TE_ACL (an ACL file, the master's --acl-file format) into a, with our own
- * principal's tenant: a file that does not load, or names no principal with our
- * certificate's CN, is KVP_ERR_INVALID_ARG (never an engine that takes anyone). */
+/* The ACL file at path, with our own principal's tenant: *acl_p and tenant, or false (why
+ * logged): a file that does not load, or names no principal with our certificate's CN. */
+static bool acl_read(const te_auth_t *a, const char *path, kvp_acl_t **acl_p,
+                     char tenant[KVP_TENANT_NAME_MAX])
+{
+    char err[512];
+    kvp_acl_t *acl = NULL;
+    if (kvp_acl_load(path, &acl, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s: %s", path, err);
+        return false;
+    }
+    const kvp_principal_t *me = kvp_acl_by_cn(acl, a->cn);
+    if (me == NULL) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s has no principal whose cert-cn is our "
+                      "certificate's CN '%s' (its tenant is the one peers must be of)",
+                      path, a->cn);
+        kvp_acl_destroy(acl);
+        return false;
+    }
+    snprintf(tenant, KVP_TENANT_NAME_MAX, "%s", me->tenant);
+    *acl_p = acl;
+    return true;
+}
+
+static bool same_file(const struct stat *x, const struct stat *y)
+{
+    return x->st_ino == y->st_ino && x->st_dev == y->st_dev && x->st_size == y->st_size &&
+           x->st_mtim.tv_sec == y->st_mtim.tv_sec && x->st_mtim.tv_nsec == y->st_mtim.tv_nsec;
+}
+
+/* Did a principal that could hold rdma keys under (old, old_tenant) (it may read and write)
+ * lose either under (acl, tenant)? */
+static bool rdma_narrowed(const kvp_acl_t *old, const char *old_tenant, const kvp_acl_t *acl,
+                          const char *tenant)
+{
+    const uint8_t both = TE_MAY_READ | TE_MAY_WRITE;
+    for (size_t i = 0; i < old->n; i++) {
+        const char *cn = old->p[i].cert_cn, *why;
+        int reason;
+        if (cn[0] != '\0' && acl_rights(old, old_tenant, cn, &why, &reason) == both &&
+            acl_rights(acl, tenant, cn, &why, &reason) != both)
+            return true;
+    }
+    return false;
+}
+
+/* KVPOOL_TE_ACL changed (another inode, size or mtime: an edit, or a new file renamed over
+ * it) since it was read? Read it again, at most every TE_ACL_CHECK_MS, one thread at a
+ * time; a version that does not load keeps the one before (logged once per change), as
+ * the master's SIGHUP reload does. true: read again, and a principal that could hold rdma
+ * keys lost read or write (the caller cuts the rdma peers off: te_rdma_cut_peers). */
+static bool acl_refresh(te_auth_t *a)
+{
+    uint64_t now = kvp_now_ms(), last = atomic_load(&a->acl_checked_ms);
+    if (now - last < TE_ACL_CHECK_MS ||
+        !atomic_compare_exchange_strong(&a->acl_checked_ms, &last, now))
+        return false;
+    struct stat st;
+    if (stat(a->acl_path, &st) != 0) {
+        KVP_LOG_WARN_LIMITED("transfer engine: KVPOOL_TE_ACL %s: %s; the ACL read before stays",
+                             a->acl_path, strerror(errno));
+        return false;
+    }
+    if (same_file(&st, &a->acl_st))
+        return false;
+    a->acl_st = st; /* only this thread writes it (the exchange above) */
+    kvp_acl_t *acl = NULL;
+    char tenant[KVP_TENANT_NAME_MAX];
+    if (!acl_read(a, a->acl_path, &acl, tenant)) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL changed but does not load; the ACL read "
+                      "before stays");
+        return false;
+    }
+    pthread_mutex_lock(&a->acl_lock);
+    kvp_acl_t *old = a->acl;
+    bool narrowed = rdma_narrowed(old, a->tenant, acl, tenant);
+    a->acl = acl;
+    snprintf(a->tenant, sizeof(a->tenant), "%s", tenant);
+    atomic_fetch_add(&a->acl_gen, 1);
+    pthread_mutex_unlock(&a->acl_lock);
+    kvp_acl_destroy(old);
+    KVP_LOG_INFO("transfer engine: KVPOOL_TE_ACL %s read again: its roles apply to every "
+                 "connection at its next request (tenant %s)%s",
+                 a->acl_path, tenant,
+                 narrowed ? "; a principal that could hold rdma keys lost a role: every rdma "
+                            "peer's queue pair is cut (each connects again, checked anew)"
+                          : "");
+    return narrowed;
+}
+
+/* acl_refresh, and the rdma peers cut off when it narrowed a principal that could hold rdma
+ * keys: an rkey opens its region to whoever holds it, so the only way to take it back from
+ * one peer is to close every queue pair (and outstanding token); the others connect again
+ * at their next batch, through the admission and the new roles. */
+static void acl_check(kvp_te_t *te)
+{
+    if (acl_refresh(te->auth) && te->rdma != NULL)
+        te_rdma_cut_peers(te->rdma);
+}
+
+/* The rdma accept thread's tick (te_rdma_open's): the ACL is looked at even when no tcp
+ * request comes (rdma writes reach no thread of ours). */
+static void acl_tick(void *arg)
+{
+    acl_check(arg);
+}
+
+/* KVPOOL_TE_ACL (an ACL file, the master's --acl-file format) into a: one that does not
+ * load is KVP_ERR_INVALID_ARG (never an engine that takes anyone). */
 static kvp_status_t acl_load(te_auth_t *a)
 {
     const char *path = getenv("KVPOOL_TE_ACL");
     if (path == NULL || path[0] == '\0')
         return KVP_OK;
-    char err[512];
-    if (kvp_acl_load(path, &a->acl, err, sizeof(err)) != KVP_OK) {
-        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s: %s", path, err);
+    if (strlen(path) >= sizeof(a->acl_path)) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL: a path of at most %zu bytes",
+                      sizeof(a->acl_path) - 1);
         return KVP_ERR_INVALID_ARG;
     }
-    const kvp_principal_t *me = kvp_acl_by_cn(a->acl, a->cn);
-    if (me == NULL) {
-        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s has no principal whose cert-cn is our "
-                      "certificate's CN '%s' (its tenant is the one peers must be of)",
-                      path, a->cn);
+    if (stat(path, &a->acl_st) != 0) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL %s: %s", path, strerror(errno));
         return KVP_ERR_INVALID_ARG;
     }
-    snprintf(a->tenant, sizeof(a->tenant), "%s", me->tenant);
+    if (!acl_read(a, path, &a->acl, a->tenant))
+        return KVP_ERR_INVALID_ARG;
+    snprintf(a->acl_path, sizeof(a->acl_path), "%s", path);
+    atomic_store(&a->acl_checked_ms, kvp_now_ms());
     return KVP_OK;
 }
 
@@ -674,6 +840,7 @@ static kvp_status_t auth_load(te_auth_t **a_p)
     te_auth_t *a = calloc(1, sizeof(*a));
     if (a == NULL)
         return KVP_ERR_NOMEM;
+    pthread_mutex_init(&a->acl_lock, NULL);
     FILE *f = NULL;
     X509 *x = NULL;
     const char *bad = NULL;
@@ -850,7 +1017,7 @@ static bool te_rdma_frame(void *backend, void *conn, int fd, const kvp_data_req_
      * principal that may only read (or only write) gets no keys and is served over tcp, where
      * each request is checked against its roles */
     const uint8_t both = TE_MAY_READ | TE_MAY_WRITE;
-    if (te->auth != NULL && (((te_conn_t *)conn)->rights & both) != both) {
+    if (te->auth != NULL && (conn_rights(te, conn) & both) != both) {
         KVP_LOG_WARN_LIMITED("transfer engine: a peer whose principal may not both read and "
                              "write here asked for rdma keys; it is served over tcp");
         return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
@@ -990,7 +1157,8 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         return st;
     }
     if (proto == KVP_TRANSPORT_RDMA || (proto == KVP_TRANSPORT_AUTO && te_rdma_present())) {
-        st = te_rdma_open(te->xfer.timeout_ms, &te->rdma);
+        bool acl = te->auth != NULL && te->auth->acl_path[0] != '\0';
+        st = te_rdma_open(te->xfer.timeout_ms, acl ? acl_tick : NULL, te, &te->rdma);
         if (st != KVP_OK && proto == KVP_TRANSPORT_RDMA) {
             kvp_data_server_destroy(te->srv);
             kvp_transfer_cleanup(&te->xfer);

@@ -20,8 +20,11 @@
  * fails what is left with KVP_ERR_TIMEOUT; a queue pair that saw an error is replaced at the
  * next batch.
  *
- * Thread: batches one at a time (xfer_lock: one completion queue, polled by the batch's
- * thread); the region table under mr_lock; tokens and accepted queue pairs under acc_lock.
+ * Thread: a peer's batches one at a time, under its lock (its queue pair, its table and the
+ * hello that asks for them: a peer that does not answer holds up its own batches only, for
+ * the engine's timeout at most); the posting and polling of a batch under xfer_lock (one
+ * completion queue, polled by the batch's thread; peer lock before xfer_lock); the region
+ * table under mr_lock; tokens and accepted queue pairs under acc_lock.
  */
 #include "client/te_rdma.h"
 
@@ -91,14 +94,18 @@ struct te_rdma {
     accepted_t *accepted;
     size_t n_accepted;
     _Atomic uint64_t access_errors, refused_connects;
-    /* batches, one at a time */
+    /* called by the accept thread at each turn (at least every 200 ms); NULL: none */
+    te_rdma_tick_fn tick;
+    void *tick_arg;
+    /* a batch's posting and polling, one at a time (one completion queue) */
     pthread_mutex_t xfer_lock;
     uint64_t chain_seq;
 };
 
 struct te_rdma_peer {
+    pthread_mutex_t lock;           /* its batches and hellos, one at a time; all below */
     kvp_rdma_qp_t *qp;              /* NULL: not connected */
-    bool no_rdma;                   /* the target offers none */
+    atomic_bool no_rdma;            /* the target offers none (read without the lock) */
     bool leaked;                    /* a flush never came back: the QP is left alone */
     kvp_data_te_rdma_region_t *tab; /* what the target advertised, sorted */
     size_t n_tab;
@@ -167,10 +174,30 @@ static void reap_accepted(te_rdma_t *r)
     pthread_mutex_unlock(&r->acc_lock);
 }
 
+void te_rdma_cut_peers(te_rdma_t *r)
+{
+    size_t cut = 0;
+    pthread_mutex_lock(&r->acc_lock);
+    for (size_t i = 0; i < TOKENS_MAX; i++)
+        r->tokens[i].expiry_ms = 0;
+    for (accepted_t *a = r->accepted; a != NULL; a = a->next)
+        if (!kvp_rdma_qp_in_error(a->qp)) {
+            (void)kvp_rdma_qp_flush(a->qp); /* the error state: no access through it */
+            cut++;
+        }
+    pthread_mutex_unlock(&r->acc_lock);
+    if (cut > 0)
+        KVP_LOG_WARN("transfer engine: %zu rdma queue pair(s) of peers cut off (KVPOOL_TE_ACL "
+                     "took a role away): each peer connects again through the new roles",
+                     cut);
+}
+
 static void *accept_main(void *arg)
 {
     te_rdma_t *r = arg;
     while (!atomic_load(&r->stop)) {
+        if (r->tick != NULL)
+            r->tick(r->tick_arg);
         reap_accepted(r);
         int bad = kvp_rdma_dev_access_errors(r->dev);
         if (bad > 0) {
@@ -202,13 +229,16 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_t **r_p)
+kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_arg,
+                          te_rdma_t **r_p)
 {
     *r_p = NULL;
     te_rdma_t *r = calloc(1, sizeof(*r));
     if (r == NULL)
         return KVP_ERR_NOMEM;
     r->timeout_ms = timeout_ms;
+    r->tick = tick;
+    r->tick_arg = tick_arg;
     const char *devs = getenv("KVPOOL_RDMA_DEVICE"), *host = getenv("KVPOOL_RDMA_HOST");
     kvp_rdma_dev_params_t dp = {.device_names = devs != NULL && devs[0] ? devs : NULL,
                                 .ipv4 = host != NULL && host[0] ? host : NULL,
@@ -410,12 +440,15 @@ bool te_rdma_serve(te_rdma_t *r, int fd)
 
 te_rdma_peer_t *te_rdma_peer_new(void)
 {
-    return calloc(1, sizeof(te_rdma_peer_t));
+    te_rdma_peer_t *p = calloc(1, sizeof(te_rdma_peer_t));
+    if (p != NULL)
+        pthread_mutex_init(&p->lock, NULL);
+    return p;
 }
 
 bool te_rdma_peer_offers(const te_rdma_peer_t *p)
 {
-    return !p->no_rdma;
+    return !atomic_load(&p->no_rdma); /* not under p->lock: that may be in a hello */
 }
 
 void te_rdma_peer_free(te_rdma_peer_t *p)
@@ -425,11 +458,13 @@ void te_rdma_peer_free(te_rdma_peer_t *p)
     if (p->qp != NULL && !p->leaked)
         kvp_rdma_qp_destroy(p->qp);
     free(p->tab);
+    pthread_mutex_destroy(&p->lock);
     free(p);
 }
 
 /* Ask the target for its table (and a token) on a new admitted connection; connect a queue
- * pair with the token when p has none. xfer_lock held. */
+ * pair with the token when p has none. p->lock held (not xfer_lock: another peer's batches
+ * go on while this one waits for an answer). */
 static kvp_status_t peer_hello(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg)
 {
     int fd = -1;
@@ -533,7 +568,7 @@ static int reap(te_rdma_t *r, kvp_rdma_qp_t *qp, chain_rec_t *ring, kvp_status_t
 }
 
 /* Ranges [0, m) (m <= TE_RDMA_CHUNK; those with st[i] KVP_OK go, with lkeys[i], rkeys[i])
- * over p->qp; their outcomes into st. xfer_lock held. */
+ * over p->qp; their outcomes into st. p->lock and xfer_lock held. */
 static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, void *const *locals,
                       const uint64_t *remotes, const uint64_t *lens, const uint32_t *lkeys,
                       const uint32_t *rkeys, kvp_status_t *st)
@@ -645,10 +680,10 @@ kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn d
     pthread_rwlock_unlock(&r->mr_lock);
     if (!locals_ok)
         return KVP_ERR_UNSUPPORTED;
-    pthread_mutex_lock(&r->xfer_lock);
+    pthread_mutex_lock(&p->lock);
     kvp_status_t first = KVP_OK;
     if (p->no_rdma) {
-        pthread_mutex_unlock(&r->xfer_lock);
+        pthread_mutex_unlock(&p->lock);
         return KVP_ERR_UNSUPPORTED;
     }
     if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp)) {
@@ -659,7 +694,7 @@ kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn d
     if (p->qp == NULL)
         first = peer_hello(r, p, dial, arg);
     if (first != KVP_OK) {
-        pthread_mutex_unlock(&r->xfer_lock);
+        pthread_mutex_unlock(&p->lock);
         return first;
     }
     /* every remote range in a region the target offered on rdma (asked once more on a miss:
@@ -670,7 +705,7 @@ kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn d
     for (size_t i = 0; i < n; i++)
         if (tab_find(p->tab, p->n_tab, remotes[i], lens[i]) == NULL) {
             if (refreshed || peer_hello(r, p, dial, arg) != KVP_OK) {
-                pthread_mutex_unlock(&r->xfer_lock);
+                pthread_mutex_unlock(&p->lock);
                 return KVP_ERR_UNSUPPORTED;
             }
             refreshed = true;
@@ -697,7 +732,9 @@ kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn d
             if (!local_lkey_locked(r, locals[base + i], lens[base + i], &lkeys[i]))
                 st[i] = KVP_ERR_INVALID_ARG; /* unregistered meanwhile */
         /* held across the batch: a local region is not deregistered under the NIC */
+        pthread_mutex_lock(&r->xfer_lock);
         chunk_run(r, p, opcode, m, locals + base, remotes + base, lens + base, lkeys, rkeys, st);
+        pthread_mutex_unlock(&r->xfer_lock);
         pthread_rwlock_unlock(&r->mr_lock);
         for (size_t i = 0; i < m; i++) {
             if (st[i] == KVP_OK) {
@@ -719,6 +756,6 @@ kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn d
             }
         }
     }
-    pthread_mutex_unlock(&r->xfer_lock);
+    pthread_mutex_unlock(&p->lock);
     return first;
 }

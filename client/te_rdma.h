@@ -13,7 +13,8 @@
  * NIC checks it again against the target's region (a range the target unregistered since:
  * a remote access error, KVP_ERR_OUT_OF_RANGE).
  *
- * Thread: any; an engine's rdma batches run one at a time (one completion queue).
+ * Thread: any; a peer's batches one at a time, and the posting and polling of an engine's
+ * rdma batches one at a time (one completion queue).
  */
 #ifndef KVP_CLIENT_TE_RDMA_H
 #define KVP_CLIENT_TE_RDMA_H
@@ -29,9 +30,14 @@ typedef struct te_rdma_peer te_rdma_peer_t;
 
 /* Does this host have an RDMA device at all (cheap: sysfs)? */
 bool te_rdma_present(void);
+/* Called by the accept thread at each turn, at least every 200 ms (te.c: a changed
+ * KVPOOL_TE_ACL is looked for even when no tcp request comes). */
+typedef void (*te_rdma_tick_fn)(void *arg);
 /* Open the device (KVPOOL_RDMA_DEVICE: names to try; KVPOOL_RDMA_HOST: the IPv4 address to
- * serve on, else the device's own), listen, start the accept thread. */
-kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_t **r_p);
+ * serve on, else the device's own), listen, start the accept thread (tick: NULL, or called
+ * by it). */
+kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_arg,
+                          te_rdma_t **r_p);
 void te_rdma_close(te_rdma_t *r);
 /* An engine's (te.c), NULL: it has no rdma. */
 struct kvp_te;
@@ -50,6 +56,10 @@ bool te_rdma_serve(te_rdma_t *r, int fd);
  * permission), and rdma connects refused (no valid token). */
 uint64_t te_rdma_access_errors(te_rdma_t *r);
 uint64_t te_rdma_refused_connects(te_rdma_t *r);
+/* Target: every accepted queue pair to the error state (the NIC takes nothing more through
+ * it; reaped by the accept thread) and every outstanding token void: the peers connect again
+ * through a new TE_RDMA, admitted and checked anew. */
+void te_rdma_cut_peers(te_rdma_t *r);
 
 /* Initiator: a target's state (queue pair, the table it advertised). */
 te_rdma_peer_t *te_rdma_peer_new(void);

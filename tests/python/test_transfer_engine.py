@@ -725,6 +725,58 @@ def test_acl_roles_say_who_may_write_into_an_engine(peers, tmp_path, acl_certs, 
         assert np.array_equal(got[:, :, 63], prefill_cache()[:, :, 9])
 
 
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_acl_file_change_applies_to_open_connections(peers, tmp_path, acl_certs, proto):
+    """An engine is as long-lived as the inference server it is in: KVPOOL_TE_ACL is read
+    again when the file changes (looked at, at a request, at most once a second), and a
+    connection's rights follow it at its next request. prefill-w writes; its role write
+    taken away (a new file renamed over the old), its next write on the same connection is
+    refused (KVP_ERR_DENIED, refused_role counted, the decode's bytes intact) while its
+    reads go on; a version that does not load keeps the one before; write given back, its
+    writes land again. Over tcp and the shm socket frames."""
+    acl = tmp_path / "acl.conf"
+    acl.write_text(ACL)
+    decode = peers("decode", proto, env=dict(cred_env(acl_certs, "decode"),
+                                             KVPOOL_TE_ACL=str(acl)))
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    prefill = peers("prefill", proto, env=cred_env(acl_certs, "prefill-w"))
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
+                    dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    want = expected(PBLOCKS, DBLOCKS)
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), want)
+
+    def replace_acl(text):
+        new = tmp_path / "acl.conf.new"
+        new.write_text(text)
+        os.replace(new, acl)
+        time.sleep(1.2)  # past the engine's once-a-second look at the file
+
+    replace_acl(ACL.replace("roles = read, write\ncert-cn = prefill-w",
+                            "roles = read\ncert-cn = prefill-w"))
+    before = decode.ask(op="metrics")
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+    assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+    assert np.array_equal(dump(decode, tmp_path, "b.npy"), want)
+    m = decode.ask(op="metrics")
+    assert m["refused_role"] > before["refused_role"], m
+    assert m["served_writes"] == before["served_writes"], m
+    r = prefill.ask(op="read", target=target, remote_ptrs=ptrs, pblocks=[60], dblocks=[5])
+    assert (r["rc"], r["status"]) == (0, 0), r
+    assert np.array_equal(dump(prefill, tmp_path, "p.npy")[:, :, 60], want[:, :, 5])
+
+    replace_acl("[principal broken\n")  # does not load: the read-only ACL stays
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+    assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+
+    replace_acl(ACL)
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+    assert (w["rc"], w["status"]) == (0, 0), w
+    want[:, :, 63] = prefill_cache()[:, :, 9]
+    assert np.array_equal(dump(decode, tmp_path, "c.npy"), want)
+
+
 def test_shm_one_copy_path_only_for_the_targets_own_principal(peers, tmp_path, acl_certs):
     """Credentials without an ACL (KVPOOL_TE_PEERS names both): prefill-w may write, but
     over the shm socket frames (the target writes after its range check), since the

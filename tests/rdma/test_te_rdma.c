@@ -16,7 +16,11 @@
  *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh);
  *   - a decode whose KVPOOL_TE_ACL lets admin only read: admin gets no rkeys (they would
  *     open the regions for writes too); its write is refused over tcp, its read served;
- *   - a decode killed between batches: the next fails with a code within the timeout.
+ *   - a decode killed between batches: the next fails with a code within the timeout;
+ *   - a peer that takes the connection and never answers (its hello waits for the engine's
+ *     timeout) holds up no batch to another decode;
+ *   - the decode's KVPOOL_TE_ACL changed to take write away from a principal that holds
+ *     rkeys: its queue pair is cut, and its writes are refused from then on (nothing lands).
  * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
  */
 #include <stdarg.h>
@@ -34,6 +38,10 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <pthread.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include "client/include/kvpool_te.h"
 #include "client/te_rdma.h"
@@ -511,6 +519,45 @@ static void test_credentials_admit_only_the_named_principal(void **state)
     decode_back();
 }
 
+/* The ACL of the decode (principal server, CN kvpool-master) with principal admin's roles. */
+static void acl_text(char *buf, size_t len, const char *admin_roles)
+{
+    snprintf(buf, len,
+             "[principal server]\nroles = read, write\ncert-cn = kvpool-master\n\n"
+             "[principal admin]\nroles = %s\ncert-cn = admin\n",
+             admin_roles);
+}
+
+/* The group's decode aside, one with credentials and KVPOOL_TE_ACL a new file of the ACL
+ * where admin has admin_roles (its path into acl, of "/tmp/kvpool-te-acl-XXXXXX"). */
+static void decode_start_with_acl(const char *certs, char *acl, const char *admin_roles)
+{
+    char text[256];
+    acl_text(text, sizeof(text), admin_roles);
+    int fd = mkstemp(acl);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    decode_aside();
+    setenv("KVPOOL_TE_ACL", acl, 1); /* the decode inherits it; the prefill has no use for it */
+    int started = decode_start(certs);
+    unsetenv("KVPOOL_TE_ACL");
+    assert_int_equal(started, 0);
+}
+
+/* After a prefill of admin was refused (refused_role counted): the decode of
+ * decode_start_with_acl stopped, its ACL file removed, the group's decode back. */
+static void decode_stop_with_acl(const char *acl)
+{
+    kvp_te_counters_t c;
+    decode_counters(&c);
+    assert_true(c.refused_role >= 1);
+    assert_int_equal(decode_stop(), 0);
+    unlink(acl);
+    free(mirror);
+    decode_back();
+}
+
 /* A decode (principal server, CN kvpool-master) whose KVPOOL_TE_ACL lets principal admin only read
  * (an rkey would open its regions for writes too): admin's prefill gets no rkeys, its write is
  * refused over tcp (KVP_ERR_DENIED, the decode's bytes intact, counted refused_role), its read
@@ -520,17 +567,7 @@ static void test_reader_principal_gets_no_rdma_keys(void **state)
     (void)state;
     const char *certs = test_certs();
     char acl[] = "/tmp/kvpool-te-acl-XXXXXX";
-    int fd = mkstemp(acl);
-    assert_true(fd >= 0);
-    const char *text = "[principal server]\nroles = read, write\ncert-cn = kvpool-master\n\n"
-                       "[principal admin]\nroles = read\ncert-cn = admin\n";
-    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
-    close(fd);
-    decode_aside();
-    setenv("KVPOOL_TE_ACL", acl, 1); /* the decode inherits it; the prefill has no use for it */
-    int started = decode_start(certs);
-    unsetenv("KVPOOL_TE_ACL");
-    assert_int_equal(started, 0);
+    decode_start_with_acl(certs, acl, "read");
     set_creds(certs, "admin");
     prefill_t p;
     prefill_open(&p);
@@ -564,13 +601,68 @@ static void test_reader_principal_gets_no_rdma_keys(void **state)
     assert_int_equal(kvp_te_unregister(p.te, back), KVP_OK);
     free(back);
     prefill_close(&p);
-    kvp_te_counters_t c;
-    decode_counters(&c);
-    assert_true(c.refused_role >= 1);
-    assert_int_equal(decode_stop(), 0);
-    unlink(acl);
-    free(mirror);
-    decode_back();
+    decode_stop_with_acl(acl);
+}
+
+/* A decode whose KVPOOL_TE_ACL lets admin read and write: admin's prefill writes over rdma.
+ * The file is replaced with one that lets admin only read: within about a second the decode
+ * cuts every rdma queue pair (an rkey cannot be taken back from one holder), and admin's
+ * next batches fail (the queue pair gone) until one is refused outright (its new TE_RDMA
+ * gets no keys, its write over tcp KVP_ERR_DENIED); no byte of any of them lands. */
+static void test_acl_change_cuts_a_writer_off_rdma(void **state)
+{
+    (void)state;
+    const char *certs = test_certs();
+    char acl[] = "/tmp/kvpool-te-acl-XXXXXX";
+    decode_start_with_acl(certs, acl, "read, write");
+    set_creds(certs, "admin");
+    setenv("KVPOOL_TE_TIMEOUT_MS", "3000", 1);
+    prefill_t p;
+    prefill_open(&p);
+    unsetenv("KVPOOL_TE_TIMEOUT_MS");
+    clear_creds();
+    int lb[] = {0, 1, 2, 9}, rb[] = {4, 5, 6, 20};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    size_t n = block_runs(&p, lb, rb, 4, locals, remotes, lens);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    assert_decode_is_mirror();
+    kvp_te_peer_stat_t ps[1];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+    assert_string_equal(ps[0].route, "rdma");
+
+    /* admin may only read now: a new file renamed over the old */
+    char tmp[64], ro[256];
+    acl_text(ro, sizeof(ro), "read");
+    snprintf(tmp, sizeof(tmp), "%s.new", acl);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, ro, strlen(ro)), (ssize_t)strlen(ro));
+    close(fd);
+    assert_int_equal(rename(tmp, acl), 0);
+    usleep(1500 * 1000); /* the decode looks at the file at most once a second */
+    uint8_t *before = malloc(TENSORS * TENSOR);
+    memcpy(before, mirror, TENSORS * TENSOR);
+    int lb2[] = {30, 31, 32}, rb2[] = {40, 41, 42};
+    kvp_status_t st = KVP_OK;
+    int tries = 0;
+    for (; tries < 8 && st != KVP_ERR_DENIED; tries++) {
+        n = block_runs(&p, lb2, rb2, 3, locals, remotes, lens);
+        uint64_t t0 = kvp_now_ms_for_test();
+        st = kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens);
+        fprintf(stderr, "admin's write after the ACL change, try %d: %s after %llu ms\n", tries,
+                kvp_strerror(st), (unsigned long long)(kvp_now_ms_for_test() - t0));
+        assert_int_not_equal(st, KVP_OK);
+    }
+    assert_int_equal(st, KVP_ERR_DENIED);
+    memcpy(mirror, before, TENSORS * TENSOR); /* nothing may have landed */
+    free(before);
+    assert_decode_is_mirror();
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+    assert_string_equal(ps[0].route, "tcp");
+    prefill_close(&p);
+    decode_stop_with_acl(acl);
 }
 
 /* A decode killed between two batches: writes to it fail with a code (once the kernel
@@ -614,6 +706,79 @@ static void test_decode_that_dies_fails_in_time(void **state)
     decode_back();
 }
 
+/* The batch to the silent peer, on a thread of its own. */
+typedef struct silent_batch {
+    prefill_t *p;
+    char target[64];
+    void **locals;
+    uint64_t *remotes, *lens;
+    size_t n;
+    kvp_status_t st;
+    uint64_t ms, end;
+} silent_batch_t;
+
+static void *silent_batch_main(void *arg)
+{
+    silent_batch_t *b = arg;
+    uint64_t t0 = kvp_now_ms_for_test();
+    b->st =
+        kvp_te_transfer(b->p->te, b->target, KVP_TE_WRITE, b->n, b->locals, b->remotes, b->lens);
+    b->end = kvp_now_ms_for_test();
+    b->ms = b->end - t0;
+    return NULL;
+}
+
+/* One prefill, two targets: a socket that takes the connection (the kernel's backlog) and
+ * never answers, so the first batch to it waits in its hello for the engine's timeout
+ * (KVPOOL_TE_TIMEOUT_MS, 3 s here), and the live decode. A batch to the decode while the
+ * other waits goes through at once, byte-exact (a peer's hello holds its own batches, not
+ * the engine's); the silent one fails with a code within its timeout. */
+static void test_silent_peer_holds_up_no_other(void **state)
+{
+    (void)state;
+    decode_aside(); /* the group's has a tensor unregistered (test_out_of_range_refused) */
+    assert_int_equal(decode_start(NULL), 0);
+    setenv("KVPOOL_TE_TIMEOUT_MS", "3000", 1);
+    prefill_t p;
+    prefill_open(&p);
+    unsetenv("KVPOOL_TE_TIMEOUT_MS");
+    int ls = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(ls >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t al = sizeof(a);
+    assert_int_equal(bind(ls, (struct sockaddr *)&a, sizeof(a)), 0);
+    assert_int_equal(listen(ls, 16), 0);
+    assert_int_equal(getsockname(ls, (struct sockaddr *)&a, &al), 0);
+    int lb[] = {1, 2, 3}, rb[] = {7, 8, 9};
+    void *locals[64];
+    uint64_t remotes[64], lens[64];
+    size_t n = block_runs(&p, lb, rb, 3, locals, remotes, lens);
+    silent_batch_t b = {.p = &p, .locals = locals, .remotes = remotes, .lens = lens, .n = n};
+    snprintf(b.target, sizeof(b.target), "127.0.0.1:%u", ntohs(a.sin_port));
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, silent_batch_main, &b), 0);
+    usleep(300 * 1000); /* the silent peer's hello is waiting */
+    uint64_t t0 = kvp_now_ms_for_test();
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens),
+                     KVP_OK);
+    uint64_t dt = kvp_now_ms_for_test() - t0;
+    pthread_join(tid, NULL);
+    fprintf(stderr, "the live decode's batch: %llu ms; the silent peer's: %s after %llu ms\n",
+            (unsigned long long)dt, kvp_strerror(b.st), (unsigned long long)b.ms);
+    /* done before the silent one gave up: it was not waited for */
+    assert_true(t0 + dt < b.end);
+    assert_int_not_equal(b.st, KVP_OK);
+    assert_true(b.ms < 3000 + 3000);
+    assert_decode_is_mirror();
+    kvp_te_peer_stat_t ps[2];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 2), 2);
+    close(ls);
+    prefill_close(&p);
+    assert_int_equal(decode_stop(), 0);
+    free(mirror);
+    decode_back();
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "decode") == 0)
@@ -630,6 +795,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_connect_without_token_refused),
         cmocka_unit_test(test_credentials_admit_only_the_named_principal),
         cmocka_unit_test(test_reader_principal_gets_no_rdma_keys),
+        cmocka_unit_test(test_silent_peer_holds_up_no_other),
+        cmocka_unit_test(test_acl_change_cuts_a_writer_off_rdma),
         cmocka_unit_test(test_decode_that_dies_fails_in_time),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
