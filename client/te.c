@@ -95,6 +95,8 @@ typedef struct te_auth {
     struct stat acl_st;               /* the file as last read (its inode, size, mtime) */
     _Atomic uint64_t acl_gen;         /* bumped at each reload */
     _Atomic uint64_t acl_checked_ms;  /* when the file was last looked at */
+    pthread_mutex_t refresh_lock;     /* one acl_refresh at a time (acl_st is its); before
+                                       * acl_lock */
 } te_auth_t;
 
 /* How often a changed KVPOOL_TE_ACL is looked for (at a request, at most this often). */
@@ -674,6 +676,7 @@ static void auth_free(te_auth_t *a)
     X509_STORE_free(a->ca);
     kvp_acl_destroy(a->acl);
     pthread_mutex_destroy(&a->acl_lock);
+    pthread_mutex_destroy(&a->refresh_lock);
     EVP_PKEY_free(a->key);
     OPENSSL_free(a->cert_der);
     free(a);
@@ -734,22 +737,27 @@ static bool acl_refresh(te_auth_t *a)
 {
     uint64_t now = kvp_now_ms(), last = atomic_load(&a->acl_checked_ms);
     if (now - last < TE_ACL_CHECK_MS ||
-        !atomic_compare_exchange_strong(&a->acl_checked_ms, &last, now))
+        !atomic_compare_exchange_strong(&a->acl_checked_ms, &last, now) ||
+        pthread_mutex_trylock(&a->refresh_lock) != 0)
         return false;
     struct stat st;
-    if (stat(a->acl_path, &st) != 0) {
+    bool changed = false;
+    if (stat(a->acl_path, &st) != 0)
         KVP_LOG_WARN_LIMITED("transfer engine: KVPOOL_TE_ACL %s: %s; the ACL read before stays",
                              a->acl_path, strerror(errno));
-        return false;
+    else if (!same_file(&st, &a->acl_st)) {
+        a->acl_st = st;
+        changed = true;
     }
-    if (same_file(&st, &a->acl_st))
-        return false;
-    a->acl_st = st; /* only this thread writes it (the exchange above) */
     kvp_acl_t *acl = NULL;
     char tenant[KVP_TENANT_NAME_MAX];
-    if (!acl_read(a, a->acl_path, &acl, tenant)) {
+    if (changed && !acl_read(a, a->acl_path, &acl, tenant)) {
         KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL changed but does not load; the ACL read "
                       "before stays");
+        changed = false;
+    }
+    if (!changed) {
+        pthread_mutex_unlock(&a->refresh_lock);
         return false;
     }
     pthread_mutex_lock(&a->acl_lock);
@@ -759,6 +767,7 @@ static bool acl_refresh(te_auth_t *a)
     snprintf(a->tenant, sizeof(a->tenant), "%s", tenant);
     atomic_fetch_add(&a->acl_gen, 1);
     pthread_mutex_unlock(&a->acl_lock);
+    pthread_mutex_unlock(&a->refresh_lock);
     kvp_acl_destroy(old);
     KVP_LOG_INFO("transfer engine: KVPOOL_TE_ACL %s read again: its roles apply to every "
                  "connection at its next request (tenant %s)%s",
@@ -841,6 +850,7 @@ static kvp_status_t auth_load(te_auth_t **a_p)
     if (a == NULL)
         return KVP_ERR_NOMEM;
     pthread_mutex_init(&a->acl_lock, NULL);
+    pthread_mutex_init(&a->refresh_lock, NULL);
     FILE *f = NULL;
     X509 *x = NULL;
     const char *bad = NULL;
