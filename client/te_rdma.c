@@ -14,7 +14,8 @@
  * checks every range against the advertised table (asking it again once on a miss), cuts the
  * ranges into work requests of at most SLICE bytes and posts them in chains of up to
  * KVP_RDMA_MAX_CHAIN with one doorbell, only each chain's last signaled, while the send
- * queue has room; the calling thread polls the device's completion queue itself. Nothing is
+ * queue has room; a completion thread (started at the first batch) takes the device's
+ * completions and hands each to the batch of its queue pair, which waits for its own. Nothing is
  * allocated per batch (chain records and statuses live on the stack, TE_RDMA_CHUNK ranges at
  * a time). A batch with no completion for the engine's timeout flushes its queue pair and
  * fails what is left with KVP_ERR_TIMEOUT; a queue pair that saw an error is replaced at the
@@ -22,9 +23,11 @@
  *
  * Thread: a peer's batches one at a time, under its lock (its queue pair, its table and the
  * hello that asks for them: a peer that does not answer holds up its own batches only, for
- * the engine's timeout at most); the posting and polling of a batch under xfer_lock (one
- * completion queue, polled by the batch's thread; peer lock before xfer_lock); the region
- * table under mr_lock; tokens and accepted queue pairs under acc_lock.
+ * the engine's timeout at most); the batches in flight, their chain records and statuses,
+ * and the posting under xfer_lock, which a batch lets go of while it waits for its
+ * completions (so a peer whose completions stop holds up its own batch only; peer lock
+ * before xfer_lock); the region table under mr_lock; tokens and accepted queue pairs under
+ * acc_lock.
  */
 #include "client/te_rdma.h"
 
@@ -35,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/crypto.h>
@@ -97,10 +101,27 @@ struct te_rdma {
     /* called by the accept thread at each turn (at least every 200 ms); NULL: none */
     te_rdma_tick_fn tick;
     void *tick_arg;
-    /* a batch's posting and polling, one at a time (one completion queue) */
+    /* the batches in flight (one per peer at most) and the completion thread that takes
+     * the device's completions and hands each to its batch: all under xfer_lock */
     pthread_mutex_t xfer_lock;
+    pthread_cond_t cq_cond; /* a batch's chains came back */
+    struct te_batch *batches;
+    bool cq_started;
+    pthread_t cq_thread;
     uint64_t chain_seq;
 };
+
+/* A batch in flight on one queue pair (chunk_run's, on its stack): what the completion
+ * thread updates as its chains come back (under xfer_lock). */
+typedef struct te_batch {
+    kvp_rdma_qp_t *qp;
+    struct chain_rec *ring;
+    kvp_status_t *st;
+    unsigned out;            /* chains in flight */
+    uint64_t progress;       /* completions taken */
+    kvp_status_t flushed_as; /* a flushed completion's status (KVP_OK: as the device says) */
+    struct te_batch *next;
+} te_batch_t;
 
 struct te_rdma_peer {
     pthread_mutex_t lock;           /* its batches and hellos, one at a time; all below */
@@ -268,6 +289,11 @@ kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_
     pthread_rwlock_init(&r->mr_lock, NULL);
     pthread_mutex_init(&r->acc_lock, NULL);
     pthread_mutex_init(&r->xfer_lock, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* batch_wait's clock */
+    pthread_cond_init(&r->cq_cond, &ca);
+    pthread_condattr_destroy(&ca);
     snprintf(r->where, sizeof(r->where), "%s %s:%u", kvp_rdma_dev_info(r->dev)->name, r->ipv4,
              r->port);
     if (pthread_create(&r->acc_thread, NULL, accept_main, r) != 0) {
@@ -276,6 +302,7 @@ kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_
         pthread_rwlock_destroy(&r->mr_lock);
         pthread_mutex_destroy(&r->acc_lock);
         pthread_mutex_destroy(&r->xfer_lock);
+        pthread_cond_destroy(&r->cq_cond);
         free(r);
         return KVP_ERR_SYSTEM;
     }
@@ -295,6 +322,8 @@ void te_rdma_close(te_rdma_t *r)
         return;
     atomic_store(&r->stop, true);
     pthread_join(r->acc_thread, NULL);
+    if (r->cq_started)
+        pthread_join(r->cq_thread, NULL);
     for (accepted_t *a = r->accepted, *next; a != NULL; a = next) {
         next = a->next;
         kvp_rdma_qp_destroy(a->qp);
@@ -309,6 +338,7 @@ void te_rdma_close(te_rdma_t *r)
     pthread_rwlock_destroy(&r->mr_lock);
     pthread_mutex_destroy(&r->acc_lock);
     pthread_mutex_destroy(&r->xfer_lock);
+    pthread_cond_destroy(&r->cq_cond);
     free(r);
 }
 
@@ -538,33 +568,72 @@ static bool local_lkey_locked(te_rdma_t *r, const void *addr, uint64_t len, uint
     return true;
 }
 
-/* Take the completions there are (waiting up to wait_ms for the first): each chain's end
- * frees its record, an error marks its ranges (a flushed one as flushed_as, unless
- * KVP_OK). Returns how many came, or < 0. */
-static int reap(te_rdma_t *r, kvp_rdma_qp_t *qp, chain_rec_t *ring, kvp_status_t *st, unsigned *out,
-                int wait_ms, kvp_status_t flushed_as)
+/* The completions wcs[0, n) to their batches (xfer_lock held): each chain's end frees its
+ * record, an error marks its ranges (a flushed one as its batch's flushed_as, unless
+ * KVP_OK). A completion of a queue pair no batch is on (one that gave up on it) is
+ * dropped. */
+static void dispatch(te_rdma_t *r, const kvp_rdma_wc_t *wcs, int n)
 {
-    kvp_rdma_wc_t wcs[32];
-    int got =
-        wait_ms > 0 ? kvp_rdma_wait(r->dev, wcs, 32, wait_ms) : kvp_rdma_poll(r->dev, wcs, 32);
-    for (int i = 0; i < got; i++) {
-        chain_rec_t *c = &ring[wcs[i].wr_id % CHAINS_RING];
-        if (wcs[i].qp != qp || !c->live || c->seq != wcs[i].wr_id)
-            continue; /* a batch's that gave up on it (its QP is left alone) */
+    for (int i = 0; i < n; i++) {
+        te_batch_t *b = r->batches;
+        while (b != NULL && b->qp != wcs[i].qp)
+            b = b->next;
+        if (b == NULL)
+            continue;
+        chain_rec_t *c = &b->ring[wcs[i].wr_id % CHAINS_RING];
+        if (!c->live || c->seq != wcs[i].wr_id)
+            continue;
         if (wcs[i].status != KVP_RDMA_WC_OK) {
-            kvp_status_t e = flushed_as != KVP_OK && wcs[i].status == KVP_RDMA_WC_FLUSHED
-                                 ? flushed_as
+            kvp_status_t e = b->flushed_as != KVP_OK && wcs[i].status == KVP_RDMA_WC_FLUSHED
+                                 ? b->flushed_as
                                  : kvp_rdma_wc_to_status(wcs[i].status);
             for (uint32_t k = c->first; k <= c->last; k++)
-                if (st[k] == KVP_OK)
-                    st[k] = e;
+                if (b->st[k] == KVP_OK)
+                    b->st[k] = e;
         }
         if (wcs[i].chain_end) {
             c->live = false;
-            (*out)--;
+            b->out--;
         }
+        b->progress++;
     }
-    return got;
+    if (n > 0)
+        pthread_cond_broadcast(&r->cq_cond);
+}
+
+#define CQ_SPIN_POLLS 64 /* empty polls before the completion thread sleeps on the channel */
+
+/* The initiator's completion thread (started at the first batch): takes the device's
+ * completions (spinning a little after work, then sleeping on the completion channel) and
+ * hands them to their batches, so that a peer whose completions stop holds up its own
+ * batch only (each batch waits on cq_cond for its own). */
+static void *cq_main(void *arg)
+{
+    te_rdma_t *r = arg;
+    unsigned idle = 0;
+    while (!atomic_load(&r->stop)) {
+        kvp_rdma_wc_t wcs[64];
+        int n = idle < CQ_SPIN_POLLS ? kvp_rdma_poll(r->dev, wcs, 64)
+                                     : kvp_rdma_wait(r->dev, wcs, 64, 100);
+        if (n > 0) {
+            pthread_mutex_lock(&r->xfer_lock);
+            dispatch(r, wcs, n);
+            pthread_mutex_unlock(&r->xfer_lock);
+            idle = 0;
+        } else
+            idle++;
+    }
+    return NULL;
+}
+
+/* Wait up to ms for a completion of b's (xfer_lock held, released while waiting). */
+static void batch_wait(te_rdma_t *r, te_batch_t *b, unsigned ms)
+{
+    uint64_t before = b->progress;
+    struct timespec until = kvp_deadline_ms(ms);
+    while (b->progress == before &&
+           pthread_cond_timedwait(&r->cq_cond, &r->xfer_lock, &until) == 0) {
+    }
 }
 
 /* Ranges [0, m) (m <= TE_RDMA_CHUNK; those with st[i] KVP_OK go, with lkeys[i], rkeys[i])
@@ -575,16 +644,17 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
 {
     chain_rec_t ring[CHAINS_RING];
     kvp_rdma_wr_t wrs[KVP_RDMA_MAX_CHAIN];
-    unsigned out = 0;
     for (size_t k = 0; k < CHAINS_RING; k++)
         ring[k].live = false;
+    te_batch_t b = {.qp = p->qp, .ring = ring, .st = st, .next = r->batches};
+    r->batches = &b;
     kvp_rdma_op_t op = opcode == KVP_TE_WRITE ? KVP_RDMA_WRITE : KVP_RDMA_READ;
     size_t i = 0;     /* the next range to post ... */
     uint64_t off = 0; /* ... from this offset in it */
     uint64_t last_progress = kvp_now_ms();
     for (;;) {
         /* post chains while ranges are left and the send queue takes them */
-        while (i < m && out < CHAINS_RING) {
+        while (i < m && b.out < CHAINS_RING) {
             size_t nw = 0, si = i;
             uint64_t soff = off, seq = r->chain_seq;
             uint32_t first = (uint32_t)i, last = (uint32_t)i;
@@ -615,13 +685,13 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
                 ring[seq % CHAINS_RING] =
                     (chain_rec_t){.seq = seq, .first = first, .last = last, .live = true};
                 r->chain_seq++;
-                out++;
+                b.out++;
             }
             if (rc == 0) {
                 i = si, off = soff;
                 continue;
             }
-            if (rc == -EAGAIN && out > 0)
+            if (rc == -EAGAIN && b.out > 0)
                 break; /* the queue is full: completions first */
             /* the QP is in error (or the device refused): what did not go fails; what went
              * in part is flushed and marked as its completions come */
@@ -631,17 +701,16 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
                     st[k] = broken;
             i = m;
         }
-        if (out == 0)
-            return; /* every chain posted came back */
-        int got = reap(r, p->qp, ring, st, &out, 0, KVP_OK);
-        if (got == 0)
-            got = reap(r, p->qp, ring, st, &out, 50, KVP_OK);
+        if (b.out == 0)
+            break; /* every chain posted came back */
+        uint64_t before = b.progress;
+        batch_wait(r, &b, 50);
         uint64_t now = kvp_now_ms();
-        if (got > 0) {
+        if (b.progress != before) {
             last_progress = now;
             continue;
         }
-        if (got <= 0 && now - last_progress < r->timeout_ms) /* an error: as none came */
+        if (now - last_progress < r->timeout_ms)
             continue;
         /* no completion that long: the device gives the rest up (flushes); we wait for that,
          * so it never touches the caller's buffers afterwards */
@@ -649,19 +718,25 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
                              "queue pair",
                              r->timeout_ms);
         kvp_rdma_qp_flush(p->qp);
+        b.flushed_as = KVP_ERR_TIMEOUT;
         uint64_t until = kvp_now_ms() + FLUSH_WAIT_MS;
-        while (out > 0 && kvp_now_ms() < until)
-            (void)reap(r, p->qp, ring, st, &out, 50, KVP_ERR_TIMEOUT);
+        while (b.out > 0 && kvp_now_ms() < until)
+            batch_wait(r, &b, 50);
         for (size_t k = 0; k < m; k++)
-            if (st[k] == KVP_OK && (k >= i || out > 0))
+            if (st[k] == KVP_OK && (k >= i || b.out > 0))
                 st[k] = KVP_ERR_TIMEOUT;
-        if (out > 0) {
+        if (b.out > 0) {
             p->leaked = true; /* work may still be on it: never destroyed */
             KVP_LOG_ERROR("transfer engine: rdma: a flush did not come back; the queue pair is "
                           "abandoned");
         }
-        return;
+        break;
     }
+    for (te_batch_t **pp = &r->batches; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == &b) {
+            *pp = b.next;
+            break;
+        }
 }
 
 kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg,
@@ -733,7 +808,14 @@ kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn d
                 st[i] = KVP_ERR_INVALID_ARG; /* unregistered meanwhile */
         /* held across the batch: a local region is not deregistered under the NIC */
         pthread_mutex_lock(&r->xfer_lock);
-        chunk_run(r, p, opcode, m, locals + base, remotes + base, lens + base, lkeys, rkeys, st);
+        if (!r->cq_started)
+            r->cq_started = pthread_create(&r->cq_thread, NULL, cq_main, r) == 0;
+        if (r->cq_started)
+            chunk_run(r, p, opcode, m, locals + base, remotes + base, lens + base, lkeys, rkeys,
+                      st);
+        else
+            for (size_t i = 0; i < m; i++)
+                st[i] = KVP_ERR_SYSTEM; /* no completion thread: nothing posted */
         pthread_mutex_unlock(&r->xfer_lock);
         pthread_rwlock_unlock(&r->mr_lock);
         for (size_t i = 0; i < m; i++) {

@@ -13,8 +13,8 @@
  * NIC checks it again against the target's region (a range the target unregistered since:
  * a remote access error, KVP_ERR_OUT_OF_RANGE).
  *
- * Thread: any; a peer's batches one at a time, and the posting and polling of an engine's
- * rdma batches one at a time (one completion queue).
+ * Thread: any; a peer's batches one at a time; batches to different peers at once (a
+ * completion thread hands each its completions).
  */
 #ifndef KVP_CLIENT_TE_RDMA_H
 #define KVP_CLIENT_TE_RDMA_H

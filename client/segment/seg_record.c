@@ -37,6 +37,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 
@@ -359,14 +360,7 @@ static bool recorded_locked(const kvp_seg_record_t *r, uint64_t offset, uint64_t
 bool kvp_seg_record_wait(kvp_seg_record_t *r, const uint64_t *offsets, const uint64_t *versions,
                          size_t n)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += WAIT_ADD_MS / 1000;
-    until.tv_nsec += (long)(WAIT_ADD_MS % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = kvp_deadline_ms(WAIT_ADD_MS);
     pthread_mutex_lock(&r->lock);
     bool all = true;
     for (size_t i = 0; i < n && r->tenants; i++) {

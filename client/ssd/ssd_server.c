@@ -43,6 +43,7 @@
 #include "client/segment/data_backend.h"
 #include "client/transport/wire.h"
 #include "client/ssd/ssd_io.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/sock.h"
@@ -357,14 +358,7 @@ static bool file_wait_recorded(void *backend, const uint64_t *offsets, const uin
                                size_t n)
 {
     file_backend_t *fb = backend;
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += WAIT_RECORD_MS / 1000;
-    until.tv_nsec += (long)(WAIT_RECORD_MS % 1000) * 1000000L;
-    if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-    }
+    struct timespec until = kvp_deadline_ms(WAIT_RECORD_MS);
     pthread_mutex_lock(&fb->rec_lock);
     bool all = true;
     for (size_t i = 0; i < n && fb->tenants && all; i++) {

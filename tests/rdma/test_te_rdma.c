@@ -19,6 +19,8 @@
  *   - a decode killed between batches: the next fails with a code within the timeout;
  *   - a peer that takes the connection and never answers (its hello waits for the engine's
  *     timeout) holds up no batch to another decode;
+ *   - a decode killed while a batch to it is in flight (its completions never come) holds
+ *     up no batch to another decode;
  *   - the decode's KVPOOL_TE_ACL changed to take write away from a principal that holds
  *     rkeys: its queue pair is cut, and its writes are refused from then on (nothing lands).
  * Exits 77 (SKIP) without an RDMA device: it runs in the Soft-RoCE VM (deploy/test-rdma.sh).
@@ -779,6 +781,80 @@ static void test_silent_peer_holds_up_no_other(void **state)
     decode_back();
 }
 
+/* Another decode's globals (to_child ... mirror) swapped with the current one's. */
+typedef struct decode_state {
+    int to, from;
+    pid_t child;
+    uint16_t port;
+    uint64_t addr[TENSORS];
+    uint8_t *mirror;
+} decode_state_t;
+
+static void decode_swap(decode_state_t *d)
+{
+    decode_state_t cur = {
+        .to = to_child, .from = from_child, .child = child, .port = dec_port, .mirror = mirror};
+    memcpy(cur.addr, dec_addr, sizeof(cur.addr));
+    to_child = d->to, from_child = d->from, child = d->child, dec_port = d->port;
+    memcpy(dec_addr, d->addr, sizeof(dec_addr));
+    mirror = d->mirror;
+    *d = cur;
+}
+
+/* One prefill, two decodes (KVPOOL_TE_TIMEOUT_MS 3 s): decode A killed after a first batch
+ * connected its queue pair; a batch to A (its completions never come: the engine gives it
+ * up at the timeout) on a thread, and meanwhile one to decode B, which goes through at
+ * once, byte-exact: a peer whose completions stop holds up its own batch only (the
+ * completion thread hands each batch its own). */
+static void test_dead_decode_holds_up_no_other(void **state)
+{
+    (void)state;
+    decode_aside();
+    assert_int_equal(decode_start(NULL), 0); /* A */
+    decode_state_t a = {0};
+    decode_swap(&a);                         /* A's in a; the globals empty */
+    assert_int_equal(decode_start(NULL), 0); /* B */
+    setenv("KVPOOL_TE_TIMEOUT_MS", "3000", 1);
+    prefill_t p;
+    prefill_open(&p);
+    unsetenv("KVPOOL_TE_TIMEOUT_MS");
+    int lb[] = {1, 2, 3}, rb[] = {7, 8, 9};
+    void *la[64], *lbuf[64];
+    uint64_t ra[64], lena[64], rbuf[64], lenb[64];
+    decode_swap(&a); /* A current */
+    char target_a[64];
+    snprintf(target_a, sizeof(target_a), "127.0.0.1:%u", dec_port);
+    size_t na = block_runs(&p, lb, rb, 3, la, ra, lena);
+    assert_int_equal(kvp_te_transfer(p.te, target_a, KVP_TE_WRITE, na, la, ra, lena), KVP_OK);
+    kill(child, SIGKILL);
+    int status;
+    waitpid(child, &status, 0);
+    decode_swap(&a); /* B current */
+    size_t nb = block_runs(&p, lb, rb, 3, lbuf, rbuf, lenb);
+    silent_batch_t bt = {.p = &p, .locals = la, .remotes = ra, .lens = lena, .n = na};
+    snprintf(bt.target, sizeof(bt.target), "%s", target_a);
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, silent_batch_main, &bt), 0);
+    usleep(300 * 1000); /* A's batch is posted and waiting for completions */
+    uint64_t t0 = kvp_now_ms_for_test();
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, nb, lbuf, rbuf, lenb), KVP_OK);
+    uint64_t dt = kvp_now_ms_for_test() - t0;
+    pthread_join(tid, NULL);
+    fprintf(stderr, "decode B's batch: %llu ms; the dead decode A's: %s after %llu ms\n",
+            (unsigned long long)dt, kvp_strerror(bt.st), (unsigned long long)bt.ms);
+    assert_true(t0 + dt < bt.end); /* B's was not held up by A's */
+    assert_int_not_equal(bt.st, KVP_OK);
+    assert_true(bt.ms < 3000 + 6000); /* the timeout, the flush's wait */
+    assert_decode_is_mirror();
+    prefill_close(&p);
+    assert_int_equal(decode_stop(), 0);
+    free(mirror);
+    close(a.to);
+    close(a.from);
+    free(a.mirror);
+    decode_back();
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "decode") == 0)
@@ -796,6 +872,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_credentials_admit_only_the_named_principal),
         cmocka_unit_test(test_reader_principal_gets_no_rdma_keys),
         cmocka_unit_test(test_silent_peer_holds_up_no_other),
+        cmocka_unit_test(test_dead_decode_holds_up_no_other),
         cmocka_unit_test(test_acl_change_cuts_a_writer_off_rdma),
         cmocka_unit_test(test_decode_that_dies_fails_in_time),
     };
