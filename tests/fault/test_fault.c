@@ -470,6 +470,9 @@ static void test_kill9_during_batch_get(void **state)
 #define T2_MAX 384 /* 384 x 128 KiB = 48 MiB: fits the survivor alone, no POOL_FULL */
 #define T2_OBJ (128u << 10)
 #define T2_PUT_TIMEOUT_MS 3000
+/* batches the writer starts between the kill and the master's unmount before it waits for the
+ * unmount: a slow unmount must not let it spend every key before a batch can begin after it */
+#define T2_WINDOW_BATCHES 4
 
 typedef struct t2 {
     kvp_client_t *client;
@@ -484,6 +487,7 @@ typedef struct t2 {
     atomic_int in_batch;
     atomic_uint batches;
     atomic_uint batches_after_gone;
+    atomic_uint batches_at_kill; /* batches done when the owner was killed, + 1; 0 before */
     _Atomic uint64_t gone_ms;
     uint64_t max_call_ms;
     unsigned bad_status;
@@ -515,6 +519,10 @@ static void *t2_writer(void *arg)
             sizes[j] = T2_OBJ;
             kvp_fill_pattern(t->src + (size_t)j * T2_OBJ, T2_OBJ, 50000 + k);
         }
+        unsigned at_kill = atomic_load(&t->batches_at_kill);
+        while (at_kill && atomic_load(&t->gone_ms) == 0 && !atomic_load(&t->stop) &&
+               atomic_load(&t->batches) + 1 >= at_kill + T2_WINDOW_BATCHES)
+            fault_sleep_ms(1);
         bool gone = atomic_load(&t->gone_ms) != 0;
         atomic_store(&t->in_batch, 1);
         uint64_t t0 = kvp_now_ms();
@@ -564,6 +572,7 @@ static void test_kill9_during_batch_put(void **state)
         ;
     int in_flight = atomic_load(&t->in_batch);
     unsigned before = atomic_load(&t->batches);
+    atomic_store(&t->batches_at_kill, before + 1);
     kill9_owner(e, 0);
     uint64_t t_kill = kvp_now_ms();
     /* the master notices the closed connection and unmounts */
