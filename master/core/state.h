@@ -49,7 +49,8 @@ typedef struct kvp_master_stats {
     uint64_t hot_dropped; /* ... and taken back when they cooled */
     /* tiers (policy/tier.c) */
     uint64_t offloaded;
-    uint64_t offload_dropped; /* DRAM victims dropped: no SSD room */
+    uint64_t offload_dropped;     /* DRAM victims dropped: no SSD room */
+    uint64_t offload_adopt_waits; /* DRAM evictions put off: every SSD segment adopting */
     uint64_t offload_failed;
     uint64_t promoted;
     uint64_t hits_dram;

@@ -234,6 +234,9 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
     one(r, "kvpool_offload_failures_total", "counter", "Offloads that failed.", s->offload_failed);
     one(r, "kvpool_offload_dropped_total", "counter",
         "DRAM victims dropped because no SSD segment had room.", s->offload_dropped);
+    one(r, "kvpool_offload_adoption_waits_total", "counter",
+        "DRAM evictions put off while every SSD segment was adopting (its owner restarted).",
+        s->offload_adopt_waits);
     one(r, "kvpool_promotions_total", "counter", "Objects copied back from SSD to DRAM.",
         s->promoted);
     one(r, "kvpool_lease_waits_total", "counter",

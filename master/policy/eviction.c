@@ -292,6 +292,12 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
         return 0;
     uint64_t freed = 0, count = 0;
     bool ssd = kvp_tier_has_ssd(st);
+    /* the SSD tier's segments are all adopting (an owner restarted): no victim could go
+     * there yet, and dropping them would lose what SSD keeps a moment later */
+    if (ssd && kvp_tier_ssd_adopting(st)) {
+        st->stats.offload_adopt_waits++;
+        return 0;
+    }
     st->share_evict = shares_set(st);
     for (int pass = 0; pass < 2 && used > target; pass++) {
         kvp_object_t *obj;

@@ -67,6 +67,22 @@ bool kvp_tier_offload_full(const kvp_master_state_t *st)
     return st->offloading >= OFFLOADS_MAX;
 }
 
+bool kvp_tier_ssd_adopting(const kvp_master_state_t *st)
+{
+    if (!kvp_tier_has_ssd(st))
+        return false;
+    bool adopting = false;
+    for (uint32_t i = 0; i < st->segments.n_slots; i++) {
+        const kvp_segment_t *seg = st->segments.slots[i];
+        if (seg == NULL || !seg->ssd || seg->dfs)
+            continue;
+        if (kvp_segment_open(seg))
+            return false;
+        adopting |= seg->adopting;
+    }
+    return adopting;
+}
+
 kvp_object_t *kvp_tier_set_replicas(kvp_master_state_t *st, kvp_object_t *obj,
                                     const kvp_replica_t *reps, unsigned n)
 {

@@ -44,6 +44,10 @@ kvp_tier_victim_t kvp_tier_victim(kvp_master_state_t *st, kvp_object_t *obj);
 uint64_t kvp_tier_offload_ahead(const kvp_master_state_t *st);
 /* Offloads in flight are at their bound: DRAM eviction waits for them. */
 bool kvp_tier_offload_full(const kvp_master_state_t *st);
+/* SSD segments are mounted but none takes replicas yet, one of them adopting (its owner,
+ * restarted, is offering what it holds): DRAM victims would find no SSD room and be
+ * dropped, so DRAM eviction waits for the adoption to end (a put gets POOL_BUSY). */
+bool kvp_tier_ssd_adopting(const kvp_master_state_t *st);
 
 /* Drop SSD-only objects, least recently used first, until the SSD tier uses at most
  * target bytes (objects being read are not touched). Returns bytes freed. */

@@ -295,7 +295,8 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
     /* Nothing evictable is left. If the reads (or offloads) in flight give back enough
      * room when they end, the client waits and asks again (bounded by its timeout). */
     if (status == KVP_ERR_POOL_FULL &&
-        ((!r.ssd && st->offloading_bytes > 0) || reads_give_back(st, give_back_p) >= need)) {
+        ((!r.ssd && (st->offloading_bytes > 0 || kvp_tier_ssd_adopting(st))) ||
+         reads_give_back(st, give_back_p) >= need)) {
         st->stats.lease_waits++;
         return KVP_ERR_POOL_BUSY;
     }

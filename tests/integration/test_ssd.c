@@ -524,6 +524,11 @@ static void test_owner_kill9_mid_offload_loses_nothing(void **state)
     wait_adopted(e, 0);
     for (unsigned j = 0; j < n; j++)
         assert_int_equal(get_check(e, "mid", idx[j], 6000), KVP_OK);
+    /* no victim was dropped for want of SSD room, not even while the restarted owner was
+     * adopting (no SSD segment took replicas then: eviction waits for the offer's end) */
+    s = stat_now(e);
+    assert_int_equal(s.offload_dropped, 0);
+    assert_int_equal(s.objects, n);
 }
 
 int main(void)

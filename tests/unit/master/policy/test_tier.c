@@ -39,8 +39,8 @@ typedef struct fx {
     uint64_t dram, ssd;
 } fx_t;
 
-static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, const char *medium,
-                      uint64_t size)
+static uint64_t mount_ex(kvp_master_state_t *st, uint64_t conn, const char *name,
+                         const char *medium, uint64_t size, bool adopting)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     d.name = (char *)name;
@@ -52,12 +52,19 @@ static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, c
     Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
     req.client_id = 100 + conn;
     req.segment = &d;
+    req.adopting = adopting;
     Kvpool__MountResponse *r =
         svc_call(st, conn, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
     assert_int_equal(r->status, KVP_OK);
     uint64_t id = r->segment_id;
     svc_msg_free(r);
     return id;
+}
+
+static uint64_t mount(kvp_master_state_t *st, uint64_t conn, const char *name, const char *medium,
+                      uint64_t size)
+{
+    return mount_ex(st, conn, name, medium, size, false);
 }
 
 static int setup(void **state)
@@ -247,6 +254,19 @@ static void test_offload_failure_keeps_dram(void **state)
     assert_int_equal(segs[0], fx->dram);
 }
 
+/* k0..k3 are there, read from DRAM */
+static void all_in_dram(fx_t *fx)
+{
+    for (int k = 0; k < 4; k++) {
+        char key[8];
+        snprintf(key, sizeof(key), "k%d", k);
+        uint64_t segs[8];
+        size_t n;
+        assert_int_equal(get(&fx->st, key, segs, &n), KVP_OK);
+        assert_int_equal(segs[0], fx->dram);
+    }
+}
+
 static void test_owner_gone_mid_offload_keeps_dram(void **state)
 {
     fx_t *fx = *state;
@@ -256,16 +276,47 @@ static void test_owner_gone_mid_offload_keeps_dram(void **state)
     assert_int_equal(fx->st.offloading, 0);
     assert_int_equal(fx->st.offloading_bytes, 0);
     assert_int_equal(fx->st.segments.capacity_ssd, 0);
-    for (int k = 0; k < 4; k++) {
-        char key[8];
-        snprintf(key, sizeof(key), "k%d", k);
-        uint64_t segs[8];
-        size_t n;
-        assert_int_equal(get(&fx->st, key, segs, &n), KVP_OK);
-        assert_int_equal(segs[0], fx->dram);
-    }
+    all_in_dram(fx);
     /* no SSD tier left: the next put evicts (drops) as before */
     assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_OK);
+}
+
+/* The SSD owner killed mid-offload and restarted: until its offer ends (adopting) no SSD
+ * segment takes replicas, and DRAM victims must wait for it, not be dropped: a put that
+ * needs room gets POOL_BUSY, the background offload starts nothing; once the offer ends,
+ * victims go to SSD as before and every object is still there. */
+static void test_restarted_owner_adopting_drops_nothing(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t ids[3];
+    fill_and_offload(fx, 3, ids);
+    kvp_dispatch_conn_closed(&fx->st, C_SSD); /* kill -9 of the SSD owner */
+    fx->ssd = mount_ex(&fx->st, C_SSD, "ssd-a", "ssd", 1 << 20, true);
+    assert_true(kvp_tier_has_ssd(&fx->st));
+    assert_true(kvp_tier_ssd_adopting(&fx->st));
+    /* a put that needs room waits */
+    assert_int_equal(put_start(&fx->st, "k4", OBJ, NULL, NULL), KVP_ERR_POOL_BUSY);
+    /* and so does the background offload, past its watermark */
+    fx->st.config.offload_high = 0.5;
+    fx->st.config.offload_low = 0.25;
+    kvp_evict_if_needed(&fx->st);
+    assert_int_equal(fx->st.stats.offload_dropped, 0);
+    assert_int_equal(fx->st.offloading, 0);
+    assert_true(fx->st.stats.offload_adopt_waits >= 2);
+    all_in_dram(fx);
+    /* the offer ends (nothing recorded): victims go to SSD, none is dropped */
+    Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;
+    req.segment_id = fx->ssd;
+    req.last = true;
+    Kvpool__AdoptResponse *r =
+        svc_call(&fx->st, C_SSD, KVP_RPC_ADOPT, &req.base, &kvpool__adopt_response__descriptor);
+    assert_int_equal(r->status, KVP_OK);
+    svc_msg_free(r);
+    assert_false(kvp_tier_ssd_adopting(&fx->st));
+    kvp_evict_if_needed(&fx->st);
+    assert_true(fx->st.offloading > 0);
+    assert_int_equal(fx->st.stats.offload_dropped, 0);
+    assert_int_equal(fx->st.index.count, 4);
 }
 
 /* SSD full of objects being read: no room for the victim, so it is dropped (counted) and
@@ -771,6 +822,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_offload_done_moves_victim_to_ssd, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offload_failure_keeps_dram, setup, teardown),
         cmocka_unit_test_setup_teardown(test_owner_gone_mid_offload_keeps_dram, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restarted_owner_adopting_drops_nothing, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_ssd_full_drops_instead, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_poll_parks_when_idle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_put_to_ssd_is_recorded, setup, teardown),
