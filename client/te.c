@@ -74,6 +74,9 @@
 /* Ranges per TE_CMA request: IOV_MAX, one round trip for a batch of up to 1024 runs. */
 #define TE_CMA_VEC_MAX 1024
 #define TE_PEERS_MAX 1024
+/* Bytes of small runs chained into one request on a tcp stream (KVPOOL_TE_CHAIN): 0, the
+ * transport's default. */
+#define TE_CHAIN_DEF 0
 #define TE_ALLOWED_MAX 64
 
 /* Credentials (KVPOOL_TLS_CA, _CERT, _KEY): what an engine proves to its targets, and the
@@ -1063,6 +1066,23 @@ static uint32_t env_u32(const char *name, uint32_t def)
     return *end == '\0' && v > 0 && v <= UINT32_MAX ? (uint32_t)v : def;
 }
 
+/* KVPOOL_TE_CHAIN: the most bytes of runs of up to 64 KiB that go as one request on a
+ * stream, 4 KiB .. 64 MiB; unset (or not a size): 0, the tcp transport's default. */
+static uint64_t te_chain_bytes(void)
+{
+    const char *s = getenv("KVPOOL_TE_CHAIN");
+    uint64_t v = 0;
+    if (s == NULL || s[0] == '\0')
+        return TE_CHAIN_DEF;
+    if (!kvp_parse_size(s, &v) || v < 4096 || v > (64ull << 20)) {
+        KVP_LOG_WARN("transfer engine: KVPOOL_TE_CHAIN=%s is not a size from 4KiB to 64MiB: "
+                     "the default used",
+                     s);
+        return TE_CHAIN_DEF;
+    }
+    return v;
+}
+
 kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
                            kvp_te_t **te_p)
 {
@@ -1140,6 +1160,7 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     te->xfer.timeout_ms = env_u32("KVPOOL_TE_TIMEOUT_MS", 10000);
     te->xfer.tcp_streams = env_u32("KVPOOL_TE_STREAMS", 2);
     te->xfer.tcp_slice = 1 << 20;
+    te->xfer.tcp_chain = te_chain_bytes();
     kvp_status_t st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK) {
         auth_free(te->auth);

@@ -45,6 +45,8 @@ typedef struct kvp_transfer {
     uint32_t timeout_ms;
     uint32_t tcp_streams;
     uint64_t tcp_slice;
+    uint64_t tcp_chain;     /* bytes of small slices chained into one request; 0: the tcp
+                             * transport's default (512 KiB, at most tcp_slice) */
     char rdma_devices[256]; /* device list, "" = auto */
     char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
     uint32_t rdma_qps;      /* QPs per peer */

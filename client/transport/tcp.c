@@ -24,7 +24,8 @@
  *
  * Small slices (<= VEC_SMALL) to one endpoint go as chains in one vectored
  * request (READV/WRITEV, docs/protocol.md) with one response: about one
- * chain per stream, at most KVP_DATA_VEC_MAX entries and tcp_slice bytes.
+ * chain per stream, at most KVP_DATA_VEC_MAX entries and tcp_chain bytes (unset: 512 KiB,
+ * or tcp_slice when smaller).
  * A chain's error status fails every slice in it.
  *
  * Failure: a connection that errors, closes, or answers garbage fails the
@@ -85,6 +86,11 @@
 #define TCP_LOWAT_MIN (64u << 10)
 /* Slices up to this size to one endpoint travel as chains in vectored requests. */
 #define VEC_SMALL (64u << 10)
+/* Bytes of small slices in one chain unless the client says (kvp_transfer_t.tcp_chain): two
+ * or more chains a stream in a batch of a few MiB, so that a stream's pipe does not drain at
+ * the end of one request before it gets the next (64 KiB x 32 moved 20-27 % faster than with
+ * 1 MiB chains, the engine's and the store's alike; 256 KiB chains were slower again). */
+#define CHAIN_BYTES (512u << 10)
 
 typedef struct tcp_pool {
     char endpoint[256];
@@ -1118,7 +1124,8 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     uint64_t total_bytes;
     size_t k = ops_slice(ctx, sc, ops, n, slice_len, &n_groups, &total_bytes);
     groups_lay_out(sc, n_groups, k);
-    uint64_t last_progress = groups_connect(ctx, sc, n_groups, max_streams, slice_len, &n_conns);
+    uint64_t chain = xfer->tcp_chain ? xfer->tcp_chain : KVP_MIN(slice_len, CHAIN_BYTES);
+    uint64_t last_progress = groups_connect(ctx, sc, n_groups, max_streams, chain, &n_conns);
     run_transfer(ctx, sc, n_conns, total_bytes, last_progress);
     conns_release(ctx, sc, n_conns);
     ops_crc(ops, n, sc->slices, k);
