@@ -127,8 +127,9 @@ run_mooncake() { # builddir
     echo "mooncake-upstream: cannot run"
     failed=$((failed+1)); rc_all=1; return
   fi
-  PYTHON=$py KVPOOL_MASTER_BIN=$dir/master/kvpool-master KVPOOL_CLI_BIN=$dir/client/kvpool \
-    PYTHONDONTWRITEBYTECODE=1 "$py" tests/mooncake/run_upstream.py --jobs 4 2>&1 |
+  PYTHONPATH=$dir/client/python PYTHON=$py KVPOOL_MASTER_BIN=$dir/master/kvpool-master \
+    KVPOOL_CLI_BIN=$dir/client/kvpool PYTHONDONTWRITEBYTECODE=1 \
+    "$py" tests/mooncake/run_upstream.py --jobs 4 2>&1 |
     tee "$dir/mooncake-upstream.out"
   [ "${PIPESTATUS[0]}" -ne 0 ] && rc_all=1
   res=$(tail -n 1 "$dir/mooncake-upstream.out")

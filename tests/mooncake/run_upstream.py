@@ -37,6 +37,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+# conftest imports the kvpool module: from $PYTHONPATH (deploy/test.sh sets it to the build
+# tree's), else build/'s, as the files' own runs below get it
+sys.path.append(os.path.join(ROOT, "build", "client", "python"))
 from conftest import Proc, free_port  # noqa: E402  (the tests' way to start a daemon)
 
 # (file, how): scripts = one of Mooncake's scripts/ tests, which its CI runs with
