@@ -78,7 +78,9 @@ bool kvp_tier_ssd_adopting(const kvp_master_state_t *st)
             continue;
         if (kvp_segment_open(seg))
             return false;
-        adopting |= seg->adopting;
+        /* an offer that has not ended in KVP_TIER_ADOPT_WAIT_MS is not waited for: an owner
+         * that never ends it must not stall every put into a full DRAM tier */
+        adopting |= seg->adopting && st->now_ms - seg->mounted_ms < KVP_TIER_ADOPT_WAIT_MS;
     }
     return adopting;
 }

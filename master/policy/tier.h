@@ -45,9 +45,11 @@ uint64_t kvp_tier_offload_ahead(const kvp_master_state_t *st);
 /* Offloads in flight are at their bound: DRAM eviction waits for them. */
 bool kvp_tier_offload_full(const kvp_master_state_t *st);
 /* SSD segments are mounted but none takes replicas yet, one of them adopting (its owner,
- * restarted, is offering what it holds): DRAM victims would find no SSD room and be
- * dropped, so DRAM eviction waits for the adoption to end (a put gets POOL_BUSY). */
+ * restarted, is offering what it holds) for less than KVP_TIER_ADOPT_WAIT_MS: DRAM victims
+ * would find no SSD room and be dropped, so DRAM eviction waits for the adoption to end (a
+ * put gets POOL_BUSY). Past that, victims are dropped as with no SSD tier. */
 bool kvp_tier_ssd_adopting(const kvp_master_state_t *st);
+#define KVP_TIER_ADOPT_WAIT_MS 30000
 
 /* Drop SSD-only objects, least recently used first, until the SSD tier uses at most
  * target bytes (objects being read are not touched). Returns bytes freed. */

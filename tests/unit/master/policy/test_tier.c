@@ -304,6 +304,13 @@ static void test_restarted_owner_adopting_drops_nothing(void **state)
     assert_int_equal(fx->st.offloading, 0);
     assert_true(fx->st.stats.offload_adopt_waits >= 2);
     all_in_dram(fx);
+    /* an offer that does not end is not waited for past its bound: an owner that never
+     * ends it cannot stall the puts (victims are dropped then, as with no SSD tier) */
+    uint64_t now = fx->st.now_ms;
+    fx->st.now_ms = now + KVP_TIER_ADOPT_WAIT_MS;
+    assert_false(kvp_tier_ssd_adopting(&fx->st));
+    fx->st.now_ms = now + KVP_TIER_ADOPT_WAIT_MS - 1;
+    assert_true(kvp_tier_ssd_adopting(&fx->st));
     /* the offer ends (nothing recorded): victims go to SSD, none is dropped */
     Kvpool__AdoptRequest req = KVPOOL__ADOPT_REQUEST__INIT;
     req.segment_id = fx->ssd;
