@@ -183,6 +183,56 @@ static kvp_status_t drain_pass(const kvp_drain_params_t *p, uint64_t seg_id, uin
     return st;
 }
 
+/*
+ * Passes over the segment while time is left and each one moves something. They end when
+ * a pass found nothing to copy and nothing failed (all moved), or moved nothing it tried
+ * to (*stuck_p: no room elsewhere, or every copy failed again: another pass would not do
+ * better). A copy that failed once (a transfer error, an object rewritten under it) is
+ * tried again by the next pass, not given up with the rest of the segment: one failure
+ * used to end every pass, and the unmount then took what was left out of the pool.
+ */
+#define DRAIN_MAX_PASSES 8
+
+static kvp_status_t drain_passes(const kvp_drain_params_t *p, uint64_t seg_id, uint64_t deadline,
+                                 uint64_t *moved_p, uint64_t *failed_p, bool *stuck_p)
+{
+    kvp_status_t st = KVP_OK;
+    for (int pass = 0; pass < DRAIN_MAX_PASSES && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
+        uint64_t to_copy = 0, moved_before = *moved_p, failed_before = *failed_p;
+        st = drain_pass(p, seg_id, deadline, moved_p, &to_copy, failed_p);
+        if (st != KVP_OK || (to_copy == 0 && *failed_p == failed_before))
+            break;
+        if (*moved_p == moved_before) {
+            *stuck_p = true;
+            break;
+        }
+    }
+    return st;
+}
+
+/*
+ * Right after a failover the leader may not know yet what the segment holds: the owner
+ * offers its record after the remount (record_sync.c), and a drain begun before that would
+ * find nothing to move and unmount the rest out of the pool (an owner stopped just after
+ * its master was). So first a call on the session (a connection to a master that went
+ * away is replaced now, and the segment remounted there), then wait, within the drain's
+ * time, until the segment is open: mounted at the master that answered and its record
+ * offered.
+ */
+static void settle(const kvp_drain_params_t *p, uint64_t deadline)
+{
+    for (;;) {
+        uint8_t *resp;
+        size_t rlen;
+        kvp_status_t st = kvp_session_call(p->session, KVP_RPC_PING, NULL, &resp, &rlen);
+        if (st == KVP_OK && kvp_segment_is_open(p->seg))
+            return;
+        if (kvp_now_ms() + 20 >= deadline)
+            return;
+        usleep(20 * 1000);
+    }
+}
+
 /* DRAIN (again: it only marks the segment): *pending_p the puts still being written with
  * a replica on it. */
 static kvp_status_t drain_call(const kvp_drain_params_t *p, uint64_t seg_id, uint64_t *pending_p)
@@ -209,11 +259,13 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
         *lost_p = 0;
     if (p->seg == NULL)
         return KVP_ERR_INVALID_ARG;
+    uint64_t deadline = kvp_now_ms() + timeout_ms, pending = 0;
+    if (kvp_segment_state(p->seg) == KVP_SEG_MOUNTED)
+        settle(p, deadline);
     uint64_t seg_id;
     kvp_status_t st = kvp_segment_drain_begin(p->seg, &seg_id);
     if (st != KVP_OK)
         return st;
-    uint64_t deadline = kvp_now_ms() + timeout_ms, pending = 0;
     st = drain_call(p, seg_id, &pending);
     uint64_t moved = 0, failed = 0;
     if (st == KVP_OK)
@@ -221,27 +273,20 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
                      timeout_ms / 1000.0);
     /* A pass sees every object present throughout; puts that were in flight when the
      * drain began finish later, so pass again while there is time and progress. */
-    bool no_room = false;
-    for (int pass = 0; pass < 3 && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
-        uint64_t to_copy = 0, failed_before = failed;
-        st = drain_pass(p, seg_id, deadline, &moved, &to_copy, &failed);
-        no_room = failed > failed_before;
-        if (to_copy == 0 || no_room)
-            break; /* nothing left, or no room elsewhere: more passes would not help */
-    }
+    bool stuck = false;
+    if (st == KVP_OK)
+        st = drain_passes(p, seg_id, deadline, &moved, &failed, &stuck);
     /* Nothing new is placed on a draining segment, but a put placed on it before may end
      * after the last pass listed the segment: once none is left being written (or time is
-     * up), one more pass moves what they wrote, then the segment goes. */
-    while (st == KVP_OK && !no_room && kvp_now_ms() < deadline) {
+     * up), more passes move what they wrote, then the segment goes. */
+    while (st == KVP_OK && !stuck && kvp_now_ms() < deadline) {
         st = drain_call(p, seg_id, &pending);
         if (st != KVP_OK || pending == 0)
             break;
         usleep(10 * 1000);
     }
-    if (st == KVP_OK && !no_room && kvp_now_ms() < deadline) {
-        uint64_t to_copy = 0;
-        st = drain_pass(p, seg_id, deadline, &moved, &to_copy, &failed);
-    }
+    if (st == KVP_OK && !stuck && kvp_now_ms() < deadline)
+        st = drain_passes(p, seg_id, deadline, &moved, &failed, &stuck);
     if (st == KVP_ERR_SEGMENT_GONE)
         st = KVP_OK; /* the master no longer has it (restart, ttl): nothing to unmount */
     /* unmount: objects still here with no other replica leave the pool */
@@ -256,8 +301,15 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
         kvpool__unmount_response__free_unpacked(ur, NULL);
     }
     kvp_segment_set_drained(p->seg);
-    KVP_LOG_INFO("segment %s drained: %llu objects moved, %llu left the pool",
-                 kvp_segment_name(p->seg), (unsigned long long)moved, (unsigned long long)lost);
+    if (lost > 0)
+        KVP_LOG_WARN("segment %s drained: %llu objects moved, %llu left the pool (%llu copies "
+                     "failed or found no room%s)",
+                     kvp_segment_name(p->seg), (unsigned long long)moved, (unsigned long long)lost,
+                     (unsigned long long)failed,
+                     kvp_now_ms() >= deadline ? "; the drain's time ran out" : "");
+    else
+        KVP_LOG_INFO("segment %s drained: %llu objects moved, none left the pool",
+                     kvp_segment_name(p->seg), (unsigned long long)moved);
     if (moved_p)
         *moved_p = moved;
     if (lost_p)

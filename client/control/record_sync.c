@@ -243,6 +243,36 @@ static kvp_status_t take_frame(kvp_record_sync_t *rs, kvp_chan_t *ch, uint64_t i
 }
 
 /*
+ * The segment was mounted again (or began draining) while this stream was open: what the
+ * master wrote on it before is still to be applied, or the next offer would miss it (a put
+ * the old leader acknowledged just before it stopped: its change is in our socket, unread,
+ * when another thread's call has already remounted at the new leader). Read until the
+ * stream ends (the old master closed it: a stop, a failover, a kill), or nothing more came
+ * for REST_QUIET_MS (the same master, which keeps the connection), REST_MAX_MS at most.
+ */
+#define REST_QUIET_MS 50
+#define REST_MAX_MS 1000u
+
+static void take_rest(kvp_record_sync_t *rs, kvp_chan_t *ch, uint64_t id)
+{
+    uint64_t end = kvp_now_ms() + REST_MAX_MS;
+    unsigned frames = 0;
+    while (kvp_now_ms() < end && !atomic_load(&rs->stop)) {
+        if (kvp_chan_wait_readable(ch, REST_QUIET_MS) != KVP_OK)
+            break;
+        kvp_status_t st = take_frame(rs, ch, id);
+        if (st == KVP_OK)
+            frames++;
+        else if (st != KVP_ERR_PENDING)
+            break;
+    }
+    if (frames > 0)
+        KVP_LOG_INFO("segment %s: %u record change(s) still in flight applied after the "
+                     "segment was remounted or began draining",
+                     kvp_segment_name(rs->seg), frames);
+}
+
+/*
  * Subscribe to mount id's record changes and wait for the master's first frame: from then
  * on every change is streamed ahead of the reply that causes it. *offer: the mount waits
  * for the record (record_offer, which opens the segment), offered only now, so no object
@@ -292,6 +322,8 @@ static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
         end = STREAM_UNSUPPORTED; /* --segment-records off */
     else if (st == KVP_ERR_SEGMENT_GONE)
         end = STREAM_REMOUNT; /* the master does not know this mount (any more) */
+    if (end == STREAM_REMOUNT && (st == KVP_OK || st == KVP_ERR_PENDING))
+        take_rest(rs, ch, id);
 out:
     kvp_chan_close(ch);
     return end;

@@ -20,7 +20,9 @@
  * - etcd unreachable when the master starts: it starts and waits; a client fails cleanly;
  *   once etcd listens on that port the master leads and serves within ~5 s;
  * - a 3-member etcd losing a member, then the leading master killed: a standby takes over
- *   and the clients go on.
+ *   and the clients go on;
+ * - an owner that sleeps through a failover and wakes to a SIGTERM: its drain remounts and
+ *   offers its record to the new leader first, and moves every object (none lost).
  *
  * Without an etcd binary the test is skipped (77), unless CI=true or KVPOOL_REQUIRE_ETCD=1.
  */
@@ -937,6 +939,55 @@ static void test_etcd_3_members(void **state)
     finish(e, "test_etcd_3_members", t_test);
 }
 
+/* ---- 6. an owner stopped right after a failover ---- */
+
+/*
+ * Segment 0 sleeps (SIGSTOP) while the leader is killed, and wakes with a SIGTERM waiting:
+ * its drain may be the first thing it sends to the new leader, before its heartbeat or
+ * record thread noticed the failover. The drain must remount and offer the record first:
+ * the new leader knows nothing on a segment whose record it has not seen, so a drain
+ * begun on the old mount found nothing to move and its unmount took every object the
+ * segment held out of the pool. Every object reads back byte-exact afterwards, from
+ * segment 1.
+ */
+static void test_drain_right_after_failover(void **state)
+{
+    uint64_t t_test = kvp_now_ms();
+    env_t *e = env_start(state, "drainfo", 1, 2, 2, 8000);
+    put_objs(e, e->client, "pre", 200);
+    uint64_t e0;
+    int old = wait_leader(e, 0, 1000, &e0);
+    assert_int_equal(kill(e->seg[0].pid, SIGSTOP), 0);
+    kvp_proc_kill9(&e->master[old]);
+    uint64_t e1;
+    assert_int_equal(wait_leader(e, e0, 15000, &e1), 1 - old);
+    /* segment 1 remounts by itself: a put succeeds again (a new key each try: one that
+     * failed may still have landed) */
+    uint8_t val[OBJ];
+    kvp_fill_pattern(val, OBJ, 77);
+    kvp_status_t ps = KVP_ERR_CONNECT;
+    char key[32];
+    for (int i = 0; ps != KVP_OK; i++) {
+        if (kvp_now_ms() > t_test + 30000)
+            fail_msg("no put succeeded after the failover: %s (%s)", kvp_strerror(ps),
+                     kvp_client_last_error());
+        snprintf(key, sizeof(key), "probe-%d", i);
+        ps = kvp_put(e->client, key, val, OBJ, NULL);
+        if (ps != KVP_OK)
+            usleep(20000);
+    }
+    uint64_t t0 = kvp_now_ms();
+    assert_int_equal(kill(e->seg[0].pid, SIGTERM), 0);
+    int rc = kvp_proc_stop(&e->seg[0], SIGCONT, 30000); /* wakes it: the SIGTERM is first */
+    printf("segment 0, woken with a SIGTERM after the failover, drained and exited (%d) in "
+           "%llu ms\n",
+           rc, (unsigned long long)(kvp_now_ms() - t0));
+    assert_int_equal(rc, 0);
+    check_objs(e->client, "pre", 200, 5000);
+    assert_int_equal(kvp_get_into(e->client, key, val, OBJ), OBJ);
+    finish(e, "test_drain_right_after_failover", t_test);
+}
+
 /* argv[1]: run only the tests whose names match this pattern (cmocka's filter). */
 int main(int argc, char **argv)
 {
@@ -957,6 +1008,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_etcd_restart, teardown),
         cmocka_unit_test_teardown(test_etcd_unreachable_at_start, teardown),
         cmocka_unit_test_teardown(test_etcd_3_members, teardown),
+        cmocka_unit_test_teardown(test_drain_right_after_failover, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

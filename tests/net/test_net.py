@@ -37,12 +37,16 @@ SIZE = 16384
 FOLLOW_BOUND_S = 6.0
 
 
-def ready_start(bed, host, argv, timeout=15.0, log=None):
+# owners that log what they do (their drains, remounts and offers) in their logs
+INFO = {**os.environ, "KVPOOL_LOG_LEVEL": "info"}
+
+
+def ready_start(bed, host, argv, timeout=15.0, log=None, env=None):
     """Start argv (with "{fd}" for its --ready-fd) in host; (Popen, its ready line)."""
     r, w = os.pipe()
     argv = [a if a != "{fd}" else str(w) for a in argv]
     p = bed.start(host, argv, pass_fds=(w,), stdin=subprocess.DEVNULL,
-                  stdout=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL)
+                  stdout=subprocess.DEVNULL, stderr=log or subprocess.DEVNULL, env=env)
     os.close(w)
     buf = b""
     deadline = time.monotonic() + timeout
@@ -135,6 +139,22 @@ def report(name, bad, stats, **extra):
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
     print(json.dumps(line))
+
+
+# What the daemons said about objects leaving or coming back (a failed scenario's report
+# carries these lines, so that a loss seen once in CI names its cause).
+EVIDENCE = ("left the pool", "lost their last replica", "refused", "applied after the",
+            "adopted back", "drain", "elected leader", "offer", "record")
+
+
+def evidence(tmp, limit=80):
+    out = []
+    for name in sorted(os.listdir(tmp)):
+        if not name.endswith(".log"):
+            continue
+        with open(os.path.join(tmp, name), errors="replace") as f:
+            out += [f"{name}: {x.rstrip()}" for x in f if any(e in x for e in EVIDENCE)]
+    return out[-limit:]
 
 
 def ok_count(log, op):
@@ -337,7 +357,7 @@ class HaCluster:
             log = open(os.path.join(tmp, f"owner-{h.name}.log"), "ab")
             p, _ = ready_start(bed, h, [CLI_BIN, "--master", self.addr, "serve",
                                         "--segment-size", "64MiB", "--auth", "none",
-                                        "--ready-fd", "{fd}"], log=log, timeout=30)
+                                        "--ready-fd", "{fd}"], log=log, timeout=30, env=INFO)
             self.owners.append(p)
 
     def etcd_healthy(self, h):
@@ -829,7 +849,8 @@ def test_rolling_restart_under_load(bed, tmp_path):
             log_ = open(os.path.join(tmp, f"owner-{h.name}.log"), "ab")
             ha.owners[j], _ = ready_start(b, h, [CLI_BIN, "--master", ha.addr, "serve",
                                                  "--segment-size", "64MiB", "--auth", "none",
-                                                 "--ready-fd", "{fd}"], log=log_, timeout=30)
+                                                 "--ready-fd", "{fd}"], log=log_, timeout=30,
+                                          env=INFO)
         step(f"owner {j}", restart_owner)
     for i in range(3):
         def restart_etcd(i=i):
@@ -853,5 +874,5 @@ def test_rolling_restart_under_load(bed, tmp_path):
     bad, stats = checker.check([log], ver, SIZE, missing_ok=lambda c: any(
         a - 0.5 <= c["t1"] <= z + 0.2 for a, z in rebuilds))
     report("rolling restart: 3 masters, 2 owners (drained), 3 etcd members", bad, stats,
-           steps=steps)
+           steps=steps, **({"evidence": evidence(tmp)} if bad else {}))
     assert bad == []
