@@ -2,7 +2,10 @@
 # deploy/test-rdma.sh - build kvpool in build-rdma/ and run the 'rdma' test
 # suite (tests/rdma/) on a real Soft-RoCE device inside a QEMU guest booted by
 # tests/rdma/rxe-vm.sh (one boot for the whole suite). Ends with one plain
-# line "N passed, N failed"; exits non-zero if anything failed.
+# line "N passed, N failed"; exits non-zero if anything failed. After the
+# suite, two guests on one virtual wire run tests/rdma/te_two_hosts.c (the
+# transfer engine between two hosts; one more test in the count;
+# KVPOOL_RDMA_ONLY=rdma_te_two_hosts runs only it).
 #
 #   deploy/test-rdma.sh          (KVPOOL_RDMA_BUILD=DIR: build there instead;
 #                                 KVPOOL_RDMA_ONLY=name,name: only those tests)
@@ -82,21 +85,68 @@ print("echo \"RDMA_RESULT $pass $((fail+skip))\"")
 print("[ $((fail+skip)) -eq 0 ]")
 ' "$(pwd -P)/$dir" >"$dir/rdma-suite.sh" || { echo "cannot list the rdma tests"; summary 0 1; exit 1; }
 n=$(grep -c '^run_test ' "$dir/rdma-suite.sh")
-if [ "$n" -eq 0 ]; then
+want_two_hosts() {
+    [ -z "${KVPOOL_RDMA_ONLY:-}" ] || [[ ,$KVPOOL_RDMA_ONLY, == *,rdma_te_two_hosts,* ]]
+}
+if [ "$n" -eq 0 ] && ! want_two_hosts; then
     echo "no tests in suite 'rdma' (libibverbs-dev / librdmacm-dev missing at meson setup?)"
     summary 0 1
     exit 1
 fi
-echo "running $n rdma test(s) in the Soft-RoCE VM..."
+echo "running $n rdma test(s) in the Soft-RoCE VM$(want_two_hosts && echo ', then one in two')..."
 
-tests/rdma/rxe-vm.sh run bash "$dir/rdma-suite.sh" 2>&1 | tee "$dir/rdma-suite.out"
-rc=${PIPESTATUS[0]}
-res=$(awk '$1 == "RDMA_RESULT" { print $2, $3 }' "$dir/rdma-suite.out" | tail -n 1)
-if [ -z "$res" ]; then
-    echo "the VM did not finish the suite (rxe-vm.sh exit $rc)"
-    summary 0 1
-    exit 1
+# Two hosts on one wire: two guests whose virtio NICs are joined by a TCP socket between the
+# two QEMUs on the host's loopback (rxe-vm.sh's RXE_VM_LINK; nothing else on that wire), the
+# decode of tests/rdma/te_two_hosts.c in one (169.254.77.1), the prefill in the other
+# (169.254.77.2): the transfer engine's `auto` takes rdma to a peer of another host (with
+# and without TLS) and protected mode refuses another host. One test in the count.
+two_hosts() {
+    local exe=$dir/tests/rdma_te_two_hosts run=$dir/te-two-hosts port i
+    [ -x "$exe" ] || { echo "FAIL  rdma_te_two_hosts: $exe was not built"; return 1; }
+    rm -rf "$run" && mkdir -p "$run"
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    local certs
+    certs=$(pwd -P)/$dir/tests/rdma-certs
+    local t=$SECONDS vm=(env RXE_VM_NETDEV=virtio RXE_VM_MEM=768 RXE_VM_CPUS=1 RXE_VM_TIMEOUT=420)
+    "${vm[@]}" RXE_VM_LINK=listen=127.0.0.1:$port RXE_VM_MAC=52:54:00:4b:56:01 \
+        RXE_VM_IP=169.254.77.1/16 tests/rdma/rxe-vm.sh run \
+        env KVPOOL_RDMA_TEST_CERTS="$certs" "$exe" decode "$run" >"$run/decode.out" 2>&1 &
+    local dpid=$!
+    for ((i = 0; i < 100; i++)); do  # its QEMU listens before the other's connects
+        ss -ltn "sport = :$port" 2>/dev/null | grep -q LISTEN && break
+        sleep 0.1
+    done
+    "${vm[@]}" RXE_VM_LINK=connect=127.0.0.1:$port RXE_VM_MAC=52:54:00:4b:56:02 \
+        RXE_VM_IP=169.254.77.2/16 tests/rdma/rxe-vm.sh run \
+        env KVPOOL_RDMA_TEST_CERTS="$certs" "$exe" prefill "$run" >"$run/prefill.out" 2>&1
+    local prc=$? drc=0
+    wait "$dpid" || drc=$?
+    if [ "$prc" -eq 0 ] && [ "$drc" -eq 0 ]; then
+        grep -h '^decode \|^prefill ' "$run/decode.out" "$run/prefill.out"
+        echo "ok    rdma_te_two_hosts ($((SECONDS - t))s)"
+        return 0
+    fi
+    echo "--- decode (exit $drc)"; cat "$run/decode.out"
+    echo "--- prefill (exit $prc)"; cat "$run/prefill.out"
+    echo "FAIL  rdma_te_two_hosts ($((SECONDS - t))s)"
+    return 1
+}
+
+pass=0 fail=0 rc=0
+if [ "$n" -gt 0 ]; then
+    tests/rdma/rxe-vm.sh run bash "$dir/rdma-suite.sh" 2>&1 | tee "$dir/rdma-suite.out"
+    rc=${PIPESTATUS[0]}
+    res=$(awk '$1 == "RDMA_RESULT" { print $2, $3 }' "$dir/rdma-suite.out" | tail -n 1)
+    if [ -z "$res" ]; then
+        echo "the VM did not finish the suite (rxe-vm.sh exit $rc)"
+        summary 0 1
+        exit 1
+    fi
+    set -- $res
+    pass=$1 fail=$2
 fi
-set -- $res
-summary "$1" "$2"
-[ "$rc" -eq 0 ] && [ "$2" -eq 0 ]
+if want_two_hosts; then
+    if two_hosts; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+fi
+summary "$pass" "$fail"
+[ "$rc" -eq 0 ] && [ "$fail" -eq 0 ]

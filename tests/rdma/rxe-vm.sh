@@ -51,6 +51,12 @@
 #   RXE_VM_NETDEV    netdev under rxe0: dummy | virtio | lo   (default dummy;
 #                    lo: verbs work but rdma_cm does not)
 #   RXE_VM_IP        IPv4 address/prefix given to that netdev (default 169.254.77.1/16)
+#   RXE_VM_LINK      with RXE_VM_NETDEV=virtio: join the NIC to a second guest's
+#                    instead of a dead-end hub port, over a TCP socket between
+#                    the two QEMUs on the host's loopback: listen=127.0.0.1:PORT
+#                    in one, connect=127.0.0.1:PORT in the other (two hosts on
+#                    one wire; give each its own RXE_VM_IP and RXE_VM_MAC)
+#   RXE_VM_MAC       the virtio NIC's MAC address        (default QEMU's)
 #   RXE_VM_SHARES    extra host dirs to share, ':'-separated, mounted at the same path
 #   RXE_VM_VERBOSE   1 = stream the guest console (kernel log) to stderr,
 #                    2 = also full kernel log and a timed trace of the guest setup
@@ -85,6 +91,8 @@ RXE_VM_MEM=${RXE_VM_MEM:-1024}
 RXE_VM_ACCEL=${RXE_VM_ACCEL:-auto}
 RXE_VM_NETDEV=${RXE_VM_NETDEV:-dummy}
 RXE_VM_SHARES=${RXE_VM_SHARES:-}
+RXE_VM_LINK=${RXE_VM_LINK:-}
+RXE_VM_MAC=${RXE_VM_MAC:-}
 RXE_VM_VERBOSE=${RXE_VM_VERBOSE:-0}
 # host_apt_uri SUITE: the first URI the host's apt sources use for SUITE (deb822
 # .sources files or one-line sources.list), so the guest is built from the same
@@ -547,8 +555,16 @@ cmd_run() {   # cmd_run INTERACTIVE CMD...
     done
     if [[ $RXE_VM_NETDEV == virtio ]]; then
         # A NIC whose host side is an unconnected hub port: no traffic can
-        # leave the guest. romfile= avoids needing the iPXE option ROM.
-        q+=(-netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0,romfile=)
+        # leave the guest; or (RXE_VM_LINK) a socket to another guest's NIC on
+        # the host's loopback, nothing else on that wire. romfile= avoids
+        # needing the iPXE option ROM.
+        local mac=${RXE_VM_MAC:+,mac=$RXE_VM_MAC}
+        case $RXE_VM_LINK in
+          "")                      q+=(-netdev hubport,id=n0,hubid=0) ;;
+          listen=127.0.0.1:*|connect=127.0.0.1:*) q+=(-netdev "socket,id=n0,$RXE_VM_LINK") ;;
+          *) die "RXE_VM_LINK must be listen=127.0.0.1:PORT or connect=127.0.0.1:PORT" ;;
+        esac
+        q+=(-device "virtio-net-pci,netdev=n0,romfile=$mac")
     fi
     # CMD's stdout/stderr: virtio-serial ports -> FIFOs on the host.
     # (qemu "pipe" chardevs use NAME.in / NAME.out.)
