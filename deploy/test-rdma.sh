@@ -99,18 +99,21 @@ echo "running $n rdma test(s) in the Soft-RoCE VM$(want_two_hosts && echo ', the
 # two QEMUs on the host's loopback (rxe-vm.sh's RXE_VM_LINK; nothing else on that wire), the
 # decode of tests/rdma/te_two_hosts.c in one (169.254.77.1), the prefill in the other
 # (169.254.77.2): the transfer engine's `auto` takes rdma to a peer of another host (with
-# and without TLS) and protected mode refuses another host. One test in the count.
+# and without TLS) and protected mode refuses another host; then a master and a segment in
+# the first, a store client with `auto` in the second (rdma too). One test in the count.
 two_hosts() {
     local exe=$dir/tests/rdma_te_two_hosts run=$dir/te-two-hosts port i
     [ -x "$exe" ] || { echo "FAIL  rdma_te_two_hosts: $exe was not built"; return 1; }
     rm -rf "$run" && mkdir -p "$run"
     port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    local certs
+    local certs bins
     certs=$(pwd -P)/$dir/tests/rdma-certs
+    bins=(KVPOOL_MASTER_BIN="$(pwd -P)/$dir/master/kvpool-master"
+          KVPOOL_CLI_BIN="$(pwd -P)/$dir/client/kvpool")
     local t=$SECONDS vm=(env RXE_VM_NETDEV=virtio RXE_VM_MEM=768 RXE_VM_CPUS=1 RXE_VM_TIMEOUT=420)
     "${vm[@]}" RXE_VM_LINK=listen=127.0.0.1:$port RXE_VM_MAC=52:54:00:4b:56:01 \
         RXE_VM_IP=169.254.77.1/16 tests/rdma/rxe-vm.sh run \
-        env KVPOOL_RDMA_TEST_CERTS="$certs" "$exe" decode "$run" >"$run/decode.out" 2>&1 &
+        env KVPOOL_RDMA_TEST_CERTS="$certs" "${bins[@]}" "$exe" decode "$run" >"$run/decode.out" 2>&1 &
     local dpid=$!
     for ((i = 0; i < 100; i++)); do  # its QEMU listens before the other's connects
         ss -ltn "sport = :$port" 2>/dev/null | grep -q LISTEN && break
@@ -118,7 +121,7 @@ two_hosts() {
     done
     "${vm[@]}" RXE_VM_LINK=connect=127.0.0.1:$port RXE_VM_MAC=52:54:00:4b:56:02 \
         RXE_VM_IP=169.254.77.2/16 tests/rdma/rxe-vm.sh run \
-        env KVPOOL_RDMA_TEST_CERTS="$certs" "$exe" prefill "$run" >"$run/prefill.out" 2>&1
+        env KVPOOL_RDMA_TEST_CERTS="$certs" "${bins[@]}" "$exe" prefill "$run" >"$run/prefill.out" 2>&1
     local prc=$? drc=0
     wait "$dpid" || drc=$?
     if [ "$prc" -eq 0 ] && [ "$drc" -eq 0 ]; then

@@ -19,19 +19,27 @@
  *     decode with KVPOOL_TE_PEERS=admin: the same, over rdma, after the proof;
  *   - protected: the decode in its default protected mode (no credentials): the prefill's
  *     write from another host is refused (KVP_ERR_DENIED), the decode counts it
- *     (refused_protected) and its bytes are all its own.
+ *     (refused_protected) and its bytes are all its own;
+ *   - store: the decode's host runs kvpool-master and `kvpool serve` ($KVPOOL_MASTER_BIN,
+ *     $KVPOOL_CLI_BIN; --auth none), the prefill's host a store client with transport
+ *     "auto" and registered buffers: its puts and gets to the segment of another host go
+ *     over rdma (the client's per-transport bytes: all rdma, none tcp), byte-exact.
  * Exit 0 when every round passed on this side (the decode: its checks; the prefill: its
  * checks and the decode's verdict), 1 otherwise; what failed on stderr.
  */
+#include <poll.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "client/include/kvpool.h"
 #include "client/include/kvpool_te.h"
 
 #define LAYERS 4
@@ -312,6 +320,167 @@ static int prefill_round(const char *dir, const char *mode)
     return why[0] ? 1 : 0;
 }
 
+/* ---- the store across the two hosts ---- */
+
+#define STORE_OBJS 16
+#define STORE_OBJ (256u * 1024)
+
+/* Start argv, whose "FD" argument becomes the write end of a pipe (its --ready-fd); wait
+ * for its ready line into ready. Its pid, or -1 (said). */
+static pid_t spawn_ready(char **argv, char *ready, size_t cap)
+{
+    int fds[2];
+    if (pipe(fds) != 0)
+        return -1;
+    char fd[16];
+    snprintf(fd, sizeof(fd), "%d", fds[1]);
+    for (char **a = argv; *a != NULL; a++)
+        if (strcmp(*a, "FD") == 0)
+            *a = fd;
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    close(fds[1]);
+    size_t n = 0;
+    struct pollfd pf = {.fd = fds[0], .events = POLLIN};
+    while (pid > 0 && n + 1 < cap && (n == 0 || ready[n - 1] != '\n') && poll(&pf, 1, 30000) == 1) {
+        ssize_t r = read(fds[0], ready + n, cap - 1 - n);
+        if (r <= 0)
+            break;
+        n += (size_t)r;
+    }
+    close(fds[0]);
+    ready[n] = '\0';
+    char *nl = strchr(ready, '\n');
+    if (pid < 0 || nl == NULL) {
+        fprintf(stderr, "store: %s did not become ready\n", argv[0]);
+        if (pid > 0)
+            kill(pid, SIGKILL);
+        return -1;
+    }
+    *nl = '\0';
+    return pid;
+}
+
+static int stop_pid(pid_t pid)
+{
+    int status = 0;
+    if (pid <= 0)
+        return -1;
+    kill(pid, SIGTERM);
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static int decode_store(const char *dir)
+{
+    const char *mbin = getenv("KVPOOL_MASTER_BIN"), *cbin = getenv("KVPOOL_CLI_BIN");
+    if (mbin == NULL || cbin == NULL) {
+        fprintf(stderr, "store: KVPOOL_MASTER_BIN and KVPOOL_CLI_BIN must name the binaries\n");
+        put_file(dir, "store", "master.addr", "none");
+        put_file(dir, "store", "decode.result", "no binaries");
+        return 1;
+    }
+    unsetenv("KVPOOL_AUTH");
+    char listen[64], maddr[256], sready[512];
+    snprintf(listen, sizeof(listen), "%s:0", ip());
+    char *margv[] = {(char *)mbin,  "--listen", listen,       "--auth", "none",
+                     "--log-level", "warn",     "--ready-fd", "FD",     NULL};
+    pid_t m = spawn_ready(margv, maddr, sizeof(maddr));
+    char *sargv[] = {(char *)cbin,     "--master", maddr,    "serve",
+                     "--segment-size", "64MiB",    "--auth", "none",
+                     "--ready-fd",     "FD",       NULL};
+    pid_t sv = m > 0 ? spawn_ready(sargv, sready, sizeof(sready)) : -1;
+    put_file(dir, "store", "master.addr", sv > 0 ? maddr : "none");
+    char *done = sv > 0 ? wait_file(dir, "store", "client.done") : NULL;
+    int src = stop_pid(sv), mrc = stop_pid(m);
+    char why[256] = "";
+    if (done == NULL)
+        snprintf(why, sizeof(why), "no master and segment, or no word from the client");
+    else if (src != 0 || mrc != 0)
+        snprintf(why, sizeof(why), "kvpool serve exited %d, kvpool-master %d", src, mrc);
+    printf("decode store: master %s, segment served; the client said '%s': %s\n", maddr,
+           done ? done : "(nothing)", why[0] ? why : "ok");
+    free(done);
+    put_file(dir, "store", "decode.result", why[0] ? why : "ok");
+    return why[0] ? 1 : 0;
+}
+
+static int prefill_store(const char *dir)
+{
+    char *addr = wait_file(dir, "store", "master.addr");
+    if (addr == NULL)
+        return 1;
+    char why[512] = "";
+    kvp_client_t *c = NULL;
+    kvp_client_params_t p;
+    kvp_client_params_init(&p);
+    p.master_addr = addr;
+    p.transport = "auto";
+    kvp_status_t st = strcmp(addr, "none") == 0 ? KVP_ERR_CONNECT : kvp_client_create(&p, &c);
+    uint8_t *src = aligned_alloc(4096, (size_t)STORE_OBJS * STORE_OBJ);
+    uint8_t *dst = aligned_alloc(4096, (size_t)STORE_OBJS * STORE_OBJ);
+    if (st != KVP_OK)
+        snprintf(why, sizeof(why), "client on %s: %s", addr, kvp_strerror(st));
+    else if (src == NULL || dst == NULL ||
+             kvp_register_buffer(c, src, (size_t)STORE_OBJS * STORE_OBJ) != KVP_OK ||
+             kvp_register_buffer(c, dst, (size_t)STORE_OBJS * STORE_OBJ) != KVP_OK)
+        snprintf(why, sizeof(why), "buffers: %s", kvp_client_last_error());
+    for (unsigned i = 0; i < STORE_OBJS && why[0] == '\0'; i++) {
+        char key[32];
+        snprintf(key, sizeof(key), "two-hosts-%u", i);
+        for (size_t j = 0; j < STORE_OBJ; j++)
+            src[(size_t)i * STORE_OBJ + j] = pattern(PREFILL_SEED, i, (unsigned)(j / BLOCK), j);
+        memset(dst + (size_t)i * STORE_OBJ, 0, STORE_OBJ);
+        st = kvp_put(c, key, src + (size_t)i * STORE_OBJ, STORE_OBJ, NULL);
+        int64_t r = st == KVP_OK ? kvp_get_into(c, key, dst + (size_t)i * STORE_OBJ, STORE_OBJ)
+                                 : (int64_t)st;
+        if (st != KVP_OK)
+            snprintf(why, sizeof(why), "put %s: %s (%s)", key, kvp_strerror(st),
+                     kvp_client_last_error());
+        else if (r != STORE_OBJ)
+            snprintf(why, sizeof(why), "get %s: %lld", key, (long long)r);
+        else if (memcmp(src + (size_t)i * STORE_OBJ, dst + (size_t)i * STORE_OBJ, STORE_OBJ) != 0)
+            snprintf(why, sizeof(why), "get %s: not the bytes put", key);
+    }
+    kvp_metrics_t mt;
+    memset(&mt, 0, sizeof(mt));
+    mt.size = sizeof(mt);
+    if (c != NULL && kvp_metrics_snapshot(c, &mt) != KVP_OK && why[0] == '\0')
+        snprintf(why, sizeof(why), "metrics: %s", kvp_client_last_error());
+    uint64_t want = (uint64_t)STORE_OBJS * STORE_OBJ;
+    const kvp_metrics_count_t *rp = &mt.client[KVP_METRICS_TP_RDMA].put,
+                              *rg = &mt.client[KVP_METRICS_TP_RDMA].get,
+                              *tp = &mt.client[KVP_METRICS_TP_TCP].put,
+                              *tg = &mt.client[KVP_METRICS_TP_TCP].get;
+    if (why[0] == '\0' &&
+        (rp->bytes != want || rg->bytes != want || tp->bytes != 0 || tg->bytes != 0))
+        snprintf(why, sizeof(why),
+                 "auto to a segment of another host: rdma put %llu / get %llu bytes, tcp put "
+                 "%llu / get %llu (want all %llu on rdma)",
+                 (unsigned long long)rp->bytes, (unsigned long long)rg->bytes,
+                 (unsigned long long)tp->bytes, (unsigned long long)tg->bytes,
+                 (unsigned long long)want);
+    printf("prefill store: %u puts and gets of %u KiB through %s, rdma %llu/%llu bytes, tcp "
+           "%llu/%llu: %s\n",
+           STORE_OBJS, STORE_OBJ >> 10, addr, (unsigned long long)rp->bytes,
+           (unsigned long long)rg->bytes, (unsigned long long)tp->bytes,
+           (unsigned long long)tg->bytes, why[0] ? why : "as expected");
+    kvp_client_destroy(c);
+    put_file(dir, "store", "client.done", why[0] ? why : "ok");
+    char *verdict = wait_file(dir, "store", "decode.result");
+    if ((verdict == NULL || strcmp(verdict, "ok") != 0) && why[0] == '\0')
+        snprintf(why, sizeof(why), "the decode's side: %s", verdict ? verdict : "(nothing)");
+    free(verdict);
+    free(src);
+    free(dst);
+    free(addr);
+    return why[0] ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3 || (strcmp(argv[1], "decode") != 0 && strcmp(argv[1], "prefill") != 0)) {
@@ -332,6 +501,15 @@ int main(int argc, char **argv)
             fprintf(stderr, "te_two_hosts %s: round %s failed\n", argv[1], modes[m]);
         failed += rc;
     }
-    printf("te_two_hosts %s: %d of 3 rounds failed\n", argv[1], failed);
+    if (decode) {
+        char d[512];
+        snprintf(d, sizeof(d), "%s/store", argv[2]);
+        mkdir(d, 0700);
+    }
+    int rc = decode ? decode_store(argv[2]) : prefill_store(argv[2]);
+    if (rc != 0)
+        fprintf(stderr, "te_two_hosts %s: round store failed\n", argv[1]);
+    failed += rc;
+    printf("te_two_hosts %s: %d of 4 rounds failed\n", argv[1], failed);
     return failed ? 1 : 0;
 }
