@@ -184,28 +184,46 @@ static kvp_status_t drain_pass(const kvp_drain_params_t *p, uint64_t seg_id, uin
 }
 
 /*
- * Passes over the segment while time is left and each one moves something. They end when
- * a pass found nothing to copy and nothing failed (all moved), or moved nothing it tried
- * to (*stuck_p: no room elsewhere, or every copy failed again: another pass would not do
- * better). A copy that failed once (a transfer error, an object rewritten under it) is
- * tried again by the next pass, not given up with the rest of the segment: one failure
- * used to end every pass, and the unmount then took what was left out of the pool.
+ * Passes over the segment while time is left and each one moves something (8 at most). They
+ * end when a pass found nothing to copy and nothing failed (all moved). A copy that failed
+ * once (a transfer error, an object rewritten under it) is tried again by the next pass,
+ * not given up with the rest of the segment. A pass that moved nothing it tried to (no
+ * room elsewhere, or every copy failed) ends them (*stuck_p), unless room_wait_ms: then it
+ * is asked again every 100 ms for that long first (right after a failover the other
+ * segments may not be mounted at the new master yet, or still offering their records: no
+ * room until they are).
  */
 #define DRAIN_MAX_PASSES 8
+#define DRAIN_ROOM_WAIT_MS 5000u
+/* times a drain mounts its segment again after the master forgot it, and starts over */
+#define DRAIN_REMOUNTS 3
 
 static kvp_status_t drain_passes(const kvp_drain_params_t *p, uint64_t seg_id, uint64_t deadline,
-                                 uint64_t *moved_p, uint64_t *failed_p, bool *stuck_p)
+                                 uint32_t room_wait_ms, uint64_t *moved_p, uint64_t *failed_p,
+                                 bool *stuck_p)
 {
     kvp_status_t st = KVP_OK;
-    for (int pass = 0; pass < DRAIN_MAX_PASSES && st == KVP_OK && kvp_now_ms() < deadline; pass++) {
+    uint64_t room_until = 0; /* while passes move nothing: when to stop asking */
+    int passes = 0;
+    while (st == KVP_OK && kvp_now_ms() < deadline) {
         uint64_t to_copy = 0, moved_before = *moved_p, failed_before = *failed_p;
         st = drain_pass(p, seg_id, deadline, moved_p, &to_copy, failed_p);
         if (st != KVP_OK || (to_copy == 0 && *failed_p == failed_before))
-            break;
-        if (*moved_p == moved_before) {
+            break; /* all moved (or the master said no) */
+        if (*moved_p > moved_before) {
+            room_until = 0;
+            if (++passes >= DRAIN_MAX_PASSES)
+                break;
+            continue;
+        }
+        uint64_t now = kvp_now_ms();
+        if (room_until == 0)
+            room_until = now + room_wait_ms;
+        if (now >= room_until || now + 100 >= deadline) {
             *stuck_p = true;
             break;
         }
+        usleep(100 * 1000);
     }
     return st;
 }
@@ -217,18 +235,19 @@ static kvp_status_t drain_passes(const kvp_drain_params_t *p, uint64_t seg_id, u
  * its master was). So first a call on the session (a connection to a master that went
  * away is replaced now, and the segment remounted there), then wait, within the drain's
  * time, until the segment is open: mounted at the master that answered and its record
- * offered.
+ * offered. True when it had to wait (or remount): a master changed just now.
  */
-static void settle(const kvp_drain_params_t *p, uint64_t deadline)
+static bool settle(const kvp_drain_params_t *p, uint64_t deadline)
 {
-    for (;;) {
+    uint64_t id = kvp_segment_id(p->seg);
+    for (bool waited = false;; waited = true) {
         uint8_t *resp;
         size_t rlen;
         kvp_status_t st = kvp_session_call(p->session, KVP_RPC_PING, NULL, &resp, &rlen);
         if (st == KVP_OK && kvp_segment_is_open(p->seg))
-            return;
+            return waited || kvp_segment_id(p->seg) != id;
         if (kvp_now_ms() + 20 >= deadline)
-            return;
+            return true;
         usleep(20 * 1000);
     }
 }
@@ -259,34 +278,51 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
         *lost_p = 0;
     if (p->seg == NULL)
         return KVP_ERR_INVALID_ARG;
-    uint64_t deadline = kvp_now_ms() + timeout_ms, pending = 0;
-    if (kvp_segment_state(p->seg) == KVP_SEG_MOUNTED)
-        settle(p, deadline);
-    uint64_t seg_id;
-    kvp_status_t st = kvp_segment_drain_begin(p->seg, &seg_id);
-    if (st != KVP_OK)
-        return st;
-    st = drain_call(p, seg_id, &pending);
-    uint64_t moved = 0, failed = 0;
-    if (st == KVP_OK)
-        KVP_LOG_INFO("draining segment %s (%.1f s at most)", kvp_segment_name(p->seg),
-                     timeout_ms / 1000.0);
-    /* A pass sees every object present throughout; puts that were in flight when the
-     * drain began finish later, so pass again while there is time and progress. */
-    bool stuck = false;
-    if (st == KVP_OK)
-        st = drain_passes(p, seg_id, deadline, &moved, &failed, &stuck);
-    /* Nothing new is placed on a draining segment, but a put placed on it before may end
-     * after the last pass listed the segment: once none is left being written (or time is
-     * up), more passes move what they wrote, then the segment goes. */
-    while (st == KVP_OK && !stuck && kvp_now_ms() < deadline) {
+    uint64_t deadline = kvp_now_ms() + timeout_ms, pending = 0, moved = 0, failed = 0, seg_id;
+    kvp_status_t st;
+    uint32_t room_wait = 0; /* a master changed under the drain: the others may lag */
+    for (int attempt = 0;; attempt++) {
+        if (kvp_segment_state(p->seg) == KVP_SEG_MOUNTED && (settle(p, deadline) || attempt > 0))
+            room_wait = DRAIN_ROOM_WAIT_MS;
+        st = kvp_segment_drain_begin(p->seg, &seg_id);
+        if (st != KVP_OK)
+            return st;
         st = drain_call(p, seg_id, &pending);
-        if (st != KVP_OK || pending == 0)
-            break;
-        usleep(10 * 1000);
+        if (st == KVP_OK && attempt == 0)
+            KVP_LOG_INFO("draining segment %s (%.1f s at most)", kvp_segment_name(p->seg),
+                         timeout_ms / 1000.0);
+        /* A pass sees every object present throughout; puts that were in flight when the
+         * drain began finish later, so pass again while there is time and progress. */
+        bool stuck = false;
+        if (st == KVP_OK)
+            st = drain_passes(p, seg_id, deadline, room_wait, &moved, &failed, &stuck);
+        /* Nothing new is placed on a draining segment, but a put placed on it before may
+         * end after the last pass listed the segment: once none is left being written (or
+         * time is up), more passes move what they wrote, then the segment goes. */
+        while (st == KVP_OK && !stuck && kvp_now_ms() < deadline) {
+            st = drain_call(p, seg_id, &pending);
+            if (st != KVP_OK || pending == 0)
+                break;
+            usleep(10 * 1000);
+        }
+        if (st == KVP_OK && !stuck && kvp_now_ms() < deadline)
+            st = drain_passes(p, seg_id, deadline, room_wait, &moved, &failed, &stuck);
+        if (st == KVP_OK) /* does the master that answers still know it (moves that failed?) */
+            st = drain_call(p, seg_id, &pending);
+        /* The master the drain began with forgot the segment: a failover or a restart while
+         * it drained (its calls go to the new master now, which knows nothing on it until
+         * its record is offered). Mount it there again, offer the record, drain anew: the
+         * objects not moved yet would otherwise leave the pool with the unmount. */
+        if (st == KVP_ERR_SEGMENT_GONE && attempt < DRAIN_REMOUNTS && kvp_now_ms() < deadline &&
+            kvp_segment_drain_abort(p->seg)) {
+            KVP_LOG_WARN("segment %s: the master no longer knows it (a failover or a restart "
+                         "while it drained): mounting it again to drain it there",
+                         kvp_segment_name(p->seg));
+            (void)kvp_session_mount(p->session); /* a broken connection's reconnect does it */
+            continue;
+        }
+        break;
     }
-    if (st == KVP_OK && !stuck && kvp_now_ms() < deadline)
-        st = drain_passes(p, seg_id, deadline, &moved, &failed, &stuck);
     if (st == KVP_ERR_SEGMENT_GONE)
         st = KVP_OK; /* the master no longer has it (restart, ttl): nothing to unmount */
     /* unmount: objects still here with no other replica leave the pool */

@@ -394,6 +394,15 @@ kvp_status_t kvp_segment_drain_begin(kvp_segment_t *seg, uint64_t *seg_id_p)
     return KVP_OK;
 }
 
+bool kvp_segment_drain_abort(kvp_segment_t *seg)
+{
+    kvp_segment_state_lock(seg);
+    int expect = KVP_SEG_DRAINING;
+    bool ok = atomic_compare_exchange_strong(&seg->state, &expect, KVP_SEG_MOUNTED);
+    kvp_segment_state_unlock(seg);
+    return ok;
+}
+
 int kvp_segment_set_drained(kvp_segment_t *seg)
 {
     return atomic_exchange(&seg->state, KVP_SEG_DRAINED);

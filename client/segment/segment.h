@@ -106,6 +106,9 @@ void kvp_segment_admission(const kvp_segment_t *seg, kvp_conn_refusals_t *sum);
  * between): the id to drain in *seg_id_p. KVP_ERR_PENDING: a drain is under way;
  * KVP_ERR_INVALID_ARG: not mounted. */
 kvp_status_t kvp_segment_drain_begin(kvp_segment_t *seg, uint64_t *seg_id_p);
+/* DRAINING -> MOUNTED (the master it drained to forgot it: it is to be mounted and offered
+ * again, then drained anew); false when it was not draining. */
+bool kvp_segment_drain_abort(kvp_segment_t *seg);
 /* Unmounted for good (a drain ended, or destroy): KVP_SEG_DRAINED. Returns the state it
  * was in. */
 int kvp_segment_set_drained(kvp_segment_t *seg);

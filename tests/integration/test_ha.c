@@ -22,7 +22,9 @@
  * - a 3-member etcd losing a member, then the leading master killed: a standby takes over
  *   and the clients go on;
  * - an owner that sleeps through a failover and wakes to a SIGTERM: its drain remounts and
- *   offers its record to the new leader first, and moves every object (none lost).
+ *   offers its record to the new leader first, and moves every object (none lost);
+ * - the leader killed while an owner drains: the drain mounts its segment at the new leader
+ *   again, offers its record and drains anew (none lost).
  *
  * Without an etcd binary the test is skipped (77), unless CI=true or KVPOOL_REQUIRE_ETCD=1.
  */
@@ -988,6 +990,55 @@ static void test_drain_right_after_failover(void **state)
     finish(e, "test_drain_right_after_failover", t_test);
 }
 
+/*
+ * The leader killed while an owner drains (SIGTERM): segment 0 is frozen the moment the
+ * master shows it draining, with most of its objects not moved yet, the leader is killed,
+ * and segment 0 wakes once the other master leads. Its drain's next call reaches the new
+ * leader, which does not know the segment: the drain mounts it there again, its record is
+ * offered, and it drains anew; every object reads back byte-exact (before, the drain took
+ * the unknown segment as gone and its unmoved objects left the pool).
+ */
+#define MID_DRAIN_OBJS 3000
+
+static void test_failover_while_draining(void **state)
+{
+    uint64_t t_test = kvp_now_ms();
+    env_t *e = env_start(state, "middrain", 1, 2, 2, 8000);
+    put_objs(e, e->client, "mid", MID_DRAIN_OBJS);
+    uint64_t e0;
+    int old = wait_leader(e, 0, 1000, &e0);
+    assert_int_equal(kill(e->seg[0].pid, SIGTERM), 0);
+    uint64_t left = 0, until = kvp_now_ms() + 10000;
+    bool frozen = false;
+    while (!frozen && kvp_now_ms() < until) {
+        kvp_pool_stat_t *s = NULL;
+        if (kvp_pool_stat(e->client, &s) == KVP_OK) {
+            for (size_t i = 0; i < s->n_segments; i++)
+                if (strcmp(s->segments[i].name, e->seg[0].ready) == 0 && s->segments[i].draining) {
+                    kill(e->seg[0].pid, SIGSTOP);
+                    frozen = true;
+                    left = s->segments[i].objects;
+                }
+            kvp_pool_stat_free(s);
+        }
+    }
+    assert_true(frozen);
+    printf("segment 0 frozen draining, with %llu objects not moved yet\n",
+           (unsigned long long)left);
+    assert_true(left > 0);
+    kvp_proc_kill9(&e->master[old]);
+    uint64_t e1;
+    assert_int_equal(wait_leader(e, e0, 15000, &e1), 1 - old);
+    uint64_t t0 = kvp_now_ms();
+    assert_int_equal(kill(e->seg[0].pid, SIGCONT), 0);
+    int rc = kvp_proc_wait_exit(&e->seg[0], 40000);
+    printf("segment 0 woke after the failover, drained again and exited (%d) in %llu ms\n", rc,
+           (unsigned long long)(kvp_now_ms() - t0));
+    assert_int_equal(rc, 0);
+    check_objs(e->client, "mid", MID_DRAIN_OBJS, 10000);
+    finish(e, "test_failover_while_draining", t_test);
+}
+
 /* argv[1]: run only the tests whose names match this pattern (cmocka's filter). */
 int main(int argc, char **argv)
 {
@@ -1009,6 +1060,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_teardown(test_etcd_unreachable_at_start, teardown),
         cmocka_unit_test_teardown(test_etcd_3_members, teardown),
         cmocka_unit_test_teardown(test_drain_right_after_failover, teardown),
+        cmocka_unit_test_teardown(test_failover_while_draining, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
