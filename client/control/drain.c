@@ -234,20 +234,30 @@ static kvp_status_t drain_passes(const kvp_drain_params_t *p, uint64_t seg_id, u
  * find nothing to move and unmount the rest out of the pool (an owner stopped just after
  * its master was). So first a call on the session (a connection to a master that went
  * away is replaced now, and the segment remounted there), then wait, within the drain's
- * time, until the segment is open: mounted at the master that answered and its record
- * offered. True when it had to wait (or remount): a master changed just now.
+ * time (SETTLE_MAX_MS at most: no master may answer at all), until the segment is open:
+ * mounted at the master that answered and its record offered. stale: an id that master
+ * no longer knows (the drain found so), which does not count as mounted: until the mount
+ * that replaces it lands (this thread's or the heartbeat's, whichever the master took),
+ * it is asked for again. True when it had to wait (or remount): a master changed just now.
  */
-static bool settle(const kvp_drain_params_t *p, uint64_t deadline)
+#define SETTLE_MAX_MS 10000u
+
+static bool settle(const kvp_drain_params_t *p, uint64_t deadline, uint64_t stale)
 {
-    uint64_t id = kvp_segment_id(p->seg);
+    uint64_t id = kvp_segment_id(p->seg), until = kvp_now_ms() + SETTLE_MAX_MS;
+    if (until > deadline)
+        until = deadline;
     for (bool waited = false;; waited = true) {
         uint8_t *resp;
         size_t rlen;
         kvp_status_t st = kvp_session_call(p->session, KVP_RPC_PING, NULL, &resp, &rlen);
-        if (st == KVP_OK && kvp_segment_is_open(p->seg))
-            return waited || kvp_segment_id(p->seg) != id;
-        if (kvp_now_ms() + 20 >= deadline)
+        uint64_t now_id = kvp_segment_id(p->seg);
+        if (st == KVP_OK && now_id != stale && kvp_segment_is_open(p->seg))
+            return waited || now_id != id;
+        if (kvp_now_ms() + 20 >= until)
             return true;
+        if (st == KVP_OK && now_id == stale && waited)
+            (void)kvp_session_mount(p->session); /* refused while another one is under way */
         usleep(20 * 1000);
     }
 }
@@ -281,8 +291,10 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
     uint64_t deadline = kvp_now_ms() + timeout_ms, pending = 0, moved = 0, failed = 0, seg_id;
     kvp_status_t st;
     uint32_t room_wait = 0; /* a master changed under the drain: the others may lag */
+    uint64_t stale = 0;     /* the id the master forgot, when the drain starts over */
     for (int attempt = 0;; attempt++) {
-        if (kvp_segment_state(p->seg) == KVP_SEG_MOUNTED && (settle(p, deadline) || attempt > 0))
+        if (kvp_segment_state(p->seg) == KVP_SEG_MOUNTED &&
+            (settle(p, deadline, stale) || attempt > 0))
             room_wait = DRAIN_ROOM_WAIT_MS;
         st = kvp_segment_drain_begin(p->seg, &seg_id);
         if (st != KVP_OK)
@@ -319,6 +331,7 @@ kvp_status_t kvp_drain_run(const kvp_drain_params_t *p, uint32_t timeout_ms, uin
                          "while it drained): mounting it again to drain it there",
                          kvp_segment_name(p->seg));
             (void)kvp_session_mount(p->session); /* a broken connection's reconnect does it */
+            stale = seg_id;
             continue;
         }
         break;
