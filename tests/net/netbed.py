@@ -30,6 +30,11 @@ import subprocess
 import time
 
 
+# Local ports no outgoing connection in a host may take: those the scenarios listen on
+# (etcd client and peer, the masters' HTTP, the masters' rpc ports 50050 + i).
+RESERVED_PORTS = "2379-2380,9100,50050-50059"
+
+
 def _run(*argv, check=True, input=None):
     r = subprocess.run(argv, input=input, capture_output=True, text=True)
     if check and r.returncode != 0:
@@ -94,6 +99,11 @@ class NetBed:
                      "dev", "eth0")
                 _run("ip", "netns", "exec", h.name, "ip", "link", "set", "eth0", "up")
                 _run("ip", "netns", "exec", h.name, "ip", "link", "set", "lo", "up")
+                # the fixed ports the scenarios listen on (etcd, the masters' rpc and HTTP)
+                # are never handed out as a connection's local port (one was: an etcd
+                # member's connection to a peer took 50052 before its host's master bound it)
+                _run("ip", "netns", "exec", h.name, "sh", "-c",
+                     f"echo {RESERVED_PORTS} > /proc/sys/net/ipv4/ip_local_reserved_ports")
                 self._rules(h)
         except BaseException:
             self.close()
