@@ -114,7 +114,25 @@ typedef struct conn {
     struct conn *prev;
     struct conn *held_next; /* the held ones, in the order they are to be served */
     struct conn *held_prev;
+    uint64_t sent_total; /* bytes of its output the socket ever took (a record stream's: gates) */
+    bool record_stream;  /* carries a segment's record changes (SegRecord): never gated */
+    uint64_t sent_seen;  /* sent_total at the last --client-ttl check (a stream's liveness) */
+    bool adopted;        /* this turn ran an Adopt: not gated (gate_turn) */
+    /* record gates: its replies wait for these streams to take what was queued on them */
+    struct gate *gates;
+    unsigned n_gates, gates_cap;
+    uint64_t gated_ms;                    /* since when (--record-wait) */
+    struct conn *gated_next, *gated_prev; /* the gated ones */
 } conn_t;
+
+/* A connection's replies wait until `stream` (a DRAM segment's SegRecord stream) has taken
+ * pos bytes in all (sent_total; UINT64_MAX: changes not even queued on it yet, so only the
+ * stream's end or --record-wait lets them go). */
+typedef struct gate {
+    conn_t *stream; /* NULL: it closed */
+    uint64_t seg_id;
+    uint64_t pos;
+} gate_t;
 
 /* A request held without an answer (SsdTasks with no task yet: a long poll; a Mount whose
  * endpoint is being proven: proof_id). */
@@ -175,6 +193,9 @@ struct kvp_master_server {
     uint64_t turn;                 /* the loop's turns, counted */
     unsigned n_held;               /* connections held (input left over from their turn) */
     conn_t *held_head, *held_tail; /* ... in a list, the next to be served first */
+    conn_t *gated;                 /* connections whose replies wait for record streams */
+    uint64_t *turn_dirty;          /* segments a turn changed (scratch, kept) */
+    size_t turn_dirty_cap;
 };
 
 /* What one connection's turn may take of the loop (frames handled, time): then the others
@@ -249,6 +270,19 @@ static void hold(kvp_master_server_t *srv, conn_t *c, bool on)
     }
 }
 
+/* Take c off the gated list (record gates, below), its gates gone. */
+static void gated_unlink(kvp_master_server_t *srv, conn_t *c)
+{
+    if (c->gated_prev != NULL)
+        c->gated_prev->gated_next = c->gated_next;
+    else
+        srv->gated = c->gated_next;
+    if (c->gated_next != NULL)
+        c->gated_next->gated_prev = c->gated_prev;
+    c->gated_next = c->gated_prev = NULL;
+    c->n_gates = 0;
+}
+
 /* What c's input buffer counts against --max-input-buffers. */
 static size_t in_extra(const conn_t *c)
 {
@@ -301,6 +335,12 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
         }
     }
     kvp_record_stream_closed(&srv->state.segments, c);
+    if (c->n_gates > 0)
+        gated_unlink(srv, c);
+    for (conn_t *g = srv->gated; g != NULL; g = g->gated_next)
+        for (unsigned i = 0; i < g->n_gates; i++)
+            if (g->gates[i].stream == c)
+                g->gates[i].stream = NULL; /* release_gates lets g's replies go */
     kvp_dispatch_conn_closed(&srv->state, c->id);
     kvp_admission_close(&srv->limits, &c->caller);
     srv->in_extra -= in_extra(c);
@@ -320,6 +360,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     KVP_LOG_DEBUG("connection %llu closed", (unsigned long long)c->id);
     free(c->in);
     free(c->out);
+    free(c->gates);
     free(c);
 }
 
@@ -391,9 +432,144 @@ static void pause_out(kvp_master_server_t *srv, conn_t *c)
     arm(srv, c, true, true);
 }
 
+/*
+ * Record gates. An owner's record has a change before the writer has its answer because
+ * push_records writes the record streams before the replies are flushed; but "written"
+ * means into the stream's output buffer, and when the owner's socket is full (an owner
+ * that sleeps, or reads slower than the writers put) the change waits here, in the
+ * master's memory, where a kill -9 loses it, while the writer would already have been
+ * told its put ended. So at the end of a turn, each record stream that the turn's
+ * requests changed and that still holds queued bytes gates the connection: its replies go
+ * out once the stream's socket has taken them (sent_total), the segment is gone or no
+ * longer recorded, the stream closed (the owner remounts and offers its record afresh), or
+ * --record-wait passed (answered anyway, counted and logged). A socket that takes what it
+ * is given, as it does unless its owner stops reading, gates nothing.
+ */
+static bool gate_passed(kvp_master_server_t *srv, const gate_t *g)
+{
+    if (g->stream == NULL)
+        return true;
+    const kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, g->seg_id);
+    if (seg == NULL || !seg->record || seg->record_unwaited)
+        return true; /* unmounted (its objects left the index), its record given up, or
+                      * waited for --record-wait already */
+    return g->stream->sent_total >= g->pos;
+}
+
+/* Drop c's passed gates; past --record-wait, the others too. true: none left (c is off
+ * the gated list). */
+static bool gates_open(kvp_master_server_t *srv, conn_t *c)
+{
+    unsigned k = 0;
+    for (unsigned i = 0; i < c->n_gates; i++)
+        if (!gate_passed(srv, &c->gates[i]))
+            c->gates[k++] = c->gates[i];
+    c->n_gates = k;
+    if (k > 0 && srv->state.now_ms - c->gated_ms >= srv->state.config.record_wait_ms) {
+        kvp_segment_t *seg = NULL;
+        for (unsigned i = 0; i < k; i++) { /* (gate_passed: each is still there) */
+            seg = kvp_segment_table_get(&srv->state.segments, c->gates[i].seg_id);
+            seg->record_unwaited = true; /* one wait per stall, not one per writer's turn */
+        }
+        srv->state.stats.record_wait_expired++;
+        KVP_LOG_WARN_LIMITED("segment %s: its owner took none of the record changes queued for "
+                             "it within --record-wait (%u ms): connection %llu is answered "
+                             "without them (a kill -9 of this master now would lose them)",
+                             seg->name, srv->state.config.record_wait_ms,
+                             (unsigned long long)c->id);
+        k = 0;
+    }
+    if (k == 0)
+        gated_unlink(srv, c);
+    return k == 0;
+}
+
+static void gate_add(kvp_master_server_t *srv, conn_t *c, conn_t *stream, uint64_t seg_id,
+                     uint64_t pos)
+{
+    for (unsigned i = 0; i < c->n_gates; i++)
+        if (c->gates[i].stream == stream && c->gates[i].seg_id == seg_id) {
+            c->gates[i].pos = KVP_MAX(c->gates[i].pos, pos);
+            return;
+        }
+    if (c->n_gates == c->gates_cap) {
+        unsigned cap = c->gates_cap ? c->gates_cap * 2 : 4;
+        gate_t *g = realloc(c->gates, cap * sizeof(*g));
+        if (g == NULL) {
+            KVP_LOG_WARN_LIMITED("connection %llu: out of memory for a record gate: answered "
+                                 "without waiting for its owner's stream",
+                                 (unsigned long long)c->id);
+            return;
+        }
+        c->gates = g;
+        c->gates_cap = cap;
+    }
+    c->gates[c->n_gates++] = (gate_t){.stream = stream, .seg_id = seg_id, .pos = pos};
+    if (c->n_gates == 1) {
+        c->gated_prev = NULL;
+        c->gated_next = srv->gated;
+        if (srv->gated != NULL)
+            srv->gated->gated_prev = c;
+        srv->gated = c;
+        c->gated_ms = srv->state.now_ms;
+        srv->state.stats.record_waits++;
+    }
+}
+
+/* The segments whose record this turn changed, copied before push_records empties the list
+ * (into srv->turn_dirty). 0: none, or --record-wait 0. */
+static size_t turn_dirty(kvp_master_server_t *srv)
+{
+    const kvp_segment_table_t *t = &srv->state.segments;
+    if (!t->records_dirty || t->n_dirty == 0 || srv->state.config.record_wait_ms == 0)
+        return 0;
+    if (t->n_dirty > srv->turn_dirty_cap) {
+        uint64_t *p = realloc(srv->turn_dirty, t->n_dirty * sizeof(*p));
+        if (p == NULL)
+            return 0;
+        srv->turn_dirty = p;
+        srv->turn_dirty_cap = t->n_dirty;
+    }
+    memcpy(srv->turn_dirty, t->dirty_ids, t->n_dirty * sizeof(*t->dirty_ids));
+    return t->n_dirty;
+}
+
+/* After push_records: gate c on each of the turn's record streams that did not take all. */
+static void gate_turn(kvp_master_server_t *srv, conn_t *c, size_t n)
+{
+    if (c->record_stream)
+        return; /* a stream waits for no other: streams waiting on each other would stall */
+    if (c->adopted) {
+        /* an owner's offer (Adopt) is made by its record thread, which reads the stream the
+         * taken-back objects' changes go to only once the offer is answered: no writer
+         * waits on this answer, and gating it on that stream would stall the offer */
+        c->adopted = false;
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, srv->turn_dirty[i]);
+        if (seg == NULL || !seg->record || seg->record_stream == NULL || seg->record_stream == c)
+            continue;
+        conn_t *stream = seg->record_stream;
+        size_t left = stream->out_len - stream->out_off;
+        if (left == 0 && seg->rec_len == 0) {
+            seg->record_unwaited = false; /* it took everything: it is waited for again */
+            continue;
+        }
+        if (seg->record_unwaited)
+            continue;
+        gate_add(srv, c, stream, seg->id,
+                 seg->rec_len > 0 ? UINT64_MAX : stream->sent_total + left);
+    }
+}
+
 /* Write what the socket takes. false: the connection failed, close it. */
 static bool flush_out(kvp_master_server_t *srv, conn_t *c)
 {
+    if (c->n_gates > 0 && !gates_open(srv, c)) {
+        arm(srv, c, false, c->out_paused); /* release_gates flushes it when they open */
+        return true;
+    }
     while (c->out_off < c->out_len) {
         if (c->ssl != NULL) {
             char err[256];
@@ -406,6 +582,7 @@ static bool flush_out(kvp_master_server_t *srv, conn_t *c)
             if (n < 0)
                 return false;
             c->out_off += (size_t)n;
+            c->sent_total += (size_t)n;
             srv->out_queued -= (size_t)n;
             continue;
         }
@@ -420,6 +597,7 @@ static bool flush_out(kvp_master_server_t *srv, conn_t *c)
             return false;
         }
         c->out_off += (size_t)n;
+        c->sent_total += (size_t)n;
         srv->out_queued -= (size_t)n;
     }
     c->out_off = c->out_len = 0;
@@ -679,8 +857,10 @@ static bool finish_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
         /* SegRecord: this connection now carries the segment's record changes */
         kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, srv->state.stream_segment);
         srv->state.stream_segment = 0;
-        if (seg != NULL)
+        if (seg != NULL) {
             kvp_record_stream_open(&srv->state.segments, seg, c, h->request_id);
+            c->record_stream = true;
+        }
     } else if (srv->state.parked) {
         srv->state.parked = false;
         if (srv->state.proof_asked)
@@ -759,6 +939,8 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
         size_t rlen = 0;
         char errmsg[256] = "";
         s = dispatch_one(srv, c, &h, body, &resp, &rlen, errmsg, sizeof(errmsg));
+        if (h.method == KVP_RPC_ADOPT)
+            c->adopted = true; /* gate_turn */
         bool ok = finish_one(srv, c, &h, body, s, resp, rlen, errmsg);
         free(resp);
         off += flen;
@@ -915,6 +1097,7 @@ static ssize_t read_some(kvp_master_server_t *srv, conn_t *c)
  */
 static void on_readable(kvp_master_server_t *srv, conn_t *c)
 {
+    push_records(srv); /* changes made before this turn are not this turn's (gate_turn) */
     turn_t turn = {.end_ns = kvp_now_ns() + TURN_NS};
     c->turn = srv->turn;
     hold(srv, c, false);
@@ -951,8 +1134,13 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
         more = true;
     }
     /* An owner's record learns of the puts that just ended before their writers do: its
-     * stream is written first (meta/record.c). */
+     * stream is written first (meta/record.c), and where it could not take all of it, c's
+     * replies wait for it (gate_turn). */
+    size_t dirty = turn_dirty(srv);
     push_records(srv);
+    if (dirty > 0)
+        gate_turn(srv, c, dirty);
+    c->adopted = false;
     in_shrink(srv, c);
     if (!flush_out(srv, c))
         conn_close(srv, c);
@@ -1352,6 +1540,12 @@ static void expire_silent(kvp_master_server_t *srv)
             c = next;
             continue;
         }
+        if (c->record_stream && c->sent_total != c->sent_seen) {
+            /* its owner's kernel takes the changes: its owner pings only a quiet stream
+             * (client/control/record_sync.c) */
+            c->sent_seen = c->sent_total;
+            c->last_rx_ms = now;
+        }
         uint64_t silent = now - c->last_rx_ms;
         if (ttl != 0 && silent > ttl && bytes_waiting(c)) {
             c->last_rx_ms = now;
@@ -1408,6 +1602,18 @@ static bool write_record(void *arg, kvp_segment_t *seg)
 static void push_records(kvp_master_server_t *srv)
 {
     kvp_record_push(&srv->state.segments, write_record, srv);
+}
+
+/* Flush the gated connections whose streams took what they waited for (or whose
+ * --record-wait is over): each loop turn, the list being empty unless an owner's socket
+ * is full. */
+static void release_gates(kvp_master_server_t *srv)
+{
+    for (conn_t *c = srv->gated, *next; c != NULL; c = next) {
+        next = c->gated_next;
+        if (gates_open(srv, c) && !flush_out(srv, c))
+            conn_close(srv, c);
+    }
 }
 
 /* Call the held requests again (a task was queued, or their time is up): those that get
@@ -1639,6 +1845,7 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         if (srv->state.tasks_ready && kvp_leadership_may_serve(&srv->ha, &srv->state))
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */
+        release_gates(srv);            /* replies whose record streams took their changes */
     }
     return KVP_OK;
 }
@@ -1661,5 +1868,6 @@ void kvp_master_server_destroy(kvp_master_server_t *srv)
     kvp_credentials_cleanup(&srv->cred);
     kvp_master_state_cleanup(&srv->state);
     kvp_events_destroy(srv->events); /* sends what is still queued */
+    free(srv->turn_dirty);
     free(srv);
 }

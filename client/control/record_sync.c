@@ -207,7 +207,18 @@ typedef enum stream_end {
 } stream_end_t;
 
 #define STREAM_REQ_ID 1u
+/*
+ * Pings: the master drops a connection it has not heard from for --client-ttl, so a
+ * quiet stream is pinged every PING_MS; a busy one needs none (the master counts a stream
+ * whose socket takes its changes as alive). A ping goes only once the stream has been
+ * quiet for PING_QUIET_MS (nothing to read): a master killed with changes still in its
+ * socket's send queue leaves them to its kernel, which sends them after it, but any byte
+ * arriving on that orphaned socket makes the kernel reset it and drop what it had not
+ * sent (TCP's abort on data). An owner waking from a stop, its socket full, would
+ * otherwise ping at once, before it read the changes, and lose them.
+ */
 #define PING_MS 1000u
+#define PING_QUIET_MS 100u
 
 /* One frame of the stream applied. KVP_OK; KVP_ERR_PENDING (a ping's answer);
  * KVP_ERR_UNSUPPORTED / _SEGMENT_GONE (the stream ends: no record kept for this segment /
@@ -290,7 +301,7 @@ static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
     uint8_t body[32];
     size_t len = kvpool__seg_record_request__pack(&req, body);
     stream_end_t end = STREAM_LOST;
-    uint64_t next_ping = kvp_now_ms() + PING_MS, ping_id = STREAM_REQ_ID;
+    uint64_t last_rx = kvp_now_ms(), ping_id = STREAM_REQ_ID;
     if (kvp_rpc_chan_send(ch, KVP_RPC_SEG_RECORD, STREAM_REQ_ID, body, len) != KVP_OK)
         goto out;
     kvp_seg_record_bind(rs->record, id);
@@ -307,16 +318,21 @@ static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
             end = STREAM_REMOUNT;
             break;
         }
-        if (kvp_now_ms() >= next_ping) { /* liveness: the master drops silent connections */
-            if (kvp_rpc_chan_send(ch, KVP_RPC_PING, ++ping_id, NULL, 0) != KVP_OK)
-                break;
-            next_ping = kvp_now_ms() + PING_MS;
-        }
-        kvp_status_t ws = kvp_chan_wait_readable(ch, 100);
+        kvp_status_t ws = kvp_chan_wait_readable(ch, PING_QUIET_MS);
         if (ws == KVP_ERR_IO)
             break;
-        if (ws == KVP_OK)
+        if (ws == KVP_OK) {
             st = take_frame(rs, ch, id);
+            last_rx = kvp_now_ms();
+        } else if (kvp_now_ms() - last_rx >= PING_MS) {
+            /* quiet for PING_MS, nothing to read for PING_QUIET_MS: liveness (above); not
+             * if something came meanwhile (this thread was stopped right after the wait) */
+            if (kvp_chan_wait_readable(ch, 0) != KVP_ERR_TIMEOUT)
+                continue;
+            if (kvp_rpc_chan_send(ch, KVP_RPC_PING, ++ping_id, NULL, 0) != KVP_OK)
+                break;
+            last_rx = kvp_now_ms(); /* (its answer comes within the next wait) */
+        }
     }
     if (st == KVP_ERR_UNSUPPORTED)
         end = STREAM_UNSUPPORTED; /* --segment-records off */

@@ -54,6 +54,9 @@ typedef struct kvp_master_config {
     double dfs_evict_high;
     double dfs_evict_low;
     bool segment_records; /* DRAM segments' owners keep a record of their objects (true) */
+    /* a reply that changed a DRAM segment waits at most this long for the change to be in
+     * its owner's record stream's socket (server.c, "record gates"; 0: no wait) */
+    uint32_t record_wait_ms;
     /* operations (master/obs/) */
     char http_listen[300];      /* HOST:PORT of /metrics and the admin views; "off": none */
     bool http_listen_given;     /* set by a flag: failing to listen is fatal (else a warning) */

@@ -356,6 +356,15 @@ static const kvp_opt_t master_rows[] = {
              "restarted master adopts them back at their remount (SSD segments' files always "
              "describe themselves; with data grants the records are kept even when off, to "
              "end write grants at their put's end, and nothing is adopted)"},
+    {.name = "record-wait",
+     .type = KVP_OPT_SECONDS_MS,
+     .def = "2",
+     F(record_wait_ms),
+     .help = "the answer to a request that changed a DRAM segment's objects (a put's end, a "
+             "remove) waits until the change is in the socket of the segment's owner's record "
+             "stream, so that a kill -9 of the master loses no acknowledged change; an owner "
+             "that takes nothing for this long gets it answered anyway, counted "
+             "(kvpool_record_wait_expired_total) (0: never wait)"},
 
     KVP_OPT_GROUP("Operations", "docs/operations.md"),
     {.name = "http-listen",

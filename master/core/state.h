@@ -116,6 +116,10 @@ typedef struct kvp_master_stats {
      * 4 MiB queued, or --max-output-buffers for all), and the replies queued now */
     uint64_t output_paused;
     uint64_t output_queued;
+    /* server.c, record gates: connections whose replies waited for an owner's record stream,
+     * and those answered after --record-wait without it */
+    uint64_t record_waits;
+    uint64_t record_wait_expired;
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

@@ -52,12 +52,14 @@ typedef struct kvp_segment {
     uint16_t tenant;         /* ... that tenant's id (meta/tenant.h) */
     /* its owner keeps a record of the objects on it (meta/record.c): changes queued here */
     bool record;
-    bool record_broken;               /* the queue overflowed: the owner is to drop its record */
-    void *record_stream;              /* the owner's SegRecord stream (server.c's) or NULL */
-    uint64_t record_req_id;           /* ... and the request id its frames carry */
-    bool record_listed;               /* in the table's dirty list */
-    bool record_ack;                  /* a new stream: its first frame goes out at once */
-    uint64_t mounted_ms;              /* master clock at mount */
+    bool record_broken;     /* the queue overflowed: the owner is to drop its record */
+    void *record_stream;    /* the owner's SegRecord stream (server.c's) or NULL */
+    uint64_t record_req_id; /* ... and the request id its frames carry */
+    bool record_listed;     /* in the table's dirty list */
+    bool record_ack;        /* a new stream: its first frame goes out at once */
+    bool record_unwaited;   /* its stream kept replies past --record-wait: none wait for it again
+                             * until it took all it was given (server.c, record gates) */
+    uint64_t mounted_ms;    /* master clock at mount */
     uint64_t adopt_ok, adopt_refused; /* entries its owner offered back (ha/rebuild.c) */
     uint8_t *rec;
     size_t rec_len, rec_cap;

@@ -338,6 +338,14 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
     one(r, "kvpool_output_queued_bytes", "gauge",
         "Bytes of replies queued and not yet written to their peers, all connections.",
         s->output_queued);
+    one(r, "kvpool_record_waits_total", "counter",
+        "Times a connection's replies waited for a change they made to reach a DRAM segment "
+        "owner's record stream (its socket was full: --record-wait).",
+        s->record_waits);
+    one(r, "kvpool_record_wait_expired_total", "counter",
+        "Times such replies were sent after --record-wait without the change in the owner's "
+        "socket (a kill -9 of the master then could lose it).",
+        s->record_wait_expired);
     kvp_http_printf(
         r,
         "# HELP kvpool_connections_refused_total Connections refused and closed, by reason "

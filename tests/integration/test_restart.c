@@ -48,11 +48,19 @@ typedef struct env {
 } env_t;
 
 static env_t *g_env;
+static char *g_record_wait = "2"; /* --record-wait of the masters a test starts */
 
 static bool start_master(env_t *e, bool same_addr, bool records)
 {
-    char *extra[] = {"--listen", e->master_addr, "--segment-records", records ? "on" : "off", NULL};
-    char *fresh[] = {"--segment-records", records ? "on" : "off", NULL};
+    char *extra[] = {"--listen",
+                     e->master_addr,
+                     "--segment-records",
+                     records ? "on" : "off",
+                     "--record-wait",
+                     g_record_wait,
+                     NULL};
+    char *fresh[] = {"--segment-records", records ? "on" : "off", "--record-wait", g_record_wait,
+                     NULL};
     return kvp_start_master_args(&e->master, same_addr ? extra : fresh);
 }
 
@@ -92,6 +100,7 @@ static int teardown(void **state)
     kvp_proc_stop(&e->master, SIGTERM, 10000);
     free(e);
     g_env = NULL;
+    g_record_wait = "2";
     return 0;
 }
 
@@ -545,8 +554,160 @@ static void test_remount_before_the_stream_was_read(void **state)
     assert_int_equal(check_all(e->client, "frozen", FROZEN_PUTS, 900), FROZEN_PUTS);
 }
 
-int main(void)
+/*
+ * An owner asleep while a writer fills its record stream: put ends on its segment (shm,
+ * placed by the writer) with keys of LONG_KEY bytes, SLEEP_BATCH a call, so that each call
+ * queues ~300 KB of record changes, more than the owner's socket and the master's together
+ * take within SLEEP_CALLS calls.
+ */
+#define LONG_KEY 3000u
+#define SLEEP_BATCH 100u
+#define SLEEP_CALLS 200u
+#define SLEEP_VAL 64u
+
+static void long_key(char *buf, uint64_t i)
 {
+    int n = snprintf(buf, LONG_KEY + 1, "sleep-%08llu-", (unsigned long long)i);
+    memset(buf + n, 'a' + (int)(i % 26), LONG_KEY - (size_t)n);
+    buf[LONG_KEY] = '\0';
+}
+
+typedef struct sleeper {
+    kvp_client_t *client;
+    const char *segment;
+    uint64_t acked;    /* puts acknowledged, in key order (whole calls) */
+    kvp_status_t last; /* the call that ended the writer (KVP_OK: all went) */
+    uint64_t ms;       /* how long the calls took */
+} sleeper_t;
+
+static void sleeper_writer(sleeper_t *w)
+{
+    kvp_put_config_t cfg;
+    kvp_put_config_init(&cfg);
+    cfg.preferred_segment = w->segment;
+    static char keybuf[SLEEP_BATCH][LONG_KEY + 1];
+    static char vals[SLEEP_BATCH][SLEEP_VAL];
+    const char *keys[SLEEP_BATCH];
+    const void *bufs[SLEEP_BATCH];
+    size_t sizes[SLEEP_BATCH];
+    kvp_status_t res[SLEEP_BATCH];
+    uint64_t t0 = kvp_now_ms();
+    w->last = KVP_OK;
+    for (uint64_t call = 0; call < SLEEP_CALLS && w->last == KVP_OK; call++) {
+        for (unsigned i = 0; i < SLEEP_BATCH; i++) {
+            uint64_t k = call * SLEEP_BATCH + i;
+            long_key(keybuf[i], k);
+            kvp_fill_pattern(vals[i], SLEEP_VAL, 7000 + k);
+            keys[i] = keybuf[i];
+            bufs[i] = vals[i];
+            sizes[i] = SLEEP_VAL;
+        }
+        w->last = kvp_batch_put_from(w->client, keys, bufs, sizes, SLEEP_BATCH, &cfg, res);
+        for (unsigned i = 0; i < SLEEP_BATCH && w->last == KVP_OK; i++)
+            if (res[i] != KVP_OK)
+                w->last = res[i];
+        if (w->last == KVP_OK)
+            w->acked += SLEEP_BATCH;
+    }
+    w->ms = kvp_now_ms() - t0;
+}
+
+/* A pool whose master has --record-wait record_wait, its first owner asleep, and the
+ * sleeper's puts into that owner's segment done (*w says how they went). */
+static env_t *sleep_and_write(char *record_wait, sleeper_t *w)
+{
+    g_record_wait = record_wait;
+    env_t *e = env_start(true);
+    static char names[2][300];
+    segment_names(e, names);
+    assert_true(kvp_proc_freeze(e->seg[0].pid, 5000));
+    *w = (sleeper_t){.client = e->client, .segment = names[0]};
+    sleeper_writer(w);
+    return e;
+}
+
+/* The first n sleeper keys, each byte-exact (fails on wrong bytes or a missing one). */
+static void check_sleepers(kvp_client_t *c, uint64_t n)
+{
+    static char key[LONG_KEY + 1];
+    char got[SLEEP_VAL], want[SLEEP_VAL];
+    for (uint64_t k = 0; k < n; k++) {
+        long_key(key, k);
+        kvp_fill_pattern(want, SLEEP_VAL, 7000 + k);
+        int64_t r = kvp_get_into(c, key, got, sizeof(got));
+        if (r != (int64_t)SLEEP_VAL || memcmp(got, want, SLEEP_VAL) != 0)
+            fail_msg("acknowledged put %llu of %llu: %s", (unsigned long long)k,
+                     (unsigned long long)n,
+                     r < 0            ? kvp_strerror((int)r)
+                     : r == SLEEP_VAL ? "wrong bytes"
+                                      : "wrong size");
+    }
+}
+
+/*
+ * The master answers a put's end only once its change is in the owner's record stream's
+ * socket (record gates): an owner asleep (SIGSTOP) while a writer puts into its segment
+ * over shm, until its socket is full. The writer's calls stop being answered there (its
+ * client times out after 2 s: --record-wait 30); then a kill -9 of the master, the owner
+ * wakes, a new master: every put that was acknowledged reads back byte-exact. (Before the
+ * gates every call was answered, the changes past the socket waited in the master's memory,
+ * and the kill lost them.)
+ */
+static void test_no_ack_past_a_full_record_stream(void **state)
+{
+    (void)state;
+    sleeper_t w;
+    env_t *e = sleep_and_write("30", &w);
+    uint64_t acked = w.acked;
+    printf("record gates: %llu of %u puts acknowledged into the sleeping owner's segment, "
+           "then %s\n",
+           (unsigned long long)acked, SLEEP_CALLS * SLEEP_BATCH, kvp_strerror(w.last));
+    if (w.last == KVP_OK)
+        kill(e->seg[0].pid, SIGCONT);
+    assert_int_equal(w.last, KVP_ERR_TIMEOUT); /* waiting for the stream, not refused */
+    assert_true(acked > 0);
+    restart_master(e, true);
+    assert_int_equal(kill(e->seg[0].pid, SIGCONT), 0);
+    /* the call cut short by the kill may have landed too: at least the acknowledged ones */
+    uint64_t deadline = kvp_now_ms() + 10000, have = 0;
+    while (kvp_now_ms() < deadline && have < acked) {
+        kvp_pool_stat_t *s = NULL;
+        if (kvp_pool_stat(e->client, &s) == KVP_OK) {
+            have = s->n_segments == 2 ? s->objects : 0;
+            kvp_pool_stat_free(s);
+        }
+        usleep(20000);
+    }
+    check_sleepers(e->client, acked);
+}
+
+/*
+ * --record-wait bounds what a sleeping owner costs the writers: the same writer with
+ * --record-wait 1 has every call answered (the first one past the full socket after about
+ * a second, the rest without waiting again while the stream has not drained), and the
+ * owner, woken, has them all.
+ */
+static void test_record_wait_bounds_the_stall(void **state)
+{
+    (void)state;
+    sleeper_t w;
+    env_t *e = sleep_and_write("1", &w);
+    assert_int_equal(kill(e->seg[0].pid, SIGCONT), 0);
+    printf("record gates, --record-wait 1: %llu puts into the sleeping owner's segment in "
+           "%llu ms (%s)\n",
+           (unsigned long long)w.acked, (unsigned long long)w.ms, kvp_strerror(w.last));
+    assert_int_equal(w.last, KVP_OK);
+    assert_int_equal(w.acked, SLEEP_CALLS * SLEEP_BATCH);
+    assert_true(w.ms >= 900);  /* it waited once ... */
+    assert_true(w.ms < 10000); /* ... not once per call (200 s) */
+    check_sleepers(e->client, SLEEP_CALLS * SLEEP_BATCH);
+}
+
+/* argv[1]: run only the tests whose names match this pattern (cmocka's filter). */
+int main(int argc, char **argv)
+{
+    if (argc > 1)
+        cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_restart_10000, teardown),
         cmocka_unit_test_teardown(test_remove_and_overwrite, teardown),
@@ -554,6 +715,8 @@ int main(void)
         cmocka_unit_test_teardown(test_stale_records, teardown),
         cmocka_unit_test_teardown(test_records_off, teardown),
         cmocka_unit_test_teardown(test_remount_before_the_stream_was_read, teardown),
+        cmocka_unit_test_teardown(test_no_ack_past_a_full_record_stream, teardown),
+        cmocka_unit_test_teardown(test_record_wait_bounds_the_stall, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
