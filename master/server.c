@@ -126,8 +126,7 @@ typedef struct conn {
 } conn_t;
 
 /* A connection's replies wait until `stream` (a DRAM segment's SegRecord stream) has taken
- * pos bytes in all (sent_total; UINT64_MAX: changes not even queued on it yet, so only the
- * stream's end or --record-wait lets them go). */
+ * pos bytes in all (sent_total). */
 typedef struct gate {
     conn_t *stream; /* NULL: it closed */
     uint64_t seg_id;
@@ -337,10 +336,21 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     kvp_record_stream_closed(&srv->state.segments, c);
     if (c->n_gates > 0)
         gated_unlink(srv, c);
-    for (conn_t *g = srv->gated; g != NULL; g = g->gated_next)
-        for (unsigned i = 0; i < g->n_gates; i++)
-            if (g->gates[i].stream == c)
-                g->gates[i].stream = NULL; /* release_gates lets g's replies go */
+    if (c->record_stream) {
+        if (out_backlog(c) > 0) {
+            /* changes its owner will never get on this stream (the next one starts after
+             * them): its record may miss them at a master restart */
+            srv->state.stats.record_lost++;
+            KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with %zu bytes of "
+                                 "changes its owner did not get: objects put or removed since "
+                                 "may read otherwise after a master restart",
+                                 (unsigned long long)c->id, out_backlog(c));
+        }
+        for (conn_t *g = srv->gated; g != NULL; g = g->gated_next)
+            for (unsigned i = 0; i < g->n_gates; i++)
+                if (g->gates[i].stream == c)
+                    g->gates[i].stream = NULL; /* release_gates lets g's replies go */
+    }
     kvp_dispatch_conn_closed(&srv->state, c->id);
     kvp_admission_close(&srv->limits, &c->caller);
     srv->in_extra -= in_extra(c);
@@ -450,9 +460,9 @@ static bool gate_passed(kvp_master_server_t *srv, const gate_t *g)
     if (g->stream == NULL)
         return true;
     const kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, g->seg_id);
-    if (seg == NULL || !seg->record || seg->record_unwaited)
-        return true; /* unmounted (its objects left the index), its record given up, or
-                      * waited for --record-wait already */
+    if (seg == NULL || !seg->record || seg->record_unwaited || seg->adopting)
+        return true; /* unmounted (its objects left the index), its record given up,
+                      * waited for --record-wait already, or its owner offering (gate_turn) */
     return g->stream->sent_total >= g->pos;
 }
 
@@ -556,10 +566,13 @@ static void gate_turn(kvp_master_server_t *srv, conn_t *c, size_t n)
             seg->record_unwaited = false; /* it took everything: it is waited for again */
             continue;
         }
-        if (seg->record_unwaited)
+        /* not: a segment whose changes could not even be queued on its stream (its output
+         * past KVP_MASTER_MAX_OUTBUF, or no memory: nothing to wait for), one waited for
+         * --record-wait already, or one whose owner is offering its record (its record
+         * thread reads the stream only once the offer is answered) */
+        if (seg->rec_len > 0 || seg->record_unwaited || seg->adopting)
             continue;
-        gate_add(srv, c, stream, seg->id,
-                 seg->rec_len > 0 ? UINT64_MAX : stream->sent_total + left);
+        gate_add(srv, c, stream, seg->id, stream->sent_total + left);
     }
 }
 
@@ -1793,6 +1806,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         uint64_t wake = next_tick;
         if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
             wake = srv->listen_paused_ms;
+        for (conn_t *g = srv->gated; g != NULL; g = g->gated_next) /* --record-wait */
+            wake = KVP_MIN(wake, g->gated_ms + srv->state.config.record_wait_ms);
         int n = epoll_wait(
             srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
             wake > srv->state.now_ms && srv->n_held == 0 ? (int)(wake - srv->state.now_ms) : 0);

@@ -364,7 +364,8 @@ static const kvp_opt_t master_rows[] = {
              "remove) waits until the change is in the socket of the segment's owner's record "
              "stream, so that a kill -9 of the master loses no acknowledged change; an owner "
              "that takes nothing for this long gets it answered anyway, counted "
-             "(kvpool_record_wait_expired_total) (0: never wait)"},
+             "(kvpool_record_wait_expired_total); keep it well under the clients' timeout "
+             "(10 s) (0: never wait)"},
 
     KVP_OPT_GROUP("Operations", "docs/operations.md"),
     {.name = "http-listen",

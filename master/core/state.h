@@ -120,6 +120,7 @@ typedef struct kvp_master_stats {
      * and those answered after --record-wait without it */
     uint64_t record_waits;
     uint64_t record_wait_expired;
+    uint64_t record_lost; /* record streams closed with changes their owner never got */
 } kvp_master_stats_t;
 
 /* Control-RPC latency per method (server.c measures, master/obs/ shows): buckets of

@@ -346,6 +346,10 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "Times such replies were sent after --record-wait without the change in the owner's "
         "socket (a kill -9 of the master then could lose it).",
         s->record_wait_expired);
+    one(r, "kvpool_record_streams_lost_total", "counter",
+        "Record streams that closed with changes their owner never got (its record may miss "
+        "them at a master restart).",
+        s->record_lost);
     kvp_http_printf(
         r,
         "# HELP kvpool_connections_refused_total Connections refused and closed, by reason "
