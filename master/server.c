@@ -93,6 +93,11 @@
  * are reloaded, the reserve): at most this, and at most a quarter of RLIMIT_NOFILE. */
 #define FD_RESERVE 64u
 
+/* The lists a connection can be on: every connection (shutdown, liveness), those held at
+ * their last turn in the order they are to be served (serve_held), those whose replies wait
+ * for record streams (record gates). One pair of links each, appended at the tail. */
+enum { ON_ALL, ON_HELD, ON_GATED, N_LISTS };
+
 typedef struct conn {
     int fd;
     uint64_t id;
@@ -110,10 +115,8 @@ typedef struct conn {
     kvp_caller_t caller; /* who is calling (master/auth/admission.h) */
     uint64_t last_rx_ms; /* when a whole frame last arrived: liveness for --client-ttl */
     uint64_t frame_start_ms; /* when the first byte of the frame in `in` arrived (0: none) */
-    struct conn *next;       /* all connections, for shutdown */
-    struct conn *prev;
-    struct conn *held_next; /* the held ones, in the order they are to be served */
-    struct conn *held_prev;
+    /* its links on the server's lists (srv->lists: ON_ALL, ON_HELD, ON_GATED) */
+    struct conn *link_next[N_LISTS], *link_prev[N_LISTS];
     uint64_t sent_total; /* bytes of its output the socket ever took (a record stream's: gates) */
     bool record_stream;  /* carries a segment's record changes (SegRecord): never gated */
     uint64_t sent_seen;  /* sent_total at the last --client-ttl check (a stream's liveness) */
@@ -121,8 +124,7 @@ typedef struct conn {
     /* record gates: its replies wait for these streams to take what was queued on them */
     struct gate *gates;
     unsigned n_gates, gates_cap;
-    uint64_t gated_ms;                    /* since when (--record-wait) */
-    struct conn *gated_next, *gated_prev; /* the gated ones */
+    uint64_t gated_ms; /* since when (--record-wait) */
 } conn_t;
 
 /* A connection's replies wait until `stream` (a DRAM segment's SegRecord stream) has taken
@@ -164,7 +166,9 @@ struct kvp_master_server {
     int listen_fd;
     int sig_fd;
     uint64_t next_conn_id;
-    conn_t *conns;
+    struct conn_list {
+        conn_t *head, *tail;
+    } lists[N_LISTS]; /* ON_ALL, ON_HELD, ON_GATED */
     unsigned n_conns;
     kvp_master_state_t state;
     parked_t *parked;
@@ -185,15 +189,13 @@ struct kvp_master_server {
                                reloads both */
     /* admission limits (master/auth/admission.h) */
     kvp_admission_limits_t limits;
-    int reserve_fd;                /* /dev/null, closed to accept-and-close at EMFILE (-1: none) */
-    uint64_t listen_paused_ms;     /* the listener is not watched until then (0: it is) */
-    uint64_t in_extra;             /* input buffers past READ_CHUNK, all connections together */
-    uint64_t out_queued;           /* replies queued and not written, all connections together */
-    uint64_t turn;                 /* the loop's turns, counted */
-    unsigned n_held;               /* connections held (input left over from their turn) */
-    conn_t *held_head, *held_tail; /* ... in a list, the next to be served first */
-    conn_t *gated;                 /* connections whose replies wait for record streams */
-    uint64_t *turn_dirty;          /* segments a turn changed (scratch, kept) */
+    int reserve_fd;            /* /dev/null, closed to accept-and-close at EMFILE (-1: none) */
+    uint64_t listen_paused_ms; /* the listener is not watched until then (0: it is) */
+    uint64_t in_extra;         /* input buffers past READ_CHUNK, all connections together */
+    uint64_t out_queued;       /* replies queued and not written, all connections together */
+    uint64_t turn;             /* the loop's turns, counted */
+    unsigned n_held;           /* connections held (input left over from their turn) */
+    uint64_t *turn_dirty;      /* segments a turn changed (scratch, kept) */
     size_t turn_dirty_cap;
 };
 
@@ -230,28 +232,31 @@ static bool out_full(const kvp_master_server_t *srv, const conn_t *c)
     return out_backlog(c) >= OUT_PAUSE || (max != 0 && srv->out_queued > max && out_backlog(c) > 0);
 }
 
-static void held_unlink(kvp_master_server_t *srv, conn_t *c)
+static void list_unlink(kvp_master_server_t *srv, int l, conn_t *c)
 {
-    if (c->held_prev != NULL)
-        c->held_prev->held_next = c->held_next;
+    struct conn_list *list = &srv->lists[l];
+    conn_t *next = c->link_next[l], *prev = c->link_prev[l];
+    if (prev != NULL)
+        prev->link_next[l] = next;
     else
-        srv->held_head = c->held_next;
-    if (c->held_next != NULL)
-        c->held_next->held_prev = c->held_prev;
+        list->head = next;
+    if (next != NULL)
+        next->link_prev[l] = prev;
     else
-        srv->held_tail = c->held_prev;
-    c->held_next = c->held_prev = NULL;
+        list->tail = prev;
+    c->link_next[l] = c->link_prev[l] = NULL;
 }
 
-static void held_append(kvp_master_server_t *srv, conn_t *c)
+static void list_append(kvp_master_server_t *srv, int l, conn_t *c)
 {
-    c->held_prev = srv->held_tail;
-    c->held_next = NULL;
-    if (srv->held_tail != NULL)
-        srv->held_tail->held_next = c;
+    struct conn_list *list = &srv->lists[l];
+    c->link_prev[l] = list->tail;
+    c->link_next[l] = NULL;
+    if (list->tail != NULL)
+        list->tail->link_next[l] = c;
     else
-        srv->held_head = c;
-    srv->held_tail = c;
+        list->head = c;
+    list->tail = c;
 }
 
 /* Hold c (its turn ended with input left: serve_held gives it the next) or let it go. */
@@ -261,10 +266,10 @@ static void hold(kvp_master_server_t *srv, conn_t *c, bool on)
         return;
     c->held = on;
     if (on) {
-        held_append(srv, c);
+        list_append(srv, ON_HELD, c);
         srv->n_held++;
     } else {
-        held_unlink(srv, c);
+        list_unlink(srv, ON_HELD, c);
         srv->n_held--;
     }
 }
@@ -272,13 +277,7 @@ static void hold(kvp_master_server_t *srv, conn_t *c, bool on)
 /* Take c off the gated list (record gates, below), its gates gone. */
 static void gated_unlink(kvp_master_server_t *srv, conn_t *c)
 {
-    if (c->gated_prev != NULL)
-        c->gated_prev->gated_next = c->gated_next;
-    else
-        srv->gated = c->gated_next;
-    if (c->gated_next != NULL)
-        c->gated_next->gated_prev = c->gated_prev;
-    c->gated_next = c->gated_prev = NULL;
+    list_unlink(srv, ON_GATED, c);
     c->n_gates = 0;
 }
 
@@ -346,7 +345,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
                                  "may read otherwise after a master restart",
                                  (unsigned long long)c->id, out_backlog(c));
         }
-        for (conn_t *g = srv->gated; g != NULL; g = g->gated_next)
+        for (conn_t *g = srv->lists[ON_GATED].head; g != NULL; g = g->link_next[ON_GATED])
             for (unsigned i = 0; i < g->n_gates; i++)
                 if (g->gates[i].stream == c)
                     g->gates[i].stream = NULL; /* release_gates lets g's replies go */
@@ -359,12 +358,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     epoll_ctl(srv->epfd, EPOLL_CTL_DEL, c->fd, NULL);
     kvp_tls_free(c->ssl);
     close_socket(c->fd);
-    if (c->prev)
-        c->prev->next = c->next;
-    else
-        srv->conns = c->next;
-    if (c->next)
-        c->next->prev = c->prev;
+    list_unlink(srv, ON_ALL, c);
     srv->n_conns--;
     srv->state.clients = srv->n_conns;
     KVP_LOG_DEBUG("connection %llu closed", (unsigned long long)c->id);
@@ -516,11 +510,7 @@ static void gate_add(kvp_master_server_t *srv, conn_t *c, conn_t *stream, uint64
     }
     c->gates[c->n_gates++] = (gate_t){.stream = stream, .seg_id = seg_id, .pos = pos};
     if (c->n_gates == 1) {
-        c->gated_prev = NULL;
-        c->gated_next = srv->gated;
-        if (srv->gated != NULL)
-            srv->gated->gated_prev = c;
-        srv->gated = c;
+        list_append(srv, ON_GATED, c);
         c->gated_ms = srv->state.now_ms;
         srv->state.stats.record_waits++;
     }
@@ -661,10 +651,10 @@ static void close_all(kvp_master_server_t *srv)
         if (seg != NULL && seg->record_stream != NULL)
             (void)flush_out(srv, seg->record_stream);
     }
-    for (conn_t *c = srv->conns; c != NULL; c = c->next)
+    for (conn_t *c = srv->lists[ON_ALL].head; c != NULL; c = c->link_next[ON_ALL])
         (void)flush_out(srv, c);
-    while (srv->conns != NULL)
-        conn_close(srv, srv->conns);
+    while (srv->lists[ON_ALL].head != NULL)
+        conn_close(srv, srv->lists[ON_ALL].head);
     while (srv->parked != NULL) {
         parked_t *p = srv->parked;
         srv->parked = p->next;
@@ -742,7 +732,7 @@ static void refuse_protected(kvp_master_server_t *srv, conn_t *c)
 static void walk_callers(void *arg, void (*visit)(kvp_caller_t *c, void *ctx), void *ctx)
 {
     kvp_master_server_t *srv = arg;
-    for (conn_t *c = srv->conns; c != NULL; c = c->next)
+    for (conn_t *c = srv->lists[ON_ALL].head; c != NULL; c = c->link_next[ON_ALL])
         visit(&c->caller, ctx);
 }
 
@@ -1167,10 +1157,10 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
  * rather than a pointer kept across the call. */
 static void serve_held(kvp_master_server_t *srv)
 {
-    for (unsigned left = srv->n_held; left > 0 && srv->held_head != NULL; left--) {
-        conn_t *c = srv->held_head;
-        held_unlink(srv, c);
-        held_append(srv, c);
+    for (unsigned left = srv->n_held; left > 0 && srv->lists[ON_HELD].head != NULL; left--) {
+        conn_t *c = srv->lists[ON_HELD].head;
+        list_unlink(srv, ON_HELD, c);
+        list_append(srv, ON_HELD, c);
         if (!c->out_paused && c->turn != srv->turn)
             on_readable(srv, c);
     }
@@ -1280,10 +1270,7 @@ static void on_accept(kvp_master_server_t *srv)
             continue;
         }
         c->last_rx_ms = srv->state.now_ms;
-        c->next = srv->conns;
-        if (srv->conns)
-            srv->conns->prev = c;
-        srv->conns = c;
+        list_append(srv, ON_ALL, c);
         srv->n_conns++;
         srv->state.clients = srv->n_conns;
         KVP_LOG_DEBUG("connection %llu accepted", (unsigned long long)c->id);
@@ -1535,9 +1522,9 @@ static void expire_silent(kvp_master_server_t *srv)
     kvp_master_stats_t *stats = &srv->state.stats;
     uint64_t now = srv->state.now_ms;
     uint32_t ttl = cfg->client_ttl_ms;
-    conn_t *c = srv->conns;
+    conn_t *c = srv->lists[ON_ALL].head;
     while (c != NULL) {
-        conn_t *next = c->next;
+        conn_t *next = c->link_next[ON_ALL];
         if (cfg->auth_timeout_ms != 0 && c->caller.counted && !c->caller.admitted &&
             now - c->caller.accepted_ms > cfg->auth_timeout_ms) {
             expire(srv, c, &stats->refused_auth_timeout, "not authenticated", "--auth-timeout",
@@ -1576,7 +1563,7 @@ static void expire_silent(kvp_master_server_t *srv)
 
 static conn_t *conn_find(kvp_master_server_t *srv, uint64_t id)
 {
-    for (conn_t *c = srv->conns; c != NULL; c = c->next)
+    for (conn_t *c = srv->lists[ON_ALL].head; c != NULL; c = c->link_next[ON_ALL])
         if (c->id == id)
             return c;
     return NULL;
@@ -1622,8 +1609,8 @@ static void push_records(kvp_master_server_t *srv)
  * is full. */
 static void release_gates(kvp_master_server_t *srv)
 {
-    for (conn_t *c = srv->gated, *next; c != NULL; c = next) {
-        next = c->gated_next;
+    for (conn_t *c = srv->lists[ON_GATED].head, *next; c != NULL; c = next) {
+        next = c->link_next[ON_GATED];
         if (gates_open(srv, c) && !flush_out(srv, c))
             conn_close(srv, c);
     }
@@ -1806,7 +1793,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         uint64_t wake = next_tick;
         if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
             wake = srv->listen_paused_ms;
-        for (conn_t *g = srv->gated; g != NULL; g = g->gated_next) /* --record-wait */
+        for (conn_t *g = srv->lists[ON_GATED].head; g != NULL;
+             g = g->link_next[ON_GATED]) /* --record-wait */
             wake = KVP_MIN(wake, g->gated_ms + srv->state.config.record_wait_ms);
         int n = epoll_wait(
             srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
