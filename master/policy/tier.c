@@ -536,8 +536,13 @@ void kvp_tier_on_put_end(kvp_master_state_t *st, kvp_object_t *obj)
             continue;
         kvp_ssd_task_t *t = kvp_state_task_add(st, KVP_SSD_RECORD, obj->replicas[r].segment_id,
                                                kvp_object_key(obj), obj->key_len);
-        if (t == NULL)
-            continue; /* stored, but not recorded: it does not survive a restart */
+        if (t == NULL) { /* out of memory: stored, but not recorded */
+            KVP_LOG_WARN_LIMITED("SSD segment %#llx: no memory for the record task of %.*s (it "
+                                 "will not survive a restart of its owner)",
+                                 (unsigned long long)obj->replicas[r].segment_id, (int)obj->key_len,
+                                 kvp_object_key(obj));
+            continue;
+        }
         t->version = obj->version;
         t->size = obj->size;
         t->crc32c = obj->crc32c;

@@ -346,8 +346,10 @@ static void list_page_add(const kvp_master_state_t *st, list_page_t *p, const kv
 
 /*
  * Fill the page from the request's cursor: whole buckets, until `limit` entries,
- * PAGE_SCAN_BUDGET buckets or PAGE_WORK_BUDGET of matching work. *next_p: the bucket to go
- * on from (0: the end). false: out of memory.
+ * PAGE_SCAN_BUDGET buckets or PAGE_WORK_BUDGET of matching work. The first bucket is always
+ * scanned (as remove_scan does): a page cut before it would answer its own cursor, and from
+ * cursor 0 that reads as "the end" (an empty listing). *next_p: the bucket to go on from
+ * (0: the end). false: out of memory.
  */
 static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kvp_key_pattern_t *kp,
                       uint32_t limit, list_page_t *p, uint64_t *next_p)
@@ -357,8 +359,9 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kv
     bool stored = req->stored_keys;
     uint64_t b = req->cursor;
     uint64_t scanned = 0;
-    for (; b < st->index.n_buckets && p->n < limit && scanned < PAGE_SCAN_BUDGET &&
-           (kp == NULL || !kvp_key_pattern_over(kp, PAGE_WORK_BUDGET, PAGE_WORK_MS));
+    for (;
+         b < st->index.n_buckets && p->n < limit && scanned < PAGE_SCAN_BUDGET &&
+         (kp == NULL || scanned == 0 || !kvp_key_pattern_over(kp, PAGE_WORK_BUDGET, PAGE_WORK_MS));
          b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
             /* whose key it is first: the pattern runs over the caller's keys only */

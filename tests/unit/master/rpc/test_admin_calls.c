@@ -15,6 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
@@ -460,6 +463,48 @@ static void test_pattern_key_steps(void **state)
     svc_msg_free(l);
 }
 
+/*
+ * A List page whose time budget is spent before its first bucket (the master preempted
+ * between compiling the pattern and scanning: a loaded machine): the page must still go
+ * on (scan that bucket, or answer a non-zero cursor), never answer next_cursor 0 from
+ * cursor 0 with the key unseen. The clock is interposed: while `clock_jump_ns` is set,
+ * every CLOCK_MONOTONIC read is that much later than the one before.
+ */
+static uint64_t clock_jump_ns, clock_skew_ns;
+
+int clock_gettime(clockid_t id, struct timespec *ts)
+{
+    int rc = (int)syscall(SYS_clock_gettime, id, ts);
+    if (rc == 0 && id == CLOCK_MONOTONIC && clock_jump_ns != 0) {
+        clock_skew_ns += clock_jump_ns;
+        uint64_t ns = (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec + clock_skew_ns;
+        ts->tv_sec = (time_t)(ns / 1000000000ull);
+        ts->tv_nsec = (long)(ns % 1000000000ull);
+    }
+    return rc;
+}
+
+static void test_list_preempted_before_first_bucket(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", 4 * MIB);
+    put_done(st, C3, "keep-00007", 100, 1, "s1", 7);
+    clock_jump_ns = 20ull * 1000 * 1000; /* 20 ms between any two reads: past PAGE_WORK_MS */
+    unsigned found = 0, pages = 0;
+    uint64_t cursor = 0;
+    do {
+        Kvpool__ListResponse *r = list(st, "^keep-00007$", 0, cursor, 2);
+        assert_int_equal(r->status, KVP_OK);
+        assert_true(r->next_cursor == 0 || r->next_cursor > cursor); /* it went on */
+        found += (unsigned)r->n_entries;
+        cursor = r->next_cursor;
+        svc_msg_free(r);
+        assert_true(++pages <= st->index.n_buckets + 1);
+    } while (cursor != 0 && found < 2);
+    clock_jump_ns = 0;
+    assert_int_equal(found, 1);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
@@ -470,6 +515,7 @@ int main(void)
         T(test_patterns_refused_and_counted),
         T(test_pattern_work_budget),
         T(test_pattern_key_steps),
+        T(test_list_preempted_before_first_bucket),
     };
 #undef T
     return cmocka_run_group_tests_name("admin_calls", tests, NULL, NULL);
