@@ -119,6 +119,8 @@ typedef struct conn {
     struct conn *link_next[N_LISTS], *link_prev[N_LISTS];
     uint64_t sent_total; /* bytes of its output the socket ever took (a record stream's: gates) */
     bool record_stream;  /* carries a segment's record changes (SegRecord): never gated */
+    uint64_t stream_seg; /* ... of this segment (mount) */
+    bool doomed;         /* to be closed at the end of this turn (close_doomed) */
     uint64_t sent_seen;  /* sent_total at the last --client-ttl check (a stream's liveness) */
     bool adopted;        /* this turn ran an Adopt: not gated (gate_turn) */
     /* record gates: its replies wait for these streams to take what was queued on them */
@@ -195,6 +197,7 @@ struct kvp_master_server {
     uint64_t out_queued;       /* replies queued and not written, all connections together */
     uint64_t turn;             /* the loop's turns, counted */
     unsigned n_held;           /* connections held (input left over from their turn) */
+    unsigned n_doomed;         /* connections to be closed at the end of the turn */
     uint64_t *turn_dirty;      /* segments a turn changed (scratch, kept) */
     size_t turn_dirty_cap;
 };
@@ -333,17 +336,28 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
         }
     }
     kvp_record_stream_closed(&srv->state.segments, c);
+    uint64_t remount = 0;
+    if (c->doomed)
+        srv->n_doomed--;
     if (c->n_gates > 0)
         gated_unlink(srv, c);
     if (c->record_stream) {
-        if (out_backlog(c) > 0) {
+        const kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, c->stream_seg);
+        /* (a draining segment's owner ends its stream itself: the segment is leaving) */
+        uint64_t owner = seg != NULL && seg->record && !seg->draining ? seg->owner_conn_id : 0;
+        if (out_backlog(c) > 0 && owner != 0 && owner != c->id) {
             /* changes its owner will never get on this stream (the next one starts after
-             * them): its record may miss them at a master restart */
+             * them), so its record would miss them at a master restart: its owner's
+             * connection is closed too, so that it mounts again, and its objects are taken
+             * back into its record from the limbo (as for an owner dropped for silence) */
             srv->state.stats.record_lost++;
+            remount = owner;
             KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with %zu bytes of "
-                                 "changes its owner did not get: objects put or removed since "
-                                 "may read otherwise after a master restart",
-                                 (unsigned long long)c->id, out_backlog(c));
+                                 "changes its owner did not get: closing its owner's "
+                                 "connection %llu, so that it mounts again and its record is "
+                                 "made whole",
+                                 (unsigned long long)c->id, out_backlog(c),
+                                 (unsigned long long)owner);
         }
         for (conn_t *g = srv->lists[ON_GATED].head; g != NULL; g = g->link_next[ON_GATED])
             for (unsigned i = 0; i < g->n_gates; i++)
@@ -366,6 +380,23 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     free(c->out);
     free(c->gates);
     free(c);
+    for (conn_t *o = srv->lists[ON_ALL].head; remount != 0 && o != NULL; o = o->link_next[ON_ALL])
+        if (o->id == remount && !o->doomed) {
+            o->doomed = true; /* closed at the end of the loop's turn: close_doomed */
+            srv->n_doomed++;
+            break;
+        }
+}
+
+/* Close the connections doomed during the turn (conn_close: a record stream lost, its
+ * owner's connection). Not at once: the turn's event list may still name them. */
+static void close_doomed(kvp_master_server_t *srv)
+{
+    for (conn_t *c = srv->lists[ON_ALL].head, *next; c != NULL && srv->n_doomed > 0; c = next) {
+        next = c->link_next[ON_ALL]; /* (conn_close frees c only, never another) */
+        if (c->doomed)
+            conn_close(srv, c);
+    }
 }
 
 static bool out_reserve(conn_t *c, size_t n)
@@ -863,6 +894,7 @@ static bool finish_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
         if (seg != NULL) {
             kvp_record_stream_open(&srv->state.segments, seg, c, h->request_id);
             c->record_stream = true;
+            c->stream_seg = seg->id;
         }
     } else if (srv->state.parked) {
         srv->state.parked = false;
@@ -1796,9 +1828,10 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         for (conn_t *g = srv->lists[ON_GATED].head; g != NULL;
              g = g->link_next[ON_GATED]) /* --record-wait */
             wake = KVP_MIN(wake, g->gated_ms + srv->state.config.record_wait_ms);
-        int n = epoll_wait(
-            srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
-            wake > srv->state.now_ms && srv->n_held == 0 ? (int)(wake - srv->state.now_ms) : 0);
+        int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
+                           wake > srv->state.now_ms && srv->n_held == 0 && srv->n_doomed == 0
+                               ? (int)(wake - srv->state.now_ms)
+                               : 0);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -1849,6 +1882,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             answer_parked(srv, false); /* tasks queued by what just ran */
         push_records(srv);             /* changes made by timers and by what just ran */
         release_gates(srv);            /* replies whose record streams took their changes */
+        if (srv->n_doomed > 0)
+            close_doomed(srv); /* owners whose record streams were lost */
     }
     return KVP_OK;
 }
