@@ -245,7 +245,7 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
     uint64_t n = 0;
     for (unsigned round = 0; round < TE_ROUNDS; round++) {
         double rg = 0, rl = 0; /* this round's GB/s, engine and limit */
-        if (tcp || !rdma) {
+        if (!rdma) {
             double g = tcp ? kvp_bench_measure_tcp_pump_gbps(size, TE_STREAMS, ws_n, slice)
                            : te_kernel_copy_gbps(pid, locals, remotes, size, batch, slice);
             wsb = wsb < 0 || g <= 0 ? -1 : wsb + g * 1e9 * slice; /* -1: did not measure */
