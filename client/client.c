@@ -470,10 +470,9 @@ static kvp_status_t dfs_start(kvp_client_t *c, const char *host)
  * unmount: tell the master the segment is gone (destroy; a failed create does not). */
 static void client_free(kvp_client_t *c, bool unmount)
 {
-    kvp_discovery_stop(c->disc);    /* no leader-change callback from now on */
-    kvp_record_sync_signal(c->rec); /* its stream ends within 100 ms */
-    kvp_heartbeat_stop(c->hb);      /* also waits for a drain in progress */
-    kvp_ssd_owner_stop(c->ssd);     /* unmounts it: its file keeps the objects */
+    kvp_discovery_stop(c->disc); /* no leader-change callback from now on */
+    kvp_heartbeat_stop(c->hb);   /* also waits for a drain in progress */
+    kvp_ssd_owner_stop(c->ssd);  /* unmounts it: its file keeps the objects */
     c->ssd = NULL;
     kvp_ssd_owner_stop(c->dfs); /* the same for the DFS shard */
     c->dfs = NULL;
@@ -487,6 +486,8 @@ static void client_free(kvp_client_t *c, bool unmount)
         size_t rlen;
         kvp_session_call(c->session, KVP_RPC_UNMOUNT, &req.base, &resp, &rlen); /* best effort */
     }
+    /* its stream closes only now, after the Unmount: the master would take a stream closed
+     * with changes still queued on a mounted segment for one lost (server.c) */
     kvp_record_sync_stop(c->rec);
     kvp_session_close(c->session);
     kvp_discovery_destroy(c->disc);

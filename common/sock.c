@@ -343,6 +343,24 @@ static bool v4_of(const struct sockaddr_storage *ss, struct in_addr *a)
     return false;
 }
 
+/* glibc's struct tcp_info stops before the kernel's bytes_acked, which follows it */
+typedef struct {
+    struct tcp_info base;
+    uint64_t pacing_rate, max_pacing_rate, bytes_acked;
+} tcp_info_acked_t;
+_Static_assert(offsetof(tcp_info_acked_t, bytes_acked) == 120, "the kernel's tcp_info layout");
+
+bool kvp_sock_unacked(int fd, uint64_t sent)
+{
+    tcp_info_acked_t ti;
+    memset(&ti, 0, sizeof(ti));
+    socklen_t len = sizeof(ti);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+        len < offsetof(tcp_info_acked_t, bytes_acked) + sizeof(ti.bytes_acked))
+        return false;
+    return ti.bytes_acked < sent;
+}
+
 bool kvp_sock_peer_local(int fd)
 {
     struct sockaddr_storage peer, self;

@@ -49,6 +49,10 @@ void kvp_sock_set_timeout(int fd, uint32_t timeout_ms);
  * one of its own addresses sends from it). A peer in another network namespace is another
  * host. Protected mode (docs/security.md) takes only these. */
 bool kvp_sock_peer_local(int fd);
+/* Has the peer's TCP acknowledged fewer than `sent` bytes of what was written on tcp
+ * socket fd (TCP_INFO's bytes_acked)? false when it cannot tell (not tcp, an old kernel).
+ * Exact for an accepted socket; a connecting one counts its SYN as one byte acknowledged. */
+bool kvp_sock_unacked(int fd, uint64_t sent);
 /* The peer's address as text ("10.0.0.2:41234", "[fe80::1]:80"), for logs; "?" if unknown. */
 void kvp_sock_peer_name(int fd, char *buf, size_t len);
 /*

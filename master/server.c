@@ -198,6 +198,7 @@ struct kvp_master_server {
     uint64_t turn;             /* the loop's turns, counted */
     unsigned n_held;           /* connections held (input left over from their turn) */
     unsigned n_doomed;         /* connections to be closed at the end of the turn */
+    bool closing_all;          /* close_all is closing every connection */
     uint64_t *turn_dirty;      /* segments a turn changed (scratch, kept) */
     size_t turn_dirty_cap;
 };
@@ -323,6 +324,16 @@ static void close_socket(int fd)
     close(fd);
 }
 
+/* c is to be closed at the end of the loop's turn (close_doomed), and is served no more:
+ * this turn's event list may still name it, so it is not freed now. */
+static void doom(kvp_master_server_t *srv, conn_t *c)
+{
+    if (c->doomed)
+        return;
+    c->doomed = true;
+    srv->n_doomed++;
+}
+
 static void conn_close(kvp_master_server_t *srv, conn_t *c)
 {
     for (parked_t **pp = &srv->parked; *pp != NULL;) {
@@ -345,19 +356,32 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
         const kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, c->stream_seg);
         /* (a draining segment's owner ends its stream itself: the segment is leaving) */
         uint64_t owner = seg != NULL && seg->record && !seg->draining ? seg->owner_conn_id : 0;
-        if (out_backlog(c) > 0 && owner != 0 && owner != c->id) {
+        /* lost: still in our buffer, or in the kernel's and never acknowledged (a reset
+         * drops that too; plain tcp only: with TLS sent_total counts plaintext) */
+        bool lost =
+            out_backlog(c) > 0 || (c->ssl == NULL && kvp_sock_unacked(c->fd, c->sent_total));
+        if (lost && owner != 0 && owner != c->id && !srv->closing_all) {
             /* changes its owner will never get on this stream (the next one starts after
              * them), so its record would miss them at a master restart: its owner's
              * connection is closed too, so that it mounts again, and its objects are taken
              * back into its record from the limbo (as for an owner dropped for silence) */
             srv->state.stats.record_lost++;
-            remount = owner;
-            KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with %zu bytes of "
-                                 "changes its owner did not get: closing its owner's "
-                                 "connection %llu, so that it mounts again and its record is "
-                                 "made whole",
-                                 (unsigned long long)c->id, out_backlog(c),
-                                 (unsigned long long)owner);
+            if (srv->state.config.segment_grace_ms > 0) {
+                remount = owner;
+                KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with changes its "
+                                     "owner did not get (%zu bytes still queued here): closing "
+                                     "its owner's connection %llu, so that it mounts again and "
+                                     "its record is made whole",
+                                     (unsigned long long)c->id, out_backlog(c),
+                                     (unsigned long long)owner);
+            } else {
+                /* no limbo to take the objects back from (--segment-grace 0): a remount
+                 * would only adopt the owner's record as it is */
+                KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with changes its "
+                                     "owner did not get (%zu bytes still queued here): with "
+                                     "--segment-grace 0 its record stays without them",
+                                     (unsigned long long)c->id, out_backlog(c));
+            }
         }
         for (conn_t *g = srv->lists[ON_GATED].head; g != NULL; g = g->link_next[ON_GATED])
             for (unsigned i = 0; i < g->n_gates; i++)
@@ -381,9 +405,8 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
     free(c->gates);
     free(c);
     for (conn_t *o = srv->lists[ON_ALL].head; remount != 0 && o != NULL; o = o->link_next[ON_ALL])
-        if (o->id == remount && !o->doomed) {
-            o->doomed = true; /* closed at the end of the loop's turn: close_doomed */
-            srv->n_doomed++;
+        if (o->id == remount) {
+            doom(srv, o);
             break;
         }
 }
@@ -684,8 +707,10 @@ static void close_all(kvp_master_server_t *srv)
     }
     for (conn_t *c = srv->lists[ON_ALL].head; c != NULL; c = c->link_next[ON_ALL])
         (void)flush_out(srv, c);
+    srv->closing_all = true; /* (no owner is doomed for its stream: all close) */
     while (srv->lists[ON_ALL].head != NULL)
         conn_close(srv, srv->lists[ON_ALL].head);
+    srv->closing_all = false;
     while (srv->parked != NULL) {
         parked_t *p = srv->parked;
         srv->parked = p->next;
@@ -1193,7 +1218,7 @@ static void serve_held(kvp_master_server_t *srv)
         conn_t *c = srv->lists[ON_HELD].head;
         list_unlink(srv, ON_HELD, c);
         list_append(srv, ON_HELD, c);
-        if (!c->out_paused && c->turn != srv->turn)
+        if (!c->out_paused && c->turn != srv->turn && !c->doomed)
             on_readable(srv, c);
     }
 }
@@ -1279,8 +1304,11 @@ static void on_accept(kvp_master_server_t *srv)
         kvp_caller_t *victim;
         kvp_admit_verdict_t v;
         while ((v = kvp_admission_open(&srv->limits, &c->caller, &ss, srv->state.now_ms,
-                                       &srv->state.stats, &victim)) == KVP_ADMIT_EVICT)
-            conn_close(srv, (conn_t *)((char *)victim - offsetof(conn_t, caller)));
+                                       &srv->state.stats, &victim)) == KVP_ADMIT_EVICT) {
+            conn_t *vc = (conn_t *)((char *)victim - offsetof(conn_t, caller));
+            kvp_admission_close(&srv->limits, &vc->caller); /* its place is the new one's */
+            doom(srv, vc); /* not freed here: this turn's events may name it */
+        }
         if (v != KVP_ADMIT_OK) {
             close(fd);
             free(c);
@@ -1863,7 +1891,9 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                 }
             } else {
                 conn_t *c = p;
-                if (c->out_paused && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
+                if (c->doomed) {
+                    /* closed at the end of the turn (close_doomed) */
+                } else if (c->out_paused && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
                     conn_close(srv, c); /* gone without reading its replies */
                 } else if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
                            (c->ssl != NULL && !kvp_tls_established(c->ssl))) {

@@ -313,11 +313,15 @@ static stream_end_t stream(kvp_record_sync_t *rs, uint64_t id, bool *offer)
     while (st == KVP_OK || st == KVP_ERR_PENDING) {
         if (atomic_load(&rs->stop))
             break;
+        int state = kvp_segment_state(rs->seg);
         if (kvp_segment_id(rs->seg) != id || kvp_segment_offer_waiting(rs->seg) ||
-            kvp_segment_state(rs->seg) != KVP_SEG_MOUNTED) {
+            (state != KVP_SEG_MOUNTED && state != KVP_SEG_DRAINED)) {
             end = STREAM_REMOUNT;
             break;
         }
+        /* (drained: the segment is leaving, unmounted by the client's destroy or the drain;
+         * the stream stays until this thread stops, so that the master sees it close only
+         * after the Unmount, not as a stream lost with changes, server.c) */
         kvp_status_t ws = kvp_chan_wait_readable(ch, PING_QUIET_MS);
         if (ws == KVP_ERR_IO)
             break;
@@ -423,12 +427,6 @@ kvp_status_t kvp_record_sync_wait_open(kvp_record_sync_t *rs)
         nap(1);
     }
     return KVP_OK;
-}
-
-void kvp_record_sync_signal(kvp_record_sync_t *rs)
-{
-    if (rs != NULL)
-        atomic_store(&rs->stop, true);
 }
 
 void kvp_record_sync_stop(kvp_record_sync_t *rs)

@@ -49,8 +49,6 @@ kvp_status_t kvp_record_sync_start(const kvp_record_sync_params_t *params,
                                    kvp_record_sync_t **rs_p);
 /* Wait until the segment's first offer ended (the segment takes new replicas). */
 kvp_status_t kvp_record_sync_wait_open(kvp_record_sync_t *rs);
-/* Ask it to stop (the unmount that follows ends its poll). NULL: nothing. */
-void kvp_record_sync_signal(kvp_record_sync_t *rs);
 /* Stop it, join and free it. NULL: nothing. */
 void kvp_record_sync_stop(kvp_record_sync_t *rs);
 

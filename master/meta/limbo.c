@@ -14,6 +14,14 @@
  * back through the same checks as an offered one (rpc/record_calls.c, ha/rebuild.c) and
  * streamed to the owner's record.
  *
+ * The limbo is the master's whole view of the segment when it was dropped, newer than
+ * the owner's record wherever the two differ (the changes that did not arrive: an object
+ * evicted, upserted or removed, an extent used again). So while a segment's offer runs
+ * against a whole limbo (not `partial`), an offered entry is adopted only if the limbo
+ * holds the same object at the same extent (key, version, size, CRC): a stale one is
+ * refused rather than adopted over the newer object the limbo then takes back
+ * (rpc/record_calls.c). A limbo is kept for an empty segment too, for that check.
+ *
  * Those three names are no secret (Stat and Heartbeat answers carry them, or carried them
  * before a principal was checked): with an ACL, the limbo also keeps who mounted the
  * segment (its principal, that principal's tenant, the tenant the segment was dedicated
@@ -70,6 +78,7 @@ bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t ver
     k[key_len] = '\0';
     if (group_len > 0)
         memcpy(k + key_len + 1, group, group_len);
+    l->sorted = false;
     l->e[l->n++] = (kvp_limbo_entry_t){.key = k,
                                        .key_len = key_len,
                                        .version = version,
@@ -80,6 +89,30 @@ bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t ver
                                        .group = k + key_len + 1,
                                        .group_len = group_len};
     return true;
+}
+
+static int by_offset(const void *a, const void *b)
+{
+    uint64_t x = ((const kvp_limbo_entry_t *)a)->offset, y = ((const kvp_limbo_entry_t *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+const kvp_limbo_entry_t *kvp_limbo_at(kvp_limbo_t *l, uint64_t offset)
+{
+    if (!l->sorted) {
+        if (l->n > 1)
+            qsort(l->e, l->n, sizeof(l->e[0]), by_offset);
+        l->sorted = true;
+    }
+    size_t lo = 0, hi = l->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (l->e[mid].offset < offset)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < l->n && l->e[lo].offset == offset ? &l->e[lo] : NULL;
 }
 
 bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id, const char *shm_path,

@@ -46,6 +46,8 @@ typedef struct kvp_limbo {
     uint64_t until_ms;
     kvp_limbo_entry_t *e;
     size_t n, cap;
+    bool partial; /* some objects were not kept (out of memory): not the whole segment */
+    bool sorted;  /* e is in offset order (kvp_limbo_at) */
 } kvp_limbo_t;
 
 /* A new, empty one (NULL: out of memory). */
@@ -56,6 +58,9 @@ kvp_limbo_t *kvp_limbo_new(const char *name, const char *host_id, const char *sh
 bool kvp_limbo_add(kvp_limbo_t *l, const char *key, size_t key_len, uint64_t version,
                    uint64_t offset, uint64_t size, uint32_t crc32c, uint32_t pin, const char *group,
                    size_t group_len);
+/* The entry at offset (extents do not overlap: one at most), or NULL. Sorts the entries
+ * by offset at its first call (O(n log n)), then O(log n). */
+const kvp_limbo_entry_t *kvp_limbo_at(kvp_limbo_t *l, uint64_t offset);
 /* Is this the segment l was (the same name, host and memory, mounted by the same owner)? */
 bool kvp_limbo_is(const kvp_limbo_t *l, const char *name, const char *host_id, const char *shm_path,
                   const kvp_limbo_owner_t *owner);

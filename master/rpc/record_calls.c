@@ -25,6 +25,7 @@
 #include "master/rpc/record_calls.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/log.h"
 #include "master/ha/rebuild.h"
@@ -100,6 +101,17 @@ static int32_t adopt_one(kvp_master_state_t *st, kvp_segment_t *seg, const Kvpoo
     int32_t status = kvp_call_key_lookup(st, &m->key, &dummy, NULL);
     if (status == KVP_OK && !seg->ssd && !st->config.segment_records)
         status = KVP_ERR_UNSUPPORTED; /* kept for data grants only: not adopted */
+    const kvp_limbo_entry_t *le = NULL;
+    if (status == KVP_OK && seg->limbo != NULL && !seg->limbo->partial) {
+        /* the segment comes back from the limbo, the master's whole and newer view of it:
+         * only what it holds at that extent is adopted (meta/limbo.c) */
+        le = kvp_limbo_at(seg->limbo, m->offset);
+        if (le == NULL || le->key_len != m->key.len || memcmp(le->key, m->key.data, le->key_len) ||
+            le->version != m->version || le->size != m->size || le->crc32c != m->crc32c) {
+            status = KVP_ERR_NOT_FOUND; /* removed, replaced or evicted while it was dropped */
+            le = NULL;
+        }
+    }
     if (status == KVP_OK) {
         kvp_adopt_entry_t e = {.key = (const char *)m->key.data,
                                .key_len = m->key.len,
@@ -107,7 +119,7 @@ static int32_t adopt_one(kvp_master_state_t *st, kvp_segment_t *seg, const Kvpoo
                                .offset = m->offset,
                                .size = m->size,
                                .crc32c = m->crc32c,
-                               .pin = m->pin,
+                               .pin = le != NULL ? le->pin : m->pin,
                                .group = (const char *)m->group_id.data,
                                .group_len = m->group_id.len};
         status = kvp_rebuild_adopt(st, seg, &e);

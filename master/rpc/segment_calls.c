@@ -558,8 +558,8 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool
     }
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
     kvp_limbo_owner_t owner = limbo_owner(seg);
-    if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && seg->objects > 0 &&
-        !seg->draining)
+    /* (an empty segment's too: its offer is checked against it, meta/limbo.c) */
+    if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && !seg->draining)
         ctx.limbo =
             kvp_limbo_new(seg->name, seg->host_id, seg->shm_path, seg->tcp_endpoint,
                           seg->rdma_endpoint, &owner, st->now_ms + st->config.segment_grace_ms);
@@ -568,11 +568,13 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
-    if (ctx.limbo != NULL && ctx.limbo->n > 0) {
-        KVP_LOG_INFO("segment %s: %zu objects it held kept for %u s, to be taken back if it "
-                     "mounts again%s",
-                     seg->name, ctx.limbo->n, st->config.segment_grace_ms / 1000,
-                     ctx.limbo_failed ? " (some not kept: out of memory)" : "");
+    if (ctx.limbo != NULL) {
+        ctx.limbo->partial = ctx.limbo_failed > 0;
+        if (ctx.limbo->n > 0)
+            KVP_LOG_INFO("segment %s: %zu objects it held kept for %u s, to be taken back if it "
+                         "mounts again%s",
+                         seg->name, ctx.limbo->n, st->config.segment_grace_ms / 1000,
+                         ctx.limbo_failed ? " (some not kept: out of memory)" : "");
         ctx.limbo->next = st->limbo;
         st->limbo = ctx.limbo;
     } else {
@@ -690,9 +692,10 @@ void kvp_segment_limbo_expire(kvp_master_state_t *st)
             pp = &l->next;
             continue;
         }
-        KVP_LOG_WARN("segment %s did not mount again within --segment-grace: the %zu objects "
-                     "it held when dropped are gone",
-                     l->name, l->n);
+        if (l->n > 0)
+            KVP_LOG_WARN("segment %s did not mount again within --segment-grace: the %zu "
+                         "objects it held when dropped are gone",
+                         l->name, l->n);
         st->stats.limbo_expired += l->n;
         *pp = l->next;
         kvp_limbo_free(l);
@@ -788,9 +791,10 @@ static void limbo_attach(kvp_master_state_t *st, kvp_segment_t *seg)
             kvp_limbo_free(seg->limbo);
             seg->limbo = l;
         } else {
-            KVP_LOG_WARN("segment %s mounted again as another segment (restarted, or other "
-                         "memory): the %zu objects it held when dropped are gone",
-                         l->name, l->n);
+            if (l->n > 0)
+                KVP_LOG_WARN("segment %s mounted again as another segment (restarted, or other "
+                             "memory): the %zu objects it held when dropped are gone",
+                             l->name, l->n);
             st->stats.limbo_expired += l->n;
             kvp_limbo_free(l);
         }

@@ -1077,6 +1077,106 @@ static void test_unmounted_segment_keeps_nothing(void **state)
     assert_null(fx->st.limbo);
 }
 
+/* The owner's stream took what the segment's record queue holds (or lost it: either way
+ * it is gone from the queue). */
+static void record_taken(fx_t *fx, uint64_t x)
+{
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    kvp_record_take(seg_of(fx, x), &buf, &len);
+    free(buf);
+}
+
+/*
+ * The changes a lost stream carried can free an extent without a tombstone (an upsert to
+ * another size, an eviction) and give it to another object: the owner's record still has
+ * the old object there, the limbo the new one. The offer against the limbo refuses the
+ * stale entry, and the limbo's objects are taken back: z's new value and y.
+ */
+static void test_limbo_beats_a_stale_record(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    uint64_t seg, oz, ow, oz2, oy;
+    put(fx, "z", 100, 1, NULL, &seg, &oz);
+    put(fx, "w", 100, 2, NULL, &seg, &ow);
+    uint64_t vz1 = lookup(fx, "z")->version, vw = lookup(fx, "w")->version;
+    record_taken(fx, x); /* the owner got these */
+    put_opt_t up = {.upsert = true};
+    put(fx, "z", 300, 11, &up, &seg, &oz2);
+    put(fx, "y", 100, 3, NULL, &seg, &oy);
+    uint64_t vz2 = lookup(fx, "z")->version, vy = lookup(fx, "y")->version;
+    assert_int_equal(oy, oz); /* y took z's old extent */
+    record_taken(fx, x);      /* these were lost with the stream */
+    kvp_dispatch_conn_closed(&fx->st, C_X);
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    ent_t offer[2] = {{"w", vw, ow, 100, 2, 0}, {"z", vz1, oz, 100, 1, 0}};
+    int32_t sts[2];
+    assert_int_equal(adopt(fx, C_X2, x2, offer, 2, true, sts), KVP_OK);
+    assert_int_equal(sts[0], KVP_OK);
+    assert_int_equal(sts[1], KVP_ERR_NOT_FOUND); /* stale: refused */
+    kvp_object_t *z = lookup(fx, "z"), *y = lookup(fx, "y");
+    assert_non_null(z);
+    assert_int_equal(z->version, vz2);
+    assert_int_equal(z->replicas[0].offset, oz2);
+    assert_non_null(y);
+    assert_int_equal(y->version, vy);
+    assert_int_equal(y->replicas[0].offset, oy);
+    assert_int_equal(fx->st.stats.taken_back, 2);
+}
+
+/* An upsert in place (same size, same extent) whose changes were lost: the record offers
+ * the old version at the same extent; the limbo's newer one wins. */
+static void test_limbo_beats_an_in_place_upsert(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    uint64_t seg, oz, oz2;
+    put(fx, "z", 100, 1, NULL, &seg, &oz);
+    uint64_t vz1 = lookup(fx, "z")->version;
+    record_taken(fx, x);
+    put_opt_t up = {.upsert = true};
+    put(fx, "z", 100, 11, &up, &seg, &oz2);
+    uint64_t vz2 = lookup(fx, "z")->version;
+    record_taken(fx, x);
+    kvp_dispatch_conn_closed(&fx->st, C_X);
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    ent_t offer[1] = {{"z", vz1, oz, 100, 1, 0}};
+    int32_t sts[1];
+    assert_int_equal(adopt(fx, C_X2, x2, offer, 1, true, sts), KVP_OK);
+    assert_int_equal(sts[0], KVP_ERR_NOT_FOUND);
+    kvp_object_t *z = lookup(fx, "z");
+    assert_non_null(z);
+    assert_int_equal(z->version, vz2);
+    assert_int_equal(z->crc32c, 11);
+}
+
+/* A segment dropped empty keeps an (empty) limbo: a record that still lists an object
+ * whose removal it missed offers it in vain. */
+static void test_empty_limbo_refuses_the_record(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    uint64_t seg, oz;
+    put(fx, "z", 100, 1, NULL, &seg, &oz);
+    uint64_t vz1 = lookup(fx, "z")->version;
+    record_taken(fx, x);
+    assert_int_equal(keys_op(fx, KVP_RPC_REMOVE, "z"), KVP_OK);
+    /* as an eviction leaves it: no tombstone (the table is a bounded cache, too) */
+    kvp_tombstone_cleanup(&fx->st.tombstones);
+    memset(&fx->st.tombstones, 0, sizeof(fx->st.tombstones));
+    record_taken(fx, x); /* its DEL was lost */
+    kvp_dispatch_conn_closed(&fx->st, C_X);
+    assert_non_null(fx->st.limbo);
+    assert_int_equal(fx->st.limbo->n, 0);
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    ent_t offer[1] = {{"z", vz1, oz, 100, 1, 0}};
+    int32_t sts[1];
+    assert_int_equal(adopt(fx, C_X2, x2, offer, 1, true, sts), KVP_OK);
+    assert_int_equal(sts[0], KVP_ERR_NOT_FOUND);
+    assert_null(lookup(fx, "z"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1104,6 +1204,9 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_dropped_segment_grace_passes, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_unmounted_segment_keeps_nothing, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_limbo_beats_a_stale_record, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_limbo_beats_an_in_place_upsert, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_empty_limbo_refuses_the_record, setup_bare, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,91 @@
+/*
+ * test_sock.c - common/sock.c: kvp_sock_unacked, what the master asks of a record stream
+ * that closes (master/server.c: were its changes all taken by the owner's TCP?).
+ *
+ * A loopback tcp pair whose receiver reads nothing: the sender writes until its socket is
+ * full, so part of what it wrote waits unacknowledged (the receiver's window is closed);
+ * then the receiver reads it all, and every byte is acknowledged.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/sock.h"
+
+static void tcp_pair(int *a, int *b)
+{
+    int lfd = -1;
+    uint16_t port = 0;
+    assert_int_equal(kvp_tcp_listen("127.0.0.1", 0, 4, &lfd, &port), KVP_OK);
+    assert_int_equal(kvp_tcp_connect("127.0.0.1", port, 2000, a), KVP_OK);
+    *b = accept(lfd, NULL, NULL);
+    assert_true(*b >= 0);
+    close(lfd);
+}
+
+static void test_unacked_until_read(void **state)
+{
+    (void)state;
+    int tx, rx;
+    tcp_pair(&rx, &tx); /* the accepted end sends, as the master's record streams do */
+    int small = 64 << 10;
+    assert_int_equal(setsockopt(rx, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small)), 0);
+    assert_false(kvp_sock_unacked(tx, 0));
+    assert_int_equal(fcntl(tx, F_SETFL, fcntl(tx, F_GETFL) | O_NONBLOCK), 0);
+    static char buf[1 << 16];
+    uint64_t sent = 0;
+    for (;;) {
+        ssize_t n = send(tx, buf, sizeof(buf), MSG_NOSIGNAL);
+        if (n < 0) {
+            assert_true(errno == EAGAIN || errno == EWOULDBLOCK);
+            break;
+        }
+        sent += (uint64_t)n;
+    }
+    usleep(50 * 1000); /* what the receiver's window takes is acknowledged by now */
+    assert_true(kvp_sock_unacked(tx, sent)); /* the rest waits in the sender's socket */
+    uint64_t got = 0;
+    while (got < sent) {
+        ssize_t n = recv(rx, buf, sizeof(buf), 0);
+        assert_true(n > 0);
+        got += (uint64_t)n;
+    }
+    bool acked = false;
+    for (int i = 0; i < 100 && !acked; i++) {
+        acked = !kvp_sock_unacked(tx, sent);
+        if (!acked)
+            usleep(10 * 1000);
+    }
+    assert_true(acked);
+    assert_true(kvp_sock_unacked(tx, sent + 1)); /* a byte never written is not acknowledged */
+    close(tx);
+    close(rx);
+}
+
+/* Not tcp: it cannot tell, and says so (false). */
+static void test_not_tcp(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_false(kvp_sock_unacked(sv[0], 100));
+    close(sv[0]);
+    close(sv[1]);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unacked_until_read),
+        cmocka_unit_test(test_not_tcp),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
