@@ -28,7 +28,9 @@
 #include "common/macros.h"
 #include "common/options.h"
 #include "common/parse.h"
+#include "common/rand.h"
 #include "master/core/config.h"
+#include "master/meta/object_index.h"
 #include "master/server.h"
 
 #define KVP_MASTER_VERSION "0.1.0"
@@ -225,6 +227,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpool-master: %s\n", err);
         return 2;
     }
+    /* keys hash into the index under a seed of this process's: no writer can aim them all
+     * at one bucket (master/meta/object_index.c) */
+    kvp_index_hash_seed(kvp_random_u64());
     /* optarg strings point into conf_argv: it lives until the master has stopped */
     int rc = master_main(&g, conf_argc, conf_argv);
     kvp_conf_free_argv(conf_argv, argv);

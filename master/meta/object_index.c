@@ -3,7 +3,10 @@
  *
  * Chained buckets (power of two), XXH3-64 of the key, the full hash kept in
  * the object so that a chain walk compares 8 bytes before the key and a
- * resize never rehashes a key. The table doubles when count > buckets.
+ * resize never rehashes a key. The hash is seeded (kvp_index_hash_seed: the master draws
+ * one at start), so that a writer cannot pick keys that all land in one bucket and make
+ * every lookup, and a List page's one bucket, walk them all; nothing outside the process
+ * sees or keeps it. The table doubles when count > buckets.
  * Every object is also on one doubly linked list: PENDING objects on the
  * pending list (oldest first: put timeouts, a dead writer's puts, no scan),
  * COMPLETE objects on one of the eviction policy's lists (probation,
@@ -42,9 +45,16 @@ void kvp_index_cleanup(kvp_object_index_t *index)
     memset(index, 0, sizeof(*index));
 }
 
+static uint64_t index_seed;
+
+void kvp_index_hash_seed(uint64_t seed)
+{
+    index_seed = seed;
+}
+
 uint64_t kvp_index_hash(const char *key, size_t len)
 {
-    return XXH3_64bits(key, len);
+    return XXH3_64bits_withSeed(key, len, index_seed);
 }
 
 kvp_object_t *kvp_index_lookup(const kvp_object_index_t *index, const char *key, size_t len,

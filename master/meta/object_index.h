@@ -60,6 +60,9 @@ static inline void kvp_index_charge(kvp_object_index_t *index, const kvp_object_
 kvp_status_t kvp_index_init(kvp_object_index_t *index);
 /* Frees every object (not their extents: the caller frees allocators). */
 void kvp_index_cleanup(kvp_object_index_t *index);
+/* The seed of kvp_index_hash: set once, before any key is hashed (the master: a random one
+ * at start; 0 until then). */
+void kvp_index_hash_seed(uint64_t seed);
 uint64_t kvp_index_hash(const char *key, size_t len);
 kvp_object_t *kvp_index_lookup(const kvp_object_index_t *index, const char *key, size_t len,
                                uint64_t hash);
