@@ -20,7 +20,9 @@
  * against a whole limbo (not `partial`), an offered entry is adopted only if the limbo
  * holds the same object at the same extent (key, version, size, CRC): a stale one is
  * refused rather than adopted over the newer object the limbo then takes back
- * (rpc/record_calls.c). A limbo is kept for an empty segment too, for that check.
+ * (rpc/record_calls.c). A limbo is kept for an empty segment too, for that check; one
+ * that may lack objects is `partial` (out of memory, or made while an offer after a
+ * master restart ran: rpc/segment_calls.c) and checks nothing.
  *
  * Those three names are no secret (Stat and Heartbeat answers carry them, or carried them
  * before a principal was checked): with an ACL, the limbo also keeps who mounted the

@@ -558,18 +558,34 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool
     }
     drop_ctx_t ctx = {.st = st, .segment_id = seg->id};
     kvp_limbo_owner_t owner = limbo_owner(seg);
+    kvp_limbo_t *again = NULL; /* dropped again during the offer it came back from a limbo with */
     /* (an empty segment's too: its offer is checked against it, meta/limbo.c) */
-    if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && !seg->draining)
-        ctx.limbo =
-            kvp_limbo_new(seg->name, seg->host_id, seg->shm_path, seg->tcp_endpoint,
-                          seg->rdma_endpoint, &owner, st->now_ms + st->config.segment_grace_ms);
+    if (silent && !seg->ssd && seg->record && st->config.segment_grace_ms > 0 && !seg->draining) {
+        if (seg->adopting && seg->limbo != NULL) {
+            /* that limbo is still the whole view (nothing new lands while it adopts; what was
+             * removed since, the tombstones and the index refuse): kept again, as it is */
+            again = seg->limbo;
+            seg->limbo = NULL;
+            again->until_ms = st->now_ms + st->config.segment_grace_ms;
+        } else {
+            ctx.limbo =
+                kvp_limbo_new(seg->name, seg->host_id, seg->shm_path, seg->tcp_endpoint,
+                              seg->rdma_endpoint, &owner, st->now_ms + st->config.segment_grace_ms);
+        }
+    }
     kvp_tier_segment_gone(st, seg->id); /* tasks of its owner, copies to or from it */
     if (seg->objects > 0)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
-    if (ctx.limbo != NULL) {
-        ctx.limbo->partial = ctx.limbo_failed > 0;
+    if (again != NULL) {
+        again->next = st->limbo;
+        st->limbo = again;
+    } else if (ctx.limbo != NULL) {
+        /* an offer under way (after a master restart): the index holds only what was adopted
+         * so far, not the segment; the next offer is checked as after a restart, and this
+         * only adds what it lacks (meta/limbo.c) */
+        ctx.limbo->partial = ctx.limbo_failed > 0 || seg->adopting;
         if (ctx.limbo->n > 0)
             KVP_LOG_INFO("segment %s: %zu objects it held kept for %u s, to be taken back if it "
                          "mounts again%s",

@@ -1177,6 +1177,83 @@ static void test_empty_limbo_refuses_the_record(void **state)
     assert_null(lookup(fx, "z"));
 }
 
+#define C_X3 7 /* and again */
+
+/* Three objects at their extents, as an owner's record lists them. */
+typedef struct three {
+    ent_t e[3];
+} three_t;
+
+static three_t record_of_three(fx_t *fx, uint64_t x)
+{
+    three_t t;
+    const char *keys[3] = {"k1", "k2", "k3"};
+    for (unsigned i = 0; i < 3; i++) {
+        uint64_t seg, off;
+        put(fx, keys[i], 100, i + 1, NULL, &seg, &off);
+        assert_int_equal(seg, x);
+        t.e[i] = (ent_t){keys[i], lookup(fx, keys[i])->version, off, 100, i + 1, 0};
+    }
+    record_taken(fx, x);
+    return t;
+}
+
+/*
+ * Dropped again while the offer it came back from a limbo with runs (one batch adopted):
+ * that limbo is kept again, whole, and the next offer has everything adopted.
+ */
+static void test_dropped_again_during_its_offer(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    three_t t = record_of_three(fx, x);
+    kvp_dispatch_conn_closed(&fx->st, C_X);
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    int32_t sts[3];
+    assert_int_equal(adopt(fx, C_X2, x2, t.e, 1, false, sts), KVP_OK); /* k1, not the last */
+    assert_int_equal(sts[0], KVP_OK);
+    kvp_dispatch_conn_closed(&fx->st, C_X2);
+    assert_non_null(fx->st.limbo);
+    assert_int_equal(fx->st.limbo->n, 3);
+    uint64_t x3 = mount_mem(&fx->st, C_X3, "dram-x", "dram", SEG, true, "@mem-x");
+    assert_int_equal(adopt(fx, C_X3, x3, t.e, 3, true, sts), KVP_OK);
+    for (unsigned i = 0; i < 3; i++) {
+        assert_int_equal(sts[i], KVP_OK);
+        assert_non_null(lookup(fx, t.e[i].key));
+    }
+}
+
+/*
+ * After a master restart (no limbo), dropped during its offer: the index held only what was
+ * adopted, so the limbo made then is partial, and the next offer is checked as after a
+ * restart: everything adopted, not refused for missing from it.
+ */
+static void test_dropped_during_an_offer_after_a_restart(void **state)
+{
+    fx_t *fx = *state;
+    uint64_t x = mount_mem(&fx->st, C_X, "dram-x", "dram", SEG, false, "@mem-x");
+    three_t t = record_of_three(fx, x);
+    /* a new master: nothing in its index, the owner mounts with its record */
+    kvp_master_config_t cfg = fx->st.config;
+    kvp_master_state_cleanup(&fx->st);
+    assert_int_equal(kvp_master_state_init(&fx->st), KVP_OK);
+    fx->st.config = cfg;
+    fx->st.rng = 0x5EED;
+    fx->st.now_ms = 0;
+    uint64_t x2 = mount_mem(&fx->st, C_X2, "dram-x", "dram", SEG, true, "@mem-x");
+    int32_t sts[3];
+    assert_int_equal(adopt(fx, C_X2, x2, t.e, 1, false, sts), KVP_OK);
+    kvp_dispatch_conn_closed(&fx->st, C_X2);
+    assert_non_null(fx->st.limbo);
+    assert_true(fx->st.limbo->partial);
+    uint64_t x3 = mount_mem(&fx->st, C_X3, "dram-x", "dram", SEG, true, "@mem-x");
+    assert_int_equal(adopt(fx, C_X3, x3, t.e, 3, true, sts), KVP_OK);
+    for (unsigned i = 0; i < 3; i++) {
+        assert_int_equal(sts[i], KVP_OK);
+        assert_non_null(lookup(fx, t.e[i].key));
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1207,6 +1284,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_limbo_beats_a_stale_record, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_limbo_beats_an_in_place_upsert, setup_bare, teardown),
         cmocka_unit_test_setup_teardown(test_empty_limbo_refuses_the_record, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_again_during_its_offer, setup_bare, teardown),
+        cmocka_unit_test_setup_teardown(test_dropped_during_an_offer_after_a_restart, setup_bare,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
