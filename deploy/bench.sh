@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run kvpool-bench's standard set on this machine (a few minutes on 2 cores)
 # and write bench-results.json plus a short Markdown summary
-# (bench-results.md): every figure the README's performance table quotes
+# (bench-results.md): every figure docs/benchmarks.md's "The standard run" quotes
 # except the RDMA table (deploy/bench-rdma.sh) and the outside references
 # (Redis, Mooncake). Nothing here is committed: both files are ignored.
 # Every run goes ahead even when an earlier one failed; the script then

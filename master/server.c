@@ -118,8 +118,8 @@ typedef struct conn {
     /* its links on the server's lists (srv->lists: ON_ALL, ON_HELD, ON_GATED) */
     struct conn *link_next[N_LISTS], *link_prev[N_LISTS];
     uint64_t sent_total; /* bytes of its output the socket ever took (a record stream's: gates) */
-    bool record_stream;  /* carries a segment's record changes (SegRecord): never gated */
-    uint64_t stream_seg; /* ... of this segment (mount) */
+    uint64_t stream_seg; /* it carries this segment's record changes (SegRecord; 0: none):
+                          * never gated */
     bool doomed;         /* to be closed at the end of this turn (close_doomed) */
     uint64_t sent_seen;  /* sent_total at the last --client-ttl check (a stream's liveness) */
     bool adopted;        /* this turn ran an Adopt: not gated (gate_turn) */
@@ -352,7 +352,7 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
         srv->n_doomed--;
     if (c->n_gates > 0)
         gated_unlink(srv, c);
-    if (c->record_stream) {
+    if (c->stream_seg != 0) {
         const kvp_segment_t *seg = kvp_segment_table_get(&srv->state.segments, c->stream_seg);
         /* (a draining segment's owner ends its stream itself: the segment is leaving) */
         uint64_t owner = seg != NULL && seg->record && !seg->draining ? seg->owner_conn_id : 0;
@@ -366,22 +366,17 @@ static void conn_close(kvp_master_server_t *srv, conn_t *c)
              * connection is closed too, so that it mounts again, and its objects are taken
              * back into its record from the limbo (as for an owner dropped for silence) */
             srv->state.stats.record_lost++;
-            if (srv->state.config.segment_grace_ms > 0) {
+            /* (--segment-grace 0: no limbo to take them back from; a remount would only
+             * adopt the owner's record as it is) */
+            if (srv->state.config.segment_grace_ms > 0)
                 remount = owner;
-                KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with changes its "
-                                     "owner did not get (%zu bytes still queued here): closing "
-                                     "its owner's connection %llu, so that it mounts again and "
-                                     "its record is made whole",
-                                     (unsigned long long)c->id, out_backlog(c),
-                                     (unsigned long long)owner);
-            } else {
-                /* no limbo to take the objects back from (--segment-grace 0): a remount
-                 * would only adopt the owner's record as it is */
-                KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with changes its "
-                                     "owner did not get (%zu bytes still queued here): with "
-                                     "--segment-grace 0 its record stays without them",
-                                     (unsigned long long)c->id, out_backlog(c));
-            }
+            KVP_LOG_WARN_LIMITED("record stream (connection %llu) closed with changes its owner "
+                                 "did not get (%zu bytes still queued here): %s",
+                                 (unsigned long long)c->id, out_backlog(c),
+                                 remount != 0 ? "closing its owner's connection, so that it "
+                                                "mounts again and its record is made whole"
+                                              : "with --segment-grace 0 its record stays "
+                                                "without them");
         }
         for (conn_t *g = srv->lists[ON_GATED].head; g != NULL; g = g->link_next[ON_GATED])
             for (unsigned i = 0; i < g->n_gates; i++)
@@ -591,7 +586,7 @@ static size_t turn_dirty(kvp_master_server_t *srv)
 /* After push_records: gate c on each of the turn's record streams that did not take all. */
 static void gate_turn(kvp_master_server_t *srv, conn_t *c, size_t n)
 {
-    if (c->record_stream)
+    if (c->stream_seg != 0)
         return; /* a stream waits for no other: streams waiting on each other would stall */
     if (c->adopted) {
         /* an owner's offer (Adopt) is made by its record thread, which reads the stream the
@@ -918,7 +913,6 @@ static bool finish_one(kvp_master_server_t *srv, conn_t *c, const kvp_rpc_hdr_t 
         srv->state.stream_segment = 0;
         if (seg != NULL) {
             kvp_record_stream_open(&srv->state.segments, seg, c, h->request_id);
-            c->record_stream = true;
             c->stream_seg = seg->id;
         }
     } else if (srv->state.parked) {
@@ -1600,7 +1594,7 @@ static void expire_silent(kvp_master_server_t *srv)
             c = next;
             continue;
         }
-        if (c->record_stream && c->sent_total != c->sent_seen) {
+        if (c->stream_seg != 0 && c->sent_total != c->sent_seen) {
             /* its owner's kernel takes the changes: its owner pings only a quiet stream
              * (client/control/record_sync.c) */
             c->sent_seen = c->sent_total;
