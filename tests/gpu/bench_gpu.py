@@ -119,6 +119,61 @@ def run_transport(pool, cuda, transport):
     return out
 
 
+# The transfer engine (mooncake.engine, issue 48) in vLLM's shape: the prefill's KV cache
+# (registered device memory) written into the decode's (registered device memory) as a
+# batch of runs, and each end in host memory instead, beside it.
+TE_SHAPES = ((64 << 10, 512), (1 << 20, 128))
+
+
+def run_te(cuda, proto):
+    import mmap
+    from mooncake.engine import TransferEngine
+    total = max(n * k for n, k in TE_SHAPES)
+    target, init = TransferEngine(), TransferEngine()
+    out = {}
+    try:
+        assert target.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        assert init.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        name = f"127.0.0.1:{target.get_rpc_port()}"
+        region = mmap.mmap(-1, total)
+        t_host = np.frombuffer(region, np.uint8)
+        t_dev = cuda.zeros(total)
+        src = np.random.default_rng(7).integers(0, 256, total, dtype=np.uint8)
+        i_dev = cuda.upload(src)
+        zero = np.zeros(total, np.uint8)
+        assert target.batch_register_memory([t_host.ctypes.data, t_dev], [total, total]) == 0
+        assert init.batch_register_memory([src.ctypes.data, i_dev], [total, total]) == 0
+        ends = {"host": (src.ctypes.data, t_host.ctypes.data),
+                "device": (i_dev, t_dev)}
+        for run, k in TE_SHAPES:
+            offs = [i * run for i in range(k)]
+            for a, b in (("host", "host"), ("device", "host"), ("host", "device"),
+                         ("device", "device")):
+                lbase, rbase = ends[a][0], ends[b][1]
+                locs = [lbase + o for o in offs]
+                rems = [rbase + o for o in offs]
+                lens = [run] * k
+                # checked once: every byte at the target
+                if b == "host":
+                    t_host[:] = 0
+                else:
+                    cuda.check(cuda.lib.cuMemcpyHtoD_v2(t_dev, zero.ctypes.data, total), "HtoD")
+                assert init.batch_transfer_sync_write(name, locs, rems, lens) == 0
+                got = t_host[:run * k] if b == "host" else cuda.download(t_dev, run * k)
+                assert np.array_equal(got, src[:run * k]), f"te {proto} {a}->{b}: wrong bytes"
+                key = f"{run >> 10}KiBx{k} {a}->{b}"
+                out["write " + key] = gbps(run * k, median_time(
+                    lambda: init.batch_transfer_sync_write(name, locs, rems, lens)))
+                out["read " + key] = gbps(run * k, median_time(
+                    lambda: init.batch_transfer_sync_read(name, locs, rems, lens)))
+        del t_host
+        region.close()
+    finally:
+        init.close()
+        target.close()
+    return out
+
+
 def gpu_name(cuda):
     try:
         get = cuda.lib.cuDeviceGetName
@@ -147,6 +202,8 @@ def main():
                "rounds": ROUNDS, "unit": "GB/s", "limits": limits(cuda, OBJ * N_OBJ)}
         for t in ("shm", "tcp"):
             res[t] = run_transport(pool, cuda, t)
+        for t in ("shm", "tcp"):
+            res["te_" + t] = run_te(cuda, t)
     finally:
         bad = pool.close()
         cuda.free_all()
