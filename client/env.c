@@ -308,6 +308,14 @@ static const kvp_opt_t env_rows[] = {
      .def_doc = "512KiB",
      .help = "on tcp, runs of up to 64 KiB go to a peer in requests of up to this many bytes "
              "(4KiB to 64MiB; docs/benchmarks.md, \"te\")"},
+    {.name = "te-stage-chunk",
+     .env = "KVPOOL_TE_STAGE_CHUNK",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "SIZE",
+     .def_doc = "16MiB",
+     .help = "CUDA device memory a transfer moves is staged through pinned host buffers of this "
+             "size, two a transfer in flight (4KiB to 64MiB; docs/python.md, the _on_cuda forms)"},
     {.name = "te-peers",
      .env = "KVPOOL_TE_PEERS",
      .type = KVP_OPT_STRING,

@@ -77,6 +77,13 @@
 /* Bytes of small runs chained into one request on a tcp stream (KVPOOL_TE_CHAIN): 0, the
  * transport's default. */
 #define TE_CHAIN_DEF 0
+/* Bytes of one of the initiator's pinned staging buffers for device memory
+ * (KVPOOL_TE_STAGE_CHUNK), two a stager: each is one batch on the streams, the next copied
+ * while it moves. On an H200 over loopback (docs/results/2026-11-27-gpu-te.md) 1 MiB and
+ * 4 MiB ran device memory at about half the rate of host memory, 16 MiB near it; depth 4
+ * gained nothing over 2. */
+#define TE_STAGE_CHUNK_DEF ((uint64_t)16 << 20)
+#define TE_STAGE_DEPTH 2
 #define TE_ALLOWED_MAX 64
 
 /* Credentials (KVPOOL_TLS_CA, _CERT, _KEY): what an engine proves to its targets, and the
@@ -1068,17 +1075,16 @@ static uint32_t env_u32(const char *name, uint32_t def)
 
 /* KVPOOL_TE_CHAIN: the most bytes of runs of up to 64 KiB that go as one request on a
  * stream, 4 KiB .. 64 MiB; unset (or not a size): 0, the tcp transport's default. */
-static uint64_t te_chain_bytes(void)
+static uint64_t te_size_env(const char *name, uint64_t def)
 {
-    const char *s = getenv("KVPOOL_TE_CHAIN");
+    const char *s = getenv(name);
     uint64_t v = 0;
     if (s == NULL || s[0] == '\0')
-        return TE_CHAIN_DEF;
+        return def;
     if (!kvp_parse_size(s, &v) || v < 4096 || v > (64ull << 20)) {
-        KVP_LOG_WARN("transfer engine: KVPOOL_TE_CHAIN=%s is not a size from 4KiB to 64MiB: "
-                     "the default used",
-                     s);
-        return TE_CHAIN_DEF;
+        KVP_LOG_WARN("transfer engine: %s=%s is not a size from 4KiB to 64MiB: the default used",
+                     name, s);
+        return def;
     }
     return v;
 }
@@ -1160,7 +1166,9 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     te->xfer.timeout_ms = env_u32("KVPOOL_TE_TIMEOUT_MS", 10000);
     te->xfer.tcp_streams = env_u32("KVPOOL_TE_STREAMS", 2);
     te->xfer.tcp_slice = 1 << 20;
-    te->xfer.tcp_chain = te_chain_bytes();
+    te->xfer.tcp_chain = te_size_env("KVPOOL_TE_CHAIN", TE_CHAIN_DEF);
+    te->xfer.stage_chunk = te_size_env("KVPOOL_TE_STAGE_CHUNK", TE_STAGE_CHUNK_DEF);
+    te->xfer.stage_depth = TE_STAGE_DEPTH;
     kvp_status_t st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK) {
         auth_free(te->auth);

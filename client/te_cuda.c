@@ -63,7 +63,7 @@ kvp_status_t kvp_te_transfer_on_cuda(kvp_te_t *te, const char *target, int opcod
 
 /* ---- a target's registered device memory ---- */
 
-#define TE_CUDA_CHUNK ((size_t)1 << 20)
+#define TE_CUDA_CHUNK ((size_t)256 << 10)
 #define TE_CUDA_SLOTS 16
 
 typedef struct te_cuda_slot {
@@ -192,41 +192,84 @@ static kvp_status_t slot_streams(te_cuda_slot_t *sl, const void *dev)
     return KVP_OK;
 }
 
-/* Receive len bytes into device memory dst: chunk k into half k % 2, then its copy to the
- * device on that half's stream, so receiving chunk k+1 overlaps copying chunk k. A CUDA
- * failure drains the rest of this extent and is returned in *cuda_p; false: the socket. */
-static bool recv_dev(te_cuda_slot_t *sl, int fd, uint8_t *dst, uint64_t len, kvp_status_t *cuda_p)
+/* A request's bytes for device memory go through the slot's two halves as one stream:
+ * pieces of the extents are packed into the half being filled, each with its own async
+ * copy on that half's stream, and a half is waited for only when it comes round again
+ * (or at the end of the request, or before the slot's streams change GPU), so extents of
+ * 64 KiB cost a copy launch each, not a copy's round trip. */
+typedef struct te_cuda_ring {
+    te_cuda_slot_t *sl;
+    int cur;           /* the half being filled */
+    size_t fill[2];    /* bytes packed into each half */
+    bool pending[2];   /* copies issued on the half's stream, not waited for */
+    kvp_status_t cuda; /* the first CUDA failure */
+} te_cuda_ring_t;
+
+static void ring_wait(te_cuda_ring_t *r, int h)
 {
-    bool pending[2] = {false, false};
-    for (uint64_t off = 0, k = 0; off < len; k++) {
-        int h = (int)(k & 1);
-        size_t m = len - off < TE_CUDA_CHUNK ? (size_t)(len - off) : TE_CUDA_CHUNK;
-        uint8_t *half = sl->buf + (size_t)h * TE_CUDA_CHUNK;
-        if (pending[h] && *cuda_p == KVP_OK)
-            *cuda_p = kvp_gpu_stream_sync(sl->s[h]);
-        pending[h] = false;
-        if (kvp_recv_all(fd, half, m) != KVP_OK)
-            return false;
-        if (*cuda_p == KVP_OK) {
-            *cuda_p = kvp_gpu_copy_async(sl->s[h], dst + off, half, m, true);
-            pending[h] = *cuda_p == KVP_OK;
+    if (r->pending[h]) {
+        kvp_status_t st = kvp_gpu_stream_sync(r->sl->s[h]);
+        if (r->cuda == KVP_OK)
+            r->cuda = st;
+        r->pending[h] = false;
+    }
+}
+
+/* The slot's streams on p's GPU; every copy on the old ones waited for first. */
+static kvp_status_t ring_streams(te_cuda_ring_t *r, const void *p)
+{
+    int ordinal;
+    kvp_status_t st = kvp_gpu_device_ordinal(p, &ordinal);
+    if (st != KVP_OK || ordinal == r->sl->ordinal)
+        return st;
+    ring_wait(r, 0);
+    ring_wait(r, 1);
+    return r->cuda != KVP_OK ? r->cuda : slot_streams(r->sl, p);
+}
+
+/* Receive len bytes into device memory dst through the ring. False: the socket. */
+static bool recv_dev(te_cuda_ring_t *r, int fd, uint8_t *dst, uint64_t len)
+{
+    for (uint64_t off = 0; off < len;) {
+        int h = r->cur;
+        if (r->fill[h] == TE_CUDA_CHUNK) { /* full: the other half, once its copies are done */
+            h = r->cur ^= 1;
+            ring_wait(r, h);
+            r->fill[h] = 0;
         }
+        size_t room = TE_CUDA_CHUNK - r->fill[h];
+        size_t m = len - off < room ? (size_t)(len - off) : room;
+        uint8_t *at = r->sl->buf + (size_t)h * TE_CUDA_CHUNK + r->fill[h];
+        if (kvp_recv_all(fd, at, m) != KVP_OK)
+            return false;
+        if (r->cuda == KVP_OK) {
+            r->cuda = kvp_gpu_copy_async(r->sl->s[h], dst + off, at, m, true);
+            r->pending[h] |= r->cuda == KVP_OK;
+        }
+        r->fill[h] += m;
         off += m;
     }
-    for (int h = 0; h < 2; h++)
-        if (pending[h]) {
-            kvp_status_t st = kvp_gpu_stream_sync(sl->s[h]);
-            if (*cuda_p == KVP_OK)
-                *cuda_p = st;
-        }
+    return true;
+}
+
+static bool drain(int fd, uint64_t len)
+{
+    uint8_t sink[16384];
+    while (len > 0) {
+        size_t k = len < sizeof(sink) ? (size_t)len : sizeof(sink);
+        if (kvp_recv_all(fd, sink, k) != KVP_OK)
+            return false;
+        len -= k;
+    }
     return true;
 }
 
 bool kvp_te_cuda_recv(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data_vec_t *v, size_t n,
                       kvp_status_t *reply_p)
 {
-    te_cuda_slot_t *sl = slot_take(c);
-    kvp_status_t cuda = sl == NULL ? KVP_ERR_NOMEM : KVP_OK;
+    te_cuda_ring_t r = {.sl = slot_take(c), .cuda = KVP_OK};
+    if (r.sl == NULL)
+        r.cuda = KVP_ERR_NOMEM;
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) {
         uint8_t *p = (uint8_t *)(uintptr_t)v[i].offset;
@@ -234,53 +277,63 @@ bool kvp_te_cuda_recv(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data
             ok = kvp_recv_all(fd, p, v[i].length) == KVP_OK;
             continue;
         }
-        if (cuda == KVP_OK)
-            cuda = slot_streams(sl, p);
-        if (cuda != KVP_OK) { /* drain it: the peer reads the refusal */
-            uint8_t sink[16384];
-            for (uint64_t left = v[i].length; left > 0 && ok;) {
-                size_t k = left < sizeof(sink) ? (size_t)left : sizeof(sink);
-                ok = kvp_recv_all(fd, sink, k) == KVP_OK;
-                left -= k;
-            }
-            continue;
-        }
-        ok = recv_dev(sl, fd, p, v[i].length, &cuda);
+        if (r.cuda == KVP_OK)
+            r.cuda = ring_streams(&r, p);
+        /* after a failure the rest is drained: the peer reads the refusal */
+        ok = r.cuda == KVP_OK ? recv_dev(&r, fd, p, v[i].length) : drain(fd, v[i].length);
     }
-    if (sl != NULL)
-        slot_give(c, sl);
-    if (ok && cuda != KVP_OK) {
+    if (r.sl != NULL) {
+        ring_wait(&r, 0);
+        ring_wait(&r, 1);
+        slot_give(c, r.sl);
+    }
+    if (ok && r.cuda != KVP_OK) {
         KVP_LOG_ERROR("transfer engine: a peer's write into device memory failed: %s",
-                      kvp_strerror(cuda));
+                      kvp_strerror(r.cuda));
         *reply_p = KVP_ERR_IO;
     }
     return ok;
 }
 
-/* Send len bytes of device memory src: chunk k+1 is copied into the other half while
- * chunk k is sent. False: a CUDA failure or the socket (the reply is cut short). */
-static bool send_dev(te_cuda_slot_t *sl, int fd, const uint8_t *src, uint64_t len)
+/* Send the other half's bytes, if it holds any, once its copies are done; it is then
+ * empty. False: a CUDA failure or the socket. */
+static bool ring_send(te_cuda_ring_t *r, int fd, int h)
 {
-    size_t m0 = len < TE_CUDA_CHUNK ? (size_t)len : TE_CUDA_CHUNK;
-    if (kvp_gpu_copy_async(sl->s[0], sl->buf, src, m0, false) != KVP_OK)
+    ring_wait(r, h);
+    if (r->cuda != KVP_OK)
         return false;
-    for (uint64_t off = 0, k = 0; off < len; k++) {
-        int h = (int)(k & 1);
-        size_t m = len - off < TE_CUDA_CHUNK ? (size_t)(len - off) : TE_CUDA_CHUNK;
-        uint64_t next = off + m;
-        if (kvp_gpu_stream_sync(sl->s[h]) != KVP_OK)
-            return false;
-        if (next < len) {
-            size_t m2 = len - next < TE_CUDA_CHUNK ? (size_t)(len - next) : TE_CUDA_CHUNK;
-            if (kvp_gpu_copy_async(sl->s[h ^ 1], sl->buf + (size_t)(h ^ 1) * TE_CUDA_CHUNK,
-                                   src + next, m2, false) != KVP_OK)
+    bool ok = r->fill[h] == 0 ||
+              kvp_send_all(fd, r->sl->buf + (size_t)h * TE_CUDA_CHUNK, r->fill[h]) == KVP_OK;
+    r->fill[h] = 0;
+    return ok;
+}
+
+/* Everything packed, in order: the older half, then the one being filled. */
+static bool ring_flush(te_cuda_ring_t *r, int fd)
+{
+    return ring_send(r, fd, r->cur ^ 1) && ring_send(r, fd, r->cur);
+}
+
+/* Pack len bytes of device memory src into the ring: each half, once full, is sent while
+ * the next is being copied into. False: a CUDA failure or the socket. */
+static bool send_dev(te_cuda_ring_t *r, int fd, const uint8_t *src, uint64_t len)
+{
+    for (uint64_t off = 0; off < len;) {
+        int h = r->cur;
+        if (r->fill[h] == TE_CUDA_CHUNK) { /* full: send the older half, fill it next */
+            if (!ring_send(r, fd, h ^ 1))
                 return false;
+            h = r->cur ^= 1;
         }
-        if (kvp_send_all(fd, sl->buf + (size_t)h * TE_CUDA_CHUNK, m) != KVP_OK) {
-            (void)kvp_gpu_stream_sync(sl->s[h ^ 1]); /* the half is not left in flight */
+        size_t room = TE_CUDA_CHUNK - r->fill[h];
+        size_t m = len - off < room ? (size_t)(len - off) : room;
+        r->cuda = kvp_gpu_copy_async(
+            r->sl->s[h], r->sl->buf + (size_t)h * TE_CUDA_CHUNK + r->fill[h], src + off, m, false);
+        if (r->cuda != KVP_OK)
             return false;
-        }
-        off = next;
+        r->pending[h] = true;
+        r->fill[h] += m;
+        off += m;
     }
     return true;
 }
@@ -288,18 +341,22 @@ static bool send_dev(te_cuda_slot_t *sl, int fd, const uint8_t *src, uint64_t le
 bool kvp_te_cuda_send(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data_vec_t *v, size_t n,
                       uint64_t total)
 {
-    te_cuda_slot_t *sl = slot_take(c);
-    if (sl == NULL)
+    te_cuda_ring_t r = {.sl = slot_take(c), .cuda = KVP_OK};
+    if (r.sl == NULL)
         return false;
-    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
-    bool ok = kvp_send_all(fd, &r, sizeof(r)) == KVP_OK;
+    kvp_data_resp_t resp = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
+    bool ok = kvp_send_all(fd, &resp, sizeof(resp)) == KVP_OK;
     for (size_t i = 0; i < n && ok; i++) {
         const uint8_t *p = (const uint8_t *)(uintptr_t)v[i].offset;
-        if (!vec_dev(xfer, &v[i]))
-            ok = kvp_send_all(fd, p, v[i].length) == KVP_OK;
+        if (!vec_dev(xfer, &v[i])) /* after what is packed before it */
+            ok = ring_flush(&r, fd) && kvp_send_all(fd, p, v[i].length) == KVP_OK;
         else
-            ok = slot_streams(sl, p) == KVP_OK && send_dev(sl, fd, p, v[i].length);
+            ok = (r.cuda = ring_streams(&r, p)) == KVP_OK && send_dev(&r, fd, p, v[i].length);
     }
-    slot_give(c, sl);
+    ok = ok && ring_flush(&r, fd);
+    /* no half is left in flight when the slot is given back */
+    ring_wait(&r, 0);
+    ring_wait(&r, 1);
+    slot_give(c, r.sl);
     return ok;
 }

@@ -23,8 +23,10 @@ bool kvp_te_cuda_locals(kvp_transfer_t *xfer, size_t n, void *const *locals, con
 /*
  * A target's registered device memory: a peer's WRITEV into it is received into pinned host
  * staging buffers and copied to the device, a READV copied from the device into them and
- * sent. Staging slots (two 1 MiB pinned buffers and a copy stream per buffer) are made at
- * the first such request and reused, at most TE_CUDA_SLOTS (requests beyond wait for one).
+ * sent. Staging slots (two 256 KiB pinned buffers and a copy stream per buffer) are made
+ * at the first such request and reused, at most TE_CUDA_SLOTS (requests beyond wait for
+ * one). A request's device extents are packed into the buffers in turn, a copy each, and a
+ * buffer is waited for only when it comes round again and at the request's end.
  * Made by the engine's first registration of device memory (under its regions' write lock),
  * freed at its destroy (no request in flight).
  */

@@ -114,8 +114,9 @@ static kvp_stager_t *stager_take(kvp_transfer_t *xfer, int kind)
             break;
         }
         if (pool->n[kind] < KVP_STAGERS_MAX) {
-            kvp_stager_params_t p = {.chunk_bytes = 1 << 20,
-                                     .depth = 4,
+            kvp_stager_params_t p = {.chunk_bytes =
+                                         xfer->stage_chunk ? xfer->stage_chunk : (size_t)1 << 20,
+                                     .depth = xfer->stage_depth ? xfer->stage_depth : 4,
                                      .run = stage_run_cb,
                                      .reg = stage_reg_cb,
                                      .dereg = stage_dereg_cb,

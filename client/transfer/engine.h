@@ -47,6 +47,8 @@ typedef struct kvp_transfer {
     uint64_t tcp_slice;
     uint64_t tcp_chain;     /* bytes of small slices chained into one request; 0: the tcp
                              * transport's default (512 KiB, at most tcp_slice) */
+    uint64_t stage_chunk;   /* bytes of one staging buffer (staging.h); 0: 1 MiB */
+    unsigned stage_depth;   /* staging buffers a stager, >= 2; 0: 4 */
     char rdma_devices[256]; /* device list, "" = auto */
     char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
     uint32_t rdma_qps;      /* QPs per peer */

@@ -273,6 +273,52 @@ def test_device_memory_registered_on_the_target(cuda, proto):
         target.close()
 
 
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_many_small_runs_into_a_targets_device_and_host_memory(cuda, proto):
+    """vLLM's block writes: many runs of 64 KiB and odd sizes in one batch, to places of a
+    target's registered device memory and of its host memory in turn, so that one request
+    carries both and the target's staging packs many runs into one pinned buffer (more
+    bytes than its two buffers hold: they are reused); written, then read back into host
+    memory and into device memory, byte-exact, the bytes between the runs untouched."""
+    cuda.current()
+    n = 8 << 20
+    target, init = TransferEngine(), TransferEngine()
+    try:
+        assert target.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        assert init.initialize("127.0.0.1", "P2PHANDSHAKE", proto, "") == 0
+        kv = cuda.zeros(n)
+        mem = mmap.mmap(-1, n)
+        host = np.frombuffer(mem, np.uint8)
+        assert target.batch_register_memory([kv, host.ctypes.data], [n, n]) == 0
+        name = f"127.0.0.1:{target.get_rpc_port()}"
+        sizes = [65536, 1, 4097, 65536 + 13, 300001, 65536, 7] * 8 + [(3 << 20) + 5]
+        offs = layout(sizes, gap=513)
+        src = pattern(sum(sizes), 41)
+        at = np.cumsum([0] + sizes)
+        locs = [src.ctypes.data + int(a) for a in at[:-1]]
+        rems = [(kv if i % 2 == 0 else host.ctypes.data) + o for i, o in enumerate(offs)]
+        assert init.batch_transfer_sync_write(name, locs, rems, sizes) == 0
+        dev_img = cuda.download(kv, n)
+        want_dev, want_host = np.zeros(n, np.uint8), np.zeros(n, np.uint8)
+        for i, (o, k) in enumerate(zip(offs, sizes)):
+            (want_dev if i % 2 == 0 else want_host)[o:o + k] = src[at[i]:at[i] + k]
+        assert np.array_equal(dev_img, want_dev)
+        assert np.array_equal(host, want_host)
+        # read back: into host memory, then into device memory
+        back = np.zeros_like(src)
+        blocs = [back.ctypes.data + int(a) for a in at[:-1]]
+        assert init.batch_transfer_sync_read(name, blocs, rems, sizes) == 0
+        assert np.array_equal(back, src)
+        d = cuda.zeros(src.nbytes)
+        init.batch_transfer_read_on_cuda(name, [d + int(a) for a in at[:-1]], rems, sizes)
+        assert np.array_equal(cuda.download(d, src.nbytes), src)
+        del host
+        mem.close()
+    finally:
+        init.close()
+        target.close()
+
+
 def test_target_device_copy_failure_is_an_error_and_it_keeps_serving(cuda):
     """On the test double: the target's copy to its device fails (as a driver fault):
     the write is KVP_ERR_IO at the initiator, and the next one is served byte-exact."""
