@@ -78,12 +78,11 @@
  * transport's default. */
 #define TE_CHAIN_DEF 0
 /* Bytes of one of the initiator's pinned staging buffers for device memory
- * (KVPOOL_TE_STAGE_CHUNK), two a stager: each is one batch on the streams, the next copied
- * while it moves. On an H200 over loopback (docs/results/2026-11-27-gpu-te.md) 1 MiB and
- * 4 MiB ran device memory at about half the rate of host memory, 16 MiB near it; depth 4
- * gained nothing over 2. */
+ * (KVPOOL_TE_STAGE_CHUNK), two a stager (transfer/engine.c): each is one batch on the
+ * streams, the next copied while it moves. On an H200 over loopback
+ * (docs/results/2026-11-27-gpu-te.md) 1 MiB and 4 MiB ran device memory at about half the
+ * rate of host memory, 16 MiB near it; four buffers gained nothing over two. */
 #define TE_STAGE_CHUNK_DEF ((uint64_t)16 << 20)
-#define TE_STAGE_DEPTH 2
 #define TE_ALLOWED_MAX 64
 
 /* Credentials (KVPOOL_TLS_CA, _CERT, _KEY): what an engine proves to its targets, and the
@@ -1168,7 +1167,6 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     te->xfer.tcp_slice = 1 << 20;
     te->xfer.tcp_chain = te_size_env("KVPOOL_TE_CHAIN", TE_CHAIN_DEF);
     te->xfer.stage_chunk = te_size_env("KVPOOL_TE_STAGE_CHUNK", TE_STAGE_CHUNK_DEF);
-    te->xfer.stage_depth = TE_STAGE_DEPTH;
     kvp_status_t st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK) {
         auth_free(te->auth);

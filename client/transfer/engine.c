@@ -19,8 +19,11 @@
  * memory on a transport without a registration of it, or wanting a CRC the CPU
  * cannot compute; host memory on a transport that needs registration) goes
  * through a stager (staging.h) taken from a pool: up to KVP_STAGERS_MAX per
- * memory kind, made on demand, each used by one thread at a time and given
- * back after; the pool's lock is held only to take and give back. The memory
+ * kind (engine.h, KVP_STAGE_POOL_*: host memory, four 1 MiB buffers; device
+ * memory to a shm peer, the same; device memory to any other, two buffers of
+ * stage_chunk, 16 MiB, each one batch on the streams), made on demand, each used
+ * by one thread at a time and given back after; the pool's lock is held only to
+ * take and give back. The memory
  * kind and the registrations come from the registry (mem/registry.h), filled
  * at kvp_register_buffer; only unregistered memory is asked of the driver.
  *
@@ -90,7 +93,7 @@ static void stager_pool_init(kvp_stager_pool_t *pool)
 /* Every stager must have been given back. */
 static void stager_pool_cleanup(kvp_stager_pool_t *pool)
 {
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < KVP_STAGE_POOLS; k++)
         for (unsigned i = 0; i < pool->n[k]; i++)
             kvp_stager_destroy(pool->all[k][i]);
     pthread_cond_destroy(&pool->cond);
@@ -114,9 +117,13 @@ static kvp_stager_t *stager_take(kvp_transfer_t *xfer, int kind)
             break;
         }
         if (pool->n[kind] < KVP_STAGERS_MAX) {
-            kvp_stager_params_t p = {.chunk_bytes =
-                                         xfer->stage_chunk ? xfer->stage_chunk : (size_t)1 << 20,
-                                     .depth = xfer->stage_depth ? xfer->stage_depth : 4,
+            bool far = kind == KVP_STAGE_POOL_GPU_FAR;
+            kvp_stager_params_t p = {.chunk_bytes = !far                ? (size_t)1 << 20
+                                                    : xfer->stage_chunk ? xfer->stage_chunk
+                                                                        : (size_t)16 << 20,
+                                     .depth = !far                ? 4
+                                              : xfer->stage_depth ? xfer->stage_depth
+                                                                  : 2,
                                      .run = stage_run_cb,
                                      .reg = stage_reg_cb,
                                      .dereg = stage_dereg_cb,
@@ -457,6 +464,7 @@ static void stage_dereg_cb(void *arg, void *buf)
     kvp_transfer_unregister(arg, buf, UINT32_MAX);
 }
 
+/* kind: KVP_STAGE_POOL_* */
 static void run_staged(kvp_transfer_t *xfer, int kind, kvp_xfer_op_t **ops, size_t n)
 {
     if (n == 0)
@@ -467,7 +475,8 @@ static void run_staged(kvp_transfer_t *xfer, int kind, kvp_xfer_op_t **ops, size
             ops[i]->status = KVP_ERR_NOMEM;
         return;
     }
-    kvp_stager_run(s, kind == KVP_MEM_CUDA ? KVP_STAGE_GPU : KVP_STAGE_HOST, ops, n);
+    bool gpu = kind != KVP_STAGE_POOL_HOST;
+    kvp_stager_run(s, gpu ? KVP_STAGE_GPU : KVP_STAGE_HOST, ops, n);
     stager_give(xfer, kind, s);
     uint64_t done = 0, bytes = 0;
     for (size_t i = 0; i < n; i++)
@@ -476,7 +485,7 @@ static void run_staged(kvp_transfer_t *xfer, int kind, kvp_xfer_op_t **ops, size
             bytes += ops[i]->length;
         }
     if (done > 0)
-        kvp_count_add(&xfer->stats.staged[kind == KVP_MEM_CUDA], done, bytes);
+        kvp_count_add(&xfer->stats.staged[gpu], done, bytes);
 }
 
 /* ---- per-thread scratch ---- */
@@ -538,10 +547,12 @@ static scratch_t *scratch_get(int level, size_t n)
 
 /* ---- running a batch ---- */
 
-/* Buckets: transport i is bucket i; then the two stagers; then "failed" and "not this pass". */
-#define B_STAGE_HOST KVP_TP_MAX
-#define B_STAGE_GPU (KVP_TP_MAX + 1)
-#define B_COUNT (KVP_TP_MAX + 2)
+/* Buckets: transport i is bucket i; then the stagers (KVP_STAGE_POOL_*); then "failed" and
+ * "not this pass". */
+#define B_STAGE_HOST (KVP_TP_MAX + KVP_STAGE_POOL_HOST)
+#define B_STAGE_GPU_NEAR (KVP_TP_MAX + KVP_STAGE_POOL_GPU_NEAR)
+#define B_STAGE_GPU_FAR (KVP_TP_MAX + KVP_STAGE_POOL_GPU_FAR)
+#define B_COUNT (KVP_TP_MAX + KVP_STAGE_POOLS)
 #define B_NONE 0xFF  /* not in this pass */
 #define B_RETRY 0xFE /* its peer has a new transport: run it again */
 
@@ -576,7 +587,9 @@ static uint8_t route_op(kvp_transfer_t *xfer, kvp_xfer_op_t *op, int level)
      * host copies */
     if (zero_copy && !(kind == KVP_MEM_CUDA && op->want_crc))
         return (uint8_t)tp->index;
-    return kind == KVP_MEM_CUDA ? B_STAGE_GPU : B_STAGE_HOST;
+    if (kind != KVP_MEM_CUDA)
+        return B_STAGE_HOST;
+    return tp->ops->id == KVP_TRANSPORT_SHM ? B_STAGE_GPU_NEAR : B_STAGE_GPU_FAR;
 }
 
 /* Route the ops whose bucket[i] is `only` (B_NONE on the first pass, B_RETRY later), sort
@@ -605,8 +618,8 @@ static void dispatch(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int lev
     for (unsigned t = 0; t < xfer->n_tps; t++)
         if (cnt[t] > 0)
             xfer->tps[t].ops->submit(xfer->tps[t].ctx, sc->sorted + beg[t], cnt[t]);
-    run_staged(xfer, KVP_MEM_HOST, sc->sorted + beg[B_STAGE_HOST], cnt[B_STAGE_HOST]);
-    run_staged(xfer, KVP_MEM_CUDA, sc->sorted + beg[B_STAGE_GPU], cnt[B_STAGE_GPU]);
+    for (int k = 0; k < KVP_STAGE_POOLS; k++)
+        run_staged(xfer, k, sc->sorted + beg[KVP_TP_MAX + k], cnt[KVP_TP_MAX + k]);
 }
 
 static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int level)

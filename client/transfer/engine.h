@@ -22,16 +22,22 @@
 #include "common/grant.h"
 #include "common/status.h"
 
-/* Most stagers of one kind (host, gpu) one engine makes; threads beyond wait for one. */
+/* Most stagers of one kind one engine makes; threads beyond wait for one. */
 #define KVP_STAGERS_MAX 4
+
+/* The kinds of stager: host memory a transport must register (rdma), device memory to a
+ * peer mapped on this host (shm: the "transfer" of a buffer is a memcpy, so many small
+ * buffers overlap best), device memory to a peer behind a socket or a NIC (each buffer
+ * one batch on the streams: large ones, kvp_transfer_t.stage_chunk). */
+enum { KVP_STAGE_POOL_HOST = 0, KVP_STAGE_POOL_GPU_NEAR, KVP_STAGE_POOL_GPU_FAR, KVP_STAGE_POOLS };
 
 typedef struct kvp_stager_pool {
     pthread_mutex_t lock; /* taken to take or give back a stager, never across its use */
     pthread_cond_t cond;
-    unsigned n[2];                               /* made, per kind */
-    unsigned n_free[2];                          /* free[kind][0..n_free) */
-    struct kvp_stager *all[2][KVP_STAGERS_MAX];  /* for destroy */
-    struct kvp_stager *free[2][KVP_STAGERS_MAX]; /* ready to take */
+    unsigned n[KVP_STAGE_POOLS];                               /* made, per kind */
+    unsigned n_free[KVP_STAGE_POOLS];                          /* free[kind][0..n_free) */
+    struct kvp_stager *all[KVP_STAGE_POOLS][KVP_STAGERS_MAX];  /* for destroy */
+    struct kvp_stager *free[KVP_STAGE_POOLS][KVP_STAGERS_MAX]; /* ready to take */
 } kvp_stager_pool_t;
 
 /* kvp_transfer_t.rdma_windows: serve the segment over rdma through memory windows. */
@@ -47,8 +53,9 @@ typedef struct kvp_transfer {
     uint64_t tcp_slice;
     uint64_t tcp_chain;     /* bytes of small slices chained into one request; 0: the tcp
                              * transport's default (512 KiB, at most tcp_slice) */
-    uint64_t stage_chunk;   /* bytes of one staging buffer (staging.h); 0: 1 MiB */
-    unsigned stage_depth;   /* staging buffers a stager, >= 2; 0: 4 */
+    uint64_t stage_chunk;   /* bytes of one staging buffer for device memory to a peer not
+                             * on shm (staging.h); 0: 16 MiB */
+    unsigned stage_depth;   /* such buffers a stager, >= 2; 0: 2 */
     char rdma_devices[256]; /* device list, "" = auto */
     char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
     uint32_t rdma_qps;      /* QPs per peer */
