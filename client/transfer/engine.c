@@ -146,7 +146,7 @@ static void stager_give(kvp_transfer_t *xfer, int kind, kvp_stager_t *s)
     kvp_stager_pool_t *pool = &xfer->stagers;
     pthread_mutex_lock(&pool->lock);
     pool->free[kind][pool->n_free[kind]++] = s;
-    pthread_cond_signal(&pool->cond);
+    pthread_cond_broadcast(&pool->cond); /* waiters of every kind share it */
     pthread_mutex_unlock(&pool->lock);
 }
 

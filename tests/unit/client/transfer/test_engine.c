@@ -500,13 +500,13 @@ static void test_staged_pool(void **state)
     assert_int_equal(op.status, KVP_OK);
     assert_int_equal(op.crc, kvp_crc32c(0, src, sizeof(src)));
     assert_ptr_not_equal(fakes[1].last_local, src); /* a staging buffer */
-    assert_int_equal(x->stagers.n[KVP_MEM_HOST], 1);
-    assert_int_equal(x->stagers.n_free[KVP_MEM_HOST], 1); /* given back */
+    assert_int_equal(x->stagers.n[KVP_STAGE_POOL_HOST], 1);
+    assert_int_equal(x->stagers.n_free[KVP_STAGE_POOL_HOST], 1); /* given back */
     op = op_of(KVP_XFER_READ, pb, dst, 10, sizeof(dst));
     kvp_transfer_run(x, &op, 1);
     assert_int_equal(op.status, KVP_OK);
     assert_memory_equal(dst, src, sizeof(src));
-    assert_int_equal(x->stagers.n[KVP_MEM_HOST], 1); /* reused */
+    assert_int_equal(x->stagers.n[KVP_STAGE_POOL_HOST], 1); /* reused */
 
     enum { T = 8 };
     pthread_t th[T];
@@ -519,10 +519,11 @@ static void test_staged_pool(void **state)
         pthread_join(th[i], NULL);
         assert_int_equal(args[i].bad, 0);
     }
-    assert_true(x->stagers.n[KVP_MEM_HOST] >= 1);
-    assert_true(x->stagers.n[KVP_MEM_HOST] <= KVP_STAGERS_MAX);
-    assert_int_equal(x->stagers.n_free[KVP_MEM_HOST], x->stagers.n[KVP_MEM_HOST]);
-    assert_int_equal(x->stagers.n[KVP_MEM_CUDA], 0);
+    assert_true(x->stagers.n[KVP_STAGE_POOL_HOST] >= 1);
+    assert_true(x->stagers.n[KVP_STAGE_POOL_HOST] <= KVP_STAGERS_MAX);
+    assert_int_equal(x->stagers.n_free[KVP_STAGE_POOL_HOST], x->stagers.n[KVP_STAGE_POOL_HOST]);
+    assert_int_equal(x->stagers.n[KVP_STAGE_POOL_GPU_NEAR], 0);
+    assert_int_equal(x->stagers.n[KVP_STAGE_POOL_GPU_FAR], 0);
     kvp_peer_unref(pb);
     xfer_free(x);
     assert_int_equal(fakes[1].regs, 0); /* staging buffers deregistered */
