@@ -172,6 +172,9 @@ static int master_main(const master_getopt_t *g, int argc, char **argv)
     if (rc >= 0)
         return rc;
     kvp_log_set_level((kvp_log_level_t)cfg.log_level);
+    /* keys hash into the index under a seed of this process's: no writer can aim them all
+     * at one bucket (master/meta/object_index.c); before any key is hashed */
+    kvp_index_hash_seed(cfg.index_seed != 0 ? cfg.index_seed : kvp_random_u64());
 
     char host[256], err[160];
     uint16_t port;
@@ -227,9 +230,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "kvpool-master: %s\n", err);
         return 2;
     }
-    /* keys hash into the index under a seed of this process's: no writer can aim them all
-     * at one bucket (master/meta/object_index.c) */
-    kvp_index_hash_seed(kvp_random_u64());
     /* optarg strings point into conf_argv: it lives until the master has stopped */
     int rc = master_main(&g, conf_argc, conf_argv);
     kvp_conf_free_argv(conf_argv, argv);

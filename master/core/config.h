@@ -33,6 +33,7 @@ typedef struct kvp_master_config {
     uint32_t put_timeout_ms;   /* a PENDING put not ended by then is revoked (30000) */
     uint32_t soft_pin_ttl_s;   /* default soft pin lifetime (1800) */
     uint32_t client_ttl_ms;    /* a connection silent this long is dropped (10000; 0: never) */
+    uint64_t index_seed;       /* the key index's hash seed; 0: a random one at start */
     uint32_t segment_grace_ms; /* a DRAM segment dropped so: its objects kept for its
                                 * owner's return this long (60000; 0: not kept) */
     bool lease_on_exist;       /* Exist grants read leases too (false) */

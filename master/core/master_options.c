@@ -212,6 +212,15 @@ static const kvp_opt_t master_rows[] = {
              "again within it (its owner was cut off, not restarted); keep a DFS segment "
              "whose owner went silent, its objects readable in the directory, until a mount of "
              "its shard file takes it over (0: off)"},
+    {.name = "index-seed",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "0",
+     F(index_seed),
+     .max = INT64_MAX,
+     .help = "the key index's hash seed (0: a random one drawn at start). A fixed one makes "
+             "eviction repeat exactly from run to run (benchmarks, tests); whoever knows it can "
+             "choose keys that pile into one bucket: leave 0 in production"},
     {.name = "lease-on-exist",
      .type = KVP_OPT_SET_TRUE,
      .def = "off",

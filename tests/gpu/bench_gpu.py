@@ -161,7 +161,7 @@ def run_te(cuda, proto):
                 assert init.batch_transfer_sync_write(name, locs, rems, lens) == 0
                 got = t_host[:run * k] if b == "host" else cuda.download(t_dev, run * k)
                 assert np.array_equal(got, src[:run * k]), f"te {proto} {a}->{b}: wrong bytes"
-                key = f"{run >> 10}KiBx{k} {a}->{b}"
+                key = f"{run / 1024:g}KiBx{k} {a}->{b}"
                 out["write " + key] = gbps(run * k, median_time(
                     lambda: init.batch_transfer_sync_write(name, locs, rems, lens)))
                 out["read " + key] = gbps(run * k, median_time(
@@ -186,13 +186,18 @@ def gpu_name(cuda):
 
 
 def main():
-    global OBJ, N_OBJ
+    global OBJ, N_OBJ, TE_SHAPES
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--objects", type=int, default=N_OBJ, help="objects a batch")
     ap.add_argument("--size", type=int, default=OBJ, help="bytes an object")
+    ap.add_argument("--te-shapes", default=None,
+                    help="the transfer engine's batches, RUN_BYTES:RUNS,... (default "
+                    + ",".join(f"{n}:{k}" for n, k in TE_SHAPES) + ")")
     args = ap.parse_args()
     OBJ, N_OBJ = args.size, args.objects
+    if args.te_shapes:
+        TE_SHAPES = tuple(tuple(int(x) for x in p.split(":")) for p in args.te_shapes.split(","))
     cuda = _gpu.Cuda()
     cuda.current()
     pool = _fixtures.Pool(segments=("1GiB",))

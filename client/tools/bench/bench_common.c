@@ -583,6 +583,10 @@ pid_t kvp_bench_master_start(const char *listen, const char *records, const char
     /* the meta mode mounts a segment nobody serves (127.0.0.1:1): no mount proofs */
     margv[na++] = "--mount-proof";
     margv[na++] = "off";
+    /* one hash seed every run: which objects a full pool evicts (the ghost's filters hash
+     * keys with it) repeats exactly, so a replay's hit rate does too */
+    margv[na++] = "--index-seed";
+    margv[na++] = "1";
     static const char *const tls_flags[4] = {"--tls-cert", "--tls-key", "--tls-ca", "--acl-file"};
     for (int i = 0; tls_on && i < 4; i++) {
         margv[na++] = (char *)tls_flags[i];
