@@ -44,7 +44,7 @@
 
 #define STAGE_DEFAULT_CHUNK ((size_t)1 << 20)
 #define STAGE_DEFAULT_DEPTH 4u
-#define STAGE_MAX_PIECES 128 /* plain ops per run-callback call */
+#define STAGE_MAX_PIECES 512 /* plain ops per run-callback call (a 16 MiB buffer: 32 KiB runs) */
 #define STAGE_ALIGN 64       /* piece start inside a staging buffer */
 #define STAGE_MAX_DEVS 16    /* GPUs one stager copies to and from */
 
