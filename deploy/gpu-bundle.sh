@@ -9,7 +9,9 @@
 #
 # KVPOOL_BUNDLE_PYTHON names an interpreter of the GPU machine's Python version (its
 # headers compile the extension); without it the extension of BUILD is taken as is.
-# The GPU machine needs a glibc at least as new as this one. There, from the checkout:
+# The GPU machine needs a glibc at least as new as this one. OUTDIR's build/ is ignored by
+# .gitignore (build/ at any depth), so a tool that sends the checkout's tracked and
+# unignored files must be told to take OUTDIR along. There, from the checkout:
 #
 #   OUTDIR/run.sh           # gpu_real and gpu_python; exits non-zero on a failure
 #   KVPOOL_GPU_BENCH=FILE OUTDIR/run.sh    # and then tests/gpu/bench_gpu.py, JSON to FILE
