@@ -425,14 +425,9 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
     kvp_te_t *te = backend;
     if (!conn_may(te, conn, fd, TE_MAY_WRITE)) {
         /* its payload read and dropped, then KVP_ERR_DENIED: the peer reads the refusal */
-        uint8_t sink[16384];
         for (size_t i = 0; i < n; i++)
-            for (uint64_t left = v[i].length; left > 0;) {
-                size_t k = left < sizeof(sink) ? (size_t)left : sizeof(sink);
-                if (kvp_recv_all(fd, sink, k) != KVP_OK)
-                    return false;
-                left -= k;
-            }
+            if (kvp_recv_discard(fd, v[i].length) != KVP_OK)
+                return false;
         *reply_p = KVP_ERR_DENIED;
         return true;
     }

@@ -252,18 +252,6 @@ static bool recv_dev(te_cuda_ring_t *r, int fd, uint8_t *dst, uint64_t len)
     return true;
 }
 
-static bool drain(int fd, uint64_t len)
-{
-    uint8_t sink[16384];
-    while (len > 0) {
-        size_t k = len < sizeof(sink) ? (size_t)len : sizeof(sink);
-        if (kvp_recv_all(fd, sink, k) != KVP_OK)
-            return false;
-        len -= k;
-    }
-    return true;
-}
-
 bool kvp_te_cuda_recv(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data_vec_t *v, size_t n,
                       kvp_status_t *reply_p)
 {
@@ -280,7 +268,8 @@ bool kvp_te_cuda_recv(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data
         if (r.cuda == KVP_OK)
             r.cuda = ring_streams(&r, p);
         /* after a failure the rest is drained: the peer reads the refusal */
-        ok = r.cuda == KVP_OK ? recv_dev(&r, fd, p, v[i].length) : drain(fd, v[i].length);
+        ok = r.cuda == KVP_OK ? recv_dev(&r, fd, p, v[i].length)
+                              : kvp_recv_discard(fd, v[i].length) == KVP_OK;
     }
     if (r.sl != NULL) {
         ring_wait(&r, 0);
@@ -295,8 +284,8 @@ bool kvp_te_cuda_recv(te_cuda_t *c, kvp_transfer_t *xfer, int fd, const kvp_data
     return ok;
 }
 
-/* Send the other half's bytes, if it holds any, once its copies are done; it is then
- * empty. False: a CUDA failure or the socket. */
+/* Send half h's bytes, if it holds any, once its copies are done; it is then empty.
+ * False: a CUDA failure or the socket. */
 static bool ring_send(te_cuda_ring_t *r, int fd, int h)
 {
     ring_wait(r, h);

@@ -328,6 +328,19 @@ kvp_status_t kvp_recv_all(int fd, void *buf, size_t len)
     return kvp_recvv_all(fd, &iov, 1);
 }
 
+kvp_status_t kvp_recv_discard(int fd, uint64_t len)
+{
+    uint8_t sink[16384];
+    while (len > 0) {
+        size_t k = len < sizeof(sink) ? (size_t)len : sizeof(sink);
+        kvp_status_t st = kvp_recv_all(fd, sink, k);
+        if (st != KVP_OK)
+            return st;
+        len -= k;
+    }
+    return KVP_OK;
+}
+
 /* An IPv6 address as the IPv4 one it maps, if it is v4-mapped. */
 static bool v4_of(const struct sockaddr_storage *ss, struct in_addr *a)
 {

@@ -68,6 +68,9 @@ bool kvp_host_is_loopback(const char *host);
 
 kvp_status_t kvp_send_all(int fd, const void *buf, size_t len);
 kvp_status_t kvp_recv_all(int fd, void *buf, size_t len);
+/* Receive len bytes and drop them (a payload refused after its header was read, so that
+ * the stream stays in frame). */
+kvp_status_t kvp_recv_discard(int fd, uint64_t len);
 /* Scatter receive (MSG_WAITALL) until every byte of iov[0..iovcnt) is in (the array is
  * modified): one recvmsg when the bytes are already there. */
 kvp_status_t kvp_recvv_all(int fd, struct iovec *iov, int iovcnt);

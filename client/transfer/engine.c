@@ -117,13 +117,11 @@ static kvp_stager_t *stager_take(kvp_transfer_t *xfer, int kind)
             break;
         }
         if (pool->n[kind] < KVP_STAGERS_MAX) {
+            /* the far kind: few large buffers (engine.h); the others: four of 1 MiB */
             bool far = kind == KVP_STAGE_POOL_GPU_FAR;
-            kvp_stager_params_t p = {.chunk_bytes = !far                ? (size_t)1 << 20
-                                                    : xfer->stage_chunk ? xfer->stage_chunk
-                                                                        : (size_t)16 << 20,
-                                     .depth = !far                ? 4
-                                              : xfer->stage_depth ? xfer->stage_depth
-                                                                  : 2,
+            size_t far_chunk = xfer->stage_chunk ? xfer->stage_chunk : (size_t)16 << 20;
+            kvp_stager_params_t p = {.chunk_bytes = far ? far_chunk : (size_t)1 << 20,
+                                     .depth = far ? 2 : 4,
                                      .run = stage_run_cb,
                                      .reg = stage_reg_cb,
                                      .dereg = stage_dereg_cb,

@@ -54,8 +54,7 @@ typedef struct kvp_transfer {
     uint64_t tcp_chain;     /* bytes of small slices chained into one request; 0: the tcp
                              * transport's default (512 KiB, at most tcp_slice) */
     uint64_t stage_chunk;   /* bytes of one staging buffer for device memory to a peer not
-                             * on shm (staging.h); 0: 16 MiB */
-    unsigned stage_depth;   /* such buffers a stager, >= 2; 0: 2 */
+                             * on shm (staging.h; two a stager); 0: 16 MiB */
     char rdma_devices[256]; /* device list, "" = auto */
     char rdma_host[64];     /* IPv4 to serve the segment on; "" = the device's */
     uint32_t rdma_qps;      /* QPs per peer */

@@ -81,11 +81,34 @@ static void test_not_tcp(void **state)
     close(sv[1]);
 }
 
+/* kvp_recv_discard drops exactly len bytes (more than its sink holds): the next byte is the
+ * one after them; a peer gone before len bytes came is an error, not a hang. */
+static void test_recv_discard(void **state)
+{
+    (void)state;
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    enum { N = 40000 };
+    static uint8_t buf[N + 1];
+    for (size_t i = 0; i < sizeof(buf); i++)
+        buf[i] = (uint8_t)(i * 7);
+    assert_int_equal(kvp_send_all(sv[0], buf, sizeof(buf)), KVP_OK);
+    assert_int_equal(kvp_recv_discard(sv[1], N), KVP_OK);
+    uint8_t next = 0;
+    assert_int_equal(kvp_recv_all(sv[1], &next, 1), KVP_OK);
+    assert_int_equal(next, buf[N]);
+    assert_int_equal(kvp_send_all(sv[0], buf, 100), KVP_OK);
+    close(sv[0]);
+    assert_int_not_equal(kvp_recv_discard(sv[1], 200), KVP_OK);
+    close(sv[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unacked_until_read),
         cmocka_unit_test(test_not_tcp),
+        cmocka_unit_test(test_recv_discard),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
