@@ -341,11 +341,15 @@ static const kvp_opt_t env_rows[] = {
      .env = "KVPOOL_TE_SHM",
      .type = KVP_OPT_STRING,
      .flags = ELSEWHERE,
-     .arg = "cma|socket",
+     .arg = "cma|cma-checked|socket",
      .def_doc = "cma",
-     .help = "shm peers: cma, the initiator copies with process_vm_writev/readv once the "
-             "target checked the ranges (one kernel copy; the socket path when the kernel "
-             "refuses); socket, the frames over the Unix socket"},
+     .help = "shm peers: cma, the initiator copies with process_vm_writev/readv (one kernel "
+             "copy; the socket path when the kernel refuses), under the target's standing "
+             "lease where the kernel already opens the target's memory to it (the same user, "
+             "no Yama ptrace restriction, no other principal or KVPOOL_TE_ACL: no round trip "
+             "a batch), else once the target checked the batch's ranges; cma-checked, the "
+             "target checks every batch (a round trip more); socket, the frames over the Unix "
+             "socket"},
     {.name = "te-copy-threads",
      .env = "KVPOOL_TE_COPY_THREADS",
      .type = KVP_OPT_STRING,

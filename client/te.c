@@ -36,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <errno.h>
+#include <poll.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -59,6 +60,7 @@
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
 #include "client/te_cuda.h"
+#include "client/te_lease.h"
 #include "client/te_registry.h"
 #include "client/transport/wire.h"
 #include "common/acl.h"
@@ -128,8 +130,11 @@ typedef struct te_peer {
     /* the one-copy shm path (TE_CMA): its connection, one batch at a time */
     pthread_mutex_t cma_lock;
     int cma_fd, cma_pid;
-    _Atomic bool cma_off; /* the kernel refused (EPERM): the socket path from then on */
-    te_rdma_peer_t *rdma; /* the rdma route (te_rdma.c), NULL: not this peer's */
+    _Atomic bool cma_off;  /* the kernel refused (EPERM): the socket path from then on */
+    kvp_te_lease_t *lease; /* the target's standing lease on cma_fd (te_lease.h); NULL: none */
+    bool lease_asked;      /* on this cma_fd */
+    bool lease_never;      /* the target does not know the lease frame: never asked again */
+    te_rdma_peer_t *rdma;  /* the rdma route (te_rdma.c), NULL: not this peer's */
 } te_peer_t;
 
 #define TE_NOTIFIES_MAX 4096 /* pending notifies a target keeps */
@@ -159,8 +164,13 @@ struct kvp_te {
     te_rdma_t *rdma;     /* this host's rdma device, served and used (te_rdma.c); NULL: none */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
-    te_auth_t *auth;             /* credentials configured: every peer proves a principal */
-    bool cma;                    /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    te_auth_t *auth; /* credentials configured: every peer proves a principal */
+    bool cma;        /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    bool cma_lease;  /* ... under a standing lease where allowed (not cma-checked) */
+    /* as target: the leases' memfds (te_lease.h), made at the first grant under the regions'
+     * write lock, freed at destroy; closing (under it too): no more grants */
+    kvp_te_lease_host_t *_Atomic lease;
+    bool closing;
     pthread_mutex_t cma_lock;    /* as target: one peer at a time is our ptracer */
     pthread_mutex_t notify_lock; /* the notifies peers sent, oldest first */
     te_notify_t *notify_head, **notify_tail;
@@ -168,6 +178,7 @@ struct kvp_te {
     pthread_rwlock_t lock; /* the regions */
     te_cuda_t *cuda;       /* device memory among them (te_cuda.c); NULL: none yet (lock) */
     te_region_t *regions;  /* sorted by addr, disjoint */
+    bool *region_dev;      /* [i]: regions[i] is device memory (the leases leave it out) */
     size_t n_regions, cap_regions;
     pthread_mutex_t peers_lock;
     te_peer_t peers[TE_PEERS_MAX];
@@ -229,6 +240,7 @@ typedef struct te_conn {
     bool own;       /* credentials on: that principal is ours (the one-copy shm path) */
     char cn[128];   /* credentials on: the proved certificate's CN */
     uint64_t gen;   /* the ACL generation rights was taken from */
+    int slot;       /* its lease's slot (te_lease.h), -1: none */
 } te_conn_t;
 
 static kvp_status_t te_conn_open(void *backend, void **conn_p)
@@ -237,14 +249,38 @@ static kvp_status_t te_conn_open(void *backend, void **conn_p)
     te_conn_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return KVP_ERR_NOMEM;
+    c->slot = -1;
     *conn_p = c;
     return KVP_OK;
 }
 
 static void te_conn_close(void *backend, void *conn)
 {
-    (void)backend;
+    kvp_te_t *te = backend;
+    te_conn_t *c = conn;
+    if (c->slot >= 0)
+        kvp_te_lease_host_give(atomic_load(&te->lease), c->slot);
     free(conn);
+}
+
+/* The leased peers' copy of our host regions (device memory the kernel cannot reach is
+ * left out: such ranges ask per batch, and are refused there), rewritten: its generation,
+ * 0 when nothing is leased. The regions' write lock held. */
+static uint64_t lease_publish_locked(kvp_te_t *te)
+{
+    kvp_te_lease_host_t *h = atomic_load(&te->lease);
+    if (h == NULL)
+        return 0;
+    size_t cap, n = 0;
+    uint64_t *out = kvp_te_lease_host_begin(h, &cap);
+    for (size_t i = 0; i < te->n_regions && n < cap; i++) {
+        if (te->region_dev[i])
+            continue;
+        out[2 * n] = te->regions[i].addr;
+        out[2 * n + 1] = te->regions[i].len;
+        n++;
+    }
+    return kvp_te_lease_host_end(h, n);
 }
 
 /* An address as /proc/net/tcp{,6} prints it: "0100007F:1F90" (the 32-bit words of the
@@ -916,11 +952,55 @@ static kvp_status_t auth_load(te_auth_t **a_p)
 
 /* ---- the one-copy shm path, target's side (TE_CMA, wire.h) ---- */
 
+/* TE_CMA with KVP_DATA_TE_CMA_LEASE (wire.h): a standing lease (te_lease.h), only where
+ * the kernel already opens all our memory to this peer, so the lease gives it nothing it
+ * could not take: a Unix socket's peer of our user (or root), we dumpable and no Yama
+ * restriction, and with credentials our own principal with no KVPOOL_TE_ACL that could
+ * narrow its rights later. */
+static bool te_lease_grant(kvp_te_t *te, te_conn_t *c, int fd)
+{
+    if (!conn_may(te, c, fd, TE_MAY_READ | TE_MAY_WRITE))
+        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+    int pid = 0;
+    uint32_t uid;
+    if (!te->cma_lease || (te->auth != NULL && (!c->own || te->auth->acl_path[0] != '\0')) ||
+        c->slot >= 0 || !kvp_unix_peer(fd, &pid, &uid) || pid <= 0 || !kvp_te_lease_allowed())
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
+    kvp_te_lease_host_t *h = atomic_load(&te->lease);
+    if (h == NULL) {
+        pthread_rwlock_wrlock(&te->lock);
+        if (!te->closing && (h = atomic_load(&te->lease)) == NULL &&
+            kvp_te_lease_host_create(&h) == KVP_OK) {
+            atomic_store(&te->lease, h);
+            lease_publish_locked(te);
+        }
+        pthread_rwlock_unlock(&te->lock);
+    }
+    int fds[2];
+    if (h != NULL)
+        c->slot = kvp_te_lease_host_take(h, pid, fds);
+    if (c->slot < 0) {
+        KVP_LOG_WARN_LIMITED("transfer engine: no standing lease for a shm peer (%d held, or "
+                             "no memfd or pidfd here: %s): it asks us per batch",
+                             KVP_TE_LEASE_SLOTS, strerror(errno));
+        return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
+    }
+    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = 0};
+    return kvp_unix_send_fds(fd, &r, sizeof(r), fds, 2) == KVP_OK;
+}
+
 static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
 {
     kvp_te_t *te = backend;
     kvp_data_vec_t v[TE_CMA_VEC_MAX];
     uint64_t n = req->offset, total = 0;
+    if (req->flags & KVP_DATA_TE_CMA_LEASE) {
+        if (n != 0 || req->length != 0) {
+            kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+            return false;
+        }
+        return te_lease_grant(te, conn, fd);
+    }
     if (n == 0 || n > TE_CMA_VEC_MAX) {
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
@@ -1136,9 +1216,10 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         protected_mode = false;
     te->protocol = proto;
     const char *shm_mode = getenv("KVPOOL_TE_SHM");
-    te->cma = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
+    te->cma_lease = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
+    te->cma = te->cma_lease || strcmp(shm_mode, "cma-checked") == 0;
     if (!te->cma && strcmp(shm_mode, "socket") != 0) {
-        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma or socket", shm_mode);
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma, cma-checked or socket", shm_mode);
         auth_free(auth);
         free(te);
         return KVP_ERR_INVALID_ARG;
@@ -1234,15 +1315,30 @@ void kvp_te_destroy(kvp_te_t *te)
     pthread_mutex_unlock(&te->q_lock);
     if (te->worker_on)
         pthread_join(te->worker, NULL);
+    /* leased peers: nothing is registered any more, and no lease is granted from now on */
+    pthread_rwlock_wrlock(&te->lock);
+    te->closing = true;
+    kvp_te_lease_host_t *lease = atomic_load(&te->lease);
+    uint64_t g = 0;
+    if (lease != NULL) {
+        size_t cap;
+        kvp_te_lease_host_begin(lease, &cap);
+        g = kvp_te_lease_host_end(lease, 0);
+    }
+    pthread_rwlock_unlock(&te->lock);
+    if (g != 0)
+        kvp_te_lease_host_wait(lease, g);
     kvp_data_server_destroy(te->srv); /* ends every connection first */
     for (size_t i = 0; i < te->n_peers; i++) {
         kvp_peer_unref(te->peers[i].peer);
         if (te->peers[i].cma_fd >= 0)
             close(te->peers[i].cma_fd);
+        kvp_te_lease_unmap(te->peers[i].lease);
         te_rdma_peer_free(te->peers[i].rdma);
         pthread_mutex_destroy(&te->peers[i].cma_lock);
     }
-    te_rdma_close(te->rdma); /* after its peers' queue pairs */
+    te_rdma_close(te->rdma);          /* after its peers' queue pairs */
+    kvp_te_lease_host_destroy(lease); /* after the connections that held its slots */
     kvp_transfer_cleanup(&te->xfer);
     kvp_te_copy_destroy(atomic_load(&te->copy));
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
@@ -1251,6 +1347,7 @@ void kvp_te_destroy(kvp_te_t *te)
             free(b);
         }
     free(te->regions);
+    free(te->region_dev);
     kvp_te_cuda_free(te->cuda);
     auth_free(te->auth);
     pthread_rwlock_destroy(&te->lock);
@@ -1301,10 +1398,13 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
     else if (te->n_regions == te->cap_regions) {
         size_t cap = te->cap_regions ? te->cap_regions * 2 : 16;
         te_region_t *r = realloc(te->regions, cap * sizeof(*r));
-        if (r == NULL)
+        bool *d = r == NULL ? NULL : realloc(te->region_dev, cap * sizeof(*d));
+        if (r != NULL)
+            te->regions = r;
+        if (d == NULL)
             st = KVP_ERR_NOMEM;
         else {
-            te->regions = r;
+            te->region_dev = d;
             te->cap_regions = cap;
         }
     }
@@ -1315,10 +1415,13 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
         st = te_rdma_reg(te->rdma, addr, len);
     if (st == KVP_OK) {
         memmove(&te->regions[i + 1], &te->regions[i], (te->n_regions - i) * sizeof(te_region_t));
+        memmove(&te->region_dev[i + 1], &te->region_dev[i], (te->n_regions - i) * sizeof(bool));
         te->regions[i] = (te_region_t){.addr = a, .len = len};
+        te->region_dev[i] = dev;
         te->n_regions++;
         if (dev)
             kvp_te_cuda_registered(te->cuda);
+        lease_publish_locked(te); /* leased peers may write there from their next batch */
     }
     pthread_rwlock_unlock(&te->lock);
     return st;
@@ -1335,11 +1438,18 @@ kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
             kvp_te_cuda_unregistered(te->cuda, &te->xfer, te->regions[i].addr, te->regions[i].len);
             memmove(&te->regions[i], &te->regions[i + 1],
                     (te->n_regions - i - 1) * sizeof(te_region_t));
+            memmove(&te->region_dev[i], &te->region_dev[i + 1],
+                    (te->n_regions - i - 1) * sizeof(bool));
             te->n_regions--;
             st = KVP_OK;
             break;
         }
+    uint64_t g = st == KVP_OK ? lease_publish_locked(te) : 0;
     pthread_rwlock_unlock(&te->lock);
+    /* a leased peer copying under the regions of before may still be writing there: the
+     * range is the caller's again only once it is done */
+    if (g != 0)
+        kvp_te_lease_host_wait(atomic_load(&te->lease), g);
     return st;
 }
 
@@ -1494,9 +1604,84 @@ static kvp_te_copy_t *te_copy_pool(kvp_te_t *te)
     return none;
 }
 
-/* Ranges [0, n) to tp over TE_CMA (wire.h), up to TE_CMA_VEC_MAX per request: the target
- * checks them and lets us at its memory, we copy with process_vm_writev / readv (one kernel
- * copy, split over the engine's copy threads: te_copy.c). *moved_p: how many ranges moved.
+/* tp's one-copy connection is done with (broken, or its peer gone): closed, its lease
+ * (if any) dropped with it. cma_lock held. */
+static void cma_drop(te_peer_t *tp)
+{
+    if (tp->cma_fd >= 0)
+        close(tp->cma_fd);
+    tp->cma_fd = -1;
+    kvp_te_lease_unmap(tp->lease);
+    tp->lease = NULL;
+    tp->lease_asked = false;
+}
+
+/* Ask tp for a standing lease on its fresh cma_fd (wire.h, KVP_DATA_TE_CMA_LEASE). A
+ * refusal leaves us asking per batch; a target that does not know the frame (it answers
+ * KVP_ERR_PROTOCOL and closes) is not asked again, its connection dropped (cma_lock held). */
+static void lease_ask(te_peer_t *tp)
+{
+    tp->lease_asked = true;
+    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
+                          .op = KVP_DATA_TE_CMA,
+                          .flags = KVP_DATA_TE_CMA_LEASE,
+                          .segment_id = KVP_TE_SEGMENT_ID};
+    kvp_data_resp_t r;
+    int fds[2];
+    size_t nfd = 0;
+    kvp_status_t st = kvp_send_all(tp->cma_fd, &req, sizeof(req));
+    if (st == KVP_OK)
+        st = kvp_unix_recv_fds(tp->cma_fd, &r, sizeof(r), fds, 2, &nfd);
+    if (st == KVP_OK && r.magic == KVP_DATA_MAGIC && r.status == KVP_OK && nfd == 2) {
+        if (kvp_te_lease_map(fds[0], fds[1], &tp->lease) != KVP_OK)
+            KVP_LOG_WARN_LIMITED("transfer engine: %s sent a lease we cannot use; it is asked "
+                                 "per batch",
+                                 tp->target);
+        return;
+    }
+    for (size_t i = 0; i < nfd; i++)
+        close(fds[i]);
+    if (st == KVP_OK && r.magic == KVP_DATA_MAGIC &&
+        (r.status == KVP_ERR_UNSUPPORTED || r.status == KVP_ERR_DENIED))
+        return; /* not offered: per batch (a denied peer is refused there too) */
+    /* the connection is no good now; a target that does not know the frame said so */
+    if (st == KVP_OK && r.magic == KVP_DATA_MAGIC && r.status == KVP_ERR_PROTOCOL) {
+        tp->lease_never = true;
+        KVP_LOG_INFO("transfer engine: %s grants no standing lease (an older engine): its "
+                     "one-copy batches ask it per batch",
+                     tp->target);
+    }
+    cma_drop(tp);
+}
+
+/* Has the peer of a connection of ours closed it (its process gone)? */
+static bool peer_hung_up(int fd)
+{
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+/* The status of a one-copy batch whose copy ended with errno err. */
+static kvp_status_t cma_status(kvp_te_t *te, te_peer_t *tp, int opcode, int32_t err)
+{
+    (void)te;
+    if (err == 0)
+        return KVP_OK;
+    if (err != EPERM)
+        return KVP_ERR_IO;
+    atomic_store(&tp->cma_off, true);
+    KVP_LOG_WARN("transfer engine: the kernel refused process_vm_%s to %s (pid %d: "
+                 "EPERM; Yama ptrace_scope, or the target is not dumpable): its "
+                 "transfers go over its Unix socket from now on",
+                 opcode == KVP_TE_WRITE ? "writev" : "readv", tp->target, tp->cma_pid);
+    return KVP_ERR_UNSUPPORTED;
+}
+
+/* Ranges [0, n) to tp over the one-copy path: with the target's standing lease
+ * (te_lease.h) when every range lies in what it leased, the whole batch at once; else over
+ * TE_CMA (wire.h), up to TE_CMA_VEC_MAX per request: the target checks them and lets us at
+ * its memory. Either way we copy with process_vm_writev / readv (one kernel copy, split over
+ * the engine's copy threads: te_copy.c). *moved_p: how many ranges moved.
  * KVP_ERR_UNSUPPORTED with tp->cma_off set: the kernel refused (EPERM), the rest goes over the
  * socket path. */
 static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
@@ -1509,10 +1694,42 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
     kvp_te_copy_t *pool = te_copy_pool(te);
     if (pool == NULL)
         st = KVP_ERR_NOMEM;
-    for (size_t base = 0; base < n && st == KVP_OK;) {
+    if (st == KVP_OK && tp->cma_fd >= 0 && tp->lease != NULL && peer_hung_up(tp->cma_fd))
+        cma_drop(tp); /* its pid may be another process's soon: connect anew first */
+    for (int connects = 0; *moved_p < n && st == KVP_OK;) {
+        size_t base = *moved_p;
+        if (tp->cma_fd < 0) {
+            if (connects++ == 2) { /* connected twice and lost it each time */
+                st = KVP_ERR_IO;
+                break;
+            }
+            if ((st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
+                break;
+        }
+        if (te->cma_lease && !tp->lease_asked && !tp->lease_never) {
+            lease_ask(tp);
+            if (tp->cma_fd < 0)
+                continue;
+        }
+        kvp_te_lease_go_t go = tp->lease == NULL ? KVP_TE_LEASE_ASK
+                                                 : kvp_te_lease_begin(tp->lease, remotes + base,
+                                                                      lens + base, n - base);
+        if (go == KVP_TE_LEASE_REVOKED) { /* the target closed our connection: anew */
+            cma_drop(tp);
+            continue;
+        }
+        if (go == KVP_TE_LEASE_GO) {
+            uint64_t total = 0;
+            for (size_t i = base; i < n; i++)
+                total += lens[i];
+            int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
+                                          remotes + base, lens + base, n - base);
+            kvp_te_lease_end(tp->lease, err == 0, opcode, n - base, total);
+            if ((st = cma_status(te, tp, opcode, err)) == KVP_OK)
+                *moved_p = n;
+            continue;
+        }
         size_t m = n - base < TE_CMA_VEC_MAX ? n - base : TE_CMA_VEC_MAX;
-        if (tp->cma_fd < 0 && (st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
-            break;
         kvp_data_vec_t v[TE_CMA_VEC_MAX];
         uint64_t total = 0;
         for (size_t i = 0; i < m; i++) {
@@ -1536,8 +1753,7 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
         if (st == KVP_OK && (r.magic != KVP_DATA_MAGIC || r.length != 0))
             st = KVP_ERR_PROTOCOL;
         if (st != KVP_OK) {
-            close(tp->cma_fd);
-            tp->cma_fd = -1;
+            cma_drop(tp);
             break;
         }
         if (r.status != KVP_OK) { /* refused: the connection goes on */
@@ -1553,23 +1769,10 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
         }
         int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
                                       remotes + base, lens + base, m);
-        if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK) {
-            close(tp->cma_fd);
-            tp->cma_fd = -1;
-        }
-        if (err == EPERM) {
-            atomic_store(&tp->cma_off, true);
-            KVP_LOG_WARN("transfer engine: the kernel refused process_vm_%s to %s (pid %d: "
-                         "EPERM; Yama ptrace_scope, or the target is not dumpable): its "
-                         "transfers go over its Unix socket from now on",
-                         opcode == KVP_TE_WRITE ? "writev" : "readv", tp->target, tp->cma_pid);
-            st = KVP_ERR_UNSUPPORTED;
-        } else if (err != 0)
-            st = KVP_ERR_IO;
-        else {
-            base += m;
-            *moved_p = base;
-        }
+        if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK)
+            cma_drop(tp);
+        if ((st = cma_status(te, tp, opcode, err)) == KVP_OK)
+            *moved_p = base + m;
     }
     pthread_mutex_unlock(&tp->cma_lock);
     return st;
@@ -1826,11 +2029,18 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->refused_tenant = atomic_load_explicit(&te->refused_tenant, memory_order_relaxed);
     out->notifies = atomic_load_explicit(&te->notifies, memory_order_relaxed);
     out->notifies_dropped = atomic_load_explicit(&te->notifies_dropped, memory_order_relaxed);
+    uint64_t lease_ops[2] = {0, 0}, lease_bytes[2] = {0, 0};
+    kvp_te_lease_host_t *lease = atomic_load(&te->lease);
+    if (lease != NULL)
+        kvp_te_lease_host_moved(lease, lease_ops, lease_bytes, &out->leases);
     for (int d = 0; d < 2; d++) {
-        uint64_t ops = atomic_load_explicit(&te->cma_served[d], memory_order_relaxed);
+        out->served_lease[d] = lease_ops[d];
+        uint64_t ops =
+            atomic_load_explicit(&te->cma_served[d], memory_order_relaxed) + lease_ops[d];
         out->served[d] += ops;
         out->served_cma[d] = ops;
-        out->served_bytes[d] += atomic_load_explicit(&te->cma_bytes[d], memory_order_relaxed);
+        out->served_bytes[d] +=
+            atomic_load_explicit(&te->cma_bytes[d], memory_order_relaxed) + lease_bytes[d];
     }
 }
 

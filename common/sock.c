@@ -187,38 +187,47 @@ bool kvp_unix_peer(int fd, int *pid_p, uint32_t *uid_p)
     return true;
 }
 
-kvp_status_t kvp_unix_send_fd(int fd, const void *buf, size_t len, int passed_fd)
+kvp_status_t kvp_unix_send_fds(int fd, const void *buf, size_t len, const int *fds, size_t nfds)
 {
     union {
         struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int))];
+        char b[CMSG_SPACE(sizeof(int) * KVP_UNIX_FDS_MAX)];
     } ctl;
+    if (len == 0 || nfds == 0 || nfds > KVP_UNIX_FDS_MAX)
+        return KVP_ERR_INVALID_ARG;
     memset(&ctl, 0, sizeof(ctl));
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = ctl.b,
+                         .msg_controllen = CMSG_SPACE(sizeof(int) * nfds)};
     struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &passed_fd, sizeof(int));
+    c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+    memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     ssize_t n;
     do {
         n = sendmsg(fd, &msg, MSG_NOSIGNAL);
     } while (n < 0 && errno == EINTR);
     if (n < 0)
         return kvp_status_from_errno(errno);
-    /* the descriptor went with the first byte; the rest (if any) is plain */
+    /* the descriptors went with the first byte; the rest (if any) is plain */
     return (size_t)n == len ? KVP_OK : kvp_send_all(fd, (const char *)buf + n, len - (size_t)n);
 }
 
-kvp_status_t kvp_unix_recv_fd(int fd, void *buf, size_t len, int *passed_fd_p)
+kvp_status_t kvp_unix_send_fd(int fd, const void *buf, size_t len, int passed_fd)
+{
+    return kvp_unix_send_fds(fd, buf, len, &passed_fd, 1);
+}
+
+kvp_status_t kvp_unix_recv_fds(int fd, void *buf, size_t len, int *fds, size_t max, size_t *n_p)
 {
     union {
         struct cmsghdr h;
-        char b[CMSG_SPACE(sizeof(int) * 4)];
+        char b[CMSG_SPACE(sizeof(int) * (KVP_UNIX_FDS_MAX + 2))];
     } ctl;
-    *passed_fd_p = -1;
+    *n_p = 0;
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     struct msghdr msg = {
         .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
@@ -236,19 +245,30 @@ kvp_status_t kvp_unix_recv_fd(int fd, void *buf, size_t len, int *passed_fd_p)
         for (size_t i = 0; i < nfd; i++) {
             int got;
             memcpy(&got, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-            if (*passed_fd_p < 0)
-                *passed_fd_p = got;
+            if (*n_p < max)
+                fds[(*n_p)++] = got;
             else
-                close(got); /* one was asked for */
+                close(got); /* more than were asked for */
         }
     }
     kvp_status_t st = n == 0 ? KVP_ERR_IO : KVP_OK;
     if (st == KVP_OK && (size_t)n < len)
         st = kvp_recv_all(fd, (char *)buf + n, len - (size_t)n);
-    if (st != KVP_OK && *passed_fd_p >= 0) {
-        close(*passed_fd_p);
-        *passed_fd_p = -1;
+    if (st != KVP_OK) {
+        for (size_t i = 0; i < *n_p; i++)
+            close(fds[i]);
+        *n_p = 0;
     }
+    return st;
+}
+
+kvp_status_t kvp_unix_recv_fd(int fd, void *buf, size_t len, int *passed_fd_p)
+{
+    size_t n;
+    *passed_fd_p = -1;
+    kvp_status_t st = kvp_unix_recv_fds(fd, buf, len, passed_fd_p, 1, &n);
+    if (n == 0)
+        *passed_fd_p = -1;
     return st;
 }
 

@@ -35,6 +35,11 @@ bool kvp_unix_peer(int fd, int *pid_p, uint32_t *uid_p);
  * if one came (*passed_fd_p, CLOEXEC; -1: none; any other control data is closed). */
 kvp_status_t kvp_unix_send_fd(int fd, const void *buf, size_t len, int passed_fd);
 kvp_status_t kvp_unix_recv_fd(int fd, void *buf, size_t len, int *passed_fd_p);
+/* The same with up to KVP_UNIX_FDS_MAX descriptors: sent with the first byte (len > 0);
+ * received into fds[0..*n_p) (CLOEXEC; past max, closed; none kept on a failure). */
+#define KVP_UNIX_FDS_MAX 4
+kvp_status_t kvp_unix_send_fds(int fd, const void *buf, size_t len, const int *fds, size_t nfds);
+kvp_status_t kvp_unix_recv_fds(int fd, void *buf, size_t len, int *fds, size_t max, size_t *n_p);
 
 /* Set SO_RCVTIMEO/SO_SNDTIMEO on a blocking socket (0: none). */
 void kvp_sock_set_timeout(int fd, uint32_t timeout_ms);

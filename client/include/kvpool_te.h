@@ -48,13 +48,17 @@ typedef struct kvp_te kvp_te_t;
  * KVPOOL_TE_TIMEOUT_MS (a transfer with no progress that long fails, default 10000),
  * KVPOOL_TE_STREAMS (tcp connections per peer and transfer, default 2), KVPOOL_TE_SHM (cma,
  * the default: shm peers copy with process_vm_writev/readv, one kernel copy, falling back to
- * the socket frames where the kernel refuses; socket), KVPOOL_TLS_CA/_CERT/_KEY,
- * KVPOOL_TE_PEERS and KVPOOL_TE_ACL (peers authenticate; see above). Some credentials
- * only, a KVPOOL_TE_SHM of neither, or a KVPOOL_TE_ACL without credentials, that does not
- * load or names no principal with our certificate's CN: KVP_ERR_INVALID_ARG.
+ * the socket frames where the kernel refuses, under our standing lease where the kernel
+ * already lets them at our memory; cma-checked: we check each batch; socket),
+ * KVPOOL_TLS_CA/_CERT/_KEY, KVPOOL_TE_PEERS and KVPOOL_TE_ACL (peers authenticate; see above). Some
+ * credentials only, a KVPOOL_TE_SHM of neither, or a KVPOOL_TE_ACL without credentials, that does
+ * not load or names no principal with our certificate's CN: KVP_ERR_INVALID_ARG.
  */
 kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
                            kvp_te_t **te_p);
+/* Waits, as an unregister of every range does, for shm peers copying into our memory under
+ * a standing lease (a peer stopped in the middle of a copy holds it until it goes on or
+ * dies). */
 void kvp_te_destroy(kvp_te_t *te);
 /* The port peers reach this engine on ("host:port"). */
 uint16_t kvp_te_rpc_port(const kvp_te_t *te);
@@ -63,7 +67,9 @@ uint16_t kvp_te_rpc_port(const kvp_te_t *te);
  * through pinned staging, not the one-copy shm path). KVP_ERR_INVALID_ARG: empty, or it
  * overlaps a registered range; KVP_ERR_NOMEM. */
 kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len);
-/* Close the range registered at addr (waits for transfers in it); KVP_ERR_NOT_FOUND. */
+/* Close the range registered at addr (waits for transfers in it: a shm peer copying under
+ * a standing lease, however long it takes, even stopped, until it is done or dead); once
+ * it returns no byte lands in the range. KVP_ERR_NOT_FOUND. */
 kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr);
 /* Batch forms: stop at the first failure (those before it stay registered). */
 kvp_status_t kvp_te_register_batch(kvp_te_t *te, void *const *addrs, const size_t *lens, size_t n);
@@ -129,6 +135,9 @@ typedef struct kvp_te_counters {
     /* KVPOOL_TE_ACL: proved principals refused, by reason */
     uint64_t refused_role;   /* a request its roles do not allow (or no rights at all) */
     uint64_t refused_tenant; /* connections of a principal of another tenant */
+    /* of served_cma: moved by peers under a standing lease (no round trip a batch) */
+    uint64_t served_lease[2];
+    uint64_t leases; /* shm peers holding a standing lease now */
 } kvp_te_counters_t;
 void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out);
 

@@ -79,6 +79,38 @@
  * the bytes and sends an int32 errno (0: all moved), not answered. */
 #define KVP_DATA_TE_CMA 13
 #define KVP_DATA_TE_CMA_WRITE 0x1
+/* TE_CMA with flags KVP_DATA_TE_CMA_LEASE, offset 0, length 0 and no entries: a standing
+ * lease of the one-copy path (client/te_lease.h). Granted only to a peer the kernel already
+ * lets at all of the target's memory (its Unix socket, the same user or root, a dumpable
+ * target, no Yama ptrace restriction, no other principal and no KVPOOL_TE_ACL): answered
+ * status 0, length 0, with two memfds as SCM_RIGHTS on the answer's first byte: the
+ * target's regions (a kvp_data_te_lease_regions_t, sealed against shrinking, growing and
+ * writing: the peer maps it read-only) and the peer's own slot (a kvp_data_te_lease_slot_t,
+ * sealed against shrinking and growing). Otherwise KVP_ERR_UNSUPPORTED or KVP_ERR_DENIED,
+ * length 0, and the peer asks per batch. The connection goes on; when it closes, the target
+ * revokes the slot. */
+#define KVP_DATA_TE_CMA_LEASE 0x2
+#define KVP_TE_LEASE_MAGIC 0x5347455250544b50ull /* "PKTPREGS" little-endian */
+#define KVP_TE_SLOT_MAGIC 0x544f4c5350544b50ull  /* "PKTPSLOT" little-endian */
+#define KVP_TE_LEASE_REGIONS 4096
+typedef struct kvp_data_te_lease_regions {
+    uint64_t magic;     /* KVP_TE_LEASE_MAGIC */
+    uint64_t gen;       /* atomic: even, the regions stand; odd, the target rewrites them */
+    uint64_t n_regions; /* at most KVP_TE_LEASE_REGIONS: the host ranges the target registered */
+    uint64_t pad[5];
+    uint64_t regions[KVP_TE_LEASE_REGIONS][2]; /* (address, length), lowest address first */
+} kvp_data_te_lease_regions_t;
+_Static_assert(sizeof(kvp_data_te_lease_regions_t) == 64 + 4096 * 16,
+               "kvp_data_te_lease_regions_t is pinned");
+typedef struct kvp_data_te_lease_slot {
+    uint64_t magic;    /* KVP_TE_SLOT_MAGIC */
+    uint64_t state;    /* atomic, the peer's: the generation it checked against << 1 | busy */
+    uint64_t revoked;  /* atomic, the target's: 1 once the lease's connection closed */
+    uint64_t moved[2]; /* atomic, the peer's: [KVP_TE_READ], [KVP_TE_WRITE] ranges it moved */
+    uint64_t bytes[2]; /* atomic, the peer's: ... their bytes */
+    uint64_t pad;
+} kvp_data_te_lease_slot_t;
+_Static_assert(sizeof(kvp_data_te_lease_slot_t) == 64, "kvp_data_te_lease_slot_t is pinned");
 /* TE_NOTIFY (a transfer engine's only): header with segment_id the engine's, offset the
  * name's length, length the name's and the message's; the name then the message follow
  * (length at most KVP_DATA_TE_NOTIFY_MAX). Answered status 0 (queued for get_notifies),

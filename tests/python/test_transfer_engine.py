@@ -104,6 +104,18 @@ def shm_conns(port):
 
 
 # vLLM hands over scattered block ids; runs of consecutive ids on both sides merge.
+def leases_here():
+    """Does this host let an engine grant standing leases (client/te_lease.h)? Not under
+    Yama's ptrace_scope above 0."""
+    try:
+        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
+            return int(f.read().strip() or 1) == 0
+    except FileNotFoundError:
+        return True
+
+
+LEASES_HERE = leases_here()
+
 PBLOCKS = [0, 1, 2, 3, 10, 11, 12, 30, 40, 41, 42, 43, 44, 45, 46, 47, 63]
 DBLOCKS = [5, 6, 7, 8, 20, 21, 9, 0, 48, 49, 50, 51, 52, 53, 54, 55, 1]
 
@@ -179,9 +191,13 @@ def test_write_outside_registered_memory_is_refused_bytes_intact(peers, tmp_path
     assert r["rc"] == 0
 
 
-def test_write_to_a_vanished_decode_fails_fast(peers):
-    decode = peers("decode", "tcp")
-    prefill = peers("prefill", "tcp")
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_write_to_a_vanished_decode_fails_fast(peers, proto):
+    """A decode killed after a first write: the next fails fast with a clear code (shm: the
+    prefill sees the decode's socket closed before it would copy under its lease, so never
+    into a process that took the dead one's pid)."""
+    decode = peers("decode", proto)
+    prefill = peers("prefill", proto)
     target = f"127.0.0.1:{decode.info['port']}"
     ptrs = decode.info["ptrs"]
     assert prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[0], dblocks=[0])["rc"] == 0
@@ -453,12 +469,13 @@ def test_credentials_half_given_fail_initialize(certs):
     assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, p.stdout
 
 
-@pytest.mark.parametrize("mode", ["cma", "socket"])
+@pytest.mark.parametrize("mode", ["cma", "cma-checked", "socket"])
 def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
-    """shm: by default the prefill copies with process_vm_writev / readv once the decode
-    checked the ranges (served_cma_*); KVPOOL_TE_SHM=socket, the frames over the Unix
-    socket. Both byte-exact, writes and reads; a range outside what the decode registered is
-    refused on both before any byte moves."""
+    """shm: by default the prefill copies with process_vm_writev / readv under the decode's
+    standing lease (the same user, no Yama restriction here: no round trip a batch);
+    KVPOOL_TE_SHM=cma-checked, once the decode checked each batch's ranges (served_cma_*
+    either way); socket, the frames over the Unix socket. All byte-exact, writes and reads;
+    a range outside what the decode registered is refused on each before any byte moves."""
     env = {"KVPOOL_TE_SHM": mode}
     decode = peers("decode", "shm", env=env)
     prefill = peers("prefill", "shm", env=env)
@@ -477,13 +494,18 @@ def test_shm_one_copy_and_socket_paths_byte_exact(peers, tmp_path, mode):
     assert np.array_equal(dump(decode, tmp_path, "w2.npy"), expected(PBLOCKS, DBLOCKS))
     m = decode.ask(op="metrics")
     route = prefill.ask(op="metrics")["peers"][target]
-    assert route["route"] == ("shm-cma" if mode == "cma" else "shm"), route
+    assert route["route"] == ("shm" if mode == "socket" else "shm-cma"), route
     assert route["transfers"] >= 2 and route["failures"] == 1, route
-    if mode == "cma":
+    if mode != "socket":
         assert m["served_cma_writes"] > 0 and m["served_cma_reads"] > 0, m
     else:
         assert m["served_cma_writes"] == 0 and m["served_cma_reads"] == 0, m
         assert m["served_writes"] > 0, m
+    if mode == "cma" and LEASES_HERE:  # no round trip a batch: the decode's standing lease
+        assert m["served_lease_writes"] > 0 and m["served_lease_reads"] > 0, m
+        assert m["leases"] == 1, m
+    else:
+        assert m["served_lease_writes"] == 0 and m["leases"] == 0, m
     assert m["refused_range"] >= 1, m
     # the read put the decode's block 5 (the prefill's block 0: PBLOCKS[0] -> DBLOCKS[0])
     # into the prefill's block 9; written back to the decode's block 63, it is block 0

@@ -264,15 +264,17 @@ static PyObject *py_te_counters(PyObject *mod, PyObject *cap)
     if (peers == NULL)
         return NULL;
     return Py_BuildValue(
-        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}", "writes",
-        c.transfers[KVP_TE_WRITE], "write_bytes", c.bytes[KVP_TE_WRITE], "reads",
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:N}",
+        "writes", c.transfers[KVP_TE_WRITE], "write_bytes", c.bytes[KVP_TE_WRITE], "reads",
         c.transfers[KVP_TE_READ], "read_bytes", c.bytes[KVP_TE_READ], "failures", c.failures,
         "served_writes", c.served[KVP_TE_WRITE], "served_write_bytes", c.served_bytes[KVP_TE_WRITE],
         "served_reads", c.served[KVP_TE_READ], "refused_range", c.refused_range,
         "refused_protected", c.refused_protected, "refused_user", c.refused_user, "refused_auth",
         c.refused_auth, "served_cma_writes", c.served_cma[KVP_TE_WRITE], "served_cma_reads",
         c.served_cma[KVP_TE_READ], "notifies", c.notifies, "notifies_dropped", c.notifies_dropped,
-        "refused_role", c.refused_role, "refused_tenant", c.refused_tenant, "peers", peers);
+        "refused_role", c.refused_role, "refused_tenant", c.refused_tenant, "served_lease_writes",
+        c.served_lease[KVP_TE_WRITE], "served_lease_reads", c.served_lease[KVP_TE_READ], "leases",
+        c.leases, "peers", peers);
 }
 
 static PyObject *py_te_remote_regions(PyObject *mod, PyObject *args)

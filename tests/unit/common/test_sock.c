@@ -103,12 +103,62 @@ static void test_recv_discard(void **state)
     close(sv[1]);
 }
 
+/* Descriptors over a Unix socket: two sent with a message arrive as two new descriptors of
+ * the same files (a byte written through one is read through the other's twin); asked for
+ * one, the second is closed, not leaked; none sent, none received. */
+static void test_unix_fds(void **state)
+{
+    (void)state;
+    int sv[2], p1[2], p2[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_int_equal(pipe(p1), 0);
+    assert_int_equal(pipe(p2), 0);
+    int send[2] = {p1[1], p2[1]}, got[4];
+    size_t n;
+    char msg[8] = "hello!!", buf[8];
+    assert_int_equal(kvp_unix_send_fds(sv[0], msg, sizeof(msg), send, 2), KVP_OK);
+    assert_int_equal(kvp_unix_recv_fds(sv[1], buf, sizeof(buf), got, 4, &n), KVP_OK);
+    assert_int_equal(n, 2);
+    assert_memory_equal(buf, msg, sizeof(msg));
+    assert_int_equal(write(got[0], "a", 1), 1);
+    assert_int_equal(write(got[1], "b", 1), 1);
+    char c;
+    assert_int_equal(read(p1[0], &c, 1), 1);
+    assert_int_equal(c, 'a');
+    assert_int_equal(read(p2[0], &c, 1), 1);
+    assert_int_equal(c, 'b');
+    assert_true(fcntl(got[0], F_GETFD) & FD_CLOEXEC);
+    close(got[0]);
+    close(got[1]);
+    /* one asked for: the second closed here (its pipe's write end then has none open once
+     * ours is closed too: the reader sees end of file) */
+    assert_int_equal(kvp_unix_send_fds(sv[0], msg, sizeof(msg), send, 2), KVP_OK);
+    int one = -1;
+    assert_int_equal(kvp_unix_recv_fd(sv[1], buf, sizeof(buf), &one), KVP_OK);
+    assert_true(one >= 0);
+    close(one);
+    close(p2[1]);
+    fcntl(p2[0], F_SETFL, O_NONBLOCK); /* a leaked twin: EAGAIN, not a hang */
+    assert_int_equal(read(p2[0], &c, 1), 0);
+    /* a plain message: no descriptor */
+    assert_int_equal(kvp_send_all(sv[0], msg, sizeof(msg)), KVP_OK);
+    assert_int_equal(kvp_unix_recv_fd(sv[1], buf, sizeof(buf), &one), KVP_OK);
+    assert_int_equal(one, -1);
+    assert_int_equal(kvp_unix_send_fds(sv[0], msg, sizeof(msg), send, 0), KVP_ERR_INVALID_ARG);
+    close(p1[0]);
+    close(p1[1]);
+    close(p2[0]);
+    close(sv[0]);
+    close(sv[1]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unacked_until_read),
         cmocka_unit_test(test_not_tcp),
         cmocka_unit_test(test_recv_discard),
+        cmocka_unit_test(test_unix_fds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
