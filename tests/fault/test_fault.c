@@ -1091,6 +1091,7 @@ static void test_master_restart(void **state)
 
 #define T6_CONNS 2000
 #define T6_IO_MS 5000
+#define T6_MIN_OPS 10              /* the normal client's round trips under attack, at least */
 #define T6_SEG_BYTES (64ull << 20) /* SEG_SIZE */
 /* objects that stay through the attack, read back byte-exact after it: 3/4 of the segment,
  * so most hostile data requests aim at their bytes wherever they were placed */
@@ -1258,10 +1259,13 @@ static bool t6_one(t6_t *t, unsigned i)
     return ok;
 }
 
+/* T6_CONNS connections at least, and on until the main thread stops it: it stops the
+ * attack once the normal client has made T6_MIN_OPS round trips under it, so a client
+ * that one slow round trip kept back still works under attack, not after it. */
 static void *t6_attacker(void *arg)
 {
     t6_t *t = arg;
-    for (unsigned i = 0; i < T6_CONNS && !atomic_load(&t->stop); i++) {
+    for (unsigned i = 0; !atomic_load(&t->stop); i++) {
         if (!t6_one(t, i))
             t->bad++;
         atomic_fetch_add(&t->done, 1);
@@ -1415,7 +1419,7 @@ static void test_hostile_connections_while_busy(void **state)
     uint64_t t0 = kvp_now_ms();
     unsigned ops = 0;
     bool failed = false;
-    while (atomic_load(&t->done) < T6_CONNS && kvp_now_ms() - t0 < 120000) {
+    while ((atomic_load(&t->done) < T6_CONNS || ops < T6_MIN_OPS) && kvp_now_ms() - t0 < 120000) {
         if (!t6_round_trip(e->client, n++, src, dst, msg, sizeof(msg))) {
             failed = true;
             break;
@@ -1433,8 +1437,8 @@ static void test_hostile_connections_while_busy(void **state)
            ops, dt);
     if (t->bad != 0)
         fail_msg("%u hostile connections not treated as documented; first: %s", t->bad, t->problem);
-    assert_int_equal(atomic_load(&t->done), T6_CONNS);
-    assert_true(ops >= 10); /* the client really worked during the attack */
+    assert_true(atomic_load(&t->done) >= T6_CONNS);
+    assert_true(ops >= T6_MIN_OPS); /* the client really worked during the attack */
     int fds1 = fault_wait_fd_count(e->master.pid, fds0, 5000);
     if (fds1 != fds0)
         fail_msg("master fds: %d before the attack, %d after", fds0, fds1);
