@@ -7,19 +7,26 @@
  * ranges. One thread copies about as fast as the kernel's copy goes; a batch of a few MiB or
  * more is split by bytes over the caller and the helpers, each part in calls of up to
  * IOV_MAX ranges (the target's memory stays registered until the caller answers, te.c).
+ * The caller, its part done, waits for the helpers awake for up to COPY_SPIN_NS before it
+ * sleeps: on a VM a sleeping thread's wake-up costs tens of us, a third of a 2 MiB batch
+ * (docs/results/2026-11-28-te-copy-wait.md).
  */
 #include "client/te_copy.h"
 
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+
+#include "common/clock.h"
 
 #define COPY_THREADS_MAX 8
 #define COPY_IOV 1024              /* IOV_MAX: iovecs per process_vm_* call */
 #define COPY_CALL_MAX (1ull << 30) /* bytes per call (the kernel moves < 2 GiB a call) */
 #define COPY_PART_MIN (1ull << 20) /* a part is at least this many bytes */
+#define COPY_SPIN_NS 200000u       /* the caller waits awake for the helpers this long */
 
 typedef struct copy_part {
     size_t first;       /* its first range */
@@ -44,7 +51,8 @@ struct kvp_te_copy {
     unsigned started;
     bool stop;
     uint64_t gen;
-    unsigned pending, k;
+    atomic_uint pending; /* helpers still on their parts (changed under lock) */
+    unsigned k;
     /* the job */
     pid_t pid;
     bool write;
@@ -197,8 +205,18 @@ int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, void *const *locals
     pthread_cond_broadcast(&c->go);
     pthread_mutex_unlock(&c->lock);
     int err = part_copy(pid, write, locals, remotes, lens, n, &c->parts[0]);
+    /* a helper still copying: wait for it awake a while before sleeping (a sleeping
+     * thread's wake-up costs a VM tens of us, a batch of 2 MiB about 150 in all) */
+    uint64_t until = kvp_now_ns() + COPY_SPIN_NS;
+    for (unsigned i = 1; atomic_load(&c->pending) > 0; i++) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        if (i % 64 == 0 && kvp_now_ns() > until)
+            break;
+    }
     pthread_mutex_lock(&c->lock);
-    while (c->pending > 0)
+    while (atomic_load(&c->pending) > 0)
         pthread_cond_wait(&c->done, &c->lock);
     for (unsigned p = 1; p < k && err == 0; p++)
         err = c->parts[p].err;

@@ -7,7 +7,8 @@
  * Asserted: every range lands byte for byte and nothing is written around the ranges, for
  * 1-8 threads, ranges of odd lengths that the parts cut in the middle, more ranges than one
  * call takes (IOV_MAX) and a batch below the split threshold; both directions; a remote
- * range that is not mapped gives EFAULT with no hang, and the pool goes on serving after it;
+ * range that is not mapped, the first or one in a helper's part, gives EFAULT with no hang,
+ * and the pool goes on serving after it;
  * two threads sharing one pool at once (one gets the helpers, the other copies alone).
  *
  * Thread: cmocka's; the pool's helpers and the test's own threads behind it.
@@ -144,6 +145,28 @@ static void test_small_batch_on_the_caller(void **state)
     write_then_read(4, 1, lens, 1);
 }
 
+static void test_unmapped_range_in_the_middle(void **state)
+{
+    (void)state;
+    kvp_te_copy_t *c = kvp_te_copy_create(3);
+    assert_non_null(c);
+    static const size_t lens[] = {1u << 20};
+    batch_t b;
+    batch_make(&b, 12, lens, 1);
+    void *gone = mmap(NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    assert_true(gone != MAP_FAILED);
+    munmap(gone, 1u << 20);
+    uint64_t keep = b.r[7];
+    b.r[7] = (uintptr_t)gone; /* range 7 of 12: in a helper's part (3 threads: 4 ranges each) */
+    assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.lens, b.n), EFAULT);
+    b.r[7] = keep;
+    memset(b.dst, 0xEE, b.dst_len);
+    assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.lens, b.n), 0);
+    batch_check(&b);
+    batch_free(&b);
+    kvp_te_copy_destroy(c);
+}
+
 static void test_unmapped_remote_is_efault(void **state)
 {
     (void)state;
@@ -213,6 +236,7 @@ int main(void)
         cmocka_unit_test(test_runs_split_over_threads),
         cmocka_unit_test(test_more_ranges_than_one_call),
         cmocka_unit_test(test_small_batch_on_the_caller),
+        cmocka_unit_test(test_unmapped_range_in_the_middle),
         cmocka_unit_test(test_unmapped_remote_is_efault),
         cmocka_unit_test(test_two_callers_share_a_pool),
     };
