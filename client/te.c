@@ -264,8 +264,9 @@ static void te_conn_close(void *backend, void *conn)
 }
 
 /* The leased peers' copy of our host regions (device memory the kernel cannot reach is
- * left out: such ranges ask per batch, and are refused there), rewritten: its generation,
- * 0 when nothing is leased. The regions' write lock held. */
+ * left out: such ranges ask per batch, and are refused there; none once the engine is
+ * closing), rewritten: its generation, 0 when nothing is leased. The regions' write lock
+ * held. */
 static uint64_t lease_publish_locked(kvp_te_t *te)
 {
     kvp_te_lease_host_t *h = atomic_load(&te->lease);
@@ -273,7 +274,7 @@ static uint64_t lease_publish_locked(kvp_te_t *te)
         return 0;
     size_t cap, n = 0;
     uint64_t *out = kvp_te_lease_host_begin(h, &cap);
-    for (size_t i = 0; i < te->n_regions && n < cap; i++) {
+    for (size_t i = 0; i < te->n_regions && n < cap && !te->closing; i++) {
         if (te->region_dev[i])
             continue;
         out[2 * n] = te->regions[i].addr;
@@ -1319,12 +1320,7 @@ void kvp_te_destroy(kvp_te_t *te)
     pthread_rwlock_wrlock(&te->lock);
     te->closing = true;
     kvp_te_lease_host_t *lease = atomic_load(&te->lease);
-    uint64_t g = 0;
-    if (lease != NULL) {
-        size_t cap;
-        kvp_te_lease_host_begin(lease, &cap);
-        g = kvp_te_lease_host_end(lease, 0);
-    }
+    uint64_t g = lease_publish_locked(te); /* the empty list */
     pthread_rwlock_unlock(&te->lock);
     if (g != 0)
         kvp_te_lease_host_wait(lease, g);
@@ -1662,9 +1658,8 @@ static bool peer_hung_up(int fd)
 }
 
 /* The status of a one-copy batch whose copy ended with errno err. */
-static kvp_status_t cma_status(kvp_te_t *te, te_peer_t *tp, int opcode, int32_t err)
+static kvp_status_t cma_status(te_peer_t *tp, int opcode, int32_t err)
 {
-    (void)te;
     if (err == 0)
         return KVP_OK;
     if (err != EPERM)
@@ -1725,7 +1720,7 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
             int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
                                           remotes + base, lens + base, n - base);
             kvp_te_lease_end(tp->lease, err == 0, opcode, n - base, total);
-            if ((st = cma_status(te, tp, opcode, err)) == KVP_OK)
+            if ((st = cma_status(tp, opcode, err)) == KVP_OK)
                 *moved_p = n;
             continue;
         }
@@ -1771,7 +1766,7 @@ static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t
                                       remotes + base, lens + base, m);
         if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK)
             cma_drop(tp);
-        if ((st = cma_status(te, tp, opcode, err)) == KVP_OK)
+        if ((st = cma_status(tp, opcode, err)) == KVP_OK)
             *moved_p = base + m;
     }
     pthread_mutex_unlock(&tp->cma_lock);

@@ -299,6 +299,13 @@ int kvp_proc_fd_count(pid_t pid)
     return n;
 }
 
+bool kvp_wait_flag(atomic_bool *flag, int ms)
+{
+    for (int i = 0; i < ms && !atomic_load(flag); i++)
+        usleep(1000);
+    return atomic_load(flag);
+}
+
 void kvp_fill_pattern(void *buf, size_t len, uint64_t seed)
 {
     uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;

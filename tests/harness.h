@@ -7,6 +7,7 @@
 #ifndef KVP_TESTS_HARNESS_H
 #define KVP_TESTS_HARNESS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -69,6 +70,9 @@ int kvp_proc_fd_count(pid_t pid);
 
 /* Deterministic test pattern: byte i of object `seed`. */
 void kvp_fill_pattern(void *buf, size_t len, uint64_t seed);
+
+/* Whether *flag is (or becomes) true within ms milliseconds; polled every millisecond. */
+bool kvp_wait_flag(atomic_bool *flag, int ms);
 
 /*
  * A private etcd on 127.0.0.1 (1..KVP_ETCD_MAX_MEMBERS members), for the etcd

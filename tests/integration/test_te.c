@@ -29,10 +29,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 
 #include "client/include/kvpool_te.h"
+#include "client/te_lease.h"
 #include "client/transport/rdma_status.h"
 #include "client/transport/wire.h"
 #include "common/sock.h"
@@ -44,22 +44,6 @@
 static void target_of(kvp_te_t *te, char *buf, size_t len)
 {
     snprintf(buf, len, "127.0.0.1:%u", kvp_te_rpc_port(te));
-}
-
-/* Would an engine of this process be granted leases (te_lease.h)? Not under Yama's
- * ptrace_scope above 0, nor undumpable. */
-static bool leases_here(void)
-{
-    if (prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 1)
-        return false;
-    FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
-    if (f == NULL)
-        return true;
-    int scope = 1;
-    if (fscanf(f, "%d", &scope) != 1)
-        scope = 1;
-    fclose(f);
-    return scope == 0;
 }
 
 static void roundtrip(const char *proto)
@@ -101,7 +85,7 @@ static void roundtrip(const char *proto)
     assert_int_equal(ca.served_bytes[KVP_TE_WRITE], 4 * MIB);
     assert_int_equal(ca.refused_range, 0);
     /* shm: under the target's standing lease where this host allows one (te_lease.h) */
-    bool leased = strcmp(proto, "shm") == 0 && leases_here();
+    bool leased = strcmp(proto, "shm") == 0 && kvp_te_lease_allowed();
     assert_int_equal(ca.served_lease[KVP_TE_WRITE], leased ? 64 : 0);
     assert_int_equal(ca.served_lease[KVP_TE_READ], leased ? 64 : 0);
     assert_int_equal(ca.leases, leased ? 1 : 0);
@@ -254,7 +238,7 @@ static void unregister_case(const char *proto, const char *shm_mode)
     assert_true(atomic_load(&w.refused) > 0);
     kvp_te_counters_t c;
     kvp_te_get_counters(a, &c);
-    bool leased = strcmp(proto, "shm") == 0 && shm_mode == NULL && leases_here();
+    bool leased = strcmp(proto, "shm") == 0 && shm_mode == NULL && kvp_te_lease_allowed();
     assert_true(leased ? c.served_lease[KVP_TE_WRITE] > 0 : c.served_lease[KVP_TE_WRITE] == 0);
     assert_int_equal(kvp_te_unregister(a, dst), KVP_ERR_NOT_FOUND);
     kvp_te_destroy(b);
@@ -315,13 +299,6 @@ static void *unreg_main(void *arg)
     return NULL;
 }
 
-static bool wait_done(unreg_t *u, int ms)
-{
-    for (int i = 0; i < ms && !atomic_load(&u->done); i++)
-        usleep(1000);
-    return atomic_load(&u->done);
-}
-
 /* until *p differs from old, at most ms */
 static uint64_t wait_change(const uint64_t *p, uint64_t old, int ms)
 {
@@ -340,7 +317,7 @@ static uint64_t wait_change(const uint64_t *p, uint64_t old, int ms)
 static void test_lease_on_the_wire(void **state)
 {
     (void)state;
-    if (!leases_here()) {
+    if (!kvp_te_lease_allowed()) {
         print_message("no leases here (Yama ptrace_scope > 0 or not dumpable): skipped\n");
         skip();
     }
@@ -387,10 +364,10 @@ static void test_lease_on_the_wire(void **state)
     for (int i = 0; i < 5000 && __atomic_load_n(&area->gen, __ATOMIC_SEQ_CST) < g + 2; i++)
         usleep(1000); /* published (odd while written, then g + 2) */
     assert_int_equal(__atomic_load_n(&area->gen, __ATOMIC_SEQ_CST), g + 2);
-    assert_false(wait_done(&u, 200));
+    assert_false(kvp_wait_flag(&u.done, 200));
     assert_int_equal(__atomic_load_n(&area->n_regions, __ATOMIC_SEQ_CST), 0);
     __atomic_store_n(&slot->state, g << 1, __ATOMIC_SEQ_CST); /* done */
-    assert_true(wait_done(&u, 5000));
+    assert_true(kvp_wait_flag(&u.done, 5000));
     pthread_join(th, NULL);
     assert_int_equal(u.st, KVP_OK);
     /* a register is published; a mark under the new generation holds nothing */
@@ -405,9 +382,9 @@ static void test_lease_on_the_wire(void **state)
     assert_int_equal(wait_change(&slot->revoked, 0, 5000), 1);
     unreg_t u2 = {.te = a, .addr = mem2};
     pthread_create(&th, NULL, unreg_main, &u2);
-    assert_false(wait_done(&u2, 200));
+    assert_false(kvp_wait_flag(&u2.done, 200));
     __atomic_store_n(&slot->state, (g - 2) << 1, __ATOMIC_SEQ_CST);
-    assert_true(wait_done(&u2, 5000));
+    assert_true(kvp_wait_flag(&u2.done, 5000));
     pthread_join(th, NULL);
     assert_int_equal(u2.st, KVP_OK);
     kvp_te_get_counters(a, &c);

@@ -25,6 +25,7 @@
 
 #include "client/include/kvpool_te.h"
 #include "client/te_lease.h"
+#include "tests/harness.h"
 #include "client/transport/wire.h"
 
 /* what a peer gets: its own descriptors of the two memfds */
@@ -102,13 +103,6 @@ static void *wait_main(void *arg)
     return NULL;
 }
 
-static bool done_within(waiter_t *w, int ms)
-{
-    for (int i = 0; i < ms && !atomic_load(&w->done); i++)
-        usleep(1000);
-    return atomic_load(&w->done);
-}
-
 static void test_revoked_and_busy_slots(void **state)
 {
     (void)state;
@@ -137,12 +131,12 @@ static void test_revoked_and_busy_slots(void **state)
     waiter_t w = {.h = h, .g = publish(h, r, 1)};
     pthread_t th;
     pthread_create(&th, NULL, wait_main, &w);
-    assert_false(done_within(&w, 200));
+    assert_false(kvp_wait_flag(&w.done, 200));
     int other[2];
     int slot3 = kvp_te_lease_host_take(h, getpid(), other);
     assert_true(slot3 >= 0 && slot3 != slot2); /* still held: not handed out again */
     kvp_te_lease_end(l, true, KVP_TE_WRITE, 1, 0x100);
-    assert_true(done_within(&w, 5000));
+    assert_true(kvp_wait_flag(&w.done, 5000));
     pthread_join(th, NULL);
     kvp_te_lease_host_moved(h, moved, bytes, &held);
     assert_int_equal(held, 1);                /* slot3's */
@@ -154,7 +148,7 @@ static void test_revoked_and_busy_slots(void **state)
     assert_int_equal(kvp_te_lease_begin(l3, &rem, &len, 1), KVP_TE_LEASE_GO);
     waiter_t w2 = {.h = h, .g = publish(h, r, 1) - 2}; /* the generation it checked */
     pthread_create(&th, NULL, wait_main, &w2);
-    assert_true(done_within(&w2, 5000));
+    assert_true(kvp_wait_flag(&w2.done, 5000));
     pthread_join(th, NULL);
     kvp_te_lease_end(l3, false, KVP_TE_WRITE, 1, 0x100);
     kvp_te_lease_unmap(l3);
