@@ -358,7 +358,8 @@ static const kvp_opt_t env_rows[] = {
      .def_doc = "2",
      .help = "shm's cma route: threads that copy one batch of 2 MiB or more (the caller and "
              "N-1 helpers of the engine's, the batch split by bytes; parts of at least 1 MiB; "
-             "the caller, its part done, waits for the helpers awake for up to 200 us)"},
+             "the caller, its part done, waits for the helpers awake for up to 200 us once all "
+             "are copying)"},
 };
 
 kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)

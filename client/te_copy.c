@@ -8,7 +8,8 @@
  * more is split by bytes over the caller and the helpers, each part in calls of up to
  * IOV_MAX ranges (the target's memory stays registered until the caller answers, te.c).
  * The caller, its part done, waits for the helpers awake for up to COPY_SPIN_NS before it
- * sleeps: on a VM a sleeping thread's wake-up costs tens of us, a third of a 2 MiB batch
+ * sleeps (when each of them is copying; one not yet woken may need the caller's CPU): on a
+ * VM a sleeping thread's wake-up costs tens of us, a third of a 2 MiB batch
  * (docs/results/2026-11-28-te-copy-wait.md).
  */
 #include "client/te_copy.h"
@@ -52,6 +53,7 @@ struct kvp_te_copy {
     bool stop;
     uint64_t gen;
     atomic_uint pending; /* helpers still on their parts (changed under lock) */
+    atomic_uint running; /* helpers that took up the job (changed under lock) */
     unsigned k;
     /* the job */
     pid_t pid;
@@ -102,6 +104,16 @@ static int part_copy(pid_t pid, bool write, void *const *locals, const uint64_t 
     return 0;
 }
 
+/* A spinning thread's hint to the CPU (its sibling hyperthread goes on). */
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 static void *helper_main(void *arg)
 {
     const copy_helper_t *me = arg;
@@ -117,6 +129,7 @@ static void *helper_main(void *arg)
         seen = c->gen;
         if (h >= c->k)
             continue;
+        atomic_fetch_add(&c->running, 1);
         pthread_mutex_unlock(&c->lock);
         int err = part_copy(c->pid, c->write, c->locals, c->remotes, c->lens, c->n, &c->parts[h]);
         pthread_mutex_lock(&c->lock);
@@ -201,19 +214,23 @@ int kvp_te_copy_run(kvp_te_copy_t *c, pid_t pid, bool write, void *const *locals
     c->n = n;
     c->k = k;
     c->pending = k - 1;
+    c->running = 0;
     c->gen++;
     pthread_cond_broadcast(&c->go);
     pthread_mutex_unlock(&c->lock);
     int err = part_copy(pid, write, locals, remotes, lens, n, &c->parts[0]);
-    /* a helper still copying: wait for it awake a while before sleeping (a sleeping
-     * thread's wake-up costs a VM tens of us, a batch of 2 MiB about 150 in all) */
-    uint64_t until = kvp_now_ns() + COPY_SPIN_NS;
-    for (unsigned i = 1; atomic_load(&c->pending) > 0; i++) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#endif
-        if (i % 64 == 0 && kvp_now_ns() > until)
-            break;
+    /* helpers still copying, every one of them on a CPU: wait for them awake a while
+     * before sleeping (a sleeping thread's wake-up costs a VM tens of us, a batch of 2 MiB
+     * about 150 in all). One that has not taken the job up yet may need this CPU (more
+     * helpers than CPUs): then sleep at once. */
+    if (atomic_load(&c->pending) > 0) {
+        uint64_t until = kvp_now_ns() + COPY_SPIN_NS;
+        for (unsigned spins = 1; atomic_load(&c->pending) > 0 && atomic_load(&c->running) == k - 1;
+             spins++) {
+            cpu_relax();
+            if (spins % 64 == 0 && kvp_now_ns() > until)
+                break;
+        }
     }
     pthread_mutex_lock(&c->lock);
     while (atomic_load(&c->pending) > 0)

@@ -153,9 +153,10 @@ static void test_unmapped_range_in_the_middle(void **state)
     static const size_t lens[] = {1u << 20};
     batch_t b;
     batch_make(&b, 12, lens, 1);
-    void *gone = mmap(NULL, 1u << 20, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* reserved and inaccessible, kept until the end: an address unmapped before the pool
+     * starts its helpers could be reused for one of their stacks */
+    void *gone = mmap(NULL, 1u << 20, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(gone != MAP_FAILED);
-    munmap(gone, 1u << 20);
     uint64_t keep = b.r[7];
     b.r[7] = (uintptr_t)gone; /* range 7 of 12: in a helper's part (3 threads: 4 ranges each) */
     assert_int_equal(kvp_te_copy_run(c, getpid(), true, b.l, b.r, b.lens, b.n), EFAULT);
@@ -165,6 +166,7 @@ static void test_unmapped_range_in_the_middle(void **state)
     batch_check(&b);
     batch_free(&b);
     kvp_te_copy_destroy(c);
+    munmap(gone, 1u << 20);
 }
 
 static void test_unmapped_remote_is_efault(void **state)
@@ -176,10 +178,10 @@ static void test_unmapped_remote_is_efault(void **state)
     uint8_t *src = malloc(len);
     assert_non_null(src);
     memset(src, 1, len);
-    /* a mapping unmapped again: its address is not ours any more */
-    void *gone = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* a range no one may touch, kept reserved until the end (an address unmapped before
+     * the pool starts its helpers could be reused for one of their stacks) */
+    void *gone = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     assert_true(gone != MAP_FAILED);
-    munmap(gone, len);
     void *l = src;
     uint64_t r = (uintptr_t)gone, rlen = len;
     assert_int_equal(kvp_te_copy_run(c, getpid(), true, &l, &r, &rlen, 1), EFAULT);
@@ -192,6 +194,7 @@ static void test_unmapped_remote_is_efault(void **state)
     batch_free(&b);
     free(src);
     kvp_te_copy_destroy(c);
+    munmap(gone, len);
 }
 
 typedef struct sharer {
