@@ -306,8 +306,8 @@ static const kvp_opt_t env_rows[] = {
      .flags = ELSEWHERE,
      .arg = "SIZE",
      .def_doc = "512KiB",
-     .help = "on tcp, runs of up to 64 KiB go to a peer in requests of up to this many bytes "
-             "(4KiB to 64MiB; docs/benchmarks.md, \"te\")"},
+     .help = "on tcp, runs of up to 256 KiB go to a peer in requests of up to this many "
+             "bytes, a longer run alone (4KiB to 64MiB; docs/benchmarks.md, \"te\")"},
     {.name = "te-stage-chunk",
      .env = "KVPOOL_TE_STAGE_CHUNK",
      .type = KVP_OPT_STRING,

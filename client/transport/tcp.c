@@ -23,10 +23,12 @@
  * arrays come from scratches kept on the ctx between calls.
  *
  * Small slices (<= VEC_SMALL) to one endpoint go as chains in one vectored
- * request (READV/WRITEV, docs/protocol.md) with one response: about one
- * chain per stream, at most KVP_DATA_VEC_MAX entries and tcp_chain bytes (unset: 512 KiB,
- * or tcp_slice when smaller).
- * A chain's error status fails every slice in it.
+ * request (READV/WRITEV, docs/protocol.md) with one response: at most KVP_DATA_VEC_MAX
+ * entries and tcp_chain bytes (unset: 512 KiB, or tcp_slice when smaller; a slice longer
+ * than that goes alone). A chain's error status fails every slice in it. A stream holds
+ * at most PIPE_DEPTH requests in flight, and no more than its share of its group's (the
+ * group's requests over its streams), so that a batch of a few requests is spread over
+ * the streams rather than taken whole by the first to pull.
  *
  * Failure: a connection that errors, closes, or answers garbage fails the
  * slices in flight on it and is discarded; its group's remaining slices go
@@ -42,7 +44,9 @@
  * before, and was the limit for large objects: issue 29). The slices a group hands out
  * and the ops' statuses are then shared, under the transfer's lock; everything else of a
  * connection is its thread's. A smaller transfer stays on the calling thread (waking a
- * worker costs more than it saves there).
+ * worker costs more than it saves there). From 1 MiB: one thread sending both streams of
+ * a 2 MiB batch was its limit (64 KiB x 32 at 48-56 % of the 2-stream pump on a 16-vCPU
+ * machine, 77-101 % on two threads; docs/benchmarks.md, "te").
  *
  * Thread: transfer() is called by any client thread; the pool is guarded
  * by ctx->lock, connections are used by one thread at a time.
@@ -75,7 +79,7 @@
 #define PIPE_DEPTH 8
 /* A transfer of at least this many bytes on two or more connections runs them on as many
  * threads; the workers the ctx keeps for that */
-#define TCP_THREAD_MIN (4u << 20)
+#define TCP_THREAD_MIN (1u << 20)
 #define TCP_WORKERS_MAX 7
 #define POOL_MAX_IDLE 64
 /* A new connection an owner closes before it answers the HELLO is tried again so many
@@ -84,12 +88,16 @@
 /* conn_lowat: poll() for a read's payload wakes once this much of it has come */
 #define TCP_LOWAT (256u << 10)
 #define TCP_LOWAT_MIN (64u << 10)
-/* Slices up to this size to one endpoint travel as chains in vectored requests. */
-#define VEC_SMALL (64u << 10)
+/* Slices up to this size to one endpoint travel as chains in vectored requests (256 KiB
+ * runs alone were a request and a reply each: 256 KiB x 32 at 60-75 % of the pump on a
+ * 16-vCPU machine, 77-86 % in chains of two). */
+#define VEC_SMALL (256u << 10)
 /* Bytes of small slices in one chain unless the client says (kvp_transfer_t.tcp_chain): two
  * or more chains a stream in a batch of a few MiB, so that a stream's pipe does not drain at
  * the end of one request before it gets the next (64 KiB x 32 moved 20-27 % faster than with
- * 1 MiB chains, the engine's and the store's alike; 256 KiB chains were slower again). */
+ * 1 MiB chains, the engine's and the store's alike; 256 KiB chains were slower again; both
+ * measured before a stream's depth was its share, when the first stream took all of such a
+ * batch's chains). */
 #define CHAIN_BYTES (512u << 10)
 
 typedef struct tcp_pool {
@@ -171,6 +179,7 @@ typedef struct group {
     unsigned live;        /* live connections */
     unsigned chain;       /* most small slices in one vectored request */
     uint64_t chain_bytes; /* most payload bytes in one vectored request */
+    unsigned depth;       /* most requests a stream has in flight: PIPE_DEPTH, or its share */
 } group_t;
 
 /* One request on the wire: a single slice (READ/WRITE) or a chain of small ones
@@ -402,11 +411,34 @@ static void conn_kill(xconn_t *c, kvp_status_t st)
     c->fd = -1;
 }
 
-/* Next request from the group: one big slice, or a chain of small ones of one kind. */
+/* The request that starts at the group's slice j: that slice alone, or the chain of small
+ * ones of one kind that follows it (how many; *bytes_p: their payload). */
+static unsigned req_span(const group_t *g, size_t j, uint64_t *bytes_p)
+{
+    const slice_t *s0 = g->slices[j];
+    uint64_t bytes = s0->len;
+    unsigned m = 1;
+    if (s0->len <= VEC_SMALL) {
+        while (m < g->chain && j + m < g->n) {
+            const slice_t *s = g->slices[j + m];
+            if (s->len > VEC_SMALL || s->hdr.op != s0->hdr.op || s->hdr.flags != s0->hdr.flags ||
+                s->op->grant_set != s0->op->grant_set || bytes + s->len > g->chain_bytes)
+                break;
+            bytes += s->len;
+            m++;
+        }
+    }
+    *bytes_p = bytes;
+    return m;
+}
+
+/* Next request from the group: one big slice, or a chain of small ones of one kind. A
+ * stream holds at most its group's depth in flight, so that the first stream to fill does
+ * not take a small batch's every request while the others stay idle. */
 static void conn_fill(xconn_t *c)
 {
     group_t *g = c->g;
-    while (!c->dead && c->count < PIPE_DEPTH) {
+    while (!c->dead && c->count < g->depth) {
         req_t *r = &c->ring[(c->head + c->count) % PIPE_DEPTH];
         shared_lock(c); /* the group's next slices are this stream's */
         size_t j = g->next;
@@ -415,19 +447,8 @@ static void conn_fill(xconn_t *c)
             break;
         }
         slice_t *s0 = g->slices[j];
-        uint64_t bytes = s0->len;
-        unsigned m = 1;
-        if (s0->len <= VEC_SMALL) {
-            while (m < g->chain && j + m < g->n) {
-                slice_t *s = g->slices[j + m];
-                if (s->len > VEC_SMALL || s->hdr.op != s0->hdr.op ||
-                    s->hdr.flags != s0->hdr.flags || s->op->grant_set != s0->op->grant_set ||
-                    bytes + s->len > g->chain_bytes)
-                    break;
-                bytes += s->len;
-                m++;
-            }
-        }
+        uint64_t bytes;
+        unsigned m = req_span(g, j, &bytes);
         g->next += m;
         shared_unlock(c);
         r->s = &g->slices[j];
@@ -1039,7 +1060,7 @@ static void groups_lay_out(tcp_scratch_t *sc, size_t n_groups, size_t k)
  * not answer uses up the same timeout as a transfer that stalls, so a silent owner costs one
  * timeout, not one per step. */
 static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_groups,
-                               size_t max_streams, uint64_t slice_len, size_t *n_conns_p)
+                               size_t max_streams, uint64_t chain_bytes, size_t *n_conns_p)
 {
     kvp_transfer_t *xfer = ctx->xfer;
     group_t *groups = sc->groups;
@@ -1051,7 +1072,17 @@ static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_group
         /* chains sized so that each stream gets about one: fewest requests, streams busy */
         size_t per = (groups[g].n + KVP_MAX(want, 1) - 1) / KVP_MAX(want, 1);
         groups[g].chain = (unsigned)KVP_MIN(per, (size_t)KVP_DATA_VEC_MAX);
-        groups[g].chain_bytes = KVP_MAX(slice_len, VEC_SMALL);
+        groups[g].chain_bytes = chain_bytes; /* a slice over it goes alone */
+        /* each stream's share of the group's requests, at most PIPE_DEPTH in flight: with
+         * PIPE_DEPTH each, the first stream took all of a batch of a few chains (64 KiB x 32:
+         * four of 512 KiB) and the second stayed idle */
+        size_t reqs = 0;
+        for (size_t j = 0; j < groups[g].n; reqs++) {
+            uint64_t bytes;
+            j += req_span(&groups[g], j, &bytes);
+        }
+        size_t share = (reqs + KVP_MAX(want, 1) - 1) / KVP_MAX(want, 1);
+        groups[g].depth = (unsigned)KVP_MAX(KVP_MIN(share, (size_t)PIPE_DEPTH), 1);
         kvp_status_t last = KVP_OK;
         for (size_t c = 0; c < want; c++) {
             int fd;

@@ -473,6 +473,10 @@ static void test_kill9_during_batch_get(void **state)
 /* batches the writer starts between the kill and the master's unmount before it waits for the
  * unmount: a slow unmount must not let it spend every key before a batch can begin after it */
 #define T2_WINDOW_BATCHES 4
+/* batches the writer does before the kill at most, then it waits for it: half its keys, so
+ * that a main thread slow to get a CPU (the writer's transfers run on threads of their own)
+ * still finds keys left for batches after the unmount */
+#define T2_BEFORE_KILL (T2_MAX / T2_BATCH / 2)
 
 typedef struct t2 {
     kvp_client_t *client;
@@ -485,6 +489,7 @@ typedef struct t2 {
     atomic_bool stop;
     atomic_bool finished; /* the writer ran out of keys */
     atomic_int in_batch;
+    atomic_bool held; /* the writer waits for the kill (T2_BEFORE_KILL) */
     atomic_uint batches;
     atomic_uint batches_after_gone;
     atomic_uint batches_at_kill; /* batches done when the owner was killed, + 1; 0 before */
@@ -519,6 +524,12 @@ static void *t2_writer(void *arg)
             sizes[j] = T2_OBJ;
             kvp_fill_pattern(t->src + (size_t)j * T2_OBJ, T2_OBJ, 50000 + k);
         }
+        while (atomic_load(&t->batches_at_kill) == 0 && !atomic_load(&t->stop) &&
+               atomic_load(&t->batches) >= T2_BEFORE_KILL) {
+            atomic_store(&t->held, true);
+            fault_sleep_ms(1);
+        }
+        atomic_store(&t->held, false);
         unsigned at_kill = atomic_load(&t->batches_at_kill);
         while (at_kill && atomic_load(&t->gone_ms) == 0 && !atomic_load(&t->stop) &&
                atomic_load(&t->batches) + 1 >= at_kill + T2_WINDOW_BATCHES)
@@ -568,7 +579,7 @@ static void test_kill9_during_batch_put(void **state)
     while (atomic_load(&t->batches) < 4 && kvp_now_ms() < deadline)
         fault_sleep_ms(1);
     assert_true(atomic_load(&t->batches) >= 4);
-    while (atomic_load(&t->in_batch) == 0 && kvp_now_ms() < deadline)
+    while (atomic_load(&t->in_batch) == 0 && !atomic_load(&t->held) && kvp_now_ms() < deadline)
         ;
     int in_flight = atomic_load(&t->in_batch);
     unsigned before = atomic_load(&t->batches);
