@@ -307,7 +307,8 @@ static const kvp_opt_t env_rows[] = {
      .arg = "SIZE",
      .def_doc = "512KiB",
      .help = "on tcp, runs of up to 256 KiB go to a peer in requests of up to this many "
-             "bytes, a longer run alone (4KiB to 64MiB; docs/benchmarks.md, \"te\")"},
+             "bytes (64 KiB at least), a longer run alone (4KiB to 64MiB; docs/benchmarks.md, "
+             "\"te\")"},
     {.name = "te-stage-chunk",
      .env = "KVPOOL_TE_STAGE_CHUNK",
      .type = KVP_OPT_STRING,

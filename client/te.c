@@ -1149,7 +1149,7 @@ static uint32_t env_u32(const char *name, uint32_t def)
 }
 
 /* A size from the environment, 4 KiB .. 64 MiB; unset or not such a size: def (logged).
- * KVPOOL_TE_CHAIN: the most bytes of runs of up to 64 KiB that go as one request on a
+ * KVPOOL_TE_CHAIN: the most bytes of runs of up to 256 KiB that go as one request on a
  * stream (default 0, the tcp transport's); KVPOOL_TE_STAGE_CHUNK: TE_STAGE_CHUNK_DEF. */
 static uint64_t te_size_env(const char *name, uint64_t def)
 {

@@ -5,7 +5,8 @@
  * grouped by the peer's endpoint; each group runs on up to tcp_streams
  * connections taken from a per-endpoint pool. The calling thread drives all
  * connections of all groups with one poll() loop: a connection pulls the
- * next slice of its group whenever it has fewer than PIPE_DEPTH in flight,
+ * next slice of its group whenever it has fewer than its share in flight (its group's
+ * requests over its streams, at most PIPE_DEPTH),
  * sends the 32-byte header (and a WRITE's payload straight from the
  * caller's buffer, one sendmsg), and receives responses in order (a READ's
  * payload straight into the caller's buffer). The kernel's socket copy is
@@ -24,11 +25,11 @@
  *
  * Small slices (<= VEC_SMALL) to one endpoint go as chains in one vectored
  * request (READV/WRITEV, docs/protocol.md) with one response: at most KVP_DATA_VEC_MAX
- * entries and tcp_chain bytes (unset: 512 KiB, or tcp_slice when smaller; a slice longer
- * than that goes alone). A chain's error status fails every slice in it. A stream holds
- * at most PIPE_DEPTH requests in flight, and no more than its share of its group's (the
- * group's requests over its streams), so that a batch of a few requests is spread over
- * the streams rather than taken whole by the first to pull.
+ * entries and tcp_chain bytes (unset: 512 KiB, or tcp_slice when smaller; at least 64
+ * KiB; a slice longer than that goes alone). A chain's error status fails every slice in it. A
+ * stream holds at most PIPE_DEPTH requests in flight, and no more than its share of its group's
+ * (the group's requests over its streams), so that a batch of a few requests is spread over the
+ * streams rather than taken whole by the first to pull.
  *
  * Failure: a connection that errors, closes, or answers garbage fails the
  * slices in flight on it and is discarded; its group's remaining slices go
@@ -99,6 +100,8 @@
  * measured before a stream's depth was its share, when the first stream took all of such a
  * batch's chains). */
 #define CHAIN_BYTES (512u << 10)
+/* ... and at least this many, whatever tcp_chain or tcp_slice say */
+#define CHAIN_MIN (64u << 10)
 
 typedef struct tcp_pool {
     char endpoint[256];
@@ -1072,17 +1075,7 @@ static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_group
         /* chains sized so that each stream gets about one: fewest requests, streams busy */
         size_t per = (groups[g].n + KVP_MAX(want, 1) - 1) / KVP_MAX(want, 1);
         groups[g].chain = (unsigned)KVP_MIN(per, (size_t)KVP_DATA_VEC_MAX);
-        groups[g].chain_bytes = chain_bytes; /* a slice over it goes alone */
-        /* each stream's share of the group's requests, at most PIPE_DEPTH in flight: with
-         * PIPE_DEPTH each, the first stream took all of a batch of a few chains (64 KiB x 32:
-         * four of 512 KiB) and the second stayed idle */
-        size_t reqs = 0;
-        for (size_t j = 0; j < groups[g].n; reqs++) {
-            uint64_t bytes;
-            j += req_span(&groups[g], j, &bytes);
-        }
-        size_t share = (reqs + KVP_MAX(want, 1) - 1) / KVP_MAX(want, 1);
-        groups[g].depth = (unsigned)KVP_MAX(KVP_MIN(share, (size_t)PIPE_DEPTH), 1);
+        groups[g].chain_bytes = KVP_MAX(chain_bytes, CHAIN_MIN); /* a slice over it: alone */
         kvp_status_t last = KVP_OK;
         for (size_t c = 0; c < want; c++) {
             int fd;
@@ -1095,6 +1088,17 @@ static uint64_t groups_connect(tcp_ctx_t *ctx, tcp_scratch_t *sc, size_t n_group
             groups[g].live++;
             n_conns++;
         }
+        /* each stream's share of the group's requests (over the streams that opened), at most
+         * PIPE_DEPTH in flight: with PIPE_DEPTH each, the first stream took all of a batch of
+         * a few chains (64 KiB x 32: four of 512 KiB) and the second stayed idle */
+        size_t reqs = 0;
+        for (size_t j = 0; j < groups[g].n; reqs++) {
+            uint64_t bytes;
+            j += req_span(&groups[g], j, &bytes);
+        }
+        size_t streams_open = KVP_MAX((size_t)groups[g].live, 1);
+        size_t share = (reqs + streams_open - 1) / streams_open;
+        groups[g].depth = (unsigned)KVP_MAX(KVP_MIN(share, (size_t)PIPE_DEPTH), 1);
         if (groups[g].live == 0) {
             KVP_LOG_WARN_LIMITED("tcp: cannot reach %s: %s", groups[g].pool->endpoint,
                                  kvp_strerror(last));

@@ -475,7 +475,8 @@ static void test_kill9_during_batch_get(void **state)
 #define T2_WINDOW_BATCHES 4
 /* batches the writer does before the kill at most, then it waits for it: half its keys, so
  * that a main thread slow to get a CPU (the writer's transfers run on threads of their own)
- * still finds keys left for batches after the unmount */
+ * still finds keys left for batches after the unmount; the main thread lets it begin a few
+ * more, one at a time, to strike while one is in flight */
 #define T2_BEFORE_KILL (T2_MAX / T2_BATCH / 2)
 
 typedef struct t2 {
@@ -489,7 +490,8 @@ typedef struct t2 {
     atomic_bool stop;
     atomic_bool finished; /* the writer ran out of keys */
     atomic_int in_batch;
-    atomic_bool held; /* the writer waits for the kill (T2_BEFORE_KILL) */
+    atomic_bool held;    /* the writer waits for the kill ... */
+    atomic_uint hold_at; /* ... once it has done so many batches (T2_BEFORE_KILL) */
     atomic_uint batches;
     atomic_uint batches_after_gone;
     atomic_uint batches_at_kill; /* batches done when the owner was killed, + 1; 0 before */
@@ -525,7 +527,7 @@ static void *t2_writer(void *arg)
             kvp_fill_pattern(t->src + (size_t)j * T2_OBJ, T2_OBJ, 50000 + k);
         }
         while (atomic_load(&t->batches_at_kill) == 0 && !atomic_load(&t->stop) &&
-               atomic_load(&t->batches) >= T2_BEFORE_KILL) {
+               atomic_load(&t->batches) >= atomic_load(&t->hold_at)) {
             atomic_store(&t->held, true);
             fault_sleep_ms(1);
         }
@@ -573,14 +575,25 @@ static void test_kill9_during_batch_put(void **state)
     t->client = e->client;
     t->src = malloc((size_t)T2_BATCH * T2_OBJ);
     assert_non_null(t->src);
+    atomic_store(&t->hold_at, T2_BEFORE_KILL);
 
     start_thread(e, t2_writer, t, &t->stop);
     uint64_t deadline = kvp_now_ms() + 20000;
     while (atomic_load(&t->batches) < 4 && kvp_now_ms() < deadline)
         fault_sleep_ms(1);
     assert_true(atomic_load(&t->batches) >= 4);
-    while (atomic_load(&t->in_batch) == 0 && !atomic_load(&t->held) && kvp_now_ms() < deadline)
-        ;
+    /* strike while a batch is in flight: a writer found waiting for the kill is let begin
+     * one more batch (a few times at most: its keys are kept for after the unmount) */
+    for (int tries = 0; tries < 8; tries++) {
+        while (atomic_load(&t->in_batch) == 0 && !atomic_load(&t->held) && kvp_now_ms() < deadline)
+            ;
+        if (atomic_load(&t->in_batch) != 0 || kvp_now_ms() >= deadline)
+            break;
+        unsigned b = atomic_load(&t->batches);
+        atomic_store(&t->hold_at, b + 1);
+        while (atomic_load(&t->held) && atomic_load(&t->batches) == b && kvp_now_ms() < deadline)
+            ;
+    }
     int in_flight = atomic_load(&t->in_batch);
     unsigned before = atomic_load(&t->batches);
     atomic_store(&t->batches_at_kill, before + 1);
