@@ -250,6 +250,18 @@ static void assert_raw_serves(const fixture_t *fx, int fd)
     assert_memory_equal(buf, fx->ref + 4096, sizeof(buf));
 }
 
+/* A fake server's end: the stop byte, its listener shut (an accept still waiting returns),
+ * its thread joined, its descriptors closed. */
+static void server_stop(int listen_fd, int stop[2], pthread_t thread)
+{
+    assert_int_equal(write(stop[1], "x", 1), 1);
+    shutdown(listen_fd, SHUT_RDWR);
+    pthread_join(thread, NULL);
+    close(listen_fd);
+    close(stop[0]);
+    close(stop[1]);
+}
+
 /* ---- a scripted fake server (one connection) ---- */
 
 typedef enum fake_mode {
@@ -370,12 +382,7 @@ static void fake_stop(fake_server_t *fs)
     int conn = atomic_load(&fs->conn);
     if (conn >= 0)
         shutdown(conn, SHUT_RDWR);
-    assert_int_equal(write(fs->stop[1], "x", 1), 1);
-    shutdown(fs->listen_fd, SHUT_RDWR); /* an accept still waiting returns */
-    pthread_join(fs->thread, NULL);
-    close(fs->listen_fd);
-    close(fs->stop[0]);
-    close(fs->stop[1]);
+    server_stop(fs->listen_fd, fs->stop, fs->thread);
 }
 
 /* ---- a fake owner of two connections that answers in pairs ---- */
@@ -454,12 +461,7 @@ static void pair_start(pair_server_t *ps)
 
 static void pair_stop(pair_server_t *ps)
 {
-    assert_int_equal(write(ps->stop[1], "x", 1), 1);
-    shutdown(ps->listen_fd, SHUT_RDWR); /* an accept still waiting returns */
-    pthread_join(ps->thread, NULL);
-    close(ps->listen_fd);
-    close(ps->stop[0]);
-    close(ps->stop[1]);
+    server_stop(ps->listen_fd, ps->stop, ps->thread);
 }
 
 /* ---- tests ---- */
