@@ -158,41 +158,26 @@ static uint64_t served_bytes(const fixture_t *fx, int dir)
     return atomic_load(&kvp_data_server_stats(fx->srv)->dir[dir].bytes);
 }
 
-/* Connected sockets of this process whose peer is 127.0.0.1:port (the client's side). */
-static int conns_to(uint16_t port)
+/* Connected sockets of this process whose peer is 127.0.0.1:port (the client's side): how
+ * many; with acked, what each has sent and had acked (TCP_INFO), by fd (0 for any other fd
+ * below max). */
+static int conns_walk(uint16_t port, uint64_t *acked, int max)
 {
+    if (acked != NULL)
+        memset(acked, 0, (size_t)max * sizeof(*acked));
     DIR *d = opendir("/proc/self/fd");
     assert_non_null(d);
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
         struct sockaddr_in sa;
         socklen_t sl = sizeof(sa);
         int fd = atoi(e->d_name);
-        if (getpeername(fd, (struct sockaddr *)&sa, &sl) == 0 && sa.sin_family == AF_INET &&
-            ntohs(sa.sin_port) == port)
-            n++;
-    }
-    closedir(d);
-    return n;
-}
-
-/* The bytes each connection of this process to 127.0.0.1:port has sent and had acked
- * (TCP_INFO), by fd into acked[] (0 for any other fd below max). */
-static void sent_to(uint16_t port, uint64_t *acked, int max)
-{
-    memset(acked, 0, (size_t)max * sizeof(*acked));
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        struct sockaddr_in sa;
-        socklen_t sl = sizeof(sa);
-        int fd = atoi(e->d_name);
-        if (e->d_name[0] == '.' || fd >= max || getpeername(fd, (struct sockaddr *)&sa, &sl) != 0 ||
+        if (e->d_name[0] == '.' || getpeername(fd, (struct sockaddr *)&sa, &sl) != 0 ||
             sa.sin_family != AF_INET || ntohs(sa.sin_port) != port)
+            continue;
+        n++;
+        if (acked == NULL || fd >= max)
             continue;
         struct tcp_info ti;
         socklen_t tl = sizeof(ti);
@@ -200,6 +185,17 @@ static void sent_to(uint16_t port, uint64_t *acked, int max)
         acked[fd] = ti.tcpi_bytes_acked;
     }
     closedir(d);
+    return n;
+}
+
+static int conns_to(uint16_t port)
+{
+    return conns_walk(port, NULL, 0);
+}
+
+static void sent_to(uint16_t port, uint64_t *acked, int max)
+{
+    (void)conns_walk(port, acked, max);
 }
 
 /* ---- a raw client of the data protocol ---- */
@@ -248,6 +244,15 @@ static void assert_raw_serves(const fixture_t *fx, int fd)
     assert_int_equal(len, sizeof(buf));
     assert_int_equal(kvp_recv_all(fd, buf, sizeof(buf)), KVP_OK);
     assert_memory_equal(buf, fx->ref + 4096, sizeof(buf));
+}
+
+/* A fake server's start: a listener on 127.0.0.1, its stop pipe, its thread. */
+static void server_start(int *listen_fd, uint16_t *port, int stop[2], pthread_t *thread,
+                         void *(*fn)(void *), void *arg)
+{
+    assert_int_equal(kvp_tcp_listen("127.0.0.1", 0, 4, listen_fd, port), KVP_OK);
+    assert_int_equal(pipe(stop), 0);
+    assert_int_equal(pthread_create(thread, NULL, fn, arg), 0);
 }
 
 /* A fake server's end: the stop byte, its listener shut (an accept still waiting returns),
@@ -370,9 +375,7 @@ static void *fake_main(void *arg)
 static void fake_start(fake_server_t *fs, fake_mode_t mode)
 {
     *fs = (fake_server_t){.mode = mode, .conn = -1};
-    assert_int_equal(kvp_tcp_listen("127.0.0.1", 0, 4, &fs->listen_fd, &fs->port), KVP_OK);
-    assert_int_equal(pipe(fs->stop), 0);
-    assert_int_equal(pthread_create(&fs->thread, NULL, fake_main, fs), 0);
+    server_start(&fs->listen_fd, &fs->port, fs->stop, &fs->thread, fake_main, fs);
 }
 
 static void fake_stop(fake_server_t *fs)
@@ -454,9 +457,7 @@ static void *pair_main(void *arg)
 static void pair_start(pair_server_t *ps)
 {
     *ps = (pair_server_t){0};
-    assert_int_equal(kvp_tcp_listen("127.0.0.1", 0, 4, &ps->listen_fd, &ps->port), KVP_OK);
-    assert_int_equal(pipe(ps->stop), 0);
-    assert_int_equal(pthread_create(&ps->thread, NULL, pair_main, ps), 0);
+    server_start(&ps->listen_fd, &ps->port, ps->stop, &ps->thread, pair_main, ps);
 }
 
 static void pair_stop(pair_server_t *ps)
