@@ -151,7 +151,7 @@ typedef struct pump {
     char *buf;      /* its nbufs buffers, allocated and touched before the clock starts */
     double deadline;
     uint64_t bytes;
-    bool failed;  /* the thread could not run (allocation) */
+    bool failed;  /* the sender's pipe or a splice failed (the buffers are the caller's) */
     bool started; /* its thread was created */
     pthread_t thread;
 } pump_t;

@@ -160,6 +160,14 @@ static double te_kernel_copy_gbps(pid_t pid, void *const *locals, const uint64_t
     return (double)n * (double)size * batch / (t - t0) / 1e9;
 }
 
+/* The median of a point's per-round ratios (the array left as it is). */
+static double rounds_median(const double ratios[TE_ROUNDS])
+{
+    double rs[TE_ROUNDS];
+    memcpy(rs, ratios, sizeof(rs));
+    return kvp_bench_percentile(rs, TE_ROUNDS, 50);
+}
+
 typedef struct te_tally {
     unsigned met, missed;
     char missed_list[1024];
@@ -291,14 +299,10 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
     }
     double gbps = (double)n * (double)total / te_time / 1e9;
     double limit = rdma ? o->rdma_write_gbps : lim_bytes / lim_time / 1e9;
-    double rs[TE_ROUNDS];
-    memcpy(rs, ratios, sizeof(rs));
-    double median = kvp_bench_percentile(rs, TE_ROUNDS, 50);
-    memcpy(rs, alt_ratios, sizeof(rs));
-    double alt_median = kvp_bench_percentile(rs, TE_ROUNDS, 50);
+    double median = rounds_median(ratios), alt_median = rounds_median(alt_ratios);
     /* 0: not measured (rdma), or a measurement failed */
     double alt = !rdma && alt_bytes > 0 ? alt_bytes / (slice * TE_ROUNDS) / 1e9 : 0;
-    double pct = limit > 0 ? 100 * gbps / limit : 0;
+    double pct = limit > 0 ? 100 * gbps / limit : 0, alt_pct = alt > 0 ? 100 * gbps / alt : 0;
     double want = rdma ? TE_TARGET_RDMA : tcp ? TE_TARGET_TCP : TE_TARGET_SHM;
     bool checked = limit > 0, met = median >= want; /* rdma without --rdma-write-limit: none */
     double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
@@ -313,7 +317,7 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
         printf("  (no --rdma-write-limit: no target checked)");
     if (alt > 0)
         printf("  %s %.2f GB/s: %.0f %% (median %.0f %%)", tcp ? "one-buffer pump" : "kernel copy",
-               alt, 100 * gbps / alt, alt_median);
+               alt, alt_pct, alt_median);
     printf("  p50 %7.0f us  p99 %7.0f us\n", p50, p99);
     if (checked && met)
         tally->met++;
@@ -346,11 +350,11 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
     if (tcp) {
         kvp_bench_result_int(out, "limit_bufs_per_stream", pump_n);
         kvp_bench_result_num(out, "one_buffer_gbps", alt);
-        kvp_bench_result_num(out, "pct_of_one_buffer", alt > 0 ? 100 * gbps / alt : 0);
+        kvp_bench_result_num(out, "pct_of_one_buffer", alt_pct);
         kvp_bench_result_num(out, "pct_one_buffer_median", alt_median);
     } else if (!rdma) {
         kvp_bench_result_num(out, "kernel_copy_gbps", alt);
-        kvp_bench_result_num(out, "pct_of_kernel_copy", alt > 0 ? 100 * gbps / alt : 0);
+        kvp_bench_result_num(out, "pct_of_kernel_copy", alt_pct);
         kvp_bench_result_num(out, "pct_kernel_copy_median", alt_median);
     }
     kvp_bench_result_num(out, "target_pct", want);
