@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# deploy/bench-rdma.sh - the rdma target of issue 4, in one Soft-RoCE VM
+# deploy/bench-rdma.sh - the rdma targets, in one Soft-RoCE VM
 # session (tests/rdma/rxe-vm.sh): perftest's ib_write_bw and ib_read_bw with
 # 1 MiB messages on rxe0, then `kvpool-bench data --transport rdma` with 1 MiB
 # objects (a master and one segment owner in the same guest), its puts
@@ -7,12 +7,12 @@
 #
 #   deploy/bench-rdma.sh [OUTDIR]     (default build-rdma/)
 #
-# Then the memory windows of issue 25 (KVPOOL_RDMA_WINDOWS): with TLS and data grants on,
+# Then the memory windows (KVPOOL_RDMA_WINDOWS): with TLS and data grants on,
 # 4 KiB x 128 and 1 MiB x 8 over rdma, the owner serving one rkey (whole-segment principals
 # only) against serving through windows (a BIND round trip to the owner's data server per
 # batch, an UNBIND after it), three rounds alternated.
 #
-# Then `kvpool-bench te --transport rdma` (the transfer engine's rdma route, issue 48's
+# Then `kvpool-bench te --transport rdma` (the transfer engine's rdma route, its
 # target: >= 85 % of ib_write_bw) at the connector's shapes, runs of 64 KiB, 1 MiB and
 # 4 MiB in batches of 32 and 128 (4 MiB x 32 only: the guest has 1 GiB), two repetitions:
 # each point between two ib_write_bw runs of its own message size (one queue pair,
@@ -94,7 +94,7 @@ echo "perftest ib_read_bw  1 MiB: $r GB/s"
 build-rdma/client/kvpool-bench data --local --transport rdma --segment-size 256MiB \
   --sizes 1MiB --batch 8 --duration 4 --no-crc \
   --rdma-write-limit "$w" --rdma-read-limit "$r" --json "$out/bench-rdma.json" --quiet
-# the transfer engine's rdma route (issue 48): the connector's batch_transfer_sync_write
+# the transfer engine's rdma route: the connector's batch_transfer_sync_write
 # against ib_write_bw of each run size
 te_points
 for round in 1 2 3; do

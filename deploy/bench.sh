@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run kvpool-bench's standard set on this machine (a few minutes on 2 cores)
+# Run kvpool-bench's standard set on this machine (about 25 minutes on 2 cores)
 # and write bench-results.json plus a short Markdown summary
 # (bench-results.md): every figure docs/benchmarks.md's "The standard run" quotes
 # except the RDMA table (deploy/bench-rdma.sh) and the outside references
@@ -49,7 +49,7 @@ run limits limits --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --ssd-dir "$SSD_DIR"
 # that makes every access ~25x slower (docs/benchmarks.md, "Memory footprint").
 run data   data --local --segment-size 1GiB --sizes 4KiB,64KiB,1MiB,4MiB,16MiB --batch 32 --no-crc
 run data4k data --local --segment-size 256MiB --sizes 4KiB --batch 128
-# Threads on one client (issue 11): 4 threads sharing one client against 1 thread (targets:
+# Threads on one client: 4 threads sharing one client against 1 thread (targets:
 # batch_is_exist of 32 keys >= 1.8x; 1 MiB gets over tcp >= 1x, no collapse), and 4 threads
 # with a client each for comparison. About 17 s (6 + 11).
 run threads_exist data --local --segment-size 256MiB --transport tcp --sizes 4KiB --batch 32 \
@@ -60,12 +60,12 @@ run threads_get data --local --segment-size 1GiB --transport tcp --sizes 1MiB --
 # put straight to SSD, read back in random batches of 32; target 85 % of disk_read), get_dram,
 # offload (256 MiB DRAM, 2 GiB SSD: ~1.9 GiB put; target 80 % of disk_write). About 20 s.
 run ssd    ssd --local --ssd-dir "$SSD_DIR"
-# The DFS tier (issue 47): a DFS segment in a directory of $SSD_DIR (standing in for the shared
+# The DFS tier: a DFS segment in a directory of $SSD_DIR (standing in for the shared
 # file system); 1 MiB objects put without and with a DFS replica (through the DFS owner, and
 # by a client that writes the shard file itself), then read back from DFS once the DRAM owner
 # is killed (through the owner, and in the file). 256 objects per point. About 5 s.
 run dfs    dfs --ssd-dir "$SSD_DIR" --segment-size 1GiB --ssd-size 1GiB --ssd-objects 256
-# Multi-buffer gets and the Python module (issue 14). pieces: 32 objects of 1 MiB put and got
+# Multi-buffer gets and the Python module. pieces: 32 objects of 1 MiB put and got
 # as one buffer each and as 64 pieces of 16 KiB (kvp_batch_*_multi), shm and tcp; target: the
 # 64-piece get >= 0.8x the 1-piece get. python: deploy/py-bench.py, the `kvpool` module against
 # kvpool-bench on one master of its own, interleaved (Python, C, Python, C, ...): batch_get_into
@@ -88,16 +88,16 @@ elif ! PYTHONPATH=build/client/python "$pybench_py" deploy/py-bench.py --build b
   failed+=(python)
 fi
 run alloc  alloc
-# Security (issue 24): TLS 1.3 and an ACL on the control plane (--tls-dir: certificates from
+# Security: TLS 1.3 and an ACL on the control plane (--tls-dir: certificates from
 # deploy/make-certs.sh, one admin principal), each point next to its plain twin in pairs run
 # back to back, the order flipped every pair (plain TLS, TLS plain, ...) so that a machine
 # speeding up or slowing down through the run favours neither: tcp 4 KiB batch-128 puts and
 # gets, and 1 MiB batch-32 (with TLS every tcp data request carries the master's grant and
-# each new data connection proves its principal: issue 25; the master's RPCs are TLS), six
+# each new data connection proves its principal; the master's RPCs are TLS), six
 # pairs each; BatchExist and puts at 1 M resident (meta: 2 threads, one connection each, with
 # the CPU the master and the clients spent per 1000 keys), and a connection's cost with its
 # handshake, four pairs. Also shm 4 KiB (with TLS the owner hands its segment over to the
-# admin: issue 25), six pairs, and tcp 4 KiB with TLS but --data-grants off (what the grants
+# admin), six pairs, and tcp 4 KiB with TLS but --data-grants off (what the grants
 # cost, beside what TLS costs), run after each pair's TLS run. A pair's two runs follow each
 # other, so a slow minute of the machine moves one pair, not one side of all of them.
 # Target: the median of a point's pairs' TLS/plain >= 0.9x (1 MiB: >= 0.97x). About 9 minutes.
@@ -129,12 +129,12 @@ else
   echo "== deploy/make-certs.sh FAILED: no TLS points" >&2
   failed+=(tls)
 fi
-# Metadata that survives the master and HA (issue 13): the put rate with segment records on
+# Metadata that survives the master and HA: the put rate with segment records on
 # vs off, the rebuild of 1M objects on 4 segments after a kill -9 of the master (time and
 # master RSS), and 10 kills of the leader among 3 masters with etcd (--leader-ttl 2): time to
 # the first put acknowledged after each kill, the client's rate through it. About 90 s.
 run ha     ha
-# The same with TLS 1.3 and an ACL on every master (issue 24: failover time unchanged).
+# The same with TLS 1.3 and an ACL on every master (failover time should not change).
 [ -f "$tls_dir/acl.conf" ] && run ha_tls ha --tls-dir "$tls_dir"
 run meta   meta --local --objects 10000,1000000,10000000
 # The trace replays through the store (--eviction store): per capacity point a fresh master
@@ -150,7 +150,7 @@ if [ -f "$TRACE" ]; then
 else
   echo "no trace at $TRACE (set KVPOOL_TRACE): skipping the trace mode" >&2
 fi
-# kvpool-indexer (issue 46): the trace through 16 mock engines of 16384 blocks of 16 tokens,
+# kvpool-indexer: the trace through 16 mock engines of 16384 blocks of 16 tokens,
 # in process on one core (limit >= 10 M block ops/s) next to a naive baseline, end to end
 # through ZeroMQ into a kvpool-indexer of its own (>= 2 M block events/s), POST /query of
 # 8192 tokens against 64 instances (p99 <= 1 ms) and the daemon's RSS at 10 M (block,
@@ -160,18 +160,18 @@ if [ -f "$TRACE" ]; then
 else
   run index index --class conversation --requests 4000
 fi
-# Copy and move tasks (issue 47): 256 MiB of 64 KiB, 1 MiB and 4 MiB objects put on one of 3
+# Copy and move tasks: 256 MiB of 64 KiB, 1 MiB and 4 MiB objects put on one of 3
 # segments of a cluster of its own per transport, then copied to a second and moved to a
 # third by tasks their owner runs, every byte read back. Under a minute.
 run tasks tasks --sizes 64KiB,1MiB,4MiB
-# The transfer engine (issue 48): batch_transfer_sync_write of vLLM's MooncakeConnector shapes
+# The transfer engine: batch_transfer_sync_write of vLLM's MooncakeConnector shapes
 # (runs of 64 KiB - 4 MiB, batches of 32 - 512, at most 256 MiB a batch) from this process into
 # a second one's registered, resident memory, over tcp and shm; each point's limit measured in
 # 4 rounds interleaved with it (a slice of each back to back, the order flipped every round):
 # tcp the 2-stream socket pump (target >= 0.90x), shm memcpy of the same bytes (target >=
 # 0.85x), checked on the rounds' median. About 60-70 s.
 run te te --duration 1
-# Workload classes (issue 26): kvpool-bench tracegen writes 4000 requests of each class (seed
+# Workload classes: kvpool-bench tracegen writes 4000 requests of each class (seed
 # 1; the classes and their sources: docs/benchmarks.md, "Workload classes"), each replayed
 # with 4 KiB blocks at 2-50 % of its unique blocks, unpaced, and the trace above at 2 and 50 %
 # (5-25 % are trace4k's). The pace: each class's 2000-request test slice (and the FAST'25 one)
@@ -411,7 +411,7 @@ for r in R:
             r["trace"], r["block_bytes"] // 1024, r["capacity"], r["capacity_blocks"],
             r["eviction"], r["hit_rate"], r["lru_hit_rate"], r["belady_hit_rate"],
             r["requests_per_s"], errors))
-# issue 26: every workload class (and the FAST'25 trace, 4 KiB blocks) x capacity, unpaced
+# every workload class (and the FAST'25 trace, 4 KiB blocks) x capacity, unpaced
 cls = [r for r in R if r["mode"] == "trace" and r.get("pace", 0) == 0 and r.get("clients", 1) == 1
        and (r["run"].startswith("class_") or r["run"] == "trace4k")]
 if cls:
@@ -486,7 +486,7 @@ if ha:
                                t["lost_objects"], t["wrong_bytes"])]
 ix = {r["part"]: r for r in R if r["mode"] == "index"}
 if ix:
-    md += ["", "## kvpool-indexer (kvpool-bench index; limits of issue 46)", "",
+    md += ["", "## kvpool-indexer (kvpool-bench index; each figure next to its limit)", "",
            "| figure | value | limit | met |", "|---|---|---|---|"]
     rows = [("in_process", "in process, block ops/s, decode included (one core)", "ops_per_s",
              "limit_ops_per_s", 1e6, "M", ">="),
@@ -514,7 +514,7 @@ if ix:
                    r["query_blocks"])]
 tk = [r for r in R if r["mode"] == "tasks"]
 if tk:
-    md += ["", "## Copy and move tasks (kvpool-bench tasks; issue 47)", "",
+    md += ["", "## Copy and move tasks (kvpool-bench tasks)", "",
            "Rates from the first task started to the last ended; the wait for the owner's "
            "heartbeat (up to a second) apart.", "",
            "| transport | size | objects | put GB/s | copy GB/s | copy tasks/s | x put | "

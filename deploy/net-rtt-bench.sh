@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tcp path at a real round-trip time (issue 27; docs/benchmarks.md "At a real RTT"):
+# The tcp path at a real round-trip time (docs/benchmarks.md "At a real round-trip time"):
 # master, owner and client each in a network namespace of the net test bed, kvpool-bench
 # data from the client (tcp, 4 KiB x 128 and 1 MiB x 32) next to a 2-stream socket pump to
 # the owner's host, with no added RTT, then 0, 100 us and 1 ms added by the bed's delaying

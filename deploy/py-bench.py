@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""deploy/py-bench.py: the Python module's speed next to the C client's (issue 14).
+"""deploy/py-bench.py: the Python module's speed next to the C client's.
 
 Starts its own kvpool-master and one `kvpool serve` segment on 127.0.0.1, then per point
 measures the `kvpool` module (one Client per transport, page-aligned numpy buffers registered as
@@ -14,8 +14,8 @@ rounds' ratios, `ratio_pooled` the ratio of the summed rates. Points and the iss
   exist  batch_exists of 128 keys (4 KiB objects), tcp  Python >= 0.8 x the C rate
   tensor mooncake.store's batch_get_tensor_into of 64 float32 tensors of 1 MiB into
          preallocated (registered, page-aligned) tensors, shm and tcp, next to the C
-         bench's batch get of 64 x 1 MiB      Python >= 0.9 x the C rate (issue 28;
-         each tensor object is 304 bytes of header more; needs torch, else skipped)
+         bench's batch get of 64 x 1 MiB      Python >= 0.9 x the C rate
+         (each tensor object is 304 bytes of header more; needs torch, else skipped)
 
 Prints a table and writes --json (default py-bench.json):
   {"machine": {...}, "params": {...}, "results": [{"mode": "python", "op", "transport",

@@ -118,7 +118,7 @@ run_pytest() { # builddir [output name]
 }
 
 # Mooncake Store's own Python tests, unchanged (../shared/peers/mooncake-tests), against
-# kvpool's mooncake package (tests/mooncake/run_upstream.py, issue 47): each file against a
+# kvpool's mooncake package (tests/mooncake/run_upstream.py): each file against a
 # master of its own, four files at a time. Its last line "N passed, N failed" is counted;
 # a skip not for hardware (CUDA, RDMA) counts as failed.
 run_mooncake() { # builddir
@@ -141,7 +141,7 @@ run_mooncake() { # builddir
   fi
 }
 
-# The network test bed (tests/net, issue 27): hosts in network namespaces, links cut and
+# The network test bed (tests/net): hosts in network namespaces, links cut and
 # healed under a logging workload, a checker of every promise; its short scenarios here
 # (root only: a non-root run counts it as failed, not skipped).
 run_net() { # builddir
@@ -170,7 +170,7 @@ run_net() { # builddir
 # check plain-connection error texts (test_badinput, test_cache, test_errors, test_ha,
 # test_http, cli, protected). With TLS on, the master hands out data grants, so every tcp
 # transfer of these tests (and test_stress's 30 s of mixed load) carries grants and proves
-# its principal to the owners (issue 25).
+# its principal to the owners.
 TLS_INTEGRATION=(test_store test_concurrency test_lifecycle test_ssd test_restart test_multi
   test_stress)
 run_tls_pass() { # builddir
