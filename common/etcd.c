@@ -1,5 +1,6 @@
 /*
- * etcd.c - etcd v3 over the JSON gateway with libcurl and cJSON (see etcd.h).
+ * etcd.c - etcd v3 over the JSON gateway with libcurl, its answers read with the project's
+ * JSON tokenizer (common/json.h; see etcd.h).
  *
  * DESIGN
  * One easy handle and one multi handle per kvp_etcd_t. Every request, unary
@@ -12,7 +13,7 @@
  * The gateway (etcd 3.4.23, checked against a live server; see
  * ../shared/notes/toolchain.md section 3):
  *  - POST only; keys and values base64; int64s in answers are JSON strings
- *    (read with strtoll, never through cJSON's double); fields that are zero,
+ *    (read with strtoll, never through a double); fields that are zero,
  *    false or empty are left out (a failed txn has no "succeeded", a missing
  *    key no "kvs", a dead lease's keepalive no "TTL", a PUT event no "type").
  *  - Request bodies are built with asprintf: they hold only base64 text and
@@ -57,10 +58,10 @@
  */
 #include "common/etcd.h"
 
-#include <cjson/cJSON.h>
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -70,6 +71,7 @@
 #include <unistd.h>
 
 #include "common/clock.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/macros.h"
 
@@ -263,26 +265,101 @@ static kvp_status_t b64_decode(const char *text, char **out_p, size_t *len_p)
 
 /* ---- JSON answers ---- */
 
-static const cJSON *j_get(const cJSON *o, const char *name)
+/*
+ * A parsed answer: its tokens and the text they point into, which it owns (a unary answer's
+ * body, taken from its transfer). Tokens are indices; -1 is "none" (a field absent, or
+ * looked up in something that is not an object), and every helper takes -1, so a path of
+ * lookups needs no check at each step.
+ */
+typedef struct etcd_json {
+    kvp_json_t j;
+    char *text;
+    size_t cap; /* bytes allocated at text (for a wipe) */
+} etcd_json_t;
+
+/* Parse text[0..len) into r (r->text stays the caller's): false when it is not JSON. */
+static bool etcd_json_parse(etcd_json_t *r, const char *text, size_t len)
 {
-    return cJSON_GetObjectItemCaseSensitive(o, name);
+    char why[128];
+    memset(r, 0, sizeof(*r));
+    if (kvp_json_parse(&r->j, text, len, why, sizeof(why)) == KVP_JSON_OK)
+        return true;
+    KVP_LOG_DEBUG("etcd: an answer that is not JSON: %s", why);
+    kvp_json_free(&r->j);
+    return false;
 }
 
-/* An int64 field: a JSON string of digits in the gateway's answers; missing
- * means 0. */
-static int64_t j_int64(const cJSON *o, const char *name)
+/* Free r (and its text; wiped first when it held a secret). A zeroed r is fine. */
+static void etcd_json_free(etcd_json_t *r, bool wipe)
 {
-    const cJSON *f = j_get(o, name);
-    if (cJSON_IsString(f))
-        return strtoll(f->valuestring, NULL, 10);
-    if (cJSON_IsNumber(f))
-        return (int64_t)f->valuedouble;
-    return 0;
+    kvp_json_free(&r->j);
+    if (wipe && r->text != NULL)
+        explicit_bzero(r->text, r->cap);
+    free(r->text);
+    memset(r, 0, sizeof(*r));
 }
 
-static bool j_true(const cJSON *o, const char *name)
+static bool j_is(const kvp_json_t *j, int64_t tok, kvp_json_type_t type)
 {
-    return cJSON_IsTrue(j_get(o, name));
+    return tok >= 0 && (uint32_t)tok < j->n && j->t[tok].type == type;
+}
+
+/* The value of field name in object obj (case-sensitive; the first of that name), or -1. */
+static int64_t j_get(const kvp_json_t *j, int64_t obj, const char *name)
+{
+    return j_is(j, obj, KVP_J_OBJECT) ? kvp_json_get(j, (uint32_t)obj, name) : -1;
+}
+
+/* Element i of array arr, or -1. */
+static int64_t j_item(const kvp_json_t *j, int64_t arr, uint32_t i)
+{
+    if (!j_is(j, arr, KVP_J_ARRAY) || i >= j->t[arr].size)
+        return -1;
+    uint32_t e = (uint32_t)arr + 1;
+    while (i-- > 0)
+        e = j->t[e].next;
+    return e;
+}
+
+/* String token tok unescaped into a malloc'd copy: *s_p NULL when tok is not a string.
+ * KVP_ERR_NOMEM; KVP_ERR_PROTOCOL for a string holding a \u0000. */
+static kvp_status_t j_strdup(const kvp_json_t *j, int64_t tok, char **s_p)
+{
+    *s_p = NULL;
+    if (!j_is(j, tok, KVP_J_STRING))
+        return KVP_OK;
+    size_t cap = kvp_json_str_cap(j, (uint32_t)tok);
+    char *s = malloc(cap);
+    if (s == NULL)
+        return KVP_ERR_NOMEM;
+    if (!kvp_json_str(j, (uint32_t)tok, s, cap)) { /* (cap always suffices) */
+        free(s);
+        return KVP_ERR_PROTOCOL;
+    }
+    *s_p = s;
+    return KVP_OK;
+}
+
+/* An int64 field: a JSON string of digits in the gateway's answers, read with strtoll (a
+ * JSON integer is read exactly too); missing, or anything else, means 0. */
+static int64_t j_int64(const kvp_json_t *j, int64_t obj, const char *name)
+{
+    int64_t f = j_get(j, obj, name), v = 0;
+    if (j_is(j, f, KVP_J_STRING)) {
+        char small[32], *text = small;
+        if (!kvp_json_str(j, (uint32_t)f, small, sizeof(small)) && j_strdup(j, f, &text) != KVP_OK)
+            return 0;
+        v = strtoll(text, NULL, 10);
+        if (text != small)
+            free(text);
+        return v;
+    }
+    return j_is(j, f, KVP_J_NUMBER) && kvp_json_i64(j, (uint32_t)f, &v) ? v : 0;
+}
+
+static bool j_true(const kvp_json_t *j, int64_t obj, const char *name)
+{
+    return j_is(j, j_get(j, obj, name), KVP_J_TRUE);
 }
 
 /* A decoded key-value from a "kvs" entry or an event's "kv". */
@@ -302,22 +379,34 @@ static void etcd_kv_cleanup(etcd_kv_t *kv)
     free(kv->val);
 }
 
-static kvp_status_t etcd_kv_parse(kvp_etcd_t *e, const cJSON *o, etcd_kv_t *kv)
+/* A base64 string field of obj, decoded (absent or not a string: empty). */
+static kvp_status_t j_b64(const kvp_json_t *j, int64_t obj, const char *name, char **out_p,
+                          size_t *len_p)
+{
+    char *text;
+    kvp_status_t status = j_strdup(j, j_get(j, obj, name), &text);
+    if (status == KVP_OK)
+        status = b64_decode(text, out_p, len_p);
+    free(text);
+    return status;
+}
+
+static kvp_status_t etcd_kv_parse(kvp_etcd_t *e, const kvp_json_t *j, int64_t o, etcd_kv_t *kv)
 {
     memset(kv, 0, sizeof(*kv));
-    if (!cJSON_IsObject(o))
+    if (!j_is(j, o, KVP_J_OBJECT))
         return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd answer without the expected kv object");
-    kvp_status_t status = b64_decode(cJSON_GetStringValue(j_get(o, "key")), &kv->key, &kv->key_len);
+    kvp_status_t status = j_b64(j, o, "key", &kv->key, &kv->key_len);
     if (status == KVP_OK) {
-        status = b64_decode(cJSON_GetStringValue(j_get(o, "value")), &kv->val, &kv->len);
+        status = j_b64(j, o, "value", &kv->val, &kv->len);
         if (status != KVP_OK)
             free(kv->key);
     }
     if (status != KVP_OK)
         return etcd_fail(e, status, "etcd answer with a key or value that is not base64");
-    kv->create_rev = j_int64(o, "create_revision");
-    kv->mod_rev = j_int64(o, "mod_revision");
-    kv->lease = j_int64(o, "lease");
+    kv->create_rev = j_int64(j, o, "create_revision");
+    kv->mod_rev = j_int64(j, o, "mod_revision");
+    kv->lease = j_int64(j, o, "lease");
     return KVP_OK;
 }
 
@@ -367,26 +456,34 @@ static bool etcd_auth_answer(kvp_etcd_t *e, int code, const char *msg, const cha
  * {"error":{...}}) to a status and keep its text. *retry_p: the member cannot
  * serve now (unavailable, deadline): another endpoint may.
  */
-static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, const char *path,
-                                      bool *retry_p)
+static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const kvp_json_t *j,
+                                      const char *path, bool *retry_p)
 {
-    const cJSON *err = j_get(j, "error");
-    const cJSON *obj = cJSON_IsObject(err) ? err : j;
-    const char *msg = cJSON_GetStringValue(j_get(obj, "message"));
-    if (msg == NULL)
-        msg = cJSON_GetStringValue(err);
-    const cJSON *code_item = j_get(obj, "code");
-    if (code_item == NULL)
-        code_item = j_get(obj, "grpc_code");
-    int code = cJSON_IsNumber(code_item) ? code_item->valueint : -1;
+    int64_t err = j_get(j, 0, "error");
+    int64_t obj = j_is(j, err, KVP_J_OBJECT) ? err : 0;
+    char *msg = NULL; /* NULL: no text (or none could be copied) */
+    if (j_strdup(j, j_get(j, obj, "message"), &msg) == KVP_OK && msg == NULL)
+        (void)j_strdup(j, err, &msg);
+    int64_t code_item = j_get(j, obj, "code");
+    if (code_item < 0)
+        code_item = j_get(j, obj, "grpc_code");
+    int64_t code64;
+    int code = j_is(j, code_item, KVP_J_NUMBER) && kvp_json_i64(j, (uint32_t)code_item, &code64) &&
+                       code64 >= INT_MIN && code64 <= INT_MAX
+                   ? (int)code64
+                   : -1;
     kvp_status_t status = KVP_ERR_PROTOCOL;
     *retry_p = false;
     if (strcmp(path, "/v3/auth/authenticate") == 0 && has(msg, "authentication is not enabled")) {
         e->auth_off = true; /* see etcd_authenticate */
-        return etcd_fail(e, KVP_ERR_UNSUPPORTED, "etcd %s: %s", e->urls[e->cur], msg);
+        status = etcd_fail(e, KVP_ERR_UNSUPPORTED, "etcd %s: %s", e->urls[e->cur], msg);
+        free(msg);
+        return status;
     }
-    if (etcd_auth_answer(e, code, msg, path, http))
+    if (etcd_auth_answer(e, code, msg, path, http)) {
+        free(msg);
         return KVP_ERR_DENIED;
+    }
     switch (code) {
     case 5: /* NotFound: lease not found */
         status = KVP_ERR_NOT_FOUND;
@@ -413,6 +510,7 @@ static kvp_status_t etcd_error_answer(kvp_etcd_t *e, long http, const cJSON *j, 
     }
     etcd_fail(e, status, "etcd %s on %s: %s (HTTP %ld, gRPC code %d)", path, e->urls[e->cur],
               msg != NULL ? msg : "no error text", http, code);
+    free(msg);
     if (status == KVP_ERR_CONNECT || status == KVP_ERR_TIMEOUT)
         e->reason = KVP_ETCD_FAIL_CONNECT;
     if (status == KVP_ERR_PROTOCOL)
@@ -439,49 +537,62 @@ static bool buf_append(etcd_buf_t *b, const char *p, size_t n)
     return true;
 }
 
-/* One line of a watch stream: {"result":{...}} or an error. */
-static void watch_line(etcd_xfer_t *x, const char *line)
+/* A watch's "canceled" answer (res: its result): x->status says why. */
+static void watch_canceled(etcd_xfer_t *x, const kvp_json_t *j, int64_t res)
 {
     kvp_etcd_t *e = x->e;
-    cJSON *j = cJSON_Parse(line);
-    const cJSON *r = j_get(j, "result");
-    if (!cJSON_IsObject(r)) {
+    int64_t compact = j_int64(j, res, "compact_revision");
+    char *why = NULL;
+    kvp_status_t status = j_strdup(j, j_get(j, res, "cancel_reason"), &why);
+    if (status != KVP_OK)
+        x->status = etcd_fail(e, status, "etcd canceled the watch: its reason unreadable");
+    /* a refused token or permission: "rpc error: code = Unauthenticated desc = ..." */
+    else if (has(why, "code = Unauthenticated") || has(why, "code = PermissionDenied") ||
+             has(why, "code = InvalidArgument"))
+        x->status =
+            etcd_auth_answer(e, has(why, "Unauthenticated") ? 16 : -1, why, "/v3/watch", 200)
+                ? KVP_ERR_DENIED
+                : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s", why);
+    else if (compact > 0)
+        x->status = etcd_fail(e, KVP_ERR_OUT_OF_RANGE,
+                              "etcd watch from revision %" PRId64
+                              " refused: compacted up to revision %" PRId64,
+                              x->start_rev, compact);
+    else
+        x->status = etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s",
+                              why != NULL ? why : "no reason given");
+    x->done = true;
+    free(why);
+}
+
+/* One line of a watch stream: {"result":{...}} or an error. */
+static void watch_line(etcd_xfer_t *x, const char *line, size_t len)
+{
+    kvp_etcd_t *e = x->e;
+    etcd_json_t r;
+    bool parsed = etcd_json_parse(&r, line, len);
+    const kvp_json_t *j = &r.j;
+    int64_t res = j_get(j, 0, "result");
+    if (!j_is(j, res, KVP_J_OBJECT)) {
         bool retry;
-        x->status = j != NULL ? etcd_error_answer(e, 200, j, "/v3/watch", &retry)
-                              : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd watch: unparsable line");
+        x->status = parsed ? etcd_error_answer(e, 200, j, "/v3/watch", &retry)
+                           : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd watch: unparsable line");
         x->done = true;
-        cJSON_Delete(j);
+        etcd_json_free(&r, false);
         return;
     }
-    if (j_true(r, "created"))
+    if (j_true(j, res, "created"))
         x->created = true;
-    if (j_true(r, "canceled")) {
-        int64_t compact = j_int64(r, "compact_revision");
-        const char *why = cJSON_GetStringValue(j_get(r, "cancel_reason"));
-        /* a refused token or permission: "rpc error: code = Unauthenticated desc = ..." */
-        if (has(why, "code = Unauthenticated") || has(why, "code = PermissionDenied") ||
-            has(why, "code = InvalidArgument"))
-            x->status =
-                etcd_auth_answer(e, has(why, "Unauthenticated") ? 16 : -1, why, "/v3/watch", 200)
-                    ? KVP_ERR_DENIED
-                    : etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s", why);
-        else if (compact > 0)
-            x->status = etcd_fail(e, KVP_ERR_OUT_OF_RANGE,
-                                  "etcd watch from revision %" PRId64
-                                  " refused: compacted up to revision %" PRId64,
-                                  x->start_rev, compact);
-        else
-            x->status = etcd_fail(e, KVP_ERR_PROTOCOL, "etcd canceled the watch: %s",
-                                  why != NULL ? why : "no reason given");
-        x->done = true;
-        cJSON_Delete(j);
+    if (j_true(j, res, "canceled")) {
+        watch_canceled(x, j, res);
+        etcd_json_free(&r, false);
         return;
     }
-    const cJSON *ev;
-    cJSON_ArrayForEach(ev, j_get(r, "events"))
-    {
+    int64_t events = j_get(j, res, "events");
+    uint32_t n = j_is(j, events, KVP_J_ARRAY) ? j->t[events].size : 0;
+    for (uint32_t i = 0, ev = (uint32_t)events + 1; i < n; i++, ev = j->t[ev].next) {
         etcd_kv_t kv;
-        x->status = etcd_kv_parse(e, j_get(ev, "kv"), &kv);
+        x->status = etcd_kv_parse(e, j, j_get(j, ev, "kv"), &kv);
         if (x->status != KVP_OK) {
             x->done = true;
             break;
@@ -490,8 +601,10 @@ static void watch_line(etcd_xfer_t *x, const char *line)
             etcd_kv_cleanup(&kv);
             continue;
         }
-        const char *type = cJSON_GetStringValue(j_get(ev, "type"));
-        bool del = type != NULL && strcmp(type, "DELETE") == 0;
+        char type[16];
+        int64_t t = j_get(j, ev, "type");
+        bool del = j_is(j, t, KVP_J_STRING) && kvp_json_str(j, (uint32_t)t, type, sizeof(type)) &&
+                   strcmp(type, "DELETE") == 0;
         x->ev.type = del ? KVP_ETCD_EVENT_DELETE : KVP_ETCD_EVENT_PUT;
         x->ev.mod_rev = kv.mod_rev;
         x->ev.create_rev = del ? 0 : kv.create_rev;
@@ -503,7 +616,7 @@ static void watch_line(etcd_xfer_t *x, const char *line)
         x->done = true;
         break;
     }
-    cJSON_Delete(j);
+    etcd_json_free(&r, false);
 }
 
 static size_t etcd_write_cb(char *data, size_t size, size_t nmemb, void *arg)
@@ -519,7 +632,7 @@ static size_t etcd_write_cb(char *data, size_t size, size_t nmemb, void *arg)
     char *nl;
     while (!x->done && (nl = memchr(x->body.p, '\n', x->body.n)) != NULL) {
         *nl = '\0';
-        watch_line(x, x->body.p);
+        watch_line(x, x->body.p, (size_t)(nl - x->body.p));
         x->body.n -= (size_t)(nl + 1 - x->body.p);
         memmove(x->body.p, nl + 1, x->body.n + 1);
     }
@@ -732,12 +845,13 @@ static void etcd_note_failure(kvp_etcd_t *e, char *tried, size_t cap)
 
 /*
  * Run one request on the endpoints in turn, starting with the remembered one.
- * Unary (x->watch false): *resp_p is the parsed 200 answer (cJSON_Delete it).
+ * Unary (x->watch false): *resp_p is the parsed 200 answer, which takes x's body
+ * (etcd_json_free it).
  * Watch: the outcome is in x (x->done) or the status; a stream that breaks
  * or ends goes on at the next endpoint from the same start revision.
  */
 static kvp_status_t etcd_run(kvp_etcd_t *e, const char *path, const char *body, etcd_xfer_t *x,
-                             uint32_t timeout_ms, const atomic_bool *stop, cJSON **resp_p)
+                             uint32_t timeout_ms, const atomic_bool *stop, etcd_json_t *resp_p)
 {
     uint64_t deadline = kvp_now_ms() + timeout_ms;
     kvp_status_t status = KVP_ERR_CONNECT;
@@ -753,29 +867,33 @@ static kvp_status_t etcd_run(kvp_etcd_t *e, const char *path, const char *body, 
             return status;
         if (x->done)
             return x->status;
-        cJSON *j = cJSON_Parse(x->body.p != NULL ? x->body.p : "");
+        etcd_json_t r;
+        bool parsed = etcd_json_parse(&r, x->body.p != NULL ? x->body.p : "", x->body.n);
         /* an error, or a stream's (keepalive's) {"error":{...}} */
-        if (http != 200 || (cJSON_IsObject(j) && cJSON_IsObject(j_get(j, "error")))) {
+        if (http != 200 || j_is(&r.j, j_get(&r.j, 0, "error"), KVP_J_OBJECT)) {
             bool retry = false;
-            status = j != NULL ? etcd_error_answer(e, http, j, path, &retry)
-                               : etcd_text_answer(e, http, x->body.p, path);
-            cJSON_Delete(j);
+            status = parsed ? etcd_error_answer(e, http, &r.j, path, &retry)
+                            : etcd_text_answer(e, http, x->body.p, path);
+            etcd_json_free(&r, false);
             if (retry)
                 continue;
             return status;
         }
         if (x->watch) { /* the stream ended without an event: etcd went away */
-            cJSON_Delete(j);
+            etcd_json_free(&r, false);
             status =
                 etcd_fail(e, KVP_ERR_CONNECT, "etcd watch on %s: the stream ended", e->urls[idx]);
             continue;
         }
-        if (!cJSON_IsObject(j)) {
-            cJSON_Delete(j);
+        if (!j_is(&r.j, 0, KVP_J_OBJECT)) {
+            etcd_json_free(&r, false);
             return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: answer is not a JSON object",
                              path, e->urls[idx]);
         }
-        *resp_p = j;
+        r.text = x->body.p; /* the tokens point into it: the answer owns it now */
+        r.cap = x->body.cap;
+        x->body = (etcd_buf_t){0};
+        *resp_p = r;
         return KVP_OK;
     }
     if (e->n_urls > 1)
@@ -860,8 +978,8 @@ static kvp_status_t etcd_authenticate(kvp_etcd_t *e)
     o = json_string(o, e->password);
     sprintf(o, "}");
     etcd_xfer_t x = {.e = e};
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_run(e, "/v3/auth/authenticate", body, &x, e->timeout_ms, NULL, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_run(e, "/v3/auth/authenticate", body, &x, e->timeout_ms, NULL, &r);
     etcd_wipe_free(body, cap);
     etcd_wipe_free(x.body.p, x.body.cap);
     if (status == KVP_ERR_UNSUPPORTED && e->auth_off) {
@@ -872,11 +990,13 @@ static kvp_status_t etcd_authenticate(kvp_etcd_t *e)
     }
     if (status != KVP_OK)
         return status;
-    cJSON *t = (cJSON *)j_get(j, "token");
-    const char *token = cJSON_GetStringValue(t);
+    char *token = NULL;
+    (void)j_strdup(&r.j, j_get(&r.j, 0, "token"), &token); /* (out of memory: as none) */
+    etcd_json_free(&r, true);
     bool got = token != NULL && token[0] != '\0';
     if (got) {
-        e->token = strdup(token);
+        e->token = token;
+        token = NULL;
         char *line = NULL;
         if (e->token != NULL && asprintf(&line, "Authorization: %s", e->token) >= 0) {
             e->auth_headers = curl_slist_append(NULL, "Content-Type: application/json");
@@ -888,9 +1008,9 @@ static kvp_status_t etcd_authenticate(kvp_etcd_t *e)
             }
             etcd_wipe_free(line, strlen(line));
         }
-        explicit_bzero(t->valuestring, strlen(t->valuestring));
     }
-    cJSON_Delete(j);
+    if (token != NULL)
+        etcd_wipe_free(token, strlen(token));
     if (!got)
         return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd authenticate on %s: answer without a token",
                          e->urls[e->cur]);
@@ -917,7 +1037,7 @@ static void etcd_xfer_reset(etcd_xfer_t *x)
  * Counts the failure, if any, by reason.
  */
 static kvp_status_t etcd_request(kvp_etcd_t *e, const char *path, const char *body, etcd_xfer_t *x,
-                                 uint32_t timeout_ms, const atomic_bool *stop, cJSON **resp_p)
+                                 uint32_t timeout_ms, const atomic_bool *stop, etcd_json_t *resp_p)
 {
     kvp_status_t status;
     for (int attempt = 0;; attempt++) {
@@ -943,7 +1063,7 @@ static kvp_status_t etcd_request(kvp_etcd_t *e, const char *path, const char *bo
 }
 
 /* A unary call; body is freed here (it may be NULL: asprintf failed). */
-static kvp_status_t etcd_call(kvp_etcd_t *e, const char *path, char *body, cJSON **resp_p)
+static kvp_status_t etcd_call(kvp_etcd_t *e, const char *path, char *body, etcd_json_t *resp_p)
 {
     if (body == NULL)
         return etcd_fail(e, KVP_ERR_NOMEM, "etcd %s: out of memory", path);
@@ -1206,19 +1326,19 @@ void kvp_etcd_destroy(kvp_etcd_t *e)
 
 /* A unary call whose request is one int64 field: {"<field>":"<v>"}. */
 static kvp_status_t etcd_call_int(kvp_etcd_t *e, const char *path, const char *field, int64_t v,
-                                  cJSON **resp_p)
+                                  etcd_json_t *resp_p)
 {
     return etcd_call(e, path, etcd_fmt("{\"%s\":\"%" PRId64 "\"}", field, v), resp_p);
 }
 
 kvp_status_t kvp_etcd_lease_grant(kvp_etcd_t *e, int64_t ttl_s, int64_t *id_p)
 {
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call_int(e, "/v3/lease/grant", "TTL", ttl_s, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call_int(e, "/v3/lease/grant", "TTL", ttl_s, &r);
     if (status != KVP_OK)
         return status;
-    int64_t id = j_int64(j, "ID");
-    cJSON_Delete(j);
+    int64_t id = j_int64(&r.j, 0, "ID");
+    etcd_json_free(&r, false);
     if (id == 0)
         return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd lease grant: answer without an ID");
     *id_p = id;
@@ -1227,27 +1347,27 @@ kvp_status_t kvp_etcd_lease_grant(kvp_etcd_t *e, int64_t ttl_s, int64_t *id_p)
 
 kvp_status_t kvp_etcd_lease_keepalive(kvp_etcd_t *e, int64_t id, int64_t *ttl_p)
 {
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call_int(e, "/v3/lease/keepalive", "ID", id, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call_int(e, "/v3/lease/keepalive", "ID", id, &r);
     if (status != KVP_OK)
         return status;
-    const cJSON *r = j_get(j, "result");
-    if (!cJSON_IsObject(r)) {
+    int64_t res = j_get(&r.j, 0, "result");
+    if (!j_is(&r.j, res, KVP_J_OBJECT)) {
         bool retry;
-        status = etcd_error_answer(e, 200, j, "/v3/lease/keepalive", &retry);
-        cJSON_Delete(j);
+        status = etcd_error_answer(e, 200, &r.j, "/v3/lease/keepalive", &retry);
+        etcd_json_free(&r, false);
         return status;
     }
-    *ttl_p = j_int64(r, "TTL"); /* absent: the lease is gone */
-    cJSON_Delete(j);
+    *ttl_p = j_int64(&r.j, res, "TTL"); /* absent: the lease is gone */
+    etcd_json_free(&r, false);
     return KVP_OK;
 }
 
 kvp_status_t kvp_etcd_lease_revoke(kvp_etcd_t *e, int64_t id)
 {
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call_int(e, "/v3/lease/revoke", "ID", id, &j);
-    cJSON_Delete(j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call_int(e, "/v3/lease/revoke", "ID", id, &r);
+    etcd_json_free(&r, false);
     return status;
 }
 
@@ -1263,9 +1383,9 @@ kvp_status_t kvp_etcd_put(kvp_etcd_t *e, const char *key, const void *val, size_
                                         : NULL;
     free(k);
     free(v);
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call(e, "/v3/kv/put", body, &j);
-    cJSON_Delete(j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call(e, "/v3/kv/put", body, &r);
+    etcd_json_free(&r, false);
     return status;
 }
 
@@ -1284,29 +1404,29 @@ kvp_status_t kvp_etcd_put_if(kvp_etcd_t *e, const char *key, const void *val, si
     free(k);
     free(v);
     free(g);
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &r);
     if (status != KVP_OK)
         return status;
-    status = j_true(j, "succeeded") ? KVP_OK : KVP_ERR_NOT_OWNER;
-    cJSON_Delete(j);
+    status = j_true(&r.j, 0, "succeeded") ? KVP_OK : KVP_ERR_NOT_OWNER;
+    etcd_json_free(&r, false);
     return status;
 }
 
 /* The first kv of a range answer (a txn's response_range or a plain range):
  * KVP_ERR_NOT_FOUND when it holds none. */
-static kvp_status_t etcd_first_kv(kvp_etcd_t *e, const cJSON *range, etcd_kv_t *kv)
+static kvp_status_t etcd_first_kv(kvp_etcd_t *e, const kvp_json_t *j, int64_t range, etcd_kv_t *kv)
 {
-    const cJSON *kvs = j_get(range, "kvs");
-    if (cJSON_GetArraySize(kvs) == 0)
+    int64_t first = j_item(j, j_get(j, range, "kvs"), 0);
+    if (first < 0)
         return KVP_ERR_NOT_FOUND;
-    return etcd_kv_parse(e, cJSON_GetArrayItem(kvs, 0), kv);
+    return etcd_kv_parse(e, j, first, kv);
 }
 
-/* The response_range of op i of a txn answer. */
-static const cJSON *txn_range(const cJSON *txn, int i)
+/* The response_range of op i of a txn answer (the root). */
+static int64_t txn_range(const kvp_json_t *j, uint32_t i)
 {
-    return j_get(cJSON_GetArrayItem(j_get(txn, "responses"), i), "response_range");
+    return j_get(j, j_item(j, j_get(j, 0, "responses"), i), "response_range");
 }
 
 kvp_status_t kvp_etcd_create_key(kvp_etcd_t *e, const char *key, const void *val, size_t len,
@@ -1323,15 +1443,15 @@ kvp_status_t kvp_etcd_create_key(kvp_etcd_t *e, const char *key, const void *val
                         k, k, v, lease, k, k);
     free(k);
     free(v);
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &r);
     if (status != KVP_OK)
         return status;
-    bool succeeded = j_true(j, "succeeded");
+    bool succeeded = j_true(&r.j, 0, "succeeded");
     etcd_kv_t kv;
     /* success: [put, range]; failure: [range] */
-    status = etcd_first_kv(e, txn_range(j, succeeded ? 1 : 0), &kv);
-    cJSON_Delete(j);
+    status = etcd_first_kv(e, &r.j, txn_range(&r.j, succeeded ? 1 : 0), &kv);
+    etcd_json_free(&r, false);
     if (status == KVP_ERR_NOT_FOUND) /* deleted between the compare and the range: impossible
                                         in one txn, so the answer is malformed */
         return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd txn on %s: no key in the answer", key);
@@ -1349,14 +1469,14 @@ kvp_status_t kvp_etcd_get(kvp_etcd_t *e, const char *key, char **val_p, size_t *
     char *k = b64_encode(key, strlen(key));
     char *body = k != NULL ? etcd_fmt("{\"key\":\"%s\"}", k) : NULL;
     free(k);
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call(e, "/v3/kv/range", body, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call(e, "/v3/kv/range", body, &r);
     if (status != KVP_OK)
         return status;
     etcd_kv_t kv;
-    status = etcd_first_kv(e, j, &kv);
-    int64_t rev = j_int64(j_get(j, "header"), "revision");
-    cJSON_Delete(j);
+    status = etcd_first_kv(e, &r.j, 0, &kv);
+    int64_t rev = j_int64(&r.j, j_get(&r.j, 0, "header"), "revision");
+    etcd_json_free(&r, false);
     if (status != KVP_OK)
         return status;
     if (val_p != NULL) {
@@ -1399,21 +1519,22 @@ kvp_status_t kvp_etcd_list(kvp_etcd_t *e, const char *prefix, kvp_etcd_list_cb_t
         k != NULL && re != NULL ? etcd_fmt("{\"key\":\"%s\",\"range_end\":\"%s\"}", k, re) : NULL;
     free(k);
     free(re);
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call(e, "/v3/kv/range", body, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call(e, "/v3/kv/range", body, &r);
     if (status != KVP_OK)
         return status;
-    const cJSON *item;
-    cJSON_ArrayForEach(item, j_get(j, "kvs"))
-    {
+    const kvp_json_t *j = &r.j;
+    int64_t kvs = j_get(j, 0, "kvs");
+    uint32_t n_kvs = j_is(j, kvs, KVP_J_ARRAY) ? j->t[kvs].size : 0;
+    for (uint32_t i = 0, item = (uint32_t)kvs + 1; i < n_kvs; i++, item = j->t[item].next) {
         etcd_kv_t kv;
-        status = etcd_kv_parse(e, item, &kv);
+        status = etcd_kv_parse(e, j, item, &kv);
         if (status != KVP_OK)
             break;
         cb(kv.key, kv.val, kv.len, arg);
         etcd_kv_cleanup(&kv);
     }
-    cJSON_Delete(j);
+    etcd_json_free(&r, false);
     return status;
 }
 
@@ -1428,15 +1549,16 @@ kvp_status_t kvp_etcd_delete_if(kvp_etcd_t *e, const char *key, int64_t create_r
                         "\"failure\":[{\"request_range\":{\"key\":\"%s\",\"count_only\":true}}]}",
                         k, create_rev, k, k);
     free(k);
-    cJSON *j = NULL;
-    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &j);
+    etcd_json_t r = {0};
+    kvp_status_t status = etcd_call(e, "/v3/kv/txn", body, &r);
     if (status != KVP_OK)
         return status;
-    if (j_true(j, "succeeded"))
+    if (j_true(&r.j, 0, "succeeded"))
         status = KVP_OK;
     else
-        status = j_int64(txn_range(j, 0), "count") > 0 ? KVP_ERR_NOT_OWNER : KVP_ERR_NOT_FOUND;
-    cJSON_Delete(j);
+        status =
+            j_int64(&r.j, txn_range(&r.j, 0), "count") > 0 ? KVP_ERR_NOT_OWNER : KVP_ERR_NOT_FOUND;
+    etcd_json_free(&r, false);
     return status;
 }
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fuzz the master's frame scanner and RPC handlers (tests/fuzz/fuzz_master.c), then
 # kvpool-indexer's event decoder, index and JSON bodies (tests/fuzz/fuzz_indexer.c, a third
-# of the time, at least 10 s) with libFuzzer for a bounded time: clang, ASan + UBSan,
+# of the time, at least 10 s), then common/json.c, the one JSON reader (tests/fuzz/fuzz_json.c,
+# a sixth of the time, at least 10 s), with libFuzzer for a bounded time: clang, ASan + UBSan,
 # LeakSanitizer on.
 # Sets up build-fuzz/ once, builds only the fuzz targets, fuzzes from a
 # temporary copy of the seed corpus (tests/fuzz/corpus is never written) and
@@ -38,7 +39,8 @@ if [ ! -f "$dir/build.ninja" ]; then
     exit 1
   fi
 fi
-if ! ninja -C "$dir" tests/fuzz/fuzz_master tests/fuzz/fuzz_indexer tests/fuzz/gen_corpus \
+if ! ninja -C "$dir" tests/fuzz/fuzz_master tests/fuzz/fuzz_indexer tests/fuzz/fuzz_json \
+  tests/fuzz/gen_corpus \
   >"$dir/fuzz-ninja.log" 2>&1; then
   cat "$dir/fuzz-ninja.log"
   echo "fuzz: build failed"
@@ -83,9 +85,11 @@ fuzz() {
 }
 
 # the master's frames and handlers for SECONDS; kvpool-indexer's decoder, index and JSON
-# bodies for a third of it (at least 10 s)
+# bodies for a third of it (at least 10 s); the JSON reader for a sixth (at least 10 s)
 isecs=$((secs / 3 > 10 ? secs / 3 : 10))
+jsecs=$((secs / 6 > 10 ? secs / 6 : 10))
 fuzz fuzz_master tests/fuzz/corpus "$secs" || exit 1
 fuzz fuzz_indexer tests/fuzz/corpus-indexer "$isecs" || exit 1
+fuzz fuzz_json tests/fuzz/corpus-json "$jsecs" || exit 1
 echo "fuzz: $total_runs execs in all, 0 crashes"
 exit 0

@@ -12,8 +12,8 @@ PKGS=(
   # TLS 1.3 and token hashes on the control plane (common/tls.c, master/auth/); the
   # openssl tool makes certificates (deploy/make-certs.sh, the security tests)
   libssl-dev openssl
-  # common/etcd.c (JSON) and the etcd that test_etcd starts (HA: leader election)
-  libcjson-dev etcd-server etcd-client
+  # the etcd that test_etcd starts (HA: leader election)
+  etcd-server etcd-client
   clang-format
   # deploy/fuzz.sh: clang-14 with libFuzzer and the sanitizer runtimes
   # (libclang_rt.fuzzer/asan/ubsan, not pulled in without recommends), and

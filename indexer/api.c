@@ -15,16 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
-#include <openssl/crypto.h>
 #include <zmq.h>
 
 #include "common/acl.h"
+#include "common/http_auth.h"
+#include "common/json.h"
 #include "common/log.h"
-#include "common/tls.h"
-#include "indexer/json.h"
 
 static void put_reply(void *arg, const char *s, size_t len)
 {
@@ -482,31 +480,6 @@ out:
         kvp_http_append(r, "\n", 1);
 }
 
-/* The principal a request's bearer token, or else its client certificate (verified against
- * --tls-ca and --tls-crl, its CN an ACL cert-cn), names; NULL: none. The copy of the token
- * is wiped. */
-static const kvp_principal_t *credential(kvp_api_t *api, const kvp_http_request_t *req)
-{
-    const char *auth = kvp_http_header(req, "Authorization");
-    char tok[1024] = "";
-    if (auth != NULL && strncasecmp(auth, "Bearer ", 7) == 0 && strlen(auth + 7) < sizeof(tok))
-        snprintf(tok, sizeof(tok), "%s", auth + 7);
-    size_t len = strlen(tok);
-    const kvp_principal_t *who = len > 0 ? kvp_acl_by_token(api->acl, tok, len) : NULL;
-    OPENSSL_cleanse(tok, sizeof(tok));
-    const void *der;
-    size_t der_len;
-    if (auth == NULL && api->tls != NULL && (der_len = kvp_http_peer_cert(req, &der)) > 0) {
-        char cn[256];
-        const char *why = NULL;
-        if (kvp_tls_verify_der(api->tls, der, der_len, cn, sizeof(cn), &why))
-            who = kvp_acl_by_cn(api->acl, cn);
-        else
-            KVP_LOG_WARN_LIMITED("indexer: a client certificate not taken: %s", why);
-    }
-    return who;
-}
-
 static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *req,
                    kvp_http_reply_t *reply)
 {
@@ -521,7 +494,9 @@ static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *r
     bool get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
     const kvp_principal_t *who = NULL;
     if (api->acl != NULL && strcmp(path, "/health") != 0 && strcmp(path, "/metrics") != 0) {
-        if ((who = credential(api, req)) == NULL) {
+        /* a bearer token, or else a client certificate verified against --tls-ca and
+         * --tls-crl (common/http_auth.h) */
+        if ((who = kvp_http_principal(req, api->acl, api->tls)) == NULL) {
             fail(api, reply, 401, "unauthenticated",
                  "authentication required: send Authorization: Bearer TOKEN, or a client "
                  "certificate, of a principal the ACL names");

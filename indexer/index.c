@@ -1430,6 +1430,55 @@ static qscratch_t *qscratch_get(size_t n)
     return x;
 }
 
+/* A query's answer, in Conductor's form, from its walk: per instance (qi[0..ni)) its
+ * longest run and per medium, and per registration (qr[0..nq)) its DP and tier runs. */
+static void query_answer(const kvp_idx_t *idx, const kvp_idx_query_t *q, const qreg_t *qr,
+                         uint32_t nq, const qinst_t *qi, uint32_t ni,
+                         void (*put)(void *arg, const char *s, size_t len), void *arg)
+{
+    uint64_t bs = q->block_size;
+    put(arg, "{", 1);
+    put_json_str(put, arg, q->tenant);
+    put(arg, ":{", 2);
+    for (uint32_t i = 0; i < ni; i++) {
+        const qinst_t *x = &qi[i];
+        if (i > 0)
+            put(arg, ",", 1);
+        put_json_str(put, arg, idx->regs[qr[x->first].reg]->instance);
+        PUTF(":{\"longest_matched\":%" PRIu64, x->any * bs);
+        uint8_t held = 0; /* the media the instance holds any block on */
+        for (uint32_t k = x->first; k < nq; k++)
+            for (unsigned m = 0; qr[k].inst == i && m < idx->n_media; m++)
+                held |= (uint8_t)(idx->regs[qr[k].reg]->by_medium[m] > 0) << m;
+        for (unsigned m = 0; m < idx->n_media; m++) {
+            if (m >= 3 && !(held & (1u << m))) /* beyond the three: named when it holds any */
+                continue;
+            PUTF(",\"%s\":%" PRIu64, idx->media[m], x->media[m] * bs);
+        }
+        put(arg, ",\"DP\":{", 7);
+        bool first = true;
+        for (uint32_t k = x->first; k < nq; k++) {
+            if (qr[k].inst != i)
+                continue;
+            PUTF("%s\"%u\":%" PRIu64, first ? "" : ",", idx->regs[qr[k].reg]->rank, qr[k].dp * bs);
+            first = false;
+        }
+        put(arg, "},\"rank_matches\":{", 18);
+        first = true;
+        for (uint32_t k = x->first; k < nq; k++) {
+            if (qr[k].inst != i)
+                continue;
+            const qreg_t *y = &qr[k];
+            uint64_t g = y->tiers[0] * bs, c = g + y->tiers[1] * bs, d = c + y->tiers[2] * bs;
+            PUTF("%s\"%u\":{\"gpu\":%" PRIu64 ",\"cpu\":%" PRIu64 ",\"disk\":%" PRIu64 "}",
+                 first ? "" : ",", idx->regs[y->reg]->rank, g, c, d);
+            first = false;
+        }
+        put(arg, "}}", 2);
+    }
+    put(arg, "}}", 2);
+}
+
 kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
                            void (*put)(void *arg, const char *s, size_t len), void *arg)
 {
@@ -1534,48 +1583,7 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
                 ai[a] = ai[--n_ai];
         }
     }
-    /* the answer */
-    uint64_t bs = q->block_size;
-    put(arg, "{", 1);
-    put_json_str(put, arg, q->tenant);
-    put(arg, ":{", 2);
-    for (uint32_t i = 0; i < ni; i++) {
-        const qinst_t *x = &qi[i];
-        if (i > 0)
-            put(arg, ",", 1);
-        put_json_str(put, arg, idx->regs[qr[x->first].reg]->instance);
-        PUTF(":{\"longest_matched\":%" PRIu64, x->any * bs);
-        uint8_t held = 0; /* the media the instance holds any block on */
-        for (uint32_t k = x->first; k < nq; k++)
-            for (unsigned m = 0; qr[k].inst == i && m < idx->n_media; m++)
-                held |= (uint8_t)(idx->regs[qr[k].reg]->by_medium[m] > 0) << m;
-        for (unsigned m = 0; m < idx->n_media; m++) {
-            if (m >= 3 && !(held & (1u << m))) /* beyond the three: named when it holds any */
-                continue;
-            PUTF(",\"%s\":%" PRIu64, idx->media[m], x->media[m] * bs);
-        }
-        put(arg, ",\"DP\":{", 7);
-        bool first = true;
-        for (uint32_t k = x->first; k < nq; k++) {
-            if (qr[k].inst != i)
-                continue;
-            PUTF("%s\"%u\":%" PRIu64, first ? "" : ",", idx->regs[qr[k].reg]->rank, qr[k].dp * bs);
-            first = false;
-        }
-        put(arg, "},\"rank_matches\":{", 18);
-        first = true;
-        for (uint32_t k = x->first; k < nq; k++) {
-            if (qr[k].inst != i)
-                continue;
-            const qreg_t *y = &qr[k];
-            uint64_t g = y->tiers[0] * bs, c = g + y->tiers[1] * bs, d = c + y->tiers[2] * bs;
-            PUTF("%s\"%u\":{\"gpu\":%" PRIu64 ",\"cpu\":%" PRIu64 ",\"disk\":%" PRIu64 "}",
-                 first ? "" : ",", idx->regs[y->reg]->rank, g, c, d);
-            first = false;
-        }
-        put(arg, "}}", 2);
-    }
-    put(arg, "}}", 2);
+    query_answer(idx, q, qr, nq, qi, ni, put, arg);
     for (uint32_t k = 0; k < nq; k++)
         slot[qr[k].reg] = 0;
     return KVP_OK;

@@ -25,6 +25,7 @@
 
 #include "common/acl.h"
 #include "common/http.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/options.h"
@@ -32,7 +33,6 @@
 #include "common/tls.h"
 #include "indexer/api.h"
 #include "indexer/index.h"
-#include "indexer/json.h"
 #include "indexer/sub.h"
 
 #define KVP_INDEXER_VERSION "0.1.0"
@@ -357,6 +357,166 @@ static int curve_keys(const char *path, kvp_sub_params_t *p)
     return -1;
 }
 
+/*
+ * The registrations to start with: --state-dir's file (its path written in state; api->state
+ * set), then --config's (which may name the port: cfg->listen, unless --listen was given).
+ * -1, or the exit code (reported).
+ */
+static int registrations(indexer_config_t *cfg, kvp_api_t *api, char *state, size_t state_len,
+                         bool listen_given, bool config_given)
+{
+    int rc;
+    if (cfg->state_dir[0] != '\0') {
+        if (mkdir(cfg->state_dir, 0700) != 0 && errno != EEXIST) {
+            fprintf(stderr, "kvpool-indexer: --state-dir %s: %m\n", cfg->state_dir);
+            return 2;
+        }
+        snprintf(state, state_len, "%s/registrations.json", cfg->state_dir);
+        if (access(state, F_OK) == 0) {
+            uint64_t ignored = 0;
+            if ((rc = load_config(api, state, &ignored)) >= 0) {
+                fprintf(stderr,
+                        "kvpool-indexer: --state-dir: %s cannot be read back: move it "
+                        "away to start without its registrations\n",
+                        state);
+                return rc;
+            }
+            KVP_LOG_INFO("registrations read back from %s", state);
+        }
+        api->state = state;
+    }
+    uint64_t cfg_port = 0;
+    if (cfg->config[0] != '\0' && !config_given && access(cfg->config, F_OK) != 0) {
+        /* as the Conductor: a CONDUCTOR_CONFIG_PATH that names no file is no registration */
+        KVP_LOG_WARN("CONDUCTOR_CONFIG_PATH=%s: no such file: no registrations from it",
+                     cfg->config);
+    } else if (cfg->config[0] != '\0') {
+        if ((rc = load_config(api, cfg->config, &cfg_port)) >= 0)
+            return rc;
+        if (!listen_given && cfg_port != 0)
+            snprintf(cfg->listen, sizeof(cfg->listen), "127.0.0.1:%" PRIu64, cfg_port);
+    }
+    return -1;
+}
+
+/*
+ * Run the indexer cfg describes until SIGINT or SIGTERM: 0, or the exit code of what could
+ * not start (reported). Every way out undoes what was made, in reverse order (a clean stop
+ * goes down the same ladder).
+ */
+static int indexer_run(indexer_config_t *cfg, bool listen_given, bool config_given)
+{
+    int rc = 1;
+    kvp_idx_t *idx;
+    kvp_idx_params_t ip = {
+        .seed = cfg->hash_seed, .max_blocks = cfg->max_blocks, .ttl_ms = cfg->instance_ttl_ms};
+    if (kvp_idx_create(&ip, &idx) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: out of memory\n");
+        return rc;
+    }
+    kvp_tls_t *tls = NULL;
+    kvp_acl_t *acl = NULL;
+    rc = security(cfg, &tls, &acl);
+    if (rc >= 0)
+        goto err_destroy_idx;
+    kvp_sub_params_t sp = {
+        .idx = idx, .replay_timeout_ms = cfg->replay_timeout_ms, .max_message = cfg->max_message};
+    rc = curve_keys(cfg->curve_secret, &sp);
+    if (rc >= 0)
+        goto err_destroy_security;
+    kvp_api_t api = {.idx = idx,
+                     .curve_on = sp.curve_secret[0] != '\0',
+                     .protected_mode = strcmp(cfg->auth, "protected") == 0 && acl == NULL,
+                     .acl = acl,
+                     .acl_lock = PTHREAD_RWLOCK_INITIALIZER,
+                     .tls = cfg->tls_ca[0] != '\0' ? tls : NULL,
+                     .seed = cfg->hash_seed,
+                     .state_lock = PTHREAD_MUTEX_INITIALIZER};
+    char state[4100];
+    rc = registrations(cfg, &api, state, sizeof(state), listen_given, config_given);
+    if (rc >= 0)
+        goto err_wipe_curve;
+    /* the signals are taken only inside sigsuspend below: none is lost before it. Blocked
+     * before the subscriber thread starts (it inherits the mask): a SIGHUP that came while
+     * the main thread was not yet in sigsuspend went to that thread, set reload_signal, and
+     * the main thread slept in sigsuspend without seeing it until the next signal */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    kvp_sub_t *sub;
+    rc = 1;
+    if (kvp_sub_start(&sp, &sub) != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: cannot start the subscriber thread\n");
+        goto err_wipe_curve;
+    }
+    api.sub = sub;
+    kvp_sub_wake(sub); /* the config's registrations */
+
+    struct sigaction sa = {.sa_handler = on_signal};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    kvp_http_t *http;
+    uint16_t bound;
+    kvp_status_t hs = cfg->tls_cert[0] != '\0'
+                          ? kvp_http_start_tls(cfg->listen, cfg->tls_cert, cfg->tls_key,
+                                               cfg->tls_ca[0] ? cfg->tls_ca : NULL, kvp_api_handle,
+                                               &api, &http, &bound)
+                          : kvp_http_start(cfg->listen, kvp_api_handle, &api, &http, &bound);
+    if (hs != KVP_OK) {
+        fprintf(stderr, "kvpool-indexer: cannot listen on %s\n", cfg->listen);
+        goto err_stop_sub;
+    }
+    kvp_http_accept_post(http, KVP_API_BODY_MAX, kvp_api_too_big);
+    char host[256];
+    uint16_t port;
+    (void)kvp_parse_hostport(cfg->listen, host, sizeof(host), &port);
+    if (!api.protected_mode || strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0)
+        ;
+    else
+        KVP_LOG_WARN("protected mode: requests from other hosts are refused (403); --auth none "
+                     "serves them");
+    KVP_LOG_INFO("serving the indexer API on %s:%u (seed %" PRIu64 ", at most %" PRIu64 " blocks)",
+                 host, bound, cfg->hash_seed, cfg->max_blocks);
+    if (cfg->ready_fd >= 0) {
+        char line[300];
+        int n = snprintf(line, sizeof(line), "%s:%u\n", host, bound);
+        if (write(cfg->ready_fd, line, (size_t)n) != n)
+            KVP_LOG_WARN("cannot write to --ready-fd %d: %m", cfg->ready_fd);
+        close(cfg->ready_fd);
+    }
+    while (stop_signal == 0) {
+        sigsuspend(&old);
+        if (reload_signal) {
+            reload_signal = 0;
+            if (api.acl != NULL)
+                kvp_api_reload_acl(&api, cfg->acl_file);
+            else
+                KVP_LOG_INFO("SIGHUP: no --acl-file to read again");
+        }
+    }
+    KVP_LOG_INFO("stopping (signal %d)", (int)stop_signal);
+    rc = 0;
+    kvp_http_stop(http);
+err_stop_sub:
+    kvp_sub_stop(sub);
+err_wipe_curve:
+    OPENSSL_cleanse(sp.curve_secret, sizeof(sp.curve_secret));
+    acl = api.acl; /* the one a reload left */
+err_destroy_security:
+    kvp_acl_destroy(acl);
+    kvp_tls_destroy(tls);
+err_destroy_idx:
+    kvp_idx_destroy(idx);
+    return rc;
+}
+
 static int indexer_main(int argc, char **argv)
 {
     indexer_config_t cfg;
@@ -411,149 +571,7 @@ static int indexer_main(int argc, char **argv)
         return 2;
     }
     kvp_log_set_level((kvp_log_level_t)cfg.log_level);
-
-    kvp_idx_t *idx;
-    kvp_idx_params_t ip = {
-        .seed = cfg.hash_seed, .max_blocks = cfg.max_blocks, .ttl_ms = cfg.instance_ttl_ms};
-    if (kvp_idx_create(&ip, &idx) != KVP_OK) {
-        fprintf(stderr, "kvpool-indexer: out of memory\n");
-        return 1;
-    }
-    kvp_tls_t *tls = NULL;
-    kvp_acl_t *acl = NULL;
-    int src = security(&cfg, &tls, &acl);
-    if (src >= 0) {
-        kvp_idx_destroy(idx);
-        return src;
-    }
-    kvp_sub_params_t sp = {
-        .idx = idx, .replay_timeout_ms = cfg.replay_timeout_ms, .max_message = cfg.max_message};
-    if ((src = curve_keys(cfg.curve_secret, &sp)) >= 0) {
-        kvp_acl_destroy(acl);
-        kvp_tls_destroy(tls);
-        kvp_idx_destroy(idx);
-        return src;
-    }
-    kvp_api_t api = {.idx = idx,
-                     .curve_on = sp.curve_secret[0] != '\0',
-                     .protected_mode = strcmp(cfg.auth, "protected") == 0 && acl == NULL,
-                     .acl = acl,
-                     .acl_lock = PTHREAD_RWLOCK_INITIALIZER,
-                     .tls = cfg.tls_ca[0] != '\0' ? tls : NULL,
-                     .seed = cfg.hash_seed,
-                     .state_lock = PTHREAD_MUTEX_INITIALIZER};
-    char state[4100];
-    if (cfg.state_dir[0] != '\0') {
-        if (mkdir(cfg.state_dir, 0700) != 0 && errno != EEXIST) {
-            fprintf(stderr, "kvpool-indexer: --state-dir %s: %m\n", cfg.state_dir);
-            kvp_idx_destroy(idx);
-            return 2;
-        }
-        snprintf(state, sizeof(state), "%s/registrations.json", cfg.state_dir);
-        if (access(state, F_OK) == 0) {
-            uint64_t ignored = 0;
-            int rc = load_config(&api, state, &ignored);
-            if (rc >= 0) {
-                fprintf(stderr,
-                        "kvpool-indexer: --state-dir: %s cannot be read back: move it "
-                        "away to start without its registrations\n",
-                        state);
-                kvp_idx_destroy(idx);
-                return rc;
-            }
-            KVP_LOG_INFO("registrations read back from %s", state);
-        }
-        api.state = state;
-    }
-    uint64_t cfg_port = 0;
-    if (cfg.config[0] != '\0' && !config_given && access(cfg.config, F_OK) != 0) {
-        /* as the Conductor: a CONDUCTOR_CONFIG_PATH that names no file is no registration */
-        KVP_LOG_WARN("CONDUCTOR_CONFIG_PATH=%s: no such file: no registrations from it",
-                     cfg.config);
-    } else if (cfg.config[0] != '\0') {
-        int rc = load_config(&api, cfg.config, &cfg_port);
-        if (rc >= 0) {
-            kvp_idx_destroy(idx);
-            return rc;
-        }
-        if (!listen_given && cfg_port != 0)
-            snprintf(cfg.listen, sizeof(cfg.listen), "127.0.0.1:%" PRIu64, cfg_port);
-    }
-    /* the signals are taken only inside sigsuspend below: none is lost before it. Blocked
-     * before the subscriber thread starts (it inherits the mask): a SIGHUP that came while
-     * the main thread was not yet in sigsuspend went to that thread, set reload_signal, and
-     * the main thread slept in sigsuspend without seeing it until the next signal */
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    sigaddset(&block, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
-    kvp_sub_t *sub;
-    if (kvp_sub_start(&sp, &sub) != KVP_OK) {
-        fprintf(stderr, "kvpool-indexer: cannot start the subscriber thread\n");
-        kvp_idx_destroy(idx);
-        return 1;
-    }
-    api.sub = sub;
-    kvp_sub_wake(sub); /* the config's registrations */
-
-    struct sigaction sa = {.sa_handler = on_signal};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGHUP, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    kvp_http_t *http;
-    uint16_t bound;
-    kvp_status_t hs = cfg.tls_cert[0] != '\0'
-                          ? kvp_http_start_tls(cfg.listen, cfg.tls_cert, cfg.tls_key,
-                                               cfg.tls_ca[0] ? cfg.tls_ca : NULL, kvp_api_handle,
-                                               &api, &http, &bound)
-                          : kvp_http_start(cfg.listen, kvp_api_handle, &api, &http, &bound);
-    if (hs != KVP_OK) {
-        fprintf(stderr, "kvpool-indexer: cannot listen on %s\n", cfg.listen);
-        kvp_sub_stop(sub);
-        kvp_idx_destroy(idx);
-        return 1;
-    }
-    kvp_http_accept_post(http, KVP_API_BODY_MAX, kvp_api_too_big);
-    char host[256];
-    uint16_t port;
-    (void)kvp_parse_hostport(cfg.listen, host, sizeof(host), &port);
-    if (!api.protected_mode || strncmp(host, "127.", 4) == 0 || strcmp(host, "localhost") == 0)
-        ;
-    else
-        KVP_LOG_WARN("protected mode: requests from other hosts are refused (403); --auth none "
-                     "serves them");
-    KVP_LOG_INFO("serving the indexer API on %s:%u (seed %" PRIu64 ", at most %" PRIu64 " blocks)",
-                 host, bound, cfg.hash_seed, cfg.max_blocks);
-    if (cfg.ready_fd >= 0) {
-        char line[300];
-        int n = snprintf(line, sizeof(line), "%s:%u\n", host, bound);
-        if (write(cfg.ready_fd, line, (size_t)n) != n)
-            KVP_LOG_WARN("cannot write to --ready-fd %d: %m", cfg.ready_fd);
-        close(cfg.ready_fd);
-    }
-    while (stop_signal == 0) {
-        sigsuspend(&old);
-        if (reload_signal) {
-            reload_signal = 0;
-            if (api.acl != NULL)
-                kvp_api_reload_acl(&api, cfg.acl_file);
-            else
-                KVP_LOG_INFO("SIGHUP: no --acl-file to read again");
-        }
-    }
-    KVP_LOG_INFO("stopping (signal %d)", (int)stop_signal);
-    kvp_http_stop(http);
-    kvp_sub_stop(sub);
-    OPENSSL_cleanse(sp.curve_secret, sizeof(sp.curve_secret));
-    kvp_idx_destroy(idx);
-    kvp_acl_destroy(api.acl); /* (the one a reload left) */
-    kvp_tls_destroy(tls);
-    return 0;
+    return indexer_run(&cfg, listen_given, config_given);
 }
 
 int main(int argc, char **argv)

@@ -25,12 +25,10 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <time.h>
-#include <strings.h>
 #include <unistd.h>
 
-#include <openssl/crypto.h>
-
 #include "common/http.h"
+#include "common/http_auth.h"
 #include "common/log.h"
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
@@ -56,10 +54,8 @@ typedef struct job {
     uint64_t cursor;
     uint32_t limit;
     bool done;
-    bool tenants;       /* JOB_METRICS: with the per-tenant series (an admin's, or the flag's) */
-    char token[1024];   /* "Authorization: Bearer TOKEN" (wiped once checked); "": none */
-    uint8_t cert[8192]; /* the client certificate (DER) over HTTPS, not verified yet */
-    size_t cert_len;    /* 0: none (or one too big to be ours) */
+    bool tenants;         /* JOB_METRICS: with the per-tenant series (an admin's, or the flag's) */
+    kvp_http_cred_t cred; /* its bearer token (wiped once checked) and client certificate */
     /* JOB_TENANT_QUOTAS: the method, ?tenant_id= (in text; has_tenant), a PUT's body */
     char method[8];
     bool has_tenant;
@@ -105,6 +101,30 @@ static void bad_request(kvp_http_reply_t *r, const char *fmt, const char *arg)
     kvp_http_printf(r, "}\n");
 }
 
+/* /api/v1/tenant_quotas into job: its method, ?tenant_id= and body. false: answered (405). */
+static bool tenant_quotas_job(job_t *job, const kvp_http_request_t *req, bool get)
+{
+    const char *method = kvp_http_method(req);
+    job->kind = JOB_TENANT_QUOTAS;
+    if (!get && strcmp(method, "PUT") != 0 && strcmp(method, "DELETE") != 0) {
+        job->reply->status = 405;
+        job->reply->allow = "GET, HEAD, PUT, DELETE";
+        kvp_http_printf(job->reply, "method %.16s not allowed: GET, PUT or DELETE\n", method);
+        return false;
+    }
+    snprintf(job->method, sizeof(job->method), "%s", get ? "GET" : method);
+    const char *tenant = kvp_http_query(req, "tenant_id");
+    job->has_tenant = tenant != NULL && tenant[0] != '\0'; /* empty: none, as Mooncake */
+    snprintf(job->text, sizeof(job->text), "%s", job->has_tenant ? tenant : "");
+    size_t blen = 0;
+    const char *body = kvp_http_body(req, &blen);
+    if (body != NULL && blen <= TENANT_QUOTAS_BODY_MAX) { /* (the server refused more) */
+        memcpy(job->body, body, blen);
+        job->body_len = blen;
+    }
+    return true;
+}
+
 static void handle(void *arg, const char *path, const kvp_http_request_t *req,
                    kvp_http_reply_t *reply)
 {
@@ -113,23 +133,8 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
     const char *method = kvp_http_method(req);
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (strcmp(path, "/api/v1/tenant_quotas") == 0) {
-        job.kind = JOB_TENANT_QUOTAS;
-        if (!get && strcmp(method, "PUT") != 0 && strcmp(method, "DELETE") != 0) {
-            reply->status = 405;
-            reply->allow = "GET, HEAD, PUT, DELETE";
-            kvp_http_printf(reply, "method %.16s not allowed: GET, PUT or DELETE\n", method);
+        if (!tenant_quotas_job(&job, req, get))
             return;
-        }
-        snprintf(job.method, sizeof(job.method), "%s", get ? "GET" : method);
-        const char *tenant = kvp_http_query(req, "tenant_id");
-        job.has_tenant = tenant != NULL && tenant[0] != '\0'; /* empty: none, as Mooncake */
-        snprintf(job.text, sizeof(job.text), "%s", job.has_tenant ? tenant : "");
-        size_t blen = 0;
-        const char *body = kvp_http_body(req, &blen);
-        if (body != NULL && blen <= TENANT_QUOTAS_BODY_MAX) { /* (the server refused more) */
-            memcpy(job.body, body, blen);
-            job.body_len = blen;
-        }
     } else if (!get) {
         reply->status = 405;
         reply->allow = "GET, HEAD";
@@ -182,16 +187,7 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
                         path);
         return;
     }
-    const char *auth = kvp_http_header(req, "Authorization");
-    if (auth != NULL && strncasecmp(auth, "Bearer ", 7) == 0 &&
-        strlen(auth + 7) < sizeof(job.token))
-        snprintf(job.token, sizeof(job.token), "%s", auth + 7);
-    const void *der = NULL;
-    size_t der_len = kvp_http_peer_cert(req, &der);
-    if (der_len > 0 && der_len <= sizeof(job.cert)) {
-        memcpy(job.cert, der, der_len);
-        job.cert_len = der_len;
-    }
+    kvp_http_cred_take(&job.cred, req); /* checked on the loop, which owns the ACL */
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
     deadline.tv_sec += KVP_MASTER_HTTP_WAIT_MS / 1000;
@@ -220,7 +216,7 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
             pthread_cond_wait(&h->cond, &h->lock);
     }
     pthread_mutex_unlock(&h->lock);
-    OPENSSL_cleanse(job.token, sizeof(job.token));
+    kvp_http_cred_wipe(&job.cred);
     if (!job.done) {
         reply->status = 503;
         reply->len = 0;
@@ -459,22 +455,11 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_m
 }
 
 /* The principal the job's bearer token, or else its client certificate (verified against
- * the control port's CAs and CRL, its CN an ACL cert-cn), names; NULL: none. The token is
- * wiped. */
+ * the control port's CAs and CRL, its CN an ACL cert-cn), names; NULL: none
+ * (common/http_auth.h). The token is wiped. */
 static const kvp_principal_t *credential(job_t *job, const kvp_master_view_t *v)
 {
-    size_t len = strlen(job->token);
-    const kvp_principal_t *who = len > 0 ? kvp_acl_by_token(v->acl, job->token, len) : NULL;
-    OPENSSL_cleanse(job->token, sizeof(job->token));
-    char cn[256];
-    const char *why = NULL;
-    if (len == 0 && job->cert_len > 0 && v->tls != NULL) {
-        if (kvp_tls_verify_der(v->tls, job->cert, job->cert_len, cn, sizeof(cn), &why))
-            who = kvp_acl_by_cn(v->acl, cn);
-        else
-            KVP_LOG_WARN_LIMITED("http: a client certificate not taken: %s", why);
-    }
-    return who;
+    return kvp_http_cred_check(&job->cred, v->acl, v->tls);
 }
 
 /* With an ACL, every view but /metrics and /health (which hold no key) is an admin's: its
@@ -487,7 +472,7 @@ static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t
     if (v->acl == NULL || job->kind == JOB_HEALTH)
         return true;
     if (job->kind == JOB_METRICS) {
-        if (!job->tenants && (job->token[0] != '\0' || job->cert_len > 0)) {
+        if (!job->tenants && (job->cred.token[0] != '\0' || job->cred.cert_len > 0)) {
             const kvp_principal_t *who = credential(job, v);
             job->tenants = who != NULL && (who->roles & KVP_ROLE_ADMIN);
         }

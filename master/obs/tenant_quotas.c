@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "common/http.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "master/obs/http_views.h"
 
@@ -132,104 +133,55 @@ static void list(kvp_http_reply_t *r, const kvp_tenant_table_t *tt)
 
 /* A PUT's body: {"requested_quota_bytes": N}, N an integer in 0..2^64-1 (its range is
  * checked after). false: why in why (Mooncake's "Invalid JSON body: ..."). Strict: one
- * object, that one field once, nothing after it. */
+ * object (common/json.h), that one field once, nothing after it; the fields are checked in
+ * their order, so the first wrong one is named. */
 static bool parse_body(const char *b, size_t len, uint64_t *v, char *why, size_t why_len)
 {
     static const char field[] = "requested_quota_bytes";
-    size_t i = 0;
-    bool seen = false;
-#define WS()                                                                                       \
-    while (i < len && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r'))               \
-    i++
-    WS();
-    if (i >= len || b[i] != '{') {
+    char err[160];
+    kvp_json_t j;
+    bool ok = false, seen = false;
+    if (kvp_json_parse(&j, b, len, err, sizeof(err)) != KVP_JSON_OK) {
+        snprintf(why, why_len, "Invalid JSON body: %s", err);
+        goto out;
+    }
+    if (j.t[0].type != KVP_J_OBJECT) {
         snprintf(why, why_len, "Invalid JSON body: not a JSON object");
-        return false;
+        goto out;
     }
-    i++;
-    WS();
-    if (i < len && b[i] == '}') {
-        i++;
-    } else {
-        for (;;) {
-            if (i >= len || b[i] != '"') {
-                snprintf(why, why_len, "Invalid JSON body: a field name expected at byte %zu", i);
-                return false;
-            }
-            size_t k = ++i;
-            while (i < len && b[i] != '"' && b[i] != '\\' && (unsigned char)b[i] >= 0x20)
-                i++;
-            if (i >= len || b[i] != '"') {
-                snprintf(why, why_len,
-                         "Invalid JSON body: a field name of plain characters "
-                         "expected");
-                return false;
-            }
-            size_t klen = i - k;
-            i++;
-            WS();
-            if (i >= len || b[i] != ':') {
-                snprintf(why, why_len, "Invalid JSON body: ':' expected at byte %zu", i);
-                return false;
-            }
-            i++;
-            WS();
-            if (klen != sizeof(field) - 1 || memcmp(b + k, field, klen) != 0) {
-                snprintf(why, why_len, "Invalid JSON body: unknown field \"%.*s\"",
-                         (int)(klen > 64 ? 64 : klen), b + k);
-                return false;
-            }
-            if (seen) {
-                snprintf(why, why_len, "Invalid JSON body: requested_quota_bytes given twice");
-                return false;
-            }
-            size_t d = i;
-            uint64_t n = 0;
-            while (i < len && b[i] >= '0' && b[i] <= '9') {
-                unsigned digit = (unsigned)(b[i] - '0');
-                if (n > (UINT64_MAX - digit) / 10) {
-                    snprintf(why, why_len,
-                             "Invalid JSON body: requested_quota_bytes is out of "
-                             "range");
-                    return false;
-                }
-                n = n * 10 + digit;
-                i++;
-            }
-            if (i == d || (i - d > 1 && b[d] == '0') ||
-                (i < len && (b[i] == '.' || b[i] == 'e' || b[i] == 'E'))) {
-                snprintf(why, why_len,
-                         "Invalid JSON body: requested_quota_bytes needs an "
-                         "unsigned integer");
-                return false;
-            }
-            *v = n;
-            seen = true;
-            WS();
-            if (i < len && b[i] == ',') {
-                i++;
-                WS();
-                continue;
-            }
-            if (i < len && b[i] == '}') {
-                i++;
-                break;
-            }
-            snprintf(why, why_len, "Invalid JSON body: ',' or '}' expected at byte %zu", i);
-            return false;
+    uint32_t k = 1; /* the first key; its value follows it */
+    for (uint32_t i = 0; i < j.t[0].size; i++, k = j.t[k + 1].next) {
+        const kvp_json_tok_t *key = &j.t[k], *val = &j.t[k + 1];
+        size_t klen = key->end - key->start;
+        /* compared as written: an escaped name is not this one */
+        if (klen != sizeof(field) - 1 || memcmp(b + key->start, field, klen) != 0) {
+            snprintf(why, why_len, "Invalid JSON body: unknown field \"%.*s\"",
+                     (int)(klen > 64 ? 64 : klen), b + key->start);
+            goto out;
         }
-    }
-    WS();
-#undef WS
-    if (i != len) {
-        snprintf(why, why_len, "Invalid JSON body: something after the object at byte %zu", i);
-        return false;
+        if (seen) {
+            snprintf(why, why_len, "Invalid JSON body: requested_quota_bytes given twice");
+            goto out;
+        }
+        if (!kvp_json_u64(&j, k + 1, v)) {
+            /* digits only, and still no u64: too many of them */
+            bool digits = val->type == KVP_J_NUMBER;
+            for (uint32_t c = val->start; digits && c < val->end; c++)
+                digits = b[c] >= '0' && b[c] <= '9';
+            snprintf(why, why_len, "Invalid JSON body: requested_quota_bytes %s",
+                     digits ? "is out of range" : "needs an unsigned integer");
+            goto out;
+        }
+        seen = true;
     }
     if (!seen) {
         snprintf(why, why_len, "Invalid JSON body: requested_quota_bytes is missing");
-        return false;
+        goto out;
     }
-    return true;
+    ok = true;
+out:
+    kvp_json_free(&j);
+    return ok;
 }
 
 static int32_t known(kvp_tenant_table_t *tt, const char *tenant)

@@ -6,8 +6,9 @@
  *         to a fresh index with two registrations on the publisher (ranks 0 and 1, the
  *         second a pool), then the index is queried by the batch's first hashes and
  *         resynchronized: every block must go (an invariant checked here, a crash if not);
- *   odd   an HTTP body (indexer/json.c): parsed, and on success every string and integer
- *         read back through the accessors the API uses.
+ *   odd   an HTTP body (common/json.c, the JSON reader the API uses): parsed, and on
+ *         success every string and integer read back through the accessors the API uses
+ *         (the reader on its own, with every accessor: fuzz_json.c).
  * Everything is freed per input: anything left is a leak.
  *
  * Build: meson -Dfuzz=true with clang (deploy/fuzz.sh). Seeds: tests/fuzz/corpus-indexer.
@@ -17,10 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json.h"
 #include "common/log.h"
 #include "indexer/decode.h"
 #include "indexer/index.h"
-#include "indexer/json.h"
 
 static void sink(void *arg, const char *s, size_t len)
 {

@@ -144,7 +144,7 @@ RXE_VM_IP=${RXE_VM_IP:-169.254.77.1/16}
 # usr-is-merged satisfies init-system-helpers without pulling usrmerge+perl.
 GUEST_PACKAGES="libibverbs1 ibverbs-providers librdmacm1 libibumad3
     ibverbs-utils rdmacm-utils perftest iproute2 kmod procps usr-is-merged
-    libprotobuf-c1 libcmocka0 libxxhash0 libjemalloc2 liburing2 libcurl4 libcjson1
+    libprotobuf-c1 libcmocka0 libxxhash0 libjemalloc2 liburing2 libcurl4
     libmicrohttpd12 libzmq5 libmsgpackc2 libinih1"
 # (The last two lines: kvpool's runtime libraries, for host-built test binaries.)
 # Kernel modules copied into the image (plus their dependencies).

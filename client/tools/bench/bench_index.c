@@ -63,6 +63,9 @@
  * ops/s in process on one core; >= 2 M block events/s end to end; /query p99 <= 1 ms;
  * <= 64 bytes per (block, instance) pair. A run fails on an error or a wrong count only.
  *
+ * The indexer's answers (the in-process JSON, /query, /instances) are read with the
+ * project's JSON reader (common/json.h), outside the timed calls.
+ *
  * Thread: the caller's (ZeroMQ's own I/O thread and libcurl aside).
  */
 #include <inttypes.h>
@@ -77,6 +80,7 @@
 #include <zmq.h>
 
 #include "client/tools/bench/bench.h"
+#include "common/json.h"
 #include "indexer/decode.h"
 #include "indexer/index.h"
 
@@ -540,13 +544,46 @@ static void sink(void *arg, const char *s, size_t len)
     text_put(&x->ans, s, len);
 }
 
-/* engine-E's longest_matched in an answer (tokens), or -1 when absent. */
-static long long answer_of(const char *ans, unsigned e)
+/* An index answer ({TENANT:{INSTANCE:{"longest_matched":N,...},...}}) parsed into j: the
+ * token of its tenant's object, or -1 when it is not that JSON (j freed by the caller). */
+static int64_t answer_parse(kvp_json_t *j, const char *ans, size_t len)
 {
-    char pat[64];
-    snprintf(pat, sizeof(pat), "\"engine-%u\":{\"longest_matched\":", e);
-    const char *p = strstr(ans, pat);
-    return p != NULL ? strtoll(p + strlen(pat), NULL, 10) : -1;
+    char why[96];
+    memset(j, 0, sizeof(*j));
+    if (ans == NULL || kvp_json_parse(j, ans, len, why, sizeof(why)) != KVP_JSON_OK ||
+        j->t[0].type != KVP_J_OBJECT || j->t[0].size != 1 || j->t[2].type != KVP_J_OBJECT)
+        return -1;
+    return 2; /* after the tenant's name */
+}
+
+/* engine-E's longest_matched in an answer (tokens), or -1 when absent. */
+static long long answer_of(const char *ans, size_t len, unsigned e)
+{
+    kvp_json_t j;
+    char inst[32];
+    snprintf(inst, sizeof(inst), "engine-%u", e);
+    int64_t t = answer_parse(&j, ans, len);
+    int64_t i = t >= 0 ? kvp_json_get(&j, (uint32_t)t, inst) : -1;
+    int64_t m = i >= 0 ? kvp_json_get(&j, (uint32_t)i, "longest_matched") : -1;
+    uint64_t v;
+    long long got =
+        m >= 0 && kvp_json_u64(&j, (uint32_t)m, &v) && v <= INT64_MAX ? (long long)v : -1;
+    kvp_json_free(&j);
+    return got;
+}
+
+/* The instances an answer names with a longest_matched. */
+static unsigned answer_instances(const char *ans, size_t len)
+{
+    kvp_json_t j;
+    unsigned n = 0;
+    int64_t t = answer_parse(&j, ans, len);
+    for (uint32_t i = 0, k = (uint32_t)t + 1; t >= 0 && i < j.t[t].size; i++) {
+        n += kvp_json_get(&j, k + 1, "longest_matched") >= 0; /* k: a name, k + 1 its value */
+        k = j.t[k + 1].next;
+    }
+    kvp_json_free(&j);
+    return n;
 }
 
 static void check_answer(ix_t *x, const char *what, const item_t *it, long long got)
@@ -676,7 +713,8 @@ static int inproc_query(ix_t *x, const item_t *it, size_t n, void *arg)
     kvp_status_t st = kvp_idx_query(ir->idx, &q, sink, x);
     kvp_idx_unlock(ir->idx);
     ir->r->t_query += kvp_bench_now() - t0;
-    check_answer(x, "in process", it, st == KVP_OK ? answer_of(x->ans.p, it->engine) : -1);
+    check_answer(x, "in process", it,
+                 st == KVP_OK ? answer_of(x->ans.p, x->ans.len, it->engine) : -1);
     return 0;
 }
 
@@ -993,6 +1031,30 @@ static int publish(pubs_t *p, unsigned i, const void *payload, size_t len, bool 
     return 0;
 }
 
+/* The seq of the publisher at endpoint ep in a GET /instances answer
+ * ({"instances":[{...,"publishers":[{"endpoint":EP,...,"seq":N|null,...}]}]}): false when
+ * it is not there or null (nothing heard from it yet). */
+static bool publisher_seq(const kvp_json_t *j, const char *ep, uint64_t *seq_p)
+{
+    int64_t insts = kvp_json_get(j, 0, "instances");
+    if (insts < 0 || j->t[insts].type != KVP_J_ARRAY)
+        return false;
+    for (uint32_t i = 0, r = (uint32_t)insts + 1; i < j->t[insts].size; i++, r = j->t[r].next) {
+        int64_t pubs = kvp_json_get(j, r, "publishers");
+        if (pubs < 0 || j->t[pubs].type != KVP_J_ARRAY)
+            continue;
+        for (uint32_t k = 0, b = (uint32_t)pubs + 1; k < j->t[pubs].size; k++, b = j->t[b].next) {
+            char name[256];
+            int64_t e = kvp_json_get(j, b, "endpoint");
+            if (e < 0 || !kvp_json_str(j, (uint32_t)e, name, sizeof(name)) || strcmp(name, ep) != 0)
+                continue;
+            int64_t s = kvp_json_get(j, b, "seq");
+            return s >= 0 && kvp_json_u64(j, (uint32_t)s, seq_p);
+        }
+    }
+    return false;
+}
+
 /* Register publishers [0, n) as engine-0.. and probe until the indexer has taken the last
  * probe of each (its seq in /instances is the last one sent): ZeroMQ's slow joiner drops
  * what is published before the subscription is made. */
@@ -1007,22 +1069,29 @@ static int pubs_register(daemon_t *d, pubs_t *p, unsigned n)
     static const uint8_t empty[] = {0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x90}; /* [0.0, []] */
     double deadline = kvp_bench_now() + 30;
     for (;;) {
+        kvp_json_t j;
+        char why[96];
         if (http(d, "/instances", NULL, 0) != 200)
             return -1;
+        if (kvp_json_parse(&j, d->out.p, d->out.len, why, sizeof(why)) != KVP_JSON_OK) {
+            fprintf(stderr, "kvpool-bench index: GET /instances: %s\n", why);
+            kvp_json_free(&j);
+            return -1;
+        }
         unsigned waiting = 0;
         for (unsigned i = 0; i < n; i++) {
-            char pat[128];
-            snprintf(pat, sizeof(pat), "\"endpoint\":\"%s\"", p->ep[i]);
-            const char *at = strstr(d->out.p, pat);
-            const char *seq = at != NULL ? strstr(at, "\"seq\":") : NULL;
-            if (seq != NULL && strncmp(seq + 6, "null", 4) != 0) {
-                waiting += strtoull(seq + 6, NULL, 10) + 1 != p->seq[i]; /* one on its way */
+            uint64_t seq;
+            if (publisher_seq(&j, p->ep[i], &seq)) {
+                waiting += seq + 1 != p->seq[i]; /* one on its way */
                 continue;
             }
             waiting++;
-            if (publish(p, i, empty, sizeof(empty), false) != 0)
+            if (publish(p, i, empty, sizeof(empty), false) != 0) {
+                kvp_json_free(&j);
                 return -1;
+            }
         }
+        kvp_json_free(&j);
         if (waiting == 0)
             return 0;
         if (kvp_bench_now() > deadline) {
@@ -1222,9 +1291,7 @@ static int e2e_latency(ix_t *x, daemon_t *d, pubs_t *p, e2e_t *r)
         double t0 = kvp_bench_now();
         long code = http(d, "/query", bodies + off[i], off[i + 1] - off[i]);
         double t1 = kvp_bench_now();
-        unsigned answered = 0;
-        for (const char *s = d->out.p; code == 200 && (s = strstr(s, "\"longest_matched\"")); s++)
-            answered++;
+        unsigned answered = code == 200 ? answer_instances(d->out.p, d->out.len) : 0;
         if (code != 200 || answered != p->n) {
             fprintf(stderr, "kvpool-bench index: POST /query: HTTP %ld, %u instances answered\n",
                     code, answered);

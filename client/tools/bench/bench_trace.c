@@ -4,13 +4,13 @@
  * Belady's offline optimum of the same capacity.
  *
  * DESIGN
- * Input is JSONL, one request a line; only the `hash_ids` array is read (a
- * small scanner: find "hash_ids", read the integers between the brackets;
- * other fields may come in any order). A line without a well-formed array is
- * skipped and counted. Each hash id is one KV block of o->block_bytes bytes,
- * stored under the vLLM-like key "trace@tp_rank:0@pp_rank:0@group:0@<id>".
- * While loading, hash ids are interned into dense block numbers 0..U-1 (an
- * open-addressing hash map); everything after that is indexed by the dense
+ * Input is JSONL, one request a line, each an object read with the project's
+ * JSON reader (common/json.h); only its `hash_ids` array and `timestamp` are
+ * used (other fields may come in any order). A line that is not an object
+ * with an array of non-negative integers there is skipped and counted.
+ * Each hash id is one KV block of o->block_bytes bytes, stored under the vLLM-like key
+ * "trace@tp_rank:0@pp_rank:0@group:0@<id>". While loading, hash ids are interned into dense block
+ * numbers 0..U-1 (an open-addressing hash map); everything after that is indexed by the dense
  * number, so each LRU (cache_sim.c) is a doubly linked list threaded through
  * arrays indexed by block (the hash map + list of an exact LRU, map lookups done
  * once).
@@ -88,6 +88,7 @@
 #include "client/include/kvpool.h"
 #include "client/tools/bench/bench.h"
 #include "client/tools/bench/cache_sim.h"
+#include "common/json.h"
 
 #define TRACE_BATCH 128             /* keys per call */
 #define TRACE_BUF_MAX (64ull << 20) /* bytes per buffer: fewer keys per call for huge blocks */
@@ -201,58 +202,38 @@ static const char *skip_ws(const char *p)
 }
 
 /*
- * Read the integers of the line's "hash_ids" array into *tmp. Returns their
- * count, or -1 when the line has no well-formed array of non-negative integers.
+ * A line (len bytes) as a request: the integers of its "hash_ids" array into *tmp, its
+ * "timestamp" (a non-negative number of ms; 0 when absent or not a number) into *ts_p.
+ * Returns their count, or -1 when the line is not a JSON object with such an array.
  */
-static long parse_line(const char *line, uint64_t **tmp, size_t *tmp_cap)
+static long parse_line(const char *line, size_t len, uint64_t **tmp, size_t *tmp_cap,
+                       uint64_t *ts_p)
 {
-    const char *p = strstr(line, "\"hash_ids\"");
-    if (p == NULL)
-        return -1;
-    p = skip_ws(p + strlen("\"hash_ids\""));
-    if (*p != ':')
-        return -1;
-    p = skip_ws(p + 1);
-    if (*p != '[')
-        return -1;
-    p = skip_ws(p + 1);
-    size_t n = 0;
-    if (*p == ']')
-        return 0;
-    for (;;) {
-        if (*p < '0' || *p > '9')
-            return -1;
-        uint64_t v = 0;
-        for (; *p >= '0' && *p <= '9'; p++) {
-            if (v > (UINT64_MAX - (uint64_t)(*p - '0')) / 10)
-                return -1;
-            v = v * 10 + (uint64_t)(*p - '0');
-        }
-        if (kvp_bench_grow((void **)tmp, tmp_cap, n + 1, sizeof(**tmp)))
-            return -1;
-        (*tmp)[n++] = v;
-        p = skip_ws(p);
-        if (*p == ']')
-            return (long)n;
-        if (*p != ',')
-            return -1;
-        p = skip_ws(p + 1);
+    kvp_json_t j;
+    char why[96];
+    long n = -1;
+    if (kvp_json_parse(&j, line, len, why, sizeof(why)) != KVP_JSON_OK)
+        goto out;
+    int64_t a = kvp_json_get(&j, 0, "hash_ids");
+    if (a < 0 || j.t[a].type != KVP_J_ARRAY ||
+        kvp_bench_grow((void **)tmp, tmp_cap, j.t[a].size, sizeof(**tmp)))
+        goto out;
+    for (uint32_t i = 0, e = (uint32_t)a + 1; i < j.t[a].size; i++, e = j.t[e].next)
+        if (!kvp_json_u64(&j, e, &(*tmp)[i]))
+            goto out;
+    n = (long)j.t[a].size;
+    *ts_p = 0;
+    int64_t t = kvp_json_get(&j, 0, "timestamp");
+    if (t >= 0 && j.t[t].type == KVP_J_NUMBER && j.t[t].end - j.t[t].start < 64) {
+        char num[64];
+        memcpy(num, line + j.t[t].start, j.t[t].end - j.t[t].start);
+        num[j.t[t].end - j.t[t].start] = '\0';
+        double v = strtod(num, NULL);
+        *ts_p = v > 0 ? (uint64_t)v : 0;
     }
-}
-
-/* The line's "timestamp" (a non-negative number of ms; 0 when absent or not a number). */
-static uint64_t parse_ts(const char *line)
-{
-    const char *p = strstr(line, "\"timestamp\"");
-    if (p == NULL)
-        return 0;
-    p = skip_ws(p + strlen("\"timestamp\""));
-    if (*p != ':')
-        return 0;
-    p = skip_ws(p + 1);
-    char *end;
-    double v = strtod(p, &end);
-    return end != p && v > 0 ? (uint64_t)v : 0;
+out:
+    kvp_json_free(&j);
+    return n;
 }
 
 static void trace_free(trace_t *t)
@@ -287,7 +268,9 @@ static int trace_load(trace_t *t, const char *path, uint64_t limit)
         lineno++;
         if (*skip_ws(line) == '\0')
             continue; /* blank line */
-        long n = (size_t)len == strlen(line) ? parse_line(line, &tmp, &tmp_cap) : -1;
+        uint64_t ts = 0;
+        long n =
+            (size_t)len == strlen(line) ? parse_line(line, (size_t)len, &tmp, &tmp_cap, &ts) : -1;
         if (n < 0) {
             if (t->malformed++ < TRACE_MAX_REPORTS)
                 fprintf(stderr, "kvpool-bench: trace: %s:%zu: no well-formed hash_ids, skipped\n",
@@ -298,7 +281,7 @@ static int trace_load(trace_t *t, const char *path, uint64_t limit)
             kvp_bench_grow((void **)&t->off, &off_cap, t->n_req + 2, sizeof(*t->off)) ||
             kvp_bench_grow((void **)&t->ts, &ts_cap, t->n_req + 1, sizeof(*t->ts)))
             goto out_nomem;
-        t->ts[t->n_req] = parse_ts(line);
+        t->ts[t->n_req] = ts;
         for (long i = 0; i < n; i++) {
             uint32_t b = intern(t, tmp[i], &ids_cap);
             if (b == TRACE_NIL)
@@ -342,7 +325,9 @@ int kvp_bench_trace_read(FILE *f, const char *name, uint64_t limit, kvp_bench_re
         goto out;
     r->off[0] = 0;
     while ((limit == 0 || r->n_req < limit) && (len = getline(&line, &line_cap, f)) >= 0) {
-        long n = (size_t)len == strlen(line) ? parse_line(line, &tmp, &tmp_cap) : -1;
+        uint64_t ts;
+        long n =
+            (size_t)len == strlen(line) ? parse_line(line, (size_t)len, &tmp, &tmp_cap, &ts) : -1;
         if (n < 0) { /* a blank or malformed line */
             r->malformed += *skip_ws(line) != '\0';
             continue;

@@ -9,6 +9,11 @@
  * Without an etcd binary the test exits 77 (SKIP), or fails when CI=true or
  * KVPOOL_REQUIRE_ETCD=1.
  *
+ * First, with or without etcd, the group "etcd_answers" feeds etcd.c canned answers of the
+ * JSON gateway from a fake one (common/http.c on 127.0.0.1:0): int64s as strings past 2^53,
+ * escaped base64, fields left out, error shapes, watch streams, a token; and answers the
+ * gateway should not give (not JSON, not an object), which fail as protocol errors.
+ *
  * Timing: TTL 2 s (etcd's minimum) everywhere; the whole file takes about
  * 20 s. Election outcomes are polled every 5 ms on the monotonic clock.
  * KVPOOL_LOG_LEVEL=debug shows every etcd error; the default here is info
@@ -34,6 +39,7 @@
 #include "common/clock.h"
 #include "common/election.h"
 #include "common/etcd.h"
+#include "common/http.h"
 #include "common/log.h"
 #include "tests/harness.h"
 
@@ -89,6 +95,313 @@ static void list_cb(const char *key, const char *val, size_t len, void *arg)
     snprintf(l->keys[l->n], sizeof(l->keys[0]), "%s", key);
     snprintf(l->vals[l->n], sizeof(l->vals[0]), "%s", val);
     l->n++;
+}
+
+/* ---- etcd's answers, canned (a fake gateway) ---- */
+
+/* The fake's answer to a path; the first of a path wins. */
+typedef struct canned {
+    const char *path;
+    unsigned status;
+    const char *body;
+} canned_t;
+
+static struct {
+    kvp_http_t *http;
+    char endpoints[64];
+    const canned_t *script; /* set by the test thread between calls */
+    size_t n;
+    char auth[256]; /* the Authorization header of the last request but authenticate's */
+} g_fake;
+
+#define SCRIPT(...)                                                                                \
+    do {                                                                                           \
+        static const canned_t s_[] = {__VA_ARGS__};                                                \
+        g_fake.script = s_;                                                                        \
+        g_fake.n = sizeof(s_) / sizeof(s_[0]);                                                     \
+    } while (0)
+
+static void fake_gateway(void *arg, const char *path, const kvp_http_request_t *req,
+                         kvp_http_reply_t *r)
+{
+    (void)arg;
+    const char *auth = kvp_http_header(req, "Authorization");
+    if (strcmp(path, "/v3/auth/authenticate") != 0)
+        snprintf(g_fake.auth, sizeof(g_fake.auth), "%s", auth != NULL ? auth : "");
+    for (size_t i = 0; i < g_fake.n; i++)
+        if (strcmp(g_fake.script[i].path, path) == 0) {
+            r->status = g_fake.script[i].status;
+            r->content_type = "application/json";
+            kvp_http_printf(r, "%s", g_fake.script[i].body);
+            return;
+        }
+    r->status = 404;
+    kvp_http_printf(r, "404 page not found\n");
+}
+
+static int setup_fake(void **state)
+{
+    (void)state;
+    uint16_t port;
+    if (kvp_http_start("127.0.0.1:0", fake_gateway, NULL, &g_fake.http, &port) != KVP_OK)
+        return -1;
+    kvp_http_accept_post(g_fake.http, 1u << 20, NULL);
+    snprintf(g_fake.endpoints, sizeof(g_fake.endpoints), "127.0.0.1:%u", port);
+    return 0;
+}
+
+static int teardown_fake(void **state)
+{
+    (void)state;
+    kvp_http_stop(g_fake.http);
+    return 0;
+}
+
+static kvp_etcd_t *fake_client(void)
+{
+    kvp_etcd_t *e = NULL;
+    assert_int_equal(kvp_etcd_create(g_fake.endpoints, 2000, &e), KVP_OK);
+    return e;
+}
+
+static void assert_error_has(const kvp_etcd_t *e, const char *part)
+{
+    if (strstr(kvp_etcd_error(e), part) == NULL)
+        fail_msg("error \"%s\" does not say \"%s\"", kvp_etcd_error(e), part);
+}
+
+/* Ranges: int64s read exactly from their strings, base64 through JSON escapes, what the
+ * gateway leaves out, and answers it should not give. */
+static void test_answers_range(void **state)
+{
+    (void)state;
+    kvp_etcd_t *e = fake_client();
+    char *val = NULL;
+    size_t len = 0;
+    int64_t crev = 0, mrev = 0, rev = 0;
+    /* "//8=" (bytes ff ff) written with escapes; 2^53 + 1 and INT64_MAX: no double holds them */
+    SCRIPT({"/v3/kv/range", 200,
+            "{\"header\":{\"revision\":\"9007199254740993\"},\"kvs\":[{\"key\":\"YS9i\","
+            "\"value\":\"\\/\\/8\\u003d\",\"create_revision\":\"9007199254740993\","
+            "\"mod_revision\":\"9223372036854775807\",\"lease\":\"7\"}],\"count\":\"1\"}\n"});
+    assert_int_equal(kvp_etcd_get(e, "a/b", &val, &len, &crev, &mrev, &rev), KVP_OK);
+    assert_int_equal(len, 2);
+    assert_memory_equal(val, "\xff\xff", 3);
+    assert_true(crev == 9007199254740993ll);
+    assert_true(mrev == INT64_MAX);
+    assert_true(rev == 9007199254740993ll);
+    free(val);
+    /* an int64 the gateway would send as a string, sent as a number: read exactly too */
+    SCRIPT({"/v3/kv/range", 200,
+            "{\"header\":{\"revision\":9007199254740993},\"kvs\":[{\"key\":\"YQ==\"}]}"});
+    assert_int_equal(kvp_etcd_get(e, "a", &val, &len, &crev, &mrev, &rev), KVP_OK);
+    assert_true(rev == 9007199254740993ll);
+    assert_int_equal(len, 0); /* no "value": empty */
+    assert_true(crev == 0 && mrev == 0);
+    free(val);
+    SCRIPT({"/v3/kv/range", 200, "{\"header\":{\"revision\":\"3\"}}"});
+    assert_int_equal(kvp_etcd_get(e, "a", &val, &len, NULL, NULL, NULL), KVP_ERR_NOT_FOUND);
+    SCRIPT({"/v3/kv/range", 200, "{\"kvs\":[]}"});
+    assert_int_equal(kvp_etcd_get(e, "a", &val, &len, NULL, NULL, NULL), KVP_ERR_NOT_FOUND);
+    SCRIPT({"/v3/kv/range", 200, "{\"kvs\":[{\"key\":\"!!\"}]}"});
+    assert_int_equal(kvp_etcd_get(e, "a", &val, &len, NULL, NULL, NULL), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "not base64");
+    SCRIPT({"/v3/kv/range", 200, "{\"kvs\":[7]}"});
+    assert_int_equal(kvp_etcd_get(e, "a", &val, &len, NULL, NULL, NULL), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "kv object");
+
+    /* a list: every kv, in order */
+    SCRIPT({"/v3/kv/range", 200,
+            "{\"kvs\":[{\"key\":\"L3QvYQ==\",\"value\":\"MQ==\"},{\"key\":\"L3QvYg==\"}]}"});
+    listed_t l = {0};
+    assert_int_equal(kvp_etcd_list(e, "/t/", list_cb, &l), KVP_OK);
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.keys[0], "/t/a");
+    assert_string_equal(l.vals[0], "1");
+    assert_string_equal(l.keys[1], "/t/b");
+    assert_string_equal(l.vals[1], "");
+
+    /* not JSON, not an object, JSON with something after it: protocol errors */
+    static const char *bad[] = {"{", "[1]", "{} x", "", "\"text\""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        canned_t c = {"/v3/kv/range", 200, bad[i]};
+        g_fake.script = &c;
+        g_fake.n = 1;
+        if (kvp_etcd_get(e, "a", &val, &len, NULL, NULL, NULL) != KVP_ERR_PROTOCOL)
+            fail_msg("took the answer '%s'", bad[i]);
+        assert_error_has(e, "not a JSON object");
+    }
+    kvp_etcd_destroy(e);
+}
+
+/* Txns: succeeded (left out when false), the ranges of their responses. */
+static void test_answers_txn(void **state)
+{
+    (void)state;
+    kvp_etcd_t *e = fake_client();
+    SCRIPT({"/v3/kv/txn", 200, "{\"header\":{},\"succeeded\":true}"});
+    assert_int_equal(kvp_etcd_put_if(e, "k", "v", 1, "g", 3), KVP_OK);
+    assert_int_equal(kvp_etcd_delete_if(e, "k", 3), KVP_OK);
+    SCRIPT({"/v3/kv/txn", 200, "{\"header\":{}}"});
+    assert_int_equal(kvp_etcd_put_if(e, "k", "v", 1, "g", 3), KVP_ERR_NOT_OWNER);
+    SCRIPT({"/v3/kv/txn", 200, "{\"responses\":[{\"response_range\":{\"count\":\"1\"}}]}"});
+    assert_int_equal(kvp_etcd_delete_if(e, "k", 3), KVP_ERR_NOT_OWNER);
+    SCRIPT({"/v3/kv/txn", 200, "{\"responses\":[{\"response_range\":{}}]}"});
+    assert_int_equal(kvp_etcd_delete_if(e, "k", 3), KVP_ERR_NOT_FOUND);
+
+    bool created = false;
+    int64_t crev = 0;
+    SCRIPT({"/v3/kv/txn", 200,
+            "{\"succeeded\":true,\"responses\":[{\"response_put\":{}},{\"response_range\":"
+            "{\"kvs\":[{\"key\":\"aw==\",\"value\":\"dg==\",\"create_revision\":\"42\","
+            "\"lease\":\"9\"}]}}]}"});
+    assert_int_equal(kvp_etcd_create_key(e, "k", "v", 1, 9, &created, &crev), KVP_OK);
+    assert_true(created);
+    assert_int_equal(crev, 42);
+    /* failed: the holder's kv (another lease) is responses[0]'s */
+    SCRIPT({"/v3/kv/txn", 200,
+            "{\"responses\":[{\"response_range\":{\"kvs\":[{\"key\":\"aw==\","
+            "\"create_revision\":\"41\",\"lease\":\"8\"}]}}]}"});
+    assert_int_equal(kvp_etcd_create_key(e, "k", "v", 1, 9, &created, &crev), KVP_OK);
+    assert_false(created);
+    assert_int_equal(crev, 41);
+    SCRIPT({"/v3/kv/txn", 200, "{\"responses\":[{\"response_range\":{}}]}"});
+    assert_int_equal(kvp_etcd_create_key(e, "k", "v", 1, 9, &created, &crev), KVP_ERR_PROTOCOL);
+    kvp_etcd_destroy(e);
+}
+
+/* Leases, and the error shapes: {"error","message","code"} and a stream's
+ * {"error":{"grpc_code",...}}, with escapes in the message; text that is not JSON. */
+static void test_answers_lease(void **state)
+{
+    (void)state;
+    kvp_etcd_t *e = fake_client();
+    int64_t id = 0, ttl = -1;
+    SCRIPT(
+        {"/v3/lease/grant", 200, "{\"header\":{},\"ID\":\"4111120140920247582\",\"TTL\":\"5\"}"});
+    assert_int_equal(kvp_etcd_lease_grant(e, 5, &id), KVP_OK);
+    assert_true(id == 4111120140920247582ll);
+    SCRIPT({"/v3/lease/grant", 200, "{\"TTL\":\"5\"}"});
+    assert_int_equal(kvp_etcd_lease_grant(e, 5, &id), KVP_ERR_PROTOCOL);
+    SCRIPT({"/v3/lease/keepalive", 200, "{\"result\":{\"ID\":\"1\",\"TTL\":\"5\"}}\n"});
+    assert_int_equal(kvp_etcd_lease_keepalive(e, 1, &ttl), KVP_OK);
+    assert_int_equal(ttl, 5);
+    SCRIPT({"/v3/lease/keepalive", 200, "{\"result\":{\"ID\":\"1\"}}\n"});
+    assert_int_equal(kvp_etcd_lease_keepalive(e, 1, &ttl), KVP_OK);
+    assert_int_equal(ttl, 0); /* no TTL: the lease is gone */
+    SCRIPT({"/v3/lease/keepalive", 200,
+            "{\"error\":{\"grpc_code\":5,\"http_code\":404,\"message\":\"etcdserver: requested "
+            "lease not found\",\"http_status\":\"Not Found\"}}\n"});
+    assert_int_equal(kvp_etcd_lease_keepalive(e, 1, &ttl), KVP_ERR_NOT_FOUND);
+    assert_error_has(e, "requested lease not found");
+    SCRIPT({"/v3/lease/revoke", 404,
+            "{\"error\":\"etcdserver: requested lease not found\",\"message\":\"etcdserver: "
+            "requested lease not found\",\"code\":5}"});
+    assert_int_equal(kvp_etcd_lease_revoke(e, 7), KVP_ERR_NOT_FOUND);
+    assert_error_has(e, "gRPC code 5");
+    /* only "error" as text: that is the message */
+    SCRIPT({"/v3/lease/revoke", 500, "{\"error\":\"etcdserver: \\u003cboom\\u003e\",\"code\":2}"});
+    assert_int_equal(kvp_etcd_lease_revoke(e, 7), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "etcdserver: <boom>");
+    /* unavailable: another endpoint may serve (there is none here) */
+    SCRIPT({"/v3/lease/revoke", 503,
+            "{\"error\":\"x\",\"message\":\"etcdserver: request timed out\",\"code\":14}"});
+    assert_int_equal(kvp_etcd_lease_revoke(e, 7), KVP_ERR_CONNECT);
+    assert_error_has(e, "request timed out");
+    /* a code that is no integer is no code */
+    SCRIPT({"/v3/lease/revoke", 503, "{\"message\":\"odd\",\"code\":\"14\"}"});
+    assert_int_equal(kvp_etcd_lease_revoke(e, 7), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "gRPC code -1");
+    SCRIPT({"/v3/lease/revoke", 502, "Bad Gateway\nmore"});
+    assert_int_equal(kvp_etcd_lease_revoke(e, 7), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "HTTP 502: Bad Gateway");
+    kvp_etcd_destroy(e);
+}
+
+/* Watch streams: one {"result":...} a line, the created line first. */
+static void test_answers_watch(void **state)
+{
+    (void)state;
+    kvp_etcd_t *e = fake_client();
+    kvp_etcd_event_t ev;
+    SCRIPT({"/v3/watch", 200,
+            "{\"result\":{\"header\":{\"revision\":\"4\"},\"created\":true}}\n"
+            "{\"result\":{\"header\":{},\"events\":[{\"kv\":{\"key\":\"dw==\","
+            "\"create_revision\":\"3\",\"mod_revision\":\"5\",\"version\":\"2\","
+            "\"value\":\"eA==\"}}]}}\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 4, 2000, NULL, &ev), KVP_OK);
+    assert_int_equal(ev.type, KVP_ETCD_EVENT_PUT);
+    assert_int_equal(ev.mod_rev, 5);
+    assert_int_equal(ev.create_rev, 3);
+    assert_int_equal(ev.len, 1);
+    assert_string_equal(ev.val, "x");
+    kvp_etcd_event_cleanup(&ev);
+    /* an event older than the start is skipped; a DELETE carries no value */
+    SCRIPT({"/v3/watch", 200,
+            "{\"result\":{\"created\":true}}\n"
+            "{\"result\":{\"events\":[{\"kv\":{\"key\":\"dw==\",\"mod_revision\":\"4\"}},"
+            "{\"type\":\"DELETE\",\"kv\":{\"key\":\"dw==\",\"mod_revision\":\"6\"}}]}}\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 5, 2000, NULL, &ev), KVP_OK);
+    assert_int_equal(ev.type, KVP_ETCD_EVENT_DELETE);
+    assert_int_equal(ev.mod_rev, 6);
+    assert_null(ev.val);
+    SCRIPT({"/v3/watch", 200,
+            "{\"result\":{\"created\":true}}\n"
+            "{\"result\":{\"canceled\":true,\"compact_revision\":\"10\"}}\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 3, 2000, NULL, &ev), KVP_ERR_OUT_OF_RANGE);
+    assert_error_has(e, "compacted up to revision 10");
+    SCRIPT({"/v3/watch", 200,
+            "{\"result\":{\"canceled\":true,\"cancel_reason\":\"rpc error: code = "
+            "PermissionDenied desc = etcdserver: permission denied\"}}\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 3, 2000, NULL, &ev), KVP_ERR_DENIED);
+    SCRIPT({"/v3/watch", 200, "{\"result\":{\"canceled\":true}}\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 3, 2000, NULL, &ev), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "no reason given");
+    SCRIPT({"/v3/watch", 200, "{\"result\":{\"created\":true}}\n{\"result\":\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 3, 2000, NULL, &ev), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "unparsable line");
+    SCRIPT({"/v3/watch", 200,
+            "{\"error\":{\"grpc_code\":14,\"message\":\"etcdserver: no leader\"}}\n"});
+    assert_int_equal(kvp_etcd_watch(e, "w", 3, 2000, NULL, &ev), KVP_ERR_CONNECT);
+    kvp_etcd_destroy(e);
+}
+
+/* A user: the token of /v3/auth/authenticate (unescaped) rides in every request. */
+static void test_answers_token(void **state)
+{
+    (void)state;
+    char pw[] = "/tmp/kvp-test-etcd-pw-XXXXXX";
+    int fd = mkstemp(pw);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "secret\n", 7), 7);
+    close(fd);
+    kvp_etcd_security_t sec = {.user = "kvpool", .password_file = pw};
+    kvp_etcd_params_t p = {.endpoints = g_fake.endpoints, .timeout_ms = 2000, .security = &sec};
+    char err[256];
+    kvp_etcd_t *e = NULL;
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_OK);
+    kvp_etcd_stats_t before, after;
+    kvp_etcd_stats(&before);
+    SCRIPT({"/v3/auth/authenticate", 200, "{\"header\":{},\"token\":\"tok.\\u0041BC\\/1\"}"},
+           {"/v3/kv/put", 200, "{\"header\":{}}"});
+    assert_int_equal(kvp_etcd_put(e, "k", "v", 1, 0), KVP_OK);
+    assert_string_equal(g_fake.auth, "tok.ABC/1");
+    kvp_etcd_stats(&after);
+    assert_true(after.authentications == before.authentications + 1);
+    kvp_etcd_destroy(e);
+
+    assert_int_equal(kvp_etcd_create_ex(&p, &e, err, sizeof(err)), KVP_OK);
+    SCRIPT({"/v3/auth/authenticate", 200, "{\"header\":{}}"});
+    assert_int_equal(kvp_etcd_put(e, "k", "v", 1, 0), KVP_ERR_PROTOCOL);
+    assert_error_has(e, "answer without a token");
+    SCRIPT({"/v3/auth/authenticate", 400,
+            "{\"error\":\"etcdserver: authentication failed, invalid user ID or password\","
+            "\"message\":\"etcdserver: authentication failed, invalid user ID or password\","
+            "\"code\":3}"});
+    assert_int_equal(kvp_etcd_put(e, "k", "v", 1, 0), KVP_ERR_DENIED);
+    assert_error_has(e, "authentication as user 'kvpool' failed");
+    kvp_etcd_destroy(e);
+    unlink(pw);
 }
 
 static void test_kv(void **state)
@@ -786,6 +1099,15 @@ int main(void)
 {
     kvp_log_set_level(KVP_LOG_INFO);
     kvp_log_init_from_env();
+    const struct CMUnitTest answers[] = {
+        cmocka_unit_test(test_answers_range), cmocka_unit_test(test_answers_txn),
+        cmocka_unit_test(test_answers_lease), cmocka_unit_test(test_answers_watch),
+        cmocka_unit_test(test_answers_token),
+    };
+    int answers_failed =
+        cmocka_run_group_tests_name("etcd_answers", answers, setup_fake, teardown_fake);
+    if (answers_failed != 0)
+        return answers_failed;
     if (!kvp_etcd_available()) {
         const char *ci = getenv("CI"), *req = getenv("KVPOOL_REQUIRE_ETCD");
         bool required =

@@ -1,10 +1,12 @@
 /*
  * json.c - a strict JSON tokenizer (json.h): RFC 8259 values, iteratively (an explicit
- * stack of at most KVP_JSON_DEPTH_MAX open containers), into one token array.
+ * stack of at most KVP_JSON_DEPTH_MAX open containers), into one token array. Strings
+ * are checked (escapes, no control characters) when parsed and unescaped only when read;
+ * numbers are checked against the grammar and read from their text, never as doubles.
  *
  * Thread: any.
  */
-#include "indexer/json.h"
+#include "common/json.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +110,27 @@ static bool lit(parser_t *p, const char *w)
     return true;
 }
 
+/* A value that is no container at p->at (its first character c) into t (start set). */
+static bool scalar(parser_t *p, char c, kvp_json_tok_t *t)
+{
+    if (c == '"') {
+        t->type = KVP_J_STRING;
+        return string(p, &t->start, &t->end); /* the body's bounds, without the quotes */
+    }
+    if (c == 't' && lit(p, "true"))
+        t->type = KVP_J_TRUE;
+    else if (c == 'f' && lit(p, "false"))
+        t->type = KVP_J_FALSE;
+    else if (c == 'n' && lit(p, "null"))
+        t->type = KVP_J_NULL;
+    else if (number(p))
+        t->type = KVP_J_NUMBER;
+    else
+        return false;
+    t->end = (uint32_t)p->at;
+    return true;
+}
+
 kvp_json_rc_t kvp_json_parse(kvp_json_t *j, const char *text, size_t len, char *why, size_t why_len)
 {
     memset(j, 0, sizeof(*j));
@@ -185,24 +208,8 @@ kvp_json_rc_t kvp_json_parse(kvp_json_t *j, const char *text, size_t len, char *
                 }
                 continue;
             }
-            if (c == '"') {
-                if (!string(&p, &t->start, &t->end))
-                    goto bad;
-                t->type = KVP_J_STRING;
-            } else if (c == 't' && lit(&p, "true")) {
-                t->type = KVP_J_TRUE;
-            } else if (c == 'f' && lit(&p, "false")) {
-                t->type = KVP_J_FALSE;
-            } else if (c == 'n' && lit(&p, "null")) {
-                t->type = KVP_J_NULL;
-            } else if (number(&p)) {
-                t->type = KVP_J_NUMBER;
-                t->end = (uint32_t)p.at;
-            } else {
+            if (!scalar(&p, c, t))
                 goto bad;
-            }
-            if (t->type != KVP_J_STRING && t->type != KVP_J_NUMBER)
-                t->end = (uint32_t)p.at;
             t->next = ++j->n;
             want_value = false;
             if (depth == 0)
@@ -353,5 +360,35 @@ bool kvp_json_u64(const kvp_json_t *j, uint32_t tok, uint64_t *v)
         x = x * 10 + d;
     }
     *v = x;
+    return true;
+}
+
+size_t kvp_json_str_cap(const kvp_json_t *j, uint32_t tok)
+{
+    if (tok >= j->n || j->t[tok].type != KVP_J_STRING)
+        return 0;
+    /* \n is 1 byte of 2, \uXXXX at most 3 of 6, a surrogate pair 4 of 12 */
+    return (size_t)(j->t[tok].end - j->t[tok].start) + 1;
+}
+
+bool kvp_json_i64(const kvp_json_t *j, uint32_t tok, int64_t *v)
+{
+    if (tok >= j->n || j->t[tok].type != KVP_J_NUMBER)
+        return false;
+    const char *s = j->text + j->t[tok].start, *e = j->text + j->t[tok].end;
+    bool neg = s < e && *s == '-';
+    s += neg;
+    if (s == e)
+        return false;
+    uint64_t x = 0, max = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9')
+            return false; /* a fraction or an exponent */
+        unsigned d = (unsigned)(*s - '0');
+        if (x > (max - d) / 10)
+            return false;
+        x = x * 10 + d;
+    }
+    *v = !neg ? (int64_t)x : x > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)x;
     return true;
 }

@@ -1,7 +1,11 @@
 /*
- * test_json.c - unit tests for indexer/json.c: what it takes (RFC 8259 values, nested,
- * escaped), what it refuses (malformed, too deep, too many values), 64-bit integers read
- * exactly, keys found in objects of any shape.
+ * test_json.c - unit tests for common/json.c, the project's one JSON reader: what it takes
+ * (RFC 8259 values, nested, escaped), what it refuses (malformed, too deep, too many
+ * values), 64-bit integers read exactly (unsigned, and signed as etcd's revisions and
+ * leases are), keys found in objects of any shape, strings copied whatever their length.
+ * Its users' own forms are tested with them: the indexer's bodies in tests/unit/indexer and
+ * tests/fuzz, a tenant quota body in tests/unit/master/obs/test_tenant_quotas.c, etcd's
+ * answers in test_etcd.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "indexer/json.h"
+#include "common/json.h"
 
 static kvp_json_rc_t parse(kvp_json_t *j, const char *s)
 {
@@ -137,6 +141,69 @@ static void test_values(void **state)
     kvp_json_free(&j);
 }
 
+/* Signed integers: the whole int64 range, exactly, and nothing else. */
+static void test_i64(void **state)
+{
+    (void)state;
+    kvp_json_t j;
+    const char *s = "[9223372036854775807, -9223372036854775808, -0, 0, -9007199254740993,"
+                    " 9223372036854775808, -9223372036854775809, 1.0, -1e3, \"5\", -12]";
+    assert_int_equal(parse(&j, s), KVP_JSON_OK);
+    int64_t v;
+    uint32_t e = 1;
+    assert_true(kvp_json_i64(&j, e, &v) && v == INT64_MAX);
+    e = j.t[e].next;
+    assert_true(kvp_json_i64(&j, e, &v) && v == INT64_MIN);
+    e = j.t[e].next;
+    assert_true(kvp_json_i64(&j, e, &v) && v == 0);
+    e = j.t[e].next;
+    assert_true(kvp_json_i64(&j, e, &v) && v == 0);
+    e = j.t[e].next;
+    assert_true(kvp_json_i64(&j, e, &v) && v == -9007199254740993ll); /* a double: ...992 */
+    for (int i = 0; i < 5; i++) { /* past either end, a fraction, an exponent, a string */
+        e = j.t[e].next;
+        v = 77;
+        assert_false(kvp_json_i64(&j, e, &v));
+        assert_int_equal(v, 77); /* untouched */
+    }
+    e = j.t[e].next;
+    assert_true(kvp_json_i64(&j, e, &v) && v == -12);
+    assert_false(kvp_json_u64(&j, e, (uint64_t *)&v)); /* unsigned: no minus */
+    assert_false(kvp_json_i64(&j, 0, &v));             /* the array */
+    assert_false(kvp_json_i64(&j, j.n, &v));           /* past the tokens */
+    kvp_json_free(&j);
+}
+
+/* kvp_json_str_cap: a buffer that size holds the string unescaped, whatever it holds. */
+static void test_str_cap(void **state)
+{
+    (void)state;
+    kvp_json_t j;
+    const char *s = "[\"\", \"abc\", \"\\n\\t\\\"\\\\\\/\", \"\\u00e9\\u20ac\\ud83d\\ude00\","
+                    " \"\\ud83d\", \"\\u0000\", 5]";
+    assert_int_equal(parse(&j, s), KVP_JSON_OK);
+    static const char *want[] = {"", "abc", "\n\t\"\\/", "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"};
+    uint32_t e = 1;
+    for (int i = 0; i < 4; i++, e = j.t[e].next) {
+        size_t cap = kvp_json_str_cap(&j, e);
+        assert_int_equal(cap, j.t[e].end - j.t[e].start + 1);
+        char *out = malloc(cap);
+        assert_non_null(out);
+        assert_true(kvp_json_str(&j, e, out, cap));
+        assert_string_equal(out, want[i]);
+        free(out);
+    }
+    char out[16];
+    assert_false(kvp_json_str(&j, e, out, sizeof(out))); /* a lone surrogate */
+    e = j.t[e].next;
+    assert_false(kvp_json_str(&j, e, out, sizeof(out))); /* a NUL */
+    e = j.t[e].next;
+    assert_int_equal(kvp_json_str_cap(&j, e), 0); /* a number */
+    assert_int_equal(kvp_json_str_cap(&j, 0), 0); /* the array */
+    assert_int_equal(kvp_json_str_cap(&j, j.n), 0);
+    kvp_json_free(&j);
+}
+
 /* Random bytes and mutations of a valid body: parsed or refused, never read past the end
  * (ASan in CI). */
 static void test_random(void **state)
@@ -168,6 +235,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accepts), cmocka_unit_test(test_refuses),
         cmocka_unit_test(test_limits),  cmocka_unit_test(test_values),
+        cmocka_unit_test(test_i64),     cmocka_unit_test(test_str_cap),
         cmocka_unit_test(test_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

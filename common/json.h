@@ -1,16 +1,19 @@
 /*
- * json.h - a strict JSON tokenizer for the indexer's HTTP bodies (json.c).
+ * json.h - the project's one JSON reader (json.c): a strict tokenizer. It reads the
+ * indexer's HTTP bodies and config, the master's tenant quota bodies and etcd's JSON
+ * gateway answers (common/etcd.c).
  *
- * Why not cJSON (which the project has): a seq hash is a 64-bit integer, and cJSON keeps
- * numbers as doubles (exact to 2^53 only); and a body of a million small values would
- * cost cJSON a node of ~64 bytes each. Here a body becomes one array of tokens (16 bytes
- * each, at most KVP_JSON_TOKENS_MAX), numbers are read from their text exactly, and
- * nesting is bounded.
+ * Why not a tree library such as cJSON: a seq hash or an etcd revision is a 64-bit
+ * integer, and cJSON keeps numbers as doubles (exact to 2^53 only); and a body of a
+ * million small values would cost cJSON a node of ~64 bytes each. Here a text becomes one
+ * array of tokens (20 bytes each, at most KVP_JSON_TOKENS_MAX), numbers are read from their
+ * text exactly, and nesting is bounded. The tokens point into the text: it must outlive
+ * the kvp_json_t.
  *
  * Thread: any; a parse is its caller's.
  */
-#ifndef KVP_INDEXER_JSON_H
-#define KVP_INDEXER_JSON_H
+#ifndef KVP_COMMON_JSON_H
+#define KVP_COMMON_JSON_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -54,7 +57,12 @@ int64_t kvp_json_get(const kvp_json_t *j, uint32_t obj, const char *key);
 /* A string token unescaped into out[0..cap) (NUL-terminated); false: not a string, too
  * long, or a \u0000. */
 bool kvp_json_str(const kvp_json_t *j, uint32_t tok, char *out, size_t cap);
+/* The bytes a buffer needs to hold string token tok unescaped by kvp_json_str, whatever
+ * it holds (its text's length + 1: unescaped, a string is never longer); 0: not a string. */
+size_t kvp_json_str_cap(const kvp_json_t *j, uint32_t tok);
 /* A number token that is an integer in 0..UINT64_MAX (no fraction, no exponent). */
 bool kvp_json_u64(const kvp_json_t *j, uint32_t tok, uint64_t *v);
+/* A number token that is an integer in INT64_MIN..INT64_MAX (no fraction, no exponent). */
+bool kvp_json_i64(const kvp_json_t *j, uint32_t tok, int64_t *v);
 
 #endif
