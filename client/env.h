@@ -5,10 +5,11 @@
  * getenv themselves. See env.c for the table of variables.
  *
  * A parameter of kvp_client_params_t always wins over its variable; an empty variable is
- * unset. Three variables are process-wide and read where their setting lives, once per
- * process: KVPOOL_LOG_LEVEL (common/log.c, kvp_log_init_from_env), KVPOOL_CUDA_LIB
- * (mem/gpu.c, when the driver is loaded) and KVPOOL_CRC32C_NO_FOLD (common/crc32c.c, a
- * test knob); the table lists them too, for the docs.
+ * unset. The table also lists, for the docs, the variables read elsewhere (its rows marked
+ * KVP_OPT_F_READ_ELSEWHERE): the process-wide ones, read once per process where their
+ * setting lives (KVPOOL_LOG_LEVEL: common/log.c, kvp_log_init_from_env; KVPOOL_CUDA_LIB:
+ * mem/gpu.c, when the driver is loaded; KVPOOL_CRC32C_NO_FOLD: common/crc32c.c, a test
+ * knob), and the transfer engine's (KVPOOL_TE_*: client/te.c, as each engine is created).
  */
 #ifndef KVP_CLIENT_ENV_H
 #define KVP_CLIENT_ENV_H

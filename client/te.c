@@ -81,9 +81,11 @@
 #define TE_CHAIN_DEF 0
 /* Bytes of one of the initiator's pinned staging buffers for device memory
  * (KVPOOL_TE_STAGE_CHUNK), two a stager (transfer/engine.c): each is one batch on the
- * streams, the next copied while it moves. On an H200 over loopback
- * (docs/results/2026-11-27-gpu-te.md) 1 MiB and 4 MiB ran device memory at about half the
- * rate of host memory, 16 MiB near it; four buffers gained nothing over two. */
+ * streams, the next copied while it moves. Measured on an H200 over loopback (two engines
+ * in one process, 512 runs of 64 KiB and 128 runs of 1 MiB, device or host memory at each
+ * end): buffers of 1 MiB and 4 MiB ran device memory at about half the rate of host memory,
+ * 16 MiB near it; four buffers a stager did no better than two, and 32 or 64 MiB gained
+ * no more than the run-to-run spread. */
 #define TE_STAGE_CHUNK_DEF ((uint64_t)16 << 20)
 #define TE_ALLOWED_MAX 64
 
@@ -1165,66 +1167,53 @@ static uint64_t te_size_env(const char *name, uint64_t def)
     return v;
 }
 
-kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
-                           kvp_te_t **te_p)
+/* kvp_te_create's arguments and KVPOOL_AUTH: the transport asked for (*proto_p), protected
+ * mode (*protected_p), and the address to listen on (host, "" for every address; *port_p,
+ * 0 for any). KVP_OK, UNSUPPORTED (said) or INVALID_ARG. */
+static kvp_status_t te_args(const char *local_hostname, const char *metadata, const char *protocol,
+                            int *proto_p, bool *protected_p, char *host, size_t host_len,
+                            uint16_t *port_p)
 {
-    *te_p = NULL;
     if (metadata != NULL && strcmp(metadata, "P2PHANDSHAKE") != 0) {
         KVP_LOG_ERROR("transfer engine: metadata '%s': only P2PHANDSHAKE is supported", metadata);
         return KVP_ERR_UNSUPPORTED;
     }
-    int proto;
     if (protocol == NULL || protocol[0] == '\0' || strcmp(protocol, "auto") == 0)
-        proto = KVP_TRANSPORT_AUTO;
+        *proto_p = KVP_TRANSPORT_AUTO;
     else if (strcmp(protocol, "tcp") == 0)
-        proto = KVP_TRANSPORT_TCP;
+        *proto_p = KVP_TRANSPORT_TCP;
     else if (strcmp(protocol, "shm") == 0)
-        proto = KVP_TRANSPORT_SHM;
+        *proto_p = KVP_TRANSPORT_SHM;
     else if (strcmp(protocol, "rdma") == 0)
-        proto = KVP_TRANSPORT_RDMA;
+        *proto_p = KVP_TRANSPORT_RDMA;
     else {
         KVP_LOG_ERROR("transfer engine: protocol '%s' is not supported here (tcp, shm, rdma, "
                       "auto)",
                       protocol);
         return KVP_ERR_UNSUPPORTED;
     }
-    bool protected_mode = true;
+    *protected_p = true;
     const char *auth_env = getenv("KVPOOL_AUTH");
     if (auth_env != NULL && strcmp(auth_env, "none") == 0)
-        protected_mode = false;
+        *protected_p = false;
     else if (auth_env != NULL && auth_env[0] != '\0' && strcmp(auth_env, "protected") != 0)
         return KVP_ERR_INVALID_ARG;
-    char host[256] = "";
-    uint16_t port = 0;
+    host[0] = '\0';
+    *port_p = 0;
     if (local_hostname != NULL && local_hostname[0] != '\0') {
         if (strchr(local_hostname, ':') != NULL && local_hostname[0] != '[') {
-            if (kvp_parse_hostport(local_hostname, host, sizeof(host), &port) != KVP_OK)
+            if (kvp_parse_hostport(local_hostname, host, host_len, port_p) != KVP_OK)
                 return KVP_ERR_INVALID_ARG;
         } else
-            snprintf(host, sizeof(host), "%s", local_hostname);
+            snprintf(host, host_len, "%s", local_hostname);
     }
-    te_auth_t *auth;
-    kvp_status_t ast = auth_load(&auth);
-    if (ast != KVP_OK)
-        return ast;
-    kvp_te_t *te = calloc(1, sizeof(*te));
-    if (te == NULL) {
-        auth_free(auth);
-        return KVP_ERR_NOMEM;
-    }
-    te->auth = auth;
-    if (auth != NULL) /* a proved principal from any host; protected mode lifted */
-        protected_mode = false;
-    te->protocol = proto;
-    const char *shm_mode = getenv("KVPOOL_TE_SHM");
-    te->cma_lease = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
-    te->cma = te->cma_lease || strcmp(shm_mode, "cma-checked") == 0;
-    if (!te->cma && strcmp(shm_mode, "socket") != 0) {
-        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma, cma-checked or socket", shm_mode);
-        auth_free(auth);
-        free(te);
-        return KVP_ERR_INVALID_ARG;
-    }
+    return KVP_OK;
+}
+
+/* A new engine's locks, queue and transfer settings (KVPOOL_TE_TIMEOUT_MS, _STREAMS, _CHAIN,
+ * _STAGE_CHUNK); nothing that can fail. */
+static void te_init_state(kvp_te_t *te, bool protected_mode)
+{
     pthread_mutex_init(&te->cma_lock, NULL);
     pthread_mutex_init(&te->notify_lock, NULL);
     te->notify_tail = &te->notify_head;
@@ -1245,13 +1234,12 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     te->xfer.tcp_slice = 1 << 20;
     te->xfer.tcp_chain = te_size_env("KVPOOL_TE_CHAIN", TE_CHAIN_DEF);
     te->xfer.stage_chunk = te_size_env("KVPOOL_TE_STAGE_CHUNK", TE_STAGE_CHUNK_DEF);
-    kvp_status_t st = kvp_transfer_init(&te->xfer);
-    if (st != KVP_OK) {
-        auth_free(te->auth);
-        free(te);
-        return st;
-    }
-    /* host "" listens on every address; a name binds that one */
+}
+
+/* The engine's data server on host:port (host "" listens on every address, "localhost" on
+ * the loopback one, a name binds that one): te->srv and te->port. */
+static kvp_status_t te_listen(kvp_te_t *te, const char *host, uint16_t port, bool protected_mode)
+{
     const char *bind = host[0] != '\0' && strcmp(host, "localhost") != 0 ? host : NULL;
     if (host[0] != '\0' && strcmp(host, "localhost") == 0)
         bind = "127.0.0.1";
@@ -1262,30 +1250,34 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
                                   .host = bind,
                                   .port = port,
                                   .protected_mode = protected_mode};
-    st = kvp_data_server_create(&p, &te->srv, &te->port);
-    if (st != KVP_OK) {
+    kvp_status_t st = kvp_data_server_create(&p, &te->srv, &te->port);
+    if (st != KVP_OK)
         KVP_LOG_ERROR("transfer engine: cannot listen on %s:%u: %s", bind ? bind : "*", port,
                       kvp_strerror(st));
-        kvp_transfer_cleanup(&te->xfer);
-        auth_free(te->auth);
-        free(te);
+    return st;
+}
+
+/* rdma, when asked for or (auto) when a device is present: te->rdma. A failure fails the
+ * engine only when rdma was asked for; auto goes on with tcp and shm. */
+static kvp_status_t te_rdma_start(kvp_te_t *te, int proto)
+{
+    if (proto != KVP_TRANSPORT_RDMA && (proto != KVP_TRANSPORT_AUTO || !te_rdma_present()))
+        return KVP_OK;
+    bool acl = te->auth != NULL && te->auth->acl_path[0] != '\0';
+    kvp_status_t st = te_rdma_open(te->xfer.timeout_ms, acl ? acl_tick : NULL, te, &te->rdma);
+    if (st != KVP_OK && proto == KVP_TRANSPORT_RDMA)
         return st;
-    }
-    if (proto == KVP_TRANSPORT_RDMA || (proto == KVP_TRANSPORT_AUTO && te_rdma_present())) {
-        bool acl = te->auth != NULL && te->auth->acl_path[0] != '\0';
-        st = te_rdma_open(te->xfer.timeout_ms, acl ? acl_tick : NULL, te, &te->rdma);
-        if (st != KVP_OK && proto == KVP_TRANSPORT_RDMA) {
-            kvp_data_server_destroy(te->srv);
-            kvp_transfer_cleanup(&te->xfer);
-            auth_free(te->auth);
-            free(te);
-            return st;
-        }
-        if (st == KVP_OK)
-            KVP_LOG_INFO("transfer engine: rdma on %s", te_rdma_where(te->rdma));
-        else
-            KVP_LOG_WARN("transfer engine: no rdma here (auto): tcp and shm only");
-    }
+    if (st == KVP_OK)
+        KVP_LOG_INFO("transfer engine: rdma on %s", te_rdma_where(te->rdma));
+    else
+        KVP_LOG_WARN("transfer engine: no rdma here (auto): tcp and shm only");
+    return KVP_OK;
+}
+
+/* A started engine: who may reach it (logged), its shm socket, its place in the registry. */
+static void te_announce(kvp_te_t *te)
+{
+    const te_auth_t *auth = te->auth;
     if (auth != NULL)
         KVP_LOG_INFO("transfer engine: peers prove a certificate of %s (ours: CN '%s'); "
                      "admitted: %s%s%s",
@@ -1301,8 +1293,63 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
         KVP_LOG_WARN("transfer engine: the shm socket @%s is taken: peers reach us over tcp", sock);
     if (kvp_te_registry_add(te) != KVP_OK) /* its counts: metrics() only, not the client's */
         KVP_LOG_WARN("transfer engine: out of memory: not counted in the client's metrics");
+}
+
+kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
+                           kvp_te_t **te_p)
+{
+    *te_p = NULL;
+    int proto;
+    bool protected_mode;
+    char host[256];
+    uint16_t port;
+    kvp_status_t st = te_args(local_hostname, metadata, protocol, &proto, &protected_mode, host,
+                              sizeof(host), &port);
+    if (st != KVP_OK)
+        return st;
+    te_auth_t *auth;
+    st = auth_load(&auth);
+    if (st != KVP_OK)
+        return st;
+    kvp_te_t *te = calloc(1, sizeof(*te));
+    if (te == NULL) {
+        auth_free(auth);
+        return KVP_ERR_NOMEM;
+    }
+    te->auth = auth;
+    if (auth != NULL) /* a proved principal from any host; protected mode lifted */
+        protected_mode = false;
+    te->protocol = proto;
+    const char *shm_mode = getenv("KVPOOL_TE_SHM");
+    te->cma_lease = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
+    te->cma = te->cma_lease || strcmp(shm_mode, "cma-checked") == 0;
+    if (!te->cma && strcmp(shm_mode, "socket") != 0) {
+        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma, cma-checked or socket", shm_mode);
+        st = KVP_ERR_INVALID_ARG;
+        goto err_free_te;
+    }
+    te_init_state(te, protected_mode);
+    st = kvp_transfer_init(&te->xfer);
+    if (st != KVP_OK)
+        goto err_free_te;
+    st = te_listen(te, host, port, protected_mode);
+    if (st != KVP_OK)
+        goto err_cleanup_xfer;
+    st = te_rdma_start(te, proto);
+    if (st != KVP_OK)
+        goto err_destroy_srv;
+    te_announce(te);
     *te_p = te;
     return KVP_OK;
+
+err_destroy_srv:
+    kvp_data_server_destroy(te->srv);
+err_cleanup_xfer:
+    kvp_transfer_cleanup(&te->xfer);
+err_free_te:
+    auth_free(te->auth);
+    free(te);
+    return st;
 }
 
 void kvp_te_destroy(kvp_te_t *te)

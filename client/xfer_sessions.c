@@ -783,6 +783,46 @@ kvp_status_t kvp_batch_put_from_multi_ranges(kvp_client_t *c, const char *const 
 
 /* ---------------- put sessions ---------------- */
 
+/* Key j of a PutStart's answer sr (key, size): when the master started it, an entry of the
+ * put session table (xs->lock held) with its replicas and their grants, sharing resp, to be
+ * written by the deadline. The key's status: the master's; PROTOCOL or NOMEM (to be
+ * revoked); INVALID_ARG for a second start of one key in the batch (the master refused it). */
+static kvp_status_t put_start_keep(kvp_xsessions_t *xs, const char *key, uint64_t size,
+                                   const Kvpool__PutStartResponse *sr, size_t j, sess_resp_t *resp,
+                                   uint64_t deadline)
+{
+    const Kvpool__PutStartResult *r = sr->results[j];
+    if (r->status != KVP_OK)
+        return r->status;
+    kvp_status_t st = KVP_OK;
+    sess_ent_t *e = NULL;
+    if (r->n_replicas == 0 || r->n_replicas > KVP_OBJ_REPLICAS_MAX)
+        st = KVP_ERR_PROTOCOL;
+    else if ((e = ent_new(key, size, resp)) == NULL ||
+             (e->iv = calloc(SESS_IV_MAX, sizeof(*e->iv))) == NULL)
+        st = KVP_ERR_NOMEM;
+    /* two starts of one key in one batch: the master refused the second (PENDING) */
+    if (st == KVP_OK && table_find(&xs->put, key, strlen(key), e->hash) != NULL)
+        st = KVP_ERR_INVALID_ARG;
+    if (st == KVP_OK) {
+        e->n_rep = (uint8_t)r->n_replicas;
+        e->mask = (1u << r->n_replicas) - 1;
+        e->deadline_ms = deadline;
+        for (size_t q = 0; q < r->n_replicas; q++)
+            e->rep[q] = (sess_rep_t){
+                .segment_id = r->replicas[q]->segment_id,
+                .offset = r->replicas[q]->offset,
+                .grant = kvp_obj_rep_grant(r->replicas[q], sr->segments, sr->n_segments)};
+        if (!table_link(&xs->put, e))
+            st = KVP_ERR_NOMEM;
+    }
+    if (st != KVP_OK && e != NULL) {
+        e->refs = 1;
+        ent_unref(e, NULL, NULL);
+    }
+    return st;
+}
+
 static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const uint64_t *sizes,
                               size_t n, const kvp_put_config_t *config, kvp_status_t *results)
 {
@@ -866,41 +906,12 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
                              : sr->put_timeout_ms / 2);
     pthread_mutex_lock(&xs->lock);
     for (size_t j = 0; j < m; j++) {
-        const Kvpool__PutStartResult *r = sr->results[j];
         size_t i = idx[j];
-        results[i] = r->status;
-        if (r->status != KVP_OK)
-            continue;
-        sess_ent_t *e = NULL;
-        if (r->n_replicas == 0 || r->n_replicas > KVP_OBJ_REPLICAS_MAX)
-            results[i] = KVP_ERR_PROTOCOL;
-        else if ((e = ent_new(keys[i], szs[j], resp)) == NULL ||
-                 (e->iv = calloc(SESS_IV_MAX, sizeof(*e->iv))) == NULL)
-            results[i] = KVP_ERR_NOMEM;
-        size_t len = strlen(keys[i]);
-        /* two starts of one key in one batch: the master refused the second (PENDING) */
-        if (results[i] == KVP_OK && table_find(&xs->put, keys[i], len, e->hash) != NULL)
-            results[i] = KVP_ERR_INVALID_ARG;
-        if (results[i] == KVP_OK) {
-            e->n_rep = (uint8_t)r->n_replicas;
-            e->mask = (1u << r->n_replicas) - 1;
-            e->deadline_ms = deadline;
-            for (size_t q = 0; q < r->n_replicas; q++)
-                e->rep[q] = (sess_rep_t){
-                    .segment_id = r->replicas[q]->segment_id,
-                    .offset = r->replicas[q]->offset,
-                    .grant = kvp_obj_rep_grant(r->replicas[q], sr->segments, sr->n_segments)};
-            if (!table_link(&xs->put, e))
-                results[i] = KVP_ERR_NOMEM;
-        }
-        if (results[i] != KVP_OK) {
-            if (e != NULL) {
-                e->refs = 1;
-                ent_unref(e, NULL, NULL);
-            }
-            if (results[i] != KVP_ERR_INVALID_ARG)
-                rev[n_rev++] = i;
-        }
+        results[i] = put_start_keep(xs, keys[i], szs[j], sr, j, resp, deadline);
+        /* started, but not kept: revoked (a second start of the key was refused already) */
+        if (sr->results[j]->status == KVP_OK && results[i] != KVP_OK &&
+            results[i] != KVP_ERR_INVALID_ARG)
+            rev[n_rev++] = i;
     }
     resp_unref(resp);
     pthread_mutex_unlock(&xs->lock);

@@ -16,11 +16,15 @@ Each daemon's and the library's folders stand in layers, lowest first
 
 The master's:
 
+    match/     the key matcher: List's and RemoveByRegex's patterns, checked and bounded
+               (key_pattern), and their Thompson NFA (key_nfa); knows no state
     meta/      data structures that know no state: objects, the segment table, the
-               index, placement, leases, the ghost, tombstones, records, tenants
+               index, placement, leases, the ghost, tombstones, records, tenants, the
+               copy and move tasks' table
     core/      the loop's state (state.[ch]), its settings (config.[ch]) and the
                event sink the state emits KV events through (event_sink.h)
-    policy/    what stays and what goes: lists, leases, eviction, tiers
+    policy/    what stays and what goes: lists, leases, eviction, tiers, the copy and
+               move tasks' life, the hot-key fanout
     auth/      who is calling: the ACL, credentials (TLS, ACL, tenants) and their
                reload, admission of each request, the audit log
     ha/        high availability: leadership (election glue), rebuild (adoption)
@@ -65,14 +69,15 @@ CLIENT_RANK = {
     "python": 8,
 }
 MASTER_RANK = {
-    "meta": 0,
-    "core": 1,
-    "policy": 2,
-    "auth": 3,
-    "ha": 4,
-    "rpc": 5,
-    "obs": 6,
-    "": 7,  # master/*.c|h: dispatch, server, main
+    "match": 0,
+    "meta": 1,
+    "core": 2,
+    "policy": 3,
+    "auth": 4,
+    "ha": 5,
+    "rpc": 6,
+    "obs": 7,
+    "": 8,  # master/*.c|h: dispatch, server, main
 }
 # The ranked trees; indexer/ has no folders ranked yet (its circles are checked).
 RANKS = {"client": CLIENT_RANK, "master": MASTER_RANK}

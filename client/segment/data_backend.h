@@ -1,8 +1,9 @@
 /*
  * data_backend.h - where a data server's bytes live: the one interface the
  * data server (data_server.c) moves them through, implemented by a DRAM
- * segment's memory (segment_server.c) and an SSD segment's file
- * (ssd/ssd_server.c).
+ * segment's memory (segment_server.c), an SSD or DFS segment's file
+ * (ssd/ssd_server.c) and a transfer engine's registered memory (client/te.c,
+ * kvp_te_*: its regions, peers' certificates, cma copies, notifies, rdma keys).
  *
  * The server never looks behind it: it reads each request (its header, its
  * vector entries and grants), checks the grants and that every extent lies
@@ -40,7 +41,7 @@
 #define KVP_DATA_FRAME_TE_RDMA 0x40u /* TE_RDMA: a transfer engine's rdma keys (te_rdma.c) */
 
 typedef struct kvp_data_backend_ops {
-    const char *name; /* of the server, in its logs: "segment server", "ssd server" */
+    const char *name; /* in the server's logs: "segment server", "ssd server", ... */
     unsigned frames;  /* KVP_DATA_FRAME_* */
     /* Optional: the connection's own state (*conn_p, handed to read and write), made at
      * its first read or write, once checked. An error closes it without serving that

@@ -38,7 +38,7 @@ typedef struct kvp_master_config {
                                 * owner's return this long (60000; 0: not kept) */
     bool lease_on_exist;       /* Exist grants read leases too (false) */
     bool lease_on_put;         /* PutEnd leases the object for the TTL (false) */
-    /* hot keys (rpc/hot_keys.c): a key read this often per second gets replicas of its own
+    /* hot keys (policy/hot_keys.c): a key read this often per second gets replicas of its own
      * on more segments, dropped when it cools (0: off) */
     uint32_t hot_key_reads;
     uint32_t hot_key_replicas; /* ... at most this many more (2) */

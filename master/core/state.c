@@ -117,11 +117,8 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
     for (uint32_t i = 0; st->hot != NULL && i <= st->hot_mask; i++)
         free(st->hot[i].key);
     free(st->hot);
-    while (st->copy_tasks != NULL) { /* (their extents go with the segments) */
-        kvp_task_t *t = st->copy_tasks;
-        st->copy_tasks = t->next;
-        free(t);
-    }
+    kvp_task_table_cleanup(&st->copy_tasks); /* (the tasks' extents go with the segments) */
+
     st->index.charge = NULL; /* nothing is charged any more */
     st->index.groups = NULL; /* (the table goes whole, below) */
     kvp_index_cleanup(&st->index);

@@ -9,14 +9,16 @@
  *   main.c, server.c   flags, epoll loop, connections, framing
  *   dispatch.c         the method table: method id -> handler
  *   obs/               HTTP views, metrics, the KV events publisher
- *   rpc/               handlers by concern (segment, object, drain, admin)
+ *   rpc/               handlers by concern (segment, object, drain, admin, task)
  *                      and what they share (rpc/call.c: the response packer)
  *   ha/                leadership (election glue), rebuild (adoption)
  *   auth/              ACL, credentials, admission, audit
- *   policy/            eviction -> lease -> lists: what stays, what goes
+ *   policy/            eviction -> lease -> lists: what stays, what goes; tiers,
+ *                      copy tasks' life, the hot-key fanout
  *   core/              this struct, the settings, the KV event sink
  *   meta/              object, segment_table, object_index, placement,
- *                      lease_table, ghost: data structures that know no state
+ *                      lease_table, ghost, task_table: data structures that know no state
+ *   match/             the key matcher (List's and RemoveByRegex's patterns)
  */
 #ifndef KVP_MASTER_CORE_STATE_H
 #define KVP_MASTER_CORE_STATE_H
@@ -32,6 +34,7 @@
 #include "master/meta/object.h"
 #include "master/meta/object_index.h"
 #include "master/meta/segment_table.h"
+#include "master/meta/task_table.h"
 #include "master/meta/tenant.h"
 
 typedef struct kvp_master_stats {
@@ -41,7 +44,7 @@ typedef struct kvp_master_stats {
     uint64_t evicted_share; /* victims taken from a tenant over its share, passing others */
     uint64_t put_timeouts;  /* PENDING puts revoked by --put-timeout */
     uint64_t moved;         /* objects moved off draining segments */
-    /* copy and move tasks (rpc/task_calls.c): created, and ended each way */
+    /* copy and move tasks (policy/copy_tasks.c): created, and ended each way */
     uint64_t tasks_created;
     uint64_t tasks_succeeded;
     uint64_t tasks_failed;
@@ -100,7 +103,7 @@ typedef struct kvp_master_stats {
     uint64_t refused_seg_held;     /* a mount of a name held (limbo) for another principal */
     uint64_t refused_seg_proof;    /* a mount whose endpoint did not prove it serves it */
     /* List and RemoveByRegex patterns refused, by kvp_key_pattern_refusal_t
-     * (master/rpc/key_pattern.h; kvpool_patterns_refused_total by reason) */
+     * (master/match/key_pattern.h; kvpool_patterns_refused_total by reason) */
     uint64_t refused_pattern[8];
     /* admission limits (master/auth/admission.c, server.c): connections closed, by the cap
      * or deadline that closed them */
@@ -177,40 +180,7 @@ typedef struct kvp_move {
 } kvp_move_t;
 
 /*
- * A copy or move task (rpc/task_calls.c, Mooncake's create_copy_task / create_move_task):
- * new replicas of an object on named segments, written by the owner of its source replica.
- * kind and status are Mooncake's numbers. The key (as stored) follows the struct.
- */
-#define KVP_TASK_COPY 0
-#define KVP_TASK_MOVE 1
-#define KVP_TASK_PENDING 0
-#define KVP_TASK_PROCESSING 1
-#define KVP_TASK_FAILED 2
-#define KVP_TASK_SUCCESS 3
-#define KVP_TASK_TARGETS_MAX 8
-typedef struct kvp_task {
-    struct kvp_task *next; /* newest first */
-    uint64_t id_hi, id_lo;
-    uint8_t kind, status;
-    bool drop_pending; /* MOVE: the new replica is in; the source's goes once no read leases it */
-    uint16_t tenant;
-    uint64_t created_ms, updated_ms; /* wall clock */
-    uint64_t deadline_ms;            /* master clock: not ended by then, it fails */
-    uint64_t source_seg;             /* the source replica's segment; its owner runs the task */
-    uint64_t exec_conn;              /* ... that owner's connection */
-    uint64_t version, size;          /* the object when the task started */
-    uint32_t crc32c;
-    uint8_t n_targets, n_dests;
-    uint64_t targets[KVP_TASK_TARGETS_MAX];    /* segment ids */
-    kvp_replica_t dests[KVP_TASK_TARGETS_MAX]; /* PROCESSING: new extents, held by the task */
-    char assigned[128];                        /* the source segment's name */
-    char message[160];
-    uint16_t key_len;
-    char key[];
-} kvp_task_t;
-
-/*
- * A key counted by the hot-key fanout (rpc/hot_keys.c, --hot-key-reads): its reads in the
+ * A key counted by the hot-key fanout (policy/hot_keys.c, --hot-key-reads): its reads in the
  * current window, and the replicas it was given while hot. An open-addressing table by the
  * key's index hash; the key's bytes are kept once it is hot.
  */
@@ -246,13 +216,11 @@ typedef struct kvp_master_state {
      * about, how many it remembered (victims coming back); the three counts are halved
      * whenever the victims since the last halving pass the objects resident (1024 at least) */
     uint64_t recent_puts, recent_returns, recent_victims;
-    kvp_move_t *moves;      /* drain copies in flight */
-    kvp_task_t *copy_tasks; /* copy and move tasks, newest first (rpc/task_calls.c) */
-    kvp_hot_key_t *hot;     /* the hot-key fanout's table (rpc/hot_keys.c), or NULL */
+    kvp_move_t *moves;           /* drain copies in flight */
+    kvp_task_table_t copy_tasks; /* copy and move tasks (meta/task_table.h) */
+    kvp_hot_key_t *hot;          /* the hot-key fanout's table (policy/hot_keys.c), or NULL */
     uint32_t hot_mask, hot_count;
-    uint64_t hot_window_ms;                   /* when the current window ends */
-    uint32_t n_copy_tasks, n_copy_tasks_live; /* all kept; not ended */
-    uint64_t task_incarnation; /* 48 random bits naming this master's tasks (0: none yet) */
+    uint64_t hot_window_ms; /* when the current window ends */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */
     uint64_t next_task_id;

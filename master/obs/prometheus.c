@@ -17,9 +17,9 @@
 #include "common/etcd.h"
 #include "common/http.h"
 #include "common/macros.h"
+#include "master/match/key_pattern.h"
 #include "master/meta/limbo.h"
 #include "master/obs/http_views.h"
-#include "master/rpc/key_pattern.h"
 
 const uint32_t kvp_rpc_bucket_us[KVP_RPC_BUCKETS - 1] = {10,   25,   50,   100,   250,  500,
                                                          1000, 2500, 5000, 10000, 50000};
@@ -205,7 +205,7 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
     kvp_http_printf(r, "kvpool_tasks_ended_total{outcome=\"failed\"} %" PRIu64 "\n",
                     s->tasks_failed);
     one(r, "kvpool_tasks_live", "gauge", "Copy and move tasks waiting or running.",
-        st->n_copy_tasks_live);
+        st->copy_tasks.n_live);
     one(r, "kvpool_hot_keys", "gauge",
         "Keys read --hot-key-reads times a second or more lately, or holding replicas for it.",
         hot_keys(st));
@@ -473,7 +473,7 @@ static void segment_claims(kvp_http_reply_t *r, const kvp_master_state_t *st)
                     s->refused_seg_proof);
 }
 
-/* List and RemoveByRegex patterns refused (master/rpc/key_pattern.h), by reason. */
+/* List and RemoveByRegex patterns refused (master/match/key_pattern.h), by reason. */
 static void patterns_refused(kvp_http_reply_t *r, const kvp_master_state_t *st)
 {
     _Static_assert(KVP_PATTERN_REFUSALS <= KVP_ARRAY_SIZE(st->stats.refused_pattern),

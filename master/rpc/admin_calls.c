@@ -31,7 +31,7 @@
 
 #include "common/log.h"
 #include "common/macros.h"
-#include "master/rpc/key_pattern.h"
+#include "master/match/key_pattern.h"
 #include "master/rpc/reply.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"

@@ -29,10 +29,10 @@
 #include "master/meta/placement.h"
 #include "master/meta/record.h"
 #include "master/policy/eviction.h"
+#include "master/policy/hot_keys.h"
 #include "master/policy/lease.h"
 #include "master/policy/lists.h"
 #include "master/policy/tier.h"
-#include "master/rpc/hot_keys.h"
 #include "master/rpc/reply.h"
 
 static void set_pin(kvp_master_state_t *st, kvp_object_t *obj, const kvp_placement_req_t *preq)
@@ -182,6 +182,105 @@ static bool same_group(kvp_master_state_t *st, uint32_t cur, const ProtobufCBina
     return group->len == g->name_len && memcmp(group->data, g->name, g->name_len) == 0;
 }
 
+/* Upsert of obj (COMPLETE) by a put of `size`: when the size is the same, nobody reads it,
+ * no copy of it is in flight and its replicas are where the put wants them, its extents are
+ * rewritten in place: obj is PENDING (so invisible) for conn_id, as a new put's object, and
+ * true. false: it cannot be; nothing changed. */
+static bool upsert_in_place(kvp_master_state_t *st, uint64_t conn_id, kvp_object_t *obj,
+                            uint64_t size, const kvp_placement_req_t *preq)
+{
+    if (obj->size != size || kvp_leased(st, obj) || (obj->flags & KVP_OBJ_F_COPYING) != 0 ||
+        preq->ssd || preq->dfs_extra || kvp_segment_table_has_tier(&st->segments, obj, true) ||
+        kvp_segment_table_on_draining(&st->segments, obj) ||
+        obj->n_replicas < (preq->replica_num ? preq->replica_num : 1))
+        return false;
+    kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
+    if (g != NULL)
+        g->stale = true;       /* a member without a lease: the next read leases it again */
+    kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
+    kvp_record_forget(&st->segments, obj); /* the bytes are about to change */
+    kvp_state_object_gone(st, obj);        /* absent until PutEnd (KV events) */
+    kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
+    obj->writer_conn_id = conn_id;
+    obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+    obj->version = kvp_tier_next_version(st);
+    set_pin(st, obj, preq);
+    return true;
+}
+
+/* A put with a DFS replica: is there DFS room for `size` (DFS copies freed for it, least
+ * recently used first, with --dfs-eviction)? KVP_OK; UNSUPPORTED: no DFS segment; POOL_BUSY:
+ * the segments of a master just restarted still offer what they hold (the client asks
+ * again, as for DRAM); POOL_FULL. */
+static kvp_status_t dfs_room(kvp_master_state_t *st, const kvp_placement_req_t *preq, uint64_t size)
+{
+    if (st->segments.capacity_dfs == 0)
+        return KVP_ERR_UNSUPPORTED;
+    if (st->now_ms < st->rebuild_until_ms && dfs_short(st, size, preq->tenant)) {
+        st->stats.lease_waits++;
+        return KVP_ERR_POOL_BUSY;
+    }
+    while (st->config.dfs_evict && dfs_short(st, size, preq->tenant)) {
+        uint64_t used = kvp_tier_dfs_used(st, preq->tenant);
+        if (kvp_tier_evict_dfs_to(st, used > size ? used - size : 0, preq->tenant) == 0)
+            break;
+    }
+    if (dfs_short(st, size, preq->tenant)) {
+        st->stats.dfs_full++;
+        return KVP_ERR_POOL_FULL;
+    }
+    return KVP_OK;
+}
+
+/* The extents of a new object (r: the put's placement, r->size its size) into reps, *n_p of
+ * them, the DFS replica r asks for among them: evicting for room as the policy says, or
+ * POOL_BUSY when the room comes back by itself (a master just restarted, reads or offloads
+ * in flight: the client asks again). On failure nothing is held. */
+static kvp_status_t put_place(kvp_master_state_t *st, const kvp_placement_req_t *r,
+                              int64_t *give_back_p, kvp_replica_t *reps, unsigned *n_p)
+{
+    uint64_t size = r->size;
+    kvp_status_t status = kvp_placement_alloc(&st->segments, r, &st->rng, reps, n_p);
+    /* Just restarted (or just elected): the segments are still remounting and offering
+     * what they hold. Neither evict what came back nor fail: the client asks again. */
+    if ((status == KVP_ERR_POOL_FULL || status == KVP_ERR_NO_SEGMENT) &&
+        st->now_ms < st->rebuild_until_ms) {
+        st->stats.lease_waits++;
+        return KVP_ERR_POOL_BUSY;
+    }
+    /* No room: evict this object's worth (policy order) and try again. Free bytes are
+     * not a free extent: in a fragmented segment the freed space may be scattered, so
+     * keep evicting until the object fits or nothing evictable is left. Eviction is of
+     * the tier the put goes to; DRAM victims may go to SSD (offload, policy/tier.c),
+     * which frees their room only when the copy is durable. */
+    uint64_t need = size * (r->replica_num ? r->replica_num : 1);
+    while (status == KVP_ERR_POOL_FULL) {
+        /* leases whose TTL is over first: what they free may be enough by itself */
+        uint64_t before = kvp_segment_table_used_tier(&st->segments, r->ssd);
+        kvp_lease_expire(st);
+        uint64_t used = kvp_segment_table_used_tier(&st->segments, r->ssd);
+        /* a DRAM put that will wait for offloads has more of them started than it needs,
+         * so the SSD owners never wait for the next victims between batches */
+        uint64_t want = need + (r->ssd ? 0 : kvp_tier_offload_ahead(st));
+        uint64_t target = used > want ? used - want : 0;
+        uint64_t freed = r->ssd ? kvp_tier_evict_ssd_to(st, target) : kvp_evict_to(st, target);
+        if (freed == 0 && used == before)
+            break;
+        status = kvp_placement_alloc(&st->segments, r, &st->rng, reps, n_p);
+    }
+    /* Nothing evictable is left. If the reads (or offloads) in flight give back enough
+     * room when they end, the client waits and asks again (bounded by its timeout). */
+    if (status == KVP_ERR_POOL_FULL &&
+        ((!r->ssd && (st->offloading_bytes > 0 || kvp_tier_ssd_adopting(st))) ||
+         reads_give_back(st, give_back_p) >= need)) {
+        st->stats.lease_waits++;
+        return KVP_ERR_POOL_BUSY;
+    }
+    if (status == KVP_OK && r->dfs_extra)
+        status = put_dfs_replica(st, r, reps, n_p);
+    return status;
+}
+
 /* group: the group this key's put names (NULL: none named, an upsert keeps the object's;
  * empty: ungrouped). *held_p: a group held for the new object (the caller drops it). */
 static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
@@ -207,27 +306,10 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_INVALID_ARG;
     }
     if (obj != NULL) {
-        /* Upsert. Same size and nobody reading: rewrite the extents in place (the
-         * object is PENDING, so invisible, while that happens). Otherwise the old
-         * object goes now (its extents stay until readers' leases end) and the new
-         * one gets extents of its own. Either way the key is absent until PutEnd,
-         * and absent for good if the new put fails. */
-        if (obj->size == size && !kvp_leased(st, obj) && (obj->flags & KVP_OBJ_F_COPYING) == 0 &&
-            !preq->ssd && !preq->dfs_extra &&
-            !kvp_segment_table_has_tier(&st->segments, obj, true) &&
-            !kvp_segment_table_on_draining(&st->segments, obj) &&
-            obj->n_replicas >= (preq->replica_num ? preq->replica_num : 1)) {
-            kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
-            if (g != NULL)
-                g->stale = true;       /* a member without a lease: the next read leases it again */
-            kvp_lease_forget(st, obj); /* a lease whose TTL is over: its slot goes */
-            kvp_record_forget(&st->segments, obj); /* the bytes are about to change */
-            kvp_state_object_gone(st, obj);        /* absent until PutEnd (KV events) */
-            kvp_index_set_state(&st->index, obj, KVP_OBJ_PENDING);
-            obj->writer_conn_id = conn_id;
-            obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
-            obj->version = kvp_tier_next_version(st);
-            set_pin(st, obj, preq);
+        /* Upsert: in place when it can be; otherwise the old object goes now (its extents
+         * stay until readers' leases end) and the new one gets extents of its own. Either
+         * way the key is absent until PutEnd, and absent for good if the new put fails. */
+        if (upsert_in_place(st, conn_id, obj, size, preq)) {
             *obj_p = obj;
             return KVP_OK;
         }
@@ -241,67 +323,13 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_QUOTA;
     }
     /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
-    if (preq->dfs_extra && st->segments.capacity_dfs == 0)
-        return KVP_ERR_UNSUPPORTED;
-    /* (not while the segments of a master just restarted offer what they hold: the client
-     * asks again, as for DRAM below) */
-    bool settling = st->now_ms < st->rebuild_until_ms;
-    if (preq->dfs_extra && settling && dfs_short(st, size, preq->tenant)) {
-        st->stats.lease_waits++;
-        return KVP_ERR_POOL_BUSY;
-    }
-    while (preq->dfs_extra && st->config.dfs_evict && dfs_short(st, size, preq->tenant)) {
-        /* free DFS copies, least recently used first (--dfs-eviction) */
-        uint64_t used = kvp_tier_dfs_used(st, preq->tenant);
-        if (kvp_tier_evict_dfs_to(st, used > size ? used - size : 0, preq->tenant) == 0)
-            break;
-    }
-    if (preq->dfs_extra && dfs_short(st, size, preq->tenant)) {
-        st->stats.dfs_full++;
-        return KVP_ERR_POOL_FULL;
-    }
+    if (preq->dfs_extra && (status = dfs_room(st, preq, size)) != KVP_OK)
+        return status;
     kvp_replica_t reps[KVP_MAX_REPLICAS];
     unsigned n = 0;
     kvp_placement_req_t r = *preq;
     r.size = size;
-    status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
-    /* Just restarted (or just elected): the segments are still remounting and offering
-     * what they hold. Neither evict what came back nor fail: the client asks again. */
-    if ((status == KVP_ERR_POOL_FULL || status == KVP_ERR_NO_SEGMENT) &&
-        st->now_ms < st->rebuild_until_ms) {
-        st->stats.lease_waits++;
-        return KVP_ERR_POOL_BUSY;
-    }
-    /* No room: evict this object's worth (policy order) and try again. Free bytes are
-     * not a free extent: in a fragmented segment the freed space may be scattered, so
-     * keep evicting until the object fits or nothing evictable is left. Eviction is of
-     * the tier the put goes to; DRAM victims may go to SSD (offload, policy/tier.c),
-     * which frees their room only when the copy is durable. */
-    uint64_t need = size * (r.replica_num ? r.replica_num : 1);
-    while (status == KVP_ERR_POOL_FULL) {
-        /* leases whose TTL is over first: what they free may be enough by itself */
-        uint64_t before = kvp_segment_table_used_tier(&st->segments, r.ssd);
-        kvp_lease_expire(st);
-        uint64_t used = kvp_segment_table_used_tier(&st->segments, r.ssd);
-        /* a DRAM put that will wait for offloads has more of them started than it needs,
-         * so the SSD owners never wait for the next victims between batches */
-        uint64_t want = need + (r.ssd ? 0 : kvp_tier_offload_ahead(st));
-        uint64_t target = used > want ? used - want : 0;
-        uint64_t freed = r.ssd ? kvp_tier_evict_ssd_to(st, target) : kvp_evict_to(st, target);
-        if (freed == 0 && used == before)
-            break;
-        status = kvp_placement_alloc(&st->segments, &r, &st->rng, reps, &n);
-    }
-    /* Nothing evictable is left. If the reads (or offloads) in flight give back enough
-     * room when they end, the client waits and asks again (bounded by its timeout). */
-    if (status == KVP_ERR_POOL_FULL &&
-        ((!r.ssd && (st->offloading_bytes > 0 || kvp_tier_ssd_adopting(st))) ||
-         reads_give_back(st, give_back_p) >= need)) {
-        st->stats.lease_waits++;
-        return KVP_ERR_POOL_BUSY;
-    }
-    if (status == KVP_OK && preq->dfs_extra)
-        status = put_dfs_replica(st, &r, reps, &n);
+    status = put_place(st, &r, give_back_p, reps, &n);
     if (status != KVP_OK)
         return status;
     if (preq->dfs_extra)

@@ -1,6 +1,7 @@
 /*
  * task_calls.c - copy and move tasks: TaskCreate, TaskQuery, TaskStart, TaskEnd, the
- * heartbeat's offers, the end of a closed connection's tasks, and the timer's.
+ * heartbeat's offers and the end of a closed connection's tasks (their life otherwise, the
+ * timer's part included: policy/copy_tasks.c; their table: meta/task_table.c).
  *
  * Design. Mooncake's create_copy_task (new replicas of an object on named segments) and
  * create_move_task (its replica on one segment taken to another) are done in the background
@@ -16,11 +17,15 @@
  * being read keeps both replicas until no read leases it (the timer), then frees the
  * source's. A task whose runner's connection closes, or that has not ended by its deadline
  * (30 s to start, then --put-timeout), FAILED, its extents freed. Ended tasks are kept for
- * TaskQuery (the newest KEEP_ENDED). Tasks live in the master's memory only: an id carries
- * the master that gave it (48 random bits drawn at its first task, and a 16-bit check), so
- * after a restart or a failover a TaskQuery of an earlier master's task answers FAILED, saying
- * why, while a made-up id is NOT_FOUND; its runner's TaskEnd is NOT_FOUND, so extents it
- * wrote were never the object's.
+ * TaskQuery (those that ended last: policy/copy_tasks.c). Tasks live in the master's memory
+ * only: an id carries the master that gave it (48 random bits drawn at its first task, and a
+ * 16-bit check), so after a restart or a failover a TaskQuery of an earlier master's task
+ * answers FAILED, saying why, while a made-up id is NOT_FOUND; its runner's TaskEnd is
+ * NOT_FOUND, so extents it wrote were never the object's.
+ *
+ * Cost. Each call looks its tasks up in the table (meta/task_table.h): TaskQuery, and each
+ * task a TaskStart or TaskEnd names, by id in O(1); a heartbeat's offers are its
+ * connection's waiting tasks, O(what it offers); a closed connection fails its own, O(those).
  *
  * Who. TaskCreate needs the write role and the key (the dispatcher checks both, and scopes
  * the key to the caller's tenant); the task is that tenant's: a TaskQuery of it by another
@@ -33,128 +38,28 @@
  */
 #include "master/rpc/task_calls.h"
 
-#include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "common/grant.h"
-#include "common/log.h"
 #include "common/macros.h"
-#include "common/rand.h"
 #include "master/meta/placement.h"
 #include "master/meta/record.h"
+#include "master/policy/copy_tasks.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
 #include "master/rpc/reply.h"
 
 _Static_assert(KVP_MAX_REPLICAS == 8, "messages below say 8");
-#define LIVE_MAX 4096       /* tasks not ended at once */
-#define KEEP_ENDED 4096     /* ended tasks kept for TaskQuery */
-#define START_WAIT_MS 30000 /* a PENDING task its runner has not started by then fails */
+#define LIVE_MAX 4096 /* tasks not ended at once */
 
-static uint64_t wall_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
+/* The task of that id, or NULL. */
 static kvp_task_t *task_find(kvp_master_state_t *st, uint64_t hi, uint64_t lo)
 {
-    for (kvp_task_t *t = st->copy_tasks; t != NULL; t = t->next)
-        if (t->id_hi == hi && t->id_lo == lo)
-            return t;
-    return NULL;
-}
-
-static bool task_live(const kvp_task_t *t)
-{
-    return t->status == KVP_TASK_PENDING || t->status == KVP_TASK_PROCESSING;
-}
-
-/* Free the extents a task holds (not yet the object's). */
-static void task_free_dests(kvp_master_state_t *st, kvp_task_t *t)
-{
-    for (unsigned i = 0; i < t->n_dests; i++)
-        kvp_segment_table_free_extent(&st->segments, &t->dests[i]);
-    t->n_dests = 0;
-}
-
-/* End t with status (FAILED: its held extents freed, why in fmt). */
-static void task_end(kvp_master_state_t *st, kvp_task_t *t, uint8_t status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void task_end(kvp_master_state_t *st, kvp_task_t *t, uint8_t status, const char *fmt, ...)
-{
-    if (!task_live(t))
-        return;
-    if (status == KVP_TASK_FAILED)
-        task_free_dests(st, t);
-    t->n_dests = 0;
-    t->status = status;
-    t->drop_pending = false;
-    t->updated_ms = wall_ms();
-    t->message[0] = '\0';
-    if (fmt != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(t->message, sizeof(t->message), fmt, ap);
-        va_end(ap);
-    }
-    st->n_copy_tasks_live--;
-    if (status == KVP_TASK_SUCCESS) {
-        st->stats.tasks_succeeded++;
-    } else {
-        st->stats.tasks_failed++;
-        KVP_LOG_INFO("%s task %016" PRIx64 "%016" PRIx64 " failed: %s",
-                     t->kind == KVP_TASK_COPY ? "copy" : "move", t->id_hi, t->id_lo, t->message);
-    }
-}
-
-/* Past KEEP_ENDED ended tasks, the oldest go. */
-static void tasks_trim(kvp_master_state_t *st)
-{
-    uint32_t ended = st->n_copy_tasks - st->n_copy_tasks_live;
-    if (ended <= KEEP_ENDED)
-        return;
-    uint32_t keep = KEEP_ENDED;
-    for (kvp_task_t **pp = &st->copy_tasks; *pp != NULL;) {
-        kvp_task_t *t = *pp;
-        if (task_live(t) || keep > 0) {
-            keep -= !task_live(t);
-            pp = &t->next;
-            continue;
-        }
-        *pp = t->next;
-        free(t);
-        st->n_copy_tasks--;
-    }
-}
-
-static kvp_object_t *task_object(kvp_master_state_t *st, const kvp_task_t *t)
-{
-    kvp_object_t *obj =
-        kvp_index_lookup(&st->index, t->key, t->key_len, kvp_index_hash(t->key, t->key_len));
-    return obj != NULL && obj->state == KVP_OBJ_COMPLETE ? obj : NULL;
+    return kvp_task_table_find(&st->copy_tasks, hi, lo);
 }
 
 /* ---------------- TaskCreate ---------------- */
-
-kvp_segment_t *kvp_task_source(kvp_master_state_t *st, const kvp_object_t *obj)
-{
-    kvp_segment_t *any = NULL;
-    for (unsigned r = 0; r < obj->n_replicas; r++) {
-        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, obj->replicas[r].segment_id);
-        if (seg == NULL || seg->ssd)
-            continue;
-        if (!seg->draining)
-            return seg;
-        any = seg;
-    }
-    return any;
-}
 
 /* The target named `name` for obj's task, or NULL with why in r. */
 static kvp_segment_t *target_check(kvp_master_state_t *st, kvp_reply_t *r, const kvp_object_t *obj,
@@ -176,59 +81,6 @@ static kvp_segment_t *target_check(kvp_master_state_t *st, kvp_reply_t *r, const
     return NULL;
 }
 
-/* A task id's check: 16 bits of (incarnation, id_lo), so that an id this or an earlier
- * master gave is told from a made-up one. */
-static uint64_t id_check(uint64_t incarnation, uint64_t id_lo)
-{
-    uint64_t x = (incarnation ^ id_lo) * 0x9E3779B97F4A7C15ull;
-    return (x ^ (x >> 29)) >> 48;
-}
-
-/* Did some master give this id (its incarnation in the high 48 bits, then the check)? */
-static bool id_genuine(uint64_t id_hi, uint64_t id_lo)
-{
-    return (id_hi >> 16) != 0 && (id_hi & 0xffffu) == id_check(id_hi >> 16, id_lo);
-}
-
-kvp_task_t *kvp_task_add(kvp_master_state_t *st, const kvp_object_t *obj, uint8_t kind,
-                         const kvp_segment_t *source, const uint64_t *targets, unsigned n_targets)
-{
-    kvp_task_t *t = calloc(1, sizeof(*t) + obj->key_len);
-    if (t == NULL)
-        return NULL;
-    while (st->task_incarnation == 0) /* this master's: its ids say it (TaskQuery) */
-        st->task_incarnation = kvp_random_u64() >> 16;
-    do {
-        t->id_lo = kvp_random_u64();
-        t->id_hi = st->task_incarnation << 16 | id_check(st->task_incarnation, t->id_lo);
-    } while (task_find(st, t->id_hi, t->id_lo) != NULL);
-    t->kind = kind;
-    t->status = KVP_TASK_PENDING;
-    t->tenant = obj->tenant;
-    t->created_ms = t->updated_ms = wall_ms();
-    t->deadline_ms = st->now_ms + START_WAIT_MS;
-    t->source_seg = source->id;
-    t->exec_conn = source->owner_conn_id;
-    t->n_targets = (uint8_t)n_targets;
-    memcpy(t->targets, targets, n_targets * sizeof(*targets));
-    snprintf(t->assigned, sizeof(t->assigned), "%s", source->name);
-    t->key_len = obj->key_len;
-    memcpy(t->key, kvp_object_key(obj), obj->key_len);
-    t->next = st->copy_tasks;
-    st->copy_tasks = t;
-    st->n_copy_tasks++;
-    st->n_copy_tasks_live++;
-    st->stats.tasks_created++;
-    tasks_trim(st);
-    return t;
-}
-
-int kvp_task_status(kvp_master_state_t *st, uint64_t id_hi, uint64_t id_lo)
-{
-    const kvp_task_t *t = task_find(st, id_hi, id_lo);
-    return t != NULL ? t->status : -1;
-}
-
 kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -247,7 +99,7 @@ kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
                               move ? "a move names one target"
                                    : "a copy names 1 to 8 target segments");
     _Static_assert(KVP_TASK_TARGETS_MAX == 8, "the message above says 8");
-    if (st->n_copy_tasks_live >= LIVE_MAX)
+    if (st->copy_tasks.n_live >= LIVE_MAX)
         return kvp_reply_fail(&r, KVP_ERR_TOO_MANY, "%u tasks are waiting or running already",
                               LIVE_MAX);
     kvp_object_t *obj;
@@ -325,8 +177,7 @@ kvp_status_t kvp_handle_task_query(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_reply_t r;
     kvp_reply_init(&r, call, &resp.base, 0);
     kvp_task_t *t = task_for(call, req->id_hi, req->id_lo);
-    if (t == NULL && id_genuine(req->id_hi, req->id_lo) &&
-        req->id_hi >> 16 != call->st->task_incarnation) {
+    if (t == NULL && kvp_task_id_earlier(&call->st->copy_tasks, req->id_hi, req->id_lo)) {
         /* an earlier master's (a restart, a failover): its tasks ended with it, and nothing
          * of them became a replica here */
         resp.task_status = KVP_TASK_FAILED;
@@ -346,9 +197,8 @@ kvp_status_t kvp_handle_task_query(kvp_call_t *call, ProtobufCMessage *req_msg)
 size_t kvp_task_offers(kvp_master_state_t *st, uint64_t conn_id, Kvpool__TaskOffer *out, size_t max)
 {
     size_t n = 0;
-    for (kvp_task_t *t = st->copy_tasks; t != NULL && n < max; t = t->next) {
-        if (t->status != KVP_TASK_PENDING || t->exec_conn != conn_id)
-            continue;
+    for (kvp_task_t *t = kvp_task_table_waiting(&st->copy_tasks, conn_id); t != NULL && n < max;
+         t = t->run_next) {
         kvpool__task_offer__init(&out[n]);
         out[n].id_hi = t->id_hi;
         out[n].id_lo = t->id_lo;
@@ -390,10 +240,11 @@ static kvp_status_t runner_check(const kvp_call_t *call, const kvp_task_t *t, ui
 static kvp_status_t start_one(kvp_master_state_t *st, kvp_task_t *t, kvp_object_t **obj_p,
                               int *src_p)
 {
-    kvp_object_t *obj = task_object(st, t);
+    kvp_object_t *obj = kvp_task_object(st, t);
     int src = obj != NULL ? kvp_object_replica_on(obj, t->source_seg) : -1;
     if (src < 0) {
-        task_end(st, t, KVP_TASK_FAILED, "the object or its source replica went before it began");
+        kvp_task_end(st, t, KVP_TASK_FAILED,
+                     "the object or its source replica went before it began");
         return KVP_ERR_NOT_FOUND;
     }
     unsigned n = 0;
@@ -426,18 +277,17 @@ static kvp_status_t start_one(kvp_master_state_t *st, kvp_task_t *t, kvp_object_
     }
     if (fail != KVP_OK) {
         if (full != NULL)
-            task_end(st, t, KVP_TASK_FAILED, "%s: %s", full->name,
-                     fail == KVP_ERR_POOL_FULL ? "no room" : "takes no new replicas now");
+            kvp_task_end(st, t, KVP_TASK_FAILED, "%s: %s", full->name,
+                         fail == KVP_ERR_POOL_FULL ? "no room" : "takes no new replicas now");
         else
-            task_end(st, t, KVP_TASK_FAILED, "%s", why);
+            kvp_task_end(st, t, KVP_TASK_FAILED, "%s", why);
         return fail;
     }
     if (n == 0) { /* every target holds a replica: done */
-        task_end(st, t, KVP_TASK_SUCCESS, NULL);
+        kvp_task_end(st, t, KVP_TASK_SUCCESS, NULL);
         return KVP_OK;
     }
-    t->status = KVP_TASK_PROCESSING;
-    t->updated_ms = wall_ms();
+    kvp_task_table_start(t);
     t->deadline_ms = st->now_ms + st->config.put_timeout_ms;
     t->version = obj->version;
     t->size = obj->size;
@@ -458,7 +308,7 @@ static void task_start_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
 {
     start_arg_t *a = arg;
     for (size_t i = 0; rc != KVP_OK && i < a->n; i++)
-        task_end(r->call->st, a->t[i], KVP_TASK_FAILED, "out of memory starting it");
+        kvp_task_end(r->call->st, a->t[i], KVP_TASK_FAILED, "out of memory starting it");
 }
 
 kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -531,49 +381,23 @@ kvp_status_t kvp_handle_task_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 
 /* ---------------- TaskEnd ---------------- */
 
-bool kvp_task_drop_replica(kvp_master_state_t *st, kvp_object_t *obj, uint64_t segment_id)
-{
-    int r = kvp_object_replica_on(obj, segment_id);
-    if (r < 0 || obj->n_replicas < 2)
-        return true; /* none there, or its last: nothing taken */
-    kvp_replica_t reps[KVP_MAX_REPLICAS], gone = obj->replicas[r];
-    unsigned n = 0;
-    for (unsigned i = 0; i < obj->n_replicas; i++)
-        if ((int)i != r)
-            reps[n++] = obj->replicas[i];
-    if (kvp_tier_set_replicas(st, obj, reps, n) == NULL)
-        return false;
-    kvp_segment_table_free_extent(&st->segments, &gone);
-    return true;
-}
-
-/* MOVE: take the source replica out of obj, freeing its extent (no read leases it). */
-static void move_drop_source(kvp_master_state_t *st, kvp_task_t *t, kvp_object_t *obj)
-{
-    if (!kvp_task_drop_replica(st, obj, t->source_seg))
-        task_end(st, t, KVP_TASK_FAILED,
-                 "out of memory dropping the source replica (the object keeps both)");
-    else
-        task_end(st, t, KVP_TASK_SUCCESS, NULL);
-}
-
 /* The copies are written: make them the object's (t PROCESSING). */
 static void task_commit(kvp_master_state_t *st, kvp_task_t *t, const int32_t *statuses)
 {
-    kvp_object_t *obj = task_object(st, t);
+    kvp_object_t *obj = kvp_task_object(st, t);
     if (obj == NULL || obj->version != t->version || obj->size != t->size ||
         obj->crc32c != t->crc32c || kvp_object_replica_on(obj, t->source_seg) < 0) {
-        task_end(st, t, KVP_TASK_FAILED, "the object changed or went while it was copied");
+        kvp_task_end(st, t, KVP_TASK_FAILED, "the object changed or went while it was copied");
         return;
     }
     for (unsigned i = 0; i < t->n_dests; i++) {
         if (statuses[i] != KVP_OK) {
-            task_end(st, t, KVP_TASK_FAILED, "a copy could not be written: %s",
-                     kvp_strerror(statuses[i]));
+            kvp_task_end(st, t, KVP_TASK_FAILED, "a copy could not be written: %s",
+                         kvp_strerror(statuses[i]));
             return;
         }
         if (kvp_segment_table_get(&st->segments, t->dests[i].segment_id) == NULL) {
-            task_end(st, t, KVP_TASK_FAILED, "a target segment was unmounted");
+            kvp_task_end(st, t, KVP_TASK_FAILED, "a target segment was unmounted");
             return;
         }
     }
@@ -584,21 +408,20 @@ static void task_commit(kvp_master_state_t *st, kvp_task_t *t, const int32_t *st
         reps[n++] = t->dests[i];
     kvp_object_t *o = kvp_tier_set_replicas(st, obj, reps, n);
     if (o == NULL) {
-        task_end(st, t, KVP_TASK_FAILED, "out of memory adding the replicas");
+        kvp_task_end(st, t, KVP_TASK_FAILED, "out of memory adding the replicas");
         return;
     }
     for (unsigned i = 0; i < t->n_dests; i++)
         kvp_record_replica(&st->segments, o, &t->dests[i]);
     t->n_dests = 0; /* the object's now */
     if (t->kind == KVP_TASK_COPY) {
-        task_end(st, t, KVP_TASK_SUCCESS, NULL);
+        kvp_task_end(st, t, KVP_TASK_SUCCESS, NULL);
     } else if (kvp_leased(st, o)) {
         /* readers may be reading the source replica: it goes when they are done */
-        t->drop_pending = true;
-        t->updated_ms = wall_ms();
+        kvp_task_table_release(&st->copy_tasks, t);
         t->deadline_ms = st->now_ms + st->config.lease_ttl_ms + st->config.put_timeout_ms;
     } else {
-        move_drop_source(st, t, o);
+        kvp_task_drop_source(st, t, o);
     }
 }
 
@@ -623,8 +446,8 @@ kvp_status_t kvp_handle_task_end(kvp_call_t *call, ProtobufCMessage *req_msg)
         if (out[i] != KVP_OK)
             continue;
         if (it->n_statuses != t->n_dests)
-            task_end(st, t, KVP_TASK_FAILED, "its runner reported %zu copies of %u", it->n_statuses,
-                     t->n_dests);
+            kvp_task_end(st, t, KVP_TASK_FAILED, "its runner reported %zu copies of %u",
+                         it->n_statuses, t->n_dests);
         else
             task_commit(st, t, it->statuses);
         out[i] = t->status;
@@ -636,34 +459,15 @@ kvp_status_t kvp_handle_task_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 
 void kvp_task_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
-    for (kvp_task_t *t = st->copy_tasks; t != NULL; t = t->next)
-        if (task_live(t) && t->exec_conn == conn_id && !t->drop_pending)
-            task_end(st, t, KVP_TASK_FAILED, "the owner of %s went before the task ended",
-                     t->assigned);
-}
-
-void kvp_task_tick(kvp_master_state_t *st)
-{
-    if (st->n_copy_tasks_live == 0)
-        return;
-    for (kvp_task_t *t = st->copy_tasks; t != NULL; t = t->next) {
-        if (!task_live(t))
-            continue;
-        if (t->drop_pending) {
-            kvp_object_t *obj = task_object(st, t);
-            if (obj == NULL || obj->version != t->version)
-                task_end(st, t, KVP_TASK_SUCCESS, NULL); /* the object went: nothing to drop */
-            else if (!kvp_leased(st, obj))
-                move_drop_source(st, t, obj);
-            else if (st->now_ms >= t->deadline_ms)
-                task_end(st, t, KVP_TASK_FAILED,
-                         "the object is still being read: it keeps its source replica too");
-            continue;
+    /* its runner's lists: every task it runs or was to run but the moves that wait for the
+     * master only (each one ended leaves them: its successor is taken first) */
+    for (int pass = 0; pass < 2; pass++) {
+        kvp_task_t *t = pass == 0 ? kvp_task_table_running(&st->copy_tasks, conn_id)
+                                  : kvp_task_table_waiting(&st->copy_tasks, conn_id);
+        for (kvp_task_t *nx; t != NULL; t = nx) {
+            nx = t->run_next;
+            kvp_task_end(st, t, KVP_TASK_FAILED, "the owner of %s went before the task ended",
+                         t->assigned);
         }
-        if (st->now_ms >= t->deadline_ms)
-            task_end(st, t, KVP_TASK_FAILED,
-                     t->status == KVP_TASK_PENDING ? "the owner of %s did not start it in time"
-                                                   : "the owner of %s did not end it in time",
-                     t->assigned);
     }
 }

@@ -173,144 +173,212 @@ typedef struct te_tally {
     char missed_list[1024];
 } te_tally_t;
 
-static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t *tally,
-                    const char *tr, uint64_t size, unsigned batch)
+/* One point's setup: this process's engine and buffers, the target process and where its
+ * memory is. */
+typedef struct te_run {
+    const char *tr;
+    bool tcp, rdma;
+    uint64_t size, total; /* a run's bytes; the batch's */
+    unsigned batch;
+    unsigned pump_n; /* tcp: the pump's buffers a stream (its share of the batch's runs) */
+    kvp_te_t *src_te;
+    uint8_t *src, *mdst; /* the source's runs; shm: the memcpy limit's copy */
+    void **locals;
+    uint64_t *remotes, *lens;
+    int to_child[2], from_child[2];
+    pid_t pid;
+    char target[64];
+} te_run_t;
+
+/* What a point's rounds measured. */
+typedef struct te_figures {
+    uint64_t n;                 /* batches the engine wrote ... */
+    double te_time;             /* ... in this many seconds */
+    double lim_bytes, lim_time; /* the limit's bytes and seconds */
+    double alt_bytes;           /* the second figure's (tcp: one-buffer pump, shm: kernel
+                                 * copy) bytes; -1: a measurement of it failed */
+    double ratios[TE_ROUNDS], alt_ratios[TE_ROUNDS]; /* each round's % of either */
+    kvp_bench_lat_t lat;                             /* each batch's time */
+} te_figures_t;
+
+/* Fork the target of r (r->tr, size, batch set), make this process's engine, and write the
+ * batch once, checked byte for byte by the target: 0, or 1 (said on stderr). Whatever was
+ * made is r's (te_stop). */
+static int te_start(te_run_t *r)
 {
-    uint64_t total = size * batch;
-    kvp_te_t *src_te = NULL;
-    uint8_t *src = malloc(total), *mdst = NULL;
-    void **locals = calloc(batch, sizeof(void *));
-    uint64_t *remotes = calloc(batch, sizeof(uint64_t)), *lens = calloc(batch, sizeof(uint64_t));
-    kvp_bench_lat_t lat = {0};
-    int rc = 1, to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
-    pid_t pid = -1;
-    bool tcp = strcmp(tr, "tcp") == 0, rdma = strcmp(tr, "rdma") == 0;
-    const char *limit_name = rdma ? "ib_write_bw" : tcp ? "tcp-pump-batch" : "memcpy";
-    if (src == NULL || locals == NULL || remotes == NULL || lens == NULL) {
-        fprintf(stderr, "kvpool-bench te: no memory for %" PRIu64 " bytes\n", total);
-        goto out;
+    r->total = r->size * r->batch;
+    r->src = malloc(r->total);
+    r->locals = calloc(r->batch, sizeof(void *));
+    r->remotes = calloc(r->batch, sizeof(uint64_t));
+    r->lens = calloc(r->batch, sizeof(uint64_t));
+    if (r->src == NULL || r->locals == NULL || r->remotes == NULL || r->lens == NULL) {
+        fprintf(stderr, "kvpool-bench te: no memory for %" PRIu64 " bytes\n", r->total);
+        return 1;
     }
-    for (unsigned i = 0; i < batch; i++)
-        for (uint64_t j = 0; j < size; j++)
-            src[(uint64_t)i * size + j] = te_byte(size, i, j);
+    for (unsigned i = 0; i < r->batch; i++)
+        for (uint64_t j = 0; j < r->size; j++)
+            r->src[(uint64_t)i * r->size + j] = te_byte(r->size, i, j);
     fflush(stdout);
     fflush(stderr);
-    if (pipe(to_child) != 0 || pipe(from_child) != 0 || (pid = fork()) < 0) {
+    if (pipe(r->to_child) != 0 || pipe(r->from_child) != 0 || (r->pid = fork()) < 0) {
         perror("kvpool-bench te: pipe/fork");
-        goto out;
+        return 1;
     }
-    if (pid == 0) {
-        close(to_child[1]);
-        close(from_child[0]);
-        te_target(tr, size, batch, to_child[0], from_child[1]);
+    if (r->pid == 0) {
+        close(r->to_child[1]);
+        close(r->from_child[0]);
+        te_target(r->tr, r->size, r->batch, r->to_child[0], r->from_child[1]);
     }
-    close(to_child[0]);
-    close(from_child[1]);
-    to_child[0] = from_child[1] = -1;
+    close(r->to_child[0]);
+    close(r->from_child[1]);
+    r->to_child[0] = r->from_child[1] = -1;
     te_hello_t h;
-    if (!full_read(from_child[0], &h, sizeof(h))) {
-        fprintf(stderr, "kvpool-bench te: %s: the target process did not start\n", tr);
-        goto out;
+    if (!full_read(r->from_child[0], &h, sizeof(h))) {
+        fprintf(stderr, "kvpool-bench te: %s: the target process did not start\n", r->tr);
+        return 1;
     }
     kvp_status_t st = h.status;
     if (st == KVP_OK)
-        st = kvp_te_create("127.0.0.1", "P2PHANDSHAKE", tr, &src_te);
-    if (st == KVP_OK && rdma) /* rdma moves registered memory only */
-        st = kvp_te_register(src_te, src, total);
+        st = kvp_te_create("127.0.0.1", "P2PHANDSHAKE", r->tr, &r->src_te);
+    if (st == KVP_OK && r->rdma) /* rdma moves registered memory only */
+        st = kvp_te_register(r->src_te, r->src, r->total);
     if (st != KVP_OK) {
-        fprintf(stderr, "kvpool-bench te: %s: %s\n", tr, kvp_strerror(st));
-        goto out;
+        fprintf(stderr, "kvpool-bench te: %s: %s\n", r->tr, kvp_strerror(st));
+        return 1;
     }
-    char target[64];
-    snprintf(target, sizeof(target), "127.0.0.1:%u", h.port);
-    for (unsigned i = 0; i < batch; i++) {
+    snprintf(r->target, sizeof(r->target), "127.0.0.1:%u", h.port);
+    for (unsigned i = 0; i < r->batch; i++) {
         /* run i of the source to place batch-1-i of the target: no run lands in place */
-        locals[i] = src + (uint64_t)i * size;
-        remotes[i] = h.addr + (uint64_t)(batch - 1 - i) * size;
-        lens[i] = size;
+        r->locals[i] = r->src + (uint64_t)i * r->size;
+        r->remotes[i] = h.addr + (uint64_t)(r->batch - 1 - i) * r->size;
+        r->lens[i] = r->size;
     }
-    st = kvp_te_transfer(src_te, target, KVP_TE_WRITE, batch, locals, remotes, lens);
+    st = kvp_te_transfer(r->src_te, r->target, KVP_TE_WRITE, r->batch, r->locals, r->remotes,
+                         r->lens);
     if (st != KVP_OK) {
-        fprintf(stderr, "kvpool-bench te: %s: write: %s\n", tr, kvp_strerror(st));
-        goto out;
+        fprintf(stderr, "kvpool-bench te: %s: write: %s\n", r->tr, kvp_strerror(st));
+        return 1;
     }
     char ok = 0;
-    if (write(to_child[1], "c", 1) != 1 || !full_read(from_child[0], &ok, 1) || !ok) {
-        fprintf(stderr, "kvpool-bench te: %s: the target did not get the batch's bytes\n", tr);
-        goto out;
+    if (write(r->to_child[1], "c", 1) != 1 || !full_read(r->from_child[0], &ok, 1) || !ok) {
+        fprintf(stderr, "kvpool-bench te: %s: the target did not get the batch's bytes\n", r->tr);
+        return 1;
     }
-    if (!tcp && !rdma && (mdst = malloc(total)) == NULL) {
-        fprintf(stderr, "kvpool-bench te: no memory for %" PRIu64 " bytes\n", total);
-        goto out;
+    if (!r->tcp && !r->rdma && (r->mdst = malloc(r->total)) == NULL) {
+        fprintf(stderr, "kvpool-bench te: no memory for %" PRIu64 " bytes\n", r->total);
+        return 1;
     }
-    if (mdst != NULL)
-        memset(mdst, 0, total);
-    double slice = o->duration_s / TE_ROUNDS, te_time = 0, lim_bytes = 0, lim_time = 0;
-    double alt_bytes = 0; /* the second figure (tcp: one-buffer pump, shm: kernel copy) */
+    if (r->mdst != NULL)
+        memset(r->mdst, 0, r->total);
     /* tcp's pump moves the batch's bytes: each stream's sender and receiver cycle through
      * its share of the batch's runs, as the engine's streams do */
-    unsigned pump_n = (batch + TE_STREAMS - 1) / TE_STREAMS;
-    double ratios[TE_ROUNDS], alt_ratios[TE_ROUNDS];
-    uint64_t n = 0;
-    for (unsigned round = 0; round < TE_ROUNDS; round++) {
-        double rg = 0, rl = 0, ra = 0; /* this round's GB/s: engine, limit, second figure */
-        for (unsigned step = 0; step < 3; step++) {
-            /* engine, limit, second figure; the other way round in odd rounds: the limit
-             * always next to the engine */
-            unsigned what = round % 2 == 0 ? step : 2 - step;
-            if (what == 0) {
-                double t0 = kvp_bench_now(), t = t0;
-                uint64_t rn = 0;
-                while (t - t0 < slice) {
-                    double b0 = t;
-                    st =
-                        kvp_te_transfer(src_te, target, KVP_TE_WRITE, batch, locals, remotes, lens);
-                    if (st != KVP_OK) {
-                        fprintf(stderr, "kvpool-bench te: %s: write: %s\n", tr, kvp_strerror(st));
-                        goto out;
-                    }
-                    t = kvp_bench_now();
-                    kvp_bench_lat_add(&lat, t - b0);
-                    rn++;
-                }
-                n += rn;
-                te_time += t - t0;
-                rg = (double)rn * (double)total / (t - t0) / 1e9;
-            } else if (what == 1 && rdma) { /* given, not measured (0: none) */
-                rl = o->rdma_write_gbps;
-            } else if (what == 1) {
-                rl = tcp ? kvp_bench_measure_tcp_pump_gbps(size, TE_STREAMS, pump_n, slice)
-                         : te_memcpy_gbps(locals, mdst, size, batch, slice);
-                if (rl <= 0) {
-                    fprintf(stderr, "kvpool-bench te: %s: the limit (%s) failed\n", tr,
-                            tcp ? "tcp pump" : "memcpy");
-                    goto out;
-                }
-                lim_bytes += rl * 1e9 * slice;
-                lim_time += slice;
-            } else if (!rdma) {
-                ra = tcp ? kvp_bench_measure_tcp_pump_gbps(size, TE_STREAMS, 1, slice)
-                         : te_kernel_copy_gbps(pid, locals, remotes, size, batch, slice);
-                alt_bytes = alt_bytes < 0 || ra <= 0 ? -1 : alt_bytes + ra * 1e9 * slice;
-            }
-        }
-        ratios[round] = rl > 0 ? 100 * rg / rl : 0;
-        alt_ratios[round] = ra > 0 ? 100 * rg / ra : 0;
+    r->pump_n = (r->batch + TE_STREAMS - 1) / TE_STREAMS;
+    return 0;
+}
+
+/* Undo te_start, whatever it got to: the engine, the pipes, the target (killed, reaped),
+ * the buffers. */
+static void te_stop(te_run_t *r)
+{
+    kvp_te_destroy(r->src_te);
+    for (int i = 0; i < 2; i++) {
+        if (r->to_child[i] >= 0)
+            close(r->to_child[i]);
+        if (r->from_child[i] >= 0)
+            close(r->from_child[i]);
     }
-    double gbps = (double)n * (double)total / te_time / 1e9;
-    double limit = rdma ? o->rdma_write_gbps : lim_bytes / lim_time / 1e9;
-    double median = rounds_median(ratios), alt_median = rounds_median(alt_ratios);
+    if (r->pid > 0) {
+        kill(r->pid, SIGKILL);
+        waitpid(r->pid, NULL, 0);
+    }
+    free(r->src);
+    free(r->mdst);
+    free(r->locals);
+    free(r->remotes);
+    free(r->lens);
+}
+
+/* The engine's slice: batches back to back for `slice` seconds, each timed into f. Its GB/s
+ * in *gbps_p; 0, or 1 when a write failed (said). */
+static int te_engine_slice(te_run_t *r, double slice, te_figures_t *f, double *gbps_p)
+{
+    double t0 = kvp_bench_now(), t = t0;
+    uint64_t rn = 0;
+    while (t - t0 < slice) {
+        double b0 = t;
+        kvp_status_t st = kvp_te_transfer(r->src_te, r->target, KVP_TE_WRITE, r->batch, r->locals,
+                                          r->remotes, r->lens);
+        if (st != KVP_OK) {
+            fprintf(stderr, "kvpool-bench te: %s: write: %s\n", r->tr, kvp_strerror(st));
+            return 1;
+        }
+        t = kvp_bench_now();
+        kvp_bench_lat_add(&f->lat, t - b0);
+        rn++;
+    }
+    f->n += rn;
+    f->te_time += t - t0;
+    *gbps_p = (double)rn * (double)r->total / (t - t0) / 1e9;
+    return 0;
+}
+
+/* Round `round` of a point: a slice of the engine, of its limit and of the second figure
+ * (the other way round in odd rounds: the limit always next to the engine), into f. 0, or 1
+ * when the engine or the limit failed (said). */
+static int te_round(const kvp_bench_opts_t *o, te_run_t *r, unsigned round, double slice,
+                    te_figures_t *f)
+{
+    double rg = 0, rl = 0, ra = 0; /* this round's GB/s: engine, limit, second figure */
+    for (unsigned step = 0; step < 3; step++) {
+        unsigned what = round % 2 == 0 ? step : 2 - step;
+        if (what == 0) {
+            if (te_engine_slice(r, slice, f, &rg) != 0)
+                return 1;
+        } else if (what == 1 && r->rdma) { /* given, not measured (0: none) */
+            rl = o->rdma_write_gbps;
+        } else if (what == 1) {
+            rl = r->tcp ? kvp_bench_measure_tcp_pump_gbps(r->size, TE_STREAMS, r->pump_n, slice)
+                        : te_memcpy_gbps(r->locals, r->mdst, r->size, r->batch, slice);
+            if (rl <= 0) {
+                fprintf(stderr, "kvpool-bench te: %s: the limit (%s) failed\n", r->tr,
+                        r->tcp ? "tcp pump" : "memcpy");
+                return 1;
+            }
+            f->lim_bytes += rl * 1e9 * slice;
+            f->lim_time += slice;
+        } else if (!r->rdma) {
+            ra = r->tcp
+                     ? kvp_bench_measure_tcp_pump_gbps(r->size, TE_STREAMS, 1, slice)
+                     : te_kernel_copy_gbps(r->pid, r->locals, r->remotes, r->size, r->batch, slice);
+            f->alt_bytes = f->alt_bytes < 0 || ra <= 0 ? -1 : f->alt_bytes + ra * 1e9 * slice;
+        }
+    }
+    f->ratios[round] = rl > 0 ? 100 * rg / rl : 0;
+    f->alt_ratios[round] = ra > 0 ? 100 * rg / ra : 0;
+    return 0;
+}
+
+/* A point's figures: its line on stdout, its JSON result, the tally of targets. */
+static void te_report(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t *tally,
+                      const te_run_t *r, const te_figures_t *f, double slice)
+{
+    const char *tr = r->tr;
+    bool tcp = r->tcp, rdma = r->rdma;
+    const char *limit_name = rdma ? "ib_write_bw" : tcp ? "tcp-pump-batch" : "memcpy";
+    double gbps = (double)f->n * (double)r->total / f->te_time / 1e9;
+    double limit = rdma ? o->rdma_write_gbps : f->lim_bytes / f->lim_time / 1e9;
+    double median = rounds_median(f->ratios), alt_median = rounds_median(f->alt_ratios);
     /* 0: not measured (rdma), or a measurement failed */
-    double alt = !rdma && alt_bytes > 0 ? alt_bytes / (slice * TE_ROUNDS) / 1e9 : 0;
+    double alt = !rdma && f->alt_bytes > 0 ? f->alt_bytes / (slice * TE_ROUNDS) / 1e9 : 0;
     double pct = limit > 0 ? 100 * gbps / limit : 0, alt_pct = alt > 0 ? 100 * gbps / alt : 0;
     double want = rdma ? TE_TARGET_RDMA : tcp ? TE_TARGET_TCP : TE_TARGET_SHM;
     bool checked = limit > 0, met = median >= want; /* rdma without --rdma-write-limit: none */
-    double p50 = kvp_bench_percentile(lat.v, lat.n, 50) * 1e6;
-    double p99 = kvp_bench_percentile(lat.v, lat.n, 99) * 1e6;
+    double p50 = kvp_bench_percentile(f->lat.v, f->lat.n, 50) * 1e6;
+    double p99 = kvp_bench_percentile(f->lat.v, f->lat.n, 99) * 1e6;
     printf("  %-4s %8" PRIu64 " KiB x %4u  %6.2f GB/s  %6.2f %-14s %5.1f %%  rounds", tr,
-           size >> 10, batch, gbps, limit, limit_name, pct);
-    for (unsigned r = 0; r < TE_ROUNDS; r++)
-        printf(" %.0f", ratios[r]);
+           r->size >> 10, r->batch, gbps, limit, limit_name, pct);
+    for (unsigned i = 0; i < TE_ROUNDS; i++)
+        printf(" %.0f", f->ratios[i]);
     if (checked)
         printf("  median %5.1f %% (>= %.0f %%: %s)", median, want, met ? "met" : "MISSED");
     else
@@ -325,15 +393,15 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
         tally->missed++;
         size_t l = strlen(tally->missed_list);
         snprintf(tally->missed_list + l, sizeof(tally->missed_list) - l, " %s/%" PRIu64 "KiBx%u",
-                 tr, size >> 10, batch);
+                 tr, r->size >> 10, r->batch);
     }
     kvp_bench_result_begin(out, "te");
     kvp_bench_result_str(out, "op", "batch_transfer_sync_write");
     kvp_bench_result_str(out, "transport", tr);
-    kvp_bench_result_int(out, "size", (int64_t)size);
-    kvp_bench_result_int(out, "batch", batch);
+    kvp_bench_result_int(out, "size", (int64_t)r->size);
+    kvp_bench_result_int(out, "batch", r->batch);
     kvp_bench_result_num(out, "gbps", gbps);
-    kvp_bench_result_int(out, "batches", (int64_t)n);
+    kvp_bench_result_int(out, "batches", (int64_t)f->n);
     kvp_bench_result_num(out, "p50_us", p50);
     kvp_bench_result_num(out, "p99_us", p99);
     kvp_bench_result_str(out, "limit", limit_name);
@@ -341,14 +409,14 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
     kvp_bench_result_num(out, "limit_gbps", limit);
     kvp_bench_result_num(out, "pct_of_limit", pct);
     kvp_bench_result_int(out, "rounds", TE_ROUNDS);
-    for (unsigned r = 0; r < TE_ROUNDS; r++) {
+    for (unsigned i = 0; i < TE_ROUNDS; i++) {
         char key[32];
-        snprintf(key, sizeof(key), "pct_round_%u", r + 1);
-        kvp_bench_result_num(out, key, ratios[r]);
+        snprintf(key, sizeof(key), "pct_round_%u", i + 1);
+        kvp_bench_result_num(out, key, f->ratios[i]);
     }
     kvp_bench_result_num(out, "pct_median", median);
     if (tcp) {
-        kvp_bench_result_int(out, "limit_bufs_per_stream", pump_n);
+        kvp_bench_result_int(out, "limit_bufs_per_stream", r->pump_n);
         kvp_bench_result_num(out, "one_buffer_gbps", alt);
         kvp_bench_result_num(out, "pct_of_one_buffer", alt_pct);
         kvp_bench_result_num(out, "pct_one_buffer_median", alt_median);
@@ -360,25 +428,30 @@ static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t 
     kvp_bench_result_num(out, "target_pct", want);
     kvp_bench_result_str(out, "target_met", !checked ? "none" : met ? "met" : "missed");
     kvp_bench_result_end(out);
-    rc = 0;
-out:
-    kvp_te_destroy(src_te);
-    for (int i = 0; i < 2; i++) {
-        if (to_child[i] >= 0)
-            close(to_child[i]);
-        if (from_child[i] >= 0)
-            close(from_child[i]);
-    }
-    if (pid > 0) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    free(lat.v);
-    free(src);
-    free(mdst);
-    free(locals);
-    free(remotes);
-    free(lens);
+}
+
+/* One point (transport tr, runs of size, batch of them): started, measured in TE_ROUNDS
+ * rounds, reported. 0, or 1 when it could not be measured (said). */
+static int te_point(const kvp_bench_opts_t *o, kvp_bench_out_t *out, te_tally_t *tally,
+                    const char *tr, uint64_t size, unsigned batch)
+{
+    te_run_t r = {.tr = tr,
+                  .tcp = strcmp(tr, "tcp") == 0,
+                  .rdma = strcmp(tr, "rdma") == 0,
+                  .size = size,
+                  .batch = batch,
+                  .to_child = {-1, -1},
+                  .from_child = {-1, -1},
+                  .pid = -1};
+    te_figures_t f = {0};
+    double slice = o->duration_s / TE_ROUNDS;
+    int rc = te_start(&r);
+    for (unsigned round = 0; rc == 0 && round < TE_ROUNDS; round++)
+        rc = te_round(o, &r, round, slice, &f);
+    if (rc == 0)
+        te_report(o, out, tally, &r, &f, slice);
+    free(f.lat.v);
+    te_stop(&r);
     return rc;
 }
 

@@ -26,7 +26,7 @@
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
 #include "master/core/state.h"
-#include "master/rpc/key_pattern.h"
+#include "master/match/key_pattern.h"
 #include "tests/unit/master/rpc/fixture_leases.h"
 #include "tests/unit/master/svc_call.h"
 

@@ -1,6 +1,7 @@
 /*
  * test_task_calls.c - unit tests for master/rpc/task_calls.c: copy and move tasks through
- * kvp_dispatch_handle as the server calls it (fixture_leases.h: read leases of 5000 ms).
+ * kvp_dispatch_handle as the server calls it (fixture_leases.h: read leases of 5000 ms;
+ * fixture_tasks.h: the task calls), and their timer (kvp_task_tick, policy/copy_tasks.c).
  * What is checked is what the client sees: the heartbeat's offers, who may start and end a
  * task, the replicas a get is handed afterwards, the bytes each segment has in use (nothing
  * leaked on any failure), and the task's status and message.
@@ -19,133 +20,12 @@
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 #include "master/dispatch.h"
-#include "master/policy/lease.h"
-#include "master/rpc/hot_keys.h"
-#include "master/rpc/task_calls.h"
 #include "master/core/state.h"
+#include "master/policy/copy_tasks.h"
+#include "master/policy/lease.h"
 #include "tests/unit/master/rpc/fixture_leases.h"
+#include "tests/unit/master/rpc/fixture_tasks.h"
 #include "tests/unit/master/svc_call.h"
-
-typedef struct tid {
-    int32_t status;
-    uint64_t hi, lo;
-    char msg[320];
-} tid_t;
-
-static tid_t create(kvp_master_state_t *st, uint64_t conn, uint32_t kind, const char *key,
-                    const char *source, const char *const *targets, size_t n)
-{
-    Kvpool__TaskCreateRequest req = KVPOOL__TASK_CREATE_REQUEST__INIT;
-    req.kind = kind;
-    req.keys = svc_keys(&key, 1);
-    req.n_keys = 1;
-    req.source = (char *)(source ? source : "");
-    req.targets = (char **)targets;
-    req.n_targets = n;
-    Kvpool__TaskCreateResponse *r = svc_call(st, conn, KVP_RPC_TASK_CREATE, &req.base,
-                                             &kvpool__task_create_response__descriptor);
-    tid_t t = {.status = r->status, .hi = r->id_hi, .lo = r->id_lo};
-    snprintf(t.msg, sizeof(t.msg), "%s", r->message);
-    svc_msg_free(r);
-    return t;
-}
-
-typedef struct tq {
-    int32_t status;
-    uint32_t kind, task_status;
-    char assigned[64], msg[200];
-} tq_t;
-
-static tq_t query(kvp_master_state_t *st, uint64_t conn, tid_t id)
-{
-    Kvpool__TaskQueryRequest req = KVPOOL__TASK_QUERY_REQUEST__INIT;
-    req.id_hi = id.hi;
-    req.id_lo = id.lo;
-    Kvpool__TaskQueryResponse *r =
-        svc_call(st, conn, KVP_RPC_TASK_QUERY, &req.base, &kvpool__task_query_response__descriptor);
-    tq_t q = {.status = r->status, .kind = r->kind, .task_status = r->task_status};
-    snprintf(q.assigned, sizeof(q.assigned), "%s", r->assigned_client);
-    snprintf(q.msg, sizeof(q.msg), "%s", r->message);
-    svc_msg_free(r);
-    return q;
-}
-
-/* The tasks a heartbeat of conn is offered: their count, the first one's id in *first. */
-static size_t offers(kvp_master_state_t *st, uint64_t conn, tid_t *first)
-{
-    Kvpool__HeartbeatRequest req = KVPOOL__HEARTBEAT_REQUEST__INIT;
-    req.client_id = 1000 + conn;
-    Kvpool__HeartbeatResponse *r =
-        svc_call(st, conn, KVP_RPC_HEARTBEAT, &req.base, &kvpool__heartbeat_response__descriptor);
-    size_t n = r->n_tasks;
-    if (n > 0 && first != NULL) {
-        first->hi = r->tasks[0]->id_hi;
-        first->lo = r->tasks[0]->id_lo;
-    }
-    svc_msg_free(r);
-    return n;
-}
-
-typedef struct started {
-    int32_t status;
-    uint64_t size, source_seg, source_off;
-    uint32_t crc;
-    size_t n;
-    rep_t d[8];
-} started_t;
-
-/* A TaskStart of one task: the call's status when it failed whole, else the task's. */
-static started_t start(kvp_master_state_t *st, uint64_t conn, tid_t id)
-{
-    Kvpool__TaskOffer o = KVPOOL__TASK_OFFER__INIT, *op = &o;
-    o.id_hi = id.hi;
-    o.id_lo = id.lo;
-    Kvpool__TaskStartRequest req = KVPOOL__TASK_START_REQUEST__INIT;
-    req.tasks = &op;
-    req.n_tasks = 1;
-    Kvpool__TaskStartResponse *r =
-        svc_call(st, conn, KVP_RPC_TASK_START, &req.base, &kvpool__task_start_response__descriptor);
-    started_t s = {.status = r->status};
-    if (r->status == KVP_OK) {
-        assert_int_equal(r->n_results, 1);
-        const Kvpool__TaskStartResult *x = r->results[0];
-        s = (started_t){.status = x->status,
-                        .size = x->size,
-                        .crc = x->crc32c,
-                        .source_seg = x->source_segment_id,
-                        .source_off = x->source_offset,
-                        .n = x->n_dests};
-        assert_true(s.n <= 8);
-        for (size_t i = 0; i < s.n; i++)
-            s.d[i] = (rep_t){x->dests[i]->segment_id, x->dests[i]->offset, x->dests[i]->length};
-    }
-    svc_msg_free(r);
-    return s;
-}
-
-/* A TaskEnd of one task: .status its refusal (negative) or 0, .task_status the task's after
- * it, .msg the task's message (TaskQuery). */
-static tq_t end(kvp_master_state_t *st, uint64_t conn, tid_t id, const int32_t *statuses, size_t n)
-{
-    Kvpool__TaskEndItem it = KVPOOL__TASK_END_ITEM__INIT, *itp = &it;
-    it.id_hi = id.hi;
-    it.id_lo = id.lo;
-    it.statuses = (int32_t *)statuses;
-    it.n_statuses = n;
-    Kvpool__TaskEndRequest req = KVPOOL__TASK_END_REQUEST__INIT;
-    req.tasks = &itp;
-    req.n_tasks = 1;
-    Kvpool__StatusesResponse *r =
-        svc_call(st, conn, KVP_RPC_TASK_END, &req.base, &kvpool__statuses_response__descriptor);
-    assert_int_equal(r->status, KVP_OK);
-    assert_int_equal(r->n_statuses, 1);
-    int32_t v = r->statuses[0];
-    svc_msg_free(r);
-    tq_t q = {.status = v < 0 ? v : KVP_OK, .task_status = v < 0 ? 0u : (uint32_t)v};
-    if (v >= 0)
-        snprintf(q.msg, sizeof(q.msg), "%s", query(st, C3, id).msg);
-    return q;
-}
 
 static bool has_replica_on(const view_t *v, uint64_t seg)
 {
@@ -366,103 +246,6 @@ static void test_create_refusals(void **state)
     svc_msg_free(r);
 }
 
-/* A window of the hot-key fanout: `reads` gets of key, then the window's end. */
-static void window(kvp_master_state_t *st, const char *key, int reads)
-{
-    for (int i = 0; i < reads; i++)
-        assert_int_equal(grl1(st, key).status, KVP_OK);
-    st->now_ms += 1000;
-    kvp_lease_expire(st); /* as the server's timer does */
-    kvp_hot_tick(st);
-}
-
-/* --hot-key-reads: a key read that often gets a replica on another host, written by its
- * owner through a copy task, at most --hot-key-replicas of them; once it cools (and its
- * read leases ended) the replica goes, its extent freed. A key read less is never copied. */
-static void test_hot_keys(void **state)
-{
-    kvp_master_state_t *st = *state;
-    st->config.hot_key_reads = 10;
-    st->config.hot_key_replicas = 1;
-    uint64_t s1 = mount_seg(st, C1, "s1", "h1", MIB);
-    uint64_t s2 = mount_seg(st, C2, "s2", "h2", MIB);
-    uint64_t s3 = mount_seg(st, C3, "s3", "h3", MIB);
-    put_done(st, C3, "hot", SZ, 1, "s1", 42);
-    put_done(st, C3, "cold", SZ, 1, "s1", 43);
-    window(st, "cold", 9); /* under the rate: nothing */
-    assert_int_equal(offers(st, C1, NULL), 0);
-    window(st, "hot", 10);
-    tid_t t = {0};
-    assert_int_equal(offers(st, C1, &t), 1); /* the owner of its replica writes the copy */
-    started_t s = start(st, C1, t);
-    assert_int_equal(s.n, 1);
-    assert_true(s.d[0].seg == s2 || s.d[0].seg == s3);
-    uint64_t dyn = s.d[0].seg;
-    int32_t ok[1] = {KVP_OK};
-    assert_int_equal(end(st, C1, t, ok, 1).task_status, KVP_TASK_SUCCESS);
-    assert_int_equal(grl1(st, "hot").n, 2);
-    window(st, "hot", 20); /* still hot: the task is the key's; no more than 1 more */
-    window(st, "hot", 20);
-    assert_int_equal(offers(st, C1, NULL), 0);
-    assert_int_equal(st->stats.hot_added, 1);
-    assert_int_equal(seg_used(st, dyn), EXT);
-    /* it cools: after 5 windows under 10/4 reads and its leases over, the replica goes */
-    for (int w = 0; w < 4; w++)
-        window(st, "hot", 1);
-    assert_int_equal(seg_used(st, dyn), EXT);
-    for (int w = 0; w < 8 && seg_used(st, dyn) != 0; w++)
-        window(st, "hot", 0);
-    assert_int_equal(seg_used(st, dyn), 0);
-    assert_int_equal(st->stats.hot_dropped, 1);
-    view_t v = grl1(st, "hot");
-    assert_int_equal(v.n, 1);
-    assert_int_equal(v.r[0].seg, s1);
-    assert_int_equal(v.crc, 42);
-    /* overwritten while hot with a replica given: forgotten, nothing dropped twice */
-    window(st, "cold", 10);
-    assert_int_equal(offers(st, C1, &t), 1);
-    assert_int_equal(start(st, C1, t).n, 1);
-    assert_int_equal(end(st, C1, t, ok, 1).task_status, KVP_TASK_SUCCESS);
-    window(st, "cold", 10);
-    assert_int_equal(st->stats.hot_added, 2);
-    assert_int_equal(keys1(st, C3, KVP_RPC_REMOVE, "cold", true), KVP_OK);
-    for (int w = 0; w < 8; w++)
-        window(st, "hot", 0);
-    assert_int_equal(st->stats.hot_dropped, 1);
-    assert_int_equal(seg_used(st, s2) + seg_used(st, s3), 0);
-}
-
-/* A hot key's replica counts against its tenant's DRAM quota: none while it would pass
- * max-dram or the tenant's admission is closed (the quota admin API), one once it fits. */
-static void test_hot_keys_quota(void **state)
-{
-    kvp_master_state_t *st = *state;
-    st->config.hot_key_reads = 10;
-    st->config.hot_key_replicas = 1;
-    mount_seg(st, C1, "s1", "h1", MIB);
-    mount_seg(st, C2, "s2", "h2", MIB);
-    put_done(st, C3, "hot", SZ, 1, "s1", 42);
-    kvp_tenant_t *tn = &st->tenants.t[0];
-    assert_int_equal(tn->dram_bytes, SZ); /* charged: its size per replica */
-    tn->max_dram = 2 * SZ - 1;            /* holds the replica it has, not a second */
-    window(st, "hot", 10);
-    window(st, "hot", 10);
-    assert_int_equal(offers(st, C1, NULL), 0);
-    tn->max_dram = 2 * SZ;
-    tn->closed = 1;
-    window(st, "hot", 10);
-    assert_int_equal(offers(st, C1, NULL), 0);
-    tn->closed = 0;
-    window(st, "hot", 10);
-    tid_t t = {0};
-    assert_int_equal(offers(st, C1, &t), 1);
-    assert_int_equal(start(st, C1, t).n, 1);
-    int32_t ok[1] = {KVP_OK};
-    assert_int_equal(end(st, C1, t, ok, 1).task_status, KVP_TASK_SUCCESS);
-    assert_int_equal(grl1(st, "hot").n, 2);
-    assert_int_equal(tn->dram_bytes, 2 * SZ);
-}
-
 /* TaskStart and TaskEnd name many tasks at once: each gets its own result, a refusal of one
  * (unknown, another runner's) leaves the others alone; more than 64 is refused whole. */
 static void test_batches(void **state)
@@ -539,6 +322,62 @@ static void test_batches(void **state)
     svc_msg_free(r);
 }
 
+/* A heartbeat offers the newest waiting tasks first, 64 at most; the others come once those
+ * are started. At most 4096 tasks wait or run at once; a closed connection fails every task
+ * it was to run, started or not. */
+static void test_offers_and_limits(void **state)
+{
+    kvp_master_state_t *st = *state;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t s2 = mount_seg(st, C2, "s2", "h2", MIB);
+    put_done(st, C3, "k", SZ, 1, "s1", 5);
+    const char *to[] = {"s2"};
+    tid_t t[70];
+    for (int i = 0; i < 70; i++) {
+        t[i] = create(st, C3, KVP_TASK_COPY, "k", NULL, to, 1);
+        assert_int_equal(t[i].status, KVP_OK);
+    }
+    assert_int_equal(offers(st, C2, NULL), 0);
+    tid_t first = {0};
+    assert_int_equal(offers(st, C1, &first), 64);
+    assert_true(first.hi == t[69].hi && first.lo == t[69].lo);
+    for (int i = 69; i >= 6; i--)
+        assert_int_equal(start(st, C1, t[i]).status, KVP_OK);
+    assert_int_equal(offers(st, C1, &first), 6);
+    assert_true(first.hi == t[5].hi && first.lo == t[5].lo);
+    for (int i = 70; i < 4096; i++)
+        assert_int_equal(create(st, C3, KVP_TASK_COPY, "k", NULL, to, 1).status, KVP_OK);
+    assert_int_equal(st->copy_tasks.n_live, 4096);
+    tid_t over = create(st, C3, KVP_TASK_COPY, "k", NULL, to, 1);
+    assert_int_equal(over.status, KVP_ERR_TOO_MANY);
+    kvp_dispatch_conn_closed(st, C1);
+    assert_int_equal(st->copy_tasks.n_live, 0);
+    assert_int_equal(offers(st, C1, NULL), 0);
+    for (int i = 0; i < 70; i += 23) {
+        tq_t q = query(st, C3, t[i]);
+        assert_int_equal(q.task_status, KVP_TASK_FAILED);
+        assert_non_null(strstr(q.msg, "went before"));
+    }
+    assert_int_equal(seg_used(st, s2), 0);
+    /* ended tasks kept for TaskQuery: the 4096 that ended last, the others go at the next
+     * create (s1 went with C1: a key elsewhere) */
+    assert_int_equal(st->copy_tasks.n, 4096);
+    mount_seg(st, C3, "s3", "h3", MIB);
+    put_done(st, C3, "k3", SZ, 1, "s3", 6);
+    tid_t late = create(st, C3, KVP_TASK_COPY, "k3", NULL, to, 1);
+    assert_int_equal(late.status, KVP_OK);
+    assert_int_equal(st->copy_tasks.n, 4096 + 1);
+    st->now_ms += 30001; /* not started in time: 4097 ended */
+    kvp_task_tick(st);
+    assert_int_equal(create(st, C3, KVP_TASK_COPY, "k3", NULL, to, 1).status, KVP_OK);
+    assert_int_equal(st->copy_tasks.n, 4096 + 1);
+    /* the first to end went: of C1's, the started ones ended first, the last started (t[6])
+     * first of all */
+    assert_int_equal(query(st, C3, t[6]).status, KVP_ERR_NOT_FOUND);
+    assert_int_equal(query(st, C3, t[7]).task_status, KVP_TASK_FAILED);
+    assert_int_equal(query(st, C3, late).task_status, KVP_TASK_FAILED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -546,9 +385,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_copy_fails_whole, setup, teardown),
         cmocka_unit_test_setup_teardown(test_move, setup, teardown),
         cmocka_unit_test_setup_teardown(test_create_refusals, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_hot_keys, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_hot_keys_quota, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_offers_and_limits, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -26,7 +26,7 @@
  *
  * Thread: any; a kvp_key_pattern_t is used by one thread at a time (the master loop).
  */
-#include "master/rpc/key_pattern.h"
+#include "master/match/key_pattern.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,10 +64,13 @@ typedef struct parse {
 /* Costs are held at COST_CAP at most, so products never overflow. */
 #define COST_CAP ((uint64_t)KVP_KEY_PATTERN_COST_MAX + 1)
 /* The largest part that may match nothing which a repetition may copy: (a?) and (a*) are
- * 4, ((a?){0,2}) is 12. */
+ * 4, ((a?){0,2}) is 12. (This bound and the next one came from glibc's regcomp, which
+ * compiled patterns before key_nfa.c did; the NFA compiles such parts in linear time, but
+ * the bounds stay so that the patterns accepted do not change.) */
 #define NULLABLE_COPY_MAX 4u
 /* The most optional copies ({n,m}: m - n) a repetition may make of a part that may match
- * nothing: (.*){2,34} compiles in about a millisecond, (.*){2,128} in 50, (.*){2,246} in 700. */
+ * nothing: with glibc's regcomp, (.*){2,34} compiled in about a millisecond, (.*){2,128} in
+ * 50, (.*){2,246} in 700. */
 #define NULLABLE_OPTIONAL_MAX 32u
 
 static uint64_t cap_cost(uint64_t c)
@@ -156,9 +159,9 @@ static long parse_count(parse_t *p)
     return n;
 }
 
-/* {n}, {n,}, {,m}, {n,m} from its '{' (p->at): how many copies of the repeated part glibc
- * writes out, and in *optional_p how many of them are optional (m - n; {n,}: one). 0 with
- * p->why set: refused. */
+/* {n}, {n,}, {,m}, {n,m} from its '{' (p->at): how many copies of the repeated part the
+ * written-out size counts, and in *optional_p how many of them are optional (m - n; {n,}:
+ * one). 0 with p->why set: refused. */
 static uint64_t parse_interval(parse_t *p, uint64_t *optional_p)
 {
     size_t from = p->at++;
@@ -264,7 +267,7 @@ static uint64_t parse_piece(parse_t *p, unsigned depth, bool *nullable_p)
     }
     if (p->why != KVP_PATTERN_OK)
         return 0;
-    /* repetitions, stacked ones multiplying: glibc copies the part for each count */
+    /* repetitions, stacked ones multiplying: the part is copied for each count */
     for (;;) {
         c = s[p->at];
         uint64_t copies, optional = 1;
@@ -288,8 +291,9 @@ static uint64_t parse_piece(parse_t *p, unsigned depth, bool *nullable_p)
         } else {
             break;
         }
-        /* glibc's compile time explodes (minutes) when a part that may match nothing and
-         * holds repetitions of its own is copied: ((a?){0,2}){100,} */
+        /* refused since glibc compiled patterns (NULLABLE_COPY_MAX): its compile time
+         * exploded (minutes) when a part that may match nothing and holds repetitions of its
+         * own was copied: ((a?){0,2}){100,} */
         if (copies > 1 && nullable && cost > NULLABLE_COPY_MAX) {
             refuse(p, KVP_PATTERN_COST,
                    "repetition at byte %zu copies a part that may match nothing and holds "
@@ -297,10 +301,9 @@ static uint64_t parse_piece(parse_t *p, unsigned depth, bool *nullable_p)
                    at);
             return 0;
         }
-        /* ... and, whatever the part holds, when many of its copies are optional: glibc
-         * nests them, x{2,246} being x x (x (x ...)?)?, and (.*){2,246} took 0.7 s of the
-         * loop, (a*){0,246} and a*{2,246} as long; each optional copy costs more than the
-         * last */
+        /* ... and, whatever the part holds, when many of its copies were optional: glibc
+         * nested them, x{2,246} being x x (x (x ...)?)?, and (.*){2,246} took 0.7 s of the
+         * loop, (a*){0,246} and a*{2,246} as long (NULLABLE_OPTIONAL_MAX) */
         if (nullable && optional > NULLABLE_OPTIONAL_MAX) {
             refuse(p, KVP_PATTERN_COST,
                    "repetition at byte %zu makes %llu optional copies of a part that may match "

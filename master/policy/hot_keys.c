@@ -7,7 +7,7 @@
  * HOT_KEYS of them (a key first read when the table is full is not counted that window);
  * the key's bytes are copied once, when it reaches N reads. At the end of each window:
  * - a key read N times or more is hot: while it has fewer than K replicas of its own, it
- *   gets a copy task (rpc/task_calls.c) to one more DRAM segment (one on another host
+ *   gets a copy task (policy/copy_tasks.c) to one more DRAM segment (one on another host
  *   first, the one with the most room), written by the owner of a replica as any copy;
  *   when that task succeeds the new replica is the key's (one task in flight at a time);
  * - a key that was given replicas and is read fewer than N/4 times a second for
@@ -21,16 +21,15 @@
  *
  * Thread: master loop only.
  */
-#include "master/rpc/hot_keys.h"
+#include "master/policy/hot_keys.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "master/meta/object_index.h"
 #include "master/meta/record.h"
+#include "master/policy/copy_tasks.h"
 #include "master/policy/lease.h"
-#include "master/policy/tier.h"
-#include "master/rpc/task_calls.h"
 
 #define HOT_SLOTS 4096u /* the table: a power of two */
 #define HOT_KEYS 3072u  /* keys in it at most (3/4 of the slots) */
@@ -178,11 +177,11 @@ static bool window_end(kvp_master_state_t *st, kvp_hot_key_t *e)
 {
     uint32_t n = st->config.hot_key_reads;
     if (e->pending) {
-        int s = kvp_task_status(st, e->task_hi, e->task_lo);
-        if (s == KVP_TASK_PENDING || s == KVP_TASK_PROCESSING)
+        const kvp_task_t *t = kvp_task_table_find(&st->copy_tasks, e->task_hi, e->task_lo);
+        if (t != NULL && (t->status == KVP_TASK_PENDING || t->status == KVP_TASK_PROCESSING))
             return true;
-        e->pending = false;
-        if (s == KVP_TASK_SUCCESS && e->n_dyn < KVP_HOT_REPLICAS_MAX) {
+        e->pending = false; /* (gone: trimmed, as good as failed) */
+        if (t != NULL && t->status == KVP_TASK_SUCCESS && e->n_dyn < KVP_HOT_REPLICAS_MAX) {
             e->dyn[e->n_dyn++] = e->task_target;
             st->stats.hot_added++;
         }

@@ -1,5 +1,5 @@
 /*
- * test_key_pattern.c - unit tests for master/rpc/key_pattern.c: which patterns are
+ * test_key_pattern.c - unit tests for master/match/key_pattern.c: which patterns are
  * accepted and which refused (and why), a property test of the cost bound (random
  * patterns of a small grammar: every accepted one is within the budget and compiles in
  * bounded time), the same answers as glibc's own search for every accepted one (and the
@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "master/rpc/key_pattern.h"
+#include "master/match/key_pattern.h"
 
 /* The compile of any accepted pattern: far under this (well under a millisecond); glibc's
  * regcomp of the refused ones of row 2 of the issue took seconds and more than a GiB. */

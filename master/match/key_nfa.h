@@ -2,8 +2,8 @@
  * key_nfa.h - the matcher of List and RemoveByRegex patterns: a Thompson NFA simulated
  * as a set of states, linear in the key for every pattern (see key_nfa.c).
  */
-#ifndef KVP_MASTER_RPC_KEY_NFA_H
-#define KVP_MASTER_RPC_KEY_NFA_H
+#ifndef KVP_MASTER_MATCH_KEY_NFA_H
+#define KVP_MASTER_MATCH_KEY_NFA_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -29,10 +29,10 @@ typedef struct kvp_nfa {
 
 /*
  * Compile `pattern`, a POSIX extended regex that key_pattern.c has checked (an unmatched
- * ')' written as "\)"). false (nfa holds nothing, why says why, in glibc's words where
- * it is syntax): what glibc's regcomp also refuses (a backwards range, an unknown class,
- * a repeated anchor, ...), out of memory, or over KVP_NFA_INSTS_MAX. Linear in the
- * program it builds. Thread: any.
+ * ')' written as "\)"). false (nfa holds nothing, why says why): syntax that glibc's
+ * regcomp would refuse too (a backwards range, an unknown class, a repeated anchor, ...),
+ * said in glibc's words; out of memory; or over KVP_NFA_INSTS_MAX. Linear in the program
+ * it builds; calls no regex library. Thread: any.
  */
 bool kvp_nfa_compile(kvp_nfa_t *nfa, const char *pattern, char *why, size_t why_len);
 void kvp_nfa_free(kvp_nfa_t *nfa);
@@ -44,10 +44,10 @@ static inline uint32_t kvp_nfa_size(const kvp_nfa_t *nfa)
 }
 
 /*
- * Does key (len bytes) hold a match anywhere, as regexec(REG_EXTENDED | REG_NOSUB) in the C
- * locale says (1: yes, 0: no)? Each key byte visits each instruction at most once: O(len *
- * size), no allocation. -1: stopped after max_visits visits, no answer. One thread at a
- * time per nfa.
+ * Does key (len bytes) hold a match anywhere, as glibc's regexec(REG_EXTENDED | REG_NOSUB)
+ * in the C locale would say (1: yes, 0: no)? Each key byte visits each instruction at most
+ * once: O(len * size), no allocation. -1: stopped after max_visits visits, no answer. One
+ * thread at a time per nfa.
  */
 int kvp_nfa_match(kvp_nfa_t *nfa, const char *key, size_t len, uint64_t max_visits);
 

@@ -2,22 +2,22 @@
  * key_pattern.h - the POSIX extended regexes of List and RemoveByRegex, checked before
  * they are compiled and matched in time linear in the key (see key_pattern.c).
  */
-#ifndef KVP_MASTER_RPC_KEY_PATTERN_H
-#define KVP_MASTER_RPC_KEY_PATTERN_H
+#ifndef KVP_MASTER_MATCH_KEY_PATTERN_H
+#define KVP_MASTER_MATCH_KEY_PATTERN_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "master/rpc/key_nfa.h"
+#include "master/match/key_nfa.h"
 
 /* A pattern's limits (docs/security.md, "Key patterns"). */
 #define KVP_KEY_PATTERN_MAX 1024u       /* bytes */
 #define KVP_KEY_PATTERN_DEPTH_MAX 8u    /* groups inside groups */
 #define KVP_KEY_PATTERN_REPEAT_MAX 255u /* a count of {n}, {n,}, {n,m} */
-/* The size of the pattern once every repetition is written out (what regcomp builds):
- * one per character, class, anchor or operator, a repeated part counted as often as it
- * may occur. A literal pattern of KVP_KEY_PATTERN_MAX bytes stays under it. */
+/* The size of the pattern once every repetition is written out (as key_nfa.c compiles
+ * it): one per character, class, anchor or operator, a repeated part counted as often as
+ * it may occur. A literal pattern of KVP_KEY_PATTERN_MAX bytes stays under it. */
 #define KVP_KEY_PATTERN_COST_MAX 2048u
 /* The matcher's steps (instructions visited) one key may take: a key that needs more ends
  * its request, refused as KVP_PATTERN_WORK. About 5 ms; an anchored prefix over a key of
@@ -28,7 +28,7 @@
 typedef enum kvp_key_pattern_refusal {
     KVP_PATTERN_OK = 0,
     KVP_PATTERN_TOO_LONG, /* over KVP_KEY_PATTERN_MAX bytes */
-    KVP_PATTERN_SYNTAX,   /* not a regex (our parse, or regcomp's) */
+    KVP_PATTERN_SYNTAX,   /* not a regex (our parse, or the NFA's compile: key_nfa.c) */
     KVP_PATTERN_BACKREF,  /* \1 .. \9 */
     KVP_PATTERN_NESTING,  /* groups deeper than KVP_KEY_PATTERN_DEPTH_MAX */
     KVP_PATTERN_REPEAT,   /* a count over KVP_KEY_PATTERN_REPEAT_MAX */

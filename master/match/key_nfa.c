@@ -2,20 +2,24 @@
  * key_nfa.c - the matcher of key patterns: a Thompson NFA, run as a set of states.
  *
  * A pattern that key_pattern.c has checked (no back-references, bounded nesting, counts
- * and written-out size) and glibc's regcomp has accepted is compiled here into a small
- * program (Thompson 1968; Pike's VM as in Cox, "Regular Expression Matching Can Be Simple
- * And Fast"): BYTE, SET (a 256-bit byte set), ANY, SPLIT, JMP, ASSERT (^ $ \b \B \< \> \`
- * \') and MATCH. A key is matched by running every thread at once: at each key position
- * the threads are a set in which an instruction is added at most once, so one key byte
- * costs at most one visit of each instruction, O(key length x program size) in all for
- * every pattern. Nothing backtracks, no DFA cache grows, nothing is allocated per key.
+ * and written-out size) is compiled here, in one pass and in time linear in what it builds,
+ * into a small program (Thompson 1968; Pike's VM as in Cox, "Regular Expression Matching
+ * Can Be Simple And Fast"): BYTE, SET (a 256-bit byte set), ANY, SPLIT, JMP, ASSERT (^ $ \b
+ * \B \< \> \` \') and MATCH. The compile also refuses the syntax that the check lets
+ * through and glibc's regcomp would refuse (a backwards range, an unknown class, a repeated
+ * anchor), in glibc's words; no regex library is called. A key is matched by running every
+ * thread at once: at each key position the threads are a set in which an instruction is
+ * added at most once, so one key byte costs at most one visit of each instruction, O(key
+ * length x program size) in all for every pattern. Nothing backtracks, no DFA cache grows,
+ * nothing is allocated per key.
  *
- * Semantics are glibc's regexec(REG_EXTENDED | REG_NOSUB) in the C locale without
- * REG_NEWLINE (the unit tests compare the two on random patterns and keys): a search
- * anywhere in the key (the start thread joins at every position), '.' and [^...] match
- * every byte but NUL (keys hold none), ^ and $ only at the key's ends, \w \W \s \S as GNU
- * has them, and a bracket's classes, ranges, [.c.] and [=c=] in byte order. Only whether
- * a match exists is asked, so threads need no priorities and the first MATCH ends it.
+ * Semantics are those of glibc's regexec(REG_EXTENDED | REG_NOSUB) in the C locale without
+ * REG_NEWLINE (only the unit tests call glibc, to compare the two on random patterns and
+ * keys): a search anywhere in the key (the start thread joins at every position), '.' and
+ * [^...] match every byte but NUL (keys hold none), ^ and $ only at the key's ends, \w \W
+ * \s \S as GNU has them, and a bracket's classes, ranges, [.c.] and [=c=] in byte order.
+ * Only whether a match exists is asked, so threads need no priorities and the first MATCH
+ * ends it.
  *
  * x{n,m} is written out as n copies of x, then m - n optional ones (x{n,}: n copies, the
  * last looping), so the program is about as large as the written-out size key_pattern.c
@@ -24,7 +28,7 @@
  *
  * Thread: any; one kvp_nfa_t is used by one thread at a time.
  */
-#include "master/rpc/key_nfa.h"
+#include "master/match/key_nfa.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,8 +1,8 @@
 /*
  * hot_keys.h - hot-key replica fanout (see hot_keys.c; --hot-key-reads).
  */
-#ifndef KVP_MASTER_RPC_HOT_KEYS_H
-#define KVP_MASTER_RPC_HOT_KEYS_H
+#ifndef KVP_MASTER_POLICY_HOT_KEYS_H
+#define KVP_MASTER_POLICY_HOT_KEYS_H
 
 #include "master/core/state.h"
 
