@@ -343,24 +343,31 @@ bool kvp_json_str(const kvp_json_t *j, uint32_t tok, char *out, size_t cap)
     return true;
 }
 
+/* The digits s[0..e) as an integer of at most max: false when empty, not all digits (a
+ * fraction or an exponent) or over max. */
+static bool digits(const char *s, const char *e, uint64_t max, uint64_t *x_p)
+{
+    if (s == e)
+        return false;
+    uint64_t x = 0;
+    for (; s < e; s++) {
+        if (*s < '0' || *s > '9')
+            return false;
+        unsigned d = (unsigned)(*s - '0');
+        if (x > (max - d) / 10)
+            return false;
+        x = x * 10 + d;
+    }
+    *x_p = x;
+    return true;
+}
+
 bool kvp_json_u64(const kvp_json_t *j, uint32_t tok, uint64_t *v)
 {
     if (tok >= j->n || j->t[tok].type != KVP_J_NUMBER)
         return false;
     const char *s = j->text + j->t[tok].start, *e = j->text + j->t[tok].end;
-    if (s == e || *s == '-')
-        return false;
-    uint64_t x = 0;
-    for (; s < e; s++) {
-        if (*s < '0' || *s > '9')
-            return false; /* a fraction or an exponent */
-        unsigned d = (unsigned)(*s - '0');
-        if (x > (UINT64_MAX - d) / 10)
-            return false;
-        x = x * 10 + d;
-    }
-    *v = x;
-    return true;
+    return (s == e || *s != '-') && digits(s, e, UINT64_MAX, v);
 }
 
 size_t kvp_json_str_cap(const kvp_json_t *j, uint32_t tok)
@@ -378,17 +385,9 @@ bool kvp_json_i64(const kvp_json_t *j, uint32_t tok, int64_t *v)
     const char *s = j->text + j->t[tok].start, *e = j->text + j->t[tok].end;
     bool neg = s < e && *s == '-';
     s += neg;
-    if (s == e)
+    uint64_t x;
+    if (!digits(s, e, neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX, &x))
         return false;
-    uint64_t x = 0, max = neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX;
-    for (; s < e; s++) {
-        if (*s < '0' || *s > '9')
-            return false; /* a fraction or an exponent */
-        unsigned d = (unsigned)(*s - '0');
-        if (x > (max - d) / 10)
-            return false;
-        x = x * 10 + d;
-    }
     *v = !neg ? (int64_t)x : x > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)x;
     return true;
 }
