@@ -274,17 +274,18 @@ static kvp_status_t b64_decode(const char *text, char **out_p, size_t *len_p)
 typedef struct etcd_json {
     kvp_json_t j;
     char *text;
-    size_t cap; /* bytes allocated at text (for a wipe) */
+    size_t cap;    /* bytes allocated at text (for a wipe) */
+    char why[128]; /* a parse that failed: why (not JSON, too many values, ...) */
 } etcd_json_t;
 
-/* Parse text[0..len) into r (r->text stays the caller's): false when it is not JSON. */
+/* Parse text[0..len) into r (r->text stays the caller's): false when it is not JSON, or
+ * more than the reader takes (r->why says which). */
 static bool etcd_json_parse(etcd_json_t *r, const char *text, size_t len)
 {
-    char why[128];
     memset(r, 0, sizeof(*r));
-    if (kvp_json_parse(&r->j, text, len, why, sizeof(why)) == KVP_JSON_OK)
+    if (kvp_json_parse(&r->j, text, len, r->why, sizeof(r->why)) == KVP_JSON_OK)
         return true;
-    KVP_LOG_DEBUG("etcd: an answer that is not JSON: %s", why);
+    KVP_LOG_DEBUG("etcd: an answer that is not JSON: %s", r->why);
     kvp_json_free(&r->j);
     return false;
 }
@@ -886,9 +887,11 @@ static kvp_status_t etcd_run(kvp_etcd_t *e, const char *path, const char *body, 
             continue;
         }
         if (!j_is(&r.j, 0, KVP_J_OBJECT)) {
+            status =
+                etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: answer is not a JSON object%s%s",
+                          path, e->urls[idx], parsed ? "" : ": ", parsed ? "" : r.why);
             etcd_json_free(&r, false);
-            return etcd_fail(e, KVP_ERR_PROTOCOL, "etcd %s on %s: answer is not a JSON object",
-                             path, e->urls[idx]);
+            return status;
         }
         r.text = x->body.p; /* the tokens point into it: the answer owns it now */
         r.cap = x->body.cap;
