@@ -27,6 +27,7 @@
 
 #include "common/grant.h"
 #include "common/log.h"
+#include "common/private_path.h"
 
 struct kvp_segment {
     int fd;
@@ -105,11 +106,9 @@ static kvp_status_t file_open(kvp_segment_t *seg, const kvp_segment_params_t *p,
         create_fail(p, "segment file %s is not a regular file", p->file);
         return KVP_ERR_INVALID_ARG;
     }
-    if (sb.st_uid != geteuid() || (sb.st_mode & 077) != 0) {
-        create_fail(p,
-                    "segment file %s may be read or written by others (mode %04o, owner %u): "
-                    "a segment's file must be this user's, mode 0600",
-                    p->file, (unsigned)(sb.st_mode & 07777), (unsigned)sb.st_uid);
+    char why[512];
+    if (kvp_private_path_check(&sb, "segment file", p->file, why, sizeof(why)) != KVP_OK) {
+        create_fail(p, "%s", why);
         return KVP_ERR_DENIED;
     }
     uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);

@@ -19,13 +19,21 @@
  *     are durable, as the owner's record then says. CRC32C as every transport.
  *   - Who may: whoever may open the directory's files. The data grants of an owner do not
  *     reach a file read in place: the directory's permissions are the DFS tier's access
- *     control (docs/security.md).
+ *     control (docs/security.md), so they are checked (common/private_path.h): the directory
+ *     given must be this user's, mode 0700 or narrower, and so every kvpool file in it,
+ *     0600 (the id file, its temporary copies, the shard files), or kvp_dfs_dir_id refuses
+ *     it (KVP_ERR_DENIED, said how to fix) before anything is made or read there, owner or
+ *     reader; what kvpool makes there is 0600 whatever the umask (explicit mode, fchmod),
+ *     and kvpool makes no directory (a missing mount must not become a local one). Nodes
+ *     sharing one directory run as the same uid. A shard found loose at attach is read
+ *     through its owner.
  *
  * Thread: create/destroy on the client's thread; attach under the peer's tp_lock; submit
  * from any thread at once (a ring per thread, made on first use).
  */
 #include "client/ssd/dfs.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -40,6 +48,7 @@
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
 #include "common/log.h"
+#include "common/private_path.h"
 #include "common/rand.h"
 
 typedef struct dfs_ctx {
@@ -62,17 +71,56 @@ static bool hex_id(const char *s)
     return true;
 }
 
-kvp_status_t kvp_dfs_dir_id(const char *dir, char *id, char *why, size_t why_len)
+/* A file kvpool makes in a DFS directory: the id file, its temporary copies
+ * ("kvpool-dfs.id.<hex>"), the shard files ("shard-<host>-<k>.kvpdfs", client.c). */
+static bool kvpool_file(const char *name)
 {
-    struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        snprintf(why, why_len, "DFS path %s is not a directory", dir);
-        return KVP_ERR_INVALID_ARG;
+    size_t n = strlen(name), id = strlen(KVP_DFS_ID_FILE);
+    if (strncmp(name, KVP_DFS_ID_FILE, id) == 0 && (name[id] == '\0' || name[id] == '.'))
+        return true;
+    return n > 13 && strncmp(name, "shard-", 6) == 0 && strcmp(name + n - 7, ".kvpdfs") == 0;
+}
+
+/* Every kvpool file in the directory dfd (`dir`): this user's, no bit for group or others
+ * (KVP_ERR_DENIED, why: the first that is not, and the fix). Other names are not ours to
+ * judge; one that goes while we look is skipped. */
+static kvp_status_t files_private(int dfd, const char *dir, char *why, size_t why_len)
+{
+    int lfd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *d = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (d == NULL) {
+        snprintf(why, why_len, "cannot list the DFS directory %s: %s", dir, strerror(errno));
+        if (lfd >= 0)
+            close(lfd);
+        return KVP_ERR_SYSTEM;
     }
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/%s", dir, KVP_DFS_ID_FILE);
+    kvp_status_t st = KVP_OK;
+    for (struct dirent *e; st == KVP_OK && (e = readdir(d)) != NULL;) {
+        struct stat sb;
+        if (!kvpool_file(e->d_name))
+            continue;
+        char path[1300];
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        if (fstatat(dfd, e->d_name, &sb, 0) != 0) {
+            if (errno == ENOENT)
+                continue;
+            snprintf(why, why_len, "cannot stat %s: %s", path, strerror(errno));
+            st = KVP_ERR_SYSTEM;
+        } else {
+            st = kvp_private_path_check(&sb, "DFS file", path, why, why_len);
+        }
+    }
+    closedir(d);
+    return st;
+}
+
+/* The id of the directory dfd (`dir`, path the id file's) into id: read, or drawn and
+ * written whole under a temporary name (mode 0600), then linked in (a process that lost
+ * the race reads the winner's). */
+static kvp_status_t read_or_make_id(int dfd, const char *path, char *id, char *why, size_t why_len)
+{
     for (int attempt = 0; attempt < 50; attempt++) {
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        int fd = openat(dfd, KVP_DFS_ID_FILE, O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
             char buf[KVP_DFS_ID_LEN + 2] = {0};
             ssize_t got = read(fd, buf, sizeof(buf) - 1);
@@ -93,30 +141,65 @@ kvp_status_t kvp_dfs_dir_id(const char *dir, char *id, char *why, size_t why_len
             snprintf(why, why_len, "cannot read %s: %s", path, strerror(errno));
             return KVP_ERR_SYSTEM;
         }
-        /* none yet: draw one, written whole under a temporary name, then linked in (a
-         * process that lost the race reads the winner's) */
-        char tmp[1300], line[KVP_DFS_ID_LEN + 2];
+        char tmp[64], line[KVP_DFS_ID_LEN + 2];
         uint64_t a = kvp_random_u64(), b = kvp_random_u64();
         snprintf(line, sizeof(line), "%016llx%016llx\n", (unsigned long long)a,
                  (unsigned long long)b);
-        snprintf(tmp, sizeof(tmp), "%s.%016llx", path, (unsigned long long)a);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        snprintf(tmp, sizeof(tmp), "%s.%016llx", KVP_DFS_ID_FILE, (unsigned long long)a);
+        fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, KVP_PRIVATE_FILE_MODE);
         if (fd < 0) {
-            snprintf(why, why_len, "cannot create %s: %s", tmp, strerror(errno));
+            snprintf(why, why_len, "cannot create %s.%016llx: %s", path, (unsigned long long)a,
+                     strerror(errno));
             return KVP_ERR_SYSTEM;
         }
-        bool ok = write(fd, line, KVP_DFS_ID_LEN + 1) == KVP_DFS_ID_LEN + 1 && fsync(fd) == 0;
+        /* 0600 whatever the umask (it narrows only) */
+        errno = EIO; /* (a short write sets none) */
+        bool ok = fchmod(fd, KVP_PRIVATE_FILE_MODE) == 0 &&
+                  write(fd, line, KVP_DFS_ID_LEN + 1) == KVP_DFS_ID_LEN + 1 && fsync(fd) == 0;
+        int err = errno;
         close(fd);
-        if (ok && link(tmp, path) != 0 && errno != EEXIST)
+        if (ok && linkat(dfd, tmp, dfd, KVP_DFS_ID_FILE, 0) != 0 && errno != EEXIST) {
             ok = false;
-        unlink(tmp);
+            err = errno;
+        }
+        unlinkat(dfd, tmp, 0);
         if (!ok) {
-            snprintf(why, why_len, "cannot create %s: %s", path, strerror(errno));
+            snprintf(why, why_len, "cannot create %s: %s", path, strerror(err));
             return KVP_ERR_SYSTEM;
         }
     }
     snprintf(why, why_len, "%s stays incomplete", path);
     return KVP_ERR_SYSTEM;
+}
+
+kvp_status_t kvp_dfs_dir_id(const char *dir, char *id, char *why, size_t why_len)
+{
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        bool absent = errno == ENOENT || errno == ENOTDIR;
+        if (absent)
+            snprintf(why, why_len, "DFS path %s is not a directory", dir);
+        else
+            snprintf(why, why_len, "cannot open the DFS directory %s: %s", dir, strerror(errno));
+        return absent ? KVP_ERR_INVALID_ARG : KVP_ERR_SYSTEM;
+    }
+    /* the directory first: nothing is made in one others may read or write */
+    struct stat sb;
+    kvp_status_t st = KVP_OK;
+    if (fstat(dfd, &sb) != 0) {
+        snprintf(why, why_len, "cannot stat the DFS directory %s: %s", dir, strerror(errno));
+        st = KVP_ERR_SYSTEM;
+    }
+    if (st == KVP_OK)
+        st = kvp_private_path_check(&sb, "DFS directory", dir, why, why_len);
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/%s", dir, KVP_DFS_ID_FILE);
+    if (st == KVP_OK) /* then what is there: nothing is made beside a looser file */
+        st = files_private(dfd, dir, why, why_len);
+    if (st == KVP_OK)
+        st = read_or_make_id(dfd, path, id, why, why_len);
+    close(dfd);
+    return st;
 }
 
 static void ring_free(void *io)
@@ -183,6 +266,15 @@ static kvp_status_t dfs_attach(void *ctx, kvp_peer_t *peer, void **state_p)
     if (fd < 0) {
         KVP_LOG_WARN("DFS segment %s: cannot open %s (%s): read through its owner", peer->name,
                      path, strerror(errno));
+        return KVP_ERR_TRANSPORT;
+    }
+    /* a shard others may read or write never gets our bytes (created since our start) */
+    struct stat sb;
+    char why[4352] = "fstat failed"; /* (the path three times at most) */
+    if (fstat(fd, &sb) != 0 ||
+        kvp_private_path_check(&sb, "DFS shard file", path, why, sizeof(why)) != KVP_OK) {
+        KVP_LOG_WARN("DFS segment %s: %s: read through its owner", peer->name, why);
+        close(fd);
         return KVP_ERR_TRANSPORT;
     }
     dfs_peer_t *p = calloc(1, sizeof(*p));

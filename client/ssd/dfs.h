@@ -19,8 +19,11 @@
 
 /*
  * The id of the DFS directory `dir` (id[KVP_DFS_ID_LEN + 1]): read from its id file, or, when
- * there is none yet, drawn and written there (O_EXCL: two processes starting at once agree).
- * KVP_ERR_INVALID_ARG (not a directory, a damaged id file) or KVP_ERR_SYSTEM, why in why.
+ * there is none yet, drawn and written there (O_EXCL, mode 0600: two processes starting at
+ * once agree). First the directory, then every kvpool file in it, must be this user's with
+ * no bit for group or others (common/private_path.h). KVP_ERR_INVALID_ARG (not a directory,
+ * a damaged id file), KVP_ERR_DENIED (a looser directory or file: the path, what was found
+ * and the fix) or KVP_ERR_SYSTEM, why in why.
  */
 kvp_status_t kvp_dfs_dir_id(const char *dir, char *id, char *why, size_t why_len);
 

@@ -38,8 +38,12 @@
  *   data area          from the data base (4 KiB aligned): segment byte 0 is
  *                      file byte data_base; extents are whole 4 KiB blocks.
  *
- * Creating: open with O_CREAT|O_EXCL (an existing file is opened instead;
- * one of size 0 is formatted too), fallocate the whole file (the table reads
+ * Creating: open with O_CREAT|O_EXCL, mode 0600 set again with fchmod (the
+ * umask does not matter); an existing file is opened instead, and refused
+ * (KVP_ERR_DENIED, untouched) when it is another user's or its group or
+ * others have any permission bit: the file's permissions are its objects'
+ * (common/private_path.h, as the DRAM segment's --segment-file). One of
+ * size 0 is formatted too: fallocate the whole file (the table reads
  * as zeros: every slot free), write both header copies, fsync the file and
  * its directory. Nothing but an empty or new file is ever formatted.
  *
@@ -89,6 +93,7 @@
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/macros.h"
+#include "common/private_path.h"
 #include "common/rand.h"
 
 #define SSD_MAGIC "KVPSSD01"
@@ -761,13 +766,17 @@ out:
     return st;
 }
 
-/* Open path (creating it exclusively if absent); *created_p: this call created it. */
+/* Open path (creating it exclusively if absent, mode 0600 whatever the umask: the file's
+ * permissions are its objects'); *created_p: this call created it. */
 static int open_path(const char *path, bool direct, bool *created_p)
 {
     int flags = O_RDWR | O_CLOEXEC | (direct ? O_DIRECT : 0);
     for (;;) {
-        int fd = open(path, flags | O_CREAT | O_EXCL, 0644);
+        int fd = open(path, flags | O_CREAT | O_EXCL, KVP_PRIVATE_FILE_MODE);
         if (fd >= 0) {
+            /* (the umask narrows only; a filesystem that ignores the mode fails fd_check) */
+            if (fchmod(fd, KVP_PRIVATE_FILE_MODE) != 0)
+                KVP_LOG_WARN("ssd file %s: cannot chmod it 600: %m", path);
             *created_p = true;
             return fd;
         }
@@ -872,8 +881,9 @@ static kvp_status_t fd_lock(kvp_ssd_file_t *f, const char *path, char *why, size
     return KVP_ERR_SYSTEM;
 }
 
-/* Check the open file can hold the segment: a regular file, on a disk when its I/O is
- * O_DIRECT (else refuse_direct decides). *size_p: its size. */
+/* Check the open file can hold the segment: a regular file of this user's that nobody else
+ * may read or write (KVP_ERR_DENIED, left untouched), on a disk when its I/O is O_DIRECT
+ * (else refuse_direct decides). *size_p: its size. */
 static kvp_status_t fd_check(kvp_ssd_file_t *f, const kvp_ssd_open_params_t *p, uint64_t *size_p,
                              char *why, size_t why_len)
 {
@@ -896,6 +906,10 @@ static kvp_status_t fd_check(kvp_ssd_file_t *f, const kvp_ssd_open_params_t *p, 
         set_why(why, why_len, "%s is not a regular file; it was left untouched", p->path);
         return KVP_ERR_INVALID_ARG;
     }
+    kvp_status_t st =
+        kvp_private_path_check(&sb, p->what ? p->what : "SSD segment file", p->path, why, why_len);
+    if (st != KVP_OK)
+        return st;
     *size_p = (uint64_t)sb.st_size;
     return KVP_OK;
 }

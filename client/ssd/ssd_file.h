@@ -42,15 +42,20 @@ typedef struct kvp_ssd_open_params {
     uint64_t size;        /* segment bytes (the data area), rounded down to KVP_SSD_BLOCK */
     uint32_t max_entries; /* object table slots; 0: size / 64 KiB, at least 1024 */
     bool buffered_io;     /* accept a filesystem without O_DIRECT (then page-cache I/O) */
+    const char *what;     /* the file, in errors; NULL: "SSD segment file" */
 } kvp_ssd_open_params_t;
 
 /*
  * Open `p->path`, creating and preallocating (fallocate) it when it does not
- * exist, and lock it (flock, exclusive, non-blocking) for this process's
- * lifetime. An existing file is recovered: every valid entry comes back; of
- * entries whose extents overlap only the highest version is kept (the
- * others are forgotten). Errors, with the reason in why[why_len]:
+ * exist (mode 0600, whatever the umask), and lock it (flock, exclusive,
+ * non-blocking) for this process's lifetime. An existing file is recovered:
+ * every valid entry comes back; of entries whose extents overlap only the
+ * highest version is kept (the others are forgotten). Errors, with the
+ * reason in why[why_len]:
  *   KVP_ERR_IN_USE       another live process holds the file;
+ *   KVP_ERR_DENIED       an existing file another user owns, or that its group
+ *                        or others may read or write (common/private_path.h:
+ *                        the fix is said; never touched);
  *   KVP_ERR_INVALID_ARG  size too small, an existing file of another size or
  *                        table size, or not a kvpool SSD file (never
  *                        overwritten);

@@ -613,7 +613,10 @@ kvp_status_t kvp_ssd_owner_start(const kvp_ssd_owner_params_t *p, kvp_ssd_owner_
     o->peers = p->peers;
     const char *host = p->host;
     char why[512] = "";
-    kvp_ssd_open_params_t op = {.path = p->path, .size = p->size, .buffered_io = p->buffered_io};
+    kvp_ssd_open_params_t op = {.path = p->path,
+                                .size = p->size,
+                                .buffered_io = p->buffered_io,
+                                .what = p->dfs_id != NULL ? "DFS shard file" : NULL};
     kvp_status_t st = kvp_ssd_file_open(&op, &o->file, why, sizeof(why));
     if (st != KVP_OK) {
         KVP_LOG_ERROR("SSD segment %s: %s", p->path, why);

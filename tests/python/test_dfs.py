@@ -110,7 +110,9 @@ def dfs_pool(request, tmp_path):
 
     def make(**kw):
         d = tmp_path / f"dfs{len(made)}"
-        d.mkdir()  # never made by kvpool: a missing mount must not become a local directory
+        # never made by kvpool: a missing mount must not become a local directory; this
+        # user's, 0700, or refused (test_tier_files.py)
+        d.mkdir(mode=0o700)
         p = DfsPool(d, **kw)
         made.append(p)
         return p
@@ -238,7 +240,7 @@ def test_client_with_the_directory_reads_and_writes_without_the_owner(dfs_pool, 
     # another directory (its own id): the client never takes our files, it reads through
     # the owner
     alien = tmp_path / "alien"
-    alien.mkdir()
+    alien.mkdir(mode=0o700)
     with kvpool.Client(p.addr, dfs_path=str(alien)) as a:
         assert a.get("k2") == data
         assert client_dfs(a)["get"]["ops"] == 0 and client_ssd(a)["get"]["ops"] == 1
@@ -376,7 +378,7 @@ def test_tenant_quota_counts_dfs_bytes(certs, tmp_path, monkeypatch):
     try:
         m.add_segment("64MiB")
         crt, key = certs.pair(PRINCIPALS["segsrv"]["cn"])
-        (tmp_path / "dfs").mkdir()
+        (tmp_path / "dfs").mkdir(mode=0o700)
         m.segments.append(Proc([_bin("KVPOOL_CLI_BIN"), "--master", m.addr, "--tls-ca", certs.ca,
                                 "--tls-cert", crt, "--tls-key", key, "serve", "--segment-size",
                                 "0", "--dfs-path", str(tmp_path / "dfs"), "--dfs-size", "8MiB",
@@ -418,7 +420,7 @@ def test_master_restart_keeps_dfs_replicas(tmp_path):
             "--log-level", "error", *master_security_args(), "--lease-ttl", "0"]
     cli = _bin("KVPOOL_CLI_BIN")
     d = tmp_path / "dfs"
-    d.mkdir()
+    d.mkdir(mode=0o700)
     procs = [Proc(argv)]
     addr = procs[0].ready
     try:
@@ -663,7 +665,7 @@ def test_another_principal_never_takes_a_shard_over(certs, tmp_path, monkeypatch
     m = TenantMaster(certs, str(tmp_path), PRINCIPALS, {})
     m.metric = lambda name: metric(m.metrics(), name)
     dfs_dir = tmp_path / "dfs"
-    dfs_dir.mkdir()
+    dfs_dir.mkdir(mode=0o700)
 
     def serve(who):
         crt, key = certs.pair(PRINCIPALS[who]["cn"])

@@ -15,7 +15,11 @@
  * is KVP_ERR_UNSUPPORTED unless buffered I/O is allowed; a full table is
  * KVP_ERR_NO_SPACE; bad entries are KVP_ERR_INVALID_ARG; the second header
  * copy opens a file whose first is damaged; records of more entries than one
- * slot batch; io_uring reads and writes of multi-chunk lengths byte-exact.
+ * slot batch; io_uring reads and writes of multi-chunk lengths byte-exact;
+ * a new file is mode 0600 whatever the umask (0 or 0277), and an existing
+ * one (formatted or empty) that its group or others may read or write, or
+ * (as root) another user's, is KVP_ERR_DENIED with the path and the fix in
+ * the reason, untouched, and opens once chmod 600.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -387,7 +391,7 @@ static void test_not_kvpool_file(void **state)
         assert_non_null(buf);
         for (size_t i = 0; i < sizes[k]; i++)
             buf[i] = (char)(i * 7 + 1);
-        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
         assert_true(fd >= 0);
         assert_int_equal(write(fd, buf, sizes[k]), (ssize_t)sizes[k]);
         close(fd);
@@ -406,7 +410,7 @@ static void test_empty_file_formatted(void **state)
 {
     (void)state;
     const char *path = path_of("empty");
-    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0600);
     assert_true(fd >= 0);
     close(fd);
     kvp_ssd_file_t *f = open_ok(path, 4 * MIB, 16);
@@ -416,6 +420,70 @@ static void test_empty_file_formatted(void **state)
     f = open_ok(path, 4 * MIB, 16);
     assert_int_equal(kvp_ssd_file_count(f), 1);
     kvp_ssd_file_close(f);
+}
+
+static unsigned mode_of(const char *path)
+{
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    return (unsigned)(sb.st_mode & 07777);
+}
+
+/* The file's permissions are its objects': made 0600 whatever the umask, refused looser. */
+static void test_modes(void **state)
+{
+    (void)state;
+    const mode_t masks[2] = {0, 0277};
+    for (int k = 0; k < 2; k++) {
+        const char *path = path_of(k ? "mode-umask0277" : "mode-umask0");
+        mode_t was = umask(masks[k]);
+        kvp_ssd_file_t *f = open_ok(path, 4 * MIB, 16);
+        umask(was);
+        assert_int_equal(mode_of(path), 0600);
+        kvp_ssd_file_close(f);
+    }
+
+    /* a formatted file, then an empty one: refused as they are, then opened once narrowed */
+    const char *path = path_of("mode-umask0");
+    int efd = open(path_of("mode-empty"), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    assert_true(efd >= 0);
+    close(efd);
+    const char *paths[2] = {path, path_of("mode-empty")};
+    const mode_t loose[3] = {0640, 0604, 0660};
+    for (int k = 0; k < 2; k++)
+        for (int m = 0; m < 3; m++) {
+            assert_int_equal(chmod(paths[k], loose[m]), 0);
+            off_t size0, size1;
+            uint32_t crc0 = file_crc(paths[k], &size0);
+            kvp_ssd_open_params_t p = params(paths[k], 4 * MIB, 16);
+            kvp_ssd_file_t *f = NULL;
+            char why[1024], fix[PATH_MAX + 16];
+            assert_int_equal(kvp_ssd_file_open(&p, &f, why, sizeof(why)), KVP_ERR_DENIED);
+            assert_null(f);
+            snprintf(fix, sizeof(fix), "(chmod 600 %s)", paths[k]);
+            assert_non_null(strstr(why, "may be read or written by others"));
+            assert_non_null(strstr(why, fix));
+            assert_int_equal(file_crc(paths[k], &size1), crc0); /* untouched */
+            assert_int_equal(size1, size0);
+            assert_int_equal(mode_of(paths[k]), loose[m]);
+        }
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(chmod(paths[k], 0600), 0);
+        kvp_ssd_file_close(open_ok(paths[k], 4 * MIB, 16));
+    }
+
+    /* another user's file, mode 0600: refused too (only root can make one here) */
+    if (geteuid() == 0) {
+        assert_int_equal(chown(path, 65534, 65534), 0);
+        kvp_ssd_open_params_t p = params(path, 4 * MIB, 16);
+        kvp_ssd_file_t *f = NULL;
+        char why[1024];
+        assert_int_equal(kvp_ssd_file_open(&p, &f, why, sizeof(why)), KVP_ERR_DENIED);
+        assert_non_null(strstr(why, "owner uid 65534"));
+        assert_non_null(strstr(why, "chown 0 "));
+        assert_int_equal(chown(path, 0, 0), 0);
+        kvp_ssd_file_close(open_ok(path, 4 * MIB, 16));
+    }
 }
 
 static void test_tmpfs_unsupported(void **state)
@@ -635,6 +703,7 @@ int main(void)
         cmocka_unit_test(test_other_size_invalid),
         cmocka_unit_test(test_not_kvpool_file),
         cmocka_unit_test(test_empty_file_formatted),
+        cmocka_unit_test(test_modes),
         cmocka_unit_test(test_tmpfs_unsupported),
         cmocka_unit_test(test_table_full),
         cmocka_unit_test(test_bad_entries),
