@@ -83,6 +83,9 @@ typedef struct kvp_master_config {
     char tls_ca[512];
     char tls_crl[512];
     char acl_file[512];
+    /* with an ACL: copy and move tasks one tenant holds at most, live and ended (0: an equal
+     * share of the master's 4096; policy/copy_tasks.c) */
+    uint32_t max_tasks_per_tenant;
     bool data_grants; /* with TLS: tcp data requests carry grants (common/grant.h) */
     bool mount_proof; /* a mount's tcp endpoint proves it serves the segment (true) */
     uint32_t mount_proof_timeout_ms; /* ... within this (2000) */

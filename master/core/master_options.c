@@ -83,6 +83,18 @@ static const kvp_opt_t master_rows[] = {
      F(acl_file),
      .help = "principals: tenant, roles, cert-cn, token-sha256, key patterns; SIGHUP reloads "
              "it (and the TLS files)"},
+    {.name = "max-tasks-per-tenant",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "0",
+     .def_doc = "0 (an equal share)",
+     F(max_tasks_per_tenant),
+     .max = 4096,
+     .help = "with an ACL: copy and move tasks one tenant may have waiting or running at once "
+             "(past it TaskCreate is refused with KVP_ERR_TOO_MANY), and the most of its ended "
+             "ones kept for query_task, its oldest going first; 0: 4096 (the master's cap of "
+             "both, over all tenants) divided by the tenants the ACL names, \"default\" "
+             "included"},
     {.name = "data-grants",
      .type = KVP_OPT_ON_OFF,
      .def = "on",

@@ -14,9 +14,16 @@
  *   source waits for its read leases to end not among them: that one no longer needs its
  *   runner). A heartbeat costs what it offers, a closed connection what it fails. A runner
  *   with neither is freed;
- * - the live list (PENDING and PROCESSING, newest first: the timer's deadlines) or the
- *   ended list (FAILED and SUCCESS, in the order they ended: kept for TaskQuery, the oldest
- *   freed first by kvp_task_table_trim).
+ * - the live list (PENDING and PROCESSING, newest first: the timer's deadlines) or its
+ *   tenant's ended list (FAILED and SUCCESS, in the order they ended: kept for TaskQuery).
+ * Tenants. Each tenant's tasks are counted (live, ended) in a slot of its own, an array by
+ * tenant id grown to the largest id added, so the caps of rpc/task_calls.c are O(1) and a
+ * trim frees what a tenant holds, never another's for it: kvp_task_table_trim_tenant takes
+ * one tenant's oldest ended, and kvp_task_table_trim, which bounds the table's ended tasks in
+ * all, cuts the tenants that keep the most down to one level (found by bisection: the
+ * highest that frees enough), so that a tenant keeping few loses nothing to another's
+ * flood. Without tenants every task is tenant 0's, and the two trims are the one of old: the
+ * oldest ended first.
  * Nothing is walked over all the tasks but the cleanup.
  *
  * Thread: master loop only.
@@ -24,6 +31,7 @@
 #include "master/meta/task_table.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "common/rand.h"
@@ -160,6 +168,50 @@ static void runner_free(kvp_task_table_t *tt, kvp_task_runner_t *r)
     free(r);
 }
 
+/* ---------------- the tenants ---------------- */
+
+/* The slot of tenant id `tenant`, the array grown to hold it; NULL: out of memory. */
+static kvp_task_tenant_t *tenant_get(kvp_task_table_t *tt, uint16_t tenant)
+{
+    if (tenant < tt->n_tenants)
+        return &tt->tenants[tenant];
+    uint32_t n = tt->n_tenants != 0 ? tt->n_tenants : 8;
+    while (n <= tenant)
+        n *= 2;
+    kvp_task_tenant_t *a = realloc(tt->tenants, n * sizeof(*a));
+    if (a == NULL)
+        return NULL;
+    memset(a + tt->n_tenants, 0, (n - tt->n_tenants) * sizeof(*a));
+    tt->tenants = a;
+    tt->n_tenants = n;
+    return &a[tenant];
+}
+
+/* Free tn's oldest ended task. */
+static void ended_free_oldest(kvp_task_table_t *tt, kvp_task_tenant_t *tn)
+{
+    kvp_task_t *t = tn->ended_oldest;
+    tn->ended_oldest = t->next;
+    if (t->next != NULL)
+        t->next->prev = NULL;
+    else
+        tn->ended_newest = NULL;
+    tn->n_ended--;
+    id_unlink(tt, t);
+    tt->n--;
+    free(t);
+}
+
+/* The ended tasks the tenants keep above `level`, summed. */
+static uint64_t ended_above(const kvp_task_table_t *tt, uint32_t level)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < tt->n_tenants; i++)
+        if (tt->tenants[i].n_ended > level)
+            n += tt->tenants[i].n_ended - level;
+    return n;
+}
+
 /* ---------------- the lists ---------------- */
 
 static void run_push(kvp_task_runner_t *r, kvp_task_t **head, kvp_task_t *t)
@@ -239,7 +291,9 @@ kvp_task_t *kvp_task_table_find(const kvp_task_table_t *tt, uint64_t id_hi, uint
 
 bool kvp_task_table_add(kvp_task_table_t *tt, kvp_task_t *t)
 {
-    if (!id_room(tt))
+    /* (the runner last: one made for t is freed only with a task) */
+    kvp_task_tenant_t *tn = tenant_get(tt, t->tenant);
+    if (tn == NULL || !id_room(tt))
         return false;
     kvp_task_runner_t *r = runner_get(tt, t->exec_conn);
     if (r == NULL)
@@ -264,6 +318,7 @@ bool kvp_task_table_add(kvp_task_table_t *tt, kvp_task_t *t)
     tt->live = t;
     tt->n++;
     tt->n_live++;
+    tn->n_live++;
     return true;
 }
 
@@ -285,33 +340,68 @@ void kvp_task_table_release(kvp_task_table_t *tt, kvp_task_t *t)
 
 void kvp_task_table_end(kvp_task_table_t *tt, kvp_task_t *t, uint8_t status)
 {
+    kvp_task_tenant_t *tn = &tt->tenants[t->tenant]; /* (its slot is there since its add) */
     run_unlink(tt, t);
     live_unlink(tt, t);
     t->status = status;
     t->drop_pending = false;
     t->updated_ms = wall_ms();
-    t->prev = tt->ended_newest;
-    if (tt->ended_newest != NULL)
-        tt->ended_newest->next = t;
+    t->prev = tn->ended_newest;
+    if (tn->ended_newest != NULL)
+        tn->ended_newest->next = t;
     else
-        tt->ended_oldest = t;
-    tt->ended_newest = t;
+        tn->ended_oldest = t;
+    tn->ended_newest = t;
+    tn->n_live--;
+    tn->n_ended++;
     tt->n_live--;
+}
+
+void kvp_task_table_trim_tenant(kvp_task_table_t *tt, uint16_t tenant, uint32_t keep)
+{
+    if (tenant >= tt->n_tenants)
+        return;
+    kvp_task_tenant_t *tn = &tt->tenants[tenant];
+    while (tn->n_ended > keep)
+        ended_free_oldest(tt, tn);
 }
 
 void kvp_task_table_trim(kvp_task_table_t *tt, uint32_t keep)
 {
-    while (tt->n - tt->n_live > keep) {
-        kvp_task_t *t = tt->ended_oldest;
-        tt->ended_oldest = t->next;
-        if (t->next != NULL)
-            t->next->prev = NULL;
+    uint32_t ended = tt->n - tt->n_live;
+    if (ended <= keep)
+        return;
+    uint64_t excess = ended - keep;
+    /* the level `hi`: the tenants above it keep less than the excess (ended_above(hi) <
+     * excess <= ended_above(hi - 1)); lo < hi stays a level that frees enough */
+    uint32_t lo = 0, hi = 0;
+    for (uint32_t i = 0; i < tt->n_tenants; i++)
+        if (tt->tenants[i].n_ended > hi)
+            hi = tt->tenants[i].n_ended;
+    while (hi - lo > 1) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (ended_above(tt, mid) >= excess)
+            lo = mid;
         else
-            tt->ended_newest = NULL;
-        id_unlink(tt, t);
-        tt->n--;
-        free(t);
+            hi = mid;
     }
+    for (uint32_t i = 0; i < tt->n_tenants; i++)
+        kvp_task_table_trim_tenant(tt, (uint16_t)i, hi);
+    /* the rest, one each from tenants at the level (there are enough: the excess is at most
+     * what the level below it frees) */
+    for (uint32_t i = 0; i < tt->n_tenants && tt->n - tt->n_live > keep; i++)
+        if (tt->tenants[i].n_ended == hi)
+            ended_free_oldest(tt, &tt->tenants[i]);
+}
+
+uint32_t kvp_task_table_tenant_live(const kvp_task_table_t *tt, uint16_t tenant)
+{
+    return tenant < tt->n_tenants ? tt->tenants[tenant].n_live : 0;
+}
+
+uint32_t kvp_task_table_tenant_ended(const kvp_task_table_t *tt, uint16_t tenant)
+{
+    return tenant < tt->n_tenants ? tt->tenants[tenant].n_ended : 0;
 }
 
 kvp_task_t *kvp_task_table_waiting(const kvp_task_table_t *tt, uint64_t conn_id)
@@ -342,5 +432,6 @@ void kvp_task_table_cleanup(kvp_task_table_t *tt)
     }
     free(tt->by_id);
     free(tt->by_conn);
+    free(tt->tenants);
     *tt = (kvp_task_table_t){0};
 }

@@ -2,7 +2,8 @@
  * task_table.h - the master's copy and move tasks, indexed by what their calls look up
  * (see task_table.c): by id (TaskQuery, TaskStart, TaskEnd, the hot-key fanout), by the
  * connection that runs them (the heartbeat's offers, a closed connection's tasks), the
- * live ones (the timer) and the ended ones in the order they ended (trimmed oldest first).
+ * live ones (the timer) and each tenant's ended ones in the order they ended (trimmed oldest
+ * first, a tenant's own).
  */
 #ifndef KVP_MASTER_META_TASK_TABLE_H
 #define KVP_MASTER_META_TASK_TABLE_H
@@ -31,7 +32,8 @@ typedef struct kvp_task_runner kvp_task_runner_t;
 typedef struct kvp_task {
     /* the table's links (task_table.c): not for its users to change */
     struct kvp_task *id_next;             /* its id bucket's chain */
-    struct kvp_task *prev, *next;         /* the live list (newest first) or the ended one */
+    struct kvp_task *prev, *next;         /* the live list (newest first) or its tenant's ended
+                                           * one (oldest first) */
     struct kvp_task *run_prev, *run_next; /* its runner's waiting or running list */
     kvp_task_runner_t *runner;            /* NULL: on neither (ended, or drop_pending) */
     uint64_t id_hi, id_lo;
@@ -53,6 +55,13 @@ typedef struct kvp_task {
     char key[];
 } kvp_task_t;
 
+/* What one tenant (a task's `tenant`) holds of the table. */
+typedef struct kvp_task_tenant {
+    kvp_task_t *ended_oldest; /* its FAILED and SUCCESS tasks in the order they ended (next) */
+    kvp_task_t *ended_newest;
+    uint32_t n_live, n_ended; /* its tasks not ended; ended and kept */
+} kvp_task_tenant_t;
+
 /* The tasks. A zeroed table is an empty one; the table owns the tasks added to it. */
 typedef struct kvp_task_table {
     kvp_task_t **by_id;          /* chains by id (id_next) */
@@ -60,19 +69,22 @@ typedef struct kvp_task_table {
     kvp_task_runner_t **by_conn; /* runners by connection id */
     uint32_t conn_mask;
     uint32_t n_runners;
-    kvp_task_t *live;         /* PENDING and PROCESSING tasks, newest first (next) */
-    kvp_task_t *ended_oldest; /* FAILED and SUCCESS ones in the order they ended (next) */
-    kvp_task_t *ended_newest;
+    kvp_task_t *live;           /* PENDING and PROCESSING tasks, newest first (next) */
+    kvp_task_tenant_t *tenants; /* [n_tenants], by tenant id: up to the largest id added */
+    uint32_t n_tenants;
     uint32_t n, n_live;   /* tasks kept; not ended */
     uint64_t incarnation; /* 48 random bits naming this master's tasks (0: none yet) */
+    /* TaskCreates refused (rpc/task_calls.c): at its tenant's cap; at the master's */
+    uint64_t refused_tenant, refused_master;
 } kvp_task_table_t;
 
 void kvp_task_table_cleanup(kvp_task_table_t *tt);
 
 /*
- * Add t (calloc'd by the caller, its fields filled; exec_conn is its runner): it gets an id
- * no task of the table has, in this master's incarnation (id_hi: the incarnation, then a
- * 16-bit check of (incarnation, id_lo)), is PENDING, offered to its runner, and created now
+ * Add t (calloc'd by the caller, its fields filled; exec_conn is its runner, tenant its
+ * tenant's id): it gets an id no task of the table has, in this master's incarnation (id_hi:
+ * the incarnation, then a 16-bit check of (incarnation, id_lo)), is PENDING, counted live for
+ * its tenant, offered to its runner, and created now
  * (created_ms and updated_ms: the wall clock, as every change below sets updated_ms). true: the
  * table's now. false: out of memory, t untouched and still the caller's. O(1) amortized.
  */
@@ -85,11 +97,22 @@ void kvp_task_table_start(kvp_task_t *t);
 /* t (PROCESSING, a move whose copy is in) waits for the master only, to drop its source:
  * drop_pending, off its runner's lists (a closed runner no longer fails it). O(1). */
 void kvp_task_table_release(kvp_task_table_t *tt, kvp_task_t *t);
-/* t (live) ends with status (FAILED or SUCCESS): off the live and runner lists, the newest
- * ended. O(1). */
+/* t (live) ends with status (FAILED or SUCCESS): off the live and runner lists, its
+ * tenant's newest ended. O(1). */
 void kvp_task_table_end(kvp_task_table_t *tt, kvp_task_t *t, uint8_t status);
-/* Free the ended tasks that ended first until at most `keep` ended ones are left. O(freed). */
+/* Free tenant's ended tasks that ended first until it keeps at most `keep`: no other
+ * tenant's. O(freed). */
+void kvp_task_table_trim_tenant(kvp_task_table_t *tt, uint16_t tenant, uint32_t keep);
+/* Free ended tasks until at most `keep` are left in all, from the tenants that keep the most,
+ * each one's that ended first: every tenant is cut to one level, the highest that frees
+ * enough (those under it lose nothing), and a few at it one more for the exact count. So a
+ * tenant's flood takes its own, never those of a tenant keeping fewer. O(1) when at most
+ * `keep` are kept; else O(freed + tenants x log2(the most a tenant keeps)). */
 void kvp_task_table_trim(kvp_task_table_t *tt, uint32_t keep);
+
+/* The tasks of tenant not ended; its ended ones kept. O(1). */
+uint32_t kvp_task_table_tenant_live(const kvp_task_table_t *tt, uint16_t tenant);
+uint32_t kvp_task_table_tenant_ended(const kvp_task_table_t *tt, uint16_t tenant);
 
 /* The PENDING tasks connection conn_id runs, newest first (then t->run_next); NULL: none.
  * O(1). */

@@ -206,6 +206,13 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
                     s->tasks_failed);
     one(r, "kvpool_tasks_live", "gauge", "Copy and move tasks waiting or running.",
         st->copy_tasks.n_live);
+    head(r, "kvpool_tasks_refused_total", "counter",
+         "Copy and move tasks refused (KVP_ERR_TOO_MANY), by the cap they met: the caller's "
+         "tenant's (--max-tasks-per-tenant) or the master's.");
+    kvp_http_printf(r,
+                    "kvpool_tasks_refused_total{reason=\"tenant\"} %" PRIu64 "\n"
+                    "kvpool_tasks_refused_total{reason=\"master\"} %" PRIu64 "\n",
+                    st->copy_tasks.refused_tenant, st->copy_tasks.refused_master);
     one(r, "kvpool_hot_keys", "gauge",
         "Keys read --hot-key-reads times a second or more lately, or holding replicas for it.",
         hot_keys(st));

@@ -8,9 +8,12 @@
  * start), and, for a move whose new replica is in while readers may be on the source,
  * finished by the timer once no read leases the object (kvp_task_drop_source). A task that
  * fails frees the extents it holds: its new replicas become visible together or not at all.
- * Ended tasks are kept for TaskQuery, the KEEP_ENDED that ended last; the older ones go at
- * the next kvp_task_add. The tasks live in meta/task_table.c, indexed by id and by runner,
- * so no call here walks more than the live tasks (the timer) or what it changes.
+ * Ended tasks are kept for TaskQuery, per tenant: the kvp_task_tenant_max that ended last of
+ * each tenant, and KVP_TASKS_KEPT_MAX in all, taken from the tenants that keep the most
+ * (meta/task_table.c); the older ones go at the next kvp_task_add, a tenant's own at its own
+ * add. So one tenant's flood of tasks costs its own history, not another's. The tasks live in
+ * meta/task_table.c, indexed by id, by runner and by tenant, so no call here walks more than
+ * the live tasks (the timer) or what it changes.
  *
  * Thread: master loop only.
  */
@@ -27,8 +30,17 @@
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
 
-#define KEEP_ENDED 4096     /* ended tasks kept for TaskQuery */
 #define START_WAIT_MS 30000 /* a PENDING task its runner has not started by then fails */
+
+uint32_t kvp_task_tenant_max(const kvp_master_state_t *st)
+{
+    if (!st->tenants_on)
+        return KVP_TASKS_LIVE_MAX;
+    if (st->config.max_tasks_per_tenant != 0)
+        return st->config.max_tasks_per_tenant;
+    uint32_t share = KVP_TASKS_LIVE_MAX / (st->tenants.n > 0 ? st->tenants.n : 1);
+    return share > 0 ? share : 1;
+}
 
 static bool task_live(const kvp_task_t *t)
 {
@@ -109,7 +121,8 @@ kvp_task_t *kvp_task_add(kvp_master_state_t *st, const kvp_object_t *obj, uint8_
         return NULL;
     }
     st->stats.tasks_created++;
-    kvp_task_table_trim(&st->copy_tasks, KEEP_ENDED);
+    kvp_task_table_trim_tenant(&st->copy_tasks, t->tenant, kvp_task_tenant_max(st));
+    kvp_task_table_trim(&st->copy_tasks, KVP_TASKS_KEPT_MAX);
     return t;
 }
 

@@ -11,9 +11,22 @@
 
 #include "master/core/state.h"
 
+/* Tasks the master holds at most: waiting or running (TaskCreate is refused past it), and
+ * ended ones kept for TaskQuery, over all tenants. */
+#define KVP_TASKS_LIVE_MAX 4096u
+#define KVP_TASKS_KEPT_MAX 4096u
+
+/* What one tenant may hold at most, of each: tasks waiting or running (TaskCreate), and
+ * ended ones kept for TaskQuery. --max-tasks-per-tenant, or 0 there: an equal share of
+ * KVP_TASKS_LIVE_MAX among the tenants the master knows (the ACL's, "default" included; at
+ * least 1), so that the tenants together never pass the master's cap. Without an ACL (one
+ * tenant): KVP_TASKS_LIVE_MAX. */
+uint32_t kvp_task_tenant_max(const kvp_master_state_t *st);
+
 /* Record a task of kind on obj, PENDING, for the owner of `source` (checked by the caller:
- * a DRAM segment with a replica; targets: ids of segments that may take one); the oldest
- * ended tasks past those kept for TaskQuery go. NULL: out of memory. */
+ * a DRAM segment with a replica; targets: ids of segments that may take one), obj's tenant's;
+ * the oldest ended tasks past those kept for TaskQuery go (that tenant's past its share, then
+ * the largest keepers' past the master's). NULL: out of memory. */
 kvp_task_t *kvp_task_add(kvp_master_state_t *st, const kvp_object_t *obj, uint8_t kind,
                          const kvp_segment_t *source, const uint64_t *targets, unsigned n_targets);
 /* A DRAM segment holding a replica of obj to copy from (one not draining first); NULL. */

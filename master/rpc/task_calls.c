@@ -34,6 +34,12 @@
  * DRAM quota. TaskStart and TaskEnd come from the connection that owns the source segment
  * only (NOT_OWNER otherwise, and nothing changes).
  *
+ * Caps. At most KVP_TASKS_LIVE_MAX tasks wait or run at once, and, with an ACL, at most
+ * kvp_task_tenant_max of one tenant (the tenant of the caller's credential): TaskCreate past
+ * either is TOO_MANY, naming the cap, counted (kvpool_tasks_refused_total). A tenant's share
+ * keeps one tenant's flood from taking the others' room; the ended tasks kept for TaskQuery
+ * are bounded per tenant the same way (policy/copy_tasks.c).
+ *
  * Thread: master loop only.
  */
 #include "master/rpc/task_calls.h"
@@ -51,7 +57,6 @@
 #include "master/rpc/reply.h"
 
 _Static_assert(KVP_MAX_REPLICAS == 8, "messages below say 8");
-#define LIVE_MAX 4096 /* tasks not ended at once */
 
 /* The task of that id, or NULL. */
 static kvp_task_t *task_find(kvp_master_state_t *st, uint64_t hi, uint64_t lo)
@@ -81,6 +86,41 @@ static kvp_segment_t *target_check(kvp_master_state_t *st, kvp_reply_t *r, const
     return NULL;
 }
 
+/* Has the caller's tenant (from its credential) or the master room for one more task?
+ * KVP_OK, or TOO_MANY with the cap in r, counted. */
+static kvp_status_t room_check(kvp_call_t *call, kvp_reply_t *r)
+{
+    kvp_master_state_t *st = call->st;
+    kvp_task_table_t *tt = &st->copy_tasks;
+    if (st->tenants_on && call->who != NULL) {
+        uint32_t cap = kvp_task_tenant_max(st);
+        uint32_t n = kvp_task_table_tenant_live(tt, call->who->tenant_id);
+        if (n >= cap) {
+            tt->refused_tenant++;
+            char share[96] = "";
+            if (st->config.max_tasks_per_tenant == 0)
+                snprintf(share, sizeof(share),
+                         "an equal share of the master's %u among %u "
+                         "tenants; ",
+                         KVP_TASKS_LIVE_MAX, st->tenants.n);
+            snprintf(r->text, r->text_max,
+                     "tenant %s has %u copy and move tasks waiting or running, at most %u a "
+                     "tenant (%s--max-tasks-per-tenant): wait for some to end",
+                     call->who->tenant, n, cap, share);
+            return KVP_ERR_TOO_MANY;
+        }
+    }
+    if (tt->n_live >= KVP_TASKS_LIVE_MAX) {
+        tt->refused_master++;
+        snprintf(r->text, r->text_max,
+                 "%u copy and move tasks are waiting or running already, the most the master "
+                 "holds; wait for some to end",
+                 KVP_TASKS_LIVE_MAX);
+        return KVP_ERR_TOO_MANY;
+    }
+    return KVP_OK;
+}
+
 kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -99,11 +139,11 @@ kvp_status_t kvp_handle_task_create(kvp_call_t *call, ProtobufCMessage *req_msg)
                               move ? "a move names one target"
                                    : "a copy names 1 to 8 target segments");
     _Static_assert(KVP_TASK_TARGETS_MAX == 8, "the message above says 8");
-    if (st->copy_tasks.n_live >= LIVE_MAX)
-        return kvp_reply_fail(&r, KVP_ERR_TOO_MANY, "%u tasks are waiting or running already",
-                              LIVE_MAX);
+    kvp_status_t status = room_check(call, &r);
+    if (status != KVP_OK)
+        return kvp_reply_fail(&r, status, NULL);
     kvp_object_t *obj;
-    kvp_status_t status = kvp_call_key_lookup(st, &req->keys[0], &obj, NULL);
+    status = kvp_call_key_lookup(st, &req->keys[0], &obj, NULL);
     if (status != KVP_OK)
         return kvp_reply_fail(&r, status, NULL);
     if (obj == NULL || obj->state != KVP_OBJ_COMPLETE)

@@ -2,7 +2,9 @@
  * test_task_table.c - unit tests for master/meta/task_table.c: tasks added, found by id,
  * listed by their runner (waiting, then running) and live, ended and trimmed oldest-ended
  * first; many tasks over many runners (the hashes grow, every index agrees with a plain
- * list); tasks ended while their runner's list is walked; ids told from made-up ones.
+ * list); tasks ended while their runner's list is walked; ids told from made-up ones;
+ * tenants counted apart, a tenant's trim taking its own only, and the trim over all tenants
+ * taking from those that keep the most.
  * Freed by kvp_task_table_cleanup whatever their state: the ASan build fails on a leak.
  */
 #include <stdarg.h>
@@ -17,13 +19,19 @@
 
 #include "master/meta/task_table.h"
 
-static kvp_task_t *add(kvp_task_table_t *tt, uint64_t conn)
+static kvp_task_t *add_of(kvp_task_table_t *tt, uint64_t conn, uint16_t tenant)
 {
     kvp_task_t *t = calloc(1, sizeof(*t));
     assert_non_null(t);
     t->exec_conn = conn;
+    t->tenant = tenant;
     assert_true(kvp_task_table_add(tt, t));
     return t;
+}
+
+static kvp_task_t *add(kvp_task_table_t *tt, uint64_t conn)
+{
+    return add_of(tt, conn, 0);
 }
 
 static size_t count_list(const kvp_task_t *t)
@@ -77,14 +85,14 @@ static void test_one_task_through_its_life(void **state)
     assert_false(t->drop_pending);
     assert_null(tt.live);
     assert_int_equal(tt.n_live, 0);
-    assert_ptr_equal(tt.ended_oldest, t);
+    assert_ptr_equal(tt.tenants[0].ended_oldest, t);
     assert_ptr_equal(kvp_task_table_find(&tt, t->id_hi, t->id_lo), t); /* kept for TaskQuery */
     kvp_task_table_trim(&tt, 1);
     assert_int_equal(tt.n, 1);
     kvp_task_table_trim(&tt, 0);
     assert_int_equal(tt.n, 0);
-    assert_null(tt.ended_oldest);
-    assert_null(tt.ended_newest);
+    assert_null(tt.tenants[0].ended_oldest);
+    assert_null(tt.tenants[0].ended_newest);
     kvp_task_table_cleanup(&tt);
 }
 
@@ -191,7 +199,7 @@ static void test_many_tasks(void **state)
     kvp_task_table_trim(&tt, (uint32_t)per[RUNNERS - 1]);
     assert_int_equal(tt.n, per[RUNNERS - 1]);
     /* those kept are the last ended: the last runner's */
-    for (const kvp_task_t *t = tt.ended_oldest; t != NULL; t = t->next)
+    for (const kvp_task_t *t = tt.tenants[0].ended_oldest; t != NULL; t = t->next)
         assert_int_equal(t->exec_conn, 1000 + RUNNERS - 1);
     free(all);
     kvp_task_table_cleanup(&tt);
@@ -235,6 +243,105 @@ static void test_ids(void **state)
     kvp_task_table_cleanup(&tt);
 }
 
+/* Add and end n tasks of tenant, each numbered in source_seg from *seq on (the order they
+ * ended). */
+static void ended_of(kvp_task_table_t *tt, uint16_t tenant, int n, uint64_t *seq)
+{
+    for (int i = 0; i < n; i++) {
+        kvp_task_t *t = add_of(tt, 1, tenant);
+        t->source_seg = (*seq)++;
+        kvp_task_table_end(tt, t, KVP_TASK_FAILED);
+    }
+}
+
+/* The ended tasks tenant keeps are the last `n` it ended (ended_of: numbered up to newest),
+ * oldest first. */
+static void kept_last(const kvp_task_table_t *tt, uint16_t tenant, uint32_t n, uint64_t newest)
+{
+    assert_int_equal(kvp_task_table_tenant_ended(tt, tenant), n);
+    uint32_t seen = 0;
+    for (const kvp_task_t *t = tt->tenants[tenant].ended_oldest; t != NULL; t = t->next) {
+        assert_int_equal(t->tenant, tenant);
+        assert_int_equal(t->source_seg, newest - n + 1 + seen);
+        seen++;
+    }
+    assert_int_equal(seen, n);
+    if (n > 0)
+        assert_int_equal(tt->tenants[tenant].ended_newest->source_seg, newest);
+}
+
+/* Each tenant's live and ended tasks counted apart (a large id grows the slots); a tenant's
+ * trim frees its own oldest ended only. */
+static void test_tenants_counted_and_trimmed_apart(void **state)
+{
+    (void)state;
+    kvp_task_table_t tt = {0};
+    uint64_t seq = 1;
+    ended_of(&tt, 1, 3, &seq); /* the victim's history: 1..3 */
+    kvp_task_t *live = add_of(&tt, 2, 4095);
+    ended_of(&tt, 2, 100, &seq); /* a flood: 4..103 */
+    assert_int_equal(kvp_task_table_tenant_live(&tt, 4095), 1);
+    assert_int_equal(kvp_task_table_tenant_live(&tt, 2), 0);
+    assert_int_equal(kvp_task_table_tenant_ended(&tt, 2), 100);
+    assert_int_equal(kvp_task_table_tenant_live(&tt, 60000), 0); /* never seen */
+    assert_int_equal(kvp_task_table_tenant_ended(&tt, 60000), 0);
+    kvp_task_table_trim_tenant(&tt, 2, 10);
+    kept_last(&tt, 2, 10, 103);
+    kept_last(&tt, 1, 3, 3);
+    assert_int_equal(tt.n, 3 + 1 + 10);
+    kvp_task_table_trim_tenant(&tt, 4095, 0); /* live: never trimmed */
+    assert_ptr_equal(kvp_task_table_find(&tt, live->id_hi, live->id_lo), live);
+    kvp_task_table_trim_tenant(&tt, 9, 0); /* no such tenant: nothing */
+    kvp_task_table_end(&tt, live, KVP_TASK_SUCCESS);
+    assert_int_equal(kvp_task_table_tenant_live(&tt, 4095), 0);
+    assert_int_equal(kvp_task_table_tenant_ended(&tt, 4095), 1);
+    assert_int_equal(tt.n_live, 0);
+    kvp_task_table_cleanup(&tt);
+}
+
+/* The trim over all tenants takes from those that keep the most, down to one level: a
+ * tenant under it keeps every task; ties at the level lose one each for the exact count. */
+static void test_trim_takes_from_the_largest(void **state)
+{
+    (void)state;
+    kvp_task_table_t tt = {0};
+    uint64_t seq = 1;
+    ended_of(&tt, 1, 10, &seq);   /* 1..10 */
+    ended_of(&tt, 2, 5000, &seq); /* 11..5010 */
+    ended_of(&tt, 3, 100, &seq);  /* 5011..5110 */
+    const uint64_t newest[4] = {0, 10, 5010, 5110};
+    add_of(&tt, 5, 0); /* live: not counted, never trimmed */
+    kvp_task_table_trim(&tt, 4096);
+    kept_last(&tt, 1, 10, newest[1]);
+    kept_last(&tt, 2, 4096 - 110, newest[2]);
+    kept_last(&tt, 3, 100, newest[3]);
+    kvp_task_table_trim(&tt, 300); /* level 190 */
+    kept_last(&tt, 1, 10, newest[1]);
+    kept_last(&tt, 2, 190, newest[2]);
+    kept_last(&tt, 3, 100, newest[3]);
+    kvp_task_table_trim(&tt, 100); /* level 45 */
+    kept_last(&tt, 1, 10, newest[1]);
+    kept_last(&tt, 2, 45, newest[2]);
+    kept_last(&tt, 3, 45, newest[3]);
+    kvp_task_table_trim(&tt, 21); /* level 7 for all */
+    for (uint16_t i = 1; i <= 3; i++)
+        kept_last(&tt, i, 7, newest[i]);
+    kvp_task_table_trim(&tt, 20); /* 7, 7, 7: one loses one more */
+    uint32_t sum = 0;
+    for (uint16_t i = 1; i <= 3; i++) {
+        uint32_t n = kvp_task_table_tenant_ended(&tt, i);
+        assert_true(n == 6 || n == 7);
+        kept_last(&tt, i, n, newest[i]);
+        sum += n;
+    }
+    assert_int_equal(sum, 20);
+    assert_int_equal(tt.n, 20 + 1);
+    kvp_task_table_trim(&tt, 0);
+    assert_int_equal(tt.n, 1);
+    assert_int_equal(tt.n_live, 1);
+    kvp_task_table_cleanup(&tt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -244,6 +351,8 @@ int main(void)
         cmocka_unit_test(test_many_tasks),
         cmocka_unit_test(test_end_while_walking_the_live_list),
         cmocka_unit_test(test_ids),
+        cmocka_unit_test(test_tenants_counted_and_trimmed_apart),
+        cmocka_unit_test(test_trim_takes_from_the_largest),
     };
     return cmocka_run_group_tests_name("task_table", tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include <stdio.h>
+#include <string.h>
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
@@ -17,6 +18,12 @@
 tid_t create(kvp_master_state_t *st, uint64_t conn, uint32_t kind, const char *key,
              const char *source, const char *const *targets, size_t n)
 {
+    return create_as(st, conn, NULL, kind, key, source, targets, n);
+}
+
+tid_t create_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who, uint32_t kind,
+                const char *key, const char *source, const char *const *targets, size_t n)
+{
     Kvpool__TaskCreateRequest req = KVPOOL__TASK_CREATE_REQUEST__INIT;
     req.kind = kind;
     req.keys = svc_keys(&key, 1);
@@ -24,8 +31,9 @@ tid_t create(kvp_master_state_t *st, uint64_t conn, uint32_t kind, const char *k
     req.source = (char *)(source ? source : "");
     req.targets = (char **)targets;
     req.n_targets = n;
-    Kvpool__TaskCreateResponse *r = svc_call(st, conn, KVP_RPC_TASK_CREATE, &req.base,
-                                             &kvpool__task_create_response__descriptor);
+    Kvpool__TaskCreateResponse *r = svc_call_as(st, conn, who, KVP_RPC_TASK_CREATE, &req.base,
+                                                &kvpool__task_create_response__descriptor);
+    assert_non_null(r);
     tid_t t = {.status = r->status, .hi = r->id_hi, .lo = r->id_lo};
     snprintf(t.msg, sizeof(t.msg), "%s", r->message);
     svc_msg_free(r);
@@ -34,16 +42,65 @@ tid_t create(kvp_master_state_t *st, uint64_t conn, uint32_t kind, const char *k
 
 tq_t query(kvp_master_state_t *st, uint64_t conn, tid_t id)
 {
+    return query_as(st, conn, NULL, id);
+}
+
+tq_t query_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who, tid_t id)
+{
     Kvpool__TaskQueryRequest req = KVPOOL__TASK_QUERY_REQUEST__INIT;
     req.id_hi = id.hi;
     req.id_lo = id.lo;
-    Kvpool__TaskQueryResponse *r =
-        svc_call(st, conn, KVP_RPC_TASK_QUERY, &req.base, &kvpool__task_query_response__descriptor);
+    Kvpool__TaskQueryResponse *r = svc_call_as(st, conn, who, KVP_RPC_TASK_QUERY, &req.base,
+                                               &kvpool__task_query_response__descriptor);
+    assert_non_null(r);
     tq_t q = {.status = r->status, .kind = r->kind, .task_status = r->task_status};
     snprintf(q.assigned, sizeof(q.assigned), "%s", r->assigned_client);
     snprintf(q.msg, sizeof(q.msg), "%s", r->message);
     svc_msg_free(r);
     return q;
+}
+
+kvp_principal_t tenant_principal(kvp_master_state_t *st, const char *name, const char *tenant)
+{
+    kvp_principal_t p = {.roles = KVP_ROLE_READ | KVP_ROLE_WRITE};
+    snprintf(p.name, sizeof(p.name), "%s", name);
+    snprintf(p.tenant, sizeof(p.tenant), "%s", tenant);
+    int32_t id = kvp_tenant_id(&st->tenants, tenant, strlen(tenant), true);
+    assert_true(id >= 0);
+    p.tenant_id = (uint16_t)id;
+    return p;
+}
+
+void put_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who, const char *key,
+            const char *preferred, uint32_t crc)
+{
+    uint64_t size = SZ;
+    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
+    cfg.replica_num = 1;
+    cfg.preferred_segment = (char *)preferred;
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    req.keys = svc_keys(&key, 1);
+    req.n_keys = 1;
+    req.sizes = &size;
+    req.n_sizes = 1;
+    req.config = &cfg;
+    Kvpool__PutStartResponse *r = svc_call_as(st, conn, who, KVP_RPC_PUT_START, &req.base,
+                                              &kvpool__put_start_response__descriptor);
+    assert_non_null(r);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->results[0]->status, KVP_OK);
+    svc_msg_free(r);
+    Kvpool__PutEndRequest end_req = KVPOOL__PUT_END_REQUEST__INIT;
+    end_req.keys = svc_keys(&key, 1);
+    end_req.n_keys = 1;
+    end_req.crc32c = &crc;
+    end_req.n_crc32c = 1;
+    Kvpool__StatusesResponse *e = svc_call_as(st, conn, who, KVP_RPC_PUT_END, &end_req.base,
+                                              &kvpool__statuses_response__descriptor);
+    assert_non_null(e);
+    assert_int_equal(e->status, KVP_OK);
+    assert_int_equal(e->statuses[0], KVP_OK);
+    svc_msg_free(e);
 }
 
 /* The tasks a heartbeat of conn is offered: their count, the first one's id in *first. */

@@ -2,7 +2,8 @@
  * fixture_tasks.h - one-call helpers for copy and move tasks, on fixture_leases.h's master:
  * TaskCreate, TaskQuery, TaskStart and TaskEnd of one task, and a heartbeat's offers, each
  * packed, run through kvp_dispatch_handle and unpacked as a client would
- * (rpc/test_task_calls.c, policy/test_hot_keys.c).
+ * (rpc/test_task_calls.c, policy/test_hot_keys.c); TaskCreate, TaskQuery and a put also as a
+ * principal of a tenant (the ACL's caller).
  */
 #ifndef KVP_TESTS_UNIT_MASTER_RPC_FIXTURE_TASKS_H
 #define KVP_TESTS_UNIT_MASTER_RPC_FIXTURE_TASKS_H
@@ -22,6 +23,9 @@ typedef struct tid {
 
 tid_t create(kvp_master_state_t *st, uint64_t conn, uint32_t kind, const char *key,
              const char *source, const char *const *targets, size_t n);
+/* The same as principal who (NULL: no ACL). */
+tid_t create_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who, uint32_t kind,
+                const char *key, const char *source, const char *const *targets, size_t n);
 
 /* What TaskQuery says of a task. */
 typedef struct tq {
@@ -31,6 +35,15 @@ typedef struct tq {
 } tq_t;
 
 tq_t query(kvp_master_state_t *st, uint64_t conn, tid_t id);
+tq_t query_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who, tid_t id);
+
+/* A principal of tenant `tenant` with roles read and write, its tenant made in st's table (the
+ * ACL's part: st->tenants_on is the caller's to set). */
+kvp_principal_t tenant_principal(kvp_master_state_t *st, const char *name, const char *tenant);
+/* PutStart and PutEnd of one key of SZ bytes, one replica on segment `preferred`, as who:
+ * both must succeed. */
+void put_as(kvp_master_state_t *st, uint64_t conn, const kvp_principal_t *who, const char *key,
+            const char *preferred, uint32_t crc);
 
 /* The tasks a heartbeat of conn is offered: their count, the first one's id in *first. */
 size_t offers(kvp_master_state_t *st, uint64_t conn, tid_t *first);

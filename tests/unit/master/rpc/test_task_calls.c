@@ -4,7 +4,8 @@
  * fixture_tasks.h: the task calls), and their timer (kvp_task_tick, policy/copy_tasks.c).
  * What is checked is what the client sees: the heartbeat's offers, who may start and end a
  * task, the replicas a get is handed afterwards, the bytes each segment has in use (nothing
- * leaked on any failure), and the task's status and message.
+ * leaked on any failure), and the task's status and message. With an ACL's tenants: one
+ * tenant's flood of tasks neither refuses another's creates nor erases its ended tasks.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -378,6 +379,118 @@ static void test_offers_and_limits(void **state)
     assert_int_equal(query(st, C3, late).task_status, KVP_TASK_FAILED);
 }
 
+/* Bob (tenant team-b) creates copy tasks of his own object until refused, as in the attack
+ * reported: alice (team-a) was refused 48 of her 56 creates, and her finished task vanished
+ * from TaskQuery, for 4096 live and 4096 ended tasks were shared by all tenants. Now bob is
+ * refused at his tenant's share (4096 over the 3 tenants: default, team-a, team-b), naming it
+ * and counted; every create of alice's succeeds; and after 4 more rounds of his tasks ending
+ * (not started in time) his oldest are gone, his last kept, and her finished task answered. */
+static void test_a_tenants_flood_leaves_another_alone(void **state)
+{
+    enum { ROUNDS = 4, SEEN = 8 };
+    kvp_master_state_t *st = *state;
+    st->tenants_on = true;
+    kvp_principal_t alice = tenant_principal(st, "alice", "team-a");
+    kvp_principal_t bob = tenant_principal(st, "bob", "team-b");
+    assert_int_equal(st->tenants.n, 3);
+    const int share = 4096 / 3;
+    mount_seg(st, C1, "s1", "h1", MIB);
+    mount_seg(st, C2, "s2", "h2", MIB);
+    const char *to[] = {"s2"};
+    put_as(st, C3, &alice, "a", "s1", 1);
+    put_as(st, C3, &bob, "b", "s1", 2);
+    tid_t done = create_as(st, C3, &alice, KVP_TASK_COPY, "a", NULL, to, 1);
+    assert_int_equal(start(st, C1, done).n, 1);
+    int32_t ok1[1] = {KVP_OK};
+    assert_int_equal(end(st, C1, done, ok1, 1).task_status, KVP_TASK_SUCCESS);
+    /* the flood: until refused (today's cap over all tenants: 4096) */
+    tid_t first[SEEN], last[SEEN], t = {0};
+    int n = 0;
+    for (; n < 5000; n++) {
+        t = create_as(st, C3, &bob, KVP_TASK_COPY, "b", NULL, to, 1);
+        if (t.status != KVP_OK)
+            break;
+        if (n < SEEN)
+            first[n] = t;
+    }
+    for (int i = 0; i < 56; i++) /* the victim's creates all go through */
+        assert_int_equal(create_as(st, C3, &alice, KVP_TASK_COPY, "a", NULL, to, 1).status, KVP_OK);
+    assert_int_equal(n, share);
+    assert_int_equal(t.status, KVP_ERR_TOO_MANY);
+    assert_non_null(strstr(t.msg, "team-b"));
+    assert_non_null(strstr(t.msg, "at most 1365 a tenant"));
+    assert_int_equal(st->copy_tasks.refused_tenant, 1);
+    assert_int_equal(st->copy_tasks.refused_master, 0);
+    /* his tasks end, not started in time, and he floods again: his history goes, not hers */
+    for (int round = 0; round < ROUNDS; round++) {
+        st->now_ms += 30001;
+        kvp_task_tick(st);
+        for (int i = 0; i < share; i++) {
+            t = create_as(st, C3, &bob, KVP_TASK_COPY, "b", NULL, to, 1);
+            assert_int_equal(t.status, KVP_OK);
+            if (i >= share - SEEN)
+                last[i - (share - SEEN)] = t;
+        }
+    }
+    st->now_ms += 30001;
+    kvp_task_tick(st);
+    assert_int_equal(query_as(st, C3, &bob, t).task_status, KVP_TASK_FAILED);
+    /* his next create trims his ended tasks to his share, the last round's kept */
+    assert_int_equal(create_as(st, C3, &bob, KVP_TASK_COPY, "b", NULL, to, 1).status, KVP_OK);
+    for (int i = 0; i < SEEN; i++) {
+        assert_int_equal(query_as(st, C3, &bob, first[i]).status, KVP_ERR_NOT_FOUND);
+        assert_int_equal(query_as(st, C3, &bob, last[i]).task_status, KVP_TASK_FAILED);
+    }
+    tq_t q = query_as(st, C3, &alice, done);
+    assert_int_equal(q.status, KVP_OK);
+    assert_int_equal(q.task_status, KVP_TASK_SUCCESS);
+    assert_int_equal(kvp_task_table_tenant_ended(&st->copy_tasks, bob.tenant_id), share);
+    assert_int_equal(kvp_task_table_tenant_ended(&st->copy_tasks, alice.tenant_id), 1 + 56);
+    /* not bob's to see */
+    assert_int_equal(query_as(st, C3, &bob, done).status, KVP_ERR_NOT_FOUND);
+}
+
+/* --max-tasks-per-tenant sets the tenants' cap; the master's (4096 in all) still holds when
+ * the tenants' caps add up past it, refused in its own words and counted apart. */
+static void test_tenant_cap_setting_and_the_masters_cap(void **state)
+{
+    kvp_master_state_t *st = *state;
+    char err[256];
+    assert_int_equal(
+        kvp_master_config_set(&st->config, "max-tasks-per-tenant", "3000", err, sizeof(err)),
+        KVP_OK);
+    st->tenants_on = true;
+    kvp_principal_t alice = tenant_principal(st, "alice", "team-a");
+    kvp_principal_t bob = tenant_principal(st, "bob", "team-b");
+    mount_seg(st, C1, "s1", "h1", MIB);
+    mount_seg(st, C2, "s2", "h2", MIB);
+    const char *to[] = {"s2"};
+    put_as(st, C3, &alice, "a", "s1", 1);
+    put_as(st, C3, &bob, "b", "s1", 2);
+    for (int i = 0; i < 3000; i++)
+        assert_int_equal(create_as(st, C3, &bob, KVP_TASK_COPY, "b", NULL, to, 1).status, KVP_OK);
+    tid_t t = create_as(st, C3, &bob, KVP_TASK_COPY, "b", NULL, to, 1);
+    assert_int_equal(t.status, KVP_ERR_TOO_MANY);
+    assert_non_null(strstr(t.msg, "at most 3000 a tenant (--max-tasks-per-tenant)"));
+    for (int i = 0; i < 1096; i++)
+        assert_int_equal(create_as(st, C3, &alice, KVP_TASK_COPY, "a", NULL, to, 1).status, KVP_OK);
+    t = create_as(st, C3, &alice, KVP_TASK_COPY, "a", NULL, to, 1);
+    assert_int_equal(t.status, KVP_ERR_TOO_MANY);
+    assert_non_null(strstr(t.msg, "4096 copy and move tasks are waiting or running already"));
+    assert_int_equal(st->copy_tasks.refused_tenant, 1);
+    assert_int_equal(st->copy_tasks.refused_master, 1);
+    assert_int_equal(kvp_task_table_tenant_live(&st->copy_tasks, alice.tenant_id), 1096);
+    /* without an ACL there are no tenants: the setting does nothing (as before it was) */
+    st->tenants_on = false;
+    kvp_dispatch_conn_closed(st, C1); /* every task fails: its runner went */
+    assert_int_equal(st->copy_tasks.n_live, 0);
+    mount_seg(st, C3, "s3", "h3", MIB);
+    put_done(st, C3, "k", SZ, 1, "s3", 3);
+    for (int i = 0; i < 4096; i++)
+        assert_int_equal(create(st, C3, KVP_TASK_COPY, "k", NULL, to, 1).status, KVP_OK);
+    assert_int_equal(create(st, C3, KVP_TASK_COPY, "k", NULL, to, 1).status, KVP_ERR_TOO_MANY);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -387,6 +500,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_create_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_batches, setup, teardown),
         cmocka_unit_test_setup_teardown(test_offers_and_limits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_tenants_flood_leaves_another_alone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_tenant_cap_setting_and_the_masters_cap, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
