@@ -6,6 +6,15 @@
  * the handler is called on one of them, never on the caller's loop. A slow or
  * hostile client (slowloris, garbage, huge headers) costs one connection slot
  * and is timed out; it never reaches the handler with a partial request.
+ *
+ * Caps every server keeps (http.c; docs/operations.md, "HTTP limits"): KVP_HTTP_MAX_CONNS
+ * connections in all and KVP_HTTP_PER_PEER per peer address, a new connection taking the
+ * place of the oldest one still waiting for its request head (so /health gets in while a
+ * flood holds the pool); KVP_HTTP_HEAD_S for a request's head, TLS handshake included,
+ * from the accept (or the previous request's end), which trickled bytes do not extend;
+ * KVP_HTTP_BODY_BUDGET bytes of unfinished bodies per tenant (the one the admit check
+ * charged, kvp_http_charge; a body past it is answered 503 before it is read), for at most
+ * KVP_HTTP_BODY_TENANTS tenants at once. kvp_http_metrics shows what they refused.
  */
 #ifndef KVP_COMMON_HTTP_H
 #define KVP_COMMON_HTTP_H
@@ -15,6 +24,12 @@
 #include <stdint.h>
 
 #include "common/status.h"
+
+#define KVP_HTTP_MAX_CONNS 1024 /* connections held at once */
+#define KVP_HTTP_PER_PEER 128   /* ... from one peer address */
+#define KVP_HTTP_HEAD_S 8 /* a request's head, TLS handshake included (under the idle timeout) */
+#define KVP_HTTP_BODY_BUDGET (64u << 20) /* bytes of bodies being received, per tenant */
+#define KVP_HTTP_BODY_TENANTS 16         /* tenants with bodies being received at once */
 
 typedef struct kvp_http kvp_http_t;
 typedef struct kvp_http_request kvp_http_request_t;
@@ -37,6 +52,9 @@ typedef void (*kvp_http_handler_fn)(void *arg, const char *path, const kvp_http_
 
 /* A query argument of the request (?name=value, URL-decoded), or NULL. */
 const char *kvp_http_query(const kvp_http_request_t *req, const char *name);
+/* The same with its decoded length in *len_p: a value holding a NUL (`%00`) is longer than
+ * its strlen, so a name check sees all of it, not the part before the NUL. */
+const char *kvp_http_query_n(const kvp_http_request_t *req, const char *name, size_t *len_p);
 
 /* Append to the reply body (printf format). */
 void kvp_http_printf(kvp_http_reply_t *reply, const char *fmt, ...)
@@ -71,6 +89,25 @@ const char *kvp_http_header(const kvp_http_request_t *req, const char *name);
  * called, to count it; NULL: nothing), handed to the handler whole (kvp_http_body). Call it
  * right after start, before the address is announced. */
 void kvp_http_accept_post(kvp_http_t *http, size_t max_body, void (*too_big)(void *arg));
+/* Called once a request's head is in, before any of its body is read, for every request but
+ * a GET or HEAD: true lets the body be read and the request go to the handler; false
+ * answers with reply at once (the handler's 401 or 403, say) and closes the connection,
+ * the body unread. It decides from the method, path, headers and peer certificate alone
+ * (kvp_http_body is NULL). */
+typedef bool (*kvp_http_admit_fn)(void *arg, const char *path, const kvp_http_request_t *req,
+                                  kvp_http_reply_t *reply);
+/* Called by an admit check that lets a body be read: charge it to tenant's budget of bodies
+ * being received (the tenant of the principal the credential names), or, with tenant NULL or
+ * "", to principal's own. A body nobody charged (no ACL: one trust domain) takes the one
+ * shared account. Never from a name the client chose. */
+void kvp_http_charge(const kvp_http_request_t *req, const char *tenant, const char *principal);
+/* Set the server's admit check (the handler's arg is passed). Call it right after start. */
+void kvp_http_admit(kvp_http_t *http, kvp_http_admit_fn fn);
+/* Append the server's own refusals and load as Prometheus text, the names prefixed with
+ * prefix (e.g. "kvpool_indexer_http"): PREFIX_connections_refused_total{reason="peer",
+ * "pool", "head_deadline", "body_budget"}, PREFIX_connections, PREFIX_body_bytes. */
+void kvp_http_metrics(const kvp_http_request_t *req, const char *prefix, kvp_http_reply_t *reply);
+
 /* The request's method ("GET", "HEAD", "POST", "PUT", "DELETE", ...). */
 const char *kvp_http_method(const kvp_http_request_t *req);
 /* A POST's or PUT's body (NUL-terminated; "" when empty), its length in *len_p; NULL for

@@ -10,8 +10,11 @@
  */
 #include "indexer/api.h"
 
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,10 +89,163 @@ static bool field_uint(const kvp_json_t *j, const char *key, bool has_def, uint6
     return true;
 }
 
-static bool endpoint_ok(const char *e)
+/* An endpoint the indexer may dial: tcp://HOST:PORT, HOST a name (letters, digits, '.', '-'),
+ * an IPv4 address or [an IPv6 address], PORT 1..65535, nothing else (no ipc://, inproc://,
+ * no libzmq source-address or interface forms). Its host into host (no brackets). */
+static bool endpoint_parse(const char *e, char *host, size_t cap)
 {
-    return (strncmp(e, "tcp://", 6) == 0 && strlen(e) > 6 && strchr(e, '*') == NULL) ||
-           (strncmp(e, "ipc://", 6) == 0 && strlen(e) > 6);
+    if (strncmp(e, "tcp://", 6) != 0)
+        return false;
+    const char *h = e + 6, *colon;
+    size_t hl;
+    if (*h == '[') {
+        const char *rb = strchr(++h, ']');
+        if (rb == NULL || rb[1] != ':')
+            return false;
+        hl = (size_t)(rb - h);
+        colon = rb + 1;
+    } else {
+        colon = strrchr(h, ':');
+        if (colon == NULL || *h == '-')
+            return false;
+        hl = (size_t)(colon - h);
+        for (const char *c = h; c < colon; c++)
+            if (!isalnum((unsigned char)*c) && *c != '.' && *c != '-')
+                return false;
+    }
+    if (hl == 0 || hl >= cap)
+        return false;
+    memcpy(host, h, hl);
+    host[hl] = '\0';
+    uint8_t a6[16];
+    if (e[6] == '[' && inet_pton(AF_INET6, host, a6) != 1)
+        return false;
+    const char *d = colon + 1;
+    size_t nd = strspn(d, "0123456789");
+    if (nd == 0 || nd > 5 || d[nd] != '\0')
+        return false;
+    long port = strtol(d, NULL, 10);
+    return port >= 1 && port <= 65535;
+}
+
+/* Is host an address of a network of --publisher-allow? (A name never is: what it resolves
+ * to may change after the check.) */
+static bool publisher_allowed(const kvp_api_t *api, const char *host)
+{
+    uint8_t a[16];
+    int fam = inet_pton(AF_INET, host, a) == 1    ? AF_INET
+              : inet_pton(AF_INET6, host, a) == 1 ? AF_INET6
+                                                  : 0;
+    for (unsigned i = 0; fam != 0 && i < api->n_allow; i++) {
+        const kvp_api_net_t *n = &api->allow[i];
+        if (n->family != fam)
+            continue;
+        unsigned full = n->prefix / 8, rest = n->prefix % 8;
+        if (memcmp(a, n->addr, full) != 0)
+            continue;
+        if (rest != 0 && ((a[full] ^ n->addr[full]) & (uint8_t)(0xff << (8 - rest))) != 0)
+            continue;
+        return true;
+    }
+    return false;
+}
+
+bool kvp_api_set_publisher_allow(kvp_api_t *api, const char *list, char *err, size_t err_len)
+{
+    api->n_allow = 0;
+    const char *p = list;
+    while (*p != '\0') {
+        size_t len = strcspn(p, ",");
+        char item[80], *slash;
+        if (len == 0 || len >= sizeof(item) || api->n_allow == KVP_API_ALLOW_MAX) {
+            snprintf(err, err_len, "--publisher-allow: at most %d networks, each ADDR[/BITS]",
+                     KVP_API_ALLOW_MAX);
+            return false;
+        }
+        memcpy(item, p, len);
+        item[len] = '\0';
+        kvp_api_net_t *n = &api->allow[api->n_allow];
+        memset(n, 0, sizeof(*n));
+        long bits = -1;
+        if ((slash = strchr(item, '/')) != NULL) {
+            *slash = '\0';
+            char *end;
+            bits = strtol(slash + 1, &end, 10);
+            if (slash[1] == '\0' || *end != '\0')
+                bits = 999;
+        }
+        n->family = inet_pton(AF_INET, item, n->addr) == 1    ? AF_INET
+                    : inet_pton(AF_INET6, item, n->addr) == 1 ? AF_INET6
+                                                              : 0;
+        long max = n->family == AF_INET ? 32 : 128;
+        if (n->family == 0 || bits > max || (slash != NULL && bits < 0)) {
+            snprintf(err, err_len,
+                     "--publisher-allow: \"%s\" is not an IPv4 or IPv6 address with an "
+                     "optional /BITS",
+                     item);
+            return false;
+        }
+        n->prefix = (unsigned)(bits < 0 ? max : bits);
+        api->n_allow++;
+        p += len + (p[len] == ',');
+    }
+    return true;
+}
+
+/* endpoint and replay (""): dialable (tcp://) and, with --publisher-allow, allowed. 0, or 400
+ * with err and the refusal counted by its reason. */
+static unsigned check_endpoints(kvp_api_t *api, const char *endpoint, const char *replay, char *err,
+                                size_t err_len)
+{
+    const char *es[2] = {endpoint, replay};
+    const char *names[2] = {"endpoint", "replay_endpoint"};
+    for (int i = 0; i < 2; i++) {
+        char host[KVP_IDX_ENDPOINT_MAX];
+        if (i == 1 && replay[0] == '\0')
+            break;
+        if (!endpoint_parse(es[i], host, sizeof(host))) {
+            snprintf(err, err_len,
+                     "\"%s\" must be tcp://HOST:PORT (HOST a name, an IPv4 address or "
+                     "[IPv6]; PORT 1..65535): the indexer dials no other transport",
+                     names[i]);
+            atomic_fetch_add(&api->reg_refused[KVP_API_REG_endpoint], 1);
+            return 400;
+        }
+        if (api->n_allow > 0 && !publisher_allowed(api, host)) {
+            snprintf(err, err_len,
+                     "\"%s\": %.100s is not in --publisher-allow (an IP address of an allowed "
+                     "network; host names are not taken with it)",
+                     names[i], host);
+            atomic_fetch_add(&api->reg_refused[KVP_API_REG_publisher_allow], 1);
+            return 400;
+        }
+    }
+    return 0;
+}
+
+static const char *const reg_reasons[] = {
+    "endpoint",      "publisher_allow", "tenant_registrations", "tenant_subscriptions",
+    "registrations", "subscriptions",   "publishers",           "scopes",
+    "subscribe"};
+_Static_assert(sizeof(reg_reasons) / sizeof(reg_reasons[0]) == KVP_API_REG_N, "a name each");
+
+/* The count of a refusal by the index (kvp_idx_reg_params_t's reason_p). */
+static void count_reg_refused(kvp_api_t *api, const char *reason)
+{
+    for (size_t i = 0; i < KVP_API_REG_N; i++)
+        if (strcmp(reg_reasons[i], reason) == 0)
+            atomic_fetch_add(&api->reg_refused[i], 1);
+}
+
+static void put_reg_refused(kvp_api_t *api, kvp_http_reply_t *r)
+{
+    kvp_http_printf(r, "# HELP kvpool_indexer_registrations_refused_total Registrations "
+                       "refused, by reason.\n"
+                       "# TYPE kvpool_indexer_registrations_refused_total counter\n");
+    for (size_t i = 0; i < KVP_API_REG_N; i++)
+        kvp_http_printf(r,
+                        "kvpool_indexer_registrations_refused_total{reason=\"%s\"} %" PRIu64 "\n",
+                        reg_reasons[i], atomic_load(&api->reg_refused[i]));
 }
 
 /* Parse body as an object; 0, or the status (err says why). */
@@ -129,6 +285,53 @@ static unsigned tenant_of(const kvp_principal_t *who, char *tenant, size_t cap, 
 static const char *reason_of(unsigned st)
 {
     return st == 413 ? "body" : st == 400 ? "field" : st == 403 ? "tenant" : "json";
+}
+
+/* Register p, and wait until the subscriber thread has its socket: one it cannot make
+ * undoes the registration (503). 0, or the HTTP status with err (the refusal counted). */
+static unsigned serve(kvp_api_t *api, kvp_idx_reg_params_t *p, char *err, size_t err_len)
+{
+    bool changed;
+    const char *reason = "field";
+    p->reason_p = &reason;
+    kvp_idx_wrlock(api->idx);
+    kvp_status_t s = kvp_idx_register(api->idx, p, &changed, err, err_len);
+    kvp_idx_unlock(api->idx);
+    if (s == KVP_ERR_NOMEM) {
+        snprintf(err, err_len, "out of memory");
+        return 503;
+    }
+    if (s != KVP_OK) {
+        count_reg_refused(api, reason);
+        return s == KVP_ERR_TOO_MANY ? 429 : 400;
+    }
+    if (api->sub == NULL)
+        return 0; /* at start: the subscriber thread is not running yet */
+    if (!kvp_sub_sync(api->sub, KVP_API_SYNC_MS)) {
+        KVP_LOG_WARN("registered %s|%s|%u: the subscriber thread has not yet subscribed to %s "
+                     "(busy for %u ms): it will",
+                     p->instance, p->tenant, p->dp_rank, p->endpoint, KVP_API_SYNC_MS);
+        return 0;
+    }
+    kvp_idx_rdlock(api->idx);
+    bool failed = kvp_idx_sub_failed(api->idx, p->tenant, p->endpoint);
+    kvp_idx_unlock(api->idx);
+    if (!failed)
+        return 0;
+    kvp_idx_wrlock(api->idx);
+    kvp_status_t undone =
+        kvp_idx_drop_publisher(api->idx, p->instance, p->tenant, p->dp_rank, p->endpoint);
+    kvp_idx_unlock(api->idx);
+    kvp_sub_wake(api->sub);
+    atomic_fetch_add(&api->reg_refused[KVP_API_REG_subscribe], 1);
+    snprintf(err, err_len,
+             "cannot subscribe to %.100s: the indexer could not make its ZeroMQ socket (out of "
+             "sockets or file descriptors: see its log); %s",
+             p->endpoint,
+             undone == KVP_OK ? "not registered"
+                              : "the registration had it before and keeps it, unsubscribed "
+                                "until a later change tries again");
+    return 503;
 }
 
 unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
@@ -173,11 +376,8 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
     unsigned ts = tenant_of(who, tenant, sizeof(tenant), err, err_len);
     if (ts != 0)
         return ts;
-    if (!endpoint_ok(endpoint) || (replay[0] != '\0' && !endpoint_ok(replay))) {
-        snprintf(err, err_len,
-                 "\"endpoint\" and \"replay_endpoint\" must be tcp://HOST:PORT (or ipc://PATH)");
-        return 400;
-    }
+    if ((ts = check_endpoints(api, endpoint, replay, err, err_len)) != 0)
+        return ts;
     uint8_t key[32];
     if (curve[0] != '\0' &&
         (strlen(curve) != KVP_IDX_CURVE_KEY_LEN || zmq_z85_decode(key, curve) == NULL)) {
@@ -207,18 +407,8 @@ unsigned kvp_api_register_json(kvp_api_t *api, const char *text, size_t len,
                               .salt = salt,
                               .block_size = (uint32_t)bs,
                               .dp_rank = (uint32_t)rank};
-    bool changed;
-    kvp_idx_wrlock(api->idx);
-    kvp_status_t s = kvp_idx_register(api->idx, &p, &changed, err, err_len);
-    kvp_idx_unlock(api->idx);
-    if (s == KVP_ERR_NOMEM) {
-        snprintf(err, err_len, "out of memory");
-        return 503;
-    }
-    if (s != KVP_OK)
-        return 400;
-    if (changed && api->sub != NULL)
-        kvp_sub_wake(api->sub);
+    if ((ts = serve(api, &p, err, err_len)) != 0)
+        return ts;
     KVP_LOG_INFO("registered %s|%s|%u: %s (%s), model %s, block size %u", instance, tenant,
                  (unsigned)rank, endpoint, type, model, (unsigned)bs);
     return 0;
@@ -287,7 +477,7 @@ static void do_register(kvp_api_t *api, const kvp_http_request_t *req, kvp_http_
     char err[256];
     unsigned st = kvp_api_register_json(api, body, len, NULL, who, err, sizeof(err));
     if (st != 0) {
-        fail(api, r, st, reason_of(st), err);
+        fail(api, r, st, st == 429 || st == 503 ? "field" : reason_of(st), err);
         return;
     }
     char instance[KVP_IDX_NAME_MAX] = "";
@@ -480,18 +670,17 @@ out:
         kvp_http_append(r, "\n", 1);
 }
 
-static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *req,
-                   kvp_http_reply_t *reply)
+/* May this request be served (protected mode's peer; with an ACL, a principal with the role
+ * the path needs)? false: answered (401/403, counted). From the head alone (kvp_api_admit). */
+static bool admitted(kvp_api_t *api, const char *path, const kvp_http_request_t *req,
+                     kvp_http_reply_t *reply, const kvp_principal_t **who_p)
 {
     if (api->protected_mode && !kvp_http_peer_is_loopback(req)) {
         fail(api, reply, 403, "peer",
              "protected mode: requests from this host only (start kvpool-indexer with "
              "--auth none to serve others)");
-        return;
+        return false;
     }
-    const char *m = kvp_http_method(req);
-    bool post = strcmp(m, "POST") == 0;
-    bool get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
     const kvp_principal_t *who = NULL;
     if (api->acl != NULL && strcmp(path, "/health") != 0 && strcmp(path, "/metrics") != 0) {
         /* a bearer token, or else a client certificate verified against --tls-ca and
@@ -501,7 +690,7 @@ static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *r
                  "authentication required: send Authorization: Bearer TOKEN, or a client "
                  "certificate, of a principal the ACL names");
             KVP_LOG_WARN_LIMITED("indexer: a request for %s refused: no principal", path);
-            return;
+            return false;
         }
         /* registering needs role write, asking role read; an admin may do both */
         uint32_t need = strcmp(path, "/register") == 0 || strcmp(path, "/unregister") == 0
@@ -512,9 +701,22 @@ static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *r
             snprintf(msg, sizeof(msg), "principal %s may not call %s: it needs role %s", who->name,
                      path, need == KVP_ROLE_WRITE ? "write" : "read");
             fail(api, reply, 403, "role", msg);
-            return;
+            return false;
         }
     }
+    *who_p = who;
+    return true;
+}
+
+static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *req,
+                   kvp_http_reply_t *reply)
+{
+    const char *m = kvp_http_method(req);
+    bool post = strcmp(m, "POST") == 0;
+    bool get = strcmp(m, "GET") == 0 || strcmp(m, "HEAD") == 0;
+    const kvp_principal_t *who = NULL;
+    if (!admitted(api, path, req, reply, &who))
+        return;
     static const char *posts[] = {"/register", "/unregister", "/query", "/query_by_hash"};
     static const char *gets[] = {"/instances", "/health", "/metrics"};
     for (size_t i = 0; i < 4; i++)
@@ -549,6 +751,13 @@ static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *r
             } else {
                 reply->content_type = "text/plain; version=0.0.4";
                 kvp_idx_metrics(api->idx, put_reply, reply);
+                /* the series naming tenants: an admin's scrape, or all without an ACL */
+                const kvp_principal_t *adm =
+                    api->acl != NULL ? kvp_http_principal(req, api->acl, api->tls) : NULL;
+                if (api->acl == NULL || (adm != NULL && (adm->roles & KVP_ROLE_ADMIN)))
+                    kvp_idx_metrics_tenants(api->idx, put_reply, reply);
+                kvp_http_metrics(req, "kvpool_indexer_http", reply); /* the server's caps */
+                put_reg_refused(api, reply);
             }
             return;
         }
@@ -568,6 +777,26 @@ void kvp_api_handle(void *arg, const char *path, const kvp_http_request_t *req,
     pthread_rwlock_rdlock(&api->acl_lock); /* the principal found stays valid meanwhile */
     handle(api, path, req, reply);
     pthread_rwlock_unlock(&api->acl_lock);
+}
+
+bool kvp_api_admit(void *arg, const char *path, const kvp_http_request_t *req,
+                   kvp_http_reply_t *reply)
+{
+    kvp_api_t *api = arg;
+    const kvp_principal_t *who = NULL;
+    bool body = strcmp(kvp_http_method(req), "POST") == 0 &&
+                (strcmp(path, "/register") == 0 || strcmp(path, "/unregister") == 0 ||
+                 strcmp(path, "/query") == 0 || strcmp(path, "/query_by_hash") == 0);
+    pthread_rwlock_rdlock(&api->acl_lock);
+    bool ok = admitted(api, path, req, reply, &who);
+    if (ok && !body) { /* a request that takes no body: answered now (404, 405), none read */
+        handle(api, path, req, reply);
+        ok = false;
+    }
+    if (ok && who != NULL) /* its body counts against its tenant's budget, not everyone's */
+        kvp_http_charge(req, who->tenant, who->name);
+    pthread_rwlock_unlock(&api->acl_lock);
+    return ok;
 }
 
 void kvp_api_reload_acl(kvp_api_t *api, const char *path)

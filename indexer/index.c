@@ -9,9 +9,15 @@
  * an open-addressing table of u64 slots, (hash's high 32 bits << 32) | node index, probed
  * linearly and deleted by backward shift; the hash is a keyed mix of (seq, scope) under a
  * key drawn at start, so a publisher that picks its hashes cannot pile them on one probe
- * run. Past --max-blocks nodes a clock (the used bit, set by a store, cleared as the hand
- * passes) evicts one not stored since the hand last passed it: about the least recently
- * stored.
+ * run. Each tenant has a budget of nodes (--max-blocks-per-tenant, else a fair share of
+ * --max-blocks) and a clock of its own, a circular list of its nodes (idx->links): past its
+ * budget, or past --max-blocks while over its share, the clock (the used bit, set by a
+ * store, cleared as the hand passes) evicts one of its nodes not stored since the hand last
+ * passed it: about the tenant's least recently stored. Per (registration, publisher) a held
+ * list names the nodes it holds, so that a clear, a resync or an unregister costs what it
+ * holds. A batch is applied in slices: the write lock is let go between them (slice_point).
+ * An unregister only takes the registration out (reg_kill: no answer or batch sees it); the
+ * subscriber thread purges its held lists afterwards, in slices too (kvp_idx_reap).
  *
  * Engine hashes. An engine that hashes otherwise sends token ids; the standard hashes made
  * from them are remembered engine hash -> block, in the block's node, found through a
@@ -56,7 +62,7 @@
 #define NODES_MAX (1u << 31)
 #define SCOPES_MAX 4096
 _Static_assert(SCOPES_MAX < 0x2000, "a scope id fits NODE_SCOPE's 13 bits");
-#define SUBS_MAX 4096
+#define SUBS_MAX KVP_IDX_SUBS_MAX
 #define TYPE_MAX 32
 
 typedef struct node {
@@ -70,7 +76,37 @@ typedef struct node {
 #define NODE_SCOPE(n) (((n)->meta >> 16) & 0x1fffu)
 #define NODE_N(n) ((n)->meta & 0xffffu)
 #define NODE_META(scope, n) (((uint32_t)(scope) << 16) | (uint32_t)(n))
+#define NODE_MARK 0x40000000u /* set only while a held list is compacted (held_compact) */
 #define HOLDERS_MAX 32768u
+
+/* A node's tenant and its place in the tenant's clock, a circular list (parallel to
+ * idx->nodes; one cache line holds all a node's clock needs of it). */
+typedef struct tlink {
+    uint32_t prev, next, tenant;
+} tlink_t;
+
+/* A tenant of the blocks: its clock (the hand: the node it looks at next; 0: no node), how
+ * many nodes it has and how many of them were evicted. */
+#define TENANTS_MAX (2u * SCOPES_MAX) /* past it, tenant slot 0 takes the others' blocks */
+#define CLOCK_STEPS_MAX 4096u         /* an eviction passes at most this many used nodes */
+typedef struct tenant {
+    char name[KVP_IDX_NAME_MAX];
+    uint32_t hand;
+    uint64_t nodes, evicted;
+} tenant_t;
+
+/* The nodes one (registration, publisher slot) holds a block on, so that a clear or a resync
+ * costs what it holds: appended when it first holds a node, entries that no longer name a
+ * node it holds (removed blocks, freed nodes) are dropped by the purges that walk them and by
+ * a compaction when they outnumber its holders. */
+typedef struct held {
+    uint32_t *ids;
+    uint32_t n, cap;
+} held_t;
+
+/* A batch is applied in slices of about this much work (blocks, holders, clock steps): the
+ * write lock is let go between them, so that a query never waits for more than one. */
+#define SLICE_WORK 8192u
 
 typedef struct map {
     uint64_t engine, std;
@@ -99,6 +135,9 @@ typedef struct pub {
 
 typedef struct reg {
     bool live;
+    uint32_t gen; /* changes when its registration goes: a purge that let the lock go stops */
+    bool dying;   /* unregistered (not live), its blocks not yet purged (kvp_idx_reap): the
+                   * slot is not taken again until they are */
     char instance[KVP_IDX_NAME_MAX];
     uint32_t rank, scope, n_pubs;
     uint32_t inst_id; /* the same for every registration of its (instance, scope): the index
@@ -110,12 +149,15 @@ typedef struct reg {
 
 typedef struct sub {
     bool live, has_seq, connected;
+    char tenant[KVP_IDX_NAME_MAX]; /* its owner: only this tenant's registrations name it, and
+                                    * only they change its replay endpoint and key */
     char endpoint[KVP_IDX_ENDPOINT_MAX], replay[KVP_IDX_ENDPOINT_MAX];
     char curve[KVP_IDX_CURVE_KEY_LEN + 1]; /* the publisher's CURVE public key; "": none */
     uint64_t gen, last_seq, resyncs;
     uint64_t last_ms; /* its last batch (0: none yet; then since it was subscribed) */
     uint64_t since_ms;
     uint32_t refs;
+    bool open_failed;  /* the subscriber thread could not make its socket (kvp_idx_sub_open) */
     uint32_t *targets; /* (reg << 4) | publisher slot, for every registration naming it */
     uint32_t n_targets, cap_targets;
 } sub_t;
@@ -126,7 +168,17 @@ struct kvp_idx {
     uint32_t ttl_ms;
     node_t *nodes;
     uint32_t n_nodes_cap, n_nodes_used, free_nodes, node_hand;
-    uint32_t n_nodes;    /* not free: blocks, and removed ones kept for their engine hash */
+    uint32_t n_nodes;  /* not free: blocks, and removed ones kept for their engine hash */
+    tlink_t *links;    /* each node's tenant and place in its clock */
+    tenant_t *tenants; /* [0]: the overflow slot */
+    uint32_t n_tenants, cap_tenants, active_tenants, tenant_cursor;
+    uint16_t scope_tenant[SCOPES_MAX]; /* the tenant last seen for each scope (checked) */
+    uint64_t max_per_tenant;           /* 0: the fair share */
+    held_t **held;                     /* per registration: per publisher slot */
+    uint32_t *snap;                    /* a batch's targets, as it started */
+    uint32_t cap_snap;
+    uint64_t purge_visits, slices;
+    uint32_t work;       /* since a batch last let the write lock go (slice_point) */
     uint32_t live_nodes; /* blocks: nodes with a holder */
     table_t blocks;      /* (scope, seq) -> node */
     table_t engines;     /* (scope, engine hash) -> node, for nodes with one */
@@ -139,10 +191,12 @@ struct kvp_idx {
     scope_t *scopes;
     uint32_t n_scopes;
     reg_t **regs;
-    uint32_t n_regs; /* slots used (live or not) */
+    uint32_t n_regs;  /* slots used (live or not) */
+    uint32_t n_dying; /* registrations unregistered, their blocks not yet purged */
     sub_t *subs;
     uint32_t n_subs;
     uint64_t sub_gen;
+    uint32_t tenant_regs_max, tenant_subs_max; /* per tenant; 0: no cap but the global ones */
     char media[KVP_IDX_MEDIA_MAX][TYPE_MAX];
     unsigned n_media;
     /* scratch of the writer (write lock) */
@@ -387,11 +441,192 @@ static void ext_release(kvp_idx_t *idx, uint32_t id)
     idx->ext_free[idx->n_ext_free++] = id;
 }
 
+/* ---- slices: a batch lets the write lock go between them ---- */
+
+/* The index this thread applies a batch of in slices (kvp_idx_apply, kvp_idx_resync), or
+ * purges unregistered registrations of in slices (kvp_idx_reap). Other writers never let the
+ * lock go: they are not the thread that set it. The work since the lock was last let go is
+ * idx->work (any writer's, under the write lock). */
+static _Thread_local kvp_idx_t *slicing;
+
+/* Past a slice's work, let the write lock go and take it again: the readers waiting get in
+ * first (glibc hands a released write lock to the readers queued on it). true: it was let
+ * go (the caller checks again what another writer may have changed meanwhile). */
+static bool slice_point(kvp_idx_t *idx)
+{
+    if (idx->work < SLICE_WORK)
+        return false;
+    idx->work = 0;
+    if (slicing != idx)
+        return false;
+    idx->slices++;
+    pthread_rwlock_unlock(&idx->lock);
+    pthread_rwlock_wrlock(&idx->lock);
+    return true;
+}
+
+/* ---- tenants: each has a budget of nodes and a clock of its own ---- */
+
+static bool tenants_grow(kvp_idx_t *idx)
+{
+    uint32_t cap = idx->cap_tenants * 2;
+    if (idx->cap_tenants >= TENANTS_MAX + 1)
+        return false;
+    if (cap > TENANTS_MAX + 1)
+        cap = TENANTS_MAX + 1;
+    tenant_t *t = realloc(idx->tenants, cap * sizeof(*t));
+    if (t == NULL)
+        return false;
+    memset(t + idx->cap_tenants, 0, (cap - idx->cap_tenants) * sizeof(*t));
+    idx->tenants = t;
+    idx->cap_tenants = cap;
+    return true;
+}
+
+/* The tenant of scope's blocks, interned (a slot of a tenant with no node is taken again
+ * only when all are in use); 0, the overflow slot, when none is left. */
+static uint32_t tenant_of(kvp_idx_t *idx, uint32_t scope)
+{
+    const char *name = idx->scopes[scope - 1].tenant;
+    uint32_t t = idx->scope_tenant[scope - 1], spare = 0;
+    if (t != 0 && t < idx->n_tenants && strcmp(idx->tenants[t].name, name) == 0)
+        return t;
+    for (t = 1; t < idx->n_tenants; t++) {
+        if (strcmp(idx->tenants[t].name, name) == 0)
+            return idx->scope_tenant[scope - 1] = (uint16_t)t;
+        if (spare == 0 && idx->tenants[t].nodes == 0)
+            spare = t;
+    }
+    if (idx->n_tenants < idx->cap_tenants || tenants_grow(idx))
+        t = idx->n_tenants++;
+    else if ((t = spare) == 0)
+        return 0;
+    tenant_t *tn = &idx->tenants[t];
+    snprintf(tn->name, sizeof(tn->name), "%s", name);
+    tn->evicted = 0;
+    return idx->scope_tenant[scope - 1] = (uint16_t)t;
+}
+
+/* Node i joins tenant t's clock, just behind its hand (the last it reaches). */
+static void tlist_add(kvp_idx_t *idx, uint32_t t, uint32_t i)
+{
+    tenant_t *tn = &idx->tenants[t];
+    tlink_t *l = idx->links;
+    l[i].tenant = t;
+    if (tn->hand == 0) {
+        l[i].prev = l[i].next = i;
+        tn->hand = i;
+        idx->active_tenants++;
+    } else {
+        uint32_t h = tn->hand, p = l[h].prev;
+        l[i].prev = p;
+        l[i].next = h;
+        l[p].next = i;
+        l[h].prev = i;
+    }
+    tn->nodes++;
+}
+
+static void tlist_del(kvp_idx_t *idx, uint32_t i)
+{
+    tenant_t *tn = &idx->tenants[idx->links[i].tenant];
+    tlink_t *l = idx->links;
+    if (l[i].next == i) {
+        tn->hand = 0;
+        idx->active_tenants--;
+    } else {
+        l[l[i].prev].next = l[i].next;
+        l[l[i].next].prev = l[i].prev;
+        if (tn->hand == i)
+            tn->hand = l[i].next;
+    }
+    tn->nodes--;
+}
+
+/* --max-blocks over the tenants holding nodes, t counted among them. */
+static uint64_t fair_share(const kvp_idx_t *idx, uint32_t t)
+{
+    uint64_t n = idx->active_tenants + (idx->tenants[t].nodes == 0);
+    uint64_t share = idx->max_blocks / (n != 0 ? n : 1);
+    return share != 0 ? share : 1;
+}
+
+/* A tenant over share (the one found last time while it still is: the others are looked
+ * at in turn); none: the one with most nodes. */
+static uint32_t tenant_over(kvp_idx_t *idx, uint64_t share)
+{
+    uint32_t best = 0;
+    for (uint32_t k = 0; k < idx->n_tenants; k++) {
+        uint32_t t = (idx->tenant_cursor + k) % idx->n_tenants;
+        if (idx->tenants[t].nodes > share) {
+            idx->tenant_cursor = t;
+            return t;
+        }
+        if (idx->tenants[t].nodes > idx->tenants[best].nodes)
+            best = t;
+    }
+    return best;
+}
+
+/* ---- held lists: what a (registration, publisher) holds ---- */
+
+/* Does node i have a holder of registration r's publisher slot p, on any medium? */
+static bool node_holds(const kvp_idx_t *idx, uint32_t i, uint32_t r, uint32_t p)
+{
+    const node_t *n = &idx->nodes[i];
+    const uint32_t *h = NODE_N(n) <= 1 ? &n->h : idx->ext[n->h] + 1;
+    uint32_t want = (r << 4) | p;
+    for (unsigned k = 0; k < NODE_N(n); k++)
+        if ((h[k] >> 3) == want)
+            return true;
+    return false;
+}
+
+/* Keep the entries of hl that name a node (r, p) holds, each once (marked while kept). */
+static void held_compact(kvp_idx_t *idx, held_t *hl, uint32_t r, uint32_t p)
+{
+    uint32_t w = 0;
+    for (uint32_t k = 0; k < hl->n; k++) {
+        uint32_t i = hl->ids[k];
+        if ((idx->nodes[i].meta & NODE_MARK) || !node_holds(idx, i, r, p))
+            continue;
+        idx->nodes[i].meta |= NODE_MARK;
+        hl->ids[w++] = i;
+    }
+    for (uint32_t k = 0; k < w; k++)
+        idx->nodes[hl->ids[k]].meta &= ~NODE_MARK;
+    idx->work += hl->n;
+    hl->n = w;
+}
+
+/* Node i is one (r, p) holds now: into its list (compacted when full of entries that no
+ * longer count, amortized O(1)). false: out of memory. */
+static bool held_push(kvp_idx_t *idx, uint32_t r, uint32_t p, uint32_t i)
+{
+    if (idx->held[r] == NULL &&
+        (idx->held[r] = calloc(KVP_IDX_PUBS_MAX, sizeof(*idx->held[r]))) == NULL)
+        return false;
+    held_t *hl = &idx->held[r][p];
+    if (hl->n == hl->cap && (uint64_t)hl->n > 2 * idx->regs[r]->holders + 64)
+        held_compact(idx, hl, r, p);
+    if (hl->n == hl->cap) {
+        uint64_t cap = hl->cap != 0 ? 2 * (uint64_t)hl->cap : 16;
+        uint32_t *ids = cap < (1ull << 32) ? realloc(hl->ids, cap * sizeof(*ids)) : NULL;
+        if (ids == NULL)
+            return false;
+        hl->ids = ids;
+        hl->cap = (uint32_t)cap;
+    }
+    hl->ids[hl->n++] = i;
+    return true;
+}
+
 /* Free node i (its holders already counted off): out of both tables. */
 static void node_free(kvp_idx_t *idx, uint32_t i)
 {
     node_t *n = &idx->nodes[i];
     uint32_t scope = NODE_SCOPE(n);
+    tlist_del(idx, i);
     table_del(&idx->blocks, key_hash(idx, scope, n->seq), i);
     if (n->engine != n->seq)
         table_del(&idx->engines, key_hash(idx, scope, n->engine), i);
@@ -424,23 +659,40 @@ static void node_drop(kvp_idx_t *idx, uint32_t i)
     node_free(idx, i);
 }
 
-/* Evict one node not used since the clock's hand last passed it (the hand clears the bit of
- * those it passes that were): about the least recently stored block, or a removed block kept
- * for its engine hash (kept with the bit clear, so that it goes first). */
-static void node_evict(kvp_idx_t *idx)
+/* Evict one node of tenant t: the first its clock's hand finds not used since it last
+ * passed (the hand clears the bit of those it passes that were), or the one it stands at
+ * after CLOCK_STEPS_MAX used ones: about t's least recently stored block, or a removed block
+ * kept for its engine hash (kept with the bit clear, so that it goes first). */
+static void node_evict(kvp_idx_t *idx, uint32_t t)
 {
-    for (uint64_t steps = 0; steps < 2ull * idx->n_nodes_used + 2; steps++) {
-        if (++idx->node_hand >= idx->n_nodes_used)
-            idx->node_hand = 1;
-        node_t *n = &idx->nodes[idx->node_hand];
-        if (n->meta == 0)
-            continue;
-        if (n->meta & NODE_USED) {
+    tenant_t *tn = &idx->tenants[t];
+    for (uint32_t steps = 0; tn->hand != 0; steps++) {
+        uint32_t i = tn->hand;
+        node_t *n = &idx->nodes[i];
+        idx->work++;
+        tn->hand = idx->links[i].next;
+        if ((n->meta & NODE_USED) && steps < CLOCK_STEPS_MAX) {
             n->meta &= ~NODE_USED;
             continue;
         }
-        node_drop(idx, idx->node_hand);
+        tn->evicted += NODE_N(n) > 0;
+        node_drop(idx, i);
         return;
+    }
+}
+
+/* Room for a node of tenant t: past its budget (--max-blocks-per-tenant, else its fair
+ * share) its own go, two at most (a tenant over it after the share shrank comes down one a
+ * store); past --max-blocks one of a tenant over its fair share goes, t's own when t is. */
+static void make_room(kvp_idx_t *idx, uint32_t t)
+{
+    uint64_t share = fair_share(idx, t);
+    uint64_t budget = idx->max_per_tenant != 0 ? idx->max_per_tenant : share;
+    for (int k = 0; k < 2 && idx->tenants[t].nodes >= budget && idx->tenants[t].hand != 0; k++)
+        node_evict(idx, t);
+    while (idx->n_nodes >= idx->max_blocks && idx->n_nodes > 0) {
+        bool own = idx->tenants[t].nodes >= share && idx->tenants[t].hand != 0;
+        node_evict(idx, own ? t : tenant_over(idx, share));
     }
 }
 
@@ -453,8 +705,8 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
         idx->nodes[i].meta |= NODE_USED;
         return i;
     }
-    while (idx->n_nodes >= idx->max_blocks && idx->n_nodes > 0)
-        node_evict(idx);
+    uint32_t t = tenant_of(idx, scope);
+    make_room(idx, t);
     if (!table_reserve(&idx->blocks))
         return 0;
     if (idx->free_nodes != 0) {
@@ -469,6 +721,10 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
             if (nodes == NULL)
                 return 0;
             idx->nodes = nodes;
+            tlink_t *links = realloc(idx->links, cap * sizeof(*links));
+            if (links == NULL)
+                return 0;
+            idx->links = links;
             idx->n_nodes_cap = (uint32_t)cap;
         }
         i = idx->n_nodes_used++;
@@ -479,6 +735,7 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
     n->meta = NODE_META(scope, 0) | NODE_USED;
     n->h = 0;
     table_put(&idx->blocks, key_hash(idx, scope, seq), i);
+    tlist_add(idx, t, i);
     idx->n_nodes++;
     return i;
 }
@@ -499,9 +756,14 @@ static bool holder_add(kvp_idx_t *idx, uint32_t i, uint32_t holder)
     node_t *n = &idx->nodes[i];
     unsigned nh = NODE_N(n);
     uint32_t *h = holders_of(idx, n);
-    for (unsigned k = 0; k < nh; k++)
+    bool had = false; /* its (registration, publisher) holds it on another medium already */
+    for (unsigned k = 0; k < nh; k++) {
         if (h[k] == holder)
             return true;
+        had |= (h[k] >> 3) == (holder >> 3);
+    }
+    if (!had && !held_push(idx, HOLDER_REG(holder), HOLDER_PUB(holder), i))
+        return false;
     if (nh == 0) {
         n->h = holder;
         idx->live_nodes++;
@@ -568,15 +830,48 @@ static void holder_del(kvp_idx_t *idx, uint32_t i, uint32_t reg, uint32_t pub, b
     }
 }
 
-/* Every node: remove the holders matching, as holder_del. O(nodes). */
+/* Remove the holders of (reg, pub) on medium (any_medium: on every one) from the nodes its
+ * held list names: O(what it holds). Walked from the end: [c, n) are the entries done and
+ * kept. A slicing thread lets the lock go between slices: when the registration went
+ * meanwhile (its gen moved: an unregister purges it itself) the walk stops; what another
+ * writer purged meanwhile is not walked again. */
+static void purge_one(kvp_idx_t *idx, uint32_t reg, uint32_t gen, uint32_t pub, uint32_t medium,
+                      bool any_medium)
+{
+    if (idx->held[reg] == NULL)
+        return;
+    held_t *hl = &idx->held[reg][pub];
+    for (uint32_t c = hl->n; c > 0;) {
+        uint32_t i = hl->ids[--c];
+        holder_del(idx, i, reg, pub, false, medium, any_medium);
+        if (any_medium || !node_holds(idx, i, reg, pub))
+            hl->ids[c] = hl->ids[--hl->n];
+        idx->purge_visits++;
+        idx->work++;
+        if (slice_point(idx)) {
+            if (idx->regs[reg]->gen != gen)
+                return; /* hl may be gone: the registration's own purge walks it */
+            c = c > hl->n ? hl->n : c;
+        }
+    }
+    if (hl->n == 0) {
+        free(hl->ids);
+        hl->ids = NULL;
+        hl->cap = 0;
+    }
+}
+
+/* Remove the holders of registration reg matching (pub unless any_pub, medium unless
+ * any_medium), as holder_del. O(what it holds). */
 static void purge(kvp_idx_t *idx, uint32_t reg, uint32_t pub, bool any_pub, uint32_t medium,
                   bool any_medium)
 {
-    if (idx->regs[reg] == NULL || idx->regs[reg]->holders == 0)
+    if (idx->regs[reg] == NULL)
         return;
-    for (uint32_t i = 1; i < idx->n_nodes_used; i++)
-        if (NODE_N(&idx->nodes[i]) != 0)
-            holder_del(idx, i, reg, pub, any_pub, medium, any_medium);
+    uint32_t gen = idx->regs[reg]->gen;
+    for (uint32_t p = any_pub ? 0 : pub;
+         p < (any_pub ? KVP_IDX_PUBS_MAX : pub + 1) && idx->regs[reg]->gen == gen; p++)
+        purge_one(idx, reg, gen, p, medium, any_medium);
 }
 
 /* ---- create ---- */
@@ -590,6 +885,10 @@ static void free_all(kvp_idx_t *idx)
     free(idx->ext);
     free(idx->ext_free);
     free(idx->nodes);
+    free(idx->links);
+    free(idx->tenants);
+    free(idx->held);
+    free(idx->snap);
     free(idx->maps);
     free(idx->scopes);
     free(idx->regs);
@@ -611,7 +910,13 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
     idx->ttl_ms = p->ttl_ms;
     idx->n_nodes_cap = 1024;
     idx->nodes = calloc(idx->n_nodes_cap, sizeof(*idx->nodes));
+    idx->links = calloc(idx->n_nodes_cap, sizeof(*idx->links));
     idx->n_nodes_used = 1; /* node 0: none */
+    idx->max_per_tenant = p->max_blocks_per_tenant;
+    idx->cap_tenants = 16;
+    idx->n_tenants = 1; /* tenant 0: the overflow slot */
+    idx->tenants = calloc(idx->cap_tenants, sizeof(*idx->tenants));
+    idx->held = calloc(KVP_IDX_REGS_MAX, sizeof(*idx->held));
     idx->n_maps_cap = 1024;
     idx->maps = calloc(idx->n_maps_cap, sizeof(*idx->maps));
     idx->n_maps_used = 1;
@@ -624,8 +929,9 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
     idx->n_media = 3;
     bool tables = table_init(&idx->blocks, 2048) && table_init(&idx->engines, 2048) &&
                   table_init(&idx->map_table, 2048);
-    if (idx->nodes == NULL || idx->maps == NULL || idx->scopes == NULL || idx->regs == NULL ||
-        idx->subs == NULL || !tables || pthread_rwlock_init(&idx->lock, NULL) != 0) {
+    if (idx->nodes == NULL || idx->links == NULL || idx->tenants == NULL || idx->held == NULL ||
+        idx->maps == NULL || idx->scopes == NULL || idx->regs == NULL || idx->subs == NULL ||
+        !tables || pthread_rwlock_init(&idx->lock, NULL) != 0) {
         free_all(idx);
         return KVP_ERR_NOMEM;
     }
@@ -641,6 +947,11 @@ void kvp_idx_destroy(kvp_idx_t *idx)
         free(idx->ext[i]);
     for (uint32_t r = 0; r < idx->n_regs; r++)
         free(idx->regs[r]);
+    for (uint32_t r = 0; r < KVP_IDX_REGS_MAX; r++) {
+        for (uint32_t p = 0; idx->held[r] != NULL && p < KVP_IDX_PUBS_MAX; p++)
+            free(idx->held[r][p].ids);
+        free(idx->held[r]);
+    }
     for (uint32_t s = 0; s < idx->n_subs; s++)
         free(idx->subs[s].targets);
     pthread_rwlock_destroy(&idx->lock);
@@ -704,8 +1015,13 @@ static uint32_t scope_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p)
     return free_slot + 1;
 }
 
+static const char *curve_of(const kvp_idx_reg_params_t *p)
+{
+    return p->curve_server_key != NULL ? p->curve_server_key : "";
+}
+
 /* A publisher's replay endpoint and CURVE key, when given and new: its sockets are made
- * again (gen). */
+ * again (gen). Only its own tenant's registrations reach here (sub_get). */
 static void sub_update(kvp_idx_t *idx, sub_t *sb, const char *replay, const char *curve)
 {
     bool changed = false;
@@ -721,9 +1037,16 @@ static void sub_update(kvp_idx_t *idx, sub_t *sb, const char *replay, const char
         sb->gen = ++idx->sub_gen;
 }
 
-static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay, const char *curve)
+/* The subscription of p's tenant to p's endpoint, made when it has none (a reference
+ * taken). A subscription belongs to one tenant: another tenant naming the same endpoint
+ * gets one of its own (its own sockets, replay endpoint and key), so that it can neither
+ * change this one's nor have its events applied to this tenant's registrations.
+ * UINT32_MAX: a cap reached (err, *reason_p say which). */
+static uint32_t sub_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, char *err, size_t err_len,
+                        const char **reason_p)
 {
-    uint32_t free_slot = idx->n_subs;
+    const char *endpoint = p->endpoint, *replay = p->replay_endpoint, *curve = curve_of(p);
+    uint32_t free_slot = idx->n_subs, mine = 0;
     for (uint32_t s = 0; s < idx->n_subs; s++) {
         sub_t *sb = &idx->subs[s];
         if (!sb->live) {
@@ -731,14 +1054,28 @@ static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay
                 free_slot = s;
             continue;
         }
+        if (strcmp(sb->tenant, p->tenant) != 0)
+            continue;
+        mine++;
         if (strcmp(sb->endpoint, endpoint) == 0) {
             sub_update(idx, sb, replay, curve);
             sb->refs++;
             return s;
         }
     }
-    if (free_slot == SUBS_MAX)
+    if (idx->tenant_subs_max != 0 && mine >= idx->tenant_subs_max) {
+        snprintf(err, err_len,
+                 "tenant %.63s has %u publisher subscriptions already "
+                 "(--max-subscriptions-per-tenant)",
+                 p->tenant, mine);
+        *reason_p = "tenant_subscriptions";
         return UINT32_MAX;
+    }
+    if (free_slot == SUBS_MAX) {
+        snprintf(err, err_len, "%u publisher subscriptions already (all tenants)", SUBS_MAX);
+        *reason_p = "subscriptions";
+        return UINT32_MAX;
+    }
     sub_t *sb = &idx->subs[free_slot];
     uint32_t *targets = sb->targets;
     uint32_t cap = sb->cap_targets;
@@ -746,6 +1083,7 @@ static uint32_t sub_get(kvp_idx_t *idx, const char *endpoint, const char *replay
     sb->targets = targets;
     sb->cap_targets = cap;
     sb->live = true;
+    snprintf(sb->tenant, sizeof(sb->tenant), "%s", p->tenant);
     snprintf(sb->endpoint, sizeof(sb->endpoint), "%s", endpoint);
     snprintf(sb->replay, sizeof(sb->replay), "%s", replay);
     snprintf(sb->curve, sizeof(sb->curve), "%s", curve);
@@ -777,6 +1115,8 @@ static void targets_rebuild(kvp_idx_t *idx)
             continue;
         for (uint32_t p = 0; p < rg->n_pubs; p++) {
             sub_t *sb = &idx->subs[rg->pubs[p].sub];
+            if (strcmp(sb->tenant, idx->scopes[rg->scope - 1].tenant) != 0)
+                continue; /* never: sub_get gives a registration its tenant's only */
             if (sb->n_targets == sb->cap_targets) {
                 uint32_t cap = sb->cap_targets ? sb->cap_targets * 2 : 8;
                 uint32_t *t = realloc(sb->targets, cap * sizeof(*t));
@@ -804,16 +1144,20 @@ static reg_t *reg_find(const kvp_idx_t *idx, const char *instance, const char *t
     return NULL;
 }
 
-/* Remove registration r: its blocks, its subscriptions' references, its scope's. */
-static void reg_remove(kvp_idx_t *idx, uint32_t r)
+/* Take registration r out (write lock): from now on no query, batch or name finds it (its
+ * name is free), its subscriptions' references go; its blocks, its scope's reference, its
+ * slot and its place in its tenant's cap stay until kvp_idx_reap has purged them. O(its
+ * publishers + registrations), whatever it holds. */
+static void reg_kill(kvp_idx_t *idx, uint32_t r)
 {
     reg_t *rg = idx->regs[r];
-    purge(idx, r, 0, true, 0, true);
     for (uint32_t p = 0; p < rg->n_pubs; p++)
         sub_put(idx, rg->pubs[p].sub);
-    idx->scopes[rg->scope - 1].refs--;
     rg->live = false;
     rg->n_pubs = 0;
+    rg->gen++;
+    rg->dying = true;
+    idx->n_dying++;
     uint32_t heir = UINT32_MAX; /* its instance's ids named it: they name another now */
     for (uint32_t o = 0; o < idx->n_regs; o++) {
         reg_t *og = idx->regs[o];
@@ -825,9 +1169,23 @@ static void reg_remove(kvp_idx_t *idx, uint32_t r)
     }
 }
 
-static const char *curve_of(const kvp_idx_reg_params_t *p)
+void kvp_idx_reap(kvp_idx_t *idx)
 {
-    return p->curve_server_key != NULL ? p->curve_server_key : "";
+    if (idx->n_dying == 0)
+        return;
+    kvp_idx_t *was = slicing;
+    slicing = idx;
+    idx->work = 0;
+    for (uint32_t r = 0; r < idx->n_regs && idx->n_dying > 0; r++) {
+        reg_t *rg = idx->regs[r];
+        if (rg == NULL || !rg->dying)
+            continue;
+        purge(idx, r, 0, true, 0, true); /* lets the lock go between slices */
+        idx->scopes[rg->scope - 1].refs--;
+        rg->dying = false;
+        idx->n_dying--;
+    }
+    slicing = was;
 }
 
 static bool is_pool(const char *type)
@@ -835,8 +1193,59 @@ static bool is_pool(const char *type)
     return strcasecmp(type, "kvpool") == 0 || strcasecmp(type, "mooncake") == 0;
 }
 
-kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool *changed_p,
-                              char *err, size_t err_len)
+/* Registrations of tenant's, live or unregistered with blocks not yet purged (so that a
+ * tenant unregistering in a loop holds at most its cap of slots and scopes). */
+static uint32_t tenant_regs(const kvp_idx_t *idx, const char *tenant)
+{
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < idx->n_regs; r++) {
+        const reg_t *rg = idx->regs[r];
+        n += rg != NULL && (rg->live || rg->dying) &&
+             strcmp(idx->scopes[rg->scope - 1].tenant, tenant) == 0;
+    }
+    return n;
+}
+
+void kvp_idx_set_tenant_caps(kvp_idx_t *idx, uint32_t regs, uint32_t subs)
+{
+    idx->tenant_regs_max = regs;
+    idx->tenant_subs_max = subs;
+}
+
+/* A free registration slot into *r_p (one being purged is not): KVP_OK, or refused past the
+ * limits (all tenants', the tenant's). */
+static kvp_status_t reg_slot(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, uint32_t *r_p,
+                             char *err, size_t err_len, const char **reason_p)
+{
+    uint32_t r = 0;
+    while (r < idx->n_regs && idx->regs[r] != NULL && (idx->regs[r]->live || idx->regs[r]->dying))
+        r++;
+    if (r == KVP_IDX_REGS_MAX) {
+        snprintf(err, err_len, "%u registrations already (all tenants)", KVP_IDX_REGS_MAX);
+        *reason_p = "registrations";
+        return KVP_ERR_TOO_MANY;
+    }
+    uint32_t mine = tenant_regs(idx, p->tenant);
+    if (idx->tenant_regs_max != 0 && mine >= idx->tenant_regs_max) {
+        snprintf(err, err_len,
+                 "tenant %.63s has %u registrations already, unregistered ones whose blocks "
+                 "are still being dropped included (--max-registrations-per-tenant)",
+                 p->tenant, mine);
+        *reason_p = "tenant_registrations";
+        return KVP_ERR_TOO_MANY;
+    }
+    if (idx->regs[r] == NULL && (idx->regs[r] = calloc(1, sizeof(reg_t))) == NULL)
+        return KVP_ERR_NOMEM;
+    if (r == idx->n_regs)
+        idx->n_regs++;
+    *r_p = r;
+    return KVP_OK;
+}
+
+/* Register p (kvp_idx_register). A registration it replaces (another scope) is taken out,
+ * its blocks left to kvp_idx_reap. */
+static kvp_status_t reg_add(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool *changed_p,
+                            char *err, size_t err_len, const char **reason_p)
 {
     *changed_p = false;
     uint32_t r;
@@ -861,13 +1270,12 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
             if (rg->n_pubs == KVP_IDX_PUBS_MAX) {
                 snprintf(err, err_len, "registration %s|%s|%u has %u publishers already",
                          p->instance, p->tenant, p->dp_rank, KVP_IDX_PUBS_MAX);
+                *reason_p = "publishers";
                 return KVP_ERR_TOO_MANY;
             }
-            uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint, curve_of(p));
-            if (s == UINT32_MAX) {
-                snprintf(err, err_len, "%u publisher endpoints already", SUBS_MAX);
+            uint32_t s = sub_get(idx, p, err, err_len, reason_p);
+            if (s == UINT32_MAX)
                 return KVP_ERR_TOO_MANY;
-            }
             pub_t *pb = &rg->pubs[rg->n_pubs++];
             pb->sub = s;
             snprintf(pb->type, TYPE_MAX, "%s", p->type);
@@ -876,34 +1284,30 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
             *changed_p = true;
             return KVP_OK;
         }
-        reg_remove(idx, r); /* another scope: made anew */
+        /* another scope: made anew, in another slot (the old one's blocks go after) */
+        reg_kill(idx, r);
+        targets_rebuild(idx);
         *changed_p = true;
-    } else {
-        for (r = 0; r < idx->n_regs && idx->regs[r] != NULL && idx->regs[r]->live; r++)
-            ;
-        if (r == KVP_IDX_REGS_MAX) {
-            snprintf(err, err_len, "%u registrations already", KVP_IDX_REGS_MAX);
-            return KVP_ERR_TOO_MANY;
-        }
-        if (idx->regs[r] == NULL && (idx->regs[r] = calloc(1, sizeof(reg_t))) == NULL)
-            return KVP_ERR_NOMEM;
-        if (r == idx->n_regs)
-            idx->n_regs++;
-        rg = idx->regs[r];
     }
+    kvp_status_t st = reg_slot(idx, p, &r, err, err_len, reason_p);
+    if (st != KVP_OK)
+        return st;
+    rg = idx->regs[r];
     uint32_t scope = scope_get(idx, p);
     if (scope == 0) {
         snprintf(err, err_len, "%u scopes (tenant, model, LoRA, block size, salt) already",
                  SCOPES_MAX);
+        *reason_p = "scopes";
         return KVP_ERR_TOO_MANY;
     }
-    uint32_t s = sub_get(idx, p->endpoint, p->replay_endpoint, curve_of(p));
+    uint32_t s = sub_get(idx, p, err, err_len, reason_p);
     if (s == UINT32_MAX) {
         idx->scopes[scope - 1].refs--;
-        snprintf(err, err_len, "%u publisher endpoints already", SUBS_MAX);
         return KVP_ERR_TOO_MANY;
     }
+    uint32_t gen = rg->gen; /* kept: a purge of the slot's last registration checks it */
     memset(rg, 0, sizeof(*rg));
+    rg->gen = gen + 1;
     rg->live = true;
     snprintf(rg->instance, sizeof(rg->instance), "%s", p->instance);
     rg->rank = p->dp_rank;
@@ -926,6 +1330,16 @@ kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, boo
     return KVP_OK;
 }
 
+kvp_status_t kvp_idx_register(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool *changed_p,
+                              char *err, size_t err_len)
+{
+    const char *reason = "field";
+    kvp_status_t st = reg_add(idx, p, changed_p, err, err_len, &reason);
+    if (st != KVP_OK && p->reason_p != NULL)
+        *p->reason_p = reason;
+    return st;
+}
+
 kvp_status_t kvp_idx_unregister(kvp_idx_t *idx, const char *instance, const char *tenant,
                                 bool all_ranks, uint32_t rank,
                                 void (*cb)(void *arg, const char *name), void *arg)
@@ -939,13 +1353,14 @@ kvp_status_t kvp_idx_unregister(kvp_idx_t *idx, const char *instance, const char
             continue;
         char name[3 * KVP_IDX_NAME_MAX];
         snprintf(name, sizeof(name), "%s|%s|%u", rg->instance, tenant, rg->rank);
-        reg_remove(idx, r);
+        reg_kill(idx, r);
         cb(arg, name);
         any = true;
     }
-    if (any)
-        targets_rebuild(idx);
-    return any ? KVP_OK : KVP_ERR_NOT_FOUND;
+    if (!any)
+        return KVP_ERR_NOT_FOUND;
+    targets_rebuild(idx); /* gone from every answer from here; the blocks: kvp_idx_reap */
+    return KVP_OK;
 }
 
 size_t kvp_idx_subs(kvp_idx_t *idx, kvp_idx_sub_info_t *out, size_t max)
@@ -958,6 +1373,7 @@ size_t kvp_idx_subs(kvp_idx_t *idx, kvp_idx_sub_info_t *out, size_t max)
         if (n < max) {
             out[n].id = s;
             out[n].gen = sb->gen;
+            memcpy(out[n].tenant, sb->tenant, sizeof(out[n].tenant));
             memcpy(out[n].endpoint, sb->endpoint, sizeof(out[n].endpoint));
             memcpy(out[n].replay, sb->replay, sizeof(out[n].replay));
             memcpy(out[n].curve, sb->curve, sizeof(out[n].curve));
@@ -970,6 +1386,44 @@ size_t kvp_idx_subs(kvp_idx_t *idx, kvp_idx_sub_info_t *out, size_t max)
         n++;
     }
     return n;
+}
+
+void kvp_idx_sub_open(kvp_idx_t *idx, uint32_t sub, uint64_t gen, bool ok)
+{
+    if (sub < idx->n_subs && idx->subs[sub].live && idx->subs[sub].gen == gen)
+        idx->subs[sub].open_failed = !ok;
+}
+
+bool kvp_idx_sub_failed(kvp_idx_t *idx, const char *tenant, const char *endpoint)
+{
+    for (uint32_t s = 0; s < idx->n_subs; s++) {
+        const sub_t *sb = &idx->subs[s];
+        if (sb->live && strcmp(sb->tenant, tenant) == 0 && strcmp(sb->endpoint, endpoint) == 0)
+            return sb->open_failed;
+    }
+    return false;
+}
+
+kvp_status_t kvp_idx_drop_publisher(kvp_idx_t *idx, const char *instance, const char *tenant,
+                                    uint32_t rank, const char *endpoint)
+{
+    uint32_t r;
+    reg_t *rg = reg_find(idx, instance, tenant, rank, &r);
+    if (rg == NULL || rg->n_pubs == 0)
+        return KVP_ERR_NOT_FOUND;
+    uint32_t k = rg->n_pubs - 1; /* holders name publishers by slot: only the last can go */
+    if (strcmp(idx->subs[rg->pubs[k].sub].endpoint, endpoint) != 0)
+        return KVP_ERR_NOT_FOUND;
+    if (rg->n_pubs == 1) {
+        reg_kill(idx, r);
+        targets_rebuild(idx);
+        return KVP_OK;
+    }
+    purge(idx, r, k, false, 0, true);
+    sub_put(idx, rg->pubs[k].sub);
+    rg->n_pubs--;
+    targets_rebuild(idx);
+    return KVP_OK;
 }
 
 /* ---- events ---- */
@@ -1184,98 +1638,184 @@ static bool rank_takes(const kvp_idx_t *idx, const sub_t *sb, const reg_t *rg, c
     return true;
 }
 
-void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
+/* A batch applied in slices (or a resync): what it checks when it has the lock again. */
+typedef struct apply_ctx {
+    uint32_t sub, n_snap; /* its targets as it started: idx->snap[0..n_snap) */
+    uint64_t slices;      /* idx->slices when it last looked */
+    bool gone;            /* its subscription went while the lock was let go */
+    char tenant[KVP_IDX_NAME_MAX], endpoint[KVP_IDX_ENDPOINT_MAX];
+} apply_ctx_t;
+
+/* Start applying to subscription sub's registrations (write lock): its targets kept (those a
+ * registration added meanwhile miss the rest of the batch: never a block it no longer holds),
+ * this thread set slicing. false: no such subscription. */
+static bool apply_begin(kvp_idx_t *idx, uint32_t sub, apply_ctx_t *a)
 {
     if (sub >= idx->n_subs || !idx->subs[sub].live)
-        return;
+        return false;
     const sub_t *sb = &idx->subs[sub];
-    for (size_t k = 0; k < b->n_ops; k++) {
-        const kvp_idx_op_t *op = &b->ops[k];
-        bool envelope = op->envelope;
-        unsigned m = medium_of(idx, op->medium, op->medium_len);
-        if (op->kind == KVP_IDX_STORED)
-            idx->stored_ev++;
-        else if (op->kind == KVP_IDX_REMOVED)
-            idx->removed_ev++;
-        else
-            idx->cleared_ev++;
-        if (m == KVP_IDX_MEDIA_MAX && !(op->kind == KVP_IDX_CLEARED && op->all_media)) {
-            idx->media_dropped++;
-            continue;
+    if (sb->n_targets > idx->cap_snap) {
+        uint32_t *snap = realloc(idx->snap, sb->n_targets * sizeof(*snap));
+        if (snap == NULL)
+            return false;
+        idx->snap = snap;
+        idx->cap_snap = sb->n_targets;
+    }
+    if (sb->n_targets > 0)
+        memcpy(idx->snap, sb->targets, sb->n_targets * sizeof(*idx->snap));
+    a->sub = sub;
+    a->n_snap = sb->n_targets;
+    a->slices = idx->slices;
+    a->gone = false;
+    memcpy(a->tenant, sb->tenant, sizeof(a->tenant));
+    memcpy(a->endpoint, sb->endpoint, sizeof(a->endpoint));
+    slicing = idx;
+    idx->work = 0;
+    return true;
+}
+
+/* After the lock was let go (idx->slices moved): is the subscription still the publisher it
+ * was (live, of the same tenant and endpoint)? a->gone when not. */
+static bool apply_resumed(const kvp_idx_t *idx, apply_ctx_t *a)
+{
+    if (a->slices == idx->slices)
+        return true;
+    a->slices = idx->slices;
+    const sub_t *sb = &idx->subs[a->sub];
+    a->gone =
+        !sb->live || strcmp(sb->tenant, a->tenant) != 0 || strcmp(sb->endpoint, a->endpoint) != 0;
+    return !a->gone;
+}
+
+/* Does target (r, p) still name subscription sub (in scope, unless 0)? */
+static bool target_same(const kvp_idx_t *idx, uint32_t sub, uint32_t r, uint32_t p, uint32_t scope)
+{
+    const reg_t *rg = r < idx->n_regs ? idx->regs[r] : NULL;
+    return rg != NULL && rg->live && p < rg->n_pubs && rg->pubs[p].sub == sub &&
+           (scope == 0 || rg->scope == scope);
+}
+
+/* op's blocks (standard hashes in idx->sbuf, raw in idx->hbuf) stored or removed for target
+ * (r, p) on medium m, letting the lock go between slices. */
+static void apply_blocks(kvp_idx_t *idx, apply_ctx_t *a, const kvp_idx_op_t *op, uint32_t r,
+                         uint32_t p, unsigned m)
+{
+    uint32_t scope = idx->regs[r]->scope;
+    for (size_t i = 0; i < op->n_hashes; i++) {
+        if (++idx->work >= SLICE_WORK && slice_point(idx) &&
+            (!apply_resumed(idx, a) || !target_same(idx, a->sub, r, p, scope)))
+            return;
+        uint64_t seq = idx->sbuf[i];
+        if (i + PREFETCH_AHEAD < op->n_hashes) {
+            size_t f = i + PREFETCH_AHEAD;
+            prefetch_slot(idx, &idx->blocks, scope, idx->sbuf[f]);
+            if (op->kind == KVP_IDX_STORED && idx->hbuf[f] != idx->sbuf[f])
+                prefetch_slot(idx, &idx->engines, scope, idx->hbuf[f]);
         }
-        if (op->kind != KVP_IDX_CLEARED) {
-            if (!scratch(idx, op->n_hashes, op->has_tokens ? op->n_tokens : 0)) {
-                idx->unplaced += op->n_hashes;
+        if (op->kind == KVP_IDX_STORED) {
+            uint32_t nd = node_get(idx, scope, seq);
+            if (nd == 0 || !holder_add(idx, nd, HOLDER(r, p, m))) {
+                idx->unplaced++;
                 continue;
             }
-            b->hashes(b->arg, op, idx->hbuf);
-        }
-        bool has_rank = op->has_rank || b->has_rank;
-        uint32_t rank = op->has_rank ? op->rank : b->rank;
-        uint32_t done_scope = 0; /* the scope idx->sbuf holds the hashes of */
-        for (uint32_t t = 0; t < sb->n_targets; t++) {
-            uint32_t r = sb->targets[t] >> 4, p = sb->targets[t] & 15u;
-            const reg_t *rg = idx->regs[r];
-            const pub_t *pb = &rg->pubs[p];
-            const scope_t *sc = &idx->scopes[rg->scope - 1];
-            if (op->tenant != NULL && (strlen(sc->tenant) != op->tenant_len ||
-                                       memcmp(sc->tenant, op->tenant, op->tenant_len) != 0))
-                continue;
-            if (!rank_takes(idx, sb, rg, pb, has_rank, rank))
-                continue;
-            if (op->kind == KVP_IDX_CLEARED) {
-                purge(idx, r, p, false, m, op->all_media);
-                continue;
-            }
-            if (done_scope != rg->scope) {
-                if (!std_hashes(idx, b, op, rg->scope, envelope)) {
-                    done_scope = 0;
-                    continue;
-                }
-                done_scope = rg->scope;
-            }
-            for (size_t i = 0; i < op->n_hashes; i++) {
-                uint64_t seq = idx->sbuf[i];
-                if (i + PREFETCH_AHEAD < op->n_hashes) {
-                    size_t f = i + PREFETCH_AHEAD;
-                    prefetch_slot(idx, &idx->blocks, rg->scope, idx->sbuf[f]);
-                    if (op->kind == KVP_IDX_STORED && idx->hbuf[f] != idx->sbuf[f])
-                        prefetch_slot(idx, &idx->engines, rg->scope, idx->hbuf[f]);
-                }
-                if (op->kind == KVP_IDX_STORED) {
-                    uint32_t nd = node_get(idx, rg->scope, seq);
-                    if (nd == 0 || !holder_add(idx, nd, HOLDER(r, p, m))) {
-                        idx->unplaced++;
-                        continue;
-                    }
-                    if (idx->hbuf[i] != seq)
-                        engine_set(idx, rg->scope, nd, idx->hbuf[i]);
-                } else {
-                    uint32_t nd = node_find(idx, rg->scope, seq);
-                    if (nd != 0)
-                        holder_del(idx, nd, r, p, false, m, false);
-                }
-            }
+            if (idx->hbuf[i] != seq)
+                engine_set(idx, scope, nd, idx->hbuf[i]);
+        } else {
+            uint32_t nd = node_find(idx, scope, seq);
+            if (nd != 0)
+                holder_del(idx, nd, r, p, false, m, false);
         }
     }
 }
 
+/* One op of a batch, to each of the batch's targets it is for. */
+static void apply_op(kvp_idx_t *idx, apply_ctx_t *a, const kvp_idx_batch_t *b,
+                     const kvp_idx_op_t *op)
+{
+    unsigned m = medium_of(idx, op->medium, op->medium_len);
+    if (op->kind == KVP_IDX_STORED)
+        idx->stored_ev++;
+    else if (op->kind == KVP_IDX_REMOVED)
+        idx->removed_ev++;
+    else
+        idx->cleared_ev++;
+    if (m == KVP_IDX_MEDIA_MAX && !(op->kind == KVP_IDX_CLEARED && op->all_media)) {
+        idx->media_dropped++;
+        return;
+    }
+    if (op->kind != KVP_IDX_CLEARED) {
+        if (!scratch(idx, op->n_hashes, op->has_tokens ? op->n_tokens : 0)) {
+            idx->unplaced += op->n_hashes;
+            return;
+        }
+        b->hashes(b->arg, op, idx->hbuf);
+    }
+    bool has_rank = op->has_rank || b->has_rank;
+    uint32_t rank = op->has_rank ? op->rank : b->rank;
+    uint32_t done_scope = 0; /* the scope idx->sbuf holds the hashes of */
+    for (uint32_t t = 0; t < a->n_snap; t++) {
+        if (!apply_resumed(idx, a))
+            return;
+        uint32_t r = idx->snap[t] >> 4, p = idx->snap[t] & 15u;
+        if (!target_same(idx, a->sub, r, p, 0))
+            continue;
+        const reg_t *rg = idx->regs[r];
+        const scope_t *sc = &idx->scopes[rg->scope - 1];
+        if (op->tenant != NULL && (strlen(sc->tenant) != op->tenant_len ||
+                                   memcmp(sc->tenant, op->tenant, op->tenant_len) != 0))
+            continue;
+        if (!rank_takes(idx, &idx->subs[a->sub], rg, &rg->pubs[p], has_rank, rank))
+            continue;
+        if (op->kind == KVP_IDX_CLEARED) {
+            purge(idx, r, p, false, m, op->all_media);
+            continue;
+        }
+        if (done_scope != rg->scope) {
+            if (!std_hashes(idx, b, op, rg->scope, op->envelope)) {
+                done_scope = 0;
+                continue;
+            }
+            done_scope = rg->scope;
+        }
+        apply_blocks(idx, a, op, r, p, m);
+    }
+}
+
+void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
+{
+    apply_ctx_t a;
+    if (!apply_begin(idx, sub, &a))
+        return;
+    for (size_t k = 0; k < b->n_ops && !a.gone; k++) {
+        idx->work++;
+        slice_point(idx);
+        if (apply_resumed(idx, &a))
+            apply_op(idx, &a, b, &b->ops[k]);
+    }
+    slicing = NULL;
+}
+
 void kvp_idx_resync(kvp_idx_t *idx, uint32_t sub, const char *reason)
 {
-    if (sub >= idx->n_subs || !idx->subs[sub].live)
+    apply_ctx_t a;
+    if (!apply_begin(idx, sub, &a))
         return;
+    for (uint32_t t = 0; t < a.n_snap && apply_resumed(idx, &a); t++) {
+        uint32_t r = idx->snap[t] >> 4, p = idx->snap[t] & 15u;
+        if (target_same(idx, sub, r, p, 0))
+            purge(idx, r, p, false, 0, true);
+    }
+    slicing = NULL;
     sub_t *sb = &idx->subs[sub];
-    for (uint32_t t = 0; t < sb->n_targets; t++)
-        purge(idx, sb->targets[t] >> 4, sb->targets[t] & 15u, false, 0, true);
-    sb->resyncs++;
+    if (!a.gone)
+        sb->resyncs++;
     if (strcmp(reason, "gap") == 0)
         idx->resync_gap++;
     else if (strcmp(reason, "restart") == 0)
         idx->resync_restart++;
     else
         idx->resync_malformed++;
-    KVP_LOG_WARN("publisher %s: resynchronized (%s): its blocks were dropped", sb->endpoint,
-                 reason);
+    KVP_LOG_WARN("publisher %s: resynchronized (%s): its blocks were dropped", a.endpoint, reason);
 }
 
 void kvp_idx_sub_seen(kvp_idx_t *idx, uint32_t sub, uint64_t seq, bool connected)
@@ -1685,6 +2225,74 @@ void kvp_idx_instances_json(kvp_idx_t *idx, const char *tenant,
     kvp_idx_unlock(idx);
 }
 
+/* A Prometheus label value (quotes included): names hold no control characters. */
+static void put_label(void (*put)(void *, const char *, size_t), void *arg, const char *s)
+{
+    char buf[2 * KVP_IDX_NAME_MAX + 4];
+    size_t n = 0;
+    buf[n++] = '"';
+    for (; *s != '\0' && n < sizeof(buf) - 4; s++) {
+        if (*s == '"' || *s == '\\')
+            buf[n++] = '\\';
+        buf[n++] = *s;
+    }
+    buf[n++] = '"';
+    put(arg, buf, n);
+}
+
+void kvp_idx_metrics_tenants(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
+                             void *arg)
+{
+    kvp_idx_rdlock(idx);
+    PUTF("# HELP kvpool_indexer_tenant_blocks Blocks indexed for a tenant (removed ones kept "
+         "for their engine hash included).\n# TYPE kvpool_indexer_tenant_blocks gauge\n");
+    for (uint32_t t = 0; t < idx->n_tenants; t++) {
+        if (idx->tenants[t].nodes == 0)
+            continue;
+        put(arg, "kvpool_indexer_tenant_blocks{tenant=", 36);
+        put_label(put, arg, t == 0 ? "(overflow)" : idx->tenants[t].name);
+        PUTF("} %" PRIu64 "\n", idx->tenants[t].nodes);
+    }
+    PUTF("# HELP kvpool_indexer_tenant_evicted_blocks_total Blocks of a tenant evicted: past "
+         "its budget, or past --max-blocks while it held more than its fair share.\n"
+         "# TYPE kvpool_indexer_tenant_evicted_blocks_total counter\n");
+    for (uint32_t t = 0; t < idx->n_tenants; t++) {
+        if (idx->tenants[t].evicted == 0)
+            continue;
+        put(arg, "kvpool_indexer_tenant_evicted_blocks_total{tenant=", 50);
+        put_label(put, arg, t == 0 ? "(overflow)" : idx->tenants[t].name);
+        PUTF("} %" PRIu64 "\n", idx->tenants[t].evicted);
+    }
+    kvp_idx_unlock(idx);
+}
+
+/* The budgets' metrics that name no tenant: the budget, the purges' work, the slices batches
+ * and purges were made in, the registrations still being purged (read lock). */
+static void metrics_budgets(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len),
+                            void *arg)
+{
+    uint64_t n = idx->active_tenants > 0 ? idx->active_tenants : 1;
+    PUTF("# HELP kvpool_indexer_tenant_block_budget Blocks one tenant keeps at most "
+         "(--max-blocks-per-tenant, or --max-blocks over the tenants holding blocks).\n"
+         "# TYPE kvpool_indexer_tenant_block_budget gauge\n"
+         "kvpool_indexer_tenant_block_budget %" PRIu64 "\n",
+         idx->max_per_tenant != 0 ? idx->max_per_tenant : idx->max_blocks / n);
+    PUTF("# HELP kvpool_indexer_purge_visits_total Held-list entries that clears, resyncs and "
+         "unregisters looked at.\n# TYPE kvpool_indexer_purge_visits_total counter\n"
+         "kvpool_indexer_purge_visits_total %" PRIu64 "\n",
+         idx->purge_visits);
+    PUTF("# HELP kvpool_indexer_write_slices_total Times a batch, or the purge of unregistered "
+         "blocks, let the write lock go for the queries waiting.\n"
+         "# TYPE kvpool_indexer_write_slices_total counter\n"
+         "kvpool_indexer_write_slices_total %" PRIu64 "\n",
+         idx->slices);
+    PUTF("# HELP kvpool_indexer_registrations_unregistering Registrations unregistered whose "
+         "blocks are still being purged.\n"
+         "# TYPE kvpool_indexer_registrations_unregistering gauge\n"
+         "kvpool_indexer_registrations_unregistering %u\n",
+         idx->n_dying);
+}
+
 void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_t len), void *arg)
 {
     kvp_idx_rdlock(idx);
@@ -1766,5 +2374,6 @@ void kvp_idx_metrics(kvp_idx_t *idx, void (*put)(void *arg, const char *s, size_
     for (size_t i = 0; i < KVP_ARRAY_SIZE(reasons); i++)
         PUTF("kvpool_indexer_http_refused_total{reason=\"%s\"} %" PRIu64 "\n", reasons[i],
              atomic_load(counts[i]));
+    metrics_budgets(idx, put, arg);
     kvp_idx_unlock(idx);
 }

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -44,9 +45,12 @@ typedef struct indexer_config {
     char state_dir[4000];
     char tls_cert[4096], tls_key[4096], tls_ca[4096], tls_crl[4096], acl_file[4096];
     char curve_secret[4096];
+    char publisher_allow[4096];
+    uint32_t tenant_regs_max, tenant_subs_max;
     uint32_t instance_ttl_ms;
     char auth[16];
     uint64_t hash_seed, max_blocks, max_message;
+    uint64_t max_blocks_per_tenant;
     uint32_t replay_timeout_ms;
     int ready_fd;
     int log_level;
@@ -146,7 +150,35 @@ static const kvp_opt_t indexer_rows[] = {
              "--kv-events-curve-secret) are reached over CURVE with it; its public key (logged "
              "at start) goes in their allow-list"},
 
+    {.name = "publisher-allow",
+     .type = KVP_OPT_STRING,
+     .arg = "CIDR[,CIDR...]",
+     .def_doc = "none (any tcp:// endpoint)",
+     F(publisher_allow),
+     .help = "the networks (ADDR or ADDR/BITS, IPv4 or IPv6, at most 64) whose addresses a "
+             "registration's endpoint and replay_endpoint may name; with it they must name an IP "
+             "address, not a host name (others: 400, counted)"},
+
     KVP_OPT_GROUP("Limits", NULL),
+    {.name = "max-registrations-per-tenant",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "4096",
+     F(tenant_regs_max),
+     .min = 1,
+     .max = KVP_IDX_REGS_MAX,
+     .help = "registrations of one tenant at most (past it /register answers 429, counted); "
+             "all tenants together: 65536"},
+    {.name = "max-subscriptions-per-tenant",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "256",
+     F(tenant_subs_max),
+     .min = 1,
+     .max = KVP_IDX_SUBS_MAX,
+     .help = "publisher endpoints the registrations of one tenant name at most, each a ZeroMQ "
+             "socket (past it /register answers 429, counted); all tenants together: 4096, "
+             "which the subscriber's socket limit covers"},
     {.name = "max-blocks",
      .type = KVP_OPT_UINT,
      .arg = "N",
@@ -157,6 +189,16 @@ static const kvp_opt_t indexer_rows[] = {
      .help = "blocks indexed at most, removed ones kept for their engine hash included; past it "
              "the least recently stored goes, with all its holders "
              "(kvpool_indexer_evicted_blocks_total)"},
+    {.name = "max-blocks-per-tenant",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "0",
+     .def_doc = "0 (a fair share: --max-blocks over the tenants holding blocks)",
+     F(max_blocks_per_tenant),
+     .min = 0,
+     .max = (1u << 31) - 2,
+     .help = "blocks one tenant keeps at most; past it the tenant's own least recently stored "
+             "go (kvpool_indexer_tenant_evicted_blocks_total), never another tenant's"},
     {.name = "instance-ttl",
      .type = KVP_OPT_SECONDS_MS,
      .arg = "SECONDS",
@@ -357,8 +399,31 @@ static int curve_keys(const char *path, kvp_sub_params_t *p)
     return -1;
 }
 
+/* Each subscription is a ZeroMQ socket (a descriptor for its mailbox, one for its
+ * connection): the soft limit on descriptors raised to what every subscription needs (the
+ * hard limit at most), and a warning when that is short (a registration whose socket cannot
+ * be made is then refused, 503). */
+static void fd_limit(void)
+{
+    struct rlimit rl;
+    rlim_t need = 2 * KVP_IDX_SUBS_MAX + 1024;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+        rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max > need ? need : rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            (void)getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+        KVP_LOG_WARN("%llu file descriptors at most (ulimit -n), fewer than the %llu that %u "
+                     "subscriptions may need: registrations whose socket cannot be made are "
+                     "refused (503)",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)need, KVP_IDX_SUBS_MAX);
+}
+
 /*
- * The registrations to start with: --state-dir's file (its path written in state; api->state
+ * The limits every registration is checked against (--max-*-per-tenant, --publisher-allow),
+ * then the registrations to start with: --state-dir's file (its path written in state; api->state
  * set), then --config's (which may name the port: cfg->listen, unless --listen was given).
  * -1, or the exit code (reported).
  */
@@ -366,6 +431,14 @@ static int registrations(indexer_config_t *cfg, kvp_api_t *api, char *state, siz
                          bool listen_given, bool config_given)
 {
     int rc;
+    char err[256];
+    /* the limits every registration is checked against, the files' too */
+    kvp_idx_set_tenant_caps(api->idx, cfg->tenant_regs_max, cfg->tenant_subs_max);
+    if (!kvp_api_set_publisher_allow(api, cfg->publisher_allow, err, sizeof(err))) {
+        fprintf(stderr, "kvpool-indexer: %s\n", err);
+        return 2;
+    }
+    fd_limit();
     if (cfg->state_dir[0] != '\0') {
         if (mkdir(cfg->state_dir, 0700) != 0 && errno != EEXIST) {
             fprintf(stderr, "kvpool-indexer: --state-dir %s: %m\n", cfg->state_dir);
@@ -408,8 +481,10 @@ static int indexer_run(indexer_config_t *cfg, bool listen_given, bool config_giv
 {
     int rc = 1;
     kvp_idx_t *idx;
-    kvp_idx_params_t ip = {
-        .seed = cfg->hash_seed, .max_blocks = cfg->max_blocks, .ttl_ms = cfg->instance_ttl_ms};
+    kvp_idx_params_t ip = {.seed = cfg->hash_seed,
+                           .max_blocks = cfg->max_blocks,
+                           .ttl_ms = cfg->instance_ttl_ms,
+                           .max_blocks_per_tenant = cfg->max_blocks_per_tenant};
     if (kvp_idx_create(&ip, &idx) != KVP_OK) {
         fprintf(stderr, "kvpool-indexer: out of memory\n");
         return rc;
@@ -474,6 +549,7 @@ static int indexer_run(indexer_config_t *cfg, bool listen_given, bool config_giv
         goto err_stop_sub;
     }
     kvp_http_accept_post(http, KVP_API_BODY_MAX, kvp_api_too_big);
+    kvp_http_admit(http, kvp_api_admit); /* credentials from the head, before a body */
     char host[256];
     uint16_t port;
     (void)kvp_parse_hostport(cfg->listen, host, sizeof(host), &port);

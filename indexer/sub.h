@@ -1,7 +1,7 @@
 /*
  * sub.h - the subscriber thread of kvpool-indexer: one ZeroMQ SUB socket per publisher
  * endpoint the registrations name, batches applied in sequence order, gaps healed by
- * replay (sub.c).
+ * replays asked asynchronously, at most a few per tenant at once (sub.c).
  *
  * Thread: kvp_sub_start/stop from the main thread; kvp_sub_wake from any thread (after a
  * registration changed).
@@ -9,6 +9,7 @@
 #ifndef KVP_INDEXER_SUB_H
 #define KVP_INDEXER_SUB_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -27,6 +28,11 @@ typedef struct kvp_sub_params {
 
 kvp_status_t kvp_sub_start(const kvp_sub_params_t *p, kvp_sub_t **sub_p);
 void kvp_sub_wake(kvp_sub_t *sub);
+/* Wake the subscriber thread and wait (at most timeout_ms) until it has made its sockets
+ * match the index as it is now (kvp_idx_sub_failed then says which could not be made):
+ * false on timeout (it never waits on a replay: this is milliseconds unless it is swamped).
+ * Any thread but the subscriber's. */
+bool kvp_sub_sync(kvp_sub_t *sub, uint32_t timeout_ms);
 void kvp_sub_stop(kvp_sub_t *sub);
 
 #endif

@@ -309,7 +309,7 @@ def test_api_answers_and_errors(indexer):
     port_a, port_b = free_port(), free_port()
     ep_a, ep_b = f"tcp://127.0.0.1:{port_a}", f"tcp://127.0.0.1:{port_b}"
 
-    # registrations: the answer, /instances, one subscription per endpoint
+    # registrations: the answer, /instances, one subscription per tenant and endpoint
     assert ix.ok("/register", {**REG, "endpoint": ep_a}) == \
         {"status": "registered successfully", "instance_id": "i1"}
     # only the required fields: defaults for the rest
@@ -328,7 +328,7 @@ def test_api_answers_and_errors(indexer):
     assert len(ix.publisher_entries(ep_b, inst)) == 2  # i2|default|1, i3|acme|0
     m = ix.metrics()
     assert ix.metric("kvpool_indexer_registrations", text=m) == 3
-    assert ix.metric("kvpool_indexer_subscriptions", text=m) == 2
+    assert ix.metric("kvpool_indexer_subscriptions", text=m) == 3  # one per tenant and endpoint
 
     # a query answers every registered instance of the scope, hits or not
     ans = ix.ok("/query", {"model": "m", "block_size": 16, "token_ids": list(range(40))})
@@ -426,7 +426,7 @@ def test_api_answers_and_errors(indexer):
     # nothing of the refused requests was applied
     m = ix.metrics()
     assert ix.metric("kvpool_indexer_registrations", text=m) == 3
-    assert ix.metric("kvpool_indexer_subscriptions", text=m) == 2
+    assert ix.metric("kvpool_indexer_subscriptions", text=m) == 3
 
     # query_by_hash's legacy field: the same answer
     assert ix.ok("/query_by_hash", {"model": "m", "block_size": 16, "block_hash": [5, 6]}) == \
@@ -864,12 +864,14 @@ def test_random_workloads_match_the_model(indexer, publishers, seed):
     m = ix.metrics()
     assert events > 2500, events
     assert ix.metric_sum("kvpool_indexer_resyncs_total", text=m) == 0
+    # a subscription per (tenant, endpoint), each taking its publisher's batches
+    subs = {(r.key[1], e) for r in w.model.regs.values() for e in r.publishers}
     assert ix.metric("kvpool_indexer_batches_total", text=m) == \
-        sum(p.seq for p in w.pubs)
+        sum(p.seq * sum(e == p.endpoint for _, e in subs) for p in w.pubs)
     holders = sum(len(s) for media in w.model.held.values() for s in media.values())
     assert ix.metric("kvpool_indexer_block_holders", text=m) == holders
     assert ix.metric("kvpool_indexer_registrations", text=m) == len(w.model.regs)
-    assert ix.metric("kvpool_indexer_subscriptions", text=m) == 4
+    assert ix.metric("kvpool_indexer_subscriptions", text=m) == len(subs)
     assert ix.metric("kvpool_indexer_unplaced_blocks_total", text=m) == 0
 
     # unregistering a's rank 1 drops its blocks, rank 0 keeps its own

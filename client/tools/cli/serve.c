@@ -87,6 +87,7 @@ static void serve_http_handler(void *arg, const char *path, const kvp_http_reque
         }
         reply->content_type = "text/plain; version=0.0.4; charset=utf-8";
         kvp_http_append(reply, text, need);
+        kvp_http_metrics(req, "kvpool_serve_http", reply); /* the HTTP server's caps */
     } else if (strcmp(path, "/health") == 0) {
         const char *why = NULL;
         if (atomic_load(&h->leaving))

@@ -3,7 +3,11 @@
  * made with python3-xxhash, registrations and their publishers, stores and removes by
  * standard and by engine hashes, the runs of a query (longest, per medium, per rank,
  * rank_matches' tier walk), tenants and scopes kept apart, the batch's DP rank, resyncs,
- * unregistering, and --max-blocks evicting the least recently stored blocks.
+ * unregistering, and --max-blocks evicting the least recently stored blocks; budgets per
+ * tenant (a tenant's flood evicts its own blocks, never another's) and clears, resyncs and
+ * unregisters that cost what their publisher holds (the held-list entries they visit);
+ * an unregister (or a re-register that replaces) purging in slices, and racing batches of
+ * the same publisher and registers of the same name on other threads.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,6 +16,10 @@
 
 #include <cmocka.h>
 
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -446,6 +454,7 @@ static uint64_t metric_of(kvp_idx_t *idx, const char *name)
     static buf_t m;
     m.n = 0;
     kvp_idx_metrics(idx, put, &m);
+    kvp_idx_metrics_tenants(idx, put, &m);
     char key[128];
     snprintf(key, sizeof(key), "\n%s ", name);
     const char *at = strstr(m.s, key);
@@ -556,14 +565,370 @@ static void test_many_holders(void **state)
     kvp_idx_destroy(idx);
 }
 
+/* Store blocks first..first+n of sub (in ops of 50). */
+static void store_range(kvp_idx_t *idx, uint32_t sub, uint64_t first, uint64_t n)
+{
+    uint64_t h[50];
+    for (uint64_t k = 0; k < n;) {
+        size_t c = 0;
+        for (; c < 50 && k < n; c++, k++)
+            h[c] = first + k;
+        kvp_idx_op_t op = stored(h, c, NULL);
+        apply(idx, sub, &op, 1, -1);
+    }
+}
+
+/* How many of blocks first..first+n tenant's instance inst holds (a query of each). */
+static uint64_t held_of(kvp_idx_t *idx, const char *tenant, const char *inst, uint64_t first,
+                        uint64_t n)
+{
+    uint64_t held = 0;
+    char want[64];
+    snprintf(want, sizeof(want), "\"%s\":{\"longest_matched\":4,", inst);
+    for (uint64_t k = 0; k < n; k++) {
+        uint64_t h = first + k;
+        held += strstr(query(idx, tenant, "m", 4, &h, 1, NULL), want) != NULL;
+    }
+    return held;
+}
+
+/* A tenant flooding past --max-blocks evicts its own least recently stored blocks: another
+ * tenant under its fair share keeps every one; a third tenant's arrival shrinks the shares
+ * and the one over its share gives way; each eviction is counted for its tenant. */
+static void test_tenant_budgets(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(100);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    uint32_t b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    uint32_t c = reg(idx, "tcp://c:1", "vLLM", "ic", "team-c", 0);
+    store_range(idx, a, 1, 30);
+    store_range(idx, b, 1000, 500); /* its share: 50 of 100 */
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 30), 30);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-b\"}"), 50);
+    assert_int_equal(
+        metric_of(idx, "kvpool_indexer_tenant_evicted_blocks_total{tenant=\"team-b\"}"), 450);
+    assert_int_equal(held_of(idx, "team-b", "ib", 1450, 50), 50); /* its newest */
+    assert_int_equal(held_of(idx, "team-b", "ib", 1000, 450), 0);
+    assert_null(strstr(query(idx, "team-a", "m", 4, (uint64_t[]){1}, 1, NULL), "\"ib\""));
+    store_range(idx, c, 5000, 200); /* shares of 33: team-b gives way, team-a stays */
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 30), 30);
+    assert_true(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-c\"}") <= 33);
+    assert_true(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-b\"}") <= 50);
+    assert_true(metric_of(idx, "kvpool_indexer_blocks") <= 100);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_block_budget"), 33);
+    buf_t m = {.n = 0};
+    kvp_idx_metrics_tenants(idx, put, &m);
+    assert_null(strstr(m.s, "kvpool_indexer_tenant_evicted_blocks_total{tenant=\"team-a\"}"));
+    m.n = 0; /* the series that name tenants are apart from the others */
+    kvp_idx_metrics(idx, put, &m);
+    assert_null(strstr(m.s, "team-"));
+    kvp_idx_destroy(idx);
+
+    /* an explicit budget: team-b keeps 20 of its own though --max-blocks has room */
+    kvp_idx_params_t p = {.max_blocks = 1000, .max_blocks_per_tenant = 20};
+    assert_int_equal(kvp_idx_create(&p, &idx), KVP_OK);
+    a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    store_range(idx, a, 1, 20);
+    store_range(idx, b, 1000, 300);
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 20), 20);
+    assert_int_equal(held_of(idx, "team-b", "ib", 1280, 20), 20);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-b\"}"), 20);
+    kvp_idx_destroy(idx);
+}
+
+/* A clear, a resync and an unregister visit what their publisher holds, not every node:
+ * team-a's 5 000 blocks are never walked by team-b's 200 [store, clear] pairs, nor by a
+ * publisher whose one block was stored and removed 5 000 times (its list is compacted). */
+static void test_purge_costs_what_it_holds(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    uint32_t b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    store_range(idx, a, 1, 5000);
+    uint64_t v0 = metric_of(idx, "kvpool_indexer_purge_visits_total");
+    for (uint64_t k = 0; k < 200; k++) {
+        uint64_t h = 100000 + k;
+        kvp_idx_op_t ops[2] = {stored(&h, 1, NULL), {.kind = KVP_IDX_CLEARED, .all_media = true}};
+        apply(idx, b, ops, 2, -1);
+    }
+    assert_int_equal(metric_of(idx, "kvpool_indexer_purge_visits_total") - v0, 200);
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 5000), 5000);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 5000);
+    /* one block stored and removed again and again, then a clear: a few entries */
+    uint64_t h = 7;
+    for (int k = 0; k < 5000; k++) {
+        kvp_idx_op_t op = k % 2 == 0 ? stored(&h, 1, NULL) : removed(&h, 1, NULL);
+        apply(idx, b, &op, 1, -1);
+    }
+    store_range(idx, b, 200000, 10);
+    v0 = metric_of(idx, "kvpool_indexer_purge_visits_total");
+    kvp_idx_op_t clear = {.kind = KVP_IDX_CLEARED, .all_media = true};
+    apply(idx, b, &clear, 1, -1);
+    /* at most 4 x its holders + 128 entries: compacted when full past 2 x + 64 */
+    assert_true(metric_of(idx, "kvpool_indexer_purge_visits_total") - v0 <= 4 * 10 + 128);
+    assert_int_equal(held_of(idx, "team-b", "ib", 200000, 10), 0);
+    /* a resync of team-b's publisher: what it holds (3 blocks) */
+    store_range(idx, b, 300000, 3);
+    v0 = metric_of(idx, "kvpool_indexer_purge_visits_total");
+    kvp_idx_wrlock(idx);
+    kvp_idx_resync(idx, b, "gap");
+    kvp_idx_unlock(idx);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_purge_visits_total") - v0, 3);
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 5000), 5000);
+    /* a medium's clear keeps the blocks held on the others (their entries stay) */
+    store_range(idx, a, 1, 2); /* on GPU already */
+    uint64_t two[2] = {1, 2};
+    kvp_idx_op_t cpu = stored(two, 2, "cpu");
+    cpu.envelope = true;
+    apply(idx, a, &cpu, 1, -1);
+    kvp_idx_op_t clear_cpu = {
+        .kind = KVP_IDX_CLEARED, .envelope = true, .medium = "cpu", .medium_len = 3};
+    apply(idx, a, &clear_cpu, 1, -1);
+    assert_non_null(strstr(query(idx, "team-a", "m", 4, two, 2, NULL), "\"GPU\":8,\"CPU\":0,"));
+    /* unregistering team-a: its 5 000 */
+    v0 = metric_of(idx, "kvpool_indexer_purge_visits_total");
+    char names[256] = "";
+    kvp_idx_wrlock(idx);
+    assert_int_equal(kvp_idx_unregister(idx, "ia", "team-a", true, 0, name_cat, names), KVP_OK);
+    kvp_idx_reap(idx);
+    kvp_idx_unlock(idx);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_purge_visits_total") - v0, 5000);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 0);
+    kvp_idx_destroy(idx);
+}
+
+/* Hashes first, first + 1, ... of op (its parent field names first). */
+static void seq_cb(void *arg, const kvp_idx_op_t *op, uint64_t *out)
+{
+    (void)arg;
+    for (size_t k = 0; k < op->n_hashes; k++)
+        out[k] = op->parent + k;
+}
+
+/* One batch of sub: blocks first..first+n stored, then (clear) all of them cleared. */
+static void store_seq(kvp_idx_t *idx, uint32_t sub, uint64_t first, size_t n, bool clear)
+{
+    kvp_idx_op_t ops[2] = {{.kind = KVP_IDX_STORED, .n_hashes = n, .parent = first},
+                           {.kind = KVP_IDX_CLEARED, .all_media = true}};
+    kvp_idx_batch_t b = {.ops = ops, .n_ops = clear ? 2 : 1, .hashes = seq_cb};
+    kvp_idx_wrlock(idx);
+    kvp_idx_apply(idx, sub, &b);
+    kvp_idx_unlock(idx);
+}
+
+/* The subscriber thread, woken after an unregister: the blocks of those unregistered go. */
+static void reap(kvp_idx_t *idx)
+{
+    kvp_idx_wrlock(idx);
+    kvp_idx_reap(idx);
+    kvp_idx_unlock(idx);
+}
+
+static kvp_status_t unreg(kvp_idx_t *idx, const char *inst, const char *tenant, char *names)
+{
+    kvp_idx_wrlock(idx);
+    kvp_status_t st = kvp_idx_unregister(idx, inst, tenant, true, 0, name_cat, names);
+    kvp_idx_unlock(idx);
+    return st;
+}
+
+/* An unregister of a registration holding 100 000 blocks takes it out of every answer at
+ * once, its name free, without walking its blocks; the reap that follows purges them letting
+ * the write lock go between slices (counted), and leaves team-a's blocks whole; so for a
+ * re-register in another scope, which replaces the registration. */
+static void test_unregister_in_slices(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    uint32_t b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    store_range(idx, a, 1, 1000);
+    store_seq(idx, b, 1000000, 100000, false);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 101000);
+    uint64_t s0 = metric_of(idx, "kvpool_indexer_write_slices_total");
+    char names[256] = "";
+    uint64_t v0 = metric_of(idx, "kvpool_indexer_purge_visits_total");
+    assert_int_equal(unreg(idx, "ib", "team-b", names), KVP_OK);
+    assert_string_equal(names, "ib|team-b|0");
+    assert_int_equal(metric_of(idx, "kvpool_indexer_purge_visits_total"), v0);
+    uint64_t h = 1000000;
+    assert_string_equal(query(idx, "team-b", "m", 4, &h, 1, NULL), "{\"team-b\":{}}");
+    assert_int_equal(metric_of(idx, "kvpool_indexer_write_slices_total"), s0);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_registrations_unregistering"), 1);
+    reap(idx);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_registrations_unregistering"), 0);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_purge_visits_total") - v0, 100000);
+    assert_true(metric_of(idx, "kvpool_indexer_write_slices_total") - s0 >= 100000 / 8192);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 1000);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_block_holders"), 1000);
+    assert_int_equal(unreg(idx, "ib", "team-b", names), KVP_ERR_NOT_FOUND);
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 1000), 1000);
+    /* registered again: a registration of its own, holding nothing of the old one's */
+    b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    assert_non_null(strstr(query(idx, "team-b", "m", 4, &h, 1, NULL), "\"longest_matched\":0,"));
+    store_seq(idx, b, 1000000, 100000, false);
+    /* another scope: the old registration's blocks purged in slices, the new one live */
+    kvp_idx_reg_params_t p = {.endpoint = "tcp://b:1",
+                              .replay_endpoint = "",
+                              .type = "vLLM",
+                              .model = "m2",
+                              .lora = "",
+                              .tenant = "team-b",
+                              .instance = "ib",
+                              .salt = "",
+                              .block_size = 4};
+    bool changed;
+    char err[128];
+    s0 = metric_of(idx, "kvpool_indexer_write_slices_total");
+    kvp_idx_wrlock(idx);
+    assert_int_equal(kvp_idx_register(idx, &p, &changed, err, sizeof(err)), KVP_OK);
+    kvp_idx_unlock(idx);
+    assert_true(changed);
+    assert_string_equal(query(idx, "team-b", "m", 4, &h, 1, NULL), "{\"team-b\":{}}");
+    reap(idx);
+    assert_true(metric_of(idx, "kvpool_indexer_write_slices_total") - s0 >= 100000 / 8192);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 1000);
+    assert_non_null(strstr(query(idx, "team-b", "m2", 4, &h, 1, NULL), "\"ib\":{"));
+    assert_string_equal(query(idx, "team-b", "m", 4, &h, 1, NULL), "{\"team-b\":{}}");
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 1000), 1000);
+    kvp_idx_destroy(idx);
+}
+
+/* A registration unregistered counts towards its tenant's cap until its blocks are reaped: a
+ * tenant unregistering in a loop holds no more slots than its cap; another tenant is not
+ * refused meanwhile. */
+static void test_unregistered_count_until_reaped(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    kvp_idx_set_tenant_caps(idx, 1, 0);
+    uint32_t b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    store_seq(idx, b, 1, 20000, false);
+    char names[64] = "";
+    assert_int_equal(unreg(idx, "ib", "team-b", names), KVP_OK);
+    kvp_idx_reg_params_t p = {.endpoint = "tcp://b:1",
+                              .replay_endpoint = "",
+                              .type = "vLLM",
+                              .model = "m",
+                              .lora = "",
+                              .tenant = "team-b",
+                              .instance = "ib",
+                              .salt = "",
+                              .block_size = 4};
+    const char *reason = NULL;
+    p.reason_p = &reason;
+    bool changed;
+    char err[256];
+    kvp_idx_wrlock(idx);
+    assert_int_equal(kvp_idx_register(idx, &p, &changed, err, sizeof(err)), KVP_ERR_TOO_MANY);
+    kvp_idx_unlock(idx);
+    assert_string_equal(reason, "tenant_registrations");
+    assert_non_null(strstr(err, "still being dropped"));
+    (void)reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    reap(idx);
+    (void)reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    kvp_idx_destroy(idx);
+}
+
+typedef struct racer {
+    kvp_idx_t *idx;
+    uint32_t sub;
+    _Atomic bool stop;
+    _Atomic uint64_t batches; /* applied so far */
+} racer_t;
+
+/* The subscriber thread: team-b's publisher storing 20 000 blocks and clearing them, and the
+ * blocks of those unregistered reaped after each batch. */
+static void *batches(void *arg)
+{
+    racer_t *x = arg;
+    for (uint64_t k = 0; !atomic_load(&x->stop); k++) {
+        store_seq(x->idx, x->sub, 1000000 + (k % 4) * 5000, 20000, k % 3 == 0);
+        reap(x->idx);
+        atomic_fetch_add(&x->batches, 1);
+    }
+    return NULL;
+}
+
+/* HTTP threads: one name of team-b registered and unregistered again and again. */
+static void *churn(void *arg)
+{
+    racer_t *x = arg;
+    kvp_idx_reg_params_t p = {.endpoint = "tcp://b:1",
+                              .replay_endpoint = "",
+                              .type = "vLLM",
+                              .model = "m",
+                              .lora = "",
+                              .tenant = "team-b",
+                              .instance = "ib",
+                              .salt = "",
+                              .block_size = 4};
+    for (uint64_t k = 0; k < 40; k++) {
+        while (atomic_load(&x->batches) < k) /* a batch or more between turns */
+            sched_yield();
+        bool changed;
+        char err[128], names[4096] = "";
+        kvp_idx_wrlock(x->idx);
+        (void)kvp_idx_register(x->idx, &p, &changed, err, sizeof(err));
+        kvp_idx_unlock(x->idx);
+        (void)unreg(x->idx, "ib", "team-b", names);
+    }
+    return NULL;
+}
+
+/* Two threads register and unregister the same name while batches of its publisher are
+ * applied in slices and reaped (a batch's clear stops when its registration went meanwhile; a
+ * slot is taken again only once reaped): no registration is found twice, and after it all
+ * team-b's blocks are gone with its registrations and team-a's are whole (under ASan: nothing
+ * freed is touched). */
+static void test_unregister_races(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    /* ib2 keeps team-b's subscription alive while ib comes and goes */
+    racer_t x = {.idx = idx, .sub = reg(idx, "tcp://b:1", "vLLM", "ib2", "team-b", 0)};
+    store_range(idx, a, 1, 1000);
+    pthread_t t[3];
+    assert_int_equal(pthread_create(&t[0], NULL, batches, &x), 0);
+    assert_int_equal(pthread_create(&t[1], NULL, churn, &x), 0);
+    assert_int_equal(pthread_create(&t[2], NULL, churn, &x), 0);
+    pthread_join(t[1], NULL);
+    pthread_join(t[2], NULL);
+    atomic_store(&x.stop, true);
+    pthread_join(t[0], NULL);
+    char names[256] = "";
+    (void)unreg(idx, "ib", "team-b", names);
+    assert_int_equal(unreg(idx, "ib2", "team-b", names), KVP_OK);
+    reap(idx);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 1000);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_block_holders"), 1000);
+    assert_int_equal(held_of(idx, "team-a", "ia", 1, 1000), 1000);
+    assert_true(atomic_load(&x.batches) >= 40);
+    assert_true(metric_of(idx, "kvpool_indexer_write_slices_total") >= 80);
+    kvp_idx_destroy(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hash_vectors),  cmocka_unit_test(test_runs),
-        cmocka_unit_test(test_engine_hashes), cmocka_unit_test(test_ranks_tenants_clear),
-        cmocka_unit_test(test_max_blocks),    cmocka_unit_test(test_maps_outlive_blocks),
-        cmocka_unit_test(test_two_hashings),  cmocka_unit_test(test_many_holders),
+        cmocka_unit_test(test_hash_vectors),
+        cmocka_unit_test(test_runs),
+        cmocka_unit_test(test_engine_hashes),
+        cmocka_unit_test(test_ranks_tenants_clear),
+        cmocka_unit_test(test_max_blocks),
+        cmocka_unit_test(test_maps_outlive_blocks),
+        cmocka_unit_test(test_two_hashings),
+        cmocka_unit_test(test_many_holders),
         cmocka_unit_test(test_model),
+        cmocka_unit_test(test_tenant_budgets),
+        cmocka_unit_test(test_purge_costs_what_it_holds),
+        cmocka_unit_test(test_unregister_in_slices),
+        cmocka_unit_test(test_unregistered_count_until_reaped),
+        cmocka_unit_test(test_unregister_races),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
