@@ -26,7 +26,9 @@
 #include "client/api.h"
 #include "client/client_priv.h"
 #include "client/xfer_sessions.h"
+#include "client/control/key_scope.h"
 #include "client/ssd/dfs.h"
+#include "common/acl.h"
 #include "common/log.h"
 #include "common/macros.h"
 #include "common/parse.h"
@@ -254,6 +256,16 @@ static kvp_status_t other_params(kvp_client_t *c)
         snprintf(c->xfer.dfs_dir, sizeof(c->xfer.dfs_dir), "%s", p->dfs_path);
         c->xfer.first = &kvp_transport_dfs_ops;
     }
+    /* Mooncake's tenant_id ("default": none, as its default); its scope: key_scope_start */
+    p->tenant_id = param_env(p->tenant_id, c->env.tenant_id);
+    if (p->tenant_id != NULL && strcmp(p->tenant_id, "default") == 0)
+        p->tenant_id = NULL;
+    if (p->tenant_id != NULL && !kvp_tenant_name_valid(p->tenant_id, strlen(p->tenant_id))) {
+        kvp_api_fail("create: tenant_id (KVPOOL_TENANT_ID) must be a tenant's name of 1..63 bytes "
+                     "of A-Z a-z 0-9 . _ - (got %zu bytes that are not)",
+                     strlen(p->tenant_id));
+        return KVP_ERR_INVALID_ARG;
+    }
     if (p->segment_tenant != NULL &&
         (p->segment_tenant[0] == '\0' || strlen(p->segment_tenant) > 63)) {
         kvp_api_fail("create: segment_tenant must be a tenant's name of 1..63 bytes");
@@ -301,6 +313,51 @@ static void leader_changed(void *arg, const char *leader)
     kvp_ssd_owner_follow(c->dfs, leader);
 }
 
+/*
+ * The namespace of this client's keys (client/control/key_scope.h), before any call names
+ * one. A credential (a certificate or token, over TLS) that a master's ACL names binds the
+ * principal's tenant: the master scopes the keys, and a tenant_id that is not that tenant
+ * is refused (never ignored). Without one (no TLS, no credential, or a master with no ACL,
+ * which answers Auth KVP_ERR_UNSUPPORTED) the tenant_id is the keys' namespace, as in
+ * Mooncake, and a client of none has the default one.
+ */
+static kvp_status_t key_scope_start(kvp_client_t *c)
+{
+    const char *tid = c->params.tenant_id;
+    kvp_key_scope_t scope = {.on = true};
+    if (tid != NULL) {
+        scope.ns_len = strlen(tid); /* (checked: 1..63 bytes) */
+        memcpy(scope.ns, tid, scope.ns_len + 1);
+    }
+    bool credential = c->tls != NULL &&
+                      (c->token != NULL || param_env(c->params.tls_cert, c->env.tls_cert) != NULL);
+    if (credential) {
+        Kvpool__AuthRequest req = KVPOOL__AUTH_REQUEST__INIT; /* empty: who am I */
+        kvp_status_t st;
+        Kvpool__AuthResponse *who = kvp_session_call_unpack(
+            c->session, KVP_RPC_AUTH, &req.base, &kvpool__auth_response__descriptor, &st);
+        if (st == KVP_OK) {
+            scope.on = false; /* the master scopes by the credential */
+            bool mine = tid == NULL || strcmp(tid, who->tenant) == 0;
+            if (!mine)
+                kvp_api_fail("create: tenant_id %s is not this client's tenant: its credential "
+                             "names principal %s of tenant %s, and the master keeps tenants "
+                             "apart by the credential (give tenant_id %s, or none)",
+                             tid, who->principal, who->tenant, who->tenant);
+            kvpool__auth_response__free_unpacked(who, NULL);
+            if (!mine)
+                return KVP_ERR_DENIED;
+        } else if (st != KVP_ERR_UNSUPPORTED) { /* (UNSUPPORTED: no ACL, no tenants) */
+            kvp_api_fail("create: the master did not say which tenant this client's credential "
+                         "binds (Auth): %s",
+                         kvp_strerror(st));
+            return st;
+        }
+    }
+    kvp_session_set_key_scope(c->session, &scope);
+    return KVP_OK;
+}
+
 /* The session with the master (mounting the segment), the heartbeat, the record thread;
  * the segment takes puts when this returns. */
 static kvp_status_t control_start(kvp_client_t *c)
@@ -329,6 +386,9 @@ static kvp_status_t control_start(kvp_client_t *c)
             kvp_api_fail("create: %s", why);
         return st;
     }
+    st = key_scope_start(c);
+    if (st != KVP_OK)
+        return st;
     kvp_heartbeat_params_t hp = {.drain = kvp_client_drain_params(c),
                                  .client_id = c->client_id,
                                  .interval_ms = c->params.heartbeat_ms,
@@ -585,6 +645,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     c->params.auth = NULL;
     c->params.segment_tenant = NULL;
     c->params.segment_file = NULL;
+    c->params.tenant_id = NULL;
     *client_p = c;
     return KVP_OK;
 

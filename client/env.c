@@ -160,6 +160,14 @@ static const kvp_opt_t env_rows[] = {
      F(token),
      .help = "token: the principal's token, sent on every new connection to the master, over "
              "TLS only (needs a CA)"},
+    {.name = "tenant-id",
+     .env = "KVPOOL_TENANT_ID",
+     .type = KVP_OPT_STRING,
+     .flags = STR,
+     .arg = "NAME",
+     F(tenant_id),
+     .help = "tenant_id: Mooncake's tenant id; without a credential that binds a tenant, the "
+             "namespace of this client's keys; with one, its tenant or refused"},
     {.name = "etcd-cacert",
      .env = "KVPOOL_ETCD_CACERT",
      .type = KVP_OPT_STRING,

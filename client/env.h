@@ -33,6 +33,7 @@ typedef struct kvp_client_env {
     const char *tls_key;      /* KVPOOL_TLS_KEY */
     const char *tls_ca;       /* KVPOOL_TLS_CA */
     const char *token;        /* KVPOOL_TOKEN */
+    const char *tenant_id;    /* KVPOOL_TENANT_ID */
     kvp_etcd_security_t etcd; /* KVPOOL_ETCD_CACERT, _CERT, _KEY, _USER, _PASSWORD_FILE */
     int rdma_windows;         /* KVPOOL_RDMA_WINDOWS: KVP_RDMA_WINDOWS_* */
     unsigned rdma_qp_cap;     /* KVPOOL_RDMA_QP_CAP; 0: the transport's default */

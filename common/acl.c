@@ -84,6 +84,24 @@ static bool parse_patterns(kvp_principal_t *p, char *v)
     return p->n_patterns > 0;
 }
 
+/*
+ * A line holding a NUL or another control character (tab and the line's end aside) is
+ * refused whole: a name is what it looks like, so `ali\0ce` never becomes principal `ali`,
+ * nor a name with an invisible byte a second principal or tenant that prints as the first.
+ */
+static const char *line_chars_refused(const char *line, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)line[i];
+        if (c == '\0')
+            return "a NUL byte in the line (names, keys and values are text)";
+        if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7f)
+            return "a control character in the line (names, keys and values are printable "
+                   "text)";
+    }
+    return NULL;
+}
+
 /* One "key = value" line of a principal's section. A sentence when it is wrong. */
 static const char *set_field(kvp_principal_t *p, const char *k, char *v)
 {
@@ -97,6 +115,8 @@ static const char *set_field(kvp_principal_t *p, const char *k, char *v)
     } else if (strcmp(k, "cert-cn") == 0) {
         if (v[0] == '\0' || strlen(v) >= sizeof(p->cert_cn))
             return "cert-cn needs a name of 1..255 bytes";
+        if (strchr(v, '\t') != NULL)
+            return "cert-cn holds a tab (a certificate's CN is printable text)";
         snprintf(p->cert_cn, sizeof(p->cert_cn), "%s", v);
     } else if (strcmp(k, "token-sha256") == 0) {
         if (strlen(v) != 64)
@@ -226,8 +246,11 @@ kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t
     const char *why = NULL;
     kvp_principal_t *cur = NULL;
     kvp_tenant_conf_t *cur_t = NULL;
-    while (why == NULL && getline(&line, &cap, f) >= 0) {
+    ssize_t got;
+    while (why == NULL && (got = getline(&line, &cap, f)) >= 0) {
         lineno++;
+        if ((why = line_chars_refused(line, (size_t)got)) != NULL)
+            break;
         char *s = trim(line);
         if (s[0] == '\0' || s[0] == '#' || s[0] == ';')
             continue;
@@ -254,6 +277,10 @@ kvp_status_t kvp_acl_load(const char *path, kvp_acl_t **acl_p, char *err, size_t
             name = trim(name + 9);
             if (name[0] == '\0' || strlen(name) >= KVP_ACL_NAME_MAX) {
                 why = "a principal needs a name of 1..127 bytes";
+                break;
+            }
+            if (strchr(name, '\t') != NULL) {
+                why = "a principal's name holds a tab (names are printable text)";
                 break;
             }
             cur = add_principal(acl, name);

@@ -14,11 +14,16 @@
  * closes it. Each connection's turn handles at most TURN_FRAMES frames or
  * TURN_NS of work, then the others get theirs (what it sent besides waits,
  * held, for its next turn), so no peer holds the loop however much it
- * pipelines. Either way every other connection is unaffected. SIGTERM/SIGINT arrive on a signalfd
+ * pipelines. With an ACL that budget is a principal's, not a connection's: the
+ * connections of one principal share one TURN_FRAMES and TURN_NS per loop turn (served in
+ * their order from the held list; those left over wait, ON_WAIT, and go first at the next
+ * turn), so a principal that opens many connections gets no more of the loop than with
+ * one, while TLS handshakes and the unauthenticated progress at every loop turn.
+ * Either way every other connection is unaffected. SIGTERM/SIGINT arrive on a signalfd
  * and end the loop (SIGHUP reloads the credentials); everything is freed on the way out.
  *
  * What a peer may hold (docs/security.md, "Admission limits"): connections in
- * all, per peer address and before authentication are capped
+ * all, per peer address, per principal and before authentication are capped
  * (master/auth/admission.c decides, at the accept, before any TLS state is
  * made); an accept that fails for want of descriptors closes the pending
  * connection through a reserved descriptor, or stops watching the listener
@@ -94,9 +99,11 @@
 #define FD_RESERVE 64u
 
 /* The lists a connection can be on: every connection (shutdown, liveness), those held at
- * their last turn in the order they are to be served (serve_held), those whose replies wait
- * for record streams (record gates). One pair of links each, appended at the tail. */
-enum { ON_ALL, ON_HELD, ON_GATED, N_LISTS };
+ * their last turn in the order they are to be served (serve_held), those held whose
+ * principal had its share of this loop turn (served first at the next: serve_held), those
+ * whose replies wait for record streams (record gates). One pair of links each, appended
+ * at the tail. */
+enum { ON_ALL, ON_HELD, ON_WAIT, ON_GATED, N_LISTS };
 
 typedef struct conn {
     int fd;
@@ -108,6 +115,9 @@ typedef struct conn {
     bool want_out;       /* EPOLLOUT armed */
     bool out_paused;     /* EPOLLIN off, requests not read: its replies are not read (out_full) */
     bool held;           /* its turn ended with input left: served again next turn (serve_held) */
+    bool waiting;        /* held, on ON_WAIT: its principal's share of the turn was spent */
+    bool again;          /* the first frame in `in` is a keys batch under way: called again
+                          * at its next turn (st->call_again), not timed as a frame begun */
     uint64_t turn;       /* the loop's turn it was last served in */
     bool close_after;    /* close once the output queue is flushed */
     bool refuse;         /* protected mode, a peer of another host: refused at its first header */
@@ -115,7 +125,7 @@ typedef struct conn {
     kvp_caller_t caller; /* who is calling (master/auth/admission.h) */
     uint64_t last_rx_ms; /* when a whole frame last arrived: liveness for --client-ttl */
     uint64_t frame_start_ms; /* when the first byte of the frame in `in` arrived (0: none) */
-    /* its links on the server's lists (srv->lists: ON_ALL, ON_HELD, ON_GATED) */
+    /* its links on the server's lists (srv->lists: ON_ALL, ON_HELD, ON_WAIT, ON_GATED) */
     struct conn *link_next[N_LISTS], *link_prev[N_LISTS];
     uint64_t sent_total; /* bytes of its output the socket ever took (a record stream's: gates) */
     uint64_t stream_seg; /* it carries this segment's record changes (SegRecord; 0: none):
@@ -170,7 +180,7 @@ struct kvp_master_server {
     uint64_t next_conn_id;
     struct conn_list {
         conn_t *head, *tail;
-    } lists[N_LISTS]; /* ON_ALL, ON_HELD, ON_GATED */
+    } lists[N_LISTS]; /* ON_ALL, ON_HELD, ON_WAIT, ON_GATED */
     unsigned n_conns;
     kvp_master_state_t state;
     parked_t *parked;
@@ -196,7 +206,8 @@ struct kvp_master_server {
     uint64_t in_extra;         /* input buffers past READ_CHUNK, all connections together */
     uint64_t out_queued;       /* replies queued and not written, all connections together */
     uint64_t turn;             /* the loop's turns, counted */
-    unsigned n_held;           /* connections held (input left over from their turn) */
+    unsigned n_held;           /* connections held (input left over from their turn), waiting
+                                * ones included */
     unsigned n_doomed;         /* connections to be closed at the end of the turn */
     bool closing_all;          /* close_all is closing every connection */
     uint64_t *turn_dirty;      /* segments a turn changed (scratch, kept) */
@@ -204,7 +215,9 @@ struct kvp_master_server {
 };
 
 /* What one connection's turn may take of the loop (frames handled, time): then the others
- * get theirs, and what is left of its input waits, held, for its next turn. */
+ * get theirs, and what is left of its input waits, held, for its next turn. With an ACL
+ * this is what all the connections of one principal take of one loop turn together
+ * (turn_start): the rest of them wait for the next, served first then (ON_WAIT). */
 #define TURN_FRAMES 64u
 #define TURN_NS (5ull * 1000000ull)
 /* Replies queued for one connection past which the master reads no more of its requests
@@ -214,13 +227,13 @@ struct kvp_master_server {
 
 typedef struct turn {
     uint64_t end_ns;
-    unsigned frames;
+    unsigned frames, max_frames;
     size_t bytes; /* read in this turn (READ_BUDGET) */
 } turn_t;
 
 static bool turn_over(const turn_t *t)
 {
-    return t->frames >= TURN_FRAMES || kvp_now_ns() >= t->end_ns;
+    return t->frames >= t->max_frames || kvp_now_ns() >= t->end_ns;
 }
 
 static size_t out_backlog(const conn_t *c)
@@ -273,9 +286,50 @@ static void hold(kvp_master_server_t *srv, conn_t *c, bool on)
         list_append(srv, ON_HELD, c);
         srv->n_held++;
     } else {
-        list_unlink(srv, ON_HELD, c);
+        list_unlink(srv, c->waiting ? ON_WAIT : ON_HELD, c);
+        c->waiting = false;
         srv->n_held--;
     }
+}
+
+/* c's principal had its share of this loop turn: c waits, held, on ON_WAIT, whose
+ * connections serve_held serves first at the next turn, in the order they came. */
+static void wait_turn(kvp_master_server_t *srv, conn_t *c)
+{
+    if (c->waiting)
+        return;
+    if (c->held) {
+        list_unlink(srv, ON_HELD, c);
+    } else {
+        c->held = true;
+        srv->n_held++;
+    }
+    list_append(srv, ON_WAIT, c);
+    c->waiting = true;
+}
+
+/*
+ * The budget of c's turn: TURN_NS and TURN_FRAMES, or with a principal (an ACL) what its
+ * connections left of them in this loop turn, so that a principal takes one connection's
+ * share of the loop however many connections it opens. false: nothing is left (c waits).
+ */
+static bool turn_start(kvp_master_server_t *srv, conn_t *c, turn_t *t)
+{
+    uint64_t now = kvp_now_ns();
+    *t = (turn_t){.end_ns = now + TURN_NS, .max_frames = TURN_FRAMES};
+    kvp_principal_conns_t *pc = c->caller.pc;
+    if (pc == NULL)
+        return true;
+    if (pc->turn != srv->turn) {
+        pc->turn = srv->turn;
+        pc->spent_ns = 0;
+        pc->frames = 0;
+    }
+    if (pc->spent_ns >= TURN_NS || pc->frames >= TURN_FRAMES)
+        return false;
+    t->end_ns = now + (TURN_NS - pc->spent_ns);
+    t->max_frames = TURN_FRAMES - pc->frames;
+    return true;
 }
 
 /* Take c off the gated list (record gates, below), its gates gone. */
@@ -817,6 +871,7 @@ static kvp_status_t dispatch_one(kvp_master_server_t *srv, conn_t *c, const kvp_
                                  char *errmsg, size_t errmsg_len)
 {
     if (h->method & KVP_RPC_RESPONSE_BIT) {
+        c->again = false;
         snprintf(errmsg, errmsg_len, "a response frame sent to the master");
         return KVP_ERR_PROTOCOL;
     }
@@ -824,10 +879,14 @@ static kvp_status_t dispatch_one(kvp_master_server_t *srv, conn_t *c, const kvp_
         /* a standby, or a leader not sure of its lease: nothing is answered, nothing
          * changes (fencing) */
         kvp_leadership_not_leader_msg(&srv->ha, errmsg, errmsg_len);
+        c->again = false; /* (a batch under way ends here: its keys done so far stay done) */
         return KVP_ERR_NOT_LEADER;
     }
     srv->state.may_park = true;
     srv->state.park_retry = false;
+    srv->state.may_continue = true;
+    srv->state.call_again = c->again; /* in: this request again; out: not answered yet */
+    c->again = false;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     srv->state.call_has_fd = true;
@@ -835,7 +894,14 @@ static kvp_status_t dispatch_one(kvp_master_server_t *srv, conn_t *c, const kvp_
     kvp_status_t s = kvp_dispatch_handle(&srv->state, c->id, c->caller.who, h->method, body,
                                          h->body_len, resp_p, rlen_p, errmsg, errmsg_len);
     srv->state.call_has_fd = false;
+    srv->state.may_continue = false;
+    c->again = srv->state.call_again;
+    srv->state.call_again = false;
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (c->again) { /* under way: counted and audited once, when it is answered */
+        srv->state.may_park = false;
+        return s;
+    }
     if (s == KVP_ERR_DENIED) {
         char peer[80];
         kvp_sock_peer_name(c->fd, peer, sizeof(peer));
@@ -944,9 +1010,24 @@ static void note_authenticated(kvp_master_server_t *srv, conn_t *c, bool whole_f
         kvp_admission_authenticated(&srv->limits, &c->caller);
 }
 
+static void close_with(kvp_master_server_t *srv, conn_t *c, kvp_status_t status, const char *msg);
+
+/* c's TLS handshake ended: a certificate the ACL names makes its principal, which counts
+ * its connections (--max-connections-per-principal). false: c was closed, told why. */
+static bool note_cert(kvp_master_server_t *srv, conn_t *c)
+{
+    kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
+    note_authenticated(srv, c, false);
+    kvp_admission_reply_t a;
+    if (kvp_admission_principal(&srv->limits, &c->caller, &srv->state.stats, &a))
+        return true;
+    close_with(srv, c, a.status, a.msg);
+    return false;
+}
+
 /* Dispatch the whole frames in the input buffer, while c's turn lasts and its replies are
  * read (out_full); what is left stays for its next turn. false: close the connection. */
-static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
+static bool process_frames(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
 {
     if (c->refuse) {
         if (c->in_len >= KVP_RPC_HDR_LEN && !c->close_after)
@@ -985,7 +1066,10 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
         kvp_admission_reply_t a;
         if (srv->cred.acl != NULL &&
             !kvp_admission_admit(srv->cred.acl, &c->caller, &srv->state.stats, &h, body, &a)) {
+            /* (an Auth that named the principal: counted among its connections, or refused) */
+            (void)kvp_admission_principal(&srv->limits, &c->caller, &srv->state.stats, &a);
             answer(srv, c, &h, &a);
+            c->again = false; /* (a batch under way refused now: answered, it ends) */
             off += flen;
             continue;
         }
@@ -993,6 +1077,12 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
         size_t rlen = 0;
         char errmsg[256] = "";
         s = dispatch_one(srv, c, &h, body, &resp, &rlen, errmsg, sizeof(errmsg));
+        if (c->again) { /* a batch under way: this frame again at c's next turn, its turn
+                         * over now (the frames behind it wait: their order is kept) */
+            free(resp);
+            turn->frames = turn->max_frames;
+            break;
+        }
         if (h.method == KVP_RPC_ADOPT)
             c->adopted = true; /* gate_turn */
         bool ok = finish_one(srv, c, &h, body, s, resp, rlen, errmsg);
@@ -1011,6 +1101,26 @@ static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
         note_authenticated(srv, c, true);
     }
     return true;
+}
+
+/* process_frames, what it took charged to c's principal's share of this loop turn
+ * (turn_start; before c may close: the count goes with its last connection). */
+static bool process_input(kvp_master_server_t *srv, conn_t *c, turn_t *turn)
+{
+    uint64_t t0 = kvp_now_ns();
+    unsigned f0 = turn->frames;
+    bool ok = process_frames(srv, c, turn);
+    kvp_principal_conns_t *pc = c->caller.pc; /* (named in this turn: charged from now on) */
+    if (pc != NULL) {
+        if (pc->turn != srv->turn) {
+            pc->turn = srv->turn;
+            pc->spent_ns = 0;
+            pc->frames = 0;
+        }
+        pc->spent_ns += kvp_now_ns() - t0;
+        pc->frames += turn->frames - f0;
+    }
+    return ok;
 }
 
 /*
@@ -1107,10 +1217,8 @@ static ssize_t read_some(kvp_master_server_t *srv, conn_t *c)
             if (n == KVP_TLS_WANT_READ || n == KVP_TLS_WANT_WRITE) {
                 if (n == KVP_TLS_WANT_WRITE)
                     set_events(srv, c, true);
-                if (!c->caller.cert_checked && kvp_tls_established(c->ssl)) {
-                    kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
-                    note_authenticated(srv, c, false);
-                }
+                if (!c->caller.cert_checked && kvp_tls_established(c->ssl) && !note_cert(srv, c))
+                    return -1;
                 return 0;
             }
             if (n < 0) {
@@ -1122,10 +1230,8 @@ static ssize_t read_some(kvp_master_server_t *srv, conn_t *c)
                 conn_close(srv, c);
                 return -1;
             }
-            if (n > 0 && !c->caller.cert_checked) {
-                kvp_admission_check_cert(srv->cred.acl, &c->caller, c->ssl);
-                note_authenticated(srv, c, false);
-            }
+            if (n > 0 && !c->caller.cert_checked && !note_cert(srv, c))
+                return -1;
         } else {
             n = recv(c->fd, c->in + c->in_len, c->in_cap - c->in_len, 0);
         }
@@ -1151,8 +1257,12 @@ static ssize_t read_some(kvp_master_server_t *srv, conn_t *c)
  */
 static void on_readable(kvp_master_server_t *srv, conn_t *c)
 {
+    turn_t turn;
+    if (!turn_start(srv, c, &turn)) {
+        wait_turn(srv, c); /* its principal's other connections took this loop turn's share */
+        return;
+    }
     push_records(srv); /* changes made before this turn are not this turn's (gate_turn) */
-    turn_t turn = {.end_ns = kvp_now_ns() + TURN_NS};
     c->turn = srv->turn;
     hold(srv, c, false);
     bool more = c->in_len > 0; /* what an earlier turn left */
@@ -1164,8 +1274,8 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
                 conn_close(srv, c);
                 return;
             }
-            if (c->in_len == 0)
-                c->frame_start_ms = 0;
+            if (c->in_len == 0 || c->again)
+                c->frame_start_ms = 0; /* (a batch under way is whole: no frame begun) */
             else if (c->frame_start_ms == 0)
                 c->frame_start_ms = srv->state.now_ms; /* a frame begun: --frame-timeout */
             if (c->close_after)
@@ -1203,11 +1313,25 @@ static void on_readable(kvp_master_server_t *srv, conn_t *c)
 /* Give each connection held at its last turn (input left) its next one; a connection served
  * in this turn already, or whose output is paused, waits for the next. Each is taken from
  * the head of the held list and put back at its tail (on_readable lets it go if its input
- * is done), so a walk costs what is held, not every connection times that. One served may
- * close others (a record stream whose write fails: they leave the list), hence the count
- * rather than a pointer kept across the call. */
+ * is done), so a walk costs what is held, not every connection times that. Those that
+ * waited for their principal's share (ON_WAIT) go first, in their order, so that each of a
+ * principal's connections gets its turn. One served may close others (a record stream
+ * whose write fails: they leave the list), hence the count rather than a pointer kept
+ * across the call. */
 static void serve_held(kvp_master_server_t *srv)
 {
+    for (conn_t *w; (w = srv->lists[ON_WAIT].tail) != NULL;) {
+        list_unlink(srv, ON_WAIT, w);
+        w->waiting = false;
+        struct conn_list *h = &srv->lists[ON_HELD]; /* (to its head) */
+        w->link_prev[ON_HELD] = NULL;
+        w->link_next[ON_HELD] = h->head;
+        if (h->head != NULL)
+            h->head->link_prev[ON_HELD] = w;
+        else
+            h->tail = w;
+        h->head = w;
+    }
     for (unsigned left = srv->n_held; left > 0 && srv->lists[ON_HELD].head != NULL; left--) {
         conn_t *c = srv->lists[ON_HELD].head;
         list_unlink(srv, ON_HELD, c);
@@ -1889,6 +2013,15 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
                     /* closed at the end of the turn (close_doomed) */
                 } else if (c->out_paused && (evs[i].events & (EPOLLHUP | EPOLLERR))) {
                     conn_close(srv, c); /* gone without reading its replies */
+                } else if (c->caller.pc != NULL &&
+                           (evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) {
+                    /* a principal's connection: served in serve_held, in its order with
+                     * the principal's others (its share of the turn), never ahead of them;
+                     * what it may be sent goes now */
+                    if ((evs[i].events & EPOLLOUT) && !flush_out(srv, c))
+                        conn_close(srv, c);
+                    else if (!c->held)
+                        hold(srv, c, true);
                 } else if ((evs[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ||
                            (c->ssl != NULL && !kvp_tls_established(c->ssl))) {
                     /* (a TLS handshake that waited to write goes on reading) */

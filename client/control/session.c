@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "client/control/session.h"
+#include "client/control/key_scope.h"
 #include "client/mem/scratch.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -38,6 +39,7 @@ struct kvp_session {
     kvp_segment_t *seg;
     kvp_peers_t *peers;
     uint64_t client_id;
+    kvp_key_scope_t scope; /* the keys' namespace without a credential's tenant (key_scope.h) */
     /* read leases to hand back, kept while there is no master connection */
     pthread_mutex_t rel_lock;
     uint64_t *rel_ids;
@@ -298,17 +300,30 @@ void kvp_session_lease_release(kvp_session_t *s, const uint64_t *ids, size_t n)
     }
 }
 
+void kvp_session_set_key_scope(kvp_session_t *s, const kvp_key_scope_t *scope)
+{
+    s->scope = *scope;
+}
+
 kvp_status_t kvp_session_call(kvp_session_t *s, uint16_t method, const ProtobufCMessage *req,
                               uint8_t **resp_p, size_t *resp_len_p)
 {
-    size_t len = req ? protobuf_c_message_get_packed_size(req) : 0;
-    if (len > KVP_RPC_MAX_BODY)
-        return KVP_ERR_FRAME_TOO_LARGE;
-    uint8_t *body = pack_buf(len);
-    if (body == NULL)
-        return KVP_ERR_NOMEM;
-    if (req)
+    /* the caller's keys in its namespace, for the packing only (key_scope.h) */
+    size_t mark = kvp_scratch_mark();
+    kvp_key_scope_undo_t undo;
+    kvp_status_t st = kvp_key_scope_apply(&s->scope, method, (ProtobufCMessage *)req, &undo);
+    size_t len = st == KVP_OK && req ? protobuf_c_message_get_packed_size(req) : 0;
+    uint8_t *body = NULL;
+    if (st == KVP_OK && len > KVP_RPC_MAX_BODY)
+        st = KVP_ERR_FRAME_TOO_LARGE;
+    else if (st == KVP_OK && (body = pack_buf(len)) == NULL)
+        st = KVP_ERR_NOMEM;
+    if (st == KVP_OK && req)
         protobuf_c_message_pack(req, body);
+    kvp_key_scope_undo(&undo);
+    kvp_scratch_release(mark);
+    if (st != KVP_OK)
+        return st;
     return kvp_mconn_call(s->mc, method, body, len, resp_p, resp_len_p);
 }
 

@@ -42,6 +42,10 @@ kvp_status_t kvp_session_open(const kvp_session_params_t *params, kvp_session_t 
 void kvp_session_close(kvp_session_t *s);
 /* Its connection (for its address, state and counters). */
 kvp_mconn_t *kvp_session_mconn(kvp_session_t *s);
+struct kvp_key_scope;
+/* The namespace of the keys its calls name (client/control/key_scope.h), set once, before
+ * any call names a key (copied). */
+void kvp_session_set_key_scope(kvp_session_t *s, const struct kvp_key_scope *scope);
 
 /* Master RPC with reconnect (and remount of the segment) on a broken connection. The reply
  * is the thread's buffer (valid until its next call). */

@@ -104,6 +104,15 @@ typedef struct kvp_client_params {
      * $KVPOOL_DFS_PATH (and $KVPOOL_DFS_SIZE), else none. */
     const char *dfs_path;
     uint64_t dfs_size;
+    /* Mooncake's tenant_id (docs/python.md, "Tenant ids"): 1..63 bytes of A-Z a-z 0-9 . _ -.
+     * Without a credential that binds a tenant (no token or certificate a master's ACL
+     * names), it is a key namespace: this client's keys are stored apart from every other
+     * tenant_id's and the default namespace's, so exist, get, put, remove, list and
+     * remove_all never see another's. With such a credential, it must be the principal's
+     * own tenant: another is refused by create with KVP_ERR_DENIED (the master already keeps
+     * tenants apart by the credential). NULL: $KVPOOL_TENANT_ID; unset, "" or "default": the
+     * default namespace (with a credential, the principal's tenant). */
+    const char *tenant_id;
 } kvp_client_params_t;
 
 /* Fill `params` with defaults (all fields above as documented). */

@@ -86,8 +86,12 @@ static void handle_auth(const kvp_acl_t *acl, kvp_caller_t *c, kvp_master_stats_
                         const kvp_rpc_hdr_t *h, uint8_t *body, kvp_admission_reply_t *reply)
 {
     Kvpool__AuthRequest *req = kvpool__auth_request__unpack(NULL, h->body_len, body);
-    const kvp_principal_t *who =
-        req != NULL ? kvp_acl_by_token(acl, req->token.data, req->token.len) : NULL;
+    /* an empty token on a connection that has its principal (its certificate's): who it is
+     * (a client checks its tenant_id against it: client/client.c) */
+    const kvp_principal_t *who = req == NULL ? NULL
+                                 : req->token.len == 0 && c->who != NULL
+                                     ? c->who
+                                     : kvp_acl_by_token(acl, req->token.data, req->token.len);
     if (req != NULL) {
         OPENSSL_cleanse(req->token.data, req->token.len);
         kvpool__auth_request__free_unpacked(req, NULL);
@@ -188,11 +192,20 @@ void kvp_admission_limits_init(kvp_admission_limits_t *l, const kvp_master_confi
     l->max_conns_per_peer = cfg->max_conns_per_peer;
     l->max_unauth = cfg->max_unauth;
     l->max_unauth_per_peer = cfg->max_unauth_per_peer;
+    l->max_conns_per_principal = cfg->max_conns_per_principal;
     l->seed = kvp_random_u64();
 }
 
 void kvp_admission_limits_cleanup(kvp_admission_limits_t *l)
 {
+    for (uint32_t b = 0; b < l->n_pbuckets; b++)
+        for (kvp_principal_conns_t *p = l->pbuckets[b], *next; p != NULL; p = next) {
+            next = p->next;
+            free(p);
+        }
+    free(l->pbuckets);
+    l->pbuckets = NULL;
+    l->n_pbuckets = l->n_principals = 0;
     free(l->slots);
     l->slots = NULL;
     l->n_slots = l->n_used = 0;
@@ -391,8 +404,99 @@ void kvp_admission_authenticated(kvp_admission_limits_t *l, kvp_caller_t *c)
         s->unauth--;
 }
 
+/* ---- per principal ---- */
+
+#define PBUCKETS_MIN 64u
+
+static uint64_t principal_hash(const kvp_admission_limits_t *l, const char *name)
+{
+    return XXH3_64bits_withSeed(name, strlen(name), l->seed);
+}
+
+/* Room for one more principal (chains of one on average). false: out of memory. */
+static bool pbuckets_reserve(kvp_admission_limits_t *l)
+{
+    if (l->n_principals < l->n_pbuckets)
+        return true;
+    uint32_t n = l->n_pbuckets ? l->n_pbuckets * 2 : PBUCKETS_MIN;
+    kvp_principal_conns_t **nb = calloc(n, sizeof(*nb));
+    if (nb == NULL)
+        return l->n_pbuckets > 0; /* longer chains, still correct */
+    for (uint32_t b = 0; b < l->n_pbuckets; b++)
+        for (kvp_principal_conns_t *p = l->pbuckets[b], *next; p != NULL; p = next) {
+            next = p->next;
+            p->next = nb[p->hash & (n - 1)];
+            nb[p->hash & (n - 1)] = p;
+        }
+    free(l->pbuckets);
+    l->pbuckets = nb;
+    l->n_pbuckets = n;
+    return true;
+}
+
+/* The count of principal `name`, made when new (NULL: out of memory). */
+static kvp_principal_conns_t *principal_get(kvp_admission_limits_t *l, const char *name)
+{
+    uint64_t h = principal_hash(l, name);
+    for (kvp_principal_conns_t *p = l->n_pbuckets ? l->pbuckets[h & (l->n_pbuckets - 1)] : NULL;
+         p != NULL; p = p->next)
+        if (p->hash == h && strcmp(p->name, name) == 0)
+            return p;
+    kvp_principal_conns_t *p = pbuckets_reserve(l) ? calloc(1, sizeof(*p)) : NULL;
+    if (p == NULL)
+        return NULL;
+    p->hash = h;
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->next = l->pbuckets[h & (l->n_pbuckets - 1)];
+    l->pbuckets[h & (l->n_pbuckets - 1)] = p;
+    l->n_principals++;
+    return p;
+}
+
+static void principal_put(kvp_admission_limits_t *l, kvp_principal_conns_t *pc)
+{
+    if (--pc->conns > 0)
+        return;
+    kvp_principal_conns_t **pp = &l->pbuckets[pc->hash & (l->n_pbuckets - 1)];
+    while (*pp != NULL && *pp != pc)
+        pp = &(*pp)->next;
+    if (*pp == pc)
+        *pp = pc->next;
+    l->n_principals--;
+    free(pc);
+}
+
+bool kvp_admission_principal(kvp_admission_limits_t *l, kvp_caller_t *c, kvp_master_stats_t *stats,
+                             kvp_admission_reply_t *reply)
+{
+    if (c->pc != NULL || c->who == NULL || !c->counted)
+        return true;
+    kvp_principal_conns_t *pc = principal_get(l, c->pname);
+    if (pc != NULL && (l->max_conns_per_principal == 0 || pc->conns < l->max_conns_per_principal)) {
+        pc->conns++;
+        c->pc = pc;
+        return true;
+    }
+    stats->refused_max_conns_principal++;
+    char msg[200];
+    if (pc == NULL) {
+        snprintf(msg, sizeof(msg), "out of memory for the principal's connection count; retry");
+    } else {
+        snprintf(msg, sizeof(msg),
+                 "this principal has %u connections open, its cap "
+                 "(--max-connections-per-principal %u): close one first",
+                 pc->conns, l->max_conns_per_principal);
+    }
+    deny(c, msg, true, reply);
+    return false;
+}
+
 void kvp_admission_close(kvp_admission_limits_t *l, kvp_caller_t *c)
 {
+    if (c->pc != NULL) {
+        principal_put(l, c->pc);
+        c->pc = NULL;
+    }
     if (!c->counted)
         return;
     kvp_admission_authenticated(l, c); /* out of the unauthenticated first */

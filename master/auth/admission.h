@@ -34,6 +34,20 @@ typedef struct kvp_peer_key {
     uint8_t b[16];
 } kvp_peer_key_t;
 
+/* A principal with connections open: how many (--max-connections-per-principal), and what
+ * its connections together took of the loop's current turn (server.c: a principal's
+ * connections share one turn's budget, however many it opens). One per principal, by
+ * name, while it has a connection; the server reads and writes the turn fields. */
+typedef struct kvp_principal_conns {
+    struct kvp_principal_conns *next; /* hash chain */
+    uint64_t hash;
+    uint32_t conns;
+    uint32_t frames;   /* frames its connections handled in loop turn `turn` */
+    uint64_t turn;     /* the loop's turn these count in */
+    uint64_t spent_ns; /* ... the time they took of it */
+    char name[KVP_ACL_NAME_MAX];
+} kvp_principal_conns_t;
+
 /* Who is on a connection (one per connection, the server's). */
 typedef struct kvp_caller {
     uint64_t conn_id;             /* for the logs */
@@ -48,6 +62,7 @@ typedef struct kvp_caller {
     bool admitted;        /* authenticated: no longer among the unauthenticated */
     uint64_t accepted_ms; /* when it was accepted: --auth-timeout runs from here */
     struct kvp_caller *unauth_prev, *unauth_next; /* the unauthenticated, oldest first */
+    kvp_principal_conns_t *pc; /* its principal's count (kvp_admission_principal); NULL: none */
 } kvp_caller_t;
 
 /* An answer admission gives in the dispatcher's place. */
@@ -93,15 +108,18 @@ void kvp_admission_check_cert(const kvp_acl_t *acl, kvp_caller_t *c, kvp_ssl_t *
  * none to take, it is refused. An authenticated connection is never closed for room.
  */
 typedef struct kvp_admission_limits {
-    uint32_t max_conns;           /* 0: no cap (the descriptor limit's room already in) */
-    uint32_t max_conns_per_peer;  /* 0: no cap */
-    uint32_t max_unauth;          /* 0: no cap */
-    uint32_t max_unauth_per_peer; /* 0: no cap */
+    uint32_t max_conns;               /* 0: no cap (the descriptor limit's room already in) */
+    uint32_t max_conns_per_peer;      /* 0: no cap */
+    uint32_t max_unauth;              /* 0: no cap */
+    uint32_t max_unauth_per_peer;     /* 0: no cap */
+    uint32_t max_conns_per_principal; /* 0: no cap */
     uint32_t n_conns, n_unauth;
     kvp_caller_t *unauth_head, *unauth_tail;
     struct kvp_peer_slot *slots; /* per peer: open addressing, a power of two */
     uint32_t n_slots, n_used;
     uint64_t seed; /* of the slots' hash (random: a peer cannot aim its addresses at one chain) */
+    kvp_principal_conns_t **pbuckets; /* principals with connections: chained, a power of two */
+    uint32_t n_pbuckets, n_principals;
 } kvp_admission_limits_t;
 
 typedef enum kvp_admit_verdict {
@@ -122,6 +140,14 @@ kvp_admit_verdict_t kvp_admission_open(kvp_admission_limits_t *l, kvp_caller_t *
 /* c authenticated (a principal, or without an ACL its first whole request): no longer
  * among the unauthenticated. */
 void kvp_admission_authenticated(kvp_admission_limits_t *l, kvp_caller_t *c);
+/*
+ * c just named its principal (c->who set: a certificate or a token): it counts among that
+ * principal's connections. false: --max-connections-per-principal reached (logged, counted
+ * as refused_max_conns_principal); *reply refuses (KVP_ERR_DENIED, says which cap) and
+ * the connection is to close. A no-op (true) for one counted already or without a principal.
+ */
+bool kvp_admission_principal(kvp_admission_limits_t *l, kvp_caller_t *c, kvp_master_stats_t *stats,
+                             kvp_admission_reply_t *reply);
 /* c closes: it leaves the counts (a no-op for one never counted). */
 void kvp_admission_close(kvp_admission_limits_t *l, kvp_caller_t *c);
 

@@ -41,12 +41,19 @@ static kvp_status_t security_read(const kvp_master_config_t *cfg, kvp_tls_t **tl
  * from now on. false: the table is full (KVP_TENANT_MAX). */
 static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
 {
+    static uint8_t seen[KVP_TENANT_MAX / 8]; /* master loop only */
+    memset(seen, 0, sizeof(seen));
+    uint32_t n_tenants = 0;
     for (size_t i = 0; i < acl->n; i++) {
         kvp_principal_t *p = &acl->p[i];
         int32_t id = kvp_tenant_id(&st->tenants, p->tenant, strlen(p->tenant), true);
         if (id < 0)
             return false;
         p->tenant_id = (uint16_t)id;
+        if (!(seen[id / 8] & (1u << (id % 8)))) {
+            seen[id / 8] |= (uint8_t)(1u << (id % 8));
+            n_tenants++;
+        }
     }
     for (uint32_t i = 0; i < st->tenants.n; i++) {
         kvp_tenant_t *t = &st->tenants.t[i];
@@ -67,6 +74,7 @@ static bool install_tenants(kvp_master_state_t *st, kvp_acl_t *acl)
     /* the admin API's policies (/api/v1/tenant_quotas) stay over the file's max-dram */
     for (uint32_t i = 0; i < st->tenants.n; i++)
         kvp_tenant_policy_apply(&st->tenants.t[i]);
+    st->acl_tenants = n_tenants;
     st->tenants_on = true;
     return true;
 }

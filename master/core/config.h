@@ -100,6 +100,8 @@ typedef struct kvp_master_config {
                                    * 0: no cap) */
     uint64_t max_output_bytes;    /* replies queued and not read, all together: past it no
                                    * connection with replies queued is read (1 GiB; 0: no cap) */
+    /* connections of one principal, from any peers (1024; 0: no cap) */
+    uint32_t max_conns_per_principal;
     /* etcd's TLS and credentials (docs/security.md, "etcd"): "" when not given */
     char etcd_cacert[512];
     char etcd_cert[512];

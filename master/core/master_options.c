@@ -93,8 +93,8 @@ static const kvp_opt_t master_rows[] = {
      .help = "with an ACL: copy and move tasks one tenant may have waiting or running at once "
              "(past it TaskCreate is refused with KVP_ERR_TOO_MANY), and the most of its ended "
              "ones kept for query_task, its oldest going first; 0: 4096 (the master's cap of "
-             "both, over all tenants) divided by the tenants the ACL names, \"default\" "
-             "included"},
+             "both, over all tenants) divided by the tenants the ACL's principals belong to "
+             "(\"default\" for one that names none)"},
     {.name = "data-grants",
      .type = KVP_OPT_ON_OFF,
      .def = "on",
@@ -137,6 +137,16 @@ static const kvp_opt_t master_rows[] = {
      F(max_conns_per_peer),
      .max = 1u << 24,
      .help = "... from one peer address (IPv6: one /64) (0: no cap)"},
+    {.name = "max-connections-per-principal",
+     .type = KVP_OPT_UINT,
+     .arg = "N",
+     .def = "1024",
+     F(max_conns_per_principal),
+     .max = 1u << 24,
+     .help = "with an ACL: connections one principal may hold, from any peers; one past it is "
+             "refused when it names the principal (certificate or token), the others stay "
+             "(0: no cap). A principal's connections share one turn of the loop however many "
+             "it opens"},
     {.name = "max-unauthenticated",
      .type = KVP_OPT_UINT,
      .arg = "N",

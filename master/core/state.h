@@ -102,6 +102,10 @@ typedef struct kvp_master_stats {
     uint64_t refused_seg_endpoint; /* a mount advertising another principal's data endpoint */
     uint64_t refused_seg_held;     /* a mount of a name held (limbo) for another principal */
     uint64_t refused_seg_proof;    /* a mount whose endpoint did not prove it serves it */
+    /* names refused for a NUL or control character, or a segment name's edge whitespace
+     * (kvpool_names_refused_total by reason) */
+    uint64_t refused_name_segment; /* a Mount's segment name (rpc/segment_calls.c) */
+    uint64_t refused_name_tenant;  /* a tenant of the quota API (obs/tenant_quotas.c) */
     /* List and RemoveByRegex patterns refused, by kvp_key_pattern_refusal_t
      * (master/match/key_pattern.h; kvpool_patterns_refused_total by reason) */
     uint64_t refused_pattern[8];
@@ -115,6 +119,11 @@ typedef struct kvp_master_stats {
     uint64_t refused_auth_timeout;    /* --auth-timeout */
     uint64_t refused_frame_timeout;   /* --frame-timeout */
     uint64_t refused_input_buffers;   /* --max-input-buffers */
+    /* --max-connections-per-principal */
+    uint64_t refused_max_conns_principal;
+    /* server.c, rpc/object_calls.c: key batches stopped at their time budget, continued at
+     * their connection's next turn */
+    uint64_t keys_continued;
     /* server.c: connections whose requests were no longer read, their replies unread (over
      * 4 MiB queued, or --max-output-buffers for all), and the replies queued now */
     uint64_t output_paused;
@@ -237,6 +246,10 @@ typedef struct kvp_master_state {
     bool may_park;   /* set by the server: SsdTasks may wait instead of answering now */
     bool parked;     /* set by SsdTasks: no answer yet, the server holds the request */
     bool park_retry; /* set by the server: this SsdTasks call was held (its results are in) */
+    /* set by the server: a keys batch may stop at its time budget and be called again with
+     * the same request at its connection's next turn (rpc/object_calls.c keys_batch) */
+    bool may_continue;
+    bool call_again; /* set by such a handler: no answer yet, call it again */
     /* mount proofs (auth/mount_proof.h; docs/security.md): mount_proof is set by the server
      * (--mount-proof on); a Mount that needs its endpoint proven fills proof_ask and sets
      * proof_asked and parked (no answer now); the server proves it and calls the Mount
@@ -269,8 +282,10 @@ typedef struct kvp_master_state {
     kvp_tenant_table_t tenants;
     /* object groups (meta/group.h), scoped by tenant: members leased and evicted together */
     kvp_group_table_t groups;
-    bool tenants_on;  /* an ACL is loaded: keys of requests get the caller's tenant prefix */
-    bool share_evict; /* an eviction run takes objects of tenants over their share first */
+    bool tenants_on;      /* an ACL is loaded: keys of requests get the caller's tenant prefix */
+    uint32_t acl_tenants; /* the distinct tenants the ACL's principals belong to (the live
+                             task share divides by these, not by every tenant a key named) */
+    bool share_evict;     /* an eviction run takes objects of tenants over their share first */
     /* data grants (common/grant.h): with TLS, answers that name extents carry grants the
      * owners check; the epoch is drawn at start, the keys at each mount */
     bool grants_on;

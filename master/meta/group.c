@@ -3,7 +3,8 @@
  *
  * Design (Mooncake's "Optional Object Groups", docs/architecture.md, "Object groups"):
  * a put may name a group per key; the group is a lifecycle hint (a read of one member
- * leases them all, an eviction of one takes the others that can go), never a transaction.
+ * leases the group: one expiry, policy/lease.c; an eviction of one takes the others that
+ * can go), never a transaction.
  * Group ids are interned: an object carries a 4-byte id after its key (KVP_OBJ_F_GROUPED;
  * ungrouped objects carry nothing), and the group keeps its name once and an array of its
  * members (8 bytes each). A group is scoped by its tenant: tenant A's "g" and tenant B's
@@ -11,8 +12,10 @@
  * keeps its group across the removal of the old value); its slot is reused then.
  * Membership follows the index: an object joins when put (kvp_group_join, before it is
  * inserted), leaves when it leaves the index (object_index.c calls kvp_group_leave), and
- * its replacement takes its place (kvp_group_rebind). Leaving is O(members): groups are
- * small (a cache entry's K/V tensors or shards).
+ * its replacement takes its place (kvp_group_rebind). Each is O(1) whatever the group's
+ * size: an object keeps its index in its group's member array after its group id
+ * (meta/object.h), a leaving member's place goes to the last member (whose index is fixed
+ * up), and a replacement takes the index of what it replaces.
  *
  * Thread: master loop only.
  */
@@ -183,6 +186,7 @@ kvp_status_t kvp_group_join(kvp_group_table_t *gt, uint16_t tenant, const char *
         g->members = m;
         g->cap *= 2;
     }
+    kvp_object_set_member_index(obj, g->n);
     g->members[g->n++] = obj;
     g->stale = true;
     gt->members++;
@@ -196,14 +200,21 @@ void kvp_group_leave(kvp_group_table_t *gt, kvp_object_t *obj)
     kvp_group_t *g = kvp_group_get(gt, id);
     if (g == NULL)
         return;
-    for (uint32_t i = g->n; i-- > 0;) {
-        if (g->members[i] != obj)
-            continue;
-        g->members[i] = g->members[--g->n];
-        gt->members--;
-        kvp_object_set_group(obj, 0);
-        break;
+    /* O(1): obj knows its place; the last member takes it */
+    uint32_t i = kvp_object_member_index(obj);
+    if (i >= g->n || g->members[i] != obj)
+        return; /* not a member (never joined): nothing to take out */
+    if (obj->flags & KVP_OBJ_F_GROUP_LEASED) { /* its lease no longer holds the group */
+        obj->flags &= (uint8_t)~KVP_OBJ_F_GROUP_LEASED;
+        if (g->leased > 0)
+            g->leased--;
     }
+    kvp_object_t *last = g->members[--g->n];
+    g->members[i] = last;
+    kvp_object_set_member_index(last, i);
+    gt->members--;
+    kvp_object_set_group(obj, 0);
+    kvp_object_set_member_index(obj, 0);
     if (g->n > 0 && g->n <= g->cap / 4 && g->cap > 4) { /* give back what a big group took */
         kvp_object_t **m = realloc(g->members, g->cap / 2 * sizeof(*m));
         if (m != NULL) {
@@ -219,9 +230,10 @@ void kvp_group_rebind(kvp_group_table_t *gt, const kvp_object_t *obj, kvp_object
     kvp_group_t *g = kvp_group_get(gt, kvp_object_group(obj));
     if (g == NULL)
         return;
-    for (uint32_t i = 0; i < g->n; i++)
-        if (g->members[i] == obj) {
-            g->members[i] = repl;
-            return;
-        }
+    uint32_t i = kvp_object_member_index(obj);
+    if (i < g->n && g->members[i] == obj) {
+        g->members[i] = repl;
+        kvp_object_set_group(repl, kvp_object_group(obj));
+        kvp_object_set_member_index(repl, i);
+    }
 }

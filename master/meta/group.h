@@ -20,13 +20,20 @@ typedef struct kvp_group {
     uint64_t hash; /* of (tenant, name); 0 with members == NULL: a free slot */
     char *name;    /* name_len bytes, not NUL-terminated */
     uint32_t name_len;
-    uint16_t tenant;        /* its tenant's id (meta/tenant.h) */
-    uint32_t hnext;         /* hash chain: the next slot + 1; 0: none */
-    uint32_t n, cap;        /* members[n] */
-    uint32_t holds;         /* kvp_group_hold()s not yet dropped: kept while empty */
-    bool stale;             /* a member joined since the last lease refresh */
-    uint64_t refreshed_ms;  /* when the members' leases were last refreshed */
-    kvp_object_t **members; /* the indexed objects that carry this group */
+    uint16_t tenant;       /* its tenant's id (meta/tenant.h) */
+    uint32_t hnext;        /* hash chain: the next slot + 1; 0: none */
+    uint32_t n, cap;       /* members[n] */
+    uint32_t holds;        /* kvp_group_hold()s not yet dropped: kept while empty */
+    bool stale;            /* a member joined since the last lease refresh */
+    uint64_t refreshed_ms; /* when the group lease was last counted as refreshed */
+    /* members with a read lease slot (KVP_OBJ_F_GROUP_LEASED): eviction passes the group
+     * over while any, O(1) (policy/lease.c keeps it) */
+    uint32_t leased;
+    /* the group lease (a read or lookup of a member): eviction passes every member over
+     * until then, no member touched (policy/lease.c) */
+    uint64_t lease_until_ms;
+    kvp_object_t **members; /* the indexed objects that carry this group; each knows its
+                             * index here (kvp_object_member_index) */
 } kvp_group_t;
 
 typedef struct kvp_group_table {
@@ -59,9 +66,12 @@ void kvp_group_drop(kvp_group_table_t *gt, uint32_t id);
  */
 kvp_status_t kvp_group_join(kvp_group_table_t *gt, uint16_t tenant, const char *name, size_t len,
                             uint32_t id, kvp_object_t *obj);
-/* obj leaves its group (a group left with no member and no hold goes). */
+/* obj leaves its group (a group left with no member and no hold goes). O(1): obj's index
+ * in the member array (meta/object.h) names its place, which the last member takes; an
+ * object that is not a member there is left alone. */
 void kvp_group_leave(kvp_group_table_t *gt, kvp_object_t *obj);
-/* obj was replaced by repl (a new allocation, same group). */
+/* obj was replaced by repl (a new allocation, same group): repl takes obj's place and
+ * index. O(1). */
 void kvp_group_rebind(kvp_group_table_t *gt, const kvp_object_t *obj, kvp_object_t *repl);
 
 #endif

@@ -27,9 +27,14 @@ typedef enum kvp_obj_state {
 #define KVP_OBJ_F_OFFLOADING 1u /* DRAM replica being copied to SSD (a task holds the extent) */
 #define KVP_OBJ_F_PROMOTING 2u  /* SSD replica being copied to DRAM */
 #define KVP_OBJ_F_COPYING (KVP_OBJ_F_OFFLOADING | KVP_OBJ_F_PROMOTING)
-/* in an object group (meta/group.h): its group id, a uint32_t, follows its key bytes (4
- * bytes more than an ungrouped object; none for one without) */
+/* in an object group (meta/group.h): its group id and its index in the group's member
+ * array, two uint32_t, follow its key bytes (8 bytes more than an ungrouped object; none
+ * for one without) */
 #define KVP_OBJ_F_GROUPED 4u
+#define KVP_OBJ_GROUP_TAIL (2 * sizeof(uint32_t))
+/* a grouped object whose read lease slot is counted in its group's `leased` (policy/lease.c;
+ * the count goes down when the slot ends or the object leaves its group, whichever first) */
+#define KVP_OBJ_F_GROUP_LEASED 8u
 
 typedef enum kvp_pin {
     KVP_PIN_NONE = 0,
@@ -86,7 +91,7 @@ static inline const char *kvp_object_key(const kvp_object_t *obj)
 /* The bytes after the replicas: the key, and a grouped object's group id. */
 static inline size_t kvp_object_tail_len(const kvp_object_t *obj)
 {
-    return obj->key_len + ((obj->flags & KVP_OBJ_F_GROUPED) ? sizeof(uint32_t) : 0);
+    return obj->key_len + ((obj->flags & KVP_OBJ_F_GROUPED) ? KVP_OBJ_GROUP_TAIL : 0);
 }
 
 /* obj's group id (meta/group.h); 0: none. */
@@ -102,6 +107,19 @@ static inline uint32_t kvp_object_group(const kvp_object_t *obj)
 static inline void kvp_object_set_group(kvp_object_t *obj, uint32_t g)
 {
     __builtin_memcpy((char *)kvp_object_key(obj) + obj->key_len, &g, sizeof(g));
+}
+
+/* A grouped object's index in its group's member array (meta/group.c keeps it). */
+static inline uint32_t kvp_object_member_index(const kvp_object_t *obj)
+{
+    uint32_t i;
+    __builtin_memcpy(&i, kvp_object_key(obj) + obj->key_len + sizeof(uint32_t), sizeof(i));
+    return i;
+}
+
+static inline void kvp_object_set_member_index(kvp_object_t *obj, uint32_t i)
+{
+    __builtin_memcpy((char *)kvp_object_key(obj) + obj->key_len + sizeof(uint32_t), &i, sizeof(i));
 }
 
 /* Bytes obj's extents take in their segments (every replica, aligned). */

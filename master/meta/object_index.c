@@ -255,10 +255,11 @@ kvp_object_t *kvp_object_create(const char *key, size_t len, uint64_t hash, unsi
 kvp_object_t *kvp_object_create_grouped(const char *key, size_t len, uint64_t hash,
                                         unsigned n_replicas)
 {
-    kvp_object_t *obj = create(key, len, hash, n_replicas, sizeof(uint32_t));
+    kvp_object_t *obj = create(key, len, hash, n_replicas, KVP_OBJ_GROUP_TAIL);
     if (obj != NULL) {
         obj->flags = KVP_OBJ_F_GROUPED;
         kvp_object_set_group(obj, 0);
+        kvp_object_set_member_index(obj, 0);
     }
     return obj;
 }

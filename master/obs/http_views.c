@@ -42,6 +42,7 @@ typedef enum job_kind {
     JOB_QUERY_SEGMENT,
     JOB_KEYS,
     JOB_TENANT_QUOTAS,
+    JOB_ADMIT, /* a request's head, before its body is read: is it an admin's? */
 } job_kind_t;
 
 #define TENANT_QUOTAS_BODY_MAX 4096 /* a PUT's body: {"requested_quota_bytes":N} and room */
@@ -59,6 +60,7 @@ typedef struct job {
     /* JOB_TENANT_QUOTAS: the method, ?tenant_id= (in text; has_tenant), a PUT's body */
     char method[8];
     bool has_tenant;
+    size_t tenant_len; /* its bytes in text (a NUL in it included) */
     char body[TENANT_QUOTAS_BODY_MAX + 1];
     size_t body_len;
     char who[KVP_ACL_NAME_MAX]; /* the admin admitted ("": no ACL) */
@@ -113,9 +115,14 @@ static bool tenant_quotas_job(job_t *job, const kvp_http_request_t *req, bool ge
         return false;
     }
     snprintf(job->method, sizeof(job->method), "%s", get ? "GET" : method);
-    const char *tenant = kvp_http_query(req, "tenant_id");
-    job->has_tenant = tenant != NULL && tenant[0] != '\0'; /* empty: none, as Mooncake */
-    snprintf(job->text, sizeof(job->text), "%s", job->has_tenant ? tenant : "");
+    size_t tlen = 0; /* decoded, a %00 included: the name is checked whole (tenant_quotas.c) */
+    const char *tenant = kvp_http_query_n(req, "tenant_id", &tlen);
+    job->has_tenant = tenant != NULL && tlen != 0; /* empty: none, as Mooncake */
+    job->tenant_len = !job->has_tenant           ? 0
+                      : tlen < sizeof(job->text) ? tlen
+                                                 : sizeof(job->text) - 1;
+    memcpy(job->text, job->has_tenant ? tenant : "", job->tenant_len);
+    job->text[job->tenant_len] = '\0';
     size_t blen = 0;
     const char *body = kvp_http_body(req, &blen);
     if (body != NULL && blen <= TENANT_QUOTAS_BODY_MAX) { /* (the server refused more) */
@@ -125,10 +132,10 @@ static bool tenant_quotas_job(job_t *job, const kvp_http_request_t *req, bool ge
     return true;
 }
 
-static void handle(void *arg, const char *path, const kvp_http_request_t *req,
-                   kvp_http_reply_t *reply)
+/* A request (admit_only: its head, whose credential the loop checks as the view's) */
+static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request_t *req,
+                  kvp_http_reply_t *reply, bool admit_only)
 {
-    kvp_master_http_t *h = arg;
     job_t job = {.reply = reply, .limit = 100};
     const char *method = kvp_http_method(req);
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
@@ -187,6 +194,8 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
                         path);
         return;
     }
+    if (admit_only)
+        job.kind = JOB_ADMIT;
     kvp_http_cred_take(&job.cred, req); /* checked on the loop, which owns the ACL */
     struct timespec deadline;
     clock_gettime(CLOCK_MONOTONIC, &deadline);
@@ -222,6 +231,8 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
         reply->len = 0;
         kvp_http_printf(reply, "the master's loop did not answer within %u ms\n",
                         KVP_MASTER_HTTP_WAIT_MS);
+    } else if (job.kind == JOB_METRICS && reply->status == 200) {
+        kvp_http_metrics(req, "kvpool_master_http", reply); /* the HTTP server's caps */
     } else if (job.save && job.quotas != NULL) {
         /* a tenant quota policy changed on the loop: into etcd before the admin hears so
          * (here, off the loop: etcd may be slow) */
@@ -234,6 +245,23 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
             kvp_tenant_quotas_unsaved(reply, err);
         }
     }
+}
+
+static void handle(void *arg, const char *path, const kvp_http_request_t *req,
+                   kvp_http_reply_t *reply)
+{
+    serve(arg, path, req, reply, false);
+}
+
+/* kvp_http_admit_fn: the body of a PUT /api/v1/tenant_quotas is read only once the loop found
+ * its credential an admin's (401/403 from the head otherwise); every other request that is
+ * not a GET takes no body and is answered from its head. */
+static bool admit(void *arg, const char *path, const kvp_http_request_t *req,
+                  kvp_http_reply_t *reply)
+{
+    bool put = strcmp(kvp_http_method(req), "PUT") == 0;
+    serve(arg, path, req, reply, put && strcmp(path, "/api/v1/tenant_quotas") == 0);
+    return put && reply->status == 200 && reply->len == 0;
 }
 
 kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const char *key,
@@ -263,6 +291,7 @@ kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const
     }
     /* PUT /api/v1/tenant_quotas has a body; every other method is answered in handle() */
     kvp_http_accept_post(h->http, TENANT_QUOTAS_BODY_MAX, NULL);
+    kvp_http_admit(h->http, admit); /* an admin's credential before a body is read */
     *h_p = h;
     return KVP_OK;
 }
@@ -546,9 +575,11 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
         r->content_type = "application/json";
         render_keys(r, st, v, job);
         break;
+    case JOB_ADMIT: /* admitted: the body may be read */
+        break;
     case JOB_TENANT_QUOTAS:
         kvp_tenant_quotas_render(r, st, v, job->method, job->has_tenant ? job->text : NULL,
-                                 job->body, job->body_len, job->who, &job->save);
+                                 job->tenant_len, job->body, job->body_len, job->who, &job->save);
         job->quotas = job->save ? v->quotas : NULL;
         break;
     }

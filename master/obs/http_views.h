@@ -79,13 +79,15 @@ void kvp_master_metrics_render(struct kvp_http_reply *r, const kvp_master_state_
                                const kvp_master_view_t *view, bool tenant_names);
 
 /* /api/v1/tenant_quotas (tenant_quotas.c), for a caller admitted as an admin, on the loop:
- * method "GET" (or "HEAD"), "PUT" or "DELETE"; tenant: ?tenant_id= (NULL: absent); body: a
+ * method "GET" (or "HEAD"), "PUT" or "DELETE"; tenant: ?tenant_id= (NULL: absent), decoded,
+ * tenant_len bytes (a NUL in them refuses it); body: a
  * PUT's (body_len bytes). Answers in Mooncake's JSON. *save_p: a policy changed and
  * view->quotas has it staged: the HTTP thread saves it to etcd before it replies. who: the
  * admin's name, for the audit log line of a change. */
 void kvp_tenant_quotas_render(struct kvp_http_reply *r, kvp_master_state_t *st,
                               const kvp_master_view_t *view, const char *method, const char *tenant,
-                              const char *body, size_t body_len, const char *who, bool *save_p);
+                              size_t tenant_len, const char *body, size_t body_len, const char *who,
+                              bool *save_p);
 /* The reply of a change that etcd did not take (err: why): 500, PERSISTENT_FAIL. */
 void kvp_tenant_quotas_unsaved(struct kvp_http_reply *r, const char *err);
 

@@ -353,6 +353,10 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "Times such replies were sent after --record-wait without the change in the owner's "
         "socket (a kill -9 of the master then could lose it).",
         s->record_wait_expired);
+    one(r, "kvpool_requests_continued_total", "counter",
+        "Key batches (PutEnd, PutRevoke, Remove, Exist) that reached their time budget in one "
+        "loop turn and went on at their connection's next turn.",
+        s->keys_continued);
     one(r, "kvpool_record_streams_lost_total", "counter",
         "Record streams that closed with changes their owner never got (its record may miss "
         "them at a master restart).",
@@ -363,7 +367,8 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "(protected_mode: a peer of another host while no credentials are configured; tls: a "
         "failed TLS handshake; unauthenticated: a request before any credential; bad_token; "
         "principal_removed: its principal left the ACL; max_connections, "
-        "max_connections_per_peer, max_unauthenticated, max_unauthenticated_per_peer: a cap "
+        "max_connections_per_peer, max_connections_per_principal, max_unauthenticated, "
+        "max_unauthenticated_per_peer: a cap "
         "reached, closing the new connection or the oldest unauthenticated one; descriptors: "
         "none left to accept with; auth_timeout, frame_timeout: a deadline passed; "
         "input_buffers: --max-input-buffers reached).\n"
@@ -375,6 +380,7 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "kvpool_connections_refused_total{reason=\"principal_removed\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"max_connections\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"max_connections_per_peer\"} %" PRIu64 "\n"
+        "kvpool_connections_refused_total{reason=\"max_connections_per_principal\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"max_unauthenticated\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"max_unauthenticated_per_peer\"} %" PRIu64 "\n"
         "kvpool_connections_refused_total{reason=\"descriptors\"} %" PRIu64 "\n"
@@ -395,10 +401,11 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "kvpool_http_refused_total{reason=\"unauthenticated\"} %" PRIu64 "\n"
         "kvpool_http_refused_total{reason=\"role\"} %" PRIu64 "\n",
         s->refused_protected, s->refused_tls, s->refused_unauth, s->refused_token,
-        s->refused_removed, s->refused_max_conns, s->refused_max_conns_peer, s->refused_max_unauth,
-        s->refused_max_unauth_peer, s->refused_descriptors, s->refused_auth_timeout,
-        s->refused_frame_timeout, s->refused_input_buffers, s->refused_role, s->refused_key,
-        s->refused_decode_cost, s->refused_http_unauth, s->refused_http_role);
+        s->refused_removed, s->refused_max_conns, s->refused_max_conns_peer,
+        s->refused_max_conns_principal, s->refused_max_unauth, s->refused_max_unauth_peer,
+        s->refused_descriptors, s->refused_auth_timeout, s->refused_frame_timeout,
+        s->refused_input_buffers, s->refused_role, s->refused_key, s->refused_decode_cost,
+        s->refused_http_unauth, s->refused_http_role);
 }
 
 /* Leadership and the etcd client's failures. */
@@ -478,6 +485,14 @@ static void segment_claims(kvp_http_reply_t *r, const kvp_master_state_t *st)
                     "kvpool_segment_claims_refused_total{reason=\"proof\"} %" PRIu64 "\n",
                     s->refused_seg_record, s->refused_seg_endpoint, s->refused_seg_held,
                     s->refused_seg_proof);
+    head(r, "kvpool_names_refused_total", "counter",
+         "Names refused for a NUL or control character in them, or a segment name with "
+         "whitespace at an end, by reason (segment: a Mount's name; tenant: the tenant quota "
+         "API's).");
+    kvp_http_printf(r,
+                    "kvpool_names_refused_total{reason=\"segment\"} %" PRIu64 "\n"
+                    "kvpool_names_refused_total{reason=\"tenant\"} %" PRIu64 "\n",
+                    s->refused_name_segment, s->refused_name_tenant);
 }
 
 /* List and RemoveByRegex patterns refused (master/match/key_pattern.h), by reason. */

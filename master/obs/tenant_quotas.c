@@ -186,17 +186,41 @@ out:
 
 static int32_t known(kvp_tenant_table_t *tt, const char *tenant)
 {
-    return kvp_tenant_id(tt, tenant, strlen(tenant), false);
+    return kvp_tenant_id(tt, tenant, strlen(tenant), false); /* (checked: no NUL in it) */
+}
+
+/* Does the name hold a NUL or another control character (what would make it print, or
+ * reach a C string, as another name)? */
+static bool name_has_control(const char *name, size_t len)
+{
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)name[i] < 0x20 || (unsigned char)name[i] == 0x7f)
+            return true;
+    return false;
 }
 
 void kvp_tenant_quotas_render(kvp_http_reply_t *r, kvp_master_state_t *st,
                               const kvp_master_view_t *v, const char *method, const char *tenant,
-                              const char *body, size_t body_len, const char *who, bool *save_p)
+                              size_t tenant_len, const char *body, size_t body_len, const char *who,
+                              bool *save_p)
 {
     *save_p = false;
-    bool valid = tenant != NULL && kvp_tenant_name_valid(tenant, strlen(tenant));
+    /* the whole decoded name: `zz-nul%00b` is refused, never taken for `zz-nul` */
+    bool valid = tenant != NULL && kvp_tenant_name_valid(tenant, tenant_len);
     bool put = strcmp(method, "PUT") == 0, del = strcmp(method, "DELETE") == 0;
     uint64_t bytes = 0;
+    if (tenant != NULL && name_has_control(tenant, tenant_len)) {
+        st->stats.refused_name_tenant++;
+        KVP_LOG_WARN_LIMITED("tenant quota API: a %s by principal %s named a tenant_id with a NUL "
+                             "or control character: refused",
+                             method, who[0] ? who : "(no ACL)");
+        /* Mooncake's words first (a PUT's or DELETE's, a GET's), then why */
+        return fail(r, 400, MC_INVALID_PARAMS,
+                    put || del ? "Missing or invalid tenant_id: it holds a NUL or control "
+                                 "character (a tenant's name is 1..63 bytes of A-Z a-z 0-9 . _ -)"
+                               : "Invalid tenant_id: it holds a NUL or control character (a "
+                                 "tenant's name is 1..63 bytes of A-Z a-z 0-9 . _ -)");
+    }
     /* Mooncake's order: a PUT's or DELETE's tenant and body first, then the service */
     if ((put || del) && !valid)
         return fail(r, 400, MC_INVALID_PARAMS, "Missing or invalid tenant_id");

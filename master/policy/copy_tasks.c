@@ -38,7 +38,9 @@ uint32_t kvp_task_tenant_max(const kvp_master_state_t *st)
         return KVP_TASKS_LIVE_MAX;
     if (st->config.max_tasks_per_tenant != 0)
         return st->config.max_tasks_per_tenant;
-    uint32_t share = KVP_TASKS_LIVE_MAX / (st->tenants.n > 0 ? st->tenants.n : 1);
+    /* the ACL's tenants, not every tenant a key named: an Adopt or a quota call that names
+     * tenants never shrinks the others' share */
+    uint32_t share = KVP_TASKS_LIVE_MAX / (st->acl_tenants > 0 ? st->acl_tenants : 1);
     return share > 0 ? share : 1;
 }
 

@@ -74,9 +74,11 @@
  * on in plain policy order. Cost: O(tenants) per run to set the shares, and each object
  * passed over is moved once per scan.
  *
- * Object groups (meta/group.h): an object a member of whose group is leased is passed
- * over (as a draining one is), and a victim takes the members of its group that may go
- * (evict_group: each checked as a victim is), O(members) per grouped victim.
+ * Object groups (meta/group.h): an object whose group is leased (the group's lease
+ * expiry, set by a read of a member) or has a member being read (the group's count of
+ * members with a lease slot) is passed over (as a draining one is), an O(1) check; a
+ * victim takes the members of its group that may go (evict_group: each checked as a
+ * victim is), O(members) once per group.
  *
  * Eviction is on demand: a put that does not fit evicts just what it
  * needs (PutStart, rpc/object_calls.c); the watermarks (off by default) can keep
@@ -112,11 +114,12 @@ static bool evictable(kvp_master_state_t *st, const kvp_object_t *obj)
         return false;
     /* a member of a group one of whose members is being read stays (Mooncake's group
      * eviction: a group with a leased member is passed over whole) */
+    /* O(1): the group counts its members with a read lease slot (policy/lease.c; the slots
+     * whose TTL is over are reaped before each run) and keeps one expiry for the lease a read
+     * of any member gives them all; obj itself, on a scanned list, is not being read */
     const kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
-    for (uint32_t i = 0; g != NULL && i < g->n; i++)
-        if (g->members[i] != obj && g->members[i]->state == KVP_OBJ_COMPLETE &&
-            kvp_leased(st, g->members[i]))
-            return false;
+    if (g != NULL && (g->leased > 0 || g->lease_until_ms > st->now_ms))
+        return false;
     if (!st->share_evict || obj->tenant >= st->tenants.n)
         return true;
     const kvp_tenant_t *t = &st->tenants.t[obj->tenant];

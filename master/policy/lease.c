@@ -215,6 +215,11 @@ uint64_t kvp_lease_grant(kvp_master_state_t *st, kvp_object_t *obj, uint64_t own
         t->live++;
         obj->lease = i + 1;
         kvp_policy_read_start(st, obj); /* off the lists eviction walks */
+        kvp_group_t *grp = kvp_group_get(&st->groups, kvp_object_group(obj));
+        if (grp != NULL && obj->state == KVP_OBJ_COMPLETE) { /* eviction passes it over */
+            grp->leased++;
+            obj->flags |= KVP_OBJ_F_GROUP_LEASED;
+        }
     }
     kvp_lease_t *l = &t->slots[i];
     l->readers++;
@@ -234,16 +239,25 @@ void kvp_lease_group(kvp_master_state_t *st, const kvp_object_t *obj)
     kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
     if (g == NULL || st->config.lease_ttl_ms == 0)
         return;
+    /* O(1) whatever the group's size: one expiry for the group, which eviction consults
+     * (policy/eviction.c), no member touched */
+    g->lease_until_ms = st->now_ms + st->config.lease_ttl_ms;
     if (!g->stale && st->now_ms - g->refreshed_ms < st->config.lease_ttl_ms / 4)
-        return;
+        return; /* (counted at most 4 times a TTL per group, as when each member was leased) */
     g->stale = false;
     g->refreshed_ms = st->now_ms;
     st->stats.group_lease_refreshes++;
-    for (uint32_t i = 0; i < g->n; i++) {
-        kvp_object_t *m = g->members[i];
-        if (m != obj && m->state == KVP_OBJ_COMPLETE)
-            kvp_lease_grant(st, m, KVP_LEASE_NOBODY); /* it ends by the TTL */
-    }
+}
+
+/* obj's lease slot ends: its group no longer counts it. */
+static void group_unlease(kvp_master_state_t *st, kvp_object_t *obj)
+{
+    if (!(obj->flags & KVP_OBJ_F_GROUP_LEASED))
+        return;
+    obj->flags &= (uint8_t)~KVP_OBJ_F_GROUP_LEASED;
+    kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
+    if (g != NULL && g->leased > 0)
+        g->leased--;
 }
 
 /* The lease on slot i is over: free the slot (and a retired object with it when asked). */
@@ -262,6 +276,7 @@ static void lease_end(kvp_master_state_t *st, uint32_t i, bool release_retired)
     l->next = t->free_head;
     t->free_head = i;
     obj->lease = 0;
+    group_unlease(st, obj);
     if (obj->state == KVP_OBJ_COMPLETE && release_retired)
         kvp_policy_read_end(st, obj); /* back on the lists, as just read */
     else if (obj->state == KVP_OBJ_RETIRED && release_retired)

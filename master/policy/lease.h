@@ -56,11 +56,11 @@ bool kvp_lease_release(kvp_master_state_t *st, uint64_t lease_id);
  * their TTL, as a dead reader's. O(grant records), only while a connection owns one. */
 void kvp_lease_disown(kvp_master_state_t *st, uint64_t owner);
 /*
- * obj (COMPLETE) was read or looked up: the other COMPLETE members of its group (meta/
- * group.h) get a read lease that ends by its TTL, as Exist's (--lease-on-exist). Soft
- * pins are not extended. A group refreshed less than a quarter of the TTL ago, none
- * joined since, is not refreshed again (each member's lease still has 3/4 of it to go):
- * O(members) at most 4 times a TTL per group. Nothing without leases (--lease-ttl-ms 0).
+ * obj (COMPLETE) was read or looked up: its group (meta/group.h) is leased until the TTL
+ * from now: one expiry for the group (group->lease_until_ms), which eviction consults for
+ * each member, so O(1) whatever the group's size; no member gets a lease slot of its own
+ * (a remove or upsert of one not being read is not refused). Soft pins are not extended.
+ * Nothing without leases (--lease-ttl-ms 0).
  */
 void kvp_lease_group(kvp_master_state_t *st, const kvp_object_t *obj);
 /* End leases whose TTL passed (readers that died). Returns how many. */

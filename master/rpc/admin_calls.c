@@ -182,23 +182,79 @@ static bool pattern_compile(kvp_reply_t *r, const char *pattern, kvp_key_pattern
     return *why_p == KVP_PATTERN_OK;
 }
 
-/* The key as its tenant gave it (with tenants, after the prefix; master/meta/tenant.h). */
-static const char *user_key(const kvp_master_state_t *st, const kvp_object_t *obj, size_t *len_p)
+/*
+ * Key namespaces without an ACL. A client given a tenant_id and no credential that binds a
+ * tenant (docs/python.md, "Tenant ids") stores its keys as TENANT 0x1f KEY itself, as the
+ * master does for an ACL's tenants, and a client of no tenant_id escapes a key that reads
+ * as prefixed as "default" 0x1f KEY (client/control/key_scope.c). List and RemoveByRegex
+ * name the namespace (key_namespace): then only its keys are seen, as the client gave them.
+ * The namespace comes from the client: without an ACL no request has an authority, and
+ * this keeps tenants from meeting by accident, as Mooncake's tenant_id does.
+ */
+
+/* Is a stored key in namespace ns (NULL: any)? */
+static bool in_namespace(const char *ns, const char *key, size_t len)
+{
+    if (ns == NULL)
+        return true;
+    size_t p = kvp_tenant_prefix_len(key, len);
+    if (strcmp(ns, KVP_TENANT_DEFAULT) == 0)
+        return p == 0 ||
+               (p == sizeof(KVP_TENANT_DEFAULT) - 1 && memcmp(key, KVP_TENANT_DEFAULT, p) == 0);
+    return p == strlen(ns) && memcmp(key, ns, p) == 0;
+}
+
+/* The key as its tenant gave it (with tenants or a namespace, after the prefix;
+ * master/meta/tenant.h). */
+static const char *user_key(const kvp_master_state_t *st, const char *ns, const kvp_object_t *obj,
+                            size_t *len_p)
 {
     *len_p = obj->key_len;
-    return st->tenants_on ? kvp_tenant_user_key(kvp_object_key(obj), obj->key_len, len_p)
-                          : kvp_object_key(obj);
+    return st->tenants_on || ns != NULL
+               ? kvp_tenant_user_key(kvp_object_key(obj), obj->key_len, len_p)
+               : kvp_object_key(obj);
 }
 
 /* Does obj's key (as its tenant gave it) match? Charges kp's work. */
-static bool key_matches(const kvp_master_state_t *st, const kvp_object_t *obj,
+static bool key_matches(const kvp_master_state_t *st, const char *ns, const kvp_object_t *obj,
                         kvp_key_pattern_t *kp)
 {
     if (kp == NULL)
         return true;
     size_t len;
-    const char *k = user_key(st, obj, &len);
+    const char *k = user_key(st, ns, obj, &len);
     return kvp_key_pattern_match(kp, k, len);
+}
+
+/*
+ * The namespace a List or RemoveByRegex names (*ns_p; NULL: none). Without an ACL, a
+ * tenant's name or "default"; with one, the principal's own tenant only (the master
+ * scopes by the credential then, and *ns_p stays NULL). false: refused, r says why.
+ */
+static bool request_namespace(kvp_reply_t *r, const char *asked, const char **ns_p,
+                              kvp_status_t *st_p)
+{
+    const kvp_call_t *call = r->call;
+    *ns_p = NULL;
+    if (asked == NULL || asked[0] == '\0')
+        return true;
+    if (!kvp_tenant_name_valid(asked, strlen(asked))) {
+        *st_p =
+            kvp_reply_fail(r, KVP_ERR_INVALID_ARG,
+                           "key_namespace is no tenant name (1..63 bytes of A-Z a-z 0-9 . _ -)");
+        return false;
+    }
+    if (call->who != NULL) {
+        if (strcmp(asked, call->who->tenant) == 0)
+            return true;
+        *st_p = kvp_reply_fail(r, KVP_ERR_DENIED,
+                               "tenant_id %s is not the tenant of principal %s (%s): its "
+                               "credential names its tenant",
+                               asked, call->who->name, call->who->tenant);
+        return false;
+    }
+    *ns_p = asked;
+    return true;
 }
 
 static bool on_segment(const kvp_object_t *obj, uint64_t segment_id)
@@ -213,15 +269,17 @@ static bool on_segment(const kvp_object_t *obj, uint64_t segment_id)
 
 /* May the caller see / remove obj? An admin: every object; others: their tenant's, within
  * their key patterns. */
-static bool may_key(const kvp_call_t *call, const kvp_object_t *obj)
+static bool may_key(const kvp_call_t *call, const char *ns, const kvp_object_t *obj)
 {
     const kvp_principal_t *who = call->who;
-    if (who == NULL || (who->roles & KVP_ROLE_ADMIN))
+    if (who == NULL)
+        return in_namespace(ns, kvp_object_key(obj), obj->key_len);
+    if (who->roles & KVP_ROLE_ADMIN)
         return true;
     if (call->st->tenants_on && obj->tenant != who->tenant_id)
         return false;
     size_t len;
-    const char *k = user_key(call->st, obj, &len);
+    const char *k = user_key(call->st, NULL, obj, &len);
     return kvp_principal_may_key(who, k, len);
 }
 
@@ -311,13 +369,13 @@ static void list_page_free(kvp_reply_t *r, kvp_status_t rc, void *arg)
 
 /* Append obj to the page (room made): its key (as stored, or as its tenant gave it), its
  * state and its replicas. */
-static void list_page_add(const kvp_master_state_t *st, list_page_t *p, const kvp_object_t *obj,
-                          bool stored)
+static void list_page_add(const kvp_master_state_t *st, const char *ns, list_page_t *p,
+                          const kvp_object_t *obj, bool stored)
 {
     Kvpool__ListEntry *e = &p->ents[p->n];
     kvpool__list_entry__init(e);
     size_t klen = obj->key_len;
-    e->key.data = (uint8_t *)(stored ? kvp_object_key(obj) : user_key(st, obj, &klen));
+    e->key.data = (uint8_t *)(stored ? kvp_object_key(obj) : user_key(st, ns, obj, &klen));
     e->key.len = klen;
     if (st->tenants_on && !stored) /* whose key (an admin sees every tenant's) */
         e->tenant = st->tenants.t[obj->tenant < st->tenants.n ? obj->tenant : 0].name;
@@ -351,8 +409,8 @@ static void list_page_add(const kvp_master_state_t *st, list_page_t *p, const kv
  * cursor 0 that reads as "the end" (an empty listing). *next_p: the bucket to go on from
  * (0: the end). false: out of memory.
  */
-static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kvp_key_pattern_t *kp,
-                      uint32_t limit, list_page_t *p, uint64_t *next_p)
+static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, const char *ns,
+                      kvp_key_pattern_t *kp, uint32_t limit, list_page_t *p, uint64_t *next_p)
 {
     const kvp_master_state_t *st = call->st;
     /* a drain moves what its segment holds, whoever's it is: keys as stored */
@@ -365,12 +423,12 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, kv
          b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
             /* whose key it is first: the pattern runs over the caller's keys only */
-            if (!on_segment(obj, req->segment_id) || (!stored && !may_key(call, obj)) ||
-                !key_matches(st, obj, kp))
+            if (!on_segment(obj, req->segment_id) || (!stored && !may_key(call, ns, obj)) ||
+                !key_matches(st, stored ? NULL : ns, obj, kp))
                 continue;
             if (p->n == p->cap && !list_page_grow(p))
                 return false;
-            list_page_add(st, p, obj, stored);
+            list_page_add(st, stored ? NULL : ns, p, obj, stored);
         }
     }
     *next_p = b < st->index.n_buckets ? b : 0;
@@ -396,6 +454,10 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     if (req->cursor > st->index.n_buckets)
         return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "cursor %llu is past the end of the table",
                               (unsigned long long)req->cursor);
+    const char *ns;
+    kvp_status_t refused;
+    if (!request_namespace(&r, req->key_namespace, &ns, &refused))
+        return refused;
     kvp_key_pattern_t *kp = NULL;
     kvp_key_pattern_refusal_t why;
     if (req->pattern[0] != '\0') {
@@ -411,7 +473,7 @@ kvp_status_t kvp_handle_list(kvp_call_t *call, ProtobufCMessage *req_msg)
     kvp_reply_on_end(&r, list_page_free, &page);
     /* a bucket is finished once started, so a page may pass the limit by a chain */
     bool ok = list_page_init(&page, limit + 64) &&
-              list_scan(call, req, kp, limit, &page, &resp.next_cursor);
+              list_scan(call, req, ns, kp, limit, &page, &resp.next_cursor);
     bool key_over = kp != NULL && kp->key_over;
     if (kp != NULL) {
         kvp_key_pattern_cleanup(kp);
@@ -452,9 +514,9 @@ static bool victims_add(victims_t *vs, kvp_object_t *obj)
  * of buckets); the first bucket is always scanned, so a paged removal always goes on.
  * *next_p: the bucket to go on from, 0 at the end. False: out of memory (what was
  * collected stays in vs). */
-static bool remove_scan(const kvp_call_t *call, const Kvpool__RemoveByRegexRequest *req, bool paged,
-                        kvp_key_pattern_t *kp, victims_t *vs, Kvpool__RemoveByRegexResponse *resp,
-                        uint64_t *next_p)
+static bool remove_scan(const kvp_call_t *call, const Kvpool__RemoveByRegexRequest *req,
+                        const char *ns, bool paged, kvp_key_pattern_t *kp, victims_t *vs,
+                        Kvpool__RemoveByRegexResponse *resp, uint64_t *next_p)
 {
     const kvp_master_state_t *st = call->st;
     uint64_t b = paged ? req->cursor : 0;
@@ -466,7 +528,7 @@ static bool remove_scan(const kvp_call_t *call, const Kvpool__RemoveByRegexReque
             break;
         for (kvp_object_t *obj = st->index.buckets[b]; ok && obj != NULL; obj = obj->hnext) {
             /* whose key it is first: the pattern runs over the caller's keys only */
-            if (!may_key(call, obj) || !key_matches(st, obj, kp))
+            if (!may_key(call, ns, obj) || !key_matches(st, ns, obj, kp))
                 continue;
             if (obj->state != KVP_OBJ_COMPLETE)
                 resp->skipped_pending++;
@@ -484,14 +546,14 @@ static bool remove_scan(const kvp_call_t *call, const Kvpool__RemoveByRegexReque
  * kept must not come back) and KV events (remove-all: `cleared` on both media, then `stored`
  * again for what stays, objects being read without force; a pattern: one `removed` each). */
 static void remove_victims(kvp_master_state_t *st, const Kvpool__RemoveByRegexRequest *req,
-                           const victims_t *vs)
+                           bool all, const victims_t *vs)
 {
-    if (req->all)
+    if (all)
         st->tombstones.cleared = kvp_tier_next_version(st);
-    const kvp_event_sink_t *ev = req->all ? st->events : NULL;
+    const kvp_event_sink_t *ev = all ? st->events : NULL;
     st->events = ev != NULL ? NULL : st->events;
     for (size_t i = 0; i < vs->n; i++) {
-        if (!req->all)
+        if (!all)
             kvp_tombstone_add(&st->tombstones, vs->v[i]->hash, kvp_tier_next_version(st));
         kvp_object_remove(st, vs->v[i]);
     }
@@ -526,6 +588,10 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     if (!req->all && req->pattern[0] == '\0')
         return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
                               "an empty pattern removes nothing; ask for all instead");
+    const char *ns;
+    kvp_status_t refused;
+    if (!request_namespace(&r, req->key_namespace, &ns, &refused))
+        return refused;
     if (!req->all) {
         kp = malloc(sizeof(*kp));
         if (kp == NULL)
@@ -538,7 +604,7 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
     bool paged = req->paged && kp != NULL;
     victims_t vs = {0};
     uint64_t next = 0;
-    if (!remove_scan(call, req, paged, kp, &vs, &resp, &next))
+    if (!remove_scan(call, req, ns, paged, kp, &vs, &resp, &next))
         resp.status = KVP_ERR_NOMEM; /* what was collected is removed; the answer says so */
     bool over = kp != NULL && !paged && next != 0;
     bool key_over = kp != NULL && kp->key_over;
@@ -562,7 +628,7 @@ kvp_status_t kvp_handle_remove_by_regex(kvp_call_t *call, ProtobufCMessage *req_
                  req->pattern, (unsigned long long)PAGE_WORK_BUDGET, PAGE_WORK_MS);
         return pattern_refused(&r, KVP_PATTERN_WORK, "RemoveByRegex");
     }
-    remove_victims(st, req, &vs);
+    remove_victims(st, req, req->all && ns == NULL, &vs); /* a namespace's all: its keys */
     resp.removed = vs.n;
     resp.next_cursor = paged ? next : 0;
     free(vs.v);

@@ -378,8 +378,9 @@ kvp_status_t kvp_call_key_lookup(kvp_master_state_t *st, const ProtobufCBinaryDa
 {
     const char *k = (const char *)key->data;
     size_t ulen = key->len;
-    /* with tenants, the key the user gave follows its tenant's prefix (dispatch.c) */
-    const char *user = st->tenants_on ? kvp_tenant_user_key(k, key->len, &ulen) : k;
+    /* the key the user gave follows its tenant's prefix (dispatch.c), or without an ACL its
+     * namespace's (client/control/key_scope.h): a key of 4096 bytes stays one */
+    const char *user = kvp_tenant_user_key(k, key->len, &ulen);
     if (!kvp_key_valid(user, ulen))
         return KVP_ERR_BAD_KEY;
     uint64_t h = kvp_index_hash(k, key->len);

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/grant.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -685,27 +686,105 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
     return 1;
 }
 
-/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one answer. `end`: the
- * PutEnd request (NULL for the others). */
+/*
+ * A keys batch (PutEnd, PutRevoke, Remove, Exist) costs up to 65536 keys' work: with the
+ * server's leave (st->may_continue) one call does KEYS_TURN_NS of it at most and is called
+ * again with the same request at its connection's next turn (st->call_again; the request
+ * stays in the connection's input, and the connection's later requests wait behind it),
+ * so that no batch holds the loop, every other caller, for longer. What it answered so far
+ * waits here, one per connection: 4 bytes a key of a request its connection holds anyway.
+ */
+#define KEYS_TURN_NS (4ull * 1000000ull)
+#define KEYS_TURN_CHECK 64u /* keys between two looks at the clock */
+
+typedef struct keys_cont {
+    struct keys_cont *next;
+    const kvp_master_state_t *st;
+    uint64_t conn_id;
+    key_op_fn_t fn;
+    size_t n_keys;
+    size_t left; /* keys [0, left) still to do (a batch goes last key first) */
+    int32_t out[];
+} keys_cont_t;
+
+static keys_cont_t *keys_conts;
+
+/* The batch this connection has under way (taken off the list); NULL: none. */
+static keys_cont_t *cont_take(const kvp_master_state_t *st, uint64_t conn_id)
+{
+    for (keys_cont_t **pp = &keys_conts; *pp != NULL; pp = &(*pp)->next)
+        if ((*pp)->st == st && (*pp)->conn_id == conn_id) {
+            keys_cont_t *k = *pp;
+            *pp = k->next;
+            return k;
+        }
+    return NULL;
+}
+
+/* Keys [0, left) not done at the budget's end: keep what out answered for the next call
+ * and tell the server so (st->call_again). false: no memory to wait with. */
+static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const int32_t *out,
+                      size_t n_keys, size_t left)
+{
+    if (k == NULL && (k = malloc(sizeof(*k) + n_keys * sizeof(int32_t))) == NULL)
+        return false;
+    *k = (keys_cont_t){.next = keys_conts,
+                       .st = call->st,
+                       .conn_id = call->conn_id,
+                       .fn = fn,
+                       .n_keys = n_keys,
+                       .left = left};
+    memcpy(k->out + left, out + left, (n_keys - left) * sizeof(*out));
+    keys_conts = k;
+    call->st->stats.keys_continued++;
+    call->st->call_again = true;
+    return true;
+}
+
+/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one answer (continued at
+ * later turns past KEYS_TURN_NS). `end`: the PutEnd request (NULL for the others). */
 static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size_t n_keys,
                                const Kvpool__PutEndRequest *end, bool force, key_op_fn_t fn)
 {
     Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
     kvp_reply_t r;
     kvp_reply_init(&r, call, &resp.base, 0);
+    kvp_master_state_t *st = call->st;
+    /* this very request again (the server says so): where it stopped */
+    keys_cont_t *k = cont_take(st, call->conn_id);
+    if (k != NULL && (!st->call_again || k->fn != fn || k->n_keys != n_keys)) {
+        free(k);
+        k = NULL;
+    }
+    st->call_again = false;
     int32_t status = kvp_call_check_batch(n_keys);
     if (status == KVP_OK && end != NULL &&
         (end->n_crc32c != n_keys || (end->n_written_mask != 0 && end->n_written_mask != n_keys)))
         status = KVP_ERR_INVALID_ARG;
-    if (status != KVP_OK)
-        return kvp_reply_fail(&r, status, NULL);
-    int32_t *out = kvp_reply_statuses(&r, n_keys);
-    if (out == NULL)
-        return kvp_reply_abort(&r);
+    int32_t *out = status == KVP_OK ? kvp_reply_statuses(&r, n_keys) : NULL;
+    if (out == NULL) {
+        free(k);
+        return status != KVP_OK ? kvp_reply_fail(&r, status, NULL) : kvp_reply_abort(&r);
+    }
+    size_t i = n_keys;
+    if (k != NULL) { /* what its earlier calls answered */
+        memcpy(out + k->left, k->out + k->left, (n_keys - k->left) * sizeof(*out));
+        i = k->left;
+    }
     /* last key first: the eviction policy sees a chain's first block last, so it ends up
      * the most recent (policy/lists.c); each key's answer is its own */
-    for (size_t i = n_keys; i-- > 0;)
-        out[i] = fn(call->st, call->conn_id, &keys[i], end, i, force);
+    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    for (unsigned since = 0; i > 0; i--) {
+        if (st->may_continue && ++since == KEYS_TURN_CHECK) {
+            since = 0;
+            if (kvp_now_ns() >= stop && cont_keep(call, k, fn, out, n_keys, i)) {
+                (void)kvp_reply_abort(&r); /* (no answer yet: its array goes) */
+                return KVP_OK;
+            }
+        }
+        out[i - 1] = fn(st, call->conn_id, &keys[i - 1], end, i - 1, force);
+    }
+    free(k);
     return kvp_reply_send(&r);
 }
 
@@ -928,6 +1007,7 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
 
 void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
+    free(cont_take(st, conn_id)); /* a keys batch under way: never answered now */
     /* Its leases' ids (no ACL: owned by the connection) go: a release of one is unknown from
      * now on, not another owner's; the reads hold until their TTL, as a dead reader's. */
     kvp_lease_disown(st, kvp_lease_owner_conn(conn_id));

@@ -56,6 +56,34 @@ static bool desc_valid(const Kvpool__SegmentDesc *d)
 }
 
 /*
+ * A segment's name is what it looks like: no NUL or control character (a tab, an escape
+ * sequence, a DEL) and no whitespace at either end, so two segments never differ by an
+ * invisible byte (`kvpool stat` escapes what is left: client/tools/cli). Names differing by
+ * case are two segments, and print as two. NULL: the name is fine; else why not, the name
+ * written with C escapes into buf.
+ */
+static const char *segment_name_refused(const char *name, char *buf, size_t cap)
+{
+    size_t len = strlen(name), at = 0;
+    const char *why = NULL;
+    for (size_t i = 0; i < len && why == NULL; i++)
+        if ((unsigned char)name[i] < 0x20 || (unsigned char)name[i] == 0x7f)
+            why = "holds a control character";
+    if (why == NULL && (name[0] == ' ' || name[len - 1] == ' '))
+        why = "starts or ends with a space";
+    if (why == NULL)
+        return NULL;
+    for (size_t i = 0; i < len && at + 5 < cap; i++) {
+        unsigned char c = (unsigned char)name[i];
+        at += c < 0x20 || c == 0x7f || c == '"' || c == '\\'
+                  ? (size_t)snprintf(buf + at, cap - at, "\\x%02x", c)
+                  : (size_t)snprintf(buf + at, cap - at, "%c", c);
+    }
+    buf[at < cap ? at : cap - 1] = '\0';
+    return why;
+}
+
+/*
  * The tenant a mount dedicates its segment to (name; empty: none, *tenant_p -1): the
  * caller's own (an admin's: any); tenants need an ACL. Otherwise a status, why in r->text.
  */
@@ -404,6 +432,17 @@ kvp_status_t kvp_handle_mount(kvp_call_t *call, ProtobufCMessage *req_msg)
             "host:port "
             "rdma endpoint",
             KVP_SEGMENT_MIN_SIZE);
+    char shown[4 * 255 + 8];
+    const char *bad_name = segment_name_refused(d->name, shown, sizeof(shown));
+    if (bad_name != NULL) {
+        st->stats.refused_name_segment++;
+        KVP_LOG_WARN_LIMITED("mount of segment \"%s\" by principal %s refused: its name %s", shown,
+                             call->who != NULL ? call->who->name : "(no ACL)", bad_name);
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                              "segment name \"%.400s\" %s: a segment's name is printable text "
+                              "with no space at either end",
+                              shown, bad_name);
+    }
     /* a dedicated segment: the caller's own tenant (an admin's: any); tenants need an ACL */
     int32_t tenant;
     kvp_status_t status = mount_tenant(&r, req->tenant, &tenant);

@@ -100,9 +100,9 @@ static kvp_status_t room_check(kvp_call_t *call, kvp_reply_t *r)
             char share[96] = "";
             if (st->config.max_tasks_per_tenant == 0)
                 snprintf(share, sizeof(share),
-                         "an equal share of the master's %u among %u "
+                         "an equal share of the master's %u among the ACL's %u "
                          "tenants; ",
-                         KVP_TASKS_LIVE_MAX, st->tenants.n);
+                         KVP_TASKS_LIVE_MAX, st->acl_tenants);
             snprintf(r->text, r->text_max,
                      "tenant %s has %u copy and move tasks waiting or running, at most %u a "
                      "tenant (%s--max-tasks-per-tenant): wait for some to end",

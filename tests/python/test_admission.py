@@ -27,13 +27,19 @@ import os
 import random
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 
+import pytest
+
 import kvpool
 from conftest import TLS_DIR, free_port, metric
-from test_security import M_PING, frame, poll, read_frame, varint
+from test_security import (M_PING, _CRED_ENV, at_eof, certs, close_all, frame,  # noqa: F401
+                           poll, read_frame, varint)
+from test_tenants import PRINCIPALS
 
 ERR_TIMEOUT = -15
 MiB = 1 << 20
@@ -428,3 +434,187 @@ def test_pipelined_costly_requests_take_turns(make_pool):
         assert statuses == [0] * n_req
         assert took > 1.0  # the Lists were costly: without turns, alice would wait for them
         assert slowest < 0.5, f"alice's get waited {slowest:.2f} s"
+
+
+# ---- turns per principal, connections per principal ----
+
+# bob's attack, in a process of its own: `conns` TLS connections with his certificate, each
+# sending `per` costly Lists at once and reading their answers; prints the answers' statuses
+# counted, one line of "status count" each (every List must be answered)
+_BOB = r"""
+import collections, socket, ssl, struct, sys, threading
+host, port, ca, crt, key, conns, per, pattern = sys.argv[1:9]
+conns, per = int(conns), int(per)
+HDR = struct.Struct("<IHHQIiQ")
+def varint(n):
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+p = pattern.encode()
+body = b"\x0a" + varint(len(p)) + p + b"\x20" + varint(1000)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.load_verify_locations(ca)
+ctx.load_cert_chain(crt, key)
+socks = [ctx.wrap_socket(socket.create_connection((host, int(port)), timeout=120),
+                         server_hostname=host) for _ in range(conns)]
+counts = collections.Counter()
+lock = threading.Lock()
+def recv_exact(s, n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            return b
+        b += c
+    return b
+def run(s):
+    s.sendall(b"".join(HDR.pack(0x3150564B, 2, 13, i + 1, len(body), 0, 0) + body
+                       for i in range(per)))
+    for _ in range(per):
+        h = recv_exact(s, HDR.size)
+        if len(h) < HDR.size:
+            with lock:
+                counts["closed"] += 1
+            return
+        st, n = HDR.unpack(h)[5], HDR.unpack(h)[4]
+        recv_exact(s, n)
+        with lock:
+            counts[st] += 1
+print("ready", flush=True)
+sys.stdin.readline()
+ts = [threading.Thread(target=run, args=(s,)) for s in socks]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+for k, v in sorted(counts.items(), key=str):
+    print(k, v, flush=True)
+"""
+
+M_CAP = 64  # --max-connections-per-principal of these masters
+
+
+@pytest.fixture
+def capped_master(certs, tmp_path, monkeypatch):
+    """A TLS+ACL master (test_tenants.py's principals: alice by token, bob by certificate)
+    with --max-connections-per-principal M_CAP and a 64 MiB segment. Every credential is
+    the test's own: none from the environment (the suite's TLS pass sets $KVPOOL_TLS_*)."""
+    from test_tenants import TenantMaster
+
+    for var in _CRED_ENV:
+        monkeypatch.delenv(var, raising=False)
+
+    class Capped(TenantMaster):
+        extra_args = ("--max-connections-per-principal", str(M_CAP))
+
+    m = Capped(certs, str(tmp_path), PRINCIPALS, {})
+    try:
+        m.add_segment("64MiB")
+        yield m
+    finally:
+        close_all([m])
+
+
+def bob_lists(m, bob, rnd):
+    """bob's keys whose List pattern costs microseconds per key byte (each page ends at its
+    10 ms budget, as in test_pipelined_costly_requests_take_turns)."""
+    for i in range(40):
+        k = f"w{i}-" + "".join(rnd.choice("ab") for _ in range(2000))
+        bob.put(k + "a" + "b" * 40 + "c", b"v")
+    return "a[ab]{40}c"
+
+
+def test_many_connections_of_one_principal_share_one_turn(capped_master):
+    """bob opens 60 connections, each pipelining 4 Lists that each take a page's whole
+    10 ms budget: with a turn per connection the loop went round 60 of them (0.6 s) between
+    two of alice's calls; with one turn per principal alice's gets take a median under
+    100 ms and at most 1 s, her new connection's TLS handshake and Auth finish within 1 s,
+    and every one of bob's Lists is answered."""
+    m = capped_master
+    crt, key = m.certs.pair(PRINCIPALS["bob"]["cn"])
+    with m.client("bob") as bob:
+        pattern = bob_lists(m, bob, random.Random(7))
+    n_conns, per = 60, 4
+    attack = subprocess.Popen([sys.executable, "-c", _BOB, m.host, str(m.port), m.certs.ca, crt,
+                               key, str(n_conns), str(per), pattern],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert attack.stdout.readline().strip() == "ready"
+        with m.client("alice", rpc_timeout_ms=5000) as alice:
+            data = os.urandom(20_000)
+            alice.put("adm/mine", data)
+            attack.stdin.write("go\n")
+            attack.stdin.flush()
+            time.sleep(0.2)  # bob's Lists under way (the loop is busy with them)
+            lat = []
+            t_end = time.monotonic() + 2.5
+            while time.monotonic() < t_end and attack.poll() is None:
+                t1 = time.monotonic()
+                assert alice.get("adm/mine") == data
+                lat.append(time.monotonic() - t1)
+            t1 = time.monotonic()  # a new connection: TLS, Auth and a get
+            with m.client("alice", rpc_timeout_ms=5000) as again:
+                assert again.get("adm/mine") == data
+            fresh = time.monotonic() - t1
+        out, _ = attack.communicate(timeout=120)
+    finally:
+        if attack.poll() is None:
+            attack.kill()
+            attack.wait()
+    lat.sort()
+    med, worst = lat[len(lat) // 2], lat[-1]
+    print(f"\nalice: {len(lat)} gets, median {med * 1000:.1f} ms, slowest {worst * 1000:.0f} ms; "
+          f"a new connection {fresh * 1000:.0f} ms; bob: {out.split()}")
+    assert len(lat) >= 10
+    assert med < 0.1, f"alice's median get {med:.3f} s"
+    assert worst < 1.0, f"alice's slowest get {worst:.3f} s"
+    assert fresh < 1.0, f"alice's new connection took {fresh:.3f} s"
+    assert out.split() == ["0", str(n_conns * per)], out
+
+
+def test_connections_per_principal_are_capped(capped_master):
+    """bob holds M_CAP connections: the next one that names him (his certificate) is
+    refused with why, counted max_connections_per_principal, the ones he holds keep
+    working, alice (another principal, the same peer address) still connects, and once bob
+    closes one a new one of his gets in."""
+    m = capped_master
+    crt, key = m.certs.pair(PRINCIPALS["bob"]["cn"])
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(m.certs.ca)
+    ctx.load_cert_chain(crt, key)
+
+    def bob_conn():
+        s = ctx.wrap_socket(socket.create_connection((m.host, m.port), timeout=10),
+                            server_hostname=m.host)
+        s.sendall(frame(M_PING))
+        return s, read_frame(s)
+
+    held = []
+    try:
+        for _ in range(M_CAP):
+            s, r = bob_conn()
+            held.append(s)
+            assert r is not None and r[1] == 0, r
+        s, r = bob_conn()  # one past the cap
+        with s:
+            assert r is not None and r[1] == kvpool.ERR_DENIED, r
+            assert b"--max-connections-per-principal 64" in r[2], r[2]
+            assert at_eof(s)
+        text = m.metrics()
+        assert metric(text, "kvpool_connections_refused_total",
+                      {"reason": "max_connections_per_principal"}) == 1
+        for s in held[:3]:  # his others keep working
+            s.sendall(frame(M_PING, req_id=2))
+            assert read_frame(s)[1] == 0
+        with m.client("alice") as alice:
+            alice.put("adm/cap", b"x" * 100)
+            assert alice.get("adm/cap") == b"x" * 100
+        held.pop().close()
+        poll(lambda: bob_conn()[1][1] == 0, "bob's connection after he closed one", timeout=10)
+    finally:
+        for s in held:
+            s.close()

@@ -3,6 +3,8 @@ a read of one member keeps the group from eviction while its lease holds, an evi
 one member takes the others, an upsert may not move a group (-600), group_ids of another
 length than the keys are refused (-600), removal cleans the membership up."""
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -285,3 +287,122 @@ def test_group_survives_a_master_restart():
     finally:
         seg.stop()
         master.stop()
+
+
+# ---- a big group's revoke does not hold the master's loop ----
+
+from test_admission import Master  # noqa: E402
+from test_security import poll  # noqa: E402
+
+# alice's reader, in a process of its own (no GIL shared with bob's calls): gets her key
+# until the file `stop` exists, checks every byte, prints her slowest call and the count
+_READER = r"""
+import os, sys, time
+import kvpool
+addr, key, size, stop, ready = sys.argv[1:6]
+want = bytes(range(256)) * (int(size) // 256)
+worst, n = 0.0, 0
+with kvpool.Client(addr) as c:
+    assert c.get(key) == want
+    open(ready, "w").close()
+    while not os.path.exists(stop):
+        t = time.perf_counter()
+        got = c.get(key)
+        worst = max(worst, time.perf_counter() - t)
+        n += 1
+        if got != want:
+            print("BAD BYTES", flush=True)
+            sys.exit(3)
+print(f"{worst:.4f} {n}", flush=True)
+"""
+
+
+def test_big_group_removal_keeps_the_loop_serving(make_pool, prefix, tmp_path):
+    """bob puts 65536 objects in one group and removes 49152 of them in one call while
+    alice reads her own object from another process: her slowest read stays under 0.5 s
+    (a member's leave scanned the group: 65536 x 49152 pointer compares held the loop
+    for seconds, PutRevoke's alike), her bytes exact; the removed keys are gone, the rest
+    of the group intact (its bytes, the group's member count), and the removal went on
+    over several loop turns (kvpool_requests_continued_total)."""
+    m = Master(make_pool, "--put-timeout", "120")
+    n, gone = 65536, 49152
+    keys = [f"{prefix}big/{i:06d}" for i in range(n)]
+    vals = [(k[-6:] * 11)[:64].encode() for k in keys]
+    with kvpool.Client(m.addr) as bob, kvpool.Client(m.addr) as alice:
+        mine = bytes(range(256)) * 16
+        alice.put(prefix + "alice", mine)
+        for s in range(0, n, 4096):  # all in group "big"
+            ks = keys[s:s + 4096]
+            assert set(bob.batch_put(ks, vals[s:s + 4096], group_ids=["big"] * len(ks))) \
+                == {0}
+        assert metric(m.metrics(), "kvpool_group_members") == n
+
+        stop, ready = str(tmp_path / "stop"), str(tmp_path / "ready")
+        reader = subprocess.Popen([sys.executable, "-c", _READER, m.addr, prefix + "alice",
+                                   str(len(mine)), stop, ready], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            poll(lambda: os.path.exists(ready), "alice's reader started", timeout=30)
+            before = metric(m.metrics(), "kvpool_requests_continued_total")
+            assert set(bob.raw.batch_remove(keys[:gone])) == {0}  # one call
+        finally:
+            open(stop, "w").close()
+            out, _ = reader.communicate(timeout=60)
+        assert reader.returncode == 0, out
+        worst, reads = out.split()
+        assert float(worst) < 0.5, f"alice's slowest read took {worst} s ({reads} reads)"
+        text = m.metrics()
+        assert metric(text, "kvpool_requests_continued_total") > before
+        assert metric(text, "kvpool_group_members") == n - gone
+        assert metric(text, "kvpool_groups") == 1
+
+        # the removed keys absent, the rest of the group whole
+        assert not any(bob.batch_exists(keys[:gone]))
+        assert all(bob.batch_exists(keys[gone:]))
+        for i in range(gone, n, 211):
+            assert bob.get(keys[i]) == vals[i]
+        assert alice.get(prefix + "alice") == mine
+
+
+def test_big_group_eviction_keeps_the_loop_serving(make_pool, prefix, tmp_path):
+    """bob fills the 16 MiB segment with a 65536-member group (192-byte objects) and then
+    puts past it while alice reads her own object from another process: the eviction
+    takes bob's whole group as a unit (a victim takes its group), her slowest read stays
+    under 0.5 s (each member's check scanned the whole group: 65536^2 steps held the loop
+    for seconds), her bytes exact, the rest of bob's puts intact."""
+    m = Master(make_pool)
+    n, size = 65536, 192
+    keys = [f"{prefix}bob/{i:06d}" for i in range(n)]
+    vals = [(k[-6:] * 33)[:size].encode() for k in keys]
+    with kvpool.Client(m.addr) as bob, kvpool.Client(m.addr) as alice:
+        mine = bytes(range(256)) * 16
+        alice.put(prefix + "alice", mine)
+        for s in range(0, n, 4096):  # all in group "bob"
+            ks = keys[s:s + 4096]
+            assert set(bob.batch_put(ks, vals[s:s + 4096], group_ids=["bob"] * len(ks))) \
+                == {0}
+        assert metric(m.metrics(), "kvpool_group_members") == n
+        evicted = metric(m.metrics(), "kvpool_group_evicted_total") or 0
+
+        stop, ready = str(tmp_path / "stop"), str(tmp_path / "ready")
+        reader = subprocess.Popen([sys.executable, "-c", _READER, m.addr, prefix + "alice",
+                                   str(len(mine)), stop, ready], stdout=subprocess.PIPE,
+                                  text=True)
+        try:
+            poll(lambda: os.path.exists(ready), "alice's reader started", timeout=30)
+            for i in range(8):  # 8 MiB more than the segment has left: eviction
+                bob.put(f"{prefix}more{i}", _val(f"m{i}"))
+        finally:
+            open(stop, "w").close()
+            out, _ = reader.communicate(timeout=60)
+        assert reader.returncode == 0, out
+        worst, reads = out.split()
+        assert float(worst) < 0.5, f"alice's slowest read took {worst} s ({reads} reads)"
+        text = m.metrics()
+        # bob's group went as a unit: every member, the group with them
+        assert metric(text, "kvpool_group_evicted_total") - evicted == n - 1
+        assert (metric(text, "kvpool_group_members") or 0) == 0
+        assert not any(bob.batch_exists(keys))
+        for i in range(8):
+            assert bob.get(f"{prefix}more{i}") == _val(f"m{i}")
+        assert alice.get(prefix + "alice") == mine

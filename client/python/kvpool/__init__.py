@@ -148,7 +148,8 @@ class Client:
     Client(master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
            data_host=None, segment_name=None, rdma_devices=None,
            verify_crc=True, tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None,
-           token=None, segment_tenant=None, segment_file=None, segment_file_offset=0)
+           token=None, segment_tenant=None, segment_file=None, segment_file_offset=0,
+           dfs_path=None, tenant_id=None)
 
     master: "HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"; None: $KVPOOL_MASTER,
     else 127.0.0.1:50051. segment_size: bytes (or "1GiB") of DRAM to mount and
@@ -163,22 +164,26 @@ class Client:
     with [segment_file_offset, + segment_size) of that file (a regular file of this
     user's, mode 0600; the offset page-aligned) instead of anonymous memory. dfs_path
     names a DFS directory (kvpool serve --dfs-path) this client reads and writes DFS
-    replicas in itself, none: $KVPOOL_DFS_PATH, else through their owners. The other
-    arguments are kvp_client_params_t's fields of the same names.
+    replicas in itself, none: $KVPOOL_DFS_PATH, else through their owners.
+    tenant_id (None: $KVPOOL_TENANT_ID; "default": none) is Mooncake's: without a
+    credential that binds a tenant, the namespace of this client's keys (no other
+    tenant_id's keys are seen, nor the default namespace's); with one, the principal's
+    tenant, or Error DENIED. The other arguments are kvp_client_params_t's fields of the
+    same names.
     """
 
     def __init__(self, master=None, segment_size=0, transport="auto", rpc_timeout_ms=0, *,
                  data_host=None, segment_name=None, rdma_devices=None, verify_crc=True,
                  tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None,
                  segment_tenant=None, segment_file=None, segment_file_offset=0,
-                 dfs_path=None):
+                 dfs_path=None, tenant_id=None):
         # dfs_path: a DFS directory this client reads and writes DFS replicas in itself
         # (None: $KVPOOL_DFS_PATH, else through their owners)
         self._c = _kvpool.Client(master, parse_size(segment_size), transport, rpc_timeout_ms,
                                  data_host, segment_name, rdma_devices, bool(verify_crc),
                                  tcp_streams, tls_cert, tls_key, tls_ca, token, segment_tenant,
                                  segment_file, parse_size(segment_file_offset),
-                                 dfs_path=dfs_path)
+                                 dfs_path=dfs_path, tenant_id=tenant_id)
         self._registered = {}  # address -> memoryview holding a registered buffer
         self._lock = _threading.Lock()
         self._aio = None  # kvpool.aio's queue, made by the first async call

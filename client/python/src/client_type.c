@@ -116,24 +116,34 @@ static int tcp_streams_conv(PyObject *o, void *p)
 
 static int client_init(kvp_py_client_t *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"master",       "segment_size",
-                             "transport",    "rpc_timeout_ms",
-                             "data_host",    "segment_name",
-                             "rdma_devices", "verify_crc",
-                             "tcp_streams",  "tls_cert",
-                             "tls_key",      "tls_ca",
-                             "token",        "segment_tenant",
-                             "segment_file", "segment_file_offset",
-                             "dfs_path",     NULL};
+    static char *kwlist[] = {"master",
+                             "segment_size",
+                             "transport",
+                             "rpc_timeout_ms",
+                             "data_host",
+                             "segment_name",
+                             "rdma_devices",
+                             "verify_crc",
+                             "tcp_streams",
+                             "tls_cert",
+                             "tls_key",
+                             "tls_ca",
+                             "token",
+                             "segment_tenant",
+                             "segment_file",
+                             "segment_file_offset",
+                             "dfs_path",
+                             "tenant_id",
+                             NULL};
     kvp_client_params_t p;
     kvp_client_params_init(&p);
     int verify_crc = 1;
     if (!PyArg_ParseTupleAndKeywords(
-            args, kw, "|zO&zO&zzzpO&zzzzzzO&z:Client", kwlist, &p.master_addr, segment_size_conv,
+            args, kw, "|zO&zO&zzzpO&zzzzzzO&zz:Client", kwlist, &p.master_addr, segment_size_conv,
             &p.segment_size, &p.transport, rpc_timeout_conv, &p.rpc_timeout_ms, &p.data_host,
             &p.segment_name, &p.rdma_devices, &verify_crc, tcp_streams_conv, &p.tcp_streams,
             &p.tls_cert, &p.tls_key, &p.tls_ca, &p.token, &p.segment_tenant, &p.segment_file,
-            file_offset_conv, &p.segment_file_offset, &p.dfs_path))
+            file_offset_conv, &p.segment_file_offset, &p.dfs_path, &p.tenant_id))
         return -1;
     if (self->c != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
@@ -948,13 +958,13 @@ static PyMemberDef client_members[] = {
 };
 
 static PyType_Slot client_slots[] = {
-    {Py_tp_doc,
-     (void *)PyDoc_STR(
-         "Client(master=None, segment_size=0, transport=None, rpc_timeout_ms=0, "
-         "data_host=None, segment_name=None, rdma_devices=None, verify_crc=True, "
-         "tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None, "
-         "segment_tenant=None, segment_file=None, segment_file_offset=0, dfs_path=None): "
-         "the raw libkvpool client (results are status codes)")},
+    {Py_tp_doc, (void *)PyDoc_STR(
+                    "Client(master=None, segment_size=0, transport=None, rpc_timeout_ms=0, "
+                    "data_host=None, segment_name=None, rdma_devices=None, verify_crc=True, "
+                    "tcp_streams=0, tls_cert=None, tls_key=None, tls_ca=None, token=None, "
+                    "segment_tenant=None, segment_file=None, segment_file_offset=0, dfs_path=None, "
+                    "tenant_id=None): "
+                    "the raw libkvpool client (results are status codes)")},
     {Py_tp_new, client_new},
     {Py_tp_init, client_init},
     {Py_tp_dealloc, client_dealloc},

@@ -158,5 +158,10 @@ bool kvp_cli_write_all(int fd, const void *buf, size_t len);
 
 /* A bounded char array from the library as a JSON string on stdout. */
 void kvp_cli_json_string(const char *s, size_t cap);
+/* A name (at most cap bytes of s) as a person should see it, in out (4 * cap + 3 bytes is
+ * always room): as it is when it is printable ASCII with no space at either end; else in
+ * double quotes with C escapes (\t, \n, \r, \xNN for other control bytes and non-ASCII,
+ * \" and \\), so names that differ by a space, a tab or an invisible byte print apart. */
+const char *kvp_cli_shown_name(const char *s, size_t cap, char *out, size_t out_cap);
 
 #endif

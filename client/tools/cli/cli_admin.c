@@ -229,11 +229,13 @@ static void stat_print_tiers(const kvp_pool_stat_t *st)
 /* The segments' table, its columns as wide as their longest entry. */
 static void stat_print_segments(const kvp_pool_stat_t *st)
 {
-    char a[32], b[32];
+    char a[32], b[32], shown[4 * sizeof(st->segments[0].name) + 3];
     int wname = 4, wmed = 6, wend = 8;
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
-        wname = KVP_MAX(wname, (int)strnlen(s->name, sizeof(s->name)));
+        /* what a name really is: quoted and escaped when it is not plain (kvp_cli_shown_name) */
+        kvp_cli_shown_name(s->name, sizeof(s->name), shown, sizeof(shown));
+        wname = KVP_MAX(wname, (int)strlen(shown));
         wmed = KVP_MAX(wmed, (int)strnlen(s->medium, sizeof(s->medium)));
         wend = KVP_MAX(wend, (int)strnlen(s->endpoint, sizeof(s->endpoint)));
     }
@@ -241,8 +243,9 @@ static void stat_print_segments(const kvp_pool_stat_t *st)
            "SIZE", "USED", "OBJECTS");
     for (size_t i = 0; i < st->n_segments; i++) {
         const kvp_segment_info_t *s = &st->segments[i];
-        printf("%-*.*s  %-*.*s  %-*.*s  %10s  %10s  %" PRIu64 "%s\n", wname, wname, s->name, wmed,
-               wmed, s->medium, wend, wend, s->endpoint, kvp_progress_size(s->size, a, sizeof(a)),
+        kvp_cli_shown_name(s->name, sizeof(s->name), shown, sizeof(shown));
+        printf("%-*s  %-*.*s  %-*.*s  %10s  %10s  %" PRIu64 "%s\n", wname, shown, wmed, wmed,
+               s->medium, wend, wend, s->endpoint, kvp_progress_size(s->size, a, sizeof(a)),
                kvp_progress_size(s->used, b, sizeof(b)), s->objects,
                s->draining ? "  (draining)" : "");
     }

@@ -200,6 +200,37 @@ bool kvp_cli_write_all(int fd, const void *buf, size_t len)
     return true;
 }
 
+const char *kvp_cli_shown_name(const char *s, size_t cap, char *out, size_t out_cap)
+{
+    size_t len = strnlen(s, cap), at = 1;
+    bool quote = len == 0 || s[0] == ' ' || s[len - 1] == ' ';
+    out[0] = '"';
+    for (size_t i = 0; i < len && at + 6 < out_cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *e = c == '\t' ? "\\t" : c == '\n' ? "\\n" : c == '\r' ? "\\r" : NULL;
+        if (c == '"' || c == '\\') {
+            out[at++] = '\\';
+            out[at++] = (char)c;
+        } else if (e != NULL) {
+            memcpy(out + at, e, 2);
+            at += 2;
+        } else if (c < 0x20 || c >= 0x7f) {
+            at += (size_t)snprintf(out + at, out_cap - at, "\\x%02x", c);
+        } else {
+            out[at++] = (char)c;
+            continue;
+        }
+        quote = true;
+    }
+    if (!quote) { /* printable, no space at an end: as it is */
+        snprintf(out, out_cap, "%.*s", (int)len, s);
+        return out;
+    }
+    out[at++] = '"';
+    out[at] = '\0';
+    return out;
+}
+
 void kvp_cli_json_string(const char *s, size_t cap)
 {
     putchar('"');
@@ -207,7 +238,7 @@ void kvp_cli_json_string(const char *s, size_t cap)
         unsigned char c = (unsigned char)s[i];
         if (c == '"' || c == '\\')
             printf("\\%c", c);
-        else if (c < 0x20)
+        else if (c < 0x20 || c == 0x7f)
             printf("\\u%04x", c);
         else
             putchar(c);

@@ -17,9 +17,14 @@ kvpool master ("HOST:PORT" or "etcd://HOST:PORT[,...]/CLUSTER"),
 global_segment_size the DRAM this process contributes to the pool (0: none),
 protocol "rdma" or "tcp" the transport (anything else: auto, i.e. shm on the
 same host), rdma_devices the RDMA devices, local_hostname the address the
-segment's data server binds and advertises. metadata_server,
-engine and the SSD / tenant / HTTP arguments are accepted and not used
-(kvpool needs no metadata server; its SSD tier is set up on `kvpool serve`).
+segment's data server binds and advertises. tenant_id is Mooncake's: without
+a credential that binds a tenant, the namespace of the store's keys (stores of
+two tenant_ids never see each other's keys); with one (KVPOOL_TOKEN or
+KVPOOL_TLS_CERT and a master's ACL), it must be the principal's tenant, else
+setup() returns -601 (ILLEGAL_CLIENT, as for a refused credential) and logs
+why ("default", the default: no tenant named). metadata_server, engine and
+the SSD / HTTP arguments are accepted and not used (kvpool needs no metadata
+server; its SSD tier is set up on `kvpool serve`).
 kvpool needs no transfer buffer either, but a local_buffer_size of 0 makes
 the calls Mooncake copies through that buffer (put, put_batch, put_parts,
 the upserts of bytes, get, get_batch, get_buffer, batch_get_buffer,
@@ -169,14 +174,18 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             local_buffer_size = cfg.get("local_buffer_size", 16 << 20)
             master_server_addr = cfg.get("master_server_address",
                                          cfg.get("master_server_addr"))
+            tenant_id = cfg.get("tenant_id", "default")
         try:
             seg = _kvpool.parse_size(global_segment_size)
             buffer_size = _kvpool.parse_size(local_buffer_size)
-            for v in (local_hostname, protocol, rdma_devices, master_server_addr):
+            for v in (local_hostname, protocol, rdma_devices, master_server_addr, tenant_id):
                 if v is not None and not isinstance(v, str):
-                    raise TypeError("host, protocol, devices and master must be str")
+                    raise TypeError("host, protocol, devices, master and tenant_id must be str")
         except _BAD_INPUT:
             return INVALID_PARAMS
+        # Mooncake's empty tenant_id is its "default": no tenant named, and then the
+        # library reads $KVPOOL_TENANT_ID, as the other settings read theirs
+        tenant = tenant_id if tenant_id not in (None, "", "default") else None
         data_host = _host_of(local_hostname) if seg > 0 else None
         args = (master_server_addr or None, _host_of(local_hostname), rdma_devices or None)
         names = _segment_names(local_hostname) if seg > 0 else []
@@ -186,11 +195,13 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
                 # itself (else $KVPOOL_DFS_PATH, read by the library)
                 c = _raw.Client(master_server_addr or None, seg, _transport(protocol), 0,
                                 data_host, name, rdma_devices or None, True, 0,
-                                dfs_path=_os.environ.get("MOONCAKE_DFS_ROOT_DIR") or None)
+                                dfs_path=_os.environ.get("MOONCAKE_DFS_ROOT_DIR") or None,
+                                tenant_id=tenant)
                 break
             except _kvpool.Error as e:
                 # a drawn port whose name another segment has: the next one
                 if e.status != _kvpool.ERR_EXISTS or len(names) < 2 or i + 1 == len(names):
+                    _log.warning("setup() failed: %s", e)
                     return _code(e.status)
             except _BAD_INPUT:
                 return INVALID_PARAMS

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
@@ -125,6 +126,94 @@ static void test_many_groups(void **state)
     }
     assert_int_equal(gt.live, 0);
     free(o);
+    kvp_group_table_cleanup(&gt);
+}
+
+/* Every member of g sits where its index says, and g holds n of them. */
+static void check_members(kvp_group_table_t *gt, uint32_t id, uint32_t n)
+{
+    kvp_group_t *g = kvp_group_get(gt, id);
+    assert_non_null(g);
+    assert_int_equal(g->n, n);
+    for (uint32_t i = 0; i < g->n; i++) {
+        assert_int_equal(kvp_object_member_index(g->members[i]), i);
+        assert_int_equal(kvp_object_group(g->members[i]), id);
+    }
+}
+
+/* One group of many members: leaves in a scattered order and replacements keep each
+ * member's index right (the swap-remove's fix-up), the group holds exactly the others,
+ * and a leave of what is not (or no longer) a member changes nothing. */
+static void test_big_group_leave_rebind(void **state)
+{
+    (void)state;
+    enum { N = 20000 };
+    kvp_group_table_t gt;
+    assert_int_equal(kvp_group_table_init(&gt), KVP_OK);
+    kvp_object_t **o = calloc(N, sizeof(*o));
+    bool *in = calloc(N, sizeof(*in));
+    assert_non_null(o);
+    assert_non_null(in);
+    char key[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(key, sizeof(key), "k%d", i);
+        o[i] = grouped(key);
+        assert_int_equal(kvp_group_join(&gt, 3, "big", 3, 0, o[i]), KVP_OK);
+        in[i] = true;
+    }
+    uint32_t id = kvp_group_find(&gt, 3, "big", 3);
+    check_members(&gt, id, N);
+    /* every 7th replaced by a copy (as tier.c does: same tail), every 3rd leaves, in a
+     * scattered order (a stride prime to N) */
+    uint32_t n = N;
+    for (int j = 0; j < N; j++) {
+        int i = (int)(((uint64_t)j * 7919u) % N);
+        if (i % 7 == 0) {
+            snprintf(key, sizeof(key), "k%d", i);
+            kvp_object_t *r = grouped(key);
+            kvp_object_set_group(r, kvp_object_group(o[i]));
+            kvp_object_set_member_index(r, kvp_object_member_index(o[i]));
+            kvp_group_rebind(&gt, o[i], r);
+            free(o[i]);
+            o[i] = r;
+        }
+        if (i % 3 == 0) {
+            kvp_group_leave(&gt, o[i]);
+            assert_int_equal(kvp_object_group(o[i]), 0);
+            kvp_group_leave(&gt, o[i]); /* again: not a member, nothing happens */
+            in[i] = false;
+            n--;
+        }
+        if (j % 1000 == 0)
+            check_members(&gt, id, n);
+    }
+    check_members(&gt, id, n);
+    assert_int_equal(gt.members, n);
+    kvp_group_t *g = kvp_group_get(&gt, id);
+    for (uint32_t k = 0; k < g->n; k++) { /* exactly the ones still in, each once */
+        const char *kk = kvp_object_key(g->members[k]);
+        int i = atoi(kk + 1);
+        assert_true(in[i]);
+        assert_ptr_equal(g->members[k], o[i]);
+    }
+    /* an object never in the group, whose stale tail names it and a member's index */
+    kvp_object_t *stranger = grouped("stranger");
+    kvp_object_set_group(stranger, id);
+    kvp_object_set_member_index(stranger, 0);
+    kvp_group_leave(&gt, stranger);
+    kvp_group_rebind(&gt, stranger, stranger);
+    check_members(&gt, id, n);
+    free(stranger);
+    for (int i = 0; i < N; i++) {
+        if (in[i])
+            kvp_group_leave(&gt, o[i]);
+        free(o[i]);
+    }
+    assert_null(kvp_group_get(&gt, id));
+    assert_int_equal(gt.members, 0);
+    assert_int_equal(gt.live, 0);
+    free(o);
+    free(in);
     kvp_group_table_cleanup(&gt);
 }
 
@@ -298,6 +387,93 @@ static void test_eviction_expands(void **state)
     assert_int_equal(st->groups.live, 0); /* membership cleaned up */
 }
 
+/* A 65 536-member group in a segment of as many slots and 64 more: a read of a member
+ * leases the group with no lease slot per member, a read lease slot on a member is counted
+ * in its group (passed over whole, in O(1) per object looked at: the old scan of every
+ * member for each was 2^32 steps here), and once the leases are over the group goes as a
+ * unit. */
+enum { BIG = 65536 };
+static int setup_big(void **state)
+{
+    if (setup(state) != 0)
+        return -1;
+    kvp_master_state_t *st = *state;
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = (char *)"s2";
+    d.medium = (char *)"dram";
+    d.size = (uint64_t)BIG * OBJ;
+    d.host_id = (char *)"h1";
+    d.tcp_endpoint = (char *)"10.0.0.1:7000";
+    d.shm_path = (char *)"/dev/shm/kvp-seg2";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = 1001;
+    req.segment = &d;
+    Kvpool__MountResponse *r =
+        svc_call(st, 1, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    int ok = r->status == KVP_OK ? 0 : -1;
+    svc_msg_free(r);
+    return ok;
+}
+
+static kvp_object_t *lookup(kvp_master_state_t *st, const char *key)
+{
+    return kvp_index_lookup(&st->index, key, strlen(key), kvp_index_hash(key, strlen(key)));
+}
+
+static void test_big_group_lease_and_eviction(void **state)
+{
+    kvp_master_state_t *st = *state;
+    char key[32];
+    for (unsigned i = 0; i < BIG; i++) {
+        snprintf(key, sizeof(key), "big%u", i);
+        assert_int_equal(put(st, key, "big", false), KVP_OK);
+    }
+    fill(st, "u", SLOTS); /* full */
+    uint32_t gid = kvp_object_group(lookup(st, "big0"));
+    kvp_group_t *g = kvp_group_get(&st->groups, gid);
+    assert_non_null(g);
+    assert_int_equal(g->n, BIG);
+    /* Exist of one member: the group is leased, no member gets a slot */
+    uint32_t slots = st->leases.live;
+    assert_int_equal(keys1(st, KVP_RPC_EXIST, "big7"), 1);
+    assert_true(g->lease_until_ms > st->now_ms);
+    assert_true(st->leases.live <= slots + 1);
+    assert_false(kvp_leased(st, lookup(st, "big8")));
+    fill(st, "v", 16); /* pressure: ungrouped ones go, the group stays whole */
+    assert_int_equal(g->n, BIG);
+    assert_false(resident(st, "u0"));
+    /* the group lease over, a read lease slot on one member still holds it */
+    st->now_ms += 5001;
+    kvp_lease_expire(st); /* (big7's own lease from Exist: over, reaped as eviction does) */
+    assert_int_equal(g->leased, 0);
+    kvp_lease_grant(st, lookup(st, "big9"), KVP_LEASE_NOBODY);
+    assert_int_equal(g->leased, 1);
+    fill(st, "w", 16);
+    assert_int_equal(g->n, BIG);
+    /* that lease ends by its TTL: the count goes down, and the group goes as a unit */
+    st->now_ms += 5001;
+    kvp_lease_expire(st);
+    assert_int_equal(g->leased, 0);
+    uint64_t evicted = st->stats.group_evicted;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned i = 0; resident(st, "big0"); i++) {
+        assert_true(i < 2 * SLOTS + 64);
+        snprintf(key, sizeof(key), "x%u", i);
+        assert_int_equal(put(st, key, NULL, false), KVP_OK);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    print_message("puts until the %d-member group went (printed, not checked): %.1f ms\n", BIG,
+                  (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    for (unsigned i = 0; i < BIG; i += 997) {
+        snprintf(key, sizeof(key), "big%u", i);
+        assert_false(resident(st, key));
+    }
+    assert_int_equal(st->stats.group_evicted, evicted + BIG - 1);
+    assert_null(kvp_group_get(&st->groups, gid));
+    assert_true(resident(st, "w15"));
+}
+
 /* Members that may not go stay: pinned ones; one being read keeps the group whole. */
 static void test_eviction_checks_each_member(void **state)
 {
@@ -309,7 +485,10 @@ static void test_eviction_checks_each_member(void **state)
     assert_int_equal(put(st, "q3", "q", false), KVP_OK);
     /* q1 looked up: Exist leases its group (q2, q3 too) */
     assert_int_equal(keys1(st, KVP_RPC_EXIST, "q1"), 1);
-    assert_true(kvp_leased(st, kvp_index_lookup(&st->index, "q3", 2, kvp_index_hash("q3", 2))));
+    /* one expiry for the group (O(1)), no lease slot per member */
+    const kvp_object_t *q3 = kvp_index_lookup(&st->index, "q3", 2, kvp_index_hash("q3", 2));
+    assert_true(kvp_group_get(&st->groups, kvp_object_group(q3))->lease_until_ms > st->now_ms);
+    assert_false(kvp_leased(st, q3));
     fill(st, "f", SLOTS - 5);
     /* pressure: 10 more puts, each evicting */
     fill(st, "more", 10);
@@ -406,7 +585,10 @@ int main(void)
         cmocka_unit_test(test_join_leave_and_scope),
         cmocka_unit_test(test_many_groups),
         cmocka_unit_test(test_bytes_per_object),
+        cmocka_unit_test(test_big_group_leave_rebind),
         cmocka_unit_test_setup_teardown(test_eviction_expands, setup, svc_state_teardown),
+        cmocka_unit_test_setup_teardown(test_big_group_lease_and_eviction, setup_big,
+                                        svc_state_teardown),
         cmocka_unit_test_setup_teardown(test_eviction_checks_each_member, setup,
                                         svc_state_teardown),
         cmocka_unit_test_setup_teardown(test_upsert_keeps_group, setup, svc_state_teardown),

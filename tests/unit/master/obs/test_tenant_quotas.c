@@ -45,7 +45,7 @@ static kvp_http_reply_t put(const char *body, size_t len)
     kvp_master_view_t v = {.serving = true, .acl = &acl};
     kvp_http_reply_t r = {.status = 200};
     bool save = true;
-    kvp_tenant_quotas_render(&r, &st, &v, "PUT", "team-a", body, len, "admin", &save);
+    kvp_tenant_quotas_render(&r, &st, &v, "PUT", "team-a", 6, body, len, "admin", &save);
     assert_false(save); /* no etcd: nothing staged */
     assert_false(r.oom);
     return r;
@@ -134,11 +134,39 @@ static void test_refused(void **state)
     free(r.body);
 }
 
+/* A tenant_id holding a NUL (`zz-nul%00b`, decoded) or a control character: 400, counted,
+ * and no tenant made, neither the whole name nor the part before the NUL. */
+static void test_name_with_nul_or_control(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        size_t len;
+    } bad[] = {{"zz-nul\0b", 8}, {"zz-nul\0", 7}, {"zz\ttab", 7}, {"zz\x1b[31m", 7}, {"zz\x7f", 3}};
+    static const char body[] = "{\"requested_quota_bytes\":1024}";
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        kvp_master_view_t v = {.serving = true, .acl = &acl};
+        kvp_http_reply_t r = {.status = 200};
+        bool save = true;
+        uint32_t tenants = st.tenants.n;
+        uint64_t refused = st.stats.refused_name_tenant;
+        kvp_tenant_quotas_render(&r, &st, &v, "PUT", bad[i].name, bad[i].len, body,
+                                 sizeof(body) - 1, "admin", &save);
+        if (r.status != 400 || strstr(r.body, "NUL or control character") == NULL)
+            fail_msg("name %zu: HTTP %u %s", i, r.status, r.body);
+        assert_int_equal(st.tenants.n, tenants);
+        assert_int_equal(st.stats.refused_name_tenant, refused + 1);
+        assert_int_equal(kvp_tenant_id(&st.tenants, "zz-nul", 6, false), -1);
+        free(r.body);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_taken),
         cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_name_with_nul_or_control),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
