@@ -93,7 +93,7 @@ run_suite() { # builddir, setup args...; returns non-zero when the build failed
 # clients test compares the master's answers per second before and during a flood (a
 # neighbour's load changing in between failed it once in three proof runs).
 # KVPOOL_PYTEST_JOBS=1: one process.
-PYTEST_ALONE=(test_insider_fuzz.py test_owner_fuzz.py test_ops_http.py)
+PYTEST_ALONE=(test_insider_fuzz.py test_owner_fuzz.py test_http_insider_fuzz.py test_ops_http.py)
 run_pytest() { # builddir [output name]
   local dir=$1 out=${2:-pytest} py n=${KVPOOL_PYTEST_JOBS:-2} f
   if ! py=$(deploy/pick-python.sh "$dir"); then
