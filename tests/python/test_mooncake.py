@@ -6,6 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
+import conftest
 import kvpool
 from mooncake.store import MooncakeDistributedStore, ReplicateConfig, codes
 
@@ -43,9 +44,12 @@ def test_setup_forms(pool):
     # 7 positional (vLLM, LMCache)
     assert s.setup("localhost", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == OK
     assert s.close() == OK
-    # 8 positional + keywords (SGLang)
+    # 8 positional + keywords (SGLang). In the TLS pass the credential binds its principal's
+    # tenant ("default"): another tenant_id is refused there (test_tenant_id.py), so it names
+    # that one
+    tid = "default" if conftest.TLS_DIR else "t"
     assert s.setup("127.0.0.1", "http://meta", 16 << 20, 16 << 20, "rdma-less", "", pool.addr,
-                   None, enable_ssd_offload=False, ssd_offload_path="", tenant_id="t",
+                   None, enable_ssd_offload=False, ssd_offload_path="", tenant_id=tid,
                    enable_client_http_server=False, client_http_port=9300) == OK
     assert s.get_hostname() != "" and s.get_hostname() != "127.0.0.1"  # its segment's name
     s.close()
