@@ -4,8 +4,9 @@
  * master/rpc/admin_calls.c for List and RemoveByRegex).
  *
  * Cost: nothing without the scope; with it, each key of a request is copied once with its
- * prefix into the thread's scratch arena (no allocation once the arena has grown to the
- * largest batch), and a key of no tenant_id is looked at for a 0x1f in its first 64 bytes.
+ * prefix into a buffer of the thread's own (KVP_TBUF_KEYS: no allocation once it has grown
+ * to the largest batch; never the scratch arena, whose blocks the caller still holds), and
+ * a key of no tenant_id is looked at for a 0x1f in its first 64 bytes.
  *
  * Thread: any.
  */
@@ -57,7 +58,7 @@ static const char *prefix_of(const kvp_key_scope_t *scope, const ProtobufCBinary
         *len_p = scope->ns_len;
         return scope->ns;
     }
-    const void *sep = memchr(k->data, SEP, k->len < 64 ? k->len : 64);
+    const void *sep = k->len > 0 ? memchr(k->data, SEP, k->len < 64 ? k->len : 64) : NULL;
     if (sep == NULL ||
         !kvp_tenant_name_valid((const char *)k->data, (size_t)((const uint8_t *)sep - k->data)))
         return NULL;
@@ -80,7 +81,12 @@ static kvp_status_t scope_keys(const kvp_key_scope_t *scope, ProtobufCMessage *r
         }
     if (!any)
         return KVP_OK; /* keys of no tenant_id, none of which reads as prefixed */
-    ProtobufCBinaryData *nk = kvp_scratch_alloc(n * sizeof(*nk) + total);
+    /* a buffer of the thread's own, not the scratch arena: the caller's arena (its
+     * overflow blocks too) must outlive this packing */
+    kvp_thread_buf_t *tb = kvp_thread_buf(KVP_TBUF_KEYS);
+    ProtobufCBinaryData *nk =
+        tb != NULL ? (ProtobufCBinaryData *)kvp_thread_buf_reserve(tb, n * sizeof(*nk) + total)
+                   : NULL;
     if (nk == NULL)
         return KVP_ERR_NOMEM;
     uint8_t *p = (uint8_t *)(nk + n);

@@ -309,7 +309,6 @@ kvp_status_t kvp_session_call(kvp_session_t *s, uint16_t method, const ProtobufC
                               uint8_t **resp_p, size_t *resp_len_p)
 {
     /* the caller's keys in its namespace, for the packing only (key_scope.h) */
-    size_t mark = kvp_scratch_mark();
     kvp_key_scope_undo_t undo;
     kvp_status_t st = kvp_key_scope_apply(&s->scope, method, (ProtobufCMessage *)req, &undo);
     size_t len = st == KVP_OK && req ? protobuf_c_message_get_packed_size(req) : 0;
@@ -321,7 +320,6 @@ kvp_status_t kvp_session_call(kvp_session_t *s, uint16_t method, const ProtobufC
     if (st == KVP_OK && req)
         protobuf_c_message_pack(req, body);
     kvp_key_scope_undo(&undo);
-    kvp_scratch_release(mark);
     if (st != KVP_OK)
         return st;
     return kvp_mconn_call(s->mc, method, body, len, resp_p, resp_len_p);

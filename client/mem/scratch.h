@@ -26,12 +26,13 @@ void *kvp_scratch_alloc(size_t len);
 void *kvp_scratch_calloc(size_t n, size_t size);
 
 /* Growable buffers of the calling thread, kept until it exits (freed then): the master
- * connection's reply buffer and its request packing buffer. */
+ * connection's reply buffer, its request packing buffer, and the keys of a request put in
+ * the client's namespace for its packing (control/key_scope.c). */
 typedef struct kvp_thread_buf {
     unsigned char *p;
     size_t cap;
 } kvp_thread_buf_t;
-enum { KVP_TBUF_RX = 0, KVP_TBUF_PACK = 1, KVP_TBUF_COUNT };
+enum { KVP_TBUF_RX = 0, KVP_TBUF_PACK = 1, KVP_TBUF_KEYS = 2, KVP_TBUF_COUNT };
 /* NULL only when out of memory. */
 kvp_thread_buf_t *kvp_thread_buf(int which);
 /* Make b hold at least len bytes (another thread's buffer is allowed while that thread

@@ -79,6 +79,8 @@ int32_t kvp_tenant_id(kvp_tenant_table_t *tt, const char *name, size_t len, bool
 
 size_t kvp_tenant_prefix_len(const char *key, size_t len)
 {
+    if (len == 0)
+        return 0; /* (an empty key's data may be NULL: protobuf-c's empty bytes) */
     const char *sep = memchr(key, KVP_TENANT_SEP, len < 64 ? len : 64);
     return sep != NULL && kvp_tenant_name_valid(key, (size_t)(sep - key)) ? (size_t)(sep - key) : 0;
 }
