@@ -331,7 +331,9 @@ static kvp_status_t key_scope_start(kvp_client_t *c)
     }
     bool credential = c->tls != NULL &&
                       (c->token != NULL || param_env(c->params.tls_cert, c->env.tls_cert) != NULL);
-    if (credential) {
+    if (credential && tid == NULL) {
+        scope.on = false;    /* a credential needs an ACL (the master's TLS rule): it scopes */
+    } else if (credential) { /* (asked only then: a master before this Auth form refuses it) */
         Kvpool__AuthRequest req = KVPOOL__AUTH_REQUEST__INIT; /* empty: who am I */
         kvp_status_t st;
         Kvpool__AuthResponse *who = kvp_session_call_unpack(
