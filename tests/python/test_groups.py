@@ -317,6 +317,13 @@ print(f"{worst:.4f} {n}", flush=True)
 """
 
 
+def put_in_one_group(client, keys, vals, group):
+    """Put keys (with vals) all in one group, 4096 a batch; every put must succeed."""
+    for s in range(0, len(keys), 4096):
+        ks = keys[s:s + 4096]
+        assert set(client.batch_put(ks, vals[s:s + 4096], group_ids=[group] * len(ks))) == {0}
+
+
 def test_big_group_removal_keeps_the_loop_serving(make_pool, prefix, tmp_path):
     """bob puts 65536 objects in one group and removes 49152 of them in one call while
     alice reads her own object from another process: her slowest read stays under 0.5 s
@@ -331,10 +338,7 @@ def test_big_group_removal_keeps_the_loop_serving(make_pool, prefix, tmp_path):
     with kvpool.Client(m.addr) as bob, kvpool.Client(m.addr) as alice:
         mine = bytes(range(256)) * 16
         alice.put(prefix + "alice", mine)
-        for s in range(0, n, 4096):  # all in group "big"
-            ks = keys[s:s + 4096]
-            assert set(bob.batch_put(ks, vals[s:s + 4096], group_ids=["big"] * len(ks))) \
-                == {0}
+        put_in_one_group(bob, keys, vals, "big")
         assert metric(m.metrics(), "kvpool_group_members") == n
 
         stop, ready = str(tmp_path / "stop"), str(tmp_path / "ready")
@@ -377,10 +381,7 @@ def test_big_group_eviction_keeps_the_loop_serving(make_pool, prefix, tmp_path):
     with kvpool.Client(m.addr) as bob, kvpool.Client(m.addr) as alice:
         mine = bytes(range(256)) * 16
         alice.put(prefix + "alice", mine)
-        for s in range(0, n, 4096):  # all in group "bob"
-            ks = keys[s:s + 4096]
-            assert set(bob.batch_put(ks, vals[s:s + 4096], group_ids=["bob"] * len(ks))) \
-                == {0}
+        put_in_one_group(bob, keys, vals, "bob")
         assert metric(m.metrics(), "kvpool_group_members") == n
         evicted = metric(m.metrics(), "kvpool_group_evicted_total") or 0
 
