@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/mman.h>
 
 #include <xxhash.h>
 
@@ -106,7 +107,8 @@ typedef struct held {
 
 /* A batch is applied in slices of about this much work (blocks, holders, clock steps): the
  * write lock is let go between them, so that a query never waits for more than one. */
-#define SLICE_WORK 8192u
+#define SLICE_WORK 2048u
+#define TABLE_FIRST 65536u /* a table's first slots */
 
 typedef struct map {
     uint64_t engine, std;
@@ -164,6 +166,9 @@ typedef struct sub {
 
 struct kvp_idx {
     pthread_rwlock_t lock;
+    uint64_t wgen; /* bumped by every taking of the write lock (grow_ahead's check) */
+    bool w_held;   /* the write lock is held (since w_since_ns): its holds are measured */
+    uint64_t w_since_ns, w_hold_max_ns, w_holds_over_ms;
     uint64_t seed, tseed, max_blocks;
     uint32_t ttl_ms;
     node_t *nodes;
@@ -177,7 +182,7 @@ struct kvp_idx {
     held_t **held;                     /* per registration: per publisher slot */
     uint32_t *snap;                    /* a batch's targets, as it started */
     uint32_t cap_snap;
-    uint64_t purge_visits, slices;
+    uint64_t purge_visits, slices, grown_aside, grown_inside;
     uint32_t work;       /* since a batch last let the write lock go (slice_point) */
     uint32_t live_nodes; /* blocks: nodes with a holder */
     table_t blocks;      /* (scope, seq) -> node */
@@ -246,29 +251,85 @@ static inline uint64_t key_hash(const kvp_idx_t *idx, uint32_t scope, uint64_t v
     return x ^ (x >> 31);
 }
 
+/* ---- big arrays ---- */
+
+/* The arrays that grow to hundreds of MiB (the tables, the nodes and their clock links, the
+ * held lists) are mapped on their own from BIG_BYTES up and grown by mremap, which moves
+ * their pages rather than copying them: a copy, under the write lock, would hold every
+ * query for as long (malloc's realloc may copy whatever the size, from its heap). The size
+ * an array was made with says which kind it is. */
+#define BIG_BYTES (256u * 1024u)
+
+/* An array of `bytes`, zeroed; NULL: out of memory. */
+static void *big_alloc(size_t bytes)
+{
+    if (bytes < BIG_BYTES)
+        return calloc(1, bytes);
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void big_free(void *a, size_t bytes)
+{
+    if (a == NULL)
+        return;
+    if (bytes >= BIG_BYTES)
+        munmap(a, bytes);
+    else
+        free(a);
+}
+
+/* a from `old` bytes to `bytes`, what fits of it kept, what is new not zeroed; NULL: out of
+ * memory (a unchanged). */
+static void *big_grow(void *a, size_t old, size_t bytes)
+{
+    if (bytes < BIG_BYTES && old < BIG_BYTES)
+        return realloc(a, bytes);
+    if (bytes >= BIG_BYTES && old >= BIG_BYTES) {
+        void *p = mremap(a, old, bytes, MREMAP_MAYMOVE);
+        return p == MAP_FAILED ? NULL : p;
+    }
+    void *p = bytes >= BIG_BYTES ? big_alloc(bytes) : malloc(bytes);
+    if (p != NULL && old > 0) {
+        memcpy(p, a, KVP_MIN(old, bytes));
+        big_free(a, old);
+    }
+    return p;
+}
+
 /* ---- tables ---- */
+
+static size_t table_bytes(const table_t *t)
+{
+    return ((size_t)t->mask + 1) * sizeof(*t->slots);
+}
 
 static bool table_init(table_t *t, uint32_t cap)
 {
-    t->slots = calloc(cap, sizeof(*t->slots));
+    t->slots = big_alloc(cap * sizeof(*t->slots));
     t->mask = cap - 1;
     t->count = 0;
     return t->slots != NULL;
 }
 
-/* Room for one more; false: out of memory (the table is unchanged). */
-static bool table_reserve(table_t *t)
+/* Does t have room for `more` entries? Grown at 3/4 full: linear probing with a well-mixed
+ * hash stays short there (about 2.5 slots for a hit, 8.5 for a miss), and a slot per entry is
+ * 11-21 bytes, not 16-32. */
+static bool table_fits(const table_t *t, uint32_t more)
 {
-    /* grown at 3/4 full: linear probing with a well-mixed hash stays short there (about 2.5
-     * slots for a hit, 8.5 for a miss), and a slot per entry is 11-21 bytes, not 16-32 */
-    if ((uint64_t)(t->count + 1) * 4 <= ((uint64_t)t->mask + 1) * 3)
-        return true;
+    return ((uint64_t)t->count + more) * 4 <= ((uint64_t)t->mask + 1) * 3;
+}
+
+/* t's entries in a table of twice its slots (t is only read: a read lock will do); NULL
+ * when out of memory or at the largest size. */
+static uint64_t *table_doubled(const table_t *t)
+{
     uint64_t cap = ((uint64_t)t->mask + 1) * 2;
     if (cap > (1ull << 32))
-        return false;
-    uint64_t *slots = calloc(cap, sizeof(*slots));
+        return NULL;
+    uint64_t *slots = big_alloc(cap * sizeof(*slots));
     if (slots == NULL)
-        return false;
+        return NULL;
     uint32_t mask = (uint32_t)(cap - 1);
     for (uint64_t i = 0; i <= t->mask; i++) {
         uint64_t s = t->slots[i];
@@ -279,9 +340,30 @@ static bool table_reserve(table_t *t)
             j = (j + 1) & mask;
         slots[j] = s;
     }
-    free(t->slots);
+    return slots;
+}
+
+/* The doubled slots in; the old ones returned (to be freed with their size: twice less than
+ * t's now). */
+static uint64_t *table_swap(table_t *t, uint64_t *slots)
+{
+    uint64_t *old = t->slots;
     t->slots = slots;
-    t->mask = mask;
+    t->mask = t->mask * 2 + 1;
+    return old;
+}
+
+/* Room for one more; false: out of memory (the table is unchanged). A batch grows its tables
+ * ahead, off the write lock (grow_ahead): this is the fallback, under it. */
+static bool table_reserve(kvp_idx_t *idx, table_t *t)
+{
+    if (table_fits(t, 1))
+        return true;
+    uint64_t *slots = table_doubled(t);
+    if (slots == NULL)
+        return false;
+    big_free(table_swap(t, slots), table_bytes(t) / 2);
+    idx->grown_inside++;
     return true;
 }
 
@@ -449,6 +531,80 @@ static void ext_release(kvp_idx_t *idx, uint32_t id)
  * idx->work (any writer's, under the write lock). */
 static _Thread_local kvp_idx_t *slicing;
 
+static void write_taken(kvp_idx_t *idx)
+{
+    idx->wgen++;
+    idx->w_held = true;
+    idx->w_since_ns = kvp_now_ns();
+}
+
+/* (under the write lock, just before it is let go) */
+static void write_released(kvp_idx_t *idx)
+{
+    uint64_t held = kvp_now_ns() - idx->w_since_ns;
+    idx->w_held = false;
+    idx->w_hold_max_ns = KVP_MAX(idx->w_hold_max_ns, held);
+    idx->w_holds_over_ms += held > 1000000;
+}
+
+/* Let the write lock go and take it again, giving the tables room for the next slice on the
+ * way: a table doubled under the write lock would hold every query for as long as its copy
+ * takes (20-100 ms at millions of blocks), so each one short of room for a slice's inserts is
+ * copied under a read lock (queries go on meanwhile), then swapped in under the write lock
+ * when no other writer came in between (idx->wgen); else the copy is dropped, and
+ * table_reserve grows it under the lock if it must. */
+static bool tables_short(const kvp_idx_t *idx)
+{
+    return !table_fits(&idx->blocks, 2 * SLICE_WORK) ||
+           !table_fits(&idx->engines, 2 * SLICE_WORK) ||
+           !table_fits(&idx->map_table, 2 * SLICE_WORK);
+}
+
+static void grow_ahead(kvp_idx_t *idx)
+{
+    table_t *tabs[] = {&idx->blocks, &idx->engines, &idx->map_table};
+    uint64_t *grown[3] = {NULL, NULL, NULL};
+    bool short_of_room = tables_short(idx);
+    write_released(idx);
+    pthread_rwlock_unlock(&idx->lock);
+    if (!short_of_room) {
+        pthread_rwlock_wrlock(&idx->lock);
+        write_taken(idx);
+        return;
+    }
+    pthread_rwlock_rdlock(&idx->lock);
+    uint64_t gen = idx->wgen;
+    for (unsigned k = 0; k < 3; k++)
+        if (!table_fits(tabs[k], 2 * SLICE_WORK))
+            grown[k] = table_doubled(tabs[k]);
+    pthread_rwlock_unlock(&idx->lock);
+    pthread_rwlock_wrlock(&idx->lock);
+    bool same = idx->wgen == gen;
+    write_taken(idx);
+    uint64_t *old[3] = {NULL, NULL, NULL};
+    size_t old_bytes[3] = {0, 0, 0};
+    for (unsigned k = 0; k < 3; k++) {
+        if (grown[k] == NULL)
+            continue;
+        if (same) {
+            old[k] = table_swap(tabs[k], grown[k]);
+            old_bytes[k] = table_bytes(tabs[k]) / 2;
+            idx->grown_aside++;
+        } else {
+            big_free(grown[k], table_bytes(tabs[k]) * 2);
+        }
+    }
+    if (old[0] == NULL && old[1] == NULL && old[2] == NULL)
+        return;
+    /* the old slots unmapped with the lock let go once more (tens of ms at hundreds of MiB) */
+    write_released(idx);
+    pthread_rwlock_unlock(&idx->lock);
+    for (unsigned k = 0; k < 3; k++)
+        big_free(old[k], old_bytes[k]);
+    pthread_rwlock_wrlock(&idx->lock);
+    write_taken(idx);
+}
+
 /* Past a slice's work, let the write lock go and take it again: the readers waiting get in
  * first (glibc hands a released write lock to the readers queued on it). true: it was let
  * go (the caller checks again what another writer may have changed meanwhile). */
@@ -460,8 +616,7 @@ static bool slice_point(kvp_idx_t *idx)
     if (slicing != idx)
         return false;
     idx->slices++;
-    pthread_rwlock_unlock(&idx->lock);
-    pthread_rwlock_wrlock(&idx->lock);
+    grow_ahead(idx);
     return true;
 }
 
@@ -611,7 +766,9 @@ static bool held_push(kvp_idx_t *idx, uint32_t r, uint32_t p, uint32_t i)
         held_compact(idx, hl, r, p);
     if (hl->n == hl->cap) {
         uint64_t cap = hl->cap != 0 ? 2 * (uint64_t)hl->cap : 16;
-        uint32_t *ids = cap < (1ull << 32) ? realloc(hl->ids, cap * sizeof(*ids)) : NULL;
+        uint32_t *ids = cap < (1ull << 32)
+                            ? big_grow(hl->ids, (size_t)hl->cap * sizeof(*ids), cap * sizeof(*ids))
+                            : NULL;
         if (ids == NULL)
             return false;
         hl->ids = ids;
@@ -707,7 +864,7 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
     }
     uint32_t t = tenant_of(idx, scope);
     make_room(idx, t);
-    if (!table_reserve(&idx->blocks))
+    if (!table_reserve(idx, &idx->blocks))
         return 0;
     if (idx->free_nodes != 0) {
         i = idx->free_nodes;
@@ -717,13 +874,20 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
             uint64_t cap = (uint64_t)idx->n_nodes_cap * 2;
             if (cap > NODES_MAX)
                 return 0;
-            node_t *nodes = realloc(idx->nodes, cap * sizeof(*nodes));
+            size_t had = idx->n_nodes_cap;
+            node_t *nodes = big_grow(idx->nodes, had * sizeof(*nodes), cap * sizeof(*nodes));
             if (nodes == NULL)
                 return 0;
             idx->nodes = nodes;
-            tlink_t *links = realloc(idx->links, cap * sizeof(*links));
-            if (links == NULL)
+            tlink_t *links = big_grow(idx->links, had * sizeof(*links), cap * sizeof(*links));
+            if (links == NULL) { /* the nodes' array back to its size (the mapping shrunk) */
+                nodes = big_grow(idx->nodes, cap * sizeof(*nodes), had * sizeof(*nodes));
+                if (nodes != NULL)
+                    idx->nodes = nodes;
+                else /* (never, in practice: then its room is kept, as large as links') */
+                    idx->n_nodes_cap = (uint32_t)had;
                 return 0;
+            }
             idx->links = links;
             idx->n_nodes_cap = (uint32_t)cap;
         }
@@ -855,7 +1019,7 @@ static void purge_one(kvp_idx_t *idx, uint32_t reg, uint32_t gen, uint32_t pub, 
         }
     }
     if (hl->n == 0) {
-        free(hl->ids);
+        big_free(hl->ids, (size_t)hl->cap * sizeof(*hl->ids));
         hl->ids = NULL;
         hl->cap = 0;
     }
@@ -879,13 +1043,13 @@ static void purge(kvp_idx_t *idx, uint32_t reg, uint32_t pub, bool any_pub, uint
 /* The index's arrays and itself (NULL ones are fine). */
 static void free_all(kvp_idx_t *idx)
 {
-    free(idx->blocks.slots);
-    free(idx->engines.slots);
-    free(idx->map_table.slots);
+    big_free(idx->blocks.slots, table_bytes(&idx->blocks));
+    big_free(idx->engines.slots, table_bytes(&idx->engines));
+    big_free(idx->map_table.slots, table_bytes(&idx->map_table));
     free(idx->ext);
     free(idx->ext_free);
-    free(idx->nodes);
-    free(idx->links);
+    big_free(idx->nodes, (size_t)idx->n_nodes_cap * sizeof(*idx->nodes));
+    big_free(idx->links, (size_t)idx->n_nodes_cap * sizeof(*idx->links));
     free(idx->tenants);
     free(idx->held);
     free(idx->snap);
@@ -909,8 +1073,8 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
     idx->tseed = kvp_random_u64();
     idx->ttl_ms = p->ttl_ms;
     idx->n_nodes_cap = 1024;
-    idx->nodes = calloc(idx->n_nodes_cap, sizeof(*idx->nodes));
-    idx->links = calloc(idx->n_nodes_cap, sizeof(*idx->links));
+    idx->nodes = big_alloc(idx->n_nodes_cap * sizeof(*idx->nodes));
+    idx->links = big_alloc(idx->n_nodes_cap * sizeof(*idx->links));
     idx->n_nodes_used = 1; /* node 0: none */
     idx->max_per_tenant = p->max_blocks_per_tenant;
     idx->cap_tenants = 16;
@@ -927,8 +1091,10 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
     for (unsigned m = 0; m < 3; m++)
         snprintf(idx->media[m], TYPE_MAX, "%s", media[m]);
     idx->n_media = 3;
-    bool tables = table_init(&idx->blocks, 2048) && table_init(&idx->engines, 2048) &&
-                  table_init(&idx->map_table, 2048);
+    /* 65 536 slots (512 KiB, its pages touched as used): room for a batch's first slices
+     * (grow_ahead keeps two slices' room from then on) */
+    bool tables = table_init(&idx->blocks, TABLE_FIRST) && table_init(&idx->engines, TABLE_FIRST) &&
+                  table_init(&idx->map_table, TABLE_FIRST);
     if (idx->nodes == NULL || idx->links == NULL || idx->tenants == NULL || idx->held == NULL ||
         idx->maps == NULL || idx->scopes == NULL || idx->regs == NULL || idx->subs == NULL ||
         !tables || pthread_rwlock_init(&idx->lock, NULL) != 0) {
@@ -949,7 +1115,7 @@ void kvp_idx_destroy(kvp_idx_t *idx)
         free(idx->regs[r]);
     for (uint32_t r = 0; r < KVP_IDX_REGS_MAX; r++) {
         for (uint32_t p = 0; idx->held[r] != NULL && p < KVP_IDX_PUBS_MAX; p++)
-            free(idx->held[r][p].ids);
+            big_free(idx->held[r][p].ids, (size_t)idx->held[r][p].cap * sizeof(uint32_t));
         free(idx->held[r]);
     }
     for (uint32_t s = 0; s < idx->n_subs; s++)
@@ -966,10 +1132,13 @@ void kvp_idx_rdlock(kvp_idx_t *idx)
 void kvp_idx_wrlock(kvp_idx_t *idx)
 {
     pthread_rwlock_wrlock(&idx->lock);
+    write_taken(idx);
 }
 
 void kvp_idx_unlock(kvp_idx_t *idx)
 {
+    if (idx->w_held) /* (a reader never sees it set: no writer holds the lock with it) */
+        write_released(idx);
     pthread_rwlock_unlock(&idx->lock);
 }
 
@@ -1518,7 +1687,7 @@ static void map_add(kvp_idx_t *idx, uint32_t scope, uint64_t engine, uint64_t st
     }
     if (idx->maps_live >= idx->max_blocks)
         map_evict(idx);
-    if (!table_reserve(&idx->map_table))
+    if (!table_reserve(idx, &idx->map_table))
         return;
     if (idx->free_maps != 0) {
         m = idx->free_maps;
@@ -1572,7 +1741,7 @@ static void engine_set(kvp_idx_t *idx, uint32_t scope, uint32_t i, uint64_t engi
         map_add(idx, scope, engine, n->seq);
         return;
     }
-    if (!table_reserve(&idx->engines))
+    if (!table_reserve(idx, &idx->engines))
         return;
     n->engine = engine;
     table_put(&idx->engines, key_hash(idx, scope, engine), i);
@@ -1792,6 +1961,8 @@ void kvp_idx_apply(kvp_idx_t *idx, uint32_t sub, const kvp_idx_batch_t *b)
         if (apply_resumed(idx, &a))
             apply_op(idx, &a, b, &b->ops[k]);
     }
+    if (tables_short(idx))
+        grow_ahead(idx); /* the next batch starts with room for a slice */
     slicing = NULL;
 }
 
@@ -2286,6 +2457,22 @@ static void metrics_budgets(kvp_idx_t *idx, void (*put)(void *arg, const char *s
          "# TYPE kvpool_indexer_write_slices_total counter\n"
          "kvpool_indexer_write_slices_total %" PRIu64 "\n",
          idx->slices);
+    PUTF("# HELP kvpool_indexer_table_grows_total Hash tables doubled: aside (copied under the "
+         "read lock, queries going on) or under the write lock (the fallback).\n"
+         "# TYPE kvpool_indexer_table_grows_total counter\n");
+    PUTF("kvpool_indexer_table_grows_total{where=\"aside\"} %" PRIu64 "\n"
+         "kvpool_indexer_table_grows_total{where=\"write_lock\"} %" PRIu64 "\n",
+         idx->grown_aside, idx->grown_inside);
+    PUTF("# HELP kvpool_indexer_write_hold_max_seconds The longest the write lock was held at "
+         "once: a query waits for one such hold at a time.\n"
+         "# TYPE kvpool_indexer_write_hold_max_seconds gauge\n"
+         "kvpool_indexer_write_hold_max_seconds %.6f\n",
+         (double)idx->w_hold_max_ns / 1e9);
+    PUTF("# HELP kvpool_indexer_write_holds_over_1ms_total Times the write lock was held for "
+         "more than a millisecond at once.\n"
+         "# TYPE kvpool_indexer_write_holds_over_1ms_total counter\n"
+         "kvpool_indexer_write_holds_over_1ms_total %" PRIu64 "\n",
+         idx->w_holds_over_ms);
     PUTF("# HELP kvpool_indexer_registrations_unregistering Registrations unregistered whose "
          "blocks are still being purged.\n"
          "# TYPE kvpool_indexer_registrations_unregistering gauge\n"

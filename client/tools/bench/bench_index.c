@@ -47,7 +47,8 @@
  * their own that publish nothing), then POST /query of 8192-token prompts (512 blocks,
  * the first 16 ids of the trace's longest recent requests) over one keep-alive libcurl
  * connection: a warm-up, then --queries timed calls, p50 / p99; every answer must name
- * 64 instances.
+ * 64 instances. Then the same queries again while a hostile publisher sends its worst (the
+ * block comment at e2e_hostile): p50 / p99 / max next to the same limit.
  *
  * Memory, twice: a fresh kvpool-indexer, the engines registered again, VmRSS
  * (/proc/PID/status) read; then --pairs (block, instance) pairs stored (chains of 512
@@ -69,6 +70,8 @@
  * Thread: the caller's (ZeroMQ's own I/O thread and libcurl aside).
  */
 #include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -941,13 +944,14 @@ static double daemon_metric(daemon_t *d, const char *name)
     return http(d, "/metrics", NULL, 0) == 200 ? metric(d->out.p, name) : -1;
 }
 
-static int daemon_register(daemon_t *d, const char *endpoint, const char *instance)
+static int daemon_register_model(daemon_t *d, const char *endpoint, const char *instance,
+                                 const char *model)
 {
     char body[512];
     int n = snprintf(body, sizeof(body),
-                     "{\"endpoint\":\"%s\",\"type\":\"vLLM\",\"modelname\":\"" IX_MODEL
-                     "\",\"instance_id\":\"%s\",\"block_size\":%u,\"dp_rank\":0}",
-                     endpoint, instance, IX_BS);
+                     "{\"endpoint\":\"%s\",\"type\":\"vLLM\",\"modelname\":\"%s\","
+                     "\"instance_id\":\"%s\",\"block_size\":%u,\"dp_rank\":0}",
+                     endpoint, model, instance, IX_BS);
     long code = http(d, "/register", body, (size_t)n);
     if (code != 200) {
         fprintf(stderr, "kvpool-bench index: POST /register %s: HTTP %ld: %s\n", instance, code,
@@ -955,6 +959,11 @@ static int daemon_register(daemon_t *d, const char *endpoint, const char *instan
         return -1;
     }
     return 0;
+}
+
+static int daemon_register(daemon_t *d, const char *endpoint, const char *instance)
+{
+    return daemon_register_model(d, endpoint, instance, IX_MODEL);
 }
 
 /* ---------------- publishers ---------------- */
@@ -1126,6 +1135,11 @@ typedef struct e2e {
     double seconds, events_per_s, ev_min, ev_max; /* ev_*: the range over the passes */
     double p50_us, p99_us, mean_us;
     size_t lat_n;
+    /* the same queries while a hostile publisher sends its worst (e2e_hostile) */
+    double h_p50_us, h_p99_us, h_max_us, h_seconds, h_events, h_grows_aside, h_grows_locked,
+        h_hold_max_us, h_holds_over_ms, h_blocks_sent;
+    size_t h_lat_n;
+    uint64_t h_cycles;
 } e2e_t;
 
 static int e2e_check(ix_t *x, daemon_t *d, double s0, double r0)
@@ -1268,6 +1282,258 @@ static int query_bodies(ix_t *x, char **bodies_p, size_t **off_p, size_t *n_p)
     return 0;
 }
 
+/* One POST /query, timed (*dt_p, seconds); its answer must name every instance of p. */
+static int time_query(daemon_t *d, const pubs_t *p, const char *body, size_t len, double *dt_p)
+{
+    double t0 = kvp_bench_now();
+    long code = http(d, "/query", body, len);
+    *dt_p = kvp_bench_now() - t0;
+    unsigned answered = code == 200 ? answer_instances(d->out.p, d->out.len) : 0;
+    if (code != 200 || answered != p->n) {
+        fprintf(stderr, "kvpool-bench index: POST /query: HTTP %ld, %u instances answered\n", code,
+                answered);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---------------- /query latency under a hostile publisher ---------------- */
+
+/* A publisher registered for another model (its blocks are a scope of their own: never in
+ * the answers, but in the same tables, under the same lock) sends its worst while the same
+ * queries are timed again: batches of IX_HOSTILE_RUN fresh blocks (a chain from no parent,
+ * token ids and engine hashes never sent before), the index growing through its tables'
+ * doublings to IX_HOSTILE_MAX blocks; then IX_HOSTILE_PAIRS [BlockStored, AllBlocksCleared]
+ * pairs and a last clear, the whole purge of what it holds; and again (a cycle). Paced at
+ * the end-to-end limit's rate (LIMIT_E2E_PER_S block events/s); its socket drops past 256
+ * queued batches (a gap: the indexer resyncs it, another purge). The queries go on until
+ * --queries are timed and a whole cycle went through (at most IX_HOSTILE_S). */
+#define IX_HOSTILE_RUN 4096u
+#define IX_HOSTILE_MAX (4096u * 1024u)
+#define IX_HOSTILE_PAIRS 2500u
+#define IX_HOSTILE_S 120.0
+#define IX_HOSTILE_MODEL "hostile-model"
+
+typedef struct hostile {
+    pubs_t p;
+    pthread_t th;
+    atomic_bool stop;
+    atomic_uint_fast64_t cycles;
+    uint64_t batches, blocks; /* sent */
+    msgpack_sbuffer sb;
+    uint32_t *tok;
+    /* the batch of IX_HOSTILE_RUN fresh blocks, encoded once with fixed-width fields, its
+     * engine hashes and first two token ids written in place for each batch (the bench's own
+     * encoding would take a core of the two this machine kind has) */
+    uint8_t *run;
+    size_t run_len, run_hashes, run_tokens; /* offsets of the first hash's and token's bytes */
+    int err;
+} hostile_t;
+
+static uint8_t *put_be(uint8_t *w, uint64_t v, unsigned bytes)
+{
+    for (unsigned k = 0; k < bytes; k++)
+        *w++ = (uint8_t)(v >> (8 * (bytes - 1 - k)));
+    return w;
+}
+
+/* [ts, [["BlockStored", hashes, nil, token_ids, 16, nil, nil]]] of IX_HOSTILE_RUN blocks, every
+ * number at its widest (0xcf / 0xce), arrays as 0xdd; -1: out of memory. */
+static int hostile_run_encode(hostile_t *h)
+{
+    size_t n = IX_HOSTILE_RUN, nt = n * IX_BS;
+    h->run = malloc(64 + n * 9 + nt * 5);
+    if (h->run == NULL)
+        return -1;
+    uint8_t *w = h->run;
+    *w++ = 0x92;
+    *w++ = 0xcb;
+    double ts = (double)time(NULL);
+    uint64_t bits;
+    memcpy(&bits, &ts, sizeof(bits));
+    w = put_be(w, bits, 8);
+    *w++ = 0x91;
+    *w++ = 0x97;
+    *w++ = 0xa0 | 11;
+    memcpy(w, "BlockStored", 11);
+    w += 11;
+    *w++ = 0xdd;
+    w = put_be(w, n, 4);
+    h->run_hashes = (size_t)(w - h->run);
+    for (size_t i = 0; i < n; i++) {
+        *w++ = 0xcf;
+        w = put_be(w, 0, 8);
+    }
+    *w++ = 0xc0; /* no parent: a chain of its own */
+    *w++ = 0xdd;
+    w = put_be(w, nt, 4);
+    h->run_tokens = (size_t)(w - h->run);
+    for (size_t t = 0; t < nt; t++) {
+        *w++ = 0xce;
+        w = put_be(w, h->tok[t], 4);
+    }
+    *w++ = (uint8_t)IX_BS;
+    *w++ = 0xc0;
+    *w++ = 0xc0;
+    h->run_len = (size_t)(w - h->run);
+    return 0;
+}
+
+/* The next run batch in h->run: engine hashes and a first block never sent before, so that
+ * every block of the chain is new. */
+static void hostile_run_next(hostile_t *h)
+{
+    uint64_t nb = h->batches++;
+    for (uint32_t i = 0; i < IX_HOSTILE_RUN; i++)
+        put_be(h->run + h->run_hashes + 9 * (size_t)i + 1, engine_hash((nb << 16) | i), 8);
+    put_be(h->run + h->run_tokens + 1, (uint32_t)nb, 4);
+    put_be(h->run + h->run_tokens + 6, (uint32_t)(nb >> 32), 4);
+}
+
+static void hostile_stored(msgpack_packer *pk, hostile_t *h, uint32_t n)
+{
+    uint64_t nb = h->batches;
+    msgpack_pack_array(pk, 7);
+    pack_str(pk, "BlockStored");
+    msgpack_pack_array(pk, n);
+    for (uint32_t i = 0; i < n; i++)
+        msgpack_pack_uint64(pk, engine_hash((nb << 16) | i));
+    msgpack_pack_nil(pk);             /* no parent: a chain of its own */
+    h->tok[0] = (uint32_t)nb;         /* its first block's tokens never seen before: */
+    h->tok[1] = (uint32_t)(nb >> 32); /* every block of the chain is new */
+    msgpack_pack_array(pk, (size_t)n * IX_BS);
+    for (size_t t = 0; t < (size_t)n * IX_BS; t++)
+        msgpack_pack_uint32(pk, h->tok[t]);
+    msgpack_pack_uint32(pk, IX_BS);
+    msgpack_pack_nil(pk);
+    msgpack_pack_nil(pk);
+    h->batches++;
+}
+
+/* The clears that end a cycle, into h->sb; its block events. */
+static uint64_t hostile_clears(hostile_t *h)
+{
+    msgpack_sbuffer_clear(&h->sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &h->sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_double(&pk, (double)time(NULL));
+    msgpack_pack_array(&pk, 2 * IX_HOSTILE_PAIRS + 1);
+    for (uint32_t i = 0; i < IX_HOSTILE_PAIRS; i++) {
+        hostile_stored(&pk, h, 1);
+        msgpack_pack_array(&pk, 1);
+        pack_str(&pk, "AllBlocksCleared");
+    }
+    msgpack_pack_array(&pk, 1);
+    pack_str(&pk, "AllBlocksCleared");
+    return IX_HOSTILE_PAIRS;
+}
+
+static void *hostile_main(void *arg)
+{
+    hostile_t *h = arg;
+    double t0 = kvp_bench_now();
+    uint64_t held = 0;
+    while (!atomic_load(&h->stop)) {
+        bool clear = held >= IX_HOSTILE_MAX;
+        uint64_t ev = IX_HOSTILE_RUN;
+        if (clear)
+            ev = hostile_clears(h);
+        else
+            hostile_run_next(h);
+        held = clear ? 0 : held + ev;
+        if (publish(&h->p, 0, clear ? h->sb.data : (const char *)h->run,
+                    clear ? h->sb.size : h->run_len, false) != 0) {
+            h->err = -1;
+            break;
+        }
+        h->blocks += ev;
+        if (clear)
+            atomic_fetch_add(&h->cycles, 1);
+        double due = t0 + (double)h->blocks / LIMIT_E2E_PER_S - kvp_bench_now();
+        if (due > 0)
+            usleep((useconds_t)(due * 1e6));
+    }
+    return NULL;
+}
+
+/* The queries again while a hostile publisher runs (the block comment above). */
+static int e2e_hostile(ix_t *x, daemon_t *d, pubs_t *p, const char *bodies, const size_t *off,
+                       size_t n, e2e_t *r)
+{
+    hostile_t h;
+    memset(&h, 0, sizeof(h));
+    msgpack_sbuffer_init(&h.sb);
+    size_t cap = 1u << 20, got = 0;
+    double *lat = malloc(cap * sizeof(*lat));
+    h.tok = malloc((size_t)IX_HOSTILE_RUN * IX_BS * sizeof(*h.tok));
+    int rc = -1, hwm = 256;
+    bool started = false;
+    if (lat == NULL || h.tok == NULL || pubs_open(&h.p, 1) != 0 ||
+        zmq_setsockopt(h.p.sock[0], ZMQ_SNDHWM, &hwm, sizeof(hwm)) != 0 ||
+        daemon_register_model(d, h.p.ep[0], "hostile-0", IX_HOSTILE_MODEL) != 0)
+        goto out;
+    for (size_t t = 0; t < (size_t)IX_HOSTILE_RUN * IX_BS; t++)
+        h.tok[t] = (uint32_t)(engine_hash(t) % IX_VOCAB);
+    if (hostile_run_encode(&h) != 0)
+        goto out;
+    double ev0 = daemon_metric(d, "kvpool_indexer_events_total{type=\"stored\"}");
+    double aside0 = daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"aside\"}");
+    double lock0 = daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"write_lock\"}");
+    double over0 = daemon_metric(d, "kvpool_indexer_write_holds_over_1ms_total");
+    if (pthread_create(&h.th, NULL, hostile_main, &h) != 0)
+        goto out;
+    started = true;
+    kvp_bench_progress(x->o, "index: POST /query under a hostile publisher");
+    double t0 = kvp_bench_now();
+    for (size_t k = 0; got < cap; k++) {
+        double dt, now = kvp_bench_now();
+        if (k >= IX_WARMUP + x->o->idx_queries && atomic_load(&h.cycles) >= 1)
+            break;
+        if (now - t0 > IX_HOSTILE_S) {
+            fprintf(stderr,
+                    "kvpool-bench index: the hostile publisher did not finish a cycle "
+                    "in %.0f s\n",
+                    IX_HOSTILE_S);
+            goto out;
+        }
+        if (time_query(d, p, bodies + off[k % n], off[k % n + 1] - off[k % n], &dt) != 0)
+            goto out;
+        if (k >= IX_WARMUP)
+            lat[got++] = dt;
+    }
+    r->h_seconds = kvp_bench_now() - t0;
+    atomic_store(&h.stop, true);
+    pthread_join(h.th, NULL);
+    started = false;
+    r->h_cycles = atomic_load(&h.cycles);
+    r->h_events = daemon_metric(d, "kvpool_indexer_events_total{type=\"stored\"}") - ev0;
+    r->h_grows_aside =
+        daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"aside\"}") - aside0;
+    r->h_grows_locked =
+        daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"write_lock\"}") - lock0;
+    r->h_holds_over_ms = daemon_metric(d, "kvpool_indexer_write_holds_over_1ms_total") - over0;
+    r->h_hold_max_us = 1e6 * daemon_metric(d, "kvpool_indexer_write_hold_max_seconds");
+    r->h_blocks_sent = (double)h.blocks;
+    r->h_lat_n = got;
+    r->h_p50_us = 1e6 * kvp_bench_percentile(lat, got, 50);
+    r->h_p99_us = 1e6 * kvp_bench_percentile(lat, got, 99);
+    r->h_max_us = 1e6 * kvp_bench_percentile(lat, got, 100);
+    rc = h.err;
+out:
+    if (started) {
+        atomic_store(&h.stop, true);
+        pthread_join(h.th, NULL);
+    }
+    kvp_bench_progress_done(x->o);
+    pubs_close(&h.p);
+    msgpack_sbuffer_destroy(&h.sb);
+    free(h.run);
+    free(h.tok);
+    free(lat);
+    return rc;
+}
+
 static int e2e_latency(ix_t *x, daemon_t *d, pubs_t *p, e2e_t *r)
 {
     for (unsigned i = x->n_eng; i < p->n; i++) { /* instances with empty pools */
@@ -1287,18 +1553,11 @@ static int e2e_latency(ix_t *x, daemon_t *d, pubs_t *p, e2e_t *r)
         goto out;
     kvp_bench_progress(x->o, "index: %zu POST /query", total);
     for (size_t k = 0; k < total; k++) {
-        size_t i = k % n;
-        double t0 = kvp_bench_now();
-        long code = http(d, "/query", bodies + off[i], off[i + 1] - off[i]);
-        double t1 = kvp_bench_now();
-        unsigned answered = code == 200 ? answer_instances(d->out.p, d->out.len) : 0;
-        if (code != 200 || answered != p->n) {
-            fprintf(stderr, "kvpool-bench index: POST /query: HTTP %ld, %u instances answered\n",
-                    code, answered);
+        double dt;
+        if (time_query(d, p, bodies + off[k % n], off[k % n + 1] - off[k % n], &dt) != 0)
             goto out;
-        }
         if (k >= IX_WARMUP)
-            lat[k - IX_WARMUP] = t1 - t0;
+            lat[k - IX_WARMUP] = dt;
     }
     r->lat_n = x->o->idx_queries;
     double sum = 0;
@@ -1307,7 +1566,8 @@ static int e2e_latency(ix_t *x, daemon_t *d, pubs_t *p, e2e_t *r)
     r->mean_us = 1e6 * sum / (double)r->lat_n;
     r->p50_us = 1e6 * kvp_bench_percentile(lat, r->lat_n, 50);
     r->p99_us = 1e6 * kvp_bench_percentile(lat, r->lat_n, 99);
-    rc = 0;
+    kvp_bench_progress_done(x->o);
+    rc = e2e_hostile(x, d, p, bodies, off, n, r);
 out:
     kvp_bench_progress_done(x->o);
     free(lat);
@@ -1543,6 +1803,45 @@ static void inproc_sum(const ix_t *x, const inproc_t *ip, inproc_sum_t *s)
     }
 }
 
+/* A latency part's result opened, with what every one has. */
+static void latency_part(kvp_bench_out_t *out, const char *part, size_t queries)
+{
+    kvp_bench_result_begin(out, "index");
+    kvp_bench_result_str(out, "part", part);
+    kvp_bench_result_int(out, "instances", IX_QUERY_INSTANCES);
+    kvp_bench_result_int(out, "prompt_tokens", IX_QUERY_BLOCKS * IX_BS);
+    kvp_bench_result_int(out, "queries", (int64_t)queries);
+}
+
+static void report_hostile(const e2e_t *e2, kvp_bench_out_t *out)
+{
+    printf("  %-34s %11.0f us %9s us %10s\n", "  the same, hostile publisher, p99", e2->h_p99_us,
+           "<= 1000", e2->h_p99_us <= LIMIT_P99_US ? "yes" : "no");
+    printf("  (hostile: %.0f blocks sent, %.0f events applied, in %.1f s, %" PRIu64
+           " cycles to %u blocks and back; %zu queries, p50 %.0f us, max %.0f us; tables doubled "
+           "%.0f times off the write lock, %.0f under it; the write lock held %.0f us at most, "
+           "%.0f times over 1 ms)\n",
+           e2->h_blocks_sent, e2->h_events, e2->h_seconds, e2->h_cycles, IX_HOSTILE_MAX,
+           e2->h_lat_n, e2->h_p50_us, e2->h_max_us, e2->h_grows_aside, e2->h_grows_locked,
+           e2->h_hold_max_us, e2->h_holds_over_ms);
+    latency_part(out, "query_latency_hostile", e2->h_lat_n);
+    kvp_bench_result_num(out, "seconds", e2->h_seconds);
+    kvp_bench_result_num(out, "hostile_blocks_sent", e2->h_blocks_sent);
+    kvp_bench_result_num(out, "hostile_blocks_per_s", e2->h_blocks_sent / e2->h_seconds);
+    kvp_bench_result_num(out, "hostile_events_applied", e2->h_events);
+    kvp_bench_result_num(out, "write_hold_max_us", e2->h_hold_max_us);
+    kvp_bench_result_num(out, "write_holds_over_1ms", e2->h_holds_over_ms);
+    kvp_bench_result_int(out, "hostile_cycles", (int64_t)e2->h_cycles);
+    kvp_bench_result_int(out, "hostile_max_blocks", IX_HOSTILE_MAX);
+    kvp_bench_result_num(out, "table_grows_aside", e2->h_grows_aside);
+    kvp_bench_result_num(out, "table_grows_write_lock", e2->h_grows_locked);
+    kvp_bench_result_num(out, "p50_us", e2->h_p50_us);
+    kvp_bench_result_num(out, "p99_us", e2->h_p99_us);
+    kvp_bench_result_num(out, "max_us", e2->h_max_us);
+    result_limit(out, "limit_p99_us", LIMIT_P99_US, e2->h_p99_us <= LIMIT_P99_US);
+    kvp_bench_result_end(out);
+}
+
 static void report(const ix_t *x, const inproc_t *ip, const e2e_t *e2, bool e2_ok, const mem_t *m,
                    kvp_bench_out_t *out)
 {
@@ -1610,16 +1909,13 @@ static void report(const ix_t *x, const inproc_t *ip, const e2e_t *e2, bool e2_o
         result_limit(out, "limit_events_per_s", LIMIT_E2E_PER_S,
                      e2->events_per_s >= LIMIT_E2E_PER_S);
         kvp_bench_result_end(out);
-        kvp_bench_result_begin(out, "index");
-        kvp_bench_result_str(out, "part", "query_latency");
-        kvp_bench_result_int(out, "instances", IX_QUERY_INSTANCES);
-        kvp_bench_result_int(out, "prompt_tokens", IX_QUERY_BLOCKS * IX_BS);
-        kvp_bench_result_int(out, "queries", (int64_t)e2->lat_n);
+        latency_part(out, "query_latency", e2->lat_n);
         kvp_bench_result_num(out, "p50_us", e2->p50_us);
         kvp_bench_result_num(out, "p99_us", e2->p99_us);
         kvp_bench_result_num(out, "mean_us", e2->mean_us);
         result_limit(out, "limit_p99_us", LIMIT_P99_US, e2->p99_us <= LIMIT_P99_US);
         kvp_bench_result_end(out);
+        report_hostile(e2, out);
     }
     for (int k = 0; k < 2; k++) {
         if (!m[k].ok)

@@ -797,6 +797,34 @@ static void test_unregister_in_slices(void **state)
     kvp_idx_destroy(idx);
 }
 
+/* The tables double off the write lock: a batch copies them under a read lock between its
+ * slices (queries go on) and swaps them in, so that no query waits for a copy of millions of
+ * slots; none is doubled under the write lock, in one batch of 400 000 blocks or in 8 000
+ * batches of 50, and every block is there after. */
+static void test_tables_grow_aside(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    uint32_t b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    const char *aside = "kvpool_indexer_table_grows_total{where=\"aside\"}",
+               *locked = "kvpool_indexer_table_grows_total{where=\"write_lock\"}";
+    store_seq(idx, a, 1000000, 400000, false);
+    uint64_t g = metric_of(idx, aside);
+    assert_true(g >= 4);                  /* 65 536 slots at first: 131 072, ..., 1 048 576 */
+    store_range(idx, b, 5000000, 400000); /* past 3/4 of 1 048 576, in batches of 50 */
+    assert_true(metric_of(idx, aside) > g);
+    assert_int_equal(metric_of(idx, locked), 0);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 800000);
+    uint64_t held = 0;
+    for (uint64_t k = 0; k < 400000; k += 997)
+        held += held_of(idx, "team-a", "ia", 1000000 + k, 1);
+    assert_int_equal(held, (400000 + 996) / 997);
+    assert_int_equal(held_of(idx, "team-b", "ib", 5000000, 2000), 2000);
+    assert_int_equal(held_of(idx, "team-b", "ib", 5398000, 2000), 2000);
+    kvp_idx_destroy(idx);
+}
+
 /* A registration unregistered counts towards its tenant's cap until its blocks are reaped: a
  * tenant unregistering in a loop holds no more slots than its cap; another tenant is not
  * refused meanwhile. */
@@ -927,6 +955,7 @@ int main(void)
         cmocka_unit_test(test_tenant_budgets),
         cmocka_unit_test(test_purge_costs_what_it_holds),
         cmocka_unit_test(test_unregister_in_slices),
+        cmocka_unit_test(test_tables_grow_aside),
         cmocka_unit_test(test_unregistered_count_until_reaped),
         cmocka_unit_test(test_unregister_races),
     };
