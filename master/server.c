@@ -74,6 +74,7 @@
 #include "master/dispatch.h"
 #include "master/ha/leadership.h"
 #include "master/ha/quota_store.h"
+#include "master/rpc/object_calls.h"
 #include "master/rpc/segment_calls.h"
 #include "master/policy/copy_tasks.h"
 #include "master/policy/hot_keys.h"
@@ -1968,6 +1969,9 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
             next_tick = srv->state.now_ms + TICK_MS;
         }
         resume_listener(srv);
+        bool sweeping = kvp_object_sweeping(&srv->state);
+        if (sweeping) /* closed connections' puts, a slice a turn */
+            kvp_object_sweep(&srv->state);
         uint64_t wake = next_tick;
         if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
             wake = srv->listen_paused_ms;
@@ -1975,7 +1979,8 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
              g = g->link_next[ON_GATED]) /* --record-wait */
             wake = KVP_MIN(wake, g->gated_ms + srv->state.config.record_wait_ms);
         int n = epoll_wait(srv->epfd, evs, (int)KVP_ARRAY_SIZE(evs),
-                           wake > srv->state.now_ms && srv->n_held == 0 && srv->n_doomed == 0
+                           wake > srv->state.now_ms && srv->n_held == 0 && srv->n_doomed == 0 &&
+                                   !sweeping
                                ? (int)(wake - srv->state.now_ms)
                                : 0);
         if (n < 0) {

@@ -125,6 +125,7 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
     kvp_group_table_cleanup(&st->groups);
     kvp_segment_table_cleanup(&st->segments);
     kvp_tenant_table_cleanup(&st->tenants);
+    free(st->closed_writers);
     free(st->scope_buf);
     free(st->grant_buf);
     free(st->scope_orig);

@@ -124,6 +124,7 @@ typedef struct kvp_master_stats {
     /* server.c, rpc/object_calls.c: key batches stopped at their time budget, continued at
      * their connection's next turn */
     uint64_t keys_continued;
+    uint64_t close_sweeps; /* connections whose puts were revoked over loop turns */
     /* server.c: connections whose requests were no longer read, their replies unread (over
      * 4 MiB queued, or --max-output-buffers for all), and the replies queued now */
     uint64_t output_paused;
@@ -250,6 +251,13 @@ typedef struct kvp_master_state {
      * the same request at its connection's next turn (rpc/object_calls.c keys_batch) */
     bool may_continue;
     bool call_again; /* set by such a handler: no answer yet, call it again */
+    /* connections closed with more puts pending than one turn's walk: their puts are revoked
+     * by a walk of the pending list continued over loop turns (rpc/object_calls.c
+     * kvp_object_sweep); [0, n_sweeping): the current pass's, sorted; then those closed
+     * since, for the next pass */
+    uint64_t *closed_writers;
+    uint32_t n_closed_writers, cap_closed_writers, n_sweeping;
+    uint64_t sweep_left; /* the pass's pending objects still to visit */
     /* mount proofs (auth/mount_proof.h; docs/security.md): mount_proof is set by the server
      * (--mount-proof on); a Mount that needs its endpoint proven fills proof_ask and sets
      * proof_asked and parked (no answer now); the server proves it and calls the Mount

@@ -116,6 +116,8 @@ void kvp_object_list_prepend(kvp_object_list_t *l, kvp_object_t *obj)
 void kvp_object_list_remove(kvp_object_list_t *l, kvp_object_t *obj)
 {
     l->n--;
+    if (l->cursor == obj)
+        l->cursor = obj->lnext;
     if (obj->lprev)
         obj->lprev->lnext = obj->lnext;
     else
@@ -205,7 +207,9 @@ void kvp_index_set_state(kvp_object_index_t *index, kvp_object_t *obj, kvp_obj_s
     if (obj->state == state)
         return;
     lists_unlink(index, obj);
+    kvp_index_charge_pending(index, obj, -1);
     obj->state = (uint8_t)state;
+    kvp_index_charge_pending(index, obj, +1);
     lists_link(index, obj);
 }
 
@@ -219,6 +223,8 @@ void kvp_index_replace(kvp_object_index_t *index, kvp_object_t *obj, kvp_object_
     repl->hnext = obj->hnext;
     kvp_object_list_t *l =
         obj->state == KVP_OBJ_PENDING ? &index->pending_list : kvp_index_policy_list(index, obj);
+    if (l->cursor == obj)
+        l->cursor = repl;
     repl->lprev = obj->lprev;
     repl->lnext = obj->lnext;
     if (obj->lprev != NULL)

@@ -16,6 +16,9 @@ typedef struct kvp_object_list {
     kvp_object_t *head; /* oldest (the evict end) */
     kvp_object_t *tail; /* newest */
     uint64_t n;
+    /* a walk continued over loop turns stands here (the next object it visits): an object
+     * unlinked or replaced there moves it on (NULL: none, or the walk's end) */
+    kvp_object_t *cursor;
 } kvp_object_list_t;
 
 /* obj->policy of a COMPLETE object: the list it is on (policy/lists.c). */
@@ -33,6 +36,7 @@ typedef struct kvp_object_index {
     uint64_t n_buckets;             /* power of two */
     uint64_t count;                 /* all objects */
     uint64_t pending;               /* PENDING objects */
+    uint64_t pending_bytes;         /* the bytes their extents take (kvp_object_bytes) */
     kvp_object_list_t pending_list; /* PENDING objects, oldest first (put timeouts) */
     kvp_object_list_t probation;    /* COMPLETE: eviction policy lists (policy/lists.c) */
     kvp_object_list_t protected;
@@ -51,8 +55,17 @@ typedef struct kvp_object_index {
     struct kvp_group_table *groups;
 } kvp_object_index_t;
 
+/* index->pending_bytes, for a PENDING obj coming (+1) or going (-1) */
+static inline void kvp_index_charge_pending(kvp_object_index_t *index, const kvp_object_t *obj,
+                                            int sign)
+{
+    if (obj->state == KVP_OBJ_PENDING)
+        index->pending_bytes += (uint64_t)(int64_t)sign * kvp_object_bytes(obj);
+}
+
 static inline void kvp_index_charge(kvp_object_index_t *index, const kvp_object_t *obj, int sign)
 {
+    kvp_index_charge_pending(index, obj, sign);
     if (index->charge != NULL)
         index->charge(index->charge_arg, obj, sign);
 }

@@ -357,6 +357,10 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "Key batches (PutEnd, PutRevoke, Remove, Exist) that reached their time budget in one "
         "loop turn and went on at their connection's next turn.",
         s->keys_continued);
+    one(r, "kvpool_close_sweeps_total", "counter",
+        "Connections closed with puts unfinished while more puts were pending than one loop "
+        "turn walks: their puts were revoked by a walk continued over turns.",
+        s->close_sweeps);
     one(r, "kvpool_record_streams_lost_total", "counter",
         "Record streams that closed with changes their owner never got (its record may miss "
         "them at a master restart).",

@@ -347,16 +347,17 @@ void kvp_evict_if_needed(kvp_master_state_t *st)
 
 unsigned kvp_expire_puts(kvp_master_state_t *st)
 {
+    /* The pending list is in deadline order (a put joins its tail with now + put_timeout_ms,
+     * a fixed setting, on a monotonic clock): the walk ends at the first put still in time,
+     * costing what expires, never every put pending. */
     unsigned n = 0;
-    kvp_object_t *obj = st->index.pending_list.head;
-    while (obj != NULL) {
-        kvp_object_t *next = obj->lnext;
-        if (obj->deadline_ms <= st->now_ms) {
-            kvp_index_unlink(&st->index, obj);
-            kvp_object_release(st, obj);
-            n++;
-        }
-        obj = next;
+    kvp_object_t *obj;
+    while ((obj = st->index.pending_list.head) != NULL && obj->deadline_ms <= st->now_ms) {
+        kvp_index_unlink(&st->index, obj);
+        if (st->index.pending_list.head == obj)
+            break; /* (not indexed: never so) */
+        kvp_object_release(st, obj);
+        n++;
     }
     if (n > 0) {
         st->stats.put_timeouts += n;

@@ -4,6 +4,7 @@
 #ifndef KVP_MASTER_RPC_OBJECT_CALLS_H
 #define KVP_MASTER_RPC_OBJECT_CALLS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "master/rpc/call.h"
@@ -20,7 +21,11 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *msg
 kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_lease_release(kvp_call_t *call, ProtobufCMessage *msg);
 
-/* A connection closed: revoke its PENDING puts. */
+/* A connection closed: revoke its PENDING puts (at once, or by kvp_object_sweep). */
 void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id);
+/* Closed connections' puts are being revoked over loop turns: the server's loop calls
+ * kvp_object_sweep at each turn (without waiting for events) while this is true. */
+bool kvp_object_sweeping(const kvp_master_state_t *st);
+void kvp_object_sweep(kvp_master_state_t *st);
 
 #endif

@@ -27,6 +27,7 @@
 #include "master/meta/placement.h"
 #include "master/policy/eviction.h"
 #include "master/policy/lease.h"
+#include "master/rpc/object_calls.h"
 #include "master/core/state.h"
 #include "tests/unit/master/rpc/fixture_store.h"
 #include "tests/unit/master/svc_call.h"
@@ -258,6 +259,72 @@ static void test_conn_closed_revokes_pending(void **state)
     /* closing a connection with nothing is harmless */
     kvp_dispatch_conn_closed(st, 77);
     assert_int_equal(stat_get(st).pending, 3);
+}
+
+/* n puts of 64 bytes from conn, keys "<prefix>/<i>", at the master's time now_ms */
+static void put_many(kvp_master_state_t *st, uint64_t conn, const char *prefix, size_t n,
+                     uint64_t now_ms)
+{
+    char(*names)[32] = calloc(n, sizeof(*names));
+    const char **keys = calloc(n, sizeof(*keys));
+    uint64_t *sizes = calloc(n, sizeof(*sizes));
+    assert_non_null(names);
+    assert_non_null(keys);
+    assert_non_null(sizes);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(names[i], sizeof(names[i]), "%s/%zu", prefix, i);
+        keys[i] = names[i];
+        sizes[i] = 64;
+    }
+    st->now_ms = now_ms;
+    Kvpool__PutStartResponse *ps = put_start(st, conn, keys, n, sizes, n, 1, NULL);
+    assert_int_equal(ps->status, KVP_OK);
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ps->results[i]->status, KVP_OK);
+    svc_msg_free(ps);
+    free(names);
+    free(keys);
+    free(sizes);
+}
+
+/* With more puts pending than one turn walks, a close revokes its puts over loop turns,
+ * a slice each (kvp_object_sweep), not in one walk of every tenant's; the pass keeps its
+ * place when the object it stands on goes (here: timed out), and a connection closed
+ * during a pass is swept by the next. */
+static void test_conn_closed_sweeps_over_turns(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C3, "seg-a", "host1", 64 << 20, NULL), KVP_OK);
+    uint64_t t0 = 1000000, timeout = st->config.put_timeout_ms;
+    put_many(st, C2, "c2-early", 4096, t0);
+    put_many(st, C1, "c1", 5000, t0 + 1);
+    put_many(st, C2, "c2-late", 1000, t0 + 2);
+    kvp_dispatch_conn_closed(st, C1);
+    assert_true(kvp_object_sweeping(st));
+    assert_int_equal(stat_get(st).pending, 10096); /* nothing walked yet */
+    kvp_object_sweep(st);                          /* the first 4096: C2's early puts */
+    assert_int_equal(stat_get(st).pending, 10096);
+    /* the pass stands on C1's first put; every put to its deadline but C2's late ones
+     * times out (a walk from the head, ended at the first in time) */
+    st->now_ms = t0 + 1 + timeout;
+    assert_int_equal(kvp_expire_puts(st), 4096 + 5000);
+    assert_int_equal(stat_get(st).pending, 1000);
+    put_many(st, C1 + 10, "c11", 5000, t0 + 3);
+    kvp_dispatch_conn_closed(st, C1 + 10);
+    unsigned turns = 0;
+    while (kvp_object_sweeping(st) && turns < 10) {
+        kvp_object_sweep(st);
+        turns++;
+    }
+    assert_false(kvp_object_sweeping(st));
+    assert_in_range(turns, 2, 4); /* the rest of this pass (6 000 visits), then C11's */
+    stat_snap_t s = stat_get(st);
+    assert_int_equal(s.pending, 1000); /* C2's late puts, untouched */
+    assert_int_equal(s.used, 1000 * 64);
+    assert_int_equal(exist1(st, "c11/0"), 0);
+    assert_int_equal(put1(st, C2, "c11/0", 64, NULL), KVP_OK); /* the key is free again */
+    assert_int_equal(end1(st, C2, "c2-late/999", 7), KVP_OK);
+    assert_int_equal(exist1(st, "c2-late/999"), 1);
 }
 
 static void test_preferred_segment(void **state)
@@ -657,6 +724,7 @@ int main(void)
         T(test_batch),
         T(test_put_revoke),
         T(test_conn_closed_revokes_pending),
+        T(test_conn_closed_sweeps_over_turns),
         T(test_preferred_segment),
         T(test_replica_clear),
         T(test_pool_full),
