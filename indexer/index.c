@@ -107,7 +107,7 @@ typedef struct held {
 
 /* A batch is applied in slices of about this much work (blocks, holders, clock steps): the
  * write lock is let go between them, so that a query never waits for more than one. */
-#define SLICE_WORK 2048u
+#define SLICE_WORK 8192u
 #define TABLE_FIRST 65536u /* a table's first slots */
 
 typedef struct map {
