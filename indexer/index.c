@@ -574,33 +574,35 @@ static void grow_ahead(kvp_idx_t *idx)
     }
     pthread_rwlock_rdlock(&idx->lock);
     uint64_t gen = idx->wgen;
+    size_t bytes[3] = {0, 0, 0}; /* each table's size when copied */
     for (unsigned k = 0; k < 3; k++)
-        if (!table_fits(tabs[k], 2 * SLICE_WORK))
-            grown[k] = table_doubled(tabs[k]);
+        if (!table_fits(tabs[k], 2 * SLICE_WORK) && (grown[k] = table_doubled(tabs[k])) != NULL)
+            bytes[k] = table_bytes(tabs[k]);
     pthread_rwlock_unlock(&idx->lock);
     pthread_rwlock_wrlock(&idx->lock);
     bool same = idx->wgen == gen;
     write_taken(idx);
-    uint64_t *old[3] = {NULL, NULL, NULL};
-    size_t old_bytes[3] = {0, 0, 0};
+    /* what goes: the old slots swapped out, or the copies when another writer came in (the
+     * tables may have changed, even grown, since) */
+    size_t gone_bytes[3] = {0, 0, 0};
     for (unsigned k = 0; k < 3; k++) {
         if (grown[k] == NULL)
             continue;
-        if (same) {
-            old[k] = table_swap(tabs[k], grown[k]);
-            old_bytes[k] = table_bytes(tabs[k]) / 2;
-            idx->grown_aside++;
-        } else {
-            big_free(grown[k], table_bytes(tabs[k]) * 2);
+        if (!same) {
+            gone_bytes[k] = 2 * bytes[k];
+            continue;
         }
+        grown[k] = table_swap(tabs[k], grown[k]);
+        gone_bytes[k] = bytes[k];
+        idx->grown_aside++;
     }
-    if (old[0] == NULL && old[1] == NULL && old[2] == NULL)
+    if (grown[0] == NULL && grown[1] == NULL && grown[2] == NULL)
         return;
-    /* the old slots unmapped with the lock let go once more (tens of ms at hundreds of MiB) */
+    /* unmapped with the lock let go once more (tens of ms at hundreds of MiB) */
     write_released(idx);
     pthread_rwlock_unlock(&idx->lock);
     for (unsigned k = 0; k < 3; k++)
-        big_free(old[k], old_bytes[k]);
+        big_free(grown[k], gone_bytes[k]);
     pthread_rwlock_wrlock(&idx->lock);
     write_taken(idx);
 }
@@ -880,12 +882,9 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
                 return 0;
             idx->nodes = nodes;
             tlink_t *links = big_grow(idx->links, had * sizeof(*links), cap * sizeof(*links));
-            if (links == NULL) { /* the nodes' array back to its size (the mapping shrunk) */
+            if (links == NULL) { /* the nodes' array back to its size (a shrink: it holds) */
                 nodes = big_grow(idx->nodes, cap * sizeof(*nodes), had * sizeof(*nodes));
-                if (nodes != NULL)
-                    idx->nodes = nodes;
-                else /* (never, in practice: then its room is kept, as large as links') */
-                    idx->n_nodes_cap = (uint32_t)had;
+                idx->nodes = nodes != NULL ? nodes : idx->nodes;
                 return 0;
             }
             idx->links = links;
