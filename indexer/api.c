@@ -226,7 +226,7 @@ static unsigned check_endpoints(kvp_api_t *api, const char *endpoint, const char
 static const char *const reg_reasons[] = {
     "endpoint",      "publisher_allow", "tenant_registrations", "tenant_subscriptions",
     "registrations", "subscriptions",   "publishers",           "scopes",
-    "subscribe"};
+    "tenant_scopes", "subscribe"};
 _Static_assert(sizeof(reg_reasons) / sizeof(reg_reasons[0]) == KVP_API_REG_N, "a name each");
 
 /* The count of a refusal by the index (kvp_idx_reg_params_t's reason_p). */

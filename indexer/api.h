@@ -40,6 +40,7 @@ enum {
     KVP_API_REG_subscriptions,
     KVP_API_REG_publishers,
     KVP_API_REG_scopes,
+    KVP_API_REG_tenant_scopes,
     KVP_API_REG_subscribe,
     KVP_API_REG_N
 };

@@ -62,6 +62,7 @@
 #define HOLDER_MEDIUM(h) ((h)&7u)
 #define NODES_MAX (1u << 31)
 #define SCOPES_MAX 4096
+#define SCOPES_TENANT_MAX (SCOPES_MAX / 4) /* one tenant's share of them */
 _Static_assert(SCOPES_MAX < 0x2000, "a scope id fits NODE_SCOPE's 13 bits");
 #define SUBS_MAX KVP_IDX_SUBS_MAX
 #define TYPE_MAX 32
@@ -80,10 +81,10 @@ typedef struct node {
 #define NODE_MARK 0x40000000u /* set only while a held list is compacted (held_compact) */
 #define HOLDERS_MAX 32768u
 
-/* A node's tenant and its place in the tenant's clock, a circular list (parallel to
- * idx->nodes; one cache line holds all a node's clock needs of it). */
+/* A node's place in its tenant's clock, a circular list (parallel to idx->nodes). Its
+ * tenant is its scope's (scope_t.tenant, fixed while the scope has nodes). */
 typedef struct tlink {
-    uint32_t prev, next, tenant;
+    uint32_t prev, next;
 } tlink_t;
 
 /* A tenant of the blocks: its clock (the hand: the node it looks at next; 0: no node), how
@@ -126,7 +127,12 @@ typedef struct table {
 typedef struct scope {
     char tenant[KVP_IDX_NAME_MAX], model[KVP_IDX_NAME_MAX], lora[KVP_IDX_NAME_MAX],
         salt[KVP_IDX_NAME_MAX];
-    uint32_t block_size, refs; /* refs 0: free */
+    uint32_t block_size, refs; /* refs: registrations naming it */
+    uint32_t nodes;            /* nodes naming it (blocks, and those kept for their engine
+                                * hash): the slot is free when refs and nodes are 0, so that
+                                * a node's scope never names another one */
+    uint32_t t;                /* its nodes' tenant slot: fixed while it has nodes (a node's
+                                * tenant is read from here) */
 } scope_t;
 
 typedef struct pub {
@@ -177,10 +183,9 @@ struct kvp_idx {
     tlink_t *links;    /* each node's tenant and place in its clock */
     tenant_t *tenants; /* [0]: the overflow slot */
     uint32_t n_tenants, cap_tenants, active_tenants, tenant_cursor;
-    uint16_t scope_tenant[SCOPES_MAX]; /* the tenant last seen for each scope (checked) */
-    uint64_t max_per_tenant;           /* 0: the fair share */
-    held_t **held;                     /* per registration: per publisher slot */
-    uint32_t *snap;                    /* a batch's targets, as it started */
+    uint64_t max_per_tenant; /* 0: the fair share */
+    held_t **held;           /* per registration: per publisher slot */
+    uint32_t *snap;          /* a batch's targets, as it started */
     uint32_t cap_snap;
     uint64_t purge_visits, slices, grown_aside, grown_inside;
     uint32_t work;       /* since a batch last let the write lock go (slice_point) */
@@ -641,27 +646,29 @@ static bool tenants_grow(kvp_idx_t *idx)
 }
 
 /* The tenant of scope's blocks, interned (a slot of a tenant with no node is taken again
- * only when all are in use); 0, the overflow slot, when none is left. */
+ * only when all are in use); 0, the overflow slot, when none is left. While the scope has
+ * nodes it is the one they joined the clock of, whatever slots have freed since. */
 static uint32_t tenant_of(kvp_idx_t *idx, uint32_t scope)
 {
-    const char *name = idx->scopes[scope - 1].tenant;
-    uint32_t t = idx->scope_tenant[scope - 1], spare = 0;
-    if (t != 0 && t < idx->n_tenants && strcmp(idx->tenants[t].name, name) == 0)
+    scope_t *sc = &idx->scopes[scope - 1];
+    uint32_t t = sc->t, spare = 0;
+    if (sc->nodes > 0 ||
+        (t != 0 && t < idx->n_tenants && strcmp(idx->tenants[t].name, sc->tenant) == 0))
         return t;
     for (t = 1; t < idx->n_tenants; t++) {
-        if (strcmp(idx->tenants[t].name, name) == 0)
-            return idx->scope_tenant[scope - 1] = (uint16_t)t;
+        if (strcmp(idx->tenants[t].name, sc->tenant) == 0)
+            return sc->t = t;
         if (spare == 0 && idx->tenants[t].nodes == 0)
             spare = t;
     }
     if (idx->n_tenants < idx->cap_tenants || tenants_grow(idx))
         t = idx->n_tenants++;
     else if ((t = spare) == 0)
-        return 0;
+        return sc->t = 0;
     tenant_t *tn = &idx->tenants[t];
-    snprintf(tn->name, sizeof(tn->name), "%s", name);
+    snprintf(tn->name, sizeof(tn->name), "%s", sc->tenant);
     tn->evicted = 0;
-    return idx->scope_tenant[scope - 1] = (uint16_t)t;
+    return sc->t = t;
 }
 
 /* Node i joins tenant t's clock, just behind its hand (the last it reaches). */
@@ -669,7 +676,6 @@ static void tlist_add(kvp_idx_t *idx, uint32_t t, uint32_t i)
 {
     tenant_t *tn = &idx->tenants[t];
     tlink_t *l = idx->links;
-    l[i].tenant = t;
     if (tn->hand == 0) {
         l[i].prev = l[i].next = i;
         tn->hand = i;
@@ -686,7 +692,7 @@ static void tlist_add(kvp_idx_t *idx, uint32_t t, uint32_t i)
 
 static void tlist_del(kvp_idx_t *idx, uint32_t i)
 {
-    tenant_t *tn = &idx->tenants[idx->links[i].tenant];
+    tenant_t *tn = &idx->tenants[idx->scopes[NODE_SCOPE(&idx->nodes[i]) - 1].t];
     tlink_t *l = idx->links;
     if (l[i].next == i) {
         tn->hand = 0;
@@ -797,6 +803,7 @@ static void node_free(kvp_idx_t *idx, uint32_t i)
     n->h = idx->free_nodes;
     idx->free_nodes = i;
     idx->n_nodes--;
+    idx->scopes[scope - 1].nodes--;
 }
 
 /* Drop node i, all its holders and its engine hash (eviction). */
@@ -899,6 +906,7 @@ static uint32_t node_get(kvp_idx_t *idx, uint32_t scope, uint64_t seq)
     n->h = 0;
     table_put(&idx->blocks, key_hash(idx, scope, seq), i);
     tlist_add(idx, t, i);
+    idx->scopes[scope - 1].nodes++;
     idx->n_nodes++;
     return i;
 }
@@ -1148,28 +1156,38 @@ static uint32_t scope_find(const kvp_idx_t *idx, const char *tenant, const char 
 {
     for (uint32_t s = 0; s < idx->n_scopes; s++) {
         const scope_t *sc = &idx->scopes[s];
-        if (sc->refs != 0 && sc->block_size == bs && strcmp(sc->tenant, tenant) == 0 &&
-            strcmp(sc->model, model) == 0 && strcmp(sc->lora, lora) == 0 &&
-            strcmp(sc->salt, salt) == 0)
+        if ((sc->refs != 0 || sc->nodes != 0) && sc->block_size == bs &&
+            strcmp(sc->tenant, tenant) == 0 && strcmp(sc->model, model) == 0 &&
+            strcmp(sc->lora, lora) == 0 && strcmp(sc->salt, salt) == 0)
             return s + 1;
     }
     return 0;
 }
 
-static uint32_t scope_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p)
+/* The scope of p's registration, referenced; 0: none left (*tenant_full: of p's tenant's
+ * share). A slot is held while registrations or nodes name it: a tenant that registers
+ * scopes and goes, leaving blocks kept for their engine hash, holds them until its clock
+ * takes those, so one tenant holds at most SCOPES_TENANT_MAX of them. */
+static uint32_t scope_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool *tenant_full)
 {
     uint32_t s = scope_find(idx, p->tenant, p->model, p->lora, p->block_size, p->salt);
+    *tenant_full = false;
     if (s != 0) {
         idx->scopes[s - 1].refs++;
         return s;
     }
-    uint32_t free_slot = idx->n_scopes;
-    for (uint32_t k = 0; k < idx->n_scopes; k++)
-        if (idx->scopes[k].refs == 0) {
-            free_slot = k;
-            break;
+    uint32_t free_slot = idx->n_scopes, mine = 0;
+    for (uint32_t k = 0; k < idx->n_scopes; k++) {
+        const scope_t *sc = &idx->scopes[k];
+        if (sc->refs == 0 && sc->nodes == 0) {
+            free_slot = KVP_MIN(free_slot, k);
+            continue;
         }
-    if (free_slot == SCOPES_MAX)
+        mine += strcmp(sc->tenant, p->tenant) == 0;
+    }
+    if (mine >= SCOPES_TENANT_MAX)
+        *tenant_full = true;
+    if (free_slot == SCOPES_MAX || *tenant_full)
         return 0;
     scope_t *sc = &idx->scopes[free_slot];
     snprintf(sc->tenant, sizeof(sc->tenant), "%s", p->tenant);
@@ -1178,6 +1196,7 @@ static uint32_t scope_get(kvp_idx_t *idx, const kvp_idx_reg_params_t *p)
     snprintf(sc->salt, sizeof(sc->salt), "%s", p->salt);
     sc->block_size = p->block_size;
     sc->refs = 1;
+    sc->t = 0;
     if (free_slot == idx->n_scopes)
         idx->n_scopes++;
     return free_slot + 1;
@@ -1461,7 +1480,16 @@ static kvp_status_t reg_add(kvp_idx_t *idx, const kvp_idx_reg_params_t *p, bool 
     if (st != KVP_OK)
         return st;
     rg = idx->regs[r];
-    uint32_t scope = scope_get(idx, p);
+    bool tenant_full;
+    uint32_t scope = scope_get(idx, p, &tenant_full);
+    if (scope == 0 && tenant_full) {
+        snprintf(err, err_len,
+                 "tenant %.63s has %u scopes (model, LoRA, block size, salt) already, those "
+                 "kept by blocks it left included",
+                 p->tenant, SCOPES_TENANT_MAX);
+        *reason_p = "tenant_scopes";
+        return KVP_ERR_TOO_MANY;
+    }
     if (scope == 0) {
         snprintf(err, err_len, "%u scopes (tenant, model, LoRA, block size, salt) already",
                  SCOPES_MAX);

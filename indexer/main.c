@@ -36,6 +36,14 @@
 #include "indexer/index.h"
 #include "indexer/sub.h"
 
+/* jemalloc (the release build's allocator; docs/indexer.md "Memory") reads this at start:
+ * a thread of its own hands freed pages back to the kernel within about a second. The
+ * messages of a burst of events (up to the socket's high-water mark of batches) are freed
+ * once applied, but without it their pages stay resident until the allocator is next busy,
+ * which an idle indexer never is. An operator's MALLOC_CONF still applies over it; without
+ * jemalloc (the sanitizer build) nothing reads it. */
+const char *malloc_conf = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0";
+
 #define KVP_INDEXER_VERSION "0.1.0"
 #define CONFIG_MAX (16u << 20)
 

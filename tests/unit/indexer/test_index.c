@@ -861,6 +861,73 @@ static void test_unregistered_count_until_reaped(void **state)
     kvp_idx_destroy(idx);
 }
 
+/* A block kept for its engine hash after its tenant's last registration of the scope went
+ * keeps the scope's slot: another tenant registering the same model gets a scope of its own,
+ * so that the same tokens make a block of its own, counted to it (a slot taken again named
+ * the kept block's scope: team-b's block was team-a's node, in team-a's clock). A tenant
+ * holds at most a quarter of the scopes. */
+static void test_scopes_kept_by_blocks(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(1000);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    for (int i = 0; i < 4; i++)
+        T[0][i] = (uint32_t)i + 11;
+    uint64_t eng = 777;
+    kvp_idx_op_t op = stored(&eng, 1, NULL);
+    op.has_tokens = true;
+    op.n_tokens = 4;
+    apply(idx, a, &op, 1, -1);
+    op = removed(&eng, 1, NULL); /* kept for its engine hash, no holder */
+    apply(idx, a, &op, 1, -1);
+    char names[256] = "";
+    assert_int_equal(unreg(idx, "ia", "team-a", names), KVP_OK);
+    reap(idx);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-a\"}"), 1);
+    uint32_t b = reg(idx, "tcp://b:1", "vLLM", "ib", "team-b", 0);
+    op = stored(&eng, 1, NULL);
+    op.has_tokens = true;
+    op.n_tokens = 4;
+    apply(idx, b, &op, 1, -1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-b\"}"), 1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-a\"}"), 1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 1); /* team-a's has no holder */
+    op = removed(&eng, 1, NULL); /* team-b's remove takes its own holder, not team-a's node */
+    apply(idx, b, &op, 1, -1);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_block_holders"), 0);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_tenant_blocks{tenant=\"team-a\"}"), 1);
+
+    /* a quarter of the 4 096 scopes per tenant; others register still */
+    kvp_idx_reg_params_t p = {.endpoint = "tcp://x:1",
+                              .replay_endpoint = "",
+                              .type = "vLLM",
+                              .lora = "",
+                              .tenant = "team-x",
+                              .salt = "",
+                              .block_size = 4};
+    const char *reason = NULL;
+    p.reason_p = &reason;
+    char model[32], inst[32], err[256];
+    bool changed;
+    kvp_status_t st = KVP_OK;
+    int n = 0;
+    kvp_idx_wrlock(idx);
+    for (; n < 2000 && st == KVP_OK; n++) {
+        snprintf(model, sizeof(model), "m%d", n);
+        snprintf(inst, sizeof(inst), "i%d", n);
+        p.model = model;
+        p.instance = inst;
+        st = kvp_idx_register(idx, &p, &changed, err, sizeof(err));
+    }
+    kvp_idx_unlock(idx);
+    assert_int_equal(st, KVP_ERR_TOO_MANY);
+    assert_int_equal(n, 1025);
+    assert_string_equal(reason, "tenant_scopes");
+    assert_non_null(strstr(err, "team-x has 1024 scopes"));
+    (void)reg(idx, "tcp://y:1", "vLLM", "iy", "team-y", 0);
+    kvp_idx_destroy(idx);
+}
+
 typedef struct racer {
     kvp_idx_t *idx;
     uint32_t sub;
@@ -957,6 +1024,7 @@ int main(void)
         cmocka_unit_test(test_unregister_in_slices),
         cmocka_unit_test(test_tables_grow_aside),
         cmocka_unit_test(test_unregistered_count_until_reaped),
+        cmocka_unit_test(test_scopes_kept_by_blocks),
         cmocka_unit_test(test_unregister_races),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
