@@ -219,6 +219,58 @@ static void unscope_keys(kvp_master_state_t *st, const kvp_principal_t *who, Pro
         }
 }
 
+/*
+ * A request going on over loop turns (its handler set st->call_again) stays decoded here
+ * until its last turn, one per connection: a later turn neither decodes it again (65536
+ * keys: milliseconds a turn, which made a batch of many turns cost several times its work)
+ * nor checks its keys against the principal's patterns again (done at its first turn, as
+ * for any request under way); its keys are scoped to the tenant at each turn (in the
+ * state's scratch, which other requests use between turns).
+ */
+typedef struct held_req {
+    struct held_req *next;
+    const kvp_master_state_t *st;
+    uint64_t conn_id;
+    uint16_t method;
+    ProtobufCMessage *req;
+} held_req_t;
+
+static held_req_t *held_reqs;
+
+/* The request this connection has under way, taken off the list when it is this call's
+ * (again, the same method); NULL: none (one left of another request is freed). */
+static ProtobufCMessage *held_req_take(const kvp_master_state_t *st, uint64_t conn_id,
+                                       uint16_t method, bool again)
+{
+    for (held_req_t **pp = &held_reqs; *pp != NULL; pp = &(*pp)->next) {
+        held_req_t *h = *pp;
+        if (h->st != st || h->conn_id != conn_id)
+            continue;
+        *pp = h->next;
+        ProtobufCMessage *req = h->req;
+        bool same = h->method == method;
+        free(h);
+        if (again && same)
+            return req;
+        protobuf_c_message_free_unpacked(req, NULL);
+        return NULL;
+    }
+    return NULL;
+}
+
+/* Keep req for the connection's next turn; false: no memory (it is decoded again then). */
+static bool held_req_keep(const kvp_master_state_t *st, uint64_t conn_id, uint16_t method,
+                          ProtobufCMessage *req)
+{
+    held_req_t *h = malloc(sizeof(*h));
+    if (h == NULL)
+        return false;
+    *h =
+        (held_req_t){.next = held_reqs, .st = st, .conn_id = conn_id, .method = method, .req = req};
+    held_reqs = h;
+    return true;
+}
+
 kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
                                  const kvp_principal_t *who, uint16_t method, const uint8_t *body,
                                  size_t body_len, uint8_t **resp_p, size_t *resp_len_p,
@@ -226,6 +278,11 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
 {
     *resp_p = NULL;
     *resp_len_p = 0;
+    /* a batch under way (st->call_again) goes on only in its handler: refused here, it is
+     * answered, and ends (its handler drops what it held at the connection's next call of it,
+     * or at its close) */
+    bool again = st->call_again;
+    st->call_again = false;
     const kvp_method_t *m = kvp_dispatch_lookup(method);
     if (m == NULL) {
         snprintf(errmsg, errmsg_len, "unknown method %u", method);
@@ -240,9 +297,10 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
         st->stats.refused_role++;
         return KVP_ERR_DENIED;
     }
-    ProtobufCMessage *req = NULL;
+    ProtobufCMessage *req = held_req_take(st, conn_id, method, again);
+    bool resumed = req != NULL;
     kvp_status_t status = KVP_ERR_PROTOCOL;
-    if (m->req_desc != NULL) {
+    if (!resumed && m->req_desc != NULL) {
         /* what the decode would allocate, judged from the wire first (auth/decode_cost.h) */
         kvp_decode_cost_t cost;
         char why[200];
@@ -258,7 +316,7 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
             goto out;
     }
     const ProtobufCBinaryData *bad =
-        who != NULL && req != NULL && m->scoped ? key_refused(who, req) : NULL;
+        who != NULL && req != NULL && m->scoped && !resumed ? key_refused(who, req) : NULL;
     if (bad != NULL) {
         snprintf(errmsg, errmsg_len,
                  "principal %s may not touch key '%.*s' (outside its key patterns); nothing "
@@ -276,10 +334,11 @@ kvp_status_t kvp_dispatch_handle(kvp_master_state_t *st, uint64_t conn_id,
         goto out;
     }
     kvp_call_t call = {.st = st, .conn_id = conn_id, .who = who, .resp_desc = m->resp_desc};
+    st->call_again = again;
     status = m->handler(&call, req);
     if (scoped)
         unscope_keys(st, who, req);
-    if (req != NULL)
+    if (req != NULL && !(st->call_again && held_req_keep(st, conn_id, method, req)))
         protobuf_c_message_free_unpacked(req, NULL);
     if (status != KVP_OK) {
         free(call.resp);
@@ -298,6 +357,7 @@ out:
 
 void kvp_dispatch_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
+    (void)held_req_take(st, conn_id, 0, false); /* a request under way: freed */
     kvp_drain_conn_closed(st, conn_id);
     kvp_task_conn_closed(st, conn_id);
     kvp_object_conn_closed(st, conn_id);

@@ -25,6 +25,7 @@
 
 #include <stdint.h>
 
+#include "common/rpc.h"
 #include "common/status.h"
 #include "master/core/config.h"
 #include "master/core/event_sink.h"
@@ -121,9 +122,9 @@ typedef struct kvp_master_stats {
     uint64_t refused_input_buffers;   /* --max-input-buffers */
     /* --max-connections-per-principal */
     uint64_t refused_max_conns_principal;
-    /* server.c, rpc/object_calls.c: key batches stopped at their time budget, continued at
-     * their connection's next turn */
-    uint64_t keys_continued;
+    /* rpc/object_calls.c: batches of keys stopped at their time budget, continued at their
+     * connection's next turn, by method (common/rpc.h) */
+    uint64_t keys_continued[KVP_RPC_METHOD_MAX + 1];
     uint64_t close_sweeps; /* connections whose puts were revoked over loop turns */
     /* server.c: connections whose requests were no longer read, their replies unread (over
      * 4 MiB queued, or --max-output-buffers for all), and the replies queued now */

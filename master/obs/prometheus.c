@@ -299,6 +299,19 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
         s->limbo_expired);
 }
 
+/* Batches of keys continued over loop turns, by method (those that ever were). */
+static void continued(kvp_http_reply_t *r, const kvp_master_state_t *st, const kvp_master_view_t *v)
+{
+    head(r, "kvpool_requests_continued_total", "counter",
+         "Times a batch of keys (PutStart, GetReplicaList, PutEnd, PutRevoke, Remove, Exist) "
+         "reached its time budget in one loop turn and went on at its connection's next turn, "
+         "by method.");
+    for (size_t m = 0; m < v->n_methods && m <= KVP_RPC_METHOD_MAX; m++)
+        if (v->method_names[m] != NULL && st->stats.keys_continued[m] > 0)
+            kvp_http_printf(r, "kvpool_requests_continued_total{method=\"%s\"} %" PRIu64 "\n",
+                            v->method_names[m], st->stats.keys_continued[m]);
+}
+
 /* Control-RPC latency by method: the loop's counters, named by the view's method table. */
 static void rpc_latency(kvp_http_reply_t *r, const kvp_master_state_t *st,
                         const kvp_master_view_t *v)
@@ -353,10 +366,6 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "Times such replies were sent after --record-wait without the change in the owner's "
         "socket (a kill -9 of the master then could lose it).",
         s->record_wait_expired);
-    one(r, "kvpool_requests_continued_total", "counter",
-        "Key batches (PutEnd, PutRevoke, Remove, Exist) that reached their time budget in one "
-        "loop turn and went on at their connection's next turn.",
-        s->keys_continued);
     one(r, "kvpool_close_sweeps_total", "counter",
         "Connections closed with puts unfinished while more puts were pending than one loop "
         "turn walks: their puts were revoked by a walk continued over turns.",
@@ -521,6 +530,7 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     capacity(r, st);
     operations(r, st);
     rpc_latency(r, st, v);
+    continued(r, st, v);
     refusals(r, st);
     patterns_refused(r, st);
     tenants(r, st, tenant_names);

@@ -442,13 +442,15 @@ static kvp_status_t put_config(kvp_master_state_t *st, const Kvpool__PutConfig *
     return KVP_OK;
 }
 
-/* A PutStart not answered: undo the PENDING objects it created (its results). */
+/* A PutStart not answered: undo the PENDING objects it created (its results). req_arg: the
+ * request; NULL when its connection closed while it was under way (held_drop): the close
+ * revokes the connection's PENDING puts. */
 static void put_start_end(kvp_reply_t *r, kvp_status_t rc, void *req_arg)
 {
     const Kvpool__PutStartRequest *req = req_arg;
     const Kvpool__PutStartResponse *resp = (const Kvpool__PutStartResponse *)r->resp;
     kvp_master_state_t *st = r->call->st;
-    for (size_t i = 0; rc != KVP_OK && i < resp->n_results; i++) {
+    for (size_t i = 0; rc != KVP_OK && req != NULL && i < resp->n_results; i++) {
         if (resp->results[i] == NULL || resp->results[i]->status != KVP_OK)
             continue;
         kvp_object_t *obj;
@@ -460,13 +462,216 @@ static void put_start_end(kvp_reply_t *r, kvp_status_t rc, void *req_arg)
     }
 }
 
+/*
+ * Budget of one loop turn for a batch of keys (PutStart, GetReplicaList, and keys_batch's
+ * PutEnd, PutRevoke, Remove, Exist): up to 65536 keys' work, KEYS_TURN_NS of it at most in
+ * one call, with the server's leave (st->may_continue); the call is made again with the same
+ * request at its connection's next turn (st->call_again; the request stays in the
+ * connection's input, and the connection's later requests wait behind it), so that no batch
+ * holds the loop, every other caller, for longer.
+ */
+#define KEYS_TURN_NS (4ull * 1000000ull)
+#define KEYS_TURN_CHECK 64u /* keys between two looks at the clock */
+
+/* Time to stop this turn (looked at every KEYS_TURN_CHECK keys)? */
+static bool turn_over(const kvp_master_state_t *st, unsigned *since, uint64_t stop)
+{
+    if (!st->may_continue || ++*since < KEYS_TURN_CHECK)
+        return false;
+    *since = 0;
+    return kvp_now_ns() >= stop;
+}
+
+/*
+ * A PutStart's or GetReplicaList's answer while it is built: the response, its arrays (the
+ * results, their replicas), the segments they name, the keys done. On the handler's stack
+ * while the batch fits in one turn; past it, in a held_t until the connection's next turn.
+ */
+typedef struct listing {
+    kvp_reply_t r;
+    union {
+        ProtobufCMessage base;
+        Kvpool__PutStartResponse ps;
+        Kvpool__GetReplicaListResponse gr;
+    } resp;
+    void *res;             /* PutStartResult or GetReplicaResult, one per key */
+    Kvpool__Replica *reps; /* the replicas they name */
+    Kvpool__Replica **repptr;
+    size_t n, done, nr; /* keys; keys done; replicas used */
+    bool quota_said;
+} listing_t;
+
+/*
+ * A listing held between turns, one per connection. The grants its replicas point to (the
+ * state's grant buffer, reserved for the whole batch) go with it, and come back into the
+ * state at the next turn. The segments table may change meanwhile: the descriptors are
+ * filled again from it at each turn, and one gone ends the batch (held_resume).
+ */
+typedef struct held {
+    struct held *next;
+    const kvp_master_state_t *st;
+    uint64_t conn_id;
+    kvp_rpc_method_t method;
+    struct kvp_grant *grants;
+    size_t grants_cap;
+    uint64_t grants_ms;
+    kvp_call_t call; /* st and conn_id, for its end when the connection closes */
+    listing_t l;
+} held_t;
+
+static held_t *helds;
+
+/* The listing this connection has under way for `method` of n keys, taken off the list;
+ * NULL: none (one of another request, if any, is ended: never answered now). */
+static held_t *held_take(kvp_master_state_t *st, uint64_t conn_id, kvp_rpc_method_t method,
+                         size_t n);
+
+/* Keep l (on the stack, or h's already) for the connection's next turn and tell the server
+ * so; false: no memory to wait with (l is still whole: it is answered now). */
+static bool held_keep(kvp_call_t *call, held_t *h, listing_t *l, kvp_rpc_method_t method)
+{
+    kvp_master_state_t *st = call->st;
+    if (h == NULL) {
+        if ((h = malloc(sizeof(*h))) == NULL)
+            return false;
+        h->l = *l;
+        h->l.r.resp = &h->l.resp.base;
+    }
+    h->next = helds;
+    h->st = st;
+    h->conn_id = call->conn_id;
+    h->method = method;
+    h->call = (kvp_call_t){.st = st, .conn_id = call->conn_id};
+    h->l.r.call = &h->call;
+    h->l.r.end_arg = NULL;
+    h->grants = st->grant_buf;
+    h->grants_cap = st->grant_cap;
+    h->grants_ms = st->grant_now_ms;
+    st->grant_buf = NULL;
+    st->grant_cap = 0;
+    helds = h;
+    st->stats.keys_continued[method]++;
+    st->call_again = true;
+    return true;
+}
+
+/* End h unanswered (its end undoes what it granted) and free it. */
+static void held_drop(held_t *h)
+{
+    (void)kvp_reply_abort(&h->l.r);
+    free(h->grants);
+    free(h);
+}
+
+static held_t *held_take(kvp_master_state_t *st, uint64_t conn_id, kvp_rpc_method_t method,
+                         size_t n)
+{
+    for (held_t **pp = &helds; *pp != NULL; pp = &(*pp)->next) {
+        held_t *h = *pp;
+        if (h->st != st || h->conn_id != conn_id)
+            continue;
+        *pp = h->next;
+        if (st->call_again && h->method == method && h->l.n == n)
+            return h;
+        held_drop(h);
+        return NULL;
+    }
+    return NULL;
+}
+
+/* h's listing back for this turn's call: its grants into the state, its segments'
+ * descriptors filled again. false: one of its segments is gone (h's end undid what it
+ * made or granted, and left its response with no result, for a status of its own). */
+static bool held_resume(kvp_call_t *call, held_t *h, void *end_arg)
+{
+    kvp_master_state_t *st = call->st;
+    listing_t *l = &h->l;
+    free(st->grant_buf);
+    st->grant_buf = h->grants;
+    st->grant_cap = h->grants_cap;
+    st->grant_now_ms = h->grants_ms;
+    h->grants = NULL;
+    l->r.call = call;
+    l->r.end_arg = end_arg;
+    for (size_t d = 0; d < l->r.segs.n; d++) {
+        const kvp_segment_t *seg = kvp_segment_table_get(&st->segments, l->r.segs.descs[d].id);
+        if (seg == NULL) {
+            l->r.end_cb(&l->r, KVP_ERR_SEGMENT_GONE, end_arg);
+            l->r.end_cb = NULL;
+            return false;
+        }
+        kvp_seg_desc_fill(&l->r.segs.descs[d], seg);
+    }
+    return true;
+}
+
+/* The answer to a batch whose segment left while it was under way. */
+static kvp_status_t held_gone(listing_t *l, held_t *h, size_t *n_results, size_t *n_segments)
+{
+    *n_results = 0;
+    *n_segments = 0; /* (the segments collected are released as the reply ends) */
+    kvp_status_t rc = kvp_reply_fail(&l->r, KVP_ERR_SEGMENT_GONE,
+                                     l->r.text_max > 0 ? "a segment left while this batch was "
+                                                         "under way: nothing of it was kept"
+                                                       : NULL);
+    free(h);
+    return rc;
+}
+
+/* A PutStart's per-key loop, from key l->done on, for this turn; false: held for the next. */
+static bool put_start_keys(kvp_call_t *call, const Kvpool__PutStartRequest *req,
+                           kvp_placement_req_t *preq, listing_t *l, held_t *h)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__PutStartResult *res = l->res;
+    int64_t give_back = -1; /* what reads in flight give back: once a turn, if needed */
+    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    unsigned since = 0;
+    for (size_t i = l->done; i < l->n; i = ++l->done) {
+        if (turn_over(st, &since, stop) && held_keep(call, h, l, KVP_RPC_PUT_START))
+            return false;
+        kvpool__put_start_result__init(&res[i]);
+        l->resp.ps.results[i] = &res[i];
+        kvp_object_t *obj = NULL;
+        res[i].status =
+            put_start_one(st, call->conn_id, &req->keys[i], req->sizes[i], preq,
+                          req->n_group_ids ? &req->group_ids[i] : NULL, &give_back, &obj);
+        kvp_reply_t *r = &l->r;
+        if (preq->dfs_extra && r->text[0] == '\0' &&
+            (res[i].status == KVP_ERR_UNSUPPORTED ||
+             ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_TOO_LARGE) &&
+              dfs_short(st, req->sizes[i], preq->tenant))))
+            dfs_message(st, res[i].status, r->text, r->text_max);
+        if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
+            r->text[0] == '\0')
+            pool_full_message(st, r->text, r->text_max);
+        if (res[i].status == KVP_ERR_QUOTA && !l->quota_said) { /* the quota's words first */
+            quota_message(st, preq, req->sizes[i], r->text, r->text_max);
+            l->quota_said = true;
+            KVP_LOG_WARN_LIMITED("put refused (principal %s): %s", call->who->name, r->text);
+        }
+        if (res[i].status != KVP_OK)
+            continue;
+        res[i].replicas = &l->repptr[l->nr];
+        res[i].n_replicas = obj->n_replicas;
+        /* write grants: good while the put may stay PENDING */
+        if (!kvp_call_add_replicas(call, obj, l->reps, l->repptr, &l->nr, &r->segs, KVP_GRANT_WRITE,
+                                   st->config.put_timeout_ms)) {
+            res[i].status = KVP_ERR_NOMEM; /* (undone with the rest: kvp_reply_abort) */
+            l->done = SIZE_MAX;
+            return true;
+        }
+    }
+    return true;
+}
+
 kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
     Kvpool__PutStartRequest *req = (Kvpool__PutStartRequest *)req_msg;
-    Kvpool__PutStartResponse resp = KVPOOL__PUT_START_RESPONSE__INIT;
-    kvp_reply_t r;
-    kvp_reply_init(&r, call, &resp.base, 384);
+    held_t *h = held_take(st, call->conn_id, KVP_RPC_PUT_START, req->n_keys);
+    st->call_again = false;
+    listing_t local, *l = h != NULL ? &h->l : &local;
     kvp_placement_req_t preq;
     int32_t status = kvp_call_check_batch(req->n_keys);
     if (status == KVP_OK && req->n_sizes != req->n_keys)
@@ -480,64 +685,47 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     if (status != KVP_OK && req->n_group_ids != 0)
         st->stats.group_refused++;
     /* an unknown medium: the status alone (PutStart has always answered it without a
-     * message) */
+     * message); each turn again: the request's config is decoded anew, segments looked up */
     if (status == KVP_OK)
         status = put_config(st, req->config, &preq);
-    if (status != KVP_OK)
-        return kvp_reply_fail(&r, status, NULL);
-    size_t n = req->n_keys;
-    Kvpool__PutStartResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
-    Kvpool__PutStartResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
-    /* an in-place upsert answers with the existing object's replicas */
-    size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num + preq.dfs_extra;
-    /* uninitialised: each one used is initialised; a calloc this large (tens of KiB) made
-     * the allocator hand back zeroed pages, a madvise and page faults on every call */
-    Kvpool__Replica *reps = kvp_reply_alloc(&r, n * per_key + 1, sizeof(*reps));
-    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n * per_key + 1, sizeof(*repptr));
-    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * per_key))
-        return kvp_reply_abort(&r);
-    resp.n_results = n;
-    resp.results = resptr;
-    resp.put_timeout_ms = st->config.put_timeout_ms;
-    kvp_reply_on_end(&r, put_start_end, req);
-    size_t nr = 0;
-    int64_t give_back = -1;
-    bool quota_said = false;
     preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
     preq.dedicated_first = st->tenants.t[preq.tenant].dedicated > 0;
-    for (size_t i = 0; i < n; i++) {
-        kvpool__put_start_result__init(&res[i]);
-        resptr[i] = &res[i];
-        kvp_object_t *obj = NULL;
-        res[i].status =
-            put_start_one(st, call->conn_id, &req->keys[i], req->sizes[i], &preq,
-                          req->n_group_ids ? &req->group_ids[i] : NULL, &give_back, &obj);
-        if (preq.dfs_extra && r.text[0] == '\0' &&
-            (res[i].status == KVP_ERR_UNSUPPORTED ||
-             ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_TOO_LARGE) &&
-              dfs_short(st, req->sizes[i], preq.tenant))))
-            dfs_message(st, res[i].status, r.text, r.text_max);
-        if ((res[i].status == KVP_ERR_POOL_FULL || res[i].status == KVP_ERR_POOL_BUSY) &&
-            r.text[0] == '\0')
-            pool_full_message(st, r.text, r.text_max);
-        if (res[i].status == KVP_ERR_QUOTA && !quota_said) { /* the quota's words first */
-            quota_message(st, &preq, req->sizes[i], r.text, r.text_max);
-            quota_said = true;
-            KVP_LOG_WARN_LIMITED("put refused (principal %s): %s", call->who->name, r.text);
-        }
-        if (res[i].status != KVP_OK)
-            continue;
-        res[i].replicas = &repptr[nr];
-        res[i].n_replicas = obj->n_replicas;
-        /* write grants: good while the put may stay PENDING */
-        if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &r.segs, KVP_GRANT_WRITE,
-                                   st->config.put_timeout_ms))
-            return kvp_reply_abort(&r);
+    if (h != NULL && !held_resume(call, h, req))
+        return held_gone(l, h, &l->resp.ps.n_results, &l->resp.ps.n_segments);
+    if (h == NULL) {
+        memset(l, 0, sizeof(*l));
+        l->resp.ps = (Kvpool__PutStartResponse)KVPOOL__PUT_START_RESPONSE__INIT;
+        kvp_reply_init(&l->r, call, &l->resp.base, 384);
+        if (status != KVP_OK)
+            return kvp_reply_fail(&l->r, status, NULL);
+        size_t n = l->n = req->n_keys;
+        l->res = kvp_reply_calloc(&l->r, n, sizeof(Kvpool__PutStartResult));
+        Kvpool__PutStartResult **resptr = kvp_reply_calloc(&l->r, n, sizeof(*resptr));
+        /* an in-place upsert answers with the existing object's replicas */
+        size_t per_key = preq.upsert ? KVP_MAX_REPLICAS : preq.replica_num + preq.dfs_extra;
+        /* uninitialised: each one used is initialised; a calloc this large (tens of KiB)
+         * made the allocator hand back zeroed pages, a madvise and page faults on every call */
+        l->reps = kvp_reply_alloc(&l->r, n * per_key + 1, sizeof(*l->reps));
+        l->repptr = kvp_reply_calloc(&l->r, n * per_key + 1, sizeof(*l->repptr));
+        if (!l->res || !resptr || !l->reps || !l->repptr ||
+            !kvp_call_grants_reserve(st, n * per_key))
+            return kvp_reply_abort(&l->r);
+        l->resp.ps.n_results = n;
+        l->resp.ps.results = resptr;
+        l->resp.ps.put_timeout_ms = st->config.put_timeout_ms;
+        kvp_reply_on_end(&l->r, put_start_end, req);
     }
-    if (!kvp_reply_segments(&r))
-        return kvp_reply_abort(&r);
-    kvp_evict_if_needed(st);
-    return kvp_reply_send(&r);
+    if (!put_start_keys(call, req, &preq, l, h))
+        return KVP_OK; /* (held: answered at a later turn) */
+    kvp_status_t rc;
+    if (l->done == SIZE_MAX || !kvp_reply_segments(&l->r)) {
+        rc = kvp_reply_abort(&l->r);
+    } else {
+        kvp_evict_if_needed(st);
+        rc = kvp_reply_send(&l->r);
+    }
+    free(h); /* (its listing's arrays were the reply's: released as it ended) */
+    return rc;
 }
 
 typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
@@ -685,15 +873,10 @@ static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 /*
- * A keys batch (PutEnd, PutRevoke, Remove, Exist) costs up to 65536 keys' work: with the
- * server's leave (st->may_continue) one call does KEYS_TURN_NS of it at most and is called
- * again with the same request at its connection's next turn (st->call_again; the request
- * stays in the connection's input, and the connection's later requests wait behind it),
- * so that no batch holds the loop, every other caller, for longer. What it answered so far
- * waits here, one per connection: 4 bytes a key of a request its connection holds anyway.
+ * A keys batch (PutEnd, PutRevoke, Remove, Exist) goes on over turns as a PutStart does
+ * (KEYS_TURN_NS). What it answered so far waits here, one per connection: 4 bytes a key of
+ * a request its connection holds anyway.
  */
-#define KEYS_TURN_NS (4ull * 1000000ull)
-#define KEYS_TURN_CHECK 64u /* keys between two looks at the clock */
 
 typedef struct keys_cont {
     struct keys_cont *next;
@@ -722,7 +905,7 @@ static keys_cont_t *cont_take(const kvp_master_state_t *st, uint64_t conn_id)
 /* Keys [0, left) not done at the budget's end: keep what out answered for the next call
  * and tell the server so (st->call_again). false: no memory to wait with. */
 static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const int32_t *out,
-                      size_t n_keys, size_t left)
+                      size_t n_keys, size_t left, kvp_rpc_method_t method)
 {
     if (k == NULL && (k = malloc(sizeof(*k) + n_keys * sizeof(int32_t))) == NULL)
         return false;
@@ -734,7 +917,7 @@ static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const in
                        .left = left};
     memcpy(k->out + left, out + left, (n_keys - left) * sizeof(*out));
     keys_conts = k;
-    call->st->stats.keys_continued++;
+    call->st->stats.keys_continued[method]++;
     call->st->call_again = true;
     return true;
 }
@@ -742,7 +925,8 @@ static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const in
 /* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one answer (continued at
  * later turns past KEYS_TURN_NS). `end`: the PutEnd request (NULL for the others). */
 static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size_t n_keys,
-                               const Kvpool__PutEndRequest *end, bool force, key_op_fn_t fn)
+                               const Kvpool__PutEndRequest *end, bool force, key_op_fn_t fn,
+                               kvp_rpc_method_t method)
 {
     Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
     kvp_reply_t r;
@@ -775,7 +959,7 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
     for (unsigned since = 0; i > 0; i--) {
         if (st->may_continue && ++since == KEYS_TURN_CHECK) {
             since = 0;
-            if (kvp_now_ns() >= stop && cont_keep(call, k, fn, out, n_keys, i)) {
+            if (kvp_now_ns() >= stop && cont_keep(call, k, fn, out, n_keys, i, method)) {
                 (void)kvp_reply_abort(&r); /* (no answer yet: its array goes) */
                 return KVP_OK;
             }
@@ -789,19 +973,20 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
 kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__PutEndRequest *req = (Kvpool__PutEndRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, req, false, op_put_end);
+    return keys_batch(call, req->keys, req->n_keys, req, false, op_put_end, KVP_RPC_PUT_END);
 }
 
 kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_put_revoke);
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_put_revoke,
+                      KVP_RPC_PUT_REVOKE);
 }
 
 kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_remove);
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_remove, KVP_RPC_REMOVE);
 }
 
 /* One key of REPLICA_CLEAR with a segment name: its complete replicas on segments of that
@@ -874,7 +1059,7 @@ kvp_status_t kvp_handle_replica_clear(kvp_call_t *call, ProtobufCMessage *req_ms
 kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist);
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist, KVP_RPC_EXIST);
 }
 
 /* Who may hand back the leases granted to this call (policy/lease.h): its principal with
@@ -895,32 +1080,22 @@ static void get_replica_list_end(kvp_reply_t *r, kvp_status_t rc, void *arg)
             kvp_lease_release(r->call->st, resp->results[i]->lease_id); /* ids it granted */
 }
 
-kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req_msg)
+/* A GetReplicaList's per-key loop, last key first as in keys_batch, from key n - done - 1
+ * down, for this turn; false: held for the next. */
+static bool replica_list_keys(kvp_call_t *call, const Kvpool__KeysRequest *req, listing_t *l,
+                              held_t *h)
 {
     kvp_master_state_t *st = call->st;
-    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    Kvpool__GetReplicaListResponse resp = KVPOOL__GET_REPLICA_LIST_RESPONSE__INIT;
-    kvp_reply_t r;
-    kvp_reply_init(&r, call, &resp.base, 0);
-    size_t n = req->n_keys;
-    int32_t status = kvp_call_check_batch(n);
-    if (status != KVP_OK)
-        return kvp_reply_fail(&r, status, NULL);
-    Kvpool__GetReplicaResult *res = kvp_reply_calloc(&r, n, sizeof(*res));
-    Kvpool__GetReplicaResult **resptr = kvp_reply_calloc(&r, n, sizeof(*resptr));
-    /* as in put_start */
-    Kvpool__Replica *reps = kvp_reply_alloc(&r, n * KVP_MAX_REPLICAS + 1, sizeof(*reps));
-    Kvpool__Replica **repptr = kvp_reply_calloc(&r, n * KVP_MAX_REPLICAS + 1, sizeof(*repptr));
-    if (!res || !resptr || !reps || !repptr || !kvp_call_grants_reserve(st, n * KVP_MAX_REPLICAS))
-        return kvp_reply_abort(&r);
-    resp.n_results = n;
-    resp.results = resptr;
-    kvp_reply_on_end(&r, get_replica_list_end, NULL);
-    size_t nr = 0;
+    Kvpool__GetReplicaResult *res = l->res;
     uint64_t owner = lease_owner(call);
-    for (size_t i = n; i-- > 0;) { /* last key first, as in keys_batch */
+    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    unsigned since = 0;
+    for (; l->done < l->n; l->done++) {
+        if (turn_over(st, &since, stop) && held_keep(call, h, l, KVP_RPC_GET_REPLICA_LIST))
+            return false;
+        size_t i = l->n - 1 - l->done;
         kvpool__get_replica_result__init(&res[i]);
-        resptr[i] = &res[i];
+        l->resp.gr.results[i] = &res[i];
         kvp_object_t *obj;
         res[i].status = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
         if (res[i].status != KVP_OK)
@@ -939,18 +1114,55 @@ kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req
         kvp_lease_group(st, obj); /* and its group's other members are leased too */
         kvp_tier_on_get(st, obj); /* hit per tier; an SSD-only object is promoted */
         kvp_hot_on_read(st, obj); /* --hot-key-reads: counted */
-        res[i].replicas = &repptr[nr];
+        res[i].replicas = &l->repptr[l->nr];
         res[i].n_replicas = obj->n_replicas;
         /* read grants: good while the read lease is (no leases: as long as a put) */
-        if (!kvp_call_add_replicas(call, obj, reps, repptr, &nr, &r.segs, KVP_GRANT_READ,
-                                   st->config.lease_ttl_ms ? st->config.lease_ttl_ms
-                                                           : st->config.put_timeout_ms))
-            return kvp_reply_abort(&r);
+        if (!kvp_call_add_replicas(
+                call, obj, l->reps, l->repptr, &l->nr, &l->r.segs, KVP_GRANT_READ,
+                st->config.lease_ttl_ms ? st->config.lease_ttl_ms : st->config.put_timeout_ms)) {
+            l->done = SIZE_MAX;
+            return true;
+        }
     }
-    if (!kvp_reply_segments(&r))
-        return kvp_reply_abort(&r);
-    resp.lease_ttl_ms = st->config.lease_ttl_ms;
-    return kvp_reply_send(&r);
+    return true;
+}
+
+kvp_status_t kvp_handle_get_replica_list(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
+    held_t *h = held_take(st, call->conn_id, KVP_RPC_GET_REPLICA_LIST, req->n_keys);
+    st->call_again = false;
+    listing_t local, *l = h != NULL ? &h->l : &local;
+    if (h != NULL && !held_resume(call, h, NULL))
+        return held_gone(l, h, &l->resp.gr.n_results, &l->resp.gr.n_segments);
+    if (h == NULL) {
+        memset(l, 0, sizeof(*l));
+        l->resp.gr = (Kvpool__GetReplicaListResponse)KVPOOL__GET_REPLICA_LIST_RESPONSE__INIT;
+        kvp_reply_init(&l->r, call, &l->resp.base, 0);
+        size_t n = l->n = req->n_keys;
+        int32_t status = kvp_call_check_batch(n);
+        if (status != KVP_OK)
+            return kvp_reply_fail(&l->r, status, NULL);
+        l->res = kvp_reply_calloc(&l->r, n, sizeof(Kvpool__GetReplicaResult));
+        Kvpool__GetReplicaResult **resptr = kvp_reply_calloc(&l->r, n, sizeof(*resptr));
+        /* as in put_start */
+        l->reps = kvp_reply_alloc(&l->r, n * KVP_MAX_REPLICAS + 1, sizeof(*l->reps));
+        l->repptr = kvp_reply_calloc(&l->r, n * KVP_MAX_REPLICAS + 1, sizeof(*l->repptr));
+        if (!l->res || !resptr || !l->reps || !l->repptr ||
+            !kvp_call_grants_reserve(st, n * KVP_MAX_REPLICAS))
+            return kvp_reply_abort(&l->r);
+        l->resp.gr.n_results = n;
+        l->resp.gr.results = resptr;
+        kvp_reply_on_end(&l->r, get_replica_list_end, NULL);
+    }
+    if (!replica_list_keys(call, req, l, h))
+        return KVP_OK; /* (held: answered at a later turn) */
+    l->resp.gr.lease_ttl_ms = st->config.lease_ttl_ms;
+    kvp_status_t rc = l->done == SIZE_MAX || !kvp_reply_segments(&l->r) ? kvp_reply_abort(&l->r)
+                                                                        : kvp_reply_send(&l->r);
+    free(h); /* (its listing's arrays were the reply's: released as it ended) */
+    return rc;
 }
 
 /* One-way: no response is packed, so a release refused (another owner's lease, an unknown
@@ -1050,6 +1262,13 @@ static bool closed_writer_add(kvp_master_state_t *st, uint64_t conn_id)
 void kvp_object_conn_closed(kvp_master_state_t *st, uint64_t conn_id)
 {
     free(cont_take(st, conn_id)); /* a keys batch under way: never answered now */
+    for (held_t **pp = &helds; *pp != NULL; pp = &(*pp)->next) /* a listing: ended */
+        if ((*pp)->st == st && (*pp)->conn_id == conn_id) {
+            held_t *h = *pp;
+            *pp = h->next;
+            held_drop(h);
+            break;
+        }
     /* Its leases' ids (no ACL: owned by the connection) go: a release of one is unknown from
      * now on, not another owner's; the reads hold until their TTL, as a dead reader's. */
     kvp_lease_disown(st, kvp_lease_owner_conn(conn_id));

@@ -327,6 +327,226 @@ static void test_conn_closed_sweeps_over_turns(void **state)
     assert_int_equal(exist1(st, "c2-late/999"), 1);
 }
 
+/* ---- PutStart and GetReplicaList over loop turns ---- */
+
+#define BIG 65536u
+
+/* The server's turns for one request: handled with the leave to go on (may_continue), and
+ * again at the "next turn" while the handler says so (call_again), between() run between
+ * turns (NULL: nothing; false: the connection closed, so no more turns); *turns_p: how
+ * many. NULL when it was never answered. */
+static void *over_turns(kvp_master_state_t *st, uint64_t conn, uint16_t method,
+                        const ProtobufCMessage *req, const ProtobufCMessageDescriptor *resp_desc,
+                        bool (*between)(kvp_master_state_t *st, unsigned turn), unsigned *turns_p)
+{
+    size_t n = protobuf_c_message_get_packed_size(req);
+    uint8_t *body = malloc(n);
+    assert_non_null(body);
+    assert_int_equal(protobuf_c_message_pack(req, body), n);
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    bool again = false;
+    unsigned turns = 0;
+    for (;;) {
+        char err[256] = "";
+        st->may_continue = true;
+        st->call_again = again;
+        assert_int_equal(
+            kvp_dispatch_handle(st, conn, NULL, method, body, n, &resp, &rlen, err, sizeof(err)),
+            KVP_OK);
+        st->may_continue = false;
+        again = st->call_again;
+        st->call_again = false;
+        turns++;
+        if (!again)
+            break;
+        assert_null(resp);
+        if (between != NULL && !between(st, turns))
+            break;
+    }
+    free(body);
+    *turns_p = turns;
+    if (resp == NULL)
+        return NULL;
+    ProtobufCMessage *m = protobuf_c_message_unpack(resp_desc, NULL, rlen, resp);
+    free(resp);
+    assert_non_null(m);
+    return m;
+}
+
+static char (*big_names)[24];
+static const char **big_keys;
+static uint64_t *big_sizes;
+
+static void big_keys_make(const char *prefix)
+{
+    big_names = calloc(BIG, sizeof(*big_names));
+    big_keys = calloc(BIG, sizeof(*big_keys));
+    big_sizes = calloc(BIG, sizeof(*big_sizes));
+    assert_true(big_names != NULL && big_keys != NULL && big_sizes != NULL);
+    for (size_t i = 0; i < BIG; i++) {
+        snprintf(big_names[i], sizeof(big_names[i]), "%s/%zu", prefix, i);
+        big_keys[i] = big_names[i];
+        big_sizes[i] = 64 + i % 7;
+    }
+}
+
+static void big_keys_free(void)
+{
+    free(big_names);
+    free(big_keys);
+    free(big_sizes);
+}
+
+/* Between turns another connection's calls are answered: a put and a read of its own. */
+static bool others_served(kvp_master_state_t *st, unsigned turn)
+{
+    static unsigned calls;
+    char key[32];
+    snprintf(key, sizeof(key), "c2/%u", calls++);
+    (void)turn;
+    assert_int_equal(put1(st, C2, key, 100, NULL), KVP_OK);
+    assert_int_equal(end1(st, C2, key, turn), KVP_OK);
+    assert_int_equal(exist1(st, key), 1);
+    return true;
+}
+
+static uint64_t seg_b;
+
+/* After the first turn, seg-b's owner unmounts it. */
+static bool seg_b_leaves(kvp_master_state_t *st, unsigned turn)
+{
+    if (turn == 1) {
+        Kvpool__UnmountRequest ur = KVPOOL__UNMOUNT_REQUEST__INIT;
+        ur.segment_id = seg_b;
+        Kvpool__UnmountResponse *um =
+            svc_call(st, 4, KVP_RPC_UNMOUNT, &ur.base, &kvpool__unmount_response__descriptor);
+        assert_int_equal(um->status, KVP_OK);
+        svc_msg_free(um);
+    }
+    return true;
+}
+
+/* After the first turn, the caller's connection closes. */
+static bool c1_closes(kvp_master_state_t *st, unsigned turn)
+{
+    (void)turn;
+    assert_true(st->leases.live > 0); /* the first turn's, granted */
+    kvp_dispatch_conn_closed(st, C1);
+    return false;
+}
+
+/* PutStart of the BIG keys of big_keys_make, one replica each, over turns. */
+static Kvpool__PutStartResponse *
+big_put(kvp_master_state_t *st, bool (*between)(kvp_master_state_t *, unsigned), unsigned *turns_p)
+{
+    Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
+    Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
+    cfg.replica_num = 1;
+    req.keys = svc_keys(big_keys, BIG);
+    req.n_keys = req.n_sizes = BIG;
+    req.sizes = big_sizes;
+    req.config = &cfg;
+    return over_turns(st, C1, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor,
+                      between, turns_p);
+}
+
+static Kvpool__GetReplicaListResponse *
+big_read(kvp_master_state_t *st, bool (*between)(kvp_master_state_t *, unsigned), unsigned *turns_p)
+{
+    Kvpool__KeysRequest kr = KVPOOL__KEYS_REQUEST__INIT;
+    kr.keys = svc_keys(big_keys, BIG);
+    kr.n_keys = BIG;
+    return over_turns(st, C1, KVP_RPC_GET_REPLICA_LIST, &kr.base,
+                      &kvpool__get_replica_list_response__descriptor, between, turns_p);
+}
+
+/* A PutStart and a GetReplicaList of 65536 keys each go on over loop turns (4 ms of work a
+ * turn), other connections served between them, and answer every key as one call would:
+ * each put's replica of its size, each read's size and replica; counted by method. */
+static void test_big_batches_over_turns(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C3, "seg-a", "host1", 64 << 20, NULL), KVP_OK);
+    big_keys_make("big");
+    unsigned turns;
+    Kvpool__PutStartResponse *ps = big_put(st, others_served, &turns);
+    assert_non_null(ps);
+    assert_true(turns > 1);
+    assert_int_equal(st->stats.keys_continued[KVP_RPC_PUT_START], turns - 1);
+    assert_int_equal(ps->status, KVP_OK);
+    assert_int_equal(ps->n_results, BIG);
+    assert_int_equal(ps->n_segments, 1);
+    for (size_t i = 0; i < BIG; i++) {
+        assert_int_equal(ps->results[i]->status, KVP_OK);
+        assert_int_equal(ps->results[i]->n_replicas, 1);
+        assert_int_equal(ps->results[i]->replicas[0]->length, big_sizes[i]);
+        assert_int_equal(ps->results[i]->replicas[0]->segment_id, ps->segments[0]->id);
+    }
+    svc_msg_free(ps);
+    assert_int_equal(stat_get(st).pending, BIG);
+    uint32_t *crcs = calloc(BIG, sizeof(*crcs));
+    assert_non_null(crcs);
+    svc_msg_free(put_end(st, C1, big_keys, BIG, crcs, BIG));
+    free(crcs);
+    assert_int_equal(stat_get(st).pending, 0);
+
+    Kvpool__GetReplicaListResponse *gr = big_read(st, others_served, &turns);
+    assert_non_null(gr);
+    assert_true(turns > 1);
+    assert_int_equal(st->stats.keys_continued[KVP_RPC_GET_REPLICA_LIST], turns - 1);
+    assert_int_equal(gr->n_results, BIG);
+    for (size_t i = 0; i < BIG; i++) {
+        assert_int_equal(gr->results[i]->status, KVP_OK);
+        assert_int_equal(gr->results[i]->size, big_sizes[i]);
+        assert_int_equal(gr->results[i]->n_replicas, 1);
+    }
+    svc_msg_free(gr);
+    big_keys_free();
+}
+
+/* A segment that leaves while a PutStart is under way ends it: answered
+ * KVP_ERR_SEGMENT_GONE with no result, every object it had made undone (on the segment
+ * that stays too), the pool's room whole; a GetReplicaList whose connection closes
+ * between turns is never answered, and the read leases it granted go with it. */
+static void test_big_batches_ended(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C3, "seg-a", "host1", 64 << 20, NULL), KVP_OK);
+    assert_int_equal(mount_seg(st, 4, "seg-b", "host2", 64 << 20, &seg_b), KVP_OK);
+    big_keys_make("gone");
+    unsigned turns;
+    Kvpool__PutStartResponse *ps = big_put(st, seg_b_leaves, &turns);
+    assert_non_null(ps);
+    assert_int_equal(turns, 2);
+    assert_int_equal(ps->status, KVP_ERR_SEGMENT_GONE);
+    assert_int_equal(ps->n_results, 0);
+    assert_non_null(strstr(ps->message, "a segment left"));
+    svc_msg_free(ps);
+    stat_snap_t s = stat_get(st);
+    assert_int_equal(s.pending, 0);
+    assert_int_equal(s.used, 0);
+    assert_int_equal(s.n_segments, 1);
+    assert_int_equal(exist1(st, big_keys[0]), 0);
+    assert_int_equal(put1(st, C2, big_keys[0], 64, NULL), KVP_OK); /* the key is free */
+
+    /* reads with leases: the last 4096 keys stored (a read goes last key first), then a
+     * read of all 65536 keys closed after its first turn */
+    st->config.lease_ttl_ms = 60000;
+    const char **last = big_keys + BIG - 4096;
+    svc_msg_free(put_start(st, C2, last, 4096, big_sizes + BIG - 4096, 4096, 1, NULL));
+    uint32_t *crcs = calloc(4096, sizeof(*crcs));
+    assert_non_null(crcs);
+    svc_msg_free(put_end(st, C2, last, 4096, crcs, 4096));
+    free(crcs);
+    assert_int_equal(st->leases.live, 0);
+    assert_null(big_read(st, c1_closes, &turns));
+    assert_int_equal(turns, 1);
+    assert_int_equal(st->leases.live, 0); /* every lease it granted released */
+    assert_int_equal(exist1(st, last[0]), 1);
+    big_keys_free();
+}
+
 static void test_preferred_segment(void **state)
 {
     kvp_master_state_t *st = *state;
@@ -725,6 +945,8 @@ int main(void)
         T(test_put_revoke),
         T(test_conn_closed_revokes_pending),
         T(test_conn_closed_sweeps_over_turns),
+        T(test_big_batches_over_turns),
+        T(test_big_batches_ended),
         T(test_preferred_segment),
         T(test_replica_clear),
         T(test_pool_full),
