@@ -107,8 +107,12 @@ typedef struct held {
 } held_t;
 
 /* A batch is applied in slices of about this much work (blocks, holders, clock steps): the
- * write lock is let go between them, so that a query never waits for more than one. */
+ * write lock is let go between them, so that a query never waits for more than one. While a
+ * query (or another writer) waits for the lock, a slice ends after SLICE_WAITED: the wait is
+ * a fraction of a millisecond even where memory is slow, and with nobody waiting a batch
+ * keeps the lock for the longer slice (each let-go costs the batch a wake-up). */
 #define SLICE_WORK 8192u
+#define SLICE_WAITED 1024u
 #define TABLE_FIRST 65536u /* a table's first slots */
 
 typedef struct map {
@@ -188,11 +192,12 @@ struct kvp_idx {
     uint32_t *snap;          /* a batch's targets, as it started */
     uint32_t cap_snap;
     uint64_t purge_visits, slices, grown_aside, grown_inside;
-    uint32_t work;       /* since a batch last let the write lock go (slice_point) */
-    uint32_t live_nodes; /* blocks: nodes with a holder */
-    table_t blocks;      /* (scope, seq) -> node */
-    table_t engines;     /* (scope, engine hash) -> node, for nodes with one */
-    uint32_t **ext;      /* holder arrays of nodes with more than one */
+    uint32_t work;            /* since a batch last let the write lock go (slice_point) */
+    _Atomic uint32_t waiting; /* threads blocked taking the lock (kvp_idx_rdlock, _wrlock) */
+    uint32_t live_nodes;      /* blocks: nodes with a holder */
+    table_t blocks;           /* (scope, seq) -> node */
+    table_t engines;          /* (scope, engine hash) -> node, for nodes with one */
+    uint32_t **ext;           /* holder arrays of nodes with more than one */
     uint32_t *ext_free;
     uint32_t n_ext, cap_ext, n_ext_free;
     map_t *maps;
@@ -617,7 +622,8 @@ static void grow_ahead(kvp_idx_t *idx)
  * go (the caller checks again what another writer may have changed meanwhile). */
 static bool slice_point(kvp_idx_t *idx)
 {
-    if (idx->work < SLICE_WORK)
+    if (idx->work < SLICE_WAITED ||
+        (idx->work < SLICE_WORK && atomic_load_explicit(&idx->waiting, memory_order_relaxed) == 0))
         return false;
     idx->work = 0;
     if (slicing != idx)
@@ -748,18 +754,27 @@ static bool node_holds(const kvp_idx_t *idx, uint32_t i, uint32_t r, uint32_t p)
 /* Keep the entries of hl that name a node (r, p) holds, each once (marked while kept). */
 static void held_compact(kvp_idx_t *idx, held_t *hl, uint32_t r, uint32_t p)
 {
-    uint32_t w = 0;
-    for (uint32_t k = 0; k < hl->n; k++) {
+    /* in slices, as a batch (a list of millions of entries is a walk of tens of ms). While
+     * the lock is let go the HTTP threads may kill the registration (gen: the walk stops, its
+     * list left for the reap) or drop a publisher that was just added (its own list, never
+     * this one); queries do not read the mark. */
+    uint32_t w = 0, k = 0, gen = idx->regs[r]->gen;
+    for (; k < hl->n; k++) {
         uint32_t i = hl->ids[k];
+        if (++idx->work >= SLICE_WAITED && slice_point(idx) && idx->regs[r]->gen != gen)
+            break;
         if ((idx->nodes[i].meta & NODE_MARK) || !node_holds(idx, i, r, p))
             continue;
         idx->nodes[i].meta |= NODE_MARK;
         hl->ids[w++] = i;
     }
-    for (uint32_t k = 0; k < w; k++)
-        idx->nodes[hl->ids[k]].meta &= ~NODE_MARK;
-    idx->work += hl->n;
-    hl->n = w;
+    for (uint32_t j = 0; j < w; j++) { /* (the list is this thread's: it goes on whatever) */
+        idx->nodes[hl->ids[j]].meta &= ~NODE_MARK;
+        if (++idx->work >= SLICE_WAITED)
+            (void)slice_point(idx);
+    }
+    memmove(hl->ids + w, hl->ids + k, (size_t)(hl->n - k) * sizeof(*hl->ids)); /* not walked */
+    hl->n = w + (hl->n - k);
 }
 
 /* Node i is one (r, p) holds now: into its list (compacted when full of entries that no
@@ -1133,12 +1148,20 @@ void kvp_idx_destroy(kvp_idx_t *idx)
 
 void kvp_idx_rdlock(kvp_idx_t *idx)
 {
+    if (pthread_rwlock_tryrdlock(&idx->lock) == 0)
+        return;
+    atomic_fetch_add_explicit(&idx->waiting, 1, memory_order_relaxed); /* (slice_point) */
     pthread_rwlock_rdlock(&idx->lock);
+    atomic_fetch_sub_explicit(&idx->waiting, 1, memory_order_relaxed);
 }
 
 void kvp_idx_wrlock(kvp_idx_t *idx)
 {
-    pthread_rwlock_wrlock(&idx->lock);
+    if (pthread_rwlock_trywrlock(&idx->lock) != 0) {
+        atomic_fetch_add_explicit(&idx->waiting, 1, memory_order_relaxed);
+        pthread_rwlock_wrlock(&idx->lock);
+        atomic_fetch_sub_explicit(&idx->waiting, 1, memory_order_relaxed);
+    }
     write_taken(idx);
 }
 
@@ -1898,7 +1921,7 @@ static void apply_blocks(kvp_idx_t *idx, apply_ctx_t *a, const kvp_idx_op_t *op,
 {
     uint32_t scope = idx->regs[r]->scope;
     for (size_t i = 0; i < op->n_hashes; i++) {
-        if (++idx->work >= SLICE_WORK && slice_point(idx) &&
+        if (++idx->work >= SLICE_WAITED && slice_point(idx) &&
             (!apply_resumed(idx, a) || !target_same(idx, a->sub, r, p, scope)))
             return;
         uint64_t seq = idx->sbuf[i];

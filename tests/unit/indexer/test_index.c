@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "indexer/index.h"
 
@@ -928,6 +929,52 @@ static void test_scopes_kept_by_blocks(void **state)
     kvp_idx_destroy(idx);
 }
 
+typedef struct waiter {
+    kvp_idx_t *idx;
+    _Atomic bool stop;
+    _Atomic uint64_t reads;
+} waiter_t;
+
+/* An HTTP thread answering queries: the read lock taken again and again, 20 us apart. */
+static void *reads_in_loop(void *arg)
+{
+    waiter_t *w = arg;
+    while (!atomic_load(&w->stop)) {
+        kvp_idx_rdlock(w->idx);
+        atomic_fetch_add(&w->reads, 1);
+        kvp_idx_unlock(w->idx);
+        usleep(20);
+    }
+    return NULL;
+}
+
+/* A batch keeps the write lock for slices of 8192 steps while nobody waits for it, and lets
+ * it go after 1024 while a query waits (a wait of a fraction of a millisecond, whatever the
+ * memory's speed). */
+static void test_slices_shorter_while_waited(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    uint64_t s0 = metric_of(idx, "kvpool_indexer_write_slices_total");
+    store_seq(idx, a, 1000000, 100000, false);
+    uint64_t alone = metric_of(idx, "kvpool_indexer_write_slices_total") - s0;
+    assert_in_range(alone, 6, 16); /* about 100 000 / 8192 */
+    waiter_t w = {.idx = idx};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reads_in_loop, &w), 0);
+    while (atomic_load(&w.reads) == 0)
+        sched_yield();
+    s0 = metric_of(idx, "kvpool_indexer_write_slices_total");
+    store_seq(idx, a, 2000000, 100000, false);
+    uint64_t waited = metric_of(idx, "kvpool_indexer_write_slices_total") - s0;
+    atomic_store(&w.stop, true);
+    pthread_join(t, NULL);
+    assert_true(waited > 2 * alone + 8); /* up to 100 000 / 1024 */
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 200000);
+    kvp_idx_destroy(idx);
+}
+
 typedef struct racer {
     kvp_idx_t *idx;
     uint32_t sub;
@@ -1025,6 +1072,7 @@ int main(void)
         cmocka_unit_test(test_tables_grow_aside),
         cmocka_unit_test(test_unregistered_count_until_reaped),
         cmocka_unit_test(test_scopes_kept_by_blocks),
+        cmocka_unit_test(test_slices_shorter_while_waited),
         cmocka_unit_test(test_unregister_races),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
