@@ -657,8 +657,7 @@ static bool put_start_keys(kvp_call_t *call, const Kvpool__PutStartRequest *req,
         /* write grants: good while the put may stay PENDING */
         if (!kvp_call_add_replicas(call, obj, l->reps, l->repptr, &l->nr, &r->segs, KVP_GRANT_WRITE,
                                    st->config.put_timeout_ms)) {
-            res[i].status = KVP_ERR_NOMEM; /* (undone with the rest: kvp_reply_abort) */
-            l->done = SIZE_MAX;
+            l->done = SIZE_MAX; /* (its object undone with the rest: kvp_reply_abort) */
             return true;
         }
     }
