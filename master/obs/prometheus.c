@@ -303,7 +303,8 @@ static void operations(kvp_http_reply_t *r, const kvp_master_state_t *st)
 static void continued(kvp_http_reply_t *r, const kvp_master_state_t *st, const kvp_master_view_t *v)
 {
     head(r, "kvpool_requests_continued_total", "counter",
-         "Times a batch of keys (PutStart, GetReplicaList, PutEnd, PutRevoke, Remove, Exist) "
+         "Times a batch of keys (PutStart, GetReplicaList, PutEnd, PutRevoke, Remove, Exist, "
+         "ReplicaClear) "
          "reached its time budget in one loop turn and went on at its connection's next turn, "
          "by method.");
     for (size_t m = 0; m < v->n_methods && m <= KVP_RPC_METHOD_MAX; m++)

@@ -727,9 +727,11 @@ kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *req_msg)
     return rc;
 }
 
+/* One key of a keys batch; arg: what the method's handler passed (PutEnd: its request;
+ * ReplicaClear: the segment's name), i the key's index. */
 typedef kvp_status_t (*key_op_fn_t)(kvp_master_state_t *st, uint64_t conn_id,
-                                    const ProtobufCBinaryData *key,
-                                    const Kvpool__PutEndRequest *end, size_t i, bool force);
+                                    const ProtobufCBinaryData *key, const void *arg, size_t i,
+                                    bool force);
 
 /* The object under a wire key; KVP_ERR_NOT_FOUND when there is none. */
 static kvp_status_t existing(kvp_master_state_t *st, const ProtobufCBinaryData *key,
@@ -756,9 +758,10 @@ static kvp_status_t own_pending(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
-                               const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
-                               size_t i, bool force)
+                               const ProtobufCBinaryData *key, const void *arg, size_t i,
+                               bool force)
 {
+    const Kvpool__PutEndRequest *end = arg;
     (void)force;
     kvp_object_t *obj;
     kvp_status_t status = own_pending(st, conn_id, key, &obj);
@@ -810,10 +813,10 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
-                                  const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
-                                  size_t i, bool force)
+                                  const ProtobufCBinaryData *key, const void *arg, size_t i,
+                                  bool force)
 {
-    (void)end, (void)i, (void)force;
+    (void)arg, (void)i, (void)force;
     kvp_object_t *obj;
     kvp_status_t status = own_pending(st, conn_id, key, &obj);
     if (status != KVP_OK)
@@ -824,10 +827,9 @@ static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
-                              const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
-                              size_t i, bool force)
+                              const ProtobufCBinaryData *key, const void *arg, size_t i, bool force)
 {
-    (void)conn_id, (void)end, (void)i, (void)force;
+    (void)conn_id, (void)arg, (void)i, (void)force;
     kvp_object_t *obj;
     uint64_t hash;
     kvp_status_t status = kvp_call_key_lookup(st, key, &obj, &hash);
@@ -851,10 +853,9 @@ static kvp_status_t op_remove(kvp_master_state_t *st, uint64_t conn_id,
 }
 
 static kvp_status_t op_exist(kvp_master_state_t *st, uint64_t conn_id,
-                             const ProtobufCBinaryData *key, const Kvpool__PutEndRequest *end,
-                             size_t i, bool force)
+                             const ProtobufCBinaryData *key, const void *arg, size_t i, bool force)
 {
-    (void)conn_id, (void)end, (void)i, (void)force;
+    (void)conn_id, (void)arg, (void)i, (void)force;
     kvp_object_t *obj;
     kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
     if (status != KVP_OK)
@@ -921,11 +922,10 @@ static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const in
     return true;
 }
 
-/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist: one loop, one answer (continued at
- * later turns past KEYS_TURN_NS). `end`: the PutEnd request (NULL for the others). */
+/* Per-key statuses for PutEnd/PutRevoke/Remove/Exist/ReplicaClear: one loop, one answer
+ * (continued at later turns past KEYS_TURN_NS). arg: fn's (key_op_fn_t). */
 static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size_t n_keys,
-                               const Kvpool__PutEndRequest *end, bool force, key_op_fn_t fn,
-                               kvp_rpc_method_t method)
+                               const void *arg, bool force, key_op_fn_t fn, kvp_rpc_method_t method)
 {
     Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
     kvp_reply_t r;
@@ -939,9 +939,6 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
     }
     st->call_again = false;
     int32_t status = kvp_call_check_batch(n_keys);
-    if (status == KVP_OK && end != NULL &&
-        (end->n_crc32c != n_keys || (end->n_written_mask != 0 && end->n_written_mask != n_keys)))
-        status = KVP_ERR_INVALID_ARG;
     int32_t *out = status == KVP_OK ? kvp_reply_statuses(&r, n_keys) : NULL;
     if (out == NULL) {
         free(k);
@@ -963,7 +960,7 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
                 return KVP_OK;
             }
         }
-        out[i - 1] = fn(st, call->conn_id, &keys[i - 1], end, i - 1, force);
+        out[i - 1] = fn(st, call->conn_id, &keys[i - 1], arg, i - 1, force);
     }
     free(k);
     return kvp_reply_send(&r);
@@ -972,7 +969,14 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
 kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__PutEndRequest *req = (Kvpool__PutEndRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, req, false, op_put_end, KVP_RPC_PUT_END);
+    size_t n = req->n_keys;
+    if (req->n_crc32c != n || (req->n_written_mask != 0 && req->n_written_mask != n)) {
+        Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+        kvp_reply_t r;
+        kvp_reply_init(&r, call, &resp.base, 0);
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
+    }
+    return keys_batch(call, req->keys, n, req, false, op_put_end, KVP_RPC_PUT_END);
 }
 
 kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -1017,42 +1021,41 @@ static kvp_status_t clear_on_segment(kvp_master_state_t *st, kvp_object_t *obj, 
     return KVP_OK;
 }
 
+/* One key of REPLICA_CLEAR (arg: the segment's name; "": the whole object, as Remove). */
+static kvp_status_t op_replica_clear(kvp_master_state_t *st, uint64_t conn_id,
+                                     const ProtobufCBinaryData *key, const void *arg, size_t i,
+                                     bool force)
+{
+    const char *segment = arg;
+    if (segment[0] == '\0')
+        return op_remove(st, conn_id, key, NULL, i, force);
+    kvp_object_t *obj;
+    kvp_status_t status = kvp_call_key_lookup(st, key, &obj, NULL);
+    if (status != KVP_OK)
+        return status;
+    if (obj == NULL)
+        return KVP_ERR_NOT_FOUND;
+    if (obj->state == KVP_OBJ_PENDING)
+        return KVP_ERR_PENDING;
+    if (kvp_leased(st, obj)) {
+        st->stats.lease_waits++;
+        return KVP_ERR_LEASED;
+    }
+    return clear_on_segment(st, obj, segment);
+}
+
 kvp_status_t kvp_handle_replica_clear(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
-    kvp_master_state_t *st = call->st;
     Kvpool__ReplicaClearRequest *req = (Kvpool__ReplicaClearRequest *)req_msg;
-    Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
-    kvp_reply_t r;
-    kvp_reply_init(&r, call, &resp.base, 0);
     const char *segment = req->segment != NULL ? req->segment : "";
-    int32_t status = kvp_call_check_batch(req->n_keys);
-    if (status == KVP_OK && strlen(segment) > 255)
-        status = KVP_ERR_INVALID_ARG;
-    if (status != KVP_OK)
-        return kvp_reply_fail(&r, status, NULL);
-    int32_t *out = kvp_reply_statuses(&r, req->n_keys);
-    if (out == NULL)
-        return kvp_reply_abort(&r);
-    for (size_t i = 0; i < req->n_keys; i++) {
-        if (segment[0] == '\0') {
-            out[i] = op_remove(st, call->conn_id, &req->keys[i], NULL, i, false);
-            continue;
-        }
-        kvp_object_t *obj;
-        out[i] = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
-        if (out[i] != KVP_OK)
-            continue;
-        if (obj == NULL)
-            out[i] = KVP_ERR_NOT_FOUND;
-        else if (obj->state == KVP_OBJ_PENDING)
-            out[i] = KVP_ERR_PENDING;
-        else if (kvp_leased(st, obj)) {
-            st->stats.lease_waits++;
-            out[i] = KVP_ERR_LEASED;
-        } else
-            out[i] = clear_on_segment(st, obj, segment);
+    if (strlen(segment) > 255) {
+        Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+        kvp_reply_t r;
+        kvp_reply_init(&r, call, &resp.base, 0);
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
     }
-    return kvp_reply_send(&r);
+    return keys_batch(call, req->keys, req->n_keys, segment, false, op_replica_clear,
+                      KVP_RPC_REPLICA_CLEAR);
 }
 
 kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)

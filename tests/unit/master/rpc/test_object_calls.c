@@ -502,6 +502,24 @@ static void test_big_batches_over_turns(void **state)
         assert_int_equal(gr->results[i]->n_replicas, 1);
     }
     svc_msg_free(gr);
+
+    /* and a ReplicaClear of them all (the whole objects: no segment named) */
+    Kvpool__ReplicaClearRequest rc = KVPOOL__REPLICA_CLEAR_REQUEST__INIT;
+    rc.keys = svc_keys(big_keys, BIG);
+    rc.n_keys = BIG;
+    rc.segment = "";
+    Kvpool__StatusesResponse *cr =
+        over_turns(st, C1, KVP_RPC_REPLICA_CLEAR, &rc.base, &kvpool__statuses_response__descriptor,
+                   others_served, &turns);
+    assert_non_null(cr);
+    assert_true(turns > 1);
+    assert_int_equal(st->stats.keys_continued[KVP_RPC_REPLICA_CLEAR], turns - 1);
+    assert_int_equal(cr->n_statuses, BIG);
+    for (size_t i = 0; i < BIG; i++)
+        assert_int_equal(cr->statuses[i], KVP_OK);
+    svc_msg_free(cr);
+    assert_int_equal(exist1(st, big_keys[0]), 0);
+    assert_int_equal(exist1(st, big_keys[BIG - 1]), 0);
     big_keys_free();
 }
 
