@@ -884,7 +884,7 @@ typedef struct keys_cont {
     uint64_t conn_id;
     key_op_fn_t fn;
     size_t n_keys;
-    size_t left; /* keys [0, left) still to do (a batch goes last key first) */
+    size_t left; /* steps still to do (keys [0, left), or with forward the last left) */
     int32_t out[];
 } keys_cont_t;
 
@@ -902,7 +902,7 @@ static keys_cont_t *cont_take(const kvp_master_state_t *st, uint64_t conn_id)
     return NULL;
 }
 
-/* Keys [0, left) not done at the budget's end: keep what out answered for the next call
+/* left keys not done at the budget's end: keep what out answered for the next call
  * and tell the server so (st->call_again). false: no memory to wait with. */
 static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const int32_t *out,
                       size_t n_keys, size_t left, kvp_rpc_method_t method)
@@ -915,7 +915,7 @@ static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const in
                        .fn = fn,
                        .n_keys = n_keys,
                        .left = left};
-    memcpy(k->out + left, out + left, (n_keys - left) * sizeof(*out));
+    memcpy(k->out, out, n_keys * sizeof(*out)); /* (the keys not done yet: not read) */
     keys_conts = k;
     call->st->stats.keys_continued[method]++;
     call->st->call_again = true;
@@ -923,9 +923,13 @@ static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const in
 }
 
 /* Per-key statuses for PutEnd/PutRevoke/Remove/Exist/ReplicaClear: one loop, one answer
- * (continued at later turns past KEYS_TURN_NS). arg: fn's (key_op_fn_t). */
+ * (continued at later turns past KEYS_TURN_NS). arg: fn's (key_op_fn_t). Last key first
+ * (the eviction policy sees a chain's first block last, so it ends up the most recent:
+ * policy/lists.c), or with forward first key first (a key named twice in a Remove: its
+ * first place removes, the later ones are not found, as Mooncake answers). */
 static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size_t n_keys,
-                               const void *arg, bool force, key_op_fn_t fn, kvp_rpc_method_t method)
+                               const void *arg, bool force, key_op_fn_t fn, kvp_rpc_method_t method,
+                               bool forward)
 {
     Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
     kvp_reply_t r;
@@ -946,11 +950,9 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
     }
     size_t i = n_keys;
     if (k != NULL) { /* what its earlier calls answered */
-        memcpy(out + k->left, k->out + k->left, (n_keys - k->left) * sizeof(*out));
+        memcpy(out, k->out, n_keys * sizeof(*out));
         i = k->left;
     }
-    /* last key first: the eviction policy sees a chain's first block last, so it ends up
-     * the most recent (policy/lists.c); each key's answer is its own */
     uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
     for (unsigned since = 0; i > 0; i--) {
         if (st->may_continue && ++since == KEYS_TURN_CHECK) {
@@ -960,7 +962,8 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
                 return KVP_OK;
             }
         }
-        out[i - 1] = fn(st, call->conn_id, &keys[i - 1], arg, i - 1, force);
+        size_t j = forward ? n_keys - i : i - 1;
+        out[j] = fn(st, call->conn_id, &keys[j], arg, j, force);
     }
     free(k);
     return kvp_reply_send(&r);
@@ -976,20 +979,21 @@ kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
         kvp_reply_init(&r, call, &resp.base, 0);
         return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
     }
-    return keys_batch(call, req->keys, n, req, false, op_put_end, KVP_RPC_PUT_END);
+    return keys_batch(call, req->keys, n, req, false, op_put_end, KVP_RPC_PUT_END, false);
 }
 
 kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
     return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_put_revoke,
-                      KVP_RPC_PUT_REVOKE);
+                      KVP_RPC_PUT_REVOKE, false);
 }
 
 kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_remove, KVP_RPC_REMOVE);
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_remove, KVP_RPC_REMOVE,
+                      true);
 }
 
 /* One key of REPLICA_CLEAR with a segment name: its complete replicas on segments of that
@@ -1055,13 +1059,14 @@ kvp_status_t kvp_handle_replica_clear(kvp_call_t *call, ProtobufCMessage *req_ms
         return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
     }
     return keys_batch(call, req->keys, req->n_keys, segment, false, op_replica_clear,
-                      KVP_RPC_REPLICA_CLEAR);
+                      KVP_RPC_REPLICA_CLEAR, false);
 }
 
 kvp_status_t kvp_handle_exist(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist, KVP_RPC_EXIST);
+    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_exist, KVP_RPC_EXIST,
+                      false);
 }
 
 /* Who may hand back the leases granted to this call (policy/lease.h): its principal with

@@ -129,7 +129,13 @@ def test_mooncake_store_keywords(store, prefix):
     assert store.batch_get_into(keys=keys, buffer_ptrs=[ptr(d) for d in dsts],
                                 sizes=[64, 64]) == [64, 32]
     assert store.batch_get_into_multi_buffers(
-        keys=keys, all_buffer_ptrs=[[ptr(d)] for d in dsts], all_buffer_sizes=[[64]] * 2,
+        keys=keys, all_buffer_ptrs=[[ptr(d)] for d in dsts], all_sizes=[[64]] * 2,
         prefer_alloc_in_same_node=False) == [64, 32]
     assert store.batch_is_exist(keys=keys) == [1, 1]
+    mk = [prefix + "m"]
+    assert store.batch_put_from_multi_buffers(
+        keys=mk, all_buffer_ptrs=[[ptr(src), ptr(src)]], all_sizes=[[8, 16]],
+        config=ReplicateConfig()) == [0]
+    assert store.get(mk[0]) == src[:8].tobytes() + src[:16].tobytes()
+    assert store.remove_by_regex(regex_pattern="^" + prefix + "m$", force=True) == 1
     assert store.remove(key=k, force=True) == 0

@@ -66,6 +66,14 @@ def test_setup_forms(pool):
     assert s.put("setup@dict", b"v") == OK and s.get("setup@dict") == b"v"
     s.remove("setup@dict")
     s.close()
+    # the dict by its keyword, as Mooncake's overload names it
+    assert s.setup(config={"local_hostname": "127.0.0.1", "global_segment_size": 0,
+                           "protocol": "tcp", "master_server_address": pool.addr}) == OK
+    assert s.put("setup@kw", b"w") == OK and s.get("setup@kw") == b"w"
+    s.remove("setup@kw")
+    s.close()
+    assert s.setup("127.0.0.1", config={"protocol": "tcp"}) == INVALID  # both forms
+    assert s.setup(config="not a dict") == INVALID
     # setup twice replaces the client
     assert s.setup("127.0.0.1", "", 0, 16 << 20, "tcp", "", pool.addr) == OK
     assert s.setup("127.0.0.1", "", 0, 16 << 20, "tcp", "", pool.addr) == OK
@@ -317,3 +325,43 @@ def test_kvpool_mooncake_wins_and_real_mooncake_stays_reachable(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["mooncake.store", "TransferEngine"]
+
+
+def test_batch_remove_repeated_key(store, prefix):
+    """A key named twice: its first place removes it, the later one is not found (as
+    Mooncake answers); the other keys are each their own."""
+    a, b = prefix + "a", prefix + "b"
+    assert store.put(a, b"x") == OK and store.put(b, b"y") == OK
+    assert store.batch_remove([a, b, a, prefix + "none"]) == [OK, OK, NOT_FOUND, NOT_FOUND]
+    assert store.is_exist(a) == 0 and store.is_exist(b) == 0
+
+
+def test_local_disk_replica(make_pool, tmp_path):
+    """A replica on an SSD segment served from this store's own host is a local disk
+    replica (Mooncake's copy on the client's disk); seen from a store of another host it
+    is a disk replica only; a DRAM replica is neither."""
+    pool = make_pool(segments=())
+    ssd = conftest.Proc([pool.cli_bin, "--master", pool.addr, "serve", "--segment-size", "0",
+                         "--ssd-path", str(tmp_path / "ssd.seg"), "--ssd-size", "64MiB",
+                         "--ready-fd", "{fd}"])
+    pool.segments.append(ssd)
+    here, there = MooncakeDistributedStore(), MooncakeDistributedStore()
+    assert here.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == OK
+    assert there.setup("192.0.2.7", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr) == OK
+    try:
+        with kvpool.Client(pool.addr) as c:
+            c.put("disk@k", b"on disk", medium="ssd")
+        (d,) = here.get_replica_desc("disk@k")
+        assert d.is_disk_replica() and d.is_local_disk_replica() and not d.is_memory_replica()
+        (d,) = there.get_replica_desc("disk@k")
+        assert d.is_disk_replica() and not d.is_local_disk_replica()
+        assert there.get("disk@k") == b"on disk"
+        pool.add_segment("16MiB")  # DRAM on this host: never a disk replica
+        with kvpool.Client(pool.addr) as c:
+            (dram,) = [g["name"] for g in c.stat()["segments"] if g["medium"] == "dram"]
+        assert here.put("mem@k", b"in memory", ReplicateConfig(preferred_segment=dram)) == OK
+        (d,) = here.get_replica_desc("mem@k")
+        assert d.is_memory_replica() and not d.is_local_disk_replica()
+    finally:
+        here.close()
+        there.close()

@@ -501,3 +501,32 @@ def test_threads_share_one_store(store, prefix):
     for t in th:
         t.join()
     assert errors == []
+
+
+def test_codec_helpers_structured_object_store_uses(store, prefix):
+    """_tensor_metadata_size, _serialize_tensor and _deserialize_tensor, as Mooncake's
+    structured_object_store sizes and writes its tensor fields with them: the header and
+    bytes they make are what put_tensor stores, and what get_tensor reads back."""
+    import mooncake.store as ms
+
+    assert ms._tensor_metadata_size() == HDR
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)[:, ::2]  # not contiguous
+    meta, ptr, nbytes, owner = ms._serialize_tensor(t)
+    assert len(meta) == HDR and nbytes == 12 * 4 and owner.is_contiguous()
+    assert struct.unpack_from("<QQ", meta, 24) == (HDR, nbytes)  # data offset, bytes
+    payload = meta + ctypes.string_at(ptr, nbytes)
+    assert store.put_tensor(prefix + "t", t) == OK
+    assert store.get(prefix + "t") == payload  # byte for byte what put_tensor stores
+    back = ms._deserialize_tensor(store.get(prefix + "t"))
+    assert back.dtype == torch.float32 and torch.equal(back, t.contiguous())
+    # from these bytes written by put_from, get_tensor reads the tensor
+    buf = ctypes.create_string_buffer(payload, len(payload))
+    assert store.put_from(prefix + "p", ctypes.addressof(buf), len(payload)) == OK
+    assert torch.equal(store.get_tensor(prefix + "p"), t.contiguous())
+    empty = ms._deserialize_tensor(ms._serialize_tensor(torch.empty(0, 3))[0])
+    assert empty.shape == (0, 3)
+    for bad in (b"", b"x" * HDR, payload[:-1]):
+        with pytest.raises(ValueError):
+            ms._deserialize_tensor(bad)
+    with pytest.raises(ValueError):
+        ms._serialize_tensor([1, 2, 3])

@@ -6,3 +6,15 @@ while mooncake.store is kvpool's when this directory comes first on the path.
 """
 
 __path__ = __import__("pkgutil").extend_path(__path__, __name__)
+
+__all__ = ["BufferPool", "RegisteredBufferPool"]
+
+
+def __getattr__(name):
+    """BufferPool and RegisteredBufferPool, as Mooncake's package exports them, imported
+    on first use (so that `import mooncake` alone loads nothing of kvpool's)."""
+    if name in __all__:
+        from mooncake import buffer_pool
+
+        return getattr(buffer_pool, name)
+    raise AttributeError(f"module 'mooncake' has no attribute {name!r}")

@@ -45,6 +45,11 @@ from kvpool import _kvpool as _raw
 from . import _safetensors, codes
 from ._parallel import ParallelAPI
 from ._tensor_api import TensorAPI, _put_code
+from ._buffer_pool import (BufferLease, BufferLeaseView, BufferPool, RegisteredBufferLease,
+                           RegisteredBufferLeaseView, RegisteredBufferPool)
+from ._tensor import deserialize as _deserialize_tensor
+from ._tensor import metadata_size as _tensor_metadata_size
+from ._tensor import serialize as _serialize_tensor
 from ._types import (EXPORTED_VALUES, ObjectDataType, ParallelAxis, QueryTaskResponse,
                      ReadTarget, ReplicaStatus, ReplicateConfig, SoftPinAction, TaskStatus,
                      TaskType, TensorParallelism)
@@ -53,7 +58,9 @@ from .codes import to_mooncake as _code
 
 __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "codes",
            "SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "TaskStatus",
-           "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget"]
+           "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget",
+           "BufferPool", "BufferLease", "BufferLeaseView", "RegisteredBufferPool",
+           "RegisteredBufferLease", "RegisteredBufferLeaseView"]
 
 # Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
 # TaskStatus as module attributes too (pybind11's export_values()).
@@ -160,10 +167,17 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
     def setup(self, local_hostname=None, metadata_server=None, global_segment_size=0,
               local_buffer_size=0, protocol="tcp", rdma_devices="", master_server_addr=None,
               engine=None, enable_ssd_offload=False, ssd_offload_path="", tenant_id="default",
-              enable_client_http_server=False, client_http_port=9300):
+              enable_client_http_server=False, client_http_port=9300, config=None):
         """setup(local_hostname, metadata_server, global_segment_size,
         local_buffer_size, protocol, rdma_devices, master_server_addr, engine=None,
-        ...) or setup(config: dict) -> 0, or a negative Mooncake code."""
+        ...) or setup(config: dict) (also as setup(config=...)) -> 0, or a negative
+        Mooncake code."""
+        if config is not None:
+            if local_hostname is not None:
+                return INVALID_PARAMS  # both forms at once
+            local_hostname = config
+            if not isinstance(config, dict):
+                return INVALID_PARAMS
         if isinstance(local_hostname, dict):
             cfg = local_hostname
             local_hostname = cfg.get("local_hostname")
@@ -566,10 +580,10 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         res = self._batch(keys, lambda c: c.batch_put(keys, values, self._cfg(config)), _put_code)
         return next((r for r in res if r != 0), OK)
 
-    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_buffer_sizes, config=None):
+    def batch_put_from_multi_buffers(self, keys, all_buffer_ptrs, all_sizes, config=None):
         """[0 / negative] per key; key i is the concatenation of its buffers."""
         return self._batch(keys, lambda c: c.batch_put_multi(keys, all_buffer_ptrs,
-                                                              all_buffer_sizes, self._cfg(config)),
+                                                              all_sizes, self._cfg(config)),
                            _put_code)
 
     # ---- gets ----
@@ -596,12 +610,12 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         """[bytes read / negative] per key (-704 missing, -600 buffer too small)."""
         return self._batch(keys, lambda c: c.batch_get_into_ptrs(keys, buffer_ptrs, sizes), _code)
 
-    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_buffer_sizes,
+    def batch_get_into_multi_buffers(self, keys, all_buffer_ptrs, all_sizes,
                                      prefer_alloc_in_same_node=False):
         """[bytes read / negative] per key, scattered over its buffers in order
         (-600 when they are too small, -704 missing)."""
         return self._batch(keys, lambda c: c.batch_get_into_multi(keys, all_buffer_ptrs,
-                                                                   all_buffer_sizes), _code)
+                                                                   all_sizes), _code)
 
     def batch_get_buffer(self, keys):
         """[BufferHandle or None] per key: each object in memory of its own
@@ -628,9 +642,10 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         force=True removes it anyway)."""
         return self._call(lambda c: _code(c.remove(key, bool(force))), lambda x: x)
 
-    def remove_by_regex(self, regex, force=False):
-        """Count of objects removed whose key matches regex, or negative."""
-        return self._call(lambda c: _code(c.remove_by_regex(regex, bool(force))), lambda x: x)
+    def remove_by_regex(self, regex_pattern, force=False):
+        """Count of objects removed whose key matches regex_pattern, or negative."""
+        return self._call(lambda c: _code(c.remove_by_regex(regex_pattern, bool(force))),
+                          lambda x: x)
 
     def remove_all(self, force=False):
         """Count of objects removed, or negative."""
@@ -645,6 +660,7 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         ({"status", "size", "replica", "segment", "medium"})."""
         def run(c):
             media = _segments(c)
+            own = [self._hostname] + [e for n, _, e in media.values() if n == self.get_hostname()]
             out = {}
             for k in keys:
                 if not isinstance(k, str):
@@ -653,10 +669,13 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
                 if info is None:
                     continue
                 ids = info.get("segment_ids", [])
-                out[k] = [ReplicaDescriptor(
-                    "COMPLETE" if info["complete"] else "PROCESSING", info["size"], i,
-                    *(media.get(ids[i], ("", "")) if i < len(ids) else ("", "")))
-                    for i in range(info["replicas"])]
+                out[k] = []
+                for i in range(info["replicas"]):
+                    name, medium, ep = media.get(ids[i], ("", "", "")) if i < len(ids) \
+                        else ("", "", "")
+                    out[k].append(ReplicaDescriptor(
+                        "COMPLETE" if info["complete"] else "PROCESSING", info["size"], i,
+                        name, medium, medium == "ssd" and any(_same_host(ep, h) for h in own)))
             return out
         return self._call(run, lambda code: {})
 
@@ -984,11 +1003,25 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
 
 
 def _segments(c):
-    """{segment id: (name, medium)} of the pool's segments."""
+    """{segment id: (name, medium, endpoint)} of the pool's segments."""
     st = c.stat()
     if not isinstance(st, dict):
         return {}
-    return {g["id"]: (g["name"], g["medium"]) for g in st.get("segments", [])}
+    return {g["id"]: (g["name"], g["medium"], g.get("endpoint", ""))
+            for g in st.get("segments", [])}
+
+
+def _loopback(host):
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
+def _same_host(a, b):
+    """Whether two endpoints' or hostnames' hosts are one host as written (loopback names
+    all one); no name is looked up."""
+    ha, hb = _host_of(a), _host_of(b)
+    if not ha or not hb:
+        return False
+    return ha.lower() == hb.lower() or (_loopback(ha) and _loopback(hb))
 
 
 def _key_info(c, key):
@@ -1018,9 +1051,10 @@ class ReplicaDescriptor(dict):
     is_memory_replica() / is_disk_replica() / is_local_disk_replica() and
     .status, from the medium of the segment holding it ("dram" or "ssd")."""
 
-    def __init__(self, status, size, replica, segment, medium):
+    def __init__(self, status, size, replica, segment, medium, local_disk=False):
         super().__init__(status=status, size=size, replica=replica, segment=segment,
                          medium=medium)
+        self._local_disk = local_disk
 
     @property
     def status(self):
@@ -1035,9 +1069,10 @@ class ReplicaDescriptor(dict):
         return self["medium"] == "ssd"
 
     def is_local_disk_replica(self):
-        """Mooncake's client-local disk replicas do not exist in kvpool: False
-        (an SSD segment is a pool segment, is_disk_replica)."""
-        return False
+        """True when the replica is on an SSD segment served from this store's own host
+        (its local_hostname's, or its own segment's): Mooncake's local disk replica, the
+        copy on the client's disk. An SSD segment elsewhere is is_disk_replica only."""
+        return self._local_disk
 
     def get_memory_descriptor(self):
         """A memory replica's descriptor, as Mooncake's: .buffer_descriptor with

@@ -209,6 +209,29 @@ def tensor_from_buffer(obj, offset, nbytes, code, shape):
     return raw.view(dt).reshape(shape)
 
 
+def metadata_size():
+    """Mooncake's _tensor_metadata_size(): the bytes of a tensor object's header."""
+    return HEADER_SIZE
+
+
+def serialize(tensor):
+    """Mooncake's _serialize_tensor(tensor): (header bytes, data pointer, data bytes, owner)
+    of a dense tensor; the object is the header then the bytes at the pointer, which stay
+    valid while owner lives (a contiguous copy when tensor was not contiguous). ValueError
+    (TensorError) for a tensor the format cannot hold."""
+    t, code, shape, nbytes = _tensor_info(tensor, "_serialize_tensor")
+    return pack_header(code, shape, nbytes), t.data_ptr(), nbytes, t
+
+
+def deserialize(payload):
+    """Mooncake's _deserialize_tensor(payload): the tensor of a whole tensor object (header
+    and data), in memory of its own. ValueError (TensorError) saying what is wrong with a
+    payload that is not one."""
+    buf = bytearray(payload)  # its own copy, writable (torch.frombuffer shares it)
+    code, shape, off, nbytes, _ = parse_header(buf, len(buf))
+    return tensor_from_buffer(buf, off, nbytes, code, shape)
+
+
 def tensor_at(ptr, size):
     """(a ctypes array over [ptr, ptr+size) of host memory, for tensor_from_buffer)."""
     return (_ctypes.c_uint8 * size).from_address(ptr)

@@ -520,6 +520,34 @@ static void test_big_batches_over_turns(void **state)
     svc_msg_free(cr);
     assert_int_equal(exist1(st, big_keys[0]), 0);
     assert_int_equal(exist1(st, big_keys[BIG - 1]), 0);
+
+    /* stored again, then a Remove naming the first key again in the last place: first key
+     * first over every turn, so its first place removes it and its second is not found */
+    ps = big_put(st, NULL, &turns);
+    assert_int_equal(ps->status, KVP_OK);
+    svc_msg_free(ps);
+    crcs = calloc(BIG, sizeof(*crcs));
+    assert_non_null(crcs);
+    svc_msg_free(put_end(st, C1, big_keys, BIG, crcs, BIG));
+    free(crcs);
+    const char *kept = big_keys[BIG - 1];
+    big_keys[BIG - 1] = big_keys[0];
+    Kvpool__KeysRequest rr = KVPOOL__KEYS_REQUEST__INIT;
+    rr.keys = svc_keys(big_keys, BIG);
+    rr.n_keys = BIG;
+    cr = over_turns(st, C1, KVP_RPC_REMOVE, &rr.base, &kvpool__statuses_response__descriptor,
+                    others_served, &turns);
+    assert_non_null(cr);
+    assert_true(turns > 1);
+    assert_int_equal(st->stats.keys_continued[KVP_RPC_REMOVE], turns - 1);
+    assert_int_equal(cr->n_statuses, BIG);
+    for (size_t i = 0; i < BIG - 1; i++)
+        assert_int_equal(cr->statuses[i], KVP_OK);
+    assert_int_equal(cr->statuses[BIG - 1], KVP_ERR_NOT_FOUND);
+    svc_msg_free(cr);
+    assert_int_equal(exist1(st, big_keys[0]), 0);
+    assert_int_equal(exist1(st, kept), 1); /* never named */
+    big_keys[BIG - 1] = kept;
     big_keys_free();
 }
 
