@@ -404,8 +404,9 @@ static const kvp_opt_t master_rows[] = {
      .arg = "HOST:PORT",
      .def = "127.0.0.1:9003",
      F(http_listen),
-     .help = "HTTP for /metrics (Prometheus), /health, /api/v1/... and /get_all_segments "
-             "(when the default is taken the master runs without HTTP; off: none)"},
+     .help = "HTTP for /metrics (Prometheus), /health, /api/v1/..., /get_all_segments and "
+             "/get_all_keys (when the default is taken the master runs without HTTP; off: "
+             "none)"},
     {.name = "metrics-tenants",
      .type = KVP_OPT_ON_OFF,
      .def = "off",

@@ -41,11 +41,16 @@ typedef enum job_kind {
     JOB_ALL_SEGMENTS,
     JOB_QUERY_SEGMENT,
     JOB_KEYS,
+    JOB_ALL_KEYS, /* one page of them; the HTTP thread asks for the next (ALL_KEYS_BODY_MAX) */
     JOB_TENANT_QUOTAS,
     JOB_ADMIT, /* a request's head, before its body is read: is it an admin's? */
 } job_kind_t;
 
 #define TENANT_QUOTAS_BODY_MAX 4096 /* a PUT's body: {"requested_quota_bytes":N} and room */
+/* /get_all_keys: pages of ALL_KEYS_PAGE keys, each one loop visit; a listing past
+ * ALL_KEYS_BODY_MAX bytes is refused (413: page through /api/v1/keys instead) */
+#define ALL_KEYS_PAGE 1000u
+#define ALL_KEYS_BODY_MAX (64u << 20)
 
 typedef struct job {
     struct job *next;
@@ -55,6 +60,7 @@ typedef struct job {
     uint64_t cursor;
     uint32_t limit;
     bool done;
+    bool next_page;       /* JOB_ALL_KEYS after its first page: admitted with the first */
     bool tenants;         /* JOB_METRICS: with the per-tenant series (an admin's, or the flag's) */
     kvp_http_cred_t cred; /* its bearer token (wiped once checked) and client certificate */
     /* JOB_TENANT_QUOTAS: the method, ?tenant_id= (in text; has_tenant), a PUT's body */
@@ -132,6 +138,40 @@ static bool tenant_quotas_job(job_t *job, const kvp_http_request_t *req, bool ge
     return true;
 }
 
+/* Hand job to the loop and wait for it (at most KVP_MASTER_HTTP_WAIT_MS for the loop to
+ * take it); job->done says whether it was answered. */
+static void run_job(kvp_master_http_t *h, job_t *job)
+{
+    struct timespec deadline;
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += KVP_MASTER_HTTP_WAIT_MS / 1000;
+    pthread_mutex_lock(&h->lock);
+    if (!h->stopping) {
+        job->next = h->jobs;
+        h->jobs = job;
+        uint64_t one = 1;
+        if (write(h->efd, &one, sizeof(one)) < 0) { /* a full counter still wakes the loop */
+        }
+        while (!job->done && !h->stopping &&
+               pthread_cond_timedwait(&h->cond, &h->lock, &deadline) != ETIMEDOUT) {
+        }
+    }
+    if (!job->done) {
+        /* still queued (the loop never took it): take it back; once taken, a job always
+         * ends (the loop does not stop half way through one) */
+        bool queued = false;
+        for (job_t **pp = &h->jobs; *pp != NULL; pp = &(*pp)->next)
+            if (*pp == job) {
+                *pp = job->next;
+                queued = true;
+                break;
+            }
+        while (!queued && !job->done)
+            pthread_cond_wait(&h->cond, &h->lock);
+    }
+    pthread_mutex_unlock(&h->lock);
+}
+
 /* A request (admit_only: its head, whose credential the loop checks as the view's) */
 static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request_t *req,
                   kvp_http_reply_t *reply, bool admit_only)
@@ -157,6 +197,9 @@ static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request
         job.kind = JOB_SEGMENTS;
     } else if (strcmp(path, "/get_all_segments") == 0) {
         job.kind = JOB_ALL_SEGMENTS;
+    } else if (strcmp(path, "/get_all_keys") == 0) {
+        job.kind = JOB_ALL_KEYS;
+        job.limit = ALL_KEYS_PAGE;
     } else if (strcmp(path, "/query_segment") == 0) {
         job.kind = JOB_QUERY_SEGMENT;
         const char *name = kvp_http_query(req, "segment");
@@ -190,41 +233,21 @@ static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request
         kvp_http_printf(reply,
                         "no such endpoint: %.200s (see docs/operations.md: /metrics, "
                         "/health, /api/v1/stat, /api/v1/segments, /api/v1/keys, "
-                        "/api/v1/tenant_quotas, /get_all_segments, /query_segment)\n",
+                        "/api/v1/tenant_quotas, /get_all_segments, /get_all_keys, "
+                        "/query_segment)\n",
                         path);
         return;
     }
     if (admit_only)
         job.kind = JOB_ADMIT;
     kvp_http_cred_take(&job.cred, req); /* checked on the loop, which owns the ACL */
-    struct timespec deadline;
-    clock_gettime(CLOCK_MONOTONIC, &deadline);
-    deadline.tv_sec += KVP_MASTER_HTTP_WAIT_MS / 1000;
-    pthread_mutex_lock(&h->lock);
-    if (!h->stopping) {
-        job.next = h->jobs;
-        h->jobs = &job;
-        uint64_t one = 1;
-        if (write(h->efd, &one, sizeof(one)) < 0) { /* a full counter still wakes the loop */
-        }
-        while (!job.done && !h->stopping &&
-               pthread_cond_timedwait(&h->cond, &h->lock, &deadline) != ETIMEDOUT) {
-        }
+    run_job(h, &job);
+    while (job.kind == JOB_ALL_KEYS && job.done && reply->status == 200 && !reply->oom &&
+           job.cursor != 0) {
+        job.done = false; /* the next page, as long as the loop answers */
+        job.next_page = true;
+        run_job(h, &job);
     }
-    if (!job.done) {
-        /* still queued (the loop never took it): take it back; once taken, a job always
-         * ends (the loop does not stop half way through one) */
-        bool queued = false;
-        for (job_t **pp = &h->jobs; *pp != NULL; pp = &(*pp)->next)
-            if (*pp == &job) {
-                *pp = job.next;
-                queued = true;
-                break;
-            }
-        while (!queued && !job.done)
-            pthread_cond_wait(&h->cond, &h->lock);
-    }
-    pthread_mutex_unlock(&h->lock);
     kvp_http_cred_wipe(&job.cred);
     if (!job.done) {
         reply->status = 503;
@@ -483,6 +506,48 @@ static void render_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_m
     kvpool__list_response__free_unpacked(l, NULL);
 }
 
+/* One page of /get_all_keys (Mooncake's form: one key a line), from job->cursor on; the next
+ * page's cursor into job->cursor (0: none). A byte of a key that would break the line (a
+ * control byte, a backslash) is written \xNN. */
+static void render_all_keys(kvp_http_reply_t *r, kvp_master_state_t *st, const kvp_master_view_t *v,
+                            job_t *job)
+{
+    Kvpool__ListRequest req = KVPOOL__LIST_REQUEST__INIT;
+    req.pattern = "";
+    req.cursor = job->cursor;
+    req.limit = job->limit;
+    Kvpool__ListResponse *l =
+        call_rpc(st, v, KVP_RPC_LIST, &req.base, &kvpool__list_response__descriptor);
+    if (l == NULL || l->status != KVP_OK) {
+        r->status = 500;
+        r->len = 0;
+        kvp_http_printf(r, "listing the keys failed: %s\n", l != NULL ? l->message : "no memory");
+        if (l != NULL)
+            kvpool__list_response__free_unpacked(l, NULL);
+        return;
+    }
+    for (size_t i = 0; i < l->n_entries; i++) {
+        const uint8_t *k = l->entries[i]->key.data;
+        size_t n = l->entries[i]->key.len, from = 0;
+        for (size_t j = 0; j < n; j++)
+            if (k[j] < 0x20 || k[j] == 0x7f || k[j] == '\\') {
+                kvp_http_append(r, (const char *)k + from, j - from);
+                kvp_http_printf(r, "\\x%02x", k[j]);
+                from = j + 1;
+            }
+        kvp_http_append(r, (const char *)k + from, n - from);
+        kvp_http_append(r, "\n", 1);
+    }
+    job->cursor = l->next_cursor;
+    kvpool__list_response__free_unpacked(l, NULL);
+    if (r->len > ALL_KEYS_BODY_MAX) {
+        r->status = 413;
+        r->len = 0;
+        kvp_http_printf(r, "the keys take more than %u MiB: page through /api/v1/keys\n",
+                        ALL_KEYS_BODY_MAX >> 20);
+    }
+}
+
 /* The principal the job's bearer token, or else its client certificate (verified against
  * the control port's CAs and CRL, its CN an ACL cert-cn), names; NULL: none
  * (common/http_auth.h). The token is wiped. */
@@ -498,8 +563,8 @@ static const kvp_principal_t *credential(job_t *job, const kvp_master_view_t *v)
 static bool admitted(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *v)
 {
     job->tenants = v->acl == NULL || st->config.metrics_tenants;
-    if (v->acl == NULL || job->kind == JOB_HEALTH)
-        return true;
+    if (v->acl == NULL || job->kind == JOB_HEALTH || job->next_page)
+        return true; /* (a next page: its request's first was admitted) */
     if (job->kind == JOB_METRICS) {
         if (!job->tenants && (job->cred.token[0] != '\0' || job->cred.cert_len > 0)) {
             const kvp_principal_t *who = credential(job, v);
@@ -574,6 +639,10 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
     case JOB_KEYS:
         r->content_type = "application/json";
         render_keys(r, st, v, job);
+        break;
+    case JOB_ALL_KEYS:
+        r->content_type = "text/plain; charset=utf-8";
+        render_all_keys(r, st, v, job);
         break;
     case JOB_ADMIT: /* admitted: the body may be read */
         break;

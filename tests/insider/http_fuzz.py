@@ -1053,7 +1053,8 @@ def zmq_worker(args, shared, stop, out):
 # ---- the master ----
 
 def master_routes(rnd, shared):
-    views = ["/metrics", "/health", "/api/v1/stat", "/api/v1/segments", "/get_all_segments"]
+    views = ["/metrics", "/health", "/api/v1/stat", "/api/v1/segments", "/get_all_segments",
+             "/get_all_keys"]
     k = rnd.randrange(6)
     if k == 0:
         return "GET", rnd.choice(views), None

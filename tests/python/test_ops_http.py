@@ -446,3 +446,22 @@ def test_health_and_metrics_of_leader_and_standby(etcd, tmp_path):
     finally:
         for m, _ in ms:
             m.stop()
+
+
+def test_get_all_keys(hpool, prefix):
+    """Mooncake's /get_all_keys (mc_meta_cli): every stored key, one a line, over as many
+    loop visits as it takes (pages of 1000: 2500 keys are three); a removed key is gone;
+    a byte that would break the line is written \\xNN."""
+    p = hpool()
+    keys = [f"{prefix}{i:05d}" for i in range(2500)]
+    odd = prefix + "line\nbreak\\"
+    with kvpool.Client(p.addr) as c:
+        c.batch_put(keys, [b"v"] * len(keys))
+        c.put(odd, b"x")
+        c.remove(keys[7])
+    status, body = p.get("/get_all_keys")
+    assert status == 200 and body.endswith("\n")
+    lines = body.split("\n")[:-1]
+    assert len(lines) == len(set(lines))
+    assert sorted(lines) == sorted(keys[:7] + keys[8:] + [prefix + "line\\x0abreak\\x5c"])
+    assert p.get("/get_all_keys?x=1") == (status, body)  # Mooncake's takes no parameters

@@ -1094,6 +1094,12 @@ def test_http_views_show_no_tenant_keys_to_non_admins(sec):
     for who, token in (("nobody", None), ("alice", TOKENS["alice"])):
         status, body = sec.http(q, token=token)
         assert "b@http-secret" not in body, f"{who} reads bob's keys over HTTP: {status} {body}"
+    # Mooncake's /get_all_keys: every tenant's keys, so an admin's only
+    status, body = sec.http("/get_all_keys", token=TOKENS["admin"])
+    assert status == 200 and k("b@http-secret") in body.split("\n"), (status, body[:200])
+    for who, token, want in (("nobody", None, 401), ("alice", TOKENS["alice"], 403)):
+        status, body = sec.http("/get_all_keys", token=token)
+        assert status == want and "b@http-secret" not in body, (who, status, body[:200])
 
 
 def test_http_admin_by_client_certificate(sec):
