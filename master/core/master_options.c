@@ -252,8 +252,8 @@ static const kvp_opt_t master_rows[] = {
      .type = KVP_OPT_SET_TRUE,
      .def = "off",
      F(lease_on_put),
-     .help = "an object just written is leased for --lease-ttl, as in Mooncake Store: no "
-             "plain remove or replica clear until then"},
+     .help = "an object just written is leased for --lease-ttl: no plain remove or replica "
+             "clear until then (Mooncake's master leases it for 0 ms)"},
     {.name = "hot-key-reads",
      .type = KVP_OPT_UINT,
      .arg = "N",
