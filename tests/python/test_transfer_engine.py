@@ -266,6 +266,10 @@ def test_in_process_api_async_and_buffers():
     assert b.transfer_sync_write(target, src, dst, 4096) == -1  # unregistered: refused
     assert b.last_status == S["KVP_ERR_OUT_OF_RANGE"]
     assert TransferNotify("n", "m").msg == "m" and int(TransferOpcode.Write) == 1
+    import mooncake.engine as me
+    assert me.Read is TransferOpcode.Read and me.Write is TransferOpcode.Write
+    assert not (me.SUPPORT_EFA or me.SUPPORT_HIP or me.SUPPORT_MNNVL or me.SUPPORT_MUSA
+                or me.SUPPORT_INTRA_NVLINK)
     a.close()
     b.close()
 
@@ -338,19 +342,24 @@ def mooncake_file(name, tmp_path):
     return os.path.join(UPSTREAM, name)
 
 
-@pytest.mark.parametrize("proto", ["tcp", "auto"])
-def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto):
+@pytest.mark.parametrize("proto,metadata", [("tcp", "P2PHANDSHAKE"), ("auto", "P2PHANDSHAKE"),
+                                            ("tcp", "http://127.0.0.1:8080/metadata")])
+def test_mooncakes_own_transfer_engine_test_unchanged(tmp_path, proto, metadata):
     """Mooncake's transfer_engine_target.py and transfer_engine_initiator_test.py (its
     wheel's tests: write/read rounds, batches, async batches, failure sentinels, send_probe)
-    unchanged, with P2PHANDSHAKE as their CI's P2P runs set it."""
+    unchanged, with P2PHANDSHAKE as their CI's P2P runs set it, and as scripts/run_tests.sh
+    runs them: an HTTP metadata URL (no server listens there: kvpool's engines find each
+    other peer to peer, each at the port its name gives) and MC_FORCE_TCP."""
     target_py = mooncake_file("transfer_engine_target.py", tmp_path)
     init_py = mooncake_file("transfer_engine_initiator_test.py", tmp_path)
     assert os.path.exists(target_py) and os.path.exists(init_py)
     from conftest import free_port  # below the ephemeral range, this worker's slice
     port = free_port()
+    # P2P: the initiator names itself by its rpc port; with a metadata URL by its own name
+    initiator = "127.0.0.1:0" if metadata == "P2PHANDSHAKE" else f"127.0.0.1:{free_port()}"
     env = dict(os.environ, TARGET_SERVER_NAME=f"127.0.0.1:{port}",
-               INITIATOR_SERVER_NAME="127.0.0.1:0", MC_METADATA_SERVER="P2PHANDSHAKE",
-               PROTOCOL=proto, CIRCLE="200")
+               INITIATOR_SERVER_NAME=initiator, MC_METADATA_SERVER=metadata,
+               MC_FORCE_TCP="true", PROTOCOL=proto, CIRCLE="200")
     target = subprocess.Popen([sys.executable, target_py], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:

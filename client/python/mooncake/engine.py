@@ -48,6 +48,13 @@ def _cuda_driver():
 
 
 SUPPORT_CUDA = _cuda_driver()
+# Mooncake's other build flags: transports and devices kvpool's engine has none of (AWS EFA,
+# AMD HIP, multi-node NVLink, Moore Threads MUSA, intra-node NVLink)
+SUPPORT_EFA = False
+SUPPORT_HIP = False
+SUPPORT_MNNVL = False
+SUPPORT_MUSA = False
+SUPPORT_INTRA_NVLINK = False
 
 
 class TransferOpcode(enum.IntEnum):
@@ -57,6 +64,11 @@ class TransferOpcode(enum.IntEnum):
     Write = 1
     READ = 0
     WRITE = 1
+
+
+# pybind11's export_values(): the opcodes as module attributes too
+Read = TransferOpcode.Read
+Write = TransferOpcode.Write
 
 
 class TransferNotify:
@@ -79,6 +91,11 @@ class InnerTransferEngine:
 
 def _unsupported(name, why):
     raise NotImplementedError(f"TransferEngine.{name} is not supported by kvpool yet: {why}")
+
+
+def _http_metadata(url):
+    """Whether url is an HTTP metadata server's (Mooncake's http://host:port/metadata)."""
+    return isinstance(url, str) and url.lower().startswith(("http://", "https://"))
 
 
 def _ok(st):
@@ -105,9 +122,16 @@ class TransferEngine:
             _log.error("initialize: this engine is initialized already")
             self.last_status = _kvpool.STATUS["KVP_ERR_INVALID_ARG"]
             return -1
-        if metadata_server != "P2PHANDSHAKE":
+        if _http_metadata(metadata_server):
+            # Mooncake's HTTP metadata server (its CI's engine scripts name one): peers are
+            # found peer to peer instead, as store.setup takes the same URL, so a segment
+            # is named by its host and rpc port: local_hostname's port, when it has one
+            _log.info("initialize: metadata server %s not used: peers are found peer to peer "
+                      "(this engine is %s)", metadata_server, local_hostname)
+        elif metadata_server != "P2PHANDSHAKE":
             _log.error(
-                "initialize: metadata %r (%s): kvpool's transfer engine takes P2PHANDSHAKE only",
+                "initialize: metadata %r (%s): kvpool's transfer engine takes P2PHANDSHAKE or "
+                "an HTTP metadata URL (peers found peer to peer)",
                 metadata_server,
                 metadata_type,
             )
