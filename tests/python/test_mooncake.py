@@ -365,3 +365,27 @@ def test_local_disk_replica(make_pool, tmp_path):
     finally:
         here.close()
         there.close()
+
+
+def test_host_mem_allocator(store, prefix):
+    """MooncakeHostMemAllocator, as SGLang's standalone storage mode uses it: memory from
+    alloc registered with a store carries a put and a get; free unmaps it (0), an address
+    it did not give (or gave and freed) is -1."""
+    from mooncake.store import MooncakeHostMemAllocator
+
+    a = MooncakeHostMemAllocator()
+    n = 1 << 20
+    src, dst = a.alloc(n), a.alloc(n)
+    assert src % 4096 == 0 and dst % 4096 == 0 and src != dst
+    assert ctypes.string_at(src, 16) == bytes(16)  # zeroed
+    data = np.random.default_rng(5).integers(0, 255, n, dtype=np.uint8).tobytes()
+    ctypes.memmove(src, data, n)
+    assert store.register_buffer(src, n) == OK and store.register_buffer(dst, n) == OK
+    assert store.batch_put_from([prefix + "h"], [src], [n]) == [OK]
+    assert store.batch_get_into([prefix + "h"], [dst], [n]) == [n]
+    assert ctypes.string_at(dst, n) == data
+    assert store.unregister_buffer(src) == OK and store.unregister_buffer(dst) == OK
+    assert a.free(src) == 0 and a.free(dst) == 0
+    assert a.free(src) == -1 and a.free(12345) == -1
+    with pytest.raises(RuntimeError):
+        a.alloc(0)

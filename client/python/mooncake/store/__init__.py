@@ -60,7 +60,7 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "
            "SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "TaskStatus",
            "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget",
            "BufferPool", "BufferLease", "BufferLeaseView", "RegisteredBufferPool",
-           "RegisteredBufferLease", "RegisteredBufferLeaseView"]
+           "RegisteredBufferLease", "RegisteredBufferLeaseView", "MooncakeHostMemAllocator"]
 
 # Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
 # TaskStatus as module attributes too (pybind11's export_values()).
@@ -71,6 +71,7 @@ _log = _logging.getLogger(__name__)
 # alloc_from_mem_pool's memory: (mapping, its ctypes view), kept mapped until the process
 # exits, as Mooncake's ShmHelper keeps its shared memory (freed by its destructor)
 _MEM_POOL = []
+_HOST_MEM = {}  # MooncakeHostMemAllocator's: address -> its mapping
 _MEM_POOL_LOCK = _threading.Lock()
 
 _BAD_INPUT = (TypeError, ValueError, OverflowError, BufferError)
@@ -999,6 +1000,39 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
     def get_offload_rpc_read_count(self):
         """Reads Mooncake served over its offload RPC: kvpool has no such path
         (SSD replicas are read over the data transports), so always 0."""
+        return 0
+
+
+class MooncakeHostMemAllocator:
+    """Mooncake's host memory allocator (its ShmHelper, process-wide): alloc(size) -> the
+    address of size bytes of zeroed, page-aligned shared memory (MAP_SHARED), to register
+    with a store and hand to the pointer calls; RuntimeError when it cannot be mapped.
+    free(ptr) unmaps what alloc gave: 0, or -1 for an address it did not give (or gave and
+    freed already)."""
+
+    def alloc(self, size):
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size < 1 << 64:
+            raise TypeError("alloc(): size must be an int in [0, 2^64)")
+        try:
+            m = _mmap.mmap(-1, size)
+        except (OSError, ValueError, OverflowError) as e:
+            raise RuntimeError(f"Failed to map shared memory of {size} bytes: {e}") from None
+        probe = (_ctypes.c_char * 1).from_buffer(m)
+        addr = _ctypes.addressof(probe)
+        del probe  # (no export kept: free can unmap it)
+        with _MEM_POOL_LOCK:
+            _HOST_MEM[addr] = m
+        return addr
+
+    def free(self, ptr):
+        if isinstance(ptr, bool) or not isinstance(ptr, int):
+            raise TypeError("free(): ptr must be an int")
+        with _MEM_POOL_LOCK:
+            m = _HOST_MEM.pop(ptr, None)
+        if m is None:
+            _log.error("MooncakeHostMemAllocator.free: %#x is no memory alloc gave", ptr)
+            return -1
+        m.close()
         return 0
 
 
