@@ -2,6 +2,7 @@
 (../shared/context/connector-contract.md) and Mooncake's return codes."""
 
 import ctypes
+import time
 
 import numpy as np
 import pytest
@@ -389,3 +390,61 @@ def test_host_mem_allocator(store, prefix):
     assert a.free(src) == -1 and a.free(12345) == -1
     with pytest.raises(RuntimeError):
         a.alloc(0)
+
+
+def test_client_http_server(pool, prefix):
+    """setup(enable_client_http_server=True, client_http_port=P): the client's /metrics
+    (Prometheus text, counting what the store did) and /health on P of its own host; other
+    paths 404, other methods 405; a connection that trickles is closed within the deadline;
+    close() stops it; a port that is no port is -600."""
+    import socket
+    import urllib.error
+    import urllib.request
+
+    from mooncake.store import _metrics_http
+
+    port = conftest.free_port()
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr,
+                   enable_client_http_server=True, client_http_port=port) == OK
+    base = f"http://127.0.0.1:{port}"
+    try:
+        assert s.put(prefix + "m", b"x" * 1000) == OK and s.get(prefix + "m") == b"x" * 1000
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+            assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+        assert "kvpool_client_" in text and conftest.metric(
+            text, "kvpool_client_master_rpc_calls_total", {"method": "put_start"}) >= 1
+        with urllib.request.urlopen(base + "/health", timeout=10) as r:
+            assert r.status == 200 and r.read() == b"ok\n"
+        for path, method, want in (("/nope", "GET", 404), ("/metrics", "POST", 405)):
+            req = urllib.request.Request(base + path, method=method, data=b"" if method ==
+                                         "POST" else None)
+            with pytest.raises(urllib.error.HTTPError) as ei:
+                urllib.request.urlopen(req, timeout=10)
+            assert ei.value.code == want
+        # a head that trickles: cut at the deadline, whatever it sends
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as k:
+            k.sendall(b"GET /metrics HTTP/1.1\r\n")
+            while True:
+                try:
+                    k.sendall(b"X: y\r\n")
+                    if k.recv(1, socket.MSG_DONTWAIT) == b"":
+                        break
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    break
+                time.sleep(0.5)
+        assert time.monotonic() - t0 < _metrics_http.HEAD_DEADLINE_S + 3
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        assert conftest.metric(text, "kvpool_client_http_refused_total",
+                               {"reason": "deadline"}) == 1
+    finally:
+        s.close()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(base + "/health", timeout=5)
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", 0, 16 << 20, "tcp", "", pool.addr,
+                   enable_client_http_server=True, client_http_port=70000) == INVALID

@@ -23,8 +23,9 @@ two tenant_ids never see each other's keys); with one (KVPOOL_TOKEN or
 KVPOOL_TLS_CERT and a master's ACL), it must be the principal's tenant, else
 setup() returns -601 (ILLEGAL_CLIENT, as for a refused credential) and logs
 why ("default", the default: no tenant named). metadata_server, engine and
-the SSD / HTTP arguments are accepted and not used (kvpool needs no metadata
-server; its SSD tier is set up on `kvpool serve`).
+the SSD arguments are accepted and not used (kvpool needs no metadata
+server; its SSD tier is set up on `kvpool serve`). enable_client_http_server
+serves the client's /metrics and /health on client_http_port (_metrics_http.py).
 kvpool needs no transfer buffer either, but a local_buffer_size of 0 makes
 the calls Mooncake copies through that buffer (put, put_batch, put_parts,
 the upserts of bytes, get, get_batch, get_buffer, batch_get_buffer,
@@ -45,6 +46,7 @@ from kvpool import _kvpool as _raw
 from . import _safetensors, codes
 from ._parallel import ParallelAPI
 from ._tensor_api import TensorAPI, _put_code
+from ._metrics_http import MetricsServer as _MetricsServer
 from ._buffer_pool import (BufferLease, BufferLeaseView, BufferPool, RegisteredBufferLease,
                            RegisteredBufferLeaseView, RegisteredBufferPool)
 from ._tensor import deserialize as _deserialize_tensor
@@ -162,6 +164,7 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         self._regs = {}  # registered buffers of self._c: ptr -> size (get_into_ranges' bounds)
         self._dummy = False  # set up by setup_dummy (alloc_from_mem_pool allocates)
         self._buffer_size = 0  # setup's local_buffer_size: 0 refuses the byte-copying calls
+        self._http = None  # the client HTTP server (enable_client_http_server)
 
     # ---- setup ----
 
@@ -190,6 +193,13 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             master_server_addr = cfg.get("master_server_address",
                                          cfg.get("master_server_addr"))
             tenant_id = cfg.get("tenant_id", "default")
+            enable_client_http_server = cfg.get("enable_client_http_server", False)
+            client_http_port = cfg.get("client_http_port", 9300)
+        if enable_client_http_server and (isinstance(client_http_port, bool) or
+                                          not isinstance(client_http_port, int) or
+                                          not 0 < client_http_port <= 65535):
+            _log.error("setup(): client_http_port %r is no port", client_http_port)
+            return INVALID_PARAMS
         try:
             seg = _kvpool.parse_size(global_segment_size)
             buffer_size = _kvpool.parse_size(local_buffer_size)
@@ -220,8 +230,17 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
                     return _code(e.status)
             except _BAD_INPUT:
                 return INVALID_PARAMS
+        http = None
+        if enable_client_http_server:  # Mooncake's client HTTP server: /metrics, /health
+            try:
+                http = _MetricsServer(_host_of(local_hostname) or "127.0.0.1", client_http_port,
+                                      c.metrics_text, lambda: self._c is c)
+            except OSError as e:  # as Mooncake's: the store works on without it
+                _log.warning("setup(): the client HTTP server cannot listen on port %d (%s); "
+                             "going on without it", client_http_port, e)
         with self._lock:
             old, self._c = self._c, c
+            old_http, self._http = self._http, http
             self._regs = {}
             self._hostname = local_hostname or ""
             self._dummy = False
@@ -230,6 +249,8 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
             mounted, self._mounted = self._mounted, {}
         for _kind, m in mounted.values():
             m.close()
+        if old_http is not None:
+            old_http.close()
         if old is not None:
             old.close()
         return OK
@@ -288,8 +309,11 @@ class MooncakeDistributedStore(TensorAPI, ParallelAPI):
         disconnect. 0."""
         with self._lock:
             c, self._c = self._c, None
+            http, self._http = self._http, None
             self._regs = {}
             mounted, self._mounted = self._mounted, {}
+        if http is not None:
+            http.close()
         for _kind, m in mounted.values():
             m.close()
         if c is not None:
