@@ -58,7 +58,8 @@ SUPPORT_INTRA_NVLINK = False
 
 
 class TransferOpcode(enum.IntEnum):
-    """Mooncake's TransferOpcode (pybind11 names Read/Write, exported as READ/WRITE)."""
+    """Mooncake's TransferOpcode (pybind11 names Read/Write, exported to the module as Read and
+    Write; READ/WRITE are kvpool's aliases)."""
 
     Read = 0
     Write = 1

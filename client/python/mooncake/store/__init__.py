@@ -42,6 +42,7 @@ import threading as _threading
 
 import kvpool as _kvpool
 from kvpool import _kvpool as _raw
+from kvpool._kvpool import BufferHandle  # get_buffer's: Mooncake's name for it
 
 from . import _safetensors, codes
 from ._parallel import ParallelAPI
@@ -62,7 +63,8 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "
            "SoftPinAction", "ObjectDataType", "ReplicaStatus", "TaskType", "TaskStatus",
            "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget",
            "BufferPool", "BufferLease", "BufferLeaseView", "RegisteredBufferPool",
-           "RegisteredBufferLease", "RegisteredBufferLeaseView", "MooncakeHostMemAllocator"]
+           "RegisteredBufferLease", "RegisteredBufferLeaseView", "MooncakeHostMemAllocator",
+           "BufferHandle", "MemoryDescriptor"]
 
 # Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
 # TaskStatus as module attributes too (pybind11's export_values()).
@@ -1138,7 +1140,7 @@ class ReplicaDescriptor(dict):
         replica, as Mooncake's raises for the wrong kind."""
         if not self.is_memory_replica():
             raise ValueError("not a memory replica")
-        return _MemoryDescriptor(self["segment"], self["size"])
+        return MemoryDescriptor(self["segment"], self["size"])
 
 
 class _BufferDescriptor:
@@ -1155,7 +1157,7 @@ class _BufferDescriptor:
         return f"BufferDescriptor(transport_endpoint={self.transport_endpoint!r}, size={self.size})"
 
 
-class _MemoryDescriptor:
+class MemoryDescriptor:
     """Mooncake's MemoryDescriptor: its buffer_descriptor."""
 
     __slots__ = ("buffer_descriptor",)
