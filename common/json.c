@@ -101,6 +101,45 @@ static bool number(parser_t *p)
     return p->at > a;
 }
 
+static bool is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* After a number in an array: the numbers that follow it (", 12, 7"), each a token, in a
+ * loop of their own (a body of token ids holds tens of thousands of them, and the main
+ * loop's bookkeeping per value cost more than reading them). It stops before anything
+ * else (a ']', a value that is no number, a malformed one, the token array full), at the
+ * ',' it did not take: the main loop goes on from there, and says what is wrong. */
+static void number_run(parser_t *p, kvp_json_tok_t *open)
+{
+    kvp_json_t *j = p->j;
+    const char *s = p->s;
+    for (;;) {
+        size_t at = p->at;
+        while (at < p->len && is_ws(s[at]))
+            at++;
+        if (at >= p->len || s[at] != ',')
+            return;
+        at++;
+        while (at < p->len && is_ws(s[at]))
+            at++;
+        if (at >= p->len || !(s[at] == '-' || (s[at] >= '0' && s[at] <= '9')) || j->n == p->cap)
+            return;
+        size_t before = p->at;
+        p->at = at;
+        if (!number(p)) {
+            p->at = before;
+            return;
+        }
+        kvp_json_tok_t *t = &j->t[j->n];
+        *t = (kvp_json_tok_t){
+            .type = KVP_J_NUMBER, .start = (uint32_t)at, .end = (uint32_t)p->at, .next = j->n + 1};
+        j->n++;
+        open->size++;
+    }
+}
+
 static bool lit(parser_t *p, const char *w)
 {
     size_t n = strlen(w);
@@ -139,8 +178,11 @@ kvp_json_rc_t kvp_json_parse(kvp_json_t *j, const char *text, size_t len, char *
         snprintf(why, why_len, "the body is too long");
         return KVP_JSON_TOO_BIG;
     }
-    /* every value takes a byte at least: no more tokens than bytes */
-    uint32_t cap = len + 1 < KVP_JSON_TOKENS_MAX ? (uint32_t)len + 1 : KVP_JSON_TOKENS_MAX;
+    /* every value but the first has a byte before it that is not its own (a ',', a ':',
+     * its container's opening bracket) and a byte of its own: v values take 2v - 1 bytes
+     * at least, so no more than len / 2 + 1 tokens */
+    uint32_t most = (uint32_t)(len / 2 + 2);
+    uint32_t cap = most < KVP_JSON_TOKENS_MAX ? most : KVP_JSON_TOKENS_MAX;
     j->t = malloc((size_t)cap * sizeof(*j->t));
     if (j->t == NULL) {
         snprintf(why, why_len, "out of memory");
@@ -214,6 +256,8 @@ kvp_json_rc_t kvp_json_parse(kvp_json_t *j, const char *text, size_t len, char *
             want_value = false;
             if (depth == 0)
                 break;
+            if (t->type == KVP_J_NUMBER && j->t[stack[depth - 1]].type == KVP_J_ARRAY)
+                number_run(&p, &j->t[stack[depth - 1]]);
             continue;
         }
         /* after a value: ',' or the container's end */
@@ -350,6 +394,18 @@ static bool digits(const char *s, const char *e, uint64_t max, uint64_t *x_p)
     if (s == e)
         return false;
     uint64_t x = 0;
+    if (e - s <= 19) { /* 10^19 - 1 < 2^64: no overflow to watch for on the way */
+        for (; s < e; s++) {
+            unsigned d = (unsigned)(unsigned char)*s - '0';
+            if (d > 9)
+                return false;
+            x = x * 10 + d;
+        }
+        if (x > max)
+            return false;
+        *x_p = x;
+        return true;
+    }
     for (; s < e; s++) {
         if (*s < '0' || *s > '9')
             return false;

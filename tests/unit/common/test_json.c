@@ -204,6 +204,78 @@ static void test_str_cap(void **state)
     kvp_json_free(&j);
 }
 
+/* Numbers in an array are read in a run of their own (json.c number_run): the tokens are
+ * what the general loop makes, whatever the spacing, and a run that meets anything else
+ * (a string, a nested array, a malformed number) hands back to it. */
+static void test_number_runs(void **state)
+{
+    (void)state;
+    kvp_json_t j;
+    const char *s = "[7, 8 ,9,\n 10\t,\"x\",11,[12,13],-14, 0]";
+    assert_int_equal(parse(&j, s), KVP_JSON_OK);
+    assert_int_equal(j.t[0].type, KVP_J_ARRAY);
+    assert_int_equal(j.t[0].size, 9); /* 7 8 9 10 "x" 11 [..] -14 0 */
+    static const char *want[] = {"7", "8", "9", "10", "\"x\"", "11", "[12,13]", "-14", "0"};
+    uint32_t e = 1;
+    for (int i = 0; i < 9; i++, e = j.t[e].next) {
+        const kvp_json_tok_t *t = &j.t[e];
+        size_t n = t->end - t->start;
+        const char *at = s + t->start;
+        if (t->type == KVP_J_STRING) { /* (a string's bounds leave out its quotes) */
+            at--;
+            n += 2;
+        }
+        if (n != strlen(want[i]) || memcmp(at, want[i], n) != 0)
+            fail_msg("element %d: %.*s, not %s", i, (int)n, at, want[i]);
+    }
+    assert_int_equal(e, j.n);
+    e = 1;
+    for (int i = 0; i < 5; i++) /* the sixth element: 11, after the string */
+        e = j.t[e].next;
+    int64_t v;
+    assert_true(kvp_json_i64(&j, e, &v));
+    assert_int_equal(v, 11);
+    kvp_json_free(&j);
+    static const char *bad[] = {"[1,2,-]", "[1,2,]", "[1,2 3]", "[1,02]", "[1,2.]",
+                                "[1,-,2]", "[1,2e]", "[1,2",    "[1,2,",  "[1,,2]"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (parse(&j, bad[i]) != KVP_JSON_BAD)
+            fail_msg("took %s", bad[i]);
+        kvp_json_free(&j);
+    }
+    /* the fewest bytes a value can take: as many tokens as the cap allows (len / 2 + 1) */
+    static const char *tight[] = {"1", "[1]", "[1,2,3,4,5,6,7,8,9]", "[[[[[[1]]]]]]",
+                                  "{\"\":{\"\":[]}}"};
+    for (size_t i = 0; i < sizeof(tight) / sizeof(tight[0]); i++) {
+        if (parse(&j, tight[i]) != KVP_JSON_OK)
+            fail_msg("refused %s", tight[i]);
+        kvp_json_free(&j);
+    }
+    /* 19 digits read without an overflow check, 20 with one; each against its type's max */
+    uint64_t u;
+    assert_int_equal(parse(&j, "[9999999999999999999,18446744073709551615,18446744073709551616,"
+                               "9223372036854775807,9223372036854775808]"),
+                     KVP_JSON_OK);
+    e = 1;
+    assert_true(kvp_json_u64(&j, e, &u));
+    assert_true(u == 9999999999999999999ull);
+    e = j.t[e].next;
+    assert_true(kvp_json_u64(&j, e, &u));
+    assert_true(u == UINT64_MAX);
+    e = j.t[e].next;
+    u = 7;
+    assert_false(kvp_json_u64(&j, e, &u));
+    assert_true(u == 7); /* untouched when refused */
+    e = j.t[e].next;
+    assert_true(kvp_json_i64(&j, e, &v));
+    assert_true(v == INT64_MAX);
+    e = j.t[e].next;
+    v = 7;
+    assert_false(kvp_json_i64(&j, e, &v));
+    assert_int_equal(v, 7);
+    kvp_json_free(&j);
+}
+
 /* Random bytes and mutations of a valid body: parsed or refused, never read past the end
  * (ASan in CI). */
 static void test_random(void **state)
@@ -236,7 +308,7 @@ int main(void)
         cmocka_unit_test(test_accepts), cmocka_unit_test(test_refuses),
         cmocka_unit_test(test_limits),  cmocka_unit_test(test_values),
         cmocka_unit_test(test_i64),     cmocka_unit_test(test_str_cap),
-        cmocka_unit_test(test_random),
+        cmocka_unit_test(test_random),  cmocka_unit_test(test_number_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
