@@ -950,7 +950,9 @@ static void *reads_in_loop(void *arg)
 
 /* A batch keeps the write lock for slices of 8192 steps while nobody waits for it, and lets
  * it go after 1024 while a query waits (a wait of a fraction of a millisecond, whatever the
- * memory's speed). */
+ * memory's speed). A reader waits only when the scheduler runs it during the batch: on a
+ * loaded machine (CI's other tests on the other core) a batch may see few waits, so it is
+ * tried up to five times; slices of 8192 whoever waits would never pass. */
 static void test_slices_shorter_while_waited(void **state)
 {
     (void)state;
@@ -965,13 +967,17 @@ static void test_slices_shorter_while_waited(void **state)
     assert_int_equal(pthread_create(&t, NULL, reads_in_loop, &w), 0);
     while (atomic_load(&w.reads) == 0)
         sched_yield();
-    s0 = metric_of(idx, "kvpool_indexer_write_slices_total");
-    store_seq(idx, a, 2000000, 100000, false);
-    uint64_t waited = metric_of(idx, "kvpool_indexer_write_slices_total") - s0;
+    uint64_t waited = 0;
+    unsigned k = 0;
+    for (; k < 5 && waited <= 2 * alone + 8; k++) { /* up to 100 000 / 1024 */
+        s0 = metric_of(idx, "kvpool_indexer_write_slices_total");
+        store_seq(idx, a, 2000000 + 100000 * k, 100000, false);
+        waited = metric_of(idx, "kvpool_indexer_write_slices_total") - s0;
+    }
     atomic_store(&w.stop, true);
     pthread_join(t, NULL);
-    assert_true(waited > 2 * alone + 8); /* up to 100 000 / 1024 */
-    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 200000);
+    assert_true(waited > 2 * alone + 8);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 100000 * (1 + k)); /* all in */
     kvp_idx_destroy(idx);
 }
 
