@@ -118,6 +118,8 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
         free(st->hot[i].key);
     free(st->hot);
     kvp_task_table_cleanup(&st->copy_tasks); /* (the tasks' extents go with the segments) */
+    if (st->drain_jobs_free != NULL)
+        st->drain_jobs_free(st);
 
     st->index.charge = NULL; /* nothing is charged any more */
     st->index.groups = NULL; /* (the table goes whole, below) */

@@ -227,7 +227,11 @@ typedef struct kvp_master_state {
      * about, how many it remembered (victims coming back); the three counts are halved
      * whenever the victims since the last halving pass the objects resident (1024 at least) */
     uint64_t recent_puts, recent_returns, recent_victims;
-    kvp_move_t *moves;           /* drain copies in flight */
+    kvp_move_t *moves; /* drain copies in flight */
+    /* Mooncake's drain jobs (policy/drain_jobs.c), made at the first; the cleanup frees them
+     * through the hook that made them (core knows nothing of policy) */
+    struct kvp_drain_jobs *drain_jobs;
+    void (*drain_jobs_free)(struct kvp_master_state *st);
     kvp_task_table_t copy_tasks; /* copy and move tasks (meta/task_table.h) */
     kvp_hot_key_t *hot;          /* the hot-key fanout's table (policy/hot_keys.c), or NULL */
     uint32_t hot_mask, hot_count;

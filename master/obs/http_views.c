@@ -43,6 +43,7 @@ typedef enum job_kind {
     JOB_KEYS,
     JOB_ALL_KEYS, /* one page of them; the HTTP thread asks for the next (ALL_KEYS_BODY_MAX) */
     JOB_TENANT_QUOTAS,
+    JOB_DRAIN, /* Mooncake's drain job API (drain_views.c): job.drain says which */
     JOB_ADMIT, /* a request's head, before its body is read: is it an admin's? */
 } job_kind_t;
 
@@ -60,7 +61,8 @@ typedef struct job {
     uint64_t cursor;
     uint32_t limit;
     bool done;
-    bool next_page;       /* JOB_ALL_KEYS after its first page: admitted with the first */
+    bool next_page;         /* JOB_ALL_KEYS after its first page: admitted with the first */
+    kvp_drain_view_t drain; /* JOB_DRAIN: which call (its job_id or segment in text) */
     bool tenants;         /* JOB_METRICS: with the per-tenant series (an admin's, or the flag's) */
     kvp_http_cred_t cred; /* its bearer token (wiped once checked) and client certificate */
     /* JOB_TENANT_QUOTAS: the method, ?tenant_id= (in text; has_tenant), a PUT's body */
@@ -109,6 +111,18 @@ static void bad_request(kvp_http_reply_t *r, const char *fmt, const char *arg)
     kvp_http_printf(r, "}\n");
 }
 
+/* The request's body (at most TENANT_QUOTAS_BODY_MAX bytes: the server refused more) into
+ * job. */
+static void body_take(job_t *job, const kvp_http_request_t *req)
+{
+    size_t blen = 0;
+    const char *body = kvp_http_body(req, &blen);
+    if (body != NULL && blen <= TENANT_QUOTAS_BODY_MAX) {
+        memcpy(job->body, body, blen);
+        job->body_len = blen;
+    }
+}
+
 /* /api/v1/tenant_quotas into job: its method, ?tenant_id= and body. false: answered (405). */
 static bool tenant_quotas_job(job_t *job, const kvp_http_request_t *req, bool get)
 {
@@ -129,12 +143,7 @@ static bool tenant_quotas_job(job_t *job, const kvp_http_request_t *req, bool ge
                                                  : sizeof(job->text) - 1;
     memcpy(job->text, job->has_tenant ? tenant : "", job->tenant_len);
     job->text[job->tenant_len] = '\0';
-    size_t blen = 0;
-    const char *body = kvp_http_body(req, &blen);
-    if (body != NULL && blen <= TENANT_QUOTAS_BODY_MAX) { /* (the server refused more) */
-        memcpy(job->body, body, blen);
-        job->body_len = blen;
-    }
+    body_take(job, req);
     return true;
 }
 
@@ -172,6 +181,52 @@ static void run_job(kvp_master_http_t *h, job_t *job)
     pthread_mutex_unlock(&h->lock);
 }
 
+/* Mooncake's drain job API into job: which call, its ?job_id= or ?segment= (in text), a
+ * POST /api/v1/drain_jobs' body. false: answered (405, 404 or 400). */
+static bool drain_job(job_t *job, const char *path, const kvp_http_request_t *req)
+{
+    static const struct {
+        const char *path, *method;
+        kvp_drain_view_t kind;
+        const char *arg;
+    } calls[] = {
+        {"/api/v1/drain_jobs", "POST", KVP_DRAIN_VIEW_CREATE, NULL},
+        {"/api/v1/drain_jobs/query", "GET", KVP_DRAIN_VIEW_QUERY, "job_id"},
+        {"/api/v1/drain_jobs/cancel", "POST", KVP_DRAIN_VIEW_CANCEL, "job_id"},
+        {"/api/v1/segments/status", "GET", KVP_DRAIN_VIEW_SEGMENT_STATUS, "segment"},
+    };
+    kvp_http_reply_t *r = job->reply;
+    const char *method = kvp_http_method(req);
+    for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++) {
+        if (strcmp(path, calls[i].path) != 0)
+            continue;
+        bool get = strcmp(calls[i].method, "GET") == 0;
+        if (strcmp(method, calls[i].method) != 0 && !(get && strcmp(method, "HEAD") == 0)) {
+            r->status = 405;
+            r->allow = get ? "GET, HEAD" : "POST";
+            kvp_http_printf(r, "method %.16s not allowed: %s\n", method, r->allow);
+            return false;
+        }
+        job->kind = JOB_DRAIN;
+        job->drain = calls[i].kind;
+        job->has_tenant = false;
+        const char *v = calls[i].arg != NULL ? kvp_http_query(req, calls[i].arg) : NULL;
+        if (v != NULL && strlen(v) >= sizeof(job->text)) {
+            bad_request(r, "?%s= is too long", calls[i].arg);
+            return false;
+        }
+        snprintf(job->text, sizeof(job->text), "%s", v != NULL ? v : "");
+        body_take(job, req);
+        return true;
+    }
+    r->status = 404;
+    kvp_http_printf(r,
+                    "no such endpoint: %.200s (the drain job API: /api/v1/drain_jobs, "
+                    "/api/v1/drain_jobs/query, /api/v1/drain_jobs/cancel)\n",
+                    path);
+    return false;
+}
+
 /* A request (admit_only: its head, whose credential the loop checks as the view's) */
 static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request_t *req,
                   kvp_http_reply_t *reply, bool admit_only)
@@ -181,6 +236,10 @@ static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
     if (strcmp(path, "/api/v1/tenant_quotas") == 0) {
         if (!tenant_quotas_job(&job, req, get))
+            return;
+    } else if (strncmp(path, "/api/v1/drain_jobs", 18) == 0 ||
+               strcmp(path, "/api/v1/segments/status") == 0) {
+        if (!drain_job(&job, path, req))
             return;
     } else if (!get) {
         reply->status = 405;
@@ -233,7 +292,8 @@ static void serve(kvp_master_http_t *h, const char *path, const kvp_http_request
         kvp_http_printf(reply,
                         "no such endpoint: %.200s (see docs/operations.md: /metrics, "
                         "/health, /api/v1/stat, /api/v1/segments, /api/v1/keys, "
-                        "/api/v1/tenant_quotas, /get_all_segments, /get_all_keys, "
+                        "/api/v1/tenant_quotas, /api/v1/drain_jobs, /get_all_segments, "
+                        "/get_all_keys, "
                         "/query_segment)\n",
                         path);
         return;
@@ -276,15 +336,17 @@ static void handle(void *arg, const char *path, const kvp_http_request_t *req,
     serve(arg, path, req, reply, false);
 }
 
-/* kvp_http_admit_fn: the body of a PUT /api/v1/tenant_quotas is read only once the loop found
- * its credential an admin's (401/403 from the head otherwise); every other request that is
- * not a GET takes no body and is answered from its head. */
+/* kvp_http_admit_fn: the body of a PUT /api/v1/tenant_quotas or a POST /api/v1/drain_jobs is
+ * read only once the loop found its credential an admin's (401/403 from the head otherwise); every
+ * other request that is not a GET takes no body and is answered from its head. */
 static bool admit(void *arg, const char *path, const kvp_http_request_t *req,
                   kvp_http_reply_t *reply)
 {
-    bool put = strcmp(kvp_http_method(req), "PUT") == 0;
-    serve(arg, path, req, reply, put && strcmp(path, "/api/v1/tenant_quotas") == 0);
-    return put && reply->status == 200 && reply->len == 0;
+    const char *method = kvp_http_method(req);
+    bool body = (strcmp(method, "PUT") == 0 && strcmp(path, "/api/v1/tenant_quotas") == 0) ||
+                (strcmp(method, "POST") == 0 && strcmp(path, "/api/v1/drain_jobs") == 0);
+    serve(arg, path, req, reply, body);
+    return body && reply->status == 200 && reply->len == 0;
 }
 
 kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const char *key,
@@ -312,7 +374,8 @@ kvp_status_t kvp_master_http_start(const char *hostport, const char *cert, const
         free(h);
         return s;
     }
-    /* PUT /api/v1/tenant_quotas has a body; every other method is answered in handle() */
+    /* PUT /api/v1/tenant_quotas and POST /api/v1/drain_jobs have a body; every other method
+     * is answered in handle() */
     kvp_http_accept_post(h->http, TENANT_QUOTAS_BODY_MAX, NULL);
     kvp_http_admit(h->http, admit); /* an admin's credential before a body is read */
     *h_p = h;
@@ -643,6 +706,9 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
     case JOB_ALL_KEYS:
         r->content_type = "text/plain; charset=utf-8";
         render_all_keys(r, st, v, job);
+        break;
+    case JOB_DRAIN:
+        kvp_drain_views_render(r, st, v, job->drain, job->text, job->body, job->body_len);
         break;
     case JOB_ADMIT: /* admitted: the body may be read */
         break;

@@ -91,4 +91,17 @@ void kvp_tenant_quotas_render(struct kvp_http_reply *r, kvp_master_state_t *st,
 /* The reply of a change that etcd did not take (err: why): 500, PERSISTENT_FAIL. */
 void kvp_tenant_quotas_unsaved(struct kvp_http_reply *r, const char *err);
 
+/* Mooncake's drain job API (drain_views.c), for a caller admitted as an admin, on the loop:
+ * CREATE (POST /api/v1/drain_jobs, its JSON body), QUERY and CANCEL (arg: ?job_id=),
+ * SEGMENT_STATUS (arg: ?segment=; NULL: absent). Answers in Mooncake's JSON. */
+typedef enum kvp_drain_view {
+    KVP_DRAIN_VIEW_CREATE,
+    KVP_DRAIN_VIEW_QUERY,
+    KVP_DRAIN_VIEW_CANCEL,
+    KVP_DRAIN_VIEW_SEGMENT_STATUS,
+} kvp_drain_view_t;
+void kvp_drain_views_render(struct kvp_http_reply *r, kvp_master_state_t *st,
+                            const kvp_master_view_t *view, kvp_drain_view_t kind, const char *arg,
+                            const char *body, size_t body_len);
+
 #endif

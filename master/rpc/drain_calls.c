@@ -23,6 +23,7 @@
 #include "common/log.h"
 #include "master/meta/placement.h"
 #include "master/meta/record.h"
+#include "master/policy/drain_jobs.h"
 #include "master/rpc/reply.h"
 
 kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -145,6 +146,8 @@ kvp_status_t kvp_handle_move_start(kvp_call_t *call, ProtobufCMessage *req_msg)
                                     .replica_num = 1,
                                     .tenant = obj->tenant,
                                     .dedicated_first = st->tenants.t[obj->tenant].dedicated > 0};
+        /* a drain job's target segments first (Mooncake's target_segments) */
+        preq.n_preferred_list = kvp_drain_jobs_targets(st, from->id, preq.preferred_list, 8);
         kvp_replica_t dest;
         unsigned got = 0;
         res[i].status = kvp_placement_alloc(&st->segments, &preq, &st->rng, &dest, &got);
@@ -239,6 +242,7 @@ static kvp_status_t move_end_one(kvp_master_state_t *st, uint64_t conn_id, uint6
         /* KV events: a move to another medium (a DRAM object drained onto SSD) */
         kvp_state_media_event(st, obj, media, kvp_state_media(st, obj->replicas, obj->n_replicas));
         st->stats.moved++;
+        kvp_drain_jobs_moved(st, from, mv->size); /* a drain job's unit done */
         free(mv);
     } else {
         move_abandon(st, mv);

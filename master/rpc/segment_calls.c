@@ -32,6 +32,7 @@
 #include "common/parse.h"
 #include "common/sock.h"
 #include "master/meta/limbo.h"
+#include "master/policy/drain_jobs.h"
 #include "master/policy/lease.h"
 #include "master/policy/tier.h"
 #include "master/rpc/reply.h"
@@ -637,6 +638,7 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool
     }
     if (seg->dedicated && seg->tenant < st->tenants.n)
         st->tenants.t[seg->tenant].dedicated--;
+    kvp_drain_jobs_segment_gone(st, seg, ctx.dropped); /* a drain job's segment ends */
     kvp_segment_table_remove(&st->segments, seg);
     return ctx.dropped;
 }
