@@ -1076,6 +1076,14 @@ def master_routes(rnd, shared):
         body = {"requested_quota_bytes": rnd.choice([1, 0, 2**63 - 1, 2**63, 2**64, -1,
                                                      1 << 20])} if method == "PUT" else None
         return method, path, body
+    if rnd.random() < 0.3:  # Mooncake's drain job API: an admin's, never B's or a stranger's
+        seg = rnd.choice(shared.get("segments", []) + ["", "nope", "x" * 300])
+        return rnd.choice([
+            ("POST", "/api/v1/drain_jobs", {"segments": [seg], "max_concurrency": 1}),
+            ("POST", "/api/v1/drain_jobs/cancel?job_id=" + rnd.choice(["", "x", "0" * 36]), None),
+            ("GET", "/api/v1/segments/status?segment=" + urllib.parse.quote(seg), None),
+            ("GET", "/api/v1/drain_jobs/query?job_id=00000000-0000-4000-8000-000000000000",
+             None)])
     return "GET", random_path(rnd, views + ["/api/v1/tenant_quotas", "/api/v1/keys"]), None
 
 
