@@ -47,6 +47,7 @@ from kvpool._kvpool import BufferHandle  # get_buffer's: Mooncake's name for it
 from . import _safetensors, codes
 from ._parallel import ParallelAPI
 from ._tensor_api import TensorAPI, _put_code
+from ._engram import EngramStore, EngramStoreConfig
 from ._metrics_http import MetricsServer as _MetricsServer
 from ._buffer_pool import (BufferLease, BufferLeaseView, BufferPool, RegisteredBufferLease,
                            RegisteredBufferLeaseView, RegisteredBufferPool)
@@ -64,7 +65,7 @@ __all__ = ["MooncakeDistributedStore", "ReplicateConfig", "ReplicaDescriptor", "
            "QueryTaskResponse", "ParallelAxis", "TensorParallelism", "ReadTarget",
            "BufferPool", "BufferLease", "BufferLeaseView", "RegisteredBufferPool",
            "RegisteredBufferLease", "RegisteredBufferLeaseView", "MooncakeHostMemAllocator",
-           "BufferHandle", "MemoryDescriptor"]
+           "BufferHandle", "MemoryDescriptor", "EngramStore", "EngramStoreConfig"]
 
 # Mooncake's module exports the members of ObjectDataType, ReplicaStatus, TaskType and
 # TaskStatus as module attributes too (pybind11's export_values()).
