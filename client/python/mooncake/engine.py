@@ -33,7 +33,12 @@ import os
 
 from kvpool import _kvpool
 
-__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "InnerTransferEngine"]
+from mooncake._rpc import (CoroRPCInterface, ReceivedData, ReceivedTensor, RpcInterface,
+                           create_rpc_client, create_rpc_server)
+
+__all__ = ["TransferEngine", "TransferNotify", "TransferOpcode", "InnerTransferEngine",
+           "RpcInterface", "CoroRPCInterface", "ReceivedData", "ReceivedTensor",
+           "create_rpc_client", "create_rpc_server"]
 
 _log = logging.getLogger("mooncake.engine")
 
