@@ -8,10 +8,9 @@ head's key exists: remove the layer first; what it stored is removed again when 
 fails); lookup(row_ids [B][L][H]) reads row row_ids[b][l][h] of head h into out[b, l, h]
 with one ranged read of all of them (get_into_ranges: only those bytes cross the wire).
 Refusals raise as Mooncake's binding does: ValueError for a bad config, RuntimeError for
-the rest; a failed lookup leaves nothing half read.
+the rest; a failed lookup leaves nothing half read. NumPy is imported on first use (the
+store imports without it).
 """
-
-import numpy as _np
 
 __all__ = ["EngramStore", "EngramStoreConfig"]
 
@@ -28,12 +27,18 @@ class EngramStoreConfig:
                 f"embedding_dim={self.embedding_dim!r})")
 
 
+def _numpy():
+    import numpy
+
+    return numpy
+
+
 def _ints(v, what):
     if isinstance(v, (bool, str, bytes)) or not hasattr(v, "__iter__"):
         raise ValueError(f"EngramStoreConfig.{what} must be a list of integers")
     out = []
     for x in v:
-        if isinstance(x, bool) or not isinstance(x, (int, _np.integer)):
+        if isinstance(x, bool) or not (isinstance(x, int) or hasattr(x, "__index__")):
             raise ValueError(f"EngramStoreConfig.{what} must be a list of integers")
         out.append(int(x))
     return out
@@ -96,6 +101,7 @@ class EngramStore:
         stored already, or a put failed (the heads it stored are removed again)."""
         if self._store is None:
             raise RuntimeError("populate failed")
+        _np = _numpy()
         if len(embedding_buffers) != len(self._keys):
             raise RuntimeError("embedding_buffers size must match num_heads")
         arrays = []
@@ -127,6 +133,7 @@ class EngramStore:
         count, a row id out of its table, or a table missing."""
         if self._store is None:
             raise RuntimeError("EngramStore lookup failed")
+        _np = _numpy()
         try:
             ids = _np.asarray(row_ids, dtype=_np.int64)
         except (ValueError, TypeError, OverflowError):
