@@ -729,8 +729,11 @@ static void handle(kvp_api_t *api, const char *path, const kvp_http_request_t *r
                 do_register(api, req, reply, who);
             else if (i == 1)
                 do_unregister(api, req, reply, who);
-            else
+            else {
+                kvp_idx_query_begin(api->idx); /* batches wait for it (kvp_idx_yield) */
                 do_query(api, req, reply, i == 3, who);
+                kvp_idx_query_end(api->idx);
+            }
             return;
         }
     for (size_t i = 0; i < 3; i++)

@@ -113,6 +113,7 @@ typedef struct held {
  * keeps the lock for the longer slice (each let-go costs the batch a wake-up). */
 #define SLICE_WORK 8192u
 #define SLICE_WAITED 1024u
+#define SLICE_QUERIED 128u /* while a query is being answered: it parses meanwhile */
 #define TABLE_FIRST 65536u /* a table's first slots */
 
 typedef struct map {
@@ -194,10 +195,18 @@ struct kvp_idx {
     uint64_t purge_visits, slices, grown_aside, grown_inside;
     uint32_t work;            /* since a batch last let the write lock go (slice_point) */
     _Atomic uint32_t waiting; /* threads blocked taking the lock (kvp_idx_rdlock, _wrlock) */
-    uint32_t live_nodes;      /* blocks: nodes with a holder */
-    table_t blocks;           /* (scope, seq) -> node */
-    table_t engines;          /* (scope, engine hash) -> node, for nodes with one */
-    uint32_t **ext;           /* holder arrays of nodes with more than one */
+    /* queries first (yield_to_queries): queries being answered, the applying thread waiting
+     * for them, and what its waits took */
+    _Atomic uint32_t querying, yielding;
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cond;
+    int64_t yield_credit_ns; /* (the applying thread's: kvp_idx_yield) */
+    uint64_t yield_last_ns;
+    _Atomic uint64_t yields, yielded_ns;
+    uint32_t live_nodes; /* blocks: nodes with a holder */
+    table_t blocks;      /* (scope, seq) -> node */
+    table_t engines;     /* (scope, engine hash) -> node, for nodes with one */
+    uint32_t **ext;      /* holder arrays of nodes with more than one */
     uint32_t *ext_free;
     uint32_t n_ext, cap_ext, n_ext_free;
     map_t *maps;
@@ -533,6 +542,66 @@ static void ext_release(kvp_idx_t *idx, uint32_t id)
     idx->ext_free[idx->n_ext_free++] = id;
 }
 
+/* ---- queries first ---- */
+
+/* A query's CPU time is the indexer's latency; a batch's is only how far the index lags its
+ * publisher. On a machine of few cores the thread applying batches takes CPU from the thread
+ * answering a query even while it does not hold the lock, so at each point where it lets the
+ * write lock go (and before it decodes a batch) it waits for the queries being answered: at
+ * most YIELD_MAX_NS a wait, YIELD_CREDIT_NS of waits in a row, then 3/4 of its time, so that
+ * a stream of queries (a hostile tenant's too) slows the batches and never stops them. */
+#define YIELD_MAX_NS 2000000ll
+#define YIELD_CREDIT_NS 6000000ll /* waits in a row at most; then 3 ns of waiting per ns of work   \
+                                   */
+
+void kvp_idx_query_begin(kvp_idx_t *idx)
+{
+    atomic_fetch_add(&idx->querying, 1);
+}
+
+void kvp_idx_query_end(kvp_idx_t *idx)
+{
+    if (atomic_fetch_sub(&idx->querying, 1) == 1 && atomic_load(&idx->yielding) != 0) {
+        pthread_mutex_lock(&idx->q_mu);
+        pthread_cond_broadcast(&idx->q_cond);
+        pthread_mutex_unlock(&idx->q_mu);
+    }
+}
+
+void kvp_idx_yield(kvp_idx_t *idx)
+{
+    if (atomic_load(&idx->querying) == 0)
+        return;
+    uint64_t now = kvp_now_ns();
+    if (idx->yield_last_ns == 0)
+        idx->yield_credit_ns = YIELD_CREDIT_NS;
+    else /* 3 ns of waiting earned by each ns of work since the last wait */
+        idx->yield_credit_ns = KVP_MIN(
+            YIELD_CREDIT_NS, idx->yield_credit_ns + 3 * (int64_t)(now - idx->yield_last_ns));
+    if (idx->yield_credit_ns <= 0) {
+        idx->yield_last_ns = now;
+        return;
+    }
+    int64_t max = KVP_MIN(YIELD_MAX_NS, idx->yield_credit_ns);
+    struct timespec dl;
+    clock_gettime(CLOCK_MONOTONIC, &dl);
+    dl.tv_nsec += (long)max;
+    dl.tv_sec += dl.tv_nsec / 1000000000L;
+    dl.tv_nsec %= 1000000000L;
+    atomic_fetch_add(&idx->yielding, 1); /* before querying is read again: (query_end) */
+    pthread_mutex_lock(&idx->q_mu);
+    while (atomic_load(&idx->querying) != 0 &&
+           pthread_cond_timedwait(&idx->q_cond, &idx->q_mu, &dl) == 0)
+        ;
+    pthread_mutex_unlock(&idx->q_mu);
+    atomic_fetch_sub(&idx->yielding, 1);
+    idx->yield_last_ns = kvp_now_ns();
+    uint64_t took = idx->yield_last_ns - now;
+    idx->yield_credit_ns -= (int64_t)took; /* (below 0 past an overshoot: repaid by work) */
+    atomic_fetch_add_explicit(&idx->yields, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&idx->yielded_ns, took, memory_order_relaxed);
+}
+
 /* ---- slices: a batch lets the write lock go between them ---- */
 
 /* The index this thread applies a batch of in slices (kvp_idx_apply, kvp_idx_resync), or
@@ -577,6 +646,7 @@ static void grow_ahead(kvp_idx_t *idx)
     bool short_of_room = tables_short(idx);
     write_released(idx);
     pthread_rwlock_unlock(&idx->lock);
+    kvp_idx_yield(idx);
     if (!short_of_room) {
         pthread_rwlock_wrlock(&idx->lock);
         write_taken(idx);
@@ -622,8 +692,10 @@ static void grow_ahead(kvp_idx_t *idx)
  * go (the caller checks again what another writer may have changed meanwhile). */
 static bool slice_point(kvp_idx_t *idx)
 {
-    if (idx->work < SLICE_WAITED ||
-        (idx->work < SLICE_WORK && atomic_load_explicit(&idx->waiting, memory_order_relaxed) == 0))
+    bool queried = atomic_load_explicit(&idx->querying, memory_order_relaxed) != 0;
+    if (idx->work < (queried ? SLICE_QUERIED : SLICE_WAITED) ||
+        (idx->work < SLICE_WORK && !queried &&
+         atomic_load_explicit(&idx->waiting, memory_order_relaxed) == 0))
         return false;
     idx->work = 0;
     if (slicing != idx)
@@ -761,7 +833,7 @@ static void held_compact(kvp_idx_t *idx, held_t *hl, uint32_t r, uint32_t p)
     uint32_t w = 0, k = 0, gen = idx->regs[r]->gen;
     for (; k < hl->n; k++) {
         uint32_t i = hl->ids[k];
-        if (++idx->work >= SLICE_WAITED && slice_point(idx) && idx->regs[r]->gen != gen)
+        if (++idx->work >= SLICE_QUERIED && slice_point(idx) && idx->regs[r]->gen != gen)
             break;
         if ((idx->nodes[i].meta & NODE_MARK) || !node_holds(idx, i, r, p))
             continue;
@@ -770,7 +842,7 @@ static void held_compact(kvp_idx_t *idx, held_t *hl, uint32_t r, uint32_t p)
     }
     for (uint32_t j = 0; j < w; j++) { /* (the list is this thread's: it goes on whatever) */
         idx->nodes[hl->ids[j]].meta &= ~NODE_MARK;
-        if (++idx->work >= SLICE_WAITED)
+        if (++idx->work >= SLICE_QUERIED)
             (void)slice_point(idx);
     }
     memmove(hl->ids + w, hl->ids + k, (size_t)(hl->n - k) * sizeof(*hl->ids)); /* not walked */
@@ -1123,6 +1195,12 @@ kvp_status_t kvp_idx_create(const kvp_idx_params_t *p, kvp_idx_t **idx_p)
         free_all(idx);
         return KVP_ERR_NOMEM;
     }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&idx->q_cond, &ca);
+    pthread_condattr_destroy(&ca);
+    pthread_mutex_init(&idx->q_mu, NULL);
     *idx_p = idx;
     return KVP_OK;
 }
@@ -1143,6 +1221,8 @@ void kvp_idx_destroy(kvp_idx_t *idx)
     for (uint32_t s = 0; s < idx->n_subs; s++)
         free(idx->subs[s].targets);
     pthread_rwlock_destroy(&idx->lock);
+    pthread_cond_destroy(&idx->q_cond);
+    pthread_mutex_destroy(&idx->q_mu);
     free_all(idx);
 }
 
@@ -1921,7 +2001,7 @@ static void apply_blocks(kvp_idx_t *idx, apply_ctx_t *a, const kvp_idx_op_t *op,
 {
     uint32_t scope = idx->regs[r]->scope;
     for (size_t i = 0; i < op->n_hashes; i++) {
-        if (++idx->work >= SLICE_WAITED && slice_point(idx) &&
+        if (++idx->work >= SLICE_QUERIED && slice_point(idx) &&
             (!apply_resumed(idx, a) || !target_same(idx, a->sub, r, p, scope)))
             return;
         uint64_t seq = idx->sbuf[i];
@@ -2283,7 +2363,11 @@ kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
         ar[k] = k;
     for (uint32_t k = 0; k < ni; k++)
         ai[k] = k;
+    for (size_t b = 0; b < q->n && b < PREFETCH_AHEAD; b++)
+        prefetch_slot(idx, &idx->blocks, scope, q->hashes[b]);
     for (size_t b = 0; b < q->n && (n_ar > 0 || n_ai > 0); b++) {
+        if (b + PREFETCH_AHEAD < q->n) /* (the slots' misses overlap: the hashes are known) */
+            prefetch_slot(idx, &idx->blocks, scope, q->hashes[b + PREFETCH_AHEAD]);
         uint32_t nd = node_find(idx, scope, q->hashes[b]);
         if (nd == 0 || NODE_N(&idx->nodes[nd]) == 0)
             break;
@@ -2523,6 +2607,15 @@ static void metrics_budgets(kvp_idx_t *idx, void (*put)(void *arg, const char *s
          "# TYPE kvpool_indexer_write_holds_over_1ms_total counter\n"
          "kvpool_indexer_write_holds_over_1ms_total %" PRIu64 "\n",
          idx->w_holds_over_ms);
+    PUTF("# HELP kvpool_indexer_query_yields_total Times the thread applying batches waited "
+         "for the queries being answered (queries first).\n"
+         "# TYPE kvpool_indexer_query_yields_total counter\n"
+         "kvpool_indexer_query_yields_total %" PRIu64 "\n",
+         (uint64_t)atomic_load(&idx->yields));
+    PUTF("# HELP kvpool_indexer_query_yield_seconds_total What those waits took.\n"
+         "# TYPE kvpool_indexer_query_yield_seconds_total counter\n"
+         "kvpool_indexer_query_yield_seconds_total %.6f\n",
+         (double)atomic_load(&idx->yielded_ns) / 1e9);
     PUTF("# HELP kvpool_indexer_registrations_unregistering Registrations unregistered whose "
          "blocks are still being purged.\n"
          "# TYPE kvpool_indexer_registrations_unregistering gauge\n"

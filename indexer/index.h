@@ -183,6 +183,13 @@ typedef struct kvp_idx_query {
     size_t n;
 } kvp_idx_query_t;
 
+/* A query being answered, from before its body is parsed to its answer (any thread, no
+ * lock): the thread applying batches waits for it where it lets the write lock go, and
+ * before it decodes a batch (kvp_idx_yield, no lock held; a bounded share of its time). */
+void kvp_idx_query_begin(kvp_idx_t *idx);
+void kvp_idx_query_end(kvp_idx_t *idx);
+void kvp_idx_yield(kvp_idx_t *idx);
+
 /* Answer q as JSON (docs/indexer.md "POST /query") through put(arg, text, len). */
 kvp_status_t kvp_idx_query(kvp_idx_t *idx, const kvp_idx_query_t *q,
                            void (*put)(void *arg, const char *s, size_t len), void *arg);

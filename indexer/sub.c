@@ -275,6 +275,7 @@ static bool apply(kvp_sub_t *s, conn_t *cn, const void *payload, size_t len, uin
 {
     kvp_idx_batch_t b;
     char why[160];
+    kvp_idx_yield(s->p.idx); /* queries first (index.h) */
     kvp_status_t st = kvp_decode_batch(&s->dec, payload, len, &b, why, sizeof(why));
     kvp_idx_wrlock(s->p.idx);
     if (st == KVP_OK)

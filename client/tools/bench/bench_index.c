@@ -1137,7 +1137,7 @@ typedef struct e2e {
     size_t lat_n;
     /* the same queries while a hostile publisher sends its worst (e2e_hostile) */
     double h_p50_us, h_p99_us, h_max_us, h_seconds, h_events, h_grows_aside, h_grows_locked,
-        h_hold_max_us, h_holds_over_ms, h_blocks_sent;
+        h_hold_max_us, h_holds_over_ms, h_blocks_sent, h_yields, h_yield_s;
     size_t h_lat_n;
     uint64_t h_cycles;
 } e2e_t;
@@ -1481,6 +1481,8 @@ static int e2e_hostile(ix_t *x, daemon_t *d, pubs_t *p, const char *bodies, cons
     double aside0 = daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"aside\"}");
     double lock0 = daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"write_lock\"}");
     double over0 = daemon_metric(d, "kvpool_indexer_write_holds_over_1ms_total");
+    double yields0 = daemon_metric(d, "kvpool_indexer_query_yields_total");
+    double yield_s0 = daemon_metric(d, "kvpool_indexer_query_yield_seconds_total");
     if (pthread_create(&h.th, NULL, hostile_main, &h) != 0)
         goto out;
     started = true;
@@ -1514,6 +1516,8 @@ static int e2e_hostile(ix_t *x, daemon_t *d, pubs_t *p, const char *bodies, cons
         daemon_metric(d, "kvpool_indexer_table_grows_total{where=\"write_lock\"}") - lock0;
     r->h_holds_over_ms = daemon_metric(d, "kvpool_indexer_write_holds_over_1ms_total") - over0;
     r->h_hold_max_us = 1e6 * daemon_metric(d, "kvpool_indexer_write_hold_max_seconds");
+    r->h_yields = daemon_metric(d, "kvpool_indexer_query_yields_total") - yields0;
+    r->h_yield_s = daemon_metric(d, "kvpool_indexer_query_yield_seconds_total") - yield_s0;
     r->h_blocks_sent = (double)h.blocks;
     r->h_lat_n = got;
     r->h_p50_us = 1e6 * kvp_bench_percentile(lat, got, 50);
@@ -1835,10 +1839,10 @@ static void report_hostile(const e2e_t *e2, kvp_bench_out_t *out)
     printf("  (hostile: %.0f blocks sent, %.0f events applied, in %.1f s, %" PRIu64
            " cycles to %u blocks and back; %zu queries, p50 %.0f us, max %.0f us; tables doubled "
            "%.0f times off the write lock, %.0f under it; the write lock held %.0f us at most, "
-           "%.0f times over 1 ms)\n",
+           "%.0f times over 1 ms; batches waited for queries %.0f times, %.2f s)\n",
            e2->h_blocks_sent, e2->h_events, e2->h_seconds, e2->h_cycles, IX_HOSTILE_MAX,
            e2->h_lat_n, e2->h_p50_us, e2->h_max_us, e2->h_grows_aside, e2->h_grows_locked,
-           e2->h_hold_max_us, e2->h_holds_over_ms);
+           e2->h_hold_max_us, e2->h_holds_over_ms, e2->h_yields, e2->h_yield_s);
     latency_part(out, "query_latency_hostile", e2->h_lat_n);
     kvp_bench_result_num(out, "seconds", e2->h_seconds);
     kvp_bench_result_num(out, "hostile_blocks_sent", e2->h_blocks_sent);
@@ -1846,6 +1850,8 @@ static void report_hostile(const e2e_t *e2, kvp_bench_out_t *out)
     kvp_bench_result_num(out, "hostile_events_applied", e2->h_events);
     kvp_bench_result_num(out, "write_hold_max_us", e2->h_hold_max_us);
     kvp_bench_result_num(out, "write_holds_over_1ms", e2->h_holds_over_ms);
+    kvp_bench_result_num(out, "query_yields", e2->h_yields);
+    kvp_bench_result_num(out, "query_yield_seconds", e2->h_yield_s);
     kvp_bench_result_int(out, "hostile_cycles", (int64_t)e2->h_cycles);
     kvp_bench_result_int(out, "hostile_max_blocks", IX_HOSTILE_MAX);
     kvp_bench_result_num(out, "table_grows_aside", e2->h_grows_aside);

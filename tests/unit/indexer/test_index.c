@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "indexer/index.h"
@@ -981,6 +982,64 @@ static void test_slices_shorter_while_waited(void **state)
     kvp_idx_destroy(idx);
 }
 
+/* The metric's value as a double (a counter of seconds). */
+static double metric_f(kvp_idx_t *idx, const char *name)
+{
+    static buf_t m;
+    m.n = 0;
+    kvp_idx_metrics(idx, put, &m);
+    char key[128];
+    snprintf(key, sizeof(key), "\n%s ", name);
+    const char *at = strstr(m.s, key);
+    assert_non_null(at);
+    return strtod(at + strlen(key), NULL);
+}
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* Queries first: with no query being answered a batch never waits; with one answered
+ * through a whole batch the batch waits for it at its slice points, at most 2 ms a wait
+ * and about 3/4 of its time, and still goes in whole; a wait ends at its bound when the
+ * query does not. */
+static void test_batches_wait_for_queries(void **state)
+{
+    (void)state;
+    kvp_idx_t *idx = mk(0);
+    uint32_t a = reg(idx, "tcp://a:1", "vLLM", "ia", "team-a", 0);
+    kvp_idx_yield(idx); /* nobody querying: no wait */
+    store_seq(idx, a, 1000000, 100000, false);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_query_yields_total"), 0);
+
+    kvp_idx_query_begin(idx);
+    double t0 = now_s();
+    kvp_idx_yield(idx); /* the bound of one wait: ~2 ms */
+    double one = now_s() - t0;
+    assert_true(one >= 0.0015);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_query_yields_total"), 1);
+
+    t0 = now_s();
+    store_seq(idx, a, 2000000, 100000, false);
+    double took = now_s() - t0;
+    kvp_idx_query_end(idx);
+    uint64_t yields = metric_of(idx, "kvpool_indexer_query_yields_total") - 1;
+    double waited = metric_f(idx, "kvpool_indexer_query_yield_seconds_total") - one;
+    assert_true(yields >= 10); /* 100 000 blocks: slices of 128 while queried */
+    /* 6 ms of waits in a row at most, then 3 of waiting for 1 of work: 3/4 of its time */
+    assert_true(waited <= 0.75 * took + 0.0015 + 0.001);
+    assert_true(waited >= 0.2 * took);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 200000); /* all in */
+
+    /* the query over: batches go on without waiting */
+    store_seq(idx, a, 3000000, 100000, false);
+    assert_int_equal(metric_of(idx, "kvpool_indexer_query_yields_total"), yields + 1);
+    kvp_idx_destroy(idx);
+}
+
 typedef struct racer {
     kvp_idx_t *idx;
     uint32_t sub;
@@ -1079,6 +1138,7 @@ int main(void)
         cmocka_unit_test(test_unregistered_count_until_reaped),
         cmocka_unit_test(test_scopes_kept_by_blocks),
         cmocka_unit_test(test_slices_shorter_while_waited),
+        cmocka_unit_test(test_batches_wait_for_queries),
         cmocka_unit_test(test_unregister_races),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
