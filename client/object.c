@@ -1448,6 +1448,49 @@ int64_t kvp_get_size(kvp_client_t *c, const char *key)
     return kvp_api_leave(get_size_impl(c, key), "get_size");
 }
 
+static kvp_status_t batch_get_size_impl(kvp_client_t *c, const char *const *keys, size_t n,
+                                        int64_t *sizes)
+{
+    if (c == NULL || keys == NULL || sizes == NULL || n > KVP_MAX_BATCH)
+        return KVP_ERR_INVALID_ARG;
+    int32_t *early = kvp_scratch_alloc((n ? n : 1) * sizeof(*early));
+    size_t *idx = kvp_scratch_alloc((n ? n : 1) * sizeof(*idx));
+    if (early == NULL || idx == NULL)
+        return KVP_ERR_NOMEM;
+    size_t m = gather_valid(keys, n, idx, early);
+    for (size_t i = 0; i < n; i++)
+        sizes[i] = early[i];
+    kvp_status_t rc = KVP_OK;
+    if (m > 0) {
+        uint8_t *resp;
+        size_t rlen;
+        rc = keys_call(c, KVP_RPC_GET_SIZE, keys, idx, m, false, &resp, &rlen);
+        Kvpool__GetSizeResponse *gr =
+            rc == KVP_OK ? kvpool__get_size_response__unpack(&kvp_scratch_pb, rlen, resp) : NULL;
+        if (rc == KVP_OK && (gr == NULL || gr->status != KVP_OK || gr->n_sizes != m))
+            rc = gr == NULL || gr->status == KVP_OK ? KVP_ERR_PROTOCOL : gr->status;
+        for (size_t j = 0; rc == KVP_OK && j < m; j++)
+            sizes[idx[j]] = gr->sizes[j];
+    }
+    for (size_t i = 0; i < n; i++) {
+        if (rc != KVP_OK)
+            sizes[i] = rc;
+        else if (sizes[i] < 0) { /* as a batch names its failing key */
+            kvp_api_fail_key(keys[i] != NULL ? keys[i] : "(null)", "get_size %s: %s",
+                             keys[i] != NULL ? keys[i] : "(null)",
+                             kvp_strerror((kvp_status_t)sizes[i]));
+            break;
+        }
+    }
+    return rc;
+}
+
+kvp_status_t kvp_batch_get_size(kvp_client_t *c, const char *const *keys, size_t n, int64_t *sizes)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(batch_get_size_impl(c, keys, n, sizes), "get_size");
+}
+
 static kvp_status_t pool_stat_impl(kvp_client_t *c, kvp_pool_stat_t **stat_p)
 {
     if (c == NULL || stat_p == NULL)

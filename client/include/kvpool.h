@@ -402,6 +402,11 @@ int kvp_client_segment_mounted(kvp_client_t *client);
 
 /* Size of a complete object, or a negative status (KVP_ERR_NOT_FOUND). */
 int64_t kvp_get_size(kvp_client_t *client, const char *key);
+/* The sizes of a batch's objects in one master call: sizes[i] is keys[i]'s size, or a
+ * negative status (KVP_ERR_NOT_FOUND, KVP_ERR_BAD_KEY). Returns KVP_OK when the call was
+ * answered (the results per key), else its status, also in every sizes[i]. */
+kvp_status_t kvp_batch_get_size(kvp_client_t *client, const char *const *keys, size_t n,
+                                int64_t *sizes);
 
 /* One mounted segment, as the master sees it. */
 typedef struct kvp_segment_info {

@@ -882,10 +882,11 @@ typedef struct keys_cont {
     struct keys_cont *next;
     const kvp_master_state_t *st;
     uint64_t conn_id;
-    key_op_fn_t fn;
-    size_t n_keys;
-    size_t left; /* steps still to do (keys [0, left), or with forward the last left) */
-    int32_t out[];
+    key_op_fn_t fn; /* (NULL: GetSize) */
+    kvp_rpc_method_t method;
+    size_t n_keys, width; /* keys; bytes of one answer (a status, GetSize's size) */
+    size_t left;          /* steps still to do (keys [0, left), or with forward the last left) */
+    unsigned char out[];
 } keys_cont_t;
 
 static keys_cont_t *keys_conts;
@@ -902,20 +903,37 @@ static keys_cont_t *cont_take(const kvp_master_state_t *st, uint64_t conn_id)
     return NULL;
 }
 
+/* This very request again (the server says so): where it stopped; NULL: a request of its
+ * own (anything kept for another is dropped). */
+static keys_cont_t *cont_again(kvp_master_state_t *st, uint64_t conn_id, key_op_fn_t fn,
+                               kvp_rpc_method_t method, size_t n_keys)
+{
+    keys_cont_t *k = cont_take(st, conn_id);
+    if (k != NULL &&
+        (!st->call_again || k->fn != fn || k->method != method || k->n_keys != n_keys)) {
+        free(k);
+        k = NULL;
+    }
+    st->call_again = false;
+    return k;
+}
+
 /* left keys not done at the budget's end: keep what out answered for the next call
  * and tell the server so (st->call_again). false: no memory to wait with. */
-static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const int32_t *out,
-                      size_t n_keys, size_t left, kvp_rpc_method_t method)
+static bool cont_keep(kvp_call_t *call, keys_cont_t *k, key_op_fn_t fn, const void *out,
+                      size_t width, size_t n_keys, size_t left, kvp_rpc_method_t method)
 {
-    if (k == NULL && (k = malloc(sizeof(*k) + n_keys * sizeof(int32_t))) == NULL)
+    if (k == NULL && (k = malloc(sizeof(*k) + n_keys * width)) == NULL)
         return false;
     *k = (keys_cont_t){.next = keys_conts,
                        .st = call->st,
                        .conn_id = call->conn_id,
                        .fn = fn,
+                       .method = method,
                        .n_keys = n_keys,
+                       .width = width,
                        .left = left};
-    memcpy(k->out, out, n_keys * sizeof(*out)); /* (the keys not done yet: not read) */
+    memcpy(k->out, out, n_keys * width); /* (the keys not done yet: not read) */
     keys_conts = k;
     call->st->stats.keys_continued[method]++;
     call->st->call_again = true;
@@ -936,12 +954,7 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
     kvp_reply_init(&r, call, &resp.base, 0);
     kvp_master_state_t *st = call->st;
     /* this very request again (the server says so): where it stopped */
-    keys_cont_t *k = cont_take(st, call->conn_id);
-    if (k != NULL && (!st->call_again || k->fn != fn || k->n_keys != n_keys)) {
-        free(k);
-        k = NULL;
-    }
-    st->call_again = false;
+    keys_cont_t *k = cont_again(st, call->conn_id, fn, method, n_keys);
     int32_t status = kvp_call_check_batch(n_keys);
     int32_t *out = status == KVP_OK ? kvp_reply_statuses(&r, n_keys) : NULL;
     if (out == NULL) {
@@ -957,7 +970,8 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
     for (unsigned since = 0; i > 0; i--) {
         if (st->may_continue && ++since == KEYS_TURN_CHECK) {
             since = 0;
-            if (kvp_now_ns() >= stop && cont_keep(call, k, fn, out, n_keys, i, method)) {
+            if (kvp_now_ns() >= stop &&
+                cont_keep(call, k, fn, out, sizeof(*out), n_keys, i, method)) {
                 (void)kvp_reply_abort(&r); /* (no answer yet: its array goes) */
                 return KVP_OK;
             }
@@ -1192,6 +1206,22 @@ kvp_status_t kvp_handle_lease_release(kvp_call_t *call, ProtobufCMessage *req_ms
     return KVP_OK;
 }
 
+/* A key's size, or its status (GetSize). */
+static int64_t key_size(kvp_master_state_t *st, ProtobufCBinaryData *key)
+{
+    kvp_object_t *obj;
+    kvp_status_t s = kvp_call_key_lookup(st, key, &obj, NULL);
+    if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE)) {
+        s = KVP_ERR_NOT_FOUND;
+        /* a get that learns the size first ends here on a miss: count it as one (a hit is
+         * counted by the GetReplicaList that follows) */
+        st->stats.gets++;
+        st->stats.get_misses++;
+    }
+    return s == KVP_OK ? (int64_t)obj->size : s;
+}
+
+/* First key first, continued at later turns past KEYS_TURN_NS as keys_batch is. */
 kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     kvp_master_state_t *st = call->st;
@@ -1199,26 +1229,31 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
     Kvpool__GetSizeResponse resp = KVPOOL__GET_SIZE_RESPONSE__INIT;
     kvp_reply_t r;
     kvp_reply_init(&r, call, &resp.base, 0);
-    int32_t status = kvp_call_check_batch(req->n_keys);
-    if (status != KVP_OK)
-        return kvp_reply_fail(&r, status, NULL);
-    int64_t *sizes = kvp_reply_alloc(&r, req->n_keys, sizeof(*sizes));
-    if (sizes == NULL)
-        return kvp_reply_abort(&r);
-    for (size_t i = 0; i < req->n_keys; i++) {
-        kvp_object_t *obj;
-        kvp_status_t s = kvp_call_key_lookup(st, &req->keys[i], &obj, NULL);
-        if (s == KVP_OK && (obj == NULL || obj->state != KVP_OBJ_COMPLETE)) {
-            s = KVP_ERR_NOT_FOUND;
-            /* a get that learns the size first ends here on a miss: count it as one (a
-             * hit is counted by the GetReplicaList that follows) */
-            st->stats.gets++;
-            st->stats.get_misses++;
-        }
-        sizes[i] = s == KVP_OK ? (int64_t)obj->size : s;
+    size_t n = req->n_keys;
+    keys_cont_t *k = cont_again(st, call->conn_id, NULL, KVP_RPC_GET_SIZE, n);
+    int32_t status = kvp_call_check_batch(n);
+    int64_t *sizes = status == KVP_OK ? kvp_reply_alloc(&r, n, sizeof(*sizes)) : NULL;
+    if (sizes == NULL) {
+        free(k);
+        return status != KVP_OK ? kvp_reply_fail(&r, status, NULL) : kvp_reply_abort(&r);
     }
+    size_t i = 0;
+    if (k != NULL) { /* what its earlier calls answered */
+        memcpy(sizes, k->out, n * sizeof(*sizes));
+        i = n - k->left;
+    }
+    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    for (unsigned since = 0; i < n; i++) {
+        if (turn_over(st, &since, stop) &&
+            cont_keep(call, k, NULL, sizes, sizeof(*sizes), n, n - i, KVP_RPC_GET_SIZE)) {
+            (void)kvp_reply_abort(&r); /* (no answer yet: its array goes) */
+            return KVP_OK;
+        }
+        sizes[i] = key_size(st, &req->keys[i]);
+    }
+    free(k);
     resp.sizes = sizes;
-    resp.n_sizes = req->n_keys;
+    resp.n_sizes = n;
     return kvp_reply_send(&r);
 }
 

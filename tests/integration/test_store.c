@@ -110,6 +110,24 @@ static void test_batch_sizes(void **state)
         assert_int_equal(((uint8_t *)dst[i])[sizes[i]], 0xAB);
         assert_int_equal(kvp_get_size(e->p.client, keys[i]), (int64_t)sizes[i]);
     }
+    /* the sizes of the batch in one call, with a key never stored and a bad key among them */
+    {
+        const char *sk[N + 2];
+        int64_t sz[N + 2];
+        char never[128];
+        key_of(e, never, sizeof(never), "never", 0);
+        for (int i = 0; i < N; i++)
+            sk[i] = keys[i];
+        sk[N] = never;
+        sk[N + 1] = "";
+        assert_int_equal(kvp_batch_get_size(e->p.client, sk, N + 2, sz), KVP_OK);
+        for (int i = 0; i < N; i++)
+            assert_int_equal(sz[i], (int64_t)sizes[i]);
+        assert_int_equal(sz[N], KVP_ERR_NOT_FOUND);
+        assert_int_equal(sz[N + 1], KVP_ERR_BAD_KEY);
+        assert_int_equal(kvp_batch_get_size(e->p.client, sk, 0, sz), KVP_OK);
+        assert_int_equal(kvp_batch_get_size(NULL, sk, 1, sz), KVP_ERR_INVALID_ARG);
+    }
     /* single-key API on the same objects */
     memset(dst[3], 0, sizes[3]);
     assert_int_equal(kvp_get_into(e->p.client, keys[3], dst[3], caps[3]), (int64_t)sizes[3]);

@@ -62,13 +62,13 @@ def test_put_and_get_of_65536_keys_go_on_over_turns(make_pool, prefix, tmp_path)
         p, stop = reader(m, prefix + "alice", len(mine), tmp_path)
         try:
             assert set(bob.raw.batch_put(keys, vals)) == {0}  # one PutStart, one PutEnd
-            got = bob.batch_get(keys)  # one GetReplicaList
+            got = bob.batch_get(keys)  # one GetSize, one GetReplicaList
         finally:
             worst, reads = slowest(p, stop)
         assert worst < WORST_S, f"alice's slowest read took {worst} s ({reads} reads)"
         assert got == vals
         # each call went on over turns
-        for method in ("PutStart", "PutEnd", "GetReplicaList"):
+        for method in ("PutStart", "PutEnd", "GetSize", "GetReplicaList"):
             assert continued(m, method) >= 1, method
         assert alice.get(prefix + "alice") == mine
         assert metric(m.metrics(), "kvpool_pending_objects") == 0

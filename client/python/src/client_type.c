@@ -751,22 +751,27 @@ static PyObject *client_batch_get_buffer(kvp_py_client_t *self, PyObject *args, 
     void **bufs = PyMem_Calloc(n1, sizeof(*bufs));
     size_t *sizes = PyMem_Calloc(n1, sizeof(*sizes));
     int64_t *results = PyMem_Calloc(n1, sizeof(*results));
+    int64_t *got = PyMem_Calloc(n1, sizeof(*got));
     if (state == NULL)
         goto out;
     handles = PyList_New(keys.n);
     if (handles == NULL || idx == NULL || rkeys == NULL || bufs == NULL || sizes == NULL ||
-        results == NULL) {
+        results == NULL || got == NULL) {
         if (handles != NULL)
             PyErr_NoMemory();
         goto out;
     }
     for (int round = 0;; round++) {
         kvp_client_t *c;
-        KVP_PY_WITH_CLIENT(self, c, {
-            for (Py_ssize_t i = 0; i < keys.n; i++)
-                if (PyList_GET_ITEM(handles, i) == NULL)
-                    results[i] = kvp_get_size(c, keys.ptrs[i]);
-        });
+        size_t m = 0; /* the keys not read yet, sized in one master call */
+        for (Py_ssize_t i = 0; i < keys.n; i++)
+            if (PyList_GET_ITEM(handles, i) == NULL) {
+                idx[m] = i;
+                rkeys[m++] = keys.ptrs[i];
+            }
+        KVP_PY_WITH_CLIENT(self, c, (void)kvp_batch_get_size(c, rkeys, m, got));
+        for (size_t j = 0; j < m; j++)
+            results[idx[j]] = got[j];
         if (c == NULL) {
             kvp_py_raise_closed(self);
             goto out;
@@ -833,6 +838,7 @@ out:
     PyMem_Free(bufs);
     PyMem_Free(sizes);
     PyMem_Free(results);
+    PyMem_Free(got);
     kvp_py_keys_conv(NULL, &keys);
     return ret;
 }

@@ -503,6 +503,26 @@ static void test_big_batches_over_turns(void **state)
     }
     svc_msg_free(gr);
 
+    /* a GetSize of them all, its last key one never stored: first key first over the turns,
+     * every size as put */
+    const char *last = big_keys[BIG - 1];
+    big_keys[BIG - 1] = "big-never-stored";
+    Kvpool__KeysRequest gs = KVPOOL__KEYS_REQUEST__INIT;
+    gs.keys = svc_keys(big_keys, BIG);
+    gs.n_keys = BIG;
+    Kvpool__GetSizeResponse *sz =
+        over_turns(st, C1, KVP_RPC_GET_SIZE, &gs.base, &kvpool__get_size_response__descriptor,
+                   others_served, &turns);
+    big_keys[BIG - 1] = last;
+    assert_non_null(sz);
+    assert_true(turns > 1);
+    assert_int_equal(st->stats.keys_continued[KVP_RPC_GET_SIZE], turns - 1);
+    assert_int_equal(sz->n_sizes, BIG);
+    for (size_t i = 0; i < BIG - 1; i++)
+        assert_int_equal(sz->sizes[i], big_sizes[i]);
+    assert_int_equal(sz->sizes[BIG - 1], KVP_ERR_NOT_FOUND);
+    svc_msg_free(sz);
+
     /* and a ReplicaClear of them all (the whole objects: no segment named) */
     Kvpool__ReplicaClearRequest rc = KVPOOL__REPLICA_CLEAR_REQUEST__INIT;
     rc.keys = svc_keys(big_keys, BIG);
