@@ -26,8 +26,10 @@
  *    charged them to (kvp_http_charge; KVP_HTTP_BODY_BUDGET each; the whole
  *    Content-Length at the head, as a chunked body grows otherwise). The accounts
  *    are a fixed table of KVP_HTTP_BODY_TENANTS (common/http_guard.h, a tenant's
- *    taken while it has bytes reserved), so the server-wide bound is their product
- *    and a request costs one pass over the table, no allocation. Requests nobody
+ *    taken while it has bytes reserved), the bytes of all of them bounded by
+ *    KVP_HTTP_BODY_TOTAL, and a request costs one pass over the table, no
+ *    allocation. A whole request, body and answer, has KVP_HTTP_REQUEST_S from its
+ *    head (the same sweeper), so no tenant holds its share for longer. Requests nobody
  *    charged (no ACL: one trust domain) share one account.
  */
 #include "common/http.h"
@@ -152,9 +154,10 @@ void kvp_http_metrics(const kvp_http_request_t *req, const char *prefix, kvp_htt
                     "server closed or refused for its caps, by the cap.\n"
                     "# TYPE %s_connections_refused_total counter\n",
                     prefix, prefix);
-    const char *names[] = {"peer", "pool", "head_deadline", "body_budget"};
-    uint64_t v[] = {st.peer, st.pool, st.head_deadline, atomic_load(&h->refused_budget)};
-    for (size_t i = 0; i < 4; i++)
+    const char *names[] = {"peer", "pool", "head_deadline", "request_deadline", "body_budget"};
+    uint64_t v[] = {st.peer, st.pool, st.head_deadline, st.request_deadline,
+                    atomic_load(&h->refused_budget)};
+    for (size_t i = 0; i < 5; i++)
         kvp_http_printf(r, "%s_connections_refused_total{reason=\"%s\"} %" PRIu64 "\n", prefix,
                         names[i], v[i]);
     kvp_http_printf(r,
@@ -342,6 +345,14 @@ static enum MHD_Result refuse_budget(kvp_http_t *h, struct MHD_Connection *c,
                  "budget of %zu MiB (KVP_HTTP_BODY_BUDGET): finish or close them, then try "
                  "again later\"}",
                  mib);
+    } else if (res == KVP_HTTP_BUDGET_FULL) {
+        KVP_LOG_WARN_LIMITED("http: a request body refused: the bodies being received hold "
+                             "the server's %zu MiB",
+                             KVP_HTTP_BODY_TOTAL >> 20);
+        snprintf(msg, sizeof(msg),
+                 "{\"error\": \"the request bodies being received hold the server's %zu MiB "
+                 "(KVP_HTTP_BODY_TOTAL): try again later\"}",
+                 KVP_HTTP_BODY_TOTAL >> 20);
     } else {
         KVP_LOG_WARN_LIMITED("http: a request body refused: %u other tenants have bodies "
                              "being received",
@@ -632,6 +643,7 @@ static kvp_status_t guard_start(kvp_http_t *h)
                                      kick, h);
     if (h->guard == NULL)
         return KVP_ERR_NOMEM;
+    kvp_http_guard_request_deadline(h->guard, (uint64_t)KVP_HTTP_REQUEST_S * 1000000000ull);
     pthread_mutex_init(&h->lock, NULL);
     pthread_condattr_t cattr;
     pthread_condattr_init(&cattr);
@@ -702,7 +714,8 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
         return KVP_ERR_NOMEM;
     h->fn = fn;
     h->arg = arg;
-    h->budget = kvp_http_budget_create(KVP_HTTP_BODY_TENANTS, KVP_HTTP_BODY_BUDGET);
+    h->budget =
+        kvp_http_budget_create(KVP_HTTP_BODY_TENANTS, KVP_HTTP_BODY_BUDGET, KVP_HTTP_BODY_TOTAL);
     if (h->budget == NULL) {
         free(h);
         return KVP_ERR_NOMEM;

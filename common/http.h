@@ -14,7 +14,9 @@
  * from the accept (or the previous request's end), which trickled bytes do not extend;
  * KVP_HTTP_BODY_BUDGET bytes of unfinished bodies per tenant (the one the admit check
  * charged, kvp_http_charge; a body past it is answered 503 before it is read), for at most
- * KVP_HTTP_BODY_TENANTS tenants at once. kvp_http_metrics shows what they refused.
+ * KVP_HTTP_BODY_TENANTS tenants at once and KVP_HTTP_BODY_TOTAL bytes in all;
+ * KVP_HTTP_REQUEST_S for a whole request from its head (a body trickled in, an answer read
+ * slowly: closed). kvp_http_metrics shows what they refused.
  */
 #ifndef KVP_COMMON_HTTP_H
 #define KVP_COMMON_HTTP_H
@@ -28,8 +30,10 @@
 #define KVP_HTTP_MAX_CONNS 1024 /* connections held at once */
 #define KVP_HTTP_PER_PEER 128   /* ... from one peer address */
 #define KVP_HTTP_HEAD_S 8 /* a request's head, TLS handshake included (under the idle timeout) */
-#define KVP_HTTP_BODY_BUDGET (64u << 20) /* bytes of bodies being received, per tenant */
-#define KVP_HTTP_BODY_TENANTS 16         /* tenants with bodies being received at once */
+#define KVP_HTTP_BODY_BUDGET (64u << 20)      /* bytes of bodies being received, per tenant */
+#define KVP_HTTP_BODY_TENANTS 256             /* tenants with bodies being received at once */
+#define KVP_HTTP_BODY_TOTAL ((size_t)1 << 30) /* bytes of bodies being received, in all */
+#define KVP_HTTP_REQUEST_S 60 /* a whole request from its head: its body read, its answer sent */
 
 typedef struct kvp_http kvp_http_t;
 typedef struct kvp_http_request kvp_http_request_t;

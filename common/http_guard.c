@@ -8,8 +8,8 @@
  * server releases it, so the number of sockets held never passes the slot count.
  *
  * The body budget (kvp_http_budget_*) is the same shape: a flat table of accounts (one per
- * tenant with bodies in flight, KVP_HTTP_BODY_TENANTS of them in the server) scanned under
- * its own mutex.
+ * tenant with bodies in flight, KVP_HTTP_BODY_TENANTS of them in the server, 40 KiB) scanned
+ * under its own mutex.
  *
  * Thread: any (g->lock, b->lock).
  */
@@ -33,7 +33,7 @@ struct kvp_http_guard {
     pthread_mutex_t lock;
     slot_t *slots;
     unsigned n, max_conns, per_peer;
-    uint64_t head_ns;
+    uint64_t head_ns, request_ns;
     void (*kick)(void *arg, int fd);
     void *arg;
     kvp_http_guard_stats_t st;
@@ -134,6 +134,13 @@ int kvp_http_guard_open(kvp_http_guard_t *g, const kvp_http_peer_t *peer, int fd
     return slot;
 }
 
+void kvp_http_guard_request_deadline(kvp_http_guard_t *g, uint64_t request_ns)
+{
+    pthread_mutex_lock(&g->lock);
+    g->request_ns = request_ns;
+    pthread_mutex_unlock(&g->lock);
+}
+
 void kvp_http_guard_request(kvp_http_guard_t *g, int slot, bool in_request, uint64_t now)
 {
     if (slot < 0 || (unsigned)slot >= g->n)
@@ -165,11 +172,17 @@ unsigned kvp_http_guard_sweep(kvp_http_guard_t *g, uint64_t now)
     pthread_mutex_lock(&g->lock);
     for (unsigned i = 0; i < g->n; i++) {
         slot_t *s = &g->slots[i];
-        if (s->used && s->head && !s->kicked && now > s->since && now - s->since > g->head_ns) {
-            kick(g, s);
+        if (!s->used || s->kicked || now <= s->since)
+            continue;
+        uint64_t limit = s->head ? g->head_ns : g->request_ns;
+        if (limit == 0 || now - s->since <= limit)
+            continue;
+        kick(g, s);
+        if (s->head)
             g->st.head_deadline++;
-            n++;
-        }
+        else
+            g->st.request_deadline++;
+        n++;
     }
     pthread_mutex_unlock(&g->lock);
     return n;
@@ -191,10 +204,10 @@ struct kvp_http_budget {
     pthread_mutex_t lock;
     account_t *a;
     unsigned n;
-    size_t per_account, total;
+    size_t per_account, total, total_cap; /* total_cap 0: none but the table's */
 };
 
-kvp_http_budget_t *kvp_http_budget_create(unsigned accounts, size_t per_account)
+kvp_http_budget_t *kvp_http_budget_create(unsigned accounts, size_t per_account, size_t total)
 {
     if (accounts == 0 || per_account == 0)
         return NULL;
@@ -209,6 +222,7 @@ kvp_http_budget_t *kvp_http_budget_create(unsigned accounts, size_t per_account)
     pthread_mutex_init(&b->lock, NULL);
     b->n = accounts;
     b->per_account = per_account;
+    b->total_cap = total;
     return b;
 }
 
@@ -261,10 +275,13 @@ kvp_http_budget_result_t kvp_http_budget_reserve(kvp_http_budget_t *b, const cha
     int i = *account_p;
     if (i < 0 || (unsigned)i >= b->n)
         i = account_of(b, key);
+    size_t cap = b->total_cap > b->per_account ? b->total_cap : b->per_account;
     if (i < 0) {
         res = KVP_HTTP_BUDGET_ACCOUNTS;
     } else if (n > b->per_account || b->a[i].bytes > b->per_account - n) {
         res = KVP_HTTP_BUDGET_TENANT;
+    } else if (b->total_cap != 0 && (n > cap || b->total > cap - n)) {
+        res = KVP_HTTP_BUDGET_FULL;
     } else {
         b->a[i].bytes += n;
         b->total += n;

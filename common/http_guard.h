@@ -35,10 +35,11 @@ typedef struct kvp_http_peer {
 
 /* What the caps did, since the start. */
 typedef struct kvp_http_guard_stats {
-    uint64_t peer;          /* connections closed or refused for the per-peer cap */
-    uint64_t pool;          /* ... for the cap on connections in all */
-    uint64_t head_deadline; /* connections closed: their request head came too slowly */
-    uint64_t live;          /* connections held now */
+    uint64_t peer;             /* connections closed or refused for the per-peer cap */
+    uint64_t pool;             /* ... for the cap on connections in all */
+    uint64_t head_deadline;    /* connections closed: their request head came too slowly */
+    uint64_t request_deadline; /* ... their request (its body, its answer) went on too long */
+    uint64_t live;             /* connections held now */
 } kvp_http_guard_stats_t;
 
 /* slots: the most connections held at once (those closed but not yet released included);
@@ -54,12 +55,15 @@ void kvp_http_guard_destroy(kvp_http_guard_t *g);
 /* A connection accepted at now (ns): its slot, or -1: refused (counted; the caller closes
  * it). May kick an older connection to make room. */
 int kvp_http_guard_open(kvp_http_guard_t *g, const kvp_http_peer_t *peer, int fd, uint64_t now);
+/* The deadline of a whole request from its head (its body read, its answer sent); 0 (the
+ * default): none. */
+void kvp_http_guard_request_deadline(kvp_http_guard_t *g, uint64_t request_ns);
 /* The connection in slot has its request's head (in_request true), or its request ended at
  * now and the next head's deadline starts (false). slot < 0: nothing. */
 void kvp_http_guard_request(kvp_http_guard_t *g, int slot, bool in_request, uint64_t now);
 /* The connection in slot is gone (before its socket is closed). slot < 0: nothing. */
 void kvp_http_guard_close(kvp_http_guard_t *g, int slot);
-/* Kick every connection whose head is past its deadline at now; how many. */
+/* Kick every connection whose head, or request, is past its deadline at now; how many. */
 unsigned kvp_http_guard_sweep(kvp_http_guard_t *g, uint64_t now);
 void kvp_http_guard_stats(kvp_http_guard_t *g, kvp_http_guard_stats_t *st);
 
@@ -68,7 +72,7 @@ void kvp_http_guard_stats(kvp_http_guard_t *g, kvp_http_guard_stats_t *st);
  * the string the server charges a body to (the admit check's tenant, kvp_http_charge) and
  * holding at most per_account bytes. An account is taken by the first reservation of its key
  * and is free again once its bytes are all released, so the table bounds the tenants with
- * bodies in flight at once and the bytes in all (accounts x per_account). Each call is one
+ * bodies in flight at once, and the bytes in all (total). Each call is one
  * pass over the accounts under a mutex, with no allocation.
  */
 #define KVP_HTTP_BUDGET_KEY_MAX 160 /* a key's bytes, its NUL included (longer: truncated) */
@@ -79,10 +83,12 @@ typedef enum kvp_http_budget_result {
     KVP_HTTP_BUDGET_OK,
     KVP_HTTP_BUDGET_TENANT,   /* over the key's per_account bytes */
     KVP_HTTP_BUDGET_ACCOUNTS, /* every account is held by other keys */
+    KVP_HTTP_BUDGET_FULL,     /* the bytes of all accounts at the table's total */
 } kvp_http_budget_result_t;
 
-/* NULL: out of memory, or accounts or per_account 0. */
-kvp_http_budget_t *kvp_http_budget_create(unsigned accounts, size_t per_account);
+/* total: the bytes of all accounts together at most (never less than one account's;
+ * 0: accounts x per_account). NULL: out of memory, or accounts or per_account 0. */
+kvp_http_budget_t *kvp_http_budget_create(unsigned accounts, size_t per_account, size_t total);
 void kvp_http_budget_destroy(kvp_http_budget_t *b);
 /* Change the bytes an account may hold (reservations made stay). */
 void kvp_http_budget_set(kvp_http_budget_t *b, size_t per_account);

@@ -143,7 +143,7 @@ static void test_head_deadline(void **state)
 static void test_budget_per_tenant(void **state)
 {
     (void)state;
-    kvp_http_budget_t *b = kvp_http_budget_create(4, 64 * MIB);
+    kvp_http_budget_t *b = kvp_http_budget_create(4, 64 * MIB, 0);
     assert_non_null(b);
     int held[4];
     for (int i = 0; i < 4; i++) { /* team-b: four 16 MiB bodies, its whole budget */
@@ -174,7 +174,7 @@ static void test_budget_per_tenant(void **state)
 static void test_budget_accounts(void **state)
 {
     (void)state;
-    kvp_http_budget_t *b = kvp_http_budget_create(2, MIB);
+    kvp_http_budget_t *b = kvp_http_budget_create(2, MIB, 0);
     assert_non_null(b);
     int x = -1, y = -1, z = -1;
     assert_int_equal(kvp_http_budget_reserve(b, "tx", &x, 10), KVP_HTTP_BUDGET_OK);
@@ -197,12 +197,64 @@ static void test_budget_accounts(void **state)
     kvp_http_budget_destroy(b);
 }
 
+/* The whole request's deadline: a connection inside a request longer than it (a body
+ * trickled in, an answer read slowly) is kicked and counted apart from slow heads; one whose
+ * request ended in time is not. */
+static void test_request_deadline(void **state)
+{
+    (void)state;
+    n_kicked = 0;
+    kvp_http_guard_t *g = kvp_http_guard_create(8, 8, 8, 2 * S, record, NULL);
+    kvp_http_guard_request_deadline(g, 10 * S);
+    kvp_http_peer_t p = peer(1);
+    int trickle = kvp_http_guard_open(g, &p, 1, 0);
+    int quick = kvp_http_guard_open(g, &p, 2, 0);
+    kvp_http_guard_request(g, trickle, true, 1 * S);
+    kvp_http_guard_request(g, quick, true, 1 * S);
+    kvp_http_guard_request(g, quick, false, 9 * S); /* its answer sent: a head due by 11 s */
+    assert_int_equal(kvp_http_guard_sweep(g, 11 * S), 0);
+    assert_int_equal(kvp_http_guard_sweep(g, 11 * S + 1), 2); /* both: the request, the head */
+    kvp_http_guard_stats_t st;
+    kvp_http_guard_stats(g, &st);
+    assert_int_equal(st.request_deadline, 1);
+    assert_int_equal(st.head_deadline, 1);
+    kvp_http_guard_destroy(g);
+}
+
+/* The table's total: past it a body is refused as FULL whatever its tenant holds, and the
+ * room comes back as bodies end; one account's budget always fits. */
+static void test_budget_total(void **state)
+{
+    (void)state;
+    kvp_http_budget_t *b = kvp_http_budget_create(8, 4 * MIB, 6 * MIB);
+    assert_non_null(b);
+    int x = -1, y = -1, z = -1;
+    assert_int_equal(kvp_http_budget_reserve(b, "tx", &x, 4 * MIB), KVP_HTTP_BUDGET_OK);
+    assert_int_equal(kvp_http_budget_reserve(b, "ty", &y, 2 * MIB), KVP_HTTP_BUDGET_OK);
+    assert_int_equal(kvp_http_budget_reserve(b, "tz", &z, 1), KVP_HTTP_BUDGET_FULL);
+    assert_int_equal(z, -1);
+    assert_int_equal(kvp_http_budget_bytes(b), (size_t)6 * MIB);
+    kvp_http_budget_release(b, x, 4 * MIB);
+    assert_int_equal(kvp_http_budget_reserve(b, "tz", &z, 4 * MIB), KVP_HTTP_BUDGET_OK);
+    kvp_http_budget_release(b, y, 2 * MIB);
+    kvp_http_budget_release(b, z, 4 * MIB);
+    kvp_http_budget_set(b, 8 * MIB); /* a largest body over the total: one always fits */
+    int big = -1;
+    assert_int_equal(kvp_http_budget_reserve(b, "", &big, 8 * MIB), KVP_HTTP_BUDGET_OK);
+    int w = -1;
+    assert_int_equal(kvp_http_budget_reserve(b, "tw", &w, 1), KVP_HTTP_BUDGET_FULL);
+    kvp_http_budget_release(b, big, 8 * MIB);
+    assert_int_equal(kvp_http_budget_bytes(b), 0);
+    kvp_http_budget_destroy(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_per_peer),        cmocka_unit_test(test_pool),
         cmocka_unit_test(test_head_deadline),   cmocka_unit_test(test_budget_per_tenant),
-        cmocka_unit_test(test_budget_accounts),
+        cmocka_unit_test(test_budget_accounts), cmocka_unit_test(test_request_deadline),
+        cmocka_unit_test(test_budget_total),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
