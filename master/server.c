@@ -1972,6 +1972,10 @@ kvp_status_t kvp_master_server_run(kvp_master_server_t *srv)
         bool sweeping = kvp_object_sweeping(&srv->state);
         if (sweeping) /* closed connections' puts, a slice a turn */
             kvp_object_sweep(&srv->state);
+        if (srv->state.n_group_evictions > 0 && kvp_leadership_may_serve(&srv->ha, &srv->state)) {
+            kvp_evict_groups_continue(&srv->state); /* victims' groups, a slice a turn */
+            sweeping = sweeping || srv->state.n_group_evictions > 0;
+        }
         uint64_t wake = next_tick;
         if (srv->listen_paused_ms != 0 && srv->listen_paused_ms < wake)
             wake = srv->listen_paused_ms;

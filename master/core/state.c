@@ -120,6 +120,7 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
     kvp_task_table_cleanup(&st->copy_tasks); /* (the tasks' extents go with the segments) */
     if (st->drain_jobs_free != NULL)
         st->drain_jobs_free(st);
+    free(st->group_evictions); /* (the groups they hold go whole, below) */
 
     st->index.charge = NULL; /* nothing is charged any more */
     st->index.groups = NULL; /* (the table goes whole, below) */

@@ -228,6 +228,13 @@ typedef struct kvp_master_state {
      * whenever the victims since the last halving pass the objects resident (1024 at least) */
     uint64_t recent_puts, recent_returns, recent_victims;
     kvp_move_t *moves; /* drain copies in flight */
+    /* victims' groups whose members go at later turns (policy/eviction.c): each held
+     * (kvp_group_hold) while it is here */
+    struct kvp_group_eviction {
+        uint32_t gid, cursor; /* the members below cursor are still to be looked at */
+        bool take_soft;
+    } * group_evictions;
+    uint32_t n_group_evictions, cap_group_evictions;
     /* Mooncake's drain jobs (policy/drain_jobs.c), made at the first; the cleanup frees them
      * through the hook that made them (core knows nothing of policy) */
     struct kvp_drain_jobs *drain_jobs;

@@ -255,29 +255,85 @@ static bool member_goes(kvp_master_state_t *st, const kvp_object_t *m, bool take
     return evictable(st, m);
 }
 
-/* The victim of group gid went: the group's other members that may go, go too
- * (Mooncake's group eviction: a victim expands to its group's current members, each
- * checked as a victim is). */
+/*
+ * The victim of group gid went: the group's other members that may go, go too (Mooncake's
+ * group eviction: a victim expands to its group's current members, each checked as a victim
+ * is). At most GROUP_TURN members are looked at in one call of the eviction; a larger group's
+ * others go at the next ones (kvp_evict_if_needed: each loop tick and each put), GROUP_TURN a
+ * call over all such groups, so that no eviction holds the loop for a whole group (65 536
+ * members: 26 ms). The members are walked from the last one down: one that leaves the group
+ * meanwhile hands its place to the last member, one already looked at, and a member that
+ * joins meanwhile is not taken (it is newer than the victim).
+ */
+#define GROUP_TURN 4096u
+
+/* Look at the members of e's group below its cursor, at most *budget_p of them; true: done
+ * (none left, or the group is gone). */
+static bool group_members_go(kvp_master_state_t *st, struct kvp_group_eviction *e,
+                             uint32_t *budget_p, uint64_t *freed_p, uint64_t *used_p,
+                             uint64_t *count_p)
+{
+    bool ssd = kvp_tier_has_ssd(st);
+    kvp_group_t *g;
+    while ((g = kvp_group_get(&st->groups, e->gid)) != NULL && e->cursor > 0 && *budget_p > 0) {
+        if (ssd && kvp_tier_offload_full(st))
+            return true; /* (a hint, not a promise: the others go by the policy alone) */
+        if (e->cursor > g->n)
+            e->cursor = g->n; /* members left by other ways: the last ones took their place */
+        if (e->cursor == 0)
+            break;
+        kvp_object_t *m = g->members[--e->cursor];
+        (*budget_p)--;
+        if (!member_goes(st, m, e->take_soft))
+            continue;
+        evict_one(st, m, freed_p, used_p, count_p); /* (may free the group: looked up again) */
+        st->stats.group_evicted++;
+    }
+    return g == NULL || e->cursor == 0;
+}
+
 static void evict_group(kvp_master_state_t *st, uint32_t gid, bool take_soft, uint64_t *freed_p,
                         uint64_t *used_p, uint64_t *count_p)
 {
     const kvp_group_t *g = kvp_group_get(&st->groups, gid);
     if (g == NULL || g->n == 0)
         return;
-    /* a copy: members leave the group (and the last one frees it) as they go */
-    uint32_t n = g->n;
-    kvp_object_t **m = malloc(n * sizeof(*m));
-    if (m == NULL)
-        return; /* (a hint, not a promise: the others go by the policy alone) */
-    memcpy(m, g->members, n * sizeof(*m));
-    bool ssd = kvp_tier_has_ssd(st);
-    for (uint32_t i = 0; i < n && !(ssd && kvp_tier_offload_full(st)); i++) {
-        if (!member_goes(st, m[i], take_soft))
-            continue;
-        evict_one(st, m[i], freed_p, used_p, count_p);
-        st->stats.group_evicted++;
+    for (uint32_t i = 0; i < st->n_group_evictions; i++)
+        if (st->group_evictions[i].gid == gid)
+            return; /* going already */
+    struct kvp_group_eviction e = {.gid = gid, .cursor = g->n, .take_soft = take_soft};
+    uint32_t budget = GROUP_TURN;
+    if (group_members_go(st, &e, &budget, freed_p, used_p, count_p))
+        return;
+    if (st->n_group_evictions == st->cap_group_evictions) {
+        uint32_t cap = st->cap_group_evictions ? 2 * st->cap_group_evictions : 8;
+        struct kvp_group_eviction *a = realloc(st->group_evictions, cap * sizeof(*a));
+        if (a == NULL)
+            return; /* (a hint: the others go by the policy alone) */
+        st->group_evictions = a;
+        st->cap_group_evictions = cap;
     }
-    free(m);
+    kvp_group_hold(&st->groups, gid); /* its id not reused while it is here */
+    st->group_evictions[st->n_group_evictions++] = e;
+}
+
+void kvp_evict_groups_continue(kvp_master_state_t *st)
+{
+    uint32_t budget = GROUP_TURN;
+    uint64_t freed = 0, used = 0, count = 0;
+    while (st->n_group_evictions > 0 && budget > 0) {
+        struct kvp_group_eviction *e = &st->group_evictions[0];
+        if (!group_members_go(st, e, &budget, &freed, &used, &count))
+            break;
+        uint32_t gid = e->gid;
+        memmove(e, e + 1, --st->n_group_evictions * sizeof(*e));
+        kvp_group_drop(&st->groups, gid); /* (freed now if it is empty) */
+    }
+    if (count > 0) {
+        st->stats.evictions++;
+        st->stats.evicted_objects += count;
+        st->stats.evicted_bytes += freed;
+    }
 }
 
 /* DRAM bytes in use, less what the offloads in flight free when they end. */
@@ -328,6 +384,8 @@ uint64_t kvp_evict_to(kvp_master_state_t *st, uint64_t target)
 
 void kvp_evict_if_needed(kvp_master_state_t *st)
 {
+    if (st->n_group_evictions > 0)
+        kvp_evict_groups_continue(st);
     bool ssd = kvp_tier_has_ssd(st);
     uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
     /* with an SSD tier, DRAM keeps headroom by offloading in the background */
