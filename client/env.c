@@ -334,6 +334,16 @@ static const kvp_opt_t env_rows[] = {
      .help = "with KVPOOL_TLS_CA, _CERT and _KEY (peers then prove a certificate of that CA, "
              "from any host): the principals (CNs) admitted; unset: any of the CA "
              "(docs/security.md, \"The transfer engine\")"},
+    {.name = "tls-crl",
+     .env = "KVPOOL_TLS_CRL",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "FILE",
+     .def_doc = "unset: no revocation check",
+     .help = "with KVPOOL_TLS_CA, _CERT and _KEY: the CA's CRL(s) (PEM); a transfer engine "
+             "peer proving a revoked certificate is refused, as the master's --tls-crl refuses "
+             "it; one that does not load fails initialize (docs/security.md, \"The transfer "
+             "engine\")"},
     {.name = "te-acl",
      .env = "KVPOOL_TE_ACL",
      .type = KVP_OPT_STRING,

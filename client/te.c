@@ -65,6 +65,7 @@
 #include "client/transport/wire.h"
 #include "common/acl.h"
 #include "common/log.h"
+#include "common/tls.h"
 #include "common/sock.h"
 #include "common/clock.h"
 #include "common/parse.h"
@@ -90,9 +91,10 @@
 #define TE_ALLOWED_MAX 64
 
 /* Credentials (KVPOOL_TLS_CA, _CERT, _KEY): what an engine proves to its targets, and the
- * CA its own peers' certificates must come from (TE_AUTH, wire.h). */
+ * CA its own peers' certificates must come from, checked by the common TLS code against the
+ * CRL too (KVPOOL_TLS_CRL) (TE_AUTH, wire.h). */
 typedef struct te_auth {
-    X509_STORE *ca;
+    kvp_tls_t *tls; /* the CA (and CRL) a peer's certificate is verified against */
     EVP_PKEY *key;
     uint8_t *cert_der;
     int cert_len;
@@ -510,28 +512,23 @@ static void auth_message(const uint8_t challenge[32], uint8_t msg[56])
     memcpy(msg + 48, &id, 8);
 }
 
-/* Is der a certificate of our CA, for a client, whose key signed msg, naming a principal
- * KVPOOL_TE_PEERS allows? Its CN into cn. */
+/* Is der a certificate of our CA, for a client, not revoked (the common TLS code's check, as
+ * the master's and the indexer's), whose key signed msg, naming a principal KVPOOL_TE_PEERS
+ * allows? Its CN into cn. */
 static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, const uint8_t *sig,
                         size_t sig_len, const uint8_t *msg, size_t msg_len, char *cn, size_t cn_len,
                         const char **why_p)
 {
     const unsigned char *p = der;
     X509 *cert = d2i_X509(NULL, &p, (long)der_len);
-    X509_STORE_CTX *vc = X509_STORE_CTX_new();
     EVP_PKEY *pub = NULL;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     bool ok = false;
     cn[0] = '\0';
     *why_p = "not a certificate";
-    if (cert != NULL && p == der + der_len && vc != NULL && md != NULL &&
-        X509_STORE_CTX_init(vc, a->ca, cert, NULL) == 1) {
-        X509_STORE_CTX_set_purpose(vc, X509_PURPOSE_SSL_CLIENT);
-        if (X509_verify_cert(vc) != 1)
-            *why_p = X509_verify_cert_error_string(X509_STORE_CTX_get_error(vc));
-        else if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert), NID_commonName, cn,
-                                           (int)cn_len) <= 0)
-            *why_p = "no subject CN";
+    if (cert != NULL && p == der + der_len && md != NULL) {
+        if (!kvp_tls_verify_der(a->tls, der, der_len, cn, cn_len, why_p))
+            cn[0] = '\0'; /* (*why_p says why) */
         else if ((pub = X509_get_pubkey(cert)) == NULL ||
                  EVP_DigestVerifyInit(md, NULL, EVP_sha256(), NULL, pub) != 1 ||
                  EVP_DigestVerify(md, sig, sig_len, msg, msg_len) != 1)
@@ -546,7 +543,6 @@ static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, 
     ERR_clear_error();
     EVP_MD_CTX_free(md);
     EVP_PKEY_free(pub);
-    X509_STORE_CTX_free(vc);
     X509_free(cert);
     return ok;
 }
@@ -716,7 +712,7 @@ static void auth_free(te_auth_t *a)
 {
     if (a == NULL)
         return;
-    X509_STORE_free(a->ca);
+    kvp_tls_destroy(a->tls);
     kvp_acl_destroy(a->acl);
     pthread_mutex_destroy(&a->acl_lock);
     pthread_mutex_destroy(&a->refresh_lock);
@@ -897,12 +893,18 @@ static kvp_status_t auth_load(te_auth_t **a_p)
     FILE *f = NULL;
     X509 *x = NULL;
     const char *bad = NULL;
-    if ((a->ca = X509_STORE_new()) == NULL || X509_STORE_load_locations(a->ca, ca, NULL) != 1)
+    const char *crl = getenv("KVPOOL_TLS_CRL");
+    kvp_tls_params_t tp = {.cert = cert, .key = key, .ca = ca, .crl = crl && crl[0] ? crl : NULL};
+    char terr[512];
+    if (kvp_tls_create(&tp, true, &a->tls, terr, sizeof(terr)) != KVP_OK) {
+        KVP_LOG_ERROR("transfer engine: %s", terr);
         bad = ca;
-    else if ((f = fopen(cert, "re")) == NULL || (x = PEM_read_X509(f, NULL, NULL, NULL)) == NULL ||
-             (a->cert_len = i2d_X509(x, &a->cert_der)) <= 0 || a->cert_len > KVP_DATA_TE_CERT_MAX ||
-             X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, a->cn,
-                                       sizeof(a->cn)) <= 0)
+    } else if ((f = fopen(cert, "re")) == NULL ||
+               (x = PEM_read_X509(f, NULL, NULL, NULL)) == NULL ||
+               (a->cert_len = i2d_X509(x, &a->cert_der)) <= 0 ||
+               a->cert_len > KVP_DATA_TE_CERT_MAX ||
+               X509_NAME_get_text_by_NID(X509_get_subject_name(x), NID_commonName, a->cn,
+                                         sizeof(a->cn)) <= 0)
         bad = cert;
     if (f != NULL)
         fclose(f);

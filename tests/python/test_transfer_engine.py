@@ -28,8 +28,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PEER = os.path.join(HERE, "te_peer.py")
 LAYERS, BLOCKS, BLOCK_BYTES, SEED = 4, 64, 16384, 1234
 S = _kvpool.STATUS
-CRED_VARS = ("KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY", "KVPOOL_TE_PEERS",
-             "KVPOOL_TOKEN")
+CRED_VARS = ("KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY", "KVPOOL_TLS_CRL",
+             "KVPOOL_TE_PEERS", "KVPOOL_TOKEN")
 
 
 class Peer:
@@ -424,6 +424,35 @@ def cred_env(certs, cn, ca="ca.crt"):
             "KVPOOL_TLS_KEY": str(certs / f"{cn}.key")}
 
 
+def all_refused(prefill, decode, tmp_path, name, refused):
+    """prefill's write, read and notify to decode all KVP_ERR_DENIED, counted past refused
+    (refused_auth, returned), decode's bytes and notifies untouched."""
+    target = f"127.0.0.1:{decode.info['port']}"
+    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                    pblocks=[0, 1], dblocks=[0, 1])
+    rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
+                     write=False)
+    nt = prefill.ask(op="notify", target=target, remote=0, name="n", msg=name, only=True)
+    assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
+    assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
+    assert (nt["rc"], nt["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, nt)
+    assert decode.ask(op="notifies") == {"notifies": []}, name
+    assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
+    m = decode.ask(op="metrics")
+    assert m["refused_auth"] > refused and m["served_writes"] == 0, (name, m)
+    return m["refused_auth"]
+
+
+def writes_exact(peers, proto, certs, decode, tmp_path):
+    """prefill-a (of decode's CA) writes its blocks into decode byte-exact; the peer."""
+    prefill = peers("prefill", proto, env=cred_env(certs, "prefill-a"))
+    w = prefill.ask(op="write", target=f"127.0.0.1:{decode.info['port']}",
+                    remote_ptrs=decode.info["ptrs"], pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+    return prefill
+
+
 @pytest.mark.parametrize("proto", ["tcp", "shm"])
 def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, certs, proto):
     """With KVPOOL_TLS_CA/_CERT/_KEY an engine takes only peers that prove a certificate of
@@ -438,25 +467,9 @@ def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, 
     for name, env in (("none", {}), ("rogue", cred_env(certs, "rogue")),
                       ("prefill-b", cred_env(certs, "prefill-b"))):
         prefill = peers("prefill", proto, env=env)
-        w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
-                        pblocks=[0, 1], dblocks=[0, 1])
-        rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
-                         write=False)
-        nt = prefill.ask(op="notify", target=target, remote=0, name="n", msg=name, only=True)
-        assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
-        assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
-        assert (nt["rc"], nt["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, nt)
-        assert decode.ask(op="notifies") == {"notifies": []}, name
-        assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
-        m = decode.ask(op="metrics")
-        assert m["refused_auth"] > refused and m["served_writes"] == 0, (name, m)
-        refused = m["refused_auth"]
+        refused = all_refused(prefill, decode, tmp_path, name, refused)
         prefill.close()
-    prefill = peers("prefill", proto, env=cred_env(certs, "prefill-a"))
-    w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
-                    pblocks=PBLOCKS, dblocks=DBLOCKS)
-    assert (w["rc"], w["status"]) == (0, 0), w
-    assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+    prefill = writes_exact(peers, proto, certs, decode, tmp_path)
     m = decode.ask(op="metrics")
     assert m["refused_auth"] == refused and m["served_writes"] > 0, m
     # the peer without credentials sent its notify and was refused; the others' proofs
@@ -466,6 +479,40 @@ def test_credentials_authenticate_peers_and_name_who_may_write(peers, tmp_path, 
                      msg="done")
     assert (nt["rc"], nt["status"]) == (0, 0), nt
     assert decode.ask(op="notifies") == {"notifies": [["req-1", "done"]]}
+
+
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_revoked_certificate_refused(peers, tmp_path, certs, proto):
+    """With KVPOOL_TLS_CRL the engine checks a peer's certificate against the CA's CRL, as the
+    master and the indexer do (the common TLS code): a peer proving make-certs' revoked
+    certificate (CN revoked, listed in crl.pem) is refused, its write, read and notify
+    KVP_ERR_DENIED and counted, the decode's bytes intact; a peer of the same CA not revoked
+    writes byte-exact. Without the CRL the same revoked certificate is taken (what the CRL
+    changes)."""
+    denv = dict(cred_env(certs, "decode"), KVPOOL_TLS_CRL=str(certs / "crl.pem"))
+    decode = peers("decode", proto, env=denv)
+    prefill = peers("prefill", proto, env=cred_env(certs, "revoked"))
+    all_refused(prefill, decode, tmp_path, "revoked", 0)
+    prefill.close()
+    writes_exact(peers, proto, certs, decode, tmp_path)
+    # the same certificate, a decode without the CRL: taken
+    plain = peers("decode", proto, env=cred_env(certs, "decode"))
+    revoked = peers("prefill", proto, env=cred_env(certs, "revoked"))
+    w = revoked.ask(op="write", target=f"127.0.0.1:{plain.info['port']}",
+                    remote_ptrs=plain.info["ptrs"], pblocks=[0], dblocks=[0])
+    assert (w["rc"], w["status"]) == (0, 0), w
+
+
+def test_bad_crl_fails_initialize(certs, tmp_path):
+    """A KVPOOL_TLS_CRL that does not load: initialize fails (KVP_ERR_INVALID_ARG), never an
+    engine that skips the revocation check."""
+    bad = tmp_path / "bad-crl.pem"
+    bad.write_text("not a CRL\n")
+    env = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
+    env.update(cred_env(certs, "decode"), KVPOOL_TLS_CRL=str(bad))
+    p = subprocess.run([sys.executable, PEER, "decode", "tcp"], env=env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, p.stdout
 
 
 def test_credentials_half_given_fail_initialize(certs):
