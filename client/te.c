@@ -439,14 +439,32 @@ static void te_iov(const kvp_data_vec_t *v, size_t n, struct iovec *iov)
         iov[i] = (struct iovec){.iov_base = (void *)(uintptr_t)v[i].offset, .iov_len = v[i].length};
 }
 
+/* A request refused (conn_may): answered KVP_ERR_DENIED, by the server through *reply_p
+ * (true: the connection goes on: a proved principal refused for its roles, which the ACL
+ * may give back), or here (reply_p NULL, or false: it closes: a peer that proved nothing
+ * holds no slot of ours). */
+static bool te_refuse(const te_conn_t *c, int fd, kvp_status_t *reply_p)
+{
+    if (c->authed && reply_p != NULL) {
+        *reply_p = KVP_ERR_DENIED;
+        return true;
+    }
+    if (kvp_data_reply(fd, KVP_ERR_DENIED, 0) != KVP_OK)
+        return false;
+    if (c->authed)
+        return true;
+    /* what it pipelined behind the request dropped, so that it reads the refusal (not a
+     * reset) and closes: a second at most, as the protected-mode refusal (conn_server.c) */
+    kvp_sock_drain_close(fd, 1000, (size_t)64 << 20);
+    return false;
+}
+
 static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
                     uint64_t total, kvp_status_t *reply_p)
 {
     kvp_te_t *te = backend;
-    if (!conn_may(te, conn, fd, TE_MAY_READ)) {
-        *reply_p = KVP_ERR_DENIED; /* answered; the connection goes on, refused again */
-        return true;
-    }
+    if (!conn_may(te, conn, fd, TE_MAY_READ))
+        return te_refuse(conn, fd, reply_p);
     struct iovec iov[KVP_DATA_VEC_MAX + 1];
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
     iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
@@ -465,12 +483,12 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
 {
     kvp_te_t *te = backend;
     if (!conn_may(te, conn, fd, TE_MAY_WRITE)) {
-        /* its payload read and dropped, then KVP_ERR_DENIED: the peer reads the refusal */
+        /* its payload read and dropped (within the frame's deadline), then KVP_ERR_DENIED:
+         * the peer reads the refusal */
         for (size_t i = 0; i < n; i++)
             if (kvp_recv_discard(fd, v[i].length) != KVP_OK)
                 return false;
-        *reply_p = KVP_ERR_DENIED;
-        return true;
+        return te_refuse(conn, fd, reply_p);
     }
     struct iovec iov[KVP_DATA_VEC_MAX];
     te_iov(v, n, iov);
@@ -489,7 +507,7 @@ static bool te_regions(void *backend, void *conn, int fd)
     _Static_assert(sizeof(te_region_t) == 16, "te_region_t is the wire's (address, length)");
     kvp_te_t *te = backend;
     if (!conn_admitted(te, conn, fd))
-        return kvp_data_reply(fd, KVP_ERR_DENIED, 0) == KVP_OK;
+        return te_refuse(conn, fd, NULL);
     pthread_rwlock_rdlock(&te->lock);
     size_t n = te->n_regions < KVP_DATA_REGIONS_MAX ? te->n_regions : KVP_DATA_REGIONS_MAX;
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = n * sizeof(te_region_t)};
@@ -602,8 +620,8 @@ static uint8_t auth_rights(kvp_te_t *te, const char *cn, const char **why_p,
     return r;
 }
 
-/* The target's side of TE_AUTH. A refusal is answered KVP_ERR_DENIED and counted; the
- * connection goes on, unproved (every request of it refused until a proof passes). */
+/* The target's side of TE_AUTH. A refusal is answered KVP_ERR_DENIED and counted, and the
+ * connection closes (a proof that passes admits it: te_proved). */
 static bool te_auth(void *backend, void *conn, int fd)
 {
     kvp_te_t *te = backend;
@@ -652,7 +670,17 @@ static bool te_auth(void *backend, void *conn, int fd)
         KVP_LOG_WARN_LIMITED("transfer engine: a peer's certificate (CN '%s') refused: %s", cn,
                              why);
     }
-    return kvp_data_reply(fd, ok ? KVP_OK : KVP_ERR_DENIED, 0) == KVP_OK;
+    return kvp_data_reply(fd, ok ? KVP_OK : KVP_ERR_DENIED, 0) == KVP_OK && ok;
+}
+
+/* Has the connection proved what it must (the server's admission, conn_server.h: until then
+ * it has the handshake's deadline and is the first closed when the slots run out)? With
+ * credentials, a TE_AUTH that passed; without, nothing to prove (protected mode's peer check
+ * is made at each request). */
+static bool te_proved(void *backend, void *conn)
+{
+    const kvp_te_t *te = backend;
+    return te->auth == NULL || ((const te_conn_t *)conn)->authed;
 }
 
 /* Send an engine request of op (offset 0, length 0) on fd and read its answer's header:
@@ -1134,6 +1162,7 @@ static const kvp_data_backend_ops_t te_ops = {
     .notify = te_notify,
     .conn_open = te_conn_open,
     .conn_close = te_conn_close,
+    .proved = te_proved,
     .regions = te_regions,
     .check = te_check,
     .read = te_read,

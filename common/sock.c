@@ -24,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 static kvp_status_t resolve(const char *host, uint16_t port, int passive, struct addrinfo **res_p)
@@ -359,6 +360,20 @@ kvp_status_t kvp_recv_discard(int fd, uint64_t len)
         len -= k;
     }
     return KVP_OK;
+}
+
+void kvp_sock_drain_close(int fd, uint32_t ms, size_t max)
+{
+    shutdown(fd, SHUT_WR);
+    kvp_sock_set_timeout(fd, ms);
+    uint8_t sink[4096];
+    uint64_t until = kvp_now_ms() + ms;
+    for (size_t drained = 0; drained < max && kvp_now_ms() < until;) {
+        ssize_t n = recv(fd, sink, sizeof(sink), 0);
+        if (n <= 0)
+            break;
+        drained += (size_t)n;
+    }
 }
 
 /* An IPv6 address as the IPv4 one it maps, if it is v4-mapped. */

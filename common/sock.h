@@ -76,6 +76,11 @@ kvp_status_t kvp_recv_all(int fd, void *buf, size_t len);
 /* Receive len bytes and drop them (a payload refused after its header was read, so that
  * the stream stays in frame). */
 kvp_status_t kvp_recv_discard(int fd, uint64_t len);
+/* Before closing a connection just answered (a refusal): shut its sending side and read and
+ * drop what the peer sent behind the request (up to max bytes, for up to ms, or until the
+ * peer closes), so that the close does not reset the connection under the reply: the peer
+ * reads the answer, not an I/O error. fd's timeout is changed. */
+void kvp_sock_drain_close(int fd, uint32_t ms, size_t max);
 /* Scatter receive (MSG_WAITALL) until every byte of iov[0..iovcnt) is in (the array is
  * modified): one recvmsg when the bytes are already there. */
 kvp_status_t kvp_recvv_all(int fd, struct iovec *iov, int iovcnt);

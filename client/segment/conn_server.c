@@ -377,16 +377,7 @@ static void refuse(struct kvp_conn_server *srv, int fd)
     if (kvp_recv_all(fd, &req, sizeof(req)) != KVP_OK ||
         kvp_data_reply(fd, KVP_ERR_DENIED, 0) != KVP_OK)
         return;
-    shutdown(fd, SHUT_WR);
-    kvp_sock_set_timeout(fd, 200);
-    uint8_t sink[4096];
-    uint64_t until = kvp_now_ms() + 200;
-    for (size_t drained = 0; drained < REFUSE_DRAIN && kvp_now_ms() < until;) {
-        ssize_t n = recv(fd, sink, sizeof(sink), 0);
-        if (n <= 0)
-            break;
-        drained += (size_t)n;
-    }
+    kvp_sock_drain_close(fd, 200, REFUSE_DRAIN);
 }
 
 static void *conn_main(void *arg)

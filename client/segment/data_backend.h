@@ -48,6 +48,11 @@ typedef struct kvp_data_backend_ops {
      * request (the backend says why). */
     kvp_status_t (*conn_open)(void *backend, void **conn_p);
     void (*conn_close)(void *backend, void *conn);
+    /* Optional: has the connection (its state from conn_open) proved what the backend asks
+     * of a peer? Until it has, it stays unauthenticated for the server's limits
+     * (conn_server.h: the handshake's deadline, the first closed when slots run out). NULL:
+     * with nothing to prove, a request's header in whole admits it. */
+    bool (*proved)(void *backend, void *conn);
     /* Optional: the backend's own limits on an extent [off, off + len) that lies inside
      * the segment (len > 0), for a write or a read: KVP_OK, or the error to answer. */
     kvp_status_t (*check)(void *backend, uint64_t off, uint64_t len, bool write);

@@ -495,12 +495,16 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
 }
 
 /* A connection not yet admitted (conn_server.h) is, once it proved a principal in a HELLO
- * (data grants on) or, with nothing to prove, once a request's header came in whole (a
- * first request that moves many bytes is then timed as a request, not as a handshake). */
+ * (data grants on), or the backend's proof (ops->proved), or with nothing to prove once a
+ * request's header came in whole (a first request that moves many bytes is then timed as a
+ * request, not as a handshake). */
 static void admit(conn_t *c)
 {
     if (kvp_conn_admitted(c->conn) || !kvp_grant_verifier_sync(&c->v, &c->srv->grants))
         return;
+    const kvp_data_backend_ops_t *ops = c->srv->ops;
+    if (ops->proved != NULL && !(c->backend_open && ops->proved(c->srv->backend, c->backend_conn)))
+        return; /* the backend's proof first (the engine's TE_AUTH) */
     if (!c->v.on || c->tag != 0)
         kvp_conn_admit(c->conn);
 }

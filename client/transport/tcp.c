@@ -646,11 +646,14 @@ static void conn_recv(xconn_t *c)
                 return;
             }
             if (c->resp.status != 0) {
-                conn_req_fail(c, r, (kvp_status_t)c->resp.status);
-                bool fatal = req_writes(r); /* the server closes after a bad write */
+                kvp_status_t st = (kvp_status_t)c->resp.status;
+                conn_req_fail(c, r, st);
+                /* the server closes after a bad write, and may after a refusal (a peer that
+                 * proved nothing: the requests behind it are refused too) */
+                bool fatal = req_writes(r) || st == KVP_ERR_DENIED;
                 conn_pop(c);
                 if (fatal) {
-                    conn_kill(c, KVP_ERR_IO);
+                    conn_kill(c, st == KVP_ERR_DENIED ? st : KVP_ERR_IO);
                     return;
                 }
                 continue;

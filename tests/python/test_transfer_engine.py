@@ -12,6 +12,8 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -853,6 +855,63 @@ def test_acl_file_change_applies_to_open_connections(peers, tmp_path, acl_certs,
     assert (w["rc"], w["status"]) == (0, 0), w
     want[:, :, 63] = prefill_cache()[:, :, 9]
     assert np.array_equal(dump(decode, tmp_path, "c.npy"), want)
+
+
+def test_strangers_hold_no_slot_an_authorised_peer_needs(peers, tmp_path, acl_certs):
+    """An engine with credentials and KVPOOL_TE_ACL, 300 strangers (no certificate) that
+    each send a request (REGIONS, then a write of 4 KiB) and 300 that send nothing: each
+    request is answered KVP_ERR_DENIED and its connection closed at once (before: answered
+    and kept open past the handshake's deadline, the slots held); a stranger that proved
+    nothing is not admitted, so those that send nothing are closed at the handshake's
+    deadline (10 s) and are the first closed when the slots run out; meanwhile an
+    authorised peer writes byte-exact within its timeout, and nothing of a stranger
+    reached the decode's memory."""
+    decode = peers("decode", "tcp", env=dict(cred_env(acl_certs, "decode"),
+                                             KVPOOL_TE_ACL=str(acl_certs / "acl.conf")))
+    port = decode.info["port"]
+    te_id = 0x4b56505445  # "KVPTE": the engine's segment id on the wire
+    magic = 0x4450564B
+
+    def req(op, length=0, offset=0):
+        return struct.pack("<IHHQQQ", magic, op, 0, te_id, offset, length)
+
+    asking, idle = [], []
+    try:
+        for i in range(300):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            if i % 2:
+                s.sendall(req(11))  # REGIONS
+            else:  # a write of 4 KiB into the decode's first block (KVP_DATA_WRITE)
+                s.sendall(req(2, 4096, decode.info["ptrs"][0]) + b"\x55" * 4096)
+            asking.append(s)
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        for s in asking:
+            head = b""
+            while len(head) < 16:
+                got = s.recv(16 - len(head))
+                assert got, "closed before its answer"
+                head += got
+            m, status, _ = struct.unpack("<IiQ", head)
+            assert (m, status) == (magic, S["KVP_ERR_DENIED"])
+            assert s.recv(1) == b""  # then closed
+        # the idle strangers still held: an authorised peer writes within its timeout
+        prefill = peers("prefill", "tcp", env=cred_env(acl_certs, "prefill-w"))
+        t0 = time.monotonic()
+        w = prefill.ask(op="write", target=f"127.0.0.1:{port}", remote_ptrs=decode.info["ptrs"],
+                        pblocks=PBLOCKS, dblocks=DBLOCKS)
+        assert (w["rc"], w["status"]) == (0, 0), w
+        assert time.monotonic() - t0 < 5
+        assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+        m = decode.ask(op="metrics")
+        assert m["refused_auth"] >= 300, m
+        # the strangers that proved nothing: closed at the handshake's deadline
+        deadline = time.monotonic() + 15
+        for s in idle:
+            s.settimeout(max(0.1, deadline - time.monotonic()))
+            assert s.recv(1) == b""
+    finally:
+        for s in asking + idle:
+            s.close()
 
 
 def test_shm_one_copy_path_only_for_the_targets_own_principal(peers, tmp_path, acl_certs):
