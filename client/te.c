@@ -41,6 +41,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <netinet/in.h>
 
@@ -49,6 +50,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/rand.h>
+#include <openssl/sha.h>
 #include <openssl/x509.h>
 #include <openssl/x509_vfy.h>
 #include <openssl/x509v3.h>
@@ -520,14 +522,61 @@ static bool te_regions(void *backend, void *conn, int fd)
 
 /* ---- authentication (credentials on): TE_AUTH, wire.h ---- */
 
-/* What a TE_AUTH signature covers: the tag, the challenge, the engine's segment id. */
-static void auth_message(const uint8_t challenge[32], uint8_t msg[56])
+/* An end of a connection as TE_AUTH binds it (18 bytes): an IP address as IPv6 (IPv4
+ * v4-mapped) and its port (big-endian); a Unix socket's name as the first 18 bytes of its
+ * SHA-256, an unnamed one zeros. false: not a socket of those. */
+static bool auth_end(const struct sockaddr_storage *ss, socklen_t len, uint8_t out[18])
+{
+    memset(out, 0, 18);
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        out[10] = out[11] = 0xff;
+        memcpy(out + 12, &in->sin_addr, 4);
+        memcpy(out + 16, &in->sin_port, 2);
+        return true;
+    }
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+        memcpy(out, &in6->sin6_addr, 16);
+        memcpy(out + 16, &in6->sin6_port, 2);
+        return true;
+    }
+    if (ss->ss_family != AF_UNIX)
+        return false;
+    size_t name = len > offsetof(struct sockaddr_un, sun_path)
+                      ? (size_t)len - offsetof(struct sockaddr_un, sun_path)
+                      : 0;
+    if (name > 0) {
+        uint8_t h[32];
+        SHA256((const uint8_t *)((const struct sockaddr_un *)ss)->sun_path, name, h);
+        memcpy(out, h, 18);
+    }
+    return true;
+}
+
+/* What a TE_AUTH signature covers (TE_AUTH_MSG bytes): the tag, the challenge, the engine's
+ * segment id, and the connection it is made on: the initiator's end and the target's, as
+ * each side sees them on fd (initiator: ours and the peer's; target: the peer's and ours),
+ * so that a proof answers one challenge on one connection to the target it was made for: a
+ * party the initiator dialled that passes the target's challenge on and the proof back
+ * (a relay) has a connection of its own to the target, whose ends differ. false: fd's ends
+ * unknown. */
+#define TE_AUTH_MSG (16 + 32 + 8 + 18 + 18)
+static bool auth_message(const uint8_t challenge[32], int fd, bool initiator,
+                         uint8_t msg[TE_AUTH_MSG])
 {
     memset(msg, 0, 16);
-    memcpy(msg, "kvpool te auth", 14);
+    memcpy(msg, "kvpool te auth 2", 16);
     memcpy(msg + 16, challenge, 32);
     uint64_t id = KVP_TE_SEGMENT_ID; /* little-endian hosts only (as the wire) */
     memcpy(msg + 48, &id, 8);
+    struct sockaddr_storage l, p;
+    socklen_t ll = sizeof(l), pl = sizeof(p);
+    if (getsockname(fd, (struct sockaddr *)&l, &ll) != 0 ||
+        getpeername(fd, (struct sockaddr *)&p, &pl) != 0)
+        return false;
+    return auth_end(initiator ? &l : &p, initiator ? ll : pl, msg + 56) &&
+           auth_end(initiator ? &p : &l, initiator ? pl : ll, msg + 74);
 }
 
 /* Is der a certificate of our CA, for a client, not revoked (the common TLS code's check, as
@@ -648,11 +697,11 @@ static bool te_auth(void *backend, void *conn, int fd)
         free(buf);
         return false;
     }
-    uint8_t msg[56];
-    auth_message(challenge, msg);
-    char cn[128];
-    const char *why;
-    bool ok = auth_verify(te->auth, buf, lens[0], buf + lens[0], lens[1], msg, sizeof(msg), cn,
+    uint8_t msg[TE_AUTH_MSG];
+    char cn[128] = "";
+    const char *why = "the connection's ends are unknown";
+    bool ok = auth_message(challenge, fd, false, msg) &&
+              auth_verify(te->auth, buf, lens[0], buf + lens[0], lens[1], msg, sizeof(msg), cn,
                           sizeof(cn), &why);
     free(buf);
     _Atomic uint64_t *count = &te->refused_auth;
@@ -711,10 +760,11 @@ static kvp_status_t te_auth_prove(void *arg, int fd, uint32_t timeout_ms)
         return KVP_OK; /* the target asks for no proof */
     if (r.length != 32)
         return KVP_ERR_PROTOCOL;
-    uint8_t challenge[32], msg[56], sig[KVP_DATA_TE_SIG_MAX];
+    uint8_t challenge[32], msg[TE_AUTH_MSG], sig[KVP_DATA_TE_SIG_MAX];
     if ((st = kvp_recv_all(fd, challenge, sizeof(challenge))) != KVP_OK)
         return st;
-    auth_message(challenge, msg);
+    if (!auth_message(challenge, fd, true, msg))
+        return KVP_ERR_IO;
     size_t sig_len = sizeof(sig);
     EVP_MD_CTX *md = EVP_MD_CTX_new();
     bool signed_ok = md != NULL && EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, a->key) == 1 &&

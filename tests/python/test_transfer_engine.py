@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -912,6 +913,80 @@ def test_strangers_hold_no_slot_an_authorised_peer_needs(peers, tmp_path, acl_ce
     finally:
         for s in asking + idle:
             s.close()
+
+
+class Relay:
+    """A party an engine dials that passes every byte on to another engine and back (the
+    round-3 relay: it owns the connection to the target, so had the proof it passed on
+    been taken, that connection would be a principal's it is not)."""
+
+    def __init__(self, target_port):
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(8)
+        self.port = self.lsock.getsockname()[1]
+        self.target_port = target_port
+        self.socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                a, _ = self.lsock.accept()
+            except OSError:
+                return
+            b = socket.create_connection(("127.0.0.1", self.target_port))
+            self.socks += [a, b]
+            for x, y in ((a, b), (b, a)):
+                threading.Thread(target=self._pump, args=(x, y), daemon=True).start()
+
+    @staticmethod
+    def _pump(x, y):
+        try:
+            while True:
+                data = x.recv(65536)
+                if not data:
+                    break
+                y.sendall(data)
+        except OSError:
+            pass
+        for z in (x, y):
+            try:
+                z.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.lsock.close()
+        for z in self.socks:
+            z.close()
+
+
+def test_relayed_proof_refused(peers, tmp_path, acl_certs):
+    """TE_AUTH's signature covers the connection it is made on (both ends, as each side sees
+    them): prefill-w, which may write into the decode, dials a relay that passes the
+    decode's challenge to it and its proof back; the decode refuses the proof (its
+    connection from the relay has other ends), the write is KVP_ERR_DENIED and counted, the
+    decode's bytes intact (before: accepted as prefill-w's principal, the relay could read
+    and write the decode's memory on its own connection). The same peer dialling the
+    decode itself writes byte-exact."""
+    decode = peers("decode", "tcp", env=dict(cred_env(acl_certs, "decode"),
+                                             KVPOOL_TE_ACL=str(acl_certs / "acl.conf")))
+    relay = Relay(decode.info["port"])
+    try:
+        prefill = peers("prefill", "tcp", env=cred_env(acl_certs, "prefill-w"))
+        w = prefill.ask(op="write", target=f"127.0.0.1:{relay.port}",
+                        remote_ptrs=decode.info["ptrs"], pblocks=PBLOCKS, dblocks=DBLOCKS)
+        assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+        assert (dump(decode, tmp_path, "relayed.npy") == 0xEE).all()
+        m = decode.ask(op="metrics")
+        assert m["refused_auth"] >= 1 and m["served_writes"] == 0, m
+        w = prefill.ask(op="write", target=f"127.0.0.1:{decode.info['port']}",
+                        remote_ptrs=decode.info["ptrs"], pblocks=PBLOCKS, dblocks=DBLOCKS)
+        assert (w["rc"], w["status"]) == (0, 0), w
+        assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+    finally:
+        relay.close()
 
 
 def test_shm_one_copy_path_only_for_the_targets_own_principal(peers, tmp_path, acl_certs):
