@@ -292,26 +292,51 @@ static const kvp_opt_t env_rows[] = {
      .help = "set: CRC32C uses the crc32 instruction's three chains only, not the "
              "VPCLMULQDQ/AVX-512 fold (for comparing; common/crc32c.c)"},
 
+};
+
+kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)
+{
+    return (kvp_opts_t){.rows = env_rows, .count = KVP_ARRAY_SIZE(env_rows), .base = env};
+}
+
+/* The transfer engine's variables: typed and range-checked (a bad value fails the engine's
+ * creation, named), read by kvp_te_env_read as each engine is created. */
+#define TF(field) KVP_OPT_FIELD(kvp_te_env_t, field)
+static const char *const te_shm_modes[] = {"cma", "cma-checked", "socket", NULL};
+static const kvp_opt_t te_env_rows[] = {
     KVP_OPT_GROUP("Transfer engine", "mooncake.engine.TransferEngine / kvp_te_* (client/te.c), "
-                                     "read as each engine is created; KVPOOL_AUTH applies too"),
+                                     "read as each engine is created, typed and range-checked: "
+                                     "a bad value fails initialize, the variable named; "
+                                     "KVPOOL_AUTH and KVPOOL_TLS_CA, _CERT, _KEY apply too"),
     {.name = "te-timeout-ms",
      .env = "KVPOOL_TE_TIMEOUT_MS",
-     .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
-     .arg = "N",
+     .type = KVP_OPT_UINT,
+     .min = 1,
+     .max = 3600000,
+     .def = "10000",
+     TF(timeout_ms),
+     .arg = "MS",
      .def_doc = "10000",
-     .help = "a transfer to a peer that makes no progress this long fails (KVP_ERR_TIMEOUT)"},
+     .help = "milliseconds (1 to 3600000): a transfer to a peer that makes no progress this "
+             "long fails (KVP_ERR_TIMEOUT)"},
     {.name = "te-streams",
      .env = "KVPOOL_TE_STREAMS",
-     .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .type = KVP_OPT_UINT,
+     .min = 1,
+     .max = 64,
+     .def = "2",
+     TF(streams),
      .arg = "N",
      .def_doc = "2",
-     .help = "connections one transfer drives to one peer (tcp and shm)"},
+     .help = "connections one transfer drives to one peer (tcp and shm; 1 to 64, as the "
+             "store's client takes for the same transport)"},
     {.name = "te-chain",
      .env = "KVPOOL_TE_CHAIN",
-     .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .type = KVP_OPT_SIZE,
+     .min = 4096,
+     .max = 64 << 20,
+     TF(chain), /* unset: 0, the transport's */
+     .need = "a size from 4KiB to 64MiB",
      .arg = "SIZE",
      .def_doc = "512KiB",
      .help = "on tcp, runs of up to 256 KiB go to a peer in requests of up to this many "
@@ -319,8 +344,12 @@ static const kvp_opt_t env_rows[] = {
              "\"te\")"},
     {.name = "te-stage-chunk",
      .env = "KVPOOL_TE_STAGE_CHUNK",
-     .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .type = KVP_OPT_SIZE,
+     .min = 4096,
+     .max = 64 << 20,
+     .def = "16MiB",
+     TF(stage_chunk),
+     .need = "a size from 4KiB to 64MiB",
      .arg = "SIZE",
      .def_doc = "16MiB",
      .help = "CUDA device memory a transfer moves is staged through pinned host buffers of this "
@@ -328,7 +357,8 @@ static const kvp_opt_t env_rows[] = {
     {.name = "te-peers",
      .env = "KVPOOL_TE_PEERS",
      .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .flags = KVP_OPT_F_PTR,
+     TF(peers),
      .arg = "CN,CN,...",
      .def_doc = "unset",
      .help = "with KVPOOL_TLS_CA, _CERT and _KEY (peers then prove a certificate of that CA, "
@@ -337,7 +367,8 @@ static const kvp_opt_t env_rows[] = {
     {.name = "tls-crl",
      .env = "KVPOOL_TLS_CRL",
      .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .flags = KVP_OPT_F_PTR,
+     TF(tls_crl),
      .arg = "FILE",
      .def_doc = "unset: no revocation check",
      .help = "with KVPOOL_TLS_CA, _CERT and _KEY: the CA's CRL(s) (PEM); a transfer engine "
@@ -347,7 +378,8 @@ static const kvp_opt_t env_rows[] = {
     {.name = "te-acl",
      .env = "KVPOOL_TE_ACL",
      .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .flags = KVP_OPT_F_PTR,
+     TF(acl),
      .arg = "FILE",
      .def_doc = "unset",
      .help = "with KVPOOL_TLS_CA, _CERT and _KEY: an ACL file in the master's --acl-file "
@@ -358,8 +390,11 @@ static const kvp_opt_t env_rows[] = {
              "before) (docs/security.md, \"The transfer engine\")"},
     {.name = "te-shm",
      .env = "KVPOOL_TE_SHM",
-     .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
+     .type = KVP_OPT_ENUM,
+     .flags = KVP_OPT_F_PTR,
+     .choices = te_shm_modes,
+     .def = "cma",
+     TF(shm),
      .arg = "cma|cma-checked|socket",
      .def_doc = "cma",
      .help = "shm peers: cma, the initiator copies with process_vm_writev/readv (one kernel "
@@ -371,19 +406,32 @@ static const kvp_opt_t env_rows[] = {
              "socket"},
     {.name = "te-copy-threads",
      .env = "KVPOOL_TE_COPY_THREADS",
-     .type = KVP_OPT_STRING,
-     .flags = ELSEWHERE,
-     .arg = "N (1-8)",
+     .type = KVP_OPT_UINT,
+     .min = 1,
+     .max = 8,
+     .def = "2",
+     TF(copy_threads),
+     .arg = "N",
      .def_doc = "2",
-     .help = "shm's cma route: threads that copy one batch of 2 MiB or more (the caller and "
-             "N-1 helpers of the engine's, the batch split by bytes; parts of at least 1 MiB; "
-             "the caller, its part done, waits for the helpers awake for up to 200 us once all "
-             "are copying)"},
+     .help =
+         "shm's cma route (1 to 8): threads that copy one batch of 2 MiB or more (the caller and "
+         "N-1 helpers of the engine's, the batch split by bytes; parts of at least 1 MiB; "
+         "the caller, its part done, waits for the helpers awake for up to 200 us once all "
+         "are copying)"},
 };
+#undef TF
 
-kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)
+kvp_opts_t kvp_te_env_table(kvp_te_env_t *env)
 {
-    return (kvp_opts_t){.rows = env_rows, .count = KVP_ARRAY_SIZE(env_rows), .base = env};
+    return (kvp_opts_t){.rows = te_env_rows, .count = KVP_ARRAY_SIZE(te_env_rows), .base = env};
+}
+
+kvp_status_t kvp_te_env_read(kvp_te_env_t *env, char *err, size_t err_len)
+{
+    memset(env, 0, sizeof(*env));
+    kvp_opts_t t = kvp_te_env_table(env);
+    kvp_status_t st = kvp_opts_defaults(&t, err, err_len);
+    return st == KVP_OK ? kvp_opts_env(&t, err, err_len) : st;
 }
 
 void kvp_client_env_read(kvp_client_env_t *env)

@@ -15,6 +15,7 @@
 #define KVP_CLIENT_ENV_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/etcd.h"
 #include "common/options.h"
@@ -49,5 +50,25 @@ void kvp_client_env_read(kvp_client_env_t *env);
 
 /* The table of the variables over *env (docs: kvpool --env-markdown). */
 kvp_opts_t kvp_client_env_table(kvp_client_env_t *env);
+
+/* The transfer engine's environment (KVPOOL_TE_*, KVPOOL_TLS_CRL), read as each engine is
+ * created (client/te.c): typed and range-checked, its defaults filled in. The strings
+ * point into the environment. */
+typedef struct kvp_te_env {
+    uint32_t timeout_ms;   /* KVPOOL_TE_TIMEOUT_MS */
+    uint32_t streams;      /* KVPOOL_TE_STREAMS */
+    uint64_t chain;        /* KVPOOL_TE_CHAIN */
+    uint64_t stage_chunk;  /* KVPOOL_TE_STAGE_CHUNK */
+    const char *peers;     /* KVPOOL_TE_PEERS; NULL: unset */
+    const char *tls_crl;   /* KVPOOL_TLS_CRL */
+    const char *acl;       /* KVPOOL_TE_ACL */
+    const char *shm;       /* KVPOOL_TE_SHM: "cma", "cma-checked" or "socket" */
+    uint32_t copy_threads; /* KVPOOL_TE_COPY_THREADS */
+} kvp_te_env_t;
+
+/* Read them into *env: KVP_OK, or KVP_ERR_INVALID_ARG with a sentence naming the variable and
+ * what it needs in err. Thread: any (reads the environment). */
+kvp_status_t kvp_te_env_read(kvp_te_env_t *env, char *err, size_t err_len);
+kvp_opts_t kvp_te_env_table(kvp_te_env_t *env);
 
 #endif

@@ -64,6 +64,8 @@
 #include "client/te_cuda.h"
 #include "client/te_lease.h"
 #include "client/te_registry.h"
+#include "client/api.h"
+#include "client/env.h"
 #include "client/transport/wire.h"
 #include "common/acl.h"
 #include "common/log.h"
@@ -170,9 +172,10 @@ struct kvp_te {
     te_rdma_t *rdma;     /* this host's rdma device, served and used (te_rdma.c); NULL: none */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
-    te_auth_t *auth; /* credentials configured: every peer proves a principal */
-    bool cma;        /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
-    bool cma_lease;  /* ... under a standing lease where allowed (not cma-checked) */
+    te_auth_t *auth;       /* credentials configured: every peer proves a principal */
+    bool cma;              /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    bool cma_lease;        /* ... under a standing lease where allowed (not cma-checked) */
+    uint32_t copy_threads; /* KVPOOL_TE_COPY_THREADS */
     /* as target: the leases' memfds (te_lease.h), made at the first grant under the regions'
      * write lock, freed at destroy; closing (under it too): no more grants */
     kvp_te_lease_host_t *_Atomic lease;
@@ -914,9 +917,8 @@ static void acl_tick(void *arg)
 
 /* KVPOOL_TE_ACL (an ACL file, the master's --acl-file format) into a: one that does not
  * load is KVP_ERR_INVALID_ARG (never an engine that takes anyone). */
-static kvp_status_t acl_load(te_auth_t *a)
+static kvp_status_t acl_load(te_auth_t *a, const char *path)
 {
-    const char *path = getenv("KVPOOL_TE_ACL");
     if (path == NULL || path[0] == '\0')
         return KVP_OK;
     if (strlen(path) >= sizeof(a->acl_path)) {
@@ -936,22 +938,24 @@ static kvp_status_t acl_load(te_auth_t *a)
 }
 
 /* Credentials from the environment, as the store's client takes them (KVPOOL_TLS_CA,
- * KVPOOL_TLS_CERT, KVPOOL_TLS_KEY), and KVPOOL_TE_PEERS. *a_p NULL: none configured.
- * Some but not all three, or files that do not load: KVP_ERR_INVALID_ARG. */
-static kvp_status_t auth_load(te_auth_t **a_p)
+ * KVPOOL_TLS_CERT, KVPOOL_TLS_KEY: the library's table, client/env.c), and the engine's own
+ * (env: KVPOOL_TE_PEERS, KVPOOL_TE_ACL, KVPOOL_TLS_CRL). *a_p NULL: none configured. Some
+ * but not all three, or files that do not load: KVP_ERR_INVALID_ARG. */
+static kvp_status_t auth_load(const kvp_te_env_t *env, te_auth_t **a_p)
 {
     *a_p = NULL;
-    const char *ca = getenv("KVPOOL_TLS_CA"), *cert = getenv("KVPOOL_TLS_CERT"),
-               *key = getenv("KVPOOL_TLS_KEY");
-    int given = (ca && ca[0]) + (cert && cert[0]) + (key && key[0]);
+    kvp_client_env_t cenv;
+    kvp_client_env_read(&cenv);
+    const char *ca = cenv.tls_ca, *cert = cenv.tls_cert, *key = cenv.tls_key;
+    int given = (ca != NULL) + (cert != NULL) + (key != NULL);
     if (given == 0) {
-        const char *acl = getenv("KVPOOL_TE_ACL");
+        const char *acl = env->acl;
         if (acl != NULL && acl[0] != '\0') {
             KVP_LOG_ERROR("transfer engine: KVPOOL_TE_ACL needs KVPOOL_TLS_CA, _CERT and _KEY "
                           "(a peer's roles are its proved certificate's)");
             return KVP_ERR_INVALID_ARG;
         }
-        const char *tok = getenv("KVPOOL_TOKEN");
+        const char *tok = cenv.token;
         if (tok != NULL && tok[0] != '\0')
             KVP_LOG_WARN("transfer engine: KVPOOL_TOKEN alone does not authenticate engine "
                          "peers (a token cannot be proved to a peer without the master): "
@@ -971,7 +975,7 @@ static kvp_status_t auth_load(te_auth_t **a_p)
     FILE *f = NULL;
     X509 *x = NULL;
     const char *bad = NULL;
-    const char *crl = getenv("KVPOOL_TLS_CRL");
+    const char *crl = env->tls_crl;
     kvp_tls_params_t tp = {.cert = cert, .key = key, .ca = ca, .crl = crl && crl[0] ? crl : NULL};
     char terr[512];
     if (kvp_tls_create(&tp, true, &a->tls, terr, sizeof(terr)) != KVP_OK) {
@@ -995,7 +999,7 @@ static kvp_status_t auth_load(te_auth_t **a_p)
         fclose(f);
     X509_free(x);
     ERR_clear_error();
-    const char *peers = getenv("KVPOOL_TE_PEERS");
+    const char *peers = env->peers;
     for (const char *s = peers; bad == NULL && s != NULL && *s != '\0';) {
         size_t n = strcspn(s, ",");
         while (n > 0 && *s == ' ')
@@ -1024,7 +1028,7 @@ static kvp_status_t auth_load(te_auth_t **a_p)
         auth_free(a);
         return KVP_ERR_INVALID_ARG;
     }
-    kvp_status_t st = acl_load(a);
+    kvp_status_t st = acl_load(a, env->acl);
     if (st != KVP_OK) {
         auth_free(a);
         return st;
@@ -1221,33 +1225,6 @@ static const kvp_data_backend_ops_t te_ops = {
 
 /* ---- create / destroy ---- */
 
-static uint32_t env_u32(const char *name, uint32_t def)
-{
-    const char *s = getenv(name);
-    if (s == NULL || s[0] == '\0')
-        return def;
-    char *end;
-    unsigned long v = strtoul(s, &end, 10);
-    return *end == '\0' && v > 0 && v <= UINT32_MAX ? (uint32_t)v : def;
-}
-
-/* A size from the environment, 4 KiB .. 64 MiB; unset or not such a size: def (logged).
- * KVPOOL_TE_CHAIN: the most bytes of runs of up to 256 KiB that go as one request on a
- * stream (default 0, the tcp transport's); KVPOOL_TE_STAGE_CHUNK: TE_STAGE_CHUNK_DEF. */
-static uint64_t te_size_env(const char *name, uint64_t def)
-{
-    const char *s = getenv(name);
-    uint64_t v = 0;
-    if (s == NULL || s[0] == '\0')
-        return def;
-    if (!kvp_parse_size(s, &v) || v < 4096 || v > (64ull << 20)) {
-        KVP_LOG_WARN("transfer engine: %s=%s is not a size from 4KiB to 64MiB: the default used",
-                     name, s);
-        return def;
-    }
-    return v;
-}
-
 /* kvp_te_create's arguments and KVPOOL_AUTH: the transport asked for (*proto_p), protected
  * mode (*protected_p), and the address to listen on (host, "" for every address; *port_p,
  * 0 for any). KVP_OK, UNSUPPORTED (said) or INVALID_ARG. */
@@ -1274,7 +1251,9 @@ static kvp_status_t te_args(const char *local_hostname, const char *metadata, co
         return KVP_ERR_UNSUPPORTED;
     }
     *protected_p = true;
-    const char *auth_env = getenv("KVPOOL_AUTH");
+    kvp_client_env_t cenv; /* (the library's table, client/env.c) */
+    kvp_client_env_read(&cenv);
+    const char *auth_env = cenv.auth;
     if (auth_env != NULL && strcmp(auth_env, "none") == 0)
         *protected_p = false;
     else if (auth_env != NULL && auth_env[0] != '\0' && strcmp(auth_env, "protected") != 0)
@@ -1293,7 +1272,7 @@ static kvp_status_t te_args(const char *local_hostname, const char *metadata, co
 
 /* A new engine's locks, queue and transfer settings (KVPOOL_TE_TIMEOUT_MS, _STREAMS, _CHAIN,
  * _STAGE_CHUNK); nothing that can fail. */
-static void te_init_state(kvp_te_t *te, bool protected_mode)
+static void te_init_state(kvp_te_t *te, const kvp_te_env_t *env, bool protected_mode)
 {
     pthread_mutex_init(&te->cma_lock, NULL);
     pthread_mutex_init(&te->notify_lock, NULL);
@@ -1310,11 +1289,11 @@ static void te_init_state(kvp_te_t *te, bool protected_mode)
     te->next_id = 1;
     te->xfer.forced = KVP_TRANSPORT_TCP;
     kvp_host_id(te->xfer.host_id, sizeof(te->xfer.host_id));
-    te->xfer.timeout_ms = env_u32("KVPOOL_TE_TIMEOUT_MS", 10000);
-    te->xfer.tcp_streams = env_u32("KVPOOL_TE_STREAMS", 2);
+    te->xfer.timeout_ms = env->timeout_ms;
+    te->xfer.tcp_streams = env->streams;
     te->xfer.tcp_slice = 1 << 20;
-    te->xfer.tcp_chain = te_size_env("KVPOOL_TE_CHAIN", TE_CHAIN_DEF);
-    te->xfer.stage_chunk = te_size_env("KVPOOL_TE_STAGE_CHUNK", TE_STAGE_CHUNK_DEF);
+    te->xfer.tcp_chain = env->chain;
+    te->xfer.stage_chunk = env->stage_chunk;
 }
 
 /* The engine's data server on host:port (host "" listens on every address, "localhost" on
@@ -1360,10 +1339,11 @@ static void te_announce(kvp_te_t *te)
 {
     const te_auth_t *auth = te->auth;
     if (auth != NULL)
-        KVP_LOG_INFO("transfer engine: peers prove a certificate of %s (ours: CN '%s'); "
+        KVP_LOG_INFO("transfer engine: peers prove a certificate of our CA (ours: CN '%s'); "
                      "admitted: %s%s%s",
-                     getenv("KVPOOL_TLS_CA"), auth->cn,
-                     auth->n_allowed ? getenv("KVPOOL_TE_PEERS") : "any principal of that CA",
+                     auth->cn,
+                     auth->n_allowed ? "the principals KVPOOL_TE_PEERS names"
+                                     : "any principal of that CA",
                      auth->acl ? ", as the roles of KVPOOL_TE_ACL allow, tenant " : "",
                      auth->acl ? auth->tenant : "");
     char sock[64];
@@ -1376,8 +1356,8 @@ static void te_announce(kvp_te_t *te)
         KVP_LOG_WARN("transfer engine: out of memory: not counted in the client's metrics");
 }
 
-kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
-                           kvp_te_t **te_p)
+static kvp_status_t te_create(const char *local_hostname, const char *metadata,
+                              const char *protocol, kvp_te_t **te_p)
 {
     *te_p = NULL;
     int proto;
@@ -1388,8 +1368,15 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
                               sizeof(host), &port);
     if (st != KVP_OK)
         return st;
+    kvp_te_env_t env; /* KVPOOL_TE_*: a bad value fails the engine, named */
+    char err[320];
+    if (kvp_te_env_read(&env, err, sizeof(err)) != KVP_OK) {
+        KVP_LOG_ERROR("transfer engine: %s", err);
+        kvp_api_fail("transfer engine: %s", err); /* (kvp_client_last_error) */
+        return KVP_ERR_INVALID_ARG;
+    }
     te_auth_t *auth;
-    st = auth_load(&auth);
+    st = auth_load(&env, &auth);
     if (st != KVP_OK)
         return st;
     kvp_te_t *te = calloc(1, sizeof(*te));
@@ -1401,15 +1388,10 @@ kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, con
     if (auth != NULL) /* a proved principal from any host; protected mode lifted */
         protected_mode = false;
     te->protocol = proto;
-    const char *shm_mode = getenv("KVPOOL_TE_SHM");
-    te->cma_lease = shm_mode == NULL || shm_mode[0] == '\0' || strcmp(shm_mode, "cma") == 0;
-    te->cma = te->cma_lease || strcmp(shm_mode, "cma-checked") == 0;
-    if (!te->cma && strcmp(shm_mode, "socket") != 0) {
-        KVP_LOG_ERROR("transfer engine: KVPOOL_TE_SHM '%s': cma, cma-checked or socket", shm_mode);
-        st = KVP_ERR_INVALID_ARG;
-        goto err_free_te;
-    }
-    te_init_state(te, protected_mode);
+    te->cma_lease = strcmp(env.shm, "cma") == 0; /* (the table took only its three) */
+    te->cma = te->cma_lease || strcmp(env.shm, "cma-checked") == 0;
+    te->copy_threads = env.copy_threads;
+    te_init_state(te, &env, protected_mode);
     st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK)
         goto err_free_te;
@@ -1431,6 +1413,14 @@ err_free_te:
     auth_free(te->auth);
     free(te);
     return st;
+}
+
+kvp_status_t kvp_te_create(const char *local_hostname, const char *metadata, const char *protocol,
+                           kvp_te_t **te_p)
+{
+    kvp_api_enter();
+    return (kvp_status_t)kvp_api_leave(te_create(local_hostname, metadata, protocol, te_p),
+                                       "transfer engine create");
 }
 
 void kvp_te_destroy(kvp_te_t *te)
@@ -1721,7 +1711,7 @@ static kvp_te_copy_t *te_copy_pool(kvp_te_t *te)
     kvp_te_copy_t *c = atomic_load(&te->copy);
     if (c != NULL)
         return c;
-    kvp_te_copy_t *mine = kvp_te_copy_create(env_u32("KVPOOL_TE_COPY_THREADS", 2)), *none = NULL;
+    kvp_te_copy_t *mine = kvp_te_copy_create(te->copy_threads), *none = NULL;
     if (mine == NULL || atomic_compare_exchange_strong(&te->copy, &none, mine))
         return mine;
     kvp_te_copy_destroy(mine); /* another thread made it first */

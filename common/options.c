@@ -177,7 +177,8 @@ static kvp_status_t opt_set(const kvp_opt_t *o, void *base, const char *value, b
         return KVP_OK;
     }
     case KVP_OPT_SIZE:
-        if (!kvp_parse_size(value, &bytes) || (check && bytes < (uint64_t)o->min))
+        if (!kvp_parse_size(value, &bytes) || (check && bytes < (uint64_t)o->min) ||
+            (check && o->max > 0 && bytes > (uint64_t)o->max))
             return bad_value(o, value, err, err_len, "a size such as 64MiB");
         *(uint64_t *)field = bytes;
         return KVP_OK;

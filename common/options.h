@@ -84,7 +84,7 @@ struct kvp_opt {
                                  * --listen address as bound"); NULL: `def`, else none */
     size_t offset;              /* of the field in the caller's struct (KVP_OPT_FIELD) */
     size_t size;                /* of the field */
-    int64_t min, max;           /* UINT, INT, SIZE (min only when max is 0) */
+    int64_t min, max;           /* UINT, INT, SIZE (for SIZE, max 0: none) */
     const char *const *choices; /* ENUM: NULL-terminated */
     const char *env;            /* environment variable read by kvp_opts_env; NULL: none */
     const char *need;           /* what a bad value is told it needs ("a size such as

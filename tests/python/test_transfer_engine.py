@@ -506,6 +506,41 @@ def test_revoked_certificate_refused(peers, tmp_path, certs, proto):
     assert (w["rc"], w["status"]) == (0, 0), w
 
 
+@pytest.mark.parametrize("var,value", [("KVPOOL_TE_STREAMS", "0"),
+                                       ("KVPOOL_TE_STREAMS", "4294967296"),
+                                       ("KVPOOL_TE_STREAMS", "two"),
+                                       ("KVPOOL_TE_TIMEOUT_MS", "-5"),
+                                       ("KVPOOL_TE_CHAIN", "1g"),
+                                       ("KVPOOL_TE_STAGE_CHUNK", "12"),
+                                       ("KVPOOL_TE_COPY_THREADS", "9"),
+                                       ("KVPOOL_TE_SHM", "mmap")])
+def test_bad_engine_variable_fails_initialize(var, value):
+    """The engine's variables are read through one typed table (client/env.c): a value out of
+    range or not of its type fails initialize (KVP_ERR_INVALID_ARG) with a message naming the
+    variable, never an engine that silently takes a default (KVPOOL_TE_STREAMS took 1 to
+    2^32-1 and ignored the rest)."""
+    env = {k: v for k, v in os.environ.items() if k not in CRED_VARS}
+    env[var] = value
+    env["KVPOOL_LOG_LEVEL"] = "error"
+    p = subprocess.run([sys.executable, PEER, "decode", "tcp"], env=env, capture_output=True,
+                       text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert json.loads(p.stdout.splitlines()[0]) == {"error": S["KVP_ERR_INVALID_ARG"]}, p.stdout
+    assert var in p.stderr, p.stderr
+
+
+def test_good_engine_variables_taken(peers, tmp_path):
+    """In range, the same variables are taken: an engine of 64 streams, a 4 KiB chain and the
+    socket shm mode moves the blocks byte-exact."""
+    env = {"KVPOOL_TE_STREAMS": "64", "KVPOOL_TE_CHAIN": "4KiB", "KVPOOL_TE_SHM": "socket",
+           "KVPOOL_TE_TIMEOUT_MS": "20000"}
+    decode = peers("decode", "tcp", env=env)
+    prefill = peers("prefill", "tcp", env=env)
+    w = prefill.ask(op="write", target=f"127.0.0.1:{decode.info['port']}",
+                    remote_ptrs=decode.info["ptrs"], pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), expected(PBLOCKS, DBLOCKS))
+
+
 def test_bad_crl_fails_initialize(certs, tmp_path):
     """A KVPOOL_TLS_CRL that does not load: initialize fails (KVP_ERR_INVALID_ARG), never an
     engine that skips the revocation check."""

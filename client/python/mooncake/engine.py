@@ -147,6 +147,7 @@ class TransferEngine:
         st, te = _kvpool.te_create(local_hostname or "", "P2PHANDSHAKE", proto)
         self.last_status = st
         if st != 0:
+            _log.error("initialize: %s", _kvpool.last_error())
             return -1
         self._te = te
         host = local_hostname or "127.0.0.1"

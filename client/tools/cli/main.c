@@ -280,6 +280,10 @@ static int env_markdown(void)
            "kvp_client_params_t (or a flag of the kvpool command) given explicitly wins over "
            "its variable, and an empty variable counts as unset.\n\n");
     kvp_opts_env_markdown(&t, stdout);
+    /* the transfer engine's own, typed: a bad value fails the engine's creation */
+    kvp_opts_t te = kvp_te_env_table(NULL);
+    printf("\n");
+    kvp_opts_env_markdown(&te, stdout);
     return KVP_CLI_OK;
 }
 
