@@ -180,7 +180,6 @@ struct kvp_te {
      * write lock, freed at destroy; closing (under it too): no more grants */
     kvp_te_lease_host_t *_Atomic lease;
     bool closing;
-    pthread_mutex_t cma_lock;    /* as target: one peer at a time is our ptracer */
     pthread_mutex_t notify_lock; /* the notifies peers sent, oldest first */
     te_notify_t *notify_head, **notify_tail;
     size_t n_notifies;
@@ -1039,6 +1038,11 @@ static kvp_status_t auth_load(const kvp_te_env_t *env, te_auth_t **a_p)
 
 /* ---- the one-copy shm path, target's side (TE_CMA, wire.h) ---- */
 
+/* The ptracer window of every engine of the process: one peer at a time may ptrace-access
+ * the process (PR_SET_PTRACER), so two engines in one process never open it to each
+ * other's peer nor close it under one. */
+static pthread_mutex_t te_ptracer_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* TE_CMA with KVP_DATA_TE_CMA_LEASE (wire.h): a standing lease (te_lease.h), only where
  * the kernel already opens all our memory to this peer, so the lease gives it nothing it
  * could not take: a Unix socket's peer of our user (or root), we dumpable and no Yama
@@ -1120,8 +1124,9 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
         return false;
     }
     /* the ranges stay registered (an unregister waits) and the peer may ptrace-access us
-     * (Yama's ptrace_scope 1) until it says it is done; one peer at a time */
-    pthread_mutex_lock(&te->cma_lock);
+     * (Yama's ptrace_scope 1) until it says it is done; one peer at a time in the process
+     * (PR_SET_PTRACER is the process's, whatever engine of it sets it) */
+    pthread_mutex_lock(&te_ptracer_lock);
     pthread_rwlock_rdlock(&te->lock);
     bool ok;
     int32_t err = -1;
@@ -1136,7 +1141,7 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
         (void)prctl(PR_SET_PTRACER, 0, 0, 0, 0);
     }
     pthread_rwlock_unlock(&te->lock);
-    pthread_mutex_unlock(&te->cma_lock);
+    pthread_mutex_unlock(&te_ptracer_lock);
     if (ok && err == 0) {
         atomic_fetch_add_explicit(&te->cma_served[write ? KVP_TE_WRITE : KVP_TE_READ], n,
                                   memory_order_relaxed);
@@ -1274,7 +1279,6 @@ static kvp_status_t te_args(const char *local_hostname, const char *metadata, co
  * _STAGE_CHUNK); nothing that can fail. */
 static void te_init_state(kvp_te_t *te, const kvp_te_env_t *env, bool protected_mode)
 {
-    pthread_mutex_init(&te->cma_lock, NULL);
     pthread_mutex_init(&te->notify_lock, NULL);
     te->notify_tail = &te->notify_head;
     te->protected_mode = protected_mode;
@@ -1466,7 +1470,6 @@ void kvp_te_destroy(kvp_te_t *te)
     auth_free(te->auth);
     pthread_rwlock_destroy(&te->lock);
     pthread_mutex_destroy(&te->peers_lock);
-    pthread_mutex_destroy(&te->cma_lock);
     for (te_notify_t *nt = te->notify_head, *next; nt != NULL; nt = next) {
         next = nt->next;
         free(nt);
