@@ -1029,9 +1029,10 @@ static void test_batches_wait_for_queries(void **state)
     uint64_t yields = metric_of(idx, "kvpool_indexer_query_yields_total") - 1;
     double waited = metric_f(idx, "kvpool_indexer_query_yield_seconds_total") - one;
     assert_true(yields >= 10); /* 100 000 blocks: slices of 128 while queried */
-    /* 6 ms of waits in a row at most, then 3 of waiting for 1 of work: 3/4 of its time */
-    assert_true(waited <= 0.75 * took + 0.0015 + 0.001);
-    assert_true(waited >= 0.2 * took);
+    /* 6 ms of waits in a row at most, then 3 of waiting for 1 of work: 3/4 of its time (and
+     * a quarter of the last wait's overshoot, which a loaded machine may make 10 ms) */
+    assert_true(waited <= 0.75 * took + 0.0015 + 0.01);
+    assert_true(waited >= 0.002); /* a whole wait at least: the batch did wait */
     assert_int_equal(metric_of(idx, "kvpool_indexer_blocks"), 200000); /* all in */
 
     /* the query over: batches go on without waiting */
