@@ -551,8 +551,9 @@ static void ext_release(kvp_idx_t *idx, uint32_t id)
  * most YIELD_MAX_NS a wait, YIELD_CREDIT_NS of waits in a row, then 3/4 of its time, so that
  * a stream of queries (a hostile tenant's too) slows the batches and never stops them. */
 #define YIELD_MAX_NS 2000000ll
-#define YIELD_CREDIT_NS 6000000ll /* waits in a row at most; then 3 ns of waiting per ns of work   \
-                                   */
+#define YIELD_CREDIT_NS                                                                            \
+    6000000ll /* waits in a row at most; then 3 ns of waiting per ns of work                       \
+               */
 
 void kvp_idx_query_begin(kvp_idx_t *idx)
 {

@@ -235,6 +235,7 @@ typedef struct kvp_master_state {
         bool take_soft;
     } * group_evictions;
     uint32_t n_group_evictions, cap_group_evictions;
+    uint64_t keys_turn_ns; /* a key batch's budget of one loop turn; 0: the default (4 ms) */
     /* Mooncake's drain jobs (policy/drain_jobs.c), made at the first; the cleanup frees them
      * through the hook that made them (core knows nothing of policy) */
     struct kvp_drain_jobs *drain_jobs;

@@ -471,6 +471,13 @@ static void put_start_end(kvp_reply_t *r, kvp_status_t rc, void *req_arg)
  * holds the loop, every other caller, for longer.
  */
 #define KEYS_TURN_NS (4ull * 1000000ull)
+
+/* A turn's budget: KEYS_TURN_NS, or the state's own (st->keys_turn_ns: the unit tests make
+ * turns short enough that a batch of cheap keys still spans several, whatever the machine). */
+static uint64_t keys_turn_ns(const kvp_master_state_t *st)
+{
+    return st->keys_turn_ns != 0 ? st->keys_turn_ns : KEYS_TURN_NS;
+}
 #define KEYS_TURN_CHECK 64u /* keys between two looks at the clock */
 
 /* Time to stop this turn (looked at every KEYS_TURN_CHECK keys)? */
@@ -625,7 +632,7 @@ static bool put_start_keys(kvp_call_t *call, const Kvpool__PutStartRequest *req,
     kvp_master_state_t *st = call->st;
     Kvpool__PutStartResult *res = l->res;
     int64_t give_back = -1; /* what reads in flight give back: once a turn, if needed */
-    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    uint64_t stop = kvp_now_ns() + keys_turn_ns(st);
     unsigned since = 0;
     for (size_t i = l->done; i < l->n; i = ++l->done) {
         if (turn_over(st, &since, stop) && held_keep(call, h, l, KVP_RPC_PUT_START))
@@ -966,7 +973,7 @@ static kvp_status_t keys_batch(kvp_call_t *call, ProtobufCBinaryData *keys, size
         memcpy(out, k->out, n_keys * sizeof(*out));
         i = k->left;
     }
-    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    uint64_t stop = kvp_now_ns() + keys_turn_ns(st);
     for (unsigned since = 0; i > 0; i--) {
         if (st->may_continue && ++since == KEYS_TURN_CHECK) {
             since = 0;
@@ -1109,7 +1116,7 @@ static bool replica_list_keys(kvp_call_t *call, const Kvpool__KeysRequest *req, 
     kvp_master_state_t *st = call->st;
     Kvpool__GetReplicaResult *res = l->res;
     uint64_t owner = lease_owner(call);
-    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    uint64_t stop = kvp_now_ns() + keys_turn_ns(st);
     unsigned since = 0;
     for (; l->done < l->n; l->done++) {
         if (turn_over(st, &since, stop) && held_keep(call, h, l, KVP_RPC_GET_REPLICA_LIST))
@@ -1242,7 +1249,7 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
         memcpy(sizes, k->out, n * sizeof(*sizes));
         i = n - k->left;
     }
-    uint64_t stop = kvp_now_ns() + KEYS_TURN_NS;
+    uint64_t stop = kvp_now_ns() + keys_turn_ns(st);
     for (unsigned since = 0; i < n; i++) {
         if (turn_over(st, &since, stop) &&
             cont_keep(call, k, NULL, sizes, sizeof(*sizes), n, n - i, KVP_RPC_GET_SIZE)) {
