@@ -20,13 +20,19 @@
  * (tcp) or "@kvpool-te-<port>" (shm), so a batch runs on the tcp transport's
  * streams, slices, vectored chains and timeouts as a store's transfer does.
  *
- * Unregistering a range takes the regions' lock for writing: it waits for the
- * payloads being moved in registered memory (the backend holds it for reading
- * while it moves bytes), and a request checked before the range went but not
- * yet moved is rechecked under the lock and its connection closed.
+ * No lock is held while bytes cross a socket or a peer copies: a request's
+ * extents are rechecked under the regions' read lock just before its bytes
+ * move and their regions pinned (a count each, te_pin_t), then the lock is
+ * left. Unregistering a range takes it out under the write lock (from then on
+ * every request naming it is refused) and then waits, holding nothing, for the
+ * transfers pinning that region alone: one stalled peer delays the unregister
+ * of the range it is stalled on, and nothing else. Registering pins a range's
+ * pages for rdma before the write lock; registrations and unregistrations run
+ * one at a time (reg_lock), transfers never take that lock.
  *
- * Thread: any; the regions under a writer-preferring rwlock, the peers under a
- * mutex, the async batches on one worker thread of the engine's.
+ * Thread: any; the regions under a writer-preferring rwlock held only to look
+ * them up or change them, the peers under a mutex, the async batches on one
+ * worker thread of the engine's.
  */
 #include "client/include/kvpool_te.h"
 
@@ -130,6 +136,13 @@ typedef struct te_region {
     uint64_t len;
 } te_region_t;
 
+/* A registered region's transfers in flight: taken under the regions' read lock (the
+ * region found), given back with no lock once the bytes moved; the region's unregister
+ * waits for it to fall to 0. Made by the registration, freed by the unregister. */
+typedef struct te_pin {
+    _Atomic uint32_t n;
+} te_pin_t;
+
 typedef struct te_peer {
     char target[256];
     bool shm;
@@ -187,7 +200,14 @@ struct kvp_te {
     te_cuda_t *cuda;       /* device memory among them (te_cuda.c); NULL: none yet (lock) */
     te_region_t *regions;  /* sorted by addr, disjoint */
     bool *region_dev;      /* [i]: regions[i] is device memory (the leases leave it out) */
+    te_pin_t **region_pin; /* [i]: regions[i]'s transfers in flight */
     size_t n_regions, cap_regions;
+    pthread_mutex_t reg_lock; /* one registration or unregistration at a time; before lock */
+    /* an unregister waiting for its region's pins: the last pin given back wakes it */
+    pthread_mutex_t pin_lock;
+    pthread_cond_t pin_cond;
+    _Atomic uint32_t pin_waiters;
+    bool ptracer_window; /* Yama's ptrace_scope 1: a shm peer's copy needs PR_SET_PTRACER */
     pthread_mutex_t peers_lock;
     te_peer_t peers[TE_PEERS_MAX];
     size_t n_peers;
@@ -206,8 +226,8 @@ struct kvp_te {
 
 /* ---- the backend: registered memory by virtual address ---- */
 
-/* Is [off, off + len) inside one registered region? (lock held) */
-static bool inside_locked(const kvp_te_t *te, uint64_t off, uint64_t len)
+/* The registered region holding [off, off + len) whole, or -1 (lock held). */
+static ptrdiff_t region_at_locked(const kvp_te_t *te, uint64_t off, uint64_t len)
 {
     size_t lo = 0, hi = te->n_regions;
     while (lo < hi) { /* the last region starting at or below off */
@@ -218,9 +238,9 @@ static bool inside_locked(const kvp_te_t *te, uint64_t off, uint64_t len)
             hi = mid;
     }
     if (lo == 0)
-        return false;
+        return -1;
     const te_region_t *r = &te->regions[lo - 1];
-    return off - r->addr <= r->len && len <= r->len - (off - r->addr);
+    return off - r->addr <= r->len && len <= r->len - (off - r->addr) ? (ptrdiff_t)lo - 1 : -1;
 }
 
 static kvp_status_t te_check(void *backend, uint64_t off, uint64_t len, bool write)
@@ -228,7 +248,7 @@ static kvp_status_t te_check(void *backend, uint64_t off, uint64_t len, bool wri
     (void)write;
     kvp_te_t *te = backend;
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = inside_locked(te, off, len);
+    bool ok = region_at_locked(te, off, len) >= 0;
     pthread_rwlock_unlock(&te->lock);
     if (!ok) {
         atomic_fetch_add_explicit(&te->refused_range, 1, memory_order_relaxed);
@@ -427,14 +447,39 @@ static bool conn_may(kvp_te_t *te, te_conn_t *c, int fd, uint8_t need)
     return false;
 }
 
-/* Under the read lock: is every extent still registered (not unregistered since its
- * check)? */
-static bool still_inside_locked(kvp_te_t *te, const kvp_data_vec_t *v, size_t n)
+/* Under the read lock: is every extent of v[0..n) still registered (not unregistered since
+ * its check)? Then each extent's region is pinned (pins[0..*k_p), a region once per run of
+ * extents in it) until pins_give; false: one is not, nothing pinned. */
+static bool pins_take_locked(kvp_te_t *te, const kvp_data_vec_t *v, size_t n, te_pin_t **pins,
+                             size_t *k_p)
 {
-    for (size_t i = 0; i < n; i++)
-        if (!inside_locked(te, v[i].offset, v[i].length))
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        ptrdiff_t r = region_at_locked(te, v[i].offset, v[i].length);
+        if (r < 0)
             return false;
+        if (k == 0 || pins[k - 1] != te->region_pin[r])
+            pins[k++] = te->region_pin[r];
+    }
+    for (size_t j = 0; j < k; j++)
+        atomic_fetch_add(&pins[j]->n, 1);
+    *k_p = k;
     return true;
+}
+
+/* The pins of pins_take_locked given back (no lock held). A pin is not touched after its
+ * count falls: its unregister may free it at once; a waiting unregister is woken through
+ * the engine's pin_lock. */
+static void pins_give(kvp_te_t *te, te_pin_t *const *pins, size_t k)
+{
+    bool last = false;
+    for (size_t j = 0; j < k; j++)
+        last |= atomic_fetch_sub(&pins[j]->n, 1) == 1;
+    if (last && atomic_load(&te->pin_waiters) > 0) {
+        pthread_mutex_lock(&te->pin_lock);
+        pthread_cond_broadcast(&te->pin_cond);
+        pthread_mutex_unlock(&te->pin_lock);
+    }
 }
 
 static void te_iov(const kvp_data_vec_t *v, size_t n, struct iovec *iov)
@@ -473,12 +518,17 @@ static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, 
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = total};
     iov[0] = (struct iovec){.iov_base = &r, .iov_len = sizeof(r)};
     te_iov(v, n, iov + 1);
+    te_pin_t *pins[KVP_DATA_VEC_MAX];
+    size_t k;
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = still_inside_locked(te, v, n) &&
-              (kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n)
-                   ? kvp_te_cuda_send(te->cuda, &te->xfer, fd, v, n, total)
-                   : kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK);
+    bool ok = pins_take_locked(te, v, n, pins, &k);
+    te_cuda_t *cuda = ok && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n) ? te->cuda : NULL;
     pthread_rwlock_unlock(&te->lock);
+    if (!ok)
+        return false; /* unregistered since its check: closed, as a peer may not rely on it */
+    ok = cuda != NULL ? kvp_te_cuda_send(cuda, &te->xfer, fd, v, n, total)
+                      : kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+    pins_give(te, pins, k);
     return ok;
 }
 
@@ -496,12 +546,17 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
     }
     struct iovec iov[KVP_DATA_VEC_MAX];
     te_iov(v, n, iov);
+    te_pin_t *pins[KVP_DATA_VEC_MAX];
+    size_t k;
     pthread_rwlock_rdlock(&te->lock);
-    bool ok = still_inside_locked(te, v, n) &&
-              (kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n)
-                   ? kvp_te_cuda_recv(te->cuda, &te->xfer, fd, v, n, reply_p)
-                   : kvp_recvv_all(fd, iov, (int)n) == KVP_OK);
+    bool ok = pins_take_locked(te, v, n, pins, &k);
+    te_cuda_t *cuda = ok && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n) ? te->cuda : NULL;
     pthread_rwlock_unlock(&te->lock);
+    if (!ok)
+        return false;
+    ok = cuda != NULL ? kvp_te_cuda_recv(cuda, &te->xfer, fd, v, n, reply_p)
+                      : kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
+    pins_give(te, pins, k);
     return ok;
 }
 
@@ -512,13 +567,20 @@ static bool te_regions(void *backend, void *conn, int fd)
     kvp_te_t *te = backend;
     if (!conn_admitted(te, conn, fd))
         return te_refuse(conn, fd, NULL);
+    /* copied out under the lock, sent without it (a peer that does not read holds nothing) */
+    te_region_t *copy = NULL;
     pthread_rwlock_rdlock(&te->lock);
     size_t n = te->n_regions < KVP_DATA_REGIONS_MAX ? te->n_regions : KVP_DATA_REGIONS_MAX;
+    if (n > 0 && (copy = malloc(n * sizeof(*copy))) != NULL)
+        memcpy(copy, te->regions, n * sizeof(*copy));
+    pthread_rwlock_unlock(&te->lock);
+    if (n > 0 && copy == NULL)
+        return kvp_data_reply(fd, KVP_ERR_NOMEM, 0) == KVP_OK;
     kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = n * sizeof(te_region_t)};
     struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
-                           {.iov_base = te->regions, .iov_len = n * sizeof(te_region_t)}};
+                           {.iov_base = copy, .iov_len = n * sizeof(te_region_t)}};
     bool ok = kvp_sendv_all(fd, iov, n > 0 ? 2 : 1) == KVP_OK;
-    pthread_rwlock_unlock(&te->lock);
+    free(copy);
     return ok;
 }
 
@@ -1123,25 +1185,37 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
-    /* the ranges stay registered (an unregister waits) and the peer may ptrace-access us
-     * (Yama's ptrace_scope 1) until it says it is done; one peer at a time in the process
-     * (PR_SET_PTRACER is the process's, whatever engine of it sets it) */
-    pthread_mutex_lock(&te_ptracer_lock);
+    /* the ranges stay registered (pinned: an unregister of theirs waits) until the peer says
+     * it is done, no lock held meanwhile; under Yama's ptrace_scope 1 the peer may
+     * ptrace-access us for that time, one peer at a time in the process (PR_SET_PTRACER is
+     * the process's, whatever engine of it sets it); with no such restriction nothing is
+     * opened and peers copy at once */
+    te_pin_t *pins[TE_CMA_VEC_MAX];
+    size_t k = 0;
     pthread_rwlock_rdlock(&te->lock);
+    bool pinned = pins_take_locked(te, v, n, pins, &k);
+    bool dev = pinned && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n);
+    pthread_rwlock_unlock(&te->lock);
     bool ok;
     int32_t err = -1;
-    if (!still_inside_locked(te, v, n))
+    if (!pinned)
         ok = kvp_data_reply(fd, KVP_ERR_OUT_OF_RANGE, 0) == KVP_OK;
-    else if (kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n)) /* the kernel cannot reach it */
+    else if (dev) /* the kernel cannot reach it */
         ok = kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
     else {
-        (void)prctl(PR_SET_PTRACER, (unsigned long)pid, 0, 0, 0); /* EINVAL: no Yama */
+        if (te->ptracer_window) {
+            pthread_mutex_lock(&te_ptracer_lock);
+            (void)prctl(PR_SET_PTRACER, (unsigned long)pid, 0, 0, 0);
+        }
         ok = kvp_data_reply(fd, KVP_OK, 0) == KVP_OK &&
              kvp_recv_all(fd, &err, sizeof(err)) == KVP_OK;
-        (void)prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+        if (te->ptracer_window) {
+            (void)prctl(PR_SET_PTRACER, 0, 0, 0, 0);
+            pthread_mutex_unlock(&te_ptracer_lock);
+        }
     }
-    pthread_rwlock_unlock(&te->lock);
-    pthread_mutex_unlock(&te_ptracer_lock);
+    if (pinned)
+        pins_give(te, pins, k);
     if (ok && err == 0) {
         atomic_fetch_add_explicit(&te->cma_served[write ? KVP_TE_WRITE : KVP_TE_READ], n,
                                   memory_order_relaxed);
@@ -1290,6 +1364,10 @@ static void te_init_state(kvp_te_t *te, const kvp_te_env_t *env, bool protected_
     pthread_mutex_init(&te->peers_lock, NULL);
     pthread_mutex_init(&te->q_lock, NULL);
     pthread_cond_init(&te->q_cond, NULL);
+    pthread_mutex_init(&te->reg_lock, NULL);
+    pthread_mutex_init(&te->pin_lock, NULL);
+    pthread_cond_init(&te->pin_cond, NULL);
+    te->ptracer_window = kvp_te_ptracer_window();
     te->next_id = 1;
     te->xfer.forced = KVP_TRANSPORT_TCP;
     kvp_host_id(te->xfer.host_id, sizeof(te->xfer.host_id));
@@ -1464,8 +1542,11 @@ void kvp_te_destroy(kvp_te_t *te)
             next = b->next;
             free(b);
         }
+    for (size_t i = 0; i < te->n_regions; i++)
+        free(te->region_pin[i]); /* no request in flight: the server is gone */
     free(te->regions);
     free(te->region_dev);
+    free(te->region_pin);
     kvp_te_cuda_free(te->cuda);
     auth_free(te->auth);
     pthread_rwlock_destroy(&te->lock);
@@ -1477,6 +1558,9 @@ void kvp_te_destroy(kvp_te_t *te)
     pthread_mutex_destroy(&te->notify_lock);
     pthread_mutex_destroy(&te->q_lock);
     pthread_cond_destroy(&te->q_cond);
+    pthread_mutex_destroy(&te->reg_lock);
+    pthread_mutex_destroy(&te->pin_lock);
+    pthread_cond_destroy(&te->pin_cond);
     free(te);
 }
 
@@ -1492,6 +1576,17 @@ te_rdma_t *kvp_te_rdma(kvp_te_t *te)
 
 /* ---- registration ---- */
 
+/* Would [a, a + len) overlap a registered region? (reg_lock held: the regions do not change) */
+static bool overlaps_reg_locked(const kvp_te_t *te, uintptr_t a, size_t len, size_t *at_p)
+{
+    size_t i = 0;
+    while (i < te->n_regions && te->regions[i].addr < a)
+        i++;
+    *at_p = i;
+    return (i > 0 && te->regions[i - 1].addr + te->regions[i - 1].len > a) ||
+           (i < te->n_regions && te->regions[i].addr < a + len);
+}
+
 kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
 {
     uintptr_t a = (uintptr_t)addr;
@@ -1500,74 +1595,100 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
     const kvp_mem_region_t *region;
     /* device memory: served through pinned staging (te_cuda.c) */
     bool dev = kvp_transfer_mem_find(&te->xfer, addr, len, &region) == KVP_MEM_CUDA;
-    pthread_rwlock_wrlock(&te->lock);
-    if (dev && te->cuda == NULL && kvp_te_cuda_new(&te->cuda) != KVP_OK) {
-        pthread_rwlock_unlock(&te->lock);
-        return KVP_ERR_NOMEM;
-    }
-    size_t i = 0;
-    while (i < te->n_regions && te->regions[i].addr < a)
-        i++;
+    pthread_mutex_lock(&te->reg_lock);
+    size_t i;
     kvp_status_t st = KVP_OK;
-    if ((i > 0 && te->regions[i - 1].addr + te->regions[i - 1].len > a) ||
-        (i < te->n_regions && te->regions[i].addr < a + len))
-        st = KVP_ERR_INVALID_ARG; /* overlaps */
-    else if (te->n_regions == te->cap_regions) {
-        size_t cap = te->cap_regions ? te->cap_regions * 2 : 16;
-        te_region_t *r = realloc(te->regions, cap * sizeof(*r));
-        bool *d = r == NULL ? NULL : realloc(te->region_dev, cap * sizeof(*d));
-        if (r != NULL)
-            te->regions = r;
-        if (d == NULL)
-            st = KVP_ERR_NOMEM;
-        else {
-            te->region_dev = d;
-            te->cap_regions = cap;
-        }
-    }
-    /* rdma: the range is a memory region of its own (its rkey opens it and nothing else) */
+    te_pin_t *pin = NULL;
+    if (overlaps_reg_locked(te, a, len, &i))
+        st = KVP_ERR_INVALID_ARG;
+    else if ((pin = calloc(1, sizeof(*pin))) == NULL)
+        st = KVP_ERR_NOMEM;
+    /* rdma: the range is a memory region of its own (its rkey opens it and nothing else),
+     * its pages pinned here, before the write lock: transfers go on meanwhile */
     /* (no GPUDirect RDMA: device memory is no memory region, a peer's batch that touches it
      * goes over tcp, staged) */
+    bool mr = false;
     if (st == KVP_OK && te->rdma != NULL && !dev)
-        st = te_rdma_reg(te->rdma, addr, len);
+        mr = (st = te_rdma_reg(te->rdma, addr, len)) == KVP_OK;
     if (st == KVP_OK) {
-        memmove(&te->regions[i + 1], &te->regions[i], (te->n_regions - i) * sizeof(te_region_t));
-        memmove(&te->region_dev[i + 1], &te->region_dev[i], (te->n_regions - i) * sizeof(bool));
-        te->regions[i] = (te_region_t){.addr = a, .len = len};
-        te->region_dev[i] = dev;
-        te->n_regions++;
-        if (dev)
-            kvp_te_cuda_registered(te->cuda);
-        lease_publish_locked(te); /* leased peers may write there from their next batch */
+        pthread_rwlock_wrlock(&te->lock);
+        if (dev && te->cuda == NULL && kvp_te_cuda_new(&te->cuda) != KVP_OK)
+            st = KVP_ERR_NOMEM;
+        else if (te->n_regions == te->cap_regions) {
+            size_t cap = te->cap_regions ? te->cap_regions * 2 : 16;
+            te_region_t *r = realloc(te->regions, cap * sizeof(*r));
+            if (r != NULL)
+                te->regions = r;
+            bool *d = r == NULL ? NULL : realloc(te->region_dev, cap * sizeof(*d));
+            if (d != NULL)
+                te->region_dev = d;
+            te_pin_t **pp = d == NULL ? NULL : realloc(te->region_pin, cap * sizeof(*pp));
+            if (pp == NULL)
+                st = KVP_ERR_NOMEM;
+            else {
+                te->region_pin = pp;
+                te->cap_regions = cap;
+            }
+        }
+        if (st == KVP_OK) {
+            size_t tail = te->n_regions - i;
+            memmove(&te->regions[i + 1], &te->regions[i], tail * sizeof(te_region_t));
+            memmove(&te->region_dev[i + 1], &te->region_dev[i], tail * sizeof(bool));
+            memmove(&te->region_pin[i + 1], &te->region_pin[i], tail * sizeof(te_pin_t *));
+            te->regions[i] = (te_region_t){.addr = a, .len = len};
+            te->region_dev[i] = dev;
+            te->region_pin[i] = pin;
+            pin = NULL;
+            te->n_regions++;
+            if (dev)
+                kvp_te_cuda_registered(te->cuda);
+            lease_publish_locked(te); /* leased peers may write there from their next batch */
+        }
+        pthread_rwlock_unlock(&te->lock);
     }
-    pthread_rwlock_unlock(&te->lock);
+    if (st != KVP_OK && mr)
+        te_rdma_dereg(te->rdma, addr);
+    pthread_mutex_unlock(&te->reg_lock);
+    free(pin);
     return st;
 }
 
 kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
 {
+    pthread_mutex_lock(&te->reg_lock);
+    size_t i = 0;
+    while (i < te->n_regions && te->regions[i].addr != (uintptr_t)addr)
+        i++;
+    if (i == te->n_regions) {
+        pthread_mutex_unlock(&te->reg_lock);
+        return KVP_ERR_NOT_FOUND;
+    }
     if (te->rdma != NULL)
         te_rdma_dereg(te->rdma, addr); /* first: the NIC refuses the range from now on */
     pthread_rwlock_wrlock(&te->lock);
-    kvp_status_t st = KVP_ERR_NOT_FOUND;
-    for (size_t i = 0; i < te->n_regions; i++)
-        if (te->regions[i].addr == (uintptr_t)addr) {
-            kvp_te_cuda_unregistered(te->cuda, &te->xfer, te->regions[i].addr, te->regions[i].len);
-            memmove(&te->regions[i], &te->regions[i + 1],
-                    (te->n_regions - i - 1) * sizeof(te_region_t));
-            memmove(&te->region_dev[i], &te->region_dev[i + 1],
-                    (te->n_regions - i - 1) * sizeof(bool));
-            te->n_regions--;
-            st = KVP_OK;
-            break;
-        }
-    uint64_t g = st == KVP_OK ? lease_publish_locked(te) : 0;
+    te_pin_t *pin = te->region_pin[i];
+    kvp_te_cuda_unregistered(te->cuda, &te->xfer, te->regions[i].addr, te->regions[i].len);
+    size_t tail = te->n_regions - i - 1;
+    memmove(&te->regions[i], &te->regions[i + 1], tail * sizeof(te_region_t));
+    memmove(&te->region_dev[i], &te->region_dev[i + 1], tail * sizeof(bool));
+    memmove(&te->region_pin[i], &te->region_pin[i + 1], tail * sizeof(te_pin_t *));
+    te->n_regions--;
+    uint64_t g = lease_publish_locked(te);
     pthread_rwlock_unlock(&te->lock);
-    /* a leased peer copying under the regions of before may still be writing there: the
-     * range is the caller's again only once it is done */
+    pthread_mutex_unlock(&te->reg_lock);
+    /* no request takes the region from now on; those moving bytes in it still may: the
+     * range is the caller's again once they are done (a stalled peer's until its frame's
+     * deadline), and a leased peer copying under the regions of before */
+    atomic_fetch_add(&te->pin_waiters, 1);
+    pthread_mutex_lock(&te->pin_lock);
+    while (atomic_load(&pin->n) > 0)
+        pthread_cond_wait(&te->pin_cond, &te->pin_lock);
+    pthread_mutex_unlock(&te->pin_lock);
+    atomic_fetch_sub(&te->pin_waiters, 1);
+    free(pin);
     if (g != 0)
         kvp_te_lease_host_wait(atomic_load(&te->lease), g);
-    return st;
+    return KVP_OK;
 }
 
 kvp_status_t kvp_te_register_batch(kvp_te_t *te, void *const *addrs, const size_t *lens, size_t n)

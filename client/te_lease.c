@@ -269,18 +269,27 @@ void kvp_te_lease_host_moved(kvp_te_lease_host_t *h, uint64_t moved[2], uint64_t
     pthread_mutex_unlock(&h->lock);
 }
 
-bool kvp_te_lease_allowed(void)
+/* Yama's ptrace_scope; 0 when this kernel has no Yama, 1 when it cannot be read. */
+static int yama_scope(void)
 {
-    if (prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) != 1)
-        return false;
     FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "re");
     if (f == NULL)
-        return true; /* no Yama in this kernel */
+        return 0; /* no Yama in this kernel */
     int scope = 1;
     if (fscanf(f, "%d", &scope) != 1)
         scope = 1;
     fclose(f);
-    return scope == 0;
+    return scope;
+}
+
+bool kvp_te_lease_allowed(void)
+{
+    return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 && yama_scope() == 0;
+}
+
+bool kvp_te_ptracer_window(void)
+{
+    return yama_scope() == 1;
 }
 
 /* ---- the peer's side ---- */

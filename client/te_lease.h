@@ -71,6 +71,11 @@ void kvp_te_lease_host_moved(kvp_te_lease_host_t *h, uint64_t moved[2], uint64_t
  * (kernel.yama.ptrace_scope above 0: each batch then names its peer as our ptracer for its
  * length) or we are not dumpable (the kernel refuses peers our memory). */
 bool kvp_te_lease_allowed(void);
+/* Does a shm peer's copy need us to name it our ptracer (PR_SET_PTRACER) for its length?
+ * Yama's ptrace_scope 1 only (0 or no Yama: the kernel lets a peer of our user in anyway;
+ * 2 and 3: naming does not help, the copy is refused and the peer falls back). Read once
+ * per engine. */
+bool kvp_te_ptracer_window(void);
 
 /* ---- the peer's side ---- */
 
