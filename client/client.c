@@ -28,6 +28,7 @@
 #include "client/xfer_sessions.h"
 #include "client/control/key_scope.h"
 #include "client/ssd/dfs.h"
+#include "client/transport/transports.h"
 #include "common/acl.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -42,13 +43,6 @@ void kvp_client_params_init(kvp_client_params_t *p)
     memset(p, 0, sizeof(*p));
     p->size = sizeof(*p);
     p->verify_crc = 1;
-}
-
-void kvp_put_config_init(kvp_put_config_t *c)
-{
-    memset(c, 0, sizeof(*c));
-    c->size = sizeof(*c);
-    c->replica_num = 1;
 }
 
 const char *kvp_client_segment_name(const kvp_client_t *client)
@@ -590,6 +584,7 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
     if (st != KVP_OK)
         goto err_free;
     data_host_param(c);
+    c->xfer.list = kvp_transports;
     st = kvp_transfer_init(&c->xfer);
     if (st != KVP_OK) {
         if (c->xfer.why[0] != '\0') /* e.g. a DFS path that is no directory */

@@ -304,7 +304,7 @@ kvp_opts_t kvp_client_env_table(kvp_client_env_t *env)
 #define TF(field) KVP_OPT_FIELD(kvp_te_env_t, field)
 static const char *const te_shm_modes[] = {"cma", "cma-checked", "socket", NULL};
 static const kvp_opt_t te_env_rows[] = {
-    KVP_OPT_GROUP("Transfer engine", "mooncake.engine.TransferEngine / kvp_te_* (client/te.c), "
+    KVP_OPT_GROUP("Transfer engine", "mooncake.engine.TransferEngine / kvp_te_* (client/te/te.c), "
                                      "read as each engine is created, typed and range-checked: "
                                      "a bad value fails initialize, the variable named; "
                                      "KVPOOL_AUTH and KVPOOL_TLS_CA, _CERT, _KEY apply too"),

@@ -9,7 +9,7 @@
  * KVP_OPT_F_READ_ELSEWHERE): the process-wide ones, read once per process where their
  * setting lives (KVPOOL_LOG_LEVEL: common/log.c, kvp_log_init_from_env; KVPOOL_CUDA_LIB:
  * mem/gpu.c, when the driver is loaded; KVPOOL_CRC32C_NO_FOLD: common/crc32c.c, a test
- * knob), and the transfer engine's (KVPOOL_TE_*: client/te.c, as each engine is created).
+ * knob), and the transfer engine's (KVPOOL_TE_*: client/te/te.c, as each engine is created).
  */
 #ifndef KVP_CLIENT_ENV_H
 #define KVP_CLIENT_ENV_H
@@ -52,7 +52,7 @@ void kvp_client_env_read(kvp_client_env_t *env);
 kvp_opts_t kvp_client_env_table(kvp_client_env_t *env);
 
 /* The transfer engine's environment (KVPOOL_TE_*, KVPOOL_TLS_CRL), read as each engine is
- * created (client/te.c): typed and range-checked, its defaults filled in. The strings
+ * created (client/te/te.c): typed and range-checked, its defaults filled in. The strings
  * point into the environment. */
 typedef struct kvp_te_env {
     uint32_t timeout_ms;   /* KVPOOL_TE_TIMEOUT_MS */

@@ -643,6 +643,13 @@ static void put_finish(put_batch_t *b, uint32_t *replicas_written)
     end_or_revoke(b->c, KVP_RPC_PUT_REVOKE, b->keys, rev_idx, NULL, NULL, nr, b->st);
 }
 
+void kvp_put_config_init(kvp_put_config_t *c)
+{
+    memset(c, 0, sizeof(*c));
+    c->size = sizeof(*c);
+    c->replica_num = 1;
+}
+
 /* The put config, defaults filled, checked. */
 static kvp_status_t put_config(const kvp_put_config_t *config, kvp_put_config_t *cfg)
 {

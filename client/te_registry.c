@@ -18,6 +18,7 @@
 typedef struct te_entry {
     struct te_entry *next;
     kvp_te_t *te;
+    kvp_te_registry_read_fn read;
 } te_entry_t;
 
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -34,12 +35,13 @@ static void add_counters(kvp_te_counters_t *sum, const kvp_te_counters_t *c)
         s[i] += v[i];
 }
 
-kvp_status_t kvp_te_registry_add(kvp_te_t *te)
+kvp_status_t kvp_te_registry_add(kvp_te_t *te, kvp_te_registry_read_fn read)
 {
     te_entry_t *e = malloc(sizeof(*e));
     if (e == NULL)
         return KVP_ERR_NOMEM;
     e->te = te;
+    e->read = read;
     pthread_mutex_lock(&reg_lock);
     e->next = reg_live;
     reg_live = e;
@@ -55,7 +57,7 @@ void kvp_te_registry_remove(kvp_te_t *te)
             te_entry_t *e = *p;
             *p = e->next;
             kvp_te_counters_t c;
-            kvp_te_get_counters(te, &c);
+            e->read(te, &c);
             add_counters(&reg_gone, &c);
             free(e);
             break;
@@ -69,7 +71,7 @@ void kvp_te_registry_sum(kvp_te_counters_t *sum)
     *sum = reg_gone;
     for (te_entry_t *e = reg_live; e != NULL; e = e->next) {
         kvp_te_counters_t c;
-        kvp_te_get_counters(e->te, &c);
+        e->read(e->te, &c);
         add_counters(sum, &c);
     }
     pthread_mutex_unlock(&reg_lock);

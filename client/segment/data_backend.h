@@ -2,7 +2,7 @@
  * data_backend.h - where a data server's bytes live: the one interface the
  * data server (data_server.c) moves them through, implemented by a DRAM
  * segment's memory (segment_server.c), an SSD or DFS segment's file
- * (ssd/ssd_server.c) and a transfer engine's registered memory (client/te.c,
+ * (ssd/ssd_server.c) and a transfer engine's registered memory (client/te/te.c,
  * kvp_te_*: its regions, peers' certificates, cma copies, notifies, rdma keys).
  *
  * The server never looks behind it: it reads each request (its header, its

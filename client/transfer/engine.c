@@ -1,9 +1,10 @@
 /*
  * engine.c - the transfer engine: run each op on its peer's transport.
  *
- * Transports (transfer/transport.h) sit in a priority list, kvp_transports[]:
- * shm (same host, the segment mapped), rdma (both sides have it), tcp. The
- * engine names none of them. A peer's transport is chosen once, when it is
+ * Transports (transfer/transport.h) sit in a priority list its creator hands
+ * it (xfer->list: kvp_transports[], transport/transports.h: shm (same host, the
+ * segment mapped), rdma (both sides have it), tcp). The engine names none of
+ * them. A peer's transport is chosen once, when it is
  * attached (its descriptor arrived, or its first use): the first transport of
  * the list whose attach accepts it, kept on the peer (peer->tp). It is chosen
  * again only when that transport fails an op to it with KVP_ERR_TRANSPORT
@@ -53,17 +54,9 @@
 #include "client/transfer/transport.h"
 #include "common/log.h"
 
-/* The priority list: adding a transport is adding its ops here. */
-const kvp_transport_ops_t *const kvp_transports[] = {
-    &kvp_transport_shm_ops,
-    &kvp_transport_rdma_ops,
-    &kvp_transport_tcp_ops,
-    NULL,
-};
-
 /* Tests only (the static library; libkvpool.map does not export it): the list every engine
- * created from now on uses instead of kvp_transports, so a test can put fakes behind a
- * whole client. NULL: kvp_transports. */
+ * created from now on uses instead of its own, so a test can put fakes behind a whole
+ * client. NULL: each engine's. */
 const kvp_transport_ops_t *const *kvp_transports_test;
 
 void kvp_host_id(char *buf, size_t len)
@@ -161,9 +154,10 @@ static void tps_destroy(kvp_transfer_t *xfer)
 kvp_status_t kvp_transfer_init(kvp_transfer_t *xfer)
 {
     static atomic_uint unavailable_said; /* bit k: list[k] said unavailable (once a process) */
-    const kvp_transport_ops_t *const *list = xfer->list            ? xfer->list
-                                             : kvp_transports_test ? kvp_transports_test
-                                                                   : kvp_transports;
+    const kvp_transport_ops_t *const *list =
+        kvp_transports_test != NULL ? kvp_transports_test : xfer->list;
+    if (list == NULL)
+        return KVP_ERR_INVALID_ARG;
     kvp_status_t st = KVP_OK;
     xfer->n_tps = 0;
     memset(&xfer->stats, 0, sizeof(xfer->stats));

@@ -63,7 +63,8 @@ typedef struct kvp_transfer {
                              * KVPOOL_RDMA_WINDOWS, client/env.c) */
     unsigned rdma_qp_cap;   /* QPs one principal may hold to our segment; 0: the default
                              * (KVPOOL_RDMA_QP_CAP) */
-    /* the priority list to create; NULL: kvp_transports (tests put fakes here) */
+    /* the priority list to create (kvp_transports, transport/transports.h; tests put fakes
+     * here); NULL: kvp_transfer_init fails, KVP_ERR_INVALID_ARG */
     const kvp_transport_ops_t *const *list;
     /* a transport created before the list, forced or not (the DFS shard files, when the
      * client has a DFS directory: it takes only DFS segments' peers); NULL: none */

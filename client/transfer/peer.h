@@ -41,7 +41,7 @@ typedef struct kvp_peer {
     uint64_t conn_tag;
     bool has_conn_key;
     /* Optional: run on each new tcp connection to the peer before any request (a
-     * transfer engine's TE_AUTH, client/te.c); an error closes it and fails the transfer */
+     * transfer engine's TE_AUTH, client/te/te.c); an error closes it and fails the transfer */
     kvp_status_t (*hello)(void *arg, int fd, uint32_t timeout_ms);
     void *hello_arg;
     bool grants; /* its owner checks grants: shm and rdma need a MAP grant / an rdma key */

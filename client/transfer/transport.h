@@ -4,7 +4,8 @@
  *
  * A transport is one file (transport/<name>.c) exporting one
  * kvp_transport_ops_t; adding a transport is adding that file and one line in
- * kvp_transports[] (engine.c). The engine never names a transport: it creates
+ * kvp_transports[] (transport/transports.c), the list the engine's creator
+ * hands it (kvp_transfer_t.list). The engine never names a transport: it creates
  * the ones in the list (only the forced one when a transport is forced), asks
  * each in priority order whether it can reach a peer (attach), keeps the first
  * that says yes on the peer (peer->tp, its state in peer->tp_state[index]),
@@ -97,14 +98,9 @@ typedef struct kvp_transport {
     unsigned index; /* in xfer->tps[] */
 } kvp_transport_t;
 
-/* The transports of this library, in priority order (NULL-terminated). */
-extern const kvp_transport_ops_t *const kvp_transports[];
-/* Tests only: a list engines use instead (NULL: kvp_transports); set before creating a
- * client, never while one exists. Not exported by the shared library. */
+/* Tests only: a list every engine created from now on uses instead of its own
+ * (kvp_transfer_t.list); set before creating a client, never while one exists. Not
+ * exported by the shared library. */
 extern const kvp_transport_ops_t *const *kvp_transports_test;
-
-extern const kvp_transport_ops_t kvp_transport_shm_ops;
-extern const kvp_transport_ops_t kvp_transport_rdma_ops;
-extern const kvp_transport_ops_t kvp_transport_tcp_ops;
 
 #endif

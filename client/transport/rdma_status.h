@@ -1,6 +1,6 @@
 /*
  * rdma_status.h - what the store's rdma transport (rdma.c) and the transfer engine's rdma
- * route (client/te_rdma.c) share above the verbs layer: a completion's status as kvpool's,
+ * route (client/te/te_rdma.c) share above the verbs layer: a completion's status as kvpool's,
  * and whether this host has an RDMA device at all.
  *
  * Thread: any.

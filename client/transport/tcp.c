@@ -276,7 +276,7 @@ static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t
     char host[256];
     uint16_t port = 0;
     /* "@NAME": an abstract Unix socket of this host (a transfer engine's shm socket,
-     * client/te.c), served by the same data server code; its owner must be our uid or root
+     * client/te/te.c), served by the same data server code; its owner must be our uid or root
      * (anyone may bind an abstract name) */
     bool unix_sock = pool->endpoint[0] == '@';
     kvp_status_t st =

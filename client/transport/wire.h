@@ -52,13 +52,13 @@
  * (common/grant.h, kvp_grant_mount_proof of the secret its owner sent in the Mount);
  * otherwise KVP_ERR_DENIED, length 0. The connection ends either way. */
 #define KVP_DATA_PROVE 10
-/* REGIONS (a transfer engine's server only, client/te.c): header with segment_id the engine's,
+/* REGIONS (a transfer engine's server only, client/te/te.c): header with segment_id the engine's,
  * offset 0, length 0; answered status 0, length 16 x n, then n (address, length) pairs of
  * u64, the ranges the engine registered, lowest address first (at most
  * KVP_DATA_REGIONS_MAX). The connection goes on. */
 #define KVP_DATA_REGIONS 11
 #define KVP_DATA_REGIONS_MAX 4096
-/* TE_AUTH (a transfer engine's server only, client/te.c, with credentials): header with
+/* TE_AUTH (a transfer engine's server only, client/te/te.c, with credentials): header with
  * segment_id the engine's, offset 0, length 0; answered status 0, length 32 and a fresh
  * 32-byte challenge (length 0, no challenge: the engine asks for no proof). The peer then
  * sends u32 cert_len, u32 sig_len (LE), its certificate (DER, at most
@@ -70,7 +70,7 @@
 #define KVP_DATA_TE_AUTH 12
 #define KVP_DATA_TE_CERT_MAX 16384
 #define KVP_DATA_TE_SIG_MAX 1024
-/* TE_CMA (a transfer engine's Unix socket only, client/te.c): the peer moves the bytes itself
+/* TE_CMA (a transfer engine's Unix socket only, client/te/te.c): the peer moves the bytes itself
  * with process_vm_writev / process_vm_readv. Header: segment_id the engine's, flags
  * KVP_DATA_TE_CMA_WRITE for a write (else a read), offset the entry count n (1..
  * KVP_DATA_VEC_MAX), length their total; n kvp_data_vec_t follow. Checked as a READV /
@@ -80,7 +80,7 @@
 #define KVP_DATA_TE_CMA 13
 #define KVP_DATA_TE_CMA_WRITE 0x1
 /* TE_CMA with flags KVP_DATA_TE_CMA_LEASE, offset 0, length 0 and no entries: a standing
- * lease of the one-copy path (client/te_lease.h). Granted only to a peer the kernel already
+ * lease of the one-copy path (client/te/te_lease.h). Granted only to a peer the kernel already
  * lets at all of the target's memory (its Unix socket, the same user or root, a dumpable
  * target, no Yama ptrace restriction, no other principal and no KVPOOL_TE_ACL): answered
  * status 0, length 0, with two memfds as SCM_RIGHTS on the answer's first byte: the
@@ -118,7 +118,7 @@ _Static_assert(sizeof(kvp_data_te_lease_slot_t) == 64, "kvp_data_te_lease_slot_t
  * length 0, the payload read first; the connection goes on. */
 #define KVP_DATA_TE_NOTIFY 14
 #define KVP_DATA_TE_NOTIFY_MAX 65536
-/* TE_RDMA (a transfer engine's only, client/te_rdma.c): header with segment_id the engine's,
+/* TE_RDMA (a transfer engine's only, client/te/te_rdma.c): header with segment_id the engine's,
  * offset 0, length 0. An admitted peer is answered status 0, length 40 + 24 x n: a
  * kvp_data_te_rdma_t (the rdma_cm address to connect to, n, a fresh one-time token) and n
  * kvp_data_te_rdma_region_t (the ranges the engine registered, lowest address first, each

@@ -32,7 +32,7 @@
 #include <sys/socket.h>
 
 #include "client/include/kvpool_te.h"
-#include "client/te_lease.h"
+#include "client/te/te_lease.h"
 #include "client/transport/rdma_status.h"
 #include "client/transport/wire.h"
 #include "common/sock.h"

@@ -108,7 +108,7 @@ def shm_conns(port):
 
 # vLLM hands over scattered block ids; runs of consecutive ids on both sides merge.
 def leases_here():
-    """Does this host let an engine grant standing leases (client/te_lease.h)? Not under
+    """Does this host let an engine grant standing leases (client/te/te_lease.h)? Not under
     Yama's ptrace_scope above 0."""
     try:
         with open("/proc/sys/kernel/yama/ptrace_scope") as f:

@@ -62,6 +62,7 @@
 #include "client/client_priv.h"
 #include "client/include/kvpool.h"
 #include "client/transfer/transport.h"
+#include "client/transport/transports.h"
 #include "client/transport/hello.h"
 #include "client/transport/rdma_verbs.h"
 #include "client/transport/wire.h"

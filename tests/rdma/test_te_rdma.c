@@ -1,5 +1,5 @@
 /*
- * test_te_rdma.c - the transfer engine's rdma route (client/te_rdma.c) between two processes,
+ * test_te_rdma.c - the transfer engine's rdma route (client/te/te_rdma.c) between two processes,
  * as vLLM's MooncakeConnector drives it (prefill writes into decode's KV cache):
  *   - both engines protocol "rdma"; each registers its KV cache, vLLM's layout (per layer a
  *     K and a V tensor of NUM_BLOCKS blocks), one region per tensor;
@@ -46,7 +46,7 @@
 #include <sys/socket.h>
 
 #include "client/include/kvpool_te.h"
-#include "client/te_rdma.h"
+#include "client/te/te_rdma.h"
 #include "client/transport/rdma_verbs.h"
 #include "tests/harness.h"
 

@@ -44,6 +44,7 @@
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
 #include "client/transfer/transport.h"
+#include "client/transport/transports.h"
 #include "client/transfer/xfer.h"
 #include "common/clock.h"
 #include "common/crc32c.h"

@@ -1,5 +1,5 @@
 /*
- * test_te_copy.c - unit tests for client/te_copy.c, the transfer engine's same-host copy:
+ * test_te_copy.c - unit tests for client/te/te_copy.c, the transfer engine's same-host copy:
  * a batch's ranges moved with process_vm_writev / readv, split by bytes over the caller and
  * helper threads. The "other process" is this one (process_vm_* to our own pid moves bytes
  * as to another's), so every byte is checked here.
@@ -27,7 +27,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "client/te_copy.h"
+#include "client/te/te_copy.h"
 
 #define GUARD 64
 

@@ -1,5 +1,5 @@
 /*
- * test_te_lease.c - the transfer engine's standing lease (client/te_lease.c), both sides in
+ * test_te_lease.c - the transfer engine's standing lease (client/te/te_lease.c), both sides in
  * this process, the memfds as a peer receives them:
  *   - a peer checks its ranges against what the target published: inside one range GO,
  *     across two or outside ASK (nothing marked); a publish of more ranges than the peer's
@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "client/include/kvpool_te.h"
-#include "client/te_lease.h"
+#include "client/te/te_lease.h"
 #include "tests/harness.h"
 #include "client/transport/wire.h"
 

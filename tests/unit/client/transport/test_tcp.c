@@ -46,6 +46,7 @@
 #include "tests/unit/client/transport/tp_test.h"
 #include "client/transport/wire.h"
 #include "client/transfer/transport.h"
+#include "client/transport/transports.h"
 
 #include "common/clock.h"
 #include "common/crc32c.h"

@@ -13,7 +13,7 @@
  * the wait kvpool-bench te's shm 64 KiB x 32 went from 68-84 % of memcpy to 96-132 % (five
  * runs each way, alternated); larger batches, where the copy is the time, did not move.
  */
-#include "client/te_copy.h"
+#include "client/te/te_copy.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -7,8 +7,8 @@
  * Thread: kvp_te_copy_run from any thread; one batch uses the helpers at a time (another
  * caller meanwhile copies on its own thread). create/destroy on the engine's.
  */
-#ifndef KVP_CLIENT_TE_COPY_H
-#define KVP_CLIENT_TE_COPY_H
+#ifndef KVP_CLIENT_TE_TE_COPY_H
+#define KVP_CLIENT_TE_TE_COPY_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -29,8 +29,8 @@
  * Thread: a host's publish (begin/end) under the engine's regions write lock, the rest from
  * any thread; a lease (the peer's side) is used by one batch at a time (the peer's cma_lock).
  */
-#ifndef KVP_CLIENT_TE_LEASE_H
-#define KVP_CLIENT_TE_LEASE_H
+#ifndef KVP_CLIENT_TE_TE_LEASE_H
+#define KVP_CLIENT_TE_TE_LEASE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 
 #include "client/mem/gpu.h"
-#include "client/te_cuda.h"
+#include "client/te/te_cuda.h"
 #include "common/log.h"
 #include "common/sock.h"
 
@@ -41,24 +41,6 @@ bool kvp_te_cuda_locals(kvp_transfer_t *xfer, size_t n, void *const *locals, con
             return true;
     }
     return false;
-}
-
-kvp_status_t kvp_te_transfer_on_cuda(kvp_te_t *te, const char *target, int opcode, size_t n,
-                                     void *const *locals, const uint64_t *remotes,
-                                     const uint64_t *lens, uintptr_t stream)
-{
-    if (te == NULL || target == NULL || (n > 0 && locals == NULL))
-        return KVP_ERR_INVALID_ARG;
-    if (!kvp_gpu_available())
-        return KVP_ERR_TRANSPORT; /* Mooncake: cudaLaunchHostFunc fails, RuntimeError */
-    const void *dev = NULL;       /* a device range, for the context when the thread has none */
-    for (size_t i = 0; i < n && dev == NULL; i++)
-        if (kvp_gpu_is_device_ptr(locals[i]))
-            dev = locals[i];
-    kvp_status_t st = kvp_gpu_caller_stream_sync(stream, dev);
-    if (st != KVP_OK)
-        return st;
-    return kvp_te_transfer(te, target, opcode, n, locals, remotes, lens);
 }
 
 /* ---- a target's registered device memory ---- */

@@ -5,8 +5,8 @@
  *
  * Thread: any.
  */
-#ifndef KVP_CLIENT_TE_CUDA_H
-#define KVP_CLIENT_TE_CUDA_H
+#ifndef KVP_CLIENT_TE_TE_CUDA_H
+#define KVP_CLIENT_TE_TE_CUDA_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -29,7 +29,7 @@
  * before xfer_lock); the region table under mr_lock; tokens and accepted queue pairs under
  * acc_lock.
  */
-#include "client/te_rdma.h"
+#include "client/te/te_rdma.h"
 
 #include <errno.h>
 #include <pthread.h>

@@ -9,7 +9,7 @@
  * read-only), the generation it waits on is its own count, and each peer's slot is a memfd
  * of its own.
  */
-#include "client/te_lease.h"
+#include "client/te/te_lease.h"
 
 #include <errno.h>
 #include <fcntl.h>

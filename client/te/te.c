@@ -62,16 +62,18 @@
 #include <openssl/x509v3.h>
 
 #include "client/segment/data_backend.h"
-#include "client/te_rdma.h"
+#include "client/te/te_rdma.h"
 #include "client/segment/data_server.h"
-#include "client/te_copy.h"
+#include "client/te/te_copy.h"
 #include "client/transfer/engine.h"
 #include "client/transfer/peer.h"
-#include "client/te_cuda.h"
-#include "client/te_lease.h"
+#include "client/te/te_cuda.h"
+#include "client/te/te_lease.h"
 #include "client/te_registry.h"
 #include "client/api.h"
 #include "client/env.h"
+#include "client/mem/gpu.h"
+#include "client/transport/transports.h"
 #include "client/transport/wire.h"
 #include "common/acl.h"
 #include "common/log.h"
@@ -467,7 +469,19 @@ static bool pins_take_locked(kvp_te_t *te, const kvp_data_vec_t *v, size_t n, te
     return true;
 }
 
-/* The pins of pins_take_locked given back (no lock held). A pin is not touched after its
+/* pins_take_locked under the read lock; *cuda_p: the staging of the device memory among the
+ * extents, NULL: none. */
+static bool pins_take(kvp_te_t *te, const kvp_data_vec_t *v, size_t n, te_pin_t **pins, size_t *k_p,
+                      te_cuda_t **cuda_p)
+{
+    pthread_rwlock_rdlock(&te->lock);
+    bool ok = pins_take_locked(te, v, n, pins, k_p);
+    *cuda_p = ok && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n) ? te->cuda : NULL;
+    pthread_rwlock_unlock(&te->lock);
+    return ok;
+}
+
+/* The pins of pins_take(_locked) given back (no lock held). A pin is not touched after its
  * count falls: its unregister may free it at once; a waiting unregister is woken through
  * the engine's pin_lock. */
 static void pins_give(kvp_te_t *te, te_pin_t *const *pins, size_t k)
@@ -520,14 +534,11 @@ static bool te_read(void *backend, void *conn, int fd, const kvp_data_vec_t *v, 
     te_iov(v, n, iov + 1);
     te_pin_t *pins[KVP_DATA_VEC_MAX];
     size_t k;
-    pthread_rwlock_rdlock(&te->lock);
-    bool ok = pins_take_locked(te, v, n, pins, &k);
-    te_cuda_t *cuda = ok && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n) ? te->cuda : NULL;
-    pthread_rwlock_unlock(&te->lock);
-    if (!ok)
+    te_cuda_t *cuda;
+    if (!pins_take(te, v, n, pins, &k, &cuda))
         return false; /* unregistered since its check: closed, as a peer may not rely on it */
-    ok = cuda != NULL ? kvp_te_cuda_send(cuda, &te->xfer, fd, v, n, total)
-                      : kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
+    bool ok = cuda != NULL ? kvp_te_cuda_send(cuda, &te->xfer, fd, v, n, total)
+                           : kvp_sendv_all(fd, iov, (int)n + 1) == KVP_OK;
     pins_give(te, pins, k);
     return ok;
 }
@@ -548,14 +559,11 @@ static bool te_write(void *backend, void *conn, int fd, const kvp_data_vec_t *v,
     te_iov(v, n, iov);
     te_pin_t *pins[KVP_DATA_VEC_MAX];
     size_t k;
-    pthread_rwlock_rdlock(&te->lock);
-    bool ok = pins_take_locked(te, v, n, pins, &k);
-    te_cuda_t *cuda = ok && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n) ? te->cuda : NULL;
-    pthread_rwlock_unlock(&te->lock);
-    if (!ok)
+    te_cuda_t *cuda;
+    if (!pins_take(te, v, n, pins, &k, &cuda))
         return false;
-    ok = cuda != NULL ? kvp_te_cuda_recv(cuda, &te->xfer, fd, v, n, reply_p)
-                      : kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
+    bool ok = cuda != NULL ? kvp_te_cuda_recv(cuda, &te->xfer, fd, v, n, reply_p)
+                           : kvp_recvv_all(fd, iov, (int)n) == KVP_OK;
     pins_give(te, pins, k);
     return ok;
 }
@@ -1192,10 +1200,8 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
      * opened and peers copy at once */
     te_pin_t *pins[TE_CMA_VEC_MAX];
     size_t k = 0;
-    pthread_rwlock_rdlock(&te->lock);
-    bool pinned = pins_take_locked(te, v, n, pins, &k);
-    bool dev = pinned && kvp_te_cuda_vecs(te->cuda, &te->xfer, v, n);
-    pthread_rwlock_unlock(&te->lock);
+    te_cuda_t *dev = NULL;
+    bool pinned = pins_take(te, v, n, pins, &k, &dev);
     bool ok;
     int32_t err = -1;
     if (!pinned)
@@ -1434,7 +1440,8 @@ static void te_announce(kvp_te_t *te)
         te->shm_served = true;
     else
         KVP_LOG_WARN("transfer engine: the shm socket @%s is taken: peers reach us over tcp", sock);
-    if (kvp_te_registry_add(te) != KVP_OK) /* its counts: metrics() only, not the client's */
+    /* its counts: metrics() only, not the client's */
+    if (kvp_te_registry_add(te, kvp_te_get_counters) != KVP_OK)
         KVP_LOG_WARN("transfer engine: out of memory: not counted in the client's metrics");
 }
 
@@ -1474,6 +1481,7 @@ static kvp_status_t te_create(const char *local_hostname, const char *metadata,
     te->cma = te->cma_lease || strcmp(env.shm, "cma-checked") == 0;
     te->copy_threads = env.copy_threads;
     te_init_state(te, &env, protected_mode);
+    te->xfer.list = kvp_transports; /* forced to tcp: the only one made */
     st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK)
         goto err_free_te;
@@ -2134,6 +2142,24 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
 }
 
 /* ---- async batches: one worker thread per engine, started at the first submit ---- */
+
+kvp_status_t kvp_te_transfer_on_cuda(kvp_te_t *te, const char *target, int opcode, size_t n,
+                                     void *const *locals, const uint64_t *remotes,
+                                     const uint64_t *lens, uintptr_t stream)
+{
+    if (te == NULL || target == NULL || (n > 0 && locals == NULL))
+        return KVP_ERR_INVALID_ARG;
+    if (!kvp_gpu_available())
+        return KVP_ERR_TRANSPORT; /* Mooncake: cudaLaunchHostFunc fails, RuntimeError */
+    const void *dev = NULL;       /* a device range, for the context when the thread has none */
+    for (size_t i = 0; i < n && dev == NULL; i++)
+        if (kvp_gpu_is_device_ptr(locals[i]))
+            dev = locals[i];
+    kvp_status_t st = kvp_gpu_caller_stream_sync(stream, dev);
+    if (st != KVP_OK)
+        return st;
+    return kvp_te_transfer(te, target, opcode, n, locals, remotes, lens);
+}
 
 static void *worker_main(void *arg)
 {

@@ -1,5 +1,5 @@
 /*
- * te_rdma.h - the transfer engine's rdma route (client/te.c, kvpool_te.h): one-sided RDMA
+ * te_rdma.h - the transfer engine's rdma route (client/te/te.c, kvpool_te.h): one-sided RDMA
  * WRITE / READ between an initiator's registered memory and the ranges a target registered,
  * on the verbs layer of the store's rdma transport (client/transport/rdma_verbs.h).
  *
@@ -16,8 +16,8 @@
  * Thread: any; a peer's batches one at a time; batches to different peers at once (a
  * completion thread hands each its completions).
  */
-#ifndef KVP_CLIENT_TE_RDMA_H
-#define KVP_CLIENT_TE_RDMA_H
+#ifndef KVP_CLIENT_TE_TE_RDMA_H
+#define KVP_CLIENT_TE_TE_RDMA_H
 
 #include <stdbool.h>
 #include <stddef.h>
