@@ -3,7 +3,7 @@
  * data server (data_server.c) moves them through, implemented by a DRAM
  * segment's memory (segment_server.c), an SSD or DFS segment's file
  * (ssd/ssd_server.c) and a transfer engine's registered memory (client/te/te.c,
- * kvp_te_*: its regions, peers' certificates, cma copies, notifies, rdma keys).
+ * kvp_te_*, whose own frames the server hands it whole: op_frame).
  *
  * The server never looks behind it: it reads each request (its header, its
  * vector entries and grants), checks the grants and that every extent lies
@@ -30,15 +30,19 @@
 #include "client/transport/wire.h"
 #include "common/status.h"
 
-/* Frames beside READ(V)/WRITE(V) and HELLO that a backend's bytes allow (wire.h); the
- * others are bad requests on its server. */
+struct kvp_conn; /* conn_server.h */
+
+/* Frames of the store's segments beside READ(V)/WRITE(V) and HELLO that a backend's bytes
+ * allow (wire.h); the server's others are bad requests on its server. */
 #define KVP_DATA_FRAME_MAP 0x1u     /* MAP: the bytes are memory the owner shares (a memfd) */
 #define KVP_DATA_FRAME_WINDOWS 0x2u /* BIND_READ, BIND_WRITE, UNBIND: rdma memory windows */
-#define KVP_DATA_FRAME_REGIONS 0x4u /* REGIONS: a transfer engine's registered ranges (regions) */
-#define KVP_DATA_FRAME_TE_AUTH 0x8u /* TE_AUTH: a transfer engine's peer proves a certificate */
-#define KVP_DATA_FRAME_TE_NOTIFY 0x20u /* TE_NOTIFY: a transfer engine's notifies */
-#define KVP_DATA_FRAME_TE_CMA 0x10u  /* TE_CMA: a transfer engine's peer copies, one kernel copy */
-#define KVP_DATA_FRAME_TE_RDMA 0x40u /* TE_RDMA: a transfer engine's rdma keys (te_rdma.c) */
+
+/* What op_frame did with a request. */
+typedef enum {
+    KVP_DATA_OP_CLOSE = 0,   /* served or refused; the connection must close */
+    KVP_DATA_OP_GO_ON = 1,   /* served or refused; the connection goes on */
+    KVP_DATA_OP_UNKNOWN = 2, /* not an op of the backend's: a bad request (the server closes) */
+} kvp_data_op_t;
 
 typedef struct kvp_data_backend_ops {
     const char *name; /* in the server's logs: "segment server", "ssd server", ... */
@@ -76,19 +80,13 @@ typedef struct kvp_data_backend_ops {
      */
     bool (*write)(void *backend, void *conn, int fd, const kvp_data_vec_t *v, size_t n,
                   kvp_status_t *reply_p);
-    /* With KVP_DATA_FRAME_REGIONS: answer a REGIONS request (wire.h) on fd, reply header
-     * included; false: the connection must close. */
-    bool (*regions)(void *backend, void *conn, int fd);
-    /* With KVP_DATA_FRAME_TE_AUTH: run a TE_AUTH exchange (wire.h) on fd, replies included,
-     * noting the outcome in conn; false: the connection must close. */
-    bool (*auth)(void *backend, void *conn, int fd);
-    /* With KVP_DATA_FRAME_TE_CMA: serve a TE_CMA request whose header is req (wire.h),
-     * entries and replies included; false: the connection must close. */
-    bool (*cma)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
-    /* With KVP_DATA_FRAME_TE_NOTIFY: the same for a TE_NOTIFY. */
-    bool (*notify)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
-    /* With KVP_DATA_FRAME_TE_RDMA: the same for a TE_RDMA. */
-    bool (*rdma)(void *backend, void *conn, int fd, const kvp_data_req_t *req);
+    /* Optional: a request of an op the server does not serve itself (the backend's own
+     * frames: a transfer engine's, wire.h), header req (its magic checked, nothing else):
+     * read what follows it and answer on fd, replies included. frame: the connection as its
+     * server holds it (kvp_conn_frame_extend, for a request that moves bytes meanwhile).
+     * NULL: every such op is a bad request. */
+    kvp_data_op_t (*op_frame)(void *backend, void *conn, struct kvp_conn *frame, int fd,
+                              const kvp_data_req_t *req);
     /* Optional: the server is gone; free the backend. */
     void (*destroy)(void *backend);
 } kvp_data_backend_ops_t;

@@ -449,43 +449,15 @@ static bool serve_frame(conn_t *c, const kvp_data_req_t *req)
             if ((frames & KVP_DATA_FRAME_WINDOWS) == 0)
                 break;
             return serve_windows(c, req);
-        case KVP_DATA_REGIONS:
-            if ((frames & KVP_DATA_FRAME_REGIONS) == 0 || srv->ops->regions == NULL)
+        default: /* the backend's own (a transfer engine's), if it has any */
+            if (srv->ops->op_frame == NULL)
                 break;
-            if (req->segment_id != atomic_load(&srv->segment_id) || req->offset != 0 ||
-                req->length != 0) {
-                kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
+            if (!backend_open(c))
                 return false;
-            }
-            return backend_open(c) && srv->ops->regions(srv->backend, c->backend_conn, c->fd);
-        case KVP_DATA_TE_AUTH:
-            if ((frames & KVP_DATA_FRAME_TE_AUTH) == 0 || srv->ops->auth == NULL)
-                break;
-            if (req->segment_id != atomic_load(&srv->segment_id) || req->offset != 0 ||
-                req->length != 0) {
-                kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
-                return false;
-            }
-            return backend_open(c) && srv->ops->auth(srv->backend, c->backend_conn, c->fd);
-        case KVP_DATA_TE_CMA:
-            if ((frames & KVP_DATA_FRAME_TE_CMA) == 0 || srv->ops->cma == NULL)
-                break;
-            kvp_conn_frame_extend(c->conn, req->length); /* the peer moves them meanwhile */
-            return backend_open(c) && srv->ops->cma(srv->backend, c->backend_conn, c->fd, req);
-        case KVP_DATA_TE_NOTIFY:
-            if ((frames & KVP_DATA_FRAME_TE_NOTIFY) == 0 || srv->ops->notify == NULL)
-                break;
-            return backend_open(c) && srv->ops->notify(srv->backend, c->backend_conn, c->fd, req);
-        case KVP_DATA_TE_RDMA:
-            if ((frames & KVP_DATA_FRAME_TE_RDMA) == 0 || srv->ops->rdma == NULL)
-                break;
-            if (req->segment_id != atomic_load(&srv->segment_id) || req->offset != 0 ||
-                req->length != 0) {
-                kvp_data_reply(c->fd, KVP_ERR_PROTOCOL, 0);
-                return false;
-            }
-            return backend_open(c) && srv->ops->rdma(srv->backend, c->backend_conn, c->fd, req);
-        default:
+            kvp_data_op_t done =
+                srv->ops->op_frame(srv->backend, c->backend_conn, c->conn, c->fd, req);
+            if (done != KVP_DATA_OP_UNKNOWN)
+                return done == KVP_DATA_OP_GO_ON;
             break;
         }
     }

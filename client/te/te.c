@@ -63,6 +63,7 @@
 
 #include "client/segment/data_backend.h"
 #include "client/te/te_rdma.h"
+#include "client/segment/conn_server.h"
 #include "client/segment/data_server.h"
 #include "client/te/te_copy.h"
 #include "client/transfer/engine.h"
@@ -626,63 +627,83 @@ static bool auth_end(const struct sockaddr_storage *ss, socklen_t len, uint8_t o
     return true;
 }
 
-/* What a TE_AUTH signature covers (TE_AUTH_MSG bytes): the tag, the challenge, the engine's
- * segment id, and the connection it is made on: the initiator's end and the target's, as
- * each side sees them on fd (initiator: ours and the peer's; target: the peer's and ours),
- * so that a proof answers one challenge on one connection to the target it was made for: a
- * party the initiator dialled that passes the target's challenge on and the proof back
- * (a relay) has a connection of its own to the target, whose ends differ. false: fd's ends
- * unknown. */
-#define TE_AUTH_MSG (16 + 32 + 8 + 18 + 18)
-static bool auth_message(const uint8_t challenge[32], int fd, bool initiator,
-                         uint8_t msg[TE_AUTH_MSG])
+/* What a TE_AUTH signature covers (TE_AUTH_MSG bytes): a tag naming the signer's side, the
+ * target's challenge and the initiator's, the engine's segment id, the connection it is made
+ * on (the initiator's end and the target's, as each side sees them on fd), and the SHA-256
+ * of the other side's certificate (DER): so a proof answers one challenge, for one
+ * principal, on one connection. A party the initiator dialled that passes the target's
+ * challenge on and the proof back (a relay) has a connection of its own to the target,
+ * whose ends differ, and a certificate of its own. signer_initiator: the initiator's proof
+ * (tag "kvpool te auth 3"), else the target's ("kvpool te targ 3"); initiator: which side
+ * fd is. false: fd's ends unknown. */
+#define TE_AUTH_MSG (16 + 32 + 32 + 8 + 18 + 18 + 32)
+static bool auth_message(const uint8_t target_challenge[32], const uint8_t initiator_challenge[32],
+                         const uint8_t *other_der, size_t other_len, int fd, bool initiator,
+                         bool signer_initiator, uint8_t msg[TE_AUTH_MSG])
 {
     memset(msg, 0, 16);
-    memcpy(msg, "kvpool te auth 2", 16);
-    memcpy(msg + 16, challenge, 32);
+    memcpy(msg, signer_initiator ? "kvpool te auth 3" : "kvpool te targ 3", 16);
+    memcpy(msg + 16, target_challenge, 32);
+    memcpy(msg + 48, initiator_challenge, 32);
     uint64_t id = KVP_TE_SEGMENT_ID; /* little-endian hosts only (as the wire) */
-    memcpy(msg + 48, &id, 8);
+    memcpy(msg + 80, &id, 8);
     struct sockaddr_storage l, p;
     socklen_t ll = sizeof(l), pl = sizeof(p);
     if (getsockname(fd, (struct sockaddr *)&l, &ll) != 0 ||
         getpeername(fd, (struct sockaddr *)&p, &pl) != 0)
         return false;
-    return auth_end(initiator ? &l : &p, initiator ? ll : pl, msg + 56) &&
-           auth_end(initiator ? &p : &l, initiator ? pl : ll, msg + 74);
+    SHA256(other_der, other_len, msg + 124);
+    return auth_end(initiator ? &l : &p, initiator ? ll : pl, msg + 88) &&
+           auth_end(initiator ? &p : &l, initiator ? pl : ll, msg + 106);
 }
 
-/* Is der a certificate of our CA, for a client, not revoked (the common TLS code's check, as
- * the master's and the indexer's), whose key signed msg, naming a principal KVPOOL_TE_PEERS
- * allows? Its CN into cn. */
-static bool auth_verify(const te_auth_t *a, const uint8_t *der, size_t der_len, const uint8_t *sig,
-                        size_t sig_len, const uint8_t *msg, size_t msg_len, char *cn, size_t cn_len,
-                        const char **why_p)
+/* Is der a certificate of our CA, not revoked (the common TLS code's check, as the master's
+ * and the indexer's), naming a principal KVPOOL_TE_PEERS allows? Its CN into cn. */
+static bool auth_cert_ok(const te_auth_t *a, const uint8_t *der, size_t der_len, char *cn,
+                         size_t cn_len, const char **why_p)
+{
+    cn[0] = '\0';
+    if (!kvp_tls_verify_der(a->tls, der, der_len, cn, cn_len, why_p)) {
+        cn[0] = '\0'; /* (*why_p says why) */
+        ERR_clear_error();
+        return false;
+    }
+    bool ok = a->n_allowed == 0;
+    for (size_t i = 0; i < a->n_allowed && !ok; i++)
+        ok = strcmp(a->allowed[i], cn) == 0;
+    *why_p = ok ? NULL : "a principal KVPOOL_TE_PEERS does not name";
+    return ok;
+}
+
+/* Did der's key (a certificate auth_cert_ok took) sign msg? */
+static bool auth_sig_ok(const uint8_t *der, size_t der_len, const uint8_t *sig, size_t sig_len,
+                        const uint8_t *msg, size_t msg_len, const char **why_p)
 {
     const unsigned char *p = der;
     X509 *cert = d2i_X509(NULL, &p, (long)der_len);
-    EVP_PKEY *pub = NULL;
+    EVP_PKEY *pub = cert != NULL && p == der + der_len ? X509_get_pubkey(cert) : NULL;
     EVP_MD_CTX *md = EVP_MD_CTX_new();
-    bool ok = false;
-    cn[0] = '\0';
-    *why_p = "not a certificate";
-    if (cert != NULL && p == der + der_len && md != NULL) {
-        if (!kvp_tls_verify_der(a->tls, der, der_len, cn, cn_len, why_p))
-            cn[0] = '\0'; /* (*why_p says why) */
-        else if ((pub = X509_get_pubkey(cert)) == NULL ||
-                 EVP_DigestVerifyInit(md, NULL, EVP_sha256(), NULL, pub) != 1 ||
-                 EVP_DigestVerify(md, sig, sig_len, msg, msg_len) != 1)
-            *why_p = "the signature does not verify with the certificate's key";
-        else {
-            ok = a->n_allowed == 0;
-            for (size_t i = 0; i < a->n_allowed && !ok; i++)
-                ok = strcmp(a->allowed[i], cn) == 0;
-            *why_p = ok ? NULL : "a principal KVPOOL_TE_PEERS does not name";
-        }
-    }
+    bool ok = pub != NULL && md != NULL &&
+              EVP_DigestVerifyInit(md, NULL, EVP_sha256(), NULL, pub) == 1 &&
+              EVP_DigestVerify(md, sig, sig_len, msg, msg_len) == 1;
+    if (!ok)
+        *why_p = "the signature does not verify with the certificate's key";
     ERR_clear_error();
     EVP_MD_CTX_free(md);
     EVP_PKEY_free(pub);
     X509_free(cert);
+    return ok;
+}
+
+/* Our key's signature over msg into sig (*sig_len_p: its room, then its length). */
+static bool auth_sign(const te_auth_t *a, const uint8_t *msg, size_t msg_len, uint8_t *sig,
+                      size_t *sig_len_p)
+{
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    bool ok = md != NULL && EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, a->key) == 1 &&
+              EVP_DigestSign(md, sig, sig_len_p, msg, msg_len) == 1;
+    EVP_MD_CTX_free(md);
+    ERR_clear_error();
     return ok;
 }
 
@@ -741,57 +762,81 @@ static uint8_t auth_rights(kvp_te_t *te, const char *cn, const char **why_p,
     return r;
 }
 
-/* The target's side of TE_AUTH. A refusal is answered KVP_ERR_DENIED and counted, and the
- * connection closes (a proof that passes admits it: te_proved). */
+/* TE_AUTH's proof as sent (wire.h): the lengths, the initiator's challenge. */
+typedef struct te_auth_head {
+    uint32_t cert_len, sig_len;
+    uint8_t challenge[32];
+} te_auth_head_t;
+
+/* The target's side of TE_AUTH: our challenge and certificate out, the peer's proof in,
+ * checked, then our own proof back. A refusal is answered KVP_ERR_DENIED and counted, and
+ * the connection closes (a proof that passes admits it: te_proved). */
 static bool te_auth(void *backend, void *conn, int fd)
 {
     kvp_te_t *te = backend;
     te_conn_t *c = conn;
-    if (te->auth == NULL)
-        return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK; /* nothing to prove */
+    const te_auth_t *a = te->auth;
+    if (a == NULL)
+        return kvp_data_reply(fd, KVP_OK, 0) == KVP_OK; /* nothing to prove, nothing proved */
     uint8_t challenge[32];
     if (RAND_bytes(challenge, sizeof(challenge)) != 1)
         return false;
-    kvp_data_resp_t r = {.magic = KVP_DATA_MAGIC, .status = 0, .length = sizeof(challenge)};
-    struct iovec iov[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
-                           {.iov_base = challenge, .iov_len = sizeof(challenge)}};
-    uint32_t lens[2];
-    if (kvp_sendv_all(fd, iov, 2) != KVP_OK || kvp_recv_all(fd, lens, sizeof(lens)) != KVP_OK)
+    kvp_data_resp_t r = {
+        .magic = KVP_DATA_MAGIC, .status = 0, .length = sizeof(challenge) + (uint64_t)a->cert_len};
+    struct iovec iov[3] = {{.iov_base = &r, .iov_len = sizeof(r)},
+                           {.iov_base = challenge, .iov_len = sizeof(challenge)},
+                           {.iov_base = a->cert_der, .iov_len = (size_t)a->cert_len}};
+    te_auth_head_t h;
+    if (kvp_sendv_all(fd, iov, 3) != KVP_OK || kvp_recv_all(fd, &h, sizeof(h)) != KVP_OK)
         return false;
-    if (lens[0] == 0 || lens[0] > KVP_DATA_TE_CERT_MAX || lens[1] == 0 ||
-        lens[1] > KVP_DATA_TE_SIG_MAX) {
+    if (h.cert_len == 0 || h.cert_len > KVP_DATA_TE_CERT_MAX || h.sig_len == 0 ||
+        h.sig_len > KVP_DATA_TE_SIG_MAX) {
         atomic_fetch_add_explicit(&te->refused_auth, 1, memory_order_relaxed);
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
-    uint8_t *buf = malloc((size_t)lens[0] + lens[1]);
-    if (buf == NULL || kvp_recv_all(fd, buf, (size_t)lens[0] + lens[1]) != KVP_OK) {
+    uint8_t *buf = malloc((size_t)h.cert_len + h.sig_len);
+    if (buf == NULL || kvp_recv_all(fd, buf, (size_t)h.cert_len + h.sig_len) != KVP_OK) {
         free(buf);
         return false;
     }
-    uint8_t msg[TE_AUTH_MSG];
+    uint8_t msg[TE_AUTH_MSG], reply[TE_AUTH_MSG], sig[KVP_DATA_TE_SIG_MAX];
+    size_t sig_len = sizeof(sig);
     char cn[128] = "";
     const char *why = "the connection's ends are unknown";
-    bool ok = auth_message(challenge, fd, false, msg) &&
-              auth_verify(te->auth, buf, lens[0], buf + lens[0], lens[1], msg, sizeof(msg), cn,
-                          sizeof(cn), &why);
+    bool ok = auth_message(challenge, h.challenge, a->cert_der, (size_t)a->cert_len, fd, false,
+                           true, msg) &&
+              auth_message(challenge, h.challenge, buf, h.cert_len, fd, false, false, reply) &&
+              auth_cert_ok(a, buf, h.cert_len, cn, sizeof(cn), &why) &&
+              auth_sig_ok(buf, h.cert_len, buf + h.cert_len, h.sig_len, msg, sizeof(msg), &why);
     free(buf);
     _Atomic uint64_t *count = &te->refused_auth;
-    if (ok && te->auth->acl_path[0] != '\0')
+    if (ok && a->acl_path[0] != '\0')
         acl_check(te);
-    c->gen = atomic_load(&te->auth->acl_gen);
+    c->gen = atomic_load(&a->acl_gen);
     c->rights = ok ? auth_rights(te, cn, &why, &count) : 0;
     snprintf(c->cn, sizeof(c->cn), "%s", ok ? cn : "");
     ok = ok && c->rights != 0;
-    c->own = ok && strcmp(cn, te->auth->cn) == 0;
+    c->own = ok && strcmp(cn, a->cn) == 0;
     c->authed = ok;
     c->admitted = 0; /* asked again at the next request */
     if (!ok) {
         atomic_fetch_add_explicit(count, 1, memory_order_relaxed);
         KVP_LOG_WARN_LIMITED("transfer engine: a peer's certificate (CN '%s') refused: %s", cn,
                              why);
+        kvp_data_reply(fd, KVP_ERR_DENIED, 0);
+        return false;
     }
-    return kvp_data_reply(fd, ok ? KVP_OK : KVP_ERR_DENIED, 0) == KVP_OK && ok;
+    /* our proof, for the initiator: the same challenges and connection, its certificate */
+    if (!auth_sign(a, reply, sizeof(reply), sig, &sig_len)) {
+        c->authed = false;
+        kvp_data_reply(fd, KVP_ERR_SYSTEM, 0);
+        return false;
+    }
+    r = (kvp_data_resp_t){.magic = KVP_DATA_MAGIC, .status = 0, .length = sig_len};
+    struct iovec out[2] = {{.iov_base = &r, .iov_len = sizeof(r)},
+                           {.iov_base = sig, .iov_len = sig_len}};
+    return kvp_sendv_all(fd, out, 2) == KVP_OK;
 }
 
 /* Has the connection proved what it must (the server's admission, conn_server.h: until then
@@ -817,45 +862,99 @@ static kvp_status_t te_ask(int fd, uint16_t op, kvp_data_resp_t *r)
     return st == KVP_OK ? r->status : st;
 }
 
-/* The initiator's side (peer->hello of every target, and REGIONS): prove our certificate
- * on a new connection fd. KVP_ERR_DENIED: the target refused it. */
+/* May the initiator move bytes with the target principal cn (its certificate checked)? The
+ * rule a target applies to its peers, turned round: KVPOOL_TE_PEERS (auth_cert_ok), and with
+ * KVPOOL_TE_ACL a principal of it that may read or write here (our tenant's, or an admin):
+ * no KV goes to, or comes from, an engine of another tenant or a stranger. */
+static bool target_allowed(kvp_te_t *te, const char *cn, const char **why_p)
+{
+    if (te->auth->acl_path[0] == '\0')
+        return true;
+    acl_check(te);
+    _Atomic uint64_t *count;
+    return auth_rights(te, cn, why_p, &count) != 0;
+}
+
+/* The target's half of TE_AUTH as the initiator reads it: its challenge and certificate
+ * (der, malloc'd, *len_p; NULL: none). KVP_ERR_DENIED: the target proves nothing. */
+static kvp_status_t target_hello(int fd, uint8_t challenge[32], uint8_t **der_p, size_t *len_p)
+{
+    kvp_data_resp_t r;
+    *der_p = NULL;
+    kvp_status_t st = te_ask(fd, KVP_DATA_TE_AUTH, &r);
+    if (st != KVP_OK)
+        return st;
+    if (r.length == 0) /* a target with no credentials: it proves nothing either */
+        return KVP_ERR_DENIED;
+    if (r.length <= 32 || r.length > 32 + KVP_DATA_TE_CERT_MAX)
+        return KVP_ERR_PROTOCOL;
+    *len_p = (size_t)r.length - 32;
+    if ((*der_p = malloc(*len_p)) == NULL)
+        return KVP_ERR_NOMEM;
+    st = kvp_recv_all(fd, challenge, 32);
+    return st == KVP_OK ? kvp_recv_all(fd, *der_p, *len_p) : st;
+}
+
+/* The initiator's side (peer->hello of every target, and REGIONS): on a new connection fd,
+ * check the target's certificate, prove ours (bound to its certificate and the connection),
+ * then check the target's proof. KVP_ERR_DENIED: the target refused us, or proved nothing
+ * we take (no credentials, a certificate of another CA, revoked, not named, of another
+ * tenant, a proof that does not verify): nothing moves to or from it. */
+/* Our proof (h, our certificate, sig) out on fd, the target's answer in: KVP_OK with its
+ * signature in sig (*sig_len_p), or its refusal. */
+static kvp_status_t proof_exchange(const te_auth_t *a, int fd, const te_auth_head_t *h,
+                                   uint8_t sig[KVP_DATA_TE_SIG_MAX], size_t *sig_len_p)
+{
+    struct iovec iov[3] = {{.iov_base = (void *)h, .iov_len = sizeof(*h)},
+                           {.iov_base = a->cert_der, .iov_len = (size_t)a->cert_len},
+                           {.iov_base = sig, .iov_len = h->sig_len}};
+    kvp_data_resp_t r;
+    kvp_status_t st = kvp_sendv_all(fd, iov, 3);
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, &r, sizeof(r));
+    if (st != KVP_OK)
+        return st;
+    if (r.magic != KVP_DATA_MAGIC)
+        return KVP_ERR_PROTOCOL;
+    if (r.status != 0)
+        return r.status;
+    if (r.length == 0 || r.length > KVP_DATA_TE_SIG_MAX)
+        return KVP_ERR_PROTOCOL;
+    *sig_len_p = (size_t)r.length;
+    return kvp_recv_all(fd, sig, *sig_len_p);
+}
+
 static kvp_status_t te_auth_prove(void *arg, int fd, uint32_t timeout_ms)
 {
     (void)timeout_ms; /* fd's SO_RCVTIMEO / SO_SNDTIMEO are set */
     kvp_te_t *te = arg;
     const te_auth_t *a = te->auth;
-    kvp_data_resp_t r;
-    kvp_status_t st = te_ask(fd, KVP_DATA_TE_AUTH, &r);
-    if (st != KVP_OK)
-        return st;
-    if (r.length == 0)
-        return KVP_OK; /* the target asks for no proof */
-    if (r.length != 32)
-        return KVP_ERR_PROTOCOL;
-    uint8_t challenge[32], msg[TE_AUTH_MSG], sig[KVP_DATA_TE_SIG_MAX];
-    if ((st = kvp_recv_all(fd, challenge, sizeof(challenge))) != KVP_OK)
-        return st;
-    if (!auth_message(challenge, fd, true, msg))
-        return KVP_ERR_IO;
-    size_t sig_len = sizeof(sig);
-    EVP_MD_CTX *md = EVP_MD_CTX_new();
-    bool signed_ok = md != NULL && EVP_DigestSignInit(md, NULL, EVP_sha256(), NULL, a->key) == 1 &&
-                     EVP_DigestSign(md, sig, &sig_len, msg, sizeof(msg)) == 1;
-    EVP_MD_CTX_free(md);
-    if (!signed_ok) {
-        ERR_clear_error();
-        return KVP_ERR_SYSTEM;
+    uint8_t *der, tc[32], msg[TE_AUTH_MSG], sig[KVP_DATA_TE_SIG_MAX];
+    size_t der_len = 0, sig_len = sizeof(sig);
+    te_auth_head_t h = {.cert_len = (uint32_t)a->cert_len};
+    char cn[128] = "";
+    const char *why = "it proves nothing (no credentials)";
+    kvp_status_t st = target_hello(fd, tc, &der, &der_len);
+    if (st == KVP_OK &&
+        (!auth_cert_ok(a, der, der_len, cn, sizeof(cn), &why) || !target_allowed(te, cn, &why)))
+        st = KVP_ERR_DENIED;
+    if (st == KVP_OK && (RAND_bytes(h.challenge, sizeof(h.challenge)) != 1 ||
+                         !auth_message(tc, h.challenge, der, der_len, fd, true, true, msg) ||
+                         !auth_sign(a, msg, sizeof(msg), sig, &sig_len)))
+        st = KVP_ERR_SYSTEM;
+    if (st == KVP_OK) {
+        h.sig_len = (uint32_t)sig_len;
+        st = proof_exchange(a, fd, &h, sig, &sig_len);
+        why = "it refused our proof";
     }
-    uint32_t lens[2] = {(uint32_t)a->cert_len, (uint32_t)sig_len};
-    struct iovec iov[3] = {{.iov_base = lens, .iov_len = sizeof(lens)},
-                           {.iov_base = a->cert_der, .iov_len = (size_t)a->cert_len},
-                           {.iov_base = sig, .iov_len = sig_len}};
-    st = kvp_sendv_all(fd, iov, 3);
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, &r, sizeof(r));
-    if (st == KVP_OK && (r.magic != KVP_DATA_MAGIC || r.length != 0))
-        st = KVP_ERR_PROTOCOL;
-    return st == KVP_OK ? r.status : st;
+    if (st == KVP_OK &&
+        (!auth_message(tc, h.challenge, a->cert_der, (size_t)a->cert_len, fd, true, false, msg) ||
+         !auth_sig_ok(der, der_len, sig, sig_len, msg, sizeof(msg), &why)))
+        st = KVP_ERR_DENIED;
+    if (st == KVP_ERR_DENIED)
+        KVP_LOG_WARN_LIMITED("transfer engine: a target (CN '%s') not taken: %s", cn, why);
+    free(der);
+    return st;
 }
 
 static void auth_free(te_auth_t *a)
@@ -1291,18 +1390,44 @@ static bool te_rdma_frame(void *backend, void *conn, int fd, const kvp_data_req_
     return te_rdma_serve(te->rdma, fd);
 }
 
+/* The engine's own frames (wire.h: REGIONS, TE_AUTH, TE_CMA, TE_NOTIFY, TE_RDMA), which the
+ * store's data server hands over whole (data_backend.h op_frame). */
+static kvp_data_op_t te_frame(void *backend, void *conn, kvp_conn_t *frame, int fd,
+                              const kvp_data_req_t *req)
+{
+    bool plain = req->segment_id == KVP_TE_SEGMENT_ID && req->offset == 0 && req->length == 0;
+    bool go_on;
+    switch (req->op) {
+    case KVP_DATA_REGIONS:
+    case KVP_DATA_TE_AUTH:
+    case KVP_DATA_TE_RDMA:
+        if (!plain) {
+            kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
+            return KVP_DATA_OP_CLOSE;
+        }
+        go_on = req->op == KVP_DATA_REGIONS   ? te_regions(backend, conn, fd)
+                : req->op == KVP_DATA_TE_AUTH ? te_auth(backend, conn, fd)
+                                              : te_rdma_frame(backend, conn, fd, req);
+        break;
+    case KVP_DATA_TE_CMA:
+        kvp_conn_frame_extend(frame, req->length); /* the peer moves them meanwhile */
+        go_on = te_cma(backend, conn, fd, req);
+        break;
+    case KVP_DATA_TE_NOTIFY:
+        go_on = te_notify(backend, conn, fd, req);
+        break;
+    default:
+        return KVP_DATA_OP_UNKNOWN;
+    }
+    return go_on ? KVP_DATA_OP_GO_ON : KVP_DATA_OP_CLOSE;
+}
+
 static const kvp_data_backend_ops_t te_ops = {
     .name = "transfer engine",
-    .frames = KVP_DATA_FRAME_REGIONS | KVP_DATA_FRAME_TE_AUTH | KVP_DATA_FRAME_TE_CMA |
-              KVP_DATA_FRAME_TE_NOTIFY | KVP_DATA_FRAME_TE_RDMA,
-    .auth = te_auth,
-    .rdma = te_rdma_frame,
-    .cma = te_cma,
-    .notify = te_notify,
+    .op_frame = te_frame,
     .conn_open = te_conn_open,
     .conn_close = te_conn_close,
     .proved = te_proved,
-    .regions = te_regions,
     .check = te_check,
     .read = te_read,
     .write = te_write,

@@ -59,14 +59,18 @@
 #define KVP_DATA_REGIONS 11
 #define KVP_DATA_REGIONS_MAX 4096
 /* TE_AUTH (a transfer engine's server only, client/te/te.c, with credentials): header with
- * segment_id the engine's, offset 0, length 0; answered status 0, length 32 and a fresh
- * 32-byte challenge (length 0, no challenge: the engine asks for no proof). The peer then
- * sends u32 cert_len, u32 sig_len (LE), its certificate (DER, at most
- * KVP_DATA_TE_CERT_MAX) and its signature (SHA-256, at most KVP_DATA_TE_SIG_MAX) with the
- * certificate's key over "kvpool te auth" padded with NULs to 16 bytes || challenge ||
- * segment_id (8 bytes LE); answered status 0 (the connection is now that certificate's
- * principal, its CN) or KVP_ERR_DENIED (not of the engine's CA, a bad signature, or a
- * principal KVPOOL_TE_PEERS does not name), length 0. The connection goes on. */
+ * segment_id the engine's, offset 0, length 0; answered status 0 and length 32 + c: a fresh
+ * 32-byte challenge and the target's certificate (DER, c bytes, at most
+ * KVP_DATA_TE_CERT_MAX) (length 0: the engine has no credentials, asks for no proof and
+ * proves nothing). The peer then sends u32 cert_len, u32 sig_len (LE), its own 32-byte
+ * challenge, its certificate (DER) and its signature (SHA-256, at most KVP_DATA_TE_SIG_MAX)
+ * over the message te.c's auth_message builds ("kvpool te auth 3", both challenges, the
+ * segment id, both ends of the connection, the SHA-256 of the target's certificate);
+ * answered status 0 with length s and the target's signature (s bytes) over the same with
+ * the tag "kvpool te targ 3" and the SHA-256 of the peer's certificate (the connection is
+ * now that certificate's principal, its CN), or KVP_ERR_DENIED, length 0 (not of the
+ * engine's CA, revoked, a bad signature, a principal KVPOOL_TE_PEERS does not name), and
+ * the connection closes. docs/protocol.md has the whole exchange. */
 #define KVP_DATA_TE_AUTH 12
 #define KVP_DATA_TE_CERT_MAX 16384
 #define KVP_DATA_TE_SIG_MAX 1024

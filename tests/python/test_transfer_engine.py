@@ -506,6 +506,46 @@ def test_revoked_certificate_refused(peers, tmp_path, certs, proto):
     assert (w["rc"], w["status"]) == (0, 0), w
 
 
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_initiator_takes_only_a_target_that_proves_itself(peers, tmp_path, certs, proto):
+    """TE_AUTH is mutual: an initiator with credentials moves bytes only with a target that
+    proves a principal it takes, by the rules a target applies to its peers. A decode with no
+    credentials, one of another CA (rogue), one whose certificate is revoked (the prefill
+    reads KVPOOL_TLS_CRL) and one KVPOOL_TE_PEERS does not name: the prefill's write and read
+    fail KVP_ERR_DENIED, the decode's memory untouched and nothing served, and the decode
+    refused nothing itself (the initiator refused first: before, the revoked, unnamed and
+    credential-less decodes took the write, and the rogue refused the prefill's proof). The
+    decode it names writes byte-exact."""
+    pre_env = dict(cred_env(certs, "prefill-a"), KVPOOL_TLS_CRL=str(certs / "crl.pem"))
+    for name, denv, penv in (("none", {}, {}),
+                             ("rogue", cred_env(certs, "rogue"), {}),
+                             ("revoked", cred_env(certs, "revoked"), {}),
+                             ("unnamed", cred_env(certs, "decode"),
+                              {"KVPOOL_TE_PEERS": "prefill-b"})):
+        decode = peers("decode", proto, env=denv)
+        prefill = peers("prefill", proto, env=dict(pre_env, **penv))
+        target = f"127.0.0.1:{decode.info['port']}"
+        w = prefill.ask(op="write", target=target, remote_ptrs=decode.info["ptrs"],
+                        pblocks=[0, 1], dblocks=[0, 1])
+        rd = prefill.ask(op="raw", target=target, remote=decode.info["ptrs"][0], length=4096,
+                         write=False)
+        assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, w)
+        assert (rd["rc"], rd["status"]) == (-1, S["KVP_ERR_DENIED"]), (name, rd)
+        assert (dump(decode, tmp_path, f"{name}.npy") == 0xEE).all(), name
+        m = decode.ask(op="metrics")
+        assert not any(m[k] for k in ("served_writes", "served_reads", "served_cma_writes",
+                                      "served_cma_reads", "served_lease_writes",
+                                      "served_lease_reads", "refused_auth")), (name, m)
+        prefill.close()
+        decode.close()
+    decode = peers("decode", proto, env=cred_env(certs, "decode"))
+    prefill = peers("prefill", proto, env=dict(pre_env, KVPOOL_TE_PEERS="decode"))
+    w = prefill.ask(op="write", target=f"127.0.0.1:{decode.info['port']}",
+                    remote_ptrs=decode.info["ptrs"], pblocks=PBLOCKS, dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    assert np.array_equal(dump(decode, tmp_path, "named.npy"), expected(PBLOCKS, DBLOCKS))
+
+
 @pytest.mark.parametrize("var,value", [("KVPOOL_TE_STREAMS", "0"),
                                        ("KVPOOL_TE_STREAMS", "4294967296"),
                                        ("KVPOOL_TE_STREAMS", "two"),

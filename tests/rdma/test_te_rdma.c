@@ -11,9 +11,10 @@
  *     refused by the NIC (the region is gone), and the next batch reconnects;
  *   - a read of the decode's blocks; a local buffer the prefill did not register goes over
  *     tcp; an rdma connect without a token is refused and counted;
- *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TE_PEERS=admin): a prefill without
- *     any and one of another principal are refused (KVP_ERR_DENIED) with its bytes intact,
- *     admin's writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh);
+ *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TLS_CRL, KVPOOL_TE_PEERS=admin,
+ *     revoked): a prefill without any, one of another principal and one whose certificate
+ *     the CRL lists (named) are refused (KVP_ERR_DENIED) with its bytes intact, admin's
+ *     writes. Certificates: $KVPOOL_RDMA_TEST_CERTS (deploy/test-rdma.sh);
  *   - a decode whose KVPOOL_TE_ACL lets admin only read: admin gets no rkeys (they would
  *     open the regions for writes too); its write is refused over tcp, its read served;
  *   - a decode killed between batches: the next fails with a code within the timeout;
@@ -102,7 +103,10 @@ static void decode_main(int in, int out, const char *certs)
         setenv("KVPOOL_TLS_CERT", path, 1);
         snprintf(path, sizeof(path), "%s/server.key", certs);
         setenv("KVPOOL_TLS_KEY", path, 1);
-        setenv("KVPOOL_TE_PEERS", "admin", 1);
+        snprintf(path, sizeof(path), "%s/crl.pem", certs);
+        setenv("KVPOOL_TLS_CRL", path, 1);
+        /* revoked: named, so that only the CRL refuses it */
+        setenv("KVPOOL_TE_PEERS", "admin, revoked", 1);
     }
     if (kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &te) != KVP_OK)
         _exit(3);
@@ -476,9 +480,10 @@ static const char *test_certs(void)
     return certs;
 }
 
-/* A decode with credentials that admits principal admin: a prefill without credentials,
- * and one proving another principal (server), get no rkey and move nothing
- * (KVP_ERR_DENIED); admin's prefill writes byte-exact. */
+/* A decode with credentials that admits principals admin and revoked: a prefill without
+ * credentials, one proving another principal (server) and one proving the certificate the
+ * CA revoked (crl.pem) get no rkey and move nothing (KVP_ERR_DENIED); admin's prefill
+ * writes byte-exact. */
 static void test_credentials_admit_only_the_named_principal(void **state)
 {
     (void)state;
@@ -489,8 +494,8 @@ static void test_credentials_admit_only_the_named_principal(void **state)
     int lb[] = {0, 1, 2, 9}, rb[] = {4, 5, 6, 20};
     void *locals[64];
     uint64_t remotes[64], lens[64];
-    const char *who[] = {NULL, "server", "admin"};
-    for (int w = 0; w < 3; w++) {
+    const char *who[] = {NULL, "server", "revoked", "admin"};
+    for (int w = 0; w < 4; w++) {
         if (who[w] != NULL)
             set_creds(certs, who[w]);
         prefill_t p;
@@ -500,7 +505,7 @@ static void test_credentials_admit_only_the_named_principal(void **state)
         memcpy(before, mirror, TENSORS * TENSOR);
         size_t n = block_runs(&p, lb, rb, 4, locals, remotes, lens);
         kvp_status_t st = kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, n, locals, remotes, lens);
-        if (w < 2) {
+        if (w < 3) {
             assert_int_equal(st, KVP_ERR_DENIED);
             memcpy(mirror, before, TENSORS * TENSOR); /* nothing may have landed */
         } else
@@ -509,13 +514,13 @@ static void test_credentials_admit_only_the_named_principal(void **state)
         assert_decode_is_mirror();
         kvp_te_peer_stat_t ps[1];
         assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
-        if (w == 2)
+        if (w == 3)
             assert_string_equal(ps[0].route, "rdma");
         prefill_close(&p);
     }
     kvp_te_counters_t c;
     decode_counters(&c);
-    assert_true(c.refused_auth >= 2);
+    assert_true(c.refused_auth >= 3);
     assert_int_equal(decode_stop(), 0);
     free(mirror);
     decode_back();
