@@ -15,10 +15,13 @@
  * the abstract Unix socket "kvpool-te-<port>" (the shm protocol: the same
  * frames between processes of one host; a peer of another uid is refused).
  *
- * The initiator side is a transfer engine (transfer/engine.c) holding only the
- * tcp transport: a target "host:port" is a peer whose endpoint is that address
- * (tcp) or "@kvpool-te-<port>" (shm), so a batch runs on the tcp transport's
- * streams, slices, vectored chains and timeouts as a store's transfer does.
+ * The initiator side is a transfer engine (transfer/engine.c) holding the
+ * engine's own transports: the one-copy shm path (te_shm.h) and tcp. A target
+ * "host:port" is a peer whose endpoint is that address (tcp) or
+ * "@kvpool-te-<port>" (shm); its transport is chosen once, as a store's peers'
+ * are, and a batch runs on it (on tcp: its streams, slices, vectored chains and
+ * timeouts as a store's transfer does). The rdma route (te_rdma.c) is tried
+ * before it, per batch.
  *
  * No lock is held while bytes cross a socket or a peer copies: a request's
  * extents are rechecked under the regions' read lock just before its bytes
@@ -70,6 +73,7 @@
 #include "client/transfer/peer.h"
 #include "client/te/te_cuda.h"
 #include "client/te/te_lease.h"
+#include "client/te/te_shm.h"
 #include "client/te_registry.h"
 #include "client/api.h"
 #include "client/env.h"
@@ -84,11 +88,9 @@
 #include "common/parse.h"
 
 /* The id every request to an engine carries (a data server serves one segment). */
-#define KVP_TE_SEGMENT_ID 0x4b56505445ull /* "KVPTE" */
 /* Ranges per kvp_transfer_run (the ops live on the stack). */
 #define TE_CHUNK 256
 /* Ranges per TE_CMA request: IOV_MAX, one round trip for a batch of up to 1024 runs. */
-#define TE_CMA_VEC_MAX 1024
 #define TE_PEERS_MAX 1024
 /* Bytes of small runs chained into one request on a tcp stream (KVPOOL_TE_CHAIN): 0, the
  * transport's default. */
@@ -151,14 +153,7 @@ typedef struct te_peer {
     bool shm;
     kvp_peer_t *peer;
     _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
-    /* the one-copy shm path (TE_CMA): its connection, one batch at a time */
-    pthread_mutex_t cma_lock;
-    int cma_fd, cma_pid;
-    _Atomic bool cma_off;  /* the kernel refused (EPERM): the socket path from then on */
-    kvp_te_lease_t *lease; /* the target's standing lease on cma_fd (te_lease.h); NULL: none */
-    bool lease_asked;      /* on this cma_fd */
-    bool lease_never;      /* the target does not know the lease frame: never asked again */
-    te_rdma_peer_t *rdma;  /* the rdma route (te_rdma.c), NULL: not this peer's */
+    te_rdma_peer_t *rdma; /* the rdma route (te_rdma.c), NULL: not this peer's */
 } te_peer_t;
 
 #define TE_NOTIFIES_MAX 4096 /* pending notifies a target keeps */
@@ -188,10 +183,10 @@ struct kvp_te {
     te_rdma_t *rdma;     /* this host's rdma device, served and used (te_rdma.c); NULL: none */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
-    te_auth_t *auth;       /* credentials configured: every peer proves a principal */
-    bool cma;              /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
-    bool cma_lease;        /* ... under a standing lease where allowed (not cma-checked) */
-    uint32_t copy_threads; /* KVPOOL_TE_COPY_THREADS */
+    te_auth_t *auth;          /* credentials configured: every peer proves a principal */
+    bool cma;                 /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    bool cma_lease;           /* ... under a standing lease where allowed (not cma-checked) */
+    kvp_te_shm_cfg_t shm_cfg; /* the one-copy shm transport's (te_shm.h): xfer.own_cfg */
     /* as target: the leases' memfds (te_lease.h), made at the first grant under the regions'
      * write lock, freed at destroy; closing (under it too): no more grants */
     kvp_te_lease_host_t *_Atomic lease;
@@ -224,7 +219,6 @@ struct kvp_te {
     /* counters (relaxed) */
     _Atomic uint64_t transfers[2], bytes[2], failures, refused_range, refused_user, refused_auth,
         refused_role, refused_tenant, cma_served[2], cma_bytes[2], notifies, notifies_dropped;
-    kvp_te_copy_t *_Atomic copy; /* the same-host copy's threads (te_copy.h), made at first use */
 };
 
 /* ---- the backend: registered memory by virtual address ---- */
@@ -1252,7 +1246,7 @@ static bool te_lease_grant(kvp_te_t *te, te_conn_t *c, int fd)
 static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
 {
     kvp_te_t *te = backend;
-    kvp_data_vec_t v[TE_CMA_VEC_MAX];
+    kvp_data_vec_t v[KVP_TE_CMA_VEC_MAX];
     uint64_t n = req->offset, total = 0;
     if (req->flags & KVP_DATA_TE_CMA_LEASE) {
         if (n != 0 || req->length != 0) {
@@ -1261,7 +1255,7 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
         }
         return te_lease_grant(te, conn, fd);
     }
-    if (n == 0 || n > TE_CMA_VEC_MAX) {
+    if (n == 0 || n > KVP_TE_CMA_VEC_MAX) {
         kvp_data_reply(fd, KVP_ERR_PROTOCOL, 0);
         return false;
     }
@@ -1297,7 +1291,7 @@ static bool te_cma(void *backend, void *conn, int fd, const kvp_data_req_t *req)
      * ptrace-access us for that time, one peer at a time in the process (PR_SET_PTRACER is
      * the process's, whatever engine of it sets it); with no such restriction nothing is
      * opened and peers copy at once */
-    te_pin_t *pins[TE_CMA_VEC_MAX];
+    te_pin_t *pins[KVP_TE_CMA_VEC_MAX];
     size_t k = 0;
     te_cuda_t *dev = NULL;
     bool pinned = pins_take(te, v, n, pins, &k, &dev);
@@ -1435,6 +1429,13 @@ static const kvp_data_backend_ops_t te_ops = {
 
 /* ---- create / destroy ---- */
 
+/* The engine's transports (its transfer engine's list, in priority order): with the one-copy
+ * shm path (KVPOOL_TE_SHM cma, cma-checked), without it (socket). */
+static const kvp_transport_ops_t *const te_transports_cma[] = {&kvp_te_shm_ops,
+                                                               &kvp_transport_tcp_ops, NULL};
+static const kvp_transport_ops_t *const te_transports_tcp[] = {&kvp_transport_tcp_ops, NULL};
+static kvp_status_t te_dial_peer(void *arg, const kvp_peer_t *peer, int *fd_p, int *pid_p);
+
 /* kvp_te_create's arguments and KVPOOL_AUTH: the transport asked for (*proto_p), protected
  * mode (*protected_p), and the address to listen on (host, "" for every address; *port_p,
  * 0 for any). KVP_OK, UNSUPPORTED (said) or INVALID_ARG. */
@@ -1500,7 +1501,7 @@ static void te_init_state(kvp_te_t *te, const kvp_te_env_t *env, bool protected_
     pthread_cond_init(&te->pin_cond, NULL);
     te->ptracer_window = kvp_te_ptracer_window();
     te->next_id = 1;
-    te->xfer.forced = KVP_TRANSPORT_TCP;
+    te->xfer.forced = KVP_TRANSPORT_AUTO; /* its own list (te_transports_*) */
     kvp_host_id(te->xfer.host_id, sizeof(te->xfer.host_id));
     te->xfer.timeout_ms = env->timeout_ms;
     te->xfer.tcp_streams = env->streams;
@@ -1604,9 +1605,15 @@ static kvp_status_t te_create(const char *local_hostname, const char *metadata,
     te->protocol = proto;
     te->cma_lease = strcmp(env.shm, "cma") == 0; /* (the table took only its three) */
     te->cma = te->cma_lease || strcmp(env.shm, "cma-checked") == 0;
-    te->copy_threads = env.copy_threads;
     te_init_state(te, &env, protected_mode);
-    te->xfer.list = kvp_transports; /* forced to tcp: the only one made */
+    /* the routes: the one-copy shm path first where it is on (it takes "@" peers only),
+     * then tcp (tcp peers, and the socket frames on the Unix socket) */
+    te->shm_cfg = (kvp_te_shm_cfg_t){.dial = te_dial_peer,
+                                     .dial_arg = te,
+                                     .lease = te->cma_lease,
+                                     .copy_threads = env.copy_threads};
+    te->xfer.own_cfg = &te->shm_cfg;
+    te->xfer.list = te->cma ? te_transports_cma : te_transports_tcp;
     st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK)
         goto err_free_te;
@@ -1660,16 +1667,11 @@ void kvp_te_destroy(kvp_te_t *te)
     kvp_data_server_destroy(te->srv); /* ends every connection first */
     for (size_t i = 0; i < te->n_peers; i++) {
         kvp_peer_unref(te->peers[i].peer);
-        if (te->peers[i].cma_fd >= 0)
-            close(te->peers[i].cma_fd);
-        kvp_te_lease_unmap(te->peers[i].lease);
         te_rdma_peer_free(te->peers[i].rdma);
-        pthread_mutex_destroy(&te->peers[i].cma_lock);
     }
     te_rdma_close(te->rdma);          /* after its peers' queue pairs */
     kvp_te_lease_host_destroy(lease); /* after the connections that held its slots */
     kvp_transfer_cleanup(&te->xfer);
-    kvp_te_copy_destroy(atomic_load(&te->copy));
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
             next = b->next;
@@ -1920,8 +1922,6 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
         tp->shm = shm;
         tp->peer = peer;
         tp->rdma = rdma ? te_rdma_peer_new() : NULL;
-        pthread_mutex_init(&tp->cma_lock, NULL);
-        tp->cma_fd = -1;
         *peer_p = tp;
     }
     pthread_mutex_unlock(&te->peers_lock);
@@ -1931,9 +1931,9 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
 /* A connection of our own to tp (its endpoint: tcp, or "@NAME" a Unix socket whose owner
  * must be of our uid or root; *pid_p its pid there, else 0), timeouts set, our principal
  * proved (credentials on). */
-static kvp_status_t te_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int *pid_p)
+static kvp_status_t te_connect(kvp_te_t *te, const kvp_peer_t *peer, int *fd_p, int *pid_p)
 {
-    const char *ep = tp->peer->endpoint;
+    const char *ep = peer->endpoint;
     uint32_t timeout = te->xfer.timeout_ms;
     int fd = -1;
     kvp_status_t st;
@@ -1962,190 +1962,10 @@ static kvp_status_t te_connect(kvp_te_t *te, const te_peer_t *tp, int *fd_p, int
     return st;
 }
 
-/* The engine's copy threads (KVPOOL_TE_COPY_THREADS, default 2), made at the first copy. */
-static kvp_te_copy_t *te_copy_pool(kvp_te_t *te)
+/* The one-copy shm transport's dial (te_shm.h). */
+static kvp_status_t te_dial_peer(void *arg, const kvp_peer_t *peer, int *fd_p, int *pid_p)
 {
-    kvp_te_copy_t *c = atomic_load(&te->copy);
-    if (c != NULL)
-        return c;
-    kvp_te_copy_t *mine = kvp_te_copy_create(te->copy_threads), *none = NULL;
-    if (mine == NULL || atomic_compare_exchange_strong(&te->copy, &none, mine))
-        return mine;
-    kvp_te_copy_destroy(mine); /* another thread made it first */
-    return none;
-}
-
-/* tp's one-copy connection is done with (broken, or its peer gone): closed, its lease
- * (if any) dropped with it. cma_lock held. */
-static void cma_drop(te_peer_t *tp)
-{
-    if (tp->cma_fd >= 0)
-        close(tp->cma_fd);
-    tp->cma_fd = -1;
-    kvp_te_lease_unmap(tp->lease);
-    tp->lease = NULL;
-    tp->lease_asked = false;
-}
-
-/* Ask tp for a standing lease on its fresh cma_fd (wire.h, KVP_DATA_TE_CMA_LEASE). A
- * refusal leaves us asking per batch; a target that does not know the frame (it answers
- * KVP_ERR_PROTOCOL and closes) is not asked again, its connection dropped (cma_lock held). */
-static void lease_ask(te_peer_t *tp)
-{
-    tp->lease_asked = true;
-    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
-                          .op = KVP_DATA_TE_CMA,
-                          .flags = KVP_DATA_TE_CMA_LEASE,
-                          .segment_id = KVP_TE_SEGMENT_ID};
-    kvp_data_resp_t r;
-    int fds[2];
-    size_t nfd = 0;
-    kvp_status_t st = kvp_send_all(tp->cma_fd, &req, sizeof(req));
-    if (st == KVP_OK)
-        st = kvp_unix_recv_fds(tp->cma_fd, &r, sizeof(r), fds, 2, &nfd);
-    if (st == KVP_OK && r.magic == KVP_DATA_MAGIC && r.status == KVP_OK && nfd == 2) {
-        if (kvp_te_lease_map(fds[0], fds[1], &tp->lease) != KVP_OK)
-            KVP_LOG_WARN_LIMITED("transfer engine: %s sent a lease we cannot use; it is asked "
-                                 "per batch",
-                                 tp->target);
-        return;
-    }
-    for (size_t i = 0; i < nfd; i++)
-        close(fds[i]);
-    if (st == KVP_OK && r.magic == KVP_DATA_MAGIC &&
-        (r.status == KVP_ERR_UNSUPPORTED || r.status == KVP_ERR_DENIED))
-        return; /* not offered: per batch (a denied peer is refused there too) */
-    /* the connection is no good now; a target that does not know the frame said so */
-    if (st == KVP_OK && r.magic == KVP_DATA_MAGIC && r.status == KVP_ERR_PROTOCOL) {
-        tp->lease_never = true;
-        KVP_LOG_INFO("transfer engine: %s grants no standing lease (an older engine): its "
-                     "one-copy batches ask it per batch",
-                     tp->target);
-    }
-    cma_drop(tp);
-}
-
-/* Has the peer of a connection of ours closed it (its process gone)? */
-static bool peer_hung_up(int fd)
-{
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-}
-
-/* The status of a one-copy batch whose copy ended with errno err. */
-static kvp_status_t cma_status(te_peer_t *tp, int opcode, int32_t err)
-{
-    if (err == 0)
-        return KVP_OK;
-    if (err != EPERM)
-        return KVP_ERR_IO;
-    atomic_store(&tp->cma_off, true);
-    KVP_LOG_WARN("transfer engine: the kernel refused process_vm_%s to %s (pid %d: "
-                 "EPERM; Yama ptrace_scope, or the target is not dumpable): its "
-                 "transfers go over its Unix socket from now on",
-                 opcode == KVP_TE_WRITE ? "writev" : "readv", tp->target, tp->cma_pid);
-    return KVP_ERR_UNSUPPORTED;
-}
-
-/* Ranges [0, n) to tp over the one-copy path: with the target's standing lease
- * (te_lease.h) when every range lies in what it leased, the whole batch at once; else over
- * TE_CMA (wire.h), up to TE_CMA_VEC_MAX per request: the target checks them and lets us at
- * its memory. Either way we copy with process_vm_writev / readv (one kernel copy, split over
- * the engine's copy threads: te_copy.c). *moved_p: how many ranges moved.
- * KVP_ERR_UNSUPPORTED with tp->cma_off set: the kernel refused (EPERM), the rest goes over the
- * socket path. */
-static kvp_status_t cma_transfer(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
-                                 void *const *locals, const uint64_t *remotes, const uint64_t *lens,
-                                 size_t *moved_p)
-{
-    *moved_p = 0;
-    kvp_status_t st = KVP_OK;
-    pthread_mutex_lock(&tp->cma_lock);
-    kvp_te_copy_t *pool = te_copy_pool(te);
-    if (pool == NULL)
-        st = KVP_ERR_NOMEM;
-    if (st == KVP_OK && tp->cma_fd >= 0 && tp->lease != NULL && peer_hung_up(tp->cma_fd))
-        cma_drop(tp); /* its pid may be another process's soon: connect anew first */
-    for (int connects = 0; *moved_p < n && st == KVP_OK;) {
-        size_t base = *moved_p;
-        if (tp->cma_fd < 0) {
-            if (connects++ == 2) { /* connected twice and lost it each time */
-                st = KVP_ERR_IO;
-                break;
-            }
-            if ((st = te_connect(te, tp, &tp->cma_fd, &tp->cma_pid)) != KVP_OK)
-                break;
-        }
-        if (te->cma_lease && !tp->lease_asked && !tp->lease_never) {
-            lease_ask(tp);
-            if (tp->cma_fd < 0)
-                continue;
-        }
-        kvp_te_lease_go_t go = tp->lease == NULL ? KVP_TE_LEASE_ASK
-                                                 : kvp_te_lease_begin(tp->lease, remotes + base,
-                                                                      lens + base, n - base);
-        if (go == KVP_TE_LEASE_REVOKED) { /* the target closed our connection: anew */
-            cma_drop(tp);
-            continue;
-        }
-        if (go == KVP_TE_LEASE_GO) {
-            uint64_t total = 0;
-            for (size_t i = base; i < n; i++)
-                total += lens[i];
-            int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
-                                          remotes + base, lens + base, n - base);
-            kvp_te_lease_end(tp->lease, err == 0, opcode, n - base, total);
-            if ((st = cma_status(tp, opcode, err)) == KVP_OK)
-                *moved_p = n;
-            continue;
-        }
-        size_t m = n - base < TE_CMA_VEC_MAX ? n - base : TE_CMA_VEC_MAX;
-        kvp_data_vec_t v[TE_CMA_VEC_MAX];
-        uint64_t total = 0;
-        for (size_t i = 0; i < m; i++) {
-            v[i] = (kvp_data_vec_t){.segment_id = KVP_TE_SEGMENT_ID,
-                                    .offset = remotes[base + i],
-                                    .length = lens[base + i]};
-            total += lens[base + i];
-        }
-        kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
-                              .op = KVP_DATA_TE_CMA,
-                              .flags = opcode == KVP_TE_WRITE ? KVP_DATA_TE_CMA_WRITE : 0,
-                              .segment_id = KVP_TE_SEGMENT_ID,
-                              .offset = m,
-                              .length = total};
-        struct iovec hv[2] = {{.iov_base = &req, .iov_len = sizeof(req)},
-                              {.iov_base = v, .iov_len = m * sizeof(v[0])}};
-        kvp_data_resp_t r;
-        st = kvp_sendv_all(tp->cma_fd, hv, 2);
-        if (st == KVP_OK)
-            st = kvp_recv_all(tp->cma_fd, &r, sizeof(r));
-        if (st == KVP_OK && (r.magic != KVP_DATA_MAGIC || r.length != 0))
-            st = KVP_ERR_PROTOCOL;
-        if (st != KVP_OK) {
-            cma_drop(tp);
-            break;
-        }
-        if (r.status != KVP_OK) { /* refused: the connection goes on */
-            st = r.status;
-            if (st == KVP_ERR_UNSUPPORTED) { /* the target declines the one-copy path */
-                atomic_store(&tp->cma_off, true);
-                KVP_LOG_INFO("transfer engine: %s declines the one-copy shm path (another "
-                             "principal, not this host, or its device memory): its transfers "
-                             "go over its Unix socket",
-                             tp->target);
-            }
-            break;
-        }
-        int32_t err = kvp_te_copy_run(pool, tp->cma_pid, opcode == KVP_TE_WRITE, locals + base,
-                                      remotes + base, lens + base, m);
-        if (kvp_send_all(tp->cma_fd, &err, sizeof(err)) != KVP_OK)
-            cma_drop(tp);
-        if ((st = cma_status(tp, opcode, err)) == KVP_OK)
-            *moved_p = base + m;
-    }
-    pthread_mutex_unlock(&tp->cma_lock);
-    return st;
+    return te_connect(arg, peer, fd_p, pid_p);
 }
 
 /* te_rdma.h's dial: an admitted connection to the peer, for its TE_RDMA */
@@ -2158,7 +1978,7 @@ static kvp_status_t te_dial(void *arg, int *fd_p)
 {
     te_dial_t *d = arg;
     int pid;
-    return te_connect(d->te, d->tp, fd_p, &pid);
+    return te_connect(d->te, d->tp->peer, fd_p, &pid);
 }
 
 /* The rdma route (te_rdma.c) of a batch. *fallback_p: it offers none, or a local buffer is
@@ -2212,27 +2032,8 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
         if (!fallback)
             return st;
     }
-    /* process_vm_* cannot reach device memory: such a batch takes the socket path, which
-     * stages it (te_cuda.c) */
-    if (tp->shm && te->cma && !atomic_load(&tp->cma_off) &&
-        !kvp_te_cuda_locals(&te->xfer, n, locals, lens)) {
-        size_t moved;
-        st = cma_transfer(te, tp, opcode, n, locals, remotes, lens, &moved);
-        uint64_t bytes = 0;
-        for (size_t i = 0; i < moved; i++)
-            bytes += lens[i];
-        atomic_fetch_add_explicit(&te->transfers[opcode], moved, memory_order_relaxed);
-        atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->transfers, moved, memory_order_relaxed);
-        atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
-        if (!(st == KVP_ERR_UNSUPPORTED && atomic_load(&tp->cma_off))) {
-            atomic_fetch_add_explicit(&te->failures, n - moved, memory_order_relaxed);
-            atomic_fetch_add_explicit(&tp->failures, n - moved, memory_order_relaxed);
-            return st;
-        }
-        /* the kernel refused: the rest over the socket path */
-        locals += moved, remotes += moved, lens += moved, n -= moved;
-    }
+    /* the peer's transport (chosen at its first use: the one-copy shm path, else tcp; a
+     * peer the shm path can no longer carry moves to tcp, its ops retried there) */
     kvp_xfer_op_t ops[TE_CHUNK];
     kvp_status_t first = KVP_OK;
     for (size_t base = 0; base < n; base += TE_CHUNK) {
@@ -2440,11 +2241,12 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
         te_peer_t *tp = &te->peers[i];
         kvp_te_peer_stat_t *o = &out[i];
         snprintf(o->target, sizeof(o->target), "%s", tp->target);
+        const kvp_transport_t *t = atomic_load(&tp->peer->tp);
         snprintf(o->route, sizeof(o->route), "%s",
-                 tp->rdma != NULL && te_rdma_peer_offers(tp->rdma) ? "rdma"
-                 : !tp->shm                                        ? "tcp"
-                 : te->cma && !atomic_load(&tp->cma_off)           ? "shm-cma"
-                                                                   : "shm");
+                 tp->rdma != NULL && te_rdma_peer_offers(tp->rdma)   ? "rdma"
+                 : !tp->shm                                          ? "tcp"
+                 : (t == NULL ? te->cma : t->ops == &kvp_te_shm_ops) ? "shm-cma"
+                                                                     : "shm");
         o->transfers = atomic_load_explicit(&tp->transfers, memory_order_relaxed);
         o->bytes = atomic_load_explicit(&tp->bytes, memory_order_relaxed);
         o->failures = atomic_load_explicit(&tp->failures, memory_order_relaxed);
@@ -2462,7 +2264,7 @@ kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *a
     if (st != KVP_OK)
         return st;
     int fd = -1, pid;
-    st = te_connect(te, tp, &fd, &pid);
+    st = te_connect(te, tp->peer, &fd, &pid);
     if (st == KVP_OK) {
         kvp_data_resp_t r;
         st = te_ask(fd, KVP_DATA_REGIONS, &r);
@@ -2496,7 +2298,7 @@ kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, s
     kvp_status_t st = peer_get(te, target, &tp);
     int fd = -1, pid;
     if (st == KVP_OK)
-        st = te_connect(te, tp, &fd, &pid);
+        st = te_connect(te, tp->peer, &fd, &pid);
     if (st != KVP_OK)
         return st;
     kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,

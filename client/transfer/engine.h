@@ -70,6 +70,9 @@ typedef struct kvp_transfer {
      * client has a DFS directory: it takes only DFS segments' peers); NULL: none */
     const kvp_transport_ops_t *first;
     char dfs_dir[1024]; /* the DFS directory (client/ssd/dfs.h); "": none */
+    /* settings the creator's own transports read at create (a transfer engine's one-copy
+     * shm path, client/te/te_shm.h); NULL: none (those transports stay out) */
+    const void *own_cfg;
 
     char why[512]; /* why the last transport that could not be created could not */
     bool gpu;      /* the CUDA driver is loaded: device pointers are possible */

@@ -72,6 +72,9 @@
  * engine's CA, revoked, a bad signature, a principal KVPOOL_TE_PEERS does not name), and
  * the connection closes. docs/protocol.md has the whole exchange. */
 #define KVP_DATA_TE_AUTH 12
+/* The segment id of a transfer engine's frames (its "segment": the process's registered
+ * memory, an extent's offset a virtual address). */
+#define KVP_TE_SEGMENT_ID 0x4b56505445ull /* "KVPTE" */
 #define KVP_DATA_TE_CERT_MAX 16384
 #define KVP_DATA_TE_SIG_MAX 1024
 /* TE_CMA (a transfer engine's Unix socket only, client/te/te.c): the peer moves the bytes itself
