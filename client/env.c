@@ -12,8 +12,10 @@
  */
 #include "client/env.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
 
 #include "common/macros.h"
 
@@ -418,6 +420,23 @@ static const kvp_opt_t te_env_rows[] = {
          "N-1 helpers of the engine's, the batch split by bytes; parts of at least 1 MiB; "
          "the caller, its part done, waits for the helpers awake for up to 200 us once all "
          "are copying)"},
+    {.name = "te-rdma-device",
+     .env = "KVPOOL_RDMA_DEVICE",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     TF(rdma_device),
+     .arg = "LIST",
+     .def_doc = "any with an active port",
+     .help = "protocol rdma (or auto on a host with a device): the RDMA devices to try, e.g. "
+             "rxe0,mlx5_0 (as the store's client reads it)"},
+    {.name = "te-rdma-host",
+     .env = "KVPOOL_RDMA_HOST",
+     .type = KVP_OPT_STRING,
+     .flags = KVP_OPT_F_PTR,
+     TF(rdma_host),
+     .arg = "IPV4",
+     .def_doc = "the device's own",
+     .help = "the IPv4 address the engine serves rdma on (a bad address fails initialize)"},
 };
 #undef TF
 
@@ -431,7 +450,18 @@ kvp_status_t kvp_te_env_read(kvp_te_env_t *env, char *err, size_t err_len)
     memset(env, 0, sizeof(*env));
     kvp_opts_t t = kvp_te_env_table(env);
     kvp_status_t st = kvp_opts_defaults(&t, err, err_len);
-    return st == KVP_OK ? kvp_opts_env(&t, err, err_len) : st;
+    if (st == KVP_OK)
+        st = kvp_opts_env(&t, err, err_len);
+    if (st == KVP_OK && env->rdma_device != NULL && env->rdma_device[0] == '\0')
+        env->rdma_device = NULL;
+    if (st == KVP_OK && env->rdma_host != NULL && env->rdma_host[0] == '\0')
+        env->rdma_host = NULL;
+    struct in_addr a;
+    if (st == KVP_OK && env->rdma_host != NULL && inet_pton(AF_INET, env->rdma_host, &a) != 1) {
+        snprintf(err, err_len, "$KVPOOL_RDMA_HOST: '%.64s' is not an IPv4 address", env->rdma_host);
+        st = KVP_ERR_INVALID_ARG;
+    }
+    return st;
 }
 
 void kvp_client_env_read(kvp_client_env_t *env)

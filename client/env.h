@@ -55,15 +55,17 @@ kvp_opts_t kvp_client_env_table(kvp_client_env_t *env);
  * created (client/te/te.c): typed and range-checked, its defaults filled in. The strings
  * point into the environment. */
 typedef struct kvp_te_env {
-    uint32_t timeout_ms;   /* KVPOOL_TE_TIMEOUT_MS */
-    uint32_t streams;      /* KVPOOL_TE_STREAMS */
-    uint64_t chain;        /* KVPOOL_TE_CHAIN */
-    uint64_t stage_chunk;  /* KVPOOL_TE_STAGE_CHUNK */
-    const char *peers;     /* KVPOOL_TE_PEERS; NULL: unset */
-    const char *tls_crl;   /* KVPOOL_TLS_CRL */
-    const char *acl;       /* KVPOOL_TE_ACL */
-    const char *shm;       /* KVPOOL_TE_SHM: "cma", "cma-checked" or "socket" */
-    uint32_t copy_threads; /* KVPOOL_TE_COPY_THREADS */
+    uint32_t timeout_ms;     /* KVPOOL_TE_TIMEOUT_MS */
+    uint32_t streams;        /* KVPOOL_TE_STREAMS */
+    uint64_t chain;          /* KVPOOL_TE_CHAIN */
+    uint64_t stage_chunk;    /* KVPOOL_TE_STAGE_CHUNK */
+    const char *peers;       /* KVPOOL_TE_PEERS; NULL: unset */
+    const char *tls_crl;     /* KVPOOL_TLS_CRL */
+    const char *acl;         /* KVPOOL_TE_ACL */
+    const char *shm;         /* KVPOOL_TE_SHM: "cma", "cma-checked" or "socket" */
+    uint32_t copy_threads;   /* KVPOOL_TE_COPY_THREADS */
+    const char *rdma_device; /* KVPOOL_RDMA_DEVICE; NULL: unset */
+    const char *rdma_host;   /* KVPOOL_RDMA_HOST (an IPv4 address, checked); NULL: unset */
 } kvp_te_env_t;
 
 /* Read them into *env: KVP_OK, or KVP_ERR_INVALID_ARG with a sentence naming the variable and

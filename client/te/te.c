@@ -1533,12 +1533,13 @@ static kvp_status_t te_listen(kvp_te_t *te, const char *host, uint16_t port, boo
 
 /* rdma, when asked for or (auto) when a device is present: te->rdma. A failure fails the
  * engine only when rdma was asked for; auto goes on with tcp and shm. */
-static kvp_status_t te_rdma_start(kvp_te_t *te, int proto)
+static kvp_status_t te_rdma_start(kvp_te_t *te, int proto, const kvp_te_env_t *env)
 {
     if (proto != KVP_TRANSPORT_RDMA && (proto != KVP_TRANSPORT_AUTO || !te_rdma_present()))
         return KVP_OK;
     bool acl = te->auth != NULL && te->auth->acl_path[0] != '\0';
-    kvp_status_t st = te_rdma_open(te->xfer.timeout_ms, acl ? acl_tick : NULL, te, &te->rdma);
+    kvp_status_t st = te_rdma_open(te->xfer.timeout_ms, env->rdma_device, env->rdma_host,
+                                   acl ? acl_tick : NULL, te, &te->rdma);
     if (st != KVP_OK && proto == KVP_TRANSPORT_RDMA)
         return st;
     if (st == KVP_OK)
@@ -1620,7 +1621,7 @@ static kvp_status_t te_create(const char *local_hostname, const char *metadata,
     st = te_listen(te, host, port, protected_mode);
     if (st != KVP_OK)
         goto err_cleanup_xfer;
-    st = te_rdma_start(te, proto);
+    st = te_rdma_start(te, proto, &env);
     if (st != KVP_OK)
         goto err_destroy_srv;
     te_announce(te);

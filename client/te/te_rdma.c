@@ -250,8 +250,8 @@ static void *accept_main(void *arg)
     return NULL;
 }
 
-kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_arg,
-                          te_rdma_t **r_p)
+kvp_status_t te_rdma_open(uint32_t timeout_ms, const char *devs, const char *host,
+                          te_rdma_tick_fn tick, void *tick_arg, te_rdma_t **r_p)
 {
     *r_p = NULL;
     te_rdma_t *r = calloc(1, sizeof(*r));
@@ -260,11 +260,8 @@ kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_
     r->timeout_ms = timeout_ms;
     r->tick = tick;
     r->tick_arg = tick_arg;
-    const char *devs = getenv("KVPOOL_RDMA_DEVICE"), *host = getenv("KVPOOL_RDMA_HOST");
-    kvp_rdma_dev_params_t dp = {.device_names = devs != NULL && devs[0] ? devs : NULL,
-                                .ipv4 = host != NULL && host[0] ? host : NULL,
-                                .cq_depth = 8192,
-                                .qp_depth = QP_DEPTH};
+    kvp_rdma_dev_params_t dp = {
+        .device_names = devs, .ipv4 = host, .cq_depth = 8192, .qp_depth = QP_DEPTH};
     if (kvp_rdma_dev_open(&dp, &r->dev) != 0) {
         KVP_LOG_ERROR("transfer engine: no rdma device: %s", kvp_rdma_last_error());
         free(r);

@@ -33,11 +33,11 @@ bool te_rdma_present(void);
 /* Called by the accept thread at each turn, at least every 200 ms (te.c: a changed
  * KVPOOL_TE_ACL is looked for even when no tcp request comes). */
 typedef void (*te_rdma_tick_fn)(void *arg);
-/* Open the device (KVPOOL_RDMA_DEVICE: names to try; KVPOOL_RDMA_HOST: the IPv4 address to
- * serve on, else the device's own), listen, start the accept thread (tick: NULL, or called
- * by it). */
-kvp_status_t te_rdma_open(uint32_t timeout_ms, te_rdma_tick_fn tick, void *tick_arg,
-                          te_rdma_t **r_p);
+/* Open the device (devices: names to try, NULL: any; host: the IPv4 address to serve on,
+ * NULL: the device's own; KVPOOL_RDMA_DEVICE and _HOST, read by te.c), listen, start the
+ * accept thread (tick: NULL, or called by it). */
+kvp_status_t te_rdma_open(uint32_t timeout_ms, const char *devices, const char *host,
+                          te_rdma_tick_fn tick, void *tick_arg, te_rdma_t **r_p);
 void te_rdma_close(te_rdma_t *r);
 /* An engine's (te.c), NULL: it has no rdma. */
 struct kvp_te;

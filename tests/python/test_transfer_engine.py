@@ -553,7 +553,8 @@ def test_initiator_takes_only_a_target_that_proves_itself(peers, tmp_path, certs
                                        ("KVPOOL_TE_CHAIN", "1g"),
                                        ("KVPOOL_TE_STAGE_CHUNK", "12"),
                                        ("KVPOOL_TE_COPY_THREADS", "9"),
-                                       ("KVPOOL_TE_SHM", "mmap")])
+                                       ("KVPOOL_TE_SHM", "mmap"),
+                                       ("KVPOOL_RDMA_HOST", "rdma-node-7")])
 def test_bad_engine_variable_fails_initialize(var, value):
     """The engine's variables are read through one typed table (client/env.c): a value out of
     range or not of its type fails initialize (KVP_ERR_INVALID_ARG) with a message naming the
