@@ -25,6 +25,18 @@ const char *kvp_strerror(kvp_status_t status)
     return "unknown status";
 }
 
+kvp_status_t kvp_status_from_wire(int32_t status)
+{
+    switch (status) {
+#define KVP_STATUS_CASE_(name, value, msg)                                                         \
+    case name:                                                                                     \
+        return name;
+        KVP_STATUS_LIST(KVP_STATUS_CASE_)
+#undef KVP_STATUS_CASE_
+    }
+    return KVP_ERR_PROTOCOL;
+}
+
 kvp_status_t kvp_status_from_errno(int err)
 {
     switch (err) {

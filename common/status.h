@@ -11,6 +11,8 @@
 #ifndef KVP_COMMON_STATUS_H
 #define KVP_COMMON_STATUS_H
 
+#include <stdint.h>
+
 #include "common/status_list.h"
 
 #ifndef KVP_STATUS_T_DEFINED
@@ -27,6 +29,11 @@ typedef enum kvp_status {
  * values that are not in the list ("unknown status").
  */
 const char *kvp_strerror(kvp_status_t status);
+
+/* A status a peer sent on the wire, as a status: itself when it is one of the list, else
+ * (a positive value, an unknown code) KVP_ERR_PROTOCOL: a peer never makes a caller see
+ * success or a code it does not know. */
+kvp_status_t kvp_status_from_wire(int32_t status);
 
 /* Map an errno value to a status (ENOMEM, ETIMEDOUT, ECONNREFUSED, ...). */
 kvp_status_t kvp_status_from_errno(int err);

@@ -853,7 +853,7 @@ static kvp_status_t te_ask(int fd, uint16_t op, kvp_data_resp_t *r)
         st = kvp_recv_all(fd, r, sizeof(*r));
     if (st == KVP_OK && r->magic != KVP_DATA_MAGIC)
         st = KVP_ERR_PROTOCOL;
-    return st == KVP_OK ? r->status : st;
+    return st == KVP_OK ? kvp_status_from_wire(r->status) : st;
 }
 
 /* May the initiator move bytes with the target principal cn (its certificate checked)? The
@@ -911,7 +911,7 @@ static kvp_status_t proof_exchange(const te_auth_t *a, int fd, const te_auth_hea
     if (r.magic != KVP_DATA_MAGIC)
         return KVP_ERR_PROTOCOL;
     if (r.status != 0)
-        return r.status;
+        return kvp_status_from_wire(r.status);
     if (r.length == 0 || r.length > KVP_DATA_TE_SIG_MAX)
         return KVP_ERR_PROTOCOL;
     *sig_len_p = (size_t)r.length;
@@ -1739,13 +1739,7 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
         st = KVP_ERR_INVALID_ARG;
     else if ((pin = calloc(1, sizeof(*pin))) == NULL)
         st = KVP_ERR_NOMEM;
-    /* rdma: the range is a memory region of its own (its rkey opens it and nothing else),
-     * its pages pinned here, before the write lock: transfers go on meanwhile */
-    /* (no GPUDirect RDMA: device memory is no memory region, a peer's batch that touches it
-     * goes over tcp, staged) */
-    bool mr = false;
-    if (st == KVP_OK && te->rdma != NULL && !dev)
-        mr = (st = te_rdma_reg(te->rdma, addr, len)) == KVP_OK;
+    /* room for it first (registrations are one at a time: it stays) */
     if (st == KVP_OK) {
         pthread_rwlock_wrlock(&te->lock);
         if (dev && te->cuda == NULL && kvp_te_cuda_new(&te->cuda) != KVP_OK)
@@ -1766,24 +1760,31 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
                 te->cap_regions = cap;
             }
         }
-        if (st == KVP_OK) {
-            size_t tail = te->n_regions - i;
-            memmove(&te->regions[i + 1], &te->regions[i], tail * sizeof(te_region_t));
-            memmove(&te->region_dev[i + 1], &te->region_dev[i], tail * sizeof(bool));
-            memmove(&te->region_pin[i + 1], &te->region_pin[i], tail * sizeof(te_pin_t *));
-            te->regions[i] = (te_region_t){.addr = a, .len = len};
-            te->region_dev[i] = dev;
-            te->region_pin[i] = pin;
-            pin = NULL;
-            te->n_regions++;
-            if (dev)
-                kvp_te_cuda_registered(te->cuda);
-            lease_publish_locked(te); /* leased peers may write there from their next batch */
-        }
         pthread_rwlock_unlock(&te->lock);
     }
-    if (st != KVP_OK && mr)
-        te_rdma_dereg(te->rdma, addr);
+    /* rdma: the range is a memory region of its own (its rkey opens it and nothing else),
+     * its pages pinned here, before the write lock: transfers go on meanwhile; nothing can
+     * fail after it */
+    /* (no GPUDirect RDMA: device memory is no memory region, a peer's batch that touches it
+     * goes over tcp, staged) */
+    if (st == KVP_OK && te->rdma != NULL && !dev)
+        st = te_rdma_reg(te->rdma, addr, len);
+    if (st == KVP_OK) {
+        pthread_rwlock_wrlock(&te->lock);
+        size_t tail = te->n_regions - i;
+        memmove(&te->regions[i + 1], &te->regions[i], tail * sizeof(te_region_t));
+        memmove(&te->region_dev[i + 1], &te->region_dev[i], tail * sizeof(bool));
+        memmove(&te->region_pin[i + 1], &te->region_pin[i], tail * sizeof(te_pin_t *));
+        te->regions[i] = (te_region_t){.addr = a, .len = len};
+        te->region_dev[i] = dev;
+        te->region_pin[i] = pin;
+        pin = NULL;
+        te->n_regions++;
+        if (dev)
+            kvp_te_cuda_registered(te->cuda);
+        lease_publish_locked(te); /* leased peers may write there from their next batch */
+        pthread_rwlock_unlock(&te->lock);
+    }
     pthread_mutex_unlock(&te->reg_lock);
     free(pin);
     return st;
@@ -2317,7 +2318,7 @@ kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, s
     if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
         st = KVP_ERR_PROTOCOL;
     close(fd);
-    return st == KVP_OK ? r.status : st;
+    return st == KVP_OK ? kvp_status_from_wire(r.status) : st;
 }
 
 size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg)

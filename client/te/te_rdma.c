@@ -450,16 +450,24 @@ bool te_rdma_serve(te_rdma_t *r, int fd)
     memcpy(slot->token, info.token, sizeof(info.token));
     slot->expiry_ms = now + KVP_DATA_TE_RDMA_TOKEN_MS;
     pthread_mutex_unlock(&r->acc_lock);
+    /* the table copied out under the lock and sent without it: a peer that does not read
+     * holds up no registration */
+    kvp_data_te_rdma_region_t *copy = NULL;
     pthread_rwlock_rdlock(&r->mr_lock);
     size_t n = r->n < KVP_DATA_REGIONS_MAX ? r->n : KVP_DATA_REGIONS_MAX;
+    if (n > 0 && (copy = malloc(n * sizeof(*copy))) != NULL)
+        memcpy(copy, r->ents, n * sizeof(*copy));
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (n > 0 && copy == NULL)
+        return kvp_data_reply(fd, KVP_ERR_NOMEM, 0) == KVP_OK;
     info.n = (uint32_t)n;
     kvp_data_resp_t h = {
-        .magic = KVP_DATA_MAGIC, .status = 0, .length = sizeof(info) + n * sizeof(r->ents[0])};
+        .magic = KVP_DATA_MAGIC, .status = 0, .length = sizeof(info) + n * sizeof(copy[0])};
     struct iovec iov[3] = {{.iov_base = &h, .iov_len = sizeof(h)},
                            {.iov_base = &info, .iov_len = sizeof(info)},
-                           {.iov_base = r->ents, .iov_len = n * sizeof(r->ents[0])}};
+                           {.iov_base = copy, .iov_len = n * sizeof(copy[0])}};
     bool ok = kvp_sendv_all(fd, iov, n > 0 ? 3 : 2) == KVP_OK;
-    pthread_rwlock_unlock(&r->mr_lock);
+    free(copy);
     return ok;
 }
 

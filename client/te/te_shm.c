@@ -203,7 +203,7 @@ static kvp_status_t cma_transfer(te_shm_t *s, te_shm_peer_t *sp, const kvp_peer_
             break;
         }
         if (r.status != KVP_OK) { /* refused: the connection goes on */
-            st = r.status;
+            st = kvp_status_from_wire(r.status);
             if (st == KVP_ERR_UNSUPPORTED) { /* the target declines the one-copy path */
                 st = KVP_ERR_TRANSPORT;
                 KVP_LOG_INFO("transfer engine: %s declines the one-copy shm path (another "
@@ -215,11 +215,18 @@ static kvp_status_t cma_transfer(te_shm_t *s, te_shm_peer_t *sp, const kvp_peer_
         }
         int32_t err =
             kvp_te_copy_run(pool, sp->pid, write, locals + base, remotes + base, lens + base, m);
-        if (kvp_send_all(sp->fd, &err, sizeof(err)) != KVP_OK)
+        if (kvp_send_all(sp->fd, &err, sizeof(err)) != KVP_OK) {
+            /* the target let go before it heard we were done (its frame's deadline): what
+             * we copied may have landed after its ranges were given back: not moved */
             cma_drop(sp);
+            st = KVP_ERR_IO;
+            break;
+        }
         if ((st = cma_status(sp, write, err)) == KVP_OK)
             *moved_p = base + m;
     }
+    if (st == KVP_ERR_TRANSPORT)
+        cma_drop(sp); /* the peer moves to the next transport: its connection and lease go */
     pthread_mutex_unlock(&sp->lock);
     return st;
 }

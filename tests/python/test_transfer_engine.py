@@ -546,6 +546,45 @@ def test_initiator_takes_only_a_target_that_proves_itself(peers, tmp_path, certs
     assert np.array_equal(dump(decode, tmp_path, "named.npy"), expected(PBLOCKS, DBLOCKS))
 
 
+def test_a_target_cannot_answer_success_it_did_not_prove(certs, monkeypatch):
+    """A party at the target's address that answers the engine's TE_AUTH with status 1 (not a
+    status of the wire's list: success for the async API's batch status) proves nothing: the
+    initiator's sync and async writes fail KVP_ERR_PROTOCOL. Before: the sync write failed but
+    the async batch was reported done, no byte moved."""
+    for k, v in cred_env(certs, "prefill-a").items():
+        monkeypatch.setenv(k, v)
+    lst = socket.create_server(("127.0.0.1", 0))
+    port = lst.getsockname()[1]
+    conns = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = lst.accept()
+            except OSError:
+                return
+            conns.append(c)
+            if len(c.recv(32)) == 32:  # the TE_AUTH header
+                c.sendall(struct.pack("<IiQ", 0x4450564B, 1, 0))
+
+    threading.Thread(target=serve, daemon=True).start()
+    te = TransferEngine()
+    try:
+        assert te.initialize("127.0.0.1", "P2PHANDSHAKE", "tcp", "") == 0
+        buf = te.allocate_managed_buffer(4096)
+        target = f"127.0.0.1:{port}"
+        assert te.transfer_sync_write(target, buf, 0x10000, 4096) == -1
+        assert te.last_status == S["KVP_ERR_PROTOCOL"]
+        bid = te.batch_transfer_async_write(target, [buf], [0x10000], [4096])
+        assert bid and te.get_batch_transfer_status([bid]) == -1
+        assert te.last_status == S["KVP_ERR_PROTOCOL"]
+    finally:
+        te.close()
+        lst.close()
+        for c in conns:
+            c.close()
+
+
 @pytest.mark.parametrize("var,value", [("KVPOOL_TE_STREAMS", "0"),
                                        ("KVPOOL_TE_STREAMS", "4294967296"),
                                        ("KVPOOL_TE_STREAMS", "two"),
