@@ -154,6 +154,8 @@ typedef struct te_peer {
     kvp_peer_t *peer;
     _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
     te_rdma_peer_t *rdma; /* the rdma route (te_rdma.c), NULL: not this peer's */
+    uint64_t gen; /* credentials and KVPOOL_TE_ACL on: the ACL's generation peer's connections
+                   * proved their target under (peers_lock) */
 } te_peer_t;
 
 #define TE_NOTIFIES_MAX 4096 /* pending notifies a target keeps */
@@ -1924,10 +1926,50 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
         tp->shm = shm;
         tp->peer = peer;
         tp->rdma = rdma ? te_rdma_peer_new() : NULL;
+        tp->gen =
+            te->auth != NULL && te->auth->acl_path[0] != '\0' ? atomic_load(&te->auth->acl_gen) : 0;
         *peer_p = tp;
     }
     pthread_mutex_unlock(&te->peers_lock);
     return st;
+}
+
+/* tp's peer for a batch, with a reference of the caller's (kvp_peer_unref after). With
+ * KVPOOL_TE_ACL: once our ACL changed since its connections proved their target (a
+ * principal we took may be one we no longer take), a fresh peer first: its connections
+ * prove the target again under the ACL as it is now, and the old one's close with their
+ * last batch (its rdma queue pair is dropped too). */
+static kvp_peer_t *peer_take(kvp_te_t *te, te_peer_t *tp)
+{
+    bool acl = te->auth != NULL && te->auth->acl_path[0] != '\0';
+    if (acl)
+        acl_check(te);
+    uint64_t g = acl ? atomic_load(&te->auth->acl_gen) : 0;
+    pthread_mutex_lock(&te->peers_lock);
+    kvp_peer_t *old = NULL;
+    if (g != tp->gen) {
+        kvp_peer_t *fresh = kvp_peer_create(KVP_TE_SEGMENT_ID);
+        if (fresh != NULL) {
+            fresh->size = tp->peer->size;
+            memcpy(fresh->endpoint, tp->peer->endpoint, sizeof(fresh->endpoint));
+            memcpy(fresh->name, tp->peer->name, sizeof(fresh->name));
+            fresh->hello = tp->peer->hello;
+            fresh->hello_arg = tp->peer->hello_arg;
+            fresh->conn_epoch = tp->peer->conn_epoch + 1; /* not the old one's connections */
+            kvp_transfer_attach(&te->xfer, fresh);
+            old = tp->peer;
+            tp->peer = fresh;
+            tp->gen = g;
+            if (tp->rdma != NULL)
+                te_rdma_peer_reset(tp->rdma);
+        } /* (no memory: the old one once more, asked again at the next batch) */
+    }
+    kvp_peer_t *p = tp->peer;
+    kvp_peer_ref(p);
+    pthread_mutex_unlock(&te->peers_lock);
+    if (old != NULL)
+        kvp_peer_unref(old);
+    return p;
 }
 
 /* A connection of our own to tp (its endpoint: tcp, or "@NAME" a Unix socket whose owner
@@ -1973,23 +2015,23 @@ static kvp_status_t te_dial_peer(void *arg, const kvp_peer_t *peer, int *fd_p, i
 /* te_rdma.h's dial: an admitted connection to the peer, for its TE_RDMA */
 typedef struct te_dial {
     kvp_te_t *te;
-    te_peer_t *tp;
+    kvp_peer_t *peer; /* the batch's (referenced) */
 } te_dial_t;
 
 static kvp_status_t te_dial(void *arg, int *fd_p)
 {
     te_dial_t *d = arg;
     int pid;
-    return te_connect(d->te, d->tp->peer, fd_p, &pid);
+    return te_connect(d->te, d->peer, fd_p, &pid);
 }
 
 /* The rdma route (te_rdma.c) of a batch. *fallback_p: it offers none, or a local buffer is
  * not registered here; nothing moved, the batch takes the tcp route. */
-static kvp_status_t rdma_route(kvp_te_t *te, te_peer_t *tp, int opcode, size_t n,
+static kvp_status_t rdma_route(kvp_te_t *te, te_peer_t *tp, kvp_peer_t *peer, int opcode, size_t n,
                                void *const *locals, const uint64_t *remotes, const uint64_t *lens,
                                bool *fallback_p)
 {
-    te_dial_t d = {.te = te, .tp = tp};
+    te_dial_t d = {.te = te, .peer = peer};
     size_t moved;
     uint64_t bytes;
     kvp_status_t st = te_rdma_transfer(te->rdma, tp->rdma, te_dial, &d, opcode, n, locals, remotes,
@@ -2028,11 +2070,14 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
         atomic_fetch_add_explicit(&te->failures, n, memory_order_relaxed);
         return st;
     }
+    kvp_peer_t *peer = peer_take(te, tp);
     if (tp->rdma != NULL && n > 0) {
         bool fallback;
-        st = rdma_route(te, tp, opcode, n, locals, remotes, lens, &fallback);
-        if (!fallback)
+        st = rdma_route(te, tp, peer, opcode, n, locals, remotes, lens, &fallback);
+        if (!fallback) {
+            kvp_peer_unref(peer);
             return st;
+        }
     }
     /* the peer's transport (chosen at its first use: the one-copy shm path, else tcp; a
      * peer the shm path can no longer carry moves to tcp, its ops retried there) */
@@ -2047,7 +2092,7 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
                 .local = locals[base + i],
                 .offset = remotes[base + i],
                 .length = lens[base + i],
-                .peer = tp->peer,
+                .peer = peer,
             };
         kvp_transfer_run(&te->xfer, ops, m);
         for (size_t i = 0; i < m; i++) {
@@ -2066,6 +2111,7 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
         atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
         atomic_fetch_add_explicit(&tp->failures, failed, memory_order_relaxed);
     }
+    kvp_peer_unref(peer);
     return first;
 }
 
@@ -2266,7 +2312,9 @@ kvp_status_t kvp_te_remote_regions(kvp_te_t *te, const char *target, uint64_t *a
     if (st != KVP_OK)
         return st;
     int fd = -1, pid;
-    st = te_connect(te, tp->peer, &fd, &pid);
+    kvp_peer_t *peer = peer_take(te, tp);
+    st = te_connect(te, peer, &fd, &pid);
+    kvp_peer_unref(peer);
     if (st == KVP_OK) {
         kvp_data_resp_t r;
         st = te_ask(fd, KVP_DATA_REGIONS, &r);
@@ -2299,8 +2347,11 @@ kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, s
     te_peer_t *tp;
     kvp_status_t st = peer_get(te, target, &tp);
     int fd = -1, pid;
-    if (st == KVP_OK)
-        st = te_connect(te, tp->peer, &fd, &pid);
+    if (st == KVP_OK) {
+        kvp_peer_t *peer = peer_take(te, tp);
+        st = te_connect(te, peer, &fd, &pid);
+        kvp_peer_unref(peer);
+    }
     if (st != KVP_OK)
         return st;
     kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,

@@ -486,6 +486,15 @@ bool te_rdma_peer_offers(const te_rdma_peer_t *p)
     return !atomic_load(&p->no_rdma); /* not under p->lock: that may be in a hello */
 }
 
+void te_rdma_peer_reset(te_rdma_peer_t *p)
+{
+    pthread_mutex_lock(&p->lock);
+    if (p->qp != NULL && !p->leaked)
+        kvp_rdma_qp_destroy(p->qp);
+    p->qp = NULL;
+    pthread_mutex_unlock(&p->lock);
+}
+
 void te_rdma_peer_free(te_rdma_peer_t *p)
 {
     if (p == NULL)

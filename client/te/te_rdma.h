@@ -64,6 +64,9 @@ void te_rdma_cut_peers(te_rdma_t *r);
 /* Initiator: a target's state (queue pair, the table it advertised). */
 te_rdma_peer_t *te_rdma_peer_new(void);
 void te_rdma_peer_free(te_rdma_peer_t *p);
+/* Its queue pair dropped (after the batch on it, if any): the next batch connects anew, its
+ * target proved again (te.c: our KVPOOL_TE_ACL changed). */
+void te_rdma_peer_reset(te_rdma_peer_t *p);
 /* false once the target said it offers no rdma. */
 bool te_rdma_peer_offers(const te_rdma_peer_t *p);
 

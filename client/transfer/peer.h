@@ -44,6 +44,10 @@ typedef struct kvp_peer {
      * transfer engine's TE_AUTH, client/te/te.c); an error closes it and fails the transfer */
     kvp_status_t (*hello)(void *arg, int fd, uint32_t timeout_ms);
     void *hello_arg;
+    /* tcp: peers of one endpoint share connections within one epoch only; the first peer of
+     * a newer epoch retires the older ones' (a transfer engine whose KVPOOL_TE_ACL changed:
+     * its connections prove their target again, te.c). 0 for the store's peers. */
+    uint64_t conn_epoch;
     bool grants; /* its owner checks grants: shm and rdma need a MAP grant / an rdma key */
     /* ... and a MAP grant for the shm hand-off (transport/hello.h), when the master gave
      * one; a peer's is used once, at attach */

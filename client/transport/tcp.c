@@ -110,6 +110,8 @@
 
 typedef struct tcp_pool {
     char endpoint[256];
+    uint64_t epoch;          /* the peers' conn_epoch (peer.h) */
+    bool retired;            /* a pool of a newer epoch exists: its connections are not kept */
     int idle[POOL_MAX_IDLE]; /* idle connections, a stack (ctx->lock): none allocated per batch */
     unsigned n_idle;
     bool ssd; /* an SSD segment's server: each stream reads the disk one request deep */
@@ -222,15 +224,24 @@ typedef struct xconn {
     bool dead;
 } xconn_t;
 
-static tcp_pool_t *pool_get_locked(tcp_ctx_t *ctx, const char *endpoint)
+static tcp_pool_t *pool_get_locked(tcp_ctx_t *ctx, const char *endpoint, uint64_t epoch)
 {
     for (tcp_pool_t *p = ctx->pools; p; p = p->next)
-        if (strcmp(p->endpoint, endpoint) == 0)
+        if (strcmp(p->endpoint, endpoint) == 0 && p->epoch == epoch)
             return p;
     tcp_pool_t *p = calloc(1, sizeof(*p));
     if (p == NULL)
         return NULL;
+    /* the endpoint's older pools retire: their idle connections closed, the others closed
+     * as they are given back */
+    for (tcp_pool_t *o = ctx->pools; o; o = o->next)
+        if (strcmp(o->endpoint, endpoint) == 0 && o->epoch < epoch) {
+            o->retired = true;
+            while (o->n_idle > 0)
+                close(o->idle[--o->n_idle]);
+        }
     snprintf(p->endpoint, sizeof(p->endpoint), "%s", endpoint);
+    p->epoch = epoch;
     p->next = ctx->pools;
     ctx->pools = p;
     return p;
@@ -347,7 +358,7 @@ static kvp_status_t conn_acquire(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_pee
 static void conn_release(tcp_ctx_t *ctx, tcp_pool_t *pool, int fd)
 {
     pthread_mutex_lock(&ctx->lock);
-    if (pool->n_idle < POOL_MAX_IDLE) {
+    if (pool->n_idle < POOL_MAX_IDLE && !pool->retired) {
         pool->idle[pool->n_idle++] = fd;
         fd = -1;
     }
@@ -1179,15 +1190,16 @@ static void tcp_transfer(void *arg, kvp_xfer_op_t **ops, size_t n)
     scratch_put(ctx, sc);
 }
 
-/* Any peer with a tcp endpoint; its state is the connection pool of that endpoint (peers
- * of one endpoint share it; pools live as long as the transport). */
+/* Any peer with a tcp endpoint; its state is the connection pool of that endpoint and
+ * connection epoch (peers of one endpoint and epoch share it; pools live as long as the
+ * transport). */
 static kvp_status_t tcp_attach(void *arg, kvp_peer_t *peer, void **state_p)
 {
     tcp_ctx_t *ctx = arg;
     if (peer->endpoint[0] == '\0')
         return KVP_ERR_TRANSPORT;
     pthread_mutex_lock(&ctx->lock);
-    tcp_pool_t *pool = pool_get_locked(ctx, peer->endpoint);
+    tcp_pool_t *pool = pool_get_locked(ctx, peer->endpoint, peer->conn_epoch);
     pthread_mutex_unlock(&ctx->lock);
     if (pool == NULL)
         return KVP_ERR_NOMEM;

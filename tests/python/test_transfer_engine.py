@@ -973,6 +973,51 @@ def test_acl_file_change_applies_to_open_connections(peers, tmp_path, acl_certs,
     assert np.array_equal(dump(decode, tmp_path, "c.npy"), want)
 
 
+@pytest.mark.parametrize("proto", ["tcp", "shm"])
+def test_initiators_acl_change_applies_to_open_connections(peers, tmp_path, acl_certs, proto):
+    """The initiator applies its own KVPOOL_TE_ACL to the target it moves bytes with (TE_AUTH
+    is mutual), and a change of it to the connections it already has: prefill-w (with the
+    ACL) writes into decode (team-a) byte-exact; the decode's principal moved to team-b in
+    prefill-w's ACL (the decode's own ACL unchanged, so only the initiator can refuse), its
+    next write fails KVP_ERR_DENIED with the decode's bytes intact and nothing served; moved
+    back, its writes land again. Before: the open connections went on carrying KV to a
+    principal the initiator no longer takes."""
+    acl = tmp_path / "prefill-acl.conf"
+    acl.write_text(ACL)
+    decode = peers("decode", proto, env=acl_env(acl_certs, "decode"))
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    prefill = peers("prefill", proto, env=dict(cred_env(acl_certs, "prefill-w"),
+                                               KVPOOL_TE_ACL=str(acl)))
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
+                    dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    want = expected(PBLOCKS, DBLOCKS)
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), want)
+
+    def replace_acl(text):
+        new = tmp_path / "prefill-acl.conf.new"
+        new.write_text(text)
+        os.replace(new, acl)
+        time.sleep(1.2)  # past the engine's once-a-second look at the file
+
+    replace_acl(ACL.replace("[principal decode]\ntenant = team-a",
+                            "[principal decode]\ntenant = team-b"))
+    before = decode.ask(op="metrics")
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+    assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
+    assert np.array_equal(dump(decode, tmp_path, "b.npy"), want)
+    m = decode.ask(op="metrics")
+    for k in ("served_writes", "served_cma_writes", "served_lease_writes"):
+        assert m[k] == before[k], (k, m)
+
+    replace_acl(ACL)
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
+    assert (w["rc"], w["status"]) == (0, 0), w
+    want[:, :, 63] = prefill_cache()[:, :, 9]
+    assert np.array_equal(dump(decode, tmp_path, "c.npy"), want)
+
+
 def test_strangers_hold_no_slot_an_authorised_peer_needs(peers, tmp_path, acl_certs):
     """An engine with credentials and KVPOOL_TE_ACL, 300 strangers (no certificate) that
     each send a request (REGIONS, then a write of 4 KiB) and 300 that send nothing: each
