@@ -921,6 +921,26 @@ def test_acl_roles_say_who_may_write_into_an_engine(peers, tmp_path, acl_certs, 
         assert np.array_equal(got[:, :, 63], prefill_cache()[:, :, 9])
 
 
+def replace_acl(acl, text):
+    """A new ACL file renamed over acl, then past the engine's once-a-second look at it."""
+    new = acl.with_name(acl.name + ".new")
+    new.write_text(text)
+    os.replace(new, acl)
+    time.sleep(1.2)
+
+
+def first_write(prefill, decode, tmp_path):
+    """prefill writes PBLOCKS into decode byte-exact: (target, decode's ptrs, what it holds)."""
+    target = f"127.0.0.1:{decode.info['port']}"
+    ptrs = decode.info["ptrs"]
+    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
+                    dblocks=DBLOCKS)
+    assert (w["rc"], w["status"]) == (0, 0), w
+    want = expected(PBLOCKS, DBLOCKS)
+    assert np.array_equal(dump(decode, tmp_path, "a.npy"), want)
+    return target, ptrs, want
+
+
 @pytest.mark.parametrize("proto", ["tcp", "shm"])
 def test_acl_file_change_applies_to_open_connections(peers, tmp_path, acl_certs, proto):
     """An engine is as long-lived as the inference server it is in: KVPOOL_TE_ACL is read
@@ -934,22 +954,10 @@ def test_acl_file_change_applies_to_open_connections(peers, tmp_path, acl_certs,
     acl.write_text(ACL)
     decode = peers("decode", proto, env=dict(cred_env(acl_certs, "decode"),
                                              KVPOOL_TE_ACL=str(acl)))
-    target = f"127.0.0.1:{decode.info['port']}"
-    ptrs = decode.info["ptrs"]
     prefill = peers("prefill", proto, env=cred_env(acl_certs, "prefill-w"))
-    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
-                    dblocks=DBLOCKS)
-    assert (w["rc"], w["status"]) == (0, 0), w
-    want = expected(PBLOCKS, DBLOCKS)
-    assert np.array_equal(dump(decode, tmp_path, "a.npy"), want)
+    target, ptrs, want = first_write(prefill, decode, tmp_path)
 
-    def replace_acl(text):
-        new = tmp_path / "acl.conf.new"
-        new.write_text(text)
-        os.replace(new, acl)
-        time.sleep(1.2)  # past the engine's once-a-second look at the file
-
-    replace_acl(ACL.replace("roles = read, write\ncert-cn = prefill-w",
+    replace_acl(acl, ACL.replace("roles = read, write\ncert-cn = prefill-w",
                             "roles = read\ncert-cn = prefill-w"))
     before = decode.ask(op="metrics")
     w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
@@ -962,11 +970,11 @@ def test_acl_file_change_applies_to_open_connections(peers, tmp_path, acl_certs,
     assert (r["rc"], r["status"]) == (0, 0), r
     assert np.array_equal(dump(prefill, tmp_path, "p.npy")[:, :, 60], want[:, :, 5])
 
-    replace_acl("[principal broken\n")  # does not load: the read-only ACL stays
+    replace_acl(acl, "[principal broken\n")  # does not load: the read-only ACL stays
     w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
     assert (w["rc"], w["status"]) == (-1, S["KVP_ERR_DENIED"]), w
 
-    replace_acl(ACL)
+    replace_acl(acl, ACL)
     w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
     assert (w["rc"], w["status"]) == (0, 0), w
     want[:, :, 63] = prefill_cache()[:, :, 9]
@@ -985,23 +993,11 @@ def test_initiators_acl_change_applies_to_open_connections(peers, tmp_path, acl_
     acl = tmp_path / "prefill-acl.conf"
     acl.write_text(ACL)
     decode = peers("decode", proto, env=acl_env(acl_certs, "decode"))
-    target = f"127.0.0.1:{decode.info['port']}"
-    ptrs = decode.info["ptrs"]
     prefill = peers("prefill", proto, env=dict(cred_env(acl_certs, "prefill-w"),
                                                KVPOOL_TE_ACL=str(acl)))
-    w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=PBLOCKS,
-                    dblocks=DBLOCKS)
-    assert (w["rc"], w["status"]) == (0, 0), w
-    want = expected(PBLOCKS, DBLOCKS)
-    assert np.array_equal(dump(decode, tmp_path, "a.npy"), want)
+    target, ptrs, want = first_write(prefill, decode, tmp_path)
 
-    def replace_acl(text):
-        new = tmp_path / "prefill-acl.conf.new"
-        new.write_text(text)
-        os.replace(new, acl)
-        time.sleep(1.2)  # past the engine's once-a-second look at the file
-
-    replace_acl(ACL.replace("[principal decode]\ntenant = team-a",
+    replace_acl(acl, ACL.replace("[principal decode]\ntenant = team-a",
                             "[principal decode]\ntenant = team-b"))
     before = decode.ask(op="metrics")
     w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
@@ -1011,7 +1007,7 @@ def test_initiators_acl_change_applies_to_open_connections(peers, tmp_path, acl_
     for k in ("served_writes", "served_cma_writes", "served_lease_writes"):
         assert m[k] == before[k], (k, m)
 
-    replace_acl(ACL)
+    replace_acl(acl, ACL)
     w = prefill.ask(op="write", target=target, remote_ptrs=ptrs, pblocks=[9], dblocks=[63])
     assert (w["rc"], w["status"]) == (0, 0), w
     want[:, :, 63] = prefill_cache()[:, :, 9]
