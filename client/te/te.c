@@ -2117,6 +2117,20 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
 
 /* ---- async batches: one worker thread per engine, started at the first submit ---- */
 
+/*
+ * Mooncake's `_on_cuda` transfers (transfer_engine_py.cpp, batchTransferOnCuda) enqueue a
+ * host function on the caller's CUDA stream (cudaLaunchHostFunc) that runs the transfer
+ * once the work before it on the stream is done, return at once, and _exit(1) the process
+ * when the transfer fails. Here the call waits for the caller's stream
+ * (cuStreamSynchronize: the data the stream's kernels produced is there, and nothing on it
+ * still reads a READ's destination), then moves the ranges as kvp_te_transfer does and
+ * returns its status: the bytes have moved when it returns, and a failure is an error code,
+ * not the end of the process. A host function may make no CUDA call, and staging device
+ * memory needs them; a blocking call is what a host function would do to the stream anyway.
+ * Device memory among the ranges is staged by the transfer engine (staging.c), host memory
+ * moves as in kvp_te_transfer (Mooncake moves whatever address it is given, ordered after
+ * the stream).
+ */
 kvp_status_t kvp_te_transfer_on_cuda(kvp_te_t *te, const char *target, int opcode, size_t n,
                                      void *const *locals, const uint64_t *remotes,
                                      const uint64_t *lens, uintptr_t stream)

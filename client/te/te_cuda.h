@@ -1,6 +1,5 @@
 /*
- * te_cuda.h - the transfer engine's CUDA device memory (te_cuda.c): which of an
- * initiator's local ranges are device memory, for te.c's route choice; a target's
+ * te_cuda.h - the transfer engine's CUDA device memory as a target (te_cuda.c): a target's
  * registered device memory, served through pinned staging.
  *
  * Thread: any.
@@ -15,10 +14,6 @@
 #include "client/transfer/engine.h"
 #include "client/transport/wire.h"
 
-/* Is any of the n local ranges CUDA device memory? The kernel's process_vm_* cannot
- * reach it: such a batch takes the socket path, whose engine stages it through pinned
- * host memory. False at once when the process has no CUDA. */
-bool kvp_te_cuda_locals(kvp_transfer_t *xfer, size_t n, void *const *locals, const uint64_t *lens);
 
 /*
  * A target's registered device memory: a peer's WRITEV into it is received into pinned host
