@@ -18,7 +18,6 @@
 #include "common/log.h"
 #include "common/sock.h"
 
-
 /* ---- a target's registered device memory ---- */
 
 #define TE_CUDA_CHUNK ((size_t)256 << 10)

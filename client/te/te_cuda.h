@@ -14,7 +14,6 @@
 #include "client/transfer/engine.h"
 #include "client/transport/wire.h"
 
-
 /*
  * A target's registered device memory: a peer's WRITEV into it is received into pinned host
  * staging buffers and copied to the device, a READV copied from the device into them and
