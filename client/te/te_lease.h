@@ -27,7 +27,7 @@
  * the mark and waits for the copy.
  *
  * Thread: a host's publish (begin/end) under the engine's regions write lock, the rest from
- * any thread; a lease (the peer's side) is used by one batch at a time (the peer's cma_lock).
+ * any thread; a lease (the peer's side) is used by one batch at a time (te_shm.c's per-peer lock).
  */
 #ifndef KVP_CLIENT_TE_TE_LEASE_H
 #define KVP_CLIENT_TE_TE_LEASE_H

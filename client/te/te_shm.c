@@ -52,7 +52,7 @@ static kvp_te_copy_t *copy_pool(te_shm_t *s)
 }
 
 /* sp's one-copy connection is done with (broken, or its peer gone): closed, its lease
- * (if any) dropped with it. cma_lock held. */
+ * (if any) dropped with it. sp->lock held. */
 static void cma_drop(te_shm_peer_t *sp)
 {
     if (sp->fd >= 0)
@@ -63,9 +63,9 @@ static void cma_drop(te_shm_peer_t *sp)
     sp->lease_asked = false;
 }
 
-/* Ask sp's target for a standing lease on its fresh cma_fd (wire.h, KVP_DATA_TE_CMA_LEASE). A
+/* Ask sp's target for a standing lease on its fresh connection (wire.h, KVP_DATA_TE_CMA_LEASE). A
  * refusal leaves us asking per batch; a target that does not know the frame (it answers
- * KVP_ERR_PROTOCOL and closes) is not asked again, its connection dropped (cma_lock held). */
+ * KVP_ERR_PROTOCOL and closes) is not asked again, its connection dropped (sp->lock held). */
 static void lease_ask(te_shm_peer_t *sp)
 {
     sp->lease_asked = true;
