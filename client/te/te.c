@@ -78,6 +78,7 @@
 #include "client/api.h"
 #include "client/env.h"
 #include "client/mem/gpu.h"
+#include "client/transport/hello.h"
 #include "client/transport/transports.h"
 #include "client/transport/wire.h"
 #include "common/acl.h"
@@ -850,12 +851,7 @@ static bool te_proved(void *backend, void *conn)
 static kvp_status_t te_ask(int fd, uint16_t op, kvp_data_resp_t *r)
 {
     kvp_data_req_t req = {.magic = KVP_DATA_MAGIC, .op = op, .segment_id = KVP_TE_SEGMENT_ID};
-    kvp_status_t st = kvp_send_all(fd, &req, sizeof(req));
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, r, sizeof(*r));
-    if (st == KVP_OK && r->magic != KVP_DATA_MAGIC)
-        st = KVP_ERR_PROTOCOL;
-    return st == KVP_OK ? kvp_status_from_wire(r->status) : st;
+    return kvp_data_ask(fd, &(struct iovec){.iov_base = &req, .iov_len = sizeof(req)}, 1, r);
 }
 
 /* May the initiator move bytes with the target principal cn (its certificate checked)? The
@@ -905,15 +901,9 @@ static kvp_status_t proof_exchange(const te_auth_t *a, int fd, const te_auth_hea
                            {.iov_base = a->cert_der, .iov_len = (size_t)a->cert_len},
                            {.iov_base = sig, .iov_len = h->sig_len}};
     kvp_data_resp_t r;
-    kvp_status_t st = kvp_sendv_all(fd, iov, 3);
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, &r, sizeof(r));
+    kvp_status_t st = kvp_data_ask(fd, iov, 3, &r);
     if (st != KVP_OK)
         return st;
-    if (r.magic != KVP_DATA_MAGIC)
-        return KVP_ERR_PROTOCOL;
-    if (r.status != 0)
-        return kvp_status_from_wire(r.status);
     if (r.length == 0 || r.length > KVP_DATA_TE_SIG_MAX)
         return KVP_ERR_PROTOCOL;
     *sig_len_p = (size_t)r.length;
@@ -2377,13 +2367,9 @@ kvp_status_t kvp_te_notify(kvp_te_t *te, const char *target, const char *name, s
                            {.iov_base = (void *)name, .iov_len = name_len},
                            {.iov_base = (void *)msg, .iov_len = msg_len}};
     kvp_data_resp_t r;
-    st = kvp_sendv_all(fd, iov, 3);
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, &r, sizeof(r));
-    if (st == KVP_OK && r.magic != KVP_DATA_MAGIC)
-        st = KVP_ERR_PROTOCOL;
+    st = kvp_data_ask(fd, iov, 3, &r);
     close(fd);
-    return st == KVP_OK ? kvp_status_from_wire(r.status) : st;
+    return st;
 }
 
 size_t kvp_te_get_notifies(kvp_te_t *te, kvp_te_notify_fn fn, void *arg)

@@ -12,6 +12,16 @@
 #include "common/grant.h"
 #include "common/sock.h"
 
+kvp_status_t kvp_data_ask(int fd, struct iovec *iov, int n, kvp_data_resp_t *r)
+{
+    kvp_status_t st = kvp_sendv_all(fd, iov, n);
+    if (st == KVP_OK)
+        st = kvp_recv_all(fd, r, sizeof(*r));
+    if (st != KVP_OK)
+        return st;
+    return r->magic != KVP_DATA_MAGIC ? KVP_ERR_PROTOCOL : kvp_status_from_wire(r->status);
+}
+
 kvp_status_t kvp_data_hello_prove(int fd, const kvp_peer_t *peer, uint32_t timeout_ms)
 {
     kvp_sock_set_timeout(fd, timeout_ms);
@@ -21,15 +31,10 @@ kvp_status_t kvp_data_hello_prove(int fd, const kvp_peer_t *peer, uint32_t timeo
                           .offset = peer->conn_tag};
     kvp_data_resp_t r;
     uint8_t challenge[KVP_GRANT_CHALLENGE_LEN], proof[KVP_GRANT_PROOF_LEN];
-    kvp_status_t st = kvp_send_all(fd, &req, sizeof(req));
-    if (st == KVP_OK)
-        st = kvp_recv_all(fd, &r, sizeof(r));
+    kvp_status_t st =
+        kvp_data_ask(fd, &(struct iovec){.iov_base = &req, .iov_len = sizeof(req)}, 1, &r);
     if (st != KVP_OK)
         return st;
-    if (r.magic != KVP_DATA_MAGIC)
-        return KVP_ERR_PROTOCOL;
-    if (r.status != 0)
-        return r.status < 0 ? (kvp_status_t)r.status : KVP_ERR_PROTOCOL;
     if (r.length == 0)
         return KVP_OK; /* the owner checks no grants (its mount gave it no key) */
     if (r.length != sizeof(challenge))

@@ -7,9 +7,18 @@
 #define KVP_CLIENT_TRANSPORT_HELLO_H
 
 #include <stdint.h>
+#include <sys/uio.h>
 
 #include "client/transfer/peer.h"
+#include "client/transport/wire.h"
 #include "common/status.h"
+
+/* One request of a data connection's own (iov[0..n): the header and what follows it; the
+ * entries are used up as they are sent) sent on the blocking fd, and its answer's header
+ * read into *r: KVP_OK (status 0; what follows the header is the caller's to read), an I/O
+ * failure, KVP_ERR_PROTOCOL (not a data answer), or the answer's status
+ * (kvp_status_from_wire: never one the list does not know). */
+kvp_status_t kvp_data_ask(int fd, struct iovec *iov, int n, kvp_data_resp_t *r);
 
 /* Prove peer->conn_tag's principal with peer->conn_key on a new blocking connection fd to
  * peer's owner (SO_RCVTIMEO/SO_SNDTIMEO set to timeout_ms). KVP_OK: the proof is sent (the
