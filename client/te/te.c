@@ -16,12 +16,12 @@
  * frames between processes of one host; a peer of another uid is refused).
  *
  * The initiator side is a transfer engine (transfer/engine.c) holding the
- * engine's own transports: the one-copy shm path (te_shm.h) and tcp. A target
- * "host:port" is a peer whose endpoint is that address (tcp) or
- * "@kvpool-te-<port>" (shm); its transport is chosen once, as a store's peers'
- * are, and a batch runs on it (on tcp: its streams, slices, vectored chains and
- * timeouts as a store's transfer does). The rdma route (te_rdma.c) is tried
- * before it, per batch.
+ * engine's own transports: rdma (te_rdma.h, where this host has a device), the
+ * one-copy shm path (te_shm.h) and tcp. A target "host:port" is a peer whose
+ * endpoint is that address (rdma, tcp) or "@kvpool-te-<port>" (shm); its
+ * transport is chosen once, as a store's peers' are, and a batch runs on it (on
+ * tcp: its streams, slices, vectored chains and timeouts as a store's transfer
+ * does). No route is chosen here.
  *
  * No lock is held while bytes cross a socket or a peer copies: a request's
  * extents are rechecked under the regions' read lock just before its bytes
@@ -154,7 +154,6 @@ typedef struct te_peer {
     bool shm;
     kvp_peer_t *peer;
     _Atomic uint64_t transfers, bytes, failures; /* as initiator, relaxed */
-    te_rdma_peer_t *rdma; /* the rdma route (te_rdma.c), NULL: not this peer's */
     uint64_t gen; /* credentials and KVPOOL_TE_ACL on: the ACL's generation peer's connections
                    * proved their target under (peers_lock) */
 } te_peer_t;
@@ -186,10 +185,10 @@ struct kvp_te {
     te_rdma_t *rdma;     /* this host's rdma device, served and used (te_rdma.c); NULL: none */
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
-    te_auth_t *auth;          /* credentials configured: every peer proves a principal */
-    bool cma;                 /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
-    bool cma_lease;           /* ... under a standing lease where allowed (not cma-checked) */
-    kvp_te_shm_cfg_t shm_cfg; /* the one-copy shm transport's (te_shm.h): xfer.own_cfg */
+    te_auth_t *auth;        /* credentials configured: every peer proves a principal */
+    bool cma;               /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
+    bool cma_lease;         /* ... under a standing lease where allowed (not cma-checked) */
+    kvp_te_tp_cfg_t tp_cfg; /* its own transports' (te_tp.h: rdma, shm): xfer.own_cfg */
     /* as target: the leases' memfds (te_lease.h), made at the first grant under the regions'
      * write lock, freed at destroy; closing (under it too): no more grants */
     kvp_te_lease_host_t *_Atomic lease;
@@ -1421,11 +1420,15 @@ static const kvp_data_backend_ops_t te_ops = {
 
 /* ---- create / destroy ---- */
 
-/* The engine's transports (its transfer engine's list, in priority order): with the one-copy
- * shm path (KVPOOL_TE_SHM cma, cma-checked), without it (socket). */
-static const kvp_transport_ops_t *const te_transports_cma[] = {&kvp_te_shm_ops,
+/* The engine's transports (its transfer engine's list, in priority order): rdma (peers of
+ * other hosts, where this host has a device: te_rdma.c), the one-copy shm path (this host's
+ * peers, KVPOOL_TE_SHM cma or cma-checked: te_shm.c), tcp (the rest, and this host's peers
+ * through the socket frames on their Unix socket). A transport with nothing here (no rdma
+ * device) is left out of the list at create. */
+static const kvp_transport_ops_t *const te_transports_cma[] = {&kvp_te_rdma_ops, &kvp_te_shm_ops,
                                                                &kvp_transport_tcp_ops, NULL};
-static const kvp_transport_ops_t *const te_transports_tcp[] = {&kvp_transport_tcp_ops, NULL};
+static const kvp_transport_ops_t *const te_transports_tcp[] = {&kvp_te_rdma_ops,
+                                                               &kvp_transport_tcp_ops, NULL};
 static kvp_status_t te_dial_peer(void *arg, const kvp_peer_t *peer, int *fd_p, int *pid_p);
 
 /* kvp_te_create's arguments and KVPOOL_AUTH: the transport asked for (*proto_p), protected
@@ -1599,31 +1602,31 @@ static kvp_status_t te_create(const char *local_hostname, const char *metadata,
     te->cma_lease = strcmp(env.shm, "cma") == 0; /* (the table took only its three) */
     te->cma = te->cma_lease || strcmp(env.shm, "cma-checked") == 0;
     te_init_state(te, &env, protected_mode);
-    /* the routes: the one-copy shm path first where it is on (it takes "@" peers only),
-     * then tcp (tcp peers, and the socket frames on the Unix socket) */
-    te->shm_cfg = (kvp_te_shm_cfg_t){.dial = te_dial_peer,
-                                     .dial_arg = te,
-                                     .lease = te->cma_lease,
-                                     .copy_threads = env.copy_threads};
-    te->xfer.own_cfg = &te->shm_cfg;
+    /* the device first (the rdma transport takes it), then the transports (te_transports_*) */
+    st = te_rdma_start(te, proto, &env);
+    if (st != KVP_OK)
+        goto err_free_te;
+    te->tp_cfg = (kvp_te_tp_cfg_t){.dial = te_dial_peer,
+                                   .dial_arg = te,
+                                   .lease = te->cma_lease,
+                                   .copy_threads = env.copy_threads,
+                                   .rdma = te->rdma};
+    te->xfer.own_cfg = &te->tp_cfg;
     te->xfer.list = te->cma ? te_transports_cma : te_transports_tcp;
     st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK)
-        goto err_free_te;
+        goto err_close_rdma;
     st = te_listen(te, host, port, protected_mode);
     if (st != KVP_OK)
         goto err_cleanup_xfer;
-    st = te_rdma_start(te, proto, &env);
-    if (st != KVP_OK)
-        goto err_destroy_srv;
     te_announce(te);
     *te_p = te;
     return KVP_OK;
 
-err_destroy_srv:
-    kvp_data_server_destroy(te->srv);
 err_cleanup_xfer:
     kvp_transfer_cleanup(&te->xfer);
+err_close_rdma:
+    te_rdma_close(te->rdma);
 err_free_te:
     auth_free(te->auth);
     free(te);
@@ -1658,13 +1661,11 @@ void kvp_te_destroy(kvp_te_t *te)
     if (g != 0)
         kvp_te_lease_host_wait(lease, g);
     kvp_data_server_destroy(te->srv); /* ends every connection first */
-    for (size_t i = 0; i < te->n_peers; i++) {
-        kvp_peer_unref(te->peers[i].peer);
-        te_rdma_peer_free(te->peers[i].rdma);
-    }
-    te_rdma_close(te->rdma);          /* after its peers' queue pairs */
-    kvp_te_lease_host_destroy(lease); /* after the connections that held its slots */
-    kvp_transfer_cleanup(&te->xfer);
+    for (size_t i = 0; i < te->n_peers; i++)
+        kvp_peer_unref(te->peers[i].peer); /* the last reference: its transports let go */
+    kvp_te_lease_host_destroy(lease);      /* after the connections that held its slots */
+    kvp_transfer_cleanup(&te->xfer);       /* its staging buffers' regions too */
+    te_rdma_close(te->rdma);               /* after its peers' queue pairs and every region */
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
             next = b->next;
@@ -1759,8 +1760,13 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
      * fail after it */
     /* (no GPUDirect RDMA: device memory is no memory region, a peer's batch that touches it
      * goes over tcp, staged) */
-    if (st == KVP_OK && te->rdma != NULL && !dev)
+    if (st == KVP_OK && te->rdma != NULL && !dev) {
         st = te_rdma_reg(te->rdma, addr, len);
+        /* and the transfer engine knows the range as rdma's (its ops from it zero-copy: the
+         * rdma transport's mem_reg finds the region, it makes none) */
+        if (st == KVP_OK && (st = kvp_transfer_register_buffer(&te->xfer, addr, len)) != KVP_OK)
+            te_rdma_dereg(te->rdma, addr);
+    }
     if (st == KVP_OK) {
         pthread_rwlock_wrlock(&te->lock);
         size_t tail = te->n_regions - i;
@@ -1792,8 +1798,10 @@ kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
         pthread_mutex_unlock(&te->reg_lock);
         return KVP_ERR_NOT_FOUND;
     }
-    if (te->rdma != NULL)
-        te_rdma_dereg(te->rdma, addr); /* first: the NIC refuses the range from now on */
+    if (te->rdma != NULL && !te->region_dev[i]) {
+        kvp_transfer_unregister_buffer(&te->xfer, addr); /* no new batch takes it zero-copy */
+        te_rdma_dereg(te->rdma, addr);                   /* the NIC refuses the range from now on */
+    }
     pthread_rwlock_wrlock(&te->lock);
     te_pin_t *pin = te->region_pin[i];
     kvp_te_cuda_unregistered(te->cuda, &te->xfer, te->regions[i].addr, te->regions[i].len);
@@ -1888,10 +1896,9 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
             st = KVP_ERR_TRANSPORT;
         }
     }
-    /* rdma: every peer with protocol rdma, a peer of another host with auto (this host's
-     * have shm); one that offers none falls back to tcp at its first batch */
-    bool rdma = te->rdma != NULL && (te->protocol == KVP_TRANSPORT_RDMA ||
-                                     (te->protocol == KVP_TRANSPORT_AUTO && !shm));
+    /* rdma (the transport takes tcp endpoints where this host has a device): every peer
+     * with protocol rdma, a peer of another host with auto (this host's have shm); one that
+     * offers none moves to tcp at its first batch */
     if (te->protocol == KVP_TRANSPORT_RDMA)
         shm = false;
     if (st == KVP_OK && te->n_peers == TE_PEERS_MAX)
@@ -1915,7 +1922,6 @@ static kvp_status_t peer_get(kvp_te_t *te, const char *target, te_peer_t **peer_
         snprintf(tp->target, sizeof(tp->target), "%s", target);
         tp->shm = shm;
         tp->peer = peer;
-        tp->rdma = rdma ? te_rdma_peer_new() : NULL;
         tp->gen =
             te->auth != NULL && te->auth->acl_path[0] != '\0' ? atomic_load(&te->auth->acl_gen) : 0;
         *peer_p = tp;
@@ -1948,10 +1954,8 @@ static kvp_peer_t *peer_take(kvp_te_t *te, te_peer_t *tp)
             fresh->conn_epoch = tp->peer->conn_epoch + 1; /* not the old one's connections */
             kvp_transfer_attach(&te->xfer, fresh);
             old = tp->peer;
-            tp->peer = fresh;
+            tp->peer = fresh; /* (its rdma queue pair, if any, is its own: a new one) */
             tp->gen = g;
-            if (tp->rdma != NULL)
-                te_rdma_peer_reset(tp->rdma);
         } /* (no memory: the old one once more, asked again at the next batch) */
     }
     kvp_peer_t *p = tp->peer;
@@ -2002,49 +2006,6 @@ static kvp_status_t te_dial_peer(void *arg, const kvp_peer_t *peer, int *fd_p, i
     return te_connect(arg, peer, fd_p, pid_p);
 }
 
-/* te_rdma.h's dial: an admitted connection to the peer, for its TE_RDMA */
-typedef struct te_dial {
-    kvp_te_t *te;
-    kvp_peer_t *peer; /* the batch's (referenced) */
-} te_dial_t;
-
-static kvp_status_t te_dial(void *arg, int *fd_p)
-{
-    te_dial_t *d = arg;
-    int pid;
-    return te_connect(d->te, d->peer, fd_p, &pid);
-}
-
-/* The rdma route (te_rdma.c) of a batch. *fallback_p: it offers none, or a local buffer is
- * not registered here; nothing moved, the batch takes the tcp route. */
-static kvp_status_t rdma_route(kvp_te_t *te, te_peer_t *tp, kvp_peer_t *peer, int opcode, size_t n,
-                               void *const *locals, const uint64_t *remotes, const uint64_t *lens,
-                               bool *fallback_p)
-{
-    te_dial_t d = {.te = te, .peer = peer};
-    size_t moved;
-    uint64_t bytes;
-    kvp_status_t st = te_rdma_transfer(te->rdma, tp->rdma, te_dial, &d, opcode, n, locals, remotes,
-                                       lens, &moved, &bytes);
-    *fallback_p = st == KVP_ERR_UNSUPPORTED && moved == 0;
-    if (*fallback_p) {
-        KVP_LOG_WARN_LIMITED("transfer engine: %s: %s; this batch goes over tcp", tp->target,
-                             te_rdma_peer_offers(tp->rdma)
-                                 ? "a local buffer is not registered with this engine, or a "
-                                   "remote range is not in a region the target offers on rdma "
-                                   "(rdma moves registered host memory only)"
-                                 : "the target offers no rdma");
-        return st;
-    }
-    atomic_fetch_add_explicit(&te->transfers[opcode], moved, memory_order_relaxed);
-    atomic_fetch_add_explicit(&te->bytes[opcode], bytes, memory_order_relaxed);
-    atomic_fetch_add_explicit(&te->failures, n - moved, memory_order_relaxed);
-    atomic_fetch_add_explicit(&tp->transfers, moved, memory_order_relaxed);
-    atomic_fetch_add_explicit(&tp->bytes, bytes, memory_order_relaxed);
-    atomic_fetch_add_explicit(&tp->failures, n - moved, memory_order_relaxed);
-    return st;
-}
-
 kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_t n,
                              void *const *locals, const uint64_t *remotes, const uint64_t *lens)
 {
@@ -2061,16 +2022,8 @@ kvp_status_t kvp_te_transfer(kvp_te_t *te, const char *target, int opcode, size_
         return st;
     }
     kvp_peer_t *peer = peer_take(te, tp);
-    if (tp->rdma != NULL && n > 0) {
-        bool fallback;
-        st = rdma_route(te, tp, peer, opcode, n, locals, remotes, lens, &fallback);
-        if (!fallback) {
-            kvp_peer_unref(peer);
-            return st;
-        }
-    }
-    /* the peer's transport (chosen at its first use: the one-copy shm path, else tcp; a
-     * peer the shm path can no longer carry moves to tcp, its ops retried there) */
+    /* the peer's transport (chosen at its first use: rdma, the one-copy shm path, else tcp;
+     * a peer rdma or the shm path can no longer carry moves to tcp, its ops retried there) */
     kvp_xfer_op_t ops[TE_CHUNK];
     kvp_status_t first = KVP_OK;
     for (size_t base = 0; base < n; base += TE_CHUNK) {
@@ -2295,7 +2248,7 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
         snprintf(o->target, sizeof(o->target), "%s", tp->target);
         const kvp_transport_t *t = atomic_load(&tp->peer->tp);
         snprintf(o->route, sizeof(o->route), "%s",
-                 tp->rdma != NULL && te_rdma_peer_offers(tp->rdma)   ? "rdma"
+                 t != NULL && t->ops == &kvp_te_rdma_ops             ? "rdma"
                  : !tp->shm                                          ? "tcp"
                  : (t == NULL ? te->cma : t->ops == &kvp_te_shm_ops) ? "shm-cma"
                                                                      : "shm");

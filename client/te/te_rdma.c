@@ -1,6 +1,6 @@
 /*
- * te_rdma.c - the transfer engine's rdma route (te_rdma.h; docs/architecture.md, "Transfer
- * engine").
+ * te_rdma.c - the transfer engine's rdma: the target's regions, keys and tokens, and the
+ * initiator's transport (te_rdma.h; docs/architecture.md, "Transfer engine").
  *
  * Target: every registered range is a memory region of its own (remote READ+WRITE over that
  * range only), so its rkey opens nothing else; the table of (addr, len, rkey) is handed to
@@ -10,8 +10,11 @@
  * deregisters its region: the NIC refuses any later access to it (a remote access error at
  * the initiator).
  *
- * Initiator: one RC queue pair per target, connected at its first rdma batch; each batch
- * checks every range against the advertised table (asking it again once on a miss), cuts the
+ * Initiator (kvp_te_rdma_ops, a transport of the engine's transfer engine): one RC queue pair
+ * per target, connected at its first batch; each batch checks every range against the
+ * advertised table (asking it again once on a miss; a range still not in it is handed on to
+ * the next transport, op->pass), takes each local buffer's lkey (a range the engine
+ * registered, or a staging buffer: a local-only region of mem_reg's), cuts the
  * ranges into work requests of at most SLICE bytes and posts them in chains of up to
  * KVP_RDMA_MAX_CHAIN with one doorbell, only each chain's last signaled, while the send
  * queue has room; a completion thread (started at the first batch) takes the device's
@@ -46,6 +49,10 @@
 
 #include "client/include/kvpool_te.h"
 #include "client/segment/conn_server.h"
+#include "client/te/te_tp.h"
+#include "client/transfer/engine.h"
+#include "client/transfer/peer.h"
+#include "client/transfer/xfer.h"
 #include "client/transport/rdma_status.h"
 #include "client/transport/rdma_verbs.h"
 #include "client/transport/wire.h"
@@ -92,6 +99,10 @@ struct te_rdma {
     kvp_data_te_rdma_region_t *ents;
     kvp_rdma_mr_t **mrs;
     size_t n, cap;
+    /* local-only regions (the transfer engine's staging buffers: mem_reg), sorted, disjoint:
+     * never advertised, their rkeys open nothing (no remote access) */
+    struct loc_mr *loc;
+    size_t n_loc, cap_loc;
     /* tokens handed out and the queue pairs they let in */
     pthread_mutex_t acc_lock;
     token_t tokens[TOKENS_MAX];
@@ -131,6 +142,12 @@ struct te_rdma_peer {
     kvp_data_te_rdma_region_t *tab; /* what the target advertised, sorted */
     size_t n_tab;
 };
+
+typedef struct loc_mr {
+    uintptr_t addr;
+    size_t len;
+    kvp_rdma_mr_t *mr;
+} loc_mr_t;
 
 typedef struct chain_rec {
     uint64_t seq;
@@ -329,8 +346,11 @@ void te_rdma_close(te_rdma_t *r)
     kvp_rdma_listener_destroy(r->lst);
     for (size_t i = 0; i < r->n; i++)
         kvp_rdma_mr_dereg(r->mrs[i]);
+    for (size_t i = 0; i < r->n_loc; i++)
+        kvp_rdma_mr_dereg(r->loc[i].mr); /* (the transfer engine deregistered its own first) */
     free(r->ents);
     free(r->mrs);
+    free(r->loc);
     kvp_rdma_dev_close(r->dev);
     pthread_rwlock_destroy(&r->mr_lock);
     pthread_mutex_destroy(&r->acc_lock);
@@ -473,7 +493,7 @@ bool te_rdma_serve(te_rdma_t *r, int fd)
 
 /* ---- initiator ---- */
 
-te_rdma_peer_t *te_rdma_peer_new(void)
+static te_rdma_peer_t *te_rdma_peer_new(void)
 {
     te_rdma_peer_t *p = calloc(1, sizeof(te_rdma_peer_t));
     if (p != NULL)
@@ -481,21 +501,7 @@ te_rdma_peer_t *te_rdma_peer_new(void)
     return p;
 }
 
-bool te_rdma_peer_offers(const te_rdma_peer_t *p)
-{
-    return !atomic_load(&p->no_rdma); /* not under p->lock: that may be in a hello */
-}
-
-void te_rdma_peer_reset(te_rdma_peer_t *p)
-{
-    pthread_mutex_lock(&p->lock);
-    if (p->qp != NULL && !p->leaked)
-        kvp_rdma_qp_destroy(p->qp);
-    p->qp = NULL;
-    pthread_mutex_unlock(&p->lock);
-}
-
-void te_rdma_peer_free(te_rdma_peer_t *p)
+static void te_rdma_peer_free(te_rdma_peer_t *p)
 {
     if (p == NULL)
         return;
@@ -506,18 +512,27 @@ void te_rdma_peer_free(te_rdma_peer_t *p)
     free(p);
 }
 
+/* The transport's context: the device the engine opened, its dial, its place in the list. */
+typedef struct te_rdma_tp {
+    te_rdma_t *r;
+    kvp_te_tp_cfg_t cfg;
+    unsigned index;
+} te_rdma_tp_t;
+
 /* Ask the target for its table (and a token) on a new admitted connection; connect a queue
- * pair with the token when p has none. p->lock held (not xfer_lock: another peer's batches
- * go on while this one waits for an answer). */
-static kvp_status_t peer_hello(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg)
+ * pair with the token when p has none. KVP_ERR_UNSUPPORTED: the target offers us no rdma
+ * (none there, or our principal may not both read and write: keys would open both).
+ * p->lock held (not xfer_lock: another peer's batches go on while this one waits for an
+ * answer). */
+static kvp_status_t peer_hello(te_rdma_tp_t *c, te_rdma_peer_t *p, const kvp_peer_t *peer)
 {
-    int fd = -1;
-    kvp_status_t st = dial(arg, &fd);
+    te_rdma_t *r = c->r;
+    int fd = -1, pid;
+    kvp_status_t st = c->cfg.dial(c->cfg.dial_arg, peer, &fd, &pid);
     if (st != KVP_OK)
         return st;
-    kvp_data_req_t req = {.magic = KVP_DATA_MAGIC,
-                          .op = KVP_DATA_TE_RDMA,
-                          .segment_id = 0x4b56505445ull /* KVP_TE_SEGMENT_ID, te.c */};
+    kvp_data_req_t req = {
+        .magic = KVP_DATA_MAGIC, .op = KVP_DATA_TE_RDMA, .segment_id = KVP_TE_SEGMENT_ID};
     kvp_data_resp_t h;
     kvp_data_te_rdma_t info;
     kvp_data_te_rdma_region_t *tab = NULL;
@@ -527,7 +542,7 @@ static kvp_status_t peer_hello(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn 
     if (st == KVP_OK && h.magic != KVP_DATA_MAGIC)
         st = KVP_ERR_PROTOCOL;
     if (st == KVP_OK && h.status != 0)
-        st = h.status < 0 ? (kvp_status_t)h.status : KVP_ERR_PROTOCOL;
+        st = kvp_status_from_wire(h.status);
     /* an engine of an older version answers the unknown frame by closing: no rdma there */
     if (st == KVP_ERR_IO || st == KVP_ERR_CONNECT)
         st = KVP_ERR_UNSUPPORTED;
@@ -549,7 +564,7 @@ static kvp_status_t peer_hello(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn 
             st = KVP_ERR_PROTOCOL; /* not sorted, or overlapping: not a table we search */
     close(fd);
     if (st == KVP_ERR_UNSUPPORTED)
-        p->no_rdma = true;
+        atomic_store(&p->no_rdma, true);
     if (st != KVP_OK) {
         free(tab);
         return st;
@@ -572,13 +587,30 @@ static kvp_status_t peer_hello(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn 
     return KVP_OK;
 }
 
-/* The lkey of the local memory region holding [addr, addr + len) whole (mr_lock held). */
+/* The lkey of the local memory region holding [addr, addr + len) whole: a range the engine
+ * registered, or one of its transfer engine's staging buffers (mr_lock held). */
 static bool local_lkey_locked(te_rdma_t *r, const void *addr, uint64_t len, uint32_t *lkey_p)
 {
-    const kvp_data_te_rdma_region_t *e = tab_find(r->ents, r->n, (uintptr_t)addr, len);
-    if (e == NULL)
+    uintptr_t a = (uintptr_t)addr;
+    const kvp_data_te_rdma_region_t *e = tab_find(r->ents, r->n, a, len);
+    if (e != NULL) {
+        *lkey_p = r->mrs[e - r->ents]->lkey;
+        return true;
+    }
+    size_t lo = 0, hi = r->n_loc;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->loc[mid].addr <= a)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
         return false;
-    *lkey_p = r->mrs[e - r->ents]->lkey;
+    const loc_mr_t *l = &r->loc[lo - 1];
+    if (a - l->addr > l->len || len > l->len - (a - l->addr))
+        return false;
+    *lkey_p = l->mr->lkey;
     return true;
 }
 
@@ -651,10 +683,11 @@ static void batch_wait(te_rdma_t *r, te_batch_t *b, unsigned ms)
 }
 
 /* Ranges [0, m) (m <= TE_RDMA_CHUNK; those with st[i] KVP_OK go, with lkeys[i], rkeys[i])
- * over p->qp; their outcomes into st. p->lock and xfer_lock held. */
-static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, void *const *locals,
-                      const uint64_t *remotes, const uint64_t *lens, const uint32_t *lkeys,
-                      const uint32_t *rkeys, kvp_status_t *st)
+ * over p->qp; their outcomes into st. p->lock and xfer_lock held (the latter let go while
+ * the batch waits for its completions). */
+static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, kvp_rdma_op_t op, size_t m,
+                      void *const *locals, const uint64_t *remotes, const uint64_t *lens,
+                      const uint32_t *lkeys, const uint32_t *rkeys, kvp_status_t *st)
 {
     chain_rec_t ring[CHAINS_RING];
     kvp_rdma_wr_t wrs[KVP_RDMA_MAX_CHAIN];
@@ -662,7 +695,6 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
         ring[k].live = false;
     te_batch_t b = {.qp = p->qp, .ring = ring, .st = st, .next = r->batches};
     r->batches = &b;
-    kvp_rdma_op_t op = opcode == KVP_TE_WRITE ? KVP_RDMA_WRITE : KVP_RDMA_READ;
     size_t i = 0;     /* the next range to post ... */
     uint64_t off = 0; /* ... from this offset in it */
     uint64_t last_progress = kvp_now_ms();
@@ -753,105 +785,255 @@ static void chunk_run(te_rdma_t *r, te_rdma_peer_t *p, int opcode, size_t m, voi
         }
 }
 
-kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg,
-                              int opcode, size_t n, void *const *locals, const uint64_t *remotes,
-                              const uint64_t *lens, size_t *moved_p, uint64_t *bytes_p)
+/* Every op of ops[0, n) its status (KVP_ERR_TRANSPORT and pass for an op to hand on). */
+static void ops_fail(kvp_xfer_op_t **ops, size_t n, kvp_status_t st)
 {
-    *moved_p = 0;
-    *bytes_p = 0;
-    /* every local buffer inside memory this engine registered, or nothing goes this way */
-    pthread_rwlock_rdlock(&r->mr_lock);
-    bool locals_ok = true;
-    for (size_t i = 0; i < n && locals_ok; i++) {
-        uint32_t lkey;
-        locals_ok = local_lkey_locked(r, locals[i], lens[i], &lkey);
-    }
-    pthread_rwlock_unlock(&r->mr_lock);
-    if (!locals_ok)
-        return KVP_ERR_UNSUPPORTED;
-    pthread_mutex_lock(&p->lock);
-    kvp_status_t first = KVP_OK;
-    if (p->no_rdma) {
-        pthread_mutex_unlock(&p->lock);
-        return KVP_ERR_UNSUPPORTED;
-    }
+    for (size_t i = 0; i < n; i++)
+        ops[i]->status = st;
+}
+
+/* A queue pair that saw an error is dropped (the next hello connects anew). p->lock held. */
+static void qp_drop_broken(te_rdma_peer_t *p)
+{
     if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp)) {
         if (!p->leaked)
             kvp_rdma_qp_destroy(p->qp);
-        p->qp = NULL; /* replaced below, with the table asked again */
+        p->qp = NULL;
     }
-    if (p->qp == NULL)
-        first = peer_hello(r, p, dial, arg);
-    if (first != KVP_OK) {
+}
+
+/*
+ * ops[0, n): one peer, one direction. Every remote range is checked against the table the
+ * target advertised (asked again once on a miss: it may have registered the range since); a
+ * range still not in it is handed on (op->pass) to the next transport of the list, tcp, where
+ * the target itself says whether it is out of what it registered or memory it serves staged
+ * (its device memory is no memory region). A target that offers us no rdma fails every op
+ * with KVP_ERR_TRANSPORT: the engine moves the peer on for good.
+ */
+static void peer_run(te_rdma_tp_t *c, kvp_peer_t *peer, kvp_xfer_op_t **ops, size_t n)
+{
+    te_rdma_t *r = c->r;
+    te_rdma_peer_t *p = peer->tp_state[c->index];
+    kvp_rdma_op_t op = ops[0]->kind == KVP_XFER_WRITE ? KVP_RDMA_WRITE : KVP_RDMA_READ;
+    pthread_mutex_lock(&p->lock);
+    kvp_status_t st = atomic_load(&p->no_rdma) ? KVP_ERR_UNSUPPORTED : KVP_OK;
+    if (st == KVP_OK) {
+        qp_drop_broken(p);
+        if (p->qp == NULL)
+            st = peer_hello(c, p, peer);
+    }
+    if (st != KVP_OK) {
         pthread_mutex_unlock(&p->lock);
-        return first;
+        ops_fail(ops, n, st == KVP_ERR_UNSUPPORTED ? KVP_ERR_TRANSPORT : st);
+        return;
     }
-    /* every remote range in a region the target offered on rdma (asked once more on a miss:
-     * it may have registered it since), or the whole batch goes over tcp, where the target
-     * itself says whether the range is out of what it registered or memory it serves staged
-     * (CUDA device memory is no memory region here) */
     bool refreshed = false;
-    for (size_t i = 0; i < n; i++)
-        if (tab_find(p->tab, p->n_tab, remotes[i], lens[i]) == NULL) {
-            if (refreshed || peer_hello(r, p, dial, arg) != KVP_OK) {
-                pthread_mutex_unlock(&p->lock);
-                return KVP_ERR_UNSUPPORTED;
-            }
+    for (size_t i = 0; i < n; i++) {
+        ops[i]->status = KVP_OK;
+        if (tab_find(p->tab, p->n_tab, ops[i]->offset, ops[i]->length) != NULL)
+            continue;
+        if (!refreshed) {
             refreshed = true;
-            i = (size_t)-1; /* from the start, against the new table */
-        }
-    kvp_status_t st[TE_RDMA_CHUNK];
-    uint32_t lkeys[TE_RDMA_CHUNK], rkeys[TE_RDMA_CHUNK];
-    for (size_t base = 0; base < n; base += TE_RDMA_CHUNK) {
-        size_t m = n - base < TE_RDMA_CHUNK ? n - base : TE_RDMA_CHUNK;
-        bool miss;
-        do {
-            miss = false;
-            for (size_t i = 0; i < m; i++) {
-                const kvp_data_te_rdma_region_t *e =
-                    tab_find(p->tab, p->n_tab, remotes[base + i], lens[base + i]);
-                st[i] = e != NULL ? KVP_OK : KVP_ERR_OUT_OF_RANGE;
-                rkeys[i] = e != NULL ? e->rkey : 0;
-                miss |= e == NULL;
+            kvp_status_t hs = peer_hello(c, p, peer);
+            if (hs == KVP_ERR_UNSUPPORTED) {
+                pthread_mutex_unlock(&p->lock);
+                ops_fail(ops, n, KVP_ERR_TRANSPORT);
+                return;
             }
-            /* a miss: the target may have registered it since we asked; ask once more */
-        } while (miss && !refreshed && (refreshed = true) && peer_hello(r, p, dial, arg) == KVP_OK);
+            if (hs == KVP_OK) {
+                i = (size_t)-1; /* from the start, against the new table */
+                continue;
+            }
+        }
+        ops[i]->status = KVP_ERR_TRANSPORT;
+        ops[i]->pass = true;
+    }
+    kvp_xfer_crc_writes(ops, n);
+    kvp_status_t cst[TE_RDMA_CHUNK];
+    void *locals[TE_RDMA_CHUNK];
+    uint64_t remotes[TE_RDMA_CHUNK], lens[TE_RDMA_CHUNK];
+    uint32_t lkeys[TE_RDMA_CHUNK], rkeys[TE_RDMA_CHUNK];
+    size_t idx[TE_RDMA_CHUNK];
+    size_t next = 0;
+    while (next < n) {
+        /* the next chunk: ops still to go */
+        size_t m = 0;
+        for (; next < n && m < TE_RDMA_CHUNK; next++) {
+            kvp_xfer_op_t *o = ops[next];
+            if (o->status != KVP_OK)
+                continue;
+            const kvp_data_te_rdma_region_t *e = tab_find(p->tab, p->n_tab, o->offset, o->length);
+            if (e == NULL) { /* (the table asked again on a new queue pair lost it) */
+                o->status = KVP_ERR_TRANSPORT;
+                o->pass = true;
+                continue;
+            }
+            idx[m] = next;
+            locals[m] = o->local;
+            remotes[m] = o->offset;
+            lens[m] = o->length;
+            rkeys[m] = e->rkey;
+            cst[m] = KVP_OK;
+            m++;
+        }
+        if (m == 0)
+            break;
+        /* held across the chunk: a local region is not deregistered under the NIC */
         pthread_rwlock_rdlock(&r->mr_lock);
         for (size_t i = 0; i < m; i++)
-            if (!local_lkey_locked(r, locals[base + i], lens[base + i], &lkeys[i]))
-                st[i] = KVP_ERR_INVALID_ARG; /* unregistered meanwhile */
-        /* held across the batch: a local region is not deregistered under the NIC */
+            if (!local_lkey_locked(r, locals[i], lens[i], &lkeys[i]))
+                cst[i] = KVP_ERR_INVALID_ARG; /* unregistered meanwhile */
         pthread_mutex_lock(&r->xfer_lock);
         if (!r->cq_started)
             r->cq_started = pthread_create(&r->cq_thread, NULL, cq_main, r) == 0;
         if (r->cq_started)
-            chunk_run(r, p, opcode, m, locals + base, remotes + base, lens + base, lkeys, rkeys,
-                      st);
+            chunk_run(r, p, op, m, locals, remotes, lens, lkeys, rkeys, cst);
         else
             for (size_t i = 0; i < m; i++)
-                st[i] = KVP_ERR_SYSTEM; /* no completion thread: nothing posted */
+                cst[i] = KVP_ERR_SYSTEM; /* no completion thread: nothing posted */
         pthread_mutex_unlock(&r->xfer_lock);
         pthread_rwlock_unlock(&r->mr_lock);
-        for (size_t i = 0; i < m; i++) {
-            if (st[i] == KVP_OK) {
-                (*moved_p)++;
-                *bytes_p += lens[base + i];
-            } else if (first == KVP_OK)
-                first = st[i];
-        }
-        if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp) && base + m < n) {
+        for (size_t i = 0; i < m; i++)
+            ops[idx[i]]->status = cst[i];
+        if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp) && next < n) {
             /* the rest of the batch on a new queue pair */
-            if (!p->leaked)
-                kvp_rdma_qp_destroy(p->qp);
-            p->qp = NULL;
-            kvp_status_t hs = peer_hello(r, p, dial, arg);
+            qp_drop_broken(p);
+            kvp_status_t hs = peer_hello(c, p, peer);
             if (hs != KVP_OK) {
-                if (first == KVP_OK)
-                    first = hs;
+                for (size_t k = next; k < n; k++)
+                    if (ops[k]->status == KVP_OK)
+                        ops[k]->status = hs == KVP_ERR_UNSUPPORTED ? KVP_ERR_TRANSPORT : hs;
                 break;
             }
         }
     }
     pthread_mutex_unlock(&p->lock);
-    return first;
+    kvp_xfer_crc_reads(ops, n);
 }
+
+/* ---- the transport ---- */
+
+static kvp_status_t tp_create(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
+{
+    const kvp_te_tp_cfg_t *cfg = xfer->own_cfg;
+    if (cfg == NULL || cfg->rdma == NULL)
+        return KVP_ERR_NOT_FOUND; /* not a transfer engine's, or no device here */
+    te_rdma_tp_t *c = calloc(1, sizeof(*c));
+    if (c == NULL)
+        return KVP_ERR_NOMEM;
+    c->r = cfg->rdma;
+    c->cfg = *cfg;
+    c->index = index;
+    *ctx_p = c;
+    return KVP_OK;
+}
+
+static void tp_destroy(void *ctx)
+{
+    free(ctx); /* the device is the engine's (te_rdma_close) */
+}
+
+/* A peer of another host (this host's are "@..." peers, reached on their Unix socket). */
+static kvp_status_t tp_attach(void *ctx, kvp_peer_t *peer, void **state_p)
+{
+    (void)ctx;
+    if (peer->endpoint[0] == '@')
+        return KVP_ERR_TRANSPORT;
+    te_rdma_peer_t *p = te_rdma_peer_new();
+    if (p == NULL)
+        return KVP_ERR_NOMEM;
+    *state_p = p;
+    return KVP_OK;
+}
+
+static void tp_detach(void *ctx, kvp_peer_t *peer, void *state)
+{
+    (void)ctx;
+    (void)peer;
+    te_rdma_peer_free(state); /* its last batch is done: the peer's last reference went */
+}
+
+/* A local buffer for our batches: one the engine registered is a region already (its MR
+ * serves both ends); any other (the staging buffers) gets a local-only region, never
+ * advertised. Device memory: none (no GPUDirect RDMA here; its ops are staged). */
+static kvp_status_t tp_mem_reg(void *ctx, void *addr, size_t len, kvp_mem_kind_t kind)
+{
+    te_rdma_t *r = ((te_rdma_tp_t *)ctx)->r;
+    if (kind != KVP_MEM_HOST)
+        return KVP_ERR_UNSUPPORTED;
+    pthread_rwlock_rdlock(&r->mr_lock);
+    bool served = tab_find(r->ents, r->n, (uintptr_t)addr, len) != NULL;
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (served)
+        return KVP_OK;
+    kvp_rdma_mr_t *mr;
+    int rc = kvp_rdma_mr_reg(r->dev, addr, len, false, &mr);
+    if (rc != 0)
+        return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
+    uintptr_t a = (uintptr_t)addr;
+    kvp_status_t st = KVP_OK;
+    pthread_rwlock_wrlock(&r->mr_lock);
+    if (r->n_loc == r->cap_loc) {
+        size_t cap = r->cap_loc ? r->cap_loc * 2 : 16;
+        loc_mr_t *l = realloc(r->loc, cap * sizeof(*l));
+        if (l != NULL) {
+            r->loc = l;
+            r->cap_loc = cap;
+        } else
+            st = KVP_ERR_NOMEM;
+    }
+    if (st == KVP_OK) {
+        size_t i = 0;
+        while (i < r->n_loc && r->loc[i].addr < a)
+            i++;
+        memmove(&r->loc[i + 1], &r->loc[i], (r->n_loc - i) * sizeof(r->loc[0]));
+        r->loc[i] = (loc_mr_t){.addr = a, .len = len, .mr = mr};
+        r->n_loc++;
+    }
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (st != KVP_OK)
+        kvp_rdma_mr_dereg(mr);
+    return st;
+}
+
+static void tp_mem_dereg(void *ctx, void *addr)
+{
+    te_rdma_t *r = ((te_rdma_tp_t *)ctx)->r;
+    kvp_rdma_mr_t *mr = NULL;
+    pthread_rwlock_wrlock(&r->mr_lock); /* after the batches that use it */
+    for (size_t i = 0; i < r->n_loc; i++)
+        if (r->loc[i].addr == (uintptr_t)addr) {
+            mr = r->loc[i].mr;
+            memmove(&r->loc[i], &r->loc[i + 1], (r->n_loc - i - 1) * sizeof(r->loc[0]));
+            r->n_loc--;
+            break;
+        }
+    pthread_rwlock_unlock(&r->mr_lock);
+    if (mr != NULL)
+        kvp_rdma_mr_dereg(mr); /* (a range the engine registered: te_rdma_dereg's) */
+}
+
+/* Runs of ops to one peer in one direction, each a peer_run. */
+static void tp_submit(void *ctx, kvp_xfer_op_t **ops, size_t n)
+{
+    te_rdma_tp_t *c = ctx;
+    for (size_t i = 0; i < n;) {
+        size_t j = i + 1;
+        while (j < n && ops[j]->peer == ops[i]->peer && ops[j]->kind == ops[i]->kind)
+            j++;
+        peer_run(c, ops[i]->peer, ops + i, j - i);
+        i = j;
+    }
+}
+
+const kvp_transport_ops_t kvp_te_rdma_ops = {
+    .name = "te-rdma",
+    .id = KVP_TRANSPORT_RDMA,
+    .create = tp_create,
+    .destroy = tp_destroy,
+    .attach = tp_attach,
+    .detach = tp_detach,
+    .mem_reg = tp_mem_reg,
+    .mem_dereg = tp_mem_dereg,
+    .submit = tp_submit,
+};

@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "client/transfer/transport.h"
 #include "common/status.h"
 
 typedef struct te_rdma te_rdma_t;
@@ -61,27 +62,18 @@ uint64_t te_rdma_refused_connects(te_rdma_t *r);
  * through a new TE_RDMA, admitted and checked anew. */
 void te_rdma_cut_peers(te_rdma_t *r);
 
-/* Initiator: a target's state (queue pair, the table it advertised). */
-te_rdma_peer_t *te_rdma_peer_new(void);
-void te_rdma_peer_free(te_rdma_peer_t *p);
-/* Its queue pair dropped (after the batch on it, if any): the next batch connects anew, its
- * target proved again (te.c: our KVPOOL_TE_ACL changed). */
-void te_rdma_peer_reset(te_rdma_peer_t *p);
-/* false once the target said it offers no rdma. */
-bool te_rdma_peer_offers(const te_rdma_peer_t *p);
-
-/* Opens a connection to the target, admitted there (te.c's te_connect): *fd_p. */
-typedef kvp_status_t (*te_rdma_dial_fn)(void *arg, int *fd_p);
-
 /*
- * Move ranges [0, n) (opcode KVP_TE_WRITE / KVP_TE_READ) over rdma. Ranges outside what the
- * target advertised are KVP_ERR_OUT_OF_RANGE without a byte moved (the table is asked again
- * once first). KVP_ERR_UNSUPPORTED before anything moved: a local buffer this engine did not
- * register, or a target that offers no rdma (the caller may take another route).
- * *moved_p, *bytes_p: ranges (and their bytes) that moved. Returns the first failure.
+ * Initiator: the rdma transport of the engine's transfer engine (transfer/transport.h; its
+ * device the one kvp_te_tp_cfg_t.rdma names, its connections to a target through the
+ * config's dial). It takes peers of other hosts; per peer one RC queue pair, connected at its
+ * first batch with the token a TE_RDMA request got, and the table the target advertised.
+ * Every remote range is checked against that table before the NIC moves a byte of it (asked
+ * again once on a miss); a range still not in it is handed on to the next transport of the
+ * list (op->pass: tcp, where the target says whether it is out of range or device memory it
+ * serves staged); a target that offers no rdma fails the ops with KVP_ERR_TRANSPORT (the peer
+ * moves to tcp). A local buffer is an engine-registered range or a staging buffer (mem_reg:
+ * a local-only region, never advertised); any other is staged by the transfer engine.
  */
-kvp_status_t te_rdma_transfer(te_rdma_t *r, te_rdma_peer_t *p, te_rdma_dial_fn dial, void *arg,
-                              int opcode, size_t n, void *const *locals, const uint64_t *remotes,
-                              const uint64_t *lens, size_t *moved_p, uint64_t *bytes_p);
+extern const kvp_transport_ops_t kvp_te_rdma_ops;
 
 #endif

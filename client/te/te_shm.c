@@ -23,7 +23,7 @@
 #include "common/sock.h"
 
 typedef struct te_shm {
-    kvp_te_shm_cfg_t cfg;
+    kvp_te_tp_cfg_t cfg;
     unsigned index; /* ours in the engine's list: a peer's tp_state[index] is its state */
     kvp_te_copy_t *_Atomic copy; /* the copy threads, made at the first copy */
 } te_shm_t;
@@ -240,7 +240,7 @@ static kvp_status_t shm_create(kvp_transfer_t *xfer, unsigned index, void **ctx_
     te_shm_t *s = calloc(1, sizeof(*s));
     if (s == NULL)
         return KVP_ERR_NOMEM;
-    s->cfg = *(const kvp_te_shm_cfg_t *)xfer->own_cfg;
+    s->cfg = *(const kvp_te_tp_cfg_t *)xfer->own_cfg;
     s->index = index;
     *ctx_p = s;
     return KVP_OK;

@@ -18,26 +18,13 @@
 #ifndef KVP_CLIENT_TE_TE_SHM_H
 #define KVP_CLIENT_TE_TE_SHM_H
 
-#include <stdbool.h>
-#include <stdint.h>
-
+#include "client/te/te_tp.h"
 #include "client/transfer/peer.h"
 #include "client/transfer/transport.h"
 #include "common/status.h"
 
 /* Ranges one TE_CMA request names at most (IOV_MAX: one process_vm_* call each). */
 #define KVP_TE_CMA_VEC_MAX 1024
-
-/* What the transport takes from its engine (kvp_transfer_t.own_cfg, read at create; it
- * outlives the transfer engine). */
-typedef struct kvp_te_shm_cfg {
-    /* a connection of the engine's own to the peer's endpoint, its timeouts set and our
-     * principal proved (te.c); *pid_p the peer's pid on a Unix socket */
-    kvp_status_t (*dial)(void *arg, const kvp_peer_t *peer, int *fd_p, int *pid_p);
-    void *dial_arg;
-    bool lease;            /* ask targets for a standing lease (KVPOOL_TE_SHM=cma) */
-    uint32_t copy_threads; /* KVPOOL_TE_COPY_THREADS */
-} kvp_te_shm_cfg_t;
 
 extern const kvp_transport_ops_t kvp_te_shm_ops;
 

@@ -303,6 +303,16 @@ static bool rechoose(kvp_transfer_t *xfer, kvp_peer_t *peer, kvp_transport_t *fa
     return moved;
 }
 
+/* The first transport among tps[from..] that reaches the peer (attaching it there), for ops
+ * a transport handed on (op->pass); the peer's own transport stays as it is. */
+static kvp_transport_t *pass_to(kvp_transfer_t *xfer, kvp_peer_t *peer, unsigned from)
+{
+    pthread_mutex_lock(&peer->tp_lock);
+    kvp_transport_t *tp = attach_from_locked(xfer, peer, from);
+    pthread_mutex_unlock(&peer->tp_lock);
+    return tp;
+}
+
 kvp_transport_id_t kvp_transfer_route(kvp_transfer_t *xfer, kvp_peer_t *peer)
 {
     kvp_transport_t *tp = peer_tp(xfer, peer);
@@ -547,14 +557,17 @@ static scratch_t *scratch_get(int level, size_t n)
 #define B_COUNT (KVP_TP_MAX + KVP_STAGE_POOLS)
 #define B_NONE 0xFF  /* not in this pass */
 #define B_RETRY 0xFE /* its peer has a new transport: run it again */
+#define B_PASS 0xE0  /* B_PASS + i: handed on (op->pass) to transport i */
 
-_Static_assert(B_COUNT < B_RETRY, "bucket ids fit in a byte");
+_Static_assert(B_COUNT < B_PASS && B_PASS + KVP_TP_MAX < B_RETRY, "bucket ids fit in a byte");
 
 /* Where an op goes: its peer's transport, or a stager when that transport cannot reach its
  * buffer zero-copy; B_NONE when it failed here (status set). */
-static uint8_t route_op(kvp_transfer_t *xfer, kvp_xfer_op_t *op, int level)
+static uint8_t route_op(kvp_transfer_t *xfer, kvp_xfer_op_t *op, int level, kvp_transport_t *tp)
 {
-    kvp_transport_t *tp = peer_tp(xfer, op->peer);
+    op->pass = false;
+    if (tp == NULL)
+        tp = peer_tp(xfer, op->peer);
     if (tp == NULL) {
         op->status = KVP_ERR_TRANSPORT;
         return B_NONE;
@@ -584,16 +597,19 @@ static uint8_t route_op(kvp_transfer_t *xfer, kvp_xfer_op_t *op, int level)
     return tp->ops->id == KVP_TRANSPORT_SHM ? B_STAGE_GPU_NEAR : B_STAGE_GPU_FAR;
 }
 
-/* Route the ops whose bucket[i] is `only` (B_NONE on the first pass, B_RETRY later), sort
- * them by bucket into sorted[], run each bucket. */
+/* Route the ops whose bucket[i] is `only` (B_NONE on the first pass; B_RETRY later: those
+ * of B_RETRY on their peer's transport, and of any B_PASS + i on transport i), sort them by
+ * bucket into sorted[], run each bucket. */
 static void dispatch(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int level, scratch_t *sc,
                      uint8_t only)
 {
     size_t cnt[B_COUNT] = {0};
     for (size_t i = 0; i < n; i++) {
-        if (sc->bucket[i] != only)
+        uint8_t at_b = sc->bucket[i];
+        bool pass = only == B_RETRY && at_b >= B_PASS && at_b < B_PASS + KVP_TP_MAX;
+        if (at_b != only && !pass)
             continue;
-        uint8_t b = route_op(xfer, &ops[i], level);
+        uint8_t b = route_op(xfer, &ops[i], level, pass ? &xfer->tps[at_b - B_PASS] : NULL);
         sc->bucket[i] = b;
         if (b != B_NONE)
             cnt[b]++;
@@ -626,19 +642,35 @@ static void transfer_run(kvp_transfer_t *xfer, kvp_xfer_op_t *ops, size_t n, int
     }
     memset(sc->bucket, B_NONE, n);
     dispatch(xfer, ops, n, level, sc, B_NONE);
-    /* a transport that cannot carry a peer any more: choose again, retry once */
-    size_t retry = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint8_t b = sc->bucket[i];
-        sc->bucket[i] = B_NONE;
-        if (b < xfer->n_tps && ops[i].status == KVP_ERR_TRANSPORT &&
-            rechoose(xfer, ops[i].peer, &xfer->tps[b])) {
-            sc->bucket[i] = B_RETRY;
-            retry++;
+    /* then rounds of: an op whose transport cannot carry its peer any more, on the peer's
+     * new transport (the first round only: retried once); an op a transport handed on
+     * (op->pass), on the next transport of the list that reaches its peer (never back: at
+     * most n_tps rounds) */
+    for (int round = 0;; round++) {
+        size_t again = 0;
+        for (size_t i = 0; i < n; i++) {
+            uint8_t b = sc->bucket[i];
+            sc->bucket[i] = B_NONE;
+            if (b >= xfer->n_tps) /* failed before a transport, or staged (the stager ran it) */
+                continue;
+            if (ops[i].pass) {
+                kvp_transport_t *next = pass_to(xfer, ops[i].peer, b + 1u);
+                if (next == NULL) {
+                    ops[i].pass = false; /* none: its status stands (KVP_ERR_TRANSPORT) */
+                    continue;
+                }
+                sc->bucket[i] = (uint8_t)(B_PASS + next->index);
+                again++;
+            } else if (round == 0 && ops[i].status == KVP_ERR_TRANSPORT &&
+                       rechoose(xfer, ops[i].peer, &xfer->tps[b])) {
+                sc->bucket[i] = B_RETRY;
+                again++;
+            }
         }
-    }
-    if (retry > 0)
+        if (again == 0)
+            break;
         dispatch(xfer, ops, n, level, sc, B_RETRY);
+    }
 }
 
 /* The metrics slot (KVP_METRICS_TP_*) of the transport that carried an op to `peer`, or -1

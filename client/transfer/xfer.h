@@ -50,6 +50,9 @@ typedef struct kvp_xfer_op {
     uint32_t grant_index;
     uint32_t crc;        /* out */
     kvp_status_t status; /* out */
+    bool pass; /* out: the transport cannot carry this op but keeps its peer (an rdma target's
+                  range it offers no key for): the engine runs it once on the next transport
+                  of its list that reaches the peer, the peer's transport unchanged */
 } kvp_xfer_op_t;
 
 /* What a planner hands an op of the master's grants for its extent. */

@@ -1,6 +1,6 @@
 /*
- * test_te_rdma.c - the transfer engine's rdma route (client/te/te_rdma.c) between two processes,
- * as vLLM's MooncakeConnector drives it (prefill writes into decode's KV cache):
+ * test_te_rdma.c - the transfer engine's rdma transport (client/te/te_rdma.c) between two
+ * processes, as vLLM's MooncakeConnector drives it (prefill writes into decode's KV cache):
  *   - both engines protocol "rdma"; each registers its KV cache, vLLM's layout (per layer a
  *     K and a V tensor of NUM_BLOCKS blocks), one region per tensor;
  *   - the prefill writes block lists as merged contiguous runs (one range per run and
@@ -9,8 +9,10 @@
  *   - ranges outside what the decode registered are refused (KVP_ERR_OUT_OF_RANGE) with its
  *     bytes intact; a tensor the decode unregistered after the prefill got its table is
  *     refused by the NIC (the region is gone), and the next batch reconnects;
- *   - a read of the decode's blocks; a local buffer the prefill did not register goes over
- *     tcp; an rdma connect without a token is refused and counted;
+ *   - a read of the decode's blocks; a local buffer the prefill did not register is staged
+ *     and still goes over rdma; in one batch, a range in a region the decode offers goes over
+ *     rdma and one outside any is handed on to tcp (refused there), the peer staying on rdma;
+ *     an rdma connect without a token is refused and counted;
  *   - a decode with credentials (KVPOOL_TLS_*, KVPOOL_TLS_CRL, KVPOOL_TE_PEERS=admin,
  *     revoked): a prefill without any, one of another principal and one whose certificate
  *     the CRL lists (named) are refused (KVP_ERR_DENIED) with its bytes intact, admin's
@@ -367,7 +369,10 @@ static void test_out_of_range_refused(void **state)
     prefill_close(&p);
 }
 
-static void test_unregistered_local_goes_over_tcp(void **state)
+/* A local buffer the prefill did not register: the transfer engine stages it (copied into
+ * its staging buffers, local-only memory regions no peer has a key for) and the batch still
+ * goes over rdma; the bytes land, the peer stays on rdma. */
+static void test_unregistered_local_is_staged(void **state)
 {
     (void)state;
     prefill_t p;
@@ -376,11 +381,61 @@ static void test_unregistered_local_goes_over_tcp(void **state)
     kvp_fill_pattern(plain, BLOCK, 77);
     void *local = plain;
     uint64_t remote = dec_addr[1] + 5 * BLOCK, len = BLOCK;
+    kvp_te_counters_t d0, d1;
+    decode_counters(&d0);
     assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, &local, &remote, &len),
                      KVP_OK);
     memcpy(mirror + TENSOR + 5 * BLOCK, plain, BLOCK);
     assert_decode_is_mirror();
+    /* and read back into it, staged the other way */
+    memset(plain, 0, BLOCK);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_READ, 1, &local, &remote, &len),
+                     KVP_OK);
+    assert_memory_equal(plain, mirror + TENSOR + 5 * BLOCK, BLOCK);
+    /* rdma: the decode's CPU served neither (its served counts are tcp and shm only) */
+    decode_counters(&d1);
+    assert_int_equal(d1.served[KVP_TE_WRITE], d0.served[KVP_TE_WRITE]);
+    assert_int_equal(d1.served[KVP_TE_READ], d0.served[KVP_TE_READ]);
+    kvp_te_peer_stat_t ps[1];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+    assert_string_equal(ps[0].route, "rdma");
     free(plain);
+    prefill_close(&p);
+}
+
+/* One batch, two ranges: one in a region the decode offers on rdma, one outside any: the
+ * first goes over rdma, the second is handed on to tcp, where the decode refuses it
+ * (KVP_ERR_OUT_OF_RANGE, the batch's status); the peer stays on rdma for the next batch. */
+static void test_range_without_key_is_handed_on(void **state)
+{
+    (void)state;
+    prefill_t p;
+    prefill_open(&p);
+    void *locals[2] = {p.t[3] + 7 * BLOCK, p.t[3]};
+    uint64_t remotes[2] = {dec_addr[3] + 7 * BLOCK, dec_addr[3] + TENSOR - BLOCK / 2};
+    uint64_t lens[2] = {BLOCK, BLOCK};
+    kvp_fill_pattern(p.t[3] + 7 * BLOCK, BLOCK, 91);
+    kvp_te_counters_t before, after, d0, d1;
+    kvp_te_get_counters(p.te, &before);
+    decode_counters(&d0);
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 2, locals, remotes, lens),
+                     KVP_ERR_OUT_OF_RANGE);
+    memcpy(mirror + 3 * TENSOR + 7 * BLOCK, p.t[3] + 7 * BLOCK, BLOCK);
+    assert_decode_is_mirror();
+    kvp_te_get_counters(p.te, &after);
+    assert_int_equal(after.transfers[KVP_TE_WRITE] - before.transfers[KVP_TE_WRITE], 1);
+    assert_int_equal(after.failures - before.failures, 1);
+    /* the good range over rdma (the decode served nothing), the other refused over tcp */
+    decode_counters(&d1);
+    assert_int_equal(d1.served[KVP_TE_WRITE], d0.served[KVP_TE_WRITE]);
+    assert_true(d1.refused_range - d0.refused_range >= 1); /* (rdma access errors count late) */
+    kvp_te_peer_stat_t ps[1];
+    assert_int_equal(kvp_te_peer_stats(p.te, ps, 1), 1);
+    assert_string_equal(ps[0].route, "rdma");
+    uint64_t one = BLOCK;
+    assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, 1, locals, remotes, &one),
+                     KVP_OK);
+    assert_decode_is_mirror();
     prefill_close(&p);
 }
 
@@ -872,7 +927,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_connector_sequence),
         cmocka_unit_test(test_out_of_range_refused),
-        cmocka_unit_test(test_unregistered_local_goes_over_tcp),
+        cmocka_unit_test(test_unregistered_local_is_staged),
+        cmocka_unit_test(test_range_without_key_is_handed_on),
         cmocka_unit_test(test_connect_without_token_refused),
         cmocka_unit_test(test_credentials_admit_only_the_named_principal),
         cmocka_unit_test(test_reader_principal_gets_no_rdma_keys),

@@ -7,8 +7,8 @@
  * attaches a peer when the peer's host_id holds its letter ('a', 'b', 'c'),
  * keeps a private byte array per attached peer as the "segment", and counts
  * what it is given. Scripts make a fake fail ops to a peer with a status of
- * the test's choosing. Every transfer is checked byte for byte, and every CRC
- * against kvp_crc32c of the source.
+ * the test's choosing, or hand ops at high offsets on (op->pass). Every transfer is checked byte
+ * for byte, and every CRC against kvp_crc32c of the source.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,6 +41,9 @@ typedef struct fake {
     const char *fail_peer;
     kvp_status_t fail_status;
     atomic_int fail_left;
+    /* script: ops at offsets >= pass_from (0: none) are handed on (op->pass) */
+    uint64_t pass_from;
+    atomic_int passed;
     /* the local pointers the last submit was given */
     void *last_local;
 } fake_t;
@@ -124,6 +127,13 @@ static void fake_submit(void *ctx, kvp_xfer_op_t **ops, size_t n)
         assert_non_null(fp);
         assert_ptr_equal(fp->f, f);
         f->last_local = op->local;
+        assert_false(op->pass); /* the engine clears it before each submit */
+        if (f->pass_from != 0 && op->offset >= f->pass_from) {
+            atomic_fetch_add(&f->passed, 1);
+            op->status = KVP_ERR_TRANSPORT;
+            op->pass = true;
+            continue;
+        }
         if (f->fail_peer != NULL && strcmp(op->peer->name, f->fail_peer) == 0 &&
             atomic_load(&f->fail_left) != 0) {
             if (atomic_load(&f->fail_left) > 0)
@@ -397,6 +407,72 @@ static void test_rechoose(void **state)
     xfer_free(x);
 }
 
+/* An op a transport hands on (op->pass: it cannot carry that op, it keeps the peer, as rdma
+ * does with a range the target offers no key for) runs on the next transport of the list that
+ * reaches its peer, once, and the peer's transport stays; one handed on by the last that
+ * reaches the peer keeps KVP_ERR_TRANSPORT; a transport handed an op may hand it on again
+ * (staged, at level 1, too); the others of the batch are unaffected. */
+static void test_pass_hands_one_op_on(void **state)
+{
+    (void)state;
+    kvp_transfer_t *x = xfer_new(KVP_TRANSPORT_AUTO);
+    kvp_peer_t *ac = peer_new(31, "ac", "ac"), *a = peer_new(32, "a", "a"),
+               *abc = peer_new(33, "abc", "abc");
+    fakes[0].pass_from = SEG / 2;
+    uint8_t buf[512], back[512];
+    fill(buf, sizeof(buf), 8);
+    kvp_xfer_op_t ops[4] = {op_of(KVP_XFER_WRITE, ac, buf, 0, 256),
+                            op_of(KVP_XFER_WRITE, ac, buf + 256, SEG / 2 + 64, 256),
+                            op_of(KVP_XFER_WRITE, a, buf, SEG / 2, 128),
+                            op_of(KVP_XFER_WRITE, a, buf, 64, 128)};
+    kvp_transfer_run(x, ops, 4);
+    assert_int_equal(ops[0].status, KVP_OK);
+    assert_int_equal(ops[1].status, KVP_OK); /* on fc */
+    assert_int_equal(ops[1].crc, kvp_crc32c(0, buf + 256, 256));
+    assert_int_equal(ops[2].status, KVP_ERR_TRANSPORT); /* none after fa reaches "a" */
+    assert_false(ops[2].pass);
+    assert_int_equal(ops[3].status, KVP_OK);
+    assert_int_equal(fakes[0].passed, 2);
+    assert_int_equal(fakes[0].ops, 4);
+    assert_int_equal(fakes[2].ops, 1);
+    assert_int_equal(fakes[1].ops, 0);
+    /* the peers' transports did not move */
+    assert_int_equal(kvp_transfer_route(x, ac), KVP_TRANSPORT_SHM);
+    assert_int_equal(kvp_transfer_route(x, a), KVP_TRANSPORT_SHM);
+    /* what fc holds for ac is what was written; fa's half too */
+    ops[0] = op_of(KVP_XFER_READ, ac, back, SEG / 2 + 64, 256);
+    ops[1] = op_of(KVP_XFER_READ, ac, back + 256, 0, 256);
+    kvp_transfer_run(x, ops, 2);
+    assert_int_equal(ops[0].status, KVP_OK);
+    assert_int_equal(ops[1].status, KVP_OK);
+    assert_memory_equal(back, buf + 256, 256);
+    assert_memory_equal(back + 256, buf, 256);
+    assert_int_equal(fakes[2].ops, 2);
+
+    /* twice: fa hands on to fb (which stages an unregistered buffer), fb hands on to fc */
+    fakes[1].pass_from = SEG / 2;
+    ops[0] = op_of(KVP_XFER_WRITE, abc, buf, SEG / 2 + 8, 512);
+    kvp_transfer_run(x, ops, 1);
+    assert_int_equal(ops[0].status, KVP_OK);
+    assert_int_equal(fakes[1].passed, 1);
+    assert_int_equal(fakes[2].ops, 3);
+    assert_int_equal(kvp_transfer_route(x, abc), KVP_TRANSPORT_SHM);
+    memset(back, 0, sizeof(back));
+    ops[0] = op_of(KVP_XFER_READ, abc, back, SEG / 2 + 8, 512);
+    kvp_transfer_run(x, ops, 1);
+    assert_int_equal(ops[0].status, KVP_OK);
+    assert_memory_equal(back, buf, 512);
+
+    kvp_peer_unref(ac);
+    kvp_peer_unref(a);
+    kvp_peer_unref(abc);
+    /* ac attached to fa and fc, abc to all three, a to fa */
+    assert_int_equal(fakes[0].detaches, 3);
+    assert_int_equal(fakes[1].detaches, 1);
+    assert_int_equal(fakes[2].detaches, 2);
+    xfer_free(x);
+}
+
 /* A scripted status comes back on its op only; the others of the batch are unaffected. */
 static void test_status_passthrough(void **state)
 {
@@ -636,6 +712,7 @@ int main(void)
         cmocka_unit_test(test_priority_and_spread),
         cmocka_unit_test(test_forced),
         cmocka_unit_test(test_rechoose),
+        cmocka_unit_test(test_pass_hands_one_op_on),
         cmocka_unit_test(test_status_passthrough),
         cmocka_unit_test(test_large_batch),
         cmocka_unit_test(test_staged_pool),
