@@ -29,8 +29,9 @@
  * the engine's timeout at most); the batches in flight, their chain records and statuses,
  * and the posting under xfer_lock, which a batch lets go of while it waits for its
  * completions (so a peer whose completions stop holds up its own batch only; peer lock
- * before xfer_lock); the region table under mr_lock; tokens and accepted queue pairs under
- * acc_lock.
+ * before xfer_lock); the region table under mr_lock, held only to look it up or change it
+ * (a batch pins its local regions by count; a deregistration waits for its own region's
+ * pins alone); tokens and accepted queue pairs under acc_lock.
  */
 #include "client/te/te_rdma.h"
 
@@ -96,8 +97,12 @@ struct te_rdma {
     atomic_bool stop;
     /* the regions: wire entries (rkeys) and their memory regions, sorted by addr, disjoint */
     pthread_rwlock_t mr_lock;
+    /* a deregistration waiting for its region's pins (pin_waiters: how many) */
+    pthread_mutex_t pin_lock;
+    pthread_cond_t pin_cond;
+    atomic_uint pin_waiters;
     kvp_data_te_rdma_region_t *ents;
-    kvp_rdma_mr_t **mrs;
+    struct mr_rec **mrs;
     size_t n, cap;
     /* local-only regions (the transfer engine's staging buffers: mem_reg), sorted, disjoint:
      * never advertised, their rkeys open nothing (no remote access) */
@@ -143,10 +148,18 @@ struct te_rdma_peer {
     size_t n_tab;
 };
 
+/* A memory region and the batches using it as their local side: pinned by count while their
+ * work requests may be on the NIC, so a deregistration (of this region alone) waits for
+ * them, and no lock is held across a batch. */
+typedef struct mr_rec {
+    kvp_rdma_mr_t *mr;
+    atomic_uint pins;
+} mr_rec_t;
+
 typedef struct loc_mr {
     uintptr_t addr;
     size_t len;
-    kvp_rdma_mr_t *mr;
+    mr_rec_t *rec;
 } loc_mr_t;
 
 typedef struct chain_rec {
@@ -301,6 +314,8 @@ kvp_status_t te_rdma_open(uint32_t timeout_ms, const char *devs, const char *hos
         return KVP_ERR_TRANSPORT;
     }
     pthread_rwlock_init(&r->mr_lock, NULL);
+    pthread_mutex_init(&r->pin_lock, NULL);
+    pthread_cond_init(&r->pin_cond, NULL);
     pthread_mutex_init(&r->acc_lock, NULL);
     pthread_mutex_init(&r->xfer_lock, NULL);
     pthread_condattr_t ca;
@@ -314,6 +329,8 @@ kvp_status_t te_rdma_open(uint32_t timeout_ms, const char *devs, const char *hos
         kvp_rdma_listener_destroy(r->lst);
         kvp_rdma_dev_close(r->dev);
         pthread_rwlock_destroy(&r->mr_lock);
+        pthread_mutex_destroy(&r->pin_lock);
+        pthread_cond_destroy(&r->pin_cond);
         pthread_mutex_destroy(&r->acc_lock);
         pthread_mutex_destroy(&r->xfer_lock);
         pthread_cond_destroy(&r->cq_cond);
@@ -344,15 +361,21 @@ void te_rdma_close(te_rdma_t *r)
         free(a);
     }
     kvp_rdma_listener_destroy(r->lst);
-    for (size_t i = 0; i < r->n; i++)
-        kvp_rdma_mr_dereg(r->mrs[i]);
-    for (size_t i = 0; i < r->n_loc; i++)
-        kvp_rdma_mr_dereg(r->loc[i].mr); /* (the transfer engine deregistered its own first) */
+    for (size_t i = 0; i < r->n; i++) {
+        kvp_rdma_mr_dereg(r->mrs[i]->mr);
+        free(r->mrs[i]);
+    }
+    for (size_t i = 0; i < r->n_loc; i++) { /* (the transfer engine deregistered its own) */
+        kvp_rdma_mr_dereg(r->loc[i].rec->mr);
+        free(r->loc[i].rec);
+    }
     free(r->ents);
     free(r->mrs);
     free(r->loc);
     kvp_rdma_dev_close(r->dev);
     pthread_rwlock_destroy(&r->mr_lock);
+    pthread_mutex_destroy(&r->pin_lock);
+    pthread_cond_destroy(&r->pin_cond);
     pthread_mutex_destroy(&r->acc_lock);
     pthread_mutex_destroy(&r->xfer_lock);
     pthread_cond_destroy(&r->cq_cond);
@@ -371,6 +394,50 @@ uint64_t te_rdma_refused_connects(te_rdma_t *r)
 
 /* ---- the region table ---- */
 
+/* A new region's record (NULL: no memory; the region deregistered). */
+static mr_rec_t *rec_new(kvp_rdma_mr_t *mr)
+{
+    mr_rec_t *rec = malloc(sizeof(*rec));
+    if (rec == NULL) {
+        kvp_rdma_mr_dereg(mr);
+        return NULL;
+    }
+    rec->mr = mr;
+    atomic_init(&rec->pins, 0);
+    return rec;
+}
+
+/* A region taken out of the table: once the batches that pinned it are done (no lock held
+ * meanwhile; they end within the engine's timeout), deregistered (the NIC refuses it from
+ * then on) and freed. */
+static void rec_retire(te_rdma_t *r, mr_rec_t *rec)
+{
+    if (rec == NULL)
+        return;
+    atomic_fetch_add(&r->pin_waiters, 1);
+    pthread_mutex_lock(&r->pin_lock);
+    while (atomic_load(&rec->pins) > 0)
+        pthread_cond_wait(&r->pin_cond, &r->pin_lock);
+    pthread_mutex_unlock(&r->pin_lock);
+    atomic_fetch_sub(&r->pin_waiters, 1);
+    kvp_rdma_mr_dereg(rec->mr);
+    free(rec);
+}
+
+/* A batch's chunk is done with its regions (recs[0, m), NULL ones skipped). */
+static void recs_unpin(te_rdma_t *r, mr_rec_t *const *recs, size_t m)
+{
+    bool last = false;
+    for (size_t i = 0; i < m; i++)
+        if (recs[i] != NULL && atomic_fetch_sub(&recs[i]->pins, 1) == 1)
+            last = true;
+    if (last && atomic_load(&r->pin_waiters) > 0) {
+        pthread_mutex_lock(&r->pin_lock);
+        pthread_cond_broadcast(&r->pin_cond);
+        pthread_mutex_unlock(&r->pin_lock);
+    }
+}
+
 kvp_status_t te_rdma_reg(te_rdma_t *r, void *addr, size_t len)
 {
     kvp_rdma_mr_t *mr;
@@ -380,6 +447,9 @@ kvp_status_t te_rdma_reg(te_rdma_t *r, void *addr, size_t len)
                       kvp_rdma_dev_info(r->dev)->name, kvp_rdma_last_error());
         return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
     }
+    mr_rec_t *rec = rec_new(mr);
+    if (rec == NULL)
+        return KVP_ERR_NOMEM;
     uintptr_t a = (uintptr_t)addr;
     kvp_status_t st = KVP_OK;
     pthread_rwlock_wrlock(&r->mr_lock);
@@ -388,7 +458,7 @@ kvp_status_t te_rdma_reg(te_rdma_t *r, void *addr, size_t len)
         kvp_data_te_rdma_region_t *e = realloc(r->ents, cap * sizeof(*e));
         if (e != NULL)
             r->ents = e;
-        kvp_rdma_mr_t **m = e != NULL ? realloc(r->mrs, cap * sizeof(*m)) : NULL;
+        mr_rec_t **m = e != NULL ? realloc(r->mrs, cap * sizeof(*m)) : NULL;
         if (m != NULL) {
             r->mrs = m;
             r->cap = cap;
@@ -402,30 +472,29 @@ kvp_status_t te_rdma_reg(te_rdma_t *r, void *addr, size_t len)
         memmove(&r->ents[i + 1], &r->ents[i], (r->n - i) * sizeof(r->ents[0]));
         memmove(&r->mrs[i + 1], &r->mrs[i], (r->n - i) * sizeof(r->mrs[0]));
         r->ents[i] = (kvp_data_te_rdma_region_t){.addr = a, .len = len, .rkey = mr->rkey};
-        r->mrs[i] = mr;
+        r->mrs[i] = rec;
         r->n++;
     }
     pthread_rwlock_unlock(&r->mr_lock);
     if (st != KVP_OK)
-        kvp_rdma_mr_dereg(mr);
+        rec_retire(r, rec);
     return st;
 }
 
 void te_rdma_dereg(te_rdma_t *r, void *addr)
 {
-    kvp_rdma_mr_t *mr = NULL;
+    mr_rec_t *rec = NULL;
     pthread_rwlock_wrlock(&r->mr_lock);
     for (size_t i = 0; i < r->n; i++)
         if (r->ents[i].addr == (uintptr_t)addr) {
-            mr = r->mrs[i];
+            rec = r->mrs[i];
             memmove(&r->ents[i], &r->ents[i + 1], (r->n - i - 1) * sizeof(r->ents[0]));
             memmove(&r->mrs[i], &r->mrs[i + 1], (r->n - i - 1) * sizeof(r->mrs[0]));
             r->n--;
             break;
         }
     pthread_rwlock_unlock(&r->mr_lock);
-    if (mr != NULL)
-        kvp_rdma_mr_dereg(mr); /* the NIC refuses the range from now on */
+    rec_retire(r, rec); /* the NIC refuses the range from now on */
 }
 
 /* The entry of tab[0..n) holding [addr, addr + len) whole, or NULL. */
@@ -587,16 +656,14 @@ static kvp_status_t peer_hello(te_rdma_tp_t *c, te_rdma_peer_t *p, const kvp_pee
     return KVP_OK;
 }
 
-/* The lkey of the local memory region holding [addr, addr + len) whole: a range the engine
- * registered, or one of its transfer engine's staging buffers (mr_lock held). */
-static bool local_lkey_locked(te_rdma_t *r, const void *addr, uint64_t len, uint32_t *lkey_p)
+/* The local memory region holding [addr, addr + len) whole: a range the engine registered,
+ * or one of its transfer engine's staging buffers; NULL: none (mr_lock held). */
+static mr_rec_t *local_rec_locked(te_rdma_t *r, const void *addr, uint64_t len)
 {
     uintptr_t a = (uintptr_t)addr;
     const kvp_data_te_rdma_region_t *e = tab_find(r->ents, r->n, a, len);
-    if (e != NULL) {
-        *lkey_p = r->mrs[e - r->ents]->lkey;
-        return true;
-    }
+    if (e != NULL)
+        return r->mrs[e - r->ents];
     size_t lo = 0, hi = r->n_loc;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
@@ -606,12 +673,11 @@ static bool local_lkey_locked(te_rdma_t *r, const void *addr, uint64_t len, uint
             hi = mid;
     }
     if (lo == 0)
-        return false;
+        return NULL;
     const loc_mr_t *l = &r->loc[lo - 1];
     if (a - l->addr > l->len || len > l->len - (a - l->addr))
-        return false;
-    *lkey_p = l->mr->lkey;
-    return true;
+        return NULL;
+    return l->rec;
 }
 
 /* The completions wcs[0, n) to their batches (xfer_lock held): each chain's end frees its
@@ -854,6 +920,7 @@ static void peer_run(te_rdma_tp_t *c, kvp_peer_t *peer, kvp_xfer_op_t **ops, siz
     uint64_t remotes[TE_RDMA_CHUNK], lens[TE_RDMA_CHUNK];
     uint32_t lkeys[TE_RDMA_CHUNK], rkeys[TE_RDMA_CHUNK];
     size_t idx[TE_RDMA_CHUNK];
+    mr_rec_t *recs[TE_RDMA_CHUNK];
     size_t next = 0;
     while (next < n) {
         /* the next chunk: ops still to go */
@@ -878,11 +945,19 @@ static void peer_run(te_rdma_tp_t *c, kvp_peer_t *peer, kvp_xfer_op_t **ops, siz
         }
         if (m == 0)
             break;
-        /* held across the chunk: a local region is not deregistered under the NIC */
+        /* each local region pinned for the chunk (not deregistered under the NIC; a
+         * deregistration of another one goes on) */
         pthread_rwlock_rdlock(&r->mr_lock);
-        for (size_t i = 0; i < m; i++)
-            if (!local_lkey_locked(r, locals[i], lens[i], &lkeys[i]))
+        for (size_t i = 0; i < m; i++) {
+            recs[i] = local_rec_locked(r, locals[i], lens[i]);
+            if (recs[i] == NULL) {
                 cst[i] = KVP_ERR_INVALID_ARG; /* unregistered meanwhile */
+                continue;
+            }
+            atomic_fetch_add(&recs[i]->pins, 1);
+            lkeys[i] = recs[i]->mr->lkey;
+        }
+        pthread_rwlock_unlock(&r->mr_lock);
         pthread_mutex_lock(&r->xfer_lock);
         if (!r->cq_started)
             r->cq_started = pthread_create(&r->cq_thread, NULL, cq_main, r) == 0;
@@ -892,7 +967,7 @@ static void peer_run(te_rdma_tp_t *c, kvp_peer_t *peer, kvp_xfer_op_t **ops, siz
             for (size_t i = 0; i < m; i++)
                 cst[i] = KVP_ERR_SYSTEM; /* no completion thread: nothing posted */
         pthread_mutex_unlock(&r->xfer_lock);
-        pthread_rwlock_unlock(&r->mr_lock);
+        recs_unpin(r, recs, m);
         for (size_t i = 0; i < m; i++)
             ops[idx[i]]->status = cst[i];
         if (p->qp != NULL && kvp_rdma_qp_in_error(p->qp) && next < n) {
@@ -970,6 +1045,9 @@ static kvp_status_t tp_mem_reg(void *ctx, void *addr, size_t len, kvp_mem_kind_t
     int rc = kvp_rdma_mr_reg(r->dev, addr, len, false, &mr);
     if (rc != 0)
         return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
+    mr_rec_t *rec = rec_new(mr);
+    if (rec == NULL)
+        return KVP_ERR_NOMEM;
     uintptr_t a = (uintptr_t)addr;
     kvp_status_t st = KVP_OK;
     pthread_rwlock_wrlock(&r->mr_lock);
@@ -987,30 +1065,30 @@ static kvp_status_t tp_mem_reg(void *ctx, void *addr, size_t len, kvp_mem_kind_t
         while (i < r->n_loc && r->loc[i].addr < a)
             i++;
         memmove(&r->loc[i + 1], &r->loc[i], (r->n_loc - i) * sizeof(r->loc[0]));
-        r->loc[i] = (loc_mr_t){.addr = a, .len = len, .mr = mr};
+        r->loc[i] = (loc_mr_t){.addr = a, .len = len, .rec = rec};
         r->n_loc++;
     }
     pthread_rwlock_unlock(&r->mr_lock);
     if (st != KVP_OK)
-        kvp_rdma_mr_dereg(mr);
+        rec_retire(r, rec);
     return st;
 }
 
 static void tp_mem_dereg(void *ctx, void *addr)
 {
     te_rdma_t *r = ((te_rdma_tp_t *)ctx)->r;
-    kvp_rdma_mr_t *mr = NULL;
-    pthread_rwlock_wrlock(&r->mr_lock); /* after the batches that use it */
+    mr_rec_t *rec = NULL;
+    pthread_rwlock_wrlock(&r->mr_lock);
     for (size_t i = 0; i < r->n_loc; i++)
         if (r->loc[i].addr == (uintptr_t)addr) {
-            mr = r->loc[i].mr;
+            rec = r->loc[i].rec;
             memmove(&r->loc[i], &r->loc[i + 1], (r->n_loc - i - 1) * sizeof(r->loc[0]));
             r->n_loc--;
             break;
         }
     pthread_rwlock_unlock(&r->mr_lock);
-    if (mr != NULL)
-        kvp_rdma_mr_dereg(mr); /* (a range the engine registered: te_rdma_dereg's) */
+    rec_retire(r, rec); /* after the batches that use it (a range the engine registered:
+                           te_rdma_dereg's) */
 }
 
 /* Runs of ops to one peer in one direction, each a peer_run. */

@@ -865,7 +865,8 @@ static void decode_swap(decode_state_t *d)
  * connected its queue pair; a batch to A (its completions never come: the engine gives it
  * up at the timeout) on a thread, and meanwhile one to decode B, which goes through at
  * once, byte-exact: a peer whose completions stop holds up its own batch only (the
- * completion thread hands each batch its own). */
+ * completion thread hands each batch its own). Meanwhile too, the prefill unregisters a
+ * buffer A's batch does not use: at once (a batch pins its own regions, it holds no lock). */
 static void test_dead_decode_holds_up_no_other(void **state)
 {
     (void)state;
@@ -891,6 +892,8 @@ static void test_dead_decode_holds_up_no_other(void **state)
     waitpid(child, &status, 0);
     decode_swap(&a); /* B current */
     size_t nb = block_runs(&p, lb, rb, 3, lbuf, rbuf, lenb);
+    uint8_t *spare = aligned_alloc(4096, TENSOR);
+    assert_int_equal(kvp_te_register(p.te, spare, TENSOR), KVP_OK);
     silent_batch_t bt = {.p = &p, .locals = la, .remotes = ra, .lens = lena, .n = na};
     snprintf(bt.target, sizeof(bt.target), "%s", target_a);
     pthread_t tid;
@@ -899,10 +902,18 @@ static void test_dead_decode_holds_up_no_other(void **state)
     uint64_t t0 = kvp_now_ms_for_test();
     assert_int_equal(kvp_te_transfer(p.te, p.target, KVP_TE_WRITE, nb, lbuf, rbuf, lenb), KVP_OK);
     uint64_t dt = kvp_now_ms_for_test() - t0;
+    uint64_t t1 = kvp_now_ms_for_test();
+    assert_int_equal(kvp_te_unregister(p.te, spare), KVP_OK);
+    uint64_t du = kvp_now_ms_for_test() - t1;
     pthread_join(tid, NULL);
-    fprintf(stderr, "decode B's batch: %llu ms; the dead decode A's: %s after %llu ms\n",
-            (unsigned long long)dt, kvp_strerror(bt.st), (unsigned long long)bt.ms);
+    fprintf(stderr,
+            "decode B's batch: %llu ms; an unregister meanwhile: %llu ms; the dead decode A's: "
+            "%s after %llu ms\n",
+            (unsigned long long)dt, (unsigned long long)du, kvp_strerror(bt.st),
+            (unsigned long long)bt.ms);
     assert_true(t0 + dt < bt.end); /* B's was not held up by A's */
+    assert_true(t1 + du < bt.end); /* nor the unregister */
+    free(spare);
     assert_int_not_equal(bt.st, KVP_OK);
     assert_true(bt.ms < 3000 + 6000); /* the timeout, the flush's wait */
     assert_decode_is_mirror();
