@@ -66,6 +66,8 @@
 
 #include "client/segment/data_backend.h"
 #include "client/te/te_rdma.h"
+#include "client/transport/rdma_regions.h"
+#include "client/transport/transports.h"
 #include "client/segment/conn_server.h"
 #include "client/segment/data_server.h"
 #include "client/te/te_copy.h"
@@ -181,14 +183,17 @@ struct kvp_te {
     kvp_transfer_t xfer;
     kvp_data_server_t *srv;
     uint16_t port;
-    int protocol;        /* KVP_TRANSPORT_AUTO, _TCP, _SHM, _RDMA */
-    te_rdma_t *rdma;     /* this host's rdma device, served and used (te_rdma.c); NULL: none */
+    int protocol; /* KVP_TRANSPORT_AUTO, _TCP, _SHM, _RDMA */
+    /* our registered ranges served on the rdma transport of xfer (transport/rdma_regions.h);
+     * NULL: none (no device, or not asked for) */
+    kvp_rdma_regions_t *rdma;
     bool protected_mode; /* KVPOOL_AUTH: peers of this host, of our user or root, only */
     bool shm_served;
     te_auth_t *auth;        /* credentials configured: every peer proves a principal */
     bool cma;               /* KVPOOL_TE_SHM=cma (default): shm peers copy with process_vm_* */
     bool cma_lease;         /* ... under a standing lease where allowed (not cma-checked) */
-    kvp_te_tp_cfg_t tp_cfg; /* its own transports' (te_tp.h: rdma, shm): xfer.own_cfg */
+    kvp_te_tp_cfg_t tp_cfg; /* its own transports' (te_tp.h: shm): xfer.own_cfg */
+    const kvp_transport_ops_t *tp_list[4]; /* xfer.list: te_transports() */
     /* as target: the leases' memfds (te_lease.h), made at the first grant under the regions'
      * write lock, freed at destroy; closing (under it too): no more grants */
     kvp_te_lease_host_t *_Atomic lease;
@@ -1005,7 +1010,7 @@ static bool rdma_narrowed(const kvp_acl_t *old, const char *old_tenant, const kv
  * it) since it was read? Read it again, at most every TE_ACL_CHECK_MS, one thread at a
  * time; a version that does not load keeps the one before (logged once per change), as
  * the master's SIGHUP reload does. true: read again, and a principal that could hold rdma
- * keys lost read or write (the caller cuts the rdma peers off: te_rdma_cut_peers). */
+ * keys lost read or write (the caller cuts the rdma peers off: kvp_rdma_regions_cut). */
 static bool acl_refresh(te_auth_t *a)
 {
     uint64_t now = kvp_now_ms(), last = atomic_load(&a->acl_checked_ms);
@@ -1058,10 +1063,10 @@ static bool acl_refresh(te_auth_t *a)
 static void acl_check(kvp_te_t *te)
 {
     if (acl_refresh(te->auth) && te->rdma != NULL)
-        te_rdma_cut_peers(te->rdma);
+        kvp_rdma_regions_cut(te->rdma);
 }
 
-/* The rdma accept thread's tick (te_rdma_open's): the ACL is looked at even when no tcp
+/* The rdma accept thread's tick (kvp_rdma_regions_serve's): the ACL is looked at even when no tcp
  * request comes (rdma writes reach no thread of ours). */
 static void acl_tick(void *arg)
 {
@@ -1372,7 +1377,7 @@ static bool te_rdma_frame(void *backend, void *conn, int fd, const kvp_data_req_
                              "write here asked for rdma keys; it is served over tcp");
         return kvp_data_reply(fd, KVP_ERR_UNSUPPORTED, 0) == KVP_OK;
     }
-    return te_rdma_serve(te->rdma, fd);
+    return kvp_rdma_regions_answer(te->rdma, fd);
 }
 
 /* The engine's own frames (wire.h: REGIONS, TE_AUTH, TE_CMA, TE_NOTIFY, TE_RDMA), which the
@@ -1420,15 +1425,22 @@ static const kvp_data_backend_ops_t te_ops = {
 
 /* ---- create / destroy ---- */
 
-/* The engine's transports (its transfer engine's list, in priority order): rdma (peers of
- * other hosts, where this host has a device: te_rdma.c), the one-copy shm path (this host's
- * peers, KVPOOL_TE_SHM cma or cma-checked: te_shm.c), tcp (the rest, and this host's peers
- * through the socket frames on their Unix socket). A transport with nothing here (no rdma
- * device) is left out of the list at create. */
-static const kvp_transport_ops_t *const te_transports_cma[] = {&kvp_te_rdma_ops, &kvp_te_shm_ops,
-                                                               &kvp_transport_tcp_ops, NULL};
-static const kvp_transport_ops_t *const te_transports_tcp[] = {&kvp_te_rdma_ops,
-                                                               &kvp_transport_tcp_ops, NULL};
+/* The engine's transports (its transfer engine's list, in priority order, into
+ * te->tp_list): rdma (peers of other hosts: the store's rdma transport, our ranges served on
+ * it, transport/rdma_regions.h) when asked for or (auto) where this host has a device, the
+ * one-copy shm path (this host's peers, KVPOOL_TE_SHM cma or cma-checked: te_shm.c), tcp (the
+ * rest, and this host's peers through the socket frames on their Unix socket). */
+static void te_transports(kvp_te_t *te, int proto)
+{
+    size_t n = 0;
+    if (proto == KVP_TRANSPORT_RDMA || (proto == KVP_TRANSPORT_AUTO && kvp_rdma_present()))
+        te->tp_list[n++] = &kvp_transport_rdma_ops;
+    if (te->cma)
+        te->tp_list[n++] = &kvp_te_shm_ops;
+    te->tp_list[n++] = &kvp_transport_tcp_ops;
+    te->tp_list[n] = NULL;
+    te->xfer.list = te->tp_list;
+}
 static kvp_status_t te_dial_peer(void *arg, const kvp_peer_t *peer, int *fd_p, int *pid_p);
 
 /* kvp_te_create's arguments and KVPOOL_AUTH: the transport asked for (*proto_p), protected
@@ -1526,22 +1538,43 @@ static kvp_status_t te_listen(kvp_te_t *te, const char *host, uint16_t port, boo
     return st;
 }
 
-/* rdma, when asked for or (auto) when a device is present: te->rdma. A failure fails the
- * engine only when rdma was asked for; auto goes on with tcp and shm. */
-static kvp_status_t te_rdma_start(kvp_te_t *te, int proto, const kvp_te_env_t *env)
+/* Our ranges served on the rdma transport (when the list has one: te_transports): te->rdma.
+ * A failure fails the engine only when rdma was asked for; auto goes on with tcp and shm. */
+static kvp_status_t te_rdma_start(kvp_te_t *te, int proto)
 {
-    if (proto != KVP_TRANSPORT_RDMA && (proto != KVP_TRANSPORT_AUTO || !te_rdma_present()))
+    if (proto != KVP_TRANSPORT_RDMA && proto != KVP_TRANSPORT_AUTO)
         return KVP_OK;
     bool acl = te->auth != NULL && te->auth->acl_path[0] != '\0';
-    kvp_status_t st = te_rdma_open(te->xfer.timeout_ms, env->rdma_device, env->rdma_host,
-                                   acl ? acl_tick : NULL, te, &te->rdma);
-    if (st != KVP_OK && proto == KVP_TRANSPORT_RDMA)
-        return st;
-    if (st == KVP_OK)
-        KVP_LOG_INFO("transfer engine: rdma on %s", te_rdma_where(te->rdma));
-    else
-        KVP_LOG_WARN("transfer engine: no rdma here (auto): tcp and shm only");
+    kvp_status_t st = kvp_rdma_regions_serve(&te->xfer, acl ? acl_tick : NULL, te, &te->rdma);
+    if (st == KVP_OK) {
+        KVP_LOG_INFO("transfer engine: rdma on %s", kvp_rdma_regions_where(te->rdma));
+        return KVP_OK;
+    }
+    if (proto == KVP_TRANSPORT_RDMA) {
+        KVP_LOG_ERROR("transfer engine: protocol rdma, and no rdma here: %s",
+                      st == KVP_ERR_NOT_FOUND && te->xfer.why[0] ? te->xfer.why : kvp_strerror(st));
+        return st == KVP_ERR_NOT_FOUND ? KVP_ERR_TRANSPORT : st;
+    }
+    if (st != KVP_ERR_NOT_FOUND)
+        KVP_LOG_WARN("transfer engine: rdma cannot serve here (auto): %s; peers reach us over "
+                     "tcp and shm",
+                     kvp_strerror(st));
     return KVP_OK;
+}
+
+/* rdma_regions.h's offer of a peer, for the rdma transport (kvp_transfer_t.rdma_offer): a
+ * connection of ours to it, admitted there, and its answer to TE_RDMA. */
+static kvp_status_t te_connect(kvp_te_t *te, const kvp_peer_t *peer, int *fd_p, int *pid_p);
+
+static kvp_status_t te_rdma_offer(void *arg, const kvp_peer_t *peer, kvp_rdma_offer_t *offer)
+{
+    int fd, pid;
+    kvp_status_t st = te_connect(arg, peer, &fd, &pid);
+    if (st != KVP_OK)
+        return st;
+    st = kvp_rdma_regions_ask(fd, offer);
+    close(fd);
+    return st;
 }
 
 /* A started engine: who may reach it (logged), its shm socket, its place in the registry. */
@@ -1602,20 +1635,26 @@ static kvp_status_t te_create(const char *local_hostname, const char *metadata,
     te->cma_lease = strcmp(env.shm, "cma") == 0; /* (the table took only its three) */
     te->cma = te->cma_lease || strcmp(env.shm, "cma-checked") == 0;
     te_init_state(te, &env, protected_mode);
-    /* the device first (the rdma transport takes it), then the transports (te_transports_*) */
-    st = te_rdma_start(te, proto, &env);
-    if (st != KVP_OK)
-        goto err_free_te;
     te->tp_cfg = (kvp_te_tp_cfg_t){.dial = te_dial_peer,
                                    .dial_arg = te,
                                    .lease = te->cma_lease,
-                                   .copy_threads = env.copy_threads,
-                                   .rdma = te->rdma};
+                                   .copy_threads = env.copy_threads};
     te->xfer.own_cfg = &te->tp_cfg;
-    te->xfer.list = te->cma ? te_transports_cma : te_transports_tcp;
+    /* rdma: KVPOOL_RDMA_DEVICE, _HOST; 1 MiB work requests; peers' offers through us */
+    snprintf(te->xfer.rdma_devices, sizeof(te->xfer.rdma_devices), "%s",
+             env.rdma_device ? env.rdma_device : "");
+    snprintf(te->xfer.rdma_host, sizeof(te->xfer.rdma_host), "%s",
+             env.rdma_host ? env.rdma_host : "");
+    te->xfer.rdma_slice = 1 << 20;
+    te->xfer.rdma_offer = te_rdma_offer;
+    te->xfer.rdma_offer_arg = te;
+    te_transports(te, proto);
     st = kvp_transfer_init(&te->xfer);
     if (st != KVP_OK)
-        goto err_close_rdma;
+        goto err_free_te;
+    st = te_rdma_start(te, proto);
+    if (st != KVP_OK)
+        goto err_cleanup_xfer;
     st = te_listen(te, host, port, protected_mode);
     if (st != KVP_OK)
         goto err_cleanup_xfer;
@@ -1625,8 +1664,6 @@ static kvp_status_t te_create(const char *local_hostname, const char *metadata,
 
 err_cleanup_xfer:
     kvp_transfer_cleanup(&te->xfer);
-err_close_rdma:
-    te_rdma_close(te->rdma);
 err_free_te:
     auth_free(te->auth);
     free(te);
@@ -1664,8 +1701,7 @@ void kvp_te_destroy(kvp_te_t *te)
     for (size_t i = 0; i < te->n_peers; i++)
         kvp_peer_unref(te->peers[i].peer); /* the last reference: its transports let go */
     kvp_te_lease_host_destroy(lease);      /* after the connections that held its slots */
-    kvp_transfer_cleanup(&te->xfer);       /* its staging buffers' regions too */
-    te_rdma_close(te->rdma);               /* after its peers' queue pairs and every region */
+    kvp_transfer_cleanup(&te->xfer);       /* its rdma serving and regions too */
     for (te_batch_t *lists[2] = {te->queue, te->done}, **l = lists; l < lists + 2; l++)
         for (te_batch_t *b = *l, *next; b != NULL; b = next) {
             next = b->next;
@@ -1698,9 +1734,9 @@ uint16_t kvp_te_rpc_port(const kvp_te_t *te)
     return te->port;
 }
 
-te_rdma_t *kvp_te_rdma(kvp_te_t *te)
+const char *kvp_te_rdma_where(kvp_te_t *te)
 {
-    return te->rdma;
+    return te->rdma != NULL ? kvp_rdma_regions_where(te->rdma) : NULL;
 }
 
 /* ---- registration ---- */
@@ -1761,11 +1797,11 @@ kvp_status_t kvp_te_register(kvp_te_t *te, void *addr, size_t len)
     /* (no GPUDirect RDMA: device memory is no memory region, a peer's batch that touches it
      * goes over tcp, staged) */
     if (st == KVP_OK && te->rdma != NULL && !dev) {
-        st = te_rdma_reg(te->rdma, addr, len);
+        st = kvp_rdma_regions_add(te->rdma, addr, len);
         /* and the transfer engine knows the range as rdma's (its ops from it zero-copy: the
          * rdma transport's mem_reg finds the region, it makes none) */
         if (st == KVP_OK && (st = kvp_transfer_register_buffer(&te->xfer, addr, len)) != KVP_OK)
-            te_rdma_dereg(te->rdma, addr);
+            kvp_rdma_regions_remove(te->rdma, addr);
     }
     if (st == KVP_OK) {
         pthread_rwlock_wrlock(&te->lock);
@@ -1800,7 +1836,7 @@ kvp_status_t kvp_te_unregister(kvp_te_t *te, void *addr)
     }
     if (te->rdma != NULL && !te->region_dev[i]) {
         kvp_transfer_unregister_buffer(&te->xfer, addr); /* no new batch takes it zero-copy */
-        te_rdma_dereg(te->rdma, addr);                   /* the NIC refuses the range from now on */
+        kvp_rdma_regions_remove(te->rdma, addr);         /* the NIC refuses the range from now on */
     }
     pthread_rwlock_wrlock(&te->lock);
     te_pin_t *pin = te->region_pin[i];
@@ -2213,8 +2249,9 @@ void kvp_te_get_counters(kvp_te_t *te, kvp_te_counters_t *out)
     out->served_bytes[KVP_TE_READ] = atomic_load_explicit(&s->dir[1].bytes, memory_order_relaxed);
     out->refused_range = atomic_load_explicit(&te->refused_range, memory_order_relaxed);
     if (te->rdma != NULL) { /* a peer's rdma access the NIC refused; a connect with no token */
-        out->refused_range += te_rdma_access_errors(te->rdma);
-        out->refused_auth += te_rdma_refused_connects(te->rdma);
+        out->refused_range +=
+            atomic_load_explicit(&te->xfer.serve_access_errors, memory_order_relaxed);
+        out->refused_auth += atomic_load_explicit(&te->xfer.serve_refused, memory_order_relaxed);
     }
     out->refused_protected = kvp_data_server_refused(te->srv);
     out->refused_user = atomic_load_explicit(&te->refused_user, memory_order_relaxed);
@@ -2248,7 +2285,7 @@ size_t kvp_te_peer_stats(kvp_te_t *te, kvp_te_peer_stat_t *out, size_t cap)
         snprintf(o->target, sizeof(o->target), "%s", tp->target);
         const kvp_transport_t *t = atomic_load(&tp->peer->tp);
         snprintf(o->route, sizeof(o->route), "%s",
-                 t != NULL && t->ops == &kvp_te_rdma_ops             ? "rdma"
+                 t != NULL && t->ops == &kvp_transport_rdma_ops      ? "rdma"
                  : !tp->shm                                          ? "tcp"
                  : (t == NULL ? te->cma : t->ops == &kvp_te_shm_ops) ? "shm-cma"
                                                                      : "shm");

@@ -1,5 +1,5 @@
 /*
- * te_tp.h - what the transfer engine's own transports (te_rdma.c, te_shm.c) take from the
+ * te_tp.h - what the transfer engine's own transports (te_shm.c) take from the
  * engine (te.c): kvp_transfer_t.own_cfg, read at their create; it outlives the transfer
  * engine.
  */
@@ -12,8 +12,6 @@
 #include "client/transfer/peer.h"
 #include "common/status.h"
 
-struct te_rdma;
-
 typedef struct kvp_te_tp_cfg {
     /* a connection of the engine's own to the peer's endpoint, its timeouts set and our
      * principal proved (te.c); *pid_p the peer's pid on a Unix socket */
@@ -21,7 +19,6 @@ typedef struct kvp_te_tp_cfg {
     void *dial_arg;
     bool lease;            /* shm: ask targets for a standing lease (KVPOOL_TE_SHM=cma) */
     uint32_t copy_threads; /* shm: KVPOOL_TE_COPY_THREADS */
-    struct te_rdma *rdma;  /* rdma: this host's device as the engine opened it; NULL: none */
 } kvp_te_tp_cfg_t;
 
 #endif

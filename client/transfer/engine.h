@@ -22,6 +22,8 @@
 #include "common/grant.h"
 #include "common/status.h"
 
+struct kvp_rdma_offer;
+
 /* Most stagers of one kind one engine makes; threads beyond wait for one. */
 #define KVP_STAGERS_MAX 4
 
@@ -63,6 +65,11 @@ typedef struct kvp_transfer {
                              * KVPOOL_RDMA_WINDOWS, client/env.c) */
     unsigned rdma_qp_cap;   /* QPs one principal may hold to our segment; 0: the default
                              * (KVPOOL_RDMA_QP_CAP) */
+    /* a transfer engine's (client/te/te.c): the offer of a peer with a tcp endpoint and no
+     * rdma descriptor (its regions' keys and a connect token: transport/rdma_regions.h),
+     * which makes such peers rdma's; NULL: none are */
+    kvp_status_t (*rdma_offer)(void *arg, const kvp_peer_t *peer, struct kvp_rdma_offer *offer);
+    void *rdma_offer_arg;
     /* the priority list to create (kvp_transports, transport/transports.h; tests put fakes
      * here); NULL: kvp_transfer_init fails, KVP_ERR_INVALID_ARG */
     const kvp_transport_ops_t *const *list;

@@ -60,6 +60,8 @@
 #include "client/mem/gpu.h"
 #include "client/transfer/transport.h"
 #include "client/transport/hello.h"
+#include "client/transport/rdma_ctx.h"
+#include "client/transport/rdma_regions.h"
 #include "client/transport/rdma_status.h"
 #include "client/transport/rdma_verbs.h"
 #include "client/transport/wire.h"
@@ -112,8 +114,23 @@ typedef struct rqp {
 } rqp_t;
 
 typedef struct rpeer {
-    char endpoint[64];
-    pthread_mutex_t conn_lock; /* slot[], addr, rkey; held across a connect */
+    char endpoint[256]; /* the descriptor's rdma endpoint; keyed: the engine's tcp one */
+    /* keyed (a transfer engine's peer, rdma_regions.h): its regions' keys come in offers;
+     * one rpeer per endpoint and connection epoch, its queue pairs dropped with the last
+     * peer that attached it */
+    bool keyed;
+    uint64_t epoch;
+    unsigned users;                 /* keyed: peers attached (ctx->lock) */
+    pthread_mutex_t conn_lock;      /* slot[], addr, rkey, the keyed state below; held across a
+                                       connect and an offer */
+    kvp_data_te_rdma_region_t *tab; /* keyed: the table last offered, sorted */
+    size_t n_tab;
+    bool no_rdma; /* keyed: the peer offers us none */
+    /* keyed: an offer's token not used yet (the table asked without a connect) */
+    kvp_rdma_token_pdata_t spare;
+    char spare_ip[16];
+    uint16_t spare_port;
+    uint64_t spare_ms; /* when it was given; 0: none */
     uint64_t addr;
     uint32_t rkey;
     rqp_t *slot[MAX_QPS_PER_PEER];
@@ -128,6 +145,7 @@ typedef struct mr_ent {
     uintptr_t addr;
     size_t len;
     kvp_rdma_mr_t *mr;
+    bool shared; /* a transfer engine's region (rdma_regions.c's: kvp_rdma_ctx_mr_share) */
 } mr_ent_t;
 
 /* A memory window of an accepted QP (KVPOOL_RDMA_WINDOWS). */
@@ -165,6 +183,7 @@ typedef struct accepted {
 
 typedef struct rdma_ctx {
     kvp_transfer_t *xfer;
+    unsigned index; /* in the transfer engine's list: a peer's state is tp_state[index] */
     kvp_rdma_dev_t *dev;
     unsigned nqp;
     uint64_t slice;
@@ -203,6 +222,13 @@ typedef struct rdma_ctx {
     unsigned seen_next;
     unsigned qp_cap;
     uint64_t acc_tag;
+    /* or a transfer engine's gate (kvp_rdma_ctx_listen): gate(ext) decides, tick(ext) at
+     * each turn, ext_free(ext) at cleanup; n_accepted counted for its cap */
+    kvp_rdma_gate_fn gate;
+    void (*tick)(void *);
+    void *ext;
+    void (*ext_free)(void *);
+    size_t n_accepted;
 
     /* batches given up on while flushes were outstanding: freed at cleanup */
     struct rbatch *orphans;
@@ -217,7 +243,7 @@ typedef struct rslice {
     uint32_t len;
     uint32_t lane;
     uint32_t lkey; /* of the op's local buffer, looked up once per op */
-    uint32_t rkey; /* its window's (the lane's windows), else unused */
+    uint32_t rkey; /* its window's (the lane's windows) or its region's (keyed), else unused */
 } rslice_t;
 
 typedef struct rchain {
@@ -230,6 +256,7 @@ typedef struct rchain {
 
 typedef struct lane {
     rpeer_t *rp;
+    bool keyed; /* its slices carry their regions' rkeys (s->rkey), from the peer's offer */
     unsigned slot;
     rqp_t *q;
     kvp_peer_t *peer;
@@ -289,7 +316,8 @@ static ssize_t mr_find_locked(rdma_ctx_t *ctx, uintptr_t addr)
     return addr - e->addr < e->len ? (ssize_t)(lo - 1) : -1;
 }
 
-static kvp_status_t mr_insert(rdma_ctx_t *ctx, void *addr, size_t len, kvp_rdma_mr_t *mr)
+static kvp_status_t mr_insert(rdma_ctx_t *ctx, void *addr, size_t len, kvp_rdma_mr_t *mr,
+                              bool shared)
 {
     uintptr_t a = (uintptr_t)addr;
     kvp_status_t st = KVP_OK;
@@ -312,7 +340,7 @@ static kvp_status_t mr_insert(rdma_ctx_t *ctx, void *addr, size_t len, kvp_rdma_
     }
     if (st == KVP_OK) {
         memmove(&ctx->mrs[pos + 1], &ctx->mrs[pos], (ctx->n_mrs - pos) * sizeof(*ctx->mrs));
-        ctx->mrs[pos] = (mr_ent_t){.addr = a, .len = len, .mr = mr};
+        ctx->mrs[pos] = (mr_ent_t){.addr = a, .len = len, .mr = mr, .shared = shared};
         ctx->n_mrs++;
     }
     pthread_rwlock_unlock(&ctx->mr_lock);
@@ -338,7 +366,7 @@ static kvp_status_t rdma_reg(rdma_ctx_t *ctx, void *addr, size_t len, const kvp_
         KVP_LOG_WARN("rdma: cannot register %zu bytes at %p: %s", len, addr, kvp_rdma_last_error());
         return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
     }
-    kvp_status_t st = mr_insert(ctx, addr, len, mr);
+    kvp_status_t st = mr_insert(ctx, addr, len, mr, false);
     if (st != KVP_OK)
         kvp_rdma_mr_dereg(mr);
     return st;
@@ -350,7 +378,8 @@ static void rdma_mem_dereg(void *vctx, void *addr)
     kvp_rdma_mr_t *mr = NULL;
     pthread_rwlock_wrlock(&ctx->mr_lock);
     for (size_t i = 0; i < ctx->n_mrs; i++) {
-        if (ctx->mrs[i].addr == (uintptr_t)addr && ctx->mrs[i].mr != ctx->seg_mr) {
+        if (ctx->mrs[i].addr == (uintptr_t)addr && ctx->mrs[i].mr != ctx->seg_mr &&
+            !ctx->mrs[i].shared) {
             mr = ctx->mrs[i].mr;
             memmove(&ctx->mrs[i], &ctx->mrs[i + 1], (ctx->n_mrs - i - 1) * sizeof(*ctx->mrs));
             ctx->n_mrs--;
@@ -368,6 +397,14 @@ static void rdma_mem_dereg(void *vctx, void *addr)
 static kvp_status_t rdma_mem_reg(void *vctx, void *addr, size_t len, kvp_mem_kind_t kind)
 {
     rdma_ctx_t *ctx = vctx;
+    /* a transfer engine's range is its region already: the same one serves both ends */
+    pthread_rwlock_rdlock(&ctx->mr_lock);
+    ssize_t at = mr_find_locked(ctx, (uintptr_t)addr);
+    bool shared = at >= 0 && ctx->mrs[at].shared &&
+                  len <= ctx->mrs[at].len - ((uintptr_t)addr - ctx->mrs[at].addr);
+    pthread_rwlock_unlock(&ctx->mr_lock);
+    if (shared)
+        return KVP_OK;
     if (kind == KVP_MEM_CUDA) {
         kvp_dmabuf_t db;
         if (kvp_gpu_dmabuf_fd(addr, len, &db.fd, &db.offset) == KVP_OK) {
@@ -506,6 +543,7 @@ static void reap_accepted(rdma_ctx_t *ctx)
         if (kvp_rdma_qp_in_error(a->qp) && !atomic_load(&a->stuck) && a->users == 0) {
             *pp = a->next;
             accepted_free(a);
+            ctx->n_accepted--;
         } else {
             pp = &a->next;
         }
@@ -784,6 +822,15 @@ static int accept_check(void *arg, const void *pdata, size_t len)
 {
     rdma_ctx_t *ctx = arg;
     ctx->acc_tag = 0;
+    if (ctx->gate != NULL) { /* a transfer engine's (rdma_regions.c) */
+        if (ctx->n_accepted >= KVP_RDMA_ACCEPTED_MAX) {
+            atomic_fetch_add_explicit(&ctx->xfer->serve_refused, 1, memory_order_relaxed);
+            KVP_LOG_WARN_LIMITED("rdma: a connection request refused: %d queue pairs held",
+                                 KVP_RDMA_ACCEPTED_MAX);
+            return -1;
+        }
+        return ctx->gate(ctx->ext, pdata, len);
+    }
     if (!kvp_grant_verifier_sync(&ctx->acc_v, &ctx->xfer->seg_grants))
         return -1;
     if (!ctx->acc_v.on)
@@ -834,6 +881,8 @@ static void *accept_thread_main(void *arg)
     rdma_ctx_t *ctx = arg;
     for (unsigned round = 0; !atomic_load(&ctx->stop); round++) {
         kvp_rdma_qp_t *qp;
+        if (ctx->tick != NULL)
+            ctx->tick(ctx->ext);
         reap_accepted(ctx);
         if (ctx->windows)
             sweep_windows(ctx); /* windows past their grants' expiry */
@@ -847,8 +896,10 @@ static void *accept_thread_main(void *arg)
         }
         if (round % 5 == 0)
             atomic_store(&ctx->xfer->nic_access_errors, kvp_rdma_dev_nic_access_errors(ctx->dev));
-        int rc = kvp_rdma_accept(ctx->lst, 200, &ctx->seg_pdata, sizeof(ctx->seg_pdata),
-                                 accept_check, ctx, &qp);
+        int rc = ctx->gate != NULL
+                     ? kvp_rdma_accept(ctx->lst, 200, NULL, 0, accept_check, ctx, &qp)
+                     : kvp_rdma_accept(ctx->lst, 200, &ctx->seg_pdata, sizeof(ctx->seg_pdata),
+                                       accept_check, ctx, &qp);
         if (rc == -ETIMEDOUT || rc == -EACCES)
             continue;
         if (rc != 0) {
@@ -868,9 +919,105 @@ static void *accept_thread_main(void *arg)
         pthread_mutex_lock(&ctx->acc_lock);
         a->next = ctx->accepted;
         ctx->accepted = a;
+        ctx->n_accepted++;
         pthread_mutex_unlock(&ctx->acc_lock);
     }
     return NULL;
+}
+
+/* ------------------------------------------- a transfer engine's serving (rdma_ctx.h) */
+
+extern const kvp_transport_ops_t kvp_transport_rdma_ops;
+
+void *kvp_rdma_ctx_of(kvp_transfer_t *xfer)
+{
+    for (unsigned i = 0; i < xfer->n_tps; i++)
+        if (xfer->tps[i].ops == &kvp_transport_rdma_ops)
+            return xfer->tps[i].ctx;
+    return NULL;
+}
+
+kvp_rdma_dev_t *kvp_rdma_ctx_dev(void *vctx)
+{
+    return ((rdma_ctx_t *)vctx)->dev;
+}
+
+/* The address to serve on: rdma_host, else the device's. */
+static kvp_status_t serve_ip(rdma_ctx_t *ctx, char *ip, size_t len)
+{
+    if (ctx->xfer->rdma_host[0] != '\0') {
+        snprintf(ip, len, "%s", ctx->xfer->rdma_host);
+        return KVP_OK;
+    }
+    if (kvp_rdma_dev_ipv4(ctx->dev, ip, len) == 0)
+        return KVP_OK;
+    KVP_LOG_ERROR("rdma: device %s has no IPv4 address to serve on (%s); set rdma_host / "
+                  "KVPOOL_RDMA_HOST",
+                  kvp_rdma_dev_info(ctx->dev)->name, kvp_rdma_last_error());
+    return KVP_ERR_TRANSPORT;
+}
+
+kvp_status_t kvp_rdma_ctx_listen(void *vctx, kvp_rdma_gate_fn gate, void (*tick)(void *), void *ext,
+                                 void (*ext_free)(void *), char *ip_out, size_t ip_len,
+                                 uint16_t *port_p)
+{
+    rdma_ctx_t *ctx = vctx;
+    if (ctx->lst != NULL || ctx->acc_started)
+        return KVP_ERR_EXISTS; /* (it serves a segment, or listens already) */
+    kvp_status_t st = serve_ip(ctx, ip_out, ip_len);
+    if (st != KVP_OK)
+        return st;
+    if (kvp_rdma_listen(ctx->dev, ip_out, 0, 128, &ctx->lst, port_p) != 0) {
+        KVP_LOG_ERROR("rdma: cannot listen on %s: %s", ip_out, kvp_rdma_last_error());
+        return KVP_ERR_TRANSPORT;
+    }
+    ctx->gate = gate;
+    ctx->tick = tick;
+    ctx->ext = ext;
+    ctx->ext_free = ext_free;
+    if (pthread_create(&ctx->acc_thread, NULL, accept_thread_main, ctx) != 0) {
+        kvp_rdma_listener_destroy(ctx->lst);
+        ctx->lst = NULL;
+        ctx->gate = NULL;
+        ctx->tick = NULL;
+        ctx->ext = NULL;
+        ctx->ext_free = NULL;
+        return KVP_ERR_SYSTEM;
+    }
+    ctx->acc_started = true;
+    return KVP_OK;
+}
+
+kvp_status_t kvp_rdma_ctx_mr_share(void *vctx, void *addr, size_t len, kvp_rdma_mr_t *mr)
+{
+    return mr_insert(vctx, addr, len, mr, true);
+}
+
+void kvp_rdma_ctx_mr_unshare(void *vctx, void *addr)
+{
+    rdma_ctx_t *ctx = vctx;
+    pthread_rwlock_wrlock(&ctx->mr_lock);
+    for (size_t i = 0; i < ctx->n_mrs; i++)
+        if (ctx->mrs[i].addr == (uintptr_t)addr && ctx->mrs[i].shared) {
+            memmove(&ctx->mrs[i], &ctx->mrs[i + 1], (ctx->n_mrs - i - 1) * sizeof(*ctx->mrs));
+            ctx->n_mrs--;
+            break;
+        }
+    pthread_rwlock_unlock(&ctx->mr_lock);
+}
+
+unsigned kvp_rdma_ctx_cut(void *vctx)
+{
+    rdma_ctx_t *ctx = vctx;
+    unsigned cut = 0;
+    pthread_mutex_lock(&ctx->acc_lock);
+    for (accepted_t *a = ctx->accepted; a != NULL; a = a->next)
+        if (!kvp_rdma_qp_in_error(a->qp)) {
+            (void)kvp_rdma_qp_flush(a->qp); /* the error state: no access through it */
+            cut++;
+        }
+    pthread_mutex_unlock(&ctx->acc_lock);
+    return cut;
 }
 
 /* Take the segment's MR out of the table and deregister it. */
@@ -897,14 +1044,10 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
 {
     rdma_ctx_t *ctx = vctx;
     char ip[64];
-    if (ctx->xfer->rdma_host[0] != '\0') {
-        snprintf(ip, sizeof(ip), "%s", ctx->xfer->rdma_host);
-    } else if (kvp_rdma_dev_ipv4(ctx->dev, ip, sizeof(ip)) != 0) {
-        KVP_LOG_ERROR("rdma: no address to serve the segment on (%s); set rdma_host / "
-                      "KVPOOL_RDMA_HOST",
-                      kvp_rdma_last_error());
+    if (ctx->gate != NULL)
+        return KVP_ERR_EXISTS; /* a transfer engine's: no segment */
+    if (serve_ip(ctx, ip, sizeof(ip)) != KVP_OK)
         return KVP_ERR_TRANSPORT;
-    }
     /* through memory windows: the region opens nothing remotely, its rkey neither; a peer
      * asks the data server for a window per granted extent on its own queue pair */
     ctx->windows = ctx->xfer->rdma_windows != 0; /* KVPOOL_RDMA_WINDOWS: 1 or unbounded */
@@ -927,7 +1070,7 @@ static kvp_status_t rdma_serve(void *vctx, void *base, uint64_t size, kvp_serve_
         KVP_LOG_ERROR("rdma: cannot register the segment: %s", kvp_rdma_last_error());
         return rc == -ENOMEM ? KVP_ERR_NOMEM : KVP_ERR_TRANSPORT;
     }
-    kvp_status_t st = mr_insert(ctx, base, size, ctx->seg_mr);
+    kvp_status_t st = mr_insert(ctx, base, size, ctx->seg_mr, false);
     if (st != KVP_OK)
         goto err_dereg;
     uint16_t port;
@@ -970,15 +1113,22 @@ err_dereg:
 
 /* ------------------------------------------------------------ connections */
 
+/* A store's peers share an rpeer by rdma endpoint; a keyed one (a transfer engine's) is its
+ * tcp endpoint's within one connection epoch. */
 static rpeer_t *rpeer_get_locked(rdma_ctx_t *ctx, const kvp_peer_t *peer)
 {
+    bool keyed = peer->rdma_endpoint[0] == '\0';
+    const char *ep = keyed ? peer->endpoint : peer->rdma_endpoint;
     for (rpeer_t *rp = ctx->peers; rp; rp = rp->next)
-        if (strcmp(rp->endpoint, peer->rdma_endpoint) == 0)
+        if (rp->keyed == keyed && strcmp(rp->endpoint, ep) == 0 &&
+            (!keyed || rp->epoch == peer->conn_epoch))
             return rp;
     rpeer_t *rp = calloc(1, sizeof(*rp));
     if (rp == NULL)
         return NULL;
-    snprintf(rp->endpoint, sizeof(rp->endpoint), "%s", peer->rdma_endpoint);
+    snprintf(rp->endpoint, sizeof(rp->endpoint), "%s", ep);
+    rp->keyed = keyed;
+    rp->epoch = keyed ? peer->conn_epoch : 0;
     pthread_mutex_init(&rp->conn_lock, NULL);
     pthread_mutex_init(&rp->win_lock, NULL);
     rp->win_fd = -1;
@@ -989,8 +1139,13 @@ static rpeer_t *rpeer_get_locked(rdma_ctx_t *ctx, const kvp_peer_t *peer)
 
 /* Connect one QP to the peer's endpoint and check that the owner serves the
  * segment the descriptor names. */
-static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **q_p)
+static kvp_status_t qp_connect_keyed(rdma_ctx_t *ctx, rpeer_t *rp, const kvp_peer_t *peer,
+                                     rqp_t **q_p);
+
+static kvp_status_t qp_connect(rdma_ctx_t *ctx, rpeer_t *rp, const kvp_peer_t *peer, rqp_t **q_p)
 {
+    if (rp->keyed)
+        return qp_connect_keyed(ctx, rp, peer, q_p);
     char host[64];
     uint16_t port;
     if (kvp_parse_hostport(peer->rdma_endpoint, host, sizeof(host), &port) != KVP_OK)
@@ -1042,6 +1197,144 @@ static kvp_status_t qp_connect(rdma_ctx_t *ctx, const kvp_peer_t *peer, rqp_t **
     return KVP_OK;
 }
 
+/* ------------------------------------------------ keyed peers (rdma_regions.h) */
+
+/* The entry of tab[0..n) holding [addr, addr + len) whole, or NULL. */
+static const kvp_data_te_rdma_region_t *tab_find(const kvp_data_te_rdma_region_t *tab, size_t n,
+                                                 uint64_t addr, uint64_t len)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (tab[mid].addr <= addr)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo == 0)
+        return NULL;
+    const kvp_data_te_rdma_region_t *e = &tab[lo - 1];
+    return addr - e->addr <= e->len && len <= e->len - (addr - e->addr) ? e : NULL;
+}
+
+/* Ask the keyed peer for an offer: its table replaces rp's, its token is kept for the next
+ * connect. KVP_ERR_UNSUPPORTED: it offers us no rdma (rp->no_rdma from now on).
+ * rp->conn_lock held. */
+static kvp_status_t offer_take(rdma_ctx_t *ctx, rpeer_t *rp, const kvp_peer_t *peer)
+{
+    kvp_rdma_offer_t of = {.tab = NULL};
+    kvp_status_t st = ctx->xfer->rdma_offer(ctx->xfer->rdma_offer_arg, peer, &of);
+    if (st == KVP_ERR_UNSUPPORTED)
+        rp->no_rdma = true;
+    if (st != KVP_OK) {
+        free(of.tab);
+        return st;
+    }
+    free(rp->tab);
+    rp->tab = of.tab;
+    rp->n_tab = of.n;
+    rp->spare =
+        (kvp_rdma_token_pdata_t){.magic = KVP_RDMA_TOKEN_MAGIC, .version = KVP_RDMA_TOKEN_VERSION};
+    memcpy(rp->spare.token, of.token, sizeof(of.token));
+    memcpy(rp->spare_ip, of.ipv4, sizeof(rp->spare_ip));
+    rp->spare_port = of.port;
+    rp->spare_ms = kvp_now_ms();
+    return KVP_OK;
+}
+
+/* A keyed peer's queue pair: with the token of an offer (the spare one while it is fresh,
+ * else a new offer: the table comes with it). rp->conn_lock held. */
+static kvp_status_t qp_connect_keyed(rdma_ctx_t *ctx, rpeer_t *rp, const kvp_peer_t *peer,
+                                     rqp_t **q_p)
+{
+    if (rp->no_rdma)
+        return KVP_ERR_TRANSPORT;
+    /* a token is good for KVP_DATA_TE_RDMA_TOKEN_MS: take a spare one with half of it left */
+    if (rp->spare_ms == 0 || kvp_now_ms() - rp->spare_ms > KVP_DATA_TE_RDMA_TOKEN_MS / 2) {
+        kvp_status_t st = offer_take(ctx, rp, peer);
+        if (st != KVP_OK)
+            return st == KVP_ERR_UNSUPPORTED ? KVP_ERR_TRANSPORT : st;
+    }
+    kvp_rdma_token_pdata_t cp = rp->spare;
+    rp->spare_ms = 0; /* once */
+    kvp_rdma_qp_t *qp;
+    int rc = kvp_rdma_connect(ctx->dev, rp->spare_ip, rp->spare_port, (int)ctx->xfer->timeout_ms,
+                              &cp, sizeof(cp), &qp);
+    OPENSSL_cleanse(&cp, sizeof(cp));
+    if (rc != 0) {
+        KVP_LOG_WARN_LIMITED("rdma: cannot connect to %s at %s:%u: %s", peer->name, rp->spare_ip,
+                             rp->spare_port, kvp_rdma_last_error());
+        return rc == -ETIMEDOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
+    }
+    rqp_t *q = calloc(1, sizeof(*q));
+    if (q == NULL) {
+        kvp_rdma_qp_destroy(qp);
+        return KVP_ERR_NOMEM;
+    }
+    atomic_init(&q->refs, 1);
+    q->qp = qp;
+    q->remote_qpn = kvp_rdma_qp_remote_num(qp);
+    pthread_mutex_init(&q->post_lock, NULL);
+    *q_p = q;
+    return KVP_OK;
+}
+
+/*
+ * Before a batch: each op to a keyed peer gets its region's rkey (rkeys[i]) from the peer's
+ * table (asked for when there is none, and once more on a miss: the peer may have registered
+ * the range since); an op whose range is still in none is handed on (op->pass: the next
+ * transport, tcp, where the peer says whether it is out of range or memory it serves
+ * staged); a peer that offers no rdma fails its ops with KVP_ERR_TRANSPORT (the transfer
+ * engine moves it on), one whose offer fails with that failure.
+ */
+static void keyed_prepare(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, uint32_t *rkeys)
+{
+    for (size_t i = 0; i < n; i++) {
+        rpeer_t *rp = kvp_peer_tp_state(ops[i]->peer, ctx->index);
+        if (rp == NULL || !rp->keyed || ops[i]->status != KVP_OK ||
+            (i > 0 && ops[i - 1]->peer == ops[i]->peer))
+            continue; /* (a run of one peer's ops is done from its first) */
+        /* this op and the later ones of its peer, under its lock */
+        pthread_mutex_lock(&rp->conn_lock);
+        kvp_status_t st = rp->no_rdma ? KVP_ERR_UNSUPPORTED : KVP_OK;
+        if (st == KVP_OK && rp->tab == NULL)
+            st = offer_take(ctx, rp, ops[i]->peer);
+        bool asked = false;
+        for (size_t j = i; j < n; j++) {
+            kvp_xfer_op_t *op = ops[j];
+            if (op->peer != ops[i]->peer || (j > i && op->status != KVP_OK))
+                continue;
+            if (st != KVP_OK) {
+                op->status = st == KVP_ERR_UNSUPPORTED ? KVP_ERR_TRANSPORT : st;
+                continue;
+            }
+            const kvp_data_te_rdma_region_t *e =
+                tab_find(rp->tab, rp->n_tab, op->offset, op->length);
+            if (e == NULL && !asked) {
+                asked = true;
+                kvp_status_t as = offer_take(ctx, rp, op->peer);
+                if (as == KVP_ERR_UNSUPPORTED) {
+                    st = as;
+                    j = i - 1; /* every op of the peer fails over */
+                    continue;
+                }
+                if (as == KVP_OK) {
+                    j = i - 1; /* from its first op, against the new table */
+                    continue;
+                }
+            }
+            if (e == NULL) {
+                op->status = KVP_ERR_TRANSPORT;
+                op->pass = true;
+                continue;
+            }
+            rkeys[j] = e->rkey;
+            op->status = KVP_OK;
+        }
+        pthread_mutex_unlock(&rp->conn_lock);
+    }
+}
+
 /* A usable QP in slot `slot` of rp (reconnecting one that failed), with a
  * reference for the caller. */
 static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
@@ -1065,7 +1358,7 @@ static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
     if (q == NULL) {
         /* connect under the peer's lock: concurrent batches to a new peer
          * wait for one connection instead of racing to make several */
-        st = qp_connect(ctx, peer, &q);
+        st = qp_connect(ctx, rp, peer, &q);
         if (st == KVP_OK) {
             rp->slot[slot] = q;
             rp->addr = peer->rdma_addr;
@@ -1084,11 +1377,13 @@ static kvp_status_t lane_acquire(rdma_ctx_t *ctx, rpeer_t *rp, unsigned slot,
 
 /* Build lanes and slices: ops grouped by endpoint, slices round-robin over
  * the endpoint's QPs, each lane's slices contiguous. */
-static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, rbatch_t *b)
+static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n,
+                                const uint32_t *rkeys, rbatch_t *b)
 {
     size_t n_slices = 0;
     for (size_t i = 0; i < n; i++)
-        n_slices += (ops[i]->length + ctx->slice - 1) / ctx->slice;
+        if (ops[i]->status == KVP_OK) /* (not one keyed_prepare failed or handed on) */
+            n_slices += (ops[i]->length + ctx->slice - 1) / ctx->slice;
     /* lanes: nqp per distinct segment; grown as segments show up */
     size_t lanes_cap = n * ctx->nqp < 64 ? n * ctx->nqp : 64;
     b->lanes = calloc(lanes_cap, sizeof(*b->lanes));
@@ -1106,6 +1401,8 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
     size_t last_base = 0;
     for (size_t i = 0; i < n; i++) {
         kvp_xfer_op_t *op = ops[i];
+        if (op->status != KVP_OK)
+            continue;
         rpeer_t *rp = rpeer_get_locked(ctx, op->peer);
         if (rp == NULL) {
             pthread_mutex_unlock(&ctx->lock);
@@ -1134,8 +1431,12 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
                 }
                 base = b->n_lanes;
                 for (unsigned q = 0; q < ctx->nqp; q++)
-                    b->lanes[base + q] =
-                        (lane_t){.rp = rp, .slot = q, .peer = op->peer, .beg = 0, .end = 0};
+                    b->lanes[base + q] = (lane_t){.rp = rp,
+                                                  .keyed = rp->keyed,
+                                                  .slot = q,
+                                                  .peer = op->peer,
+                                                  .beg = 0,
+                                                  .end = 0};
                 b->n_lanes += ctx->nqp;
             }
             last_rp = rp;
@@ -1146,8 +1447,12 @@ static kvp_status_t batch_build(rdma_ctx_t *ctx, kvp_xfer_op_t **ops, size_t n, 
             uint64_t len = op->length - off < ctx->slice ? op->length - off : ctx->slice;
             uint32_t lane = (uint32_t)(base + rr++ % ctx->nqp);
             lane_of[k] = lane;
-            b->slices[k++] =
-                (rslice_t){.op = op, .off = off, .len = (uint32_t)len, .lane = lane, .lkey = lkey};
+            b->slices[k++] = (rslice_t){.op = op,
+                                        .off = off,
+                                        .len = (uint32_t)len,
+                                        .lane = lane,
+                                        .lkey = lkey,
+                                        .rkey = rp->keyed ? rkeys[i] : 0};
             b->lanes[lane].end++; /* count for now */
         }
     }
@@ -1226,7 +1531,7 @@ static bool lane_post(rdma_ctx_t *ctx, rbatch_t *b, lane_t *l)
                                      .lkey = s->lkey,
                                      .len = s->len,
                                      .remote = s->op->peer->rdma_addr + s->op->offset + s->off,
-                                     .rkey = l->windows ? s->rkey : l->q->rkey,
+                                     .rkey = l->windows || l->keyed ? s->rkey : l->q->rkey,
                                      .wr_id = (uintptr_t)s};
         }
         kvp_rdma_op_t op = kind == KVP_XFER_READ ? KVP_RDMA_READ : KVP_RDMA_WRITE;
@@ -1545,11 +1850,22 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
     for (size_t i = 0; i < n; i++)
         ops[i]->status = KVP_OK;
     kvp_xfer_crc_writes(ops, n);
+    /* keyed peers' ops: their regions' rkeys first (or failed, or handed on) */
+    uint32_t *rkeys = NULL;
+    if (ctx->xfer->rdma_offer != NULL) {
+        rkeys = calloc(n ? n : 1, sizeof(*rkeys));
+        if (rkeys != NULL)
+            keyed_prepare(ctx, ops, n, rkeys);
+    }
     rbatch_t *b = calloc(1, sizeof(*b));
-    kvp_status_t st = b ? batch_build(ctx, ops, n, b) : KVP_ERR_NOMEM;
+    kvp_status_t st = b == NULL || (ctx->xfer->rdma_offer != NULL && rkeys == NULL)
+                          ? KVP_ERR_NOMEM
+                          : batch_build(ctx, ops, n, rkeys, b);
+    free(rkeys);
     if (st != KVP_OK) {
         for (size_t i = 0; i < n; i++)
-            ops[i]->status = st;
+            if (ops[i]->status == KVP_OK)
+                ops[i]->status = st;
         if (b)
             batch_free(b);
         return;
@@ -1651,7 +1967,6 @@ static void rdma_transfer(void *vctx, kvp_xfer_op_t **ops, size_t n)
 
 static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p)
 {
-    (void)index; /* its per-peer state (rpeer_t) is also found by endpoint, as before */
     if (xfer->forced == KVP_TRANSPORT_AUTO && !kvp_rdma_devices_present()) {
         snprintf(xfer->why, sizeof(xfer->why), "no RDMA device on this host");
         return KVP_ERR_NOT_FOUND;
@@ -1660,6 +1975,7 @@ static kvp_status_t rdma_init(kvp_transfer_t *xfer, unsigned index, void **ctx_p
     if (ctx == NULL)
         return KVP_ERR_NOMEM;
     ctx->xfer = xfer;
+    ctx->index = index;
     ctx->nqp = xfer->rdma_qps ? xfer->rdma_qps : 2;
     /* KVPOOL_RDMA_QP_CAP, read when the client was created */
     ctx->qp_cap = xfer->rdma_qp_cap > 0 ? xfer->rdma_qp_cap : QP_CAP_DEFAULT;
@@ -1708,6 +2024,8 @@ static void rdma_cleanup(void *vctx)
     atomic_store(&ctx->stop, true);
     if (ctx->acc_started)
         pthread_join(ctx->acc_thread, NULL);
+    if (ctx->ext_free != NULL)
+        ctx->ext_free(ctx->ext); /* a transfer engine's serving: its regions deregistered */
     kvp_grant_verifier_cleanup(&ctx->acc_v);
     while (ctx->accepted) {
         accepted_t *a = ctx->accepted;
@@ -1721,6 +2039,7 @@ static void rdma_cleanup(void *vctx)
         ctx->peers = rp->next;
         for (unsigned i = 0; i < MAX_QPS_PER_PEER; i++)
             rqp_unref(rp->slot[i]);
+        free(rp->tab);
         pthread_mutex_destroy(&rp->conn_lock);
         pthread_mutex_destroy(&rp->win_lock);
         if (rp->win_fd >= 0)
@@ -1736,7 +2055,8 @@ static void rdma_cleanup(void *vctx)
     }
     seg_unregister(ctx);
     for (size_t i = 0; i < ctx->n_mrs; i++)
-        kvp_rdma_mr_dereg(ctx->mrs[i].mr);
+        if (!ctx->mrs[i].shared) /* (ext_free took those out) */
+            kvp_rdma_mr_dereg(ctx->mrs[i].mr);
     free(ctx->mrs);
     kvp_rdma_dev_close(ctx->dev);
     pthread_cond_destroy(&ctx->done_cond);
@@ -1752,8 +2072,20 @@ static void rdma_cleanup(void *vctx)
 static kvp_status_t rdma_attach(void *vctx, kvp_peer_t *peer, void **state_p)
 {
     rdma_ctx_t *ctx = vctx;
-    if (peer->rdma_endpoint[0] == '\0')
-        return KVP_ERR_TRANSPORT;
+    if (peer->rdma_endpoint[0] == '\0') {
+        /* a transfer engine's peer of another host (this host's are "@" peers, shm's) */
+        if (ctx->xfer->rdma_offer == NULL || peer->endpoint[0] == '\0' || peer->endpoint[0] == '@')
+            return KVP_ERR_TRANSPORT;
+        pthread_mutex_lock(&ctx->lock);
+        rpeer_t *rp = rpeer_get_locked(ctx, peer);
+        if (rp != NULL)
+            rp->users++;
+        pthread_mutex_unlock(&ctx->lock);
+        if (rp == NULL)
+            return KVP_ERR_NOMEM;
+        *state_p = rp;
+        return KVP_OK;
+    }
     if ((peer->grants || peer->has_conn_key) && !peer->has_rdma_key)
         return KVP_ERR_TRANSPORT; /* data grants on, and no rdma key for us: tcp */
     if (peer->rdma_windows && !peer->has_conn_key)
@@ -1769,9 +2101,28 @@ static kvp_status_t rdma_attach(void *vctx, kvp_peer_t *peer, void **state_p)
 
 static void rdma_detach(void *vctx, kvp_peer_t *peer, void *state)
 {
-    (void)vctx;
+    rdma_ctx_t *ctx = vctx;
     (void)peer;
-    (void)state; /* rpeers are shared by endpoint and live until cleanup */
+    rpeer_t *rp = state; /* a store's: shared by endpoint, lives until cleanup */
+    if (rp == NULL || !rp->keyed)
+        return;
+    /* a keyed one's last peer is gone (no batch of it runs): its queue pairs and table go
+     * (the engine took a new peer, of a new epoch, whose rpeer proves the target anew) */
+    pthread_mutex_lock(&ctx->lock);
+    bool last = --rp->users == 0;
+    pthread_mutex_unlock(&ctx->lock);
+    if (!last)
+        return;
+    pthread_mutex_lock(&rp->conn_lock);
+    for (unsigned i = 0; i < MAX_QPS_PER_PEER; i++) {
+        rqp_unref(rp->slot[i]);
+        rp->slot[i] = NULL;
+    }
+    free(rp->tab);
+    rp->tab = NULL;
+    rp->n_tab = 0;
+    rp->spare_ms = 0;
+    pthread_mutex_unlock(&rp->conn_lock);
 }
 
 const kvp_transport_ops_t kvp_transport_rdma_ops = {

@@ -1,5 +1,6 @@
 /*
- * test_te_rdma.c - the transfer engine's rdma transport (client/te/te_rdma.c) between two
+ * test_te_rdma.c - the transfer engine's rdma (the rdma transport, client/transport/rdma.c and
+ * rdma_regions.c) between two
  * processes, as vLLM's MooncakeConnector drives it (prefill writes into decode's KV cache):
  *   - both engines protocol "rdma"; each registers its KV cache, vLLM's layout (per layer a
  *     K and a V tensor of NUM_BLOCKS blocks), one region per tensor;
@@ -50,6 +51,7 @@
 
 #include "client/include/kvpool_te.h"
 #include "client/te/te_rdma.h"
+#include "client/transport/rdma_regions.h"
 #include "client/transport/rdma_verbs.h"
 #include "tests/harness.h"
 
@@ -459,7 +461,7 @@ static void test_connect_without_token_refused(void **state)
     assert_int_equal(kvp_te_create("127.0.0.1", "P2PHANDSHAKE", "rdma", &probe), KVP_OK);
     /* the probe's rdma port (a stranger could scan for it): a connect with a made-up token,
      * then one with no private data */
-    const char *w = strrchr(te_rdma_where(kvp_te_rdma(probe)), ':');
+    const char *w = strrchr(kvp_te_rdma_where(probe), ':');
     assert_non_null(w);
     uint16_t port = (uint16_t)atoi(w + 1);
     kvp_rdma_qp_t *qp = NULL;
@@ -862,11 +864,12 @@ static void decode_swap(decode_state_t *d)
 }
 
 /* One prefill, two decodes (KVPOOL_TE_TIMEOUT_MS 3 s): decode A killed after a first batch
- * connected its queue pair; a batch to A (its completions never come: the engine gives it
- * up at the timeout) on a thread, and meanwhile one to decode B, which goes through at
- * once, byte-exact: a peer whose completions stop holds up its own batch only (the
- * completion thread hands each batch its own). Meanwhile too, the prefill unregisters a
- * buffer A's batch does not use: at once (a batch pins its own regions, it holds no lock). */
+ * connected its queue pairs; a batch to A on a thread fails with a code (the rdma transport
+ * sees the dead peer's disconnect when it takes its queue pair and connects anew, which
+ * fails; had its completions stopped instead, the batch would give up at the timeout), and
+ * meanwhile one to decode B goes through byte-exact, and the prefill unregisters a buffer
+ * A's batch does not use: while A's batch runs, neither waits for it (the completion thread
+ * hands each batch its own; a batch holds no lock on the regions). */
 static void test_dead_decode_holds_up_no_other(void **state)
 {
     (void)state;
@@ -911,8 +914,10 @@ static void test_dead_decode_holds_up_no_other(void **state)
             "%s after %llu ms\n",
             (unsigned long long)dt, (unsigned long long)du, kvp_strerror(bt.st),
             (unsigned long long)bt.ms);
-    assert_true(t0 + dt < bt.end); /* B's was not held up by A's */
-    assert_true(t1 + du < bt.end); /* nor the unregister */
+    /* B's was not held up by A's, nor the unregister (begun while A's ran: ended before it) */
+    assert_true(t0 >= bt.end || t0 + dt < bt.end);
+    assert_true(t1 >= bt.end || t1 + du < bt.end);
+    assert_true(dt < 3000 && du < 3000);
     free(spare);
     assert_int_not_equal(bt.st, KVP_OK);
     assert_true(bt.ms < 3000 + 6000); /* the timeout, the flush's wait */
@@ -930,7 +935,7 @@ int main(int argc, char **argv)
 {
     if (argc == 5 && strcmp(argv[1], "decode") == 0)
         decode_main(atoi(argv[2]), atoi(argv[3]), argv[4][0] != '\0' ? argv[4] : NULL);
-    if (!te_rdma_present()) {
+    if (!kvp_rdma_present()) {
         fprintf(stderr, "no RDMA device: SKIP\n");
         return 77;
     }
