@@ -25,6 +25,7 @@
 
 #include "client/api.h"
 #include "client/client_priv.h"
+#include "client/put_holds.h"
 #include "client/xfer_sessions.h"
 #include "client/control/key_scope.h"
 #include "client/ssd/dfs.h"
@@ -553,6 +554,7 @@ static void client_free(kvp_client_t *c, bool unmount)
     kvp_segment_destroy(c->seg);    /* unmapped only now */
     kvp_tls_destroy(c->tls);        /* every connection that used it is closed */
     kvp_xsessions_destroy(c->xs);
+    kvp_holds_destroy(c->holds);
     free(c);
 }
 
@@ -592,7 +594,12 @@ static kvp_status_t client_create_impl(const kvp_client_params_t *params, kvp_cl
         goto err_free;
     }
     c->xs = kvp_xsessions_create();
-    if (c->xs == NULL) {
+    c->holds = kvp_holds_create(c->env.put_ahead == KVP_PUT_AHEAD_OFF ? 0
+                                : c->env.put_ahead                    ? c->env.put_ahead
+                                                                      : KVP_PUT_AHEAD_DEFAULT,
+                                c->env.put_ahead_bytes ? c->env.put_ahead_bytes
+                                                       : KVP_PUT_AHEAD_BYTES_DEFAULT);
+    if (c->xs == NULL || c->holds == NULL) {
         st = KVP_ERR_NOMEM;
         goto err_free;
     }

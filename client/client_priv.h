@@ -49,6 +49,7 @@ struct kvp_client {
     kvp_heartbeat_t *hb;      /* liveness, remounts and requested drains */
     kvp_ssd_owner_t *ssd;     /* our SSD segment; NULL: none */
     struct kvp_xsessions *xs; /* the transfer sessions open (xfer_sessions.c) */
+    struct kvp_holds *holds;  /* room the master placed ahead of our puts (put_holds.c) */
     kvp_ssd_owner_t *dfs;     /* our DFS segment (a shard file in the DFS directory); NULL */
 };
 

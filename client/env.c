@@ -33,6 +33,23 @@
         F(data_limits.field), .help = text                                                         \
     }
 
+/* KVPOOL_PUT_AHEAD: "0" or "off": KVP_PUT_AHEAD_OFF; a number > 0: it (at most 4096); else
+ * unset (0). */
+static kvp_status_t parse_put_ahead(const kvp_opt_t *opt, const char *value, void *field, char *err,
+                                    size_t err_len)
+{
+    (void)opt, (void)err, (void)err_len;
+    char *end;
+    unsigned long v = strtoul(value, &end, 10);
+    if (strcmp(value, "off") == 0 || (*end == '\0' && end != value && v == 0))
+        *(uint32_t *)field = KVP_PUT_AHEAD_OFF;
+    else if (*end == '\0' && end != value)
+        *(uint32_t *)field = (uint32_t)(v > 4096 ? 4096 : v);
+    else
+        *(uint32_t *)field = 0;
+    return KVP_OK;
+}
+
 /* KVPOOL_RDMA_WINDOWS: "1" on, "unbounded" on any device, anything else off. */
 static kvp_status_t parse_windows(const kvp_opt_t *opt, const char *value, void *field, char *err,
                                   size_t err_len)
@@ -119,6 +136,25 @@ static const kvp_opt_t env_rows[] = {
      F(dfs_size),
      .help = "dfs_size: with a DFS directory, also mount a DFS segment: a shard file of this "
              "size there"},
+    {.name = "put-ahead",
+     .env = "KVPOOL_PUT_AHEAD",
+     .type = KVP_OPT_CUSTOM,
+     .flags = LAX,
+     .arg = "N|off",
+     .parse = parse_put_ahead,
+     .def_doc = "1024",
+     F(put_ahead),
+     .help = "room for this many objects (at most 4096) the master places ahead of this client's "
+             "puts, so that a put batch makes one master call (PUT_COMMIT); 0 or off: none, two "
+             "calls a batch (PutStart, PutEnd)"},
+    {.name = "put-ahead-bytes",
+     .env = "KVPOOL_PUT_AHEAD_BYTES",
+     .type = KVP_OPT_SIZE,
+     .flags = LAX,
+     .arg = "SIZE",
+     .def_doc = "64MiB",
+     F(put_ahead_bytes),
+     .help = "... and this many bytes of it at most (a batch larger than that makes two calls)"},
     {.name = "auth",
      .env = "KVPOOL_AUTH",
      .type = KVP_OPT_STRING,

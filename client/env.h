@@ -41,9 +41,17 @@ typedef struct kvp_client_env {
     bool keep_dumpable;       /* KVPOOL_KEEP_DUMPABLE=1 */
     const char *dfs_path;     /* KVPOOL_DFS_PATH */
     uint64_t dfs_size;        /* KVPOOL_DFS_SIZE */
+    /* KVPOOL_PUT_AHEAD: holds kept at most (put_holds.h); 0 unset: KVP_PUT_AHEAD_DEFAULT;
+     * KVP_PUT_AHEAD_OFF: none (every put batch makes two master calls) */
+    uint32_t put_ahead;
+    uint64_t put_ahead_bytes; /* KVPOOL_PUT_AHEAD_BYTES; 0 unset: KVP_PUT_AHEAD_BYTES_DEFAULT */
     /* KVPOOL_DATA_*: what peers may hold of our segments' data servers (0: not set) */
     kvp_conn_limits_t data_limits;
 } kvp_client_env_t;
+
+#define KVP_PUT_AHEAD_DEFAULT 1024u
+#define KVP_PUT_AHEAD_OFF UINT32_MAX
+#define KVP_PUT_AHEAD_BYTES_DEFAULT (64ull << 20)
 
 /* Read the variables into *env. Thread: any (reads the environment). */
 void kvp_client_env_read(kvp_client_env_t *env);

@@ -69,6 +69,7 @@ static const char *const rpc_names[KVP_METRICS_RPC_MAX] = {
     [KVP_RPC_TASK_START] = "task_start",
     [KVP_RPC_TASK_END] = "task_end",
     [KVP_RPC_REPLICA_CLEAR] = "replica_clear",
+    [KVP_RPC_PUT_COMMIT] = "put_commit",
 };
 _Static_assert(KVP_RPC_METHOD_MAX < KVP_METRICS_RPC_MAX, "master_rpc[] has a slot per method");
 
@@ -420,6 +421,7 @@ static void put_master_rpc(out_t *o, const kvp_metrics_t *m)
     static const bool data_path[KVP_METRICS_RPC_MAX] = {
         [KVP_RPC_PUT_START] = true,        [KVP_RPC_PUT_END] = true, [KVP_RPC_EXIST] = true,
         [KVP_RPC_GET_REPLICA_LIST] = true, [KVP_RPC_REMOVE] = true,  [KVP_RPC_LEASE_RELEASE] = true,
+        [KVP_RPC_PUT_COMMIT] = true,
     };
     static const struct {
         const char *name, *help;

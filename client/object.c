@@ -39,6 +39,7 @@
 #include "client/object_priv.h"
 #include "client/mem/gpu.h"
 #include "client/mem/scratch.h"
+#include "client/put_holds.h"
 #include "common/crc32c.h"
 #include "common/log.h"
 #include "common/rpc.h"
@@ -408,6 +409,9 @@ typedef struct put_batch {
     uint32_t *crcs;       /* [m] the CRC of each key's bytes */
     uint32_t *masks;      /* [m] bit q: replica q written */
     kvp_xfer_mem_t *mems; /* the current key's pieces' memory (room for any key's pieces) */
+    kvp_hold_t *holds;    /* [m] each key's hold (the batch is held: no PutStart); NULL: none */
+    uint64_t fp, gen;     /* the holds' placement fingerprint and master connection */
+    bool commit;          /* ends with PUT_COMMIT (which asks for holds), not PutEnd */
 } put_batch_t;
 
 /* The keys that can start: a valid key whose pieces hold bytes; the rest get their status. */
@@ -506,6 +510,97 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
     return KVP_OK;
 }
 
+/* ---------------- a put in one round trip: holds (put_holds.h) ---------------- */
+
+#define COMMIT_KEYS_MAX 1024 /* keys one PUT_COMMIT may name (the master's bound) */
+/* A key's status inside a put: its hold was gone at the master (a restart, a closed
+ * connection, its put timeout); batch_put_ex puts it again, and a caller never sees it. */
+#define PUT_HOLD_GONE (-100000)
+
+/* The placement a batch's holds are for, as one number. */
+static uint64_t put_fp(const Kvpool__PutConfig *pc)
+{
+    uint64_t h = 1469598103934665603ull;
+#define FP_MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
+    FP_MIX(pc->replica_num);
+    for (const char *p = pc->preferred_segment; p != NULL && *p != '\0'; p++)
+        FP_MIX((unsigned char)*p);
+    for (size_t i = 0; i < pc->n_preferred_segments; i++) {
+        FP_MIX(0x100 + i);
+        for (const char *p = pc->preferred_segments[i]; p != NULL && *p != '\0'; p++)
+            FP_MIX((unsigned char)*p);
+    }
+#undef FP_MIX
+    return h;
+}
+
+/* The master connection's generation (holds are bound to the connection they came on). */
+static uint64_t conn_gen(kvp_client_t *c)
+{
+    kvp_mconn_stats_t ms;
+    kvp_mconn_stats(kvp_session_mconn(c->session), &ms);
+    return ms.connects;
+}
+
+/* Does a batch of m keys end with PUT_COMMIT (and so hold room ahead)? DRAM puts with no
+ * DFS replica, of at most COMMIT_KEYS_MAX keys, while this client holds room at all. */
+static bool put_commits(kvp_client_t *c, const kvp_put_config_t *cfg, size_t m)
+{
+    bool dfs = cfg->size >= offsetof(kvp_put_config_t, dfs_replica_num) + sizeof(uint32_t) &&
+               cfg->dfs_replica_num > 0;
+    return m <= COMMIT_KEYS_MAX && !dfs &&
+           (cfg->medium == NULL || cfg->medium[0] == '\0' || strcmp(cfg->medium, "dram") == 0) &&
+           kvp_holds_on(c->holds);
+}
+
+/* Each key a hold of its size, or none: true and b->sr the answer a PutStart would have
+ * given (each key's extents the hold's, with its grants), with no master call. */
+static bool put_hold_take(put_batch_t *b)
+{
+    size_t m = b->m;
+    b->holds = kvp_scratch_alloc(m * sizeof(*b->holds));
+    if (b->holds == NULL || !kvp_holds_take(b->c->holds, b->fp, b->gen, b->szs, m, b->holds)) {
+        b->holds = NULL;
+        return false;
+    }
+    size_t nrep = 0;
+    for (size_t j = 0; j < m; j++)
+        nrep += b->holds[j].n_replicas;
+    Kvpool__PutStartResponse *sr = kvp_scratch_alloc(sizeof(*sr));
+    Kvpool__PutStartResult *res = kvp_scratch_alloc(m * sizeof(*res));
+    Kvpool__PutStartResult **rp = kvp_scratch_alloc(m * sizeof(*rp));
+    Kvpool__Replica *reps = kvp_scratch_alloc(nrep * sizeof(*reps));
+    Kvpool__Replica **pp = kvp_scratch_alloc(nrep * sizeof(*pp));
+    if (!sr || !res || !rp || !reps || !pp) {
+        kvp_holds_put_back(b->c->holds, b->fp, b->gen, b->holds, m);
+        b->holds = NULL;
+        return false;
+    }
+    kvpool__put_start_response__init(sr);
+    size_t k = 0;
+    for (size_t j = 0; j < m; j++) {
+        kvp_hold_t *h = &b->holds[j];
+        kvpool__put_start_result__init(&res[j]);
+        res[j].status = KVP_OK;
+        res[j].replicas = &pp[k];
+        res[j].n_replicas = h->n_replicas;
+        for (uint32_t q = 0; q < h->n_replicas; q++, k++) {
+            kvpool__replica__init(&reps[k]);
+            reps[k].segment_id = h->reps[q].segment_id;
+            reps[k].offset = h->reps[q].offset;
+            reps[k].length = h->size;
+            reps[k].grant.data = h->reps[q].grant;
+            reps[k].grant.len = h->reps[q].grant_len;
+            pp[k] = &reps[k];
+        }
+        rp[j] = &res[j];
+    }
+    sr->results = rp;
+    sr->n_results = m;
+    b->sr = sr;
+    return true;
+}
+
 /* One op per replica and piece (each piece lands at its running offset in the extent); each
  * key's status from PutStart. KVP_ERR_NOMEM: no ops (b->ops NULL; what PutStart reserved is
  * revoked by put_finish). */
@@ -584,6 +679,7 @@ static void put_collect(put_batch_t *b)
             kvp_api_fail_key(key, "put %s: write to segment %s failed: %s", key, seg,
                              kvp_strerror(s));
             kvp_peers_suspect(&b->c->peers, b->ops[q].peer);
+            kvp_holds_drop_segment(b->c->holds, b->ops[q].peer->segment_id);
         }
         unref_ops(b->ops, q, end);
         q = end;
@@ -609,9 +705,139 @@ static void put_collect(put_batch_t *b)
     }
 }
 
-/* PutEnd for keys fully written, PutRevoke for the rest of what started. */
-static void put_finish(put_batch_t *b, uint32_t *replicas_written)
+/* A PUT_COMMIT's answer for key j of the batch (e: its place in the request). */
+static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replicas_written,
+                          kvp_hold_t *back, size_t *nb)
 {
+    size_t i = b->idx[j];
+    const char *key = b->keys[i];
+    if (b->holds != NULL) {
+        /* its hold gone at the master, or its write failed (the master freed the hold: IO),
+         * as after a master restart whose new segment ids the held extents predate: put
+         * again, placed anew the two-call way (batch_put_ex), once */
+        if (b->st[i] != KVP_OK || s == KVP_ERR_NOT_FOUND) {
+            b->st[i] = PUT_HOLD_GONE;
+            return;
+        }
+        if (s != KVP_OK && back != NULL)
+            back[(*nb)++] = b->holds[j]; /* the key refused: the hold is still ours */
+    } else if (s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) {
+        s = KVP_ERR_PUT_REVOKED;
+        kvp_api_fail_key(key,
+                         "put %s: the master dropped the unfinished put (it restarted, lost this "
+                         "client's connection, or the segment went away); nothing is stored, "
+                         "retry",
+                         key);
+    }
+    b->st[i] = s;
+    if (s == KVP_OK && replicas_written != NULL)
+        replicas_written[i] = (uint32_t)__builtin_popcount(b->masks[j]);
+}
+
+/* The request's keys: each started key of the batch (a held one whatever its writes did:
+ * an unwritten one frees its hold), into pos[]; the classic keys not written into rev[]. */
+static size_t commit_keys(put_batch_t *b, Kvpool__PutCommitRequest *req, size_t *pos, size_t *rev,
+                          size_t *nr)
+{
+    size_t ne = 0;
+    *nr = 0;
+    for (size_t j = 0; j < b->m; j++) {
+        size_t i = b->idx[j];
+        if (b->sr->results[j]->status != KVP_OK)
+            continue;
+        bool ok = b->st[i] == KVP_OK && b->ops != NULL;
+        if (b->holds == NULL && !ok) {
+            rev[(*nr)++] = i;
+            continue;
+        }
+        pos[ne] = j;
+        req->keys[ne] = b->kp[j];
+        req->holds[ne] = b->holds != NULL ? b->holds[j].id : 0;
+        req->crc32c[ne] = ok ? b->crcs[j] : 0;
+        req->written_mask[ne] = ok ? b->masks[j] : 0;
+        req->sizes[ne] = b->szs[j];
+        if (b->gp != NULL)
+            req->group_ids[ne] = b->gp[j];
+        ne++;
+    }
+    req->n_keys = req->n_holds = req->n_crc32c = req->n_written_mask = req->n_sizes = ne;
+    req->n_group_ids = b->gp != NULL ? ne : 0;
+    return ne;
+}
+
+/*
+ * End the batch with PUT_COMMIT: every started key (held, or PutStart's) and the holds for
+ * the next batch like this one, in one call; classic keys not written are revoked as ever.
+ * false: the master does not know PUT_COMMIT (a batch not held ends the classic way, and
+ * this client asks no more).
+ */
+static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *replicas_written)
+{
+    kvp_client_t *c = b->c;
+    size_t m = b->m;
+    Kvpool__PutCommitRequest req = KVPOOL__PUT_COMMIT_REQUEST__INIT;
+    size_t *pos = kvp_scratch_alloc(m * sizeof(*pos)), *rev = kvp_scratch_alloc(m * sizeof(*rev));
+    req.keys = kvp_scratch_alloc(m * sizeof(*req.keys));
+    req.holds = kvp_scratch_alloc(m * sizeof(*req.holds));
+    req.crc32c = kvp_scratch_alloc(m * sizeof(*req.crc32c));
+    req.written_mask = kvp_scratch_alloc(m * sizeof(*req.written_mask));
+    req.sizes = kvp_scratch_alloc(m * sizeof(*req.sizes));
+    req.group_ids = b->gp != NULL ? kvp_scratch_alloc(m * sizeof(*req.group_ids)) : NULL;
+    kvp_hold_t *back = b->holds != NULL ? kvp_scratch_alloc(m * sizeof(*back)) : NULL;
+    if (!pos || !rev || !req.keys || !req.holds || !req.crc32c || !req.written_mask || !req.sizes ||
+        (b->gp != NULL && !req.group_ids) || (b->holds != NULL && !back))
+        return b->holds != NULL; /* (held: what it held comes back at the put timeout) */
+    size_t nr, ne = commit_keys(b, &req, pos, rev, &nr);
+    Kvpool__PutConfig pc;
+    uint64_t avoid[KVP_PEERS_SUSPECTS];
+    kvp_obj_put_config_wire(c, cfg, &pc, avoid);
+    req.config = &pc;
+    /* the next batch's holds: as many of this one's size as it had keys of it */
+    Kvpool__HoldRequest hr = KVPOOL__HOLD_REQUEST__INIT;
+    size_t used = 0;
+    for (size_t j = 0; j < m; j++)
+        used += b->szs[j] == b->szs[0];
+    hr.size = b->szs[0];
+    hr.count = kvp_holds_want(c->holds, b->fp, hr.size, used);
+    hr.config = &pc;
+    if (hr.count > 0)
+        req.hold = &hr;
+    uint64_t gone[64]; /* holds dropped unwritten: given back */
+    req.release = gone;
+    req.n_release = kvp_holds_gone(c->holds, b->gen, gone, KVP_ARRAY_SIZE(gone));
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    kvp_status_t rc = kvp_session_call(c->session, KVP_RPC_PUT_COMMIT, &req.base, &resp, &rlen);
+    if (rc == KVP_ERR_UNKNOWN_METHOD && b->holds == NULL) {
+        KVP_LOG_INFO("the master does not know PUT_COMMIT: every put makes two calls");
+        kvp_holds_off(c->holds);
+        return false;
+    }
+    Kvpool__PutCommitResponse *cr =
+        rc == KVP_OK ? kvpool__put_commit_response__unpack(&kvp_scratch_pb, rlen, resp) : NULL;
+    if (rc == KVP_OK && (cr == NULL || cr->status != KVP_OK || cr->n_statuses != ne))
+        rc = cr == NULL || cr->status == KVP_OK ? KVP_ERR_PROTOCOL : cr->status;
+    size_t nb = 0;
+    for (size_t e = 0; e < ne; e++)
+        commit_status(b, pos[e], rc == KVP_OK ? cr->statuses[e] : rc, replicas_written,
+                      rc == KVP_OK ? back : NULL, &nb);
+    if (rc == KVP_OK) {
+        kvp_peers_update(&c->peers, cr->segments, cr->n_segments);
+        if (conn_gen(c) == b->gen) /* (else they were the closed connection's) */
+            kvp_holds_add(c->holds, b->fp, b->gen, cr->holds, cr->n_holds, cr->put_timeout_ms);
+        if (cr->n_holds < hr.count && cr->message != NULL && cr->message[0] != '\0')
+            KVP_LOG_DEBUG("put: %zu of %u holds: %s", cr->n_holds, hr.count, cr->message);
+        kvp_holds_put_back(c->holds, b->fp, b->gen, back, nb);
+    }
+    end_or_revoke(c, KVP_RPC_PUT_REVOKE, b->keys, rev, NULL, NULL, nr, b->st);
+    return true;
+}
+
+/* PutEnd for keys fully written, PutRevoke for the rest of what started (or PUT_COMMIT). */
+static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *replicas_written)
+{
+    if (b->commit && put_commit(b, cfg, replicas_written))
+        return;
     size_t m = b->m;
     size_t *end_idx = kvp_scratch_alloc(m * sizeof(*end_idx));
     size_t *rev_idx = kvp_scratch_alloc(m * sizeof(*rev_idx));
@@ -687,7 +913,7 @@ static kvp_status_t groups_check(const kvp_put_config_t *cfg, size_t n)
 static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys,
                                         const pieces_t *src, size_t n,
                                         const kvp_put_config_t *config, kvp_status_t *results,
-                                        uint32_t *replicas_written)
+                                        uint32_t *replicas_written, bool may_hold)
 {
     if (c == NULL || keys == NULL || !pieces_ok(src) || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
@@ -711,15 +937,26 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
         goto out_all;
     put_gather(&b, n);
     if (b.m > 0) {
-        rc = put_start(&b, &cfg);
-        if (rc != KVP_OK)
-            goto out_all;
+        /* held room for every key: no PutStart (one master call for the batch) */
+        b.commit = put_commits(c, &cfg, b.m);
+        if (b.commit) {
+            Kvpool__PutConfig pc;
+            uint64_t avoid[KVP_PEERS_SUSPECTS];
+            kvp_obj_put_config_wire(c, &cfg, &pc, avoid);
+            b.fp = put_fp(&pc);
+            b.gen = conn_gen(c);
+        }
+        if (!b.commit || !may_hold || !put_hold_take(&b)) {
+            rc = put_start(&b, &cfg);
+            if (rc != KVP_OK)
+                goto out_all;
+        }
         rc = put_plan(&b);
         if (b.ops != NULL) {
             kvp_transfer_run(&c->xfer, b.ops, b.k);
             put_collect(&b);
         }
-        put_finish(&b, replicas_written);
+        put_finish(&b, &cfg, replicas_written);
         if (rc == KVP_ERR_NOMEM)
             goto out_all;
     }
@@ -739,19 +976,97 @@ out_all:
  * busy-pool retries call it many times within one public call). */
 static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys, const pieces_t *src,
                                    size_t n, const kvp_put_config_t *config, kvp_status_t *results,
-                                   uint32_t *replicas_written)
+                                   uint32_t *replicas_written, bool may_hold)
 {
     size_t mark = kvp_scratch_mark();
-    kvp_status_t rc = put_batch_once_body(c, keys, src, n, config, results, replicas_written);
+    kvp_status_t rc =
+        put_batch_once_body(c, keys, src, n, config, results, replicas_written, may_hold);
     kvp_scratch_release(mark);
     return rc;
+}
+
+/* Give every hold this client keeps back to the master (PUT_COMMIT naming no key); whether
+ * any was. A put that found the pool, or its tenant's quota, full may find room then. */
+static bool put_holds_release(kvp_client_t *c)
+{
+    uint64_t gen = conn_gen(c);
+    if (kvp_holds_give_all(c->holds, gen) == 0)
+        return false;
+    uint64_t ids[COMMIT_KEYS_MAX];
+    size_t n;
+    while ((n = kvp_holds_gone(c->holds, gen, ids, COMMIT_KEYS_MAX)) > 0) {
+        Kvpool__PutCommitRequest req = KVPOOL__PUT_COMMIT_REQUEST__INIT;
+        req.release = ids;
+        req.n_release = n;
+        uint8_t *resp;
+        size_t rlen;
+        if (kvp_session_call(c->session, KVP_RPC_PUT_COMMIT, &req.base, &resp, &rlen) != KVP_OK)
+            break; /* (what is left goes at the master's put timeout) */
+    }
+    return true;
+}
+
+/* The keys whose results[] are `which` put again (one attempt), their results and
+ * replicas_written[] replaced; how many of them are `which` still. SIZE_MAX: no memory (the
+ * results stay). */
+static size_t put_again(kvp_client_t *c, const char *const *keys, const pieces_t *src, size_t n,
+                        const kvp_put_config_t *config, kvp_status_t *results,
+                        uint32_t *replicas_written, kvp_status_t which)
+{
+    size_t mark = kvp_scratch_mark();
+    size_t *at = kvp_scratch_alloc(n * sizeof(*at));
+    const char **k2 = kvp_scratch_alloc(n * sizeof(*k2));
+    kvp_status_t *r2 = kvp_scratch_alloc(n * sizeof(*r2));
+    uint32_t *w2 = kvp_scratch_alloc(n * sizeof(*w2));
+    size_t m = 0, left = SIZE_MAX;
+    pieces_t src2;
+    if (!at || !k2 || !r2 || !w2)
+        goto out;
+    for (size_t i = 0; i < n; i++) {
+        if (results[i] != which)
+            continue;
+        at[m] = i;
+        k2[m++] = keys[i];
+    }
+    if (!pieces_subset(src, at, m, &src2))
+        goto out;
+    /* the keys' group ids (config's are the whole call's) */
+    kvp_put_config_t cfg2;
+    const kvp_put_config_t *config2 = config;
+    if (config != NULL &&
+        config->size >= offsetof(kvp_put_config_t, n_group_ids) + sizeof(config->n_group_ids) &&
+        config->group_ids != NULL) {
+        const char **g2 = kvp_scratch_alloc(m * sizeof(*g2));
+        if (g2 == NULL)
+            goto out;
+        for (size_t j = 0; j < m; j++)
+            g2[j] = config->group_ids[at[j]];
+        memcpy(&cfg2, config, sizeof(cfg2));
+        cfg2.group_ids = g2;
+        cfg2.n_group_ids = m;
+        config2 = &cfg2;
+    }
+    /* (a key put again after its hold: placed anew, the two-call way) */
+    put_batch_once(c, k2, &src2, m, config2, r2, w2, which != PUT_HOLD_GONE);
+    left = 0;
+    for (size_t j = 0; j < m; j++) {
+        results[at[j]] = r2[j];
+        if (replicas_written != NULL)
+            replicas_written[at[j]] = w2[j];
+        left += r2[j] == which;
+    }
+out:
+    kvp_scratch_release(mark);
+    return left;
 }
 
 /*
  * A put whose keys found the pool full with the room held by reads in flight
  * (KVP_ERR_POOL_BUSY) waits for those reads to end and asks again, for at
  * most the RPC timeout; then the keys get KVP_ERR_POOL_FULL. Only the busy
- * keys are retried; the allocations here are on that rare path only.
+ * keys are retried; the allocations here are on that rare path only. A key whose
+ * hold was gone at the master (PUT_HOLD_GONE: its bytes went to room the master no
+ * longer held for it) is put again once, at once.
  */
 static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const pieces_t *src,
                                  size_t n, const kvp_put_config_t *config, kvp_status_t *results,
@@ -762,10 +1077,48 @@ static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const
     /* what the call leaves untouched (arguments refused outright) reads as refused */
     for (size_t i = 0; i < n; i++)
         results[i] = KVP_ERR_INVALID_ARG;
-    kvp_status_t rc = put_batch_once(c, keys, src, n, config, results, replicas_written);
-    size_t nb = 0;
-    for (size_t i = 0; rc != KVP_OK && i < n; i++)
+    kvp_status_t rc = put_batch_once(c, keys, src, n, config, results, replicas_written, true);
+    size_t nb = 0, ng = 0;
+    for (size_t i = 0; rc != KVP_OK && i < n; i++) {
         nb += results[i] == KVP_ERR_POOL_BUSY;
+        ng += results[i] == PUT_HOLD_GONE;
+    }
+    if (ng > 0) {
+        put_again(c, keys, src, n, config, results, replicas_written, PUT_HOLD_GONE);
+        nb = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (results[i] == PUT_HOLD_GONE) {
+                kvp_api_fail_key(keys[i],
+                                 "put %s: the master no longer held the room it had placed "
+                                 "for it, twice (it restarted or lost this client's "
+                                 "connection); nothing is stored, retry",
+                                 keys[i]);
+                results[i] = KVP_ERR_PUT_REVOKED;
+            }
+            nb += results[i] == KVP_ERR_POOL_BUSY;
+        }
+        rc = KVP_OK;
+        for (size_t i = 0; i < n && rc == KVP_OK; i++)
+            rc = results[i];
+    }
+    /* no room: the holds this client keeps may be what fills (or cuts up) the pool or its
+     * quota */
+    size_t nf = 0;
+    for (size_t i = 0; rc != KVP_OK && i < n; i++)
+        nf += results[i] == KVP_ERR_POOL_FULL || results[i] == KVP_ERR_QUOTA ||
+              results[i] == KVP_ERR_POOL_BUSY;
+    if (nf > 0 && put_holds_release(c)) {
+        put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_POOL_FULL);
+        put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_QUOTA);
+        put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_POOL_BUSY);
+        rc = KVP_OK;
+        nb = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (rc == KVP_OK)
+                rc = results[i];
+            nb += results[i] == KVP_ERR_POOL_BUSY;
+        }
+    }
     if (nb == 0) {
         if (rc != KVP_OK && rc != KVP_ERR_INVALID_ARG)
             kvp_api_fail_keys("put", keys, (const int32_t *)results, n);
@@ -773,58 +1126,16 @@ static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const
     }
     uint64_t deadline =
         kvp_now_ms() + (c->params.rpc_timeout_ms ? c->params.rpc_timeout_ms : 10000);
-    size_t *at = kvp_scratch_alloc(nb * sizeof(*at));
-    const char **k2 = kvp_scratch_alloc(nb * sizeof(*k2));
-    kvp_status_t *r2 = kvp_scratch_alloc(nb * sizeof(*r2));
-    uint32_t *w2 = kvp_scratch_alloc(nb * sizeof(*w2));
     unsigned sleep_ms = 1;
-    while (nb > 0 && at && k2 && r2 && w2 && kvp_now_ms() < deadline) {
+    while (nb > 0 && nb != SIZE_MAX && kvp_now_ms() < deadline) {
         usleep(sleep_ms * 1000u);
         sleep_ms = KVP_MIN(sleep_ms * 2, 8u); /* room held by offloads comes back within ms */
-        size_t m = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (results[i] != KVP_ERR_POOL_BUSY)
-                continue;
-            at[m] = i;
-            k2[m++] = keys[i];
-        }
-        size_t mark = kvp_scratch_mark();
-        pieces_t src2;
-        if (!pieces_subset(src, at, m, &src2)) {
-            kvp_scratch_release(mark);
-            break;
-        }
-        /* the busy keys' group ids (config's are the whole call's) */
-        kvp_put_config_t cfg2;
-        const kvp_put_config_t *config2 = config;
-        const char **g2 = NULL;
-        if (config != NULL &&
-            config->size >= offsetof(kvp_put_config_t, n_group_ids) + sizeof(config->n_group_ids) &&
-            config->group_ids != NULL) {
-            g2 = kvp_scratch_alloc(m * sizeof(*g2));
-            if (g2 == NULL) {
-                kvp_scratch_release(mark);
-                break;
-            }
-            for (size_t j = 0; j < m; j++)
-                g2[j] = config->group_ids[at[j]];
-            memcpy(&cfg2, config, sizeof(cfg2));
-            cfg2.group_ids = g2;
-            cfg2.n_group_ids = m;
-            config2 = &cfg2;
-        }
-        put_batch_once(c, k2, &src2, m, config2, r2, w2);
-        kvp_scratch_release(mark);
-        nb = 0;
-        for (size_t j = 0; j < m; j++) {
-            results[at[j]] = r2[j];
-            if (replicas_written != NULL)
-                replicas_written[at[j]] = w2[j];
-            nb += r2[j] == KVP_ERR_POOL_BUSY;
-        }
+        nb = put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_POOL_BUSY);
     }
     rc = KVP_OK;
     for (size_t i = 0; i < n; i++) {
+        if (results[i] == PUT_HOLD_GONE)
+            results[i] = KVP_ERR_PUT_REVOKED;
         if (results[i] == KVP_ERR_POOL_BUSY) {
             kvp_api_fail("put %s: the pool stayed full (of objects being read, or of segments "
                          "still remounting after a master restart) for the whole %u ms timeout",

@@ -63,7 +63,8 @@ typedef enum kvp_rpc_method {
     KVP_RPC_TASK_START = 25, /* the owner of the task's source segment runs it */
     KVP_RPC_TASK_END = 26,
     KVP_RPC_REPLICA_CLEAR = 27, /* drop an object's replicas on one segment (Mooncake's) */
-    KVP_RPC_METHOD_MAX = 27,
+    KVP_RPC_PUT_COMMIT = 28,    /* puts ended and space held ahead, in one call (object_calls.c) */
+    KVP_RPC_METHOD_MAX = 28,
 } kvp_rpc_method_t;
 
 typedef struct kvp_rpc_hdr {

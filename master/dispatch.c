@@ -100,6 +100,8 @@ static const kvp_method_t methods[KVP_RPC_METHOD_MAX + 1] = {
         &kvpool__statuses_response__descriptor, kvp_handle_task_end, SEGMENT),
     ROW(KVP_RPC_REPLICA_CLEAR, "ReplicaClear", &kvpool__replica_clear_request__descriptor,
         &kvpool__statuses_response__descriptor, kvp_handle_replica_clear, WRITE),
+    ROW(KVP_RPC_PUT_COMMIT, "PutCommit", &kvpool__put_commit_request__descriptor,
+        &kvpool__put_commit_response__descriptor, kvp_handle_put_commit, WRITE),
 };
 
 const kvp_method_t *kvp_dispatch_lookup(uint16_t method)

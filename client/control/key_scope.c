@@ -27,6 +27,7 @@ static bool names_user_keys(uint16_t method)
     switch (method) {
     case KVP_RPC_PUT_START:
     case KVP_RPC_PUT_END:
+    case KVP_RPC_PUT_COMMIT:
     case KVP_RPC_PUT_REVOKE:
     case KVP_RPC_GET_REPLICA_LIST:
     case KVP_RPC_EXIST:

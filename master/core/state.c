@@ -52,6 +52,25 @@ static void charge_one(uint64_t *v, uint64_t by, int sign)
 void kvp_state_charge(void *arg, const kvp_object_t *obj, int sign)
 {
     kvp_master_state_t *st = arg;
+    /* a hold's extents (PUT_COMMIT) are room placed ahead, no object stored: counted apart */
+    bool hold = (obj->flags & KVP_OBJ_F_HOLD) != 0;
+    if (hold)
+        charge_one(&st->holds, 1, sign);
+    for (unsigned i = 0; hold && i < obj->n_replicas; i++) {
+        kvp_segment_t *seg =
+            obj->replicas[i].segment_id == 0
+                ? NULL
+                : kvp_segment_table_get(&st->segments, obj->replicas[i].segment_id);
+        if (seg != NULL) {
+            charge_one(&seg->held, 1, sign);
+            charge_one(&seg->held_bytes,
+                       (obj->size + KVP_SEGMENT_ALIGN - 1) / KVP_SEGMENT_ALIGN * KVP_SEGMENT_ALIGN,
+                       sign);
+            charge_one(&st->held_bytes, obj->size, sign);
+            if (obj->tenant < st->tenants.n)
+                charge_one(&st->tenants.t[obj->tenant].held_bytes, obj->size, sign);
+        }
+    }
     if (obj->tenant >= st->tenants.n)
         return;
     kvp_tenant_t *t = &st->tenants.t[obj->tenant];

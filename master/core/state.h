@@ -44,7 +44,11 @@ typedef struct kvp_master_stats {
     uint64_t evictions;     /* eviction runs */
     uint64_t evicted_share; /* victims taken from a tenant over its share, passing others */
     uint64_t put_timeouts;  /* PENDING puts revoked by --put-timeout */
-    uint64_t moved;         /* objects moved off draining segments */
+    /* PUT_COMMIT's holds (rpc/object_calls.c): handed out, taken by a key, named when gone */
+    uint64_t holds_granted;
+    uint64_t holds_used;
+    uint64_t holds_gone;
+    uint64_t moved; /* objects moved off draining segments */
     /* copy and move tasks (policy/copy_tasks.c): created, and ended each way */
     uint64_t tasks_created;
     uint64_t tasks_succeeded;
@@ -271,6 +275,10 @@ typedef struct kvp_master_state {
     uint64_t *closed_writers;
     uint32_t n_closed_writers, cap_closed_writers, n_sweeping;
     uint64_t sweep_left; /* the pass's pending objects still to visit */
+    /* PUT_COMMIT's holds (rpc/object_calls.c): the room they take (bytes x replicas), all
+     * connections' (core/state.c keeps it) */
+    uint64_t held_bytes;
+    uint64_t holds; /* how many (in the index: PENDING, not keys) */
     /* mount proofs (auth/mount_proof.h; docs/security.md): mount_proof is set by the server
      * (--mount-proof on); a Mount that needs its endpoint proven fills proof_ask and sets
      * proof_asked and parked (no answer now); the server proves it and calls the Mount

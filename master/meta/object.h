@@ -35,6 +35,9 @@ typedef enum kvp_obj_state {
 /* a grouped object whose read lease slot is counted in its group's `leased` (policy/lease.c;
  * the count goes down when the slot ends or the object leaves its group, whichever first) */
 #define KVP_OBJ_F_GROUP_LEASED 8u
+/* a hold (PUT_COMMIT, rpc/object_calls.c): room placed ahead for one object of a
+ * connection, PENDING under a key no request can name, not yet any key's */
+#define KVP_OBJ_F_HOLD 16u
 
 typedef enum kvp_pin {
     KVP_PIN_NONE = 0,

@@ -37,6 +37,8 @@ typedef struct kvp_segment {
     uint64_t owner_client_id;
     uint64_t owner_conn_id; /* connection that mounted it; its close unmounts it */
     uint64_t objects;       /* replicas stored here */
+    uint64_t held;          /* ... of which holds' (PUT_COMMIT: room placed ahead, no object) */
+    uint64_t held_bytes;    /* the room those take (each extent rounded to KVP_SEGMENT_ALIGN) */
     bool draining;          /* no new replicas; the owner is asked to move objects away */
     bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
     bool dfs;      /* medium "dfs": a shard file in a shared directory (ssd is set too: a file tier;
@@ -98,6 +100,16 @@ void kvp_segment_destroy(kvp_segment_t *seg);
 uint64_t kvp_segment_used(const kvp_segment_t *seg);
 /* Bytes allocated over all segments. O(slots). */
 uint64_t kvp_segment_table_used(const kvp_segment_table_t *table);
+/* What the views call used and objects: allocated to objects, holds left out. */
+static inline uint64_t kvp_segment_stored(const kvp_segment_t *seg)
+{
+    uint64_t u = kvp_segment_used(seg);
+    return u > seg->held_bytes ? u - seg->held_bytes : 0;
+}
+static inline uint64_t kvp_segment_objects(const kvp_segment_t *seg)
+{
+    return seg->objects > seg->held ? seg->objects - seg->held : 0;
+}
 /* Bytes of the segment extents can use (its size rounded down to KVP_SEGMENT_ALIGN). */
 static inline uint64_t kvp_segment_usable(const kvp_segment_t *seg)
 {

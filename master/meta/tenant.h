@@ -26,6 +26,7 @@ typedef struct kvp_tenant {
     uint64_t dram_bytes; /* object bytes x DRAM replicas */
     uint64_t ssd_bytes;  /* object bytes x SSD replicas */
     uint64_t objects;    /* objects in the index (PENDING ones included) */
+    uint64_t held_bytes; /* of dram_bytes: its holds' (PUT_COMMIT's room placed ahead) */
     /* from the ACL's [tenant NAME] section: 0 = no quota / the default share */
     uint64_t max_dram, max_ssd, max_objects;
     uint32_t share_permille;

@@ -30,6 +30,7 @@
 #include "common/http.h"
 #include "common/http_auth.h"
 #include "common/log.h"
+#include "common/macros.h"
 #include "common/rpc.h"
 #include "kvpool.pb-c.h"
 
@@ -493,8 +494,8 @@ static void render_segment_json(kvp_http_reply_t *r, const kvp_segment_t *seg)
                     tier_name(seg));
     kvp_http_json_string(r, seg->medium, strlen(seg->medium));
     json_kv_u64(r, "capacity", seg->size, true);
-    json_kv_u64(r, "used", kvp_segment_used(seg), true);
-    json_kv_u64(r, "objects", seg->objects, true);
+    json_kv_u64(r, "used", kvp_segment_stored(seg), true);
+    json_kv_u64(r, "objects", kvp_segment_objects(seg), true);
     json_kv_u64(r, "owner_client_id", seg->owner_client_id, true);
     kvp_http_printf(r, ",\"tcp_endpoint\":");
     kvp_http_json_string(r, seg->tcp_endpoint, strlen(seg->tcp_endpoint));
@@ -696,7 +697,7 @@ static void render(job_t *job, kvp_master_state_t *st, const kvp_master_view_t *
             break;
         }
         kvp_http_printf(r, "%s\nUsed(bytes): %" PRIu64 "\nCapacity(bytes): %" PRIu64 "\n",
-                        seg->name, kvp_segment_used(seg), seg->size);
+                        seg->name, kvp_segment_stored(seg), seg->size);
         break;
     }
     case JOB_KEYS:

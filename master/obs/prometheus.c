@@ -121,7 +121,9 @@ static void per_segment(kvp_http_reply_t *r, const kvp_master_state_t *st, const
         const kvp_segment_t *seg = t->slots[i];
         if (seg == NULL)
             continue;
-        uint64_t v = what == 0 ? seg->size : what == 1 ? kvp_segment_used(seg) : seg->objects;
+        uint64_t v = what == 0   ? seg->size
+                     : what == 1 ? kvp_segment_stored(seg)
+                                 : kvp_segment_objects(seg);
         kvp_http_printf(r, "%s{segment=\"", name);
         label(r, seg->name);
         kvp_http_printf(r, "\",tier=\"%s\"} %" PRIu64 "\n",
@@ -143,8 +145,8 @@ static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
             continue;
         int k = seg->dfs ? 2 : seg->ssd ? 1 : 0;
         cap[k] += seg->size;
-        used[k] += kvp_segment_used(seg);
-        objs[k] += seg->objects;
+        used[k] += kvp_segment_stored(seg);
+        objs[k] += kvp_segment_objects(seg);
         segs[k]++;
     }
     static const char *tiers[3] = {"dram", "ssd", "dfs"};
@@ -162,9 +164,15 @@ static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
     head(r, "kvpool_segments", "gauge", "Mounted segments of the tier.");
     for (int k = 0; k < 3; k++)
         kvp_http_printf(r, "kvpool_segments{tier=\"%s\"} %" PRIu64 "\n", tiers[k], segs[k]);
+    uint64_t holds = KVP_MIN(st->holds, st->index.pending);
     one(r, "kvpool_keys", "gauge", "Keys in the index (complete and being written).",
-        st->index.count);
-    one(r, "kvpool_pending_objects", "gauge", "Puts started and not ended.", st->index.pending);
+        st->index.count - holds);
+    one(r, "kvpool_pending_objects", "gauge", "Puts started and not ended.",
+        st->index.pending - holds);
+    one(r, "kvpool_put_holds", "gauge",
+        "Holds (room PUT_COMMIT placed ahead of a client's puts, no key's yet).", holds);
+    one(r, "kvpool_put_held_bytes", "gauge", "Bytes of DRAM the holds take (x replicas).",
+        st->held_bytes);
     per_segment(r, st, "kvpool_segment_capacity_bytes", "Bytes of the segment.", 0);
     per_segment(r, st, "kvpool_segment_used_bytes", "Bytes allocated on the segment.", 1);
     per_segment(r, st, "kvpool_segment_objects", "Object replicas on the segment.", 2);
@@ -177,6 +185,18 @@ static uint64_t hot_keys(const kvp_master_state_t *st)
     for (uint32_t i = 0; st->hot != NULL && i <= st->hot_mask; i++)
         n += st->hot[i].key != NULL;
     return n;
+}
+
+/* PUT_COMMIT's holds (room placed ahead of a client's puts): handed out, used, gone. */
+static void holds(kvp_http_reply_t *r, const kvp_master_stats_t *s)
+{
+    one(r, "kvpool_put_holds_granted_total", "counter",
+        "Holds handed out by PUT_COMMIT (room placed ahead for one object each).",
+        s->holds_granted);
+    one(r, "kvpool_put_holds_used_total", "counter", "Holds a committed key took.", s->holds_used);
+    one(r, "kvpool_put_holds_gone_total", "counter",
+        "Holds a commit named that were gone (put timeout, closed connection, restart).",
+        s->holds_gone);
 }
 
 /* Operation counters: puts, gets, removes, evictions, tiers, leases, adoption, limbo. */
@@ -530,6 +550,7 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
 {
     capacity(r, st);
     operations(r, st);
+    holds(r, &st->stats);
     rpc_latency(r, st, v);
     continued(r, st, v);
     refusals(r, st);

@@ -105,8 +105,8 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
         kvp_seg_desc_fill(&ds[k], seg);
         stat_desc_for_caller(call, seg, &ds[k]);
         ss[k].desc = &ds[k];
-        ss[k].used = kvp_segment_used(seg);
-        ss[k].objects = seg->objects;
+        ss[k].used = kvp_segment_stored(seg);
+        ss[k].objects = kvp_segment_objects(seg);
         used += ss[k].used;
         sp[k] = &ss[k];
         k++;
@@ -114,7 +114,7 @@ kvp_status_t kvp_handle_stat(kvp_call_t *call, ProtobufCMessage *req_msg)
     resp.capacity = st->segments.capacity;
     resp.used = used;
     resp.objects = st->index.count - st->index.pending;
-    resp.pending = st->index.pending;
+    resp.pending = st->index.pending - KVP_MIN(st->holds, st->index.pending); /* puts only */
     resp.evicted_objects = st->stats.evicted_objects;
     resp.evicted_bytes = st->stats.evicted_bytes;
     resp.put_timeouts = st->stats.put_timeouts;
@@ -422,8 +422,10 @@ static bool list_scan(const kvp_call_t *call, const Kvpool__ListRequest *req, co
          (kp == NULL || scanned == 0 || !kvp_key_pattern_over(kp, PAGE_WORK_BUDGET, PAGE_WORK_MS));
          b++, scanned++) {
         for (kvp_object_t *obj = st->index.buckets[b]; obj != NULL; obj = obj->hnext) {
-            /* whose key it is first: the pattern runs over the caller's keys only */
-            if (!on_segment(obj, req->segment_id) || (!stored && !may_key(call, ns, obj)) ||
+            /* whose key it is first: the pattern runs over the caller's keys only (a hold,
+             * PUT_COMMIT's room placed ahead, is nobody's key) */
+            if ((obj->flags & KVP_OBJ_F_HOLD) || !on_segment(obj, req->segment_id) ||
+                (!stored && !may_key(call, ns, obj)) ||
                 !key_matches(st, stored ? NULL : ns, obj, kp))
                 continue;
             if (p->n == p->cap && !list_page_grow(p))
@@ -528,7 +530,8 @@ static bool remove_scan(const kvp_call_t *call, const Kvpool__RemoveByRegexReque
             break;
         for (kvp_object_t *obj = st->index.buckets[b]; ok && obj != NULL; obj = obj->hnext) {
             /* whose key it is first: the pattern runs over the caller's keys only */
-            if (!may_key(call, ns, obj) || !key_matches(st, ns, obj, kp))
+            if ((obj->flags & KVP_OBJ_F_HOLD) || !may_key(call, ns, obj) ||
+                !key_matches(st, ns, obj, kp))
                 continue;
             if (obj->state != KVP_OBJ_COMPLETE)
                 resp->skipped_pending++;

@@ -24,6 +24,7 @@
 #include "master/meta/placement.h"
 #include "master/meta/record.h"
 #include "master/policy/drain_jobs.h"
+#include "master/rpc/object_calls.h"
 #include "master/rpc/reply.h"
 
 kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
@@ -54,6 +55,7 @@ kvp_status_t kvp_handle_drain(kvp_call_t *call, ProtobufCMessage *req_msg)
         KVP_LOG_INFO("segment %s (id %#llx) is draining: %llu objects to move or drop", seg->name,
                      (unsigned long long)seg->id, (unsigned long long)seg->objects);
     seg->draining = true;
+    kvp_object_holds_drop(st, seg->id); /* room held ahead there: unwritten, not waited for */
     resp.segment_id = seg->id;
     /* placement skips it from now on: this count only goes down */
     for (const kvp_object_t *o = st->index.pending_list.head; o != NULL; o = o->lnext)

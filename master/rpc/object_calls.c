@@ -282,12 +282,82 @@ static kvp_status_t put_place(kvp_master_state_t *st, const kvp_placement_req_t 
     return status;
 }
 
+/* A new PENDING object of `size` under key (len bytes, hashed), for conn_id: its extents
+ * placed for preq (quota, DFS room, eviction), or with a hold the hold's (taken: the hold
+ * leaves the index, its extents are the new object's). group as put_start_key's; held: a
+ * group held for it (0: none). */
+static kvp_status_t put_create(kvp_master_state_t *st, uint64_t conn_id, const char *key,
+                               size_t len, uint64_t hash, uint64_t size,
+                               const kvp_placement_req_t *preq, const ProtobufCBinaryData *group,
+                               uint32_t held, int64_t *give_back_p, kvp_object_t *hold,
+                               bool is_hold, kvp_object_t **obj_p)
+{
+    kvp_status_t status;
+    kvp_replica_t reps[KVP_MAX_REPLICAS];
+    unsigned n = 0;
+    kvp_placement_req_t r = *preq;
+    r.size = size;
+    if (hold != NULL) {
+        n = hold->n_replicas;
+        memcpy(reps, hold->replicas, n * sizeof(reps[0]));
+    } else {
+        if (over_quota(st, preq, size) != NULL) {
+            st->tenants.t[preq->tenant].refused_quota++;
+            return KVP_ERR_QUOTA;
+        }
+        /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
+        if (preq->dfs_extra && (status = dfs_room(st, preq, size)) != KVP_OK)
+            return status;
+        status = put_place(st, &r, give_back_p, reps, &n);
+        if (status != KVP_OK)
+            return status;
+        if (preq->dfs_extra)
+            st->stats.dfs_puts++;
+    }
+    bool grouped = group != NULL ? group->len > 0 : held != 0;
+    kvp_object_t *obj = grouped ? kvp_object_create_grouped(key, len, hash, n)
+                                : kvp_object_create(key, len, hash, n);
+    if (obj != NULL && grouped &&
+        kvp_group_join(&st->groups, r.tenant, group != NULL ? (const char *)group->data : NULL,
+                       group != NULL ? group->len : 0, held, obj) != KVP_OK) {
+        free(obj);
+        obj = NULL;
+    }
+    if (obj == NULL) {
+        for (unsigned i = 0; i < n && hold == NULL; i++) {
+            kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
+            kvp_offset_alloc_free(seg->alloc, reps[i].handle);
+            seg->objects--;
+        }
+        return KVP_ERR_NOMEM;
+    }
+    if (hold != NULL) { /* its extents are obj's now: the hold goes, nothing freed */
+        kvp_index_unlink(&st->index, hold);
+        free(hold);
+    }
+    memcpy(obj->replicas, reps, n * sizeof(reps[0]));
+    obj->size = size;
+    obj->version = kvp_tier_next_version(st);
+    obj->state = KVP_OBJ_PENDING;
+    obj->tenant = r.tenant;
+    obj->writer_conn_id = conn_id;
+    obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
+    if (is_hold)
+        obj->flags |= KVP_OBJ_F_HOLD;
+    set_pin(st, obj, preq);
+    kvp_index_insert(&st->index, obj);
+    *obj_p = obj;
+    return KVP_OK;
+}
+
 /* group: the group this key's put names (NULL: none named, an upsert keeps the object's;
- * empty: ungrouped). *held_p: a group held for the new object (the caller drops it). */
+ * empty: ungrouped). *held_p: a group held for the new object (the caller drops it). hold:
+ * the hold whose extents the object takes (PUT_COMMIT; never an upsert in place), or NULL. */
 static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
                                   const ProtobufCBinaryData *key, uint64_t size,
                                   const kvp_placement_req_t *preq, const ProtobufCBinaryData *group,
-                                  int64_t *give_back_p, uint32_t *held_p, kvp_object_t **obj_p)
+                                  int64_t *give_back_p, uint32_t *held_p, kvp_object_t *hold,
+                                  kvp_object_t **obj_p)
 {
     kvp_object_t *obj;
     uint64_t hash;
@@ -310,7 +380,7 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
         /* Upsert: in place when it can be; otherwise the old object goes now (its extents
          * stay until readers' leases end) and the new one gets extents of its own. Either
          * way the key is absent until PutEnd, and absent for good if the new put fails. */
-        if (upsert_in_place(st, conn_id, obj, size, preq)) {
+        if (hold == NULL && upsert_in_place(st, conn_id, obj, size, preq)) {
             *obj_p = obj;
             return KVP_OK;
         }
@@ -319,50 +389,8 @@ static kvp_status_t put_start_key(kvp_master_state_t *st, uint64_t conn_id,
         kvp_group_hold(&st->groups, *held_p);
         kvp_object_remove(st, obj);
     }
-    if (over_quota(st, preq, size) != NULL) {
-        st->tenants.t[preq->tenant].refused_quota++;
-        return KVP_ERR_QUOTA;
-    }
-    /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
-    if (preq->dfs_extra && (status = dfs_room(st, preq, size)) != KVP_OK)
-        return status;
-    kvp_replica_t reps[KVP_MAX_REPLICAS];
-    unsigned n = 0;
-    kvp_placement_req_t r = *preq;
-    r.size = size;
-    status = put_place(st, &r, give_back_p, reps, &n);
-    if (status != KVP_OK)
-        return status;
-    if (preq->dfs_extra)
-        st->stats.dfs_puts++;
-    bool grouped = group != NULL ? group->len > 0 : *held_p != 0;
-    obj = grouped ? kvp_object_create_grouped((const char *)key->data, key->len, hash, n)
-                  : kvp_object_create((const char *)key->data, key->len, hash, n);
-    if (obj != NULL && grouped &&
-        kvp_group_join(&st->groups, r.tenant, group != NULL ? (const char *)group->data : NULL,
-                       group != NULL ? group->len : 0, *held_p, obj) != KVP_OK) {
-        free(obj);
-        obj = NULL;
-    }
-    if (obj == NULL) {
-        for (unsigned i = 0; i < n; i++) {
-            kvp_segment_t *seg = kvp_segment_table_get(&st->segments, reps[i].segment_id);
-            kvp_offset_alloc_free(seg->alloc, reps[i].handle);
-            seg->objects--;
-        }
-        return KVP_ERR_NOMEM;
-    }
-    memcpy(obj->replicas, reps, n * sizeof(reps[0]));
-    obj->size = size;
-    obj->version = kvp_tier_next_version(st);
-    obj->state = KVP_OBJ_PENDING;
-    obj->tenant = r.tenant;
-    obj->writer_conn_id = conn_id;
-    obj->deadline_ms = st->now_ms + st->config.put_timeout_ms;
-    set_pin(st, obj, preq);
-    kvp_index_insert(&st->index, obj);
-    *obj_p = obj;
-    return KVP_OK;
+    return put_create(st, conn_id, (const char *)key->data, key->len, hash, size, preq, group,
+                      *held_p, give_back_p, hold, false, obj_p);
 }
 
 static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
@@ -371,7 +399,8 @@ static kvp_status_t put_start_one(kvp_master_state_t *st, uint64_t conn_id,
                                   int64_t *give_back_p, kvp_object_t **obj_p)
 {
     uint32_t held = 0;
-    kvp_status_t s = put_start_key(st, conn_id, key, size, preq, group, give_back_p, &held, obj_p);
+    kvp_status_t s =
+        put_start_key(st, conn_id, key, size, preq, group, give_back_p, &held, NULL, obj_p);
     kvp_group_drop(&st->groups, held);
     return s;
 }
@@ -384,11 +413,12 @@ static void pool_full_message(kvp_master_state_t *st, char *buf, size_t len)
     uint64_t other = used - KVP_MIN(used, pending + st->leases.bytes);
     snprintf(buf, len,
              "pool full: %llu of %llu bytes used: %llu by reads in flight (%u objects), %llu by "
-             "puts not yet ended (%llu objects), %llu by %s; or the free room is too "
-             "fragmented for the object",
+             "puts not yet ended (%llu objects; %llu bytes of it held ahead for writers), %llu "
+             "by %s; or the free room is too fragmented for the object",
              (unsigned long long)used, (unsigned long long)st->segments.capacity,
              (unsigned long long)st->leases.bytes, st->leases.live, (unsigned long long)pending,
-             (unsigned long long)st->index.pending, (unsigned long long)other,
+             (unsigned long long)st->index.pending, (unsigned long long)st->held_bytes,
+             (unsigned long long)other,
              st->config.evict ? "pinned objects or objects on draining segments"
                               : "stored objects (eviction is off: --no-eviction)");
 }
@@ -1008,6 +1038,285 @@ kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
     return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_put_revoke,
                       KVP_RPC_PUT_REVOKE, false);
+}
+
+/*
+ * PUT_COMMIT: a batch's puts ended, and room held ahead for the next, in one round trip
+ * (docs/architecture.md "A put in one round trip"). A hold is a PENDING object of the
+ * caller's connection under a key no request can name (a NUL first: no wire key has one,
+ * and the connection's id): placed, charged to the tenant, evicted for and timed out as a
+ * put's, revoked with its connection. A key committed with a hold takes the hold's extents
+ * as a PutStart would have placed them (the same checks on the key: EXISTS, PENDING, an
+ * upsert's group) and ends as PutEnd ends it, in the same turn: the writer's bytes are in,
+ * so it is visible when the answer goes, never before.
+ */
+#define HOLD_ASK_MAX 1024u    /* holds one answer hands out, at most */
+#define HOLD_POOL_SHARE 16u   /* holds take 1/16 of the DRAM tier at most, all connections' */
+#define HOLD_QUOTA_SHARE 8u   /* ... and 1/8 of a tenant's DRAM quota, when it has one */
+#define COMMIT_KEYS_MAX 1024u /* keys one PUT_COMMIT names, at most (one turn's work) */
+#define HOLD_KEY_LEN 17
+
+static uint64_t hold_next; /* hold ids (master loop only) */
+
+static void hold_key(char out[HOLD_KEY_LEN], uint64_t conn_id, uint64_t id)
+{
+    out[0] = '\0';
+    memcpy(out + 1, &conn_id, sizeof(conn_id));
+    memcpy(out + 9, &id, sizeof(id));
+}
+
+/* This connection's hold `id`; NULL: none (gone, or never its). */
+static kvp_object_t *hold_find(kvp_master_state_t *st, uint64_t conn_id, uint64_t id)
+{
+    char k[HOLD_KEY_LEN];
+    hold_key(k, conn_id, id);
+    kvp_object_t *obj = kvp_index_lookup(&st->index, k, sizeof(k), kvp_index_hash(k, sizeof(k)));
+    if (obj == NULL || !(obj->flags & KVP_OBJ_F_HOLD) || obj->state != KVP_OBJ_PENDING ||
+        obj->writer_conn_id != conn_id)
+        return NULL;
+    return obj;
+}
+
+/* Key i of a commit, written to its hold: the hold's extents become the key's object, which
+ * ends as PutEnd ends it. A refusal of the key (EXISTS, PENDING, a bad key or group) leaves
+ * the hold the caller's; no replica written frees it. */
+static kvp_status_t commit_held(kvp_call_t *call, const Kvpool__PutCommitRequest *req,
+                                const Kvpool__PutEndRequest *end, const kvp_placement_req_t *preq,
+                                size_t i)
+{
+    kvp_master_state_t *st = call->st;
+    kvp_object_t *hold = hold_find(st, call->conn_id, req->holds[i]);
+    if (hold == NULL) {
+        st->stats.holds_gone++;
+        return KVP_ERR_NOT_FOUND;
+    }
+    uint32_t all = hold->n_replicas >= 32 ? UINT32_MAX : (1u << hold->n_replicas) - 1;
+    uint32_t mask = req->n_written_mask > 0 ? req->written_mask[i] : UINT32_MAX;
+    if ((mask & all) == 0) {
+        kvp_index_unlink(&st->index, hold);
+        kvp_object_release(st, hold);
+        return KVP_ERR_IO;
+    }
+    if (req->sizes[i] != hold->size || hold->tenant != preq->tenant)
+        return KVP_ERR_INVALID_ARG;
+    uint32_t held = 0;
+    kvp_object_t *obj = NULL;
+    kvp_status_t s =
+        put_start_key(st, call->conn_id, &req->keys[i], req->sizes[i], preq,
+                      req->n_group_ids ? &req->group_ids[i] : NULL, NULL, &held, hold, &obj);
+    kvp_group_drop(&st->groups, held);
+    if (s != KVP_OK)
+        return s;
+    st->stats.holds_used++;
+    return op_put_end(st, call->conn_id, &req->keys[i], end, i, false);
+}
+
+/* Release the holds an answer that did not go out handed out. */
+static void holds_undo(kvp_reply_t *r, kvp_status_t rc, void *arg)
+{
+    (void)arg;
+    const Kvpool__PutCommitResponse *resp = (const Kvpool__PutCommitResponse *)r->resp;
+    for (size_t k = 0; rc != KVP_OK && k < resp->n_holds; k++) {
+        kvp_object_t *h = hold_find(r->call->st, r->call->conn_id, resp->holds[k]->id);
+        if (h != NULL) {
+            kvp_index_unlink(&r->call->st->index, h);
+            kvp_object_release(r->call->st, h);
+        }
+    }
+}
+
+/* One hold of hr->size placed for preq into *hold (its replicas, with write grants, from
+ * reps; slot: the first grant slot). */
+static kvp_status_t hold_one(kvp_call_t *call, const kvp_placement_req_t *preq, uint64_t size,
+                             int64_t *give_back_p, Kvpool__Hold *hold, Kvpool__Replica *reps,
+                             Kvpool__Replica **repptr, size_t slot, kvp_seg_set_t *segs)
+{
+    kvp_master_state_t *st = call->st;
+    uint64_t id = ++hold_next;
+    char k[HOLD_KEY_LEN];
+    hold_key(k, call->conn_id, id);
+    kvp_object_t *obj = NULL;
+    kvp_status_t s = put_create(st, call->conn_id, k, sizeof(k), kvp_index_hash(k, sizeof(k)), size,
+                                preq, NULL, 0, give_back_p, NULL, true, &obj);
+    if (s != KVP_OK)
+        return s;
+    kvpool__hold__init(hold);
+    hold->id = id;
+    hold->size = size;
+    hold->replicas = repptr;
+    hold->n_replicas = obj->n_replicas;
+    for (unsigned q = 0; q < obj->n_replicas; q++) {
+        Kvpool__Replica *rep = &reps[q];
+        kvpool__replica__init(rep);
+        rep->segment_id = obj->replicas[q].segment_id;
+        rep->offset = obj->replicas[q].offset;
+        rep->length = size;
+        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
+        /* each its own grant: the writer keeps it past this answer */
+        if ((seg != NULL && !kvp_seg_set_add(segs, seg, NULL)) ||
+            !kvp_call_grant(call, rep, slot + q, KVP_GRANT_WRITE, st->config.put_timeout_ms,
+                            obj->version))
+            return KVP_ERR_NOMEM; /* (the hold stays: it is in the answer's undo) */
+        repptr[q] = rep;
+    }
+    st->stats.holds_granted++;
+    return KVP_OK;
+}
+
+/* May another hold of `need` bytes (x replicas) be placed? Holds stay a small part of the
+ * pool and of the tenant's quota, and none is made in the last 1/HOLD_QUOTA_SHARE of a
+ * tenant's quota or of a pool that does not evict: there a put would find the room it needs
+ * held by another connection's holds (its own it gives back: client/object.c). */
+static bool hold_room(const kvp_master_state_t *st, const kvp_tenant_t *t, uint64_t need,
+                      uint64_t pool_max)
+{
+    if (st->held_bytes + need > pool_max)
+        return false;
+    if (t->max_dram != 0 && (t->held_bytes + need > t->max_dram / HOLD_QUOTA_SHARE ||
+                             t->dram_bytes + need > t->max_dram - t->max_dram / HOLD_QUOTA_SHARE))
+        return false;
+    uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
+    uint64_t used = kvp_segment_table_used_tier(&st->segments, false);
+    return st->config.evict || used + need + cap / HOLD_QUOTA_SHARE <= cap;
+}
+
+/* The holds hr asks for, into the answer (fewer, with why in its message, when the pool
+ * or the quota has no more room). DRAM only: a hold is never an SSD or DFS replica. */
+static bool holds_grant(kvp_call_t *call, const Kvpool__HoldRequest *hr, kvp_reply_t *r,
+                        Kvpool__PutCommitResponse *resp)
+{
+    kvp_master_state_t *st = call->st;
+    size_t count = KVP_MIN(hr->count, HOLD_ASK_MAX);
+    kvp_placement_req_t preq;
+    if (count == 0 || hr->size == 0)
+        return true;
+    if (put_config(st, hr->config, &preq) != KVP_OK || preq.ssd || preq.dfs_extra) {
+        snprintf(r->text, r->text_max, "holds are DRAM room only: none for an SSD or DFS put");
+        return true;
+    }
+    preq.upsert = false;
+    preq.pin = KVP_PIN_NONE;
+    preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
+    preq.dedicated_first = st->tenants.t[preq.tenant].dedicated > 0;
+    size_t per = preq.replica_num;
+    Kvpool__Hold *holds = kvp_reply_alloc(r, count, sizeof(*holds));
+    Kvpool__Hold **hp = kvp_reply_alloc(r, count, sizeof(*hp));
+    Kvpool__Replica *reps = kvp_reply_alloc(r, count * per, sizeof(*reps));
+    Kvpool__Replica **rp = kvp_reply_alloc(r, count * per, sizeof(*rp));
+    if (!holds || !hp || !reps || !rp || !kvp_call_grants_reserve(st, count * per))
+        return false;
+    resp->holds = hp;
+    kvp_reply_on_end(r, holds_undo, NULL);
+    int64_t give_back = -1;
+    uint64_t pool_max = kvp_segment_table_capacity_tier(&st->segments, false) / HOLD_POOL_SHARE;
+    const kvp_tenant_t *t = &st->tenants.t[preq.tenant];
+    uint64_t need = hr->size * per;
+    for (size_t k = 0; k < count; k++) {
+        /* room held ahead stays a small part of the pool and of the tenant's quota: a put
+         * that needs room evicts objects, never waits for another's holds */
+        if (!hold_room(st, t, need, pool_max)) {
+            snprintf(r->text, r->text_max,
+                     "room held ahead is at its bound (1/%u of the DRAM tier, 1/%u of a "
+                     "tenant's quota, and none in the last 1/%u of a quota or of a pool that "
+                     "does not evict): %llu bytes held",
+                     HOLD_POOL_SHARE, HOLD_QUOTA_SHARE, HOLD_QUOTA_SHARE,
+                     (unsigned long long)st->held_bytes);
+            break;
+        }
+        holds[k].id = 0;
+        kvp_status_t s = hold_one(call, &preq, hr->size, &give_back, &holds[k], &reps[k * per],
+                                  &rp[k * per], k * per, &r->segs);
+        if (holds[k].id != 0) /* (made: undone with the answer if it does not go) */
+            hp[resp->n_holds++] = &holds[k];
+        if (s == KVP_ERR_NOMEM)
+            return false;
+        if (s != KVP_OK) {
+            if (s == KVP_ERR_QUOTA)
+                quota_message(st, &preq, hr->size, r->text, r->text_max);
+            else if (s == KVP_ERR_POOL_FULL || s == KVP_ERR_POOL_BUSY)
+                pool_full_message(st, r->text, r->text_max);
+            break;
+        }
+    }
+    return true;
+}
+
+/* The request's shape: per-key arrays of one length, at most COMMIT_KEYS_MAX keys. */
+static bool commit_shape_ok(const Kvpool__PutCommitRequest *req)
+{
+    size_t n = req->n_keys;
+    if (n > COMMIT_KEYS_MAX || req->n_release > HOLD_ASK_MAX || req->n_holds != n ||
+        req->n_crc32c != n || req->n_sizes != n ||
+        (req->n_written_mask != 0 && req->n_written_mask != n) ||
+        (req->n_group_ids != 0 && req->n_group_ids != n))
+        return false;
+    for (size_t i = 0; i < req->n_group_ids; i++)
+        if (req->group_ids[i].len > KVP_GROUP_ID_MAX)
+            return false;
+    return true;
+}
+
+kvp_status_t kvp_handle_put_commit(kvp_call_t *call, ProtobufCMessage *req_msg)
+{
+    kvp_master_state_t *st = call->st;
+    Kvpool__PutCommitRequest *req = (Kvpool__PutCommitRequest *)req_msg;
+    Kvpool__PutCommitResponse resp = KVPOOL__PUT_COMMIT_RESPONSE__INIT;
+    kvp_reply_t r;
+    kvp_reply_init(&r, call, &resp.base, 384);
+    st->call_again = false;
+    kvp_placement_req_t preq;
+    if (!commit_shape_ok(req))
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
+                              "a PutCommit names at most %u keys, with one hold, CRC32C, size "
+                              "(and written mask, group id) each, and gives back at most %u "
+                              "holds",
+                              COMMIT_KEYS_MAX, HOLD_ASK_MAX);
+    if (put_config(st, req->config, &preq) != KVP_OK)
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
+    preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
+    size_t n = req->n_keys;
+    int32_t *out = n > 0 ? kvp_reply_statuses(&r, n) : NULL;
+    if (n > 0 && out == NULL)
+        return kvp_reply_abort(&r);
+    Kvpool__PutEndRequest end = KVPOOL__PUT_END_REQUEST__INIT;
+    end.keys = req->keys;
+    end.n_keys = n;
+    end.crc32c = req->crc32c;
+    end.n_crc32c = n;
+    end.written_mask = req->written_mask;
+    end.n_written_mask = req->n_written_mask;
+    for (size_t j = n; j > 0; j--) { /* last key first, as keys_batch */
+        size_t i = j - 1;
+        out[i] = req->holds[i] != 0 ? commit_held(call, req, &end, &preq, i)
+                                    : op_put_end(st, call->conn_id, &req->keys[i], &end, i, false);
+    }
+    for (size_t k = 0; k < req->n_release; k++) { /* given back unwritten */
+        kvp_object_t *h = hold_find(st, call->conn_id, req->release[k]);
+        if (h != NULL) {
+            kvp_index_unlink(&st->index, h);
+            kvp_object_release(st, h);
+        }
+    }
+    resp.put_timeout_ms = st->config.put_timeout_ms;
+    if (req->hold != NULL && !holds_grant(call, req->hold, &r, &resp))
+        return kvp_reply_abort(&r);
+    if (!kvp_reply_segments(&r))
+        return kvp_reply_abort(&r);
+    kvp_evict_if_needed(st);
+    return kvp_reply_send(&r);
+}
+
+void kvp_object_holds_drop(kvp_master_state_t *st, uint64_t segment_id)
+{
+    kvp_object_t *obj = st->index.pending_list.head;
+    while (obj != NULL) {
+        kvp_object_t *next = obj->lnext;
+        if ((obj->flags & KVP_OBJ_F_HOLD) && kvp_object_replica_on(obj, segment_id) >= 0) {
+            kvp_index_unlink(&st->index, obj);
+            kvp_object_release(st, obj);
+        }
+        obj = next;
+    }
 }
 
 kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *req_msg)

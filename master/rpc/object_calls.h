@@ -13,6 +13,10 @@
 kvp_status_t kvp_handle_put_start(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *msg);
 kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *msg);
+kvp_status_t kvp_handle_put_commit(kvp_call_t *call, ProtobufCMessage *msg);
+/* Free the holds (PUT_COMMIT's room placed ahead) that have an extent on segment_id: it
+ * drains, nothing new goes there. Their writers' commits find them gone. */
+void kvp_object_holds_drop(kvp_master_state_t *st, uint64_t segment_id);
 kvp_status_t kvp_handle_remove(kvp_call_t *call, ProtobufCMessage *msg);
 /* REPLICA_CLEAR: Remove, or the replicas on one segment only (Mooncake's BatchReplicaClear) */
 kvp_status_t kvp_handle_replica_clear(kvp_call_t *call, ProtobufCMessage *msg);

@@ -91,6 +91,8 @@ static const expect_t expected[] = {
      &kvpool__statuses_response__descriptor},
     {KVP_RPC_REPLICA_CLEAR, kvp_handle_replica_clear, &kvpool__replica_clear_request__descriptor,
      &kvpool__statuses_response__descriptor},
+    {KVP_RPC_PUT_COMMIT, kvp_handle_put_commit, &kvpool__put_commit_request__descriptor,
+     &kvpool__put_commit_response__descriptor},
 };
 #define N_EXPECTED (sizeof(expected) / sizeof(expected[0]))
 

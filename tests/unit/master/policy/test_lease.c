@@ -337,7 +337,8 @@ static void test_pool_full_message(void **state)
     char msg[512];
     assert_int_equal(put_start(st, "x", KVP_PIN_NONE, msg, sizeof(msg)), KVP_ERR_POOL_FULL);
     assert_non_null(strstr(msg, "pool full: 8192 of 8192 bytes used: 0 by reads in flight"));
-    assert_non_null(strstr(msg, "4096 by puts not yet ended (1 objects), 4096 by pinned objects"));
+    assert_non_null(strstr(msg, "4096 by puts not yet ended (1 objects; 0 bytes of it held ahead "
+                                "for writers), 4096 by pinned objects"));
 }
 
 /* Reads whose end would free nothing (store mode, hard pins): POOL_FULL at once, no wait. */

@@ -1,0 +1,236 @@
+/*
+ * test_put_commit.c - PUT_COMMIT's holds (master/rpc/object_calls.c): room placed ahead for a
+ * connection, a key committed onto it in one call, and every way a hold ends: used, freed
+ * unwritten, given back, its connection closed, its put timeout, its segment drained; and
+ * what nobody else may do with it. Store semantics (fixture_store.h).
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/rpc.h"
+#include "kvpool.pb-c.h"
+#include "master/core/state.h"
+#include "master/policy/eviction.h"
+#include "master/rpc/object_calls.h"
+#include "tests/unit/master/rpc/fixture_store.h"
+#include "tests/unit/master/svc_call.h"
+
+#define SEG (64u << 20)
+#define OBJ 4096u
+
+/* A PUT_COMMIT of n keys, each on holds[i] (0: a PutStart's key), asking for `want` holds of
+ * `size`; masks NULL: every replica written. The answer (svc_msg_free it). */
+static Kvpool__PutCommitResponse *commit(kvp_master_state_t *st, uint64_t conn,
+                                         const char *const *keys, const uint64_t *holds,
+                                         const uint64_t *sizes, const uint32_t *masks, size_t n,
+                                         uint32_t want, uint64_t size)
+{
+    uint32_t crcs[16] = {0};
+    Kvpool__PutCommitRequest req = KVPOOL__PUT_COMMIT_REQUEST__INIT;
+    req.keys = svc_keys(keys, n);
+    req.n_keys = n;
+    req.holds = (uint64_t *)holds;
+    req.n_holds = n;
+    req.crc32c = crcs;
+    req.n_crc32c = n;
+    req.sizes = (uint64_t *)sizes;
+    req.n_sizes = n;
+    req.written_mask = (uint32_t *)masks;
+    req.n_written_mask = masks != NULL ? n : 0;
+    Kvpool__HoldRequest hr = KVPOOL__HOLD_REQUEST__INIT;
+    hr.count = want;
+    hr.size = size;
+    if (want > 0)
+        req.hold = &hr;
+    return svc_call(st, conn, KVP_RPC_PUT_COMMIT, &req.base,
+                    &kvpool__put_commit_response__descriptor);
+}
+
+/* n holds of OBJ bytes for conn into ids[]. */
+static void hold(kvp_master_state_t *st, uint64_t conn, size_t n, uint64_t *ids)
+{
+    Kvpool__PutCommitResponse *r = commit(st, conn, NULL, NULL, NULL, NULL, 0, (uint32_t)n, OBJ);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_holds, n);
+    assert_int_equal(r->n_segments, 1); /* the segment its replicas name, to reach it */
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(r->holds[i]->size, OBJ);
+        assert_int_equal(r->holds[i]->n_replicas, 1);
+        assert_int_equal(r->holds[i]->replicas[0]->length, OBJ);
+        ids[i] = r->holds[i]->id;
+    }
+    svc_msg_free(r);
+}
+
+/* One key on one hold: its status. */
+static int32_t commit1(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t id,
+                       uint64_t size, uint32_t mask)
+{
+    const char *keys[] = {key};
+    Kvpool__PutCommitResponse *r = commit(st, conn, keys, &id, &size, &mask, 1, 0, 0);
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_statuses, 1);
+    int32_t s = r->statuses[0];
+    svc_msg_free(r);
+    return s;
+}
+
+/* Holds are room, not objects: a key committed onto one is visible at once, and only then. */
+static void test_commit_makes_the_key_visible(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C1, "seg", "h1", SEG, NULL), KVP_OK);
+    uint64_t ids[4];
+    hold(st, C2, 4, ids);
+    stat_snap_t s = stat_get(st);
+    assert_int_equal(s.objects, 0); /* neither objects nor puts under way */
+    assert_int_equal(s.pending, 0);
+    assert_int_equal(s.used, 0);
+    assert_int_equal(s.seg_objects_sum, 0);
+    assert_int_equal(st->holds, 4);
+    assert_int_equal(st->held_bytes, 4 * OBJ);
+    assert_int_equal(exist1(st, "a"), 0);
+    assert_int_equal(commit1(st, C2, "a", ids[0], OBJ, 1), KVP_OK);
+    assert_int_equal(exist1(st, "a"), 1);
+    assert_int_equal(size1(st, "a"), OBJ);
+    s = stat_get(st);
+    assert_int_equal(s.objects, 1);
+    assert_int_equal(s.used, OBJ);
+    assert_int_equal(st->holds, 3);
+    assert_int_equal(st->stats.holds_used, 1);
+    /* a hold is taken once */
+    assert_int_equal(commit1(st, C2, "b", ids[0], OBJ, 1), KVP_ERR_NOT_FOUND);
+    assert_int_equal(exist1(st, "b"), 0);
+}
+
+/* Another connection's hold is nobody else's: it cannot commit it, nor give it back. */
+static void test_another_connections_hold(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C1, "seg", "h1", SEG, NULL), KVP_OK);
+    uint64_t id;
+    hold(st, C2, 1, &id);
+    assert_int_equal(commit1(st, C3, "x", id, OBJ, 1), KVP_ERR_NOT_FOUND);
+    assert_int_equal(exist1(st, "x"), 0);
+    Kvpool__PutCommitRequest req = KVPOOL__PUT_COMMIT_REQUEST__INIT;
+    req.release = &id;
+    req.n_release = 1;
+    svc_msg_free(
+        svc_call(st, C3, KVP_RPC_PUT_COMMIT, &req.base, &kvpool__put_commit_response__descriptor));
+    assert_int_equal(st->holds, 1);
+    assert_int_equal(commit1(st, C2, "x", id, OBJ, 1), KVP_OK); /* still its owner's */
+    assert_int_equal(exist1(st, "x"), 1);
+}
+
+/* A key refused keeps the hold for its writer; none written frees it. */
+static void test_refusals_and_unwritten(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C1, "seg", "h1", SEG, NULL), KVP_OK);
+    assert_int_equal(put1(st, C2, "old", OBJ, NULL), KVP_OK);
+    assert_int_equal(end1(st, C2, "old", 7), KVP_OK);
+    uint64_t ids[2];
+    hold(st, C2, 2, ids);
+    assert_int_equal(commit1(st, C2, "old", ids[0], OBJ, 1), KVP_ERR_EXISTS);
+    assert_int_equal(commit1(st, C2, "n1", ids[0], OBJ + 64, 1), KVP_ERR_INVALID_ARG);
+    assert_int_equal(st->holds, 2);
+    assert_int_equal(commit1(st, C2, "n1", ids[0], OBJ, 1), KVP_OK);
+    assert_int_equal(commit1(st, C2, "n2", ids[1], OBJ, 0), KVP_ERR_IO); /* freed */
+    assert_int_equal(exist1(st, "n2"), 0);
+    assert_int_equal(st->holds, 0);
+    assert_int_equal(st->held_bytes, 0);
+    assert_int_equal(commit1(st, C2, "n2", ids[1], OBJ, 1), KVP_ERR_NOT_FOUND);
+    stat_snap_t s = stat_get(st);
+    assert_int_equal(s.used, 2 * OBJ); /* "old" and "n1": nothing else held */
+}
+
+/* Given back, a closed connection, the put timeout, a drain: each ends holds, room freed. */
+static void test_every_end_frees_the_room(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t seg;
+    assert_int_equal(mount_seg(st, C1, "seg", "h1", SEG, &seg), KVP_OK);
+    uint64_t ids[3];
+    hold(st, C2, 3, ids);
+    Kvpool__PutCommitRequest req = KVPOOL__PUT_COMMIT_REQUEST__INIT;
+    req.release = ids;
+    req.n_release = 2;
+    svc_msg_free(
+        svc_call(st, C2, KVP_RPC_PUT_COMMIT, &req.base, &kvpool__put_commit_response__descriptor));
+    assert_int_equal(st->holds, 1);
+    kvp_object_conn_closed(st, C2);
+    assert_int_equal(st->holds, 0);
+    assert_int_equal(kvp_segment_table_used(&st->segments), 0);
+
+    hold(st, C2, 2, ids);
+    st->now_ms += st->config.put_timeout_ms + 1;
+    kvp_expire_puts(st);
+    assert_int_equal(st->holds, 0);
+    assert_int_equal(kvp_segment_table_used(&st->segments), 0);
+    assert_int_equal(commit1(st, C2, "late", ids[0], OBJ, 1), KVP_ERR_NOT_FOUND);
+    assert_int_equal(st->stats.holds_gone, 1);
+
+    hold(st, C2, 2, ids);
+    Kvpool__DrainRequest dr = KVPOOL__DRAIN_REQUEST__INIT;
+    dr.segment_id = seg;
+    Kvpool__DrainResponse *d =
+        svc_call(st, C1, KVP_RPC_DRAIN, &dr.base, &kvpool__drain_response__descriptor);
+    assert_int_equal(d->status, KVP_OK);
+    assert_int_equal(d->pending, 0); /* the drain waits for no hold */
+    svc_msg_free(d);
+    assert_int_equal(st->holds, 0);
+    assert_int_equal(kvp_segment_table_used(&st->segments), 0);
+}
+
+/* What one request can take: 1024 holds at most, room held a 16th of the pool at most, none in
+ * the last eighth of a pool that does not evict; a request past the bounds is refused whole. */
+static void test_bounds(void **state)
+{
+    kvp_master_state_t *st = *state;
+    assert_int_equal(mount_seg(st, C1, "seg", "h1", SEG, NULL), KVP_OK);
+    Kvpool__PutCommitResponse *r = commit(st, C2, NULL, NULL, NULL, NULL, 0, 100000, 64);
+    assert_int_equal(r->n_holds, 1024);
+    svc_msg_free(r);
+    r = commit(st, C3, NULL, NULL, NULL, NULL, 0, 1024, 1u << 20);
+    assert_true(r->n_holds < 4); /* 4 MiB of 64 MiB, of which 64 KiB is already held */
+    assert_true(strstr(r->message, "room held ahead is at its bound") != NULL);
+    assert_true(st->held_bytes <= SEG / 16);
+    svc_msg_free(r);
+
+    const char *keys[1025];
+    uint64_t holds[1025], sizes[1025];
+    for (size_t i = 0; i < 1025; i++) {
+        keys[i] = "k";
+        holds[i] = 1;
+        sizes[i] = OBJ;
+    }
+    r = commit(st, C2, keys, holds, sizes, NULL, 1025, 0, 0);
+    assert_int_equal(r->status, KVP_ERR_INVALID_ARG);
+    svc_msg_free(r);
+    uint64_t before = st->holds;
+    r = commit(st, C2, keys, holds, sizes, NULL, 2, 1, 0); /* a hold of 0 bytes: none */
+    assert_int_equal(r->status, KVP_OK);
+    assert_int_equal(r->n_holds, 0);
+    svc_msg_free(r);
+    assert_int_equal(st->holds, before);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_commit_makes_the_key_visible, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_another_connections_hold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_refusals_and_unwritten, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_every_end_frees_the_room, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bounds, setup, teardown),
+    };
+    return cmocka_run_group_tests_name("put_commit", tests, NULL, NULL);
+}
