@@ -534,12 +534,21 @@ static uint64_t put_fp(const Kvpool__PutConfig *pc)
     return h;
 }
 
-/* The master connection's generation (holds are bound to the connection they came on). */
-static uint64_t conn_gen(kvp_client_t *c)
+/* A hold is used only while the master connection that got it answered within this long:
+ * a master that died (its holds gone with it) may be replaced and a new one place other
+ * objects in their extents once the owners have mounted again, which takes longer; a client
+ * that heard nothing that recently puts the two-call way (PutStart asks afresh). */
+#define HOLD_FRESH_MS 200
+
+/* The master connection's generation (holds are bound to the connection they came on);
+ * *fresh_p (may be NULL): it answered within HOLD_FRESH_MS. */
+static uint64_t conn_gen(kvp_client_t *c, bool *fresh_p)
 {
-    kvp_mconn_stats_t ms;
-    kvp_mconn_stats(kvp_session_mconn(c->session), &ms);
-    return ms.connects;
+    uint64_t gen;
+    bool fresh = kvp_mconn_fresh(kvp_session_mconn(c->session), HOLD_FRESH_MS, &gen);
+    if (fresh_p != NULL)
+        *fresh_p = fresh;
+    return gen;
 }
 
 /* Does a batch of m keys end with PUT_COMMIT (and so hold room ahead)? DRAM puts with no
@@ -803,8 +812,9 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     if (hr.count > 0)
         req.hold = &hr;
     uint64_t gone[64]; /* holds dropped unwritten: given back */
+    uint64_t gen = conn_gen(c, NULL);
     req.release = gone;
-    req.n_release = kvp_holds_gone(c->holds, b->gen, gone, KVP_ARRAY_SIZE(gone));
+    req.n_release = kvp_holds_gone(c->holds, gen, gone, KVP_ARRAY_SIZE(gone));
     uint8_t *resp = NULL;
     size_t rlen = 0;
     kvp_status_t rc = kvp_session_call(c->session, KVP_RPC_PUT_COMMIT, &req.base, &resp, &rlen);
@@ -823,8 +833,8 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
                       rc == KVP_OK ? back : NULL, &nb);
     if (rc == KVP_OK) {
         kvp_peers_update(&c->peers, cr->segments, cr->n_segments);
-        if (conn_gen(c) == b->gen) /* (else they were the closed connection's) */
-            kvp_holds_add(c->holds, b->fp, b->gen, cr->holds, cr->n_holds, cr->put_timeout_ms);
+        if (conn_gen(c, NULL) == gen) /* (else they may be a closed connection's) */
+            kvp_holds_add(c->holds, b->fp, gen, cr->holds, cr->n_holds, cr->put_timeout_ms);
         if (cr->n_holds < hr.count && cr->message != NULL && cr->message[0] != '\0')
             KVP_LOG_DEBUG("put: %zu of %u holds: %s", cr->n_holds, hr.count, cr->message);
         kvp_holds_put_back(c->holds, b->fp, b->gen, back, nb);
@@ -944,9 +954,11 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
             uint64_t avoid[KVP_PEERS_SUSPECTS];
             kvp_obj_put_config_wire(c, &cfg, &pc, avoid);
             b.fp = put_fp(&pc);
-            b.gen = conn_gen(c);
         }
-        if (!b.commit || !may_hold || !put_hold_take(&b)) {
+        bool fresh = false;
+        if (b.commit)
+            b.gen = conn_gen(c, &fresh);
+        if (!b.commit || !may_hold || !fresh || !put_hold_take(&b)) {
             rc = put_start(&b, &cfg);
             if (rc != KVP_OK)
                 goto out_all;
@@ -989,7 +1001,7 @@ static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys, con
  * any was. A put that found the pool, or its tenant's quota, full may find room then. */
 static bool put_holds_release(kvp_client_t *c)
 {
-    uint64_t gen = conn_gen(c);
+    uint64_t gen = conn_gen(c, NULL);
     if (kvp_holds_give_all(c->holds, gen) == 0)
         return false;
     uint64_t ids[COMMIT_KEYS_MAX];

@@ -57,6 +57,8 @@ typedef struct mc_conn {
     int refs; /* m->lock */
     bool broken;
     uint64_t rx_frames; /* m->lock: frames received so far */
+    uint64_t rx_ms;     /* m->lock: when the last one came (monotonic ms; 0: none yet) */
+    uint64_t gen;       /* m->stats.connects once it was opened */
     pthread_mutex_t send_lock;
 } mc_conn_t;
 
@@ -380,7 +382,7 @@ static kvp_status_t ensure_conn_locked(kvp_mconn_t *m, uint64_t deadline, bool f
         if (st != KVP_OK)
             return st;
         m->conn = c;
-        m->stats.connects++;
+        c->gen = ++m->stats.connects;
     }
     return KVP_OK;
 }
@@ -435,6 +437,16 @@ bool kvp_mconn_connected(kvp_mconn_t *m)
     bool up = m->conn != NULL;
     pthread_mutex_unlock(&m->lock);
     return up;
+}
+
+bool kvp_mconn_fresh(kvp_mconn_t *m, uint64_t max_age_ms, uint64_t *gen_p)
+{
+    pthread_mutex_lock(&m->lock);
+    mc_conn_t *c = m->conn;
+    bool fresh = c != NULL && !c->broken && c->rx_ms != 0 && mono_ms() - c->rx_ms <= max_age_ms;
+    *gen_p = c != NULL ? c->gen : 0;
+    pthread_mutex_unlock(&m->lock);
+    return fresh;
 }
 
 void kvp_mconn_stats(kvp_mconn_t *m, kvp_mconn_stats_t *out)
@@ -505,6 +517,7 @@ static kvp_status_t read_one_locked(kvp_mconn_t *m, mc_conn_t *c, uint64_t deadl
     if (h.status == 0)
         m->epoch_max = h.epoch; /* (a standby's refusal carries 0: it answers nothing) */
     c->rx_frames++;
+    c->rx_ms = mono_ms();
     waiter_t *w = m->waiters;
     while (w != NULL && !(w->id == h.request_id && w->conn == c))
         w = w->next;

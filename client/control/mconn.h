@@ -109,6 +109,11 @@ bool kvp_mconn_connected(kvp_mconn_t *m);
 /* Close the current connection (the next call opens another). */
 void kvp_mconn_disconnect(kvp_mconn_t *m);
 
+/* The current connection's generation (*gen_p: kvp_mconn_stats' connects when it opened; 0:
+ * none), and whether a frame came on it within the last max_age_ms: a master that answered
+ * that recently was alive then (false: none, broken, or quiet). */
+bool kvp_mconn_fresh(kvp_mconn_t *m, uint64_t max_age_ms, uint64_t *gen_p);
+
 /* Counters, for tests and stat: connections opened, replies dropped (their call had
  * timed out), calls in flight now. */
 typedef struct kvp_mconn_stats {

@@ -55,8 +55,8 @@ static uint8_t *pack_buf(size_t len)
 
 /* The mount request for our segment, packed into the thread's buffer, or (heap: on_ready,
  * which runs inside a call whose request is in the thread's buffer) a malloc'd one. */
-static kvp_status_t mount_pack(kvp_session_t *s, bool heap, bool adopting, uint8_t **body_p,
-                               size_t *len_p)
+static kvp_status_t mount_pack(kvp_session_t *s, bool heap, bool adopting, bool remount,
+                               uint8_t **body_p, size_t *len_p)
 {
     Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
     kvp_segment_describe(s->seg, &d);
@@ -64,6 +64,7 @@ static kvp_status_t mount_pack(kvp_session_t *s, bool heap, bool adopting, uint8
     req.client_id = s->client_id;
     req.segment = &d;
     req.adopting = adopting; /* its record is offered next (control/record_sync.c) */
+    req.remount = remount;   /* mounted before: no new replica for a moment (protocol.md) */
     req.tenant = s->tenant;
     uint8_t secret[KVP_PROVE_SECRET_LEN]; /* the master asks our server to prove it */
     kvp_segment_proof_secret(s->seg, secret);
@@ -151,7 +152,7 @@ static kvp_status_t on_ready(void *arg, kvp_mconn_t *m, kvp_chan_t *ch, bool fir
         /* even a first mount waits for its record stream (record_sync.c), so that no object
          * lands on the segment before its changes are streamed */
         bool adopting = true;
-        kvp_status_t st = mount_pack(s, true, adopting, &body, &len);
+        kvp_status_t st = mount_pack(s, true, adopting, !first, &body, &len);
         if (st == KVP_OK)
             st = kvp_mconn_ready_call(m, ch, KVP_RPC_MOUNT, body, len, &resp, &rlen);
         free(body);
@@ -239,7 +240,7 @@ kvp_status_t kvp_session_mount(kvp_session_t *s)
         return KVP_OK;
     uint8_t *body, *resp;
     size_t len, rlen;
-    kvp_status_t st = mount_pack(s, false, true, &body, &len);
+    kvp_status_t st = mount_pack(s, false, true, true, &body, &len);
     if (st == KVP_OK)
         st = kvp_mconn_call(s->mc, KVP_RPC_MOUNT, body, len, &resp, &rlen);
     if (st != KVP_OK)

@@ -82,7 +82,8 @@ void kvp_state_charge(void *arg, const kvp_object_t *obj, int sign)
         if (seg != NULL)
             charge_one(seg->ssd ? &t->ssd_bytes : &t->dram_bytes, obj->size, sign);
     }
-    charge_one(&t->objects, 1, sign);
+    if (!hold) /* (room, not an object: max-objects counts the key it becomes) */
+        charge_one(&t->objects, 1, sign);
 }
 
 unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n)

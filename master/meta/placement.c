@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/rand.h"
 #include "master/meta/placement.h"
 
@@ -70,7 +71,8 @@ static bool eligible(const kvp_segment_table_t *t, const kvp_replica_t *out, uns
 {
     if (seg == NULL || !kvp_segment_open(seg) || !tier_ok(seg, req) || !allowed(seg, req->tenant) ||
         (dedicated && !seg->dedicated) || chosen(out, n, seg->id) ||
-        (distinct_hosts && host_used(t, out, n, seg)))
+        (distinct_hosts && host_used(t, out, n, seg)) ||
+        (seg->quiet_until_ms != 0 && kvp_segment_quiet(seg, kvp_now_ms())))
         return false;
     for (unsigned e = 0; e < n_excl; e++)
         if (excluded[e] == seg->id)

@@ -53,6 +53,8 @@ kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *se
     /* bounded so that the pool's capacity (an eviction input) can never wrap */
     if (seg->size > KVP_SEGMENT_MAX_SIZE || table->capacity + seg->size > KVP_POOL_MAX_CAPACITY)
         return KVP_ERR_TOO_LARGE;
+    if (seg->quiet_until_ms > table->quiet_until_ms)
+        table->quiet_until_ms = seg->quiet_until_ms;
     uint32_t slot = 0;
     while (slot < table->n_slots && table->slots[slot] != NULL)
         slot++;

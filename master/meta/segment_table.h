@@ -39,8 +39,10 @@ typedef struct kvp_segment {
     uint64_t objects;       /* replicas stored here */
     uint64_t held;          /* ... of which holds' (PUT_COMMIT: room placed ahead, no object) */
     uint64_t held_bytes;    /* the room those take (each extent rounded to KVP_SEGMENT_ALIGN) */
-    bool draining;          /* no new replicas; the owner is asked to move objects away */
-    bool ssd;               /* medium "ssd": a file on its owner's disk (4 KiB extents) */
+    /* mounted again (MountRequest.remount): no new replica before this (kvp_now_ms; 0: none) */
+    uint64_t quiet_until_ms;
+    bool draining; /* no new replicas; the owner is asked to move objects away */
+    bool ssd;      /* medium "ssd": a file on its owner's disk (4 KiB extents) */
     bool dfs;      /* medium "dfs": a shard file in a shared directory (ssd is set too: a file tier;
                     * its own placement and capacity; docs/architecture.md "The DFS tier") */
     bool adopting; /* its owner is offering what it holds: no new replicas yet */
@@ -80,6 +82,7 @@ typedef struct kvp_segment_table {
     /* changes with every mount and unmount; starts random, so a client that knew
      * an earlier master's table never takes this one's for the same */
     uint64_t version;
+    uint64_t quiet_until_ms; /* the latest of its segments' (kvp_now_ms) */
     /* segments whose record changed since the server last wrote their streams (record.c) */
     bool records_dirty;
     /* object groups (meta/group.h): a grouped object's record carries its group id */
@@ -138,6 +141,20 @@ bool kvp_segment_table_has_tier(const kvp_segment_table_t *table, const kvp_obje
 static inline bool kvp_segment_open(const kvp_segment_t *seg)
 {
     return !seg->draining && !seg->adopting && !seg->orphan;
+}
+/*
+ * A segment mounted again takes no new replica for this long (kvp_segment_t.quiet_until_ms):
+ * a client uses room held ahead (PUT_COMMIT's holds) only while its master connection
+ * answered within 200 ms (client/object.c HOLD_FRESH_MS), so a write under a hold of the
+ * segment's earlier mount (a master that died, a hold revoked with a segment dropped) began
+ * before this mount, and one that took less than the rest of this lands before any new
+ * object is placed where it writes.
+ */
+#define KVP_REMOUNT_QUIET_MS 500u
+/* Does seg take no new replica yet, mounted again (now: kvp_now_ms)? */
+static inline bool kvp_segment_quiet(const kvp_segment_t *seg, uint64_t now)
+{
+    return seg->quiet_until_ms != 0 && now < seg->quiet_until_ms;
 }
 /* Has obj a replica on a draining segment? (No new bytes go there.) */
 bool kvp_segment_table_on_draining(const kvp_segment_table_t *table, const kvp_object_t *obj);

@@ -249,6 +249,13 @@ static kvp_status_t put_place(kvp_master_state_t *st, const kvp_placement_req_t 
         st->stats.lease_waits++;
         return KVP_ERR_POOL_BUSY;
     }
+    /* A segment mounted again takes nothing for a moment (segment_table.h): wait for it
+     * rather than evict elsewhere. */
+    if ((status == KVP_ERR_POOL_FULL || status == KVP_ERR_NO_SEGMENT) &&
+        st->segments.quiet_until_ms != 0 && kvp_now_ms() < st->segments.quiet_until_ms) {
+        st->stats.lease_waits++;
+        return KVP_ERR_POOL_BUSY;
+    }
     /* No room: evict this object's worth (policy order) and try again. Free bytes are
      * not a free extent: in a fragmented segment the freed space may be scattered, so
      * keep evicting until the object fits or nothing evictable is left. Eviction is of
@@ -298,6 +305,11 @@ static kvp_status_t put_create(kvp_master_state_t *st, uint64_t conn_id, const c
     kvp_placement_req_t r = *preq;
     r.size = size;
     if (hold != NULL) {
+        const kvp_tenant_t *t = &st->tenants.t[preq->tenant];
+        if (t->closed || (t->max_objects != 0 && t->objects + 1 > t->max_objects)) {
+            st->tenants.t[preq->tenant].refused_quota++;
+            return KVP_ERR_QUOTA; /* (the hold stays the writer's) */
+        }
         n = hold->n_replicas;
         memcpy(reps, hold->replicas, n * sizeof(reps[0]));
     } else {
@@ -1581,6 +1593,9 @@ kvp_status_t kvp_handle_get_size(kvp_call_t *call, ProtobufCMessage *req_msg)
  * turn (kvp_object_sweep). A pass visits the objects pending when it began (their count):
  * a closed connection adds none, later puts join the tail, none is put in the middle, and
  * one unlinked or replaced where the pass stands moves it on (the list's cursor).
+ * Its holds (PUT_COMMIT's room placed ahead) stay until their put timeout: a client that
+ * lost its connection may still be writing into one (it uses a hold only while its master
+ * answered within 200 ms), and nothing new may land there before those bytes have.
  */
 #define SWEEP_TURN 4096u
 
@@ -1590,7 +1605,7 @@ static void revoke_writer_now(kvp_master_state_t *st, uint64_t conn_id)
     unsigned revoked = 0;
     while (obj != NULL) {
         kvp_object_t *next = obj->lnext;
-        if (obj->writer_conn_id == conn_id) {
+        if (obj->writer_conn_id == conn_id && !(obj->flags & KVP_OBJ_F_HOLD)) {
             kvp_index_unlink(&st->index, obj);
             kvp_object_release(st, obj);
             revoked++;
@@ -1659,7 +1674,8 @@ void kvp_object_sweep(kvp_master_state_t *st)
         kvp_object_t *obj = l->cursor;
         l->cursor = obj->lnext;
         st->sweep_left--;
-        if (bsearch(&obj->writer_conn_id, st->closed_writers, st->n_sweeping,
+        if (!(obj->flags & KVP_OBJ_F_HOLD) &&
+            bsearch(&obj->writer_conn_id, st->closed_writers, st->n_sweeping,
                     sizeof(*st->closed_writers), cmp_conn) != NULL) {
             kvp_index_unlink(&st->index, obj);
             kvp_object_release(st, obj);

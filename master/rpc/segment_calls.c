@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clock.h"
 #include "common/grant.h"
 #include "common/log.h"
 #include "common/macros.h"
@@ -151,6 +152,8 @@ static kvp_segment_t *segment_new(const kvp_call_t *call, const Kvpool__MountReq
     seg->ssd = seg->dfs || strcmp(d->medium, "ssd") == 0;
     seg->adopting = req->adopting;
     seg->mounted_ms = st->now_ms;
+    if (req->remount) /* bytes under the earlier mount's holds may still come */
+        seg->quiet_until_ms = kvp_now_ms() + KVP_REMOUNT_QUIET_MS;
     /* with data grants the owner needs the record's put ends even with --segment-records
      * off (they end write grants); then its offers are refused (record_calls.c): nothing adopted */
     seg->record = !seg->ssd && (st->config.segment_records || st->grants_on);

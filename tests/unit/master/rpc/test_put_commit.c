@@ -166,17 +166,18 @@ static void test_every_end_frees_the_room(void **state)
     svc_msg_free(
         svc_call(st, C2, KVP_RPC_PUT_COMMIT, &req.base, &kvpool__put_commit_response__descriptor));
     assert_int_equal(st->holds, 1);
+    /* a closed connection's holds stay until their put timeout (its writer may still be
+     * writing into them), and nobody can commit them meanwhile */
+    hold(st, C2, 1, ids + 1);
     kvp_object_conn_closed(st, C2);
-    assert_int_equal(st->holds, 0);
-    assert_int_equal(kvp_segment_table_used(&st->segments), 0);
-
-    hold(st, C2, 2, ids);
+    assert_int_equal(st->holds, 2);
+    assert_int_equal(commit1(st, C2 + 10, "late", ids[2], OBJ, 1), KVP_ERR_NOT_FOUND);
     st->now_ms += st->config.put_timeout_ms + 1;
     kvp_expire_puts(st);
     assert_int_equal(st->holds, 0);
     assert_int_equal(kvp_segment_table_used(&st->segments), 0);
     assert_int_equal(commit1(st, C2, "late", ids[0], OBJ, 1), KVP_ERR_NOT_FOUND);
-    assert_int_equal(st->stats.holds_gone, 1);
+    assert_int_equal(st->stats.holds_gone, 2);
 
     hold(st, C2, 2, ids);
     Kvpool__DrainRequest dr = KVPOOL__DRAIN_REQUEST__INIT;
@@ -223,6 +224,40 @@ static void test_bounds(void **state)
     assert_int_equal(st->holds, before);
 }
 
+/* A segment mounted again (its master restarted, its owner's connection broke) takes no new
+ * replica for a moment: bytes under its earlier mount's holds may still land. A put then waits
+ * (POOL_BUSY: the client asks again), it does not evict elsewhere; afterwards it is placed. */
+static void test_a_remounted_segment_is_quiet_a_moment(void **state)
+{
+    kvp_master_state_t *st = *state;
+    Kvpool__SegmentDesc d = KVPOOL__SEGMENT_DESC__INIT;
+    d.name = (char *)"seg";
+    d.medium = (char *)"dram";
+    d.size = SEG;
+    d.host_id = (char *)"h1";
+    d.tcp_endpoint = (char *)"10.0.0.1:7000";
+    d.shm_path = (char *)"/dev/shm/kvp-seg";
+    d.rdma_endpoint = (char *)"";
+    Kvpool__MountRequest req = KVPOOL__MOUNT_REQUEST__INIT;
+    req.client_id = 1001;
+    req.segment = &d;
+    req.remount = true;
+    Kvpool__MountResponse *mr =
+        svc_call(st, C1, KVP_RPC_MOUNT, &req.base, &kvpool__mount_response__descriptor);
+    assert_int_equal(mr->status, KVP_OK);
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, mr->segment_id);
+    svc_msg_free(mr);
+    assert_non_null(seg);
+    assert_true(seg->quiet_until_ms != 0);
+    assert_int_equal(put1(st, C2, "k", OBJ, NULL), KVP_ERR_POOL_BUSY);
+    Kvpool__PutCommitResponse *r = commit(st, C2, NULL, NULL, NULL, NULL, 0, 4, OBJ);
+    assert_int_equal(r->n_holds, 0); /* no hold there either */
+    svc_msg_free(r);
+    seg->quiet_until_ms = 1; /* (its moment passed) */
+    st->segments.quiet_until_ms = 1;
+    assert_int_equal(put1(st, C2, "k", OBJ, NULL), KVP_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,6 +266,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refusals_and_unwritten, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_end_frees_the_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bounds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_remounted_segment_is_quiet_a_moment, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests_name("put_commit", tests, NULL, NULL);
 }
