@@ -1113,15 +1113,14 @@ static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const
         for (size_t i = 0; i < n && rc == KVP_OK; i++)
             rc = results[i];
     }
-    /* no room: the holds this client keeps may be what fills (or cuts up) the pool or its
-     * quota */
+    /* no room: the holds this client keeps may be what fills (or cuts up) the pool. (Not
+     * for a quota: a tenant's holds take at most an eighth of it, none in its last eighth,
+     * and a put refused by it is refused once.) */
     size_t nf = 0;
     for (size_t i = 0; rc != KVP_OK && i < n; i++)
-        nf += results[i] == KVP_ERR_POOL_FULL || results[i] == KVP_ERR_QUOTA ||
-              results[i] == KVP_ERR_POOL_BUSY;
+        nf += results[i] == KVP_ERR_POOL_FULL || results[i] == KVP_ERR_POOL_BUSY;
     if (nf > 0 && put_holds_release(c)) {
         put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_POOL_FULL);
-        put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_QUOTA);
         put_again(c, keys, src, n, config, results, replicas_written, KVP_ERR_POOL_BUSY);
         rc = KVP_OK;
         nb = 0;

@@ -71,7 +71,11 @@ void kvp_state_charge(void *arg, const kvp_object_t *obj, int sign)
                 charge_one(&st->tenants.t[obj->tenant].held_bytes, obj->size, sign);
         }
     }
-    if (obj->tenant >= st->tenants.n)
+    if (hold && obj->tenant < st->tenants.n)
+        charge_one(&st->tenants.t[obj->tenant].holds, 1, sign);
+    /* ... and apart for its tenant: held_bytes only (its quota counts them, its usage, share
+     * and objects do not) */
+    if (hold || obj->tenant >= st->tenants.n)
         return;
     kvp_tenant_t *t = &st->tenants.t[obj->tenant];
     for (unsigned i = 0; i < obj->n_replicas; i++) {
@@ -82,8 +86,7 @@ void kvp_state_charge(void *arg, const kvp_object_t *obj, int sign)
         if (seg != NULL)
             charge_one(seg->ssd ? &t->ssd_bytes : &t->dram_bytes, obj->size, sign);
     }
-    if (!hold) /* (room, not an object: max-objects counts the key it becomes) */
-        charge_one(&t->objects, 1, sign);
+    charge_one(&t->objects, 1, sign);
 }
 
 unsigned kvp_state_media(const kvp_master_state_t *st, const kvp_replica_t *reps, unsigned n)

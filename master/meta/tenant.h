@@ -26,7 +26,8 @@ typedef struct kvp_tenant {
     uint64_t dram_bytes; /* object bytes x DRAM replicas */
     uint64_t ssd_bytes;  /* object bytes x SSD replicas */
     uint64_t objects;    /* objects in the index (PENDING ones included) */
-    uint64_t held_bytes; /* of dram_bytes: its holds' (PUT_COMMIT's room placed ahead) */
+    uint64_t held_bytes; /* its holds' (PUT_COMMIT's room placed ahead), apart from dram_bytes */
+    uint64_t holds;      /* ... how many (apart from objects) */
     /* from the ACL's [tenant NAME] section: 0 = no quota / the default share */
     uint64_t max_dram, max_ssd, max_objects;
     uint32_t share_permille;
@@ -82,10 +83,12 @@ uint16_t kvp_tenant_of_key(kvp_tenant_table_t *tt, const char *key, size_t len);
  * separator); 0: none (a key of the default tenant as its user gave it). */
 size_t kvp_tenant_prefix_len(const char *key, size_t len);
 
-/* Do `bytes` more of DRAM fit t's max-dram (0: no quota)? Admission (closed) apart. */
+/* Do `bytes` more of DRAM fit t's max-dram (0: no quota)? Its objects and the room its holds
+ * take count. Admission (closed) apart. */
 static inline bool kvp_tenant_dram_fits(const kvp_tenant_t *t, uint64_t bytes)
 {
-    return t->max_dram == 0 || (bytes <= t->max_dram && t->dram_bytes <= t->max_dram - bytes);
+    uint64_t used = t->dram_bytes + t->held_bytes;
+    return t->max_dram == 0 || (bytes <= t->max_dram && used <= t->max_dram - bytes);
 }
 
 /* The user's part of a stored key (after its tenant's prefix, if any). */

@@ -314,7 +314,8 @@ static kvp_status_t put_create(kvp_master_state_t *st, uint64_t conn_id, const c
         memcpy(reps, hold->replicas, n * sizeof(reps[0]));
     } else {
         if (over_quota(st, preq, size) != NULL) {
-            st->tenants.t[preq->tenant].refused_quota++;
+            if (!is_hold) /* (room ahead refused is no put refused) */
+                st->tenants.t[preq->tenant].refused_quota++;
             return KVP_ERR_QUOTA;
         }
         /* no DFS room for it: refused before DRAM evicts anything for its memory replicas */
@@ -1184,8 +1185,11 @@ static bool hold_room(const kvp_master_state_t *st, const kvp_tenant_t *t, uint6
 {
     if (st->held_bytes + need > pool_max)
         return false;
-    if (t->max_dram != 0 && (t->held_bytes + need > t->max_dram / HOLD_QUOTA_SHARE ||
-                             t->dram_bytes + need > t->max_dram - t->max_dram / HOLD_QUOTA_SHARE))
+    if (t->max_dram != 0 &&
+        (t->held_bytes + need > t->max_dram / HOLD_QUOTA_SHARE ||
+         t->dram_bytes + t->held_bytes + need > t->max_dram - t->max_dram / HOLD_QUOTA_SHARE))
+        return false;
+    if (t->max_objects != 0 && t->objects + t->holds + 1 > t->max_objects - t->max_objects / 8)
         return false;
     uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
     uint64_t used = kvp_segment_table_used_tier(&st->segments, false);
