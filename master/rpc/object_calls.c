@@ -1064,8 +1064,9 @@ kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
  * so it is visible when the answer goes, never before.
  */
 #define HOLD_ASK_MAX 1024u    /* holds one answer hands out, at most */
-#define HOLD_POOL_SHARE 16u   /* holds take 1/16 of the DRAM tier at most, all connections' */
+#define HOLD_POOL_SHARE 64u   /* holds take 1/64 of the DRAM tier at most, all connections' */
 #define HOLD_QUOTA_SHARE 8u   /* ... and 1/8 of a tenant's DRAM quota, when it has one */
+#define HOLD_EVICT_SHARE 512u /* ... and 1/512 of it, when holding takes evicting */
 #define COMMIT_KEYS_MAX 1024u /* keys one PUT_COMMIT names, at most (one turn's work) */
 #define HOLD_KEY_LEN 17
 
@@ -1193,7 +1194,11 @@ static bool hold_room(const kvp_master_state_t *st, const kvp_tenant_t *t, uint6
         return false;
     uint64_t cap = kvp_segment_table_capacity_tier(&st->segments, false);
     uint64_t used = kvp_segment_table_used_tier(&st->segments, false);
-    return st->config.evict || used + need + cap / HOLD_QUOTA_SHARE <= cap;
+    if (!st->config.evict)
+        return used + need + cap / HOLD_QUOTA_SHARE <= cap;
+    /* A hold that evicts takes a cached object out one batch early (before the gets of the
+     * writer's next request, which may hit it): room held by evicting stays a sliver. */
+    return used + need <= cap || st->held_bytes + need <= cap / HOLD_EVICT_SHARE;
 }
 
 /* The holds hr asks for, into the answer (fewer, with why in its message, when the pool

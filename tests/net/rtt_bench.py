@@ -6,7 +6,7 @@ client host to the owner host, at each added RTT: none (the bare veth), then 0, 
 proxy's own copy costs). Prints one JSON line per point and a markdown table; with
 --json FILE writes the lines there too.
 
-Then a put's latency at a real round trip (issue 67, "a put in one round trip"): at each
+Then a put's latency at a real round trip (docs/architecture.md "A put in one round trip"): at each
 added RTT of --latency-rtts-us (100 us and 1 ms), 4 KiB x 32 put and get batches, the p50 of
 a put with room held ahead (one master call: PUT_COMMIT) and without (KVPOOL_PUT_AHEAD=off:
 PutStart and PutEnd), plain and with TLS 1.3 and data grants (its own master and owner,

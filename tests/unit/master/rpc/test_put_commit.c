@@ -191,7 +191,7 @@ static void test_every_end_frees_the_room(void **state)
     assert_int_equal(kvp_segment_table_used(&st->segments), 0);
 }
 
-/* What one request can take: 1024 holds at most, room held a 16th of the pool at most, none in
+/* What one request can take: 1024 holds at most, room held a 64th of the pool at most, none in
  * the last eighth of a pool that does not evict; a request past the bounds is refused whole. */
 static void test_bounds(void **state)
 {
@@ -201,9 +201,9 @@ static void test_bounds(void **state)
     assert_int_equal(r->n_holds, 1024);
     svc_msg_free(r);
     r = commit(st, C3, NULL, NULL, NULL, NULL, 0, 1024, 1u << 20);
-    assert_true(r->n_holds < 4); /* 4 MiB of 64 MiB, of which 64 KiB is already held */
+    assert_int_equal(r->n_holds, 0); /* 1 MiB of 64 MiB, of which 64 KiB is already held */
     assert_true(strstr(r->message, "room held ahead is at its bound") != NULL);
-    assert_true(st->held_bytes <= SEG / 16);
+    assert_true(st->held_bytes <= SEG / 64);
     svc_msg_free(r);
 
     const char *keys[1025];
@@ -222,6 +222,26 @@ static void test_bounds(void **state)
     assert_int_equal(r->n_holds, 0);
     svc_msg_free(r);
     assert_int_equal(st->holds, before);
+}
+
+/* In a full cache a hold is placed by evicting: then room held ahead stays a sliver, 1/512 of
+ * the DRAM tier (a hold that evicts takes a cached object out one batch early). */
+static void test_a_full_cache_holds_a_sliver(void **state)
+{
+    kvp_master_state_t *st = *state;
+    st->config.evict = true;
+    assert_int_equal(mount_seg(st, C1, "seg", "h1", 2u << 20, NULL), KVP_OK);
+    char key[32];
+    for (int i = 0; i < 512; i++) { /* full: 512 objects of 4 KiB */
+        snprintf(key, sizeof(key), "o%d", i);
+        assert_int_equal(put1(st, C2, key, OBJ, NULL), KVP_OK);
+        assert_int_equal(end1(st, C2, key, 1), KVP_OK);
+    }
+    Kvpool__PutCommitResponse *r = commit(st, C2, NULL, NULL, NULL, NULL, 0, 4, OBJ);
+    assert_int_equal(r->n_holds, 1); /* 4 KiB: 1/512 of 2 MiB */
+    assert_true(strstr(r->message, "room held ahead is at its bound") != NULL);
+    svc_msg_free(r);
+    assert_int_equal(stat_get(st).objects, 511); /* one evicted for it */
 }
 
 /* A segment mounted again (its master restarted, its owner's connection broke) takes no new
@@ -266,6 +286,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refusals_and_unwritten, setup, teardown),
         cmocka_unit_test_setup_teardown(test_every_end_frees_the_room, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bounds, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_a_full_cache_holds_a_sliver, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_remounted_segment_is_quiet_a_moment, setup,
                                         teardown),
     };
