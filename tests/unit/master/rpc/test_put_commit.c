@@ -33,7 +33,8 @@ static Kvpool__PutCommitResponse *commit(kvp_master_state_t *st, uint64_t conn,
                                          const uint64_t *sizes, const uint32_t *masks, size_t n,
                                          uint32_t want, uint64_t size)
 {
-    uint32_t crcs[16] = {0};
+    uint32_t *crcs = calloc(n + 1, sizeof(*crcs));
+    assert_non_null(crcs);
     Kvpool__PutCommitRequest req = KVPOOL__PUT_COMMIT_REQUEST__INIT;
     req.keys = svc_keys(keys, n);
     req.n_keys = n;
@@ -50,8 +51,10 @@ static Kvpool__PutCommitResponse *commit(kvp_master_state_t *st, uint64_t conn,
     hr.size = size;
     if (want > 0)
         req.hold = &hr;
-    return svc_call(st, conn, KVP_RPC_PUT_COMMIT, &req.base,
-                    &kvpool__put_commit_response__descriptor);
+    Kvpool__PutCommitResponse *r =
+        svc_call(st, conn, KVP_RPC_PUT_COMMIT, &req.base, &kvpool__put_commit_response__descriptor);
+    free(crcs);
+    return r;
 }
 
 /* n holds of OBJ bytes for conn into ids[]. */
