@@ -794,8 +794,14 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     req.group_ids = b->gp != NULL ? kvp_scratch_alloc(m * sizeof(*req.group_ids)) : NULL;
     kvp_hold_t *back = b->holds != NULL ? kvp_scratch_alloc(m * sizeof(*back)) : NULL;
     if (!pos || !rev || !req.keys || !req.holds || !req.crc32c || !req.written_mask || !req.sizes ||
-        (b->gp != NULL && !req.group_ids) || (b->holds != NULL && !back))
-        return b->holds != NULL; /* (held: what it held comes back at the put timeout) */
+        (b->gp != NULL && !req.group_ids) || (b->holds != NULL && !back)) {
+        if (b->holds == NULL)
+            return false;              /* (put_finish ends it the classic way) */
+        for (size_t j = 0; j < m; j++) /* never committed: none of them is stored */
+            if (b->st[b->idx[j]] == KVP_OK)
+                b->st[b->idx[j]] = KVP_ERR_NOMEM;
+        return true; /* (what it held comes back at the put timeout) */
+    }
     size_t nr, ne = commit_keys(b, &req, pos, rev, &nr);
     Kvpool__PutConfig pc;
     uint64_t avoid[KVP_PEERS_SUSPECTS];

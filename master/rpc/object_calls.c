@@ -1058,10 +1058,10 @@ kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
  * (docs/architecture.md "A put in one round trip"). A hold is a PENDING object of the
  * caller's connection under a key no request can name (a NUL first: no wire key has one,
  * and the connection's id): placed, charged to the tenant, evicted for and timed out as a
- * put's, revoked with its connection. A key committed with a hold takes the hold's extents
- * as a PutStart would have placed them (the same checks on the key: EXISTS, PENDING, an
- * upsert's group) and ends as PutEnd ends it, in the same turn: the writer's bytes are in,
- * so it is visible when the answer goes, never before.
+ * put's (not revoked with its connection: kvp_object_conn_closed). A key committed with a hold
+ * takes the hold's extents as a PutStart would have placed them (the same checks on the key:
+ * EXISTS, PENDING, an upsert's group) and ends as PutEnd ends it, in the same turn: the writer's
+ * bytes are in, so it is visible when the answer goes, never before.
  */
 #define HOLD_ASK_MAX 1024u    /* holds one answer hands out, at most */
 #define HOLD_POOL_SHARE 64u   /* holds take 1/64 of the DRAM tier at most, all connections' */
