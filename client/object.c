@@ -278,13 +278,6 @@ static uint32_t pieces_crc(const pieces_t *p, size_t i)
     return crc;
 }
 
-/*
- * Append the ops moving the first `len` bytes of object i's pieces to or from `peer` at
- * `offset` (the extent's, plus where a range starts): one op per piece not empty, at the
- * running offset, all in group `grp_id`, each with its piece's memory from mems (NULL: the
- * engine finds it). The caller's reference on peer goes to the first op; each further op
- * takes its own. Returns the new op count.
- */
 /* rep's grant in an answer with descriptors segs: its own, or its extent of the grant set
  * its segment's descriptor carries (a set whose length disagrees with its count, or an index
  * past it: none, and the owner refuses the request). */
@@ -295,18 +288,20 @@ static kvp_xfer_grant_t rep_grant(const Kvpool__Replica *rep, Kvpool__SegmentDes
     if (g.one != NULL || rep->grant_set == 0 || rep->grant_set > n_segs)
         return g;
     const ProtobufCBinaryData *b = &segs[rep->grant_set - 1]->grant_set;
-    kvp_grant_set_hdr_t h;
-    if (b->len < sizeof(h))
-        return g;
-    memcpy(&h, b->data, sizeof(h));
-    if (h.count == 0 || h.count > KVP_GRANT_SET_MAX || b->len != kvp_grant_set_len(h.count) ||
-        rep->grant_index >= h.count)
+    if (rep->grant_index >= kvp_grant_set_count(b->data, b->len))
         return g;
     g.set = b->data;
     g.index = rep->grant_index;
     return g;
 }
 
+/*
+ * Append the ops moving the first `len` bytes of object i's pieces to or from `peer` at
+ * `offset` (the extent's, plus where a range starts): one op per piece not empty, at the
+ * running offset, all in group `grp_id`, each with its piece's memory from mems (NULL: the
+ * engine finds it). The caller's reference on peer goes to the first op; each further op
+ * takes its own. Returns the new op count.
+ */
 static size_t add_piece_ops(kvp_xfer_op_t *ops, size_t *grp, size_t k, size_t grp_id,
                             kvp_xfer_kind_t kind, const pieces_t *p, size_t i, uint64_t offset,
                             uint64_t len, kvp_peer_t *peer, bool want_crc,
@@ -572,6 +567,7 @@ static bool put_hold_take(put_batch_t *b)
         b->holds = NULL;
         return false;
     }
+    /* (from here the batch's holds are let go of in put_finish, after its commit) */
     size_t nrep = 0;
     for (size_t j = 0; j < m; j++)
         nrep += b->holds[j].n_replicas;
@@ -582,6 +578,7 @@ static bool put_hold_take(put_batch_t *b)
     Kvpool__Replica **pp = kvp_scratch_alloc(nrep * sizeof(*pp));
     if (!sr || !res || !rp || !reps || !pp) {
         kvp_holds_put_back(b->c->holds, b->fp, b->gen, b->holds, m);
+        kvp_holds_release(b->holds, m);
         b->holds = NULL;
         return false;
     }
@@ -597,9 +594,7 @@ static bool put_hold_take(put_batch_t *b)
             kvpool__replica__init(&reps[k]);
             reps[k].segment_id = h->reps[q].segment_id;
             reps[k].offset = h->reps[q].offset;
-            reps[k].length = h->size;
-            reps[k].grant.data = h->reps[q].grant;
-            reps[k].grant.len = h->reps[q].grant_len;
+            reps[k].length = h->size; /* (its write grant: hold_grant) */
             pp[k] = &reps[k];
         }
         rp[j] = &res[j];
@@ -608,6 +603,14 @@ static bool put_hold_take(put_batch_t *b)
     sr->n_results = m;
     b->sr = sr;
     return true;
+}
+
+/* Replica q of hold h's write grant: its own, or its extent of the set it keeps. */
+static kvp_xfer_grant_t hold_grant(const kvp_hold_t *h, size_t q)
+{
+    if (h->reps[q].set != NULL)
+        return (kvp_xfer_grant_t){.set = h->reps[q].set->data, .index = h->reps[q].set_index};
+    return (kvp_xfer_grant_t){.one = h->reps[q].grant_len ? h->reps[q].grant : NULL};
 }
 
 /* One op per replica and piece (each piece lands at its running offset in the extent); each
@@ -652,9 +655,12 @@ static kvp_status_t put_plan(put_batch_t *b)
             kvp_peer_t *peer = kvp_peers_get(&b->c->peers, r->replicas[q]->segment_id);
             if (peer == NULL)
                 continue; /* an unknown segment: that replica is not written */
+            kvp_xfer_grant_t g = b->holds != NULL
+                                     ? hold_grant(&b->holds[j], q)
+                                     : rep_grant(r->replicas[q], sr->segments, sr->n_segments);
             b->k = add_piece_ops(b->ops, b->op_grp, b->k, j * REPLICAS_MAX + q, KVP_XFER_WRITE,
                                  b->src, i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu,
-                                 b->mems, rep_grant(r->replicas[q], sr->segments, sr->n_segments));
+                                 b->mems, g);
         }
     }
     return rc;
@@ -840,7 +846,8 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     if (rc == KVP_OK) {
         kvp_peers_update(&c->peers, cr->segments, cr->n_segments);
         if (conn_gen(c, NULL) == gen) /* (else they may be a closed connection's) */
-            kvp_holds_add(c->holds, b->fp, gen, cr->holds, cr->n_holds, cr->put_timeout_ms);
+            kvp_holds_add(c->holds, b->fp, gen, cr->holds, cr->n_holds, cr->segments,
+                          cr->n_segments, cr->put_timeout_ms);
         if (cr->n_holds < hr.count && cr->message != NULL && cr->message[0] != '\0')
             KVP_LOG_DEBUG("put: %zu of %u holds: %s", cr->n_holds, hr.count, cr->message);
         kvp_holds_put_back(c->holds, b->fp, b->gen, back, nb);
@@ -852,8 +859,10 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
 /* PutEnd for keys fully written, PutRevoke for the rest of what started (or PUT_COMMIT). */
 static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *replicas_written)
 {
-    if (b->commit && put_commit(b, cfg, replicas_written))
+    if (b->commit && put_commit(b, cfg, replicas_written)) {
+        kvp_holds_release(b->holds, b->m); /* (their writes are over; kept ones referenced) */
         return;
+    }
     size_t m = b->m;
     size_t *end_idx = kvp_scratch_alloc(m * sizeof(*end_idx));
     size_t *rev_idx = kvp_scratch_alloc(m * sizeof(*rev_idx));

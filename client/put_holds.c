@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/clock.h"
+#include "common/grant.h"
 #include "common/macros.h"
 
 #define HOLD_CLASSES 4
@@ -43,6 +44,37 @@ struct kvp_holds {
     size_t n_gone;
 };
 
+static kvp_hold_t *at(hold_class_t *c, size_t i);
+
+/* ---- grant sets: one reference per hold value that names one ---- */
+
+static void hold_ref(const kvp_hold_t *x)
+{
+    for (uint32_t q = 0; q < x->n_replicas; q++)
+        if (x->reps[q].set != NULL)
+            atomic_fetch_add_explicit(&x->reps[q].set->refs, 1, memory_order_relaxed);
+}
+
+static void set_unref(kvp_hold_set_t *set)
+{
+    if (set != NULL && atomic_fetch_sub_explicit(&set->refs, 1, memory_order_acq_rel) == 1)
+        free(set);
+}
+
+static void hold_unref(kvp_hold_t *x)
+{
+    for (uint32_t q = 0; q < x->n_replicas; q++) {
+        set_unref(x->reps[q].set);
+        x->reps[q].set = NULL;
+    }
+}
+
+void kvp_holds_release(kvp_hold_t *hs, size_t n)
+{
+    for (size_t i = 0; hs != NULL && i < n; i++)
+        hold_unref(&hs[i]);
+}
+
 kvp_holds_t *kvp_holds_create(uint32_t max_holds, uint64_t max_bytes)
 {
     kvp_holds_t *h = calloc(1, sizeof(*h));
@@ -59,8 +91,11 @@ void kvp_holds_destroy(kvp_holds_t *h)
 {
     if (h == NULL)
         return;
-    for (size_t c = 0; c < HOLD_CLASSES; c++)
+    for (size_t c = 0; c < HOLD_CLASSES; c++) {
+        for (size_t i = 0; i < h->cls[c].n; i++)
+            hold_unref(at(&h->cls[c], i));
         free(h->cls[c].ring);
+    }
     pthread_mutex_destroy(&h->lock);
     free(h);
 }
@@ -96,8 +131,11 @@ static void note_gone(kvp_holds_t *h, uint64_t id)
 /* c emptied; give: its holds are given back (else their connection is gone with them). */
 static void class_clear(kvp_holds_t *h, hold_class_t *c, bool give)
 {
-    for (size_t i = 0; give && i < c->n; i++)
-        note_gone(h, at(c, i)->id);
+    for (size_t i = 0; i < c->n; i++) {
+        if (give)
+            note_gone(h, at(c, i)->id);
+        hold_unref(at(c, i));
+    }
     if (!give)
         h->dropped += c->n;
     h->n -= c->n;
@@ -168,6 +206,7 @@ static void push_locked(kvp_holds_t *h, const kvp_hold_t *hold)
         note_gone(h, hold->id);
         return;
     }
+    hold_ref(hold); /* (the caller's copy keeps its own) */
     *at(c, c->n++) = *hold;
     h->n++;
     h->bytes += hold->size;
@@ -178,6 +217,7 @@ static void expire(kvp_holds_t *h, hold_class_t *c, uint64_t now)
 {
     while (c->n > 0 && at(c, 0)->usable_until_ms <= now) {
         note_gone(h, at(c, 0)->id);
+        hold_unref(at(c, 0));
         c->head = (c->head + 1) % c->cap;
         c->n--;
         h->n--;
@@ -234,40 +274,78 @@ void kvp_holds_put_back(kvp_holds_t *h, uint64_t fp, uint64_t gen, const kvp_hol
     pthread_mutex_unlock(&h->lock);
 }
 
+/* Descriptor d's grant set (1-based, as a replica names it) as a kept copy, made at its first
+ * use (sets[d - 1]; one reference: the answer's, let go of by kvp_holds_add); NULL: none or
+ * not a well-formed set (that replica is not held). */
+static kvp_hold_set_t *answer_set(Kvpool__SegmentDesc *const *segs, size_t n_segs,
+                                  kvp_hold_set_t **sets, uint32_t d, uint32_t index)
+{
+    if (d == 0 || d > n_segs || segs[d - 1] == NULL)
+        return NULL;
+    if (sets[d - 1] == NULL) {
+        const ProtobufCBinaryData *b = &segs[d - 1]->grant_set;
+        uint32_t count = kvp_grant_set_count(b->data, b->len);
+        kvp_hold_set_t *set = count > 0 ? malloc(sizeof(*set) + b->len) : NULL;
+        if (set == NULL)
+            return NULL;
+        atomic_init(&set->refs, 1);
+        set->count = count;
+        memcpy(set->data, b->data, b->len);
+        sets[d - 1] = set;
+    }
+    return index < sets[d - 1]->count ? sets[d - 1] : NULL;
+}
+
+/* w as a hold kept here (its grant sets named, not referenced yet); false: malformed. */
+static bool hold_from(const Kvpool__Hold *w, Kvpool__SegmentDesc *const *segs, size_t n_segs,
+                      kvp_hold_set_t **sets, uint64_t until, kvp_hold_t *hold)
+{
+    if (w == NULL || w->id == 0 || w->size == 0 || w->n_replicas == 0 ||
+        w->n_replicas > KVP_HOLD_REPLICAS_MAX)
+        return false;
+    *hold = (kvp_hold_t){.id = w->id, .size = w->size, .usable_until_ms = until};
+    hold->n_replicas = (uint32_t)w->n_replicas;
+    for (size_t q = 0; q < w->n_replicas; q++) {
+        const Kvpool__Replica *r = w->replicas[q];
+        if (r == NULL || r->length != w->size ||
+            (r->grant.len != 0 && r->grant.len != KVP_HOLD_GRANT_LEN))
+            return false;
+        hold->reps[q].segment_id = r->segment_id;
+        hold->reps[q].offset = r->offset;
+        hold->reps[q].grant_len = (uint32_t)r->grant.len;
+        if (r->grant.len > 0) {
+            memcpy(hold->reps[q].grant, r->grant.data, r->grant.len);
+        } else if (r->grant_set != 0) {
+            hold->reps[q].set = answer_set(segs, n_segs, sets, r->grant_set, r->grant_index);
+            hold->reps[q].set_index = r->grant_index;
+            if (hold->reps[q].set == NULL)
+                return false;
+        }
+    }
+    return true;
+}
+
 void kvp_holds_add(kvp_holds_t *h, uint64_t fp, uint64_t gen, Kvpool__Hold *const *holds, size_t n,
-                   uint32_t put_timeout_ms)
+                   Kvpool__SegmentDesc *const *segs, size_t n_segs, uint32_t put_timeout_ms)
 {
     uint64_t until = kvp_now_ms() + put_timeout_ms / 2;
+    kvp_hold_set_t *small[16] = {0}, **sets = small;
+    if (n_segs > KVP_ARRAY_SIZE(small) && (sets = calloc(n_segs, sizeof(*sets))) == NULL)
+        n_segs = 0; /* (no memory: holds whose grants are in sets are dropped) */
     pthread_mutex_lock(&h->lock);
     bind_locked(h, fp, gen);
     for (size_t i = 0; i < n; i++) {
-        const Kvpool__Hold *w = holds[i];
-        if (w == NULL || w->id == 0 || w->size == 0 || w->n_replicas == 0 ||
-            w->n_replicas > KVP_HOLD_REPLICAS_MAX) {
-            h->dropped++;
-            continue;
-        }
-        kvp_hold_t hold = {.id = w->id, .size = w->size, .usable_until_ms = until};
-        hold.n_replicas = (uint32_t)w->n_replicas;
-        bool good = true;
-        for (size_t q = 0; q < w->n_replicas; q++) {
-            const Kvpool__Replica *r = w->replicas[q];
-            good &= r != NULL && r->length == w->size &&
-                    (r->grant.len == 0 || r->grant.len == KVP_HOLD_GRANT_LEN);
-            if (!good)
-                break;
-            hold.reps[q].segment_id = r->segment_id;
-            hold.reps[q].offset = r->offset;
-            hold.reps[q].grant_len = (uint32_t)r->grant.len;
-            if (r->grant.len > 0)
-                memcpy(hold.reps[q].grant, r->grant.data, r->grant.len);
-        }
-        if (good)
-            push_locked(h, &hold);
+        kvp_hold_t hold;
+        if (hold_from(holds[i], segs, n_segs, sets, until, &hold))
+            push_locked(h, &hold); /* (takes its references) */
         else
             h->dropped++;
     }
     pthread_mutex_unlock(&h->lock);
+    for (size_t d = 0; d < n_segs; d++)
+        set_unref(sets[d]); /* the answer's reference */
+    if (sets != small)
+        free(sets);
 }
 
 void kvp_holds_drop_segment(kvp_holds_t *h, uint64_t segment_id)
@@ -283,6 +361,7 @@ void kvp_holds_drop_segment(kvp_holds_t *h, uint64_t segment_id)
                 on |= x->reps[q].segment_id == segment_id;
             if (on) {
                 note_gone(h, x->id);
+                hold_unref(x);
                 h->n--;
                 h->bytes -= c->size;
                 continue;

@@ -14,6 +14,7 @@
 #ifndef KVP_CLIENT_PUT_HOLDS_H
 #define KVP_CLIENT_PUT_HOLDS_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,7 +24,17 @@
 #define KVP_HOLD_REPLICAS_MAX 8
 #define KVP_HOLD_GRANT_LEN 80
 
-/* One hold, as this client keeps it. */
+/* A grant set of a PUT_COMMIT answer (common/grant.h: the header, then its extents, as the
+ * master sealed it for one segment), kept while a hold names one of its extents: every
+ * kvp_hold_t value that names it holds a reference. */
+typedef struct kvp_hold_set {
+    _Atomic uint32_t refs;
+    uint32_t count; /* its extents */
+    uint8_t data[];
+} kvp_hold_set_t;
+
+/* One hold, as this client keeps it. Its replicas' write grants: extents of grant sets
+ * (data grants on: one MAC a segment an answer), or a grant of its own each. */
 typedef struct kvp_hold {
     uint64_t id;
     uint64_t size;
@@ -32,7 +43,9 @@ typedef struct kvp_hold {
     struct {
         uint64_t segment_id;
         uint64_t offset;
-        uint32_t grant_len; /* 0 or KVP_HOLD_GRANT_LEN */
+        kvp_hold_set_t *set; /* its grant's set (a reference), or NULL */
+        uint32_t set_index;  /* its extent in set */
+        uint32_t grant_len;  /* set NULL: 0 or KVP_HOLD_GRANT_LEN */
         uint8_t grant[KVP_HOLD_GRANT_LEN];
     } reps[KVP_HOLD_REPLICAS_MAX];
 } kvp_hold_t;
@@ -51,17 +64,23 @@ void kvp_holds_off(kvp_holds_t *h);
 
 /*
  * A hold of size szs[j] for each of the m keys, all or none: true and out[0..m) filled (the
- * holds are the caller's now: it commits them or puts them back). fp: the batch's placement
+ * holds are the caller's now, with their references: it commits them or puts them back, and
+ * then lets go of them with kvp_holds_release). fp: the batch's placement
  * fingerprint; gen: the master connection's generation; holds of another of either are
  * dropped first (the master frees them at its put timeout, or when their connection closed).
  */
 bool kvp_holds_take(kvp_holds_t *h, uint64_t fp, uint64_t gen, const uint64_t *szs, size_t m,
                     kvp_hold_t *out);
-/* Holds still the caller's (their keys were refused, not written) back, for later batches. */
+/* Holds still the caller's (their keys were refused, not written) back, for later batches
+ * (the pool takes references of its own: the caller still releases its copies). */
 void kvp_holds_put_back(kvp_holds_t *h, uint64_t fp, uint64_t gen, const kvp_hold_t *hs, size_t n);
-/* The holds a PUT_COMMIT answer handed out (the put timeout it said), got on connection gen. */
+/* The caller's copies of n holds let go of (their grant sets' references): after their
+ * batch's writes and commit. */
+void kvp_holds_release(kvp_hold_t *hs, size_t n);
+/* The holds a PUT_COMMIT answer handed out (the put timeout it said), got on connection gen;
+ * segs: the answer's descriptors, whose grant sets a hold's replicas may name (copied). */
 void kvp_holds_add(kvp_holds_t *h, uint64_t fp, uint64_t gen, Kvpool__Hold *const *holds, size_t n,
-                   uint32_t put_timeout_ms);
+                   Kvpool__SegmentDesc *const *segs, size_t n_segs, uint32_t put_timeout_ms);
 /* Forget every hold with an extent on segment_id (a write there failed). */
 void kvp_holds_drop_segment(kvp_holds_t *h, uint64_t segment_id);
 /* How many holds of `size` to ask for after a batch that used (or would have used) `used`:

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "common/status.h"
 
@@ -99,6 +100,19 @@ _Static_assert(sizeof(kvp_grant_extent_t) == 24, "a set extent is 24 bytes");
 static inline size_t kvp_grant_set_len(uint32_t count)
 {
     return KVP_GRANT_SET_HDR_LEN + (size_t)count * sizeof(kvp_grant_extent_t);
+}
+
+/* The extent count of the set in [data, data + len), as a client takes it from an answer:
+ * 0 unless its header's count is 1..KVP_GRANT_SET_MAX and len is that count's length. */
+static inline uint32_t kvp_grant_set_count(const void *data, size_t len)
+{
+    kvp_grant_set_hdr_t h;
+    if (len < sizeof(h))
+        return 0;
+    memcpy(&h, data, sizeof(h));
+    if (h.count == 0 || h.count > KVP_GRANT_SET_MAX || len != kvp_grant_set_len(h.count))
+        return 0;
+    return h.count;
 }
 
 /* A keyed MAC context for key (KVP_GRANT_KEY_LEN bytes). */

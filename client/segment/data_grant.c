@@ -18,6 +18,7 @@ struct kvp_data_pending_ent {
     uint64_t offset;
     uint64_t version; /* 0: an empty slot */
     uint64_t noted_ms;
+    uint64_t length; /* the put's extent, from offset (0: not known, offset alone) */
 };
 
 /* A put's note is swept once it is this old and the table is full: every grant it could
@@ -104,8 +105,8 @@ static void pending_gen_locked(kvp_data_pending_t *p, uint64_t gen)
 }
 
 /* kvp_data_pending_at's work; caller holds lock, generation taken. */
-static uint64_t pending_at_locked(kvp_data_pending_t *p, uint64_t offset, uint64_t rec,
-                                  uint64_t note, uint64_t now)
+static uint64_t pending_at_locked(kvp_data_pending_t *p, uint64_t offset, uint64_t length,
+                                  uint64_t rec, uint64_t note, uint64_t now)
 {
     uint64_t pend = 0;
     kvp_data_pending_ent_t *e = pending_find(p, offset);
@@ -117,6 +118,7 @@ static uint64_t pending_at_locked(kvp_data_pending_t *p, uint64_t offset, uint64
     if (note != 0 && note >= pend && e != NULL) {
         e->version = note;
         e->noted_ms = now;
+        e->length = length;
     } else if (note != 0 && e == NULL) {
         bool room = (uint64_t)(p->count + 1) * 4 <= (uint64_t)p->cap * 3;
         if (!room && p->cap < KVP_DATA_PENDING_MAX)
@@ -130,7 +132,7 @@ static uint64_t pending_at_locked(kvp_data_pending_t *p, uint64_t offset, uint64
             uint32_t j = pending_slot(offset, p->cap);
             while (p->ents[j].version != 0)
                 j = (j + 1) & (p->cap - 1);
-            p->ents[j] = (kvp_data_pending_ent_t){offset, note, now};
+            p->ents[j] = (kvp_data_pending_ent_t){offset, note, now, length};
             p->count++;
         } else {
             atomic_fetch_add_explicit(&p->dropped, 1, memory_order_relaxed);
@@ -148,23 +150,38 @@ uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offse
 {
     pthread_mutex_lock(&p->lock);
     pending_gen_locked(p, gen);
-    uint64_t pend = pending_at_locked(p, offset, rec, note, now);
+    uint64_t pend = pending_at_locked(p, offset, 0, rec, note, now);
     pthread_mutex_unlock(&p->lock);
     return pend;
 }
 
 size_t kvp_data_pending_check(kvp_data_pending_t *p, uint64_t gen, const uint64_t *offsets,
-                              const uint64_t *versions, const uint64_t *recs, size_t n, bool write,
-                              uint64_t now)
+                              const uint64_t *lengths, const uint64_t *versions,
+                              const uint64_t *recs, size_t n, bool write, uint64_t now)
 {
     pthread_mutex_lock(&p->lock);
     pending_gen_locked(p, gen);
     size_t i = 0;
     for (; i < n; i++)
-        if (pending_at_locked(p, offsets[i], recs[i], write ? versions[i] : 0, now) > versions[i])
+        if (pending_at_locked(p, offsets[i], lengths != NULL ? lengths[i] : 0, recs[i],
+                              write ? versions[i] : 0, now) > versions[i])
             break;
     pthread_mutex_unlock(&p->lock);
     return i;
+}
+
+bool kvp_data_pending_later(kvp_data_pending_t *p, uint64_t offset, uint64_t length,
+                            uint64_t version)
+{
+    bool later = false;
+    pthread_mutex_lock(&p->lock);
+    for (uint32_t i = 0; i < p->cap && !later; i++) {
+        const kvp_data_pending_ent_t *e = &p->ents[i];
+        uint64_t len = e->length > 0 ? e->length : 1;
+        later = e->version > version && e->offset < offset + length && offset < e->offset + len;
+    }
+    pthread_mutex_unlock(&p->lock);
+    return later;
 }
 
 void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version)
@@ -180,8 +197,9 @@ void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t ve
  * against what the server knows of them (ended; one lock for the record, one for the
  * table of begun puts): NULL, or why it is refused. write: each entry's put is noted. */
 static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
-                                 const uint64_t *offsets, const uint64_t *versions, size_t n,
-                                 bool write, bool wait, uint64_t now)
+                                 const uint64_t *offsets, const uint64_t *lengths,
+                                 const uint64_t *versions, size_t n, bool write, bool wait,
+                                 uint64_t now)
 {
     uint64_t recs[KVP_DATA_VEC_MAX];
     ended->versions_at(ended->arg, offsets, recs, n);
@@ -203,8 +221,8 @@ static const char *extents_taken(const kvp_data_ended_t *ended, uint64_t gen,
         if (!write && recs[i] > versions[i])
             return "a later object than the read grant's is recorded at the extent";
     }
-    if (ended->pending != NULL &&
-        kvp_data_pending_check(ended->pending, gen, offsets, versions, recs, n, write, now) < n)
+    if (ended->pending != NULL && kvp_data_pending_check(ended->pending, gen, offsets, lengths,
+                                                         versions, recs, n, write, now) < n)
         return "a later object's put has written at the grant's extent";
     return NULL;
 }
@@ -214,7 +232,8 @@ const char *kvp_data_extents_recheck(const kvp_data_ended_t *ended, uint64_t gen
 {
     if (ended == NULL || c->n == 0)
         return NULL;
-    return extents_taken(ended, gen, c->offset, c->version, c->n, false, false, kvp_grant_now_ms());
+    return extents_taken(ended, gen, c->offset, NULL, c->version, c->n, false, false,
+                         kvp_grant_now_ms());
 }
 
 /* A grant set's header h was read: is its count one to read (*why_p: refused)? */
@@ -280,6 +299,12 @@ static kvp_status_t meta_recv(kvp_grant_verifier_t *v, int fd, uint16_t kind, kv
         return KVP_OK;
     if (!set_take(v, &h, why_p))
         return KVP_OK; /* refused: nothing more is read */
+    /* room from an earlier set: its extents and the indices in one read */
+    if (h.count <= v->set_cap) {
+        struct iovec two[2] = {{v->set_ext, h.count * sizeof(*v->set_ext)},
+                               {idx, n * sizeof(*idx)}};
+        return kvp_recvv_all(fd, two, 2) == KVP_OK ? KVP_OK : KVP_ERR_IO;
+    }
     if (set_recv(v, fd, h.count, why_p) != KVP_OK)
         return KVP_ERR_IO;
     return kvp_recv_all(fd, idx, n * sizeof(*idx)) == KVP_OK ? KVP_OK : KVP_ERR_IO;
@@ -344,7 +369,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
                             : "the grant is another principal's";
     /* the extents (offset, object version) of the entries, checked against the record at
      * the end, all at once */
-    uint64_t offs[KVP_DATA_VEC_MAX], vers[KVP_DATA_VEC_MAX];
+    uint64_t offs[KVP_DATA_VEC_MAX], lens[KVP_DATA_VEC_MAX], vers[KVP_DATA_VEC_MAX];
     size_t m = 0;
     v->expiry_ms = set ? v->set.expiry_ms : UINT64_MAX;
     for (uint64_t i = 0; i < n && why == NULL; i++) {
@@ -354,6 +379,7 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
                 why = "the request reaches outside the grant's extent";
             else {
                 offs[m] = e->offset;
+                lens[m] = e->length;
                 vers[m++] = e->version;
             }
         } else if (kvp_grant_check(v->mac, &g[i], op, vec[i].segment_id, vec[i].offset,
@@ -363,13 +389,14 @@ kvp_status_t kvp_data_grants_check(kvp_grant_keyring_t *kr, kvp_grant_verifier_t
                                 : "the grant is another principal's";
         else if (why == NULL && (write || op == KVP_GRANT_READ)) {
             offs[m] = g[i].offset;
+            lens[m] = g[i].length;
             vers[m++] = g[i].nonce;
             if (g[i].expiry_ms < v->expiry_ms)
                 v->expiry_ms = g[i].expiry_ms;
         }
     }
     if (why == NULL && ended != NULL && m > 0)
-        why = extents_taken(ended, v->gen, offs, vers, m, write, true, now);
+        why = extents_taken(ended, v->gen, offs, lens, vers, m, write, true, now);
     if (why == NULL) {
         if (checked != NULL) {
             memcpy(checked->offset, offs, m * sizeof(*offs));

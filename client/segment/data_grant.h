@@ -53,8 +53,15 @@ uint64_t kvp_data_pending_at(kvp_data_pending_t *p, uint64_t gen, uint64_t offse
  * versions when write, else none): the first entry a later put's note refuses (its
  * version below that note's), or n. */
 size_t kvp_data_pending_check(kvp_data_pending_t *p, uint64_t gen, const uint64_t *offsets,
-                              const uint64_t *versions, const uint64_t *recs, size_t n, bool write,
-                              uint64_t now);
+                              const uint64_t *lengths, const uint64_t *versions,
+                              const uint64_t *recs, size_t n, bool write, uint64_t now);
+/* Has a put later than `version` (its object's) been let write into [offset, offset +
+ * length)? Then the master gave that room to a later object: whatever had it before was
+ * removed, whether or not the record has seen so yet. lengths above: each note's extent
+ * (NULL: the offset alone). One pass over the table: for the rare caller (seg_record.c's
+ * check of an object that ended without its bytes). */
+bool kvp_data_pending_later(kvp_data_pending_t *p, uint64_t offset, uint64_t length,
+                            uint64_t version);
 /* The record or file now holds the object of this version at offset: a note of it (or of
  * an earlier put) is done with. Keeps the table to the puts in flight. */
 void kvp_data_pending_forget(kvp_data_pending_t *p, uint64_t offset, uint64_t version);

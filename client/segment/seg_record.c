@@ -207,6 +207,18 @@ static void check_bytes(kvp_seg_record_t *r, ent_t *e)
     uint8_t *at = (uint8_t *)r->base + e->offset;
     if (kvp_crc32c(0, at, e->size) == e->crc32c)
         return;
+    /* The record applies its stream behind the writers: by now the master may have removed
+     * this object and placed a later one on its extent, whose writer the data server has
+     * let in (noted) and whose bytes are what the CRC read. Then the bytes are not this
+     * object's to judge (it is gone: its DEL is on the stream behind this ADD, and a read
+     * of it is refused by that note), and zeroing would wipe the later object's. */
+    if (r->pending != NULL && kvp_data_pending_later(r->pending, e->offset, e->size, e->version)) {
+        KVP_LOG_DEBUG("segment %llu: the object at offset %llu (version %llu) ended before a "
+                      "later put wrote over its extent: not checked",
+                      (unsigned long long)r->segment_id, (unsigned long long)e->offset,
+                      (unsigned long long)e->version);
+        return;
+    }
     e->bad = true;
     memset(at, 0, e->size);
     r->n_bad++;

@@ -27,6 +27,7 @@ void kvp_segment_destroy(kvp_segment_t *seg)
         return;
     kvp_offset_alloc_destroy(seg->alloc);
     kvp_grant_mac_destroy(seg->grant_mac);
+    explicit_bzero(&seg->keys, sizeof(seg->keys)); /* (principals' keys derived from its key) */
     kvp_limbo_free(seg->limbo);
     free(seg->rec);
     free(seg->name);

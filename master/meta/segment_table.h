@@ -69,6 +69,14 @@ typedef struct kvp_segment {
     size_t rec_len, rec_cap;
     kvp_offset_alloc_t *alloc;
     struct kvp_grant_mac *grant_mac; /* seals its grants (data grants on), or NULL */
+    /* the last principal's keys and MAP grant an answer handed out for it (rpc/call.c:
+     * every answer that names the segment hands them out again; derived once a principal) */
+    struct {
+        uint64_t tag; /* valid: K_p of this tag */
+        bool valid, rdma, map;
+        uint8_t kp[32], kr[32];
+        uint8_t map_grant[80]; /* a kvp_grant_t (common/grant.h), map: sealed for tag */
+    } keys;
 } kvp_segment_t;
 
 typedef struct kvp_segment_table {

@@ -182,6 +182,58 @@ static bool may_hold(const kvp_master_state_t *st, const kvp_principal_t *who,
     return !st->tenants_on || (seg->dedicated && seg->tenant == who->tenant_id);
 }
 
+/* seg's K_p (and K_r when rdma) for the principal tag into out (64 bytes), from the
+ * segment's one-principal cache when it is tag's. false: could not be derived. */
+static bool seg_conn_keys(kvp_segment_t *seg, uint64_t tag, bool rdma, uint8_t *out)
+{
+    _Static_assert(sizeof(seg->keys.kp) == KVP_GRANT_KEY_LEN, "K_p is a grant key");
+    if (!seg->keys.valid || seg->keys.tag != tag) {
+        seg->keys.valid = seg->keys.rdma = seg->keys.map = false;
+        if (!kvp_grant_conn_key(seg->grant_mac, tag, seg->keys.kp))
+            return false;
+        seg->keys.tag = tag;
+        seg->keys.valid = true;
+    }
+    if (rdma && !seg->keys.rdma) {
+        if (!kvp_grant_rdma_key(seg->grant_mac, tag, seg->keys.kr))
+            return false;
+        seg->keys.rdma = true;
+    }
+    memcpy(out, seg->keys.kp, KVP_GRANT_KEY_LEN);
+    if (rdma)
+        memcpy(out + KVP_GRANT_KEY_LEN, seg->keys.kr, KVP_GRANT_KEY_LEN);
+    return true;
+}
+
+/* A MAP grant of seg for the principal tag (seg_conn_keys' first) into g: the one handed out
+ * last while over half its life is left and the master's epoch is the same, else a new one.
+ * false: could not be sealed. */
+static bool seg_map_grant(kvp_master_state_t *st, kvp_segment_t *seg, uint64_t tag, uint64_t now,
+                          kvp_grant_t *g)
+{
+    _Static_assert(sizeof(seg->keys.map_grant) == sizeof(*g), "a MAP grant is a grant");
+    uint64_t ttl = st->config.put_timeout_ms;
+    if (seg->keys.map) {
+        memcpy(g, seg->keys.map_grant, sizeof(*g));
+        if (g->principal == tag && g->epoch == st->grant_epoch && g->expiry_ms > now + ttl / 2)
+            return true;
+    }
+    *g = (kvp_grant_t){.version = KVP_GRANT_VERSION,
+                       .op = KVP_GRANT_MAP,
+                       .segment_id = seg->id,
+                       .offset = 0,
+                       .length = seg->size,
+                       .expiry_ms = now + ttl,
+                       .epoch = st->grant_epoch,
+                       .nonce = ++st->grant_nonce,
+                       .principal = tag};
+    if (!kvp_grant_seal(seg->grant_mac, g))
+        return false;
+    memcpy(seg->keys.map_grant, g, sizeof(*g));
+    seg->keys.map = true;
+    return true;
+}
+
 bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
 {
     kvp_master_state_t *st = call->st;
@@ -205,36 +257,25 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s)
         uint8_t *key = s->conn_keys + i * 2 * KVP_GRANT_KEY_LEN;
         if (seg == NULL || seg->grant_mac == NULL)
             continue;
-        if (!kvp_grant_conn_key(seg->grant_mac, call->who->tag, key))
+        /* through memory windows (the owner binds one per granted extent on the caller's
+         * queue pair) every principal the master hands grants for the segment may use
+         * rdma; without, only one whose grants cover all the segment can hold */
+        bool rdma = seg->rdma_endpoint[0] != '\0' &&
+                    (seg->rdma_windows || may_hold(st, call->who, seg, false));
+        if (!seg_conn_keys(seg, call->who->tag, rdma, key))
             return false;
         d->conn_key.data = key;
         d->conn_key.len = KVP_GRANT_KEY_LEN;
         d->conn_tag = call->who->tag;
-        /* through memory windows (the owner binds one per granted extent on the caller's
-         * queue pair) every principal the master hands grants for the segment may use
-         * rdma; without, only one whose grants cover all the segment can hold */
-        if (seg->rdma_endpoint[0] != '\0' &&
-            (seg->rdma_windows || may_hold(st, call->who, seg, false))) {
-            uint8_t *rkey = key + KVP_GRANT_KEY_LEN;
-            if (!kvp_grant_rdma_key(seg->grant_mac, call->who->tag, rkey))
-                return false;
-            d->rdma_key.data = rkey;
+        if (rdma) {
+            d->rdma_key.data = key + KVP_GRANT_KEY_LEN;
             d->rdma_key.len = KVP_GRANT_KEY_LEN;
         }
         if (seg->shm_path[0] != '@' || !may_hold(st, call->who, seg, true))
             continue;
         /* used once, when the caller first attaches the segment (peer_table.c) */
         kvp_grant_t *g = &s->shm_grants[i];
-        *g = (kvp_grant_t){.version = KVP_GRANT_VERSION,
-                           .op = KVP_GRANT_MAP,
-                           .segment_id = seg->id,
-                           .offset = 0,
-                           .length = seg->size,
-                           .expiry_ms = now + st->config.put_timeout_ms,
-                           .epoch = st->grant_epoch,
-                           .nonce = ++st->grant_nonce,
-                           .principal = call->who->tag};
-        if (!kvp_grant_seal(seg->grant_mac, g))
+        if (!seg_map_grant(st, seg, call->who->tag, now, g))
             return false;
         d->shm_grant.data = (uint8_t *)g;
         d->shm_grant.len = sizeof(*g);
@@ -319,6 +360,27 @@ static bool set_put(kvp_seg_set_t *s, size_t d, Kvpool__Replica *rep, uint64_t v
     return true;
 }
 
+bool kvp_call_grant_extent(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, kvp_seg_set_t *segs,
+                           uint8_t op, uint64_t ttl_ms, uint64_t version)
+{
+    kvp_master_state_t *st = call->st;
+    kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
+    size_t d = 0;
+    if (seg == NULL)
+        return true; /* (no descriptor, no grant: the caller cannot reach it) */
+    if (!kvp_seg_set_add(segs, seg, &d))
+        return false;
+    if (st->grants_on && call->who != NULL && seg->grant_mac != NULL &&
+        segs->set_n[d] < KVP_GRANT_SET_MAX) {
+        if (!set_put(segs, d, rep, version))
+            return false;
+        segs->set_op = op;
+        segs->set_ttl_ms = ttl_ms;
+        return true;
+    }
+    return kvp_call_grant(call, rep, slot, op, ttl_ms, version);
+}
+
 bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Replica *reps,
                            Kvpool__Replica **repptr, size_t *nr, kvp_seg_set_t *segs,
                            uint8_t grant_op, uint64_t grant_ttl_ms)
@@ -343,21 +405,10 @@ bool kvp_call_add_replicas(kvp_call_t *call, const kvp_object_t *obj, Kvpool__Re
         rep->segment_id = obj->replicas[r].segment_id;
         rep->offset = obj->replicas[r].offset;
         rep->length = obj->size;
-        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
-        size_t d = 0;
-        if (seg != NULL && !kvp_seg_set_add(segs, seg, &d))
+        /* a set's extents carry the object's version for reads too: an owner whose
+         * record holds a later object at the extent refuses the read */
+        if (!kvp_call_grant_extent(call, rep, *nr, segs, grant_op, grant_ttl_ms, obj->version))
             return false;
-        if (seg != NULL && st->grants_on && call->who != NULL && seg->grant_mac != NULL &&
-            segs->set_n[d] < KVP_GRANT_SET_MAX) {
-            /* a set's extents carry the object's version for reads too: an owner whose
-             * record holds a later object at the extent refuses the read */
-            if (!set_put(segs, d, rep, obj->version))
-                return false;
-            segs->set_op = grant_op;
-            segs->set_ttl_ms = grant_ttl_ms;
-        } else if (!kvp_call_grant(call, rep, *nr, grant_op, grant_ttl_ms, obj->version)) {
-            return false;
-        }
         repptr[(*nr)++] = rep;
     }
     return true;

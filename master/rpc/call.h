@@ -107,6 +107,15 @@ bool kvp_seg_set_conn_keys(kvp_call_t *call, kvp_seg_set_t *s);
 void kvp_seg_set_free(kvp_seg_set_t *s);
 
 /*
+ * rep's extent (its segment, offset, length) granted for op: into its segment's grant set
+ * in segs (the descriptor added when not there) while data grants are on and the set has
+ * room (one op and lifetime per answer: op, ttl_ms), else a grant of its own in slot
+ * (kvp_call_grant). Nothing for a segment not in the table. false: out of memory.
+ */
+bool kvp_call_grant_extent(kvp_call_t *call, Kvpool__Replica *rep, size_t slot, kvp_seg_set_t *segs,
+                           uint8_t op, uint64_t ttl_ms, uint64_t version);
+
+/*
  * Append obj's replicas to a response under construction: reps/repptr have
  * room (sized by the caller), *nr counts what is used, segs collects the
  * descriptors. With data grants on, each replica's extent goes into its

@@ -1091,6 +1091,21 @@ static kvp_object_t *hold_find(kvp_master_state_t *st, uint64_t conn_id, uint64_
     return obj;
 }
 
+/* Hold h freed unwritten: its room back. */
+static void hold_drop(kvp_master_state_t *st, kvp_object_t *h)
+{
+    kvp_index_unlink(&st->index, h);
+    kvp_object_release(st, h);
+}
+
+/* A hold of conn's, by id, freed unwritten (an id not conn's: nothing). */
+static void hold_free(kvp_master_state_t *st, uint64_t conn_id, uint64_t id)
+{
+    kvp_object_t *h = hold_find(st, conn_id, id);
+    if (h != NULL)
+        hold_drop(st, h);
+}
+
 /* Key i of a commit, written to its hold: the hold's extents become the key's object, which
  * ends as PutEnd ends it. A refusal of the key (EXISTS, PENDING, a bad key or group) leaves
  * the hold the caller's; no replica written frees it. */
@@ -1107,8 +1122,7 @@ static kvp_status_t commit_held(kvp_call_t *call, const Kvpool__PutCommitRequest
     uint32_t all = hold->n_replicas >= 32 ? UINT32_MAX : (1u << hold->n_replicas) - 1;
     uint32_t mask = req->n_written_mask > 0 ? req->written_mask[i] : UINT32_MAX;
     if ((mask & all) == 0) {
-        kvp_index_unlink(&st->index, hold);
-        kvp_object_release(st, hold);
+        hold_drop(st, hold);
         return KVP_ERR_IO;
     }
     if (req->sizes[i] != hold->size || hold->tenant != preq->tenant)
@@ -1130,13 +1144,8 @@ static void holds_undo(kvp_reply_t *r, kvp_status_t rc, void *arg)
 {
     (void)arg;
     const Kvpool__PutCommitResponse *resp = (const Kvpool__PutCommitResponse *)r->resp;
-    for (size_t k = 0; rc != KVP_OK && k < resp->n_holds; k++) {
-        kvp_object_t *h = hold_find(r->call->st, r->call->conn_id, resp->holds[k]->id);
-        if (h != NULL) {
-            kvp_index_unlink(&r->call->st->index, h);
-            kvp_object_release(r->call->st, h);
-        }
-    }
+    for (size_t k = 0; rc != KVP_OK && k < resp->n_holds; k++)
+        hold_free(r->call->st, r->call->conn_id, resp->holds[k]->id);
 }
 
 /* One hold of hr->size placed for preq into *hold (its replicas, with write grants, from
@@ -1165,11 +1174,10 @@ static kvp_status_t hold_one(kvp_call_t *call, const kvp_placement_req_t *preq, 
         rep->segment_id = obj->replicas[q].segment_id;
         rep->offset = obj->replicas[q].offset;
         rep->length = size;
-        kvp_segment_t *seg = kvp_segment_table_get(&st->segments, rep->segment_id);
-        /* each its own grant: the writer keeps it past this answer */
-        if ((seg != NULL && !kvp_seg_set_add(segs, seg, NULL)) ||
-            !kvp_call_grant(call, rep, slot + q, KVP_GRANT_WRITE, st->config.put_timeout_ms,
-                            obj->version))
+        /* in its segment's grant set of this answer, which the writer keeps while it
+         * keeps a hold of it (client/put_holds.c): one MAC a segment an answer */
+        if (!kvp_call_grant_extent(call, rep, slot + q, segs, KVP_GRANT_WRITE,
+                                   st->config.put_timeout_ms, obj->version))
             return KVP_ERR_NOMEM; /* (the hold stays: it is in the answer's undo) */
         repptr[q] = rep;
     }
@@ -1220,6 +1228,11 @@ static bool holds_grant(kvp_call_t *call, const Kvpool__HoldRequest *hr, kvp_rep
     preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
     preq.dedicated_first = st->tenants.t[preq.tenant].dedicated > 0;
     size_t per = preq.replica_num;
+    if (per == 0 || hr->size > UINT64_MAX / per) {
+        snprintf(r->text, r->text_max, "no hold of %llu bytes x %zu replicas: past any pool",
+                 (unsigned long long)hr->size, per);
+        return true;
+    }
     Kvpool__Hold *holds = kvp_reply_alloc(r, count, sizeof(*holds));
     Kvpool__Hold **hp = kvp_reply_alloc(r, count, sizeof(*hp));
     Kvpool__Replica *reps = kvp_reply_alloc(r, count * per, sizeof(*reps));
@@ -1311,13 +1324,8 @@ kvp_status_t kvp_handle_put_commit(kvp_call_t *call, ProtobufCMessage *req_msg)
         out[i] = req->holds[i] != 0 ? commit_held(call, req, &end, &preq, i)
                                     : op_put_end(st, call->conn_id, &req->keys[i], &end, i, false);
     }
-    for (size_t k = 0; k < req->n_release; k++) { /* given back unwritten */
-        kvp_object_t *h = hold_find(st, call->conn_id, req->release[k]);
-        if (h != NULL) {
-            kvp_index_unlink(&st->index, h);
-            kvp_object_release(st, h);
-        }
-    }
+    for (size_t k = 0; k < req->n_release; k++) /* given back unwritten */
+        hold_free(st, call->conn_id, req->release[k]);
     resp.put_timeout_ms = st->config.put_timeout_ms;
     if (req->hold != NULL && !holds_grant(call, req->hold, &r, &resp))
         return kvp_reply_abort(&r);

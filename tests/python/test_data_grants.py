@@ -528,6 +528,17 @@ def test_grant_set_named_again_on_its_connection(gm, victim):
                                                                    rep.offset + 20, 10)
         s.sendall(REQ.pack(DATA_MAGIC, READV, F_GRANT_SAME, 0, 2, 20) + body + idx * 2)
         assert reply(s) == (0, data[:10] + data[20:30])
+        # a set again on the same connection (its extents and indices read at once, into
+        # the room the first one made), then one with an extent changed: refused, closed
+        s.sendall(REQ.pack(DATA_MAGIC, READ, flags, rep.segment_id, rep.offset + 5, 50) + tail)
+        assert reply(s) == (0, data[5:55])
+        bad = bytearray(tail)
+        bad[SET_HDR.size + 8] ^= 0x01  # the first extent's length
+        s.sendall(REQ.pack(DATA_MAGIC, READ, flags, rep.segment_id, rep.offset, 100)
+                  + bytes(bad))
+        r = reply(s)
+        assert r is None or r[0] == DENIED
+        assert closed(s)
     before = gm.owner_refused()
     with data_conn(rep) as s:  # nothing taken on this connection yet
         s.sendall(REQ.pack(DATA_MAGIC, READ, F_GRANT_SAME, rep.segment_id, rep.offset, 100)

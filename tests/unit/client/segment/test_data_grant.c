@@ -67,25 +67,51 @@ static void test_check_many(void **state)
     kvp_data_pending_t *p = *state;
     const uint64_t offs[4] = {0, 4096, 4096, 8192}; /* two slices of one extent */
     const uint64_t v_new[4] = {10, 11, 11, 12}, recs0[4] = {0, 0, 0, 0};
-    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, recs0, 4, true, 1), 4);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, NULL, v_new, recs0, 4, true, 1), 4);
     assert_int_equal(p->count, 3); /* one note per extent */
     /* older grants of those extents: a read is refused at its first entry; a write at the
      * entry whose extent has a later note (the second), after noting the first (v10 >= 9) */
     const uint64_t v_old[4] = {9, 11, 11, 12};
-    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_old, recs0, 4, false, 2), 0);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, NULL, v_old, recs0, 4, false, 2), 0);
     const uint64_t v_mix[3] = {10, 5, 12};
-    assert_int_equal(kvp_data_pending_check(p, 1, offs + 1, v_mix + 1, recs0, 2, true, 2), 0);
-    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_mix, recs0, 3, true, 2), 1);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs + 1, NULL, v_mix + 1, recs0, 2, true, 2), 0);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, NULL, v_mix, recs0, 3, true, 2), 1);
     /* a read of the current versions passes and notes nothing new */
-    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, recs0, 4, false, 3), 4);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, NULL, v_new, recs0, 4, false, 3), 4);
     assert_int_equal(p->count, 3);
     /* the record holds them all now: every note ends */
-    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, v_new, 4, false, 4), 4);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, NULL, v_new, v_new, 4, false, 4), 4);
     assert_int_equal(p->count, 0);
     /* a new key empties the table once for the whole request */
-    assert_int_equal(kvp_data_pending_check(p, 1, offs, v_new, recs0, 4, true, 5), 4);
-    assert_int_equal(kvp_data_pending_check(p, 2, offs, v_old, recs0, 4, false, 6), 4);
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, NULL, v_new, recs0, 4, true, 5), 4);
+    assert_int_equal(kvp_data_pending_check(p, 2, offs, NULL, v_old, recs0, 4, false, 6), 4);
     assert_int_equal(p->count, 0);
+}
+
+/* kvp_data_pending_later: a note with its extent's length answers for any overlap of that
+ * extent by an earlier object's; one without (a length of 0) for its offset alone; a note
+ * of an earlier or the same version is not later. */
+static void test_later_put_over_an_extent(void **state)
+{
+    kvp_data_pending_t *p = *state;
+    assert_false(kvp_data_pending_later(p, 0, 1u << 20, 1)); /* an empty table */
+    const uint64_t offs[2] = {65536, 262144}, lens[2] = {16384, 4096};
+    const uint64_t vers[2] = {20, 21}, recs[2] = {0, 0};
+    assert_int_equal(kvp_data_pending_check(p, 1, offs, lens, vers, recs, 2, true, 1), 2);
+    /* an object of version 10 at 0..256 KiB: the v20 put at 64..80 KiB wrote into it */
+    assert_true(kvp_data_pending_later(p, 0, 262144, 10));
+    assert_true(kvp_data_pending_later(p, 65536 + 16383, 1, 19));     /* its last byte */
+    assert_false(kvp_data_pending_later(p, 65536 + 16384, 4096, 10)); /* just past it */
+    assert_false(kvp_data_pending_later(p, 0, 65536, 10));            /* just before it */
+    assert_false(kvp_data_pending_later(p, 0, 262144, 20));   /* not later than v20 itself */
+    assert_true(kvp_data_pending_later(p, 262144, 4096, 20)); /* v21 */
+    /* a note without a length covers its offset alone */
+    assert_int_equal(kvp_data_pending_at(p, 1, 1u << 20, 0, 30, 2), 0);
+    assert_true(kvp_data_pending_later(p, (1u << 20) - 4096, 8192, 29));
+    assert_false(kvp_data_pending_later(p, (1u << 20) + 1, 8192, 29));
+    /* recorded: gone */
+    kvp_data_pending_forget(p, 65536, 20);
+    assert_false(kvp_data_pending_later(p, 0, 262144, 10));
 }
 
 /* The record's ADD ends a note (kvp_data_pending_forget): the table holds the puts in
@@ -217,6 +243,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_note_refuse_forget, setup, teardown),
         cmocka_unit_test_setup_teardown(test_check_many, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_later_put_over_an_extent, setup, teardown),
         cmocka_unit_test_setup_teardown(test_random_against_an_array, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recorded_puts_leave_the_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_table_drops_then_sweeps, setup, teardown),

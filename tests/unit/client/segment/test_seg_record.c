@@ -22,6 +22,8 @@
 #include <time.h>
 
 #include "client/segment/seg_record.h"
+
+#include "client/segment/data_grant.h"
 #include "common/crc32c.h"
 
 #define SEG_ID 7u
@@ -579,6 +581,64 @@ static void test_ended_without_bytes(void **state)
     s_free(&s);
 }
 
+/* The record applies its stream behind the writers: an object's ADD may come after the
+ * master removed it and a later put (let in by the data server's grant check, which notes
+ * it) wrote over part of its extent. Its bytes are then not the object's to judge: it is
+ * not bad and the later object's bytes stay. An object nothing later wrote over is judged
+ * as ever, its own put's note notwithstanding. */
+static void test_superseded_object_not_judged(void **state)
+{
+    kvp_seg_record_t *r = *state;
+    static uint8_t mem[8 * 4096];
+    memset(mem, 'A', sizeof(mem));
+    kvp_seg_record_set_memory(r, mem, sizeof(mem));
+    kvp_data_pending_t pend;
+    kvp_data_pending_init(&pend);
+    kvp_seg_record_set_pending(r, &pend);
+    stream_t s = {0};
+    s_add(&s, 28672, 4096, 1, kvp_crc32c(0, mem, 4096), 0, "team-a\x1fk");
+    s_add(&s, 24576, 4096, 2, kvp_crc32c(0, mem, 4096), 0, "team-b\x1fk"); /* two tenants */
+    assert_int_equal(apply(r, &s), KVP_OK);
+    /* team-b's X (v5) wrote 'B' over [0, 8 KiB) and ended; the master removed it and gave
+     * [4 KiB, 8 KiB) to Y (v6), whose writer the owner let in (noted) and wrote 'C' there,
+     * all before the record thread reads X's ADD */
+    memset(mem, 'B', 8192);
+    uint32_t crc_x = kvp_crc32c(0, mem, 8192);
+    const uint64_t off_y = 4096, len_y = 4096, v_y = 6, rec0 = 0;
+    assert_int_equal(kvp_data_pending_check(&pend, 1, &off_y, &len_y, &v_y, &rec0, 1, true, 1), 1);
+    memset(mem + 4096, 'C', 4096);
+    uint32_t crc_y = kvp_crc32c(0, mem + 4096, 4096);
+    s_reset(&s);
+    s_add(&s, 0, 8192, 5, crc_x, 0, "team-b\x1fx");
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_int_equal(kvp_seg_record_bad(r), 0);
+    assert_int_equal(kvp_seg_record_version_at(r, 0), 5);
+    for (size_t i = 4096; i < 8192; i++)
+        assert_int_equal(mem[i], 'C'); /* Y's bytes stay */
+    s_reset(&s);
+    s_del(&s, 0);
+    s_add(&s, 4096, 4096, 6, crc_y, 0, "team-b\x1fy");
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_int_equal(kvp_seg_record_bad(r), 0);
+    assert_int_equal(kvp_seg_record_version_at(r, 4096), 6);
+    /* Z (v7) ended without its bytes at [8 KiB, 16 KiB): its own write's note (v7) and an
+     * earlier one's (v4) are no later put, so it is bad and zeroed */
+    const uint64_t offs_z[2] = {8192, 12288}, lens_z[2] = {8192, 4096}, v_z[2] = {7, 4};
+    const uint64_t recs_z[2] = {0, 0};
+    assert_int_equal(kvp_data_pending_check(&pend, 1, offs_z, lens_z, v_z, recs_z, 2, true, 2), 2);
+    s_reset(&s);
+    s_add(&s, 8192, 8192, 7, 0x1234, 0, "team-b\x1fz");
+    assert_int_equal(apply(r, &s), KVP_OK);
+    assert_int_equal(kvp_seg_record_bad(r), 1);
+    assert_int_equal(kvp_seg_record_version_at(r, 8192), UINT64_MAX);
+    for (size_t i = 8192; i < 16384; i++)
+        assert_int_equal(mem[i], 0);
+    assert_int_equal(mem[16384], 'A');
+    kvp_seg_record_set_pending(r, NULL);
+    kvp_data_pending_cleanup(&pend);
+    s_free(&s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -593,6 +653,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_many_entries, setup, teardown),
         cmocka_unit_test_setup_teardown(test_apply_while_snapshotting, setup, teardown),
         cmocka_unit_test_setup_teardown(test_ended_without_bytes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_superseded_object_not_judged, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
