@@ -20,6 +20,8 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -397,6 +399,12 @@ typedef struct {
     uint64_t pacing_rate, max_pacing_rate, bytes_acked;
 } tcp_info_acked_t;
 _Static_assert(offsetof(tcp_info_acked_t, bytes_acked) == 120, "the kernel's tcp_info layout");
+
+uint64_t kvp_sock_outq(int fd)
+{
+    int n = 0;
+    return ioctl(fd, SIOCOUTQ, &n) == 0 && n > 0 ? (uint64_t)n : 0;
+}
 
 bool kvp_sock_unacked(int fd, uint64_t sent)
 {

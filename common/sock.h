@@ -58,6 +58,9 @@ bool kvp_sock_peer_local(int fd);
  * socket fd (TCP_INFO's bytes_acked)? false when it cannot tell (not tcp, an old kernel).
  * Exact for an accepted socket; a connecting one counts its SYN as one byte acknowledged. */
 bool kvp_sock_unacked(int fd, uint64_t sent);
+/* Bytes written on tcp socket fd that its peer has not acknowledged yet (SIOCOUTQ: unsent
+ * and unacknowledged, what the kernel holds; 0 when it cannot tell). */
+uint64_t kvp_sock_outq(int fd);
 /* The peer's address as text ("10.0.0.2:41234", "[fe80::1]:80"), for logs; "?" if unknown. */
 void kvp_sock_peer_name(int fd, char *buf, size_t len);
 /*

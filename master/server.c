@@ -1537,6 +1537,24 @@ static void name_methods(kvp_master_server_t *srv)
         srv->method_names[m] = tab[m].name;
 }
 
+/* Bytes of record changes the owners have not received: queued for their segments, in
+ * their streams' buffers (plaintext), and what their sockets hold unacknowledged (with TLS:
+ * records). What a kill -9 of this master now would lose. */
+static uint64_t record_unsent(const kvp_segment_table_t *t)
+{
+    uint64_t n = 0;
+    for (uint32_t i = 0; i < t->n_slots; i++) {
+        const kvp_segment_t *seg = t->slots[i];
+        if (seg == NULL || !seg->record)
+            continue;
+        n += seg->rec_len;
+        const conn_t *c = seg->record_stream;
+        if (c != NULL)
+            n += out_backlog(c) + kvp_sock_outq(c->fd);
+    }
+    return n;
+}
+
 /* For the views (master/obs/): does this master serve (no side effects, unlike
  * kvp_leadership_may_serve), and what it knows beyond the state. */
 static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reason, size_t len)
@@ -1549,6 +1567,7 @@ static void fill_view(kvp_master_server_t *srv, kvp_master_view_t *v, char *reas
     v->tls = srv->cred.tls;
     v->quotas = srv->quotas;
     v->call = call_as_client;
+    v->record_unsent = record_unsent;
     v->method_names = srv->method_names;
     v->n_methods = KVP_ARRAY_SIZE(srv->method_names);
     v->serving = kvp_leadership_serving(&srv->ha);

@@ -3,6 +3,7 @@
  */
 #include "tests/harness.h"
 
+#include <curl/curl.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +35,12 @@ const char *kvp_test_transport(void)
 {
     const char *t = getenv("KVPOOL_TRANSPORT");
     return t != NULL && t[0] != '\0' ? t : NULL;
+}
+
+const char *kvp_test_tls_dir(void)
+{
+    const char *d = getenv("KVPOOL_TEST_TLS_DIR");
+    return d != NULL && d[0] != '\0' ? d : NULL;
 }
 
 const char *kvp_test_cli_bin(void)
@@ -121,8 +128,8 @@ bool kvp_start_master_args(kvp_proc_t *p, char *const extra[])
                                          "acl.conf"};
     static const char *const flags[5] = {"--tls-cert", "--tls-key", "--tls-ca", "--tls-crl",
                                          "--acl-file"};
-    const char *dir = getenv("KVPOOL_TEST_TLS_DIR");
-    for (int i = 0; dir != NULL && dir[0] != '\0' && i < 5; i++) {
+    const char *dir = kvp_test_tls_dir();
+    for (int i = 0; dir != NULL && i < 5; i++) {
         snprintf(tls[i], sizeof(tls[i]), "%s/%s", dir, files[i]);
         argv[n++] = (char *)flags[i];
         argv[n++] = tls[i];
@@ -396,23 +403,80 @@ int kvp_etcd_free_port(void)
     return -1;
 }
 
+typedef struct {
+    char *buf;
+    size_t cap, got;
+} http_sink_t;
+
+static size_t http_sink(char *data, size_t size, size_t n, void *arg)
+{
+    http_sink_t *k = arg;
+    size_t len = size * n, room = k->cap - 1 - k->got;
+    memcpy(k->buf + k->got, data, len < room ? len : room);
+    k->got += len < room ? len : room;
+    return len;
+}
+
+size_t kvp_http_get(int port, const char *path, bool tls, char *buf, size_t cap)
+{
+    http_sink_t k = {.buf = buf, .cap = cap};
+    buf[0] = '\0';
+    CURL *h = curl_easy_init();
+    if (h == NULL)
+        return 0;
+    char url[600], ca[600], cert[600], key[600];
+    snprintf(url, sizeof(url), "%s://127.0.0.1:%d%s", tls ? "https" : "http", port, path);
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, 1000L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, 5000L);
+    curl_easy_setopt(h, CURLOPT_HEADER, 1L);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, http_sink);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, &k);
+    const char *dir = kvp_test_tls_dir();
+    if (tls && dir != NULL) {
+        snprintf(ca, sizeof(ca), "%s/ca.crt", dir);
+        snprintf(cert, sizeof(cert), "%s/admin.crt", dir);
+        snprintf(key, sizeof(key), "%s/admin.key", dir);
+        curl_easy_setopt(h, CURLOPT_CAINFO, ca);
+        curl_easy_setopt(h, CURLOPT_SSLCERT, cert);
+        curl_easy_setopt(h, CURLOPT_SSLKEY, key);
+    }
+    CURLcode rc = curl_easy_perform(h);
+    curl_easy_cleanup(h);
+    if (rc != CURLE_OK)
+        k.got = 0; /* (etcd's /health is asked until it listens: no noise) */
+    buf[k.got] = '\0';
+    return k.got;
+}
+
+double kvp_http_metric(int port, const char *name)
+{
+    size_t cap = 1 << 20, nlen = strlen(name);
+    char *buf = malloc(cap);
+    double v = -1;
+    if (buf == NULL)
+        return v;
+    kvp_http_get(port, "/metrics", kvp_test_tls_dir() != NULL, buf, cap);
+    const char *l = buf;
+    while (l != NULL && *l != '\0') {
+        if (strncmp(l, name, nlen) == 0 && l[nlen] == ' ') {
+            v = strtod(l + nlen + 1, NULL);
+            break;
+        }
+        l = strchr(l, '\n');
+        if (l != NULL)
+            l++;
+    }
+    free(buf);
+    return v;
+}
+
 /* GET /health on 127.0.0.1:port: true when it says {"health":"true"}. */
 static bool etcd_healthy(int port)
 {
-    int fd;
-    if (kvp_tcp_connect("127.0.0.1", (uint16_t)port, 200, &fd) != KVP_OK)
-        return false;
-    kvp_sock_set_timeout(fd, 1000);
-    static const char req[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
     char buf[2048];
-    size_t got = 0;
-    if (kvp_send_all(fd, req, sizeof(req) - 1) == KVP_OK) {
-        ssize_t n;
-        while (got < sizeof(buf) - 1 && (n = read(fd, buf + got, sizeof(buf) - 1 - got)) > 0)
-            got += (size_t)n;
-    }
-    buf[got] = '\0';
-    close(fd);
+    kvp_http_get(port, "/health", false, buf, sizeof(buf));
     return strstr(buf, "\"health\":\"true\"") != NULL;
 }
 

@@ -23,6 +23,9 @@ const char *kvp_test_cli_bin(void);
 /* The transport a suite is re-run with: $KVPOOL_TRANSPORT when set (the rdma
  * suite sets "rdma" inside the Soft-RoCE VM), else NULL. */
 const char *kvp_test_transport(void);
+/* The TLS pass's certificate directory: $KVPOOL_TEST_TLS_DIR when set (deploy/test.sh: every
+ * master runs TLS 1.3 with its certificates and ACL), else NULL. */
+const char *kvp_test_tls_dir(void);
 
 /*
  * Start argv[0] with argv (NULL-terminated), its fd 3 the write end of a
@@ -111,5 +114,12 @@ bool kvp_restart_etcd_member(kvp_etcd_proc_t *p, int i);
 void kvp_stop_etcd(kvp_etcd_proc_t *p);
 /* A port in the harness's range that nothing listens on now. */
 int kvp_etcd_free_port(void);
+/* GET path from 127.0.0.1:port (libcurl; tls: HTTPS, with the TLS pass's CA and admin
+ * certificate): the whole answer (status line, headers, body) in buf, NUL-terminated; its
+ * length (0: no answer). */
+size_t kvp_http_get(int port, const char *path, bool tls, char *buf, size_t cap);
+/* The value of the unlabelled metric `name` in 127.0.0.1:port's /metrics (a master's: HTTPS
+ * in the TLS pass); -1 if absent or unreadable. */
+double kvp_http_metric(int port, const char *name);
 
 #endif

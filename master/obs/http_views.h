@@ -53,6 +53,9 @@ typedef struct kvp_master_view {
     kvp_tls_t *tls;             /* the control port's TLS (its CAs and CRL verify the HTTPS door's
                                    client certificates; reloaded with them on SIGHUP) */
     kvp_master_call_cb_t *call; /* the JSON views' RPCs (dispatch.c's path) */
+    /* bytes of record changes DRAM owners have not received (server.c's streams; asked only
+     * by /metrics: a walk of the segments, a system call per stream) */
+    uint64_t (*record_unsent)(const kvp_segment_table_t *segments);
     const char *const *method_names; /* [n_methods], by method id (NULL: no such method):
                                         the method table's, for the per-method metrics */
     size_t n_methods;

@@ -368,7 +368,7 @@ static void rpc_latency(kvp_http_reply_t *r, const kvp_master_state_t *st,
 }
 
 /* Clients, and what the ACL, protected mode and TLS refused. */
-static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
+static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st, const kvp_master_view_t *v)
 {
     const kvp_master_stats_t *s = &st->stats;
     one(r, "kvpool_clients", "gauge", "Client connections open.", st->clients);
@@ -395,6 +395,10 @@ static void refusals(kvp_http_reply_t *r, const kvp_master_state_t *st)
         "Record streams that closed with changes their owner never got (its record may miss "
         "them at a master restart).",
         s->record_lost);
+    one(r, "kvpool_record_unsent_bytes", "gauge",
+        "Bytes of record changes DRAM segments' owners have not received yet (queued here, or "
+        "unacknowledged in their sockets): what a kill -9 of the master now would lose.",
+        v->record_unsent != NULL ? v->record_unsent(&st->segments) : 0);
     kvp_http_printf(
         r,
         "# HELP kvpool_connections_refused_total Connections refused and closed, by reason "
@@ -553,7 +557,7 @@ void kvp_master_metrics_render(kvp_http_reply_t *r, const kvp_master_state_t *st
     holds(r, &st->stats);
     rpc_latency(r, st, v);
     continued(r, st, v);
-    refusals(r, st);
+    refusals(r, st, v);
     patterns_refused(r, st);
     tenants(r, st, tenant_names);
     ha(r, st, v);

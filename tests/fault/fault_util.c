@@ -211,8 +211,7 @@ void fault_rpc_hdr(uint8_t out[FAULT_RPC_HDR], uint32_t magic, uint16_t version,
 
 bool fault_tls_pass(void)
 {
-    const char *dir = getenv("KVPOOL_TEST_TLS_DIR");
-    return dir != NULL && dir[0] != '\0';
+    return kvp_test_tls_dir() != NULL;
 }
 
 /* The client contexts, [0] without a certificate and [1] with $KVPOOL_TLS_CERT's: made at

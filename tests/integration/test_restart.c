@@ -45,6 +45,8 @@ typedef struct env {
     kvp_proc_t seg[2];
     kvp_client_t *client;
     char master_addr[512];
+    char http[32]; /* the master's --http-listen (its /metrics) */
+    int http_port;
 } env_t;
 
 static env_t *g_env;
@@ -58,8 +60,15 @@ static bool start_master(env_t *e, bool same_addr, bool records)
                      records ? "on" : "off",
                      "--record-wait",
                      g_record_wait,
+                     "--http-listen",
+                     e->http,
                      NULL};
-    char *fresh[] = {"--segment-records", records ? "on" : "off", "--record-wait", g_record_wait,
+    char *fresh[] = {"--segment-records",
+                     records ? "on" : "off",
+                     "--record-wait",
+                     g_record_wait,
+                     "--http-listen",
+                     e->http,
                      NULL};
     return kvp_start_master_args(&e->master, same_addr ? extra : fresh);
 }
@@ -80,6 +89,8 @@ static env_t *env_start(bool records)
     env_t *e = calloc(1, sizeof(*e));
     assert_non_null(e);
     g_env = e;
+    e->http_port = kvp_etcd_free_port();
+    snprintf(e->http, sizeof(e->http), "127.0.0.1:%d", e->http_port);
     assert_true(start_master(e, false, records));
     snprintf(e->master_addr, sizeof(e->master_addr), "%s", e->master.ready);
     for (int i = 0; i < 2; i++)
@@ -692,6 +703,8 @@ static void test_record_wait_bounds_the_stall(void **state)
     (void)state;
     sleeper_t w;
     env_t *e = sleep_and_write("1", &w);
+    /* answered without the owner having them: the master says what a kill -9 would lose */
+    double unsent = kvp_http_metric(e->http_port, "kvpool_record_unsent_bytes");
     assert_int_equal(kill(e->seg[0].pid, SIGCONT), 0);
     printf("record gates, --record-wait 1: %llu puts into the sleeping owner's segment in "
            "%llu ms (%s)\n",
@@ -700,6 +713,14 @@ static void test_record_wait_bounds_the_stall(void **state)
     assert_int_equal(w.acked, SLEEP_CALLS * SLEEP_BATCH);
     assert_true(w.ms >= 900);  /* it waited once ... */
     assert_true(w.ms < 10000); /* ... not once per call (200 s) */
+    /* each sleeper put's change is 3 KiB of key and more; the owner's socket took a few MiB */
+    printf("record bytes unsent while the owner slept: %.0f\n", unsent);
+    assert_true(unsent > (double)(SLEEP_CALLS * SLEEP_BATCH / 2) * LONG_KEY);
+    uint64_t deadline = kvp_now_ms() + 30000; /* the owner, awake, takes them all */
+    while (kvp_http_metric(e->http_port, "kvpool_record_unsent_bytes") != 0 &&
+           kvp_now_ms() < deadline)
+        usleep(20000);
+    assert_true(kvp_http_metric(e->http_port, "kvpool_record_unsent_bytes") == 0);
     check_sleepers(e->client, SLEEP_CALLS * SLEEP_BATCH);
 }
 
@@ -741,14 +762,50 @@ static bool reset_fullest_conn(const char *master_addr)
 }
 
 /*
+ * After the reset of a record stream: the master saw it lost, the owner mounted again and
+ * its objects were taken back (the pool holds `objects` on both segments, none in the
+ * limbo), and every record change reached the owner (kvpool_record_unsent_bytes 0: with
+ * --record-wait 0 nothing else says so, and a kill -9 before it would lose them).
+ */
+static void wait_made_whole(env_t *e, uint64_t objects)
+{
+    uint64_t t0 = kvp_now_ms(), deadline = t0 + 30000, have = 0, back = 0;
+    double lost = -1, limbo = -1, unsent = -1, most = 0;
+    while (kvp_now_ms() < deadline) {
+        kvp_pool_stat_t *s = NULL;
+        if (kvp_pool_stat(e->client, &s) == KVP_OK) {
+            have = s->n_segments == 2 ? s->objects : 0;
+            back = s->taken_back;
+            kvp_pool_stat_free(s);
+        }
+        lost = kvp_http_metric(e->http_port, "kvpool_record_streams_lost_total");
+        limbo = kvp_http_metric(e->http_port, "kvpool_limbo_objects");
+        unsent = kvp_http_metric(e->http_port, "kvpool_record_unsent_bytes");
+        most = unsent > most ? unsent : most;
+        if (lost >= 1 && back > 0 && limbo == 0 && have == objects && unsent == 0) {
+            printf("made whole after %llu ms: %llu objects taken back, up to %.0f record bytes "
+                   "seen unsent\n",
+                   (unsigned long long)(kvp_now_ms() - t0), (unsigned long long)back, most);
+            return;
+        }
+        usleep(20000);
+    }
+    fail_msg("the owner's record not made whole: %llu of %llu objects, %llu taken back, streams "
+             "lost %.0f, %.0f in the limbo, %.0f record bytes unsent",
+             (unsigned long long)have, (unsigned long long)objects, (unsigned long long)back, lost,
+             limbo, unsent);
+}
+
+/*
  * An owner's record stream reset while the owner lives, with changes still queued for it
  * in the master: the next stream would start after them, and a master restart would then
  * lose the puts they recorded. So the master closes the owner's connection too: the owner
  * mounts again and the objects its record missed are taken back into it (the limbo). Here
  * the owner sleeps while a writer's puts into its segment (--record-wait 0: answered at
  * once) fill its stream; the master's side of the stream is reset (ss -K); the owner
- * wakes, and once the pool holds everything again the master is killed (-9) and started
- * again: every put must read back byte-exact. (Without the remount most were lost.)
+ * wakes, and once the pool holds everything again and its owner has every record change
+ * (wait_made_whole) the master is killed (-9) and started again: every put must read back
+ * byte-exact. (Without the remount most were lost.)
  */
 static void test_record_stream_reset_mounts_again(void **state)
 {
@@ -764,8 +821,7 @@ static void test_record_stream_reset_mounts_again(void **state)
                  "SOCK_DESTROY are needed)");
     if (!reset)
         skip(); /* not root, no ss, or no SOCK_DESTROY: nothing to reset the stream with */
-    wait_objects(e, w.acked);
-    usleep(1000 * 1000); /* the taken-back objects' changes reach the owner's record */
+    wait_made_whole(e, w.acked);
     restart_master(e, true);
     wait_objects(e, w.acked);
     check_sleepers(e->client, w.acked);
