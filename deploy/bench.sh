@@ -195,10 +195,20 @@ for s in fast25_trace conversation toolagent sysprompt rag; do
 done
 
 # Merge: one machine/params header (from the data run), every result.
-python3 - "$tmp" "$OUT/bench-results.json" "$OUT/bench-results.md" <<'PY'
+python3 - "$tmp" "$OUT/bench-results.json" "$OUT/bench-results.md" "$ROOT" <<'PY'
 import json, sys, glob, os
-tmp, out_json, out_md = sys.argv[1:4]
-docs = {os.path.basename(p)[:-5]: json.load(open(p)) for p in sorted(glob.glob(tmp + "/*.json"))}
+tmp, out_json, out_md, root = sys.argv[1:5]
+def unplaced(v):  # no machine paths in the results: the tree's relative, others' base name
+    if isinstance(v, dict):
+        return {k: unplaced(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [unplaced(x) for x in v]
+    if isinstance(v, str) and os.path.isabs(v):
+        rel = os.path.relpath(v, root)
+        return rel if not rel.startswith("..") else os.path.basename(v)
+    return v
+docs = {os.path.basename(p)[:-5]: unplaced(json.load(open(p)))
+        for p in sorted(glob.glob(tmp + "/*.json"))}
 if not docs:
     sys.exit("no results to merge")
 for name, v in docs.items():  # which run each figure came from
