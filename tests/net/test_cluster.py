@@ -215,8 +215,12 @@ def test_netdelay_jitter_keeps_a_stream_in_order(bed):
     chunk, each way) to an echo server on another host, and reads the echoes. Every
     message comes back, in the order sent (the proxy holds a chunk that drew a short
     jitter behind one that drew a long one: TCP stays in order); every round trip is at
-    least the base 20 ms and at most 2 x (10 + 20) ms plus scheduling slack; and the
-    round trips spread (the jitter is in place)."""
+    least the base 20 ms; all but the few a stall of the machine caught are at most 2 x (10
+    + 20) ms plus scheduling slack (95 % of them: a CI machine's 2 cores, shared with the
+    bed's other processes, once held the ~4 messages in flight 0.6 s, which no bound on
+    the proxy can promise); and the round trips spread (the jitter is in place). A proxy
+    that held chunks longer than the delay plus the jitter, or let holds add up, moves
+    most round trips past the bound."""
     b = bed(2)
     client, server = b.hosts
     delay_us, jitter_us = 10000, 20000
@@ -235,7 +239,9 @@ def test_netdelay_jitter_keeps_a_stream_in_order(bed):
            rtt_max_ms=p_ms(rtts, 1))
     assert out["n"] == 400 and out["in_order"]
     assert rtts[0] >= 2 * delay_us / 1e6
-    assert rtts[-1] < 2 * (delay_us + jitter_us) / 1e6 + 0.05
+    bound = 2 * (delay_us + jitter_us) / 1e6 + 0.05
+    over = [x for x in rtts if x >= bound]
+    assert len(over) <= len(rtts) // 20, f"{len(over)} of {len(rtts)} round trips over {bound} s"
     assert p_ms(rtts, 0.9) - p_ms(rtts, 0.1) > 5, "the round trips do not spread: no jitter?"
 
 
