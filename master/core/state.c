@@ -132,6 +132,7 @@ void kvp_master_state_cleanup(kvp_master_state_t *st)
         st->tasks = t->next;
         free(t);
     }
+    st->n_tasks = 0;
     while (st->moves != NULL) {
         kvp_move_t *mv = st->moves;
         st->moves = mv->next;
@@ -173,6 +174,7 @@ kvp_ssd_task_t *kvp_state_task_add(kvp_master_state_t *st, kvp_ssd_task_kind_t k
     else
         st->tasks = t;
     st->tasks_tail = t;
+    st->n_tasks++;
     st->tasks_ready = true;
     return t;
 }
@@ -189,6 +191,7 @@ void kvp_state_task_remove(kvp_master_state_t *st, kvp_ssd_task_t *task)
             st->tasks = t->next;
         if (st->tasks_tail == t)
             st->tasks_tail = prev;
+        st->n_tasks--;
         free(t);
         return;
     }

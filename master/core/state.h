@@ -250,6 +250,7 @@ typedef struct kvp_master_state {
     uint64_t hot_window_ms; /* when the current window ends */
     /* SSD tier (policy/tier.c) */
     kvp_ssd_task_t *tasks, *tasks_tail; /* in order of creation */
+    uint64_t n_tasks;                   /* on that list: queued or sent, not answered */
     uint64_t next_task_id;
     uint64_t offloading_bytes; /* DRAM bytes that offloads in flight will free */
     uint64_t offloading;       /* offloads in flight */

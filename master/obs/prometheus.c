@@ -176,6 +176,10 @@ static void capacity(kvp_http_reply_t *r, const kvp_master_state_t *st)
     per_segment(r, st, "kvpool_segment_capacity_bytes", "Bytes of the segment.", 0);
     per_segment(r, st, "kvpool_segment_used_bytes", "Bytes allocated on the segment.", 1);
     per_segment(r, st, "kvpool_segment_objects", "Object replicas on the segment.", 2);
+    one(r, "kvpool_ssd_tasks", "gauge",
+        "SSD tier tasks (offload, record, promote, forget) queued for or sent to their segments' "
+        "owners and not answered yet.",
+        st->n_tasks);
 }
 
 /* Hot keys: those whose bytes were copied (read --hot-key-reads times in a window). */

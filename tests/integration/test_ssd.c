@@ -47,6 +47,8 @@ typedef struct env {
     char dir[256];
     char path[320];
     char master_addr[512];
+    char http[32]; /* the master's --http-listen (its /metrics) */
+    int http_port;
 } env_t;
 
 static env_t *g_env;
@@ -80,8 +82,21 @@ static bool start_ssd(env_t *e)
 
 static bool start_master(env_t *e, bool same_addr)
 {
-    char *extra[] = {"--listen", e->master_addr, NULL};
-    return kvp_start_master_args(&e->master, same_addr ? extra : NULL);
+    char *extra[] = {"--listen", e->master_addr, "--http-listen", e->http, NULL};
+    return kvp_start_master_args(&e->master, same_addr ? extra : extra + 2);
+}
+
+/* Every SSD task the master has handed out answered (kvpool_ssd_tasks 0): the owner has
+ * recorded the puts straight to SSD and forgotten the removed objects in its file, so a
+ * kill -9 of owner or master keeps what the test expects. */
+static void wait_ssd_tasks_done(env_t *e)
+{
+    uint64_t deadline = kvp_now_ms() + 10000;
+    double n;
+    while ((n = kvp_http_metric(e->http_port, "kvpool_ssd_tasks")) != 0 && kvp_now_ms() < deadline)
+        usleep(10 * 1000);
+    if (n != 0)
+        fail_msg("kvpool_ssd_tasks still %.0f after 10 s", n);
 }
 
 static env_t *env_start(void)
@@ -91,6 +106,8 @@ static env_t *env_start(void)
     snprintf(e->dir, sizeof(e->dir), "ssdtest.XXXXXX");
     assert_non_null(mkdtemp(e->dir));
     snprintf(e->path, sizeof(e->path), "%s/segment.kvpssd", e->dir);
+    e->http_port = kvp_etcd_free_port();
+    snprintf(e->http, sizeof(e->http), "127.0.0.1:%d", e->http_port);
     assert_true(start_master(e, false));
     snprintf(e->master_addr, sizeof(e->master_addr), "%s", e->master.ready);
     assert_true(kvp_start_segment(&e->dram, e->master_addr, DRAM_SIZE, "auto"));
@@ -334,9 +351,7 @@ static void test_owner_kill9_restart_keeps_ssd_objects(void **state)
     env_t *e = env_start();
     const unsigned n = 24;
     assert_int_equal(put_all(e, "keep", n, 3000, "ssd"), n); /* straight to SSD */
-    uint64_t deadline = kvp_now_ms() + 5000;
-    (void)deadline;
-    usleep(300 * 1000); /* RECORD tasks: the owner records them within a round trip */
+    wait_ssd_tasks_done(e); /* RECORD tasks: the owner has recorded them */
     for (unsigned i = 0; i < n; i++) {
         char key[64];
         key_of(key, sizeof(key), "keep", i);
@@ -344,7 +359,7 @@ static void test_owner_kill9_restart_keeps_ssd_objects(void **state)
     }
     kvp_proc_kill9(&e->ssd);
     /* gone with its owner: not readable, not listed */
-    deadline = kvp_now_ms() + 5000;
+    uint64_t deadline = kvp_now_ms() + 5000;
     while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
         usleep(20 * 1000);
     assert_int_equal(get_check(e, "keep", 0, 3000), KVP_ERR_NOT_FOUND);
@@ -360,7 +375,7 @@ static void test_owner_kill9_restart_keeps_ssd_objects(void **state)
     char key[64];
     key_of(key, sizeof(key), "keep", 5);
     assert_int_equal(kvp_remove(e->client, key), KVP_OK);
-    usleep(300 * 1000); /* the owner forgets it (FORGET task) */
+    wait_ssd_tasks_done(e); /* the owner has forgotten it (FORGET task) */
     kvp_proc_kill9(&e->ssd);
     deadline = kvp_now_ms() + 5000;
     while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
@@ -387,7 +402,7 @@ static void test_master_kill9_ssd_objects_come_back(void **state)
     env_t *e = env_start();
     const unsigned n = 16;
     assert_int_equal(put_all(e, "mk", n, 4000, "ssd"), n);
-    usleep(300 * 1000);
+    wait_ssd_tasks_done(e);
     kvp_proc_kill9(&e->master);
     assert_true(start_master(e, true));
     wait_adopted(e, n);
@@ -431,7 +446,7 @@ static void test_corrupt_file_gives_checksum_error(void **state)
     (void)state;
     env_t *e = env_start();
     assert_int_equal(put_all(e, "bad", 2, 5000, "ssd"), 2);
-    usleep(300 * 1000);
+    wait_ssd_tasks_done(e);
     uint8_t head[256];
     kvp_fill_pattern(head, sizeof(head), 5000); /* bad-00000's first bytes */
     corrupt_in_file(e->path, head, sizeof(head));
@@ -447,7 +462,7 @@ static void test_io_error_loses_that_object_only(void **state)
     (void)state;
     env_t *e = env_start();
     assert_int_equal(put_all(e, "eio", 3, 7000, "ssd"), 3);
-    usleep(300 * 1000);
+    wait_ssd_tasks_done(e);
     /* the header's data base (bytes 40..47) and the extents of the three 64 KiB objects */
     int fd = open(e->path, O_RDWR);
     assert_true(fd >= 0);
@@ -509,12 +524,15 @@ static void test_owner_kill9_mid_offload_loses_nothing(void **state)
     printf("mid-offload: %u objects, %llu offloads in flight at the kill\n", n,
            (unsigned long long)s.offloading_objects);
     assert_true(s.offloading_objects > 0);
+    /* the gauge counts the offloads the frozen owner has not answered */
+    assert_true(kvp_http_metric(e->http_port, "kvpool_ssd_tasks") >= (double)s.offloading_objects);
     kvp_proc_kill9(&e->ssd);
     uint64_t deadline = kvp_now_ms() + 5000;
     while (stat_now(e).ssd_capacity > 0 && kvp_now_ms() < deadline)
         usleep(20 * 1000);
     s = stat_now(e);
     assert_int_equal(s.offloading_objects, 0);
+    assert_true(kvp_http_metric(e->http_port, "kvpool_ssd_tasks") == 0); /* ended with it */
     assert_int_equal(s.objects, n); /* nothing that was in DRAM is lost */
     for (unsigned j = 0; j < n; j++)
         assert_int_equal(get_check(e, "mid", idx[j], 6000), KVP_OK);
