@@ -322,6 +322,7 @@ typedef struct writer {
     kvp_client_t *c;
     _Atomic bool *stop;
     _Atomic uint64_t *kill_ms; /* when the master was killed (0: not yet) */
+    _Atomic uint64_t *acks;    /* puts acknowledged, all writers */
     uint64_t n;                /* keys tried */
     uint64_t acked_before;     /* acknowledged before the kill: keys [0, acked_before) */
     bool acked[W_MAX];
@@ -342,6 +343,7 @@ static void *writer_main(void *arg)
             w->acked[i] = true;
             w->ack_ms[i] = kvp_now_ms();
             w->n++;
+            atomic_fetch_add(w->acks, 1);
             usleep(1000); /* about 1000 puts a second: W_MAX outlasts the test */
         } else if (s == KVP_ERR_EXISTS) {
             w->n++; /* a retried put whose first try had landed */
@@ -353,12 +355,24 @@ static void *writer_main(void *arg)
     return NULL;
 }
 
+/* Wait (up to ms) until the writers have had `n` puts acknowledged in all. */
+static void wait_acks(_Atomic uint64_t *acks, uint64_t n, uint64_t ms, const char *when)
+{
+    uint64_t deadline = kvp_now_ms() + ms;
+    while (atomic_load(acks) < n && kvp_now_ms() < deadline)
+        usleep(10000);
+    if (atomic_load(acks) < n)
+        fail_msg("%s: %llu puts acknowledged after %llu ms, not %llu", when,
+                 (unsigned long long)atomic_load(acks), (unsigned long long)ms,
+                 (unsigned long long)n);
+}
+
 static void test_writers_through_restart(void **state)
 {
     (void)state;
     env_t *e = env_start(true);
     _Atomic bool stop = false;
-    _Atomic uint64_t kill_ms = 0;
+    _Atomic uint64_t kill_ms = 0, acks = 0;
     writer_t w[2];
     pthread_t th[2];
     for (int i = 0; i < 2; i++) {
@@ -368,14 +382,20 @@ static void test_writers_through_restart(void **state)
         w[i].c = new_client(e);
         w[i].stop = &stop;
         w[i].kill_ms = &kill_ms;
+        w[i].acks = &acks;
         assert_int_equal(pthread_create(&th[i], NULL, writer_main, &w[i]), 0);
     }
+    /* writers at work for 0.4 s and at least one put acknowledged (a busy machine may take
+     * longer), then the kill; after the restart, 1.5 s and puts acknowledged again */
     usleep(400000);
+    wait_acks(&acks, 1, 15000, "before the kill");
     uint64_t killed = kvp_now_ms();
     kvp_proc_kill9(&e->master);
     usleep(200000);
     assert_true(start_master(e, true, true));
+    uint64_t acks_at_restart = atomic_load(&acks);
     usleep(1500000);
+    wait_acks(&acks, acks_at_restart + 1, 20000, "after the restart");
     atomic_store(&stop, true);
     for (int i = 0; i < 2; i++)
         pthread_join(th[i], NULL);

@@ -35,6 +35,7 @@
 #include "client/te/te_lease.h"
 #include "client/transport/rdma_status.h"
 #include "client/transport/wire.h"
+#include "common/clock.h"
 #include "common/sock.h"
 #include "tests/harness.h"
 
@@ -230,6 +231,10 @@ static void unregister_case(const char *proto, const char *shm_mode)
     assert_int_equal(kvp_te_unregister(a, dst), KVP_OK);
     memset(dst, 0, 65536); /* no byte may land after this */
     usleep(200000);
+    /* and writers have been refused (a loaded machine may not have run them yet) */
+    for (uint64_t until = kvp_now_ms() + 10000;
+         atomic_load(&w.refused) == 0 && kvp_now_ms() < until;)
+        usleep(1000);
     atomic_store(&w.stop, true);
     for (int i = 0; i < 2; i++)
         pthread_join(th[i], NULL);

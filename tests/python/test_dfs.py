@@ -56,6 +56,29 @@ INVALID = kvpool.ERR_INVALID_ARG
 UNSUPPORTED = kvpool.STATUS["KVP_ERR_UNSUPPORTED"]
 
 
+def master_metric_at(port, name, **labels):
+    """A metric of the master whose --http-listen is 127.0.0.1:port (HTTPS in the suite's TLS
+    pass)."""
+    if TLS_DIR:
+        ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10,
+                                    context=ctx) as r:
+            text = r.read().decode()
+    else:
+        status, text = http_get(port, "/metrics")
+        assert status == 200, text
+    return metric(text, name, labels or None)
+
+
+def wait_recorded(master_metric):
+    """Every DFS/SSD task the master handed out answered (kvpool_ssd_tasks 0): the owner has
+    recorded the puts' entries in its shard file (RECORD tasks), so a kill -9 keeps them."""
+    deadline = time.monotonic() + 10
+    while (n := master_metric("kvpool_ssd_tasks")) != 0:
+        assert time.monotonic() < deadline, f"kvpool_ssd_tasks still {n} after 10 s"
+        time.sleep(0.01)
+
+
 class DfsPool(Pool):
     """A master, a DFS owner (`kvpool serve --segment-size 0 --dfs-path DIR --dfs-size N
     --http-listen`) and memory segments."""
@@ -87,15 +110,7 @@ class DfsPool(Pool):
         return d
 
     def master_metric(self, name, **labels):
-        if TLS_DIR:  # the suite's TLS pass: the master serves HTTPS
-            ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
-            with urllib.request.urlopen(f"https://127.0.0.1:{self.http_port}/metrics",
-                                        timeout=10, context=ctx) as r:
-                text = r.read().decode()
-        else:
-            status, text = http_get(self.http_port, "/metrics")
-            assert status == 200, text
-        return metric(text, name, labels or None)
+        return master_metric_at(self.http_port, name, **labels)
 
     def dfs_served(self):
         """Requests the DFS owner's data server answered (kvpool_served_ops_total)."""
@@ -348,7 +363,7 @@ def test_dfs_owner_restart_brings_its_objects_back(dfs_pool):
     blobs = {f"s{i}": os.urandom(10_000 + i * 4099) for i in range(20)}
     with kvpool.Client(p.addr) as c:
         assert c.batch_put(list(blobs), list(blobs.values()), dfs_replica_num=1) == [0] * 20
-    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
+    wait_recorded(p.master_metric)  # the owner has recorded the entries (RECORD tasks)
     p.dfs.kill()  # kill -9: the master drops the DFS replicas, the memory ones stay
     p.segments.remove(p.dfs)
     with kvpool.Client(p.addr) as c:
@@ -415,9 +430,10 @@ def test_master_restart_keeps_dfs_replicas(tmp_path):
     """The master killed (kill -9) and started again on its port: the DFS owner mounts again
     and offers its shard's objects; with the memory owner gone meanwhile, the objects are
     read back from DFS, through the owner and in the file."""
-    port = free_port()
+    port, http_port = free_port(), free_port()
     argv = [_bin("KVPOOL_MASTER_BIN"), "--listen", f"127.0.0.1:{port}", "--ready-fd", "{fd}",
-            "--log-level", "error", *master_security_args(), "--lease-ttl", "0"]
+            "--log-level", "error", *master_security_args(), "--lease-ttl", "0",
+            "--http-listen", f"127.0.0.1:{http_port}"]
     cli = _bin("KVPOOL_CLI_BIN")
     d = tmp_path / "dfs"
     d.mkdir(mode=0o700)
@@ -432,7 +448,7 @@ def test_master_restart_keeps_dfs_replicas(tmp_path):
         blobs = {f"h{i}": os.urandom(30_000 + i) for i in range(8)}
         with kvpool.Client(addr) as c:
             assert c.batch_put(list(blobs), list(blobs.values()), dfs_replica_num=1) == [0] * 8
-        time.sleep(0.5)  # recorded by the DFS owner
+        wait_recorded(lambda name: master_metric_at(http_port, name))  # recorded by the owner
         procs[-1].kill()
         mem.kill()  # the memory replicas are gone for good
         procs[-1] = Proc(argv)
@@ -556,7 +572,7 @@ def _on_dfs_only(p, prefix, n, size):
     with kvpool.Client(p.addr) as c:
         for k, v in data.items():
             c.put(k, v, dfs_replica_num=1)
-    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
+    wait_recorded(p.master_metric)  # the owner has recorded the entries (RECORD tasks)
     mem = p.segments[-1]
     mem.kill()  # the memory replicas go
     p.segments.remove(mem)
@@ -682,7 +698,7 @@ def test_another_principal_never_takes_a_shard_over(certs, tmp_path, monkeypatch
         with m.client("alice") as alice:
             for k, v in blobs.items():
                 alice.put(k, v, dfs_replica_num=1)
-        time.sleep(0.5)  # RECORD tasks
+        wait_recorded(m.metric)  # RECORD tasks
         owner.kill()
         m.segments.remove(owner)
         deadline = time.monotonic() + 10
