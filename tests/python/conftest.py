@@ -14,6 +14,7 @@ import random
 import select
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -118,6 +119,29 @@ def http_get(port, path, timeout=10.0):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def master_metric_at(port, name, **labels):
+    """A metric of the master whose --http-listen is 127.0.0.1:port (HTTPS in the suite's TLS
+    pass)."""
+    if TLS_DIR:
+        ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10,
+                                    context=ctx) as r:
+            text = r.read().decode()
+    else:
+        status, text = http_get(port, "/metrics")
+        assert status == 200, text
+    return metric(text, name, labels or None)
+
+
+def wait_recorded(master_metric):
+    """Every DFS/SSD task the master handed out answered (kvpool_ssd_tasks 0): the owner has
+    recorded the puts' entries in its shard file (RECORD tasks), so a kill -9 keeps them."""
+    deadline = time.monotonic() + 10
+    while (n := master_metric("kvpool_ssd_tasks")) != 0:
+        assert time.monotonic() < deadline, f"kvpool_ssd_tasks still {n} after 10 s"
+        time.sleep(0.01)
 
 
 def _bin(env):

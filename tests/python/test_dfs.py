@@ -38,45 +38,20 @@ on NFS or 3FS-FUSE. Covered:
 import json
 import os
 import signal
-import ssl
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
 import kvpool
-from conftest import (TLS_DIR, Pool, Proc, _bin, free_port, freeze, http_get,
-                      master_security_args, metric)
+from conftest import (Pool, Proc, _bin, free_port, freeze, http_get, master_metric_at,
+                      master_security_args, metric, wait_recorded)
 from test_security import certs  # noqa: F401 (the fixture)
 
 KiB, MiB = 1024, 1024 * 1024
 POOL_FULL = kvpool.ERR_POOL_FULL
 INVALID = kvpool.ERR_INVALID_ARG
 UNSUPPORTED = kvpool.STATUS["KVP_ERR_UNSUPPORTED"]
-
-
-def master_metric_at(port, name, **labels):
-    """A metric of the master whose --http-listen is 127.0.0.1:port (HTTPS in the suite's TLS
-    pass)."""
-    if TLS_DIR:
-        ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10,
-                                    context=ctx) as r:
-            text = r.read().decode()
-    else:
-        status, text = http_get(port, "/metrics")
-        assert status == 200, text
-    return metric(text, name, labels or None)
-
-
-def wait_recorded(master_metric):
-    """Every DFS/SSD task the master handed out answered (kvpool_ssd_tasks 0): the owner has
-    recorded the puts' entries in its shard file (RECORD tasks), so a kill -9 keeps them."""
-    deadline = time.monotonic() + 10
-    while (n := master_metric("kvpool_ssd_tasks")) != 0:
-        assert time.monotonic() < deadline, f"kvpool_ssd_tasks still {n} after 10 s"
-        time.sleep(0.01)
 
 
 class DfsPool(Pool):

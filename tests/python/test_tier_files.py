@@ -30,7 +30,7 @@ import time
 import pytest
 
 import kvpool
-from conftest import Proc
+from conftest import Proc, free_port, master_metric_at, wait_recorded
 from test_dfs import DfsPool
 
 MiB = 1024 * 1024
@@ -86,7 +86,9 @@ def open_dir():
 
 
 def test_ssd_file_is_private_and_a_looser_one_is_refused(make_pool, open_dir):
-    p = make_pool(segments=())
+    http_port = free_port()
+    p = make_pool(segments=(), master_args=("--lease-ttl", "0", "--http-listen",
+                                            f"127.0.0.1:{http_port}"))
     path = os.path.join(open_dir, "seg.kvpssd")
     argv = [p.cli_bin, "--master", p.addr, "serve", "--segment-size", "0", "--ssd-path", path,
             "--ssd-size", "8MiB", "--ssd-buffered-io"]
@@ -99,7 +101,7 @@ def test_ssd_file_is_private_and_a_looser_one_is_refused(make_pool, open_dir):
             c.put(k, v, medium="ssd")
     assert mode(path) == 0o600, oct(mode(path))
     nobody_reads(path)
-    time.sleep(0.5)  # the owner records the entries (RECORD tasks)
+    wait_recorded(lambda name: master_metric_at(http_port, name))  # RECORD tasks answered
     assert owner.stop() == 0
     p.segments.remove(owner)
 
