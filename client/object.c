@@ -727,9 +727,14 @@ static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replica
     size_t i = b->idx[j];
     const char *key = b->keys[i];
     if (b->holds != NULL) {
-        /* its hold gone at the master, or its write failed (the master freed the hold: IO),
-         * as after a master restart whose new segment ids the held extents predate: put
-         * again, placed anew the two-call way (batch_put_ex), once */
+        /* a write that timed out (the master freed its hold: IO) fails with the write's
+         * error, as a two-call put's does: the call's time is spent, and placed anew it
+         * could meet the same silent owner and wait out a second timeout */
+        if (b->st[i] == KVP_ERR_TIMEOUT && s != KVP_ERR_NOT_FOUND)
+            return;
+        /* its hold gone at the master, or its write failed otherwise (the master freed the
+         * hold: IO), as after a master restart whose new segment ids the held extents
+         * predate: put again, placed anew the two-call way (batch_put_ex), once */
         if (b->st[i] != KVP_OK || s == KVP_ERR_NOT_FOUND) {
             b->st[i] = PUT_HOLD_GONE;
             return;

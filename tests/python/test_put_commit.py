@@ -164,6 +164,36 @@ def test_steady_state_is_one_master_call_per_batch(make_pool):
         assert p.m("kvpool_put_holds", text) == 32  # the next batch's, of its size
 
 
+def test_a_held_write_that_times_out_fails_within_one_timeout(make_pool):
+    """A batch written into holds on an owner that stopped answering (SIGSTOP): each key
+    fails with KVP_ERR_TIMEOUT after the one write timeout, and is not placed anew the
+    two-call way (no PutStart: placed anew on the same silent owner, the call would wait a
+    second timeout); none of its keys is visible, the batch before reads back byte-exact."""
+    p = HPool(make_pool)
+    with kvpool.Client(p.addr, transport="tcp", rpc_timeout_ms=1000) as c:
+        first = blobs("to1-", 16, 4 * KiB)
+        put_all(c, first)  # PutStart + PUT_COMMIT: holds for 16 more
+        assert p.m("kvpool_put_holds") == 16
+        second = blobs("to2-", 16, 4 * KiB)
+        seg = p.pool.segments[0]
+        c0 = calls(c)
+        freeze(seg.pid)
+        try:
+            with pytest.raises(kvpool.Error) as e:  # every key failed the same way: raised
+                c.batch_put(list(second), list(second.values()))
+        finally:
+            os.kill(seg.pid, signal.SIGCONT)
+        assert e.value.status == kvpool.ERR_TIMEOUT, e.value
+        d = delta(calls(c), c0)
+        assert d.get("put_start", 0) == 0 and d.get("put_commit", 0) == 1, d
+        for k in second:
+            with pytest.raises(kvpool.Error) as e:
+                c.get(k)
+            assert e.value.status == kvpool.ERR_NOT_FOUND, (k, e.value)
+        read_back(c, first)
+        assert p.m("kvpool_keys") == 16
+
+
 @pytest.mark.parametrize("setting", ["off", "0"])
 def test_put_ahead_off_makes_two_calls_a_batch(make_pool, monkeypatch, setting):
     """KVPOOL_PUT_AHEAD=off (or 0), read when the client is created: every batch makes
