@@ -121,18 +121,23 @@ def http_get(port, path, timeout=10.0):
         return e.code, e.read().decode()
 
 
-def master_metric_at(port, name, **labels):
-    """A metric of the master whose --http-listen is 127.0.0.1:port (HTTPS in the suite's TLS
-    pass)."""
-    if TLS_DIR:
-        ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
-        with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10,
-                                    context=ctx) as r:
-            text = r.read().decode()
-    else:
+def master_metrics(port):
+    """The /metrics text of the master whose --http-listen is 127.0.0.1:port (HTTPS in the
+    suite's TLS pass)."""
+    if not TLS_DIR:
         status, text = http_get(port, "/metrics")
         assert status == 200, text
-    return metric(text, name, labels or None)
+        return text
+    ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
+    with urllib.request.urlopen(f"https://127.0.0.1:{port}/metrics", timeout=10,
+                                context=ctx) as r:
+        assert r.status == 200
+        return r.read().decode()
+
+
+def master_metric_at(port, name, **labels):
+    """One metric of master_metrics(port)."""
+    return metric(master_metrics(port), name, labels or None)
 
 
 def wait_recorded(master_metric):

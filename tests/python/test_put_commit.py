@@ -47,12 +47,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import pytest
 
 import kvpool
-from conftest import TLS_DIR, Proc, _bin, free_port, freeze, metric, master_security_args
+from conftest import (TLS_DIR, Proc, _bin, free_port, freeze, master_metrics, metric,
+                      master_security_args)
 from test_security import _CRED_ENV, certs, frame, read_frame, varint  # noqa: F401 (fixture)
 
 KiB, MiB = 1024, 1 << 20
@@ -61,18 +61,6 @@ M_PUT_COMMIT = 28
 
 
 # ---- helpers ----
-
-def master_metrics(http_port):
-    """The master's /metrics text (HTTPS in the TLS pass)."""
-    if TLS_DIR:
-        ctx = ssl.create_default_context(cafile=os.path.join(TLS_DIR, "ca.crt"))
-        url = f"https://127.0.0.1:{http_port}/metrics"
-    else:
-        ctx, url = None, f"http://127.0.0.1:{http_port}/metrics"
-    with urllib.request.urlopen(url, timeout=10, context=ctx) as r:
-        assert r.status == 200
-        return r.read().decode()
-
 
 class HPool:
     """make_pool's pool with the master's /metrics on a port of its own."""
