@@ -407,6 +407,7 @@ typedef struct put_batch {
     kvp_hold_t *holds;    /* [m] each key's hold (the batch is held: no PutStart); NULL: none */
     uint64_t fp, gen;     /* the holds' placement fingerprint and master connection */
     bool commit;          /* ends with PUT_COMMIT (which asks for holds), not PutEnd */
+    bool shun;            /* a put again after a write timed out: no write to a suspect */
 } put_batch_t;
 
 /* The keys that can start: a valid key whose pieces hold bytes; the rest get their status. */
@@ -511,6 +512,10 @@ static kvp_status_t put_start(put_batch_t *b, const kvp_put_config_t *cfg)
 /* A key's status inside a put: its hold was gone at the master (a restart, a closed
  * connection, its put timeout); batch_put_ex puts it again, and a caller never sees it. */
 #define PUT_HOLD_GONE (-100000)
+/* A held key whose write timed out: batch_put_ex puts it again once, placed anew, and
+ * writes no replica to a segment a transfer failed on lately (so the call waits out no
+ * second timeout); a caller never sees it. */
+#define PUT_TIMED_OUT (-100001)
 
 /* The placement a batch's holds are for, as one number. */
 static uint64_t put_fp(const Kvpool__PutConfig *pc)
@@ -637,6 +642,7 @@ static kvp_status_t put_plan(put_batch_t *b)
         b->ops = NULL;
     }
     b->k = 0;
+    uint64_t now = kvp_now_ms();
     for (size_t j = 0; j < b->m; j++) {
         const Kvpool__PutStartResult *r = sr->results[j];
         size_t i = b->idx[j];
@@ -651,10 +657,18 @@ static kvp_status_t put_plan(put_batch_t *b)
          * cannot checksum it afterwards, so every replica's staged transfer computes the CRC
          * on the way */
         bool gpu = pieces_mem(b->c, b->src, i, b->mems);
+        size_t planned = 0;
+        bool shunned = false;
         for (size_t q = 0; q < r->n_replicas; q++) {
             kvp_peer_t *peer = kvp_peers_get(&b->c->peers, r->replicas[q]->segment_id);
             if (peer == NULL)
                 continue; /* an unknown segment: that replica is not written */
+            uint64_t failed = atomic_load(&peer->failed_ms);
+            if (b->shun && failed != 0 && now - failed < KVP_PEERS_SUSPECT_MS) {
+                shunned = true; /* placed again where a write timed out: not written */
+                continue;
+            }
+            planned++;
             kvp_xfer_grant_t g = b->holds != NULL
                                      ? hold_grant(&b->holds[j], q)
                                      : rep_grant(r->replicas[q], sr->segments, sr->n_segments);
@@ -662,6 +676,10 @@ static kvp_status_t put_plan(put_batch_t *b)
                                  b->src, i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu,
                                  b->mems, g);
         }
+        /* placed again only where its write timed out (the master had no other room):
+         * it keeps that failure (its message noted then), revoked by put_finish */
+        if (planned == 0 && shunned && b->ops != NULL)
+            b->st[i] = KVP_ERR_TIMEOUT;
     }
     return rc;
 }
@@ -727,11 +745,13 @@ static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replica
     size_t i = b->idx[j];
     const char *key = b->keys[i];
     if (b->holds != NULL) {
-        /* a write that timed out (the master freed its hold: IO) fails with the write's
-         * error, as a two-call put's does: the call's time is spent, and placed anew it
-         * could meet the same silent owner and wait out a second timeout */
-        if (b->st[i] == KVP_ERR_TIMEOUT && s != KVP_ERR_NOT_FOUND)
+        /* a write that timed out (the master freed its hold: IO): put again once, on no
+         * segment that failed lately (PUT_TIMED_OUT), so the call waits out no second
+         * timeout on the same silent owner */
+        if (b->st[i] == KVP_ERR_TIMEOUT && s != KVP_ERR_NOT_FOUND) {
+            b->st[i] = PUT_TIMED_OUT;
             return;
+        }
         /* its hold gone at the master, or its write failed otherwise (the master freed the
          * hold: IO), as after a master restart whose new segment ids the held extents
          * predate: put again, placed anew the two-call way (batch_put_ex), once */
@@ -943,7 +963,7 @@ static kvp_status_t groups_check(const kvp_put_config_t *cfg, size_t n)
 static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys,
                                         const pieces_t *src, size_t n,
                                         const kvp_put_config_t *config, kvp_status_t *results,
-                                        uint32_t *replicas_written, bool may_hold)
+                                        uint32_t *replicas_written, kvp_status_t again)
 {
     if (c == NULL || keys == NULL || !pieces_ok(src) || results == NULL || n > KVP_MAX_BATCH)
         return KVP_ERR_INVALID_ARG;
@@ -956,6 +976,9 @@ static kvp_status_t put_batch_once_body(kvp_client_t *c, const char *const *keys
         memset(replicas_written, 0, n * sizeof(*replicas_written));
 
     put_batch_t b = {.c = c, .keys = keys, .groups = cfg.group_ids, .src = src};
+    /* (a key put again after its hold: placed anew, the two-call way) */
+    bool may_hold = again != PUT_HOLD_GONE && again != PUT_TIMED_OUT;
+    b.shun = again == PUT_TIMED_OUT;
     b.st = kvp_scratch_alloc(n * sizeof(*b.st));
     b.idx = kvp_scratch_alloc(n * sizeof(*b.idx));
     b.szs = kvp_scratch_alloc(n * sizeof(*b.szs));
@@ -1008,11 +1031,11 @@ out_all:
  * busy-pool retries call it many times within one public call). */
 static kvp_status_t put_batch_once(kvp_client_t *c, const char *const *keys, const pieces_t *src,
                                    size_t n, const kvp_put_config_t *config, kvp_status_t *results,
-                                   uint32_t *replicas_written, bool may_hold)
+                                   uint32_t *replicas_written, kvp_status_t again)
 {
     size_t mark = kvp_scratch_mark();
     kvp_status_t rc =
-        put_batch_once_body(c, keys, src, n, config, results, replicas_written, may_hold);
+        put_batch_once_body(c, keys, src, n, config, results, replicas_written, again);
     kvp_scratch_release(mark);
     return rc;
 }
@@ -1078,8 +1101,7 @@ static size_t put_again(kvp_client_t *c, const char *const *keys, const pieces_t
         cfg2.n_group_ids = m;
         config2 = &cfg2;
     }
-    /* (a key put again after its hold: placed anew, the two-call way) */
-    put_batch_once(c, k2, &src2, m, config2, r2, w2, which != PUT_HOLD_GONE);
+    put_batch_once(c, k2, &src2, m, config2, r2, w2, which);
     left = 0;
     for (size_t j = 0; j < m; j++) {
         results[at[j]] = r2[j];
@@ -1098,7 +1120,8 @@ out:
  * most the RPC timeout; then the keys get KVP_ERR_POOL_FULL. Only the busy
  * keys are retried; the allocations here are on that rare path only. A key whose
  * hold was gone at the master (PUT_HOLD_GONE: its bytes went to room the master no
- * longer held for it) is put again once, at once.
+ * longer held for it) is put again once, at once; so is one whose held write timed out
+ * (PUT_TIMED_OUT), on no segment that failed lately.
  */
 static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const pieces_t *src,
                                  size_t n, const kvp_put_config_t *config, kvp_status_t *results,
@@ -1109,14 +1132,21 @@ static kvp_status_t batch_put_ex(kvp_client_t *c, const char *const *keys, const
     /* what the call leaves untouched (arguments refused outright) reads as refused */
     for (size_t i = 0; i < n; i++)
         results[i] = KVP_ERR_INVALID_ARG;
-    kvp_status_t rc = put_batch_once(c, keys, src, n, config, results, replicas_written, true);
-    size_t nb = 0, ng = 0;
+    kvp_status_t rc = put_batch_once(c, keys, src, n, config, results, replicas_written, KVP_OK);
+    size_t nb = 0, ng = 0, nt = 0;
     for (size_t i = 0; rc != KVP_OK && i < n; i++) {
         nb += results[i] == KVP_ERR_POOL_BUSY;
         ng += results[i] == PUT_HOLD_GONE;
+        nt += results[i] == PUT_TIMED_OUT;
     }
-    if (ng > 0) {
-        put_again(c, keys, src, n, config, results, replicas_written, PUT_HOLD_GONE);
+    if (nt > 0 &&
+        put_again(c, keys, src, n, config, results, replicas_written, PUT_TIMED_OUT) == SIZE_MAX)
+        for (size_t i = 0; i < n; i++)
+            if (results[i] == PUT_TIMED_OUT)
+                results[i] = KVP_ERR_TIMEOUT; /* (no memory to put it again) */
+    if (ng > 0 || nt > 0) {
+        if (ng > 0)
+            put_again(c, keys, src, n, config, results, replicas_written, PUT_HOLD_GONE);
         nb = 0;
         for (size_t i = 0; i < n; i++) {
             if (results[i] == PUT_HOLD_GONE) {

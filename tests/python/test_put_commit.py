@@ -152,11 +152,38 @@ def test_steady_state_is_one_master_call_per_batch(make_pool):
         assert p.m("kvpool_put_holds", text) == 32  # the next batch's, of its size
 
 
+def test_a_held_write_that_times_out_goes_to_another_owner(make_pool):
+    """A batch written into holds on an owner that stopped answering (SIGSTOP), while a
+    second owner has room: the writes time out once, the keys are placed anew away from the
+    silent owner (PutStart with it to avoid) and the put returns OK for every key; they
+    read back byte-exact while that owner is still frozen (so from the other one)."""
+    p = HPool(make_pool)
+    with kvpool.Client(p.addr, transport="tcp", rpc_timeout_ms=1000) as c:
+        first = blobs("ta1-", 16, 4 * KiB)
+        put_all(c, first)  # every hold on the only owner
+        assert p.m("kvpool_put_holds") == 16
+        p.pool.add_segment()
+        second = blobs("ta2-", 16, 4 * KiB)
+        seg = p.pool.segments[0]
+        c0 = calls(c)
+        freeze(seg.pid)
+        try:
+            put_all(c, second)
+            d = delta(calls(c), c0)
+            assert d.get("put_start", 0) == 1, d  # the keys placed anew, once
+            read_back(c, second)  # from the owner that answers
+        finally:
+            os.kill(seg.pid, signal.SIGCONT)
+        read_back(c, first)
+        assert p.m("kvpool_keys") == 32
+
+
 def test_a_held_write_that_times_out_fails_within_one_timeout(make_pool):
-    """A batch written into holds on an owner that stopped answering (SIGSTOP): each key
-    fails with KVP_ERR_TIMEOUT after the one write timeout, and is not placed anew the
-    two-call way (no PutStart: placed anew on the same silent owner, the call would wait a
-    second timeout); none of its keys is visible, the batch before reads back byte-exact."""
+    """A batch written into holds on the only owner, which stopped answering (SIGSTOP):
+    each key fails with KVP_ERR_TIMEOUT after the one write timeout. Placed anew (PutStart),
+    it lands on that same owner again, which the client does not write to a second time
+    (the call would wait a second timeout): the placement is revoked. None of its keys is
+    visible, the batch before reads back byte-exact."""
     p = HPool(make_pool)
     with kvpool.Client(p.addr, transport="tcp", rpc_timeout_ms=1000) as c:
         first = blobs("to1-", 16, 4 * KiB)
@@ -164,16 +191,20 @@ def test_a_held_write_that_times_out_fails_within_one_timeout(make_pool):
         assert p.m("kvpool_put_holds") == 16
         second = blobs("to2-", 16, 4 * KiB)
         seg = p.pool.segments[0]
-        c0 = calls(c)
+        c0, e0 = calls(c), c.metrics()["errors"]["put"]
         freeze(seg.pid)
         try:
             with pytest.raises(kvpool.Error) as e:  # every key failed the same way: raised
                 c.batch_put(list(second), list(second.values()))
+            assert p.m("kvpool_pending_objects") == 0  # the second placement revoked
         finally:
             os.kill(seg.pid, signal.SIGCONT)
         assert e.value.status == kvpool.ERR_TIMEOUT, e.value
+        assert "timed out" in str(e.value), e.value
         d = delta(calls(c), c0)
-        assert d.get("put_start", 0) == 0 and d.get("put_commit", 0) == 1, d
+        assert d.get("put_start", 0) == 1, d
+        # one failed (timed-out) write per key: none written to the silent owner again
+        assert c.metrics()["errors"]["put"] - e0 == 16
         for k in second:
             with pytest.raises(kvpool.Error) as e:
                 c.get(k)

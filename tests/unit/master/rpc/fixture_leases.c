@@ -91,6 +91,13 @@ void copy_reps(view_t *v, Kvpool__Replica **reps, size_t n)
 view_t put_cfg(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t size,
                unsigned replicas, const char *preferred, bool upsert)
 {
+    return put_avoid(st, conn, key, size, replicas, preferred, upsert, NULL, 0);
+}
+
+view_t put_avoid(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t size,
+                 unsigned replicas, const char *preferred, bool upsert, uint64_t *avoid,
+                 size_t n_avoid)
+{
     Kvpool__PutStartRequest req = KVPOOL__PUT_START_REQUEST__INIT;
     Kvpool__PutConfig cfg = KVPOOL__PUT_CONFIG__INIT;
     req.keys = svc_keys(&key, 1);
@@ -101,6 +108,8 @@ view_t put_cfg(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t 
     if (preferred != NULL)
         cfg.preferred_segment = (char *)preferred;
     cfg.upsert = upsert;
+    cfg.avoid_segments = avoid;
+    cfg.n_avoid_segments = n_avoid;
     req.config = &cfg;
     Kvpool__PutStartResponse *r =
         svc_call(st, conn, KVP_RPC_PUT_START, &req.base, &kvpool__put_start_response__descriptor);

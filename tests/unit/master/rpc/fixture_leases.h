@@ -55,6 +55,11 @@ void copy_reps(view_t *v, Kvpool__Replica **reps, size_t n);
 view_t put_cfg(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t size,
                unsigned replicas, const char *preferred, bool upsert);
 
+/* put_cfg naming n_avoid segments the writer could not reach lately (avoid_segments). */
+view_t put_avoid(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t size,
+                 unsigned replicas, const char *preferred, bool upsert, uint64_t *avoid,
+                 size_t n_avoid);
+
 view_t put1(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t size);
 
 view_t upsert1(kvp_master_state_t *st, uint64_t conn, const char *key, uint64_t size);

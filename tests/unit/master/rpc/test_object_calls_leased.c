@@ -77,6 +77,29 @@ static void test_upsert_same_size_in_place(void **state)
     assert_int_equal(kvp_master_used(st), EXT + 64 + 64);
 }
 
+/* Same size, but the writer could not reach the segment the object is on lately
+ * (PutConfig.avoid_segments, as after a write there timed out): placed anew on another
+ * segment, not rewritten in place; the old extents go. */
+static void test_upsert_avoiding_its_segment(void **state)
+{
+    kvp_master_state_t *st = *state;
+    uint64_t s1 = mount_seg(st, C1, "s1", "h1", MIB);
+    uint64_t s2 = mount_seg(st, C1, "s2", "h2", MIB);
+    view_t old = put_done(st, C1, "k", SZ, 1, "s1", 1);
+    assert_int_equal(old.r[0].seg, s1);
+
+    view_t up = put_avoid(st, C2, "k", SZ, 1, NULL, true, &s1, 1);
+    assert_int_equal(up.status, KVP_OK);
+    assert_int_equal(up.n, 1);
+    assert_int_equal(up.r[0].seg, s2);
+    assert_int_equal(kvp_master_used(st), EXT); /* the old extent freed: nobody reads it */
+    assert_int_equal(end1(st, C2, "k", 2), KVP_OK);
+    view_t v = grl1(st, "k");
+    assert_int_equal(v.status, KVP_OK);
+    assert_int_equal(v.crc, 2);
+    assert_int_equal(v.r[0].seg, s2);
+}
+
 /* Another size: new extents, the old ones freed at once (unleased). */
 static void test_upsert_other_size(void **state)
 {
@@ -358,6 +381,7 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
     const struct CMUnitTest tests[] = {
         T(test_upsert_same_size_in_place),
+        T(test_upsert_avoiding_its_segment),
         T(test_upsert_other_size),
         T(test_upsert_leased),
         T(test_upsert_refusals),
