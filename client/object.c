@@ -642,7 +642,7 @@ static kvp_status_t put_plan(put_batch_t *b)
         b->ops = NULL;
     }
     b->k = 0;
-    uint64_t now = kvp_now_ms();
+    uint64_t now = b->shun ? kvp_now_ms() : 0;
     for (size_t j = 0; j < b->m; j++) {
         const Kvpool__PutStartResult *r = sr->results[j];
         size_t i = b->idx[j];
@@ -663,8 +663,8 @@ static kvp_status_t put_plan(put_batch_t *b)
             kvp_peer_t *peer = kvp_peers_get(&b->c->peers, r->replicas[q]->segment_id);
             if (peer == NULL)
                 continue; /* an unknown segment: that replica is not written */
-            uint64_t failed = atomic_load(&peer->failed_ms);
-            if (b->shun && failed != 0 && now - failed < KVP_PEERS_SUSPECT_MS) {
+            uint64_t failed = b->shun ? atomic_load(&peer->failed_ms) : 0;
+            if (failed != 0 && now - failed < KVP_PEERS_SUSPECT_MS) {
                 shunned = true; /* placed again where a write timed out: not written */
                 continue;
             }

@@ -9,7 +9,10 @@ Covered:
  1. steady state: 20 put batches of 32 keys make one master call each (put_commit; the
     client's master_rpc counters: PutStart for the first batch only, no PutEnd), every key
     reads back byte-exact; with KVPOOL_PUT_AHEAD=off (or 0) in the client's environment,
-    two calls a batch (PutStart, PutEnd) and no PUT_COMMIT, no hold;
+    two calls a batch (PutStart, PutEnd) and no PUT_COMMIT, no hold; a held batch on an
+    owner that stopped answering (SIGSTOP) is placed anew once on the other owner (every
+    key OK, read back byte-exact), or with no other owner fails with ERR_TIMEOUT after one
+    failed write per key (none written to the silent owner twice);
  2. holds are not keys: list_keys, exists, remove_by_regex, stat, kvpool_keys,
     kvpool_pending_objects and kvpool_objects see exactly the keys put while holds exist;
  3. readers racing upserting writers (read leases on): every get returns a whole value
