@@ -408,6 +408,7 @@ typedef struct put_batch {
     uint64_t fp, gen;     /* the holds' placement fingerprint and master connection */
     bool commit;          /* ends with PUT_COMMIT (which asks for holds), not PutEnd */
     bool shun;            /* a put again after a write timed out: no write to a suspect */
+    bool *timed;          /* [m] a write of key j timed out; NULL: none did */
 } put_batch_t;
 
 /* The keys that can start: a valid key whose pieces hold bytes; the rest get their status. */
@@ -676,10 +677,10 @@ static kvp_status_t put_plan(put_batch_t *b)
                                  b->src, i, r->replicas[q]->offset, b->szs[j], peer, q == 0 || gpu,
                                  b->mems, g);
         }
-        /* placed again only where its write timed out (the master had no other room):
+        /* placed again only where its writes timed out (the master had no other room):
          * it keeps that failure (its message noted then), revoked by put_finish */
         if (planned == 0 && shunned && b->ops != NULL)
-            b->st[i] = KVP_ERR_TIMEOUT;
+            b->st[i] = r->n_replicas > 1 ? KVP_ERR_NO_REPLICA : KVP_ERR_TIMEOUT;
     }
     return rc;
 }
@@ -707,6 +708,10 @@ static void put_collect(put_batch_t *b)
         } else {
             if (fail != NULL)
                 fail[j] = s;
+            if (s == KVP_ERR_TIMEOUT && b->timed == NULL)
+                b->timed = kvp_scratch_calloc(b->m, sizeof(*b->timed));
+            if (s == KVP_ERR_TIMEOUT && b->timed != NULL)
+                b->timed[j] = true;
             const char *key = keys[b->idx[j]], *seg = b->ops[q].peer->name;
             KVP_LOG_WARN("put %s: write to segment %s failed: %s", key, seg, kvp_strerror(s));
             kvp_api_fail_key(key, "put %s: write to segment %s failed: %s", key, seg,
@@ -745,10 +750,10 @@ static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replica
     size_t i = b->idx[j];
     const char *key = b->keys[i];
     if (b->holds != NULL) {
-        /* a write that timed out (the master freed its hold: IO): put again once, on no
-         * segment that failed lately (PUT_TIMED_OUT), so the call waits out no second
-         * timeout on the same silent owner */
-        if (b->st[i] == KVP_ERR_TIMEOUT && s != KVP_ERR_NOT_FOUND) {
+        /* unwritten, a write of it timed out (the master freed its hold: IO): put again
+         * once, on no segment that failed lately (PUT_TIMED_OUT), so the call waits out no
+         * second timeout on the same silent owner(s) */
+        if (b->st[i] != KVP_OK && b->timed != NULL && b->timed[j] && s != KVP_ERR_NOT_FOUND) {
             b->st[i] = PUT_TIMED_OUT;
             return;
         }

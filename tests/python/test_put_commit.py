@@ -12,7 +12,8 @@ Covered:
     two calls a batch (PutStart, PutEnd) and no PUT_COMMIT, no hold; a held batch on an
     owner that stopped answering (SIGSTOP) is placed anew once on the other owner (every
     key OK, read back byte-exact), or with no other owner fails with ERR_TIMEOUT after one
-    failed write per key (none written to the silent owner twice);
+    failed write per key (none written to the silent owner twice); with replicas=2 and
+    both owners silent, ERR_NO_REPLICA after two failed writes per key;
  2. holds are not keys: list_keys, exists, remove_by_regex, stat, kvpool_keys,
     kvpool_pending_objects and kvpool_objects see exactly the keys put while holds exist;
  3. readers racing upserting writers (read leases on): every get returns a whole value
@@ -181,6 +182,21 @@ def test_a_held_write_that_times_out_goes_to_another_owner(make_pool):
         assert p.m("kvpool_keys") == 32
 
 
+def placed_anew_unwritten(p, c, c0, e0, first, second, writes):
+    """After a held batch `second` failed on silent owners: it was placed anew once (one
+    PutStart since calls c0), `writes` writes failed in all (client errors since e0), none
+    of its keys is visible, and `first` (put before) reads back byte-exact."""
+    d = delta(calls(c), c0)
+    assert d.get("put_start", 0) == 1, d
+    assert c.metrics()["errors"]["put"] - e0 == writes
+    for k in second:
+        with pytest.raises(kvpool.Error) as e:
+            c.get(k)
+        assert e.value.status == kvpool.ERR_NOT_FOUND, (k, e.value)
+    read_back(c, first)
+    assert p.m("kvpool_keys") == len(first)
+
+
 def test_a_held_write_that_times_out_fails_within_one_timeout(make_pool):
     """A batch written into holds on the only owner, which stopped answering (SIGSTOP):
     each key fails with KVP_ERR_TIMEOUT after the one write timeout. Placed anew (PutStart),
@@ -204,16 +220,33 @@ def test_a_held_write_that_times_out_fails_within_one_timeout(make_pool):
             os.kill(seg.pid, signal.SIGCONT)
         assert e.value.status == kvpool.ERR_TIMEOUT, e.value
         assert "timed out" in str(e.value), e.value
-        d = delta(calls(c), c0)
-        assert d.get("put_start", 0) == 1, d
         # one failed (timed-out) write per key: none written to the silent owner again
-        assert c.metrics()["errors"]["put"] - e0 == 16
-        for k in second:
-            with pytest.raises(kvpool.Error) as e:
-                c.get(k)
-            assert e.value.status == kvpool.ERR_NOT_FOUND, (k, e.value)
-        read_back(c, first)
-        assert p.m("kvpool_keys") == 16
+        placed_anew_unwritten(p, c, c0, e0, first, second, writes=16)
+
+
+def test_a_held_batch_of_two_replicas_on_two_silent_owners(make_pool):
+    """replicas=2, both owners stopped answering (SIGSTOP) under a held batch: every
+    write times out once; placed anew (one PutStart), the keys land on the same two
+    silent owners, which the client does not write to again: each key fails with
+    ERR_NO_REPLICA after one timeout (two failed writes per key, not four), nothing of it
+    is visible, and the batch before reads back byte-exact."""
+    p = HPool(make_pool, segments=("64MiB", "64MiB"))
+    with kvpool.Client(p.addr, transport="tcp", rpc_timeout_ms=1000) as c:
+        first = blobs("tr1-", 16, 4 * KiB)
+        put_all(c, first, replicas=2)  # holds for 16 more of two replicas
+        assert p.m("kvpool_put_holds") == 16
+        second = blobs("tr2-", 16, 4 * KiB)
+        c0, e0 = calls(c), c.metrics()["errors"]["put"]
+        for seg in p.pool.segments:
+            freeze(seg.pid)
+        try:
+            st = c.batch_put(list(second), list(second.values()), replicas=2)
+            assert p.m("kvpool_pending_objects") == 0
+        finally:
+            for seg in p.pool.segments:
+                os.kill(seg.pid, signal.SIGCONT)
+        assert st == [kvpool.ERR_NO_REPLICA] * 16, st
+        placed_anew_unwritten(p, c, c0, e0, first, second, writes=32)
 
 
 @pytest.mark.parametrize("setting", ["off", "0"])
