@@ -664,9 +664,9 @@ static kvp_status_t put_plan(put_batch_t *b)
             kvp_peer_t *peer = kvp_peers_get(&b->c->peers, r->replicas[q]->segment_id);
             if (peer == NULL)
                 continue; /* an unknown segment: that replica is not written */
-            uint64_t failed = b->shun ? atomic_load(&peer->failed_ms) : 0;
-            if (failed != 0 && now - failed < KVP_PEERS_SUSPECT_MS) {
+            if (b->shun && kvp_peers_failed_lately(peer, now)) {
                 shunned = true; /* placed again where a write timed out: not written */
+                kvp_peer_unref(peer);
                 continue;
             }
             planned++;
@@ -708,10 +708,12 @@ static void put_collect(put_batch_t *b)
         } else {
             if (fail != NULL)
                 fail[j] = s;
-            if (s == KVP_ERR_TIMEOUT && b->timed == NULL)
-                b->timed = kvp_scratch_calloc(b->m, sizeof(*b->timed));
-            if (s == KVP_ERR_TIMEOUT && b->timed != NULL)
-                b->timed[j] = true;
+            if (s == KVP_ERR_TIMEOUT) {
+                if (b->timed == NULL)
+                    b->timed = kvp_scratch_calloc(b->m, sizeof(*b->timed));
+                if (b->timed != NULL)
+                    b->timed[j] = true;
+            }
             const char *key = keys[b->idx[j]], *seg = b->ops[q].peer->name;
             KVP_LOG_WARN("put %s: write to segment %s failed: %s", key, seg, kvp_strerror(s));
             kvp_api_fail_key(key, "put %s: write to segment %s failed: %s", key, seg,
@@ -1255,9 +1257,6 @@ kvp_status_t kvp_put(kvp_client_t *c, const char *key, const void *buf, size_t l
 
 /* ---------------- get ---------------- */
 
-/* How long a peer whose transfer failed is tried after the others. */
-#define PEER_SUSPECT_MS 10000
-
 /* A replica whose owner answers reads this much slower than another's (and more than
  * twice as slow) is tried after it: a far or slow owner (docs/architecture.md, "Reads"). */
 #define PEER_SLOW_MARGIN_US 1000
@@ -1282,9 +1281,8 @@ static void order_replicas(kvp_client_t *c, Kvpool__GetReplicaResult *r, size_t 
         rank[q] = 1;
         lat[q] = 0;
         if (p != NULL) {
-            uint64_t failed = atomic_load(&p->failed_ms);
-            if (failed != 0 && now - failed < PEER_SUSPECT_MS)
-                rank[q] = 4;
+            if (kvp_peers_failed_lately(p, now))
+                rank[q] = 4; /* (tried after the others) */
             else if (kvp_transfer_route(&c->xfer, p) == KVP_TRANSPORT_SHM)
                 rank[q] = 0;
             else if (p->ssd)

@@ -159,6 +159,12 @@ size_t kvp_peers_suspects(kvp_peers_t *peers, uint64_t now_ms, uint64_t *out, si
     return n;
 }
 
+bool kvp_peers_failed_lately(kvp_peer_t *peer, uint64_t now_ms)
+{
+    uint64_t failed = atomic_load(&peer->failed_ms);
+    return failed != 0 && now_ms - failed < KVP_PEERS_SUSPECT_MS;
+}
+
 void kvp_peers_cleanup(kvp_peers_t *peers)
 {
     kvp_peer_table_cleanup(&peers->table); /* detaches them from the transports */

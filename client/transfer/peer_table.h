@@ -77,5 +77,7 @@ void kvp_peers_suspect(kvp_peers_t *peers, kvp_peer_t *peer);
 /* The segments noted so in the last KVP_PEERS_SUSPECT_MS, at most max, into out; how many.
  * No lock is taken when none was noted lately. */
 size_t kvp_peers_suspects(kvp_peers_t *peers, uint64_t now_ms, uint64_t *out, size_t max);
+/* Did a transfer to or from peer fail in the KVP_PEERS_SUSPECT_MS before now_ms? */
+bool kvp_peers_failed_lately(kvp_peer_t *peer, uint64_t now_ms);
 
 #endif

@@ -42,7 +42,7 @@ static bool host_used(const kvp_segment_table_t *t, const kvp_replica_t *out, un
     return false;
 }
 
-static bool avoided(const kvp_placement_req_t *req, uint64_t id)
+bool kvp_placement_avoids(const kvp_placement_req_t *req, uint64_t id)
 {
     for (unsigned a = 0; a < req->n_avoid && a < 8; a++)
         if (req->avoid[a] == id)
@@ -125,14 +125,15 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     for (unsigned k = 0; k < n_pref && n < want; k++) {
         const kvp_segment_t *p = pref[k];
         if (p != NULL && kvp_segment_open(p) && tier_ok(p, req) && allowed(p, req->tenant) &&
-            !avoided(req, p->id) && !chosen(out, n, p->id))
+            !kvp_placement_avoids(req, p->id) && !chosen(out, n, p->id))
             n += try_alloc((kvp_segment_t *)p, req->size, &out[n]);
     }
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
         if (seg != NULL && kvp_segment_open(seg) && tier_ok(seg, req) &&
             allowed(seg, req->tenant) && strcmp(seg->host_id, req->near_host) == 0 &&
-            kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size && !avoided(req, seg->id))
+            kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size &&
+            !kvp_placement_avoids(req, seg->id))
             n += try_alloc(seg, req->size, &out[n]);
     }
 

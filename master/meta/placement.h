@@ -32,6 +32,9 @@ typedef struct kvp_placement_req {
     unsigned n_avoid;        /* ... for replicas no other segment has room for */
 } kvp_placement_req_t;
 
+/* Does req name segment id among those the writer could not reach lately (avoid)? */
+bool kvp_placement_avoids(const kvp_placement_req_t *req, uint64_t id);
+
 /*
  * Allocate up to replica_num extents for one object on distinct segments
  * (distinct hosts first). Writes *n_p >= 1 replicas on success. Errors:

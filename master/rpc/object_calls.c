@@ -197,9 +197,8 @@ static bool upsert_in_place(kvp_master_state_t *st, uint64_t conn_id, kvp_object
         return false;
     /* a replica on a segment the writer could not reach lately: placed anew, elsewhere */
     for (unsigned r = 0; r < obj->n_replicas; r++)
-        for (unsigned a = 0; a < preq->n_avoid && a < 8; a++)
-            if (preq->avoid[a] == obj->replicas[r].segment_id)
-                return false;
+        if (kvp_placement_avoids(preq, obj->replicas[r].segment_id))
+            return false;
     kvp_group_t *g = kvp_group_get(&st->groups, kvp_object_group(obj));
     if (g != NULL)
         g->stale = true;       /* a member without a lease: the next read leases it again */
