@@ -6,7 +6,7 @@
  * frame we send is a complete message, so Nagle only adds latency. errno is
  * converted to a status here, at the syscall boundary.
  *
- * Thread: any; no global state.
+ * Thread: any; the one global is $KVPOOL_TCP_CONGESTION, read once.
  */
 #include "common/sock.h"
 
@@ -17,8 +17,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
@@ -128,6 +131,41 @@ kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_m
     }
     freeaddrinfo(res);
     return status;
+}
+
+const char *kvp_sock_congestion_choice(const char *want, const char *current)
+{
+    if (want == NULL || want[0] == '\0' || strcmp(want, "auto") == 0)
+        return current != NULL && strncmp(current, "bbr", 3) == 0 ? "cubic" : NULL;
+    if (strcmp(want, "system") == 0 || (current != NULL && strcmp(current, want) == 0))
+        return NULL;
+    return want;
+}
+
+static const char *g_congestion; /* $KVPOOL_TCP_CONGESTION, read once (NULL: unset) */
+static pthread_once_t g_congestion_once = PTHREAD_ONCE_INIT;
+static atomic_bool g_congestion_warned;
+
+static void congestion_read(void)
+{
+    g_congestion = getenv("KVPOOL_TCP_CONGESTION");
+}
+
+void kvp_sock_data_congestion(int fd)
+{
+    pthread_once(&g_congestion_once, congestion_read);
+    char cur[32] = {0}; /* TCP_CA_NAME_MAX is 16 */
+    socklen_t len = sizeof(cur) - 1;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &len) != 0)
+        return; /* not TCP */
+    const char *to = kvp_sock_congestion_choice(g_congestion, cur);
+    if (to == NULL || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, to, (socklen_t)strlen(to)) == 0)
+        return;
+    if (!atomic_exchange(&g_congestion_warned, true))
+        KVP_LOG_WARN("data connections: the kernel refused congestion control \"%.32s\" (%m; "
+                     "KVPOOL_TCP_CONGESTION, net.ipv4.tcp_allowed_congestion_control): they "
+                     "keep \"%s\"",
+                     to, cur);
 }
 
 /*

@@ -1,7 +1,7 @@
 /*
  * sock.h - TCP and Unix socket set-up and blocking full reads/writes with a deadline.
  *
- * Thread: all functions are thread-safe (no shared state).
+ * Thread: all functions are thread-safe (kvp_sock_data_congestion reads its setting once).
  */
 #ifndef KVP_COMMON_SOCK_H
 #define KVP_COMMON_SOCK_H
@@ -19,6 +19,22 @@ kvp_status_t kvp_tcp_listen(const char *host, uint16_t port, int backlog, int *f
 
 /* Connect with a timeout; the returned fd is blocking, TCP_NODELAY, CLOEXEC. */
 kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_ms, int *fd_p);
+
+/*
+ * The congestion control of a connection that moves object bytes (a segment's data
+ * connections at both ends, the transfer engine's): what $KVPOOL_TCP_CONGESTION says, read
+ * once (docs/operations.md "TCP congestion control of data connections"). Unset or "auto":
+ * the system's, except BBR, which becomes cubic (without the fq qdisc BBR paces a
+ * connection's bytes with the kernel's timers at its estimate of the path's rate, and a
+ * batch's chain of requests waits on them); "system": the system's; another name: that
+ * algorithm. Best effort: one the kernel refuses (not loaded, or for a process without
+ * CAP_NET_ADMIN not in net.ipv4.tcp_allowed_congestion_control) leaves the socket as it
+ * was, logged once.
+ */
+void kvp_sock_data_congestion(int fd);
+/* Its choice for a socket whose algorithm is `current` under the setting `want` (NULL:
+ * unset): the algorithm to set, or NULL to leave it. */
+const char *kvp_sock_congestion_choice(const char *want, const char *current);
 
 /*
  * Unix stream sockets in the abstract namespace (Linux): `name` is the socket's name with

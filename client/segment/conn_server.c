@@ -407,6 +407,7 @@ static void take(struct kvp_conn_server *srv, int fd, const struct sockaddr_stor
     if (!srv->is_unix) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        kvp_sock_data_congestion(fd); /* both ends of a data connection alike */
     }
     uint64_t now = kvp_now_ms();
     kvp_conn_t *c = calloc(1, sizeof(*c));

@@ -2021,8 +2021,8 @@ static kvp_status_t te_connect(kvp_te_t *te, const kvp_peer_t *peer, int *fd_p, 
         char host[256];
         uint16_t port;
         st = kvp_parse_hostport(ep, host, sizeof(host), &port);
-        if (st == KVP_OK)
-            st = kvp_tcp_connect(host, port, timeout, &fd);
+        if (st == KVP_OK && (st = kvp_tcp_connect(host, port, timeout, &fd)) == KVP_OK)
+            kvp_sock_data_congestion(fd);
     }
     if (st == KVP_OK) {
         kvp_sock_set_timeout(fd, timeout);

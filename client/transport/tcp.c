@@ -301,6 +301,8 @@ static kvp_status_t conn_open(tcp_ctx_t *ctx, tcp_pool_t *pool, const kvp_peer_t
                        : kvp_tcp_connect(host, port, ctx->xfer->timeout_ms, &fd);
         if (st != KVP_OK)
             return st;
+        if (!unix_sock)
+            kvp_sock_data_congestion(fd);
         if (peer->hello != NULL)
             st = peer->hello(peer->hello_arg, fd, ctx->xfer->timeout_ms);
         if (st == KVP_OK &&

@@ -265,6 +265,8 @@ static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, bool 
             close(cfd);
             break;
         }
+        kvp_sock_data_congestion(cfd); /* as the data connections it stands for */
+        kvp_sock_data_congestion(afd);
         tx[s] = (pump_t){
             .fd = cfd, .size = size, .nbufs = nbufs, .splice = splice, .deadline = t0 + duration};
         rx[s] = (pump_t){.fd = afd, .size = size, .nbufs = nbufs};
