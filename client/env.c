@@ -321,6 +321,19 @@ static const kvp_opt_t env_rows[] = {
      .def_doc = "libcuda.so.1",
      .help = "the CUDA driver library, loaded once when GPU memory is first seen "
              "(client/mem/gpu.c)"},
+    {.name = "tcp-congestion",
+     .env = "KVPOOL_TCP_CONGESTION",
+     .type = KVP_OPT_STRING,
+     .flags = ELSEWHERE,
+     .arg = "auto|system|NAME",
+     .def_doc = "auto",
+     .help = "the TCP congestion control of the connections that move object bytes (a "
+             "segment's data connections at both ends, the transfer engine's; common/sock.c, "
+             "read once a process): auto keeps the system's unless it is BBR, which becomes "
+             "cubic (without the fq qdisc BBR paces a connection's bytes with the kernel's "
+             "timers: docs/operations.md); system keeps the system's; else the algorithm named "
+             "(net.ipv4.tcp_available_congestion_control; one the kernel refuses is logged once "
+             "and the system's kept)"},
     {.name = "crc32c-no-fold",
      .env = "KVPOOL_CRC32C_NO_FOLD",
      .type = KVP_OPT_STRING,
