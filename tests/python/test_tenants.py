@@ -131,8 +131,18 @@ class TenantMaster(SecureMaster):
         return json.loads(body)
 
     def http_keys(self, regex):
-        q = "/api/v1/keys?" + urllib.parse.urlencode({"regex": regex, "limit": 1000})
-        return self.admin_http(q)
+        """Every page of /api/v1/keys for regex, walked by cursor as the docs say (the
+        master may cut a page short on its time budget): {"keys": all of them}."""
+        keys, cursor = [], 0
+        for _ in range(10000):
+            q = "/api/v1/keys?" + urllib.parse.urlencode(
+                {"regex": regex, "limit": 1000, "cursor": cursor})
+            page = self.admin_http(q)
+            keys += page["keys"]
+            cursor = page["next_cursor"]
+            if cursor == 0:
+                return {"keys": keys, "count": len(keys)}
+        raise AssertionError("/api/v1/keys never reached its end")
 
     def tm(self, name, tenant, tier=None, text=None):
         """A per-tenant metric's value (tier: dram/ssd where the metric has one)."""
