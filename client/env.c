@@ -329,9 +329,10 @@ static const kvp_opt_t env_rows[] = {
      .def_doc = "auto",
      .help = "the TCP congestion control of the connections that move object bytes (a "
              "segment's data connections at both ends, the transfer engine's; common/sock.c, "
-             "read once a process): auto keeps the system's unless it is BBR, which becomes "
-             "cubic (without the fq qdisc BBR paces a connection's bytes with the kernel's "
-             "timers: docs/operations.md); system keeps the system's; else the algorithm named "
+             "read once a process): auto keeps the system's unless it is BBR and the peer is on "
+             "this host, which becomes cubic (without the fq qdisc BBR paces a connection's "
+             "bytes with the kernel's timers: docs/operations.md; between hosts BBR stays); "
+             "system keeps the system's; else the algorithm named, to every peer "
              "(net.ipv4.tcp_available_congestion_control; one the kernel refuses is logged once "
              "and the system's kept)"},
     {.name = "crc32c-no-fold",

@@ -133,13 +133,43 @@ kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_m
     return status;
 }
 
-const char *kvp_sock_congestion_choice(const char *want, const char *current)
+const char *kvp_sock_congestion_choice(const char *want, const char *current, bool same_host)
 {
     if (want == NULL || want[0] == '\0' || strcmp(want, "auto") == 0)
-        return current != NULL && strncmp(current, "bbr", 3) == 0 ? "cubic" : NULL;
+        return same_host && current != NULL && strncmp(current, "bbr", 3) == 0 ? "cubic" : NULL;
     if (strcmp(want, "system") == 0 || (current != NULL && strcmp(current, want) == 0))
         return NULL;
     return want;
+}
+
+/* Is a (v4, or v4 mapped into v6) address in 127/8, or ::1? */
+static bool addr_loopback(const struct sockaddr_storage *ss)
+{
+    if (ss->ss_family == AF_INET)
+        return (ntohl(((const struct sockaddr_in *)ss)->sin_addr.s_addr) >> 24) == 127;
+    if (ss->ss_family != AF_INET6)
+        return false;
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) || (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+}
+
+bool kvp_sock_same_host(int fd)
+{
+    struct sockaddr_storage local, peer;
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (getsockname(fd, (struct sockaddr *)&local, &ll) != 0 ||
+        getpeername(fd, (struct sockaddr *)&peer, &pl) != 0 || local.ss_family != peer.ss_family)
+        return false;
+    if (addr_loopback(&peer))
+        return true;
+    /* to one of this host's own addresses: the kernel answers from that same address */
+    if (peer.ss_family == AF_INET)
+        return ((struct sockaddr_in *)&local)->sin_addr.s_addr ==
+               ((struct sockaddr_in *)&peer)->sin_addr.s_addr;
+    if (peer.ss_family == AF_INET6)
+        return memcmp(&((struct sockaddr_in6 *)&local)->sin6_addr,
+                      &((struct sockaddr_in6 *)&peer)->sin6_addr, sizeof(struct in6_addr)) == 0;
+    return false;
 }
 
 static const char *g_congestion; /* $KVPOOL_TCP_CONGESTION, read once (NULL: unset) */
@@ -158,7 +188,11 @@ void kvp_sock_data_congestion(int fd)
     socklen_t len = sizeof(cur) - 1;
     if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &len) != 0)
         return; /* not TCP */
-    const char *to = kvp_sock_congestion_choice(g_congestion, cur);
+    /* across hosts the setting's own default leaves the system's: no need to ask */
+    bool auto_mode =
+        g_congestion == NULL || g_congestion[0] == '\0' || strcmp(g_congestion, "auto") == 0;
+    const char *to =
+        kvp_sock_congestion_choice(g_congestion, cur, auto_mode && kvp_sock_same_host(fd));
     if (to == NULL || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, to, (socklen_t)strlen(to)) == 0)
         return;
     if (!atomic_exchange(&g_congestion_warned, true))

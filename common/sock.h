@@ -24,17 +24,21 @@ kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_m
  * The congestion control of a connection that moves object bytes (a segment's data
  * connections at both ends, the transfer engine's): what $KVPOOL_TCP_CONGESTION says, read
  * once (docs/operations.md "TCP congestion control of data connections"). Unset or "auto":
- * the system's, except BBR, which becomes cubic (without the fq qdisc BBR paces a
- * connection's bytes with the kernel's timers at its estimate of the path's rate, and a
- * batch's chain of requests waits on them); "system": the system's; another name: that
- * algorithm. Best effort: one the kernel refuses (not loaded, or for a process without
- * CAP_NET_ADMIN not in net.ipv4.tcp_allowed_congestion_control) leaves the socket as it
- * was, logged once.
+ * the system's, except BBR between two ends on the same host (kvp_sock_same_host), which
+ * becomes cubic: without the fq qdisc BBR paces a connection's bytes with the kernel's
+ * timers at its estimate of the path's rate, and on loopback, where there is no path to
+ * be gentle to, a batch's chain of requests waits on them; across hosts BBR stays.
+ * "system": the system's; another name: that algorithm, on every data connection. Best
+ * effort: one the kernel refuses (not loaded, or for a process without CAP_NET_ADMIN not
+ * in net.ipv4.tcp_allowed_congestion_control) leaves the socket as it was, logged once.
  */
 void kvp_sock_data_congestion(int fd);
 /* Its choice for a socket whose algorithm is `current` under the setting `want` (NULL:
- * unset): the algorithm to set, or NULL to leave it. */
-const char *kvp_sock_congestion_choice(const char *want, const char *current);
+ * unset), its two ends on one host or not: the algorithm to set, or NULL to leave it. */
+const char *kvp_sock_congestion_choice(const char *want, const char *current, bool same_host);
+/* Are a connected TCP socket's two ends on this host: the peer a loopback address, or the
+ * socket's own local address (one of this host's)? false: not connected, not IP. */
+bool kvp_sock_same_host(int fd);
 
 /*
  * Unix stream sockets in the abstract namespace (Linux): `name` is the socket's name with

@@ -223,6 +223,92 @@ def test_master_warns_of_a_loopback_endpoint_from_another_host(bed, tmp_path):
     assert b.hosts[1].addr in line and "--data-host" in line
 
 
+# ---- the congestion control of data connections ---------------------------------------------
+
+# A client on host argv[2] (a name for its keys): 8 x 64 KiB put and got over tcp,
+# byte-exact; then, while its connections are open, its established tcp sockets as the
+# kernel has them (ss -tinp in its own namespace): [[local addr, peer addr, algorithm]].
+CC_CLIENT = r"""
+import json, os, subprocess, sys
+import kvpool
+kv = {"cc-%s-%d" % (sys.argv[2], i): os.urandom(64 * 1024) for i in range(8)}
+keys = list(kv)
+with kvpool.Client(sys.argv[1], transport="tcp") as c:
+    assert c.batch_put(keys, [kv[k] for k in keys]) == [0] * len(keys)
+    assert c.batch_get(keys) == [kv[k] for k in keys]
+    out = subprocess.run(["ss", "-tinpH", "state", "established"], check=True,
+                         capture_output=True, text=True).stdout
+    print(json.dumps(out), flush=True)
+    sys.stdin.readline()  # connections held open while the test reads the owner's
+"""
+
+
+def cc_sockets(ss_out, pid):
+    """[(local addr, peer addr, algorithm)] of pid's sockets in `ss -tinpH` output."""
+    found, cur = [], None
+    for line in ss_out.splitlines():
+        if not line.strip():
+            continue
+        if not line[0].isspace():  # a socket: recv-q send-q local peer users:((...))
+            f = line.split()
+            cur = (f[2].rsplit(":", 1)[0], f[3].rsplit(":", 1)[0]) \
+                if f"pid={pid}," in line else None
+        elif cur is not None:  # its details, the algorithm first
+            found.append((*cur, line.split()[0]))
+            cur = None
+    return found
+
+
+def test_data_connections_keep_bbr_across_hosts(bed, tmp_path):
+    """KVPOOL_TCP_CONGESTION unset, every host's system algorithm BBR (set in each
+    namespace): a data connection between two hosts keeps BBR at both ends, one between a
+    client and the owner on the owner's own host (through the owner's own address, as the
+    master hands it out) runs cubic at both ends; the connections to the master keep the
+    system's (docs/operations.md, "TCP congestion control of data connections")."""
+    with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        if "bbr" not in f.read().split():
+            subprocess.run(["modprobe", "tcp_bbr"], capture_output=True)
+    b = bed(3)
+    master, owner, far = b.hosts
+    for h in b.hosts:  # the namespaces' own default, whatever the machine's
+        r = h.run(["sysctl", "-qw", "net.ipv4.tcp_congestion_control=bbr"])
+        if r.returncode != 0:
+            pytest.skip(f"this kernel has no bbr: {r.stderr.strip()}")
+    env = {k: v for k, v in os.environ.items() if k != "KVPOOL_TCP_CONGESTION"}
+    cl = Cluster(b, str(tmp_path), [owner])
+    owner_pid = cl.owners[0][1].pid
+    clients, seen = [], {}
+    try:
+        for h in (far, owner):
+            c = b.start(h, [sys.executable, "-c", CC_CLIENT, cl.addr, h.name], env=env,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.PIPE, text=True)
+            clients.append(c)
+            line = c.stdout.readline()
+            assert line, c.stderr.read()[-2000:] if c.poll() is not None else "no answer"
+            seen[h.name] = cc_sockets(json.loads(line), c.pid)
+        r = owner.run(["ss", "-tinpH", "state", "established"], check=True)
+        seen["owner"] = cc_sockets(r.stdout, owner_pid)
+    finally:
+        for c in clients:
+            if c.poll() is None:
+                c.stdin.write("\n")
+                c.stdin.flush()
+            assert c.wait(30) == 0, c.stderr.read()[-2000:]
+    print("\nsockets:", json.dumps(seen))
+    m, o, fa = master.addr, owner.addr, far.addr
+
+    def ccs(who, peer):
+        return sorted({cc for _, p, cc in seen[who] if p == peer})
+
+    assert ccs(far.name, o) == ["bbr"], seen  # across hosts: the system's
+    assert ccs(owner.name, o) == ["cubic"], seen  # on the owner's host: cubic
+    assert ccs("owner", fa) == ["bbr"], seen  # the owner's ends of both
+    assert ccs("owner", o) == ["cubic"], seen
+    for who in (far.name, owner.name, "owner"):  # to the master: untouched
+        assert ccs(who, m) == ["bbr"], seen
+
+
 # ---- partitions ------------------------------------------------------------------------------
 
 def test_owner_cut_from_client_not_from_master(bed, tmp_path):

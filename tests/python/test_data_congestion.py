@@ -3,7 +3,8 @@
 
 A segment's data connections, at the owner (`kvpool serve`) and at the client, run the
 algorithm the variable names; "system" leaves the system's; unset, the system's unless it
-is BBR, which becomes cubic. The connections to the master keep the system's. Each case
+is BBR, which becomes cubic: every connection here is on one host (loopback; between
+hosts BBR stays: tests/net/test_net.py). The connections to the master keep the system's. Each case
 starts a real master and `kvpool serve`, and a client in a process of its own (the setting
 is read once per process) that puts and gets over tcp, byte-exact, and reports, while its
 connections are open, each of its sockets' algorithm as the kernel has it (`ss -tinp`);

@@ -12,7 +12,10 @@
 #include <setjmp.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -84,19 +87,75 @@ static void test_not_tcp(void **state)
     close(sv[1]);
 }
 
-/* The choice: BBR (any version) becomes cubic unless the setting says otherwise; "system",
- * or the algorithm the socket runs already, changes nothing; a name is taken as given. */
+/* The choice: BBR (any version) between two ends on one host becomes cubic unless the
+ * setting says otherwise, across hosts it stays; "system", or the algorithm the socket runs
+ * already, changes nothing; a name is taken as given, on one host or across. */
 static void test_congestion_choice(void **state)
 {
     (void)state;
-    assert_string_equal(kvp_sock_congestion_choice(NULL, "bbr"), "cubic");
-    assert_string_equal(kvp_sock_congestion_choice("", "bbr"), "cubic");
-    assert_string_equal(kvp_sock_congestion_choice("auto", "bbr2"), "cubic");
-    assert_null(kvp_sock_congestion_choice(NULL, "cubic"));
-    assert_null(kvp_sock_congestion_choice("auto", "dctcp"));
-    assert_null(kvp_sock_congestion_choice("system", "bbr"));
-    assert_string_equal(kvp_sock_congestion_choice("reno", "cubic"), "reno");
-    assert_null(kvp_sock_congestion_choice("reno", "reno"));
+    assert_string_equal(kvp_sock_congestion_choice(NULL, "bbr", true), "cubic");
+    assert_string_equal(kvp_sock_congestion_choice("", "bbr", true), "cubic");
+    assert_string_equal(kvp_sock_congestion_choice("auto", "bbr2", true), "cubic");
+    assert_null(kvp_sock_congestion_choice(NULL, "bbr", false));
+    assert_null(kvp_sock_congestion_choice("auto", "bbr2", false));
+    assert_null(kvp_sock_congestion_choice(NULL, "cubic", true));
+    assert_null(kvp_sock_congestion_choice("auto", "dctcp", true));
+    assert_null(kvp_sock_congestion_choice("system", "bbr", true));
+    assert_string_equal(kvp_sock_congestion_choice("reno", "cubic", true), "reno");
+    assert_string_equal(kvp_sock_congestion_choice("cubic", "bbr", false), "cubic");
+    assert_null(kvp_sock_congestion_choice("reno", "reno", false));
+}
+
+/* Same host: both ends of a loopback pair (v4 and, where the host has it, v6), and of a
+ * connection to one of this host's own non-loopback addresses; not a Unix socket, not a
+ * socket that is not connected. (Two hosts: tests/net, test_net.py.) */
+static void test_same_host(void **state)
+{
+    (void)state;
+    int a, b;
+    tcp_pair(&a, &b);
+    assert_true(kvp_sock_same_host(a));
+    assert_true(kvp_sock_same_host(b));
+    close(a);
+    close(b);
+    int lfd = -1;
+    uint16_t port = 0;
+    if (kvp_tcp_listen("::1", 0, 4, &lfd, &port) == KVP_OK) {
+        assert_int_equal(kvp_tcp_connect("::1", port, 2000, &a), KVP_OK);
+        b = accept(lfd, NULL, NULL);
+        assert_true(b >= 0);
+        assert_true(kvp_sock_same_host(a) && kvp_sock_same_host(b));
+        close(a);
+        close(b);
+        close(lfd);
+    }
+    struct ifaddrs *ifs = NULL;
+    assert_int_equal(getifaddrs(&ifs), 0);
+    for (struct ifaddrs *i = ifs; i != NULL; i = i->ifa_next) {
+        if (i->ifa_addr == NULL || i->ifa_addr->sa_family != AF_INET ||
+            (i->ifa_flags & IFF_LOOPBACK) || !(i->ifa_flags & IFF_UP))
+            continue;
+        char host[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, host, sizeof(host));
+        assert_int_equal(kvp_tcp_listen(host, 0, 4, &lfd, &port), KVP_OK);
+        assert_int_equal(kvp_tcp_connect(host, port, 2000, &a), KVP_OK);
+        b = accept(lfd, NULL, NULL);
+        assert_true(b >= 0);
+        assert_true(kvp_sock_same_host(a) && kvp_sock_same_host(b)); /* own address */
+        close(a);
+        close(b);
+        close(lfd);
+        break;
+    }
+    freeifaddrs(ifs);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    assert_false(kvp_sock_same_host(sv[0]));
+    close(sv[0]);
+    close(sv[1]);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_false(kvp_sock_same_host(fd)); /* no peer */
+    close(fd);
 }
 
 static void cc_of(int fd, char *cc, size_t cap)
@@ -209,8 +268,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unacked_until_read), cmocka_unit_test(test_not_tcp),
-        cmocka_unit_test(test_congestion_choice),  cmocka_unit_test(test_data_congestion),
-        cmocka_unit_test(test_recv_discard),       cmocka_unit_test(test_unix_fds),
+        cmocka_unit_test(test_congestion_choice),  cmocka_unit_test(test_same_host),
+        cmocka_unit_test(test_data_congestion),    cmocka_unit_test(test_recv_discard),
+        cmocka_unit_test(test_unix_fds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
