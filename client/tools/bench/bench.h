@@ -160,11 +160,13 @@ double kvp_bench_limit_tcp_ws_gbps(uint64_t size, unsigned streams);
  */
 int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned streams);
 /* The loopback tcp pump measured now, for duration seconds: each stream's sender and receiver
- * cycle through nbufs buffers of size (1: tcp-pump, one that stays in cache; the buffers are
- * allocated and touched inside the measured time). GB/s, or 0 when it failed. For a mode that
+ * cycle through nbufs buffers of size (1: tcp-pump, one that stays in cache). The buffers:
+ * src and dst, the caller's, streams x nbufs x size each (stream s's at s x nbufs x size:
+ * the pump moves the very pages the engine it stands beside moves), or with NULL its own,
+ * allocated and touched before the clock starts. GB/s, or 0 when it failed. For a mode that
  * puts its limit next to each point (te) rather than once per run. */
 double kvp_bench_measure_tcp_pump_gbps(uint64_t size, unsigned streams, unsigned nbufs,
-                                       double duration);
+                                       double duration, uint8_t *src, uint8_t *dst);
 
 /*
  * The disk's own figures (limits' disk part): io_uring O_DIRECT write then read of a file of

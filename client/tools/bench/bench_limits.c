@@ -246,8 +246,11 @@ static unsigned ws_bufs(uint64_t size, unsigned streams)
     return nbufs;
 }
 
+/* The pump over streams x nbufs buffers of size: the caller's (src, dst: stream s's at
+ * s * nbufs * size; the sender reads src's, the receiver writes dst's), or, with src NULL,
+ * its own, allocated and touched before the clock starts and freed after. */
 static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, bool splice,
-                          double duration)
+                          double duration, uint8_t *src, uint8_t *dst)
 {
     int lfd;
     uint16_t port;
@@ -270,7 +273,10 @@ static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, bool 
         tx[s] = (pump_t){
             .fd = cfd, .size = size, .nbufs = nbufs, .splice = splice, .deadline = t0 + duration};
         rx[s] = (pump_t){.fd = afd, .size = size, .nbufs = nbufs};
-        if (!pump_bufs(&tx[s], 7) || !pump_bufs(&rx[s], 0)) {
+        if (src != NULL) {
+            tx[s].buf = (char *)src + (uint64_t)s * nbufs * size;
+            rx[s].buf = (char *)dst + (uint64_t)s * nbufs * size;
+        } else if (!pump_bufs(&tx[s], 7) || !pump_bufs(&rx[s], 0)) {
             free(tx[s].buf);
             close(cfd);
             close(afd);
@@ -304,7 +310,7 @@ static double measure_tcp(uint64_t size, unsigned streams, unsigned nbufs, bool 
             close(rx[s].fd);
     }
     double t = kvp_bench_now() - t0;
-    for (unsigned s = 0; s < ok; s++) {
+    for (unsigned s = 0; s < ok && src == NULL; s++) {
         free(tx[s].buf);
         free(rx[s].buf);
     }
@@ -516,7 +522,7 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
     }
     if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
         kvp_bench_progress(o, "limits: tcp %u streams %llu B", streams, (unsigned long long)size);
-        limit_set(size, streams ? streams : 1, measure_tcp(size, streams, 1, false, d));
+        limit_set(size, streams ? streams : 1, measure_tcp(size, streams, 1, false, d, NULL, NULL));
         if (kvp_bench_limit_tcp_gbps(size, streams) == 0) {
             kvp_bench_progress_done(o);
             fprintf(stderr, "kvpool-bench: limits: loopback tcp pump (%u streams, %llu B) failed\n",
@@ -529,7 +535,7 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
         kvp_bench_progress(o, "limits: tcp %u streams %llu B over %u buffers", streams,
                            (unsigned long long)size, nbufs);
         limit_set(size, (streams ? streams : 1) + WS_STREAMS_KEY,
-                  measure_tcp(size, streams, nbufs, false, d));
+                  measure_tcp(size, streams, nbufs, false, d, NULL, NULL));
         if (kvp_bench_limit_tcp_ws_gbps(size, streams) == 0) {
             kvp_bench_progress_done(o);
             fprintf(stderr,
@@ -544,9 +550,10 @@ int kvp_bench_limits_ensure(const kvp_bench_opts_t *o, uint64_t size, unsigned s
 }
 
 double kvp_bench_measure_tcp_pump_gbps(uint64_t size, unsigned streams, unsigned nbufs,
-                                       double duration)
+                                       double duration, uint8_t *src, uint8_t *dst)
 {
-    return measure_tcp(size, streams ? streams : 1, nbufs ? nbufs : 1, false, duration);
+    return measure_tcp(size, streams ? streams : 1, nbufs ? nbufs : 1, false, duration,
+                       dst != NULL ? src : NULL, src != NULL ? dst : NULL);
 }
 
 /* One tcp limit: a line of the table and a result. */
@@ -588,7 +595,8 @@ int kvp_bench_limits(const kvp_bench_opts_t *o, kvp_bench_out_t *out)
             unsigned nbufs = ws_bufs(size, 2);
             kvp_bench_progress(o, "limits: tcp 2 streams %llu B over %u buffers, spliced",
                                (unsigned long long)size, nbufs);
-            double g = measure_tcp(size, 2, nbufs, true, o->duration_s < 1 ? o->duration_s : 1);
+            double g = measure_tcp(size, 2, nbufs, true, o->duration_s < 1 ? o->duration_s : 1,
+                                   NULL, NULL);
             kvp_bench_progress_done(o);
             if (g == 0) {
                 fprintf(stderr,

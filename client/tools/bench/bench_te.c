@@ -207,7 +207,14 @@ typedef struct te_figures {
 static int te_start(te_run_t *r)
 {
     r->total = r->size * r->batch;
-    r->src = malloc(r->total);
+    /* tcp's pump moves the batch's bytes: each stream's sender and receiver cycle through
+     * its share of the batch's runs, as the engine's streams do, in these very buffers
+     * (src, and mdst for what it receives): a pump over pages of its own, allocated a slice
+     * at a time, ran at a twentieth of the engine's rate at 128 MiB batches, its new pages
+     * in the VM's slow memory (docs/benchmarks.md "Memory footprint") */
+    r->pump_n = (r->batch + TE_STREAMS - 1) / TE_STREAMS;
+    uint64_t room = r->tcp ? (uint64_t)r->pump_n * TE_STREAMS * r->size : r->total;
+    r->src = malloc(room);
     r->locals = calloc(r->batch, sizeof(void *));
     r->remotes = calloc(r->batch, sizeof(uint64_t));
     r->lens = calloc(r->batch, sizeof(uint64_t));
@@ -264,15 +271,14 @@ static int te_start(te_run_t *r)
         fprintf(stderr, "kvpool-bench te: %s: the target did not get the batch's bytes\n", r->tr);
         return 1;
     }
-    if (!r->tcp && !r->rdma && (r->mdst = malloc(r->total)) == NULL) {
-        fprintf(stderr, "kvpool-bench te: no memory for %" PRIu64 " bytes\n", r->total);
+    if (!r->rdma && (r->mdst = malloc(room)) == NULL) {
+        fprintf(stderr, "kvpool-bench te: no memory for %" PRIu64 " bytes\n", room);
         return 1;
     }
     if (r->mdst != NULL)
-        memset(r->mdst, 0, r->total);
-    /* tcp's pump moves the batch's bytes: each stream's sender and receiver cycle through
-     * its share of the batch's runs, as the engine's streams do */
-    r->pump_n = (r->batch + TE_STREAMS - 1) / TE_STREAMS;
+        memset(r->mdst, 0, room);
+    if (room > r->total) /* an odd batch: the pump's last run, past the batch's */
+        memset(r->src + r->total, 7, room - r->total);
     return 0;
 }
 
@@ -337,7 +343,8 @@ static int te_round(const kvp_bench_opts_t *o, te_run_t *r, unsigned round, doub
         } else if (what == 1 && r->rdma) { /* given, not measured (0: none) */
             rl = o->rdma_write_gbps;
         } else if (what == 1) {
-            rl = r->tcp ? kvp_bench_measure_tcp_pump_gbps(r->size, TE_STREAMS, r->pump_n, slice)
+            rl = r->tcp ? kvp_bench_measure_tcp_pump_gbps(r->size, TE_STREAMS, r->pump_n, slice,
+                                                          r->src, r->mdst)
                         : te_memcpy_gbps(r->locals, r->mdst, r->size, r->batch, slice);
             if (rl <= 0) {
                 fprintf(stderr, "kvpool-bench te: %s: the limit (%s) failed\n", r->tr,
@@ -348,7 +355,7 @@ static int te_round(const kvp_bench_opts_t *o, te_run_t *r, unsigned round, doub
             f->lim_time += slice;
         } else if (!r->rdma) {
             ra = r->tcp
-                     ? kvp_bench_measure_tcp_pump_gbps(r->size, TE_STREAMS, 1, slice)
+                     ? kvp_bench_measure_tcp_pump_gbps(r->size, TE_STREAMS, 1, slice, NULL, NULL)
                      : te_kernel_copy_gbps(r->pid, r->locals, r->remotes, r->size, r->batch, slice);
             f->alt_bytes = f->alt_bytes < 0 || ra <= 0 ? -1 : f->alt_bytes + ra * 1e9 * slice;
         }
