@@ -133,10 +133,22 @@ kvp_status_t kvp_tcp_connect(const char *host, uint16_t port, uint32_t timeout_m
     return status;
 }
 
+/* The setting's default (unset, empty or "auto"): BBR left only on the same host. */
+static bool congestion_auto(const char *want)
+{
+    return want == NULL || want[0] == '\0' || strcmp(want, "auto") == 0;
+}
+
+/* A BBR variant (bbr, bbr2, ...), the one the default leaves on the same host. */
+static bool congestion_bbr(const char *current)
+{
+    return current != NULL && strncmp(current, "bbr", 3) == 0;
+}
+
 const char *kvp_sock_congestion_choice(const char *want, const char *current, bool same_host)
 {
-    if (want == NULL || want[0] == '\0' || strcmp(want, "auto") == 0)
-        return same_host && current != NULL && strncmp(current, "bbr", 3) == 0 ? "cubic" : NULL;
+    if (congestion_auto(want))
+        return same_host && congestion_bbr(current) ? "cubic" : NULL;
     if (strcmp(want, "system") == 0 || (current != NULL && strcmp(current, want) == 0))
         return NULL;
     return want;
@@ -188,11 +200,10 @@ void kvp_sock_data_congestion(int fd)
     socklen_t len = sizeof(cur) - 1;
     if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cur, &len) != 0)
         return; /* not TCP */
-    /* across hosts the setting's own default leaves the system's: no need to ask */
-    bool auto_mode =
-        g_congestion == NULL || g_congestion[0] == '\0' || strcmp(g_congestion, "auto") == 0;
-    const char *to =
-        kvp_sock_congestion_choice(g_congestion, cur, auto_mode && kvp_sock_same_host(fd));
+    /* the ends' addresses are asked only where the answer can change the choice: the
+     * default, on a BBR socket */
+    bool same_host = congestion_auto(g_congestion) && congestion_bbr(cur) && kvp_sock_same_host(fd);
+    const char *to = kvp_sock_congestion_choice(g_congestion, cur, same_host);
     if (to == NULL || setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, to, (socklen_t)strlen(to)) == 0)
         return;
     if (!atomic_exchange(&g_congestion_warned, true))
