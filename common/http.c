@@ -695,19 +695,24 @@ size_t kvp_http_peer_cert(const kvp_http_request_t *req, const void **der_p)
     return l[0].size;
 }
 
+bool kvp_http_listen_addr(const char *hostport, struct sockaddr_in *sa)
+{
+    char host[256];
+    uint16_t port;
+    if (hostport == NULL || kvp_parse_hostport(hostport, host, sizeof(host), &port) != KVP_OK)
+        return false;
+    *sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(port)};
+    if (strcmp(host, "localhost") == 0)
+        snprintf(host, sizeof(host), "127.0.0.1");
+    return inet_pton(AF_INET, host, &sa->sin_addr) == 1;
+}
+
 kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, const char *key_file,
                                 const char *trust_file, kvp_http_handler_fn fn, void *arg,
                                 kvp_http_t **http_p, uint16_t *bound_port_p)
 {
-    char host[256];
-    uint16_t port;
-    if (hostport == NULL || fn == NULL ||
-        kvp_parse_hostport(hostport, host, sizeof(host), &port) != KVP_OK)
-        return KVP_ERR_INVALID_ARG;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-    if (strcmp(host, "localhost") == 0)
-        snprintf(host, sizeof(host), "127.0.0.1");
-    if (inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+    struct sockaddr_in sa;
+    if (fn == NULL || !kvp_http_listen_addr(hostport, &sa))
         return KVP_ERR_INVALID_ARG;
     kvp_http_t *h = calloc(1, sizeof(*h));
     if (h == NULL)
@@ -746,14 +751,15 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
         return KVP_ERR_NOMEM;
     }
     h->d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | tls, port, NULL, NULL,
-        answer, h, MHD_OPTION_ARRAY, tls ? tls_opts : no_opts, MHD_OPTION_SOCK_ADDR,
-        (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)KVP_HTTP_THREADS,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVP_HTTP_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)(KVP_HTTP_MAX_CONNS + KVP_HTTP_SPARE_SLOTS), MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)KVP_HTTP_CONN_MEMORY, MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1,
-        MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_NOTIFY_COMPLETED, post_done, h,
-        MHD_OPTION_NOTIFY_CONNECTION, notify, h, MHD_OPTION_END);
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | tls,
+        ntohs(sa.sin_port), NULL, NULL, answer, h, MHD_OPTION_ARRAY, tls ? tls_opts : no_opts,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE,
+        (unsigned)KVP_HTTP_THREADS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)KVP_HTTP_TIMEOUT_S,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)(KVP_HTTP_MAX_CONNS + KVP_HTTP_SPARE_SLOTS),
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)KVP_HTTP_CONN_MEMORY,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, (unsigned)1, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+        MHD_OPTION_NOTIFY_COMPLETED, post_done, h, MHD_OPTION_NOTIFY_CONNECTION, notify, h,
+        MHD_OPTION_END);
     if (h->d == NULL) {
         guard_stop(h);
         free_http(h);
@@ -761,7 +767,7 @@ kvp_status_t kvp_http_start_tls(const char *hostport, const char *cert_file, con
     }
     if (bound_port_p != NULL) {
         const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-        *bound_port_p = info != NULL ? info->port : port;
+        *bound_port_p = info != NULL ? info->port : ntohs(sa.sin_port);
     }
     *http_p = h;
     return KVP_OK;

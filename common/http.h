@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <netinet/in.h>
 
 #include "common/status.h"
 
@@ -67,6 +68,10 @@ void kvp_http_printf(kvp_http_reply_t *reply, const char *fmt, ...)
 void kvp_http_append(kvp_http_reply_t *reply, const char *data, size_t len);
 /* Append s as a JSON string literal, quotes included. */
 void kvp_http_json_string(kvp_http_reply_t *reply, const char *s, size_t len);
+
+/* "HOST:PORT" as the servers below take it (HOST an IPv4 address or localhost; port 0:
+ * any free port) into *sa; false: not such an address. */
+bool kvp_http_listen_addr(const char *hostport, struct sockaddr_in *sa);
 
 /*
  * Listen on "HOST:PORT" (port 0: any free port; *bound_port_p gets it) and serve

@@ -12,11 +12,11 @@
  */
 #include "master/core/config.h"
 
-#include <arpa/inet.h>
 #include <assert.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "common/http.h"
 #include "common/parse.h"
 
 void kvp_master_config_init(kvp_master_config_t *cfg)
@@ -104,12 +104,8 @@ kvp_status_t kvp_master_config_validate(const kvp_master_config_t *cfg, char *er
     }
     /* as common/http.c takes it, checked before the control port is bound: a mistyped
      * value is named, whatever else is wrong with the start */
-    char host[256];
-    uint16_t port;
-    struct in_addr a;
-    if (strcmp(cfg->http_listen, "off") != 0 &&
-        (kvp_parse_hostport(cfg->http_listen, host, sizeof(host), &port) != KVP_OK ||
-         inet_pton(AF_INET, host, &a) != 1)) {
+    struct sockaddr_in sa;
+    if (strcmp(cfg->http_listen, "off") != 0 && !kvp_http_listen_addr(cfg->http_listen, &sa)) {
         snprintf(err, err_len, "--http-listen needs IPV4:PORT or off, got '%.64s'",
                  cfg->http_listen);
         return KVP_ERR_INVALID_ARG;

@@ -162,7 +162,9 @@ def test_http_flags(tmp_path):
         r = subprocess.run([master, "--http-listen", bad], capture_output=True, timeout=20)
         assert r.returncode == 2 and b"--http-listen needs IPV4:PORT or off" in r.stderr, r
     # off: the control port is the master's only listening socket; with a port: two
-    for flag, want in (("off", 1), (f"127.0.0.1:{free_port()}", 2)):
+    # (localhost is taken for 127.0.0.1, at the flag's check as where it is bound)
+    for flag, want in (("off", 1), (f"127.0.0.1:{free_port()}", 2),
+                       (f"localhost:{free_port()}", 2)):
         m = Proc([master, "--listen", "127.0.0.1:0", "--ready-fd", "{fd}", "--http-listen", flag])
         try:
             assert len(listening_ports(m.pid)) == want, flag

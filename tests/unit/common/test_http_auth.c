@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <arpa/inet.h>
 
 #include "common/acl.h"
 #include "common/http.h"
@@ -292,9 +293,31 @@ static void test_requests(void **state)
     kvp_http_stop(http);
 }
 
+/* The address both the servers and kvpool-master's flag check take (kvp_http_listen_addr). */
+static void test_listen_addr(void **state)
+{
+    (void)state;
+    struct sockaddr_in sa;
+    assert_true(kvp_http_listen_addr("127.0.0.1:9100", &sa));
+    assert_int_equal(ntohs(sa.sin_port), 9100);
+    assert_int_equal(ntohl(sa.sin_addr.s_addr), 0x7f000001);
+    assert_true(kvp_http_listen_addr("localhost:0", &sa)); /* taken for 127.0.0.1 */
+    assert_int_equal(ntohs(sa.sin_port), 0);
+    assert_int_equal(ntohl(sa.sin_addr.s_addr), 0x7f000001);
+    assert_true(kvp_http_listen_addr("0.0.0.0:80", &sa));
+    assert_int_equal(sa.sin_addr.s_addr, 0);
+    static const char *const bad[] = {
+        "nonsense", "::1:80", "127.0.0.1", "127.0.0.1:", "127.0.0.1:65536", "host.example:80", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (kvp_http_listen_addr(bad[i], &sa))
+            fail_msg("'%s' taken as an address to listen on", bad[i]);
+    assert_false(kvp_http_listen_addr(NULL, &sa));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_listen_addr),
         cmocka_unit_test(test_check),
         cmocka_unit_test(test_requests),
     };
