@@ -715,7 +715,8 @@ static void put_collect(put_batch_t *b)
                     b->timed[j] = true;
             }
             const char *key = keys[b->idx[j]], *seg = b->ops[q].peer->name;
-            KVP_LOG_WARN("put %s: write to segment %s failed: %s", key, seg, kvp_strerror(s));
+            KVP_LOG_WARN_LIMITED("put %s: write to segment %s failed: %s", key, seg,
+                                 kvp_strerror(s));
             kvp_api_fail_key(key, "put %s: write to segment %s failed: %s", key, seg,
                              kvp_strerror(s));
             kvp_peers_suspect(&b->c->peers, b->ops[q].peer);
@@ -1489,20 +1490,20 @@ static void read_collect_round(read_batch_t *b, size_t k)
         size_t end = fold_ops(ops, b->op_item, q, k, &s, &crc);
         if (s == KVP_OK && lease_over) {
             /* the extent may have been reused after the lease: do not trust it */
-            KVP_LOG_WARN("get %s: transfer outlasted the %u ms read lease", keys[t],
-                         b->gr->lease_ttl_ms);
+            KVP_LOG_WARN_LIMITED("get %s: transfer outlasted the %u ms read lease", keys[t],
+                                 b->gr->lease_ttl_ms);
             s = KVP_ERR_LEASE_EXPIRED;
         }
         if (s == KVP_OK && ops[q].want_crc && crc != b->gr->results[b->slot[t]]->crc32c) {
-            KVP_LOG_WARN("get %s: checksum mismatch reading from segment %s", keys[t],
-                         ops[q].peer->name);
+            KVP_LOG_WARN_LIMITED("get %s: checksum mismatch reading from segment %s", keys[t],
+                                 ops[q].peer->name);
             kvp_api_fail_key(keys[t], "get %s: checksum mismatch reading from segment %s", keys[t],
                              ops[q].peer->name);
             s = KVP_ERR_CHECKSUM;
             atomic_fetch_add_explicit(&b->c->xfer.stats.errors[1], 1, memory_order_relaxed);
         } else if (s != KVP_OK) {
-            KVP_LOG_WARN("get %s: read from segment %s failed: %s", keys[t], ops[q].peer->name,
-                         kvp_strerror(s));
+            KVP_LOG_WARN_LIMITED("get %s: read from segment %s failed: %s", keys[t],
+                                 ops[q].peer->name, kvp_strerror(s));
             kvp_api_fail_key(keys[t], "get %s: read from segment %s failed: %s", keys[t],
                              ops[q].peer->name, kvp_strerror(s));
             if (s != KVP_ERR_LEASE_EXPIRED)

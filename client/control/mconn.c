@@ -288,8 +288,9 @@ static kvp_status_t dial(kvp_mconn_t *m, const char *host, uint16_t port, kvp_ch
         snprintf(msg, sizeof(msg), "cannot connect to master %s:%u: %s", host, port,
                  kvp_strerror(st));
         set_conn_err(m, msg);
-        if (m->resolve == NULL)
-            KVP_LOG_WARN("%s", msg);
+        if (m->resolve == NULL) /* (every caller's call tries again while the master is
+                                 * down: a line a second, not one a call) */
+            KVP_LOG_WARN_LIMITED("%s", msg);
         return st == KVP_ERR_TIMEOUT ? KVP_ERR_TIMEOUT : KVP_ERR_CONNECT;
     }
     /* bounds a frame that stops half-way, and on_ready's blocking calls */
