@@ -1068,10 +1068,6 @@ static void test_stress(void **state)
                why[0] ? why : "OK");
     }
     /* whatever the shared client's state, the pool itself recovered: a new client works */
-    /* the library logs nothing by default: its warnings (a write that failed, and why an
-     * owner refused one: this process serves the client's own segment) go to the test's
-     * log, next to the owners' */
-    setenv("KVPOOL_LOG_LEVEL", "warn", 0);
     kvp_client_params_t p;
     kvp_client_params_init(&p);
     p.master_addr = e->addr;
