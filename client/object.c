@@ -767,8 +767,12 @@ static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replica
             b->st[i] = PUT_HOLD_GONE;
             return;
         }
-        if (s != KVP_OK && back != NULL)
-            back[(*nb)++] = b->holds[j]; /* the key refused: the hold is still ours */
+        /* the key refused (EXISTS, PENDING, QUOTA, a bad key or group): the hold is still
+         * ours. Not after IO: the master took the hold for the key and then found no
+         * replica written that it still had (its segment went meanwhile), so the hold is
+         * gone and its room free, maybe another object's already */
+        if (s != KVP_OK && s != KVP_ERR_IO && back != NULL)
+            back[(*nb)++] = b->holds[j];
     } else if (s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) {
         s = KVP_ERR_PUT_REVOKED;
         kvp_api_fail_key(key,

@@ -1339,14 +1339,37 @@ kvp_status_t kvp_handle_put_commit(kvp_call_t *call, ProtobufCMessage *req_msg)
     return kvp_reply_send(&r);
 }
 
+/*
+ * A draining segment's held room goes back now (a drain waits for no hold). Only the
+ * extents on that segment: a hold with replicas elsewhere too stays its client's with
+ * those (the one here a tombstone, skipped at its commit, as a PENDING object's on a
+ * segment that went away), because the client may write into it before it learns
+ * anything: freed, those extents could be another object's by then. The extents freed
+ * here are not placed again (placement skips a draining segment), so a late write into
+ * one lands on nobody's object.
+ */
 void kvp_object_holds_drop(kvp_master_state_t *st, uint64_t segment_id)
 {
     kvp_object_t *obj = st->index.pending_list.head;
     while (obj != NULL) {
         kvp_object_t *next = obj->lnext;
         if ((obj->flags & KVP_OBJ_F_HOLD) && kvp_object_replica_on(obj, segment_id) >= 0) {
-            kvp_index_unlink(&st->index, obj);
-            kvp_object_release(st, obj);
+            unsigned live = 0;
+            for (unsigned r = 0; r < obj->n_replicas; r++)
+                live +=
+                    obj->replicas[r].segment_id != 0 && obj->replicas[r].segment_id != segment_id;
+            if (live == 0) {
+                kvp_index_unlink(&st->index, obj);
+                kvp_object_release(st, obj);
+            } else {
+                kvp_index_charge(&st->index, obj, -1); /* one replica less: charged again */
+                for (unsigned r = 0; r < obj->n_replicas; r++)
+                    if (obj->replicas[r].segment_id == segment_id) {
+                        kvp_segment_table_free_extent(&st->segments, &obj->replicas[r]);
+                        obj->replicas[r].segment_id = 0;
+                    }
+                kvp_index_charge(&st->index, obj, +1);
+            }
         }
         obj = next;
     }

@@ -35,7 +35,11 @@ Covered:
     the quota; holds take no place in max-objects;
  8. hostile: a raw PUT_COMMIT naming another connection's hold ids (or giving them back)
     commits nothing and frees nothing (NOT_FOUND per key); keys shaped like a hold's
-    internal key are refused (BAD_KEY).
+    internal key are refused (BAD_KEY);
+ 9. segments that go under held room: a segment that drains (its owner stopped) gives back
+    only the room held on it, not a two-replica hold's extents on the other segments, and a
+    held key whose commit answered IO (its written replica's segment gone) does not keep its
+    hold: in both cases every acknowledged object of another client reads back byte-exact.
 
 In the suite's TLS pass (KVPOOL_TEST_TLS_DIR) every master runs with TLS and the suite's ACL
 (its /metrics over HTTPS), clients name the admin through $KVPOOL_TLS_*, and the raw
@@ -784,6 +788,95 @@ def test_holds_take_no_place_in_max_objects(tenant_master):
         # (stored, the tenant's object gauge, holds) after each of alice's batches
         assert all(s == g for s, g, _ in gauges), gauges
         assert m.tm("kvpool_tenant_objects", "team-a") == 40
+
+
+# ---- 9. segments that go while room on them is held ----
+
+def fill(client, prefix, size):
+    """Put `size` objects into client's pool until a put is refused; {key: bytes} of those
+    acknowledged."""
+    stored = {}
+    for b in range(4096):
+        kv = blobs(f"{prefix}{b}-", 64, size)
+        sts = client.batch_put(list(kv), list(kv.values()))
+        stored.update({k: v for (k, v), s in zip(kv.items(), sts) if s == 0})
+        if any(s != 0 for s in sts):
+            return stored
+    raise AssertionError("the pool never filled")
+
+
+def intact(client, kv):
+    """Every key of kv reads back byte-exact: [(key, why)] of those that do not."""
+    bad = []
+    for k, v in kv.items():
+        try:
+            if client.get(k) != v:
+                bad.append((k, "other bytes"))
+        except kvpool.Error as e:
+            bad.append((k, str(e)))
+    return bad
+
+
+def test_a_drain_gives_back_only_the_held_room_on_its_segment(make_pool):
+    """A client holds room for two-replica puts on three segments; one owner shuts down
+    (SIGTERM: its segment drains, so the master gives back the room held there). Its holds'
+    extents on the other segments stay the client's: another client then fills the pool,
+    the first one puts a held batch of the same shape, and every object the other client
+    was told was stored reads back byte-exact (the master had given those extents away,
+    and the held batch overwrote acknowledged objects)."""
+    p = HPool(make_pool, segments=("16MiB", "16MiB", "16MiB"), flags=("--no-eviction",))
+    with kvpool.Client(p.addr, transport="tcp") as w, \
+            kvpool.Client(p.addr, transport="tcp") as x:
+        first = blobs("dw1-", 8, 16 * KiB)
+        put_all(w, first, replicas=2)
+        assert p.m("kvpool_put_holds") == 8
+        assert p.pool.segments.pop(0).stop() == 0  # drains, then exits
+        poll(lambda: p.m("kvpool_segments", tier="dram") == 2, "the drained segment unmounted")
+        stored = fill(x, "dx-", 16 * KiB)
+        assert len(stored) > 1000
+        w.exists("dw1-0")  # heard from lately: the batch goes into held room (HOLD_FRESH_MS)
+        second = {f"dw2-{i}": bytes([0x21]) * (16 * KiB) for i in range(8)}
+        w.batch_put(list(second), list(second.values()), replicas=2)  # room or not
+        assert intact(x, stored) == []
+        assert intact(w, first) == []  # each had its other replica elsewhere
+
+
+def test_a_held_key_failed_for_io_does_not_keep_its_hold(make_pool):
+    """replicas=2 on owners A and B; B stops answering (SIGSTOP) under a held put and A is
+    killed (-9) while the write to B waits: the commit finds no written replica left and
+    answers IO, the master having taken the key's hold and freed its room. The client must
+    not keep that hold: a later batch written into it lands on the room the master gave
+    to the object put next (here the first client's own), which then reads back wrong."""
+    p = HPool(make_pool, segments=("16MiB", "16MiB"), flags=("--no-eviction",))
+    with kvpool.Client(p.addr, transport="tcp", rpc_timeout_ms=1500) as w:
+        put_all(w, {"iw1-0": b"\x57" * (16 * KiB)}, replicas=2)
+        a, b = p.pool.segments
+        freeze(b.pid)
+        out = {}
+
+        def run():  # (each put after a call: held room is used on a connection heard from
+            w.exists("iw1-0")  # within the last 200 ms, object.c's HOLD_FRESH_MS)
+            out["r"] = w.batch_put(["iw2-0"], [b"\x22" * (16 * KiB)], replicas=2)
+
+        t = threading.Thread(target=run)
+        t.start()
+        try:
+            time.sleep(0.3)  # A has its bytes; B's write waits
+            a.kill()
+            p.pool.segments.remove(a)  # (reaped: its -9 is ours)
+            t.join(30)
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        assert out.get("r") == [kvpool.ERR_IO], out
+        with kvpool.Client(p.addr, transport="tcp") as x:
+            stored = fill(x, "ix-", 16 * KiB)
+            third = {"iw3-0": b"\x33" * (16 * KiB)}
+            w.exists("iw1-0")
+            assert w.batch_put(list(third), list(third.values()), replicas=2) == [0]
+            w.exists("iw1-0")
+            w.batch_put(["iw4-0"], [b"\x44" * (16 * KiB)], replicas=2)  # room or not
+            assert intact(x, stored) == []
+            assert intact(x, third) == []
 
 
 # ---- 8. hostile: another connection's holds ----
