@@ -103,10 +103,24 @@ static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *cons
     return st;
 }
 
-/* PutEnd or PutRevoke for a subset; per-key statuses go to out[idx[j]]. */
+/* A key a PUT_COMMIT or PutEnd sent a second time no longer found PENDING (or held): the
+ * first, whose answer went with its broken connection, may have stored it
+ * (stored_by_first_send says). */
+#define PUT_MAYBE_STORED (-100002)
+
+static void stored_by_first_send(kvp_client_t *c, const char *const *keys, const size_t *idx,
+                                 const uint64_t *sizes, const uint32_t *crcs, size_t m,
+                                 int32_t *out, uint32_t *replicas_written, int32_t otherwise);
+
+static const char REVOKED_WHY[] = "put %s: the master dropped the unfinished put (it restarted, "
+                                  "lost this client's connection, or the segment went away); "
+                                  "nothing is stored, retry";
+
+/* PutEnd or PutRevoke for a subset; per-key statuses go to out[idx[j]]. PutEnd: sizes[j] and
+ * crcs[j] what key j's put wrote. */
 static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
-                          const size_t *idx, const uint32_t *crcs, const uint32_t *masks, size_t m,
-                          int32_t *out)
+                          const size_t *idx, const uint64_t *sizes, const uint32_t *crcs,
+                          const uint32_t *masks, size_t m, int32_t *out)
 {
     if (m == 0)
         return;
@@ -137,21 +151,24 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
         st = sr == NULL ? KVP_ERR_PROTOCOL : sr->status != KVP_OK ? sr->status : KVP_ERR_PROTOCOL;
         goto fail;
     }
-    if (method == KVP_RPC_PUT_END)
+    if (method == KVP_RPC_PUT_END) {
+        bool again = kvp_mconn_call_sent_again();
         for (size_t j = 0; j < m; j++) {
             int32_t s = sr->statuses[j];
             /* the master no longer has our PENDING object: it restarted, it revoked
-             * the put with a lost connection or a gone segment, or the put timed out */
-            if (s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) {
+             * the put with a lost connection or a gone segment, or the put timed out
+             * (or the first of two sends ended it) */
+            if ((s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) && again) {
+                s = PUT_MAYBE_STORED;
+            } else if (s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) {
                 s = KVP_ERR_PUT_REVOKED;
-                kvp_api_fail_key(keys[idx[j]],
-                                 "put %s: the master dropped the unfinished put (it restarted, "
-                                 "lost this client's connection, or the segment went away); "
-                                 "nothing is stored, retry",
-                                 keys[idx[j]]);
+                kvp_api_fail_key(keys[idx[j]], REVOKED_WHY, keys[idx[j]]);
             }
             out[idx[j]] = s;
         }
+        if (again)
+            stored_by_first_send(c, keys, idx, sizes, crcs, m, out, NULL, KVP_ERR_PUT_REVOKED);
+    }
     return;
 fail:
     if (method == KVP_RPC_PUT_END)
@@ -747,11 +764,18 @@ static void put_collect(put_batch_t *b)
 }
 
 /* A PUT_COMMIT's answer for key j of the batch (e: its place in the request). */
-static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replicas_written,
-                          kvp_hold_t *back, size_t *nb)
+static void commit_status(put_batch_t *b, size_t j, int32_t s, bool again,
+                          uint32_t *replicas_written, kvp_hold_t *back, size_t *nb)
 {
     size_t i = b->idx[j];
     const char *key = b->keys[i];
+    /* sent twice (the first answer lost with its connection) and the key's hold or PENDING
+     * put no longer there: the first may have stored it (stored_by_first_send) */
+    if (again && b->st[i] == KVP_OK &&
+        (s == KVP_ERR_NOT_FOUND || (b->holds == NULL && s == KVP_ERR_NOT_PENDING))) {
+        b->st[i] = PUT_MAYBE_STORED;
+        return;
+    }
     if (b->holds != NULL) {
         /* unwritten, a write of it timed out (the master freed its hold: IO): put again
          * once, on no segment that failed lately (PUT_TIMED_OUT), so the call waits out no
@@ -775,11 +799,7 @@ static void commit_status(put_batch_t *b, size_t j, int32_t s, uint32_t *replica
             back[(*nb)++] = b->holds[j];
     } else if (s == KVP_ERR_NOT_FOUND || s == KVP_ERR_NOT_PENDING) {
         s = KVP_ERR_PUT_REVOKED;
-        kvp_api_fail_key(key,
-                         "put %s: the master dropped the unfinished put (it restarted, lost this "
-                         "client's connection, or the segment went away); nothing is stored, "
-                         "retry",
-                         key);
+        kvp_api_fail_key(key, REVOKED_WHY, key);
     }
     b->st[i] = s;
     if (s == KVP_OK && replicas_written != NULL)
@@ -877,8 +897,9 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     if (rc == KVP_OK && (cr == NULL || cr->status != KVP_OK || cr->n_statuses != ne))
         rc = cr == NULL || cr->status == KVP_OK ? KVP_ERR_PROTOCOL : cr->status;
     size_t nb = 0;
+    bool again = rc == KVP_OK && kvp_mconn_call_sent_again();
     for (size_t e = 0; e < ne; e++)
-        commit_status(b, pos[e], rc == KVP_OK ? cr->statuses[e] : rc, replicas_written,
+        commit_status(b, pos[e], rc == KVP_OK ? cr->statuses[e] : rc, again, replicas_written,
                       rc == KVP_OK ? back : NULL, &nb);
     if (rc == KVP_OK) {
         kvp_peers_update(&c->peers, cr->segments, cr->n_segments);
@@ -889,7 +910,10 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
             KVP_LOG_DEBUG("put: %zu of %u holds: %s", cr->n_holds, hr.count, cr->message);
         kvp_holds_put_back(c->holds, b->fp, b->gen, back, nb);
     }
-    end_or_revoke(c, KVP_RPC_PUT_REVOKE, b->keys, rev, NULL, NULL, nr, b->st);
+    end_or_revoke(c, KVP_RPC_PUT_REVOKE, b->keys, rev, NULL, NULL, NULL, nr, b->st);
+    if (again) /* (after the answer's last use: this call takes the thread's reply buffer) */
+        stored_by_first_send(c, b->keys, b->idx, b->szs, b->crcs, m, b->st, replicas_written,
+                             b->holds != NULL ? PUT_HOLD_GONE : KVP_ERR_PUT_REVOKED);
     return true;
 }
 
@@ -905,7 +929,8 @@ static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     size_t *rev_idx = kvp_scratch_alloc(m * sizeof(*rev_idx));
     uint32_t *end_crc = kvp_scratch_alloc(m * sizeof(*end_crc));
     uint32_t *end_mask = kvp_scratch_alloc(m * sizeof(*end_mask));
-    if (!end_idx || !rev_idx || !end_crc || !end_mask) {
+    uint64_t *end_size = kvp_scratch_alloc(m * sizeof(*end_size));
+    if (!end_idx || !rev_idx || !end_crc || !end_mask || !end_size) {
         for (size_t j = 0; j < m; j++)
             if (b->st[b->idx[j]] == KVP_OK)
                 b->st[b->idx[j]] = KVP_ERR_NOMEM;
@@ -920,6 +945,7 @@ static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
         if (b->st[i] == KVP_OK && b->ops != NULL) {
             end_idx[ne] = i;
             end_mask[ne] = b->masks[j];
+            end_size[ne] = b->szs[j];
             if (replicas_written != NULL)
                 replicas_written[i] = (uint32_t)__builtin_popcount(b->masks[j]);
             end_crc[ne++] = b->crcs[j];
@@ -927,8 +953,8 @@ static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
             rev_idx[nr++] = i;
         }
     }
-    end_or_revoke(b->c, KVP_RPC_PUT_END, b->keys, end_idx, end_crc, end_mask, ne, b->st);
-    end_or_revoke(b->c, KVP_RPC_PUT_REVOKE, b->keys, rev_idx, NULL, NULL, nr, b->st);
+    end_or_revoke(b->c, KVP_RPC_PUT_END, b->keys, end_idx, end_size, end_crc, end_mask, ne, b->st);
+    end_or_revoke(b->c, KVP_RPC_PUT_REVOKE, b->keys, rev_idx, NULL, NULL, NULL, nr, b->st);
 }
 
 void kvp_put_config_init(kvp_put_config_t *c)
@@ -1330,6 +1356,51 @@ static void release_leases(kvp_client_t *c, const Kvpool__GetReplicaListResponse
         }
     }
     kvp_session_lease_release(c->session, ids, k);
+}
+
+/*
+ * The keys out[idx[j]] == PUT_MAYBE_STORED (j < m): a PUT_COMMIT or PutEnd sent a second
+ * time, on a new connection, no longer found them held or PENDING, and the first send,
+ * whose answer went with the broken connection, may have stored them. Those the master has
+ * now with this put's size (sizes[j]) and CRC32C (crcs[j]) hold the bytes this put wrote:
+ * OK (replicas_written[idx[j]], when given, from the answer). The rest, and all of them
+ * when the master cannot be asked: `otherwise`.
+ */
+static void stored_by_first_send(kvp_client_t *c, const char *const *keys, const size_t *idx,
+                                 const uint64_t *sizes, const uint32_t *crcs, size_t m,
+                                 int32_t *out, uint32_t *replicas_written, int32_t otherwise)
+{
+    size_t *at = kvp_scratch_alloc((m ? m : 1) * sizeof(*at));
+    size_t *ki = kvp_scratch_alloc((m ? m : 1) * sizeof(*ki));
+    size_t n = 0;
+    for (size_t j = 0; j < m && at != NULL && ki != NULL; j++)
+        if (out[idx[j]] == PUT_MAYBE_STORED) {
+            at[n] = j;
+            ki[n++] = idx[j];
+        }
+    uint8_t *resp = NULL;
+    size_t rlen = 0;
+    Kvpool__GetReplicaListResponse *gr = NULL;
+    if (n > 0 && keys_call(c, KVP_RPC_GET_REPLICA_LIST, keys, ki, n, false, &resp, &rlen) == KVP_OK)
+        gr = kvpool__get_replica_list_response__unpack(&kvp_scratch_pb, rlen, resp);
+    bool answered = gr != NULL && gr->status == KVP_OK && gr->n_results == n;
+    for (size_t q = 0; q < n; q++) {
+        size_t j = at[q];
+        const Kvpool__GetReplicaResult *r = answered ? gr->results[q] : NULL;
+        if (r != NULL && r->status == KVP_OK && r->size == sizes[j] && r->crc32c == crcs[j]) {
+            out[idx[j]] = KVP_OK;
+            if (replicas_written != NULL)
+                replicas_written[idx[j]] = (uint32_t)r->n_replicas;
+            continue;
+        }
+        out[idx[j]] = otherwise;
+        if (otherwise == KVP_ERR_PUT_REVOKED)
+            kvp_api_fail_key(keys[idx[j]], REVOKED_WHY, keys[idx[j]]);
+    }
+    for (size_t j = 0; j < m; j++) /* (no memory to ask) */
+        if (out[idx[j]] == PUT_MAYBE_STORED)
+            out[idx[j]] = otherwise;
+    release_leases(c, answered ? gr : NULL);
 }
 
 /* Order items by key (qsort_r): the ranges of one key share its GetReplicaList entry. */
@@ -1973,10 +2044,10 @@ kvp_status_t kvp_obj_keys_call(kvp_client_t *c, uint16_t method, const char *con
 }
 
 void kvp_obj_end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
-                           const size_t *idx, const uint32_t *crcs, const uint32_t *masks, size_t m,
-                           int32_t *out)
+                           const size_t *idx, const uint64_t *sizes, const uint32_t *crcs,
+                           const uint32_t *masks, size_t m, int32_t *out)
 {
-    end_or_revoke(c, method, keys, idx, crcs, masks, m, out);
+    end_or_revoke(c, method, keys, idx, sizes, crcs, masks, m, out);
 }
 
 kvp_status_t kvp_obj_put_config(const kvp_put_config_t *config, kvp_put_config_t *cfg)

@@ -887,7 +887,7 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
         for (size_t j = 0; sr != NULL && j < m && j < sr->n_results; j++)
             if (sr->results[j]->status == KVP_OK)
                 rev[n_rev++] = idx[j];
-        kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, NULL, NULL, n_rev, NULL);
+        kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, NULL, NULL, NULL, n_rev, NULL);
         if (sr != NULL)
             kvpool__put_start_response__free_unpacked(sr, NULL);
         for (size_t j = 0; j < m; j++)
@@ -915,7 +915,7 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
     }
     resp_unref(resp);
     pthread_mutex_unlock(&xs->lock);
-    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, NULL, NULL, n_rev, NULL);
+    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, NULL, NULL, NULL, n_rev, NULL);
     kvp_api_fail_keys("put_session_start", keys, (const int32_t *)results, n);
     return first_error(results, n);
 }
@@ -986,8 +986,10 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
     size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
     uint32_t *crcs = kvp_scratch_alloc(n * sizeof(*crcs));
     uint32_t *masks = kvp_scratch_alloc(n * sizeof(*masks));
+    uint64_t *sizes = kvp_scratch_alloc(n * sizeof(*sizes));
     bool *drop = kvp_scratch_calloc(n, sizeof(*drop));
-    if (ents == NULL || idx == NULL || crcs == NULL || masks == NULL || drop == NULL)
+    if (ents == NULL || idx == NULL || crcs == NULL || masks == NULL || sizes == NULL ||
+        drop == NULL)
         return KVP_ERR_NOMEM;
     put_seal(c, keys, n, results, ents);
     size_t m = 0;
@@ -1011,6 +1013,7 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
         }
         crcs[m] = e->mask != 0 ? e->iv[0].crc : 0;
         masks[m] = e->mask;
+        sizes[m] = e->size;
         idx[m++] = i;
     }
     int32_t *out = kvp_scratch_alloc(n * sizeof(*out));
@@ -1018,7 +1021,7 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
         put_unseal(c, n, ents, drop);
         return KVP_ERR_NOMEM;
     }
-    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_END, keys, idx, crcs, masks, m, out);
+    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_END, keys, idx, sizes, crcs, masks, m, out);
     for (size_t j = 0; j < m; j++) {
         size_t i = idx[j];
         results[i] = out[i];

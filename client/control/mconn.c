@@ -661,9 +661,18 @@ static kvp_status_t call_once(kvp_mconn_t *m, uint16_t method, const void *body,
     return w.st;
 }
 
+/* The calling thread's last kvp_mconn_call was sent again after its connection broke. */
+static _Thread_local bool tl_sent_again;
+
+bool kvp_mconn_call_sent_again(void)
+{
+    return tl_sent_again;
+}
+
 kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, size_t len,
                             uint8_t **resp_p, size_t *resp_len_p)
 {
+    tl_sent_again = false;
     if (len > KVP_RPC_MAX_BODY)
         return KVP_ERR_FRAME_TOO_LARGE;
     uint64_t t0 = kvp_now_ns();
@@ -701,6 +710,7 @@ kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, s
         }
         if (!again)
             break;
+        tl_sent_again |= conn_failed; /* the first may have reached the master */
     }
     rpc_count(m, method, t0, st);
     return st;

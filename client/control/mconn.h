@@ -74,6 +74,12 @@ kvp_status_t kvp_mconn_connect(kvp_mconn_t *m);
 kvp_status_t kvp_mconn_call(kvp_mconn_t *m, uint16_t method, const void *body, size_t len,
                             uint8_t **resp_p, size_t *resp_len_p);
 
+/* Was the calling thread's last kvp_mconn_call sent a second time, on a new connection,
+ * after the connection it first went on broke? Then the first may have reached the master
+ * and taken effect, its answer lost: a call that must not take effect twice (PUT_COMMIT,
+ * PUT_END) reads the second answer with that in mind. */
+bool kvp_mconn_call_sent_again(void);
+
 /* One-way frame on the current connection. KVP_ERR_CONNECT when there is none (nothing
  * is sent, no connection is opened for it); other errors: the connection broke. */
 kvp_status_t kvp_mconn_send(kvp_mconn_t *m, uint16_t method, const void *body, size_t len);

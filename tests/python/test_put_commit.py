@@ -39,7 +39,11 @@ Covered:
  9. segments that go under held room: a segment that drains (its owner stopped) gives back
     only the room held on it, not a two-replica hold's extents on the other segments, and a
     held key whose commit answered IO (its written replica's segment gone) does not keep its
-    hold: in both cases every acknowledged object of another client reads back byte-exact.
+    hold: in both cases every acknowledged object of another client reads back byte-exact;
+10. a put's last call (PUT_COMMIT, or PutEnd with KVPOOL_PUT_AHEAD=off) carried out by the
+    master, its answer lost with the connection (a relay cuts it; plain pass only): sent
+    again, it no longer finds the keys, and the put still reports OK for each (the master
+    has them with the put's size and CRC), not PUT_REVOKED or EXISTS.
 
 In the suite's TLS pass (KVPOOL_TEST_TLS_DIR) every master runs with TLS and the suite's ACL
 (its /metrics over HTTPS), clients name the admin through $KVPOOL_TLS_*, and the raw
@@ -877,6 +881,117 @@ def test_a_held_key_failed_for_io_does_not_keep_its_hold(make_pool):
             w.batch_put(["iw4-0"], [b"\x44" * (16 * KiB)], replicas=2)  # room or not
             assert intact(x, stored) == []
             assert intact(x, third) == []
+
+
+# ---- 10. a commit whose answer the connection lost ----
+
+class AnswerCutter:
+    """A plain-TCP relay between a client and the master that, when armed, passes one
+    request of `method` to the master and then drops the master's answer and the
+    connection (after `hold_s`, time for the master to carry it out): the client sees its
+    connection break under a call the master made."""
+
+    HDR = struct.Struct("<IHHQIiQ")  # magic, version, method, id, body length, status, epoch
+
+    def __init__(self, master_addr):
+        host, port = master_addr.rsplit(":", 1)
+        self.master = (host, int(port))
+        self.ls = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self.ls.getsockname()[1]}"
+        self.armed, self.cut = None, 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                cs, _ = self.ls.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(cs,), daemon=True).start()
+
+    @staticmethod
+    def _exact(s, n):
+        b = b""
+        while len(b) < n:
+            x = s.recv(n - len(b))
+            if not x:
+                return None
+            b += x
+        return b
+
+    def _serve(self, cs, hold_s=0.3):
+        ms = socket.create_connection(self.master)
+        mute = threading.Event()
+
+        def back():
+            try:
+                while (x := ms.recv(65536)):
+                    if not mute.is_set():
+                        cs.sendall(x)
+            except OSError:
+                pass
+
+        threading.Thread(target=back, daemon=True).start()
+        try:
+            while (h := self._exact(cs, self.HDR.size)) is not None:
+                method, n = self.HDR.unpack(h)[2], self.HDR.unpack(h)[4]
+                body = self._exact(cs, n) if n else b""
+                cut = method == self.armed
+                if cut:
+                    mute.set()
+                    self.armed = None
+                ms.sendall(h + (body or b""))
+                if cut:
+                    time.sleep(hold_s)
+                    self.cut += 1
+                    break
+        except OSError:
+            pass
+        for s in (cs, ms):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self):
+        self.ls.close()
+
+
+@pytest.mark.parametrize("case", ["first_batch", "held_batch", "put_end"])
+def test_a_commit_whose_answer_was_lost_reports_what_it_stored(make_pool, monkeypatch, case):
+    """The master carries out a put's last call (PUT_COMMIT: a batch's first, not held, or
+    a held one; PutEnd with KVPOOL_PUT_AHEAD=off) and the connection breaks before its
+    answer arrives; the client sends the call again on a new connection, where the keys are
+    no longer held or PENDING. It must not report them failed (PUT_REVOKED: "nothing is
+    stored"), nor EXISTS from putting them again: the master has them with this put's size
+    and CRC, so every key is OK, and reads back byte-exact."""
+    if TLS_DIR:
+        pytest.skip("the relay reads plain frames (the TLS pass: the same code, no relay)")
+    if case == "put_end":
+        monkeypatch.setenv("KVPOOL_PUT_AHEAD", "off")
+    p = HPool(make_pool)
+    relay = AnswerCutter(p.addr)
+    try:
+        with kvpool.Client(relay.addr, transport="tcp") as c, \
+                kvpool.Client(p.addr, transport="tcp") as obs:
+            if case == "held_batch":
+                put_all(c, blobs("lc0-", 8, 4 * KiB))  # holds for the next batch
+                c.exists("lc0-0")  # heard from lately: the batch goes into held room
+            kv = blobs(f"lc-{case}-", 8, 4 * KiB)
+            c0 = calls(c)
+            relay.armed = 5 if case == "put_end" else M_PUT_COMMIT
+            assert c.batch_put(list(kv), list(kv.values())) == [0] * 8
+            assert relay.cut == 1
+            d = delta(calls(c), c0)
+            # the call (counted once, sent twice), then one look at what the master has
+            assert d.get("put_end" if case == "put_end" else "put_commit", 0) == 1, d
+            assert d.get("get_replica_list", 0) == 1, d
+            if case == "held_batch":
+                assert d.get("put_start", 0) == 0, d  # found stored, not put again
+            read_back(obs, kv)
+    finally:
+        relay.close()
 
 
 # ---- 8. hostile: another connection's holds ----
