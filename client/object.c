@@ -116,11 +116,13 @@ static const char REVOKED_WHY[] = "put %s: the master dropped the unfinished put
                                   "lost this client's connection, or the segment went away); "
                                   "nothing is stored, retry";
 
-/* PutEnd or PutRevoke for a subset; per-key statuses go to out[idx[j]]. PutEnd: sizes[j] and
- * crcs[j] what key j's put wrote. */
+/* PutEnd or PutRevoke for a subset; per-key statuses go to out[idx[j]]. versions[j] (NULL:
+ * none): the version key j's PutStart answered, so that only that put is ended (another
+ * thread's put of the key on the shared connection is not). PutEnd: sizes[j] and crcs[j]
+ * what key j's put wrote. */
 static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
-                          const size_t *idx, const uint64_t *sizes, const uint32_t *crcs,
-                          const uint32_t *masks, size_t m, int32_t *out)
+                          const size_t *idx, const uint64_t *versions, const uint64_t *sizes,
+                          const uint32_t *crcs, const uint32_t *masks, size_t m, int32_t *out)
 {
     if (m == 0)
         return;
@@ -140,9 +142,11 @@ static void end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *k
         req.n_crc32c = m;
         req.written_mask = (uint32_t *)masks;
         req.n_written_mask = m;
+        req.versions = (uint64_t *)versions;
+        req.n_versions = versions != NULL ? m : 0;
         st = kvp_session_call(c->session, method, &req.base, &resp, &rlen);
     } else {
-        st = keys_call(c, method, keys, idx, m, false, &resp, &rlen);
+        st = kvp_obj_revoke_call(c, keys, idx, versions, m, &resp, &rlen);
     }
     if (st != KVP_OK)
         goto fail;
@@ -809,7 +813,7 @@ static void commit_status(put_batch_t *b, size_t j, int32_t s, bool again,
 /* The request's keys: each started key of the batch (a held one whatever its writes did:
  * an unwritten one frees its hold), into pos[]; the classic keys not written into rev[]. */
 static size_t commit_keys(put_batch_t *b, Kvpool__PutCommitRequest *req, size_t *pos, size_t *rev,
-                          size_t *nr)
+                          uint64_t *rev_ver, size_t *nr)
 {
     size_t ne = 0;
     *nr = 0;
@@ -818,12 +822,15 @@ static size_t commit_keys(put_batch_t *b, Kvpool__PutCommitRequest *req, size_t 
         if (b->sr->results[j]->status != KVP_OK)
             continue;
         bool ok = b->st[i] == KVP_OK && b->ops != NULL;
+        uint64_t version = b->holds == NULL ? b->sr->results[j]->version : 0;
         if (b->holds == NULL && !ok) {
+            rev_ver[*nr] = version;
             rev[(*nr)++] = i;
             continue;
         }
         pos[ne] = j;
         req->keys[ne] = b->kp[j];
+        req->versions[ne] = version; /* (a held key's: none, its hold names it) */
         req->holds[ne] = b->holds != NULL ? b->holds[j].id : 0;
         req->crc32c[ne] = ok ? b->crcs[j] : 0;
         req->written_mask[ne] = ok ? b->masks[j] : 0;
@@ -832,7 +839,8 @@ static size_t commit_keys(put_batch_t *b, Kvpool__PutCommitRequest *req, size_t 
             req->group_ids[ne] = b->gp[j];
         ne++;
     }
-    req->n_keys = req->n_holds = req->n_crc32c = req->n_written_mask = req->n_sizes = ne;
+    req->n_keys = req->n_holds = req->n_crc32c = req->n_written_mask = req->n_sizes =
+        req->n_versions = ne;
     req->n_group_ids = b->gp != NULL ? ne : 0;
     return ne;
 }
@@ -854,10 +862,13 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     req.crc32c = kvp_scratch_alloc(m * sizeof(*req.crc32c));
     req.written_mask = kvp_scratch_alloc(m * sizeof(*req.written_mask));
     req.sizes = kvp_scratch_alloc(m * sizeof(*req.sizes));
+    req.versions = kvp_scratch_alloc(m * sizeof(*req.versions));
+    uint64_t *rev_ver = kvp_scratch_alloc(m * sizeof(*rev_ver));
     req.group_ids = b->gp != NULL ? kvp_scratch_alloc(m * sizeof(*req.group_ids)) : NULL;
     kvp_hold_t *back = b->holds != NULL ? kvp_scratch_alloc(m * sizeof(*back)) : NULL;
     if (!pos || !rev || !req.keys || !req.holds || !req.crc32c || !req.written_mask || !req.sizes ||
-        (b->gp != NULL && !req.group_ids) || (b->holds != NULL && !back)) {
+        !req.versions || !rev_ver || (b->gp != NULL && !req.group_ids) ||
+        (b->holds != NULL && !back)) {
         if (b->holds == NULL)
             return false;              /* (put_finish ends it the classic way) */
         for (size_t j = 0; j < m; j++) /* never committed: none of them is stored */
@@ -865,7 +876,7 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
                 b->st[b->idx[j]] = KVP_ERR_NOMEM;
         return true; /* (what it held comes back at the put timeout) */
     }
-    size_t nr, ne = commit_keys(b, &req, pos, rev, &nr);
+    size_t nr, ne = commit_keys(b, &req, pos, rev, rev_ver, &nr);
     Kvpool__PutConfig pc;
     uint64_t avoid[KVP_PEERS_SUSPECTS];
     kvp_obj_put_config_wire(c, cfg, &pc, avoid);
@@ -910,7 +921,7 @@ static bool put_commit(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
             KVP_LOG_DEBUG("put: %zu of %u holds: %s", cr->n_holds, hr.count, cr->message);
         kvp_holds_put_back(c->holds, b->fp, b->gen, back, nb);
     }
-    end_or_revoke(c, KVP_RPC_PUT_REVOKE, b->keys, rev, NULL, NULL, NULL, nr, b->st);
+    end_or_revoke(c, KVP_RPC_PUT_REVOKE, b->keys, rev, rev_ver, NULL, NULL, NULL, nr, b->st);
     if (again) /* (after the answer's last use: this call takes the thread's reply buffer) */
         stored_by_first_send(c, b->keys, b->idx, b->szs, b->crcs, m, b->st, replicas_written,
                              b->holds != NULL ? PUT_HOLD_GONE : KVP_ERR_PUT_REVOKED);
@@ -930,7 +941,9 @@ static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
     uint32_t *end_crc = kvp_scratch_alloc(m * sizeof(*end_crc));
     uint32_t *end_mask = kvp_scratch_alloc(m * sizeof(*end_mask));
     uint64_t *end_size = kvp_scratch_alloc(m * sizeof(*end_size));
-    if (!end_idx || !rev_idx || !end_crc || !end_mask || !end_size) {
+    uint64_t *end_ver = kvp_scratch_alloc(m * sizeof(*end_ver));
+    uint64_t *rev_ver = kvp_scratch_alloc(m * sizeof(*rev_ver));
+    if (!end_idx || !rev_idx || !end_crc || !end_mask || !end_size || !end_ver || !rev_ver) {
         for (size_t j = 0; j < m; j++)
             if (b->st[b->idx[j]] == KVP_OK)
                 b->st[b->idx[j]] = KVP_ERR_NOMEM;
@@ -946,15 +959,18 @@ static void put_finish(put_batch_t *b, const kvp_put_config_t *cfg, uint32_t *re
             end_idx[ne] = i;
             end_mask[ne] = b->masks[j];
             end_size[ne] = b->szs[j];
+            end_ver[ne] = b->sr->results[j]->version;
             if (replicas_written != NULL)
                 replicas_written[i] = (uint32_t)__builtin_popcount(b->masks[j]);
             end_crc[ne++] = b->crcs[j];
         } else {
+            rev_ver[nr] = b->sr->results[j]->version;
             rev_idx[nr++] = i;
         }
     }
-    end_or_revoke(b->c, KVP_RPC_PUT_END, b->keys, end_idx, end_size, end_crc, end_mask, ne, b->st);
-    end_or_revoke(b->c, KVP_RPC_PUT_REVOKE, b->keys, rev_idx, NULL, NULL, NULL, nr, b->st);
+    end_or_revoke(b->c, KVP_RPC_PUT_END, b->keys, end_idx, end_ver, end_size, end_crc, end_mask, ne,
+                  b->st);
+    end_or_revoke(b->c, KVP_RPC_PUT_REVOKE, b->keys, rev_idx, rev_ver, NULL, NULL, NULL, nr, b->st);
 }
 
 void kvp_put_config_init(kvp_put_config_t *c)
@@ -2043,11 +2059,26 @@ kvp_status_t kvp_obj_keys_call(kvp_client_t *c, uint16_t method, const char *con
     return keys_call(c, method, keys, idx, m, force, resp_p, rlen_p);
 }
 
-void kvp_obj_end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
-                           const size_t *idx, const uint64_t *sizes, const uint32_t *crcs,
-                           const uint32_t *masks, size_t m, int32_t *out)
+kvp_status_t kvp_obj_revoke_call(kvp_client_t *c, const char *const *keys, const size_t *idx,
+                                 const uint64_t *versions, size_t m, uint8_t **resp_p,
+                                 size_t *rlen_p)
 {
-    end_or_revoke(c, method, keys, idx, sizes, crcs, masks, m, out);
+    ProtobufCBinaryData *kp = wire_keys(keys, idx, m);
+    if (kp == NULL)
+        return KVP_ERR_NOMEM;
+    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
+    req.keys = kp;
+    req.n_keys = m;
+    req.versions = (uint64_t *)versions;
+    req.n_versions = versions != NULL ? m : 0;
+    return kvp_session_call(c->session, KVP_RPC_PUT_REVOKE, &req.base, resp_p, rlen_p);
+}
+
+void kvp_obj_end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
+                           const size_t *idx, const uint64_t *versions, const uint64_t *sizes,
+                           const uint32_t *crcs, const uint32_t *masks, size_t m, int32_t *out)
+{
+    end_or_revoke(c, method, keys, idx, versions, sizes, crcs, masks, m, out);
 }
 
 kvp_status_t kvp_obj_put_config(const kvp_put_config_t *config, kvp_put_config_t *cfg)

@@ -24,13 +24,19 @@
 kvp_status_t kvp_obj_keys_call(kvp_client_t *c, uint16_t method, const char *const *keys,
                                const size_t *idx, size_t m, bool force, uint8_t **resp_p,
                                size_t *rlen_p);
-/* PutEnd (sizes, crcs, masks: one per key) or PutRevoke for keys[idx[0..m)]; PutEnd's
- * per-key statuses to out[idx[j]] (a put the master dropped: KVP_ERR_PUT_REVOKED; sent twice,
- * its first answer lost with the connection: OK where the master has the key with that size
- * and CRC). */
+/* PutRevoke of keys[idx[0..m)], the puts versions[j] names (NULL: whichever this connection
+ * has PENDING); the StatusesResponse body as kvp_obj_keys_call's. */
+kvp_status_t kvp_obj_revoke_call(kvp_client_t *c, const char *const *keys, const size_t *idx,
+                                 const uint64_t *versions, size_t m, uint8_t **resp_p,
+                                 size_t *rlen_p);
+/* PutEnd (sizes, crcs, masks: one per key) or PutRevoke for keys[idx[0..m)], of the puts
+ * versions[j] names (their PutStart's answer; NULL: whichever this connection has PENDING);
+ * PutEnd's per-key statuses to out[idx[j]] (a put the master dropped: KVP_ERR_PUT_REVOKED;
+ * sent twice, its first answer lost with the connection: OK where the master has the key with
+ * that size and CRC). */
 void kvp_obj_end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
-                           const size_t *idx, const uint64_t *sizes, const uint32_t *crcs,
-                           const uint32_t *masks, size_t m, int32_t *out);
+                           const size_t *idx, const uint64_t *versions, const uint64_t *sizes,
+                           const uint32_t *crcs, const uint32_t *masks, size_t m, int32_t *out);
 /* config (NULL: the defaults) filled and checked into *cfg: KVP_OK or KVP_ERR_INVALID_ARG. */
 kvp_status_t kvp_obj_put_config(const kvp_put_config_t *config, kvp_put_config_t *cfg);
 /* The PutConfig of cfg on the wire (strings borrowed from cfg, avoid[8] the caller's). */

@@ -81,6 +81,7 @@ typedef struct sess_ent {
     uint8_t n_rep;
     uint32_t mask; /* put: the replicas every range so far reached */
     uint64_t size;
+    uint64_t version;     /* put: its PutStart's (its end or revoke names it) */
     uint64_t deadline_ms; /* get: the lease's end; put: the last moment to write; 0: none */
     uint64_t lease_id;    /* get */
     sess_resp_t *resp;
@@ -806,6 +807,7 @@ static kvp_status_t put_start_keep(kvp_xsessions_t *xs, const char *key, uint64_
         st = KVP_ERR_INVALID_ARG;
     if (st == KVP_OK) {
         e->n_rep = (uint8_t)r->n_replicas;
+        e->version = r->version;
         e->mask = (1u << r->n_replicas) - 1;
         e->deadline_ms = deadline;
         for (size_t q = 0; q < r->n_replicas; q++)
@@ -842,7 +844,8 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
     ProtobufCBinaryData *kp = kvp_scratch_alloc(n * sizeof(*kp));
     uint64_t *szs = kvp_scratch_alloc(n * sizeof(*szs));
     size_t *rev = kvp_scratch_alloc(n * sizeof(*rev));
-    if (idx == NULL || kp == NULL || szs == NULL || rev == NULL)
+    uint64_t *rev_ver = kvp_scratch_alloc(n * sizeof(*rev_ver));
+    if (idx == NULL || kp == NULL || szs == NULL || rev == NULL || rev_ver == NULL)
         return KVP_ERR_NOMEM;
     size_t m = 0, n_rev = 0;
     pthread_mutex_lock(&xs->lock);
@@ -885,9 +888,12 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
     if (rc != KVP_OK) {
         /* what started (an answer we could not keep) is revoked; the rest reads rc */
         for (size_t j = 0; sr != NULL && j < m && j < sr->n_results; j++)
-            if (sr->results[j]->status == KVP_OK)
+            if (sr->results[j]->status == KVP_OK) {
+                rev_ver[n_rev] = sr->results[j]->version;
                 rev[n_rev++] = idx[j];
-        kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, NULL, NULL, NULL, n_rev, NULL);
+            }
+        kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, rev_ver, NULL, NULL, NULL, n_rev,
+                              NULL);
         if (sr != NULL)
             kvpool__put_start_response__free_unpacked(sr, NULL);
         for (size_t j = 0; j < m; j++)
@@ -910,12 +916,14 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
         results[i] = put_start_keep(xs, keys[i], szs[j], sr, j, resp, deadline);
         /* started, but not kept: revoked (a second start of the key was refused already) */
         if (sr->results[j]->status == KVP_OK && results[i] != KVP_OK &&
-            results[i] != KVP_ERR_INVALID_ARG)
+            results[i] != KVP_ERR_INVALID_ARG) {
+            rev_ver[n_rev] = sr->results[j]->version;
             rev[n_rev++] = i;
+        }
     }
     resp_unref(resp);
     pthread_mutex_unlock(&xs->lock);
-    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, NULL, NULL, NULL, n_rev, NULL);
+    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_REVOKE, keys, rev, rev_ver, NULL, NULL, NULL, n_rev, NULL);
     kvp_api_fail_keys("put_session_start", keys, (const int32_t *)results, n);
     return first_error(results, n);
 }
@@ -987,9 +995,10 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
     uint32_t *crcs = kvp_scratch_alloc(n * sizeof(*crcs));
     uint32_t *masks = kvp_scratch_alloc(n * sizeof(*masks));
     uint64_t *sizes = kvp_scratch_alloc(n * sizeof(*sizes));
+    uint64_t *vers = kvp_scratch_alloc(n * sizeof(*vers));
     bool *drop = kvp_scratch_calloc(n, sizeof(*drop));
     if (ents == NULL || idx == NULL || crcs == NULL || masks == NULL || sizes == NULL ||
-        drop == NULL)
+        vers == NULL || drop == NULL)
         return KVP_ERR_NOMEM;
     put_seal(c, keys, n, results, ents);
     size_t m = 0;
@@ -1014,6 +1023,7 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
         crcs[m] = e->mask != 0 ? e->iv[0].crc : 0;
         masks[m] = e->mask;
         sizes[m] = e->size;
+        vers[m] = e->version;
         idx[m++] = i;
     }
     int32_t *out = kvp_scratch_alloc(n * sizeof(*out));
@@ -1021,7 +1031,7 @@ static kvp_status_t put_end(kvp_client_t *c, const char *const *keys, size_t n,
         put_unseal(c, n, ents, drop);
         return KVP_ERR_NOMEM;
     }
-    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_END, keys, idx, sizes, crcs, masks, m, out);
+    kvp_obj_end_or_revoke(c, KVP_RPC_PUT_END, keys, idx, vers, sizes, crcs, masks, m, out);
     for (size_t j = 0; j < m; j++) {
         size_t i = idx[j];
         results[i] = out[i];
@@ -1050,19 +1060,21 @@ static kvp_status_t put_revoke(kvp_client_t *c, const char *const *keys, size_t 
         return KVP_OK;
     sess_ent_t **ents = kvp_scratch_alloc(n * sizeof(*ents));
     size_t *idx = kvp_scratch_alloc(n * sizeof(*idx));
+    uint64_t *vers = kvp_scratch_alloc(n * sizeof(*vers));
     bool *drop = kvp_scratch_calloc(n, sizeof(*drop));
-    if (ents == NULL || idx == NULL || drop == NULL)
+    if (ents == NULL || idx == NULL || vers == NULL || drop == NULL)
         return KVP_ERR_NOMEM;
     put_seal(c, keys, n, results, ents);
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
-        if (ents[i] != NULL)
+        if (ents[i] != NULL) {
+            vers[m] = ents[i]->version;
             idx[m++] = i;
+        }
     if (m > 0) {
         uint8_t *body;
         size_t rlen;
-        kvp_status_t rc =
-            kvp_obj_keys_call(c, KVP_RPC_PUT_REVOKE, keys, idx, m, false, &body, &rlen);
+        kvp_status_t rc = kvp_obj_revoke_call(c, keys, idx, vers, m, &body, &rlen);
         Kvpool__StatusesResponse *sr =
             rc == KVP_OK ? kvpool__statuses_response__unpack(&kvp_scratch_pb, rlen, body) : NULL;
         if (rc == KVP_OK && (sr == NULL || sr->status != KVP_OK || sr->n_statuses != m))

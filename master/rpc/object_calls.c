@@ -708,6 +708,7 @@ static bool put_start_keys(kvp_call_t *call, const Kvpool__PutStartRequest *req,
             continue;
         res[i].replicas = &l->repptr[l->nr];
         res[i].n_replicas = obj->n_replicas;
+        res[i].version = obj->version; /* named again by its PutEnd, PutRevoke or commit */
         /* write grants: good while the put may stay PENDING */
         if (!kvp_call_add_replicas(call, obj, l->reps, l->repptr, &l->nr, &r->segs, KVP_GRANT_WRITE,
                                    st->config.put_timeout_ms)) {
@@ -797,9 +798,13 @@ static kvp_status_t existing(kvp_master_state_t *st, const ProtobufCBinaryData *
     return status;
 }
 
-/* The PENDING object this connection is writing under key (PutEnd, PutRevoke). */
+/* The PENDING object this connection is writing under key (PutEnd, PutRevoke): the put of
+ * `version` (its PutStart's answer; 0: whichever). Another put's (the connection's threads
+ * share it; the one named died with its segment and another took the key): NOT_FOUND, the
+ * named put is gone. */
 static kvp_status_t own_pending(kvp_master_state_t *st, uint64_t conn_id,
-                                const ProtobufCBinaryData *key, kvp_object_t **obj_p)
+                                const ProtobufCBinaryData *key, uint64_t version,
+                                kvp_object_t **obj_p)
 {
     kvp_status_t status = existing(st, key, obj_p);
     if (status != KVP_OK)
@@ -808,6 +813,8 @@ static kvp_status_t own_pending(kvp_master_state_t *st, uint64_t conn_id,
         return KVP_ERR_NOT_PENDING;
     if ((*obj_p)->writer_conn_id != conn_id)
         return KVP_ERR_NOT_OWNER;
+    if (version != 0 && (*obj_p)->version != version)
+        return KVP_ERR_NOT_FOUND;
     return KVP_OK;
 }
 
@@ -818,7 +825,8 @@ static kvp_status_t op_put_end(kvp_master_state_t *st, uint64_t conn_id,
     const Kvpool__PutEndRequest *end = arg;
     (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = own_pending(st, conn_id, key, &obj);
+    uint64_t version = end->n_versions > i ? end->versions[i] : 0;
+    kvp_status_t status = own_pending(st, conn_id, key, version, &obj);
     if (status != KVP_OK)
         return status;
     /* Best effort per replica: keep what was written (bit r: replica r of PutStart's
@@ -870,9 +878,11 @@ static kvp_status_t op_put_revoke(kvp_master_state_t *st, uint64_t conn_id,
                                   const ProtobufCBinaryData *key, const void *arg, size_t i,
                                   bool force)
 {
-    (void)arg, (void)i, (void)force;
+    const Kvpool__KeysRequest *req = arg;
+    (void)force;
     kvp_object_t *obj;
-    kvp_status_t status = own_pending(st, conn_id, key, &obj);
+    uint64_t version = req != NULL && req->n_versions > i ? req->versions[i] : 0;
+    kvp_status_t status = own_pending(st, conn_id, key, version, &obj);
     if (status != KVP_OK)
         return status;
     kvp_index_unlink(&st->index, obj);
@@ -1041,7 +1051,8 @@ kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__PutEndRequest *req = (Kvpool__PutEndRequest *)req_msg;
     size_t n = req->n_keys;
-    if (req->n_crc32c != n || (req->n_written_mask != 0 && req->n_written_mask != n)) {
+    if (req->n_crc32c != n || (req->n_written_mask != 0 && req->n_written_mask != n) ||
+        (req->n_versions != 0 && req->n_versions != n)) {
         Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
         kvp_reply_t r;
         kvp_reply_init(&r, call, &resp.base, 0);
@@ -1053,7 +1064,13 @@ kvp_status_t kvp_handle_put_end(kvp_call_t *call, ProtobufCMessage *req_msg)
 kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
 {
     Kvpool__KeysRequest *req = (Kvpool__KeysRequest *)req_msg;
-    return keys_batch(call, req->keys, req->n_keys, NULL, req->force, op_put_revoke,
+    if (req->n_versions != 0 && req->n_versions != req->n_keys) {
+        Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
+        kvp_reply_t r;
+        kvp_reply_init(&r, call, &resp.base, 0);
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "a version per key, or none");
+    }
+    return keys_batch(call, req->keys, req->n_keys, req, req->force, op_put_revoke,
                       KVP_RPC_PUT_REVOKE, false);
 }
 
@@ -1286,7 +1303,8 @@ static bool commit_shape_ok(const Kvpool__PutCommitRequest *req)
     if (n > COMMIT_KEYS_MAX || req->n_release > HOLD_ASK_MAX || req->n_holds != n ||
         req->n_crc32c != n || req->n_sizes != n ||
         (req->n_written_mask != 0 && req->n_written_mask != n) ||
-        (req->n_group_ids != 0 && req->n_group_ids != n))
+        (req->n_group_ids != 0 && req->n_group_ids != n) ||
+        (req->n_versions != 0 && req->n_versions != n))
         return false;
     for (size_t i = 0; i < req->n_group_ids; i++)
         if (req->group_ids[i].len > KVP_GROUP_ID_MAX)
@@ -1304,11 +1322,12 @@ kvp_status_t kvp_handle_put_commit(kvp_call_t *call, ProtobufCMessage *req_msg)
     st->call_again = false;
     kvp_placement_req_t preq;
     if (!commit_shape_ok(req))
-        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG,
-                              "a PutCommit names at most %u keys, with one hold, CRC32C, size "
-                              "(and written mask, group id) each, and gives back at most %u "
-                              "holds",
-                              COMMIT_KEYS_MAX, HOLD_ASK_MAX);
+        return kvp_reply_fail(
+            &r, KVP_ERR_INVALID_ARG,
+            "a PutCommit names at most %u keys, with one hold, CRC32C, size "
+            "(and written mask, group id, version) each, and gives back at most %u "
+            "holds",
+            COMMIT_KEYS_MAX, HOLD_ASK_MAX);
     if (put_config(st, req->config, &preq) != KVP_OK)
         return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL);
     preq.tenant = call->who != NULL && st->tenants_on ? call->who->tenant_id : 0;
@@ -1323,6 +1342,8 @@ kvp_status_t kvp_handle_put_commit(kvp_call_t *call, ProtobufCMessage *req_msg)
     end.n_crc32c = n;
     end.written_mask = req->written_mask;
     end.n_written_mask = req->n_written_mask;
+    end.versions = req->versions;
+    end.n_versions = req->n_versions;
     for (size_t j = n; j > 0; j--) { /* last key first, as keys_batch */
         size_t i = j - 1;
         out[i] = req->holds[i] != 0 ? commit_held(call, req, &end, &preq, i)

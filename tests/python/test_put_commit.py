@@ -43,7 +43,10 @@ Covered:
 10. a put's last call (PUT_COMMIT, or PutEnd with KVPOOL_PUT_AHEAD=off) carried out by the
     master, its answer lost with the connection (a relay cuts it; plain pass only): sent
     again, it no longer finds the keys, and the put still reports OK for each (the master
-    has them with the put's size and CRC), not PUT_REVOKED or EXISTS.
+    has them with the put's size and CRC), not PUT_REVOKED or EXISTS;
+11. a put's end names its put (PutStart's version): a put session whose owner died ends with
+    PUT_REVOKED, not by ending another thread's put of the same key on the shared
+    connection, which returns OK and reads back its bytes.
 
 In the suite's TLS pass (KVPOOL_TEST_TLS_DIR) every master runs with TLS and the suite's ACL
 (its /metrics over HTTPS), clients name the admin through $KVPOOL_TLS_*, and the raw
@@ -992,6 +995,47 @@ def test_a_commit_whose_answer_was_lost_reports_what_it_stored(make_pool, monkey
             read_back(obs, kv)
     finally:
         relay.close()
+
+
+# ---- 11. a put's end names its put ----
+
+def test_an_end_ends_only_its_own_put_of_a_key(make_pool, monkeypatch):
+    """One client (one master connection for all its threads): a put session of key K on
+    owner A, whose range is written; A is killed (-9), so the master drops that put and K
+    is free; another thread of the same client puts K (two calls), its write held up by
+    the frozen owner B. The session's end then must not end the other thread's put of K
+    (the master once ended any PENDING put of the key by this connection: K visible with
+    the session's CRC over bytes never written, the other put reported revoked): the
+    session's end gets PUT_REVOKED, the other put returns OK, and K reads back its bytes."""
+    monkeypatch.setenv("KVPOOL_PUT_AHEAD", "off")
+    p = HPool(make_pool, segments=("16MiB",))
+    size = 64 * KiB
+    mine, theirs = b"\x52" * size, os.urandom(size)
+    with kvpool.Client(p.addr, transport="tcp", rpc_timeout_ms=5000) as c:
+        assert c.put_session_start(["k"], [size]) == [0]  # on A, the only owner
+        assert c.put_session_ranges(["k"], [[bytearray(mine)]], [[0]]) == [size]
+        a = p.pool.segments[0]
+        b = p.pool.add_segment("16MiB")
+        poll(lambda: p.m("kvpool_segments", tier="dram") == 2, "B mounted")
+        a.kill()
+        p.pool.segments.remove(a)  # (reaped: its -9 is ours)
+        poll(lambda: p.m("kvpool_segments", tier="dram") == 1, "A dropped")
+        freeze(b.pid)
+        out = {}
+
+        def other():
+            out["r"] = c.batch_put(["k"], [theirs])
+
+        t = threading.Thread(target=other)
+        t.start()
+        try:
+            poll(lambda: p.m("kvpool_pending_objects") == 1, "the other put started")
+            assert c.put_session_end(["k"]) == [kvpool.ERR_PUT_REVOKED]
+        finally:
+            os.kill(b.pid, signal.SIGCONT)
+        t.join(30)
+        assert out.get("r") == [0], out
+        assert c.get("k") == theirs
 
 
 # ---- 8. hostile: another connection's holds ----
