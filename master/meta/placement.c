@@ -122,16 +122,20 @@ kvp_status_t kvp_placement_alloc(kvp_segment_table_t *table, const kvp_placement
     const kvp_segment_t *const *pref =
         req->n_preferred_list > 0 ? req->preferred_list : &req->preferred;
     unsigned n_pref = req->n_preferred_list > 0 ? req->n_preferred_list : 1;
+    /* (a segment mounted again takes no new replica yet, preferred or near or not) */
+    uint64_t now = kvp_now_ms();
     for (unsigned k = 0; k < n_pref && n < want; k++) {
         const kvp_segment_t *p = pref[k];
         if (p != NULL && kvp_segment_open(p) && tier_ok(p, req) && allowed(p, req->tenant) &&
-            !kvp_placement_avoids(req, p->id) && !chosen(out, n, p->id))
+            !kvp_segment_quiet(p, now) && !kvp_placement_avoids(req, p->id) &&
+            !chosen(out, n, p->id))
             n += try_alloc((kvp_segment_t *)p, req->size, &out[n]);
     }
     for (uint32_t i = 0; n == 0 && req->near_host != NULL && i < table->n_slots; i++) {
         kvp_segment_t *seg = table->slots[i];
         if (seg != NULL && kvp_segment_open(seg) && tier_ok(seg, req) &&
-            allowed(seg, req->tenant) && strcmp(seg->host_id, req->near_host) == 0 &&
+            allowed(seg, req->tenant) && !kvp_segment_quiet(seg, now) &&
+            strcmp(seg->host_id, req->near_host) == 0 &&
             kvp_segment_usable(seg) - kvp_segment_used(seg) >= req->size &&
             !kvp_placement_avoids(req, seg->id))
             n += try_alloc(seg, req->size, &out[n]);

@@ -13,6 +13,7 @@
 #include "master/meta/segment_table.h"
 #include "master/meta/limbo.h"
 #include "common/grant.h"
+#include "common/macros.h"
 #include "common/rand.h"
 
 void kvp_segment_table_init(kvp_segment_table_t *table)
@@ -39,6 +40,11 @@ void kvp_segment_destroy(kvp_segment_t *seg)
     free(seg);
 }
 
+struct kvp_cut_lease {
+    char *name;
+    uint64_t until_ms;
+};
+
 void kvp_segment_table_cleanup(kvp_segment_table_t *table)
 {
     for (uint32_t i = 0; i < table->n_slots; i++)
@@ -46,7 +52,64 @@ void kvp_segment_table_cleanup(kvp_segment_table_t *table)
     free(table->slots);
     free(table->gens);
     free(table->dirty_ids);
+    for (size_t i = 0; i < table->n_cut; i++)
+        free(table->cut[i].name);
+    free(table->cut);
     memset(table, 0, sizeof(*table));
+}
+
+/* Forget the cut leases that are over. */
+static void cut_prune(kvp_segment_table_t *table, uint64_t now_ms)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < table->n_cut; i++) {
+        if (table->cut[i].until_ms > now_ms)
+            table->cut[k++] = table->cut[i];
+        else
+            free(table->cut[i].name);
+    }
+    table->n_cut = k;
+}
+
+void kvp_segment_table_cut_lease(kvp_segment_table_t *table, const char *name, uint64_t until_ms,
+                                 uint64_t now_ms)
+{
+    cut_prune(table, now_ms);
+    if (until_ms <= now_ms)
+        return;
+    for (size_t i = 0; i < table->n_cut; i++)
+        if (strcmp(table->cut[i].name, name) == 0) {
+            table->cut[i].until_ms = KVP_MAX(table->cut[i].until_ms, until_ms);
+            return;
+        }
+    char *copy = strdup(name);
+    if (copy == NULL)
+        return;
+    if (table->cut == NULL &&
+        (table->cut = calloc(KVP_CUT_LEASES_MAX, sizeof(*table->cut))) == NULL) {
+        free(copy);
+        return;
+    }
+    size_t at = table->n_cut;
+    if (at == KVP_CUT_LEASES_MAX) { /* full: the one that ends first goes */
+        at = 0;
+        for (size_t i = 1; i < table->n_cut; i++)
+            if (table->cut[i].until_ms < table->cut[at].until_ms)
+                at = i;
+        free(table->cut[at].name);
+    } else {
+        table->n_cut++;
+    }
+    table->cut[at] = (struct kvp_cut_lease){.name = copy, .until_ms = until_ms};
+}
+
+uint64_t kvp_segment_table_cut_until(kvp_segment_table_t *table, const char *name, uint64_t now_ms)
+{
+    cut_prune(table, now_ms);
+    for (size_t i = 0; i < table->n_cut; i++)
+        if (strcmp(table->cut[i].name, name) == 0)
+            return table->cut[i].until_ms;
+    return 0;
 }
 
 kvp_status_t kvp_segment_table_add(kvp_segment_table_t *table, kvp_segment_t *seg)

@@ -97,6 +97,9 @@ typedef struct kvp_segment_table {
     const struct kvp_group_table *groups;
     uint64_t *dirty_ids;
     size_t n_dirty, dirty_cap;
+    /* segments dropped while objects on them were being read (kvp_segment_table_cut_lease) */
+    struct kvp_cut_lease *cut;
+    size_t n_cut;
 } kvp_segment_table_t;
 
 void kvp_segment_table_init(kvp_segment_table_t *table);
@@ -107,6 +110,19 @@ kvp_segment_t *kvp_segment_table_get(const kvp_segment_table_t *table, uint64_t 
 kvp_segment_t *kvp_segment_table_find_name(const kvp_segment_table_t *table, const char *name);
 /* Remove and destroy. */
 void kvp_segment_table_remove(kvp_segment_table_t *table, kvp_segment_t *seg);
+/*
+ * A segment dropped (its owner silent) while objects on it were being read: their leases
+ * ended with it, but a reader on the owner's host may still be copying from the memory it
+ * mapped (shm), which the owner keeps. When the owner mounts that memory again (a new
+ * segment under the same name, its room free), nothing new may be placed there before
+ * those reads are over: kvp_segment_table_cut_until gives, for a name, the end of the
+ * latest lease the drop cut short (until_ms, kvp_now_ms; 0: none that is not over).
+ * Bounded: past KVP_CUT_LEASES_MAX names, the one that ends first makes room.
+ */
+#define KVP_CUT_LEASES_MAX 1024u
+void kvp_segment_table_cut_lease(kvp_segment_table_t *table, const char *name, uint64_t until_ms,
+                                 uint64_t now_ms);
+uint64_t kvp_segment_table_cut_until(kvp_segment_table_t *table, const char *name, uint64_t now_ms);
 void kvp_segment_destroy(kvp_segment_t *seg);
 uint64_t kvp_segment_used(const kvp_segment_t *seg);
 /* Bytes allocated over all segments. O(slots). */

@@ -171,6 +171,18 @@ static kvp_status_t segment_place(kvp_reply_t *r, kvp_segment_t *seg)
         kvp_offset_alloc_create(seg->size, seg->ssd ? 4096 : KVP_SEGMENT_ALIGN, &seg->alloc);
     if (status == KVP_OK)
         status = kvp_segment_table_add(&st->segments, seg);
+    /* its memory mounted again while readers of the objects it held when it was dropped
+     * may still copy from it: nothing new is placed there before their leases end (after
+     * kvp_segment_table_add: a wait for this one segment, not the pool's remount quiet) */
+    uint64_t reads = status == KVP_OK && !seg->ssd
+                         ? kvp_segment_table_cut_until(&st->segments, seg->name, kvp_now_ms())
+                         : 0;
+    if (reads > seg->quiet_until_ms) {
+        seg->quiet_until_ms = reads;
+        KVP_LOG_INFO("segment %s mounted again: no new object there for %llu ms, until the "
+                     "reads its earlier mount had when it was dropped are over",
+                     seg->name, (unsigned long long)(reads - kvp_now_ms()));
+    }
     if (status != KVP_OK) {
         snprintf(r->text, r->text_max, "cannot set up segment %s: %s", seg->name,
                  kvp_strerror(status));
@@ -505,6 +517,7 @@ typedef struct drop_ctx {
     uint64_t dropped;
     kvp_limbo_t *limbo; /* where its COMPLETE objects are kept (a segment dropped for silence) */
     uint64_t limbo_failed;
+    uint64_t read_until_ms; /* the latest lease on an object read there (kvp_now_ms; 0: none) */
 } drop_ctx_t;
 
 /*
@@ -525,6 +538,9 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     }
     if (!hit)
         return false;
+    if (kvp_leased(ctx->st, obj)) /* read now, maybe from this segment's memory (shm) */
+        ctx->read_until_ms =
+            KVP_MAX(ctx->read_until_ms, ctx->st->now_ms + kvp_lease_left_ms(ctx->st, obj));
     const kvp_group_t *g = kvp_group_get(&ctx->st->groups, kvp_object_group(obj));
     if (ctx->limbo != NULL && obj->state == KVP_OBJ_COMPLETE)
         for (unsigned i = 0; i < obj->n_replicas; i++)
@@ -536,7 +552,9 @@ static bool drop_replica_cb(kvp_object_t *obj, void *arg)
     if (live == 0) {
         ctx->dropped++;
         kvp_state_object_gone(ctx->st, obj); /* KV events: its last replica is lost */
-        kvp_lease_forget(ctx->st, obj);      /* its readers fail: the owner is gone */
+        /* over tcp its readers fail (the owner refuses the old segment id); over shm they may
+         * still copy from the owner's memory (kvp_segment_table_cut_lease) */
+        kvp_lease_forget(ctx->st, obj);
         return true; /* its only extent was on the segment being destroyed */
     }
     kvp_index_charge(&ctx->st->index, obj, -1); /* one replica less: charged again below */
@@ -619,6 +637,9 @@ static uint64_t unmount_segment(kvp_master_state_t *st, kvp_segment_t *seg, bool
     kvp_tier_segment_gone(st, seg->id); /* tasks of its owner, copies to or from it */
     if (seg->objects > 0)
         kvp_index_foreach_remove(&st->index, drop_replica_cb, &ctx);
+    /* its memory may come back under the same name: empty to us, read by them still */
+    if (ctx.read_until_ms > st->now_ms && !seg->ssd)
+        kvp_segment_table_cut_lease(&st->segments, seg->name, ctx.read_until_ms, st->now_ms);
     KVP_LOG_INFO("unmounted segment %s (id %#llx): %llu objects lost their last replica", seg->name,
                  (unsigned long long)seg->id, (unsigned long long)ctx.dropped);
     if (again != NULL) {
