@@ -867,7 +867,10 @@ static void test_sigstop_owner(void **state)
         assert_int_equal(kvp_get_into(e->client, t->keys[i], t->dst[i], T3_OBJ), T3_OBJ);
         assert_memory_equal(t->dst[i], t->expect[i], T3_OBJ);
     }
-    /* and it takes puts again */
+    /* and it takes puts again, once a remount's quiet is over (a segment mounted again
+     * takes no new replica for 500 ms, preferred or not: master/meta/segment_table.h
+     * KVP_REMOUNT_QUIET_MS; it mounted before `back` was seen) */
+    fault_sleep_ms(600);
     cfg.preferred_segment = stopped_name;
     uint8_t *val = t->expect[0], *out = t->dst[0];
     assert_int_equal(kvp_put(e->client, "fault/stop/after", val, T3_OBJ, &cfg), KVP_OK);
