@@ -839,8 +839,8 @@ static size_t commit_keys(put_batch_t *b, Kvpool__PutCommitRequest *req, size_t 
             req->group_ids[ne] = b->gp[j];
         ne++;
     }
-    req->n_keys = req->n_holds = req->n_crc32c = req->n_written_mask = req->n_sizes =
-        req->n_versions = ne;
+    req->n_keys = req->n_holds = req->n_crc32c = req->n_written_mask = req->n_sizes = ne;
+    req->n_versions = b->holds == NULL ? ne : 0; /* (held keys: their holds name them) */
     req->n_group_ids = b->gp != NULL ? ne : 0;
     return ne;
 }
