@@ -1068,7 +1068,7 @@ kvp_status_t kvp_handle_put_revoke(kvp_call_t *call, ProtobufCMessage *req_msg)
         Kvpool__StatusesResponse resp = KVPOOL__STATUSES_RESPONSE__INIT;
         kvp_reply_t r;
         kvp_reply_init(&r, call, &resp.base, 0);
-        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, "a version per key, or none");
+        return kvp_reply_fail(&r, KVP_ERR_INVALID_ARG, NULL); /* (a version per key, or none) */
     }
     return keys_batch(call, req->keys, req->n_keys, req, req->force, op_put_revoke,
                       KVP_RPC_PUT_REVOKE, false);

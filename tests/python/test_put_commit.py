@@ -35,7 +35,8 @@ Covered:
     the quota; holds take no place in max-objects;
  8. hostile: a raw PUT_COMMIT naming another connection's hold ids (or giving them back)
     commits nothing and frees nothing (NOT_FOUND per key); keys shaped like a hold's
-    internal key are refused (BAD_KEY);
+    internal key are refused (BAD_KEY); a PutEnd, PutRevoke or PUT_COMMIT naming versions
+    of another count than its keys' is refused (INVALID_ARG) and the master answers on;
  9. segments that go under held room: a segment that drains (its owner stopped) gives back
     only the room held on it, not a two-replica hold's extents on the other segments, and a
     held key whose commit answered IO (its written replica's segment gone) does not keep its
@@ -1173,3 +1174,31 @@ def test_another_connections_holds_cannot_be_committed(make_pool):
         text = p.metrics()
         assert p.m("kvpool_keys", text) == 16
         assert p.m("kvpool_put_holds_used_total", text) == 8
+
+
+def test_versions_of_another_count_are_refused(make_pool):
+    """PutEnd, PutRevoke and PUT_COMMIT name a version per key or none (their `versions`):
+    another count is refused (INVALID_ARG for the whole request, with no message: a
+    StatusesResponse carries none), and the master goes on answering."""
+    p = HPool(make_pool)
+    s = raw_conn(p.addr)
+    keys = [b"vc-0", b"vc-1"]
+    bodies = {
+        5: b"".join(_pb_bytes(1, k) for k in keys) + _pb_packed(2, "<I", [0, 0]) +
+        _pb_packed(4, "<Q", [7]),  # PutEnd: 2 keys, 1 version
+        6: b"".join(_pb_bytes(1, k) for k in keys) + _pb_packed(3, "<Q", [7, 8, 9]),  # PutRevoke
+        M_PUT_COMMIT: commit_body(keys, [0, 0], [4096, 4096]) + _pb_packed(10, "<Q", [7]),
+    }
+    try:
+        for n, (method, body) in enumerate(bodies.items()):
+            s.sendall(frame(method, body, req_id=n + 1))
+            r = read_frame(s)
+            assert r is not None, f"method {method}: the master closed the connection"
+            got, st, payload = r
+            assert got & 0x7FFF == method, r
+            status = st if st != 0 else commit_answer(payload)[0]
+            assert status == kvpool.ERR_INVALID_ARG, (method, st, payload)
+    finally:
+        s.close()
+    with kvpool.Client(p.addr) as c:  # still answering
+        put_all(c, blobs("vc-after-", 2, 4 * KiB))
