@@ -87,10 +87,11 @@ static ProtobufCBinaryData *wire_keys(const char *const *keys, const size_t *idx
     return kp;
 }
 
-/* Send a KeysRequest-shaped RPC for keys[idx[0..m)], returning the body. */
-static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *const *keys,
-                              const size_t *idx, size_t m, bool force, uint8_t **resp_p,
-                              size_t *rlen_p)
+/* Send a KeysRequest-shaped RPC for keys[idx[0..m)], returning the body. versions (NULL:
+ * none): PUT_REVOKE's, the version each key's PutStart answered. */
+static kvp_status_t keys_call_versions(kvp_client_t *c, uint16_t method, const char *const *keys,
+                                       const size_t *idx, const uint64_t *versions, size_t m,
+                                       bool force, uint8_t **resp_p, size_t *rlen_p)
 {
     ProtobufCBinaryData *kp = wire_keys(keys, idx, m);
     if (kp == NULL)
@@ -99,8 +100,16 @@ static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *cons
     req.keys = kp;
     req.n_keys = m;
     req.force = force;
-    kvp_status_t st = kvp_session_call(c->session, method, &req.base, resp_p, rlen_p);
-    return st;
+    req.versions = (uint64_t *)versions;
+    req.n_versions = versions != NULL ? m : 0;
+    return kvp_session_call(c->session, method, &req.base, resp_p, rlen_p);
+}
+
+static kvp_status_t keys_call(kvp_client_t *c, uint16_t method, const char *const *keys,
+                              const size_t *idx, size_t m, bool force, uint8_t **resp_p,
+                              size_t *rlen_p)
+{
+    return keys_call_versions(c, method, keys, idx, NULL, m, force, resp_p, rlen_p);
 }
 
 /* A key a PUT_COMMIT or PutEnd sent a second time no longer found PENDING (or held): the
@@ -2063,15 +2072,7 @@ kvp_status_t kvp_obj_revoke_call(kvp_client_t *c, const char *const *keys, const
                                  const uint64_t *versions, size_t m, uint8_t **resp_p,
                                  size_t *rlen_p)
 {
-    ProtobufCBinaryData *kp = wire_keys(keys, idx, m);
-    if (kp == NULL)
-        return KVP_ERR_NOMEM;
-    Kvpool__KeysRequest req = KVPOOL__KEYS_REQUEST__INIT;
-    req.keys = kp;
-    req.n_keys = m;
-    req.versions = (uint64_t *)versions;
-    req.n_versions = versions != NULL ? m : 0;
-    return kvp_session_call(c->session, KVP_RPC_PUT_REVOKE, &req.base, resp_p, rlen_p);
+    return keys_call_versions(c, KVP_RPC_PUT_REVOKE, keys, idx, versions, m, false, resp_p, rlen_p);
 }
 
 void kvp_obj_end_or_revoke(kvp_client_t *c, uint16_t method, const char *const *keys,
