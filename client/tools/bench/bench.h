@@ -257,7 +257,8 @@ void kvp_bench_stop_pid(pid_t pid);
 const char *kvp_bench_find_bin(const char *name);
 /* Start argv (its stdout to /dev/null) with fd 3 a pipe, and read the one line a daemon's
  * --ready-fd 3 writes into `line` (15 s at most). Returns the pid, or -1 (said on stderr;
- * nothing left running). */
+ * nothing left running). Call it from the main thread: the child is sent SIGTERM when the
+ * thread that spawned it ends (PR_SET_PDEATHSIG), so a bench that dies leaves none behind. */
 pid_t kvp_bench_spawn_ready(char *const argv[], char *line, size_t len);
 /* PID of a running master we started (for RSS), or -1. */
 pid_t kvp_bench_master_pid(void);

@@ -28,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
@@ -524,8 +525,14 @@ pid_t kvp_bench_spawn_ready(char *const argv[], char *line, size_t len)
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0)
         return -1;
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        /* never outlive the bench (a bench that dies leaves no master or segment running;
+         * spawned from the main thread, whose end is the process's) */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(127);
         dup2(pfd[1], 3);
         int devnull = open("/dev/null", O_WRONLY);
         if (devnull >= 0)
