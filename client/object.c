@@ -441,11 +441,36 @@ typedef struct put_batch {
     bool *timed;          /* [m] a write of key j timed out; NULL: none did */
 } put_batch_t;
 
-/* The keys that can start: a valid key whose pieces hold bytes; the rest get their status. */
+/* Is key i (len bytes) named by a key gathered before it (slots: an open table of nslots,
+ * a power of two, of gathered index + 1; NULL: no room, not checked)? If not, it is noted. */
+static bool put_seen(put_batch_t *b, size_t *slots, size_t nslots, size_t i, size_t len)
+{
+    if (slots == NULL)
+        return false;
+    for (size_t s = kvp_key_hash(b->keys[i], len) & (nslots - 1);; s = (s + 1) & (nslots - 1)) {
+        if (slots[s] == 0) {
+            slots[s] = i + 1;
+            return false;
+        }
+        const char *k = b->keys[slots[s] - 1];
+        if (strncmp(k, b->keys[i], len) == 0 && k[len] == '\0')
+            return true;
+    }
+}
+
+/* The keys that can start: a valid key whose pieces hold bytes; the rest get their status.
+ * A key named again in the batch is put once, by its first such entry: the others answer
+ * KVP_ERR_PENDING (its put is under way) and write nothing, as PutStart answers them, so a
+ * batch put on held room and one that is not end alike. */
 static void put_gather(put_batch_t *b, size_t n)
 {
     size_t m = gather_valid(b->keys, n, b->idx, b->st);
-    size_t mm = 0;
+    size_t mm = 0, nslots = 2;
+    while (nslots < 2 * m)
+        nslots *= 2;
+    size_t *slots = m > 1 ? kvp_scratch_alloc(nslots * sizeof(*slots)) : NULL;
+    if (slots != NULL)
+        memset(slots, 0, nslots * sizeof(*slots));
     for (size_t j = 0; j < m; j++) {
         size_t i = b->idx[j];
         uint64_t total = 0;
@@ -453,9 +478,14 @@ static void put_gather(put_batch_t *b, size_t n)
             b->st[i] = KVP_ERR_INVALID_ARG;
             continue;
         }
+        size_t len = strlen(b->keys[i]);
+        if (put_seen(b, slots, nslots, i, len)) {
+            b->st[i] = KVP_ERR_PENDING;
+            continue;
+        }
         b->idx[mm] = i;
         b->kp[mm].data = (uint8_t *)b->keys[i];
-        b->kp[mm].len = strlen(b->keys[i]);
+        b->kp[mm].len = len;
         if (b->gp != NULL) {
             b->gp[mm].data = (uint8_t *)b->groups[i];
             b->gp[mm].len = strlen(b->groups[i]);

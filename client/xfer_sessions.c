@@ -103,14 +103,6 @@ struct kvp_xsessions {
     sess_table_t get, put;
 };
 
-static uint64_t key_hash(const char *k, size_t len)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (size_t i = 0; i < len; i++)
-        h = (h ^ (uint8_t)k[i]) * 1099511628211ull;
-    return h;
-}
-
 static sess_ent_t *table_find(const sess_table_t *t, const char *key, size_t len, uint64_t h)
 {
     if (t->nb == 0)
@@ -231,7 +223,7 @@ static sess_ent_t *ent_new(const char *key, uint64_t size, sess_resp_t *resp)
         return NULL;
     memcpy(e->key, key, len + 1);
     e->key_len = len;
-    e->hash = key_hash(key, len);
+    e->hash = kvp_key_hash(key, len);
     e->size = size;
     e->refs = 0;
     e->resp = resp;
@@ -336,7 +328,7 @@ static kvp_status_t get_start(kvp_client_t *c, const char *const *keys, size_t n
         if (len == 0)
             continue;
         /* a new start replaces the key's session; a failed one ends it (as Mooncake's) */
-        sess_ent_t *old = table_find(&xs->get, keys[i], len, key_hash(keys[i], len));
+        sess_ent_t *old = table_find(&xs->get, keys[i], len, kvp_key_hash(keys[i], len));
         if (old != NULL)
             table_unlink(&xs->get, old, ids, &n_ids);
         if (ents[i] != NULL && !table_link(&xs->get, ents[i])) {
@@ -372,7 +364,7 @@ static kvp_status_t get_end(kvp_client_t *c, const char *const *keys, size_t n)
         if (keys[i] == NULL)
             continue;
         size_t len = strlen(keys[i]);
-        sess_ent_t *e = table_find(&c->xs->get, keys[i], len, key_hash(keys[i], len));
+        sess_ent_t *e = table_find(&c->xs->get, keys[i], len, kvp_key_hash(keys[i], len));
         if (e != NULL)
             table_unlink(&c->xs->get, e, ids, &n_ids);
     }
@@ -423,7 +415,7 @@ static void ranges_take(range_call_t *rc)
                           (rc->bufs[i] == NULL || rc->sizes[i] == NULL || rc->offsets[i] == NULL)))
             continue;
         size_t len = strnlen(k, KVP_MAX_KEY_LEN + 1);
-        sess_ent_t *e = table_find(t, k, len, key_hash(k, len));
+        sess_ent_t *e = table_find(t, k, len, kvp_key_hash(k, len));
         if (e == NULL || e->closing)
             continue; /* no session, or one being ended: Mooncake's INVALID_PARAMS */
         if (e->deadline_ms != 0 && now >= e->deadline_ms) {
@@ -854,7 +846,7 @@ static kvp_status_t put_start(kvp_client_t *c, const char *const *keys, const ui
         if (results[i] != KVP_OK)
             continue;
         size_t len = strlen(keys[i]);
-        if (sizes[i] == 0 || table_find(&xs->put, keys[i], len, key_hash(keys[i], len))) {
+        if (sizes[i] == 0 || table_find(&xs->put, keys[i], len, kvp_key_hash(keys[i], len))) {
             results[i] = KVP_ERR_INVALID_ARG; /* a second start of a key in a session */
             continue;
         }
@@ -951,7 +943,7 @@ static void put_seal(kvp_client_t *c, const char *const *keys, size_t n, kvp_sta
         if (keys[i] == NULL)
             continue;
         size_t len = strnlen(keys[i], KVP_MAX_KEY_LEN + 1);
-        sess_ent_t *e = table_find(&xs->put, keys[i], len, key_hash(keys[i], len));
+        sess_ent_t *e = table_find(&xs->put, keys[i], len, kvp_key_hash(keys[i], len));
         if (e == NULL || e->closing)
             continue;
         e->closing = true;

@@ -242,6 +242,8 @@ int64_t kvp_get_into(kvp_client_t *client, const char *key, void *buf, size_t ca
  * results[i] receives each key's status. Returns KVP_OK when every key
  * succeeded, otherwise the first failing key's status (or a whole-batch error
  * such as KVP_ERR_CONNECT, in which case every results[i] carries it too).
+ * A key named twice is put from its first entry; the later ones get
+ * KVP_ERR_PENDING and nothing of their buffers is written.
  */
 kvp_status_t kvp_batch_put_from(kvp_client_t *client, const char *const *keys,
                                 const void *const *bufs, const size_t *sizes, size_t n,

@@ -48,6 +48,8 @@ Covered:
 11. a put's end names its put (PutStart's version): a put session whose owner died ends with
     PUT_REVOKED, not by ending another thread's put of the same key on the shared
     connection, which returns OK and reads back its bytes.
+12. a key named twice in one batch is put once, by its first entry (the others answer
+    ERR_PENDING, nothing written), on held room as with two calls a batch.
 
 In the suite's TLS pass (KVPOOL_TEST_TLS_DIR) every master runs with TLS and the suite's ACL
 (its /metrics over HTTPS), clients name the admin through $KVPOOL_TLS_*, and the raw
@@ -290,6 +292,36 @@ def test_put_ahead_off_makes_two_calls_a_batch(make_pool, monkeypatch, setting):
             put_all(c2, blobs("o-after2-", 8, 4 * KiB))
             assert calls(c2).get("put_commit", 0) == 2
         assert p.m("kvpool_put_holds_used_total") == 8
+
+
+@pytest.mark.parametrize("ahead", ["on", "off"])
+def test_a_key_named_twice_in_a_batch_is_put_once(make_pool, monkeypatch, ahead):
+    """A batch naming a key twice (a, b, a, c, a): the first a, b and c are put, the later
+    a's answer ERR_PENDING (that key's put is under way) and write nothing, alike on held room
+    (one PUT_COMMIT, no PutStart) and with two calls a batch (KVPOOL_PUT_AHEAD=off); a reads
+    back the first a's bytes. (On held room the master used to commit the last a and answer
+    the first ERR_EXISTS.)"""
+    p = HPool(make_pool)
+    if ahead == "off":
+        monkeypatch.setenv("KVPOOL_PUT_AHEAD", "off")
+    c = kvpool.Client(p.addr)
+    monkeypatch.delenv("KVPOOL_PUT_AHEAD", raising=False)
+    with c:
+        put_all(c, blobs("warm-", 5, 4 * KiB))  # room held ahead for batches like the next
+        for r in range(4):
+            a1, b, a2, cc, a3 = (os.urandom(4 * KiB) for _ in range(5))
+            keys = [f"d{r}-a", f"d{r}-b", f"d{r}-a", f"d{r}-c", f"d{r}-a"]
+            c0 = calls(c)
+            st = c.batch_put(keys, [a1, b, a2, cc, a3])
+            d = delta(calls(c), c0)
+            assert st == [0, 0, kvpool.ERR_PENDING, 0, kvpool.ERR_PENDING], (r, st)
+            if ahead == "on":
+                assert d.get("put_commit", 0) == 1 and d.get("put_start", 0) == 0, d
+            else:
+                assert d.get("put_start", 0) == 1 and d.get("put_end", 0) == 1, d
+            assert c.batch_get([f"d{r}-a", f"d{r}-b", f"d{r}-c"]) == [a1, b, cc]
+        assert p.m("kvpool_keys") == 5 + 4 * 3
+        assert p.m("kvpool_pending_objects") == 0
 
 
 # ---- 2. holds are not keys ----
