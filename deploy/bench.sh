@@ -214,6 +214,9 @@ if not docs:
 for name, v in docs.items():  # which run each figure came from
     for r in v["results"]:
         r["run"] = name
+        pre, _, n = name.rpartition("_")
+        if name.startswith("sec_") and n.isdigit():  # a TLS point's pair: run and its number
+            r["run"], r["pair"] = pre, int(n)
 first = docs.get("data", next(iter(docs.values())))
 merged = {"machine": first["machine"],
           "params": {k: v["params"] for k, v in docs.items()},
@@ -333,7 +336,7 @@ sec = [r for r in R if r["run"].startswith("sec_")]
 if sec:
     def fig(kind, mode, rnd, pick):
         for r in sec:
-            if r["run"] == "sec_%s_%s_%d" % (kind, mode, rnd) and pick(r):
+            if r["run"] == "sec_%s_%s" % (kind, mode) and r["pair"] == rnd and pick(r):
                 return r
         return None
     pts = [("tcp put, 4 KiB, batch 128 (obj/s)", "tcp4k", lambda r: r["op"] == "put", "objs_per_s"),
@@ -353,8 +356,7 @@ if sec:
            ("a connection: TCP (+ TLS 1.3 handshake) (us)", "meta1m",
             lambda r: r.get("op") == "connect", "connect_us")]
     def rounds_of(kind):
-        return sorted({int(r["run"].rsplit("_", 1)[1]) for r in sec
-                       if r["run"].startswith("sec_%s_plain_" % kind)})
+        return sorted({r["pair"] for r in sec if r["run"] == "sec_%s_plain" % kind})
     md += ["", "## TLS and an ACL on the control plane vs plain (pairs run back to back, the order flipped every pair)", "",
            "TLS/plain per pair; the target is checked on their median (one stalled run of the VM "
            "moves one pair, not the verdict).", "",
